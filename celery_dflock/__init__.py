@@ -1,0 +1,1 @@
+"""celery-dflock: distributed locks for Celery."""

@@ -1,0 +1,1 @@
+"""A dflockd-compatible lock server."""
