@@ -1,0 +1,527 @@
+# pyright: reportMissingTypeStubs=false
+"""The ``dflock_*`` settings, read once per app into a :class:`DflockConfig`, and lock options.
+
+A lock option is resolved the way Celery resolves its own task options, first
+match wins:
+
+1. the per-call option (``task.apply_async(..., lock_key="x")``);
+2. the task's entry in ``app.conf.dflock_task_locks`` (like ``task_annotations``,
+   it lets an operator lock or tune a task without editing it);
+3. the task attribute (``@app.task(base=LockedTask, lock_ttl=60)``);
+4. the app-wide ``app.conf.dflock_*`` setting;
+5. the built-in default.
+
+Bad values raise :class:`DflockConfigError` naming the setting or option and
+what would be accepted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import ssl
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol, cast, get_args
+
+from celery.exceptions import ImproperlyConfigured
+
+from dflockd_server.constants import (
+    DEFAULT_PORT,
+    MAX_NUMBER,
+    MAX_SEMAPHORE_LIMIT,
+    MIN_SEMAPHORE_LIMIT,
+)
+
+__all__ = [
+    "DEFAULTS",
+    "LOCK_OPTIONS",
+    "SETTINGS",
+    "DflockConfig",
+    "DflockConfigError",
+    "LockOptions",
+    "OnLockLost",
+    "OnLocked",
+    "get_config",
+    "parse_servers",
+    "reset_config",
+    "resolve_options",
+    "validate_option",
+]
+
+OnLocked = Literal["retry", "skip", "raise"]
+"""What a run does when its lock is busy (after the ``lock_timeout`` FIFO wait)."""
+OnLockLost = Literal["interrupt", "flag", "terminate"]
+"""What happens to a running body whose lock was lost."""
+
+ON_LOCKED_CHOICES: Final[tuple[str, ...]] = get_args(OnLocked)
+ON_LOCK_LOST_CHOICES: Final[tuple[str, ...]] = get_args(OnLockLost)
+SHARDING_NAMES: Final = ("stable_hash", "rendezvous")
+
+DEFAULT_SERVERS: Final = (("127.0.0.1", DEFAULT_PORT),)
+DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
+DEFAULT_RENEW_RATIO: Final = 0.5
+DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
+DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
+
+_CONFIG_ATTR: Final = "_dflock_config"
+
+
+class DflockConfigError(ImproperlyConfigured, ValueError):
+    """A ``dflock_*`` setting or a lock option has a value that cannot work."""
+
+
+class _App(Protocol):
+    """The part of a Celery app this module reads."""
+
+    @property
+    def conf(self) -> Any: ...
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def _number(
+    value: object, where: str, *, minimum: float, integer: bool, exclusive_min: bool = False
+) -> float:
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DflockConfigError(f"{where} must be {kind} of seconds, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise DflockConfigError(f"{where} must be a whole number of seconds, got {value!r}")
+    too_small = value <= minimum if exclusive_min else value < minimum
+    if too_small or value > MAX_NUMBER or math.isnan(value):
+        bound = f"> {minimum}" if exclusive_min else f">= {minimum}"
+        raise DflockConfigError(f"{where} must be {bound} and <= {MAX_NUMBER}, got {value!r}")
+    return value
+
+
+def _validate_key(value: object, where: str) -> object:
+    if value is None or isinstance(value, str) or callable(value):
+        return value
+    raise DflockConfigError(
+        f"{where} must be a format template (str), a callable taking the task's arguments, "
+        f"or None for the default key; got {value!r}"
+    )
+
+
+def _validate_timeout(value: object, where: str) -> object:
+    return _number(value, where, minimum=0, integer=False)
+
+
+def _validate_ttl(value: object, where: str) -> object:
+    if value is None:
+        return None
+    return int(_number(value, where, minimum=0, integer=True, exclusive_min=True))
+
+
+def _validate_on_locked(value: object, where: str) -> object:
+    if value not in ON_LOCKED_CHOICES:
+        raise DflockConfigError(
+            f"{where} must be one of {', '.join(map(repr, ON_LOCKED_CHOICES))}; got {value!r}"
+        )
+    return value
+
+
+def _validate_on_lock_lost(value: object, where: str) -> object:
+    if value not in ON_LOCK_LOST_CHOICES:
+        raise DflockConfigError(
+            f"{where} must be one of {', '.join(map(repr, ON_LOCK_LOST_CHOICES))}; got {value!r}"
+        )
+    return value
+
+
+def _validate_limit(value: object, where: str) -> object:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not MIN_SEMAPHORE_LIMIT <= value <= MAX_SEMAPHORE_LIMIT
+    ):
+        raise DflockConfigError(
+            f"{where} must be None (a plain lock) or an integer from {MIN_SEMAPHORE_LIMIT} to "
+            f"{MAX_SEMAPHORE_LIMIT} (a semaphore); got {value!r}"
+        )
+    return value
+
+
+def _validate_countdown(value: object, where: str) -> object:
+    return float(_number(value, where, minimum=0, integer=False))
+
+
+def _validate_bool(value: object, where: str) -> object:
+    if not isinstance(value, bool):
+        raise DflockConfigError(f"{where} must be True or False, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _OptionSpec:
+    name: str
+    setting: str | None
+    default: object
+    validate: Callable[[object, str], object]
+    meaning: str
+
+
+_SPECS: Final = (
+    _OptionSpec(
+        "lock_key", None, None, _validate_key, "key template, callable, or None (default key)"
+    ),
+    _OptionSpec(
+        "lock_timeout",
+        "dflock_default_timeout",
+        0,
+        _validate_timeout,
+        "seconds to wait in the FIFO queue before on_locked applies",
+    ),
+    _OptionSpec(
+        "lock_ttl", "dflock_default_ttl", None, _validate_ttl, "lease seconds (None: server's)"
+    ),
+    _OptionSpec(
+        "on_locked", "dflock_on_locked", "retry", _validate_on_locked, "retry, skip or raise"
+    ),
+    _OptionSpec("lock_limit", None, None, _validate_limit, "semaphore size (None: a lock)"),
+    _OptionSpec(
+        "on_lock_lost",
+        "dflock_on_lock_lost",
+        "interrupt",
+        _validate_on_lock_lost,
+        "interrupt, flag or terminate",
+    ),
+    _OptionSpec(
+        "lock_retry_countdown",
+        "dflock_retry_countdown",
+        DEFAULT_RETRY_COUNTDOWN_S,
+        _validate_countdown,
+        "first retry countdown (doubles per retry)",
+    ),
+    _OptionSpec(
+        "lock_retry_backoff_max",
+        "dflock_retry_backoff_max",
+        DEFAULT_RETRY_BACKOFF_MAX_S,
+        _validate_countdown,
+        "longest retry countdown",
+    ),
+    _OptionSpec(
+        "lock_retry_jitter",
+        "dflock_retry_jitter",
+        True,
+        _validate_bool,
+        "randomise each countdown between half and all of it",
+    ),
+)
+_BY_NAME: Final = {spec.name: spec for spec in _SPECS}
+
+LOCK_OPTIONS: Final = tuple(spec.name for spec in _SPECS)
+"""Every lock option name (task attribute, call option, ``dflock_task_locks`` entry key)."""
+DEFAULTS: Final[Mapping[str, object]] = {spec.name: spec.default for spec in _SPECS}
+"""The built-in default of every lock option."""
+SETTINGS: Final[Mapping[str, str]] = {
+    spec.name: spec.setting for spec in _SPECS if spec.setting is not None
+}
+"""Lock option name -> the ``app.conf`` setting that gives its app-wide default."""
+
+
+def validate_option(name: str, value: object, where: str) -> object:
+    """Check one lock option (``where`` names its source in the error), return it normalised."""
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        raise DflockConfigError(
+            f"{where}: unknown lock option {name!r}; known options: {', '.join(LOCK_OPTIONS)}"
+        )
+    return spec.validate(value, where)
+
+
+def _validate_options(
+    options: object, where: str, *, allow_callables: bool = True
+) -> dict[str, object]:
+    if not isinstance(options, Mapping):
+        raise DflockConfigError(
+            f"{where} must be a mapping of lock options (e.g. {{'lock_ttl': 60}}), got {options!r}"
+        )
+    result: dict[str, object] = {}
+    for name, value in cast(Mapping[object, object], options).items():
+        if not isinstance(name, str):
+            raise DflockConfigError(f"{where}: option names must be strings, got {name!r}")
+        checked = validate_option(name, value, f"{where}[{name!r}]")
+        if not allow_callables and callable(checked):
+            raise DflockConfigError(
+                f"{where}[{name!r}] must be serialisable (a template string), not a callable"
+            )
+        result[name] = checked
+    return result
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _parse_port(text: str, where: str, entry: object) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise DflockConfigError(
+            f"{where}: bad port in {entry!r}; expected 'host:port' with a port from 1 to 65535"
+        )
+    return port
+
+
+def _parse_address(entry: object, where: str) -> tuple[str, int]:
+    if isinstance(entry, str):
+        text = entry.strip()
+        if text.startswith("["):  # [IPv6]:port
+            host, sep, port_text = text[1:].partition("]:")
+        else:
+            host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise DflockConfigError(
+                f"{where}: {entry!r} is not 'host:port' (e.g. '127.0.0.1:6388' or '[::1]:6388')"
+            )
+        return host, _parse_port(port_text, where, entry)
+    if isinstance(entry, tuple | list) and len(cast(tuple[object, ...], entry)) == 2:
+        host_obj, port_obj = cast(tuple[object, object], tuple(cast(Iterable[object], entry)))
+        if isinstance(host_obj, str) and host_obj and isinstance(port_obj, int | str):
+            return host_obj, _parse_port(str(port_obj), where, cast(object, entry))
+    raise DflockConfigError(f"{where}: {entry!r} is not a server; use (host, port) or 'host:port'")
+
+
+def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[str, int], ...]:
+    """Servers from ``"host:port,host:port"``, a list of ``(host, port)`` or of ``"host:port"``."""
+    entries: list[object]
+    if isinstance(value, str):
+        entries = [part for part in value.split(",") if part.strip()]
+    elif isinstance(value, tuple | list):
+        items = list(cast(Iterable[object], value))
+        # A bare ("host", port) pair is one server, not two.
+        if len(items) == 2 and isinstance(items[0], str) and isinstance(items[1], int):
+            entries = [tuple(items)]
+        else:
+            entries = items
+    else:
+        raise DflockConfigError(
+            f"{where} must be 'host:port,host:port' or a list of (host, port); got {value!r}"
+        )
+    if not entries:
+        raise DflockConfigError(f"{where} is empty; give at least one 'host:port'")
+    return tuple(_parse_address(entry, where) for entry in entries)
+
+
+# --------------------------------------------------------------------------- the config
+
+
+def _sharding_strategy(value: object) -> Callable[[str, int], int]:
+    where = "dflock_sharding_strategy"
+    if callable(value):
+        return cast(Callable[[str, int], int], value)
+    if isinstance(value, str):
+        from celery_dflock import sharding
+
+        named = {"stable_hash": sharding.stable_hash_shard, "rendezvous": sharding.rendezvous_shard}
+        if value in named:
+            return named[value]
+        module_name, sep, attr = value.partition(":")
+        if sep and module_name and attr:
+            try:
+                found: object = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise DflockConfigError(f"{where}: cannot import {value!r} ({exc})") from exc
+            if callable(found):
+                return cast(Callable[[str, int], int], found)
+    raise DflockConfigError(
+        f"{where} must be 'stable_hash', 'rendezvous', 'module:function' or a callable "
+        f"(key, number_of_servers) -> index; got {value!r}"
+    )
+
+
+def _ssl_context(value: object) -> ssl.SSLContext | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return ssl.create_default_context()
+    if isinstance(value, ssl.SSLContext):
+        return value
+    raise DflockConfigError(
+        f"dflock_ssl must be None/False (plain TCP), True (verify with the system CAs) or an "
+        f"ssl.SSLContext; got {value!r}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DflockConfig:
+    """Every ``dflock_*`` setting of one app, validated (see :func:`get_config`)."""
+
+    servers: tuple[tuple[str, int], ...] = DEFAULT_SERVERS
+    auth_token: str | None = None
+    ssl_context: ssl.SSLContext | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    renew_ratio: float = DEFAULT_RENEW_RATIO
+    sharding_strategy: Callable[[str, int], int] | None = None
+    """None: the client's default (``stable_hash_shard``)."""
+    key_prefix: str = ""
+    defaults: Mapping[str, object] = field(default_factory=lambda: dict(DEFAULTS))
+    """App-wide lock option defaults (built-in defaults overlaid with ``dflock_*``)."""
+    task_locks: Mapping[str, Mapping[str, object]] = field(default_factory=dict[str, Any])
+    """``dflock_task_locks``: task name -> lock options."""
+
+    @classmethod
+    def from_conf(cls, conf: Any) -> DflockConfig:
+        """Read and validate the ``dflock_*`` settings of a Celery ``app.conf``."""
+
+        def get(name: str) -> object:
+            return cast(object, conf.get(name))
+
+        servers = get("dflock_servers")
+        auth_token = get("dflock_auth_token")
+        if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
+            raise DflockConfigError("dflock_auth_token must be a non-empty string or None")
+        connect_timeout = get("dflock_connect_timeout")
+        renew_ratio = get("dflock_renew_ratio")
+        if renew_ratio is not None and (
+            isinstance(renew_ratio, bool)
+            or not isinstance(renew_ratio, int | float)
+            or not 0 < renew_ratio < 1
+        ):
+            raise DflockConfigError(
+                f"dflock_renew_ratio must be a number between 0 and 1 (exclusive), "
+                f"got {renew_ratio!r}"
+            )
+        key_prefix = get("dflock_key_prefix")
+        if key_prefix is not None and not isinstance(key_prefix, str):
+            raise DflockConfigError(f"dflock_key_prefix must be a string, got {key_prefix!r}")
+        strategy = get("dflock_sharding_strategy")
+
+        defaults = dict(DEFAULTS)
+        for option, setting in SETTINGS.items():
+            value = get(setting)
+            if value is not None:
+                defaults[option] = validate_option(option, value, f"app.conf.{setting}")
+
+        task_locks_raw = get("dflock_task_locks")
+        task_locks: dict[str, Mapping[str, object]] = {}
+        if task_locks_raw is not None:
+            if not isinstance(task_locks_raw, Mapping):
+                raise DflockConfigError(
+                    "dflock_task_locks must map task names to lock options, e.g. "
+                    "{'proj.tasks.report': {'lock_key': 'report:{customer_id}'}}; "
+                    f"got {task_locks_raw!r}"
+                )
+            for name, options in cast(Mapping[object, object], task_locks_raw).items():
+                if not isinstance(name, str):
+                    raise DflockConfigError(
+                        f"dflock_task_locks keys must be task names, got {name!r}"
+                    )
+                task_locks[name] = _validate_options(options, f"dflock_task_locks[{name!r}]")
+
+        return cls(
+            servers=DEFAULT_SERVERS if servers is None else parse_servers(servers),
+            auth_token=auth_token,
+            ssl_context=_ssl_context(get("dflock_ssl")),
+            connect_timeout_s=(
+                DEFAULT_CONNECT_TIMEOUT_S
+                if connect_timeout is None
+                else float(
+                    _number(
+                        connect_timeout,
+                        "dflock_connect_timeout",
+                        minimum=0,
+                        integer=False,
+                        exclusive_min=True,
+                    )
+                )
+            ),
+            renew_ratio=DEFAULT_RENEW_RATIO if renew_ratio is None else float(renew_ratio),
+            sharding_strategy=None if strategy is None else _sharding_strategy(strategy),
+            key_prefix=key_prefix or "",
+            defaults=defaults,
+            task_locks=task_locks,
+        )
+
+
+def get_config(app: _App) -> DflockConfig:
+    """The app's :class:`DflockConfig`, read on first use and cached on the app.
+
+    Change ``dflock_*`` settings before the first locked task runs, or call
+    :func:`reset_config` afterwards.
+    """
+    cached: object = getattr(app, _CONFIG_ATTR, None)
+    if isinstance(cached, DflockConfig):
+        return cached
+    config = DflockConfig.from_conf(app.conf)
+    setattr(app, _CONFIG_ATTR, config)
+    return config
+
+
+def reset_config(app: _App) -> None:
+    """Forget the cached config: the next :func:`get_config` reads ``app.conf`` again."""
+    if hasattr(app, _CONFIG_ATTR):
+        delattr(app, _CONFIG_ATTR)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+@dataclass(frozen=True, slots=True)
+class LockOptions:
+    """The lock options of one task run, every layer resolved."""
+
+    key: str | Callable[..., str] | None
+    timeout: float
+    ttl: int | None
+    on_locked: OnLocked
+    limit: int | None
+    on_lock_lost: OnLockLost
+    retry_countdown: float
+    retry_backoff_max: float
+    retry_jitter: bool
+
+
+def check_call_options(options: Mapping[str, object], where: str) -> dict[str, object]:
+    """Validate per-call lock options; they travel in a message, so no callables."""
+    return _validate_options(options, where, allow_callables=False)
+
+
+def resolve_options(
+    config: DflockConfig,
+    task_name: str,
+    attributes: Mapping[str, object],
+    call: Mapping[str, object] | None = None,
+) -> LockOptions:
+    """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default.
+
+    ``attributes`` are the task's lock attributes (None means unset). Values
+    from ``config`` were validated when it was read; attributes and call
+    options are validated here.
+    """
+    entry = config.task_locks.get(task_name, {})
+    resolved: dict[str, object] = {}
+    for name in LOCK_OPTIONS:
+        if call and call.get(name) is not None:
+            value = validate_option(name, call[name], f"call option {name} of {task_name!r}")
+        elif entry.get(name) is not None:
+            value = entry[name]
+        elif attributes.get(name) is not None:
+            value = validate_option(
+                name, attributes[name], f"attribute {name} of task {task_name!r}"
+            )
+        else:
+            value = config.defaults[name]
+        resolved[name] = value
+    return LockOptions(
+        key=cast("str | Callable[..., str] | None", resolved["lock_key"]),
+        timeout=float(cast(float, resolved["lock_timeout"])),
+        ttl=cast("int | None", resolved["lock_ttl"]),
+        on_locked=cast(OnLocked, resolved["on_locked"]),
+        limit=cast("int | None", resolved["lock_limit"]),
+        on_lock_lost=cast(OnLockLost, resolved["on_lock_lost"]),
+        retry_countdown=cast(float, resolved["lock_retry_countdown"]),
+        retry_backoff_max=cast(float, resolved["lock_retry_backoff_max"]),
+        retry_jitter=cast(bool, resolved["lock_retry_jitter"]),
+    )
+
+
+def option_table() -> list[tuple[str, str | None, object, str]]:
+    """(option, app.conf setting, default, meaning) for every lock option (for docs)."""
+    return [(spec.name, spec.setting, spec.default, spec.meaning) for spec in _SPECS]

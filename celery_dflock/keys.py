@@ -1,0 +1,219 @@
+"""Lock keys derived from a task's arguments, made safe for the wire protocol.
+
+A key comes from one of three sources:
+
+* a format template over the task's bound arguments, defaults applied
+  (``"report:{customer_id}"``);
+* a callable taking the task's own arguments and returning a string;
+* nothing: the task name plus a stable digest of the canonical JSON of all
+  bound arguments (kombu's encoder, so UUIDs, dates and Decimals work).
+
+Whatever the source, :func:`safe_key` turns the result into a key the server
+accepts: no whitespace and at most ``MAX_LINE_BYTES`` bytes. A key that needs
+changing keeps a readable prefix and gains a digest of the original, so two
+different raw keys never collapse into one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, cast
+
+from kombu.utils.json import JSONEncoder
+
+from dflockd_server.constants import MAX_LINE_BYTES
+
+__all__ = [
+    "DIGEST_SEPARATOR",
+    "KeyDerivationError",
+    "KeySource",
+    "bind_arguments",
+    "check_template",
+    "default_key",
+    "derive_key",
+    "digest",
+    "safe_key",
+    "template_key",
+]
+
+KeySource = str | Callable[..., str] | None
+"""What ``lock_key`` may be: a format template, a callable, or None (the default key)."""
+
+DIGEST_SEPARATOR: Final = "#"
+"""Joins a readable prefix and the digest of the original key."""
+_DIGEST_BYTES: Final = 16
+_DIGEST_HEX_CHARS: Final = _DIGEST_BYTES * 2
+_UNSAFE = re.compile(r"\s+")
+"""Runs of whitespace (the protocol forbids space, tab, CR and LF; other spaces confuse logs)."""
+
+
+class KeyDerivationError(ValueError):
+    """A lock key could not be built from the task's arguments (the message says why)."""
+
+
+def digest(data: str) -> str:
+    """A stable 32-character hex digest of ``data`` (BLAKE2b, 128 bits)."""
+    return hashlib.blake2b(data.encode("utf-8"), digest_size=_DIGEST_BYTES).hexdigest()
+
+
+def _truncate_utf8(text: str, max_bytes: int) -> str:
+    """The longest prefix of ``text`` whose UTF-8 encoding fits in ``max_bytes``."""
+    encoded = text.encode("utf-8")
+    if len(encoded) <= max_bytes:
+        return text
+    return encoded[:max_bytes].decode("utf-8", errors="ignore")
+
+
+def safe_key(raw: str, max_bytes: int = MAX_LINE_BYTES) -> str:
+    """Return ``raw`` if the protocol accepts it as a key, else a safe, injective stand-in.
+
+    A valid key is non-empty, holds no whitespace and fits in ``max_bytes``
+    UTF-8 bytes. Any other key becomes ``<readable prefix>#<digest of raw>``,
+    whitespace replaced by ``_`` in the prefix.
+    """
+    if raw and len(raw.encode("utf-8")) <= max_bytes and not _UNSAFE.search(raw):
+        return raw
+    budget = max_bytes - len(DIGEST_SEPARATOR) - _DIGEST_HEX_CHARS
+    if budget < 0:
+        raise ValueError(f"max_bytes={max_bytes} leaves no room for a digest key")
+    prefix = _truncate_utf8(_UNSAFE.sub("_", raw), budget)
+    return f"{prefix}{DIGEST_SEPARATOR}{digest(raw)}"
+
+
+def bind_arguments(
+    run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], *, task_name: str
+) -> dict[str, Any]:
+    """The task's arguments by parameter name, defaults applied.
+
+    ``f(1)``, ``f(1, b=2)`` and ``f(a=1)`` of ``def f(a, b=2)`` all give
+    ``{"a": 1, "b": 2}``. ``*args`` and ``**kwargs`` parameters appear under
+    their own names, as a tuple and a dict.
+    """
+    try:
+        signature = inspect.signature(run)
+    except (TypeError, ValueError):
+        # No introspectable signature (a C function): fall back to the raw call.
+        return {"args": tuple(args), "kwargs": dict(kwargs)}
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise KeyDerivationError(
+            f"cannot build the lock key of task {task_name!r}: its arguments do not match "
+            f"its signature {signature} ({exc})"
+        ) from exc
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _canonical_json(value: Any, *, task_name: str) -> str:
+    try:
+        return json.dumps(
+            value,
+            cls=JSONEncoder,
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=True,
+        )
+    except (TypeError, ValueError) as exc:
+        raise KeyDerivationError(
+            f"cannot build the default lock key of task {task_name!r}: its arguments are "
+            f"not JSON-serialisable ({exc}); set lock_key to a template or a callable"
+        ) from exc
+
+
+def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
+    """``<task name>:<digest of the canonical JSON of the bound arguments>``."""
+    return f"{task_name}:{digest(_canonical_json(dict(arguments), task_name=task_name))}"
+
+
+def _template_fields(template: str) -> list[str]:
+    fields: list[str] = []
+    for _literal, field, _spec, _conversion in string.Formatter().parse(template):
+        if field is not None:
+            fields.append(field)
+    return fields
+
+
+def template_key(template: str, arguments: Mapping[str, Any], *, task_name: str) -> str:
+    """Format ``template`` with the bound arguments (``"report:{customer_id}"``)."""
+    try:
+        return template.format_map(dict(arguments))
+    except (KeyError, IndexError, AttributeError) as exc:
+        names = ", ".join(sorted(arguments)) or "none"
+        raise KeyDerivationError(
+            f"lock_key template {template!r} of task {task_name!r} refers to {exc}, which is "
+            f"not among the task's arguments ({names})"
+        ) from exc
+    except ValueError as exc:
+        raise KeyDerivationError(
+            f"lock_key template {template!r} of task {task_name!r} is not a valid format "
+            f"string: {exc}"
+        ) from exc
+
+
+def check_template(template: str, run: Callable[..., Any], *, task_name: str) -> None:
+    """Raise :class:`KeyDerivationError` if ``template`` names a field ``run`` does not take."""
+    try:
+        fields = _template_fields(template)
+    except ValueError as exc:
+        raise KeyDerivationError(
+            f"lock_key template {template!r} of task {task_name!r} is not a valid format "
+            f"string: {exc}"
+        ) from exc
+    try:
+        parameters = inspect.signature(run).parameters
+    except (TypeError, ValueError):
+        return
+    for field in fields:
+        head = re.split(r"[.\[]", field, maxsplit=1)[0]
+        if head.isdigit() or head == "":
+            raise KeyDerivationError(
+                f"lock_key template {template!r} of task {task_name!r} uses a positional "
+                f"field {{{field}}}; name the argument instead (e.g. {{customer_id}})"
+            )
+        if head not in parameters:
+            names = ", ".join(parameters) or "none"
+            raise KeyDerivationError(
+                f"lock_key template {template!r} of task {task_name!r} refers to {{{head}}}, "
+                f"which is not among the task's arguments ({names})"
+            )
+
+
+def derive_key(
+    source: KeySource,
+    *,
+    task_name: str,
+    run: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    prefix: str = "",
+) -> str:
+    """The protocol-safe lock key of one task run.
+
+    ``source`` is the resolved ``lock_key`` option; ``prefix`` (the
+    ``dflock_key_prefix`` setting) is put in front of every key.
+    """
+    if callable(source):
+        try:
+            raw = cast(object, source(*args, **kwargs))
+        except TypeError as exc:
+            raise KeyDerivationError(
+                f"lock_key callable {source!r} of task {task_name!r} failed: {exc}; it must "
+                f"accept the same arguments as the task"
+            ) from exc
+        if not isinstance(raw, str):
+            raise KeyDerivationError(
+                f"lock_key callable {source!r} of task {task_name!r} returned "
+                f"{type(raw).__name__}, expected str"
+            )
+        return safe_key(prefix + raw)
+    arguments = bind_arguments(run, args, kwargs, task_name=task_name)
+    if source is None:
+        return safe_key(prefix + default_key(task_name, arguments))
+    return safe_key(prefix + template_key(source, arguments, task_name=task_name))

@@ -1,0 +1,123 @@
+"""The dflock_* settings and the resolution order of lock options: no worker needed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import ImproperlyConfigured
+
+from celery_dflock.config import (
+    DEFAULTS,
+    DflockConfig,
+    DflockConfigError,
+    get_config,
+    parse_servers,
+    reset_config,
+    resolve_options,
+)
+
+
+def make_app(**settings: Any) -> Celery:
+    app = Celery("cfgtest", set_as_current=False)
+    app.conf.update(settings)
+    return app
+
+
+def test_defaults_without_any_setting() -> None:
+    config = get_config(make_app())
+    assert config.servers == (("127.0.0.1", 6388),)
+    options = resolve_options(config, "t", {})
+    assert options.on_locked == "retry"
+    assert options.on_lock_lost == "interrupt"
+    assert options.timeout == 0
+    assert options.ttl is None
+    assert options.limit is None
+    assert options.key is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("a:1,b:2", (("a", 1), ("b", 2))),
+        (" a:1 , b:2 ,", (("a", 1), ("b", 2))),
+        ([("a", 1), ("b", 2)], (("a", 1), ("b", 2))),
+        (["a:1", ["b", "2"]], (("a", 1), ("b", 2))),
+        (("a", 1), (("a", 1),)),
+        ("[::1]:6388", (("::1", 6388),)),
+    ],
+)
+def test_servers_forms(value: object, expected: tuple[tuple[str, int], ...]) -> None:
+    assert parse_servers(value) == expected
+
+
+@pytest.mark.parametrize("value", ["a", "a:0", "a:70000", "a:x", "", [], 5, [("a",)], ":1"])
+def test_bad_servers_name_the_setting(value: object) -> None:
+    with pytest.raises(DflockConfigError, match="dflock_servers"):
+        parse_servers(value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "match"),
+    [
+        ("dflock_default_ttl", 0, "dflock_default_ttl must be > 0"),
+        ("dflock_default_ttl", 1.5, "whole number"),
+        ("dflock_default_timeout", -1, "dflock_default_timeout must be >= 0"),
+        ("dflock_on_locked", "wait", "dflock_on_locked must be one of 'retry', 'skip', 'raise'"),
+        ("dflock_on_lock_lost", "ignore", "'interrupt', 'flag', 'terminate'"),
+        ("dflock_renew_ratio", 1.5, "dflock_renew_ratio"),
+        ("dflock_auth_token", "", "dflock_auth_token"),
+        ("dflock_ssl", "yes", "dflock_ssl"),
+        ("dflock_servers", "nohost", "dflock_servers"),
+        ("dflock_task_locks", ["x"], "dflock_task_locks must map"),
+        ("dflock_task_locks", {"t": {"lock_tll": 5}}, "unknown lock option 'lock_tll'"),
+        ("dflock_task_locks", {"t": {"lock_limit": 0}}, r"\['t'\]\['lock_limit'\]"),
+        ("dflock_sharding_strategy", "nope", "dflock_sharding_strategy"),
+        ("dflock_connect_timeout", 0, "dflock_connect_timeout"),
+        ("dflock_retry_jitter", "yes", "dflock_retry_jitter"),
+    ],
+)
+def test_bad_settings_raise_improperly_configured_naming_the_setting(
+    setting: str, value: object, match: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match=match):
+        get_config(make_app(**{setting: value}))
+
+
+def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_default() -> None:
+    config = get_config(
+        make_app(
+            dflock_default_ttl=10,
+            dflock_on_locked="skip",
+            dflock_task_locks={"t": {"lock_timeout": 3}},
+        )
+    )
+    attrs = {"lock_timeout": 2, "lock_ttl": 20, "on_locked": None}
+    resolved = resolve_options(config, "t", attrs)
+    assert resolved.timeout == 3  # dflock_task_locks beats the attribute
+    assert resolved.ttl == 20  # the attribute beats app.conf
+    assert resolved.on_locked == "skip"  # app.conf beats the default
+    assert resolved.on_lock_lost == DEFAULTS["on_lock_lost"]
+    called = resolve_options(config, "t", attrs, {"lock_timeout": 1, "lock_ttl": 5})
+    assert (called.timeout, called.ttl) == (1, 5)
+    other = resolve_options(config, "other", attrs)
+    assert other.timeout == 2
+
+
+def test_bad_attribute_and_call_option_name_their_source() -> None:
+    config = DflockConfig()
+    with pytest.raises(DflockConfigError, match="attribute lock_limit of task 't'"):
+        resolve_options(config, "t", {"lock_limit": -1})
+    with pytest.raises(DflockConfigError, match="call option on_locked of 't'"):
+        resolve_options(config, "t", {}, {"on_locked": "later"})
+
+
+def test_config_is_cached_on_the_app_until_reset() -> None:
+    app = make_app(dflock_servers="a:1")
+    first = get_config(app)
+    assert get_config(app) is first
+    app.conf.dflock_servers = "b:2"
+    assert get_config(app).servers == (("a", 1),)
+    reset_config(app)
+    assert get_config(app).servers == (("b", 2),)

@@ -1,0 +1,157 @@
+"""Lock keys from task arguments (acceptance 5): no worker needed."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import uuid
+from typing import Any
+
+import pytest
+from kombu.utils.json import dumps, loads
+
+from celery_dflock.keys import (
+    DIGEST_SEPARATOR,
+    KeyDerivationError,
+    bind_arguments,
+    check_template,
+    derive_key,
+    safe_key,
+)
+from dflockd_server.constants import MAX_LINE_BYTES
+
+
+def report(customer_id: int, kind: str = "daily", *, fmt: str = "pdf") -> None:
+    """A task body stand-in."""
+
+
+def key_of(source: Any, *args: Any, **kwargs: Any) -> str:
+    return derive_key(source, task_name="proj.report", run=report, args=args, kwargs=kwargs)
+
+
+def assert_protocol_safe(key: str) -> None:
+    assert key
+    assert len(key.encode("utf-8")) <= MAX_LINE_BYTES
+    assert not any(ch.isspace() for ch in key)
+
+
+def test_positional_and_keyword_calls_with_defaults_give_the_same_default_key() -> None:
+    keys = {
+        key_of(None, 7),
+        key_of(None, 7, "daily"),
+        key_of(None, customer_id=7),
+        key_of(None, 7, kind="daily", fmt="pdf"),
+        key_of(None, kind="daily", customer_id=7),
+    }
+    assert len(keys) == 1
+    (key,) = keys
+    assert key.startswith("proj.report:")
+    assert_protocol_safe(key)
+
+
+def test_positional_and_keyword_calls_give_the_same_template_key() -> None:
+    template = "report:{customer_id}:{kind}"
+    assert key_of(template, 7) == key_of(template, customer_id=7, kind="daily") == "report:7:daily"
+
+
+def test_different_arguments_give_different_keys() -> None:
+    assert key_of(None, 7) != key_of(None, 8)
+    assert key_of(None, 7) != key_of(None, 7, "weekly")
+    assert key_of(None, 7) != key_of(None, 7, fmt="csv")
+    assert key_of(None, 1) != key_of(None, "1")
+
+
+def test_uuid_datetime_and_decimal_arguments_work_and_survive_serialisation() -> None:
+    value = (
+        uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC),
+        decimal.Decimal("10.50"),
+    )
+    before = key_of(None, value[0], kind=str(value[1]), fmt=str(value[2]))
+    assert_protocol_safe(before)
+    direct = key_of(None, {"u": value[0], "d": value[1], "m": value[2]})
+    # The worker sees the arguments after a JSON round trip through kombu.
+    after = key_of(None, loads(dumps({"u": value[0], "d": value[1], "m": value[2]})))
+    assert direct == after
+    assert key_of(None, {"m": decimal.Decimal("10.5")}) != key_of(None, {"m": 10.5})
+
+
+def test_template_with_spaces_becomes_a_valid_distinct_key() -> None:
+    a = key_of("report {customer_id} {kind}", 7)
+    b = key_of("report_{customer_id}_{kind}", 7)
+    assert_protocol_safe(a)
+    assert a.startswith("report_7_daily" + DIGEST_SEPARATOR)
+    assert a != b
+
+
+def test_long_keys_are_digested_keeping_a_readable_prefix() -> None:
+    long_a = "tenant:" + "x" * 400 + "a"
+    long_b = "tenant:" + "x" * 400 + "b"
+    ka, kb = safe_key(long_a), safe_key(long_b)
+    assert_protocol_safe(ka)
+    assert_protocol_safe(kb)
+    assert ka != kb
+    assert ka.startswith("tenant:xxx")
+    # Multi-byte characters are never cut in half.
+    kc = safe_key("é" * 300)
+    assert_protocol_safe(kc)
+    kc.encode("utf-8").decode("utf-8")
+
+
+def test_valid_keys_are_kept_as_they_are() -> None:
+    assert safe_key("report:7") == "report:7"
+    exact = "k" * MAX_LINE_BYTES
+    assert safe_key(exact) == exact
+    assert safe_key("") != ""
+
+
+def test_callable_key_takes_the_task_arguments() -> None:
+    def by_customer(customer_id: int, kind: str = "daily", *, fmt: str = "pdf") -> str:
+        return f"cust {customer_id}"
+
+    key = key_of(by_customer, 7)
+    assert_protocol_safe(key)
+    assert key.startswith("cust_7")
+
+
+def test_callable_returning_a_non_string_is_a_clear_error() -> None:
+    with pytest.raises(KeyDerivationError, match="returned int, expected str"):
+        key_of(lambda *a, **k: 5, 7)
+
+
+def test_template_naming_an_unknown_argument_is_a_clear_error() -> None:
+    with pytest.raises(KeyDerivationError, match=r"customer\b.*not among the task's arguments"):
+        key_of("report:{customer}", 7)
+    with pytest.raises(KeyDerivationError, match="customer_id, kind, fmt"):
+        check_template("report:{customer}", report, task_name="proj.report")
+    with pytest.raises(KeyDerivationError, match="positional field"):
+        check_template("report:{0}", report, task_name="proj.report")
+    check_template("report:{customer_id}:{kind}", report, task_name="proj.report")
+
+
+def test_arguments_that_do_not_match_the_signature_are_a_clear_error() -> None:
+    with pytest.raises(KeyDerivationError, match="do not match its signature"):
+        key_of(None, 1, 2, 3, 4)
+
+
+def test_unserialisable_arguments_ask_for_a_lock_key() -> None:
+    with pytest.raises(KeyDerivationError, match="set lock_key"):
+        key_of(None, object())
+
+
+def test_prefix_is_applied_to_every_key_source() -> None:
+    for source in (None, "report:{customer_id}", lambda *a, **k: "x"):
+        key = derive_key(
+            source, task_name="proj.report", run=report, args=(7,), kwargs={}, prefix="app1:"
+        )
+        assert key.startswith("app1:")
+
+
+def test_bind_arguments_collects_var_positional_and_var_keyword() -> None:
+    def f(a: int, *rest: int, **extra: int) -> None: ...
+
+    assert bind_arguments(f, (1, 2, 3), {"z": 4}, task_name="t") == {
+        "a": 1,
+        "rest": (2, 3),
+        "extra": {"z": 4},
+    }
