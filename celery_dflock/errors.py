@@ -1,0 +1,65 @@
+"""The client's exceptions: one hierarchy rooted at `DflockError`.
+
+Every exception carries a single message string (so it pickles, which Celery needs when a task
+fails with one) that says what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthError",
+    "DflockError",
+    "LimitMismatchError",
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "MaxLocksError",
+    "MaxWaitersError",
+    "ProtocolError",
+    "ServerDraining",
+    "ServerUnavailable",
+]
+
+
+class DflockError(Exception):
+    """Base class of every error raised by celery-dflock."""
+
+
+class LockNotAcquired(DflockError):
+    """The lock (or a semaphore slot) was not granted within the acquire timeout."""
+
+
+class LockLost(DflockError):
+    """A lock this process held is gone: its renewal was refused or its server went away."""
+
+
+class LockNotOwned(DflockError):
+    """An operation needs a held lock, and this object does not hold one."""
+
+
+class MaxLocksError(DflockError):
+    """The server refused a new key: it already tracks its maximum number of keys."""
+
+
+class MaxWaitersError(DflockError):
+    """The server refused to queue another waiter on this key (its per-key waiter cap)."""
+
+
+class LimitMismatchError(DflockError):
+    """A semaphore was requested with a limit other than the one its busy key already has."""
+
+
+class AuthError(DflockError):
+    """The server requires an auth token, or refused the one sent."""
+
+
+class ProtocolError(DflockError):
+    """The server sent something that is not a valid reply to the request in flight."""
+
+
+class ServerUnavailable(DflockError):
+    """A lock server could not be reached, or the connection to it broke."""
+
+
+class ServerDraining(ServerUnavailable):
+    """The server is shutting down and refuses new requests."""
