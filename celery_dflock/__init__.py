@@ -1,1 +1,47 @@
-"""celery-dflock: distributed locks for Celery."""
+"""celery-dflock: distributed locks for Celery, backed by a dflockd-compatible lock server.
+
+The client: `DistributedLock` / `DistributedSemaphore` (blocking, renewed by a thread),
+`AsyncDistributedLock` / `AsyncDistributedSemaphore` (asyncio, renewed by a task), connection
+pools, sharding strategies and the `DflockError` hierarchy.
+"""
+
+from celery_dflock.aio import AsyncDistributedLock, AsyncDistributedSemaphore
+from celery_dflock.client import DistributedLock, DistributedSemaphore
+from celery_dflock.errors import (
+    AuthError,
+    DflockError,
+    LimitMismatchError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    MaxLocksError,
+    MaxWaitersError,
+    ProtocolError,
+    ServerDraining,
+    ServerUnavailable,
+)
+from celery_dflock.pool import AsyncConnectionPool, ConnectionPool
+from celery_dflock.sharding import ShardingStrategy, rendezvous_shard, stable_hash_shard
+
+__all__ = [
+    "AsyncConnectionPool",
+    "AsyncDistributedLock",
+    "AsyncDistributedSemaphore",
+    "AuthError",
+    "ConnectionPool",
+    "DflockError",
+    "DistributedLock",
+    "DistributedSemaphore",
+    "LimitMismatchError",
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "MaxLocksError",
+    "MaxWaitersError",
+    "ProtocolError",
+    "ServerDraining",
+    "ServerUnavailable",
+    "ShardingStrategy",
+    "rendezvous_shard",
+    "stable_hash_shard",
+]

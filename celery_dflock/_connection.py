@@ -1,0 +1,355 @@
+"""Connections to a lock server: a blocking one (sockets) and an asyncio one (streams).
+
+Both serialize requests (one in flight at a time, under a lock), send ``auth`` first when the
+endpoint has a token, and close themselves when a request is interrupted midway (timeout,
+exception, cancellation): a half-read reply would put every later reply out of step.
+Neither is ever shut down from a forked child: the child only drops its copy of the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import ssl
+import threading
+import time
+from typing import Final
+
+from celery_dflock import protocol
+from celery_dflock._core import (
+    CLOSING_ERRORS,
+    REPLY_GRACE_S,
+    Endpoint,
+    auth_reply_error,
+)
+from celery_dflock.errors import DflockError, ProtocolError, ServerUnavailable
+from celery_dflock.protocol import Command, ErrorReply, Reply, ReplyParser
+
+RECV_BYTES: Final = 65536
+
+
+def _failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
+    """Translate an I/O failure during a request into the client's errors."""
+    if isinstance(exc, TimeoutError):
+        return ServerUnavailable(
+            f"no reply from the lock server at {endpoint.address} to {command.value!r} within "
+            f"{timeout:.1f}s; the connection was closed (is the server overloaded or hung?)"
+        )
+    if isinstance(exc, OSError):
+        return ServerUnavailable(
+            f"the connection to the lock server at {endpoint.address} failed during "
+            f"{command.value!r} ({exc.strerror or exc}); locks held on it are released by "
+            "the server"
+        )
+    return ServerUnavailable(f"connection to {endpoint.address} failed: {exc!r}")
+
+
+def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
+    return ServerUnavailable(
+        f"the lock server at {endpoint.address} closed the connection during "
+        f"{command.value!r} (restarted, shutting down, or an idle/auth timeout)"
+    )
+
+
+def _unsolicited(endpoint: Endpoint, parser: ReplyParser) -> ProtocolError:
+    return ProtocolError(
+        f"the lock server at {endpoint.address} sent {parser.buffered} byte(s) nobody asked "
+        "for after a reply; the connection was closed"
+    )
+
+
+class Connection:
+    """A blocking connection; thread safe (requests are serialized by a lock)."""
+
+    def __init__(self, endpoint: Endpoint, sock: socket.socket) -> None:
+        self.endpoint = endpoint
+        self.pid = os.getpid()
+        self.last_used = time.monotonic()
+        self._sock = sock
+        self._parser = ReplyParser()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._in_flight = False
+
+    @classmethod
+    def open(cls, endpoint: Endpoint) -> Connection:
+        """Connect (bounded by ``connect_timeout_s``), wrap in TLS, authenticate."""
+        try:
+            sock = socket.create_connection(
+                (endpoint.host, endpoint.port), timeout=endpoint.connect_timeout_s
+            )
+        except OSError as exc:
+            detail = exc.strerror or str(exc) or type(exc).__name__
+            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.ssl_context is not None:
+                sock = endpoint.ssl_context.wrap_socket(sock, server_hostname=endpoint.host)
+        except OSError as exc:
+            sock.close()
+            raise ServerUnavailable(endpoint.unavailable_message(f"TLS setup: {exc}")) from exc
+        conn = cls(endpoint, sock)
+        if endpoint.auth_token is not None:
+            reply = conn.request(Command.AUTH, protocol.encode_auth(endpoint.auth_token))
+            error = auth_reply_error(endpoint, reply)
+            if error is not None:
+                conn.close()
+                raise error
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        """True once closed (by us, by the peer, or by an interrupted request)."""
+        return self._closed
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a request waits for its reply."""
+        return self._in_flight
+
+    def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
+        """Send one request and return its decoded reply.
+
+        Raises `ServerUnavailable` (the connection broke, or no reply within ``timeout``) or
+        `ProtocolError`; in both cases, and if anything interrupts the call, the connection is
+        closed.
+        """
+        if self.pid != os.getpid():
+            raise DflockError(
+                "this connection was opened by another process (before a fork); "
+                "a forked child must open its own"
+            )
+        with self._lock:
+            if self._closed:
+                raise ServerUnavailable(f"the connection to {self.endpoint.address} is closed")
+            self._in_flight = True
+            deadline = time.monotonic() + timeout
+            try:
+                self._sock.settimeout(timeout)
+                self._sock.sendall(data)
+                while (reply := self._parser.next_reply(command)) is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError
+                    self._sock.settimeout(remaining)
+                    chunk = self._sock.recv(RECV_BYTES)
+                    if not chunk:
+                        raise _closed_by_peer(self.endpoint, command)
+                    self._parser.feed(chunk)
+                if self._parser.buffered:
+                    raise _unsolicited(self.endpoint, self._parser)
+            except BaseException as exc:
+                self.close()
+                if isinstance(exc, OSError):
+                    raise _failure(self.endpoint, command, exc, timeout) from exc
+                raise
+            finally:
+                self._in_flight = False
+            if isinstance(reply, ErrorReply) and reply.code in CLOSING_ERRORS:
+                self.close()
+            self.last_used = time.monotonic()
+            return reply
+
+    def ping(self) -> bool:
+        """True if the server answered ``ping``; on any failure the connection is closed."""
+        try:
+            return isinstance(self.request(Command.PING, protocol.encode_ping()), protocol.Ok)
+        except DflockError:
+            self.close()
+            return False
+
+    def is_reusable(self) -> bool:
+        """Cheap liveness check before reuse: a non-blocking peek (TLS: a ``ping``)."""
+        if self._closed or self.pid != os.getpid() or self._parser.buffered:
+            return False
+        if isinstance(self._sock, ssl.SSLSocket):
+            return self.ping()
+        try:
+            self._sock.settimeout(0.0)
+            data = self._sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True  # nothing to read: the peer has not closed it
+        except OSError:
+            return False
+        del data  # EOF (b"") or bytes nobody asked for: either way not reusable
+        return False
+
+    def close(self) -> None:
+        """Close the socket (never ``shutdown``: a forked twin may share it). Idempotent."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Connection {self.endpoint.address} {state}>"
+
+
+class AsyncConnection:
+    """An asyncio connection; coroutine safe (requests are serialized by an asyncio lock)."""
+
+    def __init__(
+        self, endpoint: Endpoint, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.endpoint = endpoint
+        self.pid = os.getpid()
+        self.last_used = time.monotonic()
+        self._reader = reader
+        self._writer = writer
+        self._parser = ReplyParser()
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._in_flight = False
+
+    @classmethod
+    async def open(cls, endpoint: Endpoint) -> AsyncConnection:
+        """Connect (bounded by ``connect_timeout_s``), with TLS, and authenticate."""
+        try:
+            async with asyncio.timeout(endpoint.connect_timeout_s):
+                reader, writer = await asyncio.open_connection(
+                    endpoint.host,
+                    endpoint.port,
+                    ssl=endpoint.ssl_context,
+                    server_hostname=endpoint.host if endpoint.ssl_context else None,
+                )
+        except TimeoutError as exc:
+            detail = f"no connection within {endpoint.connect_timeout_s}s"
+            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+        except OSError as exc:
+            detail = exc.strerror or str(exc) or type(exc).__name__
+            raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = cls(endpoint, reader, writer)
+        if endpoint.auth_token is not None:
+            try:
+                reply = await conn.request(Command.AUTH, protocol.encode_auth(endpoint.auth_token))
+            except BaseException:
+                await conn.aclose()
+                raise
+            error = auth_reply_error(endpoint, reply)
+            if error is not None:
+                await conn.aclose()
+                raise error
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        """True once closed (by us, by the peer, or by an interrupted request)."""
+        return self._closed
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a request waits for its reply."""
+        return self._in_flight
+
+    async def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
+        """Send one request and return its decoded reply (see `Connection.request`).
+
+        Cancelling the calling task midway closes the connection.
+        """
+        if self.pid != os.getpid():
+            raise DflockError(
+                "this connection was opened by another process (before a fork); "
+                "a forked child must open its own"
+            )
+        async with self._lock:
+            if self._closed:
+                raise ServerUnavailable(f"the connection to {self.endpoint.address} is closed")
+            self._in_flight = True
+            try:
+                async with asyncio.timeout(timeout):
+                    self._writer.write(data)
+                    await self._writer.drain()
+                    while (reply := self._parser.next_reply(command)) is None:
+                        chunk = await self._reader.read(RECV_BYTES)
+                        if not chunk:
+                            raise _closed_by_peer(self.endpoint, command)
+                        self._parser.feed(chunk)
+                if self._parser.buffered:
+                    raise _unsolicited(self.endpoint, self._parser)
+            except BaseException as exc:
+                self._abort()
+                if isinstance(exc, OSError):  # TimeoutError included
+                    raise _failure(self.endpoint, command, exc, timeout) from exc
+                raise
+            finally:
+                self._in_flight = False
+            if isinstance(reply, ErrorReply) and reply.code in CLOSING_ERRORS:
+                self._abort()
+            self.last_used = time.monotonic()
+            return reply
+
+    async def ping(self) -> bool:
+        """True if the server answered ``ping``; on any failure the connection is closed."""
+        try:
+            reply = await self.request(Command.PING, protocol.encode_ping())
+        except DflockError:
+            self._abort()
+            return False
+        return isinstance(reply, protocol.Ok)
+
+    async def is_reusable(self) -> bool:
+        """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered."""
+        if (
+            self._closed
+            or self.pid != os.getpid()
+            or self._writer.is_closing()
+            or self._reader.at_eof()
+            or self._parser.buffered
+        ):
+            return False
+        return await self.ping()
+
+    def _abort(self) -> None:
+        """Close at once, dropping unsent data (used when a request cannot complete)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.pid != os.getpid():
+            self._drop_in_child()
+            return
+        self._writer.transport.abort()
+
+    def close(self) -> None:
+        """Start closing (no await needed); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.pid != os.getpid():
+            self._drop_in_child()
+            return
+        self._writer.close()
+
+    async def aclose(self) -> None:
+        """Close and wait until the transport is closed."""
+        self.close()
+        if self.pid == os.getpid():
+            with contextlib.suppress(OSError, asyncio.CancelledError, RuntimeError):
+                await self._writer.wait_closed()
+
+    def _drop_in_child(self) -> None:
+        """In a forked child: drop our copy of the socket without touching the parent's loop.
+
+        The descriptor is pointed at /dev/null (closing our reference to the TCP connection),
+        so the transport, when it is eventually collected, closes /dev/null instead.
+        """
+        sock = self._writer.get_extra_info("socket")
+        if sock is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            fd = sock.fileno()
+            if fd >= 0:
+                null = os.open(os.devnull, os.O_RDWR)
+                try:
+                    os.dup2(null, fd)
+                finally:
+                    os.close(null)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<AsyncConnection {self.endpoint.address} {state}>"

@@ -1,0 +1,440 @@
+"""The lock state machine shared by the sync and async clients (no I/O here).
+
+`LockCore` validates a lock's settings, picks its server, builds each request, interprets each
+reply, and decides when a lock is lost. `celery_dflock.client` and `celery_dflock.aio` only move
+bytes and run the renewal thread / task around it, so the two faces cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import re
+import ssl
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from celery_dflock import protocol
+from celery_dflock.errors import (
+    AuthError,
+    DflockError,
+    LimitMismatchError,
+    LockNotOwned,
+    MaxLocksError,
+    MaxWaitersError,
+    ProtocolError,
+    ServerDraining,
+)
+from celery_dflock.protocol import Command, ErrorReply, Granted, Queued, Renewed, Reply, TimedOut
+from celery_dflock.sharding import ShardingStrategy, select_server, validate_servers
+from dflockd_server import constants
+
+logger: Final = logging.getLogger("celery_dflock.client")
+
+DEFAULT_SERVERS: Final[tuple[tuple[str, int], ...]] = (("127.0.0.1", constants.DEFAULT_PORT),)
+DEFAULT_ACQUIRE_TIMEOUT_S: Final = 10
+DEFAULT_RENEW_RATIO: Final = 0.5
+DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
+
+REPLY_GRACE_S: Final = 10.0
+"""How long a reply may take beyond the time the server was asked to wait."""
+READ_TIMEOUT_MARGIN_S: Final = 3.0
+"""Renewals happen at least this long before the server's idle read timeout would fire."""
+MIN_RENEW_INTERVAL_S: Final = 0.1
+MAX_RENEW_INTERVAL_S: Final = constants.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
+JOIN_TIMEOUT_S: Final = REPLY_GRACE_S + 1.0
+"""How long `release` waits for the renewal thread / task to finish."""
+
+CLOSING_ERRORS: Final = frozenset({constants.STATUS_ERROR_AUTH, constants.STATUS_ERROR_DRAINING})
+"""Error replies after which the connection must not be reused."""
+
+_TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
+
+
+def redact(text: str) -> str:
+    """``text`` with anything that looks like a token replaced (for logs and lost reasons)."""
+    return _TOKEN_IN_TEXT.sub("<token>", text)
+
+
+# ------------------------------------------------------------------------------ endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how to connect: the identity a connection pool keys its connections on."""
+
+    host: str
+    port: int
+    auth_token: str | None = field(default=None, repr=False)
+    ssl_context: ssl.SSLContext | None = None
+    connect_timeout_s: float = field(default=DEFAULT_CONNECT_TIMEOUT_S, compare=False)
+
+    @property
+    def address(self) -> str:
+        """``host:port``."""
+        return f"{self.host}:{self.port}"
+
+    def unavailable_message(self, detail: str) -> str:
+        """Why ``host:port`` cannot be used, and what to do."""
+        return (
+            f"cannot reach the dflockd lock server at {self.address} ({detail}); "
+            "start it (`dflockd`, or `uv run dflockd`) or check the `servers` setting"
+        )
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def whole_seconds(name: str, value: float, *, minimum: int) -> int:
+    """``value`` as the protocol's whole seconds (fractions round up); `ValueError` if invalid."""
+    if not _is_real(value) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    seconds = math.ceil(value)
+    if seconds < minimum or seconds > constants.MAX_NUMBER:
+        raise ValueError(
+            f"{name} must be between {minimum} and {constants.MAX_NUMBER} seconds, got {value!r}"
+        )
+    return seconds
+
+
+def _positive_seconds(name: str, value: float) -> float:
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+class LockState(enum.Enum):
+    """Where a lock object stands, as far as this process knows."""
+
+    IDLE = "idle"
+    ENQUEUED = "enqueued"
+    HELD = "held"
+
+
+@dataclass(slots=True)
+class RenewOutcome:
+    """What a renewal attempt found: ``renewed``, or ``lost_reason`` (None: nothing to do)."""
+
+    renewed: bool
+    lost_reason: str | None = None
+
+
+# ------------------------------------------------------------------------------ the core
+
+
+class LockCore:
+    """State and decisions of one lock or semaphore object; every method is I/O free."""
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        limit: int | None,
+        acquire_timeout_s: float,
+        lease_ttl_s: float | None,
+        servers: Sequence[tuple[str, int]],
+        sharding_strategy: ShardingStrategy,
+        renew_ratio: float,
+        auth_token: str | None,
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout_s: float,
+    ) -> None:
+        self.key = protocol.validate_key(key)
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int):  # pyright: ignore[reportUnnecessaryIsInstance]
+                raise ValueError(f"limit must be an int, got {limit!r}")
+            if not constants.MIN_SEMAPHORE_LIMIT <= limit <= constants.MAX_SEMAPHORE_LIMIT:
+                raise ValueError(
+                    f"limit must be between {constants.MIN_SEMAPHORE_LIMIT} and "
+                    f"{constants.MAX_SEMAPHORE_LIMIT}, got {limit}"
+                )
+        self.limit = limit
+        self.acquire_timeout_s = whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
+        self.lease_ttl_s = (
+            None if lease_ttl_s is None else whole_seconds("lease_ttl_s", lease_ttl_s, minimum=1)
+        )
+        if not _is_real(renew_ratio) or not 0 < renew_ratio < 1:
+            raise ValueError(
+                f"renew_ratio must be a fraction of the lease strictly between 0 and 1 "
+                f"(e.g. 0.5), got {renew_ratio!r}"
+            )
+        self.renew_ratio = float(renew_ratio)
+        if auth_token is not None:
+            protocol.encode_auth(auth_token)  # validates it
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f"ssl_context must be an ssl.SSLContext, got {ssl_context!r}")
+        self.servers = validate_servers(servers)
+        self.server_index = select_server(self.key, self.servers, sharding_strategy)
+        host, port = self.servers[self.server_index]
+        self.endpoint = Endpoint(
+            host,
+            port,
+            auth_token,
+            ssl_context,
+            _positive_seconds("connect_timeout_s", connect_timeout_s),
+        )
+        self.state = LockState.IDLE
+        self.token: str | None = None
+        self.lease = 0
+        self.lost = False
+        self.pid: int | None = None
+        self.lease_deadline = 0.0  # time.monotonic() by which the lease surely ends
+
+    # ---------------------------------------------------------------- naming
+    @property
+    def semaphore(self) -> bool:
+        """True for a semaphore (``sl``/``se``/... commands)."""
+        return self.limit is not None
+
+    @property
+    def what(self) -> str:
+        """``lock 'key'`` or ``semaphore 'key' (limit N)``, for messages."""
+        if self.limit is None:
+            return f"lock {self.key!r}"
+        return f"semaphore {self.key!r} (limit {self.limit})"
+
+    def describe(self) -> str:
+        """A repr body without the token."""
+        return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}" + (
+            ", lost" if self.lost else ""
+        )
+
+    # ---------------------------------------------------------------- views
+    @property
+    def fence(self) -> int | None:
+        """The fencing counter of the current token."""
+        return None if self.token is None else protocol.fence_of(self.token)
+
+    def foreign_process(self) -> bool:
+        """True when the lock was acquired by another process (we are a fork child)."""
+        return self.pid is not None and self.pid != os.getpid()
+
+    def locked(self) -> bool:
+        """Held (acquired, not released) by this object in this process."""
+        return self.state is LockState.HELD and not self.foreign_process()
+
+    def owned(self) -> bool:
+        """`locked`, not lost, and the lease is known to be still running."""
+        return self.locked() and not self.lost and time.monotonic() < self.lease_deadline
+
+    def renew_interval(self) -> float:
+        """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout."""
+        interval = self.lease * self.renew_ratio
+        return max(MIN_RENEW_INTERVAL_S, min(interval, MAX_RENEW_INTERVAL_S))
+
+    def reply_timeout(self, wait_s: int = 0) -> float:
+        """How long to wait for a reply when the server was asked to wait ``wait_s``."""
+        return wait_s + REPLY_GRACE_S
+
+    def renew_reply_timeout(self) -> float:
+        """A renewal answered after the lease ran out is useless: wait at most that long."""
+        remaining = self.lease_deadline - time.monotonic()
+        return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, remaining))
+
+    # ---------------------------------------------------------------- requests
+    def _require_idle(self) -> None:
+        if self.state is LockState.HELD:
+            raise DflockError(f"{self.what} is already held by this object; release() it first")
+        if self.state is LockState.ENQUEUED:
+            raise DflockError(
+                f"{self.what} is enqueued on this object; call wait() or release() first"
+            )
+
+    def acquire_request(self) -> tuple[Command, bytes, float]:
+        """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout)."""
+        self._require_idle()
+        timeout = self.acquire_timeout_s
+        if self.limit is None:
+            data = protocol.encode_lock(self.key, timeout, self.lease_ttl_s)
+            return Command.LOCK, data, self.reply_timeout(timeout)
+        data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
+        return Command.SEM_LOCK, data, self.reply_timeout(timeout)
+
+    def enqueue_request(self) -> tuple[Command, bytes, float]:
+        """``e`` / ``se``."""
+        self._require_idle()
+        if self.limit is None:
+            data = protocol.encode_enqueue(self.key, self.lease_ttl_s)
+            return Command.ENQUEUE, data, self.reply_timeout()
+        data = protocol.encode_sem_enqueue(self.key, self.limit, self.lease_ttl_s)
+        return Command.SEM_ENQUEUE, data, self.reply_timeout()
+
+    def wait_request(self, timeout_s: float | None) -> tuple[Command, bytes, float]:
+        """``w`` / ``sw`` (the lock must be enqueued)."""
+        if self.state is not LockState.ENQUEUED:
+            raise LockNotOwned(f"{self.what} is not enqueued: call enqueue() before wait()")
+        timeout = (
+            self.acquire_timeout_s
+            if timeout_s is None
+            else whole_seconds("timeout_s", timeout_s, minimum=0)
+        )
+        command = Command.WAIT if self.limit is None else Command.SEM_WAIT
+        encode = protocol.encode_wait if self.limit is None else protocol.encode_sem_wait
+        return command, encode(self.key, timeout), self.reply_timeout(timeout)
+
+    def _held_token(self) -> str:
+        if self.state is not LockState.HELD or self.token is None:
+            raise LockNotOwned(f"{self.what} is not held by this object: acquire() it first")
+        return self.token
+
+    def renew_request(self) -> tuple[Command, bytes, float]:
+        """``n`` / ``sn`` for the held token."""
+        token = self._held_token()
+        if self.limit is None:
+            data = protocol.encode_renew(self.key, token, self.lease_ttl_s)
+            return Command.RENEW, data, self.renew_reply_timeout()
+        data = protocol.encode_sem_renew(self.key, token, self.lease_ttl_s)
+        return Command.SEM_RENEW, data, self.renew_reply_timeout()
+
+    def release_request(self) -> tuple[Command, bytes, float]:
+        """``r`` / ``sr`` for the held token."""
+        token = self._held_token()
+        if self.limit is None:
+            data = protocol.encode_release(self.key, token)
+            return Command.RELEASE, data, self.reply_timeout()
+        data = protocol.encode_sem_release(self.key, token)
+        return Command.SEM_RELEASE, data, self.reply_timeout()
+
+    # ---------------------------------------------------------------- replies
+    def on_grant_reply(self, command: Command, reply: Reply, sent_at: float) -> bool:
+        """Interpret the reply to ``l``/``sl``/``e``/``se``/``w``/``sw``.
+
+        True: held (the caller pins the connection and starts renewing). False: not held
+        (``queued`` leaves the state ENQUEUED, the connection stays pinned). Raises for refusals.
+        """
+        if isinstance(reply, Granted):
+            self.state = LockState.HELD
+            self.token = reply.token
+            self.lease = reply.lease
+            self.lost = False
+            self.pid = os.getpid()
+            self.lease_deadline = sent_at + reply.lease
+            return True
+        if isinstance(reply, Queued):
+            self.state = LockState.ENQUEUED
+            self.pid = os.getpid()
+            return False
+        self.reset()
+        if isinstance(reply, TimedOut):
+            return False
+        if isinstance(reply, ErrorReply):
+            if reply.code == constants.STATUS_ERROR_LEASE_EXPIRED:
+                logger.warning(
+                    "%s on %s was granted while queued, but its lease ran out before wait() "
+                    "collected it; call wait() sooner after enqueue() or use a longer lease",
+                    self.what,
+                    self.endpoint.address,
+                )
+                return False
+            raise self.error_for(command, reply)
+        raise ProtocolError(f"unexpected reply {reply!r} to {command.value!r}")
+
+    def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
+        """Interpret the reply to ``n``/``sn``."""
+        if isinstance(reply, Renewed):
+            self.lease_deadline = sent_at + reply.seconds_remaining
+            return RenewOutcome(renewed=True)
+        code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
+        if code == constants.STATUS_ERROR:
+            why = "the server refused the renewal (the lease had expired or was released)"
+        elif code == constants.STATUS_ERROR_DRAINING:
+            why = "the server is shutting down"
+        else:
+            why = f"the server answered {code!r} to the renewal"
+        return RenewOutcome(renewed=False, lost_reason=why)
+
+    def on_release_reply(self, reply: Reply) -> bool:
+        """Interpret the reply to ``r``/``sr``: True if this release freed the lock."""
+        self.reset()
+        return isinstance(reply, protocol.Ok)
+
+    def mark_lost(self, reason: str) -> bool:
+        """Record that the lock is lost; True the first time (the caller then notifies)."""
+        if self.lost or self.state is not LockState.HELD:
+            return False
+        self.lost = True
+        logger.warning(
+            "dflock %s on %s was lost: %s", self.what, self.endpoint.address, redact(reason)
+        )
+        return True
+
+    def reset(self) -> None:
+        """Back to IDLE (after a release, a timeout, a refusal or a fork)."""
+        self.state = LockState.IDLE
+        self.token = None
+        self.pid = None
+        self.lease_deadline = 0.0
+
+    # ---------------------------------------------------------------- errors
+    def error_for(self, command: Command, reply: ErrorReply) -> DflockError:
+        """The exception for a refusal, with a message that says what to do."""
+        where = self.endpoint.address
+        code = reply.code
+        if code == constants.STATUS_ERROR_MAX_LOCKS:
+            return MaxLocksError(
+                f"server {where} refused {self.what}: it already tracks its maximum number of "
+                "keys; raise its --max-locks (DFLOCKD_MAX_LOCKS) or use fewer distinct keys"
+            )
+        if code == constants.STATUS_ERROR_MAX_WAITERS:
+            return MaxWaitersError(
+                f"server {where} refused to queue on {self.what}: too many waiters already; "
+                "raise its --max-waiters (DFLOCKD_MAX_WAITERS) or use a shorter acquire timeout"
+            )
+        if code == constants.STATUS_ERROR_LIMIT_MISMATCH:
+            return LimitMismatchError(
+                f"{self.what} on {where} is in use with a different limit; every user of a "
+                "semaphore key must pass the same limit (or wait until the key is idle)"
+            )
+        if code == constants.STATUS_ERROR_AUTH:
+            return auth_required_error(self.endpoint)
+        if code == constants.STATUS_ERROR_DRAINING:
+            return ServerDraining(
+                f"server {where} is shutting down and refused {command.value!r} for "
+                f"{self.what}; retry once it (or its replacement) is running"
+            )
+        if code == constants.STATUS_ERROR_ALREADY_ENQUEUED:
+            return DflockError(
+                f"{self.what} is already enqueued on this connection; call wait() instead"
+            )
+        if code == constants.STATUS_ERROR_NOT_ENQUEUED:
+            return LockNotOwned(f"{self.what} is not enqueued on {where}: call enqueue() first")
+        return ProtocolError(
+            f"server {where} answered {code!r} to {command.value!r} for {self.what}: it found "
+            "the request malformed or does not know the command (an older dflockd server?)"
+        )
+
+
+def auth_required_error(endpoint: Endpoint) -> AuthError:
+    """The error for ``error_auth`` on a request other than ``auth``."""
+    if endpoint.auth_token is None:
+        return AuthError(
+            f"server {endpoint.address} requires authentication: pass auth_token= with the "
+            "secret the server was started with (--auth-token / DFLOCKD_AUTH_TOKEN)"
+        )
+    return AuthError(
+        f"server {endpoint.address} refused this connection's authentication; check "
+        "auth_token against the server's --auth-token / DFLOCKD_AUTH_TOKEN"
+    )
+
+
+def auth_reply_error(endpoint: Endpoint, reply: Reply) -> AuthError | None:
+    """None when ``auth`` succeeded, else the error to raise."""
+    if isinstance(reply, protocol.Ok):
+        return None
+    if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
+        return AuthError(
+            f"server {endpoint.address} has no auth token configured but auth_token was "
+            "given: remove auth_token= or start the server with --auth-token"
+        )
+    return AuthError(
+        f"server {endpoint.address} rejected auth_token: it does not match the server's "
+        "--auth-token / DFLOCKD_AUTH_TOKEN"
+    )
