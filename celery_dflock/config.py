@@ -242,7 +242,7 @@ def _validate_options(
             f"{where} must be a mapping of lock options (e.g. {{'lock_ttl': 60}}), got {options!r}"
         )
     result: dict[str, object] = {}
-    for name, value in cast(Mapping[object, object], options).items():
+    for name, value in cast("Mapping[object, object]", options).items():
         if not isinstance(name, str):
             raise DflockConfigError(f"{where}: option names must be strings, got {name!r}")
         checked = validate_option(name, value, f"{where}[{name!r}]")
@@ -281,10 +281,10 @@ def _parse_address(entry: object, where: str) -> tuple[str, int]:
                 f"{where}: {entry!r} is not 'host:port' (e.g. '127.0.0.1:6388' or '[::1]:6388')"
             )
         return host, _parse_port(port_text, where, entry)
-    if isinstance(entry, tuple | list) and len(cast(tuple[object, ...], entry)) == 2:
-        host_obj, port_obj = cast(tuple[object, object], tuple(cast(Iterable[object], entry)))
+    if isinstance(entry, tuple | list) and len(cast("tuple[object, ...]", entry)) == 2:
+        host_obj, port_obj = cast("tuple[object, object]", tuple(cast("Iterable[object]", entry)))
         if isinstance(host_obj, str) and host_obj and isinstance(port_obj, int | str):
-            return host_obj, _parse_port(str(port_obj), where, cast(object, entry))
+            return host_obj, _parse_port(str(port_obj), where, cast("object", entry))
     raise DflockConfigError(f"{where}: {entry!r} is not a server; use (host, port) or 'host:port'")
 
 
@@ -294,7 +294,7 @@ def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[s
     if isinstance(value, str):
         entries = [part for part in value.split(",") if part.strip()]
     elif isinstance(value, tuple | list):
-        items = list(cast(Iterable[object], value))
+        items = list(cast("Iterable[object]", value))
         # A bare ("host", port) pair is one server, not two.
         if len(items) == 2 and isinstance(items[0], str) and isinstance(items[1], int):
             entries = [tuple(items)]
@@ -315,7 +315,7 @@ def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[s
 def _sharding_strategy(value: object) -> Callable[[str, int], int]:
     where = "dflock_sharding_strategy"
     if callable(value):
-        return cast(Callable[[str, int], int], value)
+        return cast("Callable[[str, int], int]", value)
     if isinstance(value, str):
         from celery_dflock import sharding
 
@@ -329,7 +329,7 @@ def _sharding_strategy(value: object) -> Callable[[str, int], int]:
             except (ImportError, AttributeError) as exc:
                 raise DflockConfigError(f"{where}: cannot import {value!r} ({exc})") from exc
             if callable(found):
-                return cast(Callable[[str, int], int], found)
+                return cast("Callable[[str, int], int]", found)
     raise DflockConfigError(
         f"{where} must be 'stable_hash', 'rendezvous', 'module:function' or a callable "
         f"(key, number_of_servers) -> index; got {value!r}"
@@ -371,7 +371,7 @@ class DflockConfig:
         """Read and validate the ``dflock_*`` settings of a Celery ``app.conf``."""
 
         def get(name: str) -> object:
-            return cast(object, conf.get(name))
+            return cast("object", conf.get(name))
 
         servers = get("dflock_servers")
         auth_token = get("dflock_auth_token")
@@ -408,7 +408,7 @@ class DflockConfig:
                     "{'proj.tasks.report': {'lock_key': 'report:{customer_id}'}}; "
                     f"got {task_locks_raw!r}"
                 )
-            for name, options in cast(Mapping[object, object], task_locks_raw).items():
+            for name, options in cast("Mapping[object, object]", task_locks_raw).items():
                 if not isinstance(name, str):
                     raise DflockConfigError(
                         f"dflock_task_locks keys must be task names, got {name!r}"
@@ -511,14 +511,14 @@ def resolve_options(
         resolved[name] = value
     return LockOptions(
         key=cast("str | Callable[..., str] | None", resolved["lock_key"]),
-        timeout=float(cast(float, resolved["lock_timeout"])),
+        timeout=float(cast("float", resolved["lock_timeout"])),
         ttl=cast("int | None", resolved["lock_ttl"]),
-        on_locked=cast(OnLocked, resolved["on_locked"]),
+        on_locked=cast("OnLocked", resolved["on_locked"]),
         limit=cast("int | None", resolved["lock_limit"]),
-        on_lock_lost=cast(OnLockLost, resolved["on_lock_lost"]),
-        retry_countdown=cast(float, resolved["lock_retry_countdown"]),
-        retry_backoff_max=cast(float, resolved["lock_retry_backoff_max"]),
-        retry_jitter=cast(bool, resolved["lock_retry_jitter"]),
+        on_lock_lost=cast("OnLockLost", resolved["on_lock_lost"]),
+        retry_countdown=cast("float", resolved["lock_retry_countdown"]),
+        retry_backoff_max=cast("float", resolved["lock_retry_backoff_max"]),
+        retry_jitter=cast("bool", resolved["lock_retry_jitter"]),
     )
 
 

@@ -201,7 +201,7 @@ def derive_key(
     """
     if callable(source):
         try:
-            raw = cast(object, source(*args, **kwargs))
+            raw = cast("object", source(*args, **kwargs))
         except TypeError as exc:
             raise KeyDerivationError(
                 f"lock_key callable {source!r} of task {task_name!r} failed: {exc}; it must "

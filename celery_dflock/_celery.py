@@ -1,0 +1,44 @@
+# pyright: reportMissingTypeStubs=false, reportUnknownVariableType=false, reportUnknownMemberType=false
+"""Celery's objects as the integration uses them, typed ``Any``.
+
+Celery ships no type information; this module is the one place where its
+untyped names enter the strictly typed package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from celery import Task as _Task
+from celery import signals as _signals
+from celery._state import _task_stack as _stack  # pyright: ignore[reportPrivateUsage]
+from celery.exceptions import Ignore as _Ignore
+from celery.exceptions import TimeLimitExceeded as _TimeLimitExceeded
+from celery.exceptions import WorkerLostError as _WorkerLostError
+from celery.utils.dispatch import Signal as _Signal
+from celery.utils.log import get_logger as _get_logger
+from celery.utils.log import get_task_logger as _get_task_logger
+
+__all__ = [
+    "BaseTask",
+    "Ignore",
+    "Signal",
+    "TimeLimitExceeded",
+    "WorkerLostError",
+    "get_logger",
+    "get_task_logger",
+    "signals",
+    "task_stack",
+]
+
+BaseTask: Final[Any] = _Task
+"""``celery.Task``, for calling its methods from overrides."""
+signals: Final[Any] = _signals
+Signal: Final[Any] = _Signal
+task_stack: Final[Any] = _stack
+"""Celery's stack of running tasks (``current_task``), pushed by direct calls."""
+Ignore: Final[type[Exception]] = _Ignore
+TimeLimitExceeded: Final[type[Exception]] = _TimeLimitExceeded
+WorkerLostError: Final[type[Exception]] = _WorkerLostError
+get_logger: Final[Any] = _get_logger
+get_task_logger: Final[Any] = _get_task_logger

@@ -1,0 +1,191 @@
+"""Signals sent by locked tasks, and the worker hooks that keep locks honest.
+
+Signals (``celery.utils.dispatch.Signal``, connect as with Celery's own):
+
+* :data:`lock_lost` -- ``sender`` is the task; keyword arguments ``task_id``,
+  ``key``, ``lock`` (the client lock, ``lock.fence`` its fencing token) and
+  ``policy`` (the ``on_lock_lost`` applied). Sent from the renewal thread.
+* :data:`lock_skipped` -- ``sender`` is the task; ``task_id``, ``key``,
+  ``args``, ``kwargs``: a run was dropped by ``on_locked="skip"``.
+
+:func:`install` connects the worker hooks for one app. ``LockedTask`` calls it
+when it is bound to an app, so an app using ``LockedTask`` needs nothing
+more; an app that locks tasks only through ``dflock_task_locks`` calls
+``celery_dflock.signals.install(app)`` once. The hooks:
+
+* ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``.
+* ``worker_process_init`` (each prefork child, after fork): a fresh connection
+  pool for the child.
+* ``worker_process_shutdown`` / ``worker_shutdown``: close the pool.
+* ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``,
+  and ``task_revoked`` with ``terminated=True`` (all in the main process):
+  once the child that ran the task has exited, release what it held.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Final
+
+from celery_dflock._celery import Signal, TimeLimitExceeded, WorkerLostError, get_logger
+from celery_dflock._celery import signals as celery_signals
+from celery_dflock._runtime import (
+    CHILD_EXIT_WAIT_S,
+    HeldRecords,
+    get_runtime,
+    pid_gone,
+    reset_runtime_after_fork,
+)
+from celery_dflock.config import get_config
+from celery_dflock.errors import DflockError
+
+__all__ = ["install", "lock_lost", "lock_skipped"]
+
+logger: Any = get_logger(__name__)
+
+lock_lost: Final[Any] = Signal(name="lock_lost")
+"""A running task's lock was lost (renewal refused, or its server unreachable)."""
+lock_skipped: Final[Any] = Signal(name="lock_skipped")
+"""A task run was skipped because its lock was busy (``on_locked="skip"``)."""
+
+_HOOKS_ATTR: Final = "_dflock_hooks"
+
+
+def _app_of(obj: Any) -> Any:
+    """The app of a worker, consumer or task (None when it has none)."""
+    return getattr(obj, "app", None) or getattr(obj, "_app", None)
+
+
+class _Hooks:
+    """The receivers for one app (kept on the app, so they live exactly as long)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.main_pid: int | None = None
+
+    def connect(self) -> None:
+        celery_signals.worker_init.connect(self.on_worker_init, weak=True)
+        celery_signals.worker_process_init.connect(self.on_worker_process_init, weak=True)
+        celery_signals.worker_process_shutdown.connect(self.on_worker_process_shutdown, weak=True)
+        celery_signals.worker_shutdown.connect(self.on_worker_shutdown, weak=True)
+        celery_signals.task_failure.connect(self.on_task_failure, weak=True)
+        celery_signals.task_revoked.connect(self.on_task_revoked, weak=True)
+        if getattr(self.app, "finalized", False):
+            self._lock_configured_tasks()
+        else:
+            self.app.on_after_finalize.connect(self.on_after_finalize, weak=True)
+
+    def _ours(self, sender: Any) -> bool:
+        app = _app_of(sender)
+        return app is None or app is self.app
+
+    def _lock_configured_tasks(self) -> None:
+        from celery_dflock.task import apply_task_locks
+
+        apply_task_locks(self.app)
+
+    # ---------------------------------------------------------------- receivers
+
+    def on_after_finalize(self, sender: Any = None, **_: Any) -> None:
+        if sender is self.app:
+            self._lock_configured_tasks()
+
+    def on_worker_init(self, sender: Any = None, **_: Any) -> None:
+        if not self._ours(sender):
+            return
+        import os
+
+        self._lock_configured_tasks()
+        self.main_pid = os.getpid()
+        runtime = get_runtime(self.app)
+        runtime.records = HeldRecords.for_main_process(self.main_pid)
+
+    def on_worker_process_init(self, **_: Any) -> None:
+        reset_runtime_after_fork(self.app, in_pool_child=True)
+
+    def on_worker_process_shutdown(self, **_: Any) -> None:
+        get_runtime(self.app).close()
+
+    def on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
+        if not self._ours(sender):
+            return
+        runtime = get_runtime(self.app)
+        if runtime.records is not None and self._in_main_process():
+            self._release_orphans(None, wait_s=0)
+            runtime.records.remove_all()
+        runtime.close()
+
+    def on_task_failure(
+        self, sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
+    ) -> None:
+        lost_child = isinstance(exception, WorkerLostError | TimeLimitExceeded)
+        if lost_child and task_id and self._in_main_process() and self._ours(sender):
+            self._release_orphans_soon(task_id)
+
+    def on_task_revoked(
+        self, sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+    ) -> None:
+        task_id = getattr(request, "id", None)
+        if terminated and task_id and self._in_main_process() and self._ours(sender):
+            self._release_orphans_soon(task_id)
+
+    # ---------------------------------------------------------------- orphan release
+
+    def _in_main_process(self) -> bool:
+        import os
+
+        return self.main_pid == os.getpid()
+
+    def _release_orphans_soon(self, task_id: str) -> None:
+        # The consumer's thread must not block on a dying child: wait in a thread.
+        threading.Thread(
+            target=self._release_orphans,
+            args=(task_id, CHILD_EXIT_WAIT_S),
+            name=f"dflock-orphan-{task_id}",
+            daemon=True,
+        ).start()
+
+    def _release_orphans(self, task_id: str | None, wait_s: float) -> None:
+        runtime = get_runtime(self.app)
+        records = runtime.records
+        if records is None:
+            return
+        config = get_config(self.app)
+        for path, entry in records.entries(task_id):
+            pid = int(entry.get("pid", 0))
+            if pid and not pid_gone(pid, wait_s):
+                # Still alive: it is running or unwinding the task and releases it itself.
+                logger.info(
+                    "dflock: pool child %s still runs task %s; it releases %r itself",
+                    pid,
+                    task_id,
+                    entry.get("key"),
+                )
+                continue
+            try:
+                released = runtime.release_token(
+                    config, str(entry["key"]), str(entry["token"]), entry.get("limit")
+                )
+            except (DflockError, OSError, KeyError) as exc:
+                logger.warning(
+                    "dflock: could not release %r left by dead pool child %s: %s "
+                    "(its lease will expire)",
+                    entry.get("key"),
+                    pid,
+                    exc,
+                )
+            else:
+                if released:
+                    logger.info(
+                        "dflock: released %r left by dead pool child %s", entry.get("key"), pid
+                    )
+            HeldRecords.remove(path)
+
+
+def install(app: Any) -> None:
+    """Connect the worker hooks for ``app`` (idempotent; see the module docstring)."""
+    if isinstance(getattr(app, _HOOKS_ATTR, None), _Hooks):
+        return
+    hooks = _Hooks(app)
+    setattr(app, _HOOKS_ATTR, hooks)
+    hooks.connect()

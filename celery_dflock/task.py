@@ -1,0 +1,426 @@
+# pyright: reportMissingTypeStubs=false
+"""``LockedTask``: a distributed lock around every run of a Celery task.
+
+The lock is taken in the worker when the task *executes* (in ``__call__``,
+where a refusal can still stop the run), renewed by a thread while the body
+runs, and released on every way the run ends. See the README section
+"Locked tasks" for the options table and examples.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import signal
+import threading
+from collections.abc import Callable, Generator, Mapping
+from contextlib import contextmanager
+from typing import Any, ClassVar, Final, cast
+
+from celery import Task
+
+from celery_dflock import signals
+from celery_dflock._celery import BaseTask, Ignore, get_task_logger, task_stack
+from celery_dflock._runtime import AnyLock, HeldRecords, Runtime, get_runtime
+from celery_dflock.config import (
+    LOCK_OPTIONS,
+    DflockConfig,
+    LockOptions,
+    OnLockLost,
+    check_call_options,
+    get_config,
+    resolve_options,
+)
+from celery_dflock.errors import LockLost, LockNotAcquired
+from celery_dflock.keys import check_template, derive_key
+
+__all__ = ["LOCK_OPTIONS_HEADER", "SKIPPED", "LockedTask", "apply_task_locks"]
+
+logger: Any = get_task_logger(__name__)
+
+SKIPPED: Final = "SKIPPED"
+"""State stored for a run dropped by ``on_locked="skip"`` (``AsyncResult.state``)."""
+LOCK_OPTIONS_HEADER: Final = "dflock_options"
+"""Message header carrying per-call lock options (``apply_async(..., lock_ttl=60)``)."""
+
+_REQUEST_LOCK: Final = "dflock_lock"
+_REQUEST_KEY: Final = "dflock_key"
+_REQUEST_FENCE: Final = "dflock_fence"
+_REQUEST_TOKEN: Final = "dflock_token"
+_MAX_BACKOFF_EXPONENT: Final = 32
+
+
+class _Interrupted(LockLost):
+    """Raised asynchronously in the body's thread by ``on_lock_lost="interrupt"``."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or ("the task's lock was lost while it ran",)))
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
+    """Schedule ``exc`` in thread ``thread_id`` (None clears a pending one)."""
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+    set_async_exc.restype = ctypes.c_int
+    return cast("int", set_async_exc(thread_id, ctypes.py_object() if exc is None else exc))
+
+
+class _RunGuard:
+    """One locked run: its lock, the body's thread, and the ``on_lock_lost`` policy."""
+
+    def __init__(
+        self,
+        task: LockedTask,
+        task_id: str | None,
+        key: str,
+        policy: OnLockLost,
+        runtime: Runtime,
+    ) -> None:
+        self.task = task
+        self.task_id = task_id
+        self.key = key
+        self.policy: OnLockLost = policy
+        self.runtime = runtime
+        self.lock: AnyLock | None = None
+        self.record: Any = None
+        self._state = threading.Lock()
+        self._thread_id: int | None = None
+        self._interrupt_sent = False
+
+    def on_lost(self, lock: Any) -> None:
+        """Called once from the renewal thread when the lock is lost."""
+        policy = self.policy
+        if policy == "terminate" and not self.runtime.in_pool_child:
+            policy = "interrupt"  # only a prefork child can be replaced
+        logger.error(
+            "dflock: task %s[%s] lost its lock %r (fence %s); on_lock_lost=%r",
+            self.task.name,
+            self.task_id,
+            self.key,
+            getattr(lock, "fence", None),
+            policy,
+        )
+        signals.lock_lost.send(
+            sender=self.task, task_id=self.task_id, key=self.key, lock=lock, policy=policy
+        )
+        if policy == "terminate":
+            HeldRecords.remove(self.record)
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif policy == "interrupt":
+            with self._state:
+                if self._thread_id is not None and not self._interrupt_sent:
+                    self._interrupt_sent = True
+                    _set_async_exc(self._thread_id, _Interrupted)
+
+    @contextmanager
+    def body(self) -> Generator[None]:
+        """Mark the body as running in this thread (the target of an interrupt)."""
+        ident = threading.get_ident()
+        with self._state:
+            self._thread_id = ident
+        try:
+            yield
+        finally:
+            with self._state:
+                self._thread_id = None
+                if self._interrupt_sent:
+                    _set_async_exc(ident, None)  # not delivered yet: drop it
+
+
+class LockedTask(Task):
+    """A task whose runs hold a distributed lock (or semaphore slot) on a key.
+
+    Use as ``@app.task(base=LockedTask, lock_key="report:{customer_id}")`` (always
+    locked), or as the app's ``task_cls`` (then only tasks with a lock option,
+    or listed in ``dflock_task_locks``, are locked). Every option below may be
+    given per task, per call (``apply_async(..., lock_ttl=60)``) or app-wide
+    (``app.conf.dflock_*``); None means "not set here".
+    """
+
+    #: Lock key: a format template over the task's arguments (``"report:{customer_id}"``,
+    #: defaults applied), a callable taking the task's arguments, or None for
+    #: ``<task name>:<digest of all arguments>``.
+    lock_key: ClassVar[str | Callable[..., str] | None] = None
+    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default 0).
+    lock_timeout: ClassVar[float | None] = None
+    #: Lease in seconds, renewed while the body runs (default: the server's, 33 s).
+    lock_ttl: ClassVar[int | None] = None
+    #: When the lock is busy: ``"retry"`` (default), ``"skip"`` or ``"raise"``.
+    on_locked: ClassVar[str | None] = None
+    #: Let up to this many runs per key proceed at once (a semaphore); None: a lock.
+    lock_limit: ClassVar[int | None] = None
+    #: When the lock is lost mid-run: ``"interrupt"`` (default), ``"flag"`` or ``"terminate"``.
+    on_lock_lost: ClassVar[str | None] = None
+    #: First retry countdown of ``on_locked="retry"``, doubled per retry (default 1 s).
+    lock_retry_countdown: ClassVar[float | None] = None
+    #: Longest retry countdown (default 60 s).
+    lock_retry_backoff_max: ClassVar[float | None] = None
+    #: Randomise each countdown between half and all of it (default True).
+    lock_retry_jitter: ClassVar[bool | None] = None
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Install the worker hooks and check a template key as soon as the task is bound."""
+        BaseTask.on_bound.__func__(cls, app)
+        signals.install(app)
+        template = cls.lock_key
+        run: Any = cls.__dict__.get("run")
+        name: Any = cls.__dict__.get("name")
+        if isinstance(template, str) and callable(run) and isinstance(name, str):
+            check_template(template, cast("Callable[..., Any]", run), task_name=name)
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def lock(self) -> AnyLock | None:
+        """The lock held by the current run (``.fence``, ``.lost``, ``.lost_event``), or None."""
+        return cast("AnyLock | None", getattr(self._celery.request, _REQUEST_LOCK, None))
+
+    def apply_async(  # noqa: PLR0917 (Celery's signature)
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """As :meth:`celery.Task.apply_async`; lock options given here apply to this call."""
+        lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
+        if lock_options:
+            checked = check_call_options(lock_options, f"apply_async options of {self._name!r}")
+            headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
+            headers[LOCK_OPTIONS_HEADER] = checked
+            options["headers"] = headers
+        return BaseTask.apply_async(
+            self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+        )
+
+    def retry(  # noqa: PLR0917 (Celery's signature)
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """As :meth:`celery.Task.retry`, but the lock is released before the retry is sent."""
+        self._release_current()
+        request = self._celery.request
+        call_options = _call_options(request)
+        if call_options:
+            headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
+            request_headers: Any = request.headers
+            if isinstance(request_headers, Mapping):
+                headers = {**cast("Mapping[str, Any]", request_headers), **headers}
+            headers[LOCK_OPTIONS_HEADER] = call_options
+            options["headers"] = headers
+        return BaseTask.retry(
+            self, args, kwargs, exc, throw, eta, countdown, max_retries, **options
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        task = self._celery
+        stack = task.request_stack
+        request = stack.top
+        if (
+            request is not None
+            and not request._protected
+            and len(stack) == 1
+            and not request.called_directly
+        ):
+            # Called by the worker's (or apply()'s) tracer, which pushed the request.
+            request._protected = 1
+            return self._locked_run(request, args, kwargs)
+        # A direct call, task(...): push a request the way Task.__call__ does.
+        task_stack.push(self)
+        task.push_request(args=args, kwargs=kwargs)
+        try:
+            return self._locked_run(task.request, args, kwargs)
+        finally:
+            task.pop_request()
+            task_stack.pop()
+
+    # ------------------------------------------------------------------ internals
+
+    @property
+    def _celery(self) -> Any:
+        """This task as Celery's untyped object."""
+        return self
+
+    @property
+    def _name(self) -> str:
+        return str(self._celery.name)
+
+    def _lock_attributes(self) -> dict[str, object]:
+        return {name: getattr(self, name, None) for name in LOCK_OPTIONS}
+
+    def _is_locked(self, config: DflockConfig, call_options: Mapping[str, object]) -> bool:
+        if call_options or self._name in config.task_locks:
+            return True
+        if any(value is not None for value in self._lock_attributes().values()):
+            return True
+        # base=LockedTask named explicitly: always locked. Inherited only through the
+        # app's task_cls: locked only with a lock option (checked above).
+        app_task_cls: Any = self._celery._get_app().Task
+        return not isinstance(self, app_task_cls)
+
+    def _locked_run(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        task = self._celery
+        app: Any = task._get_app()
+        config = get_config(app)
+        call_options = _call_options(request)
+        run: Callable[..., Any] = task.run
+        if not self._is_locked(config, call_options):
+            return run(*args, **kwargs)
+        name = self._name
+        options = resolve_options(config, name, self._lock_attributes(), call_options)
+        key = derive_key(
+            options.key,
+            task_name=name,
+            run=run,
+            args=args,
+            kwargs=kwargs,
+            prefix=config.key_prefix,
+        )
+        runtime = get_runtime(app)
+        task_id = cast("str | None", request.id)
+        guard = _RunGuard(self, task_id, key, options.on_lock_lost, runtime)
+        wait_s = options.timeout
+        if options.on_locked == "retry" and request.is_eager:
+            # Eager retries run at once; wait out the countdown in the queue instead.
+            wait_s = max(wait_s, self._retry_countdown(request, options))
+        lock = runtime.new_lock(
+            config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost
+        )
+        if not lock.acquire():
+            return self._contended(request, key, options, args, kwargs)
+        guard.lock = lock
+        request.dflock_lock = lock
+        request.dflock_key = key
+        request.dflock_fence = lock.fence
+        request.dflock_token = lock.token
+        if runtime.in_pool_child and runtime.records is not None and task_id:
+            guard.record = runtime.records.add(task_id, lock, options.limit)
+        try:
+            try:
+                with guard.body():
+                    return run(*args, **kwargs)
+            except _Interrupted:
+                raise LockLost(
+                    f"task {name}[{task_id}] lost its lock {key!r} (fence {lock.fence}) "
+                    f"while it ran, and was interrupted (on_lock_lost='interrupt')"
+                ) from None
+        finally:
+            try:
+                lock.release()
+            finally:
+                HeldRecords.remove(guard.record)
+                for attr in (_REQUEST_LOCK, _REQUEST_KEY, _REQUEST_FENCE, _REQUEST_TOKEN):
+                    setattr(request, attr, None)
+
+    def _release_current(self) -> None:
+        lock = self.lock
+        if lock is not None:
+            lock.release()
+
+    def _retry_countdown(self, request: Any, options: LockOptions) -> float:
+        retries = int(request.retries or 0)
+        countdown = min(
+            options.retry_countdown * (2 ** min(retries, _MAX_BACKOFF_EXPONENT)),
+            options.retry_backoff_max,
+        )
+        if options.retry_jitter:
+            countdown = countdown / 2 + random.uniform(0, countdown / 2)
+        return countdown
+
+    def _contended(
+        self,
+        request: Any,
+        key: str,
+        options: LockOptions,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        name = self._name
+        task_id = cast("str | None", request.id)
+        busy = LockNotAcquired(
+            f"task {name}[{task_id}]: lock {key!r} is held by another run "
+            f"(waited {options.timeout:g}s; on_locked={options.on_locked!r})"
+        )
+        if options.on_locked == "skip":
+            logger.info(
+                "dflock: skipping %s[%s]: lock %r is held by another run", name, task_id, key
+            )
+            signals.lock_skipped.send(
+                sender=self, task_id=task_id, key=key, args=args, kwargs=kwargs
+            )
+            self._store_skipped(request, key)
+            raise Ignore(f"skipped: lock {key!r} is busy")
+        if options.on_locked == "retry" and not request.called_directly:
+            countdown = self._retry_countdown(request, options)
+            logger.info(
+                "dflock: %s[%s] retries in %.2fs: lock %r is busy", name, task_id, countdown, key
+            )
+            return self.retry(exc=busy, countdown=countdown)
+        raise busy
+
+    def _store_skipped(self, request: Any, key: str) -> None:
+        task = self._celery
+        task_id = request.id
+        if not task_id or request.called_directly or task.ignore_result:
+            return
+        if request.is_eager and not task.store_eager_result:
+            return
+        task.backend.store_result(
+            task_id,
+            {"key": key, "reason": "lock busy", "task": self._name},
+            SKIPPED,
+            request=request,
+        )
+
+
+def _call_options(request: Any) -> dict[str, object]:
+    """Per-call lock options of the current request (message header or eager headers)."""
+    raw = getattr(request, LOCK_OPTIONS_HEADER, None)
+    if raw is None:
+        headers = getattr(request, "headers", None)
+        if isinstance(headers, Mapping):
+            raw = cast("Mapping[str, Any]", headers).get(LOCK_OPTIONS_HEADER)
+    if not raw:
+        return {}
+    return check_call_options(raw, f"call options of task {getattr(request, 'task', '?')!r}")
+
+
+def apply_task_locks(app: Any) -> list[str]:
+    """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them.
+
+    Each such task that is not a :class:`LockedTask` gets its class swapped for
+    a subclass that puts ``LockedTask`` first in its bases. Returns the names of
+    the tasks changed. Runs from the worker hooks (see :mod:`celery_dflock.signals`).
+    """
+    config = get_config(app)
+    changed: list[str] = []
+    tasks: Mapping[str, Any] = app.tasks
+    for name in config.task_locks:
+        task = tasks.get(name)
+        if task is None:
+            logger.info("dflock: dflock_task_locks names %r, which this app does not have", name)
+            continue
+        if isinstance(task, LockedTask):
+            continue
+        original: Any = task.__class__
+        locked_cls = type(
+            original.__name__,
+            (LockedTask, original),
+            {"__module__": original.__module__, "__qualname__": original.__qualname__},
+        )
+        task.__class__ = locked_cls
+        changed.append(name)
+    return changed
