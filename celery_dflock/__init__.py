@@ -22,8 +22,10 @@ from celery_dflock.errors import (
 )
 from celery_dflock.pool import AsyncConnectionPool, ConnectionPool
 from celery_dflock.sharding import ShardingStrategy, rendezvous_shard, stable_hash_shard
+from celery_dflock.task import SKIPPED, LockedTask
 
 __all__ = [
+    "SKIPPED",
     "AsyncConnectionPool",
     "AsyncDistributedLock",
     "AsyncDistributedSemaphore",
@@ -36,6 +38,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "LockedTask",
     "MaxLocksError",
     "MaxWaitersError",
     "ProtocolError",
