@@ -1,0 +1,205 @@
+"""The demo's record of what happened, and its text timeline and verdict.
+
+Pure functions over event records: worker processes append one JSON line per event to a
+shared file (one ``write`` per line on a file opened with ``O_APPEND``, so lines from several
+processes never interleave), and the demo reads them back here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+#: Event kinds a worker or beat writes to the demo's event file.
+EVENT_KINDS = frozenset({"start", "end", "retry", "skip", "beat"})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the event file."""
+
+    kind: str
+    key: str
+    t: float
+    task_id: str = ""
+    fence: int = 0
+    worker: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One task run that held its key's lock from ``start`` to ``end``."""
+
+    key: str
+    task_id: str
+    fence: int
+    start: float
+    end: float
+    worker: str
+
+
+class Verdict:
+    """What the demo concludes from its event file."""
+
+    def __init__(self) -> None:
+        self.runs: list[Run] = []
+        self.overlaps: list[tuple[Run, Run]] = []
+        self.fence_order_errors: list[tuple[Run, Run]] = []
+        self.unfinished: list[str] = []
+        self.retries = 0
+        self.skips = 0
+        self.beat_sends: dict[str, int] = {}
+
+    def passed(self, expect_beat: bool = False) -> bool:
+        """No overlap, fences in grant order, every run finished, one active beat if expected."""
+        beats_ok = len(self.beat_sends) == 1 if expect_beat else len(self.beat_sends) <= 1
+        return (
+            bool(self.runs)
+            and not self.overlaps
+            and not self.fence_order_errors
+            and not self.unfinished
+            and beats_ok
+        )
+
+
+def record(path: Path, event: Event) -> None:
+    """Append ``event`` to the event file at ``path`` atomically (one write, O_APPEND)."""
+    line = json.dumps(
+        {
+            "kind": event.kind,
+            "key": event.key,
+            "t": event.t,
+            "task_id": event.task_id,
+            "fence": event.fence,
+            "worker": event.worker,
+        },
+        separators=(",", ":"),
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def read_events(path: Path) -> list[Event]:
+    """Read every complete line of the event file (a missing file has no events)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    events: list[Event] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        raw: dict[str, Any] = json.loads(line)
+        kind = str(raw["kind"])
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r} in {path}")
+        events.append(
+            Event(
+                kind=kind,
+                key=str(raw["key"]),
+                t=float(raw["t"]),
+                task_id=str(raw.get("task_id", "")),
+                fence=int(raw.get("fence", 0)),
+                worker=str(raw.get("worker", "")),
+            )
+        )
+    return events
+
+
+def judge(events: Iterable[Event]) -> Verdict:
+    """Pair starts with ends, then check every key for overlapping runs and fence order."""
+    verdict = Verdict()
+    starts: dict[tuple[str, str, int], Event] = {}
+    for ev in sorted(events, key=lambda e: e.t):
+        if ev.kind == "start":
+            starts[(ev.key, ev.task_id, ev.fence)] = ev
+        elif ev.kind == "end":
+            begun = starts.pop((ev.key, ev.task_id, ev.fence), None)
+            if begun is not None:
+                verdict.runs.append(
+                    Run(ev.key, ev.task_id, ev.fence, begun.t, ev.t, begun.worker or ev.worker)
+                )
+        elif ev.kind == "retry":
+            verdict.retries += 1
+        elif ev.kind == "skip":
+            verdict.skips += 1
+        else:
+            verdict.beat_sends[ev.worker] = verdict.beat_sends.get(ev.worker, 0) + 1
+    verdict.unfinished = sorted(f"{k}/{tid}" for (k, tid, _f) in starts)
+    by_key: dict[str, list[Run]] = defaultdict(list)
+    for run in verdict.runs:
+        by_key[run.key].append(run)
+    for runs in by_key.values():
+        runs.sort(key=lambda r: r.start)
+        for before, after in pairwise(runs):
+            if after.start < before.end:
+                verdict.overlaps.append((before, after))
+            if after.fence <= before.fence:
+                verdict.fence_order_errors.append((before, after))
+    return verdict
+
+
+def render(verdict: Verdict, width: int = 60, expect_beat: bool = False) -> str:
+    """A per-key text Gantt chart of the runs, then the verdict in words."""
+    lines: list[str] = []
+    runs = verdict.runs
+    if runs:
+        t0 = min(r.start for r in runs)
+        t1 = max(r.end for r in runs)
+        span = max(t1 - t0, 1e-6)
+        scale = (width - 1) / span
+        label_w = max(len(r.key) for r in runs)
+        lines.append(f"{'key':<{label_w}}  |{'time ->':<{width}}| run (worker, fence)")
+        for key in sorted({r.key for r in runs}):
+            for run in sorted((r for r in runs if r.key == key), key=lambda r: r.start):
+                a = round((run.start - t0) * scale)
+                b = max(a + 1, round((run.end - t0) * scale))
+                bar = " " * a + "#" * (b - a) + " " * (width - b)
+                lines.append(
+                    f"{key:<{label_w}}  |{bar[:width]}| {run.end - run.start:4.1f}s "
+                    f"({run.worker}, fence ...{run.fence % 100000:05d})"
+                )
+        lines.append(f"{'':<{label_w}}   0s{'':<{width - 8}}{span:5.1f}s")
+    lines.append("")
+    lines.extend(_verdict_lines(verdict, expect_beat))
+    return "\n".join(lines)
+
+
+def _verdict_lines(verdict: Verdict, expect_beat: bool) -> Sequence[str]:
+    keys = len({r.key for r in verdict.runs})
+    out = [
+        f"runs: {len(verdict.runs)} on {keys} keys; "
+        f"retried on contention: {verdict.retries}; skipped on contention: {verdict.skips}",
+    ]
+    if verdict.beat_sends:
+        senders = ", ".join(f"{name} sent {n}" for name, n in sorted(verdict.beat_sends.items()))
+        out.append(f"beat: {senders}")
+    if verdict.overlaps:
+        for a, b in verdict.overlaps:
+            out.append(f"OVERLAP on {a.key}: {a.task_id} and {b.task_id}")
+    if verdict.fence_order_errors:
+        for a, b in verdict.fence_order_errors:
+            out.append(f"FENCE ORDER broken on {a.key}: {a.fence} then {b.fence}")
+    if verdict.unfinished:
+        out.append(f"UNFINISHED runs: {', '.join(verdict.unfinished)}")
+    if len(verdict.beat_sends) > 1:
+        out.append("MORE THAN ONE BEAT was active")
+    if expect_beat and not verdict.beat_sends:
+        out.append("NO BEAT sent the periodic task")
+    if verdict.passed(expect_beat):
+        beat = ", exactly one beat was active" if expect_beat else ""
+        out.append(
+            f"verdict: PASS - no two runs of a key overlapped, fences rose in grant order{beat}"
+        )
+    else:
+        out.append("verdict: FAIL")
+    return out
