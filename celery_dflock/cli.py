@@ -1,0 +1,207 @@
+# pyright: reportMissingTypeStubs=false
+"""``celery -A proj dflock status|locks|ping``: what the lock servers hold, from the shell.
+
+Registered through Celery's ``celery.commands`` entry point, so it reads the servers and the
+secret from the app's own ``dflock_*`` settings. ``--json`` prints one JSON document for
+scripts. Exit status 0 when every server answered, 1 when one did not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import click
+from celery.bin.base import CeleryCommand
+
+from celery_dflock import protocol
+from celery_dflock._connection import Connection
+from celery_dflock._core import Endpoint
+from celery_dflock.config import DflockConfig, get_config
+from celery_dflock.errors import DflockError
+from celery_dflock.protocol import Command
+
+__all__ = ["ServerReport", "collect", "dflock", "format_locks", "format_status"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerReport:
+    """One server's answer (``stats`` is None when it could not be reached)."""
+
+    address: str
+    stats: dict[str, Any] | None
+    error: str | None = None
+
+    @property
+    def reachable(self) -> bool:
+        """True when the server answered ``stats``."""
+        return self.stats is not None
+
+    def as_json(self) -> dict[str, Any]:
+        """The report as plain JSON data."""
+        return {
+            "server": self.address,
+            "reachable": self.reachable,
+            "error": self.error,
+            "stats": self.stats,
+        }
+
+
+def _ask(endpoint: Endpoint) -> ServerReport:
+    try:
+        conn = Connection.open(endpoint)
+    except DflockError as exc:
+        return ServerReport(endpoint.address, None, str(exc))
+    try:
+        reply = conn.request(Command.STATS, protocol.encode_stats())
+    except DflockError as exc:
+        return ServerReport(endpoint.address, None, str(exc))
+    finally:
+        conn.close()
+    if not isinstance(reply, protocol.Stats):
+        return ServerReport(endpoint.address, None, f"unexpected reply to stats: {reply!r}")
+    return ServerReport(endpoint.address, cast(dict[str, Any], reply.data))
+
+
+def collect(config: DflockConfig) -> list[ServerReport]:
+    """Ask every configured server for its ``stats``."""
+    return [
+        _ask(
+            Endpoint(
+                host,
+                port,
+                auth_token=config.auth_token,
+                ssl_context=config.ssl_context,
+                connect_timeout_s=config.connect_timeout_s,
+            )
+        )
+        for host, port in config.servers
+    ]
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _items(stats: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    raw = stats.get(name, [])
+    return [cast(dict[str, Any], item) for item in cast(list[Any], raw) if isinstance(item, dict)]
+
+
+def format_status(reports: Sequence[ServerReport]) -> str:
+    """One row per server: reachable, connections, held locks, semaphores, waiters."""
+    rows: list[list[str]] = []
+    for rep in reports:
+        if rep.stats is None:
+            rows.append([rep.address, "NO", "-", "-", "-", "-", rep.error or ""])
+            continue
+        locks = _items(rep.stats, "locks")
+        sems = _items(rep.stats, "semaphores")
+        waiters = sum(int(i.get("waiters", 0)) for i in (*locks, *sems))
+        rows.append(
+            [
+                rep.address,
+                "yes",
+                str(rep.stats.get("connections", "?")),
+                str(len(locks)),
+                str(len(sems)),
+                str(waiters),
+                "",
+            ]
+        )
+    header = ["server", "reachable", "connections", "locks", "semaphores", "waiters", "error"]
+    return "\n".join(_table(header, rows))
+
+
+def format_locks(reports: Sequence[ServerReport]) -> str:
+    """One row per held lock or semaphore: key, kind, lease left, holders, waiters."""
+    rows: list[list[str]] = []
+    for rep in reports:
+        if rep.stats is None:
+            continue
+        for lock in _items(rep.stats, "locks"):
+            lease = lock.get("lease_expires_in_s")
+            rows.append(
+                [
+                    rep.address,
+                    str(lock.get("key", "?")),
+                    "lock",
+                    "-" if lease is None else f"{float(lease):.1f}s",
+                    "1",
+                    str(lock.get("waiters", 0)),
+                ]
+            )
+        for sem in _items(rep.stats, "semaphores"):
+            rows.append(
+                [
+                    rep.address,
+                    str(sem.get("key", "?")),
+                    f"semaphore/{sem.get('limit', '?')}",
+                    "-",
+                    str(sem.get("holders", "?")),
+                    str(sem.get("waiters", 0)),
+                ]
+            )
+    if not rows:
+        return "no locks held"
+    return "\n".join(_table(["server", "key", "kind", "lease left", "holders", "waiters"], rows))
+
+
+def _run(ctx: click.Context, as_json: bool, render: Callable[[list[ServerReport]], str]) -> None:
+    obj: Any = ctx.obj
+    try:
+        reports = collect(get_config(obj.app))
+    except (DflockError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps([r.as_json() for r in reports], indent=2))
+    else:
+        click.echo(render(reports))
+    if not all(r.reachable for r in reports):
+        ctx.exit(1)
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+@click.group(name="dflock")
+def dflock() -> None:
+    """Inspect the dflockd lock servers this app uses (dflock_servers)."""
+
+
+@dflock.command(cls=CeleryCommand)
+@_JSON
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Per server: reachable or not, connections, held locks and waiters."""
+    _run(ctx, as_json, format_status)
+
+
+@dflock.command(cls=CeleryCommand)
+@_JSON
+@click.pass_context
+def locks(ctx: click.Context, as_json: bool) -> None:
+    """Every held lock and semaphore with its lease left and waiters."""
+    _run(ctx, as_json, format_locks)
+
+
+@dflock.command(cls=CeleryCommand)
+@_JSON
+@click.pass_context
+def ping(ctx: click.Context, as_json: bool) -> None:
+    """Whether every server answers."""
+
+    def render(reports: list[ServerReport]) -> str:
+        return "\n".join(
+            f"{r.address}: {'ok' if r.reachable else 'UNREACHABLE: ' + (r.error or '')}"
+            for r in reports
+        )
+
+    _run(ctx, as_json, render)
