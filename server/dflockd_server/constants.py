@@ -1,0 +1,96 @@
+"""Protocol and default-setting constants, defined once for the server and the client."""
+
+from typing import Final
+
+# ---------------------------------------------------------------- default settings
+DEFAULT_HOST: Final = "0.0.0.0"
+DEFAULT_PORT: Final = 6388
+DEFAULT_LEASE_TTL_S: Final = 33
+DEFAULT_LEASE_SWEEP_INTERVAL_S: Final = 1.0
+DEFAULT_GC_INTERVAL_S: Final = 5.0
+DEFAULT_GC_MAX_IDLE_S: Final = 60.0
+DEFAULT_MAX_LOCKS: Final = 1024
+DEFAULT_READ_TIMEOUT_S: Final = 23.0
+DEFAULT_AUTO_RELEASE_ON_DISCONNECT: Final = True
+DEFAULT_MAX_CONNECTIONS: Final = 0
+DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
+DEFAULT_MAX_WAITERS: Final = 0
+DEFAULT_WRITE_TIMEOUT_S: Final = 5.0
+DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 30.0
+DEFAULT_LOG_LEVEL: Final = "info"
+
+# ---------------------------------------------------------------- framing limits
+MAX_LINE_BYTES: Final = 256
+"""Longest request line (before its newline) the server accepts."""
+MAX_AUTH_LINE_BYTES: Final = 65536
+"""Longest argument line of an ``auth`` request."""
+MAX_NUMBER: Final = 9_000_000_000
+"""Numbers (seconds, limits) above this are refused as malformed."""
+MAX_SEMAPHORE_LIMIT: Final = 1_048_576
+MIN_SEMAPHORE_LIMIT: Final = 1
+PLACEHOLDER: Final = "_"
+"""Sent in place of an unused key or argument (``auth``, ``stats``, ``ping``)."""
+
+# ---------------------------------------------------------------- tokens / fences
+TOKEN_HEX_CHARS: Final = 32
+FENCE_HEX_CHARS: Final = 16
+"""The first 16 hex characters of a token are the big-endian fencing counter."""
+FENCE_MAX: Final = (1 << 64) - 1
+
+# ---------------------------------------------------------------- commands
+CMD_LOCK: Final = "l"
+CMD_RENEW: Final = "n"
+CMD_RELEASE: Final = "r"
+CMD_ENQUEUE: Final = "e"
+CMD_WAIT: Final = "w"
+CMD_SEM_LOCK: Final = "sl"
+CMD_SEM_ENQUEUE: Final = "se"
+CMD_SEM_WAIT: Final = "sw"
+CMD_SEM_RENEW: Final = "sn"
+CMD_SEM_RELEASE: Final = "sr"
+CMD_AUTH: Final = "auth"
+CMD_STATS: Final = "stats"
+CMD_PING: Final = "ping"
+COMMANDS: Final = frozenset(
+    {
+        CMD_LOCK,
+        CMD_RENEW,
+        CMD_RELEASE,
+        CMD_ENQUEUE,
+        CMD_WAIT,
+        CMD_SEM_LOCK,
+        CMD_SEM_ENQUEUE,
+        CMD_SEM_WAIT,
+        CMD_SEM_RENEW,
+        CMD_SEM_RELEASE,
+        CMD_AUTH,
+        CMD_STATS,
+        CMD_PING,
+    }
+)
+
+# ---------------------------------------------------------------- reply statuses
+STATUS_OK: Final = "ok"
+STATUS_ACQUIRED: Final = "acquired"
+STATUS_QUEUED: Final = "queued"
+STATUS_TIMEOUT: Final = "timeout"
+STATUS_ERROR: Final = "error"
+STATUS_ERROR_AUTH: Final = "error_auth"
+STATUS_ERROR_MAX_LOCKS: Final = "error_max_locks"
+STATUS_ERROR_MAX_WAITERS: Final = "error_max_waiters"
+STATUS_ERROR_LIMIT_MISMATCH: Final = "error_limit_mismatch"
+STATUS_ERROR_NOT_ENQUEUED: Final = "error_not_enqueued"
+STATUS_ERROR_ALREADY_ENQUEUED: Final = "error_already_enqueued"
+STATUS_ERROR_LEASE_EXPIRED: Final = "error_lease_expired"
+STATUS_ERROR_DRAINING: Final = "error_draining"
+
+# ---------------------------------------------------------------- server internals
+AUTH_FAILURE_DELAY_S: Final = 0.5
+"""Pause before answering a wrong secret with ``error_auth`` (slows down guessing)."""
+WRITE_BUFFER_HIGH_WATER: Final = 256 * 1024
+"""Bytes of unsent replies after which a connection counts as not reading."""
+WRITE_BUFFER_LOW_WATER: Final = 64 * 1024
+MAX_PIPELINE_BUFFER: Final = 64 * 1024
+"""Bytes of pipelined requests buffered behind a blocking one before reading pauses."""
+FENCE_PERSIST_BLOCK: Final = 1 << 20
+"""The fence state file records a ceiling this many grants ahead of the counter."""

@@ -1,0 +1,103 @@
+"""Health check: send ``ping`` to a dflockd server and exit 0 on ``ok``, 1 otherwise.
+
+Used as the container's HEALTHCHECK (``python -m dflockd_server.health``). It reads the same
+environment as the server (``DFLOCKD_PORT``, ``DFLOCKD_AUTH_TOKEN``/``DFLOCKD_AUTH_TOKEN_FILE``,
+``DFLOCKD_TLS_CERT``), so the check follows the server's own settings.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from dflockd_server.constants import (
+    CMD_AUTH,
+    CMD_PING,
+    DEFAULT_PORT,
+    MAX_LINE_BYTES,
+    PLACEHOLDER,
+    STATUS_OK,
+)
+
+CHECK_TIMEOUT_S = 2.0
+"""How long the check waits to connect and for each reply."""
+
+
+def _request(sock: socket.socket, command: str, argument: str) -> str:
+    sock.sendall(f"{command}\n{PLACEHOLDER}\n{argument}\n".encode())
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = sock.recv(MAX_LINE_BYTES + 1)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        reply += chunk
+        if len(reply) > MAX_LINE_BYTES:
+            raise ConnectionError("the server's reply is longer than a protocol line")
+    return reply.decode("utf-8", "replace").strip()
+
+
+def check(
+    host: str,
+    port: int,
+    auth_token: str | None = None,
+    tls: bool = False,
+    timeout_s: float = CHECK_TIMEOUT_S,
+) -> str | None:
+    """Ping the server; return None when healthy, else a one-line reason."""
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout_s)
+        sock: socket.socket = raw
+        if tls:
+            # The check runs beside the server: it verifies liveness, not the certificate.
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            sock = ctx.wrap_socket(raw, server_hostname=host)
+        with sock:
+            if auth_token:
+                answer = _request(sock, CMD_AUTH, auth_token)
+                if answer != STATUS_OK:
+                    return f"auth refused: {answer!r}"
+            answer = _request(sock, CMD_PING, PLACEHOLDER)
+            if answer != STATUS_OK:
+                return f"ping answered {answer!r}"
+    except OSError as exc:
+        return f"{host}:{port} unreachable: {exc}"
+    return None
+
+
+def _auth_token(environ: Mapping[str, str]) -> str | None:
+    token = environ.get("DFLOCKD_AUTH_TOKEN")
+    if token:
+        return token
+    path = environ.get("DFLOCKD_AUTH_TOKEN_FILE")
+    if path:
+        return Path(path).read_text(encoding="utf-8").strip()
+    return None
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Check ``[host] [port]`` (default 127.0.0.1 and ``DFLOCKD_PORT``); print why it failed."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if environ is None else environ
+    host = args[0] if args else "127.0.0.1"
+    port_text = args[1] if len(args) > 1 else env.get("DFLOCKD_PORT", str(DEFAULT_PORT))
+    try:
+        port = int(port_text)
+        token = _auth_token(env)
+    except (ValueError, OSError) as exc:
+        print(f"dflockd health: bad setting: {exc}", file=sys.stderr)
+        return 1
+    problem = check(host, port, token, tls=bool(env.get("DFLOCKD_TLS_CERT")))
+    if problem is not None:
+        print(f"dflockd health: {problem}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

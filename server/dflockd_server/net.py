@@ -1,0 +1,530 @@
+"""The asyncio shell: ``Server`` (listener, maintenance timers, shutdown) and ``Connection``.
+
+Connections only move bytes between the socket, the sans-I/O parser (``protocol``) and the
+lock table (``table``). Each connection answers its requests in order; a blocking acquire holds
+up the requests behind it on that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import ssl
+from typing import Any
+
+from dflockd_server import constants as c
+from dflockd_server import protocol as p
+from dflockd_server.config import Config
+from dflockd_server.fence import FenceCounter
+from dflockd_server.table import (
+    AlreadyEnqueued,
+    Client,
+    Holder,
+    LimitMismatch,
+    LockTable,
+    MaxLocks,
+    MaxWaiters,
+    Waiter,
+)
+
+log = logging.getLogger("dflockd_server")
+
+_LOCKS = (c.CMD_LOCK, c.CMD_SEM_LOCK)
+_ENQUEUES = (c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE)
+_WAITS = (c.CMD_WAIT, c.CMD_SEM_WAIT)
+_RENEWS = (c.CMD_RENEW, c.CMD_SEM_RENEW)
+_RELEASES = (c.CMD_RELEASE, c.CMD_SEM_RELEASE)
+_SEM_COMMANDS = frozenset(
+    {c.CMD_SEM_LOCK, c.CMD_SEM_ENQUEUE, c.CMD_SEM_WAIT, c.CMD_SEM_RENEW, c.CMD_SEM_RELEASE}
+)
+_AUTH = c.CMD_AUTH.encode()
+
+
+def build_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server-side TLS context from PEM files (TLS 1.2 or newer)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class Connection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.table = server.table
+        self.framer = p.RequestFramer()
+        self.transport: asyncio.Transport | None = None
+        self.client: Client | None = None
+        self.peer = "?"
+        self.ip = ""
+        self.authed = server.secret is None
+        self.busy = False  # a request is in flight
+        self.closing = False
+        self.reading_paused = False
+        self.write_paused = False
+        self.last_rx = 0.0
+        self.waiter: Waiter | None = None
+        self.wait_timer: asyncio.TimerHandle | None = None
+        self.read_timer: asyncio.TimerHandle | None = None
+        self.write_timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ transport events
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer: Any = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.ip = str(peer[0])  # pyright: ignore[reportUnknownArgumentType]
+            self.peer = f"{self.ip}:{peer[1]}"
+        refusal = self.server.admit(self)
+        if refusal is not None:
+            log.debug("refused connection from %s: %s", self.peer, refusal)
+            self.closing = True
+            transport.abort()
+            return
+        self.client = self.table.open_client()
+        transport.set_write_buffer_limits(c.WRITE_BUFFER_HIGH_WATER, c.WRITE_BUFFER_LOW_WATER)
+        self.last_rx = self.loop.time()
+        if self.server.config.read_timeout_s > 0:
+            self.read_timer = self.loop.call_later(
+                self.server.config.read_timeout_s, self._read_timer_fired
+            )
+        log.debug("connection %d from %s", self.client.id, self.peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.framer.clear()
+        for timer in (self.wait_timer, self.read_timer, self.write_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.waiter is not None:
+            self.waiter.wake = None
+            self.waiter = None
+        client = self.client
+        if client is None:
+            return  # refused at admission
+        self.client = None
+        self._set_busy(False)
+        self.table.disconnect(client)
+        self.server.forget(self)
+        log.debug("connection %d from %s closed%s", client.id, self.peer, f": {exc}" if exc else "")
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_rx = self.loop.time()
+        self.framer.feed(data)
+        if not self.busy:
+            self._process()
+        elif self.framer.buffered() > c.MAX_PIPELINE_BUFFER:
+            self._update_reading()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too: a half-closed client cannot read replies anyway
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._update_reading()
+        if self.write_timer is None:
+            self.write_timer = self.loop.call_later(
+                self.server.config.write_timeout_s, self._write_timer_fired
+            )
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+        self._update_reading()
+
+    # ------------------------------------------------------------------ timers
+    def _read_timer_fired(self) -> None:
+        self.read_timer = None
+        if self.closing:
+            return
+        timeout = self.server.config.read_timeout_s
+        idle = self.loop.time() - self.last_rx
+        if self.busy or idle < timeout:
+            delay = timeout if self.busy else timeout - idle
+            self.read_timer = self.loop.call_later(delay, self._read_timer_fired)
+            return
+        log.debug("connection %s: read timeout after %.1f s idle", self.peer, idle)
+        self._abort()
+
+    def _write_timer_fired(self) -> None:
+        self.write_timer = None
+        if not self.closing:
+            log.debug("connection %s: replies unread for the write timeout, dropping", self.peer)
+            self._abort()
+
+    # ------------------------------------------------------------------ helpers
+    def _abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _close_with(self, reply: bytes) -> None:
+        """Send a last reply and close (buffered replies are flushed first)."""
+        self.closing = True
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(reply)
+            transport.close()
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self.busy:
+            self.busy = busy
+            self.server.busy_changed(busy)
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        want_pause = self.write_paused or (
+            self.busy and self.framer.buffered() > c.MAX_PIPELINE_BUFFER
+        )
+        if want_pause != self.reading_paused:
+            self.reading_paused = want_pause
+            if want_pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not self.closing:
+            transport.write(data)
+
+    def _done_waiting(self, reply: bytes) -> None:
+        """A blocking request got its answer: send it, then carry on with pipelined ones."""
+        self.waiter = None
+        if self.wait_timer is not None:
+            self.wait_timer.cancel()
+            self.wait_timer = None
+        self._set_busy(False)
+        self.last_rx = self.loop.time()
+        self._write(reply)
+        if self.framer.buffered():
+            self.loop.call_soon(self._process)
+        else:
+            self._update_reading()
+
+    # ------------------------------------------------------------------ requests
+    def _process(self) -> None:
+        out: list[bytes] = []
+        framer = self.framer
+        while not self.busy and not self.closing:
+            try:
+                frame = framer.next_frame()
+            except p.LineTooLong:
+                log.debug("connection %s: request line too long, closing", self.peer)
+                framer.clear()
+                out.append(p.REPLY_ERROR)
+                self._flush_and_close(out)
+                return
+            if frame is None:
+                break
+            reply = self._handle(frame)
+            if reply is not None:
+                out.append(reply)
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        self._update_reading()
+
+    def _flush_and_close(self, out: list[bytes]) -> None:
+        self._close_with(b"".join(out))
+
+    def _handle(self, frame: p.Frame) -> bytes | None:
+        """Answer one request; ``None`` when the answer comes later (or the connection closes)."""
+        cmd, key, arg = frame
+        if not self.authed and cmd != _AUTH:
+            log.debug("connection %s: request before auth, closing", self.peer)
+            self._close_with(p.REPLY_ERROR_AUTH)
+            return None
+        if self.server.draining:
+            return p.REPLY_ERROR_DRAINING
+        try:
+            req = p.decode_request(cmd, key, arg)
+        except p.Malformed as exc:
+            log.debug("connection %s: malformed request: %s", self.peer, exc)
+            return p.REPLY_ERROR
+        command = req.command
+        client = self.client
+        assert client is not None
+        table = self.table
+        is_sem = command in _SEM_COMMANDS
+        try:
+            if command in _LOCKS:
+                lease = req.lease or self.server.config.default_lease_ttl_s
+                got = table.acquire(client, req.key, lease, req.limit, queue=req.timeout > 0)
+                if got is None:
+                    return p.REPLY_TIMEOUT
+                if isinstance(got, Holder):
+                    return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
+                self._wait(got, req.timeout)
+                return None
+            if command in _RELEASES:
+                released = table.release(req.key, req.token, is_sem)
+                return p.REPLY_OK if released else p.REPLY_ERROR
+            if command in _RENEWS:
+                lease = req.lease or self.server.config.default_lease_ttl_s
+                remaining = table.renew(req.key, req.token, lease, is_sem)
+                return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
+            if command in _ENQUEUES:
+                lease = req.lease or self.server.config.default_lease_ttl_s
+                waiter = table.enqueue(client, req.key, lease, req.limit)
+                holder = waiter.holder
+                if holder is None:
+                    return p.REPLY_QUEUED
+                return p.reply_grant(c.STATUS_ACQUIRED, holder.token, holder.lease_ttl)
+            if command in _WAITS:
+                return self._two_phase_wait(client, req.key, is_sem, req.timeout)
+            if command == c.CMD_PING:
+                return p.REPLY_OK
+            if command == c.CMD_STATS:
+                stats = self.server.stats()
+                return p.reply_stats(json.dumps(stats, separators=(",", ":")))
+            return self._auth(req.secret)
+        except MaxLocks:
+            return p.REPLY_ERROR_MAX_LOCKS
+        except MaxWaiters:
+            return p.REPLY_ERROR_MAX_WAITERS
+        except LimitMismatch:
+            return p.REPLY_ERROR_LIMIT_MISMATCH
+        except AlreadyEnqueued:
+            return p.REPLY_ERROR_ALREADY_ENQUEUED
+
+    def _wait(self, waiter: Waiter, timeout: int) -> None:
+        self.waiter = waiter
+        waiter.wake = self._granted
+        self._set_busy(True)
+        self.wait_timer = self.loop.call_later(timeout, self._wait_timed_out)
+
+    def _granted(self, waiter: Waiter) -> None:
+        holder = waiter.holder
+        assert holder is not None
+        self.table.forget_enqueued(waiter)
+        waiter.wake = None
+        self._done_waiting(p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl))
+
+    def _wait_timed_out(self) -> None:
+        self.wait_timer = None
+        waiter = self.waiter
+        if waiter is None:
+            return
+        waiter.wake = None
+        self.table.cancel_wait(waiter)
+        self._done_waiting(p.REPLY_TIMEOUT)
+
+    def _two_phase_wait(self, client: Client, key: str, is_sem: bool, timeout: int) -> bytes | None:
+        waiter = self.table.find_enqueued(client, key, is_sem)
+        if waiter is None:
+            return p.REPLY_ERROR_NOT_ENQUEUED
+        holder = waiter.holder
+        if holder is not None:
+            self.table.forget_enqueued(waiter)
+            if not holder.live:
+                return p.REPLY_ERROR_LEASE_EXPIRED
+            return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
+        if timeout == 0:
+            self.table.cancel_wait(waiter)
+            return p.REPLY_TIMEOUT
+        self._wait(waiter, timeout)
+        return None
+
+    def _auth(self, secret: bytes) -> bytes | None:
+        expected = self.server.secret
+        if expected is None:
+            return p.REPLY_ERROR
+        if hmac.compare_digest(secret, expected):
+            self.authed = True
+            return p.REPLY_OK
+        log.debug("connection %s: wrong auth secret", self.peer)
+        self._set_busy(True)
+        self.authed = False
+        self.loop.call_later(c.AUTH_FAILURE_DELAY_S, self._close_with, p.REPLY_ERROR_AUTH)
+        return None
+
+    # ------------------------------------------------------------------ shutdown
+    def drain_now(self) -> None:
+        """Shutdown deadline: answer an in-flight wait with ``error_draining`` and close."""
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.wake = None
+            self.table.cancel_wait(waiter)
+            self.waiter = None
+            if self.wait_timer is not None:
+                self.wait_timer.cancel()
+                self.wait_timer = None
+            self._close_with(p.REPLY_ERROR_DRAINING)
+        elif self.transport is not None and not self.closing:
+            self.closing = True
+            self.transport.close()
+
+
+class Server:
+    """A dflockd-compatible lock server: ``await start()``, ``port``, ``await stop()``."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self.secret: bytes | None = None
+        self.draining = False
+        self.connections: set[Connection] = set()
+        self.per_ip: dict[str, int] = {}
+        self._busy = 0
+        self._idle: asyncio.Event | None = None
+        self._stopped: asyncio.Event | None = None
+        self._stopping = False
+        self._listener: asyncio.Server | None = None
+        self._timers: list[asyncio.TimerHandle] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._table: LockTable | None = None
+        self.fence: FenceCounter | None = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("server not started")
+        return self._loop
+
+    @property
+    def table(self) -> LockTable:
+        if self._table is None:
+            raise RuntimeError("server not started")
+        return self._table
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with ``port=0``)."""
+        if self._listener is None or not self._listener.sockets:
+            raise RuntimeError("server not started")
+        return int(self._listener.sockets[0].getsockname()[1])
+
+    @property
+    def sockname(self) -> tuple[str, int]:
+        if self._listener is None or not self._listener.sockets:
+            raise RuntimeError("server not started")
+        name: Any = self._listener.sockets[0].getsockname()
+        return str(name[0]), int(name[1])
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Bind and start serving; returns once the listening socket is open."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        token = cfg.resolve_auth_token()
+        self.secret = token.encode() if token is not None else None
+        ssl_ctx = (
+            build_ssl_context(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
+        )
+        self.fence = FenceCounter(cfg.fence_state_file)
+        self._table = LockTable(
+            clock=loop.time,
+            new_token=self.fence.next_token,
+            max_locks=cfg.max_locks,
+            max_waiters=cfg.max_waiters,
+            auto_release_on_disconnect=cfg.auto_release_on_disconnect,
+        )
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopped = asyncio.Event()
+        self._listener = await loop.create_server(
+            lambda: Connection(self),
+            cfg.host,
+            cfg.port,
+            ssl=ssl_ctx,
+            reuse_address=True,
+            backlog=1024,
+        )
+        self._timers = [
+            loop.call_later(cfg.lease_sweep_interval_s, self._sweep),
+            loop.call_later(cfg.gc_interval_s, self._gc),
+        ]
+
+    async def serve_forever(self) -> None:
+        """Serve until ``stop()`` has finished."""
+        if self._stopped is None:
+            await self.start()
+        assert self._stopped is not None
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Graceful shutdown: refuse new work with ``error_draining``, let in-flight requests
+        finish for up to ``shutdown_timeout_s``, then close every connection."""
+        if self._stopped is None:
+            return
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        self.draining = True
+        if self._listener is not None:
+            self._listener.close()
+        assert self._idle is not None
+        if self._busy:
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.config.shutdown_timeout_s)
+            except TimeoutError:
+                log.info("shutdown timeout reached with %d request(s) in flight", self._busy)
+        for timer in self._timers:
+            timer.cancel()
+        for conn in list(self.connections):
+            conn.drain_now()
+        # Let the transports deliver their last bytes and report connection_lost.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+        self._stopped.set()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def admit(self, conn: Connection) -> str | None:
+        """Register a new connection, or say why it is refused."""
+        cfg = self.config
+        if self.draining:
+            return "server draining"
+        if cfg.max_connections and len(self.connections) >= cfg.max_connections:
+            return f"max_connections ({cfg.max_connections}) reached"
+        count = self.per_ip.get(conn.ip, 0)
+        if cfg.max_connections_per_ip and count >= cfg.max_connections_per_ip:
+            return f"max_connections_per_ip ({cfg.max_connections_per_ip}) reached"
+        self.per_ip[conn.ip] = count + 1
+        self.connections.add(conn)
+        return None
+
+    def forget(self, conn: Connection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            count = self.per_ip.get(conn.ip, 0) - 1
+            if count > 0:
+                self.per_ip[conn.ip] = count
+            else:
+                self.per_ip.pop(conn.ip, None)
+
+    def busy_changed(self, busy: bool) -> None:
+        self._busy += 1 if busy else -1
+        if self._idle is not None:
+            if self._busy:
+                self._idle.clear()
+            else:
+                self._idle.set()
+
+    def stats(self) -> dict[str, Any]:
+        return self.table.stats(len(self.connections))
+
+    def _sweep(self) -> None:
+        self.table.expire()
+        self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)
+
+    def _gc(self) -> None:
+        pruned = self.table.gc(self.config.gc_max_idle_s)
+        if pruned:
+            log.debug("pruned %d idle key(s)", pruned)
+        self._timers[1] = self.loop.call_later(self.config.gc_interval_s, self._gc)

@@ -1,0 +1,271 @@
+"""Sans-I/O request parsing and reply encoding for the dflockd protocol (PROTOCOL.md).
+
+``RequestFramer`` cuts a byte stream into three-line frames and enforces the line limits
+without ever buffering an over-long line; ``decode_request`` turns one frame into a
+``Request`` or raises ``Malformed`` (the stream stays in step: the frame was consumed).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from dflockd_server import constants as c
+
+__all__ = [
+    "LineTooLong",
+    "Malformed",
+    "Request",
+    "RequestFramer",
+    "decode_request",
+    "reply_grant",
+    "reply_renewed",
+]
+
+_NL: Final = 10  # b"\n"
+_CR: Final = 13  # b"\r"
+_AUTH: Final = c.CMD_AUTH.encode()
+
+_COMMANDS: Final[dict[bytes, str]] = {name.encode(): name for name in c.COMMANDS}
+_PLACEHOLDER: Final = c.PLACEHOLDER.encode()
+
+
+class LineTooLong(Exception):
+    """A request line exceeds its limit: reply ``error`` and close the connection."""
+
+
+class Malformed(Exception):
+    """A complete request that breaks a rule: reply ``error``, keep the connection open."""
+
+
+Frame = tuple[bytes, bytes, bytes]
+
+
+def _line_limit(cmd: bytes, index: int) -> int:
+    return c.MAX_AUTH_LINE_BYTES if index == 2 and cmd == _AUTH else c.MAX_LINE_BYTES
+
+
+class RequestFramer:
+    """Accumulates received bytes and yields complete ``(command, key, argument)`` frames.
+
+    The common case (whole requests per read) parses the received ``bytes`` in place; an
+    incomplete frame is kept in a ``bytearray`` that grows in place, so a slowly dripped line
+    costs no repeated copies.
+    """
+
+    __slots__ = ("_buf", "_pos")
+
+    def __init__(self) -> None:
+        self._buf: bytes | bytearray = b""  # unparsed bytes start at _pos
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        """Add received bytes. Call ``next_frame`` until it returns ``None`` afterwards."""
+        buf = self._buf
+        if self._pos >= len(buf):
+            self._buf = data
+            self._pos = 0
+        elif isinstance(buf, bytearray) and self._pos == 0:
+            buf += data
+        else:
+            grown = bytearray(memoryview(buf)[self._pos :])
+            grown += data
+            self._buf = grown
+            self._pos = 0
+
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as frames."""
+        return len(self._buf) - self._pos
+
+    def clear(self) -> None:
+        """Drop everything buffered (the connection is closing)."""
+        self._buf = b""
+        self._pos = 0
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or ``None`` (needs more bytes).
+
+        Raises ``LineTooLong`` as soon as a line, complete or not, exceeds its limit.
+        """
+        buf = self._buf
+        pos = start = self._pos
+        end = len(buf)
+        if pos >= end:
+            return None
+        cmd = key = b""
+        for index in range(3):
+            nl = buf.find(b"\n", pos)
+            limit = _line_limit(cmd, index)
+            if nl < 0:
+                # The line is incomplete; allow one byte for a trailing CR.
+                if end - pos > limit + 1:
+                    raise LineTooLong
+                self._keep(start)
+                return None
+            line = bytes(buf[pos:nl])
+            if len(line) > limit and not (len(line) == limit + 1 and line[-1] == _CR):
+                raise LineTooLong
+            if line and line[-1] == _CR:
+                line = line[:-1]
+            pos = nl + 1
+            if index == 0:
+                cmd = line
+            elif index == 1:
+                key = line
+            else:
+                self._pos = pos
+                return cmd, key, line
+        raise AssertionError("unreachable")
+
+    def _keep(self, start: int) -> None:
+        """Keep an incomplete frame, starting at ``start``, in a growable buffer."""
+        buf = self._buf
+        if isinstance(buf, bytearray):
+            del buf[:start]
+        else:
+            self._buf = bytearray(memoryview(buf)[start:])
+        self._pos = 0
+
+
+class Request:
+    """A decoded request. Unused fields keep their defaults."""
+
+    __slots__ = ("command", "key", "lease", "limit", "secret", "timeout", "token")
+
+    def __init__(self, command: str, key: str) -> None:
+        self.command = command
+        self.key = key
+        self.timeout = 0
+        self.lease: int | None = None
+        self.limit: int | None = None
+        self.token = ""
+        self.secret = b""
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.command!r}, {self.key!r}, timeout={self.timeout}, "
+            f"lease={self.lease}, limit={self.limit}, token={self.token!r})"
+        )
+
+
+def _number(raw: bytes, what: str) -> int:
+    if not raw.isdigit():  # ASCII digits only: rejects signs, spaces, "", unicode digits
+        raise Malformed(f"{what} is not a non-negative integer: {raw[:40]!r}")
+    value = int(raw)
+    if value > c.MAX_NUMBER:
+        raise Malformed(f"{what} above {c.MAX_NUMBER}: {raw[:40]!r}")
+    return value
+
+
+def _lease(raw: bytes) -> int:
+    value = _number(raw, "lease")
+    if value <= 0:
+        raise Malformed("lease must be > 0")
+    return value
+
+
+def _limit(raw: bytes) -> int:
+    value = _number(raw, "limit")
+    if not c.MIN_SEMAPHORE_LIMIT <= value <= c.MAX_SEMAPHORE_LIMIT:
+        raise Malformed(f"limit must be {c.MIN_SEMAPHORE_LIMIT}..{c.MAX_SEMAPHORE_LIMIT}")
+    return value
+
+
+def _key(raw: bytes) -> str:
+    if not raw:
+        raise Malformed("empty key")
+    if b" " in raw or b"\t" in raw or b"\r" in raw:
+        raise Malformed("key holds whitespace")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise Malformed("key is not UTF-8") from None
+
+
+def _token(raw: bytes) -> str:
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise Malformed("token is not ASCII") from None
+
+
+def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
+    """Validate one frame. Raises ``Malformed`` with a short reason."""
+    command = _COMMANDS.get(cmd)
+    if command is None:
+        raise Malformed(f"unknown command {cmd[:40]!r}")
+    if command in (c.CMD_PING, c.CMD_STATS):
+        return Request(command, "")
+    if command == c.CMD_AUTH:
+        req = Request(command, "")
+        req.secret = arg.strip()
+        return req
+    req = Request(command, _key(key))
+    parts = arg.split()
+    n = len(parts)
+    if command in (c.CMD_LOCK, c.CMD_SEM_LOCK):
+        base = 2 if command == c.CMD_SEM_LOCK else 1
+        if not base <= n <= base + 1:
+            raise Malformed(f"{command} takes <timeout>{' <limit>' * (base - 1)} [<lease>]")
+        req.timeout = _number(parts[0], "timeout")
+        if base == 2:
+            req.limit = _limit(parts[1])
+        if n > base:
+            req.lease = _lease(parts[base])
+    elif command in (c.CMD_RENEW, c.CMD_SEM_RENEW):
+        if not 1 <= n <= 2:
+            raise Malformed(f"{command} takes <token> [<lease>]")
+        req.token = _token(parts[0])
+        if n == 2:
+            req.lease = _lease(parts[1])
+    elif command in (c.CMD_RELEASE, c.CMD_SEM_RELEASE):
+        if n != 1:
+            raise Malformed(f"{command} takes <token>")
+        req.token = _token(parts[0])
+    elif command == c.CMD_ENQUEUE:
+        if n > 1:
+            raise Malformed("e takes [<lease>]")
+        if n == 1 and parts[0] != _PLACEHOLDER:
+            req.lease = _lease(parts[0])
+    elif command == c.CMD_SEM_ENQUEUE:
+        if not 1 <= n <= 2:
+            raise Malformed("se takes <limit> [<lease>]")
+        req.limit = _limit(parts[0])
+        if n == 2:
+            req.lease = _lease(parts[1])
+    else:  # w, sw
+        if n != 1:
+            raise Malformed(f"{command} takes <timeout>")
+        req.timeout = _number(parts[0], "timeout")
+    return req
+
+
+# ---------------------------------------------------------------------- replies
+def _fixed(status: str) -> bytes:
+    return f"{status}\n".encode()
+
+
+REPLY_OK: Final = _fixed(c.STATUS_OK)
+REPLY_QUEUED: Final = _fixed(c.STATUS_QUEUED)
+REPLY_TIMEOUT: Final = _fixed(c.STATUS_TIMEOUT)
+REPLY_ERROR: Final = _fixed(c.STATUS_ERROR)
+REPLY_ERROR_AUTH: Final = _fixed(c.STATUS_ERROR_AUTH)
+REPLY_ERROR_MAX_LOCKS: Final = _fixed(c.STATUS_ERROR_MAX_LOCKS)
+REPLY_ERROR_MAX_WAITERS: Final = _fixed(c.STATUS_ERROR_MAX_WAITERS)
+REPLY_ERROR_LIMIT_MISMATCH: Final = _fixed(c.STATUS_ERROR_LIMIT_MISMATCH)
+REPLY_ERROR_NOT_ENQUEUED: Final = _fixed(c.STATUS_ERROR_NOT_ENQUEUED)
+REPLY_ERROR_ALREADY_ENQUEUED: Final = _fixed(c.STATUS_ERROR_ALREADY_ENQUEUED)
+REPLY_ERROR_LEASE_EXPIRED: Final = _fixed(c.STATUS_ERROR_LEASE_EXPIRED)
+REPLY_ERROR_DRAINING: Final = _fixed(c.STATUS_ERROR_DRAINING)
+
+
+def reply_grant(status: str, token: str, lease: int) -> bytes:
+    """``ok <token> <lease>`` or ``acquired <token> <lease>``."""
+    return f"{status} {token} {lease}\n".encode()
+
+
+def reply_renewed(seconds_remaining: int) -> bytes:
+    return f"{c.STATUS_OK} {seconds_remaining}\n".encode()
+
+
+def reply_stats(payload: str) -> bytes:
+    return f"{c.STATUS_OK} {payload}\n".encode()

@@ -1,0 +1,429 @@
+"""The lock table: locks and semaphores, FIFO queues, leases. Pure state, no I/O.
+
+Time comes from an injected clock and tokens from an injected generator, so the table can be
+driven step by step (the model-based test does exactly that). A waiter that is granted later
+is announced through its ``wake`` callback, called after the table has finished changing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "AlreadyEnqueued",
+    "Client",
+    "Holder",
+    "KeyState",
+    "LimitMismatch",
+    "LockTable",
+    "MaxLocks",
+    "MaxWaiters",
+    "TableError",
+    "Waiter",
+]
+
+
+class TableError(Exception):
+    """A request the table refuses; the subclass names the reply."""
+
+
+class MaxLocks(TableError):
+    """The key is new and the table already holds ``max_locks`` keys."""
+
+
+class MaxWaiters(TableError):
+    """The key's queue already holds ``max_waiters`` waiters."""
+
+
+class LimitMismatch(TableError):
+    """A semaphore request's limit differs from the busy key's limit."""
+
+
+class AlreadyEnqueued(TableError):
+    """The connection already has a pending two-phase enqueue on this key."""
+
+
+class Client:
+    """One connection's view in the table: what it holds, waits for and has enqueued."""
+
+    __slots__ = ("closed", "enqueued", "held", "id", "waiting")
+
+    def __init__(self, client_id: int) -> None:
+        self.id = client_id
+        self.held: dict[str, Holder] = {}
+        self.waiting: set[Waiter] = set()
+        self.enqueued: dict[tuple[bool, str], Waiter] = {}
+        self.closed = False
+
+
+class Holder:
+    """A granted lock or semaphore slot."""
+
+    __slots__ = ("client", "expires_at", "lease_ttl", "live", "state", "token")
+
+    def __init__(
+        self, token: str, state: KeyState, client: Client, lease_ttl: int, expires_at: float
+    ) -> None:
+        self.token = token
+        self.state = state
+        self.client = client
+        self.lease_ttl = lease_ttl
+        self.expires_at = expires_at
+        self.live = True
+
+
+class Waiter:
+    """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued."""
+
+    __slots__ = ("active", "client", "enqueued", "holder", "lease_ttl", "state", "wake")
+
+    def __init__(self, client: Client, state: KeyState, lease_ttl: int) -> None:
+        self.client = client
+        self.state = state
+        self.lease_ttl = lease_ttl
+        self.active = True
+        self.holder: Holder | None = None
+        self.wake: Callable[[Waiter], None] | None = None
+        self.enqueued = False
+
+
+class KeyState:
+    """One key: its holders (token -> holder), FIFO queue and limit (1 for a lock)."""
+
+    __slots__ = (
+        "earliest",
+        "holders",
+        "is_sem",
+        "key",
+        "last_used",
+        "limit",
+        "n_waiting",
+        "queue",
+    )
+
+    def __init__(self, key: str, is_sem: bool, limit: int, now: float) -> None:
+        self.key = key
+        self.is_sem = is_sem
+        self.limit = limit
+        self.holders: dict[str, Holder] = {}
+        self.queue: deque[Waiter] = deque()
+        self.n_waiting = 0
+        self.earliest = math.inf
+        self.last_used = now
+
+    @property
+    def idle(self) -> bool:
+        return not self.holders and self.n_waiting == 0
+
+
+_COMPACT_MIN = 64
+
+
+class LockTable:
+    """All locks and semaphores of one server."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        new_token: Callable[[], str],
+        max_locks: int,
+        max_waiters: int = 0,
+        auto_release_on_disconnect: bool = True,
+    ) -> None:
+        self.clock = clock
+        self.new_token = new_token
+        self.max_locks = max_locks
+        self.max_waiters = max_waiters
+        self.auto_release_on_disconnect = auto_release_on_disconnect
+        self.locks: dict[str, KeyState] = {}
+        self.sems: dict[str, KeyState] = {}
+        self._wakes: list[Waiter] = []
+        self._next_client_id = 0
+
+    # ------------------------------------------------------------------ clients
+    def open_client(self) -> Client:
+        self._next_client_id += 1
+        return Client(self._next_client_id)
+
+    def disconnect(self, client: Client) -> None:
+        """Drop the client's waits; release what it holds when auto-release is on."""
+        client.closed = True
+        now = self.clock()
+        for waiter in client.waiting:
+            self._unqueue(waiter, now)
+        client.waiting.clear()
+        client.enqueued.clear()
+        if self.auto_release_on_disconnect:
+            for holder in list(client.held.values()):
+                self._drop_holder(holder, now)
+                self._fill(holder.state, now)
+        self._flush()
+
+    # ------------------------------------------------------------------ acquire
+    def acquire(
+        self, client: Client, key: str, lease_ttl: int, limit: int | None, *, queue: bool
+    ) -> Holder | Waiter | None:
+        """Grant at once (a ``Holder``), queue (a ``Waiter``, if ``queue``), or ``None``.
+
+        ``limit`` is ``None`` for a lock, the semaphore's limit otherwise.
+        """
+        now = self.clock()
+        try:
+            state = self._state_for(key, limit, now)
+            if len(state.holders) < state.limit and state.n_waiting == 0:
+                return self._grant(state, client, lease_ttl, now)
+            if not queue:
+                return None
+            return self._queue(state, client, lease_ttl)
+        finally:
+            if self._wakes:
+                self._flush()
+
+    def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
+        """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
+        try:
+            return self._enqueue(client, key, lease_ttl, limit)
+        finally:
+            if self._wakes:
+                self._flush()
+
+    def _enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
+        slot = (limit is not None, key)
+        previous = client.enqueued.get(slot)
+        now = self.clock()
+        if previous is not None:
+            if previous.holder is not None:
+                self._check(previous.state, now)
+            if previous.holder is None or previous.holder.live:
+                raise AlreadyEnqueued(key)
+            del client.enqueued[slot]
+        state = self._state_for(key, limit, now)
+        if len(state.holders) < state.limit and state.n_waiting == 0:
+            waiter = Waiter(client, state, lease_ttl)
+            waiter.active = False
+            waiter.holder = self._grant(state, client, lease_ttl, now)
+        else:
+            waiter = self._queue(state, client, lease_ttl)
+        waiter.enqueued = True
+        client.enqueued[slot] = waiter
+        return waiter
+
+    def find_enqueued(self, client: Client, key: str, is_sem: bool) -> Waiter | None:
+        """Two-phase step 2: the client's pending enqueue on ``key`` (leases checked first)."""
+        waiter = client.enqueued.get((is_sem, key))
+        if waiter is not None and waiter.holder is not None:
+            self._check(waiter.state, self.clock())
+            self._flush()
+        return waiter
+
+    def forget_enqueued(self, waiter: Waiter) -> None:
+        """The two-phase wait is over (granted, expired or timed out)."""
+        if waiter.enqueued:
+            waiter.enqueued = False
+            slot = (waiter.state.is_sem, waiter.state.key)
+            if waiter.client.enqueued.get(slot) is waiter:
+                del waiter.client.enqueued[slot]
+
+    def cancel_wait(self, waiter: Waiter) -> None:
+        """The waiter gives up (timeout); a granted waiter is left alone."""
+        if waiter.active:
+            now = self.clock()
+            self._unqueue(waiter, now)
+            waiter.client.waiting.discard(waiter)
+            self.forget_enqueued(waiter)
+            self._flush()
+
+    # ------------------------------------------------------------------ renew / release
+    def release(self, key: str, token: str, is_sem: bool) -> bool:
+        state = (self.sems if is_sem else self.locks).get(key)
+        if state is None:
+            return False
+        now = self.clock()
+        self._check(state, now)
+        holder = state.holders.get(token)
+        if holder is None:
+            self._flush()
+            return False
+        self._drop_holder(holder, now)
+        self._fill(state, now)
+        self._flush()
+        return True
+
+    def renew(self, key: str, token: str, lease_ttl: int, is_sem: bool) -> int | None:
+        """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``."""
+        state = (self.sems if is_sem else self.locks).get(key)
+        if state is None:
+            return None
+        now = self.clock()
+        self._check(state, now)
+        self._flush()
+        holder = state.holders.get(token)
+        if holder is None:
+            return None
+        holder.expires_at = now + lease_ttl
+        holder.lease_ttl = lease_ttl
+        state.last_used = now
+        return lease_ttl
+
+    # ------------------------------------------------------------------ maintenance
+    def expire(self) -> int:
+        """Expire every lease that has run out; returns how many."""
+        now = self.clock()
+        expired = 0
+        for states in (self.locks, self.sems):
+            for state in states.values():
+                if now >= state.earliest:
+                    expired += self._check(state, now)
+        self._flush()
+        return expired
+
+    def gc(self, max_idle_s: float) -> int:
+        """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``."""
+        now = self.clock()
+        pruned = 0
+        for states in (self.locks, self.sems):
+            stale = [k for k, s in states.items() if s.idle and now - s.last_used >= max_idle_s]
+            for k in stale:
+                del states[k]
+            pruned += len(stale)
+        return pruned
+
+    def stats(self, connections: int) -> dict[str, Any]:
+        """The ``stats`` reply, in dflockd's shape."""
+        now = self.clock()
+        self.expire()
+        locks: list[dict[str, Any]] = []
+        idle_locks: list[dict[str, Any]] = []
+        for key, state in self.locks.items():
+            if state.holders:
+                holder = next(iter(state.holders.values()))
+                locks.append(
+                    {
+                        "key": key,
+                        "owner_conn_id": holder.client.id,
+                        "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
+                        "waiters": state.n_waiting,
+                    }
+                )
+            elif state.n_waiting == 0:
+                idle_locks.append({"key": key, "idle_s": round(now - state.last_used, 3)})
+        sems: list[dict[str, Any]] = []
+        idle_sems: list[dict[str, Any]] = []
+        for key, state in self.sems.items():
+            if state.idle:
+                idle_sems.append({"key": key, "idle_s": round(now - state.last_used, 3)})
+            else:
+                sems.append(
+                    {
+                        "key": key,
+                        "limit": state.limit,
+                        "holders": len(state.holders),
+                        "waiters": state.n_waiting,
+                    }
+                )
+        return {
+            "connections": connections,
+            "locks": locks,
+            "semaphores": sems,
+            "idle_locks": idle_locks,
+            "idle_semaphores": idle_sems,
+        }
+
+    # ------------------------------------------------------------------ internals
+    def _state_for(self, key: str, limit: int | None, now: float) -> KeyState:
+        is_sem = limit is not None
+        states = self.sems if is_sem else self.locks
+        state = states.get(key)
+        if state is None:
+            if len(self.locks) + len(self.sems) >= self.max_locks:
+                self.gc(0.0)  # idle keys hold nothing: make room before refusing
+                if len(self.locks) + len(self.sems) >= self.max_locks:
+                    raise MaxLocks(key)
+            state = states[key] = KeyState(key, is_sem, limit or 1, now)
+            return state
+        self._check(state, now)
+        state.last_used = now
+        if limit is not None and limit != state.limit:
+            if not state.idle:
+                raise LimitMismatch(key)
+            state.limit = limit
+        return state
+
+    def _queue(self, state: KeyState, client: Client, lease_ttl: int) -> Waiter:
+        if self.max_waiters and state.n_waiting >= self.max_waiters:
+            raise MaxWaiters(state.key)
+        waiter = Waiter(client, state, lease_ttl)
+        state.queue.append(waiter)
+        state.n_waiting += 1
+        client.waiting.add(waiter)
+        return waiter
+
+    def _grant(self, state: KeyState, client: Client, lease_ttl: int, now: float) -> Holder:
+        token = self.new_token()
+        expires_at = now + lease_ttl
+        holder = Holder(token, state, client, lease_ttl, expires_at)
+        state.holders[token] = holder
+        state.earliest = min(state.earliest, expires_at)
+        state.last_used = now
+        client.held[token] = holder
+        return holder
+
+    def _unqueue(self, waiter: Waiter, now: float) -> None:
+        if not waiter.active:
+            return
+        waiter.active = False
+        state = waiter.state
+        state.n_waiting -= 1
+        state.last_used = now
+        queue = state.queue
+        if len(queue) > _COMPACT_MIN and len(queue) > 2 * state.n_waiting:
+            state.queue = deque(w for w in queue if w.active)
+        self._fill(state, now)
+
+    def _drop_holder(self, holder: Holder, now: float) -> None:
+        holder.live = False
+        state = holder.state
+        del state.holders[holder.token]
+        holder.client.held.pop(holder.token, None)
+        state.last_used = now
+        if not state.holders:
+            state.earliest = math.inf
+
+    def _check(self, state: KeyState, now: float) -> int:
+        """Expire the key's run-out leases and hand their slots on; returns how many."""
+        if now < state.earliest:
+            return 0
+        gone = [h for h in state.holders.values() if h.expires_at <= now]
+        for holder in gone:
+            self._drop_holder(holder, now)
+        state.earliest = min((h.expires_at for h in state.holders.values()), default=math.inf)
+        self._fill(state, now)
+        return len(gone)
+
+    def _fill(self, state: KeyState, now: float) -> None:
+        """Grant queued waiters, in FIFO order, while the key has free slots."""
+        queue = state.queue
+        while state.n_waiting and len(state.holders) < state.limit:
+            waiter = queue.popleft()
+            if not waiter.active:
+                continue
+            waiter.active = False
+            state.n_waiting -= 1
+            waiter.client.waiting.discard(waiter)
+            waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+            if waiter.wake is not None:
+                self._wakes.append(waiter)
+        if not state.n_waiting and queue:
+            queue.clear()
+
+    def _flush(self) -> None:
+        while self._wakes:
+            wakes = self._wakes
+            self._wakes = []
+            for waiter in wakes:
+                if waiter.wake is not None:
+                    waiter.wake(waiter)

@@ -1,0 +1,128 @@
+"""Run a real server in a background thread (its own event loop), for tests and demos."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from dflockd_server.config import Config
+from dflockd_server.net import Server
+
+T = TypeVar("T")
+
+_START_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 60.0
+
+
+class ServerThread:
+    """A ``Server`` on its own event loop in a daemon thread.
+
+    ``with ServerThread(Config(host="127.0.0.1", port=0)) as s: s.address`` -- ``stop()`` is
+    graceful and idempotent; a new ``ServerThread(Config(port=s.port))`` restarts on the port.
+    """
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config(host="127.0.0.1", port=0)
+        self.server = Server(self.config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._port = 0
+        self._host = self.config.host
+
+    # ------------------------------------------------------------------ address
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self._host, self._port)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> ServerThread:
+        """Start serving (idempotent); raises what the server raised if it cannot start."""
+        if self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._run, name="dflockd-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(_START_TIMEOUT_S):
+            raise RuntimeError("dflockd server thread did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:
+            if not self._ready.is_set():
+                self._error = exc
+                self._ready.set()
+            else:
+                raise
+        finally:
+            loop.close()
+
+    async def _main(self) -> None:
+        await self.server.start()
+        host, self._port = self.server.sockname
+        if self.config.host in ("", "0.0.0.0", "::"):
+            host = "127.0.0.1" if self.config.host != "::" else "::1"
+        self._host = host
+        self._ready.set()
+        await self.server.serve_forever()
+
+    def stop(self) -> None:
+        """Stop gracefully and wait for the thread to end (idempotent)."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        future = asyncio.run_coroutine_threadsafe(self.server.stop(), loop)
+        with contextlib.suppress(concurrent.futures.CancelledError):
+            future.result(_STOP_TIMEOUT_S)
+        thread.join(_STOP_TIMEOUT_S)
+
+    def call(self, fn: Callable[[], T], timeout: float = 10.0) -> T:
+        """Run ``fn()`` on the server's loop thread and return its result."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("server not started")
+
+        async def runner() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(runner(), loop).result(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        """The server's ``stats`` snapshot, taken on its loop."""
+        return self.call(self.server.stats)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

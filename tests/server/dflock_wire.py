@@ -1,0 +1,71 @@
+"""A minimal blocking line client for talking to the server byte by byte in tests."""
+
+from __future__ import annotations
+
+import socket
+from types import TracebackType
+
+from dflockd_server.fence import fence_of
+
+REPLY_TIMEOUT_S = 10.0
+
+
+class Wire:
+    """One raw connection: send frames, read reply lines (every read bounded by a timeout)."""
+
+    def __init__(self, address: tuple[str, int], timeout: float = REPLY_TIMEOUT_S) -> None:
+        self.sock = socket.create_connection(address, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+
+    def send(self, cmd: str, key: str = "_", arg: str = "_") -> None:
+        self.sock.sendall(f"{cmd}\n{key}\n{arg}\n".encode())
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self) -> str:
+        line = self.reader.readline()
+        if not line:
+            raise EOFError("server closed the connection")
+        assert line.endswith(b"\n"), line
+        return line[:-1].decode()
+
+    def req(self, cmd: str, key: str = "_", arg: str = "_") -> str:
+        self.send(cmd, key, arg)
+        return self.recv()
+
+    def closed_by_server(self) -> bool:
+        """True once the server has closed (EOF or reset), reading out any leftover replies."""
+        try:
+            while self.reader.readline():
+                pass
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        return True
+
+    def lock(self, key: str, timeout: int = 0, lease: int | None = None) -> str:
+        """Acquire and return the token; fail the test on any other reply."""
+        arg = f"{timeout}" if lease is None else f"{timeout} {lease}"
+        reply = self.req("l", key, arg).split()
+        assert reply[0] == "ok" and len(reply) == 3, reply
+        return reply[1]
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+    def __enter__(self) -> Wire:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def fence(token: str) -> int:
+    return fence_of(token)
