@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from dflockd_server import constants
 
 from celery_dflock import protocol
 from celery_dflock.errors import ProtocolError
@@ -21,6 +20,7 @@ from celery_dflock.protocol import (
     Stats,
     TimedOut,
 )
+from dflockd_server import constants
 
 TOKEN = "0000018f2b3c4d5e" + "a1b2c3d4e5f60718"
 STATS_JSON = {"connections": 2, "locks": [{"key": "k", "owner_conn_id": 1}], "semaphores": []}
@@ -214,7 +214,7 @@ def test_over_long_line_is_refused_without_buffering_more() -> None:
 
 
 def test_stats_may_be_long_but_has_its_own_limit() -> None:
-    big = {"locks": [{"key": f"k{i}", "waiters": i} for i in range(2000)]}
+    big: dict[str, object] = {"locks": [{"key": f"k{i}", "waiters": i} for i in range(2000)]}
     line = b"ok " + json.dumps(big).encode() + b"\n"
     assert len(line) > constants.MAX_LINE_BYTES
     parser = ReplyParser()
@@ -328,9 +328,7 @@ def test_longest_key_is_accepted() -> None:
         (lambda: protocol.encode_auth("x" * 65537), "65536"),
     ],
 )
-def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(
-    call: object, match: str
-) -> None:
+def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(call: object, match: str) -> None:
     assert callable(call)
     with pytest.raises(ValueError, match=match):
         call()

@@ -72,13 +72,10 @@ def test_rendezvous_routes_on_server_identity_not_order(
     keys = [f"tenant:{i}" for i in range(12)]
     for key in keys:
         forward = DistributedLock(key, servers=addresses, sharding_strategy=rendezvous_shard)
-        backward = DistributedLock(
-            key, servers=addresses[::-1], sharding_strategy=rendezvous_shard
-        )
+        backward = DistributedLock(key, servers=addresses[::-1], sharding_strategy=rendezvous_shard)
         assert forward.server == backward.server
     locks = [
-        DistributedLock(k, acquire_timeout_s=0, servers=addresses, sharding_strategy=rendezvous_shard)
-        for k in keys
+        DistributedLock(k, 0, servers=addresses, sharding_strategy=rendezvous_shard) for k in keys
     ]
     try:
         for lock in locks:
@@ -93,9 +90,9 @@ def test_rendezvous_routes_on_server_identity_not_order(
 
 
 server_ids = st.lists(
-    st.tuples(
-        st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True), st.integers(1, 65535)
-    ).map(lambda hp: f"{hp[0]}:{hp[1]}"),
+    st.tuples(st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True), st.integers(1, 65535)).map(
+        lambda hp: f"{hp[0]}:{hp[1]}"
+    ),
     min_size=3,
     max_size=9,
     unique=True,
