@@ -1,5 +1,235 @@
-"""Command line entry point (placeholder until the server lands)."""
+"""``dflockd``: run the lock server. Every setting is a flag and an environment variable;
+the environment variable wins over the flag (as dflockd documents)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
+
+from dflockd_server.config import SETTINGS, Config, ConfigError, Setting, parse_bool
+from dflockd_server.fence import FenceStateError, read_ceiling
+from dflockd_server.net import Server, build_ssl_context
+
+log = logging.getLogger("dflockd_server")
+
+EXIT_USAGE = 2
+EXIT_RUNTIME = 1
 
 
-def main() -> None:
-    raise SystemExit("not yet")
+class UsageError(Exception):
+    """A setting cannot be used; the message names the flag or environment variable."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see dflockd --help)")
+
+
+def _default_text(setting: Setting) -> str:
+    value = getattr(Config(), setting.field)
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dflockd",
+        description=(
+            "A dflockd-compatible distributed lock server. Every setting can be given as a "
+            "flag or as an environment variable; the environment variable wins. Empty "
+            "environment variables count as unset."
+        ),
+        epilog="Protocol and settings: see PROTOCOL.md. Example: dflockd --port 7000",
+    )
+    for setting in SETTINGS:
+        env = " (alias ".join(setting.env) + (")" if len(setting.env) > 1 else "")
+        help_text = f"{setting.help} [env {env}; default {_default_text(setting)}]"
+        if setting.parse is parse_bool:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.field,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.field,
+                metavar="SECONDS" if setting.field.endswith("_s") else setting.metavar,
+                default=None,
+                help=help_text,
+            )
+    return parser
+
+
+def _convert(setting: Setting, raw: str, source: str) -> Any:
+    try:
+        value = setting.parse(raw)
+    except ValueError as exc:
+        raise UsageError(f"{source}={raw!r}: {exc}") from None
+    problem = setting.check(value)
+    if problem is not None:
+        raise UsageError(f"{source}={raw!r}: {problem}")
+    return value
+
+
+def _names(field: str) -> str:
+    for setting in SETTINGS:
+        if setting.field == field:
+            return f"{setting.flag} / {setting.env[0]}"
+    return field
+
+
+def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Config:
+    """Parse flags and environment into a ``Config`` (environment wins over flags).
+
+    Raises ``UsageError`` naming the flag or variable when a value is unusable, including
+    unreadable auth-token, TLS and fence-state files.
+    """
+    args = vars(build_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw_env = next(((name, environ[name]) for name in setting.env if environ.get(name)), None)
+        flag_value = args.get(setting.field)
+        if raw_env is not None:
+            values[setting.field] = _convert(setting, raw_env[1], raw_env[0])
+        elif isinstance(flag_value, bool):
+            values[setting.field] = flag_value
+        elif isinstance(flag_value, str):
+            values[setting.field] = _convert(setting, flag_value, setting.flag)
+    if "auth_token" in values and "auth_token_file" in values:
+        raise UsageError(f"give {_names('auth_token')} or {_names('auth_token_file')}, not both")
+    if ("tls_cert" in values) != ("tls_key" in values):
+        raise UsageError(f"{_names('tls_cert')} and {_names('tls_key')} must be given together")
+    try:
+        config = Config(**values)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    _check_files(config)
+    return config
+
+
+def _check_files(config: Config) -> None:
+    """Open what the server will need, so a bad path is a start-up error naming its setting."""
+    try:
+        config.resolve_auth_token()
+    except ConfigError as exc:
+        raise UsageError(f"{_names('auth_token_file')}: {exc}") from None
+    if config.tls_cert and config.tls_key:
+        try:
+            build_ssl_context(config.tls_cert, config.tls_key)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise UsageError(
+                f"{_names('tls_cert')}={config.tls_cert!r} / {_names('tls_key')}="
+                f"{config.tls_key!r}: cannot load certificate and key: {exc}"
+            ) from None
+    if config.fence_state_file:
+        try:
+            read_ceiling(config.fence_state_file)
+        except FenceStateError as exc:
+            raise UsageError(f"{_names('fence_state_file')}: {exc}") from None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop factory when uvloop is installed."""
+    try:
+        module = importlib.import_module("uvloop")
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = module.new_event_loop
+    return factory
+
+
+async def serve(config: Config) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = Server(config)
+    await server.start()
+    host, port = server.sockname
+    settings = " ".join(f"{k}={v}" for k, v in config.effective_settings().items())
+    log.info(
+        "dflockd listening on %s:%d (tls %s, auth %s, loop %s); settings: %s",
+        host,
+        port,
+        "on" if config.tls_cert else "off",
+        "on" if server.secret is not None else "off",
+        type(asyncio.get_running_loop()).__module__.split(".")[0],
+        settings,
+    )
+    if server.secret is None and not is_loopback(config.host):
+        log.warning(
+            "bound to non-loopback address %s without auth: anyone who can reach port %d can "
+            "take and release locks (set DFLOCKD_AUTH_TOKEN or --auth-token)",
+            config.host,
+            port,
+        )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.ensure_future(server.serve_forever())
+    waiting = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        log.info(
+            "signal received: draining (up to %.0f s for in-flight requests)",
+            config.shutdown_timeout_s,
+        )
+    waiting.cancel()
+    await server.stop()
+    await serving
+    log.info("dflockd stopped")
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> None:
+    """Console entry point: ``dflockd [flags]``."""
+    env = os.environ if environ is None else environ
+    try:
+        config = load_config(argv, env)
+    except UsageError as exc:
+        print(f"dflockd: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(config))
+    except FenceStateError as exc:
+        print(f"dflockd: error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_RUNTIME) from None
+    except OSError as exc:
+        print(
+            f"dflockd: error: cannot serve on {config.host}:{config.port}: {exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_RUNTIME) from None
+    except KeyboardInterrupt:
+        pass
+
+
+__all__ = ["UsageError", "build_parser", "load_config", "main"]
