@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,8 @@ class Runtime:
         with self._guard:
             if self._pool is None:
                 self._pool = ConnectionPool()
+                # Close idle connections when this runtime (its app) goes away.
+                weakref.finalize(self, self._pool.close)
             return self._pool
 
     def new_lock(

@@ -1,0 +1,70 @@
+# pyright: reportMissingTypeStubs=false
+"""pytest fixtures for projects that test their own locked tasks (registered as ``pytest11``).
+
+* ``dflock_server`` -- a lock server running in this process on a free port
+  (``.host``, ``.port``, ``.address``, ``.stop()``), stopped after the test.
+* ``dflock_celery_config`` -- ``{"dflock_servers": "host:port"}`` for that
+  server: merge it into ``celery_config`` (``celery.contrib.pytest``) or
+  ``app.conf``.
+* ``dflock_configure`` -- a function ``configure(app) -> app`` pointing an
+  existing app at that server (drops the app's cached dflock config).
+
+Example, with Celery's own fixtures::
+
+    pytest_plugins = ("celery.contrib.pytest",)
+
+    @pytest.fixture
+    def celery_config(dflock_celery_config):
+        return {"broker_url": "memory://", "result_backend": "cache+memory://",
+                **dflock_celery_config}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+
+from celery_dflock.config import reset_config
+
+if TYPE_CHECKING:
+    from dflockd_server.testing import ServerThread
+
+__all__ = ["configure_app", "dflock_celery_config", "dflock_configure", "dflock_server"]
+
+AppT = TypeVar("AppT")
+
+
+def configure_app(app: AppT, server: ServerThread) -> AppT:
+    """Point ``app`` (a Celery app) at ``server`` and return it."""
+    celery_app: Any = app
+    celery_app.conf.dflock_servers = f"{server.host}:{server.port}"
+    reset_config(celery_app)
+    return app
+
+
+@pytest.fixture
+def dflock_server() -> Iterator[ServerThread]:
+    """A lock server in this process on 127.0.0.1 and a free port."""
+    from dflockd_server import Config
+    from dflockd_server.testing import ServerThread
+
+    with ServerThread(Config(host="127.0.0.1", port=0)) as server:
+        yield server
+
+
+@pytest.fixture
+def dflock_celery_config(dflock_server: ServerThread) -> dict[str, Any]:
+    """Celery settings that point an app at ``dflock_server``."""
+    return {"dflock_servers": f"{dflock_server.host}:{dflock_server.port}"}
+
+
+@pytest.fixture
+def dflock_configure(dflock_server: ServerThread) -> Callable[[AppT], AppT]:
+    """``configure(app)``: point an existing Celery app at ``dflock_server``."""
+
+    def configure(app: AppT) -> AppT:
+        return configure_app(app, dflock_server)
+
+    return configure

@@ -1,0 +1,1 @@
+"""Celery apps the worker subprocesses of tests/celery load (``-A apps.<module>``)."""

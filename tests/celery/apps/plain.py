@@ -1,0 +1,34 @@
+# pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
+# (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
+"""A task defined without LockedTask, locked only by ``dflock_task_locks`` in the settings."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import current_task
+
+from apps.common import make_app, record
+from celery_dflock.signals import install, lock_skipped
+
+app = make_app("apps.plain")
+install(app)  # the one line a project adds to lock tasks it cannot edit
+
+
+@lock_skipped.connect
+def _on_skipped(sender: Any = None, task_id: str | None = None, key: str = "", **_: Any) -> None:
+    record("skipped", task_id=task_id, key=key)
+
+
+@app.task
+def third_party_report(customer_id: int, hold: float = 0.0) -> int:
+    """Stands for a task in a library the project cannot change."""
+    record(
+        "plain_run",
+        customer_id=customer_id,
+        fence=current_task.request.dflock_fence,
+        task_id=current_task.request.id,
+    )
+    time.sleep(hold)
+    return customer_id

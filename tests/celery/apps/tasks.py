@@ -1,0 +1,206 @@
+# pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
+# (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
+"""The main test app: locked tasks that log what they did (``apps.common.record``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+from apps.common import make_app, record
+from celery_dflock import LockedTask, LockLost
+from celery_dflock.signals import lock_lost, lock_skipped
+
+app = make_app("apps.tasks")
+
+TICK_S = 0.05
+BLOCK_LIMIT_S = 60.0
+"""Upper bound of any blocking body (a test that forgets to end it still finishes)."""
+
+
+def _fence(task: Task) -> int | None:
+    return task.request.dflock_fence
+
+
+def _block(task: LockedTask, name: str, seconds: float = BLOCK_LIMIT_S) -> None:
+    """Tick until ``seconds`` pass, recording a tick every ~0.25 s."""
+    start = time.monotonic()
+    next_tick = start
+    while (elapsed := time.monotonic() - start) < seconds:
+        if time.monotonic() >= next_tick:
+            lock = task.lock
+            record("tick", name=name, elapsed=elapsed, lost=bool(lock and lock.lost))
+            next_tick += 0.25
+        time.sleep(TICK_S)
+
+
+@lock_skipped.connect
+def _on_skipped(sender: Any = None, task_id: str | None = None, key: str = "", **_: Any) -> None:
+    record("skipped", task_id=task_id, key=key, task=getattr(sender, "name", None))
+
+
+@lock_lost.connect
+def _on_lost(
+    sender: Any = None, task_id: str | None = None, key: str = "", policy: str = "", **kw: Any
+) -> None:
+    record("lock_lost", task_id=task_id, key=key, policy=policy, fence=kw["lock"].fence)
+
+
+# ----------------------------------------------------------------------- mutual exclusion
+
+
+def _exclusive_body(task: LockedTask, n: int, group: int, hold: float) -> int:
+    start = time.time()
+    time.sleep(hold)
+    record(
+        "run",
+        n=n,
+        key=task.request.dflock_key,
+        fence=_fence(task),
+        start=start,
+        end=time.time(),
+        task_id=task.request.id,
+        retries=task.request.retries,
+    )
+    return n
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_key="mx:{group}",
+    on_locked="retry",
+    max_retries=None,
+    lock_retry_countdown=0.05,
+    lock_retry_backoff_max=0.4,
+)
+def exclusive_retry(self: LockedTask, n: int, group: int, hold: float = 0.01) -> int:
+    return _exclusive_body(self, n, group, hold)
+
+
+@app.task(bind=True, base=LockedTask, lock_key="mx:{group}", on_locked="skip")
+def exclusive_skip(self: LockedTask, n: int, group: int, hold: float = 0.01) -> int:
+    return _exclusive_body(self, n, group, hold)
+
+
+@app.task(bind=True, base=LockedTask, lock_key="sem:{group}", lock_limit=2, on_locked="skip")
+def limited(self: LockedTask, n: int, group: int, hold: float = 0.3) -> int:
+    return _exclusive_body(self, n, group, hold)
+
+
+# ----------------------------------------------------------------------- renewal
+
+
+@app.task(bind=True, base=LockedTask, lock_key="renew:{name}", lock_ttl=1, on_locked="raise")
+def long_runner(self: LockedTask, name: str, seconds: float) -> dict[str, Any]:
+    record("started", name=name, fence=_fence(self), task_id=self.request.id)
+    _block(self, name, seconds)
+    lock = self.lock
+    assert lock is not None
+    result = {"lost": lock.lost, "fence": lock.fence}
+    record("finished", name=name, **result)
+    return result
+
+
+# ----------------------------------------------------------------------- endings
+
+ENDING_TTL = 30
+"""Lease of the ending tasks: far longer than the 2 s the tests give the next acquire."""
+
+ending = app.task(bind=True, base=LockedTask, lock_key="end:{name}", lock_ttl=ENDING_TTL)
+
+
+@ending
+def end_success(self: LockedTask, name: str) -> str:
+    record("body", name=name, fence=_fence(self))
+    return name
+
+
+@ending
+def end_exception(self: LockedTask, name: str) -> None:
+    record("body", name=name, fence=_fence(self))
+    raise ValueError(f"task {name} fails on purpose")
+
+
+@ending
+def end_retry(self: LockedTask, name: str) -> int:
+    record("body", name=name, fence=_fence(self), retries=self.request.retries)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0, max_retries=3)
+    return self.request.retries
+
+
+@ending
+def end_ignore(self: LockedTask, name: str) -> None:
+    record("body", name=name, fence=_fence(self))
+    raise Ignore()
+
+
+@ending
+def end_reject(self: LockedTask, name: str) -> None:
+    record("body", name=name, fence=_fence(self))
+    raise Reject("rejected on purpose", requeue=False)
+
+
+@app.task(bind=True, base=LockedTask, lock_key="end:{name}", lock_ttl=ENDING_TTL, soft_time_limit=1)
+def end_soft_limit(self: LockedTask, name: str) -> None:
+    record("body", name=name, fence=_fence(self))
+    try:
+        _block(self, name)
+    except SoftTimeLimitExceeded:
+        record("soft_limit", name=name)
+        raise
+
+
+@app.task(bind=True, base=LockedTask, lock_key="end:{name}", lock_ttl=ENDING_TTL, time_limit=1)
+def end_hard_limit(self: LockedTask, name: str) -> None:
+    record("body", name=name, fence=_fence(self))
+    _block(self, name)
+
+
+@ending
+def end_block(self: LockedTask, name: str, seconds: float = BLOCK_LIMIT_S) -> str:
+    """Blocks (revoke, SIGKILL and shutdown tests end it from outside)."""
+    record("body", name=name, fence=_fence(self))
+    _block(self, name, seconds)
+    record("body_done", name=name)
+    return name
+
+
+# ----------------------------------------------------------------------- lost locks
+
+
+def _until_lost(task: LockedTask, name: str) -> dict[str, Any]:
+    record("started", name=name, fence=_fence(task), task_id=task.request.id)
+    lock = task.lock
+    assert lock is not None
+    try:
+        deadline = time.monotonic() + BLOCK_LIMIT_S
+        while time.monotonic() < deadline and not lock.lost:
+            time.sleep(TICK_S)
+    except LockLost as exc:
+        record("interrupted", name=name, error=type(exc).__name__, message=str(exc))
+        raise
+    record("flagged", name=name, lost=lock.lost, event_set=lock.lost_event.is_set())
+    return {"lost": lock.lost}
+
+
+lossy = {"bind": True, "base": LockedTask, "lock_key": "lost:{name}", "lock_ttl": 2}
+
+
+@app.task(**lossy, on_lock_lost="interrupt")
+def lost_interrupt(self: LockedTask, name: str) -> dict[str, Any]:
+    return _until_lost(self, name)
+
+
+@app.task(**lossy, on_lock_lost="flag")
+def lost_flag(self: LockedTask, name: str) -> dict[str, Any]:
+    return _until_lost(self, name)
+
+
+@app.task(**lossy, on_lock_lost="terminate")
+def lost_terminate(self: LockedTask, name: str) -> dict[str, Any]:
+    return _until_lost(self, name)

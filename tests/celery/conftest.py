@@ -1,0 +1,119 @@
+"""Fixtures for the Celery tests: brokers, the run log, real worker subprocesses.
+
+Harness API (reused by the beat and demo tests):
+
+* ``event_log`` -- :class:`worker_harness.EventLog` for this test.
+* ``fs_settings`` -- Celery settings for kombu's filesystem broker + file backend
+  in this test's tmp dir (always available), with a unique queue name.
+* ``redis_settings`` -- the same on the Redis broker/backend (db 11, unique
+  queue); skips without Redis, fails instead when CELERY_DFLOCK_REQUIRE_REDIS=1.
+* ``lock_server`` -- a started ``ServerThread`` for this test (from the shared
+  ``dflock_server_factory``), lease 30 s.
+* ``make_workers(settings)`` -- a :class:`worker_harness.WorkerFactory`;
+  ``.start(app="apps.tasks", pool="prefork", concurrency=2, settings={...})``
+  returns a ready :class:`worker_harness.Worker`; all are killed at teardown.
+* ``client_app(settings)`` -- a Celery app in the test process with the same
+  settings, for ``send_task`` and ``AsyncResult``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from celery import Celery
+from worker_harness import (
+    EventLog,
+    WorkerFactory,
+    filesystem_settings,
+    redis_cleanup,
+    redis_reachable,
+)
+from worker_harness import redis_settings as _redis_settings
+
+if TYPE_CHECKING:
+    from dflockd_server.testing import ServerThread
+
+REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
+LOCK_SERVER_LEASE_S = 30
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"dflock-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def event_log(tmp_path: Path) -> Iterator[EventLog]:
+    log = EventLog(tmp_path)
+    yield log
+    log.close()
+
+
+@pytest.fixture
+def fs_settings(tmp_path: Path, queue_name: str) -> dict[str, Any]:
+    return filesystem_settings(tmp_path, queue_name)
+
+
+def require_redis() -> None:
+    """Skip the test without Redis, or fail it when CI demands Redis."""
+    if redis_reachable():
+        return
+    message = "Redis is not reachable at 127.0.0.1:6379"
+    if os.environ.get(REQUIRE_REDIS_ENV) == "1":
+        pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def redis_settings(queue_name: str) -> Iterator[dict[str, Any]]:
+    require_redis()
+    redis_cleanup(queue_name)
+    yield _redis_settings(queue_name)
+    redis_cleanup(queue_name)
+
+
+@pytest.fixture
+def lock_server() -> Iterator[ServerThread]:
+    from dflockd_server import Config
+    from dflockd_server.testing import ServerThread
+
+    with ServerThread(
+        Config(host="127.0.0.1", port=0, default_lease_ttl_s=LOCK_SERVER_LEASE_S)
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def make_workers(
+    tmp_path: Path, event_log: EventLog
+) -> Iterator[Callable[[dict[str, Any]], WorkerFactory]]:
+    factories: list[WorkerFactory] = []
+
+    def make(settings: dict[str, Any]) -> WorkerFactory:
+        factory = WorkerFactory(log=event_log, directory=tmp_path, settings=settings)
+        factories.append(factory)
+        return factory
+
+    yield make
+    for factory in factories:
+        factory.close()
+
+
+@pytest.fixture
+def client_app() -> Iterator[Callable[[dict[str, Any]], Celery]]:
+    apps: list[Celery] = []
+
+    def make(settings: dict[str, Any]) -> Celery:
+        app = Celery("dflock-test-client", set_as_current=False)
+        app.conf.update(settings)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()

@@ -1,0 +1,364 @@
+# pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
+# (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
+"""LockedTask in this process: direct calls, eager mode, options and policies (real server)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import Ignore
+
+from celery_dflock import LockedTask, LockLost, LockNotAcquired
+from celery_dflock.client import DistributedLock
+from celery_dflock.config import DflockConfigError, reset_config
+from celery_dflock.signals import install, lock_lost, lock_skipped
+from celery_dflock.task import SKIPPED, apply_task_locks
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    with ServerThread(Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)) as s:
+        yield s
+
+
+def make_app(server: ServerThread, **conf: Any) -> Celery:
+    app = Celery("inproc", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://",
+        result_backend="cache+memory://",
+        task_always_eager=True,
+        task_store_eager_result=True,
+        dflock_servers=[server.address],
+        **conf,
+    )
+    return app
+
+
+def holder(server: ServerThread, key: str) -> DistributedLock:
+    """A lock on ``key`` taken by 'another worker' (this test)."""
+    lock = DistributedLock(key, acquire_timeout_s=2, servers=[server.address])
+    assert lock.acquire()
+    return lock
+
+
+def free_now(server: ServerThread, key: str) -> bool:
+    lock = DistributedLock(key, acquire_timeout_s=0, servers=[server.address])
+    got = lock.acquire()
+    lock.release()
+    return got
+
+
+def test_direct_call_takes_and_releases_the_lock(server: ServerThread) -> None:
+    app = make_app(server)
+    seen: dict[str, Any] = {}
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="direct:{n}")
+    def job(self: LockedTask, n: int) -> int:
+        lock = self.lock
+        assert lock is not None
+        seen["fence"] = lock.fence
+        seen["request_fence"] = self.request.dflock_fence
+        seen["free_inside"] = free_now(server, "direct:1")
+        return n * 2
+
+    assert job(1) == 2
+    assert seen["fence"] is not None
+    assert seen["fence"] == seen["request_fence"]
+    assert seen["free_inside"] is False
+    assert free_now(server, "direct:1")
+    assert job.lock is None  # nothing held outside a run
+
+
+def test_eager_call_releases_after_an_exception(server: ServerThread) -> None:
+    app = make_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="boom")
+    def boom() -> None:
+        raise ValueError("boom")
+
+    result = boom.apply()
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, ValueError)
+    assert free_now(server, "boom")
+
+
+def test_busy_lock_with_raise_policy_fails_with_lock_not_acquired(server: ServerThread) -> None:
+    app = make_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="busy", on_locked="raise")
+    def job() -> str:
+        return "ran"
+
+    other = holder(server, "busy")
+    try:
+        with pytest.raises(LockNotAcquired, match="'busy' is held by another run"):
+            job()
+        result = job.apply()
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, LockNotAcquired)
+    finally:
+        other.release()
+    assert job() == "ran"
+
+
+def test_skip_policy_stores_skipped_sends_a_signal_and_never_runs(server: ServerThread) -> None:
+    app = make_app(server)
+    ran: list[int] = []
+    skipped: list[dict[str, Any]] = []
+
+    @app.task(shared=False, base=LockedTask, lock_key="skip:{n}", on_locked="skip")
+    def job(n: int) -> int:
+        ran.append(n)
+        return n
+
+    def on_skipped(sender: Any = None, **kwargs: Any) -> None:
+        skipped.append({"sender": sender, **kwargs})
+
+    lock_skipped.connect(on_skipped)
+    other = holder(server, "skip:1")
+    try:
+        result = job.apply((1,))
+        assert result.state == "IGNORED"
+        assert app.AsyncResult(result.id).state == SKIPPED
+        assert app.AsyncResult(result.id).info["key"] == "skip:1"
+        with pytest.raises(Ignore):
+            job(1)
+    finally:
+        other.release()
+        lock_skipped.disconnect(on_skipped)
+    assert ran == []
+    assert [s["key"] for s in skipped] == ["skip:1", "skip:1"]
+    assert skipped[0]["sender"].name == job.name
+    assert skipped[0]["args"] == (1,)
+    assert job.apply((1,)).get() == 1
+
+
+def test_fifo_wait_then_policy(server: ServerThread) -> None:
+    app = make_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="fifo", lock_timeout=5, on_locked="raise")
+    def job() -> str:
+        return "ran"
+
+    other = holder(server, "fifo")
+    releaser = threading.Timer(0.3, other.release)
+    releaser.start()
+    try:
+        assert job() == "ran"  # waited in the queue until the holder let go
+    finally:
+        releaser.cancel()
+        other.release()
+
+
+def test_eager_retry_waits_for_the_lock_and_honours_max_retries(server: ServerThread) -> None:
+    app = make_app(server)
+    runs: list[int] = []
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=LockedTask,
+        lock_key="eager-retry",
+        on_locked="retry",
+        max_retries=1,
+        lock_retry_countdown=1,
+        lock_retry_jitter=False,
+    )
+    def job(self: LockedTask) -> int:
+        runs.append(self.request.retries)
+        return self.request.retries
+
+    other = holder(server, "eager-retry")
+    try:
+        result = job.apply()
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, LockNotAcquired)
+    finally:
+        other.release()
+    assert runs == []
+    assert job.apply().get() == 0
+
+
+def test_body_retry_releases_before_the_retry_runs(server: ServerThread) -> None:
+    app = make_app(server)
+    fences: list[int | None] = []
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="body-retry", on_locked="raise")
+    def job(self: LockedTask) -> int:
+        lock = self.lock
+        assert lock is not None
+        fences.append(lock.fence)
+        if self.request.retries == 0:
+            # Eager retries run inside this call: the lock must already be free.
+            raise self.retry(countdown=0, max_retries=2)
+        return self.request.retries
+
+    assert job.apply().get() == 1
+    assert len(fences) == 2
+    assert fences[0] is not None and fences[1] is not None
+    assert fences[1] > fences[0]
+    assert free_now(server, "body-retry")
+
+
+def test_per_call_options_override_the_task_attribute(server: ServerThread) -> None:
+    app = make_app(server)
+    keys: list[str] = []
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="attr:{n}", on_locked="raise")
+    def job(self: LockedTask, n: int) -> str:
+        keys.append(self.request.dflock_key)
+        return "ran"
+
+    assert job.apply_async((1,), lock_key="call:{n}").get() == "ran"
+    assert job.apply_async((1,)).get() == "ran"
+    assert keys == ["call:1", "attr:1"]
+    other = holder(server, "call:2")
+    try:
+        result = job.apply_async((2,), lock_key="call:{n}", on_locked="skip")
+        assert result.state == "IGNORED"
+    finally:
+        other.release()
+    with pytest.raises(DflockConfigError, match=r"call option|apply_async options"):
+        job.apply_async((1,), on_locked="sometimes")
+
+
+def test_task_cls_locks_only_tasks_with_lock_options(server: ServerThread) -> None:
+    app = Celery("inproc-cls", set_as_current=False, task_cls=LockedTask)
+    app.conf.update(task_always_eager=True, dflock_servers=[server.address])
+    fences: dict[str, int | None] = {}
+
+    @app.task(shared=False, bind=True)
+    def plain(self: LockedTask) -> None:
+        fences["plain"] = self.request.dflock_fence if self.lock else None
+
+    @app.task(shared=False, bind=True, lock_key="cls-locked")
+    def locked(self: LockedTask) -> None:
+        fences["locked"] = self.lock.fence if self.lock else None
+
+    plain()
+    locked()
+    assert fences["plain"] is None
+    assert fences["locked"] is not None
+
+
+def test_config_only_locking_of_a_plain_task(server: ServerThread) -> None:
+    app = make_app(
+        server, dflock_task_locks={"inproc.third_party": {"lock_key": "tp", "on_locked": "raise"}}
+    )
+    seen: list[int | None] = []
+
+    @app.task(shared=False, name="inproc.third_party")
+    def third_party() -> str:
+        from celery import current_task
+
+        seen.append(current_task.request.dflock_fence)
+        return "ran"
+
+    install(app)
+    app.finalize()
+    apply_task_locks(app)
+    other = holder(server, "tp")
+    try:
+        with pytest.raises(LockNotAcquired):
+            third_party()
+    finally:
+        other.release()
+    assert third_party.apply().get() == "ran"
+    assert seen and seen[0] is not None
+
+
+def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread) -> None:
+    app = make_app(server)
+    started = threading.Event()
+    signals_seen: list[dict[str, Any]] = []
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=LockedTask,
+        lock_key="lose",
+        lock_ttl=2,
+        on_lock_lost="interrupt",
+    )
+    def job(self: LockedTask) -> str:
+        started.set()
+        lock = self.lock
+        assert lock is not None
+        for _ in range(600):  # up to 30 s
+            lock.lost_event.wait(0.05)
+        return "not interrupted"
+
+    def on_lost(sender: Any = None, **kwargs: Any) -> None:
+        signals_seen.append(kwargs)
+
+    lock_lost.connect(on_lost)
+    outcome: list[BaseException | str] = []
+
+    def run() -> None:
+        try:
+            outcome.append(job())
+        except LockLost as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert started.wait(10)
+        server.stop()
+        thread.join(10)
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert not thread.is_alive()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], LockLost)
+    assert "interrupted" in str(outcome[0])
+    assert [s["key"] for s in signals_seen] == ["lose"]
+    assert signals_seen[0]["policy"] == "interrupt"
+
+
+def test_bad_task_attribute_is_a_clear_error(server: ServerThread) -> None:
+    app = make_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_ttl=-5)
+    def job() -> None: ...
+
+    with pytest.raises(DflockConfigError, match="attribute lock_ttl of task"):
+        job()
+
+
+def test_bad_template_is_reported_when_the_task_is_bound(server: ServerThread) -> None:
+    app = make_app(server)
+    from celery_dflock.keys import KeyDerivationError
+
+    with pytest.raises(KeyDerivationError, match="customer"):
+
+        @app.task(shared=False, base=LockedTask, lock_key="r:{customer}")
+        def job(customer_id: int) -> None: ...
+
+        app.finalize()
+        _ = app.tasks[job.name]
+
+
+def test_config_change_after_reset(server: ServerThread) -> None:
+    app = make_app(server, dflock_on_locked="raise")
+
+    @app.task(shared=False, base=LockedTask, lock_key="reconf")
+    def job() -> str:
+        return "ran"
+
+    other = holder(server, "reconf")
+    try:
+        with pytest.raises(LockNotAcquired):
+            job()
+        app.conf.dflock_on_locked = "skip"
+        reset_config(app)
+        with pytest.raises(Ignore):
+            job()
+    finally:
+        other.release()

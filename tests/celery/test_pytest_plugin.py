@@ -1,0 +1,39 @@
+# pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
+# (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
+"""The user-facing pytest plugin, used the way the README shows (with celery.contrib.pytest)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_dflock import DistributedLock, LockedTask
+
+pytest_plugins = ("celery.contrib.pytest",)
+
+
+@pytest.fixture
+def celery_config(dflock_celery_config: dict[str, Any]) -> dict[str, Any]:
+    return {"broker_url": "memory://", "result_backend": "cache+memory://", **dflock_celery_config}
+
+
+def test_celery_worker_runs_a_locked_task_against_dflock_server(
+    celery_app: Celery, celery_worker: Any, dflock_server: Any
+) -> None:
+    @celery_app.task(shared=False, bind=True, base=LockedTask, lock_key="plugin:{n}")
+    def job(self: LockedTask, n: int) -> int | None:
+        return self.request.dflock_fence
+
+    celery_worker.reload()
+    fence = job.delay(1).get(timeout=10)
+    assert isinstance(fence, int)
+    lock = DistributedLock("plugin:1", acquire_timeout_s=0, servers=[dflock_server.address])
+    assert lock.acquire()  # released after the run
+    lock.release()
+
+
+def test_dflock_configure_points_an_existing_app(dflock_configure: Any, dflock_server: Any) -> None:
+    app = dflock_configure(Celery("mine", set_as_current=False))
+    assert app.conf.dflock_servers == f"{dflock_server.host}:{dflock_server.port}"
