@@ -1,0 +1,395 @@
+# pyright: reportMissingTypeStubs=false
+"""One active ``celery beat`` among many: :class:`SingletonScheduler`.
+
+Run beat on every host (or as replicas), all with the same scheduler::
+
+    celery -A proj beat -S celery_dflock.beat:SingletonScheduler
+
+Every beat campaigns for one dflockd lock (``dflock_beat_lock_key``, default
+``celery-beat:<app main name>``) from a background thread: the holder is *active* and sends
+periodic tasks, the others are *standbys* queued on the lock in FIFO order. The client's renewal
+thread keeps the lease alive whatever the tick length. Right before every send the active beat
+asks the lock server whether it still holds the lock (one round trip per send); when the answer
+is no, or the renewal thread reports the lock lost, or the server is unreachable, it sends
+nothing more and goes back to standby. A beat killed outright loses its connection, and the
+server passes the lock to the next standby at once; a beat that hangs is replaced when its lease
+(``dflock_beat_lease_ttl``) runs out, and when it wakes up it finds out before sending.
+
+Which scheduler does the work
+    ``SingletonScheduler`` wraps ``celery.beat.PersistentScheduler``, or the class named in
+    ``dflock_beat_scheduler`` (``"django_celery_beat.schedulers:DatabaseScheduler"``). It does so
+    by *dynamic subclassing*: the object beat gets is an instance of
+    ``class Singleton<Wrapped>(SingletonScheduler, Wrapped)``. Celery's ``Scheduler.tick``
+    calls ``reserve``/``apply_entry``/``apply_async`` on ``self``, so the send gate must sit in
+    the wrapped object's own method resolution; a wrapper holding the scheduler as an attribute
+    would have to patch methods on it. Subclassing also keeps ``isinstance`` checks, ``Entry``,
+    ``schedule`` and ``info`` of the wrapped class working. A class written as
+    ``class MyScheduler(SingletonScheduler, SomeScheduler)`` is used as it is.
+
+Failover without double sends: "start from now"
+    Whenever a beat becomes active (first start, failover, or getting the lock back), every
+    entry's ``last_run_at`` is set to *now*, so each entry next runs one period after the
+    takeover (a crontab entry: at its next occurrence after the takeover). A send whose entry
+    still carries a ``last_run_at`` older than the takeover (a scheduler that re-reads its
+    store, such as a database scheduler, may bring one back) is skipped once, and the wrapped
+    scheduler's own ``reserve`` has already moved the entry on to now.
+
+    Trade-off: it needs no state shared between beats and works with any wrapped scheduler,
+    including the per-host shelve file of ``PersistentScheduler``, whose ``last_run_at`` is
+    stale on a standby. The price: runs missed while no beat was active are not caught up
+    (not even on a cold start), an interval entry's first run after a takeover comes up to
+    one period later than the old leader would have sent it, and a run that fell due in the
+    failover gap is skipped. No entry ever skips more than that one run, and no run the old
+    leader sent is sent again. Lock-server markers per run were rejected: the server releases
+    a dead client's locks with its connection, so the markers would vanish in exactly the
+    crash they are meant to cover.
+
+Non-overlapping periodic tasks
+    With ``dflock_beat_nonoverlap = True`` every message beat sends carries two headers:
+    ``dflock_beat_entry = <entry name>``, and the per-call lock options of
+    :class:`~celery_dflock.LockedTask` (``dflock_options``: ``lock_key`` =
+    ``beat-entry:<entry name>``, ``on_locked = "skip"``). A worker running the task as a
+    ``LockedTask`` (``base=LockedTask``, or ``task_cls``) takes that lock, so a run whose
+    previous run still holds it is skipped, logged and reported (``lock_skipped``).
+    Lock options the entry gives itself (``options={"lock_ttl": 60}``) are kept; an entry whose
+    ``options["headers"]`` set ``dflock_beat_entry`` to a false value opts out.
+
+Settings (``app.conf``; connection settings are the shared ``dflock_*`` ones: ``dflock_servers``,
+``dflock_auth_token``, ``dflock_ssl``, ``dflock_connect_timeout``, ``dflock_renew_ratio``,
+``dflock_sharding_strategy``, ``dflock_key_prefix``):
+
+=============================  ==============================================================
+``dflock_beat_lock_key``       key of the leader lock (default ``celery-beat:<app.main>``)
+``dflock_beat_scheduler``      dotted path of the wrapped scheduler (default PersistentScheduler)
+``dflock_beat_lease_ttl``      lease seconds of the leader lock: how soon a hung beat is replaced
+                               (default 10)
+``dflock_beat_nonoverlap``     mark beat's messages for the worker's per-entry lock (False)
+=============================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Self, cast
+
+from celery.beat import PersistentScheduler, Scheduler
+from celery.utils.imports import symbol_by_name  # pyright: ignore[reportUnknownVariableType]
+from celery.utils.time import maybe_make_aware
+
+from celery_dflock._beat_leader import STANDBY_ACQUIRE_TIMEOUT_S, LeaderLock, Leadership
+from celery_dflock.config import DflockConfig, DflockConfigError, get_config
+from celery_dflock.errors import DflockError
+from celery_dflock.keys import safe_key
+
+__all__ = [
+    "BEAT_ENTRY_HEADER",
+    "DEFAULT_BEAT_LEASE_TTL_S",
+    "BeatSettings",
+    "SingletonScheduler",
+]
+
+logger = logging.getLogger("celery_dflock.beat")
+
+BEAT_ENTRY_HEADER: Final = "dflock_beat_entry"
+"""Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``)."""
+DEFAULT_BEAT_LEASE_TTL_S: Final = 10
+"""Lease of the leader lock: a hung beat is replaced this many seconds after its last renewal."""
+DEFAULT_LOCK_KEY_PREFIX: Final = "celery-beat:"
+NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
+"""Non-overlap lock key of a beat entry: this prefix and the entry name."""
+STANDBY_TICK_S: Final = 1.0
+"""Longest a standby's tick blocks waiting to be promoted (beat stays responsive meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BeatSettings:
+    """The beat-specific ``dflock_beat_*`` settings of one app, validated."""
+
+    lock_key: str
+    scheduler: type[Scheduler]
+    lease_ttl_s: int
+    nonoverlap: bool
+
+    @classmethod
+    def from_app(cls, app: Any, config: DflockConfig) -> BeatSettings:
+        """Read ``dflock_beat_*`` from ``app.conf``; bad values raise DflockConfigError."""
+        conf = app.conf
+        raw_key: object = conf.get("dflock_beat_lock_key")
+        if raw_key is None:
+            raw_key = DEFAULT_LOCK_KEY_PREFIX + (str(app.main or "") or "default")
+        if not isinstance(raw_key, str) or not raw_key.strip():
+            raise DflockConfigError(
+                f"dflock_beat_lock_key must be a non-empty string, got {raw_key!r}"
+            )
+        ttl: object = conf.get("dflock_beat_lease_ttl")
+        if ttl is None:
+            ttl = DEFAULT_BEAT_LEASE_TTL_S
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise DflockConfigError(
+                f"dflock_beat_lease_ttl must be a whole number of seconds >= 1, got {ttl!r}"
+            )
+        nonoverlap: object = conf.get("dflock_beat_nonoverlap")
+        if nonoverlap is None:
+            nonoverlap = False
+        if not isinstance(nonoverlap, bool):
+            raise DflockConfigError(
+                f"dflock_beat_nonoverlap must be True or False, got {nonoverlap!r}"
+            )
+        return cls(
+            lock_key=safe_key(config.key_prefix + raw_key),
+            scheduler=_wrapped_class(conf.get("dflock_beat_scheduler")),
+            lease_ttl_s=ttl,
+            nonoverlap=nonoverlap,
+        )
+
+
+def _wrapped_class(value: object) -> type[Scheduler]:
+    where = "dflock_beat_scheduler"
+    if value is None:
+        return PersistentScheduler
+    found: object = value
+    if isinstance(value, str):
+        try:
+            found = cast("object", symbol_by_name(value))
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise DflockConfigError(
+                f"{where}: cannot import {value!r} ({exc}); give 'package.module:ClassName'"
+            ) from exc
+    if not isinstance(found, type) or not issubclass(found, Scheduler):
+        raise DflockConfigError(
+            f"{where} must name a celery.beat.Scheduler subclass "
+            f"(e.g. 'django_celery_beat.schedulers:DatabaseScheduler'); got {value!r}"
+        )
+    if issubclass(found, SingletonScheduler):
+        raise DflockConfigError(
+            f"{where} names {value!r}, which already is a SingletonScheduler; "
+            "name the scheduler to wrap instead"
+        )
+    return found
+
+
+def _needs_wrapped_base(cls: type[SingletonScheduler]) -> bool:
+    """True when ``cls`` brings no concrete scheduler of its own (only Scheduler itself)."""
+    return not any(
+        issubclass(base, Scheduler)
+        and base is not Scheduler
+        and not issubclass(base, SingletonScheduler)
+        for base in cls.__mro__
+    )
+
+
+def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` for one send of entry ``name`` under its non-overlap lock (see above)."""
+    from celery_dflock.config import LOCK_OPTIONS
+    from celery_dflock.task import LOCK_OPTIONS_HEADER
+
+    result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
+    headers = dict(cast("Mapping[str, Any]", options.get("headers") or {}))
+    result["headers"] = headers
+    entry_name = headers.setdefault(BEAT_ENTRY_HEADER, name)
+    if not entry_name:
+        return dict(options)  # the entry opted out
+    escaped = str(entry_name).replace("{", "{{").replace("}", "}}")  # a literal template
+    lock_options: dict[str, Any] = {
+        "lock_key": NONOVERLAP_KEY_PREFIX + escaped,
+        "on_locked": "skip",
+    }
+    lock_options.update(cast("Mapping[str, Any]", headers.get(LOCK_OPTIONS_HEADER) or {}))
+    lock_options.update({k: v for k, v in options.items() if k in LOCK_OPTIONS})
+    headers[LOCK_OPTIONS_HEADER] = lock_options
+    return result
+
+
+def _app_from(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    app = kwargs.get("app", args[0] if args else None)
+    if app is None:
+        raise TypeError("SingletonScheduler needs the Celery app (first argument or app=)")
+    return app
+
+
+def _older(when: datetime, than: datetime) -> bool:
+    try:
+        return when < than
+    except TypeError:  # one naive, one aware: compare both as aware
+        return maybe_make_aware(when) < maybe_make_aware(than)
+
+
+class SingletonScheduler(Scheduler):
+    """A beat scheduler that only sends while it holds the beat's dflockd lock.
+
+    See the module documentation for the settings and the failover rule.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        concrete = cls
+        if _needs_wrapped_base(cls):
+            app = _app_from(args, kwargs)
+            wrapped = BeatSettings.from_app(app, get_config(app)).scheduler
+            name = f"Singleton{wrapped.__name__}" if cls is SingletonScheduler else cls.__name__
+            concrete = cast(
+                "type[Self]",
+                type(name, (cls, wrapped), {"__module__": cls.__module__, "__qualname__": name}),
+            )
+        return super().__new__(concrete)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        app = _app_from(args, kwargs)
+        config = get_config(app)
+        self._dflock_config = config
+        self._dflock_settings = BeatSettings.from_app(app, config)
+        self._leadership: Leadership | None = None
+        self._term_seen = 0
+        self._active_since: dict[str, datetime] = {}
+        self._base().__init__(*args, **kwargs)
+
+    def _base(self) -> Any:
+        """The wrapped scheduler's methods (``super()``, typed loosely: Celery is untyped)."""
+        return super()
+
+    # -- the lock --------------------------------------------------------------------------
+
+    @property
+    def lock_server(self) -> tuple[str, int]:
+        """The (host, port) of the server that holds this beat's lock."""
+        config = self._dflock_config
+        servers = config.servers
+        if len(servers) == 1:
+            return servers[0]
+        from celery_dflock.sharding import stable_hash_shard
+
+        strategy = config.sharding_strategy or stable_hash_shard
+        return servers[strategy(self._dflock_settings.lock_key, len(servers))]
+
+    @property
+    def lock_description(self) -> str:
+        """``lock 'key' on host:port`` (for logs and the banner)."""
+        host, port = self.lock_server
+        return f"lock {self._dflock_settings.lock_key!r} on {host}:{port}"
+
+    def _make_lock(self, on_lost: Callable[[object], None]) -> LeaderLock:
+        from celery_dflock.client import DistributedLock
+
+        config = self._dflock_config
+        options: dict[str, Any] = {}
+        if config.sharding_strategy is not None:
+            options["sharding_strategy"] = config.sharding_strategy
+        return DistributedLock(
+            self._dflock_settings.lock_key,
+            acquire_timeout_s=STANDBY_ACQUIRE_TIMEOUT_S,
+            lease_ttl_s=self._dflock_settings.lease_ttl_s,
+            servers=list(config.servers),
+            renew_ratio=config.renew_ratio,
+            auth_token=config.auth_token,
+            ssl_context=config.ssl_context,
+            connect_timeout_s=config.connect_timeout_s,
+            on_lost=on_lost,
+            **options,
+        )
+
+    def _leader(self) -> Leadership:
+        if self._leadership is None:
+            self._leadership = Leadership(
+                make_lock=self._make_lock,
+                confirm=_confirm_held,
+                describe=self.lock_description,
+            )
+            self._leadership.start()
+        return self._leadership
+
+    # -- Scheduler API -----------------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """Delegate to the wrapped scheduler while active; otherwise wait to be promoted."""
+        leader = self._leader()
+        if not leader.is_active():
+            wait_s = min(float(cast("Any", self).max_interval), STANDBY_TICK_S)
+            if not leader.wait_active(wait_s):
+                return 0 if leader.is_active() else wait_s
+        if leader.term != self._term_seen:
+            self._take_over(leader.term)
+        return cast("float", self._base().tick(*args, **kwargs))
+
+    def _take_over(self, term: int) -> None:
+        """Start every entry from now (see "Failover" in the module documentation)."""
+        self._term_seen = term
+        self._active_since = {}
+        schedule = cast("Mapping[str, Any]", cast("Any", self).schedule)
+        for name, entry in schedule.items():
+            try:
+                now = cast("datetime", entry.default_now())
+                entry.last_run_at = now
+            except Exception as exc:  # a broken entry must not stop the others
+                logger.warning("beat: cannot restart entry %r from now: %s", name, exc)
+                continue
+            self._active_since[name] = now
+        cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
+        logger.info(
+            "beat: took over %s; %d entries restart from now",
+            self.lock_description,
+            len(self._active_since),
+        )
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        """Send ``entry`` unless its run predates this beat's takeover or the lock is gone."""
+        since = self._active_since.get(entry.name)
+        if since is not None and _older(entry.last_run_at, since):
+            logger.info(
+                "beat: not sending %r: it fell due before this beat took over "
+                "(the previous leader owned that run); next run scheduled from now",
+                entry.name,
+            )
+            return
+        self._base().apply_entry(entry, producer=producer)
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        """Confirm the lock with the server, then send (with the non-overlap header if on)."""
+        if not self._leader().confirm():
+            logger.warning(
+                "beat: not sending %r: this beat no longer holds %s",
+                entry.name,
+                self.lock_description,
+            )
+            return None
+        base = self._base()
+        if advance:
+            entry = base.reserve(entry)
+        if not self._dflock_settings.nonoverlap:
+            return base.apply_async(entry, producer, False, **kwargs)
+        original = cast("Mapping[str, Any]", entry.options)
+        entry.options = _nonoverlap_options(entry.name, original)  # for this send only
+        try:
+            return base.apply_async(entry, producer, False, **kwargs)
+        finally:
+            entry.options = original
+
+    def close(self) -> None:
+        """Sync and close the wrapped scheduler, then hand the lock to the next standby."""
+        try:
+            self._base().close()
+        finally:
+            if self._leadership is not None:
+                self._leadership.stop()
+
+    @property
+    def info(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
+        """The banner lines: the wrapped scheduler's, then the lock."""
+        wrapped = cast("str", self._base().info)
+        host, port = self.lock_server
+        mine = (
+            f"    . dflock -> lock {self._dflock_settings.lock_key!r} on {host}:{port} "
+            f"(lease {self._dflock_settings.lease_ttl_s}s, sends only while held)"
+        )
+        return f"{wrapped}\n{mine}" if wrapped else mine
+
+
+def _confirm_held(lock: LeaderLock) -> bool:
+    """One round trip: renew the lease now; False if the server refuses or cannot answer."""
+    try:
+        return lock.renew()
+    except DflockError:
+        return False

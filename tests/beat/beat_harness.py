@@ -1,0 +1,341 @@
+"""Real ``celery beat`` / ``celery worker`` subprocesses for the beat tests, and the Redis view.
+
+* :class:`Proc` -- one Celery subprocess in its own process group; its output is read by a
+  thread, so a test *waits* for a log line (``wait_line``) instead of sleeping.
+* :class:`Cluster` -- starts beats and workers of the test app ``beatapp`` with one settings
+  dict, and kills every process group at teardown.
+* :class:`Broker` -- the Redis view: the messages beat queued (each stamped by ``beatapp`` with
+  the sending pid and time) and the run/skip records the test tasks append.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+
+HERE = Path(__file__).resolve().parent
+REDIS_URL = "redis://127.0.0.1:6379/12"
+"""Redis database of the beat tests; each test also uses its own queue name."""
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+ACTIVE = re.compile(r"beat: active, holding")
+STANDBY = re.compile(r"beat: standby, waiting for")
+LOST = re.compile(r"beat: lost ")
+STARTED = re.compile(r"beat: (standby, waiting|active, holding)")
+
+
+class Proc:
+    """One Celery subprocess, leader of its own process group, output collected by a thread."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.name = name
+        self.output_path = cwd / f"{name}.out"
+        self._lines: list[str] = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, name=f"out-{name}", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.output_path.open("w") as copy:
+            for raw in self.proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                copy.write(line + "\n")
+                copy.flush()
+                with self._cond:
+                    self._lines.append(line)
+                    self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def lines(self) -> list[str]:
+        with self._cond:
+            return list(self._lines)
+
+    def count(self, pattern: re.Pattern[str]) -> int:
+        return sum(1 for line in self.lines() if pattern.search(line))
+
+    def output(self, tail: int = 60) -> str:
+        return "\n".join(self.lines()[-tail:])
+
+    def wait_line(self, pattern: re.Pattern[str], timeout: float, count: int = 1) -> str:
+        """Wait until ``count`` output lines match ``pattern``; return the last of them."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [line for line in self._lines if pattern.search(line)]
+                if len(found) >= count:
+                    return found[count - 1]
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(
+                        f"{self.name}: no {count} x {pattern.pattern!r} within {timeout}s "
+                        f"(exit code {self.proc.poll()}):\n{self.output()}"
+                    )
+                self._cond.wait(min(left, 0.5))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, signum: int) -> None:
+        """Send ``signum`` to the whole process group."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signum)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (a warm shutdown) and wait; SIGKILL the group if it hangs."""
+        self.send(signal.SIGCONT)
+        self.send(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.name} ignored SIGTERM:\n{self.output()}") from None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap it."""
+        self.send(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def base_settings(queue: str, server: tuple[str, int]) -> dict[str, Any]:
+    """Celery + dflock settings shared by the beats and workers of one test."""
+    return {
+        "broker_url": REDIS_URL,
+        "result_backend": REDIS_URL,
+        "task_default_queue": queue,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"polling_interval": 0.05},
+        "worker_prefetch_multiplier": 1,
+        "worker_hijack_root_logger": False,
+        "beat_max_loop_interval": 1,
+        "beat_schedule": {"every-second": {"task": "beatapp.tick", "schedule": 1.0}},
+        "dflock_servers": f"{server[0]}:{server[1]}",
+        "dflock_beat_lock_key": f"beat-test:{queue}",
+        "dflock_beat_lease_ttl": 10,
+        "result_expires": 600,
+    }
+
+
+class LockServer:
+    """A ServerThread that a test may stop and start again on the same port."""
+
+    def __init__(self) -> None:
+        self.thread: ServerThread | None = ServerThread(Config(host="127.0.0.1", port=0))
+        self.thread.start()
+        self.address: tuple[str, int] = self.thread.address
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.thread = ServerThread(Config(host="127.0.0.1", port=self.address[1]))
+        self.thread.start()
+
+
+@dataclass
+class Cluster:
+    """Beats and workers of ``beatapp`` for one test; every process is killed at teardown."""
+
+    directory: Path
+    settings: dict[str, Any]
+    procs: list[Proc] = field(default_factory=list[Proc])
+
+    def _env(self, name: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "BEAT_TEST_SETTINGS": json.dumps(self.settings),
+            "BEAT_TEST_NAME": name,
+            "PYTHONPATH": os.pathsep.join(
+                [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def start_beats(self, count: int) -> list[Proc]:
+        """Start ``count`` beats at once; return when every one is active or standing by."""
+        procs = [self._spawn_beat() for _ in range(count)]
+        for proc in procs:
+            proc.wait_line(STARTED, START_TIMEOUT_S)
+        return procs
+
+    def start_beat(self) -> Proc:
+        """Start one beat; return when it is active or standing by."""
+        return self.start_beats(1)[0]
+
+    def _spawn_beat(self) -> Proc:
+        name = f"beat{sum(p.name.startswith('beat') for p in self.procs) + 1}"
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "beatapp",
+            "beat",
+            "-S",
+            "celery_dflock.beat:SingletonScheduler",
+            "-s",
+            str(self.directory / f"{name}-schedule"),
+            "--pidfile=",
+            "-l",
+            "INFO",
+        ]
+        proc = Proc(name, command, self._env(name), self.directory)
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, concurrency: int = 3) -> Proc:
+        """Start a prefork worker on the test queue; return once it is ready."""
+        name = f"worker{sum(p.name.startswith('worker') for p in self.procs) + 1}"
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "beatapp",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}-{uuid.uuid4().hex[:6]}@beat-test",
+            "-Q",
+            self.settings["task_default_queue"],
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "INFO",
+        ]
+        proc = Proc(name, command, self._env(name), self.directory)
+        self.procs.append(proc)
+        proc.wait_line(re.compile(r"\bready\.$"), START_TIMEOUT_S)
+        return proc
+
+    def beats(self) -> list[Proc]:
+        return [p for p in self.procs if p.name.startswith("beat")]
+
+    def by_pid(self, pid: int) -> Proc:
+        """The process with main pid ``pid``."""
+        for proc in self.procs:
+            if proc.pid == pid:
+                return proc
+        raise AssertionError(f"no process of this test has pid {pid}")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One message beat queued: the entry, and the pid and time stamped by the sender."""
+
+    entry: str
+    pid: int
+    at: float
+    headers: dict[str, Any]
+
+
+class Broker:
+    """Read what beats queued (no worker consuming) and what test tasks recorded."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.client = redis.Redis.from_url(REDIS_URL)
+
+    def sent(self) -> list[Sent]:
+        """Every message waiting in the test queue, oldest first."""
+        raw: list[bytes] = self.client.lrange(self.queue, 0, -1)  # type: ignore[assignment]
+        messages: list[Sent] = []
+        for item in reversed(raw):  # kombu LPUSHes, consumers pop from the right
+            headers: dict[str, Any] = json.loads(item)["headers"]
+            messages.append(
+                Sent(
+                    entry=str(headers.get("test_entry") or headers.get("task")),
+                    pid=int(headers["test_pid"]),
+                    at=float(headers["test_sent_at"]),
+                    headers=headers,
+                )
+            )
+        return messages
+
+    def wait_sent(self, count: int, timeout: float, **match: Any) -> list[Sent]:
+        """Wait until at least ``count`` queued messages match (polls Redis every 50 ms)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [m for m in self.sent() if all(getattr(m, k) == v for k, v in match.items())]
+            if len(found) >= count:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"only {len(found)} of {count} messages matching {match} within {timeout}s"
+                )
+            time.sleep(0.05)
+
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        """Records the test tasks appended (``kind`` is "runs" or "skipped")."""
+        raw: list[bytes] = self.client.lrange(f"{self.queue}:{kind}", 0, -1)  # type: ignore[assignment]
+        return [json.loads(item) for item in raw]
+
+    def cleanup(self) -> None:
+        keys = list(self.client.scan_iter(match=f"{self.queue}*"))
+        keys += list(self.client.scan_iter(match=f"celery-task-meta-*{self.queue}*"))
+        if keys:
+            self.client.delete(*keys)
+        self.client.close()
+
+
+def iter_overlaps(runs: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Pairs of runs (by [start, end]) of the same entry that overlap in time."""
+    ordered = sorted(runs, key=lambda r: r["start"])
+    for before, after in itertools.pairwise(ordered):
+        if after["start"] < before["end"]:
+            yield before, after
+
+
+def max_for_one_beat(sent: list[Sent], period: float) -> int:
+    """The most sends one beat can make between the first and last of ``sent`` (+1 period)."""
+    if not sent:
+        return 0
+    span = max(m.at for m in sent) - min(m.at for m in sent)
+    return int(span / period) + 2

@@ -1,0 +1,78 @@
+"""Fixtures for the beat tests: a lock server, the Redis view of one queue, beat/worker clusters.
+
+Redis-dependent: without Redis at 127.0.0.1:6379 these tests skip, and fail instead when
+``CELERY_DFLOCK_REQUIRE_REDIS=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from beat_harness import Broker, Cluster, LockServer, base_settings
+
+REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
+
+
+def _redis_reachable(timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=timeout) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def require_redis() -> None:
+    """Skip without Redis, or fail when CI demands it."""
+    if _redis_reachable():
+        return
+    message = "Redis is not reachable at 127.0.0.1:6379"
+    if os.environ.get(REQUIRE_REDIS_ENV) == "1":
+        pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def queue(require_redis: None) -> str:
+    return f"beat-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def broker(queue: str) -> Iterator[Broker]:
+    view = Broker(queue)
+    view.cleanup()
+    view = Broker(queue)
+    yield view
+    view.cleanup()
+
+
+@pytest.fixture
+def lock_server() -> Iterator[LockServer]:
+    server = LockServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_cluster(
+    tmp_path: Path, queue: str, lock_server: LockServer
+) -> Iterator[Callable[..., Cluster]]:
+    """``make_cluster(**setting_overrides)``: a Cluster on this test's queue and lock server."""
+    clusters: list[Cluster] = []
+
+    def make(**overrides: Any) -> Cluster:
+        settings = {**base_settings(queue, lock_server.address), **overrides}
+        cluster = Cluster(tmp_path, settings)
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.close()
