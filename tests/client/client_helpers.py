@@ -63,6 +63,9 @@ def connection_count(address: tuple[str, int]) -> int:
     return cast(int, stats(address)["connections"])
 
 
-def release_behind_its_back(address: tuple[str, int], key: str, token: str) -> None:
+def release_behind_its_back(
+    address: tuple[str, int], key: str, token: str, semaphore: bool = False
+) -> None:
     """Release ``token`` from another connection (tokens are bearer credentials)."""
-    assert raw_request(address, protocol.encode_release(key, token)) == b"ok"
+    encode = protocol.encode_sem_release if semaphore else protocol.encode_release
+    assert raw_request(address, encode(key, token)) == b"ok"
