@@ -140,6 +140,8 @@ class Connection(asyncio.Protocol):
         if self.write_timer is not None:
             self.write_timer.cancel()
             self.write_timer = None
+        if not self.busy and self.framer.buffered():
+            self.loop.call_soon(self._process)
         self._update_reading()
 
     # ------------------------------------------------------------------ timers
@@ -216,28 +218,34 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ requests
     def _process(self) -> None:
+        """Answer buffered requests in order until one blocks, the buffer runs dry, or the
+        client stops reading (replies are batched into one write per pass)."""
         out: list[bytes] = []
+        pending = 0
         framer = self.framer
-        while not self.busy and not self.closing:
+        transport = self.transport
+        while not self.busy and not self.closing and not self.write_paused:
             try:
                 frame = framer.next_frame()
             except p.LineTooLong:
                 log.debug("connection %s: request line too long, closing", self.peer)
                 framer.clear()
                 out.append(p.REPLY_ERROR)
-                self._flush_and_close(out)
+                self._close_with(b"".join(out))
                 return
             if frame is None:
                 break
             reply = self._handle(frame)
             if reply is not None:
                 out.append(reply)
-        if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+                pending += len(reply)
+                if pending >= c.WRITE_BUFFER_LOW_WATER and transport is not None:
+                    transport.write(b"".join(out))  # may call pause_writing
+                    out.clear()
+                    pending = 0
+        if out and transport is not None and not transport.is_closing():
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
         self._update_reading()
-
-    def _flush_and_close(self, out: list[bytes]) -> None:
-        self._close_with(b"".join(out))
 
     def _handle(self, frame: p.Frame) -> bytes | None:
         """Answer one request; ``None`` when the answer comes later (or the connection closes)."""

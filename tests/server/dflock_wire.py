@@ -35,6 +35,17 @@ class Wire:
         self.send(cmd, key, arg)
         return self.recv()
 
+    def assert_silent(self, seconds: float = 0.1) -> None:
+        """Nothing arrives within ``seconds`` (only while no reply has been buffered)."""
+        self.sock.settimeout(seconds)
+        try:
+            data = self.sock.recv(1, socket.MSG_PEEK)
+        except TimeoutError:
+            return
+        finally:
+            self.sock.settimeout(REPLY_TIMEOUT_S)
+        raise AssertionError(f"unexpected data from the server: {data!r}")
+
     def closed_by_server(self) -> bool:
         """True once the server has closed (EOF or reset), reading out any leftover replies."""
         try:

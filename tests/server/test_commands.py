@@ -1,0 +1,451 @@
+"""Every command and reply of PROTOCOL.md over real sockets, against the in-process server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from dflock_wire import Wire, fence
+
+from dflockd_server import constants
+from dflockd_server.testing import ServerThread
+
+ServerFactory = Callable[..., ServerThread]
+DEADLINE_S = 10.0
+
+
+def stats_of(wire: Wire) -> dict[str, Any]:
+    status, payload = wire.req("stats").split(" ", 1)
+    assert status == "ok"
+    result: dict[str, Any] = json.loads(payload)
+    return result
+
+
+def eventually(check: Callable[[], bool], what: str) -> None:
+    """Poll a server-side condition that has no reply to wait on (GC, connection counts)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------------- locks
+def test_lock_grant_reply_shape_and_lease(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a:
+        status, token, lease = a.req("l", "k", "0 12").split()
+        assert status == "ok"
+        assert lease == "12"
+        assert len(token) == 32
+        assert token == token.lower()
+        int(token, 16)
+
+
+def test_lock_timeout_zero_tries_once(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        a.lock("k")
+        assert b.req("l", "k", "0") == "timeout"
+        assert stats_of(b)["locks"][0]["waiters"] == 0
+
+
+def test_lock_wait_times_out(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        a.lock("k")
+        assert b.req("l", "k", "1") == "timeout"
+        assert b.req("ping") == "ok"
+
+
+def test_fifo_order_with_several_waiters(dflock_server: ServerThread) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as holder, Wire(addr) as probe:
+        token = holder.lock("k")
+        waiters = [Wire(addr) for _ in range(4)]
+        try:
+            for i, w in enumerate(waiters):
+                w.send("l", "k", "30")
+                # Each waiter is queued before the next one is sent.
+                eventually(lambda n=i + 1: stats_of(probe)["locks"][0]["waiters"] == n, "queue")
+            assert holder.req("r", "k", token) == "ok"
+            fences = []
+            for w in waiters:
+                status, tok, _ = w.recv().split()
+                assert status == "ok"
+                fences.append(fence(tok))
+                for later in waiters[waiters.index(w) + 1 :]:
+                    later.assert_silent(0.05)  # still waiting behind w
+                assert w.req("r", "k", tok) == "ok"
+            assert fences == sorted(fences)
+        finally:
+            for w in waiters:
+                w.close()
+
+
+def test_release_wrong_token_and_other_key(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a:
+        token = a.lock("k")
+        assert a.req("r", "k", "0" * 32) == "error"
+        assert a.req("r", "other", token) == "error"
+        assert a.req("sr", "k", token) == "error"  # semaphores are a separate namespace
+        assert a.req("r", "k", token) == "ok"
+
+
+def test_token_is_a_bearer_credential(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        token = a.lock("k")
+        assert b.req("n", "k", f"{token} 40") == "ok 40"
+        assert b.req("r", "k", token) == "ok"
+        assert b.lock("k")
+
+
+def test_renew_default_lease_and_errors(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a:
+        token = a.lock("k", lease=5)
+        assert a.req("n", "k", token) == f"ok {constants.DEFAULT_LEASE_TTL_S}"
+        assert a.req("n", "k", "f" * 32) == "error"
+        assert a.req("n", "nokey", token) == "error"
+        assert a.req("r", "k", token) == "ok"
+        assert a.req("n", "k", token) == "error"
+
+
+def test_lease_expiry_hands_lock_to_next_waiter_and_renew_is_refused(
+    dflock_server_factory: ServerFactory,
+) -> None:
+    srv = dflock_server_factory(lease_sweep_interval_s=0.1)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        old = a.lock("k", lease=1)
+        b.send("l", "k", "10")
+        status, new, lease = b.recv().split()  # granted once a's lease ran out
+        assert status == "ok"
+        assert fence(new) > fence(old)
+        assert a.req("n", "k", old) == "error"
+        assert a.req("r", "k", old) == "error"
+        assert b.req("r", "k", new) == "ok"
+        assert lease == str(constants.DEFAULT_LEASE_TTL_S)
+
+
+def test_expiry_is_checked_on_touch(dflock_server_factory: ServerFactory) -> None:
+    # The sweep runs rarely; touching the key must still notice the lapsed lease.
+    srv = dflock_server_factory(lease_sweep_interval_s=3600)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        old = a.lock("k", lease=1)
+        b.send("l", "k", "2")
+        assert b.recv() == "timeout"  # nobody touched the key while b waited
+        new = b.lock("k", timeout=0)  # ... but this touch expires a's lease
+        assert fence(new) > fence(old)
+        assert a.req("n", "k", old) == "error"
+
+
+def test_release_on_disconnect(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as b:
+        a = Wire(dflock_server.address)
+        a.lock("k")
+        b.send("l", "k", "10")
+        a.close()
+        assert b.recv().startswith("ok ")
+
+
+def test_no_release_on_disconnect_when_switched_off(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(auto_release_on_disconnect=False, lease_sweep_interval_s=0.1)
+    with Wire(srv.address) as b:
+        a = Wire(srv.address)
+        token = a.lock("k", lease=1)
+        a.close()
+        eventually(lambda: stats_of(b)["connections"] == 1, "a's disconnect")
+        assert b.req("l", "k", "0") == "timeout"
+        assert b.req("n", "k", f"{token} 1") == "ok 1"  # still held, bearer renew works
+        b.send("l", "k", "10")
+        assert b.recv().startswith("ok ")  # only the lease frees it
+
+
+def test_disconnect_drops_waits(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as c:
+        token = a.lock("k")
+        b = Wire(dflock_server.address)
+        b.send("l", "k", "30")
+        eventually(lambda: stats_of(c)["locks"][0]["waiters"] == 1, "b queued")
+        b.close()
+        eventually(lambda: stats_of(c)["locks"][0]["waiters"] == 0, "b's wait dropped")
+        c.send("l", "k", "30")
+        assert a.req("r", "k", token) == "ok"
+        assert c.recv().startswith("ok ")
+
+
+# ---------------------------------------------------------------------------------- two-phase
+def test_two_phase_acquired_then_wait(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a:
+        status, token, lease = a.req("e", "k", "").split()
+        assert (status, lease) == ("acquired", str(constants.DEFAULT_LEASE_TTL_S))
+        assert a.req("w", "k", "0") == f"ok {token} {lease}"
+        assert a.req("w", "k", "0") == "error_not_enqueued"
+        assert a.req("r", "k", token) == "ok"
+
+
+def test_two_phase_queued_then_granted(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        token = a.lock("k")
+        assert b.req("e", "k", "7") == "queued"
+        assert b.req("e", "k", "7") == "error_already_enqueued"
+        b.send("w", "k", "10")
+        assert a.req("r", "k", token) == "ok"
+        status, _, lease = b.recv().split()
+        assert (status, lease) == ("ok", "7")
+
+
+def test_two_phase_granted_before_wait(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        token = a.lock("k")
+        assert b.req("e", "k", "_") == "queued"
+        assert a.req("r", "k", token) == "ok"
+        status, new, _ = b.req("w", "k", "0").split()
+        assert status == "ok"
+        assert fence(new) > fence(token)
+
+
+def test_two_phase_wait_timeout_leaves_queue(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        a.lock("k")
+        assert b.req("e", "k", "") == "queued"
+        assert b.req("w", "k", "1") == "timeout"
+        assert stats_of(b)["locks"][0]["waiters"] == 0
+        assert b.req("w", "k", "1") == "error_not_enqueued"
+        assert b.req("e", "k", "") == "queued"  # may enqueue again
+
+
+def test_two_phase_wait_on_other_connection_is_not_enqueued(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        assert a.req("e", "k", "").startswith("acquired ")
+        assert b.req("w", "k", "0") == "error_not_enqueued"
+
+
+def test_two_phase_lease_expired_before_wait(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(lease_sweep_interval_s=0.1)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        assert a.req("e", "k", "1").startswith("acquired ")
+        b.send("l", "k", "10")
+        assert b.recv().startswith("ok ")  # a's lease ran out
+        assert a.req("w", "k", "5") == "error_lease_expired"
+        assert a.req("w", "k", "5") == "error_not_enqueued"
+
+
+def test_two_phase_max_locks_and_max_waiters(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_locks=1, max_waiters=1)
+    with Wire(srv.address) as a, Wire(srv.address) as b, Wire(srv.address) as c:
+        assert a.req("e", "k", "").startswith("acquired ")
+        assert a.req("e", "k2", "") == "error_max_locks"
+        assert b.req("e", "k", "") == "queued"
+        assert c.req("e", "k", "") == "error_max_waiters"
+        assert c.req("se", "s", "2") == "error_max_locks"
+
+
+# ---------------------------------------------------------------------------------- semaphores
+def test_semaphore_limit_and_fifo(dflock_server: ServerThread) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as a, Wire(addr) as b, Wire(addr) as c, Wire(addr) as d:
+        ta = a.req("sl", "s", "0 2").split()
+        tb = b.req("sl", "s", "0 2 9").split()
+        assert ta[0] == tb[0] == "ok"
+        assert tb[2] == "9"
+        assert c.req("sl", "s", "0 2") == "timeout"
+        c.send("sl", "s", "10 2")
+        eventually(lambda: stats_of(d)["semaphores"][0]["waiters"] == 1, "c queued")
+        sem = stats_of(d)["semaphores"][0]
+        assert sem == {"key": "s", "limit": 2, "holders": 2, "waiters": 1}
+        assert d.req("sr", "s", ta[1]) == "ok"
+        status, tc, _ = c.recv().split()
+        assert status == "ok"
+        assert fence(tc) > fence(tb[1])
+        assert d.req("sn", "s", f"{tc} 5") == "ok 5"
+        assert d.req("sn", "s", "x" * 32) == "error"
+        assert d.req("sr", "s", "x" * 32) == "error"
+        assert d.req("l", "s", "0").startswith("ok ")  # the lock namespace is separate
+
+
+def test_semaphore_limit_mismatch(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a:
+        status, token, _ = a.req("sl", "s", "0 3").split()
+        assert status == "ok"
+        assert a.req("sl", "s", "0 4") == "error_limit_mismatch"
+        assert a.req("se", "s", "5") == "error_limit_mismatch"
+        assert a.req("sr", "s", token) == "ok"
+        assert a.req("sl", "s", "0 4").startswith("ok ")  # an idle key takes a new limit
+
+
+def test_semaphore_two_phase(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        status, token, lease = a.req("se", "s", "1 6").split()
+        assert (status, lease) == ("acquired", "6")
+        assert a.req("se", "s", "1") == "error_already_enqueued"
+        assert b.req("se", "s", "1") == "queued"
+        assert b.req("sw", "s", "0") == "timeout"
+        assert b.req("se", "s", "1") == "queued"
+        b.send("sw", "s", "10")
+        assert a.req("sw", "s", "0") == f"ok {token} 6"  # granted at enqueue time
+        assert a.req("sr", "s", token) == "ok"
+        assert b.recv().startswith("ok ")
+        assert b.req("sw", "s", "0") == "error_not_enqueued"
+
+
+def test_semaphore_max_waiters(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_waiters=1)
+    addr = srv.address
+    with Wire(addr) as a, Wire(addr) as b, Wire(addr) as c:
+        assert a.req("sl", "s", "0 1").startswith("ok ")
+        b.send("sl", "s", "30 1")
+        eventually(lambda: stats_of(c)["semaphores"][0]["waiters"] == 1, "b queued")
+        assert c.req("sl", "s", "30 1") == "error_max_waiters"
+        assert c.req("sl", "s", "0 1") == "timeout"  # timeout 0 never queues
+
+
+# ---------------------------------------------------------------------------------- limits
+def test_max_locks_never_refuses_existing_key(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_locks=2)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        t1 = a.lock("k1")
+        a.lock("k2")
+        assert b.req("l", "k3", "0") == "error_max_locks"
+        assert b.req("l", "k1", "0") == "timeout"  # existing key: queued/timeout, not refused
+        assert b.req("sl", "k3", "0 1") == "error_max_locks"
+        assert a.req("r", "k1", t1) == "ok"
+        assert b.req("l", "k3", "0").startswith("ok ")  # idle k1 made room
+
+
+def test_max_waiters(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_waiters=2)
+    addr = srv.address
+    with Wire(addr) as a, Wire(addr) as b, Wire(addr) as c, Wire(addr) as d:
+        a.lock("k")
+        b.send("l", "k", "30")
+        c.send("l", "k", "30")
+        eventually(lambda: stats_of(d)["locks"][0]["waiters"] == 2, "two waiters")
+        assert d.req("l", "k", "30") == "error_max_waiters"
+        assert d.req("l", "other", "30").startswith("ok ")  # the cap is per key
+
+
+def test_max_connections_accepts_and_closes(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_connections=2)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        assert a.req("ping") == "ok"
+        assert b.req("ping") == "ok"
+        with Wire(srv.address) as extra:
+            assert extra.closed_by_server()
+        assert a.req("ping") == "ok"
+        b.close()
+        eventually(lambda: stats_of(a)["connections"] == 1, "b gone")
+        with Wire(srv.address) as again:
+            assert again.req("ping") == "ok"
+
+
+def test_max_connections_per_ip(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_connections_per_ip=1)
+    with Wire(srv.address) as a:
+        assert a.req("ping") == "ok"
+        with Wire(srv.address) as extra:
+            assert extra.closed_by_server()
+        other_ip = socket.create_connection(
+            srv.address, timeout=DEADLINE_S, source_address=("127.0.0.2", 0)
+        )
+        try:
+            other_ip.sendall(b"ping\n_\n_\n")
+            assert other_ip.recv(16) == b"ok\n"
+        finally:
+            other_ip.close()
+        assert a.req("ping") == "ok"
+
+
+# ---------------------------------------------------------------------------------- maintenance
+def test_gc_prunes_idle_keys(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(gc_interval_s=0.1, gc_max_idle_s=0.3)
+    with Wire(srv.address) as a:
+        token = a.lock("gone")
+        _, sem, _ = a.req("sl", "sem", "0 2").split()
+        held = a.lock("kept")
+        assert a.req("r", "gone", token) == "ok"
+        assert a.req("sr", "sem", sem) == "ok"
+        stats = stats_of(a)
+        assert [e["key"] for e in stats["idle_locks"]] == ["gone"]
+        assert [e["key"] for e in stats["idle_semaphores"]] == ["sem"]
+        eventually(lambda: not stats_of(a)["idle_locks"], "idle lock pruned")
+        eventually(lambda: not stats_of(a)["idle_semaphores"], "idle semaphore pruned")
+        assert [e["key"] for e in stats_of(a)["locks"]] == ["kept"]
+        assert a.req("n", "kept", held) == f"ok {constants.DEFAULT_LEASE_TTL_S}"
+
+
+def test_stats_shape(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        a.lock("k", lease=20)
+        b.send("l", "k", "30")
+        eventually(lambda: stats_of(a)["locks"][0]["waiters"] == 1, "b queued")
+        stats = stats_of(a)
+        assert set(stats) >= {"connections", "locks", "semaphores", "idle_locks", "idle_semaphores"}
+        assert stats["connections"] == 2
+        (entry,) = stats["locks"]
+        assert set(entry) == {"key", "owner_conn_id", "lease_expires_in_s", "waiters"}
+        assert entry["key"] == "k"
+        assert isinstance(entry["owner_conn_id"], int)
+        assert 0 < entry["lease_expires_in_s"] <= 20
+
+
+def test_ping_and_stats_ignore_key_and_argument(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a:
+        assert a.req("ping", "anything", "at all") == "ok"
+        assert a.req("stats", "", "").startswith("ok {")
+
+
+def test_pipelined_requests_answer_in_order(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        token = a.lock("k")
+        # b's blocking acquire holds up the ping queued behind it on the same connection.
+        b.send_raw(b"l\nk\n10\nping\n_\n_\n")
+        b.assert_silent(0.2)
+        assert a.req("r", "k", token) == "ok"
+        assert b.recv().startswith("ok ")
+        assert b.recv() == "ok"
+
+
+def test_read_timeout_spares_a_connection_with_a_request_in_flight(
+    dflock_server_factory: ServerFactory,
+) -> None:
+    # The holder's connection times out too; with auto-release off its lock stays held.
+    srv = dflock_server_factory(read_timeout_s=0.5, auto_release_on_disconnect=False)
+    with Wire(srv.address) as holder, Wire(srv.address) as waiter:
+        holder.lock("k")
+        waiter.send("l", "k", "2")  # in flight for longer than the read timeout
+        assert waiter.recv() == "timeout"
+        assert waiter.closed_by_server()  # then idle: closed
+        assert holder.closed_by_server()
+
+
+def test_read_timeout_closes_idle_connection_and_releases(
+    dflock_server_factory: ServerFactory,
+) -> None:
+    srv = dflock_server_factory(read_timeout_s=0.5)
+    with Wire(srv.address) as w:
+        w.lock("k")
+        assert w.closed_by_server()
+    with Wire(srv.address) as other:
+        assert other.lock("k", timeout=5)  # w's lock went with its connection
+
+
+def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(shutdown_timeout_s=1.0)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        a.lock("k")
+        b.send("l", "k", "30")
+        eventually(lambda: stats_of(a)["locks"][0]["waiters"] == 1, "b queued")
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        try:
+            eventually(lambda: srv.call(lambda: srv.server.draining), "draining")
+            assert a.req("ping") == "error_draining"
+            assert b.recv() == "error_draining"  # at the shutdown deadline
+            assert b.closed_by_server()
+            assert a.closed_by_server()
+        finally:
+            stopper.join(DEADLINE_S)
+        with pytest.raises(OSError):
+            Wire(srv.address).req("ping")
