@@ -117,19 +117,20 @@ class Leadership:
         self._demote(lock, "the lock server no longer confirms it")
         return False
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop campaigning and release the lock if held (idempotent)."""
+    def stop(self) -> None:
+        """Stop campaigning and release the lock if held (idempotent).
+
+        A campaign thread blocked in a queued acquire is not waited for: it is a daemon, and
+        should the lock be granted to it after this, it releases it at once.
+        """
         self._stop.set()
         self._wake.set()
         with self._guard:
             lock, self._lock = self._lock, None
-            thread = self._thread
         self._active.clear()
         if lock is not None:
             _release_quietly(lock)
             logger.info("beat: released %s", self.describe)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
 
     # -- the campaign thread -------------------------------------------------------------
 

@@ -101,7 +101,9 @@ DEFAULT_LOCK_KEY_PREFIX: Final = "celery-beat:"
 NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
 """Non-overlap lock key of a beat entry: this prefix and the entry name."""
 STANDBY_TICK_S: Final = 1.0
-"""Longest a standby's tick blocks waiting to be promoted (beat stays responsive meanwhile)."""
+"""Longest a standby's tick blocks waiting to be promoted (signals still interrupt the wait)."""
+STANDBY_RETURN_S: Final = 0.001
+"""What a standby's tick returns after its wait: beat's loop calls it again almost at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +309,8 @@ class SingletonScheduler(Scheduler):
         if not leader.is_active():
             wait_s = min(float(cast("Any", self).max_interval), STANDBY_TICK_S)
             if not leader.wait_active(wait_s):
-                return 0 if leader.is_active() else wait_s
+                # Already waited in here: come straight back (beat still syncs in between).
+                return STANDBY_RETURN_S
         if leader.term != self._term_seen:
             self._take_over(leader.term)
         return cast("float", self._base().tick(*args, **kwargs))
@@ -327,7 +330,7 @@ class SingletonScheduler(Scheduler):
             self._active_since[name] = now
         cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
         logger.info(
-            "beat: took over %s; %d entries restart from now",
+            "beat: took over %s; every entry (%d) runs next one period from now",
             self.lock_description,
             len(self._active_since),
         )

@@ -206,3 +206,23 @@ def test_lock_server_outage_stops_sending_and_recovers(
     assert len({m.pid for m in resumed}) == 1, f"two beats sent after the restart: {resumed}"
     _assert_no_double_send(broker.sent())
     assert any(STANDBY.search(line) for line in leader.lines())
+
+
+def test_a_stopping_beat_hands_the_lock_over(
+    make_cluster: Callable[..., Cluster], broker: Broker
+) -> None:
+    # Lease 10 s: a standby that sends well before it got the lock from the release.
+    cluster = make_cluster(dflock_beat_lease_ttl=10)
+    cluster.start_beats(2)
+    old = cluster.by_pid(broker.wait_sent(1, timeout=60)[0].pid)
+    standby = next(b for b in cluster.beats() if b is not old)
+
+    assert old.stop() == 0, old.output()
+    stopped_at = time.time()
+    assert "beat: released lock" in old.output()
+
+    taken = broker.wait_sent(1, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)[0]
+    assert taken.at - stopped_at < 5.0
+    sent = broker.sent()
+    assert all(m.at < stopped_at for m in sent if m.pid == old.pid)
+    _assert_no_double_send(sent)
