@@ -6,6 +6,7 @@ pools, sharding strategies and the `DflockError` hierarchy.
 """
 
 from celery_dflock.aio import AsyncDistributedLock, AsyncDistributedSemaphore
+from celery_dflock.beat import SingletonScheduler
 from celery_dflock.client import DistributedLock, DistributedSemaphore
 from celery_dflock.errors import (
     AuthError,
@@ -45,6 +46,7 @@ __all__ = [
     "ServerDraining",
     "ServerUnavailable",
     "ShardingStrategy",
+    "SingletonScheduler",
     "rendezvous_shard",
     "stable_hash_shard",
 ]
