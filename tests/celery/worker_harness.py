@@ -142,6 +142,15 @@ class Worker:
     def output(self) -> str:
         return self.output_path.read_text(errors="replace")
 
+    def wait_output(self, text: str, timeout: float = 10.0) -> bool:
+        """True once ``text`` shows up in the worker's output (checked every 50 ms)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -270,6 +279,8 @@ def common_settings(queue: str) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
         "result_expires": 600,
+        # Report a killed pool child's task at once (default: after 10 s).
+        "worker_lost_wait": 1.0,
     }
 
 

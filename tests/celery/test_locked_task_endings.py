@@ -1,0 +1,213 @@
+"""Every way a run ends releases its lock (acceptance 3), on real prefork workers.
+
+The ending tasks hold a 30 s lease; each test then acquires the same key from
+this process with a 2 s timeout, so only a real release can explain success.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from worker_harness import EventLog, Worker, WorkerFactory, filesystem_settings, with_server
+
+from celery_dflock.client import DistributedLock
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+
+NEXT_ACQUIRE_TIMEOUT_S = 2
+"""The next run on the key must get the lock this fast (the lease is 30 s)."""
+EVENT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Rig:
+    """A lock server, a prefork worker and a client app, shared by one module's tests."""
+
+    server: ServerThread
+    log: EventLog
+    worker: Worker
+    app: Celery
+
+    def send(self, task: str, name: str, **options: Any) -> Any:
+        return self.app.send_task(f"apps.tasks.{task}", (name,), **options)
+
+    def next_acquire_succeeds(self, name: str) -> bool:
+        lock = DistributedLock(
+            f"end:{name}", acquire_timeout_s=NEXT_ACQUIRE_TIMEOUT_S, servers=[self.server.address]
+        )
+        acquired = lock.acquire()
+        if acquired:
+            lock.release()
+        return acquired
+
+
+def _rig(tmp: Path, server_config: Config) -> Iterator[Rig]:
+    queue = f"dflock-end-{uuid.uuid4().hex[:8]}"
+    settings = filesystem_settings(tmp, queue)
+    log = EventLog(tmp)
+    with ServerThread(server_config) as server:
+        full = with_server(settings, server)
+        factory = WorkerFactory(log=log, directory=tmp, settings=full)
+        app = Celery("endings-client", set_as_current=False)
+        app.conf.update(full)
+        try:
+            worker = factory.start("apps.tasks", pool="prefork", concurrency=2)
+            yield Rig(server=server, log=log, worker=worker, app=app)
+        finally:
+            factory.close()
+            app.close()
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    yield from _rig(
+        tmp_path_factory.mktemp("endings"),
+        Config(host="127.0.0.1", port=0, default_lease_ttl_s=30),
+    )
+
+
+@pytest.fixture(scope="module")
+def rig_no_autorelease(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """The server keeps a dead connection's locks: only the main process's release frees them."""
+    yield from _rig(
+        tmp_path_factory.mktemp("endings-noauto"),
+        Config(host="127.0.0.1", port=0, default_lease_ttl_s=30, auto_release_on_disconnect=False),
+    )
+
+
+def unique(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:8]}"
+
+
+def test_success_releases(rig: Rig) -> None:
+    name = unique("success")
+    assert rig.send("end_success", name).get(timeout=EVENT_TIMEOUT_S) == name
+    assert rig.next_acquire_succeeds(name)
+
+
+def test_exception_releases(rig: Rig) -> None:
+    name = unique("exception")
+    result = rig.send("end_exception", name)
+    with pytest.raises(Exception, match="fails on purpose"):
+        result.get(timeout=EVENT_TIMEOUT_S)
+    assert rig.next_acquire_succeeds(name)
+
+
+def test_self_retry_releases_and_the_retried_run_takes_the_lock(rig: Rig) -> None:
+    name = unique("retry")
+    assert rig.send("end_retry", name).get(timeout=EVENT_TIMEOUT_S) == 1
+    bodies = rig.log.entries("body", name=name)
+    assert [b["retries"] for b in bodies] == [0, 1]
+    assert bodies[1]["fence"] > bodies[0]["fence"]  # the retried run held the lock anew
+    assert rig.next_acquire_succeeds(name)
+
+
+def test_ignore_releases(rig: Rig) -> None:
+    name = unique("ignore")
+    rig.send("end_ignore", name)
+    rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    assert rig.next_acquire_succeeds(name)
+
+
+def test_reject_releases(rig: Rig) -> None:
+    name = unique("reject")
+    rig.send("end_reject", name)
+    rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    assert rig.next_acquire_succeeds(name)
+
+
+def test_soft_time_limit_releases(rig: Rig) -> None:
+    name = unique("soft")
+    result = rig.send("end_soft_limit", name)
+    rig.log.wait_event("soft_limit", EVENT_TIMEOUT_S, name=name)
+    assert rig.next_acquire_succeeds(name)
+    result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
+    assert result.state == "FAILURE"
+
+
+def test_hard_time_limit_releases(rig: Rig) -> None:
+    name = unique("hard")
+    result = rig.send("end_hard_limit", name)
+    rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
+    assert result.state == "FAILURE"
+    assert rig.next_acquire_succeeds(name)
+
+
+def test_revoke_terminate_releases(rig: Rig) -> None:
+    name = unique("revoke")
+    result = rig.send("end_block", name)
+    rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    rig.app.control.revoke(result.id, terminate=True)
+    assert rig.next_acquire_succeeds(name)
+    assert not rig.log.entries("body_done", name=name)
+
+
+def test_sigkill_of_the_pool_child_releases(rig: Rig) -> None:
+    name = unique("sigkill")
+    result = rig.send("end_block", name)
+    body = rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    assert body["pid"] != rig.worker.pid
+    os.kill(body["pid"], signal.SIGKILL)
+    assert rig.next_acquire_succeeds(name)
+    result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
+    assert result.state == "FAILURE"
+
+
+@pytest.mark.parametrize("how", ["sigkill", "revoke"])
+def test_main_process_releases_what_a_killed_child_held(rig_no_autorelease: Rig, how: str) -> None:
+    rig = rig_no_autorelease
+    name = unique(how)
+    result = rig.send("end_block", name)
+    body = rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    if how == "sigkill":
+        os.kill(body["pid"], signal.SIGKILL)
+    else:
+        rig.app.control.revoke(result.id, terminate=True, signal="SIGKILL")
+    result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
+    assert rig.next_acquire_succeeds(name)
+    # The lease is 30 s and the server kept the dead connection's lock: the worker's main
+    # process released it, and says so.
+    assert rig.worker.wait_output(f"released 'end:{name}' left by dead pool child {body['pid']}")
+
+
+def test_hard_time_limit_releases_without_auto_release(rig_no_autorelease: Rig) -> None:
+    # billiard ends the child with SIGTERM, which it unwinds from (releasing); the main
+    # process's release after the child exits is the backstop (idempotent either way).
+    rig = rig_no_autorelease
+    name = unique("hard")
+    result = rig.send("end_hard_limit", name)
+    rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+    result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
+    assert result.state == "FAILURE"
+    assert rig.next_acquire_succeeds(name)
+
+
+def test_warm_shutdown_lets_the_run_finish_and_release(
+    tmp_path: Path, lock_server: ServerThread, event_log: EventLog, client_app: Any
+) -> None:
+    settings = with_server(filesystem_settings(tmp_path, unique("q")), lock_server)
+    factory = WorkerFactory(log=event_log, directory=tmp_path, settings=settings)
+    try:
+        worker = factory.start("apps.tasks", pool="prefork", concurrency=2)
+        name = unique("warm")
+        client_app(settings).send_task("apps.tasks.end_block", (name, 1.0))
+        event_log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+        assert worker.stop(signal.SIGTERM) == 0
+        assert event_log.entries("body_done", name=name)
+        lock = DistributedLock(
+            f"end:{name}", acquire_timeout_s=NEXT_ACQUIRE_TIMEOUT_S, servers=[lock_server.address]
+        )
+        assert lock.acquire()
+        lock.release()
+    finally:
+        factory.close()
