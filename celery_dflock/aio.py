@@ -311,12 +311,24 @@ class _AsyncLockBase:
         """
         if self._forked():
             return False
-        task, self._renew_task = self._renew_task, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.wait([task])
-        async with self._op_lock:
-            return await self._release_locked()
+        try:
+            task, self._renew_task = self._renew_task, None
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.wait([task])
+            async with self._op_lock:
+                return await self._release_locked()
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """Interrupted release: close the pinned connection (the server then frees the lock
+        and any queue position) rather than leave a held lock without renewal."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+        self._core.reset()
 
     async def _release_locked(self) -> bool:
         conn, self._conn = self._conn, None
