@@ -153,7 +153,7 @@ class LockTable:
         """Drop the client's waits; release what it holds when auto-release is on."""
         client.closed = True
         now = self.clock()
-        for waiter in client.waiting:
+        for waiter in list(client.waiting):
             self._unqueue(waiter, now)
         client.waiting.clear()
         client.enqueued.clear()
@@ -264,8 +264,10 @@ class LockTable:
         holder = state.holders.get(token)
         if holder is None:
             return None
-        holder.expires_at = now + lease_ttl
+        expires_at = now + lease_ttl
+        holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl
+        state.earliest = min(state.earliest, expires_at)  # a shorter lease may come first
         state.last_used = now
         return lease_ttl
 

@@ -1,0 +1,243 @@
+"""Model-based test of the pure lock table: random acquire / release / renew / expire /
+timeout / disconnect / GC interleavings over two locks and a semaphore, against a plain
+reference model. The table runs on a fake clock; no sockets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dflockd_server.fence import FenceCounter, fence_of
+from dflockd_server.table import Client, Holder, LimitMismatch, LockTable, Waiter
+
+# (key, semaphore limit or None for a lock)
+KEYS: list[tuple[str, int | None]] = [("a", None), ("b", None), ("s", 2)]
+N_CLIENTS = 3
+
+
+@dataclass
+class ModelKey:
+    """The reference: holders (request id -> expiry) in grant order, a FIFO list of waiters."""
+
+    limit: int
+    holders: dict[int, float] = field(default_factory=lambda: {})
+    queue: list[int] = field(default_factory=lambda: [])
+    grants: list[int] = field(default_factory=lambda: [])
+
+
+class LockTableMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.issued: list[int] = []
+        counter = FenceCounter(wall_clock_ns=lambda: 1_000)
+
+        def new_token() -> str:
+            token = counter.next_token()
+            self.issued.append(fence_of(token))
+            return token
+
+        self.table = LockTable(clock=lambda: self.now, new_token=new_token, max_locks=100)
+        self.clients: list[Client] = [self.table.open_client() for _ in range(N_CLIENTS)]
+        self.model: dict[tuple[str, bool], ModelKey] = {
+            (key, limit is not None): ModelKey(limit or 1) for key, limit in KEYS
+        }
+        self.seq = 0
+        self.req_key: dict[int, tuple[str, bool]] = {}
+        self.req_lease: dict[int, int] = {}
+        self.req_client: dict[int, int] = {}
+        self.holders: dict[int, Holder] = {}
+        self.waiters: dict[int, Waiter] = {}
+        self.waiter_req: dict[int, int] = {}  # id(waiter) -> request id
+
+    # ------------------------------------------------------------------ the model
+    def _fill(self, mk: ModelKey) -> None:
+        while mk.queue and len(mk.holders) < mk.limit:
+            req = mk.queue.pop(0)
+            mk.holders[req] = self.now + self.req_lease[req]
+            mk.grants.append(req)
+
+    def _touch(self, mk: ModelKey) -> None:
+        for req, expires in list(mk.holders.items()):
+            if expires <= self.now:
+                del mk.holders[req]
+        self._fill(mk)
+
+    def _model_holding(self, req: int) -> ModelKey | None:
+        mk = self.model[self.req_key[req]]
+        return mk if req in mk.holders else None
+
+    # ------------------------------------------------------------------ table callbacks
+    def _woken(self, waiter: Waiter) -> None:
+        req = self.waiter_req[id(waiter)]
+        assert waiter.holder is not None
+        self.holders[req] = waiter.holder
+        del self.waiters[req]
+
+    # ------------------------------------------------------------------ rules
+    @rule(
+        ci=st.integers(0, N_CLIENTS - 1),
+        ki=st.integers(0, len(KEYS) - 1),
+        lease=st.integers(1, 3),
+        queue=st.booleans(),
+        other_limit=st.booleans(),
+    )
+    def acquire(self, ci: int, ki: int, lease: int, queue: bool, other_limit: bool) -> None:
+        key, limit = KEYS[ki]
+        if limit is not None and other_limit:
+            limit += 1
+        slot = (key, limit is not None)
+        mk = self.model[slot]
+        self.seq += 1
+        req = self.seq
+        self.req_lease[req] = lease
+        self.req_key[req] = slot
+        self.req_client[req] = ci
+        # model
+        self._touch(mk)
+        busy = bool(mk.holders or mk.queue)
+        expect: str
+        if limit is not None and limit != mk.limit and busy:
+            expect = "mismatch"
+        else:
+            if limit is not None:
+                mk.limit = limit
+            if len(mk.holders) < mk.limit and not mk.queue:
+                mk.holders[req] = self.now + lease
+                mk.grants.append(req)
+                expect = "granted"
+            elif queue:
+                mk.queue.append(req)
+                expect = "queued"
+            else:
+                expect = "none"
+        # table
+        try:
+            got = self.table.acquire(self.clients[ci], key, lease, limit, queue=queue)
+        except LimitMismatch:
+            assert expect == "mismatch"
+            return
+        if isinstance(got, Holder):
+            assert expect == "granted"
+            self.holders[req] = got
+        elif isinstance(got, Waiter):
+            assert expect == "queued"
+            got.wake = self._woken
+            self.waiters[req] = got
+            self.waiter_req[id(got)] = req
+        else:
+            assert expect == "none"
+
+    @precondition(lambda self: bool(self.holders))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        req = data.draw(st.sampled_from(sorted(self.holders)))
+        key, is_sem = self.req_key[req]
+        mk = self.model[(key, is_sem)]
+        self._touch(mk)
+        expected = req in mk.holders
+        if expected:
+            del mk.holders[req]
+            self._fill(mk)
+        assert self.table.release(key, self.holders[req].token, is_sem) is expected
+
+    @precondition(lambda self: bool(self.holders))
+    @rule(data=st.data(), lease=st.integers(1, 3))
+    def renew(self, data: st.DataObject, lease: int) -> None:
+        req = data.draw(st.sampled_from(sorted(self.holders)))
+        key, is_sem = self.req_key[req]
+        mk = self.model[(key, is_sem)]
+        self._touch(mk)
+        expected = req in mk.holders
+        if expected:
+            mk.holders[req] = self.now + lease
+        got = self.table.renew(key, self.holders[req].token, lease, is_sem)
+        assert got == (lease if expected else None)
+
+    @precondition(lambda self: bool(self.waiters))
+    @rule(data=st.data())
+    def time_out_a_waiter(self, data: st.DataObject) -> None:
+        req = data.draw(st.sampled_from(sorted(self.waiters)))
+        mk = self.model[self.req_key[req]]
+        mk.queue.remove(req)
+        self._fill(mk)
+        waiter = self.waiters.pop(req)
+        waiter.wake = None
+        self.table.cancel_wait(waiter)
+
+    @rule(dt=st.sampled_from([0.5, 1.0, 2.0, 3.5]), sweep=st.booleans())
+    def advance_clock(self, dt: float, sweep: bool) -> None:
+        self.now += dt
+        if sweep:
+            for mk in self.model.values():
+                self._touch(mk)
+            self.table.expire()
+
+    @rule(ci=st.integers(0, N_CLIENTS - 1))
+    def disconnect(self, ci: int) -> None:
+        for req in [r for r in self.waiters if self.req_client[r] == ci]:
+            mk = self.model[self.req_key[req]]
+            mk.queue.remove(req)
+            self._fill(mk)
+            del self.waiters[req]
+        held = [r for r, h in self.holders.items() if self.req_client[r] == ci and h.live]
+        for req in sorted(held, key=lambda r: fence_of(self.holders[r].token)):
+            mk = self.model[self.req_key[req]]
+            if req in mk.holders:  # lapsed but unswept leases are dropped as well
+                del mk.holders[req]
+            self._fill(mk)
+        self.table.disconnect(self.clients[ci])
+        self.clients[ci] = self.table.open_client()
+        for req in list(self.req_client):
+            if self.req_client[req] == ci:
+                self.req_client[req] = -1  # the old connection's requests belong to nobody
+
+    @rule()
+    def gc(self) -> None:
+        self.table.gc(0.0)
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def table_matches_model(self) -> None:
+        for (key, is_sem), mk in self.model.items():
+            state = (self.table.sems if is_sem else self.table.locks).get(key)
+            live = {
+                r for r, h in self.holders.items() if h.live and self.req_key[r] == (key, is_sem)
+            }
+            assert live == set(mk.holders), (key, live, mk.holders)
+            if state is None:
+                assert not mk.holders and not mk.queue
+                continue
+            assert set(state.holders) == {self.holders[r].token for r in live}
+            queued = [self.waiter_req[id(w)] for w in state.queue if w.active]
+            assert queued == mk.queue  # FIFO order
+            assert state.n_waiting == len(mk.queue)
+
+    @invariant()
+    def never_over_limit(self) -> None:
+        for (key, is_sem), mk in self.model.items():
+            state = (self.table.sems if is_sem else self.table.locks).get(key)
+            if state is not None:
+                assert len(state.holders) <= (state.limit if is_sem else 1)
+            assert len(mk.holders) <= mk.limit
+
+    @invariant()
+    def fences_strictly_increase(self) -> None:
+        assert all(a < b for a, b in pairwise(self.issued))
+        for mk in self.model.values():
+            fences = [fence_of(self.holders[r].token) for r in mk.grants if r in self.holders]
+            assert len(fences) == len(mk.grants)
+            assert all(a < b for a, b in pairwise(fences))
+
+
+LockTableMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestLockTableModel = LockTableMachine.TestCase
