@@ -1,0 +1,133 @@
+"""A lock lost while the body runs is never silent (acceptance 4), on real workers.
+
+The tasks hold a 2 s lease (renewed every second). The test stops the lock
+server under a running task; the task must be told (per its ``on_lock_lost``)
+and ``lock_lost`` must fire, well within a couple of renewal intervals.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from celery import Celery
+from worker_harness import EventLog, Worker, WorkerFactory, filesystem_settings, with_server
+
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+
+LEASE_S = 2
+RENEW_INTERVAL_S = LEASE_S * 0.5
+TOLD_WITHIN_S = RENEW_INTERVAL_S + 3.0
+"""Renewal interval plus the client's reply grace and scheduling slack."""
+
+
+@dataclass
+class ServerSlot:
+    """A lock server that can be stopped and started again on the same port."""
+
+    port: int = 0
+    server: ServerThread | None = None
+    history: list[ServerThread] = field(default_factory=list[ServerThread])
+
+    def start(self) -> ServerThread:
+        if self.server is None:
+            server = ServerThread(Config(host="127.0.0.1", port=self.port))
+            server.__enter__()
+            self.port = server.port
+            self.server = server
+            self.history.append(server)
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def close(self) -> None:
+        for server in self.history:
+            server.stop()
+
+
+@dataclass
+class LostRig:
+    pool: str
+    slot: ServerSlot
+    log: EventLog
+    worker: Worker
+    app: Celery
+
+
+@pytest.fixture(scope="module", params=["prefork", "threads"])
+def lost_rig(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LostRig]:
+    pool: str = request.param
+    tmp = tmp_path_factory.mktemp(f"lost-{pool}")
+    slot = ServerSlot()
+    server = slot.start()
+    settings = with_server(filesystem_settings(tmp, f"dflock-lost-{uuid.uuid4().hex[:8]}"), server)
+    log = EventLog(tmp)
+    factory = WorkerFactory(log=log, directory=tmp, settings=settings)
+    app = Celery("lost-client", set_as_current=False)
+    app.conf.update(settings)
+    try:
+        worker = factory.start("apps.tasks", pool=pool, concurrency=2)
+        yield LostRig(pool=pool, slot=slot, log=log, worker=worker, app=app)
+    finally:
+        factory.close()
+        app.close()
+        log.close()
+        slot.close()
+
+
+def lose_lock_under(rig: LostRig, task: str) -> tuple[Any, Any, str]:
+    """Start ``task``, stop the server under it, wait for ``lock_lost``; restart the server."""
+    rig.slot.start()
+    name = uuid.uuid4().hex[:8]
+    result = rig.app.send_task(f"apps.tasks.{task}", (name,))
+    started = rig.log.wait_event("started", 30, name=name)
+    rig.slot.stop()
+    lost = rig.log.wait_event("lock_lost", TOLD_WITHIN_S, task_id=started["task_id"])
+    assert lost["key"] == f"lost:{name}"
+    assert lost["fence"] == started["fence"]
+    rig.slot.start()
+    return result, lost, name
+
+
+def test_interrupt_raises_lock_lost_in_the_body(lost_rig: LostRig) -> None:
+    result, lost, name = lose_lock_under(lost_rig, "lost_interrupt")
+    assert lost["policy"] == "interrupt"
+    interrupted = lost_rig.log.wait_event("interrupted", TOLD_WITHIN_S, name=name)
+    assert "LockLost" in interrupted["error"] or interrupted["error"] == "_Interrupted"
+    result.get(timeout=30, propagate=False)
+    assert result.state == "FAILURE"
+    assert type(result.result).__name__ == "LockLost"
+    assert not lost_rig.log.entries("flagged", name=name)
+
+
+def test_flag_lets_the_body_see_it(lost_rig: LostRig) -> None:
+    result, lost, name = lose_lock_under(lost_rig, "lost_flag")
+    assert lost["policy"] == "flag"
+    flagged = lost_rig.log.wait_event("flagged", TOLD_WITHIN_S, name=name)
+    assert flagged["lost"] is True
+    assert flagged["event_set"] is True
+    assert result.get(timeout=30) == {"lost": True}
+
+
+def test_terminate_kills_a_prefork_child_and_interrupts_elsewhere(lost_rig: LostRig) -> None:
+    result, lost, name = lose_lock_under(lost_rig, "lost_terminate")
+    result.get(timeout=30, propagate=False)
+    assert result.state == "FAILURE"
+    if lost_rig.pool == "prefork":
+        assert lost["policy"] == "terminate"
+        assert type(result.result).__name__ == "WorkerLostError"
+        assert not lost_rig.log.entries("interrupted", name=name)
+    else:
+        # Killing a threads-pool process would kill the whole worker: interrupt instead.
+        assert lost["policy"] == "interrupt"
+        assert lost_rig.log.entries("interrupted", name=name)
+    assert lost_rig.worker.alive()
