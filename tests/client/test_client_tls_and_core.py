@@ -1,0 +1,130 @@
+"""TLS connections, renewal timing rules and pool ownership rules."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from celery_dflock import (
+    AsyncConnectionPool,
+    AsyncDistributedLock,
+    ConnectionPool,
+    DflockError,
+    DistributedLock,
+    ServerUnavailable,
+)
+from celery_dflock._core import MAX_RENEW_INTERVAL_S, LockCore
+from celery_dflock.sharding import stable_hash_shard
+from dflockd_server import constants
+from dflockd_server.testing import ServerThread
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (made with the openssl command)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl command is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_tls_sync_and_pooled(
+    dflock_server_factory: Callable[..., ServerThread],
+    tls_files: tuple[str, str],
+    pool: ConnectionPool,
+) -> None:
+    cert, key = tls_files
+    server = dflock_server_factory(tls_cert=cert, tls_key=key)
+    context = ssl.create_default_context(cafile=cert)
+    for _ in range(2):
+        with DistributedLock(
+            "tls", servers=[server.address], ssl_context=context, pool=pool
+        ) as lock:
+            assert lock.owned() and lock.renew()
+    assert (pool.opened, pool.reused) == (1, 1)  # reuse of a TLS connection is checked by ping
+    with pytest.raises(ServerUnavailable, match="TLS"):
+        DistributedLock(
+            "tls", servers=[server.address], ssl_context=ssl.create_default_context()
+        ).acquire()
+
+
+async def test_tls_async(
+    dflock_server_factory: Callable[..., ServerThread], tls_files: tuple[str, str]
+) -> None:
+    cert, key = tls_files
+    server = dflock_server_factory(tls_cert=cert, tls_key=key)
+    context = ssl.create_default_context(cafile=cert)
+    async with AsyncDistributedLock("tls", servers=[server.address], ssl_context=context) as lock:
+        assert lock.owned() and await lock.renew()
+    with pytest.raises(ServerUnavailable, match="127.0.0.1"):
+        await AsyncDistributedLock(
+            "tls", servers=[server.address], ssl_context=ssl.create_default_context()
+        ).acquire()
+
+
+def _core(lease_ttl_s: int, renew_ratio: float = 0.5) -> LockCore:
+    core = LockCore(
+        "k",
+        limit=None,
+        acquire_timeout_s=0,
+        lease_ttl_s=lease_ttl_s,
+        servers=[("127.0.0.1", 1)],
+        sharding_strategy=stable_hash_shard,
+        renew_ratio=renew_ratio,
+        auth_token=None,
+        ssl_context=None,
+        connect_timeout_s=1,
+    )
+    core.lease = lease_ttl_s  # as the server would grant it
+    return core
+
+
+def test_renew_interval_is_lease_times_ratio_below_the_read_timeout() -> None:
+    assert _core(2).renew_interval() == 1.0
+    assert _core(10, 0.3).renew_interval() == pytest.approx(3.0)
+    assert _core(constants.DEFAULT_LEASE_TTL_S).renew_interval() == 16.5
+    # a long lease must still renew before the server's idle read timeout closes the connection
+    assert _core(3600).renew_interval() == MAX_RENEW_INTERVAL_S
+    assert MAX_RENEW_INTERVAL_S < constants.DEFAULT_READ_TIMEOUT_S
+
+
+async def test_async_pool_belongs_to_one_event_loop(dflock_server: ServerThread) -> None:
+    pool = AsyncConnectionPool()
+    async with AsyncDistributedLock("loop", servers=[dflock_server.address], pool=pool):
+        pass
+    errors: list[BaseException] = []
+
+    async def elsewhere() -> None:
+        await AsyncDistributedLock("loop", servers=[dflock_server.address], pool=pool).acquire()
+
+    def other_thread() -> None:
+        try:
+            asyncio.run(elsewhere())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    await asyncio.to_thread(thread.join, 10)
+    assert len(errors) == 1 and isinstance(errors[0], DflockError)
+    assert "one pool per event loop" in str(errors[0])
+    await pool.aclose()
+    assert pool.idle_count() == 0
