@@ -74,7 +74,7 @@ async def test_tls_async(
     context = ssl.create_default_context(cafile=cert)
     async with AsyncDistributedLock("tls", servers=[server.address], ssl_context=context) as lock:
         assert lock.owned() and await lock.renew()
-    with pytest.raises(ServerUnavailable, match="127.0.0.1"):
+    with pytest.raises(ServerUnavailable, match=r"127\.0\.0\.1.*certificate"):
         await AsyncDistributedLock(
             "tls", servers=[server.address], ssl_context=ssl.create_default_context()
         ).acquire()
