@@ -1,0 +1,134 @@
+"""The sans-I/O request framer and decoder, byte by byte."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflockd_server import constants
+from dflockd_server.protocol import (
+    LineTooLong,
+    Malformed,
+    RequestFramer,
+    decode_request,
+    reply_grant,
+)
+
+STREAM = b"l\nk1\n5 10\nping\n_\n_\nr\r\nk1\r\ntok\r\n"
+FRAMES = [(b"l", b"k1", b"5 10"), (b"ping", b"_", b"_"), (b"r", b"k1", b"tok")]
+
+
+def drain(framer: RequestFramer) -> list[tuple[bytes, bytes, bytes]]:
+    out: list[tuple[bytes, bytes, bytes]] = []
+    while (frame := framer.next_frame()) is not None:
+        out.append(frame)
+    return out
+
+
+def test_whole_stream_at_once() -> None:
+    framer = RequestFramer()
+    framer.feed(STREAM)
+    assert drain(framer) == FRAMES
+    assert framer.buffered() == 0
+
+
+def test_one_byte_at_a_time() -> None:
+    framer = RequestFramer()
+    got: list[tuple[bytes, bytes, bytes]] = []
+    for i in range(len(STREAM)):
+        framer.feed(STREAM[i : i + 1])
+        got.extend(drain(framer))
+    assert got == FRAMES
+
+
+@pytest.mark.parametrize("cut", range(1, len(STREAM)))
+def test_split_anywhere_with_trailing_data(cut: int) -> None:
+    framer = RequestFramer()
+    framer.feed(STREAM[:cut])
+    got = drain(framer)
+    framer.feed(STREAM[cut:] + b"l\nk")
+    got.extend(drain(framer))
+    assert got == FRAMES
+    assert framer.buffered() == 3
+
+
+def test_feeding_while_frames_are_still_buffered() -> None:
+    framer = RequestFramer()
+    framer.feed(STREAM)
+    assert framer.next_frame() == FRAMES[0]
+    framer.feed(b"ping\n_\n_\n")  # the caller was busy; two frames were still waiting
+    assert drain(framer) == [*FRAMES[1:], (b"ping", b"_", b"_")]
+
+
+def test_line_limit_complete_and_incomplete() -> None:
+    limit = constants.MAX_LINE_BYTES
+    ok = RequestFramer()
+    ok.feed(b"l\n" + b"k" * limit + b"\r\n0\n")
+    assert ok.next_frame() == (b"l", b"k" * limit, b"0")
+    too_long = RequestFramer()
+    too_long.feed(b"l\n" + b"k" * (limit + 1) + b"\n0\n")
+    with pytest.raises(LineTooLong):
+        too_long.next_frame()
+    dripping = RequestFramer()
+    dripping.feed(b"l\n" + b"k" * limit)
+    assert dripping.next_frame() is None
+    dripping.feed(b"kk")  # no newline yet, but already over the limit
+    with pytest.raises(LineTooLong):
+        dripping.next_frame()
+
+
+def test_auth_argument_may_be_64_kib() -> None:
+    secret = b"s" * constants.MAX_AUTH_LINE_BYTES
+    framer = RequestFramer()
+    framer.feed(b"auth\n_\n" + secret[:1000])
+    assert framer.next_frame() is None
+    framer.feed(secret[1000:] + b"\n")
+    assert framer.next_frame() == (b"auth", b"_", secret)
+    framer.feed(b"auth\n_\n" + secret + b"ss")
+    with pytest.raises(LineTooLong):
+        framer.next_frame()
+    other = RequestFramer()  # other commands keep the short limit on their argument
+    other.feed(b"l\nk\n" + b"1" * 300)
+    with pytest.raises(LineTooLong):
+        other.next_frame()
+
+
+def test_decode_each_command() -> None:
+    lock = decode_request(b"l", b"k", b"5 10")
+    assert (lock.command, lock.key, lock.timeout, lock.lease) == ("l", "k", 5, 10)
+    assert decode_request(b"l", b"k", b"0").lease is None
+    sem = decode_request(b"sl", b"s", b"1 3 7")
+    assert (sem.timeout, sem.limit, sem.lease) == (1, 3, 7)
+    renew = decode_request(b"n", b"k", b"tok 4")
+    assert (renew.token, renew.lease) == ("tok", 4)
+    assert decode_request(b"sr", b"k", b"tok").token == "tok"
+    assert decode_request(b"e", b"k", b"").lease is None
+    assert decode_request(b"e", b"k", b"_").lease is None
+    assert decode_request(b"e", b"k", b"9").lease == 9
+    se = decode_request(b"se", b"k", b"2 9")
+    assert (se.limit, se.lease) == (2, 9)
+    assert decode_request(b"w", b"k", b"3").timeout == 3
+    assert decode_request(b"auth", b"_", b"secret ").secret == b"secret"
+    assert decode_request(b"stats", b"", b"").command == "stats"
+    assert decode_request(b"ping", b"_", b"_").command == "ping"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "key", "arg"),
+    [
+        (b"x", b"k", b"1"),
+        (b"l", b"k", b"\xd9\xa3"),  # a non-ASCII digit
+        (b"l", b"k", b"1_000"),
+        (b"l", b"\xff", b"1"),
+        (b"l", b"a\rb", b"1"),
+        (b"n", b"k", b"\xff"),
+        (b"sl", b"k", b"1 1 0"),
+    ],
+)
+def test_decode_malformed(cmd: bytes, key: bytes, arg: bytes) -> None:
+    with pytest.raises(Malformed):
+        decode_request(cmd, key, arg)
+
+
+def test_reply_encoding() -> None:
+    assert reply_grant("ok", "ab", 33) == b"ok ab 33\n"
+    assert reply_grant("acquired", "ab", 5) == b"acquired ab 5\n"
