@@ -33,6 +33,9 @@ class LeaderLock(Protocol):
     @property
     def lost(self) -> bool: ...
 
+    @property
+    def server(self) -> tuple[str, int]: ...
+
     def acquire(self) -> bool: ...
 
     def renew(self) -> bool: ...
@@ -151,10 +154,13 @@ class Leadership:
     def _run(self) -> None:
         unreachable = False
         while not self._stop.is_set():
-            lock = self._make_lock(self._on_lost)
+            lock: LeaderLock | None = None
             try:
+                lock = self._make_lock(self._on_lost)
                 granted = lock.acquire()
-            except DflockError as exc:
+            except Exception as exc:  # a DflockError, or a bug: never let the thread die
+                if not isinstance(exc, DflockError):
+                    logger.exception("beat: unexpected error while waiting for %s", self.describe)
                 if not unreachable:
                     logger.warning(
                         "beat: standby, cannot take %s (%s); retrying every %.1fs",
@@ -163,7 +169,8 @@ class Leadership:
                         self._retry_s,
                     )
                 unreachable = True
-                _release_quietly(lock)
+                if lock is not None:
+                    _release_quietly(lock)
                 self._stop.wait(self._retry_s)
                 continue
             if unreachable:

@@ -243,6 +243,7 @@ class SingletonScheduler(Scheduler):
         self._dflock_config = config
         self._dflock_settings = BeatSettings.from_app(app, config)
         self._leadership: Leadership | None = None
+        self._lock_server: tuple[str, int] | None = None
         self._term_seen = 0
         self._active_since: dict[str, datetime] = {}
         self._base().__init__(*args, **kwargs)
@@ -255,15 +256,11 @@ class SingletonScheduler(Scheduler):
 
     @property
     def lock_server(self) -> tuple[str, int]:
-        """The (host, port) of the server that holds this beat's lock."""
-        config = self._dflock_config
-        servers = config.servers
-        if len(servers) == 1:
-            return servers[0]
-        from celery_dflock.sharding import stable_hash_shard
-
-        strategy = config.sharding_strategy or stable_hash_shard
-        return servers[strategy(self._dflock_settings.lock_key, len(servers))]
+        """The (host, port) of the server that holds this beat's lock (after sharding)."""
+        if self._lock_server is None:
+            # Building a lock validates the settings and routes the key; it does no I/O.
+            self._lock_server = self._make_lock(_ignore_lost).server
+        return self._lock_server
 
     @property
     def lock_description(self) -> str:
@@ -388,6 +385,10 @@ class SingletonScheduler(Scheduler):
             f"(lease {self._dflock_settings.lease_ttl_s}s, sends only while held)"
         )
         return f"{wrapped}\n{mine}" if wrapped else mine
+
+
+def _ignore_lost(_lock: object) -> None:
+    """``on_lost`` of the lock built only to validate the settings (it is never acquired)."""
 
 
 def _confirm_held(lock: LeaderLock) -> bool:

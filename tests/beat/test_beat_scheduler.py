@@ -1,0 +1,193 @@
+"""SingletonScheduler in-process: settings, class composition, the takeover gate, headers.
+
+A real Celery app on kombu's in-memory broker and a real lock server (port 0); what beat
+publishes is caught with Celery's ``before_task_publish`` signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+from celery.beat import PersistentScheduler, Scheduler
+
+from celery_dflock.beat import BEAT_ENTRY_HEADER, SingletonScheduler
+from celery_dflock.config import DflockConfigError
+from celery_dflock.task import LOCK_OPTIONS_HEADER
+from dflockd_server.testing import ServerThread
+
+ACTIVE_TIMEOUT_S = 10.0
+
+
+class CustomScheduler(PersistentScheduler):
+    """Stands for any scheduler a project already uses."""
+
+
+class ExplicitSingleton(SingletonScheduler, CustomScheduler):
+    """A project may also compose the class itself."""
+
+
+def make_app(server: ServerThread | None = None, main: str = "proj", **conf: Any) -> Celery:
+    app = Celery(main, broker="memory://", set_as_current=False)
+    servers = f"{server.host}:{server.port}" if server else "127.0.0.1:9"
+    app.conf.update({"beat_max_loop_interval": 1, "dflock_servers": servers, **conf})
+    return app
+
+
+def test_default_wraps_persistent_scheduler(tmp_path: Path, dflock_server: ServerThread) -> None:
+    app = make_app(dflock_server)
+    scheduler = SingletonScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
+    assert isinstance(scheduler, SingletonScheduler)
+    assert isinstance(scheduler, PersistentScheduler)
+    assert type(scheduler).__name__ == "SingletonPersistentScheduler"
+    host, port = dflock_server.address
+    assert f". dflock -> lock 'celery-beat:proj' on {host}:{port}" in scheduler.info
+    assert f". db -> {tmp_path / 's'}" in scheduler.info
+
+
+def test_the_configured_scheduler_class_is_wrapped(tmp_path: Path) -> None:
+    app = make_app(dflock_beat_scheduler=CustomScheduler)
+    scheduler = SingletonScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
+    assert isinstance(scheduler, CustomScheduler)
+    assert type(scheduler).__mro__[1:3] == (SingletonScheduler, CustomScheduler)
+
+    by_path = make_app(dflock_beat_scheduler="celery.beat:Scheduler")
+    plain = SingletonScheduler(app=by_path, lazy=True)
+    assert type(plain).__mro__[1:3] == (SingletonScheduler, Scheduler)
+
+
+def test_a_composed_subclass_is_used_as_it_is(tmp_path: Path) -> None:
+    app = make_app(dflock_beat_scheduler="celery.beat:Scheduler")  # ignored: Mine brings one
+    scheduler = ExplicitSingleton(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
+    assert type(scheduler) is ExplicitSingleton
+
+
+def test_lock_key_default_prefix_and_safety() -> None:
+    assert "'celery-beat:proj'" in SingletonScheduler(app=make_app(), lazy=True).lock_description
+    spaced = SingletonScheduler(app=make_app(main="my proj", dflock_key_prefix="t1:"), lazy=True)
+    key = spaced.lock_description.split("'")[1]
+    assert key.startswith("t1:celery-beat:my_proj")
+    assert " " not in key
+    named = SingletonScheduler(app=make_app(dflock_beat_lock_key="beat:eu"), lazy=True)
+    assert "'beat:eu'" in named.lock_description
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("dflock_beat_scheduler", "no_such_module:Sched", "cannot import"),
+        ("dflock_beat_scheduler", "celery_dflock.beat:BEAT_ENTRY_HEADER", "Scheduler subclass"),
+        ("dflock_beat_scheduler", SingletonScheduler, "already is a SingletonScheduler"),
+        ("dflock_beat_lease_ttl", 0, "whole number of seconds >= 1"),
+        ("dflock_beat_lease_ttl", "10", "whole number of seconds >= 1"),
+        ("dflock_beat_nonoverlap", "yes", "True or False"),
+        ("dflock_beat_lock_key", " ", "non-empty string"),
+        ("dflock_servers", "localhost", "not 'host:port'"),
+    ],
+)
+def test_bad_settings_are_named(setting: str, value: object, message: str) -> None:
+    app = make_app()
+    app.conf[setting] = value
+    with pytest.raises(DflockConfigError, match=message) as info:
+        SingletonScheduler(app=app, lazy=True)
+    assert setting in str(info.value)
+
+
+# --------------------------------------------------------------------------- an active beat
+
+
+@pytest.fixture
+def published() -> Iterator[list[dict[str, Any]]]:
+    """Headers of every message published in this process during the test."""
+    seen: list[dict[str, Any]] = []
+
+    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.append(dict(headers or {}))
+
+    signals.before_task_publish.connect(record, weak=False)
+    yield seen
+    signals.before_task_publish.disconnect(record)
+
+
+def run_until(scheduler: Scheduler, condition: Any, timeout: float = ACTIVE_TIMEOUT_S) -> None:
+    """Tick like beat's loop (sleeping what tick asks, at most 0.1 s) until ``condition()``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        interval = scheduler.tick()
+        if interval > 0:
+            time.sleep(min(interval, 0.1))
+
+
+@pytest.fixture
+def make_active(tmp_path: Path, dflock_server: ServerThread) -> Iterator[Any]:
+    schedulers: list[Scheduler] = []
+
+    def make(schedule: dict[str, Any], **conf: Any) -> Scheduler:
+        app = make_app(dflock_server, beat_schedule=schedule, **conf)
+        scheduler = SingletonScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+        schedulers.append(scheduler)
+        return scheduler
+
+    yield make
+    for scheduler in schedulers:
+        scheduler.close()
+
+
+def test_a_run_that_fell_due_before_the_takeover_is_not_sent(
+    make_active: Any, published: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = make_active({"e": {"task": "proj.noop", "schedule": 0.2}})
+    run_until(scheduler, lambda: len(published) >= 1)
+    taken_over = scheduler.schedule["e"].last_run_at
+
+    # A scheduler that re-reads its store may bring back a last_run_at older than the takeover.
+    stale = scheduler.schedule["e"]
+    stale.last_run_at = taken_over - timedelta(hours=1)
+    scheduler._heap = None  # pyright: ignore[reportAttributeAccessIssue]
+    caplog.set_level(logging.INFO, logger="celery_dflock.beat")
+    sent_before = len(published)
+    scheduler.tick()
+
+    assert len(published) == sent_before
+    assert "fell due before this beat took over" in caplog.text
+    assert scheduler.schedule["e"].last_run_at > taken_over  # reserve moved it on to now
+    run_until(scheduler, lambda: len(published) > sent_before)  # and it runs again after that
+
+
+def test_nonoverlap_marks_every_message_with_its_entry(
+    make_active: Any, published: list[dict[str, Any]]
+) -> None:
+    options = {"lock_ttl": 60, "headers": {"tenant": "t1"}}
+    scheduler = make_active(
+        {
+            "every {x}": {"task": "proj.noop", "schedule": 0.2, "options": options},
+            "opted out": {
+                "task": "proj.noop",
+                "schedule": 0.2,
+                "options": {"headers": {BEAT_ENTRY_HEADER: None}},
+            },
+        },
+        dflock_beat_nonoverlap=True,
+    )
+    run_until(scheduler, lambda: len(published) >= 4)
+
+    marked = [h for h in published if h.get(BEAT_ENTRY_HEADER) == "every {x}"]
+    assert marked
+    for headers in marked:
+        assert headers["tenant"] == "t1"
+        assert headers[LOCK_OPTIONS_HEADER] == {
+            "lock_key": "beat-entry:every {{x}}",  # a template with no fields: the literal name
+            "on_locked": "skip",
+            "lock_ttl": 60,
+        }
+    opted_out = [h for h in published if BEAT_ENTRY_HEADER in h and not h[BEAT_ENTRY_HEADER]]
+    assert opted_out
+    assert all(LOCK_OPTIONS_HEADER not in h for h in opted_out)
+    assert scheduler.schedule["every {x}"].options == options  # the stored entry is untouched
