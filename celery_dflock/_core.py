@@ -241,6 +241,8 @@ class LockCore:
 
     # ---------------------------------------------------------------- requests
     def _require_idle(self) -> None:
+        if self.state is LockState.HELD and self.lost:
+            raise DflockError(f"{self.what} was lost; call release() before acquiring it again")
         if self.state is LockState.HELD:
             raise DflockError(f"{self.what} is already held by this object; release() it first")
         if self.state is LockState.ENQUEUED:

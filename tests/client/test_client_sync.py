@@ -431,6 +431,8 @@ def _assert_lost_reported(
     interval = lock.lease * 0.5
     assert lock.lost_event.wait(interval + 5.0), "lost not reported within a renewal interval"
     assert lock.lost and not lock.owned()
+    with pytest.raises(DflockError, match="was lost; call release"):
+        lock.acquire()
     assert lock.release() is False  # joins the renewal thread: nothing more can happen
     assert calls == [lock]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "lost" in r.message]
