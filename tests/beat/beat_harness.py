@@ -178,10 +178,12 @@ class Cluster:
     directory: Path
     settings: dict[str, Any]
     procs: list[Proc] = field(default_factory=list[Proc])
+    extra_env: dict[str, str] = field(default_factory=dict[str, str])
 
     def _env(self, name: str) -> dict[str, str]:
         return {
             **os.environ,
+            **self.extra_env,
             "BEAT_TEST_SETTINGS": json.dumps(self.settings),
             "BEAT_TEST_NAME": name,
             "PYTHONPATH": os.pathsep.join(
@@ -189,6 +191,19 @@ class Cluster:
             ),
             "PYTHONUNBUFFERED": "1",
         }
+
+    def run_python(self, code: str, timeout: float = START_TIMEOUT_S) -> None:
+        """Run ``code`` in a fresh interpreter with the cluster's environment (must succeed)."""
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=self.directory,
+            env=self._env("setup"),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
 
     def start_beats(self, count: int) -> list[Proc]:
         """Start ``count`` beats at once; return when every one is active or standing by."""

@@ -22,6 +22,26 @@ from celery_dflock.signals import lock_skipped
 
 logger = logging.getLogger("beatapp")
 
+if os.environ.get("BEAT_TEST_DJANGO_DB"):
+    # django-celery-beat's DatabaseScheduler needs a configured Django (sqlite, one file).
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        INSTALLED_APPS=["django_celery_beat"],
+        DATABASES={
+            "default": {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": os.environ["BEAT_TEST_DJANGO_DB"],
+                "OPTIONS": {"timeout": 20},
+            }
+        },
+        USE_TZ=True,
+        TIME_ZONE="UTC",
+        DEFAULT_AUTO_FIELD="django.db.models.AutoField",
+    )
+    django.setup()
+
 app = Celery("beatapp", task_cls="celery_dflock.task:LockedTask")
 app.conf.update(json.loads(os.environ.get("BEAT_TEST_SETTINGS", "{}")))
 

@@ -12,6 +12,7 @@ import re
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from beat_harness import (
@@ -225,4 +226,37 @@ def test_a_stopping_beat_hands_the_lock_over(
     assert taken.at - stopped_at < 5.0
     sent = broker.sent()
     assert all(m.at < stopped_at for m in sent if m.pid == old.pid)
+    _assert_no_double_send(sent)
+
+
+def test_wrapping_django_celery_beat_database_scheduler(
+    make_cluster: Callable[..., Cluster], broker: Broker, tmp_path: Path
+) -> None:
+    pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
+    database = tmp_path / "beat.sqlite3"
+    cluster = make_cluster(dflock_beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler")
+    cluster.extra_env["BEAT_TEST_DJANGO_DB"] = str(database)
+    cluster.run_python(
+        "import beatapp\n"
+        "from django.core.management import call_command\n"
+        "call_command('migrate', verbosity=0)\n"
+    )
+    # One after the other: each imports beat_schedule into the shared database at start-up.
+    beats = [cluster.start_beat(), cluster.start_beat()]
+    first = broker.wait_sent(3, timeout=60)
+    old = cluster.by_pid(first[0].pid)
+    standby = next(b for b in beats if b is not old)
+    for beat in beats:
+        assert "SingletonDatabaseScheduler" in beat.output(200)  # the banner
+    assert {m.pid for m in first} == {old.pid}
+    assert all(m.headers.get("periodic_task_name") == "every-second" for m in first)
+
+    old.send(signal.SIGKILL)
+    killed_at = time.time()
+    old.kill()
+    broker.wait_sent(2, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)
+
+    sent = broker.sent()
+    assert all(m.at < killed_at for m in sent if m.pid == old.pid)
+    assert len(sent) <= max_for_one_beat(sent, PERIOD_S)
     _assert_no_double_send(sent)
