@@ -18,6 +18,7 @@ import json
 import os
 import select
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -81,9 +82,19 @@ class HeldRecords:
     directory: Path
 
     @classmethod
-    def for_main_process(cls, pid: int) -> HeldRecords:
+    def for_main_process(cls, pid: int) -> HeldRecords | None:
+        """The records directory of worker main process ``pid`` (None if it is unsafe).
+
+        Tokens are bearer credentials: the directory must be ours and private.
+        """
         directory = Path(tempfile.gettempdir()) / f"celery-dflock-{os.getuid()}-{pid}"
-        directory.mkdir(mode=0o700, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700, exist_ok=True)
+            info = directory.lstat()
+        except OSError:
+            return None
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return None
         return cls(directory)
 
     @staticmethod

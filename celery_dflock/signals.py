@@ -24,6 +24,7 @@ more; an app that locks tasks only through ``dflock_task_locks`` calls
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from typing import Any, Final
 
@@ -99,6 +100,12 @@ class _Hooks:
         self.main_pid = os.getpid()
         runtime = get_runtime(self.app)
         runtime.records = HeldRecords.for_main_process(self.main_pid)
+        if runtime.records is None:
+            logger.warning(
+                "dflock: no private directory for held-lock records in %s; locks of killed "
+                "pool children are freed by the server (auto-release) or their lease only",
+                tempfile.gettempdir(),
+            )
 
     def on_worker_process_init(self, **_: Any) -> None:
         reset_runtime_after_fork(self.app, in_pool_child=True)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from celery import Celery
 from worker_harness import (
+    REDIS_URL_BASE,
     EventLog,
     WorkerFactory,
     filesystem_settings,
@@ -63,7 +64,7 @@ def require_redis() -> None:
     """Skip the test without Redis, or fail it when CI demands Redis."""
     if redis_reachable():
         return
-    message = "Redis is not reachable at 127.0.0.1:6379"
+    message = f"Redis is not reachable at {REDIS_URL_BASE}"
     if os.environ.get(REQUIRE_REDIS_ENV) == "1":
         pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
     pytest.skip(message)

@@ -19,6 +19,7 @@ from celery import Celery
 from worker_harness import EventLog, Worker, WorkerFactory, filesystem_settings, with_server
 
 from celery_dflock.client import DistributedLock
+from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 
@@ -109,6 +110,17 @@ def test_self_retry_releases_and_the_retried_run_takes_the_lock(rig: Rig) -> Non
     assert [b["retries"] for b in bodies] == [0, 1]
     assert bodies[1]["fence"] > bodies[0]["fence"]  # the retried run held the lock anew
     assert rig.next_acquire_succeeds(name)
+
+
+def test_per_call_options_reach_the_worker_and_survive_a_retry(rig: Rig) -> None:
+    name = unique("percall")
+    headers = {LOCK_OPTIONS_HEADER: {"lock_key": "percall:{name}", "lock_ttl": 30}}
+    assert rig.send("end_retry", name, headers=headers).get(timeout=EVENT_TIMEOUT_S) == 1
+    bodies = rig.log.entries("body", name=name)
+    assert [b["key"] for b in bodies] == [f"percall:{name}", f"percall:{name}"]
+    lock = DistributedLock(f"percall:{name}", acquire_timeout_s=0, servers=[rig.server.address])
+    assert lock.acquire()
+    lock.release()
 
 
 def test_ignore_releases(rig: Rig) -> None:

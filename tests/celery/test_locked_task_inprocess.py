@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import Ignore
 
-from celery_dflock import LockedTask, LockLost, LockNotAcquired
+from celery_dflock import LockedTask, LockLost, LockNotAcquired, ServerUnavailable
 from celery_dflock.client import DistributedLock
 from celery_dflock.config import DflockConfigError, reset_config
 from celery_dflock.signals import install, lock_lost, lock_skipped
@@ -362,3 +362,22 @@ def test_config_change_after_reset(server: ServerThread) -> None:
             job()
     finally:
         other.release()
+
+
+def test_unreachable_server_fails_the_run_with_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = Celery("unreachable", set_as_current=False)
+    app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
+    ran: list[int] = []
+
+    @app.task(shared=False, base=LockedTask, lock_key="nowhere")
+    def job() -> None:
+        ran.append(1)
+
+    with pytest.raises(ServerUnavailable, match=f"cannot reach .*127.0.0.1:{port}"):
+        job()
+    assert ran == []  # never runs unlocked

@@ -32,13 +32,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-REDIS_URL_BASE = "redis://127.0.0.1:6379"
+REDIS_URL_BASE = os.environ.get("CELERY_DFLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+"""Redis server of the ``redis`` tests (no database number; the tests pick theirs)."""
 REDIS_TEST_DB = 11
 """Redis database of these tests; each test also uses its own queue name."""
 
@@ -321,8 +323,11 @@ def with_server(settings: dict[str, Any], server: Any, **extra: Any) -> dict[str
 
 
 def redis_reachable(timeout: float = 0.5) -> bool:
+    address = urlsplit(REDIS_URL_BASE)
     try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=timeout) as sock:
+        with socket.create_connection(
+            (address.hostname or "127.0.0.1", address.port or 6379), timeout=timeout
+        ) as sock:
             sock.sendall(b"PING\r\n")
             return sock.recv(16).startswith(b"+PONG")
     except OSError:

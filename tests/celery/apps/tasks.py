@@ -127,7 +127,13 @@ def end_exception(self: LockedTask, name: str) -> None:
 
 @ending
 def end_retry(self: LockedTask, name: str) -> int:
-    record("body", name=name, fence=_fence(self), retries=self.request.retries)
+    record(
+        "body",
+        name=name,
+        fence=_fence(self),
+        retries=self.request.retries,
+        key=self.request.dflock_key,
+    )
     if self.request.retries == 0:
         raise self.retry(countdown=0, max_retries=3)
     return self.request.retries
