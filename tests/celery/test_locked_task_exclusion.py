@@ -106,19 +106,30 @@ def test_two_prefork_workers_on_redis_retry_and_skip(
 
 
 @pytest.mark.parametrize(
-    ("pool", "workers", "concurrency"), [("prefork", 1, 4), ("threads", 1, 4), ("solo", 2, 1)]
+    ("broker", "pool", "workers", "concurrency"),
+    [
+        ("filesystem", "prefork", 1, 4),
+        ("filesystem", "threads", 1, 4),
+        ("filesystem", "solo", 2, 1),
+        pytest.param("redis", "threads", 1, 4, marks=pytest.mark.redis),
+        pytest.param("redis", "solo", 2, 1, marks=pytest.mark.redis),
+    ],
 )
-def test_exclusion_on_the_filesystem_broker(
+def test_exclusion_per_pool(
+    broker: str,
     pool: str,
     workers: int,
     concurrency: int,
-    fs_settings: dict[str, Any],
+    request: pytest.FixtureRequest,
     lock_server: ServerThread,
     make_workers: Callable[[dict[str, Any]], WorkerFactory],
     event_log: EventLog,
     client_app: Callable[[dict[str, Any]], Celery],
 ) -> None:
-    settings = with_server(fs_settings, lock_server)
+    broker_settings: dict[str, Any] = request.getfixturevalue(
+        "fs_settings" if broker == "filesystem" else "redis_settings"
+    )
+    settings = with_server(broker_settings, lock_server)
     factory = make_workers(settings)
     for _ in range(workers):
         factory.start(pool=pool, concurrency=concurrency)
