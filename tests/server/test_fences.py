@@ -1,0 +1,94 @@
+"""Fencing tokens keep increasing across grants and across a stop and start of the server."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from dflock_wire import Wire, fence
+
+from dflockd_server import Config, constants
+from dflockd_server.fence import FenceCounter, FenceStateError, read_ceiling
+from dflockd_server.testing import ServerThread
+
+
+def grant_fences(server: ServerThread, n: int = 3) -> list[int]:
+    fences: list[int] = []
+    with Wire(server.address) as w:
+        for i in range(n):
+            token = w.lock(f"k{i}")
+            assert token[: constants.FENCE_HEX_CHARS] == f"{fence(token):016x}"
+            fences.append(fence(token))
+            assert w.req("r", f"k{i}", token) == "ok"
+    return fences
+
+
+def run_once(config: Config, n: int = 3) -> tuple[list[int], int]:
+    with ServerThread(config) as server:
+        return grant_fences(server, n), server.port
+
+
+def test_fences_increase_across_restart_without_state_file() -> None:
+    before_ns = time.time_ns()
+    first, port = run_once(Config(host="127.0.0.1", port=0))
+    assert first == sorted(set(first))
+    assert first[0] > before_ns  # seeded from the wall clock in nanoseconds
+    second, _ = run_once(Config(host="127.0.0.1", port=port))  # same port, new process state
+    assert second[0] > first[-1]
+    assert second == sorted(set(second))
+
+
+def test_fences_increase_across_restart_with_state_file(tmp_path: Path) -> None:
+    state = tmp_path / "fence.state"
+    config = Config(host="127.0.0.1", port=0, fence_state_file=str(state))
+    first, _ = run_once(config)
+    ceiling = read_ceiling(str(state))
+    assert ceiling > first[-1]
+    second, _ = run_once(config)
+    assert second[0] > first[-1]
+    assert read_ceiling(str(state)) > second[-1]
+    assert sorted(os.listdir(tmp_path)) == ["fence.state"]  # no temporary files left
+
+
+def test_persisted_ceiling_wins_over_a_clock_that_went_back(tmp_path: Path) -> None:
+    state = tmp_path / "fence.state"
+    future = time.time_ns() + 10**15  # as if the clock had been 11 days ahead last time
+    state.write_text(f"{future}\n")
+    fences, _ = run_once(Config(host="127.0.0.1", port=0, fence_state_file=str(state)))
+    assert fences[0] > future
+
+
+def test_ceiling_is_written_in_blocks_not_per_grant(tmp_path: Path) -> None:
+    state = str(tmp_path / "fence.state")
+    counter = FenceCounter(state, wall_clock_ns=lambda: 1_000)
+    first_ceiling = read_ceiling(state)
+    assert first_ceiling == 1_000 + constants.FENCE_PERSIST_BLOCK
+    stamp = os.stat(state).st_mtime_ns
+    tokens = [counter.next_token() for _ in range(1000)]
+    assert os.stat(state).st_mtime_ns == stamp
+    assert read_ceiling(state) == first_ceiling
+    fences = [fence(t) for t in tokens]
+    assert fences == list(range(1_001, 2_001))
+    assert len({t[constants.FENCE_HEX_CHARS :] for t in tokens}) == len(tokens)  # random part
+
+
+def test_ceiling_moves_ahead_when_reached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(constants, "FENCE_PERSIST_BLOCK", 10)
+    state = str(tmp_path / "fence.state")
+    counter = FenceCounter(state, wall_clock_ns=lambda: 500)
+    assert read_ceiling(state) == 510
+    issued = [fence(counter.next_token()) for _ in range(25)]
+    assert issued == list(range(501, 526))
+    # Rewritten when the counter reached 510 and 520: always ahead of what was issued.
+    assert read_ceiling(state) == 530
+    restarted = FenceCounter(state, wall_clock_ns=lambda: 0)
+    assert fence(restarted.next_token()) > issued[-1]
+
+
+def test_unreadable_state_file_is_an_error(tmp_path: Path) -> None:
+    state = tmp_path / "fence.state"
+    state.write_text("not a number\n")
+    with pytest.raises(FenceStateError, match="does not hold a decimal counter"):
+        FenceCounter(str(state))
