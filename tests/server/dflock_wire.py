@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 from types import TracebackType
 
 from dflockd_server.fence import fence_of
@@ -13,9 +14,17 @@ REPLY_TIMEOUT_S = 10.0
 class Wire:
     """One raw connection: send frames, read reply lines (every read bounded by a timeout)."""
 
-    def __init__(self, address: tuple[str, int], timeout: float = REPLY_TIMEOUT_S) -> None:
-        self.sock = socket.create_connection(address, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(
+        self,
+        address: tuple[str, int],
+        timeout: float = REPLY_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        raw = socket.create_connection(address, timeout=timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            raw = ssl_context.wrap_socket(raw, server_hostname=address[0])
+        self.sock = raw
         self.reader = self.sock.makefile("rb")
 
     def send(self, cmd: str, key: str = "_", arg: str = "_") -> None:
