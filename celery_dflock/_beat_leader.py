@@ -1,7 +1,7 @@
 """Leader election for beat: a background thread that holds (or waits for) one dflockd lock.
 
-The thread owns the waiting: it queues on the lock in FIFO order with a bounded blocking
-acquire, flips :attr:`Leadership.term` when the lock is granted, and waits for the lock to be
+The thread owns the waiting: it queues on the lock in FIFO order (``enqueue``, then a bounded
+``wait``), flips :attr:`Leadership.term` when the lock is granted, and waits for the lock to be
 lost (the client's renewal thread reports that through ``on_lost``) or for :meth:`stop`.
 The scheduler's thread only reads the state and asks :meth:`Leadership.confirm` right before
 each send, so a long tick or a long sleep between ticks never delays renewal.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from celery_dflock.errors import DflockError
 
@@ -22,9 +22,9 @@ logger = logging.getLogger("celery_dflock.beat")
 
 #: Seconds one blocking acquire waits in the queue before it is issued again (the thread
 #: re-checks whether it was asked to stop between two acquires).
-STANDBY_ACQUIRE_TIMEOUT_S = 10
+STANDBY_ACQUIRE_TIMEOUT_S: Final = 10
 #: Seconds between two attempts to reach an unreachable lock server.
-RETRY_UNREACHABLE_S = 1.0
+RETRY_UNREACHABLE_S: Final = 1.0
 
 
 class LeaderLock(Protocol):
@@ -36,7 +36,9 @@ class LeaderLock(Protocol):
     @property
     def server(self) -> tuple[str, int]: ...
 
-    def acquire(self) -> bool: ...
+    def enqueue(self) -> bool: ...
+
+    def wait(self, timeout_s: float | None = None) -> bool: ...
 
     def renew(self) -> bool: ...
 
@@ -157,7 +159,15 @@ class Leadership:
             lock: LeaderLock | None = None
             try:
                 lock = self._make_lock(self._on_lost)
-                granted = lock.acquire()
+                granted = lock.enqueue()  # join the FIFO queue (or take a free lock)
+                if unreachable:
+                    logger.info(
+                        "beat: standby, lock server reachable again, waiting for %s",
+                        self.describe,
+                    )
+                    unreachable = False
+                if not granted:
+                    granted = lock.wait(self._acquire_timeout_s)
             except Exception as exc:  # a DflockError, or a bug: never let the thread die
                 if not isinstance(exc, DflockError):
                     logger.exception("beat: unexpected error while waiting for %s", self.describe)
@@ -173,11 +183,6 @@ class Leadership:
                     _release_quietly(lock)
                 self._stop.wait(self._retry_s)
                 continue
-            if unreachable:
-                logger.info(
-                    "beat: standby, lock server reachable again, waiting for %s", self.describe
-                )
-                unreachable = False
             if not granted:
                 continue
             with self._guard:
