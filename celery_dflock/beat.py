@@ -13,7 +13,12 @@ asks the lock server whether it still holds the lock (one round trip per send); 
 is no, or the renewal thread reports the lock lost, or the server is unreachable, it sends
 nothing more and goes back to standby. A beat killed outright loses its connection, and the
 server passes the lock to the next standby at once; a beat that hangs is replaced when its lease
-(``dflock_beat_lease_ttl``) runs out, and when it wakes up it finds out before sending.
+(``dflock_beat_lease_ttl``) runs out, and when it wakes up it finds out before sending. (Checking
+only the renewal thread's verdict is not enough there: after a long pause the scheduler thread
+may reach its send before the renewal thread learns of the loss.) Limits: a beat that pauses in
+the microseconds between that confirmation and the publish can still send once after its lease
+ran out (a broker cannot check a fencing token); a *standby* that hangs at the head of the queue
+is granted the lock and holds up the failover by one lease.
 
 Which scheduler does the work
     ``SingletonScheduler`` wraps ``celery.beat.PersistentScheduler``, or the class named in
@@ -28,11 +33,11 @@ Which scheduler does the work
 
 Failover without double sends: "start from now"
     Whenever a beat becomes active (first start, failover, or getting the lock back), every
-    entry's ``last_run_at`` is set to *now*, so each entry next runs one period after the
-    takeover (a crontab entry: at its next occurrence after the takeover). A send whose entry
-    still carries a ``last_run_at`` older than the takeover (a scheduler that re-reads its
-    store, such as a database scheduler, may bring one back) is skipped once, and the wrapped
-    scheduler's own ``reserve`` has already moved the entry on to now.
+    entry's in-memory ``last_run_at`` is set to *now*, so each entry next runs one period after
+    the takeover (a crontab entry: at its next occurrence after the takeover). A send whose
+    entry still carries a ``last_run_at`` older than the takeover (a scheduler that re-reads its
+    store, such as django-celery-beat's, may bring one back) is skipped once, with a log line;
+    the wrapped scheduler's own ``reserve`` has already moved the entry on to now.
 
     Trade-off: it needs no state shared between beats and works with any wrapped scheduler,
     including the per-host shelve file of ``PersistentScheduler``, whose ``last_run_at`` is
@@ -60,7 +65,8 @@ Settings (``app.conf``; connection settings are the shared ``dflock_*`` ones: ``
 
 =============================  ==============================================================
 ``dflock_beat_lock_key``       key of the leader lock (default ``celery-beat:<app.main>``)
-``dflock_beat_scheduler``      dotted path of the wrapped scheduler (default PersistentScheduler)
+``dflock_beat_scheduler``      the wrapped scheduler: ``"module:Class"`` or the class itself
+                               (default ``celery.beat.PersistentScheduler``)
 ``dflock_beat_lease_ttl``      lease seconds of the leader lock: how soon a hung beat is replaced
                                (default 10)
 ``dflock_beat_nonoverlap``     mark beat's messages for the worker's per-entry lock (False)
