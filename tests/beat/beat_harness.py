@@ -32,8 +32,21 @@ from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 
 HERE = Path(__file__).resolve().parent
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL_BASE = os.environ.get("CELERY_DFLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+REDIS_URL = f"{REDIS_URL_BASE}/12"
 """Redis database of the beat tests; each test also uses its own queue name."""
+
+
+def redis_reachable() -> bool:
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 

@@ -1,39 +1,30 @@
 """Fixtures for the beat tests: a lock server, the Redis view of one queue, beat/worker clusters.
 
-Redis-dependent: without Redis at 127.0.0.1:6379 these tests skip, and fail instead when
+Redis-dependent (database 12 of ``CELERY_DFLOCK_TEST_REDIS_URL``, default
+``redis://127.0.0.1:6379``): without Redis these tests skip, and fail instead when
 ``CELERY_DFLOCK_REQUIRE_REDIS=1``.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from beat_harness import Broker, Cluster, LockServer, base_settings
+from beat_harness import REDIS_URL, Broker, Cluster, LockServer, base_settings, redis_reachable
 
 REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
-
-
-def _redis_reachable(timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=timeout) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 @pytest.fixture
 def require_redis() -> None:
     """Skip without Redis, or fail when CI demands it."""
-    if _redis_reachable():
+    if redis_reachable():
         return
-    message = "Redis is not reachable at 127.0.0.1:6379"
+    message = f"Redis is not reachable at {REDIS_URL}"
     if os.environ.get(REQUIRE_REDIS_ENV) == "1":
         pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
     pytest.skip(message)
