@@ -161,7 +161,7 @@ def base_settings(queue: str, server: tuple[str, int]) -> dict[str, Any]:
         "dflock_servers": f"{server[0]}:{server[1]}",
         "dflock_beat_lock_key": f"beat-test:{queue}",
         "dflock_beat_lease_ttl": 10,
-        "result_expires": 600,
+        "task_ignore_result": True,
     }
 
 
@@ -347,7 +347,7 @@ class Broker:
 
     def cleanup(self) -> None:
         keys = list(self.client.scan_iter(match=f"{self.queue}*"))
-        keys += list(self.client.scan_iter(match=f"celery-task-meta-*{self.queue}*"))
+        keys += list(self.client.scan_iter(match=f"_kombu.binding*.{self.queue}"))
         if keys:
             self.client.delete(*keys)
         self.client.close()
