@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import datetime
-import importlib
-import importlib.util
-import ipaddress
-import shutil
 import ssl
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from dflock_wire import Wire
@@ -79,81 +72,6 @@ def test_secret_of_64_kib_and_secret_file(
 
 
 # ---------------------------------------------------------------------------------- TLS
-def _self_signed_with_cryptography(cert: Path, key: Path) -> None:
-    x509: Any = importlib.import_module("cryptography.x509")
-    hashes: Any = importlib.import_module("cryptography.hazmat.primitives.hashes")
-    ec: Any = importlib.import_module("cryptography.hazmat.primitives.asymmetric.ec")
-    serialization: Any = importlib.import_module("cryptography.hazmat.primitives.serialization")
-    oid: Any = importlib.import_module("cryptography.x509.oid")
-    private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(oid.NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(private.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(private, hashes.SHA256())
-    )
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(
-        private.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-
-
-def _self_signed_with_openssl(cert: Path, key: Path) -> None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("neither the cryptography package nor the openssl CLI is available")
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-
-
-@pytest.fixture
-def tls_files(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and its key."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    if importlib.util.find_spec("cryptography") is not None:
-        _self_signed_with_cryptography(cert, key)
-    else:
-        _self_signed_with_openssl(cert, key)
-    return cert, key
-
-
 def test_tls_with_auth(dflock_server_factory: ServerFactory, tls_files: tuple[Path, Path]) -> None:
     cert, key = tls_files
     srv = dflock_server_factory(tls_cert=str(cert), tls_key=str(key), auth_token=SECRET)

@@ -1,0 +1,260 @@
+"""Settings: every flag and environment variable of PROTOCOL.md's table, the environment
+winning over the flag, and bad values failing start-up with a message that names them."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dflock_proc import DflockdProcess, run_dflockd
+from dflock_wire import Wire
+
+from dflockd_server import Config, constants
+from dflockd_server.cli import UsageError, load_config
+from dflockd_server.config import SETTINGS
+
+# PROTOCOL.md's table: flag, environment variable(s), default.
+TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
+    ("--host", ("DFLOCKD_HOST",), "host", "0.0.0.0"),
+    ("--port", ("DFLOCKD_PORT",), "port", 6388),
+    ("--default-lease-ttl", ("DFLOCKD_DEFAULT_LEASE_TTL_S",), "default_lease_ttl_s", 33),
+    ("--lease-sweep-interval", ("DFLOCKD_LEASE_SWEEP_INTERVAL_S",), "lease_sweep_interval_s", 1),
+    ("--gc-interval", ("DFLOCKD_GC_LOOP_SLEEP", "DFLOCKD_GC_INTERVAL_S"), "gc_interval_s", 5),
+    (
+        "--gc-max-idle",
+        ("DFLOCKD_GC_MAX_UNUSED_TIME", "DFLOCKD_GC_MAX_IDLE_S"),
+        "gc_max_idle_s",
+        60,
+    ),
+    ("--max-locks", ("DFLOCKD_MAX_LOCKS",), "max_locks", 1024),
+    ("--read-timeout", ("DFLOCKD_READ_TIMEOUT_S",), "read_timeout_s", 23),
+    (
+        "--auto-release-on-disconnect",
+        ("DFLOCKD_AUTO_RELEASE_ON_DISCONNECT",),
+        "auto_release_on_disconnect",
+        True,
+    ),
+    ("--max-connections", ("DFLOCKD_MAX_CONNECTIONS",), "max_connections", 0),
+    ("--max-connections-per-ip", ("DFLOCKD_MAX_CONNECTIONS_PER_IP",), "max_connections_per_ip", 0),
+    ("--max-waiters", ("DFLOCKD_MAX_WAITERS",), "max_waiters", 0),
+    ("--write-timeout", ("DFLOCKD_WRITE_TIMEOUT_S",), "write_timeout_s", 5),
+    ("--shutdown-timeout", ("DFLOCKD_SHUTDOWN_TIMEOUT_S",), "shutdown_timeout_s", 30),
+    ("--auth-token", ("DFLOCKD_AUTH_TOKEN",), "auth_token", None),
+    ("--auth-token-file", ("DFLOCKD_AUTH_TOKEN_FILE",), "auth_token_file", None),
+    ("--tls-cert", ("DFLOCKD_TLS_CERT",), "tls_cert", None),
+    ("--tls-key", ("DFLOCKD_TLS_KEY",), "tls_key", None),
+    ("--fence-state-file", ("DFLOCKD_FENCE_STATE_FILE",), "fence_state_file", None),
+    ("--log-level", ("DFLOCKD_LOG_LEVEL",), "log_level", "info"),
+]
+
+
+def test_settings_table_matches_protocol_md() -> None:
+    assert [(s.flag, s.env, s.field) for s in SETTINGS] == [row[:3] for row in TABLE]
+    defaults = Config()
+    for _, _, field, default in TABLE:
+        assert getattr(defaults, field) == default, field
+    assert load_config([], {}) == Config()
+    assert (defaults.host, defaults.port) == (constants.DEFAULT_HOST, constants.DEFAULT_PORT)
+
+
+# field, flag value, env value, expected from flag, expected from env
+FAMILIES = [
+    pytest.param("host", "127.0.0.1", "::1", "127.0.0.1", "::1", id="bind"),
+    pytest.param("port", "7000", "7001", 7000, 7001, id="port"),
+    pytest.param("default_lease_ttl_s", "10", "20", 10, 20, id="lease"),
+    pytest.param("lease_sweep_interval_s", "0.5", "2", 0.5, 2.0, id="sweep"),
+    pytest.param("gc_interval_s", "3", "4", 3.0, 4.0, id="gc-interval"),
+    pytest.param("gc_max_idle_s", "30", "40", 30.0, 40.0, id="gc-max-idle"),
+    pytest.param("max_locks", "10", "20", 10, 20, id="max-locks"),
+    pytest.param("read_timeout_s", "5", "6", 5.0, 6.0, id="read-timeout"),
+    pytest.param("max_connections", "5", "6", 5, 6, id="max-connections"),
+    pytest.param("max_connections_per_ip", "2", "3", 2, 3, id="max-connections-per-ip"),
+    pytest.param("max_waiters", "7", "8", 7, 8, id="max-waiters"),
+    pytest.param("write_timeout_s", "1.5", "2.5", 1.5, 2.5, id="write-timeout"),
+    pytest.param("shutdown_timeout_s", "1", "0", 1.0, 0.0, id="shutdown-timeout"),
+    pytest.param("auth_token", "flag-secret", "env-secret", "flag-secret", "env-secret", id="auth"),
+    pytest.param("log_level", "debug", "WARNING", "debug", "warning", id="log-level"),
+]
+
+
+def _row(field: str) -> tuple[str, tuple[str, ...]]:
+    for flag, env, name, _ in TABLE:
+        if name == field:
+            return flag, env
+    raise AssertionError(field)
+
+
+@pytest.mark.parametrize(("field", "flag_raw", "env_raw", "from_flag", "from_env"), FAMILIES)
+def test_flag_env_and_env_wins(
+    field: str, flag_raw: str, env_raw: str, from_flag: object, from_env: object
+) -> None:
+    flag, envs = _row(field)
+    for env in envs:  # every variable name (and alias) works
+        assert getattr(load_config([], {env: env_raw}), field) == from_env
+    assert getattr(load_config([flag, flag_raw], {}), field) == from_flag
+    assert getattr(load_config([flag, flag_raw], {envs[0]: env_raw}), field) == from_env
+    assert getattr(load_config([flag, flag_raw], {envs[0]: ""}), field) == from_flag
+
+
+def test_gc_primary_variable_wins_over_alias() -> None:
+    env = {"DFLOCKD_GC_LOOP_SLEEP": "2", "DFLOCKD_GC_INTERVAL_S": "9"}
+    assert load_config([], env).gc_interval_s == 2.0
+
+
+@pytest.mark.parametrize(
+    ("word", "expected"),
+    [(w, True) for w in ("1", "yes", "true", "TRUE")]
+    + [(w, False) for w in ("0", "no", "false", "No")],
+)
+def test_auto_release_words(word: str, expected: bool) -> None:
+    env = "DFLOCKD_AUTO_RELEASE_ON_DISCONNECT"
+    assert load_config([], {env: word}).auto_release_on_disconnect is expected
+
+
+def test_auto_release_flag_and_env_wins() -> None:
+    env = "DFLOCKD_AUTO_RELEASE_ON_DISCONNECT"
+    assert load_config(["--no-auto-release-on-disconnect"], {}).auto_release_on_disconnect is False
+    assert load_config(["--auto-release-on-disconnect"], {}).auto_release_on_disconnect is True
+    config = load_config(["--no-auto-release-on-disconnect"], {env: "yes"})
+    assert config.auto_release_on_disconnect is True
+
+
+def test_file_settings_flag_env_and_env_wins(tmp_path: Path, tls_files: tuple[Path, Path]) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.write_text("secret-one\n")
+    two.write_text("secret-two\n")
+    config = load_config(["--auth-token-file", str(one)], {"DFLOCKD_AUTH_TOKEN_FILE": str(two)})
+    assert config.auth_token_file == str(two)
+    assert config.resolve_auth_token() == "secret-two"
+    assert load_config(["--auth-token-file", str(one)], {}).resolve_auth_token() == "secret-one"
+
+    fence_a, fence_b = str(tmp_path / "a.fence"), str(tmp_path / "b.fence")
+    assert load_config(["--fence-state-file", fence_a], {}).fence_state_file == fence_a
+    config = load_config(["--fence-state-file", fence_a], {"DFLOCKD_FENCE_STATE_FILE": fence_b})
+    assert config.fence_state_file == fence_b
+
+    cert, key = tls_files
+    config = load_config(["--tls-cert", str(cert), "--tls-key", str(key)], {})
+    assert (config.tls_cert, config.tls_key) == (str(cert), str(key))
+    config = load_config(
+        ["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"],
+        {"DFLOCKD_TLS_CERT": str(cert), "DFLOCKD_TLS_KEY": str(key)},
+    )
+    assert (config.tls_cert, config.tls_key) == (str(cert), str(key))
+
+
+BAD = [
+    ("DFLOCKD_PORT", "--port", "http"),
+    ("DFLOCKD_PORT", "--port", "70000"),
+    ("DFLOCKD_DEFAULT_LEASE_TTL_S", "--default-lease-ttl", "0"),
+    ("DFLOCKD_DEFAULT_LEASE_TTL_S", "--default-lease-ttl", "2.5"),
+    ("DFLOCKD_LEASE_SWEEP_INTERVAL_S", "--lease-sweep-interval", "0"),
+    ("DFLOCKD_GC_LOOP_SLEEP", "--gc-interval", "soon"),
+    ("DFLOCKD_GC_INTERVAL_S", "--gc-interval", "-1"),
+    ("DFLOCKD_GC_MAX_UNUSED_TIME", "--gc-max-idle", "nan"),
+    ("DFLOCKD_MAX_LOCKS", "--max-locks", "-1"),
+    ("DFLOCKD_READ_TIMEOUT_S", "--read-timeout", "-5"),
+    ("DFLOCKD_AUTO_RELEASE_ON_DISCONNECT", None, "maybe"),
+    ("DFLOCKD_MAX_CONNECTIONS", "--max-connections", "lots"),
+    ("DFLOCKD_MAX_CONNECTIONS_PER_IP", "--max-connections-per-ip", "-2"),
+    ("DFLOCKD_MAX_WAITERS", "--max-waiters", "1e3"),
+    ("DFLOCKD_WRITE_TIMEOUT_S", "--write-timeout", "0"),
+    ("DFLOCKD_SHUTDOWN_TIMEOUT_S", "--shutdown-timeout", "inf"),
+    ("DFLOCKD_AUTH_TOKEN_FILE", "--auth-token-file", "/nonexistent/secret"),
+    ("DFLOCKD_LOG_LEVEL", "--log-level", "loud"),
+]
+
+
+@pytest.mark.parametrize(("env", "flag", "raw"), BAD)
+def test_bad_value_is_a_start_up_error_naming_it(env: str, flag: str | None, raw: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(env)):
+        load_config([], {env: raw})
+    if flag is not None:
+        with pytest.raises(UsageError, match=re.escape(flag)):
+            load_config([flag, raw], {})
+
+
+def test_bad_tls_and_fence_files_name_their_setting(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    with pytest.raises(UsageError, match="--tls-cert"):
+        load_config(["--tls-cert", str(garbage), "--tls-key", str(garbage)], {})
+    with pytest.raises(UsageError, match="must be given together"):
+        load_config([], {"DFLOCKD_TLS_CERT": str(garbage)})
+    fence = tmp_path / "fence"
+    fence.write_text("twelve")
+    with pytest.raises(UsageError, match="DFLOCKD_FENCE_STATE_FILE"):
+        load_config([], {"DFLOCKD_FENCE_STATE_FILE": str(fence)})
+    with pytest.raises(UsageError, match="not both"):
+        load_config(["--auth-token", "a", "--auth-token-file", str(fence)], {})
+
+
+def test_unknown_flag_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="--frobnicate"):
+        load_config(["--frobnicate"], {})
+
+
+def test_config_dataclass_validates_too() -> None:
+    with pytest.raises(ValueError, match="max_locks"):
+        Config(max_locks=0)
+    config = dataclasses.replace(Config(), auth_token="hunter2")
+    assert config.effective_settings()["auth_token"] == "***"
+
+
+# ------------------------------------------------------------------ the real entry point
+def test_dflockd_bad_flag_exits_2_with_one_line() -> None:
+    result = run_dflockd(["--port", "http"], {})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["dflockd: error: --port='http': not an integer"]
+
+
+def test_dflockd_bad_env_exits_2_naming_the_variable() -> None:
+    result = run_dflockd(["--max-locks", "10"], {"DFLOCKD_MAX_LOCKS": "-1"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "DFLOCKD_MAX_LOCKS" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_dflockd_help_documents_every_setting() -> None:
+    result = run_dflockd(["--help"], {})
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())  # undo argparse's line wrapping
+    for flag, envs, _, _ in TABLE:
+        assert flag in text
+        for env in envs:
+            assert env in text
+    assert "--no-auto-release-on-disconnect" in text
+    assert "default 6388" in text
+
+
+def test_dflockd_env_wins_at_start_up_and_masks_the_secret(dflockd_process: Any) -> None:
+    # The flag's host is an address this machine does not have: if it won, binding would fail.
+    proc: DflockdProcess = dflockd_process(
+        "--host",
+        "203.0.113.7",
+        "--port",
+        "1",
+        "--auth-token",
+        "flag-secret",
+        env={"DFLOCKD_HOST": "127.0.0.1", "DFLOCKD_PORT": "0", "DFLOCKD_AUTH_TOKEN": "env-pw"},
+    )
+    host, port = proc.wait_listening()
+    assert host == "127.0.0.1"
+    assert port not in (0, 1)
+    log = "\n".join(proc.lines)
+    assert "auth_token=***" in log
+    assert "env-pw" not in log and "flag-secret" not in log
+    with Wire((host, port)) as w:
+        assert w.req("auth", "_", "env-pw") == "ok"
+
+
+def test_dflockd_warns_on_public_bind_without_auth(dflockd_process: Any) -> None:
+    proc: DflockdProcess = dflockd_process("--host", "0.0.0.0", "--port", "0")
+    proc.wait_listening()
+    warning = proc.wait_for("WARNING")
+    assert "without auth" in warning
