@@ -335,12 +335,16 @@ def redis_reachable(timeout: float = 0.5) -> bool:
 
 
 def redis_cleanup(queue: str, db: int = REDIS_TEST_DB) -> None:
-    """Delete this test's queue keys (other tests' keys in the same database are left)."""
+    """Delete this test's queue and binding keys (results expire; other tests' keys stay)."""
     import redis
 
     client = redis.Redis.from_url(f"{REDIS_URL_BASE}/{db}")
     try:
-        keys = list(client.scan_iter(match=f"{queue}*"))
+        keys = [
+            key
+            for pattern in (f"{queue}*", f"_kombu.binding.{queue}*", f"_kombu.binding_*.{queue}*")
+            for key in client.scan_iter(match=pattern)
+        ]
         if keys:
             client.delete(*keys)
     finally:
