@@ -1,5 +1,39 @@
-"""`celery-dflock` command (placeholder until the demo lands)."""
+"""The ``celery-dflock`` command: ``celery-dflock demo`` shows the whole thing working."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
 
 
-def main() -> None:
-    raise SystemExit("not yet")
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run the sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="celery-dflock",
+        description="Distributed locks for Celery tasks and beat, backed by dflockd.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo",
+        help="run a lock server, two workers and two beats locally and show a timeline",
+        description=(
+            "Start a lock server in this process, two prefork workers and two singleton "
+            "beats, send overlapping tasks on a few keys, then print a per-key timeline "
+            "and a verdict. Needs no Redis and no Docker (filesystem broker by default)."
+        ),
+    )
+    demo.add_argument(
+        "--broker",
+        metavar="URL",
+        default=None,
+        help="broker URL to use instead of the embedded filesystem broker (e.g. redis://127.0.0.1:6379/0)",
+    )
+    args = parser.parse_args(argv)
+    from celery_dflock.demo.runner import run
+
+    return run(args.broker, sys.stdout)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
