@@ -51,6 +51,7 @@ def _broker_options(broker: str) -> dict[str, Any]:
         "data_folder_in": folder,
         "data_folder_out": folder,
         "processed_folder": folder,
+        "control_folder": folder,
         "store_processed": False,
         "polling_interval": 0.05,
     }

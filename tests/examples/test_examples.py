@@ -1,0 +1,152 @@
+"""The example project (examples/proj) on a real prefork worker, Redis broker, real lock server;
+and ``celery -A examples.proj dflock status|locks|ping`` against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from examples.proj.ledger import FencedLedger, StaleFenceError
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_DB = 13
+
+
+def test_fenced_ledger_refuses_a_stale_fence(tmp_path: Path) -> None:
+    ledger = FencedLedger(tmp_path / "ledger.sqlite3")
+    assert ledger.add("acme", 5, fence=10) == 5
+    assert ledger.add("acme", 5, fence=11) == 10
+    with pytest.raises(StaleFenceError, match="fence 9 refused"):
+        ledger.add("acme", 100, fence=9)
+    assert ledger.balance("acme") == 10
+
+
+def _redis_or_skip() -> None:
+    try:
+        redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5).ping()
+    except redis.RedisError:
+        if os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1":
+            pytest.fail("Redis at 127.0.0.1:6379 is required (CELERY_DFLOCK_REQUIRE_REDIS=1)")
+        pytest.skip("Redis at 127.0.0.1:6379 is not reachable")
+
+
+@pytest.fixture
+def example_env(dflock_server: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
+    _redis_or_skip()
+    url = f"redis://127.0.0.1:6379/{REDIS_DB}"
+    redis.Redis.from_url(url).flushdb()
+    env = {
+        **os.environ,
+        "CELERY_BROKER_URL": url,
+        "CELERY_RESULT_BACKEND": url,
+        "DFLOCK_SERVERS": f"{dflock_server.host}:{dflock_server.port}",
+        "EXAMPLE_LEDGER": str(tmp_path / "ledger.sqlite3"),
+        "PYTHONPATH": str(ROOT),
+    }
+    yield env
+    redis.Redis.from_url(url).flushdb()
+
+
+def _celery(
+    env: dict[str, str], *args: str, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "examples.proj", *args],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def worker(example_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    log = (tmp_path / "worker.log").open("wb")
+    name = f"example-{uuid.uuid4().hex[:6]}@%h"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "examples.proj", "worker", "-P", "prefork",
+         "-c", "4", "-n", name, "--loglevel", "INFO", "--without-gossip", "--without-mingle"],
+        env=example_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, process_group=0,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 40
+        while b"ready." not in (tmp_path / "worker.log").read_bytes():
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+            assert time.monotonic() < deadline, "worker not ready in 40 s"
+            time.sleep(0.2)
+        yield proc
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        log.close()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_every_example_task_runs_and_dflock_shows_the_held_lock(
+    example_env: dict[str, str], worker: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in example_env.items():
+        monkeypatch.setenv(name, value)
+    from celery_dflock import LockNotAcquired
+    from examples.proj.app import app
+
+    def send(name: str, **kwargs: Any) -> Any:
+        return app.send_task(f"examples.proj.app.{name}", kwargs=kwargs)
+
+    syncs = [send("sync_account", account_id=7) for _ in range(3)]
+    assert [r.get(timeout=60) for r in syncs] == ["account 7 synced"] * 3
+
+    first, second = (
+        send("charge_invoice", invoice_id="inv-1"),
+        send("charge_invoice", invoice_id="inv-1"),
+    )
+    outcomes = []
+    for res in (first, second):
+        try:
+            outcomes.append(res.get(timeout=30))
+        except LockNotAcquired:
+            outcomes.append("refused")
+    assert "invoice inv-1 charged" in outcomes
+
+    assert send("nightly_report").get(timeout=30) == "report built"
+    balances = [send("add_to_balance", account="acme", amount=5).get(timeout=30) for _ in range(3)]
+    assert balances == [5, 10, 15]
+
+    long_export = send("export_tenant", tenant="acme", seconds=4.0)
+    deadline = time.monotonic() + 20
+    listed = ""
+    while time.monotonic() < deadline:
+        shown = _celery(example_env, "dflock", "locks")
+        assert shown.returncode == 0, shown.stderr
+        if "export:acme" in shown.stdout:
+            listed = shown.stdout
+            break
+        time.sleep(0.2)
+    assert "semaphore/2" in listed, listed
+
+    status = _celery(example_env, "dflock", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report[0]["reachable"] is True
+    assert any(s["key"] == "export:acme" for s in report[0]["stats"]["semaphores"])
+    assert long_export.get(timeout=30) == "acme exported"
+
+    ping = _celery(example_env, "dflock", "ping")
+    assert ping.returncode == 0 and ": ok" in ping.stdout
+
+
+def test_dflock_status_reports_an_unreachable_server(tmp_path: Path) -> None:
+    env = {**os.environ, "DFLOCK_SERVERS": "127.0.0.1:1", "PYTHONPATH": str(ROOT),
+           "CELERY_BROKER_URL": "memory://"}  # fmt: skip
+    shown = _celery(env, "dflock", "status")
+    assert shown.returncode == 1
+    assert "127.0.0.1:1" in shown.stdout and "NO" in shown.stdout
+    assert "cannot reach the dflockd lock server" in shown.stdout
