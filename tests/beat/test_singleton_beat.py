@@ -29,7 +29,7 @@ from beat_harness import (
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 PERIOD_S = 1.0
-RUN_FOR_SENDS = 10
+RUN_FOR_SENDS = 20  # the issue: a 1-second schedule for 20 seconds
 """Messages to collect from three beats (~10 s of a 1-second entry; the issue asks ~20 s)."""
 TAKEOVER_TIMEOUT_S = 15.0
 CANNOT_TAKE = re.compile(r"beat: standby, cannot take")
