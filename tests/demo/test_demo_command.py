@@ -99,3 +99,36 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     assert proc.returncode == 130, "".join(seen) + rest
     assert "demo stopped by SIGINT" in rest
     assert _wait_gone(proc.pid) == []
+
+
+@pytest.mark.redis
+def test_demo_runs_the_same_on_redis(tmp_path: Path) -> None:
+    import redis
+
+    try:
+        redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5).ping()
+    except redis.RedisError:
+        if os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1":
+            pytest.fail("Redis at 127.0.0.1:6379 is required (CELERY_DFLOCK_REQUIRE_REDIS=1)")
+        pytest.skip("Redis at 127.0.0.1:6379 is not reachable")
+    url = "redis://127.0.0.1:6379/14"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery_dflock", "demo", "--broker", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_demo_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        redis.Redis.from_url(url).flushdb()
+    assert proc.returncode == 0, output
+    assert f"broker {url}" in output
+    assert "verdict: PASS" in output
+    assert _wait_gone(proc.pid) == []
