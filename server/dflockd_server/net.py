@@ -12,12 +12,12 @@ import hmac
 import json
 import logging
 import ssl
-from typing import Any
+from typing import Any, cast
 
 from dflockd_server import constants as c
 from dflockd_server import protocol as p
 from dflockd_server.config import Config
-from dflockd_server.fence import FenceCounter
+from dflockd_server.fence import FenceCounter, FenceStateError
 from dflockd_server.table import (
     AlreadyEnqueued,
     Client,
@@ -75,7 +75,8 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports do not subclass asyncio.Transport: no isinstance check here.
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         peer: Any = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
@@ -306,6 +307,9 @@ class Connection(asyncio.Protocol):
             return p.REPLY_ERROR_LIMIT_MISMATCH
         except AlreadyEnqueued:
             return p.REPLY_ERROR_ALREADY_ENQUEUED
+        except FenceStateError as exc:  # the server's fault, not the client's: say so loudly
+            log.error("cannot issue a token: %s", exc)
+            return p.REPLY_ERROR
 
     def _wait(self, waiter: Waiter, timeout: int) -> None:
         self.waiter = waiter
@@ -528,11 +532,14 @@ class Server:
         return self.table.stats(len(self.connections))
 
     def _sweep(self) -> None:
-        self.table.expire()
         self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)
+        try:
+            self.table.expire()
+        except FenceStateError as exc:
+            log.error("cannot issue a token to a waiter after a lease expired: %s", exc)
 
     def _gc(self) -> None:
+        self._timers[1] = self.loop.call_later(self.config.gc_interval_s, self._gc)
         pruned = self.table.gc(self.config.gc_max_idle_s)
         if pruned:
             log.debug("pruned %d idle key(s)", pruned)
-        self._timers[1] = self.loop.call_later(self.config.gc_interval_s, self._gc)

@@ -91,6 +91,21 @@ class RequestFramer:
         end = len(buf)
         if pos >= end:
             return None
+        # Fast path: three complete short lines without CR (the usual request).
+        nl1 = buf.find(b"\n", pos)
+        if 0 <= nl1 - pos <= c.MAX_LINE_BYTES:
+            nl2 = buf.find(b"\n", nl1 + 1)
+            if 0 <= nl2 - nl1 - 1 <= c.MAX_LINE_BYTES:
+                nl3 = buf.find(b"\n", nl2 + 1)
+                if 0 <= nl3 - nl2 - 1 <= c.MAX_LINE_BYTES:
+                    frame = (
+                        bytes(buf[pos:nl1]),
+                        bytes(buf[nl1 + 1 : nl2]),
+                        bytes(buf[nl2 + 1 : nl3]),
+                    )
+                    if not (b"\r" in frame[0] or b"\r" in frame[1] or b"\r" in frame[2]):
+                        self._pos = nl3 + 1
+                        return frame
         cmd = key = b""
         for index in range(3):
             nl = buf.find(b"\n", pos)

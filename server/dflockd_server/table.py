@@ -410,13 +410,16 @@ class LockTable:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
         while state.n_waiting and len(state.holders) < state.limit:
-            waiter = queue.popleft()
+            waiter = queue[0]
             if not waiter.active:
+                queue.popleft()
                 continue
+            # Grant first: if no token can be issued the waiter stays at the head of the queue.
+            waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+            queue.popleft()
             waiter.active = False
             state.n_waiting -= 1
             waiter.client.waiting.discard(waiter)
-            waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
             if waiter.wake is not None:
                 self._wakes.append(waiter)
         if not state.n_waiting and queue:

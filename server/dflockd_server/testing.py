@@ -26,8 +26,14 @@ class ServerThread:
     graceful and idempotent; a new ``ServerThread(Config(port=s.port))`` restarts on the port.
     """
 
-    def __init__(self, config: Config | None = None) -> None:
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    ) -> None:
         self.config = config or Config(host="127.0.0.1", port=0)
+        self._loop_factory = loop_factory or asyncio.new_event_loop
         self.server = Server(self.config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -65,7 +71,7 @@ class ServerThread:
         return self
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = self._loop_factory()
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
