@@ -86,7 +86,7 @@ class Connection(asyncio.Protocol):
         if refusal is not None:
             log.debug("refused connection from %s: %s", self.peer, refusal)
             self.closing = True
-            transport.abort()
+            transport.close()  # accepted, then closed at once (a FIN, nothing written)
             return
         self.client = self.table.open_client()
         transport.set_write_buffer_limits(c.WRITE_BUFFER_HIGH_WATER, c.WRITE_BUFFER_LOW_WATER)
@@ -126,7 +126,8 @@ class Connection(asyncio.Protocol):
             self._update_reading()
 
     def eof_received(self) -> bool | None:
-        return None  # close our side too: a half-closed client cannot read replies anyway
+        # No more requests can come: close (replies already written are flushed first).
+        return None
 
     def pause_writing(self) -> None:
         self.write_paused = True
