@@ -49,14 +49,13 @@ class AlreadyEnqueued(TableError):
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued."""
 
-    __slots__ = ("closed", "enqueued", "held", "id", "waiting")
+    __slots__ = ("enqueued", "held", "id", "waiting")
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
         self.held: dict[str, Holder] = {}
         self.waiting: set[Waiter] = set()
         self.enqueued: dict[tuple[bool, str], Waiter] = {}
-        self.closed = False
 
 
 class Holder:
@@ -151,7 +150,6 @@ class LockTable:
 
     def disconnect(self, client: Client) -> None:
         """Drop the client's waits; release what it holds when auto-release is on."""
-        client.closed = True
         now = self.clock()
         for waiter in list(client.waiting):
             self._unqueue(waiter, now)
