@@ -61,15 +61,6 @@ def _argv(command: list[str], port: int, tmp: Path) -> list[str]:
     raise AssertionError(f"unexpected command in docker-compose.yml: {command}")
 
 
-def _redis_or_skip() -> None:
-    try:
-        redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5).ping()
-    except redis.RedisError:
-        if os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1":
-            pytest.fail("Redis at 127.0.0.1:6379 is required (CELERY_DFLOCK_REQUIRE_REDIS=1)")
-        pytest.skip("Redis at 127.0.0.1:6379 is not reachable")
-
-
 class Topology:
     """The compose services started as processes, each with its log file."""
 
@@ -101,8 +92,7 @@ class Topology:
 
 
 @pytest.fixture
-def topology(tmp_path: Path) -> Iterator[Topology]:
-    _redis_or_skip()
+def topology(redis_required: None, tmp_path: Path) -> Iterator[Topology]:
     redis.Redis.from_url(REDIS_URL).flushdb()
     topo = Topology(tmp_path)
     yield topo

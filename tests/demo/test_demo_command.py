@@ -102,15 +102,9 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-def test_demo_runs_the_same_on_redis(tmp_path: Path) -> None:
+def test_demo_runs_the_same_on_redis(redis_required: None, tmp_path: Path) -> None:
     import redis
 
-    try:
-        redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5).ping()
-    except redis.RedisError:
-        if os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1":
-            pytest.fail("Redis at 127.0.0.1:6379 is required (CELERY_DFLOCK_REQUIRE_REDIS=1)")
-        pytest.skip("Redis at 127.0.0.1:6379 is not reachable")
     url = "redis://127.0.0.1:6379/14"
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery_dflock", "demo", "--broker", url],

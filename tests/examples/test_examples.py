@@ -31,18 +31,10 @@ def test_fenced_ledger_refuses_a_stale_fence(tmp_path: Path) -> None:
     assert ledger.balance("acme") == 10
 
 
-def _redis_or_skip() -> None:
-    try:
-        redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5).ping()
-    except redis.RedisError:
-        if os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1":
-            pytest.fail("Redis at 127.0.0.1:6379 is required (CELERY_DFLOCK_REQUIRE_REDIS=1)")
-        pytest.skip("Redis at 127.0.0.1:6379 is not reachable")
-
-
 @pytest.fixture
-def example_env(dflock_server: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
-    _redis_or_skip()
+def example_env(
+    redis_required: None, dflock_server: Any, tmp_path: Path
+) -> Iterator[dict[str, str]]:
     url = f"redis://127.0.0.1:6379/{REDIS_DB}"
     redis.Redis.from_url(url).flushdb()
     env = {
