@@ -157,8 +157,8 @@ def run(broker: str | None, out: TextIO) -> int:
     previous = {s: signal.signal(s, stop.handle) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _run(broker, out, stop)
-    except _Stop as stop:
-        out.write(f"\ndemo stopped by {stop}; every process it started has been stopped\n")
+    except _Stop as stopped:
+        out.write(f"\ndemo stopped by {stopped}; every process it started has been stopped\n")
         return 130
     except RuntimeError as exc:
         out.write(f"\ndemo failed: {exc}\n")
