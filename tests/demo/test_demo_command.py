@@ -45,9 +45,10 @@ def _demo_env() -> dict[str, str]:
     }
 
 
-def test_demo_prints_timeline_and_passing_verdict_and_leaves_nothing(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery_dflock", "demo"],
+def _start_demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """`celery-dflock demo` as a user runs it, in a session of its own (to find leftovers)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery_dflock", "demo", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -55,12 +56,22 @@ def test_demo_prints_timeline_and_passing_verdict_and_leaves_nothing(tmp_path: P
         cwd=tmp_path,
         start_new_session=True,
     )
+
+
+def _run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """Run the demo to its end (killing its session if it hangs); the process and its output."""
+    proc = _start_demo(tmp_path, *args)
     try:
         output, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    return proc, output
+
+
+def test_demo_prints_timeline_and_passing_verdict_and_leaves_nothing(tmp_path: Path) -> None:
+    proc, output = _run_demo(tmp_path)
     assert proc.returncode == 0, output
     assert "workers ready: worker-1, worker-2" in output
     assert "| run (worker, fence)" in output
@@ -72,15 +83,7 @@ def test_demo_prints_timeline_and_passing_verdict_and_leaves_nothing(tmp_path: P
 
 
 def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery_dflock", "demo"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_demo_env(),
-        cwd=tmp_path,
-        start_new_session=True,
-    )
+    proc = _start_demo(tmp_path)
     assert proc.stdout is not None
     seen: list[str] = []
     try:
@@ -106,21 +109,9 @@ def test_demo_runs_the_same_on_redis(redis_required: None, tmp_path: Path) -> No
     import redis
 
     url = "redis://127.0.0.1:6379/14"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery_dflock", "demo", "--broker", url],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_demo_env(),
-        cwd=tmp_path,
-        start_new_session=True,
-    )
     try:
-        output, _ = proc.communicate(timeout=90)
+        proc, output = _run_demo(tmp_path, "--broker", url)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
         redis.Redis.from_url(url).flushdb()
     assert proc.returncode == 0, output
     assert f"broker {url}" in output
