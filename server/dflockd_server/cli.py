@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from dflockd_server.config import SETTINGS, Config, ConfigError, Setting, parse_bool
 from dflockd_server.fence import FenceStateError, read_ceiling
+from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server, build_ssl_context
 
 log = logging.getLogger("dflockd_server")
@@ -142,6 +143,11 @@ def _check_files(config: Config) -> None:
             read_ceiling(config.fence_state_file)
         except FenceStateError as exc:
             raise UsageError(f"{_names('fence_state_file')}: {exc}") from None
+    if config.metrics_port is not None and not metrics_available():
+        raise UsageError(
+            f"{_names('metrics_port')} needs prometheus_client, which is not installed: "
+            "pip install 'dflockd-server[metrics]' (or unset it)"
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -178,6 +184,8 @@ async def serve(config: Config) -> None:
         type(asyncio.get_running_loop()).__module__.split(".")[0],
         settings,
     )
+    if server.metrics_address is not None:
+        log.info("metrics on http://%s:%d/metrics", *server.metrics_address)
     if server.secret is None and not is_loopback(config.host):
         log.warning(
             "bound to non-loopback address %s without auth: anyone who can reach port %d can "
@@ -219,7 +227,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(serve(config))
-    except FenceStateError as exc:
+    except (FenceStateError, MetricsError) as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_RUNTIME) from None
     except OSError as exc:

@@ -40,6 +40,8 @@ class Config:
     tls_key: str | None = None
     fence_state_file: str | None = None
     log_level: str = c.DEFAULT_LOG_LEVEL
+    metrics_port: int | None = None
+    metrics_host: str | None = None
 
     def __post_init__(self) -> None:
         for setting in SETTINGS:
@@ -321,5 +323,23 @@ SETTINGS: tuple[Setting, ...] = (
         _log_level,
         "debug, info, warning, error or critical",
         "LEVEL",
+    ),
+    Setting(
+        "metrics_port",
+        "--metrics-port",
+        ("DFLOCKD_METRICS_PORT",),
+        parse_int,
+        _port,
+        "serve Prometheus metrics over HTTP on this port (0: any free; needs the `metrics` "
+        "extra: pip install 'dflockd-server[metrics]')",
+    ),
+    Setting(
+        "metrics_host",
+        "--metrics-host",
+        ("DFLOCKD_METRICS_HOST",),
+        parse_str,
+        _any,
+        "bind address of the metrics endpoint (default: --host)",
+        "ADDR",
     ),
 )

@@ -92,5 +92,28 @@ WRITE_BUFFER_HIGH_WATER: Final = 256 * 1024
 WRITE_BUFFER_LOW_WATER: Final = 64 * 1024
 MAX_PIPELINE_BUFFER: Final = 64 * 1024
 """Bytes of pipelined requests buffered behind a blocking one before reading pauses."""
+METRICS_LATENCY_BUCKETS_S: Final = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""Upper bounds of the request-duration histogram (a waiting acquire counts its wait)."""
+METRICS_SCRAPE_TIMEOUT_S: Final = 5.0
+"""How long a scrape waits for the event loop to take its snapshot."""
 FENCE_PERSIST_BLOCK: Final = 1 << 20
 """The fence state file records a ceiling this many grants ahead of the counter."""

@@ -12,12 +12,14 @@ import hmac
 import json
 import logging
 import ssl
+import time
 from typing import Any, cast
 
 from dflockd_server import constants as c
 from dflockd_server import protocol as p
 from dflockd_server.config import Config
 from dflockd_server.fence import FenceCounter, FenceStateError
+from dflockd_server.metrics import MetricsExporter, RequestTimes
 from dflockd_server.table import (
     AlreadyEnqueued,
     Client,
@@ -69,6 +71,8 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.last_rx = 0.0
         self.waiter: Waiter | None = None
+        self.wait_started = 0.0  # perf_counter() when the in-flight wait began (metrics on)
+        self.wait_command = b""
         self.wait_timer: asyncio.TimerHandle | None = None
         self.read_timer: asyncio.TimerHandle | None = None
         self.write_timer: asyncio.TimerHandle | None = None
@@ -212,6 +216,10 @@ class Connection(asyncio.Protocol):
             self.wait_timer = None
         self._set_busy(False)
         self.last_rx = self.loop.time()
+        times = self.server.request_times
+        if times is not None and self.wait_command:
+            times.observe(self.wait_command, time.perf_counter() - self.wait_started)
+            self.wait_command = b""
         self._write(reply)
         if self.framer.buffered():
             self.loop.call_soon(self._process)
@@ -226,6 +234,7 @@ class Connection(asyncio.Protocol):
         pending = 0
         framer = self.framer
         transport = self.transport
+        times = self.server.request_times
         while not self.busy and not self.closing and not self.write_paused:
             try:
                 frame = framer.next_frame()
@@ -237,7 +246,15 @@ class Connection(asyncio.Protocol):
                 return
             if frame is None:
                 break
-            reply = self._handle(frame)
+            if times is None:
+                reply = self._handle(frame)
+            else:
+                started = time.perf_counter()
+                reply = self._handle(frame)
+                if reply is not None:
+                    times.observe(frame[0], time.perf_counter() - started)
+                elif self.waiter is not None:
+                    self.wait_started, self.wait_command = started, frame[0]
             if reply is not None:
                 out.append(reply)
                 pending += len(reply)
@@ -398,6 +415,11 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
+        self.connections_accepted = 0
+        self.connections_refused = 0
+        # Per-command request timing and its HTTP exporter, when metrics_port is set.
+        self.request_times: RequestTimes | None = None
+        self.metrics: MetricsExporter | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -460,6 +482,22 @@ class Server:
             loop.call_later(cfg.lease_sweep_interval_s, self._sweep),
             loop.call_later(cfg.gc_interval_s, self._gc),
         ]
+        if cfg.metrics_port is not None:
+            exporter = MetricsExporter(self, loop)
+            try:
+                exporter.start(cfg.metrics_host or cfg.host, cfg.metrics_port)
+            except BaseException:
+                self._listener.close()
+                for timer in self._timers:
+                    timer.cancel()
+                raise
+            self.metrics = exporter
+            self.request_times = RequestTimes()
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """Where ``/metrics`` is served, or ``None`` when metrics are off."""
+        return self.metrics.address if self.metrics is not None else None
 
     async def serve_forever(self) -> None:
         """Serve until ``stop()`` has finished."""
@@ -495,11 +533,23 @@ class Server:
             await asyncio.sleep(0)
         if self._listener is not None:
             await self._listener.wait_closed()
+        if self.metrics is not None:
+            await self.loop.run_in_executor(None, self.metrics.stop)
         self._stopped.set()
 
     # ------------------------------------------------------------------ bookkeeping
     def admit(self, conn: Connection) -> str | None:
         """Register a new connection, or say why it is refused."""
+        refusal = self._refusal(conn)
+        if refusal is not None:
+            self.connections_refused += 1
+            return refusal
+        self.connections_accepted += 1
+        self.per_ip[conn.ip] = self.per_ip.get(conn.ip, 0) + 1
+        self.connections.add(conn)
+        return None
+
+    def _refusal(self, conn: Connection) -> str | None:
         cfg = self.config
         if self.draining:
             return "server draining"
@@ -508,8 +558,6 @@ class Server:
         count = self.per_ip.get(conn.ip, 0)
         if cfg.max_connections_per_ip and count >= cfg.max_connections_per_ip:
             return f"max_connections_per_ip ({cfg.max_connections_per_ip}) reached"
-        self.per_ip[conn.ip] = count + 1
-        self.connections.add(conn)
         return None
 
     def forget(self, conn: Connection) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "AlreadyEnqueued",
     "Client",
+    "Counts",
     "Holder",
     "KeyState",
     "LimitMismatch",
@@ -121,6 +122,25 @@ class KeyState:
 _COMPACT_MIN = 64
 
 
+class Counts:
+    """Running totals since start-up, each a pair indexed by kind: ``[lock, semaphore]``
+    (``counts.grants[state.is_sem]``). Plain integers, read by the metrics exporter."""
+
+    __slots__ = ("expiries", "grants", "lost_by_disconnect", "releases", "timeouts")
+
+    def __init__(self) -> None:
+        self.grants = [0, 0]
+        """Locks and slots granted (at once or after waiting)."""
+        self.releases = [0, 0]
+        """Explicit releases by a holder's token."""
+        self.expiries = [0, 0]
+        """Leases that ran out without a renew."""
+        self.lost_by_disconnect = [0, 0]
+        """Holds released because their connection closed (auto-release on disconnect)."""
+        self.timeouts = [0, 0]
+        """Acquires that gave up: try-once refusals and waits that timed out."""
+
+
 class LockTable:
     """All locks and semaphores of one server."""
 
@@ -142,6 +162,7 @@ class LockTable:
         self.sems: dict[str, KeyState] = {}
         self._wakes: list[Waiter] = []
         self._next_client_id = 0
+        self.counts = Counts()
 
     # ------------------------------------------------------------------ clients
     def open_client(self) -> Client:
@@ -156,7 +177,9 @@ class LockTable:
         client.waiting.clear()
         client.enqueued.clear()
         if self.auto_release_on_disconnect:
+            lost = self.counts.lost_by_disconnect
             for holder in list(client.held.values()):
+                lost[holder.state.is_sem] += 1
                 self._drop_holder(holder, now)
                 self._fill(holder.state, now)
         self._flush()
@@ -175,6 +198,7 @@ class LockTable:
             if len(state.holders) < state.limit and state.n_waiting == 0:
                 return self._grant(state, client, lease_ttl, now)
             if not queue:
+                self.counts.timeouts[state.is_sem] += 1
                 return None
             return self._queue(state, client, lease_ttl)
         finally:
@@ -229,6 +253,7 @@ class LockTable:
     def cancel_wait(self, waiter: Waiter) -> None:
         """The waiter gives up (timeout); a granted waiter is left alone."""
         if waiter.active:
+            self.counts.timeouts[waiter.state.is_sem] += 1
             now = self.clock()
             self._unqueue(waiter, now)
             waiter.client.waiting.discard(waiter)
@@ -246,6 +271,7 @@ class LockTable:
         if holder is None:
             self._flush()
             return False
+        self.counts.releases[is_sem] += 1
         self._drop_holder(holder, now)
         self._fill(state, now)
         self._flush()
@@ -291,6 +317,15 @@ class LockTable:
                 del states[k]
             pruned += len(stale)
         return pruned
+
+    def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
+        """``(keys, holders, waiters)`` of one kind right now (leases are not swept here)."""
+        states = self.sems if is_sem else self.locks
+        holders = waiters = 0
+        for state in states.values():
+            holders += len(state.holders)
+            waiters += state.n_waiting
+        return len(states), holders, waiters
 
     def stats(self, connections: int) -> dict[str, Any]:
         """The ``stats`` reply, in dflockd's shape."""
@@ -364,6 +399,7 @@ class LockTable:
 
     def _grant(self, state: KeyState, client: Client, lease_ttl: int, now: float) -> Holder:
         token = self.new_token()
+        self.counts.grants[state.is_sem] += 1
         expires_at = now + lease_ttl
         holder = Holder(token, state, client, lease_ttl, expires_at)
         state.holders[token] = holder
@@ -398,6 +434,8 @@ class LockTable:
         if now < state.earliest:
             return 0
         gone = [h for h in state.holders.values() if h.expires_at <= now]
+        if gone:
+            self.counts.expiries[state.is_sem] += len(gone)
         for holder in gone:
             self._drop_holder(holder, now)
         state.earliest = min((h.expires_at for h in state.holders.values()), default=math.inf)

@@ -57,6 +57,17 @@ class ServerThread:
     def address(self) -> tuple[str, int]:
         return (self._host, self._port)
 
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` when the config sets ``metrics_port``, else ``None``."""
+        address = self.server.metrics_address
+        if address is None:
+            return None
+        host = address[0]
+        if host in ("", "0.0.0.0"):
+            host = "127.0.0.1"
+        return f"http://{host}:{address[1]}/metrics"
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ServerThread:
         """Start serving (idempotent); raises what the server raised if it cannot start."""

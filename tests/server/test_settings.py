@@ -48,6 +48,9 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
     ("--tls-key", ("DFLOCKD_TLS_KEY",), "tls_key", None),
     ("--fence-state-file", ("DFLOCKD_FENCE_STATE_FILE",), "fence_state_file", None),
     ("--log-level", ("DFLOCKD_LOG_LEVEL",), "log_level", "info"),
+    # Not in PROTOCOL.md's table: the optional Prometheus endpoint (the `metrics` extra).
+    ("--metrics-port", ("DFLOCKD_METRICS_PORT",), "metrics_port", None),
+    ("--metrics-host", ("DFLOCKD_METRICS_HOST",), "metrics_host", None),
 ]
 
 
@@ -77,6 +80,8 @@ FAMILIES = [
     pytest.param("shutdown_timeout_s", "1", "0", 1.0, 0.0, id="shutdown-timeout"),
     pytest.param("auth_token", "flag-secret", "env-secret", "flag-secret", "env-secret", id="auth"),
     pytest.param("log_level", "debug", "WARNING", "debug", "warning", id="log-level"),
+    pytest.param("metrics_port", "9388", "0", 9388, 0, id="metrics-port"),
+    pytest.param("metrics_host", "127.0.0.1", "::1", "127.0.0.1", "::1", id="metrics-host"),
 ]
 
 
@@ -165,6 +170,7 @@ BAD = [
     ("DFLOCKD_SHUTDOWN_TIMEOUT_S", "--shutdown-timeout", "inf"),
     ("DFLOCKD_AUTH_TOKEN_FILE", "--auth-token-file", "/nonexistent/secret"),
     ("DFLOCKD_LOG_LEVEL", "--log-level", "loud"),
+    ("DFLOCKD_METRICS_PORT", "--metrics-port", "99999"),
 ]
 
 

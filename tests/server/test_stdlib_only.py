@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import dflockd_server
 
 PACKAGE_DIR = Path(dflockd_server.__file__).parent
 ALLOWED = set(sys.stdlib_module_names) | {"dflockd_server", "uvloop"}
+# The optional metrics extra: imported only by the metrics module, only when metrics are on.
+OPTIONAL = {"metrics.py": {"prometheus_client"}}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -42,9 +45,29 @@ def test_server_imports_only_the_standard_library() -> None:
         f"{path.name}:{line}: {module}"
         for path in files
         for line, module in imported_modules(path)
-        if module not in ALLOWED
+        if module not in ALLOWED | OPTIONAL.get(path.name, set())
     ]
     assert offenders == []
+
+
+def test_the_server_runs_without_the_metrics_extra() -> None:
+    """Blocking prometheus_client's import, the server package still imports and serves."""
+    code = (
+        "import sys; sys.modules['prometheus_client'] = None\n"
+        "from dflockd_server import Config\n"
+        "from dflockd_server.testing import ServerThread\n"
+        "with ServerThread(Config(host='127.0.0.1', port=0)) as s:\n"
+        "    import socket\n"
+        "    c = socket.create_connection(s.address)\n"
+        "    c.sendall(b'ping\\n_\\n_\\n')\n"
+        "    print(c.recv(16))\n"
+        "    c.close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "b'ok\\n'"
 
 
 def test_the_check_catches_a_third_party_import(tmp_path: Path) -> None:

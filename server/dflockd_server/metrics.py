@@ -1,0 +1,248 @@
+"""Prometheus metrics for the lock server.
+
+Two halves. On the event loop, plain integers only: the table's running ``Counts``, and
+``RequestTimes``, a histogram per command kept as bucket counters (one ``bisect`` per request,
+no lock, and nothing at all when metrics are off). Off the loop, ``MetricsExporter`` serves
+them with ``prometheus_client`` (the optional ``metrics`` extra, imported only when metrics are
+switched on): each scrape asks the loop for a consistent snapshot, then builds the metric
+families from it, so the scrape thread never reads the table while the loop changes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import importlib.util
+from bisect import bisect_left
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from dflockd_server import constants as c
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from dflockd_server.net import Server
+
+__all__ = [
+    "MetricsError",
+    "MetricsExporter",
+    "RequestTimes",
+    "Snapshot",
+    "metrics_available",
+]
+
+_KINDS = ("lock", "semaphore")
+_INVALID = "invalid"
+_EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
+
+
+class MetricsError(RuntimeError):
+    """The metrics endpoint cannot start: ``prometheus_client`` is missing or the port is
+    unusable. The message says which and what to do."""
+
+
+def metrics_available() -> bool:
+    """True when ``prometheus_client`` can be imported."""
+    return importlib.util.find_spec("prometheus_client") is not None
+
+
+class _Histogram:
+    __slots__ = ("counts", "total_s")
+
+    def __init__(self) -> None:
+        # counts[i] is how many fell in (bound[i-1], bound[i]]; the last slot is +Inf.
+        self.counts = [0] * (len(c.METRICS_LATENCY_BUCKETS_S) + 1)
+        self.total_s = 0.0
+
+
+class RequestTimes:
+    """Request durations per command, from the parsed request to its reply (a waiting
+    acquire counts its wait). Malformed commands share one ``invalid`` label, so a client
+    sending garbage cannot grow the label set."""
+
+    __slots__ = ("_by_command", "_invalid")
+
+    def __init__(self) -> None:
+        self._by_command = {cmd.encode(): _Histogram() for cmd in sorted(c.COMMANDS)}
+        self._invalid = _Histogram()
+
+    def observe(self, cmd: bytes, seconds: float) -> None:
+        hist = self._by_command.get(cmd) or self._invalid
+        hist.counts[bisect_left(c.METRICS_LATENCY_BUCKETS_S, seconds)] += 1
+        hist.total_s += seconds
+
+    def copy(self) -> dict[str, tuple[list[int], float]]:
+        """``{command: (bucket counts, sum of seconds)}`` for every command seen so far."""
+        out = {
+            cmd.decode(): (list(h.counts), h.total_s)
+            for cmd, h in self._by_command.items()
+            if any(h.counts)
+        }
+        if any(self._invalid.counts):
+            out[_INVALID] = (list(self._invalid.counts), self._invalid.total_s)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything a scrape reports, copied on the event loop in one go."""
+
+    grants: tuple[int, int]
+    releases: tuple[int, int]
+    expiries: tuple[int, int]
+    lost_by_disconnect: tuple[int, int]
+    timeouts: tuple[int, int]
+    keys: tuple[int, int]
+    held: tuple[int, int]
+    waiters: tuple[int, int]
+    connections: int
+    connections_accepted: int
+    connections_refused: int
+    requests: dict[str, tuple[list[int], float]]
+
+    @classmethod
+    def take(cls, server: Server) -> Snapshot:
+        """Read the server's state; call on its event loop."""
+        table = server.table
+        counts = table.counts
+        locks, sems = table.occupancy(False), table.occupancy(True)
+        times = server.request_times
+        return cls(
+            grants=(counts.grants[0], counts.grants[1]),
+            releases=(counts.releases[0], counts.releases[1]),
+            expiries=(counts.expiries[0], counts.expiries[1]),
+            lost_by_disconnect=(counts.lost_by_disconnect[0], counts.lost_by_disconnect[1]),
+            timeouts=(counts.timeouts[0], counts.timeouts[1]),
+            keys=(locks[0], sems[0]),
+            held=(locks[1], sems[1]),
+            waiters=(locks[2], sems[2]),
+            connections=len(server.connections),
+            connections_accepted=server.connections_accepted,
+            connections_refused=server.connections_refused,
+            requests=times.copy() if times is not None else {},
+        )
+
+
+class MetricsExporter:
+    """Serves ``/metrics`` from a ``prometheus_client`` HTTP server thread."""
+
+    def __init__(self, server: Server, loop: asyncio.AbstractEventLoop) -> None:
+        self._server = server
+        self._loop = loop
+        self._http: Any = None
+        self._thread: Any = None
+        self.address: tuple[str, int] | None = None
+
+    def start(self, host: str, port: int) -> tuple[str, int]:
+        """Bind and serve; returns the bound address (useful with port 0)."""
+        try:
+            from prometheus_client import start_http_server
+            from prometheus_client.registry import CollectorRegistry
+        except ImportError as exc:
+            raise MetricsError(f"metrics need prometheus_client: {_EXTRA_HINT}") from exc
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self._collector())
+        try:
+            self._http, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise MetricsError(
+                f"cannot serve metrics on {host}:{port}: {exc} "
+                "(choose another --metrics-port / DFLOCKD_METRICS_PORT)"
+            ) from exc
+        name: Any = self._http.server_address
+        self.address = (str(name[0]), int(name[1]))
+        return self.address
+
+    def stop(self) -> None:
+        """Stop serving (blocks until the HTTP thread is done; run it off the loop)."""
+        http, self._http = self._http, None
+        if http is not None:
+            http.shutdown()
+            http.server_close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def snapshot(self) -> Snapshot:
+        """A snapshot taken on the server's loop (called from the scrape thread)."""
+        done: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
+
+        def take() -> None:
+            try:
+                done.set_result(Snapshot.take(self._server))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(take)
+        return done.result(c.METRICS_SCRAPE_TIMEOUT_S)
+
+    def _collector(self) -> Collector:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+        from prometheus_client.registry import Collector
+
+        exporter = self
+
+        class _Collector(Collector):
+            def collect(self) -> Iterator[Any]:
+                snap = exporter.snapshot()
+                by_kind: list[tuple[str, str, tuple[int, int], type[Any]]] = [
+                    ("dflockd_grants", "Locks and semaphore slots granted.", snap.grants,
+                     CounterMetricFamily),
+                    ("dflockd_releases", "Explicit releases by the holder's token.",
+                     snap.releases, CounterMetricFamily),
+                    ("dflockd_expiries", "Leases that ran out without a renew.", snap.expiries,
+                     CounterMetricFamily),
+                    ("dflockd_lost_by_disconnect",
+                     "Holds released because their connection closed.",
+                     snap.lost_by_disconnect, CounterMetricFamily),
+                    ("dflockd_acquire_timeouts",
+                     "Acquires that gave up: try-once refusals and waits that timed out.",
+                     snap.timeouts, CounterMetricFamily),
+                    ("dflockd_keys", "Keys known to the server (held, waited on or idle).",
+                     snap.keys, GaugeMetricFamily),
+                    ("dflockd_held", "Locks and semaphore slots held now.", snap.held,
+                     GaugeMetricFamily),
+                    ("dflockd_waiters", "Acquires waiting in a queue now.", snap.waiters,
+                     GaugeMetricFamily),
+                ]  # fmt: skip
+                for name, doc, values, family_type in by_kind:
+                    family = family_type(name, doc, labels=["kind"])
+                    for kind, value in zip(_KINDS, values, strict=True):
+                        family.add_metric([kind], value)
+                    yield family
+                yield GaugeMetricFamily(
+                    "dflockd_connections", "Client connections open now.", value=snap.connections
+                )
+                yield CounterMetricFamily(
+                    "dflockd_connections_accepted",
+                    "Client connections admitted.",
+                    value=snap.connections_accepted,
+                )
+                yield CounterMetricFamily(
+                    "dflockd_connections_refused",
+                    "Client connections closed at once (connection caps or draining).",
+                    value=snap.connections_refused,
+                )
+                latency = HistogramMetricFamily(
+                    "dflockd_request_duration_seconds",
+                    "Time from a parsed request to its reply, per command "
+                    "(a waiting acquire counts its wait).",
+                    labels=["command"],
+                )
+                bounds = [*(f"{b:g}" for b in c.METRICS_LATENCY_BUCKETS_S), "+Inf"]
+                for command, (counts, total) in sorted(snap.requests.items()):
+                    cumulative: list[tuple[str, float]] = []
+                    running = 0
+                    for bound, count in zip(bounds, counts, strict=True):
+                        running += count
+                        cumulative.append((bound, running))
+                    latency.add_metric([command], cumulative, total)
+                yield latency
+
+        return _Collector()
