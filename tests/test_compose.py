@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +112,9 @@ def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: P
     assert 'ENTRYPOINT ["dflockd"]' in (ROOT / "server" / "Dockerfile").read_text()
     server_env = {**_env(dflockd, port, tmp_path), "DFLOCKD_PORT": str(port)}
     server_env["DFLOCKD_HOST"] = "127.0.0.1"  # a container binds 0.0.0.0; here only loopback
+    assert dflockd["environment"]["DFLOCKD_METRICS_PORT"] == "9388"
+    metrics_port = _free_port()
+    server_env["DFLOCKD_METRICS_PORT"] = str(metrics_port)
     topology.start("dflockd", [str(Path(sys.executable).parent / "dflockd")], server_env)
 
     # Its healthcheck, exactly as the compose file states it, turns healthy.
@@ -156,3 +161,15 @@ def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: P
     assert (tmp_path / "example-ledger.sqlite3").exists()  # the container path, mapped
     ran = topology.log("worker-1") + topology.log("worker-2")
     assert ran.count("succeeded in") >= 5
+
+    # The sidecar's metrics endpoint saw those grants (plus the active beat's lock).
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    grants = {
+        sample.labels["kind"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dflockd_grants_total"
+    }
+    assert grants["lock"] >= 6, text
