@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of the lock server and the Celery integration (see README.md)."""

@@ -1,0 +1,456 @@
+"""What every benchmark shares: server subprocesses it owns, /proc readings, tables, results.
+
+Linux only: CPU time and memory are read from ``/proc/<pid>`` of processes the benchmark
+started itself (a ``dflockd`` or ``redis-server`` child), so the figures are the server's own
+and not the load generator's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 15.0
+POLL_S = 0.02
+LOOPS = ("asyncio", "uvloop")
+"""The event loops the bundled server runs on (uvloop when installed, asyncio otherwise)."""
+
+_LISTENING = re.compile(r"listening on (\S+):(\d+) \(.*loop (\w+)\)")
+_NO_UVLOOP_BOOT = (
+    "import sys\n"
+    "sys.modules['uvloop'] = None  # import uvloop now fails: the server picks asyncio's loop\n"
+    "from dflockd_server.cli import main\n"
+    "main(sys.argv[1:])\n"
+)
+
+
+# ---------------------------------------------------------------------------- /proc readings
+def cpu_ns(pid: int) -> int:
+    """CPU time of every live thread of ``pid`` in nanoseconds (``/proc/<pid>/task/*/schedstat``).
+
+    Falls back to utime + stime of ``/proc/<pid>/stat`` (10 ms resolution) where schedstat
+    is missing.
+    """
+    total = 0
+    found = False
+    with contextlib.suppress(FileNotFoundError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as fh:
+                    total += int(fh.read().split()[0])
+                found = True
+    if found:
+        return total
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (``VmRSS`` of ``/proc/<pid>/status``)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def raise_fd_limit(wanted: int) -> int:
+    """Raise this process's open-file limit towards ``wanted`` (children inherit it).
+
+    Returns the soft limit in force afterwards (may be below ``wanted`` if the hard limit
+    cannot be raised).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= wanted:
+        return soft
+    target = wanted
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        try:  # only a privileged process may raise the hard limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            return wanted
+        except (ValueError, OSError):
+            target = hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ---------------------------------------------------------------------------- server children
+@dataclass
+class ServerProcess:
+    """A lock server subprocess this benchmark started (and alone stops)."""
+
+    label: str
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu_ns(self) -> int:
+        return cpu_ns(self.proc.pid)
+
+    def rss(self) -> int:
+        return rss_bytes(self.proc.pid)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within ``STOP_TIMEOUT_S``."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT_S)
+
+
+def dflockd_command(loop: str) -> list[str]:
+    """The command that runs the real ``dflockd`` entry point on ``loop``.
+
+    ``uvloop``: the ``dflockd`` console script (it uses uvloop when installed). ``asyncio``:
+    the same entry point (``dflockd_server.cli:main``) with uvloop made unimportable, which is
+    exactly how the server runs where uvloop is not installed.
+    """
+    if loop == "uvloop":
+        script = Path(sys.executable).parent / "dflockd"
+        if not script.exists():
+            raise RuntimeError(f"the dflockd console script is missing at {script}; run uv sync")
+        return [str(script)]
+    if loop == "asyncio":
+        return [sys.executable, "-c", _NO_UVLOOP_BOOT]
+    raise ValueError(f"unknown loop {loop!r}; expected one of {LOOPS}")
+
+
+def start_dflockd(
+    loop: str, workdir: Path, *extra_args: str, command: list[str] | None = None
+) -> ServerProcess:
+    """Start ``dflockd`` on 127.0.0.1 (free port) on ``loop``; returns once it listens.
+
+    ``command`` replaces the ``dflockd`` command (it must take dflockd's flags and log like it).
+    """
+    log_path = workdir / f"dflockd-{loop}-{time.monotonic_ns()}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
+    args = ["--host", "127.0.0.1", "--port", "0", "--log-level", "info", *extra_args]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*(command or dflockd_command(loop)), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    server = ServerProcess(f"dflockd ({loop})", proc, "127.0.0.1", 0, log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        match = _LISTENING.search(server.log_tail(100_000))
+        if match:
+            if match.group(3) != loop:
+                server.stop()
+                raise RuntimeError(f"dflockd started on loop {match.group(3)!r}, not {loop!r}")
+            server.port = int(match.group(2))
+            return server
+        if not server.alive() or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"dflockd ({loop}) did not start:\n{server.log_tail()}")
+        time.sleep(POLL_S)
+
+
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def start_redis(workdir: Path, *, maxclients: int = 10_000) -> ServerProcess:
+    """Start a private ``redis-server`` on a free port (no persistence); returns once it answers."""
+    binary = redis_server_binary()
+    if binary is None:
+        raise RuntimeError("redis-server is not on PATH (the benchmarks compare against it)")
+    tail = ""
+    for _attempt in range(5):
+        port = free_port()
+        log_path = workdir / f"redis-{port}.log"
+        # Redis needs maxclients + 32 descriptors.
+        raise_fd_limit(maxclients + 64)
+        proc = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--maxclients",
+                str(maxclients),
+                "--logfile",
+                str(log_path),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        server = ServerProcess("redis", proc, "127.0.0.1", port, log_path)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while server.alive() and time.monotonic() < deadline:
+            if redis_ping(server.host, port):
+                return server
+            time.sleep(POLL_S)
+        tail = server.log_tail()
+        server.stop()  # port taken in the meantime, or it did not come up: try another port
+    raise RuntimeError(f"redis-server did not start:\n{tail}")
+
+
+def redis_ping(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def workdir(prefix: str) -> Iterator[Path]:
+    """A temporary directory for logs of this run (removed afterwards)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def owned_servers() -> Iterator[list[ServerProcess]]:
+    """A list to put started servers in; every one is stopped on the way out."""
+    servers: list[ServerProcess] = []
+    try:
+        yield servers
+    finally:
+        for server in reversed(servers):
+            server.stop()
+
+
+# ---------------------------------------------------------------------------- machine
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def redis_server_version() -> str:
+    binary = redis_server_binary()
+    if binary is None:
+        return "not installed"
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    match = re.search(r"v=(\S+)", out.stdout)
+    return match.group(1) if match else out.stdout.strip()
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "versions": {
+            "celery-dflock": _version("celery-dflock"),
+            "dflockd-server": _version("dflockd-server"),
+            "uvloop": _version("uvloop"),
+            "celery": _version("celery"),
+            "kombu": _version("kombu"),
+            "redis-py": _version("redis"),
+            "redis-server": redis_server_version(),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- statistics
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of already sorted values; NaN when empty."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
+    return float(sorted_values[rank - 1])
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs else float("nan")
+
+
+def fmt_num(value: float, digits: int = 1) -> str:
+    if math.isnan(value):
+        return "n/a"
+    if abs(round(value, digits)) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def fmt_ratio(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.2f}x"
+
+
+# ---------------------------------------------------------------------------- tables, goals
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list[list[str]])
+    notes: list[str] = field(default_factory=list[str])
+
+    def render_text(self) -> str:
+        widths = [len(c) for c in self.columns]
+        for row in self.rows:
+            widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+        line = "  ".join("-" * w for w in widths)
+        out = [self.title, line]
+        out.append("  ".join(c.ljust(w) for c, w in zip(self.columns, widths, strict=True)))
+        out.append(line)
+        for row in self.rows:
+            out.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+        out.append(line)
+        out.extend(f"  {note}" for note in self.notes)
+        return "\n".join(out)
+
+
+@dataclass
+class Goal:
+    """One of the issue's goals, decided from the figures of this run."""
+
+    goal: str
+    measured: str
+    met: bool
+    detail: str = ""
+
+
+@dataclass
+class BenchRun:
+    """Collects one benchmark's tables, goals and raw figures, then writes its results file."""
+
+    name: str
+    args: argparse.Namespace
+    argv: list[str]
+    params: dict[str, Any]
+    tables: list[Table] = field(default_factory=list[Table])
+    goals: list[Goal] = field(default_factory=list[Goal])
+    data: dict[str, Any] = field(default_factory=dict[str, Any])
+    started: float = field(default_factory=time.time)
+    load_start: tuple[float, float, float] = field(default_factory=os.getloadavg)
+
+    def add(self, table: Table) -> None:
+        self.tables.append(table)
+        print(table.render_text(), end="\n\n", flush=True)
+
+    def command(self) -> str:
+        return " ".join(["uv run python -m", f"benchmarks.{self.name}", *self.argv]).strip()
+
+    def write(self) -> Path:
+        finished = time.time()
+        results_dir = Path(self.args.results_dir)
+        results_dir.mkdir(parents=True, exist_ok=True)
+        path = results_dir / f"{self.name}.json"
+        payload = {
+            "benchmark": self.name,
+            "run_id": self.args.run_id,
+            "command": self.command(),
+            "quick": bool(self.args.quick),
+            "started": _iso(self.started),
+            "finished": _iso(finished),
+            "duration_s": round(finished - self.started, 1),
+            "loadavg_start": [round(x, 2) for x in self.load_start],
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "machine": machine_info(),
+            "params": self.params,
+            "tables": [asdict(t) for t in self.tables],
+            "goals": [asdict(g) for g in self.goals],
+            "data": self.data,
+        }
+        path.write_text(json.dumps(payload, indent=1) + "\n")
+        for goal in self.goals:
+            verdict = "MET" if goal.met else "NOT MET"
+            print(f"goal: {goal.goal}: {goal.measured} -> {verdict}")
+        print(f"{self.name}: {payload['duration_s']} s; results in {path}", flush=True)
+        return path
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def base_parser(name: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (seconds): the smoke test's run"
+    )
+    parser.add_argument(
+        "--results-dir",
+        default=str(RESULTS_DIR),
+        help=f"where to write {name}.json (default: benchmarks/results)",
+    )
+    parser.add_argument(
+        "--run-id", default="", help="label shared by the benchmarks of one run (run_all sets it)"
+    )
+    return parser

@@ -1,0 +1,319 @@
+"""Celery benchmark: short tasks on a prefork worker, plain against locked.
+
+    uv run python -m benchmarks.celery_tasks            # 2,000 tasks x 4 variants x 3 rounds
+    uv run python -m benchmarks.celery_tasks --quick
+
+Per batch: ``--tasks`` messages of one variant are published to a fresh queue on a private
+``redis-server`` (the broker), then a real worker (``celery worker -P prefork -c 2``, Celery's
+default prefetch) is started on that queue; tasks per second = tasks / (last body end - first
+body start), from the times the bodies log. Variants (the order rotates per round):
+
+* ``plain``: a plain ``@app.task``;
+* ``LockedTask, distinct keys``: ``lock_key="bench-locked:{i}"`` (never contended);
+* ``LockedTask, 10 shared keys``: ``lock_key="bench-shared:{k}"``, ``k = i % 10``,
+  ``lock_timeout=10`` (a rare collision of the two pool processes waits in the queue);
+* ``redis-py Lock in the task``: the body takes ``redis.lock(f"bench-redis:{i}")`` itself,
+  on a second private ``redis-server`` (so the lock server's CPU time can be read for both).
+
+The lock server is the ``dflockd`` console script with default settings (uvloop when installed).
+Results are ignored (no result backend), so the lock's share of each task is not diluted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import (
+    REPO,
+    BenchRun,
+    Goal,
+    ServerProcess,
+    Table,
+    base_parser,
+    fmt_num,
+    fmt_ratio,
+    median,
+    owned_servers,
+    ratio,
+    start_dflockd,
+    start_redis,
+    workdir,
+)
+from benchmarks.celery_app import LOG_ENV, REDIS_LOCK_URL_ENV, SETTINGS_ENV, SHARED_KEYS
+
+NAME = "celery_tasks"
+PLAIN = "plain"
+LOCKED_DISTINCT = "LockedTask, distinct keys"
+LOCKED_SHARED = "LockedTask, 10 shared keys"
+REDIS_LOCK = "redis-py Lock in the task"
+VARIANTS: dict[str, str] = {
+    PLAIN: "bench.plain",
+    LOCKED_DISTINCT: "bench.locked",
+    LOCKED_SHARED: "bench.locked_shared",
+    REDIS_LOCK: "bench.redis_lock",
+}
+LOCKED = (LOCKED_DISTINCT, LOCKED_SHARED)
+THROUGHPUT_GOAL = 0.90
+CONCURRENCY = 2
+BATCH_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 30.0
+POLL_S = 0.05
+
+
+@dataclass
+class Batch:
+    variant: str
+    tasks: int
+    wall_s: float
+    lock_server_cpu_us_per_task: float
+
+    @property
+    def per_s(self) -> float:
+        return self.tasks / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+@dataclass
+class Variant:
+    name: str
+    batches: list[Batch] = field(default_factory=list[Batch])
+
+    @property
+    def per_s(self) -> float:
+        return median([b.per_s for b in self.batches])
+
+    @property
+    def cpu_us(self) -> float:
+        return median([b.lock_server_cpu_us_per_task for b in self.batches])
+
+
+def settings(queue: str, broker: str, lock_server: ServerProcess) -> dict[str, Any]:
+    return {
+        "broker_url": broker,
+        "task_default_queue": queue,
+        "task_ignore_result": True,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "broker_transport_options": {"polling_interval": 0.05},
+        "dflock_servers": f"{lock_server.host}:{lock_server.port}",
+    }
+
+
+def publish(conf: dict[str, Any], task: str, n: int) -> None:
+    from celery import Celery
+
+    app = Celery("dflock-bench-client", set_as_current=False)
+    app.conf.update(conf)
+    try:
+        with app.producer_or_acquire() as producer:
+            for i in range(n):
+                args = (i, i % SHARED_KEYS) if task == "bench.locked_shared" else (i,)
+                app.send_task(task, args=args, producer=producer)
+    finally:
+        app.close()
+
+
+def read_log(path: Path) -> list[tuple[int, float, float]]:
+    if not path.exists():
+        return []
+    out: list[tuple[int, float, float]] = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((int(parts[0]), float(parts[1]), float(parts[2])))
+    return out
+
+
+def run_batch(
+    variant: str,
+    n: int,
+    tmp: Path,
+    *,
+    broker: ServerProcess,
+    lock_server: ServerProcess,
+    lock_redis: ServerProcess,
+) -> Batch:
+    queue = f"dflock-bench-{uuid.uuid4().hex[:8]}"
+    broker_url = f"redis://{broker.host}:{broker.port}/0"
+    conf = settings(queue, broker_url, lock_server)
+    log = tmp / f"{queue}.log"
+    publish(conf, VARIANTS[variant], n)
+    env = {
+        **os.environ,
+        SETTINGS_ENV: json.dumps(conf),
+        LOG_ENV: str(log),
+        REDIS_LOCK_URL_ENV: f"redis://{lock_redis.host}:{lock_redis.port}/0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    output = tmp / f"{queue}.worker.out"
+    locks = lock_redis if variant == REDIS_LOCK else lock_server
+    cpu0 = locks.cpu_ns()
+    with output.open("wb") as out:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "benchmarks.celery_app",
+                "worker",
+                "-P",
+                "prefork",
+                "-c",
+                str(CONCURRENCY),
+                "-Q",
+                queue,
+                "-n",
+                f"{queue}@bench",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "WARNING",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + BATCH_TIMEOUT_S
+        while len(entries := read_log(log)) < n:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{variant}: {len(entries)} of {n} tasks ran; worker output:\n"
+                    + output.read_text(errors="replace")[-3000:]
+                )
+            time.sleep(POLL_S)
+        cpu1 = locks.cpu_ns()
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"{variant}: the worker did not stop in {STOP_TIMEOUT_S} s; killed", flush=True)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(STOP_TIMEOUT_S)
+    if sorted(i for i, _s, _e in entries) != list(range(n)):
+        raise RuntimeError(f"{variant}: tasks ran a wrong number of times")
+    first = min(s for _i, s, _e in entries)
+    last = max(e for _i, _s, e in entries)
+    return Batch(variant, n, last - first, (cpu1 - cpu0) / 1000 / n)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
+    parser.add_argument("--tasks", type=int, default=0, help="tasks per batch (2,000)")
+    parser.add_argument("--rounds", type=int, default=0, help="batches per variant (3)")
+    args = parser.parse_args(argv)
+    quick = bool(args.quick)
+    n = args.tasks or (20 if quick else 2000)
+    rounds = args.rounds or (1 if quick else 3)
+    run = BenchRun(
+        NAME,
+        args,
+        list(sys.argv[1:] if argv is None else argv),
+        params={
+            "tasks": n,
+            "rounds": rounds,
+            "pool": "prefork",
+            "concurrency": CONCURRENCY,
+            "broker": "redis (private redis-server)",
+            "lock_server": "dflockd console script, default settings",
+        },
+    )
+    variants = {name: Variant(name) for name in VARIANTS}
+    names = list(VARIANTS)
+    with workdir("dflock-bench-celery-") as tmp, owned_servers() as servers:
+        broker = start_redis(tmp)
+        servers.append(broker)
+        lock_redis = start_redis(tmp)  # its own, so its CPU time is the locks' alone
+        servers.append(lock_redis)
+        lock_server = start_dflockd("uvloop" if _has_uvloop() else "asyncio", tmp)
+        servers.append(lock_server)
+        run.params["lock_server"] += f" ({lock_server.label})"
+        for r in range(rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                batch = run_batch(
+                    name, n, tmp, broker=broker, lock_server=lock_server, lock_redis=lock_redis
+                )
+                variants[name].batches.append(batch)
+                print(
+                    f"round {r + 1} {name}: {batch.per_s:,.0f} tasks/s "
+                    f"({batch.wall_s:.2f} s for {n})",
+                    flush=True,
+                )
+
+    base = variants[PLAIN].per_s
+    table = Table(
+        f"Celery: {n:,} short tasks, prefork worker -c {CONCURRENCY}, Redis broker "
+        "(tasks per second)",
+        ["variant", "tasks/s", "/ plain", "lock server CPU us per task", "batches (tasks/s)"],
+        notes=[
+            f"median of {rounds} batch(es); each batch a fresh worker on a pre-filled queue",
+            "lock server CPU: the dflockd process, or for redis-py Lock a second private "
+            "redis-server that holds only the locks (the broker is another one)",
+        ],
+    )
+    for v in variants.values():
+        table.rows.append(
+            [
+                v.name,
+                fmt_num(v.per_s, 0),
+                fmt_ratio(ratio(v.per_s, base)),
+                fmt_num(v.cpu_us) if v.name != PLAIN else "-",
+                ", ".join(f"{b.per_s:,.0f}" for b in v.batches),
+            ]
+        )
+    run.add(table)
+    for name in LOCKED:
+        share = ratio(variants[name].per_s, base)
+        run.goals.append(
+            Goal(
+                goal=f"LockedTask throughput at least {THROUGHPUT_GOAL:.0%} of plain ({name})",
+                measured=(
+                    f"{share:.0%} of plain ({variants[name].per_s:,.0f} vs {base:,.0f} tasks/s)"
+                ),
+                met=share >= THROUGHPUT_GOAL,
+                detail=(
+                    "redis-py Lock in the task: "
+                    f"{ratio(variants[REDIS_LOCK].per_s, base):.0%} of plain"
+                ),
+            )
+        )
+    run.data["variants"] = [
+        {
+            "variant": v.name,
+            "tasks_per_s": round(v.per_s, 1),
+            "ratio_to_plain": round(ratio(v.per_s, base), 3),
+            "batches": [round(b.per_s, 1) for b in v.batches],
+        }
+        for v in variants.values()
+    ]
+    run.write()
+    return 0
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

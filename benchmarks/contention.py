@@ -1,0 +1,419 @@
+"""Contention benchmark: many waiters on one key; handoff latency and FIFO order.
+
+    uv run python -m benchmarks.contention            # 100 waiters, 10 rounds (under a minute)
+    uv run python -m benchmarks.contention --quick
+
+One connection holds the key; ``--waiters`` connections then ask for it one after another
+(each is seen queued in ``stats`` before the next asks). The holder releases, and every waiter
+releases as soon as it is granted, so the key is handed down the whole queue. Handoff latency
+is the time from sending a release to the next waiter reading its grant, on one clock.
+The grant order must be the queue order (FIFO) and the fencing counters must increase.
+
+Measured on both event loops at the wire (one client process, a selector over the
+connections), through ``celery_dflock.DistributedLock`` (one thread per waiter), and, for
+comparison, redis-py's ``Lock`` (one thread per waiter): Redis has no queue, so its waiters
+poll every ``sleep`` seconds (redis-py's default 0.1 s) and nothing orders them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import selectors
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks._common import (
+    LOOPS,
+    BenchRun,
+    Goal,
+    ServerProcess,
+    Table,
+    base_parser,
+    fmt_num,
+    owned_servers,
+    percentile,
+    start_dflockd,
+    start_redis,
+    workdir,
+)
+
+NAME = "contention"
+WAIT_S = 120
+"""Seconds each waiter is willing to queue (never reached)."""
+SETTLE_TIMEOUT_S = 30.0
+REDIS_SLEEP_S = 0.1
+"""redis-py ``Lock``'s default pause between attempts."""
+FENCE_HEX = 16
+
+
+@dataclass
+class Outcome:
+    """One way of handing a key down a queue of waiters, over all its rounds."""
+
+    server: str
+    client: str
+    waiters: int
+    rounds: int
+    handoffs_ns: list[int] = field(default_factory=list[int])
+    in_order: int = 0
+    """Grants that went to the waiter whose turn it was (queue order)."""
+    grants: int = 0
+    fences_increasing: bool | None = True
+    """None where the lock has no fencing counter."""
+
+    @property
+    def fifo(self) -> bool:
+        return self.grants > 0 and self.in_order == self.grants
+
+    def as_dict(self) -> dict[str, Any]:
+        ordered = sorted(self.handoffs_ns)
+        return {
+            "server": self.server,
+            "client": self.client,
+            "waiters": self.waiters,
+            "rounds": self.rounds,
+            "handoffs": len(ordered),
+            "p50_us": round(percentile(ordered, 50) / 1000, 1),
+            "p99_us": round(percentile(ordered, 99) / 1000, 1),
+            "max_us": round(ordered[-1] / 1000, 1) if ordered else None,
+            "grants": self.grants,
+            "in_order": self.in_order,
+            "fifo": self.fifo,
+            "fences_increasing": self.fences_increasing,
+        }
+
+
+# ------------------------------------------------------------------------------ wire helpers
+def _line(sock: socket.socket, buf: bytearray) -> bytes:
+    while b"\n" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        buf += data
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+def _request(sock: socket.socket, cmd: bytes, key: bytes, arg: bytes) -> bytes:
+    sock.sendall(b"%s\n%s\n%s\n" % (cmd, key, arg))
+    return _line(sock, bytearray())
+
+
+def _connect(server: ServerProcess) -> socket.socket:
+    sock = socket.create_connection((server.host, server.port), timeout=SETTLE_TIMEOUT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def queued(monitor: socket.socket, key: str) -> int:
+    """Waiters queued on ``key``, from the server's ``stats``."""
+    reply = _request(monitor, b"stats", b"_", b"_")
+    if not reply.startswith(b"ok "):
+        raise RuntimeError(f"stats failed: {reply[:80]!r}")
+    for lock in json.loads(reply[3:])["locks"]:
+        if lock["key"] == key:
+            return int(lock["waiters"])
+    return 0
+
+
+def wait_queued(monitor: socket.socket, key: str, count: int) -> None:
+    """Poll ``stats`` until ``count`` waiters are queued on ``key``."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while queued(monitor, key) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{count} waiter(s) never showed up queued on {key}")
+
+
+def _fence(token: bytes | str) -> int:
+    return int(token[:FENCE_HEX], 16)
+
+
+# ------------------------------------------------------------------------------ dflockd, wire
+def wire_round(server: ServerProcess, key: str, waiters: int, out: Outcome) -> None:
+    """One round at the wire: queue ``waiters`` connections, hand the key down the queue."""
+    bkey = key.encode()
+    monitor = _connect(server)
+    holder = _connect(server)
+    socks: list[socket.socket] = []
+    try:
+        grant = _request(holder, b"l", bkey, b"0")
+        if not grant.startswith(b"ok "):
+            raise RuntimeError(f"the holder was refused: {grant!r}")
+        holder_token = grant.split()[1]
+        for i in range(waiters):
+            sock = _connect(server)
+            socks.append(sock)
+            sock.sendall(b"l\n%s\n%d\n" % (bkey, WAIT_S))
+            wait_queued(monitor, key, i + 1)
+        sel = selectors.DefaultSelector()
+        bufs = [bytearray() for _ in socks]
+        for index, sock in enumerate(socks):
+            sel.register(sock, selectors.EVENT_READ, index)
+        granted: list[int] = []
+        fences: list[int] = [_fence(holder_token)]
+        released_at = time.monotonic_ns()
+        holder.sendall(b"r\n%s\n%s\n" % (bkey, holder_token))
+        pending_ok = waiters
+        while len(granted) < waiters or pending_ok:
+            events = sel.select(SETTLE_TIMEOUT_S)
+            if not events:
+                raise RuntimeError(f"no grant within {SETTLE_TIMEOUT_S} s; granted {granted}")
+            for sel_key, _mask in events:
+                index: int = sel_key.data
+                sock = socks[index]
+                data = sock.recv(65536)
+                now = time.monotonic_ns()
+                if not data:
+                    raise ConnectionError("the server closed a waiter's connection")
+                buf = bufs[index]
+                buf += data
+                while b"\n" in buf:
+                    line, _, rest = bytes(buf).partition(b"\n")
+                    buf[:] = rest
+                    if line.startswith(b"ok ") and index not in granted:
+                        out.handoffs_ns.append(now - released_at)
+                        granted.append(index)
+                        token = line.split()[1]
+                        fences.append(_fence(token))
+                        released_at = time.monotonic_ns()
+                        sock.sendall(b"r\n%s\n%s\n" % (bkey, token))
+                    elif line == b"ok":
+                        pending_ok -= 1
+                    else:
+                        raise RuntimeError(f"waiter {index} got {line!r}")
+        if _line(holder, bytearray()) != b"ok":
+            raise RuntimeError("the holder's release was refused")
+        sel.close()
+        out.grants += len(granted)
+        out.in_order += sum(1 for turn, index in enumerate(granted) if turn == index)
+        if any(b <= a for a, b in itertools.pairwise(fences)):
+            out.fences_increasing = False
+    finally:
+        for sock in (*socks, holder, monitor):
+            sock.close()
+
+
+# ------------------------------------------------------------------------------ threads
+@dataclass
+class _Grant:
+    waiter: int
+    granted_ns: int
+    released_ns: int
+    fence: int | None
+
+
+def threaded_round(
+    acquire_release: Callable[[int, list[_Grant], threading.Lock], None],
+    take_holder: Callable[[], Callable[[], None]],
+    waiters: int,
+    settle: Callable[[int], None],
+    out: Outcome,
+) -> None:
+    """Waiters in threads (started in order, each settled before the next); the holder's
+    release starts the handoffs."""
+    release_holder = take_holder()
+    grants: list[_Grant] = []
+    lock = threading.Lock()
+    threads: list[threading.Thread] = []
+    for i in range(waiters):
+        thread = threading.Thread(target=acquire_release, args=(i, grants, lock), daemon=True)
+        thread.start()
+        threads.append(thread)
+        settle(i + 1)
+    released_at = time.monotonic_ns()
+    release_holder()
+    for thread in threads:
+        thread.join(WAIT_S)
+    if len(grants) != waiters:
+        raise RuntimeError(f"only {len(grants)} of {waiters} waiters were granted")
+    grants.sort(key=lambda g: g.granted_ns)
+    previous = released_at
+    for turn, grant in enumerate(grants):
+        out.handoffs_ns.append(grant.granted_ns - previous)
+        previous = grant.released_ns
+        out.in_order += grant.waiter == turn
+    out.grants += len(grants)
+    fences = [g.fence for g in grants]
+    if any(f is None for f in fences):
+        out.fences_increasing = None
+    elif any(b <= a for a, b in itertools.pairwise(fences)):  # type: ignore[operator]
+        out.fences_increasing = False
+
+
+def dflock_client_round(server: ServerProcess, key: str, waiters: int, out: Outcome) -> None:
+    from celery_dflock import DistributedLock
+
+    servers = [(server.host, server.port)]
+    monitor = _connect(server)
+
+    def take_holder() -> Callable[[], None]:
+        holder = DistributedLock(key, 0, servers=servers)
+        if not holder.acquire():
+            raise RuntimeError("the holder was refused")
+
+        def release() -> None:
+            holder.release()
+
+        return release
+
+    def acquire_release(i: int, grants: list[_Grant], guard: threading.Lock) -> None:
+        lock = DistributedLock(key, WAIT_S, servers=servers)
+        if not lock.acquire():
+            return
+        granted = time.monotonic_ns()
+        fence = lock.fence
+        released = time.monotonic_ns()
+        lock.release()
+        with guard:
+            grants.append(_Grant(i, granted, released, fence))
+
+    try:
+        threaded_round(
+            acquire_release,
+            take_holder,
+            waiters,
+            lambda count: wait_queued(monitor, key, count),
+            out,
+        )
+    finally:
+        monitor.close()
+
+
+def redis_round(
+    server: ServerProcess, key: str, waiters: int, sleep_s: float, out: Outcome
+) -> None:
+    import redis
+
+    client = redis.Redis(host=server.host, port=server.port, max_connections=waiters + 8)
+    try:
+
+        def take_holder() -> Callable[[], None]:
+            holder = client.lock(key, timeout=WAIT_S)
+            if not holder.acquire(blocking=False):
+                raise RuntimeError("the holder was refused")
+            return holder.release
+
+        def acquire_release(i: int, grants: list[_Grant], guard: threading.Lock) -> None:
+            lock = client.lock(key, timeout=WAIT_S, sleep=sleep_s, blocking_timeout=WAIT_S)
+            if not lock.acquire():
+                return
+            granted = time.monotonic_ns()
+            released = time.monotonic_ns()
+            lock.release()
+            with guard:
+                grants.append(_Grant(i, granted, released, None))
+
+        threaded_round(acquire_release, take_holder, waiters, lambda _count: None, out)
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------ main
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
+    parser.add_argument("--waiters", type=int, default=0, help="waiters on the key (100)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds per dflockd measurement")
+    parser.add_argument(
+        "--redis-sleep",
+        type=float,
+        default=REDIS_SLEEP_S,
+        help="redis-py Lock's pause between attempts (its default: 0.1 s)",
+    )
+    parser.add_argument("--loops", default=",".join(LOOPS), help="dflockd event loops")
+    args = parser.parse_args(argv)
+    quick = bool(args.quick)
+    waiters = args.waiters or (10 if quick else 100)
+    rounds = args.rounds or (1 if quick else 10)
+    loops = [x for x in args.loops.split(",") if x]
+    run = BenchRun(
+        NAME,
+        args,
+        list(sys.argv[1:] if argv is None else argv),
+        params={
+            "waiters": waiters,
+            "rounds": rounds,
+            "client_rounds": max(1, rounds // 5),
+            "redis_rounds": 1,
+            "redis_sleep_s": args.redis_sleep,
+            "loops": loops,
+        },
+    )
+    outcomes: list[Outcome] = []
+    with workdir("dflock-bench-contention-") as tmp, owned_servers() as servers:
+        for loop in loops:
+            server = start_dflockd(loop, tmp, "--max-locks", "100000")
+            servers.append(server)
+            wire = Outcome(server.label, "wire (selector, one process)", waiters, rounds)
+            for r in range(rounds):
+                wire_round(server, f"dflock-bench:contention:wire:{r}", waiters, wire)
+            outcomes.append(wire)
+            print(f"{server.label} wire: {len(wire.handoffs_ns)} handoffs", flush=True)
+            client_rounds = run.params["client_rounds"]
+            threaded = Outcome(
+                server.label, "DistributedLock (thread per waiter)", waiters, client_rounds
+            )
+            for r in range(client_rounds):
+                dflock_client_round(
+                    server, f"dflock-bench:contention:client:{r}", waiters, threaded
+                )
+            outcomes.append(threaded)
+            print(f"{server.label} DistributedLock: {len(threaded.handoffs_ns)} handoffs")
+        redis_server = start_redis(tmp, maxclients=waiters + 100)
+        servers.append(redis_server)
+        polled = Outcome(
+            "redis", f"redis-py Lock (thread per waiter, sleep {args.redis_sleep:g} s)", waiters, 1
+        )
+        redis_round(
+            redis_server, "dflock-bench:contention:redis", waiters, args.redis_sleep, polled
+        )
+        outcomes.append(polled)
+        print(f"redis: {len(polled.handoffs_ns)} handoffs", flush=True)
+
+    table = Table(
+        f"Handoff latency, {waiters} waiters on one key "
+        "(microseconds, from sending a release to reading the next grant)",
+        ["server", "client", "handoffs", "p50", "p99", "max", "in queue order", "fences increase"],
+        notes=[
+            "every waiter releases as soon as it is granted; queue order = the order the waiters "
+            "asked (each seen queued before the next asked; Redis: thread start order)",
+        ],
+    )
+    for o in outcomes:
+        d = o.as_dict()
+        table.rows.append(
+            [
+                o.server,
+                o.client,
+                str(d["handoffs"]),
+                fmt_num(d["p50_us"]),
+                fmt_num(d["p99_us"]),
+                fmt_num(d["max_us"] or float("nan")),
+                f"{o.in_order}/{o.grants}",
+                "n/a" if o.fences_increasing is None else ("yes" if o.fences_increasing else "NO"),
+            ]
+        )
+    run.add(table)
+    ours = [o for o in outcomes if o.server != "redis"]
+    run.goals.append(
+        Goal(
+            goal=f"FIFO grants and increasing fences, {waiters} waiters on one key (check)",
+            measured=", ".join(
+                f"{o.server} {o.client}: {o.in_order}/{o.grants} in order" for o in ours
+            ),
+            met=all(o.fifo and o.fences_increasing for o in ours),
+        )
+    )
+    run.data["outcomes"] = [o.as_dict() for o in outcomes]
+    run.write()
+    return 0 if all(o.fifo and o.fences_increasing for o in ours) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Where the lock server's CPU goes: ``dflockd`` under cProfile, driven by the load generator.
+
+    uv run python -m benchmarks.profile_server            # both loops, 10 connections, 3 s each
+    uv run python -m benchmarks.profile_server --quick
+
+The server runs in a child process (``--serve``: the real ``dflockd`` entry point inside
+``cProfile``) and is stopped with SIGTERM, after which it writes its profile. The table lists
+the functions with the most own time per acquire+release pair. cProfile slows every Python call
+down, so read the shares, not the absolute microseconds; on uvloop the event loop itself is C
+and shows up only through the Python callbacks it calls.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import (
+    LOOPS,
+    BenchRun,
+    Table,
+    base_parser,
+    fmt_num,
+    owned_servers,
+    start_dflockd,
+    workdir,
+)
+from benchmarks._loadgen import LoadSpec, run_load, split_connections
+
+NAME = "profile_server"
+STATS_ENV = "DFLOCK_BENCH_PROFILE_OUT"
+
+
+def serve(loop: str, argv: list[str]) -> None:
+    """The child: run ``dflockd`` (its real entry point) under cProfile until SIGTERM."""
+    if loop == "asyncio":
+        sys.modules["uvloop"] = None  # type: ignore[assignment]  # import uvloop fails
+    from dflockd_server.cli import main as dflockd_main
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        dflockd_main(argv)
+    finally:
+        profiler.disable()
+        profiler.dump_stats(os.environ[STATS_ENV])
+
+
+def _where(func: tuple[str, int, str]) -> str:
+    filename, line, name = func
+    if filename == "~":
+        return name
+    return f"{Path(filename).name}:{line}({name})"
+
+
+def top_functions(stats_file: Path, pairs: int, top: int) -> tuple[list[dict[str, Any]], float]:
+    stats = pstats.Stats(str(stats_file))
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total_tt = sum(v[2] for v in raw.values())
+    rows: list[dict[str, Any]] = []
+    for func, (_cc, nc, tt, ct, _callers) in sorted(raw.items(), key=lambda kv: -kv[1][2])[:top]:
+        rows.append(
+            {
+                "function": _where(func),
+                "calls_per_pair": round(nc / pairs, 2),
+                "own_us_per_pair": round(tt * 1e6 / pairs, 2),
+                "cumulative_us_per_pair": round(ct * 1e6 / pairs, 2),
+                "share": round(tt / total_tt, 4) if total_tt else 0.0,
+            }
+        )
+    return rows, total_tt * 1e6 / pairs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["--serve"]:
+        serve(args_in[1], args_in[2:])
+        return 0
+    parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
+    parser.add_argument("--duration", type=float, default=0.0, help="seconds of load per loop")
+    parser.add_argument("--conns", type=int, default=10, help="connections")
+    parser.add_argument("--pipeline", type=int, default=1, help="pairs per batch (1: round trips)")
+    parser.add_argument("--top", type=int, default=20, help="functions to list")
+    parser.add_argument("--loops", default=",".join(LOOPS), help="dflockd event loops")
+    args = parser.parse_args(args_in)
+    duration = args.duration or (0.3 if args.quick else 3.0)
+    loops = [x for x in args.loops.split(",") if x]
+    run = BenchRun(
+        NAME,
+        args,
+        args_in,
+        params={
+            "duration_s": duration,
+            "conns": args.conns,
+            "pipeline": args.pipeline,
+            "loops": loops,
+        },
+    )
+    with workdir("dflock-bench-profile-") as tmp:
+        for loop in loops:
+            stats_file = tmp / f"{loop}.prof"
+            os.environ[STATS_ENV] = str(stats_file)
+            with owned_servers() as servers:
+                server = start_dflockd(
+                    loop,
+                    tmp,
+                    "--max-locks",
+                    "100000",
+                    command=[sys.executable, "-m", f"benchmarks.{NAME}", "--serve", loop],
+                )
+                servers.append(server)
+                specs = [
+                    LoadSpec(
+                        protocol="dflockd",
+                        host=server.host,
+                        port=server.port,
+                        conns=n,
+                        pipeline=args.pipeline,
+                        duration_s=duration,
+                        key_prefix=f"dflock-bench:profile:{i}",
+                    )
+                    for i, n in enumerate(split_connections(args.conns, os.cpu_count() or 1))
+                ]
+                m = run_load(specs, server.cpu_ns)
+            if not stats_file.exists():
+                raise RuntimeError(f"the profiled server wrote no profile:\n{server.log_tail()}")
+            rows, total_us = top_functions(stats_file, m.pairs, args.top)
+            table = Table(
+                f"Server hot path on {loop}, profiled: own time per acquire+release pair "
+                f"({args.conns} connections, pipeline {args.pipeline})",
+                ["function", "calls/pair", "own us/pair", "cumulative us/pair", "share"],
+                notes=[
+                    f"{m.pairs:,} pairs; all profiled functions: {total_us:.1f} us/pair "
+                    f"(under cProfile; the unprofiled server needs far less)",
+                ],
+            )
+            for r in rows:
+                table.rows.append(
+                    [
+                        r["function"],
+                        fmt_num(r["calls_per_pair"], 2),
+                        fmt_num(r["own_us_per_pair"], 2),
+                        fmt_num(r["cumulative_us_per_pair"], 2),
+                        f"{r['share']:.1%}",
+                    ]
+                )
+            run.add(table)
+            run.data[loop] = {"pairs": m.pairs, "total_us_per_pair": total_us, "top": rows}
+    run.write()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""Assemble ``benchmarks/RESULTS.md`` (and its chart) from ``benchmarks/results/*.json``.
+
+    uv run python -m benchmarks.report
+
+Everything in RESULTS.md comes from the results files: the tables each benchmark printed, the
+goals as each benchmark decided them from its figures, the machine, the commands and their
+durations. Nothing is typed in by hand, so re-running the benchmarks and this command on
+another machine rewrites it whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import BENCH_DIR, RESULTS_DIR
+
+NAME = "report"
+ORDER = ("server", "contention", "scale", "celery_tasks", "profile_server")
+SECTIONS = {
+    "server": "Lock server: dflockd against Redis",
+    "contention": "Contention: many waiters on one key",
+    "scale": "Scale: memory per held lock and per idle connection",
+    "celery_tasks": "Celery: plain tasks against locked tasks",
+    "profile_server": "Where the server's CPU goes (cProfile)",
+}
+CHART = "throughput.png"
+MODES = ("round trip", "pipelined")
+
+
+def load(results_dir: Path) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for name in ORDER:
+        path = results_dir / f"{name}.json"
+        if path.exists():
+            found[name] = json.loads(path.read_text())
+    return found
+
+
+def md_table(table: dict[str, Any]) -> str:
+    columns: list[str] = table["columns"]
+    rows: list[list[str]] = table["rows"]
+
+    def esc(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    out = [f"**{esc(table['title'])}**", ""]
+    out.append("| " + " | ".join(esc(c) for c in columns) + " |")
+    out.append("|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|")
+    out.extend("| " + " | ".join(esc(c) for c in row) + " |" for row in rows)
+    out.extend(["", *(f"{note}" for note in table.get("notes", []))])
+    return "\n".join(out).rstrip() + "\n"
+
+
+def chart(server: dict[str, Any], path: Path) -> bool:
+    """Pairs per second against connections, one line per server, one panel per load shape."""
+    cells: list[dict[str, Any]] = server["data"].get("cells", [])
+    if not cells:
+        return False
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = list(dict.fromkeys(c["target"] for c in cells))
+    fig, axes = plt.subplots(1, len(MODES), figsize=(11, 4.2), squeeze=False)
+    for ax, mode in zip(axes[0], MODES, strict=True):
+        for target in targets:
+            points = sorted(
+                (c["conns"], c["pairs_per_s"])
+                for c in cells
+                if c["target"] == target and c["mode"] == mode
+            )
+            if not points:
+                continue
+            xs = [p[0] for p in points]
+            ys = [p[1] for p in points]
+            style = "--" if target == "redis" else "-"
+            ax.plot(xs, ys, style, marker="o", label=target)
+        ax.set_xscale("log")
+        conns = sorted({c["conns"] for c in cells})
+        ax.set_xticks(conns, [str(n) for n in conns])
+        ax.minorticks_off()
+        ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+        ax.set_xlabel("connections")
+        ax.set_ylabel("acquire+release pairs per second")
+        ax.set_title(mode)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    machine = server["machine"]
+    fig.suptitle(
+        f"Throughput against connections ({machine['cores']} cores, {server['started']})",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
+    first = next(iter(results.values()))
+    m = first["machine"]
+    out = [
+        "## Machine",
+        "",
+        f"- {m['cores']} cores: {m['cpu']}; {m['kernel']}; {m['python']}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
+    ]
+    run_ids = {r.get("run_id", "") for r in results.values()}
+    starts = [r["started"] for r in results.values()]
+    out.append(
+        f"- run {', '.join(sorted(i for i in run_ids if i)) or '(no run id)'}: "
+        f"{min(starts)} to {max(r['finished'] for r in results.values())}"
+    )
+    if len(run_ids) > 1:
+        out.append(
+            "- **warning: these results come from different runs** "
+            f"({', '.join(sorted(run_ids))}); run `uv run python -m benchmarks.run_all`"
+        )
+    if any(r.get("quick") for r in results.values()):
+        out.append("- **warning: quick (smoke-test) sizes; these figures mean nothing**")
+    return [*out, ""]
+
+
+def commands_section(results: dict[str, dict[str, Any]]) -> list[str]:
+    out = [
+        "## Commands",
+        "",
+        "Everything: `uv run python -m benchmarks.run_all` (then this file is rewritten by "
+        "`uv run python -m benchmarks.report`).",
+        "",
+        "| benchmark | command | duration | load average at start / end |",
+        "|---|---|---:|---|",
+    ]
+    for name, r in results.items():
+        start = " ".join(f"{x:.2f}" for x in r["loadavg_start"])
+        end = " ".join(f"{x:.2f}" for x in r["loadavg_end"])
+        out.append(f"| {name} | `{r['command']}` | {r['duration_s']:.0f} s | {start} / {end} |")
+    out += [
+        "",
+        "The load average shows how busy the machine was besides the benchmark "
+        f"(a quiet {first_cores(results)}-core machine starts near 0).",
+        "",
+    ]
+    return out
+
+
+def first_cores(results: dict[str, dict[str, Any]]) -> int:
+    return int(next(iter(results.values()))["machine"]["cores"])
+
+
+def goals_section(results: dict[str, dict[str, Any]]) -> list[str]:
+    out = [
+        "## Goals",
+        "",
+        "Decided by each benchmark from its own figures in this run.",
+        "",
+        "| goal | measured | verdict |",
+        "|---|---|---|",
+    ]
+    met = total = 0
+    for r in results.values():
+        for g in r["goals"]:
+            total += 1
+            met += bool(g["met"])
+            verdict = "**met**" if g["met"] else "**not met**"
+            detail = f" ({g['detail']})" if g.get("detail") else ""
+            out.append(f"| {g['goal']} | {g['measured']}{detail} | {verdict} |")
+    out += ["", f"{met} of {total} met.", ""]
+    return out
+
+
+def render(results: dict[str, dict[str, Any]], chart_name: str | None) -> str:
+    out = [
+        "# Benchmark results",
+        "",
+        "<!-- Generated by `uv run python -m benchmarks.report` from benchmarks/results/*.json;"
+        " do not edit by hand. -->",
+        "",
+        "How these were measured, and what each figure means: [README.md](README.md).",
+        "",
+    ]
+    out += goals_section(results)
+    out += machine_section(results)
+    out += commands_section(results)
+    for name, r in results.items():
+        out += [f"## {SECTIONS[name]}", ""]
+        if name == "server" and chart_name:
+            out += [f"![Throughput against connections]({chart_name})", ""]
+        out.append(f"`{r['command']}`; parameters: `{json.dumps(r['params'])}`")
+        out.append("")
+        for table in r["tables"]:
+            out += [md_table(table)]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{NAME}", description=__doc__)
+    parser.add_argument("--results-dir", default=str(RESULTS_DIR))
+    parser.add_argument("--output", default=str(BENCH_DIR / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    results = load(Path(args.results_dir))
+    if not results:
+        print(f"no results in {args.results_dir}; run the benchmarks first", file=sys.stderr)
+        return 1
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    chart_name: str | None = None
+    if "server" in results and chart(results["server"], output.parent / CHART):
+        chart_name = CHART
+    output.write_text(render(results, chart_name))
+    print(f"wrote {output}" + (f" and {output.parent / CHART}" if chart_name else ""))
+    missing = [n for n in ORDER if n not in results]
+    if missing:
+        print(f"missing results: {', '.join(missing)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    raise SystemExit(main())

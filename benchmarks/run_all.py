@@ -1,0 +1,68 @@
+"""Run every benchmark, one after another, then rewrite RESULTS.md from their results.
+
+    uv run python -m benchmarks.run_all            # full sizes (about 10 minutes on 2 cores)
+    uv run python -m benchmarks.run_all --quick    # tiny sizes, well under a minute
+
+Each benchmark runs in its own process with the same ``--run-id``, so RESULTS.md can tell
+that its figures come from one run. Stops nothing it did not start; a benchmark that fails
+is reported and the others still run (the exit status is then 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks._common import BENCH_DIR, REPO, RESULTS_DIR
+
+BENCHMARKS = ("server", "contention", "scale", "celery_tasks", "profile_server")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run_all", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
+    parser.add_argument("--results-dir", default=str(RESULTS_DIR))
+    parser.add_argument("--output", default=str(BENCH_DIR / "RESULTS.md"))
+    parser.add_argument(
+        "--only", default="", help=f"comma separated subset of {', '.join(BENCHMARKS)}"
+    )
+    args = parser.parse_args(argv)
+    chosen = [b for b in args.only.split(",") if b] or list(BENCHMARKS)
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
+    run_id = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    Path(args.results_dir).mkdir(parents=True, exist_ok=True)
+    durations: dict[str, float] = {}
+    failed: list[str] = []
+    for name in chosen:
+        command = [sys.executable, "-m", f"benchmarks.{name}", "--run-id", run_id]
+        if Path(args.results_dir).resolve() != RESULTS_DIR:
+            command += ["--results-dir", args.results_dir]
+        if args.quick:
+            command.append("--quick")
+        print(f"== {name}: {' '.join(command[1:])}", flush=True)
+        start = time.monotonic()
+        code = subprocess.run(command, cwd=REPO, check=False).returncode
+        durations[name] = time.monotonic() - start
+        if code != 0:
+            failed.append(name)
+            print(f"== {name} FAILED (exit status {code})", flush=True)
+    report = [sys.executable, "-m", "benchmarks.report", "--results-dir", args.results_dir]
+    report += ["--output", args.output]
+    if subprocess.run(report, cwd=REPO, check=False).returncode != 0:
+        failed.append("report")
+    print("== durations: " + ", ".join(f"{n} {d:.0f} s" for n, d in durations.items()))
+    if failed:
+        print(f"== failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

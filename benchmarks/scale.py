@@ -1,0 +1,306 @@
+"""Scale benchmark: memory per held lock and per idle connection, dflockd against Redis.
+
+    uv run python -m benchmarks.scale            # 100,000 locks, 10,000 connections (~1 minute)
+    uv run python -m benchmarks.scale --quick
+
+Each server is a fresh child process. Memory is its resident set (``VmRSS``) growth: after one
+warm-up request, then after ``--locks`` distinct keys are acquired and held (pipelined on one
+connection), and, on a fresh server, after ``--connections`` idle connections are open (no
+request sent; the server counts them). For Redis the growth of its own ``used_memory`` is shown
+too. The benchmark raises its open-file limit (children inherit it) for the connections.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks._common import (
+    LOOPS,
+    BenchRun,
+    ServerProcess,
+    Table,
+    base_parser,
+    fmt_num,
+    fmt_ratio,
+    owned_servers,
+    raise_fd_limit,
+    ratio,
+    start_dflockd,
+    start_redis,
+    workdir,
+)
+from benchmarks._loadgen import LEASE_S
+
+NAME = "scale"
+BATCH = 1000
+CONNECT_CHUNK = 500
+SETTLE_TIMEOUT_S = 60.0
+FD_MARGIN = 512
+REDIS = "redis"
+MB = 1024 * 1024
+
+
+@dataclass
+class Memory:
+    server: str
+    what: str
+    count: int
+    rss_before: int
+    rss_after: int
+    used_before: int | None = None
+    used_after: int | None = None
+
+    @property
+    def per_item(self) -> float:
+        return (self.rss_after - self.rss_before) / self.count
+
+    @property
+    def used_per_item(self) -> float:
+        if self.used_before is None or self.used_after is None:
+            return float("nan")
+        return (self.used_after - self.used_before) / self.count
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "what": self.what,
+            "count": self.count,
+            "rss_before": self.rss_before,
+            "rss_after": self.rss_after,
+            "bytes_per_item": round(self.per_item, 1),
+            "used_memory_bytes_per_item": (
+                None if self.used_before is None else round(self.used_per_item, 1)
+            ),
+        }
+
+
+# ------------------------------------------------------------------------------ wire helpers
+class Client:
+    """A blocking line client for both protocols (every reply is one line)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.sock = socket.create_connection((server.host, server.port), timeout=SETTLE_TIMEOUT_S)
+        self.buf = b""
+
+    def lines(self, n: int) -> list[bytes]:
+        buf = self.buf
+        while buf.count(b"\n") < n:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            buf += data
+        parts = buf.split(b"\n", n)
+        self.buf = parts.pop()
+        return parts
+
+    def call(self, request: bytes) -> bytes:
+        self.sock.sendall(request)
+        return self.lines(1)[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _resp(*parts: bytes) -> bytes:
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def dflockd_connections(client: Client) -> int:
+    reply = client.call(b"stats\n_\n_\n")
+    return int(json.loads(reply[3:])["connections"])
+
+
+def redis_info(client: Client, field: str) -> int:
+    client.sock.sendall(_resp(b"INFO"))
+    header = client.lines(1)[0]
+    size = int(header[1:].strip())
+    body = client.buf
+    while len(body) < size + 2:
+        data = client.sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("redis closed the connection")
+        body += data
+    client.buf = body[size + 2 :]
+    for line in body[:size].decode().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split(":", 1)[1])
+    raise RuntimeError(f"no {field} in INFO")
+
+
+def hold_locks(server: ServerProcess, client: Client, count: int) -> None:
+    """Acquire ``count`` distinct keys on ``client``'s connection (pipelined) and keep them."""
+    redis = server.label == REDIS
+    px = b"%d" % (LEASE_S * 1000 * 100)
+    for start in range(0, count, BATCH):
+        n = min(BATCH, count - start)
+        keys = [b"dflock-bench:scale:%07d" % i for i in range(start, start + n)]
+        if redis:
+            batch = b"".join(
+                _resp(b"SET", key, b"%032x" % i, b"NX", b"PX", px) for i, key in enumerate(keys)
+            )
+        else:
+            batch = b"".join(b"l\n%s\n0\n" % key for key in keys)
+        client.sock.sendall(batch)
+        for line in client.lines(n):
+            if not (line.startswith(b"ok ") or line == b"+OK\r"):
+                raise RuntimeError(f"{server.label} refused a lock: {line!r}")
+
+
+def open_idle(
+    server: ServerProcess, count: int, seen: Callable[[], int], baseline: int
+) -> list[socket.socket]:
+    """Open ``count`` connections that send nothing; return once the server counts them all."""
+    socks: list[socket.socket] = []
+    try:
+        for start in range(0, count, CONNECT_CHUNK):
+            for _ in range(min(CONNECT_CHUNK, count - start)):
+                socks.append(socket.create_connection((server.host, server.port), timeout=30))
+            wait_for(lambda: seen() >= baseline + len(socks), f"{len(socks)} connections")
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+# ------------------------------------------------------------------------------ measurements
+def start(label: str, tmp: Any, maxclients: int) -> ServerProcess:
+    if label == REDIS:
+        return start_redis(tmp, maxclients=maxclients)
+    loop = label.removeprefix("dflockd (").rstrip(")")
+    return start_dflockd(
+        loop, tmp, "--max-locks", str(10 * maxclients + 1_000_000), "--default-lease-ttl", "3600"
+    )
+
+
+def measure_locks(label: str, tmp: Any, count: int, maxclients: int) -> Memory:
+    with owned_servers() as servers:
+        server = start(label, tmp, maxclients)
+        servers.append(server)
+        client = Client(server)
+        try:
+            warm = _resp(b"PING") if label == REDIS else b"ping\n_\n_\n"
+            client.call(warm)
+            used_before = redis_info(client, "used_memory") if label == REDIS else None
+            before = server.rss()
+            hold_locks(server, client, count)
+            after = server.rss()
+            used_after = redis_info(client, "used_memory") if label == REDIS else None
+        finally:
+            client.close()
+    return Memory(label, "held lock", count, before, after, used_before, used_after)
+
+
+def measure_connections(label: str, tmp: Any, count: int) -> Memory:
+    with owned_servers() as servers:
+        server = start(label, tmp, count + 100)
+        servers.append(server)
+        monitor = Client(server)
+        socks: list[socket.socket] = []
+        try:
+            if label == REDIS:
+                monitor.call(_resp(b"PING"))
+
+                def seen() -> int:
+                    return redis_info(monitor, "connected_clients")
+            else:
+
+                def seen() -> int:
+                    return dflockd_connections(monitor)
+
+            baseline = seen()
+            used_before = redis_info(monitor, "used_memory") if label == REDIS else None
+            before = server.rss()
+            socks = open_idle(server, count, seen, baseline)
+            after = server.rss()
+            used_after = redis_info(monitor, "used_memory") if label == REDIS else None
+            if seen() < baseline + count:
+                raise RuntimeError(f"{label} dropped idle connections during the measurement")
+        finally:
+            for sock in socks:
+                sock.close()
+            monitor.close()
+    return Memory(label, "idle connection", count, before, after, used_before, used_after)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
+    parser.add_argument("--locks", type=int, default=0, help="held locks (100,000)")
+    parser.add_argument("--connections", type=int, default=0, help="idle connections (10,000)")
+    parser.add_argument("--loops", default=",".join(LOOPS), help="dflockd event loops")
+    args = parser.parse_args(argv)
+    quick = bool(args.quick)
+    locks = args.locks or (2000 if quick else 100_000)
+    connections = args.connections or (200 if quick else 10_000)
+    loops = [x for x in args.loops.split(",") if x]
+    limit = raise_fd_limit(connections + FD_MARGIN)
+    if limit < connections + FD_MARGIN:
+        connections = limit - FD_MARGIN
+        print(f"open-file limit {limit}: measuring {connections} connections", flush=True)
+    run = BenchRun(
+        NAME,
+        args,
+        list(sys.argv[1:] if argv is None else argv),
+        params={"locks": locks, "connections": connections, "loops": loops, "fd_limit": limit},
+    )
+    labels = [f"dflockd ({loop})" for loop in loops] + [REDIS]
+    held: list[Memory] = []
+    idle: list[Memory] = []
+    with workdir("dflock-bench-scale-") as tmp:
+        for label in labels:
+            held.append(measure_locks(label, tmp, locks, connections))
+            print(f"{label}: {held[-1].per_item:.0f} bytes per held lock", flush=True)
+            idle.append(measure_connections(label, tmp, connections))
+            print(f"{label}: {idle[-1].per_item:.0f} bytes per idle connection", flush=True)
+
+    for title, rows in (
+        (f"Memory per held lock, {locks:,} keys held (bytes)", held),
+        (f"Memory per idle connection, {connections:,} connections (bytes)", idle),
+    ):
+        redis_row = next(m for m in rows if m.server == REDIS)
+        table = Table(
+            title,
+            [
+                "server",
+                "RSS before (MB)",
+                "RSS after (MB)",
+                "per item (RSS)",
+                "/ redis",
+                "per item (redis used_memory)",
+            ],
+            notes=["RSS: the server process's resident set growth divided by the count"],
+        )
+        for m in rows:
+            table.rows.append(
+                [
+                    m.server,
+                    fmt_num(m.rss_before / MB),
+                    fmt_num(m.rss_after / MB),
+                    fmt_num(m.per_item, 0),
+                    fmt_ratio(ratio(m.per_item, redis_row.per_item)),
+                    fmt_num(m.used_per_item, 0),
+                ]
+            )
+        run.add(table)
+    run.data["held_locks"] = [m.as_dict() for m in held]
+    run.data["idle_connections"] = [m.as_dict() for m in idle]
+    run.write()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
