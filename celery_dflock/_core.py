@@ -354,9 +354,23 @@ class LockCore:
         return RenewOutcome(renewed=False, lost_reason=why)
 
     def on_release_reply(self, reply: Reply) -> bool:
-        """Interpret the reply to ``r``/``sr``: True if this release freed the lock."""
-        self.reset()
-        return isinstance(reply, protocol.Ok)
+        """Interpret the reply to ``r``/``sr``: True if this release freed the lock.
+
+        A refusal means the server no longer held this grant: its lease ran out while this
+        process still counted on it (paused, or its renewals did not get through), or it was
+        released from elsewhere. The lock was lost while held: it is marked lost here and
+        stays HELD, so the caller can notify (with the fence still known) before it `reset`s.
+        A confirmed release resets at once.
+        """
+        if isinstance(reply, protocol.Ok):
+            self.reset()
+            return True
+        code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
+        self.mark_lost(
+            "the server no longer held it when it was released (the lease had run out or it "
+            f"was released elsewhere; reply {code!r})"
+        )
+        return False
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lock is lost; True the first time (the caller then notifies)."""

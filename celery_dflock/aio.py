@@ -306,8 +306,10 @@ class _AsyncLockBase:
         """Release the lock; True if the server confirmed it. Idempotent.
 
         Stops the renewal task first (waiting for a renewal in flight). False when nothing
-        was held, the lock was lost, or its connection broke. Cancelling it midway closes the
-        connection, which makes the server release the lock.
+        was held, the lock was lost, or its connection broke. If the server no longer held
+        the grant (its lease ran out unnoticed), the lock was lost before this release: it is
+        reported as lost (`lost`, `lost_event`, ``on_lost``) first. Cancelling it midway
+        closes the connection, which makes the server release the lock.
         """
         if self._forked():
             return False
@@ -317,7 +319,17 @@ class _AsyncLockBase:
                 task.cancel()
                 await asyncio.wait([task])
             async with self._op_lock:
-                return await self._release_locked()
+                released = await self._release_locked()
+                lost_here = self._core.lost and self._core.state is LockState.HELD
+            if lost_here:
+                # The server no longer held the grant: lost before this release, never silent.
+                # Notified outside the operation lock (the callback may use the lock), with
+                # the fence still known; then forgotten.
+                await self._notify_lost()
+                async with self._op_lock:
+                    if self._core.lost and self._core.state is LockState.HELD:
+                        self._core.reset()
+            return released
         except BaseException:
             self._abandon()
             raise
@@ -358,7 +370,7 @@ class _AsyncLockBase:
         except BaseException:
             self._core.reset()  # cancelled: the request closed the connection
             raise
-        released = self._core.on_release_reply(reply)
+        released = self._core.on_release_reply(reply)  # refused: marked lost, still HELD
         await self._checkin(conn)
         return released
 

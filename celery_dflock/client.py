@@ -309,15 +309,28 @@ class _SyncLockBase:
         """Release the lock; True if the server confirmed it. Idempotent.
 
         False when nothing was held, the lock was lost, or its connection broke (the server
-        frees a closed connection's locks itself). Leaves a queue after `enqueue`. In a fork
-        child of the holder, does nothing (the parent's lock and socket are untouched).
+        frees a closed connection's locks itself). If the server no longer held the grant
+        (its lease ran out unnoticed, e.g. while the process was paused), the lock was lost
+        before this release: it is reported as lost (`lost`, `lost_event`, ``on_lost``) first.
+        Leaves a queue after `enqueue`. In a fork child of the holder, does nothing (the
+        parent's lock and socket are untouched).
         """
         if self._forked():
             return False
         self._stop_renewing.set()
         try:
             with self._op_lock:
-                return self._release_locked()
+                released = self._release_locked()
+                lost_here = self._core.lost and self._core.state is LockState.HELD
+            if lost_here:
+                # The server no longer held the grant: lost before this release, never silent.
+                # Notified outside the operation lock (the callback may use the lock), with
+                # the fence still known; then forgotten.
+                self._notify_lost()
+                with self._op_lock:
+                    if self._core.lost and self._core.state is LockState.HELD:
+                        self._core.reset()
+            return released
         finally:
             self._join_renewer()
 
@@ -349,7 +362,7 @@ class _SyncLockBase:
         except BaseException:
             self._core.reset()  # interrupted: the request closed the connection
             raise
-        released = self._core.on_release_reply(reply)
+        released = self._core.on_release_reply(reply)  # refused: marked lost, still HELD
         self._checkin(conn)
         return released
 

@@ -87,23 +87,30 @@ class _RunGuard:
         self._state = threading.Lock()
         self._thread_id: int | None = None
         self._interrupt_sent = False
+        self._body_ended = False
 
     def on_lost(self, lock: Any) -> None:
-        """Called once from the renewal thread when the lock is lost."""
+        """Called once when the lock is lost: from the renewal thread, or from the release
+        after the body if only the server's refusal to release shows it."""
         policy = self.policy
         if policy == "terminate" and not self.runtime.in_pool_child:
             policy = "interrupt"  # only a prefork child can be replaced
+        with self._state:
+            ended = self._body_ended
         logger.error(
-            "dflock: task %s[%s] lost its lock %r (fence %s); on_lock_lost=%r",
+            "dflock: task %s[%s] lost its lock %r (fence %s)%s; on_lock_lost=%r",
             self.task.name,
             self.task_id,
             self.key,
             getattr(lock, "fence", None),
+            " (noticed after its body ended)" if ended else "",
             policy,
         )
         signals.lock_lost.send(
             sender=self.task, task_id=self.task_id, key=self.key, lock=lock, policy=policy
         )
+        if ended:
+            return  # the body is over: nothing left to interrupt or terminate
         if policy == "terminate":
             HeldRecords.remove(self.record)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -124,6 +131,7 @@ class _RunGuard:
         finally:
             with self._state:
                 self._thread_id = None
+                self._body_ended = True
                 if self._interrupt_sent:
                     _set_async_exc(ident, None)  # not delivered yet: drop it
 
