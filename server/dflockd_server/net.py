@@ -66,6 +66,7 @@ class Connection(asyncio.Protocol):
         self.ip = ""
         self.authed = server.secret is None
         self.busy = False  # a request is in flight
+        self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.closing = False
         self.reading_paused = False
         self.write_paused = False
@@ -116,7 +117,15 @@ class Connection(asyncio.Protocol):
         self.client = None
         self._set_busy(False)
         self.table.disconnect(client)
-        self.server.forget(self)
+        if self.auth_failed_at is not None:
+            # A wrong secret keeps its connection slot for the whole failure delay, also when
+            # the client hangs up without waiting for the answer: otherwise hanging up early
+            # would make guessing free, and the connection caps could not slow it down.
+            self.loop.call_at(
+                self.auth_failed_at + c.AUTH_FAILURE_DELAY_S, self.server.forget, self
+            )
+        else:
+            self.server.forget(self)
         log.debug("connection %d from %s closed%s", client.id, self.peer, f": {exc}" if exc else "")
 
     def data_received(self, data: bytes) -> None:
@@ -377,6 +386,7 @@ class Connection(asyncio.Protocol):
         log.debug("connection %s: wrong auth secret", self.peer)
         self._set_busy(True)
         self.authed = False
+        self.auth_failed_at = self.loop.time()
         self.loop.call_later(c.AUTH_FAILURE_DELAY_S, self._close_with, p.REPLY_ERROR_AUTH)
         return None
 
@@ -475,6 +485,10 @@ class Server:
             cfg.host,
             cfg.port,
             ssl=ssl_ctx,
+            # A connection still in its TLS handshake is idle as far as requests go: it gets
+            # the read timeout too (asyncio's default is 60 s, during which such a connection
+            # escapes the connection caps, which count from the end of the handshake).
+            ssl_handshake_timeout=(cfg.read_timeout_s or None) if ssl_ctx is not None else None,
             reuse_address=True,
             backlog=1024,
         )
