@@ -1,0 +1,254 @@
+"""A TCP proxy on loopback that a test can make misbehave: stall, drop, reset, add latency.
+
+``FaultProxy(upstream).start()`` listens on 127.0.0.1 (ephemeral port) and forwards every
+connection to ``upstream``, on its own event loop in a daemon thread. Controls (thread safe;
+each returns once it has taken effect):
+
+* ``stall(seconds)``: forward nothing, in either direction, for ``seconds`` (bytes and
+  end-of-stream wait in the proxy; new connections are accepted but not yet connected
+  upstream), then carry on as if nothing happened. ``resume()`` ends a stall early.
+* ``drop()``: close both sides of every open connection (a FIN each way).
+* ``reset()``: abort both sides of every open connection with a RST (``SO_LINGER`` 0).
+* ``set_latency(seconds)``: delay each chunk by ``seconds`` in each direction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import socket
+import struct
+import threading
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+CHUNK_BYTES = 65536
+START_TIMEOUT_S = 10.0
+CONTROL_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+_LINGER_RST = struct.pack("ii", 1, 0)
+
+
+class _Pair:
+    """One proxied connection: the client's side and the upstream side."""
+
+    def __init__(self, client: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.upstream: asyncio.StreamWriter | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def writers(self) -> list[asyncio.StreamWriter]:
+        return [w for w in (self.client, self.upstream) if w is not None]
+
+
+class FaultProxy:
+    """A misbehaving TCP proxy in front of ``upstream`` (see the module docstring)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._server: asyncio.Server | None = None
+        self._pairs: set[_Pair] = set()
+        self._flowing: asyncio.Event | None = None
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._latency_s = 0.0
+        self._port = 0
+        self.accepted = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self._port)
+
+    def start(self) -> FaultProxy:
+        self._thread = threading.Thread(target=self._run, name="fault-proxy", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            raise RuntimeError("the fault proxy did not start")
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._listen())
+            self._ready.set()
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _listen(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
+        self._port = int(self._server.sockets[0].getsockname()[1])
+
+    def stop(self) -> None:
+        """Close the listener and every connection (RST), and end the thread."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            self._call(self._shutdown())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(CONTROL_TIMEOUT_S)
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._cut(rst=True)
+        if self._flowing is not None:
+            self._flowing.set()
+        await asyncio.sleep(0)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ controls
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop = self._loop
+        if loop is None:
+            coro.close()
+            raise RuntimeError("proxy not started")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(CONTROL_TIMEOUT_S)
+
+    def _run_in_loop(self, fn: Callable[[], T]) -> T:
+        async def runner() -> T:
+            return fn()
+
+        return self._call(runner())
+
+    @property
+    def connections(self) -> int:
+        """Connections open right now."""
+        return self._run_in_loop(lambda: len(self._pairs))
+
+    def stall(self, seconds: float) -> None:
+        """Stop forwarding for ``seconds`` (a later call replaces the running stall)."""
+
+        def begin() -> None:
+            assert self._flowing is not None and self._loop is not None
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+            self._flowing.clear()
+            self._stall_timer = self._loop.call_later(seconds, self._end_stall)
+
+        self._run_in_loop(begin)
+
+    def _end_stall(self) -> None:
+        self._stall_timer = None
+        if self._flowing is not None:
+            self._flowing.set()
+
+    def resume(self) -> None:
+        """End a stall now."""
+
+        def end() -> None:
+            if self._stall_timer is not None:
+                self._stall_timer.cancel()
+            self._end_stall()
+
+        self._run_in_loop(end)
+
+    def flowing(self) -> bool:
+        """False while stalled."""
+        return self._run_in_loop(lambda: self._flowing is None or self._flowing.is_set())
+
+    def drop(self) -> int:
+        """Close every open connection on both sides; how many there were."""
+        return self._run_in_loop(lambda: self._cut(rst=False))
+
+    def reset(self) -> int:
+        """Reset every open connection on both sides; how many there were."""
+        return self._run_in_loop(lambda: self._cut(rst=True))
+
+    def set_latency(self, seconds: float) -> None:
+        def apply() -> None:
+            self._latency_s = seconds
+
+        self._run_in_loop(apply)
+
+    # ------------------------------------------------------------------ forwarding
+    def _cut(self, *, rst: bool) -> int:
+        pairs = list(self._pairs)
+        self._pairs.clear()
+        for pair in pairs:
+            for task in pair.tasks:
+                task.cancel()
+            for writer in pair.writers():
+                if rst:
+                    sock = writer.get_extra_info("socket")
+                    if sock is not None:
+                        with contextlib.suppress(OSError):
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
+                    writer.transport.abort()
+                else:
+                    writer.close()
+        return len(pairs)
+
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        pair = _Pair(writer)
+        self._pairs.add(pair)
+        try:
+            assert self._flowing is not None
+            await self._flowing.wait()
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(*self.upstream), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError):
+            self._forget(pair)
+            writer.transport.abort()
+            return
+        if pair not in self._pairs:  # cut while connecting
+            up_writer.transport.abort()
+            return
+        pair.upstream = up_writer
+        pair.tasks = [
+            asyncio.create_task(self._pump(reader, up_writer, pair)),
+            asyncio.create_task(self._pump(up_reader, writer, pair)),
+        ]
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pair: _Pair
+    ) -> None:
+        assert self._flowing is not None
+        try:
+            while True:
+                data = await reader.read(CHUNK_BYTES)
+                await self._flowing.wait()
+                if self._latency_s:
+                    await asyncio.sleep(self._latency_s)
+                if not data:
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            self._forget(pair)
+            for w in pair.writers():
+                w.transport.abort()
+            return
+        # One direction is finished; once both are, the pair is gone.
+        if all(t.done() or t is asyncio.current_task() for t in pair.tasks):
+            self._forget(pair)
+            for w in pair.writers():
+                w.close()
+
+    def _forget(self, pair: _Pair) -> None:
+        self._pairs.discard(pair)

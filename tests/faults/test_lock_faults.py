@@ -1,0 +1,420 @@
+"""Lock-level faults under a fenced workload, each run checked with the history checker.
+
+Every test runs the real ``dflockd`` as a subprocess, four worker processes looping
+acquire -> read the counter -> write it + 1 -> release on two keys (half of them with the
+two-phase ``e``/``w`` acquire, so FIFO can be checked) and a healthy client on a key of its own,
+injects its fault, then checks: no double grant, fences in grant order, FIFO, and no lost
+update on the fenced counter. "Recovery" is the time from the fault to the next grant of the
+victim's key to another client (to any client, for the server). Most faults are aimed: the test
+asks a worker for one long hold (longer than the lease) and strikes once it has read the
+counter, so the victim is always inside its critical section and always tries a stale write.
+"""
+
+from __future__ import annotations
+
+import select
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from dflockd_server.fence import read_ceiling
+from tests.faults.conftest import FaultReport, FaultRow, scaled
+from tests.faults.history import CheckResult, Cut, Hold
+from tests.faults.workload import (
+    EVENT_TIMEOUT_S,
+    LEASE_S,
+    POLL_S,
+    WRITE_TIMEOUT_S,
+    Injection,
+    LockRun,
+    RunResult,
+    Worker,
+    now,
+)
+
+OPS = scaled(300, 1600)
+"""Lock operations (grants) each run reaches at least."""
+RUN_TIMEOUT_S = 90.0
+RECOVERY_NOTE = "recovery: fault to the next grant of the victim's key to another client"
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    """Poll ``predicate()`` (a state of other processes, not an event we can wait on)."""
+    assert callable(predicate)
+    deadline = now() + timeout
+    while not predicate():
+        assert now() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(POLL_S)
+
+
+def checked(result: RunResult, *, fenced: bool = True) -> CheckResult:
+    check = result.check()
+    assert check.ok, check.summary()
+    assert check.holds >= OPS
+    assert check.ordered_pairs > 0
+    assert check.fifo_pairs > 0
+    if fenced:
+        assert result.lost_updates == 0, result.resource
+        assert result.stale_accepted == 0, result.resource
+    return check
+
+
+def report(
+    fault_report: FaultReport,
+    fault: str,
+    result: RunResult,
+    check: CheckResult,
+    observed: str,
+) -> None:
+    fault_report.add(
+        FaultRow(
+            fault=fault,
+            runs=len(result.injections),
+            operations=check.holds,
+            double_grants=len(check.double_grants),
+            lost_updates=result.lost_updates,
+            recovery_s=result.recovery_s(),
+            healthy_p99_ms=result.healthy_p99_ms(),
+            observed=(
+                f"{observed}; fences in grant order over {check.ordered_pairs:,} ordered pairs, "
+                f"FIFO over {check.fifo_pairs:,} queue-ordered pairs, "
+                f"{result.refused:,} stale reads/writes refused by the fence"
+            ),
+        )
+    )
+
+
+def long_hold(run: LockRun, victim: Worker) -> tuple[str, int]:
+    """Ask ``victim`` for a long hold; return (key, fence) once it has read the counter."""
+    victim.request_long_hold()
+    event = victim.wait_event("long")
+    return event["key"], event["fence"]
+
+
+# ---------------------------------------------------------------------------- client faults
+
+
+def test_client_sigkill(tmp_path: Path, fault_report: FaultReport) -> None:
+    kills = scaled(2, 8)
+    with LockRun(tmp_path, seed=1) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for i in range(kills):
+            victim = run.pick()
+            if i % 2 == 0:  # dies inside its critical section, holding the lock
+                key, _ = long_hold(run, victim)
+                run.kill_worker(victim, "client SIGKILL", key)
+            else:  # dies wherever it happens to be
+                run.kill_worker(victim, "client SIGKILL")
+            run.wait_progress(0.1, grants=20)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    killed = [h for h in result.holds if h.outcome == "killed"]
+    assert len(killed) >= (kills + 1) // 2  # every aimed kill left a hold behind
+    recovery = result.recovery_s()
+    assert recovery is not None
+    # The server frees a dead client's lock when its connection closes, not at lease end.
+    assert recovery < LEASE_S, recovery
+    report(
+        fault_report,
+        "client SIGKILL (half of them while holding the lock)",
+        result,
+        check,
+        f"{len(killed)} holds died with their client; the lock passed on at disconnect, "
+        f"before the {LEASE_S} s lease ran out; {RECOVERY_NOTE}",
+    )
+
+
+def pause_past_lease(run: LockRun, victim: Worker) -> tuple[str, int]:
+    """Stop ``victim`` inside its critical section (it has read the counter), keep it stopped
+    until its lease ran out and another client wrote the counter, then let it go on."""
+    key, fence = long_hold(run, victim)
+    t = now()
+    victim.signal(signal.SIGSTOP)
+    run.injections.append(Injection("client SIGSTOP", t, victim.client, key))
+    wait_for(victim.stopped, EVENT_TIMEOUT_S, f"{victim.client} to stop")
+    assert not run.resource.writes_with(fence), "the victim wrote before it was stopped"
+    wait_for(
+        lambda: run.resource.accepted_write_after(key, t, fence),
+        LEASE_S + EVENT_TIMEOUT_S,
+        f"another client to write {key} after {victim.client}'s lease ran out",
+    )
+    # The lock did not pass on at the stop: the server honoured the lease of a silent but
+    # connected holder (the history check proves the exact bound).
+    assert now() - t >= LEASE_S / 2
+    victim.signal(signal.SIGCONT)
+    wait_for(lambda: run.resource.writes_with(fence), EVENT_TIMEOUT_S, "the stale write")
+    return key, fence
+
+
+def test_client_sigstop_past_lease(tmp_path: Path, fault_report: FaultReport) -> None:
+    pauses = scaled(1, 6)
+    stale_fences: list[int] = []
+    with LockRun(tmp_path, seed=2) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for i in range(pauses):
+            victim = run.pick()
+            if i % 2 == 0:
+                _, fence = pause_past_lease(run, victim)
+                stale_fences.append(fence)
+            else:  # stopped wherever it is (waiting, holding, inside a SQLite transaction)
+                t = now()
+                victim.signal(signal.SIGSTOP)
+                run.injections.append(Injection("client SIGSTOP", t, victim.client))
+                run.wait_progress(LEASE_S + 0.5)
+                victim.signal(signal.SIGCONT)
+            run.wait_progress(0.1, grants=20)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        refused = [run.resource.writes_with(f) == [False] for f in stale_fences]
+        result = run.finish()
+    check = checked(result)
+    # Every stale write of a paused holder was refused by the fence.
+    assert all(refused), refused
+    victims = {h.fence: h for h in result.holds if h.fence in stale_fences}
+    assert all(victims[f].outcome == "lost" for f in stale_fences), victims
+    assert result.recovery_s() is not None
+    report(
+        fault_report,
+        f"client SIGSTOP past its {LEASE_S} s lease, then SIGCONT",
+        result,
+        check,
+        f"{len(stale_fences)} paused holders resumed and wrote with their old fence: all "
+        f"refused; the lock passed on when the lease ran out; {RECOVERY_NOTE}",
+    )
+
+
+def test_unfenced_counter_loses_updates_under_pause(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    """The control run: the same pause against a counter that ignores fences loses updates.
+    The lock server still behaves (no double grant); the loss is the missing fence check."""
+    pauses = scaled(1, 3)
+    with LockRun(tmp_path, fenced=False, seed=3) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(pauses):
+            _, fence = pause_past_lease(run, run.pick())
+            assert run.resource.writes_with(fence) == [True]  # accepted, from a stale read
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result, fenced=False)
+    assert result.stale_accepted >= pauses
+    assert result.lost_updates >= pauses
+    assert result.refused == 0
+    report(
+        fault_report,
+        "client SIGSTOP past its lease, counter NOT fenced (control)",
+        result,
+        check,
+        f"{result.stale_accepted} stale writes accepted, {result.lost_updates} increments lost: "
+        "without the fence check the pause corrupts the counter",
+    )
+
+
+# ---------------------------------------------------------------------------- server faults
+
+
+def fences_by_epoch(result: RunResult) -> list[tuple[list[int], list[int]]]:
+    """For each server kill: (fences granted before it, fences granted after it)."""
+    kills = [c for c in result.cuts if c.client is None]
+    epochs: list[tuple[list[int], list[int]]] = []
+    for cut in kills:
+        before = [h.fence for h in result.holds if h.fence is not None and h.requested_t <= cut.end]
+        after = [h.fence for h in result.holds if h.fence is not None and h.requested_t > cut.end]
+        epochs.append((before, after))
+    return epochs
+
+
+@pytest.mark.parametrize("state_file", [False, True], ids=["wall-clock", "fence-state-file"])
+def test_server_sigkill_and_restart(
+    tmp_path: Path, fault_report: FaultReport, state_file: bool
+) -> None:
+    restarts = scaled(1, 4)
+    future = time.time_ns() + 10**15  # a ceiling far ahead of the wall clock
+    if state_file:
+        # As if an earlier life of the server had run with a clock 11 days fast: only the
+        # state file now keeps new fences above the ones it handed out.
+        (tmp_path / "fence.state").write_text(f"{future}\n")
+    with LockRun(tmp_path, fence_state=state_file, seed=4) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(restarts):
+            run.kill_server()
+            run.server.start()  # same port, new process: every lock and queue is gone
+            run.wait_progress(0.1, grants=50)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    epochs = fences_by_epoch(result)
+    assert len(epochs) == restarts
+    for before, after in epochs:
+        assert before and after
+        assert min(after) > max(before)  # acceptance 2
+    fences = [h.fence for h in result.holds if h.fence is not None]
+    if state_file:
+        assert min(fences) > future
+        assert read_ceiling(str(tmp_path / "fence.state")) > max(fences)
+    recovery = result.recovery_s()
+    assert recovery is not None
+    how = "a fence state file ahead of the clock" if state_file else "the wall clock seed"
+    report(
+        fault_report,
+        f"server SIGKILL and restart ({'fence state file' if state_file else 'no state file'})",
+        result,
+        check,
+        f"after each restart every new fence was above every earlier one ({how}); clients "
+        "saw their locks lost and reconnected; recovery: kill to the first grant after restart",
+    )
+
+
+# ---------------------------------------------------------------------------- network faults
+
+
+@pytest.mark.parametrize("kind", ["stall", "drop", "reset"])
+def test_proxy_faults(tmp_path: Path, fault_report: FaultReport, kind: str) -> None:
+    faults = scaled(1 if kind == "stall" else 2, 8)
+    stall_s = LEASE_S + 1.0
+    victim: Worker | None = None
+    with LockRun(tmp_path, proxied=True, seed=5) as run:
+        if kind == "stall":
+            for proxy in run.proxies.values():
+                proxy.set_latency(0.001)
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(faults):
+            victim = run.pick(avoid=victim)
+            key, _ = long_hold(run, victim)
+            if kind == "stall":
+                proxy = run.proxies[victim.client]
+                t = now()
+                proxy.stall(stall_s)
+                run.injections.append(Injection("proxy stall", t, victim.client, key))
+                wait_for(proxy.flowing, stall_s + EVENT_TIMEOUT_S, "the stall to end")
+            else:
+                run.cut_connections(victim, rst=kind == "reset", key=key)
+            run.wait_progress(0.1, grants=20)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    recovery = result.recovery_s()
+    assert recovery is not None
+    if kind == "stall":
+        what = (
+            f"the holder's connection stalled {stall_s:.0f} s (1 ms latency otherwise): its "
+            "renewal timed out, its lease ran out, the lock passed on"
+        )
+    else:
+        assert recovery < LEASE_S  # the server freed the lock when the connection went
+        how = "RST (SO_LINGER 0)" if kind == "reset" else "FIN"
+        what = f"the holder's connections closed with a {how} both ways: the lock passed on at once"
+    report(fault_report, f"proxy {kind} while holding", result, check, f"{what}; {RECOVERY_NOTE}")
+
+
+FLOOD_CAP_BYTES = 64 << 20
+STALL_S = 0.3
+"""The slow reader stops sending once the server has taken nothing for this long."""
+
+
+class SlowReader:
+    """A raw client that takes a lock (long lease) and then floods requests, never reading."""
+
+    def __init__(self, address: tuple[str, int], name: str) -> None:
+        self.name = name
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(EVENT_TIMEOUT_S)
+        self.sock.connect(address)
+
+    def acquire(self, key: str, lease_s: int) -> Hold:
+        requested = now()
+        self.sock.sendall(f"l\n{key}\n{EVENT_TIMEOUT_S:.0f} {lease_s}\n".encode())
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = self.sock.recv(1)
+            assert chunk, "closed while acquiring"
+            reply += chunk
+        status, token, lease = reply.decode().split()
+        assert status == "ok", reply
+        return Hold(
+            key=key,
+            client=self.name,
+            requested_t=requested,
+            granted_t=now(),
+            fence=int(token[:16], 16),
+            lease_s=int(lease),
+            outcome="lost",
+        )
+
+    def flood(self) -> int:
+        """Pipeline ``stats`` requests until the server stops reading them (nothing could be
+        sent for ``STALL_S``) or drops the connection; bytes sent."""
+        batch = b"stats\n_\n_\n" * 1000
+        self.sock.setblocking(False)
+        sent = 0
+        while sent < FLOOD_CAP_BYTES:
+            _, writable, _ = select.select([], [self.sock], [], STALL_S)
+            if not writable:
+                break
+            try:
+                sent += self.sock.send(batch)
+            except BlockingIOError:
+                continue
+            except (ConnectionResetError, BrokenPipeError):
+                break
+        return sent
+
+    def closed_by_server(self, timeout: float) -> bool:
+        """Wait, still reading nothing (reading would let the server write again), for the
+        server to abort the connection (a reset or hang-up shows in ``poll``)."""
+        poller = select.poll()
+        gone = select.POLLERR | select.POLLHUP | select.POLLRDHUP
+        poller.register(self.sock, gone)
+        deadline = now() + timeout
+        while now() < deadline:
+            if any(mask & gone for _, mask in poller.poll(POLL_S * 1000)):
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_slow_reading_client(tmp_path: Path, fault_report: FaultReport) -> None:
+    """A holder that stops reading its replies is dropped after the write timeout, and its
+    lock (with a 30 s lease) passes on at once, while everyone else carries on."""
+    slow_lease_s = 30
+    rounds = scaled(1, 4)
+    slow_holds: list[Hold] = []
+    with LockRun(tmp_path, seed=6) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for i in range(rounds):
+            key = run.keys[i % len(run.keys)]
+            slow = SlowReader(run.server.address, f"slow{i}")
+            try:
+                held = slow.acquire(key, slow_lease_s)
+                slow_holds.append(held)
+                t = now()
+                run.cuts.append(Cut(t, slow.name))  # from here on it is the server's to drop
+                run.injections.append(Injection("slow reader", t, slow.name, key))
+                assert slow.flood() > 0
+                assert slow.closed_by_server(WRITE_TIMEOUT_S + EVENT_TIMEOUT_S)
+                dropped_after = now() - t
+            finally:
+                slow.close()
+            assert dropped_after < slow_lease_s / 2
+            run.wait_progress(0.1, grants=20)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    result.holds.extend(slow_holds)
+    check = checked(result)
+    recovery = result.recovery_s()
+    assert recovery is not None and recovery < slow_lease_s / 2
+    report(
+        fault_report,
+        "slow-reading client holding the lock",
+        result,
+        check,
+        f"a holder (lease {slow_lease_s} s) that pipelined requests and never read was "
+        f"dropped after the {WRITE_TIMEOUT_S:.0f} s write timeout and its lock passed on; "
+        f"{RECOVERY_NOTE}",
+    )

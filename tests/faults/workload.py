@@ -1,0 +1,824 @@
+"""The fenced workload: lock clients in real processes updating a protected counter.
+
+Each worker is a separate Python process (``python workload.py '<json config>'``) that loops::
+
+    acquire (DistributedLock: ``l``, or two-phase ``e`` + ``w``) -> read the counter
+    -> work a little -> write counter + 1 -> release
+
+recording every attempt in its own history file (JSON lines, one ``os.write`` each, so a
+SIGKILL never leaves half a record behind except possibly a last partial line, which
+`read_events` ignores). `holds_from_events` turns them into `history.Hold` records.
+
+The protected resource is a SQLite file (`Resource`): one row per key with the counter and the
+highest fence it has seen. In *fenced* mode a read or a write carrying a fence lower than the
+highest seen is refused, and both register their fence. Registering on reads matters: with
+write-only fencing, a new holder that reads before a paused old holder writes, and writes after
+it, still loses the old holder's update. In *unfenced* mode nothing is refused. Every accepted
+write records the value it was computed from and the value it replaced, so lost updates are
+counted exactly: the increments accepted minus the final value.
+
+The parent side: `LockServer` (the real ``dflockd`` on a fixed port, so it can be SIGKILLed
+and restarted in place), `Worker` (a worker process: signals, its history, a one-shot "hold
+the next lock long" request the fault tests aim their faults with) and `LockRun` (a server, a
+resource, workers -- optionally each behind its own `proxy.FaultProxy` -- and a healthy client
+on its own key, and at the end the checked history).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from celery_dflock import ConnectionPool, DistributedLock
+from celery_dflock.errors import DflockError
+from tests.faults.history import CheckResult, Cut, Hold, check_history
+from tests.faults.proxy import FaultProxy
+from tests.server.dflock_proc import DflockdProcess
+
+HERE = Path(__file__).resolve().parent
+LEASE_S = 2
+"""Lease of every workload lock: short, so faults that outlast it are quick to inject."""
+SWEEP_S = 0.1
+"""The server's lease sweep interval in these runs."""
+ACQUIRE_TIMEOUT_S = 5
+HOLD_S = 0.002
+"""Simulated work between reading and writing the counter."""
+LONG_HOLD_S = LEASE_S + 0.5
+"""Work done when a test asks for a long hold: longer than the lease, so a fault that stops
+renewals meanwhile leaves the worker writing after its lease ran out."""
+HEALTHY_PACE_S = 0.005
+"""Pause between two cycles of the healthy client (so it does not eat a core)."""
+RETRY_PAUSE_S = 0.05
+"""Pause after a failed request (server down, connection cut) before the next attempt."""
+CONNECT_TIMEOUT_S = 2.0
+EVENT_TIMEOUT_S = 20.0
+POLL_S = 0.01
+STOP_TIMEOUT_S = 15.0
+DB_TIMEOUT_S = 60.0
+WRITE_TIMEOUT_S = 1.0
+"""The server's write timeout in these runs (how long a client may leave replies unread)."""
+HEALTHY = "healthy"
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
+
+
+# ---------------------------------------------------------------------------- the resource
+
+
+@dataclasses.dataclass(frozen=True)
+class ResourceSummary:
+    key: str
+    value: int
+    accepted: int
+    """Writes accepted (each an increment of what its writer had read)."""
+    refused_writes: int
+    refused_reads: int
+    stale_accepted: int
+    """Accepted writes computed from a value that had changed since it was read."""
+
+    @property
+    def lost_updates(self) -> int:
+        """Increments accepted but missing from the final value."""
+        return self.accepted - self.value
+
+
+class Resource:
+    """A counter per key in a SQLite file, guarded by the highest fence seen (when fenced)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=DB_TIMEOUT_S, isolation_level=None)
+        self._db.execute("PRAGMA synchronous=OFF")
+
+    @classmethod
+    def create(cls, path: Path, keys: list[str]) -> Resource:
+        resource = cls(path)
+        db = resource._db
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(
+            "CREATE TABLE counter (key TEXT PRIMARY KEY, value INTEGER NOT NULL, "
+            "fence INTEGER NOT NULL)"
+        )
+        db.execute(
+            "CREATE TABLE op (key TEXT, client TEXT, fence INTEGER, kind TEXT, "
+            "read_value INTEGER, prior_value INTEGER, accepted INTEGER, t REAL)"
+        )
+        db.executemany("INSERT INTO counter VALUES (?, 0, 0)", [(k,) for k in keys])
+        return resource
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def read(self, key: str, client: str, fence: int, fenced: bool) -> int | None:
+        """The counter, registering ``fence``; None when refused (a higher fence was seen)."""
+        with self._transaction() as db:
+            value, seen = db.execute(
+                "SELECT value, fence FROM counter WHERE key = ?", (key,)
+            ).fetchone()
+            if fenced and fence < seen:
+                db.execute(
+                    "INSERT INTO op VALUES (?, ?, ?, 'read', NULL, ?, 0, ?)",
+                    (key, client, fence, value, now()),
+                )
+                return None
+            db.execute("UPDATE counter SET fence = ? WHERE key = ?", (max(seen, fence), key))
+            return int(value)
+
+    def write(self, key: str, client: str, fence: int, read_value: int, fenced: bool) -> bool:
+        """Set the counter to ``read_value + 1`` unless refused; True if accepted."""
+        with self._transaction() as db:
+            value, seen = db.execute(
+                "SELECT value, fence FROM counter WHERE key = ?", (key,)
+            ).fetchone()
+            accepted = not (fenced and fence < seen)
+            if accepted:
+                db.execute(
+                    "UPDATE counter SET value = ?, fence = ? WHERE key = ?",
+                    (read_value + 1, max(seen, fence), key),
+                )
+            db.execute(
+                "INSERT INTO op VALUES (?, ?, ?, 'write', ?, ?, ?, ?)",
+                (key, client, fence, read_value, value, int(accepted), now()),
+            )
+            return accepted
+
+    def summary(self, key: str) -> ResourceSummary:
+        db = self._db
+        (value,) = db.execute("SELECT value FROM counter WHERE key = ?", (key,)).fetchone()
+
+        def count(where: str) -> int:
+            (n,) = db.execute(
+                f"SELECT count(*) FROM op WHERE key = ? AND {where}", (key,)
+            ).fetchone()
+            return int(n)
+
+        return ResourceSummary(
+            key=key,
+            value=int(value),
+            accepted=count("kind = 'write' AND accepted = 1"),
+            refused_writes=count("kind = 'write' AND accepted = 0"),
+            refused_reads=count("kind = 'read' AND accepted = 0"),
+            stale_accepted=count("kind = 'write' AND accepted = 1 AND prior_value != read_value"),
+        )
+
+    def accepted_write_after(self, key: str, t: float, fence_above: int) -> bool:
+        """Was a write with a fence above ``fence_above`` accepted on ``key`` after ``t``?"""
+        row = self._db.execute(
+            "SELECT 1 FROM op WHERE key = ? AND kind = 'write' AND accepted = 1 AND t > ? "
+            "AND fence > ? LIMIT 1",
+            (key, t, fence_above),
+        ).fetchone()
+        return row is not None
+
+    def writes_with(self, fence: int) -> list[bool]:
+        """Whether each write carrying ``fence`` was accepted (empty: none tried yet)."""
+        rows = self._db.execute(
+            "SELECT accepted FROM op WHERE kind = 'write' AND fence = ?", (fence,)
+        ).fetchall()
+        return [bool(accepted) for (accepted,) in rows]
+
+
+# ---------------------------------------------------------------------------- the worker
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    client: str
+    host: str
+    port: int
+    keys: list[str]
+    history: str
+    db: str | None
+    """The resource; None for the healthy client (lock and release only)."""
+    control: str
+    """A directory: the file ``<client>.long`` there asks for one long hold."""
+    fenced: bool = True
+    two_phase: bool = False
+    lease_s: int = LEASE_S
+    acquire_timeout_s: int = ACQUIRE_TIMEOUT_S
+    hold_s: float = HOLD_S
+    pace_s: float = 0.0
+    seed: int = 0
+
+
+class _History:
+    """Appends one JSON line per event, each with a single write."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def emit(self, **fields: Any) -> None:
+        os.write(self._fd, (json.dumps(fields) + "\n").encode())
+
+
+def _long_hold_requested(cfg: WorkerConfig) -> bool:
+    try:
+        os.unlink(os.path.join(cfg.control, f"{cfg.client}.long"))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def run_worker(cfg: WorkerConfig) -> None:
+    """The worker loop; ends (after its current attempt) on SIGTERM."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    history = _History(cfg.history)
+    resource = Resource(Path(cfg.db)) if cfg.db is not None else None
+    rng = random.Random(cfg.seed)
+    pool = ConnectionPool()
+    attempt = 0
+    while not stopping.is_set():
+        attempt += 1
+        key = rng.choice(cfg.keys)
+        lock = DistributedLock(
+            key,
+            acquire_timeout_s=cfg.acquire_timeout_s,
+            lease_ttl_s=cfg.lease_s,
+            servers=[(cfg.host, cfg.port)],
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+            pool=pool,
+        )
+        requested = now()
+        enqueued: float | None = None
+        try:
+            if cfg.two_phase:
+                got = lock.enqueue()
+                enqueued = now()
+                if not got:
+                    got = lock.wait()
+            else:
+                got = lock.acquire()
+        except DflockError as exc:
+            lock.release()  # leaves a queue position behind, if any
+            history.emit(
+                ev="nogrant",
+                id=attempt,
+                key=key,
+                req=requested,
+                enq=enqueued,
+                outcome="error",
+                t=now(),
+                detail=str(exc)[:200],
+            )
+            stopping.wait(RETRY_PAUSE_S)
+            continue
+        granted = now()
+        if not got:
+            history.emit(
+                ev="nogrant", id=attempt, key=key, req=requested, enq=enqueued, outcome="timeout"
+            )
+            continue
+        fence = lock.fence
+        assert fence is not None
+        history.emit(
+            ev="grant",
+            id=attempt,
+            key=key,
+            fence=fence,
+            req=requested,
+            enq=enqueued,
+            ok=granted,
+            lease=lock.lease,
+        )
+        if resource is not None:
+            value = resource.read(key, cfg.client, fence, cfg.fenced)
+            if value is not None:
+                work = cfg.hold_s
+                if _long_hold_requested(cfg):
+                    history.emit(ev="long", id=attempt, key=key, fence=fence, t=now())
+                    work = LONG_HOLD_S
+                # Simulated work inside the critical section (cut short by SIGTERM at the
+                # end of a run). Deliberately no check of lock.lost before writing: the
+                # fence alone has to keep the counter right.
+                stopping.wait(work)
+                resource.write(key, cfg.client, fence, value, cfg.fenced)
+        release_sent = now()
+        released = lock.release()
+        history.emit(
+            ev="end",
+            id=attempt,
+            outcome="released" if released else "lost",
+            rel=release_sent,
+            rel_ok=released,
+            done=now(),
+        )
+        if cfg.pace_s:
+            stopping.wait(cfg.pace_s)
+    pool.close()
+
+
+def main(argv: list[str]) -> int:
+    raw = json.loads(argv[0])
+    run_worker(WorkerConfig(**raw))
+    return 0
+
+
+# ---------------------------------------------------------------------------- histories
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events of one history file (a torn last line, from a SIGKILL, is skipped)."""
+    events: list[dict[str, Any]] = []
+    if not path.exists():
+        return events
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            events.append(json.loads(line))
+    return events
+
+
+def holds_from_events(client: str, events: list[dict[str, Any]]) -> list[Hold]:
+    """The attempts of one client; a grant without an end means the client died holding it."""
+    holds: list[Hold] = []
+    open_grants: dict[int, dict[str, Any]] = {}
+    for event in events:
+        kind = event["ev"]
+        if kind == "nogrant":
+            holds.append(
+                Hold(
+                    key=event["key"],
+                    client=client,
+                    requested_t=event["req"],
+                    enqueued_t=event["enq"],
+                    lease_s=LEASE_S,
+                    outcome=event["outcome"],
+                )
+            )
+        elif kind == "grant":
+            open_grants[event["id"]] = event
+        elif kind == "end":
+            grant = open_grants.pop(event["id"])
+            holds.append(_hold(client, grant, event))
+    holds.extend(_hold(client, grant, None) for grant in open_grants.values())
+    return holds
+
+
+def _hold(client: str, grant: dict[str, Any], end: dict[str, Any] | None) -> Hold:
+    return Hold(
+        key=grant["key"],
+        client=client,
+        requested_t=grant["req"],
+        enqueued_t=grant["enq"],
+        granted_t=grant["ok"],
+        fence=grant["fence"],
+        lease_s=grant["lease"],
+        outcome="killed" if end is None else end["outcome"],
+        released_t=None if end is None else end["rel"],
+        release_ok=False if end is None else end["rel_ok"],
+    )
+
+
+class HistoryTail:
+    """Reads a history file as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self.grants = 0
+
+    def new_events(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        events = [json.loads(line) for line in lines if line]
+        self.grants += sum(1 for e in events if e["ev"] == "grant")
+        return events
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+class LockServer:
+    """The real ``dflockd`` on 127.0.0.1:``port``: SIGKILL it and start it again in place."""
+
+    def __init__(
+        self, port: int, *, fence_state_file: Path | None = None, extra: tuple[str, ...] = ()
+    ) -> None:
+        self.port = port
+        self.fence_state_file = fence_state_file
+        self.extra = extra
+        self.proc: DflockdProcess | None = None
+        self.starts = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def start(self) -> None:
+        args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--default-lease-ttl",
+            str(LEASE_S),
+            "--lease-sweep-interval",
+            str(SWEEP_S),
+            "--write-timeout",
+            str(WRITE_TIMEOUT_S),
+            "--shutdown-timeout",
+            "1",
+            *self.extra,
+        ]
+        if self.fence_state_file is not None:
+            args += ["--fence-state-file", str(self.fence_state_file)]
+        self.proc = DflockdProcess(args, {})
+        host, port = self.proc.wait_listening()
+        assert (host, port) == self.address, (host, port)
+        self.starts += 1
+
+    def kill(self) -> None:
+        """SIGKILL (no goodbye to anyone) and reap."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc = None
+
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM), then make sure it is gone."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.proc.poll() is None:
+            proc.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait_exit(STOP_TIMEOUT_S)
+        proc.kill()
+
+
+class Worker:
+    """A worker process and its history."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.client = cfg.client
+        self.history = Path(cfg.history)
+        self.tail = HistoryTail(self.history)
+        with open(f"{cfg.history}.stderr", "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "workload.py"), json.dumps(dataclasses.asdict(cfg))],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        self.events: list[dict[str, Any]] = []
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll_events(self) -> list[dict[str, Any]]:
+        new = self.tail.new_events()
+        self.events.extend(new)
+        return new
+
+    def request_long_hold(self) -> None:
+        Path(self.cfg.control, f"{self.client}.long").touch()
+
+    def wait_event(self, kind: str, timeout: float = EVENT_TIMEOUT_S) -> dict[str, Any]:
+        """The next new event of ``kind``."""
+        deadline = now() + timeout
+        while True:
+            for event in self.poll_events():
+                if event["ev"] == kind:
+                    return event
+            assert self.proc.poll() is None, f"{self.client} exited: {self.stderr()}"
+            assert now() < deadline, f"{self.client}: no {kind!r} event in {timeout}s"
+            time.sleep(POLL_S)
+
+    def stopped(self) -> bool:
+        """True while the process is stopped (SIGSTOP)."""
+        with open(f"/proc/{self.pid}/stat", encoding="ascii") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        return state == "T"
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def stderr(self) -> str:
+        path = Path(f"{self.cfg.history}.stderr")
+        return path.read_text()[-2000:] if path.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(STOP_TIMEOUT_S)
+
+
+@dataclasses.dataclass
+class Injection:
+    """One fault injected: when, at whom (a client, or None for the server), on which key."""
+
+    name: str
+    t: float
+    client: str | None = None
+    key: str | None = None
+
+
+@dataclasses.dataclass
+class RunResult:
+    holds: list[Hold]
+    cuts: list[Cut]
+    resource: list[ResourceSummary]
+    injections: list[Injection]
+    healthy_latencies_s: list[float]
+
+    def check(self) -> CheckResult:
+        return check_history(self.holds, self.cuts)
+
+    @property
+    def operations(self) -> int:
+        return sum(1 for h in self.holds if h.granted)
+
+    @property
+    def lost_updates(self) -> int:
+        return sum(s.lost_updates for s in self.resource)
+
+    @property
+    def stale_accepted(self) -> int:
+        return sum(s.stale_accepted for s in self.resource)
+
+    @property
+    def refused(self) -> int:
+        return sum(s.refused_reads + s.refused_writes for s in self.resource)
+
+    def healthy_p99_ms(self) -> float | None:
+        p99 = percentile(self.healthy_latencies_s, 0.99)
+        return None if p99 is None else p99 * 1000
+
+    def recovery_s(self) -> float | None:
+        """The longest time from a fault to the next grant to someone else: on the victim's
+        key for a fault aimed at a holder, on any key for a server fault. Faults that struck
+        a client wherever it was (no key) are not counted."""
+        worst: float | None = None
+        for inj in self.injections:
+            if inj.key is None and inj.client is not None:
+                continue
+            later = [
+                h.granted_t
+                for h in self.holds
+                if h.granted_t is not None
+                and h.granted_t > inj.t
+                and h.client not in (inj.client, HEALTHY)
+                and (inj.key is None or h.key == inj.key)
+            ]
+            if later:
+                took = min(later) - inj.t
+                worst = took if worst is None else max(worst, took)
+        return worst
+
+
+class LockRun:
+    """A server, a resource, workers (optionally behind proxies) and a healthy client."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        workers: int = 4,
+        keys: tuple[str, ...] = ("k1", "k2"),
+        fenced: bool = True,
+        proxied: bool = False,
+        fence_state: bool = False,
+        server_args: tuple[str, ...] = (),
+        seed: int = 0,
+    ) -> None:
+        self.directory = directory
+        self.keys = list(keys)
+        self.fenced = fenced
+        self.proxied = proxied
+        self.rng = random.Random(seed)
+        self.server = LockServer(
+            free_port(),
+            fence_state_file=directory / "fence.state" if fence_state else None,
+            extra=server_args,
+        )
+        self.db_path = directory / "resource.sqlite3"
+        self.control = directory / "control"
+        self.control.mkdir()
+        self.resource = Resource.create(self.db_path, self.keys)
+        self.workers: dict[str, Worker] = {}
+        self.retired: list[Worker] = []
+        self.proxies: dict[str, FaultProxy] = {}
+        self.cuts: list[Cut] = []
+        self.injections: list[Injection] = []
+        self.healthy: Worker | None = None
+        self._n_workers = workers
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> LockRun:
+        self.server.start()
+        for i in range(self._n_workers):
+            self.spawn(f"w{i}", two_phase=i % 2 == 1)
+        self.healthy = Worker(
+            WorkerConfig(
+                client=HEALTHY,
+                host=self.server.address[0],
+                port=self.server.address[1],
+                keys=[HEALTHY],
+                history=str(self.directory / f"{HEALTHY}.jsonl"),
+                db=None,
+                control=str(self.control),
+                hold_s=0.0,
+                pace_s=HEALTHY_PACE_S,
+            )
+        )
+        return self
+
+    def spawn(self, name: str, *, two_phase: bool) -> Worker:
+        """A new worker (behind a proxy of its own when the run is proxied)."""
+        client = name
+        address = self.server.address
+        if self.proxied:
+            proxy = FaultProxy(address).start()
+            self.proxies[client] = proxy
+            address = proxy.address
+        worker = Worker(
+            WorkerConfig(
+                client=client,
+                host=address[0],
+                port=address[1],
+                keys=self.keys,
+                history=str(self.directory / f"{client}.jsonl"),
+                db=str(self.db_path),
+                control=str(self.control),
+                fenced=self.fenced,
+                two_phase=two_phase,
+                seed=self.rng.randrange(2**31),
+            )
+        )
+        self.workers[client] = worker
+        return worker
+
+    def all_workers(self) -> list[Worker]:
+        everyone = [*self.retired, *self.workers.values()]
+        return everyone + ([self.healthy] if self.healthy is not None else [])
+
+    def grants(self) -> int:
+        """Grants recorded so far by every client."""
+        total = 0
+        for worker in self.all_workers():
+            worker.poll_events()
+            total += worker.tail.grants
+        return total
+
+    def wait_grants(self, target: int, timeout: float) -> None:
+        """Poll until ``target`` grants were recorded (all clients together)."""
+        deadline = now() + timeout
+        while self.grants() < target:
+            for worker in self.workers.values():
+                assert worker.proc.poll() is None, f"{worker.client} died: {worker.stderr()}"
+            assert now() < deadline, f"only {self.grants()} of {target} grants in {timeout}s"
+            time.sleep(POLL_S)
+
+    def wait_progress(self, seconds: float, grants: int = 1) -> None:
+        """Let ``seconds`` pass, and at least ``grants`` more grants happen."""
+        target = self.grants() + grants
+        until = now() + seconds
+        self.wait_grants(target, seconds + EVENT_TIMEOUT_S)
+        while now() < until:
+            time.sleep(POLL_S)
+
+    def pick(self, avoid: Worker | None = None) -> Worker:
+        """A random worker (other than ``avoid``, which may still be busy with a fault)."""
+        names = sorted(n for n in self.workers if avoid is None or n != avoid.client)
+        return self.workers[self.rng.choice(names)]
+
+    # ------------------------------------------------------------------ faults
+    def kill_worker(self, worker: Worker, name: str, key: str | None = None) -> Worker:
+        """SIGKILL a worker (a cut of its connections) and start a replacement."""
+        t = now()
+        worker.kill()
+        self.cuts.append(Cut(t, worker.client, done_t=now()))
+        self.injections.append(Injection(name, t, worker.client, key))
+        del self.workers[worker.client]
+        self.retired.append(worker)
+        proxy = self.proxies.pop(worker.client, None)
+        if proxy is not None:
+            proxy.stop()
+        base = worker.client.split(".")[0]
+        generation = sum(1 for w in self.retired if w.client.split(".")[0] == base)
+        return self.spawn(f"{base}.{generation}", two_phase=worker.cfg.two_phase)
+
+    def kill_server(self) -> None:
+        t = now()
+        self.server.kill()
+        self.cuts.append(Cut(t, None, done_t=now()))
+        self.injections.append(Injection("server SIGKILL", t))
+
+    def cut_connections(self, worker: Worker, *, rst: bool, key: str | None = None) -> int:
+        """Drop or reset every connection of ``worker`` at its proxy."""
+        proxy = self.proxies[worker.client]
+        t = now()
+        n = proxy.reset() if rst else proxy.drop()
+        self.cuts.append(Cut(t, worker.client, done_t=now()))
+        self.injections.append(
+            Injection("proxy reset" if rst else "proxy drop", t, worker.client, key)
+        )
+        return n
+
+    # ------------------------------------------------------------------ the end
+    def finish(self) -> RunResult:
+        """Stop every client (SIGTERM; SIGKILL after a while, recorded as a cut) and the server;
+        the checked material of the run."""
+        everyone = [w for w in self.all_workers() if w.proc.poll() is None]
+        for worker in everyone:
+            worker.signal(signal.SIGCONT)
+            worker.signal(signal.SIGTERM)
+        for worker in everyone:
+            try:
+                worker.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                t = now()
+                worker.kill()
+                self.cuts.append(Cut(t, worker.client, done_t=now()))
+        for proxy in self.proxies.values():
+            proxy.stop()
+        self.server.stop()
+        holds: list[Hold] = []
+        latencies: list[float] = []
+        for worker in self.all_workers():
+            events = read_events(worker.history)
+            holds.extend(holds_from_events(worker.client, events))
+            if worker.client == HEALTHY:
+                grants = {e["id"]: e for e in events if e["ev"] == "grant"}
+                latencies = [
+                    e["done"] - grants[e["id"]]["req"]
+                    for e in events
+                    if e["ev"] == "end" and e["rel_ok"] and e["id"] in grants
+                ]
+        summaries = [self.resource.summary(k) for k in self.keys]
+        return RunResult(holds, self.cuts, summaries, self.injections, latencies)
+
+    def close(self) -> None:
+        """Kill whatever is left (after a failure)."""
+        for worker in self.all_workers():
+            if worker.proc.poll() is None:
+                worker.signal(signal.SIGCONT)
+            worker.kill()
+        for proxy in self.proxies.values():
+            proxy.stop()
+        self.server.stop()
+        self.resource.close()
+
+    def __enter__(self) -> LockRun:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
