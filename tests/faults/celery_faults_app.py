@@ -1,0 +1,123 @@
+# pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
+# (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
+"""The Celery app of the Celery-level fault tests: a fenced read-modify-write workload.
+
+Workers load it as ``-A tests.faults.celery_faults_app`` (the repository is on their
+``PYTHONPATH``); it is configured from the environment like the apps of tests/celery, and its
+task bodies write to the same run log (``tests.celery.apps.common.record``).
+
+:func:`fenced_increment` is one step of the workload. Under its lock it *reads* the account
+with its fence (``FencedLedger.add(account, 0, fence)``: the ledger records the fence, so any
+later access with a lower one is refused), works for a while, then *writes* ``+1`` with the
+same fence. A run whose write lands on a balance other than the one it read (``after !=
+before + 1``) had another writer in between: in a store that sets values, that is a lost
+update. The fault tests count those, and compare each account's balance with its accepted
+writes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import bootsteps
+
+from celery_dflock import LockedTask, LockLost
+from celery_dflock.signals import lock_lost
+from examples.proj.ledger import FencedLedger, StaleFenceError
+from tests.celery.apps.common import make_app, record
+
+app = make_app("tests.faults.celery_faults_app")
+
+
+class ConsumerStarted(bootsteps.StartStopStep):
+    """Logs ``consumer_started`` each time the worker's consumer (re)connects to the broker."""
+
+    requires = frozenset({"celery.worker.consumer.tasks:Tasks"})
+
+    def start(self, parent: Any) -> None:
+        record("consumer_started")
+
+
+steps: Any = app.steps
+steps["consumer"].add(ConsumerStarted)
+
+FENCED_INCREMENT = "faults.fenced_increment"
+"""The task's name, for ``send_task``."""
+ACCOUNT_KEY = "acct:{account}"
+"""Lock key template: one lock per ledger account."""
+QUEUE_WAIT_S = 30
+"""How long a run waits in the key's FIFO queue before it fails (``lock_timeout``)."""
+GO_POLL_S = 0.02
+STEP_LIMIT_S = 60.0
+"""Longest step of any run (a test that never lets a run go on still ends)."""
+
+
+@lock_lost.connect
+def _on_lost(
+    sender: Any = None, task_id: str | None = None, key: str = "", policy: str = "", **kw: Any
+) -> None:
+    record("lock_lost", task_id=task_id, key=key, policy=policy, fence=kw["lock"].fence)
+
+
+def _step(go_file: str | None, hold_s: float) -> None:
+    """The work between the read and the write: until ``go_file`` exists, or ``hold_s``."""
+    if go_file is None:
+        time.sleep(hold_s)
+        return
+    deadline = time.monotonic() + STEP_LIMIT_S
+    go = Path(go_file)
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(GO_POLL_S)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    name=FENCED_INCREMENT,
+    lock_key=ACCOUNT_KEY,
+    on_locked="raise",
+    lock_timeout=QUEUE_WAIT_S,
+)
+def fenced_increment(
+    self: LockedTask,
+    account: str,
+    ledger: str,
+    label: str,
+    go_file: str | None = None,
+    hold_s: float = 0.0,
+) -> int:
+    """Read ``account`` with the lock's fence, step, then add 1 with the same fence."""
+    lock = self.lock
+    assert lock is not None and lock.fence is not None
+    fence = lock.fence
+    task_id = self.request.id
+    key = self.request.dflock_key
+    store = FencedLedger(Path(ledger))
+    start = time.time()
+    common = {"label": label, "account": account, "key": key, "fence": fence, "task_id": task_id}
+    record("granted", start=start, **common)
+    stage = "read"
+    try:
+        before = store.add(account, 0, fence)  # the fenced read
+        record("read", before=before, **common)
+        _step(go_file, hold_s)
+        stage = "write"
+        after = store.add(account, 1, fence)
+    except StaleFenceError as exc:
+        record("refused", stage=stage, lost=lock.lost, message=str(exc), **common)
+        raise
+    except LockLost as exc:  # on_lock_lost="interrupt"
+        record("interrupted", stage=stage, error=type(exc).__name__, **common)
+        raise
+    record(
+        "applied",
+        before=before,
+        after=after,
+        start=start,
+        end=time.time(),
+        lost=lock.lost,
+        **common,
+    )
+    return after

@@ -1,0 +1,735 @@
+"""Celery-level faults (issue #8): real prefork workers, a real lock server, a fenced workload.
+
+Each test injects one fault while locked runs of ``celery_faults_app.fenced_increment`` hold
+their locks, then checks what the issue asks for and adds a row to the fault report:
+
+* **worker SIGKILL**: ``kill -9`` of the worker's main process while its pool children hold
+  locks with a 30 s lease. The children die with it (Celery sets ``PR_SET_PDEATHSIG``), their
+  connections close, and the server frees the locks: a fresh client gets them within 2 s.
+  (A pool child SIGKILLed alone is covered by tests/celery/test_locked_task_endings.py.)
+* **worker SIGSTOP beyond the lease**: a run on worker A holds an account with a 2 s lease;
+  A's process group is stopped past the lease; a run on worker B gets the lock and writes;
+  when A resumes it is told (``lock_lost``; ``LockLost`` under ``on_lock_lost="interrupt"``)
+  and its stale write is refused by the fenced ledger.
+* **lock server kill -9 and restart**: a real ``dflockd`` with a fence state file is killed
+  under running tasks and restarted on the same port: the runs are told, a queued run fails
+  instead of hanging, later runs get fences above every earlier one, and a stale write that
+  comes after the restart is refused.
+* **broker kill -9 and restart**: this test's own ``redis-server`` (append-only file, so
+  queued messages survive) is killed in the middle of a stream of locked runs and restarted;
+  the worker reconnects and the stream completes with no overlap per key.
+
+The workload is a fenced read-modify-write (see ``celery_faults_app``): a *lost update* is an
+accepted write that landed on a balance other than the one its run read, or a balance that
+differs from the number of accepted writes. Every test expects none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from conftest import FaultReport, FaultRow, scaled
+
+from celery_dflock._runtime import pid_gone
+from celery_dflock.aio import AsyncDistributedLock
+from celery_dflock.client import DistributedLock
+from celery_dflock.task import LOCK_OPTIONS_HEADER
+from dflockd_server.testing import ServerThread
+from examples.proj.ledger import FencedLedger
+from tests.celery.worker_harness import (
+    Entry,
+    EventLog,
+    Worker,
+    WorkerFactory,
+    common_settings,
+    filesystem_settings,
+    iter_overlaps,
+)
+from tests.client.client_helpers import (
+    held_keys,
+    holders_and_waiters,
+    release_behind_its_back,
+    wait_until,
+)
+from tests.faults.celery_faults_app import FENCED_INCREMENT
+from tests.server.dflock_proc import DflockdProcess
+
+APP = "tests.faults.celery_faults_app"
+SERVER_LEASE_S = 30
+"""Lease of runs that do not ask for one (the SIGKILL test's runs hold it)."""
+FREE_WITHIN_S = 2.0
+"""Acceptance 4: after a worker is SIGKILLed, its locks are free this fast."""
+SHORT_LEASE_S = 2
+"""Lease of the runs that lose their lock (renewed every second)."""
+RENEW_RATIO = 0.5
+LOST_TOLD_WITHIN_S = SHORT_LEASE_S + 8.0
+"""A run hears it lost its lock within a renewal interval plus scheduling slack."""
+RECOVERY_LIMIT_S = SHORT_LEASE_S + 8.0
+"""Another worker gets a stopped worker's lock within its lease plus a sweep and slack."""
+EVENT_TIMEOUT_S = 45.0
+REDIS_START_TIMEOUT_S = 15.0
+VISIBILITY_TIMEOUT_S = 3
+"""The broker test's Redis visibility timeout: reserved messages of a dead connection return."""
+
+
+# --------------------------------------------------------------------------- the rig
+
+
+@dataclass
+class Rig:
+    """One test's run log, workers, client apps and ledger; all torn down at the end."""
+
+    tmp: Path
+    log: EventLog
+    ledger_path: Path
+    factories: list[WorkerFactory] = field(default_factory=list[WorkerFactory])
+    apps: list[Celery] = field(default_factory=list[Celery])
+
+    @property
+    def ledger(self) -> FencedLedger:
+        return FencedLedger(self.ledger_path)
+
+    def start_worker(
+        self, settings: dict[str, Any], *, concurrency: int = 1, queue: str | None = None
+    ) -> Worker:
+        if queue is not None:
+            settings = {**settings, "task_default_queue": queue}
+        factory = WorkerFactory(log=self.log, directory=self.tmp, settings=settings)
+        self.factories.append(factory)
+        return factory.start(APP, pool="prefork", concurrency=concurrency)
+
+    def client(self, settings: dict[str, Any]) -> Celery:
+        app = Celery("faults-client", set_as_current=False)
+        app.conf.update(settings)
+        self.apps.append(app)
+        return app
+
+    def send(
+        self,
+        app: Celery,
+        account: str,
+        label: str,
+        *,
+        queue: str | None = None,
+        go_file: Path | None = None,
+        hold_s: float = 0.0,
+        **lock_options: Any,
+    ) -> Any:
+        """Queue one ``fenced_increment`` run (``lock_ttl=...`` etc. go as per-call options)."""
+        kwargs = {
+            "account": account,
+            "ledger": str(self.ledger_path),
+            "label": label,
+            "go_file": None if go_file is None else str(go_file),
+            "hold_s": hold_s,
+        }
+        options: dict[str, Any] = {}
+        if queue is not None:
+            options["queue"] = queue
+        if lock_options:
+            options["headers"] = {LOCK_OPTIONS_HEADER: lock_options}
+        return app.send_task(FENCED_INCREMENT, kwargs=kwargs, **options)
+
+    def close(self) -> None:
+        for factory in self.factories:
+            factory.close()
+        for app in self.apps:
+            app.close()
+        self.log.close()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    log = EventLog(tmp_path)
+    ledger_path = tmp_path / "ledger.sqlite3"
+    made = Rig(tmp=tmp_path, log=log, ledger_path=ledger_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def lock_server(dflock_server_factory: Callable[..., ServerThread]) -> ServerThread:
+    return dflock_server_factory(default_lease_ttl_s=SERVER_LEASE_S)
+
+
+def unique(label: str) -> str:
+    return f"{label}-{uuid.uuid4().hex[:8]}"
+
+
+def fs_settings(rig: Rig, dflock_servers: str) -> dict[str, Any]:
+    return {
+        **filesystem_settings(rig.tmp, unique("faults")),
+        "dflock_servers": dflock_servers,
+        "dflock_renew_ratio": RENEW_RATIO,
+    }
+
+
+# --------------------------------------------------------------------------- the verdict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the run log and the ledger say about the fenced workload."""
+
+    grants: int
+    applied: list[Entry]
+    double_grants: int
+    lost_updates: int
+    refused: int
+
+
+def judge(rig: Rig) -> Verdict:
+    """Count grants, overlapping runs (double grants) and lost updates; check fence order."""
+    applied = rig.log.entries("applied")
+    double_grants = len(list(iter_overlaps(applied)))
+    interleaved = [a for a in applied if a["after"] != a["before"] + 1]
+    accounts = Counter(a["account"] for a in applied)
+    ledger = rig.ledger
+    mismatched = sum(abs(ledger.balance(acct) - n) for acct, n in accounts.items())
+    for account in accounts:
+        writes = sorted((a for a in applied if a["account"] == account), key=lambda a: a["after"])
+        fences = [w["fence"] for w in writes]
+        assert fences == sorted(fences), f"{account}: writes landed out of fence order {fences}"
+    return Verdict(
+        grants=len(rig.log.entries("granted")),
+        applied=applied,
+        double_grants=double_grants,
+        lost_updates=len(interleaved) + mismatched,
+        refused=len(rig.log.entries("refused")),
+    )
+
+
+def wait_applied(rig: Rig, labels: list[str], timeout: float = EVENT_TIMEOUT_S) -> None:
+    wanted = set(labels)
+    rig.log.wait_for(
+        lambda events: wanted <= {e.get("label") for e in events if e.get("event") == "applied"},
+        timeout,
+        f"{len(wanted)} applied runs",
+    )
+
+
+def free_after(address: tuple[str, int], keys: list[str], limit_s: float) -> float | None:
+    """Seconds until a fresh client gets every key with timeout 0 (polling); None past limit."""
+    start = time.monotonic()
+    pending = list(keys)
+    while pending:
+        lock = DistributedLock(pending[0], acquire_timeout_s=0, servers=[address])
+        if lock.acquire():
+            lock.release()
+            pending.pop(0)
+            continue
+        if time.monotonic() - start > limit_s:
+            return None
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+# --------------------------------------------------------------------------- worker SIGKILL
+
+
+def test_worker_sigkill_frees_its_locks_within_2s(
+    rig: Rig, lock_server: ServerThread, fault_report: FaultReport
+) -> None:
+    runs = scaled(1, 5)
+    settings = fs_settings(rig, f"{lock_server.host}:{lock_server.port}")
+    app = rig.client(settings)
+    never = rig.tmp / "never"  # the runs hold their locks until the worker dies
+    free_times: list[float] = []
+    for run in range(runs):
+        worker = rig.start_worker(settings, concurrency=2)
+        accounts = [unique(f"kill{run}") for _ in range(2)]
+        for account in accounts:
+            rig.send(app, account, label=account, go_file=never, lock_ttl=SERVER_LEASE_S)
+        granted = [rig.log.wait_event("read", EVENT_TIMEOUT_S, label=a) for a in accounts]
+        children = {g["pid"] for g in granted}
+        assert worker.pid not in children  # the runs are in pool children
+        keys = [g["key"] for g in granted]
+        assert held_keys(lock_server.address) >= set(keys)
+
+        os.kill(worker.pid, signal.SIGKILL)
+        free_s = free_after(lock_server.address, keys, limit_s=FREE_WITHIN_S + 3)
+        worker.proc.wait(10)
+        orphans = [pid for pid in children if not pid_gone(pid, FREE_WITHIN_S)]
+        assert not orphans, f"pool children {orphans} outlived their SIGKILLed worker"
+        assert free_s is not None, f"locks {keys} still held {FREE_WITHIN_S + 3}s after SIGKILL"
+        assert free_s < FREE_WITHIN_S
+        free_times.append(free_s)
+
+    verdict = judge(rig)
+    assert verdict.double_grants == 0
+    assert verdict.lost_updates == 0
+    fault_report.add(
+        FaultRow(
+            fault="Celery worker SIGKILL (main process, 2 pool children holding 30 s leases)",
+            runs=runs,
+            operations=verdict.grants,
+            double_grants=verdict.double_grants,
+            lost_updates=verdict.lost_updates,
+            recovery_s=max(free_times),
+            observed=(
+                f"pool children died with the worker (PDEATHSIG); locks free after "
+                f"{min(free_times):.2f}-{max(free_times):.2f} s (limit {FREE_WITHIN_S:g} s)"
+            ),
+        )
+    )
+
+
+# --------------------------------------------------------------------------- worker SIGSTOP
+#
+# A stopped run may resume and finish its body before its renewal thread gets to renew; then
+# only the release shows the lease ran out (the server no longer holds the grant). The SIGSTOP
+# test found that this loss went unreported; these two pin the fix in both client faces,
+# deterministically: the grant is taken away on the server as its lease expiry would.
+
+
+def test_a_grant_gone_unnoticed_is_reported_lost_at_release(lock_server: ServerThread) -> None:
+    told: list[int | None] = []
+    lock = DistributedLock(
+        "gone-unnoticed",
+        servers=[lock_server.address],
+        on_lost=lambda lost: told.append(lost.fence),
+    )
+    assert lock.acquire() and lock.token is not None
+    fence = lock.fence
+    release_behind_its_back(lock_server.address, "gone-unnoticed", lock.token)
+    assert lock.release() is False
+    assert lock.lost and lock.lost_event.is_set()
+    assert told == [fence]
+    assert lock.fence is None and not lock.locked()
+
+
+async def test_a_grant_gone_unnoticed_is_reported_lost_at_async_release(
+    lock_server: ServerThread,
+) -> None:
+    told: list[int | None] = []
+    lock = AsyncDistributedLock(
+        "gone-unnoticed-aio",
+        servers=[lock_server.address],
+        on_lost=lambda lost: told.append(lost.fence),
+    )
+    assert await lock.acquire() and lock.token is not None
+    fence = lock.fence
+    release_behind_its_back(lock_server.address, "gone-unnoticed-aio", lock.token)
+    assert await lock.release() is False
+    assert lock.lost and lock.lost_event.is_set()
+    assert told == [fence]
+    assert lock.fence is None and not lock.locked()
+
+
+@contextlib.contextmanager
+def stopped(worker: Worker) -> Iterator[float]:
+    """SIGSTOP the worker's whole process group; SIGCONT it on the way out. Yields the time."""
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+    try:
+        yield time.time()
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+
+
+def test_worker_sigstop_beyond_the_lease(
+    rig: Rig, lock_server: ServerThread, fault_report: FaultReport
+) -> None:
+    runs = scaled(2, 10)
+    settings = fs_settings(rig, f"{lock_server.host}:{lock_server.port}")
+    queue_a, queue_b = unique("qa"), unique("qb")
+    worker_a = rig.start_worker(settings, queue=queue_a)
+    rig.start_worker(settings, queue=queue_b)
+    app = rig.client(settings)
+    recoveries: list[float] = []
+    told_after: list[float] = []
+    outcomes: Counter[str] = Counter()
+    for run in range(runs):
+        policy = ("flag", "interrupt")[run % 2]
+        account = unique(f"stop{run}")
+        label_a, label_b = f"{account}-a", f"{account}-b"
+        go = rig.tmp / f"go-{label_a}"
+        rig.send(
+            app,
+            account,
+            label_a,
+            queue=queue_a,
+            go_file=go,
+            lock_ttl=SHORT_LEASE_S,
+            on_lock_lost=policy,
+        )
+        read_a = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=label_a)
+        with stopped(worker_a) as stop_t:
+            rig.send(app, account, label_b, queue=queue_b)
+            applied_b = rig.log.wait_event("applied", EVENT_TIMEOUT_S, label=label_b)
+            go.touch()  # A goes straight on to its write when it resumes
+            cont_t = time.time()
+        lost = rig.log.wait_event("lock_lost", LOST_TOLD_WITHIN_S, task_id=read_a["task_id"])
+        rig.log.wait_for(
+            lambda evs, label=label_a: any(
+                e.get("label") == label and e.get("event") in {"refused", "interrupted"}
+                for e in evs
+            ),
+            LOST_TOLD_WITHIN_S,
+            f"run {label_a} to be refused or interrupted",
+        )
+        (granted_b,) = rig.log.entries("granted", label=label_b)
+        assert granted_b["fence"] > read_a["fence"]
+        # B got the lock once A's lease ran out: about a lease minus a renewal interval after
+        # A was stopped at the earliest (less if A's renewals ran late), and soon after that.
+        recovery = granted_b["start"] - stop_t
+        assert SHORT_LEASE_S * (1 - RENEW_RATIO) - 0.5 < recovery < RECOVERY_LIMIT_S, recovery
+        assert applied_b["before"] == 0
+        assert applied_b["after"] == 1
+        assert lost["policy"] == policy
+        assert lost["fence"] == read_a["fence"]
+        assert not rig.log.entries("applied", label=label_a)  # the stale write never landed
+        refused = rig.log.entries("refused", label=label_a)
+        interrupted = rig.log.entries("interrupted", label=label_a)
+        if policy == "flag":
+            assert [r["stage"] for r in refused] == ["write"]
+            outcomes["flag: stale write refused"] += 1
+        else:
+            assert len(refused) + len(interrupted) == 1
+            outcomes[
+                "interrupt: stale write refused" if refused else "interrupt: LockLost before write"
+            ] += 1
+        assert rig.ledger.balance(account) == 1
+        recoveries.append(recovery)
+        told_after.append(lost["t"] - cont_t)
+
+    verdict = judge(rig)
+    assert verdict.double_grants == 0
+    assert verdict.lost_updates == 0
+    fault_report.add(
+        FaultRow(
+            fault=f"Celery worker SIGSTOP past a {SHORT_LEASE_S} s lease, then SIGCONT",
+            runs=runs,
+            operations=verdict.grants,
+            double_grants=verdict.double_grants,
+            lost_updates=verdict.lost_updates,
+            recovery_s=max(recoveries),
+            observed=(
+                f"other worker granted {min(recoveries):.2f}-{max(recoveries):.2f} s after the "
+                f"stop; stopped run told (lock_lost) {max(told_after):.2f} s after SIGCONT at "
+                f"most; {', '.join(f'{n} x {what}' for what, n in sorted(outcomes.items()))}"
+            ),
+        )
+    )
+
+
+# --------------------------------------------------------------------------- lock server restart
+
+
+def test_lock_server_kill9_and_restart_under_running_tasks(
+    rig: Rig, fault_report: FaultReport
+) -> None:
+    state = rig.tmp / "fence.state"
+    args = ["--host", "127.0.0.1", "--fence-state-file", str(state)]
+    args += ["--default-lease-ttl", str(SERVER_LEASE_S)]
+    servers: list[DflockdProcess] = [DflockdProcess([*args, "--port", "0"], {})]
+    try:
+        host, port = servers[0].wait_listening()
+        address = (host, port)
+        settings = fs_settings(rig, f"{host}:{port}")
+        rig.start_worker(settings, concurrency=3)
+        app = rig.client(settings)
+        acct_int, acct_flag = unique("int"), unique("flag")
+
+        before = [f"{unique('pre')}-{i}" for i in range(scaled(6, 40))]
+        for i, label in enumerate(before):
+            rig.send(app, (acct_int, acct_flag)[i % 2], label)
+        wait_applied(rig, before)
+
+        # Two runs hold their locks over the kill, a third waits in acct_int's queue.
+        go_flag = rig.tmp / "go-flag"
+        rig.send(app, acct_int, "holder-int", go_file=rig.tmp / "never", lock_ttl=SHORT_LEASE_S)
+        rig.send(
+            app,
+            acct_flag,
+            "holder-flag",
+            go_file=go_flag,
+            lock_ttl=SHORT_LEASE_S,
+            on_lock_lost="flag",
+        )
+        holder_int = rig.log.wait_event("read", EVENT_TIMEOUT_S, label="holder-int")
+        holder_flag = rig.log.wait_event("read", EVENT_TIMEOUT_S, label="holder-flag")
+        waiter = rig.send(app, acct_int, "waiter")
+        wait_until(
+            lambda: holders_and_waiters(address, f"acct:{acct_int}")[1] == 1,
+            EVENT_TIMEOUT_S,
+            "the waiter to queue",
+        )
+        old_fences = [e["fence"] for e in rig.log.entries("granted")]
+
+        servers[0].kill()
+        kill_t = time.time()
+        servers.append(DflockdProcess([*args, "--port", str(port)], {}))
+        assert servers[-1].wait_listening() == address
+        after = [f"{unique('post')}-{i}" for i in range(scaled(6, 40))]
+        for i, label in enumerate(after):
+            rig.send(app, (acct_int, acct_flag)[i % 2], label)
+
+        lost_int = rig.log.wait_event(
+            "lock_lost", LOST_TOLD_WITHIN_S, task_id=holder_int["task_id"]
+        )
+        lost_flag = rig.log.wait_event(
+            "lock_lost", LOST_TOLD_WITHIN_S, task_id=holder_flag["task_id"]
+        )
+        assert (lost_int["policy"], lost_flag["policy"]) == ("interrupt", "flag")
+        told_s = max(lost_int["t"], lost_flag["t"]) - kill_t
+        interrupted = rig.log.wait_event("interrupted", LOST_TOLD_WITHIN_S, label="holder-int")
+        assert interrupted["stage"] == "read"  # it was still in its step
+        waiter.get(timeout=EVENT_TIMEOUT_S, propagate=False)
+        assert waiter.state == "FAILURE"
+        assert type(waiter.result).__name__ == "ServerUnavailable"
+        assert not rig.log.entries("granted", label="waiter")  # it never ran unlocked
+
+        wait_applied(rig, after)
+        go_flag.touch()  # the flagged holder now writes, after newer runs wrote its account
+        refused = rig.log.wait_event("refused", EVENT_TIMEOUT_S, label="holder-flag")
+        assert refused["stage"] == "write"
+
+        new_grants = [e for e in rig.log.entries("granted") if e["label"] in set(after)]
+        assert min(e["fence"] for e in new_grants) > max(old_fences)
+        first_grant_s = min(e["start"] for e in new_grants) - kill_t
+        verdict = judge(rig)
+        assert verdict.double_grants == 0
+        assert verdict.lost_updates == 0
+        assert rig.ledger.balance(acct_int) + rig.ledger.balance(acct_flag) == len(before) + len(
+            after
+        )
+        assert held_keys(address) == set()
+    finally:
+        for server in servers:
+            server.kill()
+
+    fault_report.add(
+        FaultRow(
+            fault="lock server kill -9 and restart (fence state file) under running tasks",
+            runs=1,
+            operations=verdict.grants,
+            double_grants=verdict.double_grants,
+            lost_updates=verdict.lost_updates,
+            recovery_s=first_grant_s,
+            observed=(
+                f"both holders told (lock_lost) {told_s:.2f} s after the kill at most: "
+                "interrupt -> LockLost, flag -> its late write refused by the fence; the queued "
+                "run failed with ServerUnavailable; fences after the restart above all earlier"
+            ),
+        )
+    )
+
+
+# --------------------------------------------------------------------------- broker restart
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RedisChild:
+    """This test's own ``redis-server`` (append-only file, fsync always), restartable."""
+
+    directory: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        out = (self.directory / "redis.out").open("ab")
+        with out:
+            self.proc = subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(self.directory),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                    "--daemonize",
+                    "no",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return
+                except redis.RedisError:
+                    pass
+                assert self.proc.poll() is None, (self.directory / "redis.out").read_text()
+                assert time.monotonic() < deadline, "redis-server did not answer PING"
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisChild]:
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    child = RedisChild(directory, free_port())
+    child.start()
+    try:
+        yield child
+    finally:
+        child.kill()
+
+
+def applied_within(rig: Rig, labels: list[str], timeout: float) -> set[str]:
+    """The ``labels`` applied once all are, or once ``timeout`` s pass (polling the log)."""
+    wanted = set(labels)
+    deadline = time.monotonic() + timeout
+    while True:
+        done = wanted & {e["label"] for e in rig.log.entries("applied")}
+        if done == wanted or time.monotonic() > deadline:
+            return done
+        time.sleep(0.1)
+
+
+KOMBU_CLOSE_CRASH = "Unrecoverable error: AttributeError"
+
+
+def reconnect_or_crash(rig: Rig, worker: Worker, kill_t: float) -> float | None:
+    """When the worker's consumer reconnected after ``kill_t``; None if the worker died of
+    kombu's error on closing the lost connection (any other death fails the test)."""
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        started = [e["t"] for e in rig.log.entries("consumer_started") if e["t"] > kill_t]
+        if started:
+            return min(started)
+        if not worker.alive():
+            output = worker.output()
+            assert KOMBU_CLOSE_CRASH in output, f"worker died:\n{output[-4000:]}"
+            return None
+        time.sleep(0.05)
+    raise AssertionError(f"worker neither reconnected nor died:\n{worker.output()[-4000:]}")
+
+
+def test_broker_kill9_and_restart_mid_stream(
+    rig: Rig, lock_server: ServerThread, own_redis: RedisChild, fault_report: FaultReport
+) -> None:
+    settings = {
+        **common_settings(unique("faults")),
+        "broker_url": own_redis.url,
+        "broker_transport_options": {
+            # Messages a worker had reserved when the broker died come back this fast.
+            "visibility_timeout": VISIBILITY_TIMEOUT_S,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+        "task_ignore_result": True,
+        "dflock_servers": f"{lock_server.host}:{lock_server.port}",
+    }
+    worker = rig.start_worker(settings, concurrency=2)
+    app = rig.client(settings)
+    accounts = [unique("acct") for _ in range(3)]
+    kills = scaled(1, 3)
+    crashes = 0
+    per_batch = scaled(24, 150)
+    sent: list[str] = []
+    reconnect_s: list[float] = []
+    for kill in range(kills):
+        batch = [f"k{kill}-{i:04d}" for i in range(per_batch)]
+        sent += batch
+        for i, label in enumerate(batch):
+            rig.send(app, accounts[i % len(accounts)], label, hold_s=0.02)
+        in_batch = set(batch)
+        rig.log.wait_for(
+            lambda evs, in_batch=in_batch: (
+                sum(e.get("event") == "applied" and e.get("label") in in_batch for e in evs)
+                >= len(in_batch) // 3
+            ),
+            EVENT_TIMEOUT_S,
+            "a third of the batch",
+        )
+        own_redis.kill()
+        kill_t = time.time()
+        own_redis.start()
+        reconnected_at = reconnect_or_crash(rig, worker, kill_t)
+        if reconnected_at is None:
+            # kombu's Redis channel sometimes fails to close after the connection is lost
+            # ("Unrecoverable error: AttributeError: 'NoneType' object has no attribute
+            # 'hostname'" in restore_unacked), and the worker exits. A supervisor would start
+            # it again; so does the test. Its pool children died with it (PDEATHSIG).
+            crashes += 1
+            worker = rig.start_worker(settings, concurrency=2)
+            reconnected_at = time.time()
+        reconnect_s.append(reconnected_at - kill_t)
+    last = [f"end-{i:04d}" for i in range(per_batch // 2)]
+    for i, label in enumerate(last):
+        rig.send(app, accounts[i % len(accounts)], label, hold_s=0.02)
+    wait_applied(rig, last, timeout=60)
+    # Messages reserved by the worker at a kill come back after the visibility timeout.
+    done = applied_within(rig, sent, VISIBILITY_TIMEOUT_S + 5)
+    missing = sorted(set(sent) - done)
+
+    verdict = judge(rig)
+    per_label = Counter(a["label"] for a in verdict.applied)
+    duplicates = sum(n - 1 for n in per_label.values())
+    assert verdict.double_grants == 0
+    assert verdict.lost_updates == 0
+    assert verdict.refused == 0
+    assert not rig.log.entries("lock_lost")
+    # kombu's Redis transport pops a message (BRPOP) before it records it as unacknowledged:
+    # a kill -9 between the two loses that one message, at most one per kill. It never ran.
+    assert len(missing) <= kills, f"messages lost by the broker restarts: {missing}"
+    granted = {e["label"] for e in rig.log.entries("granted")}
+    assert not granted & set(missing)
+    assert held_keys(lock_server.address) == set()
+    for account in accounts:
+        key = f"acct:{account}"
+        lock = DistributedLock(key, acquire_timeout_s=0, servers=[lock_server.address])
+        assert lock.acquire(), f"{key} still held after the stream"
+        lock.release()
+    fault_report.add(
+        FaultRow(
+            fault="broker (own Redis, append-only) kill -9 and restart mid-stream",
+            runs=kills,
+            operations=verdict.grants,
+            double_grants=verdict.double_grants,
+            lost_updates=verdict.lost_updates,
+            recovery_s=max(reconnect_s),
+            observed=(
+                f"{len(sent) + len(last)} runs on {len(accounts)} keys; the worker reconnected "
+                f"{min(reconnect_s):.2f}-{max(reconnect_s):.2f} s after each kill ({crashes} "
+                "times it died instead, a kombu error on close, and was started again); "
+                f"{duplicates} runs repeated after redelivery, {len(missing)} messages lost by "
+                "the broker (popped, not yet marked unacked; never ran); no overlap per key, "
+                "no lock left held"
+            ),
+        )
+    )
