@@ -42,6 +42,10 @@ _SEM_COMMANDS = frozenset(
     {c.CMD_SEM_LOCK, c.CMD_SEM_ENQUEUE, c.CMD_SEM_WAIT, c.CMD_SEM_RENEW, c.CMD_SEM_RELEASE}
 )
 _AUTH = c.CMD_AUTH.encode()
+_LOCK = c.CMD_LOCK.encode()
+_RELEASE = c.CMD_RELEASE.encode()
+_RENEW = c.CMD_RENEW.encode()
+_REFUSALS = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
 def build_ssl_context(cert: str, key: str) -> ssl.SSLContext:
@@ -65,6 +69,7 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.ip = ""
         self.authed = server.secret is None
+        self.default_lease = server.config.default_lease_ttl_s
         self.busy = False  # a request is in flight
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.closing = False
@@ -273,7 +278,8 @@ class Connection(asyncio.Protocol):
                     pending = 0
         if out and transport is not None and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
-        self._update_reading()
+        if self.reading_paused or self.write_paused or self.busy:
+            self._update_reading()  # otherwise reading is on and stays on: nothing to do
 
     def _handle(self, frame: p.Frame) -> bytes | None:
         """Answer one request; ``None`` when the answer comes later (or the connection closes)."""
@@ -284,35 +290,38 @@ class Connection(asyncio.Protocol):
             return None
         if self.server.draining:
             return p.REPLY_ERROR_DRAINING
+        # Locks, releases and renewals in their usual shapes skip building a Request.
+        if cmd == _LOCK:
+            quick = p.quick_lock(key, arg)
+            if quick is not None:
+                return self._acquire(quick[0], quick[1], quick[2], None)
+        elif cmd == _RELEASE:
+            quick = p.quick_token(key, arg)
+            if quick is not None and quick[2] is None:
+                return self._release(quick[0], quick[1], False)
+        elif cmd == _RENEW:
+            quick = p.quick_token(key, arg)
+            if quick is not None:
+                return self._renew(quick[0], quick[1], quick[2], False)
         try:
             req = p.decode_request(cmd, key, arg)
         except p.Malformed as exc:
             log.debug("connection %s: malformed request: %s", self.peer, exc)
             return p.REPLY_ERROR
         command = req.command
+        is_sem = command in _SEM_COMMANDS
+        if command in _LOCKS:
+            return self._acquire(req.key, req.timeout, req.lease, req.limit)
+        if command in _RELEASES:
+            return self._release(req.key, req.token, is_sem)
+        if command in _RENEWS:
+            return self._renew(req.key, req.token, req.lease, is_sem)
         client = self.client
         assert client is not None
         table = self.table
-        is_sem = command in _SEM_COMMANDS
         try:
-            if command in _LOCKS:
-                lease = req.lease or self.server.config.default_lease_ttl_s
-                got = table.acquire(client, req.key, lease, req.limit, queue=req.timeout > 0)
-                if got is None:
-                    return p.REPLY_TIMEOUT
-                if isinstance(got, Holder):
-                    return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
-                self._wait(got, req.timeout)
-                return None
-            if command in _RELEASES:
-                released = table.release(req.key, req.token, is_sem)
-                return p.REPLY_OK if released else p.REPLY_ERROR
-            if command in _RENEWS:
-                lease = req.lease or self.server.config.default_lease_ttl_s
-                remaining = table.renew(req.key, req.token, lease, is_sem)
-                return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
             if command in _ENQUEUES:
-                lease = req.lease or self.server.config.default_lease_ttl_s
+                lease = req.lease or self.default_lease
                 waiter = table.enqueue(client, req.key, lease, req.limit)
                 holder = waiter.holder
                 if holder is None:
@@ -326,17 +335,54 @@ class Connection(asyncio.Protocol):
                 stats = self.server.stats()
                 return p.reply_stats(json.dumps(stats, separators=(",", ":")))
             return self._auth(req.secret)
-        except MaxLocks:
+        except _REFUSALS as exc:
+            return self._refusal(exc)
+
+    def _acquire(
+        self, key: str, timeout: int, lease: int | None, limit: int | None
+    ) -> bytes | None:
+        client = self.client
+        assert client is not None
+        try:
+            got = self.table.acquire(
+                client, key, lease or self.default_lease, limit, queue=timeout > 0
+            )
+        except _REFUSALS as exc:
+            return self._refusal(exc)
+        if got is None:
+            return p.REPLY_TIMEOUT
+        if isinstance(got, Holder):
+            return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
+        self._wait(got, timeout)
+        return None
+
+    def _release(self, key: str, token: str, is_sem: bool) -> bytes:
+        try:
+            released = self.table.release(key, token, is_sem)
+        except _REFUSALS as exc:
+            return self._refusal(exc)
+        return p.REPLY_OK if released else p.REPLY_ERROR
+
+    def _renew(self, key: str, token: str, lease: int | None, is_sem: bool) -> bytes:
+        try:
+            remaining = self.table.renew(key, token, lease or self.default_lease, is_sem)
+        except _REFUSALS as exc:
+            return self._refusal(exc)
+        return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
+
+    def _refusal(self, exc: Exception) -> bytes:
+        """The reply to a request the table refused (or could not serve)."""
+        if isinstance(exc, MaxLocks):
             return p.REPLY_ERROR_MAX_LOCKS
-        except MaxWaiters:
+        if isinstance(exc, MaxWaiters):
             return p.REPLY_ERROR_MAX_WAITERS
-        except LimitMismatch:
+        if isinstance(exc, LimitMismatch):
             return p.REPLY_ERROR_LIMIT_MISMATCH
-        except AlreadyEnqueued:
+        if isinstance(exc, AlreadyEnqueued):
             return p.REPLY_ERROR_ALREADY_ENQUEUED
-        except FenceStateError as exc:  # the server's fault, not the client's: say so loudly
-            log.error("cannot issue a token: %s", exc)
-            return p.REPLY_ERROR
+        # FenceStateError: the server's fault, not the client's: say so loudly.
+        log.error("cannot issue a token: %s", exc)
+        return p.REPLY_ERROR
 
     def _wait(self, waiter: Waiter, timeout: int) -> None:
         self.waiter = waiter

@@ -17,6 +17,8 @@ __all__ = [
     "Request",
     "RequestFramer",
     "decode_request",
+    "quick_lock",
+    "quick_token",
     "reply_grant",
     "reply_renewed",
 ]
@@ -27,6 +29,9 @@ _AUTH: Final = c.CMD_AUTH.encode()
 
 _COMMANDS: Final[dict[bytes, str]] = {name.encode(): name for name in c.COMMANDS}
 _PLACEHOLDER: Final = c.PLACEHOLDER.encode()
+_MAX_LINE: Final = c.MAX_LINE_BYTES
+_SHORT_DIGITS: Final = len(str(c.MAX_NUMBER)) - 1
+"""A number of at most this many digits is below ``MAX_NUMBER``: no range check needed."""
 
 
 class LineTooLong(Exception):
@@ -93,19 +98,19 @@ class RequestFramer:
             return None
         # Fast path: three complete short lines without CR (the usual request).
         nl1 = buf.find(b"\n", pos)
-        if 0 <= nl1 - pos <= c.MAX_LINE_BYTES:
+        if 0 <= nl1 - pos <= _MAX_LINE:
             nl2 = buf.find(b"\n", nl1 + 1)
-            if 0 <= nl2 - nl1 - 1 <= c.MAX_LINE_BYTES:
+            if 0 <= nl2 - nl1 - 1 <= _MAX_LINE:
                 nl3 = buf.find(b"\n", nl2 + 1)
-                if 0 <= nl3 - nl2 - 1 <= c.MAX_LINE_BYTES:
-                    frame = (
+                if 0 <= nl3 - nl2 - 1 <= _MAX_LINE and buf.find(b"\r", pos, nl3) < 0:
+                    self._pos = nl3 + 1
+                    if type(buf) is bytes:  # slices of bytes are bytes already: no copies
+                        return buf[pos:nl1], buf[nl1 + 1 : nl2], buf[nl2 + 1 : nl3]
+                    return (
                         bytes(buf[pos:nl1]),
                         bytes(buf[nl1 + 1 : nl2]),
                         bytes(buf[nl2 + 1 : nl3]),
                     )
-                    if not (b"\r" in frame[0] or b"\r" in frame[1] or b"\r" in frame[2]):
-                        self._pos = nl3 + 1
-                        return frame
         cmd = key = b""
         for index in range(3):
             nl = buf.find(b"\n", pos)
@@ -252,6 +257,68 @@ def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
             raise Malformed(f"{command} takes <timeout>")
         req.timeout = _number(parts[0], "timeout")
     return req
+
+
+# ---------------------------------------------------------------------- the usual shapes
+# The server answers most requests from these two, without building a ``Request``. They accept
+# only plain shapes, which ``decode_request`` would accept and decode to the same values; for
+# anything else they return ``None`` and ``decode_request`` has the last word (and the error).
+
+
+def quick_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None] | None:
+    """``l`` as ``(key, timeout, lease or None)`` when its argument is ``<timeout>`` or
+    ``<timeout> <lease>`` (short ASCII numbers, one space, lease > 0) and the key is UTF-8
+    without whitespace; otherwise ``None``."""
+    space = arg.find(b" ")
+    lease: int | None = None
+    if space < 0:
+        timeout = arg
+    else:
+        timeout = arg[:space]
+        lease_raw = arg[space + 1 :]
+        if not lease_raw.isdigit() or len(lease_raw) > _SHORT_DIGITS:
+            return None
+        lease = int(lease_raw)
+        if lease == 0:
+            return None
+    if (
+        not timeout.isdigit()
+        or len(timeout) > _SHORT_DIGITS
+        or not key
+        or b" " in key
+        or b"\t" in key
+        or b"\r" in key
+    ):
+        return None
+    try:
+        return key.decode(), int(timeout), lease
+    except UnicodeDecodeError:
+        return None
+
+
+def quick_token(key: bytes, arg: bytes) -> tuple[str, str, int | None] | None:
+    """``r`` / ``n`` as ``(key, token, lease or None)`` when the argument is ``<token>`` or
+    ``<token> <lease>`` (an ASCII letters-and-digits token, one space, a short lease > 0) and
+    the key is UTF-8 without whitespace; otherwise ``None``. (``r`` takes no lease: a result
+    with one goes to ``decode_request``.)"""
+    space = arg.find(b" ")
+    lease: int | None = None
+    if space < 0:
+        token = arg
+    else:
+        token = arg[:space]
+        lease_raw = arg[space + 1 :]
+        if not lease_raw.isdigit() or len(lease_raw) > _SHORT_DIGITS:
+            return None
+        lease = int(lease_raw)
+        if lease == 0:
+            return None
+    if not token.isalnum() or not key or b" " in key or b"\t" in key or b"\r" in key:
+        return None
+    try:
+        return key.decode(), token.decode("ascii"), lease
+    except UnicodeDecodeError:
+        return None
 
 
 # ---------------------------------------------------------------------- replies

@@ -91,7 +91,8 @@ class Waiter:
 
 
 class KeyState:
-    """One key: its holders (token -> holder), FIFO queue and limit (1 for a lock)."""
+    """One key: its holders (token -> holder), FIFO queue (``()`` while nobody waits) and
+    limit (1 for a lock)."""
 
     __slots__ = (
         "earliest",
@@ -109,7 +110,9 @@ class KeyState:
         self.is_sem = is_sem
         self.limit = limit
         self.holders: dict[str, Holder] = {}
-        self.queue: deque[Waiter] = deque()
+        # A deque from the first waiter until the last one leaves, the empty tuple otherwise:
+        # an empty deque costs ~760 bytes, more than the rest of a held key.
+        self.queue: deque[Waiter] | tuple[()] = ()
         self.n_waiting = 0
         self.earliest = math.inf
         self.last_used = now
@@ -266,15 +269,19 @@ class LockTable:
         if state is None:
             return False
         now = self.clock()
-        self._check(state, now)
+        if now >= state.earliest:
+            self._check(state, now)
         holder = state.holders.get(token)
         if holder is None:
-            self._flush()
+            if self._wakes:
+                self._flush()
             return False
         self.counts.releases[is_sem] += 1
         self._drop_holder(holder, now)
-        self._fill(state, now)
-        self._flush()
+        if state.queue:
+            self._fill(state, now)
+        if self._wakes:
+            self._flush()
         return True
 
     def renew(self, key: str, token: str, lease_ttl: int, is_sem: bool) -> int | None:
@@ -283,8 +290,9 @@ class LockTable:
         if state is None:
             return None
         now = self.clock()
-        self._check(state, now)
-        self._flush()
+        if now >= state.earliest:
+            self._check(state, now)
+            self._flush()
         holder = state.holders.get(token)
         if holder is None:
             return None
@@ -380,7 +388,8 @@ class LockTable:
                     raise MaxLocks(key)
             state = states[key] = KeyState(key, is_sem, limit or 1, now)
             return state
-        self._check(state, now)
+        if now >= state.earliest:
+            self._check(state, now)
         state.last_used = now
         if limit is not None and limit != state.limit:
             if not state.idle:
@@ -392,7 +401,10 @@ class LockTable:
         if self.max_waiters and state.n_waiting >= self.max_waiters:
             raise MaxWaiters(state.key)
         waiter = Waiter(client, state, lease_ttl)
-        state.queue.append(waiter)
+        queue = state.queue
+        if isinstance(queue, tuple):
+            queue = state.queue = deque()
+        queue.append(waiter)
         state.n_waiting += 1
         client.waiting.add(waiter)
         return waiter
@@ -445,6 +457,8 @@ class LockTable:
     def _fill(self, state: KeyState, now: float) -> None:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
+        if isinstance(queue, tuple):
+            return
         while state.n_waiting and len(state.holders) < state.limit:
             waiter = queue[0]
             if not waiter.active:
@@ -458,8 +472,8 @@ class LockTable:
             waiter.client.waiting.discard(waiter)
             if waiter.wake is not None:
                 self._wakes.append(waiter)
-        if not state.n_waiting and queue:
-            queue.clear()
+        if not state.n_waiting:
+            state.queue = ()  # only given-up waiters left, if any: drop them with the deque
 
     def _flush(self) -> None:
         while self._wakes:
