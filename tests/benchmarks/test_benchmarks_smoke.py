@@ -1,0 +1,179 @@
+"""Smoke runs of every benchmark at tiny sizes, so none of them can rot.
+
+One ``python -m benchmarks.run_all --quick`` (each benchmark's own command, ``--quick``, in its
+own process, then the report) into a temporary directory; the tests check what each run
+printed and wrote: tables of the right shape, goals decided, no failed request, FIFO kept,
+RESULTS.md and its chart. No timing is asserted: the figures of a smoke run mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = ("server", "contention", "scale", "celery_tasks", "profile_server")
+WITH_GOALS = ("server", "contention", "celery_tasks")
+REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
+RUN_TIMEOUT_S = 110
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass
+class QuickRun:
+    directory: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def results(self, name: str) -> dict[str, Any]:
+        path = self.directory / f"{name}.json"
+        assert path.exists(), f"{name} wrote no results file; stderr:\n{self.stderr[-3000:]}"
+        return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
+    if shutil.which("redis-server") is None:
+        message = "redis-server is not on PATH (the benchmarks start their own)"
+        if os.environ.get(REQUIRE_REDIS_ENV) == "1":
+            pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
+        pytest.skip(message)
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run_all",
+            "--quick",
+            "--results-dir",
+            str(out),
+            "--output",
+            str(out / "RESULTS.md"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    return QuickRun(out, proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_run_all_runs_every_benchmark(quick_run: QuickRun) -> None:
+    assert quick_run.returncode == 0, quick_run.stdout[-3000:] + quick_run.stderr[-3000:]
+    for name in BENCHMARKS:
+        assert f"== {name}: -m benchmarks.{name}" in quick_run.stdout
+    assert "== durations: " in quick_run.stdout
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_results_file_shape(quick_run: QuickRun, name: str) -> None:
+    r = quick_run.results(name)
+    assert r["benchmark"] == name
+    assert r["quick"] is True
+    assert r["command"].startswith(f"uv run python -m benchmarks.{name} ")
+    assert r["run_id"]
+    assert r["machine"]["cores"] >= 1
+    assert set(r["machine"]["versions"]) >= {"dflockd-server", "redis-server", "celery"}
+    assert r["tables"], "no table"
+    for table in r["tables"]:
+        assert table["rows"], f"empty table {table['title']!r}"
+        for row in table["rows"]:
+            assert len(row) == len(table["columns"]), (table["title"], row)
+        assert table["title"] in quick_run.stdout, "the table was not printed"
+    if name in WITH_GOALS:
+        assert r["goals"]
+        for goal in r["goals"]:
+            assert isinstance(goal["met"], bool)
+            assert goal["goal"] and goal["measured"]
+
+
+def test_server_benchmark_covers_every_cell(quick_run: QuickRun) -> None:
+    r = quick_run.results("server")
+    cells = r["data"]["cells"]
+    targets = {c["target"] for c in cells}
+    assert targets == {"dflockd (asyncio)", "dflockd (uvloop)", "redis"}
+    expected = {
+        (t, mode, conns)
+        for t in targets
+        for mode in ("round trip", "pipelined")
+        for conns in r["params"]["conns"]
+    }
+    assert {(c["target"], c["mode"], c["conns"]) for c in cells} == expected
+    for cell in cells:
+        assert cell["pairs"] > 0, cell
+        assert cell["errors"] == 0, cell
+        assert cell["cpu_us_per_pair"] > 0, cell
+    assert set(r["data"]["client"]) == targets
+
+
+def test_contention_keeps_fifo(quick_run: QuickRun) -> None:
+    outcomes = quick_run.results("contention")["data"]["outcomes"]
+    ours = [o for o in outcomes if o["server"] != "redis"]
+    assert len(ours) == 4  # two loops, wire and DistributedLock
+    for o in ours:
+        assert o["grants"] == o["waiters"] * o["rounds"], o
+        assert o["fifo"] is True, o
+        assert o["fences_increasing"] is True, o
+    redis = [o for o in outcomes if o["server"] == "redis"]
+    assert redis and redis[0]["grants"] == redis[0]["waiters"]
+
+
+def test_scale_measures_every_server(quick_run: QuickRun) -> None:
+    data = quick_run.results("scale")["data"]
+    for what in ("held_locks", "idle_connections"):
+        servers = {m["server"] for m in data[what]}
+        assert servers == {"dflockd (asyncio)", "dflockd (uvloop)", "redis"}, what
+        for m in data[what]:
+            assert m["count"] > 0 and m["rss_after"] > 0, m
+
+
+def test_celery_benchmark_runs_every_variant(quick_run: QuickRun) -> None:
+    r = quick_run.results("celery_tasks")
+    variants = {v["variant"]: v for v in r["data"]["variants"]}
+    assert set(variants) == {
+        "plain",
+        "LockedTask, distinct keys",
+        "LockedTask, 10 shared keys",
+        "redis-py Lock in the task",
+    }
+    for v in variants.values():
+        assert v["tasks_per_s"] > 0, v
+        assert len(v["batches"]) == r["params"]["rounds"]
+
+
+def test_profile_sees_the_server_code(quick_run: QuickRun) -> None:
+    data = quick_run.results("profile_server")["data"]
+    for loop in ("asyncio", "uvloop"):
+        functions = [row["function"] for row in data[loop]["top"]]
+        assert any(f.startswith(("net.py", "protocol.py", "table.py")) for f in functions), (
+            loop,
+            functions,
+        )
+
+
+def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
+    text = (quick_run.directory / "RESULTS.md").read_text()
+    assert "## Goals" in text
+    for heading in (
+        "## Lock server",
+        "## Contention",
+        "## Scale",
+        "## Celery",
+        "## Where the server's CPU goes",
+    ):
+        assert heading in text
+    assert "quick (smoke-test) sizes" in text
+    assert "![Throughput against connections](throughput.png)" in text
+    assert (quick_run.directory / "throughput.png").read_bytes().startswith(PNG_SIGNATURE)
+    goals = sum(len(quick_run.results(n)["goals"]) for n in WITH_GOALS)
+    assert text.count("| **met** |") + text.count("| **not met** |") == goals
