@@ -4,6 +4,7 @@ view, a sampler of its resident memory, raw-socket helpers and TLS certificates.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -46,6 +47,8 @@ MAX_NICE = 19
 CONNECT_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 10.0
 LOG_PROBLEM_MARKERS = (" ERROR ", " CRITICAL ", "Traceback", "Exception in callback")
+HUNG_UP = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)
+"""What sending to a connection the server has already closed raises."""
 ABUSER_NICE = 10
 """How much lower the abuser's CPU priority is than the server's and the healthy client's."""
 ABUSE_TIMEOUT_S = 100.0

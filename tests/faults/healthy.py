@@ -8,10 +8,11 @@ server. The parent collects the samples; ``collect(n)`` returns the next ``n`` o
 ``window()`` every sample taken while its ``with`` block runs::
 
     with HealthyClient(server.address, key="healthy") as healthy:
-        quiet = healthy.collect(QUIET_SAMPLES)
+        before = healthy.collect(QUIET_SAMPLES)
         with healthy.window() as under_abuse:
             ...  # abuse the server
-        assert_p99_within_bound(quiet, under_abuse.latencies())
+        quiet = before + healthy.collect(QUIET_SAMPLES)  # quiet: just before and after
+        assert_p99_within_bound(quiet, under_abuse.latencies(), "the abuse")
 
 Any unexpected reply, a dropped connection or a reply slower than ``REPLY_TIMEOUT_S`` ends
 the child with an ``error`` line; the parent then fails the test (``check()``, ``collect``,
@@ -63,6 +64,9 @@ class Latencies:
 
     def __len__(self) -> int:
         return len(self.samples_ms)
+
+    def __add__(self, other: Latencies) -> Latencies:
+        return Latencies(self.samples_ms + other.samples_ms)
 
     def percentile(self, q: float) -> float:
         """The nearest-rank ``q``-th percentile (0 < q <= 100)."""

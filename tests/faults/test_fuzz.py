@@ -13,7 +13,6 @@ its log shows no error or unhandled exception.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import itertools
 import re
 import socket
@@ -25,6 +24,7 @@ from hypothesis import strategies as st
 
 from dflockd_server import constants as c
 from tests.faults.abuse_helpers import (
+    HUNG_UP,
     RssWatch,
     ServerProcess,
     dflockd,
@@ -37,10 +37,11 @@ from tests.faults.abuse_helpers import (
     wait_for_connections,
 )
 from tests.faults.conftest import FaultReport, scaled
-from tests.faults.healthy import HealthyClient, Latencies
+from tests.faults.healthy import HealthyClient
 from tests.server.dflock_wire import Wire
 
-QUIET_SAMPLES = 400
+QUIET_SAMPLES = 300
+"""Quiet healthy cycles taken just before the abuse, and as many just after it."""
 EXAMPLE_CLOSE_TIMEOUT_S = 5.0
 VICTIM_KEY = "fz-victim"
 VICTIM_LEASE_S = 60
@@ -48,7 +49,6 @@ HEALTHY_KEY = "fz-healthy"
 SECRET = "fuzz-secret-0123456789"
 SEND_TIMEOUT_S = 5.0
 CONNECTIONS_BESIDES_ABUSE = 3  # healthy client, victim, checker
-HUNG_UP = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)
 
 _STATUSES = "|".join(
     re.escape(s)
@@ -199,7 +199,6 @@ class Target:
 
     server: ServerProcess
     healthy: HealthyClient
-    quiet: Latencies
     baseline_rss_kib: int
     victim: Wire
     victim_token: str
@@ -250,8 +249,7 @@ def _target(secret: str | None) -> Iterator[Target]:
             open_wire(address, secret) as checker,
         ):
             token = victim.lock(VICTIM_KEY, lease=VICTIM_LEASE_S)
-            quiet = healthy.collect(QUIET_SAMPLES)
-            yield Target(server, healthy, quiet, server.rss_kib(), victim, token, checker, secret)
+            yield Target(server, healthy, server.rss_kib(), victim, token, checker, secret)
 
 
 @pytest.fixture(scope="module")
@@ -283,6 +281,7 @@ def _fuzz(target: Target, run: Callable[[], None], report: FaultReport, fault: s
     with RssWatch(target.server.pid) as rss, target.healthy.window() as window:
         run_niced(run)
     under = window.latencies()
+    quiet += target.healthy.collect(QUIET_SAMPLES)  # and just after
     examples, requests = target.examples - examples, target.requests - requests
     target.server.assert_healthy()
     wait_for_connections(target.server.address, CONNECTIONS_BESIDES_ABUSE, secret=target.secret)
