@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -38,6 +39,14 @@ STOP_TIMEOUT_S = 15.0
 POLL_S = 0.02
 LOOPS = ("asyncio", "uvloop")
 """The event loops the bundled server runs on (uvloop when installed, asyncio otherwise)."""
+
+
+def available_loops() -> tuple[str, ...]:
+    """``LOOPS`` without uvloop where it is not installed."""
+    if importlib.util.find_spec("uvloop") is None:
+        return LOOPS[:1]
+    return LOOPS
+
 
 _LISTENING = re.compile(r"listening on (\S+):(\d+) \(.*loop (\w+)\)")
 _NO_UVLOOP_BOOT = (

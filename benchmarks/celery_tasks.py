@@ -40,6 +40,7 @@ from benchmarks._common import (
     Goal,
     ServerProcess,
     Table,
+    available_loops,
     base_parser,
     fmt_num,
     fmt_ratio,
@@ -241,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers.append(broker)
         lock_redis = start_redis(tmp)  # its own, so its CPU time is the locks' alone
         servers.append(lock_redis)
-        lock_server = start_dflockd("uvloop" if _has_uvloop() else "asyncio", tmp)
+        lock_server = start_dflockd(available_loops()[-1], tmp)  # what `dflockd` runs on
         servers.append(lock_server)
         run.params["lock_server"] += f" ({lock_server.label})"
         for r in range(rounds):
@@ -305,14 +306,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     run.write()
     return 0
-
-
-def _has_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401  # pyright: ignore[reportUnusedImport]
-    except ImportError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks._common import (
-    LOOPS,
     BenchRun,
     Goal,
     ServerProcess,
     Table,
+    available_loops,
     base_parser,
     fmt_num,
     owned_servers,
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=REDIS_SLEEP_S,
         help="redis-py Lock's pause between attempts (its default: 0.1 s)",
     )
-    parser.add_argument("--loops", default=",".join(LOOPS), help="dflockd event loops")
+    parser.add_argument("--loops", default=",".join(available_loops()), help="dflockd event loops")
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     waiters = args.waiters or (10 if quick else 100)

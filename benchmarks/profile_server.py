@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
-    LOOPS,
     BenchRun,
     Table,
+    available_loops,
     base_parser,
     fmt_num,
     owned_servers,
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conns", type=int, default=10, help="connections")
     parser.add_argument("--pipeline", type=int, default=1, help="pairs per batch (1: round trips)")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
-    parser.add_argument("--loops", default=",".join(LOOPS), help="dflockd event loops")
+    parser.add_argument("--loops", default=",".join(available_loops()), help="dflockd event loops")
     args = parser.parse_args(args_in)
     duration = args.duration or (0.3 if args.quick else 3.0)
     loops = [x for x in args.loops.split(",") if x]

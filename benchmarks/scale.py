@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._common import (
-    LOOPS,
     BenchRun,
     ServerProcess,
     Table,
+    available_loops,
     base_parser,
     fmt_num,
     fmt_ratio,
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
     parser.add_argument("--locks", type=int, default=0, help="held locks (100,000)")
     parser.add_argument("--connections", type=int, default=0, help="idle connections (10,000)")
-    parser.add_argument("--loops", default=",".join(LOOPS), help="dflockd event loops")
+    parser.add_argument("--loops", default=",".join(available_loops()), help="dflockd event loops")
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     locks = args.locks or (2000 if quick else 100_000)

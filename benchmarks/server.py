@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._common import (
-    LOOPS,
     BenchRun,
     Goal,
     ServerProcess,
     Table,
+    available_loops,
     base_parser,
     fmt_num,
     fmt_ratio,
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="acquire+release pairs through the client libraries",
     )
     parser.add_argument(
-        "--loops", default=",".join(LOOPS), help="dflockd event loops to run (asyncio,uvloop)"
+        "--loops", default=",".join(available_loops()), help="dflockd event loops (asyncio,uvloop)"
     )
     args = parser.parse_args(argv)
     quick = bool(args.quick)
