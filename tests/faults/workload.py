@@ -1,6 +1,6 @@
 """The fenced workload: lock clients in real processes updating a protected counter.
 
-Each worker is a separate Python process (``python workload.py '<json config>'``) that loops::
+Each worker is a separate process (forked from a ``forkserver``) that loops::
 
     acquire (DistributedLock: ``l``, or two-phase ``e`` + ``w``) -> read the counter
     -> work a little -> write counter + 1 -> release
@@ -30,6 +30,8 @@ import contextlib
 import dataclasses
 import json
 import math
+import multiprocessing
+import multiprocessing.context
 import os
 import random
 import signal
@@ -49,7 +51,6 @@ from tests.faults.history import CheckResult, Cut, Hold, check_history
 from tests.faults.proxy import FaultProxy
 from tests.server.dflock_proc import DflockdProcess
 
-HERE = Path(__file__).resolve().parent
 LEASE_S = 2
 """Lease of every workload lock: short, so faults that outlast it are quick to inject."""
 SWEEP_S = 0.1
@@ -231,7 +232,8 @@ class WorkerConfig:
     db: str | None
     """The resource; None for the healthy client (lock and release only)."""
     control: str
-    """A directory: the file ``<client>.long`` there asks for one long hold."""
+    """A directory: a file ``<client>.long`` there asks for one long hold (its content: the
+    seconds)."""
     fenced: bool = True
     two_phase: bool = False
     lease_s: int = LEASE_S
@@ -251,12 +253,16 @@ class _History:
         os.write(self._fd, (json.dumps(fields) + "\n").encode())
 
 
-def _long_hold_requested(cfg: WorkerConfig) -> bool:
+def _long_hold_requested(cfg: WorkerConfig) -> float | None:
+    """The seconds of a long hold the test asked for (once), or None."""
+    path = os.path.join(cfg.control, f"{cfg.client}.long")
     try:
-        os.unlink(os.path.join(cfg.control, f"{cfg.client}.long"))
+        with open(path, encoding="ascii") as fh:
+            seconds = float(fh.read())
     except FileNotFoundError:
-        return False
-    return True
+        return None
+    os.unlink(path)
+    return seconds
 
 
 def run_worker(cfg: WorkerConfig) -> None:
@@ -325,9 +331,10 @@ def run_worker(cfg: WorkerConfig) -> None:
             value = resource.read(key, cfg.client, fence, cfg.fenced)
             if value is not None:
                 work = cfg.hold_s
-                if _long_hold_requested(cfg):
+                long_hold = _long_hold_requested(cfg)
+                if long_hold is not None:
                     history.emit(ev="long", id=attempt, key=key, fence=fence, t=now())
-                    work = LONG_HOLD_S
+                    work = long_hold
                 # Simulated work inside the critical section (cut short by SIGTERM at the
                 # end of a run). Deliberately no check of lock.lost before writing: the
                 # fence alone has to keep the counter right.
@@ -348,10 +355,21 @@ def run_worker(cfg: WorkerConfig) -> None:
     pool.close()
 
 
-def main(argv: list[str]) -> int:
-    raw = json.loads(argv[0])
-    run_worker(WorkerConfig(**raw))
-    return 0
+def _worker_process(cfg: WorkerConfig) -> None:
+    """The worker process: stderr to a file next to its history, then the loop."""
+    fd = os.open(f"{cfg.history}.stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's own stderr
+    run_worker(cfg)
+
+
+def _process_context() -> multiprocessing.context.ForkServerContext:
+    """Workers are forked from a fork server that has this module (and so celery_dflock and
+    Celery) imported already: a new worker costs milliseconds, not an interpreter start."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
 
 
 # ---------------------------------------------------------------------------- histories
@@ -502,26 +520,41 @@ class Worker:
         self.client = cfg.client
         self.history = Path(cfg.history)
         self.tail = HistoryTail(self.history)
-        with open(f"{cfg.history}.stderr", "wb") as stderr:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(HERE / "workload.py"), json.dumps(dataclasses.asdict(cfg))],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
+        self.proc = _process_context().Process(
+            target=_worker_process, args=(cfg,), name=f"dflock-worker-{cfg.client}"
+        )
+        self.proc.start()
         self.events: list[dict[str, Any]] = []
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        pid = self.proc.pid
+        assert pid is not None
+        return pid
+
+    def alive(self) -> bool:
+        return self.proc.exitcode is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.exitcode
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the process to end; True if it did."""
+        self.proc.join(timeout)
+        return self.proc.exitcode is not None
 
     def poll_events(self) -> list[dict[str, Any]]:
         new = self.tail.new_events()
         self.events.extend(new)
         return new
 
-    def request_long_hold(self) -> None:
-        Path(self.cfg.control, f"{self.client}.long").touch()
+    def request_long_hold(self, seconds: float = LONG_HOLD_S) -> None:
+        """Ask for one hold of ``seconds`` (announced by a ``long`` event once the counter
+        was read)."""
+        staged = Path(self.cfg.control, f".{self.client}.long")
+        staged.write_text(str(seconds))
+        staged.rename(staged.with_name(f"{self.client}.long"))  # appears whole
 
     def wait_event(self, kind: str, timeout: float = EVENT_TIMEOUT_S) -> dict[str, Any]:
         """The next new event of ``kind``."""
@@ -530,7 +563,7 @@ class Worker:
             for event in self.poll_events():
                 if event["ev"] == kind:
                     return event
-            assert self.proc.poll() is None, f"{self.client} exited: {self.stderr()}"
+            assert self.alive(), f"{self.client} exited: {self.stderr()}"
             assert now() < deadline, f"{self.client}: no {kind!r} event in {timeout}s"
             time.sleep(POLL_S)
 
@@ -548,9 +581,9 @@ class Worker:
         return path.read_text()[-2000:] if path.exists() else ""
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        if self.alive():
             self.proc.kill()
-        self.proc.wait(STOP_TIMEOUT_S)
+        assert self.wait(STOP_TIMEOUT_S), f"{self.client} survived SIGKILL"
 
 
 @dataclasses.dataclass
@@ -607,6 +640,8 @@ class RunResult:
                 for h in self.holds
                 if h.granted_t is not None
                 and h.granted_t > inj.t
+                # after a server fault, only a grant of the restarted server counts
+                and (inj.client is not None or h.requested_t > inj.t)
                 and h.client not in (inj.client, HEALTHY)
                 and (inj.key is None or h.key == inj.key)
             ]
@@ -715,7 +750,7 @@ class LockRun:
         deadline = now() + timeout
         while self.grants() < target:
             for worker in self.workers.values():
-                assert worker.proc.poll() is None, f"{worker.client} died: {worker.stderr()}"
+                assert worker.alive(), f"{worker.client} died: {worker.stderr()}"
             assert now() < deadline, f"only {self.grants()} of {target} grants in {timeout}s"
             time.sleep(POLL_S)
 
@@ -727,10 +762,25 @@ class LockRun:
         while now() < until:
             time.sleep(POLL_S)
 
-    def pick(self, avoid: Worker | None = None) -> Worker:
-        """A random worker (other than ``avoid``, which may still be busy with a fault)."""
-        names = sorted(n for n in self.workers if avoid is None or n != avoid.client)
-        return self.workers[self.rng.choice(names)]
+    def settle(self, timeout: float = EVENT_TIMEOUT_S) -> None:
+        """Wait until every worker has been granted a lock again (a victim has finished its
+        long hold, a replacement has started), so that faults do not pile up."""
+        self.grants()
+        marks = {name: w.tail.grants for name, w in self.workers.items()}
+        deadline = now() + timeout
+        while True:
+            self.grants()
+            behind = [n for n, w in self.workers.items() if w.tail.grants <= marks.get(n, 0)]
+            if not behind:
+                return
+            for name in behind:
+                worker = self.workers[name]
+                assert worker.alive(), f"{name} died: {worker.stderr()}"
+            assert now() < deadline, f"{behind} made no progress in {timeout}s"
+            time.sleep(POLL_S)
+
+    def pick(self) -> Worker:
+        return self.workers[self.rng.choice(sorted(self.workers))]
 
     # ------------------------------------------------------------------ faults
     def kill_worker(self, worker: Worker, name: str, key: str | None = None) -> Worker:
@@ -769,17 +819,20 @@ class LockRun:
     def finish(self) -> RunResult:
         """Stop every client (SIGTERM; SIGKILL after a while, recorded as a cut) and the server;
         the checked material of the run."""
-        everyone = [w for w in self.all_workers() if w.proc.poll() is None]
+        everyone = [w for w in self.all_workers() if w not in self.retired]
         for worker in everyone:
-            worker.signal(signal.SIGCONT)
-            worker.signal(signal.SIGTERM)
+            if worker.alive():
+                worker.signal(signal.SIGCONT)
+                worker.signal(signal.SIGTERM)
+        stuck: list[str] = []
         for worker in everyone:
-            try:
-                worker.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
+            if not worker.wait(STOP_TIMEOUT_S):
                 t = now()
                 worker.kill()
                 self.cuts.append(Cut(t, worker.client, done_t=now()))
+                stuck.append(worker.client)
+        failed = {w.client: w.stderr() for w in everyone if w.exitcode != 0}
+        assert not failed, f"workers failed (stuck: {stuck}): {failed}"
         for proxy in self.proxies.values():
             proxy.stop()
         self.server.stop()
@@ -801,7 +854,7 @@ class LockRun:
     def close(self) -> None:
         """Kill whatever is left (after a failure)."""
         for worker in self.all_workers():
-            if worker.proc.poll() is None:
+            if worker.alive():
                 worker.signal(signal.SIGCONT)
             worker.kill()
         for proxy in self.proxies.values():
@@ -818,7 +871,3 @@ class LockRun:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
