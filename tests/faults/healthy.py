@@ -4,15 +4,19 @@
 key, one cycle every ``CYCLE_INTERVAL_S``, and reports how long each cycle took (two round
 trips). A separate process, not a thread: the abuse is generated in the test process, and a
 thread there would measure the test process's GIL (a 5 ms switch interval) instead of the
-server. The parent collects the samples; ``collect(n)`` returns the next ``n`` of them and
-``window()`` every sample taken while its ``with`` block runs::
+server. The parent collects the samples: ``collect(n)`` returns the next ``n`` of them,
+``window()`` every sample taken while its ``with`` block runs, and ``Phases`` splits them into
+quiet and abuse spans that alternate::
 
     with HealthyClient(server.address, key="healthy") as healthy:
-        before = healthy.collect(QUIET_SAMPLES)
-        with healthy.window() as under_abuse:
-            ...  # abuse the server
-        quiet = before + healthy.collect(QUIET_SAMPLES)  # quiet: just before and after
-        assert_p99_within_bound(quiet, under_abuse.latencies(), "the abuse")
+        phases = Phases(healthy)
+        for wave in range(waves):
+            phases.quiet_interlude()
+            with phases.abuse():
+                ...  # abuse the server
+        assert_p99_within_bound(
+            phases.quiet_latencies(), phases.abuse_latencies(), "the abuse"
+        )
 
 Any unexpected reply, a dropped connection or a reply slower than ``REPLY_TIMEOUT_S`` ends
 the child with an ``error`` line; the parent then fails the test (``check()``, ``collect``,
@@ -52,6 +56,8 @@ this shared 2-core machine: one scheduler wake-up of the server or of the health
 or a neighbouring test's burst, costs about a millisecond. Below 1 ms the quiet p99 measures
 the neighbours, not the server, so the bound is ``10 * max(quiet p99, 1 ms)``."""
 ALLOWED_SLOWDOWN = 10.0
+INTERLUDE_MIN = 10
+INTERLUDE_MAX = 100
 MIN_P99_SAMPLES = 200
 """Acceptance 3: under abuse the healthy p99 stays below this many times its quiet value."""
 
@@ -135,6 +141,81 @@ class Window:
     def latencies(self) -> Latencies:
         end = self._end if self._end is not None else self._client.sample_count()
         return self._client.samples(self._start, end)
+
+
+class Phases:
+    """A healthy client's cycles split into quiet and abuse spans that alternate.
+
+    On a shared machine the background load drifts over seconds; quiet cycles taken only
+    before an abuse can meet a calm machine while the abuse meets a neighbour's burst, and
+    the other way round. Alternating short spans (``quiet_interlude()`` before each wave of
+    abuse) exposes both to the same background, so their ratio measures the abuse::
+
+        phases = Phases(healthy)
+        for wave in range(waves):
+            phases.quiet_interlude()
+            with phases.abuse():
+                ...  # one wave
+        quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
+    """
+
+    def __init__(self, client: HealthyClient) -> None:
+        self._client = client
+        self._quiet: list[tuple[int, int]] = []
+        self._abuse: list[tuple[int, int]] = []
+        self._open: int | None = None  # start of the abuse span under way
+
+    def quiet(self, n: int) -> None:
+        """Take ``n`` quiet cycles now (pausing the abuse span under way, if any)."""
+        reopen = self._open is not None
+        if reopen:
+            self._close()
+        start = self._client.sample_count()
+        self._client.collect(n)
+        self._quiet.append((start, start + n))
+        if reopen:
+            self._open = self._client.sample_count()
+
+    def quiet_interlude(self) -> None:
+        """As many quiet cycles as the last abuse span had (``INTERLUDE_MIN``-``_MAX``)."""
+        last = self._abuse[-1][1] - self._abuse[-1][0] if self._abuse else INTERLUDE_MAX
+        self.quiet(min(INTERLUDE_MAX, max(INTERLUDE_MIN, last)))
+
+    @contextlib.contextmanager
+    def abuse(self) -> Iterator[None]:
+        """The cycles completed while the block runs count as under abuse."""
+        self._open = self._client.sample_count()
+        try:
+            yield
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        assert self._open is not None
+        self._abuse.append((self._open, self._client.sample_count()))
+        self._open = None
+
+    def _count(self, spans: list[tuple[int, int]], open_start: int | None) -> int:
+        done = sum(end - start for start, end in spans)
+        return done + (self._client.sample_count() - open_start if open_start is not None else 0)
+
+    def quiet_count(self) -> int:
+        return self._count(self._quiet, None)
+
+    def abuse_count(self) -> int:
+        return self._count(self._abuse, self._open)
+
+    def _latencies(self, spans: list[tuple[int, int]]) -> Latencies:
+        out = Latencies(())
+        for start, end in spans:
+            out += self._client.samples(start, end)
+        return out
+
+    def quiet_latencies(self) -> Latencies:
+        return self._latencies(self._quiet)
+
+    def abuse_latencies(self) -> Latencies:
+        return self._latencies(self._abuse)
 
 
 class HealthyClient:

@@ -37,11 +37,11 @@ from tests.faults.abuse_helpers import (
     wait_for_connections,
 )
 from tests.faults.conftest import FaultReport, scaled
-from tests.faults.healthy import HealthyClient
+from tests.faults.healthy import INTERLUDE_MIN, MIN_P99_SAMPLES, HealthyClient, Phases
 from tests.server.dflock_wire import Wire
 
-QUIET_SAMPLES = 300
-"""Quiet healthy cycles taken just before the abuse, and as many just after it."""
+INTERLUDE_EVERY = 20
+"""Examples between two quiet interludes of the healthy client."""
 EXAMPLE_CLOSE_TIMEOUT_S = 5.0
 VICTIM_KEY = "fz-victim"
 VICTIM_LEASE_S = 60
@@ -206,6 +206,7 @@ class Target:
     secret: str | None = None
     examples: int = 0
     requests: int = 0
+    phases: Phases | None = None  # while a fuzz test runs
 
     def send(self, pieces: list[bytes]) -> tuple[list[bytes], bool]:
         """Send on a fresh connection, half-close, read to the close: (reply lines, closed)."""
@@ -237,6 +238,8 @@ class Target:
         renewed = self.victim.req("n", VICTIM_KEY, f"{self.victim_token} {VICTIM_LEASE_S}")
         assert renewed == f"ok {VICTIM_LEASE_S}"
         self.healthy.check()
+        if self.phases is not None and self.examples % INTERLUDE_EVERY == 0:
+            self.phases.quiet_interlude()
 
 
 def _target(secret: str | None) -> Iterator[Target]:
@@ -276,12 +279,16 @@ def fuzz_settings(short: int, long: int) -> settings:
 
 def _fuzz(target: Target, run: Callable[[], None], report: FaultReport, fault: str) -> None:
     """Run the hypothesis test ``run`` and judge the server and the healthy client."""
-    quiet = target.healthy.collect(QUIET_SAMPLES)  # just before, on the same server
     examples, requests = target.examples, target.requests
-    with RssWatch(target.server.pid) as rss, target.healthy.window() as window:
-        run_niced(run)
-    under = window.latencies()
-    quiet += target.healthy.collect(QUIET_SAMPLES)  # and just after
+    phases = target.phases = Phases(target.healthy)
+    phases.quiet_interlude()  # the examples are the abuse, with quiet interludes between
+    try:
+        with RssWatch(target.server.pid) as rss, phases.abuse():
+            run_niced(run)
+    finally:
+        target.phases = None
+    phases.quiet(max(INTERLUDE_MIN, MIN_P99_SAMPLES - phases.quiet_count()))
+    quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
     examples, requests = target.examples - examples, target.requests - requests
     target.server.assert_healthy()
     wait_for_connections(target.server.address, CONNECTIONS_BESIDES_ABUSE, secret=target.secret)
