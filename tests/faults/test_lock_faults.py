@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from dflockd_server.fence import read_ceiling
+from dflockd_server.testing import ServerThread
 from tests.faults.conftest import FaultReport, FaultRow, scaled
 from tests.faults.history import CheckResult, Cut, Hold
+from tests.faults.proxy import FaultProxy
 from tests.faults.workload import (
     EVENT_TIMEOUT_S,
     LEASE_S,
@@ -421,3 +423,39 @@ def test_slow_reading_client(tmp_path: Path, fault_report: FaultReport) -> None:
         f"dropped after the {WRITE_TIMEOUT_S:.0f} s write timeout and its lock passed on; "
         f"{RECOVERY_NOTE}",
     )
+
+
+# ---------------------------------------------------------------------------- the proxy itself
+
+
+def test_fault_proxy_controls(dflock_server: ServerThread) -> None:
+    """What the proxy does on each control, seen from a client of the real server."""
+
+    def ping(sock: socket.socket) -> bytes:
+        sock.sendall(b"ping\n_\n_\n")
+        return sock.recv(64)
+
+    with FaultProxy(dflock_server.address) as proxy:
+        with socket.create_connection(proxy.address, timeout=EVENT_TIMEOUT_S) as sock:
+            assert ping(sock) == b"ok\n"
+            proxy.set_latency(0.05)
+            sent = now()
+            assert ping(sock) == b"ok\n"
+            assert now() - sent >= 0.1  # both directions
+            proxy.set_latency(0.0)
+            proxy.stall(0.3)
+            assert not proxy.flowing()
+            sent = now()
+            assert ping(sock) == b"ok\n"  # held back, then delivered
+            assert now() - sent >= 0.25
+            assert proxy.flowing()
+            assert proxy.connections == 1
+            assert proxy.drop() == 1
+            assert sock.recv(64) == b""  # FIN
+        wait_for(lambda: dflock_server.stats()["connections"] == 0, EVENT_TIMEOUT_S, "server close")
+        with socket.create_connection(proxy.address, timeout=EVENT_TIMEOUT_S) as sock:
+            assert ping(sock) == b"ok\n"
+            assert proxy.reset() == 1
+            with pytest.raises(ConnectionResetError):
+                sock.recv(64)
+        wait_for(lambda: dflock_server.stats()["connections"] == 0, EVENT_TIMEOUT_S, "server close")
