@@ -10,7 +10,9 @@ their locks, then checks what the issue asks for and adds a row to the fault rep
 * **worker SIGSTOP beyond the lease**: a run on worker A holds an account with a 2 s lease;
   A's process group is stopped past the lease; a run on worker B gets the lock and writes;
   when A resumes it is told (``lock_lost``; ``LockLost`` under ``on_lock_lost="interrupt"``)
-  and its stale write is refused by the fenced ledger.
+  and its stale write is refused by the fenced ledger. The resumed body and its renewal thread
+  wake together, and the body mostly reaches its write first, under either policy: only the
+  fence stops that write, and the loss is then reported when the run releases its lock.
 * **lock server kill -9 and restart**: a real ``dflockd`` with a fence state file is killed
   under running tasks and restarted on the same port: the runs are told, a queued run fails
   instead of hanging, later runs get fences above every earlier one, and a stale write that
