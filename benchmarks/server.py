@@ -231,8 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.conns
         else list(QUICK_CONNS if quick else FULL_CONNS)
     )
-    duration = args.duration or (0.25 if quick else 2.0)
-    rounds = args.rounds or (1 if quick else 3)
+    duration = args.duration or (0.25 if quick else 1.5)
+    rounds = args.rounds or (1 if quick else 5)
     client_iterations = args.client_iterations or (50 if quick else 3000)
     loops = [x for x in args.loops.split(",") if x]
     run = BenchRun(
