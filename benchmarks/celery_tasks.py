@@ -135,7 +135,30 @@ def read_log(path: Path) -> list[tuple[int, float, float]]:
     return out
 
 
-def run_batch(
+@dataclass
+class Running:
+    """A batch whose worker is consuming."""
+
+    variant: str
+    n: int
+    log: Path
+    output: Path
+    worker: subprocess.Popen[bytes]
+    locks: ServerProcess
+    cpu0: int
+    killed: bool = False
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group (its pool children too), once."""
+        if self.killed:
+            return
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.worker.pid, signal.SIGKILL)
+        self.worker.wait(STOP_TIMEOUT_S)
+
+
+def start_batch(
     variant: str,
     n: int,
     tmp: Path,
@@ -143,7 +166,8 @@ def run_batch(
     broker: ServerProcess,
     lock_server: ServerProcess,
     lock_redis: ServerProcess,
-) -> Batch:
+) -> Running:
+    """Publish ``n`` tasks of ``variant`` to a fresh queue, then start a worker on it."""
     queue = f"dflock-bench-{uuid.uuid4().hex[:8]}"
     broker_url = f"redis://{broker.host}:{broker.port}/0"
     conf = settings(queue, broker_url, lock_server)
@@ -188,30 +212,30 @@ def run_batch(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    return Running(variant, n, log, output, worker, locks, cpu0)
+
+
+def finish_batch(running: Running) -> Batch:
+    """Wait for every task of the batch, stop its worker, and compute its rate."""
+    variant, n, worker = running.variant, running.n, running.worker
     try:
         deadline = time.monotonic() + BATCH_TIMEOUT_S
-        while len(entries := read_log(log)) < n:
+        while len(entries := read_log(running.log)) < n:
             if worker.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
                     f"{variant}: {len(entries)} of {n} tasks ran; worker output:\n"
-                    + output.read_text(errors="replace")[-3000:]
+                    + running.output.read_text(errors="replace")[-3000:]
                 )
             time.sleep(POLL_S)
-        cpu1 = locks.cpu_ns()
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(f"{variant}: the worker did not stop in {STOP_TIMEOUT_S} s; killed", flush=True)
+        cpu1 = running.locks.cpu_ns()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(STOP_TIMEOUT_S)
+        # Every task has run and its queue is thrown away: nothing to shut down gracefully.
+        running.kill()
     if sorted(i for i, _s, _e in entries) != list(range(n)):
         raise RuntimeError(f"{variant}: tasks ran a wrong number of times")
     first = min(s for _i, s, _e in entries)
     last = max(e for _i, _s, e in entries)
-    return Batch(variant, n, last - first, (cpu1 - cpu0) / 1000 / n)
+    return Batch(variant, n, last - first, (cpu1 - running.cpu0) / 1000 / n)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "concurrency": CONCURRENCY,
             "broker": "redis (private redis-server)",
             "lock_server": "dflockd console script, default settings",
+            "batches_in_parallel": quick,
         },
     )
     variants = {name: Variant(name) for name in VARIANTS}
@@ -245,15 +270,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock_server = start_dflockd(available_loops()[-1], tmp)  # what `dflockd` runs on
         servers.append(lock_server)
         run.params["lock_server"] += f" ({lock_server.label})"
+        servers_of = {"broker": broker, "lock_server": lock_server, "lock_redis": lock_redis}
         for r in range(rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                batch = run_batch(
-                    name, n, tmp, broker=broker, lock_server=lock_server, lock_redis=lock_redis
-                )
-                variants[name].batches.append(batch)
+            if quick:  # all variants at once: the code paths run, the figures mean nothing
+                running: list[Running] = []
+                try:
+                    for name in order:
+                        running.append(start_batch(name, n, tmp, **servers_of))
+                    batches = [finish_batch(one) for one in running]
+                finally:
+                    for one in running:
+                        one.kill()
+            else:
+                batches = [finish_batch(start_batch(name, n, tmp, **servers_of)) for name in order]
+            for batch in batches:
+                variants[batch.variant].batches.append(batch)
                 print(
-                    f"round {r + 1} {name}: {batch.per_s:,.0f} tasks/s "
+                    f"round {r + 1} {batch.variant}: {batch.per_s:,.0f} tasks/s "
                     f"({batch.wall_s:.2f} s for {n})",
                     flush=True,
                 )

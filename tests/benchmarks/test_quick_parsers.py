@@ -57,7 +57,7 @@ def _decoded(cmd: bytes, key: bytes, arg: bytes) -> p.Request | None:
         return None
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(key=_RAW, arg=_RAW)
 def test_quick_lock_agrees_with_decode_request(key: bytes, arg: bytes) -> None:
     quick = p.quick_lock(key, arg)
@@ -68,7 +68,7 @@ def test_quick_lock_agrees_with_decode_request(key: bytes, arg: bytes) -> None:
     assert (req.key, req.timeout, req.lease, req.limit) == (*quick, None)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(key=_RAW, arg=_RAW)
 def test_quick_token_agrees_with_decode_request(key: bytes, arg: bytes) -> None:
     quick = p.quick_token(key, arg)
