@@ -37,8 +37,9 @@ loop and for a partial request (at most three lines of 257 bytes)."""
 TLS_HANDSHAKE_RSS_BUDGET_KIB = 512
 """Resident memory one connection in its TLS handshake may cost the server: asyncio's and
 uvloop's TLS transports each allocate a 256 KiB read buffer, and the allocator keeps the freed
-buffers (measured, 400 stalled handshakes: about 60 MiB with uvloop, 125 MiB with the stdlib
-loop, retained after they are dropped)."""
+buffers. Measured: 400 stalled handshakes at once add about 20 MiB; rounds of them grow the
+process to about 85-115 MiB with uvloop and 150 MiB with the stdlib loop, kept after they
+are dropped. The connection caps do not count a connection until its handshake is done."""
 RSS_SLACK_KIB = 8 * KIB
 """Allocator arenas and caches that a Python process keeps after a burst of work."""
 STOP_TIMEOUT_S = 30.0
