@@ -19,6 +19,7 @@ from celery import signals as celery_signals
 from celery.beat import PersistentScheduler
 
 from celery_dflock.beat import SingletonScheduler
+from celery_dflock.demo.fsbroker import TRANSPORT as FILESYSTEM_TRANSPORT
 from celery_dflock.demo.timeline import Event, record
 from celery_dflock.signals import lock_skipped
 from celery_dflock.task import LockedTask
@@ -57,10 +58,14 @@ def _broker_options(broker: str) -> dict[str, Any]:
     }
 
 
+_BROKER = os.environ.get("DFLOCK_DEMO_BROKER", "filesystem://")
+
 app: Any = Celery("dflock-demo")
 app.conf.update(
-    broker_url=os.environ.get("DFLOCK_DEMO_BROKER", "filesystem://"),
-    broker_transport_options=_broker_options(os.environ.get("DFLOCK_DEMO_BROKER", "filesystem://")),
+    broker_url=_BROKER,
+    # kombu's filesystem transport with atomic puts (see fsbroker); None: the URL's own.
+    broker_transport=FILESYSTEM_TRANSPORT if _BROKER.startswith("filesystem://") else None,
+    broker_transport_options=_broker_options(_BROKER),
     broker_connection_retry_on_startup=True,
     task_default_queue=os.environ.get("DFLOCK_DEMO_QUEUE", "dflock-demo"),
     worker_prefetch_multiplier=1,

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery_dflock.demo.fsbroker import TRANSPORT as FILESYSTEM_TRANSPORT
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
@@ -296,6 +298,9 @@ def filesystem_settings(directory: Path, queue: str) -> dict[str, Any]:
     return {
         **common_settings(queue),
         "broker_url": "filesystem://",
+        # kombu's filesystem transport writes a message in place, and a worker polling at that
+        # moment dies on the half-written file; this one renames complete messages into place.
+        "broker_transport": FILESYSTEM_TRANSPORT,
         "broker_transport_options": {
             "data_folder_in": str(data),
             "data_folder_out": str(data),
