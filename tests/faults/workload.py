@@ -266,15 +266,17 @@ def _long_hold_requested(cfg: WorkerConfig) -> float | None:
 
 
 def run_worker(cfg: WorkerConfig) -> None:
-    """The worker loop; ends (after its current attempt) on SIGTERM."""
+    """The worker loop; ends (after its current attempt) on SIGTERM, or when orphaned (the
+    process that started it is gone, say a test run that was killed)."""
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    parent = multiprocessing.parent_process()  # not the fork server: whoever asked for us
     history = _History(cfg.history)
     resource = Resource(Path(cfg.db)) if cfg.db is not None else None
     rng = random.Random(cfg.seed)
     pool = ConnectionPool()
     attempt = 0
-    while not stopping.is_set():
+    while not stopping.is_set() and (parent is None or parent.is_alive()):
         attempt += 1
         key = rng.choice(cfg.keys)
         lock = DistributedLock(
@@ -296,7 +298,7 @@ def run_worker(cfg: WorkerConfig) -> None:
             else:
                 got = lock.acquire()
         except DflockError as exc:
-            lock.release()  # leaves a queue position behind, if any
+            lock.release()  # gives up a queue position, if one was taken
             history.emit(
                 ev="nogrant",
                 id=attempt,
@@ -458,14 +460,10 @@ class HistoryTail:
 class LockServer:
     """The real ``dflockd`` on 127.0.0.1:``port``: SIGKILL it and start it again in place."""
 
-    def __init__(
-        self, port: int, *, fence_state_file: Path | None = None, extra: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, port: int, *, fence_state_file: Path | None = None) -> None:
         self.port = port
         self.fence_state_file = fence_state_file
-        self.extra = extra
         self.proc: DflockdProcess | None = None
-        self.starts = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -485,14 +483,12 @@ class LockServer:
             str(WRITE_TIMEOUT_S),
             "--shutdown-timeout",
             "1",
-            *self.extra,
         ]
         if self.fence_state_file is not None:
             args += ["--fence-state-file", str(self.fence_state_file)]
         self.proc = DflockdProcess(args, {})
         host, port = self.proc.wait_listening()
         assert (host, port) == self.address, (host, port)
-        self.starts += 1
 
     def kill(self) -> None:
         """SIGKILL (no goodbye to anyone) and reap."""
@@ -524,7 +520,6 @@ class Worker:
             target=_worker_process, args=(cfg,), name=f"dflock-worker-{cfg.client}"
         )
         self.proc.start()
-        self.events: list[dict[str, Any]] = []
 
     @property
     def pid(self) -> int:
@@ -545,9 +540,7 @@ class Worker:
         return self.proc.exitcode is not None
 
     def poll_events(self) -> list[dict[str, Any]]:
-        new = self.tail.new_events()
-        self.events.extend(new)
-        return new
+        return self.tail.new_events()
 
     def request_long_hold(self, seconds: float = LONG_HOLD_S) -> None:
         """Ask for one hold of ``seconds`` (announced by a ``long`` event once the counter
@@ -608,10 +601,6 @@ class RunResult:
         return check_history(self.holds, self.cuts)
 
     @property
-    def operations(self) -> int:
-        return sum(1 for h in self.holds if h.granted)
-
-    @property
     def lost_updates(self) -> int:
         return sum(s.lost_updates for s in self.resource)
 
@@ -663,7 +652,6 @@ class LockRun:
         fenced: bool = True,
         proxied: bool = False,
         fence_state: bool = False,
-        server_args: tuple[str, ...] = (),
         seed: int = 0,
     ) -> None:
         self.directory = directory
@@ -672,9 +660,7 @@ class LockRun:
         self.proxied = proxied
         self.rng = random.Random(seed)
         self.server = LockServer(
-            free_port(),
-            fence_state_file=directory / "fence.state" if fence_state else None,
-            extra=server_args,
+            free_port(), fence_state_file=directory / "fence.state" if fence_state else None
         )
         self.db_path = directory / "resource.sqlite3"
         self.control = directory / "control"
