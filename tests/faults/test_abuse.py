@@ -533,7 +533,7 @@ def test_flood_of_over_long_lines(fault_report: FaultReport) -> None:
     server reads no more than one buffer of each, so its memory does not follow the hundreds
     of megabytes offered; the healthy client (authenticated) and a lock holder are served."""
     attackers_n = LINE_BURST
-    min_waves = scaled(6, 60)
+    min_waves = scaled(6, 200)
     raise_fd_limit(2 * attackers_n + 256)
     auth = f"auth\n_\n{SECRET}\n".encode()
     payloads = [
