@@ -21,7 +21,12 @@ PAD = "x" * 200_000  # a big message keeps the file half-written for longer
 
 
 def _options(folder: Path, **extra: Any) -> dict[str, Any]:
-    return {"data_folder_in": str(folder), "data_folder_out": str(folder), **extra}
+    return {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+        "control_folder": str(folder / "control"),  # kombu's default is ./control
+        **extra,
+    }
 
 
 def _produce(folder: Path) -> None:
@@ -58,3 +63,4 @@ def test_a_consumer_polling_during_puts_gets_every_message_whole(tmp_path: Path)
     assert broken == []
     assert sorted(received) == list(range(MESSAGES))
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".partial-")]
+    assert not (Path.cwd() / "control").exists()
