@@ -125,6 +125,8 @@ class CheckResult:
     """Pairs of grants whose order was certain, each checked for rule (b)."""
     fifo_pairs: int = 0
     """Pairs of waiters whose queue order was certain, each checked for rule (c)."""
+    proven: int = 0
+    """Holds with a non-empty proven-valid window (the ones rule (a) can compare)."""
 
     @property
     def violations(self) -> list[Violation]:
@@ -136,7 +138,8 @@ class CheckResult:
 
     def summary(self) -> str:
         lines = [
-            f"{self.holds} holds of {self.attempts} attempts: "
+            f"{self.holds} holds ({self.proven} proven valid for a while) of {self.attempts} "
+            "attempts: "
             f"{len(self.double_grants)} double grants, {len(self.fence_violations)} fence "
             f"violations ({self.ordered_pairs} ordered pairs), {len(self.fifo_violations)} FIFO "
             f"violations ({self.fifo_pairs} queue-ordered pairs)"
@@ -304,7 +307,9 @@ def check_history(holds: Sequence[Hold], cuts: Iterable[Cut] = ()) -> CheckResul
     cut_list = list(cuts)
     fence_violations, ordered = check_fences(holds)
     fifo_violations, fifo_pairs = check_fifo(holds)
+    windows = proven_windows(holds, cut_list)
     return CheckResult(
+        proven=sum(1 for start, end in windows if end > start),
         holds=sum(1 for h in holds if h.granted),
         attempts=len(holds),
         double_grants=check_double_grants(holds, cut_list),

@@ -61,6 +61,7 @@ def test_a_clean_serial_history_passes() -> None:
     assert result.attempts == 5
     assert result.ordered_pairs > 0
     assert result.fifo_pairs > 0
+    assert result.proven == 4
 
 
 def test_an_empty_history_passes() -> None:

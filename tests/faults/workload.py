@@ -652,6 +652,7 @@ class LockRun:
         fenced: bool = True,
         proxied: bool = False,
         fence_state: bool = False,
+        split_brain: bool = False,
         seed: int = 0,
     ) -> None:
         self.directory = directory
@@ -662,6 +663,9 @@ class LockRun:
         self.server = LockServer(
             free_port(), fence_state_file=directory / "fence.state" if fence_state else None
         )
+        self.second_server = LockServer(free_port()) if split_brain else None
+        """A misconfiguration for the control run: odd-numbered workers (w1, w3 and their
+        replacements) use this server."""
         self.db_path = directory / "resource.sqlite3"
         self.control = directory / "control"
         self.control.mkdir()
@@ -677,6 +681,8 @@ class LockRun:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> LockRun:
         self.server.start()
+        if self.second_server is not None:
+            self.second_server.start()
         for i in range(self._n_workers):
             self.spawn(f"w{i}", two_phase=i % 2 == 1)
         self.healthy = Worker(
@@ -698,6 +704,8 @@ class LockRun:
         """A new worker (behind a proxy of its own when the run is proxied)."""
         client = name
         address = self.server.address
+        if self.second_server is not None and int(name.split(".", maxsplit=1)[0][1:]) % 2:
+            address = self.second_server.address
         if self.proxied:
             proxy = FaultProxy(address).start()
             self.proxies[client] = proxy
@@ -822,6 +830,8 @@ class LockRun:
         for proxy in self.proxies.values():
             proxy.stop()
         self.server.stop()
+        if self.second_server is not None:
+            self.second_server.stop()
         holds: list[Hold] = []
         latencies: list[float] = []
         for worker in self.all_workers():
@@ -846,6 +856,8 @@ class LockRun:
         for proxy in self.proxies.values():
             proxy.stop()
         self.server.stop()
+        if self.second_server is not None:
+            self.second_server.stop()
         self.resource.close()
 
     def __enter__(self) -> LockRun:
