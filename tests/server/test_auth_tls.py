@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from dflock_wire import Wire
 
-from dflockd_server import constants
+from dflockd_server import Config, constants
 from dflockd_server.testing import ServerThread
 
 ServerFactory = Callable[..., ServerThread]
 SECRET = "correct horse battery staple"
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def test_auth_required_before_anything_else(dflock_server_factory: ServerFactory) -> None:
@@ -91,3 +100,38 @@ def test_tls_with_auth(dflock_server_factory: ServerFactory, tls_files: tuple[Pa
     # A client that does not trust the certificate fails its handshake.
     with pytest.raises(ssl.SSLError):
         Wire(srv.address, ssl_context=ssl.create_default_context())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_stalled_tls_handshakes_are_dropped_after_the_read_timeout(
+    tls_files: tuple[Path, Path], loop: str
+) -> None:
+    """TLS works on both loops; a connection that never finishes its handshake is dropped
+    after the read timeout (not asyncio's 60 s), and the server goes on serving."""
+    cert, key = tls_files
+    factory = None
+    if loop == "uvloop":
+        factory = pytest.importorskip("uvloop").new_event_loop
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        read_timeout_s=1.0,
+        shutdown_timeout_s=1,
+    )
+    ctx = ssl.create_default_context(cafile=str(cert))
+    with ServerThread(config, loop_factory=factory) as srv:
+        with Wire(srv.address, ssl_context=ctx) as w:
+            token = w.lock("k")
+            assert w.req("r", "k", token) == "ok"
+        stalled = [socket.create_connection(srv.address) for _ in range(3)]
+        try:
+            for sock in stalled:
+                sock.settimeout(10)  # far below asyncio's own 60 s handshake timeout
+                assert sock.recv(1) == b""
+            with Wire(srv.address, ssl_context=ctx) as w:
+                assert w.req("ping") == "ok"
+        finally:
+            for sock in stalled:
+                sock.close()
