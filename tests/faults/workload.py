@@ -270,6 +270,7 @@ def run_worker(cfg: WorkerConfig) -> None:
     process that started it is gone, say a test run that was killed)."""
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
+    Path(f"{cfg.history}.ready").touch()  # from now on SIGTERM stops it gracefully
     parent = multiprocessing.parent_process()  # not the fork server: whoever asked for us
     history = _History(cfg.history)
     resource = Resource(Path(cfg.db)) if cfg.db is not None else None
@@ -538,6 +539,14 @@ class Worker:
         """Wait for the process to end; True if it did."""
         self.proc.join(timeout)
         return self.proc.exitcode is not None
+
+    def wait_ready(self, timeout: float = EVENT_TIMEOUT_S) -> None:
+        """Wait until the worker has set its SIGTERM handler (or has exited)."""
+        ready = Path(f"{self.cfg.history}.ready")
+        deadline = now() + timeout
+        while not ready.exists() and self.alive():
+            assert now() < deadline, f"{self.client}: not ready after {timeout}s"
+            time.sleep(POLL_S)
 
     def poll_events(self) -> list[dict[str, Any]]:
         return self.tail.new_events()
@@ -814,6 +823,8 @@ class LockRun:
         """Stop every client (SIGTERM; SIGKILL after a while, recorded as a cut) and the server;
         the checked material of the run."""
         everyone = [w for w in self.all_workers() if w not in self.retired]
+        for worker in everyone:
+            worker.wait_ready()  # a SIGTERM before its handler is set would kill it outright
         for worker in everyone:
             if worker.alive():
                 worker.signal(signal.SIGCONT)
