@@ -1,7 +1,7 @@
 """Blocking locks and semaphores with lease renewal in a background thread.
 
 The decisions live in `celery_dflock._core.LockCore` (shared with `celery_dflock.aio`); this
-module does the socket I/O and runs the renewal thread::
+module does the socket I/O and schedules renewals (`celery_dflock._renewal`)::
 
     with DistributedLock("report:42", acquire_timeout_s=5) as lock:
         write(data, fence=lock.fence)      # renewed in the background while held
@@ -9,6 +9,10 @@ module does the socket I/O and runs the renewal thread::
 A held lock pins its connection (the server frees a connection's locks when it closes). A lock
 that cannot be renewed (refused, or its server gone) is *lost*: `lost` turns True,
 `lost_event` is set, ``on_lost(lock)`` runs once in the renewal thread, and a warning is logged.
+
+Renewals run on long-lived threads: those of the `ConnectionPool`'s `Renewer` (shared by every
+lock using the pool, one thread in the usual case), or, for a lock without a pool, a renewer of
+its own whose thread exits when the lock is released. Nothing is started or joined per grant.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from celery_dflock._core import (
     LockState,
     redact,
 )
+from celery_dflock._renewal import Renewal, Renewer
 from celery_dflock.errors import DflockError, LockNotAcquired, LockNotOwned
 from celery_dflock.pool import ConnectionPool
 from celery_dflock.protocol import Command
@@ -82,8 +87,8 @@ class _SyncLockBase:
         self._pool = pool
         self._conn: Connection | None = None
         self._op_lock = threading.RLock()  # renew / release / acquire never interleave
-        self._stop_renewing = threading.Event()
-        self._renewer: threading.Thread | None = None
+        self._renewal: Renewal | None = None  # the current grant's place in the renewal schedule
+        self._own_renewer: Renewer | None = None  # without a pool: this lock's own
         self.lost_event = threading.Event()
         """Set when the held lock is lost (cleared by the next successful acquire)."""
 
@@ -139,8 +144,7 @@ class _SyncLockBase:
         if conn is not None:
             conn.close()
         self._op_lock = threading.RLock()
-        self._stop_renewing = threading.Event()
-        self._renewer = None
+        self._renewal = None  # the parent's schedule, not this process's
         logger.debug("%s was acquired by the parent process; the child ignores it", self._core.what)
         self._core.reset()
         return True
@@ -225,39 +229,38 @@ class _SyncLockBase:
             return False
 
     # ------------------------------------------------------------------ renewing
+    def _renewer(self) -> Renewer:
+        if self._pool is not None:
+            return self._pool.renewer
+        renewer = self._own_renewer
+        if renewer is None:
+            # Serves this object only: its thread exits as soon as nothing is held.
+            renewer = Renewer(linger_s=0, name=f"dflock-renew:{self._core.key}")
+            self._own_renewer = renewer
+        return renewer
+
     def _start_renewing(self) -> None:
         self.lost_event.clear()
-        stop = threading.Event()
-        self._stop_renewing = stop
-        thread = threading.Thread(
-            target=self._renew_loop,
-            args=(stop,),
-            name=f"dflock-renew:{self._core.key}",
-            daemon=True,
-        )
-        self._renewer = thread
-        thread.start()
+        self._renewal = self._renewer().schedule(self._renew_due, self._core.renew_interval())
 
-    def _renew_loop(self, stop: threading.Event) -> None:
-        interval = self._core.renew_interval()
-        while not stop.wait(interval):
-            try:
-                renewed = self._renew_once(stop)
-            except Exception as exc:  # never let the thread die with a traceback
-                logger.exception("unexpected error renewing dflock %s", self._core.what)
-                with self._op_lock:
-                    first = self._core.mark_lost(f"unexpected error while renewing: {exc!r}")
-                if first:
-                    self._notify_lost()
-                return
-            if not renewed:
-                return
+    def _renew_due(self, renewal: Renewal) -> bool:
+        """Called by the renewer every interval; True to be called again."""
+        try:
+            return self._renew_once(renewal) is True
+        except Exception as exc:  # never let a renewal end with a traceback
+            logger.exception("unexpected error renewing dflock %s", self._core.what)
+            with self._op_lock:
+                first = self._core.mark_lost(f"unexpected error while renewing: {exc!r}")
+            if first:
+                self._notify_lost()
+            return False
 
-    def _renew_once(self, stop: threading.Event | None) -> bool | None:
+    def _renew_once(self, renewal: Renewal | None) -> bool | None:
         """One renewal: True renewed, False lost now or before, None nothing to renew."""
         with self._op_lock:
             conn = self._conn
-            if (stop is not None and stop.is_set()) or self._core.state is not LockState.HELD:
+            cancelled = renewal is not None and renewal.cancelled
+            if cancelled or self._core.state is not LockState.HELD:
                 return None
             if self._core.lost or conn is None:
                 return False
@@ -317,7 +320,9 @@ class _SyncLockBase:
         """
         if self._forked():
             return False
-        self._stop_renewing.set()
+        renewal = self._renewal
+        if renewal is not None:
+            renewal.cancel()  # no renewal starts after this; one under way finishes first
         try:
             with self._op_lock:
                 released = self._release_locked()
@@ -332,7 +337,12 @@ class _SyncLockBase:
                         self._core.reset()
             return released
         finally:
-            self._join_renewer()
+            if renewal is not None:
+                # A renewal under way (and its on_lost) ends before release returns, as a
+                # joined renewal thread did; not when release runs inside that on_lost.
+                renewal.wait(JOIN_TIMEOUT_S)
+                if self._renewal is renewal:
+                    self._renewal = None
 
     def _release_locked(self) -> bool:
         conn, self._conn = self._conn, None
@@ -365,11 +375,6 @@ class _SyncLockBase:
         released = self._core.on_release_reply(reply)  # refused: marked lost, still HELD
         self._checkin(conn)
         return released
-
-    def _join_renewer(self) -> None:
-        thread, self._renewer = self._renewer, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(JOIN_TIMEOUT_S)
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> Self:

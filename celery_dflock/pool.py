@@ -9,6 +9,9 @@ Pools are fork safe: a pool records the pid that created it; used in another pro
 child) it forgets the inherited connections, closing only its own copies of their sockets (never
 ``shutdown``, which would cut the parent's connection), and opens new ones.
 
+A blocking pool also carries the `Renewer` that renews the leases of the locks using it, so
+a process renews all of them from one long-lived thread instead of a thread per grant.
+
 Nothing here is global: whoever wants pooling creates a pool and passes it as ``pool=`` to
 the locks (the Celery integration keeps one per app and process). Without a pool, each lock
 opens its own connection and closes it on release.
@@ -24,6 +27,7 @@ from typing import Final, Generic, Protocol, Self, TypeVar
 
 from celery_dflock._connection import AsyncConnection, Connection
 from celery_dflock._core import READ_TIMEOUT_MARGIN_S, Endpoint
+from celery_dflock._renewal import Renewer
 from celery_dflock.errors import DflockError
 from dflockd_server import constants
 
@@ -32,6 +36,8 @@ __all__ = ["AsyncConnectionPool", "ConnectionPool"]
 DEFAULT_MAX_IDLE_PER_SERVER: Final = 16
 DEFAULT_MAX_IDLE_TIME_S: Final = constants.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
 """Idle connections older than this are dropped: the server closes them at its read timeout."""
+RENEWAL_LINGER_S: Final = 30.0
+"""A pool's renewal thread exits after this long with nothing to renew (it restarts on demand)."""
 
 
 class _Pooled(Protocol):
@@ -124,6 +130,13 @@ class ConnectionPool:
     ) -> None:
         self._store: _IdleStore[Connection] = _IdleStore(max_idle_per_server, max_idle_time_s)
         self._lock = threading.Lock()
+        self._renewer = Renewer(linger_s=RENEWAL_LINGER_S)
+
+    @property
+    def renewer(self) -> Renewer:
+        """Renews the leases of every lock using this pool, from one long-lived thread (more
+        only while a renewal is stuck on a slow server); fork safe like the pool."""
+        return self._renewer
 
     def _check_fork(self) -> None:
         if self._store.pid != os.getpid():

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from typing import cast
 
@@ -69,3 +72,52 @@ def release_behind_its_back(
     """Release ``token`` from another connection (tokens are bearer credentials)."""
     encode = protocol.encode_sem_release if semaphore else protocol.encode_release
     assert raw_request(address, encode(key, token)) == b"ok"
+
+
+FORK_CHILD_TIMEOUT_S = 20.0
+
+
+def run_in_fork(
+    child: Callable[[], dict[str, object]], timeout: float = FORK_CHILD_TIMEOUT_S
+) -> tuple[int, dict[str, object]]:
+    """Run ``child()`` in a forked child; its exit code and the dict it returned (as JSON).
+
+    An exception in the child is reported as ``{"error": repr(exc)}`` with exit code 1.
+    """
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+        code = 1
+        try:
+            os.close(read_fd)
+            report = child()
+            code = 0
+        except BaseException as exc:
+            report = {"error": repr(exc)}
+        try:
+            os.write(write_fd, json.dumps(report).encode())
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([read_fd], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise AssertionError("the forked child did not finish")
+            time.sleep(0.01)
+    finally:
+        os.close(read_fd)
+    return os.waitstatus_to_exitcode(waited[1]), json.loads(data or b"{}")

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import select
-import time
-import warnings
-
-import pytest
-from client_helpers import held_keys
+from client_helpers import held_keys, run_in_fork
 
 from celery_dflock import ConnectionPool, DistributedLock, LockNotOwned
 from dflockd_server.testing import ServerThread
-
-CHILD_TIMEOUT_S = 20.0
 
 
 def _child(
@@ -45,48 +36,6 @@ def _child(
     return seen
 
 
-def _fork_and_report(
-    parent_lock: DistributedLock, pool: ConnectionPool, servers: list[tuple[str, int]]
-) -> tuple[int, dict[str, object]]:
-    read_fd, write_fd = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
-        code = 1
-        try:
-            os.close(read_fd)
-            report = _child(parent_lock, pool, servers)
-            code = 0
-        except BaseException as exc:
-            report = {"error": repr(exc)}
-        try:
-            os.write(write_fd, json.dumps(report).encode())
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    data = b""
-    deadline = time.monotonic() + CHILD_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([read_fd], [], [], deadline - time.monotonic())
-            if not ready:
-                break
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-        while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                pytest.fail("the forked child did not finish")
-            time.sleep(0.01)
-    finally:
-        os.close(read_fd)
-    return os.waitstatus_to_exitcode(waited[1]), json.loads(data or b"{}")
-
-
 def test_fork_child_leaves_parent_lock_and_pool_alone(
     dflock_server: ServerThread, pool: ConnectionPool
 ) -> None:
@@ -101,7 +50,7 @@ def test_fork_child_leaves_parent_lock_and_pool_alone(
     assert pool.idle_count() == 1  # one pinned by the lock, one idle, both inherited
     reused_before = pool.reused
 
-    code, seen = _fork_and_report(parent_lock, pool, servers)
+    code, seen = run_in_fork(lambda: _child(parent_lock, pool, servers))
 
     assert code == 0, seen
     assert seen["parent_lock_locked"] is False  # not the child's to use

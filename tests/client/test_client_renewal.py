@@ -1,0 +1,210 @@
+"""Renewal runs on long-lived threads shared by the locks of a pool, not a thread per grant.
+
+Each lock still renews at its own interval, a renewal stuck on a silent server does not hold
+up the renewals of locks elsewhere, a lock without a pool leaves no thread behind, and a forked
+child renews its own locks (the parent's renewal threads do not exist in it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+from client_helpers import held_keys, run_in_fork, stats, wait_until
+
+from celery_dflock import ConnectionPool, DistributedLock
+from dflockd_server.testing import ServerThread
+
+RENEW_THREAD_PREFIX = "dflock-renew"
+
+
+def _renewal_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith(RENEW_THREAD_PREFIX)}
+
+
+def _leases(address: tuple[str, int]) -> dict[str, float]:
+    """Key -> seconds until its lease runs out, as the server sees it."""
+    locks = cast(list[dict[str, object]], stats(address)["locks"])
+    return {str(e["key"]): float(cast(float, e["lease_expires_in_s"])) for e in locks}
+
+
+def test_grants_reuse_one_long_lived_thread(
+    dflock_server: ServerThread, pool: ConnectionPool
+) -> None:
+    before = _renewal_threads()
+    servers = [dflock_server.address]
+    for i in range(200):
+        lock = DistributedLock(f"cycle-{i % 7}", 0, servers=servers, pool=pool)
+        assert lock.acquire()
+        assert lock.release() is True
+    started = _renewal_threads() - before
+    assert len(started) == 1, started  # one thread for 200 grants, still alive for the next
+    assert pool.renewer.thread_count == 1
+    assert pool.renewer.scheduled == 0  # nothing left scheduled after the releases
+    assert held_keys(dflock_server.address) == set()
+
+
+def test_many_locks_share_few_threads_each_renewed_at_its_interval(
+    dflock_server: ServerThread, pool: ConnectionPool
+) -> None:
+    servers = [dflock_server.address]
+    before = _renewal_threads()
+    short = [
+        DistributedLock(f"short-{i}", lease_ttl_s=1, servers=servers, pool=pool) for i in range(30)
+    ]
+    long = DistributedLock("long", lease_ttl_s=60, servers=servers, pool=pool)
+    for lock in [*short, long]:
+        assert lock.acquire()
+    # 2.5 s is 2.5 leases of the short locks (renewed every 0.5 s): without renewal they expire
+    assert not short[0].lost_event.wait(2.5)
+    leases = _leases(dflock_server.address)
+    assert set(leases) == {lock.key for lock in [*short, long]}
+    for lock in short:
+        assert lock.owned() and not lock.lost, lock
+        assert 0 < leases[lock.key] <= 1.0
+    # the long lock renews every 30 s: not once in these 2.5 s
+    assert leases["long"] <= 60 - 2.0
+    assert long.owned()
+    threads = _renewal_threads() - before
+    # 31 locks, renewals every 0.5 s: a couple of threads (a spare keeps time while one
+    # renews), never one per lock
+    assert 1 <= len(threads) <= 8, threads
+    assert pool.renewer.thread_count == len(threads)
+    for lock in [*short, long]:
+        assert lock.release() is True
+    assert held_keys(dflock_server.address) == set()
+
+
+def test_a_lock_without_a_pool_leaves_no_thread(dflock_server: ServerThread) -> None:
+    lock = DistributedLock("own-renewer", lease_ttl_s=1, servers=[dflock_server.address])
+    before = _renewal_threads()
+    assert lock.acquire()
+    assert not lock.lost_event.wait(1.5)  # renewed by a thread of its own
+    assert lock.owned()
+    own = {t for t in _renewal_threads() - before if t.name == f"{RENEW_THREAD_PREFIX}:own-renewer"}
+    assert len(own) == 1
+    assert lock.release() is True
+    (thread,) = own
+    thread.join(5.0)
+    assert not thread.is_alive()
+
+
+# ------------------------------------------------------------------ a server that stops answering
+
+
+@pytest.fixture
+def dflockd_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, int]]]:
+    """A real ``dflockd`` subprocess (it can be SIGSTOPped), its address."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    script = Path(sys.executable).parent / "dflockd"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
+    log = (tmp_path / "dflockd.log").open("wb")
+    proc = subprocess.Popen(
+        [str(script), "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    address = ("127.0.0.1", port)
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(address, timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_until(listening, timeout=15.0, what="dflockd listening")
+        yield proc, address
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+        log.close()
+
+
+@pytest.mark.slow
+def test_a_silent_server_does_not_delay_renewals_elsewhere(
+    dflock_server: ServerThread,
+    dflockd_process: tuple[subprocess.Popen[bytes], tuple[str, int]],
+    pool: ConnectionPool,
+) -> None:
+    proc, silent_address = dflockd_process
+    lost: list[DistributedLock] = []
+    stuck = DistributedLock(
+        "on-silent", lease_ttl_s=4, servers=[silent_address], pool=pool, on_lost=lost.append
+    )
+    healthy = DistributedLock(
+        "on-healthy", lease_ttl_s=2, servers=[dflock_server.address], pool=pool
+    )
+    assert stuck.acquire() and healthy.acquire()
+    proc.send_signal(signal.SIGSTOP)
+    # At ~2 s the stuck lock's renewal waits up to ~2 s for a reply that never comes; the
+    # healthy lock (lease 2 s, renewed every 1 s) is due meanwhile and must not wait for it.
+    assert stuck.lost_event.wait(10.0)
+    assert lost == [stuck]
+    assert not healthy.lost_event.wait(1.5)
+    assert healthy.owned()
+    assert 0 < _leases(dflock_server.address)["on-healthy"] <= 2.0
+    assert healthy.release() is True
+    assert stuck.release() is False
+
+
+# ------------------------------------------------------------------ fork
+
+
+def _child_renews_its_own(
+    pool: ConnectionPool, servers: list[tuple[str, int]]
+) -> dict[str, object]:
+    inherited = pool.renewer.thread_count  # the parent's thread does not exist here
+    before = _renewal_threads()
+    own = DistributedLock("child-own", lease_ttl_s=1, servers=servers, pool=pool)
+    acquired = own.acquire()
+    held_past_leases = not own.lost_event.wait(2.5)  # 2.5 leases
+    seen: dict[str, object] = {
+        "inherited_threads": inherited,
+        "acquired": acquired,
+        "held_past_leases": held_past_leases,
+        "owned": own.owned(),
+        "lease_left": _leases(servers[0]).get("child-own", -1.0),
+        "threads": pool.renewer.thread_count,
+        "new_renewal_threads": len(_renewal_threads() - before),
+        "released": own.release(),
+    }
+    return seen
+
+
+def test_a_forked_child_renews_its_own_locks(
+    dflock_server: ServerThread, pool: ConnectionPool
+) -> None:
+    servers = [dflock_server.address]
+    parent = DistributedLock("parent-own", lease_ttl_s=1, servers=servers, pool=pool)
+    assert parent.acquire()
+    assert pool.renewer.thread_count == 1
+
+    code, seen = run_in_fork(lambda: _child_renews_its_own(pool, servers))
+
+    assert code == 0, seen
+    assert seen["inherited_threads"] == 0
+    assert seen["acquired"] is True and seen["held_past_leases"] is True
+    assert seen["owned"] is True
+    assert 0 < cast(float, seen["lease_left"]) <= 1.0
+    assert seen["threads"] == 1 and seen["new_renewal_threads"] == 1
+    assert seen["released"] is True
+    # meanwhile the parent's own thread kept renewing the parent's lock
+    assert parent.owned() and not parent.lost
+    assert "parent-own" in held_keys(dflock_server.address)
+    assert parent.release() is True
+    assert held_keys(dflock_server.address) == set()
