@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import shutil
 import stat
@@ -39,6 +40,9 @@ from celery_dflock.protocol import Command
 __all__ = ["HeldRecords", "Runtime", "get_runtime", "pid_gone"]
 
 _RUNTIME_ATTR: Final = "_dflock_runtime"
+_RECORD_SUFFIX: Final = ".json"
+_PARTIAL_SUFFIX: Final = ".tmp"
+_UNSAFE_STEM: Final = re.compile(r"[^\w-]")
 CHILD_EXIT_WAIT_S: Final = 10.0
 """How long the main process waits for a child to exit before it releases the child's lock."""
 
@@ -99,31 +103,45 @@ class HeldRecords:
 
     @staticmethod
     def _stem(task_id: str) -> str:
-        return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in task_id)
+        # Every character but letters, digits, "-" and "_" (str.isalnum's letters and
+        # digits: what \w means in a str pattern) becomes "_".
+        return _UNSAFE_STEM.sub("_", task_id)
 
-    def _path(self, task_id: str, pid: int) -> Path:
-        return self.directory / f"{self._stem(task_id)}.{pid}.json"
+    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> str | None:
+        """Record that this process holds ``lock`` for ``task_id``; the record's path.
 
-    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> Path | None:
-        """Record that this process holds ``lock`` for ``task_id``."""
-        entry = {"key": lock.key, "token": lock.token, "limit": limit, "pid": os.getpid()}
-        path = self._path(task_id, os.getpid())
-        tmp = path.with_suffix(".tmp")
+        Written beside its final name and renamed into place, so a reader never sees half a
+        record. Plain ``os`` calls: this runs for every locked run in a pool child.
+        """
+        pid = os.getpid()
+        entry = {"key": lock.key, "token": lock.token, "limit": limit, "pid": pid}
+        data = json.dumps(entry).encode()
+        base = f"{self.directory}{os.sep}{self._stem(task_id)}.{pid}"
+        path = base + _RECORD_SUFFIX
+        tmp = base + _PARTIAL_SUFFIX
         try:
-            tmp.write_text(json.dumps(entry))
-            tmp.replace(path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
         except OSError:
             return None  # the main process is gone or the directory removed: nothing to do
         return path
 
     @staticmethod
-    def remove(path: Path | None) -> None:
+    def remove(path: str | Path | None) -> None:
         if path is not None:
             with contextlib.suppress(OSError):
-                path.unlink()
+                os.unlink(path)
 
     def entries(self, task_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
-        pattern = "*.json" if task_id is None else f"{self._stem(task_id)}.*.json"
+        pattern = f"*{_RECORD_SUFFIX}"
+        if task_id is not None:
+            pattern = f"{self._stem(task_id)}.*{_RECORD_SUFFIX}"
         found: list[tuple[Path, dict[str, Any]]] = []
         for path in sorted(self.directory.glob(pattern)):
             try:
@@ -145,6 +163,7 @@ class Runtime:
     records: HeldRecords | None = None
     _pool: ConnectionPool | None = None
     _guard: threading.Lock = field(default_factory=threading.Lock)
+    _lock_settings: tuple[DflockConfig, dict[str, Any]] | None = None
 
     def pool(self) -> ConnectionPool:
         with self._guard:
@@ -164,22 +183,39 @@ class Runtime:
         on_lost: Callable[[Any], None] | None,
     ) -> AnyLock:
         """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``."""
-        common: dict[str, Any] = {
-            "acquire_timeout_s": acquire_timeout_s,
-            "lease_ttl_s": options.ttl,
-            "servers": list(config.servers),
-            "renew_ratio": config.renew_ratio,
-            "auth_token": config.auth_token,
-            "ssl_context": config.ssl_context,
-            "connect_timeout_s": config.connect_timeout_s,
-            "on_lost": on_lost,
-            "pool": self.pool(),
-        }
-        if config.sharding_strategy is not None:
-            common["sharding_strategy"] = config.sharding_strategy
+        settings = self._lock_settings
+        if settings is None or settings[0] is not config:
+            # What every lock of this config and process shares, gathered once.
+            shared: dict[str, Any] = {
+                "servers": config.servers,
+                "renew_ratio": config.renew_ratio,
+                "auth_token": config.auth_token,
+                "ssl_context": config.ssl_context,
+                "connect_timeout_s": config.connect_timeout_s,
+            }
+            if config.sharding_strategy is not None:
+                shared["sharding_strategy"] = config.sharding_strategy
+            settings = self._lock_settings = (config, shared)
+        common = settings[1]
+        pool = self.pool()
         if options.limit is not None:
-            return DistributedSemaphore(key, options.limit, **common)
-        return DistributedLock(key, **common)
+            return DistributedSemaphore(
+                key,
+                options.limit,
+                acquire_timeout_s=acquire_timeout_s,
+                lease_ttl_s=options.ttl,
+                on_lost=on_lost,
+                pool=pool,
+                **common,
+            )
+        return DistributedLock(
+            key,
+            acquire_timeout_s=acquire_timeout_s,
+            lease_ttl_s=options.ttl,
+            on_lost=on_lost,
+            pool=pool,
+            **common,
+        )
 
     def release_token(self, config: DflockConfig, key: str, token: str, limit: int | None) -> bool:
         """Release ``token`` on ``key`` for a process that cannot (idempotent).

@@ -30,6 +30,7 @@ from dflockd_server.constants import MAX_LINE_BYTES
 
 __all__ = [
     "DIGEST_SEPARATOR",
+    "KeyBuilder",
     "KeyDerivationError",
     "KeySource",
     "bind_arguments",
@@ -85,20 +86,72 @@ def safe_key(raw: str, max_bytes: int = MAX_LINE_BYTES) -> str:
     return f"{prefix}{DIGEST_SEPARATOR}{digest(raw)}"
 
 
-def bind_arguments(
-    run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], *, task_name: str
-) -> dict[str, Any]:
-    """The task's arguments by parameter name, defaults applied.
-
-    ``f(1)``, ``f(1, b=2)`` and ``f(a=1)`` of ``def f(a, b=2)`` all give
-    ``{"a": 1, "b": 2}``. ``*args`` and ``**kwargs`` parameters appear under
-    their own names, as a tuple and a dict.
-    """
+def _signature_of(run: Callable[..., Any]) -> inspect.Signature | None:
+    """``inspect.signature(run)``, or None when it has none (e.g. a C function)."""
     try:
-        signature = inspect.signature(run)
+        return inspect.signature(run)
     except (TypeError, ValueError):
+        return None
+
+
+class _NamedParameters:
+    """A signature whose parameters all have names (no ``*args``/``**kwargs``/positional-only),
+    bound without building `inspect.BoundArguments`: `bind` gives exactly what
+    ``signature.bind(...)`` + ``apply_defaults()`` give, or None when that would fail (the
+    slow path then raises its own error)."""
+
+    __slots__ = ("names", "parameters", "positional")
+
+    def __init__(self, positional: tuple[str, ...], parameters: tuple[tuple[str, Any], ...]):
+        self.positional = positional
+        self.parameters = parameters  # (name, default or Parameter.empty), in order
+        self.names = frozenset(name for name, _ in parameters)
+
+    @classmethod
+    def of(cls, signature: inspect.Signature) -> _NamedParameters | None:
+        positional: list[str] = []
+        parameters: list[tuple[str, Any]] = []
+        for parameter in signature.parameters.values():
+            if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                positional.append(parameter.name)
+            elif parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+                return None
+            parameters.append((parameter.name, parameter.default))
+        return cls(tuple(positional), tuple(parameters))
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+        if len(args) > len(self.positional):
+            return None
+        given = dict(zip(self.positional, args, strict=False))
+        for name in kwargs:
+            if name in given or name not in self.names:
+                return None
+        bound: dict[str, Any] = {}
+        empty = inspect.Parameter.empty
+        for name, default in self.parameters:
+            if name in given:
+                bound[name] = given[name]
+            elif name in kwargs:
+                bound[name] = kwargs[name]
+            elif default is not empty:
+                bound[name] = default
+            else:
+                return None  # a required argument is missing
+        return bound
+
+
+def _bind(
+    signature: inspect.Signature | None,
+    named: _NamedParameters | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    task_name: str,
+) -> dict[str, Any]:
+    if signature is None:
         # No introspectable signature (a C function): fall back to the raw call.
         return {"args": tuple(args), "kwargs": dict(kwargs)}
+    if named is not None and (fast := named.bind(args, kwargs)) is not None:
+        return fast
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -108,6 +161,18 @@ def bind_arguments(
         ) from exc
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+def bind_arguments(
+    run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], *, task_name: str
+) -> dict[str, Any]:
+    """The task's arguments by parameter name, defaults applied.
+
+    ``f(1)``, ``f(1, b=2)`` and ``f(a=1)`` of ``def f(a, b=2)`` all give
+    ``{"a": 1, "b": 2}``. ``*args`` and ``**kwargs`` parameters appear under
+    their own names, as a tuple and a dict.
+    """
+    return _bind(_signature_of(run), None, args, kwargs, task_name)
 
 
 def _canonical_json(value: Any, *, task_name: str) -> str:
@@ -185,6 +250,48 @@ def check_template(template: str, run: Callable[..., Any], *, task_name: str) ->
             )
 
 
+class KeyBuilder:
+    """Builds the lock keys of one task's runs (see `derive_key`).
+
+    What does not change from run to run (the run function's signature, and how to bind
+    arguments to it) is worked out once, here; `key` does the per-run part. A task keeps one
+    and reuses it while ``source``, ``run`` and ``prefix`` stay the same.
+    """
+
+    __slots__ = ("_named", "_signature", "prefix", "source", "task_name")
+
+    def __init__(
+        self, source: KeySource, *, task_name: str, run: Callable[..., Any], prefix: str = ""
+    ) -> None:
+        self.source = source
+        self.task_name = task_name
+        self.prefix = prefix
+        self._signature = None if callable(source) else _signature_of(run)
+        self._named = None if self._signature is None else _NamedParameters.of(self._signature)
+
+    def key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The protocol-safe lock key of the run called with ``args`` and ``kwargs``."""
+        source, task_name, prefix = self.source, self.task_name, self.prefix
+        if callable(source):
+            try:
+                raw = cast("object", source(*args, **kwargs))
+            except TypeError as exc:
+                raise KeyDerivationError(
+                    f"lock_key callable {source!r} of task {task_name!r} failed: {exc}; it "
+                    f"must accept the same arguments as the task"
+                ) from exc
+            if not isinstance(raw, str):
+                raise KeyDerivationError(
+                    f"lock_key callable {source!r} of task {task_name!r} returned "
+                    f"{type(raw).__name__}, expected str"
+                )
+            return safe_key(prefix + raw)
+        arguments = _bind(self._signature, self._named, args, kwargs, task_name)
+        if source is None:
+            return safe_key(prefix + default_key(task_name, arguments))
+        return safe_key(prefix + template_key(source, arguments, task_name=task_name))
+
+
 def derive_key(
     source: KeySource,
     *,
@@ -199,21 +306,5 @@ def derive_key(
     ``source`` is the resolved ``lock_key`` option; ``prefix`` (the
     ``dflock_key_prefix`` setting) is put in front of every key.
     """
-    if callable(source):
-        try:
-            raw = cast("object", source(*args, **kwargs))
-        except TypeError as exc:
-            raise KeyDerivationError(
-                f"lock_key callable {source!r} of task {task_name!r} failed: {exc}; it must "
-                f"accept the same arguments as the task"
-            ) from exc
-        if not isinstance(raw, str):
-            raise KeyDerivationError(
-                f"lock_key callable {source!r} of task {task_name!r} returned "
-                f"{type(raw).__name__}, expected str"
-            )
-        return safe_key(prefix + raw)
-    arguments = bind_arguments(run, args, kwargs, task_name=task_name)
-    if source is None:
-        return safe_key(prefix + default_key(task_name, arguments))
-    return safe_key(prefix + template_key(source, arguments, task_name=task_name))
+    builder = KeyBuilder(source, task_name=task_name, run=run, prefix=prefix)
+    return builder.key(args, kwargs)

@@ -14,8 +14,9 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Callable, Generator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MethodType, TracebackType
 from typing import Any, ClassVar, Final, cast
 
 from celery import Task
@@ -33,7 +34,7 @@ from celery_dflock.config import (
     resolve_options,
 )
 from celery_dflock.errors import LockLost, LockNotAcquired
-from celery_dflock.keys import check_template, derive_key
+from celery_dflock.keys import KeyBuilder, check_template
 
 __all__ = ["LOCK_OPTIONS_HEADER", "SKIPPED", "LockedTask", "apply_task_locks"]
 
@@ -49,6 +50,49 @@ _REQUEST_KEY: Final = "dflock_key"
 _REQUEST_FENCE: Final = "dflock_fence"
 _REQUEST_TOKEN: Final = "dflock_token"
 _MAX_BACKOFF_EXPONENT: Final = 32
+_PLAN_ATTR: Final = "_dflock_plan"
+_KEYS_ATTR: Final = "_dflock_keys"
+
+
+def _same(a: object, b: object) -> bool:
+    """The same object; or the same bound method (a function-valued class attribute, such as
+    a ``lock_key`` callable, is a new bound method object on every attribute access)."""
+    return a is b or (type(a) is MethodType and a == b)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Whether runs of a task without call options are locked, and their options, as worked
+    out from these inputs; reused while the config and every lock attribute are the same
+    objects (a changed attribute or a reset config is noticed on the next run)."""
+
+    config: DflockConfig
+    attributes: tuple[object, ...]
+    locked: bool
+    options: LockOptions | None
+
+    def fits(self, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
+        return self.config is config and all(
+            _same(a, b) for a, b in zip(self.attributes, attributes, strict=True)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """A task's `KeyBuilder` and what it was built for."""
+
+    builder: KeyBuilder
+    run: object  # the run function (a bound method's __func__)
+    owner: object  # a bound method's __self__, else None
+
+    def fits(self, source: object, run: object, owner: object, prefix: str) -> bool:
+        builder = self.builder
+        return (
+            _same(builder.source, source)
+            and self.run is run
+            and self.owner is owner
+            and builder.prefix == prefix
+        )
 
 
 class _Interrupted(LockLost):
@@ -120,20 +164,28 @@ class _RunGuard:
                     self._interrupt_sent = True
                     _set_async_exc(self._thread_id, _Interrupted)
 
-    @contextmanager
-    def body(self) -> Generator[None]:
-        """Mark the body as running in this thread (the target of an interrupt)."""
+    def body(self) -> _RunGuard:
+        """``with guard.body():`` marks the body as running in this thread (the target of an
+        interrupt) until the block ends."""
+        return self
+
+    def __enter__(self) -> None:
         ident = threading.get_ident()
         with self._state:
             self._thread_id = ident
-        try:
-            yield
-        finally:
-            with self._state:
-                self._thread_id = None
-                self._body_ended = True
-                if self._interrupt_sent:
-                    _set_async_exc(ident, None)  # not delivered yet: drop it
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        ident = threading.get_ident()
+        with self._state:
+            self._thread_id = None
+            self._body_ended = True
+            if self._interrupt_sent:
+                _set_async_exc(ident, None)  # not delivered yet: drop it
 
 
 class LockedTask(Task):
@@ -279,24 +331,47 @@ class LockedTask(Task):
         app_task_cls: Any = self._celery._get_app().Task
         return not isinstance(self, app_task_cls)
 
+    def _plan(self, config: DflockConfig) -> _Plan:
+        """Locked or not, and the options, for a run without call options (cached)."""
+        attributes = tuple(getattr(self, name, None) for name in LOCK_OPTIONS)
+        plan = cast("_Plan | None", self.__dict__.get(_PLAN_ATTR))
+        if plan is not None and plan.fits(config, attributes):
+            return plan
+        locked = self._is_locked(config, {})
+        options = None
+        if locked:
+            given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
+            options = resolve_options(config, self._name, given, None)
+        plan = _Plan(config, attributes, locked, options)
+        self.__dict__[_PLAN_ATTR] = plan
+        return plan
+
+    def _key_builder(self, source: object, run: Callable[..., Any], prefix: str) -> KeyBuilder:
+        """The `KeyBuilder` for this task's runs (its signature is inspected once)."""
+        func: object = getattr(run, "__func__", run)
+        owner: object = getattr(run, "__self__", None)
+        keys = cast("_Keys | None", self.__dict__.get(_KEYS_ATTR))
+        if keys is not None and keys.fits(source, func, owner, prefix):
+            return keys.builder
+        builder = KeyBuilder(cast("Any", source), task_name=self._name, run=run, prefix=prefix)
+        self.__dict__[_KEYS_ATTR] = _Keys(builder, func, owner)
+        return builder
+
     def _locked_run(self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         task = self._celery
         app: Any = task._get_app()
         config = get_config(app)
         call_options = _call_options(request)
         run: Callable[..., Any] = task.run
-        if not self._is_locked(config, call_options):
-            return run(*args, **kwargs)
         name = self._name
-        options = resolve_options(config, name, self._lock_attributes(), call_options)
-        key = derive_key(
-            options.key,
-            task_name=name,
-            run=run,
-            args=args,
-            kwargs=kwargs,
-            prefix=config.key_prefix,
-        )
+        if call_options:  # per call: resolved every time (they must win)
+            options = resolve_options(config, name, self._lock_attributes(), call_options)
+        else:
+            plan = self._plan(config)
+            if plan.options is None:
+                return run(*args, **kwargs)
+            options = plan.options
+        key = self._key_builder(options.key, run, config.key_prefix).key(args, kwargs)
         runtime = get_runtime(app)
         task_id = cast("str | None", request.id)
         guard = _RunGuard(self, task_id, key, options.on_lock_lost, runtime)

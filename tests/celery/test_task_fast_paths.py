@@ -1,0 +1,268 @@
+# pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
+# (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
+"""What LockedTask works out once per task instead of per run still follows every change, and
+the fast paths (argument binding, key checks, routing, held-lock records) agree exactly with
+the slow ones they stand in for."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from celery_dflock import LockedTask
+from celery_dflock._runtime import HeldRecords
+from celery_dflock.config import reset_config
+from celery_dflock.keys import KeyBuilder, KeyDerivationError, default_key
+from celery_dflock.protocol import validate_key
+from celery_dflock.sharding import (
+    IdentityShardingStrategy,
+    _routes_by_identity,  # pyright: ignore[reportPrivateUsage]
+    rendezvous_shard,
+    select_server,
+    stable_hash_shard,
+)
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    with ServerThread(Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)) as s:
+        yield s
+
+
+def make_app(server: ServerThread, **conf: Any) -> Celery:
+    app = Celery("fastpaths", set_as_current=False)
+    app.conf.update(
+        broker_url="memory://",
+        result_backend="cache+memory://",
+        task_always_eager=True,
+        dflock_servers=[server.address],
+        **conf,
+    )
+    return app
+
+
+# ------------------------------------------------------------------ per-task caches
+
+
+def test_a_changed_task_attribute_applies_from_the_next_run(server: ServerThread) -> None:
+    app = make_app(server)
+    seen: list[tuple[str, int]] = []
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="attr:{n}", lock_ttl=20)
+    def job(self: LockedTask, n: int) -> None:
+        lock = self.lock
+        assert lock is not None
+        seen.append((self.request.dflock_key, lock.lease))
+
+    job.apply(args=(1,))
+    job.lock_ttl = 25
+    job.lock_key = "changed:{n}"
+    job.apply(args=(2,))
+    assert seen == [("attr:1", 20), ("changed:2", 25)]
+
+
+def test_call_options_win_over_what_was_worked_out_before(server: ServerThread) -> None:
+    app = make_app(server)
+    seen: list[tuple[str, int]] = []
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="plan:{n}", lock_ttl=20)
+    def job(self: LockedTask, n: int) -> None:
+        lock = self.lock
+        assert lock is not None
+        seen.append((self.request.dflock_key, lock.lease))
+
+    job.apply(args=(1,))
+    job.apply(args=(2,), headers={"dflock_options": {"lock_key": "call:{n}", "lock_ttl": 15}})
+    job.apply(args=(3,))
+    assert seen == [("plan:1", 20), ("call:2", 15), ("plan:3", 20)]
+
+
+def test_a_reset_config_applies_from_the_next_run(server: ServerThread) -> None:
+    app = make_app(server, dflock_key_prefix="one:")
+    seen: list[str] = []
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="cfg:{n}")
+    def job(self: LockedTask, n: int) -> None:
+        seen.append(self.request.dflock_key)
+
+    job.apply(args=(1,))
+    app.conf.dflock_key_prefix = "two:"
+    job.apply(args=(2,))  # the config is read once per app: unchanged until reset
+    reset_config(app)
+    job.apply(args=(3,))
+    assert seen == ["one:cfg:1", "one:cfg:2", "two:cfg:3"]
+
+
+def test_a_replaced_run_function_gets_its_own_signature(server: ServerThread) -> None:
+    app = make_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="run:{a}")
+    def job(a: int) -> int:
+        return a
+
+    assert job.apply(args=(1,)).get() == 1
+
+    def other(b: int, a: int = 5) -> int:
+        return a + b
+
+    job.run = other  # the key template now binds against the new signature
+    assert job.apply(args=(1,)).get() == 6
+    assert job.apply(args=(1, 2)).get() == 3
+
+
+# ------------------------------------------------------------------ argument binding
+
+
+def f_plain(a: int, b: str = "x", *, c: float = 1.5) -> None: ...
+def f_required_kwonly(a: int, *, c: int) -> None: ...
+def f_varargs(a: int, *rest: int, **extra: int) -> None: ...
+def f_positional_only(a: int, /, b: int = 2) -> None: ...
+def f_none() -> None: ...
+
+
+SIGNATURES: list[Callable[..., None]] = [
+    f_plain,
+    f_required_kwonly,
+    f_varargs,
+    f_positional_only,
+    f_none,
+]
+NAMES = ["a", "b", "c", "d", "rest", "extra"]
+
+
+def reference_key(run: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The key as it was built before the fast path: signature.bind + apply_defaults."""
+    try:
+        bound = inspect.signature(run).bind(*args, **kwargs)
+    except TypeError:
+        return "error"
+    bound.apply_defaults()
+    return default_key("t", dict(bound.arguments))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    run=st.sampled_from(SIGNATURES),
+    args=st.lists(st.integers(-3, 3), max_size=4).map(tuple),
+    kwargs=st.dictionaries(st.sampled_from(NAMES), st.integers(-3, 3), max_size=4),
+)
+def test_fast_binding_gives_exactly_the_slow_bindings_key(
+    run: Callable[..., None], args: tuple[int, ...], kwargs: dict[str, int]
+) -> None:
+    builder = KeyBuilder(None, task_name="t", run=run)
+    expected = reference_key(run, args, kwargs)
+    if expected == "error":
+        with pytest.raises(KeyDerivationError, match="do not match its signature"):
+            builder.key(args, kwargs)
+    else:
+        assert builder.key(args, kwargs) == expected
+
+
+def test_fast_binding_keeps_template_keys() -> None:
+    builder = KeyBuilder("k:{a}:{b}:{c}", task_name="t", run=f_plain, prefix="p/")
+    assert builder.key((1,), {}) == "p/k:1:x:1.5"
+    assert builder.key((), {"a": 2, "c": 3}) == "p/k:2:x:3"
+    assert builder.key((1, "y"), {"c": 0}) == "p/k:1:y:0"
+
+
+# ------------------------------------------------------------------ checks and routing
+
+
+def test_key_whitespace_check_matches_str_isspace_everywhere() -> None:
+    for code in range(sys.maxunicode + 1):
+        char = chr(code)
+        if char.isspace():
+            with pytest.raises(ValueError, match="whitespace"):
+                validate_key(f"a{char}b")
+        elif 0xD800 <= code <= 0xDFFF:
+            continue  # a lone surrogate is not UTF-8 encodable either way
+        else:
+            assert validate_key(f"a{char}b") == f"a{char}b"
+
+
+class _CallableWithIdentity:
+    def __call__(self, key: str, num_servers: int) -> int:
+        return 0
+
+    def shard_by_identity(self, key: str, identities: Any) -> int:
+        return len(identities) - 1
+
+
+class _IdentityDisabled(_CallableWithIdentity):
+    shard_by_identity = None  # type: ignore[assignment]  # pyright: ignore[reportAssignmentType]
+
+
+class _NotCallable:
+    def shard_by_identity(self, key: str, identities: Any) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        stable_hash_shard,
+        rendezvous_shard,
+        _CallableWithIdentity(),
+        _IdentityDisabled(),
+        _NotCallable(),
+        lambda key, n: 0,
+    ],
+)
+def test_identity_routing_check_matches_the_protocol_check(strategy: object) -> None:
+    assert _routes_by_identity(strategy) == isinstance(strategy, IdentityShardingStrategy)
+
+
+def test_one_server_routes_every_key_to_it_without_asking_the_strategy() -> None:
+    servers = [("10.0.0.1", 6388)]
+    for key in ["a", "b", "report:42", "ü"]:
+        assert select_server(key, servers, stable_hash_shard) == 0
+        assert select_server(key, servers, rendezvous_shard) == 0
+        # what the strategies compute themselves
+        assert stable_hash_shard(key, 1) == 0
+        assert rendezvous_shard.shard_by_identity(key, ["10.0.0.1:6388"]) == 0
+    with pytest.raises(ValueError, match="returned 7"):
+        select_server("a", servers, lambda key, n: 7)  # other strategies are still asked
+
+
+# ------------------------------------------------------------------ held-lock records
+
+
+def test_record_names_replace_the_same_characters_as_before() -> None:
+    def before(task_id: str) -> str:
+        return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in task_id)
+
+    for code in range(0x10000):
+        text = f"x{chr(code)}y"
+        assert HeldRecords._stem(text) == before(text)  # pyright: ignore[reportPrivateUsage]
+
+
+class _Held:
+    key = "report:1"
+    token = "0000000000000001a1b2c3d4e5f60718"
+
+
+def test_a_record_is_whole_private_and_found_by_task_id(tmp_path: Path) -> None:
+    records = HeldRecords(tmp_path)
+    path = records.add("task/1 ü", _Held(), 3)  # type: ignore[arg-type]
+    assert path is not None
+    assert os.stat(path).st_mode & 0o077 == 0
+    assert [p.name for p in tmp_path.iterdir()] == [f"task_1_ü.{os.getpid()}.json"]
+    ((found_path, entry),) = records.entries("task/1 ü")
+    assert str(found_path) == path
+    assert entry == {"key": "report:1", "token": _Held.token, "limit": 3, "pid": os.getpid()}
+    assert json.loads(Path(path).read_text()) == entry
+    HeldRecords.remove(path)
+    assert records.entries() == []
+    HeldRecords.remove(path)  # idempotent
