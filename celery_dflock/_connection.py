@@ -4,13 +4,20 @@ Both serialize requests (one in flight at a time, under a lock), send ``auth`` f
 endpoint has a token, and close themselves when a request is interrupted midway (timeout,
 exception, cancellation): a half-read reply would put every later reply out of step.
 Neither is ever shut down from a forked child: the child only drops its copy of the socket.
+
+A plain TCP `Connection` keeps its socket non-blocking and waits for replies with ``poll``
+(send, poll, recv: three system calls per request, where a socket timeout costs six: two
+``ioctl`` to set it and a ``poll`` before every send and receive). TLS sockets, and platforms
+without ``poll``, use socket timeouts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
+import select
 import socket
 import ssl
 import threading
@@ -28,6 +35,8 @@ from celery_dflock.errors import DflockError, ProtocolError, ServerUnavailable
 from celery_dflock.protocol import Command, ErrorReply, Reply, ReplyParser
 
 RECV_BYTES: Final = 65536
+_POLL_IN: Final = select.POLLIN if hasattr(select, "poll") else 0
+_POLL_OUT: Final = select.POLLOUT if hasattr(select, "poll") else 0
 
 
 def _failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
@@ -72,6 +81,11 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._in_flight = False
+        self._poller: select.poll | None = None
+        if hasattr(select, "poll") and not isinstance(sock, ssl.SSLSocket):
+            sock.setblocking(False)  # replies are waited for with poll (module docstring)
+            self._poller = select.poll()
+            self._poller.register(sock, _POLL_IN)
 
     @classmethod
     def open(cls, endpoint: Endpoint) -> Connection:
@@ -127,17 +141,10 @@ class Connection:
             self._in_flight = True
             deadline = time.monotonic() + timeout
             try:
-                self._sock.settimeout(timeout)
-                self._sock.sendall(data)
-                while (reply := self._parser.next_reply(command)) is None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError
-                    self._sock.settimeout(remaining)
-                    chunk = self._sock.recv(RECV_BYTES)
-                    if not chunk:
-                        raise _closed_by_peer(self.endpoint, command)
-                    self._parser.feed(chunk)
+                if self._poller is not None:
+                    reply = self._exchange_polling(command, data, deadline)
+                else:
+                    reply = self._exchange_timeouts(command, data, timeout, deadline)
                 if self._parser.buffered:
                     raise _unsolicited(self.endpoint, self._parser)
             except BaseException as exc:
@@ -151,6 +158,73 @@ class Connection:
                 self.close()
             self.last_used = time.monotonic()
             return reply
+
+    def _exchange_timeouts(
+        self, command: Command, data: bytes, timeout: float, deadline: float
+    ) -> Reply:
+        """Send ``data`` and read the reply with socket timeouts (TLS, or no ``poll``)."""
+        self._sock.settimeout(timeout)
+        self._sock.sendall(data)
+        while (reply := self._parser.next_reply(command)) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self._sock.settimeout(remaining)
+            chunk = self._sock.recv(RECV_BYTES)
+            if not chunk:
+                raise _closed_by_peer(self.endpoint, command)
+            self._parser.feed(chunk)
+        return reply
+
+    def _exchange_polling(self, command: Command, data: bytes, deadline: float) -> Reply:
+        """Send ``data`` and read the reply on the non-blocking socket, waiting with ``poll``."""
+        sock, parser = self._sock, self._parser
+        if parser.buffered and (reply := parser.next_reply(command)) is not None:
+            return reply  # (never: bytes left after a reply close the connection)
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            self._send_rest(data, sent, deadline)
+        while True:
+            self._wait(_POLL_IN, deadline)
+            try:
+                chunk = sock.recv(RECV_BYTES)
+            except BlockingIOError:
+                continue  # a spurious wake-up: wait again
+            if not chunk:
+                raise _closed_by_peer(self.endpoint, command)
+            parser.feed(chunk)
+            if (reply := parser.next_reply(command)) is not None:
+                return reply
+
+    def _send_rest(self, data: bytes, sent: int, deadline: float) -> None:
+        """Send what the socket's buffer did not take at once (rare: requests are short)."""
+        view = memoryview(data)[sent:]
+        while view:
+            self._wait(_POLL_OUT, deadline)
+            try:
+                view = view[self._sock.send(view) :]
+            except BlockingIOError:
+                continue
+
+    def _wait(self, events: int, deadline: float) -> None:
+        """Wait until the socket is ready for ``events``; `TimeoutError` at ``deadline``."""
+        poller = self._poller
+        assert poller is not None
+        if events != _POLL_IN:
+            poller.modify(self._sock, events)
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                if poller.poll(math.ceil(remaining * 1000)):
+                    return  # ready, or an error/hang-up the next send/recv reports
+        finally:
+            if events != _POLL_IN:
+                poller.modify(self._sock, _POLL_IN)
 
     def ping(self) -> bool:
         """True if the server answered ``ping``; on any failure the connection is closed."""
@@ -166,6 +240,12 @@ class Connection:
             return False
         if isinstance(self._sock, ssl.SSLSocket):
             return self.ping()
+        if self._poller is not None:
+            # Readable means EOF, an error, or bytes nobody asked for: not reusable.
+            try:
+                return not self._poller.poll(0)
+            except OSError:
+                return False
         try:
             self._sock.settimeout(0.0)
             data = self._sock.recv(1, socket.MSG_PEEK)

@@ -1,0 +1,104 @@
+"""The blocking connection's socket handling: non-blocking socket, replies waited for with poll.
+
+Against the real server: a request costs send, poll, recv; a dead peer is noticed before reuse.
+The one path the server cannot produce, a send the kernel only partly takes, is driven from a
+socket pair whose buffers are filled first.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+
+import pytest
+from client_helpers import wait_until
+
+from celery_dflock import ServerUnavailable, protocol
+from celery_dflock._connection import Connection
+from celery_dflock._core import Endpoint
+from celery_dflock.protocol import Command
+from dflockd_server.testing import ServerThread
+
+pytestmark = pytest.mark.skipif(not hasattr(select, "poll"), reason="needs select.poll")
+
+
+def _endpoint(address: tuple[str, int]) -> Endpoint:
+    return Endpoint(address[0], address[1])
+
+
+def test_requests_on_a_non_blocking_socket(dflock_server: ServerThread) -> None:
+    conn = Connection.open(_endpoint(dflock_server.address))
+    try:
+        sock = conn._sock  # pyright: ignore[reportPrivateUsage]
+        assert sock.gettimeout() == 0.0  # non-blocking: waits are poll's
+        grant = conn.request(Command.LOCK, protocol.encode_lock("io", 0))
+        assert isinstance(grant, protocol.Granted)
+        assert conn.is_reusable()
+        assert conn.request(Command.RELEASE, protocol.encode_release("io", grant.token)) == (
+            protocol.Ok()
+        )
+        assert conn.is_reusable()
+    finally:
+        conn.close()
+    assert not conn.is_reusable()
+
+
+def test_a_connection_the_server_closed_is_not_reused(
+    dflock_server_factory: type[ServerThread],
+) -> None:
+    server = dflock_server_factory()
+    conn = Connection.open(_endpoint(server.address))
+    # (a ping first: the server has then surely taken the connection in before it stops)
+    assert conn.request(Command.PING, protocol.encode_ping()) == protocol.Ok()
+    assert conn.is_reusable()
+    server.stop()
+    wait_until(lambda: not conn.is_reusable(), what="EOF seen by poll")
+    with pytest.raises(ServerUnavailable):
+        conn.request(Command.PING, protocol.encode_ping())
+    assert conn.closed
+
+
+def _fill(sock: socket.socket) -> int:
+    """Write to ``sock`` (non-blocking) until the kernel takes no more; bytes written."""
+    total = 0
+    chunk = b"x" * 65536
+    while True:
+        try:
+            total += sock.send(chunk)
+        except BlockingIOError:
+            return total
+
+
+def test_a_send_the_kernel_takes_in_parts_completes() -> None:
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        conn = Connection(Endpoint("pair", 1), ours)  # made non-blocking by the connection
+        junk = _fill(ours)
+        request = protocol.encode_ping()
+        got = bytearray()
+
+        def serve() -> None:
+            # Drain slowly (the connection must wait for room), then answer the ping.
+            while len(got) < junk + len(request):
+                got.extend(peer.recv(4096))
+            peer.sendall(b"ok\n")
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        try:
+            reply = conn.request(Command.PING, request, timeout=10.0)
+        finally:
+            thread.join(10.0)
+        assert reply == protocol.Ok()
+        assert bytes(got[junk:]) == request  # intact, after everything sent before it
+
+
+def test_a_send_that_never_finds_room_times_out_and_closes() -> None:
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        conn = Connection(Endpoint("pair", 1), ours)
+        _fill(ours)  # nobody reads the peer
+        with pytest.raises(ServerUnavailable, match="no reply"):
+            conn.request(Command.PING, protocol.encode_ping(), timeout=0.3)
+        assert conn.closed
