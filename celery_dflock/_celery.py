@@ -18,6 +18,7 @@ from celery.exceptions import WorkerLostError as _WorkerLostError
 from celery.utils.dispatch import Signal as _Signal
 from celery.utils.log import get_logger as _get_logger
 from celery.utils.log import get_task_logger as _get_task_logger
+from celery.utils.time import get_exponential_backoff_interval as _backoff_interval
 
 __all__ = [
     "BaseTask",
@@ -25,6 +26,7 @@ __all__ = [
     "Signal",
     "TimeLimitExceeded",
     "WorkerLostError",
+    "backoff_interval",
     "get_logger",
     "get_task_logger",
     "signals",
@@ -38,6 +40,8 @@ Signal: Final[Any] = _Signal
 task_stack: Final[Any] = _stack
 """Celery's stack of running tasks (``current_task``), pushed by direct calls."""
 Ignore: Final[type[Exception]] = _Ignore
+backoff_interval: Final[Any] = _backoff_interval
+"""Celery's exponential backoff (``retry_backoff``), as its ``autoretry_for`` computes it."""
 TimeLimitExceeded: Final[type[Exception]] = _TimeLimitExceeded
 WorkerLostError: Final[type[Exception]] = _WorkerLostError
 get_logger: Final[Any] = _get_logger

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Final, cast
 from celery import Task
 
 from celery_dflock import signals
-from celery_dflock._celery import BaseTask, Ignore, get_task_logger, task_stack
+from celery_dflock._celery import BaseTask, Ignore, backoff_interval, get_task_logger, task_stack
 from celery_dflock._runtime import AnyLock, HeldRecords, Runtime, get_runtime
 from celery_dflock.config import (
     LOCK_OPTIONS,
@@ -33,7 +33,7 @@ from celery_dflock.config import (
     get_config,
     resolve_options,
 )
-from celery_dflock.errors import LockLost, LockNotAcquired
+from celery_dflock.errors import DflockError, LockLost, LockNotAcquired
 from celery_dflock.keys import KeyBuilder, check_template
 
 __all__ = ["LOCK_OPTIONS_HEADER", "SKIPPED", "LockedTask", "apply_task_locks"]
@@ -382,7 +382,12 @@ class LockedTask(Task):
         lock = runtime.new_lock(
             config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost
         )
-        if not lock.acquire():
+        try:
+            acquired = lock.acquire()
+        except DflockError as exc:  # the server unreachable, refusing, draining, ...
+            self._autoretry(request, exc)
+            raise
+        if not acquired:
             return self._contended(request, key, options, args, kwargs)
         guard.lock = lock
         request.dflock_lock = lock
@@ -422,6 +427,33 @@ class LockedTask(Task):
         if options.retry_jitter:
             countdown = countdown / 2 + random.uniform(0, countdown / 2)
         return countdown
+
+    def _autoretry(self, request: Any, exc: DflockError) -> None:
+        """Give an error taking the lock the task's ``autoretry_for`` treatment.
+
+        Celery's ``autoretry_for`` wraps the task body only, and the lock is taken before the
+        body: without this, ``autoretry_for=(ServerUnavailable,)`` would not cover an outage
+        of the lock server. Retries (``self.retry``, so ``retry_kwargs``, ``retry_backoff``,
+        ``retry_backoff_max``, ``retry_jitter`` and ``max_retries`` apply as Celery applies
+        them) when the task names the error; returns otherwise, and the caller re-raises.
+        """
+        task = self._celery
+        autoretry_for = tuple(getattr(task, "autoretry_for", None) or ())
+        if not autoretry_for or not isinstance(exc, autoretry_for):
+            return
+        dont_autoretry_for = tuple(getattr(task, "dont_autoretry_for", None) or ())
+        if dont_autoretry_for and isinstance(exc, dont_autoretry_for):
+            return
+        retry_kwargs = dict(getattr(task, "retry_kwargs", None) or {})
+        backoff = float(getattr(task, "retry_backoff", False) or 0)
+        if backoff:
+            retry_kwargs["countdown"] = backoff_interval(
+                factor=int(max(1.0, backoff)),
+                retries=int(request.retries or 0),
+                maximum=int(getattr(task, "retry_backoff_max", 600)),
+                full_jitter=getattr(task, "retry_jitter", True),
+            )
+        raise task.retry(exc=exc, **retry_kwargs)
 
     def _contended(
         self,

@@ -381,3 +381,71 @@ def test_unreachable_server_fails_the_run_with_a_clear_error() -> None:
     with pytest.raises(ServerUnavailable, match=f"cannot reach .*127.0.0.1:{port}"):
         job()
     assert ran == []  # never runs unlocked
+
+
+def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
+    """autoretry_for=(ServerUnavailable,) retries a run whose lock server is down (Celery's
+    own autoretry wraps only the body, which runs after the lock is taken); the run goes
+    ahead, locked, once the server is back."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = Celery("outage", set_as_current=False)
+    app.conf.update(
+        task_always_eager=True,
+        dflock_servers=f"127.0.0.1:{port}",
+    )
+    attempts: list[int] = []
+    fences: list[int | None] = []
+    started: list[ServerThread] = []
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=LockedTask,
+        lock_key="outage",
+        autoretry_for=(ServerUnavailable,),  # as in the README's "Lock server down"
+        retry_backoff=True,
+        max_retries=10,
+    )
+    def job(self: LockedTask) -> str:
+        assert self.lock is not None
+        fences.append(self.lock.fence)
+        return "ran"
+
+    def count_attempt(**_: Any) -> None:
+        attempts.append(1)
+        if len(attempts) == 2:  # the server comes back before the first retry
+            started.append(ServerThread(Config(host="127.0.0.1", port=port)).start())
+
+    from celery.signals import task_prerun
+
+    task_prerun.connect(count_attempt, weak=False)
+    try:
+        assert job.apply().get() == "ran"
+    finally:
+        task_prerun.disconnect(count_attempt)
+        for server in started:
+            server.stop()
+    assert len(attempts) == 2
+    assert len(fences) == 1 and fences[0] is not None  # ran once, under a lock
+
+
+def test_without_autoretry_for_an_outage_fails_the_run() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = Celery("outage2", set_as_current=False)
+    app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
+
+    @app.task(shared=False, base=LockedTask, lock_key="outage", autoretry_for=(KeyError,))
+    def job() -> None:
+        raise AssertionError("never runs unlocked")
+
+    result = job.apply()
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, ServerUnavailable)
