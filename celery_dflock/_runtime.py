@@ -3,12 +3,14 @@
 * :class:`Runtime` -- one per process and app: the connection pool (made after
   fork, closed at shutdown), whether this process is a prefork pool child, and
   the directory where held locks are recorded.
-* :class:`HeldRecords` -- a pool child writes one small JSON file per held lock
-  (key, token, its pid) and removes it on release. The worker's main process
-  reads it when a child died under a task (hard time limit, revoke with
-  terminate, SIGKILL): once the child is gone, it releases the token. The
-  server normally released it already when the child's socket closed; this
-  covers servers with auto-release turned off. Release is idempotent.
+* :class:`HeldRecords` -- the directory where pool children record the locks
+  they hold. Each child keeps one file (:class:`HeldWriter`) listing what it
+  holds now (task id, key, token, its pid), rewritten in place when a lock is
+  taken or released. The worker's main process reads it when a child died
+  under a task (hard time limit, revoke with terminate, SIGKILL): once the
+  child is gone, it releases the token. The server normally released it
+  already when the child's socket closed; this covers servers with
+  auto-release turned off. Release is idempotent.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import select
 import shutil
 import stat
@@ -40,9 +41,8 @@ from celery_dflock.protocol import Command
 __all__ = ["HeldRecords", "Runtime", "get_runtime", "pid_gone"]
 
 _RUNTIME_ATTR: Final = "_dflock_runtime"
-_RECORD_SUFFIX: Final = ".json"
+_RECORD_SUFFIX: Final = ".held"
 _PARTIAL_SUFFIX: Final = ".tmp"
-_UNSAFE_STEM: Final = re.compile(r"[^\w-]")
 CHILD_EXIT_WAIT_S: Final = 10.0
 """How long the main process waits for a child to exit before it releases the child's lock."""
 
@@ -81,9 +81,15 @@ def _pid_gone_polling(pid: int, timeout: float) -> bool:
 
 @dataclass(frozen=True)
 class HeldRecords:
-    """Files ``<task id>.<pid>.json`` naming the locks pool children hold (see module doc)."""
+    """The directory of files ``<pid>.held`` naming the locks pool children hold.
+
+    A file holds a JSON list of ``{"task_id", "key", "token", "limit", "pid"}`` (padded with
+    spaces, see `HeldWriter`). Only its child writes it while the child lives; the main
+    process reads it, and edits it only once the child is gone.
+    """
 
     directory: Path
+    _edits: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @classmethod
     def for_main_process(cls, pid: int) -> HeldRecords | None:
@@ -101,57 +107,129 @@ class HeldRecords:
             return None
         return cls(directory)
 
+    def writer(self) -> HeldWriter:
+        """A record file for this process (keep one per process: see `Runtime.held_writer`)."""
+        return HeldWriter(self.directory)
+
     @staticmethod
-    def _stem(task_id: str) -> str:
-        # Every character but letters, digits, "-" and "_" (str.isalnum's letters and
-        # digits: what \w means in a str pattern) becomes "_".
-        return _UNSAFE_STEM.sub("_", task_id)
-
-    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> str | None:
-        """Record that this process holds ``lock`` for ``task_id``; the record's path.
-
-        Written beside its final name and renamed into place, so a reader never sees half a
-        record. Plain ``os`` calls: this runs for every locked run in a pool child.
-        """
-        pid = os.getpid()
-        entry = {"key": lock.key, "token": lock.token, "limit": limit, "pid": pid}
-        data = json.dumps(entry).encode()
-        base = f"{self.directory}{os.sep}{self._stem(task_id)}.{pid}"
-        path = base + _RECORD_SUFFIX
-        tmp = base + _PARTIAL_SUFFIX
+    def _read(path: Path) -> list[dict[str, Any]]:
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError:
-            return None  # the main process is gone or the directory removed: nothing to do
-        return path
-
-    @staticmethod
-    def remove(path: str | Path | None) -> None:
-        if path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            found: object = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return []  # gone, or being written by a child that is alive (it is skipped)
+        if not isinstance(found, list):
+            return []
+        items = cast("list[object]", found)
+        return [cast("dict[str, Any]", e) for e in items if isinstance(e, dict)]
 
     def entries(self, task_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
-        pattern = f"*{_RECORD_SUFFIX}"
-        if task_id is not None:
-            pattern = f"{self._stem(task_id)}.*{_RECORD_SUFFIX}"
+        """(file, entry) of every recorded lock (of ``task_id`` only, when given)."""
         found: list[tuple[Path, dict[str, Any]]] = []
-        for path in sorted(self.directory.glob(pattern)):
-            try:
-                found.append((path, cast("dict[str, Any]", json.loads(path.read_text()))))
-            except (OSError, ValueError):
-                continue
+        for path in sorted(self.directory.glob(f"*{_RECORD_SUFFIX}")):
+            for entry in self._read(path):
+                if task_id is None or entry.get("task_id") == task_id:
+                    found.append((path, entry))
         return found
+
+    def forget(self, path: Path, entry: dict[str, Any]) -> None:
+        """Drop ``entry`` from ``path`` (main process, once the child that wrote it is gone)."""
+        with self._edits:
+            rest = [e for e in self._read(path) if e != entry]
+            with contextlib.suppress(OSError):
+                if not rest:
+                    path.unlink()
+                    return
+                tmp = path.with_suffix(_PARTIAL_SUFFIX)
+                tmp.write_bytes(json.dumps(rest).encode())
+                tmp.replace(path)
 
     def remove_all(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class HeldRecord:
+    """One recorded lock (`HeldWriter.add`); `remove` it when the lock is released."""
+
+    __slots__ = ("_handle", "_writer")
+
+    def __init__(self, writer: HeldWriter, handle: int) -> None:
+        self._writer = writer
+        self._handle = handle
+
+    def remove(self) -> None:
+        """Take this lock out of the record file (idempotent)."""
+        self._writer.remove(self._handle)
+
+
+class HeldWriter:
+    """This process's record file ``<directory>/<pid>.held``: what it holds right now.
+
+    Every change rewrites the whole list with one ``pwrite`` at offset 0 on a file kept open,
+    padded with spaces to at least the length written before, so the file never ends in
+    leftovers of a longer list and the main process never needs a rename to read it whole
+    (it reads a child's file only once that child is gone). This runs around every locked run
+    in a pool child: two small writes, no files created or renamed per run.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.pid = os.getpid()
+        self.path = f"{directory}{os.sep}{self.pid}{_RECORD_SUFFIX}"
+        self._guard = threading.Lock()
+        self._held: dict[int, dict[str, Any]] = {}
+        self._next = 0
+        self._fd: int | None = None
+        self._size = 0
+
+    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> HeldRecord | None:
+        """Record that this process holds ``lock`` for ``task_id`` (None if it could not)."""
+        entry = {
+            "task_id": task_id,
+            "key": lock.key,
+            "token": lock.token,
+            "limit": limit,
+            "pid": self.pid,
+        }
+        with self._guard:
+            self._next += 1
+            handle = self._next
+            self._held[handle] = entry
+            if not self._write():
+                del self._held[handle]
+                return None  # the main process is gone or the directory removed
+        return HeldRecord(self, handle)
+
+    def remove(self, handle: int) -> None:
+        with self._guard:
+            if self._held.pop(handle, None) is not None:
+                self._write()
+
+    def _write(self) -> bool:
+        data = json.dumps(list(self._held.values())).encode()
+        if len(data) < self._size:
+            data = data.ljust(self._size)  # JSON allows trailing whitespace
+        try:
+            if self._fd is None:
+                # O_TRUNC: a file left by an earlier process with this pid is not ours.
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self._fd, data[done:], done)
+        except OSError:
+            return False
+        self._size = max(self._size, len(data))
+        return True
+
+    def close(self) -> None:
+        """Close the file; remove it when nothing is recorded in it."""
+        with self._guard:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            if not self._held:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
 
 
 @dataclass
@@ -164,6 +242,17 @@ class Runtime:
     _pool: ConnectionPool | None = None
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _lock_settings: tuple[DflockConfig, dict[str, Any]] | None = None
+    _held_writer: HeldWriter | None = None
+
+    def held_writer(self) -> HeldWriter | None:
+        """This process's record file, when held locks are recorded (see `HeldRecords`)."""
+        writer = self._held_writer
+        if writer is None and self.records is not None:
+            with self._guard:
+                if self._held_writer is None:
+                    self._held_writer = self.records.writer()
+                writer = self._held_writer
+        return writer
 
     def pool(self) -> ConnectionPool:
         with self._guard:
@@ -251,8 +340,11 @@ class Runtime:
     def close(self) -> None:
         with self._guard:
             pool, self._pool = self._pool, None
+            writer, self._held_writer = self._held_writer, None
         if pool is not None:
             pool.close()
+        if writer is not None:
+            writer.close()
 
 
 def get_runtime(app: object) -> Runtime:

@@ -186,7 +186,7 @@ class _Hooks:
                     logger.info(
                         "dflock: released %r left by dead pool child %s", entry.get("key"), pid
                     )
-            HeldRecords.remove(path)
+            records.forget(path, entry)
 
 
 def install(app: Any) -> None:

@@ -23,7 +23,7 @@ from celery import Task
 
 from celery_dflock import signals
 from celery_dflock._celery import BaseTask, Ignore, backoff_interval, get_task_logger, task_stack
-from celery_dflock._runtime import AnyLock, HeldRecords, Runtime, get_runtime
+from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime
 from celery_dflock.config import (
     LOCK_OPTIONS,
     DflockConfig,
@@ -127,7 +127,7 @@ class _RunGuard:
         self.policy: OnLockLost = policy
         self.runtime = runtime
         self.lock: AnyLock | None = None
-        self.record: Any = None
+        self.record: HeldRecord | None = None
         self._state = threading.Lock()
         self._thread_id: int | None = None
         self._interrupt_sent = False
@@ -156,7 +156,8 @@ class _RunGuard:
         if ended:
             return  # the body is over: nothing left to interrupt or terminate
         if policy == "terminate":
-            HeldRecords.remove(self.record)
+            if self.record is not None:
+                self.record.remove()
             os.kill(os.getpid(), signal.SIGKILL)
         elif policy == "interrupt":
             with self._state:
@@ -394,8 +395,10 @@ class LockedTask(Task):
         request.dflock_key = key
         request.dflock_fence = lock.fence
         request.dflock_token = lock.token
-        if runtime.in_pool_child and runtime.records is not None and task_id:
-            guard.record = runtime.records.add(task_id, lock, options.limit)
+        if runtime.in_pool_child and task_id:
+            writer = runtime.held_writer()
+            if writer is not None:
+                guard.record = writer.add(task_id, lock, options.limit)
         try:
             try:
                 with guard.body():
@@ -409,7 +412,8 @@ class LockedTask(Task):
             try:
                 lock.release()
             finally:
-                HeldRecords.remove(guard.record)
+                if guard.record is not None:
+                    guard.record.remove()
                 for attr in (_REQUEST_LOCK, _REQUEST_KEY, _REQUEST_FENCE, _REQUEST_TOKEN):
                     setattr(request, attr, None)
 

@@ -1,8 +1,8 @@
 # pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
 # (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
 """What LockedTask works out once per task instead of per run still follows every change, and
-the fast paths (argument binding, key checks, routing, held-lock records) agree exactly with
-the slow ones they stand in for."""
+the fast paths (argument binding, key checks, routing) agree exactly with the slow ones they
+stand in for; a pool child's held-lock records are one file rewritten in place."""
 
 from __future__ import annotations
 
@@ -239,30 +239,75 @@ def test_one_server_routes_every_key_to_it_without_asking_the_strategy() -> None
 # ------------------------------------------------------------------ held-lock records
 
 
-def test_record_names_replace_the_same_characters_as_before() -> None:
-    def before(task_id: str) -> str:
-        return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in task_id)
-
-    for code in range(0x10000):
-        text = f"x{chr(code)}y"
-        assert HeldRecords._stem(text) == before(text)  # pyright: ignore[reportPrivateUsage]
-
-
 class _Held:
-    key = "report:1"
-    token = "0000000000000001a1b2c3d4e5f60718"
+    def __init__(self, key: str, token: str) -> None:
+        self.key = key
+        self.token = token
 
 
-def test_a_record_is_whole_private_and_found_by_task_id(tmp_path: Path) -> None:
+TOKEN_A = "0000000000000001a1b2c3d4e5f60718"
+TOKEN_B = "0000000000000002a1b2c3d4e5f60718"
+
+
+def _file_list(path: str) -> list[dict[str, Any]]:
+    return json.loads(Path(path).read_bytes())
+
+
+def test_a_child_keeps_one_record_file_rewritten_in_place(tmp_path: Path) -> None:
     records = HeldRecords(tmp_path)
-    path = records.add("task/1 ü", _Held(), 3)  # type: ignore[arg-type]
-    assert path is not None
-    assert os.stat(path).st_mode & 0o077 == 0
-    assert [p.name for p in tmp_path.iterdir()] == [f"task_1_ü.{os.getpid()}.json"]
-    ((found_path, entry),) = records.entries("task/1 ü")
-    assert str(found_path) == path
-    assert entry == {"key": "report:1", "token": _Held.token, "limit": 3, "pid": os.getpid()}
-    assert json.loads(Path(path).read_text()) == entry
-    HeldRecords.remove(path)
+    writer = records.writer()
+    outer = writer.add("task/1 ü", _Held("report:1", TOKEN_A), 3)  # type: ignore[arg-type]
+    assert outer is not None
+    path = writer.path
+    assert [p.name for p in tmp_path.iterdir()] == [f"{os.getpid()}.held"]
+    assert os.stat(path).st_mode & 0o777 == 0o600  # tokens are bearer credentials
+    first = {
+        "task_id": "task/1 ü",
+        "key": "report:1",
+        "token": TOKEN_A,
+        "limit": 3,
+        "pid": os.getpid(),
+    }
+    assert _file_list(path) == [first]
+    # a nested locked run (e.g. an eager call inside the task) adds to the same file
+    inner = writer.add("task-2", _Held("report:2", TOKEN_B), None)  # type: ignore[arg-type]
+    assert inner is not None
+    assert [e["task_id"] for e in _file_list(path)] == ["task/1 ü", "task-2"]
+    inode = os.stat(path).st_ino
+    inner.remove()
+    # shorter now: padded over what was there, so it still reads as exactly one entry
+    assert _file_list(path) == [first]
+    assert os.stat(path).st_ino == inode  # rewritten in place, not replaced
+    assert records.entries("task/1 ü") == [(Path(path), first)]
+    assert records.entries("task_1__") == []  # task ids are matched exactly
+    outer.remove()
+    outer.remove()  # idempotent
+    assert _file_list(path) == []
     assert records.entries() == []
-    HeldRecords.remove(path)  # idempotent
+    writer.close()
+    assert list(tmp_path.iterdir()) == []  # nothing recorded: the file goes with the writer
+
+
+def test_the_main_process_forgets_released_entries(tmp_path: Path) -> None:
+    records = HeldRecords(tmp_path)
+    writer = records.writer()
+    assert writer.add("t1", _Held("k1", TOKEN_A), None) is not None  # type: ignore[arg-type]
+    assert writer.add("t2", _Held("k2", TOKEN_B), 2) is not None  # type: ignore[arg-type]
+    # (the child dies here holding both; its writer is never closed)
+    ((path, entry),) = records.entries("t1")
+    records.forget(path, entry)
+    assert [e["task_id"] for _, e in records.entries()] == ["t2"]
+    ((path, entry),) = records.entries("t2")
+    records.forget(path, entry)
+    assert records.entries() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_file_left_by_an_earlier_process_with_this_pid_is_started_afresh(
+    tmp_path: Path,
+) -> None:
+    stale = tmp_path / f"{os.getpid()}.held"
+    stale.write_text(json.dumps([{"task_id": "old", "key": "k" * 200, "pid": os.getpid()}]))
+    writer = HeldRecords(tmp_path).writer()
+    assert writer.add("new", _Held("k", TOKEN_A), None) is not None  # type: ignore[arg-type]
+    assert [e["task_id"] for e in _file_list(writer.path)] == ["new"]
+    writer.close()
