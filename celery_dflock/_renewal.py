@@ -141,6 +141,7 @@ class _Schedule:
         self._waiters = 0
         self._leader = False
         self._wake_at = 0.0  # when the waiting leader wakes on its own
+        self._recent_interval: float | None = None  # of the renewal scheduled last
         self._busy: dict[int, float] = {}  # thread ident -> when it started its callback
 
     # ---------------------------------------------------------------- the locks' side
@@ -148,6 +149,7 @@ class _Schedule:
     def schedule(self, callback: RenewCallback, interval: float) -> Renewal:
         renewal = Renewal(self, callback, interval, time.monotonic() + interval)
         with self._mutex:
+            self._recent_interval = interval
             self._push(renewal)
             if self._leader:
                 if renewal.due < self._wake_at:
@@ -287,6 +289,12 @@ class _Schedule:
                 timeout = idle_since + self._linger_s - now
                 if timeout <= 0:
                     return None
+                if self._recent_interval is not None:
+                    # Wake by the time a lock granted now would be due (if it renews like the
+                    # last one did): granting it then needs no wake-up call. Otherwise a
+                    # short run (granted and released between two of the leader's wake-ups)
+                    # would wake the leader on every grant.
+                    timeout = min(timeout, self._recent_interval)
             self._leader = True
             self._wake_at = now + timeout
             try:

@@ -52,6 +52,32 @@ def test_grants_reuse_one_long_lived_thread(
     assert held_keys(dflock_server.address) == set()
 
 
+def _context_switches(thread: threading.Thread) -> int:
+    """Times ``thread`` has blocked so far (Linux: /proc/self/task/<tid>/status)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    (line,) = [ln for ln in status.splitlines() if ln.startswith("voluntary_ctxt_switches:")]
+    return int(line.split()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_grants_and_releases_do_not_wake_the_renewal_thread(
+    dflock_server: ServerThread, pool: ConnectionPool
+) -> None:
+    servers = [dflock_server.address]
+    before = _renewal_threads()
+    first = DistributedLock("wake-first", 0, servers=servers, pool=pool)
+    assert first.acquire() and first.release()
+    (thread,) = _renewal_threads() - before
+    switches = _context_switches(thread)
+    for i in range(300):
+        lock = DistributedLock(f"wake-{i}", 0, servers=servers, pool=pool)
+        assert lock.acquire()
+        assert lock.release()
+    # The thread sleeps until a renewal is due (none is, in these short holds): a grant
+    # that would wake it every time costs two context switches per run.
+    assert _context_switches(thread) - switches < 30
+
+
 def test_many_locks_share_few_threads_each_renewed_at_its_interval(
     dflock_server: ServerThread, pool: ConnectionPool
 ) -> None:
