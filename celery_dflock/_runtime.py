@@ -37,6 +37,7 @@ from celery_dflock.client import DistributedLock, DistributedSemaphore
 from celery_dflock.config import DflockConfig, LockOptions
 from celery_dflock.pool import ConnectionPool
 from celery_dflock.protocol import Command
+from celery_dflock.sharding import validate_servers
 
 __all__ = ["HeldRecords", "Runtime", "get_runtime", "pid_gone"]
 
@@ -175,20 +176,22 @@ class HeldWriter:
         self.pid = os.getpid()
         self.path = f"{directory}{os.sep}{self.pid}{_RECORD_SUFFIX}"
         self._guard = threading.Lock()
-        self._held: dict[int, dict[str, Any]] = {}
+        self._held: dict[int, str] = {}  # handle -> the entry as JSON
         self._next = 0
         self._fd: int | None = None
         self._size = 0
 
     def add(self, task_id: str, lock: AnyLock, limit: int | None) -> HeldRecord | None:
         """Record that this process holds ``lock`` for ``task_id`` (None if it could not)."""
-        entry = {
-            "task_id": task_id,
-            "key": lock.key,
-            "token": lock.token,
-            "limit": limit,
-            "pid": self.pid,
-        }
+        entry = json.dumps(
+            {
+                "task_id": task_id,
+                "key": lock.key,
+                "token": lock.token,
+                "limit": limit,
+                "pid": self.pid,
+            }
+        )
         with self._guard:
             self._next += 1
             handle = self._next
@@ -204,7 +207,7 @@ class HeldWriter:
                 self._write()
 
     def _write(self) -> bool:
-        data = json.dumps(list(self._held.values())).encode()
+        data = f"[{', '.join(self._held.values())}]".encode()
         if len(data) < self._size:
             data = data.ljust(self._size)  # JSON allows trailing whitespace
         try:
@@ -276,7 +279,7 @@ class Runtime:
         if settings is None or settings[0] is not config:
             # What every lock of this config and process shares, gathered once.
             shared: dict[str, Any] = {
-                "servers": config.servers,
+                "servers": validate_servers(config.servers),  # checked once, not per lock
                 "renew_ratio": config.renew_ratio,
                 "auth_token": config.auth_token,
                 "ssl_context": config.ssl_context,

@@ -89,10 +89,22 @@ class _SyncLockBase:
         self._op_lock = threading.RLock()  # renew / release / acquire never interleave
         self._renewal: Renewal | None = None  # the current grant's place in the renewal schedule
         self._own_renewer: Renewer | None = None  # without a pool: this lock's own
-        self.lost_event = threading.Event()
-        """Set when the held lock is lost (cleared by the next successful acquire)."""
+        self._lost_event: threading.Event | None = None  # made on first use (see lost_event)
+        self._lost_event_guard = threading.Lock()
 
     # ------------------------------------------------------------------ attributes
+    @property
+    def lost_event(self) -> threading.Event:
+        """Set when the held lock is lost (cleared by the next successful acquire)."""
+        event = self._lost_event
+        if event is None:
+            # Made when first asked for or set: most locks are never lost or waited on.
+            with self._lost_event_guard:
+                event = self._lost_event
+                if event is None:
+                    event = self._lost_event = threading.Event()
+        return event
+
     @property
     def key(self) -> str:
         """The lock key."""
@@ -240,7 +252,9 @@ class _SyncLockBase:
         return renewer
 
     def _start_renewing(self) -> None:
-        self.lost_event.clear()
+        event = self._lost_event
+        if event is not None:
+            event.clear()
         self._renewal = self._renewer().schedule(self._renew_due, self._core.renew_interval())
 
     def _renew_due(self, renewal: Renewal) -> bool:

@@ -64,6 +64,8 @@ MAX_STATS_LINE_BYTES: Final = 64 * 1024 * 1024
 
 _TOKEN_RE: Final = re.compile(rf"[0-9a-f]{{{constants.TOKEN_HEX_CHARS}}}")
 _ERROR_CODE_RE: Final = re.compile(r"error(_[a-z_]+)?")
+_GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([0-9]+)" % constants.TOKEN_HEX_CHARS)
+_RENEWED_LINE_RE: Final = re.compile(rb"ok ([0-9]+)")
 _WHITESPACE_RE: Final = re.compile(r"\s")
 """Matches exactly the characters ``str.isspace`` accepts (one scan in C, not a loop)."""
 
@@ -360,11 +362,27 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
     return Granted(token, _parse_uint(command, line, lease))
 
 
+_GRANTING: Final = frozenset({Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT})
+_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW})
+_ANSWERED_OK: Final = frozenset({Command.RELEASE, Command.SEM_RELEASE, Command.AUTH, Command.PING})
+_OK: Final = Ok()
+
+
 def decode_reply(command: Command, line: bytes) -> Reply:
     """Decode one reply line (without its ``\\n``; a trailing ``\\r`` is ignored).
 
     Raises `ProtocolError` when the line is not a valid reply to ``command``.
     """
+    # The usual replies first, matched whole; anything else takes the general path below,
+    # which decodes these exactly the same way.
+    if command in _ANSWERED_OK:
+        if line == b"ok":
+            return _OK
+    elif command in _GRANTING:
+        if (match := _GRANT_LINE_RE.fullmatch(line)) is not None:
+            return Granted(match[1].decode("ascii"), int(match[2]))
+    elif command in _RENEWING and (match := _RENEWED_LINE_RE.fullmatch(line)) is not None:
+        return Renewed(int(match[1]))
     if line.endswith(b"\r"):
         line = line[:-1]
     try:

@@ -139,9 +139,21 @@ def _strategy_name(strategy: object) -> str:
     return repr(strategy)
 
 
+class _CheckedServers(tuple[tuple[str, int], ...]):
+    """A servers tuple `validate_servers` made (and so need not check again)."""
+
+    __slots__ = ()
+
+
 def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
-    """Check a ``servers`` list and return it as a tuple; `ValueError` says what is wrong."""
-    return _validate_servers(servers)
+    """Check a ``servers`` list and return it as a tuple; `ValueError` says what is wrong.
+
+    The tuple returned is accepted as it is when given again (a caller that builds many locks
+    for one server list validates it once).
+    """
+    if type(servers) is _CheckedServers:
+        return servers
+    return _CheckedServers(_validate_servers(servers))
 
 
 def _validate_servers(servers: object) -> tuple[tuple[str, int], ...]:

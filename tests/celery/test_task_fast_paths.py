@@ -30,6 +30,7 @@ from celery_dflock.sharding import (
     rendezvous_shard,
     select_server,
     stable_hash_shard,
+    validate_servers,
 )
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
@@ -234,6 +235,14 @@ def test_one_server_routes_every_key_to_it_without_asking_the_strategy() -> None
         assert rendezvous_shard.shard_by_identity(key, ["10.0.0.1:6388"]) == 0
     with pytest.raises(ValueError, match="returned 7"):
         select_server("a", servers, lambda key, n: 7)  # other strategies are still asked
+
+
+def test_a_validated_server_list_is_taken_as_it_is_and_others_are_checked() -> None:
+    checked = validate_servers([("10.0.0.1", 6388), ("10.0.0.2", 6389)])
+    assert checked == (("10.0.0.1", 6388), ("10.0.0.2", 6389))
+    assert validate_servers(checked) is checked
+    with pytest.raises(ValueError, match="port"):
+        validate_servers((("10.0.0.1", 0),))  # a plain tuple is always checked
 
 
 # ------------------------------------------------------------------ held-lock records

@@ -1,0 +1,73 @@
+"""decode_reply's fast paths for the usual replies decode exactly as its general path does.
+
+The fast paths match a whole line without a trailing CR; the general path strips one CR
+first. So ``line`` and ``line + b"\\r"`` must always decode alike (or fail alike): the first
+may take a fast path, the second never does.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from celery_dflock import protocol
+from celery_dflock.errors import ProtocolError
+from celery_dflock.protocol import Command, decode_reply
+
+TOKEN = "0000000000000001a1b2c3d4e5f60718"
+
+hex_text = st.text(alphabet="0123456789abcdefABCDEF", min_size=30, max_size=34)
+digits = st.text(alphabet="0123456789", min_size=1, max_size=6)
+lines = st.one_of(
+    st.builds(lambda t, d: f"ok {t} {d}".encode(), hex_text, digits),
+    st.builds(lambda d: f"ok {d}".encode(), digits),
+    st.sampled_from([b"ok", b"ok ", b" ok", b"timeout", b"queued", b"error", b"error_auth"]),
+    st.builds(lambda d: f"ok {TOKEN} {d}".encode(), st.text(max_size=4)),
+    st.binary(max_size=50),
+)
+
+
+def _decoded(command: Command, line: bytes) -> object:
+    try:
+        return decode_reply(command, line)
+    except (ProtocolError, ValueError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(command=st.sampled_from(list(Command)), line=lines)
+def test_fast_and_general_paths_agree(command: Command, line: bytes) -> None:
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    assert _decoded(command, line) == _decoded(command, line + b"\r")
+
+
+@pytest.mark.parametrize(
+    ("command", "line", "reply"),
+    [
+        (Command.LOCK, f"ok {TOKEN} 33".encode(), protocol.Granted(TOKEN, 33)),
+        (Command.SEM_WAIT, f"ok {TOKEN} 007".encode(), protocol.Granted(TOKEN, 7)),
+        (Command.RENEW, b"ok 12", protocol.Renewed(12)),
+        (Command.RELEASE, b"ok", protocol.Ok()),
+        (Command.PING, b"ok", protocol.Ok()),
+    ],
+)
+def test_the_usual_replies(command: Command, line: bytes, reply: protocol.Reply) -> None:
+    assert decode_reply(command, line) == reply
+
+
+@pytest.mark.parametrize(
+    ("command", "line"),
+    [
+        (Command.LOCK, f"ok {TOKEN.upper()} 33".encode()),  # tokens are lowercase hex
+        (Command.LOCK, f"ok {TOKEN} 3x".encode()),
+        (Command.LOCK, b"ok"),  # a release's reply is not a grant
+        (Command.RELEASE, f"ok {TOKEN} 33".encode()),
+        (Command.RENEW, b"ok"),
+        (Command.ENQUEUE, f"ok {TOKEN} 33".encode()),  # an enqueue is granted "acquired"
+    ],
+)
+def test_near_misses_are_still_refused(command: Command, line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_reply(command, line)
