@@ -187,16 +187,22 @@ class Connection:
             sent = 0
         if sent < len(data):
             self._send_rest(data, sent, deadline)
+        poller = self._poller
+        assert poller is not None
         while True:
-            self._wait(_POLL_IN, deadline)
+            # (_wait(_POLL_IN, deadline), inlined: this runs for every request)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            if not poller.poll(math.ceil(remaining * 1000)):
+                continue  # woken early by rounding: the deadline decides above
             try:
                 chunk = sock.recv(RECV_BYTES)
             except BlockingIOError:
                 continue  # a spurious wake-up: wait again
             if not chunk:
                 raise _closed_by_peer(self.endpoint, command)
-            parser.feed(chunk)
-            if (reply := parser.next_reply(command)) is not None:
+            if (reply := parser.feed_reply(command, chunk)) is not None:
                 return reply
 
     def _send_rest(self, data: bytes, sent: int, deadline: float) -> None:

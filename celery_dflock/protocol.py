@@ -455,6 +455,23 @@ class ReplyParser:
         """Append received bytes."""
         self._buffer += data
 
+    def feed_reply(self, command: Command, data: bytes) -> Reply | None:
+        """`feed` ``data``, then `next_reply`: one call for the usual case.
+
+        When nothing is buffered and ``data`` is exactly one line within the limit (how a
+        reply almost always arrives), it is decoded without passing through the buffer.
+        """
+        if not self._buffer and data.endswith(b"\n"):
+            end = data.find(b"\n")
+            if end == len(data) - 1:
+                limit = (
+                    self.max_stats_line_bytes if command is Command.STATS else self.max_line_bytes
+                )
+                if end <= limit:
+                    return decode_reply(command, data[:end])
+        self._buffer += data
+        return self.next_reply(command)
+
     @property
     def buffered(self) -> int:
         """Bytes received and not yet consumed by a reply."""

@@ -71,3 +71,37 @@ def test_the_usual_replies(command: Command, line: bytes, reply: protocol.Reply)
 def test_near_misses_are_still_refused(command: Command, line: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_reply(command, line)
+
+
+def _step(parser: protocol.ReplyParser, command: Command, chunk: bytes, fast: bool) -> object:
+    try:
+        if fast:
+            return parser.feed_reply(command, chunk)
+        parser.feed(chunk)
+        return parser.next_reply(command)
+    except (ProtocolError, ValueError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    command=st.sampled_from(list(Command)),
+    chunks=st.lists(
+        st.one_of(
+            st.builds(lambda line: line + b"\n", lines),
+            st.binary(max_size=20),
+            st.sampled_from([b"\n", b"ok\nok\n", b"x" * 300 + b"\n"]),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    limit=st.sampled_from([256, 8]),
+)
+def test_feed_reply_is_feed_then_next_reply(
+    command: Command, chunks: list[bytes], limit: int
+) -> None:
+    fast = protocol.ReplyParser(max_line_bytes=limit)
+    slow = protocol.ReplyParser(max_line_bytes=limit)
+    for chunk in chunks:
+        assert _step(fast, command, chunk, True) == _step(slow, command, chunk, False)
+        assert fast.buffered == slow.buffered
