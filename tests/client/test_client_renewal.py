@@ -102,7 +102,7 @@ def test_many_locks_share_few_threads_each_renewed_at_its_interval(
     threads = _renewal_threads() - before
     # 31 locks, renewals every 0.5 s: a couple of threads (a spare keeps time while one
     # renews), never one per lock
-    assert 1 <= len(threads) <= 8, threads
+    assert 1 <= len(threads) <= 12, threads
     assert pool.renewer.thread_count == len(threads)
     for lock in [*short, long]:
         assert lock.release() is True
