@@ -417,7 +417,7 @@ def report(
         ["server", "client", "p50", "p99", "p50 / redis-py"],
         notes=[
             f"{p['client_iterations']} pairs each; DistributedLock(key, 0, pool=ConnectionPool()) "
-            "starts and stops its renewal thread per grant, as LockedTask does per run",
+            "schedules its renewal on the pool's renewal thread, as LockedTask does per run",
         ],
     )
     for name, (p50, p99) in client_stats.items():
