@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +46,13 @@ def holder(server: ServerThread, key: str) -> DistributedLock:
     lock = DistributedLock(key, acquire_timeout_s=2, servers=[server.address])
     assert lock.acquire()
     return lock
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then let go)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def free_now(server: ServerThread, key: str) -> bool:
@@ -365,11 +373,7 @@ def test_config_change_after_reset(server: ServerThread) -> None:
 
 
 def test_unreachable_server_fails_the_run_with_a_clear_error() -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = closed_port()
     app = Celery("unreachable", set_as_current=False)
     app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
     ran: list[int] = []
@@ -387,11 +391,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
     """autoretry_for=(ServerUnavailable,) retries a run whose lock server is down (Celery's
     own autoretry wraps only the body, which runs after the lock is taken); the run goes
     ahead, locked, once the server is back."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = closed_port()
     app = Celery("outage", set_as_current=False)
     app.conf.update(
         task_always_eager=True,
@@ -434,11 +434,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
 
 
 def test_without_autoretry_for_an_outage_fails_the_run() -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = closed_port()
     app = Celery("outage2", set_as_current=False)
     app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
 
