@@ -178,9 +178,8 @@ class Connection:
 
     def _exchange_polling(self, command: Command, data: bytes, deadline: float) -> Reply:
         """Send ``data`` and read the reply on the non-blocking socket, waiting with ``poll``."""
+        # The parser's buffer is empty here: bytes left after a reply close the connection.
         sock, parser = self._sock, self._parser
-        if parser.buffered and (reply := parser.next_reply(command)) is not None:
-            return reply  # (never: bytes left after a reply close the connection)
         try:
             sent = sock.send(data)
         except BlockingIOError:

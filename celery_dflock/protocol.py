@@ -463,12 +463,8 @@ class ReplyParser:
         """
         if not self._buffer and data.endswith(b"\n"):
             end = data.find(b"\n")
-            if end == len(data) - 1:
-                limit = (
-                    self.max_stats_line_bytes if command is Command.STATS else self.max_line_bytes
-                )
-                if end <= limit:
-                    return decode_reply(command, data[:end])
+            if end == len(data) - 1 and end <= self._line_limit(command):
+                return decode_reply(command, data[:end])
         self._buffer += data
         return self.next_reply(command)
 
@@ -477,9 +473,12 @@ class ReplyParser:
         """Bytes received and not yet consumed by a reply."""
         return len(self._buffer)
 
+    def _line_limit(self, command: Command) -> int:
+        return self.max_stats_line_bytes if command is Command.STATS else self.max_line_bytes
+
     def next_reply(self, command: Command) -> Reply | None:
         """The next reply to ``command``, or None until its whole line has been fed."""
-        limit = self.max_stats_line_bytes if command is Command.STATS else self.max_line_bytes
+        limit = self._line_limit(command)
         end = self._buffer.find(b"\n", self._scanned)
         if end < 0:
             self._scanned = len(self._buffer)

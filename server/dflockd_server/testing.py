@@ -19,6 +19,18 @@ _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 60.0
 
 
+def _is_wildcard(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::")
+
+
+def _connectable(host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``host`` (the loopback
+    address for a wildcard bind)."""
+    if not _is_wildcard(host):
+        return host
+    return "::1" if host == "::" else "127.0.0.1"
+
+
 class ServerThread:
     """A ``Server`` on its own event loop in a daemon thread.
 
@@ -63,10 +75,8 @@ class ServerThread:
         address = self.server.metrics_address
         if address is None:
             return None
-        host = address[0]
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        return f"http://{host}:{address[1]}/metrics"
+        host = _connectable(address[0])
+        return f"http://{f'[{host}]' if ':' in host else host}:{address[1]}/metrics"
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ServerThread:
@@ -98,9 +108,7 @@ class ServerThread:
     async def _main(self) -> None:
         await self.server.start()
         host, self._port = self.server.sockname
-        if self.config.host in ("", "0.0.0.0", "::"):
-            host = "127.0.0.1" if self.config.host != "::" else "::1"
-        self._host = host
+        self._host = _connectable(self.config.host) if _is_wildcard(self.config.host) else host
         self._ready.set()
         await self.server.serve_forever()
 
