@@ -28,6 +28,7 @@ from celery_dflock._core import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
+    JOIN_TIMEOUT_S,
     LockCore,
     LockState,
     redact,
@@ -315,9 +316,17 @@ class _AsyncLockBase:
             return False
         try:
             task, self._renew_task = self._renew_task, None
-            if task is not None and task is not asyncio.current_task():
+            current = asyncio.current_task()
+            if task is not None and task is not current:
                 task.cancel()
                 await asyncio.wait([task])
+            renewing = self._renewing
+            if renewing is not None and renewing is not current and not renewing.done():
+                # The shielded renewal goes on after its loop is cancelled; it, and the
+                # on_lost it may be running, end before the grant is forgotten here: that
+                # callback still reads the lost grant's fence (bounded, as in the sync
+                # release: an on_lost that waits for this release must not hang both).
+                await asyncio.wait([renewing], timeout=JOIN_TIMEOUT_S)
             async with self._op_lock:
                 released = await self._release_locked()
                 lost_here = self._core.lost and self._core.state is LockState.HELD

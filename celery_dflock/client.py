@@ -336,27 +336,25 @@ class _SyncLockBase:
             return False
         renewal = self._renewal
         if renewal is not None:
-            renewal.cancel()  # no renewal starts after this; one under way finishes first
-        try:
+            renewal.cancel()  # no renewal starts after this
+            # One under way, and the on_lost it may be running, ends before the grant is
+            # forgotten here: that callback still reads the lost grant's fence (not when
+            # release runs inside that on_lost).
+            renewal.wait(JOIN_TIMEOUT_S)
+            if self._renewal is renewal:
+                self._renewal = None
+        with self._op_lock:
+            released = self._release_locked()
+            lost_here = self._core.lost and self._core.state is LockState.HELD
+        if lost_here:
+            # The server no longer held the grant: lost before this release, never silent.
+            # Notified outside the operation lock (the callback may use the lock), with the
+            # fence still known; then forgotten.
+            self._notify_lost()
             with self._op_lock:
-                released = self._release_locked()
-                lost_here = self._core.lost and self._core.state is LockState.HELD
-            if lost_here:
-                # The server no longer held the grant: lost before this release, never silent.
-                # Notified outside the operation lock (the callback may use the lock), with
-                # the fence still known; then forgotten.
-                self._notify_lost()
-                with self._op_lock:
-                    if self._core.lost and self._core.state is LockState.HELD:
-                        self._core.reset()
-            return released
-        finally:
-            if renewal is not None:
-                # A renewal under way (and its on_lost) ends before release returns, as a
-                # joined renewal thread did; not when release runs inside that on_lost.
-                renewal.wait(JOIN_TIMEOUT_S)
-                if self._renewal is renewal:
-                    self._renewal = None
+                if self._core.lost and self._core.state is LockState.HELD:
+                    self._core.reset()
+        return released
 
     def _release_locked(self) -> bool:
         conn, self._conn = self._conn, None

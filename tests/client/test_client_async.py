@@ -244,6 +244,31 @@ async def test_refused_renewal_marks_the_lock_lost(
     assert await lock.release()
 
 
+async def test_on_lost_reads_the_lost_fence_while_a_release_races_it(
+    dflock_server: ServerThread,
+) -> None:
+    # A coroutine on_lost that awaits while a release comes in: the release waits for the
+    # renewal that is telling it, so the callback still reads the lost grant's fence.
+    in_callback = asyncio.Event()
+    seen: list[int | None] = []
+
+    async def on_lost(lk: AsyncDistributedLock) -> None:
+        in_callback.set()
+        await asyncio.sleep(0.3)  # the release below runs meanwhile
+        seen.append(lk.fence)
+
+    lock = AsyncDistributedLock(
+        "a:lost-fence", lease_ttl_s=1, servers=[dflock_server.address], on_lost=on_lost
+    )
+    assert await lock.acquire() and lock.token is not None
+    fence = lock.fence
+    release_behind_its_back(dflock_server.address, "a:lost-fence", lock.token)
+    await asyncio.wait_for(in_callback.wait(), 5)
+    assert await lock.release() is False
+    assert seen == [fence]
+    assert lock.fence is None and not lock.locked()
+
+
 async def test_server_restart_marks_the_lock_lost(
     dflock_server_factory: Callable[..., ServerThread], caplog: pytest.LogCaptureFixture
 ) -> None:

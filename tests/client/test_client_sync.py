@@ -504,6 +504,32 @@ def test_on_lost_may_release_from_the_renewal_thread(dflock_server: ServerThread
     assert not lock.locked()
 
 
+def test_on_lost_reads_the_lost_fence_while_a_release_races_it(
+    dflock_server: ServerThread,
+) -> None:
+    # The body ends and releases while the renewal thread is telling on_lost: the release
+    # waits for the callback, which still sees the fence of the grant that was lost (it used
+    # to read None: the release had forgotten the grant under it).
+    in_callback = threading.Event()
+    seen: list[int | None] = []
+
+    def on_lost(lk: DistributedLock) -> None:
+        in_callback.set()
+        time.sleep(0.3)  # the release below runs meanwhile
+        seen.append(lk.fence)
+
+    lock = DistributedLock(
+        "lost-fence", lease_ttl_s=1, servers=[dflock_server.address], on_lost=on_lost
+    )
+    assert lock.acquire() and lock.token is not None
+    fence = lock.fence
+    release_behind_its_back(dflock_server.address, "lost-fence", lock.token)
+    assert in_callback.wait(5.0)
+    assert lock.release() is False
+    assert seen == [fence]
+    assert lock.fence is None and not lock.locked()
+
+
 def test_explicit_renew(make: Maker) -> None:
     lock = make("manual-renew", lease_ttl_s=30)
     with pytest.raises(LockNotOwned, match="acquire"):
