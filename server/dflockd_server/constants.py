@@ -91,7 +91,25 @@ WRITE_BUFFER_HIGH_WATER: Final = 256 * 1024
 """Bytes of unsent replies after which a connection counts as not reading."""
 WRITE_BUFFER_LOW_WATER: Final = 64 * 1024
 MAX_PIPELINE_BUFFER: Final = 64 * 1024
-"""Bytes of pipelined requests buffered behind a blocking one before reading pauses."""
+"""Bytes of pipelined requests buffered behind a blocking one (or a later pass, see
+``MAX_REQUESTS_PER_PASS``) before reading pauses."""
+MAX_REQUESTS_PER_PASS: Final = 128
+"""Requests answered for one connection before the event loop turns to the others (a ``stats``
+request, whose cost grows with the table, ends the turn by itself): a client pipelining
+thousands of requests does not hold up every other connection until its whole read is
+answered."""
+FRAGMENT_READ_DELAY_S: Final = 0.05
+"""A connection whose reads keep ending mid-request (a second read in a row that completed no
+request) is not read again for this long; each further such read doubles the delay, up to
+``FRAGMENT_READ_DELAY_MAX_S``, and a completed request starts it over. Each delay is jittered
+(0.5-1.5 times). A slow or dripping sender's bytes are then read in batches instead of one
+wake-up per byte, and whole requests from other connections do not queue behind them."""
+FRAGMENT_READ_DELAY_MAX_S: Final = 1.0
+"""The longest fragment delay (before jitter); never more than a quarter of the read timeout."""
+STOP_SETTLE_S: Final = 1.0
+"""How long ``stop()`` waits, after closing every connection, for their transports to report
+that they are closed (a client that does not read its last reply holds its own up)."""
+STOP_SETTLE_POLL_S: Final = 0.001
 METRICS_LATENCY_BUCKETS_S: Final = (
     0.00005,
     0.0001,

@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import random
 import ssl
 import time
 from typing import Any, cast
@@ -45,6 +46,7 @@ _AUTH = c.CMD_AUTH.encode()
 _LOCK = c.CMD_LOCK.encode()
 _RELEASE = c.CMD_RELEASE.encode()
 _RENEW = c.CMD_RENEW.encode()
+_JITTER_MIN, _JITTER_MAX = 0.5, 1.5  # of a fragment delay
 _REFUSALS = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
@@ -71,10 +73,14 @@ class Connection(asyncio.Protocol):
         self.authed = server.secret is None
         self.default_lease = server.config.default_lease_ttl_s
         self.busy = False  # a request is in flight
+        self.more_scheduled = False  # buffered requests left for a later pass (fairness)
+        self.budget = 0  # requests the pass under way may still answer
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.closing = False
         self.reading_paused = False
         self.write_paused = False
+        self.read_delayed = False  # a dripping sender: read again after a fragment delay
+        self.fragment_delays = 0  # fragment delays since a request was last completed
         self.last_rx = 0.0
         self.waiter: Waiter | None = None
         self.wait_started = 0.0  # perf_counter() when the in-flight wait began (metrics on)
@@ -82,12 +88,14 @@ class Connection(asyncio.Protocol):
         self.wait_timer: asyncio.TimerHandle | None = None
         self.read_timer: asyncio.TimerHandle | None = None
         self.write_timer: asyncio.TimerHandle | None = None
+        self.delay_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport: no isinstance check here.
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
+        self.server.open_transports += 1
         peer: Any = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             self.ip = str(peer[0])  # pyright: ignore[reportUnknownArgumentType]
@@ -108,9 +116,10 @@ class Connection(asyncio.Protocol):
         log.debug("connection %d from %s", self.client.id, self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.server.open_transports -= 1
         self.closing = True
         self.framer.clear()
-        for timer in (self.wait_timer, self.read_timer, self.write_timer):
+        for timer in (self.wait_timer, self.read_timer, self.write_timer, self.delay_timer):
             if timer is not None:
                 timer.cancel()
         if self.waiter is not None:
@@ -137,11 +146,18 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.last_rx = self.loop.time()
-        self.framer.feed(data)
-        if not self.busy:
+        framer = self.framer
+        before = framer.buffered()  # > 0: the end of an unfinished request was awaited
+        framer.feed(data)
+        if not self.busy and not self.more_scheduled:
             self._process()
-        elif self.framer.buffered() > c.MAX_PIPELINE_BUFFER:
-            self._update_reading()
+            if before and framer.buffered() == before + len(data):
+                if not self.closing:
+                    self._delay_reading()  # a second read in a row that completed nothing
+            elif self.fragment_delays:
+                self.fragment_delays = 0
+        elif framer.buffered() > c.MAX_PIPELINE_BUFFER:
+            self._update_reading()  # a blocking request or a later pass holds the rest up
 
     def eof_received(self) -> bool | None:
         # No more requests can come: close (replies already written are flushed first).
@@ -161,16 +177,44 @@ class Connection(asyncio.Protocol):
             self.write_timer.cancel()
             self.write_timer = None
         if not self.busy and self.framer.buffered():
-            self.loop.call_soon(self._process)
+            self._process_later()
         self._update_reading()
 
     # ------------------------------------------------------------------ timers
+    def _delay_reading(self) -> None:
+        """Stop reading, for a fragment delay, a sender whose reads keep ending mid-request.
+
+        Each byte of a slowloris client costs the server a wake-up and a read; read after a
+        delay, its bytes come in one read instead. The delays double while the sender keeps
+        dripping, and their jitter keeps drippers that started together from being read
+        again together, in bursts that whole requests from other clients would wait behind.
+        A client that sends whole requests never gets here; a request that straddles three
+        reads or more waits ``FRAGMENT_READ_DELAY_S`` (jittered) for its third."""
+        if self.delay_timer is not None:
+            return  # already waiting one out (a read the loop had in hand when it paused)
+        self.read_delayed = True
+        self._update_reading()
+        delay = self.server.fragment_delay(self.fragment_delays)
+        self.fragment_delays += 1
+        self.delay_timer = self.loop.call_later(delay, self._delay_over)
+
+    def _delay_over(self) -> None:
+        self.delay_timer = None
+        self.read_delayed = False
+        self._update_reading()
+
     def _read_timer_fired(self) -> None:
         self.read_timer = None
         if self.closing:
             return
         timeout = self.server.config.read_timeout_s
         idle = self.loop.time() - self.last_rx
+        if self.read_delayed:
+            # Bytes may be waiting unread: judge idleness once the delay is over.
+            self.read_timer = self.loop.call_later(
+                max(timeout - idle, self.server.longest_fragment_delay), self._read_timer_fired
+            )
+            return
         if self.busy or idle < timeout:
             delay = timeout if self.busy else timeout - idle
             self.read_timer = self.loop.call_later(delay, self._read_timer_fired)
@@ -207,8 +251,13 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.closing:
             return
-        want_pause = self.write_paused or (
-            self.busy and self.framer.buffered() > c.MAX_PIPELINE_BUFFER
+        want_pause = (
+            self.write_paused
+            or self.read_delayed
+            or (
+                (self.busy or self.more_scheduled)
+                and self.framer.buffered() > c.MAX_PIPELINE_BUFFER
+            )
         )
         if want_pause != self.reading_paused:
             self.reading_paused = want_pause
@@ -236,20 +285,35 @@ class Connection(asyncio.Protocol):
             self.wait_command = b""
         self._write(reply)
         if self.framer.buffered():
-            self.loop.call_soon(self._process)
+            self._process_later()
         else:
             self._update_reading()
 
     # ------------------------------------------------------------------ requests
+    def _process_later(self) -> None:
+        """Answer the buffered requests on a later pass of the event loop."""
+        if not self.more_scheduled:
+            self.more_scheduled = True
+            self.loop.call_soon(self._process)
+
     def _process(self) -> None:
-        """Answer buffered requests in order until one blocks, the buffer runs dry, or the
-        client stops reading (replies are batched into one write per pass)."""
+        """Answer buffered requests in order until one blocks, the buffer runs dry, the
+        client stops reading, or the pass's budget is spent: ``MAX_REQUESTS_PER_PASS``
+        requests, or one ``stats`` (the rest wait for a later pass, after the other
+        connections had their turn). Replies are batched into one write per pass."""
+        self.more_scheduled = False
         out: list[bytes] = []
         pending = 0
         framer = self.framer
         transport = self.transport
         times = self.server.request_times
+        self.budget = c.MAX_REQUESTS_PER_PASS
         while not self.busy and not self.closing and not self.write_paused:
+            if self.budget <= 0:
+                if framer.buffered():
+                    self._process_later()
+                break
+            self.budget -= 1
             try:
                 frame = framer.next_frame()
             except p.LineTooLong:
@@ -278,7 +342,7 @@ class Connection(asyncio.Protocol):
                     pending = 0
         if out and transport is not None and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
-        if self.reading_paused or self.write_paused or self.busy:
+        if self.reading_paused or self.write_paused or self.busy or self.more_scheduled:
             self._update_reading()  # otherwise reading is on and stays on: nothing to do
 
     def _handle(self, frame: p.Frame) -> bytes | None:
@@ -332,6 +396,7 @@ class Connection(asyncio.Protocol):
             if command == c.CMD_PING:
                 return p.REPLY_OK
             if command == c.CMD_STATS:
+                self.budget = 0  # its cost grows with the table: the last request of the pass
                 stats = self.server.stats()
                 return p.reply_stats(json.dumps(stats, separators=(",", ":")))
             return self._auth(req.secret)
@@ -473,9 +538,16 @@ class Server:
         self.fence: FenceCounter | None = None
         self.connections_accepted = 0
         self.connections_refused = 0
+        self.open_transports = 0  # made and not yet lost, admitted or refused
         # Per-command request timing and its HTTP exporter, when metrics_port is set.
         self.request_times: RequestTimes | None = None
         self.metrics: MetricsExporter | None = None
+        self._jitter = random.Random()
+        cap = c.FRAGMENT_READ_DELAY_MAX_S
+        if self.config.read_timeout_s > 0:
+            cap = min(cap, self.config.read_timeout_s / 4)
+        self._fragment_delay_cap = cap
+        self.longest_fragment_delay = _JITTER_MAX * cap
 
     # ------------------------------------------------------------------ properties
     @property
@@ -554,6 +626,26 @@ class Server:
             self.metrics = exporter
             self.request_times = RequestTimes()
 
+    async def _stop_accepting(self, listener: asyncio.Server) -> None:
+        """Stop accepting, and let the connections accepted last get their transports before
+        the listener closes.
+
+        On asyncio's own loop (Python 3.11), a connection accepted in the turn before
+        ``close()`` gets its transport a turn later; after ``close()`` the transport's
+        constructor fails (``Server._attach`` asserts the server is open), and the loop drops
+        the error ("Error on transport creation", logged in debug mode only) without closing
+        the socket. Under a storm of new connections, a stopped embedded server left over a
+        thousand sockets for the garbage collector. Here those connections get their
+        transports first and are refused (the server is draining) and closed. uvloop does
+        not have the problem."""
+        loop = self.loop
+        if not isinstance(loop, asyncio.SelectorEventLoop):
+            return
+        for sock in listener.sockets:
+            loop.remove_reader(sock.fileno())
+        for _ in range(2):  # the accepting turn may come after this one in the same pass
+            await asyncio.sleep(0)
+
     @property
     def metrics_address(self) -> tuple[str, int] | None:
         """Where ``/metrics`` is served, or ``None`` when metrics are off."""
@@ -577,6 +669,7 @@ class Server:
         self._stopping = True
         self.draining = True
         if self._listener is not None:
+            await self._stop_accepting(self._listener)
             self._listener.close()
         assert self._idle is not None
         if self._busy:
@@ -591,6 +684,9 @@ class Server:
         # Let the transports deliver their last bytes and report connection_lost.
         for _ in range(3):
             await asyncio.sleep(0)
+        settled_by = self.loop.time() + c.STOP_SETTLE_S
+        while self.open_transports and self.loop.time() < settled_by:
+            await asyncio.sleep(c.STOP_SETTLE_POLL_S)
         if self._listener is not None:
             await self._listener.wait_closed()
         if self.metrics is not None:
@@ -636,6 +732,13 @@ class Server:
                 self._idle.clear()
             else:
                 self._idle.set()
+
+    def fragment_delay(self, earlier: int) -> float:
+        """How long a dripping sender goes unread after ``earlier`` delays in a row: doubling
+        from ``FRAGMENT_READ_DELAY_S`` up to the cap, jittered so that drippers delayed
+        together are not read again together."""
+        delay = min(c.FRAGMENT_READ_DELAY_S * 2 ** min(earlier, 16), self._fragment_delay_cap)
+        return delay * self._jitter.uniform(_JITTER_MIN, _JITTER_MAX)
 
     def stats(self) -> dict[str, Any]:
         return self.table.stats(len(self.connections))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import importlib
 import importlib.util
@@ -104,3 +105,18 @@ def dflockd_process() -> Iterator[Callable[..., DflockdProcess]]:
     yield start
     for proc in started:
         proc.kill()
+
+
+def _event_loops() -> list[Any]:
+    loops: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    if importlib.util.find_spec("uvloop") is None:
+        return loops
+    uvloop: Any = importlib.import_module("uvloop")
+    return [*loops, pytest.param(uvloop.new_event_loop, id="uvloop")]
+
+
+@pytest.fixture(params=_event_loops())
+def loop_factory(request: pytest.FixtureRequest) -> Callable[[], asyncio.AbstractEventLoop]:
+    """Each event loop the server runs on here: asyncio's, and uvloop's where installed."""
+    factory: Callable[[], asyncio.AbstractEventLoop] = request.param
+    return factory

@@ -1,9 +1,12 @@
-"""A minimal blocking line client for talking to the server byte by byte in tests."""
+"""A minimal blocking line client for talking to the server byte by byte in tests, and a poll
+for server state that no reply announces."""
 
 from __future__ import annotations
 
 import socket
 import ssl
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 from dflockd_server.fence import fence_of
@@ -89,3 +92,12 @@ class Wire:
 
 def fence(token: str) -> int:
     return fence_of(token)
+
+
+def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``check`` (server state no reply announces: queues, connection counts) until it
+    holds, or fail saying ``what`` was awaited."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.01)

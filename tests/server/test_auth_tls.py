@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,13 +15,6 @@ from dflockd_server.testing import ServerThread
 
 ServerFactory = Callable[..., ServerThread]
 SECRET = "correct horse battery staple"
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_auth_required_before_anything_else(dflock_server_factory: ServerFactory) -> None:

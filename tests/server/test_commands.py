@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from dflock_wire import Wire, fence
+from dflock_proc import DflockdProcess
+from dflock_wire import Wire, eventually, fence
 
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
@@ -24,15 +24,6 @@ def stats_of(wire: Wire) -> dict[str, Any]:
     assert status == "ok"
     result: dict[str, Any] = json.loads(payload)
     return result
-
-
-def eventually(check: Callable[[], bool], what: str) -> None:
-    """Poll a server-side condition that has no reply to wait on (GC, connection counts)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # ---------------------------------------------------------------------------------- locks
@@ -405,6 +396,73 @@ def test_pipelined_requests_answer_in_order(dflock_server: ServerThread) -> None
         assert a.req("r", "k", token) == "ok"
         assert b.recv().startswith("ok ")
         assert b.recv() == "ok"
+
+
+def _read_lines(wire: Wire, count: int, into: list[str]) -> threading.Thread:
+    """Read ``count`` reply lines from ``wire`` in a thread (so its replies never back up)."""
+
+    def run() -> None:
+        for _ in range(count):
+            into.append(wire.recv())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _grant_fences(replies: list[str]) -> list[int]:
+    grants = [reply for reply in replies if not reply.startswith("ok {")]
+    assert grants and all(reply.startswith("ok ") for reply in grants), grants[:3]
+    return [fence(reply.split()[1]) for reply in grants]
+
+
+def _pipeline_meets_other(address: tuple[str, int], pipeline: list[bytes]) -> tuple[list[int], int]:
+    """Send ``pipeline`` in one write, wait for its first reply, then acquire on another
+    connection: (the pipeline's grant fences, the other connection's fence)."""
+    with Wire(address) as piper, Wire(address) as other:
+        piper.send_raw(b"".join(pipeline))
+        first = piper.recv()  # the server has the pipeline and is answering it
+        replies: list[str] = [first]
+        reader = _read_lines(piper, len(pipeline) - 1, replies)
+        other_fence = fence(other.lock("other"))
+        reader.join(DEADLINE_S)
+        assert len(replies) == len(pipeline)
+        return _grant_fences(replies), other_fence
+
+
+def test_a_long_pipeline_takes_turns_with_other_connections(
+    dflockd_process: Callable[..., DflockdProcess],
+) -> None:
+    # Fifty turns' worth of acquires in one write: the server answers MAX_REQUESTS_PER_PASS
+    # of them, then lets the other connections in. Answered in one go, every grant of the
+    # pipeline would come before the other connection's (the dflockd process, not the
+    # in-process server: the test's threads must not share a GIL with the server).
+    address = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--max-locks", "10000"
+    ).wait_listening()
+    pipeline = [f"l\np{i}\n0\n".encode() for i in range(50 * constants.MAX_REQUESTS_PER_PASS)]
+    fences, other_fence = _pipeline_meets_other(address, pipeline)
+    assert other_fence < max(fences), "the pipeline was answered in one go"
+
+
+def test_a_pipeline_of_stats_takes_turns_with_other_connections(
+    dflockd_process: Callable[..., DflockdProcess],
+) -> None:
+    # A stats request ends its connection's turn (its cost grows with the table: 1,000 keys
+    # here): 60 stats between acquires, fewer requests in all than one turn's
+    # MAX_REQUESTS_PER_PASS.
+    address = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--max-locks", "10000"
+    ).wait_listening()
+    with Wire(address) as holder:
+        holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(1000)))
+        assert all(holder.recv().startswith("ok ") for _ in range(1000))
+        pipeline = [
+            b"stats\n_\n_\n" if i % 2 == 0 else f"l\ns{i}\n0\n".encode() for i in range(120)
+        ]
+        assert len(pipeline) < constants.MAX_REQUESTS_PER_PASS
+        fences, other_fence = _pipeline_meets_other(address, pipeline)
+        assert other_fence < max(fences), "the pipeline was answered in one go"
 
 
 def test_read_timeout_spares_a_connection_with_a_request_in_flight(

@@ -1,14 +1,24 @@
-"""Graceful shutdown of the real ``dflockd`` process on SIGTERM and SIGINT."""
+"""Graceful shutdown: the real ``dflockd`` process on SIGTERM and SIGINT, and an embedded
+server stopped under a storm of new connections."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import json
 import signal
-import time
+import socket
+import threading
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 from dflock_proc import DflockdProcess
-from dflock_wire import Wire
+from dflock_wire import Wire, eventually
+
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
 
 
 def waiters_on(wire: Wire, key: str) -> int:
@@ -17,10 +27,7 @@ def waiters_on(wire: Wire, key: str) -> int:
 
 
 def wait_queued(wire: Wire, key: str, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while waiters_on(wire, key) != n:
-        assert time.monotonic() < deadline, f"{key}: {n} waiter(s) never queued"
-        time.sleep(0.02)
+    eventually(lambda: waiters_on(wire, key) == n, f"{n} waiter(s) queued on {key}")
 
 
 def test_sigterm_drains_in_flight_work_then_exits_0(dflockd_process: Any) -> None:
@@ -69,3 +76,39 @@ def test_sigint_with_nothing_in_flight_exits_0_at_once(dflockd_process: Any) -> 
         assert proc.wait_exit(timeout=10) == 0  # the default 30 s drain is not waited out
         assert idle.closed_by_server()
     assert not any("Traceback" in line for line in proc.lines)
+
+
+def test_stop_under_a_connection_storm_closes_every_socket(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    # Connections accepted just before the listener closed are refused and closed before
+    # stop() returns; none is left for the garbage collector (an embedded server used to leave
+    # up to a backlog's worth of accepted sockets open on asyncio's loop).
+    srv = ServerThread(Config(host="127.0.0.1", port=0), loop_factory=loop_factory).start()
+    address = srv.address
+    halt = threading.Event()
+    clients: list[socket.socket] = []
+
+    def storm() -> None:
+        while not halt.is_set():
+            with contextlib.suppress(OSError):
+                clients.append(socket.create_connection(address, timeout=1.0))
+
+    stormers = [threading.Thread(target=storm) for _ in range(3)]
+    for thread in stormers:
+        thread.start()
+    try:
+        eventually(lambda: len(clients) >= 200, "the storm")
+        srv.stop()
+        assert srv.server.open_transports == 0
+    finally:
+        halt.set()
+        for thread in stormers:
+            thread.join()
+        for client in clients:
+            client.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed, f"{len(unclosed)} left open, e.g. {unclosed[:2]}"
