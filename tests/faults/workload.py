@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import math
 import multiprocessing
@@ -70,6 +71,7 @@ EVENT_TIMEOUT_S = 20.0
 POLL_S = 0.01
 STOP_TIMEOUT_S = 15.0
 DB_TIMEOUT_S = 60.0
+STACK_DUMP_WAIT_S = 0.5
 WRITE_TIMEOUT_S = 1.0
 """The server's write timeout in these runs (how long a client may leave replies unread)."""
 HEALTHY = "healthy"
@@ -265,10 +267,47 @@ def _long_hold_requested(cfg: WorkerConfig) -> float | None:
     return seconds
 
 
+class StopRequest:
+    """Set by a signal handler, waited on by the loop.
+
+    Not a bare ``threading.Event``: the handler runs in the main thread between two
+    bytecodes, and if that is inside the loop's own ``Event.wait``, while it holds the event's
+    lock, the handler's ``set()`` waits for that lock forever. (A worker hung at the end of one
+    CI run, right as its SIGTERM arrived, and wrote nothing; this is the likely cause.) The
+    handler here only writes a byte to a pipe; a thread reading the pipe sets the event. The
+    waits stay ``Event`` waits, whose timeouts run on the monotonic clock: a worker stopped
+    (SIGSTOP) in the middle of one is not kept waiting after SIGCONT for the time it was
+    stopped, as a ``select`` timeout would keep it.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._read_fd, self._write_fd = os.pipe()
+        self._requested = False
+        threading.Thread(target=self._watch, name="stop-request", daemon=True).start()
+
+    def _watch(self) -> None:
+        os.read(self._read_fd, 1)
+        self._event.set()
+
+    def set(self) -> None:
+        """From a signal handler: takes no lock."""
+        if not self._requested:
+            self._requested = True
+            os.write(self._write_fd, b"x")
+
+    def is_set(self) -> bool:
+        return self._requested
+
+    def wait(self, timeout: float) -> bool:
+        """Up to ``timeout`` s, or until set; True if set."""
+        return self._event.wait(timeout) or self._requested
+
+
 def run_worker(cfg: WorkerConfig) -> None:
     """The worker loop; ends (after its current attempt) on SIGTERM, or when orphaned (the
     process that started it is gone, say a test run that was killed)."""
-    stopping = threading.Event()
+    stopping = StopRequest()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
     Path(f"{cfg.history}.ready").touch()  # from now on SIGTERM stops it gracefully
     parent = multiprocessing.parent_process()  # not the fork server: whoever asked for us
@@ -336,7 +375,7 @@ def run_worker(cfg: WorkerConfig) -> None:
                 work = cfg.hold_s
                 long_hold = _long_hold_requested(cfg)
                 if long_hold is not None:
-                    history.emit(ev="long", id=attempt, key=key, fence=fence, t=now())
+                    history.emit(ev="long", id=attempt, key=key, fence=fence, t=now(), s=long_hold)
                     work = long_hold
                 # Simulated work inside the critical section (cut short by SIGTERM at the
                 # end of a run). Deliberately no check of lock.lost before writing: the
@@ -364,6 +403,8 @@ def _worker_process(cfg: WorkerConfig) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's own stderr
+    # A worker that does not stop when asked shows where it is stuck (see LockRun.finish).
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     run_worker(cfg)
 
 
@@ -408,6 +449,12 @@ def holds_from_events(client: str, events: list[dict[str, Any]]) -> list[Hold]:
             )
         elif kind == "grant":
             open_grants[event["id"]] = event
+        elif kind == "long":
+            # Announced before the long hold's wait: no release can come before it ends.
+            open_grants[event["id"]] = {
+                **open_grants[event["id"]],
+                "holding": event["t"] + event["s"],
+            }
         elif kind == "end":
             grant = open_grants.pop(event["id"])
             holds.append(_hold(client, grant, event))
@@ -417,6 +464,7 @@ def holds_from_events(client: str, events: list[dict[str, Any]]) -> list[Hold]:
 
 def _hold(client: str, grant: dict[str, Any], end: dict[str, Any] | None) -> Hold:
     return Hold(
+        holding_until=None if end is not None else grant.get("holding", grant["ok"]),
         key=grant["key"],
         client=client,
         requested_t=grant["req"],
@@ -580,7 +628,13 @@ class Worker:
 
     def stderr(self) -> str:
         path = Path(f"{self.cfg.history}.stderr")
-        return path.read_text()[-2000:] if path.exists() else ""
+        return path.read_text()[-4000:] if path.exists() else ""
+
+    def dump_stacks(self) -> None:
+        """Have a stuck worker write its threads' stacks to its stderr (faulthandler)."""
+        if self.alive():
+            self.signal(signal.SIGUSR1)
+            time.sleep(STACK_DUMP_WAIT_S)
 
     def kill(self) -> None:
         if self.alive():
@@ -833,6 +887,7 @@ class LockRun:
         for worker in everyone:
             if not worker.wait(STOP_TIMEOUT_S):
                 t = now()
+                worker.dump_stacks()
                 worker.kill()
                 self.cuts.append(Cut(t, worker.client, done_t=now()))
                 stuck.append(worker.client)
