@@ -50,11 +50,14 @@ START_TIMEOUT_S = 15.0
 COLLECT_TIMEOUT_S = 60.0
 
 P99_FLOOR_MS = 1.0
-"""The smallest quiet p99 the 10x rule is applied to. A quiet acquire + release on loopback
-takes 0.1-0.3 ms, and the p99 of that jitters by more than 10x from one second to the next on
-this shared 2-core machine: one scheduler wake-up of the server or of the healthy process,
-or a neighbouring test's burst, costs about a millisecond. Below 1 ms the quiet p99 measures
-the neighbours, not the server, so the bound is ``10 * max(quiet p99, 1 ms)``."""
+"""The smallest quiet p99 the 10x rule is applied to for the abuses that acceptance 3 does not
+name (connection floods, waiters past the cap, over-long lines, auth brute force, bad TLS).
+A quiet acquire + release on loopback takes 0.1-0.3 ms, and the p99 of that jitters by more
+than 10x from one second to the next on this shared 2-core machine: one scheduler wake-up of
+the server or of the healthy process, or a neighbouring test's burst, costs about a
+millisecond, and these abuses keep the machine's kernel busy (thousands of connects, hundreds
+of MiB of over-long lines). Slowloris and fuzzing, the two that acceptance 3 names, are held
+to the letter: ``floor_ms=0``."""
 ALLOWED_SLOWDOWN = 10.0
 INTERLUDE_MIN = 10
 INTERLUDE_MAX = 100
@@ -98,19 +101,21 @@ class Latencies:
         return f"p50 {self.p50:.2f} ms, p99 {self.p99:.2f} ms, max {self.max:.1f} ms, n={len(self)}"
 
 
-def p99_bound_ms(quiet: Latencies) -> float:
-    """The healthy p99 allowed under abuse: ``ALLOWED_SLOWDOWN * max(quiet p99, floor)``."""
-    return ALLOWED_SLOWDOWN * max(quiet.p99, P99_FLOOR_MS)
+def p99_bound_ms(quiet: Latencies, floor_ms: float = P99_FLOOR_MS) -> float:
+    """The healthy p99 allowed under abuse: ``ALLOWED_SLOWDOWN * max(quiet p99, floor_ms)``."""
+    return ALLOWED_SLOWDOWN * max(quiet.p99, floor_ms)
 
 
-def assert_p99_within_bound(quiet: Latencies, under: Latencies, what: str) -> None:
+def assert_p99_within_bound(
+    quiet: Latencies, under: Latencies, what: str, floor_ms: float = P99_FLOOR_MS
+) -> None:
     """Acceptance 3 for one abuse: the p99 under it stays below the bound (both taken from
     at least ``MIN_P99_SAMPLES`` cycles, or a p99 would be a maximum)."""
     for name, latencies in (("quiet", quiet), (what, under)):
         assert len(latencies) >= MIN_P99_SAMPLES, (
             f"only {len(latencies)} healthy cycles {name}: too few for a p99"
         )
-    bound = p99_bound_ms(quiet)
+    bound = p99_bound_ms(quiet, floor_ms)
     assert under.p99 < bound, (
         f"healthy client under {what}: {under.summary()}; quiet {quiet.summary()}; "
         f"bound {bound:.2f} ms"

@@ -3,15 +3,16 @@ past ``--max-waiters``, floods of over-long lines, auth brute force, TLS with th
 certificate.
 
 Each test starts its own server and a healthy client (its own process, looping acquire +
-release on its own key), abuses the server from a thread of lower CPU priority
-(``run_niced``), and samples the server's resident memory throughout. The healthy client's
-cycles are split into abuse spans and quiet spans: waves of abuse alternate with quiet
-interludes (``waves_of``, ``healthy.Phases``), or, for an abuse that is not cut into waves,
-quiet cycles are taken just before and just after it. The verdict (``judge_abuse``): the
-server did what PROTOCOL.md says to the abuser, the healthy p99 under the abuse stays below
-10x its quiet value (floor 1 ms, see ``healthy.P99_FLOOR_MS``), memory stays below a bound
-computed from the number of abusive connections (never from the bytes they send) and comes
-back to near its baseline afterwards, and the server logs no error.
+release on its own key), abuses the server from a thread that only gets the CPU the others
+leave (``run_abuser``: SCHED_IDLE), and samples the server's resident memory throughout. The
+healthy client's cycles are split into abuse spans and quiet spans: waves of abuse alternate
+with quiet interludes (``waves_of``, ``healthy.Phases``), or, for an abuse that is not cut into
+waves, quiet cycles are taken just before and just after it. The verdict (``judge_abuse``): the
+server did what PROTOCOL.md says to the abuser, the healthy p99 under the abuse stays below 10x
+its quiet value (slowloris and fuzzing, which acceptance 3 names, to the letter; the others
+with the quiet p99 floored at 1 ms, see ``healthy.P99_FLOOR_MS``), memory stays below a bound
+computed from the number of abusive connections (never from the bytes they send) and comes back
+to near its baseline afterwards, and the server logs no error.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from tests.faults.abuse_helpers import (
     read_until_closed,
     recv_line,
     rss_bound_kib,
-    run_niced,
+    run_abuser,
     server_stats,
     wait_for_connections,
 )
@@ -173,7 +174,7 @@ def test_slowloris(fault_report: FaultReport) -> None:
         baseline = server.rss_kib()
         phases.quiet(QUIET_SAMPLES)  # just before
         with RssWatch(server.pid) as rss, phases.abuse():
-            out = run_niced(lambda: _slowloris(address, attackers_n, rounds))
+            out = run_abuser(lambda: _slowloris(address, attackers_n, rounds))
         phases.quiet(QUIET_SAMPLES)  # and just after
         quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
         assert out.held == attackers_n, f"{attackers_n - out.held} dropped while dripping"
@@ -192,6 +193,7 @@ def test_slowloris(fault_report: FaultReport) -> None:
             after_kib=server.rss_kib(),
             bound_kib=rss_bound_kib(baseline, attackers_n),
             recovery_s=out.recovery_s,
+            p99_floor_ms=0.0,  # acceptance 3 names slowloris: 10x the quiet p99, no floor
             details=(
                 f"all {attackers_n} dripped pings answered; all kept through "
                 f"{out.drip_s:.1f} s of dripping (read timeout {SLOWLORIS_READ_TIMEOUT_S:g} s); "
@@ -248,7 +250,7 @@ def test_connection_flood_past_max_connections(fault_report: FaultReport) -> Non
                     assert newcomer.req("ping") == "ok"
 
         with RssWatch(server.pid) as rss:
-            run_niced(flood)
+            run_abuser(flood)
         quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
         waves = len(admitted_counts)
         # The asker of the previous wave's check may still be counted: one slot of slack.
@@ -304,7 +306,7 @@ def test_connection_flood_past_max_connections_per_ip(fault_report: FaultReport)
                 wait_for_connections(address, 1)
 
         with RssWatch(server.pid) as rss:
-            run_niced(flood)
+            run_abuser(flood)
         quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
         waves = len(admitted_counts)
         assert admitted_counts == [per_ip] * waves
@@ -327,6 +329,10 @@ def test_connection_flood_past_max_connections_per_ip(fault_report: FaultReport)
 
 
 # ---------------------------------------------------------------------- waiters
+CLOSE_BURST = 50
+"""Waiter and extra connections closed at once at the end of a round (see ``LINE_BURST``)."""
+
+
 def wait_for_waiters(address: tuple[str, int], key: str, count: int) -> None:
     """Until the server shows exactly ``count`` waiters on ``key``."""
 
@@ -400,8 +406,13 @@ def _waiters_round(
             sock.sendall(f"r\nhot\n{granted}\n".encode())
             assert recv_line(sock) == b"ok"
     finally:
-        _close_all(waiters)
-        _close_all(extras)
+        # In bursts, each seen through by the server before the next: the server's work for
+        # these closes belongs to this abuse span, not to the quiet interlude after it, and
+        # a mass disconnect is the connection floods' abuse, not this one's.
+        socks = waiters + extras
+        for end in range(CLOSE_BURST, len(socks) + CLOSE_BURST, CLOSE_BURST):
+            _close_all(socks[end - CLOSE_BURST : end])
+            wait_for_connections(address, 2 + max(0, len(socks) - end))
     tally.rounds += 1
 
 
@@ -429,7 +440,7 @@ def test_waiters_past_max_waiters(fault_report: FaultReport) -> None:
                 _waiters_round(address, holder, max_waiters, extra_connections, extra_each, tally)
 
         with RssWatch(server.pid) as rss:
-            run_niced(abuse)
+            run_abuser(abuse)
         quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
         assert tally.grants == tally.rounds * max_waiters and tally.double_grants == 0
         wait_for_connections(address, 2)
@@ -558,7 +569,7 @@ def test_flood_of_over_long_lines(fault_report: FaultReport) -> None:
                 assert holder.req("n", "lines-victim", f"{token} 60") == "ok 60"
 
         with RssWatch(server.pid) as rss:
-            run_niced(abuse)
+            run_abuser(abuse)
         quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
         wait_for_connections(address, 2, secret=SECRET)
         judge_abuse(
@@ -668,7 +679,7 @@ def test_auth_brute_force(fault_report: FaultReport) -> None:
         tally = BruteTally()
         phases.quiet(QUIET_SAMPLES)  # just before
         with RssWatch(server.pid) as rss, phases.abuse():
-            run_niced(lambda: _brute_force(address, guessers, impatient_s, tally))
+            run_abuser(lambda: _brute_force(address, guessers, impatient_s, tally))
         phases.quiet(QUIET_SAMPLES)  # and just after
         quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
         wait_for_connections(address, 1, secret=SECRET)
@@ -794,7 +805,7 @@ def test_tls_wrong_certificate(fault_report: FaultReport, tmp_path: Path) -> Non
             phases.quiet(QUIET_SAMPLES)  # just after
 
         with RssWatch(server.pid) as rss:
-            run_niced(abuse)
+            run_abuser(abuse)
         quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
         assert tally.stalled_dropped == stalled_n, (
             f"{stalled_n - tally.stalled_dropped} stalled handshakes kept"
