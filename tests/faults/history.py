@@ -55,6 +55,12 @@ class Hold:
     """The server answered ``ok`` to the release: the hold was valid until it got there."""
     renewed_t: tuple[float, ...] = ()
     """Send times of the renewals the server accepted."""
+    holding_until: float | None = None
+    """For a hold whose end was never recorded (``killed``): until when the client certainly
+    had not sent a release yet. Its grant's arrival at least; the end of a long hold it had
+    announced, if any. A client killed right after its release was answered, before it could
+    record it, leaves a hold that looks killed but was released: nothing proves it valid past
+    this moment."""
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -73,10 +79,15 @@ class Hold:
         lease ran at least until ``requested_t + lease_s``; an accepted renewal sent at ``s``
         proves it until ``s + lease_s``; an accepted release sent at ``r`` proves it until
         ``r``. A release, a server crash or a cut connection (``cut_t``) ends it in any case.
+        A hold whose end was never recorded is proven only until ``holding_until``.
         """
         proven = self.requested_t + self.lease_s
         for sent in self.renewed_t:
             proven = max(proven, sent + self.lease_s)
+        if self.outcome == "killed":
+            holding = self.holding_until if self.holding_until is not None else self.granted_t
+            if holding is not None:
+                proven = min(proven, holding)
         if self.released_t is not None:
             if self.release_ok:
                 proven = max(proven, self.released_t)

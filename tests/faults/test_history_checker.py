@@ -24,6 +24,7 @@ def hold(
     release_ok: bool | None = None,
     enqueued: float | None = None,
     renewed: tuple[float, ...] = (),
+    holding_until: float | None = None,
 ) -> Hold:
     return Hold(
         key=key,
@@ -37,6 +38,7 @@ def hold(
         released_t=released,
         release_ok=outcome == "released" if release_ok is None else release_ok,
         renewed_t=renewed,
+        holding_until=holding_until,
     )
 
 
@@ -89,21 +91,30 @@ def test_a_grant_delivered_late_proves_nothing_before_the_lease_started() -> Non
 
 
 def test_holds_cut_off_by_a_killed_client_end_at_the_cut() -> None:
-    # a was SIGKILLed at 0.3 while holding: the server freed the lock when the connection
-    # closed, well inside a's lease, and granted b.
-    holds = [hold("a", 10, 0.0, 0.01, None, outcome="killed"), hold("b", 11, 0.1, 0.31, 0.6)]
+    # a was SIGKILLed at 0.3 inside a long hold it had announced (until 1.0): the server
+    # freed the lock when the connection closed, well inside a's lease, and granted b.
+    holds = [
+        hold("a", 10, 0.0, 0.01, None, outcome="killed", holding_until=1.0),
+        hold("b", 11, 0.1, 0.31, 0.6),
+    ]
     assert [v.kind for v in check_double_grants(holds)] == ["double_grant"]  # without the cut
     assert kinds(holds, (Cut(0.3, "a", done_t=0.301),)) == []
     assert kinds(holds, (Cut(0.3, None),)) == []  # the server died instead
 
 
 def test_a_cut_of_another_client_does_not_end_a_hold() -> None:
-    holds = [hold("a", 10, 0.0, 0.01, None, outcome="killed"), hold("b", 11, 0.1, 0.31, 0.6)]
+    holds = [
+        hold("a", 10, 0.0, 0.01, None, outcome="killed", holding_until=1.0),
+        hold("b", 11, 0.1, 0.31, 0.6),
+    ]
     assert kinds(holds, (Cut(0.3, "c"),)) == ["double_grant"]
 
 
 def test_a_cut_before_the_request_does_not_end_the_hold() -> None:
-    holds = [hold("a", 10, 1.0, 1.01, None, outcome="killed"), hold("b", 11, 1.1, 1.31, 1.6)]
+    holds = [
+        hold("a", 10, 1.0, 1.01, None, outcome="killed", holding_until=2.0),
+        hold("b", 11, 1.1, 1.31, 1.6),
+    ]
     assert kinds(holds, (Cut(0.3, "a", done_t=0.31),)) == ["double_grant"]
 
 
@@ -112,6 +123,17 @@ def test_a_cut_injected_while_the_request_was_sent_may_end_the_hold() -> None:
     # fault may have cut the new connection too.
     holds = [hold("a", 10, 0.305, 0.31, None, outcome="killed"), hold("b", 11, 0.4, 0.5, 0.6)]
     assert kinds(holds, (Cut(0.3, "a", done_t=0.31),)) == []
+
+
+def test_a_killed_hold_is_proven_only_while_it_certainly_had_not_released() -> None:
+    # a was killed at 0.3, right after the server had answered its release (sent at 0.2) but
+    # before a could record it: the server rightly granted b at 0.25. Nothing proves a's hold
+    # past the arrival of its grant, unless a had announced a long hold.
+    holds = [hold("a", 10, 0.0, 0.01, None, outcome="killed"), hold("b", 11, 0.1, 0.25, 0.6)]
+    assert kinds(holds, (Cut(0.3, "a", done_t=0.301),)) == []
+    assert holds[0].valid_until() == 0.01
+    announced = hold("a", 10, 0.0, 0.01, None, outcome="killed", holding_until=1.0)
+    assert kinds([announced, holds[1]], (Cut(0.3, "a", done_t=0.301),)) == ["double_grant"]
 
 
 # ---------------------------------------------------------------------------- (a) double grants
@@ -280,6 +302,9 @@ def test_worker_events_become_holds(tmp_path: Any) -> None:
         '{"ev": "grant", "id": 3, "key": "k", "fence": 9, "req": 0.5, "enq": 0.51, '
         '"ok": 0.6, "lease": 2}',
         '{"ev": "end", "id": 3, "outc',  # torn by a SIGKILL
+        '{"ev": "grant", "id": 4, "key": "k", "fence": 11, "req": 0.7, "enq": null, '
+        '"ok": 0.8, "lease": 2}',
+        '{"ev": "long", "id": 4, "key": "k", "fence": 11, "t": 0.85, "s": 5.0}',
     ]
     path.write_text("\n".join(lines))
     holds = holds_from_events("w", read_events(path))
@@ -287,7 +312,9 @@ def test_worker_events_become_holds(tmp_path: Any) -> None:
         (7, "released", True),
         (None, "timeout", False),
         (9, "killed", False),
+        (11, "killed", False),
     ]
     assert holds[2].enqueued_t == 0.51
     assert holds[0].valid_until() == 0.2
-    assert holds[2].valid_until() == 0.5 + 2
+    assert holds[2].valid_until() == 0.6  # killed: proven only until its grant arrived
+    assert holds[3].valid_until() == 0.7 + 2  # inside an announced long hold: its lease
