@@ -10,7 +10,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,7 @@ from celery_dflock.sharding import (
     stable_hash_shard,
     validate_servers,
 )
-from dflockd_server import Config
 from dflockd_server.testing import ServerThread
-
-
-@pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with ServerThread(Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)) as s:
-        yield s
 
 
 def make_app(server: ServerThread, **conf: Any) -> Celery:
@@ -57,8 +50,8 @@ def make_app(server: ServerThread, **conf: Any) -> Celery:
 # ------------------------------------------------------------------ per-task caches
 
 
-def test_a_changed_task_attribute_applies_from_the_next_run(server: ServerThread) -> None:
-    app = make_app(server)
+def test_a_changed_task_attribute_applies_from_the_next_run(lock_server: ServerThread) -> None:
+    app = make_app(lock_server)
     seen: list[tuple[str, int]] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="attr:{n}", lock_ttl=20)
@@ -74,8 +67,8 @@ def test_a_changed_task_attribute_applies_from_the_next_run(server: ServerThread
     assert seen == [("attr:1", 20), ("changed:2", 25)]
 
 
-def test_call_options_win_over_what_was_worked_out_before(server: ServerThread) -> None:
-    app = make_app(server)
+def test_call_options_win_over_what_was_worked_out_before(lock_server: ServerThread) -> None:
+    app = make_app(lock_server)
     seen: list[tuple[str, int]] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="plan:{n}", lock_ttl=20)
@@ -90,8 +83,8 @@ def test_call_options_win_over_what_was_worked_out_before(server: ServerThread) 
     assert seen == [("plan:1", 20), ("call:2", 15), ("plan:3", 20)]
 
 
-def test_a_reset_config_applies_from_the_next_run(server: ServerThread) -> None:
-    app = make_app(server, dflock_key_prefix="one:")
+def test_a_reset_config_applies_from_the_next_run(lock_server: ServerThread) -> None:
+    app = make_app(lock_server, dflock_key_prefix="one:")
     seen: list[str] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="cfg:{n}")
@@ -106,8 +99,8 @@ def test_a_reset_config_applies_from_the_next_run(server: ServerThread) -> None:
     assert seen == ["one:cfg:1", "one:cfg:2", "two:cfg:3"]
 
 
-def test_a_replaced_run_function_gets_its_own_signature(server: ServerThread) -> None:
-    app = make_app(server)
+def test_a_replaced_run_function_gets_its_own_signature(lock_server: ServerThread) -> None:
+    app = make_app(lock_server)
 
     @app.task(shared=False, base=LockedTask, lock_key="run:{a}")
     def job(a: int) -> int:
