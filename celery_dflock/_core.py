@@ -187,6 +187,7 @@ class LockCore:
         self.lost = False
         self.pid: int | None = None
         self.lease_deadline = 0.0  # time.monotonic() by which the lease surely ends
+        self.enqueued_at: float | None = None  # when the `e` that queued us was sent
 
     # ---------------------------------------------------------------- naming
     @property
@@ -229,6 +230,14 @@ class LockCore:
         """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout."""
         interval = self.lease * self.renew_ratio
         return max(MIN_RENEW_INTERVAL_S, min(interval, MAX_RENEW_INTERVAL_S))
+
+    def first_renewal_in(self) -> float:
+        """Seconds to the first renewal of a new grant: at the usual point of the lease, as
+        far as the client knows where the lease stands (a grant collected by ``w`` may have
+        started when the lock was freed, before the ``w`` was sent)."""
+        interval = self.renew_interval()
+        remaining = self.lease_deadline - time.monotonic()
+        return max(0.0, min(interval, remaining - (self.lease - interval)))
 
     def reply_timeout(self, wait_s: int = 0) -> float:
         """How long to wait for a reply when the server was asked to wait ``wait_s``."""
@@ -313,16 +322,24 @@ class LockCore:
         (``queued`` leaves the state ENQUEUED, the connection stays pinned). Raises for refusals.
         """
         if isinstance(reply, Granted):
+            started = sent_at
+            if command in (Command.WAIT, Command.SEM_WAIT) and self.enqueued_at is not None:
+                # The server grants a queued lock when it is freed, and its lease runs from
+                # then, possibly long before this `w` was sent; the reply still carries the
+                # whole lease. The earliest that can be is when we enqueued.
+                started = self.enqueued_at
             self.state = LockState.HELD
             self.token = reply.token
             self.lease = reply.lease
             self.lost = False
             self.pid = os.getpid()
-            self.lease_deadline = sent_at + reply.lease
+            self.lease_deadline = started + reply.lease
+            self.enqueued_at = None
             return True
         if isinstance(reply, Queued):
             self.state = LockState.ENQUEUED
             self.pid = os.getpid()
+            self.enqueued_at = sent_at
             return False
         self.reset()
         if isinstance(reply, TimedOut):
@@ -388,6 +405,7 @@ class LockCore:
         self.token = None
         self.pid = None
         self.lease_deadline = 0.0
+        self.enqueued_at = None
 
     # ---------------------------------------------------------------- errors
     def error_for(self, command: Command, reply: ErrorReply) -> DflockError:

@@ -102,10 +102,13 @@ class Renewer:
         self._current = current
         return current
 
-    def schedule(self, callback: RenewCallback, interval: float) -> Renewal:
+    def schedule(
+        self, callback: RenewCallback, interval: float, first_in: float | None = None
+    ) -> Renewal:
         """Call ``callback(renewal)`` every ``interval`` s (counted from the end of the last
-        call) until it returns False or the renewal is cancelled."""
-        return self._schedule().schedule(callback, interval)
+        call) until it returns False or the renewal is cancelled; the first call comes after
+        ``first_in`` s (default: ``interval``)."""
+        return self._schedule().schedule(callback, interval, first_in)
 
     @property
     def thread_count(self) -> int:
@@ -146,8 +149,9 @@ class _Schedule:
 
     # ---------------------------------------------------------------- the locks' side
 
-    def schedule(self, callback: RenewCallback, interval: float) -> Renewal:
-        renewal = Renewal(self, callback, interval, time.monotonic() + interval)
+    def schedule(self, callback: RenewCallback, interval: float, first_in: float | None) -> Renewal:
+        due = time.monotonic() + (interval if first_in is None else first_in)
+        renewal = Renewal(self, callback, interval, due)
         with self._mutex:
             self._recent_interval = interval
             self._push(renewal)

@@ -221,15 +221,14 @@ class _AsyncLockBase:
     def _start_renewing(self) -> None:
         self.lost_event.clear()
         self._renew_task = asyncio.create_task(
-            self._renew_loop(), name=f"dflock-renew:{self._core.key}"
+            self._renew_loop(self._core.first_renewal_in()), name=f"dflock-renew:{self._core.key}"
         )
 
-    async def _renew_loop(self) -> None:
+    async def _renew_loop(self, first_in: float) -> None:
         interval = self._core.renew_interval()
-        while True:
+        await asyncio.sleep(first_in)
+        while await self._renew_shielded():
             await asyncio.sleep(interval)
-            if not await self._renew_shielded():
-                return
 
     async def _renew_shielded(self) -> bool | None:
         """Run one renewal in its own task, shielded: cancelling the caller does not

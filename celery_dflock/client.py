@@ -255,7 +255,10 @@ class _SyncLockBase:
         event = self._lost_event
         if event is not None:
             event.clear()
-        self._renewal = self._renewer().schedule(self._renew_due, self._core.renew_interval())
+        core = self._core
+        self._renewal = self._renewer().schedule(
+            self._renew_due, core.renew_interval(), core.first_renewal_in()
+        )
 
     def _renew_due(self, renewal: Renewal) -> bool:
         """Called by the renewer every interval; True to be called again."""

@@ -143,6 +143,27 @@ async def test_two_phase(make: Maker, dflock_server: ServerThread) -> None:
         await second.wait()
 
 
+async def test_a_grant_collected_late_by_wait_is_renewed_in_time(
+    make: Maker, dflock_server: ServerThread
+) -> None:
+    # As in the blocking client's test: the lease of a queued lock runs from when the server
+    # granted it, not from the `w` that collects it later.
+    lease, late = 3, 2.2
+    first = make("a:2p-late", lease_ttl_s=lease)
+    assert await first.acquire()
+    lost: list[AsyncLock] = []
+    second = make("a:2p-late", lease_ttl_s=lease, on_lost=lost.append)
+    assert await second.enqueue() is False
+    await first.release()  # the server grants `second` here
+    await asyncio.sleep(late)
+    assert await second.wait(5) is True
+    assert second.owned()
+    await asyncio.sleep(lease - late + 1.5)  # past the lease counted from the grant
+    assert lost == [] and second.owned()
+    assert _holders(dflock_server, "a:2p-late", make) == (1, 0)
+    assert await second.release() is True
+
+
 async def test_semaphore_limit_n(dflock_server: ServerThread) -> None:
     servers = [dflock_server.address]
     holders = [AsyncDistributedSemaphore("a:sem", 2, servers=servers) for _ in range(2)]

@@ -185,6 +185,33 @@ def test_two_phase_enqueue_and_wait(make: Maker) -> None:
     second.release()
 
 
+LATE_LEASE_S = 3
+LATE_WAIT_S = 2.2
+"""``wait()`` called this long after the queued lock was granted: inside its lease, but past
+the point where the first renewal would have come had the lease been counted from the grant."""
+
+
+def test_a_grant_collected_late_by_wait_is_renewed_in_time(
+    make: Maker, dflock_server: ServerThread
+) -> None:
+    # The server grants a queued lock as soon as it is freed, and its lease runs from then;
+    # `w` collects the grant later, with the whole lease in its reply. Counted from the `w`,
+    # the first renewal would come after the lease had run out on the server.
+    first = make("2p-late", lease_ttl_s=LATE_LEASE_S)
+    assert first.acquire()
+    lost: list[SyncLock] = []
+    second = make("2p-late", lease_ttl_s=LATE_LEASE_S, on_lost=lost.append)
+    assert second.enqueue() is False
+    first.release()  # the server grants `second` here
+    time.sleep(LATE_WAIT_S)
+    assert second.wait(5) is True
+    assert second.owned()
+    time.sleep(LATE_LEASE_S - LATE_WAIT_S + 1.5)  # past the lease counted from the grant
+    assert lost == [] and second.owned()
+    assert _holders(dflock_server, "2p-late", make) == (1, 0)
+    assert second.release() is True
+
+
 def test_wait_times_out_and_leaves_the_queue(make: Maker, dflock_server: ServerThread) -> None:
     with make("2p-timeout"):
         late = make("2p-timeout")
