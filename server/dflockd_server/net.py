@@ -12,8 +12,10 @@ import hmac
 import json
 import logging
 import random
+import socket
 import ssl
 import time
+from collections.abc import Sequence
 from typing import Any, cast
 
 from dflockd_server import constants as c
@@ -50,6 +52,34 @@ _JITTER_MIN, _JITTER_MAX = 0.5, 1.5  # of a fragment delay
 _REFUSALS = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
+def bind_listeners(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets for ``host:port`` bound as ``loop.create_server`` binds them: one per
+    address the host resolves to ("" for every interface), SO_REUSEADDR, IPv6 ones v6-only."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                why = (exc.strerror or str(exc)).lower()
+                raise OSError(
+                    exc.errno, f"error while attempting to bind on address {address!r}: {why}"
+                ) from None
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
+
+
 def build_ssl_context(cert: str, key: str) -> ssl.SSLContext:
     """A server-side TLS context from PEM files (TLS 1.2 or newer)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -77,6 +107,7 @@ class Connection(asyncio.Protocol):
         self.budget = 0  # requests the pass under way may still answer
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.closing = False
+        self.admitted = False  # counted against the caps before its TLS handshake
         self.reading_paused = False
         self.write_paused = False
         self.read_delayed = False  # a dripping sender: read again after a fragment delay
@@ -96,11 +127,8 @@ class Connection(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
         self.server.open_transports += 1
-        peer: Any = transport.get_extra_info("peername")
-        if isinstance(peer, tuple) and peer:
-            self.ip = str(peer[0])  # pyright: ignore[reportUnknownArgumentType]
-            self.peer = f"{self.ip}:{peer[1]}"
-        refusal = self.server.admit(self)
+        self.set_peer(transport.get_extra_info("peername"))
+        refusal = None if self.admitted else self.server.admit(self)
         if refusal is not None:
             log.debug("refused connection from %s: %s", self.peer, refusal)
             self.closing = True
@@ -114,6 +142,12 @@ class Connection(asyncio.Protocol):
                 self.server.config.read_timeout_s, self._read_timer_fired
             )
         log.debug("connection %d from %s", self.client.id, self.peer)
+
+    def set_peer(self, peer: Any) -> None:
+        """Record the peer's address (``peername``, or what ``accept`` returned)."""
+        if isinstance(peer, tuple) and peer:
+            self.ip = str(peer[0])  # pyright: ignore[reportUnknownArgumentType]
+            self.peer = f"{self.ip}:{peer[1]}"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.open_transports -= 1
@@ -531,7 +565,12 @@ class Server:
         self._idle: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
         self._stopping = False
-        self._listener: asyncio.Server | None = None
+        self._listener: asyncio.Server | None = None  # without TLS
+        # With TLS: our own listening sockets and accept loops, and the handshakes under way
+        # (each connection is admitted, and counted against the caps, before its handshake).
+        self._tls_listeners: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
+        self._handshakes: set[asyncio.Task[None]] = set()
         self._timers: list[asyncio.TimerHandle] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._table: LockTable | None = None
@@ -565,15 +604,16 @@ class Server:
     @property
     def port(self) -> int:
         """The bound port (useful with ``port=0``)."""
-        if self._listener is None or not self._listener.sockets:
-            raise RuntimeError("server not started")
-        return int(self._listener.sockets[0].getsockname()[1])
+        return self.sockname[1]
 
     @property
     def sockname(self) -> tuple[str, int]:
-        if self._listener is None or not self._listener.sockets:
+        sockets: Sequence[Any] = (
+            self._listener.sockets if self._listener is not None else self._tls_listeners
+        )
+        if not sockets:
             raise RuntimeError("server not started")
-        name: Any = self._listener.sockets[0].getsockname()
+        name: Any = sockets[0].getsockname()
         return str(name[0]), int(name[1])
 
     # ------------------------------------------------------------------ lifecycle
@@ -598,18 +638,15 @@ class Server:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = asyncio.Event()
-        self._listener = await loop.create_server(
-            lambda: Connection(self),
-            cfg.host,
-            cfg.port,
-            ssl=ssl_ctx,
-            # A connection still in its TLS handshake is idle as far as requests go: it gets
-            # the read timeout too (asyncio's default is 60 s, during which such a connection
-            # escapes the connection caps, which count from the end of the handshake).
-            ssl_handshake_timeout=(cfg.read_timeout_s or None) if ssl_ctx is not None else None,
-            reuse_address=True,
-            backlog=1024,
-        )
+        if ssl_ctx is None:
+            self._listener = await loop.create_server(
+                lambda: Connection(self), cfg.host, cfg.port, reuse_address=True, backlog=c.BACKLOG
+            )
+        else:
+            self._tls_listeners = bind_listeners(cfg.host, cfg.port, c.BACKLOG)
+            self._accepting = [
+                loop.create_task(self._accept_tls(sock, ssl_ctx)) for sock in self._tls_listeners
+            ]
         self._timers = [
             loop.call_later(cfg.lease_sweep_interval_s, self._sweep),
             loop.call_later(cfg.gc_interval_s, self._gc),
@@ -619,7 +656,9 @@ class Server:
             try:
                 exporter.start(cfg.metrics_host or cfg.host, cfg.metrics_port)
             except BaseException:
-                self._listener.close()
+                if self._listener is not None:
+                    self._listener.close()
+                await self._stop_tls()
                 for timer in self._timers:
                     timer.cancel()
                 raise
@@ -646,6 +685,73 @@ class Server:
         for _ in range(2):  # the accepting turn may come after this one in the same pass
             await asyncio.sleep(0)
 
+    async def _accept_tls(self, listener: socket.socket, ctx: ssl.SSLContext) -> None:
+        """Accept TLS connections on ``listener`` until cancelled.
+
+        The loop's own TLS server (``create_server(ssl=...)``) shows a connection to the
+        server only once its handshake is over: until then it is outside the connection caps
+        and ``stop()`` cannot close it. Here each connection is admitted (or refused and
+        closed) as it is accepted, then shakes hands in a task of its own."""
+        loop = self.loop
+        while True:
+            try:
+                sock, address = await loop.sock_accept(listener)
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                continue  # the peer gave up before we got to it
+            except OSError as exc:  # out of file descriptors or memory: let some go first
+                log.error(
+                    "cannot accept a connection: %s; trying again in %.0f s",
+                    exc,
+                    c.ACCEPT_RETRY_DELAY_S,
+                )
+                await asyncio.sleep(c.ACCEPT_RETRY_DELAY_S)
+                continue
+            conn = Connection(self)
+            conn.set_peer(address)
+            refusal = self.admit(conn)
+            if refusal is not None:
+                log.debug("refused connection from %s: %s", conn.peer, refusal)
+                sock.close()  # a FIN, nothing written, as without TLS
+                continue
+            conn.admitted = True
+            task = loop.create_task(self._handshake(conn, sock, ctx))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: Connection, sock: socket.socket, ctx: ssl.SSLContext) -> None:
+        """Shake hands on an admitted connection; it goes on as a ``Connection`` or, if the
+        handshake fails, times out (the read timeout) or is cancelled, is closed and
+        forgotten."""
+        made = False
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: conn,
+                sock,
+                ssl=ctx,
+                ssl_handshake_timeout=self.config.read_timeout_s or None,
+            )
+            made = True
+        except OSError as exc:  # ssl.SSLError is one, and so are resets and the timeout
+            log.debug("TLS handshake with %s failed: %s", conn.peer, exc)
+        finally:
+            if not made:
+                self.forget(conn)
+
+    async def _stop_tls(self) -> None:
+        """Stop the TLS accept loops, close their sockets and cancel the handshakes under
+        way (cancelling one closes its socket)."""
+        for task in self._accepting:
+            task.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
+        self._accepting = []
+        for sock in self._tls_listeners:
+            sock.close()
+        self._tls_listeners = []
+        handshakes = list(self._handshakes)
+        for task in handshakes:
+            task.cancel()
+        await asyncio.gather(*handshakes, return_exceptions=True)
+
     @property
     def metrics_address(self) -> tuple[str, int] | None:
         """Where ``/metrics`` is served, or ``None`` when metrics are off."""
@@ -671,6 +777,7 @@ class Server:
         if self._listener is not None:
             await self._stop_accepting(self._listener)
             self._listener.close()
+        await self._stop_tls()
         assert self._idle is not None
         if self._busy:
             try:

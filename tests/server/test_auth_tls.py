@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import socket
 import ssl
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from dflock_wire import Wire
+from dflock_wire import Wire, eventually
 
 from dflockd_server import Config, constants
 from dflockd_server.testing import ServerThread
@@ -127,3 +131,87 @@ def test_stalled_tls_handshakes_are_dropped_after_the_read_timeout(
         finally:
             for sock in stalled:
                 sock.close()
+
+
+HALF_HELLO = b"\x16\x03\x01"
+"""The first bytes of a TLS ClientHello: a handshake begun and never finished."""
+
+
+@contextmanager
+def _half_handshakes(address: tuple[str, int], n: int) -> Iterator[list[socket.socket]]:
+    """``n`` connections that start a TLS handshake and stall in it; closed on the way out."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.create_connection(address, timeout=5)
+            sock.sendall(HALF_HELLO)
+            socks.append(sock)
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _closed_by_the_server(sock: socket.socket) -> bool:
+    """True once the server has closed ``sock`` (EOF or a reset within 5 s), False if it is
+    still open then."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _tls_config(tls_files: tuple[Path, Path], **overrides: object) -> Config:
+    cert, key = tls_files
+    settings: dict[str, object] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "tls_cert": str(cert),
+        "tls_key": str(key),
+        "shutdown_timeout_s": 1,
+        **overrides,
+    }
+    return Config(**settings)  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize("cap", ["max_connections", "max_connections_per_ip"])
+def test_tls_handshakes_count_against_the_connection_caps(
+    tls_files: tuple[Path, Path],
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    cap: str,
+) -> None:
+    # A connection holds a slot from the moment it is accepted, handshake or not: connections
+    # that never finish theirs cannot pile up past the caps for the handshake timeout.
+    ctx = ssl.create_default_context(cafile=str(tls_files[0]))
+    with (
+        ServerThread(_tls_config(tls_files, **{cap: 4}), loop_factory=loop_factory) as srv,
+        _half_handshakes(srv.address, 4) as stalled,
+    ):
+        eventually(lambda: len(srv.server.connections) == 4, "4 connections in their handshake")
+        with _half_handshakes(srv.address, 1) as (extra,):
+            assert _closed_by_the_server(extra), "a connection past the cap was kept open"
+        stalled.pop().close()
+        eventually(lambda: len(srv.server.connections) == 3, "a slot freed")
+        with Wire(srv.address, ssl_context=ctx) as w:
+            assert w.req("ping") == "ok"
+        assert srv.server.connections_refused == 1
+
+
+def test_stop_closes_the_connections_in_their_tls_handshake(
+    tls_files: tuple[Path, Path], loop_factory: Callable[[], asyncio.AbstractEventLoop]
+) -> None:
+    srv = ServerThread(_tls_config(tls_files), loop_factory=loop_factory).start()
+    with _half_handshakes(srv.address, 20) as stalled:
+        eventually(lambda: len(srv.server.connections) == 20, "20 connections in their handshake")
+        srv.stop()
+        assert srv.server.connections == set()
+        still_open = [sock for sock in stalled if not _closed_by_the_server(sock)]
+        assert not still_open, f"{len(still_open)} of 20 left open by stop()"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed, f"{len(unclosed)} left for the garbage collector, e.g. {unclosed[:2]}"
