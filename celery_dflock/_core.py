@@ -186,7 +186,9 @@ class LockCore:
         self.lease = 0
         self.lost = False
         self.pid: int | None = None
-        self.lease_deadline = 0.0  # time.monotonic() by which the lease surely ends
+        # time.monotonic() until which the lease surely runs, and by which it surely ends
+        self.lease_deadline = 0.0
+        self.lease_latest_end = 0.0
         self.enqueued_at: float | None = None  # when the `e` that queued us was sent
 
     # ---------------------------------------------------------------- naming
@@ -244,8 +246,10 @@ class LockCore:
         return wait_s + REPLY_GRACE_S
 
     def renew_reply_timeout(self) -> float:
-        """A renewal answered after the lease ran out is useless: wait at most that long."""
-        remaining = self.lease_deadline - time.monotonic()
+        """A renewal answered after the lease surely ran out is useless: wait at most that
+        long. (Not only until ``lease_deadline``: after a late ``w`` the lease may run well
+        past it, and the renewal sent at once to find out must get its answer.)"""
+        remaining = self.lease_latest_end - time.monotonic()
         return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, remaining))
 
     # ---------------------------------------------------------------- requests
@@ -334,6 +338,7 @@ class LockCore:
             self.lost = False
             self.pid = os.getpid()
             self.lease_deadline = started + reply.lease
+            self.lease_latest_end = time.monotonic() + reply.lease
             self.enqueued_at = None
             return True
         if isinstance(reply, Queued):
@@ -360,6 +365,7 @@ class LockCore:
         """Interpret the reply to ``n``/``sn``."""
         if isinstance(reply, Renewed):
             self.lease_deadline = sent_at + reply.seconds_remaining
+            self.lease_latest_end = time.monotonic() + reply.seconds_remaining
             return RenewOutcome(renewed=True)
         code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
         if code == constants.STATUS_ERROR:
@@ -405,6 +411,7 @@ class LockCore:
         self.token = None
         self.pid = None
         self.lease_deadline = 0.0
+        self.lease_latest_end = 0.0
         self.enqueued_at = None
 
     # ---------------------------------------------------------------- errors

@@ -34,6 +34,7 @@ from celery_dflock import (
 )
 from celery_dflock.client import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
 from dflockd_server.testing import ServerThread
+from tests.faults.proxy import FaultProxy
 
 SyncLock = _SyncLockBase
 
@@ -210,6 +211,32 @@ def test_a_grant_collected_late_by_wait_is_renewed_in_time(
     assert lost == [] and second.owned()
     assert _holders(dflock_server, "2p-late", make) == (1, 0)
     assert second.release() is True
+
+
+def test_a_wait_longer_than_the_lease_keeps_the_lock_over_a_slow_link(
+    make: Maker, dflock_server: ServerThread
+) -> None:
+    # A `w` that blocked for longer than the lease: the client cannot tell when the grant
+    # began, so it renews at once, and that renewal gets the usual time to be answered (not
+    # the 0.1 s left for a lease known to have run out), here over a 150 ms link.
+    lost: list[SyncLock] = []
+    with FaultProxy(dflock_server.address).start() as proxy:
+        first = make("2p-slow", lease_ttl_s=LATE_LEASE_S)
+        assert first.acquire()
+        second = make(
+            "2p-slow", lease_ttl_s=LATE_LEASE_S, servers=[proxy.address], on_lost=lost.append
+        )
+        assert second.enqueue() is False
+        proxy.set_latency(0.15)
+        releasing = threading.Timer(LATE_LEASE_S + 1.0, first.release)
+        releasing.start()
+        try:
+            assert second.wait(10) is True
+        finally:
+            releasing.join()
+        time.sleep(1.0)
+        assert lost == [] and second.owned()
+        assert second.release() is True
 
 
 def test_wait_times_out_and_leaves_the_queue(make: Maker, dflock_server: ServerThread) -> None:
