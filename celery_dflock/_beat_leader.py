@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from celery_dflock._threads import leave_signals_to_the_main_thread
 from celery_dflock.errors import DflockError
 
 __all__ = ["LeaderLock", "Leadership"]
@@ -154,6 +155,7 @@ class Leadership:
         logger.warning("beat: lost %s (%s); stopped sending, back to standby", self.describe, why)
 
     def _run(self) -> None:
+        leave_signals_to_the_main_thread()
         unreachable = False
         while not self._stop.is_set():
             lock: LeaderLock | None = None

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from celery_dflock._threads import leave_signals_to_the_main_thread
+
 __all__ = ["MAX_RENEWAL_THREADS", "Renewal", "Renewer"]
 
 logger: Final = logging.getLogger("celery_dflock.client")
@@ -232,6 +234,7 @@ class _Schedule:
             raise
 
     def _loop(self) -> None:
+        leave_signals_to_the_main_thread()
         renewal: Renewal | None = None
         keep = False
         try:

@@ -37,6 +37,7 @@ from celery_dflock._runtime import (
     pid_gone,
     reset_runtime_after_fork,
 )
+from celery_dflock._threads import leave_signals_to_the_main_thread
 from celery_dflock.config import get_config
 from celery_dflock.errors import DflockError
 
@@ -146,11 +147,15 @@ class _Hooks:
     def _release_orphans_soon(self, task_id: str) -> None:
         # The consumer's thread must not block on a dying child: wait in a thread.
         threading.Thread(
-            target=self._release_orphans,
-            args=(task_id, CHILD_EXIT_WAIT_S),
+            target=self._release_orphans_in_a_thread,
+            args=(task_id,),
             name=f"dflock-orphan-{task_id}",
             daemon=True,
         ).start()
+
+    def _release_orphans_in_a_thread(self, task_id: str) -> None:
+        leave_signals_to_the_main_thread()
+        self._release_orphans(task_id, CHILD_EXIT_WAIT_S)
 
     def _release_orphans(self, task_id: str | None, wait_s: float) -> None:
         runtime = get_runtime(self.app)

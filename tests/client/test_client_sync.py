@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
@@ -627,3 +628,31 @@ def test_renew_and_release_do_not_interleave(
         assert len(results) == 8 and "lost" not in results
     assert held_keys(dflock_server.address) == set()
     assert pool.idle_count() == 1
+
+
+def _blocks(thread: threading.Thread, signum: int) -> bool:
+    """Whether ``thread`` blocks ``signum`` (its signal mask, from /proc)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:"))
+    return bool(int(mask, 16) & (1 << (signum - 1)))
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self").exists(), reason="per-thread masks from /proc")
+def test_renewal_threads_leave_the_process_signals_to_the_main_thread(
+    dflock_server: ServerThread,
+) -> None:
+    # A SIGTERM sent to the process must reach the main thread, even while it blocks it for a
+    # moment (billiard's pool children do, and a SIGTERM taken by a renewal thread then
+    # killed them mid-message: test_locked_task_endings.py shows the pool that stopped).
+    with DistributedLock("sigmask", servers=[dflock_server.address]):
+        wait_until(
+            lambda: any(t.name.startswith("dflock-renew") for t in threading.enumerate()),
+            what="a renewal thread",
+        )
+        renewers = [t for t in threading.enumerate() if t.name.startswith("dflock-renew")]
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            wait_until(
+                lambda signum=signum: all(_blocks(t, signum) for t in renewers),
+                what=f"renewal threads blocking signal {signum}",
+            )
+        assert not _blocks(threading.main_thread(), signal.SIGTERM)
