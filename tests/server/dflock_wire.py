@@ -3,9 +3,11 @@ for server state that no reply announces."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import ssl
 import time
+import warnings
 from collections.abc import Callable
 from types import TracebackType
 
@@ -101,3 +103,12 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> N
     while not check():
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(0.01)
+
+
+def unclosed_after_gc() -> list[str]:
+    """What a garbage collection finds left open (its ResourceWarnings): sockets and
+    transports that whoever made them never closed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 import ssl
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-from dflock_wire import Wire, eventually
+from dflock_wire import Wire, eventually, unclosed_after_gc
 
 from dflockd_server import Config, constants
 from dflockd_server.testing import ServerThread
@@ -98,26 +97,14 @@ def test_tls_with_auth(dflock_server_factory: ServerFactory, tls_files: tuple[Pa
         Wire(srv.address, ssl_context=ssl.create_default_context())
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_stalled_tls_handshakes_are_dropped_after_the_read_timeout(
-    tls_files: tuple[Path, Path], loop: str
+    tls_files: tuple[Path, Path], loop_factory: Callable[[], asyncio.AbstractEventLoop]
 ) -> None:
     """TLS works on both loops; a connection that never finishes its handshake is dropped
     after the read timeout (not asyncio's 60 s), and the server goes on serving."""
-    cert, key = tls_files
-    factory = None
-    if loop == "uvloop":
-        factory = pytest.importorskip("uvloop").new_event_loop
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        tls_cert=str(cert),
-        tls_key=str(key),
-        read_timeout_s=1.0,
-        shutdown_timeout_s=1,
-    )
-    ctx = ssl.create_default_context(cafile=str(cert))
-    with ServerThread(config, loop_factory=factory) as srv:
+    ctx = ssl.create_default_context(cafile=str(tls_files[0]))
+    config = _tls_config(tls_files, read_timeout_s=1.0)
+    with ServerThread(config, loop_factory=loop_factory) as srv:
         with Wire(srv.address, ssl_context=ctx) as w:
             token = w.lock("k")
             assert w.req("r", "k", token) == "ok"
@@ -164,17 +151,17 @@ def _closed_by_the_server(sock: socket.socket) -> bool:
         return False
 
 
-def _tls_config(tls_files: tuple[Path, Path], **overrides: object) -> Config:
+def _tls_config(tls_files: tuple[Path, Path], **overrides: Any) -> Config:
+    """A TLS server on 127.0.0.1, any port, that stops within a second."""
     cert, key = tls_files
-    settings: dict[str, object] = {
-        "host": "127.0.0.1",
-        "port": 0,
-        "tls_cert": str(cert),
-        "tls_key": str(key),
-        "shutdown_timeout_s": 1,
+    return Config(
+        host="127.0.0.1",
+        port=0,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        shutdown_timeout_s=1,
         **overrides,
-    }
-    return Config(**settings)  # pyright: ignore[reportArgumentType]
+    )
 
 
 @pytest.mark.parametrize("cap", ["max_connections", "max_connections_per_ip"])
@@ -210,8 +197,5 @@ def test_stop_closes_the_connections_in_their_tls_handshake(
         assert srv.server.connections == set()
         still_open = [sock for sock in stalled if not _closed_by_the_server(sock)]
         assert not still_open, f"{len(still_open)} of 20 left open by stop()"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        gc.collect()
-    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    unclosed = unclosed_after_gc()
     assert not unclosed, f"{len(unclosed)} left for the garbage collector, e.g. {unclosed[:2]}"

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import signal
 import socket
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from dflock_proc import DflockdProcess
-from dflock_wire import Wire, eventually
+from dflock_wire import Wire, eventually, unclosed_after_gc
 
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
@@ -107,8 +105,5 @@ def test_stop_under_a_connection_storm_closes_every_socket(
             thread.join()
         for client in clients:
             client.close()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        gc.collect()
-    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    unclosed = unclosed_after_gc()
     assert not unclosed, f"{len(unclosed)} left open, e.g. {unclosed[:2]}"
