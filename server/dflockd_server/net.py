@@ -127,8 +127,10 @@ class Connection(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
         self.server.open_transports += 1
-        self.set_peer(transport.get_extra_info("peername"))
-        refusal = None if self.admitted else self.server.admit(self)
+        refusal = None
+        if not self.admitted:  # a TLS connection was admitted, its peer known, when accepted
+            self.set_peer(transport.get_extra_info("peername"))
+            refusal = self.server.admit(self)
         if refusal is not None:
             log.debug("refused connection from %s: %s", self.peer, refusal)
             self.closing = True
