@@ -25,6 +25,9 @@ from celery_dflock.pool import AsyncConnectionPool, ConnectionPool
 from celery_dflock.sharding import ShardingStrategy, rendezvous_shard, stable_hash_shard
 from celery_dflock.task import SKIPPED, LockedTask
 
+__version__ = "0.2.0"
+"""This release (the ``dflockd-server`` it depends on has the same version)."""
+
 __all__ = [
     "SKIPPED",
     "AsyncConnectionPool",
@@ -47,6 +50,7 @@ __all__ = [
     "ServerUnavailable",
     "ShardingStrategy",
     "SingletonScheduler",
+    "__version__",
     "rendezvous_shard",
     "stable_hash_shard",
 ]

@@ -7,12 +7,19 @@ import sys
 from collections.abc import Sequence
 
 
+def _version() -> str:
+    from celery_dflock import __version__
+
+    return __version__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run the sub-command."""
     parser = argparse.ArgumentParser(
         prog="celery-dflock",
         description="Distributed locks for Celery tasks and beat, backed by dflockd.",
     )
+    parser.add_argument("--version", action="version", version=f"celery-dflock {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo",

@@ -4,4 +4,7 @@ from dflockd_server import constants
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.net import Server
 
-__all__ = ["Config", "ConfigError", "Server", "constants"]
+__version__ = "0.2.0"
+"""This release; ``celery-dflock`` of the same version depends on exactly this one."""
+
+__all__ = ["Config", "ConfigError", "Server", "__version__", "constants"]

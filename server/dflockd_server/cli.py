@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+from dflockd_server import __version__
 from dflockd_server.config import SETTINGS, Config, ConfigError, Setting, parse_bool
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.metrics import MetricsError, metrics_available
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Protocol and settings: see PROTOCOL.md. Example: dflockd --port 7000",
     )
+    parser.add_argument("--version", action="version", version=f"dflockd {__version__}")
     for setting in SETTINGS:
         env = " (alias ".join(setting.env) + (")" if len(setting.env) > 1 else "")
         help_text = f"{setting.help} [env {env}; default {_default_text(setting)}]"

@@ -1,0 +1,150 @@
+"""The two distributions as a user gets them: built, installed by name in fresh venvs on every
+CPython 3.11+ this machine has, their metadata and their ``--version``."""
+
+from __future__ import annotations
+
+import email
+from email.message import Message
+import os
+import shutil
+import subprocess
+import tarfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import celery_dflock
+import dflockd_server
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHONS = ("3.11", "3.12", "3.13")
+
+pytestmark = pytest.mark.slow
+
+
+def _uv(*args: str, cwd: Path = ROOT) -> str:
+    uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in $UV
+    assert uv, "these tests build with uv (`uv run pytest` or uv on PATH)"
+    done = subprocess.run(
+        [uv, *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"uv {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def _find_python(version: str) -> str | None:
+    """A working interpreter of ``version`` on this machine: on PATH, or under pyenv's root
+    (whose shims answer only for the selected version)."""
+    candidates: list[str] = [f"python{version}"]
+    pyenv_root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
+    if pyenv_root.returncode == 0:
+        root = Path(pyenv_root.stdout.strip()) / "versions"
+        candidates += [str(p) for p in sorted(root.glob(f"{version}.*/bin/python{version}"))]
+    for candidate in candidates:
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both distributions built from this checkout (wheels and sdists) into one folder."""
+    out = tmp_path_factory.mktemp("dist")
+    _uv("build", "--all-packages", "--out-dir", str(out))
+    return out
+
+
+def _one(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    assert len(found) == 1, f"{pattern}: {found}"
+    return found[0]
+
+
+def _wheel_metadata(wheel: Path) -> Message:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return email.message_from_bytes(archive.read(name))
+
+
+def test_versions_agree_and_the_server_is_pinned() -> None:
+    client = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    server = tomllib.loads((ROOT / "server" / "pyproject.toml").read_text())["project"]
+    assert client["version"] == server["version"] == celery_dflock.__version__
+    assert dflockd_server.__version__ == celery_dflock.__version__
+    assert f"dflockd-server=={server['version']}" in client["dependencies"]
+
+
+def test_wheels_carry_license_classifiers_and_the_pin(dist: Path) -> None:
+    version = celery_dflock.__version__
+    client = _wheel_metadata(_one(dist, "celery_dflock-*.whl"))
+    server = _wheel_metadata(_one(dist, "dflockd_server-*.whl"))
+    for meta in (client, server):
+        assert meta["Version"] == version
+        assert meta["License-Expression"] == "MIT"
+        assert meta.get_all("License-File") == ["LICENSE"]
+        classifiers = meta.get_all("Classifier") or []
+        assert "Typing :: Typed" in classifiers
+        for python in PYTHONS:
+            assert f"Programming Language :: Python :: {python}" in classifiers
+        assert meta.get_payload(), "the long description (readme) is missing"
+    assert "Framework :: Celery" in (client.get_all("Classifier") or [])
+    requires = client.get_all("Requires-Dist") or []
+    assert f"dflockd-server=={version}" in requires
+    assert any(r.startswith("celery[redis]") and "extra == 'redis'" in r for r in requires)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "package"),
+    [("celery_dflock-*.tar.gz", "celery_dflock"), ("dflockd_server-*.tar.gz", "dflockd_server")],
+)
+def test_sdists_carry_the_package_and_nothing_else(dist: Path, pattern: str, package: str) -> None:
+    with tarfile.open(_one(dist, pattern)) as archive:
+        names = [name.split("/", 1)[1] for name in archive.getnames() if "/" in name]
+    tops = {name.split("/", 1)[0] for name in names}
+    assert {package, "LICENSE", "README.md", "pyproject.toml", "PKG-INFO"} <= tops
+    # hatchling adds the project's .gitignore, so that a build from the sdist ignores the same.
+    allowed = {package, "LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "PKG-INFO"}
+    assert tops <= allowed | {".gitignore"}
+
+
+@pytest.mark.parametrize("version", PYTHONS)
+def test_installed_by_name_in_a_fresh_venv(dist: Path, tmp_path: Path, version: str) -> None:
+    """`pip install celery-dflock` resolves (the server from the same folder, the rest from the
+    package index), and both commands print the same version."""
+    python = _find_python(version)
+    if python is None:
+        pytest.skip(f"no CPython {version} on this machine")
+    venv = tmp_path / "venv"
+    _uv("venv", "--quiet", "--python", python, str(venv), cwd=tmp_path)
+    _uv(
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(venv / "bin" / "python"),
+        "--find-links",
+        str(dist),
+        "celery-dflock",
+        cwd=tmp_path,
+    )
+    version_lines = [
+        subprocess.run(
+            [str(venv / "bin" / command), "--version"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=tmp_path,
+        ).stdout.strip()
+        for command in ("celery-dflock", "dflockd")
+    ]
+    expected = celery_dflock.__version__
+    assert version_lines == [f"celery-dflock {expected}", f"dflockd {expected}"]
