@@ -4,13 +4,13 @@ CPython 3.11+ this machine has, their metadata and their ``--version``."""
 from __future__ import annotations
 
 import email
-from email.message import Message
 import os
 import shutil
 import subprocess
 import tarfile
 import tomllib
 import zipfile
+from email.message import Message
 from pathlib import Path
 
 import pytest
