@@ -118,8 +118,8 @@ def test_sdists_carry_the_package_and_nothing_else(dist: Path, pattern: str, pac
 
 @pytest.mark.parametrize("version", PYTHONS)
 def test_installed_by_name_in_a_fresh_venv(dist: Path, tmp_path: Path, version: str) -> None:
-    """`pip install celery-dflock` resolves (the server from the same folder, the rest from the
-    package index), and both commands print the same version."""
+    """`pip install celery-dflock[redis]` resolves (the server from the same folder, the rest
+    from the package index), and both commands print the same version."""
     python = _find_python(version)
     if python is None:
         pytest.skip(f"no CPython {version} on this machine")
@@ -133,7 +133,7 @@ def test_installed_by_name_in_a_fresh_venv(dist: Path, tmp_path: Path, version: 
         str(venv / "bin" / "python"),
         "--find-links",
         str(dist),
-        "celery-dflock",
+        "celery-dflock[redis]",  # as the README installs it
         cwd=tmp_path,
     )
     version_lines = [
