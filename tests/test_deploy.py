@@ -1,0 +1,140 @@
+"""deploy/: the Kubernetes manifests against the Kubernetes schemas, the Prometheus rules with
+promtool (checked and unit-tested), and every series the rules and the Grafana dashboard use
+against what a real server exposes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+import celery_dflock
+from dflockd_server import Config
+from dflockd_server.config import SETTINGS
+from dflockd_server.testing import ServerThread
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+RULES = DEPLOY / "prometheus" / "dflockd-rules.yml"
+RULES_TEST = DEPLOY / "prometheus" / "dflockd-rules.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "dflockd-dashboard.json"
+# The oldest Kubernetes still in common use, and the newest the schemas know.
+KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")
+
+
+def _documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in MANIFESTS:
+        docs += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return docs
+
+
+def _by_kind(kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in _documents() if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return doc["spec"]["template"]["spec"]["containers"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_manifests_validate_against_the_kubernetes_schemas(version: str) -> None:
+    docs = _documents()
+    assert {d["kind"] for d in docs} >= {
+        "StatefulSet",
+        "Service",
+        "PodDisruptionBudget",
+        "Deployment",
+    }
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_manifests_fit_the_server_and_each_other() -> None:
+    server = _containers(_by_kind("StatefulSet", "dflockd"))[0]
+    known = {name for setting in SETTINGS for name in setting.env}
+    env_names = {e["name"] for e in server["env"]}
+    assert env_names <= known, f"unknown server variables: {env_names - known}"
+    assert server["image"].endswith(f":{celery_dflock.__version__}")
+    probe = ["python", "-m", "dflockd_server.health"]
+    assert server["readinessProbe"]["exec"]["command"] == probe
+    assert server["livenessProbe"]["exec"]["command"] == probe
+    service = _by_kind("Service", "dflockd")
+    port = next(e["value"] for e in server["env"] if e["name"] == "DFLOCKD_PORT")
+    assert {p["port"] for p in service["spec"]["ports"]} >= {int(port)}
+    # Every worker and every beat names the same servers: the one Service.
+    servers = {
+        e["value"]
+        for name in ("celery-worker", "celery-beat")
+        for c in _containers(_by_kind("Deployment", name))
+        for e in c["env"]
+        if e["name"] == "DFLOCK_SERVERS"
+    }
+    assert servers == {f"dflockd:{port}"}
+
+
+def _promtool() -> str | None:
+    path = shutil.which("promtool")
+    if path is None and os.environ.get("CI") == "true":
+        pytest.fail("promtool is missing (.ci/run installs Debian's prometheus package)")
+    return path
+
+
+def test_alert_rules_pass_promtool_check_and_their_unit_tests() -> None:
+    promtool = _promtool()
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    for args in (["check", "rules", RULES.name], ["test", "rules", RULES_TEST.name]):
+        done = subprocess.run(
+            [promtool, *args], cwd=RULES.parent, capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _series_used() -> set[str]:
+    texts = [RULES.read_text()]
+    dashboard = json.loads(DASHBOARD.read_text())
+    texts += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    texts += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
+    return set(re.findall(r"\bdflockd_[a-z_]+", "\n".join(texts)))
+
+
+def test_rules_and_dashboard_use_only_series_the_server_exposes() -> None:
+    server = ServerThread(Config(host="127.0.0.1", port=0, metrics_port=0)).start()
+    try:
+        # One request, so that the per-command histogram has a child to expose.
+        with socket.create_connection((server.host, server.port), timeout=5) as conn:
+            conn.sendall(b"ping\n_\n_\n")
+            assert conn.recv(64) == b"ok\n"
+        url = server.metrics_url
+        assert url is not None
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode()
+    finally:
+        server.stop()
+    exposed = {
+        sample.name for family in text_string_to_metric_families(text) for sample in family.samples
+    }
+    used = _series_used()
+    assert used, "the rules and the dashboard query no dflockd series"
+    assert used <= exposed, f"not exposed by the server: {sorted(used - exposed)}"
+
+
+def test_dashboard_panels_are_well_formed() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}"
