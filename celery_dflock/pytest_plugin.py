@@ -8,6 +8,9 @@
   ``app.conf``.
 * ``dflock_configure`` -- a function ``configure(app) -> app`` pointing an
   existing app at that server (drops the app's cached dflock config).
+* ``dflock_session_server`` and ``dflock_session_celery_config`` -- the same, one
+  server for the whole test session, for Celery's session-scoped ``celery_config``,
+  ``celery_session_app`` and ``celery_session_worker``.
 
 Example, with Celery's own fixtures::
 
@@ -31,7 +34,14 @@ from celery_dflock.config import reset_config
 if TYPE_CHECKING:
     from dflockd_server.testing import ServerThread
 
-__all__ = ["configure_app", "dflock_celery_config", "dflock_configure", "dflock_server"]
+__all__ = [
+    "configure_app",
+    "dflock_celery_config",
+    "dflock_configure",
+    "dflock_server",
+    "dflock_session_celery_config",
+    "dflock_session_server",
+]
 
 AppT = TypeVar("AppT")
 
@@ -44,9 +54,7 @@ def configure_app(app: AppT, server: ServerThread) -> AppT:
     return app
 
 
-@pytest.fixture
-def dflock_server() -> Iterator[ServerThread]:
-    """A lock server in this process on 127.0.0.1 and a free port."""
+def _serve() -> Iterator[ServerThread]:
     from dflockd_server import Config
     from dflockd_server.testing import ServerThread
 
@@ -54,10 +62,34 @@ def dflock_server() -> Iterator[ServerThread]:
         yield server
 
 
+def _celery_config(server: ServerThread) -> dict[str, Any]:
+    return {"dflock_servers": f"{server.host}:{server.port}"}
+
+
+@pytest.fixture
+def dflock_server() -> Iterator[ServerThread]:
+    """A lock server in this process on 127.0.0.1 and a free port, for one test."""
+    yield from _serve()
+
+
 @pytest.fixture
 def dflock_celery_config(dflock_server: ServerThread) -> dict[str, Any]:
     """Celery settings that point an app at ``dflock_server``."""
-    return {"dflock_servers": f"{dflock_server.host}:{dflock_server.port}"}
+    return _celery_config(dflock_server)
+
+
+@pytest.fixture(scope="session")
+def dflock_session_server() -> Iterator[ServerThread]:
+    """A lock server in this process on 127.0.0.1 and a free port, for the whole session
+    (a test that ends holding a lock leaves it held for the next: release what you take)."""
+    yield from _serve()
+
+
+@pytest.fixture(scope="session")
+def dflock_session_celery_config(dflock_session_server: ServerThread) -> dict[str, Any]:
+    """Celery settings that point an app at ``dflock_session_server``: merge them into
+    Celery's session-scoped ``celery_config``."""
+    return _celery_config(dflock_session_server)
 
 
 @pytest.fixture

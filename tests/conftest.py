@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,3 +64,11 @@ def redis_required() -> None:
         if os.environ.get(REQUIRE_REDIS_ENV) == "1":
             pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both distributions of this checkout (wheels and sdists), built once per session."""
+    from venvs import build_dist
+
+    return build_dist(tmp_path_factory.mktemp("dist"))

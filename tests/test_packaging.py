@@ -4,8 +4,6 @@ CPython 3.11+ this machine has, their metadata and their ``--version``."""
 from __future__ import annotations
 
 import email
-import os
-import shutil
 import subprocess
 import tarfile
 import tomllib
@@ -14,53 +12,14 @@ from email.message import Message
 from pathlib import Path
 
 import pytest
+from venvs import ROOT, find_python, make_venv
 
 import celery_dflock
 import dflockd_server
 
-ROOT = Path(__file__).resolve().parent.parent
 PYTHONS = ("3.11", "3.12", "3.13")
 
 pytestmark = pytest.mark.slow
-
-
-def _uv(*args: str, cwd: Path = ROOT) -> str:
-    uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in $UV
-    assert uv, "these tests build with uv (`uv run pytest` or uv on PATH)"
-    done = subprocess.run(
-        [uv, *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"uv {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
-
-
-def _find_python(version: str) -> str | None:
-    """A working interpreter of ``version`` on this machine: on PATH, or under pyenv's root
-    (whose shims answer only for the selected version)."""
-    candidates: list[str] = [f"python{version}"]
-    pyenv_root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
-    if pyenv_root.returncode == 0:
-        root = Path(pyenv_root.stdout.strip()) / "versions"
-        candidates += [str(p) for p in sorted(root.glob(f"{version}.*/bin/python{version}"))]
-    for candidate in candidates:
-        probe = subprocess.run(
-            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if probe.returncode == 0 and probe.stdout.strip() == version:
-            return candidate
-    return None
-
-
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Both distributions built from this checkout (wheels and sdists) into one folder."""
-    out = tmp_path_factory.mktemp("dist")
-    _uv("build", "--all-packages", "--out-dir", str(out))
-    return out
 
 
 def _one(folder: Path, pattern: str) -> Path:
@@ -83,10 +42,10 @@ def test_versions_agree_and_the_server_is_pinned() -> None:
     assert f"dflockd-server=={server['version']}" in client["dependencies"]
 
 
-def test_wheels_carry_license_classifiers_and_the_pin(dist: Path) -> None:
+def test_wheels_carry_license_classifiers_and_the_pin(built_dist: Path) -> None:
     version = celery_dflock.__version__
-    client = _wheel_metadata(_one(dist, "celery_dflock-*.whl"))
-    server = _wheel_metadata(_one(dist, "dflockd_server-*.whl"))
+    client = _wheel_metadata(_one(built_dist, "celery_dflock-*.whl"))
+    server = _wheel_metadata(_one(built_dist, "dflockd_server-*.whl"))
     for meta in (client, server):
         assert meta["Version"] == version
         assert meta["License-Expression"] == "MIT"
@@ -106,8 +65,10 @@ def test_wheels_carry_license_classifiers_and_the_pin(dist: Path) -> None:
     ("pattern", "package"),
     [("celery_dflock-*.tar.gz", "celery_dflock"), ("dflockd_server-*.tar.gz", "dflockd_server")],
 )
-def test_sdists_carry_the_package_and_nothing_else(dist: Path, pattern: str, package: str) -> None:
-    with tarfile.open(_one(dist, pattern)) as archive:
+def test_sdists_carry_the_package_and_nothing_else(
+    built_dist: Path, pattern: str, package: str
+) -> None:
+    with tarfile.open(_one(built_dist, pattern)) as archive:
         names = [name.split("/", 1)[1] for name in archive.getnames() if "/" in name]
     tops = {name.split("/", 1)[0] for name in names}
     assert {package, "LICENSE", "README.md", "pyproject.toml", "PKG-INFO"} <= tops
@@ -117,28 +78,18 @@ def test_sdists_carry_the_package_and_nothing_else(dist: Path, pattern: str, pac
 
 
 @pytest.mark.parametrize("version", PYTHONS)
-def test_installed_by_name_in_a_fresh_venv(dist: Path, tmp_path: Path, version: str) -> None:
+def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, version: str) -> None:
     """`pip install celery-dflock[redis]` resolves (the server from the same folder, the rest
     from the package index), and both commands print the same version."""
-    python = _find_python(version)
+    python = find_python(version)
     if python is None:
         pytest.skip(f"no CPython {version} on this machine")
-    venv = tmp_path / "venv"
-    _uv("venv", "--quiet", "--python", python, str(venv), cwd=tmp_path)
-    _uv(
-        "pip",
-        "install",
-        "--quiet",
-        "--python",
-        str(venv / "bin" / "python"),
-        "--find-links",
-        str(dist),
-        "celery-dflock[redis]",  # as the README installs it
-        cwd=tmp_path,
-    )
+    venv_python = make_venv(
+        tmp_path / "venv", python, "celery-dflock[redis]", find_links=built_dist
+    )  # as the README installs it
     version_lines = [
         subprocess.run(
-            [str(venv / "bin" / command), "--version"],
+            [str(venv_python.parent / command), "--version"],
             capture_output=True,
             text=True,
             check=True,

@@ -1,0 +1,75 @@
+"""Fresh virtual environments for tests that install the project as a user would: the built
+distributions, other interpreters on this machine, and uv to drive both."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def uv(*args: str, cwd: Path = ROOT) -> str:
+    """Run uv (the one running this session under `uv run`, else the one on PATH)."""
+    command = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in $UV
+    assert command, "these tests need uv (`uv run pytest`, or uv on PATH)"
+    done = subprocess.run(
+        [command, *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"uv {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def find_python(version: str) -> str | None:
+    """A working interpreter of ``version`` ("3.12") on this machine: on PATH, or under pyenv's
+    root (whose shims answer only for the version pyenv has selected)."""
+    candidates: list[str] = [f"python{version}"]
+    if shutil.which("pyenv"):
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False)
+        if root.returncode == 0:
+            versions = Path(root.stdout.strip()) / "versions"
+            candidates += [
+                str(p) for p in sorted(versions.glob(f"{version}.*/bin/python{version}"))
+            ]
+    for candidate in candidates:
+        try:
+            probe = subprocess.run(
+                [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=30,
+            )
+        except OSError:
+            continue
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return candidate
+    return None
+
+
+def build_dist(out: Path) -> Path:
+    """Both distributions of this checkout, wheels and sdists, built into ``out``."""
+    uv("build", "--all-packages", "--out-dir", str(out))
+    return out
+
+
+def make_venv(folder: Path, python: str, *requirements: str, find_links: Path) -> Path:
+    """A fresh venv in ``folder`` with ``requirements`` installed by name (the project's own
+    distributions from ``find_links``, the rest from the package index); its python."""
+    uv("venv", "--quiet", "--python", python, str(folder), cwd=folder.parent)
+    venv_python = folder / "bin" / "python"
+    uv(
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(venv_python),
+        "--find-links",
+        str(find_links),
+        *requirements,
+        cwd=folder.parent,
+    )
+    return venv_python
