@@ -22,6 +22,8 @@ from dflockd_server.net import Server, build_ssl_context
 
 log = logging.getLogger("dflockd_server")
 
+KUBERNETES_ENV = "KUBERNETES_SERVICE_HOST"
+"""Set in every Kubernetes pod: a loopback bind there serves that one pod only."""
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
 
@@ -171,8 +173,9 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, environ: Mapping[str, str] | None = None) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    environ = os.environ if environ is None else environ
     server = Server(config)
     await server.start()
     host, port = server.sockname
@@ -188,6 +191,13 @@ async def serve(config: Config) -> None:
     )
     if server.metrics_address is not None:
         log.info("metrics on http://%s:%d/metrics", *server.metrics_address)
+    if environ.get(KUBERNETES_ENV) and is_loopback(config.host):
+        log.warning(
+            "running in a Kubernetes pod and bound to %s: only this pod can reach this lock "
+            "server. Locks exclude nothing between pods that use different lock servers: run "
+            "one dflockd behind a Service for every worker and beat (deploy/kubernetes/)",
+            config.host,
+        )
     if server.secret is None and not is_loopback(config.host):
         log.warning(
             "bound to non-loopback address %s without auth: anyone who can reach port %d can "
@@ -228,7 +238,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(config))
+            runner.run(serve(config, env))
     except (FenceStateError, MetricsError) as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_RUNTIME) from None
