@@ -109,6 +109,12 @@ class _Hooks:
             )
 
     def on_worker_process_init(self, **_: Any) -> None:
+        import os
+
+        # Sent in each prefork child after the fork, and also by the solo pool in the worker's
+        # own process: that one is no pool child (killing it would kill the worker).
+        if self.main_pid is not None and self.main_pid == os.getpid():
+            return
         reset_runtime_after_fork(self.app, in_pool_child=True)
 
     def on_worker_process_shutdown(self, **_: Any) -> None:

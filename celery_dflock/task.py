@@ -9,7 +9,6 @@ runs, and released on every way the run ends. See the README section
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import signal
@@ -23,6 +22,7 @@ from celery import Task
 
 from celery_dflock import signals
 from celery_dflock._celery import BaseTask, Ignore, backoff_interval, get_task_logger, task_stack
+from celery_dflock._interrupt import BodyTarget, current_body
 from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime
 from celery_dflock.config import (
     LOCK_OPTIONS,
@@ -102,14 +102,6 @@ class _Interrupted(LockLost):
         super().__init__(*(args or ("the task's lock was lost while it ran",)))
 
 
-def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
-    """Schedule ``exc`` in thread ``thread_id`` (None clears a pending one)."""
-    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
-    set_async_exc.restype = ctypes.c_int
-    return cast("int", set_async_exc(thread_id, ctypes.py_object() if exc is None else exc))
-
-
 class _RunGuard:
     """One locked run: its lock, the body's thread, and the ``on_lock_lost`` policy."""
 
@@ -129,8 +121,9 @@ class _RunGuard:
         self.lock: AnyLock | None = None
         self.record: HeldRecord | None = None
         self._state = threading.Lock()
-        self._thread_id: int | None = None
+        self._body: BodyTarget | None = None
         self._interrupt_sent = False
+        self._interrupt_missed = False
         self._body_ended = False
 
     def on_lost(self, lock: Any) -> None:
@@ -161,9 +154,25 @@ class _RunGuard:
             os.kill(os.getpid(), signal.SIGKILL)
         elif policy == "interrupt":
             with self._state:
-                if self._thread_id is not None and not self._interrupt_sent:
-                    self._interrupt_sent = True
-                    _set_async_exc(self._thread_id, _Interrupted)
+                body = self._body
+                if body is None or self._interrupt_sent:
+                    return
+                self._interrupt_sent = True
+                if not body.interrupt(_Interrupted):
+                    self._interrupt_missed = True
+            if self._interrupt_missed:
+                logger.error(
+                    "dflock: task %s[%s]: the body could not be interrupted where it runs; "
+                    "it fails with LockLost when it returns",
+                    self.task.name,
+                    self.task_id,
+                )
+
+    @property
+    def interrupt_due(self) -> bool:
+        """An interrupt was sent (or could not be) while the body ran: a body that returned
+        all the same must not count as a success."""
+        return self._interrupt_sent
 
     def body(self) -> _RunGuard:
         """``with guard.body():`` marks the body as running in this thread (the target of an
@@ -171,9 +180,9 @@ class _RunGuard:
         return self
 
     def __enter__(self) -> None:
-        ident = threading.get_ident()
+        body = current_body()
         with self._state:
-            self._thread_id = ident
+            self._body = body
 
     def __exit__(
         self,
@@ -181,12 +190,11 @@ class _RunGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        ident = threading.get_ident()
         with self._state:
-            self._thread_id = None
+            body, self._body = self._body, None
             self._body_ended = True
-            if self._interrupt_sent:
-                _set_async_exc(ident, None)  # not delivered yet: drop it
+            if self._interrupt_sent and body is not None:
+                body.cancel()  # not delivered yet: drop it
 
 
 class LockedTask(Task):
@@ -402,12 +410,19 @@ class LockedTask(Task):
         try:
             try:
                 with guard.body():
-                    return run(*args, **kwargs)
+                    result = run(*args, **kwargs)
             except _Interrupted:
                 raise LockLost(
                     f"task {name}[{task_id}] lost its lock {key!r} (fence {lock.fence}) "
                     f"while it ran, and was interrupted (on_lock_lost='interrupt')"
                 ) from None
+            if guard.interrupt_due:
+                raise LockLost(
+                    f"task {name}[{task_id}] lost its lock {key!r} (fence {lock.fence}) "
+                    f"while it ran; its body returned before the interrupt reached it, so the "
+                    f"run fails (on_lock_lost='interrupt')"
+                )
+            return result
         finally:
             try:
                 lock.release()

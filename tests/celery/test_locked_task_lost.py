@@ -7,6 +7,7 @@ and ``lock_lost`` must fire, well within a couple of renewal intervals.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,7 +15,18 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from worker_harness import EventLog, Worker, WorkerFactory, filesystem_settings, with_server
+from conftest import REQUIRE_REDIS_ENV, require_redis
+from worker_harness import (
+    EventLog,
+    Worker,
+    WorkerFactory,
+    filesystem_settings,
+    rabbitmq_reachable,
+    rabbitmq_settings,
+    redis_cleanup,
+    redis_settings,
+    with_server,
+)
 
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
@@ -61,7 +73,11 @@ class LostRig:
     app: Celery
 
 
-@pytest.fixture(scope="module", params=["prefork", "threads"])
+POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
+"""Every pool Celery ships (gevent and eventlet are in the dev group)."""
+
+
+@pytest.fixture(scope="module", params=POOLS)
 def lost_rig(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LostRig]:
@@ -131,3 +147,74 @@ def test_terminate_kills_a_prefork_child_and_interrupts_elsewhere(lost_rig: Lost
         assert lost["policy"] == "interrupt"
         assert lost_rig.log.entries("interrupted", name=name)
     assert lost_rig.worker.alive()
+
+
+# --------------------------------------------------------- a body that never looks at its lock
+
+
+def require_rabbitmq() -> None:
+    if rabbitmq_reachable():
+        return
+    message = "RabbitMQ is not reachable at 127.0.0.1:5672"
+    if os.environ.get(REQUIRE_REDIS_ENV) == "1":
+        pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
+    pytest.skip(message)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(pool, broker) for pool in POOLS for broker in ("redis", "rabbitmq")],
+    ids="-".join,
+)
+def broker_rig(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LostRig]:
+    pool, broker = request.param
+    require_redis()  # results are kept in Redis for both brokers
+    if broker == "rabbitmq":
+        require_rabbitmq()
+    tmp = tmp_path_factory.mktemp(f"blind-{pool}-{broker}")
+    queue = f"dflock-blind-{uuid.uuid4().hex[:8]}"
+    slot = ServerSlot()
+    server = slot.start()
+    base = redis_settings(queue) if broker == "redis" else rabbitmq_settings(queue)
+    settings = with_server(base, server)
+    log = EventLog(tmp)
+    factory = WorkerFactory(log=log, directory=tmp, settings=settings)
+    app = Celery("blind-client", set_as_current=False)
+    app.conf.update(settings)
+    try:
+        worker = factory.start("apps.tasks", pool=pool, concurrency=4)
+        yield LostRig(pool=pool, slot=slot, log=log, worker=worker, app=app)
+    finally:
+        factory.close()
+        app.close()
+        log.close()
+        slot.close()
+        redis_cleanup(queue)
+
+
+@pytest.mark.parametrize("policy", ["interrupt", "terminate"])
+def test_a_body_that_ignores_its_lock_is_stopped_on_every_pool(
+    broker_rig: LostRig, policy: str
+) -> None:
+    """The issue's case: a 20 s body that only sleeps, a 2 s lease, the server gone: the run
+    must end soon after ``lock_lost``, never with SUCCESS, and the worker must live on."""
+    rig = broker_rig
+    rig.slot.start()
+    name = uuid.uuid4().hex[:8]
+    result = rig.app.send_task(f"apps.tasks.blind_{policy}", (name,))
+    started = rig.log.wait_event("started", 30, name=name)
+    rig.slot.stop()
+    lost = rig.log.wait_event("lock_lost", TOLD_WITHIN_S, task_id=started["task_id"])
+    rig.slot.start()
+    result.get(timeout=TOLD_WITHIN_S + 10, propagate=False)
+    assert result.state == "FAILURE", (result.state, result.result)
+    if policy == "terminate" and rig.pool == "prefork":
+        assert lost["policy"] == "terminate"
+        assert type(result.result).__name__ == "WorkerLostError"
+    else:
+        assert lost["policy"] == "interrupt"
+        assert type(result.result).__name__ == "LockLost", result.result
+    assert not rig.log.entries("finished", name=name)
+    assert rig.worker.alive(), rig.worker.output()[-3000:]

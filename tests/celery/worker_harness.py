@@ -45,6 +45,9 @@ REDIS_URL_BASE = os.environ.get("CELERY_DFLOCK_TEST_REDIS_URL", "redis://127.0.0
 """Redis server of the ``redis`` tests (no database number; the tests pick theirs)."""
 REDIS_TEST_DB = 11
 """Redis database of these tests; each test also uses its own queue name."""
+RABBITMQ_URL = os.environ.get(
+    "CELERY_DFLOCK_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//"
+)
 
 Entry = dict[str, Any]
 
@@ -320,6 +323,28 @@ def redis_settings(queue: str, db: int = REDIS_TEST_DB) -> dict[str, Any]:
         "result_backend": url,
         "broker_transport_options": {"polling_interval": 0.05},
     }
+
+
+def rabbitmq_settings(queue: str, db: int = REDIS_TEST_DB) -> dict[str, Any]:
+    """Settings for the RabbitMQ broker, with results in Redis database ``db``."""
+    return {
+        **common_settings(queue),
+        "broker_url": RABBITMQ_URL,
+        "result_backend": f"{REDIS_URL_BASE}/{db}",
+    }
+
+
+def rabbitmq_reachable(timeout: float = 0.5) -> bool:
+    """True if RabbitMQ's AMQP port answers the protocol header."""
+    address = urlsplit(RABBITMQ_URL)
+    try:
+        with socket.create_connection(
+            (address.hostname or "127.0.0.1", address.port or 5672), timeout=timeout
+        ) as sock:
+            sock.sendall(b"AMQP\x00\x00\x09\x01")
+            return sock.recv(8).startswith(b"\x01")  # the server's connection.start frame
+    except OSError:
+        return False
 
 
 def with_server(settings: dict[str, Any], server: Any, **extra: Any) -> dict[str, Any]:

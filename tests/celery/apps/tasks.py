@@ -210,3 +210,22 @@ def lost_flag(self: LockedTask, name: str) -> dict[str, Any]:
 @app.task(**lossy, on_lock_lost="terminate")
 def lost_terminate(self: LockedTask, name: str) -> dict[str, Any]:
     return _until_lost(self, name)
+
+
+def _blind(task: LockedTask, name: str) -> str:
+    """Tick for 20 s without ever looking at the lock (the issue's body): only the policy can
+    stop it."""
+    record("started", name=name, fence=_fence(task), task_id=task.request.id)
+    _block(task, name, 20.0)
+    record("finished", name=name)
+    return "ran to the end"
+
+
+@app.task(**lossy, on_lock_lost="interrupt")
+def blind_interrupt(self: LockedTask, name: str) -> str:
+    return _blind(self, name)
+
+
+@app.task(**lossy, on_lock_lost="terminate")
+def blind_terminate(self: LockedTask, name: str) -> str:
+    return _blind(self, name)
