@@ -15,6 +15,7 @@ from celery_dflock.errors import (
     LockLost,
     LockNotAcquired,
     LockNotOwned,
+    LockSkipped,
     MaxLocksError,
     MaxWaitersError,
     ProtocolError,
@@ -23,13 +24,12 @@ from celery_dflock.errors import (
 )
 from celery_dflock.pool import AsyncConnectionPool, ConnectionPool
 from celery_dflock.sharding import ShardingStrategy, rendezvous_shard, stable_hash_shard
-from celery_dflock.task import SKIPPED, LockedTask
+from celery_dflock.task import LockedTask
 
 __version__ = "0.2.0"
 """This release (the ``dflockd-server`` it depends on has the same version)."""
 
 __all__ = [
-    "SKIPPED",
     "AsyncConnectionPool",
     "AsyncDistributedLock",
     "AsyncDistributedSemaphore",
@@ -42,6 +42,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "LockSkipped",
     "LockedTask",
     "MaxLocksError",
     "MaxWaitersError",

@@ -12,7 +12,8 @@ from typing import Any, Final
 from celery import Task as _Task
 from celery import signals as _signals
 from celery._state import _task_stack as _stack  # pyright: ignore[reportPrivateUsage]
-from celery.exceptions import Ignore as _Ignore
+from celery.exceptions import Reject as _Reject
+from celery.exceptions import Retry as _Retry
 from celery.exceptions import TimeLimitExceeded as _TimeLimitExceeded
 from celery.exceptions import WorkerLostError as _WorkerLostError
 from celery.utils.dispatch import Signal as _Signal
@@ -22,7 +23,8 @@ from celery.utils.time import get_exponential_backoff_interval as _backoff_inter
 
 __all__ = [
     "BaseTask",
-    "Ignore",
+    "Reject",
+    "Retry",
     "Signal",
     "TimeLimitExceeded",
     "WorkerLostError",
@@ -39,7 +41,9 @@ signals: Final[Any] = _signals
 Signal: Final[Any] = _Signal
 task_stack: Final[Any] = _stack
 """Celery's stack of running tasks (``current_task``), pushed by direct calls."""
-Ignore: Final[type[Exception]] = _Ignore
+Reject: Final[Any] = _Reject
+Retry: Final[Any] = _Retry
+"""``Task.retry``'s exception: raised from a run, the tracer records a retry (state RETRY)."""
 backoff_interval: Final[Any] = _backoff_interval
 """Celery's exponential backoff (``retry_backoff``), as its ``autoretry_for`` computes it."""
 TimeLimitExceeded: Final[type[Exception]] = _TimeLimitExceeded

@@ -150,6 +150,17 @@ def _validate_countdown(value: object, where: str) -> object:
     return float(_number(value, where, minimum=0, integer=False))
 
 
+def _validate_max_retries(value: object, where: str) -> object:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DflockConfigError(
+            f"{where} must be None (retry while the key is busy, no limit) or a whole number "
+            f"of retries >= 0; got {value!r}"
+        )
+    return value
+
+
 def _validate_bool(value: object, where: str) -> object:
     if not isinstance(value, bool):
         raise DflockConfigError(f"{where} must be True or False, got {value!r}")
@@ -203,6 +214,13 @@ _SPECS: Final = (
         DEFAULT_RETRY_BACKOFF_MAX_S,
         _validate_countdown,
         "longest retry countdown",
+    ),
+    _OptionSpec(
+        "lock_max_retries",
+        "dflock_max_retries",
+        None,
+        _validate_max_retries,
+        "most retries of on_locked='retry' (None: no limit); Celery's max_retries is not used",
     ),
     _OptionSpec(
         "lock_retry_jitter",
@@ -476,6 +494,7 @@ class LockOptions:
     retry_countdown: float
     retry_backoff_max: float
     retry_jitter: bool
+    max_retries: int | None = None
 
 
 def check_call_options(options: Mapping[str, object], where: str) -> dict[str, object]:
@@ -519,6 +538,7 @@ def resolve_options(
         retry_countdown=cast("float", resolved["lock_retry_countdown"]),
         retry_backoff_max=cast("float", resolved["lock_retry_backoff_max"]),
         retry_jitter=cast("bool", resolved["lock_retry_jitter"]),
+        max_retries=cast("int | None", resolved["lock_max_retries"]),
     )
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "LockSkipped",
     "MaxLocksError",
     "MaxWaitersError",
     "ProtocolError",
@@ -27,6 +28,15 @@ class DflockError(Exception):
 
 class LockNotAcquired(DflockError):
     """The lock (or a semaphore slot) was not granted within the acquire timeout."""
+
+
+class LockSkipped(LockNotAcquired):
+    """A task run was not started because its lock was busy (``on_locked="skip"``).
+
+    The run ends as a failure with this error, so its result is ready at once (``.get()``
+    raises it, a chord or chain with the run in it fails with it); Celery logs it at INFO
+    without a traceback, as one of the task's expected errors (``Task.throws``).
+    """
 
 
 class LockLost(DflockError):

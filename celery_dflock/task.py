@@ -21,7 +21,14 @@ from typing import Any, ClassVar, Final, cast
 from celery import Task
 
 from celery_dflock import signals
-from celery_dflock._celery import BaseTask, Ignore, backoff_interval, get_task_logger, task_stack
+from celery_dflock._celery import (
+    BaseTask,
+    Reject,
+    Retry,
+    backoff_interval,
+    get_task_logger,
+    task_stack,
+)
 from celery_dflock._interrupt import BodyTarget, current_body
 from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime
 from celery_dflock.config import (
@@ -33,17 +40,18 @@ from celery_dflock.config import (
     get_config,
     resolve_options,
 )
-from celery_dflock.errors import DflockError, LockLost, LockNotAcquired
+from celery_dflock.errors import DflockError, LockLost, LockNotAcquired, LockSkipped
 from celery_dflock.keys import KeyBuilder, check_template
 
-__all__ = ["LOCK_OPTIONS_HEADER", "SKIPPED", "LockedTask", "apply_task_locks"]
+__all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_task_locks"]
 
 logger: Any = get_task_logger(__name__)
 
-SKIPPED: Final = "SKIPPED"
-"""State stored for a run dropped by ``on_locked="skip"`` (``AsyncResult.state``)."""
 LOCK_OPTIONS_HEADER: Final = "dflock_options"
 """Message header carrying per-call lock options (``apply_async(..., lock_ttl=60)``)."""
+LOCK_RETRIES_HEADER: Final = "dflock_lock_retries"
+"""Message header counting the retries ``on_locked="retry"`` made (Celery's ``retries`` is
+left to the task's own retries)."""
 
 _REQUEST_LOCK: Final = "dflock_lock"
 _REQUEST_KEY: Final = "dflock_key"
@@ -114,6 +122,7 @@ class _RunGuard:
         runtime: Runtime,
     ) -> None:
         self.task = task
+        self.label = _run_name(str(cast("Any", task).name), task_id)
         self.task_id = task_id
         self.key = key
         self.policy: OnLockLost = policy
@@ -135,9 +144,8 @@ class _RunGuard:
         with self._state:
             ended = self._body_ended
         logger.error(
-            "dflock: task %s[%s] lost its lock %r (fence %s)%s; on_lock_lost=%r",
-            self.task.name,
-            self.task_id,
+            "dflock: %s lost its lock %r (fence %s)%s; on_lock_lost=%r",
+            self.label,
             self.key,
             getattr(lock, "fence", None),
             " (noticed after its body ended)" if ended else "",
@@ -162,10 +170,9 @@ class _RunGuard:
                     self._interrupt_missed = True
             if self._interrupt_missed:
                 logger.error(
-                    "dflock: task %s[%s]: the body could not be interrupted where it runs; "
+                    "dflock: %s: the body could not be interrupted where it runs; "
                     "it fails with LockLost when it returns",
-                    self.task.name,
-                    self.task_id,
+                    self.label,
                 )
 
     @property
@@ -233,6 +240,7 @@ class LockedTask(Task):
         """Install the worker hooks and check a template key as soon as the task is bound."""
         BaseTask.on_bound.__func__(cls, app)
         signals.install(app)
+        cls.throws = _with_skip(getattr(cls, "throws", ()))
         template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
@@ -387,7 +395,7 @@ class LockedTask(Task):
         wait_s = options.timeout
         if options.on_locked == "retry" and request.is_eager:
             # Eager retries run at once; wait out the countdown in the queue instead.
-            wait_s = max(wait_s, self._retry_countdown(request, options))
+            wait_s = max(wait_s, self._retry_countdown(_lock_retries(request), options))
         lock = runtime.new_lock(
             config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost
         )
@@ -413,12 +421,12 @@ class LockedTask(Task):
                     result = run(*args, **kwargs)
             except _Interrupted:
                 raise LockLost(
-                    f"task {name}[{task_id}] lost its lock {key!r} (fence {lock.fence}) "
+                    f"{_run_name(name, task_id)} lost its lock {key!r} (fence {lock.fence}) "
                     f"while it ran, and was interrupted (on_lock_lost='interrupt')"
                 ) from None
             if guard.interrupt_due:
                 raise LockLost(
-                    f"task {name}[{task_id}] lost its lock {key!r} (fence {lock.fence}) "
+                    f"{_run_name(name, task_id)} lost its lock {key!r} (fence {lock.fence}) "
                     f"while it ran; its body returned before the interrupt reached it, so the "
                     f"run fails (on_lock_lost='interrupt')"
                 )
@@ -437,8 +445,7 @@ class LockedTask(Task):
         if lock is not None:
             lock.release()
 
-    def _retry_countdown(self, request: Any, options: LockOptions) -> float:
-        retries = int(request.retries or 0)
+    def _retry_countdown(self, retries: int, options: LockOptions) -> float:
         countdown = min(
             options.retry_countdown * (2 ** min(retries, _MAX_BACKOFF_EXPONENT)),
             options.retry_backoff_max,
@@ -482,54 +489,112 @@ class LockedTask(Task):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        name = self._name
+        run = _run_name(self._name, request.id)
         task_id = cast("str | None", request.id)
-        busy = LockNotAcquired(
-            f"task {name}[{task_id}]: lock {key!r} is held by another run "
-            f"(waited {options.timeout:g}s; on_locked={options.on_locked!r})"
-        )
         if options.on_locked == "skip":
-            logger.info(
-                "dflock: skipping %s[%s]: lock %r is held by another run", name, task_id, key
-            )
+            logger.info("dflock: skipping %s: lock %r is held by another run", run, key)
             signals.lock_skipped.send(
                 sender=self, task_id=task_id, key=key, args=args, kwargs=kwargs
             )
-            self._store_skipped(request, key)
-            raise Ignore(f"skipped: lock {key!r} is busy")
-        if options.on_locked == "retry" and not request.called_directly:
-            countdown = self._retry_countdown(request, options)
-            logger.info(
-                "dflock: %s[%s] retries in %.2fs: lock %r is busy", name, task_id, countdown, key
+            raise LockSkipped(
+                f"{run} was skipped: lock {key!r} is held by another run "
+                f"(waited {options.timeout:g}s; on_locked='skip')"
             )
-            return self.retry(exc=busy, countdown=countdown)
-        raise busy
-
-    def _store_skipped(self, request: Any, key: str) -> None:
-        task = self._celery
-        task_id = request.id
-        if not task_id or request.called_directly or task.ignore_result:
-            return
-        if request.is_eager and not task.store_eager_result:
-            return
-        task.backend.store_result(
-            task_id,
-            {"key": key, "reason": "lock busy", "task": self._name},
-            SKIPPED,
-            request=request,
+        busy = LockNotAcquired(
+            f"{run}: lock {key!r} is held by another run "
+            f"(waited {options.timeout:g}s; on_locked={options.on_locked!r})"
         )
+        if options.on_locked != "retry" or request.called_directly:
+            raise busy
+        done = _lock_retries(request)
+        limit = options.max_retries
+        if limit is not None and done >= limit:
+            raise LockNotAcquired(
+                f"{run}: lock {key!r} was still held by another run after {done} lock "
+                f"retries (lock_max_retries={limit}), so the run is dropped; raise "
+                f"lock_max_retries (None: retry as long as the key is busy) or lock_timeout "
+                f"(wait in the key's queue)"
+            )
+        countdown = self._retry_countdown(done, options)
+        logger.info(
+            "dflock: %s retries in %.2fs: lock %r is busy (lock retry %d of %s)",
+            run,
+            countdown,
+            key,
+            done + 1,
+            "no limit" if limit is None else limit,
+        )
+        raise self._lock_retry(request, (args, kwargs), countdown, done + 1, busy)
+
+    def _lock_retry(
+        self,
+        request: Any,
+        call: tuple[tuple[Any, ...], dict[str, Any]],
+        countdown: float,
+        retries: int,
+        busy: LockNotAcquired,
+    ) -> BaseException:
+        """Send the run again in ``countdown`` s, as ``Task.retry`` does, but count it in
+        `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
+        task's ``max_retries``, which are left to its own retries."""
+        task = self._celery
+        headers = _request_headers(request)
+        headers[LOCK_RETRIES_HEADER] = retries
+        call_options = _call_options(request)
+        if call_options:
+            headers[LOCK_OPTIONS_HEADER] = call_options
+        signature: Any = task.signature_from_request(
+            request, *call, countdown=countdown, headers=headers
+        )
+        if request.is_eager:
+            return Retry(exc=busy, when=countdown, is_eager=True, sig=signature)
+        try:
+            signature.apply_async()
+        except Exception as exc:
+            return Reject(exc, requeue=False)
+        return Retry(exc=busy, when=countdown, sig=signature)
+
+
+def _run_name(name: str, task_id: object) -> str:
+    """``task NAME[ID]``, or ``task NAME (called directly)`` for a run without an id."""
+    return f"task {name}[{task_id}]" if task_id else f"task {name} (called directly)"
+
+
+def _request_headers(request: Any) -> dict[str, Any]:
+    headers = getattr(request, "headers", None)
+    if isinstance(headers, Mapping):
+        return dict(cast("Mapping[str, Any]", headers))
+    return {}
+
+
+def _header(request: Any, name: str) -> object:
+    """A message header of the current request (a request attribute on a worker, an entry of
+    ``request.headers`` in eager runs)."""
+    value = getattr(request, name, None)
+    if value is None:
+        value = _request_headers(request).get(name)
+    return cast("object", value)
+
+
+def _lock_retries(request: Any) -> int:
+    value = _header(request, LOCK_RETRIES_HEADER)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _with_skip(throws: object) -> tuple[type[BaseException], ...]:
+    """A task's ``throws`` with `LockSkipped` in it (an expected error: INFO, no traceback)."""
+    given = tuple(cast("tuple[type[BaseException], ...]", throws or ()))
+    return given if LockSkipped in given else (*given, LockSkipped)
 
 
 def _call_options(request: Any) -> dict[str, object]:
     """Per-call lock options of the current request (message header or eager headers)."""
-    raw = getattr(request, LOCK_OPTIONS_HEADER, None)
-    if raw is None:
-        headers = getattr(request, "headers", None)
-        if isinstance(headers, Mapping):
-            raw = cast("Mapping[str, Any]", headers).get(LOCK_OPTIONS_HEADER)
+    raw = _header(request, LOCK_OPTIONS_HEADER)
     if not raw:
         return {}
-    return check_call_options(raw, f"call options of task {getattr(request, 'task', '?')!r}")
+    return check_call_options(
+        cast("Mapping[str, object]", raw), f"call options of task {getattr(request, 'task', '?')!r}"
+    )
 
 
 def apply_task_locks(app: Any) -> list[str]:
@@ -553,7 +618,11 @@ def apply_task_locks(app: Any) -> list[str]:
         locked_cls = type(
             original.__name__,
             (LockedTask, original),
-            {"__module__": original.__module__, "__qualname__": original.__qualname__},
+            {
+                "__module__": original.__module__,
+                "__qualname__": original.__qualname__,
+                "throws": _with_skip(getattr(original, "throws", ())),
+            },
         )
         task.__class__ = locked_cls
         changed.append(name)

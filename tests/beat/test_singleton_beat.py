@@ -33,7 +33,7 @@ RUN_FOR_SENDS = 20  # the issue: a 1-second schedule for 20 seconds
 """Messages to collect from three beats (~10 s of a 1-second entry; the issue asks ~20 s)."""
 TAKEOVER_TIMEOUT_S = 15.0
 CANNOT_TAKE = re.compile(r"beat: standby, cannot take")
-SKIPPING = re.compile(r"dflock: skipping beatapp\.slow")
+SKIPPING = re.compile(r"dflock: skipping task beatapp\.slow")
 
 
 def _assert_no_double_send(sent: list[Sent]) -> None:

@@ -18,7 +18,6 @@ Harness API (reused by the beat and demo tests):
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from celery import Celery
 from worker_harness import (
-    REDIS_URL_BASE,
     EventLog,
     WorkerFactory,
     filesystem_settings,
     redis_cleanup,
-    redis_reachable,
+    require_redis,
 )
 from worker_harness import redis_settings as _redis_settings
 
@@ -58,16 +56,6 @@ def event_log(tmp_path: Path) -> Iterator[EventLog]:
 @pytest.fixture
 def fs_settings(tmp_path: Path, queue_name: str) -> dict[str, Any]:
     return filesystem_settings(tmp_path, queue_name)
-
-
-def require_redis() -> None:
-    """Skip the test without Redis, or fail it when CI demands Redis."""
-    if redis_reachable():
-        return
-    message = f"Redis is not reachable at {REDIS_URL_BASE}"
-    if os.environ.get(REQUIRE_REDIS_ENV) == "1":
-        pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
-    pytest.skip(message)
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from worker_harness import (
     with_server,
 )
 
+from celery_dflock import LockSkipped
 from celery_dflock.client import DistributedLock
-from celery_dflock.task import SKIPPED
 from dflockd_server.testing import ServerThread
 
 KEYS = 5
@@ -95,14 +95,17 @@ def test_two_prefork_workers_on_redis_retry_and_skip(
     workers.start(pool="prefork", concurrency=4)
     app = client_app(settings)
 
-    retried = [r for r in run_retry_batch(app, event_log, 200) if r["retries"] > 0]
+    retried = [r for r in run_retry_batch(app, event_log, 200) if r["lock_retries"] > 0]
     assert retried, "8 processes over 5 keys never collided"  # so on_locked=retry was used
     runs, skipped = run_skip_batch(app, event_log, 200)
     assert skipped, "8 processes over 5 keys with 50 ms bodies never collided"
     assert runs
     assert {s["key"] for s in skipped} <= {f"mx:{k}" for k in range(KEYS)}
-    # The skip is visible in the result backend as its own state.
-    assert app.AsyncResult(skipped[0]["task_id"]).state == SKIPPED
+    # A skip is a finished run (ready at once), told apart from a real one by its error.
+    skipped_result = app.AsyncResult(skipped[0]["task_id"])
+    assert skipped_result.ready()
+    assert skipped_result.state == "FAILURE"
+    assert isinstance(skipped_result.result, LockSkipped)
 
 
 @pytest.mark.parametrize(
@@ -224,6 +227,7 @@ def test_config_only_locking_of_a_plain_task(
     skipped = event_log.wait_event("skipped", 30, task_id=second.id)
     assert skipped["key"] == "plain:7"
     assert first.get(timeout=30) == 7
-    assert second.state == SKIPPED
+    with pytest.raises(LockSkipped, match="'plain:7' is held by another run"):
+        second.get(timeout=10)
     third = app.send_task("apps.plain.third_party_report", (7,), {"hold": 0})
     assert third.get(timeout=30) == 7

@@ -11,13 +11,18 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.exceptions import Ignore
 
-from celery_dflock import LockedTask, LockLost, LockNotAcquired, ServerUnavailable
+from celery_dflock import (
+    LockedTask,
+    LockLost,
+    LockNotAcquired,
+    LockSkipped,
+    ServerUnavailable,
+)
 from celery_dflock.client import DistributedLock
 from celery_dflock.config import DflockConfigError, reset_config
 from celery_dflock.signals import install, lock_lost, lock_skipped
-from celery_dflock.task import SKIPPED, apply_task_locks
+from celery_dflock.task import apply_task_locks
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 
@@ -115,7 +120,10 @@ def test_busy_lock_with_raise_policy_fails_with_lock_not_acquired(server: Server
     assert job() == "ran"
 
 
-def test_skip_policy_stores_skipped_sends_a_signal_and_never_runs(server: ServerThread) -> None:
+def test_skip_policy_fails_with_lock_skipped_sends_a_signal_and_never_runs(
+    server: ServerThread,
+) -> None:
+    """Eager and direct calls end as a worker run does: LockSkipped, never Celery's Ignore."""
     app = make_app(server)
     ran: list[int] = []
     skipped: list[dict[str, Any]] = []
@@ -132,11 +140,15 @@ def test_skip_policy_stores_skipped_sends_a_signal_and_never_runs(server: Server
     other = holder(server, "skip:1")
     try:
         result = job.apply((1,))
-        assert result.state == "IGNORED"
-        assert app.AsyncResult(result.id).state == SKIPPED
-        assert app.AsyncResult(result.id).info["key"] == "skip:1"
-        with pytest.raises(Ignore):
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, LockSkipped)
+        assert f"[{result.id}]" in str(result.result)
+        stored = app.AsyncResult(result.id)
+        assert stored.state == "FAILURE"
+        assert isinstance(stored.result, LockSkipped)
+        with pytest.raises(LockSkipped, match=r"called directly\) was skipped: lock 'skip:1'") as e:
             job(1)
+        assert "[None]" not in str(e.value)
     finally:
         other.release()
         lock_skipped.disconnect(on_skipped)
@@ -164,7 +176,9 @@ def test_fifo_wait_then_policy(server: ServerThread) -> None:
         other.release()
 
 
-def test_eager_retry_waits_for_the_lock_and_honours_max_retries(server: ServerThread) -> None:
+def test_eager_retry_waits_for_the_lock_and_honours_lock_max_retries(
+    server: ServerThread,
+) -> None:
     app = make_app(server)
     runs: list[int] = []
 
@@ -174,8 +188,9 @@ def test_eager_retry_waits_for_the_lock_and_honours_max_retries(server: ServerTh
         base=LockedTask,
         lock_key="eager-retry",
         on_locked="retry",
-        max_retries=1,
-        lock_retry_countdown=1,
+        max_retries=0,  # Celery's own budget: lock retries do not use it
+        lock_max_retries=1,
+        lock_retry_countdown=0.5,
         lock_retry_jitter=False,
     )
     def job(self: LockedTask) -> int:
@@ -187,6 +202,7 @@ def test_eager_retry_waits_for_the_lock_and_honours_max_retries(server: ServerTh
         result = job.apply()
         assert result.state == "FAILURE"
         assert isinstance(result.result, LockNotAcquired)
+        assert "after 1 lock retries (lock_max_retries=1)" in str(result.result)
     finally:
         other.release()
     assert runs == []
@@ -229,7 +245,7 @@ def test_per_call_options_override_the_task_attribute(server: ServerThread) -> N
     other = holder(server, "call:2")
     try:
         result = job.apply_async((2,), lock_key="call:{n}", on_locked="skip")
-        assert result.state == "IGNORED"
+        assert isinstance(result.result, LockSkipped)
     finally:
         other.release()
     with pytest.raises(DflockConfigError, match=r"call option|apply_async options"):
@@ -366,7 +382,7 @@ def test_config_change_after_reset(server: ServerThread) -> None:
             job()
         app.conf.dflock_on_locked = "skip"
         reset_config(app)
-        with pytest.raises(Ignore):
+        with pytest.raises(LockSkipped):
             job()
     finally:
         other.release()

@@ -7,7 +7,6 @@ and ``lock_lost`` must fire, well within a couple of renewal intervals.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,16 +14,16 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from conftest import REQUIRE_REDIS_ENV, require_redis
 from worker_harness import (
     EventLog,
     Worker,
     WorkerFactory,
     filesystem_settings,
-    rabbitmq_reachable,
     rabbitmq_settings,
     redis_cleanup,
     redis_settings,
+    require_rabbitmq,
+    require_redis,
     with_server,
 )
 
@@ -150,15 +149,6 @@ def test_terminate_kills_a_prefork_child_and_interrupts_elsewhere(lost_rig: Lost
 
 
 # --------------------------------------------------------- a body that never looks at its lock
-
-
-def require_rabbitmq() -> None:
-    if rabbitmq_reachable():
-        return
-    message = "RabbitMQ is not reachable at 127.0.0.1:5672"
-    if os.environ.get(REQUIRE_REDIS_ENV) == "1":
-        pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
-    pytest.skip(message)
 
 
 @pytest.fixture(

@@ -17,7 +17,13 @@ import pytest
 from celery import Celery
 
 import celery_dflock.signals
-from celery_dflock import SKIPPED, DistributedLock, DistributedSemaphore, LockedTask, LockLost
+from celery_dflock import (
+    DistributedLock,
+    DistributedSemaphore,
+    LockedTask,
+    LockLost,
+    LockSkipped,
+)
 from celery_dflock.config import reset_config
 from celery_dflock.pytest_plugin import configure_app
 from celery_dflock.signals import lock_lost
@@ -76,7 +82,10 @@ def test_skipping_duplicates_example(server: ServerThread) -> None:
         result = sync_account.delay(42)
     finally:
         other_sync.release()
-    assert app.AsyncResult(result.id).state == SKIPPED == "SKIPPED"
+    assert result.ready()
+    with pytest.raises(LockSkipped):
+        result.get(timeout=10)
+    assert isinstance(app.AsyncResult(result.id).result, LockSkipped)
     assert ran == []
 
 
@@ -223,7 +232,9 @@ def test_tasks_you_cannot_edit_example(server: ServerThread) -> None:
     other = DistributedLock("rebuild:products", servers=[server.address])
     assert other.acquire()
     try:
-        assert rebuild_index.delay("products").state == "IGNORED"  # skipped
+        skipped = rebuild_index.delay("products")
+        assert skipped.state == "FAILURE"
+        assert type(skipped.result).__name__ == "LockSkipped"
     finally:
         other.release()
     assert len(fences) == 1

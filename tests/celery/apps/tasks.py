@@ -64,6 +64,7 @@ def _exclusive_body(task: LockedTask, n: int, group: int, hold: float) -> int:
         end=time.time(),
         task_id=task.request.id,
         retries=task.request.retries,
+        lock_retries=getattr(task.request, "dflock_lock_retries", None) or 0,
     )
     return n
 
@@ -229,3 +230,39 @@ def blind_interrupt(self: LockedTask, name: str) -> str:
 @app.task(**lossy, on_lock_lost="terminate")
 def blind_terminate(self: LockedTask, name: str) -> str:
     return _blind(self, name)
+
+
+# ----------------------------------------------------------------------- busy keys
+
+
+@app.task(bind=True, base=LockedTask, lock_key="busy:{group}")
+def busy_default(self: LockedTask, n: int, group: int, hold: float = 0.5) -> int:
+    """Every lock option left at its default."""
+    return _exclusive_body(self, n, group, hold)
+
+
+budget = {
+    "bind": True,
+    "base": LockedTask,
+    "lock_key": "budget:{group}",
+    "max_retries": 0,  # Celery's own budget: lock retries must not use it
+    "lock_retry_countdown": 0.1,
+    "lock_retry_backoff_max": 0.2,
+    "lock_retry_jitter": False,
+}
+
+
+@app.task(**budget, lock_max_retries=2)
+def busy_budget(self: LockedTask, n: int, group: int, hold: float = 0.0) -> int:
+    return _exclusive_body(self, n, group, hold)
+
+
+@app.task(**budget)
+def busy_patient(self: LockedTask, n: int, group: int, hold: float = 0.0) -> int:
+    return _exclusive_body(self, n, group, hold)
+
+
+@app.task
+def collect(results: list[Any]) -> list[Any]:
+    record("collected", results=results)
+    return results

@@ -1,0 +1,159 @@
+"""Busy keys on real prefork workers over Redis: defaults drop no run, lock retries have a
+budget of their own, and a skipped run is a finished one (groups, chains and chords end)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from celery import Celery, chain, chord, group
+from celery.exceptions import ChordError
+from worker_harness import (
+    EventLog,
+    WorkerFactory,
+    iter_overlaps,
+    redis_cleanup,
+    redis_settings,
+    require_redis,
+)
+from worker_harness import with_server as add_server
+
+from celery_dflock import DistributedLock, LockNotAcquired, LockSkipped
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+
+RESULT_TIMEOUT_S = 120.0
+"""Generous: a run that is dropped or hangs fails the test long before it matters."""
+SKIP_SETTLES_S = 10.0
+"""A canvas with a skipped member must end within a few seconds, never hang."""
+
+
+class Rig:
+    def __init__(self, app: Celery, log: EventLog, server: ServerThread) -> None:
+        self.app = app
+        self.log = log
+        self.server = server
+
+    def holder(self, key: str) -> DistributedLock:
+        lock = DistributedLock(key, acquire_timeout_s=2, servers=[self.server.address])
+        assert lock.acquire()
+        return lock
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """Two prefork workers with -c 3 (the issue's set-up), every dflock option at its default."""
+    require_redis()
+    tmp = tmp_path_factory.mktemp("busy")
+    queue = f"dflock-busy-{time.monotonic_ns()}"
+    with ServerThread(Config(host="127.0.0.1", port=0)) as server:
+        settings = add_server(redis_settings(queue), server)
+        log = EventLog(tmp)
+        factory = WorkerFactory(log=log, directory=tmp, settings=settings)
+        app = Celery("busy-client", set_as_current=False)
+        app.conf.update(settings)
+        try:
+            factory.start(pool="prefork", concurrency=3)
+            factory.start(pool="prefork", concurrency=3)
+            yield Rig(app, log, server)
+        finally:
+            factory.close()
+            app.close()
+            log.close()
+            redis_cleanup(queue)
+
+
+def sig(rig: Rig, task: str, *args: Any, **kwargs: Any) -> Any:
+    return rig.app.signature(f"apps.tasks.{task}", args, kwargs)
+
+
+def test_defaults_drop_no_run_under_contention(rig: Rig) -> None:
+    """30 tasks of 0.5 s on 3 keys, two workers of 3 processes: all run, one at a time per key
+    (Celery's max_retries=3 dropped 4-5 of them before lock retries had their own budget)."""
+    started = time.monotonic()
+    results = [sig(rig, "busy_default", n, n % 3).delay() for n in range(30)]
+    values = [r.get(timeout=RESULT_TIMEOUT_S) for r in results]
+    print(f"30 runs on 3 keys took {time.monotonic() - started:.1f}s")
+    assert sorted(values) == list(range(30))
+    ids = {r.id for r in results}
+    runs = [e for e in rig.log.entries("run") if e["task_id"] in ids]
+    assert Counter(e["n"] for e in runs) == Counter(range(30))
+    assert not list(iter_overlaps(runs))
+    assert any(e["retries"] == 0 for e in runs)
+    assert all(e["retries"] == 0 for e in runs), "lock retries used Celery's retries"
+
+
+def test_lock_retries_say_when_their_budget_ran_out(rig: Rig) -> None:
+    other = rig.holder("budget:1")
+    try:
+        result = sig(rig, "busy_budget", 1, 1).delay()
+        with pytest.raises(LockNotAcquired) as failure:
+            result.get(timeout=RESULT_TIMEOUT_S)
+    finally:
+        other.release()
+    message = str(failure.value)
+    assert "after 2 lock retries (lock_max_retries=2)" in message
+    assert "raise lock_max_retries" in message
+    assert not [e for e in rig.log.entries("run") if e["task_id"] == result.id]
+
+
+def test_lock_retries_leave_celerys_max_retries_alone(rig: Rig) -> None:
+    """max_retries=0 and no lock_max_retries: the run waits out the busy key and runs."""
+    other = rig.holder("budget:2")
+    releaser = threading.Timer(1.5, other.release)
+    releaser.start()
+    try:
+        result = sig(rig, "busy_patient", 2, 2).delay()
+        assert result.get(timeout=RESULT_TIMEOUT_S) == 2
+    finally:
+        releaser.cancel()
+        other.release()
+    (run,) = [e for e in rig.log.entries("run") if e["task_id"] == result.id]
+    assert run["retries"] == 0  # the body sees its own retries only
+
+
+def settled_within(seconds: float, wait: Callable[[], Any]) -> Any:
+    started = time.monotonic()
+    try:
+        return wait()
+    finally:
+        print(f"settled in {time.monotonic() - started:.2f}s")
+
+
+def test_a_skipped_member_ends_its_group_chain_and_chord(rig: Rig) -> None:
+    other = rig.holder("mx:4")
+    try:
+        skipped = sig(rig, "exclusive_skip", 0, 4).delay()
+        with pytest.raises(LockSkipped, match="'mx:4' is held by another run"):
+            skipped.get(timeout=SKIP_SETTLES_S)
+        assert skipped.ready() and skipped.state == "FAILURE"
+
+        members = group(sig(rig, "exclusive_skip", 1, 3), sig(rig, "exclusive_skip", 2, 4))
+        started: Any = members.delay()
+        outcome = settled_within(
+            SKIP_SETTLES_S, lambda: started.get(timeout=SKIP_SETTLES_S, propagate=False)
+        )
+        assert outcome[0] == 1
+        assert isinstance(outcome[1], LockSkipped)
+
+        steps: Any = chain(sig(rig, "exclusive_skip", 3, 4), sig(rig, "collect")).delay()
+        with pytest.raises(LockSkipped):
+            settled_within(SKIP_SETTLES_S, lambda: steps.get(timeout=SKIP_SETTLES_S))
+
+        header = [sig(rig, "exclusive_skip", 4, 3), sig(rig, "exclusive_skip", 5, 4)]
+        joined: Any = chord(header)(sig(rig, "collect"))
+        # The callback itself (not only its header, which .get() also checks) fails, naming
+        # the skipped member, once the header is done.
+        with pytest.raises(ChordError, match="LockSkipped"):
+            settled_within(
+                SKIP_SETTLES_S,
+                lambda: joined.get(timeout=SKIP_SETTLES_S, follow_parents=False),
+            )
+        assert joined.ready() and joined.state == "FAILURE"
+    finally:
+        other.release()
+    assert not rig.log.entries("collected")
