@@ -40,7 +40,13 @@ from celery_dflock.config import (
     get_config,
     resolve_options,
 )
-from celery_dflock.errors import DflockError, LockLost, LockNotAcquired, LockSkipped
+from celery_dflock.errors import (
+    DflockError,
+    LimitMismatchError,
+    LockLost,
+    LockNotAcquired,
+    LockSkipped,
+)
 from celery_dflock.keys import KeyBuilder, check_template
 
 __all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_task_locks"]
@@ -401,6 +407,8 @@ class LockedTask(Task):
         )
         try:
             acquired = lock.acquire()
+        except LimitMismatchError as exc:  # the key is busy with another lock_limit
+            return self._contended(request, key, options, args, kwargs, mismatch=exc)
         except DflockError as exc:  # the server unreachable, refusing, draining, ...
             self._autoretry(request, exc)
             raise
@@ -488,29 +496,45 @@ class LockedTask(Task):
         options: LockOptions,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        mismatch: LimitMismatchError | None = None,
     ) -> Any:
+        """The key is busy: held by other runs, or (``mismatch``) in use with another limit.
+
+        A key is one resource on the server (a lock is a semaphore of limit 1), so runs with
+        another ``lock_limit`` on the key keep it busy like any holder; the server refuses at
+        once instead of queueing, and ``on_locked`` applies as for a busy key."""
         run = _run_name(self._name, request.id)
         task_id = cast("str | None", request.id)
+        if mismatch is None:
+            why = f"lock {key!r} is held by another run"
+        else:
+            mine = "a lock" if options.limit is None else f"a semaphore of limit {options.limit}"
+            why = (
+                f"key {key!r} is in use by runs with another lock_limit (this run asked for "
+                f"{mine}); a lock and a semaphore on one key exclude each other: give every use "
+                f"of the key the same lock_limit, or give the lock another lock_key"
+            )
+            logger.warning("dflock: %s: %s", run, why)
         if options.on_locked == "skip":
-            logger.info("dflock: skipping %s: lock %r is held by another run", run, key)
+            logger.info("dflock: skipping %s: %s", run, why)
             signals.lock_skipped.send(
                 sender=self, task_id=task_id, key=key, args=args, kwargs=kwargs
             )
             raise LockSkipped(
-                f"{run} was skipped: lock {key!r} is held by another run "
-                f"(waited {options.timeout:g}s; on_locked='skip')"
-            )
+                f"{run} was skipped: {why} (waited {options.timeout:g}s; on_locked='skip')"
+            ) from mismatch
         busy = LockNotAcquired(
-            f"{run}: lock {key!r} is held by another run "
-            f"(waited {options.timeout:g}s; on_locked={options.on_locked!r})"
+            f"{run}: {why} (waited {options.timeout:g}s; on_locked={options.on_locked!r})"
         )
+        busy.__cause__ = mismatch
         if options.on_locked != "retry" or request.called_directly:
             raise busy
         done = _lock_retries(request)
         limit = options.max_retries
         if limit is not None and done >= limit:
             raise LockNotAcquired(
-                f"{run}: lock {key!r} was still held by another run after {done} lock "
+                f"{run}: key {key!r} was still busy after {done} lock "
                 f"retries (lock_max_retries={limit}), so the run is dropped; raise "
                 f"lock_max_retries (None: retry as long as the key is busy) or lock_timeout "
                 f"(wait in the key's queue)"
