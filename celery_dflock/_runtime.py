@@ -108,6 +108,24 @@ class HeldRecords:
             return None
         return cls(directory)
 
+    @classmethod
+    def left_by_dead_workers(cls, pid: int) -> list[HeldRecords]:
+        """The records directories of worker main processes that are gone (killed with -9,
+        say, so they never removed theirs), besides the one of live worker ``pid``."""
+        prefix = f"celery-dflock-{os.getuid()}-"
+        found: list[HeldRecords] = []
+        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+            owner = path.name.removeprefix(prefix)
+            if not owner.isdigit() or int(owner) == pid or not pid_gone(int(owner), 0):
+                continue
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                found.append(cls(path))
+        return found
+
     def writer(self) -> HeldWriter:
         """A record file for this process (keep one per process: see `Runtime.held_writer`)."""
         return HeldWriter(self.directory)

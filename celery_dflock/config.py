@@ -42,8 +42,10 @@ __all__ = [
     "LockOptions",
     "OnLockLost",
     "OnLocked",
+    "check_setting_names",
     "get_config",
     "parse_servers",
+    "read_setting",
     "reset_config",
     "resolve_options",
     "validate_option",
@@ -65,6 +67,25 @@ DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
 DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
 
 _CONFIG_ATTR: Final = "_dflock_config"
+
+APP_SETTINGS: Final = (
+    "dflock_servers",
+    "dflock_sharding_strategy",
+    "dflock_auth_token",
+    "dflock_ssl",
+    "dflock_connect_timeout",
+    "dflock_renew_ratio",
+    "dflock_key_prefix",
+    "dflock_task_locks",
+)
+"""App-wide settings that are not a lock option's default (see `SETTINGS` for those)."""
+BEAT_SETTINGS: Final = (
+    "dflock_beat_lock_key",
+    "dflock_beat_scheduler",
+    "dflock_beat_lease_ttl",
+    "dflock_beat_nonoverlap",
+)
+"""The singleton beat's settings (read by :mod:`celery_dflock.beat`)."""
 
 
 class DflockConfigError(ImproperlyConfigured, ValueError):
@@ -242,6 +263,38 @@ SETTINGS: Final[Mapping[str, str]] = {
 """Lock option name -> the ``app.conf`` setting that gives its app-wide default."""
 
 
+KNOWN_SETTINGS: Final = frozenset((*APP_SETTINGS, *SETTINGS.values(), *BEAT_SETTINGS))
+"""Every ``dflock_*`` setting this package reads."""
+
+
+def read_setting(conf: Any, name: str) -> object:
+    """``app.conf`` setting ``name``; the upper-case spelling of Celery's old setting style
+    (``DFLOCK_SERVERS``) is read too. (With ``namespace="CELERY"`` Celery itself maps
+    ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``.)"""
+    value: object = conf.get(name)
+    if value is None:
+        value = conf.get(name.upper())
+    return value
+
+
+def check_setting_names(conf: Any) -> None:
+    """Refuse a ``dflock_*`` setting (any case) that this package does not read: a misspelt
+    setting would otherwise be ignored without a word."""
+    import difflib
+
+    for raw in list(conf.keys()):
+        name = str(raw)
+        lowered = name.lower()
+        if not lowered.startswith("dflock_") or lowered in KNOWN_SETTINGS:
+            continue
+        close = difflib.get_close_matches(lowered, sorted(KNOWN_SETTINGS), n=3)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise DflockConfigError(
+            f"app.conf.{name} is not a celery-dflock setting; {hint}the settings are: "
+            f"{', '.join(sorted(KNOWN_SETTINGS))}"
+        )
+
+
 def validate_option(name: str, value: object, where: str) -> object:
     """Check one lock option (``where`` names its source in the error), return it normalised."""
     spec = _BY_NAME.get(name)
@@ -388,8 +441,10 @@ class DflockConfig:
     def from_conf(cls, conf: Any) -> DflockConfig:
         """Read and validate the ``dflock_*`` settings of a Celery ``app.conf``."""
 
+        check_setting_names(conf)
+
         def get(name: str) -> object:
-            return cast("object", conf.get(name))
+            return read_setting(conf, name)
 
         servers = get("dflock_servers")
         auth_token = get("dflock_auth_token")

@@ -13,7 +13,9 @@ when it is bound to an app, so an app using ``LockedTask`` needs nothing
 more; an app that locks tasks only through ``dflock_task_locks`` calls
 ``celery_dflock.signals.install(app)`` once. The hooks:
 
-* ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``.
+* ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``; clean up the
+  held-lock records of workers that died without doing so.
+* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task.
 * ``worker_process_init`` (each prefork child, after fork): a fresh connection
   pool for the child.
 * ``worker_process_shutdown`` / ``worker_shutdown``: close the pool.
@@ -67,6 +69,7 @@ class _Hooks:
 
     def connect(self) -> None:
         celery_signals.worker_init.connect(self.on_worker_init, weak=True)
+        celery_signals.worker_ready.connect(self.on_worker_ready, weak=True)
         celery_signals.worker_process_init.connect(self.on_worker_process_init, weak=True)
         celery_signals.worker_process_shutdown.connect(self.on_worker_process_shutdown, weak=True)
         celery_signals.worker_shutdown.connect(self.on_worker_shutdown, weak=True)
@@ -101,12 +104,26 @@ class _Hooks:
         self.main_pid = os.getpid()
         runtime = get_runtime(self.app)
         runtime.records = HeldRecords.for_main_process(self.main_pid)
+        threading.Thread(
+            target=self._clean_up_after_dead_workers,
+            name="dflock-leftovers",
+            daemon=True,
+        ).start()
         if runtime.records is None:
             logger.warning(
                 "dflock: no private directory for held-lock records in %s; locks of killed "
                 "pool children are freed by the server (auto-release) or their lease only",
                 tempfile.gettempdir(),
             )
+
+    def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
+        """Config warnings, once the worker logs (it does not yet at ``worker_init``)."""
+        if not self._ours(sender):
+            return
+        from celery_dflock.task import unknown_task_locks
+
+        for warning in unknown_task_locks(self.app):
+            logger.warning("dflock: %s", warning)
 
     def on_worker_process_init(self, **_: Any) -> None:
         import os
@@ -145,6 +162,18 @@ class _Hooks:
 
     # ---------------------------------------------------------------- orphan release
 
+    def _clean_up_after_dead_workers(self) -> None:
+        """Release what the pool children of dead workers recorded, and remove their records
+        directories (a worker killed with -9 never removes its own)."""
+        leave_signals_to_the_main_thread()
+        if self.main_pid is None:
+            return
+        for records in HeldRecords.left_by_dead_workers(self.main_pid):
+            self._release_from(records, None, wait_s=0)
+            if not records.entries():
+                records.remove_all()
+                logger.info("dflock: removed %s, left by a worker that is gone", records.directory)
+
     def _in_main_process(self) -> bool:
         import os
 
@@ -164,10 +193,12 @@ class _Hooks:
         self._release_orphans(task_id, CHILD_EXIT_WAIT_S)
 
     def _release_orphans(self, task_id: str | None, wait_s: float) -> None:
+        records = get_runtime(self.app).records
+        if records is not None:
+            self._release_from(records, task_id, wait_s)
+
+    def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
         runtime = get_runtime(self.app)
-        records = runtime.records
-        if records is None:
-            return
         config = get_config(self.app)
         for path, entry in records.entries(task_id):
             pid = int(entry.get("pid", 0))

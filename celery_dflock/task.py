@@ -9,6 +9,7 @@ runs, and released on every way the run ends. See the README section
 
 from __future__ import annotations
 
+import difflib
 import os
 import random
 import signal
@@ -26,6 +27,7 @@ from celery_dflock._celery import (
     Reject,
     Retry,
     backoff_interval,
+    get_logger,
     get_task_logger,
     task_stack,
 )
@@ -39,6 +41,7 @@ from celery_dflock.config import (
     check_call_options,
     get_config,
     resolve_options,
+    validate_option,
 )
 from celery_dflock.errors import (
     DflockError,
@@ -52,6 +55,10 @@ from celery_dflock.keys import KeyBuilder, check_template
 __all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_task_locks"]
 
 logger: Any = get_task_logger(__name__)
+"""For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
+worker_logger: Any = get_logger("celery_dflock.worker")
+"""For messages from the renewal thread, where Celery's task prefix would read ``???[???]``
+(the message names the run itself)."""
 
 LOCK_OPTIONS_HEADER: Final = "dflock_options"
 """Message header carrying per-call lock options (``apply_async(..., lock_ttl=60)``)."""
@@ -149,7 +156,7 @@ class _RunGuard:
             policy = "interrupt"  # only a prefork child can be replaced
         with self._state:
             ended = self._body_ended
-        logger.error(
+        worker_logger.error(
             "dflock: %s lost its lock %r (fence %s)%s; on_lock_lost=%r",
             self.label,
             self.key,
@@ -175,7 +182,7 @@ class _RunGuard:
                 if not body.interrupt(_Interrupted):
                     self._interrupt_missed = True
             if self._interrupt_missed:
-                logger.error(
+                worker_logger.error(
                     "dflock: %s: the body could not be interrupted where it runs; "
                     "it fails with LockLost when it returns",
                     self.label,
@@ -250,6 +257,10 @@ class LockedTask(Task):
         template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
+        for option in LOCK_OPTIONS:  # a bad value fails here, not at every run in the worker
+            value = getattr(cls, option, None)
+            if value is not None:
+                validate_option(option, value, f"attribute {option} of task {name or cls!r}")
         if isinstance(template, str) and callable(run) and isinstance(name, str):
             check_template(template, cast("Callable[..., Any]", run), task_name=name)
 
@@ -626,7 +637,8 @@ def apply_task_locks(app: Any) -> list[str]:
 
     Each such task that is not a :class:`LockedTask` gets its class swapped for
     a subclass that puts ``LockedTask`` first in its bases. Returns the names of
-    the tasks changed. Runs from the worker hooks (see :mod:`celery_dflock.signals`).
+    the tasks changed. Runs from the worker hooks (see :mod:`celery_dflock.signals`), which
+    also warn about names no task has (`unknown_task_locks`).
     """
     config = get_config(app)
     changed: list[str] = []
@@ -634,7 +646,6 @@ def apply_task_locks(app: Any) -> list[str]:
     for name in config.task_locks:
         task = tasks.get(name)
         if task is None:
-            logger.info("dflock: dflock_task_locks names %r, which this app does not have", name)
             continue
         if isinstance(task, LockedTask):
             continue
@@ -651,3 +662,20 @@ def apply_task_locks(app: Any) -> list[str]:
         task.__class__ = locked_cls
         changed.append(name)
     return changed
+
+
+def unknown_task_locks(app: Any) -> list[str]:
+    """A warning for each ``dflock_task_locks`` entry that names no task of ``app`` (a typo
+    there would leave the task unlocked without a word), with the close matches."""
+    tasks = [str(name) for name in app.tasks]
+    warnings: list[str] = []
+    for name in get_config(app).task_locks:
+        if name in tasks:
+            continue
+        close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        warnings.append(
+            f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
+            f"locked{hint}"
+        )
+    return warnings

@@ -122,6 +122,9 @@ def test_interrupt_raises_lock_lost_in_the_body(lost_rig: LostRig) -> None:
     assert result.state == "FAILURE"
     assert type(result.result).__name__ == "LockLost"
     assert not lost_rig.log.entries("flagged", name=name)
+    # Logged from the renewal thread, named by the message, not by Celery's task prefix.
+    assert "???[???]" not in lost_rig.worker.output()
+    assert f"lost its lock 'lost:{name}'" in lost_rig.worker.output()
 
 
 def test_flag_lets_the_body_see_it(lost_rig: LostRig) -> None:
