@@ -135,8 +135,10 @@ def test_wrapping_a_custom_scheduler_class(
     standby = next(b for b in beats if b is not old)
 
     for beat in beats:
-        assert "beatapp: RecordingScheduler in use" in beat.output(200)
         assert "SingletonRecordingScheduler" in beat.output(200)  # the banner
+    # Only the active beat has set up the wrapped scheduler (a standby leaves its store alone).
+    assert "beatapp: RecordingScheduler in use" in old.output(200)
+    assert "beatapp: RecordingScheduler in use" not in standby.output(200)
     assert old.count(re.compile(r"RecordingScheduler sends every-second")) >= 3
     assert standby.count(re.compile(r"RecordingScheduler sends")) == 0
 
@@ -144,6 +146,7 @@ def test_wrapping_a_custom_scheduler_class(
     killed_at = time.time()
     old.kill()
     broker.wait_sent(2, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)
+    standby.wait_line(re.compile(r"RecordingScheduler in use"), timeout=5)
     standby.wait_line(re.compile(r"RecordingScheduler sends every-second"), timeout=5)
 
     sent = broker.sent()
