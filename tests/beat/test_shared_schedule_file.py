@@ -45,6 +45,7 @@ def _wait_new_sends(broker: Broker, cluster: Cluster, after: int, count: int) ->
         time.sleep(0.05)
 
 
+@pytest.mark.timeout(600)  # ~25 s on an idle machine; ten beat start-ups on a loaded one
 def test_ten_failovers_with_beats_sharing_the_default_schedule_file(
     make_cluster: Callable[..., Cluster], broker: Broker
 ) -> None:
