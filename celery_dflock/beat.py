@@ -49,6 +49,22 @@ Failover without double sends: "start from now"
     a dead client's locks with its connection, so the markers would vanish in exactly the
     crash they are meant to cover.
 
+The schedule store
+    Only the active beat opens the wrapped scheduler's store. ``SingletonScheduler`` builds the
+    wrapped scheduler with ``lazy=True`` and calls its ``setup_schedule`` each time this beat
+    becomes active (so it reads what the leaders before it wrote); the wrapped ``sync`` runs
+    only while the lock server confirms the lock; ``close`` writes and closes the store
+    *before* the lock is released, so the next leader opens a complete file. A standby never
+    reads or writes it, so any number of beats may share one folder or volume with the default
+    ``celerybeat-schedule`` (``PersistentScheduler``'s shelve has no cross-process locking: a
+    standby holding it open read a stale index and died with a truncated pickle on failover).
+    A beat that loses the lock closes the shelve with its unsaved cache discarded; a hung
+    leader that wakes after its replacement opened the file writes nothing to it. The store
+    holds nothing the next leader needs ("start from now" resets every ``last_run_at``), so a
+    file left half-written by ``kill -9`` costs nothing: Celery recreates a corrupt one.
+    django-celery-beat's ``DatabaseScheduler``: the store is the shared, transactional database;
+    a standby does not import ``beat_schedule`` into it or save run times until it is active.
+
 Non-overlapping periodic tasks
     With ``dflock_beat_nonoverlap = True`` every message beat sends carries two headers:
     ``dflock_beat_entry = <entry name>``, and the per-call lock options of
@@ -110,6 +126,8 @@ STANDBY_TICK_S: Final = 1.0
 """Longest a standby's tick blocks waiting to be promoted (signals still interrupt the wait)."""
 STANDBY_RETURN_S: Final = 0.001
 """What a standby's tick returns after its wait: beat's loop calls it again almost at once."""
+_LAZY_POSITION: Final = 4
+"""Index of ``lazy`` among ``Scheduler.__init__``'s positional arguments (after ``self``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +270,14 @@ class SingletonScheduler(Scheduler):
         self._lock_server: tuple[str, int] | None = None
         self._term_seen = 0
         self._active_since: dict[str, datetime] = {}
+        self._store_open = False
+        self._store_write_confirmed = False
+        self._send_confirmed = False
+        # The wrapped scheduler opens its store (setup_schedule) only once this beat is active.
+        if len(args) > _LAZY_POSITION:
+            args = (*args[:_LAZY_POSITION], True, *args[_LAZY_POSITION + 1 :])
+        else:
+            kwargs["lazy"] = True
         self._base().__init__(*args, **kwargs)
 
     def _base(self) -> Any:
@@ -310,13 +336,63 @@ class SingletonScheduler(Scheduler):
         """Delegate to the wrapped scheduler while active; otherwise wait to be promoted."""
         leader = self._leader()
         if not leader.is_active():
+            self._drop_store()
             wait_s = min(float(cast("Any", self).max_interval), STANDBY_TICK_S)
             if not leader.wait_active(wait_s):
                 # Already waited in here: come straight back (beat still syncs in between).
                 return STANDBY_RETURN_S
         if leader.term != self._term_seen:
+            self._drop_store()  # opened in an earlier term: read what the leaders since wrote
+            self._open_store()
+            if not self._store_open:  # the lock was lost while the store was being set up
+                return STANDBY_RETURN_S
             self._take_over(leader.term)
         return cast("float", self._base().tick(*args, **kwargs))
+
+    # -- the wrapped scheduler's store (see "The schedule store" in the module documentation)
+
+    def _open_store(self) -> None:
+        """Let the wrapped scheduler open and set up its store: this beat is now active."""
+        self._store_open = True
+        try:
+            self._base().setup_schedule()
+        except BaseException:
+            self._drop_store()
+            raise
+
+    def _drop_store(self) -> None:
+        """Close the wrapped store without writing to it: this beat is no longer the leader.
+
+        ``PersistentScheduler``'s shelve is closed with its unsaved cache discarded (the next
+        leader owns the file now). Other schedulers keep their objects; their ``sync`` is
+        not called while this beat is not confirmed active, and ``setup_schedule`` runs again
+        when it is.
+        """
+        if not self._store_open:
+            return
+        self._store_open = False
+        if isinstance(self, PersistentScheduler):
+            store = cast("Any", self)._store
+            cast("Any", self)._store = None
+            if store is not None:
+                store.cache = {}  # shelve's writeback cache: what close() would write
+                try:
+                    store.close()
+                except Exception as exc:  # the file is the next leader's: nothing to repair
+                    logger.warning("beat: closing the schedule store failed: %s", exc)
+
+    def _confirmed(self) -> bool:
+        """Ask the lock server now whether this beat is the leader (False: never was)."""
+        return self._leadership is not None and self._leadership.confirm()
+
+    def sync(self) -> None:
+        """Write the wrapped store, only while the lock server confirms this beat leads."""
+        if not self._store_open:
+            return  # a standby never touches the store
+        if self._store_write_confirmed or self._confirmed():
+            self._base().sync()
+        else:
+            self._drop_store()
 
     def _take_over(self, term: int) -> None:
         """Start every entry from now (see "Failover" in the module documentation)."""
@@ -348,18 +424,37 @@ class SingletonScheduler(Scheduler):
                 entry.name,
             )
             return
-        self._base().apply_entry(entry, producer=producer)
+        # Confirmed here, before Celery's apply_entry: when this beat declines, Celery's
+        # apply_entry is not entered at all (5.3.0-5.3.1 read ``.id`` of apply_async's
+        # result unchecked, so a None returned through it crashed beat).
+        if not self._confirm_send(entry):
+            return
+        self._send_confirmed = True
+        try:
+            self._base().apply_entry(entry, producer=producer)
+        finally:
+            self._send_confirmed = False
+
+    def _confirm_send(self, entry: Any) -> bool:
+        if self._leader().confirm():
+            return True
+        logger.warning(
+            "beat: not sending %r: this beat no longer holds %s",
+            entry.name,
+            self.lock_description,
+        )
+        return False
 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        """Confirm the lock with the server, then send (with the non-overlap header if on)."""
-        if not self._leader().confirm():
-            logger.warning(
-                "beat: not sending %r: this beat no longer holds %s",
-                entry.name,
-                self.lock_description,
-            )
+        """Confirm the lock with the server, then send (with the non-overlap header if on).
+
+        Returns None, sending nothing, when the lock server does not confirm this beat (a
+        send from :meth:`apply_entry` was confirmed there, just before).
+        """
+        confirmed, self._send_confirmed = self._send_confirmed, False
+        if not confirmed and not self._confirm_send(entry):
             return None
         base = self._base()
         if advance:
@@ -374,9 +469,22 @@ class SingletonScheduler(Scheduler):
             entry.options = original
 
     def close(self) -> None:
-        """Sync and close the wrapped scheduler, then hand the lock to the next standby."""
+        """Sync and close the wrapped store (if active), then hand the lock to the next standby.
+
+        The store is written and closed before the lock is released, so the next leader opens
+        a complete file. A beat that is not (or no longer) the confirmed leader writes nothing.
+        """
         try:
-            self._base().close()
+            if self._store_open and self._confirmed():
+                self._store_write_confirmed = True
+                try:
+                    self._base().close()
+                finally:
+                    self._store_write_confirmed = False
+                    self._store_open = False
+            else:
+                self._drop_store()
+                Scheduler.close(self)  # the publishing side only; no store was opened
         finally:
             if self._leadership is not None:
                 self._leadership.stop()

@@ -218,19 +218,24 @@ class Cluster:
         )
         assert done.returncode == 0, done.stdout + done.stderr
 
-    def start_beats(self, count: int) -> list[Proc]:
-        """Start ``count`` beats at once; return when every one is active or standing by."""
-        procs = [self._spawn_beat() for _ in range(count)]
+    def start_beats(self, count: int, own_schedule_file: bool = True) -> list[Proc]:
+        """Start ``count`` beats at once; return when every one is active or standing by.
+
+        ``own_schedule_file=False`` leaves out ``-s``: the beat keeps beat's default
+        ``celerybeat-schedule`` in the cluster's folder, the one file every beat started so shares.
+        """
+        procs = [self._spawn_beat(own_schedule_file) for _ in range(count)]
         for proc in procs:
             proc.wait_line(STARTED, START_TIMEOUT_S)
         return procs
 
-    def start_beat(self) -> Proc:
+    def start_beat(self, own_schedule_file: bool = True) -> Proc:
         """Start one beat; return when it is active or standing by."""
-        return self.start_beats(1)[0]
+        return self.start_beats(1, own_schedule_file)[0]
 
-    def _spawn_beat(self) -> Proc:
+    def _spawn_beat(self, own_schedule_file: bool = True) -> Proc:
         name = f"beat{sum(p.name.startswith('beat') for p in self.procs) + 1}"
+        schedule = ["-s", str(self.directory / f"{name}-schedule")] if own_schedule_file else []
         command = [
             sys.executable,
             "-m",
@@ -240,8 +245,7 @@ class Cluster:
             "beat",
             "-S",
             "celery_dflock.beat:SingletonScheduler",
-            "-s",
-            str(self.directory / f"{name}-schedule"),
+            *schedule,
             "--pidfile=",
             "-l",
             "INFO",

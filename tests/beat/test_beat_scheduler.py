@@ -7,6 +7,7 @@ publishes is caught with Celery's ``before_task_publish`` signal.
 from __future__ import annotations
 
 import logging
+import shelve
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -191,3 +192,51 @@ def test_nonoverlap_marks_every_message_with_its_entry(
     assert opted_out
     assert all(LOCK_OPTIONS_HEADER not in h for h in opted_out)
     assert scheduler.schedule["every {x}"].options == options  # the stored entry is untouched
+
+
+def test_a_standby_leaves_the_schedule_file_alone_until_it_is_active(
+    tmp_path: Path, dflock_server: ServerThread, published: list[dict[str, Any]]
+) -> None:
+    from celery_dflock import DistributedLock
+
+    app = make_app(dflock_server, beat_schedule={"e": {"task": "proj.noop", "schedule": 0.2}})
+    holder = DistributedLock("celery-beat:proj", servers=[dflock_server.address])
+    assert holder.acquire()
+    path = tmp_path / "celerybeat-schedule"
+    # Built as beat builds it (lazy=False); with the lock held elsewhere it is a standby.
+    scheduler = SingletonScheduler(app=app, schedule_filename=str(path))
+    try:
+        scheduler.tick()
+        scheduler._do_sync()  # pyright: ignore[reportAttributeAccessIssue]  # beat's loop does
+        assert not list(tmp_path.iterdir()), "a standby opened the schedule store"
+
+        holder.release()
+        run_until(scheduler, lambda: len(published) >= 1)
+        assert list(tmp_path.glob("celerybeat-schedule*")), "the active beat has its store"
+    finally:
+        scheduler.close()
+        holder.release()
+    with shelve.open(str(path)) as stored:  # written and closed before the lock was released
+        assert "e" in stored["entries"]
+
+
+def test_a_send_the_lock_server_does_not_confirm_is_declined_without_error(
+    make_active: Any,
+    published: list[dict[str, Any]],
+    dflock_server: ServerThread,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scheduler = make_active({"e": {"task": "proj.noop", "schedule": 0.2}})
+    run_until(scheduler, lambda: len(published) >= 1)
+    dflock_server.stop()
+    caplog.set_level(logging.INFO)
+    sent_before = len(published)
+
+    # What Celery's tick does with a due entry. Celery 5.3.0-5.3.1 read ``.id`` of the
+    # result of apply_async unchecked in apply_entry: a declined send must not get there.
+    scheduler.apply_entry(scheduler.schedule["e"], producer=scheduler.producer)  # pyright: ignore[reportAttributeAccessIssue]
+    scheduler.tick()  # and beat goes on, as a standby
+
+    assert len(published) == sent_before
+    assert "not sending 'e'" in caplog.text
+    assert "Sending due task" not in caplog.text

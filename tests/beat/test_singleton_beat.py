@@ -34,6 +34,7 @@ RUN_FOR_SENDS = 20  # the issue: a 1-second schedule for 20 seconds
 TAKEOVER_TIMEOUT_S = 15.0
 CANNOT_TAKE = re.compile(r"beat: standby, cannot take")
 SKIPPING = re.compile(r"dflock: skipping task beatapp\.slow")
+FAILED = re.compile(r"Traceback|ERROR/|CRITICAL/")
 
 
 def _assert_no_double_send(sent: list[Sent]) -> None:
@@ -97,11 +98,14 @@ def test_kill_9_of_the_active_beat_hands_over_at_once(
     _assert_no_double_send(sent)
 
 
+@pytest.mark.parametrize("own_schedule_file", [True, False], ids=["own-file", "shared-file"])
 def test_a_stopped_beat_is_replaced_and_does_not_send_when_it_resumes(
-    make_cluster: Callable[..., Cluster], broker: Broker
+    make_cluster: Callable[..., Cluster], broker: Broker, own_schedule_file: bool
 ) -> None:
+    # shared-file: both keep beat's default celerybeat-schedule in one folder; the stopped
+    # beat still has it open when the new leader opens it, and must write nothing on waking.
     cluster = make_cluster(dflock_beat_lease_ttl=2)
-    cluster.start_beats(2)
+    cluster.start_beats(2, own_schedule_file=own_schedule_file)
     old_pid = broker.wait_sent(1, timeout=60)[0].pid
     old = cluster.by_pid(old_pid)
     standby = next(b for b in cluster.beats() if b is not old)
@@ -123,6 +127,8 @@ def test_a_stopped_beat_is_replaced_and_does_not_send_when_it_resumes(
     assert not late, f"the stopped beat sent after it lost the lock: {late}"
     assert old.alive()
     _assert_no_double_send(sent)
+    for beat in (old, standby):
+        assert beat.count(FAILED) == 0, beat.output()
 
 
 def test_wrapping_a_custom_scheduler_class(
@@ -135,8 +141,10 @@ def test_wrapping_a_custom_scheduler_class(
     standby = next(b for b in beats if b is not old)
 
     for beat in beats:
-        assert "beatapp: RecordingScheduler in use" in beat.output(200)
         assert "SingletonRecordingScheduler" in beat.output(200)  # the banner
+    # Only the active beat has set up the wrapped scheduler (a standby leaves its store alone).
+    assert "beatapp: RecordingScheduler in use" in old.output(200)
+    assert "beatapp: RecordingScheduler in use" not in standby.output(200)
     assert old.count(re.compile(r"RecordingScheduler sends every-second")) >= 3
     assert standby.count(re.compile(r"RecordingScheduler sends")) == 0
 
@@ -144,6 +152,7 @@ def test_wrapping_a_custom_scheduler_class(
     killed_at = time.time()
     old.kill()
     broker.wait_sent(2, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)
+    standby.wait_line(re.compile(r"RecordingScheduler in use"), timeout=5)
     standby.wait_line(re.compile(r"RecordingScheduler sends every-second"), timeout=5)
 
     sent = broker.sent()

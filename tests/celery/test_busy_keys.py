@@ -26,6 +26,8 @@ from celery_dflock import DistributedLock, LockNotAcquired, LockSkipped
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 
+pytestmark = pytest.mark.slow
+
 RESULT_TIMEOUT_S = 120.0
 """Generous: a run that is dropped or hangs fails the test long before it matters."""
 SKIP_SETTLES_S = 10.0

@@ -187,6 +187,7 @@ def broker_rig(
         redis_cleanup(queue)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["interrupt", "terminate"])
 def test_a_body_that_ignores_its_lock_is_stopped_on_every_pool(
     broker_rig: LostRig, policy: str
