@@ -102,7 +102,7 @@ from celery.utils.imports import symbol_by_name  # pyright: ignore[reportUnknown
 from celery.utils.time import maybe_make_aware
 
 from celery_dflock._beat_leader import STANDBY_ACQUIRE_TIMEOUT_S, LeaderLock, Leadership
-from celery_dflock.config import DflockConfig, DflockConfigError, get_config
+from celery_dflock.config import DflockConfig, DflockConfigError, get_config, read_setting
 from celery_dflock.errors import DflockError
 from celery_dflock.keys import safe_key
 
@@ -143,21 +143,21 @@ class BeatSettings:
     def from_app(cls, app: Any, config: DflockConfig) -> BeatSettings:
         """Read ``dflock_beat_*`` from ``app.conf``; bad values raise DflockConfigError."""
         conf = app.conf
-        raw_key: object = conf.get("dflock_beat_lock_key")
+        raw_key: object = read_setting(conf, "dflock_beat_lock_key")
         if raw_key is None:
             raw_key = DEFAULT_LOCK_KEY_PREFIX + (str(app.main or "") or "default")
         if not isinstance(raw_key, str) or not raw_key.strip():
             raise DflockConfigError(
                 f"dflock_beat_lock_key must be a non-empty string, got {raw_key!r}"
             )
-        ttl: object = conf.get("dflock_beat_lease_ttl")
+        ttl: object = read_setting(conf, "dflock_beat_lease_ttl")
         if ttl is None:
             ttl = DEFAULT_BEAT_LEASE_TTL_S
         if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
             raise DflockConfigError(
                 f"dflock_beat_lease_ttl must be a whole number of seconds >= 1, got {ttl!r}"
             )
-        nonoverlap: object = conf.get("dflock_beat_nonoverlap")
+        nonoverlap: object = read_setting(conf, "dflock_beat_nonoverlap")
         if nonoverlap is None:
             nonoverlap = False
         if not isinstance(nonoverlap, bool):
@@ -166,7 +166,7 @@ class BeatSettings:
             )
         return cls(
             lock_key=safe_key(config.key_prefix + raw_key),
-            scheduler=_wrapped_class(conf.get("dflock_beat_scheduler")),
+            scheduler=_wrapped_class(read_setting(conf, "dflock_beat_scheduler")),
             lease_ttl_s=ttl,
             nonoverlap=nonoverlap,
         )

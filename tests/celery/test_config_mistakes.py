@@ -153,3 +153,13 @@ def test_records_left_by_a_killed_worker_are_cleaned_up_at_the_next_start(
         time.sleep(0.1)
     assert not left.exists(), [p.name for p in records_dirs(private_tmp)]
     assert len(records_dirs(private_tmp)) == 1  # the new worker's own
+
+
+def test_upper_case_beat_settings_are_read() -> None:
+    from celery_dflock.beat import BeatSettings
+
+    app = make_app(DFLOCK_BEAT_LOCK_KEY="beat-upper", DFLOCK_BEAT_LEASE_TTL=7)
+    settings = BeatSettings.from_app(app, get_config(app))
+    assert settings.lock_key == "beat-upper"
+    assert settings.lease_ttl_s == 7
+    app.close()
