@@ -119,6 +119,24 @@ class LockState(enum.Enum):
     HELD = "held"
 
 
+class EnqueueResult(str):
+    """What ``enqueue()`` returns: ``"acquired"`` (held now) or ``"queued"`` (call ``wait()``).
+
+    A `str`, as dflockd's own clients and the Go client return, that is also true only when
+    acquired, so ``if lock.enqueue() == "acquired":`` and ``if lock.enqueue():`` both read
+    naturally (code written for the earlier ``True``/``False`` keeps working).
+    """
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return str.__eq__(self, "acquired")
+
+
+ACQUIRED: Final = EnqueueResult("acquired")
+QUEUED: Final = EnqueueResult("queued")
+
+
 @dataclass(slots=True)
 class RenewOutcome:
     """What a renewal attempt found: ``renewed``, or ``lost_reason`` (None: nothing to do)."""

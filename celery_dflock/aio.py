@@ -24,11 +24,14 @@ from typing import Self
 
 from celery_dflock._connection import AsyncConnection
 from celery_dflock._core import (
+    ACQUIRED,
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
     JOIN_TIMEOUT_S,
+    QUEUED,
+    EnqueueResult,
     LockCore,
     LockState,
     redact,
@@ -183,9 +186,10 @@ class _AsyncLockBase:
         """
         return await self._grant(self._core.acquire_request)
 
-    async def enqueue(self) -> bool:
-        """Two-phase step 1: True if held at once, False if queued (then `wait`)."""
-        return await self._grant(self._core.enqueue_request)
+    async def enqueue(self) -> EnqueueResult:
+        """Two-phase step 1: ``"acquired"`` if held at once, ``"queued"`` if queued (then
+        `wait`); an `EnqueueResult`, true only when acquired."""
+        return ACQUIRED if await self._grant(self._core.enqueue_request) else QUEUED
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).

@@ -27,11 +27,14 @@ from typing import Self
 
 from celery_dflock._connection import Connection
 from celery_dflock._core import (
+    ACQUIRED,
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
     JOIN_TIMEOUT_S,
+    QUEUED,
+    EnqueueResult,
     LockCore,
     LockState,
     redact,
@@ -203,12 +206,13 @@ class _SyncLockBase:
         """
         return self._grant(self._core.acquire_request)
 
-    def enqueue(self) -> bool:
+    def enqueue(self) -> EnqueueResult:
         """Two-phase step 1: join the queue without blocking.
 
-        True if the lock was free and is now held; False if queued (then call `wait`).
+        ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
+        `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
         """
-        return self._grant(self._core.enqueue_request)
+        return ACQUIRED if self._grant(self._core.enqueue_request) else QUEUED
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
