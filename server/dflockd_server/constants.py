@@ -51,6 +51,7 @@ CMD_SEM_RELEASE: Final = "sr"
 CMD_AUTH: Final = "auth"
 CMD_STATS: Final = "stats"
 CMD_PING: Final = "ping"
+CMD_HELLO: Final = "hello"
 COMMANDS: Final = frozenset(
     {
         CMD_LOCK,
@@ -66,8 +67,32 @@ COMMANDS: Final = frozenset(
         CMD_AUTH,
         CMD_STATS,
         CMD_PING,
+        CMD_HELLO,
     }
 )
+
+# ---------------------------------------------------------------- hello
+SERVER_NAME: Final = "dflockd-server"
+"""The ``server`` field of the ``hello`` reply."""
+FEATURE_FENCE: Final = "fence"
+"""Tokens are fencing tokens (their first 16 hex characters a strictly increasing counter)."""
+FEATURE_PING: Final = "ping"
+FEATURE_STATS: Final = "stats"
+FEATURE_HELLO: Final = "hello"
+FEATURE_SEMAPHORE: Final = "semaphore"
+"""``sl`` / ``se`` / ``sw`` / ``sn`` / ``sr``."""
+FEATURE_TWO_PHASE: Final = "two_phase"
+"""``e`` / ``w`` (and ``se`` / ``sw`` with ``semaphore``)."""
+FEATURES: Final = (
+    FEATURE_FENCE,
+    FEATURE_PING,
+    FEATURE_STATS,
+    FEATURE_HELLO,
+    FEATURE_SEMAPHORE,
+    FEATURE_TWO_PHASE,
+)
+"""What the ``hello`` reply lists, in this order: what this server supports beyond the
+``l`` / ``n`` / ``r`` every dflockd server knows."""
 
 # ---------------------------------------------------------------- reply statuses
 STATUS_OK: Final = "ok"

@@ -431,6 +431,8 @@ class Connection(asyncio.Protocol):
                 return self._two_phase_wait(client, req.key, is_sem, req.timeout)
             if command == c.CMD_PING:
                 return p.REPLY_OK
+            if command == c.CMD_HELLO:
+                return self.server.hello_reply
             if command == c.CMD_STATS:
                 self.budget = 0  # its cost grows with the table: the last request of the pass
                 stats = self.server.stats()
@@ -577,6 +579,10 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
+        from dflockd_server import __version__  # the package imports this module
+
+        self.hello_reply = p.reply_hello(__version__)
+        """The ``hello`` reply: what this server is and supports."""
         self.connections_accepted = 0
         self.connections_refused = 0
         self.open_transports = 0  # made and not yet lost, admitted or refused

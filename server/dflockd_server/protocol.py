@@ -7,6 +7,7 @@ without ever buffering an over-long line; ``decode_request`` turns one frame int
 
 from __future__ import annotations
 
+import json
 from typing import Final
 
 from dflockd_server import constants as c
@@ -20,6 +21,7 @@ __all__ = [
     "quick_lock",
     "quick_token",
     "reply_grant",
+    "reply_hello",
     "reply_renewed",
 ]
 
@@ -213,7 +215,7 @@ def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
     command = _COMMANDS.get(cmd)
     if command is None:
         raise Malformed(f"unknown command {cmd[:40]!r}")
-    if command in (c.CMD_PING, c.CMD_STATS):
+    if command in (c.CMD_PING, c.CMD_STATS, c.CMD_HELLO):
         return Request(command, "")
     if command == c.CMD_AUTH:
         req = Request(command, "")
@@ -351,3 +353,9 @@ def reply_renewed(seconds_remaining: int) -> bytes:
 
 def reply_stats(payload: str) -> bytes:
     return f"{c.STATUS_OK} {payload}\n".encode()
+
+
+def reply_hello(version: str) -> bytes:
+    """``ok {"server": ..., "version": ..., "features": [...]}`` on one line."""
+    body = {"server": c.SERVER_NAME, "version": version, "features": list(c.FEATURES)}
+    return reply_stats(json.dumps(body, separators=(",", ":")))

@@ -28,6 +28,9 @@ def test_auth_required_before_anything_else(dflock_server_factory: ServerFactory
     with Wire(srv.address) as w:
         assert w.req("bogus", "", "") == "error_auth"  # even a malformed request
         assert w.closed_by_server()
+    with Wire(srv.address) as w:
+        assert w.req("hello") == "error_auth"  # hello too: auth comes first
+        assert w.closed_by_server()
 
 
 def test_wrong_secret_is_refused_and_closed(dflock_server_factory: ServerFactory) -> None:
@@ -51,6 +54,7 @@ def test_right_secret_then_commands(dflock_server_factory: ServerFactory) -> Non
         token = w.lock("k")
         assert w.req("r", "k", token) == "ok"
         assert w.req("auth", "_", SECRET) == "ok"  # re-authenticating is harmless
+        assert w.req("hello").startswith('ok {"server":"dflockd-server"')
 
 
 def test_auth_without_a_configured_secret_is_an_error(dflock_server: ServerThread) -> None:

@@ -12,6 +12,7 @@ import pytest
 from dflock_proc import DflockdProcess
 from dflock_wire import Wire, eventually, fence
 
+import dflockd_server
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 
@@ -387,6 +388,32 @@ def test_ping_and_stats_ignore_key_and_argument(dflock_server: ServerThread) -> 
         assert a.req("stats", "", "").startswith("ok {")
 
 
+def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as a:
+        a.send("hello")
+        line = a.reader.readline()
+        assert line.endswith(b"\n") and line.count(b"\n") == 1  # one line
+        status, payload = line[:-1].decode().split(" ", 1)
+        assert status == "ok"
+        hello = json.loads(payload)
+        assert hello == {
+            "server": "dflockd-server",
+            "version": dflockd_server.__version__,
+            "features": list(constants.FEATURES),
+        }
+        assert set(hello["features"]) >= {
+            "fence",
+            "ping",
+            "stats",
+            "hello",
+            "semaphore",
+            "two_phase",
+        }
+        assert len(set(hello["features"])) == len(hello["features"])
+        assert a.req("hello", "anything", "at all") == line[:-1].decode()  # like ping
+        assert a.req("ping") == "ok"  # still in step
+
+
 def test_pipelined_requests_answer_in_order(dflock_server: ServerThread) -> None:
     with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
         token = a.lock("k")
@@ -500,6 +527,7 @@ def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: Serv
         try:
             eventually(lambda: srv.call(lambda: srv.server.draining), "draining")
             assert a.req("ping") == "error_draining"
+            assert a.req("hello") == "error_draining"
             assert b.recv() == "error_draining"  # at the shutdown deadline
             assert b.closed_by_server()
             assert a.closed_by_server()

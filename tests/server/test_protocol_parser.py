@@ -110,6 +110,7 @@ def test_decode_each_command() -> None:
     assert decode_request(b"auth", b"_", b"secret ").secret == b"secret"
     assert decode_request(b"stats", b"", b"").command == "stats"
     assert decode_request(b"ping", b"_", b"_").command == "ping"
+    assert decode_request(b"hello", b"_", b"_").command == "hello"
 
 
 @pytest.mark.parametrize(
