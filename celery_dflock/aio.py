@@ -34,6 +34,7 @@ from celery_dflock._core import (
     EnqueueResult,
     LockCore,
     LockState,
+    ServerInfo,
     redact,
 )
 from celery_dflock.errors import DflockError, LockNotAcquired, LockNotOwned
@@ -84,6 +85,7 @@ class _AsyncLockBase:
             )
         self._on_lost = on_lost
         self._pool = pool
+        self._server: ServerInfo | None = None  # without a pool: asked once per lock object
         self._conn: AsyncConnection | None = None
         self._op_lock = asyncio.Lock()  # renew / release / acquire never interleave
         self._renew_task: asyncio.Task[None] | None = None
@@ -114,7 +116,11 @@ class _AsyncLockBase:
 
     @property
     def fence(self) -> int | None:
-        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant."""
+        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant.
+
+        None when not held, or when the server does not issue fencing tokens (dflockd 0.4/0.5
+        and the Go server: their tokens are random, so comparing them would mean nothing).
+        """
         return self._core.fence
 
     @property
@@ -148,7 +154,9 @@ class _AsyncLockBase:
     async def _checkout(self) -> AsyncConnection:
         if self._pool is not None:
             return await self._pool.checkout(self._core.endpoint)
-        return await AsyncConnection.open(self._core.endpoint)
+        conn = await AsyncConnection.connect(self._core.endpoint, self._server)
+        self._server = conn.server
+        return conn
 
     async def _checkin(self, conn: AsyncConnection) -> None:
         if self._pool is not None:
@@ -165,7 +173,7 @@ class _AsyncLockBase:
             sent = time.monotonic()
             reply = await conn.request(command, data, timeout)
             try:
-                granted = self._core.on_grant_reply(command, reply, sent)
+                granted = self._core.on_grant_reply(command, reply, sent, conn.server)
             except BaseException:
                 await self._checkin(conn)
                 raise
@@ -209,7 +217,7 @@ class _AsyncLockBase:
             sent = time.monotonic()
             try:
                 reply = await conn.request(command, data, timeout)
-                granted = self._core.on_grant_reply(command, reply, sent)
+                granted = self._core.on_grant_reply(command, reply, sent, conn.server)
             except BaseException:
                 self._core.reset()
                 conn.close()

@@ -1,0 +1,93 @@
+"""Our client against the real dflockd 0.5.0 server (issue 13, points 11, 12, 13 and 15).
+
+dflockd 0.5.0 knows ``l``/``n``/``r``/``e``/``w`` only: it answers ``ping``, ``stats`` and
+``hello`` with ``error`` and closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from interop_helpers import ForeignServer
+
+from celery_dflock import (
+    AsyncConnectionPool,
+    AsyncDistributedLock,
+    ConnectionPool,
+    DistributedLock,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_five_sequential_locks_reuse_one_pooled_connection(dflockd_050: ForeignServer) -> None:
+    with ConnectionPool() as pool:
+        for _ in range(5):
+            with DistributedLock("interop:seq", servers=[dflockd_050.address], pool=pool) as lock:
+                assert lock.locked()
+        assert (pool.opened, pool.reused) == (1, 4)
+        info = pool.server_info(*dflockd_050.address)
+        assert info is not None and info.legacy and not info.fences
+    # the server saw two: the one that asked `hello` (refused, closed by it), and the one reused
+    assert dflockd_050.connections_accepted() == 2
+
+
+def test_five_sequential_async_locks_reuse_one_pooled_connection(
+    dflockd_050: ForeignServer,
+) -> None:
+    async def main() -> tuple[int, int]:
+        async with AsyncConnectionPool() as pool:
+            for _ in range(5):
+                async with AsyncDistributedLock(
+                    "interop:aseq", servers=[dflockd_050.address], pool=pool
+                ) as lock:
+                    assert lock.locked()
+            return pool.opened, pool.reused
+
+    assert asyncio.run(main()) == (1, 4)
+    assert dflockd_050.connections_accepted() == 2
+
+
+def test_fence_is_none_where_the_server_issues_no_fencing_tokens(
+    dflockd_050: ForeignServer,
+) -> None:
+    servers = [dflockd_050.address]
+    with DistributedLock("interop:fence", servers=servers) as lock:
+        assert lock.token is not None and lock.fence is None
+    with ConnectionPool() as pool:
+        first = DistributedLock("interop:fence2", servers=servers, pool=pool)
+        second = DistributedLock("interop:fence2", servers=servers, pool=pool)
+        assert first.enqueue() == "acquired" and first.fence is None
+        assert second.enqueue() == "queued"
+        first.release()
+        assert second.wait(5) is True
+        assert second.token is not None and second.fence is None
+        second.release()
+
+    async def main() -> None:
+        async with AsyncDistributedLock("interop:afence", servers=servers) as alock:
+            assert alock.token is not None and alock.fence is None
+
+    asyncio.run(main())
+
+
+def test_locks_renew_exclude_and_hand_over_on_the_foreign_server(
+    dflockd_050: ForeignServer,
+) -> None:
+    servers = [dflockd_050.address]
+    with ConnectionPool() as pool:
+        holder = DistributedLock("interop:x", lease_ttl_s=2, servers=servers, pool=pool)
+        assert holder.acquire()
+        # renewed (every second) past its 2 s lease while another client waits its turn
+        assert not DistributedLock("interop:x", acquire_timeout_s=3, servers=servers).acquire()
+        assert holder.owned() and not holder.lost
+        got: list[bool] = []
+        waiter = DistributedLock("interop:x", acquire_timeout_s=10, servers=servers, pool=pool)
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire()))
+        thread.start()
+        assert holder.release() is True
+        thread.join(15)
+        assert got == [True] and waiter.locked()
+        assert waiter.release() is True
