@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dflock_cli(servers: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery -A examples.proj dflock ARGS`` with ``DFLOCK_SERVERS=servers``."""
+    env = {**os.environ, "DFLOCK_SERVERS": servers, "PYTHONPATH": str(ROOT),
+           "CELERY_BROKER_URL": "memory://"}  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "examples.proj", "dflock", *args],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
 
 
 @dataclass

@@ -10,6 +10,7 @@ import asyncio
 import threading
 from pathlib import Path
 
+import pytest
 from interop_helpers import ForeignServer
 
 from celery_dflock import (
@@ -18,6 +19,7 @@ from celery_dflock import (
     ConnectionPool,
     DistributedLock,
 )
+from celery_dflock.config import reset_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +84,7 @@ def test_locks_renew_exclude_and_hand_over_on_the_foreign_server(
         assert holder.acquire()
         # renewed (every second) past its 2 s lease while another client waits its turn
         assert not DistributedLock("interop:x", acquire_timeout_s=3, servers=servers).acquire()
-        assert holder.owned() and not holder.lost
+        assert holder.locked() and not holder.lost
         got: list[bool] = []
         waiter = DistributedLock("interop:x", acquire_timeout_s=10, servers=servers, pool=pool)
         thread = threading.Thread(target=lambda: got.append(waiter.acquire()))
@@ -91,3 +93,20 @@ def test_locks_renew_exclude_and_hand_over_on_the_foreign_server(
         thread.join(15)
         assert got == [True] and waiter.locked()
         assert waiter.release() is True
+
+
+def test_the_fenced_example_task_refuses_to_write_without_fences(
+    dflockd_050: ForeignServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The example's fenced write, called directly (it takes its lock on the foreign server).
+    monkeypatch.setenv("EXAMPLE_LEDGER", str(tmp_path / "ledger.sqlite3"))
+    from examples.proj.app import add_to_balance, app
+    from examples.proj.ledger import NoFenceError
+
+    monkeypatch.setitem(app.conf, "dflock_servers", f"{dflockd_050.host}:{dflockd_050.port}")
+    reset_config(app)
+    try:
+        with pytest.raises(NoFenceError, match="issues no fencing tokens"):
+            add_to_balance("acme", 5)  # pyright: ignore[reportCallIssue] - bound task
+    finally:
+        reset_config(app)
