@@ -7,11 +7,12 @@ dflockd 0.5.0 knows ``l``/``n``/``r``/``e``/``w`` only: it answers ``ping``, ``s
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from pathlib import Path
 
 import pytest
-from interop_helpers import ForeignServer
+from interop_helpers import ForeignServer, TlsFront
 
 from celery_dflock import (
     AsyncConnectionPool,
@@ -110,3 +111,18 @@ def test_the_fenced_example_task_refuses_to_write_without_fences(
             add_to_balance("acme", 5)  # pyright: ignore[reportCallIssue] - bound task
     finally:
         reset_config(app)
+
+
+def test_pooled_tls_connections_are_reused_on_a_server_without_ping(
+    dflockd_050: ForeignServer, tls_files: tuple[str, str]
+) -> None:
+    cert, key = tls_files
+    context = ssl.create_default_context(cafile=cert)
+    with TlsFront(dflockd_050.address, cert, key) as front, ConnectionPool() as pool:
+        for _ in range(5):
+            with DistributedLock(
+                "interop:tls", servers=[front.address], ssl_context=context, pool=pool
+            ) as lock:
+                assert lock.locked() and lock.fence is None
+        assert (pool.opened, pool.reused) == (1, 4)
+    assert dflockd_050.connections_accepted() == 2  # the hello probe, and the one reused
