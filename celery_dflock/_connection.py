@@ -470,6 +470,9 @@ class AsyncConnection:
     def _quiet(self) -> bool:
         """True when nothing is waiting on the socket: an idle connection's transport has
         read all there was, so anything now is EOF or bytes nobody asked for."""
+        unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
+        if isinstance(unread, bytes | bytearray) and unread:
+            return False  # bytes nobody asked for
         sock = self._writer.get_extra_info("socket")
         if sock is None or not hasattr(select, "poll"):
             return True  # at_eof() above is all we can know

@@ -50,13 +50,18 @@ def peer_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def dflockd_050(peer_python: Path, tmp_path: Path) -> Iterator[ForeignServer]:
-    """A fresh dflockd 0.5.0 server on 127.0.0.1 and an ephemeral port."""
+def dflockd_050(
+    request: pytest.FixtureRequest, peer_python: Path, tmp_path: Path
+) -> Iterator[ForeignServer]:
+    """A fresh dflockd 0.5.0 server on 127.0.0.1 and an ephemeral port (extra command-line
+    arguments from ``@pytest.mark.dflockd_args(...)``)."""
+    marker = request.node.get_closest_marker("dflockd_args")
+    extra = [str(arg) for arg in marker.args] if marker is not None else []
     log = tmp_path / "dflockd-0.5.0.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(peer_python.parent / "dflockd"), "--host", "127.0.0.1", "--port", "0"],
+            [str(peer_python.parent / "dflockd"), "--host", "127.0.0.1", "--port", "0", *extra],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     try:
@@ -73,6 +78,12 @@ def dflockd_050(peer_python: Path, tmp_path: Path) -> Iterator[ForeignServer]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "dflockd_args(*args): extra command-line arguments of the dflockd_050 server"
+    )
 
 
 @pytest.fixture

@@ -43,6 +43,10 @@ class ForeignServer:
         """Connections the server has accepted so far (it logs each one)."""
         return self.log.read_text().count("client connected")
 
+    def connections_closed(self) -> int:
+        """Connections the server has closed so far (it logs each one)."""
+        return self.log.read_text().count("client closed")
+
 
 class TlsFront:
     """TLS in front of a plain server (as a TLS-terminating sidecar would be): each TLS

@@ -21,6 +21,7 @@ from celery_dflock import (
     DistributedLock,
 )
 from celery_dflock.config import reset_config
+from tests.client.client_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,3 +127,38 @@ def test_pooled_tls_connections_are_reused_on_a_server_without_ping(
                 assert lock.locked() and lock.fence is None
         assert (pool.opened, pool.reused) == (1, 4)
     assert dflockd_050.connections_accepted() == 2  # the hello probe, and the one reused
+
+
+@pytest.mark.dflockd_args("--read-timeout", "1")
+def test_a_connection_the_foreign_server_dropped_is_not_reused(
+    dflockd_050: ForeignServer,
+) -> None:
+    # dflockd 0.5.0 answers an idle connection's read timeout with `error`, then closes it:
+    # neither the stray line nor the closed connection may reach the next lock.
+    servers = [dflockd_050.address]
+
+    def dropped(closed_before: int) -> None:
+        wait_until(
+            lambda: dflockd_050.connections_closed() > closed_before,
+            what="the server closing the idle pooled connection",
+        )
+
+    with ConnectionPool() as pool:
+        with DistributedLock("interop:idle", servers=servers, pool=pool):
+            pass
+        dropped(dflockd_050.connections_closed())
+        with DistributedLock("interop:idle", servers=servers, pool=pool) as lock:
+            assert lock.locked()
+        assert (pool.opened, pool.reused, pool.discarded) == (2, 0, 1)
+
+    async def main() -> tuple[int, int, int]:
+        async with AsyncConnectionPool() as apool:
+            async with AsyncDistributedLock("interop:aidle", servers=servers, pool=apool):
+                pass
+            closed = dflockd_050.connections_closed()
+            await asyncio.to_thread(dropped, closed)
+            async with AsyncDistributedLock("interop:aidle", servers=servers, pool=apool) as lk:
+                assert lk.locked()
+            return apool.opened, apool.reused, apool.discarded
+
+    assert asyncio.run(main()) == (2, 0, 1)
