@@ -526,9 +526,17 @@ class LockCore:
                 "raise its --max-waiters (DFLOCKD_MAX_WAITERS) or use a shorter acquire timeout"
             )
         if code == constants.STATUS_ERROR_LIMIT_MISMATCH:
+            if self.limit is None:
+                return LimitMismatchError(
+                    f"{self.what} on {where} was refused: the key is in use as a semaphore "
+                    "(a limit other than 1), and a lock is a semaphore of limit 1 on the same "
+                    "key, so the two exclude each other; use another key for the lock, or the "
+                    "same limit everywhere the key is used, or wait until the key is idle"
+                )
             return LimitMismatchError(
-                f"{self.what} on {where} is in use with a different limit; every user of a "
-                "semaphore key must pass the same limit (or wait until the key is idle)"
+                f"{self.what} on {where} was refused: the key is in use with a limit other "
+                f"than {self.limit} (as a lock, limit 1, or a semaphore of another limit); "
+                "every user of a key must pass the same limit (or wait until the key is idle)"
             )
         if code == constants.STATUS_ERROR_AUTH:
             return auth_required_error(self.endpoint)

@@ -50,7 +50,8 @@ class MaxWaitersError(DflockError):
 
 
 class LimitMismatchError(DflockError):
-    """A semaphore was requested with a limit other than the one its busy key already has."""
+    """A lock or semaphore was requested with a limit other than the one its busy key already
+    has (a key is one resource; a lock is a semaphore of limit 1)."""
 
 
 class AuthError(DflockError):

@@ -325,6 +325,8 @@ _COMMON_ERRORS: Final = frozenset(
 _LOCK_ERRORS: Final = _COMMON_ERRORS | {
     constants.STATUS_ERROR_MAX_LOCKS,
     constants.STATUS_ERROR_MAX_WAITERS,
+    # A key is one resource: a lock (limit 1) on a key busy as a semaphore is refused too.
+    constants.STATUS_ERROR_LIMIT_MISMATCH,
 }
 _ENQUEUE_ERRORS: Final = _LOCK_ERRORS | {constants.STATUS_ERROR_ALREADY_ENQUEUED}
 _WAIT_ERRORS: Final = _COMMON_ERRORS | {
@@ -333,9 +335,9 @@ _WAIT_ERRORS: Final = _COMMON_ERRORS | {
 }
 _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.LOCK: _LOCK_ERRORS,
-    Command.SEM_LOCK: _LOCK_ERRORS | {constants.STATUS_ERROR_LIMIT_MISMATCH},
+    Command.SEM_LOCK: _LOCK_ERRORS,
     Command.ENQUEUE: _ENQUEUE_ERRORS,
-    Command.SEM_ENQUEUE: _ENQUEUE_ERRORS | {constants.STATUS_ERROR_LIMIT_MISMATCH},
+    Command.SEM_ENQUEUE: _ENQUEUE_ERRORS,
     Command.WAIT: _WAIT_ERRORS,
     Command.SEM_WAIT: _WAIT_ERRORS,
     Command.RENEW: _COMMON_ERRORS,

@@ -33,7 +33,7 @@ from celery_dflock.config import (
     get_config,
     resolve_options,
 )
-from celery_dflock.errors import DflockError, LockLost, LockNotAcquired
+from celery_dflock.errors import DflockError, LimitMismatchError, LockLost, LockNotAcquired
 from celery_dflock.keys import KeyBuilder, check_template
 
 __all__ = ["LOCK_OPTIONS_HEADER", "SKIPPED", "LockedTask", "apply_task_locks"]
@@ -385,6 +385,8 @@ class LockedTask(Task):
         )
         try:
             acquired = lock.acquire()
+        except LimitMismatchError as exc:  # the key is busy with another lock_limit
+            return self._contended(request, key, options, args, kwargs, mismatch=exc)
         except DflockError as exc:  # the server unreachable, refusing, draining, ...
             self._autoretry(request, exc)
             raise
@@ -466,13 +468,31 @@ class LockedTask(Task):
         options: LockOptions,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
+        mismatch: LimitMismatchError | None = None,
     ) -> Any:
+        """The key is busy: held by other runs, or (``mismatch``) in use with another limit.
+
+        A key is one resource on the server (a lock is a semaphore of limit 1), so runs with
+        another ``lock_limit`` on the key keep it busy like any holder; the server refuses at
+        once instead of queueing, and ``on_locked`` applies as for a busy key."""
         name = self._name
         task_id = cast("str | None", request.id)
-        busy = LockNotAcquired(
-            f"task {name}[{task_id}]: lock {key!r} is held by another run "
-            f"(waited {options.timeout:g}s; on_locked={options.on_locked!r})"
-        )
+        if mismatch is None:
+            busy = LockNotAcquired(
+                f"task {name}[{task_id}]: lock {key!r} is held by another run "
+                f"(waited {options.timeout:g}s; on_locked={options.on_locked!r})"
+            )
+        else:
+            mine = "a lock" if options.limit is None else f"a semaphore of limit {options.limit}"
+            busy = LockNotAcquired(
+                f"task {name}[{task_id}]: key {key!r} is in use by runs with another lock_limit "
+                f"(this run asked for {mine}; on_locked={options.on_locked!r}); a lock and a "
+                "semaphore on one key exclude each other: give every use of the key the same "
+                "lock_limit, or give the lock another lock_key"
+            )
+            busy.__cause__ = mismatch
+            logger.warning("dflock: %s", busy)
         if options.on_locked == "skip":
             logger.info(
                 "dflock: skipping %s[%s]: lock %r is held by another run", name, task_id, key

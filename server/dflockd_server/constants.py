@@ -83,6 +83,10 @@ FEATURE_SEMAPHORE: Final = "semaphore"
 """``sl`` / ``se`` / ``sw`` / ``sn`` / ``sr``."""
 FEATURE_TWO_PHASE: Final = "two_phase"
 """``e`` / ``w`` (and ``se`` / ``sw`` with ``semaphore``)."""
+FEATURE_LIMIT_MISMATCH: Final = "limit_mismatch"
+"""A key is one resource (a lock is a semaphore of limit 1): an acquire with another limit on a
+busy key, ``l`` / ``e`` included, is refused with ``error_limit_mismatch``, so a lock and a
+semaphore never overlap on one key."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -90,6 +94,7 @@ FEATURES: Final = (
     FEATURE_HELLO,
     FEATURE_SEMAPHORE,
     FEATURE_TWO_PHASE,
+    FEATURE_LIMIT_MISMATCH,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""

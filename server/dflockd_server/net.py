@@ -41,9 +41,6 @@ _ENQUEUES = (c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE)
 _WAITS = (c.CMD_WAIT, c.CMD_SEM_WAIT)
 _RENEWS = (c.CMD_RENEW, c.CMD_SEM_RENEW)
 _RELEASES = (c.CMD_RELEASE, c.CMD_SEM_RELEASE)
-_SEM_COMMANDS = frozenset(
-    {c.CMD_SEM_LOCK, c.CMD_SEM_ENQUEUE, c.CMD_SEM_WAIT, c.CMD_SEM_RENEW, c.CMD_SEM_RELEASE}
-)
 _AUTH = c.CMD_AUTH.encode()
 _LOCK = c.CMD_LOCK.encode()
 _RELEASE = c.CMD_RELEASE.encode()
@@ -398,24 +395,23 @@ class Connection(asyncio.Protocol):
         elif cmd == _RELEASE:
             quick = p.quick_token(key, arg)
             if quick is not None and quick[2] is None:
-                return self._release(quick[0], quick[1], False)
+                return self._release(quick[0], quick[1])
         elif cmd == _RENEW:
             quick = p.quick_token(key, arg)
             if quick is not None:
-                return self._renew(quick[0], quick[1], quick[2], False)
+                return self._renew(quick[0], quick[1], quick[2])
         try:
             req = p.decode_request(cmd, key, arg)
         except p.Malformed as exc:
             log.debug("connection %s: malformed request: %s", self.peer, exc)
             return p.REPLY_ERROR
         command = req.command
-        is_sem = command in _SEM_COMMANDS
         if command in _LOCKS:
             return self._acquire(req.key, req.timeout, req.lease, req.limit)
         if command in _RELEASES:
-            return self._release(req.key, req.token, is_sem)
+            return self._release(req.key, req.token)
         if command in _RENEWS:
-            return self._renew(req.key, req.token, req.lease, is_sem)
+            return self._renew(req.key, req.token, req.lease)
         client = self.client
         assert client is not None
         table = self.table
@@ -428,7 +424,7 @@ class Connection(asyncio.Protocol):
                     return p.REPLY_QUEUED
                 return p.reply_grant(c.STATUS_ACQUIRED, holder.token, holder.lease_ttl)
             if command in _WAITS:
-                return self._two_phase_wait(client, req.key, is_sem, req.timeout)
+                return self._two_phase_wait(client, req.key, req.timeout)
             if command == c.CMD_PING:
                 return p.REPLY_OK
             if command == c.CMD_HELLO:
@@ -459,16 +455,16 @@ class Connection(asyncio.Protocol):
         self._wait(got, timeout)
         return None
 
-    def _release(self, key: str, token: str, is_sem: bool) -> bytes:
+    def _release(self, key: str, token: str) -> bytes:
         try:
-            released = self.table.release(key, token, is_sem)
+            released = self.table.release(key, token)
         except _REFUSALS as exc:
             return self._refusal(exc)
         return p.REPLY_OK if released else p.REPLY_ERROR
 
-    def _renew(self, key: str, token: str, lease: int | None, is_sem: bool) -> bytes:
+    def _renew(self, key: str, token: str, lease: int | None) -> bytes:
         try:
-            remaining = self.table.renew(key, token, lease or self.default_lease, is_sem)
+            remaining = self.table.renew(key, token, lease or self.default_lease)
         except _REFUSALS as exc:
             return self._refusal(exc)
         return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
@@ -509,8 +505,8 @@ class Connection(asyncio.Protocol):
         self.table.cancel_wait(waiter)
         self._done_waiting(p.REPLY_TIMEOUT)
 
-    def _two_phase_wait(self, client: Client, key: str, is_sem: bool, timeout: int) -> bytes | None:
-        waiter = self.table.find_enqueued(client, key, is_sem)
+    def _two_phase_wait(self, client: Client, key: str, timeout: int) -> bytes | None:
+        waiter = self.table.find_enqueued(client, key)
         if waiter is None:
             return p.REPLY_ERROR_NOT_ENQUEUED
         holder = waiter.holder

@@ -1,5 +1,11 @@
 """The lock table: locks and semaphores, FIFO queues, leases. Pure state, no I/O.
 
+A key is one resource, as in dflockd Go: a lock is a semaphore of limit 1. The first acquire on
+an idle key fixes its limit (1 for ``l`` / ``e``, N for ``sl`` / ``se``) and its kind (what
+``stats`` and the metrics list it as); an acquire with another limit while the key has holders
+or waiters is refused (``LimitMismatch``), so a lock and a semaphore never overlap on one key.
+Renew and release take any token of the key, whichever command granted it.
+
 Time comes from an injected clock and tokens from an injected generator, so the table can be
 driven step by step (the model-based test does exactly that). A waiter that is granted later
 is announced through its ``wake`` callback, called after the table has finished changing.
@@ -40,7 +46,13 @@ class MaxWaiters(TableError):
 
 
 class LimitMismatch(TableError):
-    """A semaphore request's limit differs from the busy key's limit."""
+    """The request's limit (1 for a lock) differs from the limit of the busy key."""
+
+    def __init__(self, key: str, limit: int) -> None:
+        super().__init__(key, limit)
+        self.key = key
+        self.limit = limit
+        """The key's limit, which the refused request did not match."""
 
 
 class AlreadyEnqueued(TableError):
@@ -56,7 +68,7 @@ class Client:
         self.id = client_id
         self.held: dict[str, Holder] = {}
         self.waiting: set[Waiter] = set()
-        self.enqueued: dict[tuple[bool, str], Waiter] = {}
+        self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
 
 
 class Holder:
@@ -92,7 +104,8 @@ class Waiter:
 
 class KeyState:
     """One key: its holders (token -> holder), FIFO queue (``()`` while nobody waits) and
-    limit (1 for a lock)."""
+    limit (1 for a lock). ``is_sem``: the key was last fixed by a semaphore request (its kind
+    in ``stats`` and the metrics)."""
 
     __slots__ = (
         "earliest",
@@ -161,8 +174,8 @@ class LockTable:
         self.max_locks = max_locks
         self.max_waiters = max_waiters
         self.auto_release_on_disconnect = auto_release_on_disconnect
-        self.locks: dict[str, KeyState] = {}
-        self.sems: dict[str, KeyState] = {}
+        self.keys: dict[str, KeyState] = {}
+        """Every key, locks and semaphores alike: one resource per key."""
         self._wakes: list[Waiter] = []
         self._next_client_id = 0
         self.counts = Counts()
@@ -193,7 +206,8 @@ class LockTable:
     ) -> Holder | Waiter | None:
         """Grant at once (a ``Holder``), queue (a ``Waiter``, if ``queue``), or ``None``.
 
-        ``limit`` is ``None`` for a lock, the semaphore's limit otherwise.
+        ``limit`` is ``None`` for a lock, the semaphore's limit otherwise. Raises
+        ``LimitMismatch`` when the key is busy with another limit (a lock's is 1).
         """
         now = self.clock()
         try:
@@ -217,15 +231,14 @@ class LockTable:
                 self._flush()
 
     def _enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
-        slot = (limit is not None, key)
-        previous = client.enqueued.get(slot)
+        previous = client.enqueued.get(key)
         now = self.clock()
         if previous is not None:
             if previous.holder is not None:
                 self._check(previous.state, now)
             if previous.holder is None or previous.holder.live:
                 raise AlreadyEnqueued(key)
-            del client.enqueued[slot]
+            del client.enqueued[key]
         state = self._state_for(key, limit, now)
         if len(state.holders) < state.limit and state.n_waiting == 0:
             waiter = Waiter(client, state, lease_ttl)
@@ -234,12 +247,13 @@ class LockTable:
         else:
             waiter = self._queue(state, client, lease_ttl)
         waiter.enqueued = True
-        client.enqueued[slot] = waiter
+        client.enqueued[key] = waiter
         return waiter
 
-    def find_enqueued(self, client: Client, key: str, is_sem: bool) -> Waiter | None:
-        """Two-phase step 2: the client's pending enqueue on ``key`` (leases checked first)."""
-        waiter = client.enqueued.get((is_sem, key))
+    def find_enqueued(self, client: Client, key: str) -> Waiter | None:
+        """Two-phase step 2: the client's pending enqueue on ``key`` (leases checked first),
+        made by ``e`` or ``se`` alike."""
+        waiter = client.enqueued.get(key)
         if waiter is not None and waiter.holder is not None:
             self._check(waiter.state, self.clock())
             self._flush()
@@ -249,9 +263,9 @@ class LockTable:
         """The two-phase wait is over (granted, expired or timed out)."""
         if waiter.enqueued:
             waiter.enqueued = False
-            slot = (waiter.state.is_sem, waiter.state.key)
-            if waiter.client.enqueued.get(slot) is waiter:
-                del waiter.client.enqueued[slot]
+            key = waiter.state.key
+            if waiter.client.enqueued.get(key) is waiter:
+                del waiter.client.enqueued[key]
 
     def cancel_wait(self, waiter: Waiter) -> None:
         """The waiter gives up (timeout); a granted waiter is left alone."""
@@ -264,8 +278,10 @@ class LockTable:
             self._flush()
 
     # ------------------------------------------------------------------ renew / release
-    def release(self, key: str, token: str, is_sem: bool) -> bool:
-        state = (self.sems if is_sem else self.locks).get(key)
+    def release(self, key: str, token: str) -> bool:
+        """Release the slot ``token`` holds on ``key`` (granted by a lock or a semaphore
+        request alike); ``False`` if it holds none."""
+        state = self.keys.get(key)
         if state is None:
             return False
         now = self.clock()
@@ -276,7 +292,7 @@ class LockTable:
             if self._wakes:
                 self._flush()
             return False
-        self.counts.releases[is_sem] += 1
+        self.counts.releases[state.is_sem] += 1
         self._drop_holder(holder, now)
         if state.queue:
             self._fill(state, now)
@@ -284,9 +300,9 @@ class LockTable:
             self._flush()
         return True
 
-    def renew(self, key: str, token: str, lease_ttl: int, is_sem: bool) -> int | None:
+    def renew(self, key: str, token: str, lease_ttl: int) -> int | None:
         """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``."""
-        state = (self.sems if is_sem else self.locks).get(key)
+        state = self.keys.get(key)
         if state is None:
             return None
         now = self.clock()
@@ -308,32 +324,30 @@ class LockTable:
         """Expire every lease that has run out; returns how many."""
         now = self.clock()
         expired = 0
-        for states in (self.locks, self.sems):
-            for state in states.values():
-                if now >= state.earliest:
-                    expired += self._check(state, now)
+        for state in self.keys.values():
+            if now >= state.earliest:
+                expired += self._check(state, now)
         self._flush()
         return expired
 
     def gc(self, max_idle_s: float) -> int:
         """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``."""
         now = self.clock()
-        pruned = 0
-        for states in (self.locks, self.sems):
-            stale = [k for k, s in states.items() if s.idle and now - s.last_used >= max_idle_s]
-            for k in stale:
-                del states[k]
-            pruned += len(stale)
-        return pruned
+        states = self.keys
+        stale = [k for k, s in states.items() if s.idle and now - s.last_used >= max_idle_s]
+        for k in stale:
+            del states[k]
+        return len(stale)
 
     def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
         """``(keys, holders, waiters)`` of one kind right now (leases are not swept here)."""
-        states = self.sems if is_sem else self.locks
-        holders = waiters = 0
-        for state in states.values():
-            holders += len(state.holders)
-            waiters += state.n_waiting
-        return len(states), holders, waiters
+        keys = holders = waiters = 0
+        for state in self.keys.values():
+            if state.is_sem is is_sem:
+                keys += 1
+                holders += len(state.holders)
+                waiters += state.n_waiting
+        return keys, holders, waiters
 
     def stats(self, connections: int) -> dict[str, Any]:
         """The ``stats`` reply, in dflockd's shape."""
@@ -341,8 +355,22 @@ class LockTable:
         self.expire()
         locks: list[dict[str, Any]] = []
         idle_locks: list[dict[str, Any]] = []
-        for key, state in self.locks.items():
-            if state.holders:
+        sems: list[dict[str, Any]] = []
+        idle_sems: list[dict[str, Any]] = []
+        for key, state in self.keys.items():
+            if state.is_sem:
+                if state.idle:
+                    idle_sems.append({"key": key, "idle_s": round(now - state.last_used, 3)})
+                else:
+                    sems.append(
+                        {
+                            "key": key,
+                            "limit": state.limit,
+                            "holders": len(state.holders),
+                            "waiters": state.n_waiting,
+                        }
+                    )
+            elif state.holders:
                 holder = next(iter(state.holders.values()))
                 locks.append(
                     {
@@ -354,20 +382,6 @@ class LockTable:
                 )
             elif state.n_waiting == 0:
                 idle_locks.append({"key": key, "idle_s": round(now - state.last_used, 3)})
-        sems: list[dict[str, Any]] = []
-        idle_sems: list[dict[str, Any]] = []
-        for key, state in self.sems.items():
-            if state.idle:
-                idle_sems.append({"key": key, "idle_s": round(now - state.last_used, 3)})
-            else:
-                sems.append(
-                    {
-                        "key": key,
-                        "limit": state.limit,
-                        "holders": len(state.holders),
-                        "waiters": state.n_waiting,
-                    }
-                )
         return {
             "connections": connections,
             "locks": locks,
@@ -378,23 +392,27 @@ class LockTable:
 
     # ------------------------------------------------------------------ internals
     def _state_for(self, key: str, limit: int | None, now: float) -> KeyState:
+        """The key's state for an acquire with ``limit`` (``None``: a lock, limit 1): made
+        if new, its limit and kind fixed anew if idle, refused if busy with another limit."""
         is_sem = limit is not None
-        states = self.sems if is_sem else self.locks
+        wanted = 1 if limit is None else limit
+        states = self.keys
         state = states.get(key)
         if state is None:
-            if len(self.locks) + len(self.sems) >= self.max_locks:
+            if len(states) >= self.max_locks:
                 self.gc(0.0)  # idle keys hold nothing: make room before refusing
-                if len(self.locks) + len(self.sems) >= self.max_locks:
+                if len(states) >= self.max_locks:
                     raise MaxLocks(key)
-            state = states[key] = KeyState(key, is_sem, limit or 1, now)
+            state = states[key] = KeyState(key, is_sem, wanted, now)
             return state
         if now >= state.earliest:
             self._check(state, now)
         state.last_used = now
-        if limit is not None and limit != state.limit:
-            if not state.idle:
-                raise LimitMismatch(key)
-            state.limit = limit
+        if state.idle:
+            state.limit = wanted
+            state.is_sem = is_sem
+        elif wanted != state.limit:
+            raise LimitMismatch(key, state.limit)
         return state
 
     def _queue(self, state: KeyState, client: Client, lease_ttl: int) -> Waiter:

@@ -39,8 +39,10 @@ VALID: list[tuple[Command, bytes, Reply]] = [
         for c in (Command.LOCK, Command.SEM_LOCK, Command.ENQUEUE, Command.SEM_ENQUEUE)
         for code in ("error_max_locks", "error_max_waiters", *COMMON_ERRORS)
     ],
-    (Command.SEM_LOCK, b"error_limit_mismatch\n", ErrorReply("error_limit_mismatch")),
-    (Command.SEM_ENQUEUE, b"error_limit_mismatch\n", ErrorReply("error_limit_mismatch")),
+    *[
+        (c, b"error_limit_mismatch\n", ErrorReply("error_limit_mismatch"))
+        for c in (Command.LOCK, Command.SEM_LOCK, Command.ENQUEUE, Command.SEM_ENQUEUE)
+    ],
     *[
         (c, f"{code}\n".encode(), ErrorReply(code))
         for c in (Command.WAIT, Command.SEM_WAIT)
@@ -157,13 +159,11 @@ GARBAGE: list[tuple[Command, bytes]] = [
 UNEXPECTED: list[tuple[Command, bytes]] = [
     (Command.LOCK, b"queued\n"),
     (Command.LOCK, b"acquired " + TOKEN.encode() + b" 33\n"),
-    (Command.LOCK, b"error_limit_mismatch\n"),
     (Command.LOCK, b"error_not_enqueued\n"),
     (Command.WAIT, b"acquired " + TOKEN.encode() + b" 33\n"),
     (Command.WAIT, b"error_max_locks\n"),
     (Command.ENQUEUE, b"ok " + TOKEN.encode() + b" 33\n"),
     (Command.ENQUEUE, b"timeout\n"),
-    (Command.ENQUEUE, b"error_limit_mismatch\n"),
     (Command.RENEW, b"ok " + TOKEN.encode() + b" 33\n"),
     (Command.RELEASE, b"ok 30\n"),
     (Command.RELEASE, b"timeout\n"),

@@ -302,13 +302,24 @@ def test_semaphore_limit_mismatch(dflock_server: ServerThread) -> None:
         DistributedSemaphore("sem-mm", 5, servers=servers).acquire()
 
 
-def test_lock_and_semaphore_keys_are_separate(dflock_server: ServerThread) -> None:
+def test_a_lock_and_a_semaphore_on_one_key_exclude_each_other(
+    dflock_server: ServerThread,
+) -> None:
     servers = [dflock_server.address]
-    with (
-        DistributedLock("shared-name", servers=servers),
-        DistributedSemaphore("shared-name", 1, 0, servers=servers) as sem,
-    ):
-        assert sem.locked()
+    with DistributedLock("shared-name", servers=servers):
+        with pytest.raises(LimitMismatchError, match="same limit"):
+            DistributedSemaphore("shared-name", 2, 0, servers=servers).acquire()
+        # Limit 1 is the lock's own limit: the same resource, held.
+        assert DistributedSemaphore("shared-name", 1, 0, servers=servers).acquire() is False
+    with DistributedSemaphore("shared-name", 2, servers=servers):
+        lock = DistributedLock("shared-name", acquire_timeout_s=5, servers=servers)
+        with pytest.raises(LimitMismatchError, match="in use as a semaphore"):
+            lock.acquire()  # refused at once, not after waiting
+        with pytest.raises(LimitMismatchError, match="in use as a semaphore"):
+            lock.enqueue()
+        assert not lock.locked()
+    with DistributedLock("shared-name", servers=servers) as lock:  # idle: a lock again
+        assert lock.locked()
 
 
 # ------------------------------------------------------------------------ server limits

@@ -82,8 +82,8 @@ def test_release_wrong_token_and_other_key(dflock_server: ServerThread) -> None:
         token = a.lock("k")
         assert a.req("r", "k", "0" * 32) == "error"
         assert a.req("r", "other", token) == "error"
-        assert a.req("sr", "k", token) == "error"  # semaphores are a separate namespace
         assert a.req("r", "k", token) == "ok"
+        assert a.req("r", "k", token) == "error"  # released already
 
 
 def test_token_is_a_bearer_credential(dflock_server: ServerThread) -> None:
@@ -254,7 +254,7 @@ def test_semaphore_limit_and_fifo(dflock_server: ServerThread) -> None:
         assert d.req("sn", "s", f"{tc} 5") == "ok 5"
         assert d.req("sn", "s", "x" * 32) == "error"
         assert d.req("sr", "s", "x" * 32) == "error"
-        assert d.req("l", "s", "0").startswith("ok ")  # the lock namespace is separate
+        assert d.req("l", "s", "0") == "error_limit_mismatch"  # one resource per key
 
 
 def test_semaphore_limit_mismatch(dflock_server: ServerThread) -> None:
@@ -265,6 +265,54 @@ def test_semaphore_limit_mismatch(dflock_server: ServerThread) -> None:
         assert a.req("se", "s", "5") == "error_limit_mismatch"
         assert a.req("sr", "s", token) == "ok"
         assert a.req("sl", "s", "0 4").startswith("ok ")  # an idle key takes a new limit
+
+
+def test_a_lock_and_a_semaphore_on_one_key_exclude_each_other(
+    dflock_server: ServerThread,
+) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as a, Wire(addr) as b, Wire(addr) as probe:
+        status, sem_token, _ = a.req("sl", "k", "0 2").split()
+        assert status == "ok"
+        assert b.req("l", "k", "0") == "error_limit_mismatch"
+        assert b.req("l", "k", "5") == "error_limit_mismatch"  # refused at once, not queued
+        assert b.req("e", "k") == "error_limit_mismatch"
+        assert b.req("sl", "k", "0 1") == "error_limit_mismatch"
+        assert stats_of(probe)["semaphores"] == [
+            {"key": "k", "limit": 2, "holders": 1, "waiters": 0}
+        ]
+        assert stats_of(probe)["locks"] == []
+        assert a.req("n", "k", f"{sem_token} 7") == "ok 7"  # any token of the key
+        assert a.req("r", "k", sem_token) == "ok"
+        # Idle again: the next acquire fixes the limit anew, here as a lock (limit 1).
+        lock_token = b.lock("k")
+        assert a.req("sl", "k", "0 2") == "error_limit_mismatch"
+        assert a.req("se", "k", "2") == "error_limit_mismatch"
+        assert a.req("sl", "k", "0 1") == "timeout"  # the same limit: one queue, one slot
+        a.send("sl", "k", "10 1")
+        eventually(lambda: stats_of(probe)["locks"][0]["waiters"] == 1, "a queued")
+        assert b.req("sr", "k", lock_token) == "ok"  # releases the lock
+        status, granted, _ = a.recv().split()
+        assert status == "ok"
+        assert fence(granted) > fence(lock_token)
+        assert b.req("l", "k", "0") == "timeout"
+        assert a.req("sr", "k", granted) == "ok"
+
+
+def test_two_phase_is_one_enqueue_per_key(dflock_server: ServerThread) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as a, Wire(addr) as b:
+        status, token, _ = a.req("e", "k").split()
+        assert status == "acquired"
+        assert a.req("se", "k", "1") == "error_already_enqueued"
+        assert b.req("se", "k", "3") == "error_limit_mismatch"
+        assert b.req("se", "k", "1") == "queued"  # limit 1: the same resource
+        b.send("w", "k", "10")  # w finds the se enqueue
+        assert a.req("sw", "k", "0") == f"ok {token} {constants.DEFAULT_LEASE_TTL_S}"
+        assert a.req("r", "k", token) == "ok"
+        status, token_b, _ = b.recv().split()
+        assert status == "ok"
+        assert b.req("r", "k", token_b) == "ok"
 
 
 def test_semaphore_two_phase(dflock_server: ServerThread) -> None:
@@ -408,6 +456,7 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
             "hello",
             "semaphore",
             "two_phase",
+            "limit_mismatch",
         }
         assert len(set(hello["features"])) == len(hello["features"])
         assert a.req("hello", "anything", "at all") == line[:-1].decode()  # like ping

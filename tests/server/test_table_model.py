@@ -1,6 +1,8 @@
 """Model-based test of the pure lock table: random acquire / release / renew / expire /
-timeout / disconnect / GC interleavings over two locks and a semaphore, against a plain
-reference model. The table runs on a fake clock; no sockets."""
+timeout / disconnect / GC interleavings over two keys, each taken as a lock or as a semaphore
+of a few limits, against a plain reference model. A key is one resource (a lock is a semaphore
+of limit 1): its first acquire while idle fixes its limit, another limit while it is busy is
+refused. The table runs on a fake clock; no sockets."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dflockd_server.fence import FenceCounter, fence_of
 from dflockd_server.table import Client, Holder, LimitMismatch, LockTable, Waiter
 
-# (key, semaphore limit or None for a lock)
-KEYS: list[tuple[str, int | None]] = [("a", None), ("b", None), ("s", 2)]
+KEYS = ["a", "b"]
+LIMITS: list[int | None] = [None, 1, 2, 3]  # None: a lock (``l``); N: a semaphore (``sl``)
 N_CLIENTS = 3
 
 
@@ -23,7 +25,8 @@ N_CLIENTS = 3
 class ModelKey:
     """The reference: holders (request id -> expiry) in grant order, a FIFO list of waiters."""
 
-    limit: int
+    limit: int = 1
+    is_sem: bool = False
     holders: dict[int, float] = field(default_factory=lambda: {})
     queue: list[int] = field(default_factory=lambda: [])
     grants: list[int] = field(default_factory=lambda: [])
@@ -43,11 +46,9 @@ class LockTableMachine(RuleBasedStateMachine):
 
         self.table = LockTable(clock=lambda: self.now, new_token=new_token, max_locks=100)
         self.clients: list[Client] = [self.table.open_client() for _ in range(N_CLIENTS)]
-        self.model: dict[tuple[str, bool], ModelKey] = {
-            (key, limit is not None): ModelKey(limit or 1) for key, limit in KEYS
-        }
+        self.model: dict[str, ModelKey] = {key: ModelKey() for key in KEYS}
         self.seq = 0
-        self.req_key: dict[int, tuple[str, bool]] = {}
+        self.req_key: dict[int, str] = {}
         self.req_lease: dict[int, int] = {}
         self.req_client: dict[int, int] = {}
         self.holders: dict[int, Holder] = {}
@@ -81,31 +82,28 @@ class LockTableMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
     @rule(
         ci=st.integers(0, N_CLIENTS - 1),
-        ki=st.integers(0, len(KEYS) - 1),
+        key=st.sampled_from(KEYS),
+        limit=st.sampled_from(LIMITS),
         lease=st.integers(1, 3),
         queue=st.booleans(),
-        other_limit=st.booleans(),
     )
-    def acquire(self, ci: int, ki: int, lease: int, queue: bool, other_limit: bool) -> None:
-        key, limit = KEYS[ki]
-        if limit is not None and other_limit:
-            limit += 1
-        slot = (key, limit is not None)
-        mk = self.model[slot]
+    def acquire(self, ci: int, key: str, limit: int | None, lease: int, queue: bool) -> None:
+        mk = self.model[key]
+        wanted = 1 if limit is None else limit
         self.seq += 1
         req = self.seq
         self.req_lease[req] = lease
-        self.req_key[req] = slot
+        self.req_key[req] = key
         self.req_client[req] = ci
         # model
         self._touch(mk)
         busy = bool(mk.holders or mk.queue)
         expect: str
-        if limit is not None and limit != mk.limit and busy:
+        if busy and wanted != mk.limit:
             expect = "mismatch"
         else:
-            if limit is not None:
-                mk.limit = limit
+            if not busy:
+                mk.limit, mk.is_sem = wanted, limit is not None
             if len(mk.holders) < mk.limit and not mk.queue:
                 mk.holders[req] = self.now + lease
                 mk.grants.append(req)
@@ -118,8 +116,9 @@ class LockTableMachine(RuleBasedStateMachine):
         # table
         try:
             got = self.table.acquire(self.clients[ci], key, lease, limit, queue=queue)
-        except LimitMismatch:
+        except LimitMismatch as exc:
             assert expect == "mismatch"
+            assert (exc.key, exc.limit) == (key, mk.limit)
             return
         if isinstance(got, Holder):
             assert expect == "granted"
@@ -136,26 +135,26 @@ class LockTableMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         req = data.draw(st.sampled_from(sorted(self.holders)))
-        key, is_sem = self.req_key[req]
-        mk = self.model[(key, is_sem)]
+        key = self.req_key[req]
+        mk = self.model[key]
         self._touch(mk)
         expected = req in mk.holders
         if expected:
             del mk.holders[req]
             self._fill(mk)
-        assert self.table.release(key, self.holders[req].token, is_sem) is expected
+        assert self.table.release(key, self.holders[req].token) is expected
 
     @precondition(lambda self: bool(self.holders))
     @rule(data=st.data(), lease=st.integers(1, 3))
     def renew(self, data: st.DataObject, lease: int) -> None:
         req = data.draw(st.sampled_from(sorted(self.holders)))
-        key, is_sem = self.req_key[req]
-        mk = self.model[(key, is_sem)]
+        key = self.req_key[req]
+        mk = self.model[key]
         self._touch(mk)
         expected = req in mk.holders
         if expected:
             mk.holders[req] = self.now + lease
-        got = self.table.renew(key, self.holders[req].token, lease, is_sem)
+        got = self.table.renew(key, self.holders[req].token, lease)
         assert got == (lease if expected else None)
 
     @precondition(lambda self: bool(self.waiters))
@@ -203,11 +202,9 @@ class LockTableMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ invariants
     @invariant()
     def table_matches_model(self) -> None:
-        for (key, is_sem), mk in self.model.items():
-            state = (self.table.sems if is_sem else self.table.locks).get(key)
-            live = {
-                r for r, h in self.holders.items() if h.live and self.req_key[r] == (key, is_sem)
-            }
+        for key, mk in self.model.items():
+            state = self.table.keys.get(key)
+            live = {r for r, h in self.holders.items() if h.live and self.req_key[r] == key}
             assert live == set(mk.holders), (key, live, mk.holders)
             if state is None:
                 assert not mk.holders and not mk.queue
@@ -216,13 +213,16 @@ class LockTableMachine(RuleBasedStateMachine):
             queued = [self.waiter_req[id(w)] for w in state.queue if w.active]
             assert queued == mk.queue  # FIFO order
             assert state.n_waiting == len(mk.queue)
+            assert (state.limit, state.is_sem) == (mk.limit, mk.is_sem)
 
     @invariant()
     def never_over_limit(self) -> None:
-        for (key, is_sem), mk in self.model.items():
-            state = (self.table.sems if is_sem else self.table.locks).get(key)
+        for key, mk in self.model.items():
+            state = self.table.keys.get(key)
             if state is not None:
-                assert len(state.holders) <= (state.limit if is_sem else 1)
+                assert len(state.holders) <= state.limit
+                if not state.is_sem:
+                    assert state.limit == 1  # a lock is a semaphore of limit 1
             assert len(mk.holders) <= mk.limit
 
     @invariant()

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -89,6 +90,46 @@ def exclusive_skip(self: LockedTask, n: int, group: int, hold: float = 0.01) -> 
 @app.task(bind=True, base=LockedTask, lock_key="sem:{group}", lock_limit=2, on_locked="skip")
 def limited(self: LockedTask, n: int, group: int, hold: float = 0.3) -> int:
     return _exclusive_body(self, n, group, hold)
+
+
+def _shared_key_body(task: LockedTask, n: int, release_file: str | None) -> int:
+    """Run until ``release_file`` exists (at once without one), then log the run."""
+    start = time.time()
+    record("started", n=n, task_id=task.request.id, key=task.request.dflock_key)
+    while release_file is not None and not os.path.exists(release_file):
+        if time.time() - start > BLOCK_LIMIT_S:
+            break
+        time.sleep(TICK_S)
+    record(
+        "run",
+        n=n,
+        key=task.request.dflock_key,
+        fence=_fence(task),
+        start=start,
+        end=time.time(),
+        task_id=task.request.id,
+        retries=task.request.retries,
+    )
+    return n
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_key="shared:{group}",
+    on_locked="retry",
+    max_retries=None,
+    lock_retry_countdown=0.1,
+    lock_retry_backoff_max=0.4,
+)
+def shared_key_retry(self: LockedTask, n: int, group: str, release_file: str | None) -> int:
+    """A lock, or a semaphore with a per-call ``lock_limit``, on one key (issue 13, point 7)."""
+    return _shared_key_body(self, n, release_file)
+
+
+@app.task(bind=True, base=LockedTask, lock_key="shared:{group}", on_locked="raise")
+def shared_key_raise(self: LockedTask, n: int, group: str, release_file: str | None) -> int:
+    return _shared_key_body(self, n, release_file)
 
 
 # ----------------------------------------------------------------------- renewal

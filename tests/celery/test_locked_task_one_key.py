@@ -1,0 +1,99 @@
+"""A lock and a semaphore on one key exclude each other (issue 13, point 7), over real prefork
+workers on the Redis broker: a key is one resource on the server, so a run asking for another
+``lock_limit`` than the runs holding the key is refused, and ``on_locked`` applies to it as to
+a busy key, with a message that says what to change."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.result import AsyncResult
+from worker_harness import EventLog, WorkerFactory, with_server
+
+from celery_dflock import LockNotAcquired
+from celery_dflock.task import LOCK_OPTIONS_HEADER
+from dflockd_server.testing import ServerThread
+
+RESULT_TIMEOUT_S = 60.0
+REFUSED_TIMEOUT_S = 30.0
+MISMATCH_HINT = "is in use by runs with another lock_limit"
+
+
+def send(
+    app: Celery, task: str, n: int, group: str, release_file: Path | None, limit: int | None
+) -> AsyncResult:
+    headers = {LOCK_OPTIONS_HEADER: {"lock_limit": limit}} if limit is not None else None
+    args = (n, group, str(release_file) if release_file is not None else None)
+    return app.send_task(f"apps.tasks.{task}", args, headers=headers)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    ("first_limit", "second_limit"),
+    [(2, None), (None, 2)],
+    ids=["semaphore-then-lock", "lock-then-semaphore"],
+)
+def test_a_lock_and_a_semaphore_on_one_key_never_overlap(
+    redis_settings: dict[str, Any],
+    lock_server: ServerThread,
+    make_workers: Callable[[dict[str, Any]], WorkerFactory],
+    client_app: Callable[[dict[str, Any]], Celery],
+    event_log: EventLog,
+    tmp_path: Path,
+    first_limit: int | None,
+    second_limit: int | None,
+) -> None:
+    settings = with_server(redis_settings, lock_server)
+    worker = make_workers(settings).start(pool="prefork", concurrency=2)
+    app = client_app(settings)
+    group = uuid.uuid4().hex[:8]
+    release = tmp_path / "release-first"
+    first = send(app, "shared_key_retry", 0, group, release, first_limit)
+    event_log.wait_event("started", task_id=first.id, timeout=RESULT_TIMEOUT_S)
+    second = send(app, "shared_key_retry", 1, group, None, second_limit)
+    # The second run is refused while the first holds the key (it would run at once if the
+    # key were two resources), and says why; only then does the first run end.
+    assert worker.wait_output(MISMATCH_HINT, timeout=REFUSED_TIMEOUT_S), worker.output()[-3000:]
+    assert not event_log.events("started", task_id=second.id)
+    release.touch()
+    assert first.get(timeout=RESULT_TIMEOUT_S) == 0
+    assert second.get(timeout=RESULT_TIMEOUT_S) == 1  # retried once the key was free
+    runs = {r["n"]: r for r in event_log.entries("run") if r["task_id"] in (first.id, second.id)}
+    assert runs[0]["key"] == runs[1]["key"]
+    assert runs[1]["start"] >= runs[0]["end"], runs
+    assert runs[1]["retries"] >= 1
+    assert runs[1]["fence"] > runs[0]["fence"]
+
+
+@pytest.mark.redis
+def test_on_locked_raise_names_the_other_lock_limit(
+    redis_settings: dict[str, Any],
+    lock_server: ServerThread,
+    make_workers: Callable[[dict[str, Any]], WorkerFactory],
+    client_app: Callable[[dict[str, Any]], Celery],
+    event_log: EventLog,
+    tmp_path: Path,
+) -> None:
+    settings = with_server(redis_settings, lock_server)
+    make_workers(settings).start(pool="prefork", concurrency=2)
+    app = client_app(settings)
+    group = uuid.uuid4().hex[:8]
+    release = tmp_path / "release-first"
+    semaphore = send(app, "shared_key_retry", 0, group, release, 2)
+    event_log.wait_event("started", task_id=semaphore.id, timeout=RESULT_TIMEOUT_S)
+    try:
+        lock = send(app, "shared_key_raise", 1, group, None, None)
+        with pytest.raises(LockNotAcquired, match=MISMATCH_HINT) as info:
+            lock.get(timeout=RESULT_TIMEOUT_S)
+        message = str(info.value)
+        assert "this run asked for a lock" in message
+        assert "same lock_limit" in message
+        assert not event_log.events("started", task_id=lock.id)
+    finally:
+        release.touch()
+    assert semaphore.get(timeout=RESULT_TIMEOUT_S) == 0

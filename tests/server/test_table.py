@@ -1,0 +1,140 @@
+"""The pure lock table, step by step on a fake clock: one resource per key (a lock is a
+semaphore of limit 1). The model-based test (test_table_model.py) covers random interleavings;
+these name the rules one by one."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dflockd_server.table import AlreadyEnqueued, Holder, LimitMismatch, LockTable, Waiter
+
+LEASE = 10
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_table(clock: Clock) -> LockTable:
+    serial = itertools.count(1)
+    return LockTable(
+        clock=clock, new_token=lambda: f"{next(serial):032x}", max_locks=100, max_waiters=0
+    )
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def table(clock: Clock) -> LockTable:
+    return make_table(clock)
+
+
+def grant(table: LockTable, key: str, limit: int | None) -> Holder:
+    got = table.acquire(table.open_client(), key, LEASE, limit, queue=False)
+    assert isinstance(got, Holder), got
+    return got
+
+
+def test_a_lock_refuses_a_semaphore_and_the_other_way_round(table: LockTable) -> None:
+    grant(table, "k", None)
+    with pytest.raises(LimitMismatch) as info:
+        table.acquire(table.open_client(), "k", LEASE, 2, queue=True)
+    assert (info.value.key, info.value.limit) == ("k", 1)
+    sem = grant(table, "s", 2)
+    for limit in (None, 1, 3):
+        with pytest.raises(LimitMismatch) as info:
+            table.acquire(table.open_client(), "s", LEASE, limit, queue=True)
+        assert info.value.limit == 2
+    assert len(sem.state.holders) == 1
+    assert sem.state.n_waiting == 0  # a refused request never queues
+
+
+def test_a_refused_enqueue_leaves_nothing_behind(table: LockTable) -> None:
+    grant(table, "s", 3)
+    client = table.open_client()
+    with pytest.raises(LimitMismatch):
+        table.enqueue(client, "s", LEASE, None)
+    assert client.enqueued == {}
+    assert table.enqueue(client, "s", LEASE, 3).holder is not None
+
+
+def test_limit_one_is_the_same_resource_as_a_lock(table: LockTable) -> None:
+    lock = grant(table, "k", None)
+    waiter = table.acquire(table.open_client(), "k", LEASE, 1, queue=True)
+    assert isinstance(waiter, Waiter)
+    assert table.acquire(table.open_client(), "k", LEASE, None, queue=False) is None
+    assert table.release("k", lock.token)
+    assert waiter.holder is not None
+    assert lock.state.is_sem is False  # the kind stays what fixed the key
+    assert table.stats(0)["locks"][0]["key"] == "k"
+
+
+def test_a_key_stays_busy_while_a_waiter_inherits_it(table: LockTable) -> None:
+    first, second = grant(table, "s", 2), grant(table, "s", 2)
+    waiter = table.acquire(table.open_client(), "s", LEASE, 2, queue=True)
+    assert isinstance(waiter, Waiter)
+    with pytest.raises(LimitMismatch):  # held and queued
+        table.acquire(table.open_client(), "s", LEASE, None, queue=True)
+    assert table.release("s", first.token)
+    assert table.release("s", second.token)
+    assert waiter.holder is not None
+    with pytest.raises(LimitMismatch):  # the waiter holds it now
+        table.acquire(table.open_client(), "s", LEASE, None, queue=True)
+    assert table.release("s", waiter.holder.token)
+    assert grant(table, "s", None).state.limit == 1
+
+
+def test_an_idle_key_takes_the_limit_and_kind_of_its_next_acquire(
+    table: LockTable, clock: Clock
+) -> None:
+    sem = grant(table, "k", 2)
+    assert table.release("k", sem.token)
+    lock = grant(table, "k", None)
+    assert (lock.state.limit, lock.state.is_sem) == (1, False)
+    assert table.stats(0)["locks"][0]["key"] == "k"
+    assert table.stats(0)["semaphores"] == []
+    clock.now += LEASE  # the lease runs out: idle again, checked on the next acquire
+    again = grant(table, "k", 3)
+    assert (again.state.limit, again.state.is_sem) == (3, True)
+    assert table.stats(0)["semaphores"] == [{"key": "k", "limit": 3, "holders": 1, "waiters": 0}]
+    assert table.occupancy(True) == (1, 1, 0)
+    assert table.occupancy(False) == (0, 0, 0)
+
+
+def test_renew_and_release_take_any_token_of_the_key(table: LockTable) -> None:
+    sem = grant(table, "s", 2)
+    lock = grant(table, "k", None)
+    assert table.renew("s", sem.token, 5) == 5
+    assert table.renew("k", lock.token, 5) == 5
+    assert table.renew("k", sem.token, 5) is None  # a token of another key
+    assert table.release("s", sem.token)
+    assert table.release("k", lock.token)
+    assert table.counts.releases == [1, 1]  # counted by the key's kind
+
+
+def test_one_two_phase_enqueue_per_connection_and_key(table: LockTable) -> None:
+    client = table.open_client()
+    first = table.enqueue(client, "k", LEASE, None)
+    assert first.holder is not None
+    with pytest.raises(AlreadyEnqueued):
+        table.enqueue(client, "k", LEASE, 1)  # se after e on the same key
+    assert table.find_enqueued(client, "k") is first  # w and sw alike find it
+    table.forget_enqueued(first)
+    assert table.find_enqueued(client, "k") is None
+
+
+def test_max_locks_counts_every_key_once(clock: Clock) -> None:
+    serial = itertools.count(1)
+    table = LockTable(clock=clock, new_token=lambda: f"{next(serial):032x}", max_locks=2)
+    grant(table, "a", None)
+    grant(table, "b", 2)
+    assert len(table.keys) == 2
