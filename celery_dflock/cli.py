@@ -61,15 +61,12 @@ class ServerReport:
         """Why a server is unreachable, or what a reachable one does not support ('' if all)."""
         if self.server is None:
             return self.error or "unreachable"
-        lacks = self.lacks
+        lacks = [f for f in self.lacks if f != FEATURE_HELLO]
+        who = "older dflockd (no hello)" if self.server.legacy else self.server.describe()
         if not lacks:
-            return ""
-        who = "older dflockd, no hello" if self.server.legacy else self.server.describe()
-        if FEATURE_STATS in lacks:
-            rest = [f for f in lacks if f != FEATURE_STATS]
-            also = f"; also no {', '.join(rest)}" if rest else ""
-            return f"no stats: its locks cannot be listed{also} ({who})"
-        return f"no {', '.join(lacks)} ({who})"
+            return "" if not self.server.legacy else who
+        said = [_LACKING.get(feature, f"no {feature}") for feature in lacks]
+        return f"{who}: {'; '.join(said)}"
 
     def as_json(self) -> dict[str, Any]:
         """The report as plain JSON data."""
@@ -87,6 +84,10 @@ class ServerReport:
 
 
 _REPORTED_FEATURES: Final = (FEATURE_HELLO, FEATURE_STATS, FEATURE_PING, FEATURE_FENCE)
+_LACKING: Final = {
+    FEATURE_STATS: "no stats, so its locks cannot be listed",
+    FEATURE_FENCE: "no fencing tokens (lock.fence is None)",
+}
 
 
 def _ask(endpoint: Endpoint) -> ServerReport:

@@ -22,7 +22,7 @@ def test_dflock_status_ping_and_locks_report_the_foreign_server_reachable(
     assert f"{address}: ok" in ping.stdout
     locks = dflock_cli(address, "locks")
     assert locks.returncode == 0, locks.stdout + locks.stderr
-    assert f"{address}: reachable, no stats" in locks.stdout
+    assert f"{address}: reachable, older dflockd (no hello): no stats" in locks.stdout
     assert "no locks held\n" not in locks.stdout  # its locks are unknown, not absent
     report = json.loads(dflock_cli(address, "status", "--json").stdout)
     assert report[0]["reachable"] is True and report[0]["stats"] is None
