@@ -31,6 +31,7 @@ __all__ = [
     "Command",
     "ErrorReply",
     "Granted",
+    "Hello",
     "Ok",
     "Queued",
     "Renewed",
@@ -41,6 +42,7 @@ __all__ = [
     "decode_reply",
     "encode_auth",
     "encode_enqueue",
+    "encode_hello",
     "encode_lock",
     "encode_ping",
     "encode_release",
@@ -86,6 +88,7 @@ class Command(enum.StrEnum):
     AUTH = constants.CMD_AUTH
     STATS = constants.CMD_STATS
     PING = constants.CMD_PING
+    HELLO = constants.CMD_HELLO
 
 
 # ------------------------------------------------------------------------------- validation
@@ -241,6 +244,11 @@ def encode_ping() -> bytes:
     return _request(Command.PING, constants.PLACEHOLDER, constants.PLACEHOLDER)
 
 
+def encode_hello() -> bytes:
+    """``hello``: what this server is and supports (a server that predates it: ``error``)."""
+    return _request(Command.HELLO, constants.PLACEHOLDER, constants.PLACEHOLDER)
+
+
 def fence_of(token: str) -> int:
     """The fencing counter carried in a token: ``int(token[:16], 16)``."""
     return int(token[: constants.FENCE_HEX_CHARS], 16)
@@ -295,13 +303,21 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True)
+class Hello:
+    """``ok <json>`` to ``hello``: the decoded JSON object (``server``, ``version``,
+    ``features``)."""
+
+    data: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorReply:
     """``error`` or ``error_<reason>``: the server refused the request."""
 
     code: str
 
 
-Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | ErrorReply
+Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | ErrorReply
 
 _COMMON_ERRORS: Final = frozenset(
     {constants.STATUS_ERROR, constants.STATUS_ERROR_AUTH, constants.STATUS_ERROR_DRAINING}
@@ -331,6 +347,7 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.AUTH: _COMMON_ERRORS,
     Command.STATS: _COMMON_ERRORS,
     Command.PING: _COMMON_ERRORS,
+    Command.HELLO: _COMMON_ERRORS,
 }
 
 
@@ -418,19 +435,21 @@ def decode_reply(command: Command, line: bytes) -> Reply:
         ) if not fields:
             return Ok()
         case (Command.STATS, "ok") if fields:
-            return _parse_stats(command, line, text[len(status) + 1 :])
+            return Stats(_parse_json_object(command, line, text[len(status) + 1 :]))
+        case (Command.HELLO, "ok") if fields:
+            return Hello(_parse_json_object(command, line, text[len(status) + 1 :]))
         case _:
             raise _unexpected(command, line)
 
 
-def _parse_stats(command: Command, line: bytes, payload: str) -> Stats:
+def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str, object]:
     try:
         data: object = json.loads(payload)
     except ValueError as exc:
         raise _unexpected(command, line, f"invalid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise _unexpected(command, line, "the JSON is not an object")
-    return Stats({str(k): v for k, v in data.items()})  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return {str(k): v for k, v in data.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
 
 
 class ReplyParser:
@@ -476,7 +495,9 @@ class ReplyParser:
         return len(self._buffer)
 
     def _line_limit(self, command: Command) -> int:
-        return self.max_stats_line_bytes if command is Command.STATS else self.max_line_bytes
+        if command is Command.STATS or command is Command.HELLO:  # JSON payloads
+            return self.max_stats_line_bytes
+        return self.max_line_bytes
 
     def next_reply(self, command: Command) -> Reply | None:
         """The next reply to ``command``, or None until its whole line has been fed."""
