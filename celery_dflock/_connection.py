@@ -46,13 +46,13 @@ def _failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: 
     """Translate an I/O failure during a request into the client's errors."""
     if isinstance(exc, TimeoutError):
         return ServerUnavailable(
-            f"no reply from the lock server at {endpoint.address} to {command.value!r} within "
+            f"no reply from the lock server at {endpoint.address} to {command.label} within "
             f"{timeout:.1f}s; the connection was closed (is the server overloaded or hung?)"
         )
     if isinstance(exc, OSError):
         return ServerUnavailable(
             f"the connection to the lock server at {endpoint.address} failed during "
-            f"{command.value!r} ({exc.strerror or exc}); locks held on it are released by "
+            f"{command.label} ({exc.strerror or exc}); locks held on it are released by "
             "the server"
         )
     return ServerUnavailable(f"connection to {endpoint.address} failed: {exc!r}")
@@ -61,7 +61,7 @@ def _failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: 
 def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
     return ServerUnavailable(
         f"the lock server at {endpoint.address} closed the connection during "
-        f"{command.value!r} (restarted, shutting down, or an idle/auth timeout)"
+        f"{command.label} (restarted, shutting down, or an idle/auth timeout)"
     )
 
 

@@ -82,7 +82,8 @@ class Endpoint:
         """Why ``host:port`` cannot be used, and what to do."""
         return (
             f"cannot reach the dflockd lock server at {self.address} ({detail}); "
-            "start it (`dflockd`, or `uv run dflockd`) or check the `servers` setting"
+            "start it (`dflockd`, or `uv run dflockd`) or check the server list (`servers=`; "
+            "in Celery the `dflock_servers` setting)"
         )
 
 
@@ -455,7 +456,7 @@ class LockCore:
                 )
                 return False
             raise self.error_for(command, reply)
-        raise ProtocolError(f"unexpected reply {reply!r} to {command.value!r}")
+        raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
 
     def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
         """Interpret the reply to ``n``/``sn``."""
@@ -542,7 +543,7 @@ class LockCore:
             return auth_required_error(self.endpoint)
         if code == constants.STATUS_ERROR_DRAINING:
             return ServerDraining(
-                f"server {where} is shutting down and refused {command.value!r} for "
+                f"server {where} is shutting down and refused {command.label} for "
                 f"{self.what}; retry once it (or its replacement) is running"
             )
         if code == constants.STATUS_ERROR_ALREADY_ENQUEUED:
@@ -552,7 +553,7 @@ class LockCore:
         if code == constants.STATUS_ERROR_NOT_ENQUEUED:
             return LockNotOwned(f"{self.what} is not enqueued on {where}: call enqueue() first")
         return ProtocolError(
-            f"server {where} answered {code!r} to {command.value!r} for {self.what}: it found "
+            f"server {where} answered {code!r} to {command.label} for {self.what}: it found "
             "the request malformed or does not know the command (an older dflockd server?)"
         )
 
@@ -561,8 +562,9 @@ def auth_required_error(endpoint: Endpoint) -> AuthError:
     """The error for ``error_auth`` on a request other than ``auth``."""
     if endpoint.auth_token is None:
         return AuthError(
-            f"server {endpoint.address} requires authentication: pass auth_token= with the "
-            "secret the server was started with (--auth-token / DFLOCKD_AUTH_TOKEN)"
+            f"server {endpoint.address} requires authentication: give the secret it was "
+            "started with (--auth-token / DFLOCKD_AUTH_TOKEN) as auth_token= (in Celery the "
+            "`dflock_auth_token` setting)"
         )
     return AuthError(
         f"server {endpoint.address} refused this connection's authentication; check "
@@ -576,10 +578,11 @@ def auth_reply_error(endpoint: Endpoint, reply: Reply) -> AuthError | None:
         return None
     if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
         return AuthError(
-            f"server {endpoint.address} has no auth token configured but auth_token was "
-            "given: remove auth_token= or start the server with --auth-token"
+            f"server {endpoint.address} has no auth token configured but one was given: "
+            "remove auth_token= (in Celery `dflock_auth_token`) or start the server with "
+            "--auth-token"
         )
     return AuthError(
-        f"server {endpoint.address} rejected auth_token: it does not match the server's "
-        "--auth-token / DFLOCKD_AUTH_TOKEN"
+        f"server {endpoint.address} rejected the auth token (auth_token=, in Celery "
+        "`dflock_auth_token`): it does not match the server's --auth-token / DFLOCKD_AUTH_TOKEN"
     )

@@ -90,6 +90,29 @@ class Command(enum.StrEnum):
     PING = constants.CMD_PING
     HELLO = constants.CMD_HELLO
 
+    @property
+    def label(self) -> str:
+        """What the request does, with its wire letter: ``"a renewal ('n')"``, for messages."""
+        return f"{_DOING[self]} ({self.value!r})"
+
+
+_DOING: Final[dict[Command, str]] = {
+    Command.LOCK: "an acquire",
+    Command.RENEW: "a renewal",
+    Command.RELEASE: "a release",
+    Command.ENQUEUE: "an enqueue",
+    Command.WAIT: "a wait",
+    Command.SEM_LOCK: "a semaphore acquire",
+    Command.SEM_ENQUEUE: "a semaphore enqueue",
+    Command.SEM_WAIT: "a semaphore wait",
+    Command.SEM_RENEW: "a semaphore renewal",
+    Command.SEM_RELEASE: "a semaphore release",
+    Command.AUTH: "authentication",
+    Command.STATS: "a stats request",
+    Command.PING: "a ping",
+    Command.HELLO: "a hello",
+}
+
 
 # ------------------------------------------------------------------------------- validation
 
@@ -359,7 +382,7 @@ def _show(line: bytes | bytearray, limit: int = 80) -> str:
 def _unexpected(command: Command, line: bytes | bytearray, why: str = "") -> ProtocolError:
     detail = f": {why}" if why else ""
     return ProtocolError(
-        f"unexpected reply {_show(line)} to {command.value!r}{detail}; "
+        f"unexpected reply {_show(line)} to {command.label}{detail}; "
         "is the server a dflockd-compatible lock server on the right port?"
     )
 

@@ -443,8 +443,7 @@ class LockTable:
             if len(states) >= self.max_locks and not self._make_room():
                 raise MaxLocks(key)
             state = states[key] = KeyState(key, is_sem, wanted, now)
-            self._note_idle(state)  # made idle: logged in case nothing is granted on it
-            return state
+            return state  # granted or queued on at once (see _grant for when it cannot be)
         if now >= state.earliest:
             self._check(state, now)
         state.last_used = now
@@ -468,7 +467,11 @@ class LockTable:
         return waiter
 
     def _grant(self, state: KeyState, client: Client, lease_ttl: int, now: float) -> Holder:
-        token = self.new_token()
+        try:
+            token = self.new_token()
+        except BaseException:
+            self._note_idle(state)  # a new key left idle must still be pruned
+            raise
         self.counts.grants[state.is_sem] += 1
         expires_at = now + lease_ttl
         holder = Holder(token, state, client, lease_ttl, expires_at)

@@ -207,7 +207,7 @@ async def test_auth(dflock_server_factory: Callable[..., ServerThread]) -> None:
         assert lock.locked()
     with pytest.raises(AuthError, match="requires authentication"):
         await AsyncDistributedLock("a:auth", servers=servers).acquire()
-    with pytest.raises(AuthError, match="rejected auth_token"):
+    with pytest.raises(AuthError, match="rejected the auth token"):
         await AsyncDistributedSemaphore("a:auth", 2, servers=servers, auth_token="no").acquire()
 
 

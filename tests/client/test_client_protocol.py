@@ -346,3 +346,11 @@ def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(call: object, ma
 def test_fence_of() -> None:
     assert protocol.fence_of(TOKEN) == int(TOKEN[:16], 16)
     assert protocol.fence_of("ffffffffffffffff" + "0" * 16) == constants.FENCE_MAX
+
+
+def test_every_command_reads_as_words_in_messages() -> None:
+    """Errors say "during a renewal ('n')", never a bare protocol letter."""
+    assert Command.RENEW.label == "a renewal ('n')"
+    for command in Command:
+        assert command.label.endswith(f"({command.value!r})")
+        assert command.label.split(" (")[0] != command.value
