@@ -214,7 +214,7 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> Non
     await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
         log.info(
-            "signal received: draining (up to %.0f s for in-flight requests)",
+            "signal received: draining (up to %.0f s for holders to release)",
             config.shutdown_timeout_s,
         )
     waiting.cancel()

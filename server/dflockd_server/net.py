@@ -46,6 +46,22 @@ _LOCK = c.CMD_LOCK.encode()
 _RELEASE = c.CMD_RELEASE.encode()
 _RENEW = c.CMD_RENEW.encode()
 _JITTER_MIN, _JITTER_MAX = 0.5, 1.5  # of a fragment delay
+_WHILE_DRAINING = frozenset(
+    command.encode()
+    for command in (
+        c.CMD_RELEASE,
+        c.CMD_SEM_RELEASE,
+        c.CMD_RENEW,
+        c.CMD_SEM_RENEW,
+        c.CMD_PING,
+        c.CMD_HELLO,
+        c.CMD_STATS,
+        c.CMD_AUTH,
+    )
+)
+"""What a draining server still answers: its holders can renew and release until they are
+done (or the shutdown timeout), and see that it is up; acquires and waits get
+``error_draining``."""
 _REFUSALS = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
@@ -385,8 +401,8 @@ class Connection(asyncio.Protocol):
             log.debug("connection %s: request before auth, closing", self.peer)
             self._close_with(p.REPLY_ERROR_AUTH)
             return None
-        if self.server.draining:
-            return p.REPLY_ERROR_DRAINING
+        if self.server.draining and cmd not in _WHILE_DRAINING:
+            return p.REPLY_ERROR_DRAINING  # nothing new is granted; releases still work
         # Locks, releases and renewals in their usual shapes skip building a Request.
         if cmd == _LOCK:
             quick = p.quick_lock(key, arg)
@@ -536,6 +552,15 @@ class Connection(asyncio.Protocol):
         return None
 
     # ------------------------------------------------------------------ shutdown
+    def refuse_wait(self) -> None:
+        """The server drains: answer a blocked acquire with ``error_draining`` (the connection
+        stays open: it may hold locks to release)."""
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.wake = None
+            self.table.cancel_wait(waiter)
+            self._done_waiting(p.REPLY_ERROR_DRAINING)
+
     def drain_now(self) -> None:
         """Shutdown deadline: answer an in-flight wait with ``error_draining`` and close."""
         waiter = self.waiter
@@ -769,8 +794,9 @@ class Server:
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        """Graceful shutdown: refuse new work with ``error_draining``, let in-flight requests
-        finish for up to ``shutdown_timeout_s``, then close every connection."""
+        """Graceful shutdown: grant nothing more (acquires get ``error_draining``), let holders
+        renew and release until none is left or ``shutdown_timeout_s`` ran out, then close
+        every connection."""
         if self._stopped is None:
             return
         if self._stopping:
@@ -782,12 +808,24 @@ class Server:
             await self._stop_accepting(self._listener)
             self._listener.close()
         await self._stop_tls()
-        assert self._idle is not None
-        if self._busy:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.config.shutdown_timeout_s)
-            except TimeoutError:
-                log.info("shutdown timeout reached with %d request(s) in flight", self._busy)
+        # Nothing more is granted: blocked acquires and queued two-phase waiters are refused
+        # now (not granted in the last moments before exit); holders keep renewing and
+        # releasing until they are done or the shutdown timeout runs out.
+        table = self.table
+        for conn in list(self.connections):
+            conn.refuse_wait()
+        refused = table.drop_queued()
+        log.info(
+            "draining: %d lock(s) held, %d waiter(s) refused; waiting up to %gs for releases",
+            table.held,
+            refused,
+            self.config.shutdown_timeout_s,
+        )
+        deadline = self.loop.time() + self.config.shutdown_timeout_s
+        while table.held and self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(c.DRAIN_POLL_S)
+        if table.held and self.connections:
+            log.info("shutdown timeout reached with %d lock(s) held", table.held)
         for timer in self._timers:
             timer.cancel()
         for conn in list(self.connections):

@@ -325,6 +325,38 @@ class LockTable:
         state.last_used = now
         return lease_ttl
 
+    @property
+    def held(self) -> int:
+        """Locks and semaphore slots held right now (from the running totals: no scan)."""
+        counts = self.counts
+        return (
+            sum(counts.grants)
+            - sum(counts.releases)
+            - sum(counts.expiries)
+            - sum(counts.lost_by_disconnect)
+        )
+
+    def drop_queued(self) -> int:
+        """Take every waiter out of every queue (a server that drains grants nothing more);
+        returns how many. Waiters blocked in a request are the connections' to answer."""
+        now = self.clock()
+        dropped = 0
+        for state in list(self.keys.values()):
+            queue = state.queue
+            if isinstance(queue, tuple):
+                continue
+            for waiter in list(queue):
+                if waiter.active:
+                    waiter.active = False
+                    state.n_waiting -= 1
+                    waiter.client.waiting.discard(waiter)
+                    self.forget_enqueued(waiter)
+                    dropped += 1
+            state.queue = ()
+            state.last_used = now
+            self._note_idle(state)
+        return dropped
+
     # ------------------------------------------------------------------ maintenance
     def expire(self) -> int:
         """Expire every lease that has run out; returns how many."""
