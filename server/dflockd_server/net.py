@@ -120,6 +120,7 @@ class Connection(asyncio.Protocol):
         self.budget = 0  # requests the pass under way may still answer
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.closing = False
+        self.eof = False  # the client sent EOF: close once what it sent is answered
         self.admitted = False  # counted against the caps before its TLS handshake
         self.reading_paused = False
         self.write_paused = False
@@ -209,8 +210,22 @@ class Connection(asyncio.Protocol):
             self._update_reading()  # a blocking request or a later pass holds the rest up
 
     def eof_received(self) -> bool | None:
-        # No more requests can come: close (replies already written are flushed first).
+        # No more requests can come. Answer those already received (a pass answers at most
+        # MAX_REQUESTS_PER_PASS), acquires among them tried once, then close: see _end_if_eof.
+        if self.closing or self.busy:
+            return None  # a wait in flight: the client is gone (a killed process's FIN)
+        self.eof = True
+        if self.more_scheduled or self.framer.buffered():
+            return True  # keep the transport open for the replies (plain TCP only)
         return None
+
+    def _end_if_eof(self) -> None:
+        """After the client's EOF: close once every request it sent has been answered."""
+        if self.eof and not (self.busy or self.more_scheduled or self.write_paused or self.closing):
+            transport = self.transport
+            if transport is not None:
+                self.closing = True
+                transport.close()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -227,6 +242,9 @@ class Connection(asyncio.Protocol):
             self.write_timer = None
         if not self.busy and self.framer.buffered():
             self._process_later()
+        elif self.eof:
+            self._end_if_eof()
+            return
         self._update_reading()
 
     # ------------------------------------------------------------------ timers
@@ -335,6 +353,8 @@ class Connection(asyncio.Protocol):
         self._write(reply)
         if self.framer.buffered():
             self._process_later()
+        elif self.eof:
+            self._end_if_eof()
         else:
             self._update_reading()
 
@@ -391,6 +411,9 @@ class Connection(asyncio.Protocol):
                     pending = 0
         if out and transport is not None and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self.eof:
+            self._end_if_eof()
+            return
         if self.reading_paused or self.write_paused or self.busy or self.more_scheduled:
             self._update_reading()  # otherwise reading is on and stays on: nothing to do
 
@@ -460,7 +483,12 @@ class Connection(asyncio.Protocol):
         assert client is not None
         try:
             got = self.table.acquire(
-                client, key, lease or self.default_lease, limit, queue=timeout > 0
+                # After the client's EOF nobody waits for an answer to come later: try once.
+                client,
+                key,
+                lease or self.default_lease,
+                limit,
+                queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
             return self._refusal(exc)
@@ -531,7 +559,7 @@ class Connection(asyncio.Protocol):
             if not holder.live:
                 return p.REPLY_ERROR_LEASE_EXPIRED
             return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
-        if timeout == 0:
+        if timeout == 0 or self.eof:
             self.table.cancel_wait(waiter)
             return p.REPLY_TIMEOUT
         self._wait(waiter, timeout)
