@@ -66,7 +66,7 @@ MAX_STATS_LINE_BYTES: Final = 64 * 1024 * 1024
 
 _TOKEN_RE: Final = re.compile(rf"[0-9a-f]{{{constants.TOKEN_HEX_CHARS}}}")
 _ERROR_CODE_RE: Final = re.compile(r"error(_[a-z_]+)?")
-_GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([0-9]+)" % constants.TOKEN_HEX_CHARS)
+_GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([1-9][0-9]*)" % constants.TOKEN_HEX_CHARS)
 _RENEWED_LINE_RE: Final = re.compile(rb"ok ([0-9]+)")
 _WHITESPACE_RE: Final = re.compile(r"\s")
 """Matches exactly the characters ``str.isspace`` accepts (one scan in C, not a loop)."""
@@ -401,7 +401,11 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
         raise _unexpected(
             command, line, f"the token is not {constants.TOKEN_HEX_CHARS} lowercase hex"
         )
-    return Granted(token, _parse_uint(command, line, lease))
+    seconds = _parse_uint(command, line, lease)
+    if seconds == 0:
+        # A lease of 0 s is over when it is granted: renewing it would spin.
+        raise _unexpected(command, line, "a granted lease must be at least 1 second")
+    return Granted(token, seconds)
 
 
 _GRANTING: Final = frozenset({Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT})

@@ -354,3 +354,11 @@ def test_every_command_reads_as_words_in_messages() -> None:
     for command in Command:
         assert command.label.endswith(f"({command.value!r})")
         assert command.label.split(" (")[0] != command.value
+
+
+@pytest.mark.parametrize("command", GRANT_COMMANDS)
+def test_a_grant_with_a_lease_of_0_is_refused(command: Command) -> None:
+    """A lease that is over when granted would make the renewal spin (every 0.1 s)."""
+    with pytest.raises(ProtocolError, match="at least 1 second"):
+        protocol.decode_reply(command, b"ok " + b"a" * 32 + b" 0")
+    assert protocol.decode_reply(command, b"ok " + b"a" * 32 + b" 1") == Granted("a" * 32, 1)
