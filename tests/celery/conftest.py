@@ -28,6 +28,7 @@ from celery import Celery
 from worker_harness import (
     EventLog,
     WorkerFactory,
+    close_app,
     filesystem_settings,
     redis_cleanup,
     require_redis,
@@ -105,4 +106,4 @@ def client_app() -> Iterator[Callable[[dict[str, Any]], Celery]]:
 
     yield make
     for app in apps:
-        app.close()
+        close_app(app)

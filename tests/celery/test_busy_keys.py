@@ -15,6 +15,7 @@ from celery.exceptions import ChordError
 from worker_harness import (
     EventLog,
     WorkerFactory,
+    close_app,
     iter_overlaps,
     redis_cleanup,
     redis_settings,
@@ -64,7 +65,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             yield Rig(app, log, server)
         finally:
             factory.close()
-            app.close()
+            close_app(app)
             log.close()
             redis_cleanup(queue)
 

@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from worker_harness import EventLog, Worker, WorkerFactory, filesystem_settings, with_server
+from worker_harness import (
+    EventLog,
+    Worker,
+    WorkerFactory,
+    close_app,
+    filesystem_settings,
+    with_server,
+)
 
 from celery_dflock.client import DistributedLock
 from celery_dflock.task import LOCK_OPTIONS_HEADER
@@ -64,7 +71,7 @@ def _rig(tmp: Path, server_config: Config) -> Iterator[Rig]:
             yield Rig(server=server, log=log, worker=worker, app=app)
         finally:
             factory.close()
-            app.close()
+            close_app(app)
             log.close()
 
 

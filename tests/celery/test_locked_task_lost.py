@@ -18,6 +18,7 @@ from worker_harness import (
     EventLog,
     Worker,
     WorkerFactory,
+    close_app,
     filesystem_settings,
     rabbitmq_settings,
     redis_cleanup,
@@ -74,6 +75,7 @@ class LostRig:
 
 POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
 """Every pool Celery ships (gevent and eventlet are in the dev group)."""
+GREEN_POOLS = ("gevent", "eventlet")
 
 
 @pytest.fixture(scope="module", params=POOLS)
@@ -94,7 +96,7 @@ def lost_rig(
         yield LostRig(pool=pool, slot=slot, log=log, worker=worker, app=app)
     finally:
         factory.close()
-        app.close()
+        close_app(app)
         log.close()
         slot.close()
 
@@ -156,7 +158,12 @@ def test_terminate_kills_a_prefork_child_and_interrupts_elsewhere(lost_rig: Lost
 
 @pytest.fixture(
     scope="module",
-    params=[(pool, broker) for pool in POOLS for broker in ("redis", "rabbitmq")],
+    # Redis for every pool; RabbitMQ too where the broker's I/O runs on the pool's hub.
+    params=[
+        (pool, broker)
+        for pool in POOLS
+        for broker in (("redis", "rabbitmq") if pool in GREEN_POOLS else ("redis",))
+    ],
     ids="-".join,
 )
 def broker_rig(
@@ -181,7 +188,7 @@ def broker_rig(
         yield LostRig(pool=pool, slot=slot, log=log, worker=worker, app=app)
     finally:
         factory.close()
-        app.close()
+        close_app(app)
         log.close()
         slot.close()
         redis_cleanup(queue)

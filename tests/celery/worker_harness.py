@@ -371,6 +371,25 @@ def require_rabbitmq() -> None:
     require_service(f"RabbitMQ at {RABBITMQ_URL}", rabbitmq_reachable)
 
 
+def close_app(app: Any) -> None:
+    """Close a client app and every connection its result backend opened (Redis's result
+    consumer keeps a pub/sub connection that ``app.close()`` leaves to the garbage collector,
+    which then warns in whichever test happens to run)."""
+    import gc
+
+    gc.collect()  # finished AsyncResults unsubscribe now, while the connection is open
+    backend = getattr(app._local, "backend", None)  # only if this thread's app made one
+    if backend is not None:
+        consumer = getattr(backend, "result_consumer", None)
+        if consumer is not None:
+            consumer.stop()
+        client = getattr(backend, "client", None)
+        if client is not None:
+            client.close()
+            client.connection_pool.disconnect()
+    app.close()
+
+
 def with_server(settings: dict[str, Any], server: Any, **extra: Any) -> dict[str, Any]:
     """``settings`` plus ``dflock_servers`` pointing at ``server`` (a ServerThread)."""
     return {**settings, "dflock_servers": f"{server.host}:{server.port}", **extra}

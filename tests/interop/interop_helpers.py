@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import ssl
 import subprocess
@@ -46,6 +47,9 @@ class ForeignServer:
     def connections_closed(self) -> int:
         """Connections the server has closed so far (it logs each one)."""
         return self.log.read_text().count("client closed")
+
+
+PUMP_TIMEOUT_S = 10.0
 
 
 class TlsFront:
@@ -97,15 +101,28 @@ class TlsFront:
             return
         with self._guard:
             self._open.update((front, back))
-        self._spawn(self._pipe, back, front)
-        self._pipe(front, back)
+        self._pump(front, back)
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    @staticmethod
+    def _pump(front: ssl.SSLSocket, back: socket.socket) -> None:
+        """Move bytes both ways from this one thread: an SSL socket must not be read in one
+        thread while another writes it (OpenSSL then fails the connection now and then with
+        "unexpected message")."""
+        front.settimeout(PUMP_TIMEOUT_S)  # a recv never waits forever for a partial record
+        back.settimeout(PUMP_TIMEOUT_S)
         with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        _cut(src)
-        _cut(dst)
+            while True:
+                readable = [front] if front.pending() else []
+                if not readable:
+                    readable, _, _ = select.select([front, back], [], [])
+                for src, dst in ((front, back), (back, front)):
+                    if src in readable:
+                        data = src.recv(65536)
+                        if not data:
+                            raise ConnectionResetError  # one side closed: close both
+                        dst.sendall(data)
+        _cut(front)
+        _cut(back)
 
 
 def _cut(sock: socket.socket) -> None:
