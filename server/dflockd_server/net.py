@@ -821,10 +821,10 @@ class Server:
         assert self._stopped is not None
         await self._stopped.wait()
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float | None = None) -> None:
         """Graceful shutdown: grant nothing more (acquires get ``error_draining``), let holders
         renew and release until none is left or ``shutdown_timeout_s`` ran out, then close
-        every connection."""
+        every connection. ``timeout_s`` overrides ``shutdown_timeout_s`` (0: close at once)."""
         if self._stopped is None:
             return
         if self._stopping:
@@ -843,13 +843,14 @@ class Server:
         for conn in list(self.connections):
             conn.refuse_wait()
         refused = table.drop_queued()
+        timeout_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
         log.info(
             "draining: %d lock(s) held, %d waiter(s) refused; waiting up to %gs for releases",
             table.held,
             refused,
-            self.config.shutdown_timeout_s,
+            timeout_s,
         )
-        deadline = self.loop.time() + self.config.shutdown_timeout_s
+        deadline = self.loop.time() + timeout_s
         while table.held and self.connections and self.loop.time() < deadline:
             await asyncio.sleep(c.DRAIN_POLL_S)
         if table.held and self.connections:

@@ -112,8 +112,13 @@ class ServerThread:
         self._ready.set()
         await self.server.serve_forever()
 
-    def stop(self) -> None:
-        """Stop gracefully and wait for the thread to end (idempotent)."""
+    def stop(self, *, drain: bool = False) -> None:
+        """Stop and wait for the thread to end (idempotent).
+
+        By default the server goes away as a crashed or killed one would, seen from its
+        clients: every connection is closed at once (the locks on it are released) and
+        holders lose their locks. ``drain=True`` stops it as SIGTERM does: nothing more is
+        granted, holders may renew and release for up to ``shutdown_timeout_s``."""
         with self._stop_lock:
             if self._stopped:
                 return
@@ -121,7 +126,8 @@ class ServerThread:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None or not thread.is_alive():
             return
-        future = asyncio.run_coroutine_threadsafe(self.server.stop(), loop)
+        timeout_s = None if drain else 0.0
+        future = asyncio.run_coroutine_threadsafe(self.server.stop(timeout_s), loop)
         with contextlib.suppress(concurrent.futures.CancelledError):
             future.result(_STOP_TIMEOUT_S)
         thread.join(_STOP_TIMEOUT_S)

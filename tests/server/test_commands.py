@@ -571,7 +571,7 @@ def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: Serv
         a.lock("k")
         b.send("l", "k", "30")
         eventually(lambda: stats_of(a)["locks"][0]["waiters"] == 1, "b queued")
-        stopper = threading.Thread(target=srv.stop)
+        stopper = threading.Thread(target=lambda: srv.stop(drain=True))
         stopper.start()
         try:
             eventually(lambda: srv.call(lambda: srv.server.draining), "draining")
