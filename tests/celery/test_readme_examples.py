@@ -1,8 +1,9 @@
 # pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
 # (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
-"""The examples of the README's "Locked tasks" section, run as written (eager mode, real server).
+"""The examples of docs/locked-tasks.md (once the README's "Locked tasks" section), checked
+more closely than tests/docs runs them: under contention (eager mode, real server).
 
-Each test repeats one README example; only the app's broker differs (in-memory,
+Each test repeats one example of the page; only the app's broker differs (in-memory,
 tasks run eagerly in this process against the real lock server).
 """
 
