@@ -1,7 +1,14 @@
-"""Scale benchmark: memory per held lock and per idle connection, dflockd against Redis.
+"""Scale benchmark: memory per held lock and per idle connection, dflockd against Redis; and
+the server's CPU per refused new-key acquire with a full key table of growing size.
 
     uv run python -m benchmarks.scale            # 100,000 locks, 10,000 connections (~1 minute)
     uv run python -m benchmarks.scale --quick
+
+Refusals: a fresh server with ``--max-locks N`` holds N keys (pipelined on one connection), then
+refuses ``--refusals`` acquires of new keys (``error_max_locks``, pipelined on a second one);
+the row is the server's CPU time over those requests divided by their number (the least of
+five rounds), for each N of ``--full-tables``. A refusal that scanned the table would grow with
+N; the goal is flat (the largest within 2x of the smallest). Redis has no key cap: no row.
 
 Each server is a fresh child process. Memory is its resident set (``VmRSS``) growth: after one
 warm-up request, then after ``--locks`` distinct keys are acquired and held (pipelined on one
@@ -44,6 +51,7 @@ SETTLE_TIMEOUT_S = 60.0
 FD_MARGIN = 512
 REDIS = "redis"
 MB = 1024 * 1024
+REFUSAL_ROUNDS = 5
 
 
 @dataclass
@@ -237,16 +245,78 @@ def measure_connections(label: str, tmp: Any, count: int) -> Memory:
     return Memory(label, "idle connection", count, before, after, used_before, used_after)
 
 
+@dataclass
+class Refusals:
+    server: str
+    table: int
+    count: int
+    cpu_ns: int
+
+    @property
+    def per_refusal_us(self) -> float:
+        return self.cpu_ns / self.count / 1000
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "full_table_keys": self.table,
+            "refusals": self.count,
+            "server_cpu_us_per_refusal": round(self.per_refusal_us, 2),
+        }
+
+
+def measure_refusals(loop: str, tmp: Any, table: int, count: int) -> Refusals:
+    with owned_servers() as servers:
+        server = start_dflockd(loop, tmp, "--max-locks", str(table), "--default-lease-ttl", "3600")
+        servers.append(server)
+        holder = Client(server)
+        asker = Client(server)
+        try:
+            hold_locks(server, holder, table)
+            asker.call(b"ping\n_\n_\n")
+            rounds: list[int] = []
+            for _ in range(REFUSAL_ROUNDS):
+                before = server.cpu_ns()
+                for start in range(0, count, BATCH):
+                    n = min(BATCH, count - start)
+                    asker.sock.sendall(
+                        b"".join(
+                            b"l\ndflock-bench:new:%07d\n0\n" % i for i in range(start, start + n)
+                        )
+                    )
+                    for line in asker.lines(n):
+                        if line != b"error_max_locks":
+                            raise RuntimeError(f"expected error_max_locks, got {line!r}")
+                rounds.append(server.cpu_ns() - before)
+            used = min(rounds)  # the least disturbed round (other processes share the cores)
+        finally:
+            holder.close()
+            asker.close()
+    return Refusals(server.label, table, count, used)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
     parser.add_argument("--locks", type=int, default=0, help="held locks (100,000)")
     parser.add_argument("--connections", type=int, default=0, help="idle connections (10,000)")
     parser.add_argument("--loops", default=",".join(available_loops()), help="dflockd event loops")
+    parser.add_argument(
+        "--full-tables",
+        default="",
+        help="key table sizes for the refusal rows (1024,100000,1000000)",
+    )
+    parser.add_argument("--refusals", type=int, default=0, help="refused acquires (20,000)")
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     locks = args.locks or (2000 if quick else 100_000)
     connections = args.connections or (200 if quick else 10_000)
     loops = [x for x in args.loops.split(",") if x]
+    full_tables = [
+        int(x)
+        for x in (args.full_tables or ("1024,10000" if quick else "1024,100000,1000000")).split(",")
+        if x
+    ]
+    refusals = args.refusals or (2000 if quick else 20_000)
     limit = raise_fd_limit(connections + FD_MARGIN)
     if limit < connections + FD_MARGIN:
         connections = limit - FD_MARGIN
@@ -255,7 +325,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         NAME,
         args,
         list(sys.argv[1:] if argv is None else argv),
-        params={"locks": locks, "connections": connections, "loops": loops, "fd_limit": limit},
+        params={
+            "locks": locks,
+            "connections": connections,
+            "loops": loops,
+            "fd_limit": limit,
+            "full_tables": full_tables,
+            "refusals": refusals,
+        },
     )
     labels = [f"dflockd ({loop})" for loop in loops] + [REDIS]
     held: list[Memory] = []
@@ -266,6 +343,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{label}: {held[-1].per_item:.0f} bytes per held lock", flush=True)
             idle.append(measure_connections(label, tmp, connections))
             print(f"{label}: {idle[-1].per_item:.0f} bytes per idle connection", flush=True)
+        refused: list[Refusals] = []
+        for loop in loops:
+            for size in full_tables:
+                refused.append(measure_refusals(loop, tmp, size, refusals))
+                print(
+                    f"dflockd ({loop}), {size:,} keys: "
+                    f"{refused[-1].per_refusal_us:.1f} us CPU per refused new key",
+                    flush=True,
+                )
 
     for title, rows in (
         (f"Memory per held lock, {locks:,} keys held (bytes)", held),
@@ -296,6 +382,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ]
             )
         run.add(table)
+    table = Table(
+        f"Server CPU per refused new-key acquire, full key table ({refusals:,} refusals)",
+        ["server", *(f"{size:,} keys (us)" for size in full_tables), "largest / smallest"],
+        notes=[
+            "goal: flat, the largest within 2x of the smallest (a refusal must not scan the "
+            "table); Redis has no key cap, so no row"
+        ],
+    )
+    flat = True
+    for loop in loops:
+        rows = [r for r in refused if r.server == f"dflockd ({loop})"]
+        spread = ratio(max(r.per_refusal_us for r in rows), min(r.per_refusal_us for r in rows))
+        flat = flat and spread <= 2
+        table.rows.append(
+            [f"dflockd ({loop})", *(fmt_num(r.per_refusal_us, 1) for r in rows), fmt_ratio(spread)]
+        )
+    run.add(table)
+    run.data["refusals"] = [r.as_dict() for r in refused]
+    run.data["refusals_flat"] = flat
     run.data["held_locks"] = [m.as_dict() for m in held]
     run.data["idle_connections"] = [m.as_dict() for m in idle]
     run.write()

@@ -27,9 +27,12 @@ from typing import Final
 from celery_dflock import protocol
 from celery_dflock._core import (
     CLOSING_ERRORS,
+    FEATURE_PING,
     REPLY_GRACE_S,
     Endpoint,
+    ServerInfo,
     auth_reply_error,
+    server_info,
 )
 from celery_dflock.errors import DflockError, ProtocolError, ServerUnavailable
 from celery_dflock.protocol import Command, ErrorReply, Reply, ReplyParser
@@ -43,13 +46,13 @@ def _failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: 
     """Translate an I/O failure during a request into the client's errors."""
     if isinstance(exc, TimeoutError):
         return ServerUnavailable(
-            f"no reply from the lock server at {endpoint.address} to {command.value!r} within "
+            f"no reply from the lock server at {endpoint.address} to {command.label} within "
             f"{timeout:.1f}s; the connection was closed (is the server overloaded or hung?)"
         )
     if isinstance(exc, OSError):
         return ServerUnavailable(
             f"the connection to the lock server at {endpoint.address} failed during "
-            f"{command.value!r} ({exc.strerror or exc}); locks held on it are released by "
+            f"{command.label} ({exc.strerror or exc}); locks held on it are released by "
             "the server"
         )
     return ServerUnavailable(f"connection to {endpoint.address} failed: {exc!r}")
@@ -58,7 +61,7 @@ def _failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: 
 def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
     return ServerUnavailable(
         f"the lock server at {endpoint.address} closed the connection during "
-        f"{command.value!r} (restarted, shutting down, or an idle/auth timeout)"
+        f"{command.label} (restarted, shutting down, or an idle/auth timeout)"
     )
 
 
@@ -81,6 +84,8 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._in_flight = False
+        self.server: ServerInfo | None = None
+        """What the server said to ``hello`` (None: not asked on this connection)."""
         self._poller: select.poll | None = None
         if hasattr(select, "poll") and not isinstance(sock, ssl.SSLSocket):
             sock.setblocking(False)  # replies are waited for with poll (module docstring)
@@ -112,6 +117,33 @@ class Connection:
                 conn.close()
                 raise error
         return conn
+
+    @classmethod
+    def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> Connection:
+        """`open`, knowing what the server supports: ``server`` when already known (a pool
+        asks once per server), else ask ``hello`` first.
+
+        A server that predates ``hello`` answers ``error`` (dflockd 0.4/0.5 then close the
+        connection): that connection is dropped and a fresh one opened.
+        """
+        conn = cls.open(endpoint)
+        if server is None:
+            try:
+                server = conn.hello()
+            except BaseException:
+                conn.close()
+                raise
+            if conn.closed:
+                conn = cls.open(endpoint)
+        conn.server = server
+        return conn
+
+    def hello(self) -> ServerInfo:
+        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed."""
+        info = server_info(self.endpoint, self.request(Command.HELLO, protocol.encode_hello()))
+        if info.legacy:
+            self.close()  # some close it after `error`: never reuse it
+        return info
 
     @property
     def closed(self) -> bool:
@@ -240,11 +272,14 @@ class Connection:
             return False
 
     def is_reusable(self) -> bool:
-        """Cheap liveness check before reuse: a non-blocking peek (TLS: a ``ping``)."""
+        """Cheap liveness check before reuse: a non-blocking peek (TLS: a ``ping`` where the
+        server knows it, else a non-blocking read that only TLS records may satisfy)."""
         if self._closed or self.pid != os.getpid() or self._parser.buffered:
             return False
         if isinstance(self._sock, ssl.SSLSocket):
-            return self.ping()
+            if self.server is not None and self.server.supports(FEATURE_PING):
+                return self.ping()
+            return self._tls_idle()
         if self._poller is not None:
             # Readable means EOF, an error, or bytes nobody asked for: not reusable.
             try:
@@ -257,6 +292,20 @@ class Connection:
         except BlockingIOError:
             return True  # nothing to read: the peer has not closed it
         except OSError:
+            return False
+        del data  # EOF (b"") or bytes nobody asked for: either way not reusable
+        return False
+
+    def _tls_idle(self) -> bool:
+        """True when a TLS connection has nothing to read but TLS records (session tickets):
+        no application data, no close_notify, no EOF. For servers that know no ``ping``."""
+        sock = self._sock
+        try:
+            sock.settimeout(0.0)
+            data = sock.recv(1)
+        except ssl.SSLWantReadError:
+            return True  # nothing (or only TLS records): the peer has not closed it
+        except (OSError, ValueError):
             return False
         del data  # EOF (b"") or bytes nobody asked for: either way not reusable
         return False
@@ -287,6 +336,8 @@ class AsyncConnection:
         self._lock = asyncio.Lock()
         self._closed = False
         self._in_flight = False
+        self.server: ServerInfo | None = None
+        """What the server said to ``hello`` (None: not asked on this connection)."""
 
     @classmethod
     async def open(cls, endpoint: Endpoint) -> AsyncConnection:
@@ -321,6 +372,29 @@ class AsyncConnection:
                 await conn.aclose()
                 raise error
         return conn
+
+    @classmethod
+    async def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> AsyncConnection:
+        """`open`, knowing what the server supports (see `Connection.connect`)."""
+        conn = await cls.open(endpoint)
+        if server is None:
+            try:
+                server = await conn.hello()
+            except BaseException:
+                conn.close()
+                raise
+            if conn.closed:
+                conn = await cls.open(endpoint)
+        conn.server = server
+        return conn
+
+    async def hello(self) -> ServerInfo:
+        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed."""
+        reply = await self.request(Command.HELLO, protocol.encode_hello())
+        info = server_info(self.endpoint, reply)
+        if info.legacy:
+            self._abort()  # some close it after `error`: never reuse it
+        return info
 
     @property
     def closed(self) -> bool:
@@ -379,7 +453,8 @@ class AsyncConnection:
         return isinstance(reply, protocol.Ok)
 
     async def is_reusable(self) -> bool:
-        """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered."""
+        """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered
+        where the server knows it (else: nothing waiting to be read on the socket)."""
         if (
             self._closed
             or self.pid != os.getpid()
@@ -388,7 +463,25 @@ class AsyncConnection:
             or self._parser.buffered
         ):
             return False
-        return await self.ping()
+        if self.server is not None and self.server.supports(FEATURE_PING):
+            return await self.ping()
+        return self._quiet()
+
+    def _quiet(self) -> bool:
+        """True when nothing is waiting on the socket: an idle connection's transport has
+        read all there was, so anything now is EOF or bytes nobody asked for."""
+        unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
+        if isinstance(unread, bytes | bytearray) and unread:
+            return False  # bytes nobody asked for
+        sock = self._writer.get_extra_info("socket")
+        if sock is None or not hasattr(select, "poll"):
+            return True  # at_eof() above is all we can know
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), _POLL_IN)
+            return not poller.poll(0)
+        except (OSError, ValueError):
+            return False
 
     def _abort(self) -> None:
         """Close at once, dropping unsent data (used when a request cannot complete)."""

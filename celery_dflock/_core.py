@@ -82,8 +82,79 @@ class Endpoint:
         """Why ``host:port`` cannot be used, and what to do."""
         return (
             f"cannot reach the dflockd lock server at {self.address} ({detail}); "
-            "start it (`dflockd`, or `uv run dflockd`) or check the `servers` setting"
+            "start it (`dflockd`, or `uv run dflockd`) or check the server list (`servers=`; "
+            "in Celery the `dflock_servers` setting)"
         )
+
+
+# ------------------------------------------------------------------------------ servers
+
+FEATURE_FENCE: Final = constants.FEATURE_FENCE
+FEATURE_PING: Final = constants.FEATURE_PING
+FEATURE_STATS: Final = constants.FEATURE_STATS
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What a server said about itself in answer to ``hello`` (asked once per server).
+
+    A server that predates ``hello`` (dflockd 0.4/0.5, the Go server) answers ``error``: it is
+    a `legacy` server, with no features beyond ``l``/``n``/``r`` known.
+    """
+
+    name: str | None = None
+    version: str | None = None
+    features: frozenset[str] = frozenset()
+
+    @property
+    def legacy(self) -> bool:
+        """True for a server that does not answer ``hello``."""
+        return self.name is None
+
+    @property
+    def fences(self) -> bool:
+        """True when its tokens are fencing tokens (``fence`` is None otherwise)."""
+        return FEATURE_FENCE in self.features
+
+    def supports(self, feature: str) -> bool:
+        """True when ``hello`` listed ``feature``."""
+        return feature in self.features
+
+    def describe(self) -> str:
+        """``dflockd-server 0.2.0`` or ``a dflockd server without hello``, for messages."""
+        if self.name is None:
+            return "a dflockd server that does not answer hello (no ping, stats or fences)"
+        return f"{self.name} {self.version or '?'}"
+
+
+LEGACY_SERVER: Final = ServerInfo()
+"""What is known of a server that answered ``hello`` with ``error``."""
+
+
+def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
+    """Interpret the reply to ``hello`` (raises for ``error_auth`` / ``error_draining``)."""
+    if isinstance(reply, protocol.Hello):
+        data = reply.data
+        name, version, features = data.get("server"), data.get("version"), data.get("features")
+        listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
+        return ServerInfo(
+            name=str(name) if name is not None else "unnamed",
+            version=None if version is None else str(version),
+            features=frozenset(str(f) for f in listed),
+        )
+    if isinstance(reply, ErrorReply):
+        if reply.code == constants.STATUS_ERROR_AUTH:
+            raise auth_required_error(endpoint)
+        if reply.code == constants.STATUS_ERROR_DRAINING:
+            raise ServerDraining(
+                f"server {endpoint.address} is shutting down; retry once it (or its "
+                "replacement) is running"
+            )
+        return LEGACY_SERVER
+    raise ProtocolError(
+        f"unexpected reply {reply!r} to 'hello' from {endpoint.address}; is the server a "
+        "dflockd-compatible lock server on the right port?"
+    )
 
 
 # ------------------------------------------------------------------------------ validation
@@ -117,6 +188,24 @@ class LockState(enum.Enum):
     IDLE = "idle"
     ENQUEUED = "enqueued"
     HELD = "held"
+
+
+class EnqueueResult(str):
+    """What ``enqueue()`` returns: ``"acquired"`` (held now) or ``"queued"`` (call ``wait()``).
+
+    A `str`, as dflockd's own clients and the Go client return, that is also true only when
+    acquired, so ``if lock.enqueue() == "acquired":`` and ``if lock.enqueue():`` both read
+    naturally (code written for the earlier ``True``/``False`` keeps working).
+    """
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return str.__eq__(self, "acquired")
+
+
+ACQUIRED: Final = EnqueueResult("acquired")
+QUEUED: Final = EnqueueResult("queued")
 
 
 @dataclass(slots=True)
@@ -183,6 +272,7 @@ class LockCore:
         )
         self.state = LockState.IDLE
         self.token: str | None = None
+        self.fencing = False  # the server that granted `token` issues fencing tokens
         self.lease = 0
         self.lost = False
         self.pid: int | None = None
@@ -213,8 +303,11 @@ class LockCore:
     # ---------------------------------------------------------------- views
     @property
     def fence(self) -> int | None:
-        """The fencing counter of the current token."""
-        return None if self.token is None else protocol.fence_of(self.token)
+        """The fencing counter of the current token; None without one, or when its server
+        does not issue fencing tokens (it did not list ``fence`` in its ``hello``)."""
+        if self.token is None or not self.fencing:
+            return None
+        return protocol.fence_of(self.token)
 
     def foreign_process(self) -> bool:
         """True when the lock was acquired by another process (we are a fork child)."""
@@ -319,8 +412,11 @@ class LockCore:
         return Command.SEM_RELEASE, data, self.reply_timeout()
 
     # ---------------------------------------------------------------- replies
-    def on_grant_reply(self, command: Command, reply: Reply, sent_at: float) -> bool:
-        """Interpret the reply to ``l``/``sl``/``e``/``se``/``w``/``sw``.
+    def on_grant_reply(
+        self, command: Command, reply: Reply, sent_at: float, server: ServerInfo | None
+    ) -> bool:
+        """Interpret the reply to ``l``/``sl``/``e``/``se``/``w``/``sw``; ``server`` is what the
+        server said to ``hello`` (its tokens count as fences only if it lists ``fence``).
 
         True: held (the caller pins the connection and starts renewing). False: not held
         (``queued`` leaves the state ENQUEUED, the connection stays pinned). Raises for refusals.
@@ -334,6 +430,7 @@ class LockCore:
                 started = self.enqueued_at
             self.state = LockState.HELD
             self.token = reply.token
+            self.fencing = server is not None and server.fences
             self.lease = reply.lease
             self.lost = False
             self.pid = os.getpid()
@@ -359,7 +456,7 @@ class LockCore:
                 )
                 return False
             raise self.error_for(command, reply)
-        raise ProtocolError(f"unexpected reply {reply!r} to {command.value!r}")
+        raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
 
     def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
         """Interpret the reply to ``n``/``sn``."""
@@ -446,7 +543,7 @@ class LockCore:
             return auth_required_error(self.endpoint)
         if code == constants.STATUS_ERROR_DRAINING:
             return ServerDraining(
-                f"server {where} is shutting down and refused {command.value!r} for "
+                f"server {where} is shutting down and refused {command.label} for "
                 f"{self.what}; retry once it (or its replacement) is running"
             )
         if code == constants.STATUS_ERROR_ALREADY_ENQUEUED:
@@ -456,7 +553,7 @@ class LockCore:
         if code == constants.STATUS_ERROR_NOT_ENQUEUED:
             return LockNotOwned(f"{self.what} is not enqueued on {where}: call enqueue() first")
         return ProtocolError(
-            f"server {where} answered {code!r} to {command.value!r} for {self.what}: it found "
+            f"server {where} answered {code!r} to {command.label} for {self.what}: it found "
             "the request malformed or does not know the command (an older dflockd server?)"
         )
 
@@ -465,8 +562,9 @@ def auth_required_error(endpoint: Endpoint) -> AuthError:
     """The error for ``error_auth`` on a request other than ``auth``."""
     if endpoint.auth_token is None:
         return AuthError(
-            f"server {endpoint.address} requires authentication: pass auth_token= with the "
-            "secret the server was started with (--auth-token / DFLOCKD_AUTH_TOKEN)"
+            f"server {endpoint.address} requires authentication: give the secret it was "
+            "started with (--auth-token / DFLOCKD_AUTH_TOKEN) as auth_token= (in Celery the "
+            "`dflock_auth_token` setting)"
         )
     return AuthError(
         f"server {endpoint.address} refused this connection's authentication; check "
@@ -480,10 +578,11 @@ def auth_reply_error(endpoint: Endpoint, reply: Reply) -> AuthError | None:
         return None
     if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
         return AuthError(
-            f"server {endpoint.address} has no auth token configured but auth_token was "
-            "given: remove auth_token= or start the server with --auth-token"
+            f"server {endpoint.address} has no auth token configured but one was given: "
+            "remove auth_token= (in Celery `dflock_auth_token`) or start the server with "
+            "--auth-token"
         )
     return AuthError(
-        f"server {endpoint.address} rejected auth_token: it does not match the server's "
-        "--auth-token / DFLOCKD_AUTH_TOKEN"
+        f"server {endpoint.address} rejected the auth token (auth_token=, in Celery "
+        "`dflock_auth_token`): it does not match the server's --auth-token / DFLOCKD_AUTH_TOKEN"
     )

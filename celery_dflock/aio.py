@@ -24,13 +24,17 @@ from typing import Self
 
 from celery_dflock._connection import AsyncConnection
 from celery_dflock._core import (
+    ACQUIRED,
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
     JOIN_TIMEOUT_S,
+    QUEUED,
+    EnqueueResult,
     LockCore,
     LockState,
+    ServerInfo,
     redact,
 )
 from celery_dflock.errors import DflockError, LockNotAcquired, LockNotOwned
@@ -81,6 +85,7 @@ class _AsyncLockBase:
             )
         self._on_lost = on_lost
         self._pool = pool
+        self._server: ServerInfo | None = None  # without a pool: asked once per lock object
         self._conn: AsyncConnection | None = None
         self._op_lock = asyncio.Lock()  # renew / release / acquire never interleave
         self._renew_task: asyncio.Task[None] | None = None
@@ -111,7 +116,11 @@ class _AsyncLockBase:
 
     @property
     def fence(self) -> int | None:
-        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant."""
+        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant.
+
+        None when not held, or when the server does not issue fencing tokens (dflockd 0.4/0.5
+        and the Go server: their tokens are random, so comparing them would mean nothing).
+        """
         return self._core.fence
 
     @property
@@ -145,7 +154,9 @@ class _AsyncLockBase:
     async def _checkout(self) -> AsyncConnection:
         if self._pool is not None:
             return await self._pool.checkout(self._core.endpoint)
-        return await AsyncConnection.open(self._core.endpoint)
+        conn = await AsyncConnection.connect(self._core.endpoint, self._server)
+        self._server = conn.server
+        return conn
 
     async def _checkin(self, conn: AsyncConnection) -> None:
         if self._pool is not None:
@@ -162,7 +173,7 @@ class _AsyncLockBase:
             sent = time.monotonic()
             reply = await conn.request(command, data, timeout)
             try:
-                granted = self._core.on_grant_reply(command, reply, sent)
+                granted = self._core.on_grant_reply(command, reply, sent, conn.server)
             except BaseException:
                 await self._checkin(conn)
                 raise
@@ -183,9 +194,10 @@ class _AsyncLockBase:
         """
         return await self._grant(self._core.acquire_request)
 
-    async def enqueue(self) -> bool:
-        """Two-phase step 1: True if held at once, False if queued (then `wait`)."""
-        return await self._grant(self._core.enqueue_request)
+    async def enqueue(self) -> EnqueueResult:
+        """Two-phase step 1: ``"acquired"`` if held at once, ``"queued"`` if queued (then
+        `wait`); an `EnqueueResult`, true only when acquired."""
+        return ACQUIRED if await self._grant(self._core.enqueue_request) else QUEUED
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
@@ -205,7 +217,7 @@ class _AsyncLockBase:
             sent = time.monotonic()
             try:
                 reply = await conn.request(command, data, timeout)
-                granted = self._core.on_grant_reply(command, reply, sent)
+                granted = self._core.on_grant_reply(command, reply, sent, conn.server)
             except BaseException:
                 self._core.reset()
                 conn.close()

@@ -3,7 +3,9 @@
 
 Registered through Celery's ``celery.commands`` entry point, so it reads the servers and the
 secret from the app's own ``dflock_*`` settings. ``--json`` prints one JSON document for
-scripts. Exit status 0 when every server answered, 1 when one did not.
+scripts. Every sub-command names every server it could not reach, and what a reachable one
+does not support (an older dflockd answers neither ``hello`` nor ``stats``: it is reachable, its
+locks cannot be listed). Exit status 0 when every server answered, 1 when one did not.
 """
 
 from __future__ import annotations
@@ -11,58 +13,104 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import click
 from celery.bin.base import CeleryCommand
 
 from celery_dflock import protocol
 from celery_dflock._connection import Connection
-from celery_dflock._core import Endpoint
+from celery_dflock._core import FEATURE_FENCE, FEATURE_PING, FEATURE_STATS, Endpoint, ServerInfo
 from celery_dflock.config import DflockConfig, get_config
 from celery_dflock.errors import DflockError
 from celery_dflock.protocol import Command
+from dflockd_server import constants
+
+FEATURE_HELLO: Final = constants.FEATURE_HELLO
 
 __all__ = ["ServerReport", "collect", "dflock", "format_locks", "format_status"]
 
 
 @dataclass(frozen=True, slots=True)
 class ServerReport:
-    """One server's answer (``stats`` is None when it could not be reached)."""
+    """One server's answer: ``server`` is what it said to ``hello`` (None when it could not
+    be reached), ``stats`` its ``stats`` (None when unreachable or not supported)."""
 
     address: str
     stats: dict[str, Any] | None
     error: str | None = None
+    server: ServerInfo | None = None
 
     @property
     def reachable(self) -> bool:
-        """True when the server answered ``stats``."""
-        return self.stats is not None
+        """True when the server answered (``hello``, even with ``error``: an older dflockd)."""
+        return self.server is not None
+
+    @property
+    def lacks(self) -> list[str]:
+        """What a reachable server does not support, of what this command uses or reports."""
+        if self.server is None:
+            return []
+        missing = [f for f in _REPORTED_FEATURES if not self.server.supports(f)]
+        if self.stats is not None:
+            missing = [f for f in missing if f != FEATURE_STATS]
+        return missing
+
+    @property
+    def note(self) -> str:
+        """Why a server is unreachable, or what a reachable one does not support ('' if all)."""
+        if self.server is None:
+            return self.error or "unreachable"
+        lacks = [f for f in self.lacks if f != FEATURE_HELLO]
+        who = "older dflockd (no hello)" if self.server.legacy else self.server.describe()
+        if not lacks:
+            return "" if not self.server.legacy else who
+        said = [_LACKING.get(feature, f"no {feature}") for feature in lacks]
+        return f"{who}: {'; '.join(said)}"
 
     def as_json(self) -> dict[str, Any]:
         """The report as plain JSON data."""
+        info = self.server
         return {
             "server": self.address,
             "reachable": self.reachable,
             "error": self.error,
             "stats": self.stats,
+            "software": None
+            if info is None or info.legacy
+            else {"name": info.name, "version": info.version, "features": sorted(info.features)},
+            "unsupported": self.lacks,
         }
 
 
+_REPORTED_FEATURES: Final = (FEATURE_HELLO, FEATURE_STATS, FEATURE_PING, FEATURE_FENCE)
+_LACKING: Final = {
+    FEATURE_STATS: "no stats, so its locks cannot be listed",
+    FEATURE_FENCE: "no fencing tokens (lock.fence is None)",
+}
+
+
 def _ask(endpoint: Endpoint) -> ServerReport:
+    """``hello``, then ``stats`` where the server may know it (an older dflockd that answers
+    ``error`` to ``hello`` may still know ``stats``, as the Go server does)."""
     try:
         conn = Connection.open(endpoint)
+        try:
+            info = conn.hello()  # leaves it closed on a server without hello
+            if not info.legacy and not info.supports(FEATURE_STATS):
+                return ServerReport(endpoint.address, None, None, info)
+            if conn.closed:
+                conn = Connection.open(endpoint)
+            reply = conn.request(Command.STATS, protocol.encode_stats())
+        finally:
+            conn.close()
     except DflockError as exc:
         return ServerReport(endpoint.address, None, str(exc))
-    try:
-        reply = conn.request(Command.STATS, protocol.encode_stats())
-    except DflockError as exc:
-        return ServerReport(endpoint.address, None, str(exc))
-    finally:
-        conn.close()
-    if not isinstance(reply, protocol.Stats):
-        return ServerReport(endpoint.address, None, f"unexpected reply to stats: {reply!r}")
-    return ServerReport(endpoint.address, cast(dict[str, Any], reply.data))
+    if isinstance(reply, protocol.Stats):
+        return ServerReport(endpoint.address, cast(dict[str, Any], reply.data), None, info)
+    if isinstance(reply, protocol.ErrorReply) and reply.code == constants.STATUS_ERROR:
+        return ServerReport(endpoint.address, None, None, info)  # answers, but has no stats
+    return ServerReport(endpoint.address, None, f"unexpected reply to stats: {reply!r}")
 
 
 def collect(config: DflockConfig) -> list[ServerReport]:
@@ -99,8 +147,11 @@ def format_status(reports: Sequence[ServerReport]) -> str:
     """One row per server: reachable, connections, held locks, semaphores, waiters."""
     rows: list[list[str]] = []
     for rep in reports:
+        if not rep.reachable:
+            rows.append([rep.address, "NO", "-", "-", "-", "-", rep.note])
+            continue
         if rep.stats is None:
-            rows.append([rep.address, "NO", "-", "-", "-", "-", rep.error or ""])
+            rows.append([rep.address, "yes", "?", "?", "?", "?", rep.note])
             continue
         locks = _items(rep.stats, "locks")
         sems = _items(rep.stats, "semaphores")
@@ -113,10 +164,10 @@ def format_status(reports: Sequence[ServerReport]) -> str:
                 str(len(locks)),
                 str(len(sems)),
                 str(waiters),
-                "",
+                rep.note,
             ]
         )
-    header = ["server", "reachable", "connections", "locks", "semaphores", "waiters", "error"]
+    header = ["server", "reachable", "connections", "locks", "semaphores", "waiters", "note"]
     return "\n".join(_table(header, rows))
 
 
@@ -149,9 +200,19 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     str(sem.get("waiters", 0)),
                 ]
             )
-    if not rows:
-        return "no locks held"
-    return "\n".join(_table(["server", "key", "kind", "lease left", "holders", "waiters"], rows))
+    if rows:
+        lines = _table(["server", "key", "kind", "lease left", "holders", "waiters"], rows)
+    elif all(rep.stats is not None for rep in reports):
+        lines = ["no locks held"]
+    else:
+        lines = ["no locks held on the servers that answered stats"]
+    # Every server whose locks are not listed above is named, with why.
+    for rep in reports:
+        if not rep.reachable:
+            lines.append(f"{rep.address}: UNREACHABLE, its locks are unknown: {rep.note}")
+        elif rep.stats is None:
+            lines.append(f"{rep.address}: reachable, {rep.note}")
+    return "\n".join(lines)
 
 
 def _run(ctx: click.Context, as_json: bool, render: Callable[[list[ServerReport]], str]) -> None:
@@ -200,7 +261,9 @@ def ping(ctx: click.Context, as_json: bool) -> None:
 
     def render(reports: list[ServerReport]) -> str:
         return "\n".join(
-            f"{r.address}: {'ok' if r.reachable else 'UNREACHABLE: ' + (r.error or '')}"
+            f"{r.address}: ok" + (f" ({r.note})" if r.note else "")
+            if r.reachable
+            else f"{r.address}: UNREACHABLE: {r.note}"
             for r in reports
         )
 

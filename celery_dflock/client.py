@@ -27,13 +27,17 @@ from typing import Self
 
 from celery_dflock._connection import Connection
 from celery_dflock._core import (
+    ACQUIRED,
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
     JOIN_TIMEOUT_S,
+    QUEUED,
+    EnqueueResult,
     LockCore,
     LockState,
+    ServerInfo,
     redact,
 )
 from celery_dflock._renewal import Renewal, Renewer
@@ -85,6 +89,7 @@ class _SyncLockBase:
             )
         self._on_lost = on_lost
         self._pool = pool
+        self._server: ServerInfo | None = None  # without a pool: asked once per lock object
         self._conn: Connection | None = None
         self._op_lock = threading.RLock()  # renew / release / acquire never interleave
         self._renewal: Renewal | None = None  # the current grant's place in the renewal schedule
@@ -127,7 +132,11 @@ class _SyncLockBase:
 
     @property
     def fence(self) -> int | None:
-        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant."""
+        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant.
+
+        None when not held, or when the server does not issue fencing tokens (dflockd 0.4/0.5
+        and the Go server: their tokens are random, so comparing them would mean nothing).
+        """
         return self._core.fence
 
     @property
@@ -165,7 +174,9 @@ class _SyncLockBase:
     def _checkout(self) -> Connection:
         if self._pool is not None:
             return self._pool.checkout(self._core.endpoint)
-        return Connection.open(self._core.endpoint)
+        conn = Connection.connect(self._core.endpoint, self._server)
+        self._server = conn.server
+        return conn
 
     def _checkin(self, conn: Connection) -> None:
         if self._pool is not None:
@@ -182,7 +193,7 @@ class _SyncLockBase:
             sent = time.monotonic()
             reply = conn.request(command, data, timeout)
             try:
-                granted = self._core.on_grant_reply(command, reply, sent)
+                granted = self._core.on_grant_reply(command, reply, sent, conn.server)
             except BaseException:
                 self._checkin(conn)
                 raise
@@ -203,12 +214,13 @@ class _SyncLockBase:
         """
         return self._grant(self._core.acquire_request)
 
-    def enqueue(self) -> bool:
+    def enqueue(self) -> EnqueueResult:
         """Two-phase step 1: join the queue without blocking.
 
-        True if the lock was free and is now held; False if queued (then call `wait`).
+        ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
+        `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
         """
-        return self._grant(self._core.enqueue_request)
+        return ACQUIRED if self._grant(self._core.enqueue_request) else QUEUED
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
@@ -228,7 +240,7 @@ class _SyncLockBase:
             sent = time.monotonic()
             try:
                 reply = conn.request(command, data, timeout)
-                granted = self._core.on_grant_reply(command, reply, sent)
+                granted = self._core.on_grant_reply(command, reply, sent, conn.server)
             except BaseException:
                 self._core.reset()
                 conn.close()

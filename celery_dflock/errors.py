@@ -26,8 +26,12 @@ class DflockError(Exception):
     """Base class of every error raised by celery-dflock."""
 
 
-class LockNotAcquired(DflockError):
-    """The lock (or a semaphore slot) was not granted within the acquire timeout."""
+class LockNotAcquired(DflockError, TimeoutError):
+    """The lock (or a semaphore slot) was not granted within the acquire timeout.
+
+    Also a `TimeoutError`, as the dflockd clients raise on a timed-out acquire, so code written
+    for them (``except TimeoutError`` around ``with DistributedLock(...)``) keeps working.
+    """
 
 
 class LockSkipped(LockNotAcquired):

@@ -3,7 +3,9 @@
 A lock borrows a connection when it acquires, pins it while held (the server releases a
 connection's locks when it closes), and gives it back after releasing. The pool keeps idle
 connections per server (``host``, ``port``, auth token and TLS context), checks each before
-reuse, and drops ones idle for longer than the server would keep them.
+reuse, and drops ones idle for longer than the server would keep them. It asks each server
+``hello`` once, to learn what it supports: the liveness check uses ``ping`` only where the
+server knows it, and locks report ``fence`` only where the server issues fencing tokens.
 
 Pools are fork safe: a pool records the pid that created it; used in another process (a forked
 child) it forgets the inherited connections, closing only its own copies of their sockets (never
@@ -26,7 +28,7 @@ import time
 from typing import Final, Generic, Protocol, Self, TypeVar
 
 from celery_dflock._connection import AsyncConnection, Connection
-from celery_dflock._core import READ_TIMEOUT_MARGIN_S, Endpoint
+from celery_dflock._core import READ_TIMEOUT_MARGIN_S, Endpoint, ServerInfo
 from celery_dflock._renewal import Renewer
 from celery_dflock.errors import DflockError
 from dflockd_server import constants
@@ -70,6 +72,8 @@ class _IdleStore(Generic[C]):
         self.max_idle_time_s = float(max_idle_time_s)
         self.pid = os.getpid()
         self.idle: dict[Endpoint, list[C]] = {}
+        self.servers: dict[Endpoint, ServerInfo] = {}
+        """What each server answered to ``hello`` (asked once per server, kept across forks)."""
         self.opened = 0
         self.reused = 0
         self.discarded = 0
@@ -159,9 +163,11 @@ class ConnectionPool:
             conn.close()
             with self._lock:
                 self._store.discarded += 1
-        conn = Connection.open(endpoint)
+        conn = Connection.connect(endpoint, self._store.servers.get(endpoint))
         with self._lock:
             self._store.opened += 1
+            if conn.server is not None:
+                self._store.servers[endpoint] = conn.server
         return conn
 
     def checkin(self, conn: Connection) -> None:
@@ -182,8 +188,16 @@ class ConnectionPool:
 
     @property
     def opened(self) -> int:
-        """Connections this pool opened (in this process)."""
+        """Connections this pool opened (in this process) and handed out. (The first
+        connection to a server without ``hello`` costs one more, closed at once.)"""
         return self._store.opened
+
+    def server_info(self, host: str, port: int) -> ServerInfo | None:
+        """What the server at ``host:port`` answered to ``hello`` (None: not asked yet)."""
+        for endpoint, info in list(self._store.servers.items()):
+            if endpoint.host == host and endpoint.port == port:
+                return info
+        return None
 
     @property
     def reused(self) -> int:
@@ -220,7 +234,7 @@ class AsyncConnectionPool:
     """Idle asyncio connections for `AsyncDistributedLock` / `AsyncDistributedSemaphore`.
 
     Belongs to the event loop it is first used in (asyncio connections cannot move between
-    loops); create one per loop. Reuse is checked with a ``ping``.
+    loops); create one per loop. Reuse is checked with a ``ping`` where the server knows it.
     """
 
     def __init__(
@@ -258,8 +272,10 @@ class AsyncConnectionPool:
                 return conn
             await conn.aclose()
             self._store.discarded += 1
-        conn = await AsyncConnection.open(endpoint)
+        conn = await AsyncConnection.connect(endpoint, self._store.servers.get(endpoint))
         self._store.opened += 1
+        if conn.server is not None:
+            self._store.servers[endpoint] = conn.server
         return conn
 
     async def checkin(self, conn: AsyncConnection) -> None:
@@ -276,8 +292,16 @@ class AsyncConnectionPool:
 
     @property
     def opened(self) -> int:
-        """Connections this pool opened (in this process)."""
+        """Connections this pool opened (in this process) and handed out. (The first
+        connection to a server without ``hello`` costs one more, closed at once.)"""
         return self._store.opened
+
+    def server_info(self, host: str, port: int) -> ServerInfo | None:
+        """What the server at ``host:port`` answered to ``hello`` (None: not asked yet)."""
+        for endpoint, info in list(self._store.servers.items()):
+            if endpoint.host == host and endpoint.port == port:
+                return info
+        return None
 
     @property
     def reused(self) -> int:

@@ -31,6 +31,7 @@ __all__ = [
     "Command",
     "ErrorReply",
     "Granted",
+    "Hello",
     "Ok",
     "Queued",
     "Renewed",
@@ -41,6 +42,7 @@ __all__ = [
     "decode_reply",
     "encode_auth",
     "encode_enqueue",
+    "encode_hello",
     "encode_lock",
     "encode_ping",
     "encode_release",
@@ -64,7 +66,7 @@ MAX_STATS_LINE_BYTES: Final = 64 * 1024 * 1024
 
 _TOKEN_RE: Final = re.compile(rf"[0-9a-f]{{{constants.TOKEN_HEX_CHARS}}}")
 _ERROR_CODE_RE: Final = re.compile(r"error(_[a-z_]+)?")
-_GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([0-9]+)" % constants.TOKEN_HEX_CHARS)
+_GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([1-9][0-9]*)" % constants.TOKEN_HEX_CHARS)
 _RENEWED_LINE_RE: Final = re.compile(rb"ok ([0-9]+)")
 _WHITESPACE_RE: Final = re.compile(r"\s")
 """Matches exactly the characters ``str.isspace`` accepts (one scan in C, not a loop)."""
@@ -86,6 +88,30 @@ class Command(enum.StrEnum):
     AUTH = constants.CMD_AUTH
     STATS = constants.CMD_STATS
     PING = constants.CMD_PING
+    HELLO = constants.CMD_HELLO
+
+    @property
+    def label(self) -> str:
+        """What the request does, with its wire letter: ``"a renewal ('n')"``, for messages."""
+        return f"{_DOING[self]} ({self.value!r})"
+
+
+_DOING: Final[dict[Command, str]] = {
+    Command.LOCK: "an acquire",
+    Command.RENEW: "a renewal",
+    Command.RELEASE: "a release",
+    Command.ENQUEUE: "an enqueue",
+    Command.WAIT: "a wait",
+    Command.SEM_LOCK: "a semaphore acquire",
+    Command.SEM_ENQUEUE: "a semaphore enqueue",
+    Command.SEM_WAIT: "a semaphore wait",
+    Command.SEM_RENEW: "a semaphore renewal",
+    Command.SEM_RELEASE: "a semaphore release",
+    Command.AUTH: "authentication",
+    Command.STATS: "a stats request",
+    Command.PING: "a ping",
+    Command.HELLO: "a hello",
+}
 
 
 # ------------------------------------------------------------------------------- validation
@@ -241,6 +267,11 @@ def encode_ping() -> bytes:
     return _request(Command.PING, constants.PLACEHOLDER, constants.PLACEHOLDER)
 
 
+def encode_hello() -> bytes:
+    """``hello``: what this server is and supports (a server that predates it: ``error``)."""
+    return _request(Command.HELLO, constants.PLACEHOLDER, constants.PLACEHOLDER)
+
+
 def fence_of(token: str) -> int:
     """The fencing counter carried in a token: ``int(token[:16], 16)``."""
     return int(token[: constants.FENCE_HEX_CHARS], 16)
@@ -295,13 +326,21 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True)
+class Hello:
+    """``ok <json>`` to ``hello``: the decoded JSON object (``server``, ``version``,
+    ``features``)."""
+
+    data: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorReply:
     """``error`` or ``error_<reason>``: the server refused the request."""
 
     code: str
 
 
-Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | ErrorReply
+Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | ErrorReply
 
 _COMMON_ERRORS: Final = frozenset(
     {constants.STATUS_ERROR, constants.STATUS_ERROR_AUTH, constants.STATUS_ERROR_DRAINING}
@@ -331,6 +370,7 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.AUTH: _COMMON_ERRORS,
     Command.STATS: _COMMON_ERRORS,
     Command.PING: _COMMON_ERRORS,
+    Command.HELLO: _COMMON_ERRORS,
 }
 
 
@@ -342,7 +382,7 @@ def _show(line: bytes | bytearray, limit: int = 80) -> str:
 def _unexpected(command: Command, line: bytes | bytearray, why: str = "") -> ProtocolError:
     detail = f": {why}" if why else ""
     return ProtocolError(
-        f"unexpected reply {_show(line)} to {command.value!r}{detail}; "
+        f"unexpected reply {_show(line)} to {command.label}{detail}; "
         "is the server a dflockd-compatible lock server on the right port?"
     )
 
@@ -361,7 +401,11 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
         raise _unexpected(
             command, line, f"the token is not {constants.TOKEN_HEX_CHARS} lowercase hex"
         )
-    return Granted(token, _parse_uint(command, line, lease))
+    seconds = _parse_uint(command, line, lease)
+    if seconds == 0:
+        # A lease of 0 s is over when it is granted: renewing it would spin.
+        raise _unexpected(command, line, "a granted lease must be at least 1 second")
+    return Granted(token, seconds)
 
 
 _GRANTING: Final = frozenset({Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT})
@@ -418,19 +462,21 @@ def decode_reply(command: Command, line: bytes) -> Reply:
         ) if not fields:
             return Ok()
         case (Command.STATS, "ok") if fields:
-            return _parse_stats(command, line, text[len(status) + 1 :])
+            return Stats(_parse_json_object(command, line, text[len(status) + 1 :]))
+        case (Command.HELLO, "ok") if fields:
+            return Hello(_parse_json_object(command, line, text[len(status) + 1 :]))
         case _:
             raise _unexpected(command, line)
 
 
-def _parse_stats(command: Command, line: bytes, payload: str) -> Stats:
+def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str, object]:
     try:
         data: object = json.loads(payload)
     except ValueError as exc:
         raise _unexpected(command, line, f"invalid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise _unexpected(command, line, "the JSON is not an object")
-    return Stats({str(k): v for k, v in data.items()})  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return {str(k): v for k, v in data.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
 
 
 class ReplyParser:
@@ -476,7 +522,9 @@ class ReplyParser:
         return len(self._buffer)
 
     def _line_limit(self, command: Command) -> int:
-        return self.max_stats_line_bytes if command is Command.STATS else self.max_line_bytes
+        if command is Command.STATS or command is Command.HELLO:  # JSON payloads
+            return self.max_stats_line_bytes
+        return self.max_line_bytes
 
     def next_reply(self, command: Command) -> Reply | None:
         """The next reply to ``command``, or None until its whole line has been fed."""

@@ -86,7 +86,8 @@ def test_the_manifests_fit_the_server_and_each_other() -> None:
 
 def _promtool() -> str | None:
     path = shutil.which("promtool")
-    if path is None and os.environ.get("CI") == "true":
+    in_ci = os.environ.get("CI") == "true" or os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1"
+    if path is None and in_ci:
         pytest.fail("promtool is missing (.ci/run installs Debian's prometheus package)")
     return path
 

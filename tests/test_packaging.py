@@ -18,6 +18,7 @@ import celery_dflock
 import dflockd_server
 
 PYTHONS = ("3.11", "3.12", "3.13")
+DEMO_TIMEOUT_S = 180
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def test_sdists_carry_the_package_and_nothing_else(
 @pytest.mark.parametrize("version", PYTHONS)
 def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, version: str) -> None:
     """`pip install celery-dflock[redis]` resolves (the server from the same folder, the rest
-    from the package index), and both commands print the same version."""
+    from the package index), both commands print the same version, and the demo passes."""
     python = find_python(version)
     if python is None:
         pytest.skip(f"no CPython {version} on this machine")
@@ -99,3 +100,14 @@ def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, ver
     ]
     expected = celery_dflock.__version__
     assert version_lines == [f"celery-dflock {expected}", f"dflockd {expected}"]
+    # The README's first command, from the installed package, outside the repository.
+    demo = subprocess.run(
+        [str(venv_python.parent / "celery-dflock"), "demo"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=DEMO_TIMEOUT_S,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "verdict: PASS" in demo.stdout, demo.stdout[-2000:]

@@ -14,6 +14,10 @@ class StaleFenceError(Exception):
     """A write came with a fence lower than one the store has already accepted."""
 
 
+class NoFenceError(Exception):
+    """A write came without a fence: its lock server issues no fencing tokens."""
+
+
 class FencedLedger:
     """Account balances in SQLite, each write conditional on its fencing token."""
 
@@ -31,8 +35,18 @@ class FencedLedger:
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self._path, timeout=10, isolation_level=None)
 
-    def add(self, account: str, amount: int, fence: int) -> int:
-        """Add ``amount`` under ``fence``; return the new balance or raise StaleFenceError."""
+    def add(self, account: str, amount: int, fence: int | None) -> int:
+        """Add ``amount`` under ``fence``; return the new balance or raise StaleFenceError.
+
+        ``fence`` None (``lock.fence`` on a server that issues no fencing tokens, such as
+        dflockd 0.4/0.5 or the Go server) is refused: there is nothing safe to compare.
+        """
+        if fence is None:
+            raise NoFenceError(
+                f"write to {account!r} refused: it carries no fence, because its lock server "
+                "issues no fencing tokens (lock.fence is None); run the lock server "
+                "dflockd-server, whose tokens are fences"
+            )
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")  # read and write under one write lock

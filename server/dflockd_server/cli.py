@@ -180,9 +180,49 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-async def serve(config: Config, environ: Mapping[str, str] | None = None) -> None:
+def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """The auth token came from ``--auth-token`` (the environment wins over the flag)."""
+    flag = "--auth-token"
+    given = any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
+    return given and not any(environ.get(name) for name in _env_names("auth_token"))
+
+
+def _env_names(field: str) -> tuple[str, ...]:
+    return next(setting.env for setting in SETTINGS if setting.field == field)
+
+
+def _start_up_warnings(
+    config: Config, environ: Mapping[str, str], argv: Sequence[str]
+) -> list[str]:
+    """What an operator should hear about at start-up, beside where the server is deployed."""
+    warnings: list[str] = []
+    if _secret_on_the_command_line(argv, environ):
+        warnings.append(
+            "the auth token was given with --auth-token, so every local user can read it in "
+            "the process list: use --auth-token-file or DFLOCKD_AUTH_TOKEN instead"
+        )
+    state = config.fence_state_file
+    if state is None:
+        warnings.append(
+            "no --fence-state-file: fencing tokens start from the wall clock at each start, so "
+            "a clock set back between two runs hands out smaller fences than before (set "
+            "DFLOCKD_FENCE_STATE_FILE to a file on a persistent volume)"
+        )
+    elif not os.path.exists(state):
+        warnings.append(
+            f"fence state file {state!r} does not exist yet; it is created now. If this server "
+            "ran before with another file (or a lost volume), fences may be smaller than those "
+            "it handed out then"
+        )
+    return warnings
+
+
+async def serve(
+    config: Config, environ: Mapping[str, str] | None = None, argv: Sequence[str] = ()
+) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     environ = os.environ if environ is None else environ
+    warnings = _start_up_warnings(config, environ, argv)  # before the state file is written
     server = Server(config)
     await server.start()
     host, port = server.sockname
@@ -205,6 +245,8 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> Non
             "one dflockd behind a Service for every worker and beat (deploy/kubernetes/)",
             config.host,
         )
+    for warning in warnings:
+        log.warning("%s", warning)
     if server.secret is None and not is_loopback(config.host):
         log.warning(
             "bound to non-loopback address %s without auth: anyone who can reach port %d can "
@@ -221,7 +263,7 @@ async def serve(config: Config, environ: Mapping[str, str] | None = None) -> Non
     await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
         log.info(
-            "signal received: draining (up to %.0f s for in-flight requests)",
+            "signal received: draining (up to %.0f s for holders to release)",
             config.shutdown_timeout_s,
         )
     waiting.cancel()
@@ -245,7 +287,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(config, env))
+            runner.run(serve(config, env, sys.argv[1:] if argv is None else argv))
     except (FenceStateError, MetricsError) as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_RUNTIME) from None

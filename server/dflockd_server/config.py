@@ -268,7 +268,7 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_SHUTDOWN_TIMEOUT_S",),
         parse_float,
         _non_negative,
-        "on SIGTERM/SIGINT, seconds in-flight requests may take before connections close",
+        "on SIGTERM/SIGINT, seconds holders may take to release before connections close",
     ),
     Setting(
         "auth_token",

@@ -144,6 +144,8 @@ STOP_SETTLE_S: Final = 1.0
 """How long ``stop()`` waits, after closing every connection, for their transports to report
 that they are closed (a client that does not read its last reply holds its own up)."""
 STOP_SETTLE_POLL_S: Final = 0.001
+DRAIN_POLL_S: Final = 0.01
+"""How often a draining server looks whether its last lock was released."""
 METRICS_LATENCY_BUCKETS_S: Final = (
     0.00005,
     0.0001,

@@ -46,6 +46,22 @@ _LOCK = c.CMD_LOCK.encode()
 _RELEASE = c.CMD_RELEASE.encode()
 _RENEW = c.CMD_RENEW.encode()
 _JITTER_MIN, _JITTER_MAX = 0.5, 1.5  # of a fragment delay
+_WHILE_DRAINING = frozenset(
+    command.encode()
+    for command in (
+        c.CMD_RELEASE,
+        c.CMD_SEM_RELEASE,
+        c.CMD_RENEW,
+        c.CMD_SEM_RENEW,
+        c.CMD_PING,
+        c.CMD_HELLO,
+        c.CMD_STATS,
+        c.CMD_AUTH,
+    )
+)
+"""What a draining server still answers: its holders can renew and release until they are
+done (or the shutdown timeout), and see that it is up; acquires and waits get
+``error_draining``."""
 _REFUSALS = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
@@ -104,6 +120,7 @@ class Connection(asyncio.Protocol):
         self.budget = 0  # requests the pass under way may still answer
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.closing = False
+        self.eof = False  # the client sent EOF: close once what it sent is answered
         self.admitted = False  # counted against the caps before its TLS handshake
         self.reading_paused = False
         self.write_paused = False
@@ -193,8 +210,22 @@ class Connection(asyncio.Protocol):
             self._update_reading()  # a blocking request or a later pass holds the rest up
 
     def eof_received(self) -> bool | None:
-        # No more requests can come: close (replies already written are flushed first).
+        # No more requests can come. Answer those already received (a pass answers at most
+        # MAX_REQUESTS_PER_PASS), acquires among them tried once, then close: see _end_if_eof.
+        if self.closing or self.busy:
+            return None  # a wait in flight: the client is gone (a killed process's FIN)
+        self.eof = True
+        if self.more_scheduled or self.framer.buffered():
+            return True  # keep the transport open for the replies (plain TCP only)
         return None
+
+    def _end_if_eof(self) -> None:
+        """After the client's EOF: close once every request it sent has been answered."""
+        if self.eof and not (self.busy or self.more_scheduled or self.write_paused or self.closing):
+            transport = self.transport
+            if transport is not None:
+                self.closing = True
+                transport.close()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -211,6 +242,9 @@ class Connection(asyncio.Protocol):
             self.write_timer = None
         if not self.busy and self.framer.buffered():
             self._process_later()
+        elif self.eof:
+            self._end_if_eof()
+            return
         self._update_reading()
 
     # ------------------------------------------------------------------ timers
@@ -319,6 +353,8 @@ class Connection(asyncio.Protocol):
         self._write(reply)
         if self.framer.buffered():
             self._process_later()
+        elif self.eof:
+            self._end_if_eof()
         else:
             self._update_reading()
 
@@ -375,6 +411,9 @@ class Connection(asyncio.Protocol):
                     pending = 0
         if out and transport is not None and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self.eof:
+            self._end_if_eof()
+            return
         if self.reading_paused or self.write_paused or self.busy or self.more_scheduled:
             self._update_reading()  # otherwise reading is on and stays on: nothing to do
 
@@ -385,8 +424,8 @@ class Connection(asyncio.Protocol):
             log.debug("connection %s: request before auth, closing", self.peer)
             self._close_with(p.REPLY_ERROR_AUTH)
             return None
-        if self.server.draining:
-            return p.REPLY_ERROR_DRAINING
+        if self.server.draining and cmd not in _WHILE_DRAINING:
+            return p.REPLY_ERROR_DRAINING  # nothing new is granted; releases still work
         # Locks, releases and renewals in their usual shapes skip building a Request.
         if cmd == _LOCK:
             quick = p.quick_lock(key, arg)
@@ -444,7 +483,12 @@ class Connection(asyncio.Protocol):
         assert client is not None
         try:
             got = self.table.acquire(
-                client, key, lease or self.default_lease, limit, queue=timeout > 0
+                # After the client's EOF nobody waits for an answer to come later: try once.
+                client,
+                key,
+                lease or self.default_lease,
+                limit,
+                queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
             return self._refusal(exc)
@@ -515,7 +559,7 @@ class Connection(asyncio.Protocol):
             if not holder.live:
                 return p.REPLY_ERROR_LEASE_EXPIRED
             return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
-        if timeout == 0:
+        if timeout == 0 or self.eof:
             self.table.cancel_wait(waiter)
             return p.REPLY_TIMEOUT
         self._wait(waiter, timeout)
@@ -536,6 +580,15 @@ class Connection(asyncio.Protocol):
         return None
 
     # ------------------------------------------------------------------ shutdown
+    def refuse_wait(self) -> None:
+        """The server drains: answer a blocked acquire with ``error_draining`` (the connection
+        stays open: it may hold locks to release)."""
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.wake = None
+            self.table.cancel_wait(waiter)
+            self._done_waiting(p.REPLY_ERROR_DRAINING)
+
     def drain_now(self) -> None:
         """Shutdown deadline: answer an in-flight wait with ``error_draining`` and close."""
         waiter = self.waiter
@@ -769,8 +822,9 @@ class Server:
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        """Graceful shutdown: refuse new work with ``error_draining``, let in-flight requests
-        finish for up to ``shutdown_timeout_s``, then close every connection."""
+        """Graceful shutdown: grant nothing more (acquires get ``error_draining``), let holders
+        renew and release until none is left or ``shutdown_timeout_s`` ran out, then close
+        every connection."""
         if self._stopped is None:
             return
         if self._stopping:
@@ -782,12 +836,24 @@ class Server:
             await self._stop_accepting(self._listener)
             self._listener.close()
         await self._stop_tls()
-        assert self._idle is not None
-        if self._busy:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.config.shutdown_timeout_s)
-            except TimeoutError:
-                log.info("shutdown timeout reached with %d request(s) in flight", self._busy)
+        # Nothing more is granted: blocked acquires and queued two-phase waiters are refused
+        # now (not granted in the last moments before exit); holders keep renewing and
+        # releasing until they are done or the shutdown timeout runs out.
+        table = self.table
+        for conn in list(self.connections):
+            conn.refuse_wait()
+        refused = table.drop_queued()
+        log.info(
+            "draining: %d lock(s) held, %d waiter(s) refused; waiting up to %gs for releases",
+            table.held,
+            refused,
+            self.config.shutdown_timeout_s,
+        )
+        deadline = self.loop.time() + self.config.shutdown_timeout_s
+        while table.held and self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(c.DRAIN_POLL_S)
+        if table.held and self.connections:
+            log.info("shutdown timeout reached with %d lock(s) held", table.held)
         for timer in self._timers:
             timer.cancel()
         for conn in list(self.connections):

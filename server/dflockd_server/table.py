@@ -176,6 +176,12 @@ class LockTable:
         self.auto_release_on_disconnect = auto_release_on_disconnect
         self.keys: dict[str, KeyState] = {}
         """Every key, locks and semaphores alike: one resource per key."""
+        self._idle_log: deque[tuple[KeyState, float]] = deque()
+        """Keys that became idle, oldest first, each with its ``last_used`` then. An entry is
+        current while its key is still in the table, idle, and unused since; the others are
+        dropped as they are met. So pruning (`gc`) and making room for a new key when the
+        table is full cost the keys pruned plus the entries dropped, never a scan of the
+        table: every entry is appended once and dropped once."""
         self._wakes: list[Waiter] = []
         self._next_client_id = 0
         self.counts = Counts()
@@ -319,6 +325,38 @@ class LockTable:
         state.last_used = now
         return lease_ttl
 
+    @property
+    def held(self) -> int:
+        """Locks and semaphore slots held right now (from the running totals: no scan)."""
+        counts = self.counts
+        return (
+            sum(counts.grants)
+            - sum(counts.releases)
+            - sum(counts.expiries)
+            - sum(counts.lost_by_disconnect)
+        )
+
+    def drop_queued(self) -> int:
+        """Take every waiter out of every queue (a server that drains grants nothing more);
+        returns how many. Waiters blocked in a request are the connections' to answer."""
+        now = self.clock()
+        dropped = 0
+        for state in list(self.keys.values()):
+            queue = state.queue
+            if isinstance(queue, tuple):
+                continue
+            for waiter in list(queue):
+                if waiter.active:
+                    waiter.active = False
+                    state.n_waiting -= 1
+                    waiter.client.waiting.discard(waiter)
+                    self.forget_enqueued(waiter)
+                    dropped += 1
+            state.queue = ()
+            state.last_used = now
+            self._note_idle(state)
+        return dropped
+
     # ------------------------------------------------------------------ maintenance
     def expire(self) -> int:
         """Expire every lease that has run out; returns how many."""
@@ -331,13 +369,22 @@ class LockTable:
         return expired
 
     def gc(self, max_idle_s: float) -> int:
-        """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``."""
+        """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``; the cost is
+        the keys forgotten, not the size of the table (see ``_idle_log``)."""
         now = self.clock()
-        states = self.keys
-        stale = [k for k, s in states.items() if s.idle and now - s.last_used >= max_idle_s]
-        for k in stale:
-            del states[k]
-        return len(stale)
+        log = self._idle_log
+        pruned = 0
+        while log:
+            state, stamp = log[0]
+            if not self._idle_since(state, stamp):
+                log.popleft()
+            elif now - stamp >= max_idle_s:
+                log.popleft()
+                del self.keys[state.key]
+                pruned += 1
+            else:
+                break  # the rest became idle later
+        return pruned
 
     def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
         """``(keys, holders, waiters)`` of one kind right now (leases are not swept here)."""
@@ -391,6 +438,31 @@ class LockTable:
         }
 
     # ------------------------------------------------------------------ internals
+    def _idle_since(self, state: KeyState, stamp: float) -> bool:
+        """Whether an ``_idle_log`` entry is current."""
+        return state.last_used == stamp and state.idle and self.keys.get(state.key) is state
+
+    def _note_idle(self, state: KeyState) -> None:
+        """Log ``state`` if it is idle now (it may be busy again at once: the entry is then
+        dropped when met)."""
+        if state.n_waiting or state.holders:
+            return
+        log = self._idle_log
+        log.append((state, state.last_used))
+        if len(log) > 2 * len(self.keys) + _COMPACT_MIN:
+            # Mostly dropped entries: keep the current ones (amortised over the appends).
+            self._idle_log = deque(e for e in log if self._idle_since(*e))
+
+    def _make_room(self) -> bool:
+        """Forget the longest-idle key; False if no key is idle."""
+        log = self._idle_log
+        while log:
+            state, stamp = log.popleft()
+            if self._idle_since(state, stamp):
+                del self.keys[state.key]
+                return True
+        return False
+
     def _state_for(self, key: str, limit: int | None, now: float) -> KeyState:
         """The key's state for an acquire with ``limit`` (``None``: a lock, limit 1): made
         if new, its limit and kind fixed anew if idle, refused if busy with another limit."""
@@ -399,12 +471,11 @@ class LockTable:
         states = self.keys
         state = states.get(key)
         if state is None:
-            if len(states) >= self.max_locks:
-                self.gc(0.0)  # idle keys hold nothing: make room before refusing
-                if len(states) >= self.max_locks:
-                    raise MaxLocks(key)
+            # Idle keys hold nothing: make room before refusing.
+            if len(states) >= self.max_locks and not self._make_room():
+                raise MaxLocks(key)
             state = states[key] = KeyState(key, is_sem, wanted, now)
-            return state
+            return state  # granted or queued on at once (see _grant for when it cannot be)
         if now >= state.earliest:
             self._check(state, now)
         state.last_used = now
@@ -428,7 +499,11 @@ class LockTable:
         return waiter
 
     def _grant(self, state: KeyState, client: Client, lease_ttl: int, now: float) -> Holder:
-        token = self.new_token()
+        try:
+            token = self.new_token()
+        except BaseException:
+            self._note_idle(state)  # a new key left idle must still be pruned
+            raise
         self.counts.grants[state.is_sem] += 1
         expires_at = now + lease_ttl
         holder = Holder(token, state, client, lease_ttl, expires_at)
@@ -449,6 +524,7 @@ class LockTable:
         if len(queue) > _COMPACT_MIN and len(queue) > 2 * state.n_waiting:
             state.queue = deque(w for w in queue if w.active)
         self._fill(state, now)
+        self._note_idle(state)
 
     def _drop_holder(self, holder: Holder, now: float) -> None:
         holder.live = False
@@ -458,6 +534,7 @@ class LockTable:
         state.last_used = now
         if not state.holders:
             state.earliest = math.inf
+            self._note_idle(state)
 
     def _check(self, state: KeyState, now: float) -> int:
         """Expire the key's run-out leases and hand their slots on; returns how many."""

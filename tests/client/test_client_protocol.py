@@ -12,6 +12,7 @@ from celery_dflock.protocol import (
     Command,
     ErrorReply,
     Granted,
+    Hello,
     Ok,
     Queued,
     Renewed,
@@ -24,6 +25,7 @@ from dflockd_server import constants
 
 TOKEN = "0000018f2b3c4d5e" + "a1b2c3d4e5f60718"
 STATS_JSON = {"connections": 2, "locks": [{"key": "k", "owner_conn_id": 1}], "semaphores": []}
+HELLO_JSON = {"server": "dflockd-server", "version": "0.2.0", "features": ["fence", "ping"]}
 
 GRANT_COMMANDS = (Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT)
 COMMON_ERRORS = ("error", "error_auth", "error_draining")
@@ -64,6 +66,8 @@ VALID: list[tuple[Command, bytes, Reply]] = [
     (Command.AUTH, b"error\n", ErrorReply("error")),
     (Command.PING, b"error_draining\n", ErrorReply("error_draining")),
     (Command.STATS, b"ok " + json.dumps(STATS_JSON).encode() + b"\n", Stats(STATS_JSON)),
+    (Command.HELLO, b"ok " + json.dumps(HELLO_JSON).encode() + b"\n", Hello(HELLO_JSON)),
+    *[(Command.HELLO, f"{code}\n".encode(), ErrorReply(code)) for code in COMMON_ERRORS],
     (Command.LOCK, f"ok {TOKEN} 33\r\n".encode(), Granted(TOKEN, 33)),  # CR tolerated
 ]
 
@@ -146,6 +150,8 @@ GARBAGE: list[tuple[Command, bytes]] = [
     (Command.STATS, b"ok not json\n"),
     (Command.STATS, b"ok [1, 2]\n"),
     (Command.STATS, b"ok\n"),
+    (Command.HELLO, b"ok\n"),
+    (Command.HELLO, b"ok not json\n"),
     (Command.PING, b"pong\n"),
 ]
 
@@ -164,6 +170,7 @@ UNEXPECTED: list[tuple[Command, bytes]] = [
     (Command.AUTH, b"queued\n"),
     (Command.PING, b'ok {"connections": 1}\n'),
     (Command.STATS, b"queued\n"),
+    (Command.HELLO, b"queued\n"),
 ]
 
 
@@ -256,6 +263,7 @@ def test_encoders_produce_exact_requests() -> None:
     assert protocol.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
     assert protocol.encode_stats() == b"stats\n_\n_\n"
     assert protocol.encode_ping() == b"ping\n_\n_\n"
+    assert protocol.encode_hello() == b"hello\n_\n_\n"
     assert protocol.encode_lock("ключ", 1) == "l\nключ\n1\n".encode()
 
 
@@ -274,6 +282,7 @@ def test_every_command_has_an_encoder() -> None:
         protocol.encode_auth("x"),
         protocol.encode_stats(),
         protocol.encode_ping(),
+        protocol.encode_hello(),
     }
     assert {request.split(b"\n")[0].decode() for request in encoded} == set(constants.COMMANDS)
     assert {c.value for c in Command} == set(constants.COMMANDS)
@@ -337,3 +346,19 @@ def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(call: object, ma
 def test_fence_of() -> None:
     assert protocol.fence_of(TOKEN) == int(TOKEN[:16], 16)
     assert protocol.fence_of("ffffffffffffffff" + "0" * 16) == constants.FENCE_MAX
+
+
+def test_every_command_reads_as_words_in_messages() -> None:
+    """Errors say "during a renewal ('n')", never a bare protocol letter."""
+    assert Command.RENEW.label == "a renewal ('n')"
+    for command in Command:
+        assert command.label.endswith(f"({command.value!r})")
+        assert command.label.split(" (")[0] != command.value
+
+
+@pytest.mark.parametrize("command", GRANT_COMMANDS)
+def test_a_grant_with_a_lease_of_0_is_refused(command: Command) -> None:
+    """A lease that is over when granted would make the renewal spin (every 0.1 s)."""
+    with pytest.raises(ProtocolError, match="at least 1 second"):
+        protocol.decode_reply(command, b"ok " + b"a" * 32 + b" 0")
+    assert protocol.decode_reply(command, b"ok " + b"a" * 32 + b" 1") == Granted("a" * 32, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from examples.proj.ledger import FencedLedger, StaleFenceError
+from celery_dflock import DistributedLock
+from examples.proj.ledger import FencedLedger, NoFenceError, StaleFenceError
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 13
@@ -28,6 +30,9 @@ def test_fenced_ledger_refuses_a_stale_fence(tmp_path: Path) -> None:
     assert ledger.add("acme", 5, fence=11) == 10
     with pytest.raises(StaleFenceError, match="fence 9 refused"):
         ledger.add("acme", 100, fence=9)
+    assert ledger.balance("acme") == 10
+    with pytest.raises(NoFenceError, match="issues no fencing tokens"):
+        ledger.add("acme", 100, fence=None)  # lock.fence on a server without fences
     assert ledger.balance("acme") == 10
 
 
@@ -142,3 +147,31 @@ def test_dflock_status_reports_an_unreachable_server(tmp_path: Path) -> None:
     assert shown.returncode == 1
     assert "127.0.0.1:1" in shown.stdout and "NO" in shown.stdout
     assert "cannot reach the dflockd lock server" in shown.stdout
+
+
+def test_every_dflock_command_names_every_unreachable_server(
+    dflock_server_factory: Any, tmp_path: Path
+) -> None:
+    # issue 13, point 9: with one of three servers down, `locks` printed "no locks held".
+    up = [dflock_server_factory(), dflock_server_factory()]
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        down = f"127.0.0.1:{probe.getsockname()[1]}"
+    servers = ",".join([f"{s.host}:{s.port}" for s in up] + [down])
+    env = {**os.environ, "DFLOCK_SERVERS": servers, "PYTHONPATH": str(ROOT),
+           "CELERY_BROKER_URL": "memory://"}  # fmt: skip
+    for command in ("locks", "status", "ping"):
+        shown = _celery(env, "dflock", command)
+        assert shown.returncode == 1, (command, shown.stdout, shown.stderr)
+        lines = [line for line in shown.stdout.splitlines() if down in line]
+        assert len(lines) == 1, (command, shown.stdout)
+        assert "UNREACHABLE" in lines[0] or " NO " in lines[0], (command, shown.stdout)
+        assert "cannot reach the dflockd lock server" in lines[0], (command, shown.stdout)
+    shown = _celery(env, "dflock", "locks")
+    assert "no locks held on the servers that answered stats" in shown.stdout
+    with DistributedLock("cli:held", servers=[up[1].address]):
+        shown = _celery(env, "dflock", "locks")
+    assert shown.returncode == 1
+    assert "cli:held" in shown.stdout and f"{down}: UNREACHABLE" in shown.stdout
+    as_json = json.loads(_celery(env, "dflock", "locks", "--json").stdout)
+    assert [r["reachable"] for r in as_json] == [True, True, False]

@@ -575,11 +575,13 @@ def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: Serv
         stopper.start()
         try:
             eventually(lambda: srv.call(lambda: srv.server.draining), "draining")
-            assert a.req("ping") == "error_draining"
-            assert a.req("hello") == "error_draining"
-            assert b.recv() == "error_draining"  # at the shutdown deadline
+            assert b.recv() == "error_draining"  # refused at once, never granted in the drain
+            assert b.req("l", "other", "0") == "error_draining"  # nothing new is granted
+            assert a.req("ping") == "ok"  # a holder still sees the server up ...
+            assert a.req("hello").startswith("ok ")
+            assert a.req("n", "k", "x") == "error"  # ... can renew (not with a wrong token)
+            assert a.closed_by_server()  # it never released: closed at the deadline
             assert b.closed_by_server()
-            assert a.closed_by_server()
         finally:
             stopper.join(DEADLINE_S)
         with pytest.raises(OSError):

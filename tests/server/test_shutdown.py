@@ -9,6 +9,7 @@ import json
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,29 +51,104 @@ def test_sigterm_drains_in_flight_work_then_exits_0(dflockd_process: Any) -> Non
         stuck.send("l", "held", "30")  # its lock is never freed: answered at the deadline
         wait_queued(holder, "held", 1)
         short_holder.lock("short", lease=2)
-        lucky.send("l", "short", "30")  # the lease runs out during the drain: granted
+        lucky.send("l", "short", "30")  # the lease runs out during the drain: not granted
         wait_queued(holder, "short", 1)
 
         proc.proc.send_signal(signal.SIGTERM)
         proc.wait_for("draining")
-        assert holder.req("ping") == "error_draining"  # new requests are refused
-        assert short_holder.req("n", "short", "x") == "error_draining"
-        assert lucky.recv().startswith("ok ")  # in-flight work finished
-        assert stuck.recv() == "error_draining"  # in-flight work cut off at the deadline
-        assert proc.wait_exit() == 0
+        # Waiters are refused at once: nothing is granted while the server drains.
+        assert stuck.recv() == "error_draining"
+        assert lucky.recv() == "error_draining"
+        assert holder.req("l", "new", "0") == "error_draining"  # new acquires are refused
+        assert holder.req("ping") == "ok"  # holders still talk to it
+        assert short_holder.req("n", "short", "x") == "error"  # a wrong token, as always
+        assert proc.wait_exit() == 0  # "held" is never released: closed at the deadline
         for wire in (holder, stuck, short_holder, lucky):
             assert wire.closed_by_server()
     assert any("dflockd stopped" in line for line in proc.lines)
 
 
-def test_sigint_with_nothing_in_flight_exits_0_at_once(dflockd_process: Any) -> None:
+HOLDERS = 1000
+WAITERS = 1000
+CONNECTIONS = 10
+
+
+def test_a_drain_lets_holders_release_refuses_waiters_and_exits_when_done(
+    dflockd_process: Any,
+) -> None:
+    """1,000 held locks and 1,000 waiters, SIGTERM: every waiter is refused cleanly at once,
+    every holder releases during the drain, and the process exits as soon as the last lock is
+    released, long before the shutdown timeout."""
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--shutdown-timeout", "60", "--max-locks", "5000"
+    )
+    address = proc.wait_listening()
+    holders = [Wire(address) for _ in range(CONNECTIONS)]
+    queuers = [Wire(address) for _ in range(CONNECTIONS)]
+    blocked = [Wire(address) for _ in range(CONNECTIONS)]
+    try:
+        tokens: list[tuple[Wire, str, str]] = []
+        for n in range(HOLDERS):
+            wire = holders[n % CONNECTIONS]
+            tokens.append((wire, f"drain:{n}", wire.lock(f"drain:{n}", lease=60)))
+        for n in range(WAITERS - CONNECTIONS):  # two-phase: queued without blocking
+            assert queuers[n % CONNECTIONS].req("e", f"drain:{n}") == "queued"
+        for n, wire in enumerate(blocked):  # and some blocked in an acquire
+            wire.send("l", f"drain:{HOLDERS - 1 - n}", "60")
+        eventually(
+            lambda: (
+                sum(e["waiters"] for e in json.loads(holders[0].req("stats")[3:])["locks"])
+                == WAITERS
+            ),
+            "every waiter queued",
+        )
+
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.wait_for("draining")
+        for wire in blocked:
+            assert wire.recv() == "error_draining"
+        for n in range(WAITERS - CONNECTIONS):
+            assert queuers[n % CONNECTIONS].req("w", f"drain:{n}", "0") in (
+                "error_draining",
+                "error_not_enqueued",
+            )
+        started = time.monotonic()
+        for wire, key, token in tokens:
+            assert wire.req("r", key, token) == "ok"  # releases work during the drain
+        assert proc.wait_exit(timeout=30) == 0
+        print(f"exited {time.monotonic() - started:.2f}s after the releases began")
+        assert any("draining: 1000 lock(s) held" in line for line in proc.lines)
+        assert not any("shutdown timeout reached" in line for line in proc.lines)
+    finally:
+        for wire in (*holders, *queuers, *blocked):
+            wire.close()
+
+
+def test_sigint_with_nothing_held_exits_0_at_once(dflockd_process: Any) -> None:
     proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0")
     address = proc.wait_listening()
     with Wire(address) as idle:
-        idle.lock("k")
+        token = idle.lock("k")
+        assert idle.req("r", "k", token) == "ok"
         proc.proc.send_signal(signal.SIGINT)
         assert proc.wait_exit(timeout=10) == 0  # the default 30 s drain is not waited out
         assert idle.closed_by_server()
+    assert not any("Traceback" in line for line in proc.lines)
+
+
+def test_a_lock_never_released_is_closed_at_the_shutdown_timeout(dflockd_process: Any) -> None:
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--shutdown-timeout", "1"
+    )
+    address = proc.wait_listening()
+    with Wire(address) as idle, Wire(address) as other:
+        idle.lock("k")
+        proc.proc.send_signal(signal.SIGINT)
+        proc.wait_for("draining")
+        assert other.req("l", "k", "0") == "error_draining"
+        assert proc.wait_exit(timeout=10) == 0
+        assert idle.closed_by_server()  # its lock released with the connection
+    assert any("shutdown timeout reached with 1 lock(s) held" in line for line in proc.lines)
     assert not any("Traceback" in line for line in proc.lines)
 
 

@@ -8,7 +8,14 @@ import itertools
 
 import pytest
 
-from dflockd_server.table import AlreadyEnqueued, Holder, LimitMismatch, LockTable, Waiter
+from dflockd_server.table import (
+    AlreadyEnqueued,
+    Holder,
+    LimitMismatch,
+    LockTable,
+    MaxLocks,
+    Waiter,
+)
 
 LEASE = 10
 
@@ -138,3 +145,48 @@ def test_max_locks_counts_every_key_once(clock: Clock) -> None:
     grant(table, "a", None)
     grant(table, "b", 2)
     assert len(table.keys) == 2
+
+
+def test_a_full_table_makes_room_by_forgetting_the_longest_idle_key(clock: Clock) -> None:
+    serial = itertools.count(1)
+    table = LockTable(clock=clock, new_token=lambda: f"{next(serial):032x}", max_locks=3)
+    client = table.open_client()
+    held = {}
+    for key in ("a", "b", "c"):
+        grant = table.acquire(client, key, LEASE, None, queue=False)
+        assert isinstance(grant, Holder)
+        held[key] = grant
+        clock.now += 1
+    assert table.release("b", held["b"].token)  # idle first
+    clock.now += 1
+    assert table.release("a", held["a"].token)  # idle second
+    clock.now += 1
+    assert isinstance(table.acquire(client, "d", LEASE, None, queue=False), Holder)
+    assert set(table.keys) == {"a", "c", "d"}  # b, idle the longest, made room
+    assert isinstance(table.acquire(client, "e", LEASE, None, queue=False), Holder)
+    assert set(table.keys) == {"c", "d", "e"}
+    with pytest.raises(MaxLocks):  # nothing idle left: refused
+        table.acquire(client, "f", LEASE, None, queue=False)
+
+
+def test_gc_forgets_only_keys_idle_long_enough_and_not_keys_used_again(clock: Clock) -> None:
+    table = make_table(clock)
+    client = table.open_client()
+    for key in ("old", "reused", "recent"):
+        grant = table.acquire(client, key, LEASE, None, queue=False)
+        assert isinstance(grant, Holder)
+        assert table.release(key, grant.token)
+        if key == "old":
+            clock.now += 10
+    again = table.acquire(client, "reused", LEASE, None, queue=False)  # busy again
+    assert isinstance(again, Holder)
+    clock.now += 5
+    assert table.gc(8) == 1
+    assert set(table.keys) == {"reused", "recent"}
+    assert table.release("reused", again.token)  # at 15
+    clock.now += 7
+    assert table.gc(8) == 1  # recent, idle since 10; reused only since 15
+    assert set(table.keys) == {"reused"}
+    clock.now += 1
+    assert table.gc(8) == 1
+    assert not table.keys

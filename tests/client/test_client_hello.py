@@ -1,0 +1,107 @@
+"""What the client learns from ``hello``, once per server (issue 13, points 11 and 12)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from celery_dflock import (
+    AsyncConnectionPool,
+    AsyncDistributedLock,
+    AuthError,
+    ConnectionPool,
+    DistributedLock,
+    ProtocolError,
+    ServerDraining,
+)
+from celery_dflock._core import LEGACY_SERVER, Endpoint, LockCore, ServerInfo, server_info
+from celery_dflock.protocol import Command, ErrorReply, Granted, Hello, Ok
+from celery_dflock.sharding import stable_hash_shard
+from dflockd_server import constants
+from dflockd_server.testing import ServerThread
+
+TOKEN = "0000018f2b3c4d5e" + "a1b2c3d4e5f60718"
+ENDPOINT = Endpoint("127.0.0.1", 1)
+
+
+def test_server_info_from_each_reply_to_hello() -> None:
+    ours = server_info(
+        ENDPOINT,
+        Hello({"server": "dflockd-server", "version": "0.2.0", "features": ["fence", "ping"]}),
+    )
+    assert (ours.name, ours.version, ours.legacy, ours.fences) == (
+        "dflockd-server",
+        "0.2.0",
+        False,
+        True,
+    )
+    assert ours.supports("ping") and not ours.supports("stats")
+    assert server_info(ENDPOINT, ErrorReply("error")) == LEGACY_SERVER
+    assert LEGACY_SERVER.legacy and not LEGACY_SERVER.fences
+    with pytest.raises(AuthError, match="auth_token"):
+        server_info(ENDPOINT, ErrorReply("error_auth"))
+    with pytest.raises(ServerDraining, match="shutting down"):
+        server_info(ENDPOINT, ErrorReply("error_draining"))
+    with pytest.raises(ProtocolError, match="hello"):
+        server_info(ENDPOINT, Ok())
+
+
+def _core() -> LockCore:
+    return LockCore(
+        "k",
+        limit=None,
+        acquire_timeout_s=0,
+        lease_ttl_s=None,
+        servers=[(ENDPOINT.host, ENDPOINT.port)],
+        sharding_strategy=stable_hash_shard,
+        renew_ratio=0.5,
+        auth_token=None,
+        ssl_context=None,
+        connect_timeout_s=1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("server", "fence"),
+    [
+        (
+            ServerInfo("dflockd-server", "0.2.0", frozenset({constants.FEATURE_FENCE})),
+            0x18F2B3C4D5E,
+        ),
+        (LEGACY_SERVER, None),
+        (ServerInfo("other", "1", frozenset({"ping"})), None),
+        (None, None),
+    ],
+)
+def test_fence_only_from_a_server_that_lists_fence(
+    server: ServerInfo | None, fence: int | None
+) -> None:
+    core = _core()
+    assert core.on_grant_reply(Command.LOCK, Granted(TOKEN, 33), time.monotonic(), server)
+    assert core.token == TOKEN and core.fence == fence
+
+
+def test_a_pool_asks_our_server_hello_once(dflock_server: ServerThread) -> None:
+    with ConnectionPool() as pool:
+        assert pool.server_info(*dflock_server.address) is None
+        for _ in range(3):
+            with DistributedLock("hello:once", servers=[dflock_server.address], pool=pool) as lk:
+                assert lk.token is not None and lk.fence == int(lk.token[:16], 16)
+        info = pool.server_info(*dflock_server.address)
+        assert info is not None and info.name == constants.SERVER_NAME and info.fences
+        assert set(constants.FEATURES) <= info.features
+        assert (pool.opened, pool.reused) == (1, 2)
+
+
+def test_an_async_pool_learns_our_server_too(dflock_server: ServerThread) -> None:
+    async def main() -> tuple[int | None, ServerInfo | None]:
+        async with (
+            AsyncConnectionPool() as pool,
+            AsyncDistributedLock("hello:async", servers=[dflock_server.address], pool=pool) as lock,
+        ):
+            return lock.fence, pool.server_info(*dflock_server.address)
+
+    fence, info = asyncio.run(main())
+    assert fence is not None and info is not None and info.fences

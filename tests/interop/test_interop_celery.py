@@ -1,0 +1,43 @@
+"""LockedTask over TLS against the real dflockd 0.5.0 server (issue 13, point 11): a prefork
+worker's locked runs share one pooled TLS connection instead of one (plus auth) per task, and
+``request.dflock_fence`` is None there (its tokens are no fences)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from celery import Celery
+from interop_helpers import ForeignServer, TlsFront
+
+from tests.celery.worker_harness import EventLog, WorkerFactory, filesystem_settings
+
+
+def test_locked_tasks_over_tls_share_one_connection_to_the_foreign_server(
+    dflockd_050: ForeignServer, tls_files: tuple[str, str], tmp_path: Path
+) -> None:
+    cert, key = tls_files
+    log = EventLog(tmp_path)
+    client = Celery("interop-client", set_as_current=False)
+    with TlsFront(dflockd_050.address, cert, key) as front:
+        settings = {
+            **filesystem_settings(tmp_path, f"dflock-interop-{uuid.uuid4().hex[:8]}"),
+            "dflock_servers": f"{front.address[0]}:{front.address[1]}",
+            "dflock_ssl": True,  # verified with the default CAs: SSL_CERT_FILE names ours
+        }
+        workers = WorkerFactory(log, tmp_path, settings)
+        try:
+            workers.start(pool="prefork", concurrency=1, env={"SSL_CERT_FILE": cert})
+            client.conf.update(settings)
+            for n in range(5):
+                result = client.send_task("apps.tasks.exclusive_skip", (n, 0))
+                assert result.get(timeout=60) == n
+        finally:
+            workers.close()
+            client.close()
+            log.close()
+    runs = log.entries("run")
+    assert sorted(run["n"] for run in runs) == [0, 1, 2, 3, 4]
+    # the child's pool asked hello once (refused: a connection closed at once), then reused one
+    assert dflockd_050.connections_accepted() == 2, dflockd_050.log.read_text()[-3000:]
+    assert all(run["fence"] is None for run in runs), runs
