@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,14 +27,14 @@ from celery_dflock import (
 from celery_dflock.config import reset_config
 from celery_dflock.pytest_plugin import configure_app
 from celery_dflock.signals import lock_lost
-from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 
 
 @pytest.fixture
-def server() -> Iterator[ServerThread]:
-    with ServerThread(Config(host="127.0.0.1", port=0)) as s:
-        yield s
+def server(dflock_server: ServerThread) -> ServerThread:
+    # conftest's server: a short shutdown timeout, so stop() (a drain that waits for holders to
+    # release) ends soon and the lost-lock example sees its lock lost.
+    return dflock_server
 
 
 def eager_app(server: ServerThread, **kwargs: Any) -> Celery:
