@@ -79,3 +79,21 @@ def test_the_docs_urls_of_the_code_point_at_files_that_exist() -> None:
     assert f"{repository}/blob/main/docs" == DOCS_URL
     for url in (FLAGS_DOCS_URL, PROTOCOL_DOCS_URL):
         assert (ROOT / url.removeprefix(f"{repository}/blob/main/")).is_file(), url
+
+
+def test_one_repository_url_everywhere() -> None:
+    """The repository URL is written in a few files (the package index shows READMEs and
+    metadata without the repository); they must all name the one in pyproject.toml."""
+    repository = _repository_url()
+    files = [
+        "README.md",
+        "server/README.md",
+        "mkdocs.yml",
+        "pyproject.toml",
+        "server/pyproject.toml",
+        "server/dflockd_server/constants.py",
+        *(str(p.relative_to(ROOT)) for p in pages()),
+    ]
+    for name in files:
+        for url in re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", (ROOT / name).read_text()):
+            assert url == repository, f"{name} names {url}, pyproject.toml {repository}"
