@@ -68,24 +68,83 @@ DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
 
 _CONFIG_ATTR: Final = "_dflock_config"
 
-APP_SETTINGS: Final = (
-    "dflock_servers",
-    "dflock_sharding_strategy",
-    "dflock_auth_token",
-    "dflock_ssl",
-    "dflock_connect_timeout",
-    "dflock_renew_ratio",
-    "dflock_key_prefix",
-    "dflock_task_locks",
+
+@dataclass(frozen=True, slots=True)
+class SettingDoc:
+    """One app-wide setting as the settings reference shows it (see :func:`setting_table`)."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+_APP_SETTING_DOCS: Final = (
+    SettingDoc(
+        "dflock_servers",
+        repr(",".join(f"{host}:{port}" for host, port in DEFAULT_SERVERS)),
+        '`"host:port,host:port"` or a list of `(host, port)`; keys are sharded over them. Every '
+        "worker and beat of one deployment must name the same servers in the same order.",
+    ),
+    SettingDoc(
+        "dflock_sharding_strategy",
+        repr(SHARDING_NAMES[0]),
+        '`"stable_hash"` (crc32, like every dflockd client), `"rendezvous"`, '
+        '`"module:function"` or a callable `(key, n_servers) -> index`.',
+    ),
+    SettingDoc("dflock_auth_token", "None", "Shared secret, when the servers require one."),
+    SettingDoc("dflock_ssl", "None", "`True` (TLS, system CAs) or an `ssl.SSLContext`."),
+    SettingDoc(
+        "dflock_connect_timeout", repr(DEFAULT_CONNECT_TIMEOUT_S), "Seconds to connect to a server."
+    ),
+    SettingDoc(
+        "dflock_renew_ratio",
+        repr(DEFAULT_RENEW_RATIO),
+        "Renew a held lock at this fraction of its lease.",
+    ),
+    SettingDoc(
+        "dflock_key_prefix", "''", "Put in front of every key (several projects on one server)."
+    ),
+    SettingDoc(
+        "dflock_task_locks",
+        "{}",
+        "Task name -> lock options, for tasks you cannot edit (installed by "
+        "`celery_dflock.signals.install(app)`).",
+    ),
 )
+_BEAT_SETTING_DOCS: Final = (
+    SettingDoc(
+        "dflock_beat_lock_key",
+        "'celery-beat:<app.main>'",
+        "Key of the leader lock (with `dflock_key_prefix` in front).",
+    ),
+    SettingDoc(
+        "dflock_beat_scheduler",
+        "'celery.beat:PersistentScheduler'",
+        'The scheduler that does the work: `"module:Class"` or the class.',
+    ),
+    SettingDoc(
+        "dflock_beat_lease_ttl",
+        "10",
+        "Lease seconds of the leader lock: how long a hung beat blocks a failover.",
+    ),
+    SettingDoc(
+        "dflock_beat_nonoverlap",
+        "False",
+        "Every task beat sends runs under a per-entry lock (`beat-entry:<entry name>`), "
+        '`on_locked="skip"`.',
+    ),
+)
+
+APP_SETTINGS: Final = tuple(doc.name for doc in _APP_SETTING_DOCS)
 """App-wide settings that are not a lock option's default (see `SETTINGS` for those)."""
-BEAT_SETTINGS: Final = (
-    "dflock_beat_lock_key",
-    "dflock_beat_scheduler",
-    "dflock_beat_lease_ttl",
-    "dflock_beat_nonoverlap",
-)
+BEAT_SETTINGS: Final = tuple(doc.name for doc in _BEAT_SETTING_DOCS)
 """The singleton beat's settings (read by :mod:`celery_dflock.beat`)."""
+
+
+def setting_table(kind: Literal["app", "beat"]) -> list[SettingDoc]:
+    """The app-wide (``"app"``) or beat (``"beat"``) settings with defaults and meanings, for
+    the generated settings reference (lock options' settings: :func:`option_table`)."""
+    return list(_APP_SETTING_DOCS if kind == "app" else _BEAT_SETTING_DOCS)
 
 
 class DflockConfigError(ImproperlyConfigured, ValueError):
@@ -199,56 +258,90 @@ class _OptionSpec:
 
 _SPECS: Final = (
     _OptionSpec(
-        "lock_key", None, None, _validate_key, "key template, callable, or None (default key)"
+        "lock_key",
+        None,
+        None,
+        _validate_key,
+        "A format template over the task's arguments (defaults applied): "
+        '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning '
+        "the key; or `None`: the task "
+        "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
+        "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
+        "prefix + digest).",
     ),
     _OptionSpec(
         "lock_timeout",
         "dflock_default_timeout",
         0,
         _validate_timeout,
-        "seconds to wait in the FIFO queue before on_locked applies",
+        "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
+        "the wire, rounded up).",
     ),
     _OptionSpec(
-        "lock_ttl", "dflock_default_ttl", None, _validate_ttl, "lease seconds (None: server's)"
+        "lock_ttl",
+        "dflock_default_ttl",
+        None,
+        _validate_ttl,
+        "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
+        "`lock_ttl * dflock_renew_ratio` while the body runs.",
     ),
     _OptionSpec(
-        "on_locked", "dflock_on_locked", "retry", _validate_on_locked, "retry, skip or raise"
+        "on_locked",
+        "dflock_on_locked",
+        "retry",
+        _validate_on_locked,
+        'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
+        "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
+        'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
+        '`"raise"` (the run fails with `LockNotAcquired`).',
     ),
-    _OptionSpec("lock_limit", None, None, _validate_limit, "semaphore size (None: a lock)"),
+    _OptionSpec(
+        "lock_limit",
+        None,
+        None,
+        _validate_limit,
+        "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
+        "is one resource: while runs with one limit hold it, a run with another (a lock is "
+        "limit 1) is refused at once and `on_locked` applies.",
+    ),
     _OptionSpec(
         "on_lock_lost",
         "dflock_on_lock_lost",
         "interrupt",
         _validate_on_lock_lost,
-        "interrupt, flag or terminate",
+        'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
+        '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
+        "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
     ),
     _OptionSpec(
         "lock_retry_countdown",
         "dflock_retry_countdown",
         DEFAULT_RETRY_COUNTDOWN_S,
         _validate_countdown,
-        "first retry countdown (doubles per retry)",
+        'First retry countdown of `on_locked="retry"`, doubled per retry.',
     ),
     _OptionSpec(
         "lock_retry_backoff_max",
         "dflock_retry_backoff_max",
         DEFAULT_RETRY_BACKOFF_MAX_S,
         _validate_countdown,
-        "longest retry countdown",
+        "Longest retry countdown.",
     ),
     _OptionSpec(
         "lock_max_retries",
         "dflock_max_retries",
         None,
         _validate_max_retries,
-        "most retries of on_locked='retry' (None: no limit); Celery's max_retries is not used",
+        'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
+        "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
+        "task's `max_retries` is left to its own `self.retry` calls.",
     ),
     _OptionSpec(
         "lock_retry_jitter",
         "dflock_retry_jitter",
         True,
         _validate_bool,
-        "randomise each countdown between half and all of it",
+        "Randomise each countdown between half and all of it.",
     ),
 )
 _BY_NAME: Final = {spec.name: spec for spec in _SPECS}

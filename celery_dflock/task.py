@@ -3,8 +3,8 @@
 
 The lock is taken in the worker when the task *executes* (in ``__call__``,
 where a refusal can still stop the run), renewed by a thread while the body
-runs, and released on every way the run ends. See the README section
-"Locked tasks" for the options table and examples.
+runs, and released on every way the run ends. The options and examples:
+docs/locked-tasks.md; every option with its default: docs/reference/settings.md.
 """
 
 from __future__ import annotations

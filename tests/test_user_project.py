@@ -1,5 +1,6 @@
-"""The README's session-scoped testing recipe in a user's own project: a fresh venv with the
-built distributions, pytest under ``filterwarnings = error``, with and without pytest-celery."""
+"""The session-scoped testing recipe of docs/testing.md in a user's own project: a fresh venv
+with the built distributions, pytest under ``filterwarnings = error``, with and without
+pytest-celery."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from venvs import ROOT, make_venv
 
 pytestmark = pytest.mark.slow
 
-RECIPE_INTRO = "A session-scoped recipe that works with or without pytest-celery"
+RECIPE_PAGE = ROOT / "docs" / "testing.md"
+RECIPE_HEADING = "## A session-scoped recipe, with or without pytest-celery"
 
 
 def _recipe() -> dict[str, str]:
-    """The recipe's files, taken from the README: each block starts with `# <file name>`."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index(RECIPE_INTRO)
-    section = readme[start : readme.index("\n## ", start)]
+    """The recipe's files, taken from its docs page: each block starts with `# <file name>`."""
+    page = RECIPE_PAGE.read_text()
+    start = page.index(RECIPE_HEADING)
+    section = page[start : page.index("\n## ", start + 1)]
     files: dict[str, str] = {}
     for block in re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL):
         first, _, rest = block.partition("\n")
@@ -32,7 +34,7 @@ def _recipe() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("with_pytest_celery", [True, False], ids=["pytest-celery", "contrib"])
-def test_the_readme_recipe_is_green_in_a_user_project(
+def test_the_docs_recipe_is_green_in_a_user_project(
     built_dist: Path, tmp_path: Path, with_pytest_celery: bool
 ) -> None:
     requirements = ["celery-dflock", "pytest"]

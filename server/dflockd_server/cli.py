@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from dflockd_server import __version__
 from dflockd_server.config import SETTINGS, Config, ConfigError, Setting, parse_bool
+from dflockd_server.constants import FLAGS_DOCS_URL, PROTOCOL_DOCS_URL
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server, build_ssl_context
@@ -37,7 +38,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see dflockd --help)")
 
 
-def _default_text(setting: Setting) -> str:
+def default_text(setting: Setting) -> str:
+    """A setting's default as ``--help`` and the docs' flags reference show it."""
     value = getattr(Config(), setting.field)
     if value is None:
         return "none"
@@ -52,16 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dflockd",
         description=(
-            "A dflockd-compatible distributed lock server. Every setting can be given as a "
-            "flag or as an environment variable; the environment variable wins. Empty "
+            "A dflockd-compatible distributed lock server. Every setting can be given as a\n"
+            "flag or as an environment variable; the environment variable wins. Empty\n"
             "environment variables count as unset."
         ),
-        epilog="Protocol and settings: see PROTOCOL.md. Example: dflockd --port 7000",
+        epilog=(
+            f"The wire protocol:\n  {PROTOCOL_DOCS_URL}\n"
+            f"Every flag and environment variable:\n  {FLAGS_DOCS_URL}\n"
+            "Example: dflockd --port 7000"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dflockd {__version__}")
     for setting in SETTINGS:
         env = " (alias ".join(setting.env) + (")" if len(setting.env) > 1 else "")
-        help_text = f"{setting.help} [env {env}; default {_default_text(setting)}]"
+        help_text = f"{setting.help} [env {env}; default {default_text(setting)}]"
         if setting.parse is parse_bool:
             parser.add_argument(
                 setting.flag,

@@ -18,7 +18,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """Every server setting (see PROTOCOL.md's settings table). Times are in seconds."""
+    """Every server setting (docs/reference/server-flags.md lists them). Times are in seconds."""
 
     host: str = c.DEFAULT_HOST
     port: int = c.DEFAULT_PORT

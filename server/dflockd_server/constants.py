@@ -171,3 +171,10 @@ METRICS_SCRAPE_TIMEOUT_S: Final = 5.0
 """How long a scrape waits for the event loop to take its snapshot."""
 FENCE_PERSIST_BLOCK: Final = 1 << 20
 """The fence state file records a ceiling this many grants ahead of the counter."""
+
+DOCS_URL: Final = "https://github.com/celery-dflock/celery-dflock/blob/main/docs"
+"""Where the project's docs pages live (the repository's ``docs/`` folder)."""
+PROTOCOL_DOCS_URL: Final = f"{DOCS_URL}/protocol.md"
+"""The wire protocol's reference page, named by ``dflockd --help``."""
+FLAGS_DOCS_URL: Final = f"{DOCS_URL}/reference/server-flags.md"
+"""The generated reference of every server flag and environment variable."""

@@ -422,7 +422,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
         bind=True,
         base=LockedTask,
         lock_key="outage",
-        autoretry_for=(ServerUnavailable,),  # as in the README's "Lock server down"
+        autoretry_for=(ServerUnavailable,),  # as in docs/locked-tasks.md, "Lock server down"
         retry_backoff=True,
         max_retries=10,
     )

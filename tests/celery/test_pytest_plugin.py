@@ -1,6 +1,6 @@
 # pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
 # (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
-"""The user-facing pytest plugin, used the way the README shows (with celery.contrib.pytest)."""
+"""The user-facing pytest plugin, used as docs/testing.md shows (with celery.contrib.pytest)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,70 @@
+"""The generated reference pages are current, the tables they come from agree with the code
+that reads the settings, and the protocol page's `hello` example is what the server answers."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+
+from docs_blocks import DOCS, ROOT
+
+import celery_dflock
+from celery_dflock import beat
+from celery_dflock.config import APP_SETTINGS, BEAT_SETTINGS, option_table, setting_table
+from dflockd_server.config import SETTINGS
+from dflockd_server.testing import ServerThread
+
+
+def test_the_generated_reference_pages_are_current() -> None:
+    done = subprocess.run(
+        [sys.executable, str(DOCS / "gen_reference.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_setting_and_flag_is_in_the_reference_with_a_meaning() -> None:
+    settings = (DOCS / "reference" / "settings.md").read_text()
+    for name, setting, _, meaning in option_table():
+        assert meaning and f"`{name}`" in settings
+        if setting:
+            assert f"`{setting}`" in settings
+    for doc in [*setting_table("app"), *setting_table("beat")]:
+        assert doc.meaning and f"`{doc.name}`" in settings
+    assert [d.name for d in setting_table("app")] == list(APP_SETTINGS)
+    assert [d.name for d in setting_table("beat")] == list(BEAT_SETTINGS)
+    flags = (DOCS / "reference" / "server-flags.md").read_text()
+    for setting in SETTINGS:
+        assert setting.help and setting.flag.removeprefix("--") in flags
+        for env in setting.env:
+            assert f"`{env}`" in flags
+
+
+def test_the_beat_defaults_shown_are_the_ones_beat_uses() -> None:
+    shown = {doc.name: doc.default for doc in setting_table("beat")}
+    assert shown["dflock_beat_lease_ttl"] == str(beat.DEFAULT_BEAT_LEASE_TTL_S)
+    assert shown["dflock_beat_lock_key"] == f"'{beat.DEFAULT_LOCK_KEY_PREFIX}<app.main>'"
+    assert shown["dflock_beat_nonoverlap"] == "False"
+
+
+def test_the_hello_reply_on_the_protocol_page_is_the_servers(
+    dflock_server: ServerThread,
+) -> None:
+    page = (DOCS / "protocol.md").read_text()
+    shown = re.search(r"^ok (\{\"server\".*\})$", page, flags=re.M)
+    assert shown is not None
+    with socket.create_connection(dflock_server.address, timeout=5) as sock:
+        sock.sendall(b"hello\n_\n_\n")
+        reply = sock.makefile("r", encoding="utf-8").readline()
+    status, _, body = reply.rstrip("\n").partition(" ")
+    assert status == "ok"
+    expected = json.loads(shown.group(1))
+    expected["version"] = celery_dflock.__version__  # the page shows the current release
+    assert json.loads(body) == expected
