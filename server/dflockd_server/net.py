@@ -216,7 +216,10 @@ class Connection(asyncio.Protocol):
             return None  # a wait in flight: the client is gone (a killed process's FIN)
         self.eof = True
         if self.more_scheduled or self.framer.buffered():
-            return True  # keep the transport open for the replies (plain TCP only)
+            # Keep the transport open for the replies (plain TCP only); a pass answers what
+            # is complete, then closes (an unfinished request is never completed now).
+            self._process_later()
+            return True
         return None
 
     def _end_if_eof(self) -> None:
