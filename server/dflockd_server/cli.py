@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
 def _default_text(setting: Setting) -> str:
     value = getattr(Config(), setting.field)
     if value is None:
-        return "none"
+        return setting.none_text
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):

@@ -53,6 +53,8 @@ from tests.faults.proxy import FaultProxy
 from tests.server.dflock_proc import DflockdProcess
 
 LEASE_S = 2
+MAX_LEASE_S = 3
+"""The server's ``--max-lease-ttl``: it bounds the restart grace when there is no state file."""
 """Lease of every workload lock: short, so faults that outlast it are quick to inject."""
 SWEEP_S = 0.1
 """The server's lease sweep interval in these runs."""
@@ -513,6 +515,7 @@ class LockServer:
         self.port = port
         self.fence_state_file = fence_state_file
         self.proc: DflockdProcess | None = None
+        self.started = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -532,7 +535,14 @@ class LockServer:
             str(WRITE_TIMEOUT_S),
             "--shutdown-timeout",
             "1",
+            "--max-lease-ttl",
+            str(MAX_LEASE_S),
         ]
+        if not self.started:
+            # A port picked free for this run: no client holds a lease from an earlier server
+            # there. Restarts on it keep the grace, as a real deployment does.
+            args += ["--restart-grace", "0"]
+        self.started += 1
         if self.fence_state_file is not None:
             args += ["--fence-state-file", str(self.fence_state_file)]
         self.proc = DflockdProcess(args, {})
