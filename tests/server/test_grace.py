@@ -4,9 +4,12 @@ of the longest lease kept beside the fence state file (issue 14, point 1)."""
 from __future__ import annotations
 
 import itertools
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from dflock_wire import Wire
 
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.fence import FenceStateError
@@ -18,6 +21,7 @@ from dflockd_server.grace import (
     write_longest_lease,
 )
 from dflockd_server.table import Holder, LockTable, Waiter
+from dflockd_server.testing import ServerThread
 
 LEASE = 10
 GRACE = 5.0
@@ -192,3 +196,20 @@ def test_a_damaged_record_is_an_error_that_says_what_to_do(tmp_path: Path) -> No
 def test_the_default_lease_must_fit_under_the_max_lease() -> None:
     with pytest.raises(ConfigError, match="max-lease-ttl"):
         Config(default_lease_ttl_s=40, max_lease_ttl_s=30)
+
+
+# ------------------------------------------------------------------ on a real socket
+def test_a_waiter_queued_in_the_grace_is_granted_when_it_ends(
+    dflock_server_factory: Callable[..., ServerThread],
+) -> None:
+    server = dflock_server_factory(restart_grace_s=1.0)
+    with Wire(server.address) as w, Wire(server.address) as other:
+        assert w.req("l", "k", "0") == "timeout"  # try once: busy during the grace
+        stats = json.loads(w.req("stats").split(" ", 1)[1])
+        assert 0 < stats["grace_remaining_s"] <= 1.0
+        assert w.req("n", "k", "0" * 32) == "error"  # unknown tokens, as ever
+        assert other.req("e", "k", "5") == "queued"
+        reply = w.req("l", "k2", "30").split()  # waits out the grace, then granted
+        assert reply[0] == "ok"
+        assert other.req("w", "k", "30").split()[0] == "ok"
+        assert json.loads(w.req("stats").split(" ", 1)[1])["grace_remaining_s"] == 0
