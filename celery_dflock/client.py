@@ -9,6 +9,8 @@ module does the socket I/O and schedules renewals (`celery_dflock._renewal`)::
 A held lock pins its connection (the server frees a connection's locks when it closes). A lock
 that cannot be renewed (refused, or its server gone) is *lost*: `lost` turns True,
 `lost_event` is set, ``on_lost(lock)`` runs once in the renewal thread, and a warning is logged.
+Over plain TCP the renewer's `ConnectionWatcher` also notices at once when the server closes a
+held lock's connection (then ``on_lost`` runs in the watcher's thread).
 
 Renewals run on long-lived threads: those of the `ConnectionPool`'s `Renewer` (shared by every
 lock using the pool, one thread in the usual case), or, for a lock without a pool, a renewer of
@@ -470,8 +472,8 @@ class DistributedLock(_SyncLockBase):
     ``lease_ttl_s`` (None: the server's default), ``servers`` and ``sharding_strategy``
     (which server owns the key), ``renew_ratio`` (renew every ``lease * renew_ratio``
     seconds). Also: ``auth_token`` (sent first on every connection), ``ssl_context`` (TLS),
-    ``connect_timeout_s``, ``on_lost`` (called once, from the renewal thread, with the lock
-    when it is lost) and ``pool`` (a `ConnectionPool`; without one the lock opens its own
+    ``connect_timeout_s``, ``on_lost`` (called once, from the renewal or watcher thread, with the
+    lock when it is lost) and ``pool`` (a `ConnectionPool`; without one the lock opens its own
     connection and closes it on release). Seconds are whole on the wire: fractions round up.
     """
 
