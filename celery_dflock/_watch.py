@@ -37,28 +37,60 @@ WatchCallback = Callable[[], bool]
 
 
 class ConnectionWatcher:
-    """Polls watched sockets from one daemon thread, running while anything is watched (a
-    fork child starts its own)."""
+    """Polls watched sockets from one daemon thread, running while anything is watched.
+
+    Fork safe as the `Renewer` is: a fork child gets a watcher state of its own and never
+    touches the parent's (whose mutex may have been held at fork time)."""
 
     def __init__(self) -> None:
-        self._pid = 0
+        self._by_pid: dict[int, _ProcessWatcher] = {}
+
+    def _current(self, create: bool) -> _ProcessWatcher | None:
+        pid = os.getpid()
+        current = self._by_pid.get(pid)
+        if current is None and create:
+            # setdefault: two threads of a new child agree on one state without a lock.
+            current = self._by_pid.setdefault(pid, _ProcessWatcher())
+            for other in [p for p in self._by_pid if p != pid]:
+                self._by_pid.pop(other, None)
+        return current
+
+    def watch(self, fd: int, callback: WatchCallback) -> None:
+        """Call ``callback`` once ``fd`` is readable (it replaces an earlier one for ``fd``)."""
+        current = self._current(create=True)
+        assert current is not None
+        current.watch(fd, callback)
+
+    def unwatch(self, fd: int) -> None:
+        current = self._current(create=False)
+        if current is not None:
+            current.unwatch(fd)
+
+    @property
+    def watched(self) -> int:
+        """Sockets watched in this process now."""
+        current = self._current(create=False)
+        return 0 if current is None else len(current.entries)
+
+
+class _ProcessWatcher:
+    """One process's watched sockets and the thread that polls them."""
+
+    def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._entries: dict[int, WatchCallback] = {}
         self._poller: select.poll | None = None
         self._wake_w: socket.socket | None = None
         self._wake_r: socket.socket | None = None
 
-    @staticmethod
-    def available() -> bool:
-        return hasattr(select, "poll")
+    @property
+    def entries(self) -> dict[int, WatchCallback]:
+        return self._entries
 
     def _ensure(self) -> select.poll:
-        """This process's poller and thread (mutex held); a fork child starts its own."""
-        pid = os.getpid()
-        if self._poller is not None and self._pid == pid:
+        """The poller, its thread started if none runs (mutex held)."""
+        if self._poller is not None:
             return self._poller
-        self._pid = pid
-        self._entries = {}
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -79,7 +111,6 @@ class ConnectionWatcher:
         return poller
 
     def watch(self, fd: int, callback: WatchCallback) -> None:
-        """Call ``callback`` once ``fd`` is readable (it replaces an earlier one for ``fd``)."""
         with self._mutex:
             poller = self._ensure()
             self._entries[fd] = callback
@@ -91,7 +122,7 @@ class ConnectionWatcher:
 
     def unwatch(self, fd: int) -> None:
         with self._mutex:
-            if self._poller is None or self._pid != os.getpid():
+            if self._poller is None:
                 return
             if self._entries.pop(fd, None) is None:
                 return
@@ -101,10 +132,6 @@ class ConnectionWatcher:
         if wake is not None:  # nothing left to watch: let the thread exit
             with contextlib.suppress(OSError):
                 wake.send(b"u")
-
-    @property
-    def watched(self) -> int:
-        return len(self._entries) if self._pid == os.getpid() else 0
 
     def _loop(self, poller: select.poll, wake_r: socket.socket, wake_w: socket.socket) -> None:
         leave_signals_to_the_main_thread()
