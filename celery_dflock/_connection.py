@@ -316,6 +316,24 @@ class Connection:
         with contextlib.suppress(OSError):
             self._sock.close()
 
+    def watchable_fd(self) -> int | None:
+        """The descriptor a `ConnectionWatcher` may poll (plain TCP only), or None."""
+        if self._poller is None or self._closed or self.pid != os.getpid():
+            return None
+        return self._sock.fileno()
+
+    def broken_while_idle(self) -> bool:
+        """With no request in flight: True when the socket is readable (EOF, a reset, or bytes
+        nobody asked for: the connection is unusable either way)."""
+        if self._closed:
+            return True
+        if self._in_flight or self._poller is None:
+            return False
+        try:
+            return bool(self._poller.poll(0))
+        except OSError:
+            return True
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<Connection {self.endpoint.address} {state}>"

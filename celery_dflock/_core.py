@@ -552,9 +552,18 @@ class LockCore:
             )
         if code == constants.STATUS_ERROR_NOT_ENQUEUED:
             return LockNotOwned(f"{self.what} is not enqueued on {where}: call enqueue() first")
+        lease = ""
+        if self.lease_ttl_s is not None and code == constants.STATUS_ERROR:
+            lease = (
+                f", or the lease asked for ({self.lease_ttl_s} s, lock_ttl / lease_ttl_s) is "
+                "above its --max-lease-ttl (DFLOCKD_MAX_LEASE_TTL_S, default "
+                f"{constants.DEFAULT_MAX_LEASE_TTL_S} s): ask for a shorter lease (renewal "
+                "keeps it held) or raise the server's limit"
+            )
         return ProtocolError(
             f"server {where} answered {code!r} to {command.label} for {self.what}: it found "
             "the request malformed or does not know the command (an older dflockd server?)"
+            f"{lease}"
         )
 
 

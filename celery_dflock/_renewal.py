@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Final
 
 from celery_dflock._threads import leave_signals_to_the_main_thread
+from celery_dflock._watch import ConnectionWatcher
 
 __all__ = ["MAX_RENEWAL_THREADS", "Renewal", "Renewer"]
 
@@ -89,6 +90,8 @@ class Renewer:
         self._name = name
         self._by_pid: dict[int, _Schedule] = {}
         self._current: _Schedule | None = None
+        self.watcher = ConnectionWatcher()
+        """Watches the connections of the locks it renews for a close by the server."""
 
     def _schedule(self) -> _Schedule:
         """This process's schedule (a fork child gets a fresh one: the parent's threads and

@@ -9,6 +9,8 @@ module does the socket I/O and schedules renewals (`celery_dflock._renewal`)::
 A held lock pins its connection (the server frees a connection's locks when it closes). A lock
 that cannot be renewed (refused, or its server gone) is *lost*: `lost` turns True,
 `lost_event` is set, ``on_lost(lock)`` runs once in the renewal thread, and a warning is logged.
+Over plain TCP the renewer's `ConnectionWatcher` also notices at once when the server closes a
+held lock's connection (then ``on_lost`` runs in the watcher's thread).
 
 Renewals run on long-lived threads: those of the `ConnectionPool`'s `Renewer` (shared by every
 lock using the pool, one thread in the usual case), or, for a lock without a pool, a renewer of
@@ -93,6 +95,7 @@ class _SyncLockBase:
         self._conn: Connection | None = None
         self._op_lock = threading.RLock()  # renew / release / acquire never interleave
         self._renewal: Renewal | None = None  # the current grant's place in the renewal schedule
+        self._watched_fd: int | None = None  # the held connection's socket, watched for EOF
         self._own_renewer: Renewer | None = None  # without a pool: this lock's own
         self._lost_event: threading.Event | None = None  # made on first use (see lost_event)
         self._lost_event_guard = threading.Lock()
@@ -166,6 +169,7 @@ class _SyncLockBase:
             conn.close()
         self._op_lock = threading.RLock()
         self._renewal = None  # the parent's schedule, not this process's
+        self._watched_fd = None  # watched by the parent's watcher, not this process's
         logger.debug("%s was acquired by the parent process; the child ignores it", self._core.what)
         self._core.reset()
         return True
@@ -271,6 +275,52 @@ class _SyncLockBase:
         self._renewal = self._renewer().schedule(
             self._renew_due, core.renew_interval(), core.first_renewal_in()
         )
+        self._watch()
+
+    # ------------------------------------------------------------------ a closed connection
+    def _watch(self) -> None:
+        """Watch the held connection for a close by the server (operation lock held)."""
+        conn = self._conn
+        fd = conn.watchable_fd() if conn is not None else None
+        if conn is None or fd is None:
+            return
+        self._watched_fd = fd
+        self._renewer().watcher.watch(fd, lambda: self._connection_event(conn))
+
+    def _unwatch(self) -> None:
+        fd, self._watched_fd = self._watched_fd, None
+        if fd is not None:
+            self._renewer().watcher.unwatch(fd)
+
+    def _connection_event(self, conn: Connection) -> bool:
+        """The held connection became readable with no request of ours in flight: the server
+        closed it (and released the lock with it). Marks the lock lost at once; never
+        interrupts a request (an operation under way sees the broken connection itself, and a
+        renewal watches again once it is done). True to keep watching."""
+        if not self._op_lock.acquire(blocking=False):
+            return False
+        first = False
+        try:
+            if self._conn is not conn or self._core.state is not LockState.HELD or self._core.lost:
+                return False
+            if not conn.broken_while_idle():
+                return True  # a reply was read meanwhile: nothing wrong
+            self._conn = None
+            self._watched_fd = None
+            conn.close()
+            first = self._core.mark_lost(
+                f"the lock server at {self._core.endpoint.address} closed the connection the "
+                "lock was held on (restarted, shutting down, or an idle timeout); it released "
+                "the lock with it"
+            )
+        finally:
+            self._op_lock.release()
+        if first:
+            renewal = self._renewal
+            if renewal is not None:
+                renewal.cancel()
+            self._notify_lost()
+        return False
 
     def _renew_due(self, renewal: Renewal) -> bool:
         """Called by the renewer every interval; True to be called again."""
@@ -299,10 +349,12 @@ class _SyncLockBase:
                 reply = conn.request(command, data, timeout)
             except DflockError as exc:
                 self._conn = None  # the request closed it: the server frees its locks
+                self._unwatch()
                 reason = str(exc)
             else:
                 outcome = self._core.on_renew_reply(reply, sent)
                 if outcome.renewed:
+                    self._watch()  # the watcher may have let go while the request ran
                     return True
                 reason = outcome.lost_reason or "renewal refused"
             first = self._core.mark_lost(reason)
@@ -372,6 +424,7 @@ class _SyncLockBase:
         return released
 
     def _release_locked(self) -> bool:
+        self._unwatch()
         conn, self._conn = self._conn, None
         state = self._core.state
         if state is LockState.IDLE:
@@ -431,8 +484,8 @@ class DistributedLock(_SyncLockBase):
     ``lease_ttl_s`` (None: the server's default), ``servers`` and ``sharding_strategy``
     (which server owns the key), ``renew_ratio`` (renew every ``lease * renew_ratio``
     seconds). Also: ``auth_token`` (sent first on every connection), ``ssl_context`` (TLS),
-    ``connect_timeout_s``, ``on_lost`` (called once, from the renewal thread, with the lock
-    when it is lost) and ``pool`` (a `ConnectionPool`; without one the lock opens its own
+    ``connect_timeout_s``, ``on_lost`` (called once, from the renewal or watcher thread, with the
+    lock when it is lost) and ``pool`` (a `ConnectionPool`; without one the lock opens its own
     connection and closes it on release). Seconds are whole on the wire: fractions round up.
     """
 

@@ -16,6 +16,9 @@ from dflockd_server.testing import ServerThread
 _TEST_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 0,
+    # Tests that restart a server on the port it was given test reconnects, not the restart
+    # grace (tests/server/test_grace.py and tests/faults do).
+    "restart_grace_s": 0.0,
     # A test that ends with a waiter still in flight should not hold teardown for 30 s.
     "shutdown_timeout_s": 2.0,
 }

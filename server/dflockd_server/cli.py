@@ -42,7 +42,7 @@ def default_text(setting: Setting) -> str:
     """A setting's default as ``--help`` and the docs' flags reference show it."""
     value = getattr(Config(), setting.field)
     if value is None:
-        return "none"
+        return setting.none_text
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):

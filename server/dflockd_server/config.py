@@ -23,6 +23,8 @@ class Config:
     host: str = c.DEFAULT_HOST
     port: int = c.DEFAULT_PORT
     default_lease_ttl_s: int = c.DEFAULT_LEASE_TTL_S
+    max_lease_ttl_s: int = c.DEFAULT_MAX_LEASE_TTL_S
+    restart_grace_s: float | None = None
     lease_sweep_interval_s: float = c.DEFAULT_LEASE_SWEEP_INTERVAL_S
     gc_interval_s: float = c.DEFAULT_GC_INTERVAL_S
     gc_max_idle_s: float = c.DEFAULT_GC_MAX_IDLE_S
@@ -51,6 +53,11 @@ class Config:
             problem = setting.check(value)
             if problem is not None:
                 raise ConfigError(f"{setting.field}={value!r}: {problem}")
+        if self.default_lease_ttl_s > self.max_lease_ttl_s:
+            raise ConfigError(
+                f"default_lease_ttl_s={self.default_lease_ttl_s} exceeds max_lease_ttl_s="
+                f"{self.max_lease_ttl_s}: lower --default-lease-ttl or raise --max-lease-ttl"
+            )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key must be given together")
         if self.auth_token is not None and self.auth_token_file is not None:
@@ -124,6 +131,13 @@ def parse_str(raw: str) -> str:
     return text
 
 
+def parse_grace(raw: str) -> float | None:
+    """``auto`` (``None``: derived at start-up) or a number of seconds."""
+    if raw.strip().lower() == "auto":
+        return None
+    return parse_float(raw)
+
+
 def parse_log_level(raw: str) -> str:
     text = raw.strip().lower()
     if text not in LOG_LEVELS:
@@ -168,6 +182,8 @@ class Setting:
     check: Callable[[Any], str | None]
     help: str
     metavar: str = "N"
+    none_text: str = "none"
+    """How ``--help`` shows a default of ``None``."""
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -180,6 +196,26 @@ SETTINGS: tuple[Setting, ...] = (
         parse_int,
         _lease,
         "lease in seconds when a request gives none",
+    ),
+    Setting(
+        "max_lease_ttl_s",
+        "--max-lease-ttl",
+        ("DFLOCKD_MAX_LEASE_TTL_S",),
+        parse_int,
+        _lease,
+        "longest lease a request may ask for (l, e, n and their semaphore forms); a longer "
+        "one gets `error`. It bounds the restart grace",
+    ),
+    Setting(
+        "restart_grace_s",
+        "--restart-grace",
+        ("DFLOCKD_RESTART_GRACE_S",),
+        parse_grace,
+        _non_negative,
+        "after a start, grant no key for this long, so leases granted by the previous server "
+        "end first (auto: the longest lease the previous run granted, recorded beside "
+        "--fence-state-file; without one max_lease_ttl, or none on port 0; 0: off)",
+        none_text="auto",
     ),
     Setting(
         "lease_sweep_interval_s",

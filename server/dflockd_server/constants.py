@@ -6,6 +6,8 @@ from typing import Final
 DEFAULT_HOST: Final = "0.0.0.0"
 DEFAULT_PORT: Final = 6388
 DEFAULT_LEASE_TTL_S: Final = 33
+DEFAULT_MAX_LEASE_TTL_S: Final = 300
+"""Longest lease a request may ask for: it bounds the restart grace (see ``grace``)."""
 DEFAULT_LEASE_SWEEP_INTERVAL_S: Final = 1.0
 DEFAULT_GC_INTERVAL_S: Final = 5.0
 DEFAULT_GC_MAX_IDLE_S: Final = 60.0

@@ -100,6 +100,7 @@ class Snapshot:
     connections: int
     connections_accepted: int
     connections_refused: int
+    grace_remaining_s: float
     requests: dict[str, tuple[list[int], float]]
 
     @classmethod
@@ -121,6 +122,7 @@ class Snapshot:
             connections=len(server.connections),
             connections_accepted=server.connections_accepted,
             connections_refused=server.connections_refused,
+            grace_remaining_s=table.grace_remaining(),
             requests=times.copy() if times is not None else {},
         )
 
@@ -228,6 +230,12 @@ class MetricsExporter:
                     "dflockd_connections_refused",
                     "Client connections closed at once (connection caps or draining).",
                     value=snap.connections_refused,
+                )
+                yield GaugeMetricFamily(
+                    "dflockd_restart_grace_remaining_seconds",
+                    "Seconds left of the restart grace, during which no key is granted "
+                    "(0 once over).",
+                    value=snap.grace_remaining_s,
                 )
                 latency = HistogramMetricFamily(
                     "dflockd_request_duration_seconds",

@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import random
 import socket
 import ssl
@@ -22,6 +23,7 @@ from dflockd_server import constants as c
 from dflockd_server import protocol as p
 from dflockd_server.config import Config
 from dflockd_server.fence import FenceCounter, FenceStateError
+from dflockd_server.grace import LeaseRecord, decide_grace, grace_path, read_longest_lease
 from dflockd_server.metrics import MetricsExporter, RequestTimes
 from dflockd_server.table import (
     AlreadyEnqueued,
@@ -115,6 +117,7 @@ class Connection(asyncio.Protocol):
         self.ip = ""
         self.authed = server.secret is None
         self.default_lease = server.config.default_lease_ttl_s
+        self.max_lease = server.config.max_lease_ttl_s
         self.busy = False  # a request is in flight
         self.more_scheduled = False  # buffered requests left for a later pass (fairness)
         self.budget = 0  # requests the pass under way may still answer
@@ -448,6 +451,8 @@ class Connection(asyncio.Protocol):
             log.debug("connection %s: malformed request: %s", self.peer, exc)
             return p.REPLY_ERROR
         command = req.command
+        if req.lease is not None and req.lease > self.max_lease:
+            return self._too_long(req.lease)
         if command in _LOCKS:
             return self._acquire(req.key, req.timeout, req.lease, req.limit)
         if command in _RELEASES:
@@ -484,6 +489,8 @@ class Connection(asyncio.Protocol):
     ) -> bytes | None:
         client = self.client
         assert client is not None
+        if lease is not None and lease > self.max_lease:
+            return self._too_long(lease)
         try:
             got = self.table.acquire(
                 # After the client's EOF nobody waits for an answer to come later: try once.
@@ -510,11 +517,23 @@ class Connection(asyncio.Protocol):
         return p.REPLY_OK if released else p.REPLY_ERROR
 
     def _renew(self, key: str, token: str, lease: int | None) -> bytes:
+        if lease is not None and lease > self.max_lease:
+            return self._too_long(lease)
         try:
             remaining = self.table.renew(key, token, lease or self.default_lease)
         except _REFUSALS as exc:
             return self._refusal(exc)
         return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
+
+    def _too_long(self, lease: int) -> bytes:
+        """A lease above ``max_lease_ttl_s`` is a bad number: ``error``, as for lease 0."""
+        log.debug(
+            "connection %s: lease %d s above max_lease_ttl_s (%d s): error",
+            self.peer,
+            lease,
+            self.max_lease,
+        )
+        return p.REPLY_ERROR
 
     def _refusal(self, exc: Exception) -> bytes:
         """The reply to a request the table refused (or could not serve)."""
@@ -631,6 +650,7 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
+        self.lease_record: LeaseRecord | None = None
         from dflockd_server import __version__  # the package imports this module
 
         self.hello_reply = p.reply_hello(__version__)
@@ -687,14 +707,36 @@ class Server:
         ssl_ctx = (
             build_ssl_context(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
         )
+        record_path = None
+        previous_longest = None
+        fence_file_existed = False
+        if cfg.fence_state_file is not None:
+            record_path = grace_path(cfg.fence_state_file)
+            previous_longest = read_longest_lease(record_path)
+            fence_file_existed = os.path.exists(cfg.fence_state_file)
+        grace = decide_grace(cfg, previous_longest, fence_file_existed)
         self.fence = FenceCounter(cfg.fence_state_file)
+        # Recorded before serving: a start killed during its grace leaves the same bound.
+        self.lease_record = LeaseRecord(record_path, grace.seconds, cfg.max_lease_ttl_s)
         self._table = LockTable(
             clock=loop.time,
             new_token=self.fence.next_token,
             max_locks=cfg.max_locks,
             max_waiters=cfg.max_waiters,
             auto_release_on_disconnect=cfg.auto_release_on_disconnect,
+            grace_s=grace.seconds,
+            note_lease=self.lease_record.note,
+            lease_noted=self.lease_record.longest,
         )
+        if grace.seconds > 0:
+            log.warning(
+                "restart grace: granting no key for %g s, until every lease the previous "
+                "server may have granted has ended (%s); acquires wait or time out meanwhile",
+                grace.seconds,
+                grace.why,
+            )
+        else:
+            log.info("restart grace: none (%s)", grace.why)
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = asyncio.Event()
@@ -711,6 +753,8 @@ class Server:
             loop.call_later(cfg.lease_sweep_interval_s, self._sweep),
             loop.call_later(cfg.gc_interval_s, self._gc),
         ]
+        if grace.seconds > 0:
+            self._timers.append(loop.call_later(grace.seconds, self._grace_over))
         if cfg.metrics_port is not None:
             exporter = MetricsExporter(self, loop)
             try:
@@ -930,6 +974,19 @@ class Server:
             self.table.expire()
         except FenceStateError as exc:
             log.error("cannot issue a token to a waiter after a lease expired: %s", exc)
+
+    def _grace_over(self) -> None:
+        table = self.table
+        waiting = sum(state.n_waiting for state in table.keys.values())
+        try:
+            remaining = table.grace_remaining()  # at its end, grants the waiters queued in it
+        except FenceStateError as exc:
+            log.error("cannot issue a token to a waiter after the restart grace: %s", exc)
+            return  # the sweep grants them once a token can be issued
+        if remaining > 0:  # a timer may fire a hair early
+            self._timers.append(self.loop.call_later(remaining, self._grace_over))
+            return
+        log.info("restart grace over: granting keys (%d waiter(s) were queued)", waiting)
 
     def _gc(self) -> None:
         self._timers[1] = self.loop.call_later(self.config.gc_interval_s, self._gc)

@@ -9,6 +9,12 @@ Renew and release take any token of the key, whichever command granted it.
 Time comes from an injected clock and tokens from an injected generator, so the table can be
 driven step by step (the model-based test does exactly that). A waiter that is granted later
 is announced through its ``wake`` callback, called after the table has finished changing.
+
+A table made with ``grace_s > 0`` is in its restart grace until ``clock() + grace_s``: every
+key counts as busy (acquires wait in the FIFO queue or time out), and the waiters are granted,
+in order, once the grace is over (at the next acquire, enqueue or ``expire``). Before a lease
+longer than ``lease_noted`` is granted or renewed, ``note_lease`` is called (it persists the
+bound the next start's grace relies on) and may refuse by raising.
 """
 
 from __future__ import annotations
@@ -168,6 +174,9 @@ class LockTable:
         max_locks: int,
         max_waiters: int = 0,
         auto_release_on_disconnect: bool = True,
+        grace_s: float = 0.0,
+        note_lease: Callable[[int], int] | None = None,
+        lease_noted: int = 0,
     ) -> None:
         self.clock = clock
         self.new_token = new_token
@@ -185,6 +194,42 @@ class LockTable:
         self._wakes: list[Waiter] = []
         self._next_client_id = 0
         self.counts = Counts()
+        self.in_grace = grace_s > 0
+        """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
+        self.grace_until = clock() + grace_s if grace_s > 0 else -math.inf
+        self.note_lease = note_lease
+        self.lease_noted = lease_noted
+        """Leases up to this long need no ``note_lease`` call."""
+
+    # ------------------------------------------------------------------ restart grace
+    def grace_remaining(self) -> float:
+        """Seconds of restart grace left (0 once over); ends the grace when it is due."""
+        if not self.in_grace:
+            return 0.0
+        now = self.clock()
+        if self._in_grace(now):
+            return self.grace_until - now
+        self._flush()
+        return 0.0
+
+    def _in_grace(self, now: float) -> bool:
+        """Whether the grace still holds at ``now``; at its end, grant the waiters queued
+        during it (their wakes are left for the caller to flush)."""
+        if not self.in_grace:
+            return False
+        if now < self.grace_until:
+            return True
+        self.in_grace = False
+        for state in list(self.keys.values()):
+            if state.n_waiting:
+                self._fill(state, now)
+        return False
+
+    def _note(self, lease_ttl: int) -> None:
+        if lease_ttl > self.lease_noted:
+            self.lease_noted = (
+                self.note_lease(lease_ttl) if self.note_lease is not None else lease_ttl
+            )
 
     # ------------------------------------------------------------------ clients
     def open_client(self) -> Client:
@@ -217,8 +262,10 @@ class LockTable:
         """
         now = self.clock()
         try:
+            if self.in_grace:
+                self._in_grace(now)  # at its end, the waiters queued during it go first
             state = self._state_for(key, limit, now)
-            if len(state.holders) < state.limit and state.n_waiting == 0:
+            if len(state.holders) < state.limit and state.n_waiting == 0 and not self.in_grace:
                 return self._grant(state, client, lease_ttl, now)
             if not queue:
                 self.counts.timeouts[state.is_sem] += 1
@@ -245,8 +292,10 @@ class LockTable:
             if previous.holder is None or previous.holder.live:
                 raise AlreadyEnqueued(key)
             del client.enqueued[key]
+        if self.in_grace:
+            self._in_grace(now)
         state = self._state_for(key, limit, now)
-        if len(state.holders) < state.limit and state.n_waiting == 0:
+        if len(state.holders) < state.limit and state.n_waiting == 0 and not self.in_grace:
             waiter = Waiter(client, state, lease_ttl)
             waiter.active = False
             waiter.holder = self._grant(state, client, lease_ttl, now)
@@ -318,6 +367,8 @@ class LockTable:
         holder = state.holders.get(token)
         if holder is None:
             return None
+        if lease_ttl > self.lease_noted:
+            self._note(lease_ttl)
         expires_at = now + lease_ttl
         holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl
@@ -362,6 +413,8 @@ class LockTable:
         """Expire every lease that has run out; returns how many."""
         now = self.clock()
         expired = 0
+        if self.in_grace:
+            self._in_grace(now)
         for state in self.keys.values():
             if now >= state.earliest:
                 expired += self._check(state, now)
@@ -435,6 +488,9 @@ class LockTable:
             "semaphores": sems,
             "idle_locks": idle_locks,
             "idle_semaphores": idle_sems,
+            "grace_remaining_s": round(max(0.0, self.grace_until - now), 3)
+            if self.in_grace
+            else 0.0,
         }
 
     # ------------------------------------------------------------------ internals
@@ -500,6 +556,8 @@ class LockTable:
 
     def _grant(self, state: KeyState, client: Client, lease_ttl: int, now: float) -> Holder:
         try:
+            if lease_ttl > self.lease_noted:
+                self._note(lease_ttl)  # before the token: a failed write grants nothing
             token = self.new_token()
         except BaseException:
             self._note_idle(state)  # a new key left idle must still be pruned
@@ -552,7 +610,7 @@ class LockTable:
     def _fill(self, state: KeyState, now: float) -> None:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
-        if isinstance(queue, tuple):
+        if isinstance(queue, tuple) or self.in_grace:
             return
         while state.n_waiting and len(state.holders) < state.limit:
             waiter = queue[0]

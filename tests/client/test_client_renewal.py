@@ -136,7 +136,7 @@ def dflockd_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], t
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
     log = (tmp_path / "dflockd.log").open("wb")
     proc = subprocess.Popen(
-        [str(script), "--host", "127.0.0.1", "--port", str(port)],
+        [str(script), "--host", "127.0.0.1", "--port", str(port), "--restart-grace", "0"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=log,

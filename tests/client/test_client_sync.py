@@ -31,9 +31,11 @@ from celery_dflock import (
     LockNotOwned,
     MaxLocksError,
     MaxWaitersError,
+    ProtocolError,
     ServerUnavailable,
 )
 from celery_dflock.client import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
+from dflockd_server.constants import DEFAULT_MAX_LEASE_TTL_S
 from dflockd_server.testing import ServerThread
 from tests.faults.proxy import FaultProxy
 
@@ -114,6 +116,13 @@ def test_lease_ttl_is_sent(make: Maker) -> None:
     with make("leased", lease_ttl_s=7) as lock:
         assert lock.lease == 7
         assert lock.renew() is True
+
+
+def test_a_lease_above_the_servers_max_lease_ttl_is_explained(make: Maker) -> None:
+    lock = make("too-long", 0, lease_ttl_s=DEFAULT_MAX_LEASE_TTL_S + 1)
+    with pytest.raises(ProtocolError, match=r"above its --max-lease-ttl \(DFLOCKD_MAX_LEASE"):
+        lock.acquire()
+    assert not lock.locked()
 
 
 def test_acquire_twice_is_refused(make: Maker) -> None:

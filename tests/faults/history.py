@@ -78,7 +78,8 @@ class Hold:
         The server granted at some moment between ``requested_t`` and ``granted_t``, so the
         lease ran at least until ``requested_t + lease_s``; an accepted renewal sent at ``s``
         proves it until ``s + lease_s``; an accepted release sent at ``r`` proves it until
-        ``r``. A release, a server crash or a cut connection (``cut_t``) ends it in any case.
+        ``r``. A release or a cut connection (``cut_t``) ends it in any case; a server crash
+        does not (see `Cut`).
         A hold whose end was never recorded is proven only until ``holding_until``.
         """
         proven = self.requested_t + self.lease_s
@@ -99,6 +100,11 @@ class Hold:
 class Cut:
     """The server lost a client's holds: its connections were cut (the client was killed, a
     proxy dropped or reset them) or, with ``client=None``, the server itself died.
+
+    A server's death ends no hold by itself: the restarted server grants nothing until every
+    lease it may have granted has run out (its restart grace), so a hold stays proven valid
+    for its lease, as if the server were still up. A grant by the restarted server inside
+    that lease is a double grant. Such cuts are kept for the report and ignored by rule (a).
 
     ``t`` is taken just *before* the fault is injected and ``done_t`` once it has been (the
     fault may hit any connection opened up to then), so the server noticed at ``t`` or later:
@@ -167,7 +173,7 @@ def _cut_times(holds: Sequence[Hold], cuts: Iterable[Cut]) -> dict[int, float]:
         # A cut may end a hold whose grant had not reached the client yet: any hold asked
         # for before the fault was fully injected is a candidate.
         for cut in cut_list:
-            if cut.end >= hold.requested_t and cut.client in (None, hold.client):
+            if cut.end >= hold.requested_t and cut.client == hold.client:
                 ends[index] = cut.t
                 break
     return ends

@@ -640,6 +640,10 @@ def test_lock_server_kill9_and_restart_under_running_tasks(
 ) -> None:
     state = rig.tmp / "fence.state"
     args = ["--host", "127.0.0.1", "--fence-state-file", str(state)]
+    # This test is about what running tasks see when their server forgets them (told lost,
+    # fences); the restart grace, which would hold new grants for SERVER_LEASE_S, has its
+    # own test (tests/faults/test_restart_grace.py).
+    args += ["--restart-grace", "0"]
     args += ["--default-lease-ttl", str(SERVER_LEASE_S)]
     servers: list[ListeningDflockd] = []
     restarts = scaled(1, 3)

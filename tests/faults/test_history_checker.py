@@ -99,7 +99,16 @@ def test_holds_cut_off_by_a_killed_client_end_at_the_cut() -> None:
     ]
     assert [v.kind for v in check_double_grants(holds)] == ["double_grant"]  # without the cut
     assert kinds(holds, (Cut(0.3, "a", done_t=0.301),)) == []
-    assert kinds(holds, (Cut(0.3, None),)) == []  # the server died instead
+
+
+def test_a_server_restart_does_not_end_a_hold() -> None:
+    # The server was killed at 0.3 while a held (lease 2 s from 0.0): a restarted server that
+    # granted b at 0.31 granted inside a's lease (no restart grace): a double grant. One that
+    # waited out the lease (its restart grace) granted b after 2.0: none.
+    early = [hold("a", 10, 0.0, 0.01, None, outcome="lost"), hold("b", 11, 0.1, 0.31, 0.6)]
+    assert kinds(early, (Cut(0.3, None, done_t=0.301),)) == ["double_grant"]
+    late = [hold("a", 10, 0.0, 0.01, None, outcome="lost"), hold("b", 11, 0.1, 2.01, 2.2)]
+    assert kinds(late, (Cut(0.3, None, done_t=0.301),)) == []
 
 
 def test_a_cut_of_another_client_does_not_end_a_hold() -> None:

@@ -421,7 +421,7 @@ def test_slow_reading_client(tmp_path: Path, fault_report: FaultReport) -> None:
     slow_lease_s = 30
     rounds = scaled(1, 6)
     slow_holds: list[Hold] = []
-    with LockRun(tmp_path, seed=6) as run:
+    with LockRun(tmp_path, seed=6, max_lease_s=slow_lease_s) as run:
         run.wait_grants(50, RUN_TIMEOUT_S)
         for i in range(rounds):
             key = run.keys[i % len(run.keys)]

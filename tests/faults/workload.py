@@ -53,6 +53,8 @@ from tests.faults.proxy import FaultProxy
 from tests.server.dflock_proc import DflockdProcess
 
 LEASE_S = 2
+MAX_LEASE_S = 3
+"""The server's ``--max-lease-ttl``: it bounds the restart grace when there is no state file."""
 """Lease of every workload lock: short, so faults that outlast it are quick to inject."""
 SWEEP_S = 0.1
 """The server's lease sweep interval in these runs."""
@@ -509,10 +511,14 @@ class HistoryTail:
 class LockServer:
     """The real ``dflockd`` on 127.0.0.1:``port``: SIGKILL it and start it again in place."""
 
-    def __init__(self, port: int, *, fence_state_file: Path | None = None) -> None:
+    def __init__(
+        self, port: int, *, fence_state_file: Path | None = None, max_lease_s: int = MAX_LEASE_S
+    ) -> None:
         self.port = port
         self.fence_state_file = fence_state_file
+        self.max_lease_s = max_lease_s
         self.proc: DflockdProcess | None = None
+        self.started = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -532,7 +538,14 @@ class LockServer:
             str(WRITE_TIMEOUT_S),
             "--shutdown-timeout",
             "1",
+            "--max-lease-ttl",
+            str(self.max_lease_s),
         ]
+        if not self.started:
+            # A port picked free for this run: no client holds a lease from an earlier server
+            # there. Restarts on it keep the grace, as a real deployment does.
+            args += ["--restart-grace", "0"]
+        self.started += 1
         if self.fence_state_file is not None:
             args += ["--fence-state-file", str(self.fence_state_file)]
         self.proc = DflockdProcess(args, {})
@@ -717,6 +730,7 @@ class LockRun:
         fence_state: bool = False,
         split_brain: bool = False,
         seed: int = 0,
+        max_lease_s: int = MAX_LEASE_S,
     ) -> None:
         self.directory = directory
         self.keys = list(keys)
@@ -724,9 +738,13 @@ class LockRun:
         self.proxied = proxied
         self.rng = random.Random(seed)
         self.server = LockServer(
-            free_port(), fence_state_file=directory / "fence.state" if fence_state else None
+            free_port(),
+            fence_state_file=directory / "fence.state" if fence_state else None,
+            max_lease_s=max_lease_s,
         )
-        self.second_server = LockServer(free_port()) if split_brain else None
+        self.second_server = (
+            LockServer(free_port(), max_lease_s=max_lease_s) if split_brain else None
+        )
         """A misconfiguration for the control run: odd-numbered workers (w1, w3 and their
         replacements) use this server."""
         self.db_path = directory / "resource.sqlite3"

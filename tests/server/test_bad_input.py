@@ -86,8 +86,21 @@ def test_malformed_request_gets_error_and_stays_open(
 
 
 def test_largest_number_is_accepted(scene: Scene) -> None:
+    longest = constants.DEFAULT_MAX_LEASE_TTL_S
     with Wire(scene.server.address) as w:
-        assert w.req("l", "big", f"{constants.MAX_NUMBER} {constants.MAX_NUMBER}").startswith("ok ")
+        assert w.req("l", "big", f"{constants.MAX_NUMBER} {longest}").startswith("ok ")
+
+
+def test_a_lease_above_max_lease_ttl_is_a_bad_number(scene: Scene) -> None:
+    longest = constants.DEFAULT_MAX_LEASE_TTL_S
+    with Wire(scene.server.address) as w:
+        for command, arg in (("l", f"0 {longest + 1}"), ("e", f"{longest + 1}")):
+            assert w.req(command, "long", arg) == "error"
+        assert w.req("sl", "long", f"0 2 {constants.MAX_NUMBER}") == "error"
+        token = w.lock("long")
+        assert w.req("n", "long", f"{token} {longest + 1}") == "error"
+        assert w.req("n", "long", f"{token} {longest}") == f"ok {longest}"
+        assert w.req("ping") == "ok"  # the connection stays open, in step
 
 
 def test_invalid_utf8_is_malformed_and_keeps_the_connection(scene: Scene) -> None:

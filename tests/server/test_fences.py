@@ -35,7 +35,8 @@ def test_fences_increase_across_restart_without_state_file() -> None:
     first, port = run_once(Config(host="127.0.0.1", port=0))
     assert first == sorted(set(first))
     assert first[0] > before_ns  # seeded from the wall clock in nanoseconds
-    second, _ = run_once(Config(host="127.0.0.1", port=port))  # same port, new process state
+    # Same port, new process state (no restart grace: this test is about fences).
+    second, _ = run_once(Config(host="127.0.0.1", port=port, restart_grace_s=0.0))
     assert second[0] > first[-1]
     assert second == sorted(set(second))
 
@@ -49,7 +50,8 @@ def test_fences_increase_across_restart_with_state_file(tmp_path: Path) -> None:
     second, _ = run_once(config)
     assert second[0] > first[-1]
     assert read_ceiling(str(state)) > second[-1]
-    assert sorted(os.listdir(tmp_path)) == ["fence.state"]  # no temporary files left
+    # No temporary files left; the restart grace record lives beside the fence state.
+    assert sorted(os.listdir(tmp_path)) == ["fence.state", "fence.state.grace"]
 
 
 def test_persisted_ceiling_wins_over_a_clock_that_went_back(tmp_path: Path) -> None:

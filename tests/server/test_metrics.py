@@ -195,3 +195,14 @@ def test_dflockd_without_the_extra_says_what_to_install() -> None:
     assert done.returncode == 2
     assert "--metrics-port / DFLOCKD_METRICS_PORT needs prometheus_client" in done.stderr
     assert "pip install 'dflockd-server[metrics]'" in done.stderr
+
+
+def test_the_restart_grace_is_a_gauge(dflock_server_factory: ServerFactory) -> None:
+    url = dflock_server_factory(metrics_port=0, metrics_host="127.0.0.1").metrics_url
+    assert url is not None
+    assert value(scrape(url), "dflockd_restart_grace_remaining_seconds") == 0
+    graced = dflock_server_factory(
+        metrics_port=0, metrics_host="127.0.0.1", restart_grace_s=600.0
+    ).metrics_url
+    assert graced is not None
+    assert 0 < value(scrape(graced), "dflockd_restart_grace_remaining_seconds") <= 600

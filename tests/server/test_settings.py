@@ -21,6 +21,8 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
     ("--host", ("DFLOCKD_HOST",), "host", "0.0.0.0"),
     ("--port", ("DFLOCKD_PORT",), "port", 6388),
     ("--default-lease-ttl", ("DFLOCKD_DEFAULT_LEASE_TTL_S",), "default_lease_ttl_s", 33),
+    ("--max-lease-ttl", ("DFLOCKD_MAX_LEASE_TTL_S",), "max_lease_ttl_s", 300),
+    ("--restart-grace", ("DFLOCKD_RESTART_GRACE_S",), "restart_grace_s", None),
     ("--lease-sweep-interval", ("DFLOCKD_LEASE_SWEEP_INTERVAL_S",), "lease_sweep_interval_s", 1),
     ("--gc-interval", ("DFLOCKD_GC_LOOP_SLEEP", "DFLOCKD_GC_INTERVAL_S"), "gc_interval_s", 5),
     (

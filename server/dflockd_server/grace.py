@@ -1,0 +1,151 @@
+"""Restart grace: after a start, grant nothing until every lease an earlier server on this
+address may have granted has surely ended.
+
+A server forgets its leases when it stops. Its clients learn that only when they next renew,
+so a new server that granted at once could hand a key to B while A still believes it holds it.
+The new server therefore waits, before its first grant, for the longest lease the previous run
+granted or renewed (``longest_lease_s``). The run records that bound beside the fence state
+file (``<fence_state_file>.grace``), raising it before it grants a longer lease than recorded,
+so a ``kill -9`` leaves a bound the next start can trust. Without a state file nothing is
+known, and the grace is ``max_lease_ttl_s`` after every start on a fixed port.
+
+The grace applies after a clean stop too: a graceful stop releases every lease and closes
+every connection, but a client learns of a closed connection only at its next read (foreign
+dflockd clients at their next renewal), so the lease is still the only bound it honours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+
+from dflockd_server.config import Config
+from dflockd_server.fence import FenceStateError
+
+GRACE_SUFFIX = ".grace"
+"""The grace record lives at ``<fence_state_file>.grace``."""
+
+
+def grace_path(fence_state_file: str) -> str:
+    return fence_state_file + GRACE_SUFFIX
+
+
+def read_longest_lease(path: str) -> int | None:
+    """The longest lease recorded at ``path`` by the previous run (``None``: no record)."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FenceStateError(f"cannot read restart grace record {path!r}: {exc}") from exc
+    try:
+        data = json.loads(text)
+        value = data["longest_lease_s"]
+    except (ValueError, TypeError, KeyError):
+        value = None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FenceStateError(
+            f"restart grace record {path!r} does not hold a longest_lease_s (found "
+            f"{text[:60]!r}); fix or remove it (removing it means a grace of max_lease_ttl_s "
+            "at the next start)"
+        )
+    return value
+
+
+def write_longest_lease(path: str, longest: int) -> None:
+    """Persist ``longest`` atomically: temporary file, fsync, rename, fsync the directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".grace-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(json.dumps({"longest_lease_s": longest}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise FenceStateError(f"cannot write restart grace record {path!r}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class GraceDecision:
+    seconds: float
+    """How long after the start no key is granted (0: none)."""
+    why: str
+    """Why, in the user's terms, for the start-up log."""
+
+
+def decide_grace(
+    config: Config, previous_longest: int | None, fence_file_existed: bool
+) -> GraceDecision:
+    """The grace of a start, from the settings and what the previous run recorded."""
+    if config.restart_grace_s is not None:
+        return GraceDecision(config.restart_grace_s, "set by restart_grace_s")
+    if config.port == 0:
+        return GraceDecision(
+            0.0, "port 0: no client can hold a lease from an earlier server at this address"
+        )
+    if config.fence_state_file is None:
+        return GraceDecision(
+            float(config.max_lease_ttl_s),
+            "no fence_state_file: how long the previous server's leases run is unknown, so "
+            "every start waits max_lease_ttl_s (set fence_state_file to wait only as long as "
+            "the longest lease actually granted)",
+        )
+    if previous_longest is not None:
+        if previous_longest == 0:
+            return GraceDecision(0.0, "the previous run granted no lease")
+        return GraceDecision(
+            float(previous_longest),
+            f"the previous run granted leases of up to {previous_longest} s",
+        )
+    if not fence_file_existed:
+        return GraceDecision(0.0, "first start with this fence_state_file")
+    return GraceDecision(
+        float(config.max_lease_ttl_s),
+        "no restart grace record beside the fence_state_file (written by an older version or "
+        "removed): waiting max_lease_ttl_s",
+    )
+
+
+class LeaseRecord:
+    """Keeps ``longest_lease_s`` on disk at or above every lease this run grants or renews
+    (and the grace it started with: leases of the run before may still be running).
+
+    ``note(lease)`` is called before a lease longer than ``longest`` is granted; it raises the
+    record (doubling, capped at ``max_lease_ttl_s``, so a run writes it only a few times) and
+    returns the new bound. A failed write raises ``FenceStateError``: the lease is not granted.
+    """
+
+    __slots__ = ("_cap", "_path", "longest")
+
+    def __init__(self, path: str | None, initial: float, cap: int) -> None:
+        self._path = path
+        self._cap = cap
+        self.longest = math.ceil(initial) if initial > 0 else 0  # may exceed a lowered cap
+        if path is not None:
+            write_longest_lease(path, self.longest)
+
+    def note(self, lease_ttl: int) -> int:
+        if lease_ttl <= self.longest:
+            return self.longest
+        longest = min(self._cap, max(lease_ttl, 2 * self.longest))
+        longest = max(longest, lease_ttl)
+        if self._path is not None:
+            write_longest_lease(self._path, longest)
+        self.longest = longest
+        return longest
