@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -31,6 +31,11 @@ _EVENTS: Final = (
     if hasattr(select, "poll")
     else 0
 )
+
+POLL_INTERVAL_MS: Final = 100
+"""How long one poll waits: a socket watched meanwhile is seen by the next one."""
+LINGER_S: Final = 5.0
+"""How long the thread waits, with nothing watched, before it exits."""
 
 WatchCallback = Callable[[], bool]
 """Runs when the socket is readable; True to keep watching it, False to stop."""
@@ -74,96 +79,72 @@ class ConnectionWatcher:
 
 
 class _ProcessWatcher:
-    """One process's watched sockets and the thread that polls them."""
+    """One process's watched sockets and the thread that polls them.
+
+    Watching costs a dict entry and a registration in a user-space poll set, no system call
+    and no thread start: the thread polls with a short timeout (a socket watched meanwhile is
+    seen at the next poll, within ``POLL_INTERVAL_S``) and lingers ``LINGER_S`` after the last
+    socket is let go, so locks taken and released one after the other share one thread."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._entries: dict[int, WatchCallback] = {}
-        self._poller: select.poll | None = None
-        self._wake_w: socket.socket | None = None
-        self._wake_r: socket.socket | None = None
+        self._poller = select.poll()
+        self._running = False
+        self._idle_since = 0.0
 
     @property
     def entries(self) -> dict[int, WatchCallback]:
         return self._entries
 
-    def _ensure(self) -> select.poll:
-        """The poller, its thread started if none runs (mutex held)."""
-        if self._poller is not None:
-            return self._poller
-        wake_r, wake_w = socket.socketpair()
-        wake_r.setblocking(False)
-        wake_w.setblocking(False)
-        self._wake_r, self._wake_w = wake_r, wake_w
-        poller = select.poll()
-        poller.register(wake_r.fileno(), select.POLLIN)
-        self._poller = poller
-        thread = threading.Thread(
-            target=self._loop, args=(poller, wake_r, wake_w), name="dflock-watch", daemon=True
-        )
+    def watch(self, fd: int, callback: WatchCallback) -> None:
+        with self._mutex:
+            self._entries[fd] = callback
+            self._poller.register(fd, _EVENTS)
+            if self._running:
+                return
+            self._running = True
+        thread = threading.Thread(target=self._loop, name="dflock-watch", daemon=True)
         try:
             thread.start()
         except BaseException:
-            self._poller = None
-            wake_r.close()
-            wake_w.close()
+            with self._mutex:
+                self._running = False
             raise
-        return poller
-
-    def watch(self, fd: int, callback: WatchCallback) -> None:
-        with self._mutex:
-            poller = self._ensure()
-            self._entries[fd] = callback
-            poller.register(fd, _EVENTS)
-            wake = self._wake_w
-        if wake is not None:  # a poll under way does not see new descriptors: start another
-            with contextlib.suppress(OSError):
-                wake.send(b"w")
 
     def unwatch(self, fd: int) -> None:
         with self._mutex:
-            if self._poller is None:
-                return
             if self._entries.pop(fd, None) is None:
                 return
             with contextlib.suppress(KeyError, ValueError):
                 self._poller.unregister(fd)
-            wake = self._wake_w if not self._entries else None
-        if wake is not None:  # nothing left to watch: let the thread exit
-            with contextlib.suppress(OSError):
-                wake.send(b"u")
+            if not self._entries:
+                self._idle_since = time.monotonic()
 
-    def _loop(self, poller: select.poll, wake_r: socket.socket, wake_w: socket.socket) -> None:
+    def _loop(self) -> None:
         leave_signals_to_the_main_thread()
-        wake_fd = wake_r.fileno()
+        poller = self._poller
         while True:
             with self._mutex:
-                if self._poller is not poller:
-                    return
-                if not self._entries:  # nothing to watch: exit (the next watch starts anew)
-                    self._poller = None
-                    self._wake_w = self._wake_r = None
-                    wake_r.close()
-                    wake_w.close()
+                if not self._entries and time.monotonic() - self._idle_since >= LINGER_S:
+                    self._running = False  # the next watch starts a thread anew
                     return
             try:
-                events = poller.poll()
+                events = poller.poll(POLL_INTERVAL_MS)
             except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            if not events:
                 continue
             due: list[tuple[int, WatchCallback]] = []
             with self._mutex:
-                if self._poller is not poller:
-                    return  # a fork child's copy of this thread never runs; belt and braces
                 for fd, _ in events:
-                    if fd == wake_fd:
-                        with contextlib.suppress(OSError):
-                            wake_r.recv(4096)
-                        continue
                     callback = self._entries.pop(fd, None)
                     with contextlib.suppress(KeyError, ValueError):
                         poller.unregister(fd)
                     if callback is not None:
                         due.append((fd, callback))
+                if due and not self._entries:
+                    self._idle_since = time.monotonic()
             for fd, callback in due:
                 try:
                     keep = callback()
@@ -171,6 +152,6 @@ class _ProcessWatcher:
                     keep = False
                 if keep:
                     with self._mutex:
-                        if self._poller is poller and fd not in self._entries:
+                        if fd not in self._entries:
                             self._entries[fd] = callback
                             poller.register(fd, _EVENTS)
