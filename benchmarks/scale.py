@@ -191,7 +191,14 @@ def start(label: str, tmp: Any, maxclients: int) -> ServerProcess:
         return start_redis(tmp, maxclients=maxclients)
     loop = label.removeprefix("dflockd (").rstrip(")")
     return start_dflockd(
-        loop, tmp, "--max-locks", str(10 * maxclients + 1_000_000), "--default-lease-ttl", "3600"
+        loop,
+        tmp,
+        "--max-locks",
+        str(10 * maxclients + 1_000_000),
+        "--default-lease-ttl",
+        "3600",
+        "--max-lease-ttl",
+        "3600",
     )
 
 
@@ -267,7 +274,16 @@ class Refusals:
 
 def measure_refusals(loop: str, tmp: Any, table: int, count: int) -> Refusals:
     with owned_servers() as servers:
-        server = start_dflockd(loop, tmp, "--max-locks", str(table), "--default-lease-ttl", "3600")
+        server = start_dflockd(
+            loop,
+            tmp,
+            "--max-locks",
+            str(table),
+            "--default-lease-ttl",
+            "3600",
+            "--max-lease-ttl",
+            "3600",
+        )
         servers.append(server)
         holder = Client(server)
         asker = Client(server)

@@ -61,7 +61,8 @@ def redis_required() -> None:
     import redis
 
     try:
-        redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5).ping()
+        with redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5) as client:
+            client.ping()
     except redis.RedisError as exc:
         message = f"Redis at 127.0.0.1:6379 is not reachable ({exc})"
         if os.environ.get(REQUIRE_REDIS_ENV) == "1":

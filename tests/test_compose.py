@@ -95,11 +95,13 @@ class Topology:
 
 @pytest.fixture
 def topology(redis_required: None, tmp_path: Path) -> Iterator[Topology]:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    with redis.Redis.from_url(REDIS_URL) as client:
+        client.flushdb()
     topo = Topology(tmp_path)
     yield topo
     topo.stop()
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    with redis.Redis.from_url(REDIS_URL) as client:
+        client.flushdb()
 
 
 def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: Path) -> None:

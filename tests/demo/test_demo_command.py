@@ -112,7 +112,8 @@ def test_demo_runs_the_same_on_redis(redis_required: None, tmp_path: Path) -> No
     try:
         proc, output = _run_demo(tmp_path, "--broker", url)
     finally:
-        redis.Redis.from_url(url).flushdb()
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
     assert proc.returncode == 0, output
     assert f"broker {url}" in output
     assert "verdict: PASS" in output

@@ -41,7 +41,8 @@ def example_env(
     redis_required: None, dflock_server: Any, tmp_path: Path
 ) -> Iterator[dict[str, str]]:
     url = f"redis://127.0.0.1:6379/{REDIS_DB}"
-    redis.Redis.from_url(url).flushdb()
+    with redis.Redis.from_url(url) as client:
+        client.flushdb()
     env = {
         **os.environ,
         "CELERY_BROKER_URL": url,
@@ -51,7 +52,8 @@ def example_env(
         "PYTHONPATH": str(ROOT),
     }
     yield env
-    redis.Redis.from_url(url).flushdb()
+    with redis.Redis.from_url(url) as client:
+        client.flushdb()
 
 
 def _celery(
