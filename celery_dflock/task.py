@@ -443,11 +443,13 @@ class LockedTask(Task):
                     f"{_run_name(name, task_id)} lost its lock {key!r} (fence {lock.fence}) "
                     f"while it ran, and was interrupted (on_lock_lost='interrupt')"
                 ) from None
-            if guard.interrupt_due:
+            # The lock may be marked lost a moment before on_lost runs: the body can see it and
+            # return first. Only "flag" lets a body that saw its lock lost end normally.
+            if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
                 raise LockLost(
                     f"{_run_name(name, task_id)} lost its lock {key!r} (fence {lock.fence}) "
                     f"while it ran; its body returned before the interrupt reached it, so the "
-                    f"run fails (on_lock_lost='interrupt')"
+                    f"run fails (on_lock_lost={options.on_lock_lost!r})"
                 )
             return result
         finally:

@@ -50,6 +50,8 @@ class ForeignServer:
 
 
 PUMP_TIMEOUT_S = 10.0
+PUMP_POLL_S = 0.2
+"""A pump looks this often whether its sockets were closed under it (by ``__exit__``)."""
 
 
 class TlsFront:
@@ -110,11 +112,11 @@ class TlsFront:
         "unexpected message")."""
         front.settimeout(PUMP_TIMEOUT_S)  # a recv never waits forever for a partial record
         back.settimeout(PUMP_TIMEOUT_S)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):  # ValueError: closed by __exit__
             while True:
                 readable = [front] if front.pending() else []
-                if not readable:
-                    readable, _, _ = select.select([front, back], [], [])
+                while not readable:
+                    readable, _, _ = select.select([front, back], [], [], PUMP_POLL_S)
                 for src, dst in ((front, back), (back, front)):
                     if src in readable:
                         data = src.recv(65536)
