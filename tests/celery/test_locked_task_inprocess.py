@@ -341,7 +341,8 @@ def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread)
     assert not thread.is_alive()
     assert len(outcome) == 1
     assert isinstance(outcome[0], LockLost)
-    assert "interrupted" in str(outcome[0])
+    # Interrupted in the body, or (the body saw lost_event first and returned) failed after it.
+    assert "lost its lock 'lose'" in str(outcome[0])
     assert [s["key"] for s in signals_seen] == ["lose"]
     assert signals_seen[0]["policy"] == "interrupt"
 
