@@ -42,14 +42,15 @@ def read_ceiling(path: str) -> int:
     return int(text)
 
 
-def write_ceiling(path: str, ceiling: int) -> None:
-    """Persist ``ceiling`` atomically: write a temporary file, fsync, rename over ``path``."""
+def write_atomically(path: str, text: str, *, prefix: str, what: str) -> None:
+    """Replace ``path`` with ``text`` atomically: a temporary file beside it, fsync, rename,
+    fsync the directory; `FenceStateError` naming ``what`` when it cannot."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".fence-", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
         try:
             with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write(f"{ceiling}\n")
+                fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -63,7 +64,12 @@ def write_ceiling(path: str, ceiling: int) -> None:
         finally:
             os.close(dir_fd)
     except OSError as exc:
-        raise FenceStateError(f"cannot write fence state file {path!r}: {exc}") from exc
+        raise FenceStateError(f"cannot write {what} {path!r}: {exc}") from exc
+
+
+def write_ceiling(path: str, ceiling: int) -> None:
+    """Persist ``ceiling`` atomically (see `write_atomically`)."""
+    write_atomically(path, f"{ceiling}\n", prefix=".fence-", what="fence state file")
 
 
 class FenceCounter:

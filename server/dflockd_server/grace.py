@@ -16,15 +16,12 @@ dflockd clients at their next renewal), so the lease is still the only bound it 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 
 from dflockd_server.config import Config
-from dflockd_server.fence import FenceStateError
+from dflockd_server.fence import FenceStateError, write_atomically
 
 GRACE_SUFFIX = ".grace"
 """The grace record lives at ``<fence_state_file>.grace``."""
@@ -58,27 +55,13 @@ def read_longest_lease(path: str) -> int | None:
 
 
 def write_longest_lease(path: str, longest: int) -> None:
-    """Persist ``longest`` atomically: temporary file, fsync, rename, fsync the directory."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".grace-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write(json.dumps({"longest_lease_s": longest}) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as exc:
-        raise FenceStateError(f"cannot write restart grace record {path!r}: {exc}") from exc
+    """Persist ``longest`` atomically (see `write_atomically`)."""
+    write_atomically(
+        path,
+        json.dumps({"longest_lease_s": longest}) + "\n",
+        prefix=".grace-",
+        what="restart grace record",
+    )
 
 
 @dataclass(frozen=True, slots=True)
