@@ -335,17 +335,22 @@ def rabbitmq_settings(queue: str, db: int = REDIS_TEST_DB) -> dict[str, Any]:
     }
 
 
-def rabbitmq_reachable(timeout: float = 0.5) -> bool:
-    """True if RabbitMQ's AMQP port answers the protocol header."""
-    address = urlsplit(RABBITMQ_URL)
+def _answers(url: str, default_port: int, hello: bytes, reply: bytes, timeout: float) -> bool:
+    """True if the service at ``url`` answers ``hello`` with bytes starting with ``reply``."""
+    address = urlsplit(url)
     try:
         with socket.create_connection(
-            (address.hostname or "127.0.0.1", address.port or 5672), timeout=timeout
+            (address.hostname or "127.0.0.1", address.port or default_port), timeout=timeout
         ) as sock:
-            sock.sendall(b"AMQP\x00\x00\x09\x01")
-            return sock.recv(8).startswith(b"\x01")  # the server's connection.start frame
+            sock.sendall(hello)
+            return sock.recv(16).startswith(reply)
     except OSError:
         return False
+
+
+def rabbitmq_reachable(timeout: float = 0.5) -> bool:
+    """True if RabbitMQ answers the AMQP protocol header (with its connection.start frame)."""
+    return _answers(RABBITMQ_URL, 5672, b"AMQP\x00\x00\x09\x01", b"\x01", timeout)
 
 
 REQUIRE_SERVICES_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
@@ -403,15 +408,7 @@ def with_server(settings: dict[str, Any], server: Any, **extra: Any) -> dict[str
 
 
 def redis_reachable(timeout: float = 0.5) -> bool:
-    address = urlsplit(REDIS_URL_BASE)
-    try:
-        with socket.create_connection(
-            (address.hostname or "127.0.0.1", address.port or 6379), timeout=timeout
-        ) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+    return _answers(REDIS_URL_BASE, 6379, b"PING\r\n", b"+PONG", timeout)
 
 
 def redis_cleanup(queue: str, db: int = REDIS_TEST_DB) -> None:
