@@ -7,9 +7,11 @@ and ``lock_lost`` must fire, well within a couple of renewal intervals.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,15 +86,26 @@ def lost_rig(
 ) -> Iterator[LostRig]:
     pool: str = request.param
     tmp = tmp_path_factory.mktemp(f"lost-{pool}")
+    base = filesystem_settings(tmp, f"dflock-lost-{uuid.uuid4().hex[:8]}")
+    with running_rig(pool, tmp, base, concurrency=2) as rig:
+        yield rig
+
+
+@contextlib.contextmanager
+def running_rig(
+    pool: str, tmp: Path, base_settings: dict[str, Any], *, concurrency: int
+) -> Iterator[LostRig]:
+    """A lock server in a slot, one worker of ``pool`` on ``base_settings`` and a client app;
+    all stopped and closed on the way out."""
     slot = ServerSlot()
     server = slot.start()
-    settings = with_server(filesystem_settings(tmp, f"dflock-lost-{uuid.uuid4().hex[:8]}"), server)
+    settings = with_server(base_settings, server)
     log = EventLog(tmp)
     factory = WorkerFactory(log=log, directory=tmp, settings=settings)
     app = Celery("lost-client", set_as_current=False)
     app.conf.update(settings)
     try:
-        worker = factory.start("apps.tasks", pool=pool, concurrency=2)
+        worker = factory.start("apps.tasks", pool=pool, concurrency=concurrency)
         yield LostRig(pool=pool, slot=slot, log=log, worker=worker, app=app)
     finally:
         factory.close()
@@ -175,22 +188,11 @@ def broker_rig(
         require_rabbitmq()
     tmp = tmp_path_factory.mktemp(f"blind-{pool}-{broker}")
     queue = f"dflock-blind-{uuid.uuid4().hex[:8]}"
-    slot = ServerSlot()
-    server = slot.start()
     base = redis_settings(queue) if broker == "redis" else rabbitmq_settings(queue)
-    settings = with_server(base, server)
-    log = EventLog(tmp)
-    factory = WorkerFactory(log=log, directory=tmp, settings=settings)
-    app = Celery("blind-client", set_as_current=False)
-    app.conf.update(settings)
     try:
-        worker = factory.start("apps.tasks", pool=pool, concurrency=4)
-        yield LostRig(pool=pool, slot=slot, log=log, worker=worker, app=app)
+        with running_rig(pool, tmp, base, concurrency=4) as rig:
+            yield rig
     finally:
-        factory.close()
-        close_app(app)
-        log.close()
-        slot.close()
         redis_cleanup(queue)
 
 
