@@ -53,9 +53,8 @@ def _on_lost(
 # ----------------------------------------------------------------------- mutual exclusion
 
 
-def _exclusive_body(task: LockedTask, n: int, group: int, hold: float) -> int:
-    start = time.time()
-    time.sleep(hold)
+def _record_run(task: LockedTask, n: int, start: float) -> int:
+    """Log one run (key, fence, start and end, Celery's and the lock's retries); returns n."""
     record(
         "run",
         n=n,
@@ -68,6 +67,12 @@ def _exclusive_body(task: LockedTask, n: int, group: int, hold: float) -> int:
         lock_retries=getattr(task.request, "dflock_lock_retries", None) or 0,
     )
     return n
+
+
+def _exclusive_body(task: LockedTask, n: int, group: int, hold: float) -> int:
+    start = time.time()
+    time.sleep(hold)
+    return _record_run(task, n, start)
 
 
 @app.task(
@@ -101,18 +106,7 @@ def _shared_key_body(task: LockedTask, n: int, release_file: str | None) -> int:
         if time.time() - start > BLOCK_LIMIT_S:
             break
         time.sleep(TICK_S)
-    record(
-        "run",
-        n=n,
-        key=task.request.dflock_key,
-        fence=_fence(task),
-        start=start,
-        end=time.time(),
-        task_id=task.request.id,
-        retries=task.request.retries,
-        lock_retries=getattr(task.request, "dflock_lock_retries", None) or 0,
-    )
-    return n
+    return _record_run(task, n, start)
 
 
 @app.task(
