@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,3 +78,24 @@ def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from venvs import build_dist
 
     return build_dist(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (made with the openssl command), as paths in
+    strings (tests/server has its own, as Path objects)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl command is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+    return str(cert), str(key)

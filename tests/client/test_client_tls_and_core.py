@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import subprocess
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -24,26 +21,6 @@ from celery_dflock._core import MAX_RENEW_INTERVAL_S, LockCore
 from celery_dflock.sharding import stable_hash_shard
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
-
-
-@pytest.fixture
-def tls_files(tmp_path: Path) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 (made with the openssl command)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )  # fmt: skip
-    return str(cert), str(key)
 
 
 def test_tls_sync_and_pooled(

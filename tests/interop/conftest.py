@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -85,21 +84,3 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "dflockd_args(*args): extra command-line arguments of the dflockd_050 server"
     )
-
-
-@pytest.fixture
-def tls_files(tmp_path: Path) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 (made with the openssl command)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-    return str(cert), str(key)
