@@ -19,7 +19,8 @@ from dflockd_server.config import SETTINGS, Config, ConfigError, Setting, parse_
 from dflockd_server.constants import FLAGS_DOCS_URL, PROTOCOL_DOCS_URL
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.metrics import MetricsError, metrics_available
-from dflockd_server.net import Server, build_ssl_context
+from dflockd_server.net import Server
+from dflockd_server.tls import build_ssl_context
 
 log = logging.getLogger("dflockd_server")
 

@@ -40,6 +40,8 @@ class Config:
     auth_token_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_handshake_timeout_s: float = c.DEFAULT_TLS_HANDSHAKE_TIMEOUT_S
+    max_tls_handshakes: int = c.DEFAULT_MAX_TLS_HANDSHAKES
     fence_state_file: str | None = None
     log_level: str = c.DEFAULT_LOG_LEVEL
     metrics_port: int | None = None
@@ -341,6 +343,24 @@ SETTINGS: tuple[Setting, ...] = (
         _any,
         "PEM private key for --tls-cert",
         "PATH",
+    ),
+    Setting(
+        "tls_handshake_timeout_s",
+        "--tls-handshake-timeout",
+        ("DFLOCKD_TLS_HANDSHAKE_TIMEOUT_S",),
+        parse_float,
+        _positive,
+        "drop a TLS connection whose handshake is not done this long after it was accepted",
+    ),
+    Setting(
+        "max_tls_handshakes",
+        "--max-tls-handshakes",
+        ("DFLOCKD_MAX_TLS_HANDSHAKES",),
+        parse_int,
+        _non_negative,
+        "most TLS handshakes under way at once; past it the oldest is dropped, so connections "
+        "that never finish theirs bound the server's memory and cannot lock out new clients "
+        "(0: no cap)",
     ),
     Setting(
         "fence_state_file",

@@ -19,6 +19,8 @@ DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
 DEFAULT_MAX_WAITERS: Final = 0
 DEFAULT_WRITE_TIMEOUT_S: Final = 5.0
 DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 30.0
+DEFAULT_TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
+DEFAULT_MAX_TLS_HANDSHAKES: Final = 512
 DEFAULT_LOG_LEVEL: Final = "info"
 
 # ---------------------------------------------------------------- framing limits

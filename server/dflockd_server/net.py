@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import random
-import socket
 import ssl
 import time
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from dflockd_server.table import (
     MaxWaiters,
     Waiter,
 )
+from dflockd_server.tls import TlsSession, build_ssl_context
 
 log = logging.getLogger("dflockd_server")
 
@@ -67,42 +67,6 @@ done (or the shutdown timeout), and see that it is up; acquires and waits get
 _REFUSALS = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
-def bind_listeners(host: str, port: int, backlog: int) -> list[socket.socket]:
-    """Listening sockets for ``host:port`` bound as ``loop.create_server`` binds them: one per
-    address the host resolves to ("" for every interface), SO_REUSEADDR, IPv6 ones v6-only."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    bound: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            bound.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind(address)
-            except OSError as exc:
-                why = (exc.strerror or str(exc)).lower()
-                raise OSError(
-                    exc.errno, f"error while attempting to bind on address {address!r}: {why}"
-                ) from None
-            sock.listen(backlog)
-            sock.setblocking(False)
-    except BaseException:
-        for sock in bound:
-            sock.close()
-        raise
-    return bound
-
-
-def build_ssl_context(cert: str, key: str) -> ssl.SSLContext:
-    """A server-side TLS context from PEM files (TLS 1.2 or newer)."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    return ctx
-
-
 class Connection(asyncio.Protocol):
     """One client connection."""
 
@@ -124,7 +88,7 @@ class Connection(asyncio.Protocol):
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.closing = False
         self.eof = False  # the client sent EOF: close once what it sent is answered
-        self.admitted = False  # counted against the caps before its TLS handshake
+        self.tls: TlsSession | None = None  # on a TLS server: the session over this connection
         self.reading_paused = False
         self.write_paused = False
         self.read_delayed = False  # a dripping sender: read again after a fragment delay
@@ -137,6 +101,7 @@ class Connection(asyncio.Protocol):
         self.read_timer: asyncio.TimerHandle | None = None
         self.write_timer: asyncio.TimerHandle | None = None
         self.delay_timer: asyncio.TimerHandle | None = None
+        self.handshake_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -144,10 +109,8 @@ class Connection(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
         self.server.open_transports += 1
-        refusal = None
-        if not self.admitted:  # a TLS connection was admitted, its peer known, when accepted
-            self.set_peer(transport.get_extra_info("peername"))
-            refusal = self.server.admit(self)
+        self.set_peer(transport.get_extra_info("peername"))
+        refusal = self.server.admit(self)
         if refusal is not None:
             log.debug("refused connection from %s: %s", self.peer, refusal)
             self.closing = True
@@ -160,6 +123,12 @@ class Connection(asyncio.Protocol):
             self.read_timer = self.loop.call_later(
                 self.server.config.read_timeout_s, self._read_timer_fired
             )
+        if self.server.ssl_context is not None:
+            self.tls = TlsSession(self.server.ssl_context)
+            self.handshake_timer = self.loop.call_later(
+                self.server.config.tls_handshake_timeout_s, self._handshake_timed_out
+            )
+            self.server.handshake_started(self)
         log.debug("connection %d from %s", self.client.id, self.peer)
 
     def set_peer(self, peer: Any) -> None:
@@ -172,9 +141,17 @@ class Connection(asyncio.Protocol):
         self.server.open_transports -= 1
         self.closing = True
         self.framer.clear()
-        for timer in (self.wait_timer, self.read_timer, self.write_timer, self.delay_timer):
+        for timer in (
+            self.wait_timer,
+            self.read_timer,
+            self.write_timer,
+            self.delay_timer,
+            self.handshake_timer,
+        ):
             if timer is not None:
                 timer.cancel()
+        if self.tls is not None and not self.tls.handshake_done:
+            self.server.handshake_ended(self)
         if self.waiter is not None:
             self.waiter.wake = None
             self.waiter = None
@@ -199,6 +176,10 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.last_rx = self.loop.time()
+        if self.tls is not None:
+            data = self._decrypt(self.tls, data)
+            if not data:
+                return
         framer = self.framer
         before = framer.buffered()  # > 0: the end of an unfinished request was awaited
         framer.feed(data)
@@ -211,6 +192,8 @@ class Connection(asyncio.Protocol):
                 self.fragment_delays = 0
         elif framer.buffered() > c.MAX_PIPELINE_BUFFER:
             self._update_reading()  # a blocking request or a later pass holds the rest up
+        if self.tls is not None and self.tls.peer_closed:
+            self._peer_closed()
 
     def eof_received(self) -> bool | None:
         # No more requests can come. Answer those already received (a pass answers at most
@@ -228,10 +211,74 @@ class Connection(asyncio.Protocol):
     def _end_if_eof(self) -> None:
         """After the client's EOF: close once every request it sent has been answered."""
         if self.eof and not (self.busy or self.more_scheduled or self.write_paused or self.closing):
-            transport = self.transport
-            if transport is not None:
-                self.closing = True
-                transport.close()
+            self._close()
+
+    # ------------------------------------------------------------------ TLS
+    def _decrypt(self, tls: TlsSession, data: bytes) -> bytes:
+        """The request bytes that ``data`` completes (``b""``: none yet, or the connection
+        closes); sends what the TLS session has to send, and ends the handshake's timer and
+        slot when the handshake is done. The peer's ``close_notify`` counts as its EOF, once
+        the requests before it are in."""
+        transport = self.transport
+        assert transport is not None
+        was_done = tls.handshake_done
+        try:
+            plain = tls.receive(data)
+        except ssl.SSLError as exc:
+            log.debug("TLS with %s failed: %s", self.peer, exc)
+            out = tls.outgoing()  # the alert, if OpenSSL made one
+            if out:
+                transport.write(out)
+            self.closing = True
+            transport.close()
+            return b""
+        out = tls.outgoing()
+        if out:
+            transport.write(out)
+        if tls.handshake_done and not was_done:
+            if self.handshake_timer is not None:
+                self.handshake_timer.cancel()
+                self.handshake_timer = None
+            self.server.handshake_ended(self)
+        if tls.peer_closed and not plain:
+            self._peer_closed()
+        return plain
+
+    def _peer_closed(self) -> None:
+        """The client ended its TLS session: as an EOF (its requests are answered, then the
+        connection closes)."""
+        if not self.closing and self.eof_received() is None:
+            self._close()
+
+    def _handshake_timed_out(self) -> None:
+        self.handshake_timer = None
+        if not self.closing:
+            log.debug("connection %s: TLS handshake not done in time, dropping", self.peer)
+            self.abort()
+
+    def _send(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Write reply bytes, through the TLS session on a TLS connection."""
+        tls = self.tls
+        if tls is None:
+            transport.write(data)
+            return
+        try:
+            transport.write(tls.send(data))
+        except ssl.SSLError as exc:
+            log.debug("connection %s: TLS write failed: %s", self.peer, exc)
+            self.abort()
+
+    def _close(self) -> None:
+        """Close after the buffered replies are sent (a TLS connection ends its session)."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        self.closing = True
+        if self.tls is not None:
+            alert = self.tls.close_notify()
+            if alert:
+                transport.write(alert)
+        transport.close()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -293,27 +340,28 @@ class Connection(asyncio.Protocol):
             self.read_timer = self.loop.call_later(delay, self._read_timer_fired)
             return
         log.debug("connection %s: read timeout after %.1f s idle", self.peer, idle)
-        self._abort()
+        self.abort()
 
     def _write_timer_fired(self) -> None:
         self.write_timer = None
         if not self.closing:
             log.debug("connection %s: replies unread for the write timeout, dropping", self.peer)
-            self._abort()
+            self.abort()
 
     # ------------------------------------------------------------------ helpers
-    def _abort(self) -> None:
+    def abort(self) -> None:
+        """Close at once, dropping what is unsent."""
         self.closing = True
         if self.transport is not None:
             self.transport.abort()
 
     def _close_with(self, reply: bytes) -> None:
         """Send a last reply and close (buffered replies are flushed first)."""
-        self.closing = True
         transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(reply)
-            transport.close()
+        if transport is not None and not transport.is_closing() and not self.closing:
+            self._send(transport, reply)
+            self._close()
+        self.closing = True
 
     def _set_busy(self, busy: bool) -> None:
         if busy != self.busy:
@@ -342,7 +390,7 @@ class Connection(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         transport = self.transport
         if transport is not None and not self.closing:
-            transport.write(data)
+            self._send(transport, data)
 
     def _done_waiting(self, reply: bytes) -> None:
         """A blocking request got its answer: send it, then carry on with pipelined ones."""
@@ -412,11 +460,11 @@ class Connection(asyncio.Protocol):
                 out.append(reply)
                 pending += len(reply)
                 if pending >= c.WRITE_BUFFER_LOW_WATER and transport is not None:
-                    transport.write(b"".join(out))  # may call pause_writing
+                    self._send(transport, b"".join(out))  # may call pause_writing
                     out.clear()
                     pending = 0
         if out and transport is not None and not transport.is_closing():
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self._send(transport, out[0] if len(out) == 1 else b"".join(out))
         if self.eof:
             self._end_if_eof()
             return
@@ -622,9 +670,8 @@ class Connection(asyncio.Protocol):
                 self.wait_timer.cancel()
                 self.wait_timer = None
             self._close_with(p.REPLY_ERROR_DRAINING)
-        elif self.transport is not None and not self.closing:
-            self.closing = True
-            self.transport.close()
+        else:
+            self._close()
 
 
 class Server:
@@ -640,12 +687,12 @@ class Server:
         self._idle: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
         self._stopping = False
-        self._listener: asyncio.Server | None = None  # without TLS
-        # With TLS: our own listening sockets and accept loops, and the handshakes under way
-        # (each connection is admitted, and counted against the caps, before its handshake).
-        self._tls_listeners: list[socket.socket] = []
-        self._accepting: list[asyncio.Task[None]] = []
-        self._handshakes: set[asyncio.Task[None]] = set()
+        self._listener: asyncio.Server | None = None
+        self.ssl_context: ssl.SSLContext | None = None
+        """On a TLS server: the context each connection's ``TlsSession`` is made from."""
+        self.handshaking: dict[Connection, None] = {}
+        """Connections in their TLS handshake, oldest first (``max_tls_handshakes``)."""
+        self.handshakes_evicted = 0
         self._timers: list[asyncio.TimerHandle] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._table: LockTable | None = None
@@ -688,9 +735,7 @@ class Server:
 
     @property
     def sockname(self) -> tuple[str, int]:
-        sockets: Sequence[Any] = (
-            self._listener.sockets if self._listener is not None else self._tls_listeners
-        )
+        sockets: Sequence[Any] = self._listener.sockets if self._listener is not None else ()
         if not sockets:
             raise RuntimeError("server not started")
         name: Any = sockets[0].getsockname()
@@ -704,9 +749,8 @@ class Server:
         self._loop = loop
         token = cfg.resolve_auth_token()
         self.secret = token.encode() if token is not None else None
-        ssl_ctx = (
-            build_ssl_context(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None
-        )
+        if cfg.tls_cert and cfg.tls_key:
+            self.ssl_context = build_ssl_context(cfg.tls_cert, cfg.tls_key)
         record_path = None
         previous_longest = None
         fence_file_existed = False
@@ -740,15 +784,10 @@ class Server:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = asyncio.Event()
-        if ssl_ctx is None:
-            self._listener = await loop.create_server(
-                lambda: Connection(self), cfg.host, cfg.port, reuse_address=True, backlog=c.BACKLOG
-            )
-        else:
-            self._tls_listeners = bind_listeners(cfg.host, cfg.port, c.BACKLOG)
-            self._accepting = [
-                loop.create_task(self._accept_tls(sock, ssl_ctx)) for sock in self._tls_listeners
-            ]
+        # TLS or not, the loop sees plain TCP: a TLS connection's session is its own (tls.py).
+        self._listener = await loop.create_server(
+            lambda: Connection(self), cfg.host, cfg.port, reuse_address=True, backlog=c.BACKLOG
+        )
         self._timers = [
             loop.call_later(cfg.lease_sweep_interval_s, self._sweep),
             loop.call_later(cfg.gc_interval_s, self._gc),
@@ -760,9 +799,7 @@ class Server:
             try:
                 exporter.start(cfg.metrics_host or cfg.host, cfg.metrics_port)
             except BaseException:
-                if self._listener is not None:
-                    self._listener.close()
-                await self._stop_tls()
+                self._listener.close()
                 for timer in self._timers:
                     timer.cancel()
                 raise
@@ -788,73 +825,6 @@ class Server:
             loop.remove_reader(sock.fileno())
         for _ in range(2):  # the accepting turn may come after this one in the same pass
             await asyncio.sleep(0)
-
-    async def _accept_tls(self, listener: socket.socket, ctx: ssl.SSLContext) -> None:
-        """Accept TLS connections on ``listener`` until cancelled.
-
-        The loop's own TLS server (``create_server(ssl=...)``) shows a connection to the
-        server only once its handshake is over: until then it is outside the connection caps
-        and ``stop()`` cannot close it. Here each connection is admitted (or refused and
-        closed) as it is accepted, then shakes hands in a task of its own."""
-        loop = self.loop
-        while True:
-            try:
-                sock, address = await loop.sock_accept(listener)
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-                continue  # the peer gave up before we got to it
-            except OSError as exc:  # out of file descriptors or memory: let some go first
-                log.error(
-                    "cannot accept a connection: %s; trying again in %.0f s",
-                    exc,
-                    c.ACCEPT_RETRY_DELAY_S,
-                )
-                await asyncio.sleep(c.ACCEPT_RETRY_DELAY_S)
-                continue
-            conn = Connection(self)
-            conn.set_peer(address)
-            refusal = self.admit(conn)
-            if refusal is not None:
-                log.debug("refused connection from %s: %s", conn.peer, refusal)
-                sock.close()  # a FIN, nothing written, as without TLS
-                continue
-            conn.admitted = True
-            task = loop.create_task(self._handshake(conn, sock, ctx))
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
-
-    async def _handshake(self, conn: Connection, sock: socket.socket, ctx: ssl.SSLContext) -> None:
-        """Shake hands on an admitted connection; it goes on as a ``Connection`` or, if the
-        handshake fails, times out (the read timeout) or is cancelled, is closed and
-        forgotten."""
-        made = False
-        try:
-            await self.loop.connect_accepted_socket(
-                lambda: conn,
-                sock,
-                ssl=ctx,
-                ssl_handshake_timeout=self.config.read_timeout_s or None,
-            )
-            made = True
-        except OSError as exc:  # ssl.SSLError is one, and so are resets and the timeout
-            log.debug("TLS handshake with %s failed: %s", conn.peer, exc)
-        finally:
-            if not made:
-                self.forget(conn)
-
-    async def _stop_tls(self) -> None:
-        """Stop the TLS accept loops, close their sockets and cancel the handshakes under
-        way (cancelling one closes its socket)."""
-        for task in self._accepting:
-            task.cancel()
-        await asyncio.gather(*self._accepting, return_exceptions=True)
-        self._accepting = []
-        for sock in self._tls_listeners:
-            sock.close()
-        self._tls_listeners = []
-        handshakes = list(self._handshakes)
-        for task in handshakes:
-            task.cancel()
-        await asyncio.gather(*handshakes, return_exceptions=True)
 
     @property
     def metrics_address(self) -> tuple[str, int] | None:
@@ -882,7 +852,6 @@ class Server:
         if self._listener is not None:
             await self._stop_accepting(self._listener)
             self._listener.close()
-        await self._stop_tls()
         # Nothing more is granted: blocked acquires and queued two-phase waiters are refused
         # now (not granted in the last moments before exit); holders keep renewing and
         # releasing until they are done or the shutdown timeout runs out.
@@ -949,6 +918,27 @@ class Server:
                 self.per_ip[conn.ip] = count
             else:
                 self.per_ip.pop(conn.ip, None)
+
+    def handshake_started(self, conn: Connection) -> None:
+        """``conn`` begins its TLS handshake. Past ``max_tls_handshakes`` under way, the
+        oldest is dropped: connections that never finish theirs cannot crowd out new ones
+        (a real client finishes in a round trip or two), and their memory stays bounded."""
+        cap = self.config.max_tls_handshakes
+        if cap and len(self.handshaking) >= cap:
+            oldest = next(iter(self.handshaking))
+            del self.handshaking[oldest]
+            self.handshakes_evicted += 1
+            log.debug(
+                "connection %s: dropped in its TLS handshake (max_tls_handshakes %d under way)",
+                oldest.peer,
+                cap,
+            )
+            oldest.abort()
+        self.handshaking[conn] = None
+
+    def handshake_ended(self, conn: Connection) -> None:
+        """``conn``'s handshake is done, failed or was cut off."""
+        self.handshaking.pop(conn, None)
 
     def busy_changed(self, busy: bool) -> None:
         self._busy += 1 if busy else -1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -203,3 +204,68 @@ def test_stop_closes_the_connections_in_their_tls_handshake(
         assert not still_open, f"{len(still_open)} of 20 left open by stop()"
     unclosed = unclosed_after_gc()
     assert not unclosed, f"{len(unclosed)} left for the garbage collector, e.g. {unclosed[:2]}"
+
+
+def test_past_max_tls_handshakes_the_oldest_handshake_is_dropped(
+    tls_files: tuple[Path, Path], loop_factory: Callable[[], asyncio.AbstractEventLoop]
+) -> None:
+    # Connections that never finish their handshake take no more than the cap: a new one
+    # pushes the oldest out, so they cannot lock real clients out while they last.
+    ctx = ssl.create_default_context(cafile=str(tls_files[0]))
+    config = _tls_config(tls_files, max_tls_handshakes=4)
+    with (
+        ServerThread(config, loop_factory=loop_factory) as srv,
+        _half_handshakes(srv.address, 4) as stalled,
+    ):
+        eventually(lambda: len(srv.server.handshaking) == 4, "4 handshakes under way")
+        with _half_handshakes(srv.address, 1):
+            assert _closed_by_the_server(stalled[0]), "the oldest handshake was kept"
+            eventually(lambda: srv.server.handshakes_evicted == 1, "one handshake dropped")
+            assert all(_still_open_now(sock) for sock in stalled[1:])
+            with Wire(srv.address, ssl_context=ctx) as w:  # pushes out the next oldest
+                assert w.req("ping") == "ok"
+            assert len(srv.server.handshaking) <= 4
+
+
+def _still_open_now(sock: socket.socket) -> bool:
+    """True while the server has not closed ``sock`` (nothing to read right now)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except ConnectionResetError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+def test_a_handshake_that_drips_is_dropped_at_the_handshake_timeout(
+    tls_files: tuple[Path, Path], loop_factory: Callable[[], asyncio.AbstractEventLoop]
+) -> None:
+    # A client that keeps sending handshake bytes is never idle, so the read timeout alone
+    # would keep it: the handshake has a deadline of its own.
+    ctx = ssl.create_default_context(cafile=str(tls_files[0]))
+    config = _tls_config(tls_files, tls_handshake_timeout_s=0.5, read_timeout_s=30)
+    with ServerThread(config, loop_factory=loop_factory) as srv:
+        with socket.create_connection(srv.address, timeout=5) as sock:
+            sock.sendall(HALF_HELLO + b"\x40\x00")  # a ClientHello record of 16 KiB to come
+            assert _drips_until_closed(sock, 5.0), "a dripping handshake outlived 5 s"
+        with Wire(srv.address, ssl_context=ctx) as w:
+            assert w.req("ping") == "ok"
+
+
+def _drips_until_closed(sock: socket.socket, seconds: float) -> bool:
+    """Send a byte every 50 ms until the server closes ``sock`` (True) or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    sock.settimeout(0.05)
+    while time.monotonic() < deadline:
+        try:
+            sock.sendall(b"\x01")
+            if sock.recv(1) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+    return False

@@ -48,6 +48,14 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
     ("--auth-token-file", ("DFLOCKD_AUTH_TOKEN_FILE",), "auth_token_file", None),
     ("--tls-cert", ("DFLOCKD_TLS_CERT",), "tls_cert", None),
     ("--tls-key", ("DFLOCKD_TLS_KEY",), "tls_key", None),
+    # Not in PROTOCOL.md's table: the TLS handshake's deadline and cap (bounded memory).
+    (
+        "--tls-handshake-timeout",
+        ("DFLOCKD_TLS_HANDSHAKE_TIMEOUT_S",),
+        "tls_handshake_timeout_s",
+        10,
+    ),
+    ("--max-tls-handshakes", ("DFLOCKD_MAX_TLS_HANDSHAKES",), "max_tls_handshakes", 512),
     ("--fence-state-file", ("DFLOCKD_FENCE_STATE_FILE",), "fence_state_file", None),
     ("--log-level", ("DFLOCKD_LOG_LEVEL",), "log_level", "info"),
     # Not in PROTOCOL.md's table: the optional Prometheus endpoint (the `metrics` extra).
