@@ -171,11 +171,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop factory when uvloop is installed."""
+def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop factory for the ``event_loop`` setting (``None``: asyncio's own loop)."""
+    if event_loop == "asyncio":
+        return None
     try:
         module = importlib.import_module("uvloop")
     except ImportError:
+        if event_loop == "uvloop":
+            raise UsageError(
+                f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
+                "'dflockd-server[uvloop]' (or use auto or asyncio)"
+            ) from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = module.new_event_loop
     return factory
@@ -278,6 +285,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
     try:
         config = load_config(argv, env)
+        loop_factory = _loop_factory(config.event_loop)
     except UsageError as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
@@ -287,7 +295,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         stream=sys.stderr,
     )
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(serve(config, env, sys.argv[1:] if argv is None else argv))
     except (FenceStateError, MetricsError) as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ from typing import Any
 from dflockd_server import constants as c
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 
 
 class ConfigError(ValueError):
@@ -44,6 +45,7 @@ class Config:
     max_tls_handshakes: int = c.DEFAULT_MAX_TLS_HANDSHAKES
     fence_state_file: str | None = None
     log_level: str = c.DEFAULT_LOG_LEVEL
+    event_loop: str = c.DEFAULT_EVENT_LOOP
     metrics_port: int | None = None
     metrics_host: str | None = None
 
@@ -145,6 +147,17 @@ def parse_log_level(raw: str) -> str:
     if text not in LOG_LEVELS:
         raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
     return text
+
+
+def parse_event_loop(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in EVENT_LOOPS:
+        raise ValueError(f"expected one of {', '.join(EVENT_LOOPS)}")
+    return text
+
+
+def _event_loop(value: str) -> str | None:
+    return None if value in EVENT_LOOPS else f"expected one of {', '.join(EVENT_LOOPS)}"
 
 
 def _positive(value: float) -> str | None:
@@ -379,6 +392,16 @@ SETTINGS: tuple[Setting, ...] = (
         _log_level,
         "debug, info, warning, error or critical",
         "LEVEL",
+    ),
+    Setting(
+        "event_loop",
+        "--event-loop",
+        ("DFLOCKD_EVENT_LOOP",),
+        parse_event_loop,
+        _event_loop,
+        "auto (uvloop when it is installed, else asyncio's), asyncio or uvloop (the `uvloop` "
+        "extra: pip install 'dflockd-server[uvloop]')",
+        "LOOP",
     ),
     Setting(
         "metrics_port",

@@ -22,6 +22,7 @@ DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 30.0
 DEFAULT_TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 DEFAULT_MAX_TLS_HANDSHAKES: Final = 512
 DEFAULT_LOG_LEVEL: Final = "info"
+DEFAULT_EVENT_LOOP: Final = "auto"
 
 # ---------------------------------------------------------------- framing limits
 MAX_LINE_BYTES: Final = 256

@@ -40,12 +40,12 @@ CONNECTION_RSS_BUDGET_KIB = 16
 """Resident memory one open connection may cost the server. Measured: about 2 KiB each with
 uvloop (1,000 idle or half-sent connections add 2 MiB); the budget leaves room for the stdlib
 loop and for a partial request (at most three lines of 257 bytes)."""
-TLS_HANDSHAKE_RSS_BUDGET_KIB = 512
-"""Resident memory one connection in its TLS handshake may cost the server: asyncio's and
-uvloop's TLS transports each allocate a 256 KiB read buffer, and the allocator keeps the freed
-buffers. Measured: 400 stalled handshakes at once add about 20 MiB; rounds of them grow the
-process to about 85-115 MiB with uvloop and 150 MiB with the stdlib loop, kept after they
-are dropped. The connection caps do not count a connection until its handshake is done."""
+TLS_HANDSHAKE_RSS_BUDGET_KIB = 96
+"""Resident memory one connection in its TLS handshake may cost the server: its connection
+and its OpenSSL session, whose record buffers are allocated as bytes arrive. Measured: 512
+stalled handshakes at once add about 21 MiB (about 40 KiB each). With the loop's own TLS
+transports it was 256 KiB or more each (their read buffer), and rounds of them grew the
+process to 85-115 MiB with uvloop and 150 MiB with the stdlib loop."""
 RSS_SLACK_KIB = 8 * KIB
 """Allocator arenas and caches that a Python process keeps after a burst of work."""
 STOP_TIMEOUT_S = 30.0

@@ -35,6 +35,7 @@ from dflockd_server.fence import fence_of
 from tests.client.client_helpers import wait_until
 from tests.faults.abuse_helpers import (
     HUNG_UP,
+    KIB,
     RSS_SLACK_KIB,
     TLS_HANDSHAKE_RSS_BUDGET_KIB,
     RssWatch,
@@ -823,12 +824,90 @@ def test_tls_wrong_certificate(fault_report: FaultReport, tmp_path: Path) -> Non
             rss=rss,
             after_kib=server.rss_kib(),
             bound_kib=tls_bound,
-            after_bound_kib=tls_bound,  # the allocator keeps the handshake buffers
+            after_bound_kib=tls_bound,  # the allocator may keep what the handshakes used
             recovery_s=tally.stall_recovery_s,
             details=(
                 f"{tally.refused} bad clients refused (certificate from another CA or for "
                 "another name: handshake failed; plain text and garbage: closed without a "
                 f"reply); {stalled_n} stalled handshakes dropped after "
                 f"{tally.stall_recovery_s:.1f} s (read timeout {TLS_READ_TIMEOUT_S:g} s)"
+            ),
+        )
+
+
+TLS_WAVE_RSS_GROWTH_KIB = 20 * KIB
+"""Issue 14, acceptance 3: after the last wave of stalled handshakes, the server's resident
+memory is within this of what it was after the first."""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_waves_of_stalled_tls_handshakes(
+    fault_report: FaultReport, tmp_path: Path, loop: str
+) -> None:
+    """Waves of connections that never finish their TLS handshake, on each event loop: they
+    are all dropped (the oldest as soon as ``--max-tls-handshakes`` are under way, the rest
+    at the read timeout), memory after the last wave stays within 20 MiB of memory after the
+    first (the loop's own TLS kept about 45 MiB a wave on uvloop, and grew to about 1 GiB
+    on asyncio's loop), and the healthy TLS client's p99 stays within its bound."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is optional and not installed here")
+    cert = make_certificate(tmp_path, "server")
+    waves, per_wave = scaled(3, 9), scaled(1000, 3000)
+    raise_fd_limit(per_wave + 512)
+    with (
+        dflockd(
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key_of(cert)),
+            "--read-timeout",
+            str(TLS_READ_TIMEOUT_S),
+            "--event-loop",
+            loop,
+        ) as server,
+        HealthyClient(server.address, key="tls-waves", cafile=cert) as healthy,
+    ):
+        address = server.address
+        phases = Phases(healthy)
+        baseline = server.rss_kib()
+        after_wave: list[int] = []
+        dropped: list[int] = []
+        tally = TlsTally()
+
+        def abuse() -> None:
+            for _ in range(waves):
+                phases.quiet_interlude()
+                with phases.abuse():
+                    _stalled_handshakes(address, per_wave, tally)
+                dropped.append(tally.stalled_dropped)
+                after_wave.append(server.rss_kib())
+            phases.quiet(QUIET_SAMPLES)
+
+        with RssWatch(server.pid) as rss:
+            run_abuser(abuse)
+        quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
+        assert dropped == [per_wave] * waves, f"stalled handshakes kept: dropped {dropped}"
+        wait_for_connections(address, 1, ssl_context=client_context(cert))
+        growth = after_wave[-1] - after_wave[0]
+        judge_abuse(
+            fault_report,
+            f"TLS ({loop}): {waves} waves of {per_wave:,} stalled handshakes",
+            runs=waves,
+            operations=sum(dropped) + 2 * len(under),
+            quiet=quiet,
+            under=under,
+            baseline_kib=baseline,
+            rss=rss,
+            after_kib=server.rss_kib(),
+            bound_kib=after_wave[0] + TLS_WAVE_RSS_GROWTH_KIB,
+            after_bound_kib=after_wave[0] + TLS_WAVE_RSS_GROWTH_KIB,
+            recovery_s=tally.stall_recovery_s,
+            details=(
+                f"all {sum(dropped):,} dropped (at most {c.DEFAULT_MAX_TLS_HANDSHAKES} "
+                f"handshakes under way, the oldest dropped past it; the rest after the "
+                f"{TLS_READ_TIMEOUT_S:g} s read timeout); server RSS after each wave "
+                f"{', '.join(f'{kib / KIB:.1f}' for kib in after_wave)} MiB: "
+                f"{growth / KIB:+.1f} MiB from the first to the last (bound "
+                f"{TLS_WAVE_RSS_GROWTH_KIB / KIB:.0f} MiB)"
             ),
         )

@@ -58,6 +58,8 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
     ("--max-tls-handshakes", ("DFLOCKD_MAX_TLS_HANDSHAKES",), "max_tls_handshakes", 512),
     ("--fence-state-file", ("DFLOCKD_FENCE_STATE_FILE",), "fence_state_file", None),
     ("--log-level", ("DFLOCKD_LOG_LEVEL",), "log_level", "info"),
+    # Not in PROTOCOL.md's table: which event loop runs the server.
+    ("--event-loop", ("DFLOCKD_EVENT_LOOP",), "event_loop", "auto"),
     # Not in PROTOCOL.md's table: the optional Prometheus endpoint (the `metrics` extra).
     ("--metrics-port", ("DFLOCKD_METRICS_PORT",), "metrics_port", None),
     ("--metrics-host", ("DFLOCKD_METRICS_HOST",), "metrics_host", None),
@@ -90,6 +92,9 @@ FAMILIES = [
     pytest.param("shutdown_timeout_s", "1", "0", 1.0, 0.0, id="shutdown-timeout"),
     pytest.param("auth_token", "flag-secret", "env-secret", "flag-secret", "env-secret", id="auth"),
     pytest.param("log_level", "debug", "WARNING", "debug", "warning", id="log-level"),
+    pytest.param("event_loop", "asyncio", "UVLOOP", "asyncio", "uvloop", id="event-loop"),
+    pytest.param("tls_handshake_timeout_s", "2", "3.5", 2.0, 3.5, id="tls-handshake-timeout"),
+    pytest.param("max_tls_handshakes", "64", "0", 64, 0, id="max-tls-handshakes"),
     pytest.param("metrics_port", "9388", "0", 9388, 0, id="metrics-port"),
     pytest.param("metrics_host", "127.0.0.1", "::1", "127.0.0.1", "::1", id="metrics-host"),
 ]
@@ -180,6 +185,9 @@ BAD = [
     ("DFLOCKD_SHUTDOWN_TIMEOUT_S", "--shutdown-timeout", "inf"),
     ("DFLOCKD_AUTH_TOKEN_FILE", "--auth-token-file", "/nonexistent/secret"),
     ("DFLOCKD_LOG_LEVEL", "--log-level", "loud"),
+    ("DFLOCKD_EVENT_LOOP", "--event-loop", "trio"),
+    ("DFLOCKD_TLS_HANDSHAKE_TIMEOUT_S", "--tls-handshake-timeout", "0"),
+    ("DFLOCKD_MAX_TLS_HANDSHAKES", "--max-tls-handshakes", "-1"),
     ("DFLOCKD_METRICS_PORT", "--metrics-port", "99999"),
 ]
 
@@ -274,3 +282,16 @@ def test_dflockd_warns_on_public_bind_without_auth(dflockd_process: Any) -> None
     proc.wait_listening()
     warning = proc.wait_for("without auth")  # among other start-up warnings (fence state)
     assert "WARNING" in warning
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_dflockd_runs_on_the_event_loop_it_is_told(dflockd_process: Any, loop: str) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is optional and not installed here")
+    proc: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--event-loop", loop
+    )
+    host, port = proc.wait_listening()
+    assert f"loop {loop})" in "\n".join(proc.lines)
+    with Wire((host, port)) as w:
+        assert w.req("ping") == "ok"
