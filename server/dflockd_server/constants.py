@@ -122,9 +122,18 @@ STATUS_ERROR_DRAINING: Final = "error_draining"
 # ---------------------------------------------------------------- server internals
 AUTH_FAILURE_DELAY_S: Final = 0.5
 """Pause before answering a wrong secret with ``error_auth`` (slows down guessing)."""
-WRITE_BUFFER_HIGH_WATER: Final = 256 * 1024
-"""Bytes of unsent replies after which a connection counts as not reading."""
-WRITE_BUFFER_LOW_WATER: Final = 64 * 1024
+WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024
+"""Bytes of unsent replies (beyond what the kernel holds, see ``SOCKET_BUFFER_BYTES``) after
+which a connection counts as not reading: reading it pauses and the write timeout starts,
+whatever the connection is doing (a wait in flight included)."""
+WRITE_BUFFER_LOW_WATER: Final = 16 * 1024
+SOCKET_BUFFER_BYTES: Final = 16 * 1024
+"""``SO_SNDBUF`` and ``SO_RCVBUF`` of every connection (set on the listening sockets, which
+accepted ones inherit; Linux doubles the figure for its bookkeeping). Left to the kernel's
+autotuning, each could grow to megabytes: 2,000 connections that sent a ``stats`` and a
+waiting acquire and never read pinned 1.09 GB of kernel memory, and the replies sat in the
+kernel instead of reaching ``WRITE_BUFFER_HIGH_WATER``, so the write timeout never started.
+Requests and replies are small lines; 32 KiB in each direction is many of them in flight."""
 MAX_PIPELINE_BUFFER: Final = 64 * 1024
 """Bytes of pipelined requests buffered behind a blocking one (or a later pass, see
 ``MAX_REQUESTS_PER_PASS``) before reading pauses."""

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import socket
 import ssl
 import time
 from collections.abc import Sequence
@@ -788,6 +789,9 @@ class Server:
         self._listener = await loop.create_server(
             lambda: Connection(self), cfg.host, cfg.port, reuse_address=True, backlog=c.BACKLOG
         )
+        for sock in self._listener.sockets:  # accepted connections inherit them
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, c.SOCKET_BUFFER_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, c.SOCKET_BUFFER_BYTES)
         self._timers = [
             loop.call_later(cfg.lease_sweep_interval_s, self._sweep),
             loop.call_later(cfg.gc_interval_s, self._gc),

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from dflock_wire import Wire
+from dflock_wire import Wire, eventually
 
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
@@ -185,6 +185,39 @@ def test_client_that_never_reads_is_dropped(scene: Scene) -> None:
             # which released its lock.
             assert healthy.req("l", "stuck-lock", "10").startswith("ok ")
         stuck.close()
+    scene.assert_undisturbed()
+
+
+def test_a_client_that_never_reads_a_150_kb_reply_is_dropped(scene: Scene) -> None:
+    # Unread replies must not hide in kernel buffers: those are bounded (SOCKET_BUFFER_BYTES),
+    # so a reply of 150 KB that is never read passes the user-space threshold (64 KiB) and the
+    # write timeout drops the connection, whatever follows it (here an acquire that would
+    # wait). Before, the reply sat below the old 256 KiB threshold and the connection stayed.
+    address = scene.server.address
+    with Wire(address) as filler:
+        n_keys = 1000
+        filler.send_raw(b"".join(f"l\n{i:04d}{'x' * 60}\n0\n".encode() for i in range(n_keys)))
+        for _ in range(n_keys):
+            assert filler.recv().startswith("ok ")
+        token = filler.lock("busy-key")
+        before = len(scene.server.server.connections)
+        stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # its own kernel takes little
+        stuck.settimeout(10)
+        try:
+            stuck.connect(address)
+            # One stats reply of ~150 KB (below the old 256 KiB threshold), then an acquire
+            # that waits; never reading.
+            stuck.sendall(b"stats\n_\n_\nl\nbusy-key\n60\n")
+            connections = scene.server.server.connections
+            eventually(lambda: len(connections) == before + 1, "the connection counted")
+            eventually(
+                lambda: len(connections) == before,
+                "the server to drop the connection that does not read (write timeout 1 s)",
+            )
+        finally:
+            stuck.close()
+        assert filler.req("r", "busy-key", token) == "ok"
     scene.assert_undisturbed()
 
 
