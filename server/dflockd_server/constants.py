@@ -120,6 +120,10 @@ STATUS_ERROR_LEASE_EXPIRED: Final = "error_lease_expired"
 STATUS_ERROR_DRAINING: Final = "error_draining"
 
 # ---------------------------------------------------------------- server internals
+STATS_DUTY_FACTOR: Final = 9.0
+"""After a ``stats`` snapshot that took ``t`` seconds, the next is taken no sooner than this
+many times ``t`` later; ``stats`` asked meanwhile wait for it and share its reply. So stats
+floods take at most a tenth of the server's time, whatever the table's size."""
 AUTH_FAILURE_DELAY_S: Final = 0.5
 """Pause before answering a wrong secret with ``error_auth`` (slows down guessing)."""
 WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024

@@ -541,6 +541,35 @@ def test_a_pipeline_of_stats_takes_turns_with_other_connections(
         assert other_fence < max(fences), "the pipeline was answered in one go"
 
 
+def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server: ServerThread) -> None:
+    # Twenty connections each pipeline 20 stats over 600 held keys: every one is answered
+    # with a snapshot taken after it was asked, but snapshots are rationed (the next no
+    # sooner than STATS_DUTY_FACTOR times the last one's cost), so many askers share one
+    # instead of each costing a walk of the table.
+    address = dflock_server.address
+    server = dflock_server.server
+    with Wire(address) as holder:
+        holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(600)))
+        assert all(holder.recv().startswith("ok ") for _ in range(600))
+        before = server.stats_snapshots
+        askers = [Wire(address) for _ in range(20)]
+        replies: list[str] = []
+        try:
+            for wire in askers:
+                wire.send_raw(b"stats\n_\n_\n" * 20)
+            readers = [_read_lines(wire, 20, replies) for wire in askers]  # all at once
+            for reader in readers:
+                reader.join(DEADLINE_S)
+        finally:
+            for wire in askers:
+                wire.close()
+        assert len(replies) == 400
+        assert all(r.startswith("ok {") and '"held599"' in r for r in replies), replies[0][:80]
+        taken = server.stats_snapshots - before
+        assert taken < 400 / 2, f"{taken} snapshots for 400 stats: not shared"
+        assert holder.req("l", "after-the-flood", "0").startswith("ok ")
+
+
 def test_read_timeout_spares_a_connection_with_a_request_in_flight(
     dflock_server_factory: ServerFactory,
 ) -> None:
