@@ -9,8 +9,10 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 import pytest
+from client_helpers import dflockd_subprocess
 
 from celery_dflock import (
     AsyncConnectionPool,
@@ -224,3 +226,29 @@ async def test_an_async_release_stops_the_watch(dflock_server_factory: ServerFac
             await other.lost_event.wait()
         assert not lock.lost_event.is_set() and lost == []
         assert not await other.release()
+
+
+@transports
+async def test_a_killed_server_marks_held_locks_lost_at_once(
+    tmp_path: Path, tls_files: tuple[str, str], transport: str
+) -> None:
+    """SIGKILL: no goodbye, no close_notify, only the kernel closing the server's sockets."""
+    cert, key = tls_files
+    args = ("--tls-cert", cert, "--tls-key", key) if transport == "tls" else ()
+    context = ssl.create_default_context(cafile=cert) if transport == "tls" else None
+    with dflockd_subprocess(tmp_path / "dflockd.log", *args) as (proc, address):
+        blocking = DistributedSemaphore(
+            "blocking", 3, servers=[address], lease_ttl_s=LONG_LEASE_S, ssl_context=context
+        )
+        asynchronous = AsyncDistributedLock(
+            "async", servers=[address], lease_ttl_s=LONG_LEASE_S, ssl_context=context
+        )
+        assert await asyncio.to_thread(blocking.acquire)
+        assert await asynchronous.acquire()
+        proc.kill()
+        async with asyncio.timeout(TOLD_WITHIN_S):  # "not told before the next renewal"
+            await asynchronous.lost_event.wait()
+        assert await asyncio.to_thread(blocking.lost_event.wait, TOLD_WITHIN_S)
+        assert blocking.lost and asynchronous.lost
+        assert not await asyncio.to_thread(blocking.release)
+        assert not await asynchronous.release()
