@@ -22,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 from celery_dflock import protocol
@@ -279,7 +280,7 @@ class Connection:
         if isinstance(self._sock, ssl.SSLSocket):
             if self.server is not None and self.server.supports(FEATURE_PING):
                 return self.ping()
-            return self._tls_idle()
+            return self._tls_quiet()
         if self._poller is not None:
             # Readable means EOF, an error, or bytes nobody asked for: not reusable.
             try:
@@ -296,19 +297,37 @@ class Connection:
         del data  # EOF (b"") or bytes nobody asked for: either way not reusable
         return False
 
-    def _tls_idle(self) -> bool:
+    def _tls_quiet(self) -> bool:
         """True when a TLS connection has nothing to read but TLS records (session tickets):
-        no application data, no close_notify, no EOF. For servers that know no ``ping``."""
+        no application data, no close_notify, no EOF. Request lock held, no request in flight.
+
+        A readable socket is read without blocking, which lets the TLS layer process what
+        arrived: records that carry no application data (tickets) leave the stream in step for
+        the next request; application bytes (nobody asked for them) are kept in the reply
+        parser, never dropped, so the connection is refused for reuse either way."""
         sock = self._sock
+        if not isinstance(sock, ssl.SSLSocket):  # pragma: no cover - TLS connections only
+            return True
+        if sock.pending():
+            return False  # decrypted bytes nobody asked for
+        if hasattr(select, "poll"):
+            try:
+                poller = select.poll()
+                poller.register(sock, _POLL_IN)
+                if not poller.poll(0):
+                    return True  # nothing arrived: the TLS state is not touched at all
+            except (OSError, ValueError):
+                return False
         try:
-            sock.settimeout(0.0)
-            data = sock.recv(1)
-        except ssl.SSLWantReadError:
-            return True  # nothing (or only TLS records): the peer has not closed it
+            sock.settimeout(0.0)  # the next request sets its own timeout
+            data = sock.recv(RECV_BYTES)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return True  # only TLS records (or part of one): the peer has not closed it
         except (OSError, ValueError):
             return False
-        del data  # EOF (b"") or bytes nobody asked for: either way not reusable
-        return False
+        if data:
+            self._parser.feed(data)  # bytes nobody asked for (the next request reports them)
+        return False  # b"": EOF or close_notify
 
     def close(self) -> None:
         """Close the socket (never ``shutdown``: a forked twin may share it). Idempotent."""
@@ -317,39 +336,86 @@ class Connection:
             self._sock.close()
 
     def watchable_fd(self) -> int | None:
-        """The descriptor a `ConnectionWatcher` may poll (plain TCP only), or None."""
-        if self._poller is None or self._closed or self.pid != os.getpid():
+        """The descriptor a `ConnectionWatcher` may poll (where ``poll`` exists), or None."""
+        if self._closed or self.pid != os.getpid() or not hasattr(select, "poll"):
             return None
         return self._sock.fileno()
 
     def broken_while_idle(self) -> bool:
-        """With no request in flight: True when the socket is readable (EOF, a reset, or bytes
-        nobody asked for: the connection is unusable either way)."""
+        """With no request in flight: True when the connection is unusable: EOF, a reset, a
+        TLS close_notify, or bytes nobody asked for. False while a request is in flight (it
+        sees a broken connection itself) and for TLS records that carry no data (tickets)."""
         if self._closed:
             return True
-        if self._in_flight or self._poller is None:
-            return False
+        if self._in_flight or not self._lock.acquire(blocking=False):
+            return False  # never touch a connection a request is using
         try:
-            return bool(self._poller.poll(0))
-        except OSError:
-            return True
+            if self._closed:
+                return True
+            if self._poller is not None:
+                try:
+                    return bool(self._poller.poll(0))
+                except OSError:
+                    return True
+            if isinstance(self._sock, ssl.SSLSocket):
+                return not self._tls_quiet()
+            return False  # pragma: no cover - a plain socket without poll is never watched
+        finally:
+            self._lock.release()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<Connection {self.endpoint.address} {state}>"
 
 
+class _StreamProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, also telling its connection's watcher (`AsyncConnection.watch`)
+    when bytes arrive, the peer half-closes (EOF, or a TLS close_notify: the TLS layer consumes
+    records that carry no data, such as session tickets, and reports a close as EOF) or the
+    connection is lost. Nothing is read here that the stream reader does not get."""
+
+    def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(reader, loop=loop)
+        self.on_peer: Callable[[], object] | None = None
+        self.peer_closed = False
+
+    def _tell(self) -> None:
+        callback = self.on_peer
+        if callback is not None:
+            callback()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._tell()
+
+    def eof_received(self) -> bool | None:
+        self.peer_closed = True
+        keep_open = super().eof_received()
+        self._tell()
+        return keep_open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.peer_closed = True
+        super().connection_lost(exc)
+        self._tell()
+
+
 class AsyncConnection:
     """An asyncio connection; coroutine safe (requests are serialized by an asyncio lock)."""
 
     def __init__(
-        self, endpoint: Endpoint, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        endpoint: Endpoint,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        stream: _StreamProtocol,
     ) -> None:
         self.endpoint = endpoint
         self.pid = os.getpid()
         self.last_used = time.monotonic()
         self._reader = reader
         self._writer = writer
+        self._stream = stream
         self._parser = ReplyParser()
         self._lock = asyncio.Lock()
         self._closed = False
@@ -362,12 +428,18 @@ class AsyncConnection:
         """Connect (bounded by ``connect_timeout_s``), with TLS, and authenticate."""
         try:
             async with asyncio.timeout(endpoint.connect_timeout_s):
-                reader, writer = await asyncio.open_connection(
+                # asyncio.open_connection, with a protocol that reports the peer's close.
+                loop = asyncio.get_running_loop()
+                reader = asyncio.StreamReader(loop=loop)
+                stream = _StreamProtocol(reader, loop)
+                transport, _ = await loop.create_connection(
+                    lambda: stream,
                     endpoint.host,
                     endpoint.port,
                     ssl=endpoint.ssl_context,
                     server_hostname=endpoint.host if endpoint.ssl_context else None,
                 )
+                writer = asyncio.StreamWriter(transport, stream, reader, loop)
         except TimeoutError as exc:
             detail = f"no connection within {endpoint.connect_timeout_s}s"
             raise ServerUnavailable(endpoint.unavailable_message(detail)) from exc
@@ -378,7 +450,7 @@ class AsyncConnection:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = cls(endpoint, reader, writer)
+        conn = cls(endpoint, reader, writer, stream)
         if endpoint.auth_token is not None:
             try:
                 reply = await conn.request(Command.AUTH, protocol.encode_auth(endpoint.auth_token))
@@ -500,6 +572,30 @@ class AsyncConnection:
             return not poller.poll(0)
         except (OSError, ValueError):
             return False
+
+    def watch(self, callback: Callable[[], object] | None) -> None:
+        """Call ``callback`` (in the event loop, synchronously) whenever the peer sends bytes,
+        half-closes or the connection is lost; None stops. Costs an attribute: the transport
+        reports these events anyway. The callback must not do I/O on the connection: a
+        request may be in flight (it only wakes whoever checks `broken_while_idle`)."""
+        self._stream.on_peer = callback
+
+    def broken_while_idle(self) -> bool:
+        """With no request in flight: True when the connection is unusable (the peer closed
+        it, it was lost, or bytes nobody asked for wait). False while a request is in flight:
+        that request sees a broken connection itself."""
+        if self._closed:
+            return True
+        if self._in_flight:
+            return False
+        unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
+        return (
+            self._reader.at_eof()
+            or self._reader.exception() is not None
+            or (isinstance(unread, bytes | bytearray) and bool(unread))
+            or self._writer.is_closing()
+            or self._stream.peer_closed
+        )
 
     def _abort(self) -> None:
         """Close at once, dropping unsent data (used when a request cannot complete)."""

@@ -502,6 +502,15 @@ class LockCore:
         )
         return True
 
+    def mark_connection_closed(self) -> bool:
+        """The held lock's connection was found closed by the server while no request was in
+        flight (seen at once by the shell's watch, not at the next renewal): the server
+        released the lock with it. `mark_lost`; True the first time."""
+        return self.mark_lost(
+            f"the lock server at {self.endpoint.address} closed the connection the lock was "
+            "held on (restarted, shutting down, or an idle timeout); it released the lock with it"
+        )
+
     def reset(self) -> None:
         """Back to IDLE (after a release, a timeout, a refusal or a fork)."""
         self.state = LockState.IDLE

@@ -8,8 +8,10 @@ from one daemon thread per process; when one becomes readable while no request i
 callback runs. The callback never interrupts a request: it only acts when it can take the
 lock's operation lock at once (see `celery_dflock.client`).
 
-Plain TCP connections only: a TLS socket can become readable for protocol records (session
-tickets) that carry no reply, so TLS holds are left to their renewals.
+TLS connections too: a TLS socket can become readable for records that carry no reply
+(session tickets). The connection's check (`Connection.broken_while_idle`) then reads without
+blocking, which lets the TLS layer consume such records, and reports a close only for EOF, a
+close_notify, an error or application bytes (kept, never dropped); the watch goes on otherwise.
 """
 
 from __future__ import annotations

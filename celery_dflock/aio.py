@@ -6,6 +6,11 @@ Same core (`celery_dflock._core.LockCore`), same behaviour and parameters as
     async with AsyncDistributedLock("report:42", acquire_timeout_s=5) as lock:
         await write(data, fence=lock.fence)
 
+A held lock's connection is watched: when the server closes it (a restart, a drain, an idle
+timeout), the renewal task wakes at once and, once no request is in flight on it, marks the
+lock lost (`lost`, `lost_event`, ``on_lost``) instead of waiting for its next renewal. The
+watch costs no task and no system call: the connection's protocol already hears the close.
+
 Cancellation is safe: a request cancelled midway closes its connection (never reused out of
 step). The renewal's request itself is shielded, so cancelling the renewal task (or a `renew`
 call) lets the request in flight finish, and a `release` that follows waits for it.
@@ -90,6 +95,7 @@ class _AsyncLockBase:
         self._op_lock = asyncio.Lock()  # renew / release / acquire never interleave
         self._renew_task: asyncio.Task[None] | None = None
         self._renewing: asyncio.Task[bool | None] | None = None  # the shielded request
+        self._wake: asyncio.Future[None] | None = None  # the renewal task's doze, cut short
         self.lost_event = asyncio.Event()
         """Set when the held lock is lost (cleared by the next successful acquire)."""
 
@@ -232,15 +238,52 @@ class _AsyncLockBase:
     # ------------------------------------------------------------------ renewing
     def _start_renewing(self) -> None:
         self.lost_event.clear()
+        conn = self._conn
+        if conn is not None:
+            conn.watch(self._connection_event)
         self._renew_task = asyncio.create_task(
             self._renew_loop(self._core.first_renewal_in()), name=f"dflock-renew:{self._core.key}"
         )
 
+    def _unwatch(self, conn: AsyncConnection | None) -> None:
+        if conn is not None:
+            conn.watch(None)
+
+    def _connection_event(self) -> None:
+        """The held connection heard from the peer (bytes, EOF, or lost): wake the renewal
+        task, which checks the connection under the operation lock (so never while a request
+        is in flight). Runs in the event loop; during a renewal's request nothing dozes."""
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _doze(self, until: float) -> None:
+        """Sleep until the loop time ``until``, or less if the held connection breaks."""
+        conn = self._conn
+        if conn is not None and conn.broken_while_idle():
+            return  # it broke during the last request or before this task ran
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wake = wake
+        try:
+            async with asyncio.timeout_at(until):
+                await wake
+        except TimeoutError:
+            pass
+        finally:
+            self._wake = None
+
     async def _renew_loop(self, first_in: float) -> None:
+        loop = asyncio.get_running_loop()
         interval = self._core.renew_interval()
-        await asyncio.sleep(first_in)
-        while await self._renew_shielded():
-            await asyncio.sleep(interval)
+        due = loop.time() + first_in
+        while True:
+            await self._doze(due)
+            conn = self._conn
+            if loop.time() < due and conn is not None and not conn.broken_while_idle():
+                continue  # woken, but the connection is fine: renew when due
+            if not await self._renew_shielded():
+                return
+            due = loop.time() + interval
 
     async def _renew_shielded(self) -> bool | None:
         """Run one renewal in its own task, shielded: cancelling the caller does not
@@ -267,22 +310,41 @@ class _AsyncLockBase:
                 return None
             if self._core.lost or conn is None:
                 return False
-            command, data, timeout = self._core.renew_request()
-            sent = time.monotonic()
-            try:
-                reply = await conn.request(command, data, timeout)
-            except DflockError as exc:
-                self._conn = None  # the request closed it: the server frees its locks
-                reason = str(exc)
+            if conn.broken_while_idle():
+                # Closed by the server (which released the lock with it): lost, no request.
+                self._conn = None
+                self._unwatch(conn)
+                conn.close()
+                first = self._core.mark_connection_closed()
             else:
-                outcome = self._core.on_renew_reply(reply, sent)
-                if outcome.renewed:
+                first = await self._renew_request(conn)
+                if first is None:
+                    if conn.broken_while_idle():
+                        # Closed right after its reply: the renewal task, if it dozes
+                        # (this was `renew`), was woken while the request was in flight.
+                        self._connection_event()
                     return True
-                reason = outcome.lost_reason or "renewal refused"
-            first = self._core.mark_lost(reason)
         if first:
             await self._notify_lost()
         return False
+
+    async def _renew_request(self, conn: AsyncConnection) -> bool | None:
+        """Send one renewal on ``conn`` (operation lock held): None renewed, else lost
+        (True the first time)."""
+        command, data, timeout = self._core.renew_request()
+        sent = time.monotonic()
+        try:
+            reply = await conn.request(command, data, timeout)
+        except DflockError as exc:
+            self._conn = None  # the request closed it: the server frees its locks
+            self._unwatch(conn)
+            reason = str(exc)
+        else:
+            outcome = self._core.on_renew_reply(reply, sent)
+            if outcome.renewed:
+                return None
+            reason = outcome.lost_reason or "renewal refused"
+        return self._core.mark_lost(reason)
 
     async def _notify_lost(self) -> None:
         self.lost_event.set()
@@ -359,11 +421,13 @@ class _AsyncLockBase:
         and any queue position) rather than leave a held lock without renewal."""
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.watch(None)
             conn.close()
         self._core.reset()
 
     async def _release_locked(self) -> bool:
         conn, self._conn = self._conn, None
+        self._unwatch(conn)
         state = self._core.state
         if state is LockState.IDLE:
             return False

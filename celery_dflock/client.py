@@ -9,8 +9,8 @@ module does the socket I/O and schedules renewals (`celery_dflock._renewal`)::
 A held lock pins its connection (the server frees a connection's locks when it closes). A lock
 that cannot be renewed (refused, or its server gone) is *lost*: `lost` turns True,
 `lost_event` is set, ``on_lost(lock)`` runs once in the renewal thread, and a warning is logged.
-Over plain TCP the renewer's `ConnectionWatcher` also notices at once when the server closes a
-held lock's connection (then ``on_lost`` runs in the watcher's thread).
+The renewer's `ConnectionWatcher` also notices at once when the server closes a held lock's
+connection, over plain TCP and TLS alike (then ``on_lost`` runs in the watcher's thread).
 
 Renewals run on long-lived threads: those of the `ConnectionPool`'s `Renewer` (shared by every
 lock using the pool, one thread in the usual case), or, for a lock without a pool, a renewer of
@@ -308,11 +308,7 @@ class _SyncLockBase:
             self._conn = None
             self._watched_fd = None
             conn.close()
-            first = self._core.mark_lost(
-                f"the lock server at {self._core.endpoint.address} closed the connection the "
-                "lock was held on (restarted, shutting down, or an idle timeout); it released "
-                "the lock with it"
-            )
+            first = self._core.mark_connection_closed()
         finally:
             self._op_lock.release()
         if first:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
+import subprocess
+import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import cast
 
 from celery_dflock import protocol
@@ -121,3 +126,49 @@ def run_in_fork(
     finally:
         os.close(read_fd)
     return os.waitstatus_to_exitcode(waited[1]), json.loads(data or b"{}")
+
+
+@contextmanager
+def dflockd_subprocess(
+    log_path: Path, *args: str
+) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, int]]]:
+    """A real ``dflockd`` subprocess on a free local port (it can be SIGSTOPped or killed),
+    with extra command-line ``args``; its process and address. Killed on exit."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    script = Path(sys.executable).parent / "dflockd"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                str(script),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--restart-grace",
+                "0",
+                *args,
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        address = ("127.0.0.1", port)
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(address, timeout=0.5).close()
+            except OSError:
+                return False
+            return True
+
+        try:
+            wait_until(listening, timeout=15.0, what="dflockd listening")
+            yield proc, address
+        finally:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)

@@ -1,15 +1,28 @@
 """A held lock whose connection the server closes is lost at once, not at its next renewal
-(issue 14, point 1: the client's side of the restart window)."""
+(issue 14, point 1: the client's side of the restart window): blocking and asyncio, lock and
+semaphore, own connection and pool, plain TCP and TLS."""
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 
 import pytest
+from client_helpers import dflockd_subprocess
 
-from celery_dflock import ConnectionPool, DistributedLock, DistributedSemaphore
+from celery_dflock import (
+    AsyncConnectionPool,
+    AsyncDistributedLock,
+    AsyncDistributedSemaphore,
+    ConnectionPool,
+    DistributedLock,
+    DistributedSemaphore,
+)
+from celery_dflock.aio import _AsyncLockBase  # pyright: ignore[reportPrivateUsage]
 from celery_dflock.client import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
 from dflockd_server.testing import ServerThread
 
@@ -18,6 +31,20 @@ LONG_LEASE_S = 60
 TOLD_WITHIN_S = 10.0
 
 ServerFactory = Callable[..., ServerThread]
+
+pooling = pytest.mark.parametrize("pooled", [False, True], ids=["own-connection", "pool"])
+kinds = pytest.mark.parametrize("kind", ["lock", "semaphore"])
+transports = pytest.mark.parametrize("transport", ["plain", "tls"])
+
+
+def start_server(
+    factory: ServerFactory, transport: str, tls_files: tuple[str, str]
+) -> tuple[ServerThread, ssl.SSLContext | None]:
+    """A server speaking ``transport``, and the client context that trusts it."""
+    if transport == "plain":
+        return factory(), None
+    cert, key = tls_files
+    return factory(tls_cert=cert, tls_key=key), ssl.create_default_context(cafile=cert)
 
 
 @contextmanager
@@ -29,12 +56,26 @@ def maybe_pool(pooled: bool) -> Iterator[ConnectionPool | None]:
         yield pool
 
 
-@pytest.mark.parametrize("pooled", [False, True], ids=["own-connection", "pool"])
-@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+@asynccontextmanager
+async def maybe_async_pool(pooled: bool) -> AsyncIterator[AsyncConnectionPool | None]:
+    if not pooled:
+        yield None
+        return
+    async with AsyncConnectionPool() as pool:
+        yield pool
+
+
+@pooling
+@kinds
+@transports
 def test_a_server_stop_marks_a_held_lock_lost_at_once(
-    dflock_server_factory: ServerFactory, pooled: bool, kind: str
+    dflock_server_factory: ServerFactory,
+    tls_files: tuple[str, str],
+    transport: str,
+    pooled: bool,
+    kind: str,
 ) -> None:
-    server = dflock_server_factory()
+    server, context = start_server(dflock_server_factory, transport, tls_files)
     lost: list[float] = []
     with maybe_pool(pooled) as pool:
         lock: _SyncLockBase
@@ -43,6 +84,7 @@ def test_a_server_stop_marks_a_held_lock_lost_at_once(
                 "held",
                 servers=[server.address],
                 lease_ttl_s=LONG_LEASE_S,
+                ssl_context=context,
                 pool=pool,
                 on_lost=lambda _lock: lost.append(time.monotonic()),
             )
@@ -52,6 +94,7 @@ def test_a_server_stop_marks_a_held_lock_lost_at_once(
                 2,
                 servers=[server.address],
                 lease_ttl_s=LONG_LEASE_S,
+                ssl_context=context,
                 pool=pool,
                 on_lost=lambda _lock: lost.append(time.monotonic()),
             )
@@ -66,6 +109,31 @@ def test_a_server_stop_marks_a_held_lock_lost_at_once(
         assert lock.release() is False
 
 
+def test_a_tls_connection_the_watcher_looked_at_stays_usable(
+    dflock_server_factory: ServerFactory, tls_files: tuple[str, str]
+) -> None:
+    """The watcher's check reads nothing a request needs: a pooled TLS connection that was
+    watched while held serves the next lock, and that one is lost at once in its turn."""
+    server, context = start_server(dflock_server_factory, "tls", tls_files)
+    with ConnectionPool() as pool:
+        first = DistributedLock(
+            "a", servers=[server.address], lease_ttl_s=LONG_LEASE_S, ssl_context=context, pool=pool
+        )
+        assert first.acquire()
+        assert pool.renewer.watcher.watched == 1  # TLS holds are watched too
+        assert first.renew()
+        assert first.release()
+        assert pool.renewer.watcher.watched == 0
+        second = DistributedLock(
+            "b", servers=[server.address], lease_ttl_s=LONG_LEASE_S, ssl_context=context, pool=pool
+        )
+        assert second.acquire()
+        assert pool.reused == 1 and pool.opened == 1
+        assert second.renew()
+        server.stop()
+        assert second.lost_event.wait(TOLD_WITHIN_S), "not told before the next renewal"
+
+
 def test_a_release_stops_the_watch(dflock_server_factory: ServerFactory) -> None:
     server = dflock_server_factory()
     with ConnectionPool() as pool:
@@ -76,3 +144,111 @@ def test_a_release_stops_the_watch(dflock_server_factory: ServerFactory) -> None
         assert pool.renewer.watcher.watched == 0
         server.stop()  # the pooled, released connection closes: no lock is told anything
         assert not lock.lost_event.wait(0.5)
+
+
+# ---------------------------------------------------------------------- asyncio
+
+
+@pooling
+@kinds
+@transports
+async def test_a_server_stop_marks_a_held_async_lock_lost_at_once(
+    dflock_server_factory: ServerFactory,
+    tls_files: tuple[str, str],
+    transport: str,
+    pooled: bool,
+    kind: str,
+) -> None:
+    server, context = start_server(dflock_server_factory, transport, tls_files)
+    lost: list[bool] = []
+
+    async def on_lost(lock: _AsyncLockBase) -> None:  # a coroutine function is awaited
+        await asyncio.sleep(0)
+        lost.append(lock.lost)
+
+    async with maybe_async_pool(pooled) as pool:
+        lock: _AsyncLockBase
+        if kind == "lock":
+            lock = AsyncDistributedLock(
+                "held",
+                servers=[server.address],
+                lease_ttl_s=LONG_LEASE_S,
+                ssl_context=context,
+                pool=pool,
+                on_lost=on_lost,
+            )
+        else:
+            lock = AsyncDistributedSemaphore(
+                "held",
+                2,
+                servers=[server.address],
+                lease_ttl_s=LONG_LEASE_S,
+                ssl_context=context,
+                pool=pool,
+                on_lost=on_lost,
+            )
+        assert await lock.acquire()
+        assert await lock.renew()  # a renewal's reply is not mistaken for a close
+        assert await lock.renew()
+        assert not lock.lost
+        # The server's thread closes the connections; the loop sees the close by itself.
+        await asyncio.to_thread(server.stop)
+        async with asyncio.timeout(TOLD_WITHIN_S):  # "not told before the next renewal"
+            await lock.lost_event.wait()
+        assert lock.lost and not lock.owned()
+        await lock.release()  # waits for the on_lost under way, as after a failed renewal
+        assert lost == [True]
+
+
+async def test_an_async_release_stops_the_watch(dflock_server_factory: ServerFactory) -> None:
+    """A lock released and acquired again is watched on its new grant only: the first grant's
+    pooled connection closing tells nothing, the second's closing is seen at once."""
+    first_server = dflock_server_factory()
+    second_server = dflock_server_factory()
+    lost: list[str] = []
+    async with AsyncConnectionPool() as pool:
+        lock = AsyncDistributedLock(
+            "k",
+            servers=[first_server.address],
+            lease_ttl_s=LONG_LEASE_S,
+            pool=pool,
+            on_lost=lambda lock: lost.append(lock.key),
+        )
+        other = AsyncDistributedLock(
+            "k2", servers=[second_server.address], lease_ttl_s=LONG_LEASE_S, pool=pool
+        )
+        assert await lock.acquire()
+        assert await other.acquire()
+        assert await lock.release()
+        await asyncio.to_thread(first_server.stop)  # closes the idle connection `lock` used
+        await asyncio.to_thread(second_server.stop)
+        async with asyncio.timeout(TOLD_WITHIN_S):  # seen at once, long before a renewal
+            await other.lost_event.wait()
+        assert not lock.lost_event.is_set() and lost == []
+        assert not await other.release()
+
+
+@transports
+async def test_a_killed_server_marks_held_locks_lost_at_once(
+    tmp_path: Path, tls_files: tuple[str, str], transport: str
+) -> None:
+    """SIGKILL: no goodbye, no close_notify, only the kernel closing the server's sockets."""
+    cert, key = tls_files
+    args = ("--tls-cert", cert, "--tls-key", key) if transport == "tls" else ()
+    context = ssl.create_default_context(cafile=cert) if transport == "tls" else None
+    with dflockd_subprocess(tmp_path / "dflockd.log", *args) as (proc, address):
+        blocking = DistributedSemaphore(
+            "blocking", 3, servers=[address], lease_ttl_s=LONG_LEASE_S, ssl_context=context
+        )
+        asynchronous = AsyncDistributedLock(
+            "async", servers=[address], lease_ttl_s=LONG_LEASE_S, ssl_context=context
+        )
+        assert await asyncio.to_thread(blocking.acquire)
+        assert await asynchronous.acquire()
+        proc.kill()
+        async with asyncio.timeout(TOLD_WITHIN_S):  # "not told before the next renewal"
+            await asynchronous.lost_event.wait()
+        assert await asyncio.to_thread(blocking.lost_event.wait, TOLD_WITHIN_S)
+        assert blocking.lost and asynchronous.lost
+        assert not await asyncio.to_thread(blocking.release)
+        assert not await asynchronous.release()

@@ -7,18 +7,15 @@ child renews its own locks (the parent's renewal threads do not exist in it).
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
 import pytest
-from client_helpers import held_keys, run_in_fork, stats, wait_until
+from client_helpers import dflockd_subprocess, held_keys, run_in_fork, stats
 
 from celery_dflock import ConnectionPool, DistributedLock
 from dflockd_server.testing import ServerThread
@@ -129,36 +126,8 @@ def test_a_lock_without_a_pool_leaves_no_thread(dflock_server: ServerThread) -> 
 @pytest.fixture
 def dflockd_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, int]]]:
     """A real ``dflockd`` subprocess (it can be SIGSTOPped), its address."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    script = Path(sys.executable).parent / "dflockd"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
-    log = (tmp_path / "dflockd.log").open("wb")
-    proc = subprocess.Popen(
-        [str(script), "--host", "127.0.0.1", "--port", str(port), "--restart-grace", "0"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    address = ("127.0.0.1", port)
-
-    def listening() -> bool:
-        try:
-            socket.create_connection(address, timeout=0.5).close()
-        except OSError:
-            return False
-        return True
-
-    try:
-        wait_until(listening, timeout=15.0, what="dflockd listening")
-        yield proc, address
-    finally:
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.wait(10)
-        log.close()
+    with dflockd_subprocess(tmp_path / "dflockd.log") as started:
+        yield started
 
 
 @pytest.mark.slow
