@@ -199,6 +199,8 @@ def start(label: str, tmp: Any, maxclients: int) -> ServerProcess:
         "3600",
         "--max-lease-ttl",
         "3600",
+        "--max-connections",
+        "0",  # 10,000 idle connections: past the default cap
     )
 
 

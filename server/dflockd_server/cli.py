@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from dflockd_server import __version__
 from dflockd_server.config import SETTINGS, Config, ConfigError, Setting, parse_bool
-from dflockd_server.constants import FLAGS_DOCS_URL, PROTOCOL_DOCS_URL
+from dflockd_server.constants import FD_HEADROOM, FLAGS_DOCS_URL, PROTOCOL_DOCS_URL
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
@@ -199,11 +199,42 @@ def _env_names(field: str) -> tuple[str, ...]:
     return next(setting.env for setting in SETTINGS if setting.field == field)
 
 
+def make_room_for_connections(max_connections: int) -> str | None:
+    """Raise this process's soft open-file limit to what ``max_connections`` needs (as far as
+    the hard limit allows); a warning when it falls short."""
+    if not max_connections:
+        return None
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return None
+    needed = max_connections + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            target = soft
+    if target >= needed:
+        return None
+    return (
+        f"the open-file limit ({target}) is below what {_names('max_connections')}="
+        f"{max_connections} needs ({needed}): connections past it fail to be accepted. Raise "
+        "the limit (ulimit -n, or the container's nofile limit) or lower max_connections"
+    )
+
+
 def _start_up_warnings(
     config: Config, environ: Mapping[str, str], argv: Sequence[str]
 ) -> list[str]:
     """What an operator should hear about at start-up, beside where the server is deployed."""
     warnings: list[str] = []
+    room = make_room_for_connections(config.max_connections)
+    if room is not None:
+        warnings.append(room)
     if _secret_on_the_command_line(argv, environ):
         warnings.append(
             "the auth token was given with --auth-token, so every local user can read it in "

@@ -14,7 +14,13 @@ DEFAULT_GC_MAX_IDLE_S: Final = 60.0
 DEFAULT_MAX_LOCKS: Final = 1024
 DEFAULT_READ_TIMEOUT_S: Final = 23.0
 DEFAULT_AUTO_RELEASE_ON_DISCONNECT: Final = True
-DEFAULT_MAX_CONNECTIONS: Final = 0
+DEFAULT_MAX_CONNECTIONS: Final = 4096
+"""Open connections the server accepts by default: a Celery fleet of hundreds of worker
+processes (a pooled connection or two each, one per lock held) fits many times over, and a
+connection flood stops there instead of at the process's open-file limit."""
+FD_HEADROOM: Final = 64
+"""Open files the server keeps for itself beyond ``max_connections`` (listeners, the event
+loop, the fence state file, the metrics endpoint)."""
 DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
 DEFAULT_MAX_WAITERS: Final = 0
 DEFAULT_WRITE_TIMEOUT_S: Final = 5.0

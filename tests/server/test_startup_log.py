@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from dflock_proc import DflockdProcess
+
+from dflockd_server import constants
 
 
 def test_a_loopback_server_in_a_kubernetes_pod_warns_it_serves_that_pod_only(
@@ -92,3 +96,29 @@ def test_no_secret_or_fence_warning_when_both_are_kept_well(
     again.wait_listening()
     again.kill()
     assert not any("WARNING" in line for line in again.lines), again.lines
+
+
+def _room_in_a_child(soft: int, hard: int, max_connections: int) -> tuple[str, int]:
+    """``make_room_for_connections`` run in a child process started with these open-file
+    limits: (its warning or "", the soft limit after)."""
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))\n"
+        "from dflockd_server.cli import make_room_for_connections\n"
+        f"print(make_room_for_connections({max_connections}) or '')\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.splitlines()
+    return out[0], int(out[1])
+
+
+def test_the_open_file_limit_is_raised_to_what_max_connections_needs() -> None:
+    needed = 4096 + constants.FD_HEADROOM
+    assert _room_in_a_child(256, 8192, 4096) == ("", needed)
+    warning, soft = _room_in_a_child(256, 1024, 4096)
+    assert soft == 1024
+    assert "--max-connections / DFLOCKD_MAX_CONNECTIONS=4096" in warning
+    assert "open-file limit (1024)" in warning
+    assert _room_in_a_child(256, 1024, 0) == ("", 256)  # no cap: nothing to make room for
