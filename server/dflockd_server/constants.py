@@ -127,9 +127,13 @@ STATUS_ERROR_DRAINING: Final = "error_draining"
 
 # ---------------------------------------------------------------- server internals
 STATS_DUTY_FACTOR: Final = 9.0
-"""After a ``stats`` snapshot that took ``t`` seconds, the next is taken no sooner than this
-many times ``t`` later; ``stats`` asked meanwhile wait for it and share its reply. So stats
-floods take at most a tenth of the server's time, whatever the table's size."""
+"""After a ``stats`` snapshot that took ``t`` seconds to make and deliver, the next is taken
+no sooner than this many times ``t`` later; ``stats`` asked meanwhile wait for it and share
+its reply. So stats floods take at most a tenth of the server's time, whatever the table's
+size (``snapshots``)."""
+STATS_ANSWERS_PER_TURN: Final = 4
+"""Waiting ``stats`` answered per turn of the event loop (other connections are served
+between turns)."""
 AUTH_FAILURE_DELAY_S: Final = 0.5
 """Pause before answering a wrong secret with ``error_auth`` (slows down guessing)."""
 WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024

@@ -25,6 +25,7 @@ from dflockd_server.config import Config
 from dflockd_server.fence import FenceCounter, FenceStateError
 from dflockd_server.grace import LeaseRecord, decide_grace, grace_path, read_longest_lease
 from dflockd_server.metrics import MetricsExporter, RequestTimes
+from dflockd_server.snapshots import RationedSnapshots
 from dflockd_server.table import (
     AlreadyEnqueued,
     Client,
@@ -527,7 +528,9 @@ class Connection(asyncio.Protocol):
                 return self.server.hello_reply
             if command == c.CMD_STATS:
                 self.budget = 0  # its cost grows with the table: the last request of the pass
-                reply = self.server.stats_request(self)
+                snapshots = self.server.snapshots
+                assert snapshots is not None
+                reply = snapshots.request(self)
                 if reply is None:
                     self._set_busy(True)  # answered with the next snapshot (stats_ready)
                 return reply
@@ -702,12 +705,8 @@ class Server:
         self.handshaking: dict[Connection, None] = {}
         """Connections in their TLS handshake, oldest first (``max_tls_handshakes``)."""
         self.handshakes_evicted = 0
-        # stats: connections waiting for the next snapshot, and when it may be taken.
-        self._stats_waiting: list[Connection] = []
-        self._stats_next_at = 0.0
-        self._stats_timer: asyncio.TimerHandle | None = None
-        self.stats_snapshots = 0
-        self.stats_answered = 0
+        self.snapshots: RationedSnapshots | None = None
+        """Answers ``stats`` (rationed: see ``snapshots``)."""
         self._timers: list[asyncio.TimerHandle] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._table: LockTable | None = None
@@ -796,6 +795,7 @@ class Server:
             )
         else:
             log.info("restart grace: none (%s)", grace.why)
+        self.snapshots = RationedSnapshots(loop, self.stats_reply)
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = asyncio.Event()
@@ -891,9 +891,8 @@ class Server:
             log.info("shutdown timeout reached with %d lock(s) held", table.held)
         for timer in self._timers:
             timer.cancel()
-        if self._stats_timer is not None:
-            self._stats_timer.cancel()
-            self._answer_stats()  # a last snapshot for whoever still waits for one
+        if self.snapshots is not None:
+            self.snapshots.flush()  # a last snapshot for whoever still waits for one
         for conn in list(self.connections):
             conn.drain_now()
         # Let the transports deliver their last bytes and report connection_lost.
@@ -979,40 +978,9 @@ class Server:
     def stats(self) -> dict[str, Any]:
         return self.table.stats(len(self.connections))
 
-    def stats_request(self, conn: Connection) -> bytes | None:
-        """The reply to ``conn``'s ``stats``, or ``None`` when it comes later.
-
-        A snapshot costs time in proportion to the table (and its reply's bytes to every
-        asker), so snapshots are rationed: after one that took ``t`` seconds, the next is
-        taken no sooner than ``STATS_DUTY_FACTOR * t`` later, and every ``stats`` asked
-        meanwhile waits for it and gets the same reply. However many connections ask, stats
-        take at most about 1 / (1 + STATS_DUTY_FACTOR) of the server's time, and each reply
-        shows the table as it was after the request arrived."""
-        loop = self.loop
-        if not self._stats_waiting and loop.time() >= self._stats_next_at:
-            return self._snapshot(())
-        self._stats_waiting.append(conn)
-        if self._stats_timer is None:
-            self._stats_timer = loop.call_at(self._stats_next_at, self._answer_stats)
-        return None
-
-    def _answer_stats(self) -> None:
-        self._stats_timer = None
-        waiting, self._stats_waiting = self._stats_waiting, []
-        self._snapshot(waiting)
-
-    def _snapshot(self, waiting: Sequence[Connection]) -> bytes:
-        """Take a stats snapshot, answer ``waiting`` with it, and set when the next may be
-        taken from how long this took."""
-        started = time.perf_counter()
-        reply = p.reply_stats(json.dumps(self.stats(), separators=(",", ":")))
-        self.stats_snapshots += 1
-        self.stats_answered += max(1, len(waiting))
-        for conn in waiting:
-            conn.stats_ready(reply)
-        took = time.perf_counter() - started
-        self._stats_next_at = self.loop.time() + c.STATS_DUTY_FACTOR * took
-        return reply
+    def stats_reply(self) -> bytes:
+        """A ``stats`` reply: a snapshot of the table, now."""
+        return p.reply_stats(json.dumps(self.stats(), separators=(",", ":")))
 
     def _sweep(self) -> None:
         self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)

@@ -547,11 +547,12 @@ def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server: ServerThread)
     # sooner than STATS_DUTY_FACTOR times the last one's cost), so many askers share one
     # instead of each costing a walk of the table.
     address = dflock_server.address
-    server = dflock_server.server
+    snapshots = dflock_server.server.snapshots
+    assert snapshots is not None
     with Wire(address) as holder:
         holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(600)))
         assert all(holder.recv().startswith("ok ") for _ in range(600))
-        before = server.stats_snapshots
+        before = snapshots.taken
         askers = [Wire(address) for _ in range(20)]
         replies: list[str] = []
         try:
@@ -565,7 +566,7 @@ def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server: ServerThread)
                 wire.close()
         assert len(replies) == 400
         assert all(r.startswith("ok {") and '"held599"' in r for r in replies), replies[0][:80]
-        taken = server.stats_snapshots - before
+        taken = snapshots.taken - before
         assert taken < 400 / 2, f"{taken} snapshots for 400 stats: not shared"
         assert holder.req("l", "after-the-flood", "0").startswith("ok ")
 
