@@ -111,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tmp,
                     "--max-locks",
                     "100000",
+                    "--max-locks-per-connection",
+                    "0",  # --pipeline acquires per connection may be many
                     command=[sys.executable, "-m", f"benchmarks.{NAME}", "--serve", loop],
                 )
                 servers.append(server)

@@ -195,6 +195,8 @@ def start(label: str, tmp: Any, maxclients: int) -> ServerProcess:
         tmp,
         "--max-locks",
         str(10 * maxclients + 1_000_000),
+        "--max-locks-per-connection",
+        "0",  # every key is held over one connection
         "--default-lease-ttl",
         "3600",
         "--max-lease-ttl",
@@ -281,6 +283,8 @@ def measure_refusals(loop: str, tmp: Any, table: int, count: int) -> Refusals:
             tmp,
             "--max-locks",
             str(table),
+            "--max-locks-per-connection",
+            "0",  # the table is filled over one connection
             "--default-lease-ttl",
             "3600",
             "--max-lease-ttl",

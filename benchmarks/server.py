@@ -254,7 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with workdir("dflock-bench-server-") as tmp, owned_servers() as servers:
         by_name: dict[str, ServerProcess] = {}
         for loop in loops:
-            by_name[f"dflockd ({loop})"] = start_dflockd(loop, tmp, "--max-locks", str(MAX_LOCKS))
+            by_name[f"dflockd ({loop})"] = start_dflockd(
+                loop, tmp, "--max-locks", str(MAX_LOCKS), "--max-locks-per-connection", "0"
+            )
         by_name[REDIS] = start_redis(tmp, maxclients=max(conns_levels) + 100)
         servers.extend(by_name.values())
         sha = redis_script_sha(by_name[REDIS])

@@ -35,6 +35,8 @@ class Config:
     max_connections: int = c.DEFAULT_MAX_CONNECTIONS
     max_connections_per_ip: int = c.DEFAULT_MAX_CONNECTIONS_PER_IP
     max_waiters: int = c.DEFAULT_MAX_WAITERS
+    max_locks_per_connection: int = c.DEFAULT_MAX_LOCKS_PER_CONNECTION
+    max_waits_per_connection: int = c.DEFAULT_MAX_WAITS_PER_CONNECTION
     write_timeout_s: float = c.DEFAULT_WRITE_TIMEOUT_S
     shutdown_timeout_s: float = c.DEFAULT_SHUTDOWN_TIMEOUT_S
     auth_token: str | None = None
@@ -304,6 +306,26 @@ SETTINGS: tuple[Setting, ...] = (
         parse_int,
         _non_negative,
         "most waiters queued per key (0: no cap)",
+    ),
+    Setting(
+        "max_locks_per_connection",
+        "--max-locks-per-connection",
+        ("DFLOCKD_MAX_LOCKS_PER_CONNECTION",),
+        parse_int,
+        _non_negative,
+        "most locks and semaphore slots one connection holds at once, its queued acquires "
+        "counted as held; past it an acquire gets `error_max_locks`. It keeps one connection "
+        "from taking every key (0: no cap)",
+    ),
+    Setting(
+        "max_waits_per_connection",
+        "--max-waits-per-connection",
+        ("DFLOCKD_MAX_WAITS_PER_CONNECTION",),
+        parse_int,
+        _non_negative,
+        "most queued acquires plus pending two-phase enqueues (e, se) of one connection; past "
+        "it `error_max_waiters`. It keeps one connection from queueing on every key (0: no "
+        "cap)",
     ),
     Setting(
         "write_timeout_s",

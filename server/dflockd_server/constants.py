@@ -23,6 +23,10 @@ FD_HEADROOM: Final = 64
 loop, the fence state file, the metrics endpoint)."""
 DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
 DEFAULT_MAX_WAITERS: Final = 0
+DEFAULT_MAX_LOCKS_PER_CONNECTION: Final = 64
+"""Locks and semaphore slots one connection may hold (with its queued waits) at once."""
+DEFAULT_MAX_WAITS_PER_CONNECTION: Final = 64
+"""Queued acquires plus pending two-phase enqueues of one connection."""
 DEFAULT_WRITE_TIMEOUT_S: Final = 5.0
 DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 30.0
 DEFAULT_TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0

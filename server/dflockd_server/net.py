@@ -781,6 +781,8 @@ class Server:
             new_token=self.fence.next_token,
             max_locks=cfg.max_locks,
             max_waiters=cfg.max_waiters,
+            max_locks_per_connection=cfg.max_locks_per_connection,
+            max_waits_per_connection=cfg.max_waits_per_connection,
             auto_release_on_disconnect=cfg.auto_release_on_disconnect,
             grace_s=grace.seconds,
             note_lease=self.lease_record.note,

@@ -44,11 +44,13 @@ class TableError(Exception):
 
 
 class MaxLocks(TableError):
-    """The key is new and the table already holds ``max_locks`` keys."""
+    """The key is new and the table already holds ``max_locks`` keys, or the connection
+    already holds (or waits to be granted) ``max_locks_per_connection`` locks and slots."""
 
 
 class MaxWaiters(TableError):
-    """The key's queue already holds ``max_waiters`` waiters."""
+    """The key's queue already holds ``max_waiters`` waiters, or the connection already has
+    ``max_waits_per_connection`` queued acquires and pending two-phase enqueues."""
 
 
 class LimitMismatch(TableError):
@@ -173,6 +175,8 @@ class LockTable:
         new_token: Callable[[], str],
         max_locks: int,
         max_waiters: int = 0,
+        max_locks_per_connection: int = 0,
+        max_waits_per_connection: int = 0,
         auto_release_on_disconnect: bool = True,
         grace_s: float = 0.0,
         note_lease: Callable[[int], int] | None = None,
@@ -182,6 +186,11 @@ class LockTable:
         self.new_token = new_token
         self.max_locks = max_locks
         self.max_waiters = max_waiters
+        self.max_locks_per_connection = max_locks_per_connection
+        """Most locks and slots one client may hold, counting its queued waits (each may be
+        granted): so it never holds more at once. 0: no cap."""
+        self.max_waits_per_connection = max_waits_per_connection
+        """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
         self.auto_release_on_disconnect = auto_release_on_disconnect
         self.keys: dict[str, KeyState] = {}
         """Every key, locks and semaphores alike: one resource per key."""
@@ -266,10 +275,16 @@ class LockTable:
                 self._in_grace(now)  # at its end, the waiters queued during it go first
             state = self._state_for(key, limit, now)
             if len(state.holders) < state.limit and state.n_waiting == 0 and not self.in_grace:
+                if self.max_locks_per_connection:
+                    self._check_client_locks(client, key, state)
                 return self._grant(state, client, lease_ttl, now)
             if not queue:
                 self.counts.timeouts[state.is_sem] += 1
                 return None
+            if self.max_waits_per_connection:
+                self._check_client_waits(client, key, state)
+            if self.max_locks_per_connection:
+                self._check_client_locks(client, key, state)
             return self._queue(state, client, lease_ttl)
         finally:
             if self._wakes:
@@ -294,6 +309,10 @@ class LockTable:
             del client.enqueued[key]
         if self.in_grace:
             self._in_grace(now)
+        if self.max_waits_per_connection:
+            self._check_client_waits(client, key, None)
+        if self.max_locks_per_connection:
+            self._check_client_locks(client, key, None)
         state = self._state_for(key, limit, now)
         if len(state.holders) < state.limit and state.n_waiting == 0 and not self.in_grace:
             waiter = Waiter(client, state, lease_ttl)
@@ -494,6 +513,30 @@ class LockTable:
         }
 
     # ------------------------------------------------------------------ internals
+    def _check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
+        """Refuse (``MaxLocks``) a client whose holds plus queued waits (each may be granted)
+        reach its cap. ``state``: the key about to be granted or queued on (if a refusal
+        leaves it idle, it is logged so, to be pruned)."""
+        if len(client.held) + len(client.waiting) >= self.max_locks_per_connection:
+            if state is not None:
+                self._note_idle(state)
+            raise MaxLocks(key)
+
+    def _check_client_waits(self, client: Client, key: str, state: KeyState | None) -> None:
+        """Refuse (``MaxWaiters``) a client whose queued acquires plus pending two-phase
+        enqueues reach its cap. A queued enqueue is in both ``waiting`` and ``enqueued``: the
+        exact count (at most the cap's worth of entries) is taken only near the cap.
+        ``state``: as for ``_check_client_locks``."""
+        cap = self.max_waits_per_connection
+        waiting, enqueued = client.waiting, client.enqueued
+        if len(waiting) + len(enqueued) < cap:
+            return
+        if len(waiting) + sum(1 for w in enqueued.values() if not w.active) < cap:
+            return
+        if state is not None:
+            self._note_idle(state)
+        raise MaxWaiters(key)
+
     def _idle_since(self, state: KeyState, stamp: float) -> bool:
         """Whether an ``_idle_log`` entry is current."""
         return state.last_used == stamp and state.idle and self.keys.get(state.key) is state
@@ -544,6 +587,7 @@ class LockTable:
 
     def _queue(self, state: KeyState, client: Client, lease_ttl: int) -> Waiter:
         if self.max_waiters and state.n_waiting >= self.max_waiters:
+            self._note_idle(state)  # a new key (in the restart grace) left idle: prune it
             raise MaxWaiters(state.key)
         waiter = Waiter(client, state, lease_ttl)
         queue = state.queue

@@ -366,6 +366,59 @@ def test_max_waiters(dflock_server_factory: ServerFactory) -> None:
         assert d.req("l", "other", "30").startswith("ok ")  # the cap is per key
 
 
+def test_max_locks_per_connection(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_locks_per_connection=2)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        t1 = a.lock("k1")
+        assert a.req("sl", "s", "0 3").startswith("ok ")  # a semaphore slot counts too
+        assert a.req("l", "k3", "0") == "error_max_locks"
+        assert a.req("sl", "s", "0 3") == "error_max_locks"
+        assert a.req("e", "k3", "") == "error_max_locks"
+        assert b.req("l", "k3", "0").startswith("ok ")  # the cap is per connection
+        assert a.req("ping") == "ok"  # the connection stays usable, its locks held
+        assert a.req("n", "k1", t1).startswith("ok ")
+        stats = stats_of(b)
+        assert {lock["key"] for lock in stats["locks"]} == {"k1", "k3"}
+        assert stats["semaphores"][0]["holders"] == 1
+        assert a.req("r", "k1", t1) == "ok"
+        assert a.req("l", "k4", "0").startswith("ok ")
+
+
+def test_one_connection_holds_at_most_the_default_cap(dflock_server: ServerThread) -> None:
+    cap = constants.DEFAULT_MAX_LOCKS_PER_CONNECTION
+    with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
+        for i in range(cap):
+            a.send("l", f"k{i}", "0")
+        assert all(a.recv().startswith("ok ") for _ in range(cap))
+        assert a.req("l", "one-more", "0") == "error_max_locks"
+        assert b.req("l", "one-more", "0").startswith("ok ")
+        assert len(stats_of(a)["locks"]) == cap + 1
+
+
+def test_max_waits_per_connection(dflock_server_factory: ServerFactory) -> None:
+    srv = dflock_server_factory(max_waits_per_connection=1)
+    with Wire(srv.address) as a, Wire(srv.address) as b:
+        t1, t2 = a.lock("k1"), a.lock("k2")
+        assert b.req("e", "k1", "") == "queued"
+        assert b.req("l", "k2", "5") == "error_max_waiters"
+        assert b.req("e", "k2", "") == "error_max_waiters"
+        assert b.req("l", "k2", "0") == "timeout"  # try-once never queues: not refused
+        held = b.lock("other")  # a grant is not a wait
+        assert stats_of(a)["locks"][0]["waiters"] == 1
+        assert a.req("r", "k1", t1) == "ok"
+        assert b.req("w", "k1", "5").startswith("ok ")  # the queued enqueue still works
+        assert b.req("n", "other", held).startswith("ok ")
+        b.send("l", "k2", "10")  # its wait was collected: room for another
+        eventually(
+            lambda: (
+                [lock["waiters"] for lock in stats_of(a)["locks"] if lock["key"] == "k2"] == [1]
+            ),
+            "b queued on k2",
+        )
+        assert a.req("r", "k2", t2) == "ok"
+        assert b.recv().startswith("ok ")
+
+
 def test_max_connections_accepts_and_closes(dflock_server_factory: ServerFactory) -> None:
     srv = dflock_server_factory(max_connections=2)
     with Wire(srv.address) as a, Wire(srv.address) as b:
@@ -514,7 +567,15 @@ def test_a_long_pipeline_takes_turns_with_other_connections(
     # pipeline would come before the other connection's (the dflockd process, not the
     # in-process server: the test's threads must not share a GIL with the server).
     address = dflockd_process(
-        "--host", "127.0.0.1", "--port", "0", "--max-locks", "10000"
+        # One connection holds thousands of keys: no per-connection cap.
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--max-locks",
+        "10000",
+        "--max-locks-per-connection",
+        "0",
     ).wait_listening()
     pipeline = [f"l\np{i}\n0\n".encode() for i in range(50 * constants.MAX_REQUESTS_PER_PASS)]
     fences, other_fence = _pipeline_meets_other(address, pipeline)
@@ -528,7 +589,15 @@ def test_a_pipeline_of_stats_takes_turns_with_other_connections(
     # here): 60 stats between acquires, fewer requests in all than one turn's
     # MAX_REQUESTS_PER_PASS.
     address = dflockd_process(
-        "--host", "127.0.0.1", "--port", "0", "--max-locks", "10000"
+        # One connection holds thousands of keys: no per-connection cap.
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--max-locks",
+        "10000",
+        "--max-locks-per-connection",
+        "0",
     ).wait_listening()
     with Wire(address) as holder:
         holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(1000)))

@@ -80,7 +80,19 @@ def test_a_drain_lets_holders_release_refuses_waiters_and_exits_when_done(
     every holder releases during the drain, and the process exits as soon as the last lock is
     released, long before the shutdown timeout."""
     proc: DflockdProcess = dflockd_process(
-        "--host", "127.0.0.1", "--port", "0", "--shutdown-timeout", "60", "--max-locks", "5000"
+        # Each connection holds and queues on many keys: no per-connection caps.
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--shutdown-timeout",
+        "60",
+        "--max-locks",
+        "5000",
+        "--max-locks-per-connection",
+        "0",
+        "--max-waits-per-connection",
+        "0",
     )
     address = proc.wait_listening()
     holders = [Wire(address) for _ in range(CONNECTIONS)]

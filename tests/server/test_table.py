@@ -14,6 +14,7 @@ from dflockd_server.table import (
     LimitMismatch,
     LockTable,
     MaxLocks,
+    MaxWaiters,
     Waiter,
 )
 
@@ -190,3 +191,82 @@ def test_gc_forgets_only_keys_idle_long_enough_and_not_keys_used_again(clock: Cl
     clock.now += 1
     assert table.gc(8) == 1
     assert not table.keys
+
+
+def capped_table(clock: Clock, *, locks: int = 0, waits: int = 0) -> LockTable:
+    serial = itertools.count(1)
+    return LockTable(
+        clock=clock,
+        new_token=lambda: f"{next(serial):032x}",
+        max_locks=100,
+        max_locks_per_connection=locks,
+        max_waits_per_connection=waits,
+    )
+
+
+def test_max_locks_per_connection_counts_holds_and_queued_waits(clock: Clock) -> None:
+    table = capped_table(clock, locks=3)
+    client, other = table.open_client(), table.open_client()
+    lock = table.acquire(client, "a", LEASE, None, queue=False)
+    slot = table.acquire(client, "s", LEASE, 2, queue=False)
+    assert isinstance(lock, Holder) and isinstance(slot, Holder)
+    blocker = grant(table, "busy", None)
+    waiter = table.acquire(client, "busy", LEASE, None, queue=True)  # may be granted: counts
+    assert isinstance(waiter, Waiter)
+    with pytest.raises(MaxLocks):
+        table.acquire(client, "new", LEASE, None, queue=False)
+    with pytest.raises(MaxLocks):
+        table.acquire(client, "s", LEASE, 2, queue=True)
+    with pytest.raises(MaxLocks):
+        table.enqueue(client, "e", LEASE, None)
+    assert client.enqueued == {}
+    assert isinstance(table.acquire(other, "new", LEASE, None, queue=False), Holder)  # per client
+    assert table.release("busy", blocker.token)  # the waiter is granted: 3 held, still full
+    assert waiter.holder is not None
+    with pytest.raises(MaxLocks):
+        table.acquire(client, "new2", LEASE, None, queue=False)
+    assert table.renew("a", lock.token, LEASE) == LEASE  # what it holds is untouched
+    assert table.release("a", lock.token)
+    assert isinstance(table.acquire(client, "new2", LEASE, None, queue=False), Holder)
+    assert table.held == 4
+
+
+def test_a_per_connection_refusal_leaves_no_unprunable_key(clock: Clock) -> None:
+    table = capped_table(clock, locks=1)
+    client = table.open_client()
+    grant_ = table.acquire(client, "a", LEASE, None, queue=False)
+    assert isinstance(grant_, Holder)
+    with pytest.raises(MaxLocks):
+        table.acquire(client, "b", LEASE, None, queue=False)
+    assert table.release("a", grant_.token)
+    clock.now += 1
+    assert set(table.keys) == {"a", "b"}  # "b" was made before the refusal
+    assert table.gc(0) == 2  # and is pruned with "a", as an idle key
+    assert not table.keys
+
+
+def test_max_waits_per_connection_counts_queued_acquires_and_pending_enqueues(
+    clock: Clock,
+) -> None:
+    table = capped_table(clock, waits=2)
+    client = table.open_client()
+    blockers = {key: grant(table, key, None) for key in ("x", "y", "z")}
+    waiter = table.acquire(client, "x", LEASE, None, queue=True)
+    assert isinstance(waiter, Waiter)
+    parked = table.enqueue(client, "free", LEASE, None)  # granted at once, pending until `w`
+    assert parked.holder is not None
+    with pytest.raises(MaxWaiters):
+        table.acquire(client, "y", LEASE, None, queue=True)
+    with pytest.raises(MaxWaiters):
+        table.enqueue(client, "z", LEASE, None)
+    assert table.acquire(client, "y", LEASE, None, queue=False) is None  # try-once: no wait
+    assert isinstance(table.acquire(client, "w", LEASE, None, queue=False), Holder)
+    assert table.keys["y"].n_waiting == 0 and "z" not in client.enqueued
+    table.forget_enqueued(parked)  # `w` collected it
+    queued = table.enqueue(client, "y", LEASE, None)
+    assert queued.holder is None and queued.active
+    with pytest.raises(MaxWaiters):  # a queued enqueue counts once, not twice
+        table.enqueue(client, "z", LEASE, None)
+    assert table.release("x", blockers["x"].token)  # the waiter is granted: one wait left
+    assert waiter.holder is not None
+    assert table.enqueue(client, "z", LEASE, None).active
