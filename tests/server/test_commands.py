@@ -610,13 +610,14 @@ def test_a_pipeline_of_stats_takes_turns_with_other_connections(
         assert other_fence < max(fences), "the pipeline was answered in one go"
 
 
-def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server: ServerThread) -> None:
+def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server_factory: ServerFactory) -> None:
     # Twenty connections each pipeline 20 stats over 600 held keys: every one is answered
     # with a snapshot taken after it was asked, but snapshots are rationed (the next no
     # sooner than STATS_DUTY_FACTOR times the last one's cost), so many askers share one
     # instead of each costing a walk of the table.
-    address = dflock_server.address
-    snapshots = dflock_server.server.snapshots
+    srv = dflock_server_factory(max_locks_per_connection=0)  # the keys are held over one
+    address = srv.address
+    snapshots = srv.server.snapshots
     assert snapshots is not None
     with Wire(address) as holder:
         holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(600)))
