@@ -1013,3 +1013,86 @@ def test_stats_flood_over_a_full_table(fault_report: FaultReport) -> None:
                 "tenth of the server's time; 16 holders renewed after every wave"
             ),
         )
+
+
+# ---------------------------------------------------------------------- default caps
+def _pipelined(wire: Wire, requests: list[bytes]) -> list[str]:
+    """Send ``requests`` in one write and read one reply line each."""
+    wire.send_raw(b"".join(requests))
+    return [wire.recv() for _ in requests]
+
+
+def test_the_default_caps_bound_one_client(fault_report: FaultReport) -> None:
+    """A server with every default: one connection asks for 200 keys (64 granted, the rest
+    ``error_max_locks``), one enqueues on 128 busy keys (64 queued, the rest
+    ``error_max_waiters``), a lease above 300 s is an ``error``, and a flood of 4,200
+    connections finds 4,096 slots; the healthy client keeps its p99, and every refusal leaves
+    its connection serving."""
+    per_conn = c.DEFAULT_MAX_LOCKS_PER_CONNECTION
+    flood = c.DEFAULT_MAX_CONNECTIONS + 104
+    raise_fd_limit(2 * flood + 256)
+    with (
+        dflockd() as server,
+        HealthyClient(server.address, key="caps-healthy") as healthy,
+        open_wire(server.address) as hoarder,
+        open_wire(server.address) as other,
+        open_wire(server.address) as queuer,
+    ):
+        address = server.address
+        phases = Phases(healthy)
+        baseline = server.rss_kib()
+        outcome: dict[str, int] = {}
+
+        def abuse() -> None:
+            phases.quiet_interlude()
+            with phases.abuse():
+                grabs = _pipelined(hoarder, [f"l\nk{i}\n0\n".encode() for i in range(200)])
+                outcome["held"] = sum(r.startswith("ok ") for r in grabs)
+                outcome["refused_locks"] = grabs.count("error_max_locks")
+                assert hoarder.req("ping") == "ok"
+                other_grabs = [f"l\nk{i}\n0\n".encode() for i in range(per_conn, 2 * per_conn)]
+                assert all(r.startswith("ok ") for r in _pipelined(other, other_grabs))
+                queued = _pipelined(queuer, [f"e\nk{i}\n\n".encode() for i in range(2 * per_conn)])
+                outcome["queued"] = queued.count("queued")
+                outcome["refused_waits"] = queued.count("error_max_waiters")
+                outcome["long_lease"] = int(queuer.req("l", "long", "0 301") == "error")
+                assert queuer.req("ping") == "ok"
+            phases.quiet_interlude()
+            with phases.abuse():
+                socks, admitted, refused = _flood_wave(address, flood)
+                outcome["admitted"], outcome["refused_conns"] = admitted, refused
+                _close_all(socks)
+            phases.quiet(QUIET_SAMPLES)
+
+        with RssWatch(server.pid) as rss:
+            run_abuser(abuse)
+        quiet, under = phases.quiet_latencies(), phases.abuse_latencies()
+        assert (outcome["held"], outcome["refused_locks"]) == (per_conn, 200 - per_conn), outcome
+        assert (outcome["queued"], outcome["refused_waits"]) == (per_conn, per_conn), outcome
+        assert outcome["long_lease"] == 1, outcome
+        existing = 4  # the healthy client, the hoarder, the other holder and the queuer
+        assert outcome["admitted"] == c.DEFAULT_MAX_CONNECTIONS - existing, outcome
+        judge_abuse(
+            fault_report,
+            "default caps: one client hoarding keys, waits, leases and connections",
+            runs=1,
+            operations=200 + 2 * per_conn + 2 * per_conn + 1 + flood + 2 * len(under),
+            quiet=quiet,
+            under=under,
+            baseline_kib=baseline,
+            rss=rss,
+            after_kib=server.rss_kib(),
+            bound_kib=rss_bound_kib(baseline, c.DEFAULT_MAX_CONNECTIONS),
+            after_bound_kib=rss_bound_kib(baseline, c.DEFAULT_MAX_CONNECTIONS),
+            details=(
+                f"--max-locks-per-connection {per_conn}: 200 acquires on one connection, "
+                f"{outcome['held']} granted, {outcome['refused_locks']} error_max_locks; "
+                f"--max-waits-per-connection {c.DEFAULT_MAX_WAITS_PER_CONNECTION}: 128 "
+                f"enqueues on busy keys, {outcome['queued']} queued, "
+                f"{outcome['refused_waits']} error_max_waiters; a 301 s lease: error "
+                f"(--max-lease-ttl {c.DEFAULT_MAX_LEASE_TTL_S}); each connection served on; "
+                f"--max-connections {c.DEFAULT_MAX_CONNECTIONS}: {flood:,} connections, "
+                f"{outcome['admitted']:,} served beside the {existing} open, "
+                f"{outcome['refused_conns']} closed without a byte"
+            ),
+        )
