@@ -155,14 +155,6 @@ class KeyState:
             return {one.token: one}
         return dict(self.many) if self.many else {}
 
-    def holder_of(self, token: str) -> Holder | None:
-        """The holder ``token`` names on this key, if any."""
-        one = self.one
-        if one is not None:
-            return one if one.token == token else None
-        many = self.many
-        return many.get(token) if many else None
-
     @property
     def idle(self) -> bool:
         return self.n_held == 0 and self.n_waiting == 0
@@ -480,15 +472,23 @@ class LockTable:
         if self.in_grace:
             self._in_grace(now)
         expiries = self._expiries
-        for lease_ttl, (times, holders) in list(expiries.items()):
-            while times and times[0] <= now:
+        for lease_ttl in list(expiries):
+            while True:
+                # Fetched anew at each step: the grants an expiry makes may compact the index.
+                entries = expiries.get(lease_ttl)
+                if entries is None:
+                    break
+                times, holders = entries
+                if not times:
+                    del expiries[lease_ttl]
+                    break
+                if times[0] > now:
+                    break
                 times.popleft()
                 holder = holders.popleft()
                 self._n_indexed -= 1
                 if holder.live and holder.expires_at <= now:
                     expired += self._check(holder.state, now)
-            if not times:
-                del expiries[lease_ttl]
         self._flush()
         return expired
 

@@ -336,3 +336,23 @@ def test_the_expiry_index_stays_bounded_under_churn_and_renewals(
     clock.now += LEASE + 3
     assert table.expire() == 10
     assert table.held == 0
+
+
+@pytest.mark.parametrize("renewals", range(1, 140))
+def test_a_sweep_that_compacts_the_index_loses_no_lease(clock: Clock, renewals: int) -> None:
+    # Renewals leave stale index entries; with some count of them, the grants a sweep makes
+    # to waiters (three slots expire at once) compact the index in the middle of the sweep.
+    table = make_table(clock)
+    slots = [grant(table, "s", 3) for _ in range(3)]  # expire at LEASE
+    waiters = [table.acquire(table.open_client(), "s", LEASE, 3, queue=True) for _ in range(3)]
+    other = grant(table, "b", None)
+    for _ in range(renewals):
+        clock.now += 0.0001
+        assert table.renew("b", other.token, 2 * LEASE) == 2 * LEASE
+    clock.now = LEASE
+    assert table.expire() == 3
+    assert not any(slot.live for slot in slots)
+    assert all(isinstance(w, Waiter) and w.holder is not None for w in waiters)
+    clock.now = 10 * LEASE
+    assert table.expire() == 4  # b's lease and the three granted at the first sweep
+    assert table.held == 0
