@@ -70,11 +70,15 @@ class AlreadyEnqueued(TableError):
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued."""
 
-    __slots__ = ("enqueued", "held", "id", "waiting")
+    __slots__ = ("enqueued", "held", "id", "n_held", "waiting")
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
-        self.held: dict[str, Holder] = {}
+        self.held: list[Holder] = []
+        """Its holders in grant order; released ones are dropped lazily (at the back at once,
+        elsewhere when they outnumber the live ones): a list costs a fifth of a dict."""
+        self.n_held = 0
+        """Locks and slots it holds now."""
         self.waiting: set[Waiter] = set()
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
 
@@ -161,6 +165,9 @@ class KeyState:
 
 
 _COMPACT_MIN = 64
+_CLIENT_COMPACT_MIN = 8
+"""Released holders a connection's list may keep beyond twice its live ones (small: each keeps
+a released holder and its token alive)."""
 
 
 class Counts:
@@ -281,7 +288,7 @@ class LockTable:
         client.enqueued.clear()
         if self.auto_release_on_disconnect:
             lost = self.counts.lost_by_disconnect
-            for holder in list(client.held.values()):
+            for holder in [h for h in client.held if h.live]:
                 lost[holder.state.is_sem] += 1
                 self._drop_holder(holder, now)
                 self._fill(holder.state, now)
@@ -577,7 +584,7 @@ class LockTable:
         """Refuse (``MaxLocks``) a client whose holds plus queued waits (each may be granted)
         reach its cap. ``state``: the key about to be granted or queued on (if a refusal
         leaves it idle, it is logged so, to be pruned)."""
-        if len(client.held) + len(client.waiting) >= self.max_locks_per_connection:
+        if client.n_held + len(client.waiting) >= self.max_locks_per_connection:
             if state is not None:
                 self._note_idle(state)
             raise MaxLocks(key)
@@ -682,7 +689,8 @@ class LockTable:
             state.earliest = min(state.earliest, expires_at)
         state.n_held += 1
         state.last_used = now
-        client.held[token] = holder
+        client.held.append(holder)
+        client.n_held += 1
         entries = self._expiries.get(lease_ttl)  # _index, inlined: the hot path
         if entries is None:
             entries = self._expiries[lease_ttl] = (deque(), deque())
@@ -745,7 +753,13 @@ class LockTable:
             assert state.many is not None
             del state.many[holder.token]
         state.n_held -= 1
-        holder.client.held.pop(holder.token, None)
+        client = holder.client
+        client.n_held -= 1
+        held = client.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * client.n_held + _CLIENT_COMPACT_MIN:
+            client.held = [h for h in held if h.live]
         entries = self._expiries.get(holder.lease_ttl)
         if entries is not None and entries[1] and not entries[1][-1].live:
             # Stale entries at the back (the latest grants, released): dropped at once, so

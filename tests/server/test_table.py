@@ -356,3 +356,22 @@ def test_a_sweep_that_compacts_the_index_loses_no_lease(clock: Clock, renewals: 
     clock.now = 10 * LEASE
     assert table.expire() == 4  # b's lease and the three granted at the first sweep
     assert table.held == 0
+
+
+def test_a_connection_keeps_few_released_holders_and_loses_only_live_ones(
+    table: LockTable,
+) -> None:
+    client = table.open_client()
+    previous = table.acquire(client, "k0", LEASE, None, queue=False)
+    assert isinstance(previous, Holder)
+    for i in range(1, 500):  # hand over to the next key: each release is not the latest grant
+        got = table.acquire(client, f"k{i % 50}", LEASE, None, queue=False)
+        assert isinstance(got, Holder)
+        assert table.release(previous.state.key, previous.token)
+        previous = got
+        assert client.n_held == 1
+        assert len(client.held) <= 2 * client.n_held + 8
+    table.disconnect(client)
+    assert table.counts.lost_by_disconnect == [1, 0]
+    assert not previous.live
+    assert table.held == 0
