@@ -122,7 +122,10 @@ class KeyState:
     A key of limit 1 (every lock) keeps its holder in ``one``, with no dict: a dict costs more
     than the rest of a held key. A key of a larger limit keeps ``many`` (token -> holder).
     The limit changes only while the key is idle, when both are empty. ``earliest`` is the
-    earliest lease expiry of its holders (``inf`` when none)."""
+    earliest lease expiry of its holders (``inf`` when none). ``last_used`` is read only while
+    the key is idle (how long it has been, for ``stats``, ``gc`` and making room), and is set
+    at every change that leaves it idle; while it has holders it holds a lease expiry, not a
+    float of its own (24 bytes per held key)."""
 
     __slots__ = (
         "earliest",
@@ -433,7 +436,7 @@ class LockTable:
             state.earliest = expires_at
         elif expires_at < state.earliest:
             state.earliest = expires_at  # a shorter lease may come first
-        state.last_used = now
+        state.last_used = expires_at  # not read while held (see KeyState)
         self._index(holder, expires_at, lease_ttl)
         return lease_ttl
 
@@ -688,7 +691,7 @@ class LockTable:
             many[token] = holder
             state.earliest = min(state.earliest, expires_at)
         state.n_held += 1
-        state.last_used = now
+        state.last_used = expires_at  # not read while held (see KeyState)
         client.held.append(holder)
         client.n_held += 1
         entries = self._expiries.get(lease_ttl)  # _index, inlined: the hot path
