@@ -70,11 +70,15 @@ class AlreadyEnqueued(TableError):
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued."""
 
-    __slots__ = ("enqueued", "held", "id", "waiting")
+    __slots__ = ("enqueued", "held", "id", "n_held", "waiting")
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
-        self.held: dict[str, Holder] = {}
+        self.held: list[Holder] = []
+        """Its holders in grant order; released ones are dropped lazily (at the back at once,
+        elsewhere when they outnumber the live ones): a list costs a fifth of a dict."""
+        self.n_held = 0
+        """Locks and slots it holds now."""
         self.waiting: set[Waiter] = set()
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
 
@@ -111,18 +115,28 @@ class Waiter:
 
 
 class KeyState:
-    """One key: its holders (token -> holder), FIFO queue (``()`` while nobody waits) and
-    limit (1 for a lock). ``is_sem``: the key was last fixed by a semaphore request (its kind
-    in ``stats`` and the metrics)."""
+    """One key: its holders, FIFO queue (``()`` while nobody waits) and limit (1 for a lock).
+    ``is_sem``: the key was last fixed by a semaphore request (its kind in ``stats`` and the
+    metrics).
+
+    A key of limit 1 (every lock) keeps its holder in ``one``, with no dict: a dict costs more
+    than the rest of a held key. A key of a larger limit keeps ``many`` (token -> holder).
+    The limit changes only while the key is idle, when both are empty. ``earliest`` is the
+    earliest lease expiry of its holders (``inf`` when none). ``last_used`` is read only while
+    the key is idle (how long it has been, for ``stats``, ``gc`` and making room), and is set
+    at every change that leaves it idle; while it has holders it holds a lease expiry, not a
+    float of its own (24 bytes per held key)."""
 
     __slots__ = (
         "earliest",
-        "holders",
         "is_sem",
         "key",
         "last_used",
         "limit",
+        "many",
+        "n_held",
         "n_waiting",
+        "one",
         "queue",
     )
 
@@ -130,7 +144,9 @@ class KeyState:
         self.key = key
         self.is_sem = is_sem
         self.limit = limit
-        self.holders: dict[str, Holder] = {}
+        self.one: Holder | None = None
+        self.many: dict[str, Holder] | None = None
+        self.n_held = 0
         # A deque from the first waiter until the last one leaves, the empty tuple otherwise:
         # an empty deque costs ~760 bytes, more than the rest of a held key.
         self.queue: deque[Waiter] | tuple[()] = ()
@@ -139,11 +155,22 @@ class KeyState:
         self.last_used = now
 
     @property
+    def holders(self) -> dict[str, Holder]:
+        """Token -> holder, a copy (for reading: stats, tests)."""
+        one = self.one
+        if one is not None:
+            return {one.token: one}
+        return dict(self.many) if self.many else {}
+
+    @property
     def idle(self) -> bool:
-        return not self.holders and self.n_waiting == 0
+        return self.n_held == 0 and self.n_waiting == 0
 
 
 _COMPACT_MIN = 64
+_CLIENT_COMPACT_MIN = 8
+"""Released holders a connection's list may keep beyond twice its live ones (small: each keeps
+a released holder and its token alive)."""
 
 
 class Counts:
@@ -200,6 +227,16 @@ class LockTable:
         dropped as they are met. So pruning (`gc`) and making room for a new key when the
         table is full cost the keys pruned plus the entries dropped, never a scan of the
         table: every entry is appended once and dropped once."""
+        self._expiries: dict[int, tuple[deque[float], deque[Holder]]] = {}
+        """The lease expiry index: for each lease length, the expiry times and the holders of
+        the leases of that length (two deques in step; a tuple per entry would cost four times
+        as much), in the order they were granted or renewed. The clock never goes back, so each
+        is in expiry order and a sweep pops only its due entries. An entry
+        is current while its holder is live and still expires at that time; released and
+        renewed holders leave stale entries, dropped when met or by compaction (see
+        ``_index``)."""
+        self._n_indexed = 0
+        self._index_cap = _COMPACT_MIN
         self._wakes: list[Waiter] = []
         self._next_client_id = 0
         self.counts = Counts()
@@ -254,7 +291,7 @@ class LockTable:
         client.enqueued.clear()
         if self.auto_release_on_disconnect:
             lost = self.counts.lost_by_disconnect
-            for holder in list(client.held.values()):
+            for holder in [h for h in client.held if h.live]:
                 lost[holder.state.is_sem] += 1
                 self._drop_holder(holder, now)
                 self._fill(holder.state, now)
@@ -274,7 +311,7 @@ class LockTable:
             if self.in_grace:
                 self._in_grace(now)  # at its end, the waiters queued during it go first
             state = self._state_for(key, limit, now)
-            if len(state.holders) < state.limit and state.n_waiting == 0 and not self.in_grace:
+            if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
                 if self.max_locks_per_connection:
                     self._check_client_locks(client, key, state)
                 return self._grant(state, client, lease_ttl, now)
@@ -314,7 +351,7 @@ class LockTable:
         if self.max_locks_per_connection:
             self._check_client_locks(client, key, None)
         state = self._state_for(key, limit, now)
-        if len(state.holders) < state.limit and state.n_waiting == 0 and not self.in_grace:
+        if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
             waiter = Waiter(client, state, lease_ttl)
             waiter.active = False
             waiter.holder = self._grant(state, client, lease_ttl, now)
@@ -361,7 +398,9 @@ class LockTable:
         now = self.clock()
         if now >= state.earliest:
             self._check(state, now)
-        holder = state.holders.get(token)
+        holder = state.one
+        if holder is None or holder.token != token:
+            holder = state.many.get(token) if state.many else None
         if holder is None:
             if self._wakes:
                 self._flush()
@@ -383,7 +422,9 @@ class LockTable:
         if now >= state.earliest:
             self._check(state, now)
             self._flush()
-        holder = state.holders.get(token)
+        holder = state.one
+        if holder is None or holder.token != token:
+            holder = state.many.get(token) if state.many else None
         if holder is None:
             return None
         if lease_ttl > self.lease_noted:
@@ -391,8 +432,12 @@ class LockTable:
         expires_at = now + lease_ttl
         holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl
-        state.earliest = min(state.earliest, expires_at)  # a shorter lease may come first
-        state.last_used = now
+        if state.one is not None:
+            state.earliest = expires_at
+        elif expires_at < state.earliest:
+            state.earliest = expires_at  # a shorter lease may come first
+        state.last_used = expires_at  # not read while held (see KeyState)
+        self._index(holder, expires_at, lease_ttl)
         return lease_ttl
 
     @property
@@ -429,16 +474,39 @@ class LockTable:
 
     # ------------------------------------------------------------------ maintenance
     def expire(self) -> int:
-        """Expire every lease that has run out; returns how many."""
+        """Expire every lease that has run out; returns how many. The cost is the entries of
+        the expiry index that are due (one per lease expired, plus the stale ones met) and one
+        step per distinct lease length in use: never a scan of the table."""
         now = self.clock()
         expired = 0
         if self.in_grace:
             self._in_grace(now)
-        for state in self.keys.values():
-            if now >= state.earliest:
-                expired += self._check(state, now)
+        expiries = self._expiries
+        for lease_ttl in list(expiries):
+            while True:
+                # Fetched anew at each step: the grants an expiry makes may compact the index.
+                entries = expiries.get(lease_ttl)
+                if entries is None:
+                    break
+                times, holders = entries
+                if not times:
+                    del expiries[lease_ttl]
+                    break
+                if times[0] > now:
+                    break
+                times.popleft()
+                holder = holders.popleft()
+                self._n_indexed -= 1
+                if holder.live and holder.expires_at <= now:
+                    expired += self._check(holder.state, now)
         self._flush()
         return expired
+
+    @property
+    def expiry_entries(self) -> int:
+        """Entries in the expiry index, stale ones included (at most about twice the leases
+        held, plus a constant: see ``_index``)."""
+        return self._n_indexed
 
     def gc(self, max_idle_s: float) -> int:
         """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``; the cost is
@@ -464,7 +532,7 @@ class LockTable:
         for state in self.keys.values():
             if state.is_sem is is_sem:
                 keys += 1
-                holders += len(state.holders)
+                holders += state.n_held
                 waiters += state.n_waiting
         return keys, holders, waiters
 
@@ -485,12 +553,14 @@ class LockTable:
                         {
                             "key": key,
                             "limit": state.limit,
-                            "holders": len(state.holders),
+                            "holders": state.n_held,
                             "waiters": state.n_waiting,
                         }
                     )
-            elif state.holders:
-                holder = next(iter(state.holders.values()))
+            elif state.n_held:
+                holder = state.one
+                if holder is None:  # a lock is of limit 1: one holder
+                    holder = next(iter(state.holders.values()))
                 locks.append(
                     {
                         "key": key,
@@ -517,7 +587,7 @@ class LockTable:
         """Refuse (``MaxLocks``) a client whose holds plus queued waits (each may be granted)
         reach its cap. ``state``: the key about to be granted or queued on (if a refusal
         leaves it idle, it is logged so, to be pruned)."""
-        if len(client.held) + len(client.waiting) >= self.max_locks_per_connection:
+        if client.n_held + len(client.waiting) >= self.max_locks_per_connection:
             if state is not None:
                 self._note_idle(state)
             raise MaxLocks(key)
@@ -544,7 +614,7 @@ class LockTable:
     def _note_idle(self, state: KeyState) -> None:
         """Log ``state`` if it is idle now (it may be busy again at once: the entry is then
         dropped when met)."""
-        if state.n_waiting or state.holders:
+        if state.n_waiting or state.n_held:
             return
         log = self._idle_log
         log.append((state, state.last_used))
@@ -579,7 +649,9 @@ class LockTable:
             self._check(state, now)
         state.last_used = now
         if state.idle:
-            state.limit = wanted
+            if wanted != state.limit:
+                state.limit = wanted
+                state.many = None  # empty: a key of limit 1 holds its holder in `one`
             state.is_sem = is_sem
         elif wanted != state.limit:
             raise LimitMismatch(key, state.limit)
@@ -609,11 +681,58 @@ class LockTable:
         self.counts.grants[state.is_sem] += 1
         expires_at = now + lease_ttl
         holder = Holder(token, state, client, lease_ttl, expires_at)
-        state.holders[token] = holder
-        state.earliest = min(state.earliest, expires_at)
-        state.last_used = now
-        client.held[token] = holder
+        if state.limit == 1:
+            state.one = holder
+            state.earliest = expires_at
+        else:
+            many = state.many
+            if many is None:
+                many = state.many = {}
+            many[token] = holder
+            state.earliest = min(state.earliest, expires_at)
+        state.n_held += 1
+        state.last_used = expires_at  # not read while held (see KeyState)
+        client.held.append(holder)
+        client.n_held += 1
+        entries = self._expiries.get(lease_ttl)  # _index, inlined: the hot path
+        if entries is None:
+            entries = self._expiries[lease_ttl] = (deque(), deque())
+        entries[0].append(expires_at)
+        entries[1].append(holder)
+        self._n_indexed += 1
+        if self._n_indexed > self._index_cap:
+            self._compact_index()
         return holder
+
+    def _index(self, holder: Holder, expires_at: float, lease_ttl: int) -> None:
+        """Add the holder's new expiry to the index. When stale entries (released or renewed
+        holders) outnumber the rest, keep only the current ones: the cost is amortised over
+        the entries added since the last time, never a scan per request."""
+        entries = self._expiries.get(lease_ttl)
+        if entries is None:
+            entries = self._expiries[lease_ttl] = (deque(), deque())
+        entries[0].append(expires_at)
+        entries[1].append(holder)
+        self._n_indexed += 1
+        if self._n_indexed > self._index_cap:
+            self._compact_index()
+
+    def _compact_index(self) -> None:
+        kept = 0
+        for lease_ttl, (times, holders) in list(self._expiries.items()):
+            kept_times: deque[float] = deque()
+            kept_holders: deque[Holder] = deque()
+            for expires_at, holder in zip(times, holders, strict=True):
+                if holder.live and holder.expires_at == expires_at:
+                    kept_times.append(expires_at)
+                    kept_holders.append(holder)
+            if kept_times:
+                self._expiries[lease_ttl] = (kept_times, kept_holders)
+                kept += len(kept_times)
+            else:
+                del self._expiries[lease_ttl]
+        self._n_indexed = kept
+        self._index_cap = 2 * kept + _COMPACT_MIN
 
     def _unqueue(self, waiter: Waiter, now: float) -> None:
         if not waiter.active:
@@ -631,10 +750,30 @@ class LockTable:
     def _drop_holder(self, holder: Holder, now: float) -> None:
         holder.live = False
         state = holder.state
-        del state.holders[holder.token]
-        holder.client.held.pop(holder.token, None)
+        if state.one is holder:
+            state.one = None
+        else:
+            assert state.many is not None
+            del state.many[holder.token]
+        state.n_held -= 1
+        client = holder.client
+        client.n_held -= 1
+        held = client.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * client.n_held + _CLIENT_COMPACT_MIN:
+            client.held = [h for h in held if h.live]
+        entries = self._expiries.get(holder.lease_ttl)
+        if entries is not None and entries[1] and not entries[1][-1].live:
+            # Stale entries at the back (the latest grants, released): dropped at once, so
+            # short holds leave nothing behind in the index.
+            times, holders = entries
+            while holders and not holders[-1].live:
+                holders.pop()
+                times.pop()
+                self._n_indexed -= 1
         state.last_used = now
-        if not state.holders:
+        if not state.n_held:
             state.earliest = math.inf
             self._note_idle(state)
 
@@ -642,12 +781,23 @@ class LockTable:
         """Expire the key's run-out leases and hand their slots on; returns how many."""
         if now < state.earliest:
             return 0
-        gone = [h for h in state.holders.values() if h.expires_at <= now]
+        one = state.one
+        if one is not None:
+            gone = [one] if one.expires_at <= now else []
+        else:
+            gone = [h for h in state.many.values() if h.expires_at <= now] if state.many else []
         if gone:
             self.counts.expiries[state.is_sem] += len(gone)
         for holder in gone:
             self._drop_holder(holder, now)
-        state.earliest = min((h.expires_at for h in state.holders.values()), default=math.inf)
+        one = state.one
+        if one is not None:
+            state.earliest = one.expires_at
+        else:
+            many = state.many
+            state.earliest = (
+                min((h.expires_at for h in many.values()), default=math.inf) if many else math.inf
+            )
         self._fill(state, now)
         return len(gone)
 
@@ -656,7 +806,7 @@ class LockTable:
         queue = state.queue
         if isinstance(queue, tuple) or self.in_grace:
             return
-        while state.n_waiting and len(state.holders) < state.limit:
+        while state.n_waiting and state.n_held < state.limit:
             waiter = queue[0]
             if not waiter.active:
                 queue.popleft()

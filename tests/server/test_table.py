@@ -5,12 +5,15 @@ these name the rules one by one."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from dflockd_server.table import (
     AlreadyEnqueued,
     Holder,
+    KeyState,
     LimitMismatch,
     LockTable,
     MaxLocks,
@@ -29,10 +32,10 @@ class Clock:
         return self.now
 
 
-def make_table(clock: Clock) -> LockTable:
+def make_table(clock: Clock, max_locks: int = 100) -> LockTable:
     serial = itertools.count(1)
     return LockTable(
-        clock=clock, new_token=lambda: f"{next(serial):032x}", max_locks=100, max_waiters=0
+        clock=clock, new_token=lambda: f"{next(serial):032x}", max_locks=max_locks, max_waiters=0
     )
 
 
@@ -270,3 +273,105 @@ def test_max_waits_per_connection_counts_queued_acquires_and_pending_enqueues(
     assert table.release("x", blockers["x"].token)  # the waiter is granted: one wait left
     assert waiter.holder is not None
     assert table.enqueue(client, "z", LEASE, None).active
+
+
+class NoScan(dict[str, KeyState]):
+    """A key table that fails the test if anything walks it."""
+
+    def _scanned(self) -> AssertionError:
+        return AssertionError("the key table was walked")
+
+    def __iter__(self) -> Iterator[str]:
+        raise self._scanned()
+
+    def keys(self) -> Any:
+        raise self._scanned()
+
+    def values(self) -> Any:
+        raise self._scanned()
+
+    def items(self) -> Any:
+        raise self._scanned()
+
+
+def test_a_sweep_touches_only_what_expired(clock: Clock) -> None:
+    table = make_table(clock, max_locks=2000)
+    client = table.open_client()
+    for i in range(1000):
+        assert isinstance(table.acquire(client, f"long{i}", 100, None, queue=False), Holder)
+    short = [grant(table, f"short{i}", 2 if i else None) for i in range(3)]  # LEASE s
+    waiter = table.acquire(table.open_client(), "short0", LEASE, None, queue=True)
+    assert isinstance(waiter, Waiter)
+    entries = table.expiry_entries
+    assert entries == 1003
+    full = table.keys
+    table.keys = NoScan(full)
+    assert table.expire() == 0  # nothing due: nothing walked, nothing popped
+    assert table.expiry_entries == entries
+    clock.now += LEASE
+    assert table.expire() == 3  # the three due leases, found without walking the table
+    assert not any(holder.live for holder in short)
+    assert waiter.holder is not None  # the waiter got the expired lock at the sweep
+    assert table.expiry_entries == entries - 3 + 1  # popped the due ones; the waiter's grant
+    table.keys = full
+    assert len(table.stats(0)["locks"]) == 1001
+
+
+def test_the_expiry_index_stays_bounded_under_churn_and_renewals(
+    table: LockTable, clock: Clock
+) -> None:
+    held = [grant(table, f"held{i}", None) for i in range(10)]
+    clients = [table.open_client() for _ in range(4)]
+    for round_ in range(2500):
+        grants = [
+            table.acquire(c, f"churn{i}", LEASE, None, queue=False) for i, c in enumerate(clients)
+        ]
+        for i, got in enumerate(grants):  # released oldest first: not only the latest entry
+            assert isinstance(got, Holder)
+            assert table.release(f"churn{i}", got.token)
+        for holder in held:
+            assert table.renew(holder.state.key, holder.token, LEASE + round_ % 3) is not None
+        clock.now += 0.001
+        assert table.expiry_entries <= 2 * table.held + 64
+    clock.now += LEASE + 3
+    assert table.expire() == 10
+    assert table.held == 0
+
+
+@pytest.mark.parametrize("renewals", range(1, 140))
+def test_a_sweep_that_compacts_the_index_loses_no_lease(clock: Clock, renewals: int) -> None:
+    # Renewals leave stale index entries; with some count of them, the grants a sweep makes
+    # to waiters (three slots expire at once) compact the index in the middle of the sweep.
+    table = make_table(clock)
+    slots = [grant(table, "s", 3) for _ in range(3)]  # expire at LEASE
+    waiters = [table.acquire(table.open_client(), "s", LEASE, 3, queue=True) for _ in range(3)]
+    other = grant(table, "b", None)
+    for _ in range(renewals):
+        clock.now += 0.0001
+        assert table.renew("b", other.token, 2 * LEASE) == 2 * LEASE
+    clock.now = LEASE
+    assert table.expire() == 3
+    assert not any(slot.live for slot in slots)
+    assert all(isinstance(w, Waiter) and w.holder is not None for w in waiters)
+    clock.now = 10 * LEASE
+    assert table.expire() == 4  # b's lease and the three granted at the first sweep
+    assert table.held == 0
+
+
+def test_a_connection_keeps_few_released_holders_and_loses_only_live_ones(
+    table: LockTable,
+) -> None:
+    client = table.open_client()
+    previous = table.acquire(client, "k0", LEASE, None, queue=False)
+    assert isinstance(previous, Holder)
+    for i in range(1, 500):  # hand over to the next key: each release is not the latest grant
+        got = table.acquire(client, f"k{i % 50}", LEASE, None, queue=False)
+        assert isinstance(got, Holder)
+        assert table.release(previous.state.key, previous.token)
+        previous = got
+        assert client.n_held == 1
+        assert len(client.held) <= 2 * client.n_held + 8
+    table.disconnect(client)
+    assert table.counts.lost_by_disconnect == [1, 0]
+    assert not previous.live
+    assert table.held == 0
