@@ -164,17 +164,28 @@ def test_half_sent_request_is_completed_later(scene: Scene) -> None:
         assert slow.recv().startswith("ok ")
 
 
+def _hold_keys(filler: Wire, n_keys: int, name_bytes: int) -> None:
+    """Hold ``n_keys`` keys with names of about ``name_bytes`` (large stats replies)."""
+    name = "x" * name_bytes
+    filler.send_raw(b"".join(f"l\n{i:04d}{name}\n0\n".encode() for i in range(n_keys)))
+    for _ in range(n_keys):
+        assert filler.recv().startswith("ok ")
+
+
+def _reads_little() -> socket.socket:
+    """A socket, not yet connected, whose own kernel buffers little of what it is sent."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    return sock
+
+
 def test_client_that_never_reads_is_dropped(scene: Scene) -> None:
     address = scene.server.address
     # Make every stats reply large: hold many keys with long names.
     with Wire(address) as filler:
-        n_keys = 900
-        filler.send_raw(b"".join(f"l\n{i:04d}{'x' * 200}\n0\n".encode() for i in range(n_keys)))
-        for _ in range(n_keys):
-            assert filler.recv().startswith("ok ")
-        stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        stuck.settimeout(10)
+        _hold_keys(filler, 900, name_bytes=200)
+        stuck = _reads_little()
         stuck.connect(address)
         stuck.sendall(b"l\nstuck-lock\n0\n")
         assert stuck.recv(64).startswith(b"ok ")
@@ -196,15 +207,10 @@ def test_a_client_that_never_reads_a_150_kb_reply_is_dropped(scene: Scene) -> No
     # wait). Before, the reply sat below the old 256 KiB threshold and the connection stayed.
     address = scene.server.address
     with Wire(address) as filler:
-        n_keys = 1000
-        filler.send_raw(b"".join(f"l\n{i:04d}{'x' * 60}\n0\n".encode() for i in range(n_keys)))
-        for _ in range(n_keys):
-            assert filler.recv().startswith("ok ")
+        _hold_keys(filler, 1000, name_bytes=60)
         token = filler.lock("busy-key")
         before = len(scene.server.server.connections)
-        stuck = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # its own kernel takes little
-        stuck.settimeout(10)
+        stuck = _reads_little()
         try:
             stuck.connect(address)
             # One stats reply of ~150 KB (below the old 256 KiB threshold), then an acquire

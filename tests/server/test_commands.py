@@ -559,15 +559,9 @@ def _pipeline_meets_other(address: tuple[str, int], pipeline: list[bytes]) -> tu
         return _grant_fences(replies), other_fence
 
 
-def test_a_long_pipeline_takes_turns_with_other_connections(
-    dflockd_process: Callable[..., DflockdProcess],
-) -> None:
-    # Fifty turns' worth of acquires in one write: the server answers MAX_REQUESTS_PER_PASS
-    # of them, then lets the other connections in. Answered in one go, every grant of the
-    # pipeline would come before the other connection's (the dflockd process, not the
-    # in-process server: the test's threads must not share a GIL with the server).
-    address = dflockd_process(
-        # One connection holds thousands of keys: no per-connection cap.
+def _uncapped_dflockd(start: Callable[..., DflockdProcess]) -> tuple[str, int]:
+    """A ``dflockd`` process where one connection may hold thousands of keys."""
+    return start(
         "--host",
         "127.0.0.1",
         "--port",
@@ -577,6 +571,16 @@ def test_a_long_pipeline_takes_turns_with_other_connections(
         "--max-locks-per-connection",
         "0",
     ).wait_listening()
+
+
+def test_a_long_pipeline_takes_turns_with_other_connections(
+    dflockd_process: Callable[..., DflockdProcess],
+) -> None:
+    # Fifty turns' worth of acquires in one write: the server answers MAX_REQUESTS_PER_PASS
+    # of them, then lets the other connections in. Answered in one go, every grant of the
+    # pipeline would come before the other connection's (the dflockd process, not the
+    # in-process server: the test's threads must not share a GIL with the server).
+    address = _uncapped_dflockd(dflockd_process)
     pipeline = [f"l\np{i}\n0\n".encode() for i in range(50 * constants.MAX_REQUESTS_PER_PASS)]
     fences, other_fence = _pipeline_meets_other(address, pipeline)
     assert other_fence < max(fences), "the pipeline was answered in one go"
@@ -588,17 +592,7 @@ def test_a_pipeline_of_stats_takes_turns_with_other_connections(
     # A stats request ends its connection's turn (its cost grows with the table: 1,000 keys
     # here): 60 stats between acquires, fewer requests in all than one turn's
     # MAX_REQUESTS_PER_PASS.
-    address = dflockd_process(
-        # One connection holds thousands of keys: no per-connection cap.
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--max-locks",
-        "10000",
-        "--max-locks-per-connection",
-        "0",
-    ).wait_listening()
+    address = _uncapped_dflockd(dflockd_process)
     with Wire(address) as holder:
         holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(1000)))
         assert all(holder.recv().startswith("ok ") for _ in range(1000))
