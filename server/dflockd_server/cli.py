@@ -232,9 +232,6 @@ def _start_up_warnings(
 ) -> list[str]:
     """What an operator should hear about at start-up, beside where the server is deployed."""
     warnings: list[str] = []
-    room = make_room_for_connections(config.max_connections)
-    if room is not None:
-        warnings.append(room)
     if _secret_on_the_command_line(argv, environ):
         warnings.append(
             "the auth token was given with --auth-token, so every local user can read it in "
@@ -262,6 +259,9 @@ async def serve(
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     environ = os.environ if environ is None else environ
     warnings = _start_up_warnings(config, environ, argv)  # before the state file is written
+    room = make_room_for_connections(config.max_connections)  # raises the open-file limit
+    if room is not None:
+        warnings.append(room)
     server = Server(config)
     await server.start()
     host, port = server.sockname
