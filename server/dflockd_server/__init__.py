@@ -4,7 +4,7 @@ from dflockd_server import constants
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.net import Server
 
-__version__ = "0.2.0"
+__version__ = constants.SERVER_VERSION
 """This release; ``celery-dflock`` of the same version depends on exactly this one."""
 
 __all__ = ["Config", "ConfigError", "Server", "__version__", "constants"]

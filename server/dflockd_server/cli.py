@@ -15,12 +15,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from dflockd_server import __version__
-from dflockd_server.config import SETTINGS, Config, ConfigError, Setting, parse_bool
-from dflockd_server.constants import FD_HEADROOM, FLAGS_DOCS_URL, PROTOCOL_DOCS_URL
+from dflockd_server.config import Config, ConfigError
+from dflockd_server.constants import (
+    CLUSTER_COMMANDS,
+    FD_HEADROOM,
+    FLAGS_DOCS_URL,
+    PROTOCOL_DOCS_URL,
+)
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
+from dflockd_server.settings import SETTINGS, Setting
 from dflockd_server.tls import build_ssl_context
+from dflockd_server.values import parse_bool
 
 log = logging.getLogger("dflockd_server")
 
@@ -312,8 +319,15 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> None:
-    """Console entry point: ``dflockd [flags]``."""
+    """Console entry point: ``dflockd [flags]`` serves; ``dflockd rebalance|pin|unpin|shards
+    --cluster URL ...`` operates a cluster's shard map (``cluster.ops``)."""
     env = os.environ if environ is None else environ
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words and words[0] in CLUSTER_COMMANDS:
+        # Imported here: a serving dflockd does not load the etcd client (http.client).
+        from dflockd_server.cluster.ops import cluster_command
+
+        raise SystemExit(cluster_command(words))
     try:
         config = load_config(argv, env)
         loop_factory = _loop_factory(config.event_loop)
@@ -328,7 +342,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(serve(config, env, sys.argv[1:] if argv is None else argv))
-    except (FenceStateError, MetricsError) as exc:
+    except (FenceStateError, MetricsError, ConfigError) as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_RUNTIME) from None
     except OSError as exc:

@@ -7,6 +7,8 @@ DEFAULT_HOST: Final = "0.0.0.0"
 DEFAULT_PORT: Final = 6388
 DEFAULT_LEASE_TTL_S: Final = 33
 DEFAULT_MAX_LEASE_TTL_S: Final = 300
+DEFAULT_CLUSTER_LEASE_TTL_S: Final = 5
+"""A cluster member's etcd lease: a dead member is noticed within about this."""
 """Longest lease a request may ask for: it bounds the restart grace (see ``grace``)."""
 DEFAULT_LEASE_SWEEP_INTERVAL_S: Final = 1.0
 DEFAULT_GC_INTERVAL_S: Final = 5.0
@@ -67,6 +69,8 @@ CMD_AUTH: Final = "auth"
 CMD_STATS: Final = "stats"
 CMD_PING: Final = "ping"
 CMD_HELLO: Final = "hello"
+CMD_SHARDS: Final = "shards"
+"""Which keys this server serves: ``ok <one-line JSON>`` (``ownership``)."""
 COMMANDS: Final = frozenset(
     {
         CMD_LOCK,
@@ -83,12 +87,16 @@ COMMANDS: Final = frozenset(
         CMD_STATS,
         CMD_PING,
         CMD_HELLO,
+        CMD_SHARDS,
     }
 )
 
 # ---------------------------------------------------------------- hello
 SERVER_NAME: Final = "dflockd-server"
 """The ``server`` field of the ``hello`` reply."""
+SERVER_VERSION: Final = "0.2.0"
+"""This release (``dflockd_server.__version__``, the ``version`` field of the ``hello`` reply);
+``celery-dflock`` of the same version depends on exactly this one."""
 FEATURE_FENCE: Final = "fence"
 """Tokens are fencing tokens (their first 16 hex characters a strictly increasing counter)."""
 FEATURE_PING: Final = "ping"
@@ -102,6 +110,9 @@ FEATURE_LIMIT_MISMATCH: Final = "limit_mismatch"
 """A key is one resource (a lock is a semaphore of limit 1): an acquire with another limit on a
 busy key, ``l`` / ``e`` included, is refused with ``error_limit_mismatch``, so a lock and a
 semaphore never overlap on one key."""
+FEATURE_SHARDS: Final = "shards"
+"""``shards`` answers which keys this server serves; acquires of a key it does not serve get
+``error_moved <HOST:PORT>`` or ``error_unavailable``."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -110,6 +121,7 @@ FEATURES: Final = (
     FEATURE_SEMAPHORE,
     FEATURE_TWO_PHASE,
     FEATURE_LIMIT_MISMATCH,
+    FEATURE_SHARDS,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""
@@ -128,6 +140,26 @@ STATUS_ERROR_NOT_ENQUEUED: Final = "error_not_enqueued"
 STATUS_ERROR_ALREADY_ENQUEUED: Final = "error_already_enqueued"
 STATUS_ERROR_LEASE_EXPIRED: Final = "error_lease_expired"
 STATUS_ERROR_DRAINING: Final = "error_draining"
+STATUS_ERROR_MOVED: Final = "error_moved"
+"""``error_moved <HOST:PORT>``: that member serves the key, not this server."""
+STATUS_ERROR_UNAVAILABLE: Final = "error_unavailable"
+"""Nobody serves the key at this moment (cluster mode, transient): try again shortly."""
+
+# ---------------------------------------------------------------- ownership (shards)
+MODE_SINGLE: Final = "single"
+"""Serves every key (no ``--members``, no ``--cluster``)."""
+MODE_STATIC: Final = "static"
+"""Serves the keys the crc32 strategy over ``--members`` gives to ``--advertise``."""
+MODE_CLUSTER: Final = "cluster"
+"""Serves the keys whose shard (in etcd's fixed shard map) is currently its own."""
+STRATEGY_CRC32: Final = "crc32"
+"""The ``strategy`` of a static server's ``shards``: ``zlib.crc32(key) % len(members)``."""
+HASH_FNV1A32: Final = "fnv1a32"
+"""The ``hash`` of a cluster server's ``shards``: FNV-1a 32 of the UTF-8 key."""
+CLUSTER_SCHEME: Final = "etcd"
+DEFAULT_CLUSTER_PREFIX: Final = "/dflockd"
+CLUSTER_COMMANDS: Final = frozenset({"rebalance", "pin", "unpin", "shards"})
+"""``dflockd COMMAND --cluster URL ...``: the operator's commands (``cluster.ops``)."""
 
 # ---------------------------------------------------------------- server internals
 STATS_DUTY_FACTOR: Final = 9.0

@@ -15,7 +15,7 @@ import concurrent.futures
 import dataclasses
 import importlib.util
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from dflockd_server import constants as c
@@ -23,7 +23,8 @@ from dflockd_server import constants as c
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
-    from dflockd_server.net import Server
+    from dflockd_server.cluster.node import ClusterStats
+    from dflockd_server.table import LockTable
 
 __all__ = [
     "MetricsError",
@@ -102,14 +103,23 @@ class Snapshot:
     connections_refused: int
     grace_remaining_s: float
     requests: dict[str, tuple[list[int], float]]
+    cluster: ClusterStats | None = None
+    """A cluster member's shards, fencing, leadership and moves (None: not a cluster member)."""
 
     @classmethod
-    def take(cls, server: Server) -> Snapshot:
+    def take(
+        cls,
+        table: LockTable,
+        times: RequestTimes | None,
+        connections: int,
+        connections_accepted: int,
+        connections_refused: int,
+        *,
+        cluster: ClusterStats | None = None,
+    ) -> Snapshot:
         """Read the server's state; call on its event loop."""
-        table = server.table
         counts = table.counts
         locks, sems = table.occupancy(False), table.occupancy(True)
-        times = server.request_times
         return cls(
             grants=(counts.grants[0], counts.grants[1]),
             releases=(counts.releases[0], counts.releases[1]),
@@ -119,19 +129,20 @@ class Snapshot:
             keys=(locks[0], sems[0]),
             held=(locks[1], sems[1]),
             waiters=(locks[2], sems[2]),
-            connections=len(server.connections),
-            connections_accepted=server.connections_accepted,
-            connections_refused=server.connections_refused,
+            connections=connections,
+            connections_accepted=connections_accepted,
+            connections_refused=connections_refused,
             grace_remaining_s=table.grace_remaining(),
             requests=times.copy() if times is not None else {},
+            cluster=cluster,
         )
 
 
 class MetricsExporter:
     """Serves ``/metrics`` from a ``prometheus_client`` HTTP server thread."""
 
-    def __init__(self, server: Server, loop: asyncio.AbstractEventLoop) -> None:
-        self._server = server
+    def __init__(self, take: Callable[[], Snapshot], loop: asyncio.AbstractEventLoop) -> None:
+        self._take = take
         self._loop = loop
         self._http: Any = None
         self._thread: Any = None
@@ -173,7 +184,7 @@ class MetricsExporter:
 
         def take() -> None:
             try:
-                done.set_result(Snapshot.take(self._server))
+                done.set_result(self._take())
             except BaseException as exc:
                 done.set_exception(exc)
 
@@ -252,5 +263,51 @@ class MetricsExporter:
                         cumulative.append((bound, running))
                     latency.add_metric([command], cumulative, total)
                 yield latency
+                if snap.cluster is not None:
+                    yield from _cluster_families(snap.cluster)
 
         return _Collector()
+
+
+def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
+    """A cluster member's series (``dflockd --cluster``; other modes export none of them)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    shards = GaugeMetricFamily(
+        "dflockd_cluster_shards",
+        "Shards by what this member does with them now: serving, moving_out, taking_over, "
+        "failing_over (waiting for a gone member's leases, or released to it), other (another "
+        "member's), unavailable (no assignment, or every shard while fenced).",
+        labels=["state"],
+    )
+    for state, count in stats.shards.items():
+        shards.add_metric([state], count)
+    yield shards
+    yield CounterMetricFamily(
+        "dflockd_cluster_handovers",
+        "Shards this member handed over: to their new target once no holder was left, or "
+        "released to its heirs on a graceful leave.",
+        value=stats.handovers,
+    )
+    yield CounterMetricFamily(
+        "dflockd_cluster_failovers",
+        "Shards this member took over after their member was gone, once its longest lease "
+        "had run out.",
+        value=stats.failovers,
+    )
+    yield CounterMetricFamily(
+        "dflockd_cluster_released_takeovers",
+        "Shards this member took over at once because their member released them on a "
+        "graceful leave.",
+        value=stats.released_takeovers,
+    )
+    yield GaugeMetricFamily(
+        "dflockd_cluster_fenced",
+        "1 while this member cannot show its etcd lease alive and grants nothing.",
+        value=int(stats.fenced),
+    )
+    yield GaugeMetricFamily(
+        "dflockd_cluster_leader",
+        "1 on the member that leads the cluster (keeps the shard map).",
+        value=int(stats.leader),
+    )

@@ -215,7 +215,7 @@ def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
     command = _COMMANDS.get(cmd)
     if command is None:
         raise Malformed(f"unknown command {cmd[:40]!r}")
-    if command in (c.CMD_PING, c.CMD_STATS, c.CMD_HELLO):
+    if command in (c.CMD_PING, c.CMD_STATS, c.CMD_HELLO, c.CMD_SHARDS):
         return Request(command, "")
     if command == c.CMD_AUTH:
         req = Request(command, "")
@@ -340,6 +340,17 @@ REPLY_ERROR_NOT_ENQUEUED: Final = _fixed(c.STATUS_ERROR_NOT_ENQUEUED)
 REPLY_ERROR_ALREADY_ENQUEUED: Final = _fixed(c.STATUS_ERROR_ALREADY_ENQUEUED)
 REPLY_ERROR_LEASE_EXPIRED: Final = _fixed(c.STATUS_ERROR_LEASE_EXPIRED)
 REPLY_ERROR_DRAINING: Final = _fixed(c.STATUS_ERROR_DRAINING)
+REPLY_ERROR_UNAVAILABLE: Final = _fixed(c.STATUS_ERROR_UNAVAILABLE)
+
+
+def reply_moved(address: str) -> bytes:
+    """``error_moved <HOST:PORT>``: ``address`` serves the key."""
+    return f"{c.STATUS_ERROR_MOVED} {address}\n".encode()
+
+
+def reply_shards(described: dict[str, object]) -> bytes:
+    """``ok <one-line JSON>`` to ``shards``."""
+    return reply_stats(json.dumps(described, separators=(",", ":")))
 
 
 def reply_grant(status: str, token: str, lease: int) -> bytes:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from dflockd_server.config import Config
 from dflockd_server.net import Server
+from dflockd_server.ownership import Ownership
 
 T = TypeVar("T")
 
@@ -43,10 +44,13 @@ class ServerThread:
         config: Config | None = None,
         *,
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
+        """``ownership`` (testing): serve by it instead of what the config makes (e.g. a fixed
+        cluster-style map; swap it later with ``server.set_ownership``)."""
         self.config = config or Config(host="127.0.0.1", port=0)
         self._loop_factory = loop_factory or asyncio.new_event_loop
-        self.server = Server(self.config)
+        self.server = Server(self.config, ownership=ownership)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()

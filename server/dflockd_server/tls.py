@@ -58,6 +58,10 @@ class TlsSession:
             while True:
                 chunk = self._object.read(READ_CHUNK)
                 if not chunk:
+                    # Python's SSLObject.read answers a close_notify with b"" (it raises
+                    # SSLZeroReturnError only where OpenSSL saw no clean shutdown); with
+                    # nothing to read yet it raises SSLWantReadError instead.
+                    self.peer_closed = True
                     break
                 chunks.append(chunk)
         except ssl.SSLWantReadError:

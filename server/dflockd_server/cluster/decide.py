@@ -1,0 +1,165 @@
+"""What a cluster member does with each shard, decided from its view alone (pure, no I/O).
+
+For every shard, from the member's view of the map and of the live members (``self`` is the
+member's advertised address):
+
+- **serve**: current == self and target == self (and not fenced, not held until the fencing
+  counter is raised): acquires are served.
+- **moving out**: current == self, target == other: acquires get ``error_moved <target>``,
+  queued waiters are answered the same, renewals and releases go on; once no holder is left,
+  the member publishes its fence ceiling and sets current = target (``handover_due``).
+- **taking over**: target == self, current == another *live* member: ``error_unavailable``
+  until that member hands the shard over.
+- **failover**: target == self, current empty or a member that is not live:
+  ``error_unavailable`` until ``failover_wait_s`` (the longest lock lease plus a margin) has
+  passed since this member first saw the shard so (the dead member's grants have run out by
+  then), then it sets current = self (``failover_due``). A shard *released* by a member that
+  left gracefully (current empty and flag ``released``: nothing granted on it is held any more,
+  and the member published its fence ceiling before writing it) is due at once.
+- **other**: ``error_moved <current>`` (the target when current is empty).
+- A shard with no assignment, and every shard while the member is **fenced** (its etcd lease
+  cannot be shown alive), is ``error_unavailable``.
+
+``Decision.states`` counts the shards in each of these states (``SHARD_STATES``), from the same
+pass: what the metrics report without walking the map again.
+
+The cluster node (``cluster.node``) feeds this function from its threads and carries out what
+it returns; the tests drive it with made-up views and times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from dflockd_server import protocol as p
+from dflockd_server.cluster.membership import ClusterView
+from dflockd_server.cluster.shardmap import SHARD_COUNT
+
+ERROR_UNAVAILABLE = p.REPLY_ERROR_UNAVAILABLE
+"""Nobody serves the key at this moment (transient): the protocol's reply."""
+
+moved_reply = p.reply_moved
+"""The reply that sends a client to another member: the protocol's ``error_moved``."""
+
+
+SERVING = "serving"
+MOVING_OUT = "moving_out"
+TAKING_OVER = "taking_over"
+FAILING_OVER = "failing_over"
+OTHER = "other"
+UNAVAILABLE = "unavailable"
+SHARD_STATES = (SERVING, MOVING_OUT, TAKING_OVER, FAILING_OVER, OTHER, UNAVAILABLE)
+"""What a member's shards are (the ``state`` label of ``dflockd_cluster_shards``): serving
+(including a shard held back for a moment until the fence is raised), moving out to another
+member, taking over from a live member, failing over (waiting for a dead member's leases, or
+due), served or targeted by another member, or unavailable (no assignment; every shard while
+fenced)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdicts: tuple[bytes | None, ...]
+    """Per shard: None (serve) or the reply to an acquire instead."""
+    serving: frozenset[int]
+    """Shards this member would serve (including those held back: not ``cleared``)."""
+    moving_out: Mapping[str, frozenset[int]]
+    """Target -> the shards moving out to it (waiters answered ``error_moved <target>``)."""
+    failover_due: tuple[int, ...]
+    """Shards whose dead current member's grants have surely run out: set current = self."""
+    failover_since: Mapping[int, float]
+    """When this member first saw each shard it waits to fail over (carry to the next call)."""
+    states: Mapping[str, int]
+    """How many shards are in each of ``SHARD_STATES`` (they add up to ``SHARD_COUNT``)."""
+
+
+FENCED = Decision(
+    verdicts=(ERROR_UNAVAILABLE,) * SHARD_COUNT,
+    serving=frozenset(),
+    moving_out={},
+    failover_due=(),
+    failover_since={},
+    states=MappingProxyType({**dict.fromkeys(SHARD_STATES, 0), UNAVAILABLE: SHARD_COUNT}),
+)
+"""A member that lost (or cannot show) its etcd lease grants nothing and plans nothing."""
+
+
+def decide(
+    view: ClusterView,
+    me: str,
+    *,
+    now: float,
+    failover_since: Mapping[int, float],
+    failover_wait_s: float,
+    cleared: Set[int] | None = None,
+) -> Decision:
+    """Every shard's verdict and what to do next (see the module's docstring).
+
+    ``failover_since`` is the previous decision's (empty after a fresh start or a rejoin: the
+    wait is counted from what this member saw itself). ``cleared``: when given, only these
+    shards are served; the others that would be are held back (``error_unavailable``) until
+    the fencing counter has been raised above the previous owners' ceilings.
+    """
+    live = view.members
+    shard_map = view.shard_map
+    moved: dict[str, bytes] = {}
+
+    verdicts: list[bytes | None] = [ERROR_UNAVAILABLE] * SHARD_COUNT
+    serving: set[int] = set()
+    moving: dict[str, set[int]] = {}
+    due: list[int] = []
+    since: dict[int, float] = {}
+    taking_over = failing_over = 0
+    for shard, a in shard_map.items():
+        current, target = a.current, a.target
+        if current == me and target == me:
+            serving.add(shard)
+            if cleared is None or shard in cleared:
+                verdicts[shard] = None
+            continue
+        if current == me:
+            moving.setdefault(target, set()).add(shard)
+            elsewhere = target
+        elif target == me:
+            if a.released:
+                failing_over += 1
+                due.append(shard)  # let go with nothing held: no lease to wait for
+            elif not current or current not in live:
+                failing_over += 1
+                first = failover_since.get(shard, now)
+                since[shard] = first
+                if now - first >= failover_wait_s:
+                    due.append(shard)
+            else:
+                taking_over += 1
+            continue  # unavailable: waiting for a handover, or for a failover
+        else:
+            elsewhere = current or target
+        reply = moved.get(elsewhere)
+        if reply is None:
+            reply = moved[elsewhere] = moved_reply(elsewhere)
+        verdicts[shard] = reply
+    moving_out = sum(len(s) for s in moving.values())
+    assigned = len(shard_map)
+    states = {
+        SERVING: len(serving),
+        MOVING_OUT: moving_out,
+        TAKING_OVER: taking_over,
+        FAILING_OVER: failing_over,
+        OTHER: assigned - len(serving) - moving_out - taking_over - failing_over,
+        UNAVAILABLE: SHARD_COUNT - assigned,
+    }
+    return Decision(
+        verdicts=tuple(verdicts),
+        serving=frozenset(serving),
+        moving_out={t: frozenset(s) for t, s in sorted(moving.items())},
+        failover_due=tuple(due),
+        failover_since=since,
+        states=states,
+    )
+
+
+def handover_due(moving_out: Set[int], still_held: Set[int]) -> frozenset[int]:
+    """The shards moving out that no holder keeps any more: hand them over now."""
+    return frozenset(moving_out) - frozenset(still_held)

@@ -1,0 +1,75 @@
+"""Fence ceilings in etcd: ``<prefix>/fence/<advertise>``, one key per member, no lease.
+
+A member stores its ceiling (see ``dflockd_server.fence``) before issuing any fencing counter
+at or above it, so the stored value is above every counter it ever issued. The key is not under
+the member's etcd lease: it survives the member's death, and whoever takes one of its shards
+over (after a handover or a failover) raises its own counter above it first.
+"""
+
+from __future__ import annotations
+
+from dflockd_server.cluster.etcd import EtcdClient, EtcdError
+from dflockd_server.fence import FenceStateError
+
+
+def fence_prefix(prefix: str) -> str:
+    """Where every member's ceiling lives (``<prefix>/fence/``)."""
+    return prefix + "/fence/"
+
+
+def _parse(key: str, value: str) -> int:
+    if not value.strip().isdigit():
+        raise FenceStateError(
+            f"fence ceiling {key!r} in etcd does not hold a decimal counter "
+            f"(found {value[:40]!r}); fix or delete it"
+        )
+    return int(value.strip())
+
+
+class EtcdCeilingStore:
+    """A `dflockd_server.fence.CeilingStore` at ``<prefix>/fence/<advertise>``."""
+
+    __slots__ = ("client", "key")
+
+    def __init__(self, client: EtcdClient, prefix: str, advertise: str) -> None:
+        self.client = client
+        self.key = fence_prefix(prefix) + advertise
+
+    def read(self) -> int:
+        try:
+            kv = self.client.get(self.key)
+        except EtcdError as exc:
+            raise FenceStateError(f"cannot read the fence ceiling: {exc}") from exc
+        return 0 if kv is None else _parse(self.key, kv.value)
+
+    def write(self, ceiling: int) -> None:
+        # Never lower it: a stale writer (a member that lost etcd, then came back with an old
+        # counter) must not undo a higher ceiling already stored.
+        try:
+            kv = self.client.get(self.key)
+            if kv is not None and _parse(self.key, kv.value) >= ceiling:
+                return
+            expected = "" if kv is None else kv.value
+            written = (
+                self.client.create_if_absent(self.key, str(ceiling))
+                if kv is None
+                else self.client.compare_and_set(self.key, expected, str(ceiling))
+            )
+        except EtcdError as exc:
+            raise FenceStateError(f"cannot store the fence ceiling: {exc}") from exc
+        if not written:
+            raise FenceStateError(
+                f"fence ceiling {self.key!r} changed while being stored: is another server "
+                "using the same --advertise address?"
+            )
+
+
+def highest_ceiling(client: EtcdClient, prefix: str, excluding: str = "") -> int:
+    """The highest ceiling any member (but ``excluding``) stored, 0 when none: above every
+    counter those members issued."""
+    try:
+        kvs = client.get_prefix(fence_prefix(prefix))
+    except EtcdError as exc:
+        raise FenceStateError(f"cannot read the fence ceilings: {exc}") from exc
+    own = fence_prefix(prefix) + excluding
+    return max((_parse(kv.key, kv.value) for kv in kvs if kv.key != own), default=0)

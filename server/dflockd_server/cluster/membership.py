@@ -1,0 +1,364 @@
+"""Cluster membership on etcd: registration under a lease, leader election, the shared map.
+
+A ``Member`` (one per server process) does, under ``<prefix>``:
+
+- registers ``<prefix>/members/<advertise>`` under an etcd lease that a thread keeps alive, so
+  a member whose process or host dies disappears when its lease runs out;
+- takes part in the election: the leader is whoever holds ``<prefix>/leader``, created only if
+  absent and under the member's lease (it goes with its holder; the others then try again);
+- as the leader, writes the map, one key per shard (``<prefix>/shard/<id>`` = the seed's value
+  format), in transactions of at most ``MAX_TXN_OPS`` keys, each on condition that
+  ``<prefix>/leader`` is still held under its own lease (a deposed leader writes nothing) and
+  that each shard is still as it was read (``mapwrite``: an operator's or a member's concurrent
+  write is never clobbered; the leader reads it and decides again). With
+  no map yet it waits until membership has been still for ``settle_s`` and writes
+  ``ShardMap.initial``; afterwards every membership change applies ``ShardMap.updated`` (only
+  the shards of members that are gone move; new members wait for a rebalance);
+- watches the whole prefix and keeps a local copy of members, leader and map (``snapshot``).
+
+The keep-alive measures the lease's life from when the last successful keep-alive was *sent*
+(etcd renews it on receipt, so it lives at least that long): ``lease_valid_until`` and the
+``on_lease`` callback tell the cluster node until when this member may act as one.
+Ownership, handover and failover build on it (``cluster.node``). Threads: the lease's
+keep-alive, the member's own loop (election, map upkeep) and the watch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from dflockd_server.cluster.etcd import (
+    Compare,
+    EtcdClient,
+    EtcdError,
+    Watch,
+    WatchEvent,
+)
+from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterKeys:
+    """Where a cluster's state lives in etcd."""
+
+    prefix: str
+
+    def __post_init__(self) -> None:
+        if not self.prefix.startswith("/") or self.prefix.endswith("/"):
+            raise ValueError(f"cluster prefix {self.prefix!r}: expected /NAME (no trailing /)")
+
+    @property
+    def root(self) -> str:
+        return self.prefix + "/"
+
+    @property
+    def members(self) -> str:
+        return self.prefix + "/members/"
+
+    @property
+    def leader(self) -> str:
+        return self.prefix + "/leader"
+
+    @property
+    def shards(self) -> str:
+        return self.prefix + "/shard/"
+
+    def member(self, advertise: str) -> str:
+        return self.members + advertise
+
+    def shard(self, shard: int) -> str:
+        return f"{self.shards}{shard}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """A member's local copy of the cluster's state."""
+
+    members: frozenset[str]
+    leader: str | None
+    shard_map: ShardMap
+    revisions: Mapping[int, int] = field(default_factory=dict[int, int])
+    """Each shard key's ``mod_revision`` as read (for writes conditioned on it)."""
+
+
+class Member:
+    """One member of a cluster (see the module's docstring); ``start`` then ``stop``."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        advertise: str,
+        *,
+        lease_ttl: int = 5,
+        settle_s: float = 2.0,
+        on_change: Callable[[ClusterView], None] | None = None,
+        on_lease: Callable[[float], None] | None = None,
+        on_update: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not advertise or "/" in advertise:
+            raise ValueError(f"advertised address {advertise!r}: expected HOST:PORT")
+        ShardAssignment(advertise)  # the address must fit in a shard value
+        self.client = client
+        self.keys = ClusterKeys(prefix)
+        self.advertise = advertise
+        self.lease_ttl = lease_ttl
+        self.settle_s = settle_s
+        self._on_change = on_change
+        self._on_lease = on_lease
+        self._on_update = on_update
+        self._clock = clock
+        self.lease_id = 0
+        self.lease_valid_until = 0.0
+        """``clock()`` time until which the lease surely lives (last successful keep-alive's
+        sending time + ``lease_ttl``)."""
+        self.lost: str | None = None
+        """Why this member stopped taking part (its lease is gone), or None."""
+        self._lock = threading.Lock()
+        self._members: set[str] = set()
+        self._leader: str | None = None
+        self._shards: dict[int, ShardAssignment] = {}
+        self._revisions: dict[int, int] = {}
+        self._members_changed_at = time.monotonic()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._watch: Watch | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def start(self) -> Member:
+        sent = self._clock()
+        lease = self.client.lease_grant(self.lease_ttl)
+        self.lease_id = lease.id
+        self.lease_valid_until = sent + self.lease_ttl
+        self.client.put(self.keys.member(self.advertise), self.advertise, lease=lease.id)
+        self._resync()
+        for target, name in ((self._keep_alive, "keep-alive"), (self._loop, "loop")):
+            thread = threading.Thread(
+                target=target, name=f"dflockd-member {self.advertise} {name}", daemon=True
+            )
+            self._threads.append(thread)
+            thread.start()
+        return self
+
+    def stop(self, *, leave: bool = True, timeout: float = 10.0) -> None:
+        """Stop. ``leave``: revoke the lease now (a graceful leave); else it runs out (a crash)."""
+        self._stopping.set()
+        self._wake.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop(timeout)
+        if leave and self.lease_id and self.lost is None:
+            # etcd unreachable: the lease runs out by itself.
+            with contextlib.suppress(EtcdError):
+                self.client.lease_revoke(self.lease_id)
+
+    def __enter__(self) -> Member:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- the local copy ----------------------------------------------------------------------------
+
+    def snapshot(self) -> ClusterView:
+        with self._lock:
+            return ClusterView(
+                frozenset(self._members),
+                self._leader,
+                ShardMap(self._shards),
+                dict(self._revisions),
+            )
+
+    @property
+    def is_leader(self) -> bool:
+        with self._lock:
+            return self.lost is None and self._leader == self.advertise
+
+    # -- threads -----------------------------------------------------------------------------------
+
+    def _keep_alive(self) -> None:
+        interval = max(self.lease_ttl / 3, 0.2)
+        while not self._stopping.wait(interval):
+            sent = self._clock()
+            try:
+                ttl = self.client.lease_keepalive_once(self.lease_id)
+            except EtcdError as exc:
+                if self._clock() >= self.lease_valid_until:
+                    self._lose(f"lease {self.lease_id:x} not renewed for {self.lease_ttl} s: {exc}")
+                    return
+                continue
+            if ttl <= 0:
+                self._lose(f"lease {self.lease_id:x} expired")
+                return
+            self.lease_valid_until = sent + self.lease_ttl
+            if self._on_lease is not None:
+                self._on_lease(self.lease_valid_until)
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            self.lost = why
+        self._stopping.set()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(max(self.lease_ttl / 2, 0.2))
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                watch = self._watch
+                if watch is None or not watch.running:
+                    self._resync()
+                self._elect()
+                if self.is_leader:
+                    self._maintain_map()
+            except EtcdError:
+                continue  # etcd unreachable for now: try again at the next wake-up
+
+    # -- etcd state --------------------------------------------------------------------------------
+
+    def _resync(self) -> None:
+        """Read the whole prefix, then watch it from the revision after what was read."""
+        old, self._watch = self._watch, None
+        if old is not None:
+            old.stop()
+        result = self.client.range(self.keys.root, prefix=True)
+        with self._lock:
+            self._members.clear()
+            self._shards.clear()
+            self._revisions.clear()
+            self._leader = None
+            for kv in result.kvs:
+                self._apply_kv(kv.key, kv.value, kv.mod_revision, deleted=False)
+        self._watch = self.client.watch(
+            self.keys.root,
+            prefix=True,
+            start_revision=result.revision + 1,
+            on_event=self._on_event,
+        )
+        self._changed()
+
+    def _on_event(self, event: WatchEvent) -> None:
+        with self._lock:
+            self._apply_kv(
+                event.kv.key, event.kv.value, event.kv.mod_revision, deleted=event.type == "delete"
+            )
+        self._changed()
+
+    def _apply_kv(self, key: str, value: str, revision: int, *, deleted: bool) -> None:
+        """Update the local copy (the caller holds the lock)."""
+        keys = self.keys
+        if key.startswith(keys.members):
+            member = key[len(keys.members) :]
+            if deleted:
+                self._members.discard(member)
+            else:
+                self._members.add(member)
+            self._members_changed_at = time.monotonic()
+        elif key == keys.leader:
+            self._leader = None if deleted else value
+        elif key.startswith(keys.shards):
+            try:
+                shard = int(key[len(keys.shards) :])
+            except ValueError:
+                return
+            if not 0 <= shard < SHARD_COUNT:
+                return
+            if revision < self._revisions.get(shard, 0):
+                return  # older than what the leader's own write already put here
+            if deleted:
+                self._shards.pop(shard, None)
+                self._revisions.pop(shard, None)
+            else:
+                self._revisions[shard] = revision
+                try:
+                    self._shards[shard] = ShardAssignment.parse(value)
+                except ValueError:
+                    self._shards.pop(shard, None)  # unreadable: treated as unassigned
+
+    def _changed(self) -> None:
+        """The local copy changed: ``on_update()`` (cheap), ``on_change(snapshot)`` (a copy)."""
+        self._wake.set()
+        if self._on_update is not None:
+            self._on_update()
+        if self._on_change is not None:
+            self._on_change(self.snapshot())
+
+    def _elect(self) -> None:
+        with self._lock:
+            leader = self._leader
+        if leader is None and self.client.create_if_absent(
+            self.keys.leader, self.advertise, lease=self.lease_id
+        ):
+            with self._lock:  # the watch confirms it too
+                self._leader = self.advertise
+
+    def _maintain_map(self) -> None:
+        with self._lock:
+            live = set(self._members)
+            current = ShardMap(self._shards)
+            revisions = dict(self._revisions)
+            still_for = time.monotonic() - self._members_changed_at
+        if not live:
+            return
+        if len(current) == 0:
+            if still_for < self.settle_s:
+                self._wake_later(self.settle_s - still_for)
+                return
+            wanted = ShardMap.initial(live)
+        else:
+            wanted = current.updated(live)
+        self._write(current.diff(wanted), revisions)
+
+    def _wake_later(self, delay: float) -> None:
+        timer = threading.Timer(delay, self._wake.set)
+        timer.daemon = True
+        timer.start()
+
+    def _write(
+        self, changes: dict[int, ShardAssignment | None], revisions: Mapping[int, int]
+    ) -> bool:
+        """Write map changes, each on condition of this member's leadership and of the shard
+        being as read; False when deposed or when a shard had changed (decided again later)."""
+        if not changes:
+            return True
+        still_leader = Compare(self.keys.leader, "LEASE", "EQUAL", self.lease_id)
+        result = write_shards(
+            self.client,
+            self.keys.shards,
+            {s: ShardWrite(revisions.get(s, 0), a) for s, a in changes.items()},
+            condition=still_leader,
+        )
+        with self._lock:  # the watch confirms these too
+            for s, revision in result.written.items():
+                if revision < self._revisions.get(s, 0):
+                    # The watch brought a later write meanwhile (a member took the shard over
+                    # while the rest of this map was being written): keep it.
+                    continue
+                a = changes[s]
+                if a is None:
+                    self._shards.pop(s, None)
+                    self._revisions.pop(s, None)
+                else:
+                    self._shards[s] = a
+                    self._revisions[s] = revision
+        if result.condition_failed:
+            with self._lock:
+                if self._leader == self.advertise:
+                    self._leader = None  # deposed: the watch will say by whom
+            return False
+        if result.conflicted:
+            self._wake_later(max(self.lease_ttl / 4, 0.1))  # the watch brings what changed
+        return not result.conflicted

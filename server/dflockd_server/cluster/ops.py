@@ -1,0 +1,222 @@
+"""Operator operations on a cluster's shard map, and the ``dflockd`` commands that run them.
+
+- ``rebalance``: ``ShardMap.rebalance_plan`` over the live members (the fewest moves that leave
+  them at most one shard apart); writes the new targets, each on condition that the shard is
+  unchanged since it was read (a concurrent write by the leader or another operator is never
+  clobbered: that shard is reported and left for the next rebalance). Members then hand the
+  shards over as their holders finish.
+- ``pin`` / ``unpin``: flag a shard so that it is never moved automatically (optionally onto a
+  chosen node), or clear the flag.
+- ``summary``: the map as the members see it.
+
+``cluster_command(argv)`` is ``dflockd rebalance --cluster URL [--dry-run] [--verbose]``,
+``dflockd pin --cluster URL SHARD [NODE]``, ``dflockd unpin --cluster URL SHARD`` and
+``dflockd shards --cluster URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from dflockd_server.cluster.etcd import EtcdClient, EtcdError
+from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
+from dflockd_server.cluster.membership import ClusterKeys, ClusterView
+from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
+from dflockd_server.values import split_cluster_url
+
+CLUSTER_FLAG = "--cluster"
+CLUSTER_ENV = "DFLOCKD_CLUSTER"
+
+
+class ClusterOpError(Exception):
+    """An operator's request cannot be carried out (the message says why, in user terms)."""
+
+
+def parse_cluster_url(url: str) -> tuple[str, str]:
+    """``etcd://HOST:PORT[/PREFIX]`` -> (etcd's ``http://HOST:PORT``, the key prefix), by the
+    same rules as the ``--cluster`` setting (``values.split_cluster_url``)."""
+    try:
+        host, port, prefix = split_cluster_url(url)
+    except ValueError as exc:
+        raise ValueError(f"{CLUSTER_FLAG} (or {CLUSTER_ENV}) {exc}") from None
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}", prefix
+
+
+def read_view(client: EtcdClient, prefix: str) -> ClusterView:
+    """Members, leader, map and each shard's revision, in one read."""
+    keys = ClusterKeys(prefix)
+    members: set[str] = set()
+    leader: str | None = None
+    shards: dict[int, ShardAssignment] = {}
+    revisions: dict[int, int] = {}
+    for kv in client.range(keys.root, prefix=True).kvs:
+        if kv.key.startswith(keys.members):
+            members.add(kv.key[len(keys.members) :])
+        elif kv.key == keys.leader:
+            leader = kv.value
+        elif kv.key.startswith(keys.shards):
+            tail = kv.key[len(keys.shards) :]
+            if not tail.isdigit() or not 0 <= int(tail) < SHARD_COUNT:
+                continue
+            revisions[int(tail)] = kv.mod_revision
+            try:
+                shards[int(tail)] = ShardAssignment.parse(kv.value)
+            except ValueError:
+                continue  # unreadable: unassigned (the leader reassigns it)
+    return ClusterView(frozenset(members), leader, ShardMap(shards), revisions)
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceResult:
+    plan: list[Move]
+    written: list[int]
+    conflicted: list[int]
+    """Shards changed by someone else meanwhile (not moved: run rebalance again)."""
+
+
+def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> RebalanceResult:
+    """Plan (and unless ``dry_run`` write) the fewest moves that even out the live members."""
+    view = read_view(client, prefix)
+    if not view.members:
+        raise ClusterOpError(f"no live member under {prefix!r}: nothing to balance over")
+    plan = view.shard_map.rebalance_plan(view.members)
+    if dry_run or not plan:
+        return RebalanceResult(plan, [], [])
+    new_map = view.shard_map.apply(plan)
+    writes = {m.shard: ShardWrite(view.revisions.get(m.shard, 0), new_map[m.shard]) for m in plan}
+    result = write_shards(client, ClusterKeys(prefix).shards, writes)
+    return RebalanceResult(plan, sorted(result.written), sorted(result.conflicted))
+
+
+def _change_one(
+    client: EtcdClient, prefix: str, shard: int, change: str, node: str | None
+) -> ShardAssignment:
+    if not 0 <= shard < SHARD_COUNT:
+        raise ClusterOpError(f"shard {shard} is outside 0..{SHARD_COUNT - 1}")
+    view = read_view(client, prefix)
+    try:
+        new_map = (
+            view.shard_map.pin(shard, node) if change == "pin" else view.shard_map.unpin(shard)
+        )
+    except ValueError as exc:
+        raise ClusterOpError(f"cannot {change} shard {shard}: {exc}") from None
+    new = new_map[shard]
+    write = ShardWrite(view.revisions.get(shard, 0), new)
+    if not write_shards(client, ClusterKeys(prefix).shards, {shard: write}).written:
+        raise ClusterOpError(f"shard {shard} changed while being written: try again")
+    return new
+
+
+def pin(client: EtcdClient, prefix: str, shard: int, node: str | None = None) -> ShardAssignment:
+    """Pin ``shard`` (onto ``node`` as its target when given); its new assignment."""
+    return _change_one(client, prefix, shard, "pin", node)
+
+
+def unpin(client: EtcdClient, prefix: str, shard: int) -> ShardAssignment:
+    """Let ``shard`` be moved automatically again; its new assignment."""
+    return _change_one(client, prefix, shard, "unpin", None)
+
+
+def summary(view: ClusterView) -> list[str]:
+    """Lines describing the map for an operator."""
+    m = view.shard_map
+    live = sorted(view.members)
+    lines = [
+        f"leader: {view.leader or '(none)'}",
+        f"live members: {', '.join(live) or '(none)'}",
+        f"assigned shards: {len(m)} of {SHARD_COUNT}",
+    ]
+    serving: dict[str, int] = {}
+    for _, a in m.items():
+        if a.current and not a.moving:
+            serving[a.current] = serving.get(a.current, 0) + 1
+    for node, count in m.counts().items():
+        state = "" if node in view.members else "  (not live)"
+        lines.append(f"  {node}: target of {count}, serving {serving.get(node, 0)}{state}")
+    lines.append(f"moving: {len(m.moves_in_progress())}")
+    lines.append(f"pinned: {', '.join(map(str, m.pinned_shards())) or '(none)'}")
+    stranded = m.unavailable_pinned(view.members)
+    if stranded:
+        lines.append(f"pinned to a node that is not live: {', '.join(map(str, stranded))}")
+    if view.members:
+        lines.append(f"a rebalance would move {len(m.rebalance_plan(view.members))} shard(s)")
+    return lines
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflockd", description="Operate a dflockd cluster's shard map in etcd."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    url_help = "the cluster: etcd://HOST:PORT[/PREFIX] (prefix default /dflockd)"
+    p = sub.add_parser("rebalance", help="even out the shards over the live members")
+    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    p.add_argument("--dry-run", action="store_true", help="show the moves, write nothing")
+    p.add_argument("--verbose", action="store_true", help="list every shard moved")
+    p = sub.add_parser("pin", help="never move SHARD automatically (optionally onto NODE)")
+    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    p.add_argument("shard", type=int, metavar="SHARD")
+    p.add_argument("node", nargs="?", metavar="NODE", help="HOST:PORT to pin it onto")
+    p = sub.add_parser("unpin", help="let SHARD be moved automatically again")
+    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    p.add_argument("shard", type=int, metavar="SHARD")
+    p = sub.add_parser("shards", help="summarise the shard map")
+    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    return parser
+
+
+def cluster_command(
+    argv: Sequence[str], *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """``dflockd rebalance|pin|unpin|shards ...``: 0 on success, 1 when it could not be
+    done, 2 on bad usage."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = _parser().parse_args(list(argv))
+    try:
+        url, prefix = parse_cluster_url(args.cluster)
+    except ValueError as exc:
+        print(f"dflockd {args.command}: {exc}", file=err)
+        return 2
+    client = EtcdClient(url)
+    try:
+        if args.command == "rebalance":
+            result = rebalance(client, prefix, dry_run=args.dry_run)
+            pairs = Counter((move.from_node or "(none)", move.to_node) for move in result.plan)
+            for (source, target), count in sorted(pairs.items()):
+                print(f"{source} -> {target}: {count} shard(s)", file=out)
+            if args.verbose:
+                for move in result.plan:
+                    print(
+                        f"shard {move.shard}: {move.from_node or '(none)'} -> {move.to_node}",
+                        file=out,
+                    )
+            verb = "would move" if args.dry_run else "moved"
+            done = len(result.plan) if args.dry_run else len(result.written)
+            print(f"{verb} {done} shard(s)", file=out)
+            if result.conflicted:
+                print(
+                    f"{len(result.conflicted)} shard(s) changed meanwhile and were left: "
+                    "run rebalance again",
+                    file=err,
+                )
+                return 1
+        elif args.command in ("pin", "unpin"):
+            if args.command == "pin":
+                new = pin(client, prefix, args.shard, args.node)
+            else:
+                new = unpin(client, prefix, args.shard)
+            print(f"shard {args.shard}: {new.format()}", file=out)
+        else:
+            for line in summary(read_view(client, prefix)):
+                print(line, file=out)
+    except (EtcdError, ClusterOpError) as exc:
+        print(f"dflockd {args.command}: {exc}", file=err)
+        return 1
+    return 0

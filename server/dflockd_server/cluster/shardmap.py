@@ -1,0 +1,380 @@
+"""The fixed-shard map of a lock cluster: pure data and decisions, no I/O.
+
+Every lock key belongs to one of ``SHARD_COUNT`` shards (FNV-1a 32-bit of the key's UTF-8
+bytes, modulo ``SHARD_COUNT``), and every shard has an assignment: the node that should serve
+it (*target*), the node that serves it now (*current*, empty while nobody does) and flags. A
+shard whose target and current differ is being moved.
+
+The rules (goverse's cluster sharding):
+
+- ``ShardMap.initial``: nodes sorted lexicographically, shard ``s`` to ``sorted[s % n]``.
+  Nothing was served before, so a new map's current node is its target.
+- ``ShardMap.updated``: when members come and go, existing assignments stay; only shards whose
+  target is no longer live (or that have no assignment) get a new target, spread over the live
+  nodes least-loaded first. A new node gets nothing until an explicit rebalance. The current
+  node is kept: if it is a dead member, whoever takes the shard over knows it must wait until
+  that member's grants can no longer be held.
+- ``ShardMap.rebalance_plan``: the explicit redistribution, moving as few shards as possible so
+  that live nodes differ by at most one shard where pinned shards allow it.
+- Pinned shards (flag ``pinned``) are never moved automatically: not by ``rebalance_plan``, and
+  not by ``updated`` either, even when their target is gone. Pinning is an operator's decision
+  (a shard kept on a chosen node); moving it behind their back would silently undo it. The price
+  is that such a shard stays unavailable until its node returns or the operator unpins it, which
+  ``unavailable_pinned`` reports so that it can be shown.
+- A shard *released* by its current node (flag ``released``, current empty): a member leaving
+  gracefully, with no holder left on the shard, wrote it so (``ShardAssignment.release``) after
+  publishing its fence ceiling. Its target may serve it at once instead of waiting out the
+  longest lease. An empty current *without* the flag keeps meaning "unknown": a shard that had
+  no (readable) assignment and was given a target by ``apply`` (the leader's ``updated``)
+  whose last server may still have holders, so its target waits as after a failover. The flag
+  means nothing once a current node is set, and ``served_by`` drops it.
+
+All maps are immutable: every change returns a new ``ShardMap``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+
+SHARD_COUNT = 8192
+"""The fixed number of shards (goverse's ``NumShards``)."""
+
+FLAG_PREFIX = "f="
+"""A part of a shard value that starts with this is a flag, wherever it stands."""
+
+PINNED = "pinned"
+"""The flag of a shard that is never moved automatically."""
+
+RELEASED = "released"
+"""The flag of a shard whose current node let it go with nothing held (see the docstring)."""
+
+_FNV32_OFFSET = 0x811C9DC5
+_FNV32_PRIME = 0x01000193
+_U32 = 0xFFFFFFFF
+
+
+def fnv1a_32(data: bytes) -> int:
+    """FNV-1a, 32 bits (as Go's ``hash/fnv`` ``New32a``)."""
+    h = _FNV32_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV32_PRIME) & _U32
+    return h
+
+
+def shard_id(key: str) -> int:
+    """The shard of ``key``: FNV-1a 32-bit of its UTF-8 bytes, modulo ``SHARD_COUNT``."""
+    return fnv1a_32(key.encode("utf-8")) % SHARD_COUNT
+
+
+def _check_node(node: str, what: str) -> None:
+    if "," in node or node != node.strip() or node.startswith(FLAG_PREFIX):
+        raise ValueError(
+            f"{what} {node!r} cannot be stored in a shard value "
+            f"(no commas, no surrounding spaces, no leading {FLAG_PREFIX!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ShardAssignment:
+    """One shard's entry: where it should be, where it is, and its flags."""
+
+    target: str
+    current: str = ""
+    flags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.target:
+            raise ValueError("a shard assignment needs a target node")
+        _check_node(self.target, "target node")
+        if self.current:
+            _check_node(self.current, "current node")
+        for flag in self.flags:
+            if "," in flag or flag != flag.strip():
+                raise ValueError(f"flag {flag!r} cannot be stored in a shard value")
+
+    @classmethod
+    def parse(cls, value: str) -> ShardAssignment:
+        """Read ``"<target>[,<current>][,f=<flag>...]"``, flags anywhere.
+
+        Parts are split on commas and stripped of spaces; every part starting with ``f=`` is a
+        flag; the first two other parts are the target and the current node (an empty part is
+        an empty current node, a missing one too). Further non-flag parts are ignored, as the
+        format's definition says. A value without a target is an error.
+        """
+        nodes: list[str] = []
+        flags: list[str] = []
+        for raw in value.split(","):
+            part = raw.strip()
+            if part.startswith(FLAG_PREFIX):
+                flags.append(part[len(FLAG_PREFIX) :])
+            else:
+                nodes.append(part)
+        target = nodes[0] if nodes else ""
+        current = nodes[1] if len(nodes) > 1 else ""
+        if not target:
+            raise ValueError(f"shard value {value!r} names no target node")
+        return cls(target, current, tuple(flags))
+
+    def format(self) -> str:
+        """``"<target>,<current>[,f=<flag>...]"`` (the current part is present even if empty)."""
+        return ",".join([self.target, self.current, *(FLAG_PREFIX + f for f in self.flags)])
+
+    @property
+    def pinned(self) -> bool:
+        return PINNED in self.flags
+
+    @property
+    def moving(self) -> bool:
+        """The shard is not (yet) served by its target."""
+        return self.target != self.current
+
+    @property
+    def released(self) -> bool:
+        """Nobody serves it and nothing granted on it can still be held: its target may take
+        it at once (only with an empty current node; see the module's docstring)."""
+        return not self.current and RELEASED in self.flags
+
+    def release(self) -> ShardAssignment:
+        """This assignment with no current node, flagged released (a graceful leave)."""
+        flags = tuple(f for f in self.flags if f != RELEASED)
+        return replace(self, current="", flags=(*flags, RELEASED))
+
+    def served_by(self, node: str) -> ShardAssignment:
+        """This assignment with ``node`` as its current node (no longer released)."""
+        return replace(self, current=node, flags=tuple(f for f in self.flags if f != RELEASED))
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A change of a shard's target (its current node changes later, at handover)."""
+
+    shard: int
+    from_node: str
+    """The target before the move ("" for a shard that had no assignment)."""
+    to_node: str
+
+
+def _check_shard(shard: int) -> None:
+    if not 0 <= shard < SHARD_COUNT:
+        raise ValueError(f"shard {shard} is outside 0..{SHARD_COUNT - 1}")
+
+
+def _live_set(nodes: Iterable[str]) -> frozenset[str]:
+    live = frozenset(nodes)
+    if not live:
+        raise ValueError("a shard map needs at least one live node")
+    for node in live:
+        if not node:
+            raise ValueError("a node name cannot be empty")
+        _check_node(node, "node")
+    return live
+
+
+class ShardMap:
+    """Shard -> assignment, for the shards that have one (a map read back may be partial)."""
+
+    __slots__ = ("_shards",)
+
+    def __init__(self, assignments: Mapping[int, ShardAssignment] | None = None) -> None:
+        shards = dict(assignments or {})
+        for shard in shards:
+            _check_shard(shard)
+        self._shards: dict[int, ShardAssignment] = shards
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def initial(cls, nodes: Iterable[str]) -> ShardMap:
+        """Round robin over the nodes in lexicographic order; current = target."""
+        ordered = sorted(_live_set(nodes))
+        n = len(ordered)
+        return cls({s: ShardAssignment(ordered[s % n], ordered[s % n]) for s in range(SHARD_COUNT)})
+
+    @classmethod
+    def parse_values(cls, values: Mapping[int, str]) -> ShardMap:
+        """A map from stored values (shard -> ``"<target>,<current>..."``)."""
+        return cls({s: ShardAssignment.parse(v) for s, v in values.items()})
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._shards))
+
+    def __contains__(self, shard: object) -> bool:
+        return shard in self._shards
+
+    def __getitem__(self, shard: int) -> ShardAssignment:
+        return self._shards[shard]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardMap):
+            return NotImplemented
+        return self._shards == other._shards
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._shards.items()))
+
+    def __repr__(self) -> str:
+        return f"ShardMap({len(self._shards)} shards, {self.counts()})"
+
+    def get(self, shard: int) -> ShardAssignment | None:
+        return self._shards.get(shard)
+
+    def items(self) -> list[tuple[int, ShardAssignment]]:
+        return sorted(self._shards.items())
+
+    def assignment_for_key(self, key: str) -> ShardAssignment | None:
+        return self._shards.get(shard_id(key))
+
+    def missing(self) -> list[int]:
+        """Shards without an assignment."""
+        return [s for s in range(SHARD_COUNT) if s not in self._shards]
+
+    def counts(self) -> dict[str, int]:
+        """Shards per target node."""
+        counts: dict[str, int] = {}
+        for a in self._shards.values():
+            counts[a.target] = counts.get(a.target, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def moves_in_progress(self) -> list[int]:
+        """Shards whose current node is not (yet) their target."""
+        return sorted(s for s, a in self._shards.items() if a.moving)
+
+    def pinned_shards(self) -> list[int]:
+        return sorted(s for s, a in self._shards.items() if a.pinned)
+
+    def unavailable_pinned(self, live_nodes: Iterable[str]) -> list[int]:
+        """Pinned shards whose target is not live (kept there: see the module's docstring)."""
+        live = frozenset(live_nodes)
+        return sorted(s for s, a in self._shards.items() if a.pinned and a.target not in live)
+
+    def diff(self, other: ShardMap) -> dict[int, ShardAssignment | None]:
+        """What to write to turn ``self`` into ``other`` (``None``: delete the shard's entry)."""
+        changed: dict[int, ShardAssignment | None] = {}
+        for shard in self._shards.keys() | other._shards.keys():
+            new = other._shards.get(shard)
+            if self._shards.get(shard) != new:
+                changed[shard] = new
+        return dict(sorted(changed.items()))
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def with_assignment(self, shard: int, assignment: ShardAssignment) -> ShardMap:
+        _check_shard(shard)
+        return ShardMap({**self._shards, shard: assignment})
+
+    def pin(self, shard: int, node: str | None = None) -> ShardMap:
+        """Pin a shard (to ``node`` as its target when given, else where it is targeted)."""
+        old = self._require(shard)
+        flags = old.flags if old.pinned else (*old.flags, PINNED)
+        return self.with_assignment(shard, replace(old, target=node or old.target, flags=flags))
+
+    def unpin(self, shard: int) -> ShardMap:
+        old = self._require(shard)
+        return self.with_assignment(
+            shard, replace(old, flags=tuple(f for f in old.flags if f != PINNED))
+        )
+
+    def handed_over(self, shard: int) -> ShardMap:
+        """The shard's move is complete: current = target."""
+        old = self._require(shard)
+        return self.with_assignment(shard, old.served_by(old.target))
+
+    def apply(self, moves: Iterable[Move]) -> ShardMap:
+        """Retarget shards (current nodes stay until each handover completes)."""
+        shards = dict(self._shards)
+        for move in moves:
+            _check_shard(move.shard)
+            old = shards.get(move.shard)
+            shards[move.shard] = (
+                ShardAssignment(move.to_node) if old is None else replace(old, target=move.to_node)
+            )
+        return ShardMap(shards)
+
+    def updated(self, live_nodes: Iterable[str]) -> ShardMap:
+        """Reassign only the shards whose target is gone (or that have none); see the docstring.
+
+        The orphaned shards, in shard order, each go to the live node with the fewest shards at
+        that moment (ties: the lexicographically smallest name), so they spread evenly over the
+        live nodes, counting what each already has.
+        """
+        live = _live_set(live_nodes)
+        return self.apply(self._orphan_moves(live, self._loads(live)))
+
+    def rebalance_plan(self, live_nodes: Iterable[str]) -> list[Move]:
+        """The fewest moves that leave the live nodes at most one shard apart.
+
+        First the orphaned shards (as ``updated``), then, while the most loaded node that has an
+        unpinned shard holds at least two more than the least loaded node, one shard (its highest
+        unpinned one) moves from the former to the latter. Pinned shards count where they are
+        but never move, so a node with many pinned shards can stay above the others.
+        """
+        live = _live_set(live_nodes)
+        loads = self._loads(live)
+        moves = self._orphan_moves(live, loads)
+        moved = {m.shard for m in moves}
+        movable: dict[str, list[int]] = {node: [] for node in live}
+        for shard, a in sorted(self._shards.items()):
+            if a.target in live and not a.pinned and shard not in moved:
+                movable[a.target].append(shard)
+        for m in moves:
+            movable[m.to_node].append(m.shard)
+        # Each move takes one shard from above the even share to below it, so none is wasted.
+        for _ in range(SHARD_COUNT):
+            donors = [n for n in live if movable[n]]
+            if not donors:
+                break
+            donor = max(donors, key=lambda n: (loads[n], n))
+            receiver = min(live, key=lambda n: (loads[n], n))
+            if loads[donor] - loads[receiver] <= 1:
+                break
+            # Its highest own shard: a node that received shards is never a donor afterwards
+            # (it was the least loaded), so the end of its list is what it had, in shard order.
+            shard = movable[donor].pop()
+            movable[receiver].append(shard)
+            loads[donor] -= 1
+            loads[receiver] += 1
+            moves.append(Move(shard, self._shards[shard].target, receiver))
+        # A shard moved twice in the plan (an orphan, then onward) is one move.
+        final: dict[int, Move] = {}
+        for m in moves:
+            first = final.get(m.shard)
+            final[m.shard] = m if first is None else Move(m.shard, first.from_node, m.to_node)
+        return [final[s] for s in sorted(final) if final[s].from_node != final[s].to_node]
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _require(self, shard: int) -> ShardAssignment:
+        _check_shard(shard)
+        try:
+            return self._shards[shard]
+        except KeyError:
+            raise ValueError(f"shard {shard} has no assignment") from None
+
+    def _loads(self, live: frozenset[str]) -> dict[str, int]:
+        loads = dict.fromkeys(live, 0)
+        for a in self._shards.values():
+            if a.target in loads:
+                loads[a.target] += 1
+        return loads
+
+    def _orphan_moves(self, live: frozenset[str], loads: dict[str, int]) -> list[Move]:
+        """Moves for the orphaned shards; updates ``loads`` as it goes."""
+        heap = [(load, node) for node, load in loads.items()]
+        heapq.heapify(heap)
+        moves: list[Move] = []
+        for shard in range(SHARD_COUNT):
+            a = self._shards.get(shard)
+            if a is not None and (a.target in live or a.pinned):
+                continue
+            load, node = heapq.heappop(heap)
+            moves.append(Move(shard, "" if a is None else a.target, node))
+            loads[node] = load + 1
+            heapq.heappush(heap, (load + 1, node))
+        return moves

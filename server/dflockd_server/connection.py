@@ -1,0 +1,333 @@
+"""One client connection's request loop: frames from the stream (``stream.Stream``, the byte
+side) go through the dispatch step (``dispatch.Session``), replies go back batched into one
+write per pass.
+
+Each connection answers its requests in order; a blocking acquire holds up the requests behind
+it on that connection only. What a request does to the lock table is decided in ``dispatch``;
+here are the loop's concerns: passes and their budget, waits and their timers, what dispatch
+asks instead of a reply (``Session.action``), the client's EOF, and shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol, cast
+
+from dflockd_server import constants as c
+from dflockd_server import protocol as p
+from dflockd_server.dispatch import AUTH_FAILED, STATS, Close, Host, Session, Wait
+from dflockd_server.metrics import RequestTimes
+from dflockd_server.snapshots import RationedSnapshots
+from dflockd_server.stream import Stream, StreamHost
+from dflockd_server.table import LockTable, Waiter
+
+__all__ = ["Connection", "ServerSide"]
+
+log = logging.getLogger("dflockd_server")
+
+
+class ServerSide(StreamHost, Host, Protocol):
+    """What a connection uses of its server (``net.Server``)."""
+
+    request_times: RequestTimes | None
+    snapshots: RationedSnapshots | None
+
+    @property
+    def table(self) -> LockTable: ...
+
+    def admit(self, conn: Connection) -> str | None: ...
+
+    def transport_lost(self) -> None: ...
+
+    def forget(self, conn: Connection) -> None: ...
+
+    def busy_changed(self, busy: bool) -> None: ...
+
+
+class Connection(Stream):
+    """One client connection."""
+
+    def __init__(self, server: ServerSide) -> None:
+        super().__init__(server)
+        self.server = server
+        self.session: Session | None = None  # once admitted: the requests' side (dispatch)
+        self.budget = 0  # requests the pass under way may still answer
+        self.auth_failed_at: float | None = None  # loop time of a wrong secret
+        self.eof = False  # the client sent EOF: close once what it sent is answered (and
+        # session.eof: acquires are tried once)
+        self.waiter: Waiter | None = None
+        self.wait_started = 0.0  # perf_counter() when the in-flight wait began (metrics on)
+        self.wait_command = b""
+        self.wait_timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ transport events
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport: no isinstance check here.
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        self.set_peer(transport.get_extra_info("peername"))
+        refusal = self.server.admit(self)  # counts the transport, admitted or refused
+        if refusal is not None:
+            log.debug("refused connection from %s: %s", self.peer, refusal)
+            self.closing = True
+            transport.close()  # accepted, then closed at once (a FIN, nothing written)
+            return
+        server = self.server
+        config = server.config
+        session = Session(
+            server, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, self.peer
+        )
+        self.session = session
+        self._open(transport)
+        log.debug("connection %d from %s", session.client.id, self.peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.transport_lost()
+        self._lost()
+        if self.wait_timer is not None:
+            self.wait_timer.cancel()
+        if self.waiter is not None:
+            self.waiter.wake = None
+            self.waiter = None
+        session = self.session
+        if session is None:
+            return  # refused at admission
+        self.session = None
+        self._set_busy(False)
+        session.close()
+        if self.auth_failed_at is not None:
+            # A wrong secret keeps its connection slot for the whole failure delay, also when
+            # the client hangs up without waiting for the answer: otherwise hanging up early
+            # would make guessing free, and the connection caps could not slow it down.
+            self.loop.call_at(
+                self.auth_failed_at + c.AUTH_FAILURE_DELAY_S, self.server.forget, self
+            )
+        else:
+            self.server.forget(self)
+        log.debug(
+            "connection %d from %s closed%s",
+            session.client.id,
+            self.peer,
+            f": {exc}" if exc else "",
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_rx = self.loop.time()
+        if self.tls is not None:
+            data = self._decrypt(self.tls, data)
+            if not data:
+                return
+        framer = self.framer
+        before = framer.buffered()  # > 0: the end of an unfinished request was awaited
+        framer.feed(data)
+        if not self.busy and not self.more_scheduled:
+            self._process()
+            if before and framer.buffered() == before + len(data):
+                if not self.closing:
+                    self._delay_reading()  # a second read in a row that completed nothing
+            elif self.fragment_delays:
+                self.fragment_delays = 0
+        elif framer.buffered() > c.MAX_PIPELINE_BUFFER:
+            self._update_reading()  # a blocking request or a later pass holds the rest up
+        if self.tls is not None and self.tls.peer_closed:
+            self._peer_closed()
+
+    def eof_received(self) -> bool | None:
+        # No more requests can come. Answer those already received (a pass answers at most
+        # MAX_REQUESTS_PER_PASS), acquires among them tried once, then close: see _end_if_eof.
+        if self.closing or self.busy:
+            return None  # a wait in flight: the client is gone (a killed process's FIN)
+        self.eof = True
+        if self.session is not None:
+            self.session.eof = True
+        if self.more_scheduled or self.framer.buffered():
+            # Keep the transport open for the replies (plain TCP only); a pass answers what
+            # is complete, then closes (an unfinished request is never completed now).
+            self._process_later()
+            return True
+        return None
+
+    def _end_if_eof(self) -> None:
+        """After the client's EOF: close once every request it sent has been answered."""
+        if self.eof and not (self.busy or self.more_scheduled or self.write_paused or self.closing):
+            self._close()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
+        if not self.busy and self.framer.buffered():
+            self._process_later()
+        elif self.eof:
+            self._end_if_eof()
+            return
+        self._update_reading()
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self.busy:
+            self.busy = busy
+            self.server.busy_changed(busy)
+
+    def _done_waiting(self, reply: bytes) -> None:
+        """A blocking request got its answer: send it, then carry on with pipelined ones."""
+        self.waiter = None
+        if self.wait_timer is not None:
+            self.wait_timer.cancel()
+            self.wait_timer = None
+        self._set_busy(False)
+        self.last_rx = self.loop.time()
+        times = self.server.request_times
+        if times is not None and self.wait_command:
+            times.observe(self.wait_command, time.perf_counter() - self.wait_started)
+            self.wait_command = b""
+        self._write(reply)
+        if self.framer.buffered():
+            self._process_later()
+        elif self.eof:
+            self._end_if_eof()
+        else:
+            self._update_reading()
+
+    # ------------------------------------------------------------------ requests
+    def _process_later(self) -> None:
+        """Answer the buffered requests on a later pass of the event loop."""
+        if not self.more_scheduled:
+            self.more_scheduled = True
+            self.loop.call_soon(self._process)
+
+    def _process(self) -> None:
+        """Answer buffered requests in order until one blocks, the buffer runs dry, the
+        client stops reading, or the pass's budget is spent: ``MAX_REQUESTS_PER_PASS``
+        requests, or one ``stats`` (the rest wait for a later pass, after the other
+        connections had their turn). Replies are batched into one write per pass."""
+        self.more_scheduled = False
+        out: list[bytes] = []
+        pending = 0
+        framer = self.framer
+        transport = self.transport
+        session = self.session
+        if session is None:
+            return
+        handle = session.handle
+        times = self.server.request_times
+        self.budget = c.MAX_REQUESTS_PER_PASS
+        while not self.busy and not self.closing and not self.write_paused:
+            if self.budget <= 0:
+                if framer.buffered():
+                    self._process_later()
+                break
+            self.budget -= 1
+            try:
+                frame = framer.next_frame()
+            except p.LineTooLong:
+                log.debug("connection %s: request line too long, closing", self.peer)
+                framer.clear()
+                out.append(p.REPLY_ERROR)
+                self._close_with(b"".join(out))
+                return
+            if frame is None:
+                break
+            if times is None:
+                reply = handle(frame)
+                if reply is None:
+                    reply = self._act(session)
+            else:
+                started = time.perf_counter()
+                reply = handle(frame)
+                if reply is None:
+                    reply = self._act(session)
+                if reply is not None:
+                    times.observe(frame[0], time.perf_counter() - started)
+                elif self.waiter is not None:
+                    self.wait_started, self.wait_command = started, frame[0]
+            if reply is not None:
+                out.append(reply)
+                pending += len(reply)
+                if pending >= c.WRITE_BUFFER_LOW_WATER and transport is not None:
+                    self._send(transport, b"".join(out))  # may call pause_writing
+                    out.clear()
+                    pending = 0
+        if out and transport is not None and not transport.is_closing():
+            self._send(transport, out[0] if len(out) == 1 else b"".join(out))
+        if self.eof:
+            self._end_if_eof()
+            return
+        if self.reading_paused or self.write_paused or self.busy or self.more_scheduled:
+            self._update_reading()  # otherwise reading is on and stays on: nothing to do
+
+    def _act(self, session: Session) -> bytes | None:
+        """Carry out what dispatch asked instead of a reply; the reply, if there is one now."""
+        action = session.action
+        session.action = None
+        if isinstance(action, Wait):
+            self.waiter = waiter = action.waiter
+            waiter.wake = self._granted
+            self._set_busy(True)
+            self.wait_timer = self.loop.call_later(action.timeout, self._wait_timed_out)
+            return None
+        if isinstance(action, Close):
+            self._close_with(action.reply)
+            return None
+        if action is STATS:
+            self.budget = 0  # its cost grows with the table: the last request of the pass
+            snapshots = self.server.snapshots
+            assert snapshots is not None
+            reply = snapshots.request(self)
+            if reply is None:
+                self._set_busy(True)  # answered with the next snapshot (stats_ready)
+            return reply
+        assert action is AUTH_FAILED, action
+        self._set_busy(True)
+        self.auth_failed_at = self.loop.time()
+        self.loop.call_later(c.AUTH_FAILURE_DELAY_S, self._close_with, p.REPLY_ERROR_AUTH)
+        return None
+
+    def _granted(self, waiter: Waiter) -> None:
+        if self.session is not None:
+            self._done_waiting(self.session.granted(waiter))
+
+    def _wait_timed_out(self) -> None:
+        self.wait_timer = None
+        self._give_up(p.REPLY_TIMEOUT)
+
+    def _give_up(self, reply: bytes) -> None:
+        """Answer the request in flight with ``reply``, if it waits."""
+        waiter = self.waiter
+        if waiter is not None and self.session is not None:
+            self.session.give_up(waiter)
+            self._done_waiting(reply)
+
+    def stats_ready(self, reply: bytes) -> None:
+        """The ``stats`` this connection waits for is answered (a snapshot taken after it
+        asked)."""
+        if not self.closing:
+            self._done_waiting(reply)
+
+    # ------------------------------------------------------------------ shutdown
+    def refuse_wait(self) -> None:
+        """The server drains: answer a blocked acquire with ``error_draining`` (the connection
+        stays open: it may hold locks to release)."""
+        self._give_up(p.REPLY_ERROR_DRAINING)
+
+    def answer_wait(self, reply: bytes) -> None:
+        """Answer a blocked acquire with ``reply`` now (its key's shard moved away); the
+        connection stays open and in step."""
+        self._give_up(reply)
+
+    def drain_now(self) -> None:
+        """Shutdown deadline: answer an in-flight wait with ``error_draining`` and close."""
+        waiter, session = self.waiter, self.session
+        if waiter is not None and session is not None:
+            session.give_up(waiter)
+            self.waiter = None
+            if self.wait_timer is not None:
+                self.wait_timer.cancel()
+                self.wait_timer = None
+            self._close_with(p.REPLY_ERROR_DRAINING)
+        else:
+            self._close()

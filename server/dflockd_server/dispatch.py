@@ -1,0 +1,424 @@
+"""The dispatch step: one parsed request -> the lock table -> its reply. No sockets, no loop.
+
+``Session`` is one connection's side of the protocol: whether it has authenticated, its
+``Client`` in the table, whether its sender has ended (``eof``). ``Session.handle`` takes a
+frame from the ``RequestFramer`` and returns the reply bytes, or ``None`` when the answer is
+not a reply to send now; then ``Session.action`` says what the transport is to do: ``Wait``
+(the acquire is queued: start the timer, answer when the waiter is woken, through
+``Session.granted``, or the timer fires, through ``Session.give_up``), ``Close`` (send a last
+reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``AUTH_FAILED``
+(a wrong secret: the answer and the close come after a delay).
+
+There is one dispatch: each command has one route (``Session.route_table``), which parses its
+request, the usual shapes first without building a ``Request`` (``protocol.quick_lock`` and
+``quick_token``), then acts on the table.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from dflockd_server import constants as c
+from dflockd_server import protocol as p
+from dflockd_server.fence import FenceStateError
+from dflockd_server.table import (
+    AlreadyEnqueued,
+    Client,
+    Holder,
+    LimitMismatch,
+    LockTable,
+    MaxLocks,
+    MaxWaiters,
+    Waiter,
+)
+
+__all__ = ["AUTH_FAILED", "STATS", "Action", "Close", "Host", "Session", "Wait"]
+
+log = logging.getLogger("dflockd_server")
+
+_AUTH: Final = c.CMD_AUTH.encode()
+_LOCK: Final = c.CMD_LOCK.encode()
+_RELEASE: Final = c.CMD_RELEASE.encode()
+_RENEW: Final = c.CMD_RENEW.encode()
+_WHILE_DRAINING: Final = frozenset(
+    command.encode()
+    for command in (
+        c.CMD_RELEASE,
+        c.CMD_SEM_RELEASE,
+        c.CMD_RENEW,
+        c.CMD_SEM_RENEW,
+        c.CMD_PING,
+        c.CMD_HELLO,
+        c.CMD_STATS,
+        c.CMD_AUTH,
+        c.CMD_SHARDS,
+    )
+)
+"""What a draining server still answers: its holders can renew and release until they are
+done (or the shutdown timeout), and see that it is up; acquires and waits get
+``error_draining``."""
+_REFUSALS: Final = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
+
+
+class Action:
+    """What the transport does for a request answered otherwise than by a reply now."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Wait(Action):
+    """The request blocks: answer when ``waiter`` is granted (``Session.granted``) or after
+    ``timeout`` seconds (``Session.give_up``)."""
+
+    __slots__ = ("timeout", "waiter")
+
+    def __init__(self, waiter: Waiter, timeout: int) -> None:
+        super().__init__("wait")
+        self.waiter = waiter
+        self.timeout = timeout
+
+
+class Close(Action):
+    """Send ``reply`` (after the replies before it) and close the connection."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: bytes) -> None:
+        super().__init__("close")
+        self.reply = reply
+
+
+STATS: Final = Action("stats")
+"""Answer from the server's rationed ``stats`` snapshots (the last request of the pass)."""
+AUTH_FAILED: Final = Action("auth failed")
+"""A wrong secret: answer ``error_auth`` and close after ``AUTH_FAILURE_DELAY_S``, reading
+nothing more meanwhile."""
+_CLOSE_UNAUTHED: Final = Close(p.REPLY_ERROR_AUTH)
+
+Reply = bytes | None
+"""A route's answer: the reply bytes, or ``None`` (see ``Session.action``)."""
+
+
+_Route = Callable[["Session", bytes, bytes, bytes], Reply]
+
+
+class Host(Protocol):
+    """What a session reads of its server."""
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def secret(self) -> bytes | None: ...
+
+    @property
+    def hello_reply(self) -> bytes: ...
+
+    @property
+    def key_check(self) -> Callable[[str], bytes | None] | None:
+        """The ownership's ``check`` (None: every key is served); read per acquire, so a
+        swapped ownership counts from the next request."""
+        ...
+
+    @property
+    def renewals_ok(self) -> bool:
+        """False while renewals are refused (a fenced cluster member)."""
+        ...
+
+    def shards_reply(self) -> bytes:
+        """The ``shards`` reply."""
+        ...
+
+
+class Session:
+    """One connection's side of the protocol (see the module's doc)."""
+
+    __slots__ = (
+        "action",
+        "authed",
+        "client",
+        "default_lease",
+        "eof",
+        "host",
+        "max_lease",
+        "moved",
+        "peer",
+        "table",
+    )
+
+    def __init__(
+        self, host: Host, table: LockTable, default_lease: int, max_lease: int, peer: str
+    ) -> None:
+        self.host = host
+        self.table = table
+        self.client: Client = table.open_client()
+        self.default_lease = default_lease
+        self.max_lease = max_lease
+        self.peer = peer
+        """For log lines."""
+        self.authed = host.secret is None
+        self.eof = False
+        """The client sent EOF: nobody waits for an answer that comes later (try once)."""
+        self.action: Action | None = None
+        self.moved: dict[str, bytes] | None = None
+        """Pending two-phase enqueues dropped because their key's shard moved away: the
+        ``w`` / ``sw`` that comes for one is answered with this reply (``fail_enqueued``)."""
+        """What to do for the request ``handle`` last answered with ``None``."""
+
+    def handle(self, frame: p.Frame) -> Reply:
+        """Answer one request (see the module's doc)."""
+        cmd, key, arg = frame
+        if not self.authed and cmd != _AUTH:
+            log.debug("connection %s: request before auth, closing", self.peer)
+            return self._later(_CLOSE_UNAUTHED)
+        if self.host.draining and cmd not in _WHILE_DRAINING:
+            return p.REPLY_ERROR_DRAINING  # nothing new is granted; releases still work
+        route = _ROUTES.get(cmd)
+        if route is None:
+            return self._unknown(cmd, key, arg)
+        return route(self, cmd, key, arg)
+
+    # ------------------------------------------------------------------ routes
+    @staticmethod
+    def route_table() -> dict[bytes, _Route]:
+        """Each command's one route: it parses the request (the usual shapes first) and
+        acts."""
+        routes = (
+            ((c.CMD_LOCK, c.CMD_SEM_LOCK), Session._acquire),
+            ((c.CMD_RELEASE, c.CMD_SEM_RELEASE), Session._release),
+            ((c.CMD_RENEW, c.CMD_SEM_RENEW), Session._renew),
+            ((c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE), Session._enqueue),
+            ((c.CMD_WAIT, c.CMD_SEM_WAIT), Session._wait),
+            ((c.CMD_PING,), Session._ping),
+            ((c.CMD_HELLO,), Session._hello),
+            ((c.CMD_STATS,), Session._stats),
+            ((c.CMD_AUTH,), Session._auth),
+            ((c.CMD_SHARDS,), Session._shards),
+        )
+        table: dict[bytes, _Route] = {}
+        for commands, route in routes:
+            for command in commands:
+                table[command.encode()] = route
+        return table
+
+    def _acquire(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``l``, ``sl``."""
+        quick = p.quick_lock(key, arg) if cmd == _LOCK else None
+        if quick is not None:
+            name, timeout, lease = quick
+            limit = None
+        else:
+            req = self._decode(cmd, key, arg)
+            if req is None:
+                return p.REPLY_ERROR
+            name, timeout, lease, limit = req.key, req.timeout, req.lease, req.limit
+        if lease is not None and lease > self.max_lease:
+            return self._too_long(lease)
+        check = self.host.key_check
+        if check is not None and (refused := check(name)) is not None:
+            return refused
+        try:
+            got = self.table.acquire(
+                # After the client's EOF nobody waits for an answer to come later: try once.
+                self.client,
+                name,
+                lease or self.default_lease,
+                limit,
+                queue=timeout > 0 and not self.eof,
+            )
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        if got is None:
+            return p.REPLY_TIMEOUT
+        if isinstance(got, Holder):
+            return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
+        return self._later(Wait(got, timeout))
+
+    def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``r``, ``sr``."""
+        quick = p.quick_token(key, arg) if cmd == _RELEASE else None
+        if quick is not None and quick[2] is None:
+            name, token = quick[0], quick[1]
+        else:
+            req = self._decode(cmd, key, arg)
+            if req is None:
+                return p.REPLY_ERROR
+            name, token = req.key, req.token
+        try:
+            released = self.table.release(name, token)
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        return p.REPLY_OK if released else p.REPLY_ERROR
+
+    def _renew(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``n``, ``sn``."""
+        quick = p.quick_token(key, arg) if cmd == _RENEW else None
+        if quick is None:
+            req = self._decode(cmd, key, arg)
+            if req is None:
+                return p.REPLY_ERROR
+            quick = req.key, req.token, req.lease
+        name, token, lease = quick
+        if lease is not None and lease > self.max_lease:
+            return self._too_long(lease)
+        if not self.host.renewals_ok:
+            return p.REPLY_ERROR  # a fenced cluster member: its holders must see the loss
+        try:
+            remaining = self.table.renew(name, token, lease or self.default_lease)
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
+
+    def _enqueue(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``e``, ``se``: two-phase, step 1."""
+        req = self._decode(cmd, key, arg)
+        if req is None:
+            return p.REPLY_ERROR
+        if req.lease is not None and req.lease > self.max_lease:
+            return self._too_long(req.lease)
+        check = self.host.key_check
+        if check is not None and (refused := check(req.key)) is not None:
+            return refused
+        if self.moved:
+            self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
+        try:
+            waiter = self.table.enqueue(
+                self.client, req.key, req.lease or self.default_lease, req.limit
+            )
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        holder = waiter.holder
+        if holder is None:
+            return p.REPLY_QUEUED
+        return p.reply_grant(c.STATUS_ACQUIRED, holder.token, holder.lease_ttl)
+
+    def _wait(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``w``, ``sw``: two-phase, step 2."""
+        req = self._decode(cmd, key, arg)
+        if req is None:
+            return p.REPLY_ERROR
+        table = self.table
+        try:
+            waiter = table.find_enqueued(self.client, req.key)
+            if waiter is None:
+                moved = self.moved.pop(req.key, None) if self.moved else None
+                return p.REPLY_ERROR_NOT_ENQUEUED if moved is None else moved
+            holder = waiter.holder
+            if holder is not None:
+                table.forget_enqueued(waiter)
+                if not holder.live:
+                    return p.REPLY_ERROR_LEASE_EXPIRED
+                return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
+            if req.timeout == 0 or self.eof:
+                table.cancel_wait(waiter)
+                return p.REPLY_TIMEOUT
+        except _REFUSALS as exc:  # a grant on the way, with no token to issue
+            return _refusal(exc)
+        return self._later(Wait(waiter, req.timeout))
+
+    def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        return p.REPLY_OK
+
+    def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        return self.host.hello_reply
+
+    def _shards(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        return self.host.shards_reply()
+
+    def _stats(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        return self._later(STATS)
+
+    def _auth(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        req = self._decode(cmd, key, arg)
+        if req is None:
+            return p.REPLY_ERROR
+        expected = self.host.secret
+        if expected is None:
+            return p.REPLY_ERROR
+        if hmac.compare_digest(req.secret, expected):
+            self.authed = True
+            return p.REPLY_OK
+        log.debug("connection %s: wrong auth secret", self.peer)
+        self.authed = False
+        return self._later(AUTH_FAILED)
+
+    def _unknown(self, cmd: bytes, key: bytes, arg: bytes) -> bytes:
+        self._decode(cmd, key, arg)  # logs why
+        return p.REPLY_ERROR
+
+    # ------------------------------------------------------------------ a wait's end
+    def granted(self, waiter: Waiter) -> bytes:
+        """The reply to the request that waited for ``waiter``, now granted."""
+        holder = waiter.holder
+        assert holder is not None
+        self.table.forget_enqueued(waiter)
+        waiter.wake = None
+        return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
+
+    def give_up(self, waiter: Waiter) -> None:
+        """The request that waited for ``waiter`` is answered otherwise (it timed out, the
+        server drains): leave the queue."""
+        waiter.wake = None
+        self.table.cancel_wait(waiter)
+
+    def fail_enqueued(self, key: str, reply: bytes) -> bool:
+        """Drop this connection's pending enqueue on ``key`` (its shard moves away); the ``w``
+        that comes for it is answered ``reply``. True when there was one."""
+        waiter = self.client.enqueued.get(key)
+        if waiter is None or waiter.holder is not None:
+            return False
+        self.table.cancel_wait(waiter)
+        if self.moved is None:
+            self.moved = {}
+        self.moved[key] = reply
+        return True
+
+    def close(self) -> None:
+        """The connection is gone: drop its waits, release what it holds (auto-release)."""
+        self.table.disconnect(self.client)
+
+    # ------------------------------------------------------------------ helpers
+    def _later(self, action: Action) -> None:
+        self.action = action
+
+    def _decode(self, cmd: bytes, key: bytes, arg: bytes) -> p.Request | None:
+        """The request, or ``None`` when it is malformed (its reply: ``error``)."""
+        try:
+            return p.decode_request(cmd, key, arg)
+        except p.Malformed as exc:
+            log.debug("connection %s: malformed request: %s", self.peer, exc)
+            return None
+
+    def _too_long(self, lease: int) -> bytes:
+        """A lease above ``max_lease_ttl_s`` is a bad number: ``error``, as for lease 0."""
+        log.debug(
+            "connection %s: lease %d s above max_lease_ttl_s (%d s): error",
+            self.peer,
+            lease,
+            self.max_lease,
+        )
+        return p.REPLY_ERROR
+
+
+def _refusal(exc: Exception) -> bytes:
+    """The reply to a request the table refused (or could not serve)."""
+    if isinstance(exc, MaxLocks):
+        return p.REPLY_ERROR_MAX_LOCKS
+    if isinstance(exc, MaxWaiters):
+        return p.REPLY_ERROR_MAX_WAITERS
+    if isinstance(exc, LimitMismatch):
+        return p.REPLY_ERROR_LIMIT_MISMATCH
+    if isinstance(exc, AlreadyEnqueued):
+        return p.REPLY_ERROR_ALREADY_ENQUEUED
+    # FenceStateError: the server's fault, not the client's: say so loudly.
+    log.error("cannot issue a token: %s", exc)
+    return p.REPLY_ERROR
+
+
+_ROUTES: Final[dict[bytes, _Route]] = Session.route_table()

@@ -1,0 +1,170 @@
+"""The lock table's records: a key's state, its holders and waiters, a connection's view, the
+running totals, and the refusals. Plain data with ``__slots__``: the table (``table``) changes
+them; nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+__all__ = [
+    "AlreadyEnqueued",
+    "Client",
+    "Counts",
+    "Holder",
+    "KeyState",
+    "LimitMismatch",
+    "MaxLocks",
+    "MaxWaiters",
+    "TableError",
+    "Waiter",
+]
+
+
+class TableError(Exception):
+    """A request the table refuses; the subclass names the reply."""
+
+
+class MaxLocks(TableError):
+    """The key is new and the table already holds ``max_locks`` keys, or the connection
+    already holds (or waits to be granted) ``max_locks_per_connection`` locks and slots."""
+
+
+class MaxWaiters(TableError):
+    """The key's queue already holds ``max_waiters`` waiters, or the connection already has
+    ``max_waits_per_connection`` queued acquires and pending two-phase enqueues."""
+
+
+class LimitMismatch(TableError):
+    """The request's limit (1 for a lock) differs from the limit of the busy key."""
+
+    def __init__(self, key: str, limit: int) -> None:
+        super().__init__(key, limit)
+        self.key = key
+        self.limit = limit
+        """The key's limit, which the refused request did not match."""
+
+
+class AlreadyEnqueued(TableError):
+    """The connection already has a pending two-phase enqueue on this key."""
+
+
+class Client:
+    """One connection's view in the table: what it holds, waits for and has enqueued."""
+
+    __slots__ = ("enqueued", "held", "id", "n_held", "waiting")
+
+    def __init__(self, client_id: int) -> None:
+        self.id = client_id
+        self.held: list[Holder] = []
+        """Its holders in grant order; released ones are dropped lazily (at the back at once,
+        elsewhere when they outnumber the live ones): a list costs a fifth of a dict."""
+        self.n_held = 0
+        """Locks and slots it holds now."""
+        self.waiting: set[Waiter] = set()
+        self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
+
+
+class Holder:
+    """A granted lock or semaphore slot."""
+
+    __slots__ = ("client", "expires_at", "lease_ttl", "live", "state", "token")
+
+    def __init__(
+        self, token: str, state: KeyState, client: Client, lease_ttl: int, expires_at: float
+    ) -> None:
+        self.token = token
+        self.state = state
+        self.client = client
+        self.lease_ttl = lease_ttl
+        self.expires_at = expires_at
+        self.live = True
+
+
+class Waiter:
+    """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued."""
+
+    __slots__ = ("active", "client", "enqueued", "holder", "lease_ttl", "state", "wake")
+
+    def __init__(self, client: Client, state: KeyState, lease_ttl: int) -> None:
+        self.client = client
+        self.state = state
+        self.lease_ttl = lease_ttl
+        self.active = True
+        self.holder: Holder | None = None
+        self.wake: Callable[[Waiter], None] | None = None
+        self.enqueued = False
+
+
+class KeyState:
+    """One key: its holders, FIFO queue (``()`` while nobody waits) and limit (1 for a lock).
+    ``is_sem``: the key was last fixed by a semaphore request (its kind in ``stats`` and the
+    metrics).
+
+    A key of limit 1 (every lock) keeps its holder in ``one``, with no dict: a dict costs more
+    than the rest of a held key. A key of a larger limit keeps ``many`` (token -> holder).
+    The limit changes only while the key is idle, when both are empty. ``earliest`` is the
+    earliest lease expiry of its holders (``inf`` when none). ``last_used`` is read only while
+    the key is idle (how long it has been, for ``stats``, ``gc`` and making room), and is set
+    at every change that leaves it idle; while it has holders it holds a lease expiry, not a
+    float of its own (24 bytes per held key)."""
+
+    __slots__ = (
+        "earliest",
+        "is_sem",
+        "key",
+        "last_used",
+        "limit",
+        "many",
+        "n_held",
+        "n_waiting",
+        "one",
+        "queue",
+    )
+
+    def __init__(self, key: str, is_sem: bool, limit: int, now: float) -> None:
+        self.key = key
+        self.is_sem = is_sem
+        self.limit = limit
+        self.one: Holder | None = None
+        self.many: dict[str, Holder] | None = None
+        self.n_held = 0
+        # A deque from the first waiter until the last one leaves, the empty tuple otherwise:
+        # an empty deque costs ~760 bytes, more than the rest of a held key.
+        self.queue: deque[Waiter] | tuple[()] = ()
+        self.n_waiting = 0
+        self.earliest = math.inf
+        self.last_used = now
+
+    @property
+    def holders(self) -> dict[str, Holder]:
+        """Token -> holder, a copy (for reading: stats, tests)."""
+        one = self.one
+        if one is not None:
+            return {one.token: one}
+        return dict(self.many) if self.many else {}
+
+    @property
+    def idle(self) -> bool:
+        return self.n_held == 0 and self.n_waiting == 0
+
+
+class Counts:
+    """Running totals since start-up, each a pair indexed by kind: ``[lock, semaphore]``
+    (``counts.grants[state.is_sem]``). Plain integers, read by the metrics exporter."""
+
+    __slots__ = ("expiries", "grants", "lost_by_disconnect", "releases", "timeouts")
+
+    def __init__(self) -> None:
+        self.grants = [0, 0]
+        """Locks and slots granted (at once or after waiting)."""
+        self.releases = [0, 0]
+        """Explicit releases by a holder's token."""
+        self.expiries = [0, 0]
+        """Leases that ran out without a renew."""
+        self.lost_by_disconnect = [0, 0]
+        """Holds released because their connection closed (auto-release on disconnect)."""
+        self.timeouts = [0, 0]
+        """Acquires that gave up: try-once refusals and waits that timed out."""

@@ -1,0 +1,146 @@
+"""The lock table's two indexes, so that no periodic job scans the table: the lease expiry
+index (which leases run out when) and the idle log (which keys went idle when).
+
+Both keep stale entries rather than searching for them, and drop them when met or by a
+compaction whose cost is amortised over the entries added since the last one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from dflockd_server.keys import Holder, KeyState
+
+__all__ = ["COMPACT_MIN", "IdleLog", "LeaseIndex"]
+
+COMPACT_MIN = 64
+"""Stale entries an index (or a key's queue) may keep beyond twice its current ones."""
+
+
+class LeaseIndex:
+    """For each lease length, the expiry times and the holders of the leases of that length
+    (two deques in step; a tuple per entry would cost four times as much), in the order they
+    were granted or renewed. The clock never goes back, so each is in expiry order and a sweep
+    pops only its due entries. An entry is current while its holder is live and still expires
+    at that time; released and renewed holders leave stale entries, dropped when met or by
+    compaction (see ``add``).
+
+    ``LockTable._grant`` and ``_drop_holder`` inline ``add`` and the dropping of released
+    entries at the back: they are the hot path."""
+
+    __slots__ = ("by_ttl", "cap", "count")
+
+    def __init__(self) -> None:
+        self.by_ttl: dict[int, tuple[deque[float], deque[Holder]]] = {}
+        self.count = 0
+        """Entries, stale ones included."""
+        self.cap = COMPACT_MIN
+        """Past this many entries, compact."""
+
+    def add(self, holder: Holder, expires_at: float, lease_ttl: int) -> None:
+        """Add the holder's new expiry. When stale entries (released or renewed holders)
+        outnumber the rest, keep only the current ones: the cost is amortised over the entries
+        added since the last time, never a scan per request."""
+        entries = self.by_ttl.get(lease_ttl)
+        if entries is None:
+            entries = self.by_ttl[lease_ttl] = (deque(), deque())
+        entries[0].append(expires_at)
+        entries[1].append(holder)
+        self.count += 1
+        if self.count > self.cap:
+            self.compact()
+
+    def compact(self) -> None:
+        kept = 0
+        for lease_ttl, (times, holders) in list(self.by_ttl.items()):
+            kept_times: deque[float] = deque()
+            kept_holders: deque[Holder] = deque()
+            for expires_at, holder in zip(times, holders, strict=True):
+                if holder.live and holder.expires_at == expires_at:
+                    kept_times.append(expires_at)
+                    kept_holders.append(holder)
+            if kept_times:
+                self.by_ttl[lease_ttl] = (kept_times, kept_holders)
+                kept += len(kept_times)
+            else:
+                del self.by_ttl[lease_ttl]
+        self.count = kept
+        self.cap = 2 * kept + COMPACT_MIN
+
+    def due(self, now: float) -> Iterator[Holder]:
+        """Pop the entries due at ``now`` and yield their holders (stale ones too: the caller
+        checks). The cost is the entries due plus one step per lease length in use. The caller
+        may grant between steps (an expiry hands its slot on), which may compact the index."""
+        by_ttl = self.by_ttl
+        for lease_ttl in list(by_ttl):
+            while True:
+                # Fetched anew at each step: the grants an expiry makes may compact the index.
+                entries = by_ttl.get(lease_ttl)
+                if entries is None:
+                    break
+                times, holders = entries
+                if not times:
+                    del by_ttl[lease_ttl]
+                    break
+                if times[0] > now:
+                    break
+                times.popleft()
+                holder = holders.popleft()
+                self.count -= 1
+                yield holder
+
+
+class IdleLog:
+    """Keys that became idle, oldest first, each with its ``last_used`` then. An entry is
+    current while its key is still in the table, idle, and unused since; the others are dropped
+    as they are met. So pruning (``prune``) and making room for a new key when the table is
+    full (``evict_oldest``) cost the keys pruned plus the entries dropped, never a scan of the
+    table: every entry is appended once and dropped once. ``keys`` is the table's key map."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[KeyState, float]] = deque()
+
+    @staticmethod
+    def current(keys: dict[str, KeyState], state: KeyState, stamp: float) -> bool:
+        """Whether an entry is current."""
+        return state.last_used == stamp and state.idle and keys.get(state.key) is state
+
+    def note(self, keys: dict[str, KeyState], state: KeyState) -> None:
+        """Log ``state`` if it is idle now (it may be busy again at once: the entry is then
+        dropped when met)."""
+        if state.n_waiting or state.n_held:
+            return
+        entries = self.entries
+        entries.append((state, state.last_used))
+        if len(entries) > 2 * len(keys) + COMPACT_MIN:
+            # Mostly dropped entries: keep the current ones (amortised over the appends).
+            self.entries = deque(e for e in entries if self.current(keys, *e))
+
+    def evict_oldest(self, keys: dict[str, KeyState]) -> bool:
+        """Forget the longest-idle key; False if no key is idle."""
+        entries = self.entries
+        while entries:
+            state, stamp = entries.popleft()
+            if self.current(keys, state, stamp):
+                del keys[state.key]
+                return True
+        return False
+
+    def prune(self, keys: dict[str, KeyState], now: float, max_idle_s: float) -> int:
+        """Forget keys idle for at least ``max_idle_s``; returns how many."""
+        entries = self.entries
+        pruned = 0
+        while entries:
+            state, stamp = entries[0]
+            if not self.current(keys, state, stamp):
+                entries.popleft()
+            elif now - stamp >= max_idle_s:
+                entries.popleft()
+                del keys[state.key]
+                pruned += 1
+            else:
+                break  # the rest became idle later
+        return pruned

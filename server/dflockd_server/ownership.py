@@ -1,0 +1,103 @@
+"""Which keys this server serves: the ``Ownership`` a ``Server`` asks before an acquire.
+
+Three modes (docs/protocol.md, *Ownership*):
+
+* ``SingleOwnership`` (no ``--members``, no ``--cluster``): every key. The dispatch skips the
+  check altogether (``Server.key_check`` is ``None``), so a single server pays one attribute
+  read per acquire.
+* ``StaticOwnership`` (``--members a:6388,b:6388,c:6388 --advertise b:6388``): the keys the
+  clients' default strategy over that list gives to this member,
+  ``zlib.crc32(key.encode()) % len(members) == members.index(advertise)`` (what
+  ``celery_dflock.sharding.stable_hash_shard`` computes; the order matters). Any other key is
+  answered ``error_moved <its owner>``, so a client whose list disagrees learns it at its first
+  acquire instead of splitting a key's holders across two servers.
+* cluster mode: the cluster node (``cluster/node.py``) provides its own ``Ownership`` and
+  replaces it whenever its view of the shard map changes.
+
+An ownership object is an immutable snapshot: whoever changes the verdicts makes a new one and
+swaps the server's reference (``Server.set_ownership``), from any thread.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+from dflockd_server import constants as c
+from dflockd_server import protocol as p
+
+__all__ = ["Ownership", "SingleOwnership", "StaticOwnership"]
+
+
+class Ownership(Protocol):
+    """What a server asks about the keys it is asked to grant."""
+
+    def check(self, key: str) -> bytes | None:
+        """None: serve it. Else the whole reply line to send instead (bytes ending in \\n)."""
+        ...
+
+    def may_renew(self) -> bool:
+        """False while a cluster member is fenced (lost etcd)."""
+        ...
+
+    def describe(self) -> dict[str, object]:
+        """The JSON object ``shards`` answers."""
+        ...
+
+
+class SingleOwnership:
+    """Serves every key (the default)."""
+
+    __slots__ = ()
+
+    def check(self, key: str) -> bytes | None:
+        return None
+
+    def may_renew(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, object]:
+        return {"mode": c.MODE_SINGLE}
+
+
+SINGLE: Final = SingleOwnership()
+
+
+class StaticOwnership:
+    """Serves the keys the crc32 strategy over ``members`` gives to ``advertise``."""
+
+    __slots__ = ("_count", "_index", "_moved", "advertise", "members")
+
+    def __init__(self, members: Sequence[str], advertise: str) -> None:
+        members = tuple(members)
+        if not members:
+            raise ValueError("the member list is empty")
+        if len(set(members)) != len(members):
+            raise ValueError(f"members appear twice in {','.join(members)}")
+        if advertise not in members:
+            raise ValueError(f"{advertise} is not one of the members ({','.join(members)})")
+        self.members = members
+        self.advertise = advertise
+        self._count = len(members)
+        self._index = members.index(advertise)
+        self._moved = tuple(p.reply_moved(member) for member in members)
+
+    def owner(self, key: str) -> str:
+        """The member that serves ``key``."""
+        return self.members[zlib.crc32(key.encode()) % self._count]
+
+    def check(self, key: str) -> bytes | None:
+        index = zlib.crc32(key.encode()) % self._count
+        return None if index == self._index else self._moved[index]
+
+    def may_renew(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "mode": c.MODE_STATIC,
+            "self": self.advertise,
+            "members": list(self.members),
+            "strategy": c.STRATEGY_CRC32,
+        }

@@ -1,0 +1,337 @@
+"""The settings table: for each ``Config`` field, its CLI flag, environment variables (the
+first is the one documented), parser, check and help text. The CLI builds its parser from it,
+``Config`` checks its values with it, and ``docs/gen_reference.py`` generates the flags
+reference from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dflockd_server.values import (
+    check_cluster,
+    check_event_loop,
+    check_lease,
+    check_log_level,
+    check_member,
+    check_members,
+    check_non_negative,
+    check_nothing,
+    check_port,
+    check_positive,
+    parse_bool,
+    parse_cluster,
+    parse_event_loop,
+    parse_float,
+    parse_grace,
+    parse_int,
+    parse_log_level,
+    parse_member,
+    parse_members,
+    parse_str,
+)
+
+__all__ = ["SETTINGS", "Setting"]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One row of the settings table: Config field, CLI flag, env vars, parser, help."""
+
+    field: str
+    flag: str
+    env: tuple[str, ...]
+    parse: Callable[[str], Any]
+    check: Callable[[Any], str | None]
+    help: str
+    metavar: str = "N"
+    none_text: str = "none"
+    """How ``--help`` shows a default of ``None``."""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", "--host", ("DFLOCKD_HOST",), parse_str, check_nothing, "bind address", "ADDR"),
+    Setting("port", "--port", ("DFLOCKD_PORT",), parse_int, check_port, "bind port (0: any free)"),
+    Setting(
+        "default_lease_ttl_s",
+        "--default-lease-ttl",
+        ("DFLOCKD_DEFAULT_LEASE_TTL_S",),
+        parse_int,
+        check_lease,
+        "lease in seconds when a request gives none",
+    ),
+    Setting(
+        "max_lease_ttl_s",
+        "--max-lease-ttl",
+        ("DFLOCKD_MAX_LEASE_TTL_S",),
+        parse_int,
+        check_lease,
+        "longest lease a request may ask for (l, e, n and their semaphore forms); a longer "
+        "one gets `error`. It bounds the restart grace",
+    ),
+    Setting(
+        "restart_grace_s",
+        "--restart-grace",
+        ("DFLOCKD_RESTART_GRACE_S",),
+        parse_grace,
+        check_non_negative,
+        "after a start, grant no key for this long, so leases granted by the previous server "
+        "end first (auto: the longest lease the previous run granted, recorded beside "
+        "--fence-state-file; without one max_lease_ttl, or none on port 0; 0: off)",
+        none_text="auto",
+    ),
+    Setting(
+        "lease_sweep_interval_s",
+        "--lease-sweep-interval",
+        ("DFLOCKD_LEASE_SWEEP_INTERVAL_S",),
+        parse_float,
+        check_positive,
+        "seconds between sweeps for expired leases",
+    ),
+    Setting(
+        "gc_interval_s",
+        "--gc-interval",
+        ("DFLOCKD_GC_LOOP_SLEEP", "DFLOCKD_GC_INTERVAL_S"),
+        parse_float,
+        check_positive,
+        "seconds between prunes of idle key state",
+    ),
+    Setting(
+        "gc_max_idle_s",
+        "--gc-max-idle",
+        ("DFLOCKD_GC_MAX_UNUSED_TIME", "DFLOCKD_GC_MAX_IDLE_S"),
+        parse_float,
+        check_non_negative,
+        "seconds a key stays idle (no holder, no waiter) before it is pruned",
+    ),
+    Setting(
+        "max_locks",
+        "--max-locks",
+        ("DFLOCKD_MAX_LOCKS",),
+        parse_int,
+        check_positive,
+        "most distinct keys (locks and semaphores); existing keys are never refused",
+    ),
+    Setting(
+        "read_timeout_s",
+        "--read-timeout",
+        ("DFLOCKD_READ_TIMEOUT_S",),
+        parse_float,
+        check_non_negative,
+        "close a connection silent this long with no request in flight (0: never)",
+    ),
+    Setting(
+        "auto_release_on_disconnect",
+        "--auto-release-on-disconnect",
+        ("DFLOCKD_AUTO_RELEASE_ON_DISCONNECT",),
+        parse_bool,
+        check_nothing,
+        "release a connection's locks when it closes (1/yes/true, 0/no/false)",
+        "BOOL",
+    ),
+    Setting(
+        "max_connections",
+        "--max-connections",
+        ("DFLOCKD_MAX_CONNECTIONS",),
+        parse_int,
+        check_non_negative,
+        "most open connections; more are accepted and closed at once (0: no cap)",
+    ),
+    Setting(
+        "max_connections_per_ip",
+        "--max-connections-per-ip",
+        ("DFLOCKD_MAX_CONNECTIONS_PER_IP",),
+        parse_int,
+        check_non_negative,
+        "most open connections from one client address (0: no cap)",
+    ),
+    Setting(
+        "max_waiters",
+        "--max-waiters",
+        ("DFLOCKD_MAX_WAITERS",),
+        parse_int,
+        check_non_negative,
+        "most waiters queued per key (0: no cap)",
+    ),
+    Setting(
+        "max_locks_per_connection",
+        "--max-locks-per-connection",
+        ("DFLOCKD_MAX_LOCKS_PER_CONNECTION",),
+        parse_int,
+        check_non_negative,
+        "most locks and semaphore slots one connection holds at once, its queued acquires "
+        "counted as held; past it an acquire gets `error_max_locks`. It keeps one connection "
+        "from taking every key (0: no cap)",
+    ),
+    Setting(
+        "max_waits_per_connection",
+        "--max-waits-per-connection",
+        ("DFLOCKD_MAX_WAITS_PER_CONNECTION",),
+        parse_int,
+        check_non_negative,
+        "most queued acquires plus pending two-phase enqueues (e, se) of one connection; past "
+        "it `error_max_waiters`. It keeps one connection from queueing on every key (0: no "
+        "cap)",
+    ),
+    Setting(
+        "write_timeout_s",
+        "--write-timeout",
+        ("DFLOCKD_WRITE_TIMEOUT_S",),
+        parse_float,
+        check_positive,
+        "drop a connection whose replies stay unread this long",
+    ),
+    Setting(
+        "shutdown_timeout_s",
+        "--shutdown-timeout",
+        ("DFLOCKD_SHUTDOWN_TIMEOUT_S",),
+        parse_float,
+        check_non_negative,
+        "on SIGTERM/SIGINT, seconds holders may take to release before connections close",
+    ),
+    Setting(
+        "auth_token",
+        "--auth-token",
+        ("DFLOCKD_AUTH_TOKEN",),
+        parse_str,
+        check_nothing,
+        "shared secret clients must send with `auth` first",
+        "SECRET",
+    ),
+    Setting(
+        "auth_token_file",
+        "--auth-token-file",
+        ("DFLOCKD_AUTH_TOKEN_FILE",),
+        parse_str,
+        check_nothing,
+        "file holding the shared secret",
+        "PATH",
+    ),
+    Setting(
+        "tls_cert",
+        "--tls-cert",
+        ("DFLOCKD_TLS_CERT",),
+        parse_str,
+        check_nothing,
+        "PEM certificate (chain): serve TLS",
+        "PATH",
+    ),
+    Setting(
+        "tls_key",
+        "--tls-key",
+        ("DFLOCKD_TLS_KEY",),
+        parse_str,
+        check_nothing,
+        "PEM private key for --tls-cert",
+        "PATH",
+    ),
+    Setting(
+        "tls_handshake_timeout_s",
+        "--tls-handshake-timeout",
+        ("DFLOCKD_TLS_HANDSHAKE_TIMEOUT_S",),
+        parse_float,
+        check_positive,
+        "drop a TLS connection whose handshake is not done this long after it was accepted",
+    ),
+    Setting(
+        "max_tls_handshakes",
+        "--max-tls-handshakes",
+        ("DFLOCKD_MAX_TLS_HANDSHAKES",),
+        parse_int,
+        check_non_negative,
+        "most TLS handshakes under way at once; past it the oldest is dropped, so connections "
+        "that never finish theirs bound the server's memory and cannot lock out new clients "
+        "(0: no cap)",
+    ),
+    Setting(
+        "fence_state_file",
+        "--fence-state-file",
+        ("DFLOCKD_FENCE_STATE_FILE",),
+        parse_str,
+        check_nothing,
+        "file persisting the fencing-counter ceiling across restarts",
+        "PATH",
+    ),
+    Setting(
+        "log_level",
+        "--log-level",
+        ("DFLOCKD_LOG_LEVEL",),
+        parse_log_level,
+        check_log_level,
+        "debug, info, warning, error or critical",
+        "LEVEL",
+    ),
+    Setting(
+        "event_loop",
+        "--event-loop",
+        ("DFLOCKD_EVENT_LOOP",),
+        parse_event_loop,
+        check_event_loop,
+        "auto (uvloop when it is installed, else asyncio's), asyncio or uvloop (the `uvloop` "
+        "extra: pip install 'dflockd-server[uvloop]')",
+        "LOOP",
+    ),
+    Setting(
+        "metrics_port",
+        "--metrics-port",
+        ("DFLOCKD_METRICS_PORT",),
+        parse_int,
+        check_port,
+        "serve Prometheus metrics over HTTP on this port (0: any free; needs the `metrics` "
+        "extra: pip install 'dflockd-server[metrics]')",
+    ),
+    Setting(
+        "metrics_host",
+        "--metrics-host",
+        ("DFLOCKD_METRICS_HOST",),
+        parse_str,
+        check_nothing,
+        "bind address of the metrics endpoint (default: --host)",
+        "ADDR",
+    ),
+    Setting(
+        "members",
+        "--members",
+        ("DFLOCKD_MEMBERS",),
+        parse_members,
+        check_members,
+        "static members: every lock server of the fleet as HOST:PORT,HOST:PORT,... in the "
+        "order the clients list them (dflock_servers); this server then serves only the keys "
+        "the clients' crc32 sharding gives to --advertise and answers `error_moved <owner>` "
+        "for the others, so a client with another list gets a clear error",
+        "LIST",
+    ),
+    Setting(
+        "advertise",
+        "--advertise",
+        ("DFLOCKD_ADVERTISE",),
+        parse_member,
+        check_member,
+        "this server's HOST:PORT as clients and the other members name it (one of --members; "
+        "needed with --members or --cluster)",
+        "HOST:PORT",
+    ),
+    Setting(
+        "cluster",
+        "--cluster",
+        ("DFLOCKD_CLUSTER",),
+        parse_cluster,
+        check_cluster,
+        "cluster mode: etcd://HOST:PORT[/PREFIX] (default prefix /dflockd) holding the fixed "
+        "shard map and the live members; needs --advertise, excludes --members",
+        "URL",
+    ),
+    Setting(
+        "cluster_lease_ttl_s",
+        "--cluster-lease-ttl",
+        ("DFLOCKD_CLUSTER_LEASE_TTL_S",),
+        parse_int,
+        check_positive,
+        "cluster mode: seconds of the member's etcd lease; a member that cannot renew it grants "
+        "and renews nothing (its holders see their locks lost), and a dead member's keys pass "
+        "to another after this plus --max-lease-ttl",
+        "SECONDS",
+    ),
+)

@@ -1,0 +1,264 @@
+"""A connection's byte side: its transport, TLS session, flow control and timers.
+
+``Stream`` reads and writes bytes (through the TLS session on a TLS server), pauses reading
+while the replies go unread (``pause_writing``), while a blocking request or a later pass holds
+up a full buffer, or for a fragment delay (a sender whose reads keep ending mid-request), and
+keeps the read, write and handshake timers. What the bytes mean is the subclass's business
+(``connection.Connection``: the request loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Any, Protocol
+
+from dflockd_server import constants as c
+from dflockd_server import protocol as p
+from dflockd_server.config import Config
+from dflockd_server.tls import TlsSession
+
+__all__ = ["Stream", "StreamHost"]
+
+log = logging.getLogger("dflockd_server")
+
+
+class StreamHost(Protocol):
+    """What a stream uses of its server (``net.Server``)."""
+
+    config: Config
+    longest_fragment_delay: float
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None: ...
+
+    def handshake_started(self, stream: Stream) -> None: ...
+
+    def handshake_ended(self, stream: Stream) -> None: ...
+
+    def fragment_delay(self, earlier: int) -> float: ...
+
+
+class Stream(asyncio.Protocol):
+    """One connection's bytes (see the module's doc)."""
+
+    def __init__(self, server: StreamHost) -> None:
+        self.loop = server.loop
+        self.framer = p.RequestFramer()
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.ip = ""
+        # Set by the request loop (the subclass); read here to pause reading while a full
+        # buffer is held up, and to spare a connection with a request in flight the read timeout.
+        self.busy = False  # a request is in flight
+        self.more_scheduled = False  # buffered requests left for a later pass (fairness)
+        self.closing = False
+        self.tls: TlsSession | None = None  # on a TLS server: the session over this connection
+        self.reading_paused = False
+        self.write_paused = False
+        self.read_delayed = False  # a dripping sender: read again after a fragment delay
+        self.fragment_delays = 0  # fragment delays since a request was last completed
+        self.last_rx = 0.0
+        self.read_timer: asyncio.TimerHandle | None = None
+        self.write_timer: asyncio.TimerHandle | None = None
+        self.delay_timer: asyncio.TimerHandle | None = None
+        self.handshake_timer: asyncio.TimerHandle | None = None
+        self._host = server
+
+    def _open(self, transport: asyncio.Transport) -> None:
+        """Start the stream of an admitted connection: buffer limits, timers, TLS."""
+        host = self._host
+        transport.set_write_buffer_limits(c.WRITE_BUFFER_HIGH_WATER, c.WRITE_BUFFER_LOW_WATER)
+        self.last_rx = self.loop.time()
+        if host.config.read_timeout_s > 0:
+            self.read_timer = self.loop.call_later(
+                host.config.read_timeout_s, self._read_timer_fired
+            )
+        if host.ssl_context is not None:
+            self.tls = TlsSession(host.ssl_context)
+            self.handshake_timer = self.loop.call_later(
+                host.config.tls_handshake_timeout_s, self._handshake_timed_out
+            )
+            host.handshake_started(self)
+
+    def _lost(self) -> None:
+        """The transport is gone: stop the timers, end the handshake's slot."""
+        self.closing = True
+        self.framer.clear()
+        for timer in (self.read_timer, self.write_timer, self.delay_timer, self.handshake_timer):
+            if timer is not None:
+                timer.cancel()
+        if self.tls is not None and not self.tls.handshake_done:
+            self._host.handshake_ended(self)
+
+    def set_peer(self, peer: Any) -> None:
+        """Record the peer's address (``peername``, or what ``accept`` returned)."""
+        if isinstance(peer, tuple) and peer:
+            self.ip = str(peer[0])  # pyright: ignore[reportUnknownArgumentType]
+            self.peer = f"{self.ip}:{peer[1]}"
+
+    # ------------------------------------------------------------------ TLS
+    def _decrypt(self, tls: TlsSession, data: bytes) -> bytes:
+        """The request bytes that ``data`` completes (``b""``: none yet, or the connection
+        closes); sends what the TLS session has to send, and ends the handshake's timer and
+        slot when the handshake is done. The peer's ``close_notify`` counts as its EOF, once
+        the requests before it are in."""
+        transport = self.transport
+        assert transport is not None
+        was_done = tls.handshake_done
+        try:
+            plain = tls.receive(data)
+        except ssl.SSLError as exc:
+            log.debug("TLS with %s failed: %s", self.peer, exc)
+            out = tls.outgoing()  # the alert, if OpenSSL made one
+            if out:
+                transport.write(out)
+            self.closing = True
+            transport.close()
+            return b""
+        out = tls.outgoing()
+        if out:
+            transport.write(out)
+        if tls.handshake_done and not was_done:
+            if self.handshake_timer is not None:
+                self.handshake_timer.cancel()
+                self.handshake_timer = None
+            self._host.handshake_ended(self)
+        if tls.peer_closed and not plain:
+            self._peer_closed()
+        return plain
+
+    def _peer_closed(self) -> None:
+        """The client ended its TLS session: as an EOF (its requests are answered, then the
+        connection closes)."""
+        if not self.closing and self.eof_received() is None:
+            self._close()
+
+    def _handshake_timed_out(self) -> None:
+        self.handshake_timer = None
+        if not self.closing:
+            log.debug("connection %s: TLS handshake not done in time, dropping", self.peer)
+            self.abort()
+
+    def _send(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Write reply bytes, through the TLS session on a TLS connection."""
+        tls = self.tls
+        if tls is None:
+            transport.write(data)
+            return
+        try:
+            transport.write(tls.send(data))
+        except ssl.SSLError as exc:
+            log.debug("connection %s: TLS write failed: %s", self.peer, exc)
+            self.abort()
+
+    def _close(self) -> None:
+        """Close after the buffered replies are sent (a TLS connection ends its session)."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        self.closing = True
+        if self.tls is not None:
+            alert = self.tls.close_notify()
+            if alert:
+                transport.write(alert)
+        transport.close()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._update_reading()
+        if self.write_timer is None:
+            self.write_timer = self.loop.call_later(
+                self._host.config.write_timeout_s, self._write_timer_fired
+            )
+
+    # ------------------------------------------------------------------ timers
+    def _delay_reading(self) -> None:
+        """Stop reading, for a fragment delay, a sender whose reads keep ending mid-request.
+
+        Each byte of a slowloris client costs the server a wake-up and a read; read after a
+        delay, its bytes come in one read instead. The delays double while the sender keeps
+        dripping, and their jitter keeps drippers that started together from being read
+        again together, in bursts that whole requests from other clients would wait behind.
+        A client that sends whole requests never gets here; a request that straddles three
+        reads or more waits ``FRAGMENT_READ_DELAY_S`` (jittered) for its third."""
+        if self.delay_timer is not None:
+            return  # already waiting one out (a read the loop had in hand when it paused)
+        self.read_delayed = True
+        self._update_reading()
+        delay = self._host.fragment_delay(self.fragment_delays)
+        self.fragment_delays += 1
+        self.delay_timer = self.loop.call_later(delay, self._delay_over)
+
+    def _delay_over(self) -> None:
+        self.delay_timer = None
+        self.read_delayed = False
+        self._update_reading()
+
+    def _read_timer_fired(self) -> None:
+        self.read_timer = None
+        if self.closing:
+            return
+        timeout = self._host.config.read_timeout_s
+        idle = self.loop.time() - self.last_rx
+        if self.read_delayed:
+            # Bytes may be waiting unread: judge idleness once the delay is over.
+            self.read_timer = self.loop.call_later(
+                max(timeout - idle, self._host.longest_fragment_delay), self._read_timer_fired
+            )
+            return
+        if self.busy or idle < timeout:
+            delay = timeout if self.busy else timeout - idle
+            self.read_timer = self.loop.call_later(delay, self._read_timer_fired)
+            return
+        log.debug("connection %s: read timeout after %.1f s idle", self.peer, idle)
+        self.abort()
+
+    def _write_timer_fired(self) -> None:
+        self.write_timer = None
+        if not self.closing:
+            log.debug("connection %s: replies unread for the write timeout, dropping", self.peer)
+            self.abort()
+
+    # ------------------------------------------------------------------ helpers
+    def abort(self) -> None:
+        """Close at once, dropping what is unsent."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _close_with(self, reply: bytes) -> None:
+        """Send a last reply and close (buffered replies are flushed first)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and not self.closing:
+            self._send(transport, reply)
+            self._close()
+        self.closing = True
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        want_pause = (
+            self.write_paused
+            or self.read_delayed
+            or (
+                (self.busy or self.more_scheduled)
+                and self.framer.buffered() > c.MAX_PIPELINE_BUFFER
+            )
+        )
+        if want_pause != self.reading_paused:
+            self.reading_paused = want_pause
+            if want_pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not self.closing:
+            self._send(transport, data)

@@ -1,0 +1,289 @@
+"""The lock table's state and the mechanics its operations share (``table.LockTable`` is the
+table): making a key's state for an acquire, queueing, granting, dropping a holder, expiring a
+key's run-out leases, handing free slots on to the FIFO queue, announcing later grants
+(``wake``) once the table has finished changing, the per-connection caps and the restart grace.
+Pure state, no I/O: time from the injected clock, tokens from the injected generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+from dflockd_server.keys import (
+    Client,
+    Counts,
+    Holder,
+    KeyState,
+    LimitMismatch,
+    MaxLocks,
+    MaxWaiters,
+    Waiter,
+)
+from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex
+
+__all__ = ["TableCore"]
+
+_CLIENT_COMPACT_MIN = 8
+"""Released holders a connection's list may keep beyond twice its live ones (small: each keeps
+a released holder and its token alive)."""
+
+
+class TableCore:
+    """The state of all locks and semaphores of one server, and the steps that change it
+    (see the module's doc); ``LockTable`` adds the operations."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        new_token: Callable[[], str],
+        max_locks: int,
+        max_waiters: int = 0,
+        max_locks_per_connection: int = 0,
+        max_waits_per_connection: int = 0,
+        auto_release_on_disconnect: bool = True,
+        grace_s: float = 0.0,
+        note_lease: Callable[[int], int] | None = None,
+        lease_noted: int = 0,
+    ) -> None:
+        self.clock = clock
+        self.new_token = new_token
+        self.max_locks = max_locks
+        self.max_waiters = max_waiters
+        self.max_locks_per_connection = max_locks_per_connection
+        """Most locks and slots one client may hold, counting its queued waits (each may be
+        granted): so it never holds more at once. 0: no cap."""
+        self.max_waits_per_connection = max_waits_per_connection
+        """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
+        self.auto_release_on_disconnect = auto_release_on_disconnect
+        self.keys: dict[str, KeyState] = {}
+        """Every key, locks and semaphores alike: one resource per key."""
+        self._idle = IdleLog()
+        self._leases = LeaseIndex()
+        self._wakes: list[Waiter] = []
+        self._next_client_id = 0
+        self.counts = Counts()
+        self.in_grace = grace_s > 0
+        """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
+        self.grace_until = clock() + grace_s if grace_s > 0 else -math.inf
+        self.note_lease = note_lease
+        self.lease_noted = lease_noted
+        """Leases up to this long need no ``note_lease`` call."""
+
+    def _in_grace(self, now: float) -> bool:
+        """Whether the grace still holds at ``now``; at its end, grant the waiters queued
+        during it (their wakes are left for the caller to flush)."""
+        if not self.in_grace:
+            return False
+        if now < self.grace_until:
+            return True
+        self.in_grace = False
+        for state in list(self.keys.values()):
+            if state.n_waiting:
+                self._fill(state, now)
+        return False
+
+    def _note(self, lease_ttl: int) -> None:
+        if lease_ttl > self.lease_noted:
+            self.lease_noted = (
+                self.note_lease(lease_ttl) if self.note_lease is not None else lease_ttl
+            )
+
+    # ------------------------------------------------------------------ internals
+    def _check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
+        """Refuse (``MaxLocks``) a client whose holds plus queued waits (each may be granted)
+        reach its cap. ``state``: the key about to be granted or queued on (if a refusal
+        leaves it idle, it is logged so, to be pruned)."""
+        if client.n_held + len(client.waiting) >= self.max_locks_per_connection:
+            if state is not None:
+                self._idle.note(self.keys, state)
+            raise MaxLocks(key)
+
+    def _check_client_waits(self, client: Client, key: str, state: KeyState | None) -> None:
+        """Refuse (``MaxWaiters``) a client whose queued acquires plus pending two-phase
+        enqueues reach its cap. A queued enqueue is in both ``waiting`` and ``enqueued``: the
+        exact count (at most the cap's worth of entries) is taken only near the cap.
+        ``state``: as for ``_check_client_locks``."""
+        cap = self.max_waits_per_connection
+        waiting, enqueued = client.waiting, client.enqueued
+        if len(waiting) + len(enqueued) < cap:
+            return
+        if len(waiting) + sum(1 for w in enqueued.values() if not w.active) < cap:
+            return
+        if state is not None:
+            self._idle.note(self.keys, state)
+        raise MaxWaiters(key)
+
+    def _state_for(self, key: str, limit: int | None, now: float) -> KeyState:
+        """The key's state for an acquire with ``limit`` (``None``: a lock, limit 1): made
+        if new, its limit and kind fixed anew if idle, refused if busy with another limit."""
+        is_sem = limit is not None
+        wanted = 1 if limit is None else limit
+        states = self.keys
+        state = states.get(key)
+        if state is None:
+            # Idle keys hold nothing: make room before refusing.
+            if len(states) >= self.max_locks and not self._idle.evict_oldest(states):
+                raise MaxLocks(key)
+            state = states[key] = KeyState(key, is_sem, wanted, now)
+            return state  # granted or queued on at once (see _grant for when it cannot be)
+        if now >= state.earliest:
+            self._check(state, now)
+        state.last_used = now
+        if state.idle:
+            if wanted != state.limit:
+                state.limit = wanted
+                state.many = None  # empty: a key of limit 1 holds its holder in `one`
+            state.is_sem = is_sem
+        elif wanted != state.limit:
+            raise LimitMismatch(key, state.limit)
+        return state
+
+    def _queue(self, state: KeyState, client: Client, lease_ttl: int) -> Waiter:
+        if self.max_waiters and state.n_waiting >= self.max_waiters:
+            self._idle.note(
+                self.keys, state
+            )  # a new key (in the restart grace) left idle: prune it
+            raise MaxWaiters(state.key)
+        waiter = Waiter(client, state, lease_ttl)
+        queue = state.queue
+        if isinstance(queue, tuple):
+            queue = state.queue = deque()
+        queue.append(waiter)
+        state.n_waiting += 1
+        client.waiting.add(waiter)
+        return waiter
+
+    def _grant(self, state: KeyState, client: Client, lease_ttl: int, now: float) -> Holder:
+        try:
+            if lease_ttl > self.lease_noted:
+                self._note(lease_ttl)  # before the token: a failed write grants nothing
+            token = self.new_token()
+        except BaseException:
+            self._idle.note(self.keys, state)  # a new key left idle must still be pruned
+            raise
+        self.counts.grants[state.is_sem] += 1
+        expires_at = now + lease_ttl
+        holder = Holder(token, state, client, lease_ttl, expires_at)
+        if state.limit == 1:
+            state.one = holder
+            state.earliest = expires_at
+        else:
+            many = state.many
+            if many is None:
+                many = state.many = {}
+            many[token] = holder
+            state.earliest = min(state.earliest, expires_at)
+        state.n_held += 1
+        state.last_used = expires_at  # not read while held (see KeyState)
+        client.held.append(holder)
+        client.n_held += 1
+        index = self._leases  # index.add, inlined: the hot path
+        entries = index.by_ttl.get(lease_ttl)
+        if entries is None:
+            entries = index.by_ttl[lease_ttl] = (deque(), deque())
+        entries[0].append(expires_at)
+        entries[1].append(holder)
+        index.count += 1
+        if index.count > index.cap:
+            index.compact()
+        return holder
+
+    def _unqueue(self, waiter: Waiter, now: float) -> None:
+        if not waiter.active:
+            return
+        waiter.active = False
+        state = waiter.state
+        state.n_waiting -= 1
+        state.last_used = now
+        queue = state.queue
+        if len(queue) > COMPACT_MIN and len(queue) > 2 * state.n_waiting:
+            state.queue = deque(w for w in queue if w.active)
+        self._fill(state, now)
+        self._idle.note(self.keys, state)
+
+    def _drop_holder(self, holder: Holder, now: float) -> None:
+        holder.live = False
+        state = holder.state
+        if state.one is holder:
+            state.one = None
+        else:
+            assert state.many is not None
+            del state.many[holder.token]
+        state.n_held -= 1
+        client = holder.client
+        client.n_held -= 1
+        held = client.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * client.n_held + _CLIENT_COMPACT_MIN:
+            client.held = [h for h in held if h.live]
+        index = self._leases
+        entries = index.by_ttl.get(holder.lease_ttl)
+        if entries is not None and entries[1] and not entries[1][-1].live:
+            # Stale entries at the back (the latest grants, released): dropped at once, so
+            # short holds leave nothing behind in the index.
+            times, holders = entries
+            while holders and not holders[-1].live:
+                holders.pop()
+                times.pop()
+                index.count -= 1
+        state.last_used = now
+        if not state.n_held:
+            state.earliest = math.inf
+            self._idle.note(self.keys, state)
+
+    def _check(self, state: KeyState, now: float) -> int:
+        """Expire the key's run-out leases and hand their slots on; returns how many."""
+        if now < state.earliest:
+            return 0
+        one = state.one
+        if one is not None:
+            gone = [one] if one.expires_at <= now else []
+        else:
+            gone = [h for h in state.many.values() if h.expires_at <= now] if state.many else []
+        if gone:
+            self.counts.expiries[state.is_sem] += len(gone)
+        for holder in gone:
+            self._drop_holder(holder, now)
+        one = state.one
+        if one is not None:
+            state.earliest = one.expires_at
+        else:
+            many = state.many
+            state.earliest = (
+                min((h.expires_at for h in many.values()), default=math.inf) if many else math.inf
+            )
+        self._fill(state, now)
+        return len(gone)
+
+    def _fill(self, state: KeyState, now: float) -> None:
+        """Grant queued waiters, in FIFO order, while the key has free slots."""
+        queue = state.queue
+        if isinstance(queue, tuple) or self.in_grace:
+            return
+        while state.n_waiting and state.n_held < state.limit:
+            waiter = queue[0]
+            if not waiter.active:
+                queue.popleft()
+                continue
+            # Grant first: if no token can be issued the waiter stays at the head of the queue.
+            waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+            queue.popleft()
+            waiter.active = False
+            state.n_waiting -= 1
+            waiter.client.waiting.discard(waiter)
+            if waiter.wake is not None:
+                self._wakes.append(waiter)
+        if not state.n_waiting:
+            state.queue = ()  # only given-up waiters left, if any: drop them with the deque
+
+    def _flush(self) -> None:
+        while self._wakes:
+            wakes = self._wakes
+            self._wakes = []
+            for waiter in wakes:
+                if waiter.wake is not None:
+                    waiter.wake(waiter)

@@ -1,0 +1,183 @@
+"""How a setting's raw text (a flag or an environment variable) becomes a value, and when a
+typed value is unusable: the parsers and checks the settings table (``settings``) names.
+
+Each parser turns a raw string into a value or raises ``ValueError`` with a short reason; each
+check returns ``None`` or a reason a typed value is unusable.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dflockd_server import constants as c
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def parse_int(raw: str) -> int:
+    text = raw.strip()
+    if not text or not text.lstrip("-").isdigit() or not text.isascii():
+        raise ValueError("not an integer")
+    return int(text)
+
+
+def parse_float(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
+
+
+TRUE_WORDS = frozenset({"1", "yes", "true", "on"})
+FALSE_WORDS = frozenset({"0", "no", "false", "off"})
+
+
+def parse_bool(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    raise ValueError("expected 1/yes/true or 0/no/false")
+
+
+def parse_str(raw: str) -> str:
+    text = raw.strip()
+    if not text:
+        raise ValueError("empty")
+    return text
+
+
+def parse_grace(raw: str) -> float | None:
+    """``auto`` (``None``: derived at start-up) or a number of seconds."""
+    if raw.strip().lower() == "auto":
+        return None
+    return parse_float(raw)
+
+
+def parse_log_level(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+    return text
+
+
+def parse_event_loop(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in EVENT_LOOPS:
+        raise ValueError(f"expected one of {', '.join(EVENT_LOOPS)}")
+    return text
+
+
+def check_event_loop(value: str) -> str | None:
+    return None if value in EVENT_LOOPS else f"expected one of {', '.join(EVENT_LOOPS)}"
+
+
+def check_positive(value: float) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+def check_non_negative(value: float) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
+def check_port(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else "must be 0..65535"
+
+
+def check_lease(value: int) -> str | None:
+    if not 0 < value <= c.MAX_NUMBER:
+        return f"must be 1..{c.MAX_NUMBER}"
+    return None
+
+
+def check_nothing(_value: object) -> str | None:
+    return None
+
+
+def check_log_level(value: str) -> str | None:
+    return None if value in LOG_LEVELS else f"expected one of {', '.join(LOG_LEVELS)}"
+
+
+def parse_member(raw: str) -> str:
+    """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:6388``), as written."""
+    text = raw.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or host in ("[]",):
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise ValueError(f"{text!r} is not HOST:PORT (put an IPv6 host in brackets: [::1]:6388)")
+    if any(ch.isspace() or ch in ",/" for ch in host):
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if not port.isascii() or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{text!r}: the port must be 1..65535")
+    return f"{host}:{int(port)}"
+
+
+def parse_members(raw: str) -> tuple[str, ...]:
+    """A comma-separated list of ``HOST:PORT``, in order, each once."""
+    members = tuple(parse_member(part) for part in raw.split(",") if part.strip())
+    if not members:
+        raise ValueError("empty: give HOST:PORT,HOST:PORT,... (every member, in one order)")
+    return members
+
+
+def check_members(value: tuple[str, ...]) -> str | None:
+    if not value:
+        return "must name at least one HOST:PORT"
+    seen: set[str] = set()
+    for member in value:
+        try:
+            parse_member(member)
+        except ValueError as exc:
+            return str(exc)
+        if member in seen:
+            return f"{member} appears twice (each member once, in the same order everywhere)"
+        seen.add(member)
+    return None
+
+
+def check_member(value: str) -> str | None:
+    try:
+        parse_member(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def split_cluster_url(url: str) -> tuple[str, int, str]:
+    """``etcd://HOST:PORT[/PREFIX]`` as ``(host, port, prefix)`` (prefix default
+    ``/dflockd``). Raises ``ValueError`` saying what is wrong."""
+    scheme = f"{c.CLUSTER_SCHEME}://"
+    text = url.strip()
+    if not text.startswith(scheme):
+        raise ValueError(f"{text!r} is not {scheme}HOST:PORT[/PREFIX]")
+    rest = text[len(scheme) :]
+    if "?" in rest or "#" in rest:
+        raise ValueError(f"{text!r}: no query or fragment allowed (etcd://HOST:PORT[/PREFIX])")
+    address, slash, prefix = rest.partition("/")
+    member = parse_member(address)
+    host, _, port = member.rpartition(":")
+    prefix = f"/{prefix}".rstrip("/") if slash else ""
+    if any(ch.isspace() for ch in prefix):
+        raise ValueError(f"{text!r}: the prefix holds whitespace")
+    return host.strip("[]"), int(port), prefix or c.DEFAULT_CLUSTER_PREFIX
+
+
+def parse_cluster(raw: str) -> str:
+    """``etcd://HOST:PORT[/PREFIX]``, normalized (the default prefix written out)."""
+    host, port, prefix = split_cluster_url(raw)
+    shown = f"[{host}]" if ":" in host else host
+    return f"{c.CLUSTER_SCHEME}://{shown}:{port}{prefix}"
+
+
+def check_cluster(value: str) -> str | None:
+    try:
+        split_cluster_url(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
