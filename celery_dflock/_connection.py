@@ -20,43 +20,19 @@ import os
 import select
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Self
 
-from celery_dflock import protocol
-from celery_dflock._core import (
-    CLOSING_ERRORS,
-    FEATURE_PING,
-    REPLY_GRACE_S,
-    Endpoint,
-    ServerInfo,
-    auth_reply_error,
-    server_info,
-)
-from celery_dflock.errors import DflockError, ProtocolError, ServerUnavailable
-from celery_dflock.protocol import Command, ErrorReply, Reply, ReplyParser
+from celery_dflock._async.connection_ops import AsyncConnectionOps
+from celery_dflock._core import FEATURE_PING, Endpoint
+from celery_dflock._sync.connection_ops import ConnectionOps
+from celery_dflock.errors import ServerUnavailable
+from celery_dflock.protocol import Command, Reply
 
 RECV_BYTES: Final = 65536
 _POLL_IN: Final = select.POLLIN if hasattr(select, "poll") else 0
 _POLL_OUT: Final = select.POLLOUT if hasattr(select, "poll") else 0
-
-
-def _failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
-    """Translate an I/O failure during a request into the client's errors."""
-    if isinstance(exc, TimeoutError):
-        return ServerUnavailable(
-            f"no reply from the lock server at {endpoint.address} to {command.label} within "
-            f"{timeout:.1f}s; the connection was closed (is the server overloaded or hung?)"
-        )
-    if isinstance(exc, OSError):
-        return ServerUnavailable(
-            f"the connection to the lock server at {endpoint.address} failed during "
-            f"{command.label} ({exc.strerror or exc}); locks held on it are released by "
-            "the server"
-        )
-    return ServerUnavailable(f"connection to {endpoint.address} failed: {exc!r}")
 
 
 def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
@@ -66,27 +42,12 @@ def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
     )
 
 
-def _unsolicited(endpoint: Endpoint, parser: ReplyParser) -> ProtocolError:
-    return ProtocolError(
-        f"the lock server at {endpoint.address} sent {parser.buffered} byte(s) nobody asked "
-        "for after a reply; the connection was closed"
-    )
-
-
-class Connection:
+class Connection(ConnectionOps):
     """A blocking connection; thread safe (requests are serialized by a lock)."""
 
     def __init__(self, endpoint: Endpoint, sock: socket.socket) -> None:
-        self.endpoint = endpoint
-        self.pid = os.getpid()
-        self.last_used = time.monotonic()
+        self._init_state(endpoint)
         self._sock = sock
-        self._parser = ReplyParser()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._in_flight = False
-        self.server: ServerInfo | None = None
-        """What the server said to ``hello`` (None: not asked on this connection)."""
         self._poller: select.poll | None = None
         if hasattr(select, "poll") and not isinstance(sock, ssl.SSLSocket):
             sock.setblocking(False)  # replies are waited for with poll (module docstring)
@@ -94,7 +55,7 @@ class Connection:
             self._poller.register(sock, _POLL_IN)
 
     @classmethod
-    def open(cls, endpoint: Endpoint) -> Connection:
+    def open(cls, endpoint: Endpoint) -> Self:
         """Connect (bounded by ``connect_timeout_s``), wrap in TLS, authenticate."""
         try:
             sock = socket.create_connection(
@@ -111,86 +72,15 @@ class Connection:
             sock.close()
             raise ServerUnavailable(endpoint.unavailable_message(f"TLS setup: {exc}")) from exc
         conn = cls(endpoint, sock)
-        if endpoint.auth_token is not None:
-            reply = conn.request(Command.AUTH, protocol.encode_auth(endpoint.auth_token))
-            error = auth_reply_error(endpoint, reply)
-            if error is not None:
-                conn.close()
-                raise error
+        conn._authenticate()
         return conn
 
-    @classmethod
-    def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> Connection:
-        """`open`, knowing what the server supports: ``server`` when already known (a pool
-        asks once per server), else ask ``hello`` first.
-
-        A server that predates ``hello`` answers ``error`` (dflockd 0.4/0.5 then close the
-        connection): that connection is dropped and a fresh one opened.
-        """
-        conn = cls.open(endpoint)
-        if server is None:
-            try:
-                server = conn.hello()
-            except BaseException:
-                conn.close()
-                raise
-            if conn.closed:
-                conn = cls.open(endpoint)
-        conn.server = server
-        return conn
-
-    def hello(self) -> ServerInfo:
-        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed."""
-        info = server_info(self.endpoint, self.request(Command.HELLO, protocol.encode_hello()))
-        if info.legacy:
-            self.close()  # some close it after `error`: never reuse it
-        return info
-
-    @property
-    def closed(self) -> bool:
-        """True once closed (by us, by the peer, or by an interrupted request)."""
-        return self._closed
-
-    @property
-    def in_flight(self) -> bool:
-        """True while a request waits for its reply."""
-        return self._in_flight
-
-    def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
-        """Send one request and return its decoded reply.
-
-        Raises `ServerUnavailable` (the connection broke, or no reply within ``timeout``) or
-        `ProtocolError`; in both cases, and if anything interrupts the call, the connection is
-        closed.
-        """
-        if self.pid != os.getpid():
-            raise DflockError(
-                "this connection was opened by another process (before a fork); "
-                "a forked child must open its own"
-            )
-        with self._lock:
-            if self._closed:
-                raise ServerUnavailable(f"the connection to {self.endpoint.address} is closed")
-            self._in_flight = True
-            deadline = time.monotonic() + timeout
-            try:
-                if self._poller is not None:
-                    reply = self._exchange_polling(command, data, deadline)
-                else:
-                    reply = self._exchange_timeouts(command, data, timeout, deadline)
-                if self._parser.buffered:
-                    raise _unsolicited(self.endpoint, self._parser)
-            except BaseException as exc:
-                self.close()
-                if isinstance(exc, OSError):
-                    raise _failure(self.endpoint, command, exc, timeout) from exc
-                raise
-            finally:
-                self._in_flight = False
-            if isinstance(reply, ErrorReply) and reply.code in CLOSING_ERRORS:
-                self.close()
-            self.last_used = time.monotonic()
-            return reply
+    def _exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
+        """Send ``data`` and read its reply (request lock held)."""
+        deadline = time.monotonic() + timeout
+        if self._poller is not None:
+            return self._exchange_polling(command, data, deadline)
+        return self._exchange_timeouts(command, data, timeout, deadline)
 
     def _exchange_timeouts(
         self, command: Command, data: bytes, timeout: float, deadline: float
@@ -264,14 +154,6 @@ class Connection:
             if events != _POLL_IN:
                 poller.modify(self._sock, _POLL_IN)
 
-    def ping(self) -> bool:
-        """True if the server answered ``ping``; on any failure the connection is closed."""
-        try:
-            return isinstance(self.request(Command.PING, protocol.encode_ping()), protocol.Ok)
-        except DflockError:
-            self.close()
-            return False
-
     def is_reusable(self) -> bool:
         """Cheap liveness check before reuse: a non-blocking peek (TLS: a ``ping`` where the
         server knows it, else a non-blocking read that only TLS records may satisfy)."""
@@ -335,6 +217,8 @@ class Connection:
         with contextlib.suppress(OSError):
             self._sock.close()
 
+    _abort = close
+
     def watchable_fd(self) -> int | None:
         """The descriptor a `ConnectionWatcher` may poll (where ``poll`` exists), or None."""
         if self._closed or self.pid != os.getpid() or not hasattr(select, "poll"):
@@ -362,10 +246,6 @@ class Connection:
             return False  # pragma: no cover - a plain socket without poll is never watched
         finally:
             self._lock.release()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<Connection {self.endpoint.address} {state}>"
 
 
 class _StreamProtocol(asyncio.StreamReaderProtocol):
@@ -400,7 +280,7 @@ class _StreamProtocol(asyncio.StreamReaderProtocol):
         self._tell()
 
 
-class AsyncConnection:
+class AsyncConnection(AsyncConnectionOps):
     """An asyncio connection; coroutine safe (requests are serialized by an asyncio lock)."""
 
     def __init__(
@@ -410,21 +290,13 @@ class AsyncConnection:
         writer: asyncio.StreamWriter,
         stream: _StreamProtocol,
     ) -> None:
-        self.endpoint = endpoint
-        self.pid = os.getpid()
-        self.last_used = time.monotonic()
+        self._init_state(endpoint)
         self._reader = reader
         self._writer = writer
         self._stream = stream
-        self._parser = ReplyParser()
-        self._lock = asyncio.Lock()
-        self._closed = False
-        self._in_flight = False
-        self.server: ServerInfo | None = None
-        """What the server said to ``hello`` (None: not asked on this connection)."""
 
     @classmethod
-    async def open(cls, endpoint: Endpoint) -> AsyncConnection:
+    async def open(cls, endpoint: Endpoint) -> Self:
         """Connect (bounded by ``connect_timeout_s``), with TLS, and authenticate."""
         try:
             async with asyncio.timeout(endpoint.connect_timeout_s):
@@ -451,96 +323,20 @@ class AsyncConnection:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = cls(endpoint, reader, writer, stream)
-        if endpoint.auth_token is not None:
-            try:
-                reply = await conn.request(Command.AUTH, protocol.encode_auth(endpoint.auth_token))
-            except BaseException:
-                await conn.aclose()
-                raise
-            error = auth_reply_error(endpoint, reply)
-            if error is not None:
-                await conn.aclose()
-                raise error
+        await conn._authenticate()
         return conn
 
-    @classmethod
-    async def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> AsyncConnection:
-        """`open`, knowing what the server supports (see `Connection.connect`)."""
-        conn = await cls.open(endpoint)
-        if server is None:
-            try:
-                server = await conn.hello()
-            except BaseException:
-                conn.close()
-                raise
-            if conn.closed:
-                conn = await cls.open(endpoint)
-        conn.server = server
-        return conn
-
-    async def hello(self) -> ServerInfo:
-        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed."""
-        reply = await self.request(Command.HELLO, protocol.encode_hello())
-        info = server_info(self.endpoint, reply)
-        if info.legacy:
-            self._abort()  # some close it after `error`: never reuse it
-        return info
-
-    @property
-    def closed(self) -> bool:
-        """True once closed (by us, by the peer, or by an interrupted request)."""
-        return self._closed
-
-    @property
-    def in_flight(self) -> bool:
-        """True while a request waits for its reply."""
-        return self._in_flight
-
-    async def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
-        """Send one request and return its decoded reply (see `Connection.request`).
-
-        Cancelling the calling task midway closes the connection.
-        """
-        if self.pid != os.getpid():
-            raise DflockError(
-                "this connection was opened by another process (before a fork); "
-                "a forked child must open its own"
-            )
-        async with self._lock:
-            if self._closed:
-                raise ServerUnavailable(f"the connection to {self.endpoint.address} is closed")
-            self._in_flight = True
-            try:
-                async with asyncio.timeout(timeout):
-                    self._writer.write(data)
-                    await self._writer.drain()
-                    while (reply := self._parser.next_reply(command)) is None:
-                        chunk = await self._reader.read(RECV_BYTES)
-                        if not chunk:
-                            raise _closed_by_peer(self.endpoint, command)
-                        self._parser.feed(chunk)
-                if self._parser.buffered:
-                    raise _unsolicited(self.endpoint, self._parser)
-            except BaseException as exc:
-                self._abort()
-                if isinstance(exc, OSError):  # TimeoutError included
-                    raise _failure(self.endpoint, command, exc, timeout) from exc
-                raise
-            finally:
-                self._in_flight = False
-            if isinstance(reply, ErrorReply) and reply.code in CLOSING_ERRORS:
-                self._abort()
-            self.last_used = time.monotonic()
-            return reply
-
-    async def ping(self) -> bool:
-        """True if the server answered ``ping``; on any failure the connection is closed."""
-        try:
-            reply = await self.request(Command.PING, protocol.encode_ping())
-        except DflockError:
-            self._abort()
-            return False
-        return isinstance(reply, protocol.Ok)
+    async def _exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
+        """Send ``data`` and read its reply (request lock held)."""
+        async with asyncio.timeout(timeout):
+            self._writer.write(data)
+            await self._writer.drain()
+            while (reply := self._parser.next_reply(command)) is None:
+                chunk = await self._reader.read(RECV_BYTES)
+                if not chunk:
+                    raise _closed_by_peer(self.endpoint, command)
+                self._parser.feed(chunk)
+        return reply
 
     async def is_reusable(self) -> bool:
         """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered
@@ -599,23 +395,22 @@ class AsyncConnection:
 
     def _abort(self) -> None:
         """Close at once, dropping unsent data (used when a request cannot complete)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.pid != os.getpid():
-            self._drop_in_child()
-            return
-        self._writer.transport.abort()
+        self._shut(abort=True)
 
     def close(self) -> None:
         """Start closing (no await needed); idempotent."""
+        self._shut(abort=False)
+
+    def _shut(self, *, abort: bool) -> None:
         if self._closed:
             return
         self._closed = True
         if self.pid != os.getpid():
             self._drop_in_child()
-            return
-        self._writer.close()
+        elif abort:
+            self._writer.transport.abort()
+        else:
+            self._writer.close()
 
     async def aclose(self) -> None:
         """Close and wait until the transport is closed."""
@@ -641,7 +436,3 @@ class AsyncConnection:
                     os.dup2(null, fd)
                 finally:
                     os.close(null)
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return f"<AsyncConnection {self.endpoint.address} {state}>"

@@ -13,24 +13,45 @@ import math
 import os
 import re
 import ssl
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Final
+from dataclasses import dataclass, field, replace
+from typing import Final, cast
 
 from celery_dflock import protocol
+from celery_dflock.cluster import ClusterMap, ShardsInfo
 from celery_dflock.errors import (
     AuthError,
     DflockError,
+    InvalidValueError,
     LimitMismatchError,
     LockNotOwned,
     MaxLocksError,
     MaxWaitersError,
     ProtocolError,
     ServerDraining,
+    ServerUnavailable,
+    ShardingMismatchError,
 )
-from celery_dflock.protocol import Command, ErrorReply, Granted, Queued, Renewed, Reply, TimedOut
-from celery_dflock.sharding import ShardingStrategy, select_server, validate_servers
+from celery_dflock.protocol import (
+    Command,
+    ErrorReply,
+    Granted,
+    Moved,
+    Queued,
+    Renewed,
+    Reply,
+    TimedOut,
+)
+from celery_dflock.sharding import (
+    CLUSTER,
+    Routing,
+    select_server,
+    server_identity,
+    stable_hash_shard,
+    validate_servers,
+)
 from dflockd_server import constants
 
 logger: Final = logging.getLogger("celery_dflock.client")
@@ -53,6 +74,15 @@ CLOSING_ERRORS: Final = frozenset({constants.STATUS_ERROR_AUTH, constants.STATUS
 """Error replies after which the connection must not be reused."""
 
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
+
+MAP_REFRESH_INTERVAL_S: Final = 0.2
+"""A client refreshes its cached cluster map at most this often."""
+MAX_REDIRECTS: Final = 8
+"""``error_moved`` replies one acquire follows before it gives up with an error."""
+UNAVAILABLE_FIRST_PAUSE_S: Final = 0.05
+UNAVAILABLE_MAX_PAUSE_S: Final = 1.0
+"""After ``error_unavailable`` an acquire tries again after a pause that doubles from the
+first to the most, until its timeout."""
 
 
 def redact(text: str) -> str:
@@ -164,22 +194,115 @@ def _is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def whole_seconds(name: str, value: float, *, minimum: int) -> int:
-    """``value`` as the protocol's whole seconds (fractions round up); `ValueError` if invalid."""
+# Every validator raises `InvalidValueError` (or the subclass given as ``error``, as the
+# Celery layer gives its `DflockConfigError`) with a message naming ``name``: the argument,
+# or in Celery the setting, the user wrote. Each setting is checked here and nowhere else.
+
+
+def whole_seconds(
+    name: str, value: float, *, minimum: int, error: type[InvalidValueError] = InvalidValueError
+) -> int:
+    """``value`` as the protocol's whole seconds (fractions round up)."""
     if not _is_real(value) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+        raise error(f"{name} must be a number of seconds, got {value!r}")
     seconds = math.ceil(value)
     if seconds < minimum or seconds > constants.MAX_NUMBER:
-        raise ValueError(
+        raise error(
             f"{name} must be between {minimum} and {constants.MAX_NUMBER} seconds, got {value!r}"
         )
     return seconds
 
 
-def _positive_seconds(name: str, value: float) -> float:
+def positive_seconds(
+    name: str, value: float, *, error: type[InvalidValueError] = InvalidValueError
+) -> float:
+    """``value`` as a positive finite number of seconds."""
     if not _is_real(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        raise error(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def check_renew_ratio(
+    value: object, name: str = "renew_ratio", *, error: type[InvalidValueError] = InvalidValueError
+) -> float:
+    """A renewal point: a fraction of the lease strictly between 0 and 1."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise error(
+            f"{name} must be a fraction of the lease strictly between 0 and 1 "
+            f"(e.g. 0.5), got {value!r}"
+        )
+    return float(value)
+
+
+def check_limit(
+    value: object, name: str = "limit", *, error: type[InvalidValueError] = InvalidValueError
+) -> int | None:
+    """A semaphore's number of slots (None: a plain lock)."""
+    if value is None:
+        return None
+    low, high = constants.MIN_SEMAPHORE_LIMIT, constants.MAX_SEMAPHORE_LIMIT
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise error(
+            f"{name} must be None (a plain lock) or an integer from {low} to {high} "
+            f"(a semaphore); got {value!r}"
+        )
+    return value
+
+
+def check_auth_token(
+    value: object, name: str = "auth_token", *, error: type[InvalidValueError] = InvalidValueError
+) -> str | None:
+    """The shared secret sent first on every connection (None: no auth)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise error(f"{name} must be a non-empty string or None")
+    protocol.encode_auth(value)  # what the protocol can carry
+    return value
+
+
+def check_ssl_context(
+    value: object, name: str = "ssl_context", *, error: type[InvalidValueError] = InvalidValueError
+) -> ssl.SSLContext | None:
+    """TLS for every connection (None: plain TCP)."""
+    if value is not None and not isinstance(value, ssl.SSLContext):
+        raise error(f"{name} must be an ssl.SSLContext, got {value!r}")
+    return value
+
+
+def check_servers(
+    value: object, name: str = "servers", *, error: type[InvalidValueError] = InvalidValueError
+) -> tuple[tuple[str, int], ...]:
+    """The server list, checked once (the tuple returned is taken as it is when given again)."""
+    try:
+        return validate_servers(cast("Sequence[tuple[str, int]]", value))
+    except ValueError as exc:
+        raise error(str(exc) if name == "servers" else f"{name}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """What every lock of one client shares, each value validated once (by the `Client`, with
+    the validators above; in Celery by the config, naming its ``dflock_*`` settings)."""
+
+    servers: tuple[tuple[str, int], ...] = DEFAULT_SERVERS
+    sharding_strategy: Routing = stable_hash_shard
+    renew_ratio: float = DEFAULT_RENEW_RATIO
+    auth_token: str | None = field(default=None, repr=False)
+    ssl_context: ssl.SSLContext | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S
+    """The FIFO wait of a lock made without ``acquire_timeout_s``."""
+    lease_ttl_s: float | None = None
+    """The lease of a lock made without ``lease_ttl_s`` (None: the server's default)."""
+
+    def endpoint(self, host: str, port: int) -> Endpoint:
+        """How to connect to the server ``host:port``."""
+        return Endpoint(host, port, self.auth_token, self.ssl_context, self.connect_timeout_s)
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every server's `endpoint`, in the configured order."""
+        return [self.endpoint(host, port) for host, port in self.servers]
 
 
 class LockState(enum.Enum):
@@ -216,59 +339,118 @@ class RenewOutcome:
     lost_reason: str | None = None
 
 
+# ------------------------------------------------------------------------------ cluster routing
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) as ``(host, port)``; `ProtocolError` when it is not."""
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ProtocolError(f"{address!r} is not a HOST:PORT a server may redirect to")
+    return host, int(port)
+
+
+class ClusterRouter:
+    """One client's cached cluster map, shared by its locks (thread safe, no I/O): the
+    ``servers`` are seeds; the map is fetched from the first that answers ``shards``, and
+    refreshed at most once per `MAP_REFRESH_INTERVAL_S`."""
+
+    def __init__(self, seeds: Sequence[tuple[str, int]]) -> None:
+        self.seeds = tuple(seeds)
+        self._map: ClusterMap | None = None
+        self._claimed_at = -math.inf
+        self._guard = threading.Lock()
+
+    @property
+    def map(self) -> ClusterMap | None:
+        """The map last fetched (None before the first fetch)."""
+        return self._map
+
+    def claim_refresh(self, now: float | None = None) -> bool:
+        """True when a refresh may start now (then the next is at least
+        `MAP_REFRESH_INTERVAL_S` away); False when one started too recently."""
+        now = time.monotonic() if now is None else now
+        with self._guard:
+            if self._map is not None and now - self._claimed_at < MAP_REFRESH_INTERVAL_S:
+                return False
+            self._claimed_at = now
+            return True
+
+    def update(self, cluster_map: ClusterMap) -> None:
+        """Route by ``cluster_map`` from now on (a reference swap)."""
+        self._map = cluster_map
+
+    def candidates(self) -> list[tuple[str, int]]:
+        """Where to ask for the map: the seeds, then every node the last map named."""
+        found = list(self.seeds)
+        current = self._map
+        if current is not None:
+            for node in current.nodes:
+                address = split_address(node)
+                if address not in found:
+                    found.append(address)
+        return found
+
+    def owner(self, key: str) -> tuple[str, int] | None:
+        """Where ``key`` lives by the cached map (None: no map, or no node for its shard)."""
+        current = self._map
+        if current is None:
+            return None
+        owner = current.owner(key)
+        return None if owner is None else split_address(owner)
+
+
 # ------------------------------------------------------------------------------ the core
 
 
 class LockCore:
     """State and decisions of one lock or semaphore object; every method is I/O free."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the shells pass them in this order
         self,
         key: str,
-        *,
         limit: int | None,
         acquire_timeout_s: float,
         lease_ttl_s: float | None,
         servers: Sequence[tuple[str, int]],
-        sharding_strategy: ShardingStrategy,
+        sharding_strategy: Routing,
         renew_ratio: float,
         auth_token: str | None,
         ssl_context: ssl.SSLContext | None,
         connect_timeout_s: float,
+        router: ClusterRouter | None = None,
     ) -> None:
         self.key = protocol.validate_key(key)
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int):  # pyright: ignore[reportUnnecessaryIsInstance]
-                raise ValueError(f"limit must be an int, got {limit!r}")
-            if not constants.MIN_SEMAPHORE_LIMIT <= limit <= constants.MAX_SEMAPHORE_LIMIT:
-                raise ValueError(
-                    f"limit must be between {constants.MIN_SEMAPHORE_LIMIT} and "
-                    f"{constants.MAX_SEMAPHORE_LIMIT}, got {limit}"
-                )
-        self.limit = limit
+        self.limit = check_limit(limit)
         self.acquire_timeout_s = whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
         self.lease_ttl_s = (
             None if lease_ttl_s is None else whole_seconds("lease_ttl_s", lease_ttl_s, minimum=1)
         )
-        if not _is_real(renew_ratio) or not 0 < renew_ratio < 1:
-            raise ValueError(
-                f"renew_ratio must be a fraction of the lease strictly between 0 and 1 "
-                f"(e.g. 0.5), got {renew_ratio!r}"
+        self.renew_ratio = check_renew_ratio(renew_ratio)
+        check_auth_token(auth_token)
+        check_ssl_context(ssl_context)
+        self.servers = check_servers(servers)
+        self.strategy = sharding_strategy
+        self.router: ClusterRouter | None = None
+        """Cluster routing (``sharding_strategy="cluster"``): the map shared with the client."""
+        if sharding_strategy == CLUSTER:
+            self.router = router if router is not None else ClusterRouter(self.servers)
+            self.server_index = 0
+        elif isinstance(sharding_strategy, str):
+            raise InvalidValueError(
+                f"sharding_strategy must be a callable (key, number_of_servers) -> index or "
+                f"{CLUSTER!r}, got {sharding_strategy!r}"
             )
-        self.renew_ratio = float(renew_ratio)
-        if auth_token is not None:
-            protocol.encode_auth(auth_token)  # validates it
-        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f"ssl_context must be an ssl.SSLContext, got {ssl_context!r}")
-        self.servers = validate_servers(servers)
-        self.server_index = select_server(self.key, self.servers, sharding_strategy)
+        else:
+            self.server_index = select_server(self.key, self.servers, sharding_strategy)
         host, port = self.servers[self.server_index]
         self.endpoint = Endpoint(
             host,
             port,
             auth_token,
             ssl_context,
-            _positive_seconds("connect_timeout_s", connect_timeout_s),
+            positive_seconds("connect_timeout_s", connect_timeout_s),
         )
         self.state = LockState.IDLE
         self.token: str | None = None
@@ -280,6 +462,11 @@ class LockCore:
         self.lease_deadline = 0.0
         self.lease_latest_end = 0.0
         self.enqueued_at: float | None = None  # when the `e` that queued us was sent
+        # One acquire's routing: its deadline (None: no acquire under way), redirects
+        # followed, the pause after the last `error_unavailable`.
+        self.acquire_deadline: float | None = None
+        self.redirects = 0
+        self.unavailable_pause = 0.0
 
     # ---------------------------------------------------------------- naming
     @property
@@ -345,6 +532,129 @@ class LockCore:
         remaining = self.lease_latest_end - time.monotonic()
         return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, remaining))
 
+    # ---------------------------------------------------------------- routing
+    def begin_acquire(self) -> None:
+        """An acquire (or enqueue) starts: its deadline runs from now."""
+        self.acquire_deadline = time.monotonic() + self.acquire_timeout_s
+        self.redirects = 0
+        self.unavailable_pause = 0.0
+
+    def end_acquire(self) -> None:
+        self.acquire_deadline = None
+
+    def wait_seconds(self) -> int:
+        """The whole seconds the server may queue this acquire: the acquire timeout, or what
+        is left of it after redirects and pauses."""
+        deadline = self.acquire_deadline
+        if deadline is None or (self.redirects == 0 and self.unavailable_pause == 0):
+            return self.acquire_timeout_s
+        return max(0, math.ceil(deadline - time.monotonic()))
+
+    def endpoint_at(self, host: str, port: int) -> Endpoint:
+        """How to connect to ``host:port`` (this lock's auth, TLS and connect timeout)."""
+        return replace(self.endpoint, host=host, port=port)
+
+    def retarget(self, host: str, port: int) -> None:
+        """Send the next requests for this key to ``host:port``."""
+        if (host, port) != (self.endpoint.host, self.endpoint.port):
+            self.endpoint = replace(self.endpoint, host=host, port=port)
+
+    def route(self) -> bool:
+        """Cluster routing: aim at the key's node by the cached map. False when there is no
+        map yet (fetch it, then route again)."""
+        router = self.router
+        if router is None:
+            return True
+        if router.map is None:
+            return False
+        owner = router.owner(self.key)
+        if owner is not None:
+            self.retarget(*owner)
+        return True
+
+    @staticmethod
+    def redirected(reply: Reply) -> bool:
+        """True for ``error_moved`` and ``error_unavailable``: the key is not served there."""
+        return isinstance(reply, Moved) or (
+            isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR_UNAVAILABLE
+        )
+
+    def on_redirect(self, reply: Reply) -> float | None:
+        """Cluster routing after `redirected`: follow ``error_moved`` (seconds to pause: 0),
+        or pause after ``error_unavailable`` (growing). None: the acquire's time is up (not
+        acquired). Raises after `MAX_REDIRECTS` redirects."""
+        if isinstance(reply, Moved):
+            self.redirects += 1
+            if self.redirects > MAX_REDIRECTS:
+                raise ServerUnavailable(
+                    f"{self.what}: the cluster redirected this acquire {MAX_REDIRECTS} times "
+                    f"(last to {reply.address}) without a member serving it; its shard map "
+                    "is changing faster than the client can follow: retry later, or check "
+                    "the cluster's members (`celery dflock shards`)"
+                )
+            self.retarget(*split_address(reply.address))
+            return 0.0
+        return self._next_pause(f"error_unavailable from {self.endpoint.address}")
+
+    def on_unreachable(self, exc: DflockError) -> float | None:
+        """Cluster routing: the key's node could not be reached, or closed the connection, or
+        is draining (a member that died or is leaving): seconds to pause before routing again
+        by a refreshed map, growing as after ``error_unavailable``. None: not cluster routing,
+        or the acquire's time is up (the caller raises ``exc``)."""
+        if self.router is None:
+            return None
+        return self._next_pause(f"{self.endpoint.address} unreachable ({exc})")
+
+    def _next_pause(self, why: str) -> float | None:
+        pause = min(
+            max(self.unavailable_pause * 2, UNAVAILABLE_FIRST_PAUSE_S), UNAVAILABLE_MAX_PAUSE_S
+        )
+        self.unavailable_pause = pause
+        deadline = self.acquire_deadline
+        remaining = 0.0 if deadline is None else deadline - time.monotonic()
+        if remaining <= 0:
+            logger.info(
+                "%s: no cluster member serves it now (%s) and the acquire timeout ran out",
+                self.what,
+                why,
+            )
+            return None
+        return min(pause, remaining)
+
+    def mismatch_error(self, reply: Reply, shards: dict[str, object] | None) -> DflockError:
+        """A list-mode client was redirected: the server has another view of where keys live.
+        ``shards`` is what the server answered to ``shards`` (None: it did not say)."""
+        where = self.endpoint.address
+        ours = ",".join(server_identity(server) for server in self.servers)
+        strategy = getattr(self.strategy, "__name__", None) or repr(self.strategy)
+        redirect = (
+            f"error_moved {reply.address}" if isinstance(reply, Moved) else "error_unavailable"
+        )
+        try:
+            info = None if shards is None else ShardsInfo.parse(shards, where)
+        except ProtocolError:
+            info = None
+        if info is not None and info.mode == constants.MODE_CLUSTER:
+            return ShardingMismatchError(
+                f"server {where} is a member of a cluster (dflockd --cluster) and answered "
+                f"{redirect} for {self.what}, but this client shards keys itself over "
+                f"servers={ours} (strategy {strategy}; in Celery the `dflock_servers` setting): "
+                "use sharding_strategy='cluster' (in Celery dflock_sharding_strategy = "
+                '"cluster"), the servers then being seeds of the cluster'
+            )
+        theirs = ",".join(info.members) if info is not None and info.members else "unknown"
+        self_name = info.self_address if info is not None else None
+        return ShardingMismatchError(
+            f"server {where} refused {self.what} ({redirect}): it was started with "
+            f"--members {theirs}"
+            + (f" --advertise {self_name}" if self_name else "")
+            + f" and serves only its crc32 share of that list, but this client's servers are "
+            f"{ours} (sharding strategy {strategy}; in Celery the `dflock_servers` setting). "
+            "List the same servers in the same order on both sides (servers= / "
+            "dflock_servers and every server's --members / DFLOCKD_MEMBERS), with the default "
+            "stable_hash_shard strategy"
+        )
+
     # ---------------------------------------------------------------- requests
     def _require_idle(self) -> None:
         if self.state is LockState.HELD and self.lost:
@@ -359,7 +669,7 @@ class LockCore:
     def acquire_request(self) -> tuple[Command, bytes, float]:
         """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout)."""
         self._require_idle()
-        timeout = self.acquire_timeout_s
+        timeout = self.wait_seconds()
         if self.limit is None:
             data = protocol.encode_lock(self.key, timeout, self.lease_ttl_s)
             return Command.LOCK, data, self.reply_timeout(timeout)
@@ -446,6 +756,15 @@ class LockCore:
         self.reset()
         if isinstance(reply, TimedOut):
             return False
+        if isinstance(reply, Moved):
+            logger.warning(
+                "%s: its shard moved to %s while it was queued on %s; not acquired (acquire "
+                "again: the cluster routes it there)",
+                self.what,
+                reply.address,
+                self.endpoint.address,
+            )
+            return False
         if isinstance(reply, ErrorReply):
             if reply.code == constants.STATUS_ERROR_LEASE_EXPIRED:
                 logger.warning(
@@ -511,6 +830,19 @@ class LockCore:
             "held on (restarted, shutting down, or an idle timeout); it released the lock with it"
         )
 
+    def adopt(self, token: str) -> None:
+        """Hold ``token``, granted to another object or process, so that it can be released
+        through `release_request` / `on_release_reply` (then `reset`). Nothing is known of its
+        lease, so this object never counts it as its own to lose: it is marked lost up front,
+        and a release the server refuses is not reported as a loss."""
+        self._require_idle()
+        self.state = LockState.HELD
+        self.token = protocol.validate_token(token)
+        self.fencing = False
+        self.lease = 0
+        self.lost = True
+        self.pid = os.getpid()
+
     def reset(self) -> None:
         """Back to IDLE (after a release, a timeout, a refusal or a fork)."""
         self.state = LockState.IDLE
@@ -561,6 +893,11 @@ class LockCore:
             )
         if code == constants.STATUS_ERROR_NOT_ENQUEUED:
             return LockNotOwned(f"{self.what} is not enqueued on {where}: call enqueue() first")
+        if code == constants.STATUS_ERROR_UNAVAILABLE:
+            return ServerUnavailable(
+                f"no cluster member serves {self.what} right now ({where} answered "
+                f"{code!r} to {command.label}: its shard is changing hands); retry shortly"
+            )
         lease = ""
         if self.lease_ttl_s is not None and code == constants.STATUS_ERROR:
             lease = (

@@ -1,7 +1,7 @@
 """Per-process state of the Celery integration, kept on the app (never at module level).
 
-* :class:`Runtime` -- one per process and app: the connection pool (made after
-  fork, closed at shutdown), whether this process is a prefork pool child, and
+* :class:`Runtime` -- one per process and app: the app's `Client` and its connection
+  pool (made after fork, closed at shutdown), whether this process is a prefork pool child, and
   the directory where held locks are recorded.
 * :class:`HeldRecords` -- the directory where pool children record the locks
   they hold. Each child keeps one file (:class:`HeldWriter`) listing what it
@@ -28,16 +28,14 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
-from celery_dflock import protocol
-from celery_dflock._connection import Connection
-from celery_dflock._core import Endpoint
 from celery_dflock.client import DistributedLock, DistributedSemaphore
+from celery_dflock.clients import Client
 from celery_dflock.config import DflockConfig, LockOptions
-from celery_dflock.pool import ConnectionPool
-from celery_dflock.protocol import Command
-from celery_dflock.sharding import validate_servers
+
+if TYPE_CHECKING:
+    from celery_dflock._run import TaskRuns
 
 __all__ = ["HeldRecords", "Runtime", "get_runtime", "pid_gone"]
 
@@ -255,15 +253,25 @@ class HeldWriter:
 
 @dataclass
 class Runtime:
-    """What one process needs to lock tasks of one app."""
+    """What one process needs to lock tasks of one app: the app's `Client` (made in this
+    process, so a pool child never shares its parent's pool), and the held-lock records."""
 
     pid: int = field(default_factory=os.getpid)
     in_pool_child: bool = False
     records: HeldRecords | None = None
-    _pool: ConnectionPool | None = None
+    _client: tuple[DflockConfig, Client] | None = None
     _guard: threading.Lock = field(default_factory=threading.Lock)
-    _lock_settings: tuple[DflockConfig, dict[str, Any]] | None = None
     _held_writer: HeldWriter | None = None
+    _task_runs: dict[str, TaskRuns] = field(default_factory=dict[str, "TaskRuns"])
+
+    def task_runs(self, name: str) -> TaskRuns:
+        """What the runs of task ``name`` reuse in this process (its plan, its key builder)."""
+        runs = self._task_runs.get(name)
+        if runs is None:
+            from celery_dflock._run import TaskRuns
+
+            runs = self._task_runs.setdefault(name, TaskRuns())
+        return runs
 
     def held_writer(self) -> HeldWriter | None:
         """This process's record file, when held locks are recorded (see `HeldRecords`)."""
@@ -275,13 +283,20 @@ class Runtime:
                 writer = self._held_writer
         return writer
 
-    def pool(self) -> ConnectionPool:
+    def client(self, config: DflockConfig) -> Client:
+        """The app's `Client` in this process (a new one when the settings were re-read)."""
+        made = self._client
+        if made is not None and made[0] is config:
+            return made[1]
         with self._guard:
-            if self._pool is None:
-                self._pool = ConnectionPool()
+            made = self._client
+            if made is None or made[0] is not config:
+                if made is not None:
+                    made[1].close()
+                made = self._client = (config, config.new_client())
                 # Close idle connections when this runtime (its app) goes away.
-                weakref.finalize(self, self._pool.close)
-            return self._pool
+                weakref.finalize(self, made[1].close)
+            return made[1]
 
     def new_lock(
         self,
@@ -293,38 +308,17 @@ class Runtime:
         on_lost: Callable[[Any], None] | None,
     ) -> AnyLock:
         """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``."""
-        settings = self._lock_settings
-        if settings is None or settings[0] is not config:
-            # What every lock of this config and process shares, gathered once.
-            shared: dict[str, Any] = {
-                "servers": validate_servers(config.servers),  # checked once, not per lock
-                "renew_ratio": config.renew_ratio,
-                "auth_token": config.auth_token,
-                "ssl_context": config.ssl_context,
-                "connect_timeout_s": config.connect_timeout_s,
-            }
-            if config.sharding_strategy is not None:
-                shared["sharding_strategy"] = config.sharding_strategy
-            settings = self._lock_settings = (config, shared)
-        common = settings[1]
-        pool = self.pool()
+        client = self.client(config)
         if options.limit is not None:
-            return DistributedSemaphore(
+            return client.semaphore(
                 key,
                 options.limit,
                 acquire_timeout_s=acquire_timeout_s,
                 lease_ttl_s=options.ttl,
                 on_lost=on_lost,
-                pool=pool,
-                **common,
             )
-        return DistributedLock(
-            key,
-            acquire_timeout_s=acquire_timeout_s,
-            lease_ttl_s=options.ttl,
-            on_lost=on_lost,
-            pool=pool,
-            **common,
+        return client.lock(
+            key, acquire_timeout_s=acquire_timeout_s, lease_ttl_s=options.ttl, on_lost=on_lost
         )
 
     def release_token(self, config: DflockConfig, key: str, token: str, limit: int | None) -> bool:
@@ -332,38 +326,14 @@ class Runtime:
 
         True if the server released it; False if it no longer held it.
         """
-        # A lock object works out which server the key is routed to.
-        options = LockOptions(
-            key=None,
-            timeout=0,
-            ttl=None,
-            on_locked="raise",
-            limit=limit,
-            on_lock_lost="flag",
-            retry_countdown=0,
-            retry_backoff_max=0,
-            retry_jitter=False,
-        )
-        host, port = self.new_lock(config, key, options, acquire_timeout_s=0, on_lost=None).server
-        endpoint = Endpoint(
-            host, port, config.auth_token, config.ssl_context, config.connect_timeout_s
-        )
-        if limit is None:
-            command, data = Command.RELEASE, protocol.encode_release(key, token)
-        else:
-            command, data = Command.SEM_RELEASE, protocol.encode_sem_release(key, token)
-        conn = Connection.open(endpoint)
-        try:
-            return isinstance(conn.request(command, data), protocol.Ok)
-        finally:
-            conn.close()
+        return self.client(config).release(key, token, limit=limit)
 
     def close(self) -> None:
         with self._guard:
-            pool, self._pool = self._pool, None
+            made, self._client = self._client, None
             writer, self._held_writer = self._held_writer, None
-        if pool is not None:
-            pool.close()
+        if made is not None:
+            made[1].close()
         if writer is not None:
             writer.close()
 

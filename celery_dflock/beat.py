@@ -266,6 +266,7 @@ class SingletonScheduler(Scheduler):
         config = get_config(app)
         self._dflock_config = config
         self._dflock_settings = BeatSettings.from_app(app, config)
+        self._dflock_client = config.new_client()  # no I/O until the leader lock is taken
         self._leadership: Leadership | None = None
         self._lock_server: tuple[str, int] | None = None
         self._term_seen = 0
@@ -290,8 +291,7 @@ class SingletonScheduler(Scheduler):
     def lock_server(self) -> tuple[str, int]:
         """The (host, port) of the server that holds this beat's lock (after sharding)."""
         if self._lock_server is None:
-            # Building a lock validates the settings and routes the key; it does no I/O.
-            self._lock_server = self._make_lock(_ignore_lost).server
+            self._lock_server = self._dflock_client.server_for(self._dflock_settings.lock_key)
         return self._lock_server
 
     @property
@@ -301,23 +301,11 @@ class SingletonScheduler(Scheduler):
         return f"lock {self._dflock_settings.lock_key!r} on {host}:{port}"
 
     def _make_lock(self, on_lost: Callable[[object], None]) -> LeaderLock:
-        from celery_dflock.client import DistributedLock
-
-        config = self._dflock_config
-        options: dict[str, Any] = {}
-        if config.sharding_strategy is not None:
-            options["sharding_strategy"] = config.sharding_strategy
-        return DistributedLock(
+        return self._dflock_client.lock(
             self._dflock_settings.lock_key,
             acquire_timeout_s=STANDBY_ACQUIRE_TIMEOUT_S,
             lease_ttl_s=self._dflock_settings.lease_ttl_s,
-            servers=list(config.servers),
-            renew_ratio=config.renew_ratio,
-            auth_token=config.auth_token,
-            ssl_context=config.ssl_context,
-            connect_timeout_s=config.connect_timeout_s,
             on_lost=on_lost,
-            **options,
         )
 
     def _leader(self) -> Leadership:
@@ -488,6 +476,7 @@ class SingletonScheduler(Scheduler):
         finally:
             if self._leadership is not None:
                 self._leadership.stop()
+            self._dflock_client.close()
 
     @property
     def info(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
@@ -499,10 +488,6 @@ class SingletonScheduler(Scheduler):
             f"(lease {self._dflock_settings.lease_ttl_s}s, sends only while held)"
         )
         return f"{wrapped}\n{mine}" if wrapped else mine
-
-
-def _ignore_lost(_lock: object) -> None:
-    """``on_lost`` of the lock built only to validate the settings (it is never acquired)."""
 
 
 def _confirm_held(lock: LeaderLock) -> bool:

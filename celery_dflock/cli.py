@@ -1,5 +1,5 @@
 # pyright: reportMissingTypeStubs=false
-"""``celery -A proj dflock status|locks|ping``: what the lock servers hold, from the shell.
+"""``celery -A proj dflock status|locks|ping|shards``: what the lock servers hold, from the shell.
 
 Registered through Celery's ``celery.commands`` entry point, so it reads the servers and the
 secret from the app's own ``dflock_*`` settings. ``--json`` prints one JSON document for
@@ -18,17 +18,28 @@ from typing import Any, Final, cast
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_dflock import protocol
-from celery_dflock._connection import Connection
-from celery_dflock._core import FEATURE_FENCE, FEATURE_PING, FEATURE_STATS, Endpoint, ServerInfo
+from celery_dflock.clients import (
+    FEATURE_FENCE,
+    FEATURE_HELLO,
+    FEATURE_PING,
+    FEATURE_STATS,
+    ServerInfo,
+    ServerShards,
+    ServerStatus,
+)
 from celery_dflock.config import DflockConfig, get_config
 from celery_dflock.errors import DflockError
-from celery_dflock.protocol import Command
-from dflockd_server import constants
 
-FEATURE_HELLO: Final = constants.FEATURE_HELLO
-
-__all__ = ["ServerReport", "collect", "dflock", "format_locks", "format_status"]
+__all__ = [
+    "ServerReport",
+    "collect",
+    "collect_shards",
+    "dflock",
+    "format_locks",
+    "format_shards",
+    "format_status",
+    "shards_json",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +51,11 @@ class ServerReport:
     stats: dict[str, Any] | None
     error: str | None = None
     server: ServerInfo | None = None
+
+    @classmethod
+    def of(cls, status: ServerStatus) -> ServerReport:
+        """The report of what `Client.stats` found."""
+        return cls(status.address, status.stats, status.error, status.server)
 
     @property
     def reachable(self) -> bool:
@@ -90,43 +106,61 @@ _LACKING: Final = {
 }
 
 
-def _ask(endpoint: Endpoint) -> ServerReport:
-    """``hello``, then ``stats`` where the server may know it (an older dflockd that answers
-    ``error`` to ``hello`` may still know ``stats``, as the Go server does)."""
-    try:
-        conn = Connection.open(endpoint)
-        try:
-            info = conn.hello()  # leaves it closed on a server without hello
-            if not info.legacy and not info.supports(FEATURE_STATS):
-                return ServerReport(endpoint.address, None, None, info)
-            if conn.closed:
-                conn = Connection.open(endpoint)
-            reply = conn.request(Command.STATS, protocol.encode_stats())
-        finally:
-            conn.close()
-    except DflockError as exc:
-        return ServerReport(endpoint.address, None, str(exc))
-    if isinstance(reply, protocol.Stats):
-        return ServerReport(endpoint.address, cast(dict[str, Any], reply.data), None, info)
-    if isinstance(reply, protocol.ErrorReply) and reply.code == constants.STATUS_ERROR:
-        return ServerReport(endpoint.address, None, None, info)  # answers, but has no stats
-    return ServerReport(endpoint.address, None, f"unexpected reply to stats: {reply!r}")
-
-
 def collect(config: DflockConfig) -> list[ServerReport]:
-    """Ask every configured server for its ``stats``."""
-    return [
-        _ask(
-            Endpoint(
-                host,
-                port,
-                auth_token=config.auth_token,
-                ssl_context=config.ssl_context,
-                connect_timeout_s=config.connect_timeout_s,
-            )
+    """Ask every configured server for its ``stats`` (through the app's settings' `Client`)."""
+    with config.new_client() as client:
+        return [ServerReport.of(status) for status in client.stats()]
+
+
+def collect_shards(config: DflockConfig) -> list[ServerShards]:
+    """Ask every configured server ``shards`` (through the app's settings' `Client`)."""
+    with config.new_client() as client:
+        return client.shards()
+
+
+def shards_json(answers: Sequence[ServerShards]) -> list[dict[str, Any]]:
+    """`collect_shards` for ``--json``: per server its mode, members, leader, shards per
+    member and the shards moving (cluster mode), or its error."""
+    out: list[dict[str, Any]] = []
+    for answer in answers:
+        info = answer.shards
+        if info is None:
+            out.append({"address": answer.address, "error": answer.error})
+            continue
+        out.append(
+            {
+                "address": answer.address,
+                "mode": info.mode,
+                "self": info.self_address,
+                "members": list(info.members),
+                "leader": info.leader,
+                "shards_per_member": info.shards_per_member(),
+                "moving": len(info.moving),
+            }
         )
-        for host, port in config.servers
-    ]
+    return out
+
+
+def format_shards(answers: Sequence[ServerShards]) -> str:
+    """Per server: its mode and members; in cluster mode the leader, the shards each member
+    serves and the moves in progress."""
+    lines: list[str] = []
+    for answer in answers:
+        info = answer.shards
+        if info is None:
+            lines.append(f"{answer.address}: UNREACHABLE or no shards: {answer.error}")
+            continue
+        members = ",".join(info.members) or "-"
+        head = f"{answer.address}: mode {info.mode}"
+        if info.mode == "single":
+            lines.append(f"{head} (serves every key)")
+            continue
+        lines.append(f"{head}, self {info.self_address or '?'}, members {members}")
+        if info.cluster is not None:
+            lines.append(f"  leader {info.leader or 'none'}; moves in progress {len(info.moving)}")
+            for node, count in sorted(info.shards_per_member().items()):
+                lines.append(f"  {node}: {count} shard(s)")
+    return "\n".join(lines)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -268,3 +302,21 @@ def ping(ctx: click.Context, as_json: bool) -> None:
         )
 
     _run(ctx, as_json, render)
+
+
+@dflock.command(cls=CeleryCommand)
+@_JSON
+@click.pass_context
+def shards(ctx: click.Context, as_json: bool) -> None:
+    """Which keys each server serves: mode, members, shards per member, moves, leader."""
+    obj: Any = ctx.obj
+    try:
+        answers = collect_shards(get_config(obj.app))
+    except (DflockError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(shards_json(answers), indent=2))
+    else:
+        click.echo(format_shards(answers))
+    if not all(a.shards is not None for a in answers):
+        ctx.exit(1)

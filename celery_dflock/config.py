@@ -26,12 +26,21 @@ from typing import Any, Final, Literal, Protocol, cast, get_args
 
 from celery.exceptions import ImproperlyConfigured
 
-from dflockd_server.constants import (
-    DEFAULT_PORT,
-    MAX_NUMBER,
-    MAX_SEMAPHORE_LIMIT,
-    MIN_SEMAPHORE_LIMIT,
+from celery_dflock.clients import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_RENEW_RATIO,
+    DEFAULT_SERVERS,
+    Client,
+    ClientSettings,
+    check_auth_token,
+    check_limit,
+    check_renew_ratio,
+    check_servers,
+    positive_seconds,
 )
+from celery_dflock.errors import InvalidValueError
+from celery_dflock.sharding import Routing, stable_hash_shard
+from dflockd_server.constants import MAX_NUMBER
 
 __all__ = [
     "DEFAULTS",
@@ -58,11 +67,8 @@ OnLockLost = Literal["interrupt", "flag", "terminate"]
 
 ON_LOCKED_CHOICES: Final[tuple[str, ...]] = get_args(OnLocked)
 ON_LOCK_LOST_CHOICES: Final[tuple[str, ...]] = get_args(OnLockLost)
-SHARDING_NAMES: Final = ("stable_hash", "rendezvous")
+SHARDING_NAMES: Final = ("stable_hash", "rendezvous", "cluster")
 
-DEFAULT_SERVERS: Final = (("127.0.0.1", DEFAULT_PORT),)
-DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
-DEFAULT_RENEW_RATIO: Final = 0.5
 DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
 DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
 
@@ -89,7 +95,9 @@ _APP_SETTING_DOCS: Final = (
         "dflock_sharding_strategy",
         repr(SHARDING_NAMES[0]),
         '`"stable_hash"` (crc32, like every dflockd client), `"rendezvous"`, '
-        '`"module:function"` or a callable `(key, n_servers) -> index`.',
+        '`"module:function"` or a callable `(key, n_servers) -> index`; or `"cluster"`: '
+        "`dflock_servers` are seeds of a cluster (`dflockd --cluster`), which says where each "
+        "key lives.",
     ),
     SettingDoc("dflock_auth_token", "None", "Shared secret, when the servers require one."),
     SettingDoc("dflock_ssl", "None", "`True` (TLS, system CAs) or an `ssl.SSLContext`."),
@@ -147,8 +155,11 @@ def setting_table(kind: Literal["app", "beat"]) -> list[SettingDoc]:
     return list(_APP_SETTING_DOCS if kind == "app" else _BEAT_SETTING_DOCS)
 
 
-class DflockConfigError(ImproperlyConfigured, ValueError):
-    """A ``dflock_*`` setting or a lock option has a value that cannot work."""
+class DflockConfigError(InvalidValueError, ImproperlyConfigured):
+    """A ``dflock_*`` setting or a lock option has a value that cannot work.
+
+    A `celery_dflock.DflockError` (and `ValueError`), and Celery's ``ImproperlyConfigured``.
+    """
 
 
 class _App(Protocol):
@@ -212,18 +223,7 @@ def _validate_on_lock_lost(value: object, where: str) -> object:
 
 
 def _validate_limit(value: object, where: str) -> object:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not MIN_SEMAPHORE_LIMIT <= value <= MAX_SEMAPHORE_LIMIT
-    ):
-        raise DflockConfigError(
-            f"{where} must be None (a plain lock) or an integer from {MIN_SEMAPHORE_LIMIT} to "
-            f"{MAX_SEMAPHORE_LIMIT} (a semaphore); got {value!r}"
-        )
-    return value
+    return check_limit(value, where, error=DflockConfigError)
 
 
 def _validate_countdown(value: object, where: str) -> object:
@@ -422,15 +422,13 @@ def _validate_options(
 
 
 def _parse_port(text: str, where: str, entry: object) -> int:
+    """The port as an int (its range is checked with the whole list, by `check_servers`)."""
     try:
-        port = int(text)
+        return int(text)
     except ValueError:
-        port = -1
-    if not 0 < port < 65536:
         raise DflockConfigError(
             f"{where}: bad port in {entry!r}; expected 'host:port' with a port from 1 to 65535"
-        )
-    return port
+        ) from None
 
 
 def _parse_address(entry: object, where: str) -> tuple[str, int]:
@@ -470,19 +468,22 @@ def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[s
         )
     if not entries:
         raise DflockConfigError(f"{where} is empty; give at least one 'host:port'")
-    return tuple(_parse_address(entry, where) for entry in entries)
+    parsed = [_parse_address(entry, where) for entry in entries]
+    return check_servers(parsed, where, error=DflockConfigError)
 
 
 # --------------------------------------------------------------------------- the config
 
 
-def _sharding_strategy(value: object) -> Callable[[str, int], int]:
+def _sharding_strategy(value: object) -> Routing:
     where = "dflock_sharding_strategy"
     if callable(value):
         return cast("Callable[[str, int], int]", value)
     if isinstance(value, str):
         from celery_dflock import sharding
 
+        if value == sharding.CLUSTER:
+            return sharding.CLUSTER
         named = {"stable_hash": sharding.stable_hash_shard, "rendezvous": sharding.rendezvous_shard}
         if value in named:
             return named[value]
@@ -495,7 +496,7 @@ def _sharding_strategy(value: object) -> Callable[[str, int], int]:
             if callable(found):
                 return cast("Callable[[str, int], int]", found)
     raise DflockConfigError(
-        f"{where} must be 'stable_hash', 'rendezvous', 'module:function' or a callable "
+        f"{where} must be 'stable_hash', 'rendezvous', 'cluster', 'module:function' or a callable "
         f"(key, number_of_servers) -> index; got {value!r}"
     )
 
@@ -522,8 +523,8 @@ class DflockConfig:
     ssl_context: ssl.SSLContext | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     renew_ratio: float = DEFAULT_RENEW_RATIO
-    sharding_strategy: Callable[[str, int], int] | None = None
-    """None: the client's default (``stable_hash_shard``)."""
+    sharding_strategy: Routing | None = None
+    """None: the client's default (``stable_hash_shard``); ``"cluster"``: cluster routing."""
     key_prefix: str = ""
     defaults: Mapping[str, object] = field(default_factory=lambda: dict(DEFAULTS))
     """App-wide lock option defaults (built-in defaults overlaid with ``dflock_*``)."""
@@ -540,20 +541,11 @@ class DflockConfig:
             return read_setting(conf, name)
 
         servers = get("dflock_servers")
-        auth_token = get("dflock_auth_token")
-        if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
-            raise DflockConfigError("dflock_auth_token must be a non-empty string or None")
+        auth_token = check_auth_token(
+            get("dflock_auth_token"), "dflock_auth_token", error=DflockConfigError
+        )
         connect_timeout = get("dflock_connect_timeout")
         renew_ratio = get("dflock_renew_ratio")
-        if renew_ratio is not None and (
-            isinstance(renew_ratio, bool)
-            or not isinstance(renew_ratio, int | float)
-            or not 0 < renew_ratio < 1
-        ):
-            raise DflockConfigError(
-                f"dflock_renew_ratio must be a number between 0 and 1 (exclusive), "
-                f"got {renew_ratio!r}"
-            )
         key_prefix = get("dflock_key_prefix")
         if key_prefix is not None and not isinstance(key_prefix, str):
             raise DflockConfigError(f"dflock_key_prefix must be a string, got {key_prefix!r}")
@@ -588,22 +580,38 @@ class DflockConfig:
             connect_timeout_s=(
                 DEFAULT_CONNECT_TIMEOUT_S
                 if connect_timeout is None
-                else float(
-                    _number(
-                        connect_timeout,
-                        "dflock_connect_timeout",
-                        minimum=0,
-                        integer=False,
-                        exclusive_min=True,
-                    )
+                else positive_seconds(
+                    "dflock_connect_timeout",
+                    cast("float", connect_timeout),
+                    error=DflockConfigError,
                 )
             ),
-            renew_ratio=DEFAULT_RENEW_RATIO if renew_ratio is None else float(renew_ratio),
+            renew_ratio=(
+                DEFAULT_RENEW_RATIO
+                if renew_ratio is None
+                else check_renew_ratio(renew_ratio, "dflock_renew_ratio", error=DflockConfigError)
+            ),
             sharding_strategy=None if strategy is None else _sharding_strategy(strategy),
             key_prefix=key_prefix or "",
             defaults=defaults,
             task_locks=task_locks,
         )
+
+    def client_settings(self) -> ClientSettings:
+        """The settings of this app's `Client` (already validated, as ``dflock_*`` settings)."""
+        return ClientSettings(
+            servers=check_servers(self.servers, "dflock_servers", error=DflockConfigError),
+            sharding_strategy=self.sharding_strategy or stable_hash_shard,
+            renew_ratio=self.renew_ratio,
+            auth_token=self.auth_token,
+            ssl_context=self.ssl_context,
+            connect_timeout_s=self.connect_timeout_s,
+        )
+
+    def new_client(self) -> Client:
+        """A `Client` on these settings. The Celery layer keeps one per app and process (see
+        ``celery_dflock._runtime.Runtime.client``); beat and ``celery dflock`` make their own."""
+        return Client.from_settings(self.client_settings())
 
 
 def get_config(app: _App) -> DflockConfig:

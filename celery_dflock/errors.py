@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "AuthError",
     "DflockError",
+    "InvalidValueError",
     "LimitMismatchError",
     "LockLost",
     "LockNotAcquired",
@@ -19,11 +20,22 @@ __all__ = [
     "ProtocolError",
     "ServerDraining",
     "ServerUnavailable",
+    "ShardingMismatchError",
 ]
 
 
 class DflockError(Exception):
     """Base class of every error raised by celery-dflock."""
+
+
+class InvalidValueError(DflockError, ValueError):
+    """An argument or setting has a value that cannot work (the message names it and says
+    what would be accepted).
+
+    Also a `ValueError`, as the client raised before, so ``except ValueError`` keeps working.
+    In Celery, a bad ``dflock_*`` setting or lock option raises its subclass
+    ``celery_dflock.config.DflockConfigError`` (also Celery's ``ImproperlyConfigured``).
+    """
 
 
 class LockNotAcquired(DflockError, TimeoutError):
@@ -78,3 +90,10 @@ class ServerUnavailable(DflockError):
 
 class ServerDraining(ServerUnavailable):
     """The server is shutting down and refuses new requests."""
+
+
+class ShardingMismatchError(DflockError):
+    """A server serves another share of the keys than this client's server list and sharding
+    strategy give it (it was started with another ``--members`` list, or is a cluster member):
+    the message names both and says what to change. Never retried: two views of where a key
+    lives would let two holders take it on two servers."""

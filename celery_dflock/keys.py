@@ -26,6 +26,7 @@ from typing import Any, Final, cast
 
 from kombu.utils.json import JSONEncoder
 
+from celery_dflock.errors import InvalidValueError
 from dflockd_server.constants import MAX_LINE_BYTES
 
 __all__ = [
@@ -53,7 +54,7 @@ _UNSAFE = re.compile(r"\s+")
 """Runs of whitespace (the protocol forbids space, tab, CR and LF; other spaces confuse logs)."""
 
 
-class KeyDerivationError(ValueError):
+class KeyDerivationError(InvalidValueError):
     """A lock key could not be built from the task's arguments (the message says why)."""
 
 

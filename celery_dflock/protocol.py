@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from celery_dflock.errors import ProtocolError
+from celery_dflock.errors import InvalidValueError, ProtocolError
 from dflockd_server import constants
 
 __all__ = [
@@ -32,11 +32,13 @@ __all__ = [
     "ErrorReply",
     "Granted",
     "Hello",
+    "Moved",
     "Ok",
     "Queued",
     "Renewed",
     "Reply",
     "ReplyParser",
+    "Shards",
     "Stats",
     "TimedOut",
     "decode_reply",
@@ -52,6 +54,7 @@ __all__ = [
     "encode_sem_release",
     "encode_sem_renew",
     "encode_sem_wait",
+    "encode_shards",
     "encode_stats",
     "encode_wait",
     "fence_of",
@@ -89,6 +92,7 @@ class Command(enum.StrEnum):
     STATS = constants.CMD_STATS
     PING = constants.CMD_PING
     HELLO = constants.CMD_HELLO
+    SHARDS = constants.CMD_SHARDS
 
     @property
     def label(self) -> str:
@@ -111,6 +115,7 @@ _DOING: Final[dict[Command, str]] = {
     Command.STATS: "a stats request",
     Command.PING: "a ping",
     Command.HELLO: "a hello",
+    Command.SHARDS: "a shards request",
 }
 
 
@@ -124,20 +129,20 @@ def _is_int(value: object) -> bool:
 def validate_key(key: str) -> str:
     """Return ``key`` if the protocol can carry it, else raise `ValueError` saying why."""
     if not isinstance(key, str):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(f"a lock key must be a str, got {type(key).__name__}: {key!r}")
+        raise InvalidValueError(f"a lock key must be a str, got {type(key).__name__}: {key!r}")
     if not key:
-        raise ValueError("a lock key must not be empty")
+        raise InvalidValueError("a lock key must not be empty")
     if _WHITESPACE_RE.search(key):
-        raise ValueError(
+        raise InvalidValueError(
             f"lock key {key!r} contains whitespace, which the protocol cannot carry: "
             "replace spaces and newlines (e.g. with ':' or '_')"
         )
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise ValueError(f"lock key {key!r} is not encodable as UTF-8: {exc}") from None
+        raise InvalidValueError(f"lock key {key!r} is not encodable as UTF-8: {exc}") from None
     if size > MAX_KEY_BYTES:
-        raise ValueError(
+        raise InvalidValueError(
             f"lock key is {size} bytes of UTF-8, over the protocol's {MAX_KEY_BYTES}: "
             f"shorten it or digest it (key starts {key[:40]!r})"
         )
@@ -147,7 +152,7 @@ def validate_key(key: str) -> str:
 def validate_token(token: str) -> str:
     """Return ``token`` if it looks like a dflockd token (32 lowercase hex), else `ValueError`."""
     if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError(
+        raise InvalidValueError(
             f"a token is {constants.TOKEN_HEX_CHARS} lowercase hex characters, got {token!r}"
         )
     return token
@@ -155,9 +160,9 @@ def validate_token(token: str) -> str:
 
 def _number(name: str, value: int, *, minimum: int, maximum: int = constants.MAX_NUMBER) -> str:
     if not _is_int(value):
-        raise ValueError(f"{name} must be an int number of seconds/units, got {value!r}")
+        raise InvalidValueError(f"{name} must be an int number of seconds/units, got {value!r}")
     if not minimum <= value <= maximum:
-        raise ValueError(f"{name} must be between {minimum} and {maximum}, got {value}")
+        raise InvalidValueError(f"{name} must be between {minimum} and {maximum}, got {value}")
     return str(value)
 
 
@@ -244,14 +249,14 @@ def encode_sem_release(key: str, token: str) -> bytes:
 def encode_auth(secret: str) -> bytes:
     """``auth``: present the server's shared secret (must be a connection's first request)."""
     if not isinstance(secret, str) or not secret:  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise ValueError("auth_token must be a non-empty str")
+        raise InvalidValueError("auth_token must be a non-empty str")
     if "\n" in secret or "\r" in secret or secret != secret.strip():
-        raise ValueError(
+        raise InvalidValueError(
             "auth_token must not contain line breaks or leading/trailing whitespace "
             "(check how the secret was read, e.g. a trailing newline from a file)"
         )
     if len(secret.encode("utf-8")) > constants.MAX_AUTH_LINE_BYTES:
-        raise ValueError(
+        raise InvalidValueError(
             f"auth_token is longer than the protocol's {constants.MAX_AUTH_LINE_BYTES} bytes"
         )
     return _request(Command.AUTH, constants.PLACEHOLDER, secret)
@@ -270,6 +275,11 @@ def encode_ping() -> bytes:
 def encode_hello() -> bytes:
     """``hello``: what this server is and supports (a server that predates it: ``error``)."""
     return _request(Command.HELLO, constants.PLACEHOLDER, constants.PLACEHOLDER)
+
+
+def encode_shards() -> bytes:
+    """``shards``: which keys the server serves (``Shards``)."""
+    return _request(Command.SHARDS, constants.PLACEHOLDER, constants.PLACEHOLDER)
 
 
 def fence_of(token: str) -> int:
@@ -334,13 +344,27 @@ class Hello:
 
 
 @dataclass(frozen=True, slots=True)
+class Shards:
+    """``ok <json>`` to ``shards``: the decoded JSON object (``mode`` and what it implies)."""
+
+    data: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """``error_moved <HOST:PORT>`` to an acquire: the key is served by that member."""
+
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorReply:
     """``error`` or ``error_<reason>``: the server refused the request."""
 
     code: str
 
 
-Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | ErrorReply
+Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | Shards | Moved | ErrorReply
 
 _COMMON_ERRORS: Final = frozenset(
     {constants.STATUS_ERROR, constants.STATUS_ERROR_AUTH, constants.STATUS_ERROR_DRAINING}
@@ -350,9 +374,12 @@ _LOCK_ERRORS: Final = _COMMON_ERRORS | {
     constants.STATUS_ERROR_MAX_WAITERS,
     # A key is one resource: a lock (limit 1) on a key busy as a semaphore is refused too.
     constants.STATUS_ERROR_LIMIT_MISMATCH,
+    # A key this server does not serve now (cluster mode: try again shortly).
+    constants.STATUS_ERROR_UNAVAILABLE,
 }
 _ENQUEUE_ERRORS: Final = _LOCK_ERRORS | {constants.STATUS_ERROR_ALREADY_ENQUEUED}
 _WAIT_ERRORS: Final = _COMMON_ERRORS | {
+    constants.STATUS_ERROR_UNAVAILABLE,
     constants.STATUS_ERROR_NOT_ENQUEUED,
     constants.STATUS_ERROR_LEASE_EXPIRED,
 }
@@ -371,7 +398,20 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.STATS: _COMMON_ERRORS,
     Command.PING: _COMMON_ERRORS,
     Command.HELLO: _COMMON_ERRORS,
+    Command.SHARDS: _COMMON_ERRORS,
 }
+_MOVABLE: Final = frozenset(
+    {
+        Command.LOCK,
+        Command.SEM_LOCK,
+        Command.ENQUEUE,
+        Command.SEM_ENQUEUE,
+        Command.WAIT,
+        Command.SEM_WAIT,
+    }
+)
+"""The requests a server may answer ``error_moved <HOST:PORT>``."""
+_MOVED_ADDRESS_RE: Final = re.compile(r"[^\s:]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
 
 
 def _show(line: bytes | bytearray, limit: int = 80) -> str:
@@ -439,6 +479,10 @@ def decode_reply(command: Command, line: bytes) -> Reply:
         raise _unexpected(command, line, "empty or padded line")
     status, *fields = text.split(" ")
     if _ERROR_CODE_RE.fullmatch(status):
+        if status == constants.STATUS_ERROR_MOVED and command in _MOVABLE:
+            if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
+                raise _unexpected(command, line, "error_moved takes one HOST:PORT")
+            return Moved(fields[0])
         if fields or status not in _ALLOWED_ERRORS[command]:
             raise _unexpected(command, line)
         return ErrorReply(status)
@@ -465,6 +509,8 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             return Stats(_parse_json_object(command, line, text[len(status) + 1 :]))
         case (Command.HELLO, "ok") if fields:
             return Hello(_parse_json_object(command, line, text[len(status) + 1 :]))
+        case (Command.SHARDS, "ok") if fields:
+            return Shards(_parse_json_object(command, line, text[len(status) + 1 :]))
         case _:
             raise _unexpected(command, line)
 
@@ -477,6 +523,9 @@ def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str,
     if not isinstance(data, dict):
         raise _unexpected(command, line, "the JSON is not an object")
     return {str(k): v for k, v in data.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+
+
+_JSON_REPLIES: Final = frozenset({Command.STATS, Command.HELLO, Command.SHARDS})
 
 
 class ReplyParser:
@@ -522,7 +571,7 @@ class ReplyParser:
         return len(self._buffer)
 
     def _line_limit(self, command: Command) -> int:
-        if command is Command.STATS or command is Command.HELLO:  # JSON payloads
+        if command in _JSON_REPLIES:
             return self.max_stats_line_bytes
         return self.max_line_bytes
 

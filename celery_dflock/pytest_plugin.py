@@ -29,6 +29,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
+# The Celery integration is loaded with the plugin, not on first use (`celery_dflock` imports
+# its names lazily): pytest rewrites a plugin package's modules as they are imported, and on
+# CPython 3.11.7 that rewrite can fail ("AST constructor recursion depth mismatch") when the
+# first import happens inside a test that follows an asyncio test.
+import celery_dflock.beat  # pyright: ignore[reportUnusedImport]
+import celery_dflock.task  # noqa: F401  # pyright: ignore[reportUnusedImport]
 from celery_dflock.config import reset_config
 
 if TYPE_CHECKING:

@@ -29,6 +29,13 @@ servers        stable_hash_shard       rendezvous_shard
 
 Moving keys while locks are held splits a key's holders across two servers, so change the
 server list only when no lock is held (e.g. with the workers stopped), whichever strategy.
+Servers started with the same list (``--members``, in the same order, and ``--advertise``)
+refuse the keys that are not theirs, so a client whose list disagrees gets a
+`ShardingMismatchError` instead of a split lock.
+
+`CLUSTER` (``sharding_strategy="cluster"``) is not a function of the list: the servers are
+seeds of a cluster (``dflockd --cluster``), which says where each key lives (`ClusterMap`);
+the client caches that map and follows the servers' redirects (docs/client.md).
 """
 
 from __future__ import annotations
@@ -36,11 +43,15 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeGuard, runtime_checkable
+from typing import Final, Literal, Protocol, TypeGuard, runtime_checkable
+
+from celery_dflock.errors import InvalidValueError
 
 __all__ = [
+    "CLUSTER",
     "IdentityShardingStrategy",
     "RendezvousShard",
+    "Routing",
     "ShardingStrategy",
     "rendezvous_shard",
     "select_server",
@@ -51,6 +62,12 @@ __all__ = [
 
 ShardingStrategy = Callable[[str, int], int]
 """Maps ``(key, number_of_servers)`` to an index in ``range(number_of_servers)``."""
+
+CLUSTER: Final = "cluster"
+"""``sharding_strategy="cluster"``: the servers are a cluster's seeds; it says where keys live."""
+
+Routing = ShardingStrategy | Literal["cluster"]
+"""What ``sharding_strategy`` accepts: a strategy over the server list, or `CLUSTER`."""
 
 _MAX_PORT = 65535
 
@@ -128,7 +145,7 @@ def _as_int(value: object) -> int | None:
 
 def _check_count(num_servers: int) -> None:
     if not _is_int(num_servers) or num_servers < 1:
-        raise ValueError(f"the number of servers must be an int >= 1, got {num_servers!r}")
+        raise InvalidValueError(f"the number of servers must be an int >= 1, got {num_servers!r}")
 
 
 def _strategy_name(strategy: object) -> str:
@@ -158,22 +175,26 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
 
 def _validate_servers(servers: object) -> tuple[tuple[str, int], ...]:
     if isinstance(servers, str | bytes) or not isinstance(servers, Sequence):
-        raise ValueError(f"servers must be a list of (host, port) tuples, got {servers!r}")
+        raise InvalidValueError(f"servers must be a list of (host, port) tuples, got {servers!r}")
     entries: Sequence[object] = servers  # pyright: ignore[reportUnknownVariableType]
     if not entries:
-        raise ValueError(
+        raise InvalidValueError(
             'servers is empty: give at least one (host, port), e.g. [("127.0.0.1", 6388)]'
         )
     result: list[tuple[str, int]] = []
     for entry in entries:
         if not isinstance(entry, tuple | list) or len(entry) != 2:  # pyright: ignore[reportUnknownArgumentType]
-            raise ValueError(f"each server must be a (host, port) tuple, got {entry!r}")
+            raise InvalidValueError(f"each server must be a (host, port) tuple, got {entry!r}")
         host: object = entry[0]  # pyright: ignore[reportUnknownVariableType]
         port: object = entry[1]  # pyright: ignore[reportUnknownVariableType]
         if not isinstance(host, str) or not host:
-            raise ValueError(f"server host must be a non-empty string, got {host!r} in {entry!r}")
+            raise InvalidValueError(
+                f"server host must be a non-empty string, got {host!r} in {entry!r}"
+            )
         if not isinstance(port, int) or not _is_int(port) or not 0 < port <= _MAX_PORT:
-            raise ValueError(f"server port must be an int in 1..65535, got {port!r} in {entry!r}")
+            raise InvalidValueError(
+                f"server port must be an int in 1..65535, got {port!r} in {entry!r}"
+            )
         result.append((host, port))
     return tuple(result)
 
@@ -207,12 +228,12 @@ def select_server(
         raw = strategy(key, count)
     index = _as_int(raw)
     if index is None:
-        raise ValueError(
+        raise InvalidValueError(
             f"sharding strategy {_strategy_name(strategy)} returned {raw!r} "
             f"for key {key!r}: it must return an int index into servers"
         )
     if not 0 <= index < count:
-        raise ValueError(
+        raise InvalidValueError(
             f"sharding strategy {_strategy_name(strategy)} returned {index} for key {key!r}, "
             f"outside [0, {count}) for {count} server(s)"
         )

@@ -39,7 +39,7 @@ from celery_dflock._runtime import (
     pid_gone,
     reset_runtime_after_fork,
 )
-from celery_dflock._threads import leave_signals_to_the_main_thread
+from celery_dflock.clients import leave_signals_to_the_main_thread
 from celery_dflock.config import get_config
 from celery_dflock.errors import DflockError
 

@@ -1,0 +1,526 @@
+# pyright: reportMissingTypeStubs=false
+"""The machinery of one locked run, beside `LockedTask` as Celery's ``app/trace.py`` is beside
+its ``Task``: the run's plan (locked or not, its options), its key, the acquire, the
+``on_locked`` policy when the key is busy, the guard that applies ``on_lock_lost`` to the body,
+the held-lock record, and the release.
+
+The task keeps its options and Celery's hooks; a task's plan and key builder are kept per
+process in the app's `Runtime` (`TaskRuns`), never on the task object.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MethodType
+from typing import Any, Final, cast
+
+from celery_dflock import signals
+from celery_dflock._celery import (
+    Reject,
+    Retry,
+    backoff_interval,
+    get_logger,
+    get_task_logger,
+)
+from celery_dflock._interrupt import BodyTarget, current_body
+from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime
+from celery_dflock.config import (
+    LOCK_OPTIONS,
+    DflockConfig,
+    LockOptions,
+    OnLockLost,
+    check_call_options,
+    get_config,
+    resolve_options,
+)
+from celery_dflock.errors import (
+    DflockError,
+    LimitMismatchError,
+    LockLost,
+    LockNotAcquired,
+    LockSkipped,
+)
+from celery_dflock.keys import KeyBuilder
+
+__all__ = [
+    "LOCK_OPTIONS_HEADER",
+    "LOCK_RETRIES_HEADER",
+    "REQUEST_LOCK",
+    "TaskRuns",
+    "call_options",
+    "locked_run",
+    "release_current",
+]
+
+logger: Any = get_task_logger("celery_dflock.task")
+"""For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
+worker_logger: Any = get_logger("celery_dflock.worker")
+"""For messages from the renewal thread, where Celery's task prefix would read ``???[???]``
+(the message names the run itself)."""
+
+LOCK_OPTIONS_HEADER: Final = "dflock_options"
+"""Message header carrying per-call lock options (``apply_async(..., lock_ttl=60)``)."""
+LOCK_RETRIES_HEADER: Final = "dflock_lock_retries"
+"""Message header counting the retries ``on_locked="retry"`` made (Celery's ``retries`` is
+left to the task's own retries)."""
+
+REQUEST_LOCK: Final = "dflock_lock"
+"""The request attribute holding the current run's lock (``LockedTask.lock``)."""
+_REQUEST_KEY: Final = "dflock_key"
+_REQUEST_FENCE: Final = "dflock_fence"
+_REQUEST_TOKEN: Final = "dflock_token"
+_MAX_BACKOFF_EXPONENT: Final = 32
+
+
+def _same(a: object, b: object) -> bool:
+    """The same object; or the same bound method (a function-valued class attribute, such as
+    a ``lock_key`` callable, is a new bound method object on every attribute access)."""
+    return a is b or (type(a) is MethodType and a == b)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Whether runs of a task without call options are locked, and their options, as worked
+    out from these inputs; reused while the config and every lock attribute are the same
+    objects (a changed attribute or a reset config is noticed on the next run)."""
+
+    config: DflockConfig
+    attributes: tuple[object, ...]
+    locked: bool
+    options: LockOptions | None
+
+    def fits(self, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
+        return self.config is config and all(
+            _same(a, b) for a, b in zip(self.attributes, attributes, strict=True)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """A task's `KeyBuilder` and what it was built for."""
+
+    builder: KeyBuilder
+    run: object  # the run function (a bound method's __func__)
+    owner: object  # a bound method's __self__, else None
+
+    def fits(self, source: object, run: object, owner: object, prefix: str) -> bool:
+        builder = self.builder
+        return (
+            _same(builder.source, source)
+            and self.run is run
+            and self.owner is owner
+            and builder.prefix == prefix
+        )
+
+
+class TaskRuns:
+    """What the runs of one task reuse in one process: its plan and its key builder (kept by
+    the app's `Runtime`, so a pool child works its own out, and the task stays stateless)."""
+
+    __slots__ = ("keys", "plan")
+
+    def __init__(self) -> None:
+        self.plan: _Plan | None = None
+        self.keys: _Keys | None = None
+
+    def plan_for(self, task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> _Plan:
+        """Locked or not, and the options, for a run without call options."""
+        plan = self.plan
+        if plan is not None and plan.fits(config, attributes):
+            return plan
+        options = None
+        if _is_locked(task, config, attributes):
+            given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
+            options = resolve_options(config, str(task.name), given, None)
+        plan = self.plan = _Plan(config, attributes, options is not None, options)
+        return plan
+
+    def key_builder(
+        self, task: Any, source: object, run: Callable[..., Any], prefix: str
+    ) -> KeyBuilder:
+        """The `KeyBuilder` for the task's runs (its signature is inspected once)."""
+        func: object = getattr(run, "__func__", run)
+        owner: object = getattr(run, "__self__", None)
+        keys = self.keys
+        if keys is not None and keys.fits(source, func, owner, prefix):
+            return keys.builder
+        builder = KeyBuilder(cast("Any", source), task_name=str(task.name), run=run, prefix=prefix)
+        self.keys = _Keys(builder, func, owner)
+        return builder
+
+
+def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
+    """Whether runs without call options are locked (with call options they always are)."""
+    if str(task.name) in config.task_locks:
+        return True
+    if any(value is not None for value in attributes):
+        return True
+    # base=LockedTask named explicitly: always locked. Inherited only through the
+    # app's task_cls: locked only with a lock option (checked above).
+    app_task_cls: Any = task._get_app().Task
+    return not isinstance(task, app_task_cls)
+
+
+# ------------------------------------------------------------------------------ one run
+
+
+def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``task``'s body for ``request`` under its lock (or straight, when not locked)."""
+    app: Any = task._get_app()
+    config = get_config(app)
+    runtime = get_runtime(app)
+    name = str(task.name)
+    runs = runtime.task_runs(name)
+    attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
+    per_call = call_options(request)
+    run: Callable[..., Any] = task.run
+    if per_call:  # per call: resolved every time (they must win)
+        given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
+        options = resolve_options(config, name, given, per_call)
+    else:
+        options = runs.plan_for(task, config, attributes).options
+        if options is None:
+            return run(*args, **kwargs)
+    key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
+    task_id = cast("str | None", request.id)
+    guard = _RunGuard(task, task_id, key, options.on_lock_lost, runtime)
+    wait_s = options.timeout
+    if options.on_locked == "retry" and request.is_eager:
+        # Eager retries run at once; wait out the countdown in the queue instead.
+        wait_s = max(wait_s, retry_countdown(_lock_retries(request), options))
+    lock = runtime.new_lock(config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost)
+    try:
+        acquired = lock.acquire()
+    except LimitMismatchError as exc:  # the key is busy with another lock_limit
+        return _contended(task, request, key, options, (args, kwargs), mismatch=exc)
+    except DflockError as exc:  # the server unreachable, refusing, draining, ...
+        _autoretry(task, request, exc)
+        raise
+    if not acquired:
+        return _contended(task, request, key, options, (args, kwargs))
+    return _run_held(guard, lock, request, options=options, run=run, call=(args, kwargs))
+
+
+def _run_held(
+    guard: _RunGuard,
+    lock: AnyLock,
+    request: Any,
+    *,
+    options: LockOptions,
+    run: Callable[..., Any],
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+) -> Any:
+    """The body, with ``lock`` held: recorded on the request (and in the held-lock records in
+    a pool child), guarded against a loss, and released however the body ends."""
+    key, task_id, runtime = guard.key, guard.task_id, guard.runtime
+    guard.lock = lock
+    setattr(request, REQUEST_LOCK, lock)
+    request.dflock_key = key
+    request.dflock_fence = lock.fence
+    request.dflock_token = lock.token
+    if runtime.in_pool_child and task_id:
+        writer = runtime.held_writer()
+        if writer is not None:
+            guard.record = writer.add(task_id, lock, options.limit)
+    try:
+        try:
+            with guard.body():
+                result = run(*call[0], **call[1])
+        except _Interrupted:
+            raise LockLost(
+                f"{guard.label} lost its lock {key!r} (fence {lock.fence}) "
+                f"while it ran, and was interrupted (on_lock_lost='interrupt')"
+            ) from None
+        # The lock may be marked lost a moment before on_lost runs: the body can see it and
+        # return first. Only "flag" lets a body that saw its lock lost end normally.
+        if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
+            raise LockLost(
+                f"{guard.label} lost its lock {key!r} (fence {lock.fence}) "
+                f"while it ran; its body returned before the interrupt reached it, so the "
+                f"run fails (on_lock_lost={options.on_lock_lost!r})"
+            )
+        return result
+    finally:
+        try:
+            lock.release()
+        finally:
+            if guard.record is not None:
+                guard.record.remove()
+            for attr in (REQUEST_LOCK, _REQUEST_KEY, _REQUEST_FENCE, _REQUEST_TOKEN):
+                setattr(request, attr, None)
+
+
+def release_current(request: Any) -> None:
+    """Release the lock of the run ``request`` is for, if it holds one (before a retry)."""
+    lock = cast("AnyLock | None", getattr(request, REQUEST_LOCK, None))
+    if lock is not None:
+        lock.release()
+
+
+def retry_countdown(retries: int, options: LockOptions) -> float:
+    """The countdown of lock retry number ``retries + 1`` (backoff, cap, jitter)."""
+    countdown = min(
+        options.retry_countdown * (2 ** min(retries, _MAX_BACKOFF_EXPONENT)),
+        options.retry_backoff_max,
+    )
+    if options.retry_jitter:
+        countdown = countdown / 2 + random.uniform(0, countdown / 2)
+    return countdown
+
+
+class _Interrupted(LockLost):
+    """Raised asynchronously in the body's thread by ``on_lock_lost="interrupt"``."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or ("the task's lock was lost while it ran",)))
+
+
+class _RunGuard:
+    """One locked run: its lock, the body's thread, and the ``on_lock_lost`` policy."""
+
+    def __init__(
+        self,
+        task: object,
+        task_id: str | None,
+        key: str,
+        policy: OnLockLost,
+        runtime: Runtime,
+    ) -> None:
+        self.task = task
+        self.label = _run_name(str(cast("Any", task).name), task_id)
+        self.task_id = task_id
+        self.key = key
+        self.policy: OnLockLost = policy
+        self.runtime = runtime
+        self.lock: AnyLock | None = None
+        self.record: HeldRecord | None = None
+        self._state = threading.Lock()
+        self._body: BodyTarget | None = None
+        self._interrupt_sent = False
+        self._interrupt_missed = False
+        self._body_ended = False
+
+    def on_lost(self, lock: Any) -> None:
+        """Called once when the lock is lost: from the renewal thread, or from the release
+        after the body if only the server's refusal to release shows it.
+
+        An interrupt goes out first, before the log line and the signal (a body that polls
+        ``lock.lost`` is stopped before it can act on it); a termination comes last, after
+        them (it ends the process)."""
+        policy = self.policy
+        if policy == "terminate" and not self.runtime.in_pool_child:
+            policy = "interrupt"  # only a prefork child can be replaced
+        with self._state:
+            ended = self._body_ended
+        if policy == "interrupt" and not ended:
+            self._interrupt()
+        worker_logger.error(
+            "dflock: %s lost its lock %r (fence %s)%s; on_lock_lost=%r",
+            self.label,
+            self.key,
+            getattr(lock, "fence", None),
+            " (noticed after its body ended)" if ended else "",
+            policy,
+        )
+        signals.lock_lost.send(
+            sender=self.task, task_id=self.task_id, key=self.key, lock=lock, policy=policy
+        )
+        if self._interrupt_missed:
+            worker_logger.error(
+                "dflock: %s: the body could not be interrupted where it runs; "
+                "it fails with LockLost when it returns",
+                self.label,
+            )
+        if policy == "terminate" and not ended:
+            if self.record is not None:
+                self.record.remove()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _interrupt(self) -> None:
+        with self._state:
+            body = self._body
+            if body is None or self._interrupt_sent:
+                return
+            self._interrupt_sent = True
+            if not body.interrupt(_Interrupted):
+                self._interrupt_missed = True
+
+    @property
+    def interrupt_due(self) -> bool:
+        """An interrupt was sent (or could not be) while the body ran: a body that returned
+        all the same must not count as a success."""
+        return self._interrupt_sent
+
+    def body(self) -> _RunGuard:
+        """``with guard.body():`` marks the body as running in this thread (the target of an
+        interrupt) until the block ends."""
+        return self
+
+    def __enter__(self) -> None:
+        body = current_body()
+        with self._state:
+            self._body = body
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._state:
+            body, self._body = self._body, None
+            self._body_ended = True
+            if self._interrupt_sent and body is not None:
+                body.cancel()  # not delivered yet: drop it
+
+
+def _autoretry(task: Any, request: Any, exc: DflockError) -> None:
+    """Give an error taking the lock the task's ``autoretry_for`` treatment.
+
+    Celery's ``autoretry_for`` wraps the task body only, and the lock is taken before the
+    body: without this, ``autoretry_for=(ServerUnavailable,)`` would not cover an outage
+    of the lock server. Retries (``self.retry``, so ``retry_kwargs``, ``retry_backoff``,
+    ``retry_backoff_max``, ``retry_jitter`` and ``max_retries`` apply as Celery applies
+    them) when the task names the error; returns otherwise, and the caller re-raises.
+    """
+    autoretry_for = tuple(getattr(task, "autoretry_for", None) or ())
+    if not autoretry_for or not isinstance(exc, autoretry_for):
+        return
+    dont_autoretry_for = tuple(getattr(task, "dont_autoretry_for", None) or ())
+    if dont_autoretry_for and isinstance(exc, dont_autoretry_for):
+        return
+    retry_kwargs = dict(getattr(task, "retry_kwargs", None) or {})
+    backoff = float(getattr(task, "retry_backoff", False) or 0)
+    if backoff:
+        retry_kwargs["countdown"] = backoff_interval(
+            factor=int(max(1.0, backoff)),
+            retries=int(request.retries or 0),
+            maximum=int(getattr(task, "retry_backoff_max", 600)),
+            full_jitter=getattr(task, "retry_jitter", True),
+        )
+    raise task.retry(exc=exc, **retry_kwargs)
+
+
+def _contended(
+    task: Any,
+    request: Any,
+    key: str,
+    options: LockOptions,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    *,
+    mismatch: LimitMismatchError | None = None,
+) -> Any:
+    """The key is busy: held by other runs, or (``mismatch``) in use with another limit.
+
+    A key is one resource on the server (a lock is a semaphore of limit 1), so runs with
+    another ``lock_limit`` on the key keep it busy like any holder; the server refuses at
+    once instead of queueing, and ``on_locked`` applies as for a busy key."""
+    run = _run_name(str(task.name), request.id)
+    task_id = cast("str | None", request.id)
+    args, kwargs = call
+    if mismatch is None:
+        why = f"lock {key!r} is held by another run"
+    else:
+        mine = "a lock" if options.limit is None else f"a semaphore of limit {options.limit}"
+        why = (
+            f"key {key!r} is in use by runs with another lock_limit (this run asked for "
+            f"{mine}); a lock and a semaphore on one key exclude each other: give every use "
+            f"of the key the same lock_limit, or give the lock another lock_key"
+        )
+        logger.warning("dflock: %s: %s", run, why)
+    if options.on_locked == "skip":
+        logger.info("dflock: skipping %s: %s", run, why)
+        signals.lock_skipped.send(sender=task, task_id=task_id, key=key, args=args, kwargs=kwargs)
+        raise LockSkipped(
+            f"{run} was skipped: {why} (waited {options.timeout:g}s; on_locked='skip')"
+        ) from mismatch
+    busy = LockNotAcquired(
+        f"{run}: {why} (waited {options.timeout:g}s; on_locked={options.on_locked!r})"
+    )
+    busy.__cause__ = mismatch
+    if options.on_locked != "retry" or request.called_directly:
+        raise busy
+    done = _lock_retries(request)
+    limit = options.max_retries
+    if limit is not None and done >= limit:
+        raise LockNotAcquired(
+            f"{run}: key {key!r} was still busy after {done} lock "
+            f"retries (lock_max_retries={limit}), so the run is dropped; raise "
+            f"lock_max_retries (None: retry as long as the key is busy) or lock_timeout "
+            f"(wait in the key's queue)"
+        )
+    countdown = retry_countdown(done, options)
+    logger.info(
+        "dflock: %s retries in %.2fs: lock %r is busy (lock retry %d of %s)",
+        run,
+        countdown,
+        key,
+        done + 1,
+        "no limit" if limit is None else limit,
+    )
+    raise _lock_retry(task, request, call, countdown=countdown, retries=done + 1, busy=busy)
+
+
+def _lock_retry(
+    task: Any,
+    request: Any,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    *,
+    countdown: float,
+    retries: int,
+    busy: LockNotAcquired,
+) -> BaseException:
+    """Send the run again in ``countdown`` s, as ``Task.retry`` does, but count it in
+    `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
+    task's ``max_retries``, which are left to its own retries."""
+    headers = _request_headers(request)
+    headers[LOCK_RETRIES_HEADER] = retries
+    given = call_options(request)
+    if given:
+        headers[LOCK_OPTIONS_HEADER] = given
+    signature: Any = task.signature_from_request(
+        request, *call, countdown=countdown, headers=headers
+    )
+    if request.is_eager:
+        return Retry(exc=busy, when=countdown, is_eager=True, sig=signature)
+    try:
+        signature.apply_async()
+    except Exception as exc:
+        return Reject(exc, requeue=False)
+    return Retry(exc=busy, when=countdown, sig=signature)
+
+
+def _run_name(name: str, task_id: object) -> str:
+    """``task NAME[ID]``, or ``task NAME (called directly)`` for a run without an id."""
+    return f"task {name}[{task_id}]" if task_id else f"task {name} (called directly)"
+
+
+def _request_headers(request: Any) -> dict[str, Any]:
+    headers = getattr(request, "headers", None)
+    if isinstance(headers, Mapping):
+        return dict(cast("Mapping[str, Any]", headers))
+    return {}
+
+
+def _header(request: Any, name: str) -> object:
+    """A message header of the current request (a request attribute on a worker, an entry of
+    ``request.headers`` in eager runs)."""
+    value = getattr(request, name, None)
+    if value is None:
+        value = _request_headers(request).get(name)
+    return cast("object", value)
+
+
+def _lock_retries(request: Any) -> int:
+    value = _header(request, LOCK_RETRIES_HEADER)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def call_options(request: Any) -> dict[str, object]:
+    """Per-call lock options of the current request (message header or eager headers)."""
+    raw = _header(request, LOCK_OPTIONS_HEADER)
+    if not raw:
+        return {}
+    return check_call_options(
+        cast("Mapping[str, object]", raw), f"call options of task {getattr(request, 'task', '?')!r}"
+    )

@@ -1,0 +1,502 @@
+"""`Client` and `AsyncClient`: the one public entry to the lock servers.
+
+A client holds what every lock shares, once and validated once (`ClientSettings`): the servers
+and how keys are sharded over them, the auth token, TLS, the connect timeout, the renew ratio
+and the default acquire timeout and lease; and it owns the connection pool its locks use::
+
+    with Client([("127.0.0.1", 6388)], auth_token=secret) as client:
+        with client.lock("report:42", acquire_timeout_s=5) as lock:
+            write(data, fence=lock.fence)
+        client.release("report:43", token_of_a_dead_worker)   # release by token
+        for status in client.stats():                          # what each server holds
+            print(status.address, status.stats)
+
+Locks are the public `DistributedLock` / `DistributedSemaphore` (and their async twins), built
+with the client's settings and pool; a release by token goes through the lock's own release
+path (`DistributedLock.release_token`). The Celery layer (tasks, beat, ``celery dflock``)
+reaches the servers only through a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from ssl import SSLContext
+from typing import Any, Final, Generic, Self, TypedDict, TypeVar, cast
+
+from celery_dflock import protocol
+from celery_dflock._connection import AsyncConnection, Connection
+from celery_dflock._core import (
+    DEFAULT_ACQUIRE_TIMEOUT_S,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_RENEW_RATIO,
+    DEFAULT_SERVERS,
+    FEATURE_FENCE,
+    FEATURE_PING,
+    FEATURE_STATS,
+    ClientSettings,
+    ClusterRouter,
+    Endpoint,
+    ServerInfo,
+    check_auth_token,
+    check_limit,
+    check_renew_ratio,
+    check_servers,
+    check_ssl_context,
+    positive_seconds,
+    split_address,
+    whole_seconds,
+)
+from celery_dflock._threads import leave_signals_to_the_main_thread
+from celery_dflock.aio import AsyncDistributedLock, AsyncDistributedSemaphore
+from celery_dflock.client import DistributedLock, DistributedSemaphore
+from celery_dflock.cluster import ShardsInfo
+from celery_dflock.errors import DflockError, InvalidValueError, ProtocolError
+from celery_dflock.pool import AsyncConnectionPool, ConnectionPool
+from celery_dflock.protocol import Command, ErrorReply, Reply, Stats
+from celery_dflock.sharding import CLUSTER, Routing, select_server, stable_hash_shard
+from dflockd_server import constants
+
+# The client layer's public face for integrations (the Celery layer uses nothing else): the
+# clients, the defaults and validators (used with its own setting names), what a server said.
+__all__ = [
+    "DEFAULT_ACQUIRE_TIMEOUT_S",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_RENEW_RATIO",
+    "DEFAULT_SERVERS",
+    "FEATURE_FENCE",
+    "FEATURE_HELLO",
+    "FEATURE_PING",
+    "FEATURE_STATS",
+    "AsyncClient",
+    "Client",
+    "ClientSettings",
+    "ServerInfo",
+    "ServerShards",
+    "ServerStatus",
+    "check_auth_token",
+    "check_limit",
+    "check_renew_ratio",
+    "check_servers",
+    "leave_signals_to_the_main_thread",
+    "positive_seconds",
+]
+
+FEATURE_HELLO: Final = constants.FEATURE_HELLO
+
+
+# ------------------------------------------------------------------------------ one server
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """What one server answered: ``server`` is what it said to ``hello`` (None when it could
+    not be reached, then ``error`` says why), ``stats`` its ``stats`` JSON (None when not
+    asked, unreachable, or not supported: an older dflockd answers neither)."""
+
+    address: str
+    server: ServerInfo | None = None
+    stats: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def reachable(self) -> bool:
+        """True when the server answered (``hello``, even with ``error``: an older dflockd)."""
+        return self.server is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerShards:
+    """What one server answered to ``shards``: ``shards`` (None when it could not be
+    reached or does not know the request; then ``error`` says why)."""
+
+    address: str
+    shards: ShardsInfo | None = None
+    error: str | None = None
+
+
+def _shards_of(endpoint: Endpoint, data: dict[str, object] | None) -> ServerShards:
+    if data is None:
+        return ServerShards(
+            endpoint.address, error="does not answer shards (an older or foreign server)"
+        )
+    try:
+        return ServerShards(endpoint.address, ShardsInfo.parse(data, endpoint.address))
+    except ProtocolError as exc:
+        return ServerShards(endpoint.address, error=str(exc))
+
+
+def _ask_shards(endpoint: Endpoint) -> ServerShards:
+    try:
+        conn = Connection.connect(endpoint, None)
+        try:
+            data = conn.shards()
+        finally:
+            conn.close()
+    except DflockError as exc:
+        return ServerShards(endpoint.address, error=str(exc))
+    return _shards_of(endpoint, data)
+
+
+async def _ask_shards_async(endpoint: Endpoint) -> ServerShards:
+    try:
+        conn = await AsyncConnection.connect(endpoint, None)
+        try:
+            data = await conn.shards()
+        finally:
+            await conn.aclose()
+    except DflockError as exc:
+        return ServerShards(endpoint.address, error=str(exc))
+    return _shards_of(endpoint, data)
+
+
+def _hello_only(endpoint: Endpoint, info: ServerInfo, with_stats: bool) -> ServerStatus | None:
+    """The status when ``stats`` is not to be asked (None: ask it). An older dflockd that
+    answers ``error`` to ``hello`` may still know ``stats``, as the Go server does."""
+    if with_stats and (info.legacy or info.supports(FEATURE_STATS)):
+        return None
+    return ServerStatus(endpoint.address, info)
+
+
+def _with_stats(endpoint: Endpoint, info: ServerInfo, reply: Reply) -> ServerStatus:
+    if isinstance(reply, Stats):
+        return ServerStatus(endpoint.address, info, cast("dict[str, Any]", reply.data))
+    if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
+        return ServerStatus(endpoint.address, info)  # it answers, but has no stats
+    return ServerStatus(endpoint.address, error=f"unexpected reply to stats: {reply!r}")
+
+
+def _ask(endpoint: Endpoint, with_stats: bool) -> ServerStatus:
+    """``hello`` (and ``stats``) over a connection of its own, closed after."""
+    try:
+        conn = Connection.connect(endpoint, None)
+        try:
+            info = conn.server or ServerInfo()
+            done = _hello_only(endpoint, info, with_stats)
+            if done is not None:
+                return done
+            reply = conn.request(Command.STATS, protocol.encode_stats())
+        finally:
+            conn.close()
+    except DflockError as exc:
+        return ServerStatus(endpoint.address, error=str(exc))
+    return _with_stats(endpoint, info, reply)
+
+
+async def _ask_async(endpoint: Endpoint, with_stats: bool) -> ServerStatus:
+    """`_ask` for the event loop."""
+    try:
+        conn = await AsyncConnection.connect(endpoint, None)
+        try:
+            info = conn.server or ServerInfo()
+            done = _hello_only(endpoint, info, with_stats)
+            if done is not None:
+                return done
+            reply = await conn.request(Command.STATS, protocol.encode_stats())
+        finally:
+            await conn.aclose()
+    except DflockError as exc:
+        return ServerStatus(endpoint.address, error=str(exc))
+    return _with_stats(endpoint, info, reply)
+
+
+# ------------------------------------------------------------------------------ the clients
+
+
+class _LockKeywords(TypedDict):
+    auth_token: str | None
+    ssl_context: SSLContext | None
+    connect_timeout_s: float
+
+
+_Positional = tuple[float, float | None, Sequence[tuple[str, int]], Routing, float]
+
+
+L = TypeVar("L", DistributedLock, AsyncDistributedLock)
+S = TypeVar("S", DistributedSemaphore, AsyncDistributedSemaphore)
+P = TypeVar("P", ConnectionPool, AsyncConnectionPool)
+
+
+class _ClientBase(Generic[L, S, P]):
+    """The settings both clients hold, and the locks they make with them (each client names
+    its lock classes and pool)."""
+
+    _settings: ClientSettings
+    _lock_class: type[L]
+    _semaphore_class: type[S]
+    _pool_class: type[P]
+
+    def __init__(
+        self,
+        servers: Sequence[tuple[str, int]] = DEFAULT_SERVERS,
+        *,
+        sharding_strategy: Routing = stable_hash_shard,
+        renew_ratio: float = DEFAULT_RENEW_RATIO,
+        auth_token: str | None = None,
+        ssl_context: SSLContext | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+        lease_ttl_s: float | None = None,
+    ) -> None:
+        if sharding_strategy != CLUSTER and not callable(sharding_strategy):
+            raise InvalidValueError(
+                f"sharding_strategy must be a callable (key, number_of_servers) -> index or "
+                f"{CLUSTER!r}, got {sharding_strategy!r}"
+            )
+        whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
+        if lease_ttl_s is not None:
+            whole_seconds("lease_ttl_s", lease_ttl_s, minimum=1)
+        self._setup(
+            ClientSettings(
+                servers=check_servers(servers),
+                sharding_strategy=sharding_strategy,
+                renew_ratio=check_renew_ratio(renew_ratio),
+                auth_token=check_auth_token(auth_token),
+                ssl_context=check_ssl_context(ssl_context),
+                connect_timeout_s=positive_seconds("connect_timeout_s", connect_timeout_s),
+                acquire_timeout_s=acquire_timeout_s,
+                lease_ttl_s=lease_ttl_s,
+            )
+        )
+
+    @classmethod
+    def from_settings(cls, settings: ClientSettings) -> Self:
+        """A client on ``settings`` validated already (by the Celery layer, whose errors name
+        its ``dflock_*`` settings)."""
+        client = cls.__new__(cls)
+        client._setup(settings)
+        return client
+
+    def _setup(self, settings: ClientSettings) -> None:
+        self._settings = settings
+        self._pool: P = self._pool_class()
+        self._router = (
+            ClusterRouter(settings.servers) if settings.sharding_strategy == CLUSTER else None
+        )
+        """Cluster routing: the one cached map of this client's locks."""
+        self._keywords = _LockKeywords(
+            auth_token=settings.auth_token,
+            ssl_context=settings.ssl_context,
+            connect_timeout_s=settings.connect_timeout_s,
+        )
+
+    @property
+    def pool(self) -> P:
+        """The connections of every lock this client makes."""
+        return self._pool
+
+    def lock(
+        self,
+        key: str,
+        *,
+        acquire_timeout_s: float | None = None,
+        lease_ttl_s: float | None = None,
+        on_lost: Callable[[L], object] | None = None,
+    ) -> L:
+        """An unacquired lock on ``key`` (a `DistributedLock`, or `AsyncDistributedLock`
+        from an `AsyncClient`); None: the client's default."""
+        make: Any = self._lock_class
+        positional = self._positional(acquire_timeout_s, lease_ttl_s)
+        return cast(
+            "L",
+            make(
+                key,
+                *positional,
+                on_lost=on_lost,
+                pool=self._pool,
+                router=self._router,
+                **self._keywords,
+            ),
+        )
+
+    def semaphore(
+        self,
+        key: str,
+        limit: int,
+        *,
+        acquire_timeout_s: float | None = None,
+        lease_ttl_s: float | None = None,
+        on_lost: Callable[[S], object] | None = None,
+    ) -> S:
+        """An unacquired semaphore of ``limit`` slots on ``key`` (a `DistributedSemaphore`,
+        or `AsyncDistributedSemaphore` from an `AsyncClient`)."""
+        make: Any = self._semaphore_class
+        positional = self._positional(acquire_timeout_s, lease_ttl_s)
+        return cast(
+            "S",
+            make(
+                key,
+                limit,
+                *positional,
+                on_lost=on_lost,
+                pool=self._pool,
+                router=self._router,
+                **self._keywords,
+            ),
+        )
+
+    def _for_release(self, key: str, limit: int | None) -> L | S:
+        return self.lock(key) if limit is None else self.semaphore(key, limit)
+
+    @property
+    def settings(self) -> ClientSettings:
+        """What every lock of this client shares."""
+        return self._settings
+
+    @property
+    def servers(self) -> tuple[tuple[str, int], ...]:
+        """The ``(host, port)`` of every server, in the order keys are sharded over."""
+        return self._settings.servers
+
+    @property
+    def router(self) -> ClusterRouter | None:
+        """Cluster routing (``sharding_strategy="cluster"``): the cached map its locks share
+        (``router.map``: None until a lock fetched it); None otherwise."""
+        return self._router
+
+    def server_for(self, key: str) -> tuple[str, int]:
+        """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
+        the first seed while there is none)."""
+        settings = self._settings
+        strategy = settings.sharding_strategy
+        if strategy == CLUSTER or isinstance(strategy, str):
+            owner = None if self._router is None else self._router.owner(key)
+            return settings.servers[0] if owner is None else owner
+        return settings.servers[select_server(key, settings.servers, strategy)]
+
+    def _positional(
+        self, acquire_timeout_s: float | None, lease_ttl_s: float | None
+    ) -> _Positional:
+        """A lock's positional arguments after ``key`` (and a semaphore's ``limit``)."""
+        s = self._settings
+        return (
+            s.acquire_timeout_s if acquire_timeout_s is None else acquire_timeout_s,
+            s.lease_ttl_s if lease_ttl_s is None else lease_ttl_s,
+            s.servers,
+            s.sharding_strategy,
+            s.renew_ratio,
+        )
+
+    def _members(self, answers: Sequence[ServerShards]) -> list[Endpoint]:
+        """The seeds, then every member the seeds' ``shards`` answers name: in cluster mode
+        ``stats`` and ``ping`` of every server ask every member, not only the seeds."""
+        found = list(self._settings.servers)
+        for answer in answers:
+            info = answer.shards
+            if info is None:
+                continue
+            named = [*info.members, *(info.cluster.nodes if info.cluster is not None else ())]
+            for name in named:
+                address = split_address(name)
+                if address not in found:
+                    found.append(address)
+        return [self._settings.endpoint(*address) for address in found]
+
+    def _endpoints(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
+        if server is None:
+            return self._settings.endpoints()
+        if isinstance(server, str):
+            host, _, port = server.rpartition(":")
+            server = (host.strip("[]"), int(port)) if port.isdigit() else (server, -1)
+        if server not in self._settings.servers:
+            known = ", ".join(f"{host}:{port}" for host, port in self._settings.servers)
+            raise InvalidValueError(f"{server!r} is not one of this client's servers ({known})")
+        return [self._settings.endpoint(*server)]
+
+    def __repr__(self) -> str:
+        servers = ",".join(f"{host}:{port}" for host, port in self._settings.servers)
+        return f"{type(self).__name__}({servers})"
+
+
+class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool]):
+    """Blocking locks, semaphores, release by token, stats and ping, over one
+    `ConnectionPool`; thread safe; the pool is fork safe (a child opens its own connections).
+
+    Arguments as `DistributedLock`'s, held once: ``servers``, ``sharding_strategy``,
+    ``renew_ratio``, ``auth_token``, ``ssl_context``, ``connect_timeout_s``, and the defaults
+    of every lock it makes, ``acquire_timeout_s`` and ``lease_ttl_s`` (None: the server's).
+    """
+
+    _lock_class = DistributedLock
+    _semaphore_class = DistributedSemaphore
+    _pool_class = ConnectionPool
+
+    def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
+        """Release ``token`` on ``key`` (``limit``: a semaphore's slot), granted to any process:
+        True if the server released it, False if it no longer held it. Idempotent."""
+        return self._for_release(key, limit).release_token(token)
+
+    def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
+        """Every server's (or ``server``'s) ``stats``: never raises for an unreachable one. In
+        cluster mode every server is every member of the cluster, not only the seeds."""
+        return [_ask(endpoint, True) for endpoint in self._everyone(server)]
+
+    def ping(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
+        """Whether every server (or ``server``) answers; an unreachable one has ``error``."""
+        return [_ask(endpoint, False) for endpoint in self._everyone(server)]
+
+    def _everyone(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
+        if server is None and self._router is not None:
+            return self._members(self.shards())
+        return self._endpoints(server)
+
+    def shards(self, server: tuple[str, int] | str | None = None) -> list[ServerShards]:
+        """What every server (or ``server``) answers to ``shards``: its mode, members, and in
+        cluster mode the shard map; never raises for an unreachable one."""
+        return [_ask_shards(endpoint) for endpoint in self._endpoints(server)]
+
+    def close(self) -> None:
+        """Close the idle connections (the client stays usable; held locks keep theirs)."""
+        self._pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncClient(
+    _ClientBase[AsyncDistributedLock, AsyncDistributedSemaphore, AsyncConnectionPool]
+):
+    """`Client` for asyncio: the same settings and methods, awaitable, over one
+    `AsyncConnectionPool` (use it from one event loop)."""
+
+    _lock_class = AsyncDistributedLock
+    _semaphore_class = AsyncDistributedSemaphore
+    _pool_class = AsyncConnectionPool
+
+    async def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
+        """`Client.release`, awaited."""
+        return await self._for_release(key, limit).release_token(token)
+
+    async def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
+        """`Client.stats`, the servers asked at once."""
+        asks = (_ask_async(endpoint, True) for endpoint in await self._everyone(server))
+        return list(await asyncio.gather(*asks))
+
+    async def ping(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
+        """`Client.ping`, the servers asked at once."""
+        asks = (_ask_async(endpoint, False) for endpoint in await self._everyone(server))
+        return list(await asyncio.gather(*asks))
+
+    async def _everyone(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
+        if server is None and self._router is not None:
+            return self._members(await self.shards())
+        return self._endpoints(server)
+
+    async def shards(self, server: tuple[str, int] | str | None = None) -> list[ServerShards]:
+        """`Client.shards`, the servers asked at once."""
+        asks = (_ask_shards_async(endpoint) for endpoint in self._endpoints(server))
+        return list(await asyncio.gather(*asks))
+
+    async def close(self) -> None:
+        """Close the idle connections (the client stays usable)."""
+        await self._pool.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
