@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +11,11 @@ import pytest
 
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
+from tests.support.certificates import key_of, make_certificate
+from tests.support.etcd import EtcdServer, etcd_or_skip
+from tests.support.ports import free_port
+from tests.support.servers import LOCK_SERVER_LEASE_S
+from tests.support.services import require_redis
 
 _TEST_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
@@ -53,49 +55,57 @@ def dflock_server(dflock_server_factory: ServerFactory) -> ServerThread:
     return dflock_server_factory()
 
 
-REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
+@pytest.fixture
+def lock_server(dflock_server_factory: ServerFactory) -> ServerThread:
+    """A running server whose default lease is ``LOCK_SERVER_LEASE_S`` (tests/beat has its own
+    ``lock_server``: one that a test restarts on its port)."""
+    return dflock_server_factory(default_lease_ttl_s=LOCK_SERVER_LEASE_S)
+
+
+@pytest.fixture
+def static_fleet() -> Iterator[list[ServerThread]]:
+    """Three real servers started with the same ``--members`` list, each advertising itself
+    (static members: each serves only the keys the list's crc32 strategy gives it)."""
+    ports = [free_port() for _ in range(3)]
+    members = tuple(f"127.0.0.1:{port}" for port in ports)
+    servers = [
+        ServerThread(
+            Config(
+                host="127.0.0.1", port=port, members=members, advertise=member, restart_grace_s=0
+            )
+        ).start()
+        for port, member in zip(ports, members, strict=True)
+    ]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def private_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """A real etcd of the test's own (Debian's ``etcd-server``), stopped after it; skips
+    without one, except on CI (see ``tests.support.etcd``)."""
+    yield from etcd_or_skip(tmp_path_factory.mktemp("etcd"))
 
 
 @pytest.fixture
 def redis_required() -> None:
-    """Skip when Redis at 127.0.0.1:6379 does not answer; fail instead under
-    CELERY_DFLOCK_REQUIRE_REDIS=1 (CI), so a Redis test never silently stops running."""
-    import redis
-
-    try:
-        with redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=0.5) as client:
-            client.ping()
-    except redis.RedisError as exc:
-        message = f"Redis at 127.0.0.1:6379 is not reachable ({exc})"
-        if os.environ.get(REQUIRE_REDIS_ENV) == "1":
-            pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
-        pytest.skip(message)
+    """Skip when Redis does not answer; fail instead under CELERY_DFLOCK_REQUIRE_REDIS=1 (CI),
+    so a Redis test never silently stops running."""
+    require_redis()
 
 
 @pytest.fixture(scope="session")
 def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Both distributions of this checkout (wheels and sdists), built once per session."""
-    from venvs import build_dist
+    from tests.support.venvs import build_dist
 
     return build_dist(tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture
 def tls_files(tmp_path: Path) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 (made with the openssl command), as paths in
-    strings (tests/server has its own, as Path objects)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )  # fmt: skip
-    return str(cert), str(key)
+    """A self-signed certificate for 127.0.0.1 and its key, as paths in strings (tests/server
+    overrides it with the same files as Path objects)."""
+    cert = make_certificate(tmp_path)
+    return str(cert), str(key_of(cert))

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,41 +24,46 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 
+from tests.support.etcd import EtcdServer
+from tests.support.ports import free_port
+from tests.support.processes import kill_group
+from tests.support.servers import run_dflockd
+from tests.support.services import REDIS_URL_BASE
+
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_URL = "redis://127.0.0.1:6379/15"
+REDIS_URL = f"{REDIS_URL_BASE}/15"
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
-def _compose() -> dict[str, Any]:
-    with (ROOT / "docker-compose.yml").open(encoding="utf-8") as fh:
+def _compose(name: str = "docker-compose.yml") -> dict[str, Any]:
+    with (ROOT / name).open(encoding="utf-8") as fh:
         return YAML(typ="safe").load(fh)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+Hosts = dict[str, str]
+"""A compose network's ``host:port`` -> where that service listens here."""
 
 
-def _localize(value: str, port: int, tmp: Path) -> str:
+def _localize(value: str, hosts: Hosts, tmp: Path) -> str:
     value = value.replace("redis://redis:6379/0", REDIS_URL)
-    value = value.replace("dflockd:6388", f"127.0.0.1:{port}")
+    for name in sorted(hosts, key=len, reverse=True):  # dflockd-1:6388 before dflockd:6388
+        value = value.replace(name, hosts[name])
     return re.sub(r"^/(tmp|var/lib/dflockd)/", f"{tmp}/", value)
 
 
-def _env(service: dict[str, Any], port: int, tmp: Path) -> dict[str, str]:
-    env = {k: _localize(str(v), port, tmp) for k, v in service.get("environment", {}).items()}
+def _env(service: dict[str, Any], hosts: Hosts, tmp: Path) -> dict[str, str]:
+    env = {k: _localize(str(v), hosts, tmp) for k, v in service.get("environment", {}).items()}
     return {**os.environ, **env, "PYTHONPATH": str(ROOT)}
 
 
-def _argv(command: list[str], port: int, tmp: Path) -> list[str]:
-    local = [_localize(str(part), port, tmp) for part in command]
+def _argv(command: list[str], hosts: Hosts, tmp: Path) -> list[str]:
+    local = [_localize(str(part), hosts, tmp) for part in command]
     if local[0] == "celery":
         return [sys.executable, "-m", "celery", *local[1:]]
     if local[0] == "python":
         return [sys.executable, *local[1:]]
-    raise AssertionError(f"unexpected command in docker-compose.yml: {command}")
+    raise AssertionError(f"unexpected command in a compose file: {command}")
 
 
 class Topology:
@@ -89,7 +92,7 @@ class Topology:
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_group(proc, timeout=None)
             proc.wait()
 
 
@@ -107,20 +110,21 @@ def topology(redis_required: None, tmp_path: Path) -> Iterator[Topology]:
 def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: Path) -> None:
     services = _compose()["services"]
     assert set(services) == {"redis", "dflockd", "worker-1", "worker-2", "beat-1", "beat-2"}
-    port = _free_port()
+    port = free_port()
+    hosts = {"dflockd:6388": f"127.0.0.1:{port}"}
 
     # The sidecar: the image's ENTRYPOINT is `dflockd`, configured by the service's environment.
     dflockd = services["dflockd"]
     assert 'ENTRYPOINT ["dflockd"]' in (ROOT / "server" / "Dockerfile").read_text()
-    server_env = {**_env(dflockd, port, tmp_path), "DFLOCKD_PORT": str(port)}
+    server_env = {**_env(dflockd, hosts, tmp_path), "DFLOCKD_PORT": str(port)}
     server_env["DFLOCKD_HOST"] = "127.0.0.1"  # a container binds 0.0.0.0; here only loopback
     assert dflockd["environment"]["DFLOCKD_METRICS_PORT"] == "9388"
-    metrics_port = _free_port()
+    metrics_port = free_port()
     server_env["DFLOCKD_METRICS_PORT"] = str(metrics_port)
     topology.start("dflockd", [str(Path(sys.executable).parent / "dflockd")], server_env)
 
     # Its healthcheck, exactly as the compose file states it, turns healthy.
-    health = _argv(dflockd["healthcheck"]["test"][1:], port, tmp_path)
+    health = _argv(dflockd["healthcheck"]["test"][1:], hosts, tmp_path)
     deadline = time.monotonic() + 20
     while subprocess.run(health, env=server_env, capture_output=True, check=False).returncode:
         assert time.monotonic() < deadline, topology.log("dflockd")
@@ -129,8 +133,8 @@ def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: P
     for name in ("worker-1", "worker-2", "beat-1", "beat-2"):
         service = services[name]
         assert service["depends_on"]["dflockd"]["condition"] == "service_healthy"
-        env = {**_env(service, port, tmp_path), "CELERY_RESULT_BACKEND": REDIS_URL}
-        topology.start(name, _argv(service["command"], port, tmp_path), env)
+        env = {**_env(service, hosts, tmp_path), "CELERY_RESULT_BACKEND": REDIS_URL}
+        topology.start(name, _argv(service["command"], hosts, tmp_path), env)
     for name in ("worker-1", "worker-2"):
         topology.wait_log(name, "ready.")
     for name in ("beat-1", "beat-2"):
@@ -180,3 +184,72 @@ def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: P
         if sample.name == "dflockd_grants_total"
     }
     assert grants["lock"] >= 6, text
+
+
+def test_the_cluster_compose_topology_works_as_processes(
+    topology: Topology, tmp_path: Path, private_etcd: EtcdServer
+) -> None:
+    """docker-compose.cluster.yml: etcd, three dflockd members, workers and beats pointing at
+    the members as seeds with the cluster strategy."""
+    services = _compose("docker-compose.cluster.yml")["services"]
+    members = ["dflockd-1", "dflockd-2", "dflockd-3"]
+    assert set(services) == {"redis", "etcd", *members, "worker-1", "worker-2", "beat-1", "beat-2"}
+    assert "--listen-client-urls=http://0.0.0.0:2379" in services["etcd"]["command"]
+    etcd = private_etcd  # Debian's etcd, not the image
+    hosts = {"etcd:2379": f"127.0.0.1:{etcd.client_port}"}
+    hosts |= {f"{name}:6388": f"127.0.0.1:{free_port()}" for name in members}
+    for name in members:
+        service = services[name]
+        assert service["depends_on"]["etcd"]["condition"] == "service_healthy"
+        state = tmp_path / name
+        state.mkdir()
+        env = {
+            **_env(service, hosts, tmp_path),
+            "DFLOCKD_HOST": "127.0.0.1",  # a container binds 0.0.0.0; here only loopback
+            "DFLOCKD_PORT": hosts[f"{name}:6388"].rsplit(":", 1)[1],
+            "DFLOCKD_METRICS_PORT": str(free_port()),
+            "DFLOCKD_FENCE_STATE_FILE": str(state / "fence"),  # a volume per member
+        }
+        assert env["DFLOCKD_ADVERTISE"] == hosts[f"{name}:6388"]
+        topology.start(name, [str(Path(sys.executable).parent / "dflockd")], env)
+        health = _argv(service["healthcheck"]["test"][1:], hosts, tmp_path)
+        deadline = time.monotonic() + 30
+        while subprocess.run(health, env=env, capture_output=True, check=False).returncode:
+            assert time.monotonic() < deadline, topology.log(name)
+            time.sleep(0.2)
+
+    # The command the compose file's header shows, against the members' map in etcd.
+    url = services["dflockd-1"]["environment"]["DFLOCKD_CLUSTER"]
+    shards_args = ["shards", "--cluster", _localize(url, hosts, tmp_path)]
+    deadline = time.monotonic() + 30
+    while True:
+        shown = run_dflockd(shards_args, {})
+        served = [line for line in shown.stdout.splitlines() if ", serving " in line]
+        if shown.returncode == 0 and len(served) == 3:
+            break
+        assert time.monotonic() < deadline, shown.stdout + shown.stderr
+        time.sleep(0.5)
+
+    for name in ("worker-1", "worker-2", "beat-1", "beat-2"):
+        service = services[name]
+        for member in members:
+            assert service["depends_on"][member]["condition"] == "service_healthy"
+        env = {**_env(service, hosts, tmp_path), "CELERY_RESULT_BACKEND": REDIS_URL}
+        assert env["DFLOCK_SHARDING_STRATEGY"] == "cluster"
+        topology.start(name, _argv(service["command"], hosts, tmp_path), env)
+    for name in ("worker-1", "worker-2"):
+        topology.wait_log(name, "ready.")
+    deadline = time.monotonic() + 30
+    while not any("beat: active" in topology.log(b) for b in ("beat-1", "beat-2")):
+        assert time.monotonic() < deadline, topology.log("beat-1") + topology.log("beat-2")
+        time.sleep(0.2)
+
+    client = Celery("compose-cluster-client", broker=REDIS_URL, backend=REDIS_URL)
+    try:
+        results = [
+            client.send_task("examples.proj.app.sync_account", kwargs={"account_id": n})
+            for n in range(6)
+        ]
+        assert [r.get(timeout=60) for r in results] == [f"account {n} synced" for n in range(6)]
+    finally:
+        client.close()

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import celery_dflock
 from dflockd_server import Config
-from dflockd_server.config import SETTINGS
+from dflockd_server.settings import SETTINGS
 from dflockd_server.testing import ServerThread
+from tests.support.etcd import EtcdServer, etcd_or_skip
+from tests.support.ports import free_port
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -111,8 +114,14 @@ def _series_used() -> set[str]:
     return set(re.findall(r"\bdflockd_[a-z_]+", "\n".join(texts)))
 
 
-def test_rules_and_dashboard_use_only_series_the_server_exposes() -> None:
-    server = ServerThread(Config(host="127.0.0.1", port=0, metrics_port=0)).start()
+@pytest.fixture
+def etcd_server(tmp_path: Path) -> Iterator[EtcdServer]:
+    yield from etcd_or_skip(tmp_path)
+
+
+def _exposed(config: Config) -> set[str]:
+    """The series names a server with ``config`` exposes after one request."""
+    server = ServerThread(config).start()
     try:
         # One request, so that the per-command histogram has a child to expose.
         with socket.create_connection((server.host, server.port), timeout=5) as conn:
@@ -124,9 +133,25 @@ def test_rules_and_dashboard_use_only_series_the_server_exposes() -> None:
             text = reply.read().decode()
     finally:
         server.stop()
-    exposed = {
+    return {
         sample.name for family in text_string_to_metric_families(text) for sample in family.samples
     }
+
+
+def test_rules_and_dashboard_use_only_series_the_server_exposes(etcd_server: EtcdServer) -> None:
+    exposed = _exposed(Config(host="127.0.0.1", port=0, metrics_port=0))
+    assert not any(name.startswith("dflockd_cluster_") for name in exposed)
+    # A cluster member exposes the cluster's series besides.
+    port = free_port()
+    exposed |= _exposed(
+        Config(
+            host="127.0.0.1",
+            port=port,
+            metrics_port=0,
+            cluster=f"etcd://{etcd_server.url.removeprefix('http://')}/deploy",
+            advertise=f"127.0.0.1:{port}",
+        )
+    )
     used = _series_used()
     assert used, "the rules and the dashboard query no dflockd series"
     assert used <= exposed, f"not exposed by the server: {sorted(used - exposed)}"

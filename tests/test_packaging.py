@@ -12,10 +12,10 @@ from email.message import Message
 from pathlib import Path
 
 import pytest
-from venvs import ROOT, find_python, make_venv
 
 import celery_dflock
 import dflockd_server
+from tests.support.venvs import ROOT, find_python, make_venv
 
 PYTHONS = ("3.11", "3.12", "3.13")
 DEMO_TIMEOUT_S = 180

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from venvs import ROOT, make_venv
+
+from tests.support.venvs import ROOT, make_venv
 
 pytestmark = pytest.mark.slow
 

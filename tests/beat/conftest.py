@@ -7,31 +7,19 @@ Redis-dependent (database 12 of ``CELERY_DFLOCK_TEST_REDIS_URL``, default
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from beat_harness import REDIS_URL, Broker, Cluster, LockServer, base_settings, redis_reachable
 
-REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
-
-
-@pytest.fixture
-def require_redis() -> None:
-    """Skip without Redis, or fail when CI demands it."""
-    if redis_reachable():
-        return
-    message = f"Redis is not reachable at {REDIS_URL}"
-    if os.environ.get(REQUIRE_REDIS_ENV) == "1":
-        pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
-    pytest.skip(message)
+from tests.support.beats import Broker, Cluster, base_settings
+from tests.support.servers import LockServer
 
 
 @pytest.fixture
-def queue(require_redis: None) -> str:
+def queue(redis_required: None) -> str:
     return f"beat-test-{uuid.uuid4().hex[:10]}"
 
 

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 
 import pytest
-from beat_harness import Broker, Cluster, Proc, Sent
 
 from celery_dflock.beat import DEFAULT_BEAT_LEASE_TTL_S
+from tests.support.beats import Broker, Cluster, Proc, Sent
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

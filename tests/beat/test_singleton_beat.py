@@ -15,16 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from beat_harness import (
-    ACTIVE,
-    LOST,
-    Broker,
-    Cluster,
-    LockServer,
-    Sent,
-    iter_overlaps,
-    max_for_one_beat,
-)
+
+from tests.support.beats import ACTIVE, LOST, Broker, Cluster, Sent, iter_overlaps, max_for_one_beat
+from tests.support.servers import LockServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

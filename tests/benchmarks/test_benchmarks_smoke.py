@@ -4,6 +4,9 @@ One ``python -m benchmarks.run_all --quick`` (each benchmark's own command, ``--
 own process, then the report) into a temporary directory; the tests check what each run
 printed and wrote: tables of the right shape, goals decided, no failed request, FIFO kept,
 RESULTS.md and its chart. No timing is asserted: the figures of a smoke run mean nothing.
+
+``cluster`` needs etcd besides: it runs apart (``python -m benchmarks.cluster --quick``, then the
+report on its results), skipped without an etcd binary unless CELERY_DFLOCK_REQUIRE_REDIS=1.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.etcd import REQUIRE_ENV, find_etcd
+from tests.support.services import unavailable
+
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = ("server", "contention", "scale", "celery_tasks", "profile_server")
 WITH_GOALS = ("server", "contention", "celery_tasks")
-REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
 RUN_TIMEOUT_S = 110
+CLUSTER_TIMEOUT_S = 60
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -43,10 +49,7 @@ class QuickRun:
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
     if shutil.which("redis-server") is None:
-        message = "redis-server is not on PATH (the benchmarks start their own)"
-        if os.environ.get(REQUIRE_REDIS_ENV) == "1":
-            pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
-        pytest.skip(message)
+        unavailable("redis-server is not on PATH (the benchmarks start their own)")
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
         [
@@ -54,6 +57,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
             "-m",
             "benchmarks.run_all",
             "--quick",
+            "--only",
+            ",".join(BENCHMARKS),
             "--results-dir",
             str(out),
             "--output",
@@ -177,3 +182,68 @@ def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
     assert (quick_run.directory / "throughput.png").read_bytes().startswith(PNG_SIGNATURE)
     goals = sum(len(quick_run.results(n)["goals"]) for n in WITH_GOALS)
     assert text.count("| **met** |") + text.count("| **not met** |") == goals
+
+
+def test_cluster_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks.cluster --quick``: every topology, phase and key variant measured with no
+    refusal, the one-time map fetch, the micro-benchmark, and its RESULTS.md section."""
+    if find_etcd() is None:
+        message = "no etcd binary (install Debian's etcd-server, or set ETCD_BIN)"
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires it")
+        pytest.skip(message)
+    if shutil.which("redis-server") is None:
+        unavailable("redis-server is not on PATH (the results name its version)")
+    command = [sys.executable, "-m", "benchmarks.cluster", "--quick", "--run-id", "smoke"]
+    proc = subprocess.run(
+        [*command, "--results-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=CLUSTER_TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = QuickRun(tmp_path, proc.returncode, proc.stdout, proc.stderr).results("cluster")
+    assert r["quick"] is True and r["run_id"] == "smoke"
+    cells = r["data"]["cells"]
+    assert {(c["topology"], c["kind"], c["variant"]) for c in cells} == {
+        (t, k, v)
+        for t in ("single", "cluster", "static")
+        for k in ("latency", "load")
+        for v in ("distinct", "reused")
+    }
+    for cell in cells:
+        assert cell["pairs"] > 0 and cell["refused"] == 0, cell
+        assert cell["cpu_us_per_pair"] > 0, cell
+    assert sum(r["params"]["shards_per_member"].values()) == 8192
+    assert len(r["params"]["shards_per_member"]) == 3
+    for name, fresh in r["data"]["fresh"].items():
+        assert fresh["clients"] == r["params"]["rounds"] * r["params"]["fresh"], name
+        assert fresh["refused"] == 0, name
+    assert r["data"]["micro"] and r["data"]["micro"][0]["server_cluster_ns"] > 0
+    for table in r["tables"]:
+        assert table["rows"], table["title"]
+        for row in table["rows"]:
+            assert len(row) == len(table["columns"]), (table["title"], row)
+        assert table["title"] in proc.stdout
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.report",
+            "--results-dir",
+            str(tmp_path),
+            "--output",
+            str(tmp_path / "RESULTS.md"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=CLUSTER_TIMEOUT_S,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "## Cluster mode: one server against a 3-member cluster" in text
+    assert "Where cluster mode's extra server CPU per pair goes" in text

@@ -2,16 +2,16 @@
 
 Harness API (reused by the beat and demo tests):
 
-* ``event_log`` -- :class:`worker_harness.EventLog` for this test.
+* ``event_log`` -- :class:`tests.support.workers.EventLog` for this test.
 * ``fs_settings`` -- Celery settings for kombu's filesystem broker + file backend
   in this test's tmp dir (always available), with a unique queue name.
 * ``redis_settings`` -- the same on the Redis broker/backend (db 11, unique
   queue); skips without Redis, fails instead when CELERY_DFLOCK_REQUIRE_REDIS=1.
-* ``lock_server`` -- a started ``ServerThread`` for this test (from the shared
-  ``dflock_server_factory``), lease 30 s.
-* ``make_workers(settings)`` -- a :class:`worker_harness.WorkerFactory`;
+* ``lock_server`` (tests/conftest.py) -- a started ``ServerThread`` for this test,
+  lease 30 s.
+* ``make_workers(settings)`` -- a :class:`tests.support.workers.WorkerFactory`;
   ``.start(app="apps.tasks", pool="prefork", concurrency=2, settings={...})``
-  returns a ready :class:`worker_harness.Worker`; all are killed at teardown.
+  returns a ready :class:`tests.support.workers.Worker`; all are killed at teardown.
 * ``client_app(settings)`` -- a Celery app in the test process with the same
   settings, for ``send_task`` and ``AsyncResult``.
 """
@@ -21,25 +21,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from celery import Celery
-from worker_harness import (
+
+from tests.support.services import require_redis
+from tests.support.workers import (
     EventLog,
     WorkerFactory,
     close_app,
     filesystem_settings,
     redis_cleanup,
-    require_redis,
 )
-from worker_harness import redis_settings as _redis_settings
-
-if TYPE_CHECKING:
-    from dflockd_server.testing import ServerThread
-
-REQUIRE_REDIS_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
-LOCK_SERVER_LEASE_S = 30
+from tests.support.workers import redis_settings as _redis_settings
 
 
 @pytest.fixture
@@ -65,17 +60,6 @@ def redis_settings(queue_name: str) -> Iterator[dict[str, Any]]:
     redis_cleanup(queue_name)
     yield _redis_settings(queue_name)
     redis_cleanup(queue_name)
-
-
-@pytest.fixture
-def lock_server() -> Iterator[ServerThread]:
-    from dflockd_server import Config
-    from dflockd_server.testing import ServerThread
-
-    with ServerThread(
-        Config(host="127.0.0.1", port=0, default_lease_ttl_s=LOCK_SERVER_LEASE_S)
-    ) as server:
-        yield server
 
 
 @pytest.fixture

@@ -12,20 +12,20 @@ from typing import Any
 import pytest
 from celery import Celery, chain, chord, group
 from celery.exceptions import ChordError
-from worker_harness import (
+
+from celery_dflock import DistributedLock, LockNotAcquired, LockSkipped
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+from tests.support.services import require_redis
+from tests.support.workers import (
     EventLog,
     WorkerFactory,
     close_app,
     iter_overlaps,
     redis_cleanup,
     redis_settings,
-    require_redis,
 )
-from worker_harness import with_server as add_server
-
-from celery_dflock import DistributedLock, LockNotAcquired, LockSkipped
-from dflockd_server import Config
-from dflockd_server.testing import ServerThread
+from tests.support.workers import with_server as add_server
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from worker_harness import EventLog, WorkerFactory, with_server
 
 from celery_dflock import LockedTask
 from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
+from tests.support.workers import EventLog, WorkerFactory, with_server
 
 
 def make_app(**conf: Any) -> Celery:

@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from worker_harness import (
+
+from celery_dflock.client import DistributedLock
+from celery_dflock.task import LOCK_OPTIONS_HEADER
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+from tests.support.workers import (
     EventLog,
     Worker,
     WorkerFactory,
@@ -24,11 +29,6 @@ from worker_harness import (
     filesystem_settings,
     with_server,
 )
-
-from celery_dflock.client import DistributedLock
-from celery_dflock.task import LOCK_OPTIONS_HEADER
-from dflockd_server import Config
-from dflockd_server.testing import ServerThread
 
 NEXT_ACQUIRE_TIMEOUT_S = 2
 """The next run on the key must get the lock this fast (the lease is 30 s)."""

@@ -10,17 +10,11 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from worker_harness import (
-    Entry,
-    EventLog,
-    WorkerFactory,
-    iter_overlaps,
-    with_server,
-)
 
 from celery_dflock import LockSkipped
 from celery_dflock.client import DistributedLock
 from dflockd_server.testing import ServerThread
+from tests.support.workers import Entry, EventLog, WorkerFactory, iter_overlaps, with_server
 
 KEYS = 5
 RUN_TIMEOUT_S = 120.0

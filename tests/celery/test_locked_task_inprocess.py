@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from celery_dflock.signals import install, lock_lost, lock_skipped
 from celery_dflock.task import apply_task_locks
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
+from tests.support.ports import free_port
 
 
 @pytest.fixture
@@ -52,13 +52,6 @@ def holder(server: ServerThread, key: str) -> DistributedLock:
     lock = DistributedLock(key, acquire_timeout_s=2, servers=[server.address])
     assert lock.acquire()
     return lock
-
-
-def closed_port() -> int:
-    """A local port nothing listens on (bound, then let go)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def free_now(server: ServerThread, key: str) -> bool:
@@ -337,6 +330,11 @@ def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread)
         assert started.wait(10)
         server.stop()
         thread.join(10)
+        # The watcher marks the lock lost, then sends lock_lost: the run may end in between,
+        # so the listener stays connected until the signal came (or 5 s passed).
+        deadline = time.monotonic() + 5
+        while not signals_seen and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         lock_lost.disconnect(on_lost)
     assert not thread.is_alive()
@@ -344,10 +342,6 @@ def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread)
     assert isinstance(outcome[0], LockLost)
     # Interrupted in the body, or (the body saw lost_event first and returned) failed after it.
     assert "lost its lock 'lose'" in str(outcome[0])
-    # The watcher marks the lock lost, then sends lock_lost: the run may end in between.
-    deadline = time.monotonic() + 5
-    while not signals_seen and time.monotonic() < deadline:
-        time.sleep(0.01)
     assert [s["key"] for s in signals_seen] == ["lose"]
     assert signals_seen[0]["policy"] == "interrupt"
 
@@ -395,7 +389,7 @@ def test_config_change_after_reset(server: ServerThread) -> None:
 
 
 def test_unreachable_server_fails_the_run_with_a_clear_error() -> None:
-    port = closed_port()
+    port = free_port()
     app = Celery("unreachable", set_as_current=False)
     app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
     ran: list[int] = []
@@ -413,7 +407,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
     """autoretry_for=(ServerUnavailable,) retries a run whose lock server is down (Celery's
     own autoretry wraps only the body, which runs after the lock is taken); the run goes
     ahead, locked, once the server is back."""
-    port = closed_port()
+    port = free_port()
     app = Celery("outage", set_as_current=False)
     app.conf.update(
         task_always_eager=True,
@@ -458,7 +452,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
 
 
 def test_without_autoretry_for_an_outage_fails_the_run() -> None:
-    port = closed_port()
+    port = free_port()
     app = Celery("outage2", set_as_current=False)
     app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
 

@@ -16,7 +16,11 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from worker_harness import (
+
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+from tests.support.services import require_rabbitmq, require_redis
+from tests.support.workers import (
     EventLog,
     Worker,
     WorkerFactory,
@@ -25,13 +29,8 @@ from worker_harness import (
     rabbitmq_settings,
     redis_cleanup,
     redis_settings,
-    require_rabbitmq,
-    require_redis,
     with_server,
 )
-
-from dflockd_server import Config
-from dflockd_server.testing import ServerThread
 
 LEASE_S = 2
 RENEW_INTERVAL_S = LEASE_S * 0.5

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.result import AsyncResult
-from worker_harness import EventLog, WorkerFactory, with_server
 
 from celery_dflock import LockNotAcquired
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
+from tests.support.workers import EventLog, WorkerFactory, with_server
 
 RESULT_TIMEOUT_S = 60.0
 REFUSED_TIMEOUT_S = 30.0

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
 
 from celery_dflock import ConnectionPool
+from tests.support.ports import free_port
 
 
 @pytest.fixture
 def closed_port() -> int:
     """A local TCP port nothing listens on (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 @pytest.fixture

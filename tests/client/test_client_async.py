@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import pytest
-from client_helpers import held_keys, holders_and_waiters, release_behind_its_back
 
 from celery_dflock import (
     AsyncConnectionPool,
@@ -22,8 +21,9 @@ from celery_dflock import (
     LockNotOwned,
     ServerUnavailable,
 )
-from celery_dflock.aio import _AsyncLockBase  # pyright: ignore[reportPrivateUsage]
+from celery_dflock._async.lock import _AsyncLockBase  # pyright: ignore[reportPrivateUsage]
 from dflockd_server.testing import ServerThread
+from tests.support.wire import held_keys, holders_and_waiters, release_behind_its_back
 
 AsyncLock = _AsyncLockBase
 
@@ -349,7 +349,7 @@ async def test_cancelling_the_background_renewal_in_flight_then_releasing(
     lock = AsyncDistributedLock("a:bg", lease_ttl_s=1, servers=[dflock_server.address], pool=apool)
     assert await lock.acquire()
     conn = lock._conn  # pyright: ignore[reportPrivateUsage]
-    task = lock._renew_task  # pyright: ignore[reportPrivateUsage]
+    task = lock._driver._task  # pyright: ignore[reportPrivateUsage]
     assert conn is not None and task is not None
     deadline = time.monotonic() + 5
     while not conn.in_flight and time.monotonic() < deadline:

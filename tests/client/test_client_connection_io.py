@@ -12,13 +12,13 @@ import socket
 import threading
 
 import pytest
-from client_helpers import wait_until
 
 from celery_dflock import ServerUnavailable, protocol
 from celery_dflock._connection import Connection
 from celery_dflock._core import Endpoint
 from celery_dflock.protocol import Command
 from dflockd_server.testing import ServerThread
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(not hasattr(select, "poll"), reason="needs select.poll")
 

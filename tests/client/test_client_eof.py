@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
-from client_helpers import dflockd_subprocess
 
 from celery_dflock import (
     AsyncConnectionPool,
@@ -22,9 +21,10 @@ from celery_dflock import (
     DistributedLock,
     DistributedSemaphore,
 )
-from celery_dflock.aio import _AsyncLockBase  # pyright: ignore[reportPrivateUsage]
-from celery_dflock.client import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
+from celery_dflock._async.lock import _AsyncLockBase  # pyright: ignore[reportPrivateUsage]
+from celery_dflock._sync.lock import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
 from dflockd_server.testing import ServerThread
+from tests.support.servers import dflockd_subprocess
 
 LONG_LEASE_S = 60
 """Renewed every 30 s: a loss seen within the test's wait was not seen by a renewal."""

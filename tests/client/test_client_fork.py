@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from client_helpers import held_keys, run_in_fork
-
 from celery_dflock import ConnectionPool, DistributedLock, LockNotOwned
 from dflockd_server.testing import ServerThread
+from tests.support.processes import run_in_fork
+from tests.support.wire import held_keys
 
 
 def _child(

@@ -283,6 +283,7 @@ def test_every_command_has_an_encoder() -> None:
         protocol.encode_stats(),
         protocol.encode_ping(),
         protocol.encode_hello(),
+        protocol.encode_shards(),
     }
     assert {request.split(b"\n")[0].decode() for request in encoded} == set(constants.COMMANDS)
     assert {c.value for c in Command} == set(constants.COMMANDS)

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from client_helpers import dflockd_subprocess, held_keys, run_in_fork, stats
 
 from celery_dflock import ConnectionPool, DistributedLock
 from dflockd_server.testing import ServerThread
+from tests.support.processes import run_in_fork
+from tests.support.servers import dflockd_subprocess
+from tests.support.wire import held_keys, stats
 
 RENEW_THREAD_PREFIX = "dflock-renew"
 

@@ -6,13 +6,13 @@ import zlib
 from collections.abc import Callable
 
 import pytest
-from client_helpers import held_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_dflock import DistributedLock, rendezvous_shard, stable_hash_shard
 from celery_dflock.sharding import select_server, validate_servers
 from dflockd_server.testing import ServerThread
+from tests.support.wire import held_keys
 
 # key -> crc32(key) % 3, written out so that a change in the formula fails this table.
 CRC32_MOD_3 = {

@@ -12,13 +12,6 @@ from types import FrameType
 from typing import Any, Protocol
 
 import pytest
-from client_helpers import (
-    connection_count,
-    held_keys,
-    holders_and_waiters,
-    release_behind_its_back,
-    wait_until,
-)
 
 from celery_dflock import (
     AuthError,
@@ -34,10 +27,17 @@ from celery_dflock import (
     ProtocolError,
     ServerUnavailable,
 )
-from celery_dflock.client import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
+from celery_dflock._sync.lock import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
 from dflockd_server.constants import DEFAULT_MAX_LEASE_TTL_S
 from dflockd_server.testing import ServerThread
 from tests.faults.proxy import FaultProxy
+from tests.support.waiting import wait_until
+from tests.support.wire import (
+    connection_count,
+    held_keys,
+    holders_and_waiters,
+    release_behind_its_back,
+)
 
 SyncLock = _SyncLockBase
 

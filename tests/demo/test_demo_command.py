@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import kill_group
+from tests.support.services import REDIS_URL_BASE
+
 pytestmark = pytest.mark.slow
 
 
@@ -65,8 +68,7 @@ def _run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
         output, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc, timeout=None)
     return proc, output
 
 
@@ -97,8 +99,7 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc, timeout=None)
     assert proc.returncode == 130, "".join(seen) + rest
     assert "demo stopped by SIGINT" in rest
     assert _wait_gone(proc.pid) == []
@@ -108,7 +109,7 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
 def test_demo_runs_the_same_on_redis(redis_required: None, tmp_path: Path) -> None:
     import redis
 
-    url = "redis://127.0.0.1:6379/14"
+    url = f"{REDIS_URL_BASE}/14"
     try:
         proc, output = _run_demo(tmp_path, "--broker", url)
     finally:

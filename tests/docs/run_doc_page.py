@@ -31,8 +31,8 @@ from celery import Celery
 
 from celery_dflock.config import reset_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from docs_blocks import blocks
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, for ``tests``
+from tests.docs.docs_blocks import blocks
 
 
 class FencedStore:

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from docs_blocks import README, ROOT, blocks, pages, shell_commands
 
 import celery_dflock
 from dflockd_server.constants import PROTOCOL_DOCS_URL
+from tests.docs.docs_blocks import README, ROOT, blocks, pages, shell_commands
 
 BIN = Path(sys.executable).parent
 
@@ -32,7 +32,7 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/benchmarks/test_benchmarks_smoke.py",
         "run_all",
     ),
-    r"uv build --all-packages --out-dir dist": ("tests/venvs.py", '"--all-packages"'),
+    r"uv build --all-packages --out-dir dist": ("tests/support/venvs.py", '"--all-packages"'),
     r"pip install --find-links dist 'celery-dflock\[redis\]'": (
         "tests/test_packaging.py",
         '"celery-dflock[redis]"',
@@ -44,7 +44,7 @@ COVERED: dict[str, tuple[str, str]] = {
     ),
     r"celery -A proj worker --loglevel=info": ("tests/examples/test_examples.py", '"worker"'),
     r"celery -A proj beat -S celery_dflock\.beat:SingletonScheduler": (
-        "tests/beat/beat_harness.py",
+        "tests/support/beats.py",
         "celery_dflock.beat:SingletonScheduler",
     ),
     r"celery -A proj dflock (status|locks|ping --json)": (
@@ -56,6 +56,14 @@ COVERED: dict[str, tuple[str, str]] = {
         "ruff format --check",
     ),
     r"bash \.ci/run": (".ci/run", "uv sync"),
+    r"dflockd --cluster etcd://\S+ --advertise \S+": ("tests/faults/cluster_run.py", '"--cluster"'),
+    r"dflockd rebalance --cluster etcd://\S+( --dry-run)?": (
+        "tests/cluster/test_ops.py",
+        '"rebalance"',
+    ),
+    r"dflockd (pin|unpin) --cluster etcd://\S+ \d+( \S+)?": ("tests/cluster/test_ops.py", '"pin"'),
+    r"dflockd shards --cluster etcd://\S+": ("tests/cluster/test_ops.py", "run_dflockd"),
+    r"celery -A proj dflock shards": ("tests/celery/test_cluster_workers.py", '"shards"'),
 }
 # Run here, by test_the_cheap_commands_work.
 RUN_HERE = (
@@ -67,6 +75,10 @@ NOT_RUN: dict[str, str] = {
     r"docker compose up --build": (
         "no Docker engine on CI; tests/test_compose.py validates docker-compose.yml against the "
         "compose specification"
+    ),
+    r"docker compose -f docker-compose\.cluster\.yml up --build": (
+        "no Docker engine on CI; tests/test_compose.py runs this topology as processes and "
+        "validates the file against the compose specification"
     ),
     r"docker build -t dflockd-server:0\.2\.0 server/": "no Docker engine on CI",
     r"kubectl create secret generic dflockd-auth --from-literal=token=.*": "no cluster on CI",

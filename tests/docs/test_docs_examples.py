@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from docs_blocks import README, ROOT, blocks, pages
 
 from dflockd_server.testing import ServerThread
+from tests.docs.docs_blocks import README, ROOT, blocks, pages
 
 RUNNER = Path(__file__).with_name("run_doc_page.py")
 PAGES_WITH_PYTHON = [p for p in [*pages(), README] if any(b.lang == "python" for b in blocks(p))]

@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from docs_blocks import DOCS, README, ROOT, pages
+from tests.docs.docs_blocks import DOCS, README, ROOT, pages
 
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")

@@ -9,13 +9,12 @@ import socket
 import subprocess
 import sys
 
-from docs_blocks import DOCS, ROOT
-
 import celery_dflock
 from celery_dflock import beat
 from celery_dflock.config import APP_SETTINGS, BEAT_SETTINGS, option_table, setting_table
-from dflockd_server.config import SETTINGS
+from dflockd_server.settings import SETTINGS
 from dflockd_server.testing import ServerThread
+from tests.docs.docs_blocks import DOCS, ROOT
 
 
 def test_the_generated_reference_pages_are_current() -> None:

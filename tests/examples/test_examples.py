@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,9 @@ import redis
 
 from celery_dflock import DistributedLock
 from examples.proj.ledger import FencedLedger, NoFenceError, StaleFenceError
+from tests.support.ports import free_port
+from tests.support.processes import kill_group
+from tests.support.services import REDIS_URL_BASE
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 13
@@ -40,7 +42,7 @@ def test_fenced_ledger_refuses_a_stale_fence(tmp_path: Path) -> None:
 def example_env(
     redis_required: None, dflock_server: Any, tmp_path: Path
 ) -> Iterator[dict[str, str]]:
-    url = f"redis://127.0.0.1:6379/{REDIS_DB}"
+    url = f"{REDIS_URL_BASE}/{REDIS_DB}"
     with redis.Redis.from_url(url) as client:
         client.flushdb()
     env = {
@@ -82,8 +84,7 @@ def worker(example_env: dict[str, str], tmp_path: Path) -> Iterator[subprocess.P
             time.sleep(0.2)
         yield proc
     finally:
-        os.killpg(proc.pid, 9)
-        proc.wait()
+        kill_group(proc, timeout=None)
         log.close()
 
 
@@ -156,9 +157,7 @@ def test_every_dflock_command_names_every_unreachable_server(
 ) -> None:
     # issue 13, point 9: with one of three servers down, `locks` printed "no locks held".
     up = [dflock_server_factory(), dflock_server_factory()]
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        down = f"127.0.0.1:{probe.getsockname()[1]}"
+    down = f"127.0.0.1:{free_port()}"  # a port nothing listens on
     servers = ",".join([f"{s.host}:{s.port}" for s in up] + [down])
     env = {**os.environ, "DFLOCK_SERVERS": servers, "PYTHONPATH": str(ROOT),
            "CELERY_BROKER_URL": "memory://"}  # fmt: skip

@@ -1,5 +1,5 @@
 """Pieces shared by the abuse tests: a real ``dflockd`` subprocess with its memory and log in
-view, a sampler of its resident memory, raw-socket helpers and TLS certificates."""
+view, a sampler of its resident memory and raw-socket helpers."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import json
 import os
 import queue
 import resource
-import shutil
 import signal
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +20,6 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from tests.client.client_helpers import wait_until
 from tests.faults.conftest import FaultReport, FaultRow
 from tests.faults.healthy import (
     P99_FLOOR_MS,
@@ -31,8 +28,9 @@ from tests.faults.healthy import (
     compare,
     p99_bound_ms,
 )
-from tests.server.dflock_proc import DflockdProcess
-from tests.server.dflock_wire import Wire
+from tests.support.servers import DflockdProcess
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire
 
 KIB = 1024
 RSS_SAMPLE_INTERVAL_S = 0.02
@@ -274,7 +272,7 @@ def wait_for_connections(
             return False
 
     start = time.monotonic()
-    wait_until(settled, timeout, f"{expected} connection(s) left on the server")
+    wait_until(settled, timeout=timeout, what=f"{expected} connection(s) left on the server")
     return time.monotonic() - start
 
 
@@ -324,45 +322,6 @@ def raise_fd_limit(needed: int) -> None:
     if hard != resource.RLIM_INFINITY and hard < needed:
         pytest.skip(f"needs {needed} open files, the hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-
-
-# ---------------------------------------------------------------------- TLS material
-def make_certificate(directory: Path, name: str, common_name: str = "127.0.0.1") -> Path:
-    """A self-signed certificate for 127.0.0.1 (``<name>.pem``, key ``<name>.key``)."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("the openssl command is not available")
-    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            f"/CN={common_name}",
-            "-addext",
-            f"subjectAltName=IP:{common_name}",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    return cert
-
-
-def key_of(cert: Path) -> Path:
-    return cert.with_suffix(".key")
 
 
 # ---------------------------------------------------------------------- the verdict

@@ -264,16 +264,21 @@ def _ordered_violations(
     return found, pairs
 
 
-def check_fences(holds: Sequence[Hold]) -> tuple[list[Violation], int]:
-    """Rule (b): unique fences, increasing in certain grant order per key and globally.
+def check_fences(holds: Sequence[Hold], *, one_server: bool = True) -> tuple[list[Violation], int]:
+    """Rule (b): unique fences, increasing in certain grant order per key and, with
+    ``one_server``, globally.
 
-    Returns the violations and the number of ordered pairs checked (globally)."""
+    Several servers (a lock cluster) each count fences of their own: they promise uniqueness
+    and grant order per key (a key's new server starts above the fences of its old one), not
+    across keys that different servers hold. Returns the violations and the number of ordered
+    pairs checked (globally with ``one_server``, else per key)."""
     granted = [h for h in holds if h.granted]
     found: list[Violation] = []
-    by_fence: dict[int, Hold] = {}
+    by_fence: dict[tuple[int, str], Hold] = {}
     for hold in granted:
         assert hold.fence is not None
-        other = by_fence.get(hold.fence)
+        scope = (hold.fence, "" if one_server else hold.key)
+        other = by_fence.get(scope)
         if other is not None:
             found.append(
                 Violation(
@@ -285,14 +290,18 @@ def check_fences(holds: Sequence[Hold]) -> tuple[list[Violation], int]:
                     f"{hold.client} on {hold.key!r}",
                 )
             )
-        by_fence[hold.fence] = hold
+        by_fence[scope] = hold
     by_key: dict[str, list[Hold]] = {}
     for hold in granted:
         by_key.setdefault(hold.key, []).append(hold)
+    key_pairs = 0
     for same_key in by_key.values():
         earlier = [(h.granted_t, h) for h in same_key if h.granted_t is not None]
-        key_found, _ = _ordered_violations(earlier, same_key, "fence_order", "key")
+        key_found, pairs = _ordered_violations(earlier, same_key, "fence_order", "key")
         found.extend(key_found)
+        key_pairs += pairs
+    if not one_server:
+        return found, key_pairs
     earlier = [(h.granted_t, h) for h in granted if h.granted_t is not None]
     global_found, pairs = _ordered_violations(earlier, granted, "fence_order", "global")
     # A pair on one key is reported once, by the per-key pass.
@@ -319,10 +328,12 @@ def check_fifo(holds: Sequence[Hold]) -> tuple[list[Violation], int]:
     return found, pairs
 
 
-def check_history(holds: Sequence[Hold], cuts: Iterable[Cut] = ()) -> CheckResult:
-    """All three rules over every attempt of a run."""
+def check_history(
+    holds: Sequence[Hold], cuts: Iterable[Cut] = (), *, one_server: bool = True
+) -> CheckResult:
+    """All three rules over every attempt of a run (``one_server``: see `check_fences`)."""
     cut_list = list(cuts)
-    fence_violations, ordered = check_fences(holds)
+    fence_violations, ordered = check_fences(holds, one_server=one_server)
     fifo_violations, fifo_pairs = check_fifo(holds)
     windows = proven_windows(holds, cut_list)
     return CheckResult(

@@ -36,7 +36,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -56,7 +55,15 @@ from celery_dflock.client import DistributedLock
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
 from examples.proj.ledger import FencedLedger
-from tests.celery.worker_harness import (
+from tests.faults.celery_faults_app import FENCED_INCREMENT
+from tests.faults.conftest import FaultReport, FaultRow, scaled
+from tests.support.ports import free_port
+from tests.support.processes import signal_group
+from tests.support.servers import LOCK_SERVER_LEASE_S, DflockdProcess
+from tests.support.services import unavailable
+from tests.support.waiting import wait_until
+from tests.support.wire import held_keys, holders_and_waiters, release_behind_its_back
+from tests.support.workers import (
     Entry,
     EventLog,
     Worker,
@@ -64,19 +71,9 @@ from tests.celery.worker_harness import (
     common_settings,
     iter_overlaps,
 )
-from tests.client.client_helpers import (
-    held_keys,
-    holders_and_waiters,
-    release_behind_its_back,
-    wait_until,
-)
-from tests.conftest import REQUIRE_REDIS_ENV
-from tests.faults.celery_faults_app import FENCED_INCREMENT
-from tests.faults.conftest import FaultReport, FaultRow, scaled
-from tests.server.dflock_proc import DflockdProcess
 
 APP = "tests.faults.celery_faults_app"
-SERVER_LEASE_S = 30
+SERVER_LEASE_S = LOCK_SERVER_LEASE_S
 """Lease of runs that do not ask for one (the SIGKILL test's runs hold it)."""
 FREE_WITHIN_S = 2.0
 """Acceptance 4: after a worker is SIGKILLed, its locks are free this fast."""
@@ -171,19 +168,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         made.close()
 
 
-@pytest.fixture
-def lock_server(dflock_server_factory: Callable[..., ServerThread]) -> ServerThread:
-    return dflock_server_factory(default_lease_ttl_s=SERVER_LEASE_S)
-
-
 def unique(label: str) -> str:
     return f"{label}-{uuid.uuid4().hex[:8]}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -252,10 +238,7 @@ def own_redis(tmp_path: Path) -> Iterator[Callable[..., RedisChild]]:
     fails when CI demands Redis.
     """
     if shutil.which(REDIS_SERVER) is None:
-        message = f"{REDIS_SERVER} is not installed"
-        if os.environ.get(REQUIRE_REDIS_ENV) == "1":
-            pytest.fail(f"{message}, and {REQUIRE_REDIS_ENV}=1 requires it")
-        pytest.skip(message)
+        unavailable(f"{REDIS_SERVER} is not installed")
     started: list[RedisChild] = []
 
     def start(durable: bool = False) -> RedisChild:
@@ -442,11 +425,11 @@ async def test_a_grant_gone_unnoticed_is_reported_lost_at_async_release(
 @contextlib.contextmanager
 def stopped(worker: Worker) -> Iterator[float]:
     """SIGSTOP the worker's whole process group; SIGCONT it on the way out. Yields the time."""
-    os.killpg(worker.proc.pid, signal.SIGSTOP)
+    signal_group(worker.proc.pid, signal.SIGSTOP)
     try:
         yield time.time()
     finally:
-        os.killpg(worker.proc.pid, signal.SIGCONT)
+        signal_group(worker.proc.pid, signal.SIGCONT)
 
 
 def test_worker_sigstop_beyond_the_lease(
@@ -595,8 +578,8 @@ def kill_and_restart_under_runs(
     waiter = rig.send(app, acct_int, waiter_label)
     wait_until(
         lambda: holders_and_waiters(address, f"acct:{acct_int}")[1] == 1,
-        EVENT_TIMEOUT_S,
-        "the waiter to queue",
+        timeout=EVENT_TIMEOUT_S,
+        what="the waiter to queue",
     )
     old_fences = [e["fence"] for e in rig.log.entries("granted")]
 

@@ -38,7 +38,7 @@ from tests.faults.abuse_helpers import (
 )
 from tests.faults.conftest import FaultReport, scaled
 from tests.faults.healthy import INTERLUDE_MIN, MIN_P99_SAMPLES, HealthyClient, Phases
-from tests.server.dflock_wire import Wire
+from tests.support.wire import Wire
 
 ABUSE_SAMPLES = 300
 """Healthy cycles under the fuzzing, at least (the p99 of fewer would be close to a max)."""

@@ -230,6 +230,24 @@ def test_an_equal_fence_is_a_duplicate() -> None:
     assert sorted(kinds(holds)) == ["duplicate_fence", "fence_order"]
 
 
+def test_several_servers_order_fences_per_key_only() -> None:
+    # Two cluster members count fences of their own: across keys neither order nor
+    # uniqueness is promised, on one key both are.
+    across = [hold("a", 11, 0.0, 0.01, 0.1, key="x"), hold("b", 10, 0.2, 0.21, 0.3, key="y")]
+    assert check_history(across, one_server=False).fence_violations == []
+    same_fence = [hold("a", 10, 0.0, 0.01, 0.1, key="x"), hold("b", 10, 0.2, 0.21, 0.3, key="y")]
+    assert check_history(same_fence, one_server=False).fence_violations == []
+    one_key = [hold("a", 11, 0.0, 0.01, 0.1), hold("b", 10, 0.2, 0.21, 0.3)]
+    result = check_history(one_key, one_server=False)
+    assert [v.kind for v in result.fence_violations] == ["fence_order"]
+    assert result.ordered_pairs == 1
+    equal_on_one_key = [hold("a", 10, 0.0, 0.01, 0.1), hold("b", 10, 0.2, 0.21, 0.3)]
+    assert sorted(v.kind for v in check_history(equal_on_one_key, one_server=False).violations) == [
+        "duplicate_fence",
+        "fence_order",
+    ]
+
+
 def test_concurrent_grants_may_come_in_any_order() -> None:
     # b asked before a's grant reached a: which grant the server made first is unknown.
     holds = [hold("a", 11, 0.0, 0.02, 0.1, key="x"), hold("b", 10, 0.01, 0.015, 0.1, key="y")]

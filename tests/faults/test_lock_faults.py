@@ -16,7 +16,6 @@ import select
 import signal
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,20 +37,13 @@ from tests.faults.workload import (
     Worker,
     now,
 )
+from tests.support.waiting import wait_until
 
 OPS = scaled(200, 1600)
 """Lock operations (grants) each run reaches at least."""
 RUN_TIMEOUT_S = 90.0
 CUT_HOLD_S = 0.5
 RECOVERY_NOTE = "recovery: fault to the next grant of the victim's key to another client"
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    """Poll ``predicate()`` (a state of other processes, not an event we can wait on)."""
-    deadline = now() + timeout
-    while not predicate():
-        assert now() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(POLL_S)
 
 
 def checked(result: RunResult, *, fenced: bool = True) -> CheckResult:
@@ -75,19 +67,12 @@ def report(
     observed: str,
 ) -> None:
     fault_report.add(
-        FaultRow(
-            fault=fault,
-            runs=len(result.injections),
-            operations=check.holds,
-            double_grants=len(check.double_grants),
-            lost_updates=result.lost_updates,
-            recovery_s=result.recovery_s(),
-            healthy_p99_ms=result.healthy_p99_ms(),
-            observed=(
-                f"{observed}; fences in grant order over {check.ordered_pairs:,} ordered pairs, "
-                f"FIFO over {check.fifo_pairs:,} queue-ordered pairs, "
-                f"{result.refused:,} stale reads/writes refused by the fence"
-            ),
+        result.row(
+            fault,
+            check,
+            f"{observed}; fences in grant order over {check.ordered_pairs:,} ordered pairs, "
+            f"FIFO over {check.fifo_pairs:,} queue-ordered pairs, "
+            f"{result.refused:,} stale reads/writes refused by the fence",
         )
     )
 
@@ -140,18 +125,20 @@ def pause_past_lease(run: LockRun, victim: Worker) -> tuple[str, int]:
     t = now()
     victim.signal(signal.SIGSTOP)
     run.injections.append(Injection("client SIGSTOP", t, victim.client, key))
-    wait_for(victim.stopped, EVENT_TIMEOUT_S, f"{victim.client} to stop")
+    wait_until(victim.stopped, timeout=EVENT_TIMEOUT_S, what=f"{victim.client} to stop")
     assert not run.resource.writes_with(fence), "the victim wrote before it was stopped"
-    wait_for(
+    wait_until(
         lambda: run.resource.accepted_write_after(key, t, fence),
-        LEASE_S + EVENT_TIMEOUT_S,
-        f"another client to write {key} after {victim.client}'s lease ran out",
+        timeout=LEASE_S + EVENT_TIMEOUT_S,
+        what=f"another client to write {key} after {victim.client}'s lease ran out",
     )
     # The lock did not pass on at the stop: the server honoured the lease of a silent but
     # connected holder (the history check proves the exact bound).
     assert now() - t >= LEASE_S / 2
     victim.signal(signal.SIGCONT)
-    wait_for(lambda: run.resource.writes_with(fence), EVENT_TIMEOUT_S, "the stale write")
+    wait_until(
+        lambda: run.resource.writes_with(fence), timeout=EVENT_TIMEOUT_S, what="the stale write"
+    )
     return key, fence
 
 
@@ -325,7 +312,9 @@ def test_proxy_faults(tmp_path: Path, fault_report: FaultReport, kind: str) -> N
                 t = now()
                 proxy.stall(stall_s)
                 run.injections.append(Injection("proxy stall", t, victim.client, key))
-                wait_for(proxy.flowing, stall_s + EVENT_TIMEOUT_S, "the stall to end")
+                wait_until(
+                    proxy.flowing, timeout=stall_s + EVENT_TIMEOUT_S, what="the stall to end"
+                )
             else:
                 run.cut_connections(victim, rst=kind == "reset", key=key)
             run.settle()
@@ -483,10 +472,18 @@ def test_fault_proxy_controls(dflock_server: ServerThread) -> None:
             assert proxy.connections == 1
             assert proxy.drop() == 1
             assert sock.recv(64) == b""  # FIN
-        wait_for(lambda: dflock_server.stats()["connections"] == 0, EVENT_TIMEOUT_S, "server close")
+        wait_until(
+            lambda: dflock_server.stats()["connections"] == 0,
+            timeout=EVENT_TIMEOUT_S,
+            what="server close",
+        )
         with socket.create_connection(proxy.address, timeout=EVENT_TIMEOUT_S) as sock:
             assert ping(sock) == b"ok\n"
             assert proxy.reset() == 1
             with pytest.raises(ConnectionResetError):
                 sock.recv(64)
-        wait_for(lambda: dflock_server.stats()["connections"] == 0, EVENT_TIMEOUT_S, "server close")
+        wait_until(
+            lambda: dflock_server.stats()["connections"] == 0,
+            timeout=EVENT_TIMEOUT_S,
+            what="server close",
+        )

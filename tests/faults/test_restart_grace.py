@@ -17,8 +17,8 @@ import pytest
 
 from celery_dflock import DistributedLock
 from tests.faults.conftest import FaultReport, FaultRow, scaled
-from tests.faults.workload import free_port
-from tests.server.dflock_proc import DflockdProcess
+from tests.support.ports import free_port
+from tests.support.servers import DflockdProcess
 
 LEASE_S = 2
 MAX_LEASE_S = 3

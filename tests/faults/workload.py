@@ -36,7 +36,6 @@ import multiprocessing.context
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -44,13 +43,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from celery_dflock import ConnectionPool, DistributedLock
+from celery_dflock import Client, ConnectionPool, DistributedLock
 from celery_dflock.errors import DflockError
+from celery_dflock.sharding import stable_hash_shard
+from tests.faults.conftest import FaultRow
 from tests.faults.history import CheckResult, Cut, Hold, check_history
 from tests.faults.proxy import FaultProxy
-from tests.server.dflock_proc import DflockdProcess
+from tests.support.ports import free_port
+from tests.support.servers import DflockdProcess
 
 LEASE_S = 2
 MAX_LEASE_S = 3
@@ -81,12 +83,6 @@ HEALTHY = "healthy"
 
 def now() -> float:
     return time.monotonic()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -245,6 +241,11 @@ class WorkerConfig:
     hold_s: float = HOLD_S
     pace_s: float = 0.0
     seed: int = 0
+    servers: tuple[tuple[str, int], ...] = ()
+    """When set, the worker locks through a `Client` on these servers (``host``/``port`` are
+    then the first of them) with ``sharding``: ``"cluster"`` (they are seeds of a lock
+    cluster) or ``"crc32"`` (the seed's list strategy, order matters)."""
+    sharding: str = "crc32"
 
 
 class _History:
@@ -317,17 +318,30 @@ def run_worker(cfg: WorkerConfig) -> None:
     resource = Resource(Path(cfg.db)) if cfg.db is not None else None
     rng = random.Random(cfg.seed)
     pool = ConnectionPool()
+    client = (
+        Client(
+            list(cfg.servers),
+            sharding_strategy="cluster" if cfg.sharding == "cluster" else stable_hash_shard,
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+        )
+        if cfg.servers
+        else None
+    )
     attempt = 0
     while not stopping.is_set() and (parent is None or parent.is_alive()):
         attempt += 1
         key = rng.choice(cfg.keys)
-        lock = DistributedLock(
-            key,
-            acquire_timeout_s=cfg.acquire_timeout_s,
-            lease_ttl_s=cfg.lease_s,
-            servers=[(cfg.host, cfg.port)],
-            connect_timeout_s=CONNECT_TIMEOUT_S,
-            pool=pool,
+        lock = (
+            client.lock(key, acquire_timeout_s=cfg.acquire_timeout_s, lease_ttl_s=cfg.lease_s)
+            if client is not None
+            else DistributedLock(
+                key,
+                acquire_timeout_s=cfg.acquire_timeout_s,
+                lease_ttl_s=cfg.lease_s,
+                servers=[(cfg.host, cfg.port)],
+                connect_timeout_s=CONNECT_TIMEOUT_S,
+                pool=pool,
+            )
         )
         requested = now()
         enqueued: float | None = None
@@ -397,6 +411,8 @@ def run_worker(cfg: WorkerConfig) -> None:
         if cfg.pace_s:
             stopping.wait(cfg.pace_s)
     pool.close()
+    if client is not None:
+        client.close()
 
 
 def _worker_process(cfg: WorkerConfig) -> None:
@@ -512,17 +528,33 @@ class LockServer:
     """The real ``dflockd`` on 127.0.0.1:``port``: SIGKILL it and start it again in place."""
 
     def __init__(
-        self, port: int, *, fence_state_file: Path | None = None, max_lease_s: int = MAX_LEASE_S
+        self,
+        port: int,
+        *,
+        fence_state_file: Path | None = None,
+        max_lease_s: int = MAX_LEASE_S,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.port = port
         self.fence_state_file = fence_state_file
         self.max_lease_s = max_lease_s
+        self.extra_args = extra_args
+        """More flags (a cluster member's ``--cluster``, ``--advertise``)."""
         self.proc: DflockdProcess | None = None
         self.started = 0
 
     @property
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
+
+    @property
+    def advertise(self) -> str:
+        """``HOST:PORT``, as a cluster names its members."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None
 
     def start(self) -> None:
         args = [
@@ -548,6 +580,7 @@ class LockServer:
         self.started += 1
         if self.fence_state_file is not None:
             args += ["--fence-state-file", str(self.fence_state_file)]
+        args += self.extra_args
         self.proc = DflockdProcess(args, {})
         host, port = self.proc.wait_listening()
         assert (host, port) == self.address, (host, port)
@@ -672,9 +705,24 @@ class RunResult:
     resource: list[ResourceSummary]
     injections: list[Injection]
     healthy_latencies_s: list[float]
+    one_server: bool = True
+    """False for runs over several servers: fences are then ordered per key only."""
 
     def check(self) -> CheckResult:
-        return check_history(self.holds, self.cuts)
+        return check_history(self.holds, self.cuts, one_server=self.one_server)
+
+    def row(self, fault: str, check: CheckResult, observed: str) -> FaultRow:
+        """The report's row for this run, checked as ``check``."""
+        return FaultRow(
+            fault=fault,
+            runs=len(self.injections),
+            operations=check.holds,
+            double_grants=len(check.double_grants),
+            lost_updates=self.lost_updates,
+            recovery_s=self.recovery_s(),
+            healthy_p99_ms=self.healthy_p99_ms(),
+            observed=observed,
+        )
 
     @property
     def lost_updates(self) -> int:
@@ -758,28 +806,45 @@ class LockRun:
         self.injections: list[Injection] = []
         self.healthy: Worker | None = None
         self._n_workers = workers
+        self.one_server = True
+        """Whether every grant comes from one server (see `RunResult.one_server`)."""
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> LockRun:
-        self.server.start()
-        if self.second_server is not None:
-            self.second_server.start()
+        self._start_servers()
         for i in range(self._n_workers):
             self.spawn(f"w{i}", two_phase=i % 2 == 1)
         self.healthy = Worker(
-            WorkerConfig(
-                client=HEALTHY,
-                host=self.server.address[0],
-                port=self.server.address[1],
+            self._config(
+                HEALTHY,
+                self.server.address,
                 keys=[HEALTHY],
-                history=str(self.directory / f"{HEALTHY}.jsonl"),
                 db=None,
-                control=str(self.control),
                 hold_s=0.0,
                 pace_s=HEALTHY_PACE_S,
             )
         )
         return self
+
+    def _start_servers(self) -> None:
+        self.server.start()
+        if self.second_server is not None:
+            self.second_server.start()
+
+    def _client_fields(self) -> dict[str, Any]:
+        """More `WorkerConfig` fields of every client (a run over several servers: which)."""
+        return {}
+
+    def _config(self, client: str, address: tuple[str, int], **fields: Any) -> WorkerConfig:
+        return WorkerConfig(
+            client=client,
+            host=address[0],
+            port=address[1],
+            history=str(self.directory / f"{client}.jsonl"),
+            control=str(self.control),
+            **self._client_fields(),
+            **fields,
+        )
 
     def spawn(self, name: str, *, two_phase: bool) -> Worker:
         """A new worker (behind a proxy of its own when the run is proxied)."""
@@ -792,14 +857,11 @@ class LockRun:
             self.proxies[client] = proxy
             address = proxy.address
         worker = Worker(
-            WorkerConfig(
-                client=client,
-                host=address[0],
-                port=address[1],
+            self._config(
+                client,
+                address,
                 keys=self.keys,
-                history=str(self.directory / f"{client}.jsonl"),
                 db=str(self.db_path),
-                control=str(self.control),
                 fenced=self.fenced,
                 two_phase=two_phase,
                 seed=self.rng.randrange(2**31),
@@ -913,9 +975,7 @@ class LockRun:
         assert not failed, f"workers failed (stuck: {stuck}): {failed}"
         for proxy in self.proxies.values():
             proxy.stop()
-        self.server.stop()
-        if self.second_server is not None:
-            self.second_server.stop()
+        self.stop_servers()
         holds: list[Hold] = []
         latencies: list[float] = []
         for worker in self.all_workers():
@@ -929,7 +989,9 @@ class LockRun:
                     if e["ev"] == "end" and e["rel_ok"] and e["id"] in grants
                 ]
         summaries = [self.resource.summary(k) for k in self.keys]
-        return RunResult(holds, self.cuts, summaries, self.injections, latencies)
+        return RunResult(
+            holds, self.cuts, summaries, self.injections, latencies, one_server=self.one_server
+        )
 
     def close(self) -> None:
         """Kill whatever is left (after a failure)."""
@@ -939,14 +1001,19 @@ class LockRun:
             worker.kill()
         for proxy in self.proxies.values():
             proxy.stop()
+        self.stop_servers()
+        self.resource.close()
+
+    def stop_servers(self) -> None:
+        """Stop every lock server of the run (gracefully)."""
         self.server.stop()
         if self.second_server is not None:
             self.second_server.stop()
-        self.resource.close()
 
-    def __enter__(self) -> LockRun:
+    def __enter__(self) -> Self:
         try:
-            return self.start()
+            self.start()
+            return self
         except BaseException:
             self.close()
             raise

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from interop_helpers import ForeignServer
 
-from tests.venvs import find_python, make_venv
+from tests.interop.interop_helpers import ForeignServer
+from tests.support.services import services_required, unavailable
+from tests.support.venvs import find_python, make_venv
 
 PEER_REQUIREMENTS = ("dflockd==0.5.0", "dflockd-client==2.1.1")
 PEER_PYTHON = "3.13"
@@ -29,9 +30,8 @@ _LISTENING = re.compile(r"listening on \('127\.0\.0\.1', (\d+)\)")
 
 
 def _unavailable(reason: str) -> NoReturn:
-    if os.environ.get("CI") == "true" or os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1":
-        pytest.fail(f"{reason}; the interop tests must run in CI (.ci/run)")
-    pytest.skip(reason)
+    required = os.environ.get("CI") == "true" or services_required()
+    unavailable(reason, required=required, because="the interop tests must run in CI (.ci/run)")
 
 
 @pytest.fixture(scope="session")

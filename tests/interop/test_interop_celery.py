@@ -8,9 +8,9 @@ import uuid
 from pathlib import Path
 
 from celery import Celery
-from interop_helpers import ForeignServer, TlsFront
 
-from tests.celery.worker_harness import EventLog, WorkerFactory, filesystem_settings
+from tests.interop.interop_helpers import ForeignServer, TlsFront
+from tests.support.workers import EventLog, WorkerFactory, filesystem_settings
 
 
 def test_locked_tasks_over_tls_share_one_connection_to_the_foreign_server(

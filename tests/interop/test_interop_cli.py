@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from interop_helpers import ForeignServer, dflock_cli
+from tests.interop.interop_helpers import ForeignServer, dflock_cli
 
 
 def test_dflock_status_ping_and_locks_report_the_foreign_server_reachable(

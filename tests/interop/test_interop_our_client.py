@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from interop_helpers import ForeignServer, TlsFront
 
 from celery_dflock import (
     AsyncConnectionPool,
@@ -21,7 +20,8 @@ from celery_dflock import (
     DistributedLock,
 )
 from celery_dflock.config import reset_config
-from tests.client.client_helpers import wait_until
+from tests.interop.interop_helpers import ForeignServer, TlsFront
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflock_wire import Wire, eventually, unclosed_after_gc
 
 from dflockd_server import Config, constants
 from dflockd_server.testing import ServerThread
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire, unclosed_after_gc
 
 ServerFactory = Callable[..., ServerThread]
 SECRET = "correct horse battery staple"
@@ -182,11 +183,13 @@ def test_tls_handshakes_count_against_the_connection_caps(
         ServerThread(_tls_config(tls_files, **{cap: 4}), loop_factory=loop_factory) as srv,
         _half_handshakes(srv.address, 4) as stalled,
     ):
-        eventually(lambda: len(srv.server.connections) == 4, "4 connections in their handshake")
+        wait_until(
+            lambda: len(srv.server.connections) == 4, what="4 connections in their handshake"
+        )
         with _half_handshakes(srv.address, 1) as (extra,):
             assert _closed_by_the_server(extra), "a connection past the cap was kept open"
         stalled.pop().close()
-        eventually(lambda: len(srv.server.connections) == 3, "a slot freed")
+        wait_until(lambda: len(srv.server.connections) == 3, what="a slot freed")
         with Wire(srv.address, ssl_context=ctx) as w:
             assert w.req("ping") == "ok"
         assert srv.server.connections_refused == 1
@@ -197,7 +200,9 @@ def test_stop_closes_the_connections_in_their_tls_handshake(
 ) -> None:
     srv = ServerThread(_tls_config(tls_files), loop_factory=loop_factory).start()
     with _half_handshakes(srv.address, 20) as stalled:
-        eventually(lambda: len(srv.server.connections) == 20, "20 connections in their handshake")
+        wait_until(
+            lambda: len(srv.server.connections) == 20, what="20 connections in their handshake"
+        )
         srv.stop()
         assert srv.server.connections == set()
         still_open = [sock for sock in stalled if not _closed_by_the_server(sock)]
@@ -217,10 +222,10 @@ def test_past_max_tls_handshakes_the_oldest_handshake_is_dropped(
         ServerThread(config, loop_factory=loop_factory) as srv,
         _half_handshakes(srv.address, 4) as stalled,
     ):
-        eventually(lambda: len(srv.server.handshaking) == 4, "4 handshakes under way")
+        wait_until(lambda: len(srv.server.handshaking) == 4, what="4 handshakes under way")
         with _half_handshakes(srv.address, 1):
             assert _closed_by_the_server(stalled[0]), "the oldest handshake was kept"
-            eventually(lambda: srv.server.handshakes_evicted == 1, "one handshake dropped")
+            wait_until(lambda: srv.server.handshakes_evicted == 1, what="one handshake dropped")
             assert all(_still_open_now(sock) for sock in stalled[1:])
             with Wire(srv.address, ssl_context=ctx) as w:  # pushes out the next oldest
                 assert w.req("ping") == "ok"
@@ -269,3 +274,24 @@ def _drips_until_closed(sock: socket.socket, seconds: float) -> bool:
         except (BrokenPipeError, ConnectionResetError):
             return True
     return False
+
+
+def test_a_close_notify_ends_the_connection_at_once(
+    dflock_server_factory: ServerFactory, tls_files: tuple[Path, Path]
+) -> None:
+    """A client that ends its TLS session (``close_notify``, which asyncio's TLS transport
+    sends on close and then waits for the server's) is answered at once, not at the server's
+    read timeout (23 s), when only the idle connection's timer closed it."""
+    cert, key = tls_files
+    srv = dflock_server_factory(tls_cert=str(cert), tls_key=str(key))
+    ctx = ssl.create_default_context(cafile=str(cert))
+
+    async def ping_then_close() -> None:
+        reader, writer = await asyncio.open_connection(*srv.address, ssl=ctx)
+        writer.write(b"ping\n_\n_\n")
+        await writer.drain()
+        assert await reader.readline() == b"ok\n"
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), constants.DEFAULT_READ_TIMEOUT_S / 4)
+
+    asyncio.run(ping_then_close())

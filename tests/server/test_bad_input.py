@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from dflock_wire import Wire, eventually
 
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire
 
 ServerFactory = Callable[..., ServerThread]
 
@@ -217,10 +218,10 @@ def test_a_client_that_never_reads_a_150_kb_reply_is_dropped(scene: Scene) -> No
             # that waits; never reading.
             stuck.sendall(b"stats\n_\n_\nl\nbusy-key\n60\n")
             connections = scene.server.server.connections
-            eventually(lambda: len(connections) == before + 1, "the connection counted")
-            eventually(
+            wait_until(lambda: len(connections) == before + 1, what="the connection counted")
+            wait_until(
                 lambda: len(connections) == before,
-                "the server to drop the connection that does not read (write timeout 1 s)",
+                what="the server to drop the connection that does not read (write timeout 1 s)",
             )
         finally:
             stuck.close()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from dflock_wire import Wire, fence
-
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
+from tests.support.wire import Wire, fence
 
 
 def test_lock_release_renew_ping_stats(dflock_server: ServerThread) -> None:

@@ -9,12 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from dflock_proc import DflockdProcess
-from dflock_wire import Wire, eventually, fence
 
 import dflockd_server
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
+from tests.support.servers import DflockdProcess
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire, fence
 
 ServerFactory = Callable[..., ServerThread]
 DEADLINE_S = 10.0
@@ -61,7 +62,9 @@ def test_fifo_order_with_several_waiters(dflock_server: ServerThread) -> None:
             for i, w in enumerate(waiters):
                 w.send("l", "k", "30")
                 # Each waiter is queued before the next one is sent.
-                eventually(lambda n=i + 1: stats_of(probe)["locks"][0]["waiters"] == n, "queue")
+                wait_until(
+                    lambda n=i + 1: stats_of(probe)["locks"][0]["waiters"] == n, what="queue"
+                )
             assert holder.req("r", "k", token) == "ok"
             fences = []
             for w in waiters:
@@ -147,7 +150,7 @@ def test_no_release_on_disconnect_when_switched_off(dflock_server_factory: Serve
         a = Wire(srv.address)
         token = a.lock("k", lease=1)
         a.close()
-        eventually(lambda: stats_of(b)["connections"] == 1, "a's disconnect")
+        wait_until(lambda: stats_of(b)["connections"] == 1, what="a's disconnect")
         assert b.req("l", "k", "0") == "timeout"
         assert b.req("n", "k", f"{token} 1") == "ok 1"  # still held, bearer renew works
         b.send("l", "k", "10")
@@ -159,9 +162,9 @@ def test_disconnect_drops_waits(dflock_server: ServerThread) -> None:
         token = a.lock("k")
         b = Wire(dflock_server.address)
         b.send("l", "k", "30")
-        eventually(lambda: stats_of(c)["locks"][0]["waiters"] == 1, "b queued")
+        wait_until(lambda: stats_of(c)["locks"][0]["waiters"] == 1, what="b queued")
         b.close()
-        eventually(lambda: stats_of(c)["locks"][0]["waiters"] == 0, "b's wait dropped")
+        wait_until(lambda: stats_of(c)["locks"][0]["waiters"] == 0, what="b's wait dropped")
         c.send("l", "k", "30")
         assert a.req("r", "k", token) == "ok"
         assert c.recv().startswith("ok ")
@@ -244,7 +247,7 @@ def test_semaphore_limit_and_fifo(dflock_server: ServerThread) -> None:
         assert tb[2] == "9"
         assert c.req("sl", "s", "0 2") == "timeout"
         c.send("sl", "s", "10 2")
-        eventually(lambda: stats_of(d)["semaphores"][0]["waiters"] == 1, "c queued")
+        wait_until(lambda: stats_of(d)["semaphores"][0]["waiters"] == 1, what="c queued")
         sem = stats_of(d)["semaphores"][0]
         assert sem == {"key": "s", "limit": 2, "holders": 2, "waiters": 1}
         assert d.req("sr", "s", ta[1]) == "ok"
@@ -290,7 +293,7 @@ def test_a_lock_and_a_semaphore_on_one_key_exclude_each_other(
         assert a.req("se", "k", "2") == "error_limit_mismatch"
         assert a.req("sl", "k", "0 1") == "timeout"  # the same limit: one queue, one slot
         a.send("sl", "k", "10 1")
-        eventually(lambda: stats_of(probe)["locks"][0]["waiters"] == 1, "a queued")
+        wait_until(lambda: stats_of(probe)["locks"][0]["waiters"] == 1, what="a queued")
         assert b.req("sr", "k", lock_token) == "ok"  # releases the lock
         status, granted, _ = a.recv().split()
         assert status == "ok"
@@ -336,7 +339,7 @@ def test_semaphore_max_waiters(dflock_server_factory: ServerFactory) -> None:
     with Wire(addr) as a, Wire(addr) as b, Wire(addr) as c:
         assert a.req("sl", "s", "0 1").startswith("ok ")
         b.send("sl", "s", "30 1")
-        eventually(lambda: stats_of(c)["semaphores"][0]["waiters"] == 1, "b queued")
+        wait_until(lambda: stats_of(c)["semaphores"][0]["waiters"] == 1, what="b queued")
         assert c.req("sl", "s", "30 1") == "error_max_waiters"
         assert c.req("sl", "s", "0 1") == "timeout"  # timeout 0 never queues
 
@@ -361,7 +364,7 @@ def test_max_waiters(dflock_server_factory: ServerFactory) -> None:
         a.lock("k")
         b.send("l", "k", "30")
         c.send("l", "k", "30")
-        eventually(lambda: stats_of(d)["locks"][0]["waiters"] == 2, "two waiters")
+        wait_until(lambda: stats_of(d)["locks"][0]["waiters"] == 2, what="two waiters")
         assert d.req("l", "k", "30") == "error_max_waiters"
         assert d.req("l", "other", "30").startswith("ok ")  # the cap is per key
 
@@ -409,11 +412,11 @@ def test_max_waits_per_connection(dflock_server_factory: ServerFactory) -> None:
         assert b.req("w", "k1", "5").startswith("ok ")  # the queued enqueue still works
         assert b.req("n", "other", held).startswith("ok ")
         b.send("l", "k2", "10")  # its wait was collected: room for another
-        eventually(
+        wait_until(
             lambda: (
                 [lock["waiters"] for lock in stats_of(a)["locks"] if lock["key"] == "k2"] == [1]
             ),
-            "b queued on k2",
+            what="b queued on k2",
         )
         assert a.req("r", "k2", t2) == "ok"
         assert b.recv().startswith("ok ")
@@ -428,7 +431,7 @@ def test_max_connections_accepts_and_closes(dflock_server_factory: ServerFactory
             assert extra.closed_by_server()
         assert a.req("ping") == "ok"
         b.close()
-        eventually(lambda: stats_of(a)["connections"] == 1, "b gone")
+        wait_until(lambda: stats_of(a)["connections"] == 1, what="b gone")
         with Wire(srv.address) as again:
             assert again.req("ping") == "ok"
 
@@ -462,8 +465,8 @@ def test_gc_prunes_idle_keys(dflock_server_factory: ServerFactory) -> None:
         stats = stats_of(a)
         assert [e["key"] for e in stats["idle_locks"]] == ["gone"]
         assert [e["key"] for e in stats["idle_semaphores"]] == ["sem"]
-        eventually(lambda: not stats_of(a)["idle_locks"], "idle lock pruned")
-        eventually(lambda: not stats_of(a)["idle_semaphores"], "idle semaphore pruned")
+        wait_until(lambda: not stats_of(a)["idle_locks"], what="idle lock pruned")
+        wait_until(lambda: not stats_of(a)["idle_semaphores"], what="idle semaphore pruned")
         assert [e["key"] for e in stats_of(a)["locks"]] == ["kept"]
         assert a.req("n", "kept", held) == f"ok {constants.DEFAULT_LEASE_TTL_S}"
 
@@ -472,7 +475,7 @@ def test_stats_shape(dflock_server: ServerThread) -> None:
     with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
         a.lock("k", lease=20)
         b.send("l", "k", "30")
-        eventually(lambda: stats_of(a)["locks"][0]["waiters"] == 1, "b queued")
+        wait_until(lambda: stats_of(a)["locks"][0]["waiters"] == 1, what="b queued")
         stats = stats_of(a)
         assert set(stats) >= {"connections", "locks", "semaphores", "idle_locks", "idle_semaphores"}
         assert stats["connections"] == 2
@@ -664,11 +667,11 @@ def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: Serv
     with Wire(srv.address) as a, Wire(srv.address) as b:
         a.lock("k")
         b.send("l", "k", "30")
-        eventually(lambda: stats_of(a)["locks"][0]["waiters"] == 1, "b queued")
+        wait_until(lambda: stats_of(a)["locks"][0]["waiters"] == 1, what="b queued")
         stopper = threading.Thread(target=lambda: srv.stop(drain=True))
         stopper.start()
         try:
-            eventually(lambda: srv.call(lambda: srv.server.draining), "draining")
+            wait_until(lambda: srv.call(lambda: srv.server.draining), what="draining")
             assert b.recv() == "error_draining"  # refused at once, never granted in the drain
             assert b.req("l", "other", "0") == "error_draining"  # nothing new is granted
             assert a.req("ping") == "ok"  # a holder still sees the server up ...

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from dflock_wire import Wire, fence
 
 from dflockd_server import Config, constants
 from dflockd_server.fence import FenceCounter, FenceStateError, read_ceiling
 from dflockd_server.testing import ServerThread
+from tests.support.wire import Wire, fence
 
 
 def grant_fences(server: ServerThread, n: int = 3) -> list[int]:

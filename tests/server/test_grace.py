@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dflock_wire import Wire
 
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.fence import FenceStateError
@@ -22,17 +21,11 @@ from dflockd_server.grace import (
 )
 from dflockd_server.table import Holder, LockTable, Waiter
 from dflockd_server.testing import ServerThread
+from tests.support.clock import FakeClock as Clock
+from tests.support.wire import Wire
 
 LEASE = 10
 GRACE = 5.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_table(clock: Clock, grace_s: float, noted: list[int] | None = None) -> LockTable:
@@ -53,7 +46,7 @@ def make_table(clock: Clock, grace_s: float, noted: list[int] | None = None) -> 
 
 
 def test_no_key_is_granted_during_the_grace_and_waiters_go_in_fifo_order_after() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     table = make_table(clock, GRACE)
     woken: list[str] = []
     assert table.acquire(table.open_client(), "k", LEASE, None, queue=False) is None  # try once
@@ -79,7 +72,7 @@ def test_no_key_is_granted_during_the_grace_and_waiters_go_in_fifo_order_after()
 
 
 def test_an_acquire_arriving_as_the_grace_ends_queues_behind_the_earlier_waiters() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     table = make_table(clock, GRACE)
     waiter = table.acquire(table.open_client(), "k", LEASE, None, queue=True)
     assert isinstance(waiter, Waiter)
@@ -91,7 +84,7 @@ def test_an_acquire_arriving_as_the_grace_ends_queues_behind_the_earlier_waiters
 
 
 def test_two_phase_enqueue_during_the_grace_is_queued() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     table = make_table(clock, GRACE)
     waiter = table.enqueue(table.open_client(), "k", LEASE, None)
     assert waiter.holder is None and waiter.active
@@ -102,13 +95,13 @@ def test_two_phase_enqueue_during_the_grace_is_queued() -> None:
 
 
 def test_renew_and_release_of_unknown_tokens_fail_during_the_grace() -> None:
-    table = make_table(Clock(), GRACE)
+    table = make_table(Clock(100.0), GRACE)
     assert table.renew("k", "0" * 32, LEASE) is None
     assert not table.release("k", "0" * 32)
 
 
 def test_a_disconnected_waiter_is_not_granted_at_the_end_of_the_grace() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     table = make_table(clock, GRACE)
     gone = table.open_client()
     table.acquire(gone, "k", LEASE, None, queue=True)
@@ -122,7 +115,7 @@ def test_a_disconnected_waiter_is_not_granted_at_the_end_of_the_grace() -> None:
 
 
 def test_no_grace_grants_at_once() -> None:
-    table = make_table(Clock(), 0.0)
+    table = make_table(Clock(100.0), 0.0)
     assert not table.in_grace
     assert isinstance(table.acquire(table.open_client(), "k", LEASE, None, queue=False), Holder)
     assert table.stats(0)["grace_remaining_s"] == 0.0
@@ -130,7 +123,7 @@ def test_no_grace_grants_at_once() -> None:
 
 def test_a_longer_lease_is_noted_before_it_is_granted_or_renewed() -> None:
     noted: list[int] = []
-    table = make_table(Clock(), 0.0, noted)
+    table = make_table(Clock(100.0), 0.0, noted)
     holder = table.acquire(table.open_client(), "k", LEASE, None, queue=False)
     assert isinstance(holder, Holder)
     table.acquire(table.open_client(), "j", LEASE, None, queue=False)
@@ -143,7 +136,9 @@ def test_a_failed_note_grants_nothing() -> None:
     def refuse(lease: int) -> int:
         raise FenceStateError("disk full")
 
-    table = LockTable(clock=Clock(), new_token=lambda: "0" * 32, max_locks=10, note_lease=refuse)
+    table = LockTable(
+        clock=Clock(100.0), new_token=lambda: "0" * 32, max_locks=10, note_lease=refuse
+    )
     with pytest.raises(FenceStateError):
         table.acquire(table.open_client(), "k", LEASE, None, queue=False)
     assert not table.keys["k"].holders

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from dflock_proc import DflockdProcess
-from dflock_wire import Wire
 from prometheus_client.parser import text_string_to_metric_families
 
 from dflockd_server import Config
 from dflockd_server import constants as c
 from dflockd_server.testing import ServerThread
+from tests.support.servers import DflockdProcess
+from tests.support.wire import Wire
 
 ServerFactory = Callable[..., ServerThread]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -206,3 +206,20 @@ def test_the_restart_grace_is_a_gauge(dflock_server_factory: ServerFactory) -> N
     ).metrics_url
     assert graced is not None
     assert 0 < value(scrape(graced), "dflockd_restart_grace_remaining_seconds") <= 600
+
+
+def test_no_cluster_series_outside_cluster_mode(
+    metrics_server: ServerThread, dflock_server_factory: ServerFactory
+) -> None:
+    static = dflock_server_factory(
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+        members=("127.0.0.1:1", "127.0.0.1:2"),
+        advertise="127.0.0.1:1",
+    )
+    for server in (metrics_server, static):
+        url = server.metrics_url
+        assert url is not None
+        names = {name for name, _ in scrape(url)}
+        assert "dflockd_connections" in names
+        assert not any(name.startswith("dflockd_cluster_") for name in names)

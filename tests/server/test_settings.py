@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dflock_proc import DflockdProcess, run_dflockd
-from dflock_wire import Wire
 
 from dflockd_server import Config, constants
 from dflockd_server.cli import UsageError, load_config
-from dflockd_server.config import SETTINGS
+from dflockd_server.settings import SETTINGS
+from tests.support.servers import DflockdProcess, run_dflockd
+from tests.support.wire import Wire
 
 # PROTOCOL.md's table: flag, environment variable(s), default.
 TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
@@ -75,6 +75,11 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
     # Not in PROTOCOL.md's table: the optional Prometheus endpoint (the `metrics` extra).
     ("--metrics-port", ("DFLOCKD_METRICS_PORT",), "metrics_port", None),
     ("--metrics-host", ("DFLOCKD_METRICS_HOST",), "metrics_host", None),
+    # Not in PROTOCOL.md's table: static members and cluster mode (issue 16).
+    ("--members", ("DFLOCKD_MEMBERS",), "members", None),
+    ("--advertise", ("DFLOCKD_ADVERTISE",), "advertise", None),
+    ("--cluster", ("DFLOCKD_CLUSTER",), "cluster", None),
+    ("--cluster-lease-ttl", ("DFLOCKD_CLUSTER_LEASE_TTL_S",), "cluster_lease_ttl_s", 5),
 ]
 
 

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dflock_proc import DflockdProcess
-from dflock_wire import Wire, eventually, unclosed_after_gc
-
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
+from tests.support.servers import DflockdProcess
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire, unclosed_after_gc
 
 
 def waiters_on(wire: Wire, key: str) -> int:
@@ -26,7 +26,7 @@ def waiters_on(wire: Wire, key: str) -> int:
 
 
 def wait_queued(wire: Wire, key: str, n: int) -> None:
-    eventually(lambda: waiters_on(wire, key) == n, f"{n} waiter(s) queued on {key}")
+    wait_until(lambda: waiters_on(wire, key) == n, what=f"{n} waiter(s) queued on {key}")
 
 
 def test_sigterm_drains_in_flight_work_then_exits_0(dflockd_process: Any) -> None:
@@ -107,12 +107,12 @@ def test_a_drain_lets_holders_release_refuses_waiters_and_exits_when_done(
             assert queuers[n % CONNECTIONS].req("e", f"drain:{n}") == "queued"
         for n, wire in enumerate(blocked):  # and some blocked in an acquire
             wire.send("l", f"drain:{HOLDERS - 1 - n}", "60")
-        eventually(
+        wait_until(
             lambda: (
                 sum(e["waiters"] for e in json.loads(holders[0].req("stats")[3:])["locks"])
                 == WAITERS
             ),
-            "every waiter queued",
+            what="every waiter queued",
         )
 
         proc.proc.send_signal(signal.SIGTERM)
@@ -184,7 +184,7 @@ def test_stop_under_a_connection_storm_closes_every_socket(
     for thread in stormers:
         thread.start()
     try:
-        eventually(lambda: len(clients) >= 200, "the storm")
+        wait_until(lambda: len(clients) >= 200, what="the storm")
         srv.stop()
         assert srv.server.open_transports == 0
     finally:

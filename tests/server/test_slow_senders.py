@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from dflock_wire import Wire, eventually
 
 from dflockd_server import Config
 from dflockd_server import constants as c
 from dflockd_server.net import Server
 from dflockd_server.testing import ServerThread
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire
 
 FIRST_DELAY_S = 1.0
 """The first fragment delay in these tests: at least 0.5 s once jittered."""
@@ -61,9 +62,9 @@ def _fragment_delays(srv: ServerThread) -> list[int]:
 
 def _wait_buffered(srv: ServerThread, size: int) -> None:
     """Until one of the server's connections holds ``size`` bytes of an unfinished request."""
-    eventually(
+    wait_until(
         lambda: size in srv.call(lambda: [c.framer.buffered() for c in srv.server.connections]),
-        f"a connection holding {size} unread byte(s)",
+        what=f"a connection holding {size} unread byte(s)",
     )
 
 
@@ -75,7 +76,7 @@ def _drip_two_fragments(srv: ServerThread, wire: Wire, first: bytes, second: byt
     assert _delayed(srv) == 0
     sent = time.monotonic()
     wire.send_raw(second)
-    eventually(lambda: _delayed(srv) == 1, "the fragment delay")
+    wait_until(lambda: _delayed(srv) == 1, what="the fragment delay")
     return sent
 
 
@@ -120,7 +121,7 @@ def test_delays_double_while_the_sender_keeps_dripping(
     with Wire(srv.address) as dripper:
         _drip_two_fragments(srv, dripper, b"p", b"i")
         dripper.send_raw(b"n")  # read after the first delay: still unfinished, delayed again
-        eventually(lambda: _fragment_delays(srv) == [2], "the second delay")
+        wait_until(lambda: _fragment_delays(srv) == [2], what="the second delay")
         dripper.send_raw(b"g\n_\n_\n")
         assert dripper.recv() == "ok"
         assert _fragment_delays(srv) == [0]

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dflock_proc import DflockdProcess
-
 from dflockd_server import constants
+from tests.support.servers import DflockdProcess
 
 
 def test_a_loopback_server_in_a_kubernetes_pod_warns_it_serves_that_pod_only(

@@ -20,16 +20,9 @@ from dflockd_server.table import (
     MaxWaiters,
     Waiter,
 )
+from tests.support.clock import FakeClock as Clock
 
 LEASE = 10
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_table(clock: Clock, max_locks: int = 100) -> LockTable:

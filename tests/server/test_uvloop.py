@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from dflock_wire import Wire
 
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
+from tests.support.wire import Wire
 
 uvloop = pytest.importorskip("uvloop", reason="uvloop is optional and not installed here")
 

@@ -9,8 +9,9 @@ from typing import Any
 
 from celery import current_task
 
-from apps.common import make_app, record
 from celery_dflock.signals import install, lock_skipped
+
+from .common import make_app, record
 
 app = make_app("apps.plain")
 install(app)  # the one line a project adds to lock tasks it cannot edit

@@ -11,9 +11,10 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from apps.common import make_app, record
 from celery_dflock import LockedTask, LockLost
 from celery_dflock.signals import lock_lost, lock_skipped
+
+from .common import make_app, record
 
 app = make_app("apps.tasks")
 

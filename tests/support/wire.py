@@ -1,16 +1,17 @@
-"""A minimal blocking line client for talking to the server byte by byte in tests, and a poll
-for server state that no reply announces."""
+"""Talking to a lock server over a plain socket, independently of the client: a minimal
+blocking line client (:class:`Wire`) and one-request helpers for the server's ``stats``."""
 
 from __future__ import annotations
 
 import gc
+import json
 import socket
 import ssl
-import time
 import warnings
-from collections.abc import Callable
 from types import TracebackType
+from typing import Any, cast
 
+from celery_dflock import protocol
 from dflockd_server.fence import fence_of
 
 REPLY_TIMEOUT_S = 10.0
@@ -96,15 +97,6 @@ def fence(token: str) -> int:
     return fence_of(token)
 
 
-def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll ``check`` (server state no reply announces: queues, connection counts) until it
-    holds, or fail saying ``what`` was awaited."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.01)
-
-
 def unclosed_after_gc() -> list[str]:
     """What a garbage collection finds left open (its ResourceWarnings): sockets and
     transports that whoever made them never closed."""
@@ -112,3 +104,61 @@ def unclosed_after_gc() -> list[str]:
         warnings.simplefilter("always")
         gc.collect()
     return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def raw_request(address: tuple[str, int], request: bytes, timeout: float = 10.0) -> bytes:
+    """Send one request on a fresh connection and return the reply line (without newline)."""
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"server closed the connection after {data!r}")
+            data += chunk
+    return data[:-1]
+
+
+def stats(address: tuple[str, int]) -> dict[str, object]:
+    """The server's ``stats`` JSON."""
+    line = raw_request(address, protocol.encode_stats())
+    assert line.startswith(b"ok "), line
+    return cast(dict[str, object], json.loads(line[3:]))
+
+
+def shards(address: tuple[str, int]) -> dict[str, Any]:
+    """The server's ``shards`` JSON, as sent (its mode, and in cluster mode the map)."""
+    line = raw_request(address, b"shards\n_\n_\n")
+    assert line.startswith(b"ok "), line[:200]
+    return cast(dict[str, Any], json.loads(line[3:]))
+
+
+def held_keys(address: tuple[str, int]) -> set[str]:
+    """Keys of the locks currently held on that server."""
+    locks = cast(list[dict[str, object]], stats(address)["locks"])
+    return {str(entry["key"]) for entry in locks}
+
+
+def holders_and_waiters(
+    address: tuple[str, int], key: str, semaphore: bool = False
+) -> tuple[int, int]:
+    """(holders, waiters) of a lock or semaphore key, as the server's ``stats`` shows them."""
+    section = "semaphores" if semaphore else "locks"
+    for entry in cast(list[dict[str, object]], stats(address)[section]):
+        if entry["key"] == key:
+            held = cast(int, entry["holders"]) if semaphore else 1
+            return held, cast(int, entry["waiters"])
+    return 0, 0
+
+
+def connection_count(address: tuple[str, int]) -> int:
+    """Connections the server counts (including the one asking)."""
+    return cast(int, stats(address)["connections"])
+
+
+def release_behind_its_back(
+    address: tuple[str, int], key: str, token: str, semaphore: bool = False
+) -> None:
+    """Release ``token`` from another connection (tokens are bearer credentials)."""
+    encode = protocol.encode_sem_release if semaphore else protocol.encode_release
+    assert raw_request(address, encode(key, token)) == b"ok"

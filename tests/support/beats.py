@@ -1,4 +1,5 @@
-"""Real ``celery beat`` / ``celery worker`` subprocesses for the beat tests, and the Redis view.
+"""Real ``celery beat`` / ``celery worker`` subprocesses of the beat tests' app
+(tests/beat/beatapp.py), and the Redis view.
 
 * :class:`Proc` -- one Celery subprocess in its own process group; its output is read by a
   thread, so a test *waits* for a log line (``wait_line``) instead of sleeping.
@@ -10,7 +11,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -28,24 +28,15 @@ from typing import Any
 
 import redis
 
-from dflockd_server import Config
-from dflockd_server.testing import ServerThread
+from tests.support.processes import kill_group, python_path, signal_group
+from tests.support.services import REDIS_URL_BASE
+from tests.support.workers import worker_command
 
-HERE = Path(__file__).resolve().parent
-REDIS_URL_BASE = os.environ.get("CELERY_DFLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+BEAT_APP_DIR = Path(__file__).resolve().parent.parent / "beat"
+"""Where the app ``beatapp`` is (the processes import it by that name, the name its task
+names and schedule entries carry)."""
 REDIS_URL = f"{REDIS_URL_BASE}/12"
 """Redis database of the beat tests; each test also uses its own queue name."""
-
-
-def redis_reachable() -> bool:
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
@@ -123,8 +114,7 @@ class Proc:
 
     def send(self, signum: int) -> None:
         """Send ``signum`` to the whole process group."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signum)
+        signal_group(self.proc.pid, signum)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
         """SIGTERM (a warm shutdown) and wait; SIGKILL the group if it hangs."""
@@ -138,9 +128,7 @@ class Proc:
 
     def kill(self) -> None:
         """SIGKILL the whole process group and reap it."""
-        self.send(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
+        kill_group(self.proc)
         self._reader.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
@@ -165,27 +153,6 @@ def base_settings(queue: str, server: tuple[str, int]) -> dict[str, Any]:
     }
 
 
-class LockServer:
-    """A ServerThread that a test may stop and start again on the same port."""
-
-    def __init__(self) -> None:
-        self.thread: ServerThread | None = ServerThread(Config(host="127.0.0.1", port=0))
-        self.thread.start()
-        self.address: tuple[str, int] = self.thread.address
-
-    def stop(self) -> None:
-        if self.thread is not None:
-            self.thread.stop()
-            self.thread = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.thread = ServerThread(
-            Config(host="127.0.0.1", port=self.address[1], restart_grace_s=0.0)
-        )
-        self.thread.start()
-
-
 @dataclass
 class Cluster:
     """Beats and workers of ``beatapp`` for one test; every process is killed at teardown."""
@@ -201,9 +168,7 @@ class Cluster:
             **self.extra_env,
             "BEAT_TEST_SETTINGS": json.dumps(self.settings),
             "BEAT_TEST_NAME": name,
-            "PYTHONPATH": os.pathsep.join(
-                [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
+            "PYTHONPATH": python_path(BEAT_APP_DIR),
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -259,27 +224,13 @@ class Cluster:
     def start_worker(self, concurrency: int = 3) -> Proc:
         """Start a prefork worker on the test queue; return once it is ready."""
         name = f"worker{sum(p.name.startswith('worker') for p in self.procs) + 1}"
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
+        command = worker_command(
             "beatapp",
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            str(concurrency),
-            "-n",
-            f"{name}-{uuid.uuid4().hex[:6]}@beat-test",
-            "-Q",
-            self.settings["task_default_queue"],
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "INFO",
-        ]
+            pool="prefork",
+            concurrency=concurrency,
+            name=f"{name}-{uuid.uuid4().hex[:6]}@beat-test",
+            queue=self.settings["task_default_queue"],
+        )
         proc = Proc(name, command, self._env(name), self.directory)
         self.procs.append(proc)
         proc.wait_line(re.compile(r"\bready\.$"), START_TIMEOUT_S)

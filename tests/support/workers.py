@@ -1,6 +1,7 @@
 """Real Celery worker subprocesses for the tests (prefork, threads, solo), and their run log.
 
-Used through the fixtures in ``tests/celery/conftest.py``:
+Used through the fixtures in ``tests/celery/conftest.py`` (and by tests/faults and
+tests/interop directly):
 
 * :class:`EventLog` -- the JSON-lines log task bodies append to
   (``apps.common.record``), plus a datagram socket so a test can *wait* for an
@@ -15,7 +16,6 @@ Used through the fixtures in ``tests/celery/conftest.py``:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -33,22 +33,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+# The filesystem broker: kombu's own ``filesystem://`` transport writes a message file in place
+# and its reader takes any file with the queue's name, so a worker polling at that moment dies
+# on a half-written message. The demo's transport renames complete messages into place; it is
+# imported by the public name its module exports for exactly this use (``TRANSPORT``, "for the
+# demo and the test harness"), here and nowhere else in the tests.
 from celery_dflock.demo.fsbroker import TRANSPORT as FILESYSTEM_TRANSPORT
+from tests.support.processes import kill_group, python_path
+from tests.support.services import RABBITMQ_URL, REDIS_URL_BASE
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = Path(__file__).resolve().parents[2]
+CELERY_APPS_DIR = REPO / "tests" / "celery"
+"""Where the worker apps are: a worker imports them as ``apps.tasks`` / ``apps.plain``, the
+names their task names carry (tests send ``apps.tasks.<task>`` and assert on those names)."""
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-REDIS_URL_BASE = os.environ.get("CELERY_DFLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-"""Redis server of the ``redis`` tests (no database number; the tests pick theirs)."""
 REDIS_TEST_DB = 11
 """Redis database of these tests; each test also uses its own queue name."""
-RABBITMQ_URL = os.environ.get(
-    "CELERY_DFLOCK_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//"
-)
 
 Entry = dict[str, Any]
 
@@ -180,10 +183,25 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL the worker's whole process group (main process and pool children)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
+        kill_group(self.proc)
+
+
+def worker_command(
+    app: str,
+    *,
+    pool: str,
+    concurrency: int,
+    name: str,
+    queue: str,
+    extra_args: tuple[str, ...] = (),
+) -> list[str]:
+    """``celery -A <app> worker`` on ``queue`` under this interpreter, logging at INFO, without
+    gossip, mingle and heartbeats (a test's workers need none of them, and they slow start-up)."""
+    return [
+        sys.executable, "-m", "celery", "-A", app, "worker", "-P", pool, "-c", str(concurrency),
+        "-n", name, "-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "-l", "INFO", *extra_args,
+    ]  # fmt: skip
 
 
 @dataclass
@@ -213,35 +231,19 @@ class WorkerFactory:
             **self.log.env,
             "DFLOCK_TEST_SETTINGS": json.dumps(all_settings),
             "DFLOCK_TEST_WORKER": name,
-            "PYTHONPATH": os.pathsep.join(
-                [str(HERE), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
+            "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
         output = self.directory / f"{name.split('@', maxsplit=1)[0]}.out"
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
+        command = worker_command(
             app,
-            "worker",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "-n",
-            name,
-            "-Q",
-            all_settings["task_default_queue"],
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "INFO",
-            *extra_args,
-        ]
+            pool=pool,
+            concurrency=concurrency,
+            name=name,
+            queue=all_settings["task_default_queue"],
+            extra_args=extra_args,
+        )
         with output.open("wb") as out:
             proc = subprocess.Popen(
                 command,
@@ -335,48 +337,6 @@ def rabbitmq_settings(queue: str, db: int = REDIS_TEST_DB) -> dict[str, Any]:
     }
 
 
-def _answers(url: str, default_port: int, hello: bytes, reply: bytes, timeout: float) -> bool:
-    """True if the service at ``url`` answers ``hello`` with bytes starting with ``reply``."""
-    address = urlsplit(url)
-    try:
-        with socket.create_connection(
-            (address.hostname or "127.0.0.1", address.port or default_port), timeout=timeout
-        ) as sock:
-            sock.sendall(hello)
-            return sock.recv(16).startswith(reply)
-    except OSError:
-        return False
-
-
-def rabbitmq_reachable(timeout: float = 0.5) -> bool:
-    """True if RabbitMQ answers the AMQP protocol header (with its connection.start frame)."""
-    return _answers(RABBITMQ_URL, 5672, b"AMQP\x00\x00\x09\x01", b"\x01", timeout)
-
-
-REQUIRE_SERVICES_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
-"""Set to 1 (as CI does), a test that needs Redis or RabbitMQ fails instead of skipping."""
-
-
-def require_service(name: str, reachable: Callable[[], bool]) -> None:
-    """Skip the calling test when ``reachable()`` is False; fail it under CI's variable."""
-    import pytest
-
-    if reachable():
-        return
-    message = f"{name} is not reachable"
-    if os.environ.get(REQUIRE_SERVICES_ENV) == "1":
-        pytest.fail(f"{message}, and {REQUIRE_SERVICES_ENV}=1 requires it")
-    pytest.skip(message)
-
-
-def require_redis() -> None:
-    require_service(f"Redis at {REDIS_URL_BASE}", redis_reachable)
-
-
-def require_rabbitmq() -> None:
-    require_service(f"RabbitMQ at {RABBITMQ_URL}", rabbitmq_reachable)
-
-
 def close_app(app: Any) -> None:
     """Close a client app and every connection its result backend opened (Redis's result
     consumer keeps a pub/sub connection that ``app.close()`` leaves to the garbage collector,
@@ -405,10 +365,6 @@ def close_app(app: Any) -> None:
 def with_server(settings: dict[str, Any], server: Any, **extra: Any) -> dict[str, Any]:
     """``settings`` plus ``dflock_servers`` pointing at ``server`` (a ServerThread)."""
     return {**settings, "dflock_servers": f"{server.host}:{server.port}", **extra}
-
-
-def redis_reachable(timeout: float = 0.5) -> bool:
-    return _answers(REDIS_URL_BASE, 6379, b"PING\r\n", b"+PONG", timeout)
 
 
 def redis_cleanup(queue: str, db: int = REDIS_TEST_DB) -> None:

@@ -1,16 +1,32 @@
-"""Run the real ``dflockd`` console script in a subprocess and follow its log."""
+"""Lock servers for the tests: the real ``dflockd`` console script in a subprocess (its log
+followed line by line, or written to a file), and an in-process server a test may stop and
+start again on the same port. The per-test fixtures (``dflock_server_factory``,
+``dflock_server``, ``lock_server``) are in tests/conftest.py and build on
+:class:`dflockd_server.testing.ServerThread`."""
 
 from __future__ import annotations
 
 import os
 import queue
 import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
 STARTUP_TIMEOUT_S = 15.0
+LOCK_SERVER_LEASE_S = 30
+"""Default lease of the ``lock_server`` fixture: no run of a test outlives its lock unless the
+test means it to."""
 _LISTENING = re.compile(r"listening on (\S+):(\d+) ")
 
 
@@ -103,3 +119,60 @@ class DflockdProcess:
         self._reader.join(10)  # EOF once the process is gone
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+
+
+@contextmanager
+def dflockd_subprocess(
+    log_path: Path, *args: str
+) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, int]]]:
+    """A real ``dflockd`` subprocess on a free local port (it can be SIGSTOPped or killed),
+    with extra command-line ``args``, its log in ``log_path``; its process and address.
+    Killed on exit."""
+    port = free_port()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [dflockd_executable(), "--host", "127.0.0.1", "--port", str(port),
+             "--restart-grace", "0", *args],
+            env=clean_env({}),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        address = ("127.0.0.1", port)
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(address, timeout=0.5).close()
+            except OSError:
+                return False
+            return True
+
+        try:
+            wait_until(listening, timeout=15.0, what="dflockd listening")
+            yield proc, address
+        finally:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(10)
+
+
+class LockServer:
+    """An in-process server (a ServerThread) that a test may stop and start again on the
+    same port."""
+
+    def __init__(self) -> None:
+        self.thread: ServerThread | None = ServerThread(Config(host="127.0.0.1", port=0))
+        self.thread.start()
+        self.address: tuple[str, int] = self.thread.address
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.thread = ServerThread(
+            Config(host="127.0.0.1", port=self.address[1], restart_grace_s=0.0)
+        )
+        self.thread.start()

@@ -1,0 +1,227 @@
+"""Client and AsyncClient (the one public entry) against the real server; the error tree;
+what ``import celery_dflock.client`` costs."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+import pytest
+from celery.exceptions import ImproperlyConfigured
+
+import celery_dflock
+import celery_dflock.errors
+from celery_dflock import (
+    AsyncClient,
+    Client,
+    DflockError,
+    DistributedLock,
+    InvalidValueError,
+    LockNotAcquired,
+)
+from celery_dflock.config import DflockConfigError, get_config
+from celery_dflock.keys import KeyDerivationError
+from dflockd_server.testing import ServerThread
+from tests.support.ports import free_port
+
+
+def test_lock_and_semaphore_use_the_clients_settings_and_pool(dflock_server: ServerThread) -> None:
+    with Client([dflock_server.address], acquire_timeout_s=0, lease_ttl_s=20) as client:
+        with client.lock("clients:one") as lock:
+            assert lock.locked() and lock.lease == 20
+            assert lock.server == dflock_server.address
+            assert not client.lock("clients:one").acquire()  # acquire_timeout_s=0: one try
+        sem = client.semaphore("clients:sem", 2)
+        other = client.semaphore("clients:sem", 2)
+        assert sem.acquire() and other.acquire()
+        assert not client.semaphore("clients:sem", 2).acquire()
+        assert sem.release() and other.release()
+        assert client.pool.opened >= 1 and client.pool.idle_count() >= 1
+    assert client.pool.idle_count() == 0  # closed with the block
+
+
+def test_release_by_token_from_another_client(dflock_server: ServerThread) -> None:
+    servers = [dflock_server.address]
+    with Client(servers) as holder, Client(servers, acquire_timeout_s=0) as other:
+        lock = holder.lock("clients:token")
+        assert lock.acquire() and lock.token is not None
+        token = lock.token
+        assert other.release("clients:token", token) is True
+        again = other.lock("clients:token")
+        assert again.acquire()  # free now
+        assert again.release()
+        assert other.release("clients:token", token) is False  # no longer held: idempotent
+        assert other.lock("clients:token").release() is False
+        assert lock.release() is False  # its holder finds it released elsewhere
+
+
+_HOLD_AND_EXIT = """
+import os, sys
+from celery_dflock import Client
+client = Client([("127.0.0.1", int(sys.argv[1]))])
+sem = client.semaphore("clients:gone", 1)
+assert sem.acquire()
+print(sem.token, flush=True)
+os._exit(0)  # gone without a release
+"""
+
+
+def test_release_by_token_after_the_locking_process_is_gone(
+    dflock_server_factory: Callable[..., ServerThread],
+) -> None:
+    server = dflock_server_factory(auto_release_on_disconnect=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLD_AND_EXIT, str(server.port)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    token = done.stdout.strip()
+    with Client([server.address], acquire_timeout_s=0) as client:
+        assert not client.semaphore("clients:gone", 1).acquire()  # still held by the dead one
+        assert client.release("clients:gone", token, limit=1) is True
+        sem = client.semaphore("clients:gone", 1)
+        assert sem.acquire()
+        assert sem.release()
+
+
+def test_a_bad_token_is_refused_before_anything_is_sent(dflock_server: ServerThread) -> None:
+    with Client([dflock_server.address]) as client, pytest.raises(InvalidValueError, match="hex"):
+        client.release("clients:bad", "not-a-token")
+
+
+def test_stats_and_ping_name_an_unreachable_server(dflock_server: ServerThread) -> None:
+    down = ("127.0.0.1", free_port())
+    with Client([dflock_server.address, down], connect_timeout_s=2) as client:
+        lock = client.lock("clients:stats")
+        assert lock.acquire()
+        host, port = lock.server
+        up_status, down_status = client.stats()
+        assert up_status.reachable and up_status.server is not None
+        assert up_status.stats is not None
+        keys = [item["key"] for item in up_status.stats["locks"]]
+        if (host, port) == dflock_server.address:
+            assert "clients:stats" in keys
+        assert not down_status.reachable
+        assert down_status.error is not None and f"127.0.0.1:{down[1]}" in down_status.error
+        pings = client.ping()
+        assert [p.reachable for p in pings] == [True, False]
+        assert pings[1].address == f"127.0.0.1:{down[1]}"
+        (only,) = client.ping(f"{dflock_server.host}:{dflock_server.port}")
+        assert only.reachable and only.stats is None
+        with pytest.raises(InvalidValueError, match="not one of this client's servers"):
+            client.stats(("10.9.9.9", 1))
+        lock.release()
+
+
+def test_settings_are_validated_once_naming_the_argument() -> None:
+    with pytest.raises(InvalidValueError, match="renew_ratio"):
+        Client(renew_ratio=1.5)
+    with pytest.raises(InvalidValueError, match="servers"):
+        Client([])
+    with pytest.raises(ValueError, match="connect_timeout_s"):
+        Client(connect_timeout_s=0)
+    client = Client([("127.0.0.1", 1)])
+    lock = client.lock("clients:x")
+    assert isinstance(lock, DistributedLock)
+    assert client.server_for("clients:x") == ("127.0.0.1", 1)
+
+
+async def test_async_client(dflock_server: ServerThread) -> None:
+    servers = [dflock_server.address]
+    async with AsyncClient(servers, acquire_timeout_s=0) as client:
+        lock = client.lock("clients:async")
+        assert await lock.acquire() and lock.token is not None
+        assert not await client.lock("clients:async").acquire()
+        with Client(servers) as blocking:  # release by token works across the two faces
+            assert await asyncio.to_thread(blocking.release, "clients:async", lock.token)
+        assert await lock.release() is False  # released elsewhere
+        sem = client.semaphore("clients:async-sem", 3)
+        assert await sem.acquire() and sem.token is not None
+        assert await client.release("clients:async-sem", sem.token, limit=3)
+        assert await sem.release() is False
+        (status,) = await client.stats()
+        assert status.reachable and status.stats is not None
+        (pong,) = await client.ping()
+        assert pong.reachable
+    assert client.pool.idle_count() == 0
+
+
+def test_client_is_usable_from_threads(dflock_server: ServerThread) -> None:
+    with Client([dflock_server.address], acquire_timeout_s=5) as client:
+        held: list[bool] = []
+
+        def run() -> None:
+            with client.lock("clients:threads"):
+                held.append(True)
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert held == [True] * 4
+
+
+# ------------------------------------------------------------------ the error tree
+
+
+def test_every_public_error_is_a_dflock_error() -> None:
+    errors = [
+        obj
+        for _, obj in inspect.getmembers(celery_dflock.errors, inspect.isclass)
+        if issubclass(obj, Exception) and obj.__module__ == "celery_dflock.errors"
+    ]
+    assert len(errors) >= 12
+    for error in [*errors, DflockConfigError, KeyDerivationError]:
+        assert issubclass(error, DflockError), error
+    for name in celery_dflock.__all__:
+        value = getattr(celery_dflock, name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            assert issubclass(value, DflockError), name
+
+
+def test_config_errors_are_also_improperly_configured_and_value_errors() -> None:
+    assert issubclass(DflockConfigError, ImproperlyConfigured)
+    assert issubclass(DflockConfigError, ValueError)
+    assert issubclass(DflockConfigError, InvalidValueError)
+    assert issubclass(KeyDerivationError, ValueError)
+    assert issubclass(LockNotAcquired, TimeoutError)
+
+    class App:
+        conf: dict[str, object] = {"dflock_renew_ratio": 2}  # noqa: RUF012
+
+    with pytest.raises(DflockError, match="dflock_renew_ratio") as failure:
+        get_config(App())
+    assert isinstance(failure.value, ImproperlyConfigured)
+
+
+def test_the_cores_value_errors_are_dflock_errors() -> None:
+    for bad in (
+        lambda: DistributedLock("k", renew_ratio=0),
+        lambda: DistributedLock("k", acquire_timeout_s=-1),
+        lambda: DistributedLock("has space"),
+        lambda: DistributedLock("k", servers=[("h", 0)]),
+    ):
+        with pytest.raises(InvalidValueError):
+            bad()
+
+
+# ------------------------------------------------------------------ imports
+
+
+def test_the_client_does_not_import_celery() -> None:
+    code = (
+        "import sys, celery_dflock.client, celery_dflock.aio, celery_dflock\n"
+        "assert 'celery' not in sys.modules, sorted(m for m in sys.modules if 'celery' in m)\n"
+        "celery_dflock.Client, celery_dflock.DflockError\n"
+        "assert 'celery' not in sys.modules\n"
+        "celery_dflock.LockedTask\n"
+        "assert 'celery' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,276 @@
+"""Real lock servers in cluster mode (``ServerThread`` with ``--cluster`` on a real etcd): the
+cluster series of ``/metrics`` against what the test made the cluster do, and a graceful leave
+(SIGTERM's drain) that hands its free shards over at once while the shards whose holders the
+shutdown timeout cut off wait for the longest lease."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dflockd_server import Config
+from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.ops import pin, rebalance, unpin
+from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
+from dflockd_server.testing import ServerThread
+from tests.server.test_metrics import Samples, scrape, value
+from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire, fence
+
+WAIT_S = 15.0
+STATES = ("serving", "moving_out", "taking_over", "failing_over", "other", "unavailable")
+CLUSTER_SERIES = (
+    "dflockd_cluster_shards",
+    "dflockd_cluster_handovers_total",
+    "dflockd_cluster_failovers_total",
+    "dflockd_cluster_released_takeovers_total",
+    "dflockd_cluster_fenced",
+    "dflockd_cluster_leader",
+)
+
+
+class Member:
+    """One cluster member: a real server, its ``/metrics`` and its advertised address."""
+
+    def __init__(self, etcd_url: str, prefix: str, longest: int, shutdown_timeout_s: float) -> None:
+        port = free_port()
+        self.advertise = f"127.0.0.1:{port}"
+        etcd_address = etcd_url.removeprefix("http://")
+        cfg = Config(
+            host="127.0.0.1",
+            port=port,
+            advertise=self.advertise,
+            cluster=f"etcd://{etcd_address}{prefix}",
+            cluster_lease_ttl_s=1,
+            max_lease_ttl_s=longest,
+            default_lease_ttl_s=longest,
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+            shutdown_timeout_s=shutdown_timeout_s,
+            # A fresh member's tokens start above every ceiling in etcd; its restart grace
+            # (the longest lease, without a fence state file) would hide what is measured.
+            restart_grace_s=0,
+        )
+        self.thread = ServerThread(cfg).start()
+        url = self.thread.metrics_url
+        assert url is not None
+        self.url = url
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.thread.address
+
+    def samples(self) -> Samples:
+        return scrape(self.url)
+
+    def metric(self, name: str, **labels: str) -> float:
+        return value(self.samples(), name, **labels)
+
+    def shards(self, state: str) -> float:
+        return self.metric("dflockd_cluster_shards", state=state)
+
+    def serves(self, key: str) -> bool:
+        node = self.thread.server.node
+        assert node is not None
+        return node.check(key) is None
+
+    def key(self, stem: str) -> str:
+        """A key this member serves now."""
+        return next(f"{stem}{i}" for i in range(10**6) if self.serves(f"{stem}{i}"))
+
+
+@pytest.fixture
+def members(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[..., Member]]:
+    started: list[Member] = []
+
+    def start(
+        longest: int = 3, etcd_url: str | None = None, shutdown_timeout_s: float = 10.0
+    ) -> Member:
+        url = etcd_url or etcd_server.url
+        member = Member(url, etcd_prefix.rstrip("/"), longest, shutdown_timeout_s)
+        started.append(member)
+        return member
+
+    yield start
+    for member in started:
+        member.thread.stop()
+
+
+def wait_metric(member: Member, name: str, expected: float, **labels: str) -> float:
+    return wait_until(
+        lambda: member.metric(name, **labels) == expected,
+        what=f"{name}{labels or ''} == {expected} on {member.advertise}",
+        timeout=WAIT_S,
+    )
+
+
+def acquire(address: tuple[str, int], key: str) -> str:
+    """``l KEY 0`` on a fresh connection: the whole reply (released again when granted)."""
+    with Wire(address) as w:
+        reply = w.req("l", key, "0")
+        if reply.startswith("ok "):
+            assert w.req("r", key, reply.split()[1]) == "ok"
+        return reply
+
+
+def test_a_member_exports_its_shards_moves_fencing_and_leadership(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    a, b = members(), members()
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    for m in (a, b):
+        samples = m.samples()
+        assert sum(value(samples, "dflockd_cluster_shards", state=s) for s in STATES) == (
+            SHARD_COUNT
+        )
+        assert value(samples, "dflockd_cluster_shards", state="other") == half
+        assert value(samples, "dflockd_cluster_fenced") == 0
+        for counter in CLUSTER_SERIES[1:4]:
+            assert value(samples, counter) == 0
+    assert a.metric("dflockd_cluster_leader") + b.metric("dflockd_cluster_leader") == 1
+
+    # A pin moves one of a's shards to b: a holds it while its holder holds, then hands over.
+    key = a.key("pinned:")
+    shard = shard_id(key)
+    with Wire(a.address) as holder:
+        token = holder.lock(key)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_metric(a, "dflockd_cluster_shards", 1, state="moving_out")
+        wait_metric(b, "dflockd_cluster_shards", 1, state="taking_over")
+        assert a.metric("dflockd_cluster_handovers_total") == 0
+        assert holder.req("r", key, token) == "ok"
+    wait_metric(a, "dflockd_cluster_handovers_total", 1)
+    wait_metric(b, "dflockd_cluster_shards", half + 1, state="serving")
+    assert a.shards("serving") == half - 1 and a.shards("moving_out") == 0
+    assert b.shards("taking_over") == 0 and b.metric("dflockd_cluster_handovers_total") == 0
+
+    # A rebalance evens them out again: b hands one (unpinned) shard back to a.
+    assert len(rebalance(etcd, prefix).written) == 1
+    wait_metric(b, "dflockd_cluster_handovers_total", 1)
+    wait_metric(a, "dflockd_cluster_shards", half, state="serving")
+    wait_metric(b, "dflockd_cluster_shards", half, state="serving")
+
+    # b crashes (its lease runs out, nobody revokes it): a fails its shards over after the
+    # longest lease, one by one counted.
+    unpin(etcd, prefix, shard)
+    node = b.thread.server.node
+    assert node is not None
+    node.stop(leave=False)
+    wait_until(
+        lambda: a.metric("dflockd_cluster_shards", state="failing_over") == half,
+        what="a waits to fail b's shards over",
+        timeout=WAIT_S,
+    )
+    assert a.metric("dflockd_cluster_leader") == 1  # alone: it leads (if it did not already)
+    wait_metric(a, "dflockd_cluster_failovers_total", half)
+    wait_metric(a, "dflockd_cluster_shards", SHARD_COUNT, state="serving")
+    assert a.metric("dflockd_cluster_released_takeovers_total") == 0
+
+
+def test_a_fenced_member_says_so(members: Callable[..., Member], tmp_path: Path) -> None:
+    binary = find_etcd()
+    assert binary is not None
+    private = EtcdServer(binary, tmp_path).start()
+    try:
+        a = members(etcd_url=private.url)
+        wait_metric(a, "dflockd_cluster_shards", SHARD_COUNT, state="serving")
+        assert a.metric("dflockd_cluster_leader") == 1
+        assert a.metric("dflockd_cluster_fenced") == 0
+        private.stop()
+        wait_metric(a, "dflockd_cluster_fenced", 1)
+        samples = a.samples()
+        assert value(samples, "dflockd_cluster_shards", state="unavailable") == SHARD_COUNT
+        assert value(samples, "dflockd_cluster_shards", state="serving") == 0
+        assert value(samples, "dflockd_cluster_leader") == 0
+        private.start()
+        wait_metric(a, "dflockd_cluster_fenced", 0)
+        wait_metric(a, "dflockd_cluster_shards", SHARD_COUNT, state="serving")
+    finally:
+        private.stop()
+
+
+def test_a_draining_member_hands_free_shards_over_at_once_cut_off_ones_wait(
+    members: Callable[..., Member],
+) -> None:
+    longest = 5  # far from "at once"
+    a = members(longest, shutdown_timeout_s=1.0)
+    b = members(longest)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    held, done, free = a.key("held:"), a.key("done:"), a.key("free:")
+    assert len({shard_id(k) for k in (held, done, free)}) == 3
+    with Wire(a.address) as stuck, Wire(a.address) as finishing:
+        stuck_token = stuck.lock(held)  # never released: the shutdown timeout cuts it off
+        done_token = finishing.lock(done)
+        stopping = threading.Thread(target=lambda: a.thread.stop(drain=True))
+        stopping.start()
+        # Draining: nothing more granted, but holders may still release.
+        wait_until(lambda: a.thread.server.draining, what="a drains", timeout=WAIT_S)
+        assert finishing.req("r", done, done_token) == "ok"
+        stopping.join(WAIT_S)
+        assert not stopping.is_alive()
+    left_at = time.monotonic()
+    # The free shard and the one released during the drain: b serves them at once.
+    took = wait_until(
+        lambda: (
+            acquire(b.address, free).startswith("ok ")
+            and acquire(b.address, done).startswith("ok ")
+        ),
+        what="b serves a's released shards",
+        timeout=WAIT_S,
+    )
+    print(f"a's released shards served by b {took:.2f} s after a left")
+    assert took < longest - 1  # about a second here; a failover waits longest + 1 s
+    assert acquire(b.address, held) == "error_unavailable"
+    assert time.monotonic() - left_at < longest  # (the refusal was checked in time)
+    wait_metric(b, "dflockd_cluster_released_takeovers_total", half - 1)
+    wait_metric(b, "dflockd_cluster_shards", 1, state="failing_over")  # the cut-off one
+    # The cut-off holder's shard: not before the longest lease has run out.
+    wait_until(
+        lambda: acquire(b.address, held).startswith("ok "),
+        what="b serves the cut-off shard",
+        timeout=longest + WAIT_S,
+    )
+    waited = time.monotonic() - left_at
+    print(f"the cut-off shard served by b {waited:.2f} s after a left")
+    assert waited >= longest
+    with Wire(b.address) as w:
+        assert fence(w.lock(held)) > fence(stuck_token)
+    assert b.metric("dflockd_cluster_failovers_total") == 1
+    assert b.shards("serving") == SHARD_COUNT
+
+
+def test_a_member_that_cannot_bind_its_port_leaves_the_cluster_at_once(
+    etcd_server: EtcdServer, etcd_prefix: str
+) -> None:
+    """It joined etcd before binding: when the bind fails it must not stay a member (the
+    leader would give it shards, which would then wait out a dead member's failover)."""
+    prefix = etcd_prefix.rstrip("/")
+    etcd_address = etcd_server.url.removeprefix("http://")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = Config(
+            host="127.0.0.1",
+            port=port,
+            advertise=f"127.0.0.1:{port}",
+            cluster=f"etcd://{etcd_address}{prefix}",
+            cluster_lease_ttl_s=30,  # long: only leaving can remove it in time
+            restart_grace_s=0,
+        )
+        with pytest.raises(OSError):
+            ServerThread(cfg).start()
+    members = EtcdClient(etcd_server.url).get_prefix(f"{prefix}/members/")
+    assert members == [], members

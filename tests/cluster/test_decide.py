@@ -1,0 +1,253 @@
+"""A member's per-shard decisions (pure), its ownership snapshots, fence raising and URLs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from dflockd_server import constants
+from dflockd_server.cluster.decide import (
+    ERROR_UNAVAILABLE,
+    FENCED,
+    SHARD_STATES,
+    decide,
+    handover_due,
+    moved_reply,
+)
+from dflockd_server.cluster.membership import ClusterView
+from dflockd_server.cluster.ops import parse_cluster_url, summary
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
+from dflockd_server.cluster.snapshot import ClusterOwnership
+from dflockd_server.fence import FenceCounter, fence_of
+
+A, B, C = "a:1", "b:1", "c:1"
+WAIT = 3.0
+
+
+def view(shards: dict[int, ShardAssignment], members: set[str] | None = None) -> ClusterView:
+    return ClusterView(frozenset(members or {A, B, C}), A, ShardMap(shards))
+
+
+def test_each_kind_of_shard() -> None:
+    v = view(
+        {
+            0: ShardAssignment(A, A),  # serve
+            1: ShardAssignment(B, A),  # moving out to B
+            2: ShardAssignment(A, B),  # taking over from live B
+            3: ShardAssignment(A, "d:1"),  # failover from dead d
+            4: ShardAssignment(A, ""),  # failover: nobody served it
+            5: ShardAssignment(B, B),  # other
+            6: ShardAssignment(C, ""),  # other, nobody current: the target
+            7: ShardAssignment(C, "d:1"),  # other: the current node, as the contract says
+        }
+    )
+    d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
+    assert d.verdicts[0] is None
+    assert d.verdicts[1] == b"error_moved b:1\n"
+    assert d.verdicts[2] == ERROR_UNAVAILABLE
+    assert d.verdicts[3] == ERROR_UNAVAILABLE
+    assert d.verdicts[4] == ERROR_UNAVAILABLE
+    assert d.verdicts[5] == b"error_moved b:1\n"
+    assert d.verdicts[6] == b"error_moved c:1\n"
+    assert d.verdicts[7] == b"error_moved d:1\n"
+    assert d.verdicts[8] == ERROR_UNAVAILABLE  # no assignment at all
+    assert d.serving == {0}
+    assert d.moving_out == {B: frozenset({1})}
+    assert d.failover_due == ()
+    assert d.failover_since == {3: 10.0, 4: 10.0}
+    # The same pass counts them (what the metrics report); 8..8191 have no assignment.
+    assert d.states == {
+        "serving": 1,
+        "moving_out": 1,
+        "taking_over": 1,
+        "failing_over": 2,
+        "other": 3,
+        "unavailable": SHARD_COUNT - 8,
+    }
+    assert tuple(d.states) == SHARD_STATES
+
+
+def test_a_released_shard_is_taken_at_once_an_empty_current_alone_waits() -> None:
+    released = ShardAssignment(A, B).release()
+    assert released == ShardAssignment(A, "", ("released",)) and released.released
+    v = view(
+        {
+            0: released,  # B left gracefully, nothing held: no lease to wait for
+            1: ShardAssignment(A, ""),  # no history (an orphan given a target): wait
+            2: ShardAssignment(A, "d:1"),  # a dead member: wait
+            3: ShardAssignment(C, "", ("released",)),  # released, another target: send there
+            4: ShardAssignment(A, B, ("released",)),  # stale flag beside a current: no meaning
+        }
+    )
+    d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
+    assert d.failover_due == (0,)
+    assert d.failover_since == {1: 10.0, 2: 10.0}
+    assert d.verdicts[0] == ERROR_UNAVAILABLE  # until current = self is written and seen
+    assert d.verdicts[3] == b"error_moved c:1\n"
+    assert d.verdicts[4] == ERROR_UNAVAILABLE  # taking over from live B: B hands it over
+    assert d.states["failing_over"] == 3 and d.states["taking_over"] == 1
+    # The heir's write drops the flag; the next view serves it.
+    taken = v.shard_map[0].served_by(A)
+    assert taken == ShardAssignment(A, A) and not taken.released
+    served = decide(view({0: taken}), A, now=10.0, failover_since={}, failover_wait_s=WAIT)
+    assert served.verdicts[0] is None and served.failover_due == ()
+
+
+def test_only_a_graceful_leave_writes_a_released_shard() -> None:
+    # The leader's upkeep moves a gone member's targets and keeps current and flags: a
+    # released shard stays released (its new target takes it at once), a shard whose member
+    # died keeps naming it (its new target waits).
+    m = ShardMap({0: ShardAssignment(B, B).release(), 1: ShardAssignment(B, B)})
+    after = m.updated([A])
+    assert after[0] == ShardAssignment(A, "", ("released",)) and after[0].released
+    assert after[1] == ShardAssignment(A, B) and not after[1].released
+    # A shard without any assignment gets a target and an empty current, never the flag.
+    orphan = ShardMap({0: ShardAssignment(A, A)}).updated([A])[1]
+    assert orphan == ShardAssignment(A, "") and not orphan.released
+    # A fresh map: current = target everywhere.
+    assert not any(a.released or not a.current for _, a in ShardMap.initial([A, B]).items())
+    # Stored and read back; the flag kept beside others (pinned).
+    pinned = ShardAssignment(B, B, ("pinned",)).release()
+    assert pinned.format() == "b:1,,f=pinned,f=released"
+    assert ShardAssignment.parse(pinned.format()).released
+    assert pinned.served_by(B) == ShardAssignment(B, B, ("pinned",))
+    assert ShardMap({0: pinned}).handed_over(0)[0] == ShardAssignment(B, B, ("pinned",))
+
+
+def test_failover_waits_from_when_it_was_first_seen() -> None:
+    v = view({3: ShardAssignment(A, "d:1")})
+    first = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
+    later = decide(v, A, now=12.9, failover_since=first.failover_since, failover_wait_s=WAIT)
+    assert later.failover_due == ()
+    assert later.failover_since == {3: 10.0}
+    due = decide(v, A, now=13.0, failover_since=later.failover_since, failover_wait_s=WAIT)
+    assert due.failover_due == (3,)
+    assert due.verdicts[3] == ERROR_UNAVAILABLE  # until current = self is written and seen
+    # The dead member came back before the wait ended: a handover now, the wait forgotten.
+    back = view({3: ShardAssignment(A, "d:1")}, {A, "d:1"})
+    again = decide(back, A, now=13.0, failover_since=later.failover_since, failover_wait_s=WAIT)
+    assert again.failover_due == () and again.failover_since == {}
+
+
+def test_held_shards_wait_for_the_fence() -> None:
+    v = view({0: ShardAssignment(A, A), 1: ShardAssignment(A, A)})
+    d = decide(v, A, now=0.0, failover_since={}, failover_wait_s=WAIT, cleared={0})
+    assert d.verdicts[0] is None and d.verdicts[1] == ERROR_UNAVAILABLE
+    assert d.serving == {0, 1}
+
+
+def test_handover_only_without_holders() -> None:
+    assert handover_due({1, 2, 3}, {2}) == {1, 3}
+    assert handover_due({1}, {1}) == frozenset()
+
+
+def test_fenced_refuses_everything() -> None:
+    assert set(FENCED.verdicts) == {ERROR_UNAVAILABLE}
+    assert FENCED.states == {**dict.fromkeys(SHARD_STATES, 0), "unavailable": SHARD_COUNT}
+    assert len(FENCED.verdicts) == SHARD_COUNT
+    assert moved_reply("h:6388") == b"error_moved h:6388\n"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_snapshot_checks_keys_and_its_lease_deadline() -> None:
+    key = "task:1"
+    s = shard_id(key)
+    v = view({s: ShardAssignment(A, A), (s + 1) % SHARD_COUNT: ShardAssignment(B, A)})
+    d = decide(v, A, now=0.0, failover_since={}, failover_wait_s=WAIT)
+    clock = Clock()
+    own = ClusterOwnership(A, v, d.verdicts, valid_until=101.0, clock=clock)
+    assert own.check(key) is None and own.may_renew()
+    clock.now = 101.0  # the lease may be gone: no grant, no renewal, without any thread's help
+    assert own.check(key) == ERROR_UNAVAILABLE
+    assert not own.may_renew()
+    fenced = ClusterOwnership(A, v, d.verdicts, 1e9, clock, fenced=True)
+    assert fenced.check(key) == ERROR_UNAVAILABLE and not fenced.may_renew()
+
+
+def test_describe_is_the_contracts_json() -> None:
+    m = ShardMap.initial([A, B]).pin(5).apply([]).with_assignment(7, ShardAssignment(C, A))
+    m = m.with_assignment(9, ShardAssignment(B, ""))
+    v = ClusterView(frozenset({B, A}), B, m)
+    own = ClusterOwnership(B, v, FENCED.verdicts, 0.0, Clock())
+    d = json.loads(json.dumps(own.describe()))
+    assert d["mode"] == "cluster" and d["self"] == B and d["leader"] == B
+    assert d["members"] == [A, B] and d["shard_count"] == 8192 and d["hash"] == "fnv1a32"
+    assert d["nodes"] == [A, B, C]
+    assert len(d["current"]) == len(d["target"]) == SHARD_COUNT
+    assert d["target"][7] == 2 and d["current"][7] == 0
+    assert d["target"][9] == 1 and d["current"][9] == -1
+    assert d["pinned"] == [5]
+    assert d["moving"] == [7, 9]
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.value = 0
+        self.writes: list[int] = []
+
+    def read(self) -> int:
+        return self.value
+
+    def write(self, ceiling: int) -> None:
+        self.value = ceiling
+        self.writes.append(ceiling)
+
+
+def test_raise_to_stores_the_ceiling_first_and_never_goes_back() -> None:
+    store = MemoryStore()
+    counter = FenceCounter(store=store, wall_clock_ns=lambda: 1000)
+    assert store.value == 1000 + constants.FENCE_PERSIST_BLOCK
+    first = fence_of(counter.next_token())
+    assert first == 1001
+    other_ceiling = 10**12
+    counter.raise_to(other_ceiling)
+    assert store.value > other_ceiling  # stored before any counter at or above the old one
+    assert fence_of(counter.next_token()) == other_ceiling + 1
+    counter.raise_to(5)  # lower: nothing changes
+    assert fence_of(counter.next_token()) == other_ceiling + 2
+    assert counter.publish() == store.value == counter.ceiling
+    with pytest.raises(ValueError, match="not both"):
+        FenceCounter("x", store=store)
+
+
+def test_a_new_counter_starts_above_its_stored_ceiling() -> None:
+    store = MemoryStore()
+    store.value = 5 * 10**18
+    assert fence_of(FenceCounter(store=store).next_token()) == 5 * 10**18 + 1
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("etcd://127.0.0.1:2379", ("http://127.0.0.1:2379", "/dflockd")),
+        ("etcd://etcd:2379/", ("http://etcd:2379", "/dflockd")),
+        ("etcd://etcd:2379/locks/prod", ("http://etcd:2379", "/locks/prod")),
+    ],
+)
+def test_cluster_urls(url: str, expected: tuple[str, str]) -> None:
+    assert parse_cluster_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url", ["http://e:2379", "etcd://e", "etcd://e:x", "etcd://:1/p", "etcd://e:1/p?x=1"]
+)
+def test_bad_cluster_urls_name_the_flag(url: str) -> None:
+    with pytest.raises(ValueError, match=re.escape("--cluster (or DFLOCKD_CLUSTER)")):
+        parse_cluster_url(url)
+
+
+def test_summary_mentions_what_an_operator_needs() -> None:
+    m = ShardMap.initial([A, B]).pin(3).updated([A])
+    text = "\n".join(summary(ClusterView(frozenset({A, C}), A, m)))
+    assert "b:1: target of 1, serving 1  (not live)" in text  # only its pinned shard stays
+    assert "pinned: 3" in text and "not live: 3" in text
+    assert "a rebalance would move" in text

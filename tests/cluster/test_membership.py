@@ -1,0 +1,186 @@
+"""Members in threads against a real etcd: registration, election, the map and its upkeep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.membership import ClusterKeys, Member
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap
+from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.waiting import wait_until
+
+TTL = 2  # seconds: etcd's minimum lease is about 1.5 s with its default timings
+WAIT_S = 15.0
+
+
+def stored_map(etcd: EtcdClient, keys: ClusterKeys) -> ShardMap:
+    kvs = etcd.get_prefix(keys.shards)
+    return ShardMap.parse_values({int(kv.key[len(keys.shards) :]): kv.value for kv in kvs})
+
+
+@pytest.fixture
+def members(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[..., list[Member]]]:
+    """``start(*names)`` -> started members of one cluster; all stopped at teardown."""
+    started: list[Member] = []
+    prefix = etcd_prefix.rstrip("/")
+
+    def start(*names: str, settle_s: float = 1.0) -> list[Member]:
+        new = [
+            Member(etcd_server.client(), prefix, name, lease_ttl=TTL, settle_s=settle_s)
+            for name in names
+        ]
+        for member in new:
+            started.append(member.start())
+        return new
+
+    yield start
+    for member in started:
+        member.stop(leave=False)
+
+
+def leaders(group: list[Member]) -> list[str]:
+    return [m.advertise for m in group if m.is_leader]
+
+
+def agreed(group: list[Member], expected: ShardMap) -> bool:
+    return all(m.snapshot().shard_map == expected for m in group)
+
+
+def test_three_members_one_leader_and_the_initial_map(
+    members: Callable[..., list[Member]], etcd: EtcdClient
+) -> None:
+    group = members("127.0.0.1:7003", "127.0.0.1:7001", "127.0.0.1:7002")
+    keys = group[0].keys
+    expected = ShardMap.initial(["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"])
+    took = wait_until(
+        lambda: agreed(group, expected), timeout=WAIT_S, what="every member has the initial map"
+    )
+    print(f"initial map on every member after {took:.2f} s")
+    assert len(leaders(group)) == 1
+    leader = leaders(group)[0]
+    assert {m.snapshot().leader for m in group} == {leader}
+    assert {m.snapshot().members for m in group} == {frozenset(expected.counts())}
+    assert expected.counts() == {
+        "127.0.0.1:7001": 2731,
+        "127.0.0.1:7002": 2731,
+        "127.0.0.1:7003": 2730,
+    }
+    # The map is in etcd, one key per shard, in the seed's format.
+    assert stored_map(etcd, keys) == expected
+    assert etcd.get(keys.shard(0)) is not None
+    kv = etcd.get(keys.shard(0))
+    assert kv is not None and kv.value == "127.0.0.1:7001,127.0.0.1:7001"
+    assert len(etcd.get_prefix(keys.shards)) == SHARD_COUNT
+
+
+def test_a_new_member_gets_nothing_until_rebalance(
+    members: Callable[..., list[Member]], etcd: EtcdClient
+) -> None:
+    group = members("a:1", "b:1")
+    expected = ShardMap.initial(["a:1", "b:1"])
+    wait_until(lambda: agreed(group, expected), timeout=WAIT_S, what="the initial map")
+    (late,) = members("c:1")
+    wait_until(
+        lambda: all("c:1" in m.snapshot().members for m in group),
+        timeout=WAIT_S,
+        what="c:1 is seen",
+    )
+    wait_until(
+        lambda: late.snapshot().shard_map == expected, timeout=WAIT_S, what="c:1 has the map"
+    )
+    time.sleep(0.5)  # the leader had its chance to (wrongly) change the map
+    assert stored_map(etcd, group[0].keys) == expected
+
+
+def test_when_the_leaders_lease_goes_another_member_leads_and_takes_its_shards(
+    members: Callable[..., list[Member]], etcd: EtcdClient
+) -> None:
+    group = members("a:1", "b:1", "c:1")
+    before = ShardMap.initial(["a:1", "b:1", "c:1"])
+    wait_until(lambda: agreed(group, before), timeout=WAIT_S, what="the initial map")
+    (old,) = [m for m in group if m.is_leader]
+    rest = [m for m in group if m is not old]
+    etcd.lease_revoke(old.lease_id)  # as if it died and its lease ran out
+    took = wait_until(lambda: len(leaders(rest)) == 1, timeout=WAIT_S, what="a new leader")
+    print(f"new leader after {took:.2f} s")
+    wait_until(
+        lambda: old.lost is not None, timeout=WAIT_S, what="the old leader knows it lost its lease"
+    )
+    assert not old.is_leader
+    survivors = {m.advertise for m in rest}
+    after = before.updated(survivors)
+    wait_until(
+        lambda: agreed(rest, after), timeout=WAIT_S, what="the survivors have the updated map"
+    )
+    changed = before.diff(after)
+    assert set(changed) == {s for s, a in before.items() if a.target == old.advertise}
+    assert all(a is not None and a.current == old.advertise for a in changed.values())
+    assert stored_map(etcd, old.keys) == after
+
+
+def test_a_member_whose_lease_expires_disappears_and_only_its_shards_move(
+    members: Callable[..., list[Member]], etcd: EtcdClient
+) -> None:
+    group = members("a:1", "b:1", "c:1")
+    before = ShardMap.initial(["a:1", "b:1", "c:1"])
+    wait_until(lambda: agreed(group, before), timeout=WAIT_S, what="the initial map")
+    victim = next(m for m in group if not m.is_leader)
+    rest = [m for m in group if m is not victim]
+    victim.stop(leave=False)  # a crash: nobody revokes its lease, it runs out
+    stopped_at = time.monotonic()
+    wait_until(
+        lambda: all(victim.advertise not in m.snapshot().members for m in rest),
+        timeout=WAIT_S,
+        what="the dead member is gone",
+    )
+    gone_after = time.monotonic() - stopped_at
+    print(f"dead member gone after {gone_after:.2f} s (lease {TTL} s)")
+    assert gone_after >= 1.0  # its lease, not something else, ended it
+    after = before.updated({m.advertise for m in rest})
+    wait_until(
+        lambda: agreed(rest, after), timeout=WAIT_S, what="the survivors have the updated map"
+    )
+    assert set(before.diff(after)) == {s for s, a in before.items() if a.target == victim.advertise}
+    assert after.counts() == {m.advertise: SHARD_COUNT // 2 for m in rest}
+    assert stored_map(etcd, victim.keys) == after
+    assert len(leaders(rest)) == 1
+
+
+def test_members_resynchronise_after_etcd_restarts(tmp_path: Path, etcd_server: EtcdServer) -> None:
+    """etcd stops and comes back (same data): the watches resume and the map is kept up."""
+    binary = find_etcd()
+    assert binary is not None  # etcd_server skipped or failed otherwise
+    private = EtcdServer(binary, tmp_path).start()
+    group: list[Member] = []
+    try:
+        # A longer lease: the members must not give up while etcd restarts (about a second).
+        group = [
+            Member(private.client(timeout=2.0), "/restart", name, lease_ttl=6, settle_s=0.5).start()
+            for name in ("a:1", "b:1", "c:1")
+        ]
+        before = ShardMap.initial(["a:1", "b:1", "c:1"])
+        wait_until(lambda: agreed(group, before), timeout=WAIT_S, what="the initial map")
+        private.stop()
+        private.start()
+        # Every member's watch ended with the old process; a member sees a change after this
+        # only if its loop replaced the watch (a fresh read of the prefix, then a new watch).
+        leaving = next(m for m in group if not m.is_leader)
+        rest = [m for m in group if m is not leaving]
+        leaving.stop(leave=True)  # a graceful leave, after the restart
+        after = before.updated({m.advertise for m in rest})
+        took = wait_until(
+            lambda: agreed(rest, after), timeout=WAIT_S, what="the survivors' map after the restart"
+        )
+        print(f"map updated {took:.2f} s after a leave that followed an etcd restart")
+        assert all(m.lost is None for m in rest)
+        assert len(leaders(rest)) == 1
+        assert stored_map(private.client(), rest[0].keys) == after
+    finally:
+        for member in group:
+            member.stop(leave=False)
+        private.stop()

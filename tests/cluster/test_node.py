@@ -1,0 +1,384 @@
+"""Cluster nodes against a real etcd: who serves a key, handover, failover, fencing, rebalance.
+
+The host side is ``HostTable``: what a lock server keeps that a node asks about (holders and
+waiters per key, whether renewals are allowed), as a tiny table. It grants through the node's
+``check`` and fence counter exactly as the server's dispatch would.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, moved_reply
+from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.node import ClusterNode
+from dflockd_server.cluster.ops import pin, read_view, rebalance, unpin
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
+from dflockd_server.fence import fence_of
+from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.waiting import wait_until
+
+from .test_membership import WAIT_S
+
+LEASE_TTL = 1  # the members' etcd leases (etcd may hold them a little longer)
+MAX_LEASE_TTL = 2.0  # the longest lock lease a server grants
+MARGIN = 0.5
+SETTLE = 0.3
+
+
+class HostTable:
+    """The lock server's side, as a table: key -> token of its holder, key -> queued waiters."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.holders: dict[str, str] = {}
+        self.waiters: dict[str, int] = {}
+        self.failed: list[tuple[frozenset[int], bytes]] = []
+        self.renewals: list[bool] = []
+
+    # -- NodeHost ------------------------------------------------------------------------------
+
+    def fail_waiters(self, shard_ids: Collection[int], reply: bytes) -> None:
+        ids = frozenset(shard_ids)
+        with self._lock:
+            self.failed.append((ids, reply))
+            self.waiters = {k: n for k, n in self.waiters.items() if shard_id(k) not in ids}
+
+    def holders_in(self, shard_ids: Collection[int]) -> set[int]:
+        with self._lock:
+            return {shard_id(k) for k in self.holders} & set(shard_ids)
+
+    def renewals_allowed(self, allowed: bool) -> None:
+        with self._lock:
+            self.renewals.append(allowed)
+
+    # -- the server's requests -----------------------------------------------------------------
+
+    def acquire(self, node: ClusterNode, key: str) -> str | bytes:
+        """A token, or the refusal line the server would send."""
+        refusal = node.check(key)
+        if refusal is not None:
+            return refusal
+        with self._lock:
+            if key in self.holders:
+                return b"timeout\n"
+            token = self.holders[key] = node.fence.next_token()
+            return token
+
+    def queue(self, node: ClusterNode, key: str) -> bytes | None:
+        refusal = node.check(key)
+        if refusal is None:
+            with self._lock:
+                self.waiters[key] = self.waiters.get(key, 0) + 1
+        return refusal
+
+    def renew(self, node: ClusterNode, key: str) -> bool:
+        with self._lock:
+            allowed = not self.renewals or self.renewals[-1]
+            return key in self.holders and allowed and node.may_renew()
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            del self.holders[key]
+
+
+@dataclass
+class Peer:
+    node: ClusterNode
+    host: HostTable
+
+    @property
+    def name(self) -> str:
+        return self.node.advertise
+
+    def serving(self) -> int:
+        return sum(v is None for v in self.node.ownership.verdicts)
+
+
+def start_peer(url: str, prefix: str, name: str, max_lease_ttl_s: float = MAX_LEASE_TTL) -> Peer:
+    host = HostTable()
+    node = ClusterNode(
+        EtcdClient(url, timeout=1.0),
+        prefix,
+        name,
+        host,
+        max_lease_ttl_s=max_lease_ttl_s,
+        lease_ttl_s=LEASE_TTL,
+        settle_s=SETTLE,
+        failover_margin_s=MARGIN,
+    )
+    return Peer(node.start(), host)
+
+
+@pytest.fixture
+def cluster(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[..., list[Peer]]]:
+    started: list[Peer] = []
+
+    def start(*names: str, max_lease_ttl_s: float = MAX_LEASE_TTL) -> list[Peer]:
+        prefix = etcd_prefix.rstrip("/")
+        new = [start_peer(etcd_server.url, prefix, n, max_lease_ttl_s) for n in names]
+        started.extend(new)
+        return new
+
+    yield start
+    for peer in started:
+        peer.node.stop(leave=False, timeout=3.0)
+
+
+def serving_counts(peers: list[Peer]) -> dict[str, int]:
+    return {p.name: p.serving() for p in peers}
+
+
+INITIAL = {"a:1": 2731, "b:1": 2731, "c:1": 2730}
+
+
+def key_in_shard(shard: int, stem: str) -> str:
+    return next(f"{stem}{i}" for i in range(10**6) if shard_id(f"{stem}{i}") == shard)
+
+
+def owner_of(peers: list[Peer], key: str) -> Peer:
+    (owner,) = [p for p in peers if p.node.check(key) is None]
+    return owner
+
+
+def test_initial_map_one_server_per_key_then_rebalance_moves_the_fewest_shards(
+    cluster: Callable[..., list[Peer]], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    peers = cluster("c:1", "a:1", "b:1")
+    took = wait_until(
+        lambda: serving_counts(peers) == INITIAL, what="the initial map served", timeout=WAIT_S
+    )
+    print(f"initial map served after {took:.2f} s")
+    expected = ShardMap.initial(INITIAL)
+    for i in range(200):
+        key = f"task:{i}"
+        owner = expected[shard_id(key)].target
+        for p in peers:
+            assert p.node.check(key) == (None if p.name == owner else moved_reply(owner))
+    assert peers[0].node.describe()["members"] == ["a:1", "b:1", "c:1"]
+    assert all(p.host.renewals == [True] for p in peers)
+    # A fourth member gets nothing until an operator rebalances.
+    peers += cluster("d:1")
+    prefix = etcd_prefix.rstrip("/")
+    wait_until(
+        lambda: len(read_view(etcd, prefix).members) == 4, what="d:1 is a member", timeout=WAIT_S
+    )
+    before = read_view(etcd, prefix).shard_map
+    assert serving_counts(peers)["d:1"] == 0
+    dry = rebalance(etcd, prefix, dry_run=True)
+    assert len(dry.plan) == SHARD_COUNT // 4 and dry.written == []
+    assert {m.to_node for m in dry.plan} == {"d:1"}
+    assert read_view(etcd, prefix).shard_map == before
+    done = rebalance(etcd, prefix)
+    assert len(done.written) == SHARD_COUNT // 4 and done.conflicted == []
+    quarter = dict.fromkeys(["a:1", "b:1", "c:1", "d:1"], SHARD_COUNT // 4)
+    took = wait_until(
+        lambda: serving_counts(peers) == quarter,
+        what="every member serves a quarter",
+        timeout=WAIT_S,
+    )
+    print(f"{len(done.written)} shards handed over in {took:.2f} s")
+    after = read_view(etcd, prefix).shard_map
+    assert after.moves_in_progress() == []
+    assert sum(before[s].target != after[s].target for s in range(SHARD_COUNT)) == len(dry.plan)
+    assert rebalance(etcd, prefix, dry_run=True).plan == []
+
+
+def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fences_grow(
+    cluster: Callable[..., list[Peer]], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    peers = cluster("a:1", "b:1", "c:1")
+    wait_until(
+        lambda: serving_counts(peers) == INITIAL, what="the initial map served", timeout=WAIT_S
+    )
+    key = "report:42"
+    shard = shard_id(key)
+    old = owner_of(peers, key)
+    # The heir is not the leader: its death later is a failover, not also an election.
+    new = next(p for p in peers if p is not old and not (p.node.member and p.node.member.is_leader))
+    token = old.host.acquire(old.node, key)
+    assert isinstance(token, str)
+    waiter_key = key_in_shard(shard, "queued:")
+    assert old.host.queue(old.node, waiter_key) is None
+    prefix = etcd_prefix.rstrip("/")
+    # -- a graceful handover: an operator moves the shard (pinned onto the new member)
+    pin(etcd, prefix, shard, new.name)
+    moved = moved_reply(new.name)
+    wait_until(
+        lambda: old.node.check(key) == moved, what="the old owner sends acquires on", timeout=WAIT_S
+    )
+    wait_until(lambda: old.host.failed != [], what="the queued waiters answered", timeout=WAIT_S)
+    assert old.host.failed == [(frozenset({shard}), moved)]
+    assert old.host.waiters == {}
+    assert old.host.renew(old.node, key)  # its holder keeps renewing meanwhile
+    time.sleep(MAX_LEASE_TTL / 4)
+    # Not handed over while the holder holds: the new owner waits, nobody grants.
+    assert read_view(etcd, prefix).shard_map[shard] == ShardAssignment(
+        new.name, old.name, ("pinned",)
+    )
+    assert new.node.check(key) == ERROR_UNAVAILABLE
+    old.host.release(key)
+    released_at = time.monotonic()
+    took = wait_until(
+        lambda: new.node.check(key) is None, what="the new owner serves the key", timeout=WAIT_S
+    )
+    print(f"handed over {took:.2f} s after the release")
+    assert time.monotonic() - released_at < MAX_LEASE_TTL  # it did not wait for a lease
+    assert read_view(etcd, prefix).shard_map[shard] == ShardAssignment(
+        new.name, new.name, ("pinned",)
+    )
+    second = new.host.acquire(new.node, key)
+    assert isinstance(second, str)
+    assert fence_of(second) > fence_of(token)
+    assert old.node.check(key) == moved
+    # -- a failover: the new owner dies holding the key (unpinned, so the leader may move it)
+    unpin(etcd, prefix, shard)
+    rest = [p for p in peers if p is not new]
+    new.node.stop(leave=False)  # a crash: its lease runs out, nobody revokes it
+    killed_at = time.monotonic()
+    answers: set[bytes | None] = set()
+
+    def served() -> bool:
+        replies = [p.node.check(key) for p in rest]
+        answers.update(replies)
+        return None in replies
+
+    took = wait_until(served, what="a survivor serves the key", timeout=20.0)
+    print(f"failed over {took:.2f} s after the kill")
+    # Its holder may have renewed just before the kill: nobody granted before that ran out.
+    assert time.monotonic() - killed_at >= MAX_LEASE_TTL + MARGIN
+    assert ERROR_UNAVAILABLE in answers  # the new owner said "unavailable" while waiting
+    heir = owner_of(rest, key)
+    third = heir.host.acquire(heir.node, key)
+    assert isinstance(third, str)
+    assert fence_of(third) > fence_of(second)
+    wait_until(
+        lambda: sum(p.serving() for p in rest) == SHARD_COUNT,
+        what="every shard served",
+        timeout=WAIT_S,
+    )
+
+
+def test_a_member_that_loses_etcd_fences_itself_then_rejoins(
+    tmp_path: Path, etcd_server: EtcdServer
+) -> None:
+    binary = find_etcd()
+    assert binary is not None
+    private = EtcdServer(binary, tmp_path).start()
+    peer: Peer | None = None
+    try:
+        peer = start_peer(private.url, "/fencing", "a:1")
+        wait_until(
+            lambda: peer is not None and peer.serving() == SHARD_COUNT,
+            what="serving all",
+            timeout=WAIT_S,
+        )
+        key = "k"
+        assert isinstance(peer.host.acquire(peer.node, key), str)
+        private.stop()
+        stopped_at = time.monotonic()
+        wait_until(
+            lambda: peer is not None and peer.node.check(key) == ERROR_UNAVAILABLE,
+            what="fenced",
+            timeout=WAIT_S,
+        )
+        fenced_after = time.monotonic() - stopped_at
+        print(f"fenced {fenced_after:.2f} s after etcd stopped")
+        assert fenced_after <= LEASE_TTL + 1.0
+        wait_until(
+            lambda: peer is not None and peer.host.renewals[-1:] == [False],
+            what="no renewals",
+            timeout=WAIT_S,
+        )
+        assert not peer.host.renew(peer.node, key)
+        assert peer.host.acquire(peer.node, "other") == ERROR_UNAVAILABLE
+        private.start()
+        took = wait_until(
+            lambda: peer is not None and peer.node.check(key) is None,
+            what="rejoined",
+            timeout=WAIT_S,
+        )
+        print(f"serving again {took:.2f} s after etcd came back")
+        assert peer.host.renewals == [True, False, True]
+        member = peer.node.member
+        assert member is not None and member.lost is None
+        # Its lease revoked behind its back: the others may start counting a failover at once,
+        # so it stops granting as soon as it sees its key go, before any keep-alive fails.
+        private.client().lease_revoke(member.lease_id)
+        revoked_at = time.monotonic()
+        wait_until(
+            lambda: peer is not None and peer.host.renewals[-1:] == [False],
+            what="fenced",
+            timeout=WAIT_S,
+        )
+        print(f"fenced {time.monotonic() - revoked_at:.2f} s after its lease was revoked")
+        # Fenced before an heir may grant its shards (the longest lease after it saw the
+        # revocation): the bound that keeps grants single, whatever the machine's load.
+        assert time.monotonic() - revoked_at < MAX_LEASE_TTL
+        wait_until(
+            lambda: peer is not None and peer.node.check(key) is None,
+            what="rejoined",
+            timeout=WAIT_S,
+        )
+        assert peer.node.member is not member
+    finally:
+        if peer is not None:
+            peer.node.stop(leave=False, timeout=3.0)
+        private.stop()
+
+
+def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wait(
+    cluster: Callable[..., list[Peer]], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    longest = 5.0  # long enough that "at once" and "after the longest lease" are far apart
+    peers = cluster("a:1", "b:1", max_lease_ttl_s=longest)
+    half = dict.fromkeys(["a:1", "b:1"], SHARD_COUNT // 2)
+    wait_until(lambda: serving_counts(peers) == half, what="the initial map", timeout=WAIT_S)
+    leaving, heir = peers
+    # Three keys of three of the leaving member's shards.
+    held_key, kept_key, free_key = keys = [
+        next(f"{stem}{i}" for i in range(10**6) if leaving.node.check(f"{stem}{i}") is None)
+        for stem in ("held:", "kept:", "free:")
+    ]
+    assert len({shard_id(k) for k in keys}) == 3
+    held_token = leaving.host.acquire(leaving.node, held_key)
+    free_token = leaving.host.acquire(leaving.node, free_key)
+    assert isinstance(held_token, str) and isinstance(free_token, str)
+    leaving.host.release(free_key)  # its holder is done: nothing of that shard is held
+    # kept_key's shard: the server says its holders were cut off by the shutdown timeout.
+    leaving.node.stop(leave=True, keep={shard_id(kept_key)})
+    left_at = time.monotonic()
+    assert leaving.node.check(free_key) == ERROR_UNAVAILABLE  # grants nothing once stopping
+    prefix = etcd_prefix.rstrip("/")
+    after = read_view(etcd, prefix).shard_map
+    assert after[shard_id(free_key)].released
+    assert after[shard_id(held_key)].current == after[shard_id(kept_key)].current == "a:1"
+    took = wait_until(
+        lambda: heir.node.check(free_key) is None, what="the heir serves", timeout=WAIT_S
+    )
+    print(f"a released shard served by its heir {took:.2f} s after the leave")
+    assert took < longest - 1  # about a second here; a failover waits longest + margin
+    token = heir.host.acquire(heir.node, free_key)
+    assert isinstance(token, str) and fence_of(token) > fence_of(free_token)
+    assert heir.node.check(held_key) == heir.node.check(kept_key) == ERROR_UNAVAILABLE
+    assert time.monotonic() - left_at < longest  # (what was just checked was not too late)
+    wait_until(
+        lambda: heir.node.check(held_key) is None and heir.node.check(kept_key) is None,
+        what="the held and the kept shards failed over",
+        timeout=longest + WAIT_S,
+    )
+    waited = time.monotonic() - left_at
+    print(f"the held and the kept shards served {waited:.2f} s after the leave")
+    assert waited >= longest + MARGIN
+    token = heir.host.acquire(heir.node, held_key)
+    assert isinstance(token, str) and fence_of(token) > fence_of(held_token)
+    wait_until(lambda: heir.serving() == SHARD_COUNT, what="every shard", timeout=WAIT_S)
+    assert heir.node.released_takeovers == SHARD_COUNT // 2 - 2
+    assert heir.node.failovers == 2
+    assert leaving.node.handovers == SHARD_COUNT // 2 - 2

@@ -1,0 +1,102 @@
+"""On a real etcd, without members: fence ceilings, conditional map writes, operator commands."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.fencestore import EtcdCeilingStore, highest_ceiling
+from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
+from dflockd_server.cluster.membership import ClusterKeys
+from dflockd_server.cluster.ops import (
+    ClusterOpError,
+    cluster_command,
+    pin,
+    read_view,
+    rebalance,
+    unpin,
+)
+from dflockd_server.cluster.shardmap import ShardAssignment, ShardMap
+from dflockd_server.fence import FenceCounter, FenceStateError, fence_of
+from tests.support.etcd import EtcdServer
+from tests.support.servers import run_dflockd
+
+
+def test_fence_ceilings_survive_in_etcd_and_never_go_down(
+    etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    prefix = etcd_prefix.rstrip("/")
+    store = EtcdCeilingStore(etcd, prefix, "a:1")
+    assert store.read() == 0
+    first = FenceCounter(store=store)
+    token = first.next_token()
+    assert store.read() == first.ceiling > fence_of(token)
+    store.write(5)  # a stale writer cannot lower it
+    assert store.read() == first.ceiling
+    # A restart (a new counter) continues above everything the last one may have issued.
+    assert fence_of(FenceCounter(store=store).next_token()) > first.ceiling
+    other = EtcdCeilingStore(etcd, prefix, "b:1")
+    other.write(first.ceiling + 10**9)
+    assert highest_ceiling(etcd, prefix) == first.ceiling + 10**9
+    assert highest_ceiling(etcd, prefix, "b:1") == store.read()
+    etcd.put(store.key, "garbage")
+    with pytest.raises(FenceStateError, match="decimal counter"):
+        store.read()
+
+
+def test_map_writes_never_clobber_a_concurrent_write(etcd: EtcdClient, etcd_prefix: str) -> None:
+    keys = ClusterKeys(etcd_prefix.rstrip("/"))
+    m = ShardMap({s: ShardAssignment("ab"[s % 2] + ":1", "ab"[s % 2] + ":1") for s in range(300)})
+    result = write_shards(etcd, keys.shards, {s: ShardWrite(0, a) for s, a in m.items()})
+    assert len(result.written) == len(m) and result.conflicted == ()
+    seen = read_view(etcd, keys.prefix)
+    assert seen.shard_map == m
+    etcd.put(keys.shard(3), "b:1,b:1,f=pinned")  # an operator, meanwhile
+    writes = {s: ShardWrite(seen.revisions[s], ShardAssignment("a:1", "a:1")) for s in (1, 3, 5)}
+    result = write_shards(etcd, keys.shards, writes)
+    assert sorted(result.written) == [1, 5] and result.conflicted == (3,)
+    assert read_view(etcd, keys.prefix).shard_map[3] == ShardAssignment("b:1", "b:1", ("pinned",))
+    # Creating a shard that someone created meanwhile conflicts too.
+    assert write_shards(etcd, keys.shards, {3: ShardWrite(0, None)}).conflicted == (3,)
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cluster_command(argv, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_operator_commands(etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefix: str) -> None:
+    prefix = etcd_prefix.rstrip("/")
+    url = f"etcd://127.0.0.1:{etcd_server.client_port}{prefix}"
+    keys = ClusterKeys(prefix)
+    m = ShardMap.initial(["a:1", "b:1"])
+    write_shards(etcd, keys.shards, {s: ShardWrite(0, a) for s, a in m.items()})
+    etcd.put(keys.member("a:1"), "a:1")
+    etcd.put(keys.member("c:1"), "c:1")
+    code, out, _ = run(["shards", "--cluster", url])
+    assert code == 0 and "live members: a:1, c:1" in out and "b:1: target of 4096" in out
+    code, out, _ = run(["pin", "--cluster", url, "7", "c:1"])
+    assert code == 0 and out.strip() == "shard 7: c:1,b:1,f=pinned"
+    assert unpin(etcd, prefix, 7) == ShardAssignment("c:1", "b:1")
+    assert pin(etcd, prefix, 7).pinned
+    code, out, _ = run(["unpin", "--cluster", url, "7"])
+    assert code == 0 and out.strip() == "shard 7: c:1,b:1"
+    code, out, _ = run(["rebalance", "--cluster", url, "--dry-run"])
+    assert code == 0 and out.strip().endswith("would move 4095 shard(s)")
+    assert out.splitlines()[0] == "b:1 -> c:1: 4095 shard(s)"  # one line per pair of nodes
+    assert read_view(etcd, prefix).shard_map[7] == ShardAssignment("c:1", "b:1")
+    code, out, _ = run(["rebalance", "--cluster", url])
+    assert code == 0 and out.strip().endswith("moved 4095 shard(s)")
+    assert read_view(etcd, prefix).shard_map.counts() == {"a:1": 4096, "c:1": 4096}
+    # The same commands through the real `dflockd` executable (its dispatch to them).
+    shown = run_dflockd(["shards", "--cluster", url], {})
+    assert shown.returncode == 0 and "a:1: target of 4096" in shown.stdout, shown
+    code, _, err = run(["pin", "--cluster", url, "9000"])
+    assert code == 1 and "outside 0..8191" in err
+    code, _, err = run(["shards", "--cluster", "http://x:1"])
+    assert code == 2 and "--cluster (or DFLOCKD_CLUSTER)" in err
+    with pytest.raises(ClusterOpError, match="no live member"):
+        rebalance(etcd, "/nobody-here")

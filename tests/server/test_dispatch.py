@@ -1,0 +1,143 @@
+"""The dispatch step alone: frames in, reply bytes (or an action for the transport) out, on a
+lock table with a fake clock. No socket, no event loop: what a request does is decided here,
+the transport only carries it out."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from dflockd_server import protocol as p
+from dflockd_server.dispatch import AUTH_FAILED, STATS, Close, Session, Wait
+from dflockd_server.table import LockTable
+
+LEASE = 33
+MAX_LEASE = 3600
+
+
+@dataclass
+class Host:
+    draining: bool = False
+    secret: bytes | None = None
+    hello_reply: bytes = b'ok {"server":"test"}\n'
+    key_check: Callable[[str], bytes | None] | None = None
+    renewals_ok: bool = True
+
+    def shards_reply(self) -> bytes:
+        return b'ok {"mode":"single"}\n'
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def table() -> LockTable:
+    serial = itertools.count(1)
+    return LockTable(clock=Clock(), new_token=lambda: f"{next(serial):032x}", max_locks=100)
+
+
+def session(table: LockTable, host: Host | None = None) -> Session:
+    return Session(host or Host(), table, LEASE, MAX_LEASE, "test:1")
+
+
+def ask(s: Session, cmd: bytes, key: bytes, arg: bytes) -> bytes | None:
+    return s.handle((cmd, key, arg))
+
+
+def token_of(reply: bytes | None) -> bytes:
+    assert reply is not None and reply.startswith(b"ok "), reply
+    return reply.split()[1]
+
+
+def test_the_usual_shapes_and_the_others_get_the_same_answers(table: LockTable) -> None:
+    s = session(table)
+    token = token_of(ask(s, b"l", b"k", b"0"))
+    assert ask(s, b"l", b"k", b"0") == p.REPLY_TIMEOUT
+    assert ask(s, b"n", b"k", token) == f"ok {LEASE}\n".encode()
+    assert ask(s, b"n", b"k", token + b"  60") == b"ok 60\n"  # not the usual shape: decoded
+    assert ask(s, b"r", b"k", token + b" 5") == p.REPLY_ERROR  # r takes no lease
+    assert ask(s, b"r", b"k", token) == p.REPLY_OK
+    assert ask(s, b"r", b"k", token) == p.REPLY_ERROR
+    assert ask(s, b"l", b"k", b"-1") == p.REPLY_ERROR  # malformed: error, nothing else
+    assert s.action is None
+    assert ask(s, b"l", b"k", f"0 {MAX_LEASE + 1}".encode()) == p.REPLY_ERROR
+    assert ask(s, b"nope", b"k", b"0") == p.REPLY_ERROR
+    assert ask(s, b"ping", b"_", b"_") == p.REPLY_OK
+    assert ask(s, b"hello", b"_", b"_") == Host.hello_reply
+
+
+def test_a_blocking_acquire_is_a_wait_answered_when_granted(table: LockTable) -> None:
+    holder, waiter = session(table), session(table)
+    token = token_of(ask(holder, b"l", b"k", b"0"))
+    assert ask(waiter, b"l", b"k", b"5") is None
+    action = waiter.action
+    assert isinstance(action, Wait) and action.timeout == 5
+    woken: list[bytes] = []
+    action.waiter.wake = lambda w: woken.append(waiter.granted(w))
+    assert ask(holder, b"r", b"k", token) == p.REPLY_OK
+    assert len(woken) == 1 and woken[0].startswith(b"ok ")
+
+
+def test_after_eof_an_acquire_is_tried_once(table: LockTable) -> None:
+    holder, late = session(table), session(table)
+    token_of(ask(holder, b"l", b"k", b"0"))
+    late.eof = True
+    assert ask(late, b"l", b"k", b"5") == p.REPLY_TIMEOUT
+
+
+def test_two_phase_and_give_up(table: LockTable) -> None:
+    holder, other = session(table), session(table)
+    token_of(ask(holder, b"l", b"k", b"0"))
+    assert ask(other, b"e", b"k", b"_") == p.REPLY_QUEUED
+    assert ask(other, b"w", b"k", b"5") is None
+    action = other.action
+    assert isinstance(action, Wait)
+    other.give_up(action.waiter)  # its timer fired
+    assert ask(other, b"w", b"k", b"0") == p.REPLY_ERROR_NOT_ENQUEUED
+
+
+def test_auth_draining_and_stats_are_actions_or_replies(table: LockTable) -> None:
+    host = Host(secret=b"s3cret")
+    s = session(table, host)
+    assert ask(s, b"l", b"k", b"0") is None
+    assert isinstance(s.action, Close) and s.action.reply == p.REPLY_ERROR_AUTH
+    assert ask(s, b"auth", b"_", b"wrong") is None and s.action is AUTH_FAILED
+    assert ask(s, b"auth", b"_", b"s3cret") == p.REPLY_OK
+    assert ask(s, b"stats", b"_", b"_") is None and s.action is STATS
+    host.draining = True
+    assert ask(s, b"l", b"k", b"0") == p.REPLY_ERROR_DRAINING
+    assert ask(s, b"ping", b"_", b"_") == p.REPLY_OK
+
+
+# ------------------------------------------------------------------------------ ownership
+def test_a_key_not_served_is_refused_before_the_table_is_touched(table: LockTable) -> None:
+    moved = b"error_moved b:6388\n"
+    host = Host(key_check=lambda key: None if key == "mine" else moved)
+    s = session(table, host)
+    assert ask(s, b"l", b"theirs", b"5") == moved
+    assert ask(s, b"l", b"theirs", b"5  7") == moved  # not the usual shape: decoded, refused
+    assert ask(s, b"sl", b"theirs", b"5 2") == moved
+    assert ask(s, b"e", b"theirs", b"_") == moved
+    assert ask(s, b"se", b"theirs", b"2") == moved
+    assert s.action is None
+    assert "theirs" not in table.keys
+    token = token_of(ask(s, b"l", b"mine", b"0"))
+    host.key_check = lambda key: p.REPLY_ERROR_UNAVAILABLE  # swapped: counts from now on
+    assert ask(s, b"l", b"mine", b"0") == p.REPLY_ERROR_UNAVAILABLE
+    assert ask(s, b"n", b"mine", token) == f"ok {LEASE}\n".encode()  # no check on renew
+    host.renewals_ok = False
+    assert ask(s, b"n", b"mine", token) == p.REPLY_ERROR
+    assert ask(s, b"r", b"mine", token) == p.REPLY_OK  # nor on release
+
+
+def test_shards_is_answered_by_the_host_even_while_draining(table: LockTable) -> None:
+    host = Host(draining=True)
+    assert ask(session(table, host), b"shards", b"_", b"_") == b'ok {"mode":"single"}\n'

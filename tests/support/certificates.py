@@ -1,0 +1,80 @@
+"""Self-signed TLS certificates for 127.0.0.1: made with the ``cryptography`` package where
+installed, else with the ``openssl`` command; the test skips when neither is there."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.util
+import ipaddress
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _with_cryptography(cert: Path, key: Path, common_name: str) -> None:
+    x509: Any = importlib.import_module("cryptography.x509")
+    hashes: Any = importlib.import_module("cryptography.hazmat.primitives.hashes")
+    ec: Any = importlib.import_module("cryptography.hazmat.primitives.asymmetric.ec")
+    serialization: Any = importlib.import_module("cryptography.hazmat.primitives.serialization")
+    oid: Any = importlib.import_module("cryptography.x509.oid")
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(oid.NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(common_name))]),
+            critical=False,
+        )
+        .sign(private, hashes.SHA256())
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+
+
+def _with_openssl(cert: Path, key: Path, common_name: str) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("neither the cryptography package nor the openssl command is available")
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+            "-subj", f"/CN={common_name}", "-addext", f"subjectAltName=IP:{common_name}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+
+
+def make_certificate(directory: Path, name: str = "cert", common_name: str = "127.0.0.1") -> Path:
+    """A self-signed certificate for the IP address ``common_name``, as ``<name>.pem`` in
+    ``directory``; its key is ``<name>.key`` beside it (:func:`key_of`)."""
+    cert = directory / f"{name}.pem"
+    if importlib.util.find_spec("cryptography") is not None:
+        _with_cryptography(cert, key_of(cert), common_name)
+    else:
+        _with_openssl(cert, key_of(cert), common_name)
+    return cert
+
+
+def key_of(cert: Path) -> Path:
+    """The key file :func:`make_certificate` wrote beside ``cert``."""
+    return cert.with_suffix(".key")

@@ -1,0 +1,86 @@
+"""Processes a test starts: signalling and killing whole process groups, and running a
+function in a forked child."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+KILL_WAIT_S = 10.0
+FORK_CHILD_TIMEOUT_S = 20.0
+
+
+def python_path(*directories: Path) -> str:
+    """A ``PYTHONPATH`` for a child process: ``directories`` first, then this one's."""
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([*map(str, directories), *([inherited] if inherited else [])])
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Send ``signum`` to the process group led by ``pid`` (a process started with
+    ``start_new_session=True`` or ``process_group=0``); nothing if the group is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
+def kill_group(proc: subprocess.Popen[Any], timeout: float | None = KILL_WAIT_S) -> None:
+    """SIGKILL ``proc``'s whole process group (its children too) and reap ``proc`` (waiting
+    at most ``timeout`` seconds; ``None``: as long as it takes)."""
+    signal_group(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout)
+
+
+def run_in_fork(
+    child: Callable[[], dict[str, object]], timeout: float = FORK_CHILD_TIMEOUT_S
+) -> tuple[int, dict[str, object]]:
+    """Run ``child()`` in a forked child; its exit code and the dict it returned (as JSON).
+
+    An exception in the child is reported as ``{"error": repr(exc)}`` with exit code 1.
+    """
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+        code = 1
+        try:
+            os.close(read_fd)
+            report = child()
+            code = 0
+        except BaseException as exc:
+            report = {"error": repr(exc)}
+        try:
+            os.write(write_fd, json.dumps(report).encode())
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([read_fd], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise AssertionError("the forked child did not finish")
+            time.sleep(0.01)
+    finally:
+        os.close(read_fd)
+    return os.waitstatus_to_exitcode(waited[1]), json.loads(data or b"{}")
