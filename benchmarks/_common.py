@@ -256,6 +256,57 @@ def start_redis(workdir: Path, *, maxclients: int = 10_000) -> ServerProcess:
     raise RuntimeError(f"redis-server did not start:\n{tail}")
 
 
+def etcd_binary() -> str | None:
+    """The etcd server binary: ``ETCD_BIN``, else ``etcd`` on PATH (None: not installed)."""
+    return os.environ.get("ETCD_BIN") or shutil.which("etcd")
+
+
+def start_etcd(workdir: Path) -> ServerProcess:
+    """Start a private single-member etcd on free 127.0.0.1 ports (its data under ``workdir``);
+    returns once its ``/health`` answers. ``port`` is the client port."""
+    from dflockd_server.cluster.etcd import EtcdClient
+
+    binary = etcd_binary()
+    if binary is None:
+        raise RuntimeError("no etcd binary (install etcd-server, or set ETCD_BIN)")
+    tail = ""
+    for attempt in range(5):
+        client_port, peer_port = free_port(), free_port()
+        url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        log_path = workdir / f"etcd-{client_port}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    binary,
+                    "--name=bench",
+                    f"--data-dir={workdir / f'etcd-data-{attempt}'}",
+                    f"--listen-client-urls={url}",
+                    f"--advertise-client-urls={url}",
+                    f"--listen-peer-urls={peer_url}",
+                    f"--initial-advertise-peer-urls={peer_url}",
+                    f"--initial-cluster=bench={peer_url}",
+                    "--initial-cluster-state=new",
+                    "--logger=zap",
+                    "--log-outputs=stderr",
+                    "--log-level=warn",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        server = ServerProcess("etcd", proc, "127.0.0.1", client_port, log_path)
+        health = EtcdClient(url, timeout=1.0)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while server.alive() and time.monotonic() < deadline:
+            if health.healthy():
+                return server
+            time.sleep(POLL_S * 5)
+        tail = server.log_tail()
+        server.stop()  # a port taken in the meantime, or it did not come up: try others
+    raise RuntimeError(f"etcd did not start:\n{tail}")
+
+
 def redis_ping(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1.0) as sock:

@@ -20,9 +20,10 @@ from typing import Any
 from benchmarks._common import BENCH_DIR, RESULTS_DIR
 
 NAME = "report"
-ORDER = ("server", "contention", "scale", "celery_tasks", "profile_server")
+ORDER = ("server", "cluster", "contention", "scale", "celery_tasks", "profile_server")
 SECTIONS = {
     "server": "Lock server: dflockd against Redis",
+    "cluster": "Cluster mode: one server against a 3-member cluster and 3 static members",
     "contention": "Contention: many waiters on one key",
     "scale": "Scale: memory per held lock and per idle connection",
     "celery_tasks": "Celery: plain tasks against locked tasks",
@@ -122,7 +123,8 @@ def machine_section(results: dict[str, dict[str, Any]]) -> list[str]:
     if len(run_ids) > 1:
         out.append(
             "- **warning: these results come from different runs** "
-            f"({', '.join(sorted(run_ids))}); run `uv run python -m benchmarks.run_all`"
+            f"({', '.join(sorted(i or '(no run id)' for i in run_ids))}); "
+            "run `uv run python -m benchmarks.run_all`"
         )
     if any(r.get("quick") for r in results.values()):
         out.append("- **warning: quick (smoke-test) sizes; these figures mean nothing**")
