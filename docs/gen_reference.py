@@ -4,7 +4,7 @@
     uv run --no-sync python docs/gen_reference.py --check   # exit 1 if a committed page is stale
 
 The tables are ``celery_dflock.config.option_table()`` and ``setting_table()`` (the Celery
-settings) and ``dflockd_server.config.SETTINGS`` (the server's flags and environment
+settings) and ``dflockd_server.settings.SETTINGS`` (the server's flags and environment
 variables); the pages are never edited by hand.
 """
 
@@ -18,7 +18,8 @@ from typing import Literal
 
 from celery_dflock.config import option_table, setting_table
 from dflockd_server.cli import default_text
-from dflockd_server.config import SETTINGS, parse_bool
+from dflockd_server.settings import SETTINGS
+from dflockd_server.values import parse_bool
 
 DOCS = Path(__file__).resolve().parent
 REFERENCE = DOCS / "reference"

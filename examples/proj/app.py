@@ -2,8 +2,10 @@
 """A small Celery project using celery-dflock, configured from the environment.
 
 ``CELERY_BROKER_URL`` (default ``redis://127.0.0.1:6379/0``), ``DFLOCK_SERVERS``
-(default ``127.0.0.1:6388``), ``DFLOCK_AUTH_TOKEN`` (optional), ``EXAMPLE_LEDGER``
-(the SQLite file of the fenced ledger, default ``./example-ledger.sqlite3``).
+(default ``127.0.0.1:6388``), ``DFLOCK_SHARDING_STRATEGY`` (default ``stable_hash``;
+``cluster`` when ``DFLOCK_SERVERS`` are members of a lock cluster), ``DFLOCK_AUTH_TOKEN``
+(optional), ``EXAMPLE_LEDGER`` (the SQLite file of the fenced ledger, default
+``./example-ledger.sqlite3``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ app.conf.update(
     task_acks_late=True,
     worker_prefetch_multiplier=1,
     dflock_servers=os.environ.get("DFLOCK_SERVERS", "127.0.0.1:6388"),
+    dflock_sharding_strategy=os.environ.get("DFLOCK_SHARDING_STRATEGY", "stable_hash"),
     dflock_auth_token=os.environ.get("DFLOCK_AUTH_TOKEN") or None,
     dflock_default_ttl=30,
     # Every beat-sent run is skipped while the previous run of the same entry is going.
