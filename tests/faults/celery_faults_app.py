@@ -18,6 +18,7 @@ writes.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,40 @@ def _step(go_file: str | None, hold_s: float) -> None:
         time.sleep(GO_POLL_S)
 
 
+class _FencedTask(LockedTask):
+    """Records how a failed run ended once its body is over, where no interrupt can land.
+
+    ``on_lock_lost="interrupt"`` raises `LockLost` asynchronously, at any bytecode of the
+    body, including inside the body's own ``except`` clauses. A run whose stale write was
+    refused can take the interrupt while it logs the refusal: logging in the body then loses
+    the event. `on_failure` runs after the body (the interrupt, if not delivered by then, is
+    dropped), and reads the body's stage and the exception chain instead.
+    """
+
+    def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        run: dict[str, Any] | None = getattr(self.request, "fault_run", None)
+        if run is None:  # failed before the body (the lock was not taken)
+            return
+        stage = run.pop("stage")
+        stale = next((e for e in _chain(exc) if isinstance(e, StaleFenceError)), None)
+        if stale is not None:  # the write (or read) was refused, interrupted or not after
+            lock = getattr(self.request, "fault_lock", None)
+            record("refused", stage=stage, lost=bool(lock and lock.lost), message=str(stale), **run)
+        elif isinstance(exc, LockLost):  # on_lock_lost="interrupt", before any refusal
+            record("interrupted", stage=stage, error=type(exc).__name__, **run)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised while handling."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        yield seen
+        seen = seen.__context__
+
+
 @app.task(
     bind=True,
-    base=LockedTask,
+    base=_FencedTask,
     name=FENCED_INCREMENT,
     lock_key=ACCOUNT_KEY,
     on_locked="raise",
@@ -88,7 +120,10 @@ def fenced_increment(
     go_file: str | None = None,
     hold_s: float = 0.0,
 ) -> int:
-    """Read ``account`` with the lock's fence, step, then add 1 with the same fence."""
+    """Read ``account`` with the lock's fence, step, then add 1 with the same fence.
+
+    A refused access or an interrupt is logged by `_FencedTask.on_failure`, after the body.
+    """
     lock = self.lock
     assert lock is not None and lock.fence is not None
     fence = lock.fence
@@ -97,20 +132,15 @@ def fenced_increment(
     store = FencedLedger(Path(ledger))
     start = time.time()
     common = {"label": label, "account": account, "key": key, "fence": fence, "task_id": task_id}
+    run = {"stage": "read", **common}
+    self.request.fault_run = run
+    self.request.fault_lock = lock
     record("granted", start=start, **common)
-    stage = "read"
-    try:
-        before = store.add(account, 0, fence)  # the fenced read
-        record("read", before=before, **common)
-        _step(go_file, hold_s)
-        stage = "write"
-        after = store.add(account, 1, fence)
-    except StaleFenceError as exc:
-        record("refused", stage=stage, lost=lock.lost, message=str(exc), **common)
-        raise
-    except LockLost as exc:  # on_lock_lost="interrupt"
-        record("interrupted", stage=stage, error=type(exc).__name__, **common)
-        raise
+    before = store.add(account, 0, fence)  # the fenced read
+    record("read", before=before, **common)
+    _step(go_file, hold_s)
+    run["stage"] = "write"
+    after = store.add(account, 1, fence)
     record(
         "applied",
         before=before,
