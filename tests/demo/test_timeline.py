@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from celery_dflock.demo import runner
 from celery_dflock.demo.timeline import Event, judge, read_events, record, render
 
 
@@ -59,3 +60,30 @@ def test_retries_and_skips_are_counted(tmp_path: Path) -> None:
     verdict = judge(read_events(path))
     assert (verdict.retries, verdict.skips, len(verdict.runs)) == (1, 1, 1)
     assert "retried on contention: 1; skipped on contention: 1" in render(verdict)
+
+
+def test_the_demo_waits_for_a_beats_first_send() -> None:
+    """Every task finished past the few seconds a beat needs, but no beat has sent yet (slow
+    to start on a loaded machine): the demo keeps waiting, up to its finish timeout, instead
+    of ending with "NO BEAT sent the periodic task"."""
+    tasks = [
+        *(
+            ev
+            for i, account in enumerate(runner.ACCOUNTS)
+            for ev in _run(f"account:{account}", f"t{i}", i + 1, 0.0, 1.0)
+        ),
+        *_run("report:daily", "r1", 9, 1.0, 2.0),
+        Event("skip", "report:daily", 1.2, "r2"),
+        Event("skip", "report:daily", 1.4, "r3"),
+    ]
+    expected = len(runner.ACCOUNTS)
+    no_beat = judge(tasks)
+    assert runner.progress_state(no_beat, runner.MIN_BEAT_S + 1, expected) == "running"
+    with_beat = judge([*tasks, Event("beat", "hb", 3.0, worker="beat-1")])
+    assert runner.progress_state(with_beat, runner.MIN_BEAT_S + 1, expected) == "done"
+    # No beat ever: the demo ends at its finish timeout and the verdict says so.
+    late = runner.FINISH_TIMEOUT_S + 1
+    assert runner.progress_state(no_beat, late, expected) == "done"
+    assert "NO BEAT" in render(no_beat, expect_beat=True)
+    # Tasks unfinished at the timeout: an error, not a verdict.
+    assert runner.progress_state(judge(tasks[:2]), late, expected) == "tasks late"
