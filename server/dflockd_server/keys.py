@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 __all__ = [
     "AlreadyEnqueued",
+    "Bound",
     "Client",
     "Counts",
     "Holder",
@@ -51,10 +52,23 @@ class AlreadyEnqueued(TableError):
     """The connection already has a pending two-phase enqueue on this key."""
 
 
-class Client:
-    """One connection's view in the table: what it holds, waits for and has enqueued."""
+class Bound(TableError):
+    """``ht``: the grant is bound to a live connection (another run has it). ``note``: its
+    owner note."""
 
-    __slots__ = ("enqueued", "held", "id", "n_held", "waiting")
+    def __init__(self, key: str, note: str | None) -> None:
+        super().__init__(key, note)
+        self.key = key
+        self.note = note
+
+
+class Client:
+    """One connection's view in the table: what it holds, waits for and has enqueued.
+    ``closed`` once its connection is gone; ``on_close``: the grants it took over with ``ht``
+    and an ``<onclose>`` lease (holder -> the lease they are detached with at the close; stale
+    entries of released holders are pruned as it grows), ``None`` while there are none."""
+
+    __slots__ = ("closed", "enqueued", "held", "id", "n_held", "on_close", "waiting")
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
@@ -65,6 +79,8 @@ class Client:
         """Locks and slots it holds now."""
         self.waiting: set[Waiter] = set()
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
+        self.closed = False
+        self.on_close: dict[Holder, int] | None = None
 
 
 class Holder:

@@ -20,6 +20,7 @@ __all__ = [
     "decode_request",
     "quick_lock",
     "quick_token",
+    "reply_bound",
     "reply_grant",
     "reply_held_by",
     "reply_hello",
@@ -34,6 +35,7 @@ _COMMANDS: Final[dict[bytes, str]] = {name.encode(): name for name in c.COMMANDS
 _PLACEHOLDER: Final = c.PLACEHOLDER.encode()
 _CONNECTION: Final = c.HOLD_MODE_CONNECTION.encode()
 _DETACHED: Final = c.HOLD_MODE_DETACHED.encode()
+_ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _SHORT_DIGITS: Final = len(str(c.MAX_NUMBER)) - 1
 """A number of at most this many digits is below ``MAX_NUMBER``: no range check needed."""
@@ -161,6 +163,7 @@ class Request:
         "lease",
         "limit",
         "note",
+        "on_close",
         "secret",
         "timeout",
         "token",
@@ -178,6 +181,9 @@ class Request:
         """``hl`` / ``note``: the owner note."""
         self.detached = False
         """``hl`` mode ``d``."""
+        self.on_close: int | None = None
+        """``ht``: the lease (seconds) the grant is detached with when the connection closes;
+        ``None``: ``<onclose>`` ``r``, it is released then."""
 
     def __repr__(self) -> str:
         return (
@@ -285,6 +291,22 @@ def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
             raise Malformed("note takes <token> <note>")
         req.token = _token(parts[0])
         req.note = _note(parts[1])
+    elif command == c.CMD_TAKE:
+        if n != 4:
+            raise Malformed("ht takes <token> <lease> <onclose> <note>")
+        req.token = _token(parts[0])
+        req.lease = _lease(parts[1])
+        if parts[2] != _ON_CLOSE_RELEASE:
+            try:
+                req.on_close = _lease(parts[2])
+            except Malformed:
+                raise Malformed(f"ht onclose must be r or a lease > 0: {parts[2][:40]!r}") from None
+        req.note = _note(parts[3])
+    elif command == c.CMD_HAND_DOWN:
+        if n != 2:
+            raise Malformed("hd takes <token> <lease>")
+        req.token = _token(parts[0])
+        req.lease = _lease(parts[1])
     elif command == c.CMD_ENQUEUE:
         if n > 1:
             raise Malformed("e takes [<lease>]")
@@ -403,6 +425,12 @@ def reply_grant(status: str, token: str, lease: int) -> bytes:
 def reply_held_by(note: str | None) -> bytes:
     """``timeout <holder-note>`` (``hl``): the note of the key's holder, ``_`` for none."""
     return f"{c.STATUS_TIMEOUT} {note or c.NO_NOTE}\n".encode()
+
+
+def reply_bound(note: str | None) -> bytes:
+    """``error_bound <holder-note>`` (``ht``): the grant is bound to a live connection; the
+    note of its grant, ``_`` for none."""
+    return f"{c.STATUS_ERROR_BOUND} {note or c.NO_NOTE}\n".encode()
 
 
 def reply_renewed(seconds_remaining: int) -> bytes:

@@ -27,6 +27,7 @@ from typing import Any
 
 from dflockd_server.keys import (
     AlreadyEnqueued,
+    Bound,
     Client,
     Counts,
     Holder,
@@ -37,10 +38,11 @@ from dflockd_server.keys import (
     TableError,
     Waiter,
 )
-from dflockd_server.tablecore import TableCore
+from dflockd_server.tablecore import CLIENT_COMPACT_MIN, TableCore
 
 __all__ = [
     "AlreadyEnqueued",
+    "Bound",
     "Client",
     "Counts",
     "Holder",
@@ -74,13 +76,21 @@ class LockTable(TableCore):
         return Client(self._next_client_id)
 
     def disconnect(self, client: Client) -> None:
-        """Drop the client's waits; release what it holds when auto-release is on (detached
-        holds are not the client's: they stay)."""
+        """Drop the client's waits; detach the grants it took over with ``ht`` and an
+        ``<onclose>`` lease; release the rest of what it holds when auto-release is on
+        (detached holds are not the client's: they stay)."""
         now = self.clock()
+        client.closed = True
         for waiter in list(client.waiting):
             self._unqueue(waiter, now)
         client.waiting.clear()
         client.enqueued.clear()
+        on_close = client.on_close
+        if on_close:
+            client.on_close = None
+            for holder, lease_ttl in on_close.items():
+                if holder.live:
+                    self._move(holder, self.detached, lease_ttl, now)
         if self.auto_release_on_disconnect:
             lost = self.counts.lost_by_disconnect
             for holder in [h for h in client.held if h.live]:
@@ -168,6 +178,92 @@ class LockTable(TableCore):
             return False
         holder.note = note
         return True
+
+    def is_detached(self, holder: Holder) -> bool:
+        """Whether the grant is bound to no live connection: a detached hold, or (without
+        auto-release) a grant whose connection has closed."""
+        owner = holder.client
+        return owner is self.detached or owner.closed
+
+    def take(
+        self,
+        client: Client,
+        key: str,
+        token: str,
+        lease_ttl: int,
+        *,
+        note: str,
+        on_close: int | None,
+    ) -> Holder | None:
+        """``ht``: bind the detached grant ``token`` holds on the lock ``key`` to ``client``
+        (same token, so same fence), with the lease ``lease_ttl`` from now and the note
+        ``note``. When ``client`` closes the grant is released as any of its grants
+        (``on_close`` ``None``) or detached again with a lease of ``on_close`` seconds from
+        then. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is
+        bound to a live connection (this one included), ``MaxLocks`` if ``client`` is at its
+        cap."""
+        holder = self._holder_of(key, token)
+        if holder is None or holder.state.one is not holder:
+            return None
+        if not self.is_detached(holder):
+            raise Bound(key, holder.note)
+        if self.max_locks_per_connection:
+            self._check_client_locks(client, key, None)
+        longest = max(lease_ttl, on_close or 0)
+        if longest > self.lease_noted:
+            self._note(longest)  # the close's lease too: a disconnect must not fail
+        taken = self._move(holder, client, lease_ttl, self.clock())
+        taken.note = note
+        if on_close is not None:
+            leases = client.on_close
+            if leases is None:
+                leases = client.on_close = {}
+            elif len(leases) > 2 * client.n_held + CLIENT_COMPACT_MIN:
+                for gone in [h for h in leases if not h.live]:
+                    del leases[gone]
+            leases[taken] = on_close
+        return taken
+
+    def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
+        """``hd``: detach the grant ``token`` holds on the lock ``key`` from whatever
+        connection it is bound to (a detached one stays so), with the lease ``lease_ttl`` from
+        now; ``False`` if ``token`` holds no lock on ``key``."""
+        holder = self._holder_of(key, token)
+        if holder is None or holder.state.one is not holder:
+            return False
+        if lease_ttl > self.lease_noted:
+            self._note(lease_ttl)
+        if holder.client is self.detached:
+            return self.renew(key, token, lease_ttl) is not None
+        self._move(holder, self.detached, lease_ttl, self.clock())
+        return True
+
+    def _move(self, holder: Holder, client: Client, lease_ttl: int, now: float) -> Holder:
+        """Rebind the lock grant ``holder`` to ``client`` with the lease ``lease_ttl`` from
+        ``now``: a new ``Holder`` (same token and note) takes its place, and the old one is
+        dropped from its client's view as a released one is (no count changes: nothing is
+        granted or released)."""
+        old = holder.client
+        holder.live = False
+        old.n_held -= 1
+        held = old.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * old.n_held + CLIENT_COMPACT_MIN:
+            old.held = [h for h in held if h.live]
+        if old.on_close:
+            old.on_close.pop(holder, None)
+        state = holder.state
+        expires_at = now + lease_ttl
+        moved = Holder(holder.token, state, client, lease_ttl, expires_at)
+        moved.note = holder.note
+        state.one = moved
+        state.earliest = expires_at
+        state.last_used = expires_at  # not read while held (see KeyState)
+        client.held.append(moved)
+        client.n_held += 1
+        self._leases.add(moved, expires_at, lease_ttl)
+        return moved
 
     def _holder_of(self, key: str, token: str) -> Holder | None:
         """The live grant ``token`` holds on ``key`` (leases checked first), or ``None``."""
@@ -396,7 +492,7 @@ class LockTable(TableCore):
                         "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
                         "waiters": state.n_waiting,
                         "owner": holder.note,
-                        "detached": holder.client is self.detached,
+                        "detached": self.is_detached(holder),
                     }
                 )
             elif state.n_waiting == 0:

@@ -23,9 +23,9 @@ from dflockd_server.keys import (
 )
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex
 
-__all__ = ["TableCore"]
+__all__ = ["CLIENT_COMPACT_MIN", "TableCore"]
 
-_CLIENT_COMPACT_MIN = 8
+CLIENT_COMPACT_MIN = 8
 """Released holders a connection's list may keep beyond twice its live ones (small: each keeps
 a released holder and its token alive)."""
 
@@ -221,7 +221,7 @@ class TableCore:
         held = client.held
         while held and not held[-1].live:
             held.pop()
-        if len(held) > 2 * client.n_held + _CLIENT_COMPACT_MIN:
+        if len(held) > 2 * client.n_held + CLIENT_COMPACT_MIN:
             client.held = [h for h in held if h.live]
         index = self._leases
         entries = index.by_ttl.get(holder.lease_ttl)

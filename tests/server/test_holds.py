@@ -258,3 +258,188 @@ def test_a_draining_server_refuses_holds_and_still_answers_note(
         assert wire.req("hl", "j", "0 30 d note") == "error_draining"
         assert wire.req("note", "k", f"{token} leaving") == "ok"
         assert wire.req("r", "k", token) == "ok"
+
+
+# ---------------------------------------------------------------- ht (take over), hd (hand down)
+def test_ht_binds_a_detached_grant_to_its_connection(dflock_server: ServerThread) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as a:
+        token = hold(a, "k", "0 30 d queued")
+    with Wire(addr) as b:
+        assert b.req("ht", "k", f"{token} 40 r run/host-b") == "ok 40"
+        entry = lock_entry(b, "k")
+        assert (entry["owner"], entry["detached"]) == ("run/host-b", False)
+        assert 39 < entry["lease_expires_in_s"] <= 40
+        assert b.req("n", "k", token) == "ok 33"  # the same token holds it, renewable
+        assert b.req("hl", "k", "0 30 d dup") == "timeout run/host-b"
+
+
+def test_a_second_ht_while_the_first_connection_lives_is_error_bound(
+    dflock_server: ServerThread,
+) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as a, Wire(addr) as b:
+        token = hold(a, "k", "0 30 d queued")
+        assert a.req("ht", "k", f"{token} 30 r run/a") == "ok 30"
+        assert b.req("ht", "k", f"{token} 30 r run/b") == "error_bound run/a"
+        assert a.req("ht", "k", f"{token} 30 r again") == "error_bound run/a"  # its own too
+        plain = a.lock("plain")
+        assert b.req("ht", "plain", f"{plain} 30 r x") == "error_bound _"  # an l grant is bound
+        assert lock_entry(b, "k")["owner"] == "run/a"
+        assert b.req("ping") == "ok"
+
+
+def test_closing_the_binding_connection_with_onclose_r_frees_the_key_for_a_waiter(
+    dflock_server: ServerThread,
+) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as probe:
+        token = hold(probe, "k", "0 30 d queued")
+        taker = Wire(addr)
+        assert taker.req("ht", "k", f"{token} 30 r run") == "ok 30"
+        waiter = Wire(addr)
+        try:
+            waiter.send("l", "k", "10")
+            wait_until(lambda: lock_entry(probe, "k")["waiters"] == 1, what="the l queued")
+            taker.close()
+            status, granted, _lease = waiter.recv().split()
+            assert status == "ok" and fence(granted) > fence(token)
+            assert probe.req("n", "k", token) == "error"
+        finally:
+            waiter.close()
+
+
+def test_with_onclose_n_the_close_detaches_the_grant_for_the_next_taker(
+    dflock_server: ServerThread,
+) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as probe:
+        token = hold(probe, "k", "0 30 d queued")
+        first = Wire(addr)
+        assert first.req("ht", "k", f"{token} 30 7 run/first") == "ok 30"
+        assert probe.req("ht", "k", f"{token} 30 7 run/second") == "error_bound run/first"
+        first.close()
+        wait_until(lambda: lock_entry(probe, "k")["detached"], what="the grant detached")
+        entry = lock_entry(probe, "k")
+        assert entry["owner"] == "run/first"
+        assert 5 < entry["lease_expires_in_s"] <= 7
+        with Wire(addr) as second:
+            assert second.req("ht", "k", f"{token} 30 r run/second") == "ok 30"
+            assert lock_entry(probe, "k")["owner"] == "run/second"
+            assert second.req("r", "k", token) == "ok"  # same token: same grant, same fence
+
+
+def test_a_grant_detached_by_its_close_expires_if_nobody_takes_it(
+    dflock_server: ServerThread,
+) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as a:
+        token = hold(a, "k", "0 30 d queued")
+        with Wire(addr) as b:
+            assert b.req("ht", "k", f"{token} 30 1 run") == "ok 30"
+        wait_until(lambda: "k" not in held_keys(addr), what="the 1 s lease after the close")
+        assert a.req("ht", "k", f"{token} 30 r late") == "error"
+        hold(a, "k", "0 30 d next")
+
+
+def test_hd_detaches_a_bound_grant_and_another_connection_takes_it(
+    dflock_server: ServerThread,
+) -> None:
+    addr = dflock_server.address
+    with Wire(addr) as a:
+        token = hold(a, "k", "0 30 c bound")
+        assert a.req("hd", "k", f"{token} 20") == "ok"
+        entry = lock_entry(a, "k")
+        assert entry["detached"] is True and 19 < entry["lease_expires_in_s"] <= 20
+        assert a.req("hd", "k", f"{token} 25") == "ok"  # a detached grant stays so
+    assert "k" in held_keys(addr)  # its close did not free it
+    with Wire(addr) as b:
+        assert b.req("ht", "k", f"{token} 30 r taken") == "ok 30"
+        assert b.req("hd", "k", f"{token} 30") == "ok"  # a taken grant is handed down again
+        assert lock_entry(b, "k")["detached"] is True
+    with Wire(addr) as c:
+        assert c.req("ht", "k", f"{token} 30 r again") == "ok 30"
+        plain = c.lock("plain")
+        assert c.req("hd", "plain", f"{plain} 30") == "ok"  # any lock grant, l's included
+    with Wire(addr) as d:
+        assert d.req("hd", "k", f"{'0' * 32} 30") == "error"
+        assert d.req("hd", "nokey", f"{token} 30") == "error"
+        assert d.req("ht", "plain", f"{plain} 30 r mine") == "ok 30"
+        assert d.req("r", "plain", plain) == "ok"
+        assert d.req("hd", "plain", f"{plain} 30") == "error"  # released
+
+
+def test_ht_and_hd_refuse_semaphore_slots(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as wire:
+        token = wire.req("sl", "s", "0 2").split()[1]
+        assert wire.req("hd", "s", f"{token} 30") == "error"
+        assert wire.req("ht", "s", f"{token} 30 r note") == "error"
+        assert wire.req("sr", "s", token) == "ok"
+
+
+def test_without_auto_release_a_closed_connections_grant_can_be_taken(
+    dflock_server_factory: Any,
+) -> None:
+    server: ServerThread = dflock_server_factory(auto_release_on_disconnect=False)
+    with Wire(server.address) as wire:
+        token = wire.lock("k", lease=30)
+        assert wire.req("ht", "k", f"{token} 30 r x") == "error_bound _"
+    with Wire(server.address) as wire:
+        wait_until(lambda: lock_entry(wire, "k")["detached"], what="its connection closed")
+        assert wire.req("ht", "k", f"{token} 30 r taken") == "ok 30"
+
+
+def test_a_draining_server_still_answers_ht_and_hd(dflock_server: ServerThread) -> None:
+    with Wire(dflock_server.address) as wire:
+        token = hold(wire, "k", "0 30 d note")
+        dflock_server.call(lambda: setattr(dflock_server.server, "draining", True))
+        assert wire.req("ht", "k", f"{token} 30 r run") == "ok 30"
+        assert wire.req("hd", "k", f"{token} 30") == "ok"
+        assert wire.req("r", "k", token) == "ok"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "arg"),
+    [
+        ("ht", ""),
+        ("ht", "{t}"),
+        ("ht", "{t} 30"),
+        ("ht", "{t} 30 r"),
+        ("ht", "{t} 30 r note extra"),
+        ("ht", "{t} 0 r note"),
+        ("ht", "{t} 30 0 note"),
+        ("ht", "{t} 30 x note"),
+        ("ht", "{t} 30 -1 note"),
+        ("ht", "{t} 30 rr note"),
+        ("ht", "{t} 30 r bad\x01note"),
+        ("ht", "{t} 30 r " + "n" * 201),
+        ("ht", "{t} 99999999 r note"),  # above max_lease_ttl_s
+        ("ht", "{t} 30 99999999 note"),  # the close's lease too
+        ("ht", "{t}\xff 30 r note"),
+        ("hd", ""),
+        ("hd", "{t}"),
+        ("hd", "{t} 0"),
+        ("hd", "{t} x"),
+        ("hd", "{t} 30 extra"),
+        ("hd", "{t} 99999999"),
+    ],
+)
+def test_malformed_ht_and_hd_get_error_and_change_nothing(
+    dflock_server: ServerThread, cmd: str, arg: str
+) -> None:
+    with Wire(dflock_server.address) as wire:
+        token = hold(wire, "k", "0 30 d queued")
+        assert wire.req(cmd, "k", arg.format(t=token)) == "error"
+        assert wire.req("ping") == "ok"
+        entry = lock_entry(wire, "k")
+        assert (entry["owner"], entry["detached"]) == ("queued", True)
+
+
+def test_the_longest_ht_fits_the_line_limit(dflock_server: ServerThread) -> None:
+    note = "~" * constants.MAX_NOTE_BYTES
+    with Wire(dflock_server.address) as wire:
+        token = hold(wire, "k", "0 30 d queued")
+        arg = f"{token} 300 300 {note}"
+        assert len(arg) <= constants.MAX_LINE_BYTES
+        assert wire.req("ht", "k", arg) == "ok 300"
+        assert lock_entry(wire, "k")["owner"] == note
