@@ -731,25 +731,49 @@ class LockCore:
                 "which that server does not list in its hello; run the bundled `dflockd` there"
             )
 
-    def take_over_request(self, token: str) -> tuple[Command, bytes, float]:
-        """``n <token> [<lease>]``: renew a grant made elsewhere, to hold it from now on."""
+    def take_over_note(self, note: str | None) -> str:
+        """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`; a
+        `ValueError` (an `InvalidValueError`) when neither is given (``ht`` always names one)."""
+        if note is not None:
+            return protocol.validate_note(note)
+        if self.note is not None:
+            return self.note
+        raise InvalidValueError(
+            f"adopting a hold of {self.what} needs an owner note: pass note= to adopt() or "
+            "make the lock with note="
+        )
+
+    def take_over_request(
+        self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
+    ) -> tuple[Command, bytes, float]:
+        """``ht <token> <lease> <onclose> <note>``: take over a detached grant made elsewhere,
+        bound to this connection from now on (`HoldsUnsupported` unless ``server`` has
+        holds)."""
         self._require_idle()
-        data = protocol.encode_renew(self.key, protocol.validate_token(token), self.lease_ttl_s)
-        return Command.RENEW, data, self.reply_timeout()
+        self.require_holds(server)
+        data = protocol.encode_take(self.key, token, self.hold_lease(), on_close_lease, note)
+        return Command.TAKE, data, self.reply_timeout()
 
     def on_take_over_reply(
         self, token: str, reply: Reply, sent_at: float, server: ServerInfo | None
     ) -> bool:
         """Interpret the reply to `take_over_request`: True when held now (as after a grant),
-        False when ``token`` no longer holds the key."""
+        False when ``token`` no longer holds the key or another connection has it bound
+        (`holder` then says that holder's note)."""
+        self.holder = None
+        self.busy = False
         if isinstance(reply, Renewed) and reply.seconds_remaining > 0:
             granted = Granted(token, reply.seconds_remaining)
             return self.on_grant_reply(Command.LOCK, granted, sent_at, server)
+        if isinstance(reply, protocol.Bound):
+            self.busy = True
+            self.holder = reply.holder
+            return False
         if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
             return False
         if isinstance(reply, ErrorReply):
-            raise self.error_for(Command.RENEW, reply)
-        raise ProtocolError(f"unexpected reply {reply!r} to {Command.RENEW.label}")
+            raise self.error_for(Command.TAKE, reply)
+        raise ProtocolError(f"unexpected reply {reply!r} to {Command.TAKE.label}")
 
     def token_renew_request(self, token: str, lease_ttl: int) -> tuple[Command, bytes, float]:
         """``n <token> <lease>`` for a grant this object does not hold."""
@@ -774,10 +798,17 @@ class LockCore:
             raise self.error_for(command, reply)
         raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
 
-    def hand_off_request(self, lease_ttl: int) -> tuple[Command, bytes, float]:
-        """``n`` for the held token with ``lease_ttl`` (the last renewal before letting go)."""
+    def hand_off_request(
+        self, lease_ttl: int, server: ServerInfo | None
+    ) -> tuple[Command, bytes, float]:
+        """``hd <token> <lease_ttl>`` for the held token: detach it from this connection before
+        letting go of it. A ``server`` without holds gets ``n <token> <lease_ttl>`` (its grant
+        stays bound to the connection, which goes back to the pool)."""
         token = self._held_token()
-        return self.token_renew_request(token, lease_ttl)
+        if server is None or not server.supports(FEATURE_HOLDS):
+            return self.token_renew_request(token, lease_ttl)
+        data = protocol.encode_hand_down(self.key, token, lease_ttl)
+        return Command.HAND_DOWN, data, self.reply_timeout()
 
     def enqueue_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
         """``e`` / ``se``."""

@@ -28,6 +28,7 @@ from dflockd_server import constants
 __all__ = [
     "MAX_KEY_BYTES",
     "MAX_STATS_LINE_BYTES",
+    "Bound",
     "Command",
     "ErrorReply",
     "Granted",
@@ -44,6 +45,7 @@ __all__ = [
     "decode_reply",
     "encode_auth",
     "encode_enqueue",
+    "encode_hand_down",
     "encode_hello",
     "encode_hold",
     "encode_lock",
@@ -58,6 +60,7 @@ __all__ = [
     "encode_sem_wait",
     "encode_shards",
     "encode_stats",
+    "encode_take",
     "encode_wait",
     "fence_of",
     "validate_key",
@@ -98,6 +101,8 @@ class Command(enum.StrEnum):
     SHARDS = constants.CMD_SHARDS
     HOLD = constants.CMD_HOLD
     NOTE = constants.CMD_NOTE
+    TAKE = constants.CMD_TAKE
+    HAND_DOWN = constants.CMD_HAND_DOWN
 
     @property
     def label(self) -> str:
@@ -123,6 +128,8 @@ _DOING: Final[dict[Command, str]] = {
     Command.SHARDS: "a shards request",
     Command.HOLD: "a hold",
     Command.NOTE: "a note",
+    Command.TAKE: "a take-over",
+    Command.HAND_DOWN: "a hand-down",
 }
 
 
@@ -232,6 +239,29 @@ def encode_note(key: str, token: str, note: str) -> bytes:
     return _request(
         Command.NOTE, validate_key(key), f"{validate_token(token)} {validate_note(note)}"
     )
+
+
+def encode_take(key: str, token: str, lease_s: int, on_close_s: int | None, note: str) -> bytes:
+    """``ht``: bind the detached grant ``token`` holds on ``key`` to this connection, with a
+    lease of ``lease_s`` and the owner note ``note``; when the connection closes the grant is
+    released (``on_close_s`` None: ``r``) or detached again with a lease of ``on_close_s``."""
+    on_close = (
+        constants.ON_CLOSE_RELEASE
+        if on_close_s is None
+        else _number("on_close_lease", on_close_s, minimum=1)
+    )
+    argument = (
+        f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)} {on_close} "
+        f"{validate_note(note)}"
+    )
+    return _request(Command.TAKE, validate_key(key), argument)
+
+
+def encode_hand_down(key: str, token: str, lease_s: int) -> bytes:
+    """``hd``: detach the grant ``token`` holds on ``key`` from its connection, with a lease of
+    ``lease_s``."""
+    argument = f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)}"
+    return _request(Command.HAND_DOWN, validate_key(key), argument)
 
 
 def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
@@ -400,13 +430,23 @@ class Moved:
 
 
 @dataclass(frozen=True, slots=True)
+class Bound:
+    """``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (another
+    holder has taken it over); ``holder`` its note (None for ``_``)."""
+
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorReply:
     """``error`` or ``error_<reason>``: the server refused the request."""
 
     code: str
 
 
-Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | Shards | Moved | ErrorReply
+Reply = (
+    Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | Shards | Moved | Bound | ErrorReply
+)
 
 _COMMON_ERRORS: Final = frozenset(
     {constants.STATUS_ERROR, constants.STATUS_ERROR_AUTH, constants.STATUS_ERROR_DRAINING}
@@ -443,6 +483,8 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.SHARDS: _COMMON_ERRORS,
     Command.HOLD: _LOCK_ERRORS,
     Command.NOTE: _COMMON_ERRORS,
+    Command.TAKE: _COMMON_ERRORS | {constants.STATUS_ERROR_MAX_LOCKS},
+    Command.HAND_DOWN: _COMMON_ERRORS,
 }
 _MOVABLE: Final = frozenset(
     {
@@ -496,9 +538,16 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
 _GRANTING: Final = frozenset(
     {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
 )
-_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW})
+_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
 _ANSWERED_OK: Final = frozenset(
-    {Command.RELEASE, Command.SEM_RELEASE, Command.AUTH, Command.PING, Command.NOTE}
+    {
+        Command.RELEASE,
+        Command.SEM_RELEASE,
+        Command.AUTH,
+        Command.PING,
+        Command.NOTE,
+        Command.HAND_DOWN,
+    }
 )
 _OK: Final = Ok()
 
@@ -532,6 +581,11 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
                 raise _unexpected(command, line, "error_moved takes one HOST:PORT")
             return Moved(fields[0])
+        if status == constants.STATUS_ERROR_BOUND and command is Command.TAKE:
+            holder = fields[0] if len(fields) == 1 else ""
+            if not _NOTE_RE.fullmatch(holder):
+                raise _unexpected(command, line, "error_bound takes the holder's note")
+            return Bound(None if holder == constants.NO_NOTE else holder)
         if fields or status not in _ALLOWED_ERRORS[command]:
             raise _unexpected(command, line)
         return ErrorReply(status)
@@ -555,10 +609,15 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             return _parse_grant(command, line, fields)
         case (Command.ENQUEUE | Command.SEM_ENQUEUE, "queued") if not fields:
             return Queued()
-        case (Command.RENEW | Command.SEM_RENEW, "ok") if len(fields) == 1:
+        case (Command.RENEW | Command.SEM_RENEW | Command.TAKE, "ok") if len(fields) == 1:
             return Renewed(_parse_uint(command, line, fields[0]))
         case (
-            Command.RELEASE | Command.SEM_RELEASE | Command.AUTH | Command.PING | Command.NOTE,
+            Command.RELEASE
+            | Command.SEM_RELEASE
+            | Command.AUTH
+            | Command.PING
+            | Command.NOTE
+            | Command.HAND_DOWN,
             "ok",
         ) if not fields:
             return Ok()

@@ -682,14 +682,25 @@ class AsyncDistributedLock(_AsyncLockBase):
             if core.state is LockState.HELD:
                 core.reset()
 
-    async def adopt(self, token: str, *, note: str | None = None) -> bool:
-        """Take over ``token``, an existing grant of this key (a detached hold, say): renew it
-        with this lock's lease (and set its owner ``note`` when given); from then on this
-        object holds it exactly as after `acquire` (fence, renewal, loss detection,
-        `release`). False, holding nothing, when the token no longer holds the key."""
+    async def adopt(
+        self, token: str, *, note: str | None = None, on_close_lease: int | None = None
+    ) -> bool:
+        """Take over ``token``, a detached grant of this key (a hold), exclusively (``ht``): the
+        server binds it to this object's connection, with this lock's lease and the owner
+        ``note`` (default: the lock's `note`; one of them is needed). From then on this object
+        holds it exactly as after `acquire` (the token's fence, renewal, loss detection,
+        `release`). If the connection dies first, the grant is released (``on_close_lease``
+        None) or detached again with a lease of ``on_close_lease`` seconds, for the next
+        `adopt` of the same token. False, holding nothing, when the token no longer holds the
+        key or another connection has it bound (`holder` then tells that holder's note).
+        `HoldsUnsupported` for a server without holds."""
         core = self._core
-        if note is not None:
-            protocol.validate_note(note)
+        ht_note = core.take_over_note(note)
+        close_lease = (
+            None
+            if on_close_lease is None
+            else whole_seconds("on_close_lease", on_close_lease, minimum=1)
+        )
         self._forked()
         async with self._op_lock:
             router = core.router
@@ -698,17 +709,12 @@ class AsyncDistributedLock(_AsyncLockBase):
                 core.route()
             conn = await self._checkout()
             try:
-                if note is not None:
-                    core.require_holds(conn.server)
-                command, data, timeout = core.take_over_request(token)
+                command, data, timeout = core.take_over_request(
+                    conn.server, token, ht_note, close_lease
+                )
                 sent = time.monotonic()
                 reply = await conn.request(command, data, timeout)
                 held = core.on_take_over_reply(token, reply, sent, conn.server)
-                if held and note is not None:
-                    command, data, timeout = core.note_request(conn.server, token, note)
-                    held = core.on_token_reply(command, await conn.request(command, data, timeout))
-                    if not held:
-                        core.reset()
             except BaseException:
                 core.reset()
                 await self._checkin(conn)
@@ -720,10 +726,12 @@ class AsyncDistributedLock(_AsyncLockBase):
             return True
 
     async def hand_off(self, lease_ttl: int) -> bool:
-        """Let go of the held grant without releasing it: renew it once to ``lease_ttl``
-        seconds from now, stop renewing, and forget its token (a later `release` is a no-op
-        returning False, and not a loss). True when the last renewal went through. Meant for
-        a detached hold (a connection-bound grant still ends with its connection)."""
+        """Let go of the held grant without releasing it (``hd``): the server detaches it from
+        this object's connection with a lease of ``lease_ttl`` seconds from now; this object
+        stops renewing and forgets its token (a later `release` is a no-op returning False,
+        and not a loss). True when the server did. The grant is then a hold any process can
+        `adopt` or release by its token. (A server without holds: a last renewal to
+        ``lease_ttl``, the grant stays bound to the connection, back in the pool.)"""
         lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
         if self._forked() or not self._core.locked():
             return False
@@ -737,7 +745,7 @@ class AsyncDistributedLock(_AsyncLockBase):
                 if conn is not None:
                     await self._checkin(conn)
                 return False
-            command, data, timeout = core.hand_off_request(lease)
+            command, data, timeout = core.hand_off_request(lease, conn.server)
             try:
                 reply = await conn.request(command, data, timeout)
             except DflockError:
@@ -748,7 +756,7 @@ class AsyncDistributedLock(_AsyncLockBase):
                 raise
             core.reset()
             await self._checkin(conn)
-            return isinstance(reply, Renewed)
+            return isinstance(reply, Renewed | protocol.Ok)
 
 
 class AsyncDistributedSemaphore(_AsyncLockBase):

@@ -5,10 +5,18 @@ against real servers over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import threading
 import time
 import zlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +33,7 @@ from celery_dflock import (
 )
 from celery_dflock.protocol import Command, TimedOut
 from dflockd_server.testing import ServerThread
+from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence, stats
 
 
@@ -148,7 +157,8 @@ def test_adopt_takes_over_a_hold_as_if_acquired(dflock_server: ServerThread) -> 
         assert lock.owned() and not lock.lost
         assert lock.release()
         assert lock_entry(address, "q:a") is None
-        assert not lock.adopt(hold.token)  # released: nothing to take over
+        assert not lock.adopt(hold.token, note="t1/host")  # released: nothing to take over
+        assert lock.holder is None
         assert not lock.locked()
 
 
@@ -157,8 +167,8 @@ def test_hand_off_keeps_the_hold_and_release_is_then_a_no_op(dflock_server: Serv
     lost: list[object] = []
     with Client([address]) as client:
         hold = client.hold("q:h", note="t1", lease_ttl=30)
-        lock = client.lock("q:h", lease_ttl_s=5, on_lost=lost.append)
-        assert lock.adopt(hold.token)
+        lock = client.lock("q:h", lease_ttl_s=5, on_lost=lost.append, note="t1/h")
+        assert lock.adopt(hold.token)  # the lock's note
         assert lock.hand_off(120)
         assert not lock.locked() and lock.token is None
         assert not lock.release()
@@ -168,7 +178,7 @@ def test_hand_off_keeps_the_hold_and_release_is_then_a_no_op(dflock_server: Serv
         assert entry is not None and entry["lease_expires_in_s"] > 100
         assert entry["detached"] is True
         again = client.lock("q:h")
-        assert again.adopt(hold.token)  # the retry's run takes it over again
+        assert again.adopt(hold.token, note="t1/h2")  # the retry's run takes it over again
         assert again.release()
         assert not client.lock("q:h").hand_off(5)  # nothing held
 
@@ -208,7 +218,7 @@ def test_holds_are_routed_over_a_static_fleet(static_fleet: list[ServerThread]) 
             assert client.note(key, hold.token, "t/h")
             assert client.renew(key, hold.token, lease_ttl=40)
             lock = client.lock(key)
-            assert lock.adopt(hold.token)
+            assert lock.adopt(hold.token, note="t/h2")
             assert lock.release()
 
 
@@ -234,7 +244,7 @@ def test_the_async_client_does_the_same(dflock_server: ServerThread) -> None:
             assert await lock.hand_off(90)
             assert not await lock.release()
             again = client.lock("qa:1")
-            assert await again.adopt(hold.token)
+            assert await again.adopt(hold.token, note="t1/h3")
             assert await again.release()
             assert not await client.release("qa:1", hold.token)
 
@@ -259,3 +269,174 @@ def test_a_hold_waits_for_a_key_freed_meanwhile(dflock_server: ServerThread) -> 
         entry = lock_entry(dflock_server.address, "q:w")
         assert entry is not None and (entry["owner"], entry["detached"]) == ("next", True)
         assert client.release("q:w", hold.token)
+
+
+# ------------------------------------------------------------------------------ ht / hd
+def test_take_over_and_hand_down_requests_and_their_replies() -> None:
+    token = "0" * 16 + "a" * 16
+    assert (
+        protocol.encode_take("k", token, 30, None, "t/h") == f"ht\nk\n{token} 30 r t/h\n".encode()
+    )
+    assert protocol.encode_take("k", token, 30, 300, "t") == f"ht\nk\n{token} 30 300 t\n".encode()
+    assert protocol.encode_hand_down("k", token, 9) == f"hd\nk\n{token} 9\n".encode()
+    assert protocol.decode_reply(Command.TAKE, b"ok 30") == protocol.Renewed(30)
+    assert protocol.decode_reply(Command.TAKE, b"error_bound t/h") == protocol.Bound("t/h")
+    assert protocol.decode_reply(Command.TAKE, b"error_bound _") == protocol.Bound(None)
+    assert protocol.decode_reply(Command.HAND_DOWN, b"ok") == protocol.Ok()
+    with pytest.raises(InvalidValueError, match="on_close_lease"):
+        protocol.encode_take("k", token, 30, 0, "t")
+
+
+def test_two_adopters_of_one_hold_exactly_one_wins(dflock_server: ServerThread) -> None:
+    address = dflock_server.address
+    with Client([address]) as first, Client([address]) as second, Client([address]) as third:
+        hold = first.hold("q:two", note="queued", lease_ttl=30)
+        locks = [c.lock("q:two", lease_ttl_s=10) for c in (first, second, third)]
+        won: list[bool] = [False] * len(locks)
+        start = threading.Barrier(len(locks))
+
+        def adopt(index: int) -> None:
+            start.wait()
+            won[index] = locks[index].adopt(hold.token, note=f"run/{index}")
+
+        threads = [threading.Thread(target=adopt, args=(i,)) for i in range(len(locks))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert won.count(True) == 1, won
+        winner = won.index(True)
+        for index, lock in enumerate(locks):
+            if index != winner:
+                assert not lock.locked()
+                assert lock.holder == f"run/{winner}"  # error_bound names the winner's note
+        assert locks[winner].fence == hold.fence
+        assert locks[winner].release()
+        assert lock_entry(address, "q:two") is None
+
+
+def test_two_async_adopters_of_one_hold_exactly_one_wins(dflock_server: ServerThread) -> None:
+    address = dflock_server.address
+
+    async def main() -> None:
+        async with AsyncClient([address]) as one, AsyncClient([address]) as two:
+            hold = await one.hold("qa:two", note="queued", lease_ttl=30)
+            locks = [one.lock("qa:two"), two.lock("qa:two")]
+            won = await asyncio.gather(
+                *(lock.adopt(hold.token, note=f"run/{i}") for i, lock in enumerate(locks))
+            )
+            assert sorted(won) == [False, True]
+            winner = won.index(True)
+            loser = locks[1 - winner]
+            assert not loser.locked() and loser.holder == f"run/{winner}"
+            assert await locks[winner].hand_off(30)
+            assert await loser.adopt(hold.token, note="run/again")  # handed down: free to take
+            assert loser.fence == hold.fence
+            assert await loser.release()
+
+    asyncio.run(main())
+    assert lock_entry(address, "qa:two") is None
+
+
+_ADOPTER = """
+import sys
+from celery_dflock import Client
+
+host, port, key, token, on_close = sys.argv[1:6]
+with Client([(host, int(port))]) as client:
+    lock = client.lock(key, lease_ttl_s=30)
+    held = lock.adopt(token, note="run/child", on_close_lease=int(on_close) or None)
+    print("adopted" if held else "refused", lock.fence, flush=True)
+    sys.stdin.read()  # held until killed
+"""
+
+
+@contextlib.contextmanager
+def adopted_in_a_child(
+    address: tuple[str, int], key: str, token: str, on_close: int
+) -> Iterator[int]:
+    """A process that adopts ``token`` (``on_close``: its ``on_close_lease``, 0 for None) and
+    holds it; yields the fence it holds, and kills it (SIGKILL) at the end of the block."""
+    args = [address[0], str(address[1]), key, token, str(on_close)]
+    with subprocess.Popen(
+        [sys.executable, "-c", _ADOPTER, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ) as child:
+        try:
+            assert child.stdout is not None
+            status, fence_seen = child.stdout.readline().split()
+            assert status == "adopted"
+            yield int(fence_seen)
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(10)
+
+
+def test_an_adopter_killed_with_on_close_lease_leaves_the_hold_for_the_next(
+    dflock_server: ServerThread,
+) -> None:
+    address = dflock_server.address
+    with Client([address]) as client:
+        hold = client.hold("q:kill", note="queued", lease_ttl=30)
+        with adopted_in_a_child(address, "q:kill", hold.token, 20) as child_fence:
+            assert child_fence == hold.fence
+            busy = client.lock("q:kill")
+            assert not busy.adopt(hold.token, note="run/dup")  # the child's run has it
+            assert busy.holder == "run/child"
+        wait_until(
+            lambda: (lock_entry(address, "q:kill") or {}).get("detached") is True,
+            what="the grant detached by the child's death",
+        )
+        entry = lock_entry(address, "q:kill")
+        assert entry is not None and 10 < entry["lease_expires_in_s"] <= 20
+        assert entry["owner"] == "run/child"
+        lock = client.lock("q:kill")
+        assert lock.adopt(hold.token, note="run/next")
+        assert lock.fence == hold.fence
+        assert lock.release()
+
+
+def test_an_adopter_killed_without_on_close_lease_frees_the_key(
+    dflock_server: ServerThread,
+) -> None:
+    address = dflock_server.address
+    with Client([address]) as client:
+        hold = client.hold("q:free", note="queued", lease_ttl=30)
+        with adopted_in_a_child(address, "q:free", hold.token, 0) as child_fence:
+            assert child_fence == hold.fence
+        wait_until(lambda: lock_entry(address, "q:free") is None, what="the key freed")
+        assert not client.lock("q:free").adopt(hold.token, note="run/late")
+        with client.lock("q:free", acquire_timeout_s=0) as lock:
+            assert lock.fence is not None and hold.fence is not None
+            assert lock.fence > hold.fence
+
+
+def test_hand_off_then_another_client_adopts(dflock_server: ServerThread) -> None:
+    address = dflock_server.address
+    with Client([address]) as one, Client([address]) as two:
+        hold = one.hold("q:pass", note="queued", lease_ttl=30)
+        lock = one.lock("q:pass", lease_ttl_s=10)
+        assert lock.adopt(hold.token, note="run/1")
+        taker = two.lock("q:pass", lease_ttl_s=10, note="run/2")
+        assert not taker.adopt(hold.token)
+        assert taker.holder == "run/1"
+        assert lock.hand_off(60)  # while `one`'s connection lives: detached by hd
+        assert not lock.release()
+        assert taker.adopt(hold.token)  # the lock's own note
+        entry = lock_entry(address, "q:pass")
+        assert entry is not None and (entry["owner"], entry["detached"]) == ("run/2", False)
+        assert taker.fence == hold.fence
+        assert taker.release()
+
+
+def test_adopt_needs_a_note(dflock_server: ServerThread) -> None:
+    with Client([dflock_server.address]) as client:
+        hold = client.hold("q:nn", note="queued", lease_ttl=30)
+        with pytest.raises(InvalidValueError, match="needs an owner note"):
+            client.lock("q:nn").adopt(hold.token)
+        with pytest.raises(InvalidValueError, match="on_close_lease"):
+            client.lock("q:nn").adopt(hold.token, note="x", on_close_lease=0)
+        assert client.release("q:nn", hold.token)
