@@ -446,10 +446,11 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         """Take a detached hold of the lock ``key`` (``hl ... d``), routed as `lock` is: it
         survives this process and its connection, and ends only when its token is released
         (`release`, from any process) or its lease of ``lease_ttl`` seconds runs out (`renew`
-        extends it; ``lock.adopt(token)`` takes it over). ``note`` (1 to 200 printable ASCII
-        characters without spaces) names the owner. Waits up to ``timeout`` seconds for a
-        busy key (0: try once). Raises `KeyHeld` (``.holder``: the holder's note) when the key
-        stays busy, `HoldsUnsupported` for a server without holds (a foreign dflockd), and
+        extends it; ``lock.adopt(token, note=...)`` takes it over, one run at a time).
+        ``note`` (1 to 200 printable ASCII characters without spaces) names the owner. Waits
+        up to ``timeout`` seconds for a busy key (0: try once). Raises `KeyHeld`
+        (``.holder``: the holder's note) when the key stays busy, `HoldsUnsupported` for a
+        server without holds (a foreign dflockd), and
         `InvalidValueError` naming a malformed ``note``."""
         return self._for_hold(key, note, lease_ttl, timeout).hold(note)
 
