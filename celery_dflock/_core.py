@@ -24,6 +24,7 @@ from celery_dflock.cluster import ClusterMap, ShardsInfo
 from celery_dflock.errors import (
     AuthError,
     DflockError,
+    HoldsUnsupported,
     InvalidValueError,
     LimitMismatchError,
     LockNotOwned,
@@ -122,6 +123,21 @@ class Endpoint:
 FEATURE_FENCE: Final = constants.FEATURE_FENCE
 FEATURE_PING: Final = constants.FEATURE_PING
 FEATURE_STATS: Final = constants.FEATURE_STATS
+FEATURE_HOLDS: Final = constants.FEATURE_HOLDS
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A detached hold (`Client.hold`): the lock ``key`` held by ``token`` on ``server``
+    (``"host:port"``) with a lease of ``lease_ttl`` seconds, freed only by a release of the
+    token (from any process) or when the lease runs out. ``fence``: the token's fencing
+    counter (None when the server does not issue fencing tokens)."""
+
+    key: str
+    token: str = field(repr=False)  # a bearer credential: never in a repr
+    fence: int | None
+    lease_ttl: int
+    server: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,8 +436,15 @@ class LockCore:
         ssl_context: ssl.SSLContext | None,
         connect_timeout_s: float,
         router: ClusterRouter | None = None,
+        note: str | None = None,
     ) -> None:
         self.key = protocol.validate_key(key)
+        self.note = None if note is None else protocol.validate_note(note)
+        """The owner note sent with each acquire (``hl ... c <note>``) to a server with holds."""
+        self.holder: str | None = None
+        """After an acquire refused on a busy key: the holder's note (servers with holds)."""
+        self.busy = False
+        """The last acquire ended with ``timeout`` (the key stayed busy)."""
         self.limit = check_limit(limit)
         self.acquire_timeout_s = whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
         self.lease_ttl_s = (
@@ -536,6 +559,8 @@ class LockCore:
     def begin_acquire(self) -> None:
         """An acquire (or enqueue) starts: its deadline runs from now."""
         self.acquire_deadline = time.monotonic() + self.acquire_timeout_s
+        self.holder = None
+        self.busy = False
         self.redirects = 0
         self.unavailable_pause = 0.0
 
@@ -666,17 +691,126 @@ class LockCore:
                 f"{self.what} is enqueued on this object; call wait() or release() first"
             )
 
-    def acquire_request(self) -> tuple[Command, bytes, float]:
-        """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout)."""
+    def acquire_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
+        """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout). A lock
+        with a `note` sends ``hl ... c <note>`` instead to a ``server`` that has holds."""
         self._require_idle()
         timeout = self.wait_seconds()
         if self.limit is None:
+            if self.note is not None and server is not None and server.supports(FEATURE_HOLDS):
+                data = protocol.encode_hold(
+                    self.key, timeout, self.hold_lease(), self.note, detached=False
+                )
+                return Command.HOLD, data, self.reply_timeout(timeout)
             data = protocol.encode_lock(self.key, timeout, self.lease_ttl_s)
             return Command.LOCK, data, self.reply_timeout(timeout)
         data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
         return Command.SEM_LOCK, data, self.reply_timeout(timeout)
 
-    def enqueue_request(self) -> tuple[Command, bytes, float]:
+    def hold_request(self, server: ServerInfo | None, note: str) -> tuple[Command, bytes, float]:
+        """``hl ... d <note>``: a detached hold (`HoldsUnsupported` unless ``server`` has
+        holds)."""
+        self._require_idle()
+        self.require_holds(server)
+        timeout = self.wait_seconds()
+        data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=True)
+        return Command.HOLD, data, self.reply_timeout(timeout)
+
+    def hold_lease(self) -> int:
+        """The lease ``hl`` asks for (it always names one): the lock's, else the protocol's
+        default."""
+        return constants.DEFAULT_LEASE_TTL_S if self.lease_ttl_s is None else self.lease_ttl_s
+
+    def require_holds(self, server: ServerInfo | None) -> None:
+        """Raise `HoldsUnsupported` unless ``server`` listed ``holds`` in its ``hello``."""
+        if server is None or not server.supports(FEATURE_HOLDS):
+            what = "a server that was not asked hello" if server is None else server.describe()
+            raise HoldsUnsupported(
+                f"server {self.endpoint.address} is {what}, and a hold or owner note (of "
+                f"{self.what}) needs celery-dflock's dflockd-server (the 'holds' feature), "
+                "which that server does not list in its hello; run the bundled `dflockd` there"
+            )
+
+    def take_over_note(self, note: str | None) -> str:
+        """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`; a
+        `ValueError` (an `InvalidValueError`) when neither is given (``ht`` always names one)."""
+        if note is not None:
+            return protocol.validate_note(note)
+        if self.note is not None:
+            return self.note
+        raise InvalidValueError(
+            f"adopting a hold of {self.what} needs an owner note: pass note= to adopt() or "
+            "make the lock with note="
+        )
+
+    def take_over_request(
+        self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
+    ) -> tuple[Command, bytes, float]:
+        """``ht <token> <lease> <onclose> <note>``: take over a detached grant made elsewhere,
+        bound to this connection from now on (`HoldsUnsupported` unless ``server`` has
+        holds)."""
+        self._require_idle()
+        self.require_holds(server)
+        data = protocol.encode_take(self.key, token, self.hold_lease(), on_close_lease, note)
+        return Command.TAKE, data, self.reply_timeout()
+
+    def on_take_over_reply(
+        self, token: str, reply: Reply, sent_at: float, server: ServerInfo | None
+    ) -> bool:
+        """Interpret the reply to `take_over_request`: True when held now (as after a grant),
+        False when ``token`` no longer holds the key or another connection has it bound
+        (`holder` then says that holder's note)."""
+        self.holder = None
+        self.busy = False
+        if isinstance(reply, Renewed) and reply.seconds_remaining > 0:
+            granted = Granted(token, reply.seconds_remaining)
+            return self.on_grant_reply(Command.LOCK, granted, sent_at, server)
+        if isinstance(reply, protocol.Bound):
+            self.busy = True
+            self.holder = reply.holder
+            return False
+        if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
+            return False
+        if isinstance(reply, ErrorReply):
+            raise self.error_for(Command.TAKE, reply)
+        raise ProtocolError(f"unexpected reply {reply!r} to {Command.TAKE.label}")
+
+    def token_renew_request(self, token: str, lease_ttl: int) -> tuple[Command, bytes, float]:
+        """``n <token> <lease>`` for a grant this object does not hold."""
+        data = protocol.encode_renew(self.key, protocol.validate_token(token), lease_ttl)
+        return Command.RENEW, data, self.reply_timeout()
+
+    def note_request(
+        self, server: ServerInfo | None, token: str, note: str
+    ) -> tuple[Command, bytes, float]:
+        """``note <token> <note>`` (`HoldsUnsupported` unless ``server`` has holds)."""
+        self.require_holds(server)
+        return Command.NOTE, protocol.encode_note(self.key, token, note), self.reply_timeout()
+
+    def on_token_reply(self, command: Command, reply: Reply) -> bool:
+        """The reply to `token_renew_request` or `note_request`: True done, False when the
+        token no longer holds the key; raises for other refusals."""
+        if isinstance(reply, Renewed | protocol.Ok):
+            return True
+        if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
+            return False
+        if isinstance(reply, ErrorReply):
+            raise self.error_for(command, reply)
+        raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
+
+    def hand_off_request(
+        self, lease_ttl: int, server: ServerInfo | None
+    ) -> tuple[Command, bytes, float]:
+        """``hd <token> <lease_ttl>`` for the held token: detach it from this connection before
+        letting go of it. A ``server`` without holds gets ``n <token> <lease_ttl>`` (its grant
+        stays bound to the connection, which goes back to the pool)."""
+        token = self._held_token()
+        if server is None or not server.supports(FEATURE_HOLDS):
+            return self.token_renew_request(token, lease_ttl)
+        data = protocol.encode_hand_down(self.key, token, lease_ttl)
+        return Command.HAND_DOWN, data, self.reply_timeout()
+
+    def enqueue_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
         """``e`` / ``se``."""
         self._require_idle()
         if self.limit is None:
@@ -755,6 +889,8 @@ class LockCore:
             return False
         self.reset()
         if isinstance(reply, TimedOut):
+            self.busy = True
+            self.holder = reply.holder
             return False
         if isinstance(reply, Moved):
             logger.warning(

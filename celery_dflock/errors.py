@@ -9,7 +9,9 @@ from __future__ import annotations
 __all__ = [
     "AuthError",
     "DflockError",
+    "HoldsUnsupported",
     "InvalidValueError",
+    "KeyHeld",
     "LimitMismatchError",
     "LockLost",
     "LockNotAcquired",
@@ -53,6 +55,25 @@ class LockSkipped(LockNotAcquired):
     raises it, a chord or chain with the run in it fails with it); Celery logs it at INFO
     without a traceback, as one of the task's expected errors (``Task.throws``).
     """
+
+
+class KeyHeld(LockNotAcquired):
+    """A hold (`Client.hold`) was not taken: the key stayed busy. ``key`` is the key,
+    ``holder`` the note its holder gave (None when it gave none, e.g. a plain lock)."""
+
+    def __init__(self, message: str, key: str = "", holder: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.holder = holder
+
+    def __reduce__(self) -> tuple[type[KeyHeld], tuple[str, str, str | None]]:
+        return type(self), (str(self), self.key, self.holder)
+
+
+class HoldsUnsupported(DflockError):
+    """A hold, or a note on a grant, was asked of a server that does not offer them: a
+    foreign dflockd server (only celery-dflock's ``dflockd-server`` lists the ``holds``
+    feature). The message names the server and what it is."""
 
 
 class LockLost(DflockError):

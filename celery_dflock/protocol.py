@@ -28,6 +28,7 @@ from dflockd_server import constants
 __all__ = [
     "MAX_KEY_BYTES",
     "MAX_STATS_LINE_BYTES",
+    "Bound",
     "Command",
     "ErrorReply",
     "Granted",
@@ -44,8 +45,11 @@ __all__ = [
     "decode_reply",
     "encode_auth",
     "encode_enqueue",
+    "encode_hand_down",
     "encode_hello",
+    "encode_hold",
     "encode_lock",
+    "encode_note",
     "encode_ping",
     "encode_release",
     "encode_renew",
@@ -56,9 +60,11 @@ __all__ = [
     "encode_sem_wait",
     "encode_shards",
     "encode_stats",
+    "encode_take",
     "encode_wait",
     "fence_of",
     "validate_key",
+    "validate_note",
     "validate_token",
 ]
 
@@ -93,6 +99,10 @@ class Command(enum.StrEnum):
     PING = constants.CMD_PING
     HELLO = constants.CMD_HELLO
     SHARDS = constants.CMD_SHARDS
+    HOLD = constants.CMD_HOLD
+    NOTE = constants.CMD_NOTE
+    TAKE = constants.CMD_TAKE
+    HAND_DOWN = constants.CMD_HAND_DOWN
 
     @property
     def label(self) -> str:
@@ -116,6 +126,10 @@ _DOING: Final[dict[Command, str]] = {
     Command.PING: "a ping",
     Command.HELLO: "a hello",
     Command.SHARDS: "a shards request",
+    Command.HOLD: "a hold",
+    Command.NOTE: "a note",
+    Command.TAKE: "a take-over",
+    Command.HAND_DOWN: "a hand-down",
 }
 
 
@@ -158,6 +172,20 @@ def validate_token(token: str) -> str:
     return token
 
 
+_NOTE_RE: Final = re.compile(rf"[!-~]{{1,{constants.MAX_NOTE_BYTES}}}")
+
+
+def validate_note(note: str, name: str = "note") -> str:
+    """Return ``note`` if it is an owner note the protocol carries (1 to 200 printable ASCII
+    characters, no space: ``!`` to ``~``), else `ValueError` naming ``name``."""
+    if not isinstance(note, str) or not _NOTE_RE.fullmatch(note):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError(
+            f"{name} must be 1 to {constants.MAX_NOTE_BYTES} printable ASCII characters without "
+            f"spaces ('!' to '~'; percent-encode anything else), got {note!r}"
+        )
+    return note
+
+
 def _number(name: str, value: int, *, minimum: int, maximum: int = constants.MAX_NUMBER) -> str:
     if not _is_int(value):
         raise InvalidValueError(f"{name} must be an int number of seconds/units, got {value!r}")
@@ -193,6 +221,47 @@ def _request(command: Command, key: str, argument: str) -> bytes:
 def encode_lock(key: str, timeout_s: int, lease_s: int | None = None) -> bytes:
     """``l``: acquire, waiting up to ``timeout_s`` (0: try once)."""
     return _request(Command.LOCK, validate_key(key), _timeout(timeout_s) + _lease_suffix(lease_s))
+
+
+def encode_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
+    """``hl``: acquire the lock ``key`` with the owner note ``note``, bound to this connection
+    or ``detached`` from it (freed only by ``r`` or its lease)."""
+    mode = constants.HOLD_MODE_DETACHED if detached else constants.HOLD_MODE_CONNECTION
+    argument = (
+        f"{_timeout(timeout_s)} {_number('lease_s', lease_s, minimum=1)} {mode} "
+        f"{validate_note(note)}"
+    )
+    return _request(Command.HOLD, validate_key(key), argument)
+
+
+def encode_note(key: str, token: str, note: str) -> bytes:
+    """``note``: replace the owner note of the grant ``token`` holds on ``key``."""
+    return _request(
+        Command.NOTE, validate_key(key), f"{validate_token(token)} {validate_note(note)}"
+    )
+
+
+def encode_take(key: str, token: str, lease_s: int, on_close_s: int | None, note: str) -> bytes:
+    """``ht``: bind the detached grant ``token`` holds on ``key`` to this connection, with a
+    lease of ``lease_s`` and the owner note ``note``; when the connection closes the grant is
+    released (``on_close_s`` None: ``r``) or detached again with a lease of ``on_close_s``."""
+    on_close = (
+        constants.ON_CLOSE_RELEASE
+        if on_close_s is None
+        else _number("on_close_lease", on_close_s, minimum=1)
+    )
+    argument = (
+        f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)} {on_close} "
+        f"{validate_note(note)}"
+    )
+    return _request(Command.TAKE, validate_key(key), argument)
+
+
+def encode_hand_down(key: str, token: str, lease_s: int) -> bytes:
+    """``hd``: detach the grant ``token`` holds on ``key`` from its connection, with a lease of
+    ``lease_s``."""
+    argument = f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)}"
+    return _request(Command.HAND_DOWN, validate_key(key), argument)
 
 
 def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
@@ -313,7 +382,10 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class TimedOut:
-    """``timeout``: not granted within the timeout."""
+    """``timeout``: not granted within the timeout. To ``hl``: ``timeout <holder-note>``,
+    ``holder`` the note of the key's holder (None when it gave none, ``_`` on the wire)."""
+
+    holder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,13 +430,23 @@ class Moved:
 
 
 @dataclass(frozen=True, slots=True)
+class Bound:
+    """``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (another
+    holder has taken it over); ``holder`` its note (None for ``_``)."""
+
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorReply:
     """``error`` or ``error_<reason>``: the server refused the request."""
 
     code: str
 
 
-Reply = Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | Shards | Moved | ErrorReply
+Reply = (
+    Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | Shards | Moved | Bound | ErrorReply
+)
 
 _COMMON_ERRORS: Final = frozenset(
     {constants.STATUS_ERROR, constants.STATUS_ERROR_AUTH, constants.STATUS_ERROR_DRAINING}
@@ -399,11 +481,16 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.PING: _COMMON_ERRORS,
     Command.HELLO: _COMMON_ERRORS,
     Command.SHARDS: _COMMON_ERRORS,
+    Command.HOLD: _LOCK_ERRORS,
+    Command.NOTE: _COMMON_ERRORS,
+    Command.TAKE: _COMMON_ERRORS | {constants.STATUS_ERROR_MAX_LOCKS},
+    Command.HAND_DOWN: _COMMON_ERRORS,
 }
 _MOVABLE: Final = frozenset(
     {
         Command.LOCK,
         Command.SEM_LOCK,
+        Command.HOLD,
         Command.ENQUEUE,
         Command.SEM_ENQUEUE,
         Command.WAIT,
@@ -448,9 +535,20 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
     return Granted(token, seconds)
 
 
-_GRANTING: Final = frozenset({Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT})
-_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW})
-_ANSWERED_OK: Final = frozenset({Command.RELEASE, Command.SEM_RELEASE, Command.AUTH, Command.PING})
+_GRANTING: Final = frozenset(
+    {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
+)
+_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
+_ANSWERED_OK: Final = frozenset(
+    {
+        Command.RELEASE,
+        Command.SEM_RELEASE,
+        Command.AUTH,
+        Command.PING,
+        Command.NOTE,
+        Command.HAND_DOWN,
+    }
+)
 _OK: Final = Ok()
 
 
@@ -483,12 +581,25 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
                 raise _unexpected(command, line, "error_moved takes one HOST:PORT")
             return Moved(fields[0])
+        if status == constants.STATUS_ERROR_BOUND and command is Command.TAKE:
+            holder = fields[0] if len(fields) == 1 else ""
+            if not _NOTE_RE.fullmatch(holder):
+                raise _unexpected(command, line, "error_bound takes the holder's note")
+            return Bound(None if holder == constants.NO_NOTE else holder)
         if fields or status not in _ALLOWED_ERRORS[command]:
             raise _unexpected(command, line)
         return ErrorReply(status)
     match command, status:
-        case (Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT, "ok"):
+        case (
+            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT | Command.HOLD,
+            "ok",
+        ):
             return _parse_grant(command, line, fields)
+        case (Command.HOLD, "timeout") if len(fields) <= 1:
+            holder = fields[0] if fields else constants.NO_NOTE
+            if not _NOTE_RE.fullmatch(holder):
+                raise _unexpected(command, line, "the holder's note is not printable ASCII")
+            return TimedOut(None if holder == constants.NO_NOTE else holder)
         case (
             Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT,
             "timeout",
@@ -498,10 +609,15 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             return _parse_grant(command, line, fields)
         case (Command.ENQUEUE | Command.SEM_ENQUEUE, "queued") if not fields:
             return Queued()
-        case (Command.RENEW | Command.SEM_RENEW, "ok") if len(fields) == 1:
+        case (Command.RENEW | Command.SEM_RENEW | Command.TAKE, "ok") if len(fields) == 1:
             return Renewed(_parse_uint(command, line, fields[0]))
         case (
-            Command.RELEASE | Command.SEM_RELEASE | Command.AUTH | Command.PING,
+            Command.RELEASE
+            | Command.SEM_RELEASE
+            | Command.AUTH
+            | Command.PING
+            | Command.NOTE
+            | Command.HAND_DOWN,
             "ok",
         ) if not fields:
             return Ok()

@@ -71,6 +71,16 @@ CMD_PING: Final = "ping"
 CMD_HELLO: Final = "hello"
 CMD_SHARDS: Final = "shards"
 """Which keys this server serves: ``ok <one-line JSON>`` (``ownership``)."""
+CMD_HOLD: Final = "hl"
+"""``hl <key> <timeout> <lease> <mode> <note>``: a lock acquire with an owner note, bound to the
+connection (mode ``c``) or detached from it (mode ``d``: freed only by ``r`` or its lease)."""
+CMD_NOTE: Final = "note"
+"""``note <key> <token> <note>``: replace the owner note of a held grant."""
+CMD_TAKE: Final = "ht"
+"""``ht <key> <token> <lease> <onclose> <note>`` (take over): bind a detached grant of a lock
+to this connection, with a new lease and note; ``<onclose>`` says what its close does."""
+CMD_HAND_DOWN: Final = "hd"
+"""``hd <key> <token> <lease>`` (hand down): detach a grant of a lock from its connection."""
 COMMANDS: Final = frozenset(
     {
         CMD_LOCK,
@@ -88,8 +98,23 @@ COMMANDS: Final = frozenset(
         CMD_PING,
         CMD_HELLO,
         CMD_SHARDS,
+        CMD_HOLD,
+        CMD_NOTE,
+        CMD_TAKE,
+        CMD_HAND_DOWN,
     }
 )
+HOLD_MODE_CONNECTION: Final = "c"
+"""``hl`` mode: the grant is released when its connection closes, as ``l``'s."""
+HOLD_MODE_DETACHED: Final = "d"
+"""``hl`` mode: the grant survives its connection (freed by ``r`` or lease expiry only)."""
+MAX_NOTE_BYTES: Final = 200
+"""Longest owner note (``hl``, ``note``): 1..200 printable ASCII bytes, ``!``..``~``."""
+ON_CLOSE_RELEASE: Final = "r"
+"""``ht`` ``<onclose>``: release the grant when the connection closes (as ``l``'s); an integer
+N >= 1 there detaches it instead, with a lease of N seconds from the close."""
+NO_NOTE: Final = "_"
+"""The note a ``timeout`` reply to ``hl`` names when the holder gave none."""
 
 # ---------------------------------------------------------------- hello
 SERVER_NAME: Final = "dflockd-server"
@@ -113,6 +138,10 @@ semaphore never overlap on one key."""
 FEATURE_SHARDS: Final = "shards"
 """``shards`` answers which keys this server serves; acquires of a key it does not serve get
 ``error_moved <HOST:PORT>`` or ``error_unavailable``."""
+FEATURE_HOLDS: Final = "holds"
+"""``hl`` (locks with an owner note, optionally detached from their connection), ``note``,
+``ht`` (take a detached grant over) and ``hd`` (detach a grant);
+``stats`` lists each lock's ``owner`` note and whether it is ``detached``."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -122,6 +151,7 @@ FEATURES: Final = (
     FEATURE_TWO_PHASE,
     FEATURE_LIMIT_MISMATCH,
     FEATURE_SHARDS,
+    FEATURE_HOLDS,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""
@@ -142,6 +172,9 @@ STATUS_ERROR_LEASE_EXPIRED: Final = "error_lease_expired"
 STATUS_ERROR_DRAINING: Final = "error_draining"
 STATUS_ERROR_MOVED: Final = "error_moved"
 """``error_moved <HOST:PORT>``: that member serves the key, not this server."""
+STATUS_ERROR_BOUND: Final = "error_bound"
+"""``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (``_``: it
+has no note)."""
 STATUS_ERROR_UNAVAILABLE: Final = "error_unavailable"
 """Nobody serves the key at this moment (cluster mode, transient): try again shortly."""
 

@@ -26,6 +26,7 @@ from dflockd_server import protocol as p
 from dflockd_server.fence import FenceStateError
 from dflockd_server.table import (
     AlreadyEnqueued,
+    Bound,
     Client,
     Holder,
     LimitMismatch,
@@ -55,11 +56,14 @@ _WHILE_DRAINING: Final = frozenset(
         c.CMD_STATS,
         c.CMD_AUTH,
         c.CMD_SHARDS,
+        c.CMD_NOTE,
+        c.CMD_TAKE,
+        c.CMD_HAND_DOWN,
     )
 )
 """What a draining server still answers: its holders can renew and release until they are
 done (or the shutdown timeout), and see that it is up; acquires and waits get
-``error_draining``."""
+``error_draining``. ``ht`` and ``hd`` are renewals of a held grant (as ``n``): answered too."""
 _REFUSALS: Final = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
@@ -200,6 +204,10 @@ class Session:
             ((c.CMD_STATS,), Session._stats),
             ((c.CMD_AUTH,), Session._auth),
             ((c.CMD_SHARDS,), Session._shards),
+            ((c.CMD_HOLD,), Session._hold),
+            ((c.CMD_NOTE,), Session._note),
+            ((c.CMD_TAKE,), Session._take),
+            ((c.CMD_HAND_DOWN,), Session._hand_down),
         )
         table: dict[bytes, _Route] = {}
         for commands, route in routes:
@@ -239,6 +247,80 @@ class Session:
         if isinstance(got, Holder):
             return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
         return self._later(Wait(got, timeout))
+
+    def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``hl``: a lock acquire with an owner note, bound to the connection or detached."""
+        req = self._decode(cmd, key, arg)
+        if req is None:
+            return p.REPLY_ERROR
+        lease, note = req.lease, req.note
+        assert lease is not None and note is not None
+        if lease > self.max_lease:
+            return self._too_long(lease)
+        check = self.host.key_check
+        if check is not None and (refused := check(req.key)) is not None:
+            return refused
+        try:
+            got = self.table.hold(
+                self.client,
+                req.key,
+                lease,
+                note,
+                detached=req.detached,
+                queue=req.timeout > 0 and not self.eof,
+            )
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        if got is None:
+            return p.reply_held_by(self.table.holder_note(req.key))
+        if isinstance(got, Holder):
+            return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
+        return self._later(Wait(got, req.timeout))
+
+    def _note(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``note``: replace a held grant's owner note."""
+        req = self._decode(cmd, key, arg)
+        if req is None or req.note is None:
+            return p.REPLY_ERROR
+        return p.REPLY_OK if self.table.set_note(req.key, req.token, req.note) else p.REPLY_ERROR
+
+    def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``ht``: take a detached grant over, bound to this connection. As ``n``: no
+        ownership check, answered while draining, refused while renewals are."""
+        req = self._decode(cmd, key, arg)
+        if req is None or req.note is None or req.lease is None:
+            return p.REPLY_ERROR
+        lease, on_close = req.lease, req.on_close
+        if lease > self.max_lease:
+            return self._too_long(lease)
+        if on_close is not None and on_close > self.max_lease:
+            return self._too_long(on_close)
+        if not self.host.renewals_ok:
+            return p.REPLY_ERROR
+        try:
+            taken = self.table.take(
+                self.client, req.key, req.token, lease, note=req.note, on_close=on_close
+            )
+        except Bound as exc:
+            return p.reply_bound(exc.note)
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        return p.REPLY_ERROR if taken is None else p.reply_renewed(taken.lease_ttl)
+
+    def _hand_down(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``hd``: detach a grant from its connection. As ``n`` (see ``_take``)."""
+        req = self._decode(cmd, key, arg)
+        if req is None or req.lease is None:
+            return p.REPLY_ERROR
+        if req.lease > self.max_lease:
+            return self._too_long(req.lease)
+        if not self.host.renewals_ok:
+            return p.REPLY_ERROR
+        try:
+            done = self.table.hand_down(req.key, req.token, req.lease)
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        return p.REPLY_OK if done else p.REPLY_ERROR
 
     def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``r``, ``sr``."""
@@ -360,6 +442,13 @@ class Session:
         self.table.forget_enqueued(waiter)
         waiter.wake = None
         return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
+
+    def timed_out(self, waiter: Waiter) -> bytes:
+        """The reply to the request that waited for ``waiter`` and ran out of time: ``timeout``,
+        and for ``hl`` the holder's note with it. Call before ``give_up``."""
+        if waiter.note is None:
+            return p.REPLY_TIMEOUT
+        return p.reply_held_by(self.table.holder_note(waiter.state.key))
 
     def give_up(self, waiter: Waiter) -> None:
         """The request that waited for ``waiter`` is answered otherwise (it timed out, the

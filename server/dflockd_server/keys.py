@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 __all__ = [
     "AlreadyEnqueued",
+    "Bound",
     "Client",
     "Counts",
     "Holder",
@@ -51,10 +52,23 @@ class AlreadyEnqueued(TableError):
     """The connection already has a pending two-phase enqueue on this key."""
 
 
-class Client:
-    """One connection's view in the table: what it holds, waits for and has enqueued."""
+class Bound(TableError):
+    """``ht``: the grant is bound to a live connection (another run has it). ``note``: its
+    owner note."""
 
-    __slots__ = ("enqueued", "held", "id", "n_held", "waiting")
+    def __init__(self, key: str, note: str | None) -> None:
+        super().__init__(key, note)
+        self.key = key
+        self.note = note
+
+
+class Client:
+    """One connection's view in the table: what it holds, waits for and has enqueued.
+    ``closed`` once its connection is gone; ``on_close``: the grants it took over with ``ht``
+    and an ``<onclose>`` lease (holder -> the lease they are detached with at the close; stale
+    entries of released holders are pruned as it grows), ``None`` while there are none."""
+
+    __slots__ = ("closed", "enqueued", "held", "id", "n_held", "on_close", "waiting")
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
@@ -65,12 +79,16 @@ class Client:
         """Locks and slots it holds now."""
         self.waiting: set[Waiter] = set()
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
+        self.closed = False
+        self.on_close: dict[Holder, int] | None = None
 
 
 class Holder:
-    """A granted lock or semaphore slot."""
+    """A granted lock or semaphore slot. ``note``: its owner note (``hl``, ``note``), or
+    ``None``. A detached hold (``hl`` mode ``d``) belongs to the table's ``detached`` client,
+    which no connection closes."""
 
-    __slots__ = ("client", "expires_at", "lease_ttl", "live", "state", "token")
+    __slots__ = ("client", "expires_at", "lease_ttl", "live", "note", "state", "token")
 
     def __init__(
         self, token: str, state: KeyState, client: Client, lease_ttl: int, expires_at: float
@@ -81,12 +99,25 @@ class Holder:
         self.lease_ttl = lease_ttl
         self.expires_at = expires_at
         self.live = True
+        self.note: str | None = None
 
 
 class Waiter:
-    """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued."""
+    """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued.
+    ``note`` (set for ``hl`` only) goes to its grant, and ``detached`` makes the grant the
+    table's ``detached`` client's instead of the waiting connection's."""
 
-    __slots__ = ("active", "client", "enqueued", "holder", "lease_ttl", "state", "wake")
+    __slots__ = (
+        "active",
+        "client",
+        "detached",
+        "enqueued",
+        "holder",
+        "lease_ttl",
+        "note",
+        "state",
+        "wake",
+    )
 
     def __init__(self, client: Client, state: KeyState, lease_ttl: int) -> None:
         self.client = client
@@ -96,6 +127,8 @@ class Waiter:
         self.holder: Holder | None = None
         self.wake: Callable[[Waiter], None] | None = None
         self.enqueued = False
+        self.note: str | None = None
+        self.detached = False
 
 
 class KeyState:

@@ -27,6 +27,7 @@ from typing import Any
 
 from dflockd_server.keys import (
     AlreadyEnqueued,
+    Bound,
     Client,
     Counts,
     Holder,
@@ -37,10 +38,11 @@ from dflockd_server.keys import (
     TableError,
     Waiter,
 )
-from dflockd_server.tablecore import TableCore
+from dflockd_server.tablecore import CLIENT_COMPACT_MIN, TableCore
 
 __all__ = [
     "AlreadyEnqueued",
+    "Bound",
     "Client",
     "Counts",
     "Holder",
@@ -74,12 +76,21 @@ class LockTable(TableCore):
         return Client(self._next_client_id)
 
     def disconnect(self, client: Client) -> None:
-        """Drop the client's waits; release what it holds when auto-release is on."""
+        """Drop the client's waits; detach the grants it took over with ``ht`` and an
+        ``<onclose>`` lease; release the rest of what it holds when auto-release is on
+        (detached holds are not the client's: they stay)."""
         now = self.clock()
+        client.closed = True
         for waiter in list(client.waiting):
             self._unqueue(waiter, now)
         client.waiting.clear()
         client.enqueued.clear()
+        on_close = client.on_close
+        if on_close:
+            client.on_close = None
+            for holder, lease_ttl in on_close.items():
+                if holder.live:
+                    self._move(holder, self.detached, lease_ttl, now)
         if self.auto_release_on_disconnect:
             lost = self.counts.lost_by_disconnect
             for holder in [h for h in client.held if h.live]:
@@ -117,6 +128,156 @@ class LockTable(TableCore):
         finally:
             if self._wakes:
                 self._flush()
+
+    def hold(
+        self, client: Client, key: str, lease_ttl: int, note: str, *, detached: bool, queue: bool
+    ) -> Holder | Waiter | None:
+        """``hl``: acquire the lock ``key`` (limit 1, the FIFO queue ``acquire`` uses) with the
+        owner note ``note``, as ``acquire`` does otherwise. A ``detached`` grant belongs to the
+        table's ``detached`` client, not to ``client``: closing ``client`` does not free it
+        (a wait of ``client`` is dropped as any wait is)."""
+        now = self.clock()
+        try:
+            if self.in_grace:
+                self._in_grace(now)
+            state = self._state_for(key, None, now)
+            if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
+                if self.max_locks_per_connection:
+                    self._check_client_locks(client, key, state)
+                holder = self._grant(state, self.detached if detached else client, lease_ttl, now)
+                holder.note = note
+                return holder
+            if not queue:
+                self.counts.timeouts[state.is_sem] += 1
+                return None
+            if self.max_waits_per_connection:
+                self._check_client_waits(client, key, state)
+            if self.max_locks_per_connection:
+                self._check_client_locks(client, key, state)
+            waiter = self._queue(state, client, lease_ttl)
+            waiter.note = note
+            waiter.detached = detached
+            return waiter
+        finally:
+            if self._wakes:
+                self._flush()
+
+    def holder_note(self, key: str) -> str | None:
+        """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
+        state = self.keys.get(key)
+        if state is None:
+            return None
+        one = state.one
+        return one.note if one is not None else None
+
+    def set_note(self, key: str, token: str, note: str) -> bool:
+        """``note``: replace the owner note of the grant ``token`` holds on ``key``; ``False``
+        if it holds none."""
+        holder = self._holder_of(key, token)
+        if holder is None:
+            return False
+        holder.note = note
+        return True
+
+    def is_detached(self, holder: Holder) -> bool:
+        """Whether the grant is bound to no live connection: a detached hold, or (without
+        auto-release) a grant whose connection has closed."""
+        owner = holder.client
+        return owner is self.detached or owner.closed
+
+    def take(
+        self,
+        client: Client,
+        key: str,
+        token: str,
+        lease_ttl: int,
+        *,
+        note: str,
+        on_close: int | None,
+    ) -> Holder | None:
+        """``ht``: bind the detached grant ``token`` holds on the lock ``key`` to ``client``
+        (same token, so same fence), with the lease ``lease_ttl`` from now and the note
+        ``note``. When ``client`` closes the grant is released as any of its grants
+        (``on_close`` ``None``) or detached again with a lease of ``on_close`` seconds from
+        then. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is
+        bound to a live connection (this one included), ``MaxLocks`` if ``client`` is at its
+        cap."""
+        holder = self._holder_of(key, token)
+        if holder is None or holder.state.one is not holder:
+            return None
+        if not self.is_detached(holder):
+            raise Bound(key, holder.note)
+        if self.max_locks_per_connection:
+            self._check_client_locks(client, key, None)
+        longest = max(lease_ttl, on_close or 0)
+        if longest > self.lease_noted:
+            self._note(longest)  # the close's lease too: a disconnect must not fail
+        taken = self._move(holder, client, lease_ttl, self.clock())
+        taken.note = note
+        if on_close is not None:
+            leases = client.on_close
+            if leases is None:
+                leases = client.on_close = {}
+            elif len(leases) > 2 * client.n_held + CLIENT_COMPACT_MIN:
+                for gone in [h for h in leases if not h.live]:
+                    del leases[gone]
+            leases[taken] = on_close
+        return taken
+
+    def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
+        """``hd``: detach the grant ``token`` holds on the lock ``key`` from whatever
+        connection it is bound to (a detached one stays so), with the lease ``lease_ttl`` from
+        now; ``False`` if ``token`` holds no lock on ``key``."""
+        holder = self._holder_of(key, token)
+        if holder is None or holder.state.one is not holder:
+            return False
+        if lease_ttl > self.lease_noted:
+            self._note(lease_ttl)
+        if holder.client is self.detached:
+            return self.renew(key, token, lease_ttl) is not None
+        self._move(holder, self.detached, lease_ttl, self.clock())
+        return True
+
+    def _move(self, holder: Holder, client: Client, lease_ttl: int, now: float) -> Holder:
+        """Rebind the lock grant ``holder`` to ``client`` with the lease ``lease_ttl`` from
+        ``now``: a new ``Holder`` (same token and note) takes its place, and the old one is
+        dropped from its client's view as a released one is (no count changes: nothing is
+        granted or released)."""
+        old = holder.client
+        holder.live = False
+        old.n_held -= 1
+        held = old.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * old.n_held + CLIENT_COMPACT_MIN:
+            old.held = [h for h in held if h.live]
+        if old.on_close:
+            old.on_close.pop(holder, None)
+        state = holder.state
+        expires_at = now + lease_ttl
+        moved = Holder(holder.token, state, client, lease_ttl, expires_at)
+        moved.note = holder.note
+        state.one = moved
+        state.earliest = expires_at
+        state.last_used = expires_at  # not read while held (see KeyState)
+        client.held.append(moved)
+        client.n_held += 1
+        self._leases.add(moved, expires_at, lease_ttl)
+        return moved
+
+    def _holder_of(self, key: str, token: str) -> Holder | None:
+        """The live grant ``token`` holds on ``key`` (leases checked first), or ``None``."""
+        state = self.keys.get(key)
+        if state is None:
+            return None
+        now = self.clock()
+        if now >= state.earliest:
+            self._check(state, now)
+            self._flush()
+        holder = state.one
+        if holder is None or holder.token != token:
+            holder = state.many.get(token) if state.many else None
+        return holder
 
     def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
         """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
@@ -330,6 +491,8 @@ class LockTable(TableCore):
                         "owner_conn_id": holder.client.id,
                         "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
                         "waiters": state.n_waiting,
+                        "owner": holder.note,
+                        "detached": self.is_detached(holder),
                     }
                 )
             elif state.n_waiting == 0:

@@ -23,9 +23,9 @@ from dflockd_server.keys import (
 )
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex
 
-__all__ = ["TableCore"]
+__all__ = ["CLIENT_COMPACT_MIN", "TableCore"]
 
-_CLIENT_COMPACT_MIN = 8
+CLIENT_COMPACT_MIN = 8
 """Released holders a connection's list may keep beyond twice its live ones (small: each keeps
 a released holder and its token alive)."""
 
@@ -64,6 +64,9 @@ class TableCore:
         self._leases = LeaseIndex()
         self._wakes: list[Waiter] = []
         self._next_client_id = 0
+        self.detached = Client(0)
+        """The owner of detached holds (``hl`` mode ``d``): no connection, never disconnected;
+        connections are numbered from 1."""
         self.counts = Counts()
         self.in_grace = grace_s > 0
         """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
@@ -218,7 +221,7 @@ class TableCore:
         held = client.held
         while held and not held[-1].live:
             held.pop()
-        if len(held) > 2 * client.n_held + _CLIENT_COMPACT_MIN:
+        if len(held) > 2 * client.n_held + CLIENT_COMPACT_MIN:
             client.held = [h for h in held if h.live]
         index = self._leases
         entries = index.by_ttl.get(holder.lease_ttl)
@@ -270,7 +273,12 @@ class TableCore:
                 queue.popleft()
                 continue
             # Grant first: if no token can be issued the waiter stays at the head of the queue.
-            waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+            if waiter.note is None:
+                waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+            else:  # a hold (hl)
+                owner = self.detached if waiter.detached else waiter.client
+                holder = waiter.holder = self._grant(state, owner, waiter.lease_ttl, now)
+                holder.note = waiter.note
             queue.popleft()
             waiter.active = False
             state.n_waiting -= 1
