@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from celery_dflock.client import DistributedLock, DistributedSemaphore
     from celery_dflock.clients import AsyncClient, Client, Hold
     from celery_dflock.errors import (
+        AlreadyQueued,
         AuthError,
         DflockError,
         HoldsUnsupported,
@@ -67,6 +68,7 @@ _WHERE: Final[dict[str, str]] = {
 """Public name -> the module that defines it (imported when the name is first used)."""
 
 __all__ = [
+    "AlreadyQueued",
     "AsyncClient",
     "AsyncConnectionPool",
     "AsyncDistributedLock",
