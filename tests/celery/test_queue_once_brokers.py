@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import redis
 from celery import Celery
 from kombu.connection import Connection
 
@@ -61,6 +62,9 @@ VISIBILITY_TIMEOUT_S = 5
 """Redis: a message reserved by a worker that died comes back after this (acks_late)."""
 FREED_WITHIN_S = 20.0
 """Generous bound for a hold to be freed once what frees it has happened."""
+
+PRIORITY_SEP = "\x06\x16"
+"""kombu's Redis transport keeps priority ``n`` of a queue in the list ``<queue>\\x06\\x16<n>``."""
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +123,16 @@ class Rig:
         )
 
     def ready_messages(self, queue_name: str) -> int:
-        """Messages waiting in ``queue_name`` on the broker (not those a worker reserved)."""
+        """Messages waiting in ``queue_name`` on the broker (not those a worker reserved):
+        on Redis the length of its lists (one per priority step), on RabbitMQ the count that a
+        passive ``queue_declare`` reports."""
+        if self.broker == "redis":
+            client = redis.Redis.from_url(self.settings["broker_url"])
+            try:
+                lists = [queue_name, *client.scan_iter(match=f"{queue_name}{PRIORITY_SEP}*")]
+                return sum(int(client.llen(name)) for name in lists)
+            finally:
+                client.close()
         with Connection(self.settings["broker_url"]) as conn:
             declared = conn.default_channel.queue_declare(queue=queue_name, passive=True)
         return int(declared.message_count)
