@@ -63,6 +63,10 @@ VISIBILITY_TIMEOUT_S = 5
 FREED_WITHIN_S = 20.0
 """Generous bound for a hold to be freed once what frees it has happened."""
 
+UNACKED_KEY = "unacked"
+"""kombu's Redis hash of the messages that workers reserved and have not acknowledged."""
+REDELIVERY_GRACE_S = 5.0
+"""How long a second delivery is given to start a second run (it must not)."""
 PRIORITY_SEP = "\x06\x16"
 """kombu's Redis transport keeps priority ``n`` of a queue in the list ``<queue>\\x06\\x16<n>``."""
 
@@ -487,6 +491,56 @@ def test_a_run_killed_with_acks_late_is_redelivered_under_the_same_hold(rig: Rig
     wait_finished(rig, fresh.id)
     assert [r["task_id"] for r in rig.runs(name)] == [held.id, held.id, fresh.id]
     assert_no_overlap(rig, name)
+
+
+def reserved_tags(rig: Rig, task_id: str) -> set[str]:
+    """Redis: the delivery tags under which workers hold ``task_id``'s message unacknowledged."""
+    client = redis.Redis.from_url(rig.settings["broker_url"])
+    try:
+        found = cast("dict[bytes, bytes]", client.hgetall(UNACKED_KEY))
+    finally:
+        client.close()
+    return {
+        tag.decode()
+        for tag, raw in found.items()
+        if json.loads(raw)[0]["headers"].get("id") == task_id
+    }
+
+
+def test_a_message_delivered_again_while_its_run_lasts_does_not_overlap(rig: Rig) -> None:
+    """Redis delivers an unacknowledged (acks_late) message again once its visibility timeout
+    passes, even while its first run is still going: the second delivery must not run beside
+    the first under the same hold (RabbitMQ delivers again only when the connection is gone)."""
+    if rig.broker != "redis":
+        pytest.skip("RabbitMQ delivers a message again only when its consumer is gone")
+    worker = rig.shared_worker()
+    name = unique("overdue")
+    release = rig.tmp / f"release-{name}"
+    held = rig.publish("once_acks_late", name, rig.base_queue, release)
+    first = rig.log.wait_event("started", EVENT_TIMEOUT_S, task_id=held.id)
+    tags: set[str] = set()
+
+    def delivered_again() -> bool:
+        tags.update(reserved_tags(rig, held.id))
+        return len(tags) >= 2
+
+    wait_until(
+        delivered_again,
+        timeout=VISIBILITY_TIMEOUT_S + FREED_WITHIN_S,
+        what="Redis to deliver the message again",
+        poll=0.1,
+    )
+    # The worker has the second delivery: give it every chance to start a second run.
+    with contextlib.suppress(AssertionError):
+        rig.log.wait_event("started", REDELIVERY_GRACE_S, count=2, task_id=held.id)
+    release.touch()
+    started = len(rig.runs(name))
+    wait_finished(rig, held.id, count=started)
+    assert worker.alive()
+    runs = rig.log.entries("finished", name=name)
+    assert not list(iter_overlaps(runs)), (
+        f"a second delivery ran beside the first under fence {first['fence']}: {runs}"
+    )
 
 
 # --------------------------------------------------------------------------- acceptance 5
