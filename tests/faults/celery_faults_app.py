@@ -13,6 +13,9 @@ same fence. A run whose write lands on a balance other than the one it read (``a
 before + 1``) had another writer in between: in a store that sets values, that is a lost
 update. The fault tests count those, and compare each account's balance with its accepted
 writes.
+
+:func:`publish_fenced_increment` is the same step with ``lock_from="publish"`` (queue once,
+issue 17): published through the task by ``tests.faults.publish_workload``'s processes.
 """
 
 from __future__ import annotations

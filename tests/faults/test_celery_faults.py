@@ -20,6 +20,11 @@ their locks, then checks what the issue asks for and adds a row to the fault rep
 * **broker kill -9 and restart**: this test's own ``redis-server`` (append-only file, so
   queued messages survive) is killed in the middle of a stream of locked runs and restarted;
   the worker reconnects and the stream completes with no overlap per key.
+* **queue once, publishers killed**: processes publish ``lock_from="publish"`` runs (issue 17)
+  of three accounts and some are killed -9 mid-stream; the history checker sees each publish
+  as a hold from its request to the end of its run, a sampler counts the messages per account
+  in the broker (never more than one), and every account's key comes free in the end (a hold
+  whose publisher died before sending its message runs out after ``lock_pending_ttl``).
 
 Every test has its own ``redis-server`` as broker and result backend (never the shared
 one). Not kombu's filesystem broker: its reader can take a message file before the writer has
