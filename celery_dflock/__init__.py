@@ -21,11 +21,14 @@ if TYPE_CHECKING:
     from celery_dflock.aio import AsyncDistributedLock, AsyncDistributedSemaphore
     from celery_dflock.beat import SingletonScheduler
     from celery_dflock.client import DistributedLock, DistributedSemaphore
-    from celery_dflock.clients import AsyncClient, Client
+    from celery_dflock.clients import AsyncClient, Client, Hold
     from celery_dflock.errors import (
+        AlreadyQueued,
         AuthError,
         DflockError,
+        HoldsUnsupported,
         InvalidValueError,
+        KeyHeld,
         LimitMismatchError,
         LockLost,
         LockNotAcquired,
@@ -48,6 +51,7 @@ __version__ = "0.2.0"
 _WHERE: Final[dict[str, str]] = {
     "AsyncClient": "celery_dflock.clients",
     "Client": "celery_dflock.clients",
+    "Hold": "celery_dflock.clients",
     "AsyncDistributedLock": "celery_dflock.aio",
     "AsyncDistributedSemaphore": "celery_dflock.aio",
     "DistributedLock": "celery_dflock.client",
@@ -64,6 +68,7 @@ _WHERE: Final[dict[str, str]] = {
 """Public name -> the module that defines it (imported when the name is first used)."""
 
 __all__ = [
+    "AlreadyQueued",
     "AsyncClient",
     "AsyncConnectionPool",
     "AsyncDistributedLock",
@@ -74,7 +79,10 @@ __all__ = [
     "DflockError",
     "DistributedLock",
     "DistributedSemaphore",
+    "Hold",
+    "HoldsUnsupported",
     "InvalidValueError",
+    "KeyHeld",
     "LimitMismatchError",
     "LockLost",
     "LockNotAcquired",

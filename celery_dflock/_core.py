@@ -24,6 +24,7 @@ from celery_dflock.cluster import ClusterMap, ShardsInfo
 from celery_dflock.errors import (
     AuthError,
     DflockError,
+    HoldsUnsupported,
     InvalidValueError,
     LimitMismatchError,
     LockNotOwned,
@@ -122,6 +123,21 @@ class Endpoint:
 FEATURE_FENCE: Final = constants.FEATURE_FENCE
 FEATURE_PING: Final = constants.FEATURE_PING
 FEATURE_STATS: Final = constants.FEATURE_STATS
+FEATURE_HOLDS: Final = constants.FEATURE_HOLDS
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A detached hold (`Client.hold`): the lock ``key`` held by ``token`` on ``server``
+    (``"host:port"``) with a lease of ``lease_ttl`` seconds, freed only by a release of the
+    token (from any process) or when the lease runs out. ``fence``: the token's fencing
+    counter (None when the server does not issue fencing tokens)."""
+
+    key: str
+    token: str = field(repr=False)  # a bearer credential: never in a repr
+    fence: int | None
+    lease_ttl: int
+    server: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,8 +436,15 @@ class LockCore:
         ssl_context: ssl.SSLContext | None,
         connect_timeout_s: float,
         router: ClusterRouter | None = None,
+        note: str | None = None,
     ) -> None:
         self.key = protocol.validate_key(key)
+        self.note = None if note is None else protocol.validate_note(note)
+        """The owner note sent with each acquire (``hl ... c <note>``) to a server with holds."""
+        self.holder: str | None = None
+        """After an acquire refused on a busy key: the holder's note (servers with holds)."""
+        self.busy = False
+        """The last acquire ended with ``timeout`` (the key stayed busy)."""
         self.limit = check_limit(limit)
         self.acquire_timeout_s = whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
         self.lease_ttl_s = (
@@ -536,6 +559,8 @@ class LockCore:
     def begin_acquire(self) -> None:
         """An acquire (or enqueue) starts: its deadline runs from now."""
         self.acquire_deadline = time.monotonic() + self.acquire_timeout_s
+        self.holder = None
+        self.busy = False
         self.redirects = 0
         self.unavailable_pause = 0.0
 
@@ -666,17 +691,95 @@ class LockCore:
                 f"{self.what} is enqueued on this object; call wait() or release() first"
             )
 
-    def acquire_request(self) -> tuple[Command, bytes, float]:
-        """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout)."""
+    def acquire_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
+        """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout). A lock
+        with a `note` sends ``hl ... c <note>`` instead to a ``server`` that has holds."""
         self._require_idle()
         timeout = self.wait_seconds()
         if self.limit is None:
+            if self.note is not None and server is not None and server.supports(FEATURE_HOLDS):
+                data = protocol.encode_hold(
+                    self.key, timeout, self.hold_lease(), self.note, detached=False
+                )
+                return Command.HOLD, data, self.reply_timeout(timeout)
             data = protocol.encode_lock(self.key, timeout, self.lease_ttl_s)
             return Command.LOCK, data, self.reply_timeout(timeout)
         data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
         return Command.SEM_LOCK, data, self.reply_timeout(timeout)
 
-    def enqueue_request(self) -> tuple[Command, bytes, float]:
+    def hold_request(self, server: ServerInfo | None, note: str) -> tuple[Command, bytes, float]:
+        """``hl ... d <note>``: a detached hold (`HoldsUnsupported` unless ``server`` has
+        holds)."""
+        self._require_idle()
+        self.require_holds(server)
+        timeout = self.wait_seconds()
+        data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=True)
+        return Command.HOLD, data, self.reply_timeout(timeout)
+
+    def hold_lease(self) -> int:
+        """The lease ``hl`` asks for (it always names one): the lock's, else the protocol's
+        default."""
+        return constants.DEFAULT_LEASE_TTL_S if self.lease_ttl_s is None else self.lease_ttl_s
+
+    def require_holds(self, server: ServerInfo | None) -> None:
+        """Raise `HoldsUnsupported` unless ``server`` listed ``holds`` in its ``hello``."""
+        if server is None or not server.supports(FEATURE_HOLDS):
+            what = "a server that was not asked hello" if server is None else server.describe()
+            raise HoldsUnsupported(
+                f"server {self.endpoint.address} is {what}: holds and owner notes (for "
+                f"{self.what}) need celery-dflock's dflockd-server (the 'holds' feature), "
+                "which it does not list in its hello; run the bundled `dflockd` there"
+            )
+
+    def take_over_request(self, token: str) -> tuple[Command, bytes, float]:
+        """``n <token> [<lease>]``: renew a grant made elsewhere, to hold it from now on."""
+        self._require_idle()
+        data = protocol.encode_renew(self.key, protocol.validate_token(token), self.lease_ttl_s)
+        return Command.RENEW, data, self.reply_timeout()
+
+    def on_take_over_reply(
+        self, token: str, reply: Reply, sent_at: float, server: ServerInfo | None
+    ) -> bool:
+        """Interpret the reply to `take_over_request`: True when held now (as after a grant),
+        False when ``token`` no longer holds the key."""
+        if isinstance(reply, Renewed) and reply.seconds_remaining > 0:
+            granted = Granted(token, reply.seconds_remaining)
+            return self.on_grant_reply(Command.LOCK, granted, sent_at, server)
+        if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
+            return False
+        if isinstance(reply, ErrorReply):
+            raise self.error_for(Command.RENEW, reply)
+        raise ProtocolError(f"unexpected reply {reply!r} to {Command.RENEW.label}")
+
+    def token_renew_request(self, token: str, lease_ttl: int) -> tuple[Command, bytes, float]:
+        """``n <token> <lease>`` for a grant this object does not hold."""
+        data = protocol.encode_renew(self.key, protocol.validate_token(token), lease_ttl)
+        return Command.RENEW, data, self.reply_timeout()
+
+    def note_request(
+        self, server: ServerInfo | None, token: str, note: str
+    ) -> tuple[Command, bytes, float]:
+        """``note <token> <note>`` (`HoldsUnsupported` unless ``server`` has holds)."""
+        self.require_holds(server)
+        return Command.NOTE, protocol.encode_note(self.key, token, note), self.reply_timeout()
+
+    def on_token_reply(self, command: Command, reply: Reply) -> bool:
+        """The reply to `token_renew_request` or `note_request`: True done, False when the
+        token no longer holds the key; raises for other refusals."""
+        if isinstance(reply, Renewed | protocol.Ok):
+            return True
+        if isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR:
+            return False
+        if isinstance(reply, ErrorReply):
+            raise self.error_for(command, reply)
+        raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
+
+    def hand_off_request(self, lease_ttl: int) -> tuple[Command, bytes, float]:
+        """``n`` for the held token with ``lease_ttl`` (the last renewal before letting go)."""
+        token = self._held_token()
+        return self.token_renew_request(token, lease_ttl)
+
+    def enqueue_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
         """``e`` / ``se``."""
         self._require_idle()
         if self.limit is None:
@@ -755,6 +858,8 @@ class LockCore:
             return False
         self.reset()
         if isinstance(reply, TimedOut):
+            self.busy = True
+            self.holder = reply.holder
             return False
         if isinstance(reply, Moved):
             logger.warning(

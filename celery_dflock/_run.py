@@ -10,12 +10,15 @@ process in the app's `Runtime` (`TaskRuns`), never on the task object.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from types import MethodType
 from typing import Any, Final, cast
 
@@ -27,8 +30,18 @@ from celery_dflock._celery import (
     get_logger,
     get_task_logger,
 )
+from celery_dflock._holds import (
+    HOLD_HEADER,
+    NOTE_MAX_BYTES,
+    HoldRef,
+    decode_note,
+    encode_note,
+    hold_of,
+)
 from celery_dflock._interrupt import BodyTarget, current_body
 from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime
+from celery_dflock.client import DistributedLock
+from celery_dflock.clients import Hold
 from celery_dflock.config import (
     LOCK_OPTIONS,
     DflockConfig,
@@ -39,11 +52,15 @@ from celery_dflock.config import (
     resolve_options,
 )
 from celery_dflock.errors import (
+    AlreadyQueued,
     DflockError,
+    InvalidValueError,
+    KeyHeld,
     LimitMismatchError,
     LockLost,
     LockNotAcquired,
     LockSkipped,
+    ProtocolError,
 )
 from celery_dflock.keys import KeyBuilder
 
@@ -51,10 +68,15 @@ __all__ = [
     "LOCK_OPTIONS_HEADER",
     "LOCK_RETRIES_HEADER",
     "REQUEST_LOCK",
+    "Duplicate",
+    "PublishHold",
     "TaskRuns",
     "call_options",
     "locked_run",
+    "publish_hold",
     "release_current",
+    "release_hold",
+    "retry_hand_off",
 ]
 
 logger: Any = get_task_logger("celery_dflock.task")
@@ -74,6 +96,8 @@ REQUEST_LOCK: Final = "dflock_lock"
 _REQUEST_KEY: Final = "dflock_key"
 _REQUEST_FENCE: Final = "dflock_fence"
 _REQUEST_TOKEN: Final = "dflock_token"
+_REQUEST_OPTIONS: Final = "dflock_run_options"
+"""The request attribute holding the current run's resolved `LockOptions`."""
 _MAX_BACKOFF_EXPONENT: Final = 32
 
 
@@ -166,26 +190,42 @@ def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) 
     return not isinstance(task, app_task_cls)
 
 
+def _options_for(
+    task: Any, config: DflockConfig, runtime: Runtime, per_call: Mapping[str, object]
+) -> LockOptions | None:
+    """The lock options of a run (or a publish) of ``task``; None when it is not locked."""
+    name = str(task.name)
+    attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
+    if per_call:  # per call: resolved every time (they must win)
+        given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
+        return resolve_options(config, name, given, per_call)
+    return runtime.task_runs(name).plan_for(task, config, attributes).options
+
+
+def _run_note(task_id: str | None, request: Any) -> str | None:
+    """The owner note of a running task: its id and the worker's name (or this host's)."""
+    host = getattr(request, "hostname", None)
+    return encode_note(task_id, host if isinstance(host, str) and host else socket.gethostname())
+
+
 # ------------------------------------------------------------------------------ one run
 
 
 def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``task``'s body for ``request`` under its lock (or straight, when not locked)."""
+    """Run ``task``'s body for ``request`` under its lock (or straight, when not locked).
+
+    A request sent under a publish-time hold (`HOLD_HEADER`) takes the hold over: the run
+    holds the very grant the publish took (renewed, guarded and released as any run's lock).
+    When the hold is gone (its ``lock_pending_ttl`` ran out), the run takes the key as a
+    run-time lock and ``on_locked`` applies."""
     app: Any = task._get_app()
     config = get_config(app)
     runtime = get_runtime(app)
-    name = str(task.name)
-    runs = runtime.task_runs(name)
-    attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
-    per_call = call_options(request)
     run: Callable[..., Any] = task.run
-    if per_call:  # per call: resolved every time (they must win)
-        given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
-        options = resolve_options(config, name, given, per_call)
-    else:
-        options = runs.plan_for(task, config, attributes).options
-        if options is None:
-            return run(*args, **kwargs)
+    options = _options_for(task, config, runtime, call_options(request))
+    if options is None:
+        return run(*args, **kwargs)
+    runs = runtime.task_runs(str(task.name))
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
     task_id = cast("str | None", request.id)
     guard = _RunGuard(task, task_id, key, options.on_lock_lost, runtime)
@@ -193,17 +233,226 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if options.on_locked == "retry" and request.is_eager:
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(_lock_retries(request), options))
-    lock = runtime.new_lock(config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost)
+    note = _run_note(task_id, request)
+    lock = runtime.new_lock(
+        config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost, note=note
+    )
+    held = hold_of(_header(request, HOLD_HEADER))
     try:
-        acquired = lock.acquire()
+        acquired = _take_over(runtime, config, lock, held, note=note, label=guard.label)
+        if not acquired:
+            acquired = lock.acquire()
     except LimitMismatchError as exc:  # the key is busy with another lock_limit
         return _contended(task, request, key, options, (args, kwargs), mismatch=exc)
     except DflockError as exc:  # the server unreachable, refusing, draining, ...
         _autoretry(task, request, exc)
         raise
     if not acquired:
-        return _contended(task, request, key, options, (args, kwargs))
+        return _contended(task, request, key, options, (args, kwargs), lock=lock)
     return _run_held(guard, lock, request, options=options, run=run, call=(args, kwargs))
+
+
+def _take_over(
+    runtime: Runtime,
+    config: DflockConfig,
+    lock: AnyLock,
+    held: HoldRef | None,
+    *,
+    note: str | None,
+    label: str,
+) -> bool:
+    """Adopt the publish-time hold ``held`` into ``lock``; False when there is none to adopt
+    (no hold, or it is gone: the caller then acquires)."""
+    if held is None or not isinstance(lock, DistributedLock):
+        return False
+    if held.key != lock.key:
+        # Sent again (a retry) with arguments that give another key: the old key's hold is
+        # of no use to this run.
+        logger.info(
+            "dflock: %s was sent holding %r, but its arguments give key %r now; "
+            "releasing the old hold",
+            label,
+            held.key,
+            lock.key,
+        )
+        release_hold(runtime, config, held)
+        return False
+    if lock.adopt(held.token, note=note):
+        return True
+    logger.info(
+        "dflock: %s: the hold taken when it was sent is gone (lock_pending_ttl ran out, or "
+        "it was released); taking key %r now",
+        label,
+        lock.key,
+    )
+    return False
+
+
+def release_hold(runtime: Runtime, config: DflockConfig, held: HoldRef) -> bool:
+    """Release a publish-time hold by its token (idempotent): True if the server freed it."""
+    return runtime.client(config).release(held.key, held.token)
+
+
+# ------------------------------------------------------------------------------ publish
+
+
+@dataclass(frozen=True, slots=True)
+class PublishHold:
+    """A publish-time hold taken for a message about to be sent."""
+
+    hold: Hold
+    header: dict[str, str]
+
+    def release(self, task: Any) -> None:
+        """Free the hold (the message could not be sent)."""
+        app: Any = task._get_app()
+        config = get_config(app)
+        get_runtime(app).client(config).release(self.hold.key, self.hold.token)
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """The key is held: send nothing, return the holder's result (``on_duplicate="return"``)."""
+
+    task_id: str
+
+
+def publish_hold(
+    task: Any,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    per_call: Mapping[str, object],
+    task_id: str,
+    *,
+    countdown: float | None = None,
+    eta: Any = None,
+) -> PublishHold | Duplicate | None:
+    """Take the publish-time hold of a message of ``task`` (``lock_from="publish"``).
+
+    ``call`` is (args, kwargs) as the run will see them (after the serializer's round trip),
+    ``task_id`` the id the message is sent with. The hold lasts ``lock_pending_ttl`` after
+    the message is due (its ``countdown`` or ``eta``). None: the task is not sent under a
+    hold. Raises `AlreadyQueued` for a duplicate under ``on_duplicate="raise"``."""
+    app: Any = task._get_app()
+    config = get_config(app)
+    runtime = get_runtime(app)
+    options = _options_for(task, config, runtime, per_call)
+    if options is None or options.lock_from != "publish":
+        return None
+    name = str(task.name)
+    run: Callable[..., Any] = task.run
+    key = runtime.task_runs(name).key_builder(task, options.key, run, config.key_prefix).key(*call)
+    note = encode_note(task_id)
+    if note is None:
+        raise InvalidValueError(
+            f"task {name}: task_id {task_id!r} is too long for lock_from='publish', which "
+            f"stores it with key {key!r} (at most {NOTE_MAX_BYTES} bytes once "
+            f"percent-encoded); send the task with a shorter task_id"
+        )
+    lease = _pending_lease(options, _delay_s(countdown, eta))
+    try:
+        hold = runtime.client(config).hold(key, note=note, lease_ttl=lease)
+    except ProtocolError as exc:
+        raise ProtocolError(
+            f"task {name} was not sent: the lock server refused its hold of {key!r} for "
+            f"{lease} s (lock_pending_ttl={options.pending_ttl}, or the message's countdown/"
+            f"eta when longer); a lease above the server's --max-lease-ttl "
+            f"(DFLOCKD_MAX_LEASE_TTL_S, default 300 s) is refused: lower lock_pending_ttl "
+            f"(dflock_lock_pending_ttl) or raise the server's limit. The server said: {exc}"
+        ) from exc
+    except KeyHeld as busy:
+        holder, host = decode_note(busy.holder)
+        where = f" (running on {host})" if host else " (queued)"
+        if holder is not None and options.on_duplicate == "return":
+            logger.info(
+                "dflock: task %s[%s] not sent: key %r is held by task %s%s; "
+                "returning its result (on_duplicate='return')",
+                name,
+                task_id,
+                key,
+                holder,
+                where,
+            )
+            return Duplicate(holder)
+        if holder is None:
+            raise AlreadyQueued(
+                f"task {name} was not sent: key {key!r} is held, by a holder that left no task "
+                f"id (a lock taken outside Celery, or by an older worker), so there is no "
+                f"result to return; the key frees when that holder releases it",
+                key=key,
+            ) from busy
+        raise AlreadyQueued(
+            f"task {name} was not sent: key {key!r} is held by task {holder}{where} "
+            f"(lock_from='publish', on_duplicate='raise'); AsyncResult({holder!r}) follows it",
+            task_id=holder,
+            key=key,
+        ) from busy
+    return PublishHold(hold, HoldRef(hold.key, hold.token).header())
+
+
+# ------------------------------------------------------------------------------ retry
+
+
+def retry_hand_off(
+    task: Any,
+    request: Any,
+    *,
+    countdown: float | None,
+    eta: Any,
+    max_retries: int | None,
+) -> HoldRef | None:
+    """Before ``task.retry``: a run holding its publish-time hold hands it on to the retry
+    message (renewed for the countdown plus ``lock_pending_ttl``, not released); returns the
+    hold for the retry's header. Any other run's lock is released (None)."""
+    lock = cast("AnyLock | None", getattr(request, REQUEST_LOCK, None))
+    options = cast("LockOptions | None", getattr(request, _REQUEST_OPTIONS, None))
+    held = hold_of(_header(request, HOLD_HEADER))
+    sent = not (request.is_eager or request.called_directly)
+    limit = task.max_retries if max_retries is None else max_retries
+    last = limit is not None and int(request.retries or 0) + 1 > limit  # Celery will not send
+    if (
+        lock is None
+        or options is None
+        or held is None
+        or not sent
+        or last
+        or not isinstance(lock, DistributedLock)
+        or lock.token != held.token
+    ):
+        if lock is not None:
+            lock.release()
+        return None
+    lease = _pending_lease(options, _retry_delay(task, countdown, eta))
+    if lock.hand_off(lease):
+        return held
+    return None  # lost meanwhile: nothing to hand on
+
+
+def _pending_lease(options: LockOptions, delay_s: float) -> int:
+    """The lease of a hold whose message is due in ``delay_s`` s: ``lock_pending_ttl``, or
+    the delay when that is longer (a message due later keeps its key until it is due)."""
+    return max(options.pending_ttl, math.ceil(delay_s))
+
+
+def _retry_delay(task: Any, countdown: float | None, eta: Any) -> float:
+    """Seconds until a retry is due, as ``Task.retry`` works it out."""
+    if eta is None and countdown is None:
+        countdown = cast("float | None", getattr(task, "default_retry_delay", None))
+    return _delay_s(countdown, eta)
+
+
+def _delay_s(countdown: object, eta: object) -> float:
+    """Seconds until a message sent with ``countdown`` or ``eta`` is due (0: at once)."""
+    if isinstance(eta, str):
+        try:
+            eta = datetime.fromisoformat(eta)
+        except ValueError:
+            eta = None
+    if isinstance(eta, datetime):
+        now = datetime.now(eta.tzinfo)
+        return max(0.0, (eta - now).total_seconds())
+    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        return max(0.0, float(countdown))
+    return 0.0
 
 
 def _run_held(
@@ -223,6 +472,7 @@ def _run_held(
     request.dflock_key = key
     request.dflock_fence = lock.fence
     request.dflock_token = lock.token
+    setattr(request, _REQUEST_OPTIONS, options)
     if runtime.in_pool_child and task_id:
         writer = runtime.held_writer()
         if writer is not None:
@@ -251,7 +501,13 @@ def _run_held(
         finally:
             if guard.record is not None:
                 guard.record.remove()
-            for attr in (REQUEST_LOCK, _REQUEST_KEY, _REQUEST_FENCE, _REQUEST_TOKEN):
+            for attr in (
+                REQUEST_LOCK,
+                _REQUEST_KEY,
+                _REQUEST_FENCE,
+                _REQUEST_TOKEN,
+                _REQUEST_OPTIONS,
+            ):
                 setattr(request, attr, None)
 
 
@@ -409,6 +665,7 @@ def _contended(
     call: tuple[tuple[Any, ...], dict[str, Any]],
     *,
     mismatch: LimitMismatchError | None = None,
+    lock: AnyLock | None = None,
 ) -> Any:
     """The key is busy: held by other runs, or (``mismatch``) in use with another limit.
 
@@ -418,8 +675,10 @@ def _contended(
     run = _run_name(str(task.name), request.id)
     task_id = cast("str | None", request.id)
     args, kwargs = call
+    holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
     if mismatch is None:
-        why = f"lock {key!r} is held by another run"
+        by = f"task {holder}" if holder else "another run"
+        why = f"lock {key!r} is held by {by}"
     else:
         mine = "a lock" if options.limit is None else f"a semaphore of limit {options.limit}"
         why = (
@@ -430,7 +689,9 @@ def _contended(
         logger.warning("dflock: %s: %s", run, why)
     if options.on_locked == "skip":
         logger.info("dflock: skipping %s: %s", run, why)
-        signals.lock_skipped.send(sender=task, task_id=task_id, key=key, args=args, kwargs=kwargs)
+        signals.lock_skipped.send(
+            sender=task, task_id=task_id, key=key, args=args, kwargs=kwargs, holder=holder
+        )
         raise LockSkipped(
             f"{run} was skipped: {why} (waited {options.timeout:g}s; on_locked='skip')"
         ) from mismatch

@@ -306,8 +306,10 @@ class Runtime:
         *,
         acquire_timeout_s: float,
         on_lost: Callable[[Any], None] | None,
+        note: str | None = None,
     ) -> AnyLock:
-        """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``."""
+        """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``; a lock carries
+        the owner ``note`` (a semaphore none)."""
         client = self.client(config)
         if options.limit is not None:
             return client.semaphore(
@@ -318,7 +320,11 @@ class Runtime:
                 on_lost=on_lost,
             )
         return client.lock(
-            key, acquire_timeout_s=acquire_timeout_s, lease_ttl_s=options.ttl, on_lost=on_lost
+            key,
+            acquire_timeout_s=acquire_timeout_s,
+            lease_ttl_s=options.ttl,
+            on_lost=on_lost,
+            note=note,
         )
 
     def release_token(self, config: DflockConfig, key: str, token: str, limit: int | None) -> bool:

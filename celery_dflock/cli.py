@@ -18,6 +18,7 @@ from typing import Any, Final, cast
 import click
 from celery.bin.base import CeleryCommand
 
+from celery_dflock._holds import decode_note
 from celery_dflock.clients import (
     FEATURE_FENCE,
     FEATURE_HELLO,
@@ -85,13 +86,17 @@ class ServerReport:
         return f"{who}: {'; '.join(said)}"
 
     def as_json(self) -> dict[str, Any]:
-        """The report as plain JSON data."""
+        """The report as plain JSON data; each held lock in ``stats`` gains
+        ``holder_task_id``, ``holder_host`` (from its owner note) and ``detached``."""
         info = self.server
+        stats = self.stats
+        if stats is not None:
+            stats = {**stats, "locks": [_with_holder(lock) for lock in _items(stats, "locks")]}
         return {
             "server": self.address,
             "reachable": self.reachable,
             "error": self.error,
-            "stats": self.stats,
+            "stats": stats,
             "software": None
             if info is None or info.legacy
             else {"name": info.name, "version": info.version, "features": sorted(info.features)},
@@ -177,6 +182,18 @@ def _items(stats: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [cast(dict[str, Any], item) for item in cast(list[Any], raw) if isinstance(item, dict)]
 
 
+def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
+    """A ``stats`` lock entry with its holder's task id and host read from its owner note."""
+    owner = lock.get("owner")
+    task_id, host = decode_note(owner if isinstance(owner, str) else None)
+    return {
+        **lock,
+        "holder_task_id": task_id,
+        "holder_host": host,
+        "detached": bool(lock.get("detached", False)),
+    }
+
+
 def format_status(reports: Sequence[ServerReport]) -> str:
     """One row per server: reachable, connections, held locks, semaphores, waiters."""
     rows: list[list[str]] = []
@@ -206,13 +223,17 @@ def format_status(reports: Sequence[ServerReport]) -> str:
 
 
 def format_locks(reports: Sequence[ServerReport]) -> str:
-    """One row per held lock or semaphore: key, kind, lease left, holders, waiters."""
+    """One row per held lock or semaphore: key, kind, lease left, holders, waiters, and the
+    task holding a lock (its id; the worker's host while it runs, "queued" while its message
+    waits under a publish-time hold)."""
     rows: list[list[str]] = []
     for rep in reports:
         if rep.stats is None:
             continue
         for lock in _items(rep.stats, "locks"):
             lease = lock.get("lease_expires_in_s")
+            held = _with_holder(lock)
+            host = held["holder_host"] or ("queued" if held["holder_task_id"] else "-")
             rows.append(
                 [
                     rep.address,
@@ -221,6 +242,8 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     "-" if lease is None else f"{float(lease):.1f}s",
                     "1",
                     str(lock.get("waiters", 0)),
+                    held["holder_task_id"] or "-",
+                    host,
                 ]
             )
         for sem in _items(rep.stats, "semaphores"):
@@ -232,10 +255,13 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     "-",
                     str(sem.get("holders", "?")),
                     str(sem.get("waiters", 0)),
+                    "-",
+                    "-",
                 ]
             )
     if rows:
-        lines = _table(["server", "key", "kind", "lease left", "holders", "waiters"], rows)
+        header = ["server", "key", "kind", "lease left", "holders", "waiters", "task", "host"]
+        lines = _table(header, rows)
     elif all(rep.stats is not None for rep in reports):
         lines = ["no locks held"]
     else:

@@ -33,11 +33,13 @@ from celery_dflock._core import (
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
     FEATURE_FENCE,
+    FEATURE_HOLDS,
     FEATURE_PING,
     FEATURE_STATS,
     ClientSettings,
     ClusterRouter,
     Endpoint,
+    Hold,
     ServerInfo,
     check_auth_token,
     check_limit,
@@ -67,11 +69,13 @@ __all__ = [
     "DEFAULT_SERVERS",
     "FEATURE_FENCE",
     "FEATURE_HELLO",
+    "FEATURE_HOLDS",
     "FEATURE_PING",
     "FEATURE_STATS",
     "AsyncClient",
     "Client",
     "ClientSettings",
+    "Hold",
     "ServerInfo",
     "ServerShards",
     "ServerStatus",
@@ -293,9 +297,12 @@ class _ClientBase(Generic[L, S, P]):
         acquire_timeout_s: float | None = None,
         lease_ttl_s: float | None = None,
         on_lost: Callable[[L], object] | None = None,
+        note: str | None = None,
     ) -> L:
         """An unacquired lock on ``key`` (a `DistributedLock`, or `AsyncDistributedLock`
-        from an `AsyncClient`); None: the client's default."""
+        from an `AsyncClient`); None: the client's default. ``note``: the owner note each
+        acquire gives a server with holds (``stats`` shows it; a refused `KeyHeld` or
+        ``lock.holder`` names it); a foreign server ignores it."""
         make: Any = self._lock_class
         positional = self._positional(acquire_timeout_s, lease_ttl_s)
         return cast(
@@ -306,9 +313,17 @@ class _ClientBase(Generic[L, S, P]):
                 on_lost=on_lost,
                 pool=self._pool,
                 router=self._router,
+                note=note,
                 **self._keywords,
             ),
         )
+
+    def _for_hold(self, key: str, note: str, lease_ttl: int, timeout: float) -> L:
+        """The lock that takes a detached hold (every argument checked, naming it)."""
+        protocol.validate_note(note)
+        lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
+        wait = whole_seconds("timeout", timeout, minimum=0)
+        return self.lock(key, acquire_timeout_s=wait, lease_ttl_s=lease)
 
     def semaphore(
         self,
@@ -427,6 +442,29 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         True if the server released it, False if it no longer held it. Idempotent."""
         return self._for_release(key, limit).release_token(token)
 
+    def hold(self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0) -> Hold:
+        """Take a detached hold of the lock ``key`` (``hl ... d``), routed as `lock` is: it
+        survives this process and its connection, and ends only when its token is released
+        (`release`, from any process) or its lease of ``lease_ttl`` seconds runs out (`renew`
+        extends it; ``lock.adopt(token)`` takes it over). ``note`` (1 to 200 printable ASCII
+        characters without spaces) names the owner. Waits up to ``timeout`` seconds for a
+        busy key (0: try once). Raises `KeyHeld` (``.holder``: the holder's note) when the key
+        stays busy, `HoldsUnsupported` for a server without holds (a foreign dflockd), and
+        `InvalidValueError` naming a malformed ``note``."""
+        return self._for_hold(key, note, lease_ttl, timeout).hold(note)
+
+    def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
+        """Renew ``token`` on ``key`` (a hold, or any grant) to ``lease_ttl`` seconds from
+        now: True, or False if it no longer holds the key."""
+        lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
+        return self.lock(key).renew_token(token, lease)
+
+    def note(self, key: str, token: str, note: str) -> bool:
+        """Replace the owner note of ``token``'s grant on ``key``: True, or False if it no
+        longer holds the key; `HoldsUnsupported` for a server without holds."""
+        protocol.validate_note(note)
+        return self.lock(key).note_token(token, note)
+
     def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
         """Every server's (or ``server``'s) ``stats``: never raises for an unreachable one. In
         cluster mode every server is every member of the cluster, not only the seeds."""
@@ -470,6 +508,20 @@ class AsyncClient(
     async def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
         """`Client.release`, awaited."""
         return await self._for_release(key, limit).release_token(token)
+
+    async def hold(self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0) -> Hold:
+        """`Client.hold`, awaited."""
+        return await self._for_hold(key, note, lease_ttl, timeout).hold(note)
+
+    async def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
+        """`Client.renew`, awaited."""
+        lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
+        return await self.lock(key).renew_token(token, lease)
+
+    async def note(self, key: str, token: str, note: str) -> bool:
+        """`Client.note`, awaited."""
+        protocol.validate_note(note)
+        return await self.lock(key).note_token(token, note)
 
     async def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
         """`Client.stats`, the servers asked at once."""

@@ -40,7 +40,7 @@ from celery_dflock.clients import (
 )
 from celery_dflock.errors import InvalidValueError
 from celery_dflock.sharding import Routing, stable_hash_shard
-from dflockd_server.constants import MAX_NUMBER
+from dflockd_server.constants import DEFAULT_MAX_LEASE_TTL_S, MAX_NUMBER
 
 __all__ = [
     "DEFAULTS",
@@ -51,6 +51,7 @@ __all__ = [
     "LockOptions",
     "OnLockLost",
     "OnLocked",
+    "check_combination",
     "check_setting_names",
     "get_config",
     "parse_servers",
@@ -64,13 +65,22 @@ OnLocked = Literal["retry", "skip", "raise"]
 """What a run does when its lock is busy (after the ``lock_timeout`` FIFO wait)."""
 OnLockLost = Literal["interrupt", "flag", "terminate"]
 """What happens to a running body whose lock was lost."""
+LockFrom = Literal["run", "publish"]
+"""When a task's key is taken: when its run starts, or when it is published (queue-once)."""
+OnDuplicate = Literal["return", "raise"]
+"""What a publish does while the key is held (``lock_from="publish"``)."""
 
 ON_LOCKED_CHOICES: Final[tuple[str, ...]] = get_args(OnLocked)
 ON_LOCK_LOST_CHOICES: Final[tuple[str, ...]] = get_args(OnLockLost)
+LOCK_FROM_CHOICES: Final[tuple[str, ...]] = get_args(LockFrom)
+ON_DUPLICATE_CHOICES: Final[tuple[str, ...]] = get_args(OnDuplicate)
 SHARDING_NAMES: Final = ("stable_hash", "rendezvous", "cluster")
 
 DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
 DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
+DEFAULT_PENDING_TTL_S: Final = DEFAULT_MAX_LEASE_TTL_S
+"""``lock_pending_ttl``: how long a published message may wait in the queue holding its key
+(the longest lease a server grants by default, ``dflockd --max-lease-ttl``)."""
 
 _CONFIG_ATTR: Final = "_dflock_config"
 
@@ -222,6 +232,28 @@ def _validate_on_lock_lost(value: object, where: str) -> object:
     return value
 
 
+def _validate_lock_from(value: object, where: str) -> object:
+    if value not in LOCK_FROM_CHOICES:
+        raise DflockConfigError(
+            f"{where} must be 'run' (the key is taken when the run starts) or 'publish' (taken "
+            f"when the task is sent, held until its run ends: queue-once); got {value!r}"
+        )
+    return value
+
+
+def _validate_on_duplicate(value: object, where: str) -> object:
+    if value not in ON_DUPLICATE_CHOICES:
+        raise DflockConfigError(
+            f"{where} must be 'return' (the duplicate publish returns the queued task's "
+            f"AsyncResult) or 'raise' (it raises AlreadyQueued); got {value!r}"
+        )
+    return value
+
+
+def _validate_pending_ttl(value: object, where: str) -> object:
+    return int(_number(value, where, minimum=0, integer=True, exclusive_min=True))
+
+
 def _validate_limit(value: object, where: str) -> object:
     return check_limit(value, where, error=DflockConfigError)
 
@@ -343,6 +375,35 @@ _SPECS: Final = (
         _validate_bool,
         "Randomise each countdown between half and all of it.",
     ),
+    _OptionSpec(
+        "lock_from",
+        "dflock_lock_from",
+        "run",
+        _validate_lock_from,
+        '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
+        "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
+        "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
+        "gets); needs celery-dflock's server. Not with `lock_limit`.",
+    ),
+    _OptionSpec(
+        "on_duplicate",
+        "dflock_on_duplicate",
+        "return",
+        _validate_on_duplicate,
+        'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
+        "and returns the `AsyncResult` of the task holding the key; "
+        '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
+    ),
+    _OptionSpec(
+        "lock_pending_ttl",
+        "dflock_lock_pending_ttl",
+        DEFAULT_PENDING_TTL_S,
+        _validate_pending_ttl,
+        'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
+        "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
+        "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
+        "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
+    ),
 )
 _BY_NAME: Final = {spec.name: spec for spec in _SPECS}
 
@@ -415,6 +476,7 @@ def _validate_options(
                 f"{where}[{name!r}] must be serialisable (a template string), not a callable"
             )
         result[name] = checked
+    check_combination(result, where)
     return result
 
 
@@ -651,11 +713,25 @@ class LockOptions:
     retry_backoff_max: float
     retry_jitter: bool
     max_retries: int | None = None
+    lock_from: LockFrom = "run"
+    on_duplicate: OnDuplicate = "return"
+    pending_ttl: int = DEFAULT_PENDING_TTL_S
 
 
 def check_call_options(options: Mapping[str, object], where: str) -> dict[str, object]:
     """Validate per-call lock options; they travel in a message, so no callables."""
     return _validate_options(options, where, allow_callables=False)
+
+
+def check_combination(options: Mapping[str, object], where: str) -> None:
+    """Refuse lock options that cannot work together (``where`` names their source)."""
+    if options.get("lock_from") == "publish" and options.get("lock_limit") is not None:
+        raise DflockConfigError(
+            f"{where}: lock_from='publish' cannot be combined with "
+            f"lock_limit={options['lock_limit']!r}: a key held from publish lets one message "
+            f"of the key wait in the queue (a lock, not a semaphore); remove lock_limit, or "
+            f"use lock_from='run' (a semaphore slot is taken when the run starts)"
+        )
 
 
 def resolve_options(
@@ -684,6 +760,7 @@ def resolve_options(
         else:
             value = config.defaults[name]
         resolved[name] = value
+    check_combination(resolved, f"lock options of task {task_name!r}")
     return LockOptions(
         key=cast("str | Callable[..., str] | None", resolved["lock_key"]),
         timeout=float(cast("float", resolved["lock_timeout"])),
@@ -695,6 +772,9 @@ def resolve_options(
         retry_backoff_max=cast("float", resolved["lock_retry_backoff_max"]),
         retry_jitter=cast("bool", resolved["lock_retry_jitter"]),
         max_retries=cast("int | None", resolved["lock_max_retries"]),
+        lock_from=cast("LockFrom", resolved["lock_from"]),
+        on_duplicate=cast("OnDuplicate", resolved["on_duplicate"]),
+        pending_ttl=cast("int", resolved["lock_pending_ttl"]),
     )
 
 

@@ -7,9 +7,12 @@ fails with one) that says what went wrong and what to do about it.
 from __future__ import annotations
 
 __all__ = [
+    "AlreadyQueued",
     "AuthError",
     "DflockError",
+    "HoldsUnsupported",
     "InvalidValueError",
+    "KeyHeld",
     "LimitMismatchError",
     "LockLost",
     "LockNotAcquired",
@@ -55,6 +58,25 @@ class LockSkipped(LockNotAcquired):
     """
 
 
+class KeyHeld(LockNotAcquired):
+    """A hold (`Client.hold`) was not taken: the key stayed busy. ``key`` is the key,
+    ``holder`` the note its holder gave (None when it gave none, e.g. a plain lock)."""
+
+    def __init__(self, message: str, key: str = "", holder: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.holder = holder
+
+    def __reduce__(self) -> tuple[type[KeyHeld], tuple[str, str, str | None]]:
+        return type(self), (str(self), self.key, self.holder)
+
+
+class HoldsUnsupported(DflockError):
+    """A hold, or a note on a grant, was asked of a server that does not offer them: a
+    foreign dflockd server (only celery-dflock's ``dflockd-server`` lists the ``holds``
+    feature). The message names the server and what it is."""
+
+
 class LockLost(DflockError):
     """A lock this process held is gone: its renewal was refused or its server went away."""
 
@@ -97,3 +119,25 @@ class ShardingMismatchError(DflockError):
     strategy give it (it was started with another ``--members`` list, or is a cluster member):
     the message names both and says what to change. Never retried: two views of where a key
     lives would let two holders take it on two servers."""
+
+
+class AlreadyQueued(DflockError):
+    """A task sent with ``lock_from="publish"`` and ``on_duplicate="raise"`` was not sent: its
+    key is held by another task, queued or running.
+
+    ``task_id`` is the holder's task id (``AsyncResult(task_id)`` follows it; None when the
+    holder left no task id, e.g. a lock taken outside Celery), ``key`` the lock key.
+    """
+
+    def __init__(self, message: str, *, task_id: str | None = None, key: str = "") -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.key = key
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keep task_id and key through pickling (a result backend, a pool child).
+        return (_already_queued, (str(self), self.task_id, self.key))
+
+
+def _already_queued(message: str, task_id: str | None, key: str) -> AlreadyQueued:
+    return AlreadyQueued(message, task_id=task_id, key=key)

@@ -45,7 +45,9 @@ __all__ = [
     "encode_auth",
     "encode_enqueue",
     "encode_hello",
+    "encode_hold",
     "encode_lock",
+    "encode_note",
     "encode_ping",
     "encode_release",
     "encode_renew",
@@ -59,6 +61,7 @@ __all__ = [
     "encode_wait",
     "fence_of",
     "validate_key",
+    "validate_note",
     "validate_token",
 ]
 
@@ -93,6 +96,8 @@ class Command(enum.StrEnum):
     PING = constants.CMD_PING
     HELLO = constants.CMD_HELLO
     SHARDS = constants.CMD_SHARDS
+    HOLD = constants.CMD_HOLD
+    NOTE = constants.CMD_NOTE
 
     @property
     def label(self) -> str:
@@ -116,6 +121,8 @@ _DOING: Final[dict[Command, str]] = {
     Command.PING: "a ping",
     Command.HELLO: "a hello",
     Command.SHARDS: "a shards request",
+    Command.HOLD: "a hold",
+    Command.NOTE: "a note",
 }
 
 
@@ -158,6 +165,20 @@ def validate_token(token: str) -> str:
     return token
 
 
+_NOTE_RE: Final = re.compile(rf"[!-~]{{1,{constants.MAX_NOTE_BYTES}}}")
+
+
+def validate_note(note: str, name: str = "note") -> str:
+    """Return ``note`` if it is an owner note the protocol carries (1 to 200 printable ASCII
+    characters, no space: ``!`` to ``~``), else `ValueError` naming ``name``."""
+    if not isinstance(note, str) or not _NOTE_RE.fullmatch(note):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError(
+            f"{name} must be 1 to {constants.MAX_NOTE_BYTES} printable ASCII characters without "
+            f"spaces ('!' to '~'; percent-encode anything else), got {note!r}"
+        )
+    return note
+
+
 def _number(name: str, value: int, *, minimum: int, maximum: int = constants.MAX_NUMBER) -> str:
     if not _is_int(value):
         raise InvalidValueError(f"{name} must be an int number of seconds/units, got {value!r}")
@@ -193,6 +214,24 @@ def _request(command: Command, key: str, argument: str) -> bytes:
 def encode_lock(key: str, timeout_s: int, lease_s: int | None = None) -> bytes:
     """``l``: acquire, waiting up to ``timeout_s`` (0: try once)."""
     return _request(Command.LOCK, validate_key(key), _timeout(timeout_s) + _lease_suffix(lease_s))
+
+
+def encode_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
+    """``hl``: acquire the lock ``key`` with the owner note ``note``, bound to this connection
+    or ``detached`` from it (freed only by ``r`` or its lease)."""
+    mode = constants.HOLD_MODE_DETACHED if detached else constants.HOLD_MODE_CONNECTION
+    argument = (
+        f"{_timeout(timeout_s)} {_number('lease_s', lease_s, minimum=1)} {mode} "
+        f"{validate_note(note)}"
+    )
+    return _request(Command.HOLD, validate_key(key), argument)
+
+
+def encode_note(key: str, token: str, note: str) -> bytes:
+    """``note``: replace the owner note of the grant ``token`` holds on ``key``."""
+    return _request(
+        Command.NOTE, validate_key(key), f"{validate_token(token)} {validate_note(note)}"
+    )
 
 
 def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
@@ -313,7 +352,10 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class TimedOut:
-    """``timeout``: not granted within the timeout."""
+    """``timeout``: not granted within the timeout. To ``hl``: ``timeout <holder-note>``,
+    ``holder`` the note of the key's holder (None when it gave none, ``_`` on the wire)."""
+
+    holder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,11 +441,14 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.PING: _COMMON_ERRORS,
     Command.HELLO: _COMMON_ERRORS,
     Command.SHARDS: _COMMON_ERRORS,
+    Command.HOLD: _LOCK_ERRORS,
+    Command.NOTE: _COMMON_ERRORS,
 }
 _MOVABLE: Final = frozenset(
     {
         Command.LOCK,
         Command.SEM_LOCK,
+        Command.HOLD,
         Command.ENQUEUE,
         Command.SEM_ENQUEUE,
         Command.WAIT,
@@ -448,9 +493,13 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
     return Granted(token, seconds)
 
 
-_GRANTING: Final = frozenset({Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT})
+_GRANTING: Final = frozenset(
+    {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
+)
 _RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW})
-_ANSWERED_OK: Final = frozenset({Command.RELEASE, Command.SEM_RELEASE, Command.AUTH, Command.PING})
+_ANSWERED_OK: Final = frozenset(
+    {Command.RELEASE, Command.SEM_RELEASE, Command.AUTH, Command.PING, Command.NOTE}
+)
 _OK: Final = Ok()
 
 
@@ -487,8 +536,16 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             raise _unexpected(command, line)
         return ErrorReply(status)
     match command, status:
-        case (Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT, "ok"):
+        case (
+            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT | Command.HOLD,
+            "ok",
+        ):
             return _parse_grant(command, line, fields)
+        case (Command.HOLD, "timeout") if len(fields) <= 1:
+            holder = fields[0] if fields else constants.NO_NOTE
+            if not _NOTE_RE.fullmatch(holder):
+                raise _unexpected(command, line, "the holder's note is not printable ASCII")
+            return TimedOut(None if holder == constants.NO_NOTE else holder)
         case (
             Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT,
             "timeout",
@@ -501,7 +558,7 @@ def decode_reply(command: Command, line: bytes) -> Reply:
         case (Command.RENEW | Command.SEM_RENEW, "ok") if len(fields) == 1:
             return Renewed(_parse_uint(command, line, fields[0]))
         case (
-            Command.RELEASE | Command.SEM_RELEASE | Command.AUTH | Command.PING,
+            Command.RELEASE | Command.SEM_RELEASE | Command.AUTH | Command.PING | Command.NOTE,
             "ok",
         ) if not fields:
             return Ok()

@@ -6,7 +6,8 @@ Signals (``celery.utils.dispatch.Signal``, connect as with Celery's own):
   ``key``, ``lock`` (the client lock, ``lock.fence`` its fencing token) and
   ``policy`` (the ``on_lock_lost`` applied). Sent from the renewal thread.
 * :data:`lock_skipped` -- ``sender`` is the task; ``task_id``, ``key``,
-  ``args``, ``kwargs``: a run was dropped by ``on_locked="skip"``.
+  ``args``, ``kwargs``, ``holder`` (the task id holding the key, or None when it
+  left none): a run was dropped by ``on_locked="skip"``.
 
 :func:`install` connects the worker hooks for one app. ``LockedTask`` calls it
 when it is bound to an app, so an app using ``LockedTask`` needs nothing
@@ -22,16 +23,20 @@ more; an app that locks tasks only through ``dflock_task_locks`` calls
 * ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``,
   and ``task_revoked`` with ``terminated=True`` (all in the main process):
   once the child that ran the task has exited, release what it held.
+* ``task_revoked`` without ``terminated`` (a revoked or expired message the worker
+  drops before it runs): release the publish-time hold the message names
+  (``lock_from="publish"``), so its key is free at once.
 """
 
 from __future__ import annotations
 
 import tempfile
 import threading
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from celery_dflock._celery import Signal, TimeLimitExceeded, WorkerLostError, get_logger
 from celery_dflock._celery import signals as celery_signals
+from celery_dflock._holds import HOLD_HEADER, HoldRef, hold_of
 from celery_dflock._runtime import (
     CHILD_EXIT_WAIT_S,
     HeldRecords,
@@ -157,8 +162,39 @@ class _Hooks:
         self, sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
     ) -> None:
         task_id = getattr(request, "id", None)
-        if terminated and task_id and self._in_main_process() and self._ours(sender):
-            self._release_orphans_soon(task_id)
+        if not self._ours(sender):
+            return
+        if terminated:
+            if task_id and self._in_main_process():
+                self._release_orphans_soon(task_id)
+            return
+        held = hold_of(_header_of(request, HOLD_HEADER))
+        if held is not None:
+            # Dropped before it ran: its publish-time hold has no run to end it.
+            threading.Thread(
+                target=self._release_hold,
+                args=(held, task_id),
+                name=f"dflock-revoked-{task_id}",
+                daemon=True,
+            ).start()
+
+    def _release_hold(self, held: HoldRef, task_id: str | None) -> None:
+        leave_signals_to_the_main_thread()
+        try:
+            released = (
+                get_runtime(self.app).client(get_config(self.app)).release(held.key, held.token)
+            )
+        except (DflockError, OSError) as exc:
+            logger.warning(
+                "dflock: could not release key %r held for revoked task %s: %s "
+                "(it frees after lock_pending_ttl)",
+                held.key,
+                task_id,
+                exc,
+            )
+        else:
+            if released:
+                logger.info("dflock: released key %r of revoked task %s", held.key, task_id)
 
     # ---------------------------------------------------------------- orphan release
 
@@ -229,6 +265,16 @@ class _Hooks:
                         "dflock: released %r left by dead pool child %s", entry.get("key"), pid
                     )
             records.forget(path, entry)
+
+
+def _header_of(request: Any, name: str) -> object:
+    """A message header of a worker request (an attribute, or an entry of its headers)."""
+    value: object = getattr(request, name, None)
+    if value is None:
+        headers: object = getattr(request, "headers", None)
+        if isinstance(headers, dict):
+            value = cast("dict[str, object]", headers).get(name)
+    return value
 
 
 def install(app: Any) -> None:

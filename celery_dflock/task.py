@@ -10,25 +10,38 @@ docs/locked-tasks.md; every option with its default: docs/reference/settings.md.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
 from celery import Task
+from celery.utils import uuid
+from kombu import serialization
 
 from celery_dflock import signals
-from celery_dflock._celery import BaseTask, task_stack
+from celery_dflock._celery import BaseTask, Reject, task_stack
+from celery_dflock._holds import HOLD_HEADER, HoldRef
 from celery_dflock._run import (
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
     REQUEST_LOCK,
+    Duplicate,
     call_options,
     locked_run,
-    release_current,
+    publish_hold,
+    release_hold,
+    retry_hand_off,
 )
-from celery_dflock._runtime import AnyLock
-from celery_dflock.config import LOCK_OPTIONS, check_call_options, get_config, validate_option
-from celery_dflock.errors import LockSkipped
+from celery_dflock._runtime import AnyLock, get_runtime
+from celery_dflock.config import (
+    LOCK_OPTIONS,
+    check_call_options,
+    check_combination,
+    get_config,
+    validate_option,
+)
+from celery_dflock.errors import DflockError, LockSkipped
 from celery_dflock.keys import check_template
 
 __all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_task_locks"]
@@ -64,6 +77,15 @@ class LockedTask(Task):
     lock_retry_backoff_max: ClassVar[float | None] = None
     #: Randomise each countdown between half and all of it (default True).
     lock_retry_jitter: ClassVar[bool | None] = None
+    #: When the key is taken: ``"run"`` (default, when the run starts) or ``"publish"``
+    #: (queue-once: when the task is sent, held until its run ends; see docs/queue-once.md).
+    lock_from: ClassVar[str | None] = None
+    #: ``lock_from="publish"``, the key is held: ``"return"`` (default: send nothing, return
+    #: the holder's ``AsyncResult``) or ``"raise"`` (raise ``AlreadyQueued``).
+    on_duplicate: ClassVar[str | None] = None
+    #: Seconds a message sent with ``lock_from="publish"`` may wait in the queue holding its
+    #: key (default 300, the server's longest lease unless ``dflockd --max-lease-ttl``).
+    lock_pending_ttl: ClassVar[int | None] = None
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -74,10 +96,14 @@ class LockedTask(Task):
         template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
+        given: dict[str, object] = {}
         for option in LOCK_OPTIONS:  # a bad value fails here, not at every run in the worker
             value = getattr(cls, option, None)
             if value is not None:
-                validate_option(option, value, f"attribute {option} of task {name or cls!r}")
+                given[option] = validate_option(
+                    option, value, f"attribute {option} of task {name or cls!r}"
+                )
+        check_combination(given, f"task {name or cls!r}")
         if isinstance(template, str) and callable(run) and isinstance(name, str):
             check_template(template, cast("Callable[..., Any]", run), task_name=name)
 
@@ -99,16 +125,51 @@ class LockedTask(Task):
         shadow: str | None = None,
         **options: Any,
     ) -> Any:
-        """As :meth:`celery.Task.apply_async`; lock options given here apply to this call."""
+        """As :meth:`celery.Task.apply_async`; lock options given here apply to this call.
+
+        With ``lock_from="publish"`` the key is taken first: while another task holds it,
+        nothing is sent and ``on_duplicate`` says what the caller gets."""
         lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
+        headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
         if lock_options:
             checked = check_call_options(lock_options, f"apply_async options of {self._name!r}")
-            headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
-            headers[LOCK_OPTIONS_HEADER] = checked
+            given = cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {})
+            headers[LOCK_OPTIONS_HEADER] = {**given, **checked}
+        if headers:
             options["headers"] = headers
-        return BaseTask.apply_async(
-            self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+        if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
+            # Sent again under its hold (a retry), or run here: no hold of its own.
+            return BaseTask.apply_async(
+                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        task_id = task_id or uuid()
+        per_call = check_call_options(
+            cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {}),
+            f"lock options of a message of {self._name!r}",
         )
+        taken = publish_hold(
+            self,
+            self._as_sent(args, kwargs, options),
+            per_call,
+            task_id,
+            countdown=options.get("countdown"),
+            eta=options.get("eta"),
+        )
+        if taken is None:
+            return BaseTask.apply_async(
+                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        if isinstance(taken, Duplicate):
+            return self._celery.AsyncResult(taken.task_id)
+        headers[HOLD_HEADER] = taken.header
+        options["headers"] = headers
+        try:
+            return BaseTask.apply_async(
+                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
+        except BaseException:
+            taken.release(self)  # nothing was sent: the key must not wait for it
+            raise
 
     def retry(  # noqa: PLR0917 (Celery's signature)
         self,
@@ -121,20 +182,30 @@ class LockedTask(Task):
         max_retries: int | None = None,
         **options: Any,
     ) -> Any:
-        """As :meth:`celery.Task.retry`, but the lock is released before the retry is sent."""
+        """As :meth:`celery.Task.retry`, but the lock is released before the retry is sent;
+        a run holding its key from publish (``lock_from="publish"``) hands the hold on to the
+        retry instead, so no duplicate can be queued during the countdown."""
         request = self._celery.request
-        release_current(request)
+        kept = retry_hand_off(self, request, countdown=countdown, eta=eta, max_retries=max_retries)
         given = call_options(request)
-        if given:
+        if given or kept is not None:
             headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
             request_headers: Any = request.headers
             if isinstance(request_headers, Mapping):
                 headers = {**cast("Mapping[str, Any]", request_headers), **headers}
-            headers[LOCK_OPTIONS_HEADER] = given
+            if given:
+                headers[LOCK_OPTIONS_HEADER] = given
+            if kept is not None:
+                headers[HOLD_HEADER] = kept.header()
             options["headers"] = headers
-        return BaseTask.retry(
-            self, args, kwargs, exc, throw, eta, countdown, max_retries, **options
-        )
+        try:
+            return BaseTask.retry(
+                self, args, kwargs, exc, throw, eta, countdown, max_retries, **options
+            )
+        except Reject:
+            if kept is not None:  # the retry could not be sent: free the key it kept
+                self._release_kept(kept)
+            raise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         task = self._celery
@@ -168,6 +239,25 @@ class LockedTask(Task):
     @property
     def _name(self) -> str:
         return str(self._celery.name)
+
+    def _as_sent(
+        self, args: Any, kwargs: Any, options: Mapping[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """(args, kwargs) as the run will get them: through the message's serializer (a key
+        built from them is then the one the run builds)."""
+        task = self._celery
+        serializer = options.get("serializer") or task.serializer
+        data = (list(args or ()), dict(kwargs or {}))
+        codec: Any = serialization  # kombu's serializers, untyped
+        content_type, encoding, body = codec.dumps(data, serializer)
+        sent: Any = codec.loads(body, content_type, encoding, accept=[content_type])
+        sent_args, sent_kwargs = cast("tuple[list[Any], dict[str, Any]]", sent)
+        return tuple(sent_args), dict(sent_kwargs)
+
+    def _release_kept(self, kept: HoldRef) -> None:
+        app = self._celery._get_app()
+        with contextlib.suppress(DflockError):  # else its lease frees it
+            release_hold(get_runtime(app), get_config(app), kept)
 
 
 def _with_skip(throws: object) -> tuple[type[BaseException], ...]:

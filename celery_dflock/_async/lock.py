@@ -27,6 +27,7 @@ from ssl import SSLContext
 from types import TracebackType
 from typing import Self
 
+from celery_dflock import protocol
 from celery_dflock._aio_backend import AsyncRenewalDriver, Event, OpLock, call_back, pause
 from celery_dflock._async.pool import AsyncConnectionPool
 from celery_dflock._connection import AsyncConnection
@@ -40,25 +41,31 @@ from celery_dflock._core import (
     ClusterRouter,
     Endpoint,
     EnqueueResult,
+    Hold,
     LockCore,
     LockState,
     ServerInfo,
     redact,
+    whole_seconds,
 )
 from celery_dflock.cluster import ClusterMap
 from celery_dflock.errors import (
     DflockError,
+    KeyHeld,
     LockNotAcquired,
     LockNotOwned,
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.protocol import Command, Moved, Reply
+from celery_dflock.protocol import Command, Moved, Renewed, Reply
 from celery_dflock.sharding import Routing, stable_hash_shard
 
 __all__ = ["AsyncDistributedLock", "AsyncDistributedSemaphore"]
 
 logger = logging.getLogger("celery_dflock.client")
+
+_Build = Callable[[ServerInfo | None], tuple[Command, bytes, float]]
+"""Makes an acquire's request for the server at hand (what it said to ``hello``)."""
 
 
 class _AsyncLockBase:
@@ -109,6 +116,12 @@ class _AsyncLockBase:
     def server(self) -> tuple[str, int]:
         """The ``(host, port)`` this key is routed to."""
         return self._core.endpoint.host, self._core.endpoint.port
+
+    @property
+    def holder(self) -> str | None:
+        """After an acquire that failed because the key was busy: the note its holder gave
+        (servers with holds; None when it gave none, or the acquire did not fail so)."""
+        return self._core.holder
 
     @property
     def token(self) -> str | None:
@@ -236,27 +249,37 @@ class _AsyncLockBase:
         return self._core.mismatch_error(reply, shards)
 
     # ------------------------------------------------------------------ acquiring
-    async def _grant(self, build: Callable[[], tuple[Command, bytes, float]]) -> bool:
+    async def _grant(self, build: _Build, *, keep: bool = True) -> bool:
         self._forked()
         async with self._op_lock:
             core = self._core
             core.begin_acquire()
             try:
-                return await self._grant_routed(build)
+                return await self._grant_routed(build, keep)
             finally:
                 core.end_acquire()
 
-    async def _grant_routed(self, build: Callable[[], tuple[Command, bytes, float]]) -> bool:
-        """One acquire or enqueue, following a cluster's redirects (operation lock held)."""
+    async def _grant_routed(self, build: _Build, keep: bool) -> bool:
+        """One acquire or enqueue, following a cluster's redirects (operation lock held).
+        ``build`` makes the request for the server at hand (what it said to ``hello``).
+        Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
         core = self._core
         router = core.router
         if router is not None and not core.route():
             await self._refresh_map(router)
             core.route()
         while True:
-            command, data, timeout = build()
             try:
                 conn = await self._checkout()
+            except ServerUnavailable as exc:
+                await self._reroute(exc)
+                continue
+            try:
+                command, data, timeout = build(conn.server)
+            except BaseException:
+                await self._checkin(conn)
+                raise
+            try:
                 sent = time.monotonic()
                 reply = await conn.request(command, data, timeout)
             except ServerUnavailable as exc:
@@ -284,7 +307,7 @@ class _AsyncLockBase:
             except BaseException:
                 await self._checkin(conn)
                 raise
-            if granted:
+            if granted and keep:
                 self._start_renewing(conn)
             elif core.state is LockState.ENQUEUED:
                 self._conn = conn
@@ -551,6 +574,36 @@ class _AsyncLockBase:
                 self._core.reset()
             return released
 
+    async def _by_token(
+        self, build: Callable[[ServerInfo | None], tuple[Command, bytes, float]]
+    ) -> bool:
+        """One request about a grant this object does not hold (a renew or note by token),
+        routed as an acquire is; True done, False when the token no longer holds the key."""
+        self._forked()
+        async with self._op_lock:
+            core = self._core
+            router = core.router
+            if router is not None and not core.route():
+                await self._refresh_map(router)
+                core.route()
+            conn = await self._checkout()
+            try:
+                command, data, timeout = build(conn.server)
+                reply = await conn.request(command, data, timeout)
+            finally:
+                await self._checkin(conn)
+            return core.on_token_reply(command, reply)
+
+    async def renew_token(self, token: str, lease_ttl: int) -> bool:
+        """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
+        seconds from now; True if renewed, False if it no longer holds the key."""
+        return await self._by_token(lambda _: self._core.token_renew_request(token, lease_ttl))
+
+    async def note_token(self, token: str, note: str) -> bool:
+        """Replace the owner note of ``token``'s grant on this key; True if done, False if
+        it no longer holds the key. `HoldsUnsupported` for a server without holds."""
+        return await self._by_token(lambda server: self._core.note_request(server, token, note))
+
 
 class AsyncDistributedLock(_AsyncLockBase):
     """A distributed lock, renewed in the background while held (the dflockd client's
@@ -577,6 +630,7 @@ class AsyncDistributedLock(_AsyncLockBase):
         on_lost: Callable[[Self], object] | None = None,
         pool: AsyncConnectionPool | None = None,
         router: ClusterRouter | None = None,
+        note: str | None = None,
     ) -> None:
         core = LockCore(
             key,
@@ -590,8 +644,111 @@ class AsyncDistributedLock(_AsyncLockBase):
             ssl_context,
             connect_timeout_s,
             router,
+            note,
         )
         super().__init__(core, on_lost, pool)
+
+    @property
+    def note(self) -> str | None:
+        """The owner note each acquire sends to a server with holds (None: none)."""
+        return self._core.note
+
+    async def hold(self, note: str) -> Hold:
+        """Take a detached hold of this key (``hl ... d <note>``), waiting up to
+        ``acquire_timeout_s``, with this lock's lease: the grant outlives this object and its
+        connection, and is neither renewed nor released here. Raises `KeyHeld` when the key
+        stays busy, `HoldsUnsupported` for a server without holds. This object holds nothing
+        after."""
+        core = self._core
+        try:
+            if not await self._grant(lambda server: core.hold_request(server, note), keep=False):
+                if core.busy:
+                    holder = core.holder
+                    by = "" if holder is None else f" (its holder's note: {holder!r})"
+                    raise KeyHeld(
+                        f"{core.what} is held on {core.endpoint.address}{by}; it stayed busy "
+                        f"for the {core.acquire_timeout_s}s the hold could wait",
+                        core.key,
+                        holder,
+                    )
+                raise ServerUnavailable(
+                    f"no cluster member served {core.what} within "
+                    f"{core.acquire_timeout_s}s; retry shortly"
+                )
+            token = core.token
+            assert token is not None
+            return Hold(core.key, token, core.fence, core.lease, core.endpoint.address)
+        finally:
+            if core.state is LockState.HELD:
+                core.reset()
+
+    async def adopt(self, token: str, *, note: str | None = None) -> bool:
+        """Take over ``token``, an existing grant of this key (a detached hold, say): renew it
+        with this lock's lease (and set its owner ``note`` when given); from then on this
+        object holds it exactly as after `acquire` (fence, renewal, loss detection,
+        `release`). False, holding nothing, when the token no longer holds the key."""
+        core = self._core
+        if note is not None:
+            protocol.validate_note(note)
+        self._forked()
+        async with self._op_lock:
+            router = core.router
+            if router is not None and not core.route():
+                await self._refresh_map(router)
+                core.route()
+            conn = await self._checkout()
+            try:
+                if note is not None:
+                    core.require_holds(conn.server)
+                command, data, timeout = core.take_over_request(token)
+                sent = time.monotonic()
+                reply = await conn.request(command, data, timeout)
+                held = core.on_take_over_reply(token, reply, sent, conn.server)
+                if held and note is not None:
+                    command, data, timeout = core.note_request(conn.server, token, note)
+                    held = core.on_token_reply(command, await conn.request(command, data, timeout))
+                    if not held:
+                        core.reset()
+            except BaseException:
+                core.reset()
+                await self._checkin(conn)
+                raise
+            if not held:
+                await self._checkin(conn)
+                return False
+            self._start_renewing(conn)
+            return True
+
+    async def hand_off(self, lease_ttl: int) -> bool:
+        """Let go of the held grant without releasing it: renew it once to ``lease_ttl``
+        seconds from now, stop renewing, and forget its token (a later `release` is a no-op
+        returning False, and not a loss). True when the last renewal went through. Meant for
+        a detached hold (a connection-bound grant still ends with its connection)."""
+        lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
+        if self._forked() or not self._core.locked():
+            return False
+        await self._driver.stop()
+        async with self._op_lock:
+            core = self._core
+            conn, self._conn = self._conn, None
+            self._driver.unwatch(conn)
+            if core.state is not LockState.HELD or core.lost or conn is None or conn.closed:
+                core.reset()
+                if conn is not None:
+                    await self._checkin(conn)
+                return False
+            command, data, timeout = core.hand_off_request(lease)
+            try:
+                reply = await conn.request(command, data, timeout)
+            except DflockError:
+                core.reset()
+                return False
+            except BaseException:
+                core.reset()
+                raise
+            core.reset()
+            await self._checkin(conn)
+            return isinstance(reply, Renewed)
 
 
 class AsyncDistributedSemaphore(_AsyncLockBase):

@@ -29,6 +29,7 @@ from ssl import SSLContext
 from types import TracebackType
 from typing import Self
 
+from celery_dflock import protocol
 from celery_dflock._connection import Connection
 from celery_dflock._core import (
     ACQUIRED,
@@ -40,27 +41,33 @@ from celery_dflock._core import (
     ClusterRouter,
     Endpoint,
     EnqueueResult,
+    Hold,
     LockCore,
     LockState,
     ServerInfo,
     redact,
+    whole_seconds,
 )
 from celery_dflock._sync.pool import ConnectionPool
 from celery_dflock._sync_backend import Event, OpLock, RenewalDriver, call_back, pause
 from celery_dflock.cluster import ClusterMap
 from celery_dflock.errors import (
     DflockError,
+    KeyHeld,
     LockNotAcquired,
     LockNotOwned,
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.protocol import Command, Moved, Reply
+from celery_dflock.protocol import Command, Moved, Renewed, Reply
 from celery_dflock.sharding import Routing, stable_hash_shard
 
 __all__ = ["DistributedLock", "DistributedSemaphore"]
 
 logger = logging.getLogger("celery_dflock.client")
+
+_Build = Callable[[ServerInfo | None], tuple[Command, bytes, float]]
+"""Makes an acquire's request for the server at hand (what it said to ``hello``)."""
 
 
 class _SyncLockBase:
@@ -111,6 +118,12 @@ class _SyncLockBase:
     def server(self) -> tuple[str, int]:
         """The ``(host, port)`` this key is routed to."""
         return self._core.endpoint.host, self._core.endpoint.port
+
+    @property
+    def holder(self) -> str | None:
+        """After an acquire that failed because the key was busy: the note its holder gave
+        (servers with holds; None when it gave none, or the acquire did not fail so)."""
+        return self._core.holder
 
     @property
     def token(self) -> str | None:
@@ -238,27 +251,37 @@ class _SyncLockBase:
         return self._core.mismatch_error(reply, shards)
 
     # ------------------------------------------------------------------ acquiring
-    def _grant(self, build: Callable[[], tuple[Command, bytes, float]]) -> bool:
+    def _grant(self, build: _Build, *, keep: bool = True) -> bool:
         self._forked()
         with self._op_lock:
             core = self._core
             core.begin_acquire()
             try:
-                return self._grant_routed(build)
+                return self._grant_routed(build, keep)
             finally:
                 core.end_acquire()
 
-    def _grant_routed(self, build: Callable[[], tuple[Command, bytes, float]]) -> bool:
-        """One acquire or enqueue, following a cluster's redirects (operation lock held)."""
+    def _grant_routed(self, build: _Build, keep: bool) -> bool:
+        """One acquire or enqueue, following a cluster's redirects (operation lock held).
+        ``build`` makes the request for the server at hand (what it said to ``hello``).
+        Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
         core = self._core
         router = core.router
         if router is not None and not core.route():
             self._refresh_map(router)
             core.route()
         while True:
-            command, data, timeout = build()
             try:
                 conn = self._checkout()
+            except ServerUnavailable as exc:
+                self._reroute(exc)
+                continue
+            try:
+                command, data, timeout = build(conn.server)
+            except BaseException:
+                self._checkin(conn)
+                raise
+            try:
                 sent = time.monotonic()
                 reply = conn.request(command, data, timeout)
             except ServerUnavailable as exc:
@@ -286,7 +309,7 @@ class _SyncLockBase:
             except BaseException:
                 self._checkin(conn)
                 raise
-            if granted:
+            if granted and keep:
                 self._start_renewing(conn)
             elif core.state is LockState.ENQUEUED:
                 self._conn = conn
@@ -553,6 +576,34 @@ class _SyncLockBase:
                 self._core.reset()
             return released
 
+    def _by_token(self, build: Callable[[ServerInfo | None], tuple[Command, bytes, float]]) -> bool:
+        """One request about a grant this object does not hold (a renew or note by token),
+        routed as an acquire is; True done, False when the token no longer holds the key."""
+        self._forked()
+        with self._op_lock:
+            core = self._core
+            router = core.router
+            if router is not None and not core.route():
+                self._refresh_map(router)
+                core.route()
+            conn = self._checkout()
+            try:
+                command, data, timeout = build(conn.server)
+                reply = conn.request(command, data, timeout)
+            finally:
+                self._checkin(conn)
+            return core.on_token_reply(command, reply)
+
+    def renew_token(self, token: str, lease_ttl: int) -> bool:
+        """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
+        seconds from now; True if renewed, False if it no longer holds the key."""
+        return self._by_token(lambda _: self._core.token_renew_request(token, lease_ttl))
+
+    def note_token(self, token: str, note: str) -> bool:
+        """Replace the owner note of ``token``'s grant on this key; True if done, False if
+        it no longer holds the key. `HoldsUnsupported` for a server without holds."""
+        return self._by_token(lambda server: self._core.note_request(server, token, note))
+
 
 class DistributedLock(_SyncLockBase):
     """A distributed lock, renewed in the background while held (the dflockd client's
@@ -579,6 +630,7 @@ class DistributedLock(_SyncLockBase):
         on_lost: Callable[[Self], object] | None = None,
         pool: ConnectionPool | None = None,
         router: ClusterRouter | None = None,
+        note: str | None = None,
     ) -> None:
         core = LockCore(
             key,
@@ -592,8 +644,111 @@ class DistributedLock(_SyncLockBase):
             ssl_context,
             connect_timeout_s,
             router,
+            note,
         )
         super().__init__(core, on_lost, pool)
+
+    @property
+    def note(self) -> str | None:
+        """The owner note each acquire sends to a server with holds (None: none)."""
+        return self._core.note
+
+    def hold(self, note: str) -> Hold:
+        """Take a detached hold of this key (``hl ... d <note>``), waiting up to
+        ``acquire_timeout_s``, with this lock's lease: the grant outlives this object and its
+        connection, and is neither renewed nor released here. Raises `KeyHeld` when the key
+        stays busy, `HoldsUnsupported` for a server without holds. This object holds nothing
+        after."""
+        core = self._core
+        try:
+            if not self._grant(lambda server: core.hold_request(server, note), keep=False):
+                if core.busy:
+                    holder = core.holder
+                    by = "" if holder is None else f" (its holder's note: {holder!r})"
+                    raise KeyHeld(
+                        f"{core.what} is held on {core.endpoint.address}{by}; it stayed busy "
+                        f"for the {core.acquire_timeout_s}s the hold could wait",
+                        core.key,
+                        holder,
+                    )
+                raise ServerUnavailable(
+                    f"no cluster member served {core.what} within "
+                    f"{core.acquire_timeout_s}s; retry shortly"
+                )
+            token = core.token
+            assert token is not None
+            return Hold(core.key, token, core.fence, core.lease, core.endpoint.address)
+        finally:
+            if core.state is LockState.HELD:
+                core.reset()
+
+    def adopt(self, token: str, *, note: str | None = None) -> bool:
+        """Take over ``token``, an existing grant of this key (a detached hold, say): renew it
+        with this lock's lease (and set its owner ``note`` when given); from then on this
+        object holds it exactly as after `acquire` (fence, renewal, loss detection,
+        `release`). False, holding nothing, when the token no longer holds the key."""
+        core = self._core
+        if note is not None:
+            protocol.validate_note(note)
+        self._forked()
+        with self._op_lock:
+            router = core.router
+            if router is not None and not core.route():
+                self._refresh_map(router)
+                core.route()
+            conn = self._checkout()
+            try:
+                if note is not None:
+                    core.require_holds(conn.server)
+                command, data, timeout = core.take_over_request(token)
+                sent = time.monotonic()
+                reply = conn.request(command, data, timeout)
+                held = core.on_take_over_reply(token, reply, sent, conn.server)
+                if held and note is not None:
+                    command, data, timeout = core.note_request(conn.server, token, note)
+                    held = core.on_token_reply(command, conn.request(command, data, timeout))
+                    if not held:
+                        core.reset()
+            except BaseException:
+                core.reset()
+                self._checkin(conn)
+                raise
+            if not held:
+                self._checkin(conn)
+                return False
+            self._start_renewing(conn)
+            return True
+
+    def hand_off(self, lease_ttl: int) -> bool:
+        """Let go of the held grant without releasing it: renew it once to ``lease_ttl``
+        seconds from now, stop renewing, and forget its token (a later `release` is a no-op
+        returning False, and not a loss). True when the last renewal went through. Meant for
+        a detached hold (a connection-bound grant still ends with its connection)."""
+        lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
+        if self._forked() or not self._core.locked():
+            return False
+        self._driver.stop()
+        with self._op_lock:
+            core = self._core
+            conn, self._conn = self._conn, None
+            self._driver.unwatch(conn)
+            if core.state is not LockState.HELD or core.lost or conn is None or conn.closed:
+                core.reset()
+                if conn is not None:
+                    self._checkin(conn)
+                return False
+            command, data, timeout = core.hand_off_request(lease)
+            try:
+                reply = conn.request(command, data, timeout)
+            except DflockError:
+                core.reset()
+                return False
+            except BaseException:
+                core.reset()
+                raise
+            core.reset()
+            self._checkin(conn)
+            return isinstance(reply, Renewed)
 
 
 class DistributedSemaphore(_SyncLockBase):

@@ -293,7 +293,9 @@ class Connection(Stream):
 
     def _wait_timed_out(self) -> None:
         self.wait_timer = None
-        self._give_up(p.REPLY_TIMEOUT)
+        waiter, session = self.waiter, self.session
+        if waiter is not None and session is not None:
+            self._give_up(session.timed_out(waiter))
 
     def _give_up(self, reply: bytes) -> None:
         """Answer the request in flight with ``reply``, if it waits."""

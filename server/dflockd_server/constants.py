@@ -71,6 +71,11 @@ CMD_PING: Final = "ping"
 CMD_HELLO: Final = "hello"
 CMD_SHARDS: Final = "shards"
 """Which keys this server serves: ``ok <one-line JSON>`` (``ownership``)."""
+CMD_HOLD: Final = "hl"
+"""``hl <key> <timeout> <lease> <mode> <note>``: a lock acquire with an owner note, bound to the
+connection (mode ``c``) or detached from it (mode ``d``: freed only by ``r`` or its lease)."""
+CMD_NOTE: Final = "note"
+"""``note <key> <token> <note>``: replace the owner note of a held grant."""
 COMMANDS: Final = frozenset(
     {
         CMD_LOCK,
@@ -88,8 +93,18 @@ COMMANDS: Final = frozenset(
         CMD_PING,
         CMD_HELLO,
         CMD_SHARDS,
+        CMD_HOLD,
+        CMD_NOTE,
     }
 )
+HOLD_MODE_CONNECTION: Final = "c"
+"""``hl`` mode: the grant is released when its connection closes, as ``l``'s."""
+HOLD_MODE_DETACHED: Final = "d"
+"""``hl`` mode: the grant survives its connection (freed by ``r`` or lease expiry only)."""
+MAX_NOTE_BYTES: Final = 200
+"""Longest owner note (``hl``, ``note``): 1..200 printable ASCII bytes, ``!``..``~``."""
+NO_NOTE: Final = "_"
+"""The note a ``timeout`` reply to ``hl`` names when the holder gave none."""
 
 # ---------------------------------------------------------------- hello
 SERVER_NAME: Final = "dflockd-server"
@@ -113,6 +128,9 @@ semaphore never overlap on one key."""
 FEATURE_SHARDS: Final = "shards"
 """``shards`` answers which keys this server serves; acquires of a key it does not serve get
 ``error_moved <HOST:PORT>`` or ``error_unavailable``."""
+FEATURE_HOLDS: Final = "holds"
+"""``hl`` (locks with an owner note, optionally detached from their connection) and ``note``;
+``stats`` lists each lock's ``owner`` note and whether it is ``detached``."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -122,6 +140,7 @@ FEATURES: Final = (
     FEATURE_TWO_PHASE,
     FEATURE_LIMIT_MISMATCH,
     FEATURE_SHARDS,
+    FEATURE_HOLDS,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""

@@ -55,6 +55,7 @@ _WHILE_DRAINING: Final = frozenset(
         c.CMD_STATS,
         c.CMD_AUTH,
         c.CMD_SHARDS,
+        c.CMD_NOTE,
     )
 )
 """What a draining server still answers: its holders can renew and release until they are
@@ -200,6 +201,8 @@ class Session:
             ((c.CMD_STATS,), Session._stats),
             ((c.CMD_AUTH,), Session._auth),
             ((c.CMD_SHARDS,), Session._shards),
+            ((c.CMD_HOLD,), Session._hold),
+            ((c.CMD_NOTE,), Session._note),
         )
         table: dict[bytes, _Route] = {}
         for commands, route in routes:
@@ -239,6 +242,42 @@ class Session:
         if isinstance(got, Holder):
             return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
         return self._later(Wait(got, timeout))
+
+    def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``hl``: a lock acquire with an owner note, bound to the connection or detached."""
+        req = self._decode(cmd, key, arg)
+        if req is None:
+            return p.REPLY_ERROR
+        lease, note = req.lease, req.note
+        assert lease is not None and note is not None
+        if lease > self.max_lease:
+            return self._too_long(lease)
+        check = self.host.key_check
+        if check is not None and (refused := check(req.key)) is not None:
+            return refused
+        try:
+            got = self.table.hold(
+                self.client,
+                req.key,
+                lease,
+                note,
+                detached=req.detached,
+                queue=req.timeout > 0 and not self.eof,
+            )
+        except _REFUSALS as exc:
+            return _refusal(exc)
+        if got is None:
+            return p.reply_held_by(self.table.holder_note(req.key))
+        if isinstance(got, Holder):
+            return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
+        return self._later(Wait(got, req.timeout))
+
+    def _note(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``note``: replace a held grant's owner note."""
+        req = self._decode(cmd, key, arg)
+        if req is None or req.note is None:
+            return p.REPLY_ERROR
+        return p.REPLY_OK if self.table.set_note(req.key, req.token, req.note) else p.REPLY_ERROR
 
     def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``r``, ``sr``."""
@@ -360,6 +399,13 @@ class Session:
         self.table.forget_enqueued(waiter)
         waiter.wake = None
         return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
+
+    def timed_out(self, waiter: Waiter) -> bytes:
+        """The reply to the request that waited for ``waiter`` and ran out of time: ``timeout``,
+        and for ``hl`` the holder's note with it. Call before ``give_up``."""
+        if waiter.note is None:
+            return p.REPLY_TIMEOUT
+        return p.reply_held_by(self.table.holder_note(waiter.state.key))
 
     def give_up(self, waiter: Waiter) -> None:
         """The request that waited for ``waiter`` is answered otherwise (it timed out, the

@@ -68,9 +68,11 @@ class Client:
 
 
 class Holder:
-    """A granted lock or semaphore slot."""
+    """A granted lock or semaphore slot. ``note``: its owner note (``hl``, ``note``), or
+    ``None``. A detached hold (``hl`` mode ``d``) belongs to the table's ``detached`` client,
+    which no connection closes."""
 
-    __slots__ = ("client", "expires_at", "lease_ttl", "live", "state", "token")
+    __slots__ = ("client", "expires_at", "lease_ttl", "live", "note", "state", "token")
 
     def __init__(
         self, token: str, state: KeyState, client: Client, lease_ttl: int, expires_at: float
@@ -81,12 +83,25 @@ class Holder:
         self.lease_ttl = lease_ttl
         self.expires_at = expires_at
         self.live = True
+        self.note: str | None = None
 
 
 class Waiter:
-    """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued."""
+    """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued.
+    ``note`` (set for ``hl`` only) goes to its grant, and ``detached`` makes the grant the
+    table's ``detached`` client's instead of the waiting connection's."""
 
-    __slots__ = ("active", "client", "enqueued", "holder", "lease_ttl", "state", "wake")
+    __slots__ = (
+        "active",
+        "client",
+        "detached",
+        "enqueued",
+        "holder",
+        "lease_ttl",
+        "note",
+        "state",
+        "wake",
+    )
 
     def __init__(self, client: Client, state: KeyState, lease_ttl: int) -> None:
         self.client = client
@@ -96,6 +111,8 @@ class Waiter:
         self.holder: Holder | None = None
         self.wake: Callable[[Waiter], None] | None = None
         self.enqueued = False
+        self.note: str | None = None
+        self.detached = False
 
 
 class KeyState:

@@ -21,6 +21,7 @@ __all__ = [
     "quick_lock",
     "quick_token",
     "reply_grant",
+    "reply_held_by",
     "reply_hello",
     "reply_renewed",
 ]
@@ -31,6 +32,8 @@ _AUTH: Final = c.CMD_AUTH.encode()
 
 _COMMANDS: Final[dict[bytes, str]] = {name.encode(): name for name in c.COMMANDS}
 _PLACEHOLDER: Final = c.PLACEHOLDER.encode()
+_CONNECTION: Final = c.HOLD_MODE_CONNECTION.encode()
+_DETACHED: Final = c.HOLD_MODE_DETACHED.encode()
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _SHORT_DIGITS: Final = len(str(c.MAX_NUMBER)) - 1
 """A number of at most this many digits is below ``MAX_NUMBER``: no range check needed."""
@@ -151,7 +154,17 @@ class RequestFramer:
 class Request:
     """A decoded request. Unused fields keep their defaults."""
 
-    __slots__ = ("command", "key", "lease", "limit", "secret", "timeout", "token")
+    __slots__ = (
+        "command",
+        "detached",
+        "key",
+        "lease",
+        "limit",
+        "note",
+        "secret",
+        "timeout",
+        "token",
+    )
 
     def __init__(self, command: str, key: str) -> None:
         self.command = command
@@ -161,6 +174,10 @@ class Request:
         self.limit: int | None = None
         self.token = ""
         self.secret = b""
+        self.note: str | None = None
+        """``hl`` / ``note``: the owner note."""
+        self.detached = False
+        """``hl`` mode ``d``."""
 
     def __repr__(self) -> str:
         return (
@@ -210,6 +227,15 @@ def _token(raw: bytes) -> str:
         raise Malformed("token is not ASCII") from None
 
 
+def _note(raw: bytes) -> str:
+    """An owner note: 1..``MAX_NOTE_BYTES`` printable ASCII bytes without space (``!``..``~``)."""
+    if not 1 <= len(raw) <= c.MAX_NOTE_BYTES:
+        raise Malformed(f"note must be 1..{c.MAX_NOTE_BYTES} bytes, got {len(raw)}")
+    if any(not 0x21 <= byte <= 0x7E for byte in raw):
+        raise Malformed(f"note holds a byte outside '!'..'~': {raw[:40]!r}")
+    return raw.decode("ascii")
+
+
 def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
     """Validate one frame. Raises ``Malformed`` with a short reason."""
     command = _COMMANDS.get(cmd)
@@ -243,6 +269,22 @@ def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
         if n != 1:
             raise Malformed(f"{command} takes <token>")
         req.token = _token(parts[0])
+    elif command == c.CMD_HOLD:
+        if n != 4:
+            raise Malformed("hl takes <timeout> <lease> <mode> <note>")
+        req.timeout = _number(parts[0], "timeout")
+        req.lease = _lease(parts[1])
+        mode = parts[2]
+        if mode == _DETACHED:
+            req.detached = True
+        elif mode != _CONNECTION:
+            raise Malformed(f"hl mode must be c or d: {mode[:40]!r}")
+        req.note = _note(parts[3])
+    elif command == c.CMD_NOTE:
+        if n != 2:
+            raise Malformed("note takes <token> <note>")
+        req.token = _token(parts[0])
+        req.note = _note(parts[1])
     elif command == c.CMD_ENQUEUE:
         if n > 1:
             raise Malformed("e takes [<lease>]")
@@ -356,6 +398,11 @@ def reply_shards(described: dict[str, object]) -> bytes:
 def reply_grant(status: str, token: str, lease: int) -> bytes:
     """``ok <token> <lease>`` or ``acquired <token> <lease>``."""
     return f"{status} {token} {lease}\n".encode()
+
+
+def reply_held_by(note: str | None) -> bytes:
+    """``timeout <holder-note>`` (``hl``): the note of the key's holder, ``_`` for none."""
+    return f"{c.STATUS_TIMEOUT} {note or c.NO_NOTE}\n".encode()
 
 
 def reply_renewed(seconds_remaining: int) -> bytes:

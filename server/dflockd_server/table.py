@@ -74,7 +74,8 @@ class LockTable(TableCore):
         return Client(self._next_client_id)
 
     def disconnect(self, client: Client) -> None:
-        """Drop the client's waits; release what it holds when auto-release is on."""
+        """Drop the client's waits; release what it holds when auto-release is on (detached
+        holds are not the client's: they stay)."""
         now = self.clock()
         for waiter in list(client.waiting):
             self._unqueue(waiter, now)
@@ -117,6 +118,70 @@ class LockTable(TableCore):
         finally:
             if self._wakes:
                 self._flush()
+
+    def hold(
+        self, client: Client, key: str, lease_ttl: int, note: str, *, detached: bool, queue: bool
+    ) -> Holder | Waiter | None:
+        """``hl``: acquire the lock ``key`` (limit 1, the FIFO queue ``acquire`` uses) with the
+        owner note ``note``, as ``acquire`` does otherwise. A ``detached`` grant belongs to the
+        table's ``detached`` client, not to ``client``: closing ``client`` does not free it
+        (a wait of ``client`` is dropped as any wait is)."""
+        now = self.clock()
+        try:
+            if self.in_grace:
+                self._in_grace(now)
+            state = self._state_for(key, None, now)
+            if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
+                if self.max_locks_per_connection:
+                    self._check_client_locks(client, key, state)
+                holder = self._grant(state, self.detached if detached else client, lease_ttl, now)
+                holder.note = note
+                return holder
+            if not queue:
+                self.counts.timeouts[state.is_sem] += 1
+                return None
+            if self.max_waits_per_connection:
+                self._check_client_waits(client, key, state)
+            if self.max_locks_per_connection:
+                self._check_client_locks(client, key, state)
+            waiter = self._queue(state, client, lease_ttl)
+            waiter.note = note
+            waiter.detached = detached
+            return waiter
+        finally:
+            if self._wakes:
+                self._flush()
+
+    def holder_note(self, key: str) -> str | None:
+        """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
+        state = self.keys.get(key)
+        if state is None:
+            return None
+        one = state.one
+        return one.note if one is not None else None
+
+    def set_note(self, key: str, token: str, note: str) -> bool:
+        """``note``: replace the owner note of the grant ``token`` holds on ``key``; ``False``
+        if it holds none."""
+        holder = self._holder_of(key, token)
+        if holder is None:
+            return False
+        holder.note = note
+        return True
+
+    def _holder_of(self, key: str, token: str) -> Holder | None:
+        """The live grant ``token`` holds on ``key`` (leases checked first), or ``None``."""
+        state = self.keys.get(key)
+        if state is None:
+            return None
+        now = self.clock()
+        if now >= state.earliest:
+            self._check(state, now)
+            self._flush()
+        holder = state.one
+        if holder is None or holder.token != token:
+            holder = state.many.get(token) if state.many else None
+        return holder
 
     def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
         """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
@@ -330,6 +395,8 @@ class LockTable(TableCore):
                         "owner_conn_id": holder.client.id,
                         "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
                         "waiters": state.n_waiting,
+                        "owner": holder.note,
+                        "detached": holder.client is self.detached,
                     }
                 )
             elif state.n_waiting == 0:

@@ -64,6 +64,9 @@ class TableCore:
         self._leases = LeaseIndex()
         self._wakes: list[Waiter] = []
         self._next_client_id = 0
+        self.detached = Client(0)
+        """The owner of detached holds (``hl`` mode ``d``): no connection, never disconnected;
+        connections are numbered from 1."""
         self.counts = Counts()
         self.in_grace = grace_s > 0
         """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
@@ -270,7 +273,12 @@ class TableCore:
                 queue.popleft()
                 continue
             # Grant first: if no token can be issued the waiter stays at the head of the queue.
-            waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+            if waiter.note is None:
+                waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+            else:  # a hold (hl)
+                owner = self.detached if waiter.detached else waiter.client
+                holder = waiter.holder = self._grant(state, owner, waiter.lease_ttl, now)
+                holder.note = waiter.note
             queue.popleft()
             waiter.active = False
             state.n_waiting -= 1

@@ -39,6 +39,9 @@ def make_app(**conf: Any) -> Celery:
         ("on_lock_lost", "explode", "'interrupt', 'flag', 'terminate'"),
         ("lock_limit", 0, "from 1 to"),
         ("lock_max_retries", -2, "whole number of retries"),
+        ("lock_from", "queue", "must be 'run'"),
+        ("on_duplicate", "skip", "must be 'return'"),
+        ("lock_pending_ttl", 0, "must be > 0"),
     ],
 )
 def test_a_bad_task_attribute_fails_when_the_task_is_bound(

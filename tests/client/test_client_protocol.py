@@ -284,6 +284,8 @@ def test_every_command_has_an_encoder() -> None:
         protocol.encode_ping(),
         protocol.encode_hello(),
         protocol.encode_shards(),
+        protocol.encode_hold("k", 0, 30, "note", detached=True),
+        protocol.encode_note("k", TOKEN, "note"),
     }
     assert {request.split(b"\n")[0].decode() for request in encoded} == set(constants.COMMANDS)
     assert {c.value for c in Command} == set(constants.COMMANDS)

@@ -83,6 +83,7 @@ REPLY_LINE = re.compile(
     rb"(?:(?:ok|acquired) [0-9a-f]{32} [0-9]+"  # grant
     rb"|ok [0-9]+"  # renewed
     rb"|ok \{[^\n]*\}"  # stats
+    rb"|timeout [!-~]{1,200}"  # hl refused: the holder's note (MAX_NOTE_BYTES)
     rb"|(?:" + _STATUSES.encode() + rb"))"
 )
 
@@ -130,7 +131,11 @@ number_words = st.one_of(
     st.integers(min_value=0, max_value=3).map(lambda n: str(n).encode()),
     st.sampled_from(NUMBER_WORDS),
 )
-arg_words = st.one_of(number_words, tokens, st.sampled_from([b"_", b"", b"\xff"]))
+hold_words = [b"c", b"d", b"x", b"note-1", b"~" * c.MAX_NOTE_BYTES, b"~" * (c.MAX_NOTE_BYTES + 1)]
+"""``hl`` modes (and not), owner notes of every length the server takes, and one too long."""
+arg_words = st.one_of(
+    number_words, tokens, st.sampled_from([b"_", b"", b"\xff"]), st.sampled_from(hold_words)
+)
 separators = st.sampled_from([b" ", b" ", b"  ", b"\t"])
 
 

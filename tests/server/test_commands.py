@@ -480,8 +480,16 @@ def test_stats_shape(dflock_server: ServerThread) -> None:
         assert set(stats) >= {"connections", "locks", "semaphores", "idle_locks", "idle_semaphores"}
         assert stats["connections"] == 2
         (entry,) = stats["locks"]
-        assert set(entry) == {"key", "owner_conn_id", "lease_expires_in_s", "waiters"}
+        assert set(entry) == {
+            "key",
+            "owner_conn_id",
+            "lease_expires_in_s",
+            "waiters",
+            "owner",
+            "detached",
+        }
         assert entry["key"] == "k"
+        assert (entry["owner"], entry["detached"]) == (None, False)
         assert isinstance(entry["owner_conn_id"], int)
         assert 0 < entry["lease_expires_in_s"] <= 20
 

@@ -1,0 +1,89 @@
+"""Queue-once's small parts: the owner note stored with a key, and the message header that names
+a publish-time hold.
+
+A task sent with ``lock_from="publish"`` takes a *detached* hold on its key before the message
+is published (`celery_dflock._run.publish_hold`): it survives the publishing process, and the
+message carries it in the `HOLD_HEADER` header (``{"key": ..., "token": ...}``). The run that
+takes the message adopts the hold (`DistributedLock.adopt`), a retry hands it on to the retry
+message, a revoke of the queued message releases it (`celery_dflock.signals`), and
+``lock_pending_ttl`` frees it when no worker ever takes the message.
+
+Each hold and each run-time lock carries an owner note: the task id, and while a run holds the
+key, the worker's host name (`encode_note`). The server stores it with the grant; a refused
+publish or acquire reads the holder's task id back from it (`decode_note`), and so does
+``celery dflock locks``.
+
+Nothing here talks to a server; this module imports nothing of the rest of the Celery layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, cast
+from urllib.parse import quote, unquote
+
+__all__ = [
+    "HOLD_HEADER",
+    "NOTE_MAX_BYTES",
+    "HoldRef",
+    "decode_note",
+    "encode_note",
+    "hold_of",
+]
+
+HOLD_HEADER: Final = "dflock_hold"
+"""Message header of a task sent under a publish-time hold: ``{"key": ..., "token": ...}``."""
+NOTE_MAX_BYTES: Final = 200
+"""The longest owner note the server stores (printable ASCII, no space)."""
+_NO_NOTE: Final = "_"
+"""What the server says for a holder that gave no note."""
+
+
+def encode_note(task_id: str | None, host: str | None = None) -> str | None:
+    """The owner note of ``task_id`` (with ``host`` while a run holds the key): each part
+    percent-encoded (``quote(part, safe="")``), joined by ``/``.
+
+    A note that would be too long loses its host part; None when the task id alone is too
+    long (or there is none): the lock is then taken without a note."""
+    if not task_id:
+        return None
+    base = quote(task_id, safe="")
+    if host:
+        full = f"{base}/{quote(host, safe='')}"
+        if len(full) <= NOTE_MAX_BYTES:
+            return full
+    return base if len(base) <= NOTE_MAX_BYTES else None
+
+
+def decode_note(note: str | None) -> tuple[str | None, str | None]:
+    """(task id, host or None) from an owner note; (None, None) for no note or a foreign one."""
+    if not note or note == _NO_NOTE:
+        return None, None
+    task_part, sep, host_part = note.partition("/")
+    task_id = unquote(task_part) or None
+    host = (unquote(host_part) or None) if sep else None
+    return task_id, host
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRef:
+    """A publish-time hold as a message names it (`HOLD_HEADER`)."""
+
+    key: str
+    token: str
+
+    def header(self) -> dict[str, str]:
+        """The header value (plain JSON)."""
+        return {"key": self.key, "token": self.token}
+
+
+def hold_of(value: object) -> HoldRef | None:
+    """The hold a `HOLD_HEADER` value names (None when absent or malformed)."""
+    if not isinstance(value, Mapping):
+        return None
+    fields = cast("Mapping[str, Any]", value)
+    key, token = fields.get("key"), fields.get("token")
+    if isinstance(key, str) and key and isinstance(token, str) and token:
+        return HoldRef(key, token)
+    return None

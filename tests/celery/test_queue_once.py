@@ -1,0 +1,304 @@
+# pyright: reportAttributeAccessIssue=false, reportCallIssue=false, reportFunctionMemberAccess=false
+# (Celery's @app.task is untyped: pyright takes a task for the plain function it decorates.)
+"""Queue-once (``lock_from="publish"``, issue 17) with a real server and real prefork workers on
+the filesystem broker: one message per key, the run takes the publish-time hold over, a
+duplicate gets the holder's result or `AlreadyQueued`, a retry keeps the hold, a revoke and
+``lock_pending_ttl`` free it, and the holder's task id is shown."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from celery_dflock import AlreadyQueued, LockedTask
+from celery_dflock._holds import decode_note, encode_note
+from celery_dflock.cli import collect, format_locks
+from celery_dflock.client import DistributedLock
+from celery_dflock.config import DflockConfigError, get_config, resolve_options
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+from tests.celery.apps.qonce import QonceTasks, define
+from tests.support.ports import free_port
+from tests.support.workers import (
+    EventLog,
+    Worker,
+    WorkerFactory,
+    close_app,
+    filesystem_settings,
+    with_server,
+)
+
+EVENT_TIMEOUT_S = 30.0
+RESULT_TIMEOUT_S = 60.0
+FREE_WAIT_S = 20.0
+"""How long a test waits in the key's FIFO queue for a hold to be freed."""
+
+
+@dataclass
+class Rig:
+    """A lock server, a prefork worker (-c 2) on ``queue``, and a client app whose tasks go
+    through ``LockedTask.apply_async`` (the publish path)."""
+
+    server: ServerThread
+    log: EventLog
+    factory: WorkerFactory
+    worker: Worker
+    app: Celery
+    tasks: QonceTasks
+    settings: dict[str, Any]
+    data: Path
+    tmp: Path
+
+    def messages(self, queue: str) -> int:
+        """Messages waiting in ``queue`` (files of the filesystem broker)."""
+        return len(list(self.data.glob(f"*.{queue}.msg")))
+
+    def key_free(self, key: str, wait_s: float = FREE_WAIT_S) -> bool:
+        """True once ``key`` can be taken (waiting up to ``wait_s`` in its FIFO queue)."""
+        lock = DistributedLock(key, acquire_timeout_s=wait_s, servers=[self.server.address])
+        got = lock.acquire()
+        if got:
+            lock.release()
+        return got
+
+    def release_file(self, name: str) -> Path:
+        return self.tmp / f"release-{name}"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    tmp = tmp_path_factory.mktemp("qonce")
+    queue = unique("dflock-qonce")
+    with ServerThread(Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)) as server:
+        settings = with_server(filesystem_settings(tmp, queue), server)
+        log = EventLog(tmp)
+        factory = WorkerFactory(log=log, directory=tmp, settings=settings)
+        app = Celery("qonce-client", set_as_current=False)
+        app.conf.update(settings)
+        tasks = define(app)
+        try:
+            worker = factory.start("apps.qonce", pool="prefork", concurrency=2)
+            yield Rig(
+                server=server,
+                log=log,
+                factory=factory,
+                worker=worker,
+                app=app,
+                tasks=tasks,
+                settings=settings,
+                data=Path(settings["broker_transport_options"]["data_folder_in"]),
+                tmp=tmp,
+            )
+        finally:
+            factory.close()
+            close_app(app)
+            log.close()
+
+
+# ------------------------------------------------------------------------ no worker needed
+
+
+def test_note_round_trip() -> None:
+    assert encode_note("a b/c") == "a%20b%2Fc"
+    assert decode_note(encode_note("a b/c", "celery@host 1")) == ("a b/c", "celery@host 1")
+    assert decode_note(encode_note("abc")) == ("abc", None)
+    assert decode_note(None) == (None, None)
+    assert decode_note("_") == (None, None)
+    assert encode_note("x" * 300) is None
+    long_host = encode_note("id", "h" * 300)
+    assert long_host == "id"  # too long with the host: the task id alone
+
+
+def test_options_resolve_and_refuse_a_semaphore() -> None:
+    app = Celery("qonce-options", set_as_current=False)
+    app.conf.update(dflock_lock_from="publish", dflock_lock_pending_ttl=60)
+    options = resolve_options(get_config(app), "t", {"on_duplicate": "raise"})
+    assert (options.lock_from, options.on_duplicate, options.pending_ttl) == (
+        "publish",
+        "raise",
+        60,
+    )
+    with pytest.raises(DflockConfigError, match="lock_from='publish' cannot be combined"):
+        resolve_options(get_config(app), "t", {"lock_limit": 2})
+
+    @app.task(base=LockedTask, lock_from="publish", lock_limit=2, shared=False)
+    def both() -> None: ...
+
+    with pytest.raises(DflockConfigError, match="lock_limit=2"):
+        app.finalize()
+        _ = app.tasks[both.name]
+    app.close()
+
+    bad = Celery("qonce-bad", set_as_current=False)
+    bad.conf.update(dflock_lock_from="queue")
+    with pytest.raises(DflockConfigError, match="dflock_lock_from must be 'run'"):
+        get_config(bad)
+    bad.conf.update(dflock_lock_from=None, dflock_on_duplicate="ignore")
+    with pytest.raises(DflockConfigError, match="dflock_on_duplicate must be 'return'"):
+        get_config(bad)
+
+
+def test_already_queued_pickles_with_its_fields() -> None:
+    error = AlreadyQueued("busy", task_id="t-1", key="k")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.task_id, copy.key) == ("busy", "t-1", "k")
+
+
+# ------------------------------------------------------------------------ the publish path
+
+
+def test_duplicates_send_one_message_and_the_run_takes_the_hold_over(rig: Rig) -> None:
+    """With no worker on the queue, repeated publishes leave one message, all answered with
+    its id; a worker then runs it once, under the hold the publish took; afterwards a new
+    publish sends a new task."""
+    parked = unique("dflock-parked")
+    name = unique("parked")
+    results = [rig.tasks.once.apply_async((name,), queue=parked) for _ in range(5)]
+    assert len({r.id for r in results}) == 1
+    assert rig.messages(parked) == 1
+    assert not rig.key_free(f"once:{name}", wait_s=0)
+
+    rig.factory.start("apps.qonce", pool="prefork", concurrency=1, settings={
+        "task_default_queue": parked
+    })  # fmt: skip
+    assert results[0].get(timeout=RESULT_TIMEOUT_S) == name
+    bodies = rig.log.entries("once_body", name=name)
+    assert len(bodies) == 1
+    assert bodies[0]["task_id"] == results[0].id
+    assert bodies[0]["token"] == bodies[0]["hold_token"]  # the publish's grant, taken over
+    assert rig.key_free(f"once:{name}", wait_s=5)
+    again = rig.tasks.once.apply_async((name,), queue=parked)
+    assert again.id != results[0].id
+
+
+def test_duplicate_of_a_running_task(rig: Rig) -> None:
+    """While the first runs: a duplicate returns its result, ``on_duplicate="raise"`` raises
+    AlreadyQueued with its id, ``celery dflock locks`` shows it with the worker's name, and a
+    run-time lock skipped on the key names it."""
+    name = unique("running")
+    key = f"once:{name}"
+    release = rig.release_file(name)
+    first = rig.tasks.once.delay(name, str(release))
+    rig.log.wait_event("once_body", timeout=EVENT_TIMEOUT_S, name=name)
+    try:
+        assert rig.tasks.once.delay(name, str(release)).id == first.id
+        with pytest.raises(AlreadyQueued, match=first.id) as raised:
+            rig.tasks.once_raise.delay(name, str(release))
+        assert (raised.value.task_id, raised.value.key) == (first.id, key)
+
+        reports = collect(get_config(rig.app))
+        table = format_locks(reports)
+        row = next(line for line in table.splitlines() if key in line)
+        assert first.id in row
+        assert rig.worker.name in row
+        (entry,) = [lock for lock in reports[0].as_json()["stats"]["locks"] if lock["key"] == key]
+        assert entry["holder_task_id"] == first.id
+        assert entry["holder_host"] == rig.worker.name
+        assert entry["detached"] is True
+
+        skipped = rig.tasks.run_skip.delay(name)
+        event = rig.log.wait_event("skipped", timeout=EVENT_TIMEOUT_S, task_id=skipped.id)
+        assert event["holder"] == first.id
+        with pytest.raises(Exception, match=first.id):
+            skipped.get(timeout=RESULT_TIMEOUT_S)
+    finally:
+        release.touch()
+    assert first.get(timeout=RESULT_TIMEOUT_S) == name
+    assert rig.key_free(key, wait_s=5)
+    assert rig.tasks.once.delay(name, None).id != first.id
+
+
+def test_per_call_lock_from_and_pending_ttl(rig: Rig) -> None:
+    """``apply_async(..., lock_from="publish")`` on a run-time task holds from publish; a
+    message no worker takes frees its key after ``lock_pending_ttl``."""
+    parked = unique("dflock-nobody")
+    name = unique("percall")
+    sent = [
+        rig.tasks.plain.apply_async((name,), queue=parked, lock_from="publish", lock_pending_ttl=2)
+        for _ in range(3)
+    ]
+    assert len({r.id for r in sent}) == 1
+    assert rig.messages(parked) == 1
+    assert not rig.key_free(f"once:{name}", wait_s=0)
+    assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)  # the pending lease ran out
+    assert rig.tasks.plain.apply_async((name,), queue=parked, lock_from="publish").id != sent[0].id
+
+
+def test_retry_keeps_the_hold(rig: Rig) -> None:
+    """A run that retries hands its hold to the retry: during the countdown a duplicate still
+    gets its id, and the retried run holds the same grant."""
+    name = unique("retry")
+    result = rig.tasks.once_retry.delay(name)
+    rig.log.wait_event("once_done", timeout=EVENT_TIMEOUT_S, name=name)
+    assert rig.tasks.once_retry.delay(name).id == result.id
+    assert rig.tasks.once.delay(name).id == result.id  # any task on the key
+    assert result.get(timeout=RESULT_TIMEOUT_S) == 1
+    first, second = rig.log.entries("once_body", name=name)
+    assert (first["retries"], second["retries"]) == (0, 1)
+    assert first["token"] == second["token"] == second["hold_token"]
+    assert rig.key_free(f"once:{name}", wait_s=5)
+
+
+def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
+    """Both pool slots busy, a queued task is revoked: the worker drops it and releases its
+    hold; the body never runs."""
+    blockers = [unique("blocker") for _ in range(2)]
+    for blocker in blockers:
+        rig.tasks.once.delay(blocker, str(rig.release_file(blocker)))
+    for blocker in blockers:
+        rig.log.wait_event("once_body", timeout=EVENT_TIMEOUT_S, name=blocker)
+    name = unique("revoked")
+    queued = rig.tasks.once.delay(name)
+    rig.app.control.revoke(queued.id)
+    try:
+        assert rig.tasks.once.delay(name).id == queued.id  # still held until the worker acts
+    finally:
+        for blocker in blockers:
+            rig.release_file(blocker).touch()
+    assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)
+    assert not rig.log.entries("once_body", name=name)
+
+
+def test_eager_calls_take_no_publish_hold(rig: Rig) -> None:
+    app = Celery("qonce-eager", set_as_current=False)
+    app.conf.update(rig.settings, task_always_eager=True, task_store_eager_result=True)
+    tasks = define(app)
+    try:
+        name = unique("eager")
+        assert tasks.once.delay(name).get() == name
+        assert tasks.once.delay(name).get() == name  # ran again: no hold was left behind
+        assert rig.key_free(f"once:{name}", wait_s=0)
+    finally:
+        close_app(app)
+
+
+def test_a_publish_that_fails_releases_its_hold(rig: Rig) -> None:
+    app = Celery("qonce-nobroker", set_as_current=False)
+    app.conf.update(
+        rig.settings,
+        broker_url=f"redis://127.0.0.1:{free_port()}/0",
+        broker_transport=None,
+        broker_transport_options={},
+        broker_connection_timeout=1,
+        task_publish_retry=False,
+    )
+    tasks = define(app)
+    try:
+        name = unique("nobroker")
+        with pytest.raises(OperationalError):
+            tasks.once.delay(name)
+        assert rig.key_free(f"once:{name}", wait_s=0)
+    finally:
+        close_app(app)
