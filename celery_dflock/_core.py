@@ -726,9 +726,9 @@ class LockCore:
         if server is None or not server.supports(FEATURE_HOLDS):
             what = "a server that was not asked hello" if server is None else server.describe()
             raise HoldsUnsupported(
-                f"server {self.endpoint.address} is {what}: holds and owner notes (for "
-                f"{self.what}) need celery-dflock's dflockd-server (the 'holds' feature), "
-                "which it does not list in its hello; run the bundled `dflockd` there"
+                f"server {self.endpoint.address} is {what}, and a hold or owner note (of "
+                f"{self.what}) needs celery-dflock's dflockd-server (the 'holds' feature), "
+                "which that server does not list in its hello; run the bundled `dflockd` there"
             )
 
     def take_over_request(self, token: str) -> tuple[Command, bytes, float]:

@@ -736,6 +736,7 @@ def _lock_retry(
     task's ``max_retries``, which are left to its own retries."""
     headers = _request_headers(request)
     headers[LOCK_RETRIES_HEADER] = retries
+    headers.setdefault(HOLD_HEADER, None)  # sent again, not a new publish: no hold taken
     given = call_options(request)
     if given:
         headers[LOCK_OPTIONS_HEADER] = given

@@ -138,7 +138,7 @@ class LockedTask(Task):
         if headers:
             options["headers"] = headers
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
-            # Sent again under its hold (a retry), or run here: no hold of its own.
+            # Sent again (a retry, with the hold handed on or None), or run here: no hold.
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
@@ -188,16 +188,16 @@ class LockedTask(Task):
         request = self._celery.request
         kept = retry_hand_off(self, request, countdown=countdown, eta=eta, max_retries=max_retries)
         given = call_options(request)
-        if given or kept is not None:
-            headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
-            request_headers: Any = request.headers
-            if isinstance(request_headers, Mapping):
-                headers = {**cast("Mapping[str, Any]", request_headers), **headers}
-            if given:
-                headers[LOCK_OPTIONS_HEADER] = given
-            if kept is not None:
-                headers[HOLD_HEADER] = kept.header()
-            options["headers"] = headers
+        headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
+        request_headers: Any = request.headers
+        if isinstance(request_headers, Mapping):
+            headers = {**cast("Mapping[str, Any]", request_headers), **headers}
+        if given:
+            headers[LOCK_OPTIONS_HEADER] = given
+        # The hold handed on, or None: a retry is the same task sent again, never a new
+        # publish (it takes no hold of its own, so it is never refused as a duplicate).
+        headers[HOLD_HEADER] = None if kept is None else kept.header()
+        options["headers"] = headers
         try:
             return BaseTask.retry(
                 self, args, kwargs, exc, throw, eta, countdown, max_retries, **options

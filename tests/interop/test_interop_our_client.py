@@ -16,8 +16,10 @@ import pytest
 from celery_dflock import (
     AsyncConnectionPool,
     AsyncDistributedLock,
+    Client,
     ConnectionPool,
     DistributedLock,
+    HoldsUnsupported,
 )
 from celery_dflock.config import reset_config
 from tests.interop.interop_helpers import ForeignServer, TlsFront
@@ -161,3 +163,15 @@ def test_a_connection_the_foreign_server_dropped_is_not_reused(
             return apool.opened, apool.reused, apool.discarded
 
     assert asyncio.run(main()) == (2, 0, 1)
+
+
+def test_holds_are_refused_before_reaching_a_foreign_server(dflockd_050: ForeignServer) -> None:
+    """dflockd 0.5.0 lists no ``holds`` (it answers no ``hello``): `Client.hold` raises
+    `HoldsUnsupported` naming it, and a lock's note is left out (a plain ``l``)."""
+    with Client([dflockd_050.address]) as client:
+        with pytest.raises(HoldsUnsupported) as refused:
+            client.hold("interop:hold", note="t1", lease_ttl=5)
+        assert f"127.0.0.1:{dflockd_050.address[1]}" in str(refused.value)
+        assert "the 'holds' feature" in str(refused.value)
+        with client.lock("interop:hold", note="t1") as lock:
+            assert lock.locked()
