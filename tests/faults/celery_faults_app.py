@@ -13,14 +13,17 @@ same fence. A run whose write lands on a balance other than the one it read (``a
 before + 1``) had another writer in between: in a store that sets values, that is a lost
 update. The fault tests count those, and compare each account's balance with its accepted
 writes.
+
+:func:`publish_fenced_increment` is the same step with ``lock_from="publish"`` (queue once,
+issue 17): published through the task by ``tests.faults.publish_workload``'s processes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from celery import bootsteps
 
@@ -46,6 +49,12 @@ steps["consumer"].add(ConsumerStarted)
 
 FENCED_INCREMENT = "faults.fenced_increment"
 """The task's name, for ``send_task``."""
+PUBLISH_FENCED_INCREMENT = "faults.publish_fenced_increment"
+"""The same step with ``lock_from="publish"`` (published through the task, not send_task)."""
+PUBLISH_PENDING_TTL_S = 8
+"""``lock_pending_ttl`` of the publish-time workload: a hold whose publisher died before it
+sent the message is free again after this."""
+HOLD_HEADER = "dflock_hold"
 ACCOUNT_KEY = "acct:{account}"
 """Lock key template: one lock per ledger account."""
 QUEUE_WAIT_S = 30
@@ -104,6 +113,71 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen = seen.__context__
 
 
+def _fenced_step(
+    task: LockedTask,
+    account: str,
+    ledger: str,
+    label: str,
+    go_file: str | None,
+    hold_s: float,
+) -> int:
+    """Read ``account`` with the lock's fence, step, then add 1 with the same fence.
+
+    A refused access or an interrupt is logged by `_FencedTask.on_failure`, after the body.
+    Besides wall-clock times, the run logs ``mono_start``/``mono_end`` (``time.monotonic()``,
+    one clock for every process of the host: the history checker compares them with the
+    publishers'), and the token it holds and the one its message's ``dflock_hold`` header
+    named (a publish-time hold taken over by the run has the same).
+    """
+    lock = task.lock
+    assert lock is not None and lock.fence is not None
+    fence = lock.fence
+    request: Any = task.request
+    task_id = request.id
+    key = request.dflock_key
+    store = FencedLedger(Path(ledger))
+    start = time.time()
+    common = {"label": label, "account": account, "key": key, "fence": fence, "task_id": task_id}
+    run = {"stage": "read", **common}
+    request.fault_run = run
+    request.fault_lock = lock
+    hold = _hold_header(request)
+    record(
+        "granted",
+        start=start,
+        mono_start=time.monotonic(),
+        token=lock.token,
+        hold_token=None if hold is None else hold.get("token"),
+        **common,
+    )
+    before = store.add(account, 0, fence)  # the fenced read
+    record("read", before=before, **common)
+    _step(go_file, hold_s)
+    run["stage"] = "write"
+    after = store.add(account, 1, fence)
+    record(
+        "applied",
+        before=before,
+        after=after,
+        start=start,
+        end=time.time(),
+        mono_end=time.monotonic(),
+        lost=lock.lost,
+        **common,
+    )
+    return after
+
+
+def _hold_header(request: Any) -> dict[str, Any] | None:
+    """The request's ``dflock_hold`` header (a publish-time hold), or None."""
+    found = getattr(request, HOLD_HEADER, None)
+    if found is None:
+        headers = getattr(request, "headers", None)
+        if isinstance(headers, Mapping):
+            found = cast("Mapping[str, Any]", headers).get(HOLD_HEADER)
+    return dict(cast("Mapping[str, Any]", found)) if isinstance(found, Mapping) else None
+
+
 @app.task(
     bind=True,
     base=_FencedTask,
@@ -120,34 +194,28 @@ def fenced_increment(
     go_file: str | None = None,
     hold_s: float = 0.0,
 ) -> int:
-    """Read ``account`` with the lock's fence, step, then add 1 with the same fence.
+    """One step of the fenced workload, locked while it runs (see `_fenced_step`)."""
+    return _fenced_step(self, account, ledger, label, go_file, hold_s)
 
-    A refused access or an interrupt is logged by `_FencedTask.on_failure`, after the body.
-    """
-    lock = self.lock
-    assert lock is not None and lock.fence is not None
-    fence = lock.fence
-    task_id = self.request.id
-    key = self.request.dflock_key
-    store = FencedLedger(Path(ledger))
-    start = time.time()
-    common = {"label": label, "account": account, "key": key, "fence": fence, "task_id": task_id}
-    run = {"stage": "read", **common}
-    self.request.fault_run = run
-    self.request.fault_lock = lock
-    record("granted", start=start, **common)
-    before = store.add(account, 0, fence)  # the fenced read
-    record("read", before=before, **common)
-    _step(go_file, hold_s)
-    run["stage"] = "write"
-    after = store.add(account, 1, fence)
-    record(
-        "applied",
-        before=before,
-        after=after,
-        start=start,
-        end=time.time(),
-        lost=lock.lost,
-        **common,
-    )
-    return after
+
+@app.task(
+    bind=True,
+    base=_FencedTask,
+    name=PUBLISH_FENCED_INCREMENT,
+    lock_key=ACCOUNT_KEY,
+    lock_from="publish",
+    lock_pending_ttl=PUBLISH_PENDING_TTL_S,
+    on_locked="raise",
+    lock_timeout=QUEUE_WAIT_S,
+)
+def publish_fenced_increment(
+    self: LockedTask,
+    account: str,
+    ledger: str,
+    label: str,
+    go_file: str | None = None,
+    hold_s: float = 0.0,
+) -> int:
+    """The same step, its key held from publish (queue once): a publish while the account's
+    key is held sends nothing and returns the holder's id."""
+    return _fenced_step(self, account, ledger, label, go_file, hold_s)

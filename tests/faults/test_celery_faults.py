@@ -20,6 +20,11 @@ their locks, then checks what the issue asks for and adds a row to the fault rep
 * **broker kill -9 and restart**: this test's own ``redis-server`` (append-only file, so
   queued messages survive) is killed in the middle of a stream of locked runs and restarted;
   the worker reconnects and the stream completes with no overlap per key.
+* **queue once, publishers killed**: processes publish ``lock_from="publish"`` runs (issue 17)
+  of three accounts and some are killed -9 mid-stream; the history checker sees each publish
+  as a hold from its request to the end of its run, a sampler counts the messages per account
+  in the broker (never more than one), and every account's key comes free in the end (a hold
+  whose publisher died before sending its message runs out after ``lock_pending_ttl``).
 
 Every test has its own ``redis-server`` as broker and result backend (never the shared
 one). Not kombu's filesystem broker: its reader can take a message file before the writer has
@@ -33,10 +38,14 @@ differs from the number of accepted writes. Every test expects none.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import random
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -55,15 +64,17 @@ from celery_dflock.client import DistributedLock
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
 from examples.proj.ledger import FencedLedger
-from tests.faults.celery_faults_app import FENCED_INCREMENT
+from tests.faults.celery_faults_app import FENCED_INCREMENT, PUBLISH_PENDING_TTL_S
 from tests.faults.conftest import FaultReport, FaultRow, scaled
+from tests.faults.history import Hold, check_history
 from tests.support.ports import free_port
-from tests.support.processes import signal_group
+from tests.support.processes import python_path, signal_group
 from tests.support.servers import LOCK_SERVER_LEASE_S, DflockdProcess
 from tests.support.services import unavailable
 from tests.support.waiting import wait_until
 from tests.support.wire import held_keys, holders_and_waiters, release_behind_its_back
 from tests.support.workers import (
+    REPO,
     Entry,
     EventLog,
     Worker,
@@ -791,6 +802,293 @@ def test_broker_kill9_and_restart_mid_stream(
                 f"{duplicates} runs repeated after redelivery, {len(missing)} messages lost by "
                 "the broker (popped, not yet marked unacked; never ran); no overlap per key, "
                 "no lock left held"
+            ),
+        )
+    )
+
+
+# --------------------------------------------------------------------------- queue once: publishers
+
+
+PUBLISHERS = 4
+PUBLISHER_STOP_S = 30.0
+KILL_AFTER_MAX_S = 0.3
+"""A victim is killed at a random moment up to this long after its latest publish."""
+UNACKED_KEY = "unacked"
+"""kombu's Redis hash of the messages workers reserved and have not acknowledged."""
+
+
+@dataclass
+class Publisher:
+    """One ``python -m tests.faults.publish_workload`` process (its own process group)."""
+
+    client: str
+    proc: subprocess.Popen[bytes]
+    events: Path
+
+    def replies(self) -> int:
+        if not self.events.exists():
+            return 0
+        return sum('"reply"' in line for line in self.events.read_text().splitlines())
+
+
+def start_publisher(
+    rig: Rig, settings: dict[str, Any], client: str, accounts: list[str], stop: Path
+) -> Publisher:
+    events = rig.tmp / f"{client}.events"
+    env = {
+        **os.environ,
+        "DFLOCK_TEST_SETTINGS": json.dumps(settings),
+        "PYTHONPATH": python_path(REPO),
+    }
+    command = [
+        sys.executable, "-m", "tests.faults.publish_workload", "--client", client,
+        "--events", str(events), "--ledger", str(rig.ledger_path), "--stop", str(stop),
+        "--accounts", ",".join(accounts),
+    ]  # fmt: skip
+    with (rig.tmp / f"{client}.out").open("wb") as out:
+        proc = subprocess.Popen(
+            command, cwd=rig.tmp, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return Publisher(client, proc, events)
+
+
+class BrokerSampler(threading.Thread):
+    """Snapshots, as often as it can, the ids of the messages in a Redis broker's queue and of
+    those its workers reserved (one MULTI per snapshot, so a snapshot is one moment). A message
+    between the two (popped, not yet recorded as reserved) is missed: the sampler can miss a
+    duplicate, never invent one."""
+
+    def __init__(self, url: str, queue_name: str) -> None:
+        super().__init__(name="broker-sampler", daemon=True)
+        self.url = url
+        self.queue_name = queue_name
+        self.snapshots: list[list[str]] = []
+        self.error: str | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        try:
+            while not self.stopping.is_set():
+                pipe = client.pipeline(transaction=True)
+                pipe.lrange(self.queue_name, 0, -1)
+                pipe.hvals(UNACKED_KEY)
+                try:
+                    listed, reserved = pipe.execute()
+                except redis.RedisError as exc:  # the broker went away (teardown)
+                    self.error = repr(exc)
+                    return
+                ids = [json.loads(raw)["headers"]["id"] for raw in listed]
+                for raw in reserved:
+                    message, _exchange, routing_key = json.loads(raw)
+                    if routing_key == self.queue_name:
+                        ids.append(message["headers"]["id"])
+                self.snapshots.append(ids)
+                time.sleep(0.005)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class PublishHistory:
+    """What the publishers wrote: each publish asked for (by task id), each answer."""
+
+    requests: dict[str, dict[str, Any]]
+    replies: dict[str, dict[str, Any]]
+    client_of: dict[str, str]
+
+    @classmethod
+    def read(cls, made: list[Publisher]) -> PublishHistory:
+        requests: dict[str, dict[str, Any]] = {}
+        replies: dict[str, dict[str, Any]] = {}
+        client_of: dict[str, str] = {}
+        for publisher in made:
+            for entry in read_jsonl(publisher.events):
+                if entry["event"] == "request":
+                    requests[entry["task_id"]] = entry
+                    client_of[entry["task_id"]] = publisher.client
+                elif entry["event"] == "reply":
+                    replies[entry["task_id"]] = entry
+        return cls(requests, replies, client_of)
+
+    def enqueued(self) -> set[str]:
+        """Publishes that took the key and sent their message (their publisher said so)."""
+        return {tid for tid, reply in self.replies.items() if reply["result_id"] == tid}
+
+    def duplicates(self) -> list[dict[str, Any]]:
+        return [reply for tid, reply in self.replies.items() if reply["result_id"] != tid]
+
+
+def publish_holds(history: PublishHistory, runs: dict[str, Entry]) -> list[Hold]:
+    """One `Hold` per publish for the history checker.
+
+    A publish whose task ran held the account's key from before its request (``requested_t``)
+    until the run's body ended (``released_t``: the release is sent after it); the grant
+    reached the publisher before it sent the message, so before both its reply and the run's
+    start (``granted_t``: the earlier of the two, a later moment than the grant's arrival,
+    which only shortens the window proven valid). Its fence is the run's: the run took over
+    the publish-time hold (checked separately: the same token). A publish answered with
+    another task's id was refused (``timeout``); a killed publisher's publish that never ran is
+    ``error`` (it may hold an orphaned key until ``lock_pending_ttl``; nothing to compare).
+    """
+    holds: list[Hold] = []
+    for tid, request in history.requests.items():
+        key = f"acct:{request['account']}"
+        client = history.client_of[tid]
+        reply = history.replies.get(tid)
+        run = runs.get(tid)
+        if run is not None:
+            arrived = run["mono_start"] if reply is None else min(reply["t"], run["mono_start"])
+            holds.append(
+                Hold(
+                    key=key,
+                    client=client,
+                    requested_t=request["t"],
+                    lease_s=PUBLISH_PENDING_TTL_S,
+                    outcome="released",
+                    fence=run["fence"],
+                    granted_t=arrived,
+                    released_t=run["mono_end"],
+                )
+            )
+        else:
+            outcome = "timeout" if reply is not None and reply["result_id"] != tid else "error"
+            holds.append(Hold(key, client, request["t"], PUBLISH_PENDING_TTL_S, outcome))
+    return holds
+
+
+def test_publishers_killed_mid_stream_queue_once(
+    rig: Rig,
+    lock_server: ServerThread,
+    own_redis: Callable[..., RedisChild],
+    fault_report: FaultReport,
+) -> None:
+    """Issue 17, acceptance 7: processes publish ``lock_from="publish"`` fenced increments of
+    three accounts; some are killed -9 mid-stream. No double grant (history checker), no lost
+    update (fenced ledger), never two messages of one account in the broker at once, every
+    run under its publish-time hold, and every account's key free in the end."""
+    kills = scaled(3, 12)
+    broker = own_redis()
+    settings = broker_settings(broker, f"{lock_server.host}:{lock_server.port}")
+    rig.start_worker(settings, concurrency=2)
+    accounts = [unique("pub") for _ in range(3)]
+    stop = rig.tmp / "stop-publishing"
+    sampler = BrokerSampler(broker.url(0), settings["task_default_queue"])
+    sampler.start()
+    made = [start_publisher(rig, settings, f"p{i}", accounts, stop) for i in range(PUBLISHERS)]
+    live = list(made)
+    killed: list[Publisher] = []
+    chooser = random.Random()
+    try:
+        for kill in range(kills):
+            victim = chooser.choice(live)
+            seen = victim.replies()
+            wait_until(
+                lambda v=victim, n=seen: v.replies() > n,
+                timeout=EVENT_TIMEOUT_S,
+                what=f"{victim.client} to publish",
+            )
+            time.sleep(chooser.uniform(0, KILL_AFTER_MAX_S))
+            signal_group(victim.proc.pid, signal.SIGKILL)
+            assert victim.proc.wait(10) == -signal.SIGKILL
+            live.remove(victim)
+            killed.append(victim)
+            replacement = start_publisher(rig, settings, f"r{kill}", accounts, stop)
+            made.append(replacement)
+            live.append(replacement)
+        wait_until(
+            lambda: all(p.replies() > 0 for p in live), timeout=EVENT_TIMEOUT_S, what="publishes"
+        )
+        stop.touch()
+        for publisher in live:
+            assert publisher.proc.wait(PUBLISHER_STOP_S) == 0, (
+                rig.tmp / f"{publisher.client}.out"
+            ).read_text()[-3000:]
+    except BaseException:
+        sampler.stop()
+        raise
+    finally:
+        for publisher in made:
+            signal_group(publisher.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                publisher.proc.wait(10)
+
+    history = PublishHistory.read(made)
+    enqueued = history.enqueued()
+    rig.log.wait_for(
+        lambda evs: enqueued <= {e.get("task_id") for e in evs if e.get("event") == "applied"},
+        EVENT_TIMEOUT_S,
+        f"the {len(enqueued)} enqueued tasks to run",
+    )
+    # Every key comes free: runs release theirs; a hold whose publisher died before sending
+    # its message runs out after lock_pending_ttl.
+    free_s = free_after(
+        lock_server.address, [f"acct:{a}" for a in accounts], PUBLISH_PENDING_TTL_S + 15
+    )
+    sampler.stop()
+    assert sampler.error is None, sampler.error
+    assert free_s is not None, "an account's key was still held after lock_pending_ttl"
+
+    account_of = {tid: r["account"] for tid, r in history.requests.items()}
+    most = 0
+    for ids in sampler.snapshots:
+        per_account = Counter(account_of.get(tid, f"?{tid}") for tid in ids)
+        most = max(most, *per_account.values(), 0)
+    assert most <= 1, f"{most} messages of one account were in the broker at once"
+    applied = rig.log.entries("applied")
+    runs = {e["task_id"]: e for e in applied}
+    granted = {e["task_id"]: e for e in rig.log.entries("granted")}
+    per_task = Counter(e["task_id"] for e in applied)
+    assert all(n == 1 for n in per_task.values()), "a task ran twice"
+    assert set(runs) <= set(history.requests), "a run of a task no publisher asked for"
+    assert enqueued <= set(runs)
+    assert set(granted) == set(runs), "a run was granted and did not apply"
+    not_held = [g for g in granted.values() if g["hold_token"] is None]
+    assert not not_held, f"runs without a publish-time hold: {not_held[:3]}"
+    other_token = [g for g in granted.values() if g["token"] != g["hold_token"]]
+    assert not other_token, f"runs not under their publish-time hold: {other_token[:3]}"
+    for reply in history.duplicates():
+        holder = history.requests.get(reply["result_id"])
+        asked = history.requests[reply["task_id"]]
+        assert holder is not None, f"a duplicate returned an id no publisher asked for: {reply}"
+        assert holder["account"] == asked["account"], f"holder of another account: {reply}"
+    runs_full = {tid: {**granted[tid], **run} for tid, run in runs.items()}
+    checked = check_history(publish_holds(history, runs_full))
+    assert checked.ok, checked.summary()
+
+    verdict = judge(rig)
+    assert verdict.double_grants == 0
+    assert verdict.lost_updates == 0
+    orphans = [
+        tid for p in killed for tid, c in history.client_of.items()
+        if c == p.client and tid not in runs and tid not in history.replies
+    ]  # fmt: skip
+    fault_report.add(
+        FaultRow(
+            fault="queue once: publishers (lock_from=publish) killed -9 mid-stream",
+            runs=kills,
+            operations=len(history.requests),
+            double_grants=len(checked.double_grants) + verdict.double_grants,
+            lost_updates=verdict.lost_updates,
+            recovery_s=free_s,
+            observed=(
+                f"{len(history.requests)} publishes by {len(made)} processes on "
+                f"{len(accounts)} accounts, {kills} publishers killed -9; {len(runs)} tasks "
+                f"queued and run once each under their publish-time hold (same token), "
+                f"{len(history.duplicates())} duplicates answered with the holder's id; "
+                f"{len(orphans)} publishes cut off by a kill never ran; at most {most} message "
+                f"per account in the broker over {len(sampler.snapshots):,} snapshots; every "
+                f"key free {free_s:.2f} s after the stream; {checked.summary().splitlines()[0]}"
             ),
         )
     )
