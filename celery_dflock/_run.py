@@ -239,7 +239,15 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     )
     held = hold_of(_header(request, HOLD_HEADER))
     try:
-        acquired = _take_over(runtime, config, lock, held, note=note, label=guard.label)
+        acquired = _take_over(
+            runtime,
+            config,
+            lock,
+            held,
+            note=note,
+            label=guard.label,
+            on_close_lease=options.pending_ttl if _acks_late(task, request) else None,
+        )
         if not acquired:
             acquired = lock.acquire()
     except LimitMismatchError as exc:  # the key is busy with another lock_limit
@@ -260,9 +268,18 @@ def _take_over(
     *,
     note: str | None,
     label: str,
+    on_close_lease: int | None,
 ) -> bool:
     """Adopt the publish-time hold ``held`` into ``lock``; False when there is none to adopt
-    (no hold, or it is gone: the caller then acquires)."""
+    (no hold, it is gone, or another delivery of the same message runs under it: the caller
+    then acquires, and ``on_locked`` applies).
+
+    The adoption is exclusive (the server binds the hold to this run's connection): a message
+    delivered again while its first run lasts (Redis's visibility timeout) cannot run beside
+    it. ``on_close_lease``: for an acks_late task, whose message comes back to the queue when
+    its worker dies, the hold outlives the run's connection by that many seconds (detached
+    again, for the redelivery to take over); otherwise the hold is released with the
+    connection."""
     if held is None or not isinstance(lock, DistributedLock):
         return False
     if held.key != lock.key:
@@ -277,8 +294,17 @@ def _take_over(
         )
         release_hold(runtime, config, held)
         return False
-    if lock.adopt(held.token, note=note):
+    if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
         return True
+    if lock.holder is not None:
+        logger.info(
+            "dflock: %s: its hold on %r is held by a run of another delivery (%s); taking "
+            "the key as a run-time lock",
+            label,
+            lock.key,
+            lock.holder,
+        )
+        return False
     logger.info(
         "dflock: %s: the hold taken when it was sent is gone (lock_pending_ttl ran out, or "
         "it was released); taking key %r now",
@@ -286,6 +312,12 @@ def _take_over(
         lock.key,
     )
     return False
+
+
+def _acks_late(task: Any, request: Any) -> bool:
+    """Whether this run's message is acknowledged after the run (per call, or the task's)."""
+    per_message = getattr(request, "acks_late", None)
+    return bool(per_message if per_message is not None else getattr(task, "acks_late", False))
 
 
 def release_hold(runtime: Runtime, config: DflockConfig, held: HoldRef) -> bool:

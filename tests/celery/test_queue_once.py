@@ -206,7 +206,7 @@ def test_duplicate_of_a_running_task(rig: Rig) -> None:
         (entry,) = [lock for lock in reports[0].as_json()["stats"]["locks"] if lock["key"] == key]
         assert entry["holder_task_id"] == first.id
         assert entry["holder_host"] == rig.worker.name
-        assert entry["detached"] is True
+        assert entry["detached"] is False  # taken over: bound to the run's connection
 
         skipped = rig.tasks.run_skip.delay(name)
         event = rig.log.wait_event("skipped", timeout=EVENT_TIMEOUT_S, task_id=skipped.id)
