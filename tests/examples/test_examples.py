@@ -24,6 +24,8 @@ from tests.support.services import REDIS_URL_BASE
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 13
+EXPORT_S = 15.0
+"""How long the export the commands look at holds its semaphore slot."""
 
 
 def test_fenced_ledger_refuses_a_stale_fence(tmp_path: Path) -> None:
@@ -120,7 +122,9 @@ def test_every_example_task_runs_and_dflock_shows_the_held_lock(
     balances = [send("add_to_balance", account="acme", amount=5).get(timeout=30) for _ in range(3)]
     assert balances == [5, 10, 15]
 
-    long_export = send("export_tenant", tenant="acme", seconds=4.0)
+    # Long enough to outlast two `celery` commands started one after the other on a loaded
+    # machine (with 4 s, the export had ended before `dflock status` looked).
+    long_export = send("export_tenant", tenant="acme", seconds=EXPORT_S)
     deadline = time.monotonic() + 20
     listed = ""
     while time.monotonic() < deadline:
@@ -137,7 +141,7 @@ def test_every_example_task_runs_and_dflock_shows_the_held_lock(
     report = json.loads(status.stdout)
     assert report[0]["reachable"] is True
     assert any(s["key"] == "export:acme" for s in report[0]["stats"]["semaphores"])
-    assert long_export.get(timeout=30) == "acme exported"
+    assert long_export.get(timeout=EXPORT_S + 30) == "acme exported"
 
     ping = _celery(example_env, "dflock", "ping")
     assert ping.returncode == 0 and ": ok" in ping.stdout
