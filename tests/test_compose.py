@@ -198,6 +198,11 @@ def test_the_cluster_compose_topology_works_as_processes(
     etcd = private_etcd  # Debian's etcd, not the image
     hosts = {"etcd:2379": f"127.0.0.1:{etcd.client_port}"}
     hosts |= {f"{name}:6388": f"127.0.0.1:{free_port()}" for name in members}
+    # Compose starts the members together (each depends only on etcd); so does this, and only
+    # then waits for each one's health check. Started one after another, each after the last
+    # was healthy, they can come more than the map's settle time apart on a loaded machine,
+    # and the first member's initial map then holds only itself.
+    checks: list[tuple[str, list[str], dict[str, str]]] = []
     for name in members:
         service = services[name]
         assert service["depends_on"]["etcd"]["condition"] == "service_healthy"
@@ -212,7 +217,8 @@ def test_the_cluster_compose_topology_works_as_processes(
         }
         assert env["DFLOCKD_ADVERTISE"] == hosts[f"{name}:6388"]
         topology.start(name, [str(Path(sys.executable).parent / "dflockd")], env)
-        health = _argv(service["healthcheck"]["test"][1:], hosts, tmp_path)
+        checks.append((name, _argv(service["healthcheck"]["test"][1:], hosts, tmp_path), env))
+    for name, health, env in checks:
         deadline = time.monotonic() + 30
         while subprocess.run(health, env=env, capture_output=True, check=False).returncode:
             assert time.monotonic() < deadline, topology.log(name)
