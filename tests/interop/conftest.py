@@ -9,6 +9,7 @@ interpreter or the package index the tests skip and say why; in CI (``CI=true``,
 from __future__ import annotations
 
 import os
+import random
 import re
 import subprocess
 import time
@@ -26,7 +27,7 @@ PEER_REQUIREMENTS = ("dflockd==0.5.0", "dflockd-client==2.1.1")
 PEER_PYTHON = "3.13"
 """dflockd 0.5.0 declares Requires-Python >= 3.13 (dflockd-client 2.1.1 runs there too)."""
 START_TIMEOUT_S = 30.0
-_LISTENING = re.compile(r"listening on \('127\.0\.0\.1', (\d+)\)")
+_LISTENING = re.compile(r"listening on \('127\.0\.0\.\d+', (\d+)\)")
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -53,15 +54,21 @@ def peer_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dflockd_050(
     request: pytest.FixtureRequest, peer_python: Path, tmp_path: Path
 ) -> Iterator[ForeignServer]:
-    """A fresh dflockd 0.5.0 server on 127.0.0.1 and an ephemeral port (extra command-line
-    arguments from ``@pytest.mark.dflockd_args(...)``)."""
+    """A fresh dflockd 0.5.0 server on a loopback address of its own and an ephemeral port
+    (extra command-line arguments from ``@pytest.mark.dflockd_args(...)``).
+
+    Its own address (127.0.0.2-254), not 127.0.0.1: the tests count the connections it
+    accepts, and a client of another test still calling a stopped server of its own on
+    127.0.0.1 must not reach this one when the port is handed out again (seen with the suite
+    in two processes: 4 connections counted instead of 2)."""
     marker = request.node.get_closest_marker("dflockd_args")
     extra = [str(arg) for arg in marker.args] if marker is not None else []
     log = tmp_path / "dflockd-0.5.0.log"
+    host = f"127.0.0.{random.randint(2, 254)}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(peer_python.parent / "dflockd"), "--host", "127.0.0.1", "--port", "0", *extra],
+            [str(peer_python.parent / "dflockd"), "--host", host, "--port", "0", *extra],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     try:
@@ -70,7 +77,7 @@ def dflockd_050(
             assert proc.poll() is None, f"dflockd 0.5.0 exited: {log.read_text()}"
             assert time.monotonic() < deadline, f"dflockd 0.5.0 not listening: {log.read_text()}"
             time.sleep(0.05)
-        yield ForeignServer("127.0.0.1", int(found[1]), log)
+        yield ForeignServer(host, int(found[1]), log)
     finally:
         proc.terminate()
         try:
