@@ -221,7 +221,7 @@ def test_config_only_locking_of_a_plain_task(
     skipped = event_log.wait_event("skipped", 30, task_id=second.id)
     assert skipped["key"] == "plain:7"
     assert first.get(timeout=30) == 7
-    with pytest.raises(LockSkipped, match="'plain:7' is held by another run"):
+    with pytest.raises(LockSkipped, match=f"'plain:7' is held by task {first.id}"):
         second.get(timeout=10)
     third = app.send_task("apps.plain.third_party_report", (7,), {"hold": 0})
     assert third.get(timeout=30) == 7

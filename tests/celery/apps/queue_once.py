@@ -93,6 +93,10 @@ def define_tasks(celery_app: Celery) -> dict[str, Any]:
         "base": LockedTask,
         "lock_key": "once:{name}",
         "lock_from": "publish",
+        # Not shared: Celery would add a shared task to every app finalized afterwards, and
+        # the next define_tasks (or any other test's app) would then meet a second callable
+        # under the same name (DuplicateTaskNameWarning, an error in this suite).
+        "shared": False,
     }
 
     def named(name: str) -> dict[str, Any]:
