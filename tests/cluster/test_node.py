@@ -370,7 +370,14 @@ def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wa
     assert took < longest - 1  # about a second here; a failover waits longest + margin
     token = heir.host.acquire(heir.node, free_key)
     assert isinstance(token, str) and fence_of(token) > fence_of(free_token)
-    assert heir.node.check(held_key) == heir.node.check(kept_key) == ERROR_UNAVAILABLE
+    # The heir learns that it is the held and the kept shards' target from its own watch of
+    # etcd (until then it sends their keys on to the leaving member): then it waits, grants
+    # nothing before the failover.
+    wait_until(
+        lambda: heir.node.check(held_key) == heir.node.check(kept_key) == ERROR_UNAVAILABLE,
+        what="the heir to wait for the held and the kept shards",
+        timeout=WAIT_S,
+    )
     assert time.monotonic() - left_at < longest  # (what was just checked was not too late)
     wait_until(
         lambda: heir.node.check(held_key) is None and heir.node.check(kept_key) is None,
