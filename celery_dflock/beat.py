@@ -128,6 +128,9 @@ STANDBY_RETURN_S: Final = 0.001
 """What a standby's tick returns after its wait: beat's loop calls it again almost at once."""
 _LAZY_POSITION: Final = 4
 """Index of ``lazy`` among ``Scheduler.__init__``'s positional arguments (after ``self``)."""
+_BROKER_CACHE: Final = ("producer", "connection")
+"""The cached properties (in ``__dict__``) through which Celery's ``Scheduler`` publishes;
+its ``close`` pops them and, from Celery 5.7 on, releases the connection."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +277,7 @@ class SingletonScheduler(Scheduler):
         self._store_open = False
         self._store_write_confirmed = False
         self._send_confirmed = False
+        self._sending = False
         # The wrapped scheduler opens its store (setup_schedule) only once this beat is active.
         if len(args) > _LAZY_POSITION:
             args = (*args[:_LAZY_POSITION], True, *args[_LAZY_POSITION + 1 :])
@@ -447,13 +451,14 @@ class SingletonScheduler(Scheduler):
         base = self._base()
         if advance:
             entry = base.reserve(entry)
-        if not self._dflock_settings.nonoverlap:
-            return base.apply_async(entry, producer, False, **kwargs)
         original = cast("Mapping[str, Any]", entry.options)
-        entry.options = _nonoverlap_options(entry.name, original)  # for this send only
+        if self._dflock_settings.nonoverlap:
+            entry.options = _nonoverlap_options(entry.name, original)  # for this send only
+        self._sending = True
         try:
             return base.apply_async(entry, producer, False, **kwargs)
         finally:
+            self._sending = False
             entry.options = original
 
     def close(self) -> None:
@@ -461,7 +466,18 @@ class SingletonScheduler(Scheduler):
 
         The store is written and closed before the lock is released, so the next leader opens
         a complete file. A beat that is not (or no longer) the confirmed leader writes nothing.
+
+        Called in the middle of a send, which only beat's SIGTERM/SIGINT handler can do (it
+        interrupts the send in the same thread, closes the scheduler, then raises SystemExit),
+        the broker connection is left open: Celery's ``Scheduler.close`` (5.7+) would release
+        the very connection the interrupted send is reading its reply from, and the error the
+        interrupted read then meets (an I/O operation on a closed file) replaces the
+        SystemExit; Celery logs it as a failed send and beat carries on, ignoring the signal,
+        without its lock. The connection is put back afterwards, so the close beat makes again
+        on its way out, once the send has unwound, releases it.
         """
+        cache = self.__dict__
+        kept = {n: cache.pop(n) for n in _BROKER_CACHE if n in cache} if self._sending else {}
         try:
             if self._store_open and self._confirmed():
                 self._store_write_confirmed = True
@@ -474,9 +490,13 @@ class SingletonScheduler(Scheduler):
                 self._drop_store()
                 Scheduler.close(self)  # the publishing side only; no store was opened
         finally:
-            if self._leadership is not None:
-                self._leadership.stop()
-            self._dflock_client.close()
+            try:
+                if self._leadership is not None:
+                    self._leadership.stop()
+                self._dflock_client.close()
+            finally:
+                for name, value in kept.items():
+                    cache.setdefault(name, value)
 
     @property
     def info(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]

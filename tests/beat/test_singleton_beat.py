@@ -11,13 +11,26 @@ import itertools
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.beats import ACTIVE, LOST, Broker, Cluster, Sent, iter_overlaps, max_for_one_beat
+from tests.faults.proxy import FaultProxy
+from tests.support.beats import (
+    ACTIVE,
+    LOST,
+    REDIS_URL,
+    Broker,
+    Cluster,
+    Sent,
+    iter_overlaps,
+    max_for_one_beat,
+)
+from tests.support.processes import main_thread_waits_on_io
 from tests.support.servers import LockServer
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -28,6 +41,7 @@ TAKEOVER_TIMEOUT_S = 15.0
 CANNOT_TAKE = re.compile(r"beat: standby, cannot take")
 SKIPPING = re.compile(r"dflock: skipping task beatapp\.slow")
 FAILED = re.compile(r"Traceback|ERROR/|CRITICAL/")
+SEND_FAILED = re.compile(r"SchedulingError|Message Error")
 
 
 def _assert_no_double_send(sent: list[Sent]) -> None:
@@ -230,6 +244,53 @@ def test_a_stopping_beat_hands_the_lock_over(
     sent = broker.sent()
     assert all(m.at < stopped_at for m in sent if m.pid == old.pid)
     _assert_no_double_send(sent)
+
+
+@pytest.fixture
+def broker_proxy() -> Iterator[FaultProxy]:
+    """A TCP proxy in front of the beat tests' Redis (see ``proxied_broker_url``)."""
+    redis_url = urlsplit(REDIS_URL)
+    with FaultProxy((redis_url.hostname or "127.0.0.1", redis_url.port or 6379)) as proxy:
+        yield proxy
+
+
+def proxied_broker_url(proxy: FaultProxy) -> str:
+    """The beat tests' broker URL, with its host and port those of ``proxy``."""
+    redis_url = urlsplit(REDIS_URL)
+    credentials = redis_url.netloc.rpartition("@")[0]
+    host, port = proxy.address
+    netloc = f"{credentials}@{host}:{port}" if credentials else f"{host}:{port}"
+    return redis_url._replace(netloc=netloc).geturl()
+
+
+def test_sigterm_while_a_send_waits_for_the_broker_stops_the_beat(
+    make_cluster: Callable[..., Cluster], broker: Broker, broker_proxy: FaultProxy
+) -> None:
+    # Celery's SIGTERM handler closes the scheduler, which (Celery 5.7) releases the broker
+    # connection. Landing in the middle of a send, it closed the socket buffer the interrupted
+    # read was using: a ValueError replaced the handler's SystemExit, Celery logged it as a
+    # SchedulingError, and the beat carried on without its lock instead of exiting.
+    cluster = make_cluster(broker_url=proxied_broker_url(broker_proxy), dflock_beat_lease_ttl=10)
+    cluster.start_beats(2)
+    old = cluster.by_pid(broker.wait_sent(1, timeout=60)[0].pid)
+    standby = next(b for b in cluster.beats() if b is not old)
+
+    # The next LPUSH (the next send) reaches Redis; its reply is held back.
+    held = broker_proxy.hold_reply_after(b"LPUSH")
+    assert held.wait(TAKEOVER_TIMEOUT_S), f"no send within {TAKEOVER_TIMEOUT_S}s:\n{old.output()}"
+    wait_until(
+        lambda: main_thread_waits_on_io(old.pid),
+        timeout=TAKEOVER_TIMEOUT_S,
+        what="the beat to wait for the reply to its LPUSH",
+    )
+    assert old.count(SEND_FAILED) == 0, old.output()
+
+    assert old.stop() == 0, old.output()  # fails with "ignored SIGTERM" if the beat carries on
+    stopped_at = time.time()
+    assert old.count(SEND_FAILED) == 0, old.output()
+    assert "beat: released lock" in old.output()
+    taken = broker.wait_sent(1, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)[0]
+    assert taken.at - stopped_at < 5.0, "the standby got the lock from the release (lease 10 s)"
 
 
 def test_wrapping_django_celery_beat_database_scheduler(

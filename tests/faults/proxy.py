@@ -10,6 +10,11 @@ each returns once it has taken effect):
 * ``drop()``: close both sides of every open connection (a FIN each way).
 * ``reset()``: abort both sides of every open connection with a RST (``SO_LINGER`` 0).
 * ``set_latency(seconds)``: delay each chunk by ``seconds`` in each direction.
+* ``hold_reply_after(marker)``: a one-shot trap for one request. The next chunk a client sends
+  that contains ``marker`` (a command name, say) is forwarded, and from then on nothing comes
+  back to that client (its reply is held) until ``release_replies()`` or the client hangs up.
+  The event it returns is set once such a request has gone upstream: the client now waits for
+  a reply that does not come.
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ class _Pair:
         self.client = client
         self.upstream: asyncio.StreamWriter | None = None
         self.tasks: list[asyncio.Task[None]] = []
+        self.replies = asyncio.Event()
+        """Cleared while this connection's replies are held (``hold_reply_after``)."""
+        self.replies.set()
+        self.sent_tail = b""
+        """The last bytes the client sent (a marker may straddle two chunks)."""
 
     def writers(self) -> list[asyncio.StreamWriter]:
         return [w for w in (self.client, self.upstream) if w is not None]
@@ -58,6 +68,8 @@ class FaultProxy:
         self._flowing: asyncio.Event | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
         self._latency_s = 0.0
+        self._hold_marker: bytes | None = None
+        self._held = threading.Event()
         self._port = 0
         self.accepted = 0
 
@@ -182,6 +194,30 @@ class FaultProxy:
 
         self._run_in_loop(apply)
 
+    def hold_reply_after(self, marker: bytes) -> threading.Event:
+        """Hold the replies to the next request containing ``marker`` (see the module docstring)."""
+        if not marker:
+            raise ValueError("an empty marker would catch any request")
+
+        def arm() -> threading.Event:
+            self._held = threading.Event()
+            self._hold_marker = marker
+            for pair in self._pairs:
+                pair.sent_tail = b""  # what came before the trap was set is not looked at
+            return self._held
+
+        return self._run_in_loop(arm)
+
+    def release_replies(self) -> None:
+        """Let held replies through (and disarm a hold that caught nothing yet)."""
+
+        def release() -> None:
+            self._hold_marker = None
+            for pair in self._pairs:
+                pair.replies.set()
+
+        self._run_in_loop(release)
+
     # ------------------------------------------------------------------ forwarding
     def _cut(self, *, rst: bool) -> int:
         pairs = list(self._pairs)
@@ -219,12 +255,30 @@ class FaultProxy:
             return
         pair.upstream = up_writer
         pair.tasks = [
-            asyncio.create_task(self._pump(reader, up_writer, pair)),
-            asyncio.create_task(self._pump(up_reader, writer, pair)),
+            asyncio.create_task(self._pump(reader, up_writer, pair, upstream=True)),
+            asyncio.create_task(self._pump(up_reader, writer, pair, upstream=False)),
         ]
 
+    def _catches(self, pair: _Pair, data: bytes) -> threading.Event | None:
+        """The armed hold's event if the client's ``data`` springs it (and disarms it)."""
+        marker = self._hold_marker
+        if marker is None:
+            return None
+        seen = pair.sent_tail + data
+        pair.sent_tail = seen[-(len(marker) - 1) :] if len(marker) > 1 else b""
+        if marker not in seen:
+            return None
+        self._hold_marker = None
+        pair.replies.clear()
+        return self._held
+
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pair: _Pair
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pair: _Pair,
+        *,
+        upstream: bool,
     ) -> None:
         assert self._flowing is not None
         try:
@@ -233,12 +287,19 @@ class FaultProxy:
                 await self._flowing.wait()
                 if self._latency_s:
                     await asyncio.sleep(self._latency_s)
+                caught = self._catches(pair, data) if upstream else None
+                if not upstream:
+                    await pair.replies.wait()
                 if not data:
+                    if upstream:
+                        pair.replies.set()  # the client hung up: nobody waits for a reply
                     if writer.can_write_eof():
                         writer.write_eof()
                     break
                 writer.write(data)
                 await writer.drain()
+                if caught is not None:
+                    caught.set()
         except (OSError, asyncio.IncompleteReadError):
             self._forget(pair)
             for w in pair.writers():

@@ -105,3 +105,18 @@ def run_in_fork(
     finally:
         os.close(read_fd)
     return os.waitstatus_to_exitcode(waited[1]), json.loads(data or b"{}")
+
+
+def main_thread_waits_on_io(pid: int) -> bool:
+    """Whether the main thread of process ``pid`` sleeps in the kernel on something other than
+    a lock (Linux /proc: state ``S``, its ``wchan`` not a futex): blocked in a ``recv`` or a
+    ``poll``, say, rather than running or waiting for the GIL. Where the kernel does not name
+    the wait (``wchan`` reads ``0``), a sleeping thread counts."""
+    task = Path(f"/proc/{pid}/task/{pid}")
+    try:
+        stat = (task / "stat").read_text()
+        wchan = (task / "wchan").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state = stat[stat.rindex(")") + 2 :].split(" ", 1)[0]
+    return state == "S" and "futex" not in wchan
