@@ -225,10 +225,13 @@ def _until_lost(task: LockedTask, name: str, *, looks: bool) -> dict[str, Any]:
     before the policy acts, and a body that returned in that moment ends with the
     guard's LockLost instead of the interrupt (or the kill) the tests are about.
     """
-    record("started", name=name, fence=_fence(task), task_id=task.request.id)
-    lock = task.lock
-    assert lock is not None
+    # The test stops the lock server as soon as it reads "started", so the interrupt can land
+    # a moment later, before the loop: the try covers the body from its first line (the
+    # interrupt is raised asynchronously, at any bytecode).
     try:
+        record("started", name=name, fence=_fence(task), task_id=task.request.id)
+        lock = task.lock
+        assert lock is not None
         deadline = time.monotonic() + BLOCK_LIMIT_S
         while time.monotonic() < deadline and not (looks and lock.lost):
             time.sleep(TICK_S)
