@@ -68,7 +68,9 @@ class Leadership:
         self.describe = describe
         self._acquire_timeout_s = acquire_timeout_s
         self._retry_s = retry_s
-        self._guard = threading.Lock()
+        # Re-entrant: beat's signal handler runs close() (and with it stop() and confirm()) in
+        # the main thread, possibly while the interrupted main thread holds the guard.
+        self._guard = threading.RLock()
         self._lock: LeaderLock | None = None
         self._term = 0
         self._active = threading.Event()
@@ -123,14 +125,21 @@ class Leadership:
         self._demote(lock, "the lock server no longer confirms it")
         return False
 
-    def stop(self) -> None:
+    def stop(self, *, release: bool = True) -> None:
         """Stop campaigning and release the lock if held (idempotent).
 
         A campaign thread blocked in a queued acquire is not waited for: it is a daemon, and
         should the lock be granted to it after this, it releases it at once.
+
+        ``release=False`` (the caller's thread is in the middle of a request on the lock's
+        connection): stop being active and campaigning, but keep the lock for a later
+        ``stop()`` to release, and send nothing on that connection now.
         """
         self._stop.set()
         self._wake.set()
+        if not release:
+            self._active.clear()
+            return
         with self._guard:
             lock, self._lock = self._lock, None
         self._active.clear()

@@ -278,6 +278,7 @@ class SingletonScheduler(Scheduler):
         self._store_write_confirmed = False
         self._send_confirmed = False
         self._sending = False
+        self._asking_lock_server = False
         # The wrapped scheduler opens its store (setup_schedule) only once this beat is active.
         if len(args) > _LAZY_POSITION:
             args = (*args[:_LAZY_POSITION], True, *args[_LAZY_POSITION + 1 :])
@@ -375,7 +376,15 @@ class SingletonScheduler(Scheduler):
 
     def _confirmed(self) -> bool:
         """Ask the lock server now whether this beat is the leader (False: never was)."""
-        return self._leadership is not None and self._leadership.confirm()
+        return self._leadership is not None and self._ask_lock_server(self._leadership)
+
+    def _ask_lock_server(self, leadership: Leadership) -> bool:
+        """``leadership.confirm()``, flagged as under way (see :meth:`close`)."""
+        asking, self._asking_lock_server = self._asking_lock_server, True
+        try:
+            return leadership.confirm()
+        finally:
+            self._asking_lock_server = asking
 
     def sync(self) -> None:
         """Write the wrapped store, only while the lock server confirms this beat leads."""
@@ -428,7 +437,7 @@ class SingletonScheduler(Scheduler):
             self._send_confirmed = False
 
     def _confirm_send(self, entry: Any) -> bool:
-        if self._leader().confirm():
+        if self._ask_lock_server(self._leader()):
             return True
         logger.warning(
             "beat: not sending %r: this beat no longer holds %s",
@@ -475,11 +484,21 @@ class SingletonScheduler(Scheduler):
         SystemExit; Celery logs it as a failed send and beat carries on, ignoring the signal,
         without its lock. The connection is put back afterwards, so the close beat makes again
         on its way out, once the send has unwound, releases it.
+
+        Called while this thread waits for the lock server (the confirmation before a send,
+        or before a sync), the same handler must not use the lock's connection: the
+        interrupted request holds it (a plain lock, not re-entrant), so renewing or releasing
+        on it would wait forever for this very thread. This beat then counts as unconfirmed
+        (the store is closed unwritten, the safe side), stops campaigning without a release,
+        and leaves the dflock client alone. The interrupted request, unwinding with the
+        SystemExit, closes its connection, upon which the server frees the lock for the next
+        standby; the close beat makes on its way out then finishes the rest.
         """
+        interrupted_ask = self._asking_lock_server
         cache = self.__dict__
         kept = {n: cache.pop(n) for n in _BROKER_CACHE if n in cache} if self._sending else {}
         try:
-            if self._store_open and self._confirmed():
+            if self._store_open and not interrupted_ask and self._confirmed():
                 self._store_write_confirmed = True
                 try:
                     self._base().close()
@@ -492,8 +511,9 @@ class SingletonScheduler(Scheduler):
         finally:
             try:
                 if self._leadership is not None:
-                    self._leadership.stop()
-                self._dflock_client.close()
+                    self._leadership.stop(release=not interrupted_ask)
+                if not interrupted_ask:
+                    self._dflock_client.close()
             finally:
                 for name, value in kept.items():
                     cache.setdefault(name, value)

@@ -11,6 +11,7 @@ import itertools
 import re
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -291,6 +292,53 @@ def test_sigterm_while_a_send_waits_for_the_broker_stops_the_beat(
     assert "beat: released lock" in old.output()
     taken = broker.wait_sent(1, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)[0]
     assert taken.at - stopped_at < 5.0, "the standby got the lock from the release (lease 10 s)"
+
+
+@pytest.fixture
+def lock_server_proxy(lock_server: LockServer) -> Iterator[FaultProxy]:
+    """A TCP proxy in front of this test's lock server (give the beats its address)."""
+    with FaultProxy(lock_server.address) as proxy:
+        yield proxy
+
+
+def test_sigterm_while_the_leader_confirms_with_the_lock_server_stops_the_beat(
+    make_cluster: Callable[..., Cluster], broker: Broker, lock_server_proxy: FaultProxy
+) -> None:
+    # Every send first renews the lock on the lock connection (confirm). Celery's SIGTERM
+    # handler runs close() in that same thread, mid-request: close() renewed and released on
+    # the same connection and waited forever for the request lock the interrupted renew held.
+    host, port = lock_server_proxy.address
+    key = f"beat-test:{uuid.uuid4().hex[:10]}"
+    # A long lease keeps the background renewal (every 20 s, the first 20 s after the grant)
+    # out of the way: the renew held below is the main thread's confirm before a send, and a
+    # takeover within 10 s shows the lock was freed by the beat, not by its lease running out.
+    cluster = make_cluster(
+        dflock_servers=f"{host}:{port}",
+        dflock_beat_lock_key=key,
+        dflock_beat_lease_ttl=30,
+        dflock_renew_ratio=0.9,
+    )
+    cluster.start_beats(2)
+    old = cluster.by_pid(broker.wait_sent(1, timeout=60)[0].pid)
+    standby = next(b for b in cluster.beats() if b is not old)
+
+    # The next renew of the lock (the next send's confirm) reaches the server; its reply is held.
+    held = lock_server_proxy.hold_reply_after(b"n\n" + key.encode() + b"\n")
+    assert held.wait(TAKEOVER_TIMEOUT_S), f"no renew within {TAKEOVER_TIMEOUT_S}s:\n{old.output()}"
+    wait_until(
+        lambda: main_thread_waits_on_io(old.pid),
+        timeout=TAKEOVER_TIMEOUT_S,
+        what="the beat to wait for the reply to its renew",
+    )
+    sent_before = len(broker.sent())
+
+    assert old.stop() == 0, old.output()  # fails with "ignored SIGTERM" if close() deadlocks
+    stopped_at = time.time()
+    assert old.count(FAILED) == 0, old.output()
+    assert all(s.pid != old.pid for s in broker.sent()[sent_before:]), "sent while stopping"
+    assert "beat: released lock" in old.output()  # by the close on its way out
+    taken = broker.wait_sent(1, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)[0]
+    assert taken.at - stopped_at < 10.0, "the standby waited for the lease (30 s) to run out"
 
 
 def test_wrapping_django_celery_beat_database_scheduler(
