@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.faults.proxy import FaultProxy
 from tests.support.beats import (
     ACTIVE,
     LOST,
@@ -30,6 +29,7 @@ from tests.support.beats import (
     max_for_one_beat,
 )
 from tests.support.processes import main_thread_waits_on_io
+from tests.support.proxy import FaultProxy
 from tests.support.servers import LockServer
 from tests.support.waiting import wait_until
 

@@ -30,7 +30,7 @@ from celery_dflock import (
 from celery_dflock._sync.lock import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
 from dflockd_server.constants import DEFAULT_MAX_LEASE_TTL_S
 from dflockd_server.testing import ServerThread
-from tests.faults.proxy import FaultProxy
+from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
 from tests.support.wire import (
     connection_count,

@@ -24,7 +24,6 @@ from dflockd_server.fence import read_ceiling
 from dflockd_server.testing import ServerThread
 from tests.faults.conftest import FaultReport, FaultRow, scaled
 from tests.faults.history import CheckResult, Cut, Hold
-from tests.faults.proxy import FaultProxy
 from tests.faults.workload import (
     EVENT_TIMEOUT_S,
     LEASE_S,
@@ -37,6 +36,7 @@ from tests.faults.workload import (
     Worker,
     now,
 )
+from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
 
 OPS = scaled(200, 1600)

@@ -50,8 +50,8 @@ from celery_dflock.errors import DflockError
 from celery_dflock.sharding import stable_hash_shard
 from tests.faults.conftest import FaultRow
 from tests.faults.history import CheckResult, Cut, Hold, check_history
-from tests.faults.proxy import FaultProxy
 from tests.support.ports import free_port
+from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess
 
 LEASE_S = 2

@@ -1,4 +1,4 @@
 """The one support layer of the test suite: lock servers, processes, services, waiting,
-ports, TLS certificates, Celery workers and beats. Every test directory imports it as
-``tests.support.<module>``; nothing here is a test or a fixture (fixtures live in the
-conftest.py files and build on these modules)."""
+ports, TLS certificates, Celery workers and beats, a TCP proxy that misbehaves on demand.
+Every test directory imports it as ``tests.support.<module>``; nothing here is a test or a
+fixture (fixtures live in the conftest.py files and build on these modules)."""
