@@ -650,6 +650,7 @@ class Server:
                 "dropped_records": journal.stats.dropped_records,
                 "writes": journal.stats.writes,
                 "fsyncs": journal.stats.fsyncs,
+                "compactions": journal.stats.compactions,
             }
         )
         return out
