@@ -1,15 +1,22 @@
 """The state dir as docs/server.md and docs/getting-started.md describe it, run with the command
 docs/server.md shows (on a free port, its directory in a scratch folder): where it is by
 default, what it holds, that a second server on it refuses to start, and what ``stats`` says of
-the journal and the restart grace."""
+the journal and the restart grace; and the journal's metrics it lists."""
 
 from __future__ import annotations
 
 import json
+import re
 import stat
+import urllib.request
 from pathlib import Path
 from typing import Any, cast
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
+from tests.docs.docs_blocks import DOCS
 from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess, run_dflockd
 from tests.support.wire import Wire
@@ -86,3 +93,24 @@ def test_port_0_keeps_no_state_and_state_dir_none_turns_the_journal_off(tmp_path
         assert stats["grace_remaining_s"] > 0 and stats["grace_reason"], stats
     finally:
         off.kill()
+
+
+def test_the_journal_series_docs_server_md_lists_are_the_servers(tmp_path: Path) -> None:
+    listed = set(re.findall(r"`(dflockd_journal_[a-z_]+)`", (DOCS / "server.md").read_text()))
+    assert listed, "docs/server.md lists no dflockd_journal_* series"
+    server = ServerThread(
+        Config(host="127.0.0.1", port=0, metrics_port=0, state_dir=str(tmp_path / "state"))
+    ).start()
+    try:
+        assert server.metrics_url is not None
+        with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
+            text = reply.read().decode()
+    finally:
+        server.stop()
+    exposed = {
+        sample.name
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("dflockd_journal_")
+    }
+    assert listed == exposed
