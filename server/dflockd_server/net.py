@@ -243,8 +243,15 @@ class Server:
             self.fence = node.fence
         else:
             self.fence = FenceCounter(plan.fence_file)
-        # Recorded before serving: a start killed during its grace leaves the same bound.
-        self.lease_record = LeaseRecord(plan.grace_record, grace.seconds, cfg.max_lease_ttl_s)
+        # Recorded (and a cluster member's published) before serving: a start killed during
+        # its grace leaves the same bound, and the leases it restores are covered.
+        restored = max((max(r.lease_ttl, r.on_close or 0) for r, _ in plan.leases), default=0)
+        self.lease_record = LeaseRecord(
+            plan.grace_record,
+            max(grace.seconds, restored),
+            cfg.max_lease_ttl_s,
+            publish=self.node.publish_longest if self.node is not None else None,
+        )
         self._table = table = LockTable(
             clock=loop.time,
             new_token=self.fence.next_token,
@@ -314,7 +321,6 @@ class Server:
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
         restored = 0
         highest = 0
-        longest = 0
         for rec, left in plan.leases:
             holder = table.restore(
                 key=rec.key,
@@ -334,11 +340,8 @@ class Server:
                 continue
             restored += 1
             highest = max(highest, fence_of(rec.token))
-            longest = max(longest, rec.lease_ttl, rec.on_close or 0)
         if highest:
             self.fence.raise_to(highest)
-        if longest > table.lease_noted:
-            table.lease_noted = self.lease_record.note(longest)
         journal.anchor()
         journal.open(self._live_records(journal, table))
         journal.stats.restored = restored

@@ -34,12 +34,17 @@ last successful keep-alive's sending time + ``lease_ttl_s``, which is no later t
 expires its lease (etcd counts from receipt, and may raise a short TTL to its minimum, about
 2 s with default timings: that only delays the expiry). The others see it gone when etcd
 expires the lease: detection takes at most the lease's TTL after its last keep-alive. Its
-holders' leases end within ``max_lease_ttl_s`` of its last grant or renewal. The new owner waits
-``max_lease_ttl_s + failover_margin_s`` from when it first saw the shard's current member gone,
-so it grants only after every lease the dead member granted has ended (given clocks whose rates
-differ by less than the margin over that time). A dead member's keys are therefore unavailable
-for at most: etcd lease TTL (detection, plus an election and a map update by the leader, a few
-etcd round trips) + ``max_lease_ttl_s`` + ``failover_margin_s`` + a tick (``NODE_TICK_S``).
+holders' leases end within the longest lease it granted or renewed of its last grant or
+renewal; before granting or renewing a longer lease than ever before, a member publishes the new
+bound in etcd (``<prefix>/longest/<member>``, no lease: it outlives the member; a failed write
+refuses the grant). The new owner waits that published bound + ``failover_margin_s`` from when
+it first saw the shard's current member gone (``max_lease_ttl_s`` + the margin for a member that
+published none), so it grants only after every lease the dead member granted has ended (given
+clocks whose rates differ by less than the margin over that time). A dead member's keys are
+therefore unavailable for at most: etcd lease TTL (detection, plus an election and a map update
+by the leader, a few etcd round trips) + the longest lease its clients used +
+``failover_margin_s`` + a tick (``NODE_TICK_S``): about one real lease, not the longest any
+member could grant.
 
 A graceful leave (``stop(leave=True)``, after the server's drain) hands its shards over instead
 of making the others wait. The node stops deciding and refuses every acquire; then, for each
@@ -77,7 +82,12 @@ from dflockd_server.cluster.decide import (
     moved_reply,
 )
 from dflockd_server.cluster.etcd import Compare, EtcdClient, EtcdError
-from dflockd_server.cluster.fencestore import EtcdCeilingStore, highest_ceiling
+from dflockd_server.cluster.fencestore import (
+    EtcdCeilingStore,
+    EtcdLongestStore,
+    highest_ceiling,
+    published_longest,
+)
 from dflockd_server.cluster.host import NodeHost
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterView, Member
@@ -170,7 +180,9 @@ class ClusterNode:
         self.max_lease_ttl_s = max_lease_ttl_s
         self.lease_ttl_s = lease_ttl_s
         self.settle_s = settle_s
+        self.failover_margin_s = failover_margin_s
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
+        """The wait for a gone member that published no longest lease."""
         self._clock = clock
         self._fence = fence
         self._member: Member | None = None
@@ -218,6 +230,11 @@ class ClusterNode:
         if self._fence is None:
             raise RuntimeError("the cluster node has no fence counter before start()")
         return self._fence
+
+    def publish_longest(self, longest: int) -> None:
+        """Store in etcd the longest lease this member may have granted (before it grants a
+        longer one; raises ``FenceStateError`` when it cannot: the lease is then refused)."""
+        EtcdLongestStore(self.client, self.prefix, self.advertise).write(longest)
 
     @property
     def member(self) -> Member | None:
@@ -458,7 +475,22 @@ class ClusterNode:
             failover_since=self._failover_since,
             failover_wait_s=self.failover_wait_s,
             cleared=self._raised,
+            failover_waits=self._failover_waits(view),
         )
+
+    def _failover_waits(self, view: ClusterView) -> dict[str, float] | None:
+        """For each gone member whose shards this one waits to take: the longest lease it
+        published, plus the margin (read from etcd only while such a wait runs)."""
+        me, live = self.advertise, view.members
+        gone = {
+            a.current
+            for _, a in view.shard_map.items()
+            if a.target == me and a.current and a.current not in live and not a.released
+        }
+        if not gone:
+            return None
+        published = published_longest(self.client, self.prefix)
+        return {m: published[m] + self.failover_margin_s for m in gone if m in published}
 
     def _move_out(self, view: ClusterView, member: Member, decision: Decision) -> None:
         moving: dict[int, str] = {}
