@@ -229,11 +229,16 @@ class Server:
         if cfg.cluster is not None:
             # Joins etcd (blocking I/O, off the loop); its fencing counter publishes its
             # ceiling in etcd, so a key's next member starts above every fence granted here.
-            from dflockd_server.cluster.etcd import EtcdError  # with make_cluster_node's
+            from dflockd_server.cluster.etcd import (  # with make_cluster_node's
+                DuplicateMember,
+                EtcdError,
+            )
 
             node = make_cluster_node(cfg, self)
             try:
                 await loop.run_in_executor(None, node.start)
+            except DuplicateMember as exc:
+                raise ConfigError(f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: {exc}") from exc
             except (EtcdError, FenceStateError) as exc:
                 raise ConfigError(
                     f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: cannot join the cluster "

@@ -5,6 +5,7 @@ shutdown timeout cut off wait for the longest lease."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.ops import pin, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
+from dflockd_server.config import ConfigError
 from dflockd_server.testing import ServerThread
 from tests.server.test_metrics import Samples, scrape, value
 from tests.support.etcd import EtcdServer, find_etcd
@@ -367,3 +369,15 @@ def test_a_dead_members_keys_pass_on_after_the_longest_lease_it_granted_not_max_
     holder.close()
     wait_until(lambda: b.serves(key), timeout=15, what="the heir serving the dead member's key")
     assert acquire(b.address, key).startswith("ok ")
+
+
+def test_a_second_server_with_the_same_advertise_refuses_to_start_and_says_why(
+    members: Callable[..., Member],
+) -> None:
+    a = members()
+    wait_metric(a, "dflockd_cluster_shards", SHARD_COUNT, state="serving")
+    twin = dataclasses.replace(a.config, port=free_port(), metrics_port=None)
+    with pytest.raises(ConfigError, match=r"another dflockd is registered .* --advertise"):
+        ServerThread(twin).start()
+    assert a.metric("dflockd_cluster_fenced") == 0  # the first one serves on
+    assert acquire(a.address, a.key("still")).startswith("ok ")

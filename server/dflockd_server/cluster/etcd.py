@@ -33,6 +33,10 @@ class EtcdError(Exception):
     """An etcd request failed (the message names the etcd URL and the operation)."""
 
 
+class DuplicateMember(EtcdError):
+    """Another live process is registered in the cluster under this member's address."""
+
+
 def _as_dict(value: Any) -> dict[str, Any] | None:
     """A decoded JSON object, or None for any other JSON value."""
     return cast("dict[str, Any]", value) if isinstance(value, dict) else None

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from dflockd_server.cluster.etcd import (
     Compare,
+    DuplicateMember,
     EtcdClient,
     EtcdError,
     Watch,
@@ -40,6 +41,12 @@ from dflockd_server.cluster.etcd import (
 )
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
+
+REGISTER_MARGIN_S = 1.0
+"""Beyond a lease TTL, how long a member key may outlive its dead process's last keep-alive."""
+
+REGISTER_RETRY_S = 0.2
+"""Between attempts to register while another lease holds the member's key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +141,7 @@ class Member:
     # -- life cycle ------------------------------------------------------------------------------
 
     def start(self) -> Member:
-        sent = self._clock()
-        lease = self.client.lease_grant(self.lease_ttl)
-        self.lease_id = lease.id
-        self.lease_valid_until = sent + self.lease_ttl
-        self.client.put(self.keys.member(self.advertise), self.advertise, lease=lease.id)
+        self._register()
         self._resync()
         for target, name in ((self._keep_alive, "keep-alive"), (self._loop, "loop")):
             thread = threading.Thread(
@@ -147,6 +150,31 @@ class Member:
             self._threads.append(thread)
             thread.start()
         return self
+
+    def _register(self) -> None:
+        """Put this member's key under a new lease, only where no other lease holds it: a
+        second live process with the same address must not serve this member's shards too.
+        A key left by this address's previous run (a crash: no keep-alive any more) goes with
+        its lease, so a key still there after a whole lease TTL belongs to a live process:
+        ``DuplicateMember``."""
+        key = self.keys.member(self.advertise)
+        deadline = self._clock() + self.lease_ttl + REGISTER_MARGIN_S
+        while True:
+            sent = self._clock()
+            lease = self.client.lease_grant(self.lease_ttl)
+            if self.client.create_if_absent(key, self.advertise, lease=lease.id):
+                self.lease_id = lease.id
+                self.lease_valid_until = sent + self.lease_ttl
+                return
+            with contextlib.suppress(EtcdError):
+                self.client.lease_revoke(lease.id)
+            if self._clock() >= deadline + max(0, lease.ttl - self.lease_ttl):
+                raise DuplicateMember(
+                    f"another dflockd is registered in the cluster as {self.advertise} (etcd "
+                    f"key {key} stayed alive for a whole lease): two servers cannot share one "
+                    "--advertise (DFLOCKD_ADVERTISE); give this one the address it is reached at"
+                )
+            time.sleep(REGISTER_RETRY_S)
 
     def stop(self, *, leave: bool = True, timeout: float = 10.0) -> None:
         """Stop. ``leave``: revoke the lease now (a graceful leave); else it runs out (a crash)."""
@@ -208,6 +236,7 @@ class Member:
     def _lose(self, why: str) -> None:
         with self._lock:
             self.lost = why
+            self.lease_valid_until = 0.0  # read live by the snapshots: grant nothing more
         self._stopping.set()
         self._wake.set()
 

@@ -243,7 +243,7 @@ class ClusterNode:
     def stats(self) -> ClusterStats:
         """The metrics' view of this member: cheap (counts kept from the last decision)."""
         own = self._ownership
-        fenced = own.fenced or self._clock() >= own.valid_until
+        fenced = not own.alive()
         member = self._member
         return ClusterStats(
             shards=FENCED.states if fenced else own.states,
@@ -544,6 +544,7 @@ class ClusterNode:
 
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
         current = decision.serving.union(*decision.moving_out.values())
+        member = self._member
         self._ownership = ClusterOwnership(
             self.advertise,
             view,
@@ -552,6 +553,7 @@ class ClusterNode:
             self._clock,
             decision.states,
             current=current,
+            lease_until=(lambda: member.lease_valid_until) if member is not None else None,
         )
         if self.fenced_reason is not None:
             log.info("cluster member %s: deciding (was: %s)", self.advertise, self.fenced_reason)
@@ -590,6 +592,11 @@ class ClusterNode:
         """Join again under a new lease, from a fresh read of everything (``Member.start``)."""
         if old is not None:
             old.stop(leave=False)
+            if old.lease_id:
+                # Its keys go first (the member key is registered anew only where no lease
+                # holds it), a leadership it held with them.
+                with contextlib.suppress(EtcdError):
+                    self.client.lease_revoke(old.lease_id)
         self._member = None
         try:
             member = self._new_member().start()
@@ -597,9 +604,5 @@ class ClusterNode:
             log.debug("cluster member %s: cannot join again yet: %s", self.advertise, exc)
             return
         self._member = member
-        if old is not None and old.lease_id:
-            # Its keys (the member key now has the new lease) go: e.g. a leadership it held.
-            with contextlib.suppress(EtcdError):
-                self.client.lease_revoke(old.lease_id)
         log.warning("cluster member %s: joined again (lease %x)", self.advertise, member.lease_id)
         self._wake.set()

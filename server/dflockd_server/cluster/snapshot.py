@@ -8,7 +8,8 @@ builds a new snapshot whenever its view or its lease changes and swaps the refer
 here is ever mutated.
 
 Besides the per-shard verdicts a snapshot carries ``valid_until``: the time (on the node's
-monotonic clock) until which this member's etcd lease surely lives. Past it the snapshot
+clock, which counts suspend) until which this member's etcd lease surely lives, and reads the
+member's own deadline live (``lease_until``) as its keep-alives move it on. Past it the snapshot
 answers as a fenced member does even before the node's threads notice (a process paused for
 longer than its lease, for instance), so no grant and no renewal can come from a member that
 the others may already consider gone.
@@ -43,13 +44,29 @@ class ClusterOwnership:
     """The shards whose current member this one is (served, or moving out while their
     holders finish): the only ones whose grants it may renew, take over or hand down."""
 
+    lease_until: Callable[[], float] | None = None
+    """The member's lease deadline read live (its keep-alive thread moves it on), so a node
+    thread busy with a long etcd write does not make its member look fenced: while this
+    member's lease lives, no other member can take a shard it is the current member of, so
+    the verdicts stay safe however old the snapshot."""
+
+    def alive(self) -> bool:
+        """Whether this member can show its etcd lease alive now."""
+        if self.fenced:
+            return False
+        until = self.valid_until
+        live = self.lease_until
+        if live is not None:
+            until = max(until, live())
+        return self.clock() < until
+
     def check(self, key: str) -> bytes | None:
-        if self.fenced or self.clock() >= self.valid_until:
+        if not self.alive():
             return ERROR_UNAVAILABLE
         return self.verdicts[shard_id(key)]
 
     def may_hold(self, key: str) -> bool:
-        return not self.fenced and self.clock() < self.valid_until and shard_id(key) in self.current
+        return shard_id(key) in self.current and self.alive()
 
     def describe(self) -> dict[str, object]:
         shard_map = self.view.shard_map
