@@ -42,14 +42,19 @@ transports = pytest.mark.parametrize("transport", ["plain", "tls"])
 
 
 def start_server(
-    factory: ServerFactory, transport: str, tls_files: tuple[str, str], port: int = 0
+    factory: ServerFactory,
+    transport: str,
+    tls_files: tuple[str, str],
+    port: int = 0,
+    **settings: object,
 ) -> tuple[ServerThread, ssl.SSLContext | None]:
-    """A server speaking ``transport`` (on ``port``; 0: any), and the client context that
-    trusts it."""
+    """A server speaking ``transport`` (on ``port``; 0: any; with more ``settings``), and the
+    client context that trusts it."""
     if transport == "plain":
-        return factory(port=port), None
+        return factory(port=port, **settings), None
     cert, key = tls_files
-    return factory(tls_cert=cert, tls_key=key, port=port), ssl.create_default_context(cafile=cert)
+    server = factory(tls_cert=cert, tls_key=key, port=port, **settings)
+    return server, ssl.create_default_context(cafile=cert)
 
 
 def restart_without_the_lock(
@@ -254,7 +259,8 @@ async def test_a_killed_server_marks_held_locks_lost_at_once(
     dflock_server_factory: ServerFactory,
 ) -> None:
     """SIGKILL: no goodbye, no close_notify, only the kernel closing the server's sockets.
-    A server comes back on the port without the locks: the renewals by token are refused."""
+    A server without the killed one's state comes back on the port: it does not have the
+    locks, and the renewals by token are refused."""
     cert, key = tls_files
     args = ("--tls-cert", cert, "--tls-key", key) if transport == "tls" else ()
     context = ssl.create_default_context(cafile=cert) if transport == "tls" else None
@@ -269,7 +275,7 @@ async def test_a_killed_server_marks_held_locks_lost_at_once(
         assert await asynchronous.acquire()
         proc.kill()
         proc.wait()
-        start_server(dflock_server_factory, transport, tls_files, address[1])
+        start_server(dflock_server_factory, transport, tls_files, address[1], state_dir="none")
         async with asyncio.timeout(TOLD_WITHIN_S):  # "not told before the next renewal"
             await asynchronous.lost_event.wait()
         assert await asyncio.to_thread(blocking.lost_event.wait, TOLD_WITHIN_S)

@@ -14,7 +14,8 @@ import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from celery_dflock.sharding import stable_hash_shard
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 from tests.support.proxy import FaultProxy
+from tests.support.servers import dflockd_subprocess
 from tests.support.waiting import wait_until
 
 ServerFactory = Callable[..., ServerThread]
@@ -111,6 +113,7 @@ async def holder(
     lease_ttl_s: int = LONG_LEASE_S,
     context: ssl.SSLContext | None = None,
     key: str = "held",
+    limit: int = 2,
 ) -> AsyncIterator[Holder]:
     """A lock (``kind``) of ``face`` on ``address``, made by a `Client` / `AsyncClient` (so
     through its pool); its ``on_lost`` calls are counted."""
@@ -122,7 +125,7 @@ async def holder(
     def make(client: Any) -> Any:
         if kind == "lock":
             return client.lock(key, lease_ttl_s=lease_ttl_s, on_lost=on_lost)
-        return client.semaphore(key, 2, lease_ttl_s=lease_ttl_s, on_lost=on_lost)
+        return client.semaphore(key, limit, lease_ttl_s=lease_ttl_s, on_lost=on_lost)
 
     if face == "blocking":
         client = Client(servers=[address], ssl_context=context)
@@ -402,3 +405,75 @@ def test_a_release_sent_again_is_no_proof_of_a_loss() -> None:
     assert held_core().on_release_reply(Ok(), retried=True) is True
     assert LockCore.draining(ErrorReply(constants.STATUS_ERROR_DRAINING))
     assert not LockCore.draining(ErrorReply(constants.STATUS_ERROR))
+
+
+# ---------------------------------------------------------------------- a durable server
+
+
+@kinds
+@pytest.mark.parametrize("transport", ["plain", "tls"])
+async def test_holders_keep_their_locks_across_a_killed_and_restarted_server(
+    tmp_path: Path, tls_files: tuple[str, str], kind: str, transport: str
+) -> None:
+    """SIGKILL of a real ``dflockd`` with a state directory, started again on the same port
+    and directory: it restores the leases from its journal, each holder (both faces) renews
+    by token on a new connection and keeps its lock, and a `release` called while the server
+    was down reconnects and is confirmed."""
+    cert, key = tls_files
+    args = ["--state-dir", str(tmp_path / "state")]
+    if transport == "tls":
+        args += ["--tls-cert", cert, "--tls-key", key]
+    context = ssl.create_default_context(cafile=cert) if transport == "tls" else None
+    log = tmp_path / "dflockd.log"
+    # A semaphore's four holders share one key of limit 4; a lock's have a key each.
+    keys = ["sem"] * 4 if kind == "semaphore" else ["kept-b", "kept-a", "freed-b", "freed-a"]
+
+    def free(address: tuple[str, int], key: str) -> int:
+        """Slots of ``key`` another client can take now (a lock has one)."""
+        with Client(servers=[address], ssl_context=context) as other:
+            probes: list[Any] = []
+            for _ in range(4 if kind == "semaphore" else 1):
+                if kind == "semaphore":
+                    probe: Any = other.semaphore(key, 4, acquire_timeout_s=0)
+                else:
+                    probe = other.lock(key, acquire_timeout_s=0)
+                if not probe.acquire():
+                    break
+                probes.append(probe)
+            for probe in probes:
+                assert probe.release()
+            return len(probes)
+
+    async with AsyncExitStack() as stack:
+        with dflockd_subprocess(log, *args) as (proc, address):
+            locks = [
+                await stack.enter_async_context(
+                    holder(face, kind, address, context=context, key=key, limit=4)
+                )
+                for face, key in zip(["blocking", "asyncio"] * 2, keys, strict=True)
+            ]
+            for lock in locks:
+                assert await lock.acquire()
+            tokens = [lock.token for lock in locks]
+            proc.kill()
+            proc.wait()
+        kept, freed = locks[:2], locks[2:]
+        releasing = [asyncio.ensure_future(lock.release()) for lock in freed]
+        await asyncio.sleep(0)
+        with dflockd_subprocess(log, *args, port=address[1]):
+            assert [await release for release in releasing] == [True, True]
+            for lock, token in zip(kept, tokens[:2], strict=True):
+                assert await lock.renew()
+                assert lock.token == token and not lock.lost
+            # Held: a lock's key has no free slot, the semaphore two (the kept holders' are not).
+            for key in keys[:2]:
+                assert await asyncio.to_thread(free, address, key) == (
+                    2 if kind == "semaphore" else 0
+                )
+            for lock in kept:
+                assert await lock.release() is True
+            for key in keys:
+                assert await asyncio.to_thread(free, address, key) == (
+                    4 if kind == "semaphore" else 1
+                )
+        assert all(lock.lost_calls == [] for lock in locks)
