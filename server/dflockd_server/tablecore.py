@@ -75,6 +75,10 @@ class TableCore:
         take them over, and no connection's close releases them."""
         self.restored.closed = True
         self.journal = journal
+        self.grant_check: Callable[[str], bytes | None] | None = None
+        """The server's ownership check (None: every key is served), asked before a queued
+        waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
+        no waiter it queued before (the waiter is answered by the cluster node instead)."""
         """Where grants, renewals past the recorded expiry, moves and drops are recorded
         (``journal``), or None."""
         self.counts = Counts()
@@ -294,6 +298,9 @@ class TableCore:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
         if isinstance(queue, tuple) or self.in_grace:
+            return
+        check = self.grant_check
+        if check is not None and check(state.key) is not None:
             return
         while state.n_waiting and state.n_held < state.limit:
             waiter = queue[0]

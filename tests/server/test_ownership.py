@@ -185,8 +185,8 @@ class FixedOwnership:
     def check(self, key: str) -> bytes | None:
         return None if shard_id(key) in self.served else self.reply
 
-    def may_renew(self) -> bool:
-        return self.renew
+    def may_hold(self, key: str) -> bool:
+        return self.renew and shard_id(key) in self.served
 
     def describe(self) -> dict[str, object]:
         return {"mode": "cluster", "served": sorted(self.served)}

@@ -69,6 +69,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
 from dflockd_server.cluster.decide import (
+    ERROR_UNAVAILABLE,
     FENCED,
     Decision,
     decide,
@@ -81,7 +82,7 @@ from dflockd_server.cluster.host import NodeHost
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterView, Member
 from dflockd_server.cluster.ops import read_view
-from dflockd_server.cluster.shardmap import ShardAssignment, ShardMap
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.fence import FenceCounter, FenceStateError
 
@@ -101,6 +102,17 @@ NODE_QUIET_S = 0.02
 
 NODE_MAX_DEFER_S = 0.25
 """...or once it has been deferred this long."""
+
+
+def boottime() -> float:
+    """Seconds on a clock that also counts the time the machine was suspended
+    (``CLOCK_BOOTTIME`` where there is one, else the monotonic clock): a member whose machine
+    slept past its etcd lease must see that lease as over when it wakes."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return time.monotonic()
+    return time.clock_gettime(clock_id)
+
 
 REJOIN_RETRY_S = 0.5
 """Between attempts to join again after this member lost its etcd lease."""
@@ -129,7 +141,7 @@ class ClusterStats:
 class ClusterNode:
     """One lock server's cluster member (see the module's docstring); ``start`` then ``stop``.
 
-    The node is itself the server's ``Ownership`` (``check``, ``may_renew``, ``describe``
+    The node is itself the server's ``Ownership`` (``check``, ``may_hold``, ``describe``
     delegate to the current snapshot) and owns the server's ``fence`` counter.
     """
 
@@ -144,7 +156,7 @@ class ClusterNode:
         lease_ttl_s: int = 5,
         settle_s: float = 2.0,
         failover_margin_s: float = FAILOVER_MARGIN_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boottime,
         fence: FenceCounter | None = None,
     ) -> None:
         if max_lease_ttl_s <= 0:
@@ -170,6 +182,8 @@ class ClusterNode:
         self._failover_since: dict[int, float] = {}
         self._raised: frozenset[int] = frozenset()
         self._notified: dict[int, str] = {}
+        self._current: frozenset[int] = frozenset()
+        """The shards this member was current member of at the last decision."""
         self._written_from: dict[int, int] = {}
         self._renewals: bool | None = None
         self._next_join = 0.0
@@ -192,8 +206,8 @@ class ClusterNode:
     def check(self, key: str) -> bytes | None:
         return self._ownership.check(key)
 
-    def may_renew(self) -> bool:
-        return self._ownership.may_renew()
+    def may_hold(self, key: str) -> bool:
+        return self._ownership.may_hold(key)
 
     def describe(self) -> dict[str, object]:
         return self._ownership.describe()
@@ -382,6 +396,7 @@ class ClusterNode:
             return
         decision = self._decide(view, now)
         self._publish(view, decision, valid_until)
+        self._fail_waiters_of_lost_shards(decision)
         gained = decision.serving - self._raised
         if gained:
             # Above every ceiling another member published: above all tokens ever granted for
@@ -409,6 +424,21 @@ class ClusterNode:
             released = sum(shard_map[s].released for s in written)
             self.released_takeovers += released
             self.failovers += len(written) - released
+
+    def _fail_waiters_of_lost_shards(self, decision: Decision) -> None:
+        """The shards that stopped being this member's (taken by another, or unassigned):
+        their queued waiters are answered with the shard's verdict at once, never granted
+        later (the table asks the ownership before each promotion, too)."""
+        current = self._ownership.current
+        lost = self._current - current
+        self._current = current
+        by_reply: dict[bytes, list[int]] = {}
+        for shard in sorted(lost):
+            reply = decision.verdicts[shard]
+            if reply is not None:
+                by_reply.setdefault(reply, []).append(shard)
+        for reply, shards in by_reply.items():
+            self.host.fail_waiters(shards, reply)
 
     def _why_not_a_member(self, member: Member | None, now: float) -> str | None:
         if member is None:
@@ -481,8 +511,15 @@ class ClusterNode:
     # -- publishing ------------------------------------------------------------------------------
 
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
+        current = decision.serving.union(*decision.moving_out.values())
         self._ownership = ClusterOwnership(
-            self.advertise, view, decision.verdicts, valid_until, self._clock, decision.states
+            self.advertise,
+            view,
+            decision.verdicts,
+            valid_until,
+            self._clock,
+            decision.states,
+            current=current,
         )
         if self.fenced_reason is not None:
             log.info("cluster member %s: deciding (was: %s)", self.advertise, self.fenced_reason)
@@ -499,9 +536,13 @@ class ClusterNode:
             self._renewals = allowed
 
     def _self_fence(self, reason: str) -> None:
-        """Grant nothing, renew nothing; forget what was seen (a rejoin starts afresh)."""
+        """Grant nothing, renew nothing; answer every queued waiter ``error_unavailable`` at
+        once; forget what was seen (a rejoin starts afresh)."""
         if not self._ownership.fenced:
             self._ownership = self._fenced_snapshot(self._ownership.view)
+            self._current = frozenset()
+            # On the loop, after the fenced snapshot is in place: no waiter is queued later.
+            self.host.fail_waiters(range(SHARD_COUNT), ERROR_UNAVAILABLE)
         self._allow_renewals(False)
         if self.fenced_reason is None:
             log.warning("cluster member %s: fenced, granting nothing: %s", self.advertise, reason)
