@@ -6,8 +6,9 @@ auto-release); a client that only renews every ``lease * renew_ratio`` would fin
 then. The lock reattaches at once instead (`celery_dflock._sync_backend`). A
 `ConnectionWatcher` polls the sockets of held locks' connections from one daemon thread per
 process; when one becomes readable while no request is in flight (the server never sends bytes
-nobody asked for, so that is EOF, a reset or garbage), its callback runs. The callback never interrupts a request: it only acts when it can take the
-lock's operation lock at once (see `celery_dflock.client`).
+nobody asked for, so that is EOF, a reset or garbage), its callback runs. The callback never
+interrupts a request: it only acts when it can take the lock's operation lock at once (see
+`celery_dflock.client`).
 
 TLS connections too: a TLS socket can become readable for records that carry no reply
 (session tickets). The connection's check (`Connection.broken_while_idle`) then reads without
