@@ -113,7 +113,8 @@ class Leadership:
     def confirm(self) -> bool:
         """Ask the lock server, now, whether this process still holds the lock.
 
-        A refusal (or an unreachable server) demotes this process at once: the caller must
+        A refusal (or a server not reached again before the lease runs out: a broken
+        connection is reattached meanwhile) demotes this process at once: the caller must
         not send.
         """
         with self._guard:

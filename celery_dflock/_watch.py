@@ -1,12 +1,14 @@
 """Notice at once when a held lock's connection is closed by the server.
 
-The server releases a connection's locks when the connection closes (a restart, a drain, an
-idle timeout), and a client that only renews every ``lease * renew_ratio`` would go on believing
-it holds the lock until then. A `ConnectionWatcher` polls the sockets of held locks' connections
-from one daemon thread per process; when one becomes readable while no request is in flight
-(the server never sends bytes nobody asked for, so that is EOF, a reset or garbage), its
-callback runs. The callback never interrupts a request: it only acts when it can take the
-lock's operation lock at once (see `celery_dflock.client`).
+When a connection closes (a restart, a drain, a network cut, an idle timeout) the server may
+have released its locks with it, or may still hold them (restored from its journal, or without
+auto-release); a client that only renews every ``lease * renew_ratio`` would find out only
+then. The lock reattaches at once instead (`celery_dflock._sync_backend`). A
+`ConnectionWatcher` polls the sockets of held locks' connections from one daemon thread per
+process; when one becomes readable while no request is in flight (the server never sends bytes
+nobody asked for, so that is EOF, a reset or garbage), its callback runs. The callback never
+interrupts a request: it only acts when it can take the lock's operation lock at once (see
+`celery_dflock.client`).
 
 TLS connections too: a TLS socket can become readable for records that carry no reply
 (session tickets). The connection's check (`Connection.broken_while_idle`) then reads without

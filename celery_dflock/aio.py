@@ -7,10 +7,12 @@ generated from it::
     async with AsyncDistributedLock("report:42", acquire_timeout_s=5) as lock:
         await write(data, fence=lock.fence)
 
-A held lock's connection is watched: when the server closes it (a restart, a drain, an idle
-timeout), the renewal task wakes at once and, once no request is in flight on it, marks the
-lock lost (`lost`, `lost_event`, ``on_lost``; a coroutine function's result is awaited) instead
-of waiting for its next renewal. The watch costs no task and no system call: the connection's
+A held lock's connection is watched: when it closes (a restart, a drain, a network cut, an idle
+timeout), the renewal task wakes at once and, once no request is in flight on it, reattaches
+the lock: it reconnects to the same server and renews by token there, trying again while the
+lease runs, instead of waiting for its next renewal. Only when that renewal is refused, or the
+lease runs out first, is the lock lost (`lost`, `lost_event`, ``on_lost``; a coroutine
+function's result is awaited). The watch costs no task and no system call: the connection's
 protocol already hears the close.
 
 Cancellation is safe: a request cancelled midway closes its connection (never reused out of

@@ -531,7 +531,8 @@ class SingletonScheduler(Scheduler):
 
 
 def _confirm_held(lock: LeaderLock) -> bool:
-    """One round trip: renew the lease now; False if the server refuses or cannot answer."""
+    """Renew the lease now; False if the server refuses, or cannot be reached again before the
+    lease runs out (a broken connection is reattached meanwhile)."""
     try:
         return lock.renew()
     except DflockError:

@@ -7,11 +7,13 @@ the decisions live in `celery_dflock._core.LockCore`::
     with DistributedLock("report:42", acquire_timeout_s=5) as lock:
         write(data, fence=lock.fence)      # renewed in the background while held
 
-A held lock pins its connection (the server frees a connection's locks when it closes). A lock
-that cannot be renewed (refused, or its server gone) is *lost*: `lost` turns True,
-`lost_event` is set, ``on_lost(lock)`` runs once in the renewal thread, and a warning is logged.
-The renewer's `ConnectionWatcher` also notices at once when the server closes a held lock's
-connection, over plain TCP and TLS alike (then ``on_lost`` runs in the watcher's thread).
+A held lock pins its connection. The renewer's `ConnectionWatcher` notices at once when that
+connection closes, over plain TCP and TLS alike, and the lock then reattaches from the renewal
+thread: it reconnects to the same server and renews by token there (a server restarted with its
+journal, or one without auto-release, still holds it), trying again while the lease runs. A
+lock that cannot be renewed (refused, or its server not reached again before the lease ran out)
+is *lost*: `lost` turns True, `lost_event` is set, ``on_lost(lock)`` runs once in the renewal
+thread, and a warning is logged.
 
 Renewals run on long-lived threads: those of the `ConnectionPool`'s `Renewer` (shared by every
 lock using the pool, one thread in the usual case), or, for a lock without a pool, a renewer of

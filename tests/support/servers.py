@@ -123,13 +123,13 @@ class DflockdProcess:
 
 @contextmanager
 def dflockd_subprocess(
-    log_path: Path, *args: str
+    log_path: Path, *args: str, port: int | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], tuple[str, int]]]:
-    """A real ``dflockd`` subprocess on a free local port (it can be SIGSTOPped or killed),
-    with extra command-line ``args``, its log in ``log_path``; its process and address.
-    Killed on exit."""
-    port = free_port()
-    with log_path.open("wb") as log:
+    """A real ``dflockd`` subprocess on a free local port, or on ``port`` (to start again
+    where a killed one ran; it can be SIGSTOPped or killed), with extra command-line ``args``,
+    its log in ``log_path``; its process and address. Killed on exit."""
+    port = free_port() if port is None else port
+    with log_path.open("ab") as log:
         proc = subprocess.Popen(
             [dflockd_executable(), "--host", "127.0.0.1", "--port", str(port),
              "--restart-grace", "0", *args],
