@@ -20,14 +20,20 @@ from tests.support.services import require_redis
 _TEST_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 0,
-    # Tests that restart a server on the port it was given test reconnects, not the restart
-    # grace (tests/server/test_grace.py and tests/faults do).
-    "restart_grace_s": 0.0,
     # A test that ends with a waiter still in flight should not hold teardown for 30 s.
     "shutdown_timeout_s": 2.0,
 }
 
 ServerFactory = Callable[..., ServerThread]
+
+
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test keeps the lock servers' state directories (by default under
+    ``$XDG_STATE_HOME/dflockd/<host>-<port>``) in a directory of its own, as a machine of its
+    own would: a server a test starts on a port another test used never restores that test's
+    leases. Servers started as subprocesses inherit it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
 
 
 @pytest.fixture
@@ -69,11 +75,7 @@ def static_fleet() -> Iterator[list[ServerThread]]:
     ports = [free_port() for _ in range(3)]
     members = tuple(f"127.0.0.1:{port}" for port in ports)
     servers = [
-        ServerThread(
-            Config(
-                host="127.0.0.1", port=port, members=members, advertise=member, restart_grace_s=0
-            )
-        ).start()
+        ServerThread(Config(host="127.0.0.1", port=port, members=members, advertise=member)).start()
         for port, member in zip(ports, members, strict=True)
     ]
     yield servers

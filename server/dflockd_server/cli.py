@@ -26,6 +26,7 @@ from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
 from dflockd_server.settings import SETTINGS, Setting
+from dflockd_server.state import resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
 
@@ -245,13 +246,15 @@ def _start_up_warnings(
             "the process list: use --auth-token-file or DFLOCKD_AUTH_TOKEN instead"
         )
     state = config.fence_state_file
-    if state is None:
+    if state is None and resolve_state_dir(config, environ) is None and config.port != 0:
         warnings.append(
-            "no --fence-state-file: fencing tokens start from the wall clock at each start, so "
-            "a clock set back between two runs hands out smaller fences than before (set "
-            "DFLOCKD_FENCE_STATE_FILE to a file on a persistent volume)"
+            "no state directory (--state-dir none): a restart forgets every lock (the next "
+            "start grants nothing for max_lease_ttl_s, so that no key is granted twice) and "
+            "fencing tokens start from the wall clock, so a clock set back between two runs "
+            "hands out smaller fences than before; give --state-dir a directory on a "
+            "persistent volume"
         )
-    elif not os.path.exists(state):
+    elif state is not None and not os.path.exists(state):
         warnings.append(
             f"fence state file {state!r} does not exist yet; it is created now. If this server "
             "ran before with another file (or a lost volume), fences may be smaller than those "
@@ -308,10 +311,16 @@ async def serve(
     waiting = asyncio.ensure_future(stop.wait())
     await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
-        log.info(
-            "signal received: draining (up to %.0f s for holders to release)",
-            config.shutdown_timeout_s,
-        )
+        if server.journal is not None and server.node is None:
+            log.info(
+                "signal received: stopping; the lease journal keeps every lease held for the "
+                "next start (their holders reconnect to it)"
+            )
+        else:
+            log.info(
+                "signal received: draining (up to %.0f s for holders to release)",
+                config.shutdown_timeout_s,
+            )
     waiting.cancel()
     await server.stop()
     await serving

@@ -48,6 +48,10 @@ class Config:
     tls_handshake_timeout_s: float = c.DEFAULT_TLS_HANDSHAKE_TIMEOUT_S
     max_tls_handshakes: int = c.DEFAULT_MAX_TLS_HANDSHAKES
     fence_state_file: str | None = None
+    state_dir: str | None = None
+    """Where the lease journal and the fence ceiling live (``state``): None for the default
+    by address (none on port 0), ``"none"`` for no state."""
+    journal_fsync: str = c.DEFAULT_JOURNAL_FSYNC
     log_level: str = c.DEFAULT_LOG_LEVEL
     event_loop: str = c.DEFAULT_EVENT_LOOP
     metrics_port: int | None = None

@@ -35,6 +35,9 @@ DEFAULT_TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0
 DEFAULT_MAX_TLS_HANDSHAKES: Final = 512
 DEFAULT_LOG_LEVEL: Final = "info"
 DEFAULT_EVENT_LOOP: Final = "auto"
+JOURNAL_FSYNC_MODES: Final = ("always", "everysec", "no")
+"""``--journal-fsync``: fsync before each reply, once a second, or when the OS decides."""
+DEFAULT_JOURNAL_FSYNC: Final = "everysec"
 
 # ---------------------------------------------------------------- framing limits
 MAX_LINE_BYTES: Final = 256
@@ -138,6 +141,9 @@ semaphore never overlap on one key."""
 FEATURE_SHARDS: Final = "shards"
 """``shards`` answers which keys this server serves; acquires of a key it does not serve get
 ``error_moved <HOST:PORT>`` or ``error_unavailable``."""
+FEATURE_DURABLE: Final = "durable"
+"""Leases survive a restart of the server (its lease journal): a holder whose connection
+closed reconnects and renews by token."""
 FEATURE_HOLDS: Final = "holds"
 """``hl`` (locks with an owner note, optionally detached from their connection), ``note``,
 ``ht`` (take a detached grant over) and ``hd`` (detach a grant);

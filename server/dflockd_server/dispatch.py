@@ -352,7 +352,7 @@ class Session:
         if not self.host.renewals_ok:
             return p.REPLY_ERROR  # a fenced cluster member: its holders must see the loss
         try:
-            remaining = self.table.renew(name, token, lease or self.default_lease)
+            remaining = self.table.renew(name, token, lease or self.default_lease, self.client)
         except _REFUSALS as exc:
             return _refusal(exc)
         return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)

@@ -86,9 +86,10 @@ class Client:
 class Holder:
     """A granted lock or semaphore slot. ``note``: its owner note (``hl``, ``note``), or
     ``None``. A detached hold (``hl`` mode ``d``) belongs to the table's ``detached`` client,
-    which no connection closes."""
+    which no connection closes; a grant restored from the journal that was bound to a
+    connection belongs to the table's ``restored`` client until a connection renews it."""
 
-    __slots__ = ("client", "expires_at", "lease_ttl", "live", "note", "state", "token")
+    __slots__ = ("client", "covered", "expires_at", "lease_ttl", "live", "note", "state", "token")
 
     def __init__(
         self, token: str, state: KeyState, client: Client, lease_ttl: int, expires_at: float
@@ -100,6 +101,9 @@ class Holder:
         self.expires_at = expires_at
         self.live = True
         self.note: str | None = None
+        self.covered = 0.0
+        """With a lease journal: the expiry (table clock) its records cover; a renewal up to
+        it, with a lease no longer than ``lease_ttl``, writes nothing."""
 
 
 class Waiter:
@@ -188,9 +192,11 @@ class Counts:
     """Running totals since start-up, each a pair indexed by kind: ``[lock, semaphore]``
     (``counts.grants[state.is_sem]``). Plain integers, read by the metrics exporter."""
 
-    __slots__ = ("expiries", "grants", "lost_by_disconnect", "releases", "timeouts")
+    __slots__ = ("expiries", "grants", "lost_by_disconnect", "releases", "restored", "timeouts")
 
     def __init__(self) -> None:
+        self.restored = [0, 0]
+        """Grants restored from the lease journal at start-up."""
         self.grants = [0, 0]
         """Locks and slots granted (at once or after waiting)."""
         self.releases = [0, 0]

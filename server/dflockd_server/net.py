@@ -24,11 +24,13 @@ from dflockd_server import protocol as p
 from dflockd_server.cluster.shardmap import shard_id
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
-from dflockd_server.fence import FenceCounter, FenceStateError
-from dflockd_server.grace import LeaseRecord, decide_grace, grace_path, read_longest_lease
+from dflockd_server.fence import FenceCounter, FenceStateError, fence_of
+from dflockd_server.grace import LeaseRecord
+from dflockd_server.journal import Journal
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import SINGLE, Ownership, SingleOwnership, StaticOwnership
 from dflockd_server.snapshots import RationedSnapshots
+from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
 from dflockd_server.stream import Stream
 from dflockd_server.table import LockTable
 from dflockd_server.tls import build_ssl_context
@@ -113,8 +115,13 @@ class Server:
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
         self.lease_record: LeaseRecord | None = None
-        self.hello_reply = p.reply_hello(c.SERVER_VERSION)
-        """The ``hello`` reply: what this server is and supports."""
+        self.state: StateDir | None = None
+        """The state directory (``--state-dir``), locked while this server runs, or None."""
+        self.journal: Journal | None = None
+        """The lease journal, or None (no state directory)."""
+        self.grace_reason = ""
+        """Why this start has a restart grace ("" when it has none)."""
+        self._hello = p.reply_hello(c.SERVER_VERSION)
         self.connections_accepted = 0
         self.connections_refused = 0
         self.open_transports = 0  # made and not yet lost, admitted or refused
@@ -165,7 +172,37 @@ class Server:
             node, self.node = self.node, None
             if node is not None:
                 await asyncio.get_running_loop().run_in_executor(None, node.stop)
+            self._close_state()
             raise
+
+    def _close_state(self) -> None:
+        """Close the journal and unlock the state directory (at the stop, or a failed start)."""
+        journal, self.journal = self.journal, None
+        if self._table is not None:
+            self._table.journal = None  # what comes after (connections closed) is not recorded
+        try:
+            if journal is not None:
+                journal.close()
+        except OSError as exc:
+            where = journal.path if journal is not None else ""
+            log.error("journal: cannot write %s at the stop: %s", where, exc)
+        finally:
+            state, self.state = self.state, None
+            if state is not None:
+                state.close()
+
+    @property
+    def hello_reply(self) -> bytes:
+        """The ``hello`` reply: what this server is and supports (and, during a restart
+        grace, how long it still runs)."""
+        table = self._table
+        if table is not None and table.in_grace:
+            remaining = table.grace_remaining()
+            if remaining > 0:
+                return p.reply_hello(
+                    c.SERVER_VERSION, durable=self.journal is not None, grace_s=remaining
+                )
+        return self._hello
 
     async def _start(self) -> None:
         cfg = self.config
@@ -176,14 +213,13 @@ class Server:
         self.secret = token.encode() if token is not None else None
         if cfg.tls_cert and cfg.tls_key:
             self.ssl_context = build_ssl_context(cfg.tls_cert, cfg.tls_key)
-        record_path = None
-        previous_longest = None
-        fence_file_existed = False
-        if cfg.fence_state_file is not None:
-            record_path = grace_path(cfg.fence_state_file)
-            previous_longest = read_longest_lease(record_path)
-            fence_file_existed = os.path.exists(cfg.fence_state_file)
-        grace = decide_grace(cfg, previous_longest, fence_file_existed)
+        state_path = resolve_state_dir(cfg)
+        if state_path is not None:
+            state = StateDir(state_path)
+            state.open()
+            self.state = state
+        plan = plan_start(cfg, self.state)
+        grace = plan.grace
         if cfg.cluster is not None:
             # Joins etcd (blocking I/O, off the loop); its fencing counter publishes its
             # ceiling in etcd, so a key's next member starts above every fence granted here.
@@ -200,10 +236,10 @@ class Server:
             self.node = node
             self.fence = node.fence
         else:
-            self.fence = FenceCounter(cfg.fence_state_file)
+            self.fence = FenceCounter(plan.fence_file)
         # Recorded before serving: a start killed during its grace leaves the same bound.
-        self.lease_record = LeaseRecord(record_path, grace.seconds, cfg.max_lease_ttl_s)
-        self._table = LockTable(
+        self.lease_record = LeaseRecord(plan.grace_record, grace.seconds, cfg.max_lease_ttl_s)
+        self._table = table = LockTable(
             clock=loop.time,
             new_token=self.fence.next_token,
             max_locks=cfg.max_locks,
@@ -215,6 +251,9 @@ class Server:
             note_lease=self.lease_record.note,
             lease_noted=self.lease_record.longest,
         )
+        if plan.journal is not None:
+            self._restore(plan, table)
+        self.grace_reason = grace.why if grace.seconds > 0 else ""
         if grace.seconds > 0:
             log.warning(
                 "restart grace: granting no key for %g s, until every lease the previous "
@@ -259,6 +298,75 @@ class Server:
                 raise
             self.metrics = exporter
             self.request_times = RequestTimes()
+
+    def _restore(self, plan: StartPlan, table: LockTable) -> None:
+        """Put the journal's running leases back in the table, raise the fence above theirs,
+        and start a new journal file holding them (the old one, damaged tail and all, is
+        replaced)."""
+        assert plan.journal is not None and self.fence is not None
+        assert self.lease_record is not None
+        journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
+        restored = 0
+        highest = 0
+        longest = 0
+        for rec, left in plan.leases:
+            holder = table.restore(
+                key=rec.key,
+                token=rec.token,
+                limit=rec.limit,
+                is_sem=rec.is_sem,
+                lease_ttl=rec.lease_ttl,
+                left=left,
+                detached=rec.detached,
+                on_close=rec.on_close,
+                note=rec.note,
+            )
+            if holder is None:
+                log.warning(
+                    "journal: not restored (its key is full or of another limit): %s", rec.key
+                )
+                continue
+            restored += 1
+            highest = max(highest, fence_of(rec.token))
+            longest = max(longest, rec.lease_ttl, rec.on_close or 0)
+        if highest:
+            self.fence.raise_to(highest)
+        if longest > table.lease_noted:
+            table.lease_noted = self.lease_record.note(longest)
+        journal.anchor()
+        journal.open(self._live_records(journal, table))
+        journal.stats.restored = restored
+        if plan.read is not None and plan.read.damage:
+            journal.stats.dropped_records = plan.read.dropped_lines
+        table.journal = journal
+        self.journal = journal
+        self._hello = p.reply_hello(c.SERVER_VERSION, durable=True)
+        log.info(
+            "journal: restored %d lease(s) from %s (fsync %s)",
+            restored,
+            plan.journal,
+            self.config.journal_fsync,
+        )
+
+    @staticmethod
+    def _live_records(journal: Journal, table: LockTable) -> list[bytes]:
+        """A grant record for every lease held now (the journal's new file or compaction)."""
+        lines: list[bytes] = []
+        for holder, on_close in table.live_holders():
+            state = holder.state
+            line, holder.covered = journal.grant_line(
+                holder.token,
+                key=state.key,
+                limit=state.limit,
+                is_sem=state.is_sem,
+                lease_ttl=holder.lease_ttl,
+                expires_at=holder.expires_at,
+                detached=holder.client is table.detached,
+                on_close=on_close,
+                note=holder.note,
+            )
+            lines.append(line)
+        return lines
 
     async def _stop_accepting(self, listener: asyncio.Server) -> None:
         """Stop accepting, and let the connections accepted last get their transports before
@@ -313,7 +421,11 @@ class Server:
         for conn in list(self.connections):
             conn.refuse_wait()
         refused = table.drop_queued()
-        timeout_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        if timeout_s is None:
+            # With a journal (and no cluster to hand keys to), the leases outlive this run:
+            # their holders reattach to the next one, so there is nothing to wait for.
+            durable = self.journal is not None and self.node is None
+            timeout_s = 0.0 if durable else self.config.shutdown_timeout_s
         log.info(
             "draining: %d lock(s) held, %d waiter(s) refused; waiting up to %gs for releases",
             table.held,
@@ -334,6 +446,9 @@ class Server:
             timer.cancel()
         if self.snapshots is not None:
             self.snapshots.flush()  # a last snapshot for whoever still waits for one
+        # The journal is closed before the connections: closing them here is this run's
+        # end, not their holders' release; the next run restores their leases.
+        self._close_state()
         for conn in list(self.connections):
             conn.drain_now()
         # Let the transports deliver their last bytes and report connection_lost.
@@ -522,7 +637,22 @@ class Server:
         )
 
     def stats(self) -> dict[str, Any]:
-        return self.table.stats(len(self.connections))
+        out = self.table.stats(len(self.connections))
+        out["grace_reason"] = self.grace_reason if out["grace_remaining_s"] else ""
+        journal = self.journal
+        out["journal"] = (
+            None
+            if journal is None
+            else {
+                "state_dir": os.path.dirname(journal.path),
+                "fsync": journal.fsync,
+                "restored": journal.stats.restored,
+                "dropped_records": journal.stats.dropped_records,
+                "writes": journal.stats.writes,
+                "fsyncs": journal.stats.fsyncs,
+            }
+        )
+        return out
 
     def stats_reply(self) -> bytes:
         """A ``stats`` reply: a snapshot of the table, now."""
@@ -534,6 +664,22 @@ class Server:
             self.table.expire()
         except FenceStateError as exc:
             log.error("cannot issue a token to a waiter after a lease expired: %s", exc)
+        journal = self.journal
+        if journal is not None:
+            self._journal_upkeep(journal)
+
+    def _journal_upkeep(self, journal: Journal) -> None:
+        """At each sweep: write what no reply has (expiries, disconnects), fsync (everysec)
+        off the loop, compact when the file is mostly leases gone."""
+        table = self.table
+        try:
+            journal.flush()
+            if journal.wants_compaction(table.held):
+                journal.compact(self._live_records(journal, table))
+        except OSError as exc:
+            log.error("journal: cannot write %s: %s", journal.path, exc)
+            return
+        journal.sync_in_background()
 
     def _grace_over(self) -> None:
         table = self.table

@@ -441,7 +441,13 @@ def reply_stats(payload: str) -> bytes:
     return f"{c.STATUS_OK} {payload}\n".encode()
 
 
-def reply_hello(version: str) -> bytes:
-    """``ok {"server": ..., "version": ..., "features": [...]}`` on one line."""
-    body = {"server": c.SERVER_NAME, "version": version, "features": list(c.FEATURES)}
+def reply_hello(version: str, *, durable: bool = False, grace_s: float = 0.0) -> bytes:
+    """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
+    adds that feature (a lease journal), ``grace_s`` > 0 the restart grace still to run."""
+    features: list[str] = list(c.FEATURES)
+    if durable:
+        features.append(c.FEATURE_DURABLE)
+    body: dict[str, object] = {"server": c.SERVER_NAME, "version": version, "features": features}
+    if grace_s > 0:
+        body["grace_remaining_s"] = round(grace_s, 3)
     return reply_stats(json.dumps(body, separators=(",", ":")))

@@ -13,6 +13,7 @@ from typing import Any
 from dflockd_server.values import (
     check_cluster,
     check_event_loop,
+    check_fsync,
     check_lease,
     check_log_level,
     check_member,
@@ -25,6 +26,7 @@ from dflockd_server.values import (
     parse_cluster,
     parse_event_loop,
     parse_float,
+    parse_fsync,
     parse_grace,
     parse_int,
     parse_log_level,
@@ -251,8 +253,33 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_FENCE_STATE_FILE",),
         parse_str,
         check_nothing,
-        "file persisting the fencing-counter ceiling across restarts",
+        "file persisting the fencing-counter ceiling across restarts (deprecated: it lives "
+        "in --state-dir by default; this overrides where)",
         "PATH",
+    ),
+    Setting(
+        "state_dir",
+        "--state-dir",
+        ("DFLOCKD_STATE_DIR",),
+        parse_str,
+        check_nothing,
+        "directory for the lease journal and the fence ceiling, so a restart loses no lock; "
+        "default $XDG_STATE_HOME/dflockd/<host>-<port> (~/.local/state/...), none on port 0; "
+        "`none` keeps no state (a restart on a fixed port then grants nothing for "
+        "--max-lease-ttl)",
+        "DIR",
+        "by address",
+    ),
+    Setting(
+        "journal_fsync",
+        "--journal-fsync",
+        ("DFLOCKD_JOURNAL_FSYNC",),
+        parse_fsync,
+        check_fsync,
+        "when the lease journal reaches the disk: `always` (before each reply), `everysec` "
+        "(once a second: a crash of the machine may lose the last second's grants; a crash "
+        "of the server loses nothing) or `no` (when the OS decides)",
+        "MODE",
     ),
     Setting(
         "log_level",

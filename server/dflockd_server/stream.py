@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from dflockd_server import constants as c
 from dflockd_server import protocol as p
 from dflockd_server.config import Config
+from dflockd_server.journal import Journal
 from dflockd_server.tls import TlsSession
 
 __all__ = ["Stream", "StreamHost"]
@@ -29,6 +30,7 @@ class StreamHost(Protocol):
 
     config: Config
     longest_fragment_delay: float
+    journal: Journal | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -68,6 +70,9 @@ class Stream(asyncio.Protocol):
         self.delay_timer: asyncio.TimerHandle | None = None
         self.handshake_timer: asyncio.TimerHandle | None = None
         self._host = server
+        self.journal = server.journal
+        """Written before any reply leaves: a client is never told of a grant, renewal or
+        release the journal does not hold."""
 
     def _open(self, transport: asyncio.Transport) -> None:
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
@@ -145,7 +150,22 @@ class Stream(asyncio.Protocol):
             self.abort()
 
     def _send(self, transport: asyncio.Transport, data: bytes) -> None:
-        """Write reply bytes, through the TLS session on a TLS connection."""
+        """Write reply bytes, through the TLS session on a TLS connection; the lease journal's
+        records first. A journal that cannot be written sends nothing: the connection is
+        dropped (what it holds is freed as for any closed connection)."""
+        journal = self.journal
+        if journal is not None and journal.buf:
+            try:
+                journal.flush()
+            except OSError as exc:
+                log.error(
+                    "journal: cannot write %s (%s): dropping connection %s unanswered",
+                    journal.path,
+                    exc,
+                    self.peer,
+                )
+                self.abort()
+                return
         tls = self.tls
         if tls is None:
             transport.write(data)

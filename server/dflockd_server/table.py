@@ -144,9 +144,9 @@ class LockTable(TableCore):
             if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
                 if self.max_locks_per_connection:
                     self._check_client_locks(client, key, state)
-                holder = self._grant(state, self.detached if detached else client, lease_ttl, now)
-                holder.note = note
-                return holder
+                return self._grant(
+                    state, self.detached if detached else client, lease_ttl, now, note
+                )
             if not queue:
                 self.counts.timeouts[state.is_sem] += 1
                 return None
@@ -177,6 +177,8 @@ class LockTable(TableCore):
         if holder is None:
             return False
         holder.note = note
+        if self.journal is not None:
+            self.journal.note(token, note)
         return True
 
     def is_detached(self, holder: Holder) -> bool:
@@ -212,8 +214,8 @@ class LockTable(TableCore):
         longest = max(lease_ttl, on_close or 0)
         if longest > self.lease_noted:
             self._note(longest)  # the close's lease too: a disconnect must not fail
-        taken = self._move(holder, client, lease_ttl, self.clock())
-        taken.note = note
+        holder.note = note
+        taken = self._move(holder, client, lease_ttl, self.clock(), on_close)
         if on_close is not None:
             leases = client.on_close
             if leases is None:
@@ -238,11 +240,19 @@ class LockTable(TableCore):
         self._move(holder, self.detached, lease_ttl, self.clock())
         return True
 
-    def _move(self, holder: Holder, client: Client, lease_ttl: int, now: float) -> Holder:
-        """Rebind the lock grant ``holder`` to ``client`` with the lease ``lease_ttl`` from
+    def _move(
+        self,
+        holder: Holder,
+        client: Client,
+        lease_ttl: int,
+        now: float,
+        on_close: int | None = None,
+    ) -> Holder:
+        """Rebind the grant ``holder`` to ``client`` with the lease ``lease_ttl`` from
         ``now``: a new ``Holder`` (same token and note) takes its place, and the old one is
         dropped from its client's view as a released one is (no count changes: nothing is
-        granted or released)."""
+        granted or released). ``on_close``: the lease it is detached with when ``client``
+        closes (recorded in the journal; the caller keeps it in ``client.on_close``)."""
         old = holder.client
         holder.live = False
         old.n_held -= 1
@@ -257,8 +267,23 @@ class LockTable(TableCore):
         expires_at = now + lease_ttl
         moved = Holder(holder.token, state, client, lease_ttl, expires_at)
         moved.note = holder.note
-        state.one = moved
-        state.earliest = expires_at
+        journal = self.journal
+        if journal is not None:
+            moved.covered = journal.move(
+                holder.token,
+                detached=client is self.detached,
+                on_close=on_close,
+                lease_ttl=lease_ttl,
+                expires_at=expires_at,
+                note=moved.note,
+            )
+        if state.limit == 1:
+            state.one = moved
+            state.earliest = expires_at
+        else:
+            assert state.many is not None
+            state.many[holder.token] = moved
+            state.earliest = min(h.expires_at for h in state.many.values())
         state.last_used = expires_at  # not read while held (see KeyState)
         client.held.append(moved)
         client.n_held += 1
@@ -365,8 +390,12 @@ class LockTable(TableCore):
             self._flush()
         return True
 
-    def renew(self, key: str, token: str, lease_ttl: int) -> int | None:
-        """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``."""
+    def renew(
+        self, key: str, token: str, lease_ttl: int, client: Client | None = None
+    ) -> int | None:
+        """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``.
+        A grant restored from the journal and still awaiting its holder becomes ``client``'s
+        (the connection that renews it), with the ``<onclose>`` lease it had."""
         state = self.keys.get(key)
         if state is None:
             return None
@@ -381,7 +410,13 @@ class LockTable(TableCore):
             return None
         if lease_ttl > self.lease_noted:
             self._note(lease_ttl)
+        if holder.client is self.restored and client is not None:
+            self._reattach(holder, client, lease_ttl, now)
+            return lease_ttl
         expires_at = now + lease_ttl
+        journal = self.journal
+        if journal is not None and (expires_at > holder.covered or lease_ttl > holder.lease_ttl):
+            holder.covered = journal.extend(token, lease_ttl, expires_at)
         holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl
         if state.one is not None:
@@ -392,12 +427,85 @@ class LockTable(TableCore):
         self._leases.add(holder, expires_at, lease_ttl)
         return lease_ttl
 
+    def _reattach(self, holder: Holder, client: Client, lease_ttl: int, now: float) -> None:
+        """A restored grant's holder is back: bind the grant to its connection."""
+        restored = self.restored.on_close
+        on_close = restored.pop(holder, None) if restored else None
+        moved = self._move(holder, client, lease_ttl, now, on_close)
+        if on_close is not None:
+            leases = client.on_close
+            if leases is None:
+                leases = client.on_close = {}
+            leases[moved] = on_close
+
+    def restore(
+        self,
+        *,
+        key: str,
+        token: str,
+        limit: int,
+        is_sem: bool,
+        lease_ttl: int,
+        left: float,
+        detached: bool,
+        on_close: int | None,
+        note: str | None,
+    ) -> Holder | None:
+        """Put back a grant read from the lease journal, ``left`` seconds from its end: a
+        detached hold is the ``detached`` client's, any other grant the ``restored`` client's
+        until a connection renews it. ``None`` (nothing restored) when it cannot be: the key
+        is full or fixed with another limit (a journal that contradicts itself)."""
+        now = self.clock()
+        state = self.keys.get(key)
+        if state is None:
+            state = self.keys[key] = KeyState(key, is_sem, limit, now)
+        elif state.limit != limit or state.n_held >= limit:
+            return None
+        owner = self.detached if detached else self.restored
+        expires_at = now + left
+        holder = Holder(token, state, owner, lease_ttl, expires_at)
+        holder.note = note
+        if limit == 1:
+            state.one = holder
+        else:
+            many = state.many
+            if many is None:
+                many = state.many = {}
+            many[token] = holder
+        state.earliest = min(state.earliest, expires_at)
+        state.n_held += 1
+        state.last_used = expires_at
+        owner.held.append(holder)
+        owner.n_held += 1
+        if on_close is not None and not detached:
+            leases = owner.on_close
+            if leases is None:
+                leases = owner.on_close = {}
+            leases[holder] = on_close
+        self._leases.add(holder, expires_at, lease_ttl)
+        self.counts.restored[is_sem] += 1
+        return holder
+
+    def live_holders(self) -> list[tuple[Holder, int | None]]:
+        """Every grant held now, with the ``<onclose>`` lease it has (for the journal's
+        compaction and its first file)."""
+        out: list[tuple[Holder, int | None]] = []
+        for state in self.keys.values():
+            if not state.n_held:
+                continue
+            holders = [state.one] if state.one is not None else list((state.many or {}).values())
+            for holder in holders:
+                leases = holder.client.on_close
+                out.append((holder, leases.get(holder) if leases else None))
+        return out
+
     @property
     def held(self) -> int:
         """Locks and semaphore slots held right now (from the running totals: no scan)."""
         counts = self.counts
         return (
-            sum(counts.grants)
+            sum(counts.restored)
+            + sum(counts.grants)
             - sum(counts.releases)
             - sum(counts.expiries)
             - sum(counts.lost_by_disconnect)
@@ -493,6 +601,7 @@ class LockTable(TableCore):
                         "waiters": state.n_waiting,
                         "owner": holder.note,
                         "detached": self.is_detached(holder),
+                        "restored": holder.client is self.restored,
                     }
                 )
             elif state.n_waiting == 0:

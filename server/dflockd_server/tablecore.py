@@ -11,6 +11,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from dflockd_server.journal import Journal
 from dflockd_server.keys import (
     Client,
     Counts,
@@ -47,6 +48,7 @@ class TableCore:
         grace_s: float = 0.0,
         note_lease: Callable[[int], int] | None = None,
         lease_noted: int = 0,
+        journal: Journal | None = None,
     ) -> None:
         self.clock = clock
         self.new_token = new_token
@@ -67,6 +69,14 @@ class TableCore:
         self.detached = Client(0)
         """The owner of detached holds (``hl`` mode ``d``): no connection, never disconnected;
         connections are numbered from 1."""
+        self.restored = Client(-1)
+        """The owner of grants restored from the journal that were bound to a connection,
+        until a connection renews them (then they are that connection's). Closed: ``ht`` may
+        take them over, and no connection's close releases them."""
+        self.restored.closed = True
+        self.journal = journal
+        """Where grants, renewals past the recorded expiry, moves and drops are recorded
+        (``journal``), or None."""
         self.counts = Counts()
         self.in_grace = grace_s > 0
         """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
@@ -159,7 +169,9 @@ class TableCore:
         client.waiting.add(waiter)
         return waiter
 
-    def _grant(self, state: KeyState, client: Client, lease_ttl: int, now: float) -> Holder:
+    def _grant(
+        self, state: KeyState, client: Client, lease_ttl: int, now: float, note: str | None = None
+    ) -> Holder:
         try:
             if lease_ttl > self.lease_noted:
                 self._note(lease_ttl)  # before the token: a failed write grants nothing
@@ -170,6 +182,20 @@ class TableCore:
         self.counts.grants[state.is_sem] += 1
         expires_at = now + lease_ttl
         holder = Holder(token, state, client, lease_ttl, expires_at)
+        if note is not None:
+            holder.note = note
+        journal = self.journal
+        if journal is not None:
+            holder.covered = journal.grant(
+                token,
+                key=state.key,
+                limit=state.limit,
+                is_sem=state.is_sem,
+                lease_ttl=lease_ttl,
+                expires_at=expires_at,
+                detached=client is self.detached,
+                note=note,
+            )
         if state.limit == 1:
             state.one = holder
             state.earliest = expires_at
@@ -209,6 +235,8 @@ class TableCore:
 
     def _drop_holder(self, holder: Holder, now: float) -> None:
         holder.live = False
+        if self.journal is not None:
+            self.journal.drop(holder.token)
         state = holder.state
         if state.one is holder:
             state.one = None
@@ -277,8 +305,7 @@ class TableCore:
                 waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
             else:  # a hold (hl)
                 owner = self.detached if waiter.detached else waiter.client
-                holder = waiter.holder = self._grant(state, owner, waiter.lease_ttl, now)
-                holder.note = waiter.note
+                waiter.holder = self._grant(state, owner, waiter.lease_ttl, now, waiter.note)
             queue.popleft()
             waiter.active = False
             state.n_waiting -= 1

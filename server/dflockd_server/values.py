@@ -66,6 +66,18 @@ def parse_log_level(raw: str) -> str:
     return text
 
 
+def parse_fsync(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in c.JOURNAL_FSYNC_MODES:
+        raise ValueError(f"expected one of {', '.join(c.JOURNAL_FSYNC_MODES)}")
+    return text
+
+
+def check_fsync(value: str) -> str | None:
+    modes = c.JOURNAL_FSYNC_MODES
+    return None if value in modes else f"expected one of {', '.join(modes)}"
+
+
 def parse_event_loop(raw: str) -> str:
     text = raw.strip().lower()
     if text not in EVENT_LOOPS:

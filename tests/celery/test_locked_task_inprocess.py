@@ -434,9 +434,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
     def count_attempt(**_: Any) -> None:
         attempts.append(1)
         if len(attempts) == 2:  # the server comes back before the first retry
-            started.append(
-                ServerThread(Config(host="127.0.0.1", port=port, restart_grace_s=0.0)).start()
-            )
+            started.append(ServerThread(Config(host="127.0.0.1", port=port)).start())
 
     from celery.signals import task_prerun
 

@@ -48,7 +48,7 @@ class ServerSlot:
 
     def start(self) -> ServerThread:
         if self.server is None:
-            server = ServerThread(Config(host="127.0.0.1", port=self.port, restart_grace_s=0.0))
+            server = ServerThread(Config(host="127.0.0.1", port=self.port))
             server.__enter__()
             self.port = server.port
             self.server = server

@@ -189,7 +189,7 @@ def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         }
     else:
         base = rabbitmq_settings(base_queue)
-    server = ServerThread(Config(host="127.0.0.1", port=0, restart_grace_s=0.0)).start()
+    server = ServerThread(Config(host="127.0.0.1", port=0)).start()
     settings = with_server(base, server)
     log = EventLog(tmp)
     app = Celery("qonce-client", set_as_current=False)

@@ -487,6 +487,7 @@ def test_stats_shape(dflock_server: ServerThread) -> None:
             "waiters",
             "owner",
             "detached",
+            "restored",
         }
         assert entry["key"] == "k"
         assert (entry["owner"], entry["detached"]) == (None, False)

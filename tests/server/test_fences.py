@@ -36,7 +36,7 @@ def test_fences_increase_across_restart_without_state_file() -> None:
     assert first == sorted(set(first))
     assert first[0] > before_ns  # seeded from the wall clock in nanoseconds
     # Same port, new process state (no restart grace: this test is about fences).
-    second, _ = run_once(Config(host="127.0.0.1", port=port, restart_grace_s=0.0))
+    second, _ = run_once(Config(host="127.0.0.1", port=port))
     assert second[0] > first[-1]
     assert second == sorted(set(second))
 

@@ -69,6 +69,9 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
     ),
     ("--max-tls-handshakes", ("DFLOCKD_MAX_TLS_HANDSHAKES",), "max_tls_handshakes", 512),
     ("--fence-state-file", ("DFLOCKD_FENCE_STATE_FILE",), "fence_state_file", None),
+    # Not in PROTOCOL.md's table: durable leases (issue 26), the state dir and its fsync.
+    ("--state-dir", ("DFLOCKD_STATE_DIR",), "state_dir", None),
+    ("--journal-fsync", ("DFLOCKD_JOURNAL_FSYNC",), "journal_fsync", "everysec"),
     ("--log-level", ("DFLOCKD_LOG_LEVEL",), "log_level", "info"),
     # Not in PROTOCOL.md's table: which event loop runs the server.
     ("--event-loop", ("DFLOCKD_EVENT_LOOP",), "event_loop", "auto"),

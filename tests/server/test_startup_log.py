@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dflockd_server import constants
+from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess
 
 
@@ -64,9 +65,13 @@ def test_a_secret_on_the_command_line_and_fence_state_are_warned_about(
     assert "--auth-token-file or DFLOCKD_AUTH_TOKEN" in secret_warning
     assert "does not exist yet" in proc.wait_for("fence state file")
     proc.kill()
-    bare: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0")
+    bare: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", str(free_port()), "--state-dir", "none"
+    )
     bare.wait_listening()
-    assert "a clock set back" in bare.wait_for("no --fence-state-file")
+    warning = bare.wait_for("no state directory")
+    assert "a restart forgets every lock" in warning
+    assert "a clock set back" in warning
     bare.kill()
 
 

@@ -184,7 +184,5 @@ class LockServer:
 
     def restart(self) -> None:
         self.stop()
-        self.thread = ServerThread(
-            Config(host="127.0.0.1", port=self.address[1], restart_grace_s=0.0)
-        )
+        self.thread = ServerThread(Config(host="127.0.0.1", port=self.address[1]))
         self.thread.start()

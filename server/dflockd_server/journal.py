@@ -1,0 +1,524 @@
+"""The lease journal: what the server granted, so that a restart loses no lock.
+
+An append-only file in the state directory (``state``), one record per line::
+
+    <crc32 of the payload, 8 hex digits> <payload>\\n
+
+Payloads (fields separated by one space; a key and a token hold no space, a note is the rest of
+the line and may)::
+
+    H 1 <boot id> <wall ms> <monotonic ms>            the file's clock anchor (its first line)
+    G <token> <key> <limit> <sem 0|1> <lease s> <until ms> <c|d> <onclose s|-> [<note>]
+    X <token> <lease s> <until ms>                      the recorded expiry moved on
+    M <token> <c|d> <onclose s|-> <lease s> <until ms> [<note>]   rebound (ht, hd, onclose)
+    N <token> [<note>]                                  the owner note changed
+    R <token>                                           released, expired or dropped
+
+``until`` is a wall-clock time in milliseconds, on the file's clock: the anchor's wall time plus
+the monotonic time elapsed since (so a wall-clock step during the run does not move it). It is
+recorded *ahead* of the lease: a grant records its expiry plus one more lease, and a renewal
+writes nothing until its new expiry passes the recorded one (or its lease grows). So a holder
+renewing at a third of its lease costs one record per lease, not one per renewal.
+
+Restoring (``read_journal``, ``restored_leases``): every grant with no later ``R`` comes back
+with ``min(until - now, lease)`` seconds left. The real expiry lies before ``until`` (recorded
+ahead) and before the restart plus one lease (nothing renewed it while the server was down), so
+the smaller of the two is safe and no longer than needed. ``now`` is taken on the same clock as
+``until`` when the machine has not rebooted since the file was written (same boot id: monotonic
+time elapsed since the anchor, immune to wall-clock steps between the runs); after a reboot it
+is the wall clock, and a wall clock set back is still safe (the lease cap bounds it).
+
+Damage: reading stops at the first line that does not check. When that line is the last one
+(a write cut short, kill -9 of the machine mid-write) it is a torn tail: dropped, and only that
+record (never acknowledged with ``always``) is lost. Damage before the last line means records
+after it are unknown: the caller then applies a restart grace (``state``).
+
+Writes: records are appended to a buffer; ``flush`` writes it with one ``os.write`` before any
+reply leaves (``stream`` calls it), so a kill -9 of the process loses nothing a client was told.
+``fsync``: ``always`` (before the reply), ``everysec`` (a background thread, once a second:
+a crash of the machine may lose the last second), ``no`` (the OS decides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+__all__ = [
+    "FSYNC_MODES",
+    "Journal",
+    "JournalRead",
+    "JournalStats",
+    "LeaseRecord",
+    "boot_id",
+    "read_journal",
+    "restored_leases",
+]
+
+log = logging.getLogger("dflockd_server")
+
+FSYNC_MODES = ("always", "everysec", "no")
+VERSION = "1"
+_COMPACT_MIN_RECORDS = 10_000
+"""Records appended since the last compaction before one is considered (and then only when
+they outnumber the live leases twice over)."""
+
+
+def boot_id() -> str:
+    """This boot of the machine (Linux's boot id), or ``-`` where it cannot be read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            text = fh.read().strip().replace("-", "")
+    except OSError:
+        return "-"
+    return text or "-"
+
+
+def _line(payload: str) -> bytes:
+    data = payload.encode()
+    return b"%08x %s\n" % (zlib.crc32(data), data)
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    """One grant as the journal last recorded it."""
+
+    token: str
+    key: str
+    limit: int
+    is_sem: bool
+    lease_ttl: int
+    until_ms: int
+    detached: bool
+    on_close: int | None
+    note: str | None
+
+
+@dataclass(slots=True)
+class JournalRead:
+    """What ``read_journal`` found."""
+
+    leases: dict[str, LeaseRecord] = field(default_factory=lambda: {})
+    """Token -> the grants not released, in grant order."""
+    anchor: tuple[str, int, int] | None = None
+    """The file's clock anchor: boot id, wall ms, monotonic ms."""
+    records: int = 0
+    """Records read and applied."""
+    dropped_bytes: int = 0
+    """Bytes from the first damaged line to the end of the file."""
+    dropped_lines: int = 0
+    """Lines from the first damaged line on (the damaged one included)."""
+    damage: str = ""
+    """What was wrong with the first line that did not check ("" when none)."""
+    torn_tail: bool = False
+    """The damage was the file's last line only (a write cut short)."""
+
+    @property
+    def damaged_before_tail(self) -> bool:
+        return bool(self.damage) and not self.torn_tail
+
+
+def _apply(read: JournalRead, payload: str) -> str | None:
+    """Apply one checked payload; a problem description when it is malformed."""
+    kind, _, rest = payload.partition(" ")
+    leases = read.leases
+    if kind == "R":
+        leases.pop(rest, None)
+        return None
+    if kind == "G":
+        parts = rest.split(" ", 8)
+        if len(parts) < 8:
+            return "grant record with too few fields"
+        token, key, limit, sem, lease, until, mode, on_close = parts[:8]
+        leases[token] = LeaseRecord(
+            token,
+            key,
+            int(limit),
+            sem == "1",
+            int(lease),
+            int(until),
+            mode == "d",
+            None if on_close == "-" else int(on_close),
+            parts[8] if len(parts) > 8 else None,
+        )
+        return None
+    if kind == "X":
+        token, lease, until = rest.split(" ")
+        rec = leases.get(token)
+        if rec is not None:
+            rec.lease_ttl, rec.until_ms = int(lease), int(until)
+        return None
+    if kind == "M":
+        parts = rest.split(" ", 5)
+        if len(parts) < 5:
+            return "move record with too few fields"
+        rec = leases.get(parts[0])
+        if rec is not None:
+            rec.detached = parts[1] == "d"
+            rec.on_close = None if parts[2] == "-" else int(parts[2])
+            rec.lease_ttl, rec.until_ms = int(parts[3]), int(parts[4])
+            rec.note = parts[5] if len(parts) > 5 else None
+        return None
+    if kind == "N":
+        token, _, note = rest.partition(" ")
+        rec = leases.get(token)
+        if rec is not None:
+            rec.note = note or None
+        return None
+    if kind == "H":
+        parts = rest.split(" ")
+        if len(parts) != 4 or parts[0] != VERSION:
+            return f"header of an unknown journal version ({rest[:40]!r})"
+        read.anchor = (parts[1], int(parts[2]), int(parts[3]))
+        return None
+    return f"unknown record kind {kind[:8]!r}"
+
+
+def read_journal(path: str) -> JournalRead:
+    """Read the journal at ``path`` up to its first damaged line (see the module's doc).
+    Raises ``OSError`` when the file cannot be read; a missing file reads as empty."""
+    read = JournalRead()
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return read
+    pos = 0
+    size = len(data)
+    while pos < size:
+        end = data.find(b"\n", pos)
+        line = data[pos:] if end < 0 else data[pos:end]
+        problem = None
+        if end < 0:
+            problem = "a record without its end of line (a write cut short)"
+        elif len(line) < 10 or line[8:9] != b" ":
+            problem = "a line that is not a record"
+        else:
+            payload = line[9:]
+            try:
+                crc = int(line[:8], 16)
+            except ValueError:
+                crc = -1
+            if crc != zlib.crc32(payload):
+                problem = "a record whose checksum does not match"
+            else:
+                try:
+                    problem = _apply(read, payload.decode())
+                except (ValueError, UnicodeDecodeError) as exc:
+                    problem = f"a record that does not parse ({exc})"
+        if problem is not None:
+            rest = data[pos:]
+            read.damage = problem
+            read.dropped_bytes = len(rest)
+            read.dropped_lines = rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
+            read.torn_tail = read.dropped_lines == 1
+            break
+        read.records += 1
+        pos = end + 1
+    return read
+
+
+def restored_leases(
+    read: JournalRead,
+    *,
+    wall_ms: int | None = None,
+    monotonic_ms: int | None = None,
+    this_boot: str | None = None,
+) -> list[tuple[LeaseRecord, float]]:
+    """The grants of ``read`` still running now, each with its seconds left (see the module's
+    doc), in grant order. The clock arguments are for tests."""
+    wall = time.time_ns() // 1_000_000 if wall_ms is None else wall_ms
+    mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
+    boot = boot_id() if this_boot is None else this_boot
+    anchor = read.anchor
+    now = wall
+    if anchor is not None and anchor[0] != "-" and anchor[0] == boot and mono >= anchor[2]:
+        now = anchor[1] + (mono - anchor[2])  # the file's own clock: no wall-clock step
+    out: list[tuple[LeaseRecord, float]] = []
+    for rec in read.leases.values():
+        longest = max(rec.lease_ttl, rec.on_close or 0)
+        left = min((rec.until_ms - now) / 1000.0, float(longest))
+        if left > 0:
+            out.append((rec, left))
+    return out
+
+
+@dataclass(slots=True)
+class JournalStats:
+    """Running totals, read by ``stats`` and the metrics exporter."""
+
+    restored: int = 0
+    dropped_records: int = 0
+    writes: int = 0
+    fsyncs: int = 0
+    compactions: int = 0
+
+
+class Journal:
+    """Appends records (``grant``, ``extend``, ``move``, ``note``, ``drop``) for the lock
+    table, writes them at ``flush``, fsyncs by the policy, compacts. Runs on the server's
+    loop; only the everysec fsync runs in a thread of its own (``sync_in_background``).
+
+    ``clock`` is the table's clock (the loop's monotonic time): an expiry ``t`` on it is
+    recorded as the wall time ``anchor_wall + (t - anchor_clock)``.
+    """
+
+    __slots__ = (
+        "_anchor_clock",
+        "_anchor_mono_ms",
+        "_anchor_wall_ms",
+        "_clock",
+        "_fd",
+        "_fd_lock",
+        "_since_compact",
+        "_size",
+        "_syncing",
+        "buf",
+        "dirty",
+        "fsync",
+        "path",
+        "stats",
+    )
+
+    def __init__(self, path: str, fsync: str, clock: Callable[[], float]) -> None:
+        if fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
+        self.path = path
+        self.fsync = fsync
+        self._clock = clock
+        self.buf: list[bytes] = []
+        """Records not written yet (``flush`` writes them)."""
+        self.dirty = False
+        """Written since the last fsync."""
+        self.stats = JournalStats()
+        self._fd = -1
+        self._fd_lock = threading.Lock()
+        self._syncing = False
+        self._since_compact = 0
+        self._size = 0
+        self._anchor_clock = 0.0
+        self._anchor_wall_ms = 0
+        self._anchor_mono_ms = 0
+
+    # ------------------------------------------------------------------ records
+    def _until(self, expires_at: float, lease_ttl: int) -> int:
+        """The wall ms recorded for a lease ending at ``expires_at``: one lease ahead."""
+        return self._anchor_wall_ms + int((expires_at + lease_ttl - self._anchor_clock) * 1000) + 1
+
+    @staticmethod
+    def _mode(detached: bool, on_close: int | None) -> str:
+        return ("d " if detached else "c ") + ("-" if on_close is None else str(on_close))
+
+    def grant_line(
+        self,
+        token: str,
+        *,
+        key: str,
+        limit: int,
+        is_sem: bool,
+        lease_ttl: int,
+        expires_at: float,
+        detached: bool,
+        on_close: int | None,
+        note: str | None,
+    ) -> tuple[bytes, float]:
+        """A grant's record, and the expiry (on the table's clock) it covers."""
+        until = self._until(expires_at, lease_ttl)
+        payload = (
+            f"G {token} {key} {limit} {1 if is_sem else 0} {lease_ttl} {until} "
+            f"{self._mode(detached, on_close)}"
+        )
+        if note is not None:
+            payload += " " + note
+        return _line(payload), expires_at + lease_ttl
+
+    def grant(
+        self,
+        token: str,
+        *,
+        key: str,
+        limit: int,
+        is_sem: bool,
+        lease_ttl: int,
+        expires_at: float,
+        detached: bool,
+        note: str | None,
+    ) -> float:
+        """Record a grant; returns the expiry it covers (renewals up to it write nothing)."""
+        line, covered = self.grant_line(
+            token,
+            key=key,
+            limit=limit,
+            is_sem=is_sem,
+            lease_ttl=lease_ttl,
+            expires_at=expires_at,
+            detached=detached,
+            on_close=None,
+            note=note,
+        )
+        self.buf.append(line)
+        return covered
+
+    def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
+        """Record that a lease now runs to ``expires_at``; returns the expiry covered."""
+        until = self._until(expires_at, lease_ttl)
+        self.buf.append(_line(f"X {token} {lease_ttl} {until}"))
+        return expires_at + lease_ttl
+
+    def move(
+        self,
+        token: str,
+        *,
+        detached: bool,
+        on_close: int | None,
+        lease_ttl: int,
+        expires_at: float,
+        note: str | None,
+    ) -> float:
+        """Record a rebinding (``ht``, ``hd``, a detach at a close); returns the expiry
+        covered."""
+        longest = max(lease_ttl, on_close or 0)
+        until = self._until(expires_at, longest)
+        payload = f"M {token} {self._mode(detached, on_close)} {lease_ttl} {until}"
+        if note is not None:
+            payload += " " + note
+        self.buf.append(_line(payload))
+        return expires_at + longest
+
+    def note(self, token: str, note: str | None) -> None:
+        self.buf.append(_line(f"N {token}" if note is None else f"N {token} {note}"))
+
+    def drop(self, token: str) -> None:
+        self.buf.append(b"%08x R %s\n" % (zlib.crc32(b"R " + token.encode()), token.encode()))
+
+    # ------------------------------------------------------------------ file
+    def _header(self) -> bytes:
+        return _line(f"H {VERSION} {boot_id()} {self._anchor_wall_ms} {self._anchor_mono_ms}")
+
+    def open(self, live: Iterable[bytes]) -> None:
+        """Start a new file holding the header and ``live`` (grant records made with
+        ``grant_line`` after ``anchor``), replacing the old one atomically."""
+        self._replace(live)
+
+    def anchor(self) -> None:
+        """Fix the clock anchor (before making the records ``open`` takes)."""
+        self._anchor_clock = self._clock()
+        self._anchor_wall_ms = time.time_ns() // 1_000_000
+        self._anchor_mono_ms = time.monotonic_ns() // 1_000_000
+
+    def _replace(self, live: Iterable[bytes]) -> None:
+        tmp = self.path + ".new"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            data = b"".join([self._header(), *live])
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.replace(tmp, self.path)
+        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        new_fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._size = len(data)
+        with self._fd_lock:
+            old, self._fd = self._fd, new_fd
+        if old >= 0:
+            os.close(old)
+        self._since_compact = 0
+        self.dirty = False
+
+    def flush(self) -> None:
+        """Write the buffered records (one ``os.write``); with ``always``, fsync too. Called
+        before any reply leaves."""
+        buf = self.buf
+        if not buf:
+            return
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        fd = self._fd
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            # A disk full or failing: cut what part of the batch got in, so the file still
+            # ends with a whole record; the records stay buffered for the next flush.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._size)
+            raise
+        self._size += len(data)
+        self._since_compact += len(buf)
+        buf.clear()
+        self.stats.writes += 1
+        if self.fsync == "always":
+            os.fsync(fd)
+            self.stats.fsyncs += 1
+        else:
+            self.dirty = True
+
+    def sync(self) -> None:
+        """fsync what was written (any thread; ``everysec``'s background step)."""
+        with self._fd_lock:
+            fd = self._fd
+            if fd < 0:
+                return
+            self.dirty = False
+            os.fsync(fd)
+            self.stats.fsyncs += 1
+
+    def sync_in_background(self) -> None:
+        """``everysec``: fsync in a thread of its own when something was written and no fsync
+        is under way (the loop never waits for the disk)."""
+        if self.fsync != "everysec" or not self.dirty or self._syncing:
+            return
+        self._syncing = True
+
+        def run() -> None:
+            try:
+                self.sync()
+            except OSError as exc:
+                log.error("journal: fsync of %s failed: %s", self.path, exc)
+            finally:
+                self._syncing = False
+
+        threading.Thread(target=run, name="dflockd-journal-fsync", daemon=True).start()
+
+    def wants_compaction(self, live: int) -> bool:
+        """Whether the file holds mostly records of leases gone (then ``compact``)."""
+        return self._since_compact > _COMPACT_MIN_RECORDS and self._since_compact > 2 * live
+
+    def compact(self, live: Iterable[bytes]) -> None:
+        """Rewrite the file with only ``live`` (the current grants, see ``grant_line``)."""
+        self.flush()
+        self._replace(live)
+        self.stats.compactions += 1
+
+    def close(self) -> None:
+        """Write and fsync what is buffered, and close the file."""
+        try:
+            self.flush()
+            if self.fsync != "no":
+                self.sync()
+        finally:
+            with self._fd_lock:
+                fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

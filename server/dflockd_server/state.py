@@ -1,0 +1,216 @@
+"""The state directory: where a server keeps what must outlive it (its lease journal, its fence
+ceiling, the longest lease it granted), and what a start makes of it.
+
+By default each server has its own, by address: ``$XDG_STATE_HOME/dflockd/<host>-<port>``
+(``~/.local/state/dflockd/127.0.0.1-6388``), so two servers on one machine keep theirs apart,
+and a file lock (``lock``, with the pid) keeps a second server off a directory in use. A server
+on port 0 has none unless one is given: no client can hold a lease from an earlier server at a
+port chosen at random. ``--state-dir none`` turns it off.
+
+A start (``plan_start``):
+
+- restores every lease of the journal still running (``journal``), and grants free keys at once;
+- waits (a restart grace, ``grace``) only when what the previous run granted cannot be known:
+  the directory holds earlier state but no journal, the journal cannot be read, or it is
+  damaged before its last record. The grace then lasts the longest lease the previous run
+  recorded (``grace``), else ``max_lease_ttl_s``;
+- a directory with nothing in it is a first start: no grace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dflockd_server.config import Config, ConfigError
+from dflockd_server.grace import GraceDecision, decide_grace, grace_path, read_longest_lease
+from dflockd_server.journal import JournalRead, LeaseRecord, read_journal, restored_leases
+
+__all__ = [
+    "NO_STATE",
+    "StartPlan",
+    "StateDir",
+    "default_state_dir",
+    "plan_start",
+    "resolve_state_dir",
+]
+
+log = logging.getLogger("dflockd_server")
+
+NO_STATE = "none"
+"""``--state-dir none``: keep no state."""
+
+JOURNAL, FENCE, GRACE, LOCK = "journal", "fence", "grace", "lock"
+DAMAGED_SUFFIX = ".damaged"
+
+
+def default_state_dir(host: str, port: int, env: Mapping[str, str] | None = None) -> str:
+    """``$XDG_STATE_HOME/dflockd/<host>-<port>`` (``~/.local/state`` when unset)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".local", "state"
+    )
+    name = f"{host.strip('[]').replace(':', '_').replace('/', '_') or 'any'}-{port}"
+    return os.path.join(base, "dflockd", name)
+
+
+def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> str | None:
+    """The state directory a server with ``config`` uses, or None (no state)."""
+    given = config.state_dir
+    if given is not None:
+        return None if given == NO_STATE else given
+    if config.port == 0:
+        return None
+    return default_state_dir(config.host, config.port, env)
+
+
+class StateDir:
+    """An open state directory: made if missing (mode 0700), locked for this process."""
+
+    __slots__ = ("_lock_fd", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock_fd = -1
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def open(self) -> None:
+        """Make and lock the directory; `ConfigError` naming ``--state-dir`` when it cannot
+        be made, or another server uses it."""
+        where = f"--state-dir (DFLOCKD_STATE_DIR) {self.path}"
+        try:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            fd = os.open(self.file(LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ConfigError(
+                f"{where}: cannot use it ({exc}); give a directory this user can write, or "
+                "--state-dir none to keep no state (a restart then forgets every lock)"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = ""
+            with contextlib.suppress(OSError):
+                owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise ConfigError(
+                f"{where}: another dflockd (pid {owner or '?'}) is using it; two servers "
+                "cannot share a state directory: give this one its own --state-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            os.close(fd)  # releases the flock
+
+    def has_earlier_state(self) -> bool:
+        """Whether a run before this one left state here (a fence ceiling or grace record)."""
+        return any(os.path.exists(self.file(name)) for name in (FENCE, GRACE))
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """What a start does with the state it finds."""
+
+    grace: GraceDecision
+    leases: list[tuple[LeaseRecord, float]]
+    """The leases to restore, each with its seconds left."""
+    read: JournalRead | None
+    """What was read of the journal (None: no journal read)."""
+    grace_record: str | None
+    """Where the longest lease granted is kept (``grace``), or None."""
+    fence_file: str | None
+    """Where the fence ceiling is kept, or None."""
+    journal: str | None
+    """The journal's path, or None (no journal)."""
+
+
+def plan_start(config: Config, state: StateDir | None) -> StartPlan:
+    """Read the state and decide the start (see the module's doc)."""
+    if state is None:
+        record = grace_path(config.fence_state_file) if config.fence_state_file else None
+        previous = read_longest_lease(record) if record is not None else None
+        existed = config.fence_state_file is not None and os.path.exists(config.fence_state_file)
+        return StartPlan(
+            decide_grace(config, previous, existed),
+            [],
+            None,
+            record,
+            config.fence_state_file,
+            None,
+        )
+    record = state.file(GRACE)
+    fence = config.fence_state_file or state.file(FENCE)
+    journal = state.file(JOURNAL)
+    earlier = state.has_earlier_state()
+    why = ""
+    read: JournalRead | None = None
+    leases: list[tuple[LeaseRecord, float]] = []
+    try:
+        exists = os.path.exists(journal)
+        if exists:
+            read = read_journal(journal)
+    except OSError as exc:
+        why = f"the journal {journal} cannot be read ({exc})"
+    else:
+        if read is not None:
+            leases = restored_leases(read)
+            _report(journal, read)
+            if read.damaged_before_tail:
+                why = (
+                    f"the journal {journal} is damaged before its end ({read.damage}); the "
+                    "leases recorded after the damage are unknown"
+                )
+        elif earlier:
+            why = (
+                f"the state directory {state.path} holds no journal (removed, or written by "
+                "a version that kept none); what the previous run granted is unknown"
+            )
+    if config.restart_grace_s is not None:
+        grace = GraceDecision(config.restart_grace_s, "set by restart_grace_s")
+    elif why:
+        longest = read_longest_lease(record)
+        seconds = float(longest) if longest is not None else float(config.max_lease_ttl_s)
+        source = (
+            "the longest lease it recorded"
+            if longest is not None
+            else "max_lease_ttl_s (no longest lease recorded)"
+        )
+        grace = GraceDecision(seconds, f"{why}: waiting {source}")
+    elif read is not None:
+        grace = GraceDecision(0.0, f"restored {len(leases)} lease(s) from the journal")
+    else:
+        grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
+    return StartPlan(grace, leases, read, record, fence, journal)
+
+
+def _report(path: str, read: JournalRead) -> None:
+    """Log what was dropped of a damaged journal, and keep a copy of it."""
+    if not read.damage:
+        return
+    log.warning(
+        "journal: dropped %d byte(s) in %d line(s) from the first damaged record of %s (%s)%s",
+        read.dropped_bytes,
+        read.dropped_lines,
+        path,
+        read.damage,
+        "; it was the last record (a write cut short), so nothing acknowledged under "
+        "--journal-fsync always is lost"
+        if read.torn_tail
+        else "; the records after it are dropped too",
+    )
+    try:
+        with open(path, "rb") as src, open(path + DAMAGED_SUFFIX, "wb") as dst:
+            dst.write(src.read())
+        log.warning("journal: the damaged journal is kept as %s", path + DAMAGED_SUFFIX)
+    except OSError as exc:
+        log.warning("journal: could not keep a copy of the damaged journal: %s", exc)
