@@ -536,14 +536,16 @@ class LockServer:
         fence_state_file: Path | None = None,
         max_lease_s: int = MAX_LEASE_S,
         extra_args: tuple[str, ...] = (),
-        state_dir: Path | None = None,
+        state_dir: Path | str | None = None,
     ) -> None:
         self.port = port
         self.fence_state_file = fence_state_file
         self.state_dir = state_dir
-        """``--state-dir``: the lease journal's directory, kept across restarts. With one, no
-        start is given ``--restart-grace`` (a user's server on a new state dir grants at once,
-        and a restart restores the leases instead of waiting them out)."""
+        """``--state-dir``: the lease journal's directory, kept across restarts (``"none"``:
+        no journal, every restart waits out a restart grace; None: the server's default,
+        under ``$XDG_STATE_HOME``). With a directory, no start is given ``--restart-grace``
+        (a user's server on a new state dir grants at once, and a restart restores the leases
+        instead of waiting them out)."""
         self.max_lease_s = max_lease_s
         self.extra_args = extra_args
         """More flags (a cluster member's ``--cluster``, ``--advertise``)."""
@@ -582,7 +584,7 @@ class LockServer:
         ]
         if self.state_dir is not None:
             args += ["--state-dir", str(self.state_dir)]
-        elif not self.started:
+        if not self.started and self.state_dir in (None, "none"):
             # A port picked free for this run: no client holds a lease from an earlier server
             # there. Restarts on it keep the grace, as a real deployment does.
             args += ["--restart-grace", "0"]
@@ -799,7 +801,7 @@ class LockRun:
         seed: int = 0,
         max_lease_s: int = MAX_LEASE_S,
         lease_s: int = LEASE_S,
-        durable: bool = False,
+        durable: bool | None = None,
     ) -> None:
         self.directory = directory
         self.lease_s = lease_s
@@ -811,7 +813,8 @@ class LockRun:
             free_port(),
             fence_state_file=directory / "fence.state" if fence_state else None,
             max_lease_s=max_lease_s,
-            state_dir=directory / "state" if durable else None,
+            # True: a state dir of the run's own; False: none (no journal); None: the default.
+            state_dir=None if durable is None else directory / "state" if durable else "none",
         )
         self.second_server = (
             LockServer(free_port(), max_lease_s=max_lease_s) if split_brain else None
