@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from dflockd_server import constants as c
+from dflockd_server.journal import JournalStats
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -105,6 +106,8 @@ class Snapshot:
     requests: dict[str, tuple[list[int], float]]
     cluster: ClusterStats | None = None
     """A cluster member's shards, fencing, leadership and moves (None: not a cluster member)."""
+    journal: JournalStats | None = None
+    """The lease journal's totals (None: no state directory)."""
 
     @classmethod
     def take(
@@ -116,6 +119,7 @@ class Snapshot:
         connections_refused: int,
         *,
         cluster: ClusterStats | None = None,
+        journal: JournalStats | None = None,
     ) -> Snapshot:
         """Read the server's state; call on its event loop."""
         counts = table.counts
@@ -135,6 +139,7 @@ class Snapshot:
             grace_remaining_s=table.grace_remaining(),
             requests=times.copy() if times is not None else {},
             cluster=cluster,
+            journal=dataclasses.replace(journal) if journal is not None else None,
         )
 
 
@@ -265,8 +270,28 @@ class MetricsExporter:
                 yield latency
                 if snap.cluster is not None:
                     yield from _cluster_families(snap.cluster)
+                if snap.journal is not None:
+                    yield from _journal_families(snap.journal)
 
         return _Collector()
+
+
+def _journal_families(stats: JournalStats) -> Iterator[Any]:
+    """The lease journal's series (a server with a state directory)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    for name, doc, value in (
+        ("restored_leases", "Leases restored from the journal at start-up.", stats.restored),
+        (
+            "dropped_records",
+            "Journal lines dropped at start-up from the first damaged record on.",
+            stats.dropped_records,
+        ),
+        ("writes", "Writes of journal records (one per batch of replies).", stats.writes),
+        ("fsyncs", "fsyncs of the journal.", stats.fsyncs),
+        ("compactions", "Rewrites of the journal holding only the leases held.", stats.compactions),
+    ):
+        yield CounterMetricFamily(f"dflockd_journal_{name}", doc, value=value)
 
 
 def _cluster_families(stats: ClusterStats) -> Iterator[Any]:

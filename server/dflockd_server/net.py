@@ -634,6 +634,7 @@ class Server:
             self.connections_accepted,
             self.connections_refused,
             cluster=self.node.stats() if self.node is not None else None,
+            journal=self.journal.stats if self.journal is not None else None,
         )
 
     def stats(self) -> dict[str, Any]:
@@ -650,6 +651,7 @@ class Server:
                 "dropped_records": journal.stats.dropped_records,
                 "writes": journal.stats.writes,
                 "fsyncs": journal.stats.fsyncs,
+                "compactions": journal.stats.compactions,
             }
         )
         return out

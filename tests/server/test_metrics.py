@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -223,3 +224,30 @@ def test_no_cluster_series_outside_cluster_mode(
         names = {name for name, _ in scrape(url)}
         assert "dflockd_connections" in names
         assert not any(name.startswith("dflockd_cluster_") for name in names)
+
+
+def test_the_journal_counts_restored_leases_writes_and_fsyncs(
+    dflock_server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    first = dflock_server_factory(state_dir=str(tmp_path), journal_fsync="always")
+    with Wire(first.address) as a:
+        a.lock("k", lease=60)
+        first.stop()
+    url = dflock_server_factory(
+        port=first.port,
+        state_dir=str(tmp_path),
+        journal_fsync="always",
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+    ).metrics_url
+    assert url is not None
+    assert value(scrape(url), "dflockd_journal_restored_leases_total") == 1
+    assert value(scrape(url), "dflockd_journal_dropped_records_total") == 0
+    with Wire(first.address) as b:
+        b.lock("other", lease=60)
+    samples = scrape(url)
+    assert value(samples, "dflockd_journal_writes_total") >= 1
+    assert value(samples, "dflockd_journal_fsyncs_total") >= 1  # always: one per write
+    plain = dflock_server_factory(metrics_port=0, metrics_host="127.0.0.1").metrics_url
+    assert plain is not None
+    assert not [name for name, _ in scrape(plain) if name.startswith("dflockd_journal_")]
