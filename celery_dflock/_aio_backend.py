@@ -13,7 +13,8 @@ has the same names with the same meaning:
 Here each held lock is renewed by an asyncio task of its own, which dozes until the renewal is
 due. The connection's protocol hears the peer's close without a task or a system call, and wakes
 that task, which then checks the connection under the operation lock (so never while a request
-is in flight) and marks the lock lost. The renewal's request is shielded: cancelling the task
+is in flight) and reattaches the lock at once (reconnects and renews by token; lost only if
+that is refused or the lease runs out first). The renewal's request is shielded: cancelling the task
 (or a `renew` call) lets the request in flight finish, and a `release` that follows waits for it.
 """
 
@@ -83,6 +84,10 @@ class AsyncRenewalDriver:
         self._stopping = False
         conn.watch(self._connection_event)
         self._task = asyncio.create_task(self._loop(interval, first_in), name=name)
+
+    def attach(self, conn: AsyncConnection) -> None:
+        """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
+        conn.watch(self._connection_event)
 
     def unwatch(self, conn: AsyncConnection | None) -> None:
         if conn is not None:

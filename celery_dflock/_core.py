@@ -74,12 +74,22 @@ JOIN_TIMEOUT_S: Final = REPLY_GRACE_S + 1.0
 CLOSING_ERRORS: Final = frozenset({constants.STATUS_ERROR_AUTH, constants.STATUS_ERROR_DRAINING})
 """Error replies after which the connection must not be reused."""
 
+CLOSED_BY_SERVER: Final = (
+    "the server closed it: restarted, shutting down, a network cut or an idle timeout"
+)
+"""Why a held lock's connection that broke while idle went (before it reattaches)."""
+
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
 
 MAP_REFRESH_INTERVAL_S: Final = 0.2
 """A client refreshes its cached cluster map at most this often."""
 MAX_REDIRECTS: Final = 8
 """``error_moved`` replies one acquire follows before it gives up with an error."""
+REATTACH_FIRST_PAUSE_S: Final = 0.05
+REATTACH_MAX_PAUSE_S: Final = 1.0
+"""After a held lock's connection broke, each failed attempt to reattach (reconnect and renew
+by token) is followed by a pause that doubles from the first to the most, while the lease
+confirmed last still runs."""
 UNAVAILABLE_FIRST_PAUSE_S: Final = 0.05
 UNAVAILABLE_MAX_PAUSE_S: Final = 1.0
 """After ``error_unavailable`` an acquire tries again after a pause that doubles from the
@@ -349,10 +359,13 @@ QUEUED: Final = EnqueueResult("queued")
 
 @dataclass(slots=True)
 class RenewOutcome:
-    """What a renewal attempt found: ``renewed``, or ``lost_reason`` (None: nothing to do)."""
+    """What a renewal attempt found: ``renewed``; or ``reattach`` (the connection is done for,
+    the grant may still be held: renew it by token on a new connection); or ``lost_reason``
+    (None: nothing to do)."""
 
     renewed: bool
     lost_reason: str | None = None
+    reattach: bool = False
 
 
 # ------------------------------------------------------------------------------ cluster routing
@@ -490,6 +503,10 @@ class LockCore:
         self.acquire_deadline: float | None = None
         self.redirects = 0
         self.unavailable_pause = 0.0
+        # Reattaching a held lock whose connection broke: failed attempts so far, and why
+        # the connection went (None: the lock's connection is fine).
+        self.reattach_failures = 0
+        self.broken: str | None = None
 
     # ---------------------------------------------------------------- naming
     @property
@@ -914,38 +931,128 @@ class LockCore:
         raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
 
     def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
-        """Interpret the reply to ``n``/``sn``."""
+        """Interpret the reply to ``n``/``sn`` (on the pinned connection or, reattaching, on a
+        new one). ``error_draining``: the server is shutting down (to restart, it may keep the
+        lease): reattach. ``error``: the server no longer holds the grant: lost."""
         if isinstance(reply, Renewed):
             self.lease_deadline = sent_at + reply.seconds_remaining
             self.lease_latest_end = time.monotonic() + reply.seconds_remaining
+            if self.broken is not None:
+                logger.info(
+                    "dflock %s reattached to the lock server at %s (its connection had "
+                    "closed: %s); still held",
+                    self.what,
+                    self.endpoint.address,
+                    redact(self.broken),
+                )
+            self.broken = None
+            self.reattach_failures = 0
             return RenewOutcome(renewed=True)
         code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
-        if code == constants.STATUS_ERROR:
+        if code == constants.STATUS_ERROR_DRAINING:
+            return RenewOutcome(
+                renewed=False, lost_reason="the server is shutting down", reattach=True
+            )
+        if code == constants.STATUS_ERROR and self.broken is not None:
+            why = (
+                f"its connection closed ({self.broken}), and the server refused the renewal "
+                "by token on a new connection (it released the lock with the connection, or "
+                "restarted without it, or the lease had expired)"
+            )
+        elif code == constants.STATUS_ERROR:
             why = "the server refused the renewal (the lease had expired or was released)"
-        elif code == constants.STATUS_ERROR_DRAINING:
-            why = "the server is shutting down"
         else:
             why = f"the server answered {code!r} to the renewal"
         return RenewOutcome(renewed=False, lost_reason=why)
 
-    def on_release_reply(self, reply: Reply) -> bool:
+    # ---------------------------------------------------------------- reattaching
+    def connection_broke(self, detail: str) -> None:
+        """The held lock's connection closed or failed (``detail`` says how). The server may
+        still hold the grant (a restart that restored it from its journal, a connection cut
+        on the way, or without auto-release on disconnect): the lock is not lost until a
+        renewal by token on a new connection is refused or the lease runs out first."""
+        if self.broken is None:
+            self.reattach_failures = 0
+            logger.info(
+                "dflock %s: its connection to %s closed (%s); reattaching by token while the "
+                "lease runs (%.1f s left)",
+                self.what,
+                self.endpoint.address,
+                redact(detail),
+                max(0.0, self.lease_left()),
+            )
+        self.broken = detail
+
+    def lease_left(self, now: float | None = None) -> float:
+        """Seconds the lease confirmed last surely still runs (from when the last accepted
+        grant or renewal was sent; never more than the lease)."""
+        return self.lease_deadline - (time.monotonic() if now is None else now)
+
+    def reattach_endpoint(self, now: float | None = None) -> Endpoint:
+        """Where to reconnect: the lock's endpoint, its connect timeout cut to the lease left
+        (a connection made after the lease ran out could not save the lock)."""
+        left = max(MIN_RENEW_INTERVAL_S, self.lease_left(now))
+        if left >= self.endpoint.connect_timeout_s:
+            return self.endpoint
+        return replace(self.endpoint, connect_timeout_s=left)
+
+    def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
+        """An attempt to reach the server again failed (``detail``): seconds to pause before
+        the next, doubling from `REATTACH_FIRST_PAUSE_S` to `REATTACH_MAX_PAUSE_S` and never
+        past the lease; None when the lease has run out (the caller `mark_unreachable`s)."""
+        self.broken = detail
+        left = self.lease_left(now)
+        if left <= 0:
+            return None
+        pause = min(REATTACH_FIRST_PAUSE_S * 2**self.reattach_failures, REATTACH_MAX_PAUSE_S)
+        self.reattach_failures += 1
+        return min(pause, left)
+
+    def mark_unreachable(self) -> bool:
+        """The lease ran out before the server could be reached again after the lock's
+        connection broke: `mark_lost`; True the first time."""
+        return self.mark_lost(
+            f"its connection to the lock server at {self.endpoint.address} closed "
+            f"({self.broken or 'unknown cause'}), and the server could not be reached again "
+            "before the lease ran out"
+        )
+
+    def on_release_reply(self, reply: Reply, *, retried: bool = False) -> bool:
         """Interpret the reply to ``r``/``sr``: True if this release freed the lock.
 
         A refusal means the server no longer held this grant: its lease ran out while this
         process still counted on it (paused, or its renewals did not get through), or it was
         released from elsewhere. The lock was lost while held: it is marked lost here and
         stays HELD, so the caller can notify (with the fence still known) before it `reset`s.
-        A confirmed release resets at once.
+        A confirmed release resets at once. ``retried``: an earlier release of this grant was
+        sent and its connection broke before the answer came; that release may have freed
+        it, so a refusal is no proof of a loss (reset, not marked lost).
         """
         if isinstance(reply, protocol.Ok):
             self.reset()
             return True
         code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
+        if retried:
+            logger.info(
+                "dflock %s: the server no longer held it when the release was sent again "
+                "(reply %r); the first release, whose answer was lost with its connection, "
+                "may have freed it",
+                self.what,
+                code,
+            )
+            self.reset()
+            return False
         self.mark_lost(
             "the server no longer held it when it was released (the lease had run out or it "
             f"was released elsewhere; reply {code!r})"
         )
         return False
+
+    @staticmethod
+    def draining(reply: Reply) -> bool:
+        """True for ``error_draining``: the server is shutting down (a restart may keep the
+        lease); a request about a held grant is sent again on a new connection."""
+        return isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR_DRAINING
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lock is lost; True the first time (the caller then notifies)."""
@@ -956,15 +1063,6 @@ class LockCore:
             "dflock %s on %s was lost: %s", self.what, self.endpoint.address, redact(reason)
         )
         return True
-
-    def mark_connection_closed(self) -> bool:
-        """The held lock's connection was found closed by the server while no request was in
-        flight (seen at once by the shell's watch, not at the next renewal): the server
-        released the lock with it. `mark_lost`; True the first time."""
-        return self.mark_lost(
-            f"the lock server at {self.endpoint.address} closed the connection the lock was "
-            "held on (restarted, shutting down, or an idle timeout); it released the lock with it"
-        )
 
     def adopt(self, token: str) -> None:
         """Hold ``token``, granted to another object or process, so that it can be released
@@ -987,6 +1085,8 @@ class LockCore:
         self.lease_deadline = 0.0
         self.lease_latest_end = 0.0
         self.enqueued_at = None
+        self.broken = None
+        self.reattach_failures = 0
 
     # ---------------------------------------------------------------- errors
     def error_for(self, command: Command, reply: ErrorReply) -> DflockError:

@@ -5,8 +5,10 @@ Here held locks are renewed from the long-lived threads of a `Renewer`
 (`celery_dflock._renewal`): the pool's, shared by every lock that uses the pool, or, for a lock
 without a pool, one of its own whose thread exits when the lock is released. Nothing is started
 or joined per grant. The renewer's `ConnectionWatcher` polls the held connections' sockets and
-notices at once when the server closes one (plain TCP and TLS alike); the lock is then marked
-lost from the watcher's thread, never while a request is in flight on the connection.
+notices at once when the server closes one (plain TCP and TLS alike); the watcher's thread then
+drops that connection (never while a request is in flight on it) and moves the lock's renewal
+to now, and the renewal reattaches it (reconnects and renews by token; lost only if that is
+refused or the lease runs out first).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from typing import Final, Protocol, TypeVar
 
 from celery_dflock._connection import Connection
-from celery_dflock._core import JOIN_TIMEOUT_S, Endpoint, LockCore, LockState
+from celery_dflock._core import CLOSED_BY_SERVER, JOIN_TIMEOUT_S, Endpoint, LockCore, LockState
 from celery_dflock._pooling import PoolBase as SharedPoolBase
 from celery_dflock._renewal import Renewal, Renewer
 
@@ -56,7 +58,6 @@ class Renewable(Protocol):
 
     def _renew_guarded(self, scheduled: bool) -> bool | None: ...
     def _renew_once(self, scheduled: bool) -> bool | None: ...
-    def _notify_lost(self) -> None: ...
 
 
 class PoolBase(SharedPoolBase[Connection]):
@@ -88,6 +89,8 @@ class RenewalDriver:
         self._own: Renewer | None = None  # without a pool: this lock's own renewer
         self._renewal: Renewal | None = None  # the current grant's place in the schedule
         self._watched_fd: int | None = None  # the held connection's socket, watched for EOF
+        self._stopping = False  # `stop` began: the renewal is never moved to now again
+        self._guard = threading.Lock()  # `stop` and `_hurry` exchange `_renewal` under it
 
     def _renewer(self, name: str = "dflock-renew") -> Renewer:
         if self._pool is not None:
@@ -106,8 +109,23 @@ class RenewalDriver:
 
     def start(self, conn: Connection, interval: float, first_in: float, name: str) -> None:
         """Renew every ``interval`` s, the first time in ``first_in`` s (operation lock held)."""
-        self._renewal = self._renewer(name).schedule(self._due, interval, first_in)
+        with self._guard:
+            self._stopping = False
+            self._renewal = self._renewer(name).schedule(self._due, interval, first_in)
         self._watch(conn)
+
+    def attach(self, conn: Connection) -> None:
+        """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
+        self._watch(conn)
+
+    def _hurry(self) -> None:
+        """Move the next renewal to now (it reattaches the lock), unless `stop` began."""
+        with self._guard:
+            renewal = self._renewal
+            if self._stopping or renewal is None or renewal.cancelled:
+                return
+            self._renewal = self._renewer().schedule(self._due, renewal.interval, 0)
+        renewal.cancel()
 
     def _due(self, renewal: Renewal) -> bool:
         """Called by the renewer every interval; True to be called again."""
@@ -132,7 +150,9 @@ class RenewalDriver:
     def stop(self) -> None:
         """Stop renewing; wait for a renewal under way (and the on_lost it may run), except
         when called from inside it."""
-        renewal = self._renewal
+        with self._guard:
+            self._stopping = True
+            renewal = self._renewal
         if renewal is not None:
             renewal.cancel()  # no renewal starts after this
             renewal.wait(JOIN_TIMEOUT_S)
@@ -153,13 +173,13 @@ class RenewalDriver:
 
     def _connection_event(self, conn: Connection) -> bool:
         """The held connection became readable with no request of ours in flight: the server
-        closed it (and released the lock with it). Marks the lock lost at once; never
-        interrupts a request (an operation under way sees the broken connection itself, and a
-        renewal watches again once it is done). True to keep watching."""
+        closed it (or the network cut it). Drops it and moves the renewal to now, which
+        reattaches the lock (this thread never waits on the network); never interrupts a
+        request (an operation under way sees the broken connection itself, and a renewal
+        watches again once it is done). True to keep watching."""
         lock = self._lock
         if not lock._op_lock.acquire(blocking=False):  # pyright: ignore[reportPrivateUsage]
             return False
-        first = False
         try:
             core = lock._core  # pyright: ignore[reportPrivateUsage]
             if lock._conn is not conn or core.state is not LockState.HELD or core.lost:  # pyright: ignore[reportPrivateUsage]
@@ -169,12 +189,8 @@ class RenewalDriver:
             lock._conn = None  # pyright: ignore[reportPrivateUsage]
             self._watched_fd = None
             conn.close()
-            first = core.mark_connection_closed()
+            core.connection_broke(CLOSED_BY_SERVER)
+            self._hurry()
         finally:
             lock._op_lock.release()  # pyright: ignore[reportPrivateUsage]
-        if first:
-            renewal = self._renewal
-            if renewal is not None:
-                renewal.cancel()
-            lock._notify_lost()  # pyright: ignore[reportPrivateUsage]
         return False

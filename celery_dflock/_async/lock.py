@@ -6,11 +6,16 @@ in the I/O-free `celery_dflock._core.LockCore`; what each face does its own way 
 renewal thread, how a closed connection is noticed, how ``on_lost`` is called) lives in
 `celery_dflock._aio_backend` / `celery_dflock._sync_backend`.
 
-A held lock pins its connection (the server frees a connection's locks when it closes). A lock
-that cannot be renewed (refused, or its server gone) is *lost*: `lost` turns True, `lost_event`
-is set, ``on_lost(lock)`` runs once, and a warning is logged. When the server closes a held
-lock's connection (a restart, a drain, an idle timeout), the lock is marked lost at once,
-never while a request is in flight on that connection.
+A held lock pins its connection (the server frees a connection's locks when it closes, unless
+it restarts with its journal, or auto-release is off, or a hold outlives it). When that
+connection closes or breaks (a restart, a drain, a network cut, an idle timeout; noticed at
+once, never while a request is in flight on it), the lock *reattaches*: it reconnects to the
+same server and renews by token there, pausing briefly between attempts, for as long as the
+lease it last confirmed still runs; the new connection is pinned. A lock that cannot be renewed
+is *lost*: the renewal was refused (``error``: the server no longer holds it), or the lease ran
+out before the server could be reached. Then `lost` turns True, `lost_event` is set,
+``on_lost(lock)`` runs once, and a warning is logged. `release` on a broken connection likewise
+reconnects and releases by token.
 
 An interrupted request (a timeout, an exception, a cancellation) closes its connection, which is
 never reused out of step; an interrupted release closes the pinned connection, so the server
@@ -33,6 +38,7 @@ from celery_dflock._async.pool import AsyncConnectionPool
 from celery_dflock._connection import AsyncConnection
 from celery_dflock._core import (
     ACQUIRED,
+    CLOSED_BY_SERVER,
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
@@ -44,6 +50,7 @@ from celery_dflock._core import (
     Hold,
     LockCore,
     LockState,
+    RenewOutcome,
     ServerInfo,
     redact,
     whole_seconds,
@@ -388,45 +395,145 @@ class _AsyncLockBase:
 
     async def _renew_once(self, scheduled: bool) -> bool | None:
         """One renewal: True renewed, False lost now or before, None nothing to renew
-        (``scheduled``: the background renewal's, which does nothing once release began)."""
+        (``scheduled``: the background renewal's, which does nothing once release began).
+        When the held connection is found broken, or breaks during the renewal, the lock is
+        reattached (`_reattach`), not lost."""
+        core = self._core
         async with self._op_lock:
             conn = self._conn
-            if (scheduled and self._driver.cancelled) or self._core.state is not LockState.HELD:
+            if (scheduled and self._driver.cancelled) or core.state is not LockState.HELD:
                 return None
-            if self._core.lost or conn is None:
+            if core.lost:
                 return False
-            if conn.broken_while_idle():
-                # Closed by the server (which released the lock with it): lost, no request.
-                self._conn = None
-                self._driver.unwatch(conn)
-                conn.close()
-                first = self._core.mark_connection_closed()
-            else:
-                first = await self._renew_request(conn)
-                if first is None:
+            first: bool | None = None  # None: reattach
+            if conn is not None and conn.broken_while_idle():
+                self._drop_connection(conn, CLOSED_BY_SERVER)
+            elif conn is not None:
+                outcome = await self._renew_request(conn)
+                if outcome.renewed:
                     self._driver.renewed(conn)
                     return True
+                if not outcome.reattach:
+                    first = core.mark_lost(outcome.lost_reason or "renewal refused")
+        if first is None:
+            return await self._reattach(scheduled)
         if first:
             await self._notify_lost()
         return False
 
-    async def _renew_request(self, conn: AsyncConnection) -> bool | None:
-        """Send one renewal on ``conn`` (operation lock held): None renewed, else lost
-        (True the first time)."""
+    def _drop_connection(self, conn: AsyncConnection, detail: str) -> None:
+        """The held lock's connection ``conn`` broke (``detail``; operation lock held): close
+        it, stop watching it, and have the next renewal reattach."""
+        if self._conn is conn:
+            self._conn = None
+            self._driver.unwatch(conn)
+        conn.close()
+        self._core.connection_broke(detail)
+
+    async def _renew_request(self, conn: AsyncConnection) -> RenewOutcome:
+        """Send one renewal by token on ``conn`` (operation lock held). A connection that
+        breaks or drains meanwhile is dropped (the outcome says ``reattach``)."""
         command, data, timeout = self._core.renew_request()
         sent = time.monotonic()
         try:
             reply = await conn.request(command, data, timeout)
         except DflockError as exc:
-            self._conn = None  # the request closed it: the server frees its locks
-            self._driver.unwatch(conn)
-            reason = str(exc)
-        else:
-            outcome = self._core.on_renew_reply(reply, sent)
-            if outcome.renewed:
+            self._drop_connection(conn, str(exc))  # the request closed it
+            return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
+        outcome = self._core.on_renew_reply(reply, sent)
+        if outcome.reattach:
+            self._drop_connection(conn, outcome.lost_reason or "the server is shutting down")
+        return outcome
+
+    async def _reattach(self, scheduled: bool) -> bool | None:
+        """The held lock's connection broke: reconnect to its server (a pooled or a new
+        connection, with auth, TLS and ``hello`` as usual) and renew by token there, pausing
+        between attempts (outside the operation lock). True once renewed (the new connection
+        is pinned and watched); False when the renewal is refused or the lease confirmed last
+        runs out first (the lock is lost, reported as any loss); None once release began."""
+        core = self._core
+        while True:
+            wait_s: float | None = None
+            async with self._op_lock:
+                if (scheduled and self._driver.cancelled) or core.state is not LockState.HELD:
+                    return None
+                if core.lost:
+                    return False
+                if self._conn is not None:
+                    return True  # reattached meanwhile (by `renew`)
+                if core.lease_left() <= 0:
+                    first = core.mark_unreachable()
+                else:
+                    outcome = await self._reattach_once()
+                    if outcome.renewed:
+                        return True
+                    if outcome.reattach:
+                        wait_s = core.reattach_pause(outcome.lost_reason or "unreachable")
+                        first = core.mark_unreachable() if wait_s is None else False
+                    else:
+                        first = core.mark_lost(outcome.lost_reason or "renewal refused")
+            if wait_s is not None:
+                await pause(wait_s)
+                continue
+            if first:
+                await self._notify_lost()
+            return False
+
+    async def _reattach_once(self) -> RenewOutcome:
+        """One attempt of `_reattach` (operation lock held)."""
+        try:
+            conn = await self._checkout(self._core.reattach_endpoint())
+        except DflockError as exc:
+            return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
+        try:
+            outcome = await self._renew_request(conn)
+        except BaseException:
+            conn.close()
+            raise
+        if outcome.renewed:
+            self._conn = conn
+            self._driver.attach(conn)
+            self._driver.renewed(conn)
+        elif not outcome.reattach:
+            await self._checkin(conn)  # refused: the connection itself is fine
+        return outcome
+
+    async def _request_held(
+        self, conn: AsyncConnection | None, build: _Build
+    ) -> tuple[Reply, AsyncConnection, bool] | None:
+        """Send the request ``build`` makes about the held grant (a release or a hand-off by
+        token; operation lock held, renewal stopped) on ``conn``, or, when it is None or
+        breaks or the server drains, on a new connection to the lock's server, pausing
+        between attempts while the lease runs. Returns the reply, the connection it came on,
+        and whether an earlier attempt may have reached the server (its answer lost); None
+        when the lease ran out before the server answered."""
+        core = self._core
+        retried = False
+        while True:
+            detail = "unreachable"
+            if conn is None:
+                try:
+                    conn = await self._checkout(core.reattach_endpoint())
+                except DflockError as exc:
+                    detail = str(exc)
+            if conn is not None:
+                command, data, timeout = build(conn.server)
+                try:
+                    reply = await conn.request(command, data, timeout)
+                except DflockError as exc:  # the request closed the connection
+                    retried = True
+                    detail = str(exc)
+                else:
+                    if not core.draining(reply):
+                        return reply, conn, retried
+                    conn.close()
+                    detail = "the server is shutting down"
+                conn = None
+            core.connection_broke(detail)
+            wait_s = core.reattach_pause(detail)
+            if wait_s is None:
                 return None
-            reason = outcome.lost_reason or "renewal refused"
-        return self._core.mark_lost(reason)
+            await pause(wait_s)
 
     async def _notify_lost(self) -> None:
         """Report a loss: `lost_event` (and with it `lost`), then ``on_lost``."""
@@ -459,12 +566,15 @@ class _AsyncLockBase:
     async def release(self) -> bool:
         """Release the lock; True if the server confirmed it. Idempotent.
 
-        Stops the renewal first (waiting for one in flight). False when nothing was held, the
-        lock was lost, or its connection broke (the server frees a closed connection's locks
-        itself). If the server no longer held the grant (its lease ran out unnoticed, e.g.
-        while the process was paused), the lock was lost before this release: it is reported
-        as lost (`lost`, `lost_event`, ``on_lost``) first. Leaves a queue after `enqueue`. In
-        a fork child of the holder, does nothing (the parent's lock and socket are untouched).
+        Stops the renewal first (waiting for one in flight). When its connection broke, it
+        reconnects to the lock's server and releases by token there, pausing between attempts
+        while the lease runs; False (logged) if the server could not be reached before the
+        lease ran out. False when nothing was held or the lock was lost. If the server no
+        longer held the grant (its lease ran out unnoticed, e.g. while the process was paused,
+        or it was freed with a closed connection), the lock was lost before this release: it
+        is reported as lost (`lost`, `lost_event`, ``on_lost``) first. Leaves a queue after
+        `enqueue`. In a fork child of the holder, does nothing (the parent's lock and socket
+        are untouched).
         Interrupting it closes the connection, which makes the server release the lock.
         """
         if self._forked():
@@ -499,33 +609,41 @@ class _AsyncLockBase:
     async def _release_locked(self) -> bool:
         conn, self._conn = self._conn, None
         self._driver.unwatch(conn)
-        state = self._core.state
+        core = self._core
+        state = core.state
         if state is LockState.IDLE:
             return False
-        if state is LockState.ENQUEUED or conn is None or conn.closed:
-            self._core.reset()
+        if state is LockState.ENQUEUED:
+            core.reset()
             if conn is not None:
                 await conn.aclose()  # no dequeue command: closing the connection leaves the queue
             return False
-        if self._core.lost:
-            self._core.reset()
-            await self._checkin(conn)
+        if core.lost:
+            core.reset()
+            if conn is not None:
+                await self._checkin(conn)
             return False
-        command, data, timeout = self._core.release_request()
+        if conn is not None and conn.broken_while_idle():
+            conn.close()
+            core.connection_broke(CLOSED_BY_SERVER)
+            conn = None
         try:
-            reply = await conn.request(command, data, timeout)
-        except DflockError as exc:
-            self._core.reset()
-            logger.info(
-                "releasing dflock %s failed (%s); the server frees it with the connection",
-                self._core.what,
-                redact(str(exc)),
-            )
-            return False
+            sent = await self._request_held(conn, lambda _: core.release_request())
         except BaseException:
-            self._core.reset()  # interrupted: the request closed the connection
+            core.reset()  # interrupted: the request closed the connection
             raise
-        released = self._core.on_release_reply(reply)  # refused: marked lost, still HELD
+        if sent is None:
+            logger.warning(
+                "releasing dflock %s: the lock server at %s could not be reached before the "
+                "lease ran out (%s); the lease frees it",
+                core.what,
+                core.endpoint.address,
+                redact(core.broken or "unreachable"),
+            )
+            core.reset()
+            return False
+        reply, conn, retried = sent
+        released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
         await self._checkin(conn)
         return released
 
@@ -731,7 +849,8 @@ class AsyncDistributedLock(_AsyncLockBase):
         stops renewing and forgets its token (a later `release` is a no-op returning False,
         and not a loss). True when the server did. The grant is then a hold any process can
         `adopt` or release by its token. (A server without holds: a last renewal to
-        ``lease_ttl``, the grant stays bound to the connection, back in the pool.)"""
+        ``lease_ttl``, the grant stays bound to the connection, back in the pool.) When the
+        held connection broke, it reconnects and hands off by token, as `release` does."""
         lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
         if self._forked() or not self._core.locked():
             return False
@@ -740,21 +859,34 @@ class AsyncDistributedLock(_AsyncLockBase):
             core = self._core
             conn, self._conn = self._conn, None
             self._driver.unwatch(conn)
-            if core.state is not LockState.HELD or core.lost or conn is None or conn.closed:
+            if core.state is not LockState.HELD or core.lost:
                 core.reset()
                 if conn is not None:
                     await self._checkin(conn)
                 return False
-            command, data, timeout = core.hand_off_request(lease, conn.server)
+            if conn is not None and conn.broken_while_idle():
+                conn.close()
+                core.connection_broke(CLOSED_BY_SERVER)
+                conn = None
             try:
-                reply = await conn.request(command, data, timeout)
-            except DflockError:
-                core.reset()
-                return False
+                sent = await self._request_held(
+                    conn, lambda server: core.hand_off_request(lease, server)
+                )
             except BaseException:
                 core.reset()
                 raise
+            broken = core.broken
             core.reset()
+            if sent is None:
+                logger.warning(
+                    "handing off dflock %s: the lock server at %s could not be reached "
+                    "before the lease ran out (%s)",
+                    core.what,
+                    core.endpoint.address,
+                    redact(broken or "unreachable"),
+                )
+                return False
+            reply, conn, _ = sent
             await self._checkin(conn)
             return isinstance(reply, Renewed | protocol.Ok)
 
