@@ -61,6 +61,8 @@ class Hold:
     announced, if any. A client killed right after its release was answered, before it could
     record it, leaves a hold that looks killed but was released: nothing proves it valid past
     this moment."""
+    reported_lost: bool = False
+    """The client was told that it lost the lock (its lost event was set by the end)."""
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

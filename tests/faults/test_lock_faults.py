@@ -12,6 +12,7 @@ counter, so the victim is always inside its critical section and always tries a 
 
 from __future__ import annotations
 
+import dataclasses
 import select
 import signal
 import socket
@@ -26,6 +27,7 @@ from tests.faults.conftest import FaultReport, FaultRow, scaled
 from tests.faults.history import CheckResult, Cut, Hold
 from tests.faults.workload import (
     EVENT_TIMEOUT_S,
+    HEALTHY,
     LEASE_S,
     LONG_HOLD_S,
     POLL_S,
@@ -257,7 +259,9 @@ def test_server_sigkill_and_restart(
         # As if an earlier life of the server had run with a clock 11 days fast: only the
         # state file now keeps new fences above the ones it handed out.
         (tmp_path / "fence.state").write_text(f"{future}\n")
-    with LockRun(tmp_path, fence_state=state_file, seed=4) as run:
+    # No lease journal (--state-dir none): each restart waits out its grace, and only the
+    # wall clock or the fence state file keeps the fences rising.
+    with LockRun(tmp_path, fence_state=state_file, seed=4, durable=False) as run:
         run.wait_grants(50, RUN_TIMEOUT_S)
         for _ in range(restarts):
             run.kill_server()
@@ -487,3 +491,119 @@ def test_fault_proxy_controls(dflock_server: ServerThread) -> None:
             timeout=EVENT_TIMEOUT_S,
             what="server close",
         )
+
+
+# ---------------------------------------------------------------------------- durable leases
+
+DURABLE_LEASE_S = 4
+"""The workload's lease in the restart-in-place runs: a holder renews every 2 s, so its lease
+still runs when a server stopped with SIGTERM (a 1 s drain) is listening again."""
+DURABLE_HOLD_S = 5.0
+"""The aimed holder's hold: past the stop and the restart, and past a renewal on the new
+server."""
+
+
+@dataclasses.dataclass
+class AcrossRestarts:
+    """The holds granted before a server stop and not released by that server."""
+
+    kept: list[Hold]
+    """Released by the restarted server (the lock outlived the restart)."""
+    reported: list[Hold]
+    """Not released, and the client was told its lock was lost."""
+    silent: list[Hold]
+    """Not released, and the client was never told: a loss nobody heard of."""
+    unknown: list[Hold]
+    """The client was killed before it said how its hold ended (stuck at the end of a run)."""
+
+
+def across_restarts(result: RunResult) -> AcrossRestarts:
+    """Classify each hold that a server stop caught: granted before the stop (``Cut.t``), and
+    not confirmed released before the old server was gone (``Cut.end``)."""
+    stops = sorted((c for c in result.cuts if c.client is None), key=lambda c: c.t)
+    out = AcrossRestarts([], [], [], [])
+    for hold in result.holds:
+        if hold.granted_t is None or hold.client == HEALTHY:
+            continue
+        caught = [
+            c
+            for c in stops
+            if hold.granted_t < c.t
+            and not (hold.release_ok and hold.released_t is not None and hold.released_t < c.end)
+        ]
+        if not caught:
+            continue
+        if hold.outcome == "killed":
+            out.unknown.append(hold)
+        elif hold.release_ok:
+            out.kept.append(hold)
+        elif hold.reported_lost:
+            out.reported.append(hold)
+        else:
+            out.silent.append(hold)
+    return out
+
+
+@pytest.mark.parametrize("stop", ["sigkill", "sigterm"])
+def test_server_restart_in_place_keeps_its_leases(
+    tmp_path: Path, fault_report: FaultReport, stop: str
+) -> None:
+    """Issue 26, acceptance 2: the server is stopped (SIGKILL, or SIGTERM and its drain) and
+    started again on its port with its state dir, as a user starts it (no --restart-grace).
+    Each time, one worker is inside a hold that outlasts the restart. No double grant, fences
+    rising across the restarts, every hold the stop caught either kept (released by the new
+    server) or reported lost to its client, and the aimed holds kept."""
+    restarts = scaled(1, 8)
+    aimed: list[int] = []
+    with LockRun(
+        tmp_path,
+        seed=8,
+        durable=True,
+        lease_s=DURABLE_LEASE_S,
+        max_lease_s=DURABLE_LEASE_S,
+    ) as run:
+        state_dir = run.server.state_dir
+        assert isinstance(state_dir, Path)
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(restarts):
+            _, fence = long_hold(run.pick(), DURABLE_HOLD_S)
+            aimed.append(fence)
+            if stop == "sigkill":
+                run.kill_server()
+            else:
+                run.terminate_server()
+            run.server.start()  # same port, same state dir, same flags
+            assert run.server.proc is not None
+            assert not any("restart grace: granting" in line for line in run.server.proc.lines), (
+                run.server.proc.lines
+            )
+            assert any("journal: restored" in line for line in run.server.proc.lines), (
+                run.server.proc.lines
+            )
+            run.settle(DURABLE_HOLD_S + EVENT_TIMEOUT_S)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    assert (state_dir / "journal").is_file()
+    check = checked(result)
+    epochs = fences_by_epoch(result)
+    assert len(epochs) == restarts
+    for before, after in epochs:
+        assert before and after
+        assert min(after) > max(before)
+    caught = across_restarts(result)
+    assert not caught.silent, f"holds lost without a word to their client: {caught.silent}"
+    by_fence = {h.fence: h for h in result.holds if h.fence is not None}
+    not_kept = [by_fence[f] for f in aimed if by_fence[f] not in caught.kept]
+    assert not not_kept, f"holds that outlasted a restart were not kept: {not_kept}"
+    name = "SIGKILL" if stop == "sigkill" else "SIGTERM"
+    report(
+        fault_report,
+        f"server {name} and restart in place, durable leases (state dir, no grace flag)",
+        result,
+        check,
+        f"{len(caught.kept) + len(caught.reported) + len(caught.silent)} holds caught by the "
+        f"stops: {len(caught.kept)} kept (released by the restarted server; the {len(aimed)} "
+        f"aimed {DURABLE_HOLD_S:.0f} s holds among them), {len(caught.reported)} reported lost, "
+        f"{len(caught.silent)} lost silently; lease {DURABLE_LEASE_S} s; every fence after a "
+        "restart above every earlier one; recovery: stop to the first grant after restart",
+    )

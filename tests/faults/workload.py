@@ -407,6 +407,7 @@ def run_worker(cfg: WorkerConfig) -> None:
             rel=release_sent,
             rel_ok=released,
             done=now(),
+            told=lock.lost_event.is_set(),
         )
         if cfg.pace_s:
             stopping.wait(cfg.pace_s)
@@ -493,6 +494,7 @@ def _hold(client: str, grant: dict[str, Any], end: dict[str, Any] | None) -> Hol
         outcome="killed" if end is None else end["outcome"],
         released_t=None if end is None else end["rel"],
         release_ok=False if end is None else end["rel_ok"],
+        reported_lost=False if end is None else end.get("told", False),
     )
 
 
@@ -534,9 +536,16 @@ class LockServer:
         fence_state_file: Path | None = None,
         max_lease_s: int = MAX_LEASE_S,
         extra_args: tuple[str, ...] = (),
+        state_dir: Path | str | None = None,
     ) -> None:
         self.port = port
         self.fence_state_file = fence_state_file
+        self.state_dir = state_dir
+        """``--state-dir``: the lease journal's directory, kept across restarts (``"none"``:
+        no journal, every restart waits out a restart grace; None: the server's default,
+        under ``$XDG_STATE_HOME``). With a directory, no start is given ``--restart-grace``
+        (a user's server on a new state dir grants at once, and a restart restores the leases
+        instead of waiting them out)."""
         self.max_lease_s = max_lease_s
         self.extra_args = extra_args
         """More flags (a cluster member's ``--cluster``, ``--advertise``)."""
@@ -573,7 +582,9 @@ class LockServer:
             "--max-lease-ttl",
             str(self.max_lease_s),
         ]
-        if not self.started:
+        if self.state_dir is not None:
+            args += ["--state-dir", str(self.state_dir)]
+        if not self.started and self.state_dir in (None, "none"):
             # A port picked free for this run: no client holds a lease from an earlier server
             # there. Restarts on it keep the grace, as a real deployment does.
             args += ["--restart-grace", "0"]
@@ -588,6 +599,16 @@ class LockServer:
     def kill(self) -> None:
         """SIGKILL (no goodbye to anyone) and reap."""
         assert self.proc is not None
+        self.proc.kill()
+        self.proc = None
+
+    def terminate(self) -> None:
+        """SIGTERM, as a service manager stops it, and wait until it has exited (it drains
+        for ``--shutdown-timeout``)."""
+        assert self.proc is not None
+        self.proc.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait_exit(STOP_TIMEOUT_S)
+        assert code == 0, (code, self.proc.lines[-20:])
         self.proc.kill()
         self.proc = None
 
@@ -779,8 +800,11 @@ class LockRun:
         split_brain: bool = False,
         seed: int = 0,
         max_lease_s: int = MAX_LEASE_S,
+        lease_s: int = LEASE_S,
+        durable: bool | None = None,
     ) -> None:
         self.directory = directory
+        self.lease_s = lease_s
         self.keys = list(keys)
         self.fenced = fenced
         self.proxied = proxied
@@ -789,6 +813,8 @@ class LockRun:
             free_port(),
             fence_state_file=directory / "fence.state" if fence_state else None,
             max_lease_s=max_lease_s,
+            # True: a state dir of the run's own; False: none (no journal); None: the default.
+            state_dir=None if durable is None else directory / "state" if durable else "none",
         )
         self.second_server = (
             LockServer(free_port(), max_lease_s=max_lease_s) if split_brain else None
@@ -864,6 +890,7 @@ class LockRun:
                 db=str(self.db_path),
                 fenced=self.fenced,
                 two_phase=two_phase,
+                lease_s=self.lease_s,
                 seed=self.rng.randrange(2**31),
             )
         )
@@ -940,6 +967,13 @@ class LockRun:
         self.server.kill()
         self.cuts.append(Cut(t, None, done_t=now()))
         self.injections.append(Injection("server SIGKILL", t))
+
+    def terminate_server(self) -> None:
+        """SIGTERM the server and wait for it to exit (a cut whose ``done_t`` is its exit)."""
+        t = now()
+        self.server.terminate()
+        self.cuts.append(Cut(t, None, done_t=now()))
+        self.injections.append(Injection("server SIGTERM", t))
 
     def cut_connections(self, worker: Worker, *, rst: bool, key: str | None = None) -> int:
         """Drop or reset every connection of ``worker`` at its proxy."""

@@ -59,12 +59,24 @@ def run_dflockd(
 
 
 class DflockdProcess:
-    """A ``dflockd`` subprocess whose stderr lines are collected by a reader thread."""
+    """A ``dflockd`` subprocess whose stderr lines are collected by a reader thread.
 
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+    ``env`` is added to this process's environment without its DFLOCKD_* variables; with
+    ``inherit_env=False`` it is the whole environment (a user's shell, say). ``cwd``: the
+    directory it starts in (default: this process's)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        inherit_env: bool = True,
+        cwd: Path | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
             [dflockd_executable(), *args],
-            env=clean_env(env),
+            env=clean_env(env) if inherit_env else env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
