@@ -32,6 +32,7 @@ from celery_dflock.config import DflockConfig, get_config
 from celery_dflock.errors import DflockError
 
 __all__ = [
+    "RESTORED_MARK",
     "ServerReport",
     "collect",
     "collect_shards",
@@ -103,6 +104,10 @@ class ServerReport:
             "unsupported": self.lacks,
         }
 
+
+RESTORED_MARK: Final = "restored, not yet reattached"
+"""`format_locks`' note on a lease the server restored from its journal that no connection
+has renewed since (its holder has not reconnected yet)."""
 
 _REPORTED_FEATURES: Final = (FEATURE_HELLO, FEATURE_STATS, FEATURE_PING, FEATURE_FENCE)
 _LACKING: Final = {
@@ -194,8 +199,43 @@ def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _durability(address: str, stats: dict[str, Any]) -> list[str]:
+    """What a server says of its restart grace and its journal, one line each; a field it
+    does not send (an older or foreign server) is not shown."""
+    lines: list[str] = []
+    grace = _number(stats.get("grace_remaining_s"))
+    if grace is not None and grace > 0:
+        reason = stats.get("grace_reason")
+        why = f" ({reason})" if isinstance(reason, str) and reason else ""
+        lines.append(f"{address}: restart grace, {grace:.1f} s left, no key granted{why}")
+    if "journal" not in stats:
+        return lines
+    journal: Any = stats["journal"]
+    if journal is None:
+        lines.append(f"{address}: journal off")
+        return lines
+    if not isinstance(journal, dict):
+        return lines
+    journal = cast(dict[str, Any], journal)
+    parts = [f"state dir {journal['state_dir']}"] if "state_dir" in journal else []
+    if "fsync" in journal:
+        parts.append(f"fsync {journal['fsync']}")
+    if (restored := _number(journal.get("restored"))) is not None:
+        parts.append(f"{restored:.0f} lease(s) restored")
+    if (dropped := _number(journal.get("dropped_records"))) is not None:
+        parts.append(f"{dropped:.0f} record(s) dropped")
+    lines.append(f"{address}: journal on" + (f": {', '.join(parts)}" if parts else ""))
+    return lines
+
+
 def format_status(reports: Sequence[ServerReport]) -> str:
-    """One row per server: reachable, connections, held locks, semaphores, waiters."""
+    """One row per server: reachable, connections, held locks, semaphores, waiters; then per
+    server that says so, its restart grace (seconds left and why) and its journal (state dir,
+    fsync, leases restored, records dropped) or "journal off"."""
     rows: list[list[str]] = []
     for rep in reports:
         if not rep.reachable:
@@ -219,14 +259,20 @@ def format_status(reports: Sequence[ServerReport]) -> str:
             ]
         )
     header = ["server", "reachable", "connections", "locks", "semaphores", "waiters", "note"]
-    return "\n".join(_table(header, rows))
+    lines = _table(header, rows)
+    for rep in reports:
+        if rep.stats is not None:
+            lines += _durability(rep.address, rep.stats)
+    return "\n".join(lines)
 
 
 def format_locks(reports: Sequence[ServerReport]) -> str:
     """One row per held lock or semaphore: key, kind, lease left, holders, waiters, and the
     task holding a lock (its id; the worker's host while it runs, "queued" while its message
-    waits under a publish-time hold)."""
+    waits under a publish-time hold). A lock restored from the server's journal that no
+    connection has renewed since is marked so in a last column (shown only then)."""
     rows: list[list[str]] = []
+    restored = False
     for rep in reports:
         if rep.stats is None:
             continue
@@ -244,8 +290,10 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     str(lock.get("waiters", 0)),
                     held["holder_task_id"] or "-",
                     host,
+                    RESTORED_MARK if lock.get("restored") is True else "",
                 ]
             )
+            restored = restored or lock.get("restored") is True
         for sem in _items(rep.stats, "semaphores"):
             rows.append(
                 [
@@ -257,10 +305,15 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     str(sem.get("waiters", 0)),
                     "-",
                     "-",
+                    "",
                 ]
             )
     if rows:
         header = ["server", "key", "kind", "lease left", "holders", "waiters", "task", "host"]
+        if restored:
+            header.append("note")
+        else:
+            rows = [row[:-1] for row in rows]
         lines = _table(header, rows)
     elif all(rep.stats is not None for rep in reports):
         lines = ["no locks held"]
@@ -301,7 +354,8 @@ def dflock() -> None:
 @_JSON
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Per server: reachable or not, connections, held locks and waiters."""
+    """Per server: reachable or not, connections, held locks and waiters, restart grace and
+    journal."""
     _run(ctx, as_json, format_status)
 
 

@@ -66,6 +66,42 @@ def _argv(command: list[str], hosts: Hosts, tmp: Path) -> list[str]:
     raise AssertionError(f"unexpected command in a compose file: {command}")
 
 
+STATE_DIR = "/var/lib/dflockd"
+"""The image's state dir (DFLOCKD_STATE_DIR in server/Dockerfile)."""
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.cluster.yml"])
+def test_every_dflockd_service_keeps_its_state_dir_on_a_named_volume_of_its_own(
+    name: str,
+) -> None:
+    compose = _compose(name)
+    servers = {
+        service_name: service
+        for service_name, service in compose["services"].items()
+        if service.get("build", {}).get("context") == "server"
+    }
+    assert servers, f"{name}: no dflockd service"
+    volumes: list[str] = []
+    for service_name, service in servers.items():
+        assert service["environment"]["DFLOCKD_STATE_DIR"] == STATE_DIR, service_name
+        mounted = [
+            str(v).split(":")[0] for v in service.get("volumes", []) if f":{STATE_DIR}" in str(v)
+        ]
+        assert len(mounted) == 1, f"{name}: {service_name} mounts nothing at {STATE_DIR}"
+        assert mounted[0] in compose["volumes"], f"{name}: {mounted[0]} is not a named volume"
+        volumes += mounted
+    # Two servers on one state dir: the second refuses to start.
+    assert len(volumes) == len(set(volumes)), f"{name}: dflockd services share a volume"
+
+
+def test_the_image_declares_its_state_dir_a_volume_its_user_owns() -> None:
+    dockerfile = (ROOT / "server" / "Dockerfile").read_text()
+    assert f"DFLOCKD_STATE_DIR={STATE_DIR}" in dockerfile
+    assert f'VOLUME ["{STATE_DIR}"]' in dockerfile
+    assert f"chown dflockd {STATE_DIR}" in dockerfile
+    assert "USER dflockd" in dockerfile
+
+
 class Topology:
     """The compose services started as processes, each with its log file."""
 
@@ -118,6 +154,8 @@ def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: P
     assert 'ENTRYPOINT ["dflockd"]' in (ROOT / "server" / "Dockerfile").read_text()
     server_env = {**_env(dflockd, hosts, tmp_path), "DFLOCKD_PORT": str(port)}
     server_env["DFLOCKD_HOST"] = "127.0.0.1"  # a container binds 0.0.0.0; here only loopback
+    assert server_env["DFLOCKD_STATE_DIR"] == STATE_DIR
+    server_env["DFLOCKD_STATE_DIR"] = str(tmp_path / "dflockd-state")  # its named volume
     assert dflockd["environment"]["DFLOCKD_METRICS_PORT"] == "9388"
     metrics_port = free_port()
     server_env["DFLOCKD_METRICS_PORT"] = str(metrics_port)
@@ -213,8 +251,9 @@ def test_the_cluster_compose_topology_works_as_processes(
             "DFLOCKD_HOST": "127.0.0.1",  # a container binds 0.0.0.0; here only loopback
             "DFLOCKD_PORT": hosts[f"{name}:6388"].rsplit(":", 1)[1],
             "DFLOCKD_METRICS_PORT": str(free_port()),
-            "DFLOCKD_FENCE_STATE_FILE": str(state / "fence"),  # a volume per member
         }
+        assert env["DFLOCKD_STATE_DIR"] == STATE_DIR
+        env["DFLOCKD_STATE_DIR"] = str(state)  # a volume per member
         assert env["DFLOCKD_ADVERTISE"] == hosts[f"{name}:6388"]
         topology.start(name, [str(Path(sys.executable).parent / "dflockd")], env)
         checks.append((name, _argv(service["healthcheck"]["test"][1:], hosts, tmp_path), env))

@@ -87,6 +87,38 @@ def test_the_manifests_fit_the_server_and_each_other() -> None:
     assert servers == {f"dflockd:{port}"}
 
 
+STATE_DIR = "/var/lib/dflockd"
+"""Where the image keeps its state (DFLOCKD_STATE_DIR in server/Dockerfile)."""
+
+
+def _pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+
+
+def test_every_dflockd_container_keeps_its_state_dir_on_a_persistent_volume() -> None:
+    workloads = [d for d in _documents() if d["kind"] in {"StatefulSet", "Deployment", "Pod"}]
+    servers = [
+        (doc, container)
+        for doc in workloads
+        for container in _pod_spec(doc)["containers"]
+        if container["image"].startswith("dflockd-server:")
+    ]
+    assert servers, "no dflockd container in deploy/kubernetes"
+    for doc, container in servers:
+        where = f"{doc['kind']}/{doc['metadata']['name']}/{container['name']}"
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env.get("DFLOCKD_STATE_DIR") == STATE_DIR, where
+        mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+        assert STATE_DIR in mounts, f"{where}: nothing mounted at {STATE_DIR}"
+        volume = mounts[STATE_DIR]
+        if doc["kind"] == "StatefulSet":
+            claims = {c["metadata"]["name"] for c in doc["spec"].get("volumeClaimTemplates", [])}
+            assert volume in claims, f"{where}: {volume} is not a volumeClaimTemplate"
+        else:  # an emptyDir would be a lost disk at every new pod
+            source = next(v for v in _pod_spec(doc).get("volumes", []) if v["name"] == volume)
+            assert "persistentVolumeClaim" in source, f"{where}: {volume} is not persistent"
+
+
 def _promtool() -> str | None:
     path = shutil.which("promtool")
     in_ci = os.environ.get("CI") == "true" or os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1"

@@ -130,9 +130,9 @@ class Host(Protocol):
         swapped ownership counts from the next request."""
         ...
 
-    @property
-    def renewals_ok(self) -> bool:
-        """False while renewals are refused (a fenced cluster member)."""
+    def may_hold(self, key: str) -> bool:
+        """False while a grant on ``key`` may not be renewed, taken over or handed down here (a
+        fenced cluster member, or one that is not the key's shard's current member)."""
         ...
 
     def shards_reply(self) -> bytes:
@@ -295,7 +295,7 @@ class Session:
             return self._too_long(lease)
         if on_close is not None and on_close > self.max_lease:
             return self._too_long(on_close)
-        if not self.host.renewals_ok:
+        if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
         try:
             taken = self.table.take(
@@ -314,7 +314,7 @@ class Session:
             return p.REPLY_ERROR
         if req.lease > self.max_lease:
             return self._too_long(req.lease)
-        if not self.host.renewals_ok:
+        if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
         try:
             done = self.table.hand_down(req.key, req.token, req.lease)
@@ -349,8 +349,8 @@ class Session:
         name, token, lease = quick
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
-        if not self.host.renewals_ok:
-            return p.REPLY_ERROR  # a fenced cluster member: its holders must see the loss
+        if not self.host.may_hold(name):
+            return p.REPLY_ERROR  # a fenced member, or not its shard: the holder sees the loss
         try:
             remaining = self.table.renew(name, token, lease or self.default_lease, self.client)
         except _REFUSALS as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dflockd_server.config import Config
@@ -112,16 +113,26 @@ class LeaseRecord:
     ``note(lease)`` is called before a lease longer than ``longest`` is granted; it raises the
     record (doubling, capped at ``max_lease_ttl_s``, so a run writes it only a few times) and
     returns the new bound. A failed write raises ``FenceStateError``: the lease is not granted.
+    ``publish`` (a cluster member's) stores each bound where its heirs read it, after the file.
     """
 
-    __slots__ = ("_cap", "_path", "longest")
+    __slots__ = ("_cap", "_path", "_publish", "longest")
 
-    def __init__(self, path: str | None, initial: float, cap: int) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        initial: float,
+        cap: int,
+        publish: Callable[[int], None] | None = None,
+    ) -> None:
         self._path = path
         self._cap = cap
+        self._publish = publish
         self.longest = math.ceil(initial) if initial > 0 else 0  # may exceed a lowered cap
         if path is not None:
             write_longest_lease(path, self.longest)
+        if publish is not None:
+            publish(self.longest)
 
     def note(self, lease_ttl: int) -> int:
         if lease_ttl <= self.longest:
@@ -130,5 +141,7 @@ class LeaseRecord:
         longest = max(longest, lease_ttl)
         if self._path is not None:
             write_longest_lease(self._path, longest)
+        if self._publish is not None:
+            self._publish(longest)
         self.longest = longest
         return longest

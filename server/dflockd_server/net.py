@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dflockd_server import constants as c
 from dflockd_server import protocol as p
-from dflockd_server.cluster.shardmap import shard_id
+from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
 from dflockd_server.fence import FenceCounter, FenceStateError, fence_of
@@ -89,8 +89,9 @@ class Server:
         self.key_check: Callable[[str], bytes | None] | None = None
         """``ownership.check``, or None when every key is served (the acquire's fast path)."""
         self._renewals_allowed = True
-        self._may_renew: Callable[[], bool] | None = None
-        """The ownership's ``may_renew`` (None: always), asked at each renewal."""
+        self._may_hold: Callable[[str], bool] | None = None
+        """The ownership's ``may_hold`` (None: always), asked before a held grant is renewed,
+        taken over or handed down."""
         self.node: ClusterNode | None = None
         """A cluster member's node (``--cluster``), else None."""
         self.secret: bytes | None = None
@@ -242,8 +243,15 @@ class Server:
             self.fence = node.fence
         else:
             self.fence = FenceCounter(plan.fence_file)
-        # Recorded before serving: a start killed during its grace leaves the same bound.
-        self.lease_record = LeaseRecord(plan.grace_record, grace.seconds, cfg.max_lease_ttl_s)
+        # Recorded (and a cluster member's published) before serving: a start killed during
+        # its grace leaves the same bound, and the leases it restores are covered.
+        restored = max((max(r.lease_ttl, r.on_close or 0) for r, _ in plan.leases), default=0)
+        self.lease_record = LeaseRecord(
+            plan.grace_record,
+            max(grace.seconds, restored),
+            cfg.max_lease_ttl_s,
+            publish=self.node.publish_longest if self.node is not None else None,
+        )
         self._table = table = LockTable(
             clock=loop.time,
             new_token=self.fence.next_token,
@@ -313,7 +321,6 @@ class Server:
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
         restored = 0
         highest = 0
-        longest = 0
         for rec, left in plan.leases:
             holder = table.restore(
                 key=rec.key,
@@ -333,11 +340,8 @@ class Server:
                 continue
             restored += 1
             highest = max(highest, fence_of(rec.token))
-            longest = max(longest, rec.lease_ttl, rec.on_close or 0)
         if highest:
             self.fence.raise_to(highest)
-        if longest > table.lease_noted:
-            table.lease_noted = self.lease_record.note(longest)
         journal.anchor()
         journal.open(self._live_records(journal, table))
         journal.stats.restored = restored
@@ -481,15 +485,17 @@ class Server:
         single = isinstance(ownership, SingleOwnership)
         self.ownership = ownership
         self.key_check = None if single else ownership.check
-        self._may_renew = None if single else ownership.may_renew
+        self._may_hold = None if single else ownership.may_hold
+        if self._table is not None:
+            self._table.grant_check = self.key_check
 
-    @property
-    def renewals_ok(self) -> bool:
-        """Whether ``n`` / ``sn`` are served: ``renewals_allowed`` and the ownership's
-        ``may_renew`` (asked each time: a cluster member's turns False by itself once its etcd
-        lease can no longer be shown alive)."""
-        may_renew = self._may_renew
-        return self._renewals_allowed and (may_renew is None or may_renew())
+    def may_hold(self, key: str) -> bool:
+        """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or
+        handed down (``hd``) now: ``renewals_allowed`` and the ownership's ``may_hold`` (asked
+        each time: a cluster member's turns False by itself once its etcd lease can no longer
+        be shown alive, or the key's shard is no longer its own)."""
+        may_hold = self._may_hold
+        return self._renewals_allowed and (may_hold is None or may_hold(key))
 
     def shards_reply(self) -> bytes:
         """The ``shards`` reply: the current ownership described."""
@@ -531,10 +537,12 @@ class Server:
         return self._on_loop(lambda: self._held_shards() & wanted)
 
     def _held_shards(self) -> set[int]:
-        """The shards with a key held now (on the loop)."""
+        """The shards with a key held now (on the loop). Before the table is made (the leases
+        of a previous run not restored yet) and during a restart grace (what the previous run
+        granted is unknown), every shard counts as held: nothing is handed over blind."""
         table = self._table
-        if table is None:
-            return set()
+        if table is None or table.grace_remaining() > 0:
+            return set(range(SHARD_COUNT))
         return {shard_id(key) for key, state in table.keys.items() if state.n_held}
 
     def _on_loop(self, fn: Callable[[], T]) -> T:

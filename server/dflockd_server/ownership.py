@@ -37,8 +37,10 @@ class Ownership(Protocol):
         """None: serve it. Else the whole reply line to send instead (bytes ending in \\n)."""
         ...
 
-    def may_renew(self) -> bool:
-        """False while a cluster member is fenced (lost etcd)."""
+    def may_hold(self, key: str) -> bool:
+        """Whether a grant on ``key`` may be renewed, taken over or handed down here now: a
+        cluster member only while it can show its etcd lease alive and is the key's shard's
+        current member."""
         ...
 
     def describe(self) -> dict[str, object]:
@@ -54,7 +56,7 @@ class SingleOwnership:
     def check(self, key: str) -> bytes | None:
         return None
 
-    def may_renew(self) -> bool:
+    def may_hold(self, key: str) -> bool:
         return True
 
     def describe(self) -> dict[str, object]:
@@ -91,7 +93,7 @@ class StaticOwnership:
         index = zlib.crc32(key.encode()) % self._count
         return None if index == self._index else self._moved[index]
 
-    def may_renew(self) -> bool:
+    def may_hold(self, key: str) -> bool:
         return True
 
     def describe(self) -> dict[str, object]:

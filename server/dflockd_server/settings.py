@@ -264,7 +264,7 @@ SETTINGS: tuple[Setting, ...] = (
         parse_str,
         check_nothing,
         "directory for the lease journal and the fence ceiling, so a restart loses no lock; "
-        "default $XDG_STATE_HOME/dflockd/<host>-<port> (~/.local/state/...), none on port 0; "
+        "default `$XDG_STATE_HOME/dflockd/HOST-PORT` (`~/.local/state/...`), none on port 0; "
         "`none` keeps no state (a restart on a fixed port then grants nothing for "
         "--max-lease-ttl)",
         "DIR",

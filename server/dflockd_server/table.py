@@ -213,7 +213,7 @@ class LockTable(TableCore):
             self._check_client_locks(client, key, None)
         longest = max(lease_ttl, on_close or 0)
         if longest > self.lease_noted:
-            self._note(longest)  # the close's lease too: a disconnect must not fail
+            self._note(longest, key)  # the close's lease too: a disconnect must not fail
         holder.note = note
         taken = self._move(holder, client, lease_ttl, self.clock(), on_close)
         if on_close is not None:
@@ -234,7 +234,7 @@ class LockTable(TableCore):
         if holder is None or holder.state.one is not holder:
             return False
         if lease_ttl > self.lease_noted:
-            self._note(lease_ttl)
+            self._note(lease_ttl, key)
         if holder.client is self.detached:
             return self.renew(key, token, lease_ttl) is not None
         self._move(holder, self.detached, lease_ttl, self.clock())
@@ -409,7 +409,7 @@ class LockTable(TableCore):
         if holder is None:
             return None
         if lease_ttl > self.lease_noted:
-            self._note(lease_ttl)
+            self._note(lease_ttl, key)
         if holder.client is self.restored and client is not None:
             self._reattach(holder, client, lease_ttl, now)
             return lease_ttl

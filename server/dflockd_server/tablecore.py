@@ -11,6 +11,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from dflockd_server.fence import FenceStateError
 from dflockd_server.journal import Journal
 from dflockd_server.keys import (
     Client,
@@ -75,6 +76,10 @@ class TableCore:
         take them over, and no connection's close releases them."""
         self.restored.closed = True
         self.journal = journal
+        self.grant_check: Callable[[str], bytes | None] | None = None
+        """The server's ownership check (None: every key is served), asked before a queued
+        waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
+        no waiter it queued before (the waiter is answered by the cluster node instead)."""
         """Where grants, renewals past the recorded expiry, moves and drops are recorded
         (``journal``), or None."""
         self.counts = Counts()
@@ -98,11 +103,19 @@ class TableCore:
                 self._fill(state, now)
         return False
 
-    def _note(self, lease_ttl: int) -> None:
+    def _note(self, lease_ttl: int, key: str) -> None:
+        """Before a lease longer than any so far: record (and, in a cluster, publish) the new
+        bound. That may wait for the disk or etcd: the key is asked about again after it (a
+        cluster member that stopped serving it meanwhile grants nothing)."""
         if lease_ttl > self.lease_noted:
             self.lease_noted = (
                 self.note_lease(lease_ttl) if self.note_lease is not None else lease_ttl
             )
+            check = self.grant_check
+            if check is not None and check(key) is not None:
+                raise FenceStateError(
+                    f"stopped serving {key!r} while recording a longer lease; nothing granted"
+                )
 
     # ------------------------------------------------------------------ internals
     def _check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
@@ -174,7 +187,7 @@ class TableCore:
     ) -> Holder:
         try:
             if lease_ttl > self.lease_noted:
-                self._note(lease_ttl)  # before the token: a failed write grants nothing
+                self._note(lease_ttl, state.key)  # before the token: a failed write grants nothing
             token = self.new_token()
         except BaseException:
             self._idle.note(self.keys, state)  # a new key left idle must still be pruned
@@ -294,6 +307,9 @@ class TableCore:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
         if isinstance(queue, tuple) or self.in_grace:
+            return
+        check = self.grant_check
+        if check is not None and check(state.key) is not None:
             return
         while state.n_waiting and state.n_held < state.limit:
             waiter = queue[0]

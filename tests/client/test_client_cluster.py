@@ -173,8 +173,8 @@ class MapOwnership:
             return server_protocol.REPLY_ERROR_UNAVAILABLE
         return None if self.nodes[index] == self.me else self._moved[index]
 
-    def may_renew(self) -> bool:
-        return True
+    def may_hold(self, key: str) -> bool:
+        return self.check(key) is None
 
     def describe(self) -> dict[str, object]:
         return {

@@ -21,6 +21,7 @@ from dflockd_server.testing import ServerThread
 from tests.server.test_metrics import Samples, scrape, value
 from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.ports import free_port
+from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
 
@@ -58,6 +59,7 @@ class Member:
             # (the longest lease, without a fence state file) would hide what is measured.
             restart_grace_s=0,
         )
+        self.config = cfg
         self.thread = ServerThread(cfg).start()
         url = self.thread.metrics_url
         assert url is not None
@@ -66,6 +68,15 @@ class Member:
     @property
     def address(self) -> tuple[str, int]:
         return self.thread.address
+
+    def restart(self) -> None:
+        """Stop and start again in place: same port, advertised address and state directory
+        (the default one, by address), so the lease journal is restored."""
+        self.thread.stop()
+        self.thread = ServerThread(self.config).start()
+        url = self.thread.metrics_url
+        assert url is not None
+        self.url = url
 
     def samples(self) -> Samples:
         return scrape(self.url)
@@ -277,3 +288,82 @@ def test_a_member_that_cannot_bind_its_port_leaves_the_cluster_at_once(
             ServerThread(cfg).start()
     members = EtcdClient(etcd_server.url).get_prefix(f"{prefix}/members/")
     assert members == [], members
+
+
+def test_a_member_cut_off_from_etcd_grants_no_waiter_it_queued_before(
+    members: Callable[..., Member], etcd_server: EtcdServer
+) -> None:
+    """A member whose clients still reach it but etcd does not (a partition, or a slow etcd)
+    fences itself: the waiter it queued before is answered ``error_unavailable`` and never
+    granted, even when the holder releases (the shard's next owner may grant the key)."""
+    host, port = etcd_server.url.removeprefix("http://").rsplit(":", 1)
+    with FaultProxy((host, int(port))) as proxy:
+        a = members(etcd_url=f"http://{proxy.address[0]}:{proxy.address[1]}")
+        wait_metric(a, "dflockd_cluster_shards", SHARD_COUNT, state="serving")
+        key = a.key("queued")
+        with Wire(a.address) as holder, Wire(a.address) as waiter:
+            token = holder.lock(key, lease=3)
+            waiter.send("l", key, "60")
+            wait_until(lambda: a.thread.stats()["locks"][0]["waiters"] == 1, what="queued")
+            proxy.stall(120)  # etcd unreachable from the member only
+            wait_metric(a, "dflockd_cluster_fenced", 1)
+            assert holder.req("r", key, token) == "ok"  # a release is still answered
+            assert waiter.recv() == "error_unavailable"
+            assert holder.req("n", key, f"{token} 3") == "error"
+        proxy.resume()
+        wait_metric(a, "dflockd_cluster_fenced", 0)
+        assert acquire(a.address, key).startswith("ok ")  # served again once it rejoined
+
+
+def test_a_restarted_member_keeps_a_restored_lease_and_hands_that_shard_over_only_after_it(
+    members: Callable[..., Member],
+) -> None:
+    """A member stopped with a key held (its shard cut off, not released) and started again in
+    place restores the lease from its journal: the shard, now targeted at the other member,
+    moves only once that lease is released; the holder reattaches by token meanwhile."""
+    a = members(longest=30)
+    b = members(longest=30)
+    wait_until(lambda: a.shards("serving") + b.shards("serving") == SHARD_COUNT, timeout=WAIT_S)
+    key = a.key("restored")
+    holder = Wire(a.address)
+    token = holder.lock(key, lease=30)
+    a.restart()  # the holder's connection closes; the journal keeps its lease
+    holder.close()
+    wait_metric(a, "dflockd_cluster_fenced", 0)
+    assert a.thread.stats()["journal"]["restored"] == 1
+    # b took the shards a released, and is the target of the others: a hands each over once
+    # nothing is held there, but keeps the restored lease's shard.
+    wait_until(lambda: b.shards("serving") > 0 and a.shards("moving_out") >= 1, timeout=WAIT_S)
+    wait_until(lambda: a.shards("moving_out") == 1, timeout=WAIT_S, what="free shards handed over")
+    assert not b.serves(key)
+    assert acquire(b.address, key) == "error_unavailable"  # b waits for the handover
+    with Wire(a.address) as again:
+        assert again.req("n", key, f"{token} 30") == "ok 30"  # reattached by token
+        assert again.req("r", key, token) == "ok"
+    wait_until(lambda: b.serves(key), timeout=WAIT_S, what="the shard handed over after release")
+    assert fence(acquire_token(b.address, key)) > fence(token)
+
+
+def acquire_token(address: tuple[str, int], key: str) -> str:
+    """The token of an ``l KEY 0`` granted at once (released again)."""
+    reply = acquire(address, key)
+    assert reply.startswith("ok "), reply
+    return reply.split()[1]
+
+
+def test_a_dead_members_keys_pass_on_after_the_longest_lease_it_granted_not_max_lease_ttl(
+    members: Callable[..., Member],
+) -> None:
+    """Members with the default --max-lease-ttl (300 s) whose clients use 3 s leases: a member
+    that dies with a key held publishes 3 s as its longest lease, and the heir waits that
+    (plus the margin), not 300 s (issue 27, acceptance 2: within 15 s)."""
+    a = members(longest=300)
+    b = members(longest=300)
+    wait_until(lambda: a.shards("serving") + b.shards("serving") == SHARD_COUNT, timeout=WAIT_S)
+    key = a.key("short")
+    holder = Wire(a.address)
+    holder.lock(key, lease=3)
+    a.thread.stop()  # its holder cut off: that shard is not released, it waits for the failover
+    holder.close()
+    wait_until(lambda: b.serves(key), timeout=15, what="the heir serving the dead member's key")
+    assert acquire(b.address, key).startswith("ok ")

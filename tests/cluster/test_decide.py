@@ -164,13 +164,16 @@ def test_snapshot_checks_keys_and_its_lease_deadline() -> None:
     v = view({s: ShardAssignment(A, A), (s + 1) % SHARD_COUNT: ShardAssignment(B, A)})
     d = decide(v, A, now=0.0, failover_since={}, failover_wait_s=WAIT)
     clock = Clock()
-    own = ClusterOwnership(A, v, d.verdicts, valid_until=101.0, clock=clock)
-    assert own.check(key) is None and own.may_renew()
+    own = ClusterOwnership(
+        A, v, d.verdicts, valid_until=101.0, clock=clock, current=frozenset(d.serving)
+    )
+    assert own.check(key) is None and own.may_hold(key)
+    assert not own.may_hold(next(k for k in (f"k{i}" for i in range(999)) if shard_id(k) != s))
     clock.now = 101.0  # the lease may be gone: no grant, no renewal, without any thread's help
     assert own.check(key) == ERROR_UNAVAILABLE
-    assert not own.may_renew()
-    fenced = ClusterOwnership(A, v, d.verdicts, 1e9, clock, fenced=True)
-    assert fenced.check(key) == ERROR_UNAVAILABLE and not fenced.may_renew()
+    assert not own.may_hold(key)
+    fenced = ClusterOwnership(A, v, d.verdicts, 1e9, clock, fenced=True, current=d.serving)
+    assert fenced.check(key) == ERROR_UNAVAILABLE and not fenced.may_hold(key)
 
 
 def test_describe_is_the_contracts_json() -> None:

@@ -81,7 +81,7 @@ class HostTable:
     def renew(self, node: ClusterNode, key: str) -> bool:
         with self._lock:
             allowed = not self.renewals or self.renewals[-1]
-            return key in self.holders and allowed and node.may_renew()
+            return key in self.holders and allowed and node.may_hold(key)
 
     def release(self, key: str) -> None:
         with self._lock:

@@ -38,6 +38,10 @@ COVERED: dict[str, tuple[str, str]] = {
         '"celery-dflock[redis]"',
     ),
     r"dflockd( --host 127\.0\.0\.1)?": ("tests/server/test_settings.py", "run_dflockd"),
+    r"dflockd --host 127\.0\.0\.1 --state-dir \S+ --journal-fsync (always|everysec|no)": (
+        "tests/docs/test_docs_state_dir.py",
+        '"--journal-fsync"',
+    ),
     r"DFLOCKD_PORT=7000 dflockd --max-locks 4096": (
         "tests/server/test_settings.py",
         "DFLOCKD_MAX_LOCKS",

@@ -17,10 +17,14 @@ import pytest
 import redis
 
 from celery_dflock import DistributedLock
+from celery_dflock.cli import RESTORED_MARK, ServerReport, format_locks, format_status
+from celery_dflock.clients import ServerInfo
 from examples.proj.ledger import FencedLedger, NoFenceError, StaleFenceError
 from tests.support.ports import free_port
 from tests.support.processes import kill_group
+from tests.support.servers import DflockdProcess
 from tests.support.services import REDIS_URL_BASE
+from tests.support.wire import Wire
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 13
@@ -180,3 +184,126 @@ def test_every_dflock_command_names_every_unreachable_server(
     assert "cli:held" in shown.stdout and f"{down}: UNREACHABLE" in shown.stdout
     as_json = json.loads(_celery(env, "dflock", "locks", "--json").stdout)
     assert [r["reachable"] for r in as_json] == [True, True, False]
+
+
+def _cli_env(address: str) -> dict[str, str]:
+    return {**os.environ, "DFLOCK_SERVERS": address, "PYTHONPATH": str(ROOT),
+            "CELERY_BROKER_URL": "memory://"}  # fmt: skip
+
+
+def _reachable(address: str, stats: dict[str, Any]) -> ServerReport:
+    return ServerReport(address, stats, server=ServerInfo("dflockd", "0", frozenset({"stats"})))
+
+
+def test_dflock_status_and_locks_leave_out_what_an_older_server_does_not_send() -> None:
+    older = {"connections": 1, "locks": [{"key": "k", "lease_expires_in_s": 3.0, "waiters": 0}],
+             "semaphores": [], "grace_remaining_s": 0.0}  # fmt: skip
+    report = _reachable("127.0.0.1:6388", older)
+    status = format_status([report])
+    assert "journal" not in status and "grace" not in status
+    assert len(status.splitlines()) == 3  # header, rule, one row
+    locks = format_locks([report])
+    assert RESTORED_MARK not in locks and "note" not in locks.splitlines()[0]
+    # A grace from an older server (no grace_reason) shows without a reason.
+    graced = format_status([_reachable("127.0.0.1:6388", {**older, "grace_remaining_s": 12.25})])
+    assert graced.splitlines()[-1] == "127.0.0.1:6388: restart grace, 12.2 s left, no key granted"
+
+
+def test_dflock_status_and_locks_show_grace_journal_and_restored_from_the_stats_fields() -> None:
+    """The fields of the durable leases' `stats` (DURABLE-CONTRACT): grace_reason, journal and
+    each lock's restored; the tests below read them from a real server."""
+    lock = {"key": "k", "lease_expires_in_s": 3.0, "waiters": 0, "owner": "", "restored": True}
+    journal = {"state_dir": "/var/lib/dflockd", "fsync": "everysec", "restored": 2,
+               "dropped_records": 1, "writes": 9, "fsyncs": 3}  # fmt: skip
+    stats = {"connections": 0, "locks": [lock, {**lock, "key": "j", "restored": False}],
+             "semaphores": [], "grace_remaining_s": 41.0, "grace_reason": "journal damaged",
+             "journal": journal}  # fmt: skip
+    a, b = "10.0.0.5:6388", "10.0.0.6:6388"
+    off = {"connections": 0, "locks": [], "semaphores": [], "grace_remaining_s": 0.0,
+           "grace_reason": "", "journal": None}  # fmt: skip
+    status = format_status([_reachable(a, stats), _reachable(b, off)]).splitlines()
+    assert status[-3:] == [
+        f"{a}: restart grace, 41.0 s left, no key granted (journal damaged)",
+        f"{a}: journal on: state dir /var/lib/dflockd, fsync everysec, 2 lease(s) restored, "
+        "1 record(s) dropped",
+        f"{b}: journal off",
+    ]
+    locks = format_locks([_reachable(a, stats)]).splitlines()
+    assert locks[0].split()[-1] == "note"
+    assert locks[2].endswith(RESTORED_MARK) and locks[2].split()[1] == "k"
+    assert locks[3].split()[1] == "j" and not locks[3].endswith(RESTORED_MARK)
+
+
+def _state_server(state: Path, port: int, *args: str) -> DflockdProcess:
+    server = DflockdProcess(
+        ["--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state), *args], {}
+    )
+    server.wait_listening()
+    return server
+
+
+def test_dflock_status_and_locks_show_the_journal_and_the_restored_leases(
+    tmp_path: Path,
+) -> None:
+    """A holder's lease survives a kill -9 of its server (the journal); until a connection
+    renews it, `locks` marks it restored, and `status` shows the journal and what it restored."""
+    state, port = tmp_path / "state", free_port()
+    address = f"127.0.0.1:{port}"
+    first = _state_server(state, port, "--journal-fsync", "always")
+    try:
+        with Wire(("127.0.0.1", port)) as holder:
+            granted = holder.req("l", "cli:durable", "0 60").split()
+            assert granted[0] == "ok", granted
+            first.proc.kill()  # a crash: nothing released, nothing flushed by a stop
+            first.wait_exit()
+    finally:
+        first.kill()
+    second = _state_server(state, port, "--journal-fsync", "always")
+    try:
+        assert any("journal: restored 1 lease(s)" in line for line in second.lines), second.lines
+        env = _cli_env(address)
+        locks = _celery(env, "dflock", "locks")
+        assert locks.returncode == 0, locks.stdout + locks.stderr
+        (row,) = [line for line in locks.stdout.splitlines() if "cli:durable" in line]
+        assert row.endswith(RESTORED_MARK), locks.stdout
+        status = _celery(env, "dflock", "status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert (
+            f"{address}: journal on: state dir {state}, fsync always, 1 lease(s) restored, "
+            "0 record(s) dropped"
+        ) in status.stdout.splitlines(), status.stdout
+        assert "restart grace" not in status.stdout  # the journal was whole: no grace
+        (report,) = json.loads(_celery(env, "dflock", "status", "--json").stdout)
+        assert report["stats"]["journal"]["restored"] == 1
+        (lock,) = report["stats"]["locks"]
+        assert lock["restored"] is True
+
+        # Its holder comes back and renews by token: no longer marked.
+        with Wire(("127.0.0.1", port)) as holder:
+            assert holder.req("n", "cli:durable", f"{granted[1]} 60").startswith("ok")
+            locks = _celery(env, "dflock", "locks")
+        (row,) = [line for line in locks.stdout.splitlines() if "cli:durable" in line]
+        assert RESTORED_MARK not in locks.stdout, locks.stdout
+    finally:
+        second.kill()
+
+
+def test_dflock_status_shows_a_restart_grace_with_its_reason_and_journal_off(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    server = _state_server(Path("none"), port, "--restart-grace", "60")
+    try:
+        status = _celery(_cli_env(address), "dflock", "status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        (report,) = json.loads(_celery(_cli_env(address), "dflock", "status", "--json").stdout)
+        reason = report["stats"]["grace_reason"]
+        assert reason
+        lines = status.stdout.splitlines()
+        (grace,) = [line for line in lines if line.startswith(f"{address}: restart grace, ")]
+        assert grace.endswith(f" s left, no key granted ({reason})"), grace
+        assert f"{address}: journal off" in lines
+        assert report["stats"]["journal"] is None
+    finally:
+        server.kill()

@@ -26,6 +26,9 @@ class Host:
     key_check: Callable[[str], bytes | None] | None = None
     renewals_ok: bool = True
 
+    def may_hold(self, key: str) -> bool:
+        return self.renewals_ok
+
     def shards_reply(self) -> bytes:
         return b'ok {"mode":"single"}\n'
 

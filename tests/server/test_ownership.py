@@ -185,8 +185,8 @@ class FixedOwnership:
     def check(self, key: str) -> bytes | None:
         return None if shard_id(key) in self.served else self.reply
 
-    def may_renew(self) -> bool:
-        return self.renew
+    def may_hold(self, key: str) -> bool:
+        return self.renew and shard_id(key) in self.served
 
     def describe(self) -> dict[str, object]:
         return {"mode": "cluster", "served": sorted(self.served)}
@@ -203,8 +203,14 @@ def test_an_ownership_given_to_the_server_and_swapped_from_another_thread() -> N
         wait_until(lambda: server.server.ownership is swapped)
         assert wire.req("l", "other", "0") == "error_moved elsewhere:1"
         assert wire.req("l", key, "0") == "error_moved elsewhere:1"
-        assert wire.req("n", key, token).startswith("ok ")  # renewals carry no check
-        server.server.set_ownership(FixedOwnership(set(), p.reply_moved("x:1"), renew=False))
+        # The key's shard is no longer this member's: its grant is not renewed here any more
+        # (the shard's new owner may grant it once the lease ran out).
+        assert wire.req("n", key, token) == "error"
+        server.server.set_ownership(everything)
+        assert wire.req("n", key, token).startswith("ok ")  # its own again
+        server.server.set_ownership(
+            FixedOwnership({shard_id(key)}, p.REPLY_ERROR_UNAVAILABLE, renew=False)
+        )
         assert wire.req("n", key, token) == "error"  # a fenced member refuses renewals
         assert wire.req("r", key, token) == "ok"  # releases still go through
 

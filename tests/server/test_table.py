@@ -368,3 +368,22 @@ def test_a_connection_keeps_few_released_holders_and_loses_only_live_ones(
     assert table.counts.lost_by_disconnect == [1, 0]
     assert not previous.live
     assert table.held == 0
+
+
+def test_a_waiter_is_promoted_only_while_the_ownership_serves_its_key(table: LockTable) -> None:
+    """A cluster member that fenced itself (or lost the key's shard) after queueing a waiter
+    never grants it: the table asks the ownership at the moment of the promotion."""
+    holder_client, waiting_client = table.open_client(), table.open_client()
+    held = table.acquire(holder_client, "k", 10, None, queue=False)
+    assert isinstance(held, Holder)
+    waiter = table.acquire(waiting_client, "k", 10, None, queue=True)
+    assert isinstance(waiter, Waiter)
+    table.grant_check = lambda key: b"error_unavailable\n"
+    assert table.release("k", held.token)
+    assert waiter.holder is None and waiter.active  # still queued: the node answers it
+    table.grant_check = None
+    table.expire()  # no lease ran out: nothing promotes it by itself...
+    assert waiter.holder is None
+    table.cancel_wait(waiter)
+    again = table.acquire(waiting_client, "k", 10, None, queue=False)
+    assert isinstance(again, Holder)  # ...and a served key is granted as ever

@@ -93,6 +93,7 @@ def decide(
     failover_since: Mapping[int, float],
     failover_wait_s: float,
     cleared: Set[int] | None = None,
+    failover_waits: Mapping[str, float] | None = None,
 ) -> Decision:
     """Every shard's verdict and what to do next (see the module's docstring).
 
@@ -100,6 +101,8 @@ def decide(
     wait is counted from what this member saw itself). ``cleared``: when given, only these
     shards are served; the others that would be are held back (``error_unavailable``) until
     the fencing counter has been raised above the previous owners' ceilings.
+    ``failover_waits``: the wait for a shard whose gone current member is listed there (the
+    longest lease it published, plus the margin) instead of ``failover_wait_s``.
     """
     live = view.members
     shard_map = view.shard_map
@@ -129,7 +132,10 @@ def decide(
                 failing_over += 1
                 first = failover_since.get(shard, now)
                 since[shard] = first
-                if now - first >= failover_wait_s:
+                wait = failover_wait_s
+                if failover_waits and current:
+                    wait = failover_waits.get(current, failover_wait_s)
+                if now - first >= wait:
                     due.append(shard)
             else:
                 taking_over += 1

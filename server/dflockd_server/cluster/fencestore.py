@@ -1,4 +1,6 @@
-"""Fence ceilings in etcd: ``<prefix>/fence/<advertise>``, one key per member, no lease.
+"""What must outlive a member, in etcd, one key per member and no lease: its fence ceiling
+(``<prefix>/fence/<advertise>``) and the longest lease it may have granted
+(``<prefix>/longest/<advertise>``).
 
 A member stores its ceiling (see ``dflockd_server.fence``) before issuing any fencing counter
 at or above it, so the stored value is above every counter it ever issued. The key is not under
@@ -62,6 +64,43 @@ class EtcdCeilingStore:
                 f"fence ceiling {self.key!r} changed while being stored: is another server "
                 "using the same --advertise address?"
             )
+
+
+def longest_prefix(prefix: str) -> str:
+    """Where every member's longest lease lives (``<prefix>/longest/``)."""
+    return prefix + "/longest/"
+
+
+class EtcdLongestStore:
+    """Publishes the longest lease a member may have granted, before it grants a longer one
+    (``grace.LeaseRecord``'s ``publish``): an heir taking the member's shards after its death
+    waits that long, not the longest lease any member could grant."""
+
+    __slots__ = ("client", "key")
+
+    def __init__(self, client: EtcdClient, prefix: str, advertise: str) -> None:
+        self.client = client
+        self.key = longest_prefix(prefix) + advertise
+
+    def write(self, longest: int) -> None:
+        try:
+            self.client.put(self.key, str(longest))
+        except EtcdError as exc:
+            raise FenceStateError(f"cannot publish the longest lease in etcd: {exc}") from exc
+
+
+def published_longest(client: EtcdClient, prefix: str) -> dict[str, int]:
+    """Member -> the longest lease it published (members that published none are absent)."""
+    try:
+        kvs = client.get_prefix(longest_prefix(prefix))
+    except EtcdError as exc:
+        raise FenceStateError(f"cannot read the published longest leases: {exc}") from exc
+    out: dict[str, int] = {}
+    start = len(longest_prefix(prefix))
+    for kv in kvs:
+        if kv.value.strip().isdigit():
+            out[kv.key[start:]] = int(kv.value.strip())
+    return out
 
 
 def highest_ceiling(client: EtcdClient, prefix: str, excluding: str = "") -> int:

@@ -34,12 +34,17 @@ last successful keep-alive's sending time + ``lease_ttl_s``, which is no later t
 expires its lease (etcd counts from receipt, and may raise a short TTL to its minimum, about
 2 s with default timings: that only delays the expiry). The others see it gone when etcd
 expires the lease: detection takes at most the lease's TTL after its last keep-alive. Its
-holders' leases end within ``max_lease_ttl_s`` of its last grant or renewal. The new owner waits
-``max_lease_ttl_s + failover_margin_s`` from when it first saw the shard's current member gone,
-so it grants only after every lease the dead member granted has ended (given clocks whose rates
-differ by less than the margin over that time). A dead member's keys are therefore unavailable
-for at most: etcd lease TTL (detection, plus an election and a map update by the leader, a few
-etcd round trips) + ``max_lease_ttl_s`` + ``failover_margin_s`` + a tick (``NODE_TICK_S``).
+holders' leases end within the longest lease it granted or renewed of its last grant or
+renewal; before granting or renewing a longer lease than ever before, a member publishes the new
+bound in etcd (``<prefix>/longest/<member>``, no lease: it outlives the member; a failed write
+refuses the grant). The new owner waits that published bound + ``failover_margin_s`` from when
+it first saw the shard's current member gone (``max_lease_ttl_s`` + the margin for a member that
+published none), so it grants only after every lease the dead member granted has ended (given
+clocks whose rates differ by less than the margin over that time). A dead member's keys are
+therefore unavailable for at most: etcd lease TTL (detection, plus an election and a map update
+by the leader, a few etcd round trips) + the longest lease its clients used +
+``failover_margin_s`` + a tick (``NODE_TICK_S``): about one real lease, not the longest any
+member could grant.
 
 A graceful leave (``stop(leave=True)``, after the server's drain) hands its shards over instead
 of making the others wait. The node stops deciding and refuses every acquire; then, for each
@@ -69,6 +74,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
 from dflockd_server.cluster.decide import (
+    ERROR_UNAVAILABLE,
     FENCED,
     Decision,
     decide,
@@ -76,12 +82,17 @@ from dflockd_server.cluster.decide import (
     moved_reply,
 )
 from dflockd_server.cluster.etcd import Compare, EtcdClient, EtcdError
-from dflockd_server.cluster.fencestore import EtcdCeilingStore, highest_ceiling
+from dflockd_server.cluster.fencestore import (
+    EtcdCeilingStore,
+    EtcdLongestStore,
+    highest_ceiling,
+    published_longest,
+)
 from dflockd_server.cluster.host import NodeHost
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterView, Member
 from dflockd_server.cluster.ops import read_view
-from dflockd_server.cluster.shardmap import ShardAssignment, ShardMap
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.fence import FenceCounter, FenceStateError
 
@@ -101,6 +112,17 @@ NODE_QUIET_S = 0.02
 
 NODE_MAX_DEFER_S = 0.25
 """...or once it has been deferred this long."""
+
+
+def boottime() -> float:
+    """Seconds on a clock that also counts the time the machine was suspended
+    (``CLOCK_BOOTTIME`` where there is one, else the monotonic clock): a member whose machine
+    slept past its etcd lease must see that lease as over when it wakes."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return time.monotonic()
+    return time.clock_gettime(clock_id)
+
 
 REJOIN_RETRY_S = 0.5
 """Between attempts to join again after this member lost its etcd lease."""
@@ -129,7 +151,7 @@ class ClusterStats:
 class ClusterNode:
     """One lock server's cluster member (see the module's docstring); ``start`` then ``stop``.
 
-    The node is itself the server's ``Ownership`` (``check``, ``may_renew``, ``describe``
+    The node is itself the server's ``Ownership`` (``check``, ``may_hold``, ``describe``
     delegate to the current snapshot) and owns the server's ``fence`` counter.
     """
 
@@ -144,7 +166,7 @@ class ClusterNode:
         lease_ttl_s: int = 5,
         settle_s: float = 2.0,
         failover_margin_s: float = FAILOVER_MARGIN_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boottime,
         fence: FenceCounter | None = None,
     ) -> None:
         if max_lease_ttl_s <= 0:
@@ -158,7 +180,9 @@ class ClusterNode:
         self.max_lease_ttl_s = max_lease_ttl_s
         self.lease_ttl_s = lease_ttl_s
         self.settle_s = settle_s
+        self.failover_margin_s = failover_margin_s
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
+        """The wait for a gone member that published no longest lease."""
         self._clock = clock
         self._fence = fence
         self._member: Member | None = None
@@ -170,6 +194,8 @@ class ClusterNode:
         self._failover_since: dict[int, float] = {}
         self._raised: frozenset[int] = frozenset()
         self._notified: dict[int, str] = {}
+        self._current: frozenset[int] = frozenset()
+        """The shards this member was current member of at the last decision."""
         self._written_from: dict[int, int] = {}
         self._renewals: bool | None = None
         self._next_join = 0.0
@@ -192,8 +218,8 @@ class ClusterNode:
     def check(self, key: str) -> bytes | None:
         return self._ownership.check(key)
 
-    def may_renew(self) -> bool:
-        return self._ownership.may_renew()
+    def may_hold(self, key: str) -> bool:
+        return self._ownership.may_hold(key)
 
     def describe(self) -> dict[str, object]:
         return self._ownership.describe()
@@ -204,6 +230,11 @@ class ClusterNode:
         if self._fence is None:
             raise RuntimeError("the cluster node has no fence counter before start()")
         return self._fence
+
+    def publish_longest(self, longest: int) -> None:
+        """Store in etcd the longest lease this member may have granted (before it grants a
+        longer one; raises ``FenceStateError`` when it cannot: the lease is then refused)."""
+        EtcdLongestStore(self.client, self.prefix, self.advertise).write(longest)
 
     @property
     def member(self) -> Member | None:
@@ -382,6 +413,7 @@ class ClusterNode:
             return
         decision = self._decide(view, now)
         self._publish(view, decision, valid_until)
+        self._fail_waiters_of_lost_shards(decision)
         gained = decision.serving - self._raised
         if gained:
             # Above every ceiling another member published: above all tokens ever granted for
@@ -410,6 +442,21 @@ class ClusterNode:
             self.released_takeovers += released
             self.failovers += len(written) - released
 
+    def _fail_waiters_of_lost_shards(self, decision: Decision) -> None:
+        """The shards that stopped being this member's (taken by another, or unassigned):
+        their queued waiters are answered with the shard's verdict at once, never granted
+        later (the table asks the ownership before each promotion, too)."""
+        current = self._ownership.current
+        lost = self._current - current
+        self._current = current
+        by_reply: dict[bytes, list[int]] = {}
+        for shard in sorted(lost):
+            reply = decision.verdicts[shard]
+            if reply is not None:
+                by_reply.setdefault(reply, []).append(shard)
+        for reply, shards in by_reply.items():
+            self.host.fail_waiters(shards, reply)
+
     def _why_not_a_member(self, member: Member | None, now: float) -> str | None:
         if member is None:
             return "not joined"
@@ -428,7 +475,22 @@ class ClusterNode:
             failover_since=self._failover_since,
             failover_wait_s=self.failover_wait_s,
             cleared=self._raised,
+            failover_waits=self._failover_waits(view),
         )
+
+    def _failover_waits(self, view: ClusterView) -> dict[str, float] | None:
+        """For each gone member whose shards this one waits to take: the longest lease it
+        published, plus the margin (read from etcd only while such a wait runs)."""
+        me, live = self.advertise, view.members
+        gone = {
+            a.current
+            for _, a in view.shard_map.items()
+            if a.target == me and a.current and a.current not in live and not a.released
+        }
+        if not gone:
+            return None
+        published = published_longest(self.client, self.prefix)
+        return {m: published[m] + self.failover_margin_s for m in gone if m in published}
 
     def _move_out(self, view: ClusterView, member: Member, decision: Decision) -> None:
         moving: dict[int, str] = {}
@@ -481,8 +543,15 @@ class ClusterNode:
     # -- publishing ------------------------------------------------------------------------------
 
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
+        current = decision.serving.union(*decision.moving_out.values())
         self._ownership = ClusterOwnership(
-            self.advertise, view, decision.verdicts, valid_until, self._clock, decision.states
+            self.advertise,
+            view,
+            decision.verdicts,
+            valid_until,
+            self._clock,
+            decision.states,
+            current=current,
         )
         if self.fenced_reason is not None:
             log.info("cluster member %s: deciding (was: %s)", self.advertise, self.fenced_reason)
@@ -499,9 +568,13 @@ class ClusterNode:
             self._renewals = allowed
 
     def _self_fence(self, reason: str) -> None:
-        """Grant nothing, renew nothing; forget what was seen (a rejoin starts afresh)."""
+        """Grant nothing, renew nothing; answer every queued waiter ``error_unavailable`` at
+        once; forget what was seen (a rejoin starts afresh)."""
         if not self._ownership.fenced:
             self._ownership = self._fenced_snapshot(self._ownership.view)
+            self._current = frozenset()
+            # On the loop, after the fenced snapshot is in place: no waiter is queued later.
+            self.host.fail_waiters(range(SHARD_COUNT), ERROR_UNAVAILABLE)
         self._allow_renewals(False)
         if self.fenced_reason is None:
             log.warning("cluster member %s: fenced, granting nothing: %s", self.advertise, reason)

@@ -1,7 +1,9 @@
 """``ClusterOwnership``: one immutable snapshot of a cluster member's verdicts.
 
-The server's loop thread calls ``check`` before an acquire-type request touches the table,
-``may_renew`` before a renewal and ``describe`` for the ``shards`` request. The cluster node
+The server's loop thread calls ``check`` before an acquire-type request touches the table and
+before the table promotes a queued waiter, ``may_hold`` before a renewal, a take-over
+(``ht``) or a hand-down (``hd``) of a held grant, and ``describe`` for the ``shards``
+request. The cluster node
 builds a new snapshot whenever its view or its lease changes and swaps the reference; nothing
 here is ever mutated.
 
@@ -37,14 +39,17 @@ class ClusterOwnership:
     states: Mapping[str, int] = field(default_factory=lambda: FENCED.states)
     """Shards per state of the decision (``decide.SHARD_STATES``), for the metrics."""
     fenced: bool = False
+    current: frozenset[int] = frozenset()
+    """The shards whose current member this one is (served, or moving out while their
+    holders finish): the only ones whose grants it may renew, take over or hand down."""
 
     def check(self, key: str) -> bytes | None:
         if self.fenced or self.clock() >= self.valid_until:
             return ERROR_UNAVAILABLE
         return self.verdicts[shard_id(key)]
 
-    def may_renew(self) -> bool:
-        return not self.fenced and self.clock() < self.valid_until
+    def may_hold(self, key: str) -> bool:
+        return not self.fenced and self.clock() < self.valid_until and shard_id(key) in self.current
 
     def describe(self) -> dict[str, object]:
         shard_map = self.view.shard_map
