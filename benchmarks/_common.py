@@ -74,10 +74,28 @@ def cpu_ns(pid: int) -> int:
                 found = True
     if found:
         return total
+    return stat_cpu_ns(pid)
+
+
+def _stat_ticks(pid: int, first: int) -> int:
     with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
+    ticks = int(fields[first]) + int(fields[first + 1])
     return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def stat_cpu_ns(pid: int) -> int:
+    """CPU time of ``pid``, threads that have ended included (utime + stime of
+    ``/proc/<pid>/stat``, 10 ms resolution). ``cpu_ns`` sums the live threads only: over a
+    long window the difference is what short-lived threads (dflockd's everysec fsync) used."""
+    return _stat_ticks(pid, 11)
+
+
+def children_cpu_ns(pid: int) -> int:
+    """CPU time of the children ``pid`` has forked and reaped (cutime + cstime of
+    ``/proc/<pid>/stat``, 10 ms resolution): Redis's AOF rewrites, which its own CPU time
+    leaves out."""
+    return _stat_ticks(pid, 13)
 
 
 def rss_bytes(pid: int) -> int:
@@ -87,6 +105,19 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def written_bytes(pid: int) -> int:
+    """Bytes ``pid`` sent towards the disk (``write_bytes`` of ``/proc/<pid>/io``: the page
+    cache it dirtied, fsynced or not); -1 where the kernel does not account it."""
+    try:
+        with open(f"/proc/{pid}/io", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
 
 
 def raise_fd_limit(wanted: int) -> int:
@@ -125,6 +156,9 @@ class ServerProcess:
     host: str
     port: int
     log_path: Path
+    state_dir: Path | None = None
+    """Where it keeps its state: dflockd's ``--state-dir`` (the lease journal), Redis's
+    ``--dir`` (its append-only file); None when it keeps none."""
 
     @property
     def pid(self) -> int:
@@ -175,15 +209,35 @@ def dflockd_command(loop: str) -> list[str]:
 
 
 def start_dflockd(
-    loop: str, workdir: Path, *extra_args: str, command: list[str] | None = None
+    loop: str,
+    workdir: Path,
+    *extra_args: str,
+    command: list[str] | None = None,
+    journal: bool = True,
+    journal_fsync: str | None = None,
 ) -> ServerProcess:
     """Start ``dflockd`` on 127.0.0.1 (free port) on ``loop``; returns once it listens.
 
-    ``command`` replaces the ``dflockd`` command (it must take dflockd's flags and log like it).
+    As users run it: with a state directory, so its lease journal is on (a fresh directory in
+    ``workdir``, ``--state-dir``), fsyncing at the server's default unless ``journal_fsync``
+    says otherwise. ``journal=False``: no state at all (``--state-dir none``), for what
+    measures the journal's cost. ``command`` replaces the ``dflockd`` command (it must take
+    dflockd's flags and log like it).
     """
-    log_path = workdir / f"dflockd-{loop}-{time.monotonic_ns()}.log"
+    stamp = time.monotonic_ns()
+    log_path = workdir / f"dflockd-{loop}-{stamp}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
-    args = ["--host", "127.0.0.1", "--port", "0", "--log-level", "info", *extra_args]
+    state_dir: Path | None = None
+    if journal:
+        state_dir = workdir / f"dflockd-state-{loop}-{stamp}"
+        state = ["--state-dir", str(state_dir)]
+        if journal_fsync is not None:
+            state += ["--journal-fsync", journal_fsync]
+    elif journal_fsync is not None:
+        raise ValueError("journal_fsync needs journal=True")
+    else:
+        state = ["--state-dir", "none"]
+    args = ["--host", "127.0.0.1", "--port", "0", "--log-level", "info", *state, *extra_args]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [*(command or dflockd_command(loop)), *args],
@@ -192,7 +246,7 @@ def start_dflockd(
             stderr=subprocess.STDOUT,
             env=env,
         )
-    server = ServerProcess(f"dflockd ({loop})", proc, "127.0.0.1", 0, log_path)
+    server = ServerProcess(f"dflockd ({loop})", proc, "127.0.0.1", 0, log_path, state_dir)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         match = _LISTENING.search(server.log_tail(100_000))
@@ -212,8 +266,15 @@ def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
-def start_redis(workdir: Path, *, maxclients: int = 10_000) -> ServerProcess:
-    """Start a private ``redis-server`` on a free port (no persistence); returns once it answers."""
+def start_redis(
+    workdir: Path, *, maxclients: int = 10_000, appendfsync: str | None = None
+) -> ServerProcess:
+    """Start a private ``redis-server`` on a free port; returns once it answers.
+
+    No persistence, unless ``appendfsync`` (``always``, ``everysec`` or ``no``): then its
+    append-only file is on (``--appendonly yes --appendfsync <it>``, Redis's own settings
+    otherwise), in a fresh directory in ``workdir``. Never an RDB snapshot.
+    """
     binary = redis_server_binary()
     if binary is None:
         raise RuntimeError("redis-server is not on PATH (the benchmarks compare against it)")
@@ -221,6 +282,13 @@ def start_redis(workdir: Path, *, maxclients: int = 10_000) -> ServerProcess:
     for _attempt in range(5):
         port = free_port()
         log_path = workdir / f"redis-{port}.log"
+        data_dir: Path | None = None
+        persistence = ["--appendonly", "no"]
+        if appendfsync is not None:
+            data_dir = workdir / f"redis-data-{port}"
+            data_dir.mkdir()
+            persistence = ["--appendonly", "yes", "--appendfsync", appendfsync]
+            persistence += ["--dir", str(data_dir)]
         # Redis needs maxclients + 32 descriptors.
         raise_fd_limit(maxclients + 64)
         proc = subprocess.Popen(
@@ -232,8 +300,7 @@ def start_redis(workdir: Path, *, maxclients: int = 10_000) -> ServerProcess:
                 str(port),
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--daemonize",
                 "no",
                 "--maxclients",
@@ -245,7 +312,7 @@ def start_redis(workdir: Path, *, maxclients: int = 10_000) -> ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        server = ServerProcess("redis", proc, "127.0.0.1", port, log_path)
+        server = ServerProcess("redis", proc, "127.0.0.1", port, log_path, data_dir)
         deadline = time.monotonic() + START_TIMEOUT_S
         while server.alive() and time.monotonic() < deadline:
             if redis_ping(server.host, port):

@@ -15,7 +15,8 @@ body start), from the times the bodies log. Variants (the order rotates per roun
 * ``redis-py Lock in the task``: the body takes ``redis.lock(f"bench-redis:{i}")`` itself,
   on a second private ``redis-server`` (so the lock server's CPU time can be read for both).
 
-The lock server is the ``dflockd`` console script with default settings (uvloop when installed).
+The lock server is the ``dflockd`` console script with default settings (uvloop when installed),
+its lease journal on (a state directory in the benchmark's work directory).
 Results are ignored (no result backend), so the lock's share of each task is not diluted.
 """
 
@@ -256,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "pool": "prefork",
             "concurrency": CONCURRENCY,
             "broker": "redis (private redis-server)",
-            "lock_server": "dflockd console script, default settings",
+            "lock_server": "dflockd console script, default settings, journal on",
             "batches_in_parallel": quick,
         },
     )

@@ -7,7 +7,10 @@ The server runs in a child process (``--serve``: the real ``dflockd`` entry poin
 ``cProfile``) and is stopped with SIGTERM, after which it writes its profile. The table lists
 the functions with the most own time per acquire+release pair. cProfile slows every Python call
 down, so read the shares, not the absolute microseconds; on uvloop the event loop itself is C
-and shows up only through the Python callbacks it calls.
+and shows up only through the Python callbacks it calls. The server runs with its lease journal
+on, as users run it; ``--journal off`` (or ``no``, ``everysec``, ``always``) sets it apart:
+
+    uv run python -m benchmarks.profile_server --loops uvloop --pipeline 16 --journal off
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from benchmarks._common import (
 from benchmarks._loadgen import LoadSpec, run_load, split_connections
 
 NAME = "profile_server"
+JOURNAL_FSYNCS = ("no", "everysec", "always")
 STATS_ENV = "DFLOCK_BENCH_PROFILE_OUT"
 
 
@@ -87,6 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pipeline", type=int, default=1, help="pairs per batch (1: round trips)")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
     parser.add_argument("--loops", default=",".join(available_loops()), help="dflockd event loops")
+    parser.add_argument(
+        "--journal",
+        choices=("default", "off", *JOURNAL_FSYNCS),
+        default="default",
+        help="the lease journal: on at the server's default fsync (default), off, or on at "
+        "this --journal-fsync",
+    )
     args = parser.parse_args(args_in)
     duration = args.duration or (0.3 if args.quick else 3.0)
     loops = [x for x in args.loops.split(",") if x]
@@ -99,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "conns": args.conns,
             "pipeline": args.pipeline,
             "loops": loops,
+            "journal": args.journal,
         },
     )
     with workdir("dflock-bench-profile-") as tmp:
@@ -114,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--max-locks-per-connection",
                     "0",  # --pipeline acquires per connection may be many
                     command=[sys.executable, "-m", f"benchmarks.{NAME}", "--serve", loop],
+                    journal=args.journal != "off",
+                    journal_fsync=args.journal if args.journal in JOURNAL_FSYNCS else None,
                 )
                 servers.append(server)
                 specs = [
@@ -134,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows, total_us = top_functions(stats_file, m.pairs, args.top)
             table = Table(
                 f"Server hot path on {loop}, profiled: own time per acquire+release pair "
-                f"({args.conns} connections, pipeline {args.pipeline})",
+                f"({args.conns} connections, pipeline {args.pipeline}, journal {args.journal})",
                 ["function", "calls/pair", "own us/pair", "cumulative us/pair", "share"],
                 notes=[
                     f"{m.pairs:,} pairs; all profiled functions: {total_us:.1f} us/pair "

@@ -20,9 +20,10 @@ from typing import Any
 from benchmarks._common import BENCH_DIR, RESULTS_DIR
 
 NAME = "report"
-ORDER = ("server", "cluster", "contention", "scale", "celery_tasks", "profile_server")
+ORDER = ("server", "journal", "cluster", "contention", "scale", "celery_tasks", "profile_server")
 SECTIONS = {
     "server": "Lock server: dflockd against Redis",
+    "journal": "Lease journal: what durability costs, beside Redis's AOF",
     "cluster": "Cluster mode: one server against a 3-member cluster and 3 static members",
     "contention": "Contention: many waiters on one key",
     "scale": "Scale: memory per held lock and per idle connection",

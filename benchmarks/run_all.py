@@ -1,6 +1,6 @@
 """Run every benchmark, one after another, then rewrite RESULTS.md from their results.
 
-    uv run python -m benchmarks.run_all            # full sizes (about 6.5 minutes on 2 cores)
+    uv run python -m benchmarks.run_all            # full sizes (about 10 minutes on 2 cores)
     uv run python -m benchmarks.run_all --quick    # tiny sizes, well under a minute
 
 Each benchmark runs in its own process with the same ``--run-id``, so RESULTS.md can tell
@@ -21,7 +21,15 @@ from pathlib import Path
 
 from benchmarks._common import BENCH_DIR, REPO, RESULTS_DIR, etcd_binary
 
-BENCHMARKS = ("server", "cluster", "contention", "scale", "celery_tasks", "profile_server")
+BENCHMARKS = (
+    "server",
+    "journal",
+    "cluster",
+    "contention",
+    "scale",
+    "celery_tasks",
+    "profile_server",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,8 +2,9 @@
 
 One ``python -m benchmarks.run_all --quick`` (each benchmark's own command, ``--quick``, in its
 own process, then the report) into a temporary directory; the tests check what each run
-printed and wrote: tables of the right shape, goals decided, no failed request, FIFO kept,
-RESULTS.md and its chart. No timing is asserted: the figures of a smoke run mean nothing.
+printed and wrote: tables of the right shape, goals decided, no failed request, FIFO kept, the
+journal benchmark's durable servers really wrote, RESULTS.md and its chart. No timing is
+asserted: the figures of a smoke run mean nothing.
 
 ``cluster`` needs etcd besides: it runs apart (``python -m benchmarks.cluster --quick``, then the
 report on its results), skipped without an etcd binary unless CELERY_DFLOCK_REQUIRE_REDIS=1.
@@ -26,9 +27,15 @@ from tests.support.etcd import REQUIRE_ENV, find_etcd
 from tests.support.services import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("server", "contention", "scale", "celery_tasks", "profile_server")
-WITH_GOALS = ("server", "contention", "celery_tasks")
-RUN_TIMEOUT_S = 110
+BENCHMARKS = ("server", "journal", "contention", "scale", "celery_tasks", "profile_server")
+WITH_GOALS = ("server", "journal", "contention", "celery_tasks")
+RUN_TIMEOUT_S = 130
+JOURNAL_TARGETS = {
+    "journal off": None,
+    "journal no": "no",
+    "journal everysec": "everysec",
+    "journal always": "always",
+}
 CLUSTER_TIMEOUT_S = 60
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -121,6 +128,44 @@ def test_server_benchmark_covers_every_cell(quick_run: QuickRun) -> None:
     assert set(r["data"]["client"]) == targets
 
 
+def test_journal_benchmark_covers_every_target_and_load(quick_run: QuickRun) -> None:
+    r = quick_run.results("journal")
+    cells = r["data"]["cells"]
+    targets = {*JOURNAL_TARGETS, "redis", "redis AOF everysec"}
+    assert set(r["params"]["targets"]) == targets
+    loads = {tuple(load.rsplit(" ", 1)) for load in r["params"]["loads"]}
+    assert {mode for mode, _ in loads} == {"round trip", "pipelined"}
+    assert {(c["target"], c["mode"], str(c["conns"])) for c in cells} == {
+        (t, mode, conns) for t in targets for mode, conns in loads
+    }
+    for cell in cells:
+        assert cell["pairs"] > 0, cell
+        assert cell["errors"] == 0, cell
+        assert cell["cpu_us_per_pair"] > 0, cell
+    assert set(r["data"]["cpu_ratio_default_to_off"]) == set(r["params"]["loads"])
+    [goal] = r["goals"]
+    assert "everysec" in goal["goal"] and "journal off" in goal["goal"]
+
+
+def test_journal_benchmark_servers_really_wrote(quick_run: QuickRun) -> None:
+    """Each durable server left a file and counted its writes; the others wrote nothing."""
+    written = {w["target"]: w for w in quick_run.results("journal")["data"]["written"]}
+    for target, fsync in JOURNAL_TARGETS.items():
+        w = written[target]
+        assert w["pairs"] > 0, w
+        if fsync is None:
+            assert w["writes"] == -1 and w["file_bytes"] == -1, w
+            continue
+        assert w["fsync"] == fsync, w
+        assert w["writes"] > 0 and w["file_bytes"] > 0, w
+        if fsync == "always":
+            assert w["fsyncs"] >= w["writes"], w
+        if fsync == "no":
+            assert w["fsyncs"] == 0, w
+    assert written["redis AOF everysec"]["file_bytes"] > 0
+    assert written["redis"]["file_bytes"] == -1
+
+
 def test_contention_keeps_fifo(quick_run: QuickRun) -> None:
     outcomes = quick_run.results("contention")["data"]["outcomes"]
     ours = [o for o in outcomes if o["server"] != "redis"]
@@ -171,6 +216,7 @@ def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
     assert "## Goals" in text
     for heading in (
         "## Lock server",
+        "## Lease journal",
         "## Contention",
         "## Scale",
         "## Celery",
