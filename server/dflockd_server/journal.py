@@ -49,6 +49,10 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dflockd_server.keys import Holder
 
 __all__ = [
     "FSYNC_MODES",
@@ -65,9 +69,11 @@ log = logging.getLogger("dflockd_server")
 
 FSYNC_MODES = ("always", "everysec", "no")
 VERSION = "1"
-_COMPACT_MIN_RECORDS = 10_000
-"""Records appended since the last compaction before one is considered (and then only when
-they outnumber the live leases twice over)."""
+COMPACT_MIN_BYTES = 4 * 1024 * 1024
+"""The journal is compacted once it is past this size and four times what its live grants
+take: under steady churn that is a rewrite of a few live records every ~60,000 records."""
+_LIVE_RECORD_BYTES = 128
+"""About what one live grant's record takes (for ``wants_compaction``)."""
 
 
 def boot_id() -> str:
@@ -276,7 +282,6 @@ class Journal:
         "_clock",
         "_fd",
         "_fd_lock",
-        "_since_compact",
         "_size",
         "_syncing",
         "buf",
@@ -300,7 +305,6 @@ class Journal:
         self._fd = -1
         self._fd_lock = threading.Lock()
         self._syncing = False
-        self._since_compact = 0
         self._size = 0
         self._anchor_clock = 0.0
         self._anchor_wall_ms = 0
@@ -338,32 +342,27 @@ class Journal:
             payload += " " + note
         return _line(payload), expires_at + lease_ttl
 
-    def grant(
-        self,
-        token: str,
-        *,
-        key: str,
-        limit: int,
-        is_sem: bool,
-        lease_ttl: int,
-        expires_at: float,
-        detached: bool,
-        note: str | None,
-    ) -> float:
-        """Record a grant; returns the expiry it covers (renewals up to it write nothing)."""
-        line, covered = self.grant_line(
-            token,
-            key=key,
-            limit=limit,
-            is_sem=is_sem,
-            lease_ttl=lease_ttl,
-            expires_at=expires_at,
-            detached=detached,
-            on_close=None,
-            note=note,
+    def grant(self, holder: Holder, detached: bool) -> None:
+        """Record a new grant (the hot path: one bytes format, no keyword call), and the
+        expiry it covers in ``holder.covered`` (renewals up to it write nothing)."""
+        state = holder.state
+        lease = holder.lease_ttl
+        expires_at = holder.expires_at
+        until = self._anchor_wall_ms + int((expires_at + lease - self._anchor_clock) * 1000) + 1
+        data = b"G %s %s %d %d %d %d %s -" % (
+            holder.token.encode(),
+            state.key.encode(),
+            state.limit,
+            state.is_sem,
+            lease,
+            until,
+            b"d" if detached else b"c",
         )
-        self.buf.append(line)
-        return covered
+        note = holder.note
+        if note is not None:
+            data += b" " + note.encode()
+        self.buf.append(b"%08x %s\n" % (zlib.crc32(data), data))
+        holder.covered = expires_at + lease
 
     def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
         """Record that a lease now runs to ``expires_at``; returns the expiry covered."""
@@ -395,7 +394,8 @@ class Journal:
         self.buf.append(_line(f"N {token}" if note is None else f"N {token} {note}"))
 
     def drop(self, token: str) -> None:
-        self.buf.append(b"%08x R %s\n" % (zlib.crc32(b"R " + token.encode()), token.encode()))
+        data = b"R " + token.encode()
+        self.buf.append(b"%08x %s\n" % (zlib.crc32(data), data))
 
     # ------------------------------------------------------------------ file
     def _header(self) -> bytes:
@@ -429,13 +429,13 @@ class Journal:
         os.close(fd)
         os.replace(tmp, self.path)
         _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        self.stats.fsyncs += 2  # the new file and its directory
         new_fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._size = len(data)
         with self._fd_lock:
             old, self._fd = self._fd, new_fd
         if old >= 0:
             os.close(old)
-        self._since_compact = 0
         self.dirty = False
 
     def flush(self) -> None:
@@ -446,10 +446,12 @@ class Journal:
             return
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         fd = self._fd
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(fd, view) :]
+            written = os.write(fd, data)
+            if written < len(data):  # a short write: a full disk, or a signal
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
         except OSError:
             # A disk full or failing: cut what part of the batch got in, so the file still
             # ends with a whole record; the records stay buffered for the next flush.
@@ -457,7 +459,6 @@ class Journal:
                 os.ftruncate(fd, self._size)
             raise
         self._size += len(data)
-        self._since_compact += len(buf)
         buf.clear()
         self.stats.writes += 1
         if self.fsync == "always":
@@ -494,8 +495,10 @@ class Journal:
         threading.Thread(target=run, name="dflockd-journal-fsync", daemon=True).start()
 
     def wants_compaction(self, live: int) -> bool:
-        """Whether the file holds mostly records of leases gone (then ``compact``)."""
-        return self._since_compact > _COMPACT_MIN_RECORDS and self._since_compact > 2 * live
+        """Whether the file holds mostly records of leases gone (then ``compact``): past
+        ``COMPACT_MIN_BYTES``, and four times what its live grants would take."""
+        size = self._size
+        return size > COMPACT_MIN_BYTES and size > 4 * _LIVE_RECORD_BYTES * live
 
     def compact(self, live: Iterable[bytes]) -> None:
         """Rewrite the file with only ``live`` (the current grants, see ``grant_line``)."""

@@ -199,16 +199,7 @@ class TableCore:
             holder.note = note
         journal = self.journal
         if journal is not None:
-            holder.covered = journal.grant(
-                token,
-                key=state.key,
-                limit=state.limit,
-                is_sem=state.is_sem,
-                lease_ttl=lease_ttl,
-                expires_at=expires_at,
-                detached=client is self.detached,
-                note=note,
-            )
+            journal.grant(holder, client is self.detached)
         if state.limit == 1:
             state.one = holder
             state.earliest = expires_at

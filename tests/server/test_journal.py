@@ -256,17 +256,19 @@ def test_the_journal_is_compacted_and_still_restores(tmp_path: Path) -> None:
         ServerThread(config(tmp_path, lease_sweep_interval_s=0.05)) as server,
         Wire(server.address) as a,
     ):
-        if True:
-            kept = a.lock("kept", lease=LEASE)
-            for i in range(12_000):
-                token = a.lock(f"k{i % 50}", lease=LEASE)
-                assert a.req("r", f"k{i % 50}", token) == "ok"
-            # The sweep compacts whenever the records since the last time pass 10,000 and
-            # outnumber the leases held twice over.
-            wait_until(lambda: server.stats()["journal"]["compactions"] >= 2, what="compactions")
-            assert server.stats()["locks"][0]["key"] == "kept"
-            port = server.port
-            server.stop()
+        kept = a.lock("kept", lease=LEASE)
+        # A renewal with a longer lease than the last one is recorded: alternating 60 and 61,
+        # every other renewal writes a record (61 bytes): past the compaction's 4 MiB in 150,000.
+        batch = b"".join(f"n\nkept\n{kept} {LEASE + i % 2}\n".encode() for i in range(1000))
+        for _ in range(150):
+            a.send_raw(batch)
+            for _ in range(1000):
+                assert a.recv().startswith("ok ")
+        wait_until(lambda: server.stats()["journal"]["compactions"] >= 1, what="a compaction")
+        assert (tmp_path / "journal").stat().st_size < 1_000_000
+        assert server.stats()["locks"][0]["key"] == "kept"
+        port = server.port
+        server.stop()
     with ServerThread(config(tmp_path, port=port)) as again, Wire(again.address) as b:
         assert [e["key"] for e in again.stats()["locks"]] == ["kept"]
         assert b.req("r", "kept", kept) == "ok"
