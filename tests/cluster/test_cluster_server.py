@@ -16,7 +16,7 @@ import pytest
 
 from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.ops import pin, rebalance, unpin
+from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.config import ConfigError
 from dflockd_server.testing import ServerThread
@@ -318,7 +318,7 @@ def test_a_member_cut_off_from_etcd_grants_no_waiter_it_queued_before(
 
 
 def test_a_restarted_member_keeps_a_restored_lease_and_hands_that_shard_over_only_after_it(
-    members: Callable[..., Member],
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
 ) -> None:
     """A member stopped with a key held (its shard cut off, not released) and started again in
     place restores the lease from its journal: the shard, now targeted at the other member,
@@ -333,10 +333,19 @@ def test_a_restarted_member_keeps_a_restored_lease_and_hands_that_shard_over_onl
     holder.close()
     wait_metric(a, "dflockd_cluster_fenced", 0)
     assert a.thread.stats()["journal"]["restored"] == 1
-    # b took the shards a released, and is the target of the others: a hands each over once
-    # nothing is held there, but keeps the restored lease's shard.
-    wait_until(lambda: b.shards("serving") > 0 and a.shards("moving_out") >= 1, timeout=WAIT_S)
-    wait_until(lambda: a.shards("moving_out") == 1, timeout=WAIT_S, what="free shards handed over")
+
+    # Whether the leader retargeted the shard a kept before a came back or not, a is still its
+    # current member; moving it to b now, a hands it over only once the lease is done.
+    def pinned() -> bool:
+        try:
+            pin(etcd, etcd_prefix.rstrip("/"), shard_id(key), b.advertise)
+        except ClusterOpError:  # the leader wrote the map meanwhile: read it again
+            return False
+        return True
+
+    wait_until(pinned, timeout=WAIT_S, what="the shard pinned to b")
+    wait_until(lambda: a.shards("moving_out") >= 1, timeout=WAIT_S, what="the shard moving out")
+    assert a.thread.stats()["locks"][0]["key"] == key
     assert not b.serves(key)
     assert acquire(b.address, key) == "error_unavailable"  # b waits for the handover
     with Wire(a.address) as again:
@@ -344,6 +353,7 @@ def test_a_restarted_member_keeps_a_restored_lease_and_hands_that_shard_over_onl
         assert again.req("r", key, token) == "ok"
     wait_until(lambda: b.serves(key), timeout=WAIT_S, what="the shard handed over after release")
     assert fence(acquire_token(b.address, key)) > fence(token)
+    unpin(etcd, etcd_prefix.rstrip("/"), shard_id(key))
 
 
 def acquire_token(address: tuple[str, int], key: str) -> str:
