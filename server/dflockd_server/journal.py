@@ -319,37 +319,14 @@ class Journal:
     def _mode(detached: bool, on_close: int | None) -> str:
         return ("d " if detached else "c ") + ("-" if on_close is None else str(on_close))
 
-    def grant_line(
-        self,
-        token: str,
-        *,
-        key: str,
-        limit: int,
-        is_sem: bool,
-        lease_ttl: int,
-        expires_at: float,
-        detached: bool,
-        on_close: int | None,
-        note: str | None,
-    ) -> tuple[bytes, float]:
-        """A grant's record, and the expiry (on the table's clock) it covers."""
-        until = self._until(expires_at, lease_ttl)
-        payload = (
-            f"G {token} {key} {limit} {1 if is_sem else 0} {lease_ttl} {until} "
-            f"{self._mode(detached, on_close)}"
-        )
-        if note is not None:
-            payload += " " + note
-        return _line(payload), expires_at + lease_ttl
-
-    def grant(self, holder: Holder, detached: bool) -> None:
-        """Record a new grant (the hot path: one bytes format, no keyword call), and the
-        expiry it covers in ``holder.covered`` (renewals up to it write nothing)."""
+    def grant_record(self, holder: Holder, detached: bool, on_close: int | None) -> bytes:
+        """A grant's record (one bytes format: the hot path), with the expiry it covers set
+        in ``holder.covered`` (renewals up to it write nothing)."""
         state = holder.state
         lease = holder.lease_ttl
         expires_at = holder.expires_at
-        until = self._anchor_wall_ms + int((expires_at + lease - self._anchor_clock) * 1000) + 1
-        data = b"G %s %s %d %d %d %d %s -" % (
+        until = self._until(expires_at, lease)
+        data = b"G %s %s %d %d %d %d %s %s" % (
             holder.token.encode(),
             state.key.encode(),
             state.limit,
@@ -357,12 +334,17 @@ class Journal:
             lease,
             until,
             b"d" if detached else b"c",
+            b"-" if on_close is None else b"%d" % on_close,
         )
         note = holder.note
         if note is not None:
             data += b" " + note.encode()
-        self.buf.append(b"%08x %s\n" % (zlib.crc32(data), data))
         holder.covered = expires_at + lease
+        return b"%08x %s\n" % (zlib.crc32(data), data)
+
+    def grant(self, holder: Holder, detached: bool) -> None:
+        """Record a new grant."""
+        self.buf.append(self.grant_record(holder, detached, None))
 
     def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
         """Record that a lease now runs to ``expires_at``; returns the expiry covered."""
@@ -403,7 +385,7 @@ class Journal:
 
     def open(self, live: Iterable[bytes]) -> None:
         """Start a new file holding the header and ``live`` (grant records made with
-        ``grant_line`` after ``anchor``), replacing the old one atomically."""
+        ``grant_record`` after ``anchor``), replacing the old one atomically."""
         self._replace(live)
 
     def anchor(self) -> None:
@@ -501,7 +483,7 @@ class Journal:
         return size > COMPACT_MIN_BYTES and size > 4 * _LIVE_RECORD_BYTES * live
 
     def compact(self, live: Iterable[bytes]) -> None:
-        """Rewrite the file with only ``live`` (the current grants, see ``grant_line``)."""
+        """Rewrite the file with only ``live`` (the current grants, see ``grant_record``)."""
         self.flush()
         self._replace(live)
         self.stats.compactions += 1

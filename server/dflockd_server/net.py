@@ -367,19 +367,7 @@ class Server:
         """A grant record for every lease held now (the journal's new file or compaction)."""
         lines: list[bytes] = []
         for holder, on_close in table.live_holders():
-            state = holder.state
-            line, holder.covered = journal.grant_line(
-                holder.token,
-                key=state.key,
-                limit=state.limit,
-                is_sem=state.is_sem,
-                lease_ttl=holder.lease_ttl,
-                expires_at=holder.expires_at,
-                detached=holder.client is table.detached,
-                on_close=on_close,
-                note=holder.note,
-            )
-            lines.append(line)
+            lines.append(journal.grant_record(holder, holder.client is table.detached, on_close))
         return lines
 
     async def _stop_accepting(self, listener: asyncio.Server) -> None:

@@ -217,14 +217,21 @@ class LockTable(TableCore):
         holder.note = note
         taken = self._move(holder, client, lease_ttl, self.clock(), on_close)
         if on_close is not None:
-            leases = client.on_close
-            if leases is None:
-                leases = client.on_close = {}
-            elif len(leases) > 2 * client.n_held + CLIENT_COMPACT_MIN:
-                for gone in [h for h in leases if not h.live]:
-                    del leases[gone]
-            leases[taken] = on_close
+            self._detach_at_close(client, taken, on_close)
         return taken
+
+    @staticmethod
+    def _detach_at_close(client: Client, holder: Holder, lease_ttl: int) -> None:
+        """When ``client`` closes, detach ``holder`` with a lease of ``lease_ttl`` instead of
+        releasing it (``ht``'s ``<onclose>``); entries of released holders are pruned as the
+        map grows."""
+        leases = client.on_close
+        if leases is None:
+            leases = client.on_close = {}
+        elif len(leases) > 2 * client.n_held + CLIENT_COMPACT_MIN:
+            for gone in [h for h in leases if not h.live]:
+                del leases[gone]
+        leases[holder] = lease_ttl
 
     def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
         """``hd``: detach the grant ``token`` holds on the lock ``key`` from whatever
@@ -433,10 +440,7 @@ class LockTable(TableCore):
         on_close = restored.pop(holder, None) if restored else None
         moved = self._move(holder, client, lease_ttl, now, on_close)
         if on_close is not None:
-            leases = client.on_close
-            if leases is None:
-                leases = client.on_close = {}
-            leases[moved] = on_close
+            self._detach_at_close(client, moved, on_close)
 
     def restore(
         self,
@@ -478,10 +482,7 @@ class LockTable(TableCore):
         owner.held.append(holder)
         owner.n_held += 1
         if on_close is not None and not detached:
-            leases = owner.on_close
-            if leases is None:
-                leases = owner.on_close = {}
-            leases[holder] = on_close
+            self._detach_at_close(owner, holder, on_close)
         self._leases.add(holder, expires_at, lease_ttl)
         self.counts.restored[is_sem] += 1
         return holder

@@ -383,3 +383,26 @@ def test_a_journal_with_flipped_bytes_still_starts_restores_the_records_before_a
 def test_journal_rejects_an_unknown_fsync_mode(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="always, everysec, no"):
         Journal(str(tmp_path / "j"), "sometimes", lambda: 0.0)
+
+
+def test_a_taken_over_grant_comes_back_with_its_onclose_lease(tmp_path: Path) -> None:
+    """A grant taken over with ``ht`` and an ``<onclose>`` lease is bound to whichever
+    connection renews it after a restart, and that connection's close detaches it again
+    (for the onclose lease) instead of releasing it."""
+    server = ServerThread(config(tmp_path)).start()
+    port = server.port
+    with Wire(server.address) as a:
+        token = a.req("hl", "q", f"0 {LEASE} d published").split()[1]
+    with Wire(server.address) as b:
+        assert b.req("ht", "q", f"{token} {LEASE} 30 running") == f"ok {LEASE}"
+        server.stop()
+    with ServerThread(config(tmp_path, port=port)) as again:
+        (entry,) = again.stats()["locks"]
+        assert entry["restored"] is True and entry["owner"] == "running"
+        with Wire(again.address) as c:
+            assert c.req("n", "q", f"{token} {LEASE}") == f"ok {LEASE}"
+            (entry,) = again.stats()["locks"]
+            assert entry["restored"] is False and entry["detached"] is False
+        wait_until(lambda: again.stats()["locks"][0]["detached"], what="detached at the close")
+        (entry,) = again.stats()["locks"]
+        assert 0 < entry["lease_expires_in_s"] <= 30
