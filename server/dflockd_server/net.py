@@ -322,22 +322,11 @@ class Server:
         and start a new journal file holding them (the old one, damaged tail and all, is
         replaced)."""
         assert plan.journal is not None and self.fence is not None
-        assert self.lease_record is not None
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
         restored = 0
         highest = 0
         for rec, left in plan.leases:
-            holder = table.restore(
-                key=rec.key,
-                token=rec.token,
-                limit=rec.limit,
-                is_sem=rec.is_sem,
-                lease_ttl=rec.lease_ttl,
-                left=left,
-                detached=rec.detached,
-                on_close=rec.on_close,
-                note=rec.note,
-            )
+            holder = table.restore(rec, left)
             if holder is None:
                 log.warning(
                     "journal: not restored (its key is full or of another limit): %s", rec.key

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflockd_server.journal import LeaseRecord
 from dflockd_server.keys import (
     AlreadyEnqueued,
     Bound,
@@ -442,23 +443,13 @@ class LockTable(TableCore):
         if on_close is not None:
             self._detach_at_close(client, moved, on_close)
 
-    def restore(
-        self,
-        *,
-        key: str,
-        token: str,
-        limit: int,
-        is_sem: bool,
-        lease_ttl: int,
-        left: float,
-        detached: bool,
-        on_close: int | None,
-        note: str | None,
-    ) -> Holder | None:
+    def restore(self, rec: LeaseRecord, left: float) -> Holder | None:
         """Put back a grant read from the lease journal, ``left`` seconds from its end: a
         detached hold is the ``detached`` client's, any other grant the ``restored`` client's
         until a connection renews it. ``None`` (nothing restored) when it cannot be: the key
         is full or fixed with another limit (a journal that contradicts itself)."""
+        key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
+        is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
         now = self.clock()
         state = self.keys.get(key)
         if state is None:
@@ -468,7 +459,7 @@ class LockTable(TableCore):
         owner = self.detached if detached else self.restored
         expires_at = now + left
         holder = Holder(token, state, owner, lease_ttl, expires_at)
-        holder.note = note
+        holder.note = rec.note
         if limit == 1:
             state.one = holder
         else:
