@@ -33,10 +33,13 @@ Damage: reading stops at the first line that does not check. When that line is t
 record (never acknowledged with ``always``) is lost. Damage before the last line means records
 after it are unknown: the caller then applies a restart grace (``state``).
 
-Writes: records are appended to a buffer; ``flush`` writes it with one ``os.write`` before any
-reply leaves (``stream`` calls it), so a kill -9 of the process loses nothing a client was told.
-``fsync``: ``always`` (before the reply), ``everysec`` (a background thread, once a second:
-a crash of the machine may lose the last second), ``no`` (the OS decides).
+Writes: records are appended to a buffer. A connection whose reply follows records not written
+yet holds its replies back (``stream``); once per turn of the loop the server writes the buffer
+with one ``os.write`` (``flush``) and then sends every reply held back, so a kill -9 of the
+process loses nothing a client was told, and the connections of one turn share one write (a
+group commit). ``fsync``: ``always`` (in that write, before those replies: one fsync for all),
+``everysec`` (a background thread, once a second: a crash of the machine may lose the last
+second), ``no`` (the OS decides).
 """
 
 from __future__ import annotations
@@ -422,7 +425,8 @@ class Journal:
 
     def flush(self) -> None:
         """Write the buffered records (one ``os.write``); with ``always``, fsync too. Called
-        before any reply leaves."""
+        before the replies that follow the records are sent (the server's group write), and by
+        the sweep for records no reply follows (expiries, disconnects)."""
         buf = self.buf
         if not buf:
             return

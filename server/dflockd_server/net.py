@@ -123,6 +123,8 @@ class Server:
         self.grace_reason = ""
         """Why this start has a restart grace ("" when it has none)."""
         self._hello = p.reply_hello(c.SERVER_VERSION)
+        self._held: list[Stream] = []
+        """Connections whose replies wait for the journal's next group write."""
         self.connections_accepted = 0
         self.connections_refused = 0
         self.open_transports = 0  # made and not yet lost, admitted or refused
@@ -612,6 +614,34 @@ class Server:
                 self._idle.clear()
             else:
                 self._idle.set()
+
+    def hold_back(self, stream: Stream) -> None:
+        """``stream`` holds replies back until the journal is written: do that once for every
+        connection of this turn of the loop, just after it (one write, and with
+        ``--journal-fsync always`` one fsync, for all of them)."""
+        if not self._held:
+            self.loop.call_soon(self._send_held)
+        self._held.append(stream)
+
+    def _send_held(self) -> None:
+        held, self._held = self._held, []
+        journal = self.journal
+        if journal is not None:
+            try:
+                journal.flush()
+            except OSError as exc:
+                log.error(
+                    "journal: cannot write %s (%s): dropping %d connection(s) unanswered",
+                    journal.path,
+                    exc,
+                    len(held),
+                )
+                for stream in held:
+                    stream.held = None
+                    stream.abort()
+                return
+        for stream in held:
+            stream.send_held()
 
     def fragment_delay(self, earlier: int) -> float:
         """How long a dripping sender goes unread after ``earlier`` delays in a row: doubling

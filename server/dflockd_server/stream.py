@@ -44,6 +44,8 @@ class StreamHost(Protocol):
 
     def fragment_delay(self, earlier: int) -> float: ...
 
+    def hold_back(self, stream: Stream) -> None: ...
+
 
 class Stream(asyncio.Protocol):
     """One connection's bytes (see the module's doc)."""
@@ -73,6 +75,11 @@ class Stream(asyncio.Protocol):
         self.journal = server.journal
         """Written before any reply leaves: a client is never told of a grant, renewal or
         release the journal does not hold."""
+        self.held: list[bytes] | None = None
+        """Replies held back until the server's next group write of the journal (its
+        records first), in order; None when none is."""
+        self.close_when_sent = False
+        """A close asked for while replies were held back: done once they are sent."""
 
     def _open(self, transport: asyncio.Transport) -> None:
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
@@ -150,22 +157,33 @@ class Stream(asyncio.Protocol):
             self.abort()
 
     def _send(self, transport: asyncio.Transport, data: bytes) -> None:
-        """Write reply bytes, through the TLS session on a TLS connection; the lease journal's
-        records first. A journal that cannot be written sends nothing: the connection is
-        dropped (what it holds is freed as for any closed connection)."""
+        """Write reply bytes, through the TLS session on a TLS connection. While the lease
+        journal has records not written yet, the replies are held back (and any later ones of
+        this connection, in order): the server writes the journal once for every connection
+        of this turn of the loop, then sends what it held back (``send_held``)."""
         journal = self.journal
-        if journal is not None and journal.buf:
-            try:
-                journal.flush()
-            except OSError as exc:
-                log.error(
-                    "journal: cannot write %s (%s): dropping connection %s unanswered",
-                    journal.path,
-                    exc,
-                    self.peer,
-                )
-                self.abort()
-                return
+        if journal is not None and (journal.buf or self.held is not None):
+            held = self.held
+            if held is None:
+                held = self.held = []
+                self._host.hold_back(self)
+            held.append(data)
+            return
+        self._send_now(transport, data)
+
+    def send_held(self) -> None:
+        """The journal holds the records: send the replies held back (then close, if a close
+        was asked for meanwhile)."""
+        held, self.held = self.held, None
+        transport = self.transport
+        if held is None or transport is None or transport.is_closing():
+            return
+        self._send_now(transport, held[0] if len(held) == 1 else b"".join(held))
+        if self.close_when_sent:
+            self.close_when_sent = False
+            self._close_transport(transport)
+
+    def _send_now(self, transport: asyncio.Transport, data: bytes) -> None:
         tls = self.tls
         if tls is None:
             transport.write(data)
@@ -182,6 +200,12 @@ class Stream(asyncio.Protocol):
         if transport is None or self.closing:
             return
         self.closing = True
+        if self.held is not None:
+            self.close_when_sent = True  # after the replies held back for the journal
+            return
+        self._close_transport(transport)
+
+    def _close_transport(self, transport: asyncio.Transport) -> None:
         if self.tls is not None:
             alert = self.tls.close_notify()
             if alert:
