@@ -28,10 +28,11 @@ the smaller of the two is safe and no longer than needed. ``now`` is taken on th
 time elapsed since the anchor, immune to wall-clock steps between the runs); after a reboot it
 is the wall clock, and a wall clock set back is still safe (the lease cap bounds it).
 
-Damage: reading stops at the first line that does not check. When that line is the last one
-(a write cut short, kill -9 of the machine mid-write) it is a torn tail: dropped, and only that
-record (never acknowledged with ``always``) is lost. Damage before the last line means records
-after it are unknown: the caller then applies a restart grace (``state``).
+Damage: reading stops at the first line that does not check. A last record without its end
+of line (a write cut short by a crash of the machine) is a torn tail: dropped, and only that
+record (never acknowledged with ``always``) is lost. Any other damage (a whole line that does
+not check, two lines run together) means records after it are unknown: the caller then applies
+a restart grace (``state``).
 
 Writes: records are appended to a buffer. A connection whose reply follows records not written
 yet holds its replies back (``stream``); once per turn of the loop the server writes the buffer
@@ -126,7 +127,7 @@ class JournalRead:
     damage: str = ""
     """What was wrong with the first line that did not check ("" when none)."""
     torn_tail: bool = False
-    """The damage was the file's last line only (a write cut short)."""
+    """The damage is a last record without its end of line: a write cut short."""
 
     @property
     def damaged_before_tail(self) -> bool:
@@ -226,7 +227,9 @@ def read_journal(path: str) -> JournalRead:
             read.damage = problem
             read.dropped_bytes = len(rest)
             read.dropped_lines = rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
-            read.torn_tail = read.dropped_lines == 1
+            # Only a write cut short leaves a record without its end of line; a whole line that
+            # does not check (two lines run together by a lost end of line included) is damage.
+            read.torn_tail = b"\n" not in rest
             break
         read.records += 1
         pos = end + 1
