@@ -57,6 +57,7 @@ from celery_dflock._core import (
 )
 from celery_dflock.cluster import ClusterMap
 from celery_dflock.errors import (
+    AuthError,
     DflockError,
     KeyHeld,
     LockNotAcquired,
@@ -483,6 +484,10 @@ class _AsyncLockBase:
         """One attempt of `_reattach` (operation lock held)."""
         try:
             conn = await self._checkout(self._core.reattach_endpoint())
+        except AuthError as exc:
+            # Answered, and refused: no later attempt does better. Lost now, saying why.
+            reason = f"the lock server refused this client's auth when it reconnected ({exc})"
+            return RenewOutcome(renewed=False, lost_reason=reason, reattach=False)
         except DflockError as exc:
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
         try:

@@ -59,6 +59,7 @@ from celery_dflock._sync.pool import ConnectionPool
 from celery_dflock._sync_backend import Event, OpLock, RenewalDriver, call_back, pause
 from celery_dflock.cluster import ClusterMap
 from celery_dflock.errors import (
+    AuthError,
     DflockError,
     KeyHeld,
     LockNotAcquired,
@@ -485,6 +486,10 @@ class _SyncLockBase:
         """One attempt of `_reattach` (operation lock held)."""
         try:
             conn = self._checkout(self._core.reattach_endpoint())
+        except AuthError as exc:
+            # Answered, and refused: no later attempt does better. Lost now, saying why.
+            reason = f"the lock server refused this client's auth when it reconnected ({exc})"
+            return RenewOutcome(renewed=False, lost_reason=reason, reattach=False)
         except DflockError as exc:
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
         try:

@@ -114,6 +114,7 @@ async def holder(
     context: ssl.SSLContext | None = None,
     key: str = "held",
     limit: int = 2,
+    auth_token: str | None = None,
 ) -> AsyncIterator[Holder]:
     """A lock (``kind``) of ``face`` on ``address``, made by a `Client` / `AsyncClient` (so
     through its pool); its ``on_lost`` calls are counted."""
@@ -128,13 +129,15 @@ async def holder(
         return client.semaphore(key, limit, lease_ttl_s=lease_ttl_s, on_lost=on_lost)
 
     if face == "blocking":
-        client = Client(servers=[address], ssl_context=context)
+        client = Client(servers=[address], ssl_context=context, auth_token=auth_token)
         try:
             yield Holder(make(client), True, lost)
         finally:
             await asyncio.to_thread(client.close)
     else:
-        async with AsyncClient(servers=[address], ssl_context=context) as aclient:
+        async with AsyncClient(
+            servers=[address], ssl_context=context, auth_token=auth_token
+        ) as aclient:
             yield Holder(make(aclient), False, lost)
 
 
@@ -304,6 +307,28 @@ async def test_a_server_restarted_without_the_lock_reports_it_lost(
         assert await lock.lost_within(TOLD_WITHIN_S)
         assert lock.lost_calls == ["held"]
         assert await lock.release() is False
+
+
+@faces
+async def test_a_refused_auth_on_reconnect_reports_the_lock_lost_at_once(
+    dflock_server_factory: ServerFactory,
+    face: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The server came back (with the lease, restored from its journal) but refuses this
+    client's secret: no later attempt does better, so the lock is lost now, not when its
+    lease runs out."""
+    caplog.set_level(logging.WARNING, logger="celery_dflock.client")
+    state = str(tmp_path / "state")
+    server = dflock_server_factory(auth_token="first-secret", state_dir=state)
+    async with holder(face, "lock", server.address, auth_token="first-secret") as lock:
+        assert await lock.acquire()
+        server.stop()
+        dflock_server_factory(port=server.port, auth_token="another-secret", state_dir=state)
+        assert await lock.lost_within(TOLD_WITHIN_S)  # the lease is LONG_LEASE_S
+        assert lock.lost_calls == ["held"]
+        assert "refused this client's auth when it reconnected" in caplog.text
 
 
 # ---------------------------------------------------------------------- unreachable
