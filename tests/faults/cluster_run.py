@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from dflockd_server.cluster.ops import read_view
 from dflockd_server.cluster.shardmap import shard_id
 from tests.faults.history import Cut, Hold
 from tests.faults.workload import (
@@ -185,11 +186,17 @@ class ClusterLockRun(LockRun):
         self.injections.append(Injection(f"member {member.advertise} stopped", t))
 
     def kill_member(self, member: LockServer, what: str = "member") -> Takeover:
-        """SIGKILL; its holds stay proven valid for their lease (a server cut)."""
-        info = self.shards()
-        keys = tuple(k for k in self.keys if self.owner_of(info, k) == member.advertise)
+        """SIGKILL; its holds stay proven valid for their lease (a server cut). Its keys are
+        read from etcd's map just after the kill: a dead member hands nothing over any more,
+        and no other member takes its shards before the failover wait, so that map shows
+        exactly the shards it served when it died (a member's own view may lag a handover
+        that finished just before, and a key whose shard had moved on is rightly granted at
+        once by its new member)."""
         t = now()
         member.kill()
+        assert self.etcd is not None
+        current = read_view(self.etcd.client(), self.prefix).shard_map
+        keys = tuple(k for k in self.keys if current[shard_id(k)].current == member.advertise)
         self.cuts.append(Cut(t, None, done_t=now()))
         self.injections.append(Injection(f"{what} {member.advertise} SIGKILL", t))
         takeover = Takeover(member.advertise, keys, t, None)
