@@ -261,9 +261,14 @@ def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
         rig.log.wait_event("once_body", timeout=EVENT_TIMEOUT_S, name=blocker)
     name = unique("revoked")
     queued = rig.tasks.once.delay(name)
-    rig.app.control.revoke(queued.id)
     try:
-        assert rig.tasks.once.delay(name).id == queued.id  # still held until the worker acts
+        assert rig.tasks.once.delay(name).id == queued.id  # held while it waits in the queue
+        # The worker acknowledges the revoke before a pool slot frees: a broadcast sent and
+        # not awaited could reach a loaded worker after it took the queued task to run it.
+        acknowledged = rig.app.control.revoke(
+            queued.id, reply=True, limit=1, timeout=EVENT_TIMEOUT_S
+        )
+        assert acknowledged, "no worker acknowledged the revoke"
     finally:
         for blocker in blockers:
             rig.release_file(blocker).touch()
