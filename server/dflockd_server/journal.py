@@ -63,7 +63,7 @@ __all__ = [
     "Journal",
     "JournalRead",
     "JournalStats",
-    "LeaseRecord",
+    "RecordedGrant",
     "boot_id",
     "read_journal",
     "restored_leases",
@@ -96,7 +96,7 @@ def _line(payload: str) -> bytes:
 
 
 @dataclass(slots=True)
-class LeaseRecord:
+class RecordedGrant:
     """One grant as the journal last recorded it."""
 
     token: str
@@ -114,7 +114,7 @@ class LeaseRecord:
 class JournalRead:
     """What ``read_journal`` found."""
 
-    leases: dict[str, LeaseRecord] = field(default_factory=lambda: {})
+    leases: dict[str, RecordedGrant] = field(default_factory=lambda: {})
     """Token -> the grants not released, in grant order."""
     anchor: tuple[str, int, int] | None = None
     """The file's clock anchor: boot id, wall ms, monotonic ms."""
@@ -146,7 +146,7 @@ def _apply(read: JournalRead, payload: str) -> str | None:
         if len(parts) < 8:
             return "grant record with too few fields"
         token, key, limit, sem, lease, until, mode, on_close = parts[:8]
-        leases[token] = LeaseRecord(
+        leases[token] = RecordedGrant(
             token,
             key,
             int(limit),
@@ -242,7 +242,7 @@ def restored_leases(
     wall_ms: int | None = None,
     monotonic_ms: int | None = None,
     this_boot: str | None = None,
-) -> list[tuple[LeaseRecord, float]]:
+) -> list[tuple[RecordedGrant, float]]:
     """The grants of ``read`` still running now, each with its seconds left (see the module's
     doc), in grant order. The clock arguments are for tests."""
     wall = time.time_ns() // 1_000_000 if wall_ms is None else wall_ms
@@ -252,7 +252,7 @@ def restored_leases(
     now = wall
     if anchor is not None and anchor[0] != "-" and anchor[0] == boot and mono >= anchor[2]:
         now = anchor[1] + (mono - anchor[2])  # the file's own clock: no wall-clock step
-    out: list[tuple[LeaseRecord, float]] = []
+    out: list[tuple[RecordedGrant, float]] = []
     for rec in read.leases.values():
         longest = max(rec.lease_ttl, rec.on_close or 0)
         left = min((rec.until_ms - now) / 1000.0, float(longest))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.grace import GraceDecision, decide_grace, grace_path, read_longest_lease
-from dflockd_server.journal import JournalRead, LeaseRecord, read_journal, restored_leases
+from dflockd_server.journal import JournalRead, RecordedGrant, read_journal, restored_leases
 
 __all__ = [
     "NO_STATE",
@@ -122,7 +122,7 @@ class StartPlan:
     """What a start does with the state it finds."""
 
     grace: GraceDecision
-    leases: list[tuple[LeaseRecord, float]]
+    leases: list[tuple[RecordedGrant, float]]
     """The leases to restore, each with its seconds left."""
     read: JournalRead | None
     """What was read of the journal (None: no journal read)."""
@@ -154,7 +154,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     earlier = state.has_earlier_state()
     why = ""
     read: JournalRead | None = None
-    leases: list[tuple[LeaseRecord, float]] = []
+    leases: list[tuple[RecordedGrant, float]] = []
     try:
         exists = os.path.exists(journal)
         if exists:

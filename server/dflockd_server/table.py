@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflockd_server.journal import LeaseRecord
+from dflockd_server.journal import RecordedGrant
 from dflockd_server.keys import (
     AlreadyEnqueued,
     Bound,
@@ -443,7 +443,7 @@ class LockTable(TableCore):
         if on_close is not None:
             self._detach_at_close(client, moved, on_close)
 
-    def restore(self, rec: LeaseRecord, left: float) -> Holder | None:
+    def restore(self, rec: RecordedGrant, left: float) -> Holder | None:
         """Put back a grant read from the lease journal, ``left`` seconds from its end: a
         detached hold is the ``detached`` client's, any other grant the ``restored`` client's
         until a connection renews it. ``None`` (nothing restored) when it cannot be: the key
