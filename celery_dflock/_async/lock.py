@@ -345,8 +345,20 @@ class _AsyncLockBase:
 
         ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
         `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
+        `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
+        2 s): neither held nor queued.
         """
-        return ACQUIRED if await self._grant(self._core.enqueue_request) else QUEUED
+        if await self._grant(self._core.enqueue_request):
+            return ACQUIRED
+        core = self._core
+        if core.state is LockState.ENQUEUED:
+            return QUEUED
+        # Neither: a cluster hand-over kept the key's member from answering until the time
+        # was up (a `wait` would find nothing queued).
+        raise LockNotAcquired(
+            core.handover
+            or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
+        )
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).

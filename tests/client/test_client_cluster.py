@@ -308,6 +308,10 @@ def test_error_unavailable_is_retried_until_the_timeout(cluster: Cluster) -> Non
             client.lock(key, acquire_timeout_s=0),
         ):
             pass
+        # enqueue: neither held nor queued (it answered "queued" before, and wait() then
+        # said the lock was not enqueued)
+        with pytest.raises(LockNotAcquired, match="hand-over of its shard"):
+            client.lock(key, acquire_timeout_s=0).enqueue()
         threading.Timer(0.4, cluster.set_map, args=(ROUND_ROBIN,)).start()
         lock = client.semaphore(key, 2, acquire_timeout_s=5)
         assert lock.acquire()
@@ -429,9 +433,12 @@ def test_release_by_token_goes_to_the_keys_node(cluster: Cluster) -> None:
         assert lock.acquire()
         token = lock.token
         assert token is not None
-    with Client([cluster.servers[2].address], sharding_strategy="cluster") as other:
-        assert other.release(key, token)
-    assert cluster.held_on(key) == []
+        with Client([cluster.servers[2].address], sharding_strategy="cluster") as other:
+            assert other.release(key, token)
+        assert cluster.held_on(key) == []
+        # The holder finds it gone (and stops renewing: left running, it reported the lock
+        # lost after the cluster stopped, in whichever test ran then).
+        assert lock.release() is False
 
 
 @pytest.mark.parametrize("face", ["blocking", "asyncio"])
