@@ -708,7 +708,10 @@ def _contended(
     task_id = cast("str | None", request.id)
     args, kwargs = call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
-    if mismatch is None:
+    handover = None if lock is None else lock.handover
+    if mismatch is None and handover is not None:
+        why = handover  # a cluster hand-over outlasted lock_timeout: the key may well be free
+    elif mismatch is None:
         by = f"task {holder}" if holder else "another run"
         why = f"lock {key!r} is held by {by}"
     else:
