@@ -61,7 +61,8 @@ class LockedTask(Task):
     #: defaults applied), a callable taking the task's arguments, or None for
     #: ``<task name>:<digest of all arguments>``.
     lock_key: ClassVar[str | Callable[..., str] | None] = None
-    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default 0).
+    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default: 30 with
+    #: ``on_locked="retry"``, 0 with ``"skip"`` or ``"raise"``).
     lock_timeout: ClassVar[float | None] = None
     #: Lease in seconds, renewed while the body runs (default: the server's, 33 s).
     lock_ttl: ClassVar[int | None] = None
