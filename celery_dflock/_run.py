@@ -387,17 +387,18 @@ def release_hold(runtime: Runtime, config: DflockConfig, held: HoldRef) -> bool:
 
 
 PUBLISH_LEASE_S: Final = 15
-"""The lease of a publish-time hold until its message is sent: the hold is taken bound to the
-publisher's connection (``hl ... c``) and detached with its ``lock_pending_ttl`` lease
-(``hd``) only once the broker took the message. A send that gave up (the lock server did not
-answer, the broker refused, an exception) leaves no hold behind: freed when that connection
-closes, or, at the latest, after this many seconds."""
+"""How long a run waits for the publisher of its own message to detach the hold (`_adopt`):
+a publish-time hold is taken bound to the publisher's connection (``hl ... c``, with its
+pending lease, so a lease above the server's ``--max-lease-ttl`` is refused before anything
+is sent) and detached (``hd``) only once the broker took the message. A send that gave up
+(the lock server did not answer, the broker refused, an exception) leaves no hold behind: it
+is freed when that connection closes (a connection whose request went unanswered is closed)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PublishHold:
     """A publish-time hold taken for a message about to be sent (bound to the publisher's
-    connection, with the `PUBLISH_LEASE_S` lease, until `confirm`)."""
+    connection until `confirm`)."""
 
     hold: Hold
     header: dict[str, str]
@@ -419,7 +420,9 @@ class PublishHold:
         except DflockError as exc:
             done, why = False, f"the lock server did not confirm it ({exc})"
         else:
-            why = f"it was gone (freed before the message was sent, {PUBLISH_LEASE_S} s)"
+            why = (
+                "it was gone (its connection to the lock server closed before the message was sent)"
+            )
         if not done:
             worker_logger.warning(
                 "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
@@ -488,9 +491,7 @@ def publish_hold(
         )
     lease = _pending_lease(options, _delay_s(countdown, eta))
     try:
-        hold = runtime.client(config).hold(
-            key, note=note, lease_ttl=min(lease, PUBLISH_LEASE_S), detached=False
-        )
+        hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
     except ProtocolError as exc:
         raise ProtocolError(
             f"task {name} was not sent: the lock server refused its hold of {key!r} for "

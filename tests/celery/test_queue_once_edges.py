@@ -35,8 +35,8 @@ from tests.support.workers import (
 EVENT_TIMEOUT_S = 30.0
 RESULT_TIMEOUT_S = 60.0
 FREE_WAIT_S = 20.0
-"""How long a test waits in the key's FIFO queue for a key to be freed (the bound a send the
-server never answered may block its key: 15 s, `celery_dflock._run.PUBLISH_LEASE_S`)."""
+"""How long a test waits in the key's FIFO queue for a key to be freed (a hold left by a send
+the server never answered used to last lock_pending_ttl, 300 s)."""
 REDIS_DB = 13
 
 
