@@ -167,6 +167,36 @@ def test_a_chain_with_a_duplicate_head_runs_its_tail(rig: Rig) -> None:
     assert len(rig.log.entries("once_body", name=name)) == 1
 
 
+def test_nested_canvas_with_duplicates_completes(rig: Rig) -> None:
+    """A group of a chain and a member on one key, inside a chord: one run of the key, every
+    place gets its result, and the callback runs."""
+    name = unique("nested")
+    release = rig.release_file(name)
+    member = rig.tasks.once.si(name, str(release))
+    inner = group(chain(member, rig.tasks.collect.s()), member.clone())
+    result = chord([inner, rig.tasks.once.si(unique("nested-other"))])(rig.tasks.collect.s())
+    release.touch()
+    assert result is not None
+    got = result.get(timeout=RESULT_TIMEOUT_S)
+    assert got[:2] == [name, name]
+    assert len(rig.log.entries("once_body", name=name)) == 1
+
+
+def test_a_group_with_a_duplicate_member_on_gevent(rig: Rig) -> None:
+    queue = unique("dflock-qedges-gevent")
+    rig.factory.start(
+        "apps.qonce", pool="gevent", concurrency=4, settings={"task_default_queue": queue}
+    )
+    name = unique("group-gevent")
+    release = rig.release_file(name)
+    member = rig.tasks.once.si(name, str(release)).set(queue=queue)
+    result = group(member, member.clone(), member.clone()).apply_async()
+    release.touch()
+    assert result.get(timeout=RESULT_TIMEOUT_S) == [name, name, name]
+    assert len(rig.log.entries("once_body", name=name)) == 1
+    redis_cleanup(queue, db=REDIS_DB)
+
+
 def test_a_group_under_on_duplicate_raise_is_sent_whole(rig: Rig) -> None:
     """``on_duplicate="raise"``: the group is sent whole (never half), and the duplicate's
     place fails at once with AlreadyQueued naming the holder."""
