@@ -798,14 +798,26 @@ class LockCore:
         data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
         return Command.SEM_LOCK, data, self.reply_timeout(timeout)
 
-    def hold_request(self, server: ServerInfo | None, note: str) -> tuple[Command, bytes, float]:
-        """``hl ... d <note>``: a detached hold (`HoldsUnsupported` unless ``server`` has
-        holds)."""
+    def hold_request(
+        self, server: ServerInfo | None, note: str, *, detached: bool = True
+    ) -> tuple[Command, bytes, float]:
+        """``hl ... d <note>``: a detached hold; not ``detached``: ``hl ... c <note>``, bound
+        to the connection until `detach_token_request` (`HoldsUnsupported` unless ``server``
+        has holds)."""
         self._require_idle()
         self.require_holds(server)
         timeout = self.wait_seconds()
-        data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=True)
+        data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=detached)
         return Command.HOLD, data, self.reply_timeout(timeout)
+
+    def detach_token_request(
+        self, server: ServerInfo | None, token: str, lease_ttl: int
+    ) -> tuple[Command, bytes, float]:
+        """``hd <token> <lease>`` for a grant this object does not hold: detach it from the
+        connection it is bound to (`HoldsUnsupported` unless ``server`` has holds)."""
+        self.require_holds(server)
+        data = protocol.encode_hand_down(self.key, protocol.validate_token(token), lease_ttl)
+        return Command.HAND_DOWN, data, self.reply_timeout()
 
     def hold_lease(self) -> int:
         """The lease ``hl`` asks for (it always names one): the lock's, else the protocol's

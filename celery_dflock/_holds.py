@@ -24,16 +24,22 @@ from typing import Any, Final, cast
 from urllib.parse import quote, unquote
 
 __all__ = [
+    "FOLLOW_HEADER",
     "HOLD_HEADER",
     "NOTE_MAX_BYTES",
+    "Follow",
     "HoldRef",
     "decode_note",
     "encode_note",
+    "follow_of",
     "hold_of",
 ]
 
 HOLD_HEADER: Final = "dflock_hold"
 """Message header of a task sent under a publish-time hold: ``{"key": ..., "token": ...}``."""
+FOLLOW_HEADER: Final = "dflock_follow"
+"""Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
+"error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 NOTE_MAX_BYTES: Final = 200
 """The longest owner note the server stores (printable ASCII, no space)."""
 _NO_NOTE: Final = "_"
@@ -87,3 +93,34 @@ def hold_of(value: object) -> HoldRef | None:
     if isinstance(key, str) and key and isinstance(token, str) and token:
         return HoldRef(key, token)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """A canvas member sent in a duplicate's place (`FOLLOW_HEADER`): its run gives the
+    result of ``task_id`` (the task holding ``key``), or fails at once with ``error``."""
+
+    key: str
+    task_id: str | None
+    error: str | None
+
+    def header(self) -> dict[str, str | None]:
+        """The header value (plain JSON)."""
+        return {"key": self.key, "task_id": self.task_id, "error": self.error}
+
+
+def follow_of(value: object) -> Follow | None:
+    """The `Follow` a `FOLLOW_HEADER` value names (None when absent or malformed)."""
+    if not isinstance(value, Mapping):
+        return None
+    fields = cast("Mapping[str, Any]", value)
+    key, task_id, error = fields.get("key"), fields.get("task_id"), fields.get("error")
+    if not isinstance(key, str) or not key:
+        return None
+    if task_id is not None and not isinstance(task_id, str):
+        return None
+    if error is not None and not isinstance(error, str):
+        return None
+    if task_id is None and error is None:
+        return None
+    return Follow(key, task_id, error)

@@ -207,7 +207,21 @@ def _validate_key(value: object, where: str) -> object:
 
 
 def _validate_timeout(value: object, where: str) -> object:
+    if value is None:
+        return None
     return _number(value, where, minimum=0, integer=False)
+
+
+RETRY_WAIT_S: Final = 30.0
+"""The default ``lock_timeout`` of ``on_locked="retry"``: a run waits this long in its key's
+FIFO queue (taking the key the moment the holder lets go) before it is sent again with a
+countdown."""
+
+
+def default_timeout(on_locked: str) -> float:
+    """``lock_timeout`` when none is set: `RETRY_WAIT_S` for ``"retry"``, else 0 (``"skip"``
+    and ``"raise"`` give up at once)."""
+    return RETRY_WAIT_S if on_locked == "retry" else 0.0
 
 
 def _validate_ttl(value: object, where: str) -> object:
@@ -304,10 +318,12 @@ _SPECS: Final = (
     _OptionSpec(
         "lock_timeout",
         "dflock_default_timeout",
-        0,
+        None,
         _validate_timeout,
         "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
-        "the wire, rounded up).",
+        'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
+        'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
+        '`"raise"`.',
     ),
     _OptionSpec(
         "lock_ttl",
@@ -763,7 +779,11 @@ def resolve_options(
     check_combination(resolved, f"lock options of task {task_name!r}")
     return LockOptions(
         key=cast("str | Callable[..., str] | None", resolved["lock_key"]),
-        timeout=float(cast("float", resolved["lock_timeout"])),
+        timeout=(
+            default_timeout(str(resolved["on_locked"]))
+            if resolved["lock_timeout"] is None
+            else float(cast("float", resolved["lock_timeout"]))
+        ),
         ttl=cast("int | None", resolved["lock_ttl"]),
         on_locked=cast("OnLocked", resolved["on_locked"]),
         limit=cast("int | None", resolved["lock_limit"]),

@@ -21,7 +21,7 @@ from kombu import serialization
 
 from celery_dflock import signals
 from celery_dflock._celery import BaseTask, Reject, task_stack
-from celery_dflock._holds import HOLD_HEADER, HoldRef
+from celery_dflock._holds import FOLLOW_HEADER, HOLD_HEADER, HoldRef
 from celery_dflock._run import (
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
@@ -61,7 +61,8 @@ class LockedTask(Task):
     #: defaults applied), a callable taking the task's arguments, or None for
     #: ``<task name>:<digest of all arguments>``.
     lock_key: ClassVar[str | Callable[..., str] | None] = None
-    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default 0).
+    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default: 30 with
+    #: ``on_locked="retry"``, 0 with ``"skip"`` or ``"raise"``).
     lock_timeout: ClassVar[float | None] = None
     #: Lease in seconds, renewed while the body runs (default: the server's, 33 s).
     lock_ttl: ClassVar[int | None] = None
@@ -142,6 +143,9 @@ class LockedTask(Task):
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
+        in_canvas = bool(
+            task_id or link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS)
+        )
         task_id = task_id or uuid()
         per_call = check_call_options(
             cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {}),
@@ -154,22 +158,74 @@ class LockedTask(Task):
             task_id,
             countdown=options.get("countdown"),
             eta=options.get("eta"),
+            in_canvas=in_canvas,
         )
         if taken is None:
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         if isinstance(taken, Duplicate):
-            return self._celery.AsyncResult(taken.task_id)
-        headers[HOLD_HEADER] = taken.header
-        options["headers"] = headers
-        try:
+            if not in_canvas and taken.task_id is not None:
+                return self._celery.AsyncResult(taken.task_id)
+            # A canvas member (its id is already in its group's, chord's or chain's result):
+            # a follower in its place gives it the holder's result, or fails at once.
+            headers[FOLLOW_HEADER] = taken.follow().header()
+            headers[HOLD_HEADER] = None
+            options["headers"] = headers
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
+        headers[HOLD_HEADER] = taken.header
+        options["headers"] = headers
+        try:
+            sent = BaseTask.apply_async(
+                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
         except BaseException:
-            taken.release(self)  # nothing was sent: the key must not wait for it
+            with contextlib.suppress(DflockError):  # else it frees with its connection
+                taken.release(self)  # nothing was sent: the key must not wait for it
             raise
+        taken.confirm(self, task_id)
+        return sent
+
+    def apply(  # noqa: PLR0917 (Celery's signature)
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        task_id: str | None = None,
+        retries: int | None = None,
+        throw: bool | None = None,
+        logfile: Any = None,
+        loglevel: Any = None,
+        headers: Any = None,
+        **options: Any,
+    ) -> Any:
+        """As :meth:`celery.Task.apply` (an eager run, here and now); lock options given here
+        apply to this run (a bad one is refused, naming it). An eager run of a
+        ``lock_from="publish"`` task whose key is held fails at once with `AlreadyQueued`."""
+        lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
+        if lock_options:
+            checked = check_call_options(lock_options, f"apply options of {self._name!r}")
+            merged = dict(cast("Mapping[str, Any]", headers or {}))
+            given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
+            merged[LOCK_OPTIONS_HEADER] = {**given, **checked}
+            headers = merged
+        return BaseTask.apply(
+            self,
+            args,
+            kwargs,
+            link,
+            link_error,
+            task_id,
+            retries,
+            throw,
+            logfile,
+            loglevel,
+            headers,
+            **options,
+        )
 
     def retry(  # noqa: PLR0917 (Celery's signature)
         self,
@@ -258,6 +314,10 @@ class LockedTask(Task):
         app = self._celery._get_app()
         with contextlib.suppress(DflockError):  # else its lease frees it
             release_hold(get_runtime(app), get_config(app), kept)
+
+
+_CANVAS_OPTIONS = ("chain", "chord", "group_id")
+"""``apply_async`` options a canvas passes to its members (besides a fixed ``task_id``)."""
 
 
 def _with_skip(throws: object) -> tuple[type[BaseException], ...]:

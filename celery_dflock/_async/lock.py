@@ -744,6 +744,14 @@ class _AsyncLockBase:
         seconds from now; True if renewed, False if it no longer holds the key."""
         return await self._by_token(lambda _: self._core.token_renew_request(token, lease_ttl))
 
+    async def detach_token(self, token: str, lease_ttl: int) -> bool:
+        """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
+        with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
+        holds the key. `HoldsUnsupported` for a server without holds."""
+        return await self._by_token(
+            lambda server: self._core.detach_token_request(server, token, lease_ttl)
+        )
+
     async def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; True if done, False if
         it no longer holds the key. `HoldsUnsupported` for a server without holds."""
@@ -798,15 +806,19 @@ class AsyncDistributedLock(_AsyncLockBase):
         """The owner note each acquire sends to a server with holds (None: none)."""
         return self._core.note
 
-    async def hold(self, note: str) -> Hold:
+    async def hold(self, note: str, *, detached: bool = True) -> Hold:
         """Take a detached hold of this key (``hl ... d <note>``), waiting up to
         ``acquire_timeout_s``, with this lock's lease: the grant outlives this object and its
-        connection, and is neither renewed nor released here. Raises `KeyHeld` when the key
+        connection, and is neither renewed nor released here. Not ``detached``: the grant
+        (``hl ... c``) stays bound to the pooled connection that took it (freed if that
+        connection closes) until `detach_token` detaches it. Raises `KeyHeld` when the key
         stays busy, `HoldsUnsupported` for a server without holds. This object holds nothing
         after."""
         core = self._core
         try:
-            if not await self._grant(lambda server: core.hold_request(server, note), keep=False):
+            if not await self._grant(
+                lambda server: core.hold_request(server, note, detached=detached), keep=False
+            ):
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"

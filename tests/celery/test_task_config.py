@@ -31,10 +31,13 @@ def test_defaults_without_any_setting() -> None:
     options = resolve_options(config, "t", {})
     assert options.on_locked == "retry"
     assert options.on_lock_lost == "interrupt"
-    assert options.timeout == 0
+    assert options.timeout == 30  # on_locked="retry" waits in the key's queue first
     assert options.ttl is None
     assert options.limit is None
     assert options.key is None
+    for policy in ("skip", "raise"):  # these give up at once
+        assert resolve_options(config, "t", {"on_locked": policy}).timeout == 0
+    assert resolve_options(config, "t", {"lock_timeout": 0}).timeout == 0
 
 
 @pytest.mark.parametrize(
