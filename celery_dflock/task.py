@@ -38,6 +38,7 @@ from celery_dflock.config import (
     LOCK_OPTIONS,
     check_call_options,
     check_combination,
+    check_option_names,
     get_config,
     validate_option,
 )
@@ -96,6 +97,11 @@ class LockedTask(Task):
         template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
+        inherited = {attr for base in cls.__mro__[1:] for attr in vars(base)}
+        check_option_names(
+            (attr for attr in vars(cls) if not attr.startswith("_") and attr not in inherited),
+            f"task {name or cls.__qualname__!r}",
+        )
         given: dict[str, object] = {}
         for option in LOCK_OPTIONS:  # a bad value fails here, not at every run in the worker
             value = getattr(cls, option, None)
@@ -129,6 +135,7 @@ class LockedTask(Task):
 
         With ``lock_from="publish"`` the key is taken first: while another task holds it,
         nothing is sent and ``on_duplicate`` says what the caller gets."""
+        check_option_names(options, f"apply_async options of {self._name!r}")
         lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
         headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
         if lock_options:

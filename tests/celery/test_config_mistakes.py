@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from celery import Celery
@@ -165,4 +165,108 @@ def test_upper_case_beat_settings_are_read() -> None:
     settings = BeatSettings.from_app(app, get_config(app))
     assert settings.lock_key == "beat-upper"
     assert settings.lease_ttl_s == 7
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("misspelt", "meant"),
+    [("lock_tll", "lock_ttl"), ("lock_timout", "lock_timeout"), ("on_lockd", "on_locked")],
+)
+def test_a_misspelt_task_option_fails_when_the_task_is_bound_naming_the_option(
+    misspelt: str, meant: str
+) -> None:
+    """Celery keeps an unknown ``@app.task`` keyword as a class attribute without a word, so
+    ``lock_tll=60`` used to run on the default lease (issue 29)."""
+    app = make_app()
+
+    @app.task(shared=False, base=LockedTask, lock_key="k", **{misspelt: 60})
+    def job() -> None: ...
+
+    task: Any = job
+    with pytest.raises(DflockConfigError, match=f"'{misspelt}' is not a lock option") as failure:
+        app.finalize()
+        _ = app.tasks[task.name]
+    assert f"did you mean '{meant}'" in str(failure.value)
+    app.close()
+
+
+def test_a_misspelt_class_attribute_fails_when_the_task_is_bound() -> None:
+    app = make_app()
+
+    class Report(LockedTask):
+        name = "proj.report"
+        lock_tll = 60
+
+        def run(self) -> None: ...
+
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_ttl'"):
+        app.register_task(Report())
+    app.close()
+
+
+def test_a_misspelt_call_option_is_refused_at_the_call_naming_the_option() -> None:
+    app = make_app()
+    app.conf.task_always_eager = False
+
+    @app.task(shared=False, base=LockedTask, lock_key="k")
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_ttl'") as failure:
+        task.apply_async(lock_tll=60)
+    assert "apply_async options of" in str(failure.value)
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_timeout'"):
+        task.s().set(lock_timout=5).apply_async()
+    app.close()
+
+
+def test_a_misspelt_option_in_task_locks_is_refused_with_the_close_match() -> None:
+    app = make_app(dflock_task_locks={"proj.report": {"lock_tll": 60}})
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_ttl'"):
+        get_config(app)
+    app.close()
+
+
+def test_a_template_field_missing_from_the_signature_names_field_and_signature() -> None:
+    app = make_app()
+    from celery_dflock.keys import KeyDerivationError
+
+    with pytest.raises(KeyDerivationError) as failure:
+
+        @app.task(shared=False, base=LockedTask, lock_key="report:{customer}")
+        def report(customer_id: int, kind: str = "daily") -> None: ...
+
+        app.finalize()
+        _ = app.tasks[cast("Any", report).name]
+    message = str(failure.value)
+    assert "{customer}" in message
+    assert "its signature is report(customer_id, kind='daily')" in message
+    app.close()
+
+
+def test_each_lock_option_setting_is_the_option_name_with_the_prefix() -> None:
+    from celery_dflock.config import SETTINGS
+
+    assert SETTINGS, "no lock option has an app-wide setting"
+    for option, setting in SETTINGS.items():
+        assert setting == f"dflock_{option}"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value", "field"),
+    [
+        ("dflock_default_ttl", "dflock_lock_ttl", 45, "lock_ttl"),
+        ("dflock_default_timeout", "dflock_lock_timeout", 3, "lock_timeout"),
+        ("dflock_max_retries", "dflock_lock_max_retries", 4, "lock_max_retries"),
+        ("DFLOCK_RETRY_JITTER", "dflock_lock_retry_jitter", False, "lock_retry_jitter"),
+    ],
+)
+def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
+    old: str, new: str, value: object, field: str
+) -> None:
+    app = make_app(**{old: value})
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: rename it to {new}"):
+        config = get_config(app)
+    assert config.defaults[field] == value
     app.close()
