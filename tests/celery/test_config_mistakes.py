@@ -17,6 +17,7 @@ from celery import Celery
 from celery_dflock import LockedTask
 from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
+from tests.support.ports import free_port
 from tests.support.workers import EventLog, WorkerFactory, with_server
 
 
@@ -125,6 +126,29 @@ def test_a_task_locks_entry_naming_no_task_is_warned_at_worker_start(
     )
     assert worker.wait_output(expected, timeout=10), worker.output()[-3000:]
     assert "WARNING" in worker.output()
+
+
+def test_a_worker_logs_at_start_which_lock_servers_it_reaches(
+    factory: Callable[..., WorkerFactory], dflock_server: ServerThread
+) -> None:
+    worker = factory().start(app="apps.plain", pool="solo", concurrency=1)
+    expected = f"dflock: lock servers reached: {dflock_server.host}:{dflock_server.port} ("
+    assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+    assert "cannot reach lock server" not in worker.output()
+
+
+def test_a_worker_that_reaches_no_lock_server_warns_naming_dflock_servers(
+    factory: Callable[..., WorkerFactory],
+) -> None:
+    """Before issue 29 a worker started without a word when its lock servers were down."""
+    nowhere = f"127.0.0.1:{free_port()}"  # nothing listens there
+    worker = factory(dflock_servers=nowhere).start(app="apps.plain", pool="solo", concurrency=1)
+    expected = f"this worker reaches none of its lock servers (dflock_servers = {nowhere})"
+    assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+    output = worker.output()
+    assert f"cannot reach lock server {nowhere} (dflock_servers)" in output
+    assert "WARNING" in output
+    assert "lock servers reached" not in output
 
 
 def records_dirs(tmp: Path) -> list[Path]:
