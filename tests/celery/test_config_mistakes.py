@@ -294,3 +294,58 @@ def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
         config = get_config(app)
     assert config.defaults[field] == value
     app.close()
+
+
+@pytest.mark.parametrize("where", ["attribute", "setting"])
+def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change(
+    dflock_server_factory: Any, where: str
+) -> None:
+    """The server's --max-lease-ttl comes with its hello; a run asking for a longer lease is
+    refused before the request, naming lock_ttl / dflock_lock_ttl and --max-lease-ttl (before
+    issue 29 the request was sent, and the server's bare 'error' became a ProtocolError that
+    could only guess at the cause)."""
+    from celery_dflock import InvalidValueError
+
+    server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    conf: dict[str, Any] = {"dflock_servers": f"{server.host}:{server.port}"}
+    options: dict[str, Any] = {}
+    if where == "setting":
+        conf["dflock_lock_ttl"] = 60
+    else:
+        options["lock_ttl"] = 60
+    app = make_app(**conf)
+
+    @app.task(shared=False, base=LockedTask, lock_key="long-lease", **options)
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(InvalidValueError) as refused:
+        task()
+    message = str(refused.value)
+    assert "the lease asked for (60 s) is above the longest lease server" in message
+    assert "(30 s, its --max-lease-ttl" in message
+    assert "the lock_ttl option or the dflock_lock_ttl setting" in message
+    app.close()
+
+
+def test_a_publish_hold_above_the_servers_max_lease_is_refused_before_sending(
+    dflock_server_factory: Any,
+) -> None:
+    from celery_dflock import InvalidValueError
+
+    server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    app = make_app(dflock_servers=f"{server.host}:{server.port}")
+    app.conf.task_always_eager = False
+
+    @app.task(shared=False, base=LockedTask, lock_key="long-hold", lock_from="publish")
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(InvalidValueError) as refused:
+        task.apply_async(countdown=40)
+    message = str(refused.value)
+    assert "was not sent: its hold of 'long-hold' would last" in message
+    assert "lock_pending_ttl" in message and "(30 s, its --max-lease-ttl" in message
+    app.close()
