@@ -17,7 +17,8 @@ more; an app that locks tasks only through ``dflock_task_locks`` calls
 * ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``; clean up the
   held-lock records of workers that died without doing so.
 * ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task; log which lock
-  servers the worker reaches, and warn (naming ``dflock_servers``) about those it cannot.
+  servers the worker reaches, and warn (naming ``dflock_servers``) about those it cannot, and
+  about tasks whose lease is above the longest the servers grant (their ``hello`` says).
 * ``worker_process_init`` (each prefork child, after fork): a fresh connection
   pool for the child.
 * ``worker_process_shutdown`` / ``worker_shutdown``: close the pool.
@@ -162,6 +163,13 @@ class _Hooks:
                 answer.address,
                 answer.error or "no answer",
             )
+        limits = [a.server.max_lease_ttl_s for a in reached if a.server is not None]
+        known = [limit for limit in limits if limit is not None]
+        if known:
+            from celery_dflock.task import leases_above
+
+            for warning in leases_above(self.app, min(known)):
+                logger.warning("dflock: %s", warning)
         if not reached:
             logger.warning(
                 "dflock: this worker reaches none of its lock servers (dflock_servers = %s): "

@@ -40,6 +40,7 @@ from celery_dflock.config import (
     check_combination,
     check_option_names,
     get_config,
+    resolve_options,
     validate_option,
 )
 from celery_dflock.errors import DflockError, LockSkipped
@@ -303,6 +304,35 @@ def apply_task_locks(app: Any) -> list[str]:
         task.__class__ = locked_cls
         changed.append(name)
     return changed
+
+
+def leases_above(app: Any, limit: int) -> list[str]:
+    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
+    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
+    lock server grants: every run (or send) of it would be refused."""
+    config = get_config(app)
+    tasks: Mapping[str, Any] = app.tasks
+    warnings: list[str] = []
+    for name, task in sorted(tasks.items()):
+        if not isinstance(task, LockedTask):
+            continue
+        attributes = {option: getattr(task, option, None) for option in LOCK_OPTIONS}
+        try:
+            options = resolve_options(config, name, attributes)
+        except DflockError:  # a bad option fails where it is used, with its own message
+            continue
+        leases = [("lock_ttl", options.ttl, "run")]
+        if options.lock_from == "publish":
+            leases.append(("lock_pending_ttl", options.pending_ttl, "send"))
+        for option, lease, what in leases:
+            if lease is not None and lease > limit:
+                warnings.append(
+                    f"task {name!r} asks for {option}={lease}, above the longest lease its "
+                    f"lock servers grant ({limit} s, --max-lease-ttl): every {what} of it will "
+                    f"be refused; lower {option} (or dflock_{option}) or raise the servers' "
+                    "--max-lease-ttl"
+                )
+    return warnings
 
 
 def unknown_task_locks(app: Any) -> list[str]:

@@ -151,6 +151,24 @@ def test_a_worker_that_reaches_no_lock_server_warns_naming_dflock_servers(
     assert "lock servers reached" not in output
 
 
+def test_a_worker_warns_at_start_about_a_lease_above_the_servers_limit(
+    factory: Callable[..., WorkerFactory], dflock_server_factory: Any
+) -> None:
+    """The limit comes with the servers' hello at the worker's first contact: a task whose
+    lock_ttl every run would have refused is named at start, not at its first run."""
+    strict: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    workers = factory(
+        dflock_servers=f"{strict.host}:{strict.port}",
+        dflock_task_locks={"apps.plain.third_party_report": {"lock_ttl": 60}},
+    )
+    worker = workers.start(app="apps.plain", pool="solo", concurrency=1)
+    expected = (
+        "task 'apps.plain.third_party_report' asks for lock_ttl=60, above the longest lease "
+        "its lock servers grant (30 s, --max-lease-ttl)"
+    )
+    assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+
+
 def records_dirs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("celery-dflock-*"))
 
