@@ -67,19 +67,19 @@ def settings_page() -> str:
         "`app.conf` setting, default. A misspelt option (`lock_tll=60`) raises where it is given,",
         "naming the close matches.",
         "",
-        "| option | app.conf setting | default | meaning |",
-        "|---|---|---|---|",
+        "| option<br>app.conf setting | default | meaning |",
+        "|---|---|---|",
     ]
     old_names = {new: old for old, new in RENAMED_SETTINGS.items()}
     for name, setting, default, meaning in option_table():
-        shown_setting = _name(setting) if setting else "—"
+        shown_setting = _name(setting) if setting else "(no app-wide setting)"
         formerly = (
             f" (Formerly {_code(old_names[setting])}: still read, with a DeprecationWarning.)"
             if setting in old_names
             else ""
         )
         lines.append(
-            f"| {_name(name)} | {shown_setting} | {_code(repr(default))} "
+            f"| {_name(name)}<br>{shown_setting} | {_code(repr(default))} "
             f"| {_cell(meaning + formerly)} |"
         )
     sections: tuple[tuple[Literal["app", "beat"], str, str], ...] = (
