@@ -40,7 +40,6 @@ from celery_dflock.config import (
     check_combination,
     check_option_names,
     get_config,
-    resolve_options,
     validate_option,
 )
 from celery_dflock.errors import DflockError, LockSkipped
@@ -311,15 +310,18 @@ def leases_above(app: Any, limit: int) -> list[str]:
     ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
     lock server grants: every run (or send) of it would be refused."""
     config = get_config(app)
+    runtime = get_runtime(app)
     tasks: Mapping[str, Any] = app.tasks
     warnings: list[str] = []
     for name, task in sorted(tasks.items()):
         if not isinstance(task, LockedTask):
             continue
-        attributes = {option: getattr(task, option, None) for option in LOCK_OPTIONS}
+        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
         try:
-            options = resolve_options(config, name, attributes)
+            options = runtime.task_runs(name).plan_for(task, config, attributes).options
         except DflockError:  # a bad option fails where it is used, with its own message
+            continue
+        if options is None:  # not locked (the app's task_cls, no lock option)
             continue
         leases = [("lock_ttl", options.ttl, "run")]
         if options.lock_from == "publish":
