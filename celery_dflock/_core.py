@@ -171,6 +171,9 @@ class ServerInfo:
     name: str | None = None
     version: str | None = None
     features: frozenset[str] = frozenset()
+    max_lease_ttl_s: int | None = None
+    """The longest lease the server grants (its ``--max-lease-ttl``), when ``hello`` says so;
+    None: not known (another server), nothing is checked before asking."""
 
     @property
     def legacy(self) -> bool:
@@ -203,10 +206,16 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
         data = reply.data
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
+        max_lease = data.get("max_lease_ttl_s")
         return ServerInfo(
             name=str(name) if name is not None else "unnamed",
             version=None if version is None else str(version),
             features=frozenset(str(f) for f in listed),
+            max_lease_ttl_s=(
+                max_lease
+                if isinstance(max_lease, int) and not isinstance(max_lease, bool) and max_lease > 0
+                else None
+            ),
         )
     if isinstance(reply, ErrorReply):
         if reply.code == constants.STATUS_ERROR_AUTH:
@@ -782,6 +791,21 @@ class LockCore:
                 f"{self.what} is enqueued on this object; call wait() or release() first"
             )
 
+    def check_lease(self, server: ServerInfo | None, lease: int | None) -> None:
+        """Refuse, before asking, a lease above the longest ``server`` grants (its ``hello``
+        says so; a server that does not is asked as it is)."""
+        limit = None if server is None else server.max_lease_ttl_s
+        if lease is None or limit is None or lease <= limit:
+            return
+        raise InvalidValueError(
+            f"{self.what}: the lease asked for ({lease} s) is above the longest lease server "
+            f"{self.endpoint.address} grants ({limit} s, its --max-lease-ttl / "
+            "DFLOCKD_MAX_LEASE_TTL_S). Ask for a shorter lease (lease_ttl_s=; in Celery the "
+            "lock_ttl option or the dflock_lock_ttl setting, lock_pending_ttl for a key held "
+            "from publish, dflock_beat_lease_ttl for beat): renewal keeps a lock held however "
+            "long the work runs. Or start the server with a larger --max-lease-ttl"
+        )
+
     def acquire_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
         """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout). A lock
         with a `note` sends ``hl ... c <note>`` instead to a ``server`` that has holds."""
@@ -789,12 +813,15 @@ class LockCore:
         timeout = self.wait_seconds()
         if self.limit is None:
             if self.note is not None and server is not None and server.supports(FEATURE_HOLDS):
+                self.check_lease(server, self.hold_lease())
                 data = protocol.encode_hold(
                     self.key, timeout, self.hold_lease(), self.note, detached=False
                 )
                 return Command.HOLD, data, self.reply_timeout(timeout)
+            self.check_lease(server, self.lease_ttl_s)
             data = protocol.encode_lock(self.key, timeout, self.lease_ttl_s)
             return Command.LOCK, data, self.reply_timeout(timeout)
+        self.check_lease(server, self.lease_ttl_s)
         data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
         return Command.SEM_LOCK, data, self.reply_timeout(timeout)
 
@@ -806,6 +833,7 @@ class LockCore:
         has holds)."""
         self._require_idle()
         self.require_holds(server)
+        self.check_lease(server, self.hold_lease())
         timeout = self.wait_seconds()
         data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=detached)
         return Command.HOLD, data, self.reply_timeout(timeout)
@@ -854,6 +882,7 @@ class LockCore:
         holds)."""
         self._require_idle()
         self.require_holds(server)
+        self.check_lease(server, self.hold_lease())
         data = protocol.encode_take(self.key, token, self.hold_lease(), on_close_lease, note)
         return Command.TAKE, data, self.reply_timeout()
 
@@ -916,6 +945,7 @@ class LockCore:
     def enqueue_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
         """``e`` / ``se``."""
         self._require_idle()
+        self.check_lease(server, self.lease_ttl_s)
         if self.limit is None:
             data = protocol.encode_enqueue(self.key, self.lease_ttl_s)
             return Command.ENQUEUE, data, self.reply_timeout()

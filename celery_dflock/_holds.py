@@ -11,7 +11,8 @@ message, a revoke of the queued message releases it (`celery_dflock.signals`), a
 Each hold and each run-time lock carries an owner note: the task id, and while a run holds the
 key, the worker's host name (`encode_note`). The server stores it with the grant; a refused
 publish or acquire reads the holder's task id back from it (`decode_note`), and so does
-``celery dflock locks``.
+``celery dflock locks``. The singleton beat's leader lock carries a note too (`beat_note`: the
+beat's pid and host), so ``celery dflock locks`` names the beat that sends.
 
 Nothing here talks to a server; this module imports nothing of the rest of the Celery layer.
 """
@@ -29,6 +30,8 @@ __all__ = [
     "NOTE_MAX_BYTES",
     "Follow",
     "HoldRef",
+    "beat_note",
+    "beat_pid",
     "decode_note",
     "encode_note",
     "follow_of",
@@ -70,6 +73,25 @@ def decode_note(note: str | None) -> tuple[str | None, str | None]:
     task_id = unquote(task_part) or None
     host = (unquote(host_part) or None) if sep else None
     return task_id, host
+
+
+_BEAT_PREFIX: Final = "beat:"
+"""The task part of a beat's owner note: ``beat:<pid>`` (no task id starts so: Celery's are
+UUIDs)."""
+
+
+def beat_note(pid: int, host: str) -> str | None:
+    """The owner note of a singleton beat's leader lock: its pid and host (`beat_pid` reads
+    the pid back from the decoded task part)."""
+    return encode_note(f"{_BEAT_PREFIX}{pid}", host)
+
+
+def beat_pid(task_part: str | None) -> int | None:
+    """The beat's pid when a decoded note's task part is a beat's (`beat_note`), else None."""
+    if task_part is None or not task_part.startswith(_BEAT_PREFIX):
+        return None
+    digits = task_part.removeprefix(_BEAT_PREFIX)
+    return int(digits) if digits.isdigit() else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -500,6 +500,12 @@ def publish_hold(
             f"(DFLOCKD_MAX_LEASE_TTL_S, default 300 s) is refused: lower lock_pending_ttl "
             f"(dflock_lock_pending_ttl) or raise the server's limit. The server said: {exc}"
         ) from exc
+    except InvalidValueError as exc:  # the lease is above the limit the server's hello told
+        raise InvalidValueError(
+            f"task {name} was not sent: its hold of {key!r} would last {lease} s "
+            f"(lock_pending_ttl={options.pending_ttl}, or the message's countdown/eta when "
+            f"longer): {exc}"
+        ) from exc
     except KeyHeld as busy:
         holder, host = decode_note(busy.holder)
         where = f" (running on {host})" if host else " (queued)"

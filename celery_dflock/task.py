@@ -38,6 +38,7 @@ from celery_dflock.config import (
     LOCK_OPTIONS,
     check_call_options,
     check_combination,
+    check_option_names,
     get_config,
     validate_option,
 )
@@ -97,6 +98,11 @@ class LockedTask(Task):
         template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
+        inherited = {attr for base in cls.__mro__[1:] for attr in vars(base)}
+        check_option_names(
+            (attr for attr in vars(cls) if not attr.startswith("_") and attr not in inherited),
+            f"task {name or cls.__qualname__!r}",
+        )
         given: dict[str, object] = {}
         for option in LOCK_OPTIONS:  # a bad value fails here, not at every run in the worker
             value = getattr(cls, option, None)
@@ -130,6 +136,7 @@ class LockedTask(Task):
 
         With ``lock_from="publish"`` the key is taken first: while another task holds it,
         nothing is sent and ``on_duplicate`` says what the caller gets."""
+        check_option_names(options, f"apply_async options of {self._name!r}")
         lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
         headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
         if lock_options:
@@ -356,6 +363,38 @@ def apply_task_locks(app: Any) -> list[str]:
         task.__class__ = locked_cls
         changed.append(name)
     return changed
+
+
+def leases_above(app: Any, limit: int) -> list[str]:
+    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
+    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
+    lock server grants: every run (or send) of it would be refused."""
+    config = get_config(app)
+    runtime = get_runtime(app)
+    tasks: Mapping[str, Any] = app.tasks
+    warnings: list[str] = []
+    for name, task in sorted(tasks.items()):
+        if not isinstance(task, LockedTask):
+            continue
+        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
+        try:
+            options = runtime.task_runs(name).plan_for(task, config, attributes).options
+        except DflockError:  # a bad option fails where it is used, with its own message
+            continue
+        if options is None:  # not locked (the app's task_cls, no lock option)
+            continue
+        leases = [("lock_ttl", options.ttl, "run")]
+        if options.lock_from == "publish":
+            leases.append(("lock_pending_ttl", options.pending_ttl, "send"))
+        for option, lease, what in leases:
+            if lease is not None and lease > limit:
+                warnings.append(
+                    f"task {name!r} asks for {option}={lease}, above the longest lease its "
+                    f"lock servers grant ({limit} s, --max-lease-ttl): every {what} of it will "
+                    f"be refused; lower {option} (or dflock_{option}) or raise the servers' "
+                    "--max-lease-ttl"
+                )
+    return warnings
 
 
 def unknown_task_locks(app: Any) -> list[str]:

@@ -27,6 +27,7 @@ from dflockd_server.cluster.etcd import EtcdClient, EtcdError
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
+from dflockd_server.constants import CLUSTER_COMMAND_HELP
 from dflockd_server.values import split_cluster_url
 
 CLUSTER_FLAG = "--cluster"
@@ -155,18 +156,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     url_help = "the cluster: etcd://HOST:PORT[/PREFIX] (prefix default /dflockd)"
-    p = sub.add_parser("rebalance", help="even out the shards over the live members")
+    p = sub.add_parser("rebalance", help=CLUSTER_COMMAND_HELP["rebalance"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     p.add_argument("--dry-run", action="store_true", help="show the moves, write nothing")
     p.add_argument("--verbose", action="store_true", help="list every shard moved")
-    p = sub.add_parser("pin", help="never move SHARD automatically (optionally onto NODE)")
+    p = sub.add_parser("pin", help=CLUSTER_COMMAND_HELP["pin"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     p.add_argument("shard", type=int, metavar="SHARD")
     p.add_argument("node", nargs="?", metavar="NODE", help="HOST:PORT to pin it onto")
-    p = sub.add_parser("unpin", help="let SHARD be moved automatically again")
+    p = sub.add_parser("unpin", help=CLUSTER_COMMAND_HELP["unpin"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     p.add_argument("shard", type=int, metavar="SHARD")
-    p = sub.add_parser("shards", help="summarise the shard map")
+    p = sub.add_parser("shards", help=CLUSTER_COMMAND_HELP["shards"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     return parser
 
