@@ -26,7 +26,11 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/demo/test_demo_command.py",
         '"--broker"',
     ),
-    r"uv run pytest": (".ci/run", "uv run pytest"),
+    r"uv run --all-groups pytest": (".ci/run", "uv run --all-groups pytest"),
+    r"uv sync --all-packages --all-groups": (
+        ".ci/run",
+        "uv sync --all-packages --all-groups --locked",
+    ),
     r"uv run pytest -m faults": ("tests/faults/conftest.py", "faults"),
     r"uv run python -m benchmarks\.run_all": (
         "tests/benchmarks/test_benchmarks_smoke.py",
