@@ -50,6 +50,7 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/server/test_settings.py",
         "DFLOCKD_MAX_LOCKS",
     ),
+    r"python send\.py": ("tests/docs/test_getting_started.py", '"send.py"'),
     r"celery -A proj worker --loglevel=info": ("tests/examples/test_examples.py", '"worker"'),
     r"celery -A proj beat -S celery_dflock\.beat:SingletonScheduler": (
         "tests/support/beats.py",
