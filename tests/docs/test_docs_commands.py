@@ -31,8 +31,8 @@ COVERED: dict[str, tuple[str, str]] = {
         ".ci/run",
         "uv sync --all-packages --all-groups --locked",
     ),
-    r"uv run pytest -m faults": ("tests/faults/conftest.py", "faults"),
-    r"uv run python -m benchmarks\.run_all": (
+    r"uv run (--all-groups )?pytest -m faults": ("tests/faults/conftest.py", "faults"),
+    r"uv run (--all-groups )?python -m benchmarks\.run_all": (
         "tests/benchmarks/test_benchmarks_smoke.py",
         "run_all",
     ),
