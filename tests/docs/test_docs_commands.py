@@ -81,6 +81,9 @@ RUN_HERE = (
     r"(uv run )?dflockd --help",
 )
 NOT_RUN: dict[str, str] = {
+    r"celery -A proj beat -S redbeat\.RedBeatScheduler": (
+        "RedBeat's command, the 'before' of docs/migration.md (redbeat is not installed here)"
+    ),
     r"docker compose up --build": (
         "no Docker engine on CI; tests/test_compose.py validates docker-compose.yml against the "
         "compose specification"
