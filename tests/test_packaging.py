@@ -174,3 +174,15 @@ def test_the_readmes_first_command_in_a_fresh_clone_installs_little_and_passes(
         assert dev_only not in installed, f"the first command installed {dev_only}"
     size = _tree_bytes(venv)
     assert size < FIRST_INSTALL_LIMIT_BYTES, f".venv is {size / 2**20:.0f} MB"
+
+
+HOME = "https://github.com/celery-dflock/celery-dflock"
+
+
+def test_every_project_url_and_the_docs_site_name_the_repositorys_home() -> None:
+    for pyproject in (ROOT / "pyproject.toml", ROOT / "server" / "pyproject.toml"):
+        urls = tomllib.loads(pyproject.read_text())["project"]["urls"]
+        for name, url in urls.items():
+            assert url == HOME or url.startswith(f"{HOME}/"), f"{pyproject}: {name} = {url}"
+    mkdocs = (ROOT / "mkdocs.yml").read_text()  # not YAML-safe: it names a Python function
+    assert f"\nrepo_url: {HOME}\n" in mkdocs
