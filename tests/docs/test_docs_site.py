@@ -1,7 +1,8 @@
 """The built docs site as a reader's browser shows it: ``mkdocs build --strict``, then every page
 with diagrams opened in headless Chromium (Debian's ``chromium``), which runs the page's scripts
-(the bundled mermaid); each diagram must be drawn, an SVG inside its block, not mermaid's
-"Syntax error" picture. The pages' pictures are the files they name."""
+(mermaid, put into the built site by docs/hooks/mermaid.py); each diagram must be drawn, an SVG
+inside its block, not mermaid's "Syntax error" picture. The pages' pictures are the files they
+name."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def test_each_diagram_is_drawn_in_a_browser(site: Path, page: str) -> None:
 
 
 def test_the_site_loads_nothing_from_elsewhere(site: Path) -> None:
-    """The diagrams' mermaid is bundled: no page names a script on another host."""
+    """The diagrams' mermaid is part of the built site: no page names a script on another host."""
     for html in site.rglob("*.html"):
         scripts = re.findall(r'<script[^>]+src="([^"]+)"', html.read_text())
         remote = [s for s in scripts if re.match(r"(https?:)?//", s)]
