@@ -1,0 +1,337 @@
+"""The nemeses of issue 27 against a lock cluster started as users start it (acceptance 1, 2
+and 6).
+
+Three members of a real etcd, each the installed ``dflockd`` with ``--cluster`` and
+``--advertise`` and every other setting as shipped (`nemesis_run.DefaultMember`); client
+processes with 3 s leases running the fenced workload of `workload`, and the history checker
+over every hold of the run. Each nemesis asserts what the issue asks: no double grant (the
+unfenced rule: no two provably valid holds of a key overlap; the fenced one: a key's fences
+rise in grant order whichever member grants), no lost or stale update of the fenced counter,
+and the faulted member's keys granted again afterwards. How long those keys went without a
+grant (the availability gap) is printed and put in the fault report (tests/faults/README.md);
+it is asserted only for acceptance 2, whose 15 s is a bound users rely on.
+
+The nemeses, each reproducing a defect the issue found in 7070cf0:
+
+- a member paused (SIGSTOP) past its etcd lease, or cut off from etcd only (a proxy between it
+  and etcd stalls; its clients still reach it), while waiters are queued behind a long hold on
+  its key: once the shard's heir grants the key, the member is resumed (or reconnected); it
+  must not grant the waiters it queued before;
+- a member restarted in place after kill -9 (same port, ``--advertise``, state directory) with
+  its key held across the restart, then its shard moved away: by the failover (restarted
+  after the leader retargeted it), by an operator's pin, or by a graceful leave (SIGTERM);
+- kill -9 of a member: its keys pass on within 15 s (acceptance 2), and a second process with
+  its ``--advertise`` refuses to start while it runs;
+- churn: a member stopped with SIGTERM and restarted in place, rebalance, a member added,
+  rebalance, that member leaving;
+- etcd killed (SIGKILL) past the members' lease and restarted, then paused (SIGSTOP) past it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import FaultReport, scaled
+from tests.faults.nemesis_run import (
+    CLIENT_LEASE_S,
+    DEFAULT_CLUSTER_LEASE_S,
+    FAILOVER_MARGIN_S,
+    TAKEOVER_TIMEOUT_S,
+    DefaultMember,
+    Gap,
+    NemesisEtcd,
+    NemesisRun,
+    start_etcd,
+)
+from tests.faults.workload import RunResult, now
+from tests.support.etcd import etcd_or_skip, find_etcd
+from tests.support.wire import holders_and_waiters
+
+pytestmark = pytest.mark.timeout(240)
+"""A nemesis run takes 20-60 s on a loaded 2-core machine; the suite's 120 s is too tight."""
+
+PROGRESS_S = scaled(1, 5)
+"""Load between two faults."""
+PROGRESS_GRANTS = scaled(20, 200)
+KILL9_TAKEOVER_BOUND_S = 15.0
+"""Acceptance 2 of issue 27: a killed member's keys are served by another member within this."""
+LONG_HOLD_S = 8.0
+"""The aimed holder's long hold: longer than its lease (renewed meanwhile) and than a restart."""
+WAITER_HOLD_S = float(CLIENT_LEASE_S)
+"""What a queued waiter holds once granted: a fenced member that granted it would be seen
+overlapping the heir's grants for that long."""
+ETCD_DOWN_S = DEFAULT_CLUSTER_LEASE_S + 2.0
+"""How long etcd stays killed or paused: past every member's etcd lease, so all fence."""
+
+
+@pytest.fixture
+def nemesis_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisEtcd]:
+    """A private etcd the test may also kill and pause (skips without one, as `private_etcd`)."""
+    if find_etcd() is None:
+        next(etcd_or_skip(tmp_path_factory.mktemp("no-etcd")))  # skips, or fails on CI
+    server = start_etcd(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def checked(result: RunResult) -> str:
+    """Assert the history's promises; the summary's first line."""
+    check = result.check()
+    assert check.ok, check.summary()
+    assert check.proven >= 0.9 * check.holds, check.summary()  # rule (a) is not vacuous
+    assert check.ordered_pairs > 0, check.summary()
+    assert result.lost_updates == 0, result.resource
+    assert result.stale_accepted == 0, result.resource
+    return check.summary().splitlines()[0]
+
+
+def report(
+    fault_report: FaultReport, result: RunResult, fault: str, gaps: list[Gap], extra: str = ""
+) -> None:
+    check = result.check()
+    worst = [g.worst_s for g in gaps if g.worst_s is not None]
+    row = result.row(
+        fault,
+        check,
+        "; ".join([*(g.describe() for g in gaps), *([extra] if extra else []), checked(result)]),
+    )
+    fault_report.add(dataclasses.replace(row, recovery_s=max(worst, default=None)))
+
+
+def queue_behind_a_long_hold(run: NemesisRun, member: DefaultMember, key: str) -> None:
+    """A holder holds ``key`` long on ``member``, and waiters are queued behind it there; the
+    waiters will hold for `WAITER_HOLD_S` whoever grants them."""
+    holder, *waiters = run.aim(key, 3)
+    run.wait_progress(PROGRESS_S / 2, 1)
+    for waiter in waiters:
+        waiter.request_long_hold(WAITER_HOLD_S)
+    run.hold_long(holder, LONG_HOLD_S)
+    deadline = now() + TAKEOVER_TIMEOUT_S
+    while holders_and_waiters(member.address, key)[1] < 1:
+        assert now() < deadline, f"no waiter queued on {key} at {member.advertise}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("nemesis", ["pause", "partition"])
+def test_a_member_paused_or_cut_off_from_etcd_grants_no_waiter_it_queued(
+    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd, nemesis: str
+) -> None:
+    """Acceptance 1 (partition with queued waiter) and 6 (a member paused past its etcd lease,
+    a member partitioned from etcd only)."""
+    with NemesisRun(
+        tmp_path, etcd=nemesis_etcd, seed=2701, etcd_proxies=nemesis == "partition"
+    ) as run:
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        victim = run.victim()
+        keys = run.keys_of(victim)
+        key = keys[0]
+        queue_behind_a_long_hold(run, victim, key)
+        others = [m for m in run.members if m.running and m is not victim]
+        t = now()
+        if nemesis == "pause":
+            run.pause_member(victim)
+        else:
+            run.cut_from_etcd(victim)
+        # The keys served by another member (a probe on each, the server's availability).
+        served = run.wait_served_elsewhere(keys, victim, t)
+        # Contenders whose client starts from the other members (a client that still has
+        # the faulted member in its map waits on it), so that the heir grants the key over
+        # and over while the faulted member comes back.
+        contenders = run.aim(key, 2, seeds=others)
+        run.wait_granted_after((key,), t, grantees={w.client for w in contenders})
+        run.wait_progress(PROGRESS_S, 5)
+        if nemesis == "pause":
+            run.resume_member(victim)
+        else:
+            run.reconnect_to_etcd(victim)
+        # The waiters' long holds, if the faulted member granted them, end within this.
+        run.wait_progress(WAITER_HOLD_S + PROGRESS_S, PROGRESS_GRANTS)
+        gap = run.record_gap(f"member {nemesis}: workload", keys, t)
+        run.wait_map(live=3)
+        back = now()
+        run.wait_granted_after(tuple(run.keys_of(victim)) or (key,), back)
+        run.settle(TAKEOVER_TIMEOUT_S)
+        result = run.finish()
+    what = "SIGSTOP" if nemesis == "pause" else "cut off from etcd (proxy stalled)"
+    report(
+        fault_report,
+        result,
+        f"lock cluster (defaults): a member {what} past its etcd lease with waiters queued "
+        "behind a long hold, resumed once the heir granted the key",
+        [gap],
+        f"its keys served by another member after {max(served.values()):.1f} s (a probe)",
+    )
+
+
+@pytest.mark.parametrize("move", ["failover", "pin", "leave"])
+def test_a_member_restarted_in_place_after_kill9_moves_no_held_key(
+    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd, move: str
+) -> None:
+    """Acceptance 1 (restart in place with pin, fail-over and leave) and 6 (a member restarted
+    in place, kill -9)."""
+    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=2702) as run:
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        victim = run.victim()
+        keys = run.keys_of(victim)
+        key = keys[0]
+        others = [m.advertise for m in run.members if m.running and m is not victim]
+        (holder,) = run.aim(key, 1)
+        run.wait_progress(PROGRESS_S / 2, 1)
+        run.hold_long(holder, LONG_HOLD_S)
+        t = now()
+        if move == "failover":
+            run.kill_member(victim)
+            # Restarted once the leader has retargeted its shards (they now move out of it).
+            run.wait_owner(key, lambda _, target: target != victim.advertise, "retargeted")
+            victim.start()
+        else:
+            run.restart_in_place(victim, how="kill")
+            if move == "pin":
+                run.pin(key, others[0])
+            else:
+                run.remove_member(victim)  # SIGTERM: drain, then a graceful leave
+        run.wait_owner(key, lambda current, _: current in others, "the key's shard moved")
+        gap = run.record_gap(f"restart in place ({move})", (key,), t)
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        run.settle(TAKEOVER_TIMEOUT_S)
+        result = run.finish()
+    report(
+        fault_report,
+        result,
+        f"lock cluster (defaults): a member SIGKILLed with a key held, restarted in place, "
+        f"the key's shard then moved ({move})",
+        [gap],
+    )
+
+
+def test_kill9_of_a_member_its_keys_pass_on_within_15s_and_a_duplicate_advertise_refuses(
+    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
+) -> None:
+    """Acceptance 2 (kill -9 of a member started with defaults whose clients use 3 s leases:
+    its keys are served by another member within 15 s) and 6 (a duplicate ``--advertise``:
+    a second process with the leader's, started while the failover runs, refuses)."""
+    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=2703) as run:
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        victim = run.victim()
+        leader = run.member(run.leader().advertise)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            takeover = run.kill_member(victim)
+            twin_run = pool.submit(run.duplicate, leader)
+            served = run.wait_served_elsewhere(takeover.keys, victim, takeover.killed_t)
+            gap = run.record_gap("member SIGKILL", takeover.keys, takeover.killed_t)
+            twin = twin_run.result(TAKEOVER_TIMEOUT_S)
+        assert twin.returncode != 0, twin.stderr
+        assert "--advertise" in twin.stderr and leader.advertise in twin.stderr, twin.stderr
+        run.wait_map(live=2)
+        leaders_keys = run.keys_of(leader)
+        run.wait_granted_after(leaders_keys, now())  # the original serves on
+        run.settle(TAKEOVER_TIMEOUT_S)
+        result = run.finish()
+    # The bound users rely on, measured by a probe that asks the member etcd's map names for
+    # each key until one grants it (or says it is held there), from just before the SIGKILL.
+    # Expected about 9 s: the dead member's etcd lease runs out at most --cluster-lease-ttl
+    # (5 s) after its last keep-alive, then the heir waits the longest lease it published
+    # (3 s) + the failover margin (1 s) + a tick, raises its fence in etcd and serves. The
+    # probe polls every 50 ms from the test process, so a loaded machine only lengthens what
+    # it measures; 10-11 s were seen at load 9 on 2 cores. The 4-6 s left to 15 s absorb that
+    # without hiding a failover that waited --max-lease-ttl (300 s) or a second cluster lease.
+    # The workload's own first grants (`gap`, printed) come later still: a client that was
+    # refused backs off before it asks again.
+    expected_s = DEFAULT_CLUSTER_LEASE_S + CLIENT_LEASE_S + FAILOVER_MARGIN_S
+    worst_served = max(served.values())
+    print(f"served elsewhere after {worst_served:.1f} s (probe), per key {served}")
+    assert worst_served <= KILL9_TAKEOVER_BOUND_S, (served, expected_s)
+    report(
+        fault_report,
+        result,
+        "lock cluster (defaults, 3 s leases): a member SIGKILLed; a second process with the "
+        "leader's --advertise started meanwhile",
+        [gap],
+        f"served by another member after {worst_served:.1f} s (a probe on the key's new "
+        f"member; bound 15 s, about {expected_s:.0f} s expected); the duplicate refused to "
+        f"start ({twin.stderr.strip().splitlines()[-1][:160]})",
+    )
+
+
+def test_churn_members_leave_rejoin_join_and_rebalance(
+    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
+) -> None:
+    """Acceptance 6: a member restarted in place with SIGTERM (a graceful leave, then back),
+    members joining, leaving and rebalancing."""
+    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=2704, spares=1) as run:
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        victim = run.victim()
+        keys = run.keys_of(victim)
+        t = now()
+        run.restart_in_place(victim, how="term")
+        left = run.record_gap("SIGTERM + restart in place", keys, t)
+        run.wait_map(live=3)
+        run.rebalance()
+        wait_for(lambda: bool(run.keys_of(victim)), "the restarted member served again")
+        added = run.add_member()
+        run.wait_map(live=4)
+        run.rebalance()
+        wait_for(lambda: bool(run.keys_of(added)), "the added member served")
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        keys_added = run.keys_of(added)
+        t = now()
+        run.remove_member(added)
+        gone = run.record_gap("added member leaves (SIGTERM)", keys_added, t)
+        run.wait_map(live=3)
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        run.settle(TAKEOVER_TIMEOUT_S)
+        result = run.finish()
+    report(
+        fault_report,
+        result,
+        "lock cluster (defaults): churn: SIGTERM + restart in place, rebalance, a member "
+        "joins, rebalance, it leaves",
+        [left, gone],
+    )
+
+
+def test_etcd_killed_then_paused_past_the_members_lease(
+    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
+) -> None:
+    """Acceptance 6: etcd killed and paused."""
+    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=2705) as run:
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        gaps: list[Gap] = []
+        for how in ("SIGKILL", "SIGSTOP"):
+            t = now()
+            if how == "SIGKILL":
+                run.kill_etcd()
+                time.sleep(ETCD_DOWN_S)
+                nemesis_etcd.start()
+            else:
+                nemesis_etcd.signal(signal.SIGSTOP)
+                time.sleep(ETCD_DOWN_S)
+                nemesis_etcd.signal(signal.SIGCONT)
+            run.wait_map(live=3)
+            gaps.append(run.record_gap(f"etcd {how} for {ETCD_DOWN_S:.0f} s", tuple(run.keys), t))
+            run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        run.settle(TAKEOVER_TIMEOUT_S)
+        result = run.finish()
+    report(
+        fault_report,
+        result,
+        f"lock cluster (defaults): etcd SIGKILLed for {ETCD_DOWN_S:.0f} s and restarted, then "
+        f"SIGSTOPped for {ETCD_DOWN_S:.0f} s",
+        gaps,
+    )
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = now() + TAKEOVER_TIMEOUT_S
+    while not condition():
+        assert now() < deadline, f"{what}: not after {TAKEOVER_TIMEOUT_S} s"
+        time.sleep(0.1)
