@@ -253,10 +253,18 @@ class NemesisRun(ClusterLockRun):
             time.sleep(POLL_S * 10)
 
     # ------------------------------------------------------------------ aimed workers
-    def aim(self, key: str, n: int, *, seeds: list[LockServer] | None = None) -> list[Worker]:
+    def aim(
+        self,
+        key: str,
+        n: int,
+        *,
+        seeds: list[LockServer] | None = None,
+        lease_s: int | None = None,
+    ) -> list[Worker]:
         """``n`` workers (every other one two-phase) that lock ``key`` only: a holder the test
         asks for a long hold and waiters queued behind it, or contenders for the key (with
-        ``seeds``: the members their client starts from, instead of the run's)."""
+        ``seeds``: the members their client starts from, instead of the run's; ``lease_s``:
+        their lease, instead of the run's)."""
         made: list[Worker] = []
         for i in range(n):
             self._aimed += 1
@@ -268,7 +276,7 @@ class NemesisRun(ClusterLockRun):
                 db=str(self.db_path),
                 fenced=self.fenced,
                 two_phase=i % 2 == 1,
-                lease_s=self.lease_s,
+                lease_s=self.lease_s if lease_s is None else lease_s,
                 seed=self.rng.randrange(2**31),
             )
             if seeds is not None:
@@ -433,6 +441,23 @@ class NemesisRun(ClusterLockRun):
                 time.sleep(POLL_S * 5)
         return served
 
+    def wait_back(self, member: LockServer, key: str) -> str:
+        """Probe ``member`` (``l KEY 0 1``) until it answers for ``key`` as a member that is
+        back in the cluster: ``timeout`` (held there: after a restart, a lease it restored),
+        a grant (released at once), or ``error_moved`` (the shard is moving out of it: the
+        leader retargeted it while the member was down). The reply."""
+        deadline = now() + TAKEOVER_TIMEOUT_S
+        while True:
+            with contextlib.suppress(OSError, AssertionError):
+                with Wire(member.address, timeout=PROBE_TIMEOUT_S) as wire:
+                    reply = wire.req("l", key, "0 1")
+                    if reply.startswith("ok "):
+                        assert wire.req("r", key, reply.split()[1]) == "ok"
+                    if reply.startswith(("ok ", "timeout", "error_moved")):
+                        return reply
+            assert now() < deadline, f"{member.advertise} is not back for {key}"
+            time.sleep(POLL_S * 10)
+
     def stop_servers(self) -> None:
         """SIGTERM every running member at once, then wait for each (a graceful leave each)."""
         for member in self.members:
@@ -444,6 +469,21 @@ class NemesisRun(ClusterLockRun):
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait_exit(DRAIN_TIMEOUT_S)
                 proc.kill()
+
+    def longest_hold(self, worker: Worker) -> str:
+        """How ``worker``'s longest hold ended, in words."""
+        holds = [
+            h
+            for h in holds_from_events(worker.client, read_events(worker.history))
+            if h.granted_t is not None and h.released_t is not None
+        ]
+        assert holds, f"{worker.client} held nothing to the end"
+        hold = max(holds, key=lambda h: (h.released_t or 0) - (h.granted_t or 0))
+        took = (hold.released_t or 0) - (hold.granted_t or 0)
+        if hold.release_ok:
+            return f"the {took:.1f} s hold (lease {hold.lease_s} s) was kept and released"
+        told = "reported lost to its client" if hold.reported_lost else "lost, not reported"
+        return f"the {took:.1f} s hold (lease {hold.lease_s} s) was {told}"
 
     def record_gap(self, what: str, keys: tuple[str, ...], t: float) -> Gap:
         gap = Gap(what, keys, t, self.wait_granted_after(keys, t))
