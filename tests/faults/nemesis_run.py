@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import signal
 import subprocess
 import time
@@ -327,6 +328,14 @@ class NemesisRun(ClusterLockRun):
         self.injections.append(Injection(f"member {member.advertise} {how} + restart", t))
         member.start()
 
+    def remove_member(self, member: LockServer) -> None:
+        """A graceful leave: SIGTERM, and the member drains, leaves and exits with 0 (within
+        the default --shutdown-timeout)."""
+        assert isinstance(member, DefaultMember)
+        t = now()
+        member.terminate()
+        self.injections.append(Injection(f"member {member.advertise} SIGTERM (leaves)", t))
+
     def pin(self, key: str, node: str) -> None:
         """``dflockd pin --cluster URL SHARD NODE``, as an operator does (again while the
         leader's own write of the map conflicts with it)."""
@@ -448,13 +457,15 @@ class NemesisRun(ClusterLockRun):
         leader retargeted it while the member was down). The reply."""
         deadline = now() + TAKEOVER_TIMEOUT_S
         while True:
-            with contextlib.suppress(OSError, AssertionError):
-                with Wire(member.address, timeout=PROBE_TIMEOUT_S) as wire:
-                    reply = wire.req("l", key, "0 1")
-                    if reply.startswith("ok "):
-                        assert wire.req("r", key, reply.split()[1]) == "ok"
-                    if reply.startswith(("ok ", "timeout", "error_moved")):
-                        return reply
+            with (
+                contextlib.suppress(OSError, AssertionError),
+                Wire(member.address, timeout=PROBE_TIMEOUT_S) as wire,
+            ):
+                reply = wire.req("l", key, "0 1")
+                if reply.startswith("ok "):
+                    assert wire.req("r", key, reply.split()[1]) == "ok"
+                if reply.startswith(("ok ", "timeout", "error_moved")):
+                    return reply
             assert now() < deadline, f"{member.advertise} is not back for {key}"
             time.sleep(POLL_S * 10)
 
@@ -484,6 +495,12 @@ class NemesisRun(ClusterLockRun):
             return f"the {took:.1f} s hold (lease {hold.lease_s} s) was kept and released"
         told = "reported lost to its client" if hold.reported_lost else "lost, not reported"
         return f"the {took:.1f} s hold (lease {hold.lease_s} s) was {told}"
+
+    def longest_pause(self, t0: float, t1: float) -> float:
+        """The longest time within [t0, t1] in which no key at all was granted."""
+        grants = [h.granted_t for h in self.all_holds() if h.granted_t is not None]
+        edges = [t0, *sorted(g for g in grants if t0 < g < t1), t1]
+        return max(b - a for a, b in itertools.pairwise(edges))
 
     def record_gap(self, what: str, keys: tuple[str, ...], t: float) -> Gap:
         gap = Gap(what, keys, t, self.wait_granted_after(keys, t))
