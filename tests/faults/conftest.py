@@ -15,9 +15,16 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.faults.nemesis_run import NemesisEtcd
+
+from tests.support.etcd import etcd_or_skip, find_etcd
 
 LONG_ENV = "DFLOCK_FAULTS_LONG"
 WRITE_README_ENV = "DFLOCK_FAULTS_WRITE_README"
@@ -127,3 +134,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     head, _, rest = text.partition(TABLE_START)
     _, _, tail = rest.partition(TABLE_END)
     README.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+
+
+@pytest.fixture
+def nemesis_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisEtcd]:
+    """A private etcd the test may also kill and pause (skips without one, as `private_etcd`)."""
+    if find_etcd() is None:
+        next(etcd_or_skip(tmp_path_factory.mktemp("no-etcd")))  # skips, or fails on CI
+    from tests.faults.nemesis_run import start_etcd  # here: nemesis_run imports this module
+
+    server = start_etcd(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server
+    finally:
+        server.stop()

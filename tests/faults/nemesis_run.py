@@ -30,12 +30,14 @@ from pathlib import Path
 from dflockd_server.cluster.ops import read_view
 from dflockd_server.cluster.shardmap import shard_id
 from tests.faults.cluster_run import ClusterLockRun
+from tests.faults.conftest import FaultReport, scaled
 from tests.faults.history import Hold
 from tests.faults.workload import (
     EVENT_TIMEOUT_S,
     POLL_S,
     Injection,
     LockServer,
+    RunResult,
     Worker,
     holds_from_events,
     now,
@@ -44,7 +46,7 @@ from tests.faults.workload import (
 from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess, run_dflockd
-from tests.support.wire import Wire
+from tests.support.wire import Wire, holders_and_waiters
 
 CLIENT_LEASE_S = 3
 """Every client's lease (acceptance 2 of issue 27: clients that use 3 s leases)."""
@@ -170,7 +172,7 @@ class NemesisRun(ClusterLockRun):
         etcd: EtcdServer,
         members: int = 3,
         spares: int = 0,
-        workers: int = 5,
+        workers: int = 3,
         keys: tuple[str, ...] = tuple(f"k{i}" for i in range(24)),
         seed: int = 0,
         etcd_proxies: bool = False,
@@ -507,3 +509,67 @@ class NemesisRun(ClusterLockRun):
         self.gaps.append(gap)
         print(gap.describe())
         return gap
+
+
+# ---------------------------------------------------------------------- the tests' shared parts
+PROGRESS_S = scaled(1, 5)
+"""Load between two faults."""
+PROGRESS_GRANTS = scaled(20, 200)
+KILL9_TAKEOVER_BOUND_S = 15.0
+"""Acceptance 2 of issue 27: a killed member's keys are served by another member within this."""
+LONG_HOLD_S = 9.0
+"""The aimed holder's long hold: longer than its lease (renewed meanwhile) and than a restart."""
+HOLDER_LEASE_S = 10
+"""The restarted member's aimed holder's lease: it outlives the restart (the new process waits
+up to --cluster-lease-ttl for its previous registration to go), so the restarted member
+restores a lease that is still held when its shard moves."""
+WAITER_HOLD_S = float(CLIENT_LEASE_S)
+"""What a queued waiter holds once granted: a fenced member that granted it would be seen
+overlapping the heir's grants for that long."""
+ETCD_DOWN_S = DEFAULT_CLUSTER_LEASE_S + 2.0
+"""How long etcd stays killed or paused: past every member's etcd lease, so all fence."""
+
+
+def checked(result: RunResult) -> str:
+    """Assert the history's promises; the summary's first line."""
+    check = result.check()
+    assert check.ok, check.summary()
+    assert check.proven >= 0.9 * check.holds, check.summary()  # rule (a) is not vacuous
+    assert check.ordered_pairs > 0, check.summary()
+    assert result.lost_updates == 0, result.resource
+    assert result.stale_accepted == 0, result.resource
+    return check.summary().splitlines()[0]
+
+
+def report(
+    fault_report: FaultReport, result: RunResult, fault: str, gaps: list[Gap], extra: str = ""
+) -> None:
+    check = result.check()
+    worst = [g.worst_s for g in gaps if g.worst_s is not None]
+    row = result.row(
+        fault,
+        check,
+        "; ".join([*(g.describe() for g in gaps), *([extra] if extra else []), checked(result)]),
+    )
+    fault_report.add(dataclasses.replace(row, recovery_s=max(worst, default=None)))
+
+
+def queue_behind_a_long_hold(run: NemesisRun, member: DefaultMember, key: str) -> None:
+    """A holder holds ``key`` long on ``member``, and waiters are queued behind it there; the
+    waiters will hold for `WAITER_HOLD_S` whoever grants them."""
+    holder, *waiters = run.aim(key, 3)
+    run.wait_progress(PROGRESS_S / 2, 1)
+    for waiter in waiters:
+        waiter.request_long_hold(WAITER_HOLD_S)
+    run.hold_long(holder, LONG_HOLD_S)
+    deadline = now() + TAKEOVER_TIMEOUT_S
+    while holders_and_waiters(member.address, key)[1] < 1:
+        assert now() < deadline, f"no waiter queued on {key} at {member.advertise}"
+        time.sleep(0.02)
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = now() + TAKEOVER_TIMEOUT_S
+    while not condition():
+        assert now() < deadline, f"{what}: not after {TAKEOVER_TIMEOUT_S} s"
+        time.sleep(0.1)

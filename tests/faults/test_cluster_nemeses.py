@@ -30,99 +30,32 @@ The nemeses, each reproducing a defect the issue found in 7070cf0:
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import signal
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import FaultReport, scaled
+from tests.faults.conftest import FaultReport
 from tests.faults.nemesis_run import (
     CLIENT_LEASE_S,
     DEFAULT_CLUSTER_LEASE_S,
+    ETCD_DOWN_S,
     FAILOVER_MARGIN_S,
+    KILL9_TAKEOVER_BOUND_S,
+    PROGRESS_GRANTS,
+    PROGRESS_S,
     TAKEOVER_TIMEOUT_S,
-    DefaultMember,
-    Gap,
+    WAITER_HOLD_S,
     NemesisEtcd,
     NemesisRun,
-    start_etcd,
+    queue_behind_a_long_hold,
+    report,
 )
-from tests.faults.workload import Injection, RunResult, now
-from tests.support.etcd import etcd_or_skip, find_etcd
-from tests.support.wire import holders_and_waiters
+from tests.faults.workload import Injection, now
 
 pytestmark = pytest.mark.timeout(240)
 """A nemesis run takes 20-60 s on a loaded 2-core machine; the suite's 120 s is too tight."""
-
-PROGRESS_S = scaled(1, 5)
-"""Load between two faults."""
-PROGRESS_GRANTS = scaled(20, 200)
-KILL9_TAKEOVER_BOUND_S = 15.0
-"""Acceptance 2 of issue 27: a killed member's keys are served by another member within this."""
-LONG_HOLD_S = 9.0
-"""The aimed holder's long hold: longer than its lease (renewed meanwhile) and than a restart."""
-HOLDER_LEASE_S = 10
-"""The restarted member's aimed holder's lease: it outlives the restart (the new process waits
-up to --cluster-lease-ttl for its previous registration to go), so the restarted member
-restores a lease that is still held when its shard moves."""
-WAITER_HOLD_S = float(CLIENT_LEASE_S)
-"""What a queued waiter holds once granted: a fenced member that granted it would be seen
-overlapping the heir's grants for that long."""
-ETCD_DOWN_S = DEFAULT_CLUSTER_LEASE_S + 2.0
-"""How long etcd stays killed or paused: past every member's etcd lease, so all fence."""
-
-
-@pytest.fixture
-def nemesis_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NemesisEtcd]:
-    """A private etcd the test may also kill and pause (skips without one, as `private_etcd`)."""
-    if find_etcd() is None:
-        next(etcd_or_skip(tmp_path_factory.mktemp("no-etcd")))  # skips, or fails on CI
-    server = start_etcd(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def checked(result: RunResult) -> str:
-    """Assert the history's promises; the summary's first line."""
-    check = result.check()
-    assert check.ok, check.summary()
-    assert check.proven >= 0.9 * check.holds, check.summary()  # rule (a) is not vacuous
-    assert check.ordered_pairs > 0, check.summary()
-    assert result.lost_updates == 0, result.resource
-    assert result.stale_accepted == 0, result.resource
-    return check.summary().splitlines()[0]
-
-
-def report(
-    fault_report: FaultReport, result: RunResult, fault: str, gaps: list[Gap], extra: str = ""
-) -> None:
-    check = result.check()
-    worst = [g.worst_s for g in gaps if g.worst_s is not None]
-    row = result.row(
-        fault,
-        check,
-        "; ".join([*(g.describe() for g in gaps), *([extra] if extra else []), checked(result)]),
-    )
-    fault_report.add(dataclasses.replace(row, recovery_s=max(worst, default=None)))
-
-
-def queue_behind_a_long_hold(run: NemesisRun, member: DefaultMember, key: str) -> None:
-    """A holder holds ``key`` long on ``member``, and waiters are queued behind it there; the
-    waiters will hold for `WAITER_HOLD_S` whoever grants them."""
-    holder, *waiters = run.aim(key, 3)
-    run.wait_progress(PROGRESS_S / 2, 1)
-    for waiter in waiters:
-        waiter.request_long_hold(WAITER_HOLD_S)
-    run.hold_long(holder, LONG_HOLD_S)
-    deadline = now() + TAKEOVER_TIMEOUT_S
-    while holders_and_waiters(member.address, key)[1] < 1:
-        assert now() < deadline, f"no waiter queued on {key} at {member.advertise}"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("nemesis", ["pause", "partition"])
@@ -176,55 +109,6 @@ def test_a_member_paused_or_cut_off_from_etcd_grants_no_waiter_it_queued(
     )
 
 
-@pytest.mark.parametrize("move", ["failover", "pin", "leave"])
-def test_a_member_restarted_in_place_after_kill9_moves_no_held_key(
-    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd, move: str
-) -> None:
-    """Acceptance 1 (restart in place with pin, fail-over and leave) and 6 (a member restarted
-    in place, kill -9)."""
-    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=2702) as run:
-        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
-        victim = run.victim()
-        keys = run.keys_of(victim)
-        key = keys[0]
-        others = [m.advertise for m in run.members if m.running and m is not victim]
-        (holder,) = run.aim(key, 1, lease_s=HOLDER_LEASE_S)
-        run.wait_progress(PROGRESS_S / 2, 1)
-        run.hold_long(holder, LONG_HOLD_S)
-        t = now()
-        if move == "failover":
-            run.kill_member(victim)
-            # Restarted once the leader has retargeted its shards (they now move out of it).
-            run.wait_owner(key, lambda _, target: target != victim.advertise, "retargeted")
-            victim.start()
-        else:
-            run.restart_in_place(victim, how="kill")
-        # Back (registered once its previous run's etcd lease ran out): the key is still held
-        # there, by the lease it restored from its journal, whether its shard is still its
-        # own or already moving out (the leader retargeted it meanwhile).
-        restored = run.wait_back(victim, key)
-        if move != "failover":
-            if move == "pin":
-                run.pin(key, others[0])
-            else:
-                run.remove_member(victim)  # SIGTERM: drain, then a graceful leave
-        run.wait_owner(key, lambda current, _: current in others, "the key's shard moved")
-        gap = run.record_gap(f"restart in place ({move})", (key,), t)
-        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
-        run.settle(TAKEOVER_TIMEOUT_S)
-        result = run.finish()
-        kept = run.longest_hold(holder)
-        kept += f"; back, the restarted member answered {restored.split()[0]!r} for the key"
-    report(
-        fault_report,
-        result,
-        f"lock cluster (defaults): a member SIGKILLed with a key held, restarted in place, "
-        f"the key's shard then moved ({move})",
-        [gap],
-        kept,
-    )
-
-
 def test_kill9_of_a_member_its_keys_pass_on_within_15s_and_a_duplicate_advertise_refuses(
     tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
 ) -> None:
@@ -274,43 +158,6 @@ def test_kill9_of_a_member_its_keys_pass_on_within_15s_and_a_duplicate_advertise
     )
 
 
-def test_churn_members_leave_rejoin_join_and_rebalance(
-    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
-) -> None:
-    """Acceptance 6: a member restarted in place with SIGTERM (a graceful leave, then back),
-    members joining, leaving and rebalancing."""
-    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=2704, spares=1) as run:
-        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
-        victim = run.victim()
-        keys = run.keys_of(victim)
-        t = now()
-        run.restart_in_place(victim, how="term")
-        left = run.record_gap("SIGTERM + restart in place", keys, t)
-        run.wait_map(live=3)
-        run.rebalance()
-        wait_for(lambda: bool(run.keys_of(victim)), "the restarted member served again")
-        added = run.add_member()
-        run.wait_map(live=4)
-        run.rebalance()
-        wait_for(lambda: bool(run.keys_of(added)), "the added member served")
-        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
-        keys_added = run.keys_of(added)
-        t = now()
-        run.remove_member(added)
-        gone = run.record_gap("added member leaves (SIGTERM)", keys_added, t)
-        run.wait_map(live=3)
-        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
-        run.settle(TAKEOVER_TIMEOUT_S)
-        result = run.finish()
-    report(
-        fault_report,
-        result,
-        "lock cluster (defaults): churn: SIGTERM + restart in place, rebalance, a member "
-        "joins, rebalance, it leaves",
-        [left, gone],
-    )
-
-
 def test_etcd_killed_then_paused_past_the_members_lease(
     tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
 ) -> None:
@@ -347,10 +194,3 @@ def test_etcd_killed_then_paused_past_the_members_lease(
         [],
         "; ".join(outages),
     )
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = now() + TAKEOVER_TIMEOUT_S
-    while not condition():
-        assert now() < deadline, f"{what}: not after {TAKEOVER_TIMEOUT_S} s"
-        time.sleep(0.1)
