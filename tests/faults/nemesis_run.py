@@ -33,6 +33,7 @@ from tests.faults.cluster_run import ClusterLockRun
 from tests.faults.conftest import FaultReport, scaled
 from tests.faults.history import Hold
 from tests.faults.workload import (
+    ACQUIRE_TIMEOUT_S,
     EVENT_TIMEOUT_S,
     POLL_S,
     Injection,
@@ -263,11 +264,13 @@ class NemesisRun(ClusterLockRun):
         *,
         seeds: list[LockServer] | None = None,
         lease_s: int | None = None,
+        acquire_timeout_s: int = ACQUIRE_TIMEOUT_S,
     ) -> list[Worker]:
         """``n`` workers (every other one two-phase) that lock ``key`` only: a holder the test
         asks for a long hold and waiters queued behind it, or contenders for the key (with
         ``seeds``: the members their client starts from, instead of the run's; ``lease_s``:
-        their lease, instead of the run's)."""
+        their lease, instead of the run's; ``acquire_timeout_s``: how long each acquire
+        waits)."""
         made: list[Worker] = []
         for i in range(n):
             self._aimed += 1
@@ -280,6 +283,7 @@ class NemesisRun(ClusterLockRun):
                 fenced=self.fenced,
                 two_phase=i % 2 == 1,
                 lease_s=self.lease_s if lease_s is None else lease_s,
+                acquire_timeout_s=acquire_timeout_s,
                 seed=self.rng.randrange(2**31),
             )
             if seeds is not None:
@@ -555,16 +559,19 @@ def report(
 
 
 def queue_behind_a_long_hold(run: NemesisRun, member: DefaultMember, key: str) -> None:
-    """A holder holds ``key`` long on ``member``, and waiters are queued behind it there; the
-    waiters will hold for `WAITER_HOLD_S` whoever grants them."""
-    holder, *waiters = run.aim(key, 3)
+    """A holder holds ``key`` long on ``member``, and waiters are queued behind it there,
+    waiting up to `TAKEOVER_TIMEOUT_S` (so that they are still queued when a fault that
+    outlasts an ordinary acquire timeout ends); each will hold for `WAITER_HOLD_S` once
+    granted, by whichever member."""
+    (holder,) = run.aim(key, 1)
     run.wait_progress(PROGRESS_S / 2, 1)
-    for waiter in waiters:
-        waiter.request_long_hold(WAITER_HOLD_S)
     run.hold_long(holder, LONG_HOLD_S)
+    waiters = run.aim(key, 2, acquire_timeout_s=int(TAKEOVER_TIMEOUT_S))
+    for waiter in waiters:  # asked now: the key is held, so no grant before the fault uses it
+        waiter.request_long_hold(WAITER_HOLD_S)
     deadline = now() + TAKEOVER_TIMEOUT_S
-    while holders_and_waiters(member.address, key)[1] < 1:
-        assert now() < deadline, f"no waiter queued on {key} at {member.advertise}"
+    while holders_and_waiters(member.address, key)[1] < len(waiters):
+        assert now() < deadline, f"the waiters did not queue on {key} at {member.advertise}"
         time.sleep(0.02)
 
 

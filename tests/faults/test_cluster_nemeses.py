@@ -16,15 +16,13 @@ The nemeses, each reproducing a defect the issue found in 7070cf0:
 - a member paused (SIGSTOP) past its etcd lease, or cut off from etcd only (a proxy between it
   and etcd stalls; its clients still reach it), while waiters are queued behind a long hold on
   its key: once the shard's heir grants the key, the member is resumed (or reconnected); it
-  must not grant the waiters it queued before;
-- a member restarted in place after kill -9 (same port, ``--advertise``, state directory) with
-  its key held across the restart, then its shard moved away: by the failover (restarted
-  after the leader retargeted it), by an operator's pin, or by a graceful leave (SIGTERM);
+  must not grant the waiters it queued before (one of them a raw protocol waiter, asserted
+  directly: its client cannot take it elsewhere meanwhile);
 - kill -9 of a member: its keys pass on within 15 s (acceptance 2), and a second process with
-  its ``--advertise`` refuses to start while it runs;
-- churn: a member stopped with SIGTERM and restarted in place, rebalance, a member added,
-  rebalance, that member leaving;
+  the leader's ``--advertise`` refuses to start meanwhile;
 - etcd killed (SIGKILL) past the members' lease and restarted, then paused (SIGSTOP) past it.
+
+The restarts in place and churn are in test_cluster_restarts.py.
 """
 
 from __future__ import annotations
@@ -51,8 +49,10 @@ from tests.faults.nemesis_run import (
     NemesisRun,
     queue_behind_a_long_hold,
     report,
+    wait_for,
 )
 from tests.faults.workload import Injection, now
+from tests.support.wire import Wire, holders_and_waiters
 
 pytestmark = pytest.mark.timeout(240)
 """A nemesis run takes 20-60 s on a loaded 2-core machine; the suite's 120 s is too tight."""
@@ -72,6 +72,14 @@ def test_a_member_paused_or_cut_off_from_etcd_grants_no_waiter_it_queued(
         keys = run.keys_of(victim)
         key = keys[0]
         queue_behind_a_long_hold(run, victim, key)
+        # And one raw waiter (the protocol, from the test): its client library cannot move it
+        # to another member meanwhile, so it is still queued there when the member resumes.
+        raw = Wire(victim.address, timeout=TAKEOVER_TIMEOUT_S)
+        queued = holders_and_waiters(victim.address, key)[1]
+        raw.send("l", key, f"{int(TAKEOVER_TIMEOUT_S)} {CLIENT_LEASE_S}")
+        wait_for(
+            lambda: holders_and_waiters(victim.address, key)[1] > queued, "the raw waiter queued"
+        )
         others = [m for m in run.members if m.running and m is not victim]
         t = now()
         if nemesis == "pause":
@@ -90,6 +98,15 @@ def test_a_member_paused_or_cut_off_from_etcd_grants_no_waiter_it_queued(
             run.resume_member(victim)
         else:
             run.reconnect_to_etcd(victim)
+        # The faulted member must not grant the waiter it queued before (issue 27's first
+        # defect): it answers it once it has fenced itself, or once it resumes.
+        raw_reply = raw.recv()
+        raw.close()
+        assert not raw_reply.startswith("ok "), (
+            f"{victim.advertise} granted {key} to a waiter it had queued before it was "
+            f"{nemesis}d, after {others[0].advertise} or {others[1].advertise} took the key "
+            f"over: {raw_reply!r}"
+        )
         # The waiters' long holds, if the faulted member granted them, end within this.
         run.wait_progress(WAITER_HOLD_S + PROGRESS_S, PROGRESS_GRANTS)
         gap = run.record_gap(f"member {nemesis}: workload", keys, t)
@@ -105,7 +122,8 @@ def test_a_member_paused_or_cut_off_from_etcd_grants_no_waiter_it_queued(
         f"lock cluster (defaults): a member {what} past its etcd lease with waiters queued "
         "behind a long hold, resumed once the heir granted the key",
         [gap],
-        f"its keys served by another member after {max(served.values()):.1f} s (a probe)",
+        f"its keys served by another member after {max(served.values()):.1f} s (a probe); "
+        f"the waiter it had queued was answered {raw_reply.split()[0]!r}",
     )
 
 
