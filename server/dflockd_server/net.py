@@ -521,13 +521,30 @@ class Server:
         return self._on_loop(lambda: self._held_shards() & wanted)
 
     def _held_shards(self) -> set[int]:
-        """The shards with a key held now (on the loop). Before the table is made (the leases
-        of a previous run not restored yet) and during a restart grace (what the previous run
-        granted is unknown), every shard counts as held: nothing is handed over blind."""
+        """The shards with a key held or queued now (on the loop). Before the table is made
+        (the leases of a previous run not restored yet) and during a restart grace (what the
+        previous run granted is unknown), every shard counts as held: nothing is handed over
+        blind."""
         table = self._table
         if table is None or table.grace_remaining() > 0:
             return set(range(SHARD_COUNT))
-        return {shard_id(key) for key, state in table.keys.items() if state.n_held}
+        return {
+            shard_id(key) for key, state in table.keys.items() if state.n_held or state.n_waiting
+        }
+
+    def key_present(self, key: str) -> bool | None:
+        """Whether the table holds or queues anything on ``key`` (on the loop); None when it
+        cannot tell: no table yet, or a restart grace (what the previous run granted is
+        unknown)."""
+        table = self._table
+        if table is None or table.grace_remaining() > 0:
+            return None
+        state = table.keys.get(key)
+        return state is not None and bool(state.n_held or state.n_waiting)
+
+    def asked_check(self, key: str) -> bytes | None:
+        """The ownership's check for an acquire that follows ``asking``."""
+        return self.ownership.check_asked(key)
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread: at once when called there, else through

@@ -173,6 +173,9 @@ class MapOwnership:
             return server_protocol.REPLY_ERROR_UNAVAILABLE
         return None if self.nodes[index] == self.me else self._moved[index]
 
+    def check_asked(self, key: str) -> bytes | None:
+        return self.check(key)
+
     def may_hold(self, key: str) -> bool:
         # A real member whose shard moves keeps being its current member (moving out) until
         # its holders are done: the grants held here may still be renewed and released.

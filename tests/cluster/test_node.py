@@ -58,6 +58,9 @@ class HostTable:
         with self._lock:
             self.renewals.append(allowed)
 
+    def key_present(self, key: str) -> bool | None:
+        return key in self.holders or bool(self.waiters.get(key))
+
     # -- the server's requests -----------------------------------------------------------------
 
     def acquire(self, node: ClusterNode, key: str) -> str | bytes:

@@ -79,7 +79,6 @@ from dflockd_server.cluster.decide import (
     Decision,
     decide,
     handover_due,
-    moved_reply,
 )
 from dflockd_server.cluster.etcd import Compare, EtcdClient, EtcdError
 from dflockd_server.cluster.fencestore import (
@@ -193,7 +192,6 @@ class ClusterNode:
         # Owned by the node's thread:
         self._failover_since: dict[int, float] = {}
         self._raised: frozenset[int] = frozenset()
-        self._notified: dict[int, str] = {}
         self._current: frozenset[int] = frozenset()
         """The shards this member was current member of at the last decision."""
         self._written_from: dict[int, int] = {}
@@ -217,6 +215,9 @@ class ClusterNode:
 
     def check(self, key: str) -> bytes | None:
         return self._ownership.check(key)
+
+    def check_asked(self, key: str) -> bytes | None:
+        return self._ownership.check_asked(key)
 
     def may_hold(self, key: str) -> bool:
         return self._ownership.may_hold(key)
@@ -414,19 +415,16 @@ class ClusterNode:
         decision = self._decide(view, now)
         self._publish(view, decision, valid_until)
         self._fail_waiters_of_lost_shards(decision)
-        gained = decision.serving - self._raised
+        gained = decision.granting - self._raised
         if gained:
             # Above every ceiling another member published: above all tokens ever granted for
             # these shards (its own are below its counter). Until then they stay unavailable.
             self.fence.raise_to(highest_ceiling(self.client, self.prefix, self.advertise))
-            self._raised = decision.serving
-            verdicts = list(decision.verdicts)
-            for shard in gained:
-                verdicts[shard] = None
-            decision = replace(decision, verdicts=tuple(verdicts))
+            self._raised = decision.granting
+            decision = self._decide(view, now)
             self._publish(view, decision, valid_until)
         else:
-            self._raised = self._raised & decision.serving
+            self._raised = self._raised & decision.granting
         self._allow_renewals(True)
         self._failover_since = dict(decision.failover_since)
         self._quiet = not decision.failover_since and not decision.moving_out
@@ -493,22 +491,26 @@ class ClusterNode:
         return {m: published[m] + self.failover_margin_s for m in gone if m in published}
 
     def _move_out(self, view: ClusterView, member: Member, decision: Decision) -> None:
-        moving: dict[int, str] = {}
-        for target, shards in decision.moving_out.items():
-            fresh = [s for s in sorted(shards) if self._notified.get(s) != target]
-            if fresh:
-                self.host.fail_waiters(fresh, moved_reply(target))
-            moving.update(dict.fromkeys(shards, target))
-        self._notified = moving
+        """Key by key: a shard moving out with keys held or queued here is split first
+        (``split=<target>``, then its other keys are asked for there); a shard with nothing
+        held or queued here any more is handed over to its split's node (its target when it
+        never split)."""
+        moving = {s: dest for dest, shards in decision.moving_out.items() for s in shards}
         if not moving:
             return
-        done = handover_due(moving.keys(), self.host.holders_in(sorted(moving)))
+        held = self.host.holders_in(sorted(moving))
+        shard_map = view.shard_map
+        done = handover_due(moving.keys(), held)
+        to_split = {s: shard_map[s].split_to(moving[s]) for s in held if not shard_map[s].split}
+        if to_split:
+            # The fence first: the split's node raises its counter above it before granting.
+            self.fence.publish()
+            self._write_assignments(view, member, to_split)
         if not done:
             return
         self.fence.publish()  # before the next owner can read it
-        shard_map = view.shard_map
         written = self._write_assignments(
-            view, member, {s: shard_map[s].served_by(shard_map[s].target) for s in done}
+            view, member, {s: shard_map[s].served_by(moving[s]) for s in done}
         )
         self.handovers += len(written)
 
@@ -553,6 +555,9 @@ class ClusterNode:
             self._clock,
             decision.states,
             current=current,
+            holding=decision.holding,
+            importing=decision.importing,
+            present=self.host.key_present,
             lease_until=(lambda: member.lease_valid_until) if member is not None else None,
         )
         if self.fenced_reason is not None:
@@ -583,7 +588,6 @@ class ClusterNode:
         self.fenced_reason = reason
         self._failover_since = {}
         self._raised = frozenset()
-        self._notified = {}
         self._written_from = {}
         self._seen_updates = -1
         self._quiet = False
