@@ -36,6 +36,7 @@ from celery_dflock.errors import (
     ShardingMismatchError,
 )
 from celery_dflock.protocol import (
+    Asked,
     Command,
     ErrorReply,
     Granted,
@@ -503,6 +504,7 @@ class LockCore:
         self.acquire_deadline: float | None = None
         self.redirects = 0
         self.unavailable_pause = 0.0
+        self.asking = False  # the next acquire request follows an `error_ask`: `asking` first
         # Reattaching a held lock whose connection broke: failed attempts so far, and why
         # the connection went (None: the lock's connection is fine).
         self.reattach_failures = 0
@@ -580,9 +582,11 @@ class LockCore:
         self.busy = False
         self.redirects = 0
         self.unavailable_pause = 0.0
+        self.asking = False
 
     def end_acquire(self) -> None:
         self.acquire_deadline = None
+        self.asking = False
 
     def wait_seconds(self) -> int:
         """The whole seconds the server may queue this acquire: the acquire timeout, or what
@@ -637,6 +641,26 @@ class LockCore:
             self.retarget(*split_address(reply.address))
             return 0.0
         return self._next_pause(f"error_unavailable from {self.endpoint.address}")
+
+    def on_ask(self, reply: Asked) -> None:
+        """``error_ask <HOST:PORT>``: send this acquire, once, to that member with ``asking``
+        first (a key-level move: the shard map is not refreshed, the next acquire is routed
+        by it again). Counts as a redirect (`MAX_REDIRECTS`)."""
+        self.redirects += 1
+        if self.redirects > MAX_REDIRECTS:
+            raise ServerUnavailable(
+                f"{self.what}: the cluster redirected this acquire {MAX_REDIRECTS} times "
+                f"(last error_ask {reply.address}) without a member serving it: retry later, "
+                "or check the cluster's members (`celery dflock shards`)"
+            )
+        self.retarget(*split_address(reply.address))
+        self.asking = True
+
+    def on_ask_refused(self) -> float | None:
+        """The member an ``error_ask`` named did not take ``asking`` (it predates key-level
+        moves): seconds to pause before routing by the map again, as after
+        ``error_unavailable``; None when the acquire's time is up."""
+        return self._next_pause(f"{self.endpoint.address} refused asking")
 
     def on_unreachable(self, exc: DflockError) -> float | None:
         """Cluster routing: the key's node could not be reached, or closed the connection, or

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_dflock.clients import Client
 from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
@@ -442,9 +443,14 @@ def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
     prefix = etcd_prefix.rstrip("/")
     held = a.key("beat:")
     shard = shard_id(held)
-    other, later = keys_of(shard, "task:", 2)
-    with Wire(a.address) as holder, Wire(a.address) as waiter:
-        token = holder.lock(held)
+    other, later, by_client = keys_of(shard, "task:", 3)
+    seeds = [a.address, b.address]
+    with (
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as client,
+        Wire(a.address) as waiter,
+    ):
+        beat = client.lock(held, lease_ttl_s=3)  # renewed by the client all along
+        assert beat.acquire() and beat.server == a.address
         moved_at = time.monotonic()
         pin(etcd, prefix, shard, b.advertise)
         ask_b = f"error_ask {b.advertise}"
@@ -462,6 +468,10 @@ def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
             f"a free key of the moving shard served by b {time.monotonic() - moved_at:.2f} s "
             f"after the move started ({took:.2f} s of it waiting for b)"
         )
+        # The client follows the ask (its map still names a): granted by b, renewed there.
+        with client.lock(by_client) as task:
+            assert task.server == b.address
+            assert task.renew()
         # Not asked: b sends the client to the current member; the held key stays with a.
         assert acquire(b.address, later) == f"error_moved {a.advertise}"
         assert acquire(a.address, held) == "timeout"
@@ -471,11 +481,15 @@ def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
             what="the waiter is queued at a",
             timeout=WAIT_S,
         )
+        time.sleep(3)  # more than the beat lock's lease: renewed at a meanwhile
+        assert beat.renew() and beat.server == a.address
         assert a.metric("dflockd_cluster_handovers_total") == 0
-        assert holder.req("r", held, token) == "ok"
+        before = beat.fence
+        assert before is not None
+        beat.release()
         reply = waiter.recv().split()
         assert reply[0] == "ok", reply  # promoted by a, in order, not redirected
-        assert fence(reply[1]) > fence(token)
+        assert fence(reply[1]) > before
         assert acquire(a.address, later) == ask_b  # never held at a during this move
         assert waiter.req("r", held, reply[1]) == "ok"
     wait_metric(a, "dflockd_cluster_handovers_total", 1)
