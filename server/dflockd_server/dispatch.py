@@ -198,7 +198,7 @@ class Session:
             return self._unknown(cmd, key, arg)
         reply = route(self, cmd, key, arg)
         if cmd != _ASKING:
-            self.asking = False  # one request only, whatever it was
+            self.asking = self.table.asking = False  # one request only, whatever it was
         return reply
 
     # ------------------------------------------------------------------ routes
@@ -244,6 +244,7 @@ class Session:
             return self._too_long(lease)
         if (refused := self._check(name)) is not None:
             return refused
+        self.table.asking = self.asking
         try:
             got = self.table.acquire(
                 # After the client's EOF nobody waits for an answer to come later: try once.
@@ -272,6 +273,7 @@ class Session:
             return self._too_long(lease)
         if (refused := self._check(req.key)) is not None:
             return refused
+        self.table.asking = self.asking
         try:
             got = self.table.hold(
                 self.client,
@@ -380,6 +382,7 @@ class Session:
             return refused
         if self.moved:
             self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
+        self.table.asking = self.asking
         try:
             waiter = self.table.enqueue(
                 self.client, req.key, req.lease or self.default_lease, req.limit

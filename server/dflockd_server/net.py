@@ -439,6 +439,11 @@ class Server:
             timer.cancel()
         if self.snapshots is not None:
             self.snapshots.flush()  # a last snapshot for whoever still waits for one
+        if self.node is not None:
+            # The member stops deciding first: the closes below empty the table, and a shard
+            # moving out must not be handed over for that (its cut-off holders still hold).
+            node = self.node
+            await self.loop.run_in_executor(None, node.halt)
         # The journal is closed before the connections: closing them here is this run's
         # end, not their holders' release; the next run restores their leases.
         self._close_state()
@@ -472,6 +477,7 @@ class Server:
         self._may_hold = None if single else ownership.may_hold
         if self._table is not None:
             self._table.grant_check = self.key_check
+            self._table.asked_check = None if single else ownership.check_asked
 
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or

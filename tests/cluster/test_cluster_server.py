@@ -561,3 +561,53 @@ def test_a_cancelled_key_level_move_keeps_the_split_until_the_handover(
         timeout=WAIT_S,
     )
     unpin(etcd, prefix, shard)
+
+
+def test_a_member_restarted_mid_move_keeps_its_restored_key_and_asks_for_the_rest(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """The split is in etcd, the held key in a's journal: a restarted in place serves the
+    restored key to its holder and asks for every other key at b, which may hold them."""
+    a = members(longest=30, shutdown_timeout_s=1.0)
+    b = members(longest=30)
+    wait_until(lambda: a.shards("serving") + b.shards("serving") == SHARD_COUNT, timeout=WAIT_S)
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("restored:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "task:", 1)
+    holder = Wire(a.address)
+    token = holder.lock(held, lease=30)
+    pin(etcd, prefix, shard, b.advertise)
+    ask_b = f"error_ask {b.advertise}"
+    wait_until(lambda: acquire(a.address, crossed) == ask_b, what="a asks at b", timeout=WAIT_S)
+    with Wire(b.address) as at_b:
+        tokens: list[str] = []
+
+        def granted_at_b() -> bool:
+            assert at_b.req("asking") == "ok"
+            reply = at_b.req("l", crossed, "0 30").split()
+            tokens.extend(reply[1:2] if reply[0] == "ok" else [])
+            return bool(tokens)
+
+        wait_until(granted_at_b, what="b grants the crossed key", timeout=WAIT_S)
+        a.restart()  # the holder is cut off; its lease is in a's journal
+        holder.close()
+        wait_metric(a, "dflockd_cluster_fenced", 0)
+        assert a.thread.stats()["journal"]["restored"] == 1
+        # Whatever the restarted a serves, it never grants the key b holds...
+        seen: set[str] = set()
+        wait_until(
+            lambda: seen.add(r := acquire(a.address, crossed)) or r == ask_b,
+            what="the restarted a asks for the crossed key at b",
+            timeout=WAIT_S,
+        )
+        assert not any(r.startswith("ok ") for r in seen), seen
+        assert acquire(a.address, held) == "timeout"  # ...nor lets the restored one go
+        assert at_b.req("n", crossed, f"{tokens[0]} 30") == "ok 30"
+        with Wire(a.address) as again:
+            wait_until(lambda: again.req("n", held, f"{token} 30") == "ok 30", timeout=WAIT_S)
+            assert again.req("r", held, token) == "ok"
+        assert at_b.req("r", crossed, tokens[0]) == "ok"
+    wait_until(lambda: b.serves(held), timeout=WAIT_S, what="the shard handed over to b")
+    assert fence(acquire_token(b.address, held)) > fence(token)
+    unpin(etcd, prefix, shard)

@@ -279,11 +279,7 @@ class ClusterNode:
 
         ``keep``: shards whose holders were cut off (the server's shutdown timeout ran out):
         they may still believe they hold, so those shards wait for the failover."""
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        self._ownership = self._fenced_snapshot(self._ownership.view)
+        self.halt(timeout)
         member, self._member = self._member, None
         if member is None:
             return
@@ -297,6 +293,18 @@ class ClusterNode:
                     exc,
                 )
         member.stop(leave=leave, timeout=timeout)
+
+    def halt(self, timeout: float = 10.0) -> None:
+        """Stop deciding: every acquire refused, no shard handed over or taken from now on;
+        still a member (``stop`` then leaves). The server calls it before it closes the
+        connections of holders its shutdown timeout cut off: their closes release nothing
+        that may still be held (the next run restores their leases), so no handover may
+        follow them."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._ownership = self._fenced_snapshot(self._ownership.view)
 
     def _release(self, member: Member, keep: frozenset[int]) -> None:
         """Mark released the shards this member serves that nobody holds (a graceful leave)."""
