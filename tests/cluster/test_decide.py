@@ -94,7 +94,7 @@ def test_a_split_shard_is_asked_for_at_its_node_whatever_its_target() -> None:
     # Not cleared (the fence not raised yet): nothing asked for, nothing imported.
     d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT, cleared=set())
     assert d.holding == d.importing == frozenset()
-    assert set(d.verdicts[:3]) == {ERROR_UNAVAILABLE}
+    assert set(d.verdicts[:5]) == {ERROR_UNAVAILABLE}
     # The handover to the split's node drops the flag; any other node keeps it.
     assert ShardAssignment(B, A, (split,)).served_by(B).flags == ()
     assert ShardAssignment(C, "", (split,)).served_by(C).split == B

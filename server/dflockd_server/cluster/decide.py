@@ -189,6 +189,8 @@ def decide(
         if reply is None:
             reply = moved[elsewhere] = moved_reply(elsewhere)
         verdicts[shard] = reply
+    for shard in importing_all - importing:
+        verdicts[shard] = ERROR_UNAVAILABLE  # asked or not, until its fence is raised: a moment
     moving_out = sum(len(s) for s in moving.values())
     assigned = len(shard_map)
     states = {
