@@ -611,3 +611,54 @@ def test_a_member_restarted_mid_move_keeps_its_restored_key_and_asks_for_the_res
     wait_until(lambda: b.serves(held), timeout=WAIT_S, what="the shard handed over to b")
     assert fence(acquire_token(b.address, held)) > fence(token)
     unpin(etcd, prefix, shard)
+
+
+def test_a_split_towards_a_member_that_died_is_dropped_after_its_longest_lease(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """b dies holding a key it was asked for: a answers the free keys of the split shard
+    ``error_unavailable`` until every lease b may have granted has run out, then drops the
+    split and serves them itself, its own held key untouched."""
+    a, b = members(), members()
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "task:", 1)
+    with Wire(a.address) as holder, Wire(b.address) as at_b:
+        token = holder.lock(held, lease=3)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: acquire(a.address, crossed) == f"error_ask {b.advertise}",
+            what="a asks at b",
+            timeout=WAIT_S,
+        )
+
+        def granted_at_b() -> bool:
+            assert at_b.req("asking") == "ok"
+            return at_b.req("l", crossed, "0 3").startswith("ok ")
+
+        wait_until(granted_at_b, what="b grants the crossed key", timeout=WAIT_S)
+        unpin(etcd, prefix, shard)  # the leader may then give the shard to a live member
+        node = b.thread.server.node
+        assert node is not None
+        node.stop(leave=False)  # b's member dies: its etcd lease runs out, nobody revokes it
+        died_at = time.monotonic()
+        replies: set[str] = set()
+
+        def served_by_a() -> bool:
+            assert holder.req("n", held, f"{token} 3") == "ok 3"  # a's own key stays a's
+            reply = acquire(a.address, crossed)
+            replies.add(reply)
+            return reply.startswith("ok ")
+
+        took = wait_until(served_by_a, what="a serves the crossed key", timeout=3 * WAIT_S)
+        print(f"the split towards a dead member dropped {took:.2f} s after its death")
+        # The lease b granted (3 s, published) had surely ended; meanwhile nobody granted.
+        assert time.monotonic() - died_at >= 3
+        refused = {r for r in replies if not r.startswith("ok ")}
+        assert refused <= {"error_unavailable", f"error_ask {b.advertise}"}, refused
+        assert "error_unavailable" in refused  # b gone, its leases running out
+        assert holder.req("r", held, token) == "ok"

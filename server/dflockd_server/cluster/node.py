@@ -195,6 +195,8 @@ class ClusterNode:
         self._current: frozenset[int] = frozenset()
         """The shards this member was current member of at the last decision."""
         self._written_from: dict[int, int] = {}
+        self._split_gone_since: dict[int, float] = {}
+        """Shards this member splits towards a node that is not live: since when (seen)."""
         self._renewals: bool | None = None
         self._next_join = 0.0
         self._updates = 0  # views the member reported (its watch's thread adds)
@@ -437,6 +439,7 @@ class ClusterNode:
         self._failover_since = dict(decision.failover_since)
         self._quiet = not decision.failover_since and not decision.moving_out
         self._move_out(view, member, decision)
+        self._unsplit(view, member, now)
         if decision.failover_due:
             shard_map = view.shard_map
             written = self._write_assignments(
@@ -522,6 +525,32 @@ class ClusterNode:
         )
         self.handovers += len(written)
 
+    def _unsplit(self, view: ClusterView, member: Member, now: float) -> None:
+        """A shard split towards a node that is gone: its free keys are unavailable here
+        meanwhile. Once every lease that node may have granted has surely ended (the longest
+        it published, ``max_lease_ttl_s`` if none, plus the margin, counted from when this
+        member first saw it gone, as a failover), the split is dropped and the shard moves on
+        as any other."""
+        live = view.members
+        gone = {
+            s: a.split
+            for s, a in view.shard_map.items()
+            if a.current == self.advertise and a.split and a.split not in live
+        }
+        self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
+        if not gone:
+            return
+        published = published_longest(self.client, self.prefix)
+        due = [
+            s
+            for s, node in gone.items()
+            if now - self._split_gone_since[s]
+            >= published.get(node, self.max_lease_ttl_s) + self.failover_margin_s
+        ]
+        if due:
+            shard_map = view.shard_map
+            self._write_assignments(view, member, {s: shard_map[s].unsplit() for s in due})
+
     def _write_assignments(
         self, view: ClusterView, member: Member, new: dict[int, ShardAssignment]
     ) -> frozenset[int]:
@@ -596,6 +625,7 @@ class ClusterNode:
         self.fenced_reason = reason
         self._failover_since = {}
         self._raised = frozenset()
+        self._split_gone_since = {}
         self._written_from = {}
         self._seen_updates = -1
         self._quiet = False

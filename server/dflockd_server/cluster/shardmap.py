@@ -163,6 +163,11 @@ class ShardAssignment:
         flags = tuple(f for f in self.flags if not f.startswith(SPLIT))
         return replace(self, flags=(*flags, SPLIT + node))
 
+    def unsplit(self) -> ShardAssignment:
+        """This assignment with no split (its split's node gone, and every lease it may have
+        granted over: see ``cluster.node``)."""
+        return replace(self, flags=tuple(f for f in self.flags if not f.startswith(SPLIT)))
+
     def served_by(self, node: str) -> ShardAssignment:
         """This assignment with ``node`` as its current node (no longer released). A split
         stays unless ``node`` is the split's node: only it can hold every key of the shard."""
