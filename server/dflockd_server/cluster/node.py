@@ -11,10 +11,13 @@ lease, and every ``NODE_TICK_S``:
    leases so a dead member's survives): every token it grants is then above every token any
    previous owner granted, after a handover as after a failover. Until that succeeded the
    shard answers ``error_unavailable``;
-3. for shards moving out: answers their queued waiters ``error_moved <target>`` at once
-   (``NodeHost.fail_waiters``), and once ``NodeHost.holders_in`` shows no holder left, publishes
-   its fence ceiling and sets the shard's current node to the target (a write conditioned on
-   the shard's revision and on this member's lease);
+3. for shards moving out, key by key (``decide``'s docstring, docs/protocol.md *Key-level
+   moves*): while a key is held or queued here, writes the flag ``split=<target>`` (after
+   publishing its fence ceiling), so that the other keys are asked for at the target; once
+   ``NodeHost.holders_in`` shows nothing held or queued, publishes its fence ceiling and sets
+   the shard's current node to the split's node, dropping the flag (a write conditioned on
+   the shard's revision and on this member's lease). A split towards a member that is gone
+   is dropped after that member's longest lease (``_unsplit``);
 4. for shards whose current member is gone: waits ``max_lease_ttl_s + failover_margin_s`` from
    when it first saw that, then sets current = itself (same conditions); a shard *released*
    by a member that left gracefully (see below) it takes at once.
