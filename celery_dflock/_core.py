@@ -37,6 +37,7 @@ from celery_dflock.errors import (
     ShardingMismatchError,
 )
 from celery_dflock.protocol import (
+    Asked,
     Command,
     ErrorReply,
     Granted,
@@ -560,6 +561,7 @@ class LockCore:
         self.handover: str | None = None
         """Why the last acquire was not acquired when a hand-over kept it from the key's
         member until its time was up (None: it was not so)."""
+        self.asking = False  # the next acquire request follows an `error_ask`: `asking` first
         # Reattaching a held lock whose connection broke: failed attempts so far, and why
         # the connection went (None: the lock's connection is fine).
         self.reattach_failures = 0
@@ -644,9 +646,11 @@ class LockCore:
         self.rerouted = False
         self.redirects = 0
         self.unavailable_pause = 0.0
+        self.asking = False
 
     def end_acquire(self) -> None:
         self.acquire_deadline = None
+        self.asking = False
 
     def wait_seconds(self) -> int:
         """The whole seconds the server may queue this acquire: the acquire timeout, or what
@@ -714,6 +718,32 @@ class LockCore:
         self.redirects = 0
         pause_s = self._next_pause(f"{where} answered error_unavailable")
         return None if pause_s is None else NextTry(pause_s, reroute=True)
+
+    def on_ask(self, reply: Asked) -> NextTry | None:
+        """``error_ask <HOST:PORT>``: send this acquire, once, to that member with ``asking``
+        first (a key-level move: the shard map is not refreshed, the next acquire is routed
+        by it again). Counts as a redirect: past `REDIRECT_LOOP` in a row, the acquire pauses,
+        reads the map again and routes by it, as after a loop of ``error_moved``; None when
+        the time to follow a hand-over is up."""
+        self.rerouted = True
+        self.redirects += 1
+        if self.redirects <= REDIRECT_LOOP:
+            self.retarget(*split_address(reply.address))
+            self.asking = True
+            return NextTry(0.0, reroute=False)
+        self.redirects = 0
+        why = (
+            f"a redirect loop: {self.endpoint.address} answered error_ask {reply.address} "
+            f"after {REDIRECT_LOOP} redirects in a row"
+        )
+        pause_s = self._next_pause(why)
+        return None if pause_s is None else NextTry(pause_s, reroute=True, reread=True)
+
+    def on_ask_refused(self) -> float | None:
+        """The member an ``error_ask`` named did not take ``asking`` (it predates key-level
+        moves): seconds to pause before routing by the map again, as after
+        ``error_unavailable``; None when the acquire's time is up."""
+        return self._next_pause(f"{self.endpoint.address} refused asking")
 
     def on_unreachable(self, exc: DflockError) -> float | None:
         """Cluster routing: the key's node could not be reached, or closed the connection, or

@@ -103,6 +103,7 @@ class Command(enum.StrEnum):
     NOTE = constants.CMD_NOTE
     TAKE = constants.CMD_TAKE
     HAND_DOWN = constants.CMD_HAND_DOWN
+    ASKING = constants.CMD_ASKING
 
     @property
     def label(self) -> str:
@@ -130,6 +131,7 @@ _DOING: Final[dict[Command, str]] = {
     Command.NOTE: "a note",
     Command.TAKE: "a take-over",
     Command.HAND_DOWN: "a hand-down",
+    Command.ASKING: "an asking",
 }
 
 
@@ -346,6 +348,11 @@ def encode_hello() -> bytes:
     return _request(Command.HELLO, constants.PLACEHOLDER, constants.PLACEHOLDER)
 
 
+def encode_asking() -> bytes:
+    """``asking``: the next acquire follows an ``error_ask`` (``Asked``; a key-level move)."""
+    return _request(Command.ASKING, constants.PLACEHOLDER, constants.PLACEHOLDER)
+
+
 def encode_shards() -> bytes:
     """``shards``: which keys the server serves (``Shards``)."""
     return _request(Command.SHARDS, constants.PLACEHOLDER, constants.PLACEHOLDER)
@@ -430,6 +437,14 @@ class Moved:
 
 
 @dataclass(frozen=True, slots=True)
+class Asked:
+    """``error_ask <HOST:PORT>`` to an acquire: the key's shard moves key by key and this key
+    is to be asked for there, once, with ``asking`` first (the shard map stays as it is)."""
+
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
 class Bound:
     """``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (another
     holder has taken it over); ``holder`` its note (None for ``_``)."""
@@ -445,7 +460,18 @@ class ErrorReply:
 
 
 Reply = (
-    Granted | Queued | TimedOut | Renewed | Ok | Stats | Hello | Shards | Moved | Bound | ErrorReply
+    Granted
+    | Queued
+    | TimedOut
+    | Renewed
+    | Ok
+    | Stats
+    | Hello
+    | Shards
+    | Moved
+    | Asked
+    | Bound
+    | ErrorReply
 )
 
 _COMMON_ERRORS: Final = frozenset(
@@ -485,6 +511,7 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.NOTE: _COMMON_ERRORS,
     Command.TAKE: _COMMON_ERRORS | {constants.STATUS_ERROR_MAX_LOCKS},
     Command.HAND_DOWN: _COMMON_ERRORS,
+    Command.ASKING: _COMMON_ERRORS,
 }
 _MOVABLE: Final = frozenset(
     {
@@ -547,6 +574,7 @@ _ANSWERED_OK: Final = frozenset(
         Command.PING,
         Command.NOTE,
         Command.HAND_DOWN,
+        Command.ASKING,
     }
 )
 _OK: Final = Ok()
@@ -581,6 +609,10 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
                 raise _unexpected(command, line, "error_moved takes one HOST:PORT")
             return Moved(fields[0])
+        if status == constants.STATUS_ERROR_ASK and command in _MOVABLE:
+            if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
+                raise _unexpected(command, line, "error_ask takes one HOST:PORT")
+            return Asked(fields[0])
         if status == constants.STATUS_ERROR_BOUND and command is Command.TAKE:
             holder = fields[0] if len(fields) == 1 else ""
             if not _NOTE_RE.fullmatch(holder):

@@ -65,7 +65,7 @@ from celery_dflock.errors import (
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.protocol import Command, Renewed, Reply
+from celery_dflock.protocol import Asked, Command, Ok, Renewed, Reply
 from celery_dflock.sharding import Routing, stable_hash_shard
 
 __all__ = ["AsyncDistributedLock", "AsyncDistributedSemaphore"]
@@ -295,10 +295,33 @@ class _AsyncLockBase:
                 await self._checkin(conn)
                 raise
             try:
+                if core.asking:
+                    core.asking = False  # one request only
+                    if not isinstance(
+                        await conn.request(Command.ASKING, protocol.encode_asking()), Ok
+                    ):
+                        await self._checkin(conn)
+                        wait_s = core.on_ask_refused()
+                        if wait_s is None:
+                            return False
+                        await pause(wait_s)
+                        core.route()
+                        continue
                 sent = time.monotonic()
                 reply = await conn.request(command, data, timeout)
             except ServerUnavailable as exc:
                 await self._reroute(exc)
+                continue
+            if isinstance(reply, Asked) and router is not None:
+                await self._checkin(conn)
+                step = core.on_ask(reply)  # a key-level move: this key, once, there
+                if step is None:
+                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                if step.reroute:  # asked in a loop: read the map again, route by it
+                    router.invalidate()
+                    await pause(step.pause_s)
+                    await self._refresh_map(router)
+                    core.route()
                 continue
             if core.redirected(reply):
                 if router is None:

@@ -67,7 +67,7 @@ from celery_dflock.errors import (
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.protocol import Command, Renewed, Reply
+from celery_dflock.protocol import Asked, Command, Ok, Renewed, Reply
 from celery_dflock.sharding import Routing, stable_hash_shard
 
 __all__ = ["DistributedLock", "DistributedSemaphore"]
@@ -297,10 +297,31 @@ class _SyncLockBase:
                 self._checkin(conn)
                 raise
             try:
+                if core.asking:
+                    core.asking = False  # one request only
+                    if not isinstance(conn.request(Command.ASKING, protocol.encode_asking()), Ok):
+                        self._checkin(conn)
+                        wait_s = core.on_ask_refused()
+                        if wait_s is None:
+                            return False
+                        pause(wait_s)
+                        core.route()
+                        continue
                 sent = time.monotonic()
                 reply = conn.request(command, data, timeout)
             except ServerUnavailable as exc:
                 self._reroute(exc)
+                continue
+            if isinstance(reply, Asked) and router is not None:
+                self._checkin(conn)
+                step = core.on_ask(reply)  # a key-level move: this key, once, there
+                if step is None:
+                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                if step.reroute:  # asked in a loop: read the map again, route by it
+                    router.invalidate()
+                    pause(step.pause_s)
+                    self._refresh_map(router)
+                    core.route()
                 continue
             if core.redirected(reply):
                 if router is None:

@@ -86,6 +86,9 @@ CMD_TAKE: Final = "ht"
 to this connection, with a new lease and note; ``<onclose>`` says what its close does."""
 CMD_HAND_DOWN: Final = "hd"
 """``hd <key> <token> <lease>`` (hand down): detach a grant of a lock from its connection."""
+CMD_ASKING: Final = "asking"
+"""``asking _ _``: the next acquire on this connection follows an ``error_ask`` (cluster mode:
+a member importing the key's shard serves it; see docs/protocol.md, *Key-level moves*)."""
 COMMANDS: Final = frozenset(
     {
         CMD_LOCK,
@@ -107,6 +110,7 @@ COMMANDS: Final = frozenset(
         CMD_NOTE,
         CMD_TAKE,
         CMD_HAND_DOWN,
+        CMD_ASKING,
     }
 )
 HOLD_MODE_CONNECTION: Final = "c"
@@ -150,6 +154,8 @@ FEATURE_HOLDS: Final = "holds"
 """``hl`` (locks with an owner note, optionally detached from their connection), ``note``,
 ``ht`` (take a detached grant over) and ``hd`` (detach a grant);
 ``stats`` lists each lock's ``owner`` note and whether it is ``detached``."""
+FEATURE_ASK: Final = "ask"
+"""Key-level moves: ``error_ask <HOST:PORT>`` to an acquire, and ``asking``."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -160,6 +166,7 @@ FEATURES: Final = (
     FEATURE_LIMIT_MISMATCH,
     FEATURE_SHARDS,
     FEATURE_HOLDS,
+    FEATURE_ASK,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""
@@ -183,6 +190,9 @@ STATUS_ERROR_MOVED: Final = "error_moved"
 STATUS_ERROR_BOUND: Final = "error_bound"
 """``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (``_``: it
 has no note)."""
+STATUS_ERROR_ASK: Final = "error_ask"
+"""Cluster mode, to an acquire: ask that member, once, with ``asking`` before the acquire (the
+key's shard moves key by key; the client's map stays as it is)."""
 STATUS_ERROR_UNAVAILABLE: Final = "error_unavailable"
 """Nobody serves the key at this moment (cluster mode, transient): try again shortly."""
 

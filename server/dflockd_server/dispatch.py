@@ -44,6 +44,7 @@ _AUTH: Final = c.CMD_AUTH.encode()
 _LOCK: Final = c.CMD_LOCK.encode()
 _RELEASE: Final = c.CMD_RELEASE.encode()
 _RENEW: Final = c.CMD_RENEW.encode()
+_ASKING: Final = c.CMD_ASKING.encode()
 _WHILE_DRAINING: Final = frozenset(
     command.encode()
     for command in (
@@ -130,6 +131,11 @@ class Host(Protocol):
         swapped ownership counts from the next request."""
         ...
 
+    def asked_check(self, key: str) -> bytes | None:
+        """``key_check`` for an acquire that follows ``asking`` (cluster mode: a member
+        importing the key's shard serves it); asked only when ``key_check`` is not None."""
+        ...
+
     def may_hold(self, key: str) -> bool:
         """False while a grant on ``key`` may not be renewed, taken over or handed down here (a
         fenced cluster member, or one that is not the key's shard's current member)."""
@@ -145,6 +151,7 @@ class Session:
 
     __slots__ = (
         "action",
+        "asking",
         "authed",
         "client",
         "default_lease",
@@ -170,6 +177,8 @@ class Session:
         self.eof = False
         """The client sent EOF: nobody waits for an answer that comes later (try once)."""
         self.action: Action | None = None
+        self.asking = False
+        """The previous request was ``asking``: the next one (only) is an asked acquire."""
         self.moved: dict[str, bytes] | None = None
         """Pending two-phase enqueues dropped because their key's shard moved away: the
         ``w`` / ``sw`` that comes for one is answered with this reply (``fail_enqueued``)."""
@@ -185,8 +194,12 @@ class Session:
             return p.REPLY_ERROR_DRAINING  # nothing new is granted; releases still work
         route = _ROUTES.get(cmd)
         if route is None:
+            self.asking = False
             return self._unknown(cmd, key, arg)
-        return route(self, cmd, key, arg)
+        reply = route(self, cmd, key, arg)
+        if cmd != _ASKING:
+            self.asking = self.table.asking = False  # one request only, whatever it was
+        return reply
 
     # ------------------------------------------------------------------ routes
     @staticmethod
@@ -208,6 +221,7 @@ class Session:
             ((c.CMD_NOTE,), Session._note),
             ((c.CMD_TAKE,), Session._take),
             ((c.CMD_HAND_DOWN,), Session._hand_down),
+            ((c.CMD_ASKING,), Session._asking),
         )
         table: dict[bytes, _Route] = {}
         for commands, route in routes:
@@ -228,9 +242,9 @@ class Session:
             name, timeout, lease, limit = req.key, req.timeout, req.lease, req.limit
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
-        check = self.host.key_check
-        if check is not None and (refused := check(name)) is not None:
+        if (refused := self._check(name)) is not None:
             return refused
+        self.table.asking = self.asking
         try:
             got = self.table.acquire(
                 # After the client's EOF nobody waits for an answer to come later: try once.
@@ -257,9 +271,9 @@ class Session:
         assert lease is not None and note is not None
         if lease > self.max_lease:
             return self._too_long(lease)
-        check = self.host.key_check
-        if check is not None and (refused := check(req.key)) is not None:
+        if (refused := self._check(req.key)) is not None:
             return refused
+        self.table.asking = self.asking
         try:
             got = self.table.hold(
                 self.client,
@@ -364,11 +378,11 @@ class Session:
             return p.REPLY_ERROR
         if req.lease is not None and req.lease > self.max_lease:
             return self._too_long(req.lease)
-        check = self.host.key_check
-        if check is not None and (refused := check(req.key)) is not None:
+        if (refused := self._check(req.key)) is not None:
             return refused
         if self.moved:
             self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
+        self.table.asking = self.asking
         try:
             waiter = self.table.enqueue(
                 self.client, req.key, req.lease or self.default_lease, req.limit
@@ -403,6 +417,21 @@ class Session:
         except _REFUSALS as exc:  # a grant on the way, with no token to issue
             return _refusal(exc)
         return self._later(Wait(waiter, req.timeout))
+
+    def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``asking``: the next request, an acquire, follows an ``error_ask`` (docs/protocol.md,
+        *Key-level moves*). Outside cluster mode it changes nothing."""
+        self.asking = True
+        return p.REPLY_OK
+
+    def _check(self, key: str) -> bytes | None:
+        """The ownership's verdict on an acquire of ``key`` (None: serve it)."""
+        check = self.host.key_check
+        if check is None:
+            return None
+        if self.asking:
+            return self.host.asked_check(key)
+        return check(key)
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         return p.REPLY_OK

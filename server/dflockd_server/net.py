@@ -444,6 +444,11 @@ class Server:
             timer.cancel()
         if self.snapshots is not None:
             self.snapshots.flush()  # a last snapshot for whoever still waits for one
+        if self.node is not None:
+            # The member stops deciding first: the closes below empty the table, and a shard
+            # moving out must not be handed over for that (its cut-off holders still hold).
+            node = self.node
+            await self.loop.run_in_executor(None, node.halt)
         # The journal is closed before the connections: closing them here is this run's
         # end, not their holders' release; the next run restores their leases.
         self._close_state()
@@ -477,6 +482,7 @@ class Server:
         self._may_hold = None if single else ownership.may_hold
         if self._table is not None:
             self._table.grant_check = self.key_check
+            self._table.asked_check = None if single else ownership.check_asked
 
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or
@@ -526,13 +532,30 @@ class Server:
         return self._on_loop(lambda: self._held_shards() & wanted)
 
     def _held_shards(self) -> set[int]:
-        """The shards with a key held now (on the loop). Before the table is made (the leases
-        of a previous run not restored yet) and during a restart grace (what the previous run
-        granted is unknown), every shard counts as held: nothing is handed over blind."""
+        """The shards with a key held or queued now (on the loop). Before the table is made
+        (the leases of a previous run not restored yet) and during a restart grace (what the
+        previous run granted is unknown), every shard counts as held: nothing is handed over
+        blind."""
         table = self._table
         if table is None or table.grace_remaining() > 0:
             return set(range(SHARD_COUNT))
-        return {shard_id(key) for key, state in table.keys.items() if state.n_held}
+        return {
+            shard_id(key) for key, state in table.keys.items() if state.n_held or state.n_waiting
+        }
+
+    def key_present(self, key: str) -> bool | None:
+        """Whether the table holds or queues anything on ``key`` (on the loop); None when it
+        cannot tell: no table yet, or a restart grace (what the previous run granted is
+        unknown)."""
+        table = self._table
+        if table is None or table.grace_remaining() > 0:
+            return None
+        state = table.keys.get(key)
+        return state is not None and bool(state.n_held or state.n_waiting)
+
+    def asked_check(self, key: str) -> bytes | None:
+        """The ownership's check for an acquire that follows ``asking``."""
+        return self.ownership.check_asked(key)
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread: at once when called there, else through

@@ -37,6 +37,11 @@ class Ownership(Protocol):
         """None: serve it. Else the whole reply line to send instead (bytes ending in \\n)."""
         ...
 
+    def check_asked(self, key: str) -> bytes | None:
+        """``check`` for an acquire that follows ``asking`` (a cluster member importing the
+        key's shard serves it; every other mode answers as ``check``)."""
+        ...
+
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed, taken over or handed down here now: a
         cluster member only while it can show its etcd lease alive and is the key's shard's
@@ -54,6 +59,9 @@ class SingleOwnership:
     __slots__ = ()
 
     def check(self, key: str) -> bytes | None:
+        return None
+
+    def check_asked(self, key: str) -> bytes | None:
         return None
 
     def may_hold(self, key: str) -> bool:
@@ -92,6 +100,9 @@ class StaticOwnership:
     def check(self, key: str) -> bytes | None:
         index = zlib.crc32(key.encode()) % self._count
         return None if index == self._index else self._moved[index]
+
+    def check_asked(self, key: str) -> bytes | None:
+        return self.check(key)
 
     def may_hold(self, key: str) -> bool:
         return True

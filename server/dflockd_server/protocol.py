@@ -247,7 +247,7 @@ def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
     command = _COMMANDS.get(cmd)
     if command is None:
         raise Malformed(f"unknown command {cmd[:40]!r}")
-    if command in (c.CMD_PING, c.CMD_STATS, c.CMD_HELLO, c.CMD_SHARDS):
+    if command in (c.CMD_PING, c.CMD_STATS, c.CMD_HELLO, c.CMD_SHARDS, c.CMD_ASKING):
         return Request(command, "")
     if command == c.CMD_AUTH:
         req = Request(command, "")
@@ -410,6 +410,11 @@ REPLY_ERROR_UNAVAILABLE: Final = _fixed(c.STATUS_ERROR_UNAVAILABLE)
 def reply_moved(address: str) -> bytes:
     """``error_moved <HOST:PORT>``: ``address`` serves the key."""
     return f"{c.STATUS_ERROR_MOVED} {address}\n".encode()
+
+
+def reply_ask(address: str) -> bytes:
+    """``error_ask <HOST:PORT>``: ask ``address`` for this key, once (``asking`` first)."""
+    return f"{c.STATUS_ERROR_ASK} {address}\n".encode()
 
 
 def reply_shards(described: dict[str, object]) -> bytes:

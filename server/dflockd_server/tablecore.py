@@ -76,6 +76,10 @@ class TableCore:
         take them over, and no connection's close releases them."""
         self.restored.closed = True
         self.journal = journal
+        self.asked_check: Callable[[str], bytes | None] | None = None
+        """The ownership's check for an acquire after ``asking`` (cluster mode), used instead
+        of ``grant_check`` while ``asking`` is set (by the session, for one request)."""
+        self.asking = False
         self.grant_check: Callable[[str], bytes | None] | None = None
         """The server's ownership check (None: every key is served), asked before a queued
         waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
@@ -111,7 +115,7 @@ class TableCore:
             self.lease_noted = (
                 self.note_lease(lease_ttl) if self.note_lease is not None else lease_ttl
             )
-            check = self.grant_check
+            check = self.asked_check if self.asking else self.grant_check
             if check is not None and check(key) is not None:
                 raise FenceStateError(
                     f"stopped serving {key!r} while recording a longer lease; nothing granted"

@@ -127,6 +127,9 @@ class HandingOver:
     def check(self, key: str) -> bytes | None:
         return server_protocol.REPLY_ERROR_UNAVAILABLE if shard_id(key) == self.shard else None
 
+    def check_asked(self, key: str) -> bytes | None:
+        return self.check(key)
+
     def may_hold(self, key: str) -> bool:
         return True
 

@@ -22,7 +22,7 @@ from celery_dflock.errors import (
     ServerUnavailable,
     ShardingMismatchError,
 )
-from celery_dflock.protocol import Command, ErrorReply, Moved, Shards
+from celery_dflock.protocol import Asked, Command, ErrorReply, Moved, Ok, Shards
 from celery_dflock.sharding import rendezvous_shard
 from dflockd_server import protocol as server_protocol
 from dflockd_server.cluster import shardmap
@@ -52,6 +52,18 @@ def test_the_shards_request_and_the_new_replies_byte_by_byte() -> None:
         protocol.decode_reply(Command.RENEW, b"error_moved a:1")  # renewals are never moved
     with pytest.raises(ProtocolError):
         protocol.decode_reply(Command.RELEASE, b"error_unavailable")
+
+
+def test_the_key_level_move_replies_byte_by_byte() -> None:
+    assert protocol.encode_asking() == b"asking\n_\n_\n"
+    assert protocol.decode_reply(Command.ASKING, b"ok") == Ok()
+    assert protocol.decode_reply(Command.ASKING, b"error") == ErrorReply("error")  # too old
+    for command in (Command.LOCK, Command.HOLD, Command.ENQUEUE, Command.SEM_ENQUEUE):
+        assert protocol.decode_reply(command, b"error_ask 10.0.0.7:6388") == Asked("10.0.0.7:6388")
+    with pytest.raises(ProtocolError, match="HOST:PORT"):
+        protocol.decode_reply(Command.LOCK, b"error_ask nowhere")
+    with pytest.raises(ProtocolError):
+        protocol.decode_reply(Command.RENEW, b"error_ask a:1")  # renewals are never asked
 
 
 def test_the_client_hash_is_the_servers() -> None:
@@ -177,6 +189,9 @@ class MapOwnership:
         if index < 0:
             return server_protocol.REPLY_ERROR_UNAVAILABLE
         return None if self.nodes[index] == self.me else self._moved[index]
+
+    def check_asked(self, key: str) -> bytes | None:
+        return self.check(key)
 
     def may_hold(self, key: str) -> bool:
         # A real member whose shard moves keeps being its current member (moving out) until

@@ -6,6 +6,7 @@ shutdown timeout cut off wait for the longest lease."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_dflock.clients import Client
 from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
@@ -397,3 +399,266 @@ def test_a_second_server_with_the_same_advertise_refuses_to_start_and_says_why(
         ServerThread(twin).start()
     assert a.metric("dflockd_cluster_fenced") == 0  # the first one serves on
     assert acquire(a.address, a.key("still")).startswith("ok ")
+
+
+def keys_of(shard: int, stem: str, count: int) -> list[str]:
+    """``count`` keys of ``shard``."""
+    found: list[str] = []
+    i = 0
+    while len(found) < count:
+        if shard_id(f"{stem}{i}") == shard:
+            found.append(f"{stem}{i}")
+        i += 1
+    return found
+
+
+def waiters_at(address: tuple[str, int], key: str) -> int:
+    """The waiters ``stats`` counts on ``key`` at ``address``."""
+    with Wire(address) as w:
+        reply = w.req("stats")
+    locks = json.loads(reply.removeprefix("ok "))["locks"]
+    return sum(int(lock["waiters"]) for lock in locks if lock["key"] == key)
+
+
+def asked(address: tuple[str, int], key: str) -> str:
+    """``asking`` then ``l KEY 0`` on a fresh connection: the acquire's reply (released)."""
+    with Wire(address) as w:
+        assert w.req("asking") == "ok"
+        reply = w.req("l", key, "0")
+        if reply.startswith("ok "):
+            assert w.req("r", key, reply.split()[1]) == "ok"
+        return reply
+
+
+def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """Issue 27, acceptance 3: the held key stays with its holder (and its waiter, in order)
+    on the old member; every other key of the shard is served by the new one as soon as the
+    old member has split the shard, and never by both."""
+    a, b = members(), members()
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    other, later, by_client = keys_of(shard, "task:", 3)
+    seeds = [a.address, b.address]
+    with (
+        Client(seeds, sharding_strategy="cluster", acquire_timeout_s=10) as client,
+        Wire(a.address) as waiter,
+    ):
+        beat = client.lock(held, lease_ttl_s=3)  # renewed by the client all along
+        assert beat.acquire() and beat.server == a.address
+        moved_at = time.monotonic()
+        pin(etcd, prefix, shard, b.advertise)
+        ask_b = f"error_ask {b.advertise}"
+        wait_until(
+            lambda: acquire(a.address, other) == ask_b,
+            what="a asks for the free keys of the shard at b",
+            timeout=WAIT_S,
+        )
+        took = wait_until(
+            lambda: asked(b.address, other).startswith("ok "),
+            what="b serves a free key it is asked for",
+            timeout=WAIT_S,
+        )
+        print(
+            f"a free key of the moving shard served by b {time.monotonic() - moved_at:.2f} s "
+            f"after the move started ({took:.2f} s of it waiting for b)"
+        )
+        # The client follows the ask (its map still names a): granted by b, renewed there.
+        with client.lock(by_client) as task:
+            assert task.server == b.address
+            assert task.renew()
+        # Not asked: b sends the client to the current member; the held key stays with a.
+        assert acquire(b.address, later) == f"error_moved {a.advertise}"
+        assert acquire(a.address, held) == "timeout"
+        waiter.send("l", held, "30")  # queued at a: the key stays a's while it is queued
+        wait_until(
+            lambda: waiters_at(a.address, held) == 1,
+            what="the waiter is queued at a",
+            timeout=WAIT_S,
+        )
+        time.sleep(3)  # more than the beat lock's lease: renewed at a meanwhile
+        assert beat.renew() and beat.server == a.address
+        assert a.metric("dflockd_cluster_handovers_total") == 0
+        before = beat.fence
+        assert before is not None
+        beat.release()
+        reply = waiter.recv().split()
+        assert reply[0] == "ok", reply  # promoted by a, in order, not redirected
+        assert fence(reply[1]) > before
+        assert acquire(a.address, later) == ask_b  # never held at a during this move
+        assert waiter.req("r", held, reply[1]) == "ok"
+    wait_metric(a, "dflockd_cluster_handovers_total", 1)
+    wait_until(
+        lambda: acquire(b.address, held).startswith("ok "),
+        what="b serves the formerly held key after the handover",
+        timeout=WAIT_S,
+    )
+    assert acquire(a.address, held) == f"error_moved {b.advertise}"
+    unpin(etcd, prefix, shard)
+
+
+def test_a_cancelled_key_level_move_keeps_the_split_until_the_handover(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A move cancelled after a key crossed: a keeps asking for the free keys at b (b may hold
+    them) and hands the shard over to b once its own key is released; b then moves it back."""
+    a, b = members(), members()
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "task:", 1)
+    with Wire(a.address) as holder, Wire(b.address) as at_b:
+        token = holder.lock(held)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: acquire(a.address, crossed) == f"error_ask {b.advertise}",
+            what="a asks for the free keys at b",
+            timeout=WAIT_S,
+        )
+        tokens: list[str] = []
+
+        def granted_at_b() -> bool:
+            assert at_b.req("asking") == "ok"
+            reply = at_b.req("l", crossed, "0").split()
+            tokens.extend(reply[1:2] if reply[0] == "ok" else [])
+            return bool(tokens)
+
+        wait_until(granted_at_b, what="b grants the crossed key", timeout=WAIT_S)
+        pin(etcd, prefix, shard, a.advertise)  # cancelled: the target is a again
+        wait_until(
+            lambda: (
+                a.thread.server.node is not None
+                and a.thread.server.node.ownership.view.shard_map[shard].target == a.advertise
+            ),
+            what="a sees the move cancelled",
+            timeout=WAIT_S,
+        )
+        # Still split: a grants nobody the key b holds, and b keeps renewing it.
+        assert acquire(a.address, crossed) == f"error_ask {b.advertise}"
+        assert at_b.req("n", crossed, tokens[0]).startswith("ok ")
+        assert holder.req("r", held, token) == "ok"
+        # a hands the shard over to b (the split's node), which holds the crossed key and
+        # splits it back to a: the key stays b's until released.
+        wait_metric(a, "dflockd_cluster_handovers_total", 1)
+        wait_until(
+            lambda: acquire(a.address, crossed) == f"error_moved {b.advertise}",
+            what="a sends the crossed key to b, its holder",
+            timeout=WAIT_S,
+        )
+        assert at_b.req("n", crossed, tokens[0]).startswith("ok ")
+    # a hands over to b (the split's node), b moves it back to a: served there in the end.
+    wait_until(
+        lambda: acquire(a.address, crossed).startswith("ok "),
+        what="the shard back at a, whole",
+        timeout=WAIT_S,
+    )
+    unpin(etcd, prefix, shard)
+
+
+def test_a_member_restarted_mid_move_keeps_its_restored_key_and_asks_for_the_rest(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """The split is in etcd, the held key in a's journal: a restarted in place serves the
+    restored key to its holder and asks for every other key at b, which may hold them."""
+    a = members(longest=30, shutdown_timeout_s=1.0)
+    b = members(longest=30)
+    wait_until(lambda: a.shards("serving") + b.shards("serving") == SHARD_COUNT, timeout=WAIT_S)
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("restored:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "task:", 1)
+    holder = Wire(a.address)
+    token = holder.lock(held, lease=30)
+    pin(etcd, prefix, shard, b.advertise)
+    ask_b = f"error_ask {b.advertise}"
+    wait_until(lambda: acquire(a.address, crossed) == ask_b, what="a asks at b", timeout=WAIT_S)
+    with Wire(b.address) as at_b:
+        tokens: list[str] = []
+
+        def granted_at_b() -> bool:
+            assert at_b.req("asking") == "ok"
+            reply = at_b.req("l", crossed, "0 30").split()
+            tokens.extend(reply[1:2] if reply[0] == "ok" else [])
+            return bool(tokens)
+
+        wait_until(granted_at_b, what="b grants the crossed key", timeout=WAIT_S)
+        a.restart()  # the holder is cut off; its lease is in a's journal
+        holder.close()
+        wait_metric(a, "dflockd_cluster_fenced", 0)
+        assert a.thread.stats()["journal"]["restored"] == 1
+        # Whatever the restarted a serves, it never grants the key b holds...
+        seen: set[str] = set()
+        wait_until(
+            lambda: seen.add(r := acquire(a.address, crossed)) or r == ask_b,
+            what="the restarted a asks for the crossed key at b",
+            timeout=WAIT_S,
+        )
+        assert not any(r.startswith("ok ") for r in seen), seen
+        assert acquire(a.address, held) == "timeout"  # ...nor lets the restored one go
+        assert at_b.req("n", crossed, f"{tokens[0]} 30") == "ok 30"
+        with Wire(a.address) as again:
+            wait_until(lambda: again.req("n", held, f"{token} 30") == "ok 30", timeout=WAIT_S)
+            assert again.req("r", held, token) == "ok"
+        assert at_b.req("r", crossed, tokens[0]) == "ok"
+    wait_until(lambda: b.serves(held), timeout=WAIT_S, what="the shard handed over to b")
+    assert fence(acquire_token(b.address, held)) > fence(token)
+    unpin(etcd, prefix, shard)
+
+
+def test_a_split_towards_a_member_that_died_is_dropped_after_its_longest_lease(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """b dies holding a key it was asked for: a answers the free keys of the split shard
+    ``error_unavailable`` until every lease b may have granted has run out, then drops the
+    split and serves them itself, its own held key untouched."""
+    a, b = members(), members()
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("beat:")
+    shard = shard_id(held)
+    (crossed,) = keys_of(shard, "task:", 1)
+    with Wire(a.address) as holder, Wire(b.address) as at_b:
+        token = holder.lock(held, lease=3)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(
+            lambda: acquire(a.address, crossed) == f"error_ask {b.advertise}",
+            what="a asks at b",
+            timeout=WAIT_S,
+        )
+
+        def granted_at_b() -> bool:
+            assert at_b.req("asking") == "ok"
+            return at_b.req("l", crossed, "0 3").startswith("ok ")
+
+        wait_until(granted_at_b, what="b grants the crossed key", timeout=WAIT_S)
+        unpin(etcd, prefix, shard)  # the leader may then give the shard to a live member
+        node = b.thread.server.node
+        assert node is not None
+        node.stop(leave=False)  # b's member dies: its etcd lease runs out, nobody revokes it
+        died_at = time.monotonic()
+        replies: set[str] = set()
+
+        def served_by_a() -> bool:
+            assert holder.req("n", held, f"{token} 3") == "ok 3"  # a's own key stays a's
+            reply = acquire(a.address, crossed)
+            replies.add(reply)
+            return reply.startswith("ok ")
+
+        took = wait_until(served_by_a, what="a serves the crossed key", timeout=3 * WAIT_S)
+        print(f"the split towards a dead member dropped {took:.2f} s after its death")
+        # The lease b granted (3 s, published) had surely ended; meanwhile nobody granted.
+        assert time.monotonic() - died_at >= 3
+        refused = {r for r in replies if not r.startswith("ok ")}
+        assert refused <= {"error_unavailable", f"error_ask {b.advertise}"}, refused
+        assert "error_unavailable" in refused  # b gone, its leases running out
+        assert holder.req("r", held, token) == "ok"

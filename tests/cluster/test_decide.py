@@ -45,7 +45,8 @@ def test_each_kind_of_shard() -> None:
     )
     d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
     assert d.verdicts[0] is None
-    assert d.verdicts[1] == b"error_moved b:1\n"
+    assert d.verdicts[1] == ERROR_UNAVAILABLE  # but the keys held or queued here: not split yet
+    assert d.holding == {1}
     assert d.verdicts[2] == ERROR_UNAVAILABLE
     assert d.verdicts[3] == ERROR_UNAVAILABLE
     assert d.verdicts[4] == ERROR_UNAVAILABLE
@@ -67,6 +68,36 @@ def test_each_kind_of_shard() -> None:
         "unavailable": SHARD_COUNT - 8,
     }
     assert tuple(d.states) == SHARD_STATES
+
+
+def test_a_split_shard_is_asked_for_at_its_node_whatever_its_target() -> None:
+    split = f"split={B}"
+    v = view(
+        {
+            0: ShardAssignment(B, A, (split,)),  # moving out to B, split
+            1: ShardAssignment(A, A, (split,)),  # the move cancelled: still split to B
+            2: ShardAssignment(C, A, (split,)),  # retargeted: still split to B
+            3: ShardAssignment(A, B, (f"split={A}",)),  # importing from live B
+            4: ShardAssignment(C, B, (f"split={A}",)),  # importing, another target
+            5: ShardAssignment(B, A, ("split=d:1",)),  # split to a member not live
+        }
+    )
+    d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
+    for shard in (0, 1, 2):
+        assert d.verdicts[shard] == b"error_ask b:1\n"
+    assert d.verdicts[3] == d.verdicts[4] == b"error_moved b:1\n"
+    assert d.verdicts[5] == ERROR_UNAVAILABLE
+    assert d.holding == {0, 1, 2, 5}
+    assert d.importing == {3, 4}
+    assert d.moving_out == {B: frozenset({0, 1, 2}), "d:1": frozenset({5})}
+    assert d.granting == {0, 1, 2, 3, 4, 5}
+    # Not cleared (the fence not raised yet): nothing asked for, nothing imported.
+    d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT, cleared=set())
+    assert d.holding == d.importing == frozenset()
+    assert set(d.verdicts[:5]) == {ERROR_UNAVAILABLE}
+    # The handover to the split's node drops the flag; any other node keeps it.
+    assert ShardAssignment(B, A, (split,)).served_by(B).flags == ()
+    assert ShardAssignment(C, "", (split,)).served_by(C).split == B
 
 
 def test_a_released_shard_is_taken_at_once_an_empty_current_alone_waits() -> None:

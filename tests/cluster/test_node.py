@@ -21,6 +21,7 @@ from dflockd_server.cluster.node import ClusterNode
 from dflockd_server.cluster.ops import pin, read_view, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
 from dflockd_server.fence import fence_of
+from dflockd_server.protocol import reply_ask
 from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.waiting import wait_until
 
@@ -52,11 +53,16 @@ class HostTable:
 
     def holders_in(self, shard_ids: Collection[int]) -> set[int]:
         with self._lock:
-            return {shard_id(k) for k in self.holders} & set(shard_ids)
+            held = {shard_id(k) for k in self.holders}
+            queued = {shard_id(k) for k, n in self.waiters.items() if n}
+            return (held | queued) & set(shard_ids)
 
     def renewals_allowed(self, allowed: bool) -> None:
         with self._lock:
             self.renewals.append(allowed)
+
+    def key_present(self, key: str) -> bool | None:
+        return key in self.holders or bool(self.waiters.get(key))
 
     # -- the server's requests -----------------------------------------------------------------
 
@@ -210,19 +216,31 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     # -- a graceful handover: an operator moves the shard (pinned onto the new member)
     pin(etcd, prefix, shard, new.name)
     moved = moved_reply(new.name)
+    # Key by key: the old owner splits the shard towards the new one, keeps serving the key
+    # held and the key queued there (its waiter is not answered), asks for any other key there.
+    free_key = key_in_shard(shard, "free:")
     wait_until(
-        lambda: old.node.check(key) == moved, what="the old owner sends acquires on", timeout=WAIT_S
+        lambda: old.node.check(free_key) == reply_ask(new.name),
+        what="the old owner asks for the free keys at the new one",
+        timeout=WAIT_S,
     )
-    wait_until(lambda: old.host.failed != [], what="the queued waiters answered", timeout=WAIT_S)
-    assert old.host.failed == [(frozenset({shard}), moved)]
-    assert old.host.waiters == {}
+    assert old.node.check(key) is None and old.node.check(waiter_key) is None
+    assert old.host.failed == []
     assert old.host.renew(old.node, key)  # its holder keeps renewing meanwhile
-    time.sleep(MAX_LEASE_TTL / 4)
-    # Not handed over while the holder holds: the new owner waits, nobody grants.
-    assert read_view(etcd, prefix).shard_map[shard] == ShardAssignment(
-        new.name, old.name, ("pinned",)
+    wait_until(
+        lambda: new.node.check_asked(free_key) is None,
+        what="the new owner serves a key it is asked for",
+        timeout=WAIT_S,
     )
-    assert new.node.check(key) == ERROR_UNAVAILABLE
+    assert new.node.check(free_key) == moved_reply(old.name)  # not asked: to the current
+    with old.host._lock:  # the waiter gives up (its timeout)
+        old.host.waiters.clear()
+    time.sleep(MAX_LEASE_TTL / 4)
+    # Not handed over while the holder holds: the new owner serves only what it is asked for.
+    assert read_view(etcd, prefix).shard_map[shard] == ShardAssignment(
+        new.name, old.name, ("pinned", f"split={new.name}")
+    )
+    assert new.node.check(key) == moved_reply(old.name)
     old.host.release(key)
     released_at = time.monotonic()
     took = wait_until(

@@ -26,6 +26,9 @@ class Host:
     key_check: Callable[[str], bytes | None] | None = None
     renewals_ok: bool = True
 
+    def asked_check(self, key: str) -> bytes | None:
+        return None if self.key_check is None else self.key_check(key)
+
     def may_hold(self, key: str) -> bool:
         return self.renewals_ok
 

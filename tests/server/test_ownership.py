@@ -185,6 +185,9 @@ class FixedOwnership:
     def check(self, key: str) -> bytes | None:
         return None if shard_id(key) in self.served else self.reply
 
+    def check_asked(self, key: str) -> bytes | None:
+        return self.check(key)
+
     def may_hold(self, key: str) -> bool:
         return self.renew and shard_id(key) in self.served
 

@@ -5,9 +5,18 @@ member's advertised address):
 
 - **serve**: current == self and target == self (and not fenced, not held until the fencing
   counter is raised): acquires are served.
-- **moving out**: current == self, target == other: acquires get ``error_moved <target>``,
-  queued waiters are answered the same, renewals and releases go on; once no holder is left,
-  the member publishes its fence ceiling and sets current = target (``handover_due``).
+- **moving out**, key by key (current == self, and target == other or the shard is *split*,
+  flag ``split=<node>``, which only the handover to that node drops): the keys this member
+  holds or queues (``holding``) are still served here, waiters promoted in order, renewals and
+  releases go on; any other key is answered ``error_ask <split node>`` (``error_unavailable``
+  until the member has written the split, or while the split's node is not live). A key is
+  never asked for while held or queued here, and once asked for it is never held or queued
+  here again (this member creates no key of a holding shard): so the split's node, which
+  grants such a shard's key only to an ``asking`` acquire or while it holds or queues it
+  itself (``importing``), and this member never grant one key both. Once nothing is held
+  here, the member publishes its fence ceiling and sets current = the split's node (the
+  target when it never split), dropping the flag (``handover_due``). A cancelled or changed
+  target leaves the split as it is: the keys already asked for may be held there.
 - **taking over**: target == self, current == another *live* member: ``error_unavailable``
   until that member hands the shard over.
 - **failover**: target == self, current empty or a member that is not live:
@@ -65,13 +74,24 @@ class Decision:
     serving: frozenset[int]
     """Shards this member would serve (including those held back: not ``cleared``)."""
     moving_out: Mapping[str, frozenset[int]]
-    """Target -> the shards moving out to it (waiters answered ``error_moved <target>``)."""
+    """Destination (the split's node, else the target) -> the shards moving out to it; their
+    holders and waiters stay until released (FIFO), the other keys go there one by one."""
     failover_due: tuple[int, ...]
     """Shards whose dead current member's grants have surely run out: set current = self."""
     failover_since: Mapping[int, float]
     """When this member first saw each shard it waits to fail over (carry to the next call)."""
     states: Mapping[str, int]
     """How many shards are in each of ``SHARD_STATES`` (they add up to ``SHARD_COUNT``)."""
+    holding: frozenset[int] = frozenset()
+    """Shards moving out (cleared): the keys this member holds or queues are still served
+    here; any other key gets the shard's verdict (``error_ask <split node>`` once the split is
+    written, ``error_unavailable`` before)."""
+    importing: frozenset[int] = frozenset()
+    """Shards split to this member (cleared): it serves a key an ``asking`` acquire names, or
+    one it already holds or queues; any other key gets the shard's verdict."""
+    granting: frozenset[int] = frozenset()
+    """Every shard on which this member may grant (served, holding, importing; cleared or not):
+    the fencing counter must be raised above every published ceiling before."""
 
 
 FENCED = Decision(
@@ -107,6 +127,11 @@ def decide(
     live = view.members
     shard_map = view.shard_map
     moved: dict[str, bytes] = {}
+    ask: dict[str, bytes] = {}
+    holding: set[int] = set()
+    holding_all: set[int] = set()
+    importing: set[int] = set()
+    importing_all: set[int] = set()
 
     verdicts: list[bytes | None] = [ERROR_UNAVAILABLE] * SHARD_COUNT
     serving: set[int] = set()
@@ -115,16 +140,32 @@ def decide(
     since: dict[int, float] = {}
     taking_over = failing_over = 0
     for shard, a in shard_map.items():
-        current, target = a.current, a.target
-        if current == me and target == me:
+        current, target, split = a.current, a.target, a.split
+        if current == me and target == me and not split:
             serving.add(shard)
             if cleared is None or shard in cleared:
                 verdicts[shard] = None
             continue
         if current == me:
-            moving.setdefault(target, set()).add(shard)
-            elsewhere = target
-        elif target == me:
+            # Moving out, key by key: the keys it holds or queues stay (``holding``), the
+            # others go to the split's node (asked) once the split is written, to nobody before.
+            dest = split or target
+            moving.setdefault(dest, set()).add(shard)
+            holding_all.add(shard)
+            if cleared is None or shard in cleared:
+                holding.add(shard)
+                if split and split in live:
+                    reply = ask.get(split)
+                    if reply is None:
+                        reply = ask[split] = p.reply_ask(split)
+                    verdicts[shard] = reply
+            continue  # else unavailable (but for the keys it holds or queues)
+        if split == me and current:
+            # Importing: serves the keys the current member asked it for (and then holds).
+            importing_all.add(shard)
+            if cleared is None or shard in cleared:
+                importing.add(shard)
+        if target == me:
             if a.released:
                 failing_over += 1
                 due.append(shard)  # let go with nothing held: no lease to wait for
@@ -139,13 +180,17 @@ def decide(
                     due.append(shard)
             else:
                 taking_over += 1
-            continue  # unavailable: waiting for a handover, or for a failover
+            if split != me or current not in live:
+                continue  # unavailable: waiting for a handover, or for a failover
+            elsewhere = current  # importing: the keys it was not asked for are the current's
         else:
             elsewhere = current or target
         reply = moved.get(elsewhere)
         if reply is None:
             reply = moved[elsewhere] = moved_reply(elsewhere)
         verdicts[shard] = reply
+    for shard in importing_all - importing:
+        verdicts[shard] = ERROR_UNAVAILABLE  # asked or not, until its fence is raised: a moment
     moving_out = sum(len(s) for s in moving.values())
     assigned = len(shard_map)
     states = {
@@ -163,6 +208,9 @@ def decide(
         failover_due=tuple(due),
         failover_since=since,
         states=states,
+        holding=frozenset(holding),
+        importing=frozenset(importing),
+        granting=frozenset(serving | holding_all | importing_all),
     )
 
 

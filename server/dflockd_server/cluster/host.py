@@ -24,7 +24,14 @@ class NodeHost(Protocol):
         ...
 
     def holders_in(self, shard_ids: Collection[int]) -> set[int]:
-        """Which of these shards still have a holder (lock or semaphore slot)."""
+        """Which of these shards still have a holder (lock or semaphore slot) or a queued
+        waiter."""
+        ...
+
+    def key_present(self, key: str) -> bool | None:
+        """On the loop (no hop): whether the table holds or queues anything on ``key``; None
+        when it cannot tell (no table yet, or a restart grace: what the previous run granted
+        is unknown)."""
         ...
 
     def renewals_allowed(self, allowed: bool) -> None:

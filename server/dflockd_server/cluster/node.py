@@ -11,10 +11,13 @@ lease, and every ``NODE_TICK_S``:
    leases so a dead member's survives): every token it grants is then above every token any
    previous owner granted, after a handover as after a failover. Until that succeeded the
    shard answers ``error_unavailable``;
-3. for shards moving out: answers their queued waiters ``error_moved <target>`` at once
-   (``NodeHost.fail_waiters``), and once ``NodeHost.holders_in`` shows no holder left, publishes
-   its fence ceiling and sets the shard's current node to the target (a write conditioned on
-   the shard's revision and on this member's lease);
+3. for shards moving out, key by key (``decide``'s docstring, docs/protocol.md *Key-level
+   moves*): while a key is held or queued here, writes the flag ``split=<target>`` (after
+   publishing its fence ceiling), so that the other keys are asked for at the target; once
+   ``NodeHost.holders_in`` shows nothing held or queued, publishes its fence ceiling and sets
+   the shard's current node to the split's node, dropping the flag (a write conditioned on
+   the shard's revision and on this member's lease). A split towards a member that is gone
+   is dropped after that member's longest lease (``_unsplit``);
 4. for shards whose current member is gone: waits ``max_lease_ttl_s + failover_margin_s`` from
    when it first saw that, then sets current = itself (same conditions); a shard *released*
    by a member that left gracefully (see below) it takes at once.
@@ -79,7 +82,6 @@ from dflockd_server.cluster.decide import (
     Decision,
     decide,
     handover_due,
-    moved_reply,
 )
 from dflockd_server.cluster.etcd import Compare, EtcdClient, EtcdError
 from dflockd_server.cluster.fencestore import (
@@ -193,10 +195,11 @@ class ClusterNode:
         # Owned by the node's thread:
         self._failover_since: dict[int, float] = {}
         self._raised: frozenset[int] = frozenset()
-        self._notified: dict[int, str] = {}
         self._current: frozenset[int] = frozenset()
         """The shards this member was current member of at the last decision."""
         self._written_from: dict[int, int] = {}
+        self._split_gone_since: dict[int, float] = {}
+        """Shards this member splits towards a node that is not live: since when (seen)."""
         self._renewals: bool | None = None
         self._next_join = 0.0
         self._updates = 0  # views the member reported (its watch's thread adds)
@@ -217,6 +220,9 @@ class ClusterNode:
 
     def check(self, key: str) -> bytes | None:
         return self._ownership.check(key)
+
+    def check_asked(self, key: str) -> bytes | None:
+        return self._ownership.check_asked(key)
 
     def may_hold(self, key: str) -> bool:
         return self._ownership.may_hold(key)
@@ -278,11 +284,7 @@ class ClusterNode:
 
         ``keep``: shards whose holders were cut off (the server's shutdown timeout ran out):
         they may still believe they hold, so those shards wait for the failover."""
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        self._ownership = self._fenced_snapshot(self._ownership.view)
+        self.halt(timeout)
         member, self._member = self._member, None
         if member is None:
             return
@@ -296,6 +298,18 @@ class ClusterNode:
                     exc,
                 )
         member.stop(leave=leave, timeout=timeout)
+
+    def halt(self, timeout: float = 10.0) -> None:
+        """Stop deciding: every acquire refused, no shard handed over or taken from now on;
+        still a member (``stop`` then leaves). The server calls it before it closes the
+        connections of holders its shutdown timeout cut off: their closes release nothing
+        that may still be held (the next run restores their leases), so no handover may
+        follow them."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._ownership = self._fenced_snapshot(self._ownership.view)
 
     def _release(self, member: Member, keep: frozenset[int]) -> None:
         """Mark released the shards this member serves that nobody holds (a graceful leave)."""
@@ -414,23 +428,21 @@ class ClusterNode:
         decision = self._decide(view, now)
         self._publish(view, decision, valid_until)
         self._fail_waiters_of_lost_shards(decision)
-        gained = decision.serving - self._raised
+        gained = decision.granting - self._raised
         if gained:
             # Above every ceiling another member published: above all tokens ever granted for
             # these shards (its own are below its counter). Until then they stay unavailable.
             self.fence.raise_to(highest_ceiling(self.client, self.prefix, self.advertise))
-            self._raised = decision.serving
-            verdicts = list(decision.verdicts)
-            for shard in gained:
-                verdicts[shard] = None
-            decision = replace(decision, verdicts=tuple(verdicts))
+            self._raised = decision.granting
+            decision = self._decide(view, now)
             self._publish(view, decision, valid_until)
         else:
-            self._raised = self._raised & decision.serving
+            self._raised = self._raised & decision.granting
         self._allow_renewals(True)
         self._failover_since = dict(decision.failover_since)
         self._quiet = not decision.failover_since and not decision.moving_out
         self._move_out(view, member, decision)
+        self._unsplit(view, member, now)
         if decision.failover_due:
             shard_map = view.shard_map
             written = self._write_assignments(
@@ -493,24 +505,54 @@ class ClusterNode:
         return {m: published[m] + self.failover_margin_s for m in gone if m in published}
 
     def _move_out(self, view: ClusterView, member: Member, decision: Decision) -> None:
-        moving: dict[int, str] = {}
-        for target, shards in decision.moving_out.items():
-            fresh = [s for s in sorted(shards) if self._notified.get(s) != target]
-            if fresh:
-                self.host.fail_waiters(fresh, moved_reply(target))
-            moving.update(dict.fromkeys(shards, target))
-        self._notified = moving
+        """Key by key: a shard moving out with keys held or queued here is split first
+        (``split=<target>``, then its other keys are asked for there); a shard with nothing
+        held or queued here any more is handed over to its split's node (its target when it
+        never split)."""
+        moving = {s: dest for dest, shards in decision.moving_out.items() for s in shards}
         if not moving:
             return
-        done = handover_due(moving.keys(), self.host.holders_in(sorted(moving)))
+        held = self.host.holders_in(sorted(moving))
+        shard_map = view.shard_map
+        done = handover_due(moving.keys(), held)
+        to_split = {s: shard_map[s].split_to(moving[s]) for s in held if not shard_map[s].split}
+        if to_split:
+            # The fence first: the split's node raises its counter above it before granting.
+            self.fence.publish()
+            self._write_assignments(view, member, to_split)
         if not done:
             return
         self.fence.publish()  # before the next owner can read it
-        shard_map = view.shard_map
         written = self._write_assignments(
-            view, member, {s: shard_map[s].served_by(shard_map[s].target) for s in done}
+            view, member, {s: shard_map[s].served_by(moving[s]) for s in done}
         )
         self.handovers += len(written)
+
+    def _unsplit(self, view: ClusterView, member: Member, now: float) -> None:
+        """A shard split towards a node that is gone: its free keys are unavailable here
+        meanwhile. Once every lease that node may have granted has surely ended (the longest
+        it published, ``max_lease_ttl_s`` if none, plus the margin, counted from when this
+        member first saw it gone, as a failover), the split is dropped and the shard moves on
+        as any other."""
+        live = view.members
+        gone = {
+            s: a.split
+            for s, a in view.shard_map.items()
+            if a.current == self.advertise and a.split and a.split not in live
+        }
+        self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
+        if not gone:
+            return
+        published = published_longest(self.client, self.prefix)
+        due = [
+            s
+            for s, node in gone.items()
+            if now - self._split_gone_since[s]
+            >= published.get(node, self.max_lease_ttl_s) + self.failover_margin_s
+        ]
+        if due:
+            shard_map = view.shard_map
+            self._write_assignments(view, member, {s: shard_map[s].unsplit() for s in due})
 
     def _write_assignments(
         self, view: ClusterView, member: Member, new: dict[int, ShardAssignment]
@@ -553,6 +595,9 @@ class ClusterNode:
             self._clock,
             decision.states,
             current=current,
+            holding=decision.holding,
+            importing=decision.importing,
+            present=self.host.key_present,
             lease_until=(lambda: member.lease_valid_until) if member is not None else None,
         )
         if self.fenced_reason is not None:
@@ -583,7 +628,7 @@ class ClusterNode:
         self.fenced_reason = reason
         self._failover_since = {}
         self._raised = frozenset()
-        self._notified = {}
+        self._split_gone_since = {}
         self._written_from = {}
         self._seen_updates = -1
         self._quiet = False

@@ -50,6 +50,13 @@ PINNED = "pinned"
 RELEASED = "released"
 """The flag of a shard whose current node let it go with nothing held (see the docstring)."""
 
+SPLIT = "split="
+"""The flag ``split=<node>`` of a shard whose keys are split between its current node and
+``<node>`` (a key-level move; see docs/protocol.md, *Key-level moves*): the current node
+serves the keys it holds or queues, ``<node>`` any other key it was asked for, and neither
+grants a key the other may hold. Only the current node writes it, and only the handover to
+``<node>`` drops it: it outlives a cancelled or changed target and a restart."""
+
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 _U32 = 0xFFFFFFFF
@@ -141,9 +148,35 @@ class ShardAssignment:
         flags = tuple(f for f in self.flags if f != RELEASED)
         return replace(self, current="", flags=(*flags, RELEASED))
 
+    @property
+    def split(self) -> str:
+        """The node that serves the keys of this shard its current node lets go one by one
+        ("" when the shard is not split; see ``SPLIT``)."""
+        for flag in self.flags:
+            if flag.startswith(SPLIT):
+                return flag[len(SPLIT) :]
+        return ""
+
+    def split_to(self, node: str) -> ShardAssignment:
+        """This assignment with its keys split between its current node and ``node``."""
+        _check_node(node, "split node")
+        flags = tuple(f for f in self.flags if not f.startswith(SPLIT))
+        return replace(self, flags=(*flags, SPLIT + node))
+
+    def unsplit(self) -> ShardAssignment:
+        """This assignment with no split (its split's node gone, and every lease it may have
+        granted over: see ``cluster.node``)."""
+        return replace(self, flags=tuple(f for f in self.flags if not f.startswith(SPLIT)))
+
     def served_by(self, node: str) -> ShardAssignment:
-        """This assignment with ``node`` as its current node (no longer released)."""
-        return replace(self, current=node, flags=tuple(f for f in self.flags if f != RELEASED))
+        """This assignment with ``node`` as its current node (no longer released). A split
+        stays unless ``node`` is the split's node: only it can hold every key of the shard."""
+        split = self.split
+
+        def kept(flag: str) -> bool:
+            return flag != RELEASED and not (split == node and flag.startswith(SPLIT))
+
+        return replace(self, current=node, flags=tuple(f for f in self.flags if kept(f)))
 
 
 @dataclass(frozen=True, slots=True)

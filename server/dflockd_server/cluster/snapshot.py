@@ -44,6 +44,16 @@ class ClusterOwnership:
     """The shards whose current member this one is (served, or moving out while their
     holders finish): the only ones whose grants it may renew, take over or hand down."""
 
+    holding: frozenset[int] = frozenset()
+    """Shards moving out key by key: a key held or queued here is served, any other gets the
+    shard's verdict (``decide.Decision.holding``)."""
+    importing: frozenset[int] = frozenset()
+    """Shards split to this member: a key an ``asking`` acquire names, or one held or queued
+    here, is served (``decide.Decision.importing``)."""
+    present: Callable[[str], bool | None] | None = None
+    """Whether the server's table holds or queues anything on a key (None: it cannot tell,
+    before its table is made or during a restart grace). Called on the loop."""
+
     lease_until: Callable[[], float] | None = None
     """The member's lease deadline read live (its keep-alive thread moves it on), so a node
     thread busy with a long etcd write does not make its member look fenced: while this
@@ -63,10 +73,28 @@ class ClusterOwnership:
     def check(self, key: str) -> bytes | None:
         if not self.alive():
             return ERROR_UNAVAILABLE
-        return self.verdicts[shard_id(key)]
+        shard = shard_id(key)
+        verdict = self.verdicts[shard]
+        if verdict is None or (shard not in self.holding and shard not in self.importing):
+            return verdict
+        present = self.present(key) if self.present is not None else None
+        if present:
+            return None  # held or queued here: it stays here until released
+        if present is None and shard in self.holding:
+            return ERROR_UNAVAILABLE  # not known to be free here: ask nobody for it
+        return verdict
+
+    def check_asked(self, key: str) -> bytes | None:
+        """``check`` for an acquire after ``asking``: a shard split to this member serves it
+        (the current member asked for it: it holds and queues nothing on it, and never will
+        during this split)."""
+        if self.alive() and shard_id(key) in self.importing:
+            return None
+        return self.check(key)
 
     def may_hold(self, key: str) -> bool:
-        return shard_id(key) in self.current and self.alive()
+        shard = shard_id(key)
+        return (shard in self.current or shard in self.importing) and self.alive()
 
     def describe(self) -> dict[str, object]:
         shard_map = self.view.shard_map
