@@ -58,14 +58,23 @@ def make_cluster_node(config: Config, server: Server) -> ClusterNode:
     """The cluster member of a ``--cluster`` server (not started). The cluster's modules are
     imported here, not with this module: a server that is no cluster member does not pay for
     them (about 45 ms at every start, the etcd client's ``http.client`` most of it)."""
-    from dflockd_server.cluster.etcd import EtcdClient
     from dflockd_server.cluster.node import ClusterNode
-    from dflockd_server.cluster.ops import parse_cluster_url
+    from dflockd_server.cluster.ops import EtcdAccess, etcd_client
 
     assert config.cluster is not None and config.advertise is not None  # Config checks it
-    url, prefix = parse_cluster_url(config.cluster)
+    access = EtcdAccess(
+        config.cluster_ca_file,
+        config.cluster_cert,
+        config.cluster_key,
+        config.cluster_user,
+        config.resolve_cluster_password(),
+    )
+    try:
+        client, prefix = etcd_client(config.cluster, access, lease_ttl_s=config.cluster_lease_ttl_s)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return ClusterNode(
-        EtcdClient(url),
+        client,
         prefix,
         config.advertise,
         server,
@@ -233,6 +242,7 @@ class Server:
             # ceiling in etcd, so a key's next member starts above every fence granted here.
             from dflockd_server.cluster.etcd import (  # with make_cluster_node's
                 DuplicateMember,
+                EtcdAuthError,
                 EtcdError,
             )
 
@@ -241,6 +251,14 @@ class Server:
                 await loop.run_in_executor(None, node.start)
             except DuplicateMember as exc:
                 raise ConfigError(f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: {exc}") from exc
+            except EtcdAuthError as exc:
+                user = cfg.cluster_user
+                raise ConfigError(
+                    f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: etcd refused "
+                    + (f"the user {user!r}" if user else "a request without a user")
+                    + f" ({exc}); check --cluster-user (DFLOCKD_CLUSTER_USER) and "
+                    "--cluster-password-file (DFLOCKD_CLUSTER_PASSWORD_FILE)"
+                ) from exc
             except (EtcdError, FenceStateError) as exc:
                 raise ConfigError(
                     f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: cannot join the cluster "
