@@ -22,6 +22,7 @@ import pytest
 
 from dflockd_server import constants
 from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.ops import pin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.etcd import EtcdCluster, EtcdNode, etcd_cluster_or_skip
 from tests.support.ports import free_port
@@ -183,5 +184,40 @@ def test_one_etcd_node_killed_fences_no_member_and_loses_no_lock(
             )
     outlive_the_lease(etcd, members, leases)
     assert_nothing_lost(members, held)
+    for wire, _, _ in held.values():
+        wire.close()
+
+
+def test_a_paused_etcd_node_fences_no_member(
+    etcd_cluster: EtcdCluster, cluster: list[Member]
+) -> None:
+    """The slow answer: the etcd node the members talk to is paused (SIGSTOP: its connections
+    stay open, nothing answers). Each member waits a fifth of its etcd lease for it, moves to
+    another endpoint, keeps its lease, fences not; the locks stay held and renewable, new keys
+    are granted; and their watch of etcd moved too: a change of the map reaches them."""
+    members = cluster
+    etcd = etcd_cluster.client()
+    leases = {m.advertise: member_lease(etcd, m) for m in members}
+    held = hold_locks(members)
+    node = etcd_cluster.nodes[0]
+    node.pause()
+    try:
+        for member in members:
+            wait_until(
+                lambda member=member: switched_away_from(member, node),
+                timeout=WAIT_S,
+                what=f"{member.advertise} moving off the paused etcd node",
+            )
+        outlive_the_lease(etcd, members, leases)
+        assert_nothing_lost(members, held)
+        pin(etcd, PREFIX, 17)
+        for member in members:
+            wait_until(
+                lambda member=member: 17 in shards(member.address)["pinned"],
+                timeout=WAIT_S,
+                what=f"{member.advertise} seeing shard 17 pinned",
+            )
+    finally:
+        node.resume()
     for wire, _, _ in held.values():
         wire.close()
