@@ -251,18 +251,27 @@ class Server:
                 await loop.run_in_executor(None, node.start)
             except DuplicateMember as exc:
                 raise ConfigError(f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: {exc}") from exc
-            except EtcdAuthError as exc:
-                user = cfg.cluster_user
-                raise ConfigError(
-                    f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: etcd refused "
-                    + (f"the user {user!r}" if user else "a request without a user")
-                    + f" ({exc}); check --cluster-user (DFLOCKD_CLUSTER_USER) and "
-                    "--cluster-password-file (DFLOCKD_CLUSTER_PASSWORD_FILE)"
-                ) from exc
             except (EtcdError, FenceStateError) as exc:
+                refused = exc if isinstance(exc, EtcdAuthError) else exc.__cause__
+                if isinstance(refused, EtcdAuthError):
+                    user = cfg.cluster_user
+                    raise ConfigError(
+                        f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: etcd refused "
+                        + (f"the user {user!r}" if user else "a request without a user")
+                        + f" ({refused}); check --cluster-user (DFLOCKD_CLUSTER_USER) and "
+                        "--cluster-password-file (DFLOCKD_CLUSTER_PASSWORD_FILE)"
+                    ) from exc
+                hint = "check that etcd runs there and that the URL is right"
+                if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                    hint = (
+                        "etcd's certificate is not trusted: give the CA that signs it with "
+                        "--cluster-ca-file (DFLOCKD_CLUSTER_CA_FILE)"
+                    )
+                elif "WRONG_VERSION_NUMBER" in str(exc) or "RemoteDisconnected" in str(exc):
+                    hint += " (etcds:// speaks TLS to etcd, etcd:// plain HTTP: which does it?)"
                 raise ConfigError(
                     f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: cannot join the cluster "
-                    f"({exc}); check that etcd runs there and that the URL is right"
+                    f"({exc}); {hint}"
                 ) from exc
             self.node = node
             self.fence = node.fence

@@ -24,9 +24,10 @@ from dflockd_server import constants
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.ops import pin
 from dflockd_server.cluster.shardmap import shard_id
+from tests.support.certificates import key_of, make_certificate
 from tests.support.etcd import EtcdCluster, EtcdNode, etcd_cluster_or_skip
 from tests.support.ports import free_port
-from tests.support.servers import DflockdProcess
+from tests.support.servers import DflockdProcess, run_dflockd
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, held_keys, shards
 
@@ -221,3 +222,116 @@ def test_a_paused_etcd_node_fences_no_member(
         node.resume()
     for wire, _, _ in held.values():
         wire.close()
+
+
+ETCD_USER = "root"
+ETCD_PASSWORD = "etcd-s3cret"
+
+
+def enable_auth(etcd: EtcdClient) -> None:
+    """etcd's authentication on, with the ``root`` user (through etcd's own JSON API)."""
+    etcd.call("/v3/auth/user/add", {"name": ETCD_USER, "password": ETCD_PASSWORD}, "user add")
+    etcd.call("/v3/auth/role/add", {"name": "root"}, "role add")
+    etcd.call("/v3/auth/user/grant", {"user": ETCD_USER, "role": "root"}, "user grant")
+    etcd.call("/v3/auth/enable", {}, "auth enable")
+
+
+@pytest.fixture
+def tls_etcd_cluster(tmp_path: Path) -> Iterator[tuple[EtcdCluster, Path]]:
+    """A three-node etcd serving its clients over TLS, with authentication on. One self-signed
+    certificate for 127.0.0.1 is etcd's, the CA both sides trust, and the clients' own."""
+    (tmp_path / "tls").mkdir()
+    cert = make_certificate(tmp_path / "tls")
+    for cluster in etcd_cluster_or_skip(tmp_path / "etcd", tls=(cert, cert, key_of(cert))):
+        enable_auth(cluster.client())
+        yield cluster, cert
+
+
+def test_tls_and_authentication_to_etcd(
+    tls_etcd_cluster: tuple[EtcdCluster, Path], tmp_path: Path
+) -> None:
+    """``etcds://`` with ``--cluster-ca-file``, ``--cluster-user`` and
+    ``--cluster-password-file``, and a client certificate (``--cluster-cert``,
+    ``--cluster-key``): the member joins and serves; with the node it talks to killed
+    it authenticates at another node (etcd's tokens are per node) and fences not."""
+    etcd_cluster, ca = tls_etcd_cluster
+    password = tmp_path / "etcd-password"
+    password.write_text(ETCD_PASSWORD + "\n")
+    url = f"etcds://{etcd_cluster.endpoints}{PREFIX}"
+    member = Member(
+        url,
+        tmp_path / "state",
+        "--cluster-ca-file", str(ca),
+        "--cluster-cert", str(ca),
+        "--cluster-key", str(key_of(ca)),
+        "--cluster-user", ETCD_USER,
+        "--cluster-password-file", str(password),
+    )  # fmt: skip
+    try:
+        wait_until(lambda: settled([member]), timeout=WAIT_S, what="the cluster's map")
+        etcd = etcd_cluster.client(user=ETCD_USER, password=ETCD_PASSWORD)
+        leases = {member.advertise: member_lease(etcd, member)}
+        held = hold_locks([member])
+        node = etcd_cluster.nodes[0]
+        node.kill()
+        wait_until(
+            lambda: switched_away_from(member, node),
+            timeout=WAIT_S,
+            what="the member moving off the killed etcd node",
+        )
+        outlive_the_lease(etcd, [member], leases)
+        assert_nothing_lost([member], held)
+        for wire, _, _ in held.values():
+            wire.close()
+    finally:
+        member.stop()
+
+
+def start_error(*args: str) -> str:
+    """``dflockd`` started with ``args`` exits with an error: its output."""
+    port = free_port()
+    done = run_dflockd(
+        [
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--advertise", f"127.0.0.1:{port}",
+            "--state-dir", "none",
+            *args,
+        ],
+        {},
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stderr
+    return done.stderr
+
+
+def test_wrong_etcd_settings_are_clear_start_up_errors(
+    tls_etcd_cluster: tuple[EtcdCluster, Path], tmp_path: Path
+) -> None:
+    etcd_cluster, ca = tls_etcd_cluster
+    url = f"etcds://{etcd_cluster.endpoints}{PREFIX}"
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("not-it\n")
+    cert_args = ("--cluster-cert", str(ca), "--cluster-key", str(key_of(ca)))
+    ca_args = ("--cluster-ca-file", str(ca), *cert_args)
+    user_args = ("--cluster-user", ETCD_USER, "--cluster-password-file", str(wrong))
+
+    text = start_error("--cluster", url, *ca_args, *user_args)
+    assert "etcd refused the user 'root'" in text and "authentication failed" in text, text
+    assert "--cluster-password-file" in text, text
+
+    text = start_error("--cluster", url, *ca_args)
+    assert "without a user" in text and "--cluster-user" in text, text
+
+    text = start_error("--cluster", url, *cert_args, *user_args)
+    assert "CERTIFICATE_VERIFY_FAILED" in text and "--cluster-ca-file" in text, text
+
+    text = start_error("--cluster", url, "--cluster-ca-file", str(tmp_path / "nope.pem"))
+    assert "--cluster-ca-file" in text and "cannot read it" in text, text
+
+    plain = f"etcd://{etcd_cluster.endpoints}{PREFIX}"
+    text = start_error("--cluster", plain, "--cluster-ca-file", str(ca))
+    assert "--cluster-ca-file" in text and "etcds://" in text, text
+
+    text = start_error("--cluster", f"etcd://127.0.0.1:1,,127.0.0.1:2{PREFIX}")
+    assert "--cluster" in text and "empty etcd endpoint" in text, text

@@ -163,7 +163,8 @@ class EtcdNode:
 
 class EtcdCluster:
     """Three (or ``size``) etcd processes forming one cluster on 127.0.0.1, over plain HTTP or,
-    with ``tls`` = (CA, certificate, key) PEM paths, over TLS to the clients."""
+    with ``tls`` = (CA, certificate, key) PEM paths, over TLS to the clients, which must show a
+    certificate the CA signed (etcd's ``--trusted-ca-file``)."""
 
     def __init__(
         self,
@@ -185,7 +186,8 @@ class EtcdCluster:
     def client(self, timeout: float = 5.0, **kwargs: Any) -> EtcdClient:
         scheme = "https" if self.tls is not None else "http"
         if self.tls is not None and "ssl_context" not in kwargs:
-            kwargs["ssl_context"] = tls_context(str(self.tls[0]))
+            ca, cert, key = self.tls
+            kwargs["ssl_context"] = tls_context(str(ca), str(cert), str(key))
         return EtcdClient(f"{scheme}://{self.endpoints}", timeout=timeout, **kwargs)
 
     def start(self) -> EtcdCluster:
