@@ -14,6 +14,7 @@ etcd quorum through another endpoint, each member's lease would have run out in 
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dflockd_server import constants
-from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.etcd import EtcdClient, prefix_end
 from dflockd_server.cluster.ops import pin
 from dflockd_server.cluster.shardmap import shard_id
 from tests.support.certificates import key_of, make_certificate
@@ -224,16 +225,25 @@ def test_a_paused_etcd_node_fences_no_member(
         wire.close()
 
 
-ETCD_USER = "root"
+ETCD_USER = "dflockd"
 ETCD_PASSWORD = "etcd-s3cret"
 
 
 def enable_auth(etcd: EtcdClient) -> None:
-    """etcd's authentication on, with the ``root`` user (through etcd's own JSON API)."""
-    etcd.call("/v3/auth/user/add", {"name": ETCD_USER, "password": ETCD_PASSWORD}, "user add")
-    etcd.call("/v3/auth/role/add", {"name": "root"}, "role add")
-    etcd.call("/v3/auth/user/grant", {"user": ETCD_USER, "role": "root"}, "user grant")
+    """etcd's authentication on (through etcd's own JSON API): ``root``, needed to turn it on,
+    and the members' user, whose role may read and write the cluster's prefix and nothing else."""
+    range_ = {"key": b64(f"{PREFIX}/"), "range_end": b64(prefix_end(f"{PREFIX}/"))}
+    for user, role in (("root", "root"), (ETCD_USER, "dflockd")):
+        etcd.call("/v3/auth/user/add", {"name": user, "password": ETCD_PASSWORD}, "user add")
+        etcd.call("/v3/auth/role/add", {"name": role}, "role add")
+        etcd.call("/v3/auth/user/grant", {"user": user, "role": role}, "user grant")
+    perm = {"permType": "READWRITE", **range_}
+    etcd.call("/v3/auth/role/grant", {"name": "dflockd", "perm": perm}, "role grant")
     etcd.call("/v3/auth/enable", {}, "auth enable")
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 @pytest.fixture
@@ -317,7 +327,7 @@ def test_wrong_etcd_settings_are_clear_start_up_errors(
     user_args = ("--cluster-user", ETCD_USER, "--cluster-password-file", str(wrong))
 
     text = start_error("--cluster", url, *ca_args, *user_args)
-    assert "etcd refused the user 'root'" in text and "authentication failed" in text, text
+    assert f"etcd refused the user {ETCD_USER!r}" in text and "authentication failed" in text, text
     assert "--cluster-password-file" in text, text
 
     text = start_error("--cluster", url, *ca_args)
