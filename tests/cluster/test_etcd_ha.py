@@ -268,18 +268,20 @@ def test_tls_and_authentication_to_etcd(
     password = tmp_path / "etcd-password"
     password.write_text(ETCD_PASSWORD + "\n")
     url = f"etcds://{etcd_cluster.endpoints}{PREFIX}"
-    member = Member(
-        url,
-        tmp_path / "state",
+    access = (
         "--cluster-ca-file", str(ca),
         "--cluster-cert", str(ca),
         "--cluster-key", str(key_of(ca)),
         "--cluster-user", ETCD_USER,
         "--cluster-password-file", str(password),
     )  # fmt: skip
+    member = Member(url, tmp_path / "state", *access)
     try:
         wait_until(lambda: settled([member]), timeout=WAIT_S, what="the cluster's map")
         etcd = etcd_cluster.client(user=ETCD_USER, password=ETCD_PASSWORD)
+        # The operator's commands take the same settings.
+        done = run_dflockd(["shards", "--cluster", url, *access], {})
+        assert done.returncode == 0 and member.advertise in done.stdout, done
         leases = {member.advertise: member_lease(etcd, member)}
         held = hold_locks([member])
         node = etcd_cluster.nodes[0]

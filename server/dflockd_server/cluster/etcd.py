@@ -14,7 +14,8 @@ Several endpoints (``http://h1:2379,h2:2379,h3:2379``; ``https://`` for TLS). A 
 the endpoint that answered last; when it cannot be reached, does not answer within
 ``attempt_timeout``, or says it cannot serve now (HTTP 5xx or 429: no leader, a leader change,
 a request timed out), the call tries the next one, until ``timeout`` has passed since the call
-began. So one dead or paused etcd node costs a call at most ``attempt_timeout``, not ``timeout``.
+began (each round over the endpoints waiting twice as long as the one before). So one dead or
+paused etcd node costs a call at most ``attempt_timeout``, not ``timeout``.
 
 When is a request sent again? A request that failed before it was sent (no connection, no TLS
 handshake) goes to the next endpoint whatever it is. One that was sent and got no answer may
@@ -494,7 +495,7 @@ class EtcdClient:
         self.attempt_timeout = (
             attempt_timeout
             if attempt_timeout is not None
-            else (timeout if len(endpoints) == 1 else max(timeout / 5, 0.2))
+            else (timeout if len(endpoints) == 1 else max(timeout / 5, 0.5))
         )
         """The longest one endpoint is waited for before the next is tried."""
         self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
@@ -679,9 +680,10 @@ class EtcdClient:
                 break
             attempt += 1
             try:
-                reply = self._attempt(
-                    index, path, body, what, max(min(self.attempt_timeout, remaining), 0.05)
-                )
+                # Each round over the endpoints waits twice as long: when all are slow (a
+                # loaded etcd), a later round still gets an answer.
+                patience = self.attempt_timeout * 2 ** ((attempt - 1) // count)
+                reply = self._attempt(index, path, body, what, max(min(patience, remaining), 0.05))
             except _NotSent as exc:
                 failures[index] = str(exc)
             except _NoAnswer as exc:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from dflockd_server.cluster.etcd import EtcdClient, EtcdError, tls_context
+from dflockd_server.cluster.etcd import EtcdClient, EtcdError, parse_etcd_url, tls_context
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
@@ -63,6 +63,15 @@ class EtcdAccess:
     password: str | None = None
 
 
+def attempt_timeout(lease_ttl_s: float, endpoints: int) -> float:
+    """How long one etcd endpoint is waited for before the next is tried: a fifth of the
+    member's etcd lease (at least half a second), so a keep-alive can move to another endpoint
+    and still renew the lease in time; with a single endpoint, the whole call's time."""
+    if endpoints == 1:
+        return max(5.0, lease_ttl_s)
+    return max(lease_ttl_s / 5, 0.5)
+
+
 def etcd_client(
     url: str, access: EtcdAccess = EtcdAccess(), *, lease_ttl_s: float = 5.0
 ) -> tuple[EtcdClient, str]:
@@ -78,8 +87,10 @@ def etcd_client(
             raise ValueError(f"{names}: {exc}") from None
     client = EtcdClient(
         etcd_url,
-        # One call may take a lease; with several endpoints, each gets a fifth of it.
-        timeout=lease_ttl_s,
+        # One endpoint is waited for a fifth of the member's etcd lease (when there are
+        # others to try); a call, every endpoint tried, 5 s or the lease if longer.
+        timeout=max(5.0, lease_ttl_s),
+        attempt_timeout=attempt_timeout(lease_ttl_s, len(parse_etcd_url(etcd_url)[1])),
         ssl_context=context,
         user=access.user,
         password=access.password,
