@@ -26,6 +26,10 @@ REDIS_LOCK_URL_ENV = "DFLOCK_BENCH_REDIS_LOCK_URL"
 LOCK_TTL_S = 60
 WAIT_S = 10
 SHARED_KEYS = 10
+BUSY_KEYS = 5
+"""Keys of the busy-keys batch (`benchmarks.contention`): task ``i`` locks ``i % BUSY_KEYS``."""
+BUSY_BODY_S = 0.25
+"""How long a busy-keys task body runs (sleeping, so a gevent worker yields)."""
 
 app = Celery("dflock-bench", set_as_current=False)
 app.conf.update(json.loads(os.environ.get(SETTINGS_ENV) or "{}"))
@@ -78,3 +82,11 @@ def locked_shared(i: int, k: int) -> None:
 def redis_lock(self: Any, i: int) -> None:
     with self.redis.lock(f"bench-redis:{i}", timeout=LOCK_TTL_S, blocking_timeout=WAIT_S):
         record(i, time.time())
+
+
+@app.task(name="bench.busy", base=LockedTask, lock_key="bench-busy:{k}", ignore_result=True)
+def busy(i: int, k: int) -> None:
+    """The busy-keys batch's task: the lock options are the message's (or the defaults)."""
+    start = time.time()
+    time.sleep(BUSY_BODY_S)
+    record(i, start)

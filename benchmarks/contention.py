@@ -1,7 +1,8 @@
-"""Contention benchmark: many waiters on one key; handoff latency and FIFO order.
+"""Contention benchmark: many waiters on one key; handoff latency and FIFO order; busy keys.
 
     uv run python -m benchmarks.contention            # 100 waiters, 10 rounds (under a minute)
     uv run python -m benchmarks.contention --quick
+    uv run python -m benchmarks.contention --only busy   # the busy-keys batch (3 minutes)
 
 One connection holds the key; ``--waiters`` connections then ask for it one after another
 (each is seen queued in ``stats`` before the next asks). The holder releases, and every waiter
@@ -13,22 +14,38 @@ Measured on both event loops at the wire (one client process, a selector over th
 connections), through ``celery_dflock.DistributedLock`` (one thread per waiter), and, for
 comparison, redis-py's ``Lock`` (one thread per waiter): Redis has no queue, so its waiters
 poll every ``sleep`` seconds (redis-py's default 0.1 s) and nothing orders them.
+
+Busy keys (``--only busy``): 200 tasks on 5 keys (``bench.busy``, a 0.25 s body, task ``i``
+locks key ``i % 5``) are published to a fresh queue on a private ``redis-server``, then two
+real workers (``-c 4`` each, prefork or gevent) take them. Per busy-key policy (the lock
+options travel in each message): ``on_locked="retry"`` with no wait (``lock_timeout=0``, the
+default before issue 31), a FIFO wait (``lock_timeout=120``), and the defaults as shipped
+(retry after a 30 s FIFO wait). Ideal time: 40 bodies one after another on each key (10 s);
+the batch's time runs from the first body's start to the last body's end. Every body must run
+once (200 runs), and no two bodies of one key may overlap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import selectors
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
+    REPO,
     BenchRun,
     Goal,
     ServerProcess,
@@ -42,6 +59,7 @@ from benchmarks._common import (
     start_redis,
     workdir,
 )
+from benchmarks.celery_app import BUSY_BODY_S, BUSY_KEYS, LOG_ENV, SETTINGS_ENV
 
 NAME = "contention"
 WAIT_S = 120
@@ -315,6 +333,210 @@ def redis_round(
         client.close()
 
 
+# ------------------------------------------------------------------------------ busy keys
+BUSY_TASKS = 200
+BUSY_WORKERS = 2
+BUSY_SLOTS = 4
+BUSY_TIMEOUT_S = 600.0
+BUSY_POLICIES: dict[str, dict[str, object]] = {
+    "retry, no wait (lock_timeout=0; default before)": {"lock_timeout": 0},
+    "FIFO wait (lock_timeout=120)": {"lock_timeout": 120},
+    "defaults as shipped (30 s FIFO wait, then retry)": {},
+}
+
+
+@dataclass
+class BusyBatch:
+    pool: str
+    policy: str
+    tasks: int
+    runs: int
+    overlaps: int
+    wall_s: float
+    ideal_s: float
+    lock_retries: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool,
+            "policy": self.policy,
+            "tasks": self.tasks,
+            "runs": self.runs,
+            "overlaps": self.overlaps,
+            "wall_s": self.wall_s,
+            "ideal_s": self.ideal_s,
+            "x_ideal": self.wall_s / self.ideal_s,
+            "lock_retries": self.lock_retries,
+        }
+
+
+def _busy_log(path: Path) -> list[tuple[int, float, float]]:
+    if not path.exists():
+        return []
+    out: list[tuple[int, float, float]] = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((int(parts[0]), float(parts[1]), float(parts[2])))
+    return out
+
+
+def _overlaps(entries: list[tuple[int, float, float]]) -> int:
+    count = 0
+    for k in range(BUSY_KEYS):
+        runs = sorted((s, e) for i, s, e in entries if i % BUSY_KEYS == k)
+        count += sum(1 for a, b in itertools.pairwise(runs) if b[0] < a[1])
+    return count
+
+
+def busy_batch(
+    tmp: Path, broker: ServerProcess, locks: ServerProcess, *, pool: str, policy: str, n: int
+) -> BusyBatch:
+    """Publish ``n`` busy-key tasks with ``policy``'s lock options, run them on the workers."""
+    from celery import Celery
+
+    queue = f"dflock-bench-busy-{uuid.uuid4().hex[:8]}"
+    conf: dict[str, Any] = {
+        "broker_url": f"redis://{broker.host}:{broker.port}/0",
+        "task_default_queue": queue,
+        "task_ignore_result": True,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "broker_transport_options": {"polling_interval": 0.05},
+        "dflock_servers": f"{locks.host}:{locks.port}",
+    }
+    options = BUSY_POLICIES[policy]
+    headers = {"dflock_options": options} if options else None
+    app = Celery("dflock-bench-busy-client", set_as_current=False)
+    app.conf.update(conf)
+    try:
+        with app.producer_or_acquire() as producer:
+            for i in range(n):
+                app.send_task(
+                    "bench.busy", args=(i, i % BUSY_KEYS), producer=producer, headers=headers
+                )
+    finally:
+        app.close()
+    log = tmp / f"{queue}.log"
+    env = {
+        **os.environ,
+        SETTINGS_ENV: json.dumps(conf),
+        LOG_ENV: str(log),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    workers: list[subprocess.Popen[bytes]] = []
+    outputs: list[Path] = []
+    try:
+        for w in range(BUSY_WORKERS):
+            output = tmp / f"{queue}.w{w}.out"
+            outputs.append(output)
+            with output.open("wb") as out:
+                workers.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "celery",
+                            "-A",
+                            "benchmarks.celery_app",
+                            "worker",
+                            "-P",
+                            pool,
+                            "-c",
+                            str(BUSY_SLOTS),
+                            "-Q",
+                            queue,
+                            "-n",
+                            f"{queue}-{w}@bench",
+                            "--without-gossip",
+                            "--without-mingle",
+                            "--without-heartbeat",
+                            "-l",
+                            "INFO",
+                        ],
+                        cwd=REPO,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while len({i for i, _s, _e in _busy_log(log)}) < n:
+            entries = _busy_log(log)
+            if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
+                raise RuntimeError(
+                    f"busy keys, {pool}, {policy}: {len(entries)} of {n} ran; worker output:\n"
+                    + outputs[0].read_text(errors="replace")[-3000:]
+                )
+            time.sleep(0.1)
+        time.sleep(BUSY_BODY_S * 2)  # a second run of a key (there must be none) shows up
+        entries = _busy_log(log)
+    finally:
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(30)
+    retries = sum(o.read_text(errors="replace").count(" retries in ") for o in outputs)
+    first = min(s for _i, s, _e in entries)
+    last = max(e for _i, _s, e in entries)
+    ideal = (n / BUSY_KEYS) * BUSY_BODY_S
+    return BusyBatch(
+        pool, policy, n, len(entries), _overlaps(entries), last - first, ideal, retries
+    )
+
+
+def busy_keys(run: BenchRun, tmp: Path, servers: list[ServerProcess], quick: bool) -> bool:
+    """The busy-keys batch on prefork and gevent for every policy; True when every batch ran
+    each task once without an overlap."""
+    n = 20 if quick else BUSY_TASKS
+    locks = start_dflockd("uvloop" if "uvloop" in available_loops() else "asyncio", tmp)
+    servers.append(locks)
+    broker = start_redis(tmp)
+    servers.append(broker)
+    batches: list[BusyBatch] = []
+    for pool in ("prefork", "gevent"):
+        for policy in BUSY_POLICIES:
+            batch = busy_batch(tmp, broker, locks, pool=pool, policy=policy, n=n)
+            print(f"busy keys: {batch.as_dict()}", flush=True)
+            batches.append(batch)
+    run.params["busy_keys"] = {
+        "tasks": n,
+        "keys": BUSY_KEYS,
+        "body_s": BUSY_BODY_S,
+        "workers": f"{BUSY_WORKERS} x {BUSY_SLOTS}",
+        "policies": BUSY_POLICIES,
+    }
+    table = Table(
+        f"Busy keys: {n} tasks on {BUSY_KEYS} keys, {BUSY_BODY_S:g} s bodies, "
+        f"{BUSY_WORKERS} workers x {BUSY_SLOTS} slots",
+        ["pool", "busy-key policy", "runs", "overlaps", "time (s)", "ideal (s)", "x ideal",
+         "lock retries"],
+        notes=[
+            "time: first body start to last body end; ideal: each key's bodies back to back; "
+            "lock retries: runs sent again because their key was busy",
+        ],
+    )  # fmt: skip
+    for b in batches:
+        table.rows.append(
+            [b.pool, b.policy, str(b.runs), str(b.overlaps), f"{b.wall_s:.1f}",
+             f"{b.ideal_s:.1f}", f"{b.wall_s / b.ideal_s:.2f}x", str(b.lock_retries)]
+        )  # fmt: skip
+    run.add(table)
+    ok = all(b.runs == b.tasks and b.overlaps == 0 for b in batches)
+    shipped = [b for b in batches if not BUSY_POLICIES[b.policy]]
+    run.goals.append(
+        Goal(
+            goal="busy keys with the defaults as shipped: within 1.5x the ideal, every task "
+            "run once, no overlap (prefork and gevent)",
+            measured=", ".join(f"{b.pool}: {b.wall_s / b.ideal_s:.2f}x" for b in shipped),
+            met=ok and all(b.wall_s / b.ideal_s <= 1.5 for b in shipped),
+        )
+    )
+    run.data["busy_keys"] = [b.as_dict() for b in batches]
+    return ok
+
+
 # ------------------------------------------------------------------------------ main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
@@ -327,6 +549,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="redis-py Lock's pause between attempts (its default: 0.1 s)",
     )
     parser.add_argument("--loops", default=",".join(available_loops()), help="dflockd event loops")
+    parser.add_argument(
+        "--only",
+        choices=("handoff", "busy"),
+        default="handoff",
+        help="the handoff latency (default), or the busy-keys batch of Celery workers",
+    )
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     waiters = args.waiters or (10 if quick else 100)
@@ -346,7 +574,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     )
     outcomes: list[Outcome] = []
+    busy_ok = True
     with workdir("dflock-bench-contention-") as tmp, owned_servers() as servers:
+        if args.only == "busy":
+            busy_ok = busy_keys(run, tmp, servers, quick)
+            run.write()
+            return 0 if busy_ok else 1
         for loop in loops:
             server = start_dflockd(loop, tmp, "--max-locks", "100000")
             servers.append(server)
@@ -412,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     run.data["outcomes"] = [o.as_dict() for o in outcomes]
     run.write()
-    return 0 if all(o.fifo and o.fences_increasing for o in ours) else 1
+    return 0 if busy_ok and all(o.fifo and o.fences_increasing for o in ours) else 1
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ class Leadership:
 
     ``make_lock(on_lost)`` builds a fresh lock object for each campaign (a lost lock is never
     reused); ``confirm(lock)`` asks the server whether ``lock`` is still held, and returns
-    False when it is not (or the server cannot say).
+    False when it is not (or the server cannot say); ``on_granted(lock)``, when given, runs in
+    the campaign thread each time the lock is granted, before this process turns active (it
+    must not raise).
     """
 
     def __init__(
@@ -62,9 +64,11 @@ class Leadership:
         describe: str,
         acquire_timeout_s: float = STANDBY_ACQUIRE_TIMEOUT_S,
         retry_s: float = RETRY_UNREACHABLE_S,
+        on_granted: Callable[[LeaderLock], None] | None = None,
     ) -> None:
         self._make_lock = make_lock
         self._confirm = confirm
+        self._on_granted = on_granted
         self.describe = describe
         self._acquire_timeout_s = acquire_timeout_s
         self._retry_s = retry_s
@@ -197,6 +201,11 @@ class Leadership:
                 continue
             if not granted:
                 continue
+            if self._on_granted is not None:
+                try:
+                    self._on_granted(lock)
+                except Exception:  # a bug: the lock is held all the same
+                    logger.exception("beat: error after taking %s", self.describe)
             with self._guard:
                 if self._stop.is_set():
                     _release_quietly(lock)

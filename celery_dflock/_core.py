@@ -11,6 +11,7 @@ import enum
 import logging
 import math
 import os
+import random
 import re
 import ssl
 import threading
@@ -82,9 +83,17 @@ CLOSED_BY_SERVER: Final = (
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
 
 MAP_REFRESH_INTERVAL_S: Final = 0.2
-"""A client refreshes its cached cluster map at most this often."""
-MAX_REDIRECTS: Final = 8
-"""``error_moved`` replies one acquire follows before it gives up with an error."""
+"""A client refreshes its cached cluster map at most this often (unless a member it was sent
+to did not answer, or a redirect loop was found: then at once)."""
+REDIRECT_LOOP: Final = 3
+"""``error_moved`` replies in a row one acquire follows at once; the next one is a redirect
+loop (members whose views of the map differ for a moment, during a hand-over): the acquire
+pauses as after ``error_unavailable``, reads the shard map again and routes by it."""
+HANDOVER_MIN_WAIT_S: Final = 2.0
+"""An acquire follows a hand-over (redirects, ``error_unavailable``, a member that cannot be
+reached) for its acquire timeout, and at least this long: a try-once acquire (timeout 0) still
+gets its answer from the key's new member after a short hand-over. The server is never asked
+to queue it longer than what is left of its own timeout."""
 REATTACH_FIRST_PAUSE_S: Final = 0.05
 REATTACH_MAX_PAUSE_S: Final = 1.0
 """After a held lock's connection broke, each failed attempt to reattach (reconnect and renew
@@ -92,8 +101,9 @@ by token) is followed by a pause that doubles from the first to the most, while 
 confirmed last still runs."""
 UNAVAILABLE_FIRST_PAUSE_S: Final = 0.05
 UNAVAILABLE_MAX_PAUSE_S: Final = 1.0
-"""After ``error_unavailable`` an acquire tries again after a pause that doubles from the
-first to the most, until its timeout."""
+"""After ``error_unavailable``, a redirect loop or a member that cannot be reached, an acquire
+tries again after a pause that doubles from the first to the most (each pause drawn at random
+between half and all of that, so that clients do not retry in step), until its time is up."""
 
 
 def redact(text: str) -> str:
@@ -161,6 +171,9 @@ class ServerInfo:
     name: str | None = None
     version: str | None = None
     features: frozenset[str] = frozenset()
+    max_lease_ttl_s: int | None = None
+    """The longest lease the server grants (its ``--max-lease-ttl``), when ``hello`` says so;
+    None: not known (another server), nothing is checked before asking."""
 
     @property
     def legacy(self) -> bool:
@@ -193,10 +206,16 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
         data = reply.data
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
+        max_lease = data.get("max_lease_ttl_s")
         return ServerInfo(
             name=str(name) if name is not None else "unnamed",
             version=None if version is None else str(version),
             features=frozenset(str(f) for f in listed),
+            max_lease_ttl_s=(
+                max_lease
+                if isinstance(max_lease, int) and not isinstance(max_lease, bool) and max_lease > 0
+                else None
+            ),
         )
     if isinstance(reply, ErrorReply):
         if reply.code == constants.STATUS_ERROR_AUTH:
@@ -371,6 +390,17 @@ class RenewOutcome:
 # ------------------------------------------------------------------------------ cluster routing
 
 
+@dataclass(frozen=True, slots=True)
+class NextTry:
+    """What an acquire does after a redirect (`LockCore.on_redirect`): pause ``pause_s``;
+    ``reroute``: route by the map (read again, at most every `MAP_REFRESH_INTERVAL_S`, or at
+    once when ``reread``), else go where the redirect said."""
+
+    pause_s: float
+    reroute: bool
+    reread: bool = False
+
+
 def split_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT``) as ``(host, port)``; `ProtocolError` when it is not."""
     host, _, port = address.rpartition(":")
@@ -389,6 +419,8 @@ class ClusterRouter:
         self.seeds = tuple(seeds)
         self._map: ClusterMap | None = None
         self._claimed_at = -math.inf
+        self._stale = False
+        self._suspects: frozenset[tuple[str, int]] = frozenset()
         self._guard = threading.Lock()
 
     @property
@@ -401,17 +433,35 @@ class ClusterRouter:
         `MAP_REFRESH_INTERVAL_S` away); False when one started too recently."""
         now = time.monotonic() if now is None else now
         with self._guard:
-            if self._map is not None and now - self._claimed_at < MAP_REFRESH_INTERVAL_S:
+            recent = now - self._claimed_at < MAP_REFRESH_INTERVAL_S
+            if self._map is not None and not self._stale and recent:
                 return False
             self._claimed_at = now
+            self._stale = False
             return True
+
+    @property
+    def stale(self) -> bool:
+        """True after `invalidate`, until a refresh is claimed."""
+        return self._stale
+
+    def invalidate(self, suspect: tuple[str, int] | None = None) -> None:
+        """The map may be wrong (a member did not answer, or members redirected an acquire
+        in a loop): the next routing reads it again at once. ``suspect``: a member that did not
+        answer, asked for the map only after the others until the map is read again."""
+        with self._guard:
+            self._stale = True
+            if suspect is not None:
+                self._suspects = self._suspects | {suspect}
 
     def update(self, cluster_map: ClusterMap) -> None:
         """Route by ``cluster_map`` from now on (a reference swap)."""
         self._map = cluster_map
+        self._suspects = frozenset()
 
     def candidates(self) -> list[tuple[str, int]]:
-        """Where to ask for the map: the seeds, then every node the last map named."""
+        """Where to ask for the map: the seeds, then every node the last map named; the
+        members that did not answer lately last."""
         found = list(self.seeds)
         current = self._map
         if current is not None:
@@ -419,7 +469,8 @@ class ClusterRouter:
                 address = split_address(node)
                 if address not in found:
                     found.append(address)
-        return found
+        suspects = self._suspects
+        return [a for a in found if a not in suspects] + [a for a in found if a in suspects]
 
     def owner(self, key: str) -> tuple[str, int] | None:
         """Where ``key`` lives by the cached map (None: no map, or no node for its shard)."""
@@ -498,11 +549,17 @@ class LockCore:
         self.lease_deadline = 0.0
         self.lease_latest_end = 0.0
         self.enqueued_at: float | None = None  # when the `e` that queued us was sent
-        # One acquire's routing: its deadline (None: no acquire under way), redirects
-        # followed, the pause after the last `error_unavailable`.
+        # One acquire's routing: its deadline (None: no acquire under way), the deadline of
+        # following a hand-over (cluster routing: at least `HANDOVER_MIN_WAIT_S`), whether
+        # it was redirected or paused yet, `error_moved` replies in a row, the last pause.
         self.acquire_deadline: float | None = None
+        self.route_deadline = 0.0
+        self.rerouted = False
         self.redirects = 0
         self.unavailable_pause = 0.0
+        self.handover: str | None = None
+        """Why the last acquire was not acquired when a hand-over kept it from the key's
+        member until its time was up (None: it was not so)."""
         # Reattaching a held lock whose connection broke: failed attempts so far, and why
         # the connection went (None: the lock's connection is fine).
         self.reattach_failures = 0
@@ -574,10 +631,17 @@ class LockCore:
 
     # ---------------------------------------------------------------- routing
     def begin_acquire(self) -> None:
-        """An acquire (or enqueue) starts: its deadline runs from now."""
-        self.acquire_deadline = time.monotonic() + self.acquire_timeout_s
+        """An acquire (or enqueue) starts: its deadlines run from now."""
+        now = time.monotonic()
+        self.acquire_deadline = now + self.acquire_timeout_s
+        follow = self.acquire_timeout_s
+        if self.router is not None:
+            follow = max(follow, HANDOVER_MIN_WAIT_S)
+        self.route_deadline = now + follow
         self.holder = None
         self.busy = False
+        self.handover = None
+        self.rerouted = False
         self.redirects = 0
         self.unavailable_pause = 0.0
 
@@ -586,9 +650,9 @@ class LockCore:
 
     def wait_seconds(self) -> int:
         """The whole seconds the server may queue this acquire: the acquire timeout, or what
-        is left of it after redirects and pauses."""
+        is left of it after redirects and pauses (0 once it ran out)."""
         deadline = self.acquire_deadline
-        if deadline is None or (self.redirects == 0 and self.unavailable_pause == 0):
+        if deadline is None or not self.rerouted:
             return self.acquire_timeout_s
         return max(0, math.ceil(deadline - time.monotonic()))
 
@@ -603,11 +667,14 @@ class LockCore:
 
     def route(self) -> bool:
         """Cluster routing: aim at the key's node by the cached map. False when there is no
-        map yet (fetch it, then route again)."""
+        map yet, or it is to be read again (`ClusterRouter.stale`): fetch it, then route
+        again."""
         router = self.router
         if router is None:
             return True
         if router.map is None:
+            return False
+        if router.stale:
             return False
         owner = router.owner(self.key)
         if owner is not None:
@@ -621,30 +688,46 @@ class LockCore:
             isinstance(reply, ErrorReply) and reply.code == constants.STATUS_ERROR_UNAVAILABLE
         )
 
-    def on_redirect(self, reply: Reply) -> float | None:
-        """Cluster routing after `redirected`: follow ``error_moved`` (seconds to pause: 0),
-        or pause after ``error_unavailable`` (growing). None: the acquire's time is up (not
-        acquired). Raises after `MAX_REDIRECTS` redirects."""
+    def on_redirect(self, reply: Reply) -> NextTry | None:
+        """Cluster routing after `redirected`: what to do next, or None when the time to
+        follow a hand-over is up (not acquired; `handover` says why).
+
+        ``error_moved`` is followed at once, up to `REDIRECT_LOOP` in a row; past that the
+        members disagree for a moment (a hand-over under way): pause, read the map again (at
+        once) and route by it. ``error_unavailable`` (the key's new member has not taken the
+        shard over yet): pause, then route by the map (read again at most every
+        `MAP_REFRESH_INTERVAL_S`). Pauses grow as `UNAVAILABLE_FIRST_PAUSE_S` says."""
+        self.rerouted = True
+        where = self.endpoint.address
         if isinstance(reply, Moved):
             self.redirects += 1
-            if self.redirects > MAX_REDIRECTS:
-                raise ServerUnavailable(
-                    f"{self.what}: the cluster redirected this acquire {MAX_REDIRECTS} times "
-                    f"(last to {reply.address}) without a member serving it; its shard map "
-                    "is changing faster than the client can follow: retry later, or check "
-                    "the cluster's members (`celery dflock shards`)"
-                )
-            self.retarget(*split_address(reply.address))
-            return 0.0
-        return self._next_pause(f"error_unavailable from {self.endpoint.address}")
+            if self.redirects <= REDIRECT_LOOP:
+                self.retarget(*split_address(reply.address))
+                return NextTry(0.0, reroute=False)
+            self.redirects = 0
+            why = (
+                f"a redirect loop: {where} answered error_moved {reply.address} after "
+                f"{REDIRECT_LOOP} redirects in a row"
+            )
+            pause_s = self._next_pause(why)
+            return None if pause_s is None else NextTry(pause_s, reroute=True, reread=True)
+        self.redirects = 0
+        pause_s = self._next_pause(f"{where} answered error_unavailable")
+        return None if pause_s is None else NextTry(pause_s, reroute=True)
 
     def on_unreachable(self, exc: DflockError) -> float | None:
         """Cluster routing: the key's node could not be reached, or closed the connection, or
-        is draining (a member that died or is leaving): seconds to pause before routing again
-        by a refreshed map, growing as after ``error_unavailable``. None: not cluster routing,
-        or the acquire's time is up (the caller raises ``exc``)."""
-        if self.router is None:
+        did not answer in time, or is draining (a member that died, stopped or is leaving):
+        the map is to be read again at once (`ClusterRouter.invalidate`, also when the time is
+        up: the next acquire reads it), and this returns the seconds to pause before routing
+        again by it, growing as after ``error_unavailable``. None: not cluster routing, or the
+        time to follow a hand-over is up (the caller raises ``exc``)."""
+        router = self.router
+        if router is None:
             return None
+        self.rerouted = True
+        self.redirects = 0
+        router.invalidate((self.endpoint.host, self.endpoint.port))
         return self._next_pause(f"{self.endpoint.address} unreachable ({exc})")
 
     def _next_pause(self, why: str) -> float | None:
@@ -652,16 +735,16 @@ class LockCore:
             max(self.unavailable_pause * 2, UNAVAILABLE_FIRST_PAUSE_S), UNAVAILABLE_MAX_PAUSE_S
         )
         self.unavailable_pause = pause
-        deadline = self.acquire_deadline
-        remaining = 0.0 if deadline is None else deadline - time.monotonic()
+        remaining = self.route_deadline - time.monotonic()
         if remaining <= 0:
-            logger.info(
-                "%s: no cluster member serves it now (%s) and the acquire timeout ran out",
-                self.what,
-                why,
+            self.handover = (
+                f"{self.what} was not acquired within its acquire timeout "
+                f"({self.acquire_timeout_s} s; in Celery lock_timeout): a hand-over of its "
+                f"shard between cluster members was under way ({why})"
             )
+            logger.info("%s", self.handover)
             return None
-        return min(pause, remaining)
+        return min(pause * (0.5 + random.random() / 2), remaining)  # jitter
 
     def mismatch_error(self, reply: Reply, shards: dict[str, object] | None) -> DflockError:
         """A list-mode client was redirected: the server has another view of where keys live.
@@ -708,6 +791,21 @@ class LockCore:
                 f"{self.what} is enqueued on this object; call wait() or release() first"
             )
 
+    def check_lease(self, server: ServerInfo | None, lease: int | None) -> None:
+        """Refuse, before asking, a lease above the longest ``server`` grants (its ``hello``
+        says so; a server that does not is asked as it is)."""
+        limit = None if server is None else server.max_lease_ttl_s
+        if lease is None or limit is None or lease <= limit:
+            return
+        raise InvalidValueError(
+            f"{self.what}: the lease asked for ({lease} s) is above the longest lease server "
+            f"{self.endpoint.address} grants ({limit} s, its --max-lease-ttl / "
+            "DFLOCKD_MAX_LEASE_TTL_S). Ask for a shorter lease (lease_ttl_s=; in Celery the "
+            "lock_ttl option or the dflock_lock_ttl setting, lock_pending_ttl for a key held "
+            "from publish, dflock_beat_lease_ttl for beat): renewal keeps a lock held however "
+            "long the work runs. Or start the server with a larger --max-lease-ttl"
+        )
+
     def acquire_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
         """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout). A lock
         with a `note` sends ``hl ... c <note>`` instead to a ``server`` that has holds."""
@@ -715,23 +813,39 @@ class LockCore:
         timeout = self.wait_seconds()
         if self.limit is None:
             if self.note is not None and server is not None and server.supports(FEATURE_HOLDS):
+                self.check_lease(server, self.hold_lease())
                 data = protocol.encode_hold(
                     self.key, timeout, self.hold_lease(), self.note, detached=False
                 )
                 return Command.HOLD, data, self.reply_timeout(timeout)
+            self.check_lease(server, self.lease_ttl_s)
             data = protocol.encode_lock(self.key, timeout, self.lease_ttl_s)
             return Command.LOCK, data, self.reply_timeout(timeout)
+        self.check_lease(server, self.lease_ttl_s)
         data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
         return Command.SEM_LOCK, data, self.reply_timeout(timeout)
 
-    def hold_request(self, server: ServerInfo | None, note: str) -> tuple[Command, bytes, float]:
-        """``hl ... d <note>``: a detached hold (`HoldsUnsupported` unless ``server`` has
-        holds)."""
+    def hold_request(
+        self, server: ServerInfo | None, note: str, *, detached: bool = True
+    ) -> tuple[Command, bytes, float]:
+        """``hl ... d <note>``: a detached hold; not ``detached``: ``hl ... c <note>``, bound
+        to the connection until `detach_token_request` (`HoldsUnsupported` unless ``server``
+        has holds)."""
         self._require_idle()
         self.require_holds(server)
+        self.check_lease(server, self.hold_lease())
         timeout = self.wait_seconds()
-        data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=True)
+        data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=detached)
         return Command.HOLD, data, self.reply_timeout(timeout)
+
+    def detach_token_request(
+        self, server: ServerInfo | None, token: str, lease_ttl: int
+    ) -> tuple[Command, bytes, float]:
+        """``hd <token> <lease>`` for a grant this object does not hold: detach it from the
+        connection it is bound to (`HoldsUnsupported` unless ``server`` has holds)."""
+        self.require_holds(server)
+        data = protocol.encode_hand_down(self.key, protocol.validate_token(token), lease_ttl)
+        return Command.HAND_DOWN, data, self.reply_timeout()
 
     def hold_lease(self) -> int:
         """The lease ``hl`` asks for (it always names one): the lock's, else the protocol's
@@ -768,6 +882,7 @@ class LockCore:
         holds)."""
         self._require_idle()
         self.require_holds(server)
+        self.check_lease(server, self.hold_lease())
         data = protocol.encode_take(self.key, token, self.hold_lease(), on_close_lease, note)
         return Command.TAKE, data, self.reply_timeout()
 
@@ -830,6 +945,7 @@ class LockCore:
     def enqueue_request(self, server: ServerInfo | None = None) -> tuple[Command, bytes, float]:
         """``e`` / ``se``."""
         self._require_idle()
+        self.check_lease(server, self.lease_ttl_s)
         if self.limit is None:
             data = protocol.encode_enqueue(self.key, self.lease_ttl_s)
             return Command.ENQUEUE, data, self.reply_timeout()

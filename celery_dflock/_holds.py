@@ -11,7 +11,8 @@ message, a revoke of the queued message releases it (`celery_dflock.signals`), a
 Each hold and each run-time lock carries an owner note: the task id, and while a run holds the
 key, the worker's host name (`encode_note`). The server stores it with the grant; a refused
 publish or acquire reads the holder's task id back from it (`decode_note`), and so does
-``celery dflock locks``.
+``celery dflock locks``. The singleton beat's leader lock carries a note too (`beat_note`: the
+beat's pid and host), so ``celery dflock locks`` names the beat that sends.
 
 Nothing here talks to a server; this module imports nothing of the rest of the Celery layer.
 """
@@ -24,16 +25,24 @@ from typing import Any, Final, cast
 from urllib.parse import quote, unquote
 
 __all__ = [
+    "FOLLOW_HEADER",
     "HOLD_HEADER",
     "NOTE_MAX_BYTES",
+    "Follow",
     "HoldRef",
+    "beat_note",
+    "beat_pid",
     "decode_note",
     "encode_note",
+    "follow_of",
     "hold_of",
 ]
 
 HOLD_HEADER: Final = "dflock_hold"
 """Message header of a task sent under a publish-time hold: ``{"key": ..., "token": ...}``."""
+FOLLOW_HEADER: Final = "dflock_follow"
+"""Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
+"error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 NOTE_MAX_BYTES: Final = 200
 """The longest owner note the server stores (printable ASCII, no space)."""
 _NO_NOTE: Final = "_"
@@ -66,6 +75,25 @@ def decode_note(note: str | None) -> tuple[str | None, str | None]:
     return task_id, host
 
 
+_BEAT_PREFIX: Final = "beat:"
+"""The task part of a beat's owner note: ``beat:<pid>`` (no task id starts so: Celery's are
+UUIDs)."""
+
+
+def beat_note(pid: int, host: str) -> str | None:
+    """The owner note of a singleton beat's leader lock: its pid and host (`beat_pid` reads
+    the pid back from the decoded task part)."""
+    return encode_note(f"{_BEAT_PREFIX}{pid}", host)
+
+
+def beat_pid(task_part: str | None) -> int | None:
+    """The beat's pid when a decoded note's task part is a beat's (`beat_note`), else None."""
+    if task_part is None or not task_part.startswith(_BEAT_PREFIX):
+        return None
+    digits = task_part.removeprefix(_BEAT_PREFIX)
+    return int(digits) if digits.isdigit() else None
+
+
 @dataclass(frozen=True, slots=True)
 class HoldRef:
     """A publish-time hold as a message names it (`HOLD_HEADER`)."""
@@ -87,3 +115,34 @@ def hold_of(value: object) -> HoldRef | None:
     if isinstance(key, str) and key and isinstance(token, str) and token:
         return HoldRef(key, token)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """A canvas member sent in a duplicate's place (`FOLLOW_HEADER`): its run gives the
+    result of ``task_id`` (the task holding ``key``), or fails at once with ``error``."""
+
+    key: str
+    task_id: str | None
+    error: str | None
+
+    def header(self) -> dict[str, str | None]:
+        """The header value (plain JSON)."""
+        return {"key": self.key, "task_id": self.task_id, "error": self.error}
+
+
+def follow_of(value: object) -> Follow | None:
+    """The `Follow` a `FOLLOW_HEADER` value names (None when absent or malformed)."""
+    if not isinstance(value, Mapping):
+        return None
+    fields = cast("Mapping[str, Any]", value)
+    key, task_id, error = fields.get("key"), fields.get("task_id"), fields.get("error")
+    if not isinstance(key, str) or not key:
+        return None
+    if task_id is not None and not isinstance(task_id, str):
+        return None
+    if error is not None and not isinstance(error, str):
+        return None
+    if task_id is None and error is None:
+        return None
+    return Follow(key, task_id, error)

@@ -16,6 +16,7 @@ import random
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,11 +32,14 @@ from celery_dflock._celery import (
     get_task_logger,
 )
 from celery_dflock._holds import (
+    FOLLOW_HEADER,
     HOLD_HEADER,
     NOTE_MAX_BYTES,
+    Follow,
     HoldRef,
     decode_note,
     encode_note,
+    follow_of,
     hold_of,
 )
 from celery_dflock._interrupt import BodyTarget, current_body
@@ -61,12 +65,14 @@ from celery_dflock.errors import (
     LockNotAcquired,
     LockSkipped,
     ProtocolError,
+    ServerUnavailable,
 )
 from celery_dflock.keys import KeyBuilder
 
 __all__ = [
     "LOCK_OPTIONS_HEADER",
     "LOCK_RETRIES_HEADER",
+    "PUBLISH_LEASE_S",
     "REQUEST_LOCK",
     "Duplicate",
     "PublishHold",
@@ -99,6 +105,13 @@ _REQUEST_TOKEN: Final = "dflock_token"
 _REQUEST_OPTIONS: Final = "dflock_run_options"
 """The request attribute holding the current run's resolved `LockOptions`."""
 _MAX_BACKOFF_EXPONENT: Final = 32
+_FOLLOW_GONE_HEADER: Final = "dflock_follow_gone"
+"""Set on a follower resent after it found its holder gone without a result (once more, then
+it fails)."""
+_FOLLOW_PAUSE_S: Final = 0.25
+_FOLLOW_MAX_S: Final = 5.0
+_ADOPT_PAUSE_S: Final = 0.01
+_ADOPT_PAUSE_MAX_S: Final = 0.5
 
 
 def _same(a: object, b: object) -> bool:
@@ -219,6 +232,9 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     When the hold is gone (its ``lock_pending_ttl`` ran out), the run takes the key as a
     run-time lock and ``on_locked`` applies."""
     app: Any = task._get_app()
+    follow = follow_of(_header(request, FOLLOW_HEADER))
+    if follow is not None:
+        return _follow(task, request, follow, (args, kwargs))
     config = get_config(app)
     runtime = get_runtime(app)
     run: Callable[..., Any] = task.run
@@ -230,7 +246,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     task_id = cast("str | None", request.id)
     guard = _RunGuard(task, task_id, key, options.on_lock_lost, runtime)
     wait_s = options.timeout
-    if options.on_locked == "retry" and request.is_eager:
+    eager_once = bool(request.is_eager) and options.lock_from == "publish"
+    if options.on_locked == "retry" and request.is_eager and not eager_once:
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(_lock_retries(request), options))
     note = _run_note(task_id, request)
@@ -247,6 +264,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             note=note,
             label=guard.label,
             on_close_lease=options.pending_ttl if _acks_late(task, request) else None,
+            task_id=task_id,
         )
         if not acquired:
             acquired = lock.acquire()
@@ -256,8 +274,24 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         _autoretry(task, request, exc)
         raise
     if not acquired:
+        if eager_once:
+            raise _eager_duplicate(guard.label, key, lock)
         return _contended(task, request, key, options, (args, kwargs), lock=lock)
     return _run_held(guard, lock, request, options=options, run=run, call=(args, kwargs))
+
+
+def _eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:
+    """An eager run of a ``lock_from="publish"`` task found its key held (a queued or running
+    message): it does not run, and does not wait for the holder."""
+    holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
+    by = f"task {holder}" if holder else "a holder that left no task id"
+    follows = f"; AsyncResult({holder!r}) follows it" if holder else ""
+    return AlreadyQueued(
+        f"{label} (an eager run) did not run: key {key!r} is held by {by} "
+        f"(lock_from='publish': one run per key){follows}",
+        task_id=holder,
+        key=key,
+    )
 
 
 def _take_over(
@@ -269,6 +303,7 @@ def _take_over(
     note: str | None,
     label: str,
     on_close_lease: int | None,
+    task_id: str | None,
 ) -> bool:
     """Adopt the publish-time hold ``held`` into ``lock``; False when there is none to adopt
     (no hold, it is gone, or another delivery of the same message runs under it: the caller
@@ -294,7 +329,7 @@ def _take_over(
         )
         release_hold(runtime, config, held)
         return False
-    if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
+    if _adopt(lock, held, note=note, on_close_lease=on_close_lease, task_id=task_id):
         return True
     if lock.holder is not None:
         logger.info(
@@ -314,6 +349,29 @@ def _take_over(
     return False
 
 
+def _adopt(
+    lock: DistributedLock,
+    held: HoldRef,
+    *,
+    note: str | None,
+    on_close_lease: int | None,
+    task_id: str | None,
+) -> bool:
+    """`DistributedLock.adopt`; while the hold is still bound to the publisher that sent this
+    very message (its note is this task's id, without a host: the publisher has not yet
+    detached it, `PublishHold.confirm`), try again shortly, for at most `PUBLISH_LEASE_S`."""
+    deadline = time.monotonic() + PUBLISH_LEASE_S
+    pause_s = _ADOPT_PAUSE_S
+    while True:
+        if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
+            return True
+        pending = task_id is not None and decode_note(lock.holder) == (task_id, None)
+        if not pending or time.monotonic() + pause_s > deadline:
+            return False
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, _ADOPT_PAUSE_MAX_S)
+
+
 def _acks_late(task: Any, request: Any) -> bool:
     """Whether this run's message is acknowledged after the run (per call, or the task's)."""
     per_message = getattr(request, "acks_late", None)
@@ -328,12 +386,52 @@ def release_hold(runtime: Runtime, config: DflockConfig, held: HoldRef) -> bool:
 # ------------------------------------------------------------------------------ publish
 
 
+PUBLISH_LEASE_S: Final = 15
+"""How long a run waits for the publisher of its own message to detach the hold (`_adopt`):
+a publish-time hold is taken bound to the publisher's connection (``hl ... c``, with its
+pending lease, so a lease above the server's ``--max-lease-ttl`` is refused before anything
+is sent) and detached (``hd``) only once the broker took the message. A send that gave up
+(the lock server did not answer, the broker refused, an exception) leaves no hold behind: it
+is freed when that connection closes (a connection whose request went unanswered is closed)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PublishHold:
-    """A publish-time hold taken for a message about to be sent."""
+    """A publish-time hold taken for a message about to be sent (bound to the publisher's
+    connection until `confirm`)."""
 
     hold: Hold
     header: dict[str, str]
+    lease: int
+    """The lease the hold gets once its message is sent (``lock_pending_ttl``, or the delay)."""
+
+    def confirm(self, task: Any, task_id: str) -> None:
+        """The message was sent: detach the hold with its pending lease. A hold that cannot
+        be confirmed (gone, or the server unreachable) is logged: the message is sent, and
+        its run takes the key at run time."""
+        app: Any = task._get_app()
+        key = self.hold.key
+        try:
+            done = (
+                get_runtime(app)
+                .client(get_config(app))
+                .detach(key, self.hold.token, lease_ttl=self.lease)
+            )
+        except DflockError as exc:
+            done, why = False, f"the lock server did not confirm it ({exc})"
+        else:
+            why = (
+                "it was gone (its connection to the lock server closed before the message was sent)"
+            )
+        if not done:
+            worker_logger.warning(
+                "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
+                "run takes the key when it starts, and a duplicate may be sent meanwhile",
+                task.name,
+                task_id,
+                key,
+                why,
+            )
 
     def release(self, task: Any) -> None:
         """Free the hold (the message could not be sent)."""
@@ -344,9 +442,17 @@ class PublishHold:
 
 @dataclass(frozen=True, slots=True)
 class Duplicate:
-    """The key is held: send nothing, return the holder's result (``on_duplicate="return"``)."""
+    """The key is held: send nothing, return the holder's result (``on_duplicate="return"``);
+    for a canvas member, send a follower in its place (`Follow`: the holder's result, or
+    ``error`` at once)."""
 
-    task_id: str
+    task_id: str | None
+    key: str = ""
+    error: str | None = None
+
+    def follow(self) -> Follow:
+        """The follower's header for a canvas member sent in this duplicate's place."""
+        return Follow(self.key, self.task_id, self.error)
 
 
 def publish_hold(
@@ -357,13 +463,16 @@ def publish_hold(
     *,
     countdown: float | None = None,
     eta: Any = None,
+    in_canvas: bool = False,
 ) -> PublishHold | Duplicate | None:
     """Take the publish-time hold of a message of ``task`` (``lock_from="publish"``).
 
     ``call`` is (args, kwargs) as the run will see them (after the serializer's round trip),
     ``task_id`` the id the message is sent with. The hold lasts ``lock_pending_ttl`` after
     the message is due (its ``countdown`` or ``eta``). None: the task is not sent under a
-    hold. Raises `AlreadyQueued` for a duplicate under ``on_duplicate="raise"``."""
+    hold. Raises `AlreadyQueued` for a duplicate under ``on_duplicate="raise"``; a canvas
+    member (``in_canvas``: its id is already in a result its caller holds) gets a `Duplicate`
+    whatever the policy, whose follower fails at once when it would raise."""
     app: Any = task._get_app()
     config = get_config(app)
     runtime = get_runtime(app)
@@ -382,7 +491,7 @@ def publish_hold(
         )
     lease = _pending_lease(options, _delay_s(countdown, eta))
     try:
-        hold = runtime.client(config).hold(key, note=note, lease_ttl=lease)
+        hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
     except ProtocolError as exc:
         raise ProtocolError(
             f"task {name} was not sent: the lock server refused its hold of {key!r} for "
@@ -391,9 +500,18 @@ def publish_hold(
             f"(DFLOCKD_MAX_LEASE_TTL_S, default 300 s) is refused: lower lock_pending_ttl "
             f"(dflock_lock_pending_ttl) or raise the server's limit. The server said: {exc}"
         ) from exc
+    except InvalidValueError as exc:  # the lease is above the limit the server's hello told
+        raise InvalidValueError(
+            f"task {name} was not sent: its hold of {key!r} would last {lease} s "
+            f"(lock_pending_ttl={options.pending_ttl}, or the message's countdown/eta when "
+            f"longer): {exc}"
+        ) from exc
     except KeyHeld as busy:
         holder, host = decode_note(busy.holder)
         where = f" (running on {host})" if host else " (queued)"
+        grace = _grace(runtime, config) if holder is None else None
+        if grace is not None:
+            return _in_grace(name, task_id, key, options, grace, in_canvas=in_canvas)
         if holder is not None and options.on_duplicate == "return":
             logger.info(
                 "dflock: task %s[%s] not sent: key %r is held by task %s%s; "
@@ -404,21 +522,157 @@ def publish_hold(
                 holder,
                 where,
             )
-            return Duplicate(holder)
+            return Duplicate(holder, key)
         if holder is None:
-            raise AlreadyQueued(
+            error = (
                 f"task {name} was not sent: key {key!r} is held, by a holder that left no task "
                 f"id (a lock taken outside Celery, or by an older worker), so there is no "
-                f"result to return; the key frees when that holder releases it",
-                key=key,
-            ) from busy
+                f"result to return; the key frees when that holder releases it"
+            )
+        else:
+            error = (
+                f"task {name} was not sent: key {key!r} is held by task {holder}{where} "
+                f"(lock_from='publish', on_duplicate='raise'); AsyncResult({holder!r}) "
+                f"follows it"
+            )
+        if in_canvas:
+            return Duplicate(holder, key, error)
+        raise AlreadyQueued(error, task_id=holder, key=key) from busy
+    return PublishHold(hold, HoldRef(hold.key, hold.token).header(), lease)
+
+
+def _grace(runtime: Runtime, config: DflockConfig) -> str | None:
+    """What a server in its restart grace says of it (``"127.0.0.1:6388: 212 s left
+    (reason)"``), or None when no server is in one. Asked only when a hold was refused by a
+    holder that left no note: a grace refuses every key so."""
+    found: list[str] = []
+    for status in runtime.client(config).stats():
+        stats = status.stats or {}
+        left = stats.get("grace_remaining_s")
+        if isinstance(left, int | float) and left > 0:
+            reason = stats.get("grace_reason")
+            why = f" ({reason})" if isinstance(reason, str) and reason else ""
+            found.append(f"{status.address}: {left:.0f} s left{why}")
+    return "; ".join(found) or None
+
+
+def _in_grace(
+    name: str,
+    task_id: str,
+    key: str,
+    options: LockOptions,
+    grace: str,
+    *,
+    in_canvas: bool,
+) -> Duplicate | None:
+    """A hold refused because the lock server runs its restart grace (it grants no key until
+    the leases of its previous run have ended): no holder, so no duplicate. With
+    ``on_duplicate="return"`` the task is sent without a hold (None; its run still locks the
+    key); with ``"raise"`` nothing is sent (`ServerUnavailable`, or a failing follower for a
+    canvas member)."""
+    what = (
+        f"task {name}: the lock server is in its restart grace ({grace}): it grants no key "
+        f"until the leases its previous run may have granted have ended, so key {key!r} "
+        f"cannot be held from publish"
+    )
+    if options.on_duplicate == "return":
+        logger.warning(
+            "dflock: %s; task %s sent without a hold (its run still takes the key; a duplicate "
+            "may be sent meanwhile). A lease journal (--state-dir) keeps holds across restarts",
+            what,
+            task_id,
+        )
+        return None
+    error = f"{what}; nothing was sent (on_duplicate='raise'): send it again after the grace"
+    if in_canvas:
+        return Duplicate(None, key, error)
+    raise ServerUnavailable(error)
+
+
+# ------------------------------------------------------------------------------ a follower
+
+
+def _follow(
+    task: Any, request: Any, follow: Follow, call: tuple[tuple[Any, ...], dict[str, Any]]
+) -> Any:
+    """The run of a canvas member sent in a duplicate's place: the holder's result once it
+    is ready (its value, or its error raised), polled by resending this message with a
+    countdown (no worker slot is kept while the holder runs); ``follow.error``: fail at once.
+
+    When the holder no longer holds the key and still has no result twice in a row (it was
+    revoked or lost, or keeps no result: ``ignore_result``), the run fails, saying so."""
+    run = _run_name(str(task.name), request.id)
+    if follow.error is not None or follow.task_id is None:
         raise AlreadyQueued(
-            f"task {name} was not sent: key {key!r} is held by task {holder}{where} "
-            f"(lock_from='publish', on_duplicate='raise'); AsyncResult({holder!r}) follows it",
-            task_id=holder,
-            key=key,
-        ) from busy
-    return PublishHold(hold, HoldRef(hold.key, hold.token).header())
+            f"{run} was sent in place of a duplicate: {follow.error}",
+            task_id=follow.task_id,
+            key=follow.key,
+        )
+    app: Any = task._get_app()
+    holder: Any = app.AsyncResult(follow.task_id)
+    try:
+        ready = bool(holder.ready())
+    except NotImplementedError:
+        raise DflockError(
+            f"{run} stands in for task {follow.task_id}, which holds key {follow.key!r}, but "
+            f"this app has no result backend to read its result from: configure "
+            f"result_backend, or send canvas members of a lock_from='publish' task with "
+            f"on_duplicate='raise'"
+        ) from None
+    if ready:
+        return _holder_outcome(run, follow, holder)
+    polls = _lock_retries(request)
+    if _key_left(app, follow, request.id):
+        if _header(request, _FOLLOW_GONE_HEADER):
+            raise DflockError(
+                f"{run} stands in for task {follow.task_id}, which no longer holds key "
+                f"{follow.key!r} and left no result (revoked, lost, its hold ran out before "
+                f"it ran, or it keeps none: ignore_result)"
+            )
+        extra: dict[str, object] = {_FOLLOW_GONE_HEADER: True}
+    else:
+        extra = {}
+    countdown = min(_FOLLOW_PAUSE_S * (2 ** min(polls, _MAX_BACKOFF_EXPONENT)), _FOLLOW_MAX_S)
+    logger.info(
+        "dflock: %s stands in for task %s (key %r), not done yet; looking again in %.2fs",
+        run,
+        follow.task_id,
+        follow.key,
+        countdown,
+    )
+    busy = LockNotAcquired(f"{run}: task {follow.task_id} holding key {follow.key!r} runs")
+    raise _resend(
+        task, request, call, countdown=countdown, retries=polls + 1, busy=busy, extra=extra
+    )
+
+
+def _holder_outcome(run: str, follow: Follow, holder: Any) -> Any:
+    """The holder's result as this run's: its value, or its error raised."""
+    if holder.successful():
+        return holder.result
+    error: object = holder.result
+    if isinstance(error, BaseException):
+        raise error
+    raise DflockError(
+        f"{run} stands in for task {follow.task_id} (key {follow.key!r}), which ended in "
+        f"state {holder.state}: {error!r}"
+    )
+
+
+def _key_left(app: Any, follow: Follow, task_id: str | None) -> bool:
+    """Whether the holder no longer holds ``follow.key`` (taken and let go at once here)."""
+    lock = (
+        get_runtime(app)
+        .client(get_config(app))
+        .lock(follow.key, acquire_timeout_s=0, note=encode_note(task_id))
+    )
+    try:
+        if lock.acquire():
+            lock.release()
+            return True
+    except DflockError:
+        return False  # unknown: look again later
+    return decode_note(lock.holder)[0] != follow.task_id
 
 
 # ------------------------------------------------------------------------------ retry
@@ -708,7 +962,10 @@ def _contended(
     task_id = cast("str | None", request.id)
     args, kwargs = call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
-    if mismatch is None:
+    handover = None if lock is None else lock.handover
+    if mismatch is None and handover is not None:
+        why = handover  # a cluster hand-over outlasted lock_timeout: the key may well be free
+    elif mismatch is None:
         by = f"task {holder}" if holder else "another run"
         why = f"lock {key!r} is held by {by}"
     else:
@@ -766,7 +1023,26 @@ def _lock_retry(
     """Send the run again in ``countdown`` s, as ``Task.retry`` does, but count it in
     `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
     task's ``max_retries``, which are left to its own retries."""
+    return _resend(task, request, call, countdown=countdown, retries=retries, busy=busy)
+
+
+def _resend(
+    task: Any,
+    request: Any,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    *,
+    countdown: float,
+    retries: int,
+    busy: LockNotAcquired,
+    extra: Mapping[str, object] | None = None,
+) -> BaseException:
+    """`_lock_retry`, with ``extra`` headers."""
     headers = _request_headers(request)
+    for name in (FOLLOW_HEADER, HOLD_HEADER):  # a worker's request keeps them as attributes
+        value = _header(request, name)
+        if value is not None:
+            headers[name] = value
+    headers.update(extra or {})
     headers[LOCK_RETRIES_HEADER] = retries
     headers.setdefault(HOLD_HEADER, None)  # sent again, not a new publish: no hold taken
     given = call_options(request)

@@ -92,6 +92,8 @@ Settings (``app.conf``; connection settings are the shared ``dflock_*`` ones: ``
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -102,6 +104,8 @@ from celery.utils.imports import symbol_by_name  # pyright: ignore[reportUnknown
 from celery.utils.time import maybe_make_aware
 
 from celery_dflock._beat_leader import STANDBY_ACQUIRE_TIMEOUT_S, LeaderLock, Leadership
+from celery_dflock._holds import beat_note
+from celery_dflock.client import DistributedLock
 from celery_dflock.config import DflockConfig, DflockConfigError, get_config, read_setting
 from celery_dflock.errors import DflockError
 from celery_dflock.keys import safe_key
@@ -319,6 +323,7 @@ class SingletonScheduler(Scheduler):
                 make_lock=self._make_lock,
                 confirm=_confirm_held,
                 describe=self.lock_description,
+                on_granted=_name_this_beat,
             )
             self._leadership.start()
         return self._leadership
@@ -528,6 +533,19 @@ class SingletonScheduler(Scheduler):
             f"(lease {self._dflock_settings.lease_ttl_s}s, sends only while held)"
         )
         return f"{wrapped}\n{mine}" if wrapped else mine
+
+
+def _name_this_beat(lock: LeaderLock) -> None:
+    """Give the leader lock just granted this beat's pid and host as its owner note, which
+    ``celery dflock locks`` shows (the campaign takes the lock with enqueue and wait, which
+    carry no note). A server without owner notes (a foreign dflockd) shows none."""
+    note = beat_note(os.getpid(), socket.gethostname())
+    if note is None or not isinstance(lock, DistributedLock) or lock.token is None:
+        return
+    try:
+        lock.note_token(lock.token, note)
+    except DflockError as exc:  # HoldsUnsupported, or the server went away: no note
+        logger.debug("beat: the leader lock carries no owner note: %s", exc)
 
 
 def _confirm_held(lock: LeaderLock) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, Final, cast
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_dflock._holds import decode_note
+from celery_dflock._holds import beat_pid, decode_note
 from celery_dflock.clients import (
     FEATURE_FENCE,
     FEATURE_HELLO,
@@ -188,13 +188,17 @@ def _items(stats: dict[str, Any], name: str) -> list[dict[str, Any]]:
 
 
 def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
-    """A ``stats`` lock entry with its holder's task id and host read from its owner note."""
+    """A ``stats`` lock entry with its holder's task id and host read from its owner note;
+    a singleton beat's leader lock names the beat's pid (``holder_beat_pid``) instead of a
+    task."""
     owner = lock.get("owner")
     task_id, host = decode_note(owner if isinstance(owner, str) else None)
+    pid = beat_pid(task_id)
     return {
         **lock,
-        "holder_task_id": task_id,
+        "holder_task_id": None if pid is not None else task_id,
         "holder_host": host,
+        "holder_beat_pid": pid,
         "detached": bool(lock.get("detached", False)),
     }
 
@@ -269,8 +273,9 @@ def format_status(reports: Sequence[ServerReport]) -> str:
 def format_locks(reports: Sequence[ServerReport]) -> str:
     """One row per held lock or semaphore: key, kind, lease left, holders, waiters, and the
     task holding a lock (its id; the worker's host while it runs, "queued" while its message
-    waits under a publish-time hold). A lock restored from the server's journal that no
-    connection has renewed since is marked so in a last column (shown only then)."""
+    waits under a publish-time hold), or for a singleton beat's lock the beat (pid, host). A
+    lock restored from the server's journal that no connection has renewed since is marked so
+    in a last column (shown only then)."""
     rows: list[list[str]] = []
     restored = False
     for rep in reports:
@@ -280,6 +285,8 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
             lease = lock.get("lease_expires_in_s")
             held = _with_holder(lock)
             host = held["holder_host"] or ("queued" if held["holder_task_id"] else "-")
+            beat = held["holder_beat_pid"]
+            task = f"celery beat, pid {beat}" if beat is not None else held["holder_task_id"]
             rows.append(
                 [
                     rep.address,
@@ -288,7 +295,7 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     "-" if lease is None else f"{float(lease):.1f}s",
                     "1",
                     str(lock.get("waiters", 0)),
-                    held["holder_task_id"] or "-",
+                    task or "-",
                     host,
                     RESTORED_MARK if lock.get("restored") is True else "",
                 ]

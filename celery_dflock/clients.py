@@ -442,7 +442,9 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         True if the server released it, False if it no longer held it. Idempotent."""
         return self._for_release(key, limit).release_token(token)
 
-    def hold(self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0) -> Hold:
+    def hold(
+        self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
+    ) -> Hold:
         """Take a detached hold of the lock ``key`` (``hl ... d``), routed as `lock` is: it
         survives this process and its connection, and ends only when its token is released
         (`release`, from any process) or its lease of ``lease_ttl`` seconds runs out (`renew`
@@ -451,8 +453,18 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         up to ``timeout`` seconds for a busy key (0: try once). Raises `KeyHeld`
         (``.holder``: the holder's note) when the key stays busy, `HoldsUnsupported` for a
         server without holds (a foreign dflockd), and
-        `InvalidValueError` naming a malformed ``note``."""
-        return self._for_hold(key, note, lease_ttl, timeout).hold(note)
+        `InvalidValueError` naming a malformed ``note``.
+
+        ``detached=False``: the grant stays bound to the pooled connection that took it (a
+        closed connection frees it) until `detach` detaches it: a publish-time hold that is
+        confirmed only once its message is sent."""
+        return self._for_hold(key, note, lease_ttl, timeout).hold(note, detached=detached)
+
+    def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
+        """Detach ``token``'s grant on ``key`` from its connection (``hd``), with a lease of
+        ``lease_ttl`` seconds from now: True, or False if it no longer holds the key."""
+        lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
+        return self.lock(key).detach_token(token, lease)
 
     def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Renew ``token`` on ``key`` (a hold, or any grant) to ``lease_ttl`` seconds from
@@ -510,9 +522,16 @@ class AsyncClient(
         """`Client.release`, awaited."""
         return await self._for_release(key, limit).release_token(token)
 
-    async def hold(self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0) -> Hold:
+    async def hold(
+        self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
+    ) -> Hold:
         """`Client.hold`, awaited."""
-        return await self._for_hold(key, note, lease_ttl, timeout).hold(note)
+        return await self._for_hold(key, note, lease_ttl, timeout).hold(note, detached=detached)
+
+    async def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
+        """`Client.detach`, awaited."""
+        lease = whole_seconds("lease_ttl", lease_ttl, minimum=1)
+        return await self.lock(key).detach_token(token, lease)
 
     async def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """`Client.renew`, awaited."""

@@ -17,9 +17,11 @@ what would be accepted.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import math
 import ssl
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, cast, get_args
@@ -52,7 +54,9 @@ __all__ = [
     "OnLockLost",
     "OnLocked",
     "check_combination",
+    "check_option_names",
     "check_setting_names",
+    "close_matches",
     "get_config",
     "parse_servers",
     "read_setting",
@@ -207,7 +211,21 @@ def _validate_key(value: object, where: str) -> object:
 
 
 def _validate_timeout(value: object, where: str) -> object:
+    if value is None:
+        return None
     return _number(value, where, minimum=0, integer=False)
+
+
+RETRY_WAIT_S: Final = 30.0
+"""The default ``lock_timeout`` of ``on_locked="retry"``: a run waits this long in its key's
+FIFO queue (taking the key the moment the holder lets go) before it is sent again with a
+countdown."""
+
+
+def default_timeout(on_locked: str) -> float:
+    """``lock_timeout`` when none is set: `RETRY_WAIT_S` for ``"retry"``, else 0 (``"skip"``
+    and ``"raise"`` give up at once)."""
+    return RETRY_WAIT_S if on_locked == "retry" else 0.0
 
 
 def _validate_ttl(value: object, where: str) -> object:
@@ -303,15 +321,17 @@ _SPECS: Final = (
     ),
     _OptionSpec(
         "lock_timeout",
-        "dflock_default_timeout",
-        0,
+        "dflock_lock_timeout",
+        None,
         _validate_timeout,
         "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
-        "the wire, rounded up).",
+        'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
+        'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
+        '`"raise"`.',
     ),
     _OptionSpec(
         "lock_ttl",
-        "dflock_default_ttl",
+        "dflock_lock_ttl",
         None,
         _validate_ttl,
         "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
@@ -347,21 +367,21 @@ _SPECS: Final = (
     ),
     _OptionSpec(
         "lock_retry_countdown",
-        "dflock_retry_countdown",
+        "dflock_lock_retry_countdown",
         DEFAULT_RETRY_COUNTDOWN_S,
         _validate_countdown,
         'First retry countdown of `on_locked="retry"`, doubled per retry.',
     ),
     _OptionSpec(
         "lock_retry_backoff_max",
-        "dflock_retry_backoff_max",
+        "dflock_lock_retry_backoff_max",
         DEFAULT_RETRY_BACKOFF_MAX_S,
         _validate_countdown,
         "Longest retry countdown.",
     ),
     _OptionSpec(
         "lock_max_retries",
-        "dflock_max_retries",
+        "dflock_lock_max_retries",
         None,
         _validate_max_retries,
         'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
@@ -370,7 +390,7 @@ _SPECS: Final = (
     ),
     _OptionSpec(
         "lock_retry_jitter",
-        "dflock_retry_jitter",
+        "dflock_lock_retry_jitter",
         True,
         _validate_bool,
         "Randomise each countdown between half and all of it.",
@@ -414,11 +434,51 @@ DEFAULTS: Final[Mapping[str, object]] = {spec.name: spec.default for spec in _SP
 SETTINGS: Final[Mapping[str, str]] = {
     spec.name: spec.setting for spec in _SPECS if spec.setting is not None
 }
-"""Lock option name -> the ``app.conf`` setting that gives its app-wide default."""
+"""Lock option name -> the ``app.conf`` setting that gives its app-wide default: the option's
+name with ``dflock_`` in front."""
+RENAMED_SETTINGS: Final[Mapping[str, str]] = {
+    "dflock_default_timeout": "dflock_lock_timeout",
+    "dflock_default_ttl": "dflock_lock_ttl",
+    "dflock_retry_countdown": "dflock_lock_retry_countdown",
+    "dflock_retry_backoff_max": "dflock_lock_retry_backoff_max",
+    "dflock_max_retries": "dflock_lock_max_retries",
+    "dflock_retry_jitter": "dflock_lock_retry_jitter",
+}
+"""Old setting name -> its name now; the old names are still read, with a DeprecationWarning."""
+
+KNOWN_SETTINGS: Final = frozenset(
+    (*APP_SETTINGS, *SETTINGS.values(), *BEAT_SETTINGS, *RENAMED_SETTINGS)
+)
+"""Every ``dflock_*`` setting this package reads (the old names of renamed ones too)."""
 
 
-KNOWN_SETTINGS: Final = frozenset((*APP_SETTINGS, *SETTINGS.values(), *BEAT_SETTINGS))
-"""Every ``dflock_*`` setting this package reads."""
+def close_matches(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'a' or 'b'?"`` for the names of ``known`` close to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.75)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def looks_like_lock_option(name: str) -> bool:
+    """Whether ``name``, which is no lock option, is most likely a misspelt one (``lock_tll``,
+    ``on_lock``, ``lockttl``): it starts like one, or is one letter or two away from one."""
+    lowered = name.lower()
+    if lowered in LOCK_OPTIONS:
+        return False
+    if lowered.startswith(("lock_", "on_lock")):
+        return True
+    return bool(difflib.get_close_matches(lowered, LOCK_OPTIONS, n=1, cutoff=0.8))
+
+
+def check_option_names(names: Iterable[str], where: str) -> None:
+    """Refuse a name that is not a lock option but looks like a misspelt one (``where``: the
+    task or call it was given to): Celery would keep it without a word, and the lock would
+    run on the option's default."""
+    for name in names:
+        if looks_like_lock_option(name):
+            raise DflockConfigError(
+                f"{where}: {name!r} is not a lock option{close_matches(name, LOCK_OPTIONS)} "
+                f"(the lock options: {', '.join(LOCK_OPTIONS)})"
+            )
 
 
 def read_setting(conf: Any, name: str) -> object:
@@ -428,24 +488,37 @@ def read_setting(conf: Any, name: str) -> object:
     value: object = conf.get(name)
     if value is None:
         value = conf.get(name.upper())
+    if value is None:
+        for old, renamed in RENAMED_SETTINGS.items():
+            if renamed != name:
+                continue
+            for spelling in (old, old.upper()):
+                value = conf.get(spelling)
+                if value is not None:
+                    warnings.warn(
+                        f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
+                        f"option's app-wide setting is its name with dflock_ in front)",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                    return value
     return value
 
 
 def check_setting_names(conf: Any) -> None:
     """Refuse a ``dflock_*`` setting (any case) that this package does not read: a misspelt
     setting would otherwise be ignored without a word."""
-    import difflib
-
     for raw in list(conf.keys()):
         name = str(raw)
         lowered = name.lower()
         if not lowered.startswith("dflock_") or lowered in KNOWN_SETTINGS:
             continue
-        close = difflib.get_close_matches(lowered, sorted(KNOWN_SETTINGS), n=3)
+        current = sorted(KNOWN_SETTINGS - RENAMED_SETTINGS.keys())
+        close = difflib.get_close_matches(lowered, current, n=3)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise DflockConfigError(
             f"app.conf.{name} is not a celery-dflock setting; {hint}the settings are: "
-            f"{', '.join(sorted(KNOWN_SETTINGS))}"
+            f"{', '.join(current)}"
         )
 
 
@@ -454,7 +527,8 @@ def validate_option(name: str, value: object, where: str) -> object:
     spec = _BY_NAME.get(name)
     if spec is None:
         raise DflockConfigError(
-            f"{where}: unknown lock option {name!r}; known options: {', '.join(LOCK_OPTIONS)}"
+            f"{where}: unknown lock option {name!r}{close_matches(name, LOCK_OPTIONS)} "
+            f"(the lock options: {', '.join(LOCK_OPTIONS)})"
         )
     return spec.validate(value, where)
 
@@ -763,7 +837,11 @@ def resolve_options(
     check_combination(resolved, f"lock options of task {task_name!r}")
     return LockOptions(
         key=cast("str | Callable[..., str] | None", resolved["lock_key"]),
-        timeout=float(cast("float", resolved["lock_timeout"])),
+        timeout=(
+            default_timeout(str(resolved["on_locked"]))
+            if resolved["lock_timeout"] is None
+            else float(cast("float", resolved["lock_timeout"]))
+        ),
         ttl=cast("int | None", resolved["lock_ttl"]),
         on_locked=cast("OnLocked", resolved["on_locked"]),
         limit=cast("int | None", resolved["lock_limit"]),

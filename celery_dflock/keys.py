@@ -244,11 +244,23 @@ def check_template(template: str, run: Callable[..., Any], *, task_name: str) ->
                 f"field {{{field}}}; name the argument instead (e.g. {{customer_id}})"
             )
         if head not in parameters:
-            names = ", ".join(parameters) or "none"
+            short = task_name.rpartition(".")[2]
             raise KeyDerivationError(
                 f"lock_key template {template!r} of task {task_name!r} refers to {{{head}}}, "
-                f"which is not among the task's arguments ({names})"
+                f"which is not an argument of the task: its signature is "
+                f"{short}{_bare_signature(run)}; name one of its arguments in the template"
             )
+
+
+def _bare_signature(run: Callable[..., Any]) -> str:
+    """``run``'s signature without annotations: ``(customer_id, kind='daily')``."""
+    signature = inspect.signature(run)
+    empty = inspect.Parameter.empty
+    bare = signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=empty,
+    )
+    return str(bare)
 
 
 class KeyBuilder:

@@ -16,7 +16,9 @@ more; an app that locks tasks only through ``dflock_task_locks`` calls
 
 * ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``; clean up the
   held-lock records of workers that died without doing so.
-* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task.
+* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task; log which lock
+  servers the worker reaches, and warn (naming ``dflock_servers``) about those it cannot, and
+  about tasks whose lease is above the longest the servers grant (their ``hello`` says).
 * ``worker_process_init`` (each prefork child, after fork): a fresh connection
   pool for the child.
 * ``worker_process_shutdown`` / ``worker_shutdown``: close the pool.
@@ -129,6 +131,52 @@ class _Hooks:
 
         for warning in unknown_task_locks(self.app):
             logger.warning("dflock: %s", warning)
+        # Asked from a thread: an unreachable server costs a connect timeout, which must not
+        # hold up the worker.
+        threading.Thread(
+            target=self._report_servers, name="dflock-servers-check", daemon=True
+        ).start()
+
+    def _report_servers(self) -> None:
+        """Log which lock servers this worker reaches; warn, naming ``dflock_servers``, about
+        each one it cannot reach, and louder when it reaches none."""
+        leave_signals_to_the_main_thread()
+        try:
+            with get_config(self.app).new_client() as client:
+                answers = client.ping()
+        except (DflockError, OSError) as exc:
+            logger.warning("dflock: cannot ask the lock servers (dflock_servers): %s", exc)
+            return
+        reached = [a for a in answers if a.reachable]
+        missed = [a for a in answers if not a.reachable]
+        if reached:
+            logger.info(
+                "dflock: lock servers reached: %s",
+                ", ".join(
+                    f"{a.address} ({a.server.describe()})" if a.server else a.address
+                    for a in reached
+                ),
+            )
+        for answer in missed:
+            logger.warning(
+                "dflock: cannot reach lock server %s (dflock_servers): %s",
+                answer.address,
+                answer.error or "no answer",
+            )
+        limits = [a.server.max_lease_ttl_s for a in reached if a.server is not None]
+        known = [limit for limit in limits if limit is not None]
+        if known:
+            from celery_dflock.task import leases_above
+
+            for warning in leases_above(self.app, min(known)):
+                logger.warning("dflock: %s", warning)
+        if not reached:
+            logger.warning(
+                "dflock: this worker reaches none of its lock servers (dflock_servers = %s): "
+                "no locked task can take its lock until one answers. Start the "
+                "lock server (`dflockd`) or set dflock_servers to where it runs",
+                ",".join(a.address for a in answers) or "(none)",
+            )
 
     def on_worker_process_init(self, **_: Any) -> None:
         import os

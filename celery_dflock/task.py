@@ -21,7 +21,7 @@ from kombu import serialization
 
 from celery_dflock import signals
 from celery_dflock._celery import BaseTask, Reject, task_stack
-from celery_dflock._holds import HOLD_HEADER, HoldRef
+from celery_dflock._holds import FOLLOW_HEADER, HOLD_HEADER, HoldRef
 from celery_dflock._run import (
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
@@ -38,6 +38,7 @@ from celery_dflock.config import (
     LOCK_OPTIONS,
     check_call_options,
     check_combination,
+    check_option_names,
     get_config,
     validate_option,
 )
@@ -61,7 +62,8 @@ class LockedTask(Task):
     #: defaults applied), a callable taking the task's arguments, or None for
     #: ``<task name>:<digest of all arguments>``.
     lock_key: ClassVar[str | Callable[..., str] | None] = None
-    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default 0).
+    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default: 30 with
+    #: ``on_locked="retry"``, 0 with ``"skip"`` or ``"raise"``).
     lock_timeout: ClassVar[float | None] = None
     #: Lease in seconds, renewed while the body runs (default: the server's, 33 s).
     lock_ttl: ClassVar[int | None] = None
@@ -96,6 +98,11 @@ class LockedTask(Task):
         template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
+        inherited = {attr for base in cls.__mro__[1:] for attr in vars(base)}
+        check_option_names(
+            (attr for attr in vars(cls) if not attr.startswith("_") and attr not in inherited),
+            f"task {name or cls.__qualname__!r}",
+        )
         given: dict[str, object] = {}
         for option in LOCK_OPTIONS:  # a bad value fails here, not at every run in the worker
             value = getattr(cls, option, None)
@@ -129,6 +136,7 @@ class LockedTask(Task):
 
         With ``lock_from="publish"`` the key is taken first: while another task holds it,
         nothing is sent and ``on_duplicate`` says what the caller gets."""
+        check_option_names(options, f"apply_async options of {self._name!r}")
         lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
         headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
         if lock_options:
@@ -142,6 +150,9 @@ class LockedTask(Task):
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
+        in_canvas = bool(
+            task_id or link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS)
+        )
         task_id = task_id or uuid()
         per_call = check_call_options(
             cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {}),
@@ -154,22 +165,74 @@ class LockedTask(Task):
             task_id,
             countdown=options.get("countdown"),
             eta=options.get("eta"),
+            in_canvas=in_canvas,
         )
         if taken is None:
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
         if isinstance(taken, Duplicate):
-            return self._celery.AsyncResult(taken.task_id)
-        headers[HOLD_HEADER] = taken.header
-        options["headers"] = headers
-        try:
+            if not in_canvas and taken.task_id is not None:
+                return self._celery.AsyncResult(taken.task_id)
+            # A canvas member (its id is already in its group's, chord's or chain's result):
+            # a follower in its place gives it the holder's result, or fails at once.
+            headers[FOLLOW_HEADER] = taken.follow().header()
+            headers[HOLD_HEADER] = None
+            options["headers"] = headers
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
+        headers[HOLD_HEADER] = taken.header
+        options["headers"] = headers
+        try:
+            sent = BaseTask.apply_async(
+                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
+            )
         except BaseException:
-            taken.release(self)  # nothing was sent: the key must not wait for it
+            with contextlib.suppress(DflockError):  # else it frees with its connection
+                taken.release(self)  # nothing was sent: the key must not wait for it
             raise
+        taken.confirm(self, task_id)
+        return sent
+
+    def apply(  # noqa: PLR0917 (Celery's signature)
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        task_id: str | None = None,
+        retries: int | None = None,
+        throw: bool | None = None,
+        logfile: Any = None,
+        loglevel: Any = None,
+        headers: Any = None,
+        **options: Any,
+    ) -> Any:
+        """As :meth:`celery.Task.apply` (an eager run, here and now); lock options given here
+        apply to this run (a bad one is refused, naming it). An eager run of a
+        ``lock_from="publish"`` task whose key is held fails at once with `AlreadyQueued`."""
+        lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
+        if lock_options:
+            checked = check_call_options(lock_options, f"apply options of {self._name!r}")
+            merged = dict(cast("Mapping[str, Any]", headers or {}))
+            given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
+            merged[LOCK_OPTIONS_HEADER] = {**given, **checked}
+            headers = merged
+        return BaseTask.apply(
+            self,
+            args,
+            kwargs,
+            link,
+            link_error,
+            task_id,
+            retries,
+            throw,
+            logfile,
+            loglevel,
+            headers,
+            **options,
+        )
 
     def retry(  # noqa: PLR0917 (Celery's signature)
         self,
@@ -260,6 +323,10 @@ class LockedTask(Task):
             release_hold(get_runtime(app), get_config(app), kept)
 
 
+_CANVAS_OPTIONS = ("chain", "chord", "group_id")
+"""``apply_async`` options a canvas passes to its members (besides a fixed ``task_id``)."""
+
+
 def _with_skip(throws: object) -> tuple[type[BaseException], ...]:
     """A task's ``throws`` with `LockSkipped` in it (an expected error: INFO, no traceback)."""
     given = tuple(cast("tuple[type[BaseException], ...]", throws or ()))
@@ -296,6 +363,38 @@ def apply_task_locks(app: Any) -> list[str]:
         task.__class__ = locked_cls
         changed.append(name)
     return changed
+
+
+def leases_above(app: Any, limit: int) -> list[str]:
+    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
+    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
+    lock server grants: every run (or send) of it would be refused."""
+    config = get_config(app)
+    runtime = get_runtime(app)
+    tasks: Mapping[str, Any] = app.tasks
+    warnings: list[str] = []
+    for name, task in sorted(tasks.items()):
+        if not isinstance(task, LockedTask):
+            continue
+        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
+        try:
+            options = runtime.task_runs(name).plan_for(task, config, attributes).options
+        except DflockError:  # a bad option fails where it is used, with its own message
+            continue
+        if options is None:  # not locked (the app's task_cls, no lock option)
+            continue
+        leases = [("lock_ttl", options.ttl, "run")]
+        if options.lock_from == "publish":
+            leases.append(("lock_pending_ttl", options.pending_ttl, "send"))
+        for option, lease, what in leases:
+            if lease is not None and lease > limit:
+                warnings.append(
+                    f"task {name!r} asks for {option}={lease}, above the longest lease its "
+                    f"lock servers grant ({limit} s, --max-lease-ttl): every {what} of it will "
+                    f"be refused; lower {option} (or dflock_{option}) or raise the servers' "
+                    "--max-lease-ttl"
+                )
+    return warnings
 
 
 def unknown_task_locks(app: Any) -> list[str]:

@@ -14,9 +14,9 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
-from celery_dflock.config import option_table, setting_table
+from celery_dflock.config import RENAMED_SETTINGS, option_table, setting_table
 from dflockd_server.cli import default_text
 from dflockd_server.settings import SETTINGS
 from dflockd_server.values import parse_bool
@@ -37,6 +37,16 @@ def _code(text: str) -> str:
     return f"`{text}`"
 
 
+NOWRAP: Final = '{ style="white-space: nowrap" }'
+"""attr_list's attributes for a name in a table cell: a narrow column must not break a name
+mid-word (``lock_timeou t``); the meaning column wraps instead."""
+
+
+def _name(text: str) -> str:
+    """A setting, option, flag or variable name as a code span that does not wrap."""
+    return f"`{text}`{NOWRAP}"
+
+
 def settings_page() -> str:
     lines = [
         NOTICE,
@@ -51,17 +61,26 @@ def settings_page() -> str:
         "## Lock options",
         "",
         "Set per call (`apply_async(..., lock_ttl=300)`), per task (`@app.task(base=LockedTask,",
-        "lock_ttl=60)`), in `dflock_task_locks`, or app-wide with the setting named here. The",
-        "first one set wins, in this order: per call, `dflock_task_locks[task name]`, task",
-        "attribute, `app.conf` setting, default.",
+        "lock_ttl=60)`), in `dflock_task_locks`, or app-wide with the setting named here: the",
+        "option's name with `dflock_` in front (`dflock_lock_ttl` for `lock_ttl`). The first one",
+        "set wins, in this order: per call, `dflock_task_locks[task name]`, task attribute,",
+        "`app.conf` setting, default. A misspelt option (`lock_tll=60`) raises where it is given,",
+        "naming the close matches.",
         "",
-        "| option | app.conf setting | default | meaning |",
-        "|---|---|---|---|",
+        "| option<br>app.conf setting | default | meaning |",
+        "|---|---|---|",
     ]
+    old_names = {new: old for old, new in RENAMED_SETTINGS.items()}
     for name, setting, default, meaning in option_table():
-        shown_setting = _code(setting) if setting else "—"
+        shown_setting = _name(setting) if setting else "(no app-wide setting)"
+        formerly = (
+            f" (Formerly {_code(old_names[setting])}: still read, with a DeprecationWarning.)"
+            if setting in old_names
+            else ""
+        )
         lines.append(
-            f"| {_code(name)} | {shown_setting} | {_code(repr(default))} | {_cell(meaning)} |"
+            f"| {_name(name)}<br>{shown_setting} | {_code(repr(default))} "
+            f"| {_cell(meaning + formerly)} |"
         )
     sections: tuple[tuple[Literal["app", "beat"], str, str], ...] = (
         ("app", "App-wide settings", "Settings with no per-task option."),
@@ -82,7 +101,7 @@ def settings_page() -> str:
             "|---|---|---|",
         ]
         for doc in setting_table(kind):
-            lines.append(f"| {_code(doc.name)} | {_code(doc.default)} | {_cell(doc.meaning)} |")
+            lines.append(f"| {_name(doc.name)} | {_code(doc.default)} | {_cell(doc.meaning)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -104,11 +123,11 @@ def server_flags_page() -> str:
         flag = setting.flag
         if setting.parse is parse_bool:
             flag = f"--[no-]{flag.removeprefix('--')}"
-        envs = " (alias ".join(_code(env) for env in setting.env)
+        envs = " (alias ".join(_name(env) for env in setting.env)
         if len(setting.env) > 1:
             envs += ")"
         lines.append(
-            f"| {_code(flag)} | {envs} | {_code(default_text(setting))} | {_cell(setting.help)} |"
+            f"| {_name(flag)} | {envs} | {_code(default_text(setting))} | {_cell(setting.help)} |"
         )
     return "\n".join(lines) + "\n"
 

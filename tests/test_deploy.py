@@ -196,3 +196,95 @@ def test_dashboard_panels_are_well_formed() -> None:
     for panel in dashboard["panels"]:
         assert panel["targets"], panel["title"]
         assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def _workloads() -> list[dict[str, Any]]:
+    return [d for d in _documents() if d["kind"] in {"StatefulSet", "Deployment", "Pod"}]
+
+
+def _where(doc: dict[str, Any], container: dict[str, Any] | None = None) -> str:
+    name = f"{doc['kind']}/{doc['metadata']['name']}"
+    return f"{name}/{container['name']}" if container else name
+
+
+def test_every_container_meets_the_restricted_pod_security_standard() -> None:
+    """The fields the restricted profile checks
+    (https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted), for every
+    container of every workload: non-root, no privilege escalation, every capability dropped, the
+    runtime's default seccomp profile; and nothing the baseline profile forbids."""
+    workloads = _workloads()
+    assert {_where(d) for d in workloads} >= {
+        "StatefulSet/dflockd",
+        "Deployment/celery-worker",
+        "Deployment/celery-beat",
+    }
+    for doc in workloads:
+        pod = _pod_spec(doc)
+        pod_context = pod.get("securityContext", {})
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not pod.get(flag), f"{_where(doc)}: {flag}"
+        for volume in pod.get("volumes", []):
+            assert "hostPath" not in volume, f"{_where(doc)}: hostPath volume {volume['name']}"
+        containers = [*pod["containers"], *pod.get("initContainers", [])]
+        for container in containers:
+            where = _where(doc, container)
+            context = container.get("securityContext", {})
+
+            def effective(
+                field: str, context: dict[str, Any] = context, pod: dict[str, Any] = pod_context
+            ) -> Any:
+                return context.get(field, pod.get(field))
+
+            assert effective("runAsNonRoot") is True, f"{where}: runAsNonRoot"
+            assert effective("runAsUser") != 0, f"{where}: runAsUser 0"
+            assert context.get("allowPrivilegeEscalation") is False, f"{where}: escalation"
+            assert not context.get("privileged"), f"{where}: privileged"
+            capabilities = context.get("capabilities", {})
+            assert capabilities.get("drop") == ["ALL"], f"{where}: capabilities not dropped"
+            assert set(capabilities.get("add", [])) <= {"NET_BIND_SERVICE"}, where
+            seccomp = effective("seccompProfile") or {}
+            assert seccomp.get("type") in {"RuntimeDefault", "Localhost"}, f"{where}: seccomp"
+            for port in container.get("ports", []):
+                assert "hostPort" not in port, f"{where}: hostPort"
+
+
+def test_the_statefulset_names_a_headless_service() -> None:
+    stateful = _by_kind("StatefulSet", "dflockd")
+    governing = _by_kind("Service", stateful["spec"]["serviceName"])
+    assert governing["spec"].get("clusterIP") == "None", "the StatefulSet's Service is not headless"
+    labels = stateful["spec"]["template"]["metadata"]["labels"]
+    assert governing["spec"]["selector"].items() <= labels.items()
+    # The clients' Service (DFLOCK_SERVERS=dflockd:6388) selects the same pods.
+    assert _by_kind("Service", "dflockd")["spec"]["selector"].items() <= labels.items()
+
+
+def test_the_lock_servers_pods_carry_prometheus_scrape_annotations() -> None:
+    stateful = _by_kind("StatefulSet", "dflockd")
+    annotations = stateful["spec"]["template"]["metadata"].get("annotations", {})
+    container = _containers(stateful)[0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    metrics_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+    assert annotations.get("prometheus.io/scrape") == "true"
+    assert annotations.get("prometheus.io/port") == str(metrics_port) == env["DFLOCKD_METRICS_PORT"]
+    assert annotations.get("prometheus.io/path") == "/metrics"
+
+
+def test_the_scrape_path_is_where_a_real_server_serves_its_metrics() -> None:
+    port = free_port()
+    with ServerThread(Config(host="127.0.0.1", port=0, metrics_port=port)):
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    assert b"dflockd_" in body
+
+
+@pytest.mark.parametrize("name", ["celery-worker", "celery-beat"])
+def test_workers_and_beats_have_probes_and_limits(name: str) -> None:
+    for container in _containers(_by_kind("Deployment", name)):
+        where = f"Deployment/{name}/{container['name']}"
+        assert "readinessProbe" in container, f"{where}: no readiness probe"
+        if name == "celery-worker":
+            probe = container["livenessProbe"]["exec"]["command"]
+            assert "inspect ping" in " ".join(probe), f"{where}: {probe}"
+        limits = container.get("resources", {}).get("limits", {})
+        assert {"cpu", "memory"} <= limits.keys(), f"{where}: limits {limits}"
+        ready = container["readinessProbe"]["exec"]["command"]
+        assert ready[-2:] == ["dflock", "ping"], f"{where}: {ready}"

@@ -4,6 +4,8 @@ CPython 3.11+ this machine has, their metadata and their ``--version``."""
 from __future__ import annotations
 
 import email
+import os
+import shutil
 import subprocess
 import tarfile
 import tomllib
@@ -111,3 +113,76 @@ def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, ver
     )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "verdict: PASS" in demo.stdout, demo.stdout[-2000:]
+
+
+FIRST_INSTALL_LIMIT_BYTES = 150 * 1024 * 1024  # issue 29: the first command's .venv
+
+
+def _tree_bytes(folder: Path) -> int:
+    """What `du` counts: each file's blocks once (hard links to uv's cache included)."""
+    seen: set[int] = set()
+    total = 0
+    for path in folder.rglob("*"):
+        info = path.lstat()
+        if info.st_ino in seen:
+            continue
+        seen.add(info.st_ino)
+        total += info.st_blocks * 512
+    return total
+
+
+def test_the_readmes_first_command_in_a_fresh_clone_installs_little_and_passes(
+    tmp_path: Path,
+) -> None:
+    """`uv run celery-dflock demo` in a fresh clone (the tracked files of this checkout, as a
+    clone has them): it syncs the default dependency groups only, the .venv it leaves is under
+    150 MB, and the demo prints PASS."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    clone = tmp_path / "celery-dflock"
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, clone / name)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH"}
+    }
+    command = os.environ.get("UV") or shutil.which("uv")
+    assert command, "this test needs uv"
+    demo = subprocess.run(
+        [command, "run", "celery-dflock", "demo"],  # the README's first command, as typed
+        capture_output=True,
+        text=True,
+        cwd=clone,
+        env=env,
+        timeout=DEMO_TIMEOUT_S + 120,
+        check=False,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "verdict: PASS" in demo.stdout, demo.stdout[-2000:]
+    venv = clone / ".venv"
+    assert venv.is_dir(), "uv run made no .venv in the clone"
+    installed = {p.name.split("-")[0].lower() for p in venv.glob("lib/python*/site-packages/*")}
+    for dev_only in ("pytest", "ruff", "mkdocs", "matplotlib", "gevent", "django"):
+        assert dev_only not in installed, f"the first command installed {dev_only}"
+    size = _tree_bytes(venv)
+    assert size < FIRST_INSTALL_LIMIT_BYTES, f".venv is {size / 2**20:.0f} MB"
+
+
+HOME = "https://github.com/celery-dflock/celery-dflock"
+
+
+def test_every_project_url_and_the_docs_site_name_the_repositorys_home() -> None:
+    for pyproject in (ROOT / "pyproject.toml", ROOT / "server" / "pyproject.toml"):
+        urls = tomllib.loads(pyproject.read_text())["project"]["urls"]
+        for name, url in urls.items():
+            assert url == HOME or url.startswith(f"{HOME}/"), f"{pyproject}: {name} = {url}"
+    mkdocs = (ROOT / "mkdocs.yml").read_text()  # not YAML-safe: it names a Python function
+    assert f"\nrepo_url: {HOME}\n" in mkdocs

@@ -65,7 +65,7 @@ from celery_dflock.errors import (
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.protocol import Command, Moved, Renewed, Reply
+from celery_dflock.protocol import Command, Renewed, Reply
 from celery_dflock.sharding import Routing, stable_hash_shard
 
 __all__ = ["AsyncDistributedLock", "AsyncDistributedSemaphore"]
@@ -130,6 +130,13 @@ class _AsyncLockBase:
         """After an acquire that failed because the key was busy: the note its holder gave
         (servers with holds; None when it gave none, or the acquire did not fail so)."""
         return self._core.holder
+
+    @property
+    def handover(self) -> str | None:
+        """After an acquire that was not granted because a hand-over of its key's shard
+        between cluster members outlasted its time: why, naming the key and the member (None
+        when it did not fail so)."""
+        return self._core.handover
 
     @property
     def token(self) -> str | None:
@@ -238,11 +245,11 @@ class _AsyncLockBase:
         Raises ``exc`` then, and at once in list modes, as ever."""
         core = self._core
         router = core.router
-        wait_s = core.on_unreachable(exc)
+        wait_s = core.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
         if router is None or wait_s is None:
             raise exc
-        await self._refresh_map(router)
         await pause(wait_s)
+        await self._refresh_map(router)
         core.route()
 
     async def _mismatch(self, conn: AsyncConnection, reply: Reply) -> DflockError:
@@ -297,13 +304,14 @@ class _AsyncLockBase:
                 if router is None:
                     raise await self._mismatch(conn, reply)
                 await self._checkin(conn)
-                wait_s = core.on_redirect(reply)
-                if wait_s is None:
-                    return False
-                if isinstance(reply, Moved):
-                    await self._refresh_map(router)  # for later keys; this one goes there
-                else:
-                    await pause(wait_s)
+                step = core.on_redirect(reply)
+                if step is None:
+                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                if step.reread:
+                    router.invalidate()
+                await pause(step.pause_s)
+                await self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
+                if step.reroute:
                     core.route()
                 continue
             try:
@@ -337,8 +345,20 @@ class _AsyncLockBase:
 
         ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
         `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
+        `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
+        2 s): neither held nor queued.
         """
-        return ACQUIRED if await self._grant(self._core.enqueue_request) else QUEUED
+        if await self._grant(self._core.enqueue_request):
+            return ACQUIRED
+        core = self._core
+        if core.state is LockState.ENQUEUED:
+            return QUEUED
+        # Neither: a cluster hand-over kept the key's member from answering until the time
+        # was up (a `wait` would find nothing queued).
+        raise LockNotAcquired(
+            core.handover
+            or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
+        )
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
@@ -655,9 +675,11 @@ class _AsyncLockBase:
     # ------------------------------------------------------------------ context manager
     async def __aenter__(self) -> Self:
         if not await self.acquire():
+            core = self._core
             raise LockNotAcquired(
-                f"could not acquire {self._core.what} on {self._core.endpoint.address} "
-                f"within {self._core.acquire_timeout_s}s"
+                core.handover
+                or f"could not acquire {core.what} on {core.endpoint.address} "
+                f"within {core.acquire_timeout_s}s"
             )
         return self
 
@@ -722,6 +744,14 @@ class _AsyncLockBase:
         seconds from now; True if renewed, False if it no longer holds the key."""
         return await self._by_token(lambda _: self._core.token_renew_request(token, lease_ttl))
 
+    async def detach_token(self, token: str, lease_ttl: int) -> bool:
+        """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
+        with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
+        holds the key. `HoldsUnsupported` for a server without holds."""
+        return await self._by_token(
+            lambda server: self._core.detach_token_request(server, token, lease_ttl)
+        )
+
     async def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; True if done, False if
         it no longer holds the key. `HoldsUnsupported` for a server without holds."""
@@ -776,15 +806,19 @@ class AsyncDistributedLock(_AsyncLockBase):
         """The owner note each acquire sends to a server with holds (None: none)."""
         return self._core.note
 
-    async def hold(self, note: str) -> Hold:
+    async def hold(self, note: str, *, detached: bool = True) -> Hold:
         """Take a detached hold of this key (``hl ... d <note>``), waiting up to
         ``acquire_timeout_s``, with this lock's lease: the grant outlives this object and its
-        connection, and is neither renewed nor released here. Raises `KeyHeld` when the key
+        connection, and is neither renewed nor released here. Not ``detached``: the grant
+        (``hl ... c``) stays bound to the pooled connection that took it (freed if that
+        connection closes) until `detach_token` detaches it. Raises `KeyHeld` when the key
         stays busy, `HoldsUnsupported` for a server without holds. This object holds nothing
         after."""
         core = self._core
         try:
-            if not await self._grant(lambda server: core.hold_request(server, note), keep=False):
+            if not await self._grant(
+                lambda server: core.hold_request(server, note, detached=detached), keep=False
+            ):
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
@@ -794,8 +828,9 @@ class AsyncDistributedLock(_AsyncLockBase):
                         core.key,
                         holder,
                     )
-                raise ServerUnavailable(
-                    f"no cluster member served {core.what} within "
+                raise LockNotAcquired(
+                    core.handover
+                    or f"no cluster member served {core.what} within "
                     f"{core.acquire_timeout_s}s; retry shortly"
                 )
             token = core.token

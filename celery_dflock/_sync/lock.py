@@ -67,7 +67,7 @@ from celery_dflock.errors import (
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.protocol import Command, Moved, Renewed, Reply
+from celery_dflock.protocol import Command, Renewed, Reply
 from celery_dflock.sharding import Routing, stable_hash_shard
 
 __all__ = ["DistributedLock", "DistributedSemaphore"]
@@ -132,6 +132,13 @@ class _SyncLockBase:
         """After an acquire that failed because the key was busy: the note its holder gave
         (servers with holds; None when it gave none, or the acquire did not fail so)."""
         return self._core.holder
+
+    @property
+    def handover(self) -> str | None:
+        """After an acquire that was not granted because a hand-over of its key's shard
+        between cluster members outlasted its time: why, naming the key and the member (None
+        when it did not fail so)."""
+        return self._core.handover
 
     @property
     def token(self) -> str | None:
@@ -240,11 +247,11 @@ class _SyncLockBase:
         Raises ``exc`` then, and at once in list modes, as ever."""
         core = self._core
         router = core.router
-        wait_s = core.on_unreachable(exc)
+        wait_s = core.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
         if router is None or wait_s is None:
             raise exc
-        self._refresh_map(router)
         pause(wait_s)
+        self._refresh_map(router)
         core.route()
 
     def _mismatch(self, conn: Connection, reply: Reply) -> DflockError:
@@ -299,13 +306,14 @@ class _SyncLockBase:
                 if router is None:
                     raise self._mismatch(conn, reply)
                 self._checkin(conn)
-                wait_s = core.on_redirect(reply)
-                if wait_s is None:
-                    return False
-                if isinstance(reply, Moved):
-                    self._refresh_map(router)  # for later keys; this one goes there
-                else:
-                    pause(wait_s)
+                step = core.on_redirect(reply)
+                if step is None:
+                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                if step.reread:
+                    router.invalidate()
+                pause(step.pause_s)
+                self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
+                if step.reroute:
                     core.route()
                 continue
             try:
@@ -339,8 +347,20 @@ class _SyncLockBase:
 
         ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
         `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
+        `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
+        2 s): neither held nor queued.
         """
-        return ACQUIRED if self._grant(self._core.enqueue_request) else QUEUED
+        if self._grant(self._core.enqueue_request):
+            return ACQUIRED
+        core = self._core
+        if core.state is LockState.ENQUEUED:
+            return QUEUED
+        # Neither: a cluster hand-over kept the key's member from answering until the time
+        # was up (a `wait` would find nothing queued).
+        raise LockNotAcquired(
+            core.handover
+            or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
+        )
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
@@ -657,9 +677,11 @@ class _SyncLockBase:
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> Self:
         if not self.acquire():
+            core = self._core
             raise LockNotAcquired(
-                f"could not acquire {self._core.what} on {self._core.endpoint.address} "
-                f"within {self._core.acquire_timeout_s}s"
+                core.handover
+                or f"could not acquire {core.what} on {core.endpoint.address} "
+                f"within {core.acquire_timeout_s}s"
             )
         return self
 
@@ -722,6 +744,14 @@ class _SyncLockBase:
         seconds from now; True if renewed, False if it no longer holds the key."""
         return self._by_token(lambda _: self._core.token_renew_request(token, lease_ttl))
 
+    def detach_token(self, token: str, lease_ttl: int) -> bool:
+        """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
+        with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
+        holds the key. `HoldsUnsupported` for a server without holds."""
+        return self._by_token(
+            lambda server: self._core.detach_token_request(server, token, lease_ttl)
+        )
+
     def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; True if done, False if
         it no longer holds the key. `HoldsUnsupported` for a server without holds."""
@@ -776,15 +806,19 @@ class DistributedLock(_SyncLockBase):
         """The owner note each acquire sends to a server with holds (None: none)."""
         return self._core.note
 
-    def hold(self, note: str) -> Hold:
+    def hold(self, note: str, *, detached: bool = True) -> Hold:
         """Take a detached hold of this key (``hl ... d <note>``), waiting up to
         ``acquire_timeout_s``, with this lock's lease: the grant outlives this object and its
-        connection, and is neither renewed nor released here. Raises `KeyHeld` when the key
+        connection, and is neither renewed nor released here. Not ``detached``: the grant
+        (``hl ... c``) stays bound to the pooled connection that took it (freed if that
+        connection closes) until `detach_token` detaches it. Raises `KeyHeld` when the key
         stays busy, `HoldsUnsupported` for a server without holds. This object holds nothing
         after."""
         core = self._core
         try:
-            if not self._grant(lambda server: core.hold_request(server, note), keep=False):
+            if not self._grant(
+                lambda server: core.hold_request(server, note, detached=detached), keep=False
+            ):
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
@@ -794,8 +828,9 @@ class DistributedLock(_SyncLockBase):
                         core.key,
                         holder,
                     )
-                raise ServerUnavailable(
-                    f"no cluster member served {core.what} within "
+                raise LockNotAcquired(
+                    core.handover
+                    or f"no cluster member served {core.what} within "
                     f"{core.acquire_timeout_s}s; retry shortly"
                 )
             token = core.token

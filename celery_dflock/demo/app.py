@@ -72,7 +72,7 @@ app.conf.update(
     task_acks_late=True,
     worker_hijack_root_logger=False,
     dflock_servers=os.environ.get("DFLOCK_SERVERS", "127.0.0.1:6388"),
-    dflock_default_ttl=10,
+    dflock_lock_ttl=10,
     beat_max_loop_interval=0.2,
     dflock_beat_lease_ttl=3,
     beat_schedule={

@@ -28,7 +28,7 @@ app.conf.update(
     dflock_servers=os.environ.get("DFLOCK_SERVERS", "127.0.0.1:6388"),
     dflock_sharding_strategy=os.environ.get("DFLOCK_SHARDING_STRATEGY", "stable_hash"),
     dflock_auth_token=os.environ.get("DFLOCK_AUTH_TOKEN") or None,
-    dflock_default_ttl=30,
+    dflock_lock_ttl=30,
     # Every beat-sent run is skipped while the previous run of the same entry is going.
     dflock_beat_nonoverlap=True,
     beat_schedule={

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from dflockd_server import __version__
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.constants import (
+    CLUSTER_COMMAND_HELP,
     CLUSTER_COMMANDS,
     FD_HEADROOM,
     FLAGS_DOCS_URL,
@@ -59,13 +60,28 @@ def default_text(setting: Setting) -> str:
     return str(value)
 
 
+def _commands_text() -> str:
+    """The ``commands:`` section of ``dflockd --help`` (each command's own ``--help`` says
+    more)."""
+    lines = ["commands (dflockd COMMAND --cluster etcd://HOST:PORT[/PREFIX] ...):"]
+    for name, (arguments, meaning) in CLUSTER_COMMAND_HELP.items():
+        lines.append(f"  {f'{name} {arguments}'.rstrip():<36}{meaning}")
+    lines.append("  (dflockd COMMAND --help: the command's own flags)")
+    return "\n".join(lines) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dflockd",
         description=(
             "A dflockd-compatible distributed lock server. Every setting can be given as a\n"
             "flag or as an environment variable; the environment variable wins. Empty\n"
-            "environment variables count as unset."
+            "environment variables count as unset.\n\n"
+            f"{_commands_text()}"
+        ),
+        usage=(
+            "dflockd [FLAG ...]                       serve locks (the flags below)\n"
+            "       dflockd COMMAND --cluster URL [ARG ...]  operate a cluster (the commands below)"
         ),
         epilog=(
             f"The wire protocol:\n  {PROTOCOL_DOCS_URL}\n"

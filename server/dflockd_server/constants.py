@@ -1,5 +1,7 @@
 """Protocol and default-setting constants, defined once for the server and the client."""
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 # ---------------------------------------------------------------- default settings
@@ -199,7 +201,17 @@ CLUSTER_SCHEME: Final = "etcd"
 CLUSTER_TLS_SCHEME: Final = "etcds"
 """``etcds://...``: the cluster's etcd is reached over TLS (``--cluster-ca-file``...)."""
 DEFAULT_CLUSTER_PREFIX: Final = "/dflockd"
-CLUSTER_COMMANDS: Final = frozenset({"rebalance", "pin", "unpin", "shards"})
+CLUSTER_COMMAND_HELP: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
+    {
+        "rebalance": ("[--dry-run] [--verbose]", "even out the shards over the live members"),
+        "pin": ("SHARD [NODE]", "never move SHARD automatically (optionally onto NODE)"),
+        "unpin": ("SHARD", "let SHARD be moved automatically again"),
+        "shards": ("", "summarise the shard map"),
+    }
+)
+"""``dflockd COMMAND --cluster URL ...``: each command's arguments and what it does (its
+parser: ``cluster.ops``; ``dflockd --help`` lists them too)."""
+CLUSTER_COMMANDS: Final = frozenset(CLUSTER_COMMAND_HELP)
 """``dflockd COMMAND --cluster URL ...``: the operator's commands (``cluster.ops``)."""
 
 # ---------------------------------------------------------------- server internals

@@ -131,7 +131,7 @@ class Server:
         """The lease journal, or None (no state directory)."""
         self.grace_reason = ""
         """Why this start has a restart grace ("" when it has none)."""
-        self._hello = p.reply_hello(c.SERVER_VERSION)
+        self._hello = p.reply_hello(c.SERVER_VERSION, max_lease_ttl_s=self.config.max_lease_ttl_s)
         self._held: list[Stream] = []
         """Connections whose replies wait for the journal's next group write."""
         self.connections_accepted = 0
@@ -212,7 +212,10 @@ class Server:
             remaining = table.grace_remaining()
             if remaining > 0:
                 return p.reply_hello(
-                    c.SERVER_VERSION, durable=self.journal is not None, grace_s=remaining
+                    c.SERVER_VERSION,
+                    durable=self.journal is not None,
+                    grace_s=remaining,
+                    max_lease_ttl_s=self.config.max_lease_ttl_s,
                 )
         return self._hello
 
@@ -372,7 +375,9 @@ class Server:
             journal.stats.dropped_records = plan.read.dropped_lines
         table.journal = journal
         self.journal = journal
-        self._hello = p.reply_hello(c.SERVER_VERSION, durable=True)
+        self._hello = p.reply_hello(
+            c.SERVER_VERSION, durable=True, max_lease_ttl_s=self.config.max_lease_ttl_s
+        )
         log.info(
             "journal: restored %d lease(s) from %s (fsync %s)",
             restored,

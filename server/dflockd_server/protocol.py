@@ -441,13 +441,23 @@ def reply_stats(payload: str) -> bytes:
     return f"{c.STATUS_OK} {payload}\n".encode()
 
 
-def reply_hello(version: str, *, durable: bool = False, grace_s: float = 0.0) -> bytes:
+def reply_hello(
+    version: str,
+    *,
+    durable: bool = False,
+    grace_s: float = 0.0,
+    max_lease_ttl_s: int | None = None,
+) -> bytes:
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
-    adds that feature (a lease journal), ``grace_s`` > 0 the restart grace still to run."""
+    adds that feature (a lease journal), ``grace_s`` > 0 the restart grace still to run,
+    ``max_lease_ttl_s`` the longest lease granted (``--max-lease-ttl``), so a client refuses a
+    longer one before asking."""
     features: list[str] = list(c.FEATURES)
     if durable:
         features.append(c.FEATURE_DURABLE)
     body: dict[str, object] = {"server": c.SERVER_NAME, "version": version, "features": features}
+    if max_lease_ttl_s is not None:
+        body["max_lease_ttl_s"] = max_lease_ttl_s
     if grace_s > 0:
         body["grace_remaining_s"] = round(grace_s, 3)
     return reply_stats(json.dumps(body, separators=(",", ":")))

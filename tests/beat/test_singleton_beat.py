@@ -8,8 +8,10 @@ with the sender's pid and send time: the broker is the record of who sent what.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -77,6 +79,27 @@ def test_three_beats_send_what_one_beat_would(
         if beat is not active:
             assert beat.count(ACTIVE) == 0
             assert beat.count(re.compile(r"Sending due task")) == 0
+
+
+def test_dflock_locks_names_the_active_beat_host_and_pid(
+    make_cluster: Callable[..., Cluster], broker: Broker
+) -> None:
+    """``celery dflock locks`` shows which beat holds the leader lock (issue 29: task and host
+    showed ``-``, so nobody could tell which beat sends)."""
+    cluster = make_cluster()
+    cluster.start_beats(2)
+    sender = cluster.by_pid(broker.wait_sent(1, timeout=60)[0].pid)
+    key = cluster.settings["dflock_beat_lock_key"]
+    shown = cluster.dflock_cli("locks")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    (row,) = [line for line in shown.stdout.splitlines() if f" {key} " in line]
+    assert f"celery beat, pid {sender.pid}" in row, shown.stdout
+    assert row.split()[-1] == socket.gethostname(), shown.stdout
+    report = json.loads(cluster.dflock_cli("locks", "--json").stdout)
+    (lock,) = [lock for lock in report[0]["stats"]["locks"] if lock["key"] == key]
+    assert lock["holder_beat_pid"] == sender.pid
+    assert lock["holder_host"] == socket.gethostname()
+    assert lock["holder_task_id"] is None
 
 
 def test_kill_9_of_the_active_beat_hands_over_at_once(

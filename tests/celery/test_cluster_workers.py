@@ -55,7 +55,7 @@ class Members:
             [
                 *("--host", "127.0.0.1", "--port", str(port)),
                 *("--cluster", self.url, "--advertise", advertise),
-                *("--cluster-lease-ttl", "2", "--restart-grace", "0"),
+                *("--cluster-lease-ttl", "2"),
             ],
             {},
         )

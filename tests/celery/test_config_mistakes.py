@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from celery import Celery
@@ -17,6 +17,7 @@ from celery import Celery
 from celery_dflock import LockedTask
 from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
+from tests.support.ports import free_port
 from tests.support.workers import EventLog, WorkerFactory, with_server
 
 
@@ -127,6 +128,47 @@ def test_a_task_locks_entry_naming_no_task_is_warned_at_worker_start(
     assert "WARNING" in worker.output()
 
 
+def test_a_worker_logs_at_start_which_lock_servers_it_reaches(
+    factory: Callable[..., WorkerFactory], dflock_server: ServerThread
+) -> None:
+    worker = factory().start(app="apps.plain", pool="solo", concurrency=1)
+    expected = f"dflock: lock servers reached: {dflock_server.host}:{dflock_server.port} ("
+    assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+    assert "cannot reach lock server" not in worker.output()
+
+
+def test_a_worker_that_reaches_no_lock_server_warns_naming_dflock_servers(
+    factory: Callable[..., WorkerFactory],
+) -> None:
+    """Before issue 29 a worker started without a word when its lock servers were down."""
+    nowhere = f"127.0.0.1:{free_port()}"  # nothing listens there
+    worker = factory(dflock_servers=nowhere).start(app="apps.plain", pool="solo", concurrency=1)
+    expected = f"this worker reaches none of its lock servers (dflock_servers = {nowhere})"
+    assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+    output = worker.output()
+    assert f"cannot reach lock server {nowhere} (dflock_servers)" in output
+    assert "WARNING" in output
+    assert "lock servers reached" not in output
+
+
+def test_a_worker_warns_at_start_about_a_lease_above_the_servers_limit(
+    factory: Callable[..., WorkerFactory], dflock_server_factory: Any
+) -> None:
+    """The limit comes with the servers' hello at the worker's first contact: a task whose
+    lock_ttl every run would have refused is named at start, not at its first run."""
+    strict: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    workers = factory(
+        dflock_servers=f"{strict.host}:{strict.port}",
+        dflock_task_locks={"apps.plain.third_party_report": {"lock_ttl": 60}},
+    )
+    worker = workers.start(app="apps.plain", pool="solo", concurrency=1)
+    expected = (
+        "task 'apps.plain.third_party_report' asks for lock_ttl=60, above the longest lease "
+        "its lock servers grant (30 s, --max-lease-ttl)"
+    )
+    assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+
+
 def records_dirs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("celery-dflock-*"))
 
@@ -165,4 +207,163 @@ def test_upper_case_beat_settings_are_read() -> None:
     settings = BeatSettings.from_app(app, get_config(app))
     assert settings.lock_key == "beat-upper"
     assert settings.lease_ttl_s == 7
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("misspelt", "meant"),
+    [("lock_tll", "lock_ttl"), ("lock_timout", "lock_timeout"), ("on_lockd", "on_locked")],
+)
+def test_a_misspelt_task_option_fails_when_the_task_is_bound_naming_the_option(
+    misspelt: str, meant: str
+) -> None:
+    """Celery keeps an unknown ``@app.task`` keyword as a class attribute without a word, so
+    ``lock_tll=60`` used to run on the default lease (issue 29)."""
+    app = make_app()
+
+    @app.task(shared=False, base=LockedTask, lock_key="k", **{misspelt: 60})
+    def job() -> None: ...
+
+    task: Any = job
+    with pytest.raises(DflockConfigError, match=f"'{misspelt}' is not a lock option") as failure:
+        app.finalize()
+        _ = app.tasks[task.name]
+    assert f"did you mean '{meant}'" in str(failure.value)
+    app.close()
+
+
+def test_a_misspelt_class_attribute_fails_when_the_task_is_bound() -> None:
+    app = make_app()
+
+    class Report(LockedTask):
+        name = "proj.report"
+        lock_tll = 60
+
+        def run(self) -> None: ...
+
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_ttl'"):
+        app.register_task(Report())
+    app.close()
+
+
+def test_a_misspelt_call_option_is_refused_at_the_call_naming_the_option() -> None:
+    app = make_app()
+    app.conf.task_always_eager = False
+
+    @app.task(shared=False, base=LockedTask, lock_key="k")
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_ttl'") as failure:
+        task.apply_async(lock_tll=60)
+    assert "apply_async options of" in str(failure.value)
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_timeout'"):
+        task.s().set(lock_timout=5).apply_async()
+    app.close()
+
+
+def test_a_misspelt_option_in_task_locks_is_refused_with_the_close_match() -> None:
+    app = make_app(dflock_task_locks={"proj.report": {"lock_tll": 60}})
+    with pytest.raises(DflockConfigError, match="did you mean 'lock_ttl'"):
+        get_config(app)
+    app.close()
+
+
+def test_a_template_field_missing_from_the_signature_names_field_and_signature() -> None:
+    app = make_app()
+    from celery_dflock.keys import KeyDerivationError
+
+    with pytest.raises(KeyDerivationError) as failure:
+
+        @app.task(shared=False, base=LockedTask, lock_key="report:{customer}")
+        def report(customer_id: int, kind: str = "daily") -> None: ...
+
+        app.finalize()
+        _ = app.tasks[cast("Any", report).name]
+    message = str(failure.value)
+    assert "{customer}" in message
+    assert "its signature is report(customer_id, kind='daily')" in message
+    app.close()
+
+
+def test_each_lock_option_setting_is_the_option_name_with_the_prefix() -> None:
+    from celery_dflock.config import SETTINGS
+
+    assert SETTINGS, "no lock option has an app-wide setting"
+    for option, setting in SETTINGS.items():
+        assert setting == f"dflock_{option}"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value", "field"),
+    [
+        ("dflock_default_ttl", "dflock_lock_ttl", 45, "lock_ttl"),
+        ("dflock_default_timeout", "dflock_lock_timeout", 3, "lock_timeout"),
+        ("dflock_max_retries", "dflock_lock_max_retries", 4, "lock_max_retries"),
+        ("DFLOCK_RETRY_JITTER", "dflock_lock_retry_jitter", False, "lock_retry_jitter"),
+    ],
+)
+def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
+    old: str, new: str, value: object, field: str
+) -> None:
+    app = make_app(**{old: value})
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: rename it to {new}"):
+        config = get_config(app)
+    assert config.defaults[field] == value
+    app.close()
+
+
+@pytest.mark.parametrize("where", ["attribute", "setting"])
+def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change(
+    dflock_server_factory: Any, where: str
+) -> None:
+    """The server's --max-lease-ttl comes with its hello; a run asking for a longer lease is
+    refused before the request, naming lock_ttl / dflock_lock_ttl and --max-lease-ttl (before
+    issue 29 the request was sent, and the server's bare 'error' became a ProtocolError that
+    could only guess at the cause)."""
+    from celery_dflock import InvalidValueError
+
+    server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    conf: dict[str, Any] = {"dflock_servers": f"{server.host}:{server.port}"}
+    options: dict[str, Any] = {}
+    if where == "setting":
+        conf["dflock_lock_ttl"] = 60
+    else:
+        options["lock_ttl"] = 60
+    app = make_app(**conf)
+
+    @app.task(shared=False, base=LockedTask, lock_key="long-lease", **options)
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(InvalidValueError) as refused:
+        task()
+    message = str(refused.value)
+    assert "the lease asked for (60 s) is above the longest lease server" in message
+    assert "(30 s, its --max-lease-ttl" in message
+    assert "the lock_ttl option or the dflock_lock_ttl setting" in message
+    app.close()
+
+
+def test_a_publish_hold_above_the_servers_max_lease_is_refused_before_sending(
+    dflock_server_factory: Any,
+) -> None:
+    from celery_dflock import InvalidValueError
+
+    server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    app = make_app(dflock_servers=f"{server.host}:{server.port}")
+    app.conf.task_always_eager = False
+
+    @app.task(shared=False, base=LockedTask, lock_key="long-hold", lock_from="publish")
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(InvalidValueError) as refused:
+        task.apply_async(countdown=40)
+    message = str(refused.value)
+    assert "was not sent: its hold of 'long-hold' would last" in message
+    assert "lock_pending_ttl" in message and "(30 s, its --max-lease-ttl" in message
     app.close()

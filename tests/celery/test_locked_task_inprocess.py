@@ -24,6 +24,8 @@ from celery_dflock.config import DflockConfigError, reset_config
 from celery_dflock.signals import install, lock_lost, lock_skipped
 from celery_dflock.task import apply_task_locks
 from dflockd_server import Config
+from dflockd_server import protocol as server_protocol
+from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.testing import ServerThread
 from tests.support.ports import free_port
 
@@ -112,6 +114,60 @@ def test_busy_lock_with_raise_policy_fails_with_lock_not_acquired(server: Server
     finally:
         other.release()
     assert job() == "ran"
+
+
+class HandingOver:
+    """A one-member cluster's ownership (test stand-in for the cluster node) whose shard of
+    ``key`` is changing hands: ``error_unavailable`` for it, every other key served."""
+
+    def __init__(self, me: str, key: str) -> None:
+        self.me = me
+        self.shard = shard_id(key)
+
+    def check(self, key: str) -> bytes | None:
+        return server_protocol.REPLY_ERROR_UNAVAILABLE if shard_id(key) == self.shard else None
+
+    def may_hold(self, key: str) -> bool:
+        return True
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "mode": "cluster",
+            "self": self.me,
+            "leader": self.me,
+            "members": [self.me],
+            "shard_count": SHARD_COUNT,
+            "hash": "fnv1a32",
+            "nodes": [self.me],
+            "current": [0] * SHARD_COUNT,
+            "target": [0] * SHARD_COUNT,
+            "pinned": [],
+            "moving": [],
+        }
+
+
+def test_a_hand_over_that_outlasts_lock_timeout_says_so_not_that_the_key_is_held(
+    server: ServerThread,
+) -> None:
+    """In cluster mode, a run whose key's shard is changing hands until its lock_timeout
+    (0, try once: the client still follows the hand-over for a short bounded time) ends as a
+    busy key does (on_locked), with a message that says a hand-over was under way, naming the
+    key and the member, not that another run holds it."""
+    me = f"{server.host}:{server.port}"
+    server.server.set_ownership(HandingOver(me, "moving"))
+    app = make_app(server, dflock_sharding_strategy="cluster")
+
+    @app.task(shared=False, base=LockedTask, lock_key="moving", on_locked="raise")
+    def job() -> str:
+        return "ran"
+
+    with pytest.raises(LockNotAcquired) as caught:
+        job()
+    message = str(caught.value)
+    assert "hand-over of its shard" in message
+    assert "'moving'" in message
+    assert f"{me} answered error_unavailable" in message
+    assert "held by" not in message
 
 
 def test_skip_policy_fails_with_lock_skipped_sends_a_signal_and_never_runs(

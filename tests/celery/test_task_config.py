@@ -31,10 +31,13 @@ def test_defaults_without_any_setting() -> None:
     options = resolve_options(config, "t", {})
     assert options.on_locked == "retry"
     assert options.on_lock_lost == "interrupt"
-    assert options.timeout == 0
+    assert options.timeout == 30  # on_locked="retry" waits in the key's queue first
     assert options.ttl is None
     assert options.limit is None
     assert options.key is None
+    for policy in ("skip", "raise"):  # these give up at once
+        assert resolve_options(config, "t", {"on_locked": policy}).timeout == 0
+    assert resolve_options(config, "t", {"lock_timeout": 0}).timeout == 0
 
 
 @pytest.mark.parametrize(
@@ -61,9 +64,9 @@ def test_bad_servers_name_the_setting(value: object) -> None:
 @pytest.mark.parametrize(
     ("setting", "value", "match"),
     [
-        ("dflock_default_ttl", 0, "dflock_default_ttl must be > 0"),
-        ("dflock_default_ttl", 1.5, "whole number"),
-        ("dflock_default_timeout", -1, "dflock_default_timeout must be >= 0"),
+        ("dflock_lock_ttl", 0, "dflock_lock_ttl must be > 0"),
+        ("dflock_lock_ttl", 1.5, "whole number"),
+        ("dflock_lock_timeout", -1, "dflock_lock_timeout must be >= 0"),
         ("dflock_on_locked", "wait", "dflock_on_locked must be one of 'retry', 'skip', 'raise'"),
         ("dflock_on_lock_lost", "ignore", "'interrupt', 'flag', 'terminate'"),
         ("dflock_renew_ratio", 1.5, "dflock_renew_ratio"),
@@ -71,11 +74,15 @@ def test_bad_servers_name_the_setting(value: object) -> None:
         ("dflock_ssl", "yes", "dflock_ssl"),
         ("dflock_servers", "nohost", "dflock_servers"),
         ("dflock_task_locks", ["x"], "dflock_task_locks must map"),
-        ("dflock_task_locks", {"t": {"lock_tll": 5}}, "unknown lock option 'lock_tll'"),
+        (
+            "dflock_task_locks",
+            {"t": {"lock_tll": 5}},
+            "unknown lock option 'lock_tll'; did you mean 'lock_ttl'?",
+        ),
         ("dflock_task_locks", {"t": {"lock_limit": 0}}, r"\['t'\]\['lock_limit'\]"),
         ("dflock_sharding_strategy", "nope", "dflock_sharding_strategy"),
         ("dflock_connect_timeout", 0, "dflock_connect_timeout"),
-        ("dflock_retry_jitter", "yes", "dflock_retry_jitter"),
+        ("dflock_lock_retry_jitter", "yes", "dflock_lock_retry_jitter"),
     ],
 )
 def test_bad_settings_raise_improperly_configured_naming_the_setting(
@@ -88,7 +95,7 @@ def test_bad_settings_raise_improperly_configured_naming_the_setting(
 def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_default() -> None:
     config = get_config(
         make_app(
-            dflock_default_ttl=10,
+            dflock_lock_ttl=10,
             dflock_on_locked="skip",
             dflock_task_locks={"t": {"lock_timeout": 3}},
         )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from celery_dflock import (
     AuthError,
     ConnectionPool,
     DistributedLock,
+    InvalidValueError,
     ProtocolError,
     ServerDraining,
 )
@@ -105,3 +108,52 @@ def test_an_async_pool_learns_our_server_too(dflock_server: ServerThread) -> Non
 
     fence, info = asyncio.run(main())
     assert fence is not None and info is not None and info.fences
+
+
+def test_hello_tells_the_longest_lease_and_a_longer_one_is_refused_before_asking(
+    dflock_server_factory: Any,
+) -> None:
+    """The server's --max-lease-ttl is learned from hello (issue 29); a lease above it is
+    refused by the client with what to change, instead of the server's bare ``error``."""
+    server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
+    servers = [server.address]
+    lock = DistributedLock("max:lease", lease_ttl_s=31, servers=servers)
+    with pytest.raises(InvalidValueError) as refused:
+        lock.acquire()
+    message = str(refused.value)
+    assert "(31 s) is above the longest lease server" in message
+    assert "grants (30 s, its --max-lease-ttl" in message
+    assert "lock_ttl" in message and "dflock_lock_ttl" in message
+    with pytest.raises(InvalidValueError, match="--max-lease-ttl"):
+        DistributedLock("max:lease", lease_ttl_s=31, servers=servers).enqueue()
+    ok = DistributedLock("max:lease", lease_ttl_s=30, servers=servers)
+    assert ok.acquire()
+    assert ok.release()
+
+
+def test_a_hello_without_the_limit_leaves_the_lease_to_the_server(
+    dflock_server: ServerThread,
+) -> None:
+    """A server whose hello does not say its limit (another dflockd-compatible server) is
+    asked as before: its own answer decides."""
+    body = {"server": "other", "version": "1", "features": ["fence", "ping"]}
+    hello = f"ok {json.dumps(body)}\n".encode()
+    dflock_server.call(lambda: setattr(dflock_server.server, "hello_reply", hello))
+    servers = [dflock_server.address]
+    lock = DistributedLock("no:limit", lease_ttl_s=60, servers=servers)
+    assert lock.acquire()
+    assert lock.release()
+    with pytest.raises(ProtocolError, match="--max-lease-ttl"):  # the server's own refusal
+        DistributedLock("no:limit", lease_ttl_s=301, servers=servers).acquire()
+
+
+def test_server_info_reads_only_a_positive_whole_limit() -> None:
+    def limit(value: object) -> int | None:
+        data = {"server": "s", "version": "1", "features": [], "max_lease_ttl_s": value}
+        return server_info(ENDPOINT, Hello(data)).max_lease_ttl_s
+
+    assert limit(300) == 300
+    assert limit(0) is None
+    assert limit("300") is None
+    assert limit(True) is None
+    assert server_info(ENDPOINT, Hello({"server": "s"})).max_lease_ttl_s is None

@@ -86,6 +86,31 @@ def test_hold_is_detached_and_keyheld_names_the_holder(dflock_server: ServerThre
         assert not client.release("q:1", hold.token)
 
 
+def test_a_bound_hold_dies_with_its_connection_until_detached(
+    dflock_server: ServerThread,
+) -> None:
+    """``hold(detached=False)`` (a publish not yet sent): bound to the pooled connection, so
+    closing it frees the key; `detach` (the message was sent) makes it outlive it."""
+    address = dflock_server.address
+    with Client([address]) as client:
+        bound = client.hold("q:b", note="task-b", lease_ttl=30, detached=False)
+        entry = lock_entry(address, "q:b")
+        assert entry is not None
+        assert (entry["owner"], entry["detached"]) == ("task-b", False)
+        client.close()  # the publisher gave up: its connection closes, the hold goes with it
+        wait_until(lambda: lock_entry(address, "q:b") is None, timeout=10, what="freed")
+        assert not client.detach("q:b", bound.token, lease_ttl=30)
+
+        sent = client.hold("q:b", note="task-c", lease_ttl=30, detached=False)
+        assert client.detach("q:b", sent.token, lease_ttl=60)
+        client.close()
+        entry = lock_entry(address, "q:b")
+        assert entry is not None
+        assert (entry["owner"], entry["detached"]) == ("task-c", True)
+        assert entry["lease_expires_in_s"] > 30
+        assert client.release("q:b", sent.token)
+
+
 def test_a_plain_holder_gives_no_note(dflock_server: ServerThread) -> None:
     with Client([dflock_server.address]) as client, client.lock("q:plain"):
         with pytest.raises(KeyHeld) as refused:

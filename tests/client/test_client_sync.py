@@ -19,12 +19,12 @@ from celery_dflock import (
     DflockError,
     DistributedLock,
     DistributedSemaphore,
+    InvalidValueError,
     LimitMismatchError,
     LockNotAcquired,
     LockNotOwned,
     MaxLocksError,
     MaxWaitersError,
-    ProtocolError,
     ServerUnavailable,
 )
 from celery_dflock._sync.lock import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
@@ -120,7 +120,10 @@ def test_lease_ttl_is_sent(make: Maker) -> None:
 
 def test_a_lease_above_the_servers_max_lease_ttl_is_explained(make: Maker) -> None:
     lock = make("too-long", 0, lease_ttl_s=DEFAULT_MAX_LEASE_TTL_S + 1)
-    with pytest.raises(ProtocolError, match=r"above its --max-lease-ttl \(DFLOCKD_MAX_LEASE"):
+    # The server's hello told its limit: refused before asking, naming what to change.
+    with pytest.raises(
+        InvalidValueError, match=r"grants \(300 s, its --max-lease-ttl / DFLOCKD_MAX_LEASE"
+    ):
         lock.acquire()
     assert not lock.locked()
 

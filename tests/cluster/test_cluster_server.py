@@ -57,9 +57,6 @@ class Member:
             metrics_port=0,
             metrics_host="127.0.0.1",
             shutdown_timeout_s=shutdown_timeout_s,
-            # A fresh member's tokens start above every ceiling in etcd; its restart grace
-            # (the longest lease, without a fence state file) would hide what is measured.
-            restart_grace_s=0,
         )
         self.config = cfg
         self.thread = ServerThread(cfg).start()
@@ -174,8 +171,10 @@ def test_a_member_exports_its_shards_moves_fencing_and_leadership(
     wait_metric(b, "dflockd_cluster_shards", half, state="serving")
 
     # b crashes (its lease runs out, nobody revokes it): a fails its shards over after the
-    # longest lease, one by one counted.
+    # longest lease b granted (published in etcd: 3 s here, so that the wait is long enough to
+    # be seen; a member that granted nothing is waited for only the margin), one by one counted.
     unpin(etcd, prefix, shard)
+    assert acquire(b.address, b.key("published:")).startswith("ok ")
     node = b.thread.server.node
     assert node is not None
     node.stop(leave=False)
@@ -284,7 +283,6 @@ def test_a_member_that_cannot_bind_its_port_leaves_the_cluster_at_once(
             advertise=f"127.0.0.1:{port}",
             cluster=f"etcd://{etcd_address}{prefix}",
             cluster_lease_ttl_s=30,  # long: only leaving can remove it in time
-            restart_grace_s=0,
         )
         with pytest.raises(OSError):
             ServerThread(cfg).start()
@@ -314,7 +312,13 @@ def test_a_member_cut_off_from_etcd_grants_no_waiter_it_queued_before(
             assert holder.req("n", key, f"{token} 3") == "error"
         proxy.resume()
         wait_metric(a, "dflockd_cluster_fenced", 0)
-        assert acquire(a.address, key).startswith("ok ")  # served again once it rejoined
+        # Served again once it rejoined: not at the instant it shows unfenced (it serves its
+        # shards again only once its next decision raised its fence above their ceilings).
+        wait_until(
+            lambda: acquire(a.address, key).startswith("ok "),
+            timeout=WAIT_S,
+            what="the key served again after the rejoin",
+        )
 
 
 def test_a_restarted_member_keeps_a_restored_lease_and_hands_that_shard_over_only_after_it(

@@ -26,9 +26,13 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/demo/test_demo_command.py",
         '"--broker"',
     ),
-    r"uv run pytest": (".ci/run", "uv run pytest"),
-    r"uv run pytest -m faults": ("tests/faults/conftest.py", "faults"),
-    r"uv run python -m benchmarks\.run_all": (
+    r"uv run --all-groups pytest": (".ci/run", "uv run --all-groups pytest"),
+    r"uv sync --all-packages --all-groups": (
+        ".ci/run",
+        "uv sync --all-packages --all-groups --locked",
+    ),
+    r"uv run (--all-groups )?pytest -m faults": ("tests/faults/conftest.py", "faults"),
+    r"uv run (--all-groups )?python -m benchmarks\.run_all": (
         "tests/benchmarks/test_benchmarks_smoke.py",
         "run_all",
     ),
@@ -46,6 +50,7 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/server/test_settings.py",
         "DFLOCKD_MAX_LOCKS",
     ),
+    r"python send\.py": ("tests/docs/test_getting_started.py", '"send.py"'),
     r"celery -A proj worker --loglevel=info": ("tests/examples/test_examples.py", '"worker"'),
     r"celery -A proj beat -S celery_dflock\.beat:SingletonScheduler": (
         "tests/support/beats.py",
@@ -78,6 +83,9 @@ RUN_HERE = (
     r"(uv run )?dflockd --help",
 )
 NOT_RUN: dict[str, str] = {
+    r"celery -A proj beat -S redbeat\.RedBeatScheduler": (
+        "RedBeat's command, the 'before' of docs/migration.md (redbeat is not installed here)"
+    ),
     r"docker compose up --build": (
         "no Docker engine on CI; tests/test_compose.py validates docker-compose.yml against the "
         "compose specification"

@@ -67,3 +67,30 @@ def test_the_hello_reply_on_the_protocol_page_is_the_servers(
     expected = json.loads(shown.group(1))
     expected["version"] = celery_dflock.__version__  # the page shows the current release
     assert json.loads(body) == expected
+
+
+def test_no_name_in_a_reference_table_can_break_mid_word() -> None:
+    """Every name in the first columns of the generated tables renders as a code span that
+    does not wrap (issue 29: the settings table showed `lock_timeou t` at 1280 px), rendered
+    with the markdown extensions mkdocs.yml turns on."""
+    import markdown
+
+    for page in ("settings.md", "server-flags.md"):
+        text = (DOCS / "reference" / page).read_text()
+        html = markdown.markdown(text, extensions=["attr_list", "tables"])
+        rows = re.findall(r"<tr>\s*(.*?)</tr>", html, flags=re.S)
+        body_rows = [row for row in rows if row.lstrip().startswith("<td>")]
+        assert body_rows, page
+        for row in body_rows:
+            cells = re.findall(r"<td>(.*?)</td>", row, flags=re.S)
+            for cell in cells[:-2]:  # the name columns (not the default, not the meaning)
+                for code in re.findall(r"<code[^>]*>", cell):
+                    assert code == '<code style="white-space: nowrap">', (page, cell)
+
+
+def test_the_settings_reference_names_each_old_setting_name() -> None:
+    from celery_dflock.config import RENAMED_SETTINGS
+
+    settings = (DOCS / "reference" / "settings.md").read_text()
+    for old in RENAMED_SETTINGS:
+        assert f"Formerly `{old}`" in settings

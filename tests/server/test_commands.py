@@ -513,6 +513,7 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
             "server": "dflockd-server",
             "version": dflockd_server.__version__,
             "features": list(constants.FEATURES),
+            "max_lease_ttl_s": constants.DEFAULT_MAX_LEASE_TTL_S,
         }
         assert set(hello["features"]) >= {
             "fence",

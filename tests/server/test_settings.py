@@ -285,6 +285,25 @@ def test_dflockd_help_documents_every_setting() -> None:
     assert "default 6388" in text
 
 
+def test_dflockd_help_lists_its_commands() -> None:
+    """``dflockd --help`` names the cluster commands with what each does (issue 29: it listed
+    40 flags and no command); each command's own ``--help`` works."""
+    from dflockd_server.constants import CLUSTER_COMMAND_HELP
+
+    result = run_dflockd(["--help"], {})
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert "dflockd COMMAND --cluster URL" in result.stdout
+    for command in ("rebalance", "pin", "unpin", "shards"):
+        meaning = CLUSTER_COMMAND_HELP[command][1]
+        assert any(
+            line.strip().startswith(command) and line.rstrip().endswith(meaning) for line in lines
+        ), command
+        own = run_dflockd([command, "--help"], {})
+        assert own.returncode == 0
+        assert "--cluster" in own.stdout
+
+
 def test_dflockd_env_wins_at_start_up_and_masks_the_secret(dflockd_process: Any) -> None:
     # The flag's host is an address this machine does not have: if it won, binding would fail.
     proc: DflockdProcess = dflockd_process(

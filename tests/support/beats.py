@@ -185,6 +185,18 @@ class Cluster:
         )
         assert done.returncode == 0, done.stdout + done.stderr
 
+    def dflock_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``celery -A beatapp dflock ARGS`` with the cluster's settings, as a user runs it."""
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "beatapp", "dflock", *args],
+            cwd=self.directory,
+            env=self._env("cli"),
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+            check=False,
+        )
+
     def start_beats(self, count: int, own_schedule_file: bool = True) -> list[Proc]:
         """Start ``count`` beats at once; return when every one is active or standing by.
 

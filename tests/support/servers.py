@@ -155,8 +155,7 @@ def dflockd_subprocess(
     port = free_port() if port is None else port
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            [dflockd_executable(), "--host", "127.0.0.1", "--port", str(port),
-             "--restart-grace", "0", *args],
+            [dflockd_executable(), "--host", "127.0.0.1", "--port", str(port), *args],
             env=clean_env({}),
             stdin=subprocess.DEVNULL,
             stdout=log,

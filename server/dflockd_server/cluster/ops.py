@@ -28,6 +28,7 @@ from dflockd_server.cluster.etcd import EtcdClient, EtcdError, parse_etcd_url, t
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
+from dflockd_server.constants import CLUSTER_COMMAND_HELP
 from dflockd_server.values import split_cluster_url
 
 CLUSTER_FLAG = "--cluster"
@@ -250,21 +251,21 @@ def _parser() -> argparse.ArgumentParser:
         "the cluster: etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (prefix default /dflockd; "
         "etcds:// for TLS)"
     )
-    p = sub.add_parser("rebalance", help="even out the shards over the live members")
+    p = sub.add_parser("rebalance", help=CLUSTER_COMMAND_HELP["rebalance"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     _access_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="show the moves, write nothing")
     p.add_argument("--verbose", action="store_true", help="list every shard moved")
-    p = sub.add_parser("pin", help="never move SHARD automatically (optionally onto NODE)")
+    p = sub.add_parser("pin", help=CLUSTER_COMMAND_HELP["pin"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     _access_arguments(p)
     p.add_argument("shard", type=int, metavar="SHARD")
     p.add_argument("node", nargs="?", metavar="NODE", help="HOST:PORT to pin it onto")
-    p = sub.add_parser("unpin", help="let SHARD be moved automatically again")
+    p = sub.add_parser("unpin", help=CLUSTER_COMMAND_HELP["unpin"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     _access_arguments(p)
     p.add_argument("shard", type=int, metavar="SHARD")
-    p = sub.add_parser("shards", help="summarise the shard map")
+    p = sub.add_parser("shards", help=CLUSTER_COMMAND_HELP["shards"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
     _access_arguments(p)
     return parser

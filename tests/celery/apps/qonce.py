@@ -58,6 +58,7 @@ class QonceTasks:
     once_retry: Any
     plain: Any
     run_skip: Any
+    collect: Any
 
 
 def define(app: Celery) -> QonceTasks:
@@ -123,7 +124,13 @@ def define(app: Celery) -> QonceTasks:
     def run_skip(self: LockedTask, name: str) -> str:
         return _body(self, name, None)
 
-    return QonceTasks(once, once_raise, once_retry, plain, run_skip)
+    @app.task(name="apps.qonce.collect", shared=False)
+    def collect(results: Any) -> Any:
+        """A plain task: a chord's callback or a chain's tail (returns what it was given)."""
+        record("collect", results=results)
+        return results
+
+    return QonceTasks(once, once_raise, once_retry, plain, run_skip, collect)
 
 
 @lock_skipped.connect

@@ -81,6 +81,7 @@ def _exclusive_body(task: LockedTask, n: int, group: int, hold: float) -> int:
     base=LockedTask,
     lock_key="mx:{group}",
     on_locked="retry",
+    lock_timeout=0,  # retry at once (the default waits 30 s in the key's queue first)
     max_retries=None,
     lock_retry_countdown=0.05,
     lock_retry_backoff_max=0.4,
