@@ -850,7 +850,7 @@ class EtcdClient:
         (all in ``timeout``)."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         first = self._preferred
-        errors: list[str] = []
+        failures: dict[int, str] = {}
         attempt = 0
         while True:
             index = (first + attempt) % len(self.endpoints)
@@ -867,15 +867,22 @@ class EtcdClient:
                 on_event=on_event,
             )
             try:
-                return watch.start(max(min(self.attempt_timeout, remaining), 0.05))
+                watch.start(max(min(self.attempt_timeout, remaining), 0.05))
             except EtcdAuthError:
                 raise
             except EtcdError as exc:
-                errors.append(str(exc))
+                failures[index] = str(exc)
+            else:
+                if index != self._preferred:
+                    # Calls follow the watch: a member re-watches when they part.
+                    self._switched(index, failures)
+                return watch
             if attempt % len(self.endpoints) == 0:
                 pause = min(
                     0.05 * (attempt // len(self.endpoints)), 0.5, deadline - time.monotonic()
                 )
                 if pause > 0:
                     time.sleep(pause)
-        raise EtcdError(f"etcd at {self.url}: watch of {key!r} failed: {'; '.join(errors[-3:])}")
+        raise EtcdError(
+            f"etcd at {self.url}: watch of {key!r} failed: {'; '.join(failures.values())}"
+        )
