@@ -347,8 +347,8 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_CLUSTER",),
         parse_cluster,
         check_cluster,
-        "cluster mode: etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (default prefix /dflockd), "
-        "etcds://... to reach etcd over TLS: the etcd cluster holding the fixed shard map and "
+        "cluster mode: `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (default prefix /dflockd), "
+        "`etcds://...` to reach etcd over TLS: the etcd cluster holding the fixed shard map and "
         "the live members. List every etcd endpoint: a request that one does not answer within "
         "a fifth of --cluster-lease-ttl (at least 0.5 s) goes to the next. Needs --advertise, "
         "excludes --members",
