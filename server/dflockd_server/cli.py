@@ -174,6 +174,10 @@ def _check_files(config: Config) -> None:
                 f"{_names('tls_cert')}={config.tls_cert!r} / {_names('tls_key')}="
                 f"{config.tls_key!r}: cannot load certificate and key: {exc}"
             ) from None
+    try:
+        config.resolve_cluster_password()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     if config.fence_state_file:
         try:
             read_ceiling(config.fence_state_file)

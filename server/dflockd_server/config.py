@@ -19,6 +19,12 @@ _ADVERTISE = "--advertise (DFLOCKD_ADVERTISE)"
 _CLUSTER = "--cluster (DFLOCKD_CLUSTER)"
 
 
+def _setting_names(field: str) -> str:
+    """``--flag (ENV)`` of a setting, for messages."""
+    setting = next(s for s in SETTINGS if s.field == field)
+    return f"{setting.flag} ({setting.env[0]})"
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Every server setting (docs/reference/server-flags.md lists them). Times are in seconds."""
@@ -64,6 +70,15 @@ class Config:
     """``etcd://HOST:PORT/PREFIX`` (``--cluster``); None: not cluster mode."""
     cluster_lease_ttl_s: int = c.DEFAULT_CLUSTER_LEASE_TTL_S
     """Seconds of a cluster member's etcd lease (``--cluster-lease-ttl``)."""
+    cluster_ca_file: str | None = None
+    """CAs of etcd's certificates (``etcds://`` only); None: the system's."""
+    cluster_cert: str | None = None
+    cluster_key: str | None = None
+    """A client certificate and key for etcd (``etcds://`` only)."""
+    cluster_user: str | None = None
+    cluster_password: str | None = None
+    cluster_password_file: str | None = None
+    """etcd's authentication: the user and its password (or a file holding it)."""
 
     def __post_init__(self) -> None:
         for setting in SETTINGS:
@@ -116,6 +131,72 @@ class Config:
                 f"{_ADVERTISE} is only used with {_MEMBERS} or {_CLUSTER}: give one of them "
                 "too, or drop it"
             )
+        self._check_etcd_access()
+
+    def _check_etcd_access(self) -> None:
+        given = [
+            f
+            for f in (
+                "cluster_ca_file",
+                "cluster_cert",
+                "cluster_key",
+                "cluster_user",
+                "cluster_password",
+                "cluster_password_file",
+            )
+            if getattr(self, f) is not None
+        ]
+        if self.cluster is None:
+            if given:
+                raise ConfigError(
+                    f"{_setting_names(given[0])} is only used with {_CLUSTER}: give it too, "
+                    "or drop it"
+                )
+            return
+        tls = self.cluster.startswith(f"{c.CLUSTER_TLS_SCHEME}://")
+        for name in ("cluster_ca_file", "cluster_cert", "cluster_key"):
+            if name in given and not tls:
+                raise ConfigError(
+                    f"{_setting_names(name)} is for TLS to etcd, but {_CLUSTER}={self.cluster} "
+                    f"is plain: write it {c.CLUSTER_TLS_SCHEME}://... to reach etcd over TLS"
+                )
+        if (self.cluster_cert is None) != (self.cluster_key is None):
+            raise ConfigError(
+                f"{_setting_names('cluster_cert')} and {_setting_names('cluster_key')} must be "
+                "given together"
+            )
+        if self.cluster_password is not None and self.cluster_password_file is not None:
+            raise ConfigError(
+                f"give {_setting_names('cluster_password')} or "
+                f"{_setting_names('cluster_password_file')}, not both"
+            )
+        has_password = self.cluster_password is not None or self.cluster_password_file is not None
+        if self.cluster_user is not None and not has_password:
+            raise ConfigError(
+                f"{_setting_names('cluster_user')} needs a password: give "
+                f"{_setting_names('cluster_password_file')}"
+            )
+        if self.cluster_user is None and has_password:
+            raise ConfigError(
+                f"an etcd password is given but no {_setting_names('cluster_user')}: name the "
+                "etcd user too"
+            )
+
+    def resolve_cluster_password(self) -> str | None:
+        """The etcd user's password, read from ``cluster_password_file`` when that is set."""
+        path = self.cluster_password_file
+        if path is None:
+            return self.cluster_password
+        try:
+            with open(path, encoding="utf-8") as fh:
+                password = fh.read().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"cannot read {_setting_names('cluster_password_file')} {path!r}: {exc}"
+            ) from exc
+        if not password:
+            raise ConfigError(f"{_setting_names('cluster_password_file')} {path!r} is empty")
+        return password
 
     def resolve_auth_token(self) -> str | None:
         """The shared secret, read from ``auth_token_file`` when that is set."""
@@ -137,7 +218,7 @@ class Config:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "auth_token" and value is not None:
+            if f.name in ("auth_token", "cluster_password") and value is not None:
                 value = "***"
             out[f.name] = value
         return out

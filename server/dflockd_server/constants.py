@@ -208,6 +208,8 @@ STRATEGY_CRC32: Final = "crc32"
 HASH_FNV1A32: Final = "fnv1a32"
 """The ``hash`` of a cluster server's ``shards``: FNV-1a 32 of the UTF-8 key."""
 CLUSTER_SCHEME: Final = "etcd"
+CLUSTER_TLS_SCHEME: Final = "etcds"
+"""``etcds://...``: the cluster's etcd is reached over TLS (``--cluster-ca-file``...)."""
 DEFAULT_CLUSTER_PREFIX: Final = "/dflockd"
 CLUSTER_COMMAND_HELP: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
     {

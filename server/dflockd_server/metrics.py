@@ -326,6 +326,12 @@ def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
         "graceful leave.",
         value=stats.released_takeovers,
     )
+    yield CounterMetricFamily(
+        "dflockd_cluster_etcd_switches",
+        "Times this member's etcd client moved to another of the --cluster endpoints because "
+        "the one it used failed or did not answer in time.",
+        value=stats.etcd_switches,
+    )
     yield GaugeMetricFamily(
         "dflockd_cluster_fenced",
         "1 while this member cannot show its etcd lease alive and grants nothing.",

@@ -58,14 +58,23 @@ def make_cluster_node(config: Config, server: Server) -> ClusterNode:
     """The cluster member of a ``--cluster`` server (not started). The cluster's modules are
     imported here, not with this module: a server that is no cluster member does not pay for
     them (about 45 ms at every start, the etcd client's ``http.client`` most of it)."""
-    from dflockd_server.cluster.etcd import EtcdClient
     from dflockd_server.cluster.node import ClusterNode
-    from dflockd_server.cluster.ops import parse_cluster_url
+    from dflockd_server.cluster.ops import EtcdAccess, etcd_client
 
     assert config.cluster is not None and config.advertise is not None  # Config checks it
-    url, prefix = parse_cluster_url(config.cluster)
+    access = EtcdAccess(
+        config.cluster_ca_file,
+        config.cluster_cert,
+        config.cluster_key,
+        config.cluster_user,
+        config.resolve_cluster_password(),
+    )
+    try:
+        client, prefix = etcd_client(config.cluster, access, lease_ttl_s=config.cluster_lease_ttl_s)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return ClusterNode(
-        EtcdClient(url),
+        client,
         prefix,
         config.advertise,
         server,
@@ -236,6 +245,7 @@ class Server:
             # ceiling in etcd, so a key's next member starts above every fence granted here.
             from dflockd_server.cluster.etcd import (  # with make_cluster_node's
                 DuplicateMember,
+                EtcdAuthError,
                 EtcdError,
             )
 
@@ -245,9 +255,26 @@ class Server:
             except DuplicateMember as exc:
                 raise ConfigError(f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: {exc}") from exc
             except (EtcdError, FenceStateError) as exc:
+                refused = exc if isinstance(exc, EtcdAuthError) else exc.__cause__
+                if isinstance(refused, EtcdAuthError):
+                    user = cfg.cluster_user
+                    raise ConfigError(
+                        f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: etcd refused "
+                        + (f"the user {user!r}" if user else "a request without a user")
+                        + f" ({refused}); check --cluster-user (DFLOCKD_CLUSTER_USER) and "
+                        "--cluster-password-file (DFLOCKD_CLUSTER_PASSWORD_FILE)"
+                    ) from exc
+                hint = "check that etcd runs there and that the URL is right"
+                if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                    hint = (
+                        "etcd's certificate is not trusted: give the CA that signs it with "
+                        "--cluster-ca-file (DFLOCKD_CLUSTER_CA_FILE)"
+                    )
+                elif "WRONG_VERSION_NUMBER" in str(exc) or "RemoteDisconnected" in str(exc):
+                    hint += " (etcds:// speaks TLS to etcd, etcd:// plain HTTP: which does it?)"
                 raise ConfigError(
                     f"--cluster (DFLOCKD_CLUSTER) {cfg.cluster}: cannot join the cluster "
-                    f"({exc}); check that etcd runs there and that the URL is right"
+                    f"({exc}); {hint}"
                 ) from exc
             self.node = node
             self.fence = node.fence

@@ -22,6 +22,7 @@ from dflockd_server.values import (
     check_nothing,
     check_port,
     check_positive,
+    check_readable_file,
     parse_bool,
     parse_cluster,
     parse_event_loop,
@@ -346,8 +347,11 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_CLUSTER",),
         parse_cluster,
         check_cluster,
-        "cluster mode: etcd://HOST:PORT[/PREFIX] (default prefix /dflockd) holding the fixed "
-        "shard map and the live members; needs --advertise, excludes --members",
+        "cluster mode: `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (default prefix /dflockd), "
+        "`etcds://...` to reach etcd over TLS: the etcd cluster holding the fixed shard map and "
+        "the live members. List every etcd endpoint: a request that one does not answer within "
+        "a fifth of --cluster-lease-ttl (at least 0.5 s) goes to the next. Needs --advertise, "
+        "excludes --members",
         "URL",
     ),
     Setting(
@@ -360,5 +364,62 @@ SETTINGS: tuple[Setting, ...] = (
         "and renews nothing (its holders see their locks lost), and a dead member's keys pass "
         "to another after this plus --max-lease-ttl",
         "SECONDS",
+    ),
+    Setting(
+        "cluster_ca_file",
+        "--cluster-ca-file",
+        ("DFLOCKD_CLUSTER_CA_FILE",),
+        parse_str,
+        check_readable_file,
+        "cluster mode over TLS (etcds://): PEM file of the CAs that sign etcd's certificates "
+        "(default: the system's)",
+        "PATH",
+    ),
+    Setting(
+        "cluster_cert",
+        "--cluster-cert",
+        ("DFLOCKD_CLUSTER_CERT",),
+        parse_str,
+        check_readable_file,
+        "cluster mode over TLS (etcds://): PEM client certificate for etcd "
+        "(--client-cert-auth), with --cluster-key",
+        "PATH",
+    ),
+    Setting(
+        "cluster_key",
+        "--cluster-key",
+        ("DFLOCKD_CLUSTER_KEY",),
+        parse_str,
+        check_readable_file,
+        "cluster mode over TLS (etcds://): PEM private key of --cluster-cert",
+        "PATH",
+    ),
+    Setting(
+        "cluster_user",
+        "--cluster-user",
+        ("DFLOCKD_CLUSTER_USER",),
+        parse_str,
+        check_nothing,
+        "cluster mode: etcd user (etcd's authentication), with --cluster-password-file or "
+        "--cluster-password",
+        "USER",
+    ),
+    Setting(
+        "cluster_password",
+        "--cluster-password",
+        ("DFLOCKD_CLUSTER_PASSWORD",),
+        parse_str,
+        check_nothing,
+        "cluster mode: the etcd user's password (prefer --cluster-password-file)",
+        "SECRET",
+    ),
+    Setting(
+        "cluster_password_file",
+        "--cluster-password-file",
+        ("DFLOCKD_CLUSTER_PASSWORD_FILE",),
+        parse_str,
+        check_readable_file,
+        "cluster mode: file holding the etcd user's password",
+        "PATH",
     ),
 )

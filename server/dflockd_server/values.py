@@ -8,6 +8,7 @@ check returns ``None`` or a reason a typed value is unusable.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from dflockd_server import constants as c
 
@@ -161,30 +162,66 @@ def check_member(value: str) -> str | None:
     return None
 
 
-def split_cluster_url(url: str) -> tuple[str, int, str]:
-    """``etcd://HOST:PORT[/PREFIX]`` as ``(host, port, prefix)`` (prefix default
-    ``/dflockd``). Raises ``ValueError`` saying what is wrong."""
-    scheme = f"{c.CLUSTER_SCHEME}://"
+@dataclass(frozen=True, slots=True)
+class ClusterUrl:
+    """The ``--cluster`` setting, read: etcd's endpoints, whether to reach them over TLS
+    (``etcds://``), and the key prefix."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    """``(host, port)`` of each etcd endpoint, as listed (an IPv6 host without brackets)."""
+    tls: bool
+    prefix: str
+
+    @property
+    def scheme(self) -> str:
+        return c.CLUSTER_TLS_SCHEME if self.tls else c.CLUSTER_SCHEME
+
+    def format(self) -> str:
+        """The URL written out in full (``etcd://h1:2379,h2:2379/dflockd``)."""
+        shown = ",".join(
+            f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in self.endpoints
+        )
+        return f"{self.scheme}://{shown}{self.prefix}"
+
+
+CLUSTER_URL_FORM = "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcds://... for TLS)"
+
+
+def split_cluster_url(url: str) -> ClusterUrl:
+    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]``, or ``etcds://...`` for TLS to etcd (prefix
+    default ``/dflockd``). Raises ``ValueError`` saying what is wrong."""
     text = url.strip()
-    if not text.startswith(scheme):
-        raise ValueError(f"{text!r} is not {scheme}HOST:PORT[/PREFIX]")
-    rest = text[len(scheme) :]
-    if "?" in rest or "#" in rest:
-        raise ValueError(f"{text!r}: no query or fragment allowed (etcd://HOST:PORT[/PREFIX])")
-    address, slash, prefix = rest.partition("/")
-    member = parse_member(address)
-    host, _, port = member.rpartition(":")
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in (c.CLUSTER_SCHEME, c.CLUSTER_TLS_SCHEME):
+        raise ValueError(f"{text!r} is not {CLUSTER_URL_FORM}")
+    if "?" in rest or "#" in rest or "@" in rest:
+        raise ValueError(
+            f"{text!r}: no query, fragment or user@ allowed ({CLUSTER_URL_FORM}; the etcd user "
+            "is --cluster-user)"
+        )
+    addresses, slash, prefix = rest.partition("/")
+    endpoints: list[tuple[str, int]] = []
+    for address in addresses.split(","):
+        if not address.strip():
+            raise ValueError(f"{text!r}: an empty etcd endpoint in the list ({CLUSTER_URL_FORM})")
+        member = parse_member(address)
+        host, _, port = member.rpartition(":")
+        endpoint = (host.strip("[]"), int(port))
+        if endpoint in endpoints:
+            raise ValueError(f"{text!r}: the etcd endpoint {member} is listed twice")
+        endpoints.append(endpoint)
     prefix = f"/{prefix}".rstrip("/") if slash else ""
     if any(ch.isspace() for ch in prefix):
         raise ValueError(f"{text!r}: the prefix holds whitespace")
-    return host.strip("[]"), int(port), prefix or c.DEFAULT_CLUSTER_PREFIX
+    return ClusterUrl(
+        tuple(endpoints), scheme == c.CLUSTER_TLS_SCHEME, prefix or c.DEFAULT_CLUSTER_PREFIX
+    )
 
 
 def parse_cluster(raw: str) -> str:
-    """``etcd://HOST:PORT[/PREFIX]``, normalized (the default prefix written out)."""
-    host, port, prefix = split_cluster_url(raw)
-    shown = f"[{host}]" if ":" in host else host
-    return f"{c.CLUSTER_SCHEME}://{shown}:{port}{prefix}"
+    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` (or ``etcds://``), normalized (the default
+    prefix written out)."""
+    return split_cluster_url(raw).format()
 
 
 def check_cluster(value: str) -> str | None:
@@ -192,4 +229,15 @@ def check_cluster(value: str) -> str | None:
         split_cluster_url(value)
     except ValueError as exc:
         return str(exc)
+    return None
+
+
+def check_readable_file(value: str) -> str | None:
+    """A file that exists and can be read (checked when the setting is read, so a typo is
+    reported at start-up, naming the setting)."""
+    try:
+        with open(value, "rb"):
+            pass
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
     return None

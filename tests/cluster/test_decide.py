@@ -265,6 +265,8 @@ def test_a_new_counter_starts_above_its_stored_ceiling() -> None:
         ("etcd://127.0.0.1:2379", ("http://127.0.0.1:2379", "/dflockd")),
         ("etcd://etcd:2379/", ("http://etcd:2379", "/dflockd")),
         ("etcd://etcd:2379/locks/prod", ("http://etcd:2379", "/locks/prod")),
+        ("etcd://e1:2379,e2:2379,e3:2379/p", ("http://e1:2379,e2:2379,e3:2379", "/p")),
+        ("etcds://e1:2379,[::1]:2379", ("https://e1:2379,[::1]:2379", "/dflockd")),
     ],
 )
 def test_cluster_urls(url: str, expected: tuple[str, str]) -> None:
@@ -272,7 +274,18 @@ def test_cluster_urls(url: str, expected: tuple[str, str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["http://e:2379", "etcd://e", "etcd://e:x", "etcd://:1/p", "etcd://e:1/p?x=1"]
+    "url",
+    [
+        "http://e:2379",
+        "etcd://e",
+        "etcd://e:x",
+        "etcd://:1/p",
+        "etcd://e:1/p?x=1",
+        "etcd://e:1,,f:1/p",
+        "etcd://e:1,e:1/p",
+        "etcd://u:pw@e:1/p",
+        "etcds://e:1,f/p",
+    ],
 )
 def test_bad_cluster_urls_name_the_flag(url: str) -> None:
     with pytest.raises(ValueError, match=re.escape("--cluster (or DFLOCKD_CLUSTER)")):

@@ -69,9 +69,11 @@ class CountingEtcd(EtcdClient):
 
     requests = 0
 
-    def call(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+    def call(
+        self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
+    ) -> dict[str, Any]:
         self.requests += 1
-        return super().call(path, body, what)
+        return super().call(path, body, what, resend=resend)
 
 
 def test_a_view_stale_by_thousands_of_shards_costs_a_few_requests_not_one_per_shard(

@@ -66,6 +66,8 @@ COVERED: dict[str, tuple[str, str]] = {
     ),
     r"bash \.ci/run": (".ci/run", "uv sync"),
     r"dflockd --cluster etcd://\S+ --advertise \S+": ("tests/faults/cluster_run.py", '"--cluster"'),
+    r"dflockd --cluster etcds://\S+ --advertise \S+ --cluster-ca-file \S+ --cluster-user \S+ "
+    r"--cluster-password-file \S+": ("tests/cluster/test_etcd_ha.py", '"--cluster-password-file"'),
     r"dflockd rebalance --cluster etcd://\S+( --dry-run)?": (
         "tests/cluster/test_ops.py",
         '"rebalance"',

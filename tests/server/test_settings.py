@@ -83,6 +83,13 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
     ("--advertise", ("DFLOCKD_ADVERTISE",), "advertise", None),
     ("--cluster", ("DFLOCKD_CLUSTER",), "cluster", None),
     ("--cluster-lease-ttl", ("DFLOCKD_CLUSTER_LEASE_TTL_S",), "cluster_lease_ttl_s", 5),
+    # Not in PROTOCOL.md's table: TLS and authentication to the cluster's etcd (issue 27).
+    ("--cluster-ca-file", ("DFLOCKD_CLUSTER_CA_FILE",), "cluster_ca_file", None),
+    ("--cluster-cert", ("DFLOCKD_CLUSTER_CERT",), "cluster_cert", None),
+    ("--cluster-key", ("DFLOCKD_CLUSTER_KEY",), "cluster_key", None),
+    ("--cluster-user", ("DFLOCKD_CLUSTER_USER",), "cluster_user", None),
+    ("--cluster-password", ("DFLOCKD_CLUSTER_PASSWORD",), "cluster_password", None),
+    ("--cluster-password-file", ("DFLOCKD_CLUSTER_PASSWORD_FILE",), "cluster_password_file", None),
 ]
 
 

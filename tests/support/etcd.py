@@ -9,16 +9,19 @@ place (same ports, same data).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.etcd import EtcdClient, tls_context
 from tests.support.ports import free_port
 
 REQUIRE_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
@@ -102,3 +105,150 @@ def etcd_or_skip(directory: Path) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+class EtcdNode:
+    """One member of an `EtcdCluster` (its own process, ports and data directory)."""
+
+    def __init__(self, binary: str, directory: Path, name: str, scheme: str) -> None:
+        self.binary = binary
+        self.directory = directory
+        self.name = name
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.address = f"127.0.0.1:{self.client_port}"
+        self.url = f"{scheme}://{self.address}"
+        self.peer_url = f"http://127.0.0.1:{self.peer_port}"
+        self.log_path = directory / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, initial_cluster: str, tls_args: list[str]) -> None:
+        command = [
+            self.binary,
+            f"--name={self.name}",
+            f"--data-dir={self.directory / self.name}",
+            f"--listen-client-urls={self.url}",
+            f"--advertise-client-urls={self.url}",
+            f"--listen-peer-urls={self.peer_url}",
+            f"--initial-advertise-peer-urls={self.peer_url}",
+            f"--initial-cluster={initial_cluster}",
+            "--initial-cluster-state=new",
+            "--initial-cluster-token=dflockd-test",
+            "--logger=zap",
+            "--log-outputs=stderr",
+            "--log-level=warn",
+            *tls_args,
+        ]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+
+    def kill(self) -> None:
+        """SIGKILL (and reap)."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+            process.kill()
+            process.wait(STOP_TIMEOUT_S)
+
+    def pause(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+
+class EtcdCluster:
+    """Three (or ``size``) etcd processes forming one cluster on 127.0.0.1, over plain HTTP or,
+    with ``tls`` = (CA, certificate, key) PEM paths, over TLS to the clients, which must show a
+    certificate the CA signed (etcd's ``--trusted-ca-file``)."""
+
+    def __init__(
+        self,
+        binary: str,
+        directory: Path,
+        size: int = 3,
+        tls: tuple[Path, Path, Path] | None = None,
+    ) -> None:
+        self.tls = tls
+        directory.mkdir(parents=True, exist_ok=True)
+        scheme = "https" if tls is not None else "http"
+        self.nodes = [EtcdNode(binary, directory, f"n{i}", scheme) for i in range(size)]
+
+    @property
+    def endpoints(self) -> str:
+        """``h1:p1,h2:p2,...`` in the nodes' order."""
+        return ",".join(node.address for node in self.nodes)
+
+    def client(self, timeout: float = 5.0, **kwargs: Any) -> EtcdClient:
+        scheme = "https" if self.tls is not None else "http"
+        if self.tls is not None and "ssl_context" not in kwargs:
+            ca, cert, key = self.tls
+            kwargs["ssl_context"] = tls_context(str(ca), str(cert), str(key))
+        return EtcdClient(f"{scheme}://{self.endpoints}", timeout=timeout, **kwargs)
+
+    def start(self) -> EtcdCluster:
+        initial = ",".join(f"{n.name}={n.peer_url}" for n in self.nodes)
+        tls_args: list[str] = []
+        if self.tls is not None:
+            ca, cert, key = self.tls
+            tls_args = [f"--cert-file={cert}", f"--key-file={key}", f"--trusted-ca-file={ca}"]
+        for node in self.nodes:
+            node.start(initial, tls_args)
+        client = self.client(timeout=1.0)
+        deadline = time.monotonic() + START_TIMEOUT_S * 2
+        while time.monotonic() < deadline:
+            if all(n.process is not None and n.process.poll() is None for n in self.nodes) and all(
+                client.healthy(i) for i in range(len(self.nodes))
+            ):
+                return self
+            time.sleep(0.2)
+        self.stop()
+        tails = "\n".join(
+            f"{n.name}: {n.log_path.read_text(errors='replace')[-1500:]}" for n in self.nodes
+        )
+        pytest.fail(f"the etcd cluster did not become healthy; its logs:\n{tails}")
+
+    def leader(self, client: EtcdClient) -> EtcdNode:
+        """The node raft elected (asked of the nodes that answer)."""
+        for index, node in enumerate(self.nodes):
+            if node.process is None or node.process.poll() is not None:
+                continue
+            try:
+                conn = client.connect(index, 2.0)
+            except OSError:
+                continue
+            try:
+                conn.request("POST", "/v3/maintenance/status", b"{}")
+                reply = json.loads(conn.getresponse().read())
+            except (OSError, ValueError):
+                continue
+            finally:
+                conn.close()
+            if str(reply.get("leader")) == str(reply.get("header", {}).get("member_id")):
+                return node
+        raise AssertionError("no etcd node says it is the leader")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+
+def etcd_cluster_or_skip(
+    directory: Path, tls: tuple[Path, Path, Path] | None = None
+) -> Iterator[EtcdCluster]:
+    """A started three-node `EtcdCluster` for a fixture to yield; stopped after."""
+    binary = find_etcd()
+    if binary is None:
+        message = "no etcd binary (install Debian's etcd-server, or set ETCD_BIN)"
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{message}, and {REQUIRE_ENV}=1 requires it")
+        pytest.skip(message)
+    cluster = EtcdCluster(binary, directory, tls=tls).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -106,6 +106,18 @@ class DflockdProcess:
             if needle in line:
                 return line
 
+    def drain(self) -> list[str]:
+        """Every line logged so far (read into ``lines`` without waiting)."""
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                return self.lines
+            if line is None:
+                self._queue.put(None)  # keep the end marker for wait_for
+                return self.lines
+            self.lines.append(line)
+
     def wait_listening(self) -> tuple[str, int]:
         line = self.wait_for("listening on")
         match = _LISTENING.search(line)

@@ -9,6 +9,30 @@ keep-alive, revoke, time to live) and watching a key or prefix from a thread.
 
 Every call opens its own connection, so one ``EtcdClient`` may be used from several threads.
 Failures raise ``EtcdError`` naming the etcd URL and the operation.
+
+Several endpoints (``http://h1:2379,h2:2379,h3:2379``; ``https://`` for TLS). A call goes to
+the endpoint that answered last; when it cannot be reached, does not answer within
+``attempt_timeout``, or says it cannot serve now (HTTP 5xx or 429: no leader, a leader change,
+a request timed out), the call tries the next one, until ``timeout`` has passed since the call
+began (each round over the endpoints waiting twice as long as the one before). So one dead or
+paused etcd node costs a call at most ``attempt_timeout``, not ``timeout``.
+
+When is a request sent again? A request that failed before it was sent (no connection, no TLS
+handshake) goes to the next endpoint whatever it is. One that was sent and got no answer may
+still be applied by etcd, even later than its retry. It is sent again only when that is safe:
+reads; lease grant (a second lease holds no key and runs out), keep-alive and revoke (the same
+effect twice); and transactions, because every transaction this project writes is conditioned
+(``Compare``) so that a second application of the same writes fails its comparison. Such a
+retried transaction may therefore report ``succeeded=False`` for a write that the first attempt
+made: its callers read again where the difference matters (``membership``'s registration,
+``fencestore``). A plain ``put`` or ``delete`` is not sent again after an answerless attempt
+(``EtcdError`` says its outcome is unknown).
+
+Authentication (``user`` and ``password``): the client gets a token from
+``/v3/auth/authenticate`` on each endpoint it uses (etcd's default "simple" tokens are known
+only to the node that issued them) and sends it in the ``Authorization`` header; when etcd says
+the token is invalid or outdated it authenticates again and sends the request again (etcd
+refused it: nothing was applied). A wrong user or password raises ``EtcdAuthError``.
 """
 
 from __future__ import annotations
@@ -17,13 +41,18 @@ import base64
 import contextlib
 import http.client
 import json
+import logging
 import queue
 import socket
+import ssl
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
+
+log = logging.getLogger("dflockd_server")
 
 MAX_TXN_OPS = 128
 """etcd's default limit of operations in one transaction (``--max-txn-ops``)."""
@@ -31,6 +60,19 @@ MAX_TXN_OPS = 128
 
 class EtcdError(Exception):
     """An etcd request failed (the message names the etcd URL and the operation)."""
+
+
+class EtcdAuthError(EtcdError):
+    """etcd refused this client's user or password, or needs one (retrying will not help)."""
+
+
+class _StatusError(EtcdError):
+    """etcd answered with an error (its HTTP status and message)."""
+
+    def __init__(self, text: str, status: int, detail: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.detail = detail
 
 
 class DuplicateMember(EtcdError):
@@ -207,12 +249,17 @@ class Watch:
         client: EtcdClient,
         key: str,
         *,
+        endpoint: int = 0,
         prefix: bool,
         start_revision: int,
         on_event: Callable[[WatchEvent], None] | None,
     ) -> None:
         self._client = client
         self._key = key
+        self.endpoint = endpoint
+        """The index of the etcd endpoint this watch reads (``EtcdClient.endpoints``)."""
+        self._connect_timeout = client.attempt_timeout
+        self._where = client.where(endpoint)
         self._prefix = prefix
         self._start_revision = start_revision
         self._on_event = on_event
@@ -232,7 +279,7 @@ class Watch:
         if not self._created.wait(timeout):
             self.stop()
             raise EtcdError(
-                f"etcd at {self._client.url}: watch of {self._key!r} not confirmed in {timeout} s"
+                f"etcd at {self._where}: watch of {self._key!r} not confirmed in {timeout} s"
             )
         if self.error is not None:
             self._thread.join(timeout)
@@ -281,29 +328,39 @@ class Watch:
             create["start_revision"] = str(self._start_revision)
         what = f"watch of {self._key!r}"
         try:
-            conn = self._client.connect(timeout=None)
+            token = self._client.token(self.endpoint, self._connect_timeout)
+            conn = self._client.connect(self.endpoint, self._connect_timeout)
+            if conn.sock is not None:
+                conn.sock.settimeout(None)  # a stream: events come when they come
             with self._lock:
                 self._conn = conn
             if self._stopping.is_set():
                 return
-            response = self._client.send(conn, "/v3/watch", {"create_request": create}, what)
+            response = self._client.send(conn, "/v3/watch", {"create_request": create}, what, token)
             while not self._stopping.is_set():
                 line = response.readline()
                 if not line:
                     if not self._stopping.is_set():
-                        raise EtcdError(f"etcd at {self._client.url}: {what} ended by etcd")
+                        raise EtcdError(f"etcd at {self._where}: {what} ended by etcd")
                     return
                 if line.strip():
                     message = _as_dict(json.loads(line))
                     if message is None:
-                        raise EtcdError(f"etcd at {self._client.url}: {what}: bad line {line!r}")
+                        raise EtcdError(f"etcd at {self._where}: {what}: bad line {line!r}")
                     self._handle(message, what)
-        except (OSError, http.client.HTTPException, ValueError, EtcdError) as exc:
+        except (
+            OSError,
+            http.client.HTTPException,
+            ValueError,
+            EtcdError,
+            _NotSent,
+            _NoAnswer,
+        ) as exc:
             if not self._stopping.is_set():
                 self.error = (
                     exc
                     if isinstance(exc, EtcdError)
-                    else EtcdError(f"etcd at {self._client.url}: {what} failed: {exc!r}")
+                    else EtcdError(f"etcd at {self._where}: {what} failed: {exc}")
                 )
         finally:
             with self._lock:
@@ -316,7 +373,8 @@ class Watch:
 
     def _handle(self, message: dict[str, Any], what: str) -> None:
         if "error" in message:
-            raise EtcdError(f"etcd at {self._client.url}: {what} failed: {message['error']}")
+            detail, _ = _error_detail(message["error"])
+            raise EtcdError(f"etcd at {self._where}: {what} failed: {detail}")
         result: dict[str, Any] = message.get("result", {})
         if result.get("created"):
             self._created.set()
@@ -324,7 +382,7 @@ class Watch:
             reason = result.get("cancel_reason") or (
                 f"compacted at revision {result.get('compact_revision')}"
             )
-            raise EtcdError(f"etcd at {self._client.url}: {what} canceled: {reason}")
+            raise EtcdError(f"etcd at {self._where}: {what} canceled: {reason}")
         for raw in result.get("events", []):
             event = WatchEvent(
                 "delete" if raw.get("type") == "DELETE" else "put",
@@ -340,32 +398,161 @@ class Watch:
 # -- the client ---------------------------------------------------------------------------------
 
 
-class EtcdClient:
-    """etcd v3 over its JSON gateway at ``url`` (``http://HOST:PORT``)."""
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
 
-    def __init__(self, url: str, *, timeout: float = 5.0) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or parts.port is None:
-            raise ValueError(f"etcd URL {url!r}: expected http://HOST:PORT")
-        self.url = url.rstrip("/")
-        self._host = parts.hostname
-        self._port = parts.port
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_etcd_url(url: str) -> tuple[bool, tuple[Endpoint, ...]]:
+    """``http://HOST:PORT[,HOST:PORT...]`` (``https://`` for TLS) -> (tls, endpoints)."""
+    scheme, sep, rest = url.strip().rstrip("/").partition("://")
+    if not sep or scheme not in ("http", "https") or not rest:
+        raise ValueError(f"etcd URL {url!r}: expected http://HOST:PORT[,HOST:PORT...]")
+    endpoints: list[Endpoint] = []
+    for part in rest.split(","):
+        parts = urlsplit(f"//{part.strip()}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None or parts.path:
+            raise ValueError(f"etcd URL {url!r}: {part!r} is not HOST:PORT")
+        endpoints.append(Endpoint(parts.hostname, port))
+    return scheme == "https", tuple(endpoints)
+
+
+def tls_context(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext:
+    """A client TLS context for etcd: the system's CAs, or ``ca_file``'s; with a client
+    certificate when ``cert_file`` (and ``key_file``) are given. Raises ``ValueError`` naming
+    the file that cannot be used."""
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"CA file {ca_file!r} cannot be used: {exc}") from exc
+    if cert_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"client certificate {cert_file!r} / key {key_file!r} cannot be used: {exc}"
+            ) from exc
+    return context
+
+
+class _NotSent(Exception):
+    """An attempt failed before its request left (another endpoint may take it)."""
+
+
+class _NoAnswer(Exception):
+    """An attempt's request was sent, and no answer came (etcd may apply it, even later)."""
+
+
+_TOKEN_ERRORS = ("invalid auth token", "auth store is old", "revision of auth store")
+_AUTH_ERRORS = (
+    "authentication failed",
+    "user name is empty",
+    "permission denied",
+    "user name not found",
+)
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def _error_detail(error: Any) -> tuple[str, int]:
+    """etcd's error as text and its HTTP code (a stream's error is an object with both)."""
+    data = _as_dict(error)
+    if data is None:
+        return str(error), 0
+    return str(data.get("message") or data.get("error") or data), int(data.get("http_code", 0))
+
+
+class EtcdClient:
+    """etcd v3 over its JSON gateway at ``url``: ``http://HOST:PORT[,HOST:PORT...]`` (or
+    ``https://``), with fail-over between the endpoints (see the module's docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        attempt_timeout: float | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        tls, endpoints = parse_etcd_url(url)
+        if (user is None) != (password is None):
+            raise ValueError("etcd authentication needs both a user and a password")
+        self.endpoints = endpoints
+        self.url = f"{'https' if tls else 'http'}://{','.join(map(str, endpoints))}"
         self.timeout = timeout
+        """The longest one call may take, every attempt included."""
+        self.attempt_timeout = (
+            attempt_timeout
+            if attempt_timeout is not None
+            else (timeout if len(endpoints) == 1 else max(timeout / 5, 0.5))
+        )
+        """The longest one endpoint is waited for before the next is tried."""
+        self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
+        self._credentials = None if user is None or password is None else (user, password)
+        self._lock = threading.Lock()
+        self._preferred = 0
+        self._tokens: dict[int, str | None] = {}
+        """Endpoint index -> its token (None: etcd said authentication is off)."""
+        self.switches = 0
+        """Calls answered by another endpoint than the one that answered before (each is
+        logged: which endpoint failed, and why)."""
 
     def __repr__(self) -> str:
         return f"EtcdClient({self.url!r})"
 
+    def where(self, index: int) -> str:
+        """Endpoint ``index`` as a URL (``http://HOST:PORT``)."""
+        return f"{'https' if self._ssl is not None else 'http'}://{self.endpoints[index]}"
+
+    @property
+    def preferred(self) -> int:
+        """The index of the endpoint that answered last (calls go there first)."""
+        return self._preferred
+
     # -- plumbing --------------------------------------------------------------------------------
 
-    def connect(self, timeout: float | None) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+    def connect(self, index: int, timeout: float | None) -> http.client.HTTPConnection:
+        """A connection to endpoint ``index``, connected (raises ``OSError``, ``ssl.SSLError``)."""
+        endpoint = self.endpoints[index]
+        conn: http.client.HTTPConnection
+        if self._ssl is not None:
+            conn = http.client.HTTPSConnection(
+                endpoint.host, endpoint.port, timeout=timeout, context=self._ssl
+            )
+        else:
+            conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
+        try:
+            conn.connect()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def send(
-        self, conn: http.client.HTTPConnection, path: str, body: dict[str, Any], what: str
+        self,
+        conn: http.client.HTTPConnection,
+        path: str,
+        body: dict[str, Any],
+        what: str,
+        token: str | None = None,
     ) -> http.client.HTTPResponse:
         """POST ``body`` to ``path``; the response once its status is 200 (else ``EtcdError``)."""
         payload = json.dumps(body).encode("ascii")
-        conn.request("POST", path, payload, {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = token
+        conn.request("POST", path, payload, headers)
         response = conn.getresponse()
         if response.status != 200:
             detail = response.read(4096).decode("utf-8", errors="replace").strip()
@@ -373,37 +560,168 @@ class EtcdClient:
                 parsed = _as_dict(json.loads(detail))
                 if parsed is not None and "message" in parsed:
                     detail = str(parsed["message"])
-            raise EtcdError(
-                f"etcd at {self.url}: {what} failed: HTTP {response.status} {detail}".rstrip()
-            )
+            raise self._http_error(what, response.status, detail)
         return response
 
-    def call(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
-        """One request and its JSON reply."""
-        conn = self.connect(self.timeout)
+    def _http_error(self, what: str, status: int, detail: str) -> EtcdError:
+        text = f"etcd at {self.url}: {what} failed: HTTP {status} {detail}".rstrip()
+        if any(word in detail for word in _AUTH_ERRORS):
+            return EtcdAuthError(text)
+        return _StatusError(text, status, detail)
+
+    def token(self, index: int, timeout: float) -> str | None:
+        """The auth token for endpoint ``index`` (authenticating there when it has none)."""
+        if self._credentials is None:
+            return None
+        with self._lock:
+            if index in self._tokens:
+                return self._tokens[index]
+        user, password = self._credentials
+        what = f"authentication as {user!r}"
         try:
-            response = self.send(conn, path, body, what)
-            reply: Any = json.loads(response.read())
-        except EtcdError:
-            raise
+            conn = self.connect(index, timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            raise _NotSent(f"{self.endpoints[index]}: {exc!r}") from exc
+        try:
+            response = self.send(
+                conn, "/v3/auth/authenticate", {"name": user, "password": password}, what
+            )
+            reply = _as_dict(json.loads(response.read()))
+        except _StatusError as exc:
+            if "authentication is not enabled" in exc.detail:
+                token = None
+            elif exc.status in _RETRY_STATUSES:
+                raise _NoAnswer(f"{self.endpoints[index]}: {exc.detail}") from exc
+            else:
+                raise EtcdAuthError(str(exc)) from exc
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise EtcdError(f"etcd at {self.url}: {what} failed: {exc!r}") from exc
+            raise _NoAnswer(f"{self.endpoints[index]}: {what}: {exc!r}") from exc
+        else:
+            if reply is None or not reply.get("token"):
+                raise EtcdAuthError(f"etcd at {self.url}: {what} failed: no token in {reply!r}")
+            token = str(reply["token"])
         finally:
             conn.close()
-        data = _as_dict(reply)
-        if data is None:
-            raise EtcdError(f"etcd at {self.url}: {what} failed: unexpected reply {reply!r}")
-        if "error" in data:
-            raise EtcdError(f"etcd at {self.url}: {what} failed: {data['error']}")
-        # A keep-alive streams {"result": ...}; unary calls answer the message itself.
-        result = _as_dict(data.get("result", data))
-        if result is None:
-            raise EtcdError(f"etcd at {self.url}: {what} failed: unexpected reply {reply!r}")
-        return result
+        with self._lock:
+            self._tokens[index] = token
+        return token
 
-    def healthy(self) -> bool:
-        """etcd's ``/health`` says it is (False when it cannot be reached)."""
-        conn = self.connect(self.timeout)
+    def forget_token(self, index: int) -> None:
+        with self._lock:
+            self._tokens.pop(index, None)
+
+    def _attempt(
+        self, index: int, path: str, body: dict[str, Any], what: str, timeout: float
+    ) -> Any:
+        """One attempt on one endpoint: its decoded JSON reply."""
+        for fresh_token in (False, True):
+            token = self.token(index, timeout)
+            try:
+                conn = self.connect(index, timeout)
+            except (OSError, http.client.HTTPException) as exc:
+                raise _NotSent(f"{self.endpoints[index]}: {exc!r}") from exc
+            try:
+                response = self.send(conn, path, body, what, token)
+                reply: Any = json.loads(response.read())
+            except _StatusError as exc:
+                if any(word in exc.detail for word in _TOKEN_ERRORS) and not fresh_token:
+                    self.forget_token(index)  # refused, not applied: again with a new token
+                    continue
+                if exc.status in _RETRY_STATUSES:
+                    raise _NoAnswer(
+                        f"{self.endpoints[index]}: HTTP {exc.status} {exc.detail}"
+                    ) from exc
+                raise
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                raise _NoAnswer(f"{self.endpoints[index]}: {exc!r}") from exc
+            finally:
+                conn.close()
+            data = _as_dict(reply)
+            if data is not None and "error" in data:
+                detail, code = _error_detail(data["error"])
+                if any(word in detail for word in _TOKEN_ERRORS) and not fresh_token:
+                    self.forget_token(index)
+                    continue
+                error = self._http_error(what, code, detail)
+                if not isinstance(error, EtcdAuthError) and code in _RETRY_STATUSES:
+                    raise _NoAnswer(f"{self.endpoints[index]}: {detail}")
+                raise error
+            return reply
+        raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
+
+    def _switched(self, index: int, failures: Mapping[int, str]) -> None:
+        with self._lock:
+            old, self._preferred = self._preferred, index
+            if old == index:
+                return
+            self.switches += 1
+        log.warning(
+            "etcd endpoint %s failed (%s); using %s from now on",
+            self.endpoints[old],
+            failures.get(old, "no answer"),
+            self.endpoints[index],
+        )
+
+    def call(
+        self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
+    ) -> dict[str, Any]:
+        """One request and its JSON reply, failing over between the endpoints (``resend``:
+        the request may be sent again after an attempt that got no answer)."""
+        began = time.monotonic()
+        deadline = began + self.timeout
+        first = self._preferred
+        count = len(self.endpoints)
+        failures: dict[int, str] = {}
+        attempt = 0
+        while True:
+            index = (first + attempt) % count
+            remaining = deadline - time.monotonic()
+            if attempt > 0 and remaining <= 0:
+                break
+            attempt += 1
+            try:
+                # Each round over the endpoints waits twice as long: when all are slow (a
+                # loaded etcd), a later round still gets an answer.
+                patience = self.attempt_timeout * 2 ** ((attempt - 1) // count)
+                reply = self._attempt(index, path, body, what, max(min(patience, remaining), 0.05))
+            except _NotSent as exc:
+                failures[index] = str(exc)
+            except _NoAnswer as exc:
+                failures[index] = str(exc)
+                if not resend:
+                    raise EtcdError(
+                        f"etcd at {self.url}: {what}: no answer ({exc}); whether it was applied "
+                        "is unknown"
+                    ) from exc
+            else:
+                if index != self._preferred:
+                    self._switched(index, failures)
+                data = _as_dict(reply)
+                # A keep-alive streams {"result": ...}; unary calls answer the message itself.
+                result = None if data is None else _as_dict(data.get("result", data))
+                if result is None:
+                    raise EtcdError(
+                        f"etcd at {self.url}: {what} failed: unexpected reply {reply!r}"
+                    )
+                return result
+            if attempt % count == 0:
+                # Every endpoint failed once: a short pause before the next round.
+                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
+                if pause > 0:
+                    time.sleep(pause)
+        tried = "; ".join(failures[i] for i in sorted(failures))
+        raise EtcdError(
+            f"etcd at {self.url}: {what} failed (no endpoint answered in {self.timeout:g} s): "
+            f"{tried}"
+        )
+
+    def healthy(self, index: int = 0) -> bool:
+        """etcd's ``/health`` on endpoint ``index`` says it is (False when it cannot be
+        reached)."""
+        try:
+            conn = self.connect(index, self.attempt_timeout)
+        except (OSError, http.client.HTTPException):
+            return False
         try:
             conn.request("GET", "/health")
             response = conn.getresponse()
@@ -440,7 +758,7 @@ class EtcdClient:
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
         if lease:
             body["lease"] = str(lease)
-        reply = self.call("/v3/kv/put", body, f"put of {key!r}")
+        reply = self.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
         return int(reply.get("header", {}).get("revision", 0))
 
     def delete(self, key: str, *, prefix: bool = False) -> int:
@@ -448,7 +766,7 @@ class EtcdClient:
         body: dict[str, Any] = {"key": _b64(key)}
         if prefix:
             body["range_end"] = _b64_raw(prefix_end(key))
-        reply = self.call("/v3/kv/deleterange", body, f"delete of {key!r}")
+        reply = self.call("/v3/kv/deleterange", body, f"delete of {key!r}", resend=False)
         return int(reply.get("deleted", 0))
 
     def txn(
@@ -527,6 +845,44 @@ class EtcdClient:
         on_event: Callable[[WatchEvent], None] | None = None,
         timeout: float | None = None,
     ) -> Watch:
-        """Watch a key or prefix (from ``start_revision`` if given, else from now)."""
-        watch = Watch(self, key, prefix=prefix, start_revision=start_revision, on_event=on_event)
-        return watch.start(self.timeout if timeout is None else timeout)
+        """Watch a key or prefix (from ``start_revision`` if given, else from now), on the
+        first endpoint (from the preferred one on) that confirms it within ``attempt_timeout``
+        (all in ``timeout``)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        first = self._preferred
+        failures: dict[int, str] = {}
+        attempt = 0
+        while True:
+            index = (first + attempt) % len(self.endpoints)
+            remaining = deadline - time.monotonic()
+            if attempt > 0 and remaining <= 0:
+                break
+            attempt += 1
+            watch = Watch(
+                self,
+                key,
+                endpoint=index,
+                prefix=prefix,
+                start_revision=start_revision,
+                on_event=on_event,
+            )
+            try:
+                watch.start(max(min(self.attempt_timeout, remaining), 0.05))
+            except EtcdAuthError:
+                raise
+            except EtcdError as exc:
+                failures[index] = str(exc)
+            else:
+                if index != self._preferred:
+                    # Calls follow the watch: a member re-watches when they part.
+                    self._switched(index, failures)
+                return watch
+            if attempt % len(self.endpoints) == 0:
+                pause = min(
+                    0.05 * (attempt // len(self.endpoints)), 0.5, deadline - time.monotonic()
+                )
+                if pause > 0:
+                    time.sleep(pause)
+        raise EtcdError(
+            f"etcd at {self.url}: watch of {key!r} failed: {'; '.join(failures.values())}"
+        )

@@ -10,7 +10,7 @@ over (after a handover or a failover) raises its own counter above it first.
 
 from __future__ import annotations
 
-from dflockd_server.cluster.etcd import EtcdClient, EtcdError
+from dflockd_server.cluster.etcd import Compare, EtcdClient, EtcdError, Put
 from dflockd_server.fence import FenceStateError
 
 
@@ -57,6 +57,11 @@ class EtcdCeilingStore:
                 if kv is None
                 else self.client.compare_and_set(self.key, expected, str(ceiling))
             )
+            if not written:
+                # Sent again to another etcd endpoint, a write the first attempt made fails its
+                # comparison: what counts is that the stored ceiling is at least this one.
+                kv = self.client.get(self.key)
+                written = kv is not None and _parse(self.key, kv.value) >= ceiling
         except EtcdError as exc:
             raise FenceStateError(f"cannot store the fence ceiling: {exc}") from exc
         if not written:
@@ -83,10 +88,29 @@ class EtcdLongestStore:
         self.key = longest_prefix(prefix) + advertise
 
     def write(self, longest: int) -> None:
+        # On condition that the key is as read: a write etcd applies late (sent to an endpoint
+        # that then stopped answering) fails its comparison instead of putting back an older,
+        # shorter bound over a newer one; a write that reports failure because its first
+        # attempt made it is seen in the value read again.
+        value = str(longest)
         try:
-            self.client.put(self.key, str(longest))
+            for _ in range(3):
+                kv = self.client.get(self.key)
+                if kv is not None and kv.value == value:
+                    return
+                unchanged = (
+                    Compare(self.key, "CREATE", "EQUAL", 0)
+                    if kv is None
+                    else Compare(self.key, "MOD", "EQUAL", kv.mod_revision)
+                )
+                if self.client.txn([unchanged], [Put(self.key, value)]).succeeded:
+                    return
         except EtcdError as exc:
             raise FenceStateError(f"cannot publish the longest lease in etcd: {exc}") from exc
+        raise FenceStateError(
+            f"the longest lease {self.key!r} in etcd keeps changing while being published: is "
+            "another server using the same --advertise address?"
+        )
 
 
 def published_longest(client: EtcdClient, prefix: str) -> dict[str, int]:

@@ -45,6 +45,9 @@ from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardM
 REGISTER_MARGIN_S = 1.0
 """Beyond a lease TTL, how long a member key may outlive its dead process's last keep-alive."""
 
+KEEPALIVE_RETRY_S = 0.1
+"""After a keep-alive that no etcd endpoint answered, the next attempt comes this soon."""
+
 REGISTER_RETRY_S = 0.2
 """Between attempts to register while another lease holds the member's key."""
 
@@ -162,7 +165,9 @@ class Member:
         while True:
             sent = self._clock()
             lease = self.client.lease_grant(self.lease_ttl)
-            if self.client.create_if_absent(key, self.advertise, lease=lease.id):
+            if self.client.create_if_absent(key, self.advertise, lease=lease.id) or (
+                self._registered_under(key, lease.id)
+            ):
                 self.lease_id = lease.id
                 self.lease_valid_until = sent + self.lease_ttl
                 return
@@ -175,6 +180,12 @@ class Member:
                     "--advertise (DFLOCKD_ADVERTISE); give this one the address it is reached at"
                 )
             time.sleep(REGISTER_RETRY_S)
+
+    def _registered_under(self, key: str, lease_id: int) -> bool:
+        """The key is held under this lease: a registration sent again to another etcd endpoint
+        (the first attempt got no answer) reports failure when the first attempt made it."""
+        kv = self.client.get(key)
+        return kv is not None and kv.lease == lease_id
 
     def stop(self, *, leave: bool = True, timeout: float = 10.0) -> None:
         """Stop. ``leave``: revoke the lease now (a graceful leave); else it runs out (a crash)."""
@@ -217,7 +228,8 @@ class Member:
 
     def _keep_alive(self) -> None:
         interval = max(self.lease_ttl / 3, 0.2)
-        while not self._stopping.wait(interval):
+        wait = interval
+        while not self._stopping.wait(wait):
             sent = self._clock()
             try:
                 ttl = self.client.lease_keepalive_once(self.lease_id)
@@ -225,7 +237,11 @@ class Member:
                 if self._clock() >= self.lease_valid_until:
                     self._lose(f"lease {self.lease_id:x} not renewed for {self.lease_ttl} s: {exc}")
                     return
+                # Every endpoint failed for a whole call (an etcd election, say): try again
+                # soon, not a third of the lease later, while the lease still runs.
+                wait = KEEPALIVE_RETRY_S
                 continue
+            wait = interval
             if ttl <= 0:
                 self._lose(f"lease {self.lease_id:x} expired")
                 return
@@ -248,7 +264,10 @@ class Member:
                 return
             try:
                 watch = self._watch
-                if watch is None or not watch.running:
+                if watch is None or not watch.running or watch.endpoint != self.client.preferred:
+                    # A watch on an endpoint the client left (it did not answer in time: paused,
+                    # cut off from its cluster) may stay open and silent: read everything again
+                    # from the endpoint that answers and watch there.
                     self._resync()
                 self._elect()
                 if self.is_leader:

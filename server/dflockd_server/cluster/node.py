@@ -148,6 +148,8 @@ class ClusterStats:
     """Shards this member took over after waiting out a gone member's longest lease."""
     released_takeovers: int
     """Shards this member took at once because their member had released them."""
+    etcd_switches: int = 0
+    """Times this member's etcd client moved to another etcd endpoint (one failed or was slow)."""
 
 
 class ClusterNode:
@@ -258,6 +260,7 @@ class ClusterNode:
             handovers=self.handovers,
             failovers=self.failovers,
             released_takeovers=self.released_takeovers,
+            etcd_switches=self.client.switches,
         )
 
     # -- life cycle ------------------------------------------------------------------------------

@@ -17,13 +17,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from dflockd_server.cluster.etcd import EtcdClient, EtcdError
+from dflockd_server.cluster.etcd import EtcdClient, EtcdError, parse_etcd_url, tls_context
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
@@ -39,14 +40,63 @@ class ClusterOpError(Exception):
 
 
 def parse_cluster_url(url: str) -> tuple[str, str]:
-    """``etcd://HOST:PORT[/PREFIX]`` -> (etcd's ``http://HOST:PORT``, the key prefix), by the
-    same rules as the ``--cluster`` setting (``values.split_cluster_url``)."""
+    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` -> (etcd's ``http://HOST:PORT,...``, the key
+    prefix); ``etcds://`` -> ``https://``. By the same rules as the ``--cluster`` setting
+    (``values.split_cluster_url``)."""
     try:
-        host, port, prefix = split_cluster_url(url)
+        parsed = split_cluster_url(url)
     except ValueError as exc:
         raise ValueError(f"{CLUSTER_FLAG} (or {CLUSTER_ENV}) {exc}") from None
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}", prefix
+    scheme = "https" if parsed.tls else "http"
+    return f"{scheme}://{parsed.format().split('://', 1)[1].split('/', 1)[0]}", parsed.prefix
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdAccess:
+    """How to reach the cluster's etcd beyond its URL: TLS files and a user (the
+    ``--cluster-ca-file``, ``--cluster-cert``, ``--cluster-key``, ``--cluster-user`` and
+    password settings)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    user: str | None = None
+    password: str | None = None
+
+
+def attempt_timeout(lease_ttl_s: float, endpoints: int) -> float:
+    """How long one etcd endpoint is waited for before the next is tried: a fifth of the
+    member's etcd lease (at least half a second), so a keep-alive can move to another endpoint
+    and still renew the lease in time; with a single endpoint, the whole call's time."""
+    if endpoints == 1:
+        return max(5.0, lease_ttl_s)
+    return max(lease_ttl_s / 5, 0.5)
+
+
+def etcd_client(
+    url: str, access: EtcdAccess = EtcdAccess(), *, lease_ttl_s: float = 5.0
+) -> tuple[EtcdClient, str]:
+    """The etcd client of a ``--cluster`` URL and the cluster's key prefix. Raises
+    ``ValueError`` naming the setting that is wrong (the URL, a TLS file)."""
+    etcd_url, prefix = parse_cluster_url(url)
+    context = None
+    if etcd_url.startswith("https://"):
+        try:
+            context = tls_context(access.ca_file, access.cert_file, access.key_file)
+        except ValueError as exc:
+            names = "--cluster-ca-file" if "CA file" in str(exc) else "--cluster-cert/--cluster-key"
+            raise ValueError(f"{names}: {exc}") from None
+    client = EtcdClient(
+        etcd_url,
+        # One endpoint is waited for a fifth of the member's etcd lease (when there are
+        # others to try); a call, every endpoint tried, 5 s or the lease if longer.
+        timeout=max(5.0, lease_ttl_s),
+        attempt_timeout=attempt_timeout(lease_ttl_s, len(parse_etcd_url(etcd_url)[1])),
+        ssl_context=context,
+        user=access.user,
+        password=access.password,
+    )
+    return client, prefix
 
 
 def read_view(client: EtcdClient, prefix: str) -> ClusterView:
@@ -150,25 +200,74 @@ def summary(view: ClusterView) -> list[str]:
     return lines
 
 
+ACCESS_FLAGS = (
+    ("--cluster-ca-file", "DFLOCKD_CLUSTER_CA_FILE", "PEM CAs of etcd's certificates (etcds://)"),
+    ("--cluster-cert", "DFLOCKD_CLUSTER_CERT", "PEM client certificate for etcd (etcds://)"),
+    ("--cluster-key", "DFLOCKD_CLUSTER_KEY", "PEM private key of --cluster-cert"),
+    ("--cluster-user", "DFLOCKD_CLUSTER_USER", "etcd user"),
+    ("--cluster-password-file", "DFLOCKD_CLUSTER_PASSWORD_FILE", "file holding its password"),
+)
+"""The server's settings of the same names (and variables), for the operator's commands."""
+
+
+def _access_arguments(p: argparse.ArgumentParser) -> None:
+    for flag, env, text in ACCESS_FLAGS:
+        p.add_argument(flag, help=f"{text} (or {env})")
+
+
+def _access(args: argparse.Namespace, environ: Mapping[str, str]) -> EtcdAccess:
+    """The etcd access of a command: its flags, else the server's variables."""
+    values: dict[str, str | None] = {}
+    for flag, env, _ in ACCESS_FLAGS:
+        values[flag] = getattr(args, flag[2:].replace("-", "_")) or environ.get(env) or None
+    password = environ.get("DFLOCKD_CLUSTER_PASSWORD") or None
+    path = values["--cluster-password-file"]
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                password = fh.read().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--cluster-password-file {path!r}: cannot read it: {exc}") from None
+    user = values["--cluster-user"]
+    if (user is None) != (password is None):
+        raise ValueError(
+            "--cluster-user and --cluster-password-file (or DFLOCKD_CLUSTER_PASSWORD) go together"
+        )
+    return EtcdAccess(
+        values["--cluster-ca-file"],
+        values["--cluster-cert"],
+        values["--cluster-key"],
+        user,
+        password,
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dflockd", description="Operate a dflockd cluster's shard map in etcd."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    url_help = "the cluster: etcd://HOST:PORT[/PREFIX] (prefix default /dflockd)"
+    url_help = (
+        "the cluster: etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (prefix default /dflockd; "
+        "etcds:// for TLS)"
+    )
     p = sub.add_parser("rebalance", help=CLUSTER_COMMAND_HELP["rebalance"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    _access_arguments(p)
     p.add_argument("--dry-run", action="store_true", help="show the moves, write nothing")
     p.add_argument("--verbose", action="store_true", help="list every shard moved")
     p = sub.add_parser("pin", help=CLUSTER_COMMAND_HELP["pin"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    _access_arguments(p)
     p.add_argument("shard", type=int, metavar="SHARD")
     p.add_argument("node", nargs="?", metavar="NODE", help="HOST:PORT to pin it onto")
     p = sub.add_parser("unpin", help=CLUSTER_COMMAND_HELP["unpin"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    _access_arguments(p)
     p.add_argument("shard", type=int, metavar="SHARD")
     p = sub.add_parser("shards", help=CLUSTER_COMMAND_HELP["shards"][1])
     p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+    _access_arguments(p)
     return parser
 
 
@@ -181,11 +280,10 @@ def cluster_command(
     err = err or sys.stderr
     args = _parser().parse_args(list(argv))
     try:
-        url, prefix = parse_cluster_url(args.cluster)
+        client, prefix = etcd_client(args.cluster, _access(args, os.environ))
     except ValueError as exc:
         print(f"dflockd {args.command}: {exc}", file=err)
         return 2
-    client = EtcdClient(url)
     try:
         if args.command == "rebalance":
             result = rebalance(client, prefix, dry_run=args.dry_run)

@@ -1,0 +1,349 @@
+"""A lock cluster on a three-node etcd (issue 27): ``--cluster`` lists every etcd endpoint, and
+one etcd node killed (kill -9: the node the members talk to, or raft's leader) or paused
+(SIGSTOP: it keeps its connections open and answers nothing) fences no member and loses no
+lock. Also TLS to etcd (``etcds://``, ``--cluster-ca-file``) and etcd's authentication
+(``--cluster-user``, ``--cluster-password-file``), with the start-up errors a wrong setting gets.
+
+The members are real ``dflockd`` processes with the shipped defaults (a 5 s etcd lease, so each
+etcd endpoint is given a second before the next is tried). A member that fences logs
+"fenced, granting nothing" and, when etcd answers again, "joined again" under a new etcd lease:
+the tests read those events (the logs, and the member's lease in etcd), not the clock. The
+window they watch is two whole etcd leases after the fault: without keep-alives reaching the
+etcd quorum through another endpoint, each member's lease would have run out in it.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dflockd_server import constants
+from dflockd_server.cluster.etcd import EtcdClient, prefix_end
+from dflockd_server.cluster.ops import pin
+from dflockd_server.cluster.shardmap import shard_id
+from tests.support.certificates import key_of, make_certificate
+from tests.support.etcd import EtcdCluster, EtcdNode, etcd_cluster_or_skip
+from tests.support.ports import free_port
+from tests.support.servers import DflockdProcess, run_dflockd
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire, held_keys, shards
+
+PREFIX = "/ha"
+LEASE_S = constants.DEFAULT_CLUSTER_LEASE_TTL_S
+"""The members' etcd lease: the shipped default."""
+WAIT_S = 60.0
+LOCK_LEASE_S = 120
+KEYS_PER_MEMBER = 4
+FENCED = "fenced, granting nothing"
+REJOINED = "joined again"
+
+
+class Member:
+    """One ``dflockd --cluster`` process."""
+
+    def __init__(self, cluster_url: str, state_dir: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.advertise = f"127.0.0.1:{self.port}"
+        self.process = DflockdProcess(
+            [
+                "--host", "127.0.0.1",
+                "--port", str(self.port),
+                "--cluster", cluster_url,
+                "--advertise", self.advertise,
+                "--state-dir", str(state_dir / str(self.port)),
+                *extra,
+            ],
+            {},
+        )  # fmt: skip
+        self.address = self.process.wait_listening()
+
+    def log(self) -> list[str]:
+        return self.process.drain()
+
+    def serves(self, key: str) -> bool:
+        info = shards(self.address)
+        current: list[int] = info["current"]
+        index = current[shard_id(key)]
+        return index >= 0 and info["nodes"][index] == self.advertise
+
+    def keys(self, stem: str, count: int) -> list[str]:
+        info = shards(self.address)
+        nodes: list[str] = info["nodes"]
+        current: list[int] = info["current"]
+        out: list[str] = []
+        for i in range(10**6):
+            key = f"{stem}{i}"
+            index = current[shard_id(key)]
+            if index >= 0 and nodes[index] == self.advertise:
+                out.append(key)
+                if len(out) == count:
+                    return out
+        raise AssertionError(f"{self.advertise} serves no key {stem}*")
+
+    def stop(self) -> None:
+        self.process.kill()
+
+
+def settled(members: list[Member]) -> bool:
+    """Every member sees all of them, a leader, and every shard served by a live member."""
+    names = sorted(m.advertise for m in members)
+    for member in members:
+        info = shards(member.address)
+        if info.get("members") != names or not info.get("leader"):
+            return False
+        nodes: list[str] = info["nodes"]
+        if any(i < 0 or nodes[i] not in names for i in info["current"]):
+            return False
+    return True
+
+
+def member_lease(etcd: EtcdClient, member: Member) -> int:
+    kv = etcd.get(f"{PREFIX}/members/{member.advertise}")
+    assert kv is not None, f"{member.advertise} is not registered in etcd"
+    return kv.lease
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    yield from etcd_cluster_or_skip(tmp_path / "etcd")
+
+
+@pytest.fixture
+def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]:
+    url = f"etcd://{etcd_cluster.endpoints}{PREFIX}"
+    members: list[Member] = []
+    try:
+        for _ in range(2):
+            members.append(Member(url, tmp_path / "state"))
+        wait_until(lambda: settled(members), timeout=WAIT_S, what="the cluster's map")
+        yield members
+    finally:
+        for member in members:
+            member.stop()
+
+
+def hold_locks(members: list[Member]) -> dict[str, tuple[Wire, str, Member]]:
+    """``KEYS_PER_MEMBER`` locks held on each member (key -> its connection, token, member)."""
+    held: dict[str, tuple[Wire, str, Member]] = {}
+    for n, member in enumerate(members):
+        for key in member.keys(f"held{n}:", KEYS_PER_MEMBER):
+            wire = Wire(member.address)
+            held[key] = (wire, wire.lock(key, lease=LOCK_LEASE_S), member)
+    return held
+
+
+def outlive_the_lease(etcd: EtcdClient, members: list[Member], leases: dict[str, int]) -> None:
+    """Wait two etcd leases from now, then: each member still holds the etcd lease it had
+    before the fault, alive (it never lost it, so it never fenced)."""
+    until = time.monotonic() + 2 * LEASE_S
+    wait_until(lambda: time.monotonic() > until, timeout=WAIT_S, what="two etcd leases")
+    for member in members:
+        assert member_lease(etcd, member) == leases[member.advertise], member.advertise
+        assert etcd.lease_time_to_live(leases[member.advertise]) > 0
+
+
+def assert_nothing_lost(members: list[Member], held: dict[str, tuple[Wire, str, Member]]) -> None:
+    for member in members:
+        lines = member.log()
+        assert not [line for line in lines if FENCED in line or REJOINED in line], lines
+    for key, (wire, token, member) in held.items():
+        assert key in held_keys(member.address), key
+        assert wire.req("n", key, f"{token} {LOCK_LEASE_S}") == f"ok {LOCK_LEASE_S}", key
+    for n, member in enumerate(members):
+        for key in member.keys(f"new{n}:", 2):
+            with Wire(member.address) as wire:
+                token = wire.lock(key, lease=5)
+                assert wire.req("r", key, token) == "ok", key
+
+
+def switched_away_from(member: Member, node: EtcdNode) -> bool:
+    return any(f"etcd endpoint {node.address} failed" in line for line in member.log())
+
+
+@pytest.mark.parametrize("victim", ["used", "leader"])
+def test_one_etcd_node_killed_fences_no_member_and_loses_no_lock(
+    etcd_cluster: EtcdCluster, cluster: list[Member], victim: str
+) -> None:
+    """Acceptance 5: kill -9 of the etcd node the members talk to (the first listed), or of
+    raft's leader: every member fails over to another endpoint in time, none fences, every held
+    lock is still held and renewable, and new keys are granted."""
+    members = cluster
+    etcd = etcd_cluster.client()
+    leases = {m.advertise: member_lease(etcd, m) for m in members}
+    held = hold_locks(members)
+    node = etcd_cluster.nodes[0] if victim == "used" else etcd_cluster.leader(etcd)
+    node.kill()
+    if node is etcd_cluster.nodes[0]:
+        for member in members:
+            wait_until(
+                lambda member=member: switched_away_from(member, node),
+                timeout=WAIT_S,
+                what=f"{member.advertise} moving off the killed etcd node",
+            )
+    outlive_the_lease(etcd, members, leases)
+    assert_nothing_lost(members, held)
+    for wire, _, _ in held.values():
+        wire.close()
+
+
+def test_a_paused_etcd_node_fences_no_member(
+    etcd_cluster: EtcdCluster, cluster: list[Member]
+) -> None:
+    """The slow answer: the etcd node the members talk to is paused (SIGSTOP: its connections
+    stay open, nothing answers). Each member waits a fifth of its etcd lease for it, moves to
+    another endpoint, keeps its lease, fences not; the locks stay held and renewable, new keys
+    are granted; and their watch of etcd moved too: a change of the map reaches them."""
+    members = cluster
+    etcd = etcd_cluster.client()
+    leases = {m.advertise: member_lease(etcd, m) for m in members}
+    held = hold_locks(members)
+    node = etcd_cluster.nodes[0]
+    node.pause()
+    try:
+        for member in members:
+            wait_until(
+                lambda member=member: switched_away_from(member, node),
+                timeout=WAIT_S,
+                what=f"{member.advertise} moving off the paused etcd node",
+            )
+        outlive_the_lease(etcd, members, leases)
+        assert_nothing_lost(members, held)
+        pin(etcd, PREFIX, 17)
+        for member in members:
+            wait_until(
+                lambda member=member: 17 in shards(member.address)["pinned"],
+                timeout=WAIT_S,
+                what=f"{member.advertise} seeing shard 17 pinned",
+            )
+    finally:
+        node.resume()
+    for wire, _, _ in held.values():
+        wire.close()
+
+
+ETCD_USER = "dflockd"
+ETCD_PASSWORD = "etcd-s3cret"
+
+
+def enable_auth(etcd: EtcdClient) -> None:
+    """etcd's authentication on (through etcd's own JSON API): ``root``, needed to turn it on,
+    and the members' user, whose role may read and write the cluster's prefix and nothing else."""
+    range_ = {"key": b64(f"{PREFIX}/"), "range_end": b64(prefix_end(f"{PREFIX}/"))}
+    for user, role in (("root", "root"), (ETCD_USER, "dflockd")):
+        etcd.call("/v3/auth/user/add", {"name": user, "password": ETCD_PASSWORD}, "user add")
+        etcd.call("/v3/auth/role/add", {"name": role}, "role add")
+        etcd.call("/v3/auth/user/grant", {"user": user, "role": role}, "user grant")
+    perm = {"permType": "READWRITE", **range_}
+    etcd.call("/v3/auth/role/grant", {"name": "dflockd", "perm": perm}, "role grant")
+    etcd.call("/v3/auth/enable", {}, "auth enable")
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.fixture
+def tls_etcd_cluster(tmp_path: Path) -> Iterator[tuple[EtcdCluster, Path]]:
+    """A three-node etcd serving its clients over TLS, with authentication on. One self-signed
+    certificate for 127.0.0.1 is etcd's, the CA both sides trust, and the clients' own."""
+    (tmp_path / "tls").mkdir()
+    cert = make_certificate(tmp_path / "tls")
+    for cluster in etcd_cluster_or_skip(tmp_path / "etcd", tls=(cert, cert, key_of(cert))):
+        enable_auth(cluster.client())
+        yield cluster, cert
+
+
+def test_tls_and_authentication_to_etcd(
+    tls_etcd_cluster: tuple[EtcdCluster, Path], tmp_path: Path
+) -> None:
+    """``etcds://`` with ``--cluster-ca-file``, ``--cluster-user`` and
+    ``--cluster-password-file``, and a client certificate (``--cluster-cert``,
+    ``--cluster-key``): the member joins and serves; with the node it talks to killed
+    it authenticates at another node (etcd's tokens are per node) and fences not."""
+    etcd_cluster, ca = tls_etcd_cluster
+    password = tmp_path / "etcd-password"
+    password.write_text(ETCD_PASSWORD + "\n")
+    url = f"etcds://{etcd_cluster.endpoints}{PREFIX}"
+    access = (
+        "--cluster-ca-file", str(ca),
+        "--cluster-cert", str(ca),
+        "--cluster-key", str(key_of(ca)),
+        "--cluster-user", ETCD_USER,
+        "--cluster-password-file", str(password),
+    )  # fmt: skip
+    member = Member(url, tmp_path / "state", *access)
+    try:
+        wait_until(lambda: settled([member]), timeout=WAIT_S, what="the cluster's map")
+        etcd = etcd_cluster.client(user=ETCD_USER, password=ETCD_PASSWORD)
+        # The operator's commands take the same settings.
+        done = run_dflockd(["shards", "--cluster", url, *access], {})
+        assert done.returncode == 0 and member.advertise in done.stdout, done
+        leases = {member.advertise: member_lease(etcd, member)}
+        held = hold_locks([member])
+        node = etcd_cluster.nodes[0]
+        node.kill()
+        wait_until(
+            lambda: switched_away_from(member, node),
+            timeout=WAIT_S,
+            what="the member moving off the killed etcd node",
+        )
+        outlive_the_lease(etcd, [member], leases)
+        assert_nothing_lost([member], held)
+        for wire, _, _ in held.values():
+            wire.close()
+    finally:
+        member.stop()
+
+
+def start_error(*args: str) -> str:
+    """``dflockd`` started with ``args`` exits with an error: its output."""
+    port = free_port()
+    done = run_dflockd(
+        [
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--advertise", f"127.0.0.1:{port}",
+            "--state-dir", "none",
+            *args,
+        ],
+        {},
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stderr
+    return done.stderr
+
+
+def test_wrong_etcd_settings_are_clear_start_up_errors(
+    tls_etcd_cluster: tuple[EtcdCluster, Path], tmp_path: Path
+) -> None:
+    etcd_cluster, ca = tls_etcd_cluster
+    url = f"etcds://{etcd_cluster.endpoints}{PREFIX}"
+    wrong = tmp_path / "wrong-password"
+    wrong.write_text("not-it\n")
+    cert_args = ("--cluster-cert", str(ca), "--cluster-key", str(key_of(ca)))
+    ca_args = ("--cluster-ca-file", str(ca), *cert_args)
+    user_args = ("--cluster-user", ETCD_USER, "--cluster-password-file", str(wrong))
+
+    text = start_error("--cluster", url, *ca_args, *user_args)
+    assert f"etcd refused the user {ETCD_USER!r}" in text and "authentication failed" in text, text
+    assert "--cluster-password-file" in text, text
+
+    text = start_error("--cluster", url, *ca_args)
+    assert "without a user" in text and "--cluster-user" in text, text
+
+    text = start_error("--cluster", url, *cert_args, *user_args)
+    assert "CERTIFICATE_VERIFY_FAILED" in text and "--cluster-ca-file" in text, text
+
+    text = start_error("--cluster", url, "--cluster-ca-file", str(tmp_path / "nope.pem"))
+    assert "--cluster-ca-file" in text and "cannot read it" in text, text
+
+    plain = f"etcd://{etcd_cluster.endpoints}{PREFIX}"
+    text = start_error("--cluster", plain, "--cluster-ca-file", str(ca))
+    assert "--cluster-ca-file" in text and "etcds://" in text, text
+
+    text = start_error("--cluster", f"etcd://127.0.0.1:1,,127.0.0.1:2{PREFIX}")
+    assert "--cluster" in text and "empty etcd endpoint" in text, text
