@@ -649,7 +649,8 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             | Command.AUTH
             | Command.PING
             | Command.NOTE
-            | Command.HAND_DOWN,
+            | Command.HAND_DOWN
+            | Command.ASKING,
             "ok",
         ) if not fields:
             return Ok()
