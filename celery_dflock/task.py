@@ -150,9 +150,10 @@ class LockedTask(Task):
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
-        in_canvas = bool(
-            task_id or link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS)
-        )
+        # A canvas passes its member's place (group_id, chain, chord) or a link; a bare
+        # task_id is the caller's own id, and a duplicate sent with one gets the holder's
+        # AsyncResult, as any duplicate does (nothing sent: one message per key).
+        in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
         task_id = task_id or uuid()
         per_call = check_call_options(
             cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {}),
@@ -324,7 +325,7 @@ class LockedTask(Task):
 
 
 _CANVAS_OPTIONS = ("chain", "chord", "group_id")
-"""``apply_async`` options a canvas passes to its members (besides a fixed ``task_id``)."""
+"""``apply_async`` options a canvas passes to its members (besides ``link``/``link_error``)."""
 
 
 def _with_skip(throws: object) -> tuple[type[BaseException], ...]:
