@@ -790,6 +790,8 @@ class LockOptions:
     lock_from: LockFrom = "run"
     on_duplicate: OnDuplicate = "return"
     pending_ttl: int = DEFAULT_PENDING_TTL_S
+    timeout_given: bool = True
+    """Whether ``lock_timeout`` was set (False: ``timeout`` is `default_timeout`'s)."""
 
 
 def check_call_options(options: Mapping[str, object], where: str) -> dict[str, object]:
@@ -853,6 +855,7 @@ def resolve_options(
         lock_from=cast("LockFrom", resolved["lock_from"]),
         on_duplicate=cast("OnDuplicate", resolved["on_duplicate"]),
         pending_ttl=cast("int", resolved["lock_pending_ttl"]),
+        timeout_given=resolved["lock_timeout"] is not None,
     )
 
 

@@ -241,6 +241,7 @@ def test_eager_retry_waits_for_the_lock_and_honours_lock_max_retries(
         base=LockedTask,
         lock_key="eager-retry",
         on_locked="retry",
+        lock_timeout=0,  # retry at once: the retries are tested here, not the wait before them
         max_retries=0,  # Celery's own budget: lock retries do not use it
         lock_max_retries=1,
         lock_retry_countdown=0.5,

@@ -294,6 +294,7 @@ budget = {
     "base": LockedTask,
     "lock_key": "budget:{group}",
     "max_retries": 0,  # Celery's own budget: lock retries must not use it
+    "lock_timeout": 0,  # retry at once (these test the retries, not the wait before them)
     "lock_retry_countdown": 0.1,
     "lock_retry_backoff_max": 0.2,
     "lock_retry_jitter": False,
