@@ -246,11 +246,12 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     task_id = cast("str | None", request.id)
     guard = _RunGuard(task, task_id, key, options.on_lock_lost, runtime)
     wait_s = options.timeout
-    if request.called_directly and not options.timeout_given:
-        # The default wait of "retry" stands in for a retry's countdown in a worker; a direct
-        # call (a web request, a script) has no message to retry: it gives up at once.
-        wait_s = 0.0
     eager_once = bool(request.is_eager) and options.lock_from == "publish"
+    if (request.called_directly or eager_once) and not options.timeout_given:
+        # The default wait of "retry" stands in for a retry's countdown in a worker; a direct
+        # call (a web request, a script) has no message to retry, and an eager queue-once run
+        # of a key a queued message holds fails at once (AlreadyQueued): both give up at once.
+        wait_s = 0.0
     if options.on_locked == "retry" and request.is_eager and not eager_once:
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(_lock_retries(request), options))
