@@ -1039,10 +1039,19 @@ def test_publishers_killed_mid_stream_queue_once(
     assert sampler.error is None, sampler.error
     assert free_s is not None, "an account's key was still held after lock_pending_ttl"
 
+    # A publisher killed between the broker taking its message and its detaching the hold
+    # (its send never returned) leaves a message whose hold was freed with its connection:
+    # that message runs under a run-time lock, and another message of its account may be
+    # sent meanwhile (docs/queue-once.md, "The life of a hold"). Every other send keeps the
+    # queue-once promises below.
+    cut = {
+        tid for p in killed for tid, c in history.client_of.items()
+        if c == p.client and tid not in history.replies
+    }  # fmt: skip
     account_of = {tid: r["account"] for tid, r in history.requests.items()}
     most = 0
     for ids in sampler.snapshots:
-        per_account = Counter(account_of.get(tid, f"?{tid}") for tid in ids)
+        per_account = Counter(account_of.get(tid, f"?{tid}") for tid in ids if tid not in cut)
         most = max(most, *per_account.values(), 0)
     assert most <= 1, f"{most} messages of one account were in the broker at once"
     applied = rig.log.entries("applied")
@@ -1055,7 +1064,9 @@ def test_publishers_killed_mid_stream_queue_once(
     assert set(granted) == set(runs), "a run was granted and did not apply"
     not_held = [g for g in granted.values() if g["hold_token"] is None]
     assert not not_held, f"runs without a publish-time hold: {not_held[:3]}"
-    other_token = [g for g in granted.values() if g["token"] != g["hold_token"]]
+    other_token = [
+        g for g in granted.values() if g["token"] != g["hold_token"] and g["task_id"] not in cut
+    ]
     assert not other_token, f"runs not under their publish-time hold: {other_token[:3]}"
     for reply in history.duplicates():
         holder = history.requests.get(reply["result_id"])
