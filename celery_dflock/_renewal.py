@@ -145,6 +145,7 @@ class _Schedule:
         self.live = 0  # queued, not cancelled
         self._dead = 0  # queued, cancelled (left in the heap, dropped lazily)
         self.threads = 0
+        self._starting = 0  # threads started that have not yet taken the mutex
         self._spares = 0
         self._waiters = 0
         self._leader = False
@@ -165,6 +166,8 @@ class _Schedule:
                     self._wake.notify()
             elif self._spares:
                 self._spare.notify()
+            elif self._starting:
+                pass  # a thread on its way takes the heap as it comes (it will lead)
             elif self.threads < MAX_RENEWAL_THREADS:
                 self._start_thread()
         return renewal
@@ -230,19 +233,25 @@ class _Schedule:
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
         self.threads += 1
+        self._starting += 1
         try:
             thread.start()
         except BaseException:
             self.threads -= 1
+            self._starting -= 1
             raise
 
     def _loop(self) -> None:
         leave_signals_to_the_main_thread()
         renewal: Renewal | None = None
         keep = False
+        starting = True
         try:
             while True:
                 with self._mutex:
+                    if starting:  # counted as on its way until it holds the mutex to take
+                        self._starting -= 1
+                        starting = False
                     if renewal is not None:
                         self._finish(renewal, keep)
                     renewal = self._take()
@@ -257,6 +266,8 @@ class _Schedule:
                         logger.exception("unexpected error in a dflock renewal")
         finally:
             with self._mutex:
+                if starting:
+                    self._starting -= 1
                 self.threads -= 1
                 if renewal is not None and renewal.runner is not None:
                     self._finish(renewal, False)  # only if this thread died mid-way
