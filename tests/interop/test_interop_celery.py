@@ -10,6 +10,7 @@ from pathlib import Path
 from celery import Celery
 
 from tests.interop.interop_helpers import ForeignServer, TlsFront
+from tests.support.waiting import wait_until
 from tests.support.workers import EventLog, WorkerFactory, filesystem_settings
 
 
@@ -28,8 +29,15 @@ def test_locked_tasks_over_tls_share_one_connection_to_the_foreign_server(
         workers = WorkerFactory(log, tmp_path, settings)
         try:
             worker = workers.start(pool="prefork", concurrency=1, env={"SSL_CERT_FILE": cert})
-            # The worker's start-up check of its lock servers connects too: count after it.
+            # The worker's start-up check of its lock servers connects too: count after it,
+            # once the server has logged the check's connections closed (its log may lag the
+            # worker's line: CI counted one of them after `before`).
             assert worker.wait_output("dflock: lock servers reached:", timeout=30)
+            wait_until(
+                lambda: dflockd_050.connections_closed() == dflockd_050.connections_accepted(),
+                timeout=30,
+                what="the start-up check's connections closed",
+            )
             before = dflockd_050.connections_accepted()
             client.conf.update(settings)
             for n in range(5):
