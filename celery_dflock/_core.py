@@ -704,17 +704,7 @@ class LockCore:
         self.rerouted = True
         where = self.endpoint.address
         if isinstance(reply, Moved):
-            self.redirects += 1
-            if self.redirects <= REDIRECT_LOOP:
-                self.retarget(*split_address(reply.address))
-                return NextTry(0.0, reroute=False)
-            self.redirects = 0
-            why = (
-                f"a redirect loop: {where} answered error_moved {reply.address} after "
-                f"{REDIRECT_LOOP} redirects in a row"
-            )
-            pause_s = self._next_pause(why)
-            return None if pause_s is None else NextTry(pause_s, reroute=True, reread=True)
+            return self._follow("error_moved", reply.address)
         self.redirects = 0
         pause_s = self._next_pause(f"{where} answered error_unavailable")
         return None if pause_s is None else NextTry(pause_s, reroute=True)
@@ -726,15 +716,21 @@ class LockCore:
         reads the map again and routes by it, as after a loop of ``error_moved``; None when
         the time to follow a hand-over is up."""
         self.rerouted = True
+        return self._follow("error_ask", reply.address, asking=True)
+
+    def _follow(self, answer: str, address: str, *, asking: bool = False) -> NextTry | None:
+        """A redirect to ``address``: followed at once up to `REDIRECT_LOOP` in a row (with
+        ``asking`` first when ``asking``); past that a loop: pause, read the map again, route
+        by it (None when the time to follow a hand-over is up)."""
         self.redirects += 1
         if self.redirects <= REDIRECT_LOOP:
-            self.retarget(*split_address(reply.address))
-            self.asking = True
+            self.retarget(*split_address(address))
+            self.asking = asking
             return NextTry(0.0, reroute=False)
         self.redirects = 0
         why = (
-            f"a redirect loop: {self.endpoint.address} answered error_ask {reply.address} "
-            f"after {REDIRECT_LOOP} redirects in a row"
+            f"a redirect loop: {self.endpoint.address} answered {answer} {address} after "
+            f"{REDIRECT_LOOP} redirects in a row"
         )
         pause_s = self._next_pause(why)
         return None if pause_s is None else NextTry(pause_s, reroute=True, reread=True)
