@@ -123,9 +123,12 @@ def wait_metric(member: Member, name: str, expected: float, **labels: str) -> fl
     )
 
 
-def acquire(address: tuple[str, int], key: str) -> str:
-    """``l KEY 0`` on a fresh connection: the whole reply (released again when granted)."""
+def acquire(address: tuple[str, int], key: str, *, asking: bool = False) -> str:
+    """``l KEY 0`` on a fresh connection (after ``asking`` when ``asking``): the whole reply
+    (released again when granted)."""
     with Wire(address) as w:
+        if asking:
+            assert w.req("asking") == "ok"
         reply = w.req("l", key, "0")
         if reply.startswith("ok "):
             assert w.req("r", key, reply.split()[1]) == "ok"
@@ -423,12 +426,7 @@ def waiters_at(address: tuple[str, int], key: str) -> int:
 
 def asked(address: tuple[str, int], key: str) -> str:
     """``asking`` then ``l KEY 0`` on a fresh connection: the acquire's reply (released)."""
-    with Wire(address) as w:
-        assert w.req("asking") == "ok"
-        reply = w.req("l", key, "0")
-        if reply.startswith("ok "):
-            assert w.req("r", key, reply.split()[1]) == "ok"
-        return reply
+    return acquire(address, key, asking=True)
 
 
 def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
