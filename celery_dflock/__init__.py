@@ -6,8 +6,9 @@ locks, semaphores, release by token, stats, ping), `DistributedLock` / `Distribu
 (asyncio, renewed by a task), connection pools, sharding strategies and the `DflockError`
 hierarchy. The Celery integration: `LockedTask` and `SingletonScheduler`.
 
-Every name is imported on first use (PEP 562), so ``import celery_dflock.client`` does not
-import Celery, and ``import celery_dflock`` stays cheap.
+Every name is imported on first use (PEP 562): ``import celery_dflock`` loads the client layer
+(`celery_dflock.client`, which imports nothing of Celery) and Celery only when a Celery-side
+name is first used.
 """
 
 from __future__ import annotations
@@ -15,14 +16,29 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Final
 
-from celery_dflock import errors as _errors  # no Celery, nothing but the exceptions
+import celery_dflock.client as _client
+from celery_dflock.client import errors as _errors
 
 if TYPE_CHECKING:
-    from celery_dflock.aio import AsyncDistributedLock, AsyncDistributedSemaphore
     from celery_dflock.beat import SingletonScheduler
-    from celery_dflock.client import DistributedLock, DistributedSemaphore
-    from celery_dflock.clients import AsyncClient, Client, Hold
-    from celery_dflock.errors import (
+
+    # Spelled out (not ``import *``): the type checker and the docs' reference read these
+    # statically; tests/test_architecture.py checks they are exactly the lazily served names.
+    from celery_dflock.client import (
+        AsyncClient,
+        AsyncConnectionPool,
+        AsyncDistributedLock,
+        AsyncDistributedSemaphore,
+        Client,
+        ConnectionPool,
+        DistributedLock,
+        DistributedSemaphore,
+        Hold,
+        ShardingStrategy,
+        rendezvous_shard,
+        stable_hash_shard,
+    )
+    from celery_dflock.client.errors import (
         AlreadyQueued,
         AuthError,
         DflockError,
@@ -41,29 +57,16 @@ if TYPE_CHECKING:
         ServerUnavailable,
         ShardingMismatchError,
     )
-    from celery_dflock.pool import AsyncConnectionPool, ConnectionPool
-    from celery_dflock.sharding import ShardingStrategy, rendezvous_shard, stable_hash_shard
     from celery_dflock.task import LockedTask
 
 __version__ = "0.2.0"
 """This release (the ``dflockd-server`` it depends on has the same version)."""
 
 _WHERE: Final[dict[str, str]] = {
-    "AsyncClient": "celery_dflock.clients",
-    "Client": "celery_dflock.clients",
-    "Hold": "celery_dflock.clients",
-    "AsyncDistributedLock": "celery_dflock.aio",
-    "AsyncDistributedSemaphore": "celery_dflock.aio",
-    "DistributedLock": "celery_dflock.client",
-    "DistributedSemaphore": "celery_dflock.client",
-    "AsyncConnectionPool": "celery_dflock.pool",
-    "ConnectionPool": "celery_dflock.pool",
-    "ShardingStrategy": "celery_dflock.sharding",
-    "rendezvous_shard": "celery_dflock.sharding",
-    "stable_hash_shard": "celery_dflock.sharding",
+    **dict.fromkeys(_client.__all__, "celery_dflock.client"),
+    **dict.fromkeys(_errors.__all__, "celery_dflock.client.errors"),
     "LockedTask": "celery_dflock.task",
     "SingletonScheduler": "celery_dflock.beat",
-    **dict.fromkeys(_errors.__all__, "celery_dflock.errors"),
 }
 """Public name -> the module that defines it (imported when the name is first used)."""
 
@@ -101,6 +104,7 @@ __all__ = [
     "rendezvous_shard",
     "stable_hash_shard",
 ]
+"""Spelled out for static readers; tests/test_architecture.py checks it against `_WHERE`."""
 
 
 def __getattr__(name: str) -> object:

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
+
+NEEDS_SERVER = (
+    "celery-dflock demo starts a lock server in this process, and the lock server is not "
+    "installed: install the `server` extra (pip install 'celery-dflock[server]'), which brings "
+    "dflockd-server of the same version"
+)
 
 
 def _version() -> str:
@@ -37,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="broker URL to use instead of the embedded filesystem broker (e.g. redis://127.0.0.1:6379/0)",
     )
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("dflockd_server") is None:
+        parser.exit(2, f"celery-dflock: error: {NEEDS_SERVER}\n")
     from celery_dflock.demo.runner import run
 
     return run(args.broker, sys.stdout)

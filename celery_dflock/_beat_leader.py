@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from celery_dflock.clients import leave_signals_to_the_main_thread
-from celery_dflock.errors import DflockError
+from celery_dflock.client.clients import leave_signals_to_the_main_thread
+from celery_dflock.client.errors import DflockError
 
 __all__ = ["LeaderLock", "Leadership"]
 

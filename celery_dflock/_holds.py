@@ -2,10 +2,10 @@
 a publish-time hold.
 
 A task sent with ``lock_from="publish"`` takes a *detached* hold on its key before the message
-is published (`celery_dflock._run.publish_hold`): it survives the publishing process, and the
-message carries it in the `HOLD_HEADER` header (``{"key": ..., "token": ...}``). The run that
-takes the message adopts the hold (`DistributedLock.adopt`), a retry hands it on to the retry
-message, a revoke of the queued message releases it (`celery_dflock.signals`), and
+is published (`celery_dflock._queue_once.publish_hold`): it survives the publishing process,
+and the message carries it in the `HOLD_HEADER` header (``{"key": ..., "token": ...}``). The
+run that takes the message adopts the hold (`DistributedLock.adopt`), a retry hands it on to
+the retry message, a revoke of the queued message releases it (`celery_dflock.signals`), and
 ``lock_pending_ttl`` frees it when no worker ever takes the message.
 
 Each hold and each run-time lock carries an owner note: the task id, and while a run holds the

@@ -75,18 +75,9 @@ Non-overlapping periodic tasks
     Lock options the entry gives itself (``options={"lock_ttl": 60}``) are kept; an entry whose
     ``options["headers"]`` set ``dflock_beat_entry`` to a false value opts out.
 
-Settings (``app.conf``; connection settings are the shared ``dflock_*`` ones: ``dflock_servers``,
-``dflock_auth_token``, ``dflock_ssl``, ``dflock_connect_timeout``, ``dflock_renew_ratio``,
-``dflock_sharding_strategy``, ``dflock_key_prefix``):
-
-=============================  ==============================================================
-``dflock_beat_lock_key``       key of the leader lock (default ``celery-beat:<app.main>``)
-``dflock_beat_scheduler``      the wrapped scheduler: ``"module:Class"`` or the class itself
-                               (default ``celery.beat.PersistentScheduler``)
-``dflock_beat_lease_ttl``      lease seconds of the leader lock: how soon a hung beat is replaced
-                               (default 10)
-``dflock_beat_nonoverlap``     mark beat's messages for the worker's per-entry lock (False)
-=============================  ==============================================================
+Settings (``app.conf``): the ``dflock_beat_*`` settings, with their defaults, are in the
+settings reference (docs/reference/settings.md, generated from the table in
+`celery_dflock._specs`); connection settings are the shared ``dflock_*`` ones.
 """
 
 from __future__ import annotations
@@ -105,9 +96,16 @@ from celery.utils.time import maybe_make_aware
 
 from celery_dflock._beat_leader import STANDBY_ACQUIRE_TIMEOUT_S, LeaderLock, Leadership
 from celery_dflock._holds import beat_note
+from celery_dflock._request import LOCK_OPTIONS_HEADER
+from celery_dflock._specs import (
+    BEAT_SETTING_SPECS,
+    DEFAULT_BEAT_KEY_PREFIX,
+    DEFAULT_BEAT_LEASE_TTL_S,
+    LOCK_OPTIONS,
+)
 from celery_dflock.client import DistributedLock
-from celery_dflock.config import DflockConfig, DflockConfigError, get_config, read_setting
-from celery_dflock.errors import DflockError
+from celery_dflock.client.errors import DflockError
+from celery_dflock.config import DflockConfig, DflockConfigError, get_config, read_settings
 from celery_dflock.keys import safe_key
 
 __all__ = [
@@ -121,9 +119,7 @@ logger = logging.getLogger("celery_dflock.beat")
 
 BEAT_ENTRY_HEADER: Final = "dflock_beat_entry"
 """Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``)."""
-DEFAULT_BEAT_LEASE_TTL_S: Final = 10
-"""Lease of the leader lock: a hung beat is replaced this many seconds after its last renewal."""
-DEFAULT_LOCK_KEY_PREFIX: Final = "celery-beat:"
+DEFAULT_LOCK_KEY_PREFIX: Final = DEFAULT_BEAT_KEY_PREFIX
 NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
 """Non-overlap lock key of a beat entry: this prefix and the entry name."""
 STANDBY_TICK_S: Final = 1.0
@@ -148,41 +144,22 @@ class BeatSettings:
 
     @classmethod
     def from_app(cls, app: Any, config: DflockConfig) -> BeatSettings:
-        """Read ``dflock_beat_*`` from ``app.conf``; bad values raise DflockConfigError."""
-        conf = app.conf
-        raw_key: object = read_setting(conf, "dflock_beat_lock_key")
-        if raw_key is None:
-            raw_key = DEFAULT_LOCK_KEY_PREFIX + (str(app.main or "") or "default")
-        if not isinstance(raw_key, str) or not raw_key.strip():
-            raise DflockConfigError(
-                f"dflock_beat_lock_key must be a non-empty string, got {raw_key!r}"
-            )
-        ttl: object = read_setting(conf, "dflock_beat_lease_ttl")
-        if ttl is None:
-            ttl = DEFAULT_BEAT_LEASE_TTL_S
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
-            raise DflockConfigError(
-                f"dflock_beat_lease_ttl must be a whole number of seconds >= 1, got {ttl!r}"
-            )
-        nonoverlap: object = read_setting(conf, "dflock_beat_nonoverlap")
-        if nonoverlap is None:
-            nonoverlap = False
-        if not isinstance(nonoverlap, bool):
-            raise DflockConfigError(
-                f"dflock_beat_nonoverlap must be True or False, got {nonoverlap!r}"
-            )
+        """Read ``dflock_beat_*`` from ``app.conf`` (defaults and checks: the settings table,
+        `celery_dflock._specs.BEAT_SETTING_SPECS`); bad values raise DflockConfigError."""
+        got = read_settings(app.conf, BEAT_SETTING_SPECS)
+        key = got["dflock_beat_lock_key"]
+        if key is None:
+            key = DEFAULT_LOCK_KEY_PREFIX + (str(app.main or "") or "default")
         return cls(
-            lock_key=safe_key(config.key_prefix + raw_key),
-            scheduler=_wrapped_class(read_setting(conf, "dflock_beat_scheduler")),
-            lease_ttl_s=ttl,
-            nonoverlap=nonoverlap,
+            lock_key=safe_key(config.key_prefix + str(key)),
+            scheduler=_wrapped_class(got["dflock_beat_scheduler"]),
+            lease_ttl_s=cast("int", got["dflock_beat_lease_ttl"]),
+            nonoverlap=bool(got["dflock_beat_nonoverlap"]),
         )
 
 
 def _wrapped_class(value: object) -> type[Scheduler]:
     where = "dflock_beat_scheduler"
-    if value is None:
-        return PersistentScheduler
     found: object = value
     if isinstance(value, str):
         try:
@@ -216,9 +193,6 @@ def _needs_wrapped_base(cls: type[SingletonScheduler]) -> bool:
 
 def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` for one send of entry ``name`` under its non-overlap lock (see above)."""
-    from celery_dflock.config import LOCK_OPTIONS
-    from celery_dflock.task import LOCK_OPTIONS_HEADER
-
     result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
     headers = dict(cast("Mapping[str, Any]", options.get("headers") or {}))
     result["headers"] = headers

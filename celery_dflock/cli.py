@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 import click
 from celery.bin.base import CeleryCommand
 
 from celery_dflock._holds import beat_pid, decode_note
-from celery_dflock.clients import (
+from celery_dflock.client.clients import (
     FEATURE_FENCE,
     FEATURE_HELLO,
     FEATURE_PING,
@@ -28,8 +28,8 @@ from celery_dflock.clients import (
     ServerShards,
     ServerStatus,
 )
+from celery_dflock.client.errors import DflockError
 from celery_dflock.config import DflockConfig, get_config
-from celery_dflock.errors import DflockError
 
 __all__ = [
     "RESTORED_MARK",
@@ -335,18 +335,39 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
     return "\n".join(lines)
 
 
-def _run(ctx: click.Context, as_json: bool, render: Callable[[list[ServerReport]], str]) -> None:
+_Answer = TypeVar("_Answer")
+
+
+def _answer(
+    ctx: click.Context,
+    as_json: bool,
+    ask: Callable[[DflockConfig], list[_Answer]],
+    *,
+    json_of: Callable[[list[_Answer]], object],
+    render: Callable[[list[_Answer]], str],
+    ok: Callable[[_Answer], bool],
+) -> None:
+    """Ask every server (``ask``), print the answers (JSON or ``render``), and exit 1 unless
+    every answer is ``ok``; a bad setting is a usage error."""
     obj: Any = ctx.obj
     try:
-        reports = collect(get_config(obj.app))
+        answers = ask(get_config(obj.app))
     except (DflockError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
-    if as_json:
-        click.echo(json.dumps([r.as_json() for r in reports], indent=2))
-    else:
-        click.echo(render(reports))
-    if not all(r.reachable for r in reports):
+    click.echo(json.dumps(json_of(answers), indent=2) if as_json else render(answers))
+    if not all(ok(answer) for answer in answers):
         ctx.exit(1)
+
+
+def _run(ctx: click.Context, as_json: bool, render: Callable[[list[ServerReport]], str]) -> None:
+    _answer(
+        ctx,
+        as_json,
+        collect,
+        json_of=lambda reports: [r.as_json() for r in reports],
+        render=render,
+        ok=lambda r: r.reachable,
+    )
 
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -396,14 +417,11 @@ def ping(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def shards(ctx: click.Context, as_json: bool) -> None:
     """Which keys each server serves: mode, members, shards per member, moves, leader."""
-    obj: Any = ctx.obj
-    try:
-        answers = collect_shards(get_config(obj.app))
-    except (DflockError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from exc
-    if as_json:
-        click.echo(json.dumps(shards_json(answers), indent=2))
-    else:
-        click.echo(format_shards(answers))
-    if not all(a.shards is not None for a in answers):
-        ctx.exit(1)
+    _answer(
+        ctx,
+        as_json,
+        collect_shards,
+        json_of=shards_json,
+        render=format_shards,
+        ok=lambda a: a.shards is not None,
+    )

@@ -26,8 +26,8 @@ from typing import Any, Final, cast
 
 from kombu.utils.json import JSONEncoder
 
-from celery_dflock.errors import InvalidValueError
-from dflockd_server.constants import MAX_LINE_BYTES
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.client.wire import MAX_LINE_BYTES
 
 __all__ = [
     "DIGEST_SEPARATOR",

@@ -61,8 +61,15 @@ def configure_app(app: AppT, server: ServerThread) -> AppT:
 
 
 def _serve() -> Iterator[ServerThread]:
-    from dflockd_server import Config
-    from dflockd_server.testing import ServerThread
+    try:
+        from dflockd_server import Config
+        from dflockd_server.testing import ServerThread
+    except ImportError as exc:
+        raise pytest.UsageError(
+            "the dflock_server fixtures start a lock server in-process, and the lock server is "
+            "not installed: install celery-dflock's `server` extra in the test environment "
+            "(pip install 'celery-dflock[server]')"
+        ) from exc
 
     with ServerThread(Config(host="127.0.0.1", port=0)) as server:
         yield server

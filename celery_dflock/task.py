@@ -4,45 +4,43 @@
 The lock is taken in the worker when the task *executes* (in ``__call__``,
 where a refusal can still stop the run), renewed by a thread while the body
 runs, and released on every way the run ends (the machinery of a run is in
-``celery_dflock._run``; the task keeps its options and Celery's hooks). The options and examples:
+``celery_dflock._run``, as Celery's trace is beside its ``Task``; the task keeps its options
+and Celery's hooks). The options and examples:
 docs/locked-tasks.md; every option with its default: docs/reference/settings.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 from celery import Task
 from celery.utils import uuid
 from kombu import serialization
 
-from celery_dflock import signals
+from celery_dflock import _worker_hooks
 from celery_dflock._celery import BaseTask, Reject, task_stack
+from celery_dflock._held_records import AnyLock
 from celery_dflock._holds import FOLLOW_HEADER, HOLD_HEADER, HoldRef
-from celery_dflock._run import (
+from celery_dflock._queue_once import Duplicate, publish_hold, release_hold, retry_hand_off
+from celery_dflock._request import (
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
-    REQUEST_LOCK,
-    Duplicate,
     call_options,
-    locked_run,
-    publish_hold,
-    release_hold,
-    retry_hand_off,
+    held_lock,
 )
-from celery_dflock._runtime import AnyLock, get_runtime
-from celery_dflock.config import (
+from celery_dflock._run import locked_run
+from celery_dflock._runtime import get_runtime
+from celery_dflock._specs import (
     LOCK_OPTIONS,
     check_call_options,
     check_combination,
     check_option_names,
-    get_config,
     validate_option,
 )
-from celery_dflock.errors import DflockError, LockSkipped
+from celery_dflock.client.errors import DflockError
+from celery_dflock.config import get_config
 from celery_dflock.keys import check_template
 
 __all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_task_locks"]
@@ -93,8 +91,8 @@ class LockedTask(Task):
     def on_bound(cls, app: Any) -> None:
         """Install the worker hooks and check a template key as soon as the task is bound."""
         BaseTask.on_bound.__func__(cls, app)
-        signals.install(app)
-        cls.throws = _with_skip(getattr(cls, "throws", ()))
+        _worker_hooks.install_hooks(app, LockedTask)
+        cls.throws = _worker_hooks.with_skip(getattr(cls, "throws", ()))
         template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
@@ -119,7 +117,7 @@ class LockedTask(Task):
     @property
     def lock(self) -> AnyLock | None:
         """The lock held by the current run (``.fence``, ``.lost``, ``.lost_event``), or None."""
-        return cast("AnyLock | None", getattr(self._celery.request, REQUEST_LOCK, None))
+        return held_lock(self._celery.request)
 
     def apply_async(  # noqa: PLR0917 (Celery's signature)
         self,
@@ -237,8 +235,8 @@ class LockedTask(Task):
 
     def retry(  # noqa: PLR0917 (Celery's signature)
         self,
-        args: Any = None,
-        kwargs: Any = None,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
         exc: BaseException | None = None,
         throw: bool = True,
         eta: Any = None,
@@ -328,88 +326,10 @@ _CANVAS_OPTIONS = ("chain", "chord", "group_id")
 """``apply_async`` options a canvas passes to its members (besides ``link``/``link_error``)."""
 
 
-def _with_skip(throws: object) -> tuple[type[BaseException], ...]:
-    """A task's ``throws`` with `LockSkipped` in it (an expected error: INFO, no traceback)."""
-    given = tuple(cast("tuple[type[BaseException], ...]", throws or ()))
-    return given if LockSkipped in given else (*given, LockSkipped)
-
-
 def apply_task_locks(app: Any) -> list[str]:
     """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them.
 
-    Each such task that is not a :class:`LockedTask` gets its class swapped for
-    a subclass that puts ``LockedTask`` first in its bases. Returns the names of
-    the tasks changed. Runs from the worker hooks (see :mod:`celery_dflock.signals`), which
-    also warn about names no task has (`unknown_task_locks`).
-    """
-    config = get_config(app)
-    changed: list[str] = []
-    tasks: Mapping[str, Any] = app.tasks
-    for name in config.task_locks:
-        task = tasks.get(name)
-        if task is None:
-            continue
-        if isinstance(task, LockedTask):
-            continue
-        original: Any = task.__class__
-        locked_cls = type(
-            original.__name__,
-            (LockedTask, original),
-            {
-                "__module__": original.__module__,
-                "__qualname__": original.__qualname__,
-                "throws": _with_skip(getattr(original, "throws", ())),
-            },
-        )
-        task.__class__ = locked_cls
-        changed.append(name)
-    return changed
-
-
-def leases_above(app: Any, limit: int) -> list[str]:
-    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
-    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
-    lock server grants: every run (or send) of it would be refused."""
-    config = get_config(app)
-    runtime = get_runtime(app)
-    tasks: Mapping[str, Any] = app.tasks
-    warnings: list[str] = []
-    for name, task in sorted(tasks.items()):
-        if not isinstance(task, LockedTask):
-            continue
-        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
-        try:
-            options = runtime.task_runs(name).plan_for(task, config, attributes).options
-        except DflockError:  # a bad option fails where it is used, with its own message
-            continue
-        if options is None:  # not locked (the app's task_cls, no lock option)
-            continue
-        leases = [("lock_ttl", options.ttl, "run")]
-        if options.lock_from == "publish":
-            leases.append(("lock_pending_ttl", options.pending_ttl, "send"))
-        for option, lease, what in leases:
-            if lease is not None and lease > limit:
-                warnings.append(
-                    f"task {name!r} asks for {option}={lease}, above the longest lease its "
-                    f"lock servers grant ({limit} s, --max-lease-ttl): every {what} of it will "
-                    f"be refused; lower {option} (or dflock_{option}) or raise the servers' "
-                    "--max-lease-ttl"
-                )
-    return warnings
-
-
-def unknown_task_locks(app: Any) -> list[str]:
-    """A warning for each ``dflock_task_locks`` entry that names no task of ``app`` (a typo
-    there would leave the task unlocked without a word), with the close matches."""
-    tasks = [str(name) for name in app.tasks]
-    warnings: list[str] = []
-    for name in get_config(app).task_locks:
-        if name in tasks:
-            continue
-        close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-        warnings.append(
-            f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
-            f"locked{hint}"
-        )
-    return warnings
+    Each such task that is not a :class:`LockedTask` gets its class swapped for a subclass
+    that puts ``LockedTask`` first in its bases. Returns the names of the tasks changed. The
+    worker hooks (see :mod:`celery_dflock.signals`) run it."""
+    return _worker_hooks.apply_task_locks(app, LockedTask)

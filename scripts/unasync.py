@@ -1,14 +1,20 @@
 """Generate the blocking client from the asyncio one (the client is written once).
 
-The asyncio shells under ``celery_dflock/_async/`` are the source. Each is rewritten, token by
-token, into its blocking twin under ``celery_dflock/_sync/`` (``async def`` -> ``def``,
+The asyncio shells under ``celery_dflock/client/_async/`` are the source. Each is rewritten, token
+by token, into its blocking twin under ``celery_dflock/client/_sync/`` (``async def`` -> ``def``,
 ``await x`` -> ``x``, ``AsyncConnection`` -> ``Connection``, ...), formatted with ruff, and
-committed. What differs between the two in substance (how renewals are scheduled, how a
-connection does its I/O) lives in hand-written modules that both sides import under matching
-names (`celery_dflock._aio_backend` / `celery_dflock._sync_backend`, `celery_dflock._connection`).
+committed. What differs between the two in substance (how renewals are scheduled, how a connection
+does its I/O) lives in hand-written modules that both sides import under matching names
+(`celery_dflock.client._aio_backend` / `celery_dflock.client._sync_backend`,
+`celery_dflock.client._connection`).
 
-    uv run --no-sync python scripts/unasync.py           # rewrite celery_dflock/_sync/
+    uv run --no-sync python scripts/unasync.py           # rewrite celery_dflock/client/_sync/
     uv run --no-sync python scripts/unasync.py --check   # fail if it is not current (CI)
+
+Only code is rewritten: names, keywords, and strings that are names (``__all__``, a ``cast``'s
+type) or an f-string's replacement fields. Prose is left as written: comments, docstrings and
+messages, so the source's prose must be true of both faces (the generated file's header says
+which file it was generated from).
 
 A line of the source that ends in ``# unasync: async only`` is left out of the blocking twin.
 """
@@ -16,16 +22,18 @@ A line of the source that ends in ``# unasync: async only`` is left out of the b
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 from typing import Final
 
 ROOT: Final = Path(__file__).resolve().parent.parent
-SOURCE: Final = ROOT / "celery_dflock" / "_async"
-TARGET: Final = ROOT / "celery_dflock" / "_sync"
+SOURCE: Final = ROOT / "celery_dflock" / "client" / "_async"
+TARGET: Final = ROOT / "celery_dflock" / "client" / "_sync"
 
 # Whole-word replacements, applied in this order (longer names first).
 WORDS: Final = (
@@ -36,7 +44,8 @@ WORDS: Final = (
     ("AsyncDistributedSemaphore", "DistributedSemaphore"),
     ("AsyncRenewalDriver", "RenewalDriver"),
     ("AsyncPoolBase", "PoolBase"),
-    ("_AsyncLockBase", "_SyncLockBase"),
+    ("AsyncLockBase", "LockBase"),
+    ("AsyncHeldLock", "HeldLock"),
     ("AsyncClient", "Client"),
     ("_aio_backend", "_sync_backend"),
     ("_async", "_sync"),
@@ -54,18 +63,88 @@ HEADER: Final = (
 )
 
 
-def unasync_line(line: str) -> str:
-    line = re.sub(r"\basync def\b", "def", line)
-    line = re.sub(r"\basync with\b", "with", line)
-    line = re.sub(r"\basync for\b", "for", line)
-    line = re.sub(r"\bawait ", "", line)
+def unasync_code(code: str) -> str:
+    """Rewrite a stretch of code (no prose in it)."""
+    code = re.sub(r"\basync def\b", "def", code)
+    code = re.sub(r"\basync with\b", "with", code)
+    code = re.sub(r"\basync for\b", "for", code)
+    code = re.sub(r"\bawait ", "", code)
+    code = re.sub(r"\babc\.Awaitable\[([^\[\]]*)\]", r"\1", code)  # a coroutine's result
     for old, new in WORDS:
-        line = re.sub(rf"\b{old}\b", new, line)
-    return line
+        code = re.sub(rf"\b{old}\b", new, code)
+    return code
+
+
+NAME_LIKE: Final = re.compile(r"[\w.\[\]|, ]*")
+"""A string that is a name or a type (``"AsyncConnection"``, ``"list[AsyncConnection]"``)."""
+_STRING_PARTS: Final = re.compile(r"(?is)([a-z]*)('\'\'|\"\"\"|'|\")(.*)\2")
+
+
+def _fields(literal: str) -> list[tuple[int, int]]:
+    """The replacement fields ``{...}`` of an f-string literal, as (start, end) offsets."""
+    found: list[tuple[int, int]] = []
+    depth, start, i = 0, 0, 0
+    while i < len(literal):
+        pair = literal[i : i + 2]
+        if depth == 0 and pair in ("{{", "}}"):
+            i += 2
+            continue
+        if literal[i] == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif literal[i] == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                found.append((start, i + 1))
+        i += 1
+    return found
+
+
+def _prose(text: str) -> list[tuple[int, int]]:
+    """The (start, end) offsets of prose in ``text``: comments, docstrings (a string that is a
+    statement of its own), and strings that are neither names nor an f-string's fields."""
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    skip = {tokenize.NL, tokenize.COMMENT}
+    spans: list[tuple[int, int]] = []
+    for index, token in enumerate(tokens):
+        start = starts[token.start[0] - 1] + token.start[1]
+        end = starts[token.end[0] - 1] + token.end[1]
+        if token.type == tokenize.COMMENT:
+            spans.append((start, end))
+        if token.type != tokenize.STRING:
+            continue
+        before = next((t for t in reversed(tokens[:index]) if t.type not in skip), None)
+        after = next((t for t in tokens[index + 1 :] if t.type not in skip), None)
+        alone = (
+            before is None or before.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+        ) and (after is None or after.type in (tokenize.NEWLINE, tokenize.ENDMARKER))
+        parts = _STRING_PARTS.fullmatch(token.string)
+        if alone or parts is None:
+            spans.append((start, end))
+        elif "f" in parts[1].lower():
+            edge = start
+            for field_start, field_end in _fields(token.string):
+                spans.append((edge, start + field_start))
+                edge = start + field_end
+            spans.append((edge, end))
+        elif not NAME_LIKE.fullmatch(parts[3]):
+            spans.append((start, end))
+    return spans
 
 
 def unasync_text(text: str, source: str) -> str:
-    lines = [unasync_line(line) for line in text.splitlines(keepends=True)]
+    out: list[str] = []
+    edge = 0
+    for start, end in _prose(text):
+        out.append(unasync_code(text[edge:start]))
+        out.append(text[start:end])
+        edge = end
+    out.append(unasync_code(text[edge:]))
+    lines = "".join(out).splitlines(keepends=True)
     body = "".join(line for line in lines if not line.rstrip().endswith(ASYNC_ONLY))
     return HEADER.format(source=source) + body
 
@@ -92,9 +171,11 @@ def generated() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Generate celery_dflock/_sync/ from _async/.")
+    parser = argparse.ArgumentParser(
+        description="Generate celery_dflock/client/_sync/ from _async/."
+    )
     parser.add_argument(
-        "--check", action="store_true", help="fail if celery_dflock/_sync/ is stale"
+        "--check", action="store_true", help="fail if celery_dflock/client/_sync/ is stale"
     )
     args = parser.parse_args(argv)
     files = generated()

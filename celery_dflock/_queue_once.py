@@ -1,0 +1,428 @@
+# pyright: reportMissingTypeStubs=false
+"""Queue-once (``lock_from="publish"``): the publish-time hold and its hand-offs.
+
+A task sent with ``lock_from="publish"`` takes a hold on its key before its message is
+published (`publish_hold`), bound to the publisher's connection until the broker took the
+message (`PublishHold.confirm` detaches it with its pending lease); a duplicate publish gets
+the holder's result instead (`Duplicate`). The run that takes the message adopts the hold
+(`take_over`), and a retry hands it on to the retry message (`retry_hand_off`). The header
+and the owner note it travels with: `celery_dflock._holds`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, cast
+
+from celery_dflock._celery import get_logger, get_task_logger
+from celery_dflock._held_records import AnyLock
+from celery_dflock._holds import (
+    HOLD_HEADER,
+    NOTE_MAX_BYTES,
+    Follow,
+    HoldRef,
+    decode_note,
+    encode_note,
+    hold_of,
+)
+from celery_dflock._plan import LockOptions, options_for
+from celery_dflock._request import header, held_lock, held_options
+from celery_dflock._runtime import Runtime, get_runtime
+from celery_dflock.client import DistributedLock
+from celery_dflock.client.clients import Hold
+from celery_dflock.client.errors import (
+    AlreadyQueued,
+    DflockError,
+    InvalidValueError,
+    KeyHeld,
+    ProtocolError,
+    ServerUnavailable,
+)
+from celery_dflock.config import DflockConfig, get_config
+
+__all__ = [
+    "PUBLISH_LEASE_S",
+    "Duplicate",
+    "PublishHold",
+    "eager_duplicate",
+    "publish_hold",
+    "release_hold",
+    "retry_hand_off",
+    "take_over",
+]
+
+logger: Any = get_task_logger("celery_dflock.task")
+"""For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
+worker_logger: Any = get_logger("celery_dflock.worker")
+"""For messages logged outside a task's run (a publish's hold that could not be kept)."""
+
+_ADOPT_PAUSE_S: Final = 0.01
+_ADOPT_PAUSE_MAX_S: Final = 0.5
+
+
+def eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:
+    """An eager run of a ``lock_from="publish"`` task found its key held (a queued or running
+    message): it does not run, and does not wait for the holder."""
+    holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
+    by = f"task {holder}" if holder else "a holder that left no task id"
+    follows = f"; AsyncResult({holder!r}) follows it" if holder else ""
+    return AlreadyQueued(
+        f"{label} (an eager run) did not run: key {key!r} is held by {by} "
+        f"(lock_from='publish': one run per key){follows}",
+        task_id=holder,
+        key=key,
+    )
+
+
+def take_over(
+    runtime: Runtime,
+    config: DflockConfig,
+    lock: AnyLock,
+    held: HoldRef | None,
+    *,
+    note: str | None,
+    label: str,
+    on_close_lease: int | None,
+    task_id: str | None,
+) -> bool:
+    """Adopt the publish-time hold ``held`` into ``lock``; False when there is none to adopt
+    (no hold, it is gone, or another delivery of the same message runs under it: the caller
+    then acquires, and ``on_locked`` applies).
+
+    The adoption is exclusive (the server binds the hold to this run's connection): a message
+    delivered again while its first run lasts (Redis's visibility timeout) cannot run beside
+    it. ``on_close_lease``: for an acks_late task, whose message comes back to the queue when
+    its worker dies, the hold outlives the run's connection by that many seconds (detached
+    again, for the redelivery to take over); otherwise the hold is released with the
+    connection."""
+    if held is None or not isinstance(lock, DistributedLock):
+        return False
+    if held.key != lock.key:
+        # Sent again (a retry) with arguments that give another key: the old key's hold is
+        # of no use to this run.
+        logger.info(
+            "dflock: %s was sent holding %r, but its arguments give key %r now; "
+            "releasing the old hold",
+            label,
+            held.key,
+            lock.key,
+        )
+        release_hold(runtime, config, held)
+        return False
+    if _adopt(lock, held, note=note, on_close_lease=on_close_lease, task_id=task_id):
+        return True
+    if lock.holder is not None:
+        logger.info(
+            "dflock: %s: its hold on %r is held by a run of another delivery (%s); taking "
+            "the key as a run-time lock",
+            label,
+            lock.key,
+            lock.holder,
+        )
+        return False
+    logger.info(
+        "dflock: %s: the hold taken when it was sent is gone (lock_pending_ttl ran out, or "
+        "it was released); taking key %r now",
+        label,
+        lock.key,
+    )
+    return False
+
+
+def _adopt(
+    lock: DistributedLock,
+    held: HoldRef,
+    *,
+    note: str | None,
+    on_close_lease: int | None,
+    task_id: str | None,
+) -> bool:
+    """`DistributedLock.adopt`; while the hold is still bound to the publisher that sent this
+    very message (its note is this task's id, without a host: the publisher has not yet
+    detached it, `PublishHold.confirm`), try again shortly, for at most `PUBLISH_LEASE_S`."""
+    deadline = time.monotonic() + PUBLISH_LEASE_S
+    pause_s = _ADOPT_PAUSE_S
+    while True:
+        if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
+            return True
+        pending = task_id is not None and decode_note(lock.holder) == (task_id, None)
+        if not pending or time.monotonic() + pause_s > deadline:
+            return False
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, _ADOPT_PAUSE_MAX_S)
+
+
+def release_hold(runtime: Runtime, config: DflockConfig, held: HoldRef) -> bool:
+    """Release a publish-time hold by its token (idempotent): True if the server freed it."""
+    return runtime.client(config).release(held.key, held.token)
+
+
+PUBLISH_LEASE_S: Final = 15
+"""How long a run waits for the publisher of its own message to detach the hold (`_adopt`):
+a publish-time hold is taken bound to the publisher's connection (``hl ... c``, with its
+pending lease, so a lease above the server's ``--max-lease-ttl`` is refused before anything
+is sent) and detached (``hd``) only once the broker took the message. A send that gave up
+(the lock server did not answer, the broker refused, an exception) leaves no hold behind: it
+is freed when that connection closes (a connection whose request went unanswered is closed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishHold:
+    """A publish-time hold taken for a message about to be sent (bound to the publisher's
+    connection until `confirm`)."""
+
+    hold: Hold
+    header: dict[str, str]
+    lease: int
+    """The lease the hold gets once its message is sent (``lock_pending_ttl``, or the delay)."""
+
+    def confirm(self, task: Any, task_id: str) -> None:
+        """The message was sent: detach the hold with its pending lease. A hold that cannot
+        be confirmed (gone, or the server unreachable) is logged: the message is sent, and
+        its run takes the key at run time."""
+        app: Any = task._get_app()
+        key = self.hold.key
+        try:
+            done = (
+                get_runtime(app)
+                .client(get_config(app))
+                .detach(key, self.hold.token, lease_ttl=self.lease)
+            )
+        except DflockError as exc:
+            done, why = False, f"the lock server did not confirm it ({exc})"
+        else:
+            why = (
+                "it was gone (its connection to the lock server closed before the message was sent)"
+            )
+        if not done:
+            worker_logger.warning(
+                "dflock: task %s[%s] was sent, but its hold of %r could not be kept: %s; its "
+                "run takes the key when it starts, and a duplicate may be sent meanwhile",
+                task.name,
+                task_id,
+                key,
+                why,
+            )
+
+    def release(self, task: Any) -> None:
+        """Free the hold (the message could not be sent)."""
+        app: Any = task._get_app()
+        config = get_config(app)
+        get_runtime(app).client(config).release(self.hold.key, self.hold.token)
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """The key is held: send nothing, return the holder's result (``on_duplicate="return"``);
+    for a canvas member, send a follower in its place (`Follow`: the holder's result, or
+    ``error`` at once)."""
+
+    task_id: str | None
+    key: str = ""
+    error: str | None = None
+
+    def follow(self) -> Follow:
+        """The follower's header for a canvas member sent in this duplicate's place."""
+        return Follow(self.key, self.task_id, self.error)
+
+
+def publish_hold(
+    task: Any,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    per_call: Mapping[str, object],
+    task_id: str,
+    *,
+    countdown: float | None = None,
+    eta: Any = None,
+    in_canvas: bool = False,
+) -> PublishHold | Duplicate | None:
+    """Take the publish-time hold of a message of ``task`` (``lock_from="publish"``).
+
+    ``call`` is (args, kwargs) as the run will see them (after the serializer's round trip),
+    ``task_id`` the id the message is sent with. The hold lasts ``lock_pending_ttl`` after
+    the message is due (its ``countdown`` or ``eta``). None: the task is not sent under a
+    hold. Raises `AlreadyQueued` for a duplicate under ``on_duplicate="raise"``; a canvas
+    member (``in_canvas``: its id is already in a result its caller holds) gets a `Duplicate`
+    whatever the policy, whose follower fails at once when it would raise."""
+    app: Any = task._get_app()
+    config = get_config(app)
+    runtime = get_runtime(app)
+    name = str(task.name)
+    runs = runtime.task_runs(name)
+    options = options_for(task, config, runs, per_call)
+    if options is None or options.lock_from != "publish":
+        return None
+    run: Callable[..., Any] = task.run
+    key = runs.key_builder(task, options.key, run, config.key_prefix).key(*call)
+    note = encode_note(task_id)
+    if note is None:
+        raise InvalidValueError(
+            f"task {name}: task_id {task_id!r} is too long for lock_from='publish', which "
+            f"stores it with key {key!r} (at most {NOTE_MAX_BYTES} bytes once "
+            f"percent-encoded); send the task with a shorter task_id"
+        )
+    lease = _pending_lease(options, _delay_s(countdown, eta))
+    try:
+        hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
+    except ProtocolError as exc:
+        raise ProtocolError(
+            f"task {name} was not sent: the lock server refused its hold of {key!r} for "
+            f"{lease} s (lock_pending_ttl={options.pending_ttl}, or the message's countdown/"
+            f"eta when longer); a lease above the server's --max-lease-ttl "
+            f"(DFLOCKD_MAX_LEASE_TTL_S, default 300 s) is refused: lower lock_pending_ttl "
+            f"(dflock_lock_pending_ttl) or raise the server's limit. The server said: {exc}"
+        ) from exc
+    except InvalidValueError as exc:  # the lease is above the limit the server's hello told
+        raise InvalidValueError(
+            f"task {name} was not sent: its hold of {key!r} would last {lease} s "
+            f"(lock_pending_ttl={options.pending_ttl}, or the message's countdown/eta when "
+            f"longer): {exc}"
+        ) from exc
+    except KeyHeld as busy:
+        holder, host = decode_note(busy.holder)
+        where = f" (running on {host})" if host else " (queued)"
+        grace = _grace(runtime, config) if holder is None else None
+        if grace is not None:
+            return _in_grace(name, task_id, key, options, grace, in_canvas=in_canvas)
+        if holder is not None and options.on_duplicate == "return":
+            logger.info(
+                "dflock: task %s[%s] not sent: key %r is held by task %s%s; "
+                "returning its result (on_duplicate='return')",
+                name,
+                task_id,
+                key,
+                holder,
+                where,
+            )
+            return Duplicate(holder, key)
+        if holder is None:
+            error = (
+                f"task {name} was not sent: key {key!r} is held, by a holder that left no task "
+                f"id (a lock taken outside Celery, or by an older worker), so there is no "
+                f"result to return; the key frees when that holder releases it"
+            )
+        else:
+            error = (
+                f"task {name} was not sent: key {key!r} is held by task {holder}{where} "
+                f"(lock_from='publish', on_duplicate='raise'); AsyncResult({holder!r}) "
+                f"follows it"
+            )
+        if in_canvas:
+            return Duplicate(holder, key, error)
+        raise AlreadyQueued(error, task_id=holder, key=key) from busy
+    return PublishHold(hold, HoldRef(hold.key, hold.token).header(), lease)
+
+
+def _grace(runtime: Runtime, config: DflockConfig) -> str | None:
+    """What a server in its restart grace says of it (``"127.0.0.1:6388: 212 s left
+    (reason)"``), or None when no server is in one. Asked only when a hold was refused by a
+    holder that left no note: a grace refuses every key so."""
+    found: list[str] = []
+    for status in runtime.client(config).stats():
+        stats = status.stats or {}
+        left = stats.get("grace_remaining_s")
+        if isinstance(left, int | float) and left > 0:
+            reason = stats.get("grace_reason")
+            why = f" ({reason})" if isinstance(reason, str) and reason else ""
+            found.append(f"{status.address}: {left:.0f} s left{why}")
+    return "; ".join(found) or None
+
+
+def _in_grace(
+    name: str,
+    task_id: str,
+    key: str,
+    options: LockOptions,
+    grace: str,
+    *,
+    in_canvas: bool,
+) -> Duplicate | None:
+    """A hold refused because the lock server runs its restart grace (it grants no key until
+    the leases of its previous run have ended): no holder, so no duplicate. With
+    ``on_duplicate="return"`` the task is sent without a hold (None; its run still locks the
+    key); with ``"raise"`` nothing is sent (`ServerUnavailable`, or a failing follower for a
+    canvas member)."""
+    what = (
+        f"task {name}: the lock server is in its restart grace ({grace}): it grants no key "
+        f"until the leases its previous run may have granted have ended, so key {key!r} "
+        f"cannot be held from publish"
+    )
+    if options.on_duplicate == "return":
+        logger.warning(
+            "dflock: %s; task %s sent without a hold (its run still takes the key; a duplicate "
+            "may be sent meanwhile). A lease journal (--state-dir) keeps holds across restarts",
+            what,
+            task_id,
+        )
+        return None
+    error = f"{what}; nothing was sent (on_duplicate='raise'): send it again after the grace"
+    if in_canvas:
+        return Duplicate(None, key, error)
+    raise ServerUnavailable(error)
+
+
+def retry_hand_off(
+    task: Any,
+    request: Any,
+    *,
+    countdown: float | None,
+    eta: Any,
+    max_retries: int | None,
+) -> HoldRef | None:
+    """Before ``task.retry``: a run holding its publish-time hold hands it on to the retry
+    message (renewed for the countdown plus ``lock_pending_ttl``, not released); returns the
+    hold for the retry's header. Any other run's lock is released (None)."""
+    lock = held_lock(request)
+    options = held_options(request)
+    held = hold_of(header(request, HOLD_HEADER))
+    sent = not (request.is_eager or request.called_directly)
+    limit = task.max_retries if max_retries is None else max_retries
+    last = limit is not None and int(request.retries or 0) + 1 > limit  # Celery will not send
+    if (
+        lock is None
+        or options is None
+        or held is None
+        or not sent
+        or last
+        or not isinstance(lock, DistributedLock)
+        or lock.token != held.token
+    ):
+        if lock is not None:
+            lock.release()
+        return None
+    lease = _pending_lease(options, _retry_delay(task, countdown, eta))
+    if lock.hand_off(lease):
+        return held
+    return None  # lost meanwhile: nothing to hand on
+
+
+def _pending_lease(options: LockOptions, delay_s: float) -> int:
+    """The lease of a hold whose message is due in ``delay_s`` s: ``lock_pending_ttl``, or
+    the delay when that is longer (a message due later keeps its key until it is due)."""
+    return max(options.pending_ttl, math.ceil(delay_s))
+
+
+def _retry_delay(task: Any, countdown: float | None, eta: Any) -> float:
+    """Seconds until a retry is due, as ``Task.retry`` works it out."""
+    if eta is None and countdown is None:
+        countdown = cast("float | None", getattr(task, "default_retry_delay", None))
+    return _delay_s(countdown, eta)
+
+
+def _delay_s(countdown: object, eta: object) -> float:
+    """Seconds until a message sent with ``countdown`` or ``eta`` is due (0: at once)."""
+    if isinstance(eta, str):
+        try:
+            eta = datetime.fromisoformat(eta)
+        except ValueError:
+            eta = None
+    if isinstance(eta, datetime):
+        now = datetime.now(eta.tzinfo)
+        return max(0.0, (eta - now).total_seconds())
+    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        return max(0.0, float(countdown))
+    return 0.0

@@ -1,0 +1,376 @@
+"""The worker hooks that keep locks honest (the list: `celery_dflock.signals`), connected once
+per app by `install_hooks` (called by `celery_dflock.signals.install` and when a `LockedTask`
+is bound), and the checks they make of the app's tasks: `apply_task_locks`,
+`unknown_task_locks`, `leases_above`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+from celery_dflock._celery import TimeLimitExceeded, WorkerLostError, get_logger
+from celery_dflock._celery import signals as celery_signals
+from celery_dflock._held_records import CHILD_EXIT_WAIT_S, HeldRecords, pid_gone
+from celery_dflock._holds import HOLD_HEADER, HoldRef, hold_of
+from celery_dflock._request import header
+from celery_dflock._runtime import get_runtime, reset_runtime_after_fork
+from celery_dflock._specs import LOCK_OPTIONS
+from celery_dflock.client.clients import leave_signals_to_the_main_thread
+from celery_dflock.client.errors import DflockError, LockSkipped
+from celery_dflock.config import get_config
+
+__all__ = [
+    "apply_task_locks",
+    "install_hooks",
+    "leases_above",
+    "unknown_task_locks",
+    "with_skip",
+]
+
+logger: Any = get_logger("celery_dflock.signals")
+
+_HOOKS_ATTR: Final = "_dflock_hooks"
+
+
+def _app_of(obj: Any) -> Any:
+    """The app of a worker, consumer or task (None when it has none)."""
+    return getattr(obj, "app", None) or getattr(obj, "_app", None)
+
+
+class _Hooks:
+    """The receivers for one app (kept on the app, so they live exactly as long)."""
+
+    def __init__(self, app: Any, locked_task: type[Any]) -> None:
+        self.app = app
+        self.locked_task = locked_task
+        self.main_pid: int | None = None
+
+    def connect(self) -> None:
+        celery_signals.worker_init.connect(self.on_worker_init, weak=True)
+        celery_signals.worker_ready.connect(self.on_worker_ready, weak=True)
+        celery_signals.worker_process_init.connect(self.on_worker_process_init, weak=True)
+        celery_signals.worker_process_shutdown.connect(self.on_worker_process_shutdown, weak=True)
+        celery_signals.worker_shutdown.connect(self.on_worker_shutdown, weak=True)
+        celery_signals.task_failure.connect(self.on_task_failure, weak=True)
+        celery_signals.task_revoked.connect(self.on_task_revoked, weak=True)
+        if getattr(self.app, "finalized", False):
+            self._lock_configured_tasks()
+        else:
+            self.app.on_after_finalize.connect(self.on_after_finalize, weak=True)
+
+    def _ours(self, sender: Any) -> bool:
+        app = _app_of(sender)
+        return app is None or app is self.app
+
+    def _lock_configured_tasks(self) -> None:
+        apply_task_locks(self.app, self.locked_task)
+
+    # ---------------------------------------------------------------- receivers
+
+    def on_after_finalize(self, sender: Any = None, **_: Any) -> None:
+        if sender is self.app:
+            self._lock_configured_tasks()
+
+    def on_worker_init(self, sender: Any = None, **_: Any) -> None:
+        if not self._ours(sender):
+            return
+        self._lock_configured_tasks()
+        self.main_pid = os.getpid()
+        runtime = get_runtime(self.app)
+        runtime.records = HeldRecords.for_main_process(self.main_pid)
+        threading.Thread(
+            target=self._clean_up_after_dead_workers,
+            name="dflock-leftovers",
+            daemon=True,
+        ).start()
+        if runtime.records is None:
+            logger.warning(
+                "dflock: no private directory for held-lock records in %s; locks of killed "
+                "pool children are freed by the server (auto-release) or their lease only",
+                tempfile.gettempdir(),
+            )
+
+    def on_worker_ready(self, sender: Any = None, **_: Any) -> None:
+        """Config warnings, once the worker logs (it does not yet at ``worker_init``)."""
+        if not self._ours(sender):
+            return
+        for warning in unknown_task_locks(self.app):
+            logger.warning("dflock: %s", warning)
+        # Asked from a thread: an unreachable server costs a connect timeout, which must not
+        # hold up the worker.
+        threading.Thread(
+            target=self._report_servers, name="dflock-servers-check", daemon=True
+        ).start()
+
+    def _report_servers(self) -> None:
+        """Log which lock servers this worker reaches; warn, naming ``dflock_servers``, about
+        each one it cannot reach, and louder when it reaches none."""
+        leave_signals_to_the_main_thread()
+        try:
+            with get_config(self.app).new_client() as client:
+                answers = client.ping()
+        except (DflockError, OSError) as exc:
+            logger.warning("dflock: cannot ask the lock servers (dflock_servers): %s", exc)
+            return
+        reached = [a for a in answers if a.reachable]
+        missed = [a for a in answers if not a.reachable]
+        if reached:
+            logger.info(
+                "dflock: lock servers reached: %s",
+                ", ".join(
+                    f"{a.address} ({a.server.describe()})" if a.server else a.address
+                    for a in reached
+                ),
+            )
+        for answer in missed:
+            logger.warning(
+                "dflock: cannot reach lock server %s (dflock_servers): %s",
+                answer.address,
+                answer.error or "no answer",
+            )
+        limits = [a.server.max_lease_ttl_s for a in reached if a.server is not None]
+        known = [limit for limit in limits if limit is not None]
+        if known:
+            for warning in leases_above(self.app, self.locked_task, min(known)):
+                logger.warning("dflock: %s", warning)
+        if not reached:
+            logger.warning(
+                "dflock: this worker reaches none of its lock servers (dflock_servers = %s): "
+                "no locked task can take its lock until one answers. Start the "
+                "lock server (`dflockd`) or set dflock_servers to where it runs",
+                ",".join(a.address for a in answers) or "(none)",
+            )
+
+    def on_worker_process_init(self, **_: Any) -> None:
+        # Sent in each prefork child after the fork, and also by the solo pool in the worker's
+        # own process: that one is no pool child (killing it would kill the worker).
+        if self.main_pid is not None and self.main_pid == os.getpid():
+            return
+        reset_runtime_after_fork(self.app, in_pool_child=True)
+
+    def on_worker_process_shutdown(self, **_: Any) -> None:
+        get_runtime(self.app).close()
+
+    def on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
+        if not self._ours(sender):
+            return
+        runtime = get_runtime(self.app)
+        if runtime.records is not None and self._in_main_process():
+            self._release_orphans(None, wait_s=0)
+            runtime.records.remove_all()
+        runtime.close()
+
+    def on_task_failure(
+        self, sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
+    ) -> None:
+        lost_child = isinstance(exception, WorkerLostError | TimeLimitExceeded)
+        if lost_child and task_id and self._in_main_process() and self._ours(sender):
+            self._release_orphans_soon(task_id)
+
+    def on_task_revoked(
+        self, sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+    ) -> None:
+        task_id = getattr(request, "id", None)
+        if not self._ours(sender):
+            return
+        if terminated:
+            if task_id and self._in_main_process():
+                self._release_orphans_soon(task_id)
+            return
+        held = hold_of(header(request, HOLD_HEADER))
+        if held is not None:
+            # Dropped before it ran: its publish-time hold has no run to end it.
+            threading.Thread(
+                target=self._release_hold,
+                args=(held, task_id),
+                name=f"dflock-revoked-{task_id}",
+                daemon=True,
+            ).start()
+
+    def _release_hold(self, held: HoldRef, task_id: str | None) -> None:
+        leave_signals_to_the_main_thread()
+        try:
+            released = (
+                get_runtime(self.app).client(get_config(self.app)).release(held.key, held.token)
+            )
+        except (DflockError, OSError) as exc:
+            logger.warning(
+                "dflock: could not release key %r held for revoked task %s: %s "
+                "(it frees after lock_pending_ttl)",
+                held.key,
+                task_id,
+                exc,
+            )
+        else:
+            if released:
+                logger.info("dflock: released key %r of revoked task %s", held.key, task_id)
+
+    # ---------------------------------------------------------------- orphan release
+
+    def _clean_up_after_dead_workers(self) -> None:
+        """Release what the pool children of dead workers recorded, and remove their records
+        directories (a worker killed with -9 never removes its own)."""
+        leave_signals_to_the_main_thread()
+        if self.main_pid is None:
+            return
+        for records in HeldRecords.left_by_dead_workers(self.main_pid):
+            self._release_from(records, None, wait_s=0)
+            if not records.entries():
+                records.remove_all()
+                logger.info("dflock: removed %s, left by a worker that is gone", records.directory)
+
+    def _in_main_process(self) -> bool:
+        return self.main_pid == os.getpid()
+
+    def _release_orphans_soon(self, task_id: str) -> None:
+        # The consumer's thread must not block on a dying child: wait in a thread.
+        threading.Thread(
+            target=self._release_orphans_in_a_thread,
+            args=(task_id,),
+            name=f"dflock-orphan-{task_id}",
+            daemon=True,
+        ).start()
+
+    def _release_orphans_in_a_thread(self, task_id: str) -> None:
+        leave_signals_to_the_main_thread()
+        self._release_orphans(task_id, CHILD_EXIT_WAIT_S)
+
+    def _release_orphans(self, task_id: str | None, wait_s: float) -> None:
+        records = get_runtime(self.app).records
+        if records is not None:
+            self._release_from(records, task_id, wait_s)
+
+    def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
+        runtime = get_runtime(self.app)
+        config = get_config(self.app)
+        for path, entry in records.entries(task_id):
+            pid = int(entry.get("pid", 0))
+            if pid and not pid_gone(pid, wait_s):
+                # Still alive: it is running or unwinding the task and releases it itself.
+                logger.info(
+                    "dflock: pool child %s still runs task %s; it releases %r itself",
+                    pid,
+                    task_id,
+                    entry.get("key"),
+                )
+                continue
+            try:
+                released = runtime.release_token(
+                    config, str(entry["key"]), str(entry["token"]), entry.get("limit")
+                )
+            except (DflockError, OSError, KeyError) as exc:
+                logger.warning(
+                    "dflock: could not release %r left by dead pool child %s: %s "
+                    "(its lease will expire)",
+                    entry.get("key"),
+                    pid,
+                    exc,
+                )
+            else:
+                if released:
+                    logger.info(
+                        "dflock: released %r left by dead pool child %s", entry.get("key"), pid
+                    )
+            records.forget(path, entry)
+
+
+def install_hooks(app: Any, locked_task: type[Any]) -> None:
+    """Connect the worker hooks for ``app`` (idempotent); ``locked_task`` is `LockedTask`,
+    the class the tasks named in ``dflock_task_locks`` are made into."""
+    if isinstance(getattr(app, _HOOKS_ATTR, None), _Hooks):
+        return
+    hooks = _Hooks(app, locked_task)
+    setattr(app, _HOOKS_ATTR, hooks)
+    hooks.connect()
+
+
+def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
+    """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them.
+
+    Each such task that is not a ``locked_task`` (`LockedTask`) gets its class swapped for
+    a subclass that puts ``locked_task`` first in its bases. Returns the names of
+    the tasks changed. Runs from the worker hooks (see :mod:`celery_dflock.signals`), which
+    also warn about names no task has (`unknown_task_locks`).
+    """
+    config = get_config(app)
+    changed: list[str] = []
+    tasks: Mapping[str, Any] = app.tasks
+    for name in config.task_locks:
+        task = tasks.get(name)
+        if task is None:
+            continue
+        if isinstance(task, locked_task):
+            continue
+        original: Any = task.__class__
+        locked_cls = type(
+            original.__name__,
+            (locked_task, original),
+            {
+                "__module__": original.__module__,
+                "__qualname__": original.__qualname__,
+                "throws": with_skip(getattr(original, "throws", ())),
+            },
+        )
+        task.__class__ = locked_cls
+        changed.append(name)
+    return changed
+
+
+def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
+    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
+    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
+    lock server grants: every run (or send) of it would be refused."""
+    config = get_config(app)
+    runtime = get_runtime(app)
+    tasks: Mapping[str, Any] = app.tasks
+    warnings: list[str] = []
+    for name, task in sorted(tasks.items()):
+        if not isinstance(task, locked_task):
+            continue
+        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
+        try:
+            options = runtime.task_runs(name).plan_for(task, config, attributes).options
+        except DflockError:  # a bad option fails where it is used, with its own message
+            continue
+        if options is None:  # not locked (the app's task_cls, no lock option)
+            continue
+        leases = [("lock_ttl", options.ttl, "run")]
+        if options.lock_from == "publish":
+            leases.append(("lock_pending_ttl", options.pending_ttl, "send"))
+        for option, lease, what in leases:
+            if lease is not None and lease > limit:
+                warnings.append(
+                    f"task {name!r} asks for {option}={lease}, above the longest lease its "
+                    f"lock servers grant ({limit} s, --max-lease-ttl): every {what} of it will "
+                    f"be refused; lower {option} (or dflock_{option}) or raise the servers' "
+                    "--max-lease-ttl"
+                )
+    return warnings
+
+
+def unknown_task_locks(app: Any) -> list[str]:
+    """A warning for each ``dflock_task_locks`` entry that names no task of ``app`` (a typo
+    there would leave the task unlocked without a word), with the close matches."""
+    tasks = [str(name) for name in app.tasks]
+    warnings: list[str] = []
+    for name in get_config(app).task_locks:
+        if name in tasks:
+            continue
+        close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        warnings.append(
+            f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
+            f"locked{hint}"
+        )
+    return warnings
+
+
+def with_skip(throws: object) -> tuple[type[BaseException], ...]:
+    """A task's ``throws`` with `LockSkipped` in it (an expected error: INFO, no traceback)."""
+    given = tuple(cast("tuple[type[BaseException], ...]", throws or ()))
+    return given if LockSkipped in given else (*given, LockSkipped)

@@ -1,0 +1,191 @@
+"""What the asyncio client does its own way; `celery_dflock.client._sync_backend` is the blocking
+side.
+
+The lock shells (`celery_dflock.client._async.lock`, and the blocking one generated from it) are
+written once; they import these names from here or from `celery_dflock.client._sync_backend`, which
+has the same names with the same meaning:
+
+- `OpLock`: serializes a lock object's acquire, renew and release;
+- `Event`: the lock's ``lost_event``;
+- `call_back`: runs ``on_lost`` (here a coroutine function's result is awaited);
+- `AsyncRenewalDriver`: renews a held lock and notices when the server closes its connection;
+- `AsyncPoolBase`: what a pool of this kind checks before each use.
+
+Here each held lock is renewed by an asyncio task of its own, which dozes until the renewal is due.
+The connection's protocol hears the peer's close without a task or a system call, and wakes that
+task, which then checks the connection under the operation lock (so never while a request is in
+flight) and reattaches the lock at once (reconnects and renews by token; lost only if that is
+refused or the lease runs out first). The renewal's request is shielded: cancelling the task (or a
+`renew` call) lets the request in flight finish, and a `release` that follows waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Final, Protocol, TypeVar
+
+from celery_dflock.client._connection import AsyncConnection
+from celery_dflock.client._pooling import PoolBase as SharedPoolBase
+from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
+from celery_dflock.client.errors import DflockError
+
+__all__ = ["AsyncPoolBase", "AsyncRenewalDriver", "Event", "OpLock", "call_back", "pause"]
+
+logger: Final = logging.getLogger("celery_dflock.client")
+
+OpLock = asyncio.Lock
+"""A lock object's operation lock: acquire, renew and release never interleave."""
+
+Event = asyncio.Event
+"""The kind of the locks' ``lost_event``."""
+
+T = TypeVar("T")
+
+pause = asyncio.sleep
+"""Wait before trying again (a cluster's ``error_unavailable``): the task sleeps."""
+
+
+async def call_back(callback: Callable[[T], object], arg: T) -> None:
+    """``callback(arg)``, awaited when it returns an awaitable (a coroutine function)."""
+    result = callback(arg)
+    if inspect.isawaitable(result):
+        awaitable: Awaitable[object] = result
+        await awaitable
+
+
+class Renewable(Protocol):
+    """What a driver needs of its lock (`celery_dflock.client._async.lock._AsyncLockBase`)."""
+
+    @property
+    def _conn(self) -> AsyncConnection | None: ...
+    async def _renew_guarded(self, scheduled: bool) -> bool | None: ...
+
+
+class AsyncRenewalDriver:
+    """Renews one lock object's grants from a task of its own (module docstring)."""
+
+    def __init__(self, lock: Renewable, pool: object) -> None:
+        del pool  # every asyncio lock renews from its own task
+        self._lock = lock
+        self._task: asyncio.Task[None] | None = None
+        self._renewing: asyncio.Task[bool | None] | None = None  # the shielded request
+        self._wake: asyncio.Future[None] | None = None  # the renewal task's doze, cut short
+        self._stopping = False
+
+    @property
+    def cancelled(self) -> bool:
+        """True once `stop` began: a scheduled renewal that starts now does nothing."""
+        return self._stopping
+
+    def start(self, conn: AsyncConnection, interval: float, first_in: float, name: str) -> None:
+        """Renew every ``interval`` s, the first time in ``first_in`` s (operation lock held)."""
+        self._stopping = False
+        conn.watch(self._connection_event)
+        self._task = asyncio.create_task(self._loop(interval, first_in), name=name)
+
+    def attach(self, conn: AsyncConnection) -> None:
+        """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
+        conn.watch(self._connection_event)
+
+    def unwatch(self, conn: AsyncConnection | None) -> None:
+        if conn is not None:
+            conn.watch(None)
+
+    def renewed(self, conn: AsyncConnection) -> None:
+        """After a renewal (operation lock held): if the connection closed right after its
+        reply, the task (dozing, when this was `renew`) was woken while the request was in
+        flight and did nothing; wake it again."""
+        if conn.broken_while_idle():
+            self._connection_event()
+
+    def forget(self) -> None:
+        """In a fork child: the parent's task is not this process's."""
+        self._task = self._renewing = None
+
+    async def stop(self) -> None:
+        """Stop renewing; wait for a renewal in flight (and the on_lost it may run)."""
+        self._stopping = True
+        task, self._task = self._task, None
+        current = asyncio.current_task()
+        if task is not None and task is not current:
+            task.cancel()
+            await asyncio.wait([task])
+        renewing = self._renewing
+        if renewing is not None and renewing is not current and not renewing.done():
+            # The shielded renewal goes on after its loop is cancelled; it, and the on_lost it
+            # may be running, end before the grant is forgotten (bounded: an on_lost that
+            # waits for this release must not hang both).
+            await asyncio.wait([renewing], timeout=JOIN_TIMEOUT_S)
+
+    async def renew_now(self) -> bool | None:
+        """`renew`: one renewal now, shielded from the caller's cancellation."""
+        return await self._shielded(self._lock._renew_guarded(False))  # pyright: ignore[reportPrivateUsage]
+
+    async def _shielded(self, work: Coroutine[object, object, bool | None]) -> bool | None:
+        """Run ``work`` in a task of its own, shielded: cancelling the caller does not
+        interrupt the request (a later `release` waits for it instead)."""
+        task = asyncio.create_task(work)
+        self._renewing = task
+        return await asyncio.shield(task)
+
+    def _connection_event(self) -> None:
+        """The held connection heard from the peer (bytes, EOF, or lost): wake the task."""
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _doze(self, until: float) -> None:
+        """Sleep until the loop time ``until``, or less if the held connection breaks."""
+        conn = self._lock._conn  # pyright: ignore[reportPrivateUsage]
+        if conn is not None and conn.broken_while_idle():
+            return  # it broke during the last request or before this task ran
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wake = wake
+        try:
+            async with asyncio.timeout_at(until):
+                await wake
+        except TimeoutError:
+            pass
+        finally:
+            self._wake = None
+
+    async def _loop(self, interval: float, first_in: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + first_in
+        while True:
+            await self._doze(due)
+            conn = self._lock._conn  # pyright: ignore[reportPrivateUsage]
+            if loop.time() < due and conn is not None and not conn.broken_while_idle():
+                continue  # woken, but the connection is fine: renew when due
+            renewal = self._lock._renew_guarded(True)  # pyright: ignore[reportPrivateUsage]
+            if await self._shielded(renewal) is not True:
+                return
+            due = loop.time() + interval
+
+
+class AsyncPoolBase(SharedPoolBase[AsyncConnection]):
+    """An asyncio pool belongs to the event loop it is first used in (its connections cannot
+    move between loops)."""
+
+    def _setup(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _forked_reset(self) -> None:
+        self._loop = None
+
+    def _check(self) -> None:
+        self._check_fork()
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise DflockError(
+                "this AsyncConnectionPool belongs to another event loop; "
+                "create one pool per event loop"
+            )
+
+    async def _open(self, endpoint: Endpoint) -> AsyncConnection:
+        return await AsyncConnection.connect(endpoint, self._store.servers.get(endpoint))

@@ -1,0 +1,53 @@
+"""Asking one server what it is (``hello``, ``stats``) or where keys live (``shards``), over a
+connection of its own, closed after: `Client.stats`, ``ping`` and ``shards`` never raise for a
+server that cannot be reached, they say so in the answer.
+
+Written once for both faces: the asyncio source, ``celery_dflock/client/_async/status.py``, and
+the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
+"""
+
+from __future__ import annotations
+
+from celery_dflock.client import protocol
+from celery_dflock.client._connection import AsyncConnection
+from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._status import (
+    ServerShards,
+    ServerStatus,
+    hello_only,
+    shards_of,
+    with_stats,
+)
+from celery_dflock.client.errors import DflockError
+from celery_dflock.client.protocol import Command
+
+
+async def ask_shards(endpoint: Endpoint) -> ServerShards:
+    """``shards``, asked of ``endpoint``."""
+    try:
+        conn = await AsyncConnection.connect(endpoint, None)
+        try:
+            data = await conn.shards()
+        finally:
+            await conn.aclose()
+    except DflockError as exc:
+        return ServerShards(endpoint.address, error=str(exc))
+    return shards_of(endpoint, data)
+
+
+async def ask(endpoint: Endpoint, with_stats_too: bool) -> ServerStatus:
+    """``hello`` (and ``stats`` when ``with_stats_too``), asked of ``endpoint``."""
+    try:
+        conn = await AsyncConnection.connect(endpoint, None)
+        try:
+            info = conn.server or ServerInfo()
+            done = hello_only(endpoint, info, with_stats_too)
+            if done is not None:
+                return done
+            reply = await conn.request(Command.STATS, protocol.encode_stats())
+        finally:
+            await conn.aclose()
+    except DflockError as exc:
+        return ServerStatus(endpoint.address, error=str(exc))
+    return with_stats(endpoint, info, reply)

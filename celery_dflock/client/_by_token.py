@@ -1,0 +1,70 @@
+"""Requests about a grant named by its token, made without a lock object (no I/O here).
+
+Release, renew, detach and note by token (`Client.release` / `renew` / `detach` / `note`, and a
+lock's ``release_token`` / ``renew_token`` / ...) are each one request and its reply: the
+functions here build the request and read the reply; the shells send it over a pooled
+connection to the key's server.
+"""
+
+from __future__ import annotations
+
+from celery_dflock.client import protocol, wire
+from celery_dflock.client._refusals import describe_lock, refusal_error
+from celery_dflock.client._servers import ServerInfo, require_holds
+from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
+from celery_dflock.client.errors import ProtocolError
+from celery_dflock.client.protocol import Command, ErrorReply, Renewed, Reply
+
+Request = tuple[Command, bytes, float]
+"""What a request is to the shells: (command, bytes, reply timeout)."""
+
+
+def release_request(key: str, token: str, limit: int | None = None) -> Request:
+    """``r <token>`` (``sr`` for a semaphore's slot)."""
+    token = protocol.validate_token(token)
+    if limit is None:
+        return Command.RELEASE, protocol.encode_release(key, token), REPLY_GRACE_S
+    return Command.SEM_RELEASE, protocol.encode_sem_release(key, token), REPLY_GRACE_S
+
+
+def released(reply: Reply) -> bool:
+    """The reply to `release_request`: True if the server released the grant, False if it
+    no longer held it."""
+    return isinstance(reply, protocol.Ok)
+
+
+def renew_request(key: str, token: str, lease_ttl: int) -> Request:
+    """``n <token> <lease>``: renew a grant to ``lease_ttl`` seconds from now."""
+    data = protocol.encode_renew(key, protocol.validate_token(token), lease_ttl)
+    return Command.RENEW, data, REPLY_GRACE_S
+
+
+def detach_request(
+    server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
+) -> Request:
+    """``hd <token> <lease>``: detach a grant from the connection it is bound to
+    (`HoldsUnsupported` unless ``server``, at ``where``, has holds)."""
+    require_holds(server, where, describe_lock(key))
+    data = protocol.encode_hand_down(key, protocol.validate_token(token), lease_ttl)
+    return Command.HAND_DOWN, data, REPLY_GRACE_S
+
+
+def note_request(server: ServerInfo | None, where: str, key: str, token: str, note: str) -> Request:
+    """``note <token> <note>`` (`HoldsUnsupported` unless ``server``, at ``where``, has
+    holds)."""
+    require_holds(server, where, describe_lock(key))
+    return Command.NOTE, protocol.encode_note(key, token, note), REPLY_GRACE_S
+
+
+def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
+    """The reply to `renew_request`, `detach_request` or `note_request`: True done, False
+    when the token no longer holds the key; raises for other refusals."""
+    if isinstance(reply, Renewed | protocol.Ok):
+        return True
+    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+        return False
+    if isinstance(reply, ErrorReply):
+        raise refusal_error(
+            command, reply, what=describe_lock(key), endpoint=endpoint, limit=None, lease_ttl_s=None
+        )
+    raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")

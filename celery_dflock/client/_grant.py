@@ -1,0 +1,251 @@
+"""What one lock object knows of the grant it holds (no I/O here): its token and fence, the
+lease and how long it surely runs, when to renew, whether the lock was lost, and reattaching
+after the held connection broke (reconnect, renew by token, while the lease runs).
+
+`HeldGrant` is the middle of `LockCore`: below it `KeyRoute` (where requests go), above it the
+requests and the replies that move a lock from state to state.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Final
+
+from celery_dflock.client import protocol, wire
+from celery_dflock.client._router import KeyRoute
+from celery_dflock.client._settings import (
+    MAX_RENEW_INTERVAL_S,
+    MIN_RENEW_INTERVAL_S,
+    REPLY_GRACE_S,
+    Endpoint,
+)
+from celery_dflock.client.protocol import ErrorReply, Renewed, Reply
+
+logger: Final = logging.getLogger("celery_dflock.client")
+
+CLOSED_BY_SERVER: Final = (
+    "the server closed it: restarted, shutting down, a network cut or an idle timeout"
+)
+"""Why a held lock's connection that broke while idle went (before it reattaches)."""
+
+REATTACH_FIRST_PAUSE_S: Final = 0.05
+REATTACH_MAX_PAUSE_S: Final = 1.0
+"""After a held lock's connection broke, each failed attempt to reattach (reconnect and renew
+by token) is followed by a pause that doubles from the first to the most, while the lease
+confirmed last still runs."""
+
+_TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
+
+
+def redact(text: str) -> str:
+    """``text`` with anything that looks like a token replaced (for logs and lost reasons)."""
+    return _TOKEN_IN_TEXT.sub("<token>", text)
+
+
+class LockState(enum.Enum):
+    """Where a lock object stands, as far as this process knows."""
+
+    IDLE = "idle"
+    ENQUEUED = "enqueued"
+    HELD = "held"
+
+
+@dataclass(slots=True)
+class RenewOutcome:
+    """What a renewal attempt found: ``renewed``; or ``reattach`` (the connection is done for,
+    the grant may still be held: renew it by token on a new connection); or ``lost_reason``
+    (None: nothing to do)."""
+
+    renewed: bool
+    lost_reason: str | None = None
+    reattach: bool = False
+
+
+class HeldGrant(KeyRoute):
+    """One lock object's grant, as far as this process knows: state, token, lease, loss."""
+
+    # A new lock object is IDLE: these class-level values (immutable) are each lock's until
+    # it sets its own.
+    state: LockState = LockState.IDLE
+    token: str | None = None
+    fencing: bool = False  # the server that granted `token` issues fencing tokens
+    lease: int = 0
+    lost: bool = False
+    pid: int | None = None
+    # time.monotonic() until which the lease surely runs, and by which it surely ends
+    lease_deadline: float = 0.0
+    lease_latest_end: float = 0.0
+    enqueued_at: float | None = None  # when the `e` that queued us was sent
+    # Reattaching a held lock whose connection broke: failed attempts so far, and why the
+    # connection went (None: the lock's connection is fine).
+    reattach_failures: int = 0
+    broken: str | None = None
+
+    @property
+    def renew_ratio(self) -> float:
+        """Renew at this fraction of the lease (the client's setting)."""
+        return self.settings.renew_ratio
+
+    # ---------------------------------------------------------------- views
+    @property
+    def fence(self) -> int | None:
+        """The fencing counter of the current token; None without one, or when its server
+        does not issue fencing tokens (it did not list ``fence`` in its ``hello``)."""
+        if self.token is None or not self.fencing:
+            return None
+        return protocol.fence_of(self.token)
+
+    def foreign_process(self) -> bool:
+        """True when the lock was acquired by another process (we are a fork child)."""
+        return self.pid is not None and self.pid != os.getpid()
+
+    def locked(self) -> bool:
+        """Held (acquired, not released) by this object in this process."""
+        return self.state is LockState.HELD and not self.foreign_process()
+
+    def owned(self) -> bool:
+        """`locked`, not lost, and the lease is known to be still running."""
+        return self.locked() and not self.lost and time.monotonic() < self.lease_deadline
+
+    def renew_interval(self) -> float:
+        """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout."""
+        interval = self.lease * self.renew_ratio
+        return max(MIN_RENEW_INTERVAL_S, min(interval, MAX_RENEW_INTERVAL_S))
+
+    def first_renewal_in(self) -> float:
+        """Seconds to the first renewal of a new grant: at the usual point of the lease, as
+        far as the client knows where the lease stands (a grant collected by ``w`` may have
+        started when the lock was freed, before the ``w`` was sent)."""
+        interval = self.renew_interval()
+        remaining = self.lease_deadline - time.monotonic()
+        return max(0.0, min(interval, remaining - (self.lease - interval)))
+
+    def reply_timeout(self, wait_s: int = 0) -> float:
+        """How long to wait for a reply when the server was asked to wait ``wait_s``."""
+        return wait_s + REPLY_GRACE_S
+
+    def renew_reply_timeout(self) -> float:
+        """A renewal answered after the lease surely ran out is useless: wait at most that
+        long. (Not only until ``lease_deadline``: after a late ``w`` the lease may run well
+        past it, and the renewal sent at once to find out must get its answer.)"""
+        remaining = self.lease_latest_end - time.monotonic()
+        return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, remaining))
+
+    # ---------------------------------------------------------------- renewing and reattaching
+    def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
+        """Interpret the reply to ``n``/``sn`` (on the pinned connection or, reattaching, on a
+        new one). ``error_draining``: the server is shutting down (to restart, it may keep the
+        lease): reattach. ``error``: the server no longer holds the grant: lost."""
+        if isinstance(reply, Renewed):
+            self.lease_deadline = sent_at + reply.seconds_remaining
+            self.lease_latest_end = time.monotonic() + reply.seconds_remaining
+            if self.broken is not None:
+                logger.info(
+                    "dflock %s reattached to the lock server at %s (its connection had "
+                    "closed: %s); still held",
+                    self.what,
+                    self.endpoint.address,
+                    redact(self.broken),
+                )
+            self.broken = None
+            self.reattach_failures = 0
+            return RenewOutcome(renewed=True)
+        code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
+        if code == wire.STATUS_ERROR_DRAINING:
+            return RenewOutcome(
+                renewed=False, lost_reason="the server is shutting down", reattach=True
+            )
+        if code == wire.STATUS_ERROR and self.broken is not None:
+            why = (
+                f"its connection closed ({self.broken}), and the server refused the renewal "
+                "by token on a new connection (it released the lock with the connection, or "
+                "restarted without it, or the lease had expired)"
+            )
+        elif code == wire.STATUS_ERROR:
+            why = "the server refused the renewal (the lease had expired or was released)"
+        else:
+            why = f"the server answered {code!r} to the renewal"
+        return RenewOutcome(renewed=False, lost_reason=why)
+
+    def connection_broke(self, detail: str) -> None:
+        """The held lock's connection closed or failed (``detail`` says how). The server may
+        still hold the grant (a restart that restored it from its journal, a connection cut
+        on the way, or without auto-release on disconnect): the lock is not lost until a
+        renewal by token on a new connection is refused or the lease runs out first."""
+        if self.broken is None:
+            self.reattach_failures = 0
+            logger.info(
+                "dflock %s: its connection to %s closed (%s); reattaching by token while the "
+                "lease runs (%.1f s left)",
+                self.what,
+                self.endpoint.address,
+                redact(detail),
+                max(0.0, self.lease_left()),
+            )
+        self.broken = detail
+
+    def lease_left(self, now: float | None = None) -> float:
+        """Seconds the lease confirmed last surely still runs (from when the last accepted
+        grant or renewal was sent; never more than the lease)."""
+        return self.lease_deadline - (time.monotonic() if now is None else now)
+
+    def reattach_endpoint(self, now: float | None = None) -> Endpoint:
+        """Where to reconnect: the lock's endpoint, its connect timeout cut to the lease left
+        (a connection made after the lease ran out could not save the lock)."""
+        left = max(MIN_RENEW_INTERVAL_S, self.lease_left(now))
+        if left >= self.endpoint.connect_timeout_s:
+            return self.endpoint
+        return replace(self.endpoint, connect_timeout_s=left)
+
+    def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
+        """An attempt to reach the server again failed (``detail``): seconds to pause before
+        the next, doubling from `REATTACH_FIRST_PAUSE_S` to `REATTACH_MAX_PAUSE_S` and never
+        past the lease; None when the lease has run out (the caller `mark_unreachable`s)."""
+        self.broken = detail
+        left = self.lease_left(now)
+        if left <= 0:
+            return None
+        pause = min(REATTACH_FIRST_PAUSE_S * 2**self.reattach_failures, REATTACH_MAX_PAUSE_S)
+        self.reattach_failures += 1
+        return min(pause, left)
+
+    def mark_unreachable(self) -> bool:
+        """The lease ran out before the server could be reached again after the lock's
+        connection broke: `mark_lost`; True the first time."""
+        return self.mark_lost(
+            f"its connection to the lock server at {self.endpoint.address} closed "
+            f"({self.broken or 'unknown cause'}), and the server could not be reached again "
+            "before the lease ran out"
+        )
+
+    @staticmethod
+    def draining(reply: Reply) -> bool:
+        """True for ``error_draining``: the server is shutting down (a restart may keep the
+        lease); a request about a held grant is sent again on a new connection."""
+        return isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_DRAINING
+
+    def mark_lost(self, reason: str) -> bool:
+        """Record that the lock is lost; True the first time (the caller then notifies)."""
+        if self.lost or self.state is not LockState.HELD:
+            return False
+        self.lost = True
+        logger.warning(
+            "dflock %s on %s was lost: %s", self.what, self.endpoint.address, redact(reason)
+        )
+        return True
+
+    def reset(self) -> None:
+        """Back to IDLE (after a release, a timeout, a refusal or a fork)."""
+        self.state = LockState.IDLE
+        self.token = None
+        self.pid = None
+        self.lease_deadline = 0.0
+        self.lease_latest_end = 0.0
+        self.enqueued_at = None
+        self.broken = None
+        self.reattach_failures = 0

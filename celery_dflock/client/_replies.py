@@ -1,0 +1,397 @@
+"""The dflockd protocol's replies, without I/O: one typed reply per line, checked against the
+command it answers (`decode_reply`), and `ReplyParser`, fed bytes as they arrive in any
+chunking. Re-exported by `celery_dflock.client.protocol`."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from celery_dflock.client import wire
+from celery_dflock.client._requests import NOTE_RE, TOKEN_RE, Command, fence_of
+from celery_dflock.client.errors import ProtocolError
+
+MAX_STATS_LINE_BYTES: Final = 64 * 1024 * 1024
+"""Longest ``stats`` reply the parser accepts (every other reply is one short line)."""
+
+_ERROR_CODE_RE: Final = re.compile(r"error(_[a-z_]+)?")
+_GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([1-9][0-9]*)" % wire.TOKEN_HEX_CHARS)
+_RENEWED_LINE_RE: Final = re.compile(rb"ok ([0-9]+)")
+
+
+# ------------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """``ok <token> <lease>`` (or ``acquired ...`` to an enqueue): the lock is held."""
+
+    token: str
+    lease: int
+
+    @property
+    def fence(self) -> int:
+        """The fencing counter of `token`."""
+        return fence_of(self.token)
+
+    def __repr__(self) -> str:  # never print a bearer credential in full
+        return f"Granted(token='{self.token[:8]}...', lease={self.lease})"
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """``queued``: enqueued, the grant comes with a later ``w``."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """``timeout``: not granted within the timeout. To ``hl``: ``timeout <holder-note>``,
+    ``holder`` the note of the key's holder (None when it gave none, ``_`` on the wire)."""
+
+    holder: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    """``ok <seconds_remaining>``: the lease was extended."""
+
+    seconds_remaining: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """Bare ``ok`` (release, auth, ping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """``ok <json>`` to ``stats``: the decoded JSON object."""
+
+    data: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """``ok <json>`` to ``hello``: the decoded JSON object (``server``, ``version``,
+    ``features``)."""
+
+    data: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Shards:
+    """``ok <json>`` to ``shards``: the decoded JSON object (``mode`` and what it implies)."""
+
+    data: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """``error_moved <HOST:PORT>`` to an acquire: the key is served by that member."""
+
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """``error_ask <HOST:PORT>`` to an acquire: the key's shard moves key by key and this key
+    is to be asked for there, once, with ``asking`` first (the shard map stays as it is)."""
+
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (another
+    holder has taken it over); ``holder`` its note (None for ``_``)."""
+
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """``error`` or ``error_<reason>``: the server refused the request."""
+
+    code: str
+
+
+Reply = (
+    Granted
+    | Queued
+    | TimedOut
+    | Renewed
+    | Ok
+    | Stats
+    | Hello
+    | Shards
+    | Moved
+    | Asked
+    | Bound
+    | ErrorReply
+)
+
+_COMMON_ERRORS: Final = frozenset(
+    {wire.STATUS_ERROR, wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING}
+)
+_LOCK_ERRORS: Final = _COMMON_ERRORS | {
+    wire.STATUS_ERROR_MAX_LOCKS,
+    wire.STATUS_ERROR_MAX_WAITERS,
+    # A key is one resource: a lock (limit 1) on a key busy as a semaphore is refused too.
+    wire.STATUS_ERROR_LIMIT_MISMATCH,
+    # A key this server does not serve now (cluster mode: try again shortly).
+    wire.STATUS_ERROR_UNAVAILABLE,
+}
+_ENQUEUE_ERRORS: Final = _LOCK_ERRORS | {wire.STATUS_ERROR_ALREADY_ENQUEUED}
+_WAIT_ERRORS: Final = _COMMON_ERRORS | {
+    wire.STATUS_ERROR_UNAVAILABLE,
+    wire.STATUS_ERROR_NOT_ENQUEUED,
+    wire.STATUS_ERROR_LEASE_EXPIRED,
+}
+_ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
+    Command.LOCK: _LOCK_ERRORS,
+    Command.SEM_LOCK: _LOCK_ERRORS,
+    Command.ENQUEUE: _ENQUEUE_ERRORS,
+    Command.SEM_ENQUEUE: _ENQUEUE_ERRORS,
+    Command.WAIT: _WAIT_ERRORS,
+    Command.SEM_WAIT: _WAIT_ERRORS,
+    Command.RENEW: _COMMON_ERRORS,
+    Command.SEM_RENEW: _COMMON_ERRORS,
+    Command.RELEASE: _COMMON_ERRORS,
+    Command.SEM_RELEASE: _COMMON_ERRORS,
+    Command.AUTH: _COMMON_ERRORS,
+    Command.STATS: _COMMON_ERRORS,
+    Command.PING: _COMMON_ERRORS,
+    Command.HELLO: _COMMON_ERRORS,
+    Command.SHARDS: _COMMON_ERRORS,
+    Command.HOLD: _LOCK_ERRORS,
+    Command.NOTE: _COMMON_ERRORS,
+    Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
+    Command.HAND_DOWN: _COMMON_ERRORS,
+    Command.ASKING: _COMMON_ERRORS,
+}
+_MOVABLE: Final = frozenset(
+    {
+        Command.LOCK,
+        Command.SEM_LOCK,
+        Command.HOLD,
+        Command.ENQUEUE,
+        Command.SEM_ENQUEUE,
+        Command.WAIT,
+        Command.SEM_WAIT,
+    }
+)
+"""The requests a server may answer ``error_moved <HOST:PORT>``."""
+_MOVED_ADDRESS_RE: Final = re.compile(r"[^\s:]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
+
+
+def _show(line: bytes | bytearray, limit: int = 80) -> str:
+    shown = bytes(line[:limit])
+    return repr(shown) + (f" (+{len(line) - limit} more bytes)" if len(line) > limit else "")
+
+
+def _unexpected(command: Command, line: bytes | bytearray, why: str = "") -> ProtocolError:
+    detail = f": {why}" if why else ""
+    return ProtocolError(
+        f"unexpected reply {_show(line)} to {command.label}{detail}; "
+        "is the server a dflockd-compatible lock server on the right port?"
+    )
+
+
+def _parse_uint(command: Command, line: bytes, text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise _unexpected(command, line, f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
+def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
+    if len(fields) != 2:
+        raise _unexpected(command, line, "a grant is '<status> <token> <lease>'")
+    token, lease = fields
+    if not TOKEN_RE.fullmatch(token):
+        raise _unexpected(command, line, f"the token is not {wire.TOKEN_HEX_CHARS} lowercase hex")
+    seconds = _parse_uint(command, line, lease)
+    if seconds == 0:
+        # A lease of 0 s is over when it is granted: renewing it would spin.
+        raise _unexpected(command, line, "a granted lease must be at least 1 second")
+    return Granted(token, seconds)
+
+
+_GRANTING: Final = frozenset(
+    {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
+)
+_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
+_ANSWERED_OK: Final = frozenset(
+    {
+        Command.RELEASE,
+        Command.SEM_RELEASE,
+        Command.AUTH,
+        Command.PING,
+        Command.NOTE,
+        Command.HAND_DOWN,
+        Command.ASKING,
+    }
+)
+_OK: Final = Ok()
+
+
+def decode_reply(command: Command, line: bytes) -> Reply:
+    """Decode one reply line (without its ``\\n``; a trailing ``\\r`` is ignored).
+
+    Raises `ProtocolError` when the line is not a valid reply to ``command``.
+    """
+    # The usual replies first, matched whole; anything else takes the general path below,
+    # which decodes these exactly the same way.
+    if command in _ANSWERED_OK:
+        if line == b"ok":
+            return _OK
+    elif command in _GRANTING:
+        if (match := _GRANT_LINE_RE.fullmatch(line)) is not None:
+            return Granted(match[1].decode("ascii"), int(match[2]))
+    elif command in _RENEWING and (match := _RENEWED_LINE_RE.fullmatch(line)) is not None:
+        return Renewed(int(match[1]))
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _unexpected(command, line, "not UTF-8") from None
+    if not text or text != text.strip(" "):
+        raise _unexpected(command, line, "empty or padded line")
+    status, *fields = text.split(" ")
+    if _ERROR_CODE_RE.fullmatch(status):
+        if status == wire.STATUS_ERROR_MOVED and command in _MOVABLE:
+            if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
+                raise _unexpected(command, line, "error_moved takes one HOST:PORT")
+            return Moved(fields[0])
+        if status == wire.STATUS_ERROR_ASK and command in _MOVABLE:
+            if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
+                raise _unexpected(command, line, "error_ask takes one HOST:PORT")
+            return Asked(fields[0])
+        if status == wire.STATUS_ERROR_BOUND and command is Command.TAKE:
+            holder = fields[0] if len(fields) == 1 else ""
+            if not NOTE_RE.fullmatch(holder):
+                raise _unexpected(command, line, "error_bound takes the holder's note")
+            return Bound(None if holder == wire.NO_NOTE else holder)
+        if fields or status not in _ALLOWED_ERRORS[command]:
+            raise _unexpected(command, line)
+        return ErrorReply(status)
+    match command, status:
+        case (
+            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT | Command.HOLD,
+            "ok",
+        ):
+            return _parse_grant(command, line, fields)
+        case (Command.HOLD, "timeout") if len(fields) <= 1:
+            holder = fields[0] if fields else wire.NO_NOTE
+            if not NOTE_RE.fullmatch(holder):
+                raise _unexpected(command, line, "the holder's note is not printable ASCII")
+            return TimedOut(None if holder == wire.NO_NOTE else holder)
+        case (
+            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT,
+            "timeout",
+        ) if not fields:
+            return TimedOut()
+        case (Command.ENQUEUE | Command.SEM_ENQUEUE, "acquired"):
+            return _parse_grant(command, line, fields)
+        case (Command.ENQUEUE | Command.SEM_ENQUEUE, "queued") if not fields:
+            return Queued()
+        case (Command.RENEW | Command.SEM_RENEW | Command.TAKE, "ok") if len(fields) == 1:
+            return Renewed(_parse_uint(command, line, fields[0]))
+        case (
+            Command.RELEASE
+            | Command.SEM_RELEASE
+            | Command.AUTH
+            | Command.PING
+            | Command.NOTE
+            | Command.HAND_DOWN
+            | Command.ASKING,
+            "ok",
+        ) if not fields:
+            return Ok()
+        case (Command.STATS, "ok") if fields:
+            return Stats(_parse_json_object(command, line, text[len(status) + 1 :]))
+        case (Command.HELLO, "ok") if fields:
+            return Hello(_parse_json_object(command, line, text[len(status) + 1 :]))
+        case (Command.SHARDS, "ok") if fields:
+            return Shards(_parse_json_object(command, line, text[len(status) + 1 :]))
+        case _:
+            raise _unexpected(command, line)
+
+
+def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str, object]:
+    try:
+        data: object = json.loads(payload)
+    except ValueError as exc:
+        raise _unexpected(command, line, f"invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _unexpected(command, line, "the JSON is not an object")
+    return {str(k): v for k, v in data.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+
+
+_JSON_REPLIES: Final = frozenset({Command.STATS, Command.HELLO, Command.SHARDS})
+
+
+class ReplyParser:
+    """Incremental reply decoder: `feed` bytes as they arrive, take replies with `next_reply`.
+
+    Bytes after a complete reply stay buffered for the next one. A line longer than the limit
+    (``max_line_bytes``, or ``max_stats_line_bytes`` for ``stats``) raises `ProtocolError` as
+    soon as it is known to be too long, without buffering more of it.
+    """
+
+    __slots__ = ("_buffer", "_scanned", "max_line_bytes", "max_stats_line_bytes")
+
+    def __init__(
+        self,
+        max_line_bytes: int = wire.MAX_LINE_BYTES,
+        max_stats_line_bytes: int = MAX_STATS_LINE_BYTES,
+    ) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.max_stats_line_bytes = max_stats_line_bytes
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of _buffer already known to hold no newline
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes."""
+        self._buffer += data
+
+    def feed_reply(self, command: Command, data: bytes) -> Reply | None:
+        """`feed` ``data``, then `next_reply`: one call for the usual case.
+
+        When nothing is buffered and ``data`` is exactly one line within the limit (how a
+        reply almost always arrives), it is decoded without passing through the buffer.
+        """
+        if not self._buffer and data.endswith(b"\n"):
+            end = data.find(b"\n")
+            if end == len(data) - 1 and end <= self._line_limit(command):
+                return decode_reply(command, data[:end])
+        self._buffer += data
+        return self.next_reply(command)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet consumed by a reply."""
+        return len(self._buffer)
+
+    def _line_limit(self, command: Command) -> int:
+        if command in _JSON_REPLIES:
+            return self.max_stats_line_bytes
+        return self.max_line_bytes
+
+    def next_reply(self, command: Command) -> Reply | None:
+        """The next reply to ``command``, or None until its whole line has been fed."""
+        limit = self._line_limit(command)
+        end = self._buffer.find(b"\n", self._scanned)
+        if end < 0:
+            self._scanned = len(self._buffer)
+            if self._scanned > limit:
+                raise _unexpected(command, self._buffer, f"no newline within {limit} bytes")
+            return None
+        if end > limit:
+            raise _unexpected(command, self._buffer[:end], f"line longer than {limit} bytes")
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        self._scanned = 0
+        return decode_reply(command, line)

@@ -1,0 +1,301 @@
+"""The dflockd protocol's requests, without I/O: the commands, the checks of what a request
+carries (keys, tokens, owner notes, numbers), and the ``encode_*`` functions that return the
+exact bytes to send. Re-exported by `celery_dflock.client.protocol`."""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Final
+
+from celery_dflock.client import wire
+from celery_dflock.client.errors import InvalidValueError
+
+MAX_KEY_BYTES: Final = wire.MAX_LINE_BYTES
+"""A key is one request line, so it holds at most this many bytes of UTF-8."""
+
+TOKEN_RE: Final = re.compile(rf"[0-9a-f]{{{wire.TOKEN_HEX_CHARS}}}")
+_WHITESPACE_RE: Final = re.compile(r"\s")
+"""Matches exactly the characters ``str.isspace`` accepts (one scan in C, not a loop)."""
+
+
+class Command(enum.StrEnum):
+    """The request commands, valued as they are spelled on the wire."""
+
+    LOCK = wire.CMD_LOCK
+    RENEW = wire.CMD_RENEW
+    RELEASE = wire.CMD_RELEASE
+    ENQUEUE = wire.CMD_ENQUEUE
+    WAIT = wire.CMD_WAIT
+    SEM_LOCK = wire.CMD_SEM_LOCK
+    SEM_ENQUEUE = wire.CMD_SEM_ENQUEUE
+    SEM_WAIT = wire.CMD_SEM_WAIT
+    SEM_RENEW = wire.CMD_SEM_RENEW
+    SEM_RELEASE = wire.CMD_SEM_RELEASE
+    AUTH = wire.CMD_AUTH
+    STATS = wire.CMD_STATS
+    PING = wire.CMD_PING
+    HELLO = wire.CMD_HELLO
+    SHARDS = wire.CMD_SHARDS
+    HOLD = wire.CMD_HOLD
+    NOTE = wire.CMD_NOTE
+    TAKE = wire.CMD_TAKE
+    HAND_DOWN = wire.CMD_HAND_DOWN
+    ASKING = wire.CMD_ASKING
+
+    @property
+    def label(self) -> str:
+        """What the request does, with its wire letter: ``"a renewal ('n')"``, for messages."""
+        return f"{_DOING[self]} ({self.value!r})"
+
+
+_DOING: Final[dict[Command, str]] = {
+    Command.LOCK: "an acquire",
+    Command.RENEW: "a renewal",
+    Command.RELEASE: "a release",
+    Command.ENQUEUE: "an enqueue",
+    Command.WAIT: "a wait",
+    Command.SEM_LOCK: "a semaphore acquire",
+    Command.SEM_ENQUEUE: "a semaphore enqueue",
+    Command.SEM_WAIT: "a semaphore wait",
+    Command.SEM_RENEW: "a semaphore renewal",
+    Command.SEM_RELEASE: "a semaphore release",
+    Command.AUTH: "authentication",
+    Command.STATS: "a stats request",
+    Command.PING: "a ping",
+    Command.HELLO: "a hello",
+    Command.SHARDS: "a shards request",
+    Command.HOLD: "a hold",
+    Command.NOTE: "a note",
+    Command.TAKE: "a take-over",
+    Command.HAND_DOWN: "a hand-down",
+    Command.ASKING: "an asking",
+}
+
+
+# ------------------------------------------------------------------------------- validation
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if the protocol can carry it, else raise `ValueError` saying why."""
+    if not isinstance(key, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError(f"a lock key must be a str, got {type(key).__name__}: {key!r}")
+    if not key:
+        raise InvalidValueError("a lock key must not be empty")
+    if _WHITESPACE_RE.search(key):
+        raise InvalidValueError(
+            f"lock key {key!r} contains whitespace, which the protocol cannot carry: "
+            "replace spaces and newlines (e.g. with ':' or '_')"
+        )
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidValueError(f"lock key {key!r} is not encodable as UTF-8: {exc}") from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidValueError(
+            f"lock key is {size} bytes of UTF-8, over the protocol's {MAX_KEY_BYTES}: "
+            f"shorten it or digest it (key starts {key[:40]!r})"
+        )
+    return key
+
+
+def validate_token(token: str) -> str:
+    """Return ``token`` if it looks like a dflockd token (32 lowercase hex), else `ValueError`."""
+    if not isinstance(token, str) or not TOKEN_RE.fullmatch(token):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError(
+            f"a token is {wire.TOKEN_HEX_CHARS} lowercase hex characters, got {token!r}"
+        )
+    return token
+
+
+NOTE_RE: Final = re.compile(rf"[!-~]{{1,{wire.MAX_NOTE_BYTES}}}")
+
+
+def validate_note(note: str, name: str = "note") -> str:
+    """Return ``note`` if it is an owner note the protocol carries (1 to 200 printable ASCII
+    characters, no space: ``!`` to ``~``), else `ValueError` naming ``name``."""
+    if not isinstance(note, str) or not NOTE_RE.fullmatch(note):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError(
+            f"{name} must be 1 to {wire.MAX_NOTE_BYTES} printable ASCII characters without "
+            f"spaces ('!' to '~'; percent-encode anything else), got {note!r}"
+        )
+    return note
+
+
+def _number(name: str, value: int, *, minimum: int, maximum: int = wire.MAX_NUMBER) -> str:
+    if not _is_int(value):
+        raise InvalidValueError(f"{name} must be an int number of seconds/units, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise InvalidValueError(f"{name} must be between {minimum} and {maximum}, got {value}")
+    return str(value)
+
+
+def _timeout(value: int) -> str:
+    return _number("timeout_s", value, minimum=0)
+
+
+def _lease_suffix(lease_s: int | None) -> str:
+    return "" if lease_s is None else " " + _number("lease_s", lease_s, minimum=1)
+
+
+def _limit(limit: int) -> str:
+    return _number(
+        "limit",
+        limit,
+        minimum=wire.MIN_SEMAPHORE_LIMIT,
+        maximum=wire.MAX_SEMAPHORE_LIMIT,
+    )
+
+
+def _request(command: Command, key: str, argument: str) -> bytes:
+    return f"{command}\n{key}\n{argument}\n".encode()
+
+
+# ------------------------------------------------------------------------------- encoders
+
+
+def encode_lock(key: str, timeout_s: int, lease_s: int | None = None) -> bytes:
+    """``l``: acquire, waiting up to ``timeout_s`` (0: try once)."""
+    return _request(Command.LOCK, validate_key(key), _timeout(timeout_s) + _lease_suffix(lease_s))
+
+
+def encode_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
+    """``hl``: acquire the lock ``key`` with the owner note ``note``, bound to this connection
+    or ``detached`` from it (freed only by ``r`` or its lease)."""
+    mode = wire.HOLD_MODE_DETACHED if detached else wire.HOLD_MODE_CONNECTION
+    argument = (
+        f"{_timeout(timeout_s)} {_number('lease_s', lease_s, minimum=1)} {mode} "
+        f"{validate_note(note)}"
+    )
+    return _request(Command.HOLD, validate_key(key), argument)
+
+
+def encode_note(key: str, token: str, note: str) -> bytes:
+    """``note``: replace the owner note of the grant ``token`` holds on ``key``."""
+    return _request(
+        Command.NOTE, validate_key(key), f"{validate_token(token)} {validate_note(note)}"
+    )
+
+
+def encode_take(key: str, token: str, lease_s: int, on_close_s: int | None, note: str) -> bytes:
+    """``ht``: bind the detached grant ``token`` holds on ``key`` to this connection, with a
+    lease of ``lease_s`` and the owner note ``note``; when the connection closes the grant is
+    released (``on_close_s`` None: ``r``) or detached again with a lease of ``on_close_s``."""
+    on_close = (
+        wire.ON_CLOSE_RELEASE
+        if on_close_s is None
+        else _number("on_close_lease", on_close_s, minimum=1)
+    )
+    argument = (
+        f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)} {on_close} "
+        f"{validate_note(note)}"
+    )
+    return _request(Command.TAKE, validate_key(key), argument)
+
+
+def encode_hand_down(key: str, token: str, lease_s: int) -> bytes:
+    """``hd``: detach the grant ``token`` holds on ``key`` from its connection, with a lease of
+    ``lease_s``."""
+    argument = f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)}"
+    return _request(Command.HAND_DOWN, validate_key(key), argument)
+
+
+def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
+    """``n``: extend the lease of ``token`` to now + ``lease_s`` (default: the server's)."""
+    return _request(
+        Command.RENEW, validate_key(key), validate_token(token) + _lease_suffix(lease_s)
+    )
+
+
+def encode_release(key: str, token: str) -> bytes:
+    """``r``: release ``token``'s hold on ``key``."""
+    return _request(Command.RELEASE, validate_key(key), validate_token(token))
+
+
+def encode_enqueue(key: str, lease_s: int | None = None) -> bytes:
+    """``e``: join ``key``'s queue without blocking (two-phase step 1)."""
+    return _request(Command.ENQUEUE, validate_key(key), _lease_suffix(lease_s).lstrip())
+
+
+def encode_wait(key: str, timeout_s: int) -> bytes:
+    """``w``: wait up to ``timeout_s`` for the grant of an earlier ``e`` (same connection)."""
+    return _request(Command.WAIT, validate_key(key), _timeout(timeout_s))
+
+
+def encode_sem_lock(key: str, timeout_s: int, limit: int, lease_s: int | None = None) -> bytes:
+    """``sl``: take one of ``limit`` slots of semaphore ``key``."""
+    argument = f"{_timeout(timeout_s)} {_limit(limit)}{_lease_suffix(lease_s)}"
+    return _request(Command.SEM_LOCK, validate_key(key), argument)
+
+
+def encode_sem_enqueue(key: str, limit: int, lease_s: int | None = None) -> bytes:
+    """``se``: join semaphore ``key``'s queue without blocking."""
+    argument = f"{_limit(limit)}{_lease_suffix(lease_s)}"
+    return _request(Command.SEM_ENQUEUE, validate_key(key), argument)
+
+
+def encode_sem_wait(key: str, timeout_s: int) -> bytes:
+    """``sw``: wait for the semaphore slot of an earlier ``se``."""
+    return _request(Command.SEM_WAIT, validate_key(key), _timeout(timeout_s))
+
+
+def encode_sem_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
+    """``sn``: extend a semaphore slot's lease."""
+    return _request(
+        Command.SEM_RENEW, validate_key(key), validate_token(token) + _lease_suffix(lease_s)
+    )
+
+
+def encode_sem_release(key: str, token: str) -> bytes:
+    """``sr``: give a semaphore slot back."""
+    return _request(Command.SEM_RELEASE, validate_key(key), validate_token(token))
+
+
+def encode_auth(secret: str) -> bytes:
+    """``auth``: present the server's shared secret (must be a connection's first request)."""
+    if not isinstance(secret, str) or not secret:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError("auth_token must be a non-empty str")
+    if "\n" in secret or "\r" in secret or secret != secret.strip():
+        raise InvalidValueError(
+            "auth_token must not contain line breaks or leading/trailing whitespace "
+            "(check how the secret was read, e.g. a trailing newline from a file)"
+        )
+    if len(secret.encode("utf-8")) > wire.MAX_AUTH_LINE_BYTES:
+        raise InvalidValueError(
+            f"auth_token is longer than the protocol's {wire.MAX_AUTH_LINE_BYTES} bytes"
+        )
+    return _request(Command.AUTH, wire.PLACEHOLDER, secret)
+
+
+def encode_stats() -> bytes:
+    """``stats``: ask for the server's state as one line of JSON."""
+    return _request(Command.STATS, wire.PLACEHOLDER, wire.PLACEHOLDER)
+
+
+def encode_ping() -> bytes:
+    """``ping``: liveness check."""
+    return _request(Command.PING, wire.PLACEHOLDER, wire.PLACEHOLDER)
+
+
+def encode_hello() -> bytes:
+    """``hello``: what this server is and supports (a server that predates it: ``error``)."""
+    return _request(Command.HELLO, wire.PLACEHOLDER, wire.PLACEHOLDER)
+
+
+def encode_asking() -> bytes:
+    """``asking``: the next acquire follows an ``error_ask`` (``Asked``; a key-level move)."""
+    return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
+
+
+def encode_shards() -> bytes:
+    """``shards``: which keys the server serves (``Shards``)."""
+    return _request(Command.SHARDS, wire.PLACEHOLDER, wire.PLACEHOLDER)
+
+
+def fence_of(token: str) -> int:
+    """The fencing counter carried in a token: ``int(token[:16], 16)``."""
+    return int(token[: wire.FENCE_HEX_CHARS], 16)

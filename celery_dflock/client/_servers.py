@@ -1,0 +1,148 @@
+"""What a client knows of a server: its ``hello`` answer (`ServerInfo`), the features it may
+list, a detached `Hold` it granted, and the auth errors it may answer (no I/O here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from celery_dflock.client import protocol, wire
+from celery_dflock.client._settings import Endpoint
+from celery_dflock.client.errors import AuthError, HoldsUnsupported, ProtocolError, ServerDraining
+from celery_dflock.client.protocol import ErrorReply, Reply
+
+CLOSING_ERRORS: Final = frozenset({wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING})
+"""Error replies after which the connection must not be reused."""
+
+FEATURE_FENCE: Final = wire.FEATURE_FENCE
+FEATURE_PING: Final = wire.FEATURE_PING
+FEATURE_STATS: Final = wire.FEATURE_STATS
+FEATURE_HOLDS: Final = wire.FEATURE_HOLDS
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A detached hold (`Client.hold`): the lock ``key`` held by ``token`` on ``server``
+    (``"host:port"``) with a lease of ``lease_ttl`` seconds, freed only by a release of the
+    token (from any process) or when the lease runs out. ``fence``: the token's fencing
+    counter (None when the server does not issue fencing tokens)."""
+
+    key: str
+    token: str = field(repr=False)  # a bearer credential: never in a repr
+    fence: int | None
+    lease_ttl: int
+    server: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What a server said about itself in answer to ``hello`` (asked once per server).
+
+    A server that predates ``hello`` (dflockd 0.4/0.5, the Go server) answers ``error``: it is
+    a `legacy` server, with no features beyond ``l``/``n``/``r`` known.
+    """
+
+    name: str | None = None
+    version: str | None = None
+    features: frozenset[str] = frozenset()
+    max_lease_ttl_s: int | None = None
+    """The longest lease the server grants (its ``--max-lease-ttl``), when ``hello`` says so;
+    None: not known (another server), nothing is checked before asking."""
+
+    @property
+    def legacy(self) -> bool:
+        """True for a server that does not answer ``hello``."""
+        return self.name is None
+
+    @property
+    def fences(self) -> bool:
+        """True when its tokens are fencing tokens (``fence`` is None otherwise)."""
+        return FEATURE_FENCE in self.features
+
+    def supports(self, feature: str) -> bool:
+        """True when ``hello`` listed ``feature``."""
+        return feature in self.features
+
+    def describe(self) -> str:
+        """``dflockd-server 0.2.0`` or ``a dflockd server without hello``, for messages."""
+        if self.name is None:
+            return "a dflockd server that does not answer hello (no ping, stats or fences)"
+        return f"{self.name} {self.version or '?'}"
+
+
+def require_holds(server: ServerInfo | None, where: str, what: str) -> None:
+    """Raise `HoldsUnsupported` unless ``server`` (at ``where``) listed ``holds`` in its
+    ``hello``; ``what`` is what needed them (``lock 'k'``)."""
+    if server is None or not server.supports(FEATURE_HOLDS):
+        told = "a server that was not asked hello" if server is None else server.describe()
+        raise HoldsUnsupported(
+            f"server {where} is {told}, and a hold or owner note (of {what}) needs "
+            "celery-dflock's dflockd-server (the 'holds' feature), which that server does not "
+            "list in its hello; run the bundled `dflockd` there"
+        )
+
+
+LEGACY_SERVER: Final = ServerInfo()
+"""What is known of a server that answered ``hello`` with ``error``."""
+
+
+def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
+    """Interpret the reply to ``hello`` (raises for ``error_auth`` / ``error_draining``)."""
+    if isinstance(reply, protocol.Hello):
+        data = reply.data
+        name, version, features = data.get("server"), data.get("version"), data.get("features")
+        listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
+        max_lease = data.get("max_lease_ttl_s")
+        return ServerInfo(
+            name=str(name) if name is not None else "unnamed",
+            version=None if version is None else str(version),
+            features=frozenset(str(f) for f in listed),
+            max_lease_ttl_s=(
+                max_lease
+                if isinstance(max_lease, int) and not isinstance(max_lease, bool) and max_lease > 0
+                else None
+            ),
+        )
+    if isinstance(reply, ErrorReply):
+        if reply.code == wire.STATUS_ERROR_AUTH:
+            raise auth_required_error(endpoint)
+        if reply.code == wire.STATUS_ERROR_DRAINING:
+            raise ServerDraining(
+                f"server {endpoint.address} is shutting down; retry once it (or its "
+                "replacement) is running"
+            )
+        return LEGACY_SERVER
+    raise ProtocolError(
+        f"unexpected reply {reply!r} to 'hello' from {endpoint.address}; is the server a "
+        "dflockd-compatible lock server on the right port?"
+    )
+
+
+def auth_required_error(endpoint: Endpoint) -> AuthError:
+    """The error for ``error_auth`` on a request other than ``auth``."""
+    if endpoint.auth_token is None:
+        return AuthError(
+            f"server {endpoint.address} requires authentication: give the secret it was "
+            "started with (--auth-token / DFLOCKD_AUTH_TOKEN) as auth_token= (in Celery the "
+            "`dflock_auth_token` setting)"
+        )
+    return AuthError(
+        f"server {endpoint.address} refused this connection's authentication; check "
+        "auth_token against the server's --auth-token / DFLOCKD_AUTH_TOKEN"
+    )
+
+
+def auth_reply_error(endpoint: Endpoint, reply: Reply) -> AuthError | None:
+    """None when ``auth`` succeeded, else the error to raise."""
+    if isinstance(reply, protocol.Ok):
+        return None
+    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+        return AuthError(
+            f"server {endpoint.address} has no auth token configured but one was given: "
+            "remove auth_token= (in Celery `dflock_auth_token`) or start the server with "
+            "--auth-token"
+        )
+    return AuthError(
+        f"server {endpoint.address} rejected the auth token (auth_token=, in Celery "
+        "`dflock_auth_token`): it does not match the server's --auth-token / DFLOCKD_AUTH_TOKEN"
+    )

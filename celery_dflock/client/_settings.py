@@ -1,0 +1,231 @@
+"""A client's settings: the defaults, the validators, and `ClientSettings` (no I/O here).
+
+Every setting is checked once, where it enters: by the public constructors (`Client(...)`,
+`DistributedLock(...)` called directly), each naming the argument the user wrote, or by the
+Celery layer's config, naming its ``dflock_*`` setting. What they build, a frozen
+`ClientSettings`, is passed down whole to every lock and its `LockCore`, which check nothing
+again; a lock's own overrides (its acquire timeout and lease) are checked where they are given.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final, cast
+
+from celery_dflock.client import protocol, wire
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard, validate_servers
+
+DEFAULT_SERVERS: Final[tuple[tuple[str, int], ...]] = (("127.0.0.1", wire.DEFAULT_PORT),)
+"""One server on this machine, at the protocol's port."""
+DEFAULT_ACQUIRE_TIMEOUT_S: Final = 10
+"""How long an acquire waits in the key's FIFO queue."""
+DEFAULT_RENEW_RATIO: Final = 0.5
+"""A held lock is renewed at this fraction of its lease."""
+DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
+"""How long a new connection (TCP, TLS, ``auth``, ``hello``) may take."""
+
+REPLY_GRACE_S: Final = 10.0
+"""How long a reply may take beyond the time the server was asked to wait."""
+JOIN_TIMEOUT_S: Final = REPLY_GRACE_S + 1.0
+"""How long `release` waits for the renewal thread / task to finish."""
+READ_TIMEOUT_MARGIN_S: Final = 3.0
+"""Renewals happen at least this long before the server's idle read timeout would fire."""
+MIN_RENEW_INTERVAL_S: Final = 0.1
+MAX_RENEW_INTERVAL_S: Final = wire.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how to connect: the identity a connection pool keys its connections on."""
+
+    host: str
+    port: int
+    auth_token: str | None = field(default=None, repr=False)
+    ssl_context: ssl.SSLContext | None = None
+    connect_timeout_s: float = field(default=DEFAULT_CONNECT_TIMEOUT_S, compare=False)
+
+    @property
+    def address(self) -> str:
+        """``host:port``."""
+        return f"{self.host}:{self.port}"
+
+    def unavailable_message(self, detail: str) -> str:
+        """Why ``host:port`` cannot be used, and what to do."""
+        return (
+            f"cannot reach the dflockd lock server at {self.address} ({detail}); "
+            "start it (`dflockd`, or `uv run dflockd`) or check the server list (`servers=`; "
+            "in Celery the `dflock_servers` setting)"
+        )
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# Every validator raises `InvalidValueError` (or the subclass given as ``error``, as the
+# Celery layer gives its `DflockConfigError`) with a message naming ``name``: the argument,
+# or in Celery the setting, the user wrote. Each setting is checked here and nowhere else.
+
+
+def whole_seconds(
+    name: str, value: float, *, minimum: int, error: type[InvalidValueError] = InvalidValueError
+) -> int:
+    """``value`` as the protocol's whole seconds (fractions round up)."""
+    if not _is_real(value) or not math.isfinite(value):
+        raise error(f"{name} must be a number of seconds, got {value!r}")
+    seconds = math.ceil(value)
+    if seconds < minimum or seconds > wire.MAX_NUMBER:
+        raise error(
+            f"{name} must be between {minimum} and {wire.MAX_NUMBER} seconds, got {value!r}"
+        )
+    return seconds
+
+
+def positive_seconds(
+    name: str, value: float, *, error: type[InvalidValueError] = InvalidValueError
+) -> float:
+    """``value`` as a positive finite number of seconds."""
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        raise error(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_renew_ratio(
+    value: object, name: str = "renew_ratio", *, error: type[InvalidValueError] = InvalidValueError
+) -> float:
+    """A renewal point: a fraction of the lease strictly between 0 and 1."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise error(
+            f"{name} must be a fraction of the lease strictly between 0 and 1 "
+            f"(e.g. 0.5), got {value!r}"
+        )
+    return float(value)
+
+
+def check_limit(
+    value: object, name: str = "limit", *, error: type[InvalidValueError] = InvalidValueError
+) -> int | None:
+    """A semaphore's number of slots (None: a plain lock)."""
+    if value is None:
+        return None
+    low, high = wire.MIN_SEMAPHORE_LIMIT, wire.MAX_SEMAPHORE_LIMIT
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise error(
+            f"{name} must be None (a plain lock) or an integer from {low} to {high} "
+            f"(a semaphore); got {value!r}"
+        )
+    return value
+
+
+def check_auth_token(
+    value: object, name: str = "auth_token", *, error: type[InvalidValueError] = InvalidValueError
+) -> str | None:
+    """The shared secret sent first on every connection (None: no auth)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise error(f"{name} must be a non-empty string or None")
+    protocol.encode_auth(value)  # what the protocol can carry
+    return value
+
+
+def check_ssl_context(
+    value: object, name: str = "ssl_context", *, error: type[InvalidValueError] = InvalidValueError
+) -> ssl.SSLContext | None:
+    """TLS for every connection (None: plain TCP)."""
+    if value is not None and not isinstance(value, ssl.SSLContext):
+        raise error(f"{name} must be an ssl.SSLContext, got {value!r}")
+    return value
+
+
+def check_servers(
+    value: object, name: str = "servers", *, error: type[InvalidValueError] = InvalidValueError
+) -> tuple[tuple[str, int], ...]:
+    """The server list, as a tuple (checked where it is given, then passed down as it is)."""
+    try:
+        return validate_servers(cast("Sequence[tuple[str, int]]", value))
+    except ValueError as exc:
+        raise error(str(exc) if name == "servers" else f"{name}: {exc}") from None
+
+
+def lease_seconds(
+    name: str, value: object, *, error: type[InvalidValueError] = InvalidValueError
+) -> int:
+    """A lease: a whole number of seconds from 1 (the protocol's unit; a fraction is refused
+    rather than rounded, the same for ``lease_ttl_s=``, ``lease_ttl=`` and ``lock_ttl``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{name} must be a whole number of seconds (an int), got {value!r}")
+    if not 1 <= value <= wire.MAX_NUMBER:
+        raise error(f"{name} must be between 1 and {wire.MAX_NUMBER} seconds, got {value!r}")
+    return value
+
+
+def check_sharding_strategy(
+    value: object,
+    name: str = "sharding_strategy",
+    *,
+    error: type[InvalidValueError] = InvalidValueError,
+) -> Routing:
+    """A callable ``(key, number_of_servers) -> index``, or ``"cluster"``."""
+    if value == CLUSTER or (callable(value) and not isinstance(value, str)):
+        return cast("Routing", value)
+    raise error(
+        f"{name} must be a callable (key, number_of_servers) -> index or {CLUSTER!r}, got {value!r}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """What every lock of one client shares, each value validated once (by `checked`, naming
+    the arguments; in Celery by the config, naming its ``dflock_*`` settings) and then passed
+    down whole: a lock and its `LockCore` take it as it is."""
+
+    servers: tuple[tuple[str, int], ...] = DEFAULT_SERVERS
+    sharding_strategy: Routing = stable_hash_shard
+    renew_ratio: float = DEFAULT_RENEW_RATIO
+    auth_token: str | None = field(default=None, repr=False)
+    ssl_context: ssl.SSLContext | None = None
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    acquire_timeout_s: int = DEFAULT_ACQUIRE_TIMEOUT_S
+    """The FIFO wait of a lock made without ``acquire_timeout_s`` (whole seconds)."""
+    lease_ttl_s: int | None = None
+    """The lease of a lock made without ``lease_ttl_s`` (None: the server's default)."""
+
+    @classmethod
+    def checked(  # noqa: PLR0917 - the locks pass them in this order
+        cls,
+        servers: Sequence[tuple[str, int]] = DEFAULT_SERVERS,
+        sharding_strategy: Routing = stable_hash_shard,
+        renew_ratio: float = DEFAULT_RENEW_RATIO,
+        auth_token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+        lease_ttl_s: int | None = None,
+    ) -> ClientSettings:
+        """The settings, each checked (`InvalidValueError` naming the argument)."""
+        return cls(
+            servers=check_servers(servers),
+            sharding_strategy=check_sharding_strategy(sharding_strategy),
+            renew_ratio=check_renew_ratio(renew_ratio),
+            auth_token=check_auth_token(auth_token),
+            ssl_context=check_ssl_context(ssl_context),
+            connect_timeout_s=positive_seconds("connect_timeout_s", connect_timeout_s),
+            acquire_timeout_s=whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0),
+            lease_ttl_s=None if lease_ttl_s is None else lease_seconds("lease_ttl_s", lease_ttl_s),
+        )
+
+    def endpoint(self, host: str, port: int) -> Endpoint:
+        """How to connect to the server ``host:port``."""
+        return Endpoint(host, port, self.auth_token, self.ssl_context, self.connect_timeout_s)
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every server's `endpoint`, in the configured order."""
+        return [self.endpoint(host, port) for host, port in self.servers]

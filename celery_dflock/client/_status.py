@@ -1,0 +1,71 @@
+"""What one server answered to ``hello`` / ``stats`` / ``shards`` (`Client.stats`, ``ping``,
+``shards``), as values, read from its replies (no I/O here; the asking is in
+``_async/status.py`` and its blocking twin)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from celery_dflock.client import wire
+from celery_dflock.client._servers import FEATURE_STATS, ServerInfo
+from celery_dflock.client._settings import Endpoint
+from celery_dflock.client.cluster import ShardsInfo
+from celery_dflock.client.errors import ProtocolError
+from celery_dflock.client.protocol import ErrorReply, Reply, Stats
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """What one server answered: ``server`` is what it said to ``hello`` (None when it could
+    not be reached, then ``error`` says why), ``stats`` its ``stats`` JSON (None when not
+    asked, unreachable, or not supported: an older dflockd answers neither)."""
+
+    address: str
+    server: ServerInfo | None = None
+    stats: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def reachable(self) -> bool:
+        """True when the server answered (``hello``, even with ``error``: an older dflockd)."""
+        return self.server is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerShards:
+    """What one server answered to ``shards``: ``shards`` (None when it could not be
+    reached or does not know the request; then ``error`` says why)."""
+
+    address: str
+    shards: ShardsInfo | None = None
+    error: str | None = None
+
+
+def shards_of(endpoint: Endpoint, data: dict[str, object] | None) -> ServerShards:
+    """What ``endpoint`` answered to ``shards`` (None: it does not know the request)."""
+    if data is None:
+        return ServerShards(
+            endpoint.address, error="does not answer shards (an older or foreign server)"
+        )
+    try:
+        return ServerShards(endpoint.address, ShardsInfo.parse(data, endpoint.address))
+    except ProtocolError as exc:
+        return ServerShards(endpoint.address, error=str(exc))
+
+
+def hello_only(endpoint: Endpoint, info: ServerInfo, with_stats: bool) -> ServerStatus | None:
+    """The status when ``stats`` is not to be asked (None: ask it). An older dflockd that
+    answers ``error`` to ``hello`` may still know ``stats``, as the Go server does."""
+    if with_stats and (info.legacy or info.supports(FEATURE_STATS)):
+        return None
+    return ServerStatus(endpoint.address, info)
+
+
+def with_stats(endpoint: Endpoint, info: ServerInfo, reply: Reply) -> ServerStatus:
+    """The status once ``stats`` was answered with ``reply``."""
+    if isinstance(reply, Stats):
+        return ServerStatus(endpoint.address, info, cast("dict[str, Any]", reply.data))
+    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+        return ServerStatus(endpoint.address, info)  # it answers, but has no stats
+    return ServerStatus(endpoint.address, error=f"unexpected reply to stats: {reply!r}")

@@ -1,0 +1,198 @@
+"""What the blocking client does its own way; `celery_dflock.client._aio_backend` is the asyncio
+side (its docstring says how the two are used).
+
+Here held locks are renewed from the long-lived threads of a `Renewer`
+(`celery_dflock.client._renewal`): the pool's, shared by every lock that uses the pool, or, for a
+lock without a pool, one of its own whose thread exits when the lock is released. Nothing is
+started or joined per grant. The renewer's `ConnectionWatcher` polls the held connections' sockets
+and notices at once when the server closes one (plain TCP and TLS alike); the watcher's thread then
+drops that connection (never while a request is in flight on it) and moves the lock's renewal to
+now, and the renewal reattaches it (reconnects and renews by token; lost only if that is refused or
+the lease runs out first).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Final, Protocol, TypeVar
+
+from celery_dflock.client._connection import Connection
+from celery_dflock.client._core import LockCore
+from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
+from celery_dflock.client._pooling import PoolBase as SharedPoolBase
+from celery_dflock.client._renewal import Renewal, Renewer
+from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
+
+__all__ = ["Event", "OpLock", "PoolBase", "RenewalDriver", "call_back", "pause"]
+
+logger: Final = logging.getLogger("celery_dflock.client")
+
+OpLock = threading.RLock
+"""A lock object's operation lock: acquire, renew and release never interleave (reentrant:
+``on_lost`` may run in a thread that holds it)."""
+
+RENEWAL_LINGER_S: Final = 30.0
+"""A pool's renewal thread exits after this long with nothing to renew (it restarts on demand)."""
+
+Event = threading.Event
+"""The kind of the locks' ``lost_event``."""
+
+T = TypeVar("T")
+
+pause = time.sleep
+"""Wait before trying again (a cluster's ``error_unavailable``): the thread sleeps."""
+
+
+def call_back(callback: Callable[[T], object], arg: T) -> None:
+    """``callback(arg)``."""
+    callback(arg)
+
+
+class Renewable(Protocol):
+    """What a driver needs of its lock (`celery_dflock.client._sync.lock._SyncLockBase`)."""
+
+    _core: LockCore
+    _conn: Connection | None
+    _op_lock: threading.RLock
+
+    def _renew_guarded(self, scheduled: bool) -> bool | None: ...
+    def _renew_once(self, scheduled: bool) -> bool | None: ...
+
+
+class PoolBase(SharedPoolBase[Connection]):
+    """A blocking pool also carries the `Renewer` that renews the leases of the locks using it,
+    so a process renews all of them from one long-lived thread instead of a thread per grant."""
+
+    def _setup(self) -> None:
+        self._renewer = Renewer(linger_s=RENEWAL_LINGER_S)
+
+    @property
+    def renewer(self) -> Renewer:
+        """Renews the leases of every lock using this pool, from one long-lived thread (more
+        only while a renewal is stuck on a slow server); fork safe like the pool."""
+        return self._renewer
+
+    def _check(self) -> None:
+        self._check_fork()
+
+    def _open(self, endpoint: Endpoint) -> Connection:
+        return Connection.connect(endpoint, self._store.servers.get(endpoint))
+
+
+class RenewalDriver:
+    """Schedules one lock object's renewals on a `Renewer` and watches its held connection."""
+
+    def __init__(self, lock: Renewable, pool: PoolBase | None) -> None:
+        self._lock = lock
+        self._pool = pool
+        self._own: Renewer | None = None  # without a pool: this lock's own renewer
+        self._renewal: Renewal | None = None  # the current grant's place in the schedule
+        self._watched_fd: int | None = None  # the held connection's socket, watched for EOF
+        self._stopping = False  # `stop` began: the renewal is never moved to now again
+        self._guard = threading.Lock()  # `stop` and `_hurry` exchange `_renewal` under it
+
+    def _renewer(self, name: str = "dflock-renew") -> Renewer:
+        if self._pool is not None:
+            return self._pool.renewer
+        renewer = self._own
+        if renewer is None:
+            # Serves this object only: its thread exits as soon as nothing is held.
+            renewer = self._own = Renewer(linger_s=0, name=name)
+        return renewer
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the current grant's renewal was cancelled (by `stop`)."""
+        renewal = self._renewal
+        return renewal is None or renewal.cancelled
+
+    def start(self, conn: Connection, interval: float, first_in: float, name: str) -> None:
+        """Renew every ``interval`` s, the first time in ``first_in`` s (operation lock held)."""
+        with self._guard:
+            self._stopping = False
+            self._renewal = self._renewer(name).schedule(self._due, interval, first_in)
+        self._watch(conn)
+
+    def attach(self, conn: Connection) -> None:
+        """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
+        self._watch(conn)
+
+    def _hurry(self) -> None:
+        """Move the next renewal to now (it reattaches the lock), unless `stop` began."""
+        with self._guard:
+            renewal = self._renewal
+            if self._stopping or renewal is None or renewal.cancelled:
+                return
+            self._renewal = self._renewer().schedule(self._due, renewal.interval, 0)
+        renewal.cancel()
+
+    def _due(self, renewal: Renewal) -> bool:
+        """Called by the renewer every interval; True to be called again."""
+        if renewal is not self._renewal:
+            return False
+        return self._lock._renew_guarded(True) is True  # pyright: ignore[reportPrivateUsage]
+
+    def renewed(self, conn: Connection) -> None:
+        """After a renewal (operation lock held): watch again (the watcher may have let go
+        while the request ran)."""
+        self._watch(conn)
+
+    def renew_now(self) -> bool | None:
+        """`renew`: one renewal now, in the caller's thread."""
+        return self._lock._renew_once(False)  # pyright: ignore[reportPrivateUsage]
+
+    def forget(self) -> None:
+        """In a fork child: the parent's schedule and watcher are not this process's."""
+        self._renewal = None
+        self._watched_fd = None
+
+    def stop(self) -> None:
+        """Stop renewing; wait for a renewal under way (and the on_lost it may run), except
+        when called from inside it."""
+        with self._guard:
+            self._stopping = True
+            renewal = self._renewal
+        if renewal is not None:
+            renewal.cancel()  # no renewal starts after this
+            renewal.wait(JOIN_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ a closed connection
+    def _watch(self, conn: Connection) -> None:
+        fd = conn.watchable_fd()
+        if fd is None:
+            return
+        self._watched_fd = fd
+        self._renewer().watcher.watch(fd, lambda: self._connection_event(conn))
+
+    def unwatch(self, conn: Connection | None) -> None:
+        del conn
+        fd, self._watched_fd = self._watched_fd, None
+        if fd is not None:
+            self._renewer().watcher.unwatch(fd)
+
+    def _connection_event(self, conn: Connection) -> bool:
+        """The held connection became readable with no request of ours in flight: the server
+        closed it (or the network cut it). Drops it and moves the renewal to now, which
+        reattaches the lock (this thread never waits on the network); never interrupts a
+        request (an operation under way sees the broken connection itself, and a renewal
+        watches again once it is done). True to keep watching."""
+        lock = self._lock
+        if not lock._op_lock.acquire(blocking=False):  # pyright: ignore[reportPrivateUsage]
+            return False
+        try:
+            core = lock._core  # pyright: ignore[reportPrivateUsage]
+            if lock._conn is not conn or core.state is not LockState.HELD or core.lost:  # pyright: ignore[reportPrivateUsage]
+                return False
+            if not conn.broken_while_idle():
+                return True  # a reply was read meanwhile: nothing wrong
+            lock._conn = None  # pyright: ignore[reportPrivateUsage]
+            self._watched_fd = None
+            conn.close()
+            core.connection_broke(CLOSED_BY_SERVER)
+            self._hurry()
+        finally:
+            lock._op_lock.release()  # pyright: ignore[reportPrivateUsage]
+        return False

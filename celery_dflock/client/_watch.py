@@ -1,0 +1,161 @@
+"""Notice at once when a held lock's connection is closed by the server.
+
+When a connection closes (a restart, a drain, a network cut, an idle timeout) the server may
+have released its locks with it, or may still hold them (restored from its journal, or without
+auto-release); a client that only renews every ``lease * renew_ratio`` would find out only
+then. The lock reattaches at once instead (`celery_dflock.client._sync_backend`). A
+`ConnectionWatcher` polls the sockets of held locks' connections from one daemon thread per
+process; when one becomes readable while no request is in flight (the server never sends bytes
+nobody asked for, so that is EOF, a reset or garbage), its callback runs. The callback never
+interrupts a request: it only acts when it can take the lock's operation lock at once (see
+`celery_dflock.client`).
+
+TLS connections too: a TLS socket can become readable for records that carry no reply
+(session tickets). The connection's check (`Connection.broken_while_idle`) then reads without
+blocking, which lets the TLS layer consume such records, and reports a close only for EOF, a
+close_notify, an error or application bytes (kept, never dropped); the watch goes on otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from celery_dflock._threads import leave_signals_to_the_main_thread
+
+__all__ = ["ConnectionWatcher"]
+
+_EVENTS: Final = (
+    select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL
+    if hasattr(select, "poll")
+    else 0
+)
+
+POLL_INTERVAL_MS: Final = 100
+"""How long one poll waits: a socket watched meanwhile is seen by the next one."""
+LINGER_S: Final = 5.0
+"""How long the thread waits, with nothing watched, before it exits."""
+
+WatchCallback = Callable[[], bool]
+"""Runs when the socket is readable; True to keep watching it, False to stop."""
+
+
+class ConnectionWatcher:
+    """Polls watched sockets from one daemon thread, running while anything is watched.
+
+    Fork safe as the `Renewer` is: a fork child gets a watcher state of its own and never
+    touches the parent's (whose mutex may have been held at fork time)."""
+
+    def __init__(self) -> None:
+        self._by_pid: dict[int, _ProcessWatcher] = {}
+
+    def _current(self, create: bool) -> _ProcessWatcher | None:
+        pid = os.getpid()
+        current = self._by_pid.get(pid)
+        if current is None and create:
+            # setdefault: two threads of a new child agree on one state without a lock.
+            current = self._by_pid.setdefault(pid, _ProcessWatcher())
+            for other in [p for p in self._by_pid if p != pid]:
+                self._by_pid.pop(other, None)
+        return current
+
+    def watch(self, fd: int, callback: WatchCallback) -> None:
+        """Call ``callback`` once ``fd`` is readable (it replaces an earlier one for ``fd``)."""
+        current = self._current(create=True)
+        assert current is not None
+        current.watch(fd, callback)
+
+    def unwatch(self, fd: int) -> None:
+        current = self._current(create=False)
+        if current is not None:
+            current.unwatch(fd)
+
+    @property
+    def watched(self) -> int:
+        """Sockets watched in this process now."""
+        current = self._current(create=False)
+        return 0 if current is None else len(current.entries)
+
+
+class _ProcessWatcher:
+    """One process's watched sockets and the thread that polls them.
+
+    Watching costs a dict entry and a registration in a user-space poll set, no system call
+    and no thread start: the thread polls with a short timeout (a socket watched meanwhile is
+    seen at the next poll, within ``POLL_INTERVAL_S``) and lingers ``LINGER_S`` after the last
+    socket is let go, so locks taken and released one after the other share one thread."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._entries: dict[int, WatchCallback] = {}
+        self._poller = select.poll()
+        self._running = False
+        self._idle_since = 0.0
+
+    @property
+    def entries(self) -> dict[int, WatchCallback]:
+        return self._entries
+
+    def watch(self, fd: int, callback: WatchCallback) -> None:
+        with self._mutex:
+            self._entries[fd] = callback
+            self._poller.register(fd, _EVENTS)
+            if self._running:
+                return
+            self._running = True
+        thread = threading.Thread(target=self._loop, name="dflock-watch", daemon=True)
+        try:
+            thread.start()
+        except BaseException:
+            with self._mutex:
+                self._running = False
+            raise
+
+    def unwatch(self, fd: int) -> None:
+        with self._mutex:
+            if self._entries.pop(fd, None) is None:
+                return
+            with contextlib.suppress(KeyError, ValueError):
+                self._poller.unregister(fd)
+            if not self._entries:
+                self._idle_since = time.monotonic()
+
+    def _loop(self) -> None:
+        leave_signals_to_the_main_thread()
+        poller = self._poller
+        while True:
+            with self._mutex:
+                if not self._entries and time.monotonic() - self._idle_since >= LINGER_S:
+                    self._running = False  # the next watch starts a thread anew
+                    return
+            try:
+                events = poller.poll(POLL_INTERVAL_MS)
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            if not events:
+                continue
+            due: list[tuple[int, WatchCallback]] = []
+            with self._mutex:
+                for fd, _ in events:
+                    callback = self._entries.pop(fd, None)
+                    with contextlib.suppress(KeyError, ValueError):
+                        poller.unregister(fd)
+                    if callback is not None:
+                        due.append((fd, callback))
+                if due and not self._entries:
+                    self._idle_since = time.monotonic()
+            for fd, callback in due:
+                try:
+                    keep = callback()
+                except Exception:  # pragma: no cover - a callback bug must not stop the rest
+                    keep = False
+                if keep:
+                    with self._mutex:
+                        if fd not in self._entries:
+                            self._entries[fd] = callback
+                            poller.register(fd, _EVENTS)

@@ -1,0 +1,186 @@
+"""Where a key lives in a cluster of lock servers, from what the servers say (no I/O).
+
+A dflockd server answers ``shards`` with one line of JSON saying which keys it serves
+(docs/protocol.md, *Ownership*). `ShardsInfo` reads any mode's answer (for ``celery dflock
+shards``); `ClusterMap` is a cluster-mode answer made ready for routing: a key's shard is
+``fnv1a_32(key) % shard_count`` (`shard_of`), and its server the shard's *current* node, or
+its *target* while it has none (`owner`).
+
+`fnv1a_32` is the server's hash (``dflockd_server.cluster.shardmap``), written again here so
+that the client needs nothing of the server's package; a test holds the two equal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from celery_dflock.client import wire
+from celery_dflock.client.errors import ProtocolError
+
+__all__ = ["ClusterMap", "ShardsInfo", "fnv1a_32"]
+
+_FNV32_OFFSET: Final = 0x811C9DC5
+_FNV32_PRIME: Final = 0x01000193
+_U32: Final = 0xFFFFFFFF
+
+
+def fnv1a_32(data: bytes) -> int:
+    """FNV-1a, 32 bits (Go's ``hash/fnv`` ``New32a``), as the cluster's servers hash keys."""
+    h = _FNV32_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV32_PRIME) & _U32
+    return h
+
+
+def _strings(data: dict[str, object], name: str, where: str) -> tuple[str, ...]:
+    value = data.get(name, [])
+    if not isinstance(value, list):
+        raise ProtocolError(f"{where}: '{name}' is not a list in the shards reply")
+    items: list[object] = list(value)  # pyright: ignore[reportUnknownArgumentType]
+    if not all(isinstance(item, str) for item in items):
+        raise ProtocolError(f"{where}: '{name}' is not a list of HOST:PORT strings")
+    return tuple(str(item) for item in items)
+
+
+def _ints(data: dict[str, object], name: str, where: str) -> tuple[int, ...]:
+    value = data.get(name, [])
+    if not isinstance(value, list):
+        raise ProtocolError(f"{where}: '{name}' is not a list in the shards reply")
+    items: list[object] = list(value)  # pyright: ignore[reportUnknownArgumentType]
+    if not all(isinstance(item, int) and not isinstance(item, bool) for item in items):
+        raise ProtocolError(f"{where}: '{name}' is not a list of integers")
+    return tuple(int(item) for item in items)  # pyright: ignore[reportArgumentType]
+
+
+def _optional_str(data: dict[str, object], name: str) -> str | None:
+    value = data.get(name)
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardsInfo:
+    """What one server answered to ``shards``, in any mode (``single``, ``static``,
+    ``cluster``); ``members`` are the static list or the live cluster members."""
+
+    mode: str
+    self_address: str | None = None
+    members: tuple[str, ...] = ()
+    strategy: str | None = None
+    leader: str | None = None
+    cluster: ClusterMap | None = None
+
+    @classmethod
+    def parse(cls, data: dict[str, object], where: str = "the server") -> ShardsInfo:
+        mode = data.get("mode")
+        if not isinstance(mode, str):
+            raise ProtocolError(f"{where} answered shards without a 'mode'")
+        cluster = ClusterMap.parse(data, where) if mode == wire.MODE_CLUSTER else None
+        return cls(
+            mode=mode,
+            self_address=_optional_str(data, "self"),
+            members=_strings(data, "members", where),
+            strategy=_optional_str(data, "strategy"),
+            leader=_optional_str(data, "leader"),
+            cluster=cluster,
+        )
+
+    def shards_per_member(self) -> dict[str, int]:
+        """Shards each node is the current node of (cluster mode; else empty)."""
+        return {} if self.cluster is None else self.cluster.shards_per_node()
+
+    @property
+    def moving(self) -> tuple[int, ...]:
+        """Shards whose target is not their current node (cluster mode; else none)."""
+        return () if self.cluster is None else self.cluster.moving
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMap:
+    """A cluster's fixed shard map as one member described it (see the module's doc)."""
+
+    shard_count: int
+    nodes: tuple[str, ...]
+    current: tuple[int, ...]
+    target: tuple[int, ...]
+    members: tuple[str, ...] = ()
+    leader: str | None = None
+    pinned: tuple[int, ...] = ()
+    moving: tuple[int, ...] = ()
+    source: str | None = field(default=None, compare=False)
+    """The member that answered (its ``self``)."""
+
+    @classmethod
+    def parse(cls, data: dict[str, object], where: str = "the server") -> ClusterMap:
+        """A cluster-mode ``shards`` answer; `ProtocolError` says what is wrong with it."""
+        if data.get("mode") != wire.MODE_CLUSTER:
+            raise ProtocolError(f"{where} is not in cluster mode (shards said {data!r:.200})")
+        if data.get("hash") != wire.HASH_FNV1A32:
+            raise ProtocolError(
+                f"{where} hashes keys with {data.get('hash')!r}; this client knows only "
+                f"{wire.HASH_FNV1A32!r} (upgrade celery-dflock)"
+            )
+        count = data.get("shard_count")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ProtocolError(f"{where}: shard_count {count!r} is not a positive integer")
+        nodes = _strings(data, "nodes", where)
+        current = _ints(data, "current", where)
+        target = _ints(data, "target", where)
+        if len(current) != count or len(target) != count:
+            raise ProtocolError(f"{where}: current and target must list {count} shards each")
+        if any(not -1 <= index < len(nodes) for index in (*current, *target)):
+            raise ProtocolError(f"{where}: a shard names a node outside 'nodes'")
+        return cls(
+            shard_count=count,
+            nodes=nodes,
+            current=current,
+            target=target,
+            members=_strings(data, "members", where),
+            leader=_optional_str(data, "leader"),
+            pinned=_ints(data, "pinned", where),
+            moving=_ints(data, "moving", where),
+            source=_optional_str(data, "self"),
+        )
+
+    @classmethod
+    def build(
+        cls,
+        nodes: Sequence[str],
+        current: Sequence[int],
+        target: Sequence[int] | None = None,
+        **extra: object,
+    ) -> ClusterMap:
+        """A map from its parts (tests and tools): ``current``/``target`` index ``nodes``."""
+        target = current if target is None else target
+        moving = tuple(s for s, (c, t) in enumerate(zip(current, target, strict=True)) if c != t)
+        data: dict[str, object] = {
+            "mode": wire.MODE_CLUSTER,
+            "hash": wire.HASH_FNV1A32,
+            "shard_count": len(current),
+            "nodes": list(nodes),
+            "current": list(current),
+            "target": list(target),
+            "moving": list(moving),
+            **extra,
+        }
+        return cls.parse(data)
+
+    def shard_of(self, key: str) -> int:
+        """The shard of ``key``: FNV-1a 32 of its UTF-8 bytes, modulo ``shard_count``."""
+        return fnv1a_32(key.encode("utf-8")) % self.shard_count
+
+    def owner(self, key: str) -> str | None:
+        """``HOST:PORT`` of the node that serves ``key`` now: its shard's current node, or the
+        target while the shard has none; None when neither is known."""
+        shard = self.shard_of(key)
+        index = self.current[shard]
+        if index < 0:
+            index = self.target[shard]
+        return None if index < 0 else self.nodes[index]
+
+    def shards_per_node(self) -> dict[str, int]:
+        """How many shards each node is the current node of (nodes with none included)."""
+        counts = Counter(self.current)
+        return {node: counts.get(index, 0) for index, node in enumerate(self.nodes)}

@@ -1,0 +1,112 @@
+"""The dflockd wire protocol, without I/O.
+
+Requests are built by the ``encode_*`` functions (they validate keys, tokens and numbers and
+return the exact bytes to send). Replies are decoded by `ReplyParser`, which is fed bytes as they
+arrive (in any chunking) and hands out one typed reply per complete line, checked against the
+command it answers::
+
+    parser = ReplyParser()
+    sock.sendall(encode_lock("jobs", 10))
+    while (reply := parser.next_reply(Command.LOCK)) is None:
+        parser.feed(sock.recv(4096))
+    # reply is Granted(token, lease), TimedOut() or ErrorReply(code)
+
+Anything that is not a valid reply to that command raises `ProtocolError` naming what arrived.
+
+The requests are built in `celery_dflock.client._requests`, the replies read in
+`celery_dflock.client._replies`; this module is their one public face.
+"""
+
+from __future__ import annotations
+
+from celery_dflock.client._replies import (
+    MAX_STATS_LINE_BYTES,
+    Asked,
+    Bound,
+    ErrorReply,
+    Granted,
+    Hello,
+    Moved,
+    Ok,
+    Queued,
+    Renewed,
+    Reply,
+    ReplyParser,
+    Shards,
+    Stats,
+    TimedOut,
+    decode_reply,
+)
+from celery_dflock.client._requests import (
+    MAX_KEY_BYTES,
+    Command,
+    encode_asking,
+    encode_auth,
+    encode_enqueue,
+    encode_hand_down,
+    encode_hello,
+    encode_hold,
+    encode_lock,
+    encode_note,
+    encode_ping,
+    encode_release,
+    encode_renew,
+    encode_sem_enqueue,
+    encode_sem_lock,
+    encode_sem_release,
+    encode_sem_renew,
+    encode_sem_wait,
+    encode_shards,
+    encode_stats,
+    encode_take,
+    encode_wait,
+    fence_of,
+    validate_key,
+    validate_note,
+    validate_token,
+)
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_STATS_LINE_BYTES",
+    "Asked",
+    "Bound",
+    "Command",
+    "ErrorReply",
+    "Granted",
+    "Hello",
+    "Moved",
+    "Ok",
+    "Queued",
+    "Renewed",
+    "Reply",
+    "ReplyParser",
+    "Shards",
+    "Stats",
+    "TimedOut",
+    "decode_reply",
+    "encode_asking",
+    "encode_auth",
+    "encode_enqueue",
+    "encode_hand_down",
+    "encode_hello",
+    "encode_hold",
+    "encode_lock",
+    "encode_note",
+    "encode_ping",
+    "encode_release",
+    "encode_renew",
+    "encode_sem_enqueue",
+    "encode_sem_lock",
+    "encode_sem_release",
+    "encode_sem_renew",
+    "encode_sem_wait",
+    "encode_shards",
+    "encode_stats",
+    "encode_take",
+    "encode_wait",
+    "fence_of",
+    "validate_key",
+    "validate_note",
+    "validate_token",
+]
