@@ -116,7 +116,7 @@ class Connection(Stream):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self.last_rx = self.loop.time()
+        self.last_rx = self.clock()
         if self.tls is not None:
             data = self._decrypt(self.tls, data)
             if not data:
@@ -180,7 +180,7 @@ class Connection(Stream):
             self.wait_timer.cancel()
             self.wait_timer = None
         self._set_busy(False)
-        self.last_rx = self.loop.time()
+        self.last_rx = self.clock()
         times = self.server.request_times
         if times is not None and self.wait_command:
             times.observe(self.wait_command, time.perf_counter() - self.wait_started)
@@ -236,6 +236,8 @@ class Connection(Stream):
                 reply = handle(frame)
                 if reply is None:
                     reply = self._act(session)
+                    if reply is None:
+                        continue
             else:
                 started = time.perf_counter()
                 reply = handle(frame)
@@ -243,15 +245,16 @@ class Connection(Stream):
                     reply = self._act(session)
                 if reply is not None:
                     times.observe(frame[0], time.perf_counter() - started)
-                elif self.waiter is not None:
-                    self.wait_started, self.wait_command = started, frame[0]
-            if reply is not None:
-                out.append(reply)
-                pending += len(reply)
-                if pending >= c.WRITE_BUFFER_LOW_WATER and transport is not None:
-                    self._send(transport, b"".join(out))  # may call pause_writing
-                    out.clear()
-                    pending = 0
+                else:
+                    if self.waiter is not None:
+                        self.wait_started, self.wait_command = started, frame[0]
+                    continue
+            out.append(reply)
+            pending += len(reply)
+            if pending >= c.WRITE_BUFFER_LOW_WATER and transport is not None:
+                self._send(transport, b"".join(out))  # may call pause_writing
+                out.clear()
+                pending = 0
         if out and transport is not None and not transport.is_closing():
             self._send(transport, out[0] if len(out) == 1 else b"".join(out))
         if self.eof:

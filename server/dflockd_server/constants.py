@@ -89,7 +89,7 @@ CMD_HAND_DOWN: Final = "hd"
 CMD_ASKING: Final = "asking"
 """``asking _ _``: the next acquire on this connection follows an ``error_ask`` (cluster mode:
 a member importing the key's shard serves it; see docs/protocol.md, *Key-level moves*)."""
-COMMANDS: Final = frozenset(
+COMMANDS: Final[frozenset[str]] = frozenset(
     {
         CMD_LOCK,
         CMD_RENEW,

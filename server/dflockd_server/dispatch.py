@@ -45,6 +45,7 @@ _LOCK: Final = c.CMD_LOCK.encode()
 _RELEASE: Final = c.CMD_RELEASE.encode()
 _RENEW: Final = c.CMD_RENEW.encode()
 _ASKING: Final = c.CMD_ASKING.encode()
+_STATUS_OK: Final = c.STATUS_OK.encode()
 _WHILE_DRAINING: Final = frozenset(
     command.encode()
     for command in (
@@ -197,7 +198,7 @@ class Session:
             self.asking = False
             return self._unknown(cmd, key, arg)
         reply = route(self, cmd, key, arg)
-        if cmd != _ASKING:
+        if self.asking and cmd != _ASKING:
             self.asking = self.table.asking = False  # one request only, whatever it was
         return reply
 
@@ -242,11 +243,12 @@ class Session:
             name, timeout, lease, limit = req.key, req.timeout, req.lease, req.limit
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
-        if (refused := self._check(name)) is not None:
+        if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
-        self.table.asking = self.asking
+        table = self.table
+        table.asking = self.asking
         try:
-            got = self.table.acquire(
+            got = table.acquire(
                 # After the client's EOF nobody waits for an answer to come later: try once.
                 self.client,
                 name,
@@ -258,8 +260,9 @@ class Session:
             return _refusal(exc)
         if got is None:
             return p.REPLY_TIMEOUT
-        if isinstance(got, Holder):
-            return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
+        if type(got) is Holder:
+            return b"%s %s %d\n" % (_STATUS_OK, got.token.encode(), got.lease_ttl)
+        assert isinstance(got, Waiter)
         return self._later(Wait(got, timeout))
 
     def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:

@@ -194,7 +194,8 @@ class FenceCounter:
             pos = 0
         end = pos + 2 * _SUFFIX_BYTES
         self._pool_pos = end
-        return f"{counter:016x}{self._pool[pos:end]}"
+        # counter <= FENCE_MAX (64 bits): its 8 bytes in hex are the 16 digits ("%016x")
+        return counter.to_bytes(8, "big").hex() + self._pool[pos:end]
 
 
 def fence_of(token: str) -> int:

@@ -55,6 +55,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dflockd_server.keys import AS_RECORDED
+
 if TYPE_CHECKING:
     from dflockd_server.keys import Holder
 
@@ -65,6 +67,7 @@ __all__ = [
     "JournalStats",
     "RecordedGrant",
     "boot_id",
+    "drop_record",
     "read_journal",
     "restored_leases",
 ]
@@ -92,6 +95,12 @@ def boot_id() -> str:
 
 def _line(payload: str) -> bytes:
     data = payload.encode()
+    return b"%08x %s\n" % (zlib.crc32(data), data)
+
+
+def drop_record(token: str) -> bytes:
+    """The record of the release (or expiry) of the grant ``token`` (the hot path)."""
+    data = ("R " + token).encode()
     return b"%08x %s\n" % (zlib.crc32(data), data)
 
 
@@ -326,26 +335,23 @@ class Journal:
         return ("d " if detached else "c ") + ("-" if on_close is None else str(on_close))
 
     def grant_record(self, holder: Holder, detached: bool, on_close: int | None) -> bytes:
-        """A grant's record (one bytes format: the hot path), with the expiry it covers set
-        in ``holder.covered`` (renewals up to it write nothing)."""
+        """A grant's record (one format: the hot path), with the expiry it covers set in
+        ``holder.covered`` (``AS_RECORDED``: renewals up to it write nothing)."""
         state = holder.state
         lease = holder.lease_ttl
         expires_at = holder.expires_at
-        until = self._until(expires_at, lease)
-        data = b"G %s %s %d %d %d %d %s %s" % (
-            holder.token.encode(),
-            state.key.encode(),
-            state.limit,
-            state.is_sem,
-            lease,
-            until,
-            b"d" if detached else b"c",
-            b"-" if on_close is None else b"%d" % on_close,
-        )
+        # self._until, inlined: the hot path
+        until = self._anchor_wall_ms + int((expires_at + lease - self._anchor_clock) * 1000) + 1
         note = holder.note
-        if note is not None:
-            data += b" " + note.encode()
-        holder.covered = expires_at + lease
+        kind = 1 if state.is_sem else 0  # not {is_sem:d}: a format spec is the slow path
+        mode = "d" if detached else "c"
+        closing = "-" if on_close is None else on_close
+        tail = "" if note is None else " " + note
+        data = (
+            f"G {holder.token} {state.key} {state.limit} {kind} {lease} {until} "
+            f"{mode} {closing}{tail}"
+        ).encode()
+        holder.covered = AS_RECORDED  # expires_at + lease, without a float of its own
         return b"%08x %s\n" % (zlib.crc32(data), data)
 
     def grant(self, holder: Holder, detached: bool) -> None:
@@ -382,8 +388,7 @@ class Journal:
         self.buf.append(_line(f"N {token}" if note is None else f"N {token} {note}"))
 
     def drop(self, token: str) -> None:
-        data = b"R " + token.encode()
-        self.buf.append(b"%08x %s\n" % (zlib.crc32(data), data))
+        self.buf.append(drop_record(token))
 
     # ------------------------------------------------------------------ file
     def _header(self) -> bytes:

@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable
 
 __all__ = [
+    "AS_RECORDED",
     "AlreadyEnqueued",
     "Bound",
     "Client",
@@ -62,6 +63,11 @@ class Bound(TableError):
         self.note = note
 
 
+AS_RECORDED = -1.0
+"""``Holder.covered`` of a grant whose record is its last: it covers ``expires_at +
+lease_ttl`` (what the record says), until a renewal changes them."""
+
+
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued.
     ``closed`` once its connection is gone; ``on_close``: the grants it took over with ``ht``
@@ -103,7 +109,9 @@ class Holder:
         self.note: str | None = None
         self.covered = 0.0
         """With a lease journal: the expiry (table clock) its records cover; a renewal up to
-        it, with a lease no longer than ``lease_ttl``, writes nothing."""
+        it, with a lease no longer than ``lease_ttl``, writes nothing. ``AS_RECORDED`` (set by
+        a grant's record): ``expires_at + lease_ttl``, not renewed since (each held grant
+        would otherwise keep a float of its own: 24 bytes)."""
 
 
 class Waiter:

@@ -1,4 +1,6 @@
-"""The asyncio server: ``Server`` (listener, admission, maintenance timers, shutdown).
+"""The asyncio server: ``Server`` (start, listener, maintenance timers, the journal's group
+writes, shutdown). Its admission of connections is ``admission.Admission``; which keys it
+serves, and what its cluster node asks of it, is ``serving.KeyServing``.
 
 Each accepted connection is a ``connection.Connection`` (its request loop, over the byte side
 in ``stream``), whose requests go through ``dispatch.Session`` (the pure dispatch step) to the
@@ -8,7 +10,6 @@ in ``stream``), whose requests go through ``dispatch.Session`` (the pure dispatc
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
 import os
@@ -16,19 +17,21 @@ import random
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dflockd_server import constants as c
 from dflockd_server import protocol as p
-from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
+from dflockd_server.admission import Admission
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
 from dflockd_server.fence import FenceCounter, FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
-from dflockd_server.ownership import SINGLE, Ownership, SingleOwnership, StaticOwnership
+from dflockd_server.ownership import SINGLE, Ownership
+from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
 from dflockd_server.snapshots import RationedSnapshots
 from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
 from dflockd_server.stream import Stream
@@ -38,55 +41,23 @@ from dflockd_server.tls import build_ssl_context
 if TYPE_CHECKING:
     from dflockd_server.cluster.node import ClusterNode
 
-__all__ = ["Server", "make_cluster_node", "make_ownership"]
+__all__ = ["Server", "make_cluster_node", "make_ownership"]  # the makers: from serving
 
 log = logging.getLogger("dflockd_server")
-
-T = TypeVar("T")
-
-
-def make_ownership(config: Config) -> Ownership:
-    """The ownership of a server that is not a cluster member: every key (single) or the
-    static list's share (``--members``). A cluster member's is its `ClusterNode`."""
-    if config.members is not None:
-        assert config.advertise is not None  # Config checks it
-        return StaticOwnership(config.members, config.advertise)
-    return SINGLE
-
-
-def make_cluster_node(config: Config, server: Server) -> ClusterNode:
-    """The cluster member of a ``--cluster`` server (not started). The cluster's modules are
-    imported here, not with this module: a server that is no cluster member does not pay for
-    them (about 45 ms at every start, the etcd client's ``http.client`` most of it)."""
-    from dflockd_server.cluster.node import ClusterNode
-    from dflockd_server.cluster.ops import EtcdAccess, etcd_client
-
-    assert config.cluster is not None and config.advertise is not None  # Config checks it
-    access = EtcdAccess(
-        config.cluster_ca_file,
-        config.cluster_cert,
-        config.cluster_key,
-        config.cluster_user,
-        config.resolve_cluster_password(),
-    )
-    try:
-        client, prefix = etcd_client(config.cluster, access, lease_ttl_s=config.cluster_lease_ttl_s)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return ClusterNode(
-        client,
-        prefix,
-        config.advertise,
-        server,
-        max_lease_ttl_s=config.max_lease_ttl_s,
-        lease_ttl_s=config.cluster_lease_ttl_s,
-    )
 
 
 _JITTER_MIN, _JITTER_MAX = 0.5, 1.5  # of a fragment delay
 
 
-class Server:
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``loop.time``, or ``time.monotonic`` itself where that is all ``loop.time`` returns
+    (asyncio's own loops): the same times, without a Python call around each one."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
+
+
+class Server(Admission, KeyServing):
     """A dflockd-compatible lock server: ``await start()``, ``port``, ``await stop()``."""
 
     def __init__(self, config: Config | None = None, *, ownership: Ownership | None = None) -> None:
@@ -121,6 +92,8 @@ class Server:
         """Answers ``stats`` (rationed: see ``snapshots``)."""
         self._timers: list[asyncio.TimerHandle] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        """The loop's clock (``loop_clock``): the lock table's and the connections' time."""
         self._loop_thread = 0
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
@@ -228,6 +201,7 @@ class Server:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self.clock = loop_clock(loop)
         self._loop_thread = threading.get_ident()
         token = cfg.resolve_auth_token()
         self.secret = token.encode() if token is not None else None
@@ -290,7 +264,7 @@ class Server:
             publish=self.node.publish_longest if self.node is not None else None,
         )
         self._table = table = LockTable(
-            clock=loop.time,
+            clock=self.clock,
             new_token=self.fence.next_token,
             max_locks=cfg.max_locks,
             max_waiters=cfg.max_waiters,
@@ -499,183 +473,14 @@ class Server:
             await self.loop.run_in_executor(None, lambda: node.stop(keep=cut_off))
         self._stopped.set()
 
-    # ------------------------------------------------------------------ ownership
-    def set_ownership(self, ownership: Ownership) -> None:
-        """Serve by ``ownership`` from now on (any thread: the references are swapped, the
-        loop reads whichever is current)."""
-        single = isinstance(ownership, SingleOwnership)
-        self.ownership = ownership
-        self.key_check = None if single else ownership.check
-        self._may_hold = None if single else ownership.may_hold
-        if self._table is not None:
-            self._table.grant_check = self.key_check
-            self._table.asked_check = None if single else ownership.check_asked
-
-    def may_hold(self, key: str) -> bool:
-        """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or
-        handed down (``hd``) now: ``renewals_allowed`` and the ownership's ``may_hold`` (asked
-        each time: a cluster member's turns False by itself once its etcd lease can no longer
-        be shown alive, or the key's shard is no longer its own)."""
-        may_hold = self._may_hold
-        return self._renewals_allowed and (may_hold is None or may_hold(key))
-
-    def shards_reply(self) -> bytes:
-        """The ``shards`` reply: the current ownership described."""
-        return p.reply_shards(self.ownership.describe())
-
-    def renewals_allowed(self, allowed: bool) -> None:
-        """Serve ``n`` / ``sn`` (True) or answer them ``error`` (False: a fenced cluster
-        member, so its holders see their locks lost before another member may grant them).
-        Thread safe."""
-        self._renewals_allowed = allowed
-
-    def fail_waiters(self, shard_ids: Collection[int], reply: bytes) -> int:
-        """Answer every queued acquire on a key of ``shard_ids`` with ``reply`` (e.g.
-        ``error_moved <target>``) and drop the pending two-phase enqueues there (their ``w``
-        is then answered ``reply`` too); how many were answered or dropped. Thread safe (runs
-        on the loop)."""
-        wanted = frozenset(shard_ids)
-        return self._on_loop(lambda: self._fail_waiters(wanted, reply))
-
-    def _fail_waiters(self, wanted: frozenset[int], reply: bytes) -> int:
-        failed = 0
-        for conn in list(self.connections):
-            waiter = conn.waiter
-            if waiter is not None and shard_id(waiter.state.key) in wanted:
-                conn.answer_wait(reply)
-                failed += 1
-        for conn in list(self.connections):
-            session = conn.session
-            if session is None:
-                continue
-            for key in list(session.client.enqueued):
-                if shard_id(key) in wanted and session.fail_enqueued(key, reply):
-                    failed += 1
-        return failed
-
-    def holders_in(self, shard_ids: Collection[int]) -> set[int]:
-        """Which of ``shard_ids`` have a key held now. Thread safe (runs on the loop)."""
-        wanted = frozenset(shard_ids)
-        return self._on_loop(lambda: self._held_shards() & wanted)
-
-    def _held_shards(self) -> set[int]:
-        """The shards with a key held or queued now (on the loop). Before the table is made
-        (the leases of a previous run not restored yet) and during a restart grace (what the
-        previous run granted is unknown), every shard counts as held: nothing is handed over
-        blind."""
-        table = self._table
-        if table is None or table.grace_remaining() > 0:
-            return set(range(SHARD_COUNT))
-        return {
-            shard_id(key) for key, state in table.keys.items() if state.n_held or state.n_waiting
-        }
-
-    def key_present(self, key: str) -> bool | None:
-        """Whether the table holds or queues anything on ``key`` (on the loop); None when it
-        cannot tell: no table yet, or a restart grace (what the previous run granted is
-        unknown)."""
-        table = self._table
-        if table is None or table.grace_remaining() > 0:
-            return None
-        state = table.keys.get(key)
-        return state is not None and bool(state.n_held or state.n_waiting)
-
-    def asked_check(self, key: str) -> bytes | None:
-        """The ownership's check for an acquire that follows ``asking``."""
-        return self.ownership.check_asked(key)
-
-    def _on_loop(self, fn: Callable[[], T]) -> T:
-        """``fn()`` on the loop thread: at once when called there, else through
-        ``call_soon_threadsafe``, waiting for its result."""
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread:
-            return fn()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        loop.call_soon_threadsafe(run)
-        return future.result()
-
-    # ------------------------------------------------------------------ bookkeeping
-    def admit(self, conn: Connection) -> str | None:
-        """Count a new connection's transport, and register the connection or say why it is
-        refused."""
-        self.open_transports += 1
-        refusal = self._refusal(conn)
-        if refusal is not None:
-            self.connections_refused += 1
-            return refusal
-        self.connections_accepted += 1
-        self.per_ip[conn.ip] = self.per_ip.get(conn.ip, 0) + 1
-        self.connections.add(conn)
-        return None
-
-    def _refusal(self, conn: Connection) -> str | None:
-        cfg = self.config
-        if self.draining:
-            return "server draining"
-        if cfg.max_connections and len(self.connections) >= cfg.max_connections:
-            return f"max_connections ({cfg.max_connections}) reached"
-        count = self.per_ip.get(conn.ip, 0)
-        if cfg.max_connections_per_ip and count >= cfg.max_connections_per_ip:
-            return f"max_connections_per_ip ({cfg.max_connections_per_ip}) reached"
-        return None
-
-    def transport_lost(self) -> None:
-        """A connection's transport is gone (admitted or refused)."""
-        self.open_transports -= 1
-
-    def forget(self, conn: Connection) -> None:
-        if conn in self.connections:
-            self.connections.discard(conn)
-            count = self.per_ip.get(conn.ip, 0) - 1
-            if count > 0:
-                self.per_ip[conn.ip] = count
-            else:
-                self.per_ip.pop(conn.ip, None)
-
-    def handshake_started(self, stream: Stream) -> None:
-        """``stream`` begins its TLS handshake. Past ``max_tls_handshakes`` under way, the
-        oldest is dropped: connections that never finish theirs cannot crowd out new ones
-        (a real client finishes in a round trip or two), and their memory stays bounded."""
-        cap = self.config.max_tls_handshakes
-        if cap and len(self.handshaking) >= cap:
-            oldest = next(iter(self.handshaking))
-            del self.handshaking[oldest]
-            self.handshakes_evicted += 1
-            log.debug(
-                "connection %s: dropped in its TLS handshake (max_tls_handshakes %d under way)",
-                oldest.peer,
-                cap,
-            )
-            oldest.abort()
-        self.handshaking[stream] = None
-
-    def handshake_ended(self, stream: Stream) -> None:
-        """``stream``'s handshake is done, failed or was cut off."""
-        self.handshaking.pop(stream, None)
-
-    def busy_changed(self, busy: bool) -> None:
-        self._busy += 1 if busy else -1
-        if self._idle is not None:
-            if self._busy:
-                self._idle.clear()
-            else:
-                self._idle.set()
-
     def hold_back(self, stream: Stream) -> None:
         """``stream`` holds replies back until the journal is written: do that once for every
         connection of this turn of the loop, just after it (one write, and with
         ``--journal-fsync always`` one fsync, for all of them)."""
         if not self._held:
-            self.loop.call_soon(self._send_held)
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon(self._send_held)
         self._held.append(stream)
 
     def _send_held(self) -> None:

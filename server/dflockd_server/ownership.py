@@ -8,7 +8,7 @@ Three modes (docs/protocol.md, *Ownership*):
 * ``StaticOwnership`` (``--members a:6388,b:6388,c:6388 --advertise b:6388``): the keys the
   clients' default strategy over that list gives to this member,
   ``zlib.crc32(key.encode()) % len(members) == members.index(advertise)`` (what
-  ``celery_dflock.sharding.stable_hash_shard`` computes; the order matters). Any other key is
+  ``celery_dflock.client.sharding.stable_hash_shard`` computes; the order matters). Any other key is
   answered ``error_moved <its owner>``, so a client whose list disagrees learns it at its first
   acquire instead of splitting a key's holders across two servers.
 * cluster mode: the cluster node (``cluster/node.py``) provides its own ``Ownership`` and

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from dflockd_server import constants as c
@@ -31,6 +32,9 @@ class StreamHost(Protocol):
     config: Config
     longest_fragment_delay: float
     journal: Journal | None
+
+    clock: Callable[[], float]
+    """The loop's time (``loop.time`` or the same clock without its wrapper)."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -52,6 +56,7 @@ class Stream(asyncio.Protocol):
 
     def __init__(self, server: StreamHost) -> None:
         self.loop = server.loop
+        self.clock = server.clock
         self.framer = p.RequestFramer()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -85,7 +90,7 @@ class Stream(asyncio.Protocol):
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
         host = self._host
         transport.set_write_buffer_limits(c.WRITE_BUFFER_HIGH_WATER, c.WRITE_BUFFER_LOW_WATER)
-        self.last_rx = self.loop.time()
+        self.last_rx = self.clock()
         if host.config.read_timeout_s > 0:
             self.read_timer = self.loop.call_later(
                 host.config.read_timeout_s, self._read_timer_fired
@@ -248,7 +253,7 @@ class Stream(asyncio.Protocol):
         if self.closing:
             return
         timeout = self._host.config.read_timeout_s
-        idle = self.loop.time() - self.last_rx
+        idle = self.clock() - self.last_rx
         if self.read_delayed:
             # Bytes may be waiting unread: judge idleness once the delay is over.
             self.read_timer = self.loop.call_later(

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from dflockd_server.fence import FenceStateError
-from dflockd_server.journal import Journal
+from dflockd_server.journal import Journal, drop_record
 from dflockd_server.keys import (
     Client,
     Counts,
@@ -162,7 +162,7 @@ class TableCore:
         if now >= state.earliest:
             self._check(state, now)
         state.last_used = now
-        if state.idle:
+        if not state.n_held and not state.n_waiting:  # idle
             if wanted != state.limit:
                 state.limit = wanted
                 state.many = None  # empty: a key of limit 1 holds its holder in `one`
@@ -203,7 +203,7 @@ class TableCore:
             holder.note = note
         journal = self.journal
         if journal is not None:
-            journal.grant(holder, client is self.detached)
+            journal.buf.append(journal.grant_record(holder, client is self.detached, None))
         if state.limit == 1:
             state.one = holder
             state.earliest = expires_at
@@ -243,8 +243,9 @@ class TableCore:
 
     def _drop_holder(self, holder: Holder, now: float) -> None:
         holder.live = False
-        if self.journal is not None:
-            self.journal.drop(holder.token)
+        journal = self.journal
+        if journal is not None:
+            journal.buf.append(drop_record(holder.token))
         state = holder.state
         if state.one is holder:
             state.one = None
@@ -272,7 +273,8 @@ class TableCore:
         state.last_used = now
         if not state.n_held:
             state.earliest = math.inf
-            self._idle.note(self.keys, state)
+            if not state.n_waiting:
+                self._idle.note(self.keys, state)
 
     def _check(self, state: KeyState, now: float) -> int:
         """Expire the key's run-out leases and hand their slots on; returns how many."""

@@ -19,8 +19,8 @@ A ``Member`` (one per server process) does, under ``<prefix>``:
 The keep-alive measures the lease's life from when the last successful keep-alive was *sent*
 (etcd renews it on receipt, so it lives at least that long): ``lease_valid_until`` and the
 ``on_lease`` callback tell the cluster node until when this member may act as one.
-Ownership, handover and failover build on it (``cluster.node``). Threads: the lease's
-keep-alive, the member's own loop (election, map upkeep) and the watch.
+Ownership (``cluster.node``), handover and failover (``cluster.handover``) build on it.
+Threads: the lease's keep-alive, the member's own loop (election, map upkeep) and the watch.
 """
 
 from __future__ import annotations

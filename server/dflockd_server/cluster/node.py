@@ -11,16 +11,11 @@ lease, and every ``NODE_TICK_S``:
    leases so a dead member's survives): every token it grants is then above every token any
    previous owner granted, after a handover as after a failover. Until that succeeded the
    shard answers ``error_unavailable``;
-3. for shards moving out, key by key (``decide``'s docstring, docs/protocol.md *Key-level
-   moves*): while a key is held or queued here, writes the flag ``split=<target>`` (after
-   publishing its fence ceiling), so that the other keys are asked for at the target; once
-   ``NodeHost.holders_in`` shows nothing held or queued, publishes its fence ceiling and sets
-   the shard's current node to the split's node, dropping the flag (a write conditioned on
-   the shard's revision and on this member's lease). A split towards a member that is gone
-   is dropped after that member's longest lease (``_unsplit``);
-4. for shards whose current member is gone: waits ``max_lease_ttl_s + failover_margin_s`` from
-   when it first saw that, then sets current = itself (same conditions); a shard *released*
-   by a member that left gracefully (see below) it takes at once.
+3. for shards moving out, key by key, splits them while keys are held or queued here and
+   hands them over once none is (``handover``);
+4. for shards whose current member is gone, takes them after the failover wait (at once when
+   their member released them on a graceful leave); ``handover`` tells how long that wait is
+   and why it suffices.
 
 Self-fencing. The member's etcd lease surely lives until the last *successful* keep-alive's
 *sending* time plus its TTL (``Member.lease_valid_until``). From then on (or once the lease is
@@ -32,35 +27,8 @@ answers again the node joins with a new lease and resumes from a fresh read of t
 A member whose own key vanishes from its view (its lease revoked, or expired before its
 keep-alive noticed) fences at once too, and joins again.
 
-The failover bound. A member that dies, or loses etcd, grants and renews nothing after its
-last successful keep-alive's sending time + ``lease_ttl_s``, which is no later than etcd
-expires its lease (etcd counts from receipt, and may raise a short TTL to its minimum, about
-2 s with default timings: that only delays the expiry). The others see it gone when etcd
-expires the lease: detection takes at most the lease's TTL after its last keep-alive. Its
-holders' leases end within the longest lease it granted or renewed of its last grant or
-renewal; before granting or renewing a longer lease than ever before, a member publishes the new
-bound in etcd (``<prefix>/longest/<member>``, no lease: it outlives the member; a failed write
-refuses the grant). The new owner waits that published bound + ``failover_margin_s`` from when
-it first saw the shard's current member gone (``max_lease_ttl_s`` + the margin for a member that
-published none), so it grants only after every lease the dead member granted has ended (given
-clocks whose rates differ by less than the margin over that time). A dead member's keys are
-therefore unavailable for at most: etcd lease TTL (detection, plus an election and a map update
-by the leader, a few etcd round trips) + the longest lease its clients used +
-``failover_margin_s`` + a tick (``NODE_TICK_S``): about one real lease, not the longest any
-member could grant.
-
-A graceful leave (``stop(leave=True)``, after the server's drain) hands its shards over instead
-of making the others wait. The node stops deciding and refuses every acquire; then, for each
-shard whose current node it is, it asks ``NodeHost.holders_in`` (on the loop: no grant can
-follow) and leaves out the shards the server names in ``keep`` (those whose holders the
-shutdown timeout cut off: they may still believe they hold, so they get the failover wait). It
-publishes its fence ceiling, then writes the others' current node empty with the flag
-``released`` (``ShardAssignment.release``; each on condition of the shard's revision and of its
-own lease), and only then revokes its lease. The leader gives the shards new targets, and each
-heir, seeing a released shard, sets current = itself at once and raises its fence above every
-published ceiling before granting: the keys are unavailable for about the time of a few etcd
-round trips, not for the longest lease. Shards still held, kept, or whose write conflicted,
-and every shard when the member cannot show its lease alive, are left to the failover wait.
+A graceful leave (``stop(leave=True)``, after the server's drain) releases the shards nobody
+holds to their heirs at once instead of making them wait (``handover``).
 
 Metrics (``stats``): the shards per state of the current decision (counted in the decision's
 one pass over the map), whether the member is fenced or the leader, and counters of the shards
@@ -76,25 +44,13 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
-from dflockd_server.cluster.decide import (
-    ERROR_UNAVAILABLE,
-    FENCED,
-    Decision,
-    decide,
-    handover_due,
-)
-from dflockd_server.cluster.etcd import Compare, EtcdClient, EtcdError
-from dflockd_server.cluster.fencestore import (
-    EtcdCeilingStore,
-    EtcdLongestStore,
-    highest_ceiling,
-    published_longest,
-)
+from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, FENCED, Decision, decide
+from dflockd_server.cluster.etcd import EtcdClient, EtcdError
+from dflockd_server.cluster.fencestore import EtcdCeilingStore, EtcdLongestStore, highest_ceiling
+from dflockd_server.cluster.handover import Handover
 from dflockd_server.cluster.host import NodeHost
-from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterView, Member
-from dflockd_server.cluster.ops import read_view
-from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.fence import FenceCounter, FenceStateError
 
@@ -128,10 +84,6 @@ def boottime() -> float:
 
 REJOIN_RETRY_S = 0.5
 """Between attempts to join again after this member lost its etcd lease."""
-
-RELEASE_ATTEMPTS = 3
-"""A graceful leave reads the map again and retries the shards whose write conflicted (the
-leader may be writing the same shards) this many times in all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,19 +151,20 @@ class ClusterNode:
         self._raised: frozenset[int] = frozenset()
         self._current: frozenset[int] = frozenset()
         """The shards this member was current member of at the last decision."""
-        self._written_from: dict[int, int] = {}
-        self._split_gone_since: dict[int, float] = {}
-        """Shards this member splits towards a node that is not live: since when (seen)."""
         self._renewals: bool | None = None
         self._next_join = 0.0
         self._updates = 0  # views the member reported (its watch's thread adds)
         self._seen_updates = -1
         self._quiet = False  # nothing waits on time or on holders: decide only on news
         self.fenced_reason: str | None = "not started"
-        # Counters (the node's thread adds; a scrape reads).
-        self.handovers = 0
-        self.failovers = 0
-        self.released_takeovers = 0
+        self._handover = Handover(
+            etcd_client,
+            prefix,
+            advertise,
+            host,
+            max_lease_ttl_s=max_lease_ttl_s,
+            failover_margin_s=failover_margin_s,
+        )
 
     # -- the Ownership protocol ------------------------------------------------------------------
 
@@ -247,6 +200,21 @@ class ClusterNode:
     @property
     def member(self) -> Member | None:
         return self._member
+
+    @property
+    def handovers(self) -> int:
+        """Shards this member handed over (to their target, or released on a graceful leave)."""
+        return self._handover.handovers
+
+    @property
+    def failovers(self) -> int:
+        """Shards this member took over after waiting out a gone member's longest lease."""
+        return self._handover.failovers
+
+    @property
+    def released_takeovers(self) -> int:
+        """Shards this member took at once because their member had released them."""
+        return self._handover.released_takeovers
 
     def stats(self) -> ClusterStats:
         """The metrics' view of this member: cheap (counts kept from the last decision)."""
@@ -293,7 +261,7 @@ class ClusterNode:
             return
         if leave:
             try:
-                self._release(member, frozenset(keep))
+                self._handover.release(member, frozenset(keep), self.fence, self._clock())
             except (EtcdError, FenceStateError) as exc:
                 log.warning(
                     "cluster member %s: cannot release its shards (%s): they wait for the failover",
@@ -313,42 +281,6 @@ class ClusterNode:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._ownership = self._fenced_snapshot(self._ownership.view)
-
-    def _release(self, member: Member, keep: frozenset[int]) -> None:
-        """Mark released the shards this member serves that nobody holds (a graceful leave)."""
-        if member.lost is not None or self._clock() >= member.lease_valid_until:
-            return  # it cannot show its lease alive: the others may count a failover already
-        alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
-        published = False
-        held: set[int] = set()
-        released: set[int] = set()
-        for _ in range(RELEASE_ATTEMPTS):
-            view = read_view(self.client, self.prefix)
-            mine = [s for s, a in view.shard_map.items() if a.current == self.advertise]
-            # The snapshot is fenced: nothing can be granted after this answer.
-            held = self.host.holders_in(mine) if mine else set()
-            free = [s for s in mine if s not in held and s not in keep]
-            if not free:
-                break
-            if not published:
-                self.fence.publish()  # before any heir can see a shard released
-                published = True
-            writes = {
-                s: ShardWrite(view.revisions.get(s, 0), view.shard_map[s].release()) for s in free
-            }
-            result = write_shards(self.client, member.keys.shards, writes, condition=alive)
-            released.update(result.written)
-            self.handovers += len(result.written)
-            if result.condition_failed or not result.conflicted:
-                break
-        kept = len(held | keep)
-        log.info(
-            "cluster member %s: leaving; released %d shard(s) to their heirs at once "
-            "(%d held or cut off: they wait for the failover)",
-            self.advertise,
-            len(released),
-            kept,
-        )
 
     def __enter__(self) -> ClusterNode:
         return self.start()
@@ -444,18 +376,10 @@ class ClusterNode:
         self._allow_renewals(True)
         self._failover_since = dict(decision.failover_since)
         self._quiet = not decision.failover_since and not decision.moving_out
-        self._move_out(view, member, decision)
-        self._unsplit(view, member, now)
+        self._handover.move_out(view, member, decision, self.fence)
+        self._handover.unsplit(view, member, now)
         if decision.failover_due:
-            shard_map = view.shard_map
-            written = self._write_assignments(
-                view,
-                member,
-                {s: shard_map[s].served_by(self.advertise) for s in decision.failover_due},
-            )
-            released = sum(shard_map[s].released for s in written)
-            self.released_takeovers += released
-            self.failovers += len(written) - released
+            self._handover.take_over(view, member, decision.failover_due)
 
     def _fail_waiters_of_lost_shards(self, decision: Decision) -> None:
         """The shards that stopped being this member's (taken by another, or unassigned):
@@ -490,100 +414,8 @@ class ClusterNode:
             failover_since=self._failover_since,
             failover_wait_s=self.failover_wait_s,
             cleared=self._raised,
-            failover_waits=self._failover_waits(view),
+            failover_waits=self._handover.failover_waits(view),
         )
-
-    def _failover_waits(self, view: ClusterView) -> dict[str, float] | None:
-        """For each gone member whose shards this one waits to take: the longest lease it
-        published, plus the margin (read from etcd only while such a wait runs)."""
-        me, live = self.advertise, view.members
-        gone = {
-            a.current
-            for _, a in view.shard_map.items()
-            if a.target == me and a.current and a.current not in live and not a.released
-        }
-        if not gone:
-            return None
-        published = published_longest(self.client, self.prefix)
-        return {m: published[m] + self.failover_margin_s for m in gone if m in published}
-
-    def _move_out(self, view: ClusterView, member: Member, decision: Decision) -> None:
-        """Key by key: a shard moving out with keys held or queued here is split first
-        (``split=<target>``, then its other keys are asked for there); a shard with nothing
-        held or queued here any more is handed over to its split's node (its target when it
-        never split)."""
-        moving = {s: dest for dest, shards in decision.moving_out.items() for s in shards}
-        if not moving:
-            return
-        held = self.host.holders_in(sorted(moving))
-        shard_map = view.shard_map
-        done = handover_due(moving.keys(), held)
-        to_split = {s: shard_map[s].split_to(moving[s]) for s in held if not shard_map[s].split}
-        if to_split:
-            # The fence first: the split's node raises its counter above it before granting.
-            self.fence.publish()
-            self._write_assignments(view, member, to_split)
-        if not done:
-            return
-        self.fence.publish()  # before the next owner can read it
-        written = self._write_assignments(
-            view, member, {s: shard_map[s].served_by(moving[s]) for s in done}
-        )
-        self.handovers += len(written)
-
-    def _unsplit(self, view: ClusterView, member: Member, now: float) -> None:
-        """A shard split towards a node that is gone: its free keys are unavailable here
-        meanwhile. Once every lease that node may have granted has surely ended (the longest
-        it published, ``max_lease_ttl_s`` if none, plus the margin, counted from when this
-        member first saw it gone, as a failover), the split is dropped and the shard moves on
-        as any other."""
-        live = view.members
-        gone = {
-            s: a.split
-            for s, a in view.shard_map.items()
-            if a.current == self.advertise and a.split and a.split not in live
-        }
-        self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
-        if not gone:
-            return
-        published = published_longest(self.client, self.prefix)
-        due = [
-            s
-            for s, node in gone.items()
-            if now - self._split_gone_since[s]
-            >= published.get(node, self.max_lease_ttl_s) + self.failover_margin_s
-        ]
-        if due:
-            shard_map = view.shard_map
-            self._write_assignments(view, member, {s: shard_map[s].unsplit() for s in due})
-
-    def _write_assignments(
-        self, view: ClusterView, member: Member, new: dict[int, ShardAssignment]
-    ) -> frozenset[int]:
-        """Write, each on condition that the shard is as seen and this member still alive;
-        the shards written."""
-        # A write this view does not show yet is not repeated (it would only conflict).
-        writes = {
-            s: ShardWrite(view.revisions.get(s, 0), a)
-            for s, a in new.items()
-            if self._written_from.get(s) != view.revisions.get(s, 0)
-        }
-        self._written_from = {
-            s: r for s, r in self._written_from.items() if view.revisions.get(s, 0) == r
-        }
-        if not writes:
-            return frozenset()
-        alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
-        result = write_shards(self.client, member.keys.shards, writes, condition=alive)
-        for s in result.written:
-            self._written_from[s] = writes[s].revision
-        if result.written:
-            log.info(
-                "cluster member %s: set the current node of %d shard(s)",
-                self.advertise,
-                len(result.written),
-            )
-        return frozenset(result.written)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -631,8 +463,7 @@ class ClusterNode:
         self.fenced_reason = reason
         self._failover_since = {}
         self._raised = frozenset()
-        self._split_gone_since = {}
-        self._written_from = {}
+        self._handover.forget()
         self._seen_updates = -1
         self._quiet = False
 

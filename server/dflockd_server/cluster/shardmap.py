@@ -165,7 +165,7 @@ class ShardAssignment:
 
     def unsplit(self) -> ShardAssignment:
         """This assignment with no split (its split's node gone, and every lease it may have
-        granted over: see ``cluster.node``)."""
+        granted over: see ``cluster.handover``)."""
         return replace(self, flags=tuple(f for f in self.flags if not f.startswith(SPLIT)))
 
     def served_by(self, node: str) -> ShardAssignment:

@@ -1,0 +1,195 @@
+"""A small etcd v3 client over etcd's JSON gateway (HTTP/1.1, standard library only).
+
+``EtcdClient`` covers what the lock cluster needs: ranges (one key or a prefix), put (optionally
+under a lease), delete, transactions (with create-if-absent and value-equals helpers), leases
+(grant, one keep-alive, revoke, time to live) and watching a key or prefix from a thread.
+
+Its messages are in ``messages``, its watches in ``watch``; how a request reaches etcd
+(endpoints, fail-over, when a request is sent again, TLS, authentication) in ``transport``.
+Failures raise ``EtcdError`` naming the etcd URL and the operation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dflockd_server.cluster.etcd.errors import EtcdAuthError, EtcdError
+from dflockd_server.cluster.etcd.messages import (
+    Compare,
+    KeyValue,
+    Lease,
+    Op,
+    Put,
+    RangeResult,
+    TxnResult,
+    WatchEvent,
+    b64,
+    b64_raw,
+    prefix_end,
+)
+from dflockd_server.cluster.etcd.transport import EtcdTransport
+from dflockd_server.cluster.etcd.watch import Watch
+
+
+class EtcdClient(EtcdTransport):
+    """etcd v3's keys, transactions, leases and watches at ``url``:
+    ``http://HOST:PORT[,HOST:PORT...]`` (or ``https://``), with fail-over between the endpoints
+    (``EtcdTransport``)."""
+
+    def __repr__(self) -> str:
+        return f"EtcdClient({self.url!r})"
+
+    def range(self, key: str, *, prefix: bool = False) -> RangeResult:
+        """The key (or every key under the prefix, in key order) and the current revision."""
+        body: dict[str, Any] = {"key": b64(key)}
+        if prefix:
+            body["range_end"] = b64_raw(prefix_end(key))
+        what = f"range of {key!r}" + (" (prefix)" if prefix else "")
+        reply = self.call("/v3/kv/range", body, what)
+        return RangeResult(
+            [KeyValue.from_json(kv) for kv in reply.get("kvs", [])],
+            int(reply.get("header", {}).get("revision", 0)),
+        )
+
+    def get(self, key: str) -> KeyValue | None:
+        kvs = self.range(key).kvs
+        return kvs[0] if kvs else None
+
+    def get_prefix(self, prefix: str) -> list[KeyValue]:
+        return self.range(prefix, prefix=True).kvs
+
+    def put(self, key: str, value: str, *, lease: int = 0) -> int:
+        """Set ``key``; returns the new revision."""
+        body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        reply = self.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
+        return int(reply.get("header", {}).get("revision", 0))
+
+    def delete(self, key: str, *, prefix: bool = False) -> int:
+        """Delete the key (or every key under the prefix); returns how many were deleted."""
+        body: dict[str, Any] = {"key": b64(key)}
+        if prefix:
+            body["range_end"] = b64_raw(prefix_end(key))
+        reply = self.call("/v3/kv/deleterange", body, f"delete of {key!r}", resend=False)
+        return int(reply.get("deleted", 0))
+
+    def txn(
+        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        """If every comparison holds run ``success``, else ``failure``, atomically.
+
+        At most ``MAX_TXN_OPS`` operations per branch (etcd's default limit).
+        """
+        body: dict[str, Any] = {
+            "compare": [c.to_json() for c in compare],
+            "success": [op.to_json() for op in success],
+            "failure": [op.to_json() for op in failure],
+        }
+        keys = sorted({c.key for c in compare} | {op.key for op in (*success, *failure)})
+        shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
+        reply = self.call("/v3/kv/txn", body, f"transaction on {shown}")
+        ranges = [
+            [KeyValue.from_json(kv) for kv in r["response_range"].get("kvs", [])]
+            for r in reply.get("responses", [])
+            if "response_range" in r
+        ]
+        return TxnResult(
+            bool(reply.get("succeeded", False)),
+            int(reply.get("header", {}).get("revision", 0)),
+            ranges,
+        )
+
+    def create_if_absent(self, key: str, value: str, *, lease: int = 0) -> bool:
+        """Put ``key`` only if it does not exist; whether it was created."""
+        return self.txn([Compare(key, "CREATE", "EQUAL", 0)], [Put(key, value, lease)]).succeeded
+
+    def compare_and_set(self, key: str, expected: str, value: str, *, lease: int = 0) -> bool:
+        """Put ``key`` only if its value is ``expected`` (a missing key never is)."""
+        return self.txn(
+            [Compare(key, "VALUE", "EQUAL", expected)], [Put(key, value, lease)]
+        ).succeeded
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def lease_grant(self, ttl: int) -> Lease:
+        """A new lease of ``ttl`` seconds (etcd may raise it to its minimum)."""
+        reply = self.call("/v3/lease/grant", {"TTL": str(ttl)}, f"lease grant (TTL {ttl} s)")
+        return Lease(int(reply["ID"]), int(reply.get("TTL", 0)))
+
+    def lease_keepalive_once(self, lease_id: int) -> int:
+        """Renew the lease once; its TTL again, or 0 if it no longer exists."""
+        reply = self.call(
+            "/v3/lease/keepalive", {"ID": str(lease_id)}, f"keep-alive of lease {lease_id:x}"
+        )
+        return int(reply.get("TTL", 0))
+
+    def lease_time_to_live(self, lease_id: int) -> int:
+        """Seconds left on the lease, -1 if it no longer exists."""
+        reply = self.call(
+            "/v3/lease/timetolive", {"ID": str(lease_id)}, f"time to live of lease {lease_id:x}"
+        )
+        return int(reply.get("TTL", 0))
+
+    def lease_revoke(self, lease_id: int) -> None:
+        """End the lease now; its keys are deleted. A lease already gone is not an error."""
+        try:
+            self.call("/v3/lease/revoke", {"ID": str(lease_id)}, f"revoke of lease {lease_id:x}")
+        except EtcdError as exc:
+            if "lease not found" not in str(exc):
+                raise
+
+    # -- watching --------------------------------------------------------------------------------
+
+    def watch(
+        self,
+        key: str,
+        *,
+        prefix: bool = False,
+        start_revision: int = 0,
+        on_event: Callable[[WatchEvent], None] | None = None,
+        timeout: float | None = None,
+    ) -> Watch:
+        """Watch a key or prefix (from ``start_revision`` if given, else from now), on the
+        first endpoint (from the preferred one on) that confirms it within ``attempt_timeout``
+        (all in ``timeout``)."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        first = self._preferred
+        failures: dict[int, str] = {}
+        attempt = 0
+        while True:
+            index = (first + attempt) % len(self.endpoints)
+            remaining = deadline - time.monotonic()
+            if attempt > 0 and remaining <= 0:
+                break
+            attempt += 1
+            watch = Watch(
+                self,
+                key,
+                endpoint=index,
+                prefix=prefix,
+                start_revision=start_revision,
+                on_event=on_event,
+            )
+            try:
+                watch.start(max(min(self.attempt_timeout, remaining), 0.05))
+            except EtcdAuthError:
+                raise
+            except EtcdError as exc:
+                failures[index] = str(exc)
+            else:
+                if index != self._preferred:
+                    # Calls follow the watch: a member re-watches when they part.
+                    self._switched(index, failures)
+                return watch
+            if attempt % len(self.endpoints) == 0:
+                pause = min(
+                    0.05 * (attempt // len(self.endpoints)), 0.5, deadline - time.monotonic()
+                )
+                if pause > 0:
+                    time.sleep(pause)
+        raise EtcdError(
+            f"etcd at {self.url}: watch of {key!r} failed: {'; '.join(failures.values())}"
+        )

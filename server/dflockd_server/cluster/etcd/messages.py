@@ -1,0 +1,181 @@
+"""etcd v3's messages as its JSON gateway takes and gives them (pure: no I/O).
+
+etcd serves its gRPC API as JSON at ``POST /v3/<service>/<method>`` on the client URL, with keys
+and values in base64 and 64-bit integers as strings; fields at their zero value are left out of
+replies (a failed transaction has no ``succeeded``, a put event no ``type``). Here: key-values,
+ranges, leases, a transaction's comparisons and operations, watch events, and etcd's errors.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+MAX_TXN_OPS = 128
+"""etcd's default limit of operations in one transaction (``--max-txn-ops``)."""
+
+
+def as_dict(value: Any) -> dict[str, Any] | None:
+    """A decoded JSON object, or None for any other JSON value."""
+    return cast("dict[str, Any]", value) if isinstance(value, dict) else None
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def unb64(data: str) -> str:
+    return base64.b64decode(data).decode("utf-8")
+
+
+def prefix_end(prefix: str) -> str:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix``.
+
+    The prefix's UTF-8 bytes with the last byte below 0xff incremented (and what follows it
+    dropped); an empty prefix, or one of only 0xff bytes, means "every key" (``"\\0"``).
+    """
+    raw = bytearray(prefix.encode("utf-8"))
+    while raw and raw[-1] == 0xFF:
+        raw.pop()
+    if not raw:
+        return "\0"
+    raw[-1] += 1
+    # The result may not be valid UTF-8: it travels as base64 of raw bytes (see b64_raw).
+    return raw.decode("utf-8", errors="surrogateescape")
+
+
+def b64_raw(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8", errors="surrogateescape")).decode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+    @classmethod
+    def from_json(cls, kv: dict[str, Any]) -> KeyValue:
+        return cls(
+            key=unb64(kv.get("key", "")),
+            value=unb64(kv.get("value", "")),
+            create_revision=int(kv.get("create_revision", 0)),
+            mod_revision=int(kv.get("mod_revision", 0)),
+            version=int(kv.get("version", 0)),
+            lease=int(kv.get("lease", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RangeResult:
+    kvs: list[KeyValue]
+    revision: int
+    """The store's revision when the range was read (watching from ``revision + 1`` misses
+    nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    id: int
+    ttl: int
+
+
+# -- transactions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """One condition of a transaction, e.g. ``Compare(key, "CREATE", "EQUAL", 0)``."""
+
+    key: str
+    target: Literal["VERSION", "CREATE", "MOD", "VALUE", "LEASE"]
+    result: Literal["EQUAL", "GREATER", "LESS", "NOT_EQUAL"]
+    value: int | str
+
+    def to_json(self) -> dict[str, Any]:
+        field_name = {
+            "VERSION": "version",
+            "CREATE": "create_revision",
+            "MOD": "mod_revision",
+            "VALUE": "value",
+            "LEASE": "lease",
+        }[self.target]
+        value = b64(self.value) if isinstance(self.value, str) else str(self.value)
+        return {
+            "key": b64(self.key),
+            "target": self.target,
+            "result": self.result,
+            field_name: value,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: str
+    value: str
+    lease: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": b64(self.key), "value": b64(self.value)}
+        if self.lease:
+            body["lease"] = str(self.lease)
+        return {"request_put": body}
+
+
+def key_range(key: str, prefix: bool) -> dict[str, Any]:
+    """One key, or every key under ``key`` as a prefix, as etcd's JSON gateway takes them."""
+    body: dict[str, Any] = {"key": b64(key)}
+    if prefix:
+        body["range_end"] = b64_raw(prefix_end(key))
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: str
+    prefix: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_delete_range": key_range(self.key, self.prefix)}
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    key: str
+    prefix: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_range": key_range(self.key, self.prefix)}
+
+
+Op = Put | Delete | Get
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool
+    revision: int
+    ranges: list[list[KeyValue]] = field(default_factory=lambda: [])
+    """The key-values of each ``Get`` of the branch that ran, in order."""
+
+
+# -- watching -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: Literal["put", "delete"]
+    kv: KeyValue
+    """For a delete: the key and the deletion's revision (``mod_revision``), value empty."""
+
+
+def error_detail(error: Any) -> tuple[str, int]:
+    """etcd's error as text and its HTTP code (a stream's error is an object with both)."""
+    data = as_dict(error)
+    if data is None:
+        return str(error), 0
+    return str(data.get("message") or data.get("error") or data), int(data.get("http_code", 0))

@@ -1,0 +1,374 @@
+"""How the etcd client reaches etcd: endpoints, fail-over, TLS and authentication
+(``EtcdTransport``, below ``EtcdClient``'s API), over HTTP/1.1 with the standard library only.
+
+Every call opens its own connection, so one client may be used from several threads.
+Failures raise ``EtcdError`` naming the etcd URL and the operation.
+
+Several endpoints (``http://h1:2379,h2:2379,h3:2379``; ``https://`` for TLS). A call goes to
+the endpoint that answered last; when it cannot be reached, does not answer within
+``attempt_timeout``, or says it cannot serve now (HTTP 5xx or 429: no leader, a leader change,
+a request timed out), the call tries the next one, until ``timeout`` has passed since the call
+began (each round over the endpoints waiting twice as long as the one before). So one dead or
+paused etcd node costs a call at most ``attempt_timeout``, not ``timeout``.
+
+When is a request sent again? A request that failed before it was sent (no connection, no TLS
+handshake) goes to the next endpoint whatever it is. One that was sent and got no answer may
+still be applied by etcd, even later than its retry. It is sent again only when that is safe:
+reads; lease grant (a second lease holds no key and runs out), keep-alive and revoke (the same
+effect twice); and transactions, because every transaction this project writes is conditioned
+(``Compare``) so that a second application of the same writes fails its comparison. Such a
+retried transaction may therefore report ``succeeded=False`` for a write that the first attempt
+made: its callers read again where the difference matters (``membership``'s registration,
+``fencestore``). A plain ``put`` or ``delete`` is not sent again after an answerless attempt
+(``EtcdError`` says its outcome is unknown).
+
+Authentication (``user`` and ``password``): the client gets a token from
+``/v3/auth/authenticate`` on each endpoint it uses (etcd's default "simple" tokens are known
+only to the node that issued them) and sends it in the ``Authorization`` header; when etcd says
+the token is invalid or outdated it authenticates again and sends the request again (etcd
+refused it: nothing was applied). A wrong user or password raises ``EtcdAuthError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from dflockd_server.cluster.etcd.errors import (
+    EtcdAuthError,
+    EtcdError,
+    NoAnswer,
+    NotSent,
+    StatusError,
+)
+from dflockd_server.cluster.etcd.messages import as_dict, error_detail
+
+log = logging.getLogger("dflockd_server")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_etcd_url(url: str) -> tuple[bool, tuple[Endpoint, ...]]:
+    """``http://HOST:PORT[,HOST:PORT...]`` (``https://`` for TLS) -> (tls, endpoints)."""
+    scheme, sep, rest = url.strip().rstrip("/").partition("://")
+    if not sep or scheme not in ("http", "https") or not rest:
+        raise ValueError(f"etcd URL {url!r}: expected http://HOST:PORT[,HOST:PORT...]")
+    endpoints: list[Endpoint] = []
+    for part in rest.split(","):
+        parts = urlsplit(f"//{part.strip()}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None or parts.path:
+            raise ValueError(f"etcd URL {url!r}: {part!r} is not HOST:PORT")
+        endpoints.append(Endpoint(parts.hostname, port))
+    return scheme == "https", tuple(endpoints)
+
+
+def tls_context(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext:
+    """A client TLS context for etcd: the system's CAs, or ``ca_file``'s; with a client
+    certificate when ``cert_file`` (and ``key_file``) are given. Raises ``ValueError`` naming
+    the file that cannot be used."""
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"CA file {ca_file!r} cannot be used: {exc}") from exc
+    if cert_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"client certificate {cert_file!r} / key {key_file!r} cannot be used: {exc}"
+            ) from exc
+    return context
+
+
+_TOKEN_ERRORS = ("invalid auth token", "auth store is old", "revision of auth store")
+_AUTH_ERRORS = (
+    "authentication failed",
+    "user name is empty",
+    "permission denied",
+    "user name not found",
+)
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class EtcdTransport:
+    """etcd v3 over its JSON gateway at ``url``: ``http://HOST:PORT[,HOST:PORT...]`` (or
+    ``https://``), with fail-over between the endpoints (see the module's docstring): the
+    requests' plumbing, under ``EtcdClient``'s API."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        attempt_timeout: float | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        tls, endpoints = parse_etcd_url(url)
+        if (user is None) != (password is None):
+            raise ValueError("etcd authentication needs both a user and a password")
+        self.endpoints = endpoints
+        self.url = f"{'https' if tls else 'http'}://{','.join(map(str, endpoints))}"
+        self.timeout = timeout
+        """The longest one call may take, every attempt included."""
+        self.attempt_timeout = (
+            attempt_timeout
+            if attempt_timeout is not None
+            else (timeout if len(endpoints) == 1 else max(timeout / 5, 0.5))
+        )
+        """The longest one endpoint is waited for before the next is tried."""
+        self._ssl = (ssl_context or ssl.create_default_context()) if tls else None
+        self._credentials = None if user is None or password is None else (user, password)
+        self._lock = threading.Lock()
+        self._preferred = 0
+        self._tokens: dict[int, str | None] = {}
+        """Endpoint index -> its token (None: etcd said authentication is off)."""
+        self.switches = 0
+        """Calls answered by another endpoint than the one that answered before (each is
+        logged: which endpoint failed, and why)."""
+
+    def where(self, index: int) -> str:
+        """Endpoint ``index`` as a URL (``http://HOST:PORT``)."""
+        return f"{'https' if self._ssl is not None else 'http'}://{self.endpoints[index]}"
+
+    @property
+    def preferred(self) -> int:
+        """The index of the endpoint that answered last (calls go there first)."""
+        return self._preferred
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def connect(self, index: int, timeout: float | None) -> http.client.HTTPConnection:
+        """A connection to endpoint ``index``, connected (raises ``OSError``, ``ssl.SSLError``)."""
+        endpoint = self.endpoints[index]
+        conn: http.client.HTTPConnection
+        if self._ssl is not None:
+            conn = http.client.HTTPSConnection(
+                endpoint.host, endpoint.port, timeout=timeout, context=self._ssl
+            )
+        else:
+            conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
+        try:
+            conn.connect()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def send(
+        self,
+        conn: http.client.HTTPConnection,
+        path: str,
+        body: dict[str, Any],
+        what: str,
+        token: str | None = None,
+    ) -> http.client.HTTPResponse:
+        """POST ``body`` to ``path``; the response once its status is 200 (else ``EtcdError``)."""
+        payload = json.dumps(body).encode("ascii")
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = token
+        conn.request("POST", path, payload, headers)
+        response = conn.getresponse()
+        if response.status != 200:
+            detail = response.read(4096).decode("utf-8", errors="replace").strip()
+            with contextlib.suppress(ValueError):
+                parsed = as_dict(json.loads(detail))
+                if parsed is not None and "message" in parsed:
+                    detail = str(parsed["message"])
+            raise self._http_error(what, response.status, detail)
+        return response
+
+    def _http_error(self, what: str, status: int, detail: str) -> EtcdError:
+        text = f"etcd at {self.url}: {what} failed: HTTP {status} {detail}".rstrip()
+        if any(word in detail for word in _AUTH_ERRORS):
+            return EtcdAuthError(text)
+        return StatusError(text, status, detail)
+
+    def token(self, index: int, timeout: float) -> str | None:
+        """The auth token for endpoint ``index`` (authenticating there when it has none)."""
+        if self._credentials is None:
+            return None
+        with self._lock:
+            if index in self._tokens:
+                return self._tokens[index]
+        user, password = self._credentials
+        what = f"authentication as {user!r}"
+        try:
+            conn = self.connect(index, timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            raise NotSent(f"{self.endpoints[index]}: {exc!r}") from exc
+        try:
+            response = self.send(
+                conn, "/v3/auth/authenticate", {"name": user, "password": password}, what
+            )
+            reply = as_dict(json.loads(response.read()))
+        except StatusError as exc:
+            if "authentication is not enabled" in exc.detail:
+                token = None
+            elif exc.status in _RETRY_STATUSES:
+                raise NoAnswer(f"{self.endpoints[index]}: {exc.detail}") from exc
+            else:
+                raise EtcdAuthError(str(exc)) from exc
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise NoAnswer(f"{self.endpoints[index]}: {what}: {exc!r}") from exc
+        else:
+            if reply is None or not reply.get("token"):
+                raise EtcdAuthError(f"etcd at {self.url}: {what} failed: no token in {reply!r}")
+            token = str(reply["token"])
+        finally:
+            conn.close()
+        with self._lock:
+            self._tokens[index] = token
+        return token
+
+    def forget_token(self, index: int) -> None:
+        with self._lock:
+            self._tokens.pop(index, None)
+
+    def _attempt(
+        self, index: int, path: str, body: dict[str, Any], what: str, timeout: float
+    ) -> Any:
+        """One attempt on one endpoint: its decoded JSON reply."""
+        for fresh_token in (False, True):
+            token = self.token(index, timeout)
+            try:
+                conn = self.connect(index, timeout)
+            except (OSError, http.client.HTTPException) as exc:
+                raise NotSent(f"{self.endpoints[index]}: {exc!r}") from exc
+            try:
+                response = self.send(conn, path, body, what, token)
+                reply: Any = json.loads(response.read())
+            except StatusError as exc:
+                if any(word in exc.detail for word in _TOKEN_ERRORS) and not fresh_token:
+                    self.forget_token(index)  # refused, not applied: again with a new token
+                    continue
+                if exc.status in _RETRY_STATUSES:
+                    raise NoAnswer(
+                        f"{self.endpoints[index]}: HTTP {exc.status} {exc.detail}"
+                    ) from exc
+                raise
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                raise NoAnswer(f"{self.endpoints[index]}: {exc!r}") from exc
+            finally:
+                conn.close()
+            data = as_dict(reply)
+            if data is not None and "error" in data:
+                detail, code = error_detail(data["error"])
+                if any(word in detail for word in _TOKEN_ERRORS) and not fresh_token:
+                    self.forget_token(index)
+                    continue
+                error = self._http_error(what, code, detail)
+                if not isinstance(error, EtcdAuthError) and code in _RETRY_STATUSES:
+                    raise NoAnswer(f"{self.endpoints[index]}: {detail}")
+                raise error
+            return reply
+        raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
+
+    def _switched(self, index: int, failures: Mapping[int, str]) -> None:
+        with self._lock:
+            old, self._preferred = self._preferred, index
+            if old == index:
+                return
+            self.switches += 1
+        log.warning(
+            "etcd endpoint %s failed (%s); using %s from now on",
+            self.endpoints[old],
+            failures.get(old, "no answer"),
+            self.endpoints[index],
+        )
+
+    def call(
+        self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
+    ) -> dict[str, Any]:
+        """One request and its JSON reply, failing over between the endpoints (``resend``:
+        the request may be sent again after an attempt that got no answer)."""
+        began = time.monotonic()
+        deadline = began + self.timeout
+        first = self._preferred
+        count = len(self.endpoints)
+        failures: dict[int, str] = {}
+        attempt = 0
+        while True:
+            index = (first + attempt) % count
+            remaining = deadline - time.monotonic()
+            if attempt > 0 and remaining <= 0:
+                break
+            attempt += 1
+            try:
+                # Each round over the endpoints waits twice as long: when all are slow (a
+                # loaded etcd), a later round still gets an answer.
+                patience = self.attempt_timeout * 2 ** ((attempt - 1) // count)
+                reply = self._attempt(index, path, body, what, max(min(patience, remaining), 0.05))
+            except NotSent as exc:
+                failures[index] = str(exc)
+            except NoAnswer as exc:
+                failures[index] = str(exc)
+                if not resend:
+                    raise EtcdError(
+                        f"etcd at {self.url}: {what}: no answer ({exc}); whether it was applied "
+                        "is unknown"
+                    ) from exc
+            else:
+                if index != self._preferred:
+                    self._switched(index, failures)
+                data = as_dict(reply)
+                # A keep-alive streams {"result": ...}; unary calls answer the message itself.
+                result = None if data is None else as_dict(data.get("result", data))
+                if result is None:
+                    raise EtcdError(
+                        f"etcd at {self.url}: {what} failed: unexpected reply {reply!r}"
+                    )
+                return result
+            if attempt % count == 0:
+                # Every endpoint failed once: a short pause before the next round.
+                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
+                if pause > 0:
+                    time.sleep(pause)
+        tried = "; ".join(failures[i] for i in sorted(failures))
+        raise EtcdError(
+            f"etcd at {self.url}: {what} failed (no endpoint answered in {self.timeout:g} s): "
+            f"{tried}"
+        )
+
+    def healthy(self, index: int = 0) -> bool:
+        """etcd's ``/health`` on endpoint ``index`` says it is (False when it cannot be
+        reached)."""
+        try:
+            conn = self.connect(index, self.attempt_timeout)
+        except (OSError, http.client.HTTPException):
+            return False
+        try:
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            body = as_dict(json.loads(response.read()))
+            return response.status == 200 and body is not None and body.get("health") == "true"
+        except (OSError, http.client.HTTPException, ValueError):
+            return False
+        finally:
+            conn.close()
+
+    # -- keys ----------------------------------------------------------------------------------

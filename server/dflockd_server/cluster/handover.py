@@ -1,0 +1,247 @@
+"""How a cluster member moves shards (``Handover``): hands them over, takes them after a
+failover, releases them when it leaves. ``ClusterNode`` (``node``) decides when; every write
+here is conditioned on the shard's revision and on this member's lease (``mapwrite``).
+
+Handover, key by key (``decide``'s docstring, docs/protocol.md *Key-level moves*): for shards
+moving out, while a key is held or queued here, the member writes the flag ``split=<target>``
+(after publishing its fence ceiling), so that the other keys are asked for at the target; once
+``NodeHost.holders_in`` shows nothing held or queued, it publishes its fence ceiling and sets
+the shard's current node to the split's node, dropping the flag. A split towards a member that
+is gone is dropped after that member's longest lease (``unsplit``).
+
+Failover: for shards whose current member is gone, the member waits
+``max_lease_ttl_s + failover_margin_s`` from when it first saw that, then sets current = itself
+(same conditions); a shard *released* by a member that left gracefully (see below) it takes at
+once.
+
+The failover bound. A member that dies, or loses etcd, grants and renews nothing after its
+last successful keep-alive's sending time + ``lease_ttl_s``, which is no later than etcd
+expires its lease (etcd counts from receipt, and may raise a short TTL to its minimum, about
+2 s with default timings: that only delays the expiry). The others see it gone when etcd
+expires the lease: detection takes at most the lease's TTL after its last keep-alive. Its
+holders' leases end within the longest lease it granted or renewed of its last grant or
+renewal; before granting or renewing a longer lease than ever before, a member publishes the new
+bound in etcd (``<prefix>/longest/<member>``, no lease: it outlives the member; a failed write
+refuses the grant). The new owner waits that published bound + ``failover_margin_s`` from when
+it first saw the shard's current member gone (``max_lease_ttl_s`` + the margin for a member that
+published none), so it grants only after every lease the dead member granted has ended (given
+clocks whose rates differ by less than the margin over that time). A dead member's keys are
+therefore unavailable for at most: etcd lease TTL (detection, plus an election and a map update
+by the leader, a few etcd round trips) + the longest lease its clients used +
+``failover_margin_s`` + a tick (``NODE_TICK_S``): about one real lease, not the longest any
+member could grant.
+
+A graceful leave (``ClusterNode.stop(leave=True)``, after the server's drain) hands its shards
+over instead of making the others wait. The node stops deciding and refuses every acquire;
+then, for each shard whose current node it is, it asks ``NodeHost.holders_in`` (on the loop: no
+grant can follow) and leaves out the shards the server names in ``keep`` (those whose holders
+the shutdown timeout cut off: they may still believe they hold, so they get the failover wait).
+It publishes its fence ceiling, then writes the others' current node empty with the flag
+``released`` (``ShardAssignment.release``; each on condition of the shard's revision and of its
+own lease), and only then revokes its lease. The leader gives the shards new targets, and each
+heir, seeing a released shard, sets current = itself at once and raises its fence above every
+published ceiling before granting: the keys are unavailable for about the time of a few etcd
+round trips, not for the longest lease. Shards still held, kept, or whose write conflicted,
+and every shard when the member cannot show its lease alive, are left to the failover wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from dflockd_server.cluster.decide import Decision, handover_due
+from dflockd_server.cluster.etcd import Compare, EtcdClient
+from dflockd_server.cluster.fencestore import published_longest
+from dflockd_server.cluster.host import NodeHost
+from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
+from dflockd_server.cluster.membership import ClusterView, Member
+from dflockd_server.cluster.ops import read_view
+from dflockd_server.cluster.shardmap import ShardAssignment
+from dflockd_server.fence import FenceCounter
+
+log = logging.getLogger("dflockd_server")
+
+__all__ = ["RELEASE_ATTEMPTS", "Handover"]
+
+RELEASE_ATTEMPTS = 3
+"""A graceful leave reads the map again and retries the shards whose write conflicted (the
+leader may be writing the same shards) this many times in all."""
+
+
+class Handover:
+    """The shard moves of one cluster member (see the module's docstring), called from its
+    node's thread (``release``: once that thread stopped)."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        advertise: str,
+        host: NodeHost,
+        *,
+        max_lease_ttl_s: float,
+        failover_margin_s: float,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.advertise = advertise
+        self.host = host
+        self.max_lease_ttl_s = max_lease_ttl_s
+        self.failover_margin_s = failover_margin_s
+        self._written_from: dict[int, int] = {}
+        self._split_gone_since: dict[int, float] = {}
+        """Shards this member splits towards a node that is not live: since when (seen)."""
+        # Counters (the node's thread adds; a scrape reads).
+        self.handovers = 0
+        self.failovers = 0
+        self.released_takeovers = 0
+
+    def forget(self) -> None:
+        """Forget what was seen and written (the member fenced itself: a rejoin starts
+        afresh)."""
+        self._split_gone_since = {}
+        self._written_from = {}
+
+    def failover_waits(self, view: ClusterView) -> dict[str, float] | None:
+        """For each gone member whose shards this one waits to take: the longest lease it
+        published, plus the margin (read from etcd only while such a wait runs)."""
+        me, live = self.advertise, view.members
+        gone = {
+            a.current
+            for _, a in view.shard_map.items()
+            if a.target == me and a.current and a.current not in live and not a.released
+        }
+        if not gone:
+            return None
+        published = published_longest(self.client, self.prefix)
+        return {m: published[m] + self.failover_margin_s for m in gone if m in published}
+
+    def take_over(self, view: ClusterView, member: Member, shards: Collection[int]) -> None:
+        """Set current = this member for shards whose failover wait is over (or that their
+        member released)."""
+        shard_map = view.shard_map
+        written = self._write_assignments(
+            view, member, {s: shard_map[s].served_by(self.advertise) for s in shards}
+        )
+        released = sum(shard_map[s].released for s in written)
+        self.released_takeovers += released
+        self.failovers += len(written) - released
+
+    def move_out(
+        self, view: ClusterView, member: Member, decision: Decision, fence: FenceCounter
+    ) -> None:
+        """Key by key: a shard moving out with keys held or queued here is split first
+        (``split=<target>``, then its other keys are asked for there); a shard with nothing
+        held or queued here any more is handed over to its split's node (its target when it
+        never split)."""
+        moving = {s: dest for dest, shards in decision.moving_out.items() for s in shards}
+        if not moving:
+            return
+        held = self.host.holders_in(sorted(moving))
+        shard_map = view.shard_map
+        done = handover_due(moving.keys(), held)
+        to_split = {s: shard_map[s].split_to(moving[s]) for s in held if not shard_map[s].split}
+        if to_split:
+            # The fence first: the split's node raises its counter above it before granting.
+            fence.publish()
+            self._write_assignments(view, member, to_split)
+        if not done:
+            return
+        fence.publish()  # before the next owner can read it
+        written = self._write_assignments(
+            view, member, {s: shard_map[s].served_by(moving[s]) for s in done}
+        )
+        self.handovers += len(written)
+
+    def unsplit(self, view: ClusterView, member: Member, now: float) -> None:
+        """A shard split towards a node that is gone: its free keys are unavailable here
+        meanwhile. Once every lease that node may have granted has surely ended (the longest
+        it published, ``max_lease_ttl_s`` if none, plus the margin, counted from when this
+        member first saw it gone, as a failover), the split is dropped and the shard moves on
+        as any other."""
+        live = view.members
+        gone = {
+            s: a.split
+            for s, a in view.shard_map.items()
+            if a.current == self.advertise and a.split and a.split not in live
+        }
+        self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
+        if not gone:
+            return
+        published = published_longest(self.client, self.prefix)
+        due = [
+            s
+            for s, node in gone.items()
+            if now - self._split_gone_since[s]
+            >= published.get(node, self.max_lease_ttl_s) + self.failover_margin_s
+        ]
+        if due:
+            shard_map = view.shard_map
+            self._write_assignments(view, member, {s: shard_map[s].unsplit() for s in due})
+
+    def release(
+        self, member: Member, keep: frozenset[int], fence: FenceCounter, now: float
+    ) -> None:
+        """Mark released the shards this member serves that nobody holds (a graceful leave)."""
+        if member.lost is not None or now >= member.lease_valid_until:
+            return  # it cannot show its lease alive: the others may count a failover already
+        alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
+        published = False
+        held: set[int] = set()
+        released: set[int] = set()
+        for _ in range(RELEASE_ATTEMPTS):
+            view = read_view(self.client, self.prefix)
+            mine = [s for s, a in view.shard_map.items() if a.current == self.advertise]
+            # The snapshot is fenced: nothing can be granted after this answer.
+            held = self.host.holders_in(mine) if mine else set()
+            free = [s for s in mine if s not in held and s not in keep]
+            if not free:
+                break
+            if not published:
+                fence.publish()  # before any heir can see a shard released
+                published = True
+            writes = {
+                s: ShardWrite(view.revisions.get(s, 0), view.shard_map[s].release()) for s in free
+            }
+            result = write_shards(self.client, member.keys.shards, writes, condition=alive)
+            released.update(result.written)
+            self.handovers += len(result.written)
+            if result.condition_failed or not result.conflicted:
+                break
+        kept = len(held | keep)
+        log.info(
+            "cluster member %s: leaving; released %d shard(s) to their heirs at once "
+            "(%d held or cut off: they wait for the failover)",
+            self.advertise,
+            len(released),
+            kept,
+        )
+
+    def _write_assignments(
+        self, view: ClusterView, member: Member, new: dict[int, ShardAssignment]
+    ) -> frozenset[int]:
+        """Write, each on condition that the shard is as seen and this member still alive;
+        the shards written."""
+        # A write this view does not show yet is not repeated (it would only conflict).
+        writes = {
+            s: ShardWrite(view.revisions.get(s, 0), a)
+            for s, a in new.items()
+            if self._written_from.get(s) != view.revisions.get(s, 0)
+        }
+        self._written_from = {
+            s: r for s, r in self._written_from.items() if view.revisions.get(s, 0) == r
+        }
+        if not writes:
+            return frozenset()
+        alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
+        result = write_shards(self.client, member.keys.shards, writes, condition=alive)
+        for s in result.written:
+            self._written_from[s] = writes[s].revision
+        if result.written:
+            log.info(
+                "cluster member %s: set the current node of %d shard(s)",
+                self.advertise,
+                len(result.written),
+            )
+        return frozenset(result.written)

@@ -1,0 +1,191 @@
+"""Which keys a ``Server`` serves, and what its cluster node asks of it.
+
+``KeyServing`` is the part of ``net.Server`` that the ownership goes through: the current
+``Ownership`` and its swap (``set_ownership``, from any thread), the checks the dispatch asks
+(``key_check``, ``asked_check``, ``may_hold``, the ``shards`` reply), and the calls a cluster
+node makes when shards move (``fail_waiters``, ``holders_in``, ``key_present``,
+``renewals_allowed``: the ``cluster.host.NodeHost`` side), run on the loop's thread.
+``make_ownership`` and ``make_cluster_node`` build a server's ownership from its config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, TypeVar
+
+from dflockd_server import protocol as p
+from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
+from dflockd_server.config import Config, ConfigError
+from dflockd_server.connection import Connection
+from dflockd_server.ownership import SINGLE, Ownership, SingleOwnership, StaticOwnership
+from dflockd_server.table import LockTable
+
+if TYPE_CHECKING:
+    from dflockd_server.cluster.host import NodeHost
+    from dflockd_server.cluster.node import ClusterNode
+
+__all__ = ["KeyServing", "make_cluster_node", "make_ownership"]
+
+T = TypeVar("T")
+
+
+def make_ownership(config: Config) -> Ownership:
+    """The ownership of a server that is not a cluster member: every key (single) or the
+    static list's share (``--members``). A cluster member's is its `ClusterNode`."""
+    if config.members is not None:
+        assert config.advertise is not None  # Config checks it
+        return StaticOwnership(config.members, config.advertise)
+    return SINGLE
+
+
+def make_cluster_node(config: Config, server: NodeHost) -> ClusterNode:
+    """The cluster member of a ``--cluster`` server (not started). The cluster's modules are
+    imported here, not with this module: a server that is no cluster member does not pay for
+    them (about 45 ms at every start, the etcd client's ``http.client`` most of it)."""
+    from dflockd_server.cluster.node import ClusterNode
+    from dflockd_server.cluster.ops import EtcdAccess, etcd_client
+
+    assert config.cluster is not None and config.advertise is not None  # Config checks it
+    access = EtcdAccess(
+        config.cluster_ca_file,
+        config.cluster_cert,
+        config.cluster_key,
+        config.cluster_user,
+        config.resolve_cluster_password(),
+    )
+    try:
+        client, prefix = etcd_client(config.cluster, access, lease_ttl_s=config.cluster_lease_ttl_s)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return ClusterNode(
+        client,
+        prefix,
+        config.advertise,
+        server,
+        max_lease_ttl_s=config.max_lease_ttl_s,
+        lease_ttl_s=config.cluster_lease_ttl_s,
+    )
+
+
+class KeyServing:
+    """Which keys the server serves, and the cluster node's calls (see the module's doc).
+    ``net.Server`` sets the attributes below."""
+
+    ownership: Ownership
+    """Which keys this server serves now (swapped whole, never changed in place)."""
+    key_check: Callable[[str], bytes | None] | None
+    """``ownership.check``, or None when every key is served (the acquire's fast path)."""
+    _may_hold: Callable[[str], bool] | None
+    """The ownership's ``may_hold`` (None: always), asked before a held grant is renewed,
+    taken over or handed down."""
+    _renewals_allowed: bool
+    _table: LockTable | None
+    _loop: asyncio.AbstractEventLoop | None
+    _loop_thread: int
+    connections: set[Connection]
+
+    def set_ownership(self, ownership: Ownership) -> None:
+        """Serve by ``ownership`` from now on (any thread: the references are swapped, the
+        loop reads whichever is current)."""
+        single = isinstance(ownership, SingleOwnership)
+        self.ownership = ownership
+        self.key_check = None if single else ownership.check
+        self._may_hold = None if single else ownership.may_hold
+        if self._table is not None:
+            self._table.grant_check = self.key_check
+            self._table.asked_check = None if single else ownership.check_asked
+
+    def may_hold(self, key: str) -> bool:
+        """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or
+        handed down (``hd``) now: ``renewals_allowed`` and the ownership's ``may_hold`` (asked
+        each time: a cluster member's turns False by itself once its etcd lease can no longer
+        be shown alive, or the key's shard is no longer its own)."""
+        may_hold = self._may_hold
+        return self._renewals_allowed and (may_hold is None or may_hold(key))
+
+    def shards_reply(self) -> bytes:
+        """The ``shards`` reply: the current ownership described."""
+        return p.reply_shards(self.ownership.describe())
+
+    def renewals_allowed(self, allowed: bool) -> None:
+        """Serve ``n`` / ``sn`` (True) or answer them ``error`` (False: a fenced cluster
+        member, so its holders see their locks lost before another member may grant them).
+        Thread safe."""
+        self._renewals_allowed = allowed
+
+    def fail_waiters(self, shard_ids: Collection[int], reply: bytes) -> int:
+        """Answer every queued acquire on a key of ``shard_ids`` with ``reply`` (e.g.
+        ``error_moved <target>``) and drop the pending two-phase enqueues there (their ``w``
+        is then answered ``reply`` too); how many were answered or dropped. Thread safe (runs
+        on the loop)."""
+        wanted = frozenset(shard_ids)
+        return self._on_loop(lambda: self._fail_waiters(wanted, reply))
+
+    def _fail_waiters(self, wanted: frozenset[int], reply: bytes) -> int:
+        failed = 0
+        for conn in list(self.connections):
+            waiter = conn.waiter
+            if waiter is not None and shard_id(waiter.state.key) in wanted:
+                conn.answer_wait(reply)
+                failed += 1
+        for conn in list(self.connections):
+            session = conn.session
+            if session is None:
+                continue
+            for key in list(session.client.enqueued):
+                if shard_id(key) in wanted and session.fail_enqueued(key, reply):
+                    failed += 1
+        return failed
+
+    def holders_in(self, shard_ids: Collection[int]) -> set[int]:
+        """Which of ``shard_ids`` have a key held now. Thread safe (runs on the loop)."""
+        wanted = frozenset(shard_ids)
+        return self._on_loop(lambda: self._held_shards() & wanted)
+
+    def _held_shards(self) -> set[int]:
+        """The shards with a key held or queued now (on the loop). Before the table is made
+        (the leases of a previous run not restored yet) and during a restart grace (what the
+        previous run granted is unknown), every shard counts as held: nothing is handed over
+        blind."""
+        table = self._table
+        if table is None or table.grace_remaining() > 0:
+            return set(range(SHARD_COUNT))
+        return {
+            shard_id(key) for key, state in table.keys.items() if state.n_held or state.n_waiting
+        }
+
+    def key_present(self, key: str) -> bool | None:
+        """Whether the table holds or queues anything on ``key`` (on the loop); None when it
+        cannot tell: no table yet, or a restart grace (what the previous run granted is
+        unknown)."""
+        table = self._table
+        if table is None or table.grace_remaining() > 0:
+            return None
+        state = table.keys.get(key)
+        return state is not None and bool(state.n_held or state.n_waiting)
+
+    def asked_check(self, key: str) -> bytes | None:
+        """The ownership's check for an acquire that follows ``asking``."""
+        return self.ownership.check_asked(key)
+
+    def _on_loop(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the loop thread: at once when called there, else through
+        ``call_soon_threadsafe``, waiting for its result."""
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        loop.call_soon_threadsafe(run)
+        return future.result()
