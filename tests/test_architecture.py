@@ -1,6 +1,8 @@
 """The layers hold: a walk over every module's imports (read with ``ast``, nothing imported).
 
-- no import circle among the module-level imports of ``celery_dflock`` or ``dflockd_server``;
+- no import circle among the modules of ``celery_dflock`` or ``dflockd_server``, counting every
+  import statement: module-level ones, and those inside functions and ``if TYPE_CHECKING:``
+  (a function-level import hides a circle, it does not break it);
 - nothing outside the client layer imports a private module of the client;
 - the client layer imports nothing of Celery or of the Celery layer, and importing the blocking
   or the asyncio client does not import Celery (checked in a fresh interpreter);
@@ -14,7 +16,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -27,41 +29,23 @@ PACKAGES: Final = {
     "dflockd_server": ROOT / "server" / "dflockd_server",
 }
 
-CLIENT_PUBLIC: Final = frozenset(
-    {
-        "celery_dflock.client",
-        "celery_dflock.aio",
-        "celery_dflock.pool",
-        "celery_dflock.protocol",
-        "celery_dflock.sharding",
-        "celery_dflock.cluster",
-        "celery_dflock.errors",
-        "celery_dflock.clients",
-    }
-)
-"""The client layer's public modules (anyone may import them)."""
-CLIENT_PRIVATE_PREFIXES: Final = (
-    "celery_dflock._core",
-    "celery_dflock._connection",
-    "celery_dflock._renewal",
-    "celery_dflock._watch",
-    "celery_dflock._pooling",
-    "celery_dflock._aio_backend",
-    "celery_dflock._sync_backend",
-    "celery_dflock._async",
-    "celery_dflock._sync",
-)
-"""The client layer's private modules: only the client layer imports them."""
+CLIENT: Final = "celery_dflock.client"
+"""The client layer's folder: everything that talks to lock servers."""
 SHARED: Final = frozenset({"celery_dflock._threads"})
 """Small helpers below both layers (threads that leave signals to the main thread)."""
-
-
-def is_client_private(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in CLIENT_PRIVATE_PREFIXES)
+SERVER_ALLOWED: Final = frozenset({"celery_dflock.demo.runner", "celery_dflock.pytest_plugin"})
+"""The plugin's modules that start a lock server in-process (the `server` extra)."""
 
 
 def in_client_layer(module: str) -> bool:
-    return module in CLIENT_PUBLIC or is_client_private(module) or module in SHARED
+    return module == CLIENT or module.startswith(CLIENT + ".") or module in SHARED
+
+
+def is_client_private(module: str) -> bool:
+    """A module of the client whose name (or a folder's on its path) starts with ``_``."""
+    if not module.startswith(CLIENT + "."):
+        return False
+    return any(part.startswith("_") for part in module[len(CLIENT) + 1 :].split("."))
 
 
 @dataclass
@@ -161,7 +145,16 @@ def own_module(name: str, modules: dict[str, Module]) -> str:
 MODULES: Final = load()
 
 
-def find_cycle(modules: dict[str, Module]) -> list[str] | None:
+def every_import(module: Module) -> set[str]:
+    """The modules ``module`` imports anywhere: at module level, in a function, or for type
+    checking only."""
+    return module.anywhere
+
+
+def find_cycle(
+    modules: dict[str, Module], edges: Callable[[Module], set[str]] = every_import
+) -> list[str] | None:
+    """A circle of imports (``[a, b, a]``) among ``modules``, following ``edges``; None."""
     done: set[str] = set()
     stack: list[str] = []
     on_stack: set[str] = set()
@@ -169,7 +162,7 @@ def find_cycle(modules: dict[str, Module]) -> list[str] | None:
     def visit(name: str) -> list[str] | None:
         stack.append(name)
         on_stack.add(name)
-        for dep in sorted(modules[name].top_level):
+        for dep in sorted(edges(modules[name]) & modules.keys()):
             # importing a.b first imports its package a: a package's __init__ is no circle of a.b
             if name.startswith(dep + "."):
                 continue
@@ -190,17 +183,38 @@ def find_cycle(modules: dict[str, Module]) -> list[str] | None:
 
 def test_the_walk_sees_the_layers() -> None:
     """The walk itself is not empty: it finds the modules and imports it reasons about."""
-    assert "celery_dflock._sync.lock" in MODULES and "dflockd_server.net" in MODULES
-    assert "celery_dflock._core" in MODULES["celery_dflock._async.lock"].top_level
-    assert find_cycle({"a": Module("a", ROOT, {"b"}), "b": Module("b", ROOT, {"a"})}) == [
-        "a",
-        "b",
-        "a",
-    ]
+    assert "celery_dflock.client._sync.lock" in MODULES and "dflockd_server.net" in MODULES
+    assert "celery_dflock.client._core" in MODULES["celery_dflock.client._async.lock"].top_level
+    assert find_cycle({"a": Module("a", ROOT, anywhere={"b"}), "b": Module("b", ROOT)}) is None
+    # a function-level import (or one for type checking only) closes a circle too
+    circle = {"a": Module("a", ROOT, anywhere={"b"}), "b": Module("b", ROOT, anywhere={"a"})}
+    assert find_cycle(circle) == ["a", "b", "a"]
+    assert "celery_dflock.task" in MODULES["celery_dflock.signals"].anywhere
 
 
-def test_no_import_circle() -> None:
-    assert find_cycle(MODULES) is None
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_circle(package: str) -> None:
+    """No circle among a package's modules, counting every import statement: module-level
+    ones, function-level ones and ``if TYPE_CHECKING:`` ones."""
+    own = {name: module for name, module in MODULES.items() if name.split(".")[0] == package}
+    assert find_cycle(own) is None
+
+
+MAX_MODULE_LINES: Final = 600
+"""Issue 30: one concern a module; a module past this is doing two things."""
+GENERATED: Final = ROOT / "celery_dflock" / "client" / "_sync"
+"""Written by scripts/unasync.py from ``_async/``, whose modules are counted."""
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = sorted(
+        f"{module.name}: {lines} lines"
+        for module in MODULES.values()
+        if not module.path.is_relative_to(GENERATED)
+        and (lines := len(module.path.read_text().splitlines())) > MAX_MODULE_LINES
+    )
+    assert long == []
+    assert any(m.path.is_relative_to(GENERATED) for m in MODULES.values())
 
 
 def test_nothing_outside_the_client_imports_its_private_modules() -> None:
@@ -239,7 +253,7 @@ def test_the_server_imports_nothing_of_celery_or_the_plugin() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["celery_dflock.client", "celery_dflock.aio", "celery_dflock.pool"]
+    "module", ["celery_dflock.client", "celery_dflock.client.aio", "celery_dflock.client.pool"]
 )
 def test_importing_the_client_does_not_import_celery(module: str) -> None:
     code = (
@@ -249,3 +263,65 @@ def test_importing_the_client_does_not_import_celery(module: str) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_plugin_imports_no_server_code_but_where_it_starts_a_server() -> None:
+    """The client and the Celery layer speak the wire protocol with constants of their own
+    (`celery_dflock.client.wire`); only the demo and the pytest fixtures start a server."""
+    offenders = sorted(
+        f"{module.name} imports {dep}"
+        for module in MODULES.values()
+        if module.name.startswith("celery_dflock") and module.name not in SERVER_ALLOWED
+        for dep in module.anywhere
+        if dep.split(".")[0] == "dflockd_server"
+    )
+    assert offenders == []
+    assert "dflockd_server.testing" in MODULES["celery_dflock.demo.runner"].anywhere
+
+
+def test_importing_the_plugin_loads_no_server_module() -> None:
+    """`import celery_dflock` and every public name, the Celery layer's modules included."""
+    code = (
+        "import sys, celery_dflock\n"
+        "import celery_dflock.beat, celery_dflock.cli, celery_dflock.config\n"
+        "import celery_dflock.signals, celery_dflock.task\n"
+        "for name in celery_dflock.__all__:\n"
+        "    getattr(celery_dflock, name)\n"
+        "assert 'celery' in sys.modules\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dflockd_server'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_importing_the_plugin_loads_its_names_on_first_use() -> None:
+    """`import celery_dflock` (and `celery_dflock.client`) loads neither lock face, nor Celery:
+    a public name is imported when first used (it loaded both faces at once, 10x the time)."""
+    code = (
+        "import sys, celery_dflock, celery_dflock.client\n"
+        "faces = ('celery_dflock.client._sync.lock', 'celery_dflock.client._async.lock',"
+        " 'celery')\n"
+        "print(sorted(m for m in faces if m in sys.modules))\n"
+        "celery_dflock.DistributedLock\n"
+        "print('celery_dflock.client._sync.lock' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["[]", "True"]
+
+
+def test_the_lazily_served_names_are_spelled_out_for_static_readers() -> None:
+    """`celery_dflock/__init__.py` imports its public names for the type checker and the docs'
+    reference (which read the file, not the running module) under ``TYPE_CHECKING``, one by
+    one: a wildcard there left `mkdocs build` unable to find ``celery_dflock.Client``."""
+    import celery_dflock
+
+    tree = ast.parse(Path(celery_dflock.__file__).read_text(encoding="utf-8"))
+    spelled: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom), ast.unparse(statement)
+                assert all(alias.name != "*" for alias in statement.names), statement.module
+                spelled.update(alias.asname or alias.name for alias in statement.names)
+    assert spelled == set(celery_dflock.__all__) - {"__version__"}
+    assert set(celery_dflock.__all__) == {*celery_dflock._WHERE, "__version__"}  # pyright: ignore[reportPrivateUsage]

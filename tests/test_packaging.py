@@ -17,7 +17,7 @@ import pytest
 
 import celery_dflock
 import dflockd_server
-from tests.support.venvs import ROOT, find_python, make_venv
+from tests.support.venvs import ROOT, find_python, install, make_venv
 
 PYTHONS = ("3.11", "3.12", "3.13")
 DEMO_TIMEOUT_S = 180
@@ -42,7 +42,8 @@ def test_versions_agree_and_the_server_is_pinned() -> None:
     server = tomllib.loads((ROOT / "server" / "pyproject.toml").read_text())["project"]
     assert client["version"] == server["version"] == celery_dflock.__version__
     assert dflockd_server.__version__ == celery_dflock.__version__
-    assert f"dflockd-server=={server['version']}" in client["dependencies"]
+    assert f"dflockd-server=={server['version']}" in client["optional-dependencies"]["server"]
+    assert not any(d.startswith("dflockd-server") for d in client["dependencies"])
 
 
 def test_wheels_carry_license_classifiers_and_the_pin(built_dist: Path) -> None:
@@ -60,7 +61,10 @@ def test_wheels_carry_license_classifiers_and_the_pin(built_dist: Path) -> None:
         assert meta.get_payload(), "the long description (readme) is missing"
     assert "Framework :: Celery" in (client.get_all("Classifier") or [])
     requires = client.get_all("Requires-Dist") or []
-    assert f"dflockd-server=={version}" in requires
+    # the lock server only through the `server` extra: a worker image gets no server code
+    assert [r for r in requires if r.startswith("dflockd-server")] == [
+        f"dflockd-server=={version}; extra == 'server'"
+    ]
     assert any(r.startswith("celery[redis]") and "extra == 'redis'" in r for r in requires)
 
 
@@ -77,22 +81,40 @@ def test_sdists_carry_the_package_and_nothing_else(
     assert {package, "LICENSE", "README.md", "pyproject.toml", "PKG-INFO"} <= tops
     # hatchling adds the project's .gitignore, so that a build from the sdist ignores the same.
     allowed = {package, "LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "PKG-INFO"}
+    if package == "dflockd_server":
+        allowed.add("hatch_build.py")  # the compiled wheel's build hook: a wheel built from
+        # the sdist can be compiled too (docs/server.md)
+        assert "hatch_build.py" in tops
     assert tops <= allowed | {".gitignore"}
 
 
 @pytest.mark.parametrize("version", PYTHONS)
 def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, version: str) -> None:
-    """`pip install celery-dflock[redis]` resolves (the server from the same folder, the rest
-    from the package index), both commands print the same version, and the demo passes."""
+    """`pip install celery-dflock[redis]` (a worker's image, as the README installs it) brings
+    no server code, and its demo says to add the `server` extra; with that extra (the server
+    from the same folder, the rest from the package index), both commands print the same
+    version and the demo passes."""
     python = find_python(version)
     if python is None:
         pytest.skip(f"no CPython {version} on this machine")
     venv_python = make_venv(
         tmp_path / "venv", python, "celery-dflock[redis]", find_links=built_dist
     )  # as the README installs it
+    bin_dir = venv_python.parent
+    assert not (bin_dir / "dflockd").exists()
+    no_server = subprocess.run(
+        [str(bin_dir / "celery-dflock"), "demo"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert no_server.returncode == 2, no_server.stdout + no_server.stderr
+    assert "pip install 'celery-dflock[server]'" in no_server.stderr
+    install(venv_python, "celery-dflock[redis,server]", find_links=built_dist)
     version_lines = [
         subprocess.run(
-            [str(venv_python.parent / command), "--version"],
+            [str(bin_dir / command), "--version"],
             capture_output=True,
             text=True,
             check=True,
@@ -104,7 +126,7 @@ def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, ver
     assert version_lines == [f"celery-dflock {expected}", f"dflockd {expected}"]
     # The README's first command, from the installed package, outside the repository.
     demo = subprocess.run(
-        [str(venv_python.parent / "celery-dflock"), "demo"],
+        [str(bin_dir / "celery-dflock"), "demo"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

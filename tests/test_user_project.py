@@ -38,7 +38,7 @@ def _recipe() -> dict[str, str]:
 def test_the_docs_recipe_is_green_in_a_user_project(
     built_dist: Path, tmp_path: Path, with_pytest_celery: bool
 ) -> None:
-    requirements = ["celery-dflock", "pytest"]
+    requirements = ["celery-dflock[server]", "pytest"]  # as docs/testing.md says
     if with_pytest_celery:
         requirements.append("pytest-celery")
     python = make_venv(tmp_path / "venv", sys.executable, *requirements, find_links=built_dist)

@@ -22,6 +22,7 @@ from celery_dflock.beat import BEAT_ENTRY_HEADER, SingletonScheduler
 from celery_dflock.config import DflockConfigError
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
+from tests.support.apps import make_app
 
 ACTIVE_TIMEOUT_S = 10.0
 
@@ -34,15 +35,13 @@ class ExplicitSingleton(SingletonScheduler, CustomScheduler):
     """A project may also compose the class itself."""
 
 
-def make_app(server: ServerThread | None = None, main: str = "proj", **conf: Any) -> Celery:
-    app = Celery(main, broker="memory://", set_as_current=False)
+def beat_app(server: ServerThread | None = None, main: str = "proj", **conf: Any) -> Celery:
     servers = f"{server.host}:{server.port}" if server else "127.0.0.1:9"
-    app.conf.update({"beat_max_loop_interval": 1, "dflock_servers": servers, **conf})
-    return app
+    return make_app(main, broker_url="memory://", beat_max_loop_interval=1, servers=servers, **conf)
 
 
 def test_default_wraps_persistent_scheduler(tmp_path: Path, dflock_server: ServerThread) -> None:
-    app = make_app(dflock_server)
+    app = beat_app(dflock_server)
     scheduler = SingletonScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
     assert isinstance(scheduler, SingletonScheduler)
     assert isinstance(scheduler, PersistentScheduler)
@@ -53,29 +52,29 @@ def test_default_wraps_persistent_scheduler(tmp_path: Path, dflock_server: Serve
 
 
 def test_the_configured_scheduler_class_is_wrapped(tmp_path: Path) -> None:
-    app = make_app(dflock_beat_scheduler=CustomScheduler)
+    app = beat_app(dflock_beat_scheduler=CustomScheduler)
     scheduler = SingletonScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
     assert isinstance(scheduler, CustomScheduler)
     assert type(scheduler).__mro__[1:3] == (SingletonScheduler, CustomScheduler)
 
-    by_path = make_app(dflock_beat_scheduler="celery.beat:Scheduler")
+    by_path = beat_app(dflock_beat_scheduler="celery.beat:Scheduler")
     plain = SingletonScheduler(app=by_path, lazy=True)
     assert type(plain).__mro__[1:3] == (SingletonScheduler, Scheduler)
 
 
 def test_a_composed_subclass_is_used_as_it_is(tmp_path: Path) -> None:
-    app = make_app(dflock_beat_scheduler="celery.beat:Scheduler")  # ignored: Mine brings one
+    app = beat_app(dflock_beat_scheduler="celery.beat:Scheduler")  # ignored: Mine brings one
     scheduler = ExplicitSingleton(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
     assert type(scheduler) is ExplicitSingleton
 
 
 def test_lock_key_default_prefix_and_safety() -> None:
-    assert "'celery-beat:proj'" in SingletonScheduler(app=make_app(), lazy=True).lock_description
-    spaced = SingletonScheduler(app=make_app(main="my proj", dflock_key_prefix="t1:"), lazy=True)
+    assert "'celery-beat:proj'" in SingletonScheduler(app=beat_app(), lazy=True).lock_description
+    spaced = SingletonScheduler(app=beat_app(main="my proj", dflock_key_prefix="t1:"), lazy=True)
     key = spaced.lock_description.split("'")[1]
     assert key.startswith("t1:celery-beat:my_proj")
     assert " " not in key
-    named = SingletonScheduler(app=make_app(dflock_beat_lock_key="beat:eu"), lazy=True)
+    named = SingletonScheduler(app=beat_app(dflock_beat_lock_key="beat:eu"), lazy=True)
     assert "'beat:eu'" in named.lock_description
 
 
@@ -93,7 +92,7 @@ def test_lock_key_default_prefix_and_safety() -> None:
     ],
 )
 def test_bad_settings_are_named(setting: str, value: object, message: str) -> None:
-    app = make_app()
+    app = beat_app()
     app.conf[setting] = value
     with pytest.raises(DflockConfigError, match=message) as info:
         SingletonScheduler(app=app, lazy=True)
@@ -131,7 +130,7 @@ def make_active(tmp_path: Path, dflock_server: ServerThread) -> Iterator[Any]:
     schedulers: list[Scheduler] = []
 
     def make(schedule: dict[str, Any], **conf: Any) -> Scheduler:
-        app = make_app(dflock_server, beat_schedule=schedule, **conf)
+        app = beat_app(dflock_server, beat_schedule=schedule, **conf)
         scheduler = SingletonScheduler(app=app, schedule_filename=str(tmp_path / "s"))
         schedulers.append(scheduler)
         return scheduler
@@ -199,7 +198,7 @@ def test_a_standby_leaves_the_schedule_file_alone_until_it_is_active(
 ) -> None:
     from celery_dflock import DistributedLock
 
-    app = make_app(dflock_server, beat_schedule={"e": {"task": "proj.noop", "schedule": 0.2}})
+    app = beat_app(dflock_server, beat_schedule={"e": {"task": "proj.noop", "schedule": 0.2}})
     holder = DistributedLock("celery-beat:proj", servers=[dflock_server.address])
     assert holder.acquire()
     path = tmp_path / "celerybeat-schedule"

@@ -28,7 +28,7 @@ from tests.support.services import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = ("server", "journal", "contention", "scale", "celery_tasks", "profile_server")
-WITH_GOALS = ("server", "journal", "contention", "celery_tasks")
+WITH_GOALS = ("server", "journal", "contention", "scale", "celery_tasks")
 RUN_TIMEOUT_S = 130
 JOURNAL_TARGETS = {
     "journal off": None,
@@ -229,6 +229,10 @@ def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
     assert (quick_run.directory / "throughput.png").read_bytes().startswith(PNG_SIGNATURE)
     goals = sum(len(quick_run.results(n)["goals"]) for n in WITH_GOALS)
     assert text.count("| **met** |") + text.count("| **not met** |") == goals
+    # what moved against the committed results (the last run): the goals both runs measured
+    moved = text[text.index("## Moved since the last run (HEAD)") : text.index("## Machine")]
+    assert "server CPU per pair within 1.5x of Redis" in moved
+    assert "last run" in moved and "now" in moved
 
 
 def test_cluster_benchmark_quick(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from tests.support.apps import make_app
 from tests.support.services import require_redis
 from tests.support.workers import (
     EventLog,
@@ -83,8 +84,7 @@ def client_app() -> Iterator[Callable[[dict[str, Any]], Celery]]:
     apps: list[Celery] = []
 
     def make(settings: dict[str, Any]) -> Celery:
-        app = Celery("dflock-test-client", set_as_current=False)
-        app.conf.update(settings)
+        app = make_app("dflock-test-client", settings)
         apps.append(app)
         return app
 

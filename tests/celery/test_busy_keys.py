@@ -10,22 +10,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery, chain, chord, group
+from celery import chain, chord, group
 from celery.exceptions import ChordError
 
-from celery_dflock import DistributedLock, LockNotAcquired, LockSkipped
+from celery_dflock import LockNotAcquired, LockSkipped
 from dflockd_server import Config
-from dflockd_server.testing import ServerThread
+from tests.support.rigs import Rig, open_rig
 from tests.support.services import require_redis
 from tests.support.workers import (
-    EventLog,
-    WorkerFactory,
-    close_app,
     iter_overlaps,
     redis_cleanup,
     redis_settings,
 )
-from tests.support.workers import with_server as add_server
 
 pytestmark = pytest.mark.slow
 
@@ -35,39 +31,22 @@ SKIP_SETTLES_S = 10.0
 """A canvas with a skipped member must end within a few seconds, never hang."""
 
 
-class Rig:
-    def __init__(self, app: Celery, log: EventLog, server: ServerThread) -> None:
-        self.app = app
-        self.log = log
-        self.server = server
-
-    def holder(self, key: str) -> DistributedLock:
-        lock = DistributedLock(key, acquire_timeout_s=2, servers=[self.server.address])
-        assert lock.acquire()
-        return lock
-
-
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     """Two prefork workers with -c 3 (the issue's set-up), every dflock option at its default."""
     require_redis()
-    tmp = tmp_path_factory.mktemp("busy")
     queue = f"dflock-busy-{time.monotonic_ns()}"
-    with ServerThread(Config(host="127.0.0.1", port=0)) as server:
-        settings = add_server(redis_settings(queue), server)
-        log = EventLog(tmp)
-        factory = WorkerFactory(log=log, directory=tmp, settings=settings)
-        app = Celery("busy-client", set_as_current=False)
-        app.conf.update(settings)
-        try:
-            factory.start(pool="prefork", concurrency=3)
-            factory.start(pool="prefork", concurrency=3)
-            yield Rig(app, log, server)
-        finally:
-            factory.close()
-            close_app(app)
-            log.close()
-            redis_cleanup(queue)
+    with open_rig(
+        tmp_path_factory.mktemp("busy"),
+        "apps.tasks",
+        redis_settings(queue),
+        server=Config(host="127.0.0.1", port=0),
+        main="busy-client",
+        cleanup=lambda: redis_cleanup(queue),
+    ) as made:
+        made.start_worker(pool="prefork", concurrency=3)
+        made.start_worker(pool="prefork", concurrency=3)
+        yield made
 
 
 def sig(rig: Rig, task: str, *args: Any, **kwargs: Any) -> Any:

@@ -17,19 +17,13 @@ from celery import Celery
 from celery_dflock import LockedTask
 from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
+from tests.support.apps import make_app
 from tests.support.ports import free_port
 from tests.support.workers import EventLog, WorkerFactory, with_server
 
 
-def make_app(**conf: Any) -> Celery:
-    app = Celery("config-mistakes", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        result_backend="cache+memory://",
-        task_always_eager=True,
-        **conf,
-    )
-    return app
+def mistaken_app(**conf: Any) -> Celery:
+    return make_app("config-mistakes", eager=True, **conf)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +42,7 @@ def make_app(**conf: Any) -> Celery:
 def test_a_bad_task_attribute_fails_when_the_task_is_bound(
     attribute: str, value: object, says: str
 ) -> None:
-    app = make_app()
+    app = mistaken_app()
 
     @app.task(shared=False, base=LockedTask, lock_key="k", **{attribute: value})
     def job() -> None: ...
@@ -62,7 +56,7 @@ def test_a_bad_task_attribute_fails_when_the_task_is_bound(
 
 
 def test_a_misspelt_setting_is_refused_with_the_close_match() -> None:
-    app = make_app(dflock_server="127.0.0.1:6388")
+    app = mistaken_app(dflock_server="127.0.0.1:6388")
     with pytest.raises(DflockConfigError, match=r"app\.conf\.dflock_server is not") as failure:
         get_config(app)
     assert "did you mean dflock_servers" in str(failure.value)
@@ -71,7 +65,7 @@ def test_a_misspelt_setting_is_refused_with_the_close_match() -> None:
 
 def test_upper_case_settings_are_read(dflock_server: ServerThread) -> None:
     """Celery's old setting style (DFLOCK_SERVERS) is honoured, not silently ignored."""
-    app = make_app(
+    app = mistaken_app(
         DFLOCK_SERVERS=f"{dflock_server.host}:{dflock_server.port}",
         DFLOCK_KEY_PREFIX="upper:",
         DFLOCK_ON_LOCKED="raise",
@@ -203,7 +197,7 @@ def test_records_left_by_a_killed_worker_are_cleaned_up_at_the_next_start(
 def test_upper_case_beat_settings_are_read() -> None:
     from celery_dflock.beat import BeatSettings
 
-    app = make_app(DFLOCK_BEAT_LOCK_KEY="beat-upper", DFLOCK_BEAT_LEASE_TTL=7)
+    app = mistaken_app(DFLOCK_BEAT_LOCK_KEY="beat-upper", DFLOCK_BEAT_LEASE_TTL=7)
     settings = BeatSettings.from_app(app, get_config(app))
     assert settings.lock_key == "beat-upper"
     assert settings.lease_ttl_s == 7
@@ -219,7 +213,7 @@ def test_a_misspelt_task_option_fails_when_the_task_is_bound_naming_the_option(
 ) -> None:
     """Celery keeps an unknown ``@app.task`` keyword as a class attribute without a word, so
     ``lock_tll=60`` used to run on the default lease (issue 29)."""
-    app = make_app()
+    app = mistaken_app()
 
     @app.task(shared=False, base=LockedTask, lock_key="k", **{misspelt: 60})
     def job() -> None: ...
@@ -233,7 +227,7 @@ def test_a_misspelt_task_option_fails_when_the_task_is_bound_naming_the_option(
 
 
 def test_a_misspelt_class_attribute_fails_when_the_task_is_bound() -> None:
-    app = make_app()
+    app = mistaken_app()
 
     class Report(LockedTask):
         name = "proj.report"
@@ -247,7 +241,7 @@ def test_a_misspelt_class_attribute_fails_when_the_task_is_bound() -> None:
 
 
 def test_a_misspelt_call_option_is_refused_at_the_call_naming_the_option() -> None:
-    app = make_app()
+    app = mistaken_app()
     app.conf.task_always_eager = False
 
     @app.task(shared=False, base=LockedTask, lock_key="k")
@@ -264,14 +258,14 @@ def test_a_misspelt_call_option_is_refused_at_the_call_naming_the_option() -> No
 
 
 def test_a_misspelt_option_in_task_locks_is_refused_with_the_close_match() -> None:
-    app = make_app(dflock_task_locks={"proj.report": {"lock_tll": 60}})
+    app = mistaken_app(dflock_task_locks={"proj.report": {"lock_tll": 60}})
     with pytest.raises(DflockConfigError, match="did you mean 'lock_ttl'"):
         get_config(app)
     app.close()
 
 
 def test_a_template_field_missing_from_the_signature_names_field_and_signature() -> None:
-    app = make_app()
+    app = mistaken_app()
     from celery_dflock.keys import KeyDerivationError
 
     with pytest.raises(KeyDerivationError) as failure:
@@ -307,7 +301,7 @@ def test_each_lock_option_setting_is_the_option_name_with_the_prefix() -> None:
 def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
     old: str, new: str, value: object, field: str
 ) -> None:
-    app = make_app(**{old: value})
+    app = mistaken_app(**{old: value})
     with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: rename it to {new}"):
         config = get_config(app)
     assert config.defaults[field] == value
@@ -331,7 +325,7 @@ def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change
         conf["dflock_lock_ttl"] = 60
     else:
         options["lock_ttl"] = 60
-    app = make_app(**conf)
+    app = mistaken_app(**conf)
 
     @app.task(shared=False, base=LockedTask, lock_key="long-lease", **options)
     def job() -> str:
@@ -353,7 +347,7 @@ def test_a_publish_hold_above_the_servers_max_lease_is_refused_before_sending(
     from celery_dflock import InvalidValueError
 
     server: ServerThread = dflock_server_factory(max_lease_ttl_s=30, default_lease_ttl_s=10)
-    app = make_app(dflock_servers=f"{server.host}:{server.port}")
+    app = mistaken_app(dflock_servers=f"{server.host}:{server.port}")
     app.conf.task_always_eager = False
 
     @app.task(shared=False, base=LockedTask, lock_key="long-hold", lock_from="publish")

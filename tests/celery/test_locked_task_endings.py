@@ -10,22 +10,19 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from celery_dflock.client import DistributedLock
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
+from tests.support.rigs import Rig, open_rig, unique
 from tests.support.workers import (
     EventLog,
-    Worker,
     WorkerFactory,
-    close_app,
     filesystem_settings,
     with_server,
 )
@@ -35,44 +32,22 @@ NEXT_ACQUIRE_TIMEOUT_S = 2
 EVENT_TIMEOUT_S = 30.0
 
 
-@dataclass
-class Rig:
-    """A lock server, a prefork worker and a client app, shared by one module's tests."""
-
-    server: ServerThread
-    log: EventLog
-    worker: Worker
-    app: Celery
-
-    def send(self, task: str, name: str, **options: Any) -> Any:
-        return self.app.send_task(f"apps.tasks.{task}", (name,), **options)
-
-    def next_acquire_succeeds(self, name: str) -> bool:
-        lock = DistributedLock(
-            f"end:{name}", acquire_timeout_s=NEXT_ACQUIRE_TIMEOUT_S, servers=[self.server.address]
-        )
-        acquired = lock.acquire()
-        if acquired:
-            lock.release()
-        return acquired
+def next_acquire_succeeds(rig: Rig, name: str) -> bool:
+    """The next run on ``end:{name}`` gets the lock within ``NEXT_ACQUIRE_TIMEOUT_S``."""
+    return rig.key_free(f"end:{name}", NEXT_ACQUIRE_TIMEOUT_S)
 
 
 def _rig(tmp: Path, server_config: Config) -> Iterator[Rig]:
     queue = f"dflock-end-{uuid.uuid4().hex[:8]}"
-    settings = filesystem_settings(tmp, queue)
-    log = EventLog(tmp)
-    with ServerThread(server_config) as server:
-        full = with_server(settings, server)
-        factory = WorkerFactory(log=log, directory=tmp, settings=full)
-        app = Celery("endings-client", set_as_current=False)
-        app.conf.update(full)
-        try:
-            worker = factory.start("apps.tasks", pool="prefork", concurrency=2)
-            yield Rig(server=server, log=log, worker=worker, app=app)
-        finally:
-            factory.close()
-            close_app(app)
-            log.close()
+    with open_rig(
+        tmp,
+        "apps.tasks",
+        filesystem_settings(tmp, queue),
+        server=server_config,
+        main="endings-client",
+    ) as made:
+        made.start_worker(pool="prefork", concurrency=2)
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +73,10 @@ def fresh_rig(tmp_path: Path) -> Iterator[Rig]:
     yield from _rig(tmp_path, Config(host="127.0.0.1", port=0, default_lease_ttl_s=30))
 
 
-def unique(label: str) -> str:
-    return f"{label}-{uuid.uuid4().hex[:8]}"
-
-
 def test_success_releases(rig: Rig) -> None:
     name = unique("success")
     assert rig.send("end_success", name).get(timeout=EVENT_TIMEOUT_S) == name
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 def test_exception_releases(rig: Rig) -> None:
@@ -113,7 +84,7 @@ def test_exception_releases(rig: Rig) -> None:
     result = rig.send("end_exception", name)
     with pytest.raises(Exception, match="fails on purpose"):
         result.get(timeout=EVENT_TIMEOUT_S)
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 def test_self_retry_releases_and_the_retried_run_takes_the_lock(rig: Rig) -> None:
@@ -122,7 +93,7 @@ def test_self_retry_releases_and_the_retried_run_takes_the_lock(rig: Rig) -> Non
     bodies = rig.log.entries("body", name=name)
     assert [b["retries"] for b in bodies] == [0, 1]
     assert bodies[1]["fence"] > bodies[0]["fence"]  # the retried run held the lock anew
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 def test_per_call_options_reach_the_worker_and_survive_a_retry(rig: Rig) -> None:
@@ -131,7 +102,7 @@ def test_per_call_options_reach_the_worker_and_survive_a_retry(rig: Rig) -> None
     assert rig.send("end_retry", name, headers=headers).get(timeout=EVENT_TIMEOUT_S) == 1
     bodies = rig.log.entries("body", name=name)
     assert [b["key"] for b in bodies] == [f"percall:{name}", f"percall:{name}"]
-    lock = DistributedLock(f"percall:{name}", acquire_timeout_s=0, servers=[rig.server.address])
+    lock = rig.lock(f"percall:{name}", 0)
     assert lock.acquire()
     lock.release()
 
@@ -140,21 +111,21 @@ def test_ignore_releases(rig: Rig) -> None:
     name = unique("ignore")
     rig.send("end_ignore", name)
     rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 def test_reject_releases(rig: Rig) -> None:
     name = unique("reject")
     rig.send("end_reject", name)
     rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 def test_soft_time_limit_releases(rig: Rig) -> None:
     name = unique("soft")
     result = rig.send("end_soft_limit", name)
     rig.log.wait_event("soft_limit", EVENT_TIMEOUT_S, name=name)
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
     result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
     assert result.state == "FAILURE"
 
@@ -165,7 +136,7 @@ def test_hard_time_limit_releases(rig: Rig) -> None:
     rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
     result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
     assert result.state == "FAILURE"
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 def test_revoke_terminate_releases(rig: Rig) -> None:
@@ -173,7 +144,7 @@ def test_revoke_terminate_releases(rig: Rig) -> None:
     result = rig.send("end_block", name)
     rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
     rig.app.control.revoke(result.id, terminate=True)
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
     assert not rig.log.entries("body_done", name=name)
 
 
@@ -183,7 +154,7 @@ def test_sigkill_of_the_pool_child_releases(rig: Rig) -> None:
     body = rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
     assert body["pid"] != rig.worker.pid
     os.kill(body["pid"], signal.SIGKILL)
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
     result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
     assert result.state == "FAILURE"
 
@@ -208,7 +179,7 @@ def test_the_pool_keeps_taking_tasks_after_many_terminated_runs(fresh_rig: Rig) 
         rig.app.control.revoke(result.id, terminate=True)
     name = unique("after")
     assert rig.send("end_success", name).get(timeout=NEXT_BODY_TIMEOUT_S) == name
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 @pytest.mark.parametrize("how", ["sigkill", "revoke"])
@@ -222,7 +193,7 @@ def test_main_process_releases_what_a_killed_child_held(rig_no_autorelease: Rig,
     else:
         rig.app.control.revoke(result.id, terminate=True, signal="SIGKILL")
     result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
     # The lease is 30 s and the server kept the dead connection's lock: the worker's main
     # process released it, and says so.
     assert rig.worker.wait_output(f"released 'end:{name}' left by dead pool child {body['pid']}")
@@ -237,7 +208,7 @@ def test_hard_time_limit_releases_without_auto_release(rig_no_autorelease: Rig) 
     rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
     result.get(timeout=EVENT_TIMEOUT_S, propagate=False)
     assert result.state == "FAILURE"
-    assert rig.next_acquire_succeeds(name)
+    assert next_acquire_succeeds(rig, name)
 
 
 def test_warm_shutdown_lets_the_run_finish_and_release(

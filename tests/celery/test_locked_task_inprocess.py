@@ -27,6 +27,7 @@ from dflockd_server import Config
 from dflockd_server import protocol as server_protocol
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.testing import ServerThread
+from tests.support.apps import make_app
 from tests.support.ports import free_port
 
 
@@ -36,17 +37,8 @@ def server() -> Iterator[ServerThread]:
         yield s
 
 
-def make_app(server: ServerThread, **conf: Any) -> Celery:
-    app = Celery("inproc", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        result_backend="cache+memory://",
-        task_always_eager=True,
-        task_store_eager_result=True,
-        dflock_servers=[server.address],
-        **conf,
-    )
-    return app
+def inproc_app(server: ServerThread, **conf: Any) -> Celery:
+    return make_app("inproc", eager=True, servers=server, task_store_eager_result=True, **conf)
 
 
 def holder(server: ServerThread, key: str) -> DistributedLock:
@@ -64,7 +56,7 @@ def free_now(server: ServerThread, key: str) -> bool:
 
 
 def test_direct_call_takes_and_releases_the_lock(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
     seen: dict[str, Any] = {}
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="direct:{n}")
@@ -85,7 +77,7 @@ def test_direct_call_takes_and_releases_the_lock(server: ServerThread) -> None:
 
 
 def test_eager_call_releases_after_an_exception(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
 
     @app.task(shared=False, base=LockedTask, lock_key="boom")
     def boom() -> None:
@@ -98,7 +90,7 @@ def test_eager_call_releases_after_an_exception(server: ServerThread) -> None:
 
 
 def test_busy_lock_with_raise_policy_fails_with_lock_not_acquired(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
 
     @app.task(shared=False, base=LockedTask, lock_key="busy", on_locked="raise")
     def job() -> str:
@@ -158,7 +150,7 @@ def test_a_hand_over_that_outlasts_lock_timeout_says_so_not_that_the_key_is_held
     key and the member, not that another run holds it."""
     me = f"{server.host}:{server.port}"
     server.server.set_ownership(HandingOver(me, "moving"))
-    app = make_app(server, dflock_sharding_strategy="cluster")
+    app = inproc_app(server, dflock_sharding_strategy="cluster")
 
     @app.task(shared=False, base=LockedTask, lock_key="moving", on_locked="raise")
     def job() -> str:
@@ -177,7 +169,7 @@ def test_skip_policy_fails_with_lock_skipped_sends_a_signal_and_never_runs(
     server: ServerThread,
 ) -> None:
     """Eager and direct calls end as a worker run does: LockSkipped, never Celery's Ignore."""
-    app = make_app(server)
+    app = inproc_app(server)
     ran: list[int] = []
     skipped: list[dict[str, Any]] = []
 
@@ -213,7 +205,7 @@ def test_skip_policy_fails_with_lock_skipped_sends_a_signal_and_never_runs(
 
 
 def test_fifo_wait_then_policy(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
 
     @app.task(shared=False, base=LockedTask, lock_key="fifo", lock_timeout=5, on_locked="raise")
     def job() -> str:
@@ -232,7 +224,7 @@ def test_fifo_wait_then_policy(server: ServerThread) -> None:
 def test_eager_retry_waits_for_the_lock_and_honours_lock_max_retries(
     server: ServerThread,
 ) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
     runs: list[int] = []
 
     @app.task(
@@ -264,7 +256,7 @@ def test_eager_retry_waits_for_the_lock_and_honours_lock_max_retries(
 
 
 def test_body_retry_releases_before_the_retry_runs(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
     fences: list[int | None] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="body-retry", on_locked="raise")
@@ -285,7 +277,7 @@ def test_body_retry_releases_before_the_retry_runs(server: ServerThread) -> None
 
 
 def test_per_call_options_override_the_task_attribute(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
     keys: list[str] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="attr:{n}", on_locked="raise")
@@ -307,8 +299,12 @@ def test_per_call_options_override_the_task_attribute(server: ServerThread) -> N
 
 
 def test_task_cls_locks_only_tasks_with_lock_options(server: ServerThread) -> None:
-    app = Celery("inproc-cls", set_as_current=False, task_cls=LockedTask)
-    app.conf.update(task_always_eager=True, dflock_servers=[server.address])
+    app = make_app(
+        "inproc-cls",
+        celery_kwargs={"task_cls": LockedTask},
+        task_always_eager=True,
+        servers=server,
+    )
     fences: dict[str, int | None] = {}
 
     @app.task(shared=False, bind=True)
@@ -326,7 +322,7 @@ def test_task_cls_locks_only_tasks_with_lock_options(server: ServerThread) -> No
 
 
 def test_config_only_locking_of_a_plain_task(server: ServerThread) -> None:
-    app = make_app(
+    app = inproc_app(
         server, dflock_task_locks={"inproc.third_party": {"lock_key": "tp", "on_locked": "raise"}}
     )
     seen: list[int | None] = []
@@ -352,7 +348,7 @@ def test_config_only_locking_of_a_plain_task(server: ServerThread) -> None:
 
 
 def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
     started = threading.Event()
     signals_seen: list[dict[str, Any]] = []
 
@@ -407,7 +403,7 @@ def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread)
 
 
 def test_bad_task_attribute_is_a_clear_error(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
 
     @app.task(shared=False, base=LockedTask, lock_ttl=-5)
     def job() -> None: ...
@@ -417,7 +413,7 @@ def test_bad_task_attribute_is_a_clear_error(server: ServerThread) -> None:
 
 
 def test_bad_template_is_reported_when_the_task_is_bound(server: ServerThread) -> None:
-    app = make_app(server)
+    app = inproc_app(server)
     from celery_dflock.keys import KeyDerivationError
 
     with pytest.raises(KeyDerivationError, match="customer"):
@@ -430,7 +426,7 @@ def test_bad_template_is_reported_when_the_task_is_bound(server: ServerThread) -
 
 
 def test_config_change_after_reset(server: ServerThread) -> None:
-    app = make_app(server, dflock_on_locked="raise")
+    app = inproc_app(server, dflock_on_locked="raise")
 
     @app.task(shared=False, base=LockedTask, lock_key="reconf")
     def job() -> str:
@@ -450,8 +446,7 @@ def test_config_change_after_reset(server: ServerThread) -> None:
 
 def test_unreachable_server_fails_the_run_with_a_clear_error() -> None:
     port = free_port()
-    app = Celery("unreachable", set_as_current=False)
-    app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
+    app = make_app("unreachable", task_always_eager=True, servers=f"127.0.0.1:{port}")
     ran: list[int] = []
 
     @app.task(shared=False, base=LockedTask, lock_key="nowhere")
@@ -468,11 +463,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
     own autoretry wraps only the body, which runs after the lock is taken); the run goes
     ahead, locked, once the server is back."""
     port = free_port()
-    app = Celery("outage", set_as_current=False)
-    app.conf.update(
-        task_always_eager=True,
-        dflock_servers=f"127.0.0.1:{port}",
-    )
+    app = make_app("outage", task_always_eager=True, servers=f"127.0.0.1:{port}")
     attempts: list[int] = []
     fences: list[int | None] = []
     started: list[ServerThread] = []
@@ -511,8 +502,7 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
 
 def test_without_autoretry_for_an_outage_fails_the_run() -> None:
     port = free_port()
-    app = Celery("outage2", set_as_current=False)
-    app.conf.update(task_always_eager=True, dflock_servers=f"127.0.0.1:{port}")
+    app = make_app("outage2", task_always_eager=True, servers=f"127.0.0.1:{port}")
 
     @app.task(shared=False, base=LockedTask, lock_key="outage", autoretry_for=(KeyError,))
     def job() -> None:

@@ -15,21 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
+from tests.support.rigs import Rig, open_rig
 from tests.support.services import require_rabbitmq, require_redis
 from tests.support.workers import (
-    EventLog,
-    Worker,
-    WorkerFactory,
-    close_app,
     filesystem_settings,
     rabbitmq_settings,
     redis_cleanup,
     redis_settings,
-    with_server,
 )
 
 LEASE_S = 2
@@ -66,12 +61,12 @@ class ServerSlot:
 
 
 @dataclass
-class LostRig:
-    pool: str
-    slot: ServerSlot
-    log: EventLog
-    worker: Worker
-    app: Celery
+class LostRig(Rig):
+    """A rig whose lock server is in a slot (a test stops and starts it), with one worker of
+    ``pool``."""
+
+    pool: str = "prefork"
+    slot: ServerSlot = field(default_factory=ServerSlot)
 
 
 POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
@@ -98,18 +93,20 @@ def running_rig(
     all stopped and closed on the way out."""
     slot = ServerSlot()
     server = slot.start()
-    settings = with_server(base_settings, server)
-    log = EventLog(tmp)
-    factory = WorkerFactory(log=log, directory=tmp, settings=settings)
-    app = Celery("lost-client", set_as_current=False)
-    app.conf.update(settings)
     try:
-        worker = factory.start("apps.tasks", pool=pool, concurrency=concurrency)
-        yield LostRig(pool=pool, slot=slot, log=log, worker=worker, app=app)
+        with open_rig(
+            tmp,
+            "apps.tasks",
+            base_settings,
+            server=server.address,
+            main="lost-client",
+            rig_class=LostRig,
+        ) as rig:
+            rig.pool = pool
+            rig.slot = slot
+            rig.start_worker(pool=pool, concurrency=concurrency)
+            yield rig
     finally:
-        factory.close()
-        close_app(app)
-        log.close()
         slot.close()
 
 
@@ -117,7 +114,7 @@ def lose_lock_under(rig: LostRig, task: str) -> tuple[Any, Any, str]:
     """Start ``task``, stop the server under it, wait for ``lock_lost``; restart the server."""
     rig.slot.start()
     name = uuid.uuid4().hex[:8]
-    result = rig.app.send_task(f"apps.tasks.{task}", (name,))
+    result = rig.send(task, name)
     started = rig.log.wait_event("started", 30, name=name)
     rig.slot.stop()
     lost = rig.log.wait_event("lock_lost", TOLD_WITHIN_S, task_id=started["task_id"])
@@ -205,7 +202,7 @@ def test_a_body_that_ignores_its_lock_is_stopped_on_every_pool(
     rig = broker_rig
     rig.slot.start()
     name = uuid.uuid4().hex[:8]
-    result = rig.app.send_task(f"apps.tasks.blind_{policy}", (name,))
+    result = rig.send(f"blind_{policy}", name)
     started = rig.log.wait_event("started", 30, name=name)
     rig.slot.stop()
     lost = rig.log.wait_event("lock_lost", TOLD_WITHIN_S, task_id=started["task_id"])

@@ -8,32 +8,25 @@ duplicate gets the holder's result or `AlreadyQueued`, a retry keeps the hold, a
 from __future__ import annotations
 
 import pickle
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from celery import Celery
 from kombu.exceptions import OperationalError
 
 from celery_dflock import AlreadyQueued, LockedTask
 from celery_dflock._holds import decode_note, encode_note
+from celery_dflock._plan import resolve_options
 from celery_dflock.cli import collect, format_locks
-from celery_dflock.client import DistributedLock
-from celery_dflock.config import DflockConfigError, get_config, resolve_options
+from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server import Config
-from dflockd_server.testing import ServerThread
-from tests.celery.apps.qonce import QonceTasks, define
+from tests.celery.apps.queue_once import define_tasks
+from tests.support.apps import make_app
 from tests.support.ports import free_port
+from tests.support.rigs import Rig, open_rig, unique
 from tests.support.workers import (
-    EventLog,
-    Worker,
-    WorkerFactory,
     close_app,
     filesystem_settings,
-    with_server,
 )
 
 EVENT_TIMEOUT_S = 30.0
@@ -42,69 +35,27 @@ FREE_WAIT_S = 20.0
 """How long a test waits in the key's FIFO queue for a hold to be freed."""
 
 
-@dataclass
-class Rig:
-    """A lock server, a prefork worker (-c 2) on ``queue``, and a client app whose tasks go
-    through ``LockedTask.apply_async`` (the publish path)."""
-
-    server: ServerThread
-    log: EventLog
-    factory: WorkerFactory
-    worker: Worker
-    app: Celery
-    tasks: QonceTasks
-    settings: dict[str, Any]
-    data: Path
-    tmp: Path
-
-    def messages(self, queue: str) -> int:
-        """Messages waiting in ``queue`` (files of the filesystem broker)."""
-        return len(list(self.data.glob(f"*.{queue}.msg")))
-
-    def key_free(self, key: str, wait_s: float = FREE_WAIT_S) -> bool:
-        """True once ``key`` can be taken (waiting up to ``wait_s`` in its FIFO queue)."""
-        lock = DistributedLock(key, acquire_timeout_s=wait_s, servers=[self.server.address])
-        got = lock.acquire()
-        if got:
-            lock.release()
-        return got
-
-    def release_file(self, name: str) -> Path:
-        return self.tmp / f"release-{name}"
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+def messages(rig: Rig, queue: str) -> int:
+    """Messages waiting in ``queue`` (files of the filesystem broker)."""
+    data = Path(rig.settings["broker_transport_options"]["data_folder_in"])
+    return len(list(data.glob(f"*.{queue}.msg")))
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """A lock server, a prefork worker (-c 2) and a client app whose tasks go through
+    ``LockedTask.apply_async`` (the publish path)."""
     tmp = tmp_path_factory.mktemp("qonce")
-    queue = unique("dflock-qonce")
-    with ServerThread(Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)) as server:
-        settings = with_server(filesystem_settings(tmp, queue), server)
-        log = EventLog(tmp)
-        factory = WorkerFactory(log=log, directory=tmp, settings=settings)
-        app = Celery("qonce-client", set_as_current=False)
-        app.conf.update(settings)
-        tasks = define(app)
-        try:
-            worker = factory.start("apps.qonce", pool="prefork", concurrency=2)
-            yield Rig(
-                server=server,
-                log=log,
-                factory=factory,
-                worker=worker,
-                app=app,
-                tasks=tasks,
-                settings=settings,
-                data=Path(settings["broker_transport_options"]["data_folder_in"]),
-                tmp=tmp,
-            )
-        finally:
-            factory.close()
-            close_app(app)
-            log.close()
+    with open_rig(
+        tmp,
+        "apps.queue_once",
+        filesystem_settings(tmp, unique("dflock-qonce")),
+        server=Config(host="127.0.0.1", port=0, default_lease_ttl_s=30),
+        main="qonce-client",
+        define_tasks=define_tasks,
+    ) as made:
+        made.start_worker(pool="prefork", concurrency=2)
+        yield made
 
 
 # ------------------------------------------------------------------------ no worker needed
@@ -122,8 +73,7 @@ def test_note_round_trip() -> None:
 
 
 def test_options_resolve_and_refuse_a_semaphore() -> None:
-    app = Celery("qonce-options", set_as_current=False)
-    app.conf.update(dflock_lock_from="publish", dflock_lock_pending_ttl=60)
+    app = make_app("qonce-options", dflock_lock_from="publish", dflock_lock_pending_ttl=60)
     options = resolve_options(get_config(app), "t", {"on_duplicate": "raise"})
     assert (options.lock_from, options.on_duplicate, options.pending_ttl) == (
         "publish",
@@ -141,8 +91,7 @@ def test_options_resolve_and_refuse_a_semaphore() -> None:
         _ = app.tasks[both.name]
     app.close()
 
-    bad = Celery("qonce-bad", set_as_current=False)
-    bad.conf.update(dflock_lock_from="queue")
+    bad = make_app("qonce-bad", dflock_lock_from="queue")
     with pytest.raises(DflockConfigError, match="dflock_lock_from must be 'run'"):
         get_config(bad)
     bad.conf.update(dflock_lock_from=None, dflock_on_duplicate="ignore")
@@ -165,21 +114,19 @@ def test_duplicates_send_one_message_and_the_run_takes_the_hold_over(rig: Rig) -
     publish sends a new task."""
     parked = unique("dflock-parked")
     name = unique("parked")
-    results = [rig.tasks.once.apply_async((name,), queue=parked) for _ in range(5)]
+    results = [rig.tasks["once"].apply_async((name,), queue=parked) for _ in range(5)]
     assert len({r.id for r in results}) == 1
-    assert rig.messages(parked) == 1
+    assert messages(rig, parked) == 1
     assert not rig.key_free(f"once:{name}", wait_s=0)
 
-    rig.factory.start("apps.qonce", pool="prefork", concurrency=1, settings={
-        "task_default_queue": parked
-    })  # fmt: skip
+    rig.start_worker(pool="prefork", concurrency=1, settings={"task_default_queue": parked})
     assert results[0].get(timeout=RESULT_TIMEOUT_S) == name
-    bodies = rig.log.entries("once_body", name=name)
+    bodies = rig.log.entries("started", name=name)
     assert len(bodies) == 1
     assert bodies[0]["task_id"] == results[0].id
     assert bodies[0]["token"] == bodies[0]["hold_token"]  # the publish's grant, taken over
     assert rig.key_free(f"once:{name}", wait_s=5)
-    again = rig.tasks.once.apply_async((name,), queue=parked)
+    again = rig.tasks["once"].apply_async((name,), queue=parked)
     assert again.id != results[0].id
 
 
@@ -190,12 +137,12 @@ def test_duplicate_of_a_running_task(rig: Rig) -> None:
     name = unique("running")
     key = f"once:{name}"
     release = rig.release_file(name)
-    first = rig.tasks.once.delay(name, str(release))
-    rig.log.wait_event("once_body", timeout=EVENT_TIMEOUT_S, name=name)
+    first = rig.tasks["once"].delay(name, str(release))
+    rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
     try:
-        assert rig.tasks.once.delay(name, str(release)).id == first.id
+        assert rig.tasks["once"].delay(name, str(release)).id == first.id
         with pytest.raises(AlreadyQueued, match=first.id) as raised:
-            rig.tasks.once_raise.delay(name, str(release))
+            rig.tasks["once_raise"].delay(name, str(release))
         assert (raised.value.task_id, raised.value.key) == (first.id, key)
 
         reports = collect(get_config(rig.app))
@@ -208,7 +155,7 @@ def test_duplicate_of_a_running_task(rig: Rig) -> None:
         assert entry["holder_host"] == rig.worker.name
         assert entry["detached"] is False  # taken over: bound to the run's connection
 
-        skipped = rig.tasks.run_skip.delay(name)
+        skipped = rig.tasks["run_skip"].delay(name)
         event = rig.log.wait_event("skipped", timeout=EVENT_TIMEOUT_S, task_id=skipped.id)
         assert event["holder"] == first.id
         with pytest.raises(Exception, match=first.id):
@@ -217,7 +164,7 @@ def test_duplicate_of_a_running_task(rig: Rig) -> None:
         release.touch()
     assert first.get(timeout=RESULT_TIMEOUT_S) == name
     assert rig.key_free(key, wait_s=5)
-    assert rig.tasks.once.delay(name, None).id != first.id
+    assert rig.tasks["once"].delay(name, None).id != first.id
 
 
 def test_per_call_lock_from_and_pending_ttl(rig: Rig) -> None:
@@ -226,26 +173,30 @@ def test_per_call_lock_from_and_pending_ttl(rig: Rig) -> None:
     parked = unique("dflock-nobody")
     name = unique("percall")
     sent = [
-        rig.tasks.plain.apply_async((name,), queue=parked, lock_from="publish", lock_pending_ttl=2)
+        rig.tasks["plain"].apply_async(
+            (name,), queue=parked, lock_from="publish", lock_pending_ttl=2
+        )
         for _ in range(3)
     ]
     assert len({r.id for r in sent}) == 1
-    assert rig.messages(parked) == 1
+    assert messages(rig, parked) == 1
     assert not rig.key_free(f"once:{name}", wait_s=0)
     assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)  # the pending lease ran out
-    assert rig.tasks.plain.apply_async((name,), queue=parked, lock_from="publish").id != sent[0].id
+    assert (
+        rig.tasks["plain"].apply_async((name,), queue=parked, lock_from="publish").id != sent[0].id
+    )
 
 
 def test_retry_keeps_the_hold(rig: Rig) -> None:
     """A run that retries hands its hold to the retry: during the countdown a duplicate still
     gets its id, and the retried run holds the same grant."""
     name = unique("retry")
-    result = rig.tasks.once_retry.delay(name)
-    rig.log.wait_event("once_done", timeout=EVENT_TIMEOUT_S, name=name)
-    assert rig.tasks.once_retry.delay(name).id == result.id
-    assert rig.tasks.once.delay(name).id == result.id  # any task on the key
+    result = rig.tasks["once_retry"].delay(name)
+    rig.log.wait_event("finished", timeout=EVENT_TIMEOUT_S, name=name)
+    assert rig.tasks["once_retry"].delay(name).id == result.id
+    assert rig.tasks["once"].delay(name).id == result.id  # any task on the key
     assert result.get(timeout=RESULT_TIMEOUT_S) == 1
-    first, second = rig.log.entries("once_body", name=name)
+    first, second = rig.log.entries("started", name=name)
     assert (first["retries"], second["retries"]) == (0, 1)
     assert first["token"] == second["token"] == second["hold_token"]
     assert rig.key_free(f"once:{name}", wait_s=5)
@@ -256,13 +207,13 @@ def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
     hold; the body never runs."""
     blockers = [unique("blocker") for _ in range(2)]
     for blocker in blockers:
-        rig.tasks.once.delay(blocker, str(rig.release_file(blocker)))
+        rig.tasks["once"].delay(blocker, str(rig.release_file(blocker)))
     for blocker in blockers:
-        rig.log.wait_event("once_body", timeout=EVENT_TIMEOUT_S, name=blocker)
+        rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=blocker)
     name = unique("revoked")
-    queued = rig.tasks.once.delay(name)
+    queued = rig.tasks["once"].delay(name)
     try:
-        assert rig.tasks.once.delay(name).id == queued.id  # held while it waits in the queue
+        assert rig.tasks["once"].delay(name).id == queued.id  # held while it waits in the queue
         # The worker acknowledges the revoke before a pool slot frees: a broadcast sent and
         # not awaited could reach a loaded worker after it took the queued task to run it.
         acknowledged = rig.app.control.revoke(
@@ -273,25 +224,26 @@ def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
         for blocker in blockers:
             rig.release_file(blocker).touch()
     assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)
-    assert not rig.log.entries("once_body", name=name)
+    assert not rig.log.entries("started", name=name)
 
 
 def test_eager_calls_take_no_publish_hold(rig: Rig) -> None:
-    app = Celery("qonce-eager", set_as_current=False)
-    app.conf.update(rig.settings, task_always_eager=True, task_store_eager_result=True)
-    tasks = define(app)
+    app = make_app(
+        "qonce-eager", rig.settings, task_always_eager=True, task_store_eager_result=True
+    )
+    tasks = define_tasks(app)
     try:
         name = unique("eager")
-        assert tasks.once.delay(name).get() == name
-        assert tasks.once.delay(name).get() == name  # ran again: no hold was left behind
+        assert tasks["once"].delay(name).get() == name
+        assert tasks["once"].delay(name).get() == name  # ran again: no hold was left behind
         assert rig.key_free(f"once:{name}", wait_s=0)
     finally:
         close_app(app)
 
 
 def test_a_publish_that_fails_releases_its_hold(rig: Rig) -> None:
-    app = Celery("qonce-nobroker", set_as_current=False)
-    app.conf.update(
+    app = make_app(
+        "qonce-nobroker",
         rig.settings,
         broker_url=f"redis://127.0.0.1:{free_port()}/0",
         broker_transport=None,
@@ -299,11 +251,11 @@ def test_a_publish_that_fails_releases_its_hold(rig: Rig) -> None:
         broker_connection_timeout=1,
         task_publish_retry=False,
     )
-    tasks = define(app)
+    tasks = define_tasks(app)
     try:
         name = unique("nobroker")
         with pytest.raises(OperationalError):
-            tasks.once.delay(name)
+            tasks["once"].delay(name)
         assert rig.key_free(f"once:{name}", wait_s=0)
     finally:
         close_app(app)

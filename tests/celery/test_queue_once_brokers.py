@@ -29,29 +29,24 @@ from typing import Any, cast
 
 import pytest
 import redis
-from celery import Celery
 from kombu.connection import Connection
 
-from celery_dflock.errors import AlreadyQueued
+from celery_dflock.client.errors import AlreadyQueued
 from dflockd_server import Config
-from dflockd_server.testing import ServerThread
 from tests.celery.apps.queue_once import PURGE_PENDING_TTL_S, define_tasks
 from tests.support.processes import kill_group, python_path
+from tests.support.rigs import Rig, open_rig, unique
 from tests.support.services import require_rabbitmq, require_redis
 from tests.support.waiting import wait_until
 from tests.support.workers import (
     CELERY_APPS_DIR,
     REPO,
     Entry,
-    EventLog,
     Worker,
-    WorkerFactory,
-    close_app,
     iter_overlaps,
     rabbitmq_settings,
     redis_cleanup,
     redis_settings,
-    with_server,
 )
 
 EVENT_TIMEOUT_S = 30.0
@@ -81,17 +76,10 @@ CONTROL_ATTEMPTS = 3
 
 
 @dataclass
-class Rig:
+class BrokerRig(Rig):
     """One broker's lock server, run log, client app, shared worker and scratch queues."""
 
-    broker: str
-    tmp: Path
-    server: ServerThread
-    log: EventLog
-    settings: dict[str, Any]
-    app: Celery
-    tasks: dict[str, Any]
-    factory: WorkerFactory
+    broker: str = "redis"
     queues: list[str] = field(default_factory=list[str])
     _shared: Worker | None = None
 
@@ -108,13 +96,8 @@ class Rig:
     def shared_worker(self) -> Worker:
         """The module's prefork worker (started on first use), consuming the base queue."""
         if self._shared is None or not self._shared.alive():
-            self._shared = self.factory.start("apps.queue_once", pool="prefork", concurrency=2)
+            self._shared = self.start_worker(pool="prefork", concurrency=2)
         return self._shared
-
-    def start_worker(self, queue_name: str, **kwargs: Any) -> Worker:
-        """A worker of its own on ``queue_name``."""
-        settings = {"task_default_queue": queue_name}
-        return self.factory.start("apps.queue_once", settings=settings, **kwargs)
 
     def consume(self, queue_name: str, worker: Worker | None = None) -> None:
         """Make ``worker`` (default: the shared one) consume ``queue_name`` as well."""
@@ -158,13 +141,8 @@ class Rig:
         return self.log.entries("started", name=name)
 
     def close(self) -> None:
-        self.factory.close()
-        close_app(self.app)
-        self.log.close()
-        self.server.stop()
-        if self.broker == "redis":
-            redis_cleanup(self.base_queue)
-        else:
+        super().close()
+        if self.broker != "redis":
             with Connection(self.settings["broker_url"]) as conn:
                 for name in [self.base_queue, *self.queues]:
                     with contextlib.suppress(Exception):
@@ -172,7 +150,9 @@ class Rig:
 
 
 @pytest.fixture(scope="module", params=["redis", "rabbitmq"])
-def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+def rig(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerRig]:
     broker: str = request.param
     require_redis()  # the result backend is Redis for both brokers
     if broker == "rabbitmq":
@@ -189,29 +169,18 @@ def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         }
     else:
         base = rabbitmq_settings(base_queue)
-    server = ServerThread(Config(host="127.0.0.1", port=0)).start()
-    settings = with_server(base, server)
-    log = EventLog(tmp)
-    app = Celery("qonce-client", set_as_current=False)
-    app.conf.update(settings)
-    made = Rig(
-        broker=broker,
-        tmp=tmp,
-        server=server,
-        log=log,
-        settings=settings,
-        app=app,
-        tasks=define_tasks(app),
-        factory=WorkerFactory(log=log, directory=tmp, settings=settings),
-    )
-    try:
+    with open_rig(
+        tmp,
+        "apps.queue_once",
+        base,
+        server=Config(host="127.0.0.1", port=0),
+        main="qonce-client",
+        define_tasks=define_tasks,
+        cleanup=(lambda: redis_cleanup(base_queue)) if broker == "redis" else None,
+        rig_class=BrokerRig,
+    ) as made:
+        made.broker = broker
         yield made
-    finally:
-        made.close()
-
-
-def unique(label: str) -> str:
-    return f"{label}-{uuid.uuid4().hex[:8]}"
 
 
 # --------------------------------------------------------------------------- publishers
@@ -222,7 +191,7 @@ class Publisher:
 
     def __init__(
         self,
-        rig: Rig,
+        rig: BrokerRig,
         task: str,
         name: str,
         queue_name: str,
@@ -304,11 +273,13 @@ def publishers(*made: Publisher) -> Iterator[tuple[Publisher, ...]]:
 # --------------------------------------------------------------------------- checks
 
 
-def wait_finished(rig: Rig, task_id: str, count: int = 1) -> Entry:
+def wait_finished(rig: BrokerRig, task_id: str, count: int = 1) -> Entry:
     return rig.log.wait_event("finished", EVENT_TIMEOUT_S, count=count, task_id=task_id)
 
 
-def wait_freed(rig: Rig, task: str, name: str, queue_name: str, holder: str) -> tuple[Any, float]:
+def wait_freed(
+    rig: BrokerRig, task: str, name: str, queue_name: str, holder: str
+) -> tuple[Any, float]:
     """Publish until a publish enqueues a new task instead of returning ``holder``; that
     task's result and when it was published (monotonic)."""
     found: list[tuple[Any, float]] = []
@@ -324,12 +295,12 @@ def wait_freed(rig: Rig, task: str, name: str, queue_name: str, holder: str) -> 
     return found[0]
 
 
-def assert_no_overlap(rig: Rig, name: str) -> None:
+def assert_no_overlap(rig: BrokerRig, name: str) -> None:
     overlaps = list(iter_overlaps(rig.log.entries("finished", name=name)))
     assert not overlaps, f"runs of {name} overlapped: {overlaps}"
 
 
-def locks_listed(rig: Rig, *args: str) -> subprocess.CompletedProcess[str]:
+def locks_listed(rig: BrokerRig, *args: str) -> subprocess.CompletedProcess[str]:
     """``celery -A apps.queue_once dflock locks [args]`` with the rig's settings."""
     env = {
         **os.environ,
@@ -344,7 +315,7 @@ def locks_listed(rig: Rig, *args: str) -> subprocess.CompletedProcess[str]:
     return shown
 
 
-def listed_lock(rig: Rig, key: str) -> dict[str, Any] | None:
+def listed_lock(rig: BrokerRig, key: str) -> dict[str, Any] | None:
     """The entry of ``key`` in ``dflock locks --json`` (None when it is not listed)."""
     reports = cast("list[dict[str, Any]]", json.loads(locks_listed(rig, "--json").stdout))
     for report in reports:
@@ -358,14 +329,14 @@ def listed_lock(rig: Rig, key: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- acceptance 1
 
 
-def test_twenty_publishes_from_five_processes_queue_one_message(rig: Rig) -> None:
+def test_twenty_publishes_from_five_processes_queue_one_message(rig: BrokerRig) -> None:
     """With no worker on the queue, 20 publishes of one key from 5 processes: one message in
     the broker, one id; a worker then runs it once; after it ends a publish enqueues anew."""
     queue_name = rig.fresh_queue()
     name = unique("one")
     go = rig.tmp / f"go-{name}"
     made = [
-        Publisher(rig, "once_hold", name, queue_name, count=PUBLISHES_EACH, go=go)
+        Publisher(rig, "once", name, queue_name, count=PUBLISHES_EACH, go=go)
         for _ in range(PUBLISHERS)
     ]
     with publishers(*made):
@@ -380,11 +351,13 @@ def test_twenty_publishes_from_five_processes_queue_one_message(rig: Rig) -> Non
     first_id = str(lines[0]["id"])
     assert rig.ready_messages(queue_name) == 1
 
-    worker = rig.start_worker(queue_name, pool="threads", concurrency=2)
+    worker = rig.start_worker(
+        settings={"task_default_queue": queue_name}, pool="threads", concurrency=2
+    )
     first = wait_finished(rig, first_id)
     # The body's "finished" comes before the release; the result is stored after it.
     rig.app.AsyncResult(first_id).get(timeout=EVENT_TIMEOUT_S)
-    again = rig.publish("once_hold", name, queue_name)
+    again = rig.publish("once", name, queue_name)
     assert again.id != first_id  # the run ended: the key is free, a new task is queued
     second = wait_finished(rig, again.id)
     assert [r["task_id"] for r in rig.runs(name)] == [first_id, again.id]
@@ -396,15 +369,15 @@ def test_twenty_publishes_from_five_processes_queue_one_message(rig: Rig) -> Non
 # --------------------------------------------------------------------------- acceptance 2
 
 
-def test_a_publisher_killed_after_publishing_does_not_free_the_key(rig: Rig) -> None:
+def test_a_publisher_killed_after_publishing_does_not_free_the_key(rig: BrokerRig) -> None:
     queue_name = rig.fresh_queue()
     name = unique("killed")
-    with publishers(Publisher(rig, "once_hold", name, queue_name, linger=True)) as (victim,):
+    with publishers(Publisher(rig, "once", name, queue_name, linger=True)) as (victim,):
         (published,) = victim.results(1)
         victim.kill()  # kill -9, right after it published
     assert victim.proc.returncode == -signal.SIGKILL
     held_id = published["id"]
-    with publishers(Publisher(rig, "once_hold", name, queue_name)) as (duplicate,):
+    with publishers(Publisher(rig, "once", name, queue_name)) as (duplicate,):
         (again,) = duplicate.results(1)
     assert again == {"id": held_id}
     assert rig.ready_messages(queue_name) == 1
@@ -412,29 +385,29 @@ def test_a_publisher_killed_after_publishing_does_not_free_the_key(rig: Rig) -> 
     rig.consume(queue_name)
     wait_finished(rig, held_id)
     assert [r["task_id"] for r in rig.runs(name)] == [held_id]
-    fresh, _ = wait_freed(rig, "once_hold", name, queue_name, held_id)
+    fresh, _ = wait_freed(rig, "once", name, queue_name, held_id)
     wait_finished(rig, fresh.id)
 
 
 # --------------------------------------------------------------------------- acceptance 3
 
 
-def test_revoking_the_queued_task_frees_the_key(rig: Rig) -> None:
+def test_revoking_the_queued_task_frees_the_key(rig: BrokerRig) -> None:
     queue_name = rig.fresh_queue()
     name = unique("revoked")
-    queued = rig.publish("once_hold", name, queue_name)
-    assert rig.publish("once_hold", name, queue_name).id == queued.id
+    queued = rig.publish("once", name, queue_name)
+    assert rig.publish("once", name, queue_name).id == queued.id
     worker = rig.shared_worker()
     replies = rig.app.control.revoke(queued.id, destination=[worker.name], reply=True, timeout=10)
     assert replies, "the worker did not answer the revoke"
     rig.consume(queue_name)  # the worker now meets the revoked message
-    fresh, _ = wait_freed(rig, "once_hold", name, queue_name, queued.id)
+    fresh, _ = wait_freed(rig, "once", name, queue_name, queued.id)
     wait_finished(rig, fresh.id)
     assert [r["task_id"] for r in rig.runs(name)] == [fresh.id]  # the revoked one never ran
     wait_until(lambda: queued.state == "REVOKED", timeout=EVENT_TIMEOUT_S, what="REVOKED")
 
 
-def test_a_purged_queue_frees_the_key_after_lock_pending_ttl(rig: Rig) -> None:
+def test_a_purged_queue_frees_the_key_after_lock_pending_ttl(rig: BrokerRig) -> None:
     queue_name = rig.fresh_queue()  # no worker ever consumes it
     name = unique("purged")
     before = time.monotonic()
@@ -454,7 +427,7 @@ def test_a_purged_queue_frees_the_key_after_lock_pending_ttl(rig: Rig) -> None:
 # --------------------------------------------------------------------------- acceptance 4
 
 
-def test_a_retry_keeps_the_key_through_its_countdown(rig: Rig) -> None:
+def test_a_retry_keeps_the_key_through_its_countdown(rig: BrokerRig) -> None:
     worker = rig.shared_worker()
     queue_name = rig.base_queue
     name = unique("retry")
@@ -467,11 +440,11 @@ def test_a_retry_keeps_the_key_through_its_countdown(rig: Rig) -> None:
     assert during_countdown.id == first.id
     retried = rig.log.wait_event("started", EVENT_TIMEOUT_S, task_id=first.id, retries=1)
     assert retried["fence"] == ran["fence"]  # the same hold
-    assert retried["token"] == ran["token"] and ran["token"] is not None
+    assert retried["hold_token"] == ran["hold_token"] and ran["hold_token"] is not None
     assert rig.publish("once_retry", name, queue_name, release).id == first.id  # running
     release.touch()
     wait_finished(rig, first.id, count=2)
-    fresh, _ = wait_freed(rig, "once_hold", name, queue_name, first.id)  # same key
+    fresh, _ = wait_freed(rig, "once", name, queue_name, first.id)  # same key
     wait_finished(rig, fresh.id)
     # No duplicate message ever ran: the run, its retry, then the new task.
     assert [r["task_id"] for r in rig.runs(name)] == [first.id, first.id, fresh.id]
@@ -479,11 +452,13 @@ def test_a_retry_keeps_the_key_through_its_countdown(rig: Rig) -> None:
     assert worker.alive()
 
 
-def test_a_run_killed_with_acks_late_is_redelivered_under_the_same_hold(rig: Rig) -> None:
+def test_a_run_killed_with_acks_late_is_redelivered_under_the_same_hold(rig: BrokerRig) -> None:
     queue_name = rig.fresh_queue()
     name = unique("late")
     release = rig.tmp / f"release-{name}"
-    doomed = rig.start_worker(queue_name, pool="prefork", concurrency=1)
+    doomed = rig.start_worker(
+        settings={"task_default_queue": queue_name}, pool="prefork", concurrency=1
+    )
     held = rig.publish("once_acks_late", name, queue_name, release)
     first = rig.log.wait_event("started", EVENT_TIMEOUT_S, task_id=held.id)
     assert first["worker"] == doomed.name
@@ -494,7 +469,7 @@ def test_a_run_killed_with_acks_late_is_redelivered_under_the_same_hold(rig: Rig
     second = rig.log.wait_event("started", EVENT_TIMEOUT_S, count=2, task_id=held.id)
     assert second["worker"] == survivor.name
     assert second["fence"] == first["fence"]  # the same hold, the same fence
-    assert second["token"] == first["token"]
+    assert second["hold_token"] == first["hold_token"]
     assert rig.publish("once_acks_late", name, queue_name, release).id == held.id
     release.touch()
     wait_finished(rig, held.id)
@@ -504,7 +479,7 @@ def test_a_run_killed_with_acks_late_is_redelivered_under_the_same_hold(rig: Rig
     assert_no_overlap(rig, name)
 
 
-def reserved_again(rig: Rig, task_id: str) -> bool:
+def reserved_again(rig: BrokerRig, task_id: str) -> bool:
     """Redis: a worker holds ``task_id``'s message unacknowledged after the broker restored it
     (kombu marks a restored message ``redelivered``; its delivery tag stays the same)."""
     client = redis.Redis.from_url(rig.settings["broker_url"])
@@ -517,7 +492,7 @@ def reserved_again(rig: Rig, task_id: str) -> bool:
 
 
 @pytest.mark.parametrize("rig", ["redis"], indirect=True)
-def test_a_message_delivered_again_while_its_run_lasts_does_not_overlap(rig: Rig) -> None:
+def test_a_message_delivered_again_while_its_run_lasts_does_not_overlap(rig: BrokerRig) -> None:
     """Redis delivers an unacknowledged (acks_late) message again once its visibility timeout
     passes, even while its first run is still going: the second delivery must not run beside
     the first under the same hold (RabbitMQ delivers again only when the connection is gone)."""
@@ -548,7 +523,7 @@ def test_a_message_delivered_again_while_its_run_lasts_does_not_overlap(rig: Rig
 # --------------------------------------------------------------------------- acceptance 5
 
 
-def test_on_duplicate_raise_raises_already_queued_with_the_holders_id(rig: Rig) -> None:
+def test_on_duplicate_raise_raises_already_queued_with_the_holders_id(rig: BrokerRig) -> None:
     queue_name = rig.fresh_queue()
     name = unique("raise")
     held = rig.publish("once_raise", name, queue_name)
@@ -563,11 +538,11 @@ def test_on_duplicate_raise_raises_already_queued_with_the_holders_id(rig: Rig) 
 # --------------------------------------------------------------------------- acceptance 6
 
 
-def test_dflock_locks_lists_the_holders_task_id(rig: Rig) -> None:
+def test_dflock_locks_lists_the_holders_task_id(rig: BrokerRig) -> None:
     queue_name = rig.fresh_queue()
     name = unique("listed")
     release = rig.tmp / f"release-{name}"
-    held = rig.publish("once_hold", name, queue_name, release)
+    held = rig.publish("once", name, queue_name, release)
     key = f"once:{name}"
     queued = listed_lock(rig, key)
     assert queued is not None, f"{key} not listed"

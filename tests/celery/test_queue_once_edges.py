@@ -9,24 +9,20 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from celery import Celery, chain, chord, group
+from celery import chain, chord, group
 
 from celery_dflock import AlreadyQueued
-from celery_dflock.client import DistributedLock
-from celery_dflock.errors import InvalidValueError, LockSkipped, ServerUnavailable
-from tests.celery.apps.qonce import QonceTasks, define
+from celery_dflock.client.errors import InvalidValueError, LockSkipped, ServerUnavailable
+from tests.celery.apps.queue_once import define_tasks
+from tests.support.apps import make_app
+from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import DflockdProcess, dflockd_subprocess
 from tests.support.services import require_redis
 from tests.support.workers import (
-    EventLog,
-    WorkerFactory,
     close_app,
     redis_cleanup,
     redis_settings,
@@ -40,78 +36,57 @@ the server never answered used to last lock_pending_ttl, 300 s)."""
 REDIS_DB = 13
 
 
-@dataclass
-class Rig:
-    server: subprocess.Popen[bytes]
-    address: tuple[str, int]
-    log: EventLog
-    factory: WorkerFactory
-    app: Celery
-    tasks: QonceTasks
-    settings: dict[str, Any]
-    tmp: Path
-
-    def key_free(self, key: str, wait_s: float = FREE_WAIT_S) -> bool:
-        lock = DistributedLock(key, acquire_timeout_s=wait_s, servers=[self.address])
-        got = lock.acquire()
-        if got:
-            lock.release()
-        return got
-
-    def release_file(self, name: str) -> Path:
-        return self.tmp / f"release-{name}"
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+DflockdChild = tuple[subprocess.Popen[bytes], tuple[str, int]]
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+def dflockd_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DflockdChild]:
+    """The rig's lock server: a ``dflockd`` subprocess (a test stops it with SIGSTOP)."""
+    tmp = tmp_path_factory.mktemp("qonce-edges-dflockd")
+    with dflockd_subprocess(tmp / "dflockd.log") as child:
+        yield child
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory, dflockd_child: DflockdChild) -> Iterator[Rig]:
     require_redis()
-    tmp = tmp_path_factory.mktemp("qonce-edges")
     queue = unique("dflock-qedges")
-    with dflockd_subprocess(tmp / "dflockd.log") as (server, address):
-        settings = {
-            **redis_settings(queue, db=REDIS_DB),
-            "dflock_servers": f"{address[0]}:{address[1]}",
-        }
-        log = EventLog(tmp)
-        factory = WorkerFactory(log=log, directory=tmp, settings=settings)
-        app = Celery("qonce-edges-client", set_as_current=False)
-        app.conf.update(settings)
-        tasks = define(app)
-        try:
-            factory.start("apps.qonce", pool="prefork", concurrency=2)
-            yield Rig(server, address, log, factory, app, tasks, settings, tmp)
-        finally:
-            factory.close()
-            close_app(app)
-            log.close()
-            redis_cleanup(queue, db=REDIS_DB)
+    with open_rig(
+        tmp_path_factory.mktemp("qonce-edges"),
+        "apps.queue_once",
+        redis_settings(queue, db=REDIS_DB),
+        server=dflockd_child[1],
+        main="qonce-edges-client",
+        define_tasks=define_tasks,
+        cleanup=lambda: redis_cleanup(queue, db=REDIS_DB),
+    ) as made:
+        made.start_worker(pool="prefork", concurrency=2)
+        yield made
 
 
 # ------------------------------------------------------------------------ a send not answered
 
 
-def test_a_send_the_server_never_answered_leaves_no_hold(rig: Rig) -> None:
+def test_a_send_the_server_never_answered_leaves_no_hold(
+    rig: Rig, dflockd_child: DflockdChild
+) -> None:
     """The lock server stopped (SIGSTOP) during ``delay()``: the send raises
     ServerUnavailable and sends nothing; once the server runs again the key is free (it was
     held for lock_pending_ttl, 300 s, by a task id never sent), and a new send runs."""
     warm = unique("warm")  # the publisher's pooled connection is open (hello done)
-    assert rig.tasks.once.delay(warm).get(timeout=RESULT_TIMEOUT_S) == warm
+    assert rig.tasks["once"].delay(warm).get(timeout=RESULT_TIMEOUT_S) == warm
     name = unique("stalled")
     key = f"once:{name}"
-    rig.server.send_signal(signal.SIGSTOP)
+    dflockd_child[0].send_signal(signal.SIGSTOP)
     try:
         with pytest.raises(ServerUnavailable):
-            rig.tasks.once.delay(name)
+            rig.tasks["once"].delay(name)
     finally:
-        rig.server.send_signal(signal.SIGCONT)
-    assert rig.key_free(key), "a send that raised ServerUnavailable left its key held"
-    again = rig.tasks.once.delay(name)
+        dflockd_child[0].send_signal(signal.SIGCONT)
+    assert rig.key_free(key, FREE_WAIT_S), "a send that raised ServerUnavailable left its key held"
+    again = rig.tasks["once"].delay(name)
     assert again.get(timeout=RESULT_TIMEOUT_S) == name
-    assert [b["task_id"] for b in rig.log.entries("once_body", name=name)] == [again.id]
+    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [again.id]
 
 
 # ------------------------------------------------------------------------ canvas
@@ -121,50 +96,50 @@ def test_a_group_with_a_duplicate_member_completes(rig: Rig) -> None:
     """Two members on one key: one run; the duplicate's place gets the holder's result."""
     name = unique("group")
     release = rig.release_file(name)  # the first runs until both are sent
-    member = rig.tasks.once.si(name, str(release))
+    member = rig.tasks["once"].si(name, str(release))
     result = group(member, member.clone()).apply_async()
     release.touch()
     assert result.get(timeout=RESULT_TIMEOUT_S) == [name, name]
-    assert len(rig.log.entries("once_body", name=name)) == 1
+    assert len(rig.log.entries("started", name=name)) == 1
 
 
 def test_a_chord_with_a_duplicate_member_runs_its_callback(rig: Rig) -> None:
     name = unique("chord")
     release = rig.release_file(name)  # the first runs until both are sent
-    member = rig.tasks.once.si(name, str(release))
-    result = chord([member, member.clone()])(rig.tasks.collect.s())
+    member = rig.tasks["once"].si(name, str(release))
+    result = chord([member, member.clone()])(rig.tasks["collect"].s())
     release.touch()
     assert result is not None
     assert result.get(timeout=RESULT_TIMEOUT_S) == [name, name]
-    assert len(rig.log.entries("once_body", name=name)) == 1
+    assert len(rig.log.entries("started", name=name)) == 1
 
 
 def test_a_chord_member_whose_key_an_earlier_send_holds(rig: Rig) -> None:
     name = unique("chord-held")
     release = rig.release_file(name)
-    first = rig.tasks.once.delay(name, str(release))
-    rig.log.wait_event("once_body", timeout=EVENT_TIMEOUT_S, name=name)
+    first = rig.tasks["once"].delay(name, str(release))
+    rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
     other = unique("chord-other")
-    result = chord([rig.tasks.once.si(name, str(release)), rig.tasks.once.si(other)])(
-        rig.tasks.collect.s()
+    result = chord([rig.tasks["once"].si(name, str(release)), rig.tasks["once"].si(other)])(
+        rig.tasks["collect"].s()
     )
     release.touch()
     assert result is not None
     assert result.get(timeout=RESULT_TIMEOUT_S) == [name, other]
-    assert [b["task_id"] for b in rig.log.entries("once_body", name=name)] == [first.id]
+    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [first.id]
 
 
 def test_a_chain_with_a_duplicate_head_runs_its_tail(rig: Rig) -> None:
     name = unique("chain")
     release = rig.release_file(name)
-    first = rig.tasks.once.delay(name, str(release))
-    rig.log.wait_event("once_body", timeout=EVENT_TIMEOUT_S, name=name)
-    result = chain(rig.tasks.once.si(name, str(release)), rig.tasks.collect.s()).apply_async()
+    first = rig.tasks["once"].delay(name, str(release))
+    rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
+    result = chain(rig.tasks["once"].si(name, str(release)), rig.tasks["collect"].s()).apply_async()
     release.touch()
     assert result is not None
     assert result.get(timeout=RESULT_TIMEOUT_S) == name
     assert first.get(timeout=RESULT_TIMEOUT_S) == name
-    assert len(rig.log.entries("once_body", name=name)) == 1
+    assert len(rig.log.entries("started", name=name)) == 1
 
 
 def test_nested_canvas_with_duplicates_completes(rig: Rig) -> None:
@@ -172,28 +147,26 @@ def test_nested_canvas_with_duplicates_completes(rig: Rig) -> None:
     place gets its result, and the callback runs."""
     name = unique("nested")
     release = rig.release_file(name)
-    member = rig.tasks.once.si(name, str(release))
-    inner = group(chain(member, rig.tasks.collect.s()), member.clone())
-    result = chord([inner, rig.tasks.once.si(unique("nested-other"))])(rig.tasks.collect.s())
+    member = rig.tasks["once"].si(name, str(release))
+    inner = group(chain(member, rig.tasks["collect"].s()), member.clone())
+    result = chord([inner, rig.tasks["once"].si(unique("nested-other"))])(rig.tasks["collect"].s())
     release.touch()
     assert result is not None
     got = result.get(timeout=RESULT_TIMEOUT_S)
     assert got[:2] == [name, name]
-    assert len(rig.log.entries("once_body", name=name)) == 1
+    assert len(rig.log.entries("started", name=name)) == 1
 
 
 def test_a_group_with_a_duplicate_member_on_gevent(rig: Rig) -> None:
     queue = unique("dflock-qedges-gevent")
-    rig.factory.start(
-        "apps.qonce", pool="gevent", concurrency=4, settings={"task_default_queue": queue}
-    )
+    rig.start_worker(pool="gevent", concurrency=4, settings={"task_default_queue": queue})
     name = unique("group-gevent")
     release = rig.release_file(name)
-    member = rig.tasks.once.si(name, str(release)).set(queue=queue)
+    member = rig.tasks["once"].si(name, str(release)).set(queue=queue)
     result = group(member, member.clone(), member.clone()).apply_async()
     release.touch()
     assert result.get(timeout=RESULT_TIMEOUT_S) == [name, name, name]
-    assert len(rig.log.entries("once_body", name=name)) == 1
+    assert len(rig.log.entries("started", name=name)) == 1
     redis_cleanup(queue, db=REDIS_DB)
 
 
@@ -202,7 +175,7 @@ def test_a_group_under_on_duplicate_raise_is_sent_whole(rig: Rig) -> None:
     place fails at once with AlreadyQueued naming the holder."""
     name = unique("group-raise")
     release = rig.release_file(name)  # the first runs until both are sent
-    member = rig.tasks.once_raise.si(name, str(release))
+    member = rig.tasks["once_raise"].si(name, str(release))
     result = group(member, member.clone()).apply_async()
     release.touch()
     assert result.join(timeout=RESULT_TIMEOUT_S, propagate=False) is not None
@@ -212,7 +185,7 @@ def test_a_group_under_on_duplicate_raise_is_sent_whole(rig: Rig) -> None:
     error = second.result
     assert isinstance(error, AlreadyQueued), error
     assert first.id in str(error)
-    assert len(rig.log.entries("once_body", name=name)) == 1
+    assert len(rig.log.entries("started", name=name)) == 1
 
 
 # ------------------------------------------------------------------------ eager
@@ -225,30 +198,28 @@ def test_eager_apply_of_a_key_a_queued_message_holds(rig: Rig) -> None:
     then runs once."""
     parked = unique("dflock-qedges-parked")
     name = unique("eager")
-    queued = rig.tasks.once.apply_async((name,), queue=parked)
-    outcome = rig.tasks.once.apply((name,))
+    queued = rig.tasks["once"].apply_async((name,), queue=parked)
+    outcome = rig.tasks["once"].apply((name,))
     assert outcome.failed()
     assert isinstance(outcome.result, AlreadyQueued)
     assert outcome.result.task_id == queued.id
     with pytest.raises(AlreadyQueued):
-        rig.tasks.once.apply((name,), throw=True)
-    skipped = rig.tasks.once.apply((name,), lock_from="run", on_locked="skip")
+        rig.tasks["once"].apply((name,), throw=True)
+    skipped = rig.tasks["once"].apply((name,), lock_from="run", on_locked="skip")
     assert isinstance(skipped.result, LockSkipped), skipped.result
     with pytest.raises(InvalidValueError, match="lock_timeout"):
-        rig.tasks.once.apply((name,), lock_timeout=-1)
-    assert not rig.log.entries("once_body", name=name)
+        rig.tasks["once"].apply((name,), lock_timeout=-1)
+    assert not rig.log.entries("started", name=name)
 
-    rig.factory.start(
-        "apps.qonce", pool="prefork", concurrency=1, settings={"task_default_queue": parked}
-    )
+    rig.start_worker(pool="prefork", concurrency=1, settings={"task_default_queue": parked})
     assert queued.get(timeout=RESULT_TIMEOUT_S) == name
-    assert [b["task_id"] for b in rig.log.entries("once_body", name=name)] == [queued.id]
+    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [queued.id]
     redis_cleanup(parked, db=REDIS_DB)
 
 
 def test_eager_apply_of_a_free_key_runs_once(rig: Rig) -> None:
     name = unique("eager-free")
-    assert rig.tasks.once.apply((name,)).get() == name
+    assert rig.tasks["once"].apply((name,)).get() == name
     assert rig.key_free(f"once:{name}", wait_s=0)
 
 
@@ -265,16 +236,15 @@ def test_a_restart_grace_is_not_a_duplicate(tmp_path: Path) -> None:
     process = DflockdProcess(["--host", "127.0.0.1", "--port", "0", "--restart-grace", "120"], {})
     try:
         host, port = process.wait_listening()
-        app = Celery("qonce-grace", set_as_current=False)
-        app.conf.update({**redis_settings(queue, db=REDIS_DB), "dflock_servers": f"{host}:{port}"})
-        tasks = define(app)
+        app = make_app("qonce-grace", redis_settings(queue, db=REDIS_DB), servers=f"{host}:{port}")
+        tasks = define_tasks(app)
         try:
             name = unique("grace")
-            sent = tasks.once.delay(name)
-            again = tasks.once.delay(name)
+            sent = tasks["once"].delay(name)
+            again = tasks["once"].delay(name)
             assert sent.id != again.id  # no hold: both sent (each run still locks the key)
             with pytest.raises(ServerUnavailable, match="restart grace") as raised:
-                tasks.once_raise.delay(name)
+                tasks["once_raise"].delay(name)
             assert "left no task id" not in str(raised.value)
             with app.connection_for_write() as conn:
                 assert conn.default_channel.client.llen(queue) == 2

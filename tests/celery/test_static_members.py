@@ -16,26 +16,18 @@ from celery_dflock import LockedTask, ShardingMismatchError
 from celery_dflock.cli import collect_shards, format_shards, shards_json
 from celery_dflock.config import get_config
 from dflockd_server.testing import ServerThread
+from tests.support.apps import make_app
 
 
-def make_app(servers: list[tuple[str, int]], **conf: Any) -> Celery:
-    app = Celery("static", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        result_backend="cache+memory://",
-        task_always_eager=True,
-        task_store_eager_result=True,
-        dflock_servers=servers,
-        **conf,
-    )
-    return app
+def static_app(servers: list[tuple[str, int]], **conf: Any) -> Celery:
+    return make_app("static", eager=True, servers=servers, task_store_eager_result=True, **conf)
 
 
 def test_a_locked_task_on_a_disagreeing_list_fails_naming_both_lists(
     static_fleet: list[ServerThread],
 ) -> None:
     servers = [s.address for s in static_fleet]
-    app = make_app(servers[::-1])
+    app = static_app(servers[::-1])
 
     @app.task(shared=False, base=LockedTask, lock_key="static:{n}", on_locked="raise")
     def job(n: int) -> int:
@@ -61,7 +53,7 @@ def test_a_locked_task_on_the_agreeing_list_runs_on_every_server(
     static_fleet: list[ServerThread],
 ) -> None:
     servers = [s.address for s in static_fleet]
-    app = make_app(servers)
+    app = static_app(servers)
     seen: set[tuple[str, int]] = set()
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="static:{n}")
@@ -78,7 +70,7 @@ def test_a_locked_task_on_the_agreeing_list_runs_on_every_server(
 
 def test_celery_dflock_shards_reports_every_server(static_fleet: list[ServerThread]) -> None:
     servers = [s.address for s in static_fleet]
-    answers = collect_shards(get_config(make_app(servers)))
+    answers = collect_shards(get_config(static_app(servers)))
     members = [f"{h}:{p}" for h, p in servers]
     assert [a.shards.members if a.shards else None for a in answers] == [tuple(members)] * 3
     shown = format_shards(answers)
@@ -88,7 +80,7 @@ def test_celery_dflock_shards_reports_every_server(static_fleet: list[ServerThre
 
 
 def test_the_cluster_strategy_is_a_setting() -> None:
-    config = get_config(make_app([("127.0.0.1", 1)], dflock_sharding_strategy="cluster"))
+    config = get_config(static_app([("127.0.0.1", 1)], dflock_sharding_strategy="cluster"))
     assert config.sharding_strategy == "cluster"
     with config.new_client() as client:
         assert client.router is not None

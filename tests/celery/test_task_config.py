@@ -8,6 +8,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 
+from celery_dflock._plan import resolve_options
 from celery_dflock.config import (
     DEFAULTS,
     DflockConfig,
@@ -15,18 +16,16 @@ from celery_dflock.config import (
     get_config,
     parse_servers,
     reset_config,
-    resolve_options,
 )
+from tests.support.apps import make_app
 
 
-def make_app(**settings: Any) -> Celery:
-    app = Celery("cfgtest", set_as_current=False)
-    app.conf.update(settings)
-    return app
+def config_app(**settings: Any) -> Celery:
+    return make_app("cfgtest", settings)
 
 
 def test_defaults_without_any_setting() -> None:
-    config = get_config(make_app())
+    config = get_config(config_app())
     assert config.servers == (("127.0.0.1", 6388),)
     options = resolve_options(config, "t", {})
     assert options.on_locked == "retry"
@@ -89,12 +88,12 @@ def test_bad_settings_raise_improperly_configured_naming_the_setting(
     setting: str, value: object, match: str
 ) -> None:
     with pytest.raises(ImproperlyConfigured, match=match):
-        get_config(make_app(**{setting: value}))
+        get_config(config_app(**{setting: value}))
 
 
 def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_default() -> None:
     config = get_config(
-        make_app(
+        config_app(
             dflock_lock_ttl=10,
             dflock_on_locked="skip",
             dflock_task_locks={"t": {"lock_timeout": 3}},
@@ -121,7 +120,7 @@ def test_bad_attribute_and_call_option_name_their_source() -> None:
 
 
 def test_config_is_cached_on_the_app_until_reset() -> None:
-    app = make_app(dflock_servers="a:1")
+    app = config_app(dflock_servers="a:1")
     first = get_config(app)
     assert get_config(app) is first
     app.conf.dflock_servers = "b:2"

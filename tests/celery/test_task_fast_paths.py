@@ -20,38 +20,30 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_dflock import LockedTask
-from celery_dflock._runtime import HeldRecords
-from celery_dflock.config import reset_config
-from celery_dflock.keys import KeyBuilder, KeyDerivationError, default_key
-from celery_dflock.protocol import validate_key
-from celery_dflock.sharding import (
+from celery_dflock._held_records import HeldRecords
+from celery_dflock.client.protocol import validate_key
+from celery_dflock.client.sharding import (
     IdentityShardingStrategy,
     _routes_by_identity,  # pyright: ignore[reportPrivateUsage]
     rendezvous_shard,
     select_server,
     stable_hash_shard,
-    validate_servers,
 )
+from celery_dflock.config import reset_config
+from celery_dflock.keys import KeyBuilder, KeyDerivationError, default_key
 from dflockd_server.testing import ServerThread
+from tests.support.apps import make_app
 
 
-def make_app(server: ServerThread, **conf: Any) -> Celery:
-    app = Celery("fastpaths", set_as_current=False)
-    app.conf.update(
-        broker_url="memory://",
-        result_backend="cache+memory://",
-        task_always_eager=True,
-        dflock_servers=[server.address],
-        **conf,
-    )
-    return app
+def fast_app(server: ServerThread, **conf: Any) -> Celery:
+    return make_app("fastpaths", eager=True, servers=server, **conf)
 
 
 # ------------------------------------------------------------------ per-task caches
 
 
 def test_a_changed_task_attribute_applies_from_the_next_run(lock_server: ServerThread) -> None:
-    app = make_app(lock_server)
+    app = fast_app(lock_server)
     seen: list[tuple[str, int]] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="attr:{n}", lock_ttl=20)
@@ -68,7 +60,7 @@ def test_a_changed_task_attribute_applies_from_the_next_run(lock_server: ServerT
 
 
 def test_call_options_win_over_what_was_worked_out_before(lock_server: ServerThread) -> None:
-    app = make_app(lock_server)
+    app = fast_app(lock_server)
     seen: list[tuple[str, int]] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="plan:{n}", lock_ttl=20)
@@ -84,7 +76,7 @@ def test_call_options_win_over_what_was_worked_out_before(lock_server: ServerThr
 
 
 def test_a_reset_config_applies_from_the_next_run(lock_server: ServerThread) -> None:
-    app = make_app(lock_server, dflock_key_prefix="one:")
+    app = fast_app(lock_server, dflock_key_prefix="one:")
     seen: list[str] = []
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="cfg:{n}")
@@ -100,7 +92,7 @@ def test_a_reset_config_applies_from_the_next_run(lock_server: ServerThread) -> 
 
 
 def test_a_replaced_run_function_gets_its_own_signature(lock_server: ServerThread) -> None:
-    app = make_app(lock_server)
+    app = fast_app(lock_server)
 
     @app.task(shared=False, base=LockedTask, lock_key="run:{a}")
     def job(a: int) -> int:
@@ -228,14 +220,6 @@ def test_one_server_routes_every_key_to_it_without_asking_the_strategy() -> None
         assert rendezvous_shard.shard_by_identity(key, ["10.0.0.1:6388"]) == 0
     with pytest.raises(ValueError, match="returned 7"):
         select_server("a", servers, lambda key, n: 7)  # other strategies are still asked
-
-
-def test_a_validated_server_list_is_taken_as_it_is_and_others_are_checked() -> None:
-    checked = validate_servers([("10.0.0.1", 6388), ("10.0.0.2", 6389)])
-    assert checked == (("10.0.0.1", 6388), ("10.0.0.2", 6389))
-    assert validate_servers(checked) is checked
-    with pytest.raises(ValueError, match="port"):
-        validate_servers((("10.0.0.1", 0),))  # a plain tuple is always checked
 
 
 # ------------------------------------------------------------------ held-lock records

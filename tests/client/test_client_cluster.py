@@ -13,17 +13,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_dflock import protocol
-from celery_dflock.clients import AsyncClient, Client
-from celery_dflock.cluster import ClusterMap, ShardsInfo, fnv1a_32
-from celery_dflock.errors import (
+from celery_dflock.client import protocol
+from celery_dflock.client.clients import AsyncClient, Client
+from celery_dflock.client.cluster import ClusterMap, ShardsInfo, fnv1a_32
+from celery_dflock.client.errors import (
     LockNotAcquired,
     ProtocolError,
     ServerUnavailable,
     ShardingMismatchError,
 )
-from celery_dflock.protocol import Asked, Command, ErrorReply, Moved, Ok, Shards
-from celery_dflock.sharding import rendezvous_shard
+from celery_dflock.client.protocol import Asked, Command, ErrorReply, Moved, Ok, Shards
+from celery_dflock.client.sharding import rendezvous_shard
 from dflockd_server import protocol as server_protocol
 from dflockd_server.cluster import shardmap
 from dflockd_server.testing import ServerThread

@@ -13,10 +13,11 @@ import threading
 
 import pytest
 
-from celery_dflock import ServerUnavailable, protocol
-from celery_dflock._connection import Connection
-from celery_dflock._core import Endpoint
-from celery_dflock.protocol import Command
+from celery_dflock import ServerUnavailable
+from celery_dflock.client import protocol
+from celery_dflock.client._connection import Connection
+from celery_dflock.client._settings import Endpoint
+from celery_dflock.client.protocol import Command
 from dflockd_server.testing import ServerThread
 from tests.support.waiting import wait_until
 

@@ -25,8 +25,8 @@ from celery_dflock import (
     DistributedLock,
     DistributedSemaphore,
 )
-from celery_dflock._async.lock import _AsyncLockBase  # pyright: ignore[reportPrivateUsage]
-from celery_dflock._sync.lock import _SyncLockBase  # pyright: ignore[reportPrivateUsage]
+from celery_dflock.client._async.acquiring import AsyncLockBase
+from celery_dflock.client._sync.acquiring import LockBase
 from dflockd_server.testing import ServerThread
 from tests.support.servers import dflockd_subprocess
 
@@ -97,7 +97,7 @@ def test_a_server_restarted_without_the_lock_marks_it_lost_at_once(
     server, context = start_server(dflock_server_factory, transport, tls_files)
     lost: list[float] = []
     with maybe_pool(pooled) as pool:
-        lock: _SyncLockBase
+        lock: LockBase
         if kind == "lock":
             lock = DistributedLock(
                 "held",
@@ -181,12 +181,12 @@ async def test_a_server_restarted_without_the_lock_marks_a_held_async_lock_lost_
     server, context = start_server(dflock_server_factory, transport, tls_files)
     lost: list[bool] = []
 
-    async def on_lost(lock: _AsyncLockBase) -> None:  # a coroutine function is awaited
+    async def on_lost(lock: AsyncLockBase) -> None:  # a coroutine function is awaited
         await asyncio.sleep(0)
         lost.append(lock.lost)
 
     async with maybe_async_pool(pooled) as pool:
-        lock: _AsyncLockBase
+        lock: AsyncLockBase
         if kind == "lock":
             lock = AsyncDistributedLock(
                 "held",

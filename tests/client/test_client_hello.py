@@ -19,9 +19,10 @@ from celery_dflock import (
     ProtocolError,
     ServerDraining,
 )
-from celery_dflock._core import LEGACY_SERVER, Endpoint, LockCore, ServerInfo, server_info
-from celery_dflock.protocol import Command, ErrorReply, Granted, Hello, Ok
-from celery_dflock.sharding import stable_hash_shard
+from celery_dflock.client._core import LockCore
+from celery_dflock.client._servers import LEGACY_SERVER, ServerInfo, server_info
+from celery_dflock.client._settings import ClientSettings, Endpoint
+from celery_dflock.client.protocol import Command, ErrorReply, Granted, Hello, Ok
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 
@@ -52,18 +53,8 @@ def test_server_info_from_each_reply_to_hello() -> None:
 
 
 def _core() -> LockCore:
-    return LockCore(
-        "k",
-        limit=None,
-        acquire_timeout_s=0,
-        lease_ttl_s=None,
-        servers=[(ENDPOINT.host, ENDPOINT.port)],
-        sharding_strategy=stable_hash_shard,
-        renew_ratio=0.5,
-        auth_token=None,
-        ssl_context=None,
-        connect_timeout_s=1,
-    )
+    settings = ClientSettings.checked([(ENDPOINT.host, ENDPOINT.port)], connect_timeout_s=1)
+    return LockCore("k", settings, acquire_timeout_s=0, lease_ttl_s=None)
 
 
 @pytest.mark.parametrize(

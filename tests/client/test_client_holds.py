@@ -29,9 +29,9 @@ from celery_dflock import (
     InvalidValueError,
     KeyHeld,
     LockNotAcquired,
-    protocol,
 )
-from celery_dflock.protocol import Command, TimedOut
+from celery_dflock.client import protocol
+from celery_dflock.client.protocol import Command, TimedOut
 from dflockd_server.testing import ServerThread
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence, stats

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from celery_dflock import protocol
-from celery_dflock.errors import ProtocolError
-from celery_dflock.protocol import (
+from celery_dflock.client import protocol
+from celery_dflock.client.errors import ProtocolError
+from celery_dflock.client.protocol import (
     Command,
     ErrorReply,
     Granted,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_dflock import protocol
-from celery_dflock.errors import ProtocolError
-from celery_dflock.protocol import Command, decode_reply
+from celery_dflock.client import protocol
+from celery_dflock.client.errors import ProtocolError
+from celery_dflock.client.protocol import Command, decode_reply
 
 TOKEN = "0000000000000001a1b2c3d4e5f60718"
 

@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 
 from celery_dflock import AsyncClient, AsyncDistributedLock, Client, DistributedLock
-from celery_dflock._core import (
+from celery_dflock.client._core import LockCore
+from celery_dflock.client._grant import (
     CLOSED_BY_SERVER,
     REATTACH_FIRST_PAUSE_S,
     REATTACH_MAX_PAUSE_S,
-    LockCore,
     LockState,
 )
-from celery_dflock.protocol import ErrorReply, Granted, Ok, Renewed
-from celery_dflock.sharding import stable_hash_shard
+from celery_dflock.client._settings import ClientSettings
+from celery_dflock.client.protocol import ErrorReply, Granted, Ok, Renewed
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 from tests.support.proxy import FaultProxy
@@ -367,7 +367,8 @@ async def test_release_gives_up_when_the_lease_runs_out_first(
 
 
 def make_core(limit: int | None = None) -> LockCore:
-    return LockCore("k", limit, 0, 10, [("127.0.0.1", 1)], stable_hash_shard, 0.5, None, None, 5.0)
+    settings = ClientSettings.checked([("127.0.0.1", 1)])
+    return LockCore("k", settings, limit=limit, acquire_timeout_s=0, lease_ttl_s=10)
 
 
 def held_core(sent_at: float = 100.0, lease: int = 10) -> LockCore:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_dflock import DistributedLock, rendezvous_shard, stable_hash_shard
-from celery_dflock.sharding import select_server, validate_servers
+from celery_dflock.client.sharding import select_server, validate_servers
 from dflockd_server.testing import ServerThread
 from tests.support.wire import held_keys
 

@@ -17,8 +17,8 @@ from celery_dflock import (
     DistributedLock,
     ServerUnavailable,
 )
-from celery_dflock._core import MAX_RENEW_INTERVAL_S, LockCore
-from celery_dflock.sharding import stable_hash_shard
+from celery_dflock.client._core import LockCore
+from celery_dflock.client._settings import MAX_RENEW_INTERVAL_S, ClientSettings
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 
@@ -58,18 +58,8 @@ async def test_tls_async(
 
 
 def _core(lease_ttl_s: int, renew_ratio: float = 0.5) -> LockCore:
-    core = LockCore(
-        "k",
-        limit=None,
-        acquire_timeout_s=0,
-        lease_ttl_s=lease_ttl_s,
-        servers=[("127.0.0.1", 1)],
-        sharding_strategy=stable_hash_shard,
-        renew_ratio=renew_ratio,
-        auth_token=None,
-        ssl_context=None,
-        connect_timeout_s=1,
-    )
+    settings = ClientSettings.checked([("127.0.0.1", 1)], renew_ratio=renew_ratio)
+    core = LockCore("k", settings, acquire_timeout_s=0, lease_ttl_s=lease_ttl_s)
     core.lease = lease_ttl_s  # as the server would grant it
     return core
 

@@ -14,7 +14,7 @@ import pytest
 from celery.exceptions import ImproperlyConfigured
 
 import celery_dflock
-import celery_dflock.errors
+import celery_dflock.client.errors
 from celery_dflock import (
     AsyncClient,
     Client,
@@ -51,6 +51,9 @@ def test_release_by_token_from_another_client(dflock_server: ServerThread) -> No
         assert lock.acquire() and lock.token is not None
         token = lock.token
         assert other.release("clients:token", token) is True
+        assert (other.pool.opened, other.pool.reused) == (1, 0)  # one pooled connection
+        assert other.renew("clients:token", token, lease_ttl=5) is False  # released: no longer
+        assert (other.pool.opened, other.pool.reused) == (1, 1)  # the same connection again
         again = other.lock("clients:token")
         assert again.acquire()  # free now
         assert again.release()
@@ -130,6 +133,31 @@ def test_settings_are_validated_once_naming_the_argument() -> None:
     lock = client.lock("clients:x")
     assert isinstance(lock, DistributedLock)
     assert client.server_for("clients:x") == ("127.0.0.1", 1)
+    assert lock._core.settings is client.settings  # pyright: ignore[reportPrivateUsage]  # passed down whole
+
+
+def test_a_lease_is_whole_seconds_everywhere_a_fraction_is_refused_naming_it() -> None:
+    """One lease rule: ``lease_ttl_s`` / ``lease_ttl`` as Celery's ``lock_ttl``, whole
+    seconds; a fraction is refused, naming the argument (a timeout's fraction rounds up)."""
+    client = Client([("127.0.0.1", 1)])
+    for bad in (
+        lambda: Client(lease_ttl_s=1.5),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        lambda: client.lock("k", lease_ttl_s=1.5),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        lambda: client.semaphore("k", 2, lease_ttl_s=0),
+        lambda: DistributedLock("k", lease_ttl_s=1.5),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    ):
+        with pytest.raises(
+            InvalidValueError,
+            match=r"lease_ttl_s must be (a whole number|between)",
+        ):
+            bad()
+    for bad in (
+        lambda: client.renew("k", "0" * 32, lease_ttl=1.5),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        lambda: client.hold("k", note="n", lease_ttl=2.5),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    ):
+        with pytest.raises(InvalidValueError, match="lease_ttl must be a whole number"):
+            bad()
+    assert client.lock("k", acquire_timeout_s=1.5, lease_ttl_s=2)._core.acquire_timeout_s == 2  # pyright: ignore[reportPrivateUsage]
 
 
 async def test_async_client(dflock_server: ServerThread) -> None:
@@ -174,8 +202,8 @@ def test_client_is_usable_from_threads(dflock_server: ServerThread) -> None:
 def test_every_public_error_is_a_dflock_error() -> None:
     errors = [
         obj
-        for _, obj in inspect.getmembers(celery_dflock.errors, inspect.isclass)
-        if issubclass(obj, Exception) and obj.__module__ == "celery_dflock.errors"
+        for _, obj in inspect.getmembers(celery_dflock.client.errors, inspect.isclass)
+        if issubclass(obj, Exception) and obj.__module__ == "celery_dflock.client.errors"
     ]
     assert len(errors) >= 12
     for error in [*errors, DflockConfigError, KeyDerivationError]:
@@ -217,7 +245,7 @@ def test_the_cores_value_errors_are_dflock_errors() -> None:
 
 def test_the_client_does_not_import_celery() -> None:
     code = (
-        "import sys, celery_dflock.client, celery_dflock.aio, celery_dflock\n"
+        "import sys, celery_dflock.client, celery_dflock.client.aio, celery_dflock\n"
         "assert 'celery' not in sys.modules, sorted(m for m in sys.modules if 'celery' in m)\n"
         "celery_dflock.Client, celery_dflock.DflockError\n"
         "assert 'celery' not in sys.modules\n"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_dflock.clients import AsyncClient, Client
-from celery_dflock.errors import DflockError, ServerUnavailable
+from celery_dflock.client.clients import AsyncClient, Client
+from celery_dflock.client.errors import DflockError, ServerUnavailable
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.ops import pin, read_view, rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id

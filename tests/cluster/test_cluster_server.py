@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_dflock.clients import Client
+from celery_dflock.client.clients import Client
 from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
@@ -505,8 +505,10 @@ def test_a_cancelled_key_level_move_keeps_the_split_until_the_handover(
     members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
 ) -> None:
     """A move cancelled after a key crossed: a keeps asking for the free keys at b (b may hold
-    them) and hands the shard over to b once its own key is released; b then moves it back."""
-    a, b = members(), members()
+    them) and hands the shard over to b once its own key is released; b then moves it back.
+    The raw holders do not renew: their leases (the members' default, ``longest``) outlast every
+    wait here (3 s did not, on CI's machine: the held key's release answered error)."""
+    a, b = members(longest=30), members(longest=30)
     half = SHARD_COUNT // 2
     for m in (a, b):
         wait_metric(m, "dflockd_cluster_shards", half, state="serving")

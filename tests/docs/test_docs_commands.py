@@ -27,6 +27,10 @@ COVERED: dict[str, tuple[str, str]] = {
         '"--broker"',
     ),
     r"uv run --all-groups pytest": (".ci/run", "uv run --all-groups pytest"),
+    r"HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 uv build --package dflockd-server --wheel --out-dir dist": (
+        "tests/server/test_compiled.py",
+        '"--package", "dflockd-server", "--wheel"',
+    ),
     r"uv sync --all-packages --all-groups": (
         ".ci/run",
         "uv sync --all-packages --all-groups --locked",
@@ -40,6 +44,10 @@ COVERED: dict[str, tuple[str, str]] = {
     r"pip install --find-links dist 'celery-dflock\[redis\]'": (
         "tests/test_packaging.py",
         '"celery-dflock[redis]"',
+    ),
+    r"pip install --find-links dist 'celery-dflock\[redis,server\]'": (
+        "tests/docs/test_getting_started.py",
+        '"celery-dflock[redis,server]"',
     ),
     r"dflockd( --host 127\.0\.0\.1)?": ("tests/server/test_settings.py", "run_dflockd"),
     r"dflockd --host 127\.0\.0\.1 --state-dir \S+ --journal-fsync (always|everysec|no)": (

@@ -78,7 +78,7 @@ def test_your_own_project_runs_as_written_from_the_built_wheels(
     built_dist: Path, tmp_path: Path, redis_required: None
 ) -> None:
     commands = _page_commands()
-    install = "pip install --find-links dist 'celery-dflock[redis]'"
+    install = "pip install --find-links dist 'celery-dflock[redis,server]'"
     server_command = "dflockd --host 127.0.0.1"
     worker_command = "celery -A proj worker --loglevel=info"
     send_command = "python send.py"
@@ -92,7 +92,7 @@ def test_your_own_project_runs_as_written_from_the_built_wheels(
     # The install command, by name, the two distributions from the built folder (`built_dist`
     # is what `uv build --all-packages --out-dir dist` writes).
     venv_python = make_venv(
-        tmp_path / "venv", sys.executable, "celery-dflock[redis]", find_links=built_dist
+        tmp_path / "venv", sys.executable, "celery-dflock[redis,server]", find_links=built_dist
     )
     bin_dir = venv_python.parent
 

@@ -18,7 +18,7 @@ import redis
 
 from celery_dflock import DistributedLock
 from celery_dflock.cli import RESTORED_MARK, ServerReport, format_locks, format_status
-from celery_dflock.clients import ServerInfo
+from celery_dflock.client.clients import ServerInfo
 from examples.proj.ledger import FencedLedger, NoFenceError, StaleFenceError
 from tests.support.ports import free_port
 from tests.support.processes import kill_group

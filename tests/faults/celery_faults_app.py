@@ -21,18 +21,19 @@ issue 17): published through the task by ``tests.faults.publish_workload``'s pro
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from celery import bootsteps
 
 from celery_dflock import LockedTask, LockLost
 from celery_dflock.signals import lock_lost
 from examples.proj.ledger import FencedLedger, StaleFenceError
-from tests.celery.apps.common import make_app, record
+from tests.celery.apps.common import hold_header, record, record_lock_lost, worker_app
 
-app = make_app("tests.faults.celery_faults_app")
+app = worker_app("tests.faults.celery_faults_app")
+lock_lost.connect(record_lock_lost)
 
 
 class ConsumerStarted(bootsteps.StartStopStep):
@@ -54,7 +55,6 @@ PUBLISH_FENCED_INCREMENT = "faults.publish_fenced_increment"
 PUBLISH_PENDING_TTL_S = 8
 """``lock_pending_ttl`` of the publish-time workload: a hold whose publisher died before it
 sent the message is free again after this."""
-HOLD_HEADER = "dflock_hold"
 ACCOUNT_KEY = "acct:{account}"
 """Lock key template: one lock per ledger account."""
 QUEUE_WAIT_S = 30
@@ -62,13 +62,6 @@ QUEUE_WAIT_S = 30
 GO_POLL_S = 0.02
 STEP_LIMIT_S = 60.0
 """Longest step of any run (a test that never lets a run go on still ends)."""
-
-
-@lock_lost.connect
-def _on_lost(
-    sender: Any = None, task_id: str | None = None, key: str = "", policy: str = "", **kw: Any
-) -> None:
-    record("lock_lost", task_id=task_id, key=key, policy=policy, fence=kw["lock"].fence)
 
 
 def _step(go_file: str | None, hold_s: float) -> None:
@@ -141,7 +134,7 @@ def _fenced_step(
     run = {"stage": "read", **common}
     request.fault_run = run
     request.fault_lock = lock
-    hold = _hold_header(request)
+    hold = hold_header(request)
     record(
         "granted",
         start=start,
@@ -166,16 +159,6 @@ def _fenced_step(
         **common,
     )
     return after
-
-
-def _hold_header(request: Any) -> dict[str, Any] | None:
-    """The request's ``dflock_hold`` header (a publish-time hold), or None."""
-    found = getattr(request, HOLD_HEADER, None)
-    if found is None:
-        headers = getattr(request, "headers", None)
-        if isinstance(headers, Mapping):
-            found = cast("Mapping[str, Any]", headers).get(HOLD_HEADER)
-    return dict(cast("Mapping[str, Any]", found)) if isinstance(found, Mapping) else None
 
 
 @app.task(

@@ -47,10 +47,9 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +57,9 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_dflock._runtime import pid_gone
-from celery_dflock.aio import AsyncDistributedLock
+from celery_dflock._held_records import pid_gone
 from celery_dflock.client import DistributedLock
+from celery_dflock.client.aio import AsyncDistributedLock
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
 from examples.proj.ledger import FencedLedger
@@ -69,6 +68,7 @@ from tests.faults.conftest import FaultReport, FaultRow, scaled
 from tests.faults.history import Hold, check_history
 from tests.support.ports import free_port
 from tests.support.processes import python_path, signal_group
+from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import LOCK_SERVER_LEASE_S, DflockdProcess
 from tests.support.services import unavailable
 from tests.support.waiting import wait_until
@@ -76,9 +76,7 @@ from tests.support.wire import held_keys, holders_and_waiters, release_behind_it
 from tests.support.workers import (
     REPO,
     Entry,
-    EventLog,
     Worker,
-    WorkerFactory,
     common_settings,
     iter_overlaps,
 )
@@ -105,36 +103,19 @@ VISIBILITY_TIMEOUT_S = 3
 # --------------------------------------------------------------------------- the rig
 
 
-@dataclass
-class Rig:
-    """One test's run log, workers, client apps and ledger; all torn down at the end."""
+class FaultsRig(Rig):
+    """One test's run log, workers of ``celery_faults_app``, client apps and ledger (no lock
+    server or broker of its own: each test starts its own and passes their settings)."""
 
-    tmp: Path
-    log: EventLog
-    ledger_path: Path
-    factories: list[WorkerFactory] = field(default_factory=list[WorkerFactory])
-    apps: list[Celery] = field(default_factory=list[Celery])
+    @property
+    def ledger_path(self) -> Path:
+        return self.tmp / "ledger.sqlite3"
 
     @property
     def ledger(self) -> FencedLedger:
         return FencedLedger(self.ledger_path)
 
-    def start_worker(
-        self, settings: dict[str, Any], *, concurrency: int = 1, queue: str | None = None
-    ) -> Worker:
-        if queue is not None:
-            settings = {**settings, "task_default_queue": queue}
-        factory = WorkerFactory(log=self.log, directory=self.tmp, settings=settings)
-        self.factories.append(factory)
-        return factory.start(APP, pool="prefork", concurrency=concurrency)
-
-    def client(self, settings: dict[str, Any]) -> Celery:
-        app = Celery("faults-client", set_as_current=False)
-        app.conf.update(settings)
-        self.apps.append(app)
-        return app
-
-    def send(
+    def increment(
         self,
         app: Celery,
         account: str,
@@ -160,27 +141,11 @@ class Rig:
             options["headers"] = {LOCK_OPTIONS_HEADER: lock_options}
         return app.send_task(FENCED_INCREMENT, kwargs=kwargs, **options)
 
-    def close(self) -> None:
-        for factory in self.factories:
-            factory.close()
-        for app in self.apps:
-            app.close()
-        self.log.close()
-
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    log = EventLog(tmp_path)
-    ledger_path = tmp_path / "ledger.sqlite3"
-    made = Rig(tmp=tmp_path, log=log, ledger_path=ledger_path)
-    try:
+def rig(tmp_path: Path) -> Iterator[FaultsRig]:
+    with open_rig(tmp_path, APP, main="faults-client", rig_class=FaultsRig) as made:
         yield made
-    finally:
-        made.close()
-
-
-def unique(label: str) -> str:
-    return f"{label}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -292,7 +257,7 @@ class Verdict:
     refused: int
 
 
-def judge(rig: Rig) -> Verdict:
+def judge(rig: FaultsRig) -> Verdict:
     """Count grants, overlapping runs (double grants) and lost updates; check fence order."""
     applied = rig.log.entries("applied")
     double_grants = len(list(iter_overlaps(applied)))
@@ -313,7 +278,7 @@ def judge(rig: Rig) -> Verdict:
     )
 
 
-def wait_applied(rig: Rig, labels: list[str], timeout: float = EVENT_TIMEOUT_S) -> None:
+def wait_applied(rig: FaultsRig, labels: list[str], timeout: float = EVENT_TIMEOUT_S) -> None:
     wanted = set(labels)
     rig.log.wait_for(
         lambda events: wanted <= {e.get("label") for e in events if e.get("event") == "applied"},
@@ -342,7 +307,7 @@ def free_after(address: tuple[str, int], keys: list[str], limit_s: float) -> flo
 
 
 def test_worker_sigkill_frees_its_locks_within_2s(
-    rig: Rig,
+    rig: FaultsRig,
     lock_server: ServerThread,
     own_redis: Callable[..., RedisChild],
     fault_report: FaultReport,
@@ -353,10 +318,10 @@ def test_worker_sigkill_frees_its_locks_within_2s(
     never = rig.tmp / "never"  # the runs hold their locks until the worker dies
     free_times: list[float] = []
     for run in range(runs):
-        worker = rig.start_worker(settings, concurrency=2)
+        worker = rig.start_worker(settings=settings, concurrency=2)
         accounts = [unique(f"kill{run}") for _ in range(2)]
         for account in accounts:
-            rig.send(app, account, label=account, go_file=never, lock_ttl=SERVER_LEASE_S)
+            rig.increment(app, account, label=account, go_file=never, lock_ttl=SERVER_LEASE_S)
         granted = [rig.log.wait_event("read", EVENT_TIMEOUT_S, label=a) for a in accounts]
         children = {g["pid"] for g in granted}
         assert worker.pid not in children  # the runs are in pool children
@@ -444,7 +409,7 @@ def stopped(worker: Worker) -> Iterator[float]:
 
 
 def test_worker_sigstop_beyond_the_lease(
-    rig: Rig,
+    rig: FaultsRig,
     lock_server: ServerThread,
     own_redis: Callable[..., RedisChild],
     fault_report: FaultReport,
@@ -452,8 +417,8 @@ def test_worker_sigstop_beyond_the_lease(
     runs = scaled(2, 10)
     settings = broker_settings(own_redis(), f"{lock_server.host}:{lock_server.port}")
     queue_a, queue_b = unique("qa"), unique("qb")
-    worker_a = rig.start_worker(settings, queue=queue_a)
-    rig.start_worker(settings, queue=queue_b)
+    worker_a = rig.start_worker(settings={**settings, "task_default_queue": queue_a}, concurrency=1)
+    rig.start_worker(settings={**settings, "task_default_queue": queue_b}, concurrency=1)
     app = rig.client(settings)
     recoveries: list[float] = []
     told_after: list[float] = []
@@ -463,7 +428,7 @@ def test_worker_sigstop_beyond_the_lease(
         account = unique(f"stop{run}")
         label_a, label_b = f"{account}-a", f"{account}-b"
         go = rig.tmp / f"go-{label_a}"
-        rig.send(
+        rig.increment(
             app,
             account,
             label_a,
@@ -474,7 +439,7 @@ def test_worker_sigstop_beyond_the_lease(
         )
         read_a = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=label_a)
         with stopped(worker_a) as stop_t:
-            rig.send(app, account, label_b, queue=queue_b)
+            rig.increment(app, account, label_b, queue=queue_b)
             applied_b = rig.log.wait_event("applied", EVENT_TIMEOUT_S, label=label_b)
             go.touch()  # A goes straight on to its write when it resumes
             cont_t = time.time()
@@ -560,7 +525,7 @@ class RestartCycle:
 
 
 def kill_and_restart_under_runs(
-    rig: Rig,
+    rig: FaultsRig,
     app: Celery,
     servers: list[ListeningDflockd],
     restart_args: list[str],
@@ -576,17 +541,17 @@ def kill_and_restart_under_runs(
 
     before = [f"pre{cycle}-{i}" for i in range(scaled(6, 40))]
     for i, label in enumerate(before):
-        rig.send(app, (acct_int, acct_flag)[i % 2], label)
+        rig.increment(app, (acct_int, acct_flag)[i % 2], label)
     wait_applied(rig, before)
 
     go_flag = rig.tmp / f"go-{holder_flag}"
-    rig.send(app, acct_int, holder_int, go_file=rig.tmp / "never", lock_ttl=SHORT_LEASE_S)
-    rig.send(
+    rig.increment(app, acct_int, holder_int, go_file=rig.tmp / "never", lock_ttl=SHORT_LEASE_S)
+    rig.increment(
         app, acct_flag, holder_flag, go_file=go_flag, lock_ttl=SHORT_LEASE_S, on_lock_lost="flag"
     )
     read_int = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_int)
     read_flag = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_flag)
-    waiter = rig.send(app, acct_int, waiter_label)
+    waiter = rig.increment(app, acct_int, waiter_label)
     wait_until(
         lambda: holders_and_waiters(address, f"acct:{acct_int}")[1] == 1,
         timeout=EVENT_TIMEOUT_S,
@@ -600,7 +565,7 @@ def kill_and_restart_under_runs(
     assert servers[-1].address == address
     after = [f"post{cycle}-{i}" for i in range(scaled(6, 40))]
     for i, label in enumerate(after):
-        rig.send(app, (acct_int, acct_flag)[i % 2], label)
+        rig.increment(app, (acct_int, acct_flag)[i % 2], label)
 
     lost_int = rig.log.wait_event("lock_lost", LOST_TOLD_WITHIN_S, task_id=read_int["task_id"])
     lost_flag = rig.log.wait_event("lock_lost", LOST_TOLD_WITHIN_S, task_id=read_flag["task_id"])
@@ -630,7 +595,7 @@ def kill_and_restart_under_runs(
 
 
 def test_lock_server_kill9_and_restart_under_running_tasks(
-    rig: Rig, own_redis: Callable[..., RedisChild], fault_report: FaultReport
+    rig: FaultsRig, own_redis: Callable[..., RedisChild], fault_report: FaultReport
 ) -> None:
     state = rig.tmp / "fence.state"
     args = ["--host", "127.0.0.1", "--fence-state-file", str(state)]
@@ -645,7 +610,7 @@ def test_lock_server_kill9_and_restart_under_running_tasks(
         servers.append(start_dflockd([*args, "--port", "0"]))
         host, port = servers[0].address
         settings = broker_settings(own_redis(), f"{host}:{port}")
-        rig.start_worker(settings, concurrency=3)
+        rig.start_worker(settings=settings, concurrency=3)
         app = rig.client(settings)
         cycles = [
             kill_and_restart_under_runs(rig, app, servers, args, cycle) for cycle in range(restarts)
@@ -679,7 +644,7 @@ def test_lock_server_kill9_and_restart_under_running_tasks(
 # --------------------------------------------------------------------------- broker restart
 
 
-def applied_within(rig: Rig, labels: list[str], timeout: float) -> set[str]:
+def applied_within(rig: FaultsRig, labels: list[str], timeout: float) -> set[str]:
     """The ``labels`` applied once all are, or once ``timeout`` s pass (polling the log)."""
     wanted = set(labels)
     deadline = time.monotonic() + timeout
@@ -693,7 +658,7 @@ def applied_within(rig: Rig, labels: list[str], timeout: float) -> set[str]:
 KOMBU_CLOSE_CRASH = "Unrecoverable error: AttributeError"
 
 
-def reconnect_or_crash(rig: Rig, worker: Worker, kill_t: float) -> float | None:
+def reconnect_or_crash(rig: FaultsRig, worker: Worker, kill_t: float) -> float | None:
     """When the worker's consumer reconnected after ``kill_t``; None if the worker died of
     kombu's error on closing the lost connection (any other death fails the test)."""
     deadline = time.monotonic() + EVENT_TIMEOUT_S
@@ -710,7 +675,7 @@ def reconnect_or_crash(rig: Rig, worker: Worker, kill_t: float) -> float | None:
 
 
 def test_broker_kill9_and_restart_mid_stream(
-    rig: Rig,
+    rig: FaultsRig,
     lock_server: ServerThread,
     own_redis: Callable[..., RedisChild],
     fault_report: FaultReport,
@@ -726,7 +691,7 @@ def test_broker_kill9_and_restart_mid_stream(
         },
         "task_ignore_result": True,
     }
-    worker = rig.start_worker(settings, concurrency=2)
+    worker = rig.start_worker(settings=settings, concurrency=2)
     app = rig.client(settings)
     accounts = [unique("acct") for _ in range(3)]
     kills = scaled(1, 3)
@@ -738,7 +703,7 @@ def test_broker_kill9_and_restart_mid_stream(
         batch = [f"k{kill}-{i:04d}" for i in range(per_batch)]
         sent += batch
         for i, label in enumerate(batch):
-            rig.send(app, accounts[i % len(accounts)], label, hold_s=0.02)
+            rig.increment(app, accounts[i % len(accounts)], label, hold_s=0.02)
         in_batch = set(batch)
         rig.log.wait_for(
             lambda evs, in_batch=in_batch: (
@@ -758,12 +723,12 @@ def test_broker_kill9_and_restart_mid_stream(
             # 'hostname'" in restore_unacked), and the worker exits. A supervisor would start
             # it again; so does the test. Its pool children died with it (PDEATHSIG).
             crashes += 1
-            worker = rig.start_worker(settings, concurrency=2)
+            worker = rig.start_worker(settings=settings, concurrency=2)
             reconnected_at = time.time()
         reconnect_s.append(reconnected_at - kill_t)
     last = [f"end-{i:04d}" for i in range(per_batch // 2)]
     for i, label in enumerate(last):
-        rig.send(app, accounts[i % len(accounts)], label, hold_s=0.02)
+        rig.increment(app, accounts[i % len(accounts)], label, hold_s=0.02)
     wait_applied(rig, last, timeout=60)
     # Messages reserved by the worker at a kill come back after the visibility timeout.
     done = applied_within(rig, sent, VISIBILITY_TIMEOUT_S + 5)
@@ -833,7 +798,7 @@ class Publisher:
 
 
 def start_publisher(
-    rig: Rig, settings: dict[str, Any], client: str, accounts: list[str], stop: Path
+    rig: FaultsRig, settings: dict[str, Any], client: str, accounts: list[str], stop: Path
 ) -> Publisher:
     events = rig.tmp / f"{client}.events"
     env = {
@@ -968,7 +933,7 @@ def publish_holds(history: PublishHistory, runs: dict[str, Entry]) -> list[Hold]
 
 
 def test_publishers_killed_mid_stream_queue_once(
-    rig: Rig,
+    rig: FaultsRig,
     lock_server: ServerThread,
     own_redis: Callable[..., RedisChild],
     fault_report: FaultReport,
@@ -980,7 +945,7 @@ def test_publishers_killed_mid_stream_queue_once(
     kills = scaled(3, 12)
     broker = own_redis()
     settings = broker_settings(broker, f"{lock_server.host}:{lock_server.port}")
-    rig.start_worker(settings, concurrency=2)
+    rig.start_worker(settings=settings, concurrency=2)
     accounts = [unique("pub") for _ in range(3)]
     stop = rig.tmp / "stop-publishing"
     sampler = BrokerSampler(broker.url(0), settings["task_default_queue"])

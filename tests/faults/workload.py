@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from celery_dflock import Client, ConnectionPool, DistributedLock
-from celery_dflock.errors import DflockError
-from celery_dflock.sharding import stable_hash_shard
+from celery_dflock.client.errors import DflockError
+from celery_dflock.client.sharding import stable_hash_shard
 from tests.faults.conftest import FaultRow
 from tests.faults.history import CheckResult, Cut, Hold, check_history
 from tests.support.ports import free_port

@@ -6,7 +6,6 @@ import json
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -19,13 +18,6 @@ from tests.support.wire import Wire, fence
 
 ServerFactory = Callable[..., ServerThread]
 DEADLINE_S = 10.0
-
-
-def stats_of(wire: Wire) -> dict[str, Any]:
-    status, payload = wire.req("stats").split(" ", 1)
-    assert status == "ok"
-    result: dict[str, Any] = json.loads(payload)
-    return result
 
 
 # ---------------------------------------------------------------------------------- locks
@@ -43,7 +35,7 @@ def test_lock_timeout_zero_tries_once(dflock_server: ServerThread) -> None:
     with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
         a.lock("k")
         assert b.req("l", "k", "0") == "timeout"
-        assert stats_of(b)["locks"][0]["waiters"] == 0
+        assert b.stats()["locks"][0]["waiters"] == 0
 
 
 def test_lock_wait_times_out(dflock_server: ServerThread) -> None:
@@ -62,9 +54,7 @@ def test_fifo_order_with_several_waiters(dflock_server: ServerThread) -> None:
             for i, w in enumerate(waiters):
                 w.send("l", "k", "30")
                 # Each waiter is queued before the next one is sent.
-                wait_until(
-                    lambda n=i + 1: stats_of(probe)["locks"][0]["waiters"] == n, what="queue"
-                )
+                wait_until(lambda n=i + 1: probe.stats()["locks"][0]["waiters"] == n, what="queue")
             assert holder.req("r", "k", token) == "ok"
             fences = []
             for w in waiters:
@@ -150,7 +140,7 @@ def test_no_release_on_disconnect_when_switched_off(dflock_server_factory: Serve
         a = Wire(srv.address)
         token = a.lock("k", lease=1)
         a.close()
-        wait_until(lambda: stats_of(b)["connections"] == 1, what="a's disconnect")
+        wait_until(lambda: b.stats()["connections"] == 1, what="a's disconnect")
         assert b.req("l", "k", "0") == "timeout"
         assert b.req("n", "k", f"{token} 1") == "ok 1"  # still held, bearer renew works
         b.send("l", "k", "10")
@@ -162,9 +152,9 @@ def test_disconnect_drops_waits(dflock_server: ServerThread) -> None:
         token = a.lock("k")
         b = Wire(dflock_server.address)
         b.send("l", "k", "30")
-        wait_until(lambda: stats_of(c)["locks"][0]["waiters"] == 1, what="b queued")
+        wait_until(lambda: c.stats()["locks"][0]["waiters"] == 1, what="b queued")
         b.close()
-        wait_until(lambda: stats_of(c)["locks"][0]["waiters"] == 0, what="b's wait dropped")
+        wait_until(lambda: c.stats()["locks"][0]["waiters"] == 0, what="b's wait dropped")
         c.send("l", "k", "30")
         assert a.req("r", "k", token) == "ok"
         assert c.recv().startswith("ok ")
@@ -206,7 +196,7 @@ def test_two_phase_wait_timeout_leaves_queue(dflock_server: ServerThread) -> Non
         a.lock("k")
         assert b.req("e", "k", "") == "queued"
         assert b.req("w", "k", "1") == "timeout"
-        assert stats_of(b)["locks"][0]["waiters"] == 0
+        assert b.stats()["locks"][0]["waiters"] == 0
         assert b.req("w", "k", "1") == "error_not_enqueued"
         assert b.req("e", "k", "") == "queued"  # may enqueue again
 
@@ -247,8 +237,8 @@ def test_semaphore_limit_and_fifo(dflock_server: ServerThread) -> None:
         assert tb[2] == "9"
         assert c.req("sl", "s", "0 2") == "timeout"
         c.send("sl", "s", "10 2")
-        wait_until(lambda: stats_of(d)["semaphores"][0]["waiters"] == 1, what="c queued")
-        sem = stats_of(d)["semaphores"][0]
+        wait_until(lambda: d.stats()["semaphores"][0]["waiters"] == 1, what="c queued")
+        sem = d.stats()["semaphores"][0]
         assert sem == {"key": "s", "limit": 2, "holders": 2, "waiters": 1}
         assert d.req("sr", "s", ta[1]) == "ok"
         status, tc, _ = c.recv().split()
@@ -281,10 +271,8 @@ def test_a_lock_and_a_semaphore_on_one_key_exclude_each_other(
         assert b.req("l", "k", "5") == "error_limit_mismatch"  # refused at once, not queued
         assert b.req("e", "k") == "error_limit_mismatch"
         assert b.req("sl", "k", "0 1") == "error_limit_mismatch"
-        assert stats_of(probe)["semaphores"] == [
-            {"key": "k", "limit": 2, "holders": 1, "waiters": 0}
-        ]
-        assert stats_of(probe)["locks"] == []
+        assert probe.stats()["semaphores"] == [{"key": "k", "limit": 2, "holders": 1, "waiters": 0}]
+        assert probe.stats()["locks"] == []
         assert a.req("n", "k", f"{sem_token} 7") == "ok 7"  # any token of the key
         assert a.req("r", "k", sem_token) == "ok"
         # Idle again: the next acquire fixes the limit anew, here as a lock (limit 1).
@@ -293,7 +281,7 @@ def test_a_lock_and_a_semaphore_on_one_key_exclude_each_other(
         assert a.req("se", "k", "2") == "error_limit_mismatch"
         assert a.req("sl", "k", "0 1") == "timeout"  # the same limit: one queue, one slot
         a.send("sl", "k", "10 1")
-        wait_until(lambda: stats_of(probe)["locks"][0]["waiters"] == 1, what="a queued")
+        wait_until(lambda: probe.stats()["locks"][0]["waiters"] == 1, what="a queued")
         assert b.req("sr", "k", lock_token) == "ok"  # releases the lock
         status, granted, _ = a.recv().split()
         assert status == "ok"
@@ -339,7 +327,7 @@ def test_semaphore_max_waiters(dflock_server_factory: ServerFactory) -> None:
     with Wire(addr) as a, Wire(addr) as b, Wire(addr) as c:
         assert a.req("sl", "s", "0 1").startswith("ok ")
         b.send("sl", "s", "30 1")
-        wait_until(lambda: stats_of(c)["semaphores"][0]["waiters"] == 1, what="b queued")
+        wait_until(lambda: c.stats()["semaphores"][0]["waiters"] == 1, what="b queued")
         assert c.req("sl", "s", "30 1") == "error_max_waiters"
         assert c.req("sl", "s", "0 1") == "timeout"  # timeout 0 never queues
 
@@ -364,7 +352,7 @@ def test_max_waiters(dflock_server_factory: ServerFactory) -> None:
         a.lock("k")
         b.send("l", "k", "30")
         c.send("l", "k", "30")
-        wait_until(lambda: stats_of(d)["locks"][0]["waiters"] == 2, what="two waiters")
+        wait_until(lambda: d.stats()["locks"][0]["waiters"] == 2, what="two waiters")
         assert d.req("l", "k", "30") == "error_max_waiters"
         assert d.req("l", "other", "30").startswith("ok ")  # the cap is per key
 
@@ -380,7 +368,7 @@ def test_max_locks_per_connection(dflock_server_factory: ServerFactory) -> None:
         assert b.req("l", "k3", "0").startswith("ok ")  # the cap is per connection
         assert a.req("ping") == "ok"  # the connection stays usable, its locks held
         assert a.req("n", "k1", t1).startswith("ok ")
-        stats = stats_of(b)
+        stats = b.stats()
         assert {lock["key"] for lock in stats["locks"]} == {"k1", "k3"}
         assert stats["semaphores"][0]["holders"] == 1
         assert a.req("r", "k1", t1) == "ok"
@@ -395,7 +383,7 @@ def test_one_connection_holds_at_most_the_default_cap(dflock_server: ServerThrea
         assert all(a.recv().startswith("ok ") for _ in range(cap))
         assert a.req("l", "one-more", "0") == "error_max_locks"
         assert b.req("l", "one-more", "0").startswith("ok ")
-        assert len(stats_of(a)["locks"]) == cap + 1
+        assert len(a.stats()["locks"]) == cap + 1
 
 
 def test_max_waits_per_connection(dflock_server_factory: ServerFactory) -> None:
@@ -407,15 +395,13 @@ def test_max_waits_per_connection(dflock_server_factory: ServerFactory) -> None:
         assert b.req("e", "k2", "") == "error_max_waiters"
         assert b.req("l", "k2", "0") == "timeout"  # try-once never queues: not refused
         held = b.lock("other")  # a grant is not a wait
-        assert stats_of(a)["locks"][0]["waiters"] == 1
+        assert a.stats()["locks"][0]["waiters"] == 1
         assert a.req("r", "k1", t1) == "ok"
         assert b.req("w", "k1", "5").startswith("ok ")  # the queued enqueue still works
         assert b.req("n", "other", held).startswith("ok ")
         b.send("l", "k2", "10")  # its wait was collected: room for another
         wait_until(
-            lambda: (
-                [lock["waiters"] for lock in stats_of(a)["locks"] if lock["key"] == "k2"] == [1]
-            ),
+            lambda: [lock["waiters"] for lock in a.stats()["locks"] if lock["key"] == "k2"] == [1],
             what="b queued on k2",
         )
         assert a.req("r", "k2", t2) == "ok"
@@ -431,7 +417,7 @@ def test_max_connections_accepts_and_closes(dflock_server_factory: ServerFactory
             assert extra.closed_by_server()
         assert a.req("ping") == "ok"
         b.close()
-        wait_until(lambda: stats_of(a)["connections"] == 1, what="b gone")
+        wait_until(lambda: a.stats()["connections"] == 1, what="b gone")
         with Wire(srv.address) as again:
             assert again.req("ping") == "ok"
 
@@ -462,12 +448,12 @@ def test_gc_prunes_idle_keys(dflock_server_factory: ServerFactory) -> None:
         held = a.lock("kept")
         assert a.req("r", "gone", token) == "ok"
         assert a.req("sr", "sem", sem) == "ok"
-        stats = stats_of(a)
+        stats = a.stats()
         assert [e["key"] for e in stats["idle_locks"]] == ["gone"]
         assert [e["key"] for e in stats["idle_semaphores"]] == ["sem"]
-        wait_until(lambda: not stats_of(a)["idle_locks"], what="idle lock pruned")
-        wait_until(lambda: not stats_of(a)["idle_semaphores"], what="idle semaphore pruned")
-        assert [e["key"] for e in stats_of(a)["locks"]] == ["kept"]
+        wait_until(lambda: not a.stats()["idle_locks"], what="idle lock pruned")
+        wait_until(lambda: not a.stats()["idle_semaphores"], what="idle semaphore pruned")
+        assert [e["key"] for e in a.stats()["locks"]] == ["kept"]
         assert a.req("n", "kept", held) == f"ok {constants.DEFAULT_LEASE_TTL_S}"
 
 
@@ -475,8 +461,8 @@ def test_stats_shape(dflock_server: ServerThread) -> None:
     with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
         a.lock("k", lease=20)
         b.send("l", "k", "30")
-        wait_until(lambda: stats_of(a)["locks"][0]["waiters"] == 1, what="b queued")
-        stats = stats_of(a)
+        wait_until(lambda: a.stats()["locks"][0]["waiters"] == 1, what="b queued")
+        stats = a.stats()
         assert set(stats) >= {"connections", "locks", "semaphores", "idle_locks", "idle_semaphores"}
         assert stats["connections"] == 2
         (entry,) = stats["locks"]
@@ -677,7 +663,7 @@ def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: Serv
     with Wire(srv.address) as a, Wire(srv.address) as b:
         a.lock("k")
         b.send("l", "k", "30")
-        wait_until(lambda: stats_of(a)["locks"][0]["waiters"] == 1, what="b queued")
+        wait_until(lambda: a.stats()["locks"][0]["waiters"] == 1, what="b queued")
         stopper = threading.Thread(target=lambda: srv.stop(drain=True))
         stopper.start()
         try:

@@ -16,15 +16,8 @@ from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence, held_keys
 
 
-def stats_of(wire: Wire) -> dict[str, Any]:
-    status, payload = wire.req("stats").split(" ", 1)
-    assert status == "ok"
-    result: dict[str, Any] = json.loads(payload)
-    return result
-
-
 def lock_entry(wire: Wire, key: str) -> dict[str, Any]:
-    entries = [entry for entry in stats_of(wire)["locks"] if entry["key"] == key]
+    entries = [entry for entry in wire.stats()["locks"] if entry["key"] == key]
     assert len(entries) == 1, entries
     return entries[0]
 

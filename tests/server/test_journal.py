@@ -16,6 +16,7 @@ from dflockd_server.config import Config, ConfigError
 from dflockd_server.journal import Journal, read_journal, restored_leases
 from dflockd_server.net import Server
 from dflockd_server.state import StateDir, default_state_dir, resolve_state_dir
+from dflockd_server.table import Holder, LockTable
 from dflockd_server.testing import ServerThread
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
@@ -261,6 +262,35 @@ def test_renewals_within_the_recorded_expiry_write_nothing(tmp_path: Path) -> No
         assert (tmp_path / "journal").stat().st_size == before
         assert a.req("n", "k", f"{token} {LEASE + 30}") == f"ok {LEASE + 30}"  # a longer lease
         assert (tmp_path / "journal").stat().st_size > before
+
+
+def test_a_renewal_past_what_the_records_cover_writes_one_and_is_covered_anew(
+    tmp_path: Path,
+) -> None:
+    """A grant's record covers its expiry plus one lease; a renewal within that writes
+    nothing, one past it writes an extension, which covers the next ones in turn."""
+    now = [100.0]
+    journal = Journal(str(tmp_path / "journal"), "everysec", lambda: now[0])
+    journal.anchor()
+    journal.open([])
+    tokens = iter(f"{n:032x}" for n in range(1, 100))
+    table = LockTable(
+        clock=lambda: now[0], new_token=lambda: next(tokens), max_locks=10, journal=journal
+    )
+    holder = table.acquire(table.open_client(), "k", 10, None, queue=False)
+    assert isinstance(holder, Holder)
+    journal.buf.clear()
+    now[0] = 105.0  # expires at 115: within 100 + 10 + 10
+    assert table.renew("k", holder.token, 10) == 10
+    assert journal.buf == []
+    now[0] = 111.0  # expires at 121: past 120
+    assert table.renew("k", holder.token, 10) == 10
+    assert [record.split(b" ")[1] for record in journal.buf] == [b"X"]
+    journal.buf.clear()
+    now[0] = 120.0  # expires at 130: within 121 + 10
+    assert table.renew("k", holder.token, 10) == 10
+    assert journal.buf == []
+    journal.close()
 
 
 def test_the_journal_is_compacted_and_still_restores(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dflockd_server import constants
 from dflockd_server.protocol import (
@@ -133,3 +135,67 @@ def test_decode_malformed(cmd: bytes, key: bytes, arg: bytes) -> None:
 def test_reply_encoding() -> None:
     assert reply_grant("ok", "ab", 33) == b"ok ab 33\n"
     assert reply_grant("acquired", "ab", 5) == b"acquired ab 5\n"
+
+
+_LINES = st.sampled_from(
+    [
+        b"l",
+        b"r",
+        b"auth",
+        b"k1",
+        b"0",
+        b"5 10",
+        b"",
+        b"x\r",
+        b"\r",
+        b"a" * constants.MAX_LINE_BYTES,
+        b"a" * (constants.MAX_LINE_BYTES + 1),
+        b"a" * (constants.MAX_LINE_BYTES - 1) + b"\r",
+        b"s" * (constants.MAX_LINE_BYTES + 40),
+    ]
+)
+
+
+def _frames_until_error(
+    framer: RequestFramer, chunks: list[bytes], budget: int
+) -> tuple[list[tuple[bytes, bytes, bytes]], bool]:
+    """The frames the framer yields over ``chunks`` (taking at most ``budget`` after each
+    feed, as a pass of the server does), and whether it found a line too long."""
+    got: list[tuple[bytes, bytes, bytes]] = []
+    try:
+        for chunk in chunks:
+            framer.feed(chunk)
+            for _ in range(budget):
+                frame = framer.next_frame()
+                if frame is None:
+                    break
+                got.append(frame)
+        while (frame := framer.next_frame()) is not None:
+            got.append(frame)
+    except LineTooLong:
+        return got, True
+    return got, False
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_LINES, max_size=24),
+    st.lists(st.integers(min_value=1, max_value=700), max_size=8),
+    st.integers(min_value=1, max_value=5),
+)
+def test_any_cut_of_any_stream_frames_as_byte_by_byte(
+    lines: list[bytes], cuts: list[int], budget: int
+) -> None:
+    """However the stream comes in (whole requests per read, pieces, frames left for a later
+    pass), the frames and the line-too-long verdict are those of reading it byte by byte."""
+    stream = b"".join(line + b"\n" for line in lines)
+    chunks: list[bytes] = []
+    rest = stream
+    for cut in cuts:
+        if rest:
+            chunks.append(rest[:cut])
+            rest = rest[cut:]
+    if rest:
+        chunks.append(rest)
+    expected = _frames_until_error(RequestFramer(), [bytes([b]) for b in stream], 1)
+    assert _frames_until_error(RequestFramer(), chunks, budget) == expected

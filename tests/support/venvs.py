@@ -61,6 +61,12 @@ def make_venv(folder: Path, python: str, *requirements: str, find_links: Path) -
     distributions from ``find_links``, the rest from the package index); its python."""
     uv("venv", "--quiet", "--python", python, str(folder), cwd=folder.parent)
     venv_python = folder / "bin" / "python"
+    install(venv_python, *requirements, find_links=find_links)
+    return venv_python
+
+
+def install(venv_python: Path, *requirements: str, find_links: Path) -> None:
+    """Install ``requirements`` by name into the venv of ``venv_python``, as `make_venv` does."""
     uv(
         "pip",
         "install",
@@ -70,6 +76,5 @@ def make_venv(folder: Path, python: str, *requirements: str, find_links: Path) -
         "--find-links",
         str(find_links),
         *requirements,
-        cwd=folder.parent,
+        cwd=venv_python.parent.parent.parent,
     )
-    return venv_python

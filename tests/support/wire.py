@@ -11,7 +11,7 @@ import warnings
 from types import TracebackType
 from typing import Any, cast
 
-from celery_dflock import protocol
+from celery_dflock.client import protocol
 from dflockd_server.fence import fence_of
 
 REPLY_TIMEOUT_S = 10.0
@@ -49,6 +49,13 @@ class Wire:
     def req(self, cmd: str, key: str = "_", arg: str = "_") -> str:
         self.send(cmd, key, arg)
         return self.recv()
+
+    def stats(self) -> dict[str, Any]:
+        """The server's ``stats`` reply, decoded (asked on this connection)."""
+        status, payload = self.req("stats").split(" ", 1)
+        assert status == "ok"
+        result: dict[str, Any] = json.loads(payload)
+        return result
 
     def assert_silent(self, seconds: float = 0.1) -> None:
         """Nothing arrives within ``seconds`` (only while no reply has been buffered)."""

@@ -16,15 +16,20 @@ import json
 import os
 import socket
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from celery import Celery
 from celery.signals import worker_ready
+
+from tests.support.apps import make_app
 
 SETTINGS_ENV = "DFLOCK_TEST_SETTINGS"
 LOG_ENV = "DFLOCK_TEST_LOG"
 EVENTS_ENV = "DFLOCK_TEST_EVENTS"
 WORKER_ENV = "DFLOCK_TEST_WORKER"
+HOLD_HEADER = "dflock_hold"
+"""The message header that carries a publish-time hold (``{"key", "token"}``)."""
 
 
 def settings_from_env() -> dict[str, Any]:
@@ -32,11 +37,19 @@ def settings_from_env() -> dict[str, Any]:
     return json.loads(raw) if raw else {}
 
 
-def make_app(name: str, settings: dict[str, Any] | None = None, **kwargs: Any) -> Celery:
-    """A Celery app configured from ``settings`` (default: the environment)."""
-    app = Celery(name, set_as_current=False, **kwargs)
-    app.conf.update(settings if settings is not None else settings_from_env())
-    return app
+def worker_app(name: str) -> Celery:
+    """The worker's Celery app, configured from the environment."""
+    return make_app(name, settings_from_env())
+
+
+def hold_header(request: Any) -> dict[str, Any] | None:
+    """The request's ``dflock_hold`` header (a publish-time hold), or None."""
+    found = getattr(request, HOLD_HEADER, None)
+    if found is None:
+        headers = getattr(request, "headers", None)
+        if isinstance(headers, Mapping):
+            found = cast("Mapping[str, Any]", headers).get(HOLD_HEADER)
+    return dict(cast("Mapping[str, Any]", found)) if isinstance(found, Mapping) else None
 
 
 def _send_event(line: bytes) -> None:
@@ -66,6 +79,26 @@ def record(event: str, **fields: Any) -> None:
         finally:
             os.close(fd)
     _send_event(line)
+
+
+def record_skipped(
+    sender: Any = None, task_id: str | None = None, key: str = "", **kw: Any
+) -> None:
+    """A ``lock_skipped`` receiver: logs ``skipped`` (task id, key, the holder, the task)."""
+    record(
+        "skipped",
+        task_id=task_id,
+        key=key,
+        holder=kw.get("holder"),
+        task=getattr(sender, "name", None),
+    )
+
+
+def record_lock_lost(
+    sender: Any = None, task_id: str | None = None, key: str = "", policy: str = "", **kw: Any
+) -> None:
+    """A ``lock_lost`` receiver: logs ``lock_lost`` (task id, key, policy, the lost fence)."""
+    record("lock_lost", task_id=task_id, key=key, policy=policy, fence=kw["lock"].fence)
 
 
 @worker_ready.connect

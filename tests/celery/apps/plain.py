@@ -5,21 +5,16 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from celery import current_task
 
 from celery_dflock.signals import install, lock_skipped
 
-from .common import make_app, record
+from .common import record, record_skipped, worker_app
 
-app = make_app("apps.plain")
+app = worker_app("apps.plain")
 install(app)  # the one line a project adds to lock tasks it cannot edit
-
-
-@lock_skipped.connect
-def _on_skipped(sender: Any = None, task_id: str | None = None, key: str = "", **_: Any) -> None:
-    record("skipped", task_id=task_id, key=key)
+lock_skipped.connect(record_skipped)
 
 
 @app.task

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from celery_dflock.errors import AlreadyQueued
+from celery_dflock.client.errors import AlreadyQueued
 
 from .queue_once import TASKS
 

@@ -14,9 +14,11 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from celery_dflock import LockedTask, LockLost
 from celery_dflock.signals import lock_lost, lock_skipped
 
-from .common import make_app, record
+from .common import record, record_lock_lost, record_skipped, worker_app
 
-app = make_app("apps.tasks")
+app = worker_app("apps.tasks")
+lock_skipped.connect(record_skipped)
+lock_lost.connect(record_lock_lost)
 
 TICK_S = 0.05
 BLOCK_LIMIT_S = 60.0
@@ -37,18 +39,6 @@ def _block(task: LockedTask, name: str, seconds: float = BLOCK_LIMIT_S) -> None:
             record("tick", name=name, elapsed=elapsed, lost=bool(lock and lock.lost))
             next_tick += 0.25
         time.sleep(TICK_S)
-
-
-@lock_skipped.connect
-def _on_skipped(sender: Any = None, task_id: str | None = None, key: str = "", **_: Any) -> None:
-    record("skipped", task_id=task_id, key=key, task=getattr(sender, "name", None))
-
-
-@lock_lost.connect
-def _on_lost(
-    sender: Any = None, task_id: str | None = None, key: str = "", policy: str = "", **kw: Any
-) -> None:
-    record("lock_lost", task_id=task_id, key=key, policy=policy, fence=kw["lock"].fence)
 
 
 # ----------------------------------------------------------------------- mutual exclusion

@@ -1,0 +1,303 @@
+"""`LockCore` without sockets: reply bytes in, decisions out (as the server's dispatch tests).
+
+Each reply is the line a server sends, decoded by the protocol (`decode_reply`) and handed to
+the core, which says what the lock now is and what to send next. No connection, no server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from celery_dflock.client import protocol, wire
+from celery_dflock.client._core import LockCore
+from celery_dflock.client._grant import LockState
+from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, NextTry
+from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._settings import REPLY_GRACE_S, ClientSettings
+from celery_dflock.client.cluster import ClusterMap
+from celery_dflock.client.errors import (
+    AuthError,
+    DflockError,
+    LimitMismatchError,
+    LockNotOwned,
+    MaxLocksError,
+    MaxWaitersError,
+    ProtocolError,
+    ServerDraining,
+    ShardingMismatchError,
+)
+from celery_dflock.client.protocol import Command, Reply
+
+TOKEN = "00000000000000a1" + "b" * 16
+FENCING = ServerInfo("dflockd-server", "test", frozenset({wire.FEATURE_FENCE}))
+SERVERS = (("10.0.0.1", 6388),)
+
+
+def reply(command: Command, line: bytes) -> Reply:
+    """What the server's line means, as the connection hands it to the core."""
+    return protocol.decode_reply(command, line)
+
+
+def make(
+    limit: int | None = None,
+    *,
+    acquire_timeout_s: int = 5,
+    lease_ttl_s: int | None = None,
+    settings: ClientSettings | None = None,
+    router: ClusterRouter | None = None,
+) -> LockCore:
+    return LockCore(
+        "jobs",
+        settings or ClientSettings.checked(SERVERS),
+        limit=limit,
+        acquire_timeout_s=acquire_timeout_s,
+        lease_ttl_s=lease_ttl_s,
+        router=router,
+    )
+
+
+def granted(core: LockCore, sent_at: float = 100.0) -> None:
+    core.begin_acquire()
+    command, _, _ = core.acquire_request(FENCING)
+    assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), sent_at, FENCING)
+    core.end_acquire()
+
+
+# ---------------------------------------------------------------------- grant, renew, release
+def test_an_acquire_is_granted_renewed_and_released() -> None:
+    core = make(lease_ttl_s=30)
+    core.begin_acquire()
+    command, data, timeout = core.acquire_request(FENCING)
+    assert (command, data, timeout) == (Command.LOCK, b"l\njobs\n5 30\n", 5 + REPLY_GRACE_S)
+    assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 100.0, FENCING)
+    core.end_acquire()
+    assert (core.state, core.token, core.lease, core.fence) == (LockState.HELD, TOKEN, 33, 0xA1)
+    assert core.lease_deadline == 133.0 and core.locked()
+    with pytest.raises(DflockError, match="already held"):
+        core.acquire_request(FENCING)
+
+    command, data, _ = core.renew_request()
+    assert (command, data) == (Command.RENEW, f"n\njobs\n{TOKEN} 30\n".encode())
+    outcome = core.on_renew_reply(reply(command, b"ok 30"), 110.0)
+    assert outcome.renewed and core.lease_deadline == 140.0
+
+    command, data, _ = core.release_request()
+    assert (command, data) == (Command.RELEASE, f"r\njobs\n{TOKEN}\n".encode())
+    assert core.on_release_reply(reply(command, b"ok"))
+    assert (core.state, core.token, core.fence) == (LockState.IDLE, None, None)
+
+
+def test_a_semaphore_speaks_its_own_commands() -> None:
+    core = make(3)
+    core.begin_acquire()
+    command, data, _ = core.acquire_request(None)
+    assert (command, data) == (Command.SEM_LOCK, b"sl\njobs\n5 3\n")
+    assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 1.0, None)
+    assert core.fence is None  # a server that did not say it fences: the token is no fence
+    assert core.release_request()[0] is Command.SEM_RELEASE
+
+
+def test_queued_then_granted_counts_the_lease_from_the_enqueue() -> None:
+    core = make()
+    command, data, _ = core.enqueue_request(FENCING)
+    assert (command, data) == (Command.ENQUEUE, b"e\njobs\n\n")
+    assert not core.on_grant_reply(command, reply(command, b"queued"), 100.0, FENCING)
+    assert core.state is LockState.ENQUEUED
+    command, data, timeout = core.wait_request(2.5)
+    assert (command, data, timeout) == (Command.WAIT, b"w\njobs\n3\n", 3 + REPLY_GRACE_S)
+    assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 150.0, FENCING)
+    # granted when freed, maybe long before this `w` was sent: the lease counts from the `e`
+    assert core.state is LockState.HELD and core.lease_deadline == 133.0
+
+
+def test_a_timeout_is_not_held_and_a_busy_hold_names_its_holder() -> None:
+    core = make()
+    core.begin_acquire()
+    command, _, _ = core.acquire_request(FENCING)
+    assert not core.on_grant_reply(command, reply(command, b"timeout"), 1.0, FENCING)
+    assert (core.state, core.busy, core.holder) == (LockState.IDLE, True, None)
+    holds = ServerInfo("dflockd-server", "test", frozenset({wire.FEATURE_HOLDS}))
+    core.begin_acquire()
+    command, data, _ = core.hold_request(holds, "me/1")
+    assert (command, data) == (Command.HOLD, b"hl\njobs\n5 33 d me/1\n")
+    assert not core.on_grant_reply(command, reply(command, b"timeout them/2"), 1.0, holds)
+    assert (core.busy, core.holder) == (True, "them/2")
+
+
+def test_a_wait_whose_grant_expired_is_not_held(caplog: pytest.LogCaptureFixture) -> None:
+    core = make()
+    command, _, _ = core.enqueue_request()
+    core.on_grant_reply(command, reply(command, b"queued"), 1.0, None)
+    command, _, _ = core.wait_request(None)
+    with caplog.at_level(logging.WARNING, "celery_dflock.client"):
+        assert not core.on_grant_reply(command, reply(command, b"error_lease_expired"), 2.0, None)
+    assert core.state is LockState.IDLE and "call wait() sooner" in caplog.text
+
+
+# ---------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    ("limit", "line", "error", "says"),
+    [
+        (None, b"error_max_locks", MaxLocksError, "--max-locks"),
+        (None, b"error_max_waiters", MaxWaitersError, "--max-waiters"),
+        (None, b"error_limit_mismatch", LimitMismatchError, "in use as a semaphore"),
+        (2, b"error_limit_mismatch", LimitMismatchError, "limit other than 2"),
+        (None, b"error_auth", AuthError, "requires authentication"),
+        (None, b"error_draining", ServerDraining, "shutting down"),
+        (None, b"error", ProtocolError, "--max-lease-ttl"),
+    ],
+)
+def test_each_refusal_is_the_error_that_says_what_to_do(
+    limit: int | None, line: bytes, error: type[DflockError], says: str
+) -> None:
+    core = make(limit, lease_ttl_s=400)
+    core.begin_acquire()
+    command, _, _ = core.acquire_request(None)
+    with pytest.raises(error, match=says) as raised:
+        core.on_grant_reply(command, reply(command, line), 1.0, None)
+    assert "10.0.0.1:6388" in str(raised.value) and core.state is LockState.IDLE
+
+
+def test_a_lease_above_the_servers_limit_is_refused_before_asking() -> None:
+    limited = ServerInfo("dflockd-server", "test", frozenset(), max_lease_ttl_s=300)
+    core = make(lease_ttl_s=400)
+    core.begin_acquire()
+    with pytest.raises(ValueError, match=r"above the longest lease .* \(300 s"):
+        core.acquire_request(limited)
+
+
+def test_a_wait_without_an_enqueue_is_refused() -> None:
+    with pytest.raises(LockNotOwned, match="enqueue"):
+        make().wait_request(None)
+
+
+# ---------------------------------------------------------------------- losing the lease
+def test_a_refused_renewal_loses_the_lock_once() -> None:
+    core = make()
+    granted(core)
+    command, _, _ = core.renew_request()
+    outcome = core.on_renew_reply(reply(command, b"error"), 110.0)
+    assert not outcome.renewed and not outcome.reattach
+    assert outcome.lost_reason is not None and "refused the renewal" in outcome.lost_reason
+    assert core.mark_lost(outcome.lost_reason) and core.lost
+    assert not core.mark_lost("again")  # reported once
+    assert not core.owned()
+
+
+def test_a_draining_server_means_reattach_not_lost() -> None:
+    core = make()
+    granted(core)
+    command, _, _ = core.renew_request()
+    outcome = core.on_renew_reply(reply(command, b"error_draining"), 110.0)
+    assert (outcome.renewed, outcome.reattach) == (False, True) and not core.lost
+
+
+def test_a_broken_connection_is_reattached_while_the_lease_runs() -> None:
+    core = make()
+    now = time.monotonic()
+    granted(core, sent_at=now)
+    core.connection_broke("reset by peer")
+    first = core.reattach_pause("refused", now=now)
+    second = core.reattach_pause("refused", now=now)
+    assert first is not None and second is not None and second == 2 * first
+    assert core.reattach_pause("refused", now=now + 34) is None  # the lease ran out
+    assert core.mark_unreachable() and core.lost
+    fresh = make()  # a reattach that does get through: still held
+    granted(fresh, sent_at=now)
+    fresh.connection_broke("reset by peer")
+    command, _, _ = fresh.renew_request()
+    assert fresh.on_renew_reply(reply(command, b"ok 33"), now).renewed
+    assert fresh.broken is None and not fresh.lost
+
+
+def test_a_release_the_server_refuses_was_a_loss_unless_sent_twice() -> None:
+    core = make()
+    granted(core)
+    command, _, _ = core.release_request()
+    assert not core.on_release_reply(reply(command, b"error"))
+    assert core.lost and core.state is LockState.HELD  # the caller notifies, then resets
+    again = make()
+    granted(again)
+    assert not again.on_release_reply(reply(command, b"error"), retried=True)
+    assert not again.lost and again.state is LockState.IDLE
+
+
+# ---------------------------------------------------------------------- redirects
+def cluster(*nodes: str) -> tuple[ClientSettings, ClusterRouter]:
+    """Cluster settings whose map puts every key on ``nodes[0]``."""
+    settings = ClientSettings.checked(SERVERS, sharding_strategy="cluster")
+    router = ClusterRouter(settings.servers)
+    line = "ok " + json.dumps(
+        {
+            "mode": wire.MODE_CLUSTER,
+            "hash": wire.HASH_FNV1A32,
+            "shard_count": 1,
+            "nodes": list(nodes),
+            "current": [0],
+            "target": [0],
+            "members": list(nodes),
+        }
+    )
+    shards = reply(Command.SHARDS, line.encode())
+    assert isinstance(shards, protocol.Shards)
+    router.update(ClusterMap.parse(shards.data, "10.0.0.1:6388"))
+    return settings, router
+
+
+def test_cluster_routing_aims_at_the_maps_node_and_follows_moved_then_pauses_in_a_loop() -> None:
+    settings, router = cluster("10.0.0.9:6388", "10.0.0.2:6388")
+    core = make(settings=settings, router=router)
+    assert core.route() and core.endpoint.address == "10.0.0.9:6388"
+    core.begin_acquire()
+    command, _, _ = core.acquire_request(FENCING)
+    for _ in range(REDIRECT_LOOP):
+        moved = reply(command, b"error_moved 10.0.0.2:6388")
+        assert core.redirected(moved)
+        assert core.on_redirect(moved) == NextTry(0.0, reroute=False)  # at once, there
+        assert core.endpoint.address == "10.0.0.2:6388"
+    step = core.on_redirect(reply(command, b"error_moved 10.0.0.9:6388"))
+    assert step is not None and step.reroute and step.reread and step.pause_s > 0  # a loop
+    unavailable = reply(command, b"error_unavailable")
+    assert core.redirected(unavailable)
+    step = core.on_redirect(unavailable)
+    assert step is not None and step.reroute and not step.reread
+    assert core.wait_seconds() <= 5  # what is left of the acquire's time, never more
+
+
+def test_error_ask_sends_the_next_acquire_there_once_with_asking_first() -> None:
+    settings, router = cluster("10.0.0.9:6388")
+    core = make(settings=settings, router=router)
+    core.route()
+    core.begin_acquire()
+    command, _, _ = core.acquire_request(FENCING)
+    asked = reply(command, b"error_ask 10.0.0.3:6388")
+    assert isinstance(asked, protocol.Asked)
+    assert core.on_ask(asked) == NextTry(0.0, reroute=False)
+    assert core.asking and core.endpoint.address == "10.0.0.3:6388"
+    assert core.on_ask_refused() is not None  # an old member: pause, then route by the map
+
+
+def test_a_hand_over_that_outlasts_the_acquire_says_so() -> None:
+    settings, router = cluster("10.0.0.9:6388")
+    core = make(settings=settings, router=router, acquire_timeout_s=0)
+    core.begin_acquire()
+    core.route_deadline = time.monotonic() - 1  # its time (at least HANDOVER_MIN_WAIT_S) is up
+    command, _, _ = core.acquire_request(FENCING)
+    assert core.on_redirect(reply(command, b"error_unavailable")) is None
+    assert core.handover is not None and "hand-over" in core.handover
+
+
+def test_a_list_mode_client_redirected_names_both_server_lists() -> None:
+    core = make()
+    core.begin_acquire()
+    command, _, _ = core.acquire_request(FENCING)
+    moved = reply(command, b"error_moved 10.0.0.2:6388")
+    assert core.redirected(moved) and core.router is None
+    shards = {"mode": "static", "members": ["10.0.0.1:6388", "10.0.0.2:6388"]}
+    error = core.mismatch_error(moved, shards)
+    assert isinstance(error, ShardingMismatchError)
+    assert "--members 10.0.0.1:6388,10.0.0.2:6388" in str(error)

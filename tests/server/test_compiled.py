@@ -1,0 +1,111 @@
+"""The compiled wheel of the lock server (server/hatch_build.py), built with the command
+docs/server.md gives, then the server's own tests of what it compiles run against it.
+
+mypyc compiles the request path's pure modules (parser, dispatch, the lock table). Compiled
+code enforces its annotations at run time and cannot be patched, so the same tests must pass on
+both builds: the pure-Python one (the rest of the suite) and this one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from tests.support.venvs import ROOT
+
+ENABLE: Final = "HATCH_BUILD_HOOK_ENABLE_CUSTOM"
+SUFFIX: Final = str(sysconfig.get_config_var("EXT_SUFFIX"))
+TESTS_OF_THE_COMPILED: Final = (
+    "tests/server/test_protocol_parser.py",
+    "tests/server/test_dispatch.py",
+    "tests/server/test_table.py",
+    "tests/server/test_table_model.py",
+    "tests/server/test_fences.py",
+    "tests/server/test_journal.py",
+    "tests/server/test_holds.py",
+    "tests/server/test_basic.py",
+    "tests/server/test_bad_input.py",
+)
+"""Sans-I/O tests of each compiled module (the hypothesis model of the table included), then
+real servers on real sockets with the compiled request path."""
+PYTEST_OPTIONS: Final = ("-q", "-n", "0", "-p", "no:cacheprovider")
+
+pytestmark = pytest.mark.timeout(600)  # a C build (about 40 s on 2 idle cores), then the tests
+
+
+def _compiled_modules() -> tuple[str, ...]:
+    """`COMPILED` of server/hatch_build.py (the build hook, loaded from its file)."""
+    spec = importlib.util.spec_from_file_location("hatch_build", ROOT / "server" / "hatch_build.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    compiled: tuple[str, ...] = hook.COMPILED
+    return compiled
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    out = tmp_path_factory.mktemp("compiled-dist")
+    env = {**os.environ, ENABLE: "1"}
+    command = ["uv", "build", "--package", "dflockd-server", "--wheel", "--out-dir", str(out)]
+    command += ["--python", sys.executable]  # compiled for the CPython that runs these tests
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (built,) = out.glob("dflockd_server-*.whl")
+    yield built
+
+
+def test_the_compiled_wheel_carries_each_module_compiled_beside_its_source(wheel: Path) -> None:
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert f"-{tag}-{tag}-" in wheel.name and "none-any" not in wheel.name, wheel.name
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for module in _compiled_modules():
+        if (ROOT / "server" / "dflockd_server" / f"{module}.py").exists():
+            assert f"dflockd_server/{module}{SUFFIX}" in names, module
+            assert f"dflockd_server/{module}.py" in names, module
+    assert not any(n.startswith("build/") for n in names)
+    assert "dflockd_server/net.py" in names and f"dflockd_server/net{SUFFIX}" not in names
+
+
+def test_the_default_build_is_pure_python(tmp_path: Path) -> None:
+    """Without the hook: one wheel for every platform, and no compiler or mypy needed."""
+    env = {k: v for k, v in os.environ.items() if k != ENABLE}
+    command = ["uv", "build", "--package", "dflockd-server", "--wheel", "--out-dir", str(tmp_path)]
+    subprocess.run(command, cwd=ROOT, env=env, capture_output=True, check=True)
+    (built,) = tmp_path.glob("dflockd_server-*.whl")
+    assert built.name.endswith("-py3-none-any.whl")
+    assert not [n for n in zipfile.ZipFile(built).namelist() if n.endswith(".so")]
+
+
+def test_the_servers_tests_pass_on_the_compiled_modules(wheel: Path, tmp_path: Path) -> None:
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    env = {**os.environ, "PYTHONPATH": str(unpacked)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import dflockd_server.dispatch as d; print(d.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip().endswith(SUFFIX), "the tests would run the pure modules"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *TESTS_OF_THE_COMPILED, *PYTEST_OPTIONS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-6000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout
