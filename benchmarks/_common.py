@@ -23,8 +23,10 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -191,6 +193,47 @@ class ServerProcess:
                 self.proc.wait(STOP_TIMEOUT_S)
 
 
+COMPILED_SUFFIX = "+mypyc"
+"""A loop name ending so (``uvloop+mypyc``) runs the server built as its compiled wheel
+(server/hatch_build.py), whose request path mypyc compiled."""
+
+
+def split_build(loop: str) -> tuple[str, bool]:
+    """``uvloop+mypyc`` -> (``uvloop``, True); ``uvloop`` -> (``uvloop``, False)."""
+    if loop.endswith(COMPILED_SUFFIX):
+        return loop.removesuffix(COMPILED_SUFFIX), True
+    return loop, False
+
+
+def compiled_site(workdir: Path) -> Path:
+    """The compiled wheel of this checkout's server, built (once per ``workdir``) as
+    docs/server.md says and unpacked: a folder to put first on ``PYTHONPATH``."""
+    site = workdir / "mypyc-site"
+    if site.is_dir():
+        return site
+    dist = workdir / "mypyc-dist"
+    env = {**os.environ, "HATCH_BUILD_HOOK_ENABLE_CUSTOM": "1"}
+    command = ["uv", "build", "--package", "dflockd-server", "--wheel", "--out-dir", str(dist)]
+    command += ["--python", sys.executable]  # for the CPython the benchmark runs on
+    print("building the compiled server wheel (mypyc, about a minute)", flush=True)
+    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True)
+    (wheel,) = dist.glob("dflockd_server-*.whl")
+    partial = workdir / "mypyc-site.partial"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(partial)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import dflockd_server.dispatch as d; print(d.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(partial)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    if not probe.stdout.strip().endswith(str(sysconfig.get_config_var("EXT_SUFFIX"))):
+        raise RuntimeError(f"the compiled wheel's dispatch is not compiled: {probe.stdout}")
+    partial.rename(site)
+    return site
+
+
 def dflockd_command(loop: str) -> list[str]:
     """The command that runs the real ``dflockd`` entry point on ``loop``.
 
@@ -227,6 +270,12 @@ def start_dflockd(
     stamp = time.monotonic_ns()
     log_path = workdir / f"dflockd-{loop}-{stamp}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_")}
+    label = f"dflockd ({loop})"
+    loop, compiled = split_build(loop)
+    if compiled:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(compiled_site(workdir)), *filter(None, [env.get("PYTHONPATH")])]
+        )
     state_dir: Path | None = None
     if journal:
         state_dir = workdir / f"dflockd-state-{loop}-{stamp}"
@@ -246,7 +295,7 @@ def start_dflockd(
             stderr=subprocess.STDOUT,
             env=env,
         )
-    server = ServerProcess(f"dflockd ({loop})", proc, "127.0.0.1", 0, log_path, state_dir)
+    server = ServerProcess(label, proc, "127.0.0.1", 0, log_path, state_dir)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         match = _LISTENING.search(server.log_tail(100_000))
@@ -258,7 +307,7 @@ def start_dflockd(
             return server
         if not server.alive() or time.monotonic() > deadline:
             server.stop()
-            raise RuntimeError(f"dflockd ({loop}) did not start:\n{server.log_tail()}")
+            raise RuntimeError(f"{label} did not start:\n{server.log_tail()}")
         time.sleep(POLL_S)
 
 

@@ -254,7 +254,7 @@ class JobResult:
 
 def new_client(job: Job) -> Any:
     from celery_dflock import Client
-    from celery_dflock.sharding import CLUSTER as CLUSTER_ROUTING
+    from celery_dflock.client.sharding import CLUSTER as CLUSTER_ROUTING
 
     if job.cluster:
         return Client(list(job.seeds), sharding_strategy=CLUSTER_ROUTING)
@@ -481,7 +481,7 @@ def micro(topologies: list[Topology], sample_key: str, number: int) -> list[dict
     import zlib
 
     from celery_dflock import Client
-    from celery_dflock.sharding import CLUSTER as CLUSTER_ROUTING
+    from celery_dflock.client.sharding import CLUSTER as CLUSTER_ROUTING
     from dflockd_server.cluster.membership import ClusterView
     from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap, fnv1a_32, shard_id
     from dflockd_server.cluster.snapshot import ClusterOwnership

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +34,8 @@ SECTIONS = {
     "profile_server": "Where the server's CPU goes (cProfile)",
 }
 CHART = "throughput.png"
+DOCS_CHART = BENCH_DIR.parent / "docs" / "assets" / "images" / CHART
+"""The copy docs/evidence.md shows (tests/docs/test_docs_site.py checks it is the same)."""
 MODES = ("round trip", "pipelined")
 
 
@@ -41,6 +46,101 @@ def load(results_dir: Path) -> dict[str, dict[str, Any]]:
         if path.exists():
             found[name] = json.loads(path.read_text())
     return found
+
+
+def load_previous(rev: str) -> dict[str, dict[str, Any]]:
+    """The results files as committed at ``rev`` (the last run), by benchmark name."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in ORDER:
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:benchmarks/results/{name}.json"],
+            capture_output=True,
+            text=True,
+            cwd=BENCH_DIR.parent,
+            check=False,
+        )
+        if shown.returncode == 0:
+            found[name] = json.loads(shown.stdout)
+    return found
+
+
+def _number(cell: str) -> float | None:
+    text = cell.replace(",", "").strip().rstrip("x")
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _goal_key(goal: str) -> str:
+    """A goal with its numbers left out, so that a goal whose threshold moved still pairs."""
+    return re.sub(r"\d+(\.\d+)?", "#", goal)
+
+
+MOVED_AT_LEAST = 0.10
+"""A figure is listed as moved when it changed by at least this share."""
+MOVED_ROWS = 40
+
+
+def moved_section(
+    results: dict[str, dict[str, Any]], previous: dict[str, dict[str, Any]], rev: str
+) -> list[str]:
+    """Every figure of a table this run and the last share (same title, row and column) that
+    moved by at least `MOVED_AT_LEAST`, largest moves first; ratio columns are left out."""
+    moves: list[tuple[float, str]] = []
+    for name, r in results.items():
+        old_tables = {tb["title"]: tb for tb in previous.get(name, {}).get("tables", [])}
+        for table in r["tables"]:
+            old = old_tables.get(table["title"])
+            if old is None or old["columns"] != table["columns"]:
+                continue
+            columns: list[str] = table["columns"]
+            old_rows = {tuple(row[:2]): row for row in old["rows"]}
+            for row in table["rows"]:
+                before_row = old_rows.get(tuple(row[:2]))
+                if before_row is None:
+                    continue
+                for col, now_cell, before_cell in zip(columns, row, before_row, strict=False):
+                    now, before = _number(now_cell), _number(before_cell)
+                    if now is None or not before or "/" in col or col == columns[0]:
+                        continue
+                    change = now / before
+                    if abs(change - 1) >= MOVED_AT_LEAST:
+                        where = " · ".join(row[:2])
+                        moves.append(
+                            (
+                                abs(change - 1),
+                                f"| {table['title']} | {where} | {col} | {before_cell} | "
+                                f"{now_cell} | {change:.2f}x |",
+                            )
+                        )
+    old_goals = {_goal_key(g["goal"]): g for r in previous.values() for g in r.get("goals", [])}
+    verdicts = [
+        f"- {g['goal']}: last run {old['measured']} ({'met' if old['met'] else 'not met'}"
+        f"{'' if old['goal'] == g['goal'] else ' against: ' + old['goal']}), "
+        f"now {'met' if g['met'] else 'not met'}"
+        for r in results.values()
+        for g in r["goals"]
+        if (old := old_goals.get(_goal_key(g["goal"]))) is not None
+    ]
+    out = [
+        f"## Moved since the last run ({rev})",
+        "",
+        f"The committed results at `{rev}` against this run: each figure of a table both have "
+        f"that changed by {MOVED_AT_LEAST:.0%} or more (largest first, at most {MOVED_ROWS}).",
+        "",
+    ]
+    if not previous:
+        return [*out, "No committed results at that revision.", ""]
+    out += [
+        "| table | row | column | last run | this run | this / last |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    out += [line for _, line in sorted(moves, key=lambda m: -m[0])[:MOVED_ROWS]]
+    if len(moves) > MOVED_ROWS:
+        out.append(f"\n({len(moves) - MOVED_ROWS} smaller moves not listed)")
+    out += ["", "Goals measured the same way in both runs:", "", *verdicts, ""]
+    return out
 
 
 def md_table(table: dict[str, Any]) -> str:
@@ -180,7 +280,12 @@ def goals_section(results: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def render(results: dict[str, dict[str, Any]], chart_name: str | None) -> str:
+def render(
+    results: dict[str, dict[str, Any]],
+    chart_name: str | None,
+    previous: dict[str, dict[str, Any]] | None = None,
+    rev: str = "HEAD",
+) -> str:
     out = [
         "# Benchmark results",
         "",
@@ -191,6 +296,8 @@ def render(results: dict[str, dict[str, Any]], chart_name: str | None) -> str:
         "",
     ]
     out += goals_section(results)
+    if previous is not None:
+        out += moved_section(results, previous, rev)
     out += machine_section(results)
     out += commands_section(results)
     for name, r in results.items():
@@ -210,6 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{NAME}", description=__doc__)
     parser.add_argument("--results-dir", default=str(RESULTS_DIR))
     parser.add_argument("--output", default=str(BENCH_DIR / "RESULTS.md"))
+    parser.add_argument(
+        "--previous",
+        default="HEAD",
+        metavar="REV",
+        help="the git revision whose committed results are the last run (default: HEAD)",
+    )
     args = parser.parse_args(argv)
     results = load(Path(args.results_dir))
     if not results:
@@ -220,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     chart_name: str | None = None
     if "server" in results and chart(results["server"], output.parent / CHART):
         chart_name = CHART
-    output.write_text(render(results, chart_name))
+        if output.parent.resolve() == BENCH_DIR.resolve():  # the docs site shows the same plot
+            shutil.copyfile(output.parent / CHART, DOCS_CHART)
+    output.write_text(render(results, chart_name, load_previous(args.previous), args.previous))
     print(f"wrote {output}" + (f" and {output.parent / CHART}" if chart_name else ""))
     missing = [n for n in ORDER if n not in results]
     if missing:

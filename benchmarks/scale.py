@@ -29,6 +29,7 @@ from typing import Any
 
 from benchmarks._common import (
     BenchRun,
+    Goal,
     ServerProcess,
     Table,
     available_loops,
@@ -45,6 +46,8 @@ from benchmarks._common import (
 from benchmarks._loadgen import LEASE_S
 
 NAME = "scale"
+MEMORY_GOAL_RATIO = 2.0
+"""Issue 28: memory per held lock at most 2x Redis's (RSS growth per held lock)."""
 BATCH = 1000
 CONNECT_CHUNK = 500
 SETTLE_TIMEOUT_S = 60.0
@@ -203,6 +206,8 @@ def start(label: str, tmp: Any, maxclients: int) -> ServerProcess:
         "3600",
         "--max-connections",
         "0",  # 10,000 idle connections: past the default cap
+        "--max-waits-per-connection",
+        "0",  # every waiter is queued over one connection
     )
 
 
@@ -254,6 +259,36 @@ def measure_connections(label: str, tmp: Any, count: int) -> Memory:
                 sock.close()
             monitor.close()
     return Memory(label, "idle connection", count, before, after, used_before, used_after)
+
+
+def measure_waiters(loop: str, tmp: Any, count: int) -> Memory:
+    """``count`` held keys, then one waiter queued on each (two-phase ``e``, pipelined over one
+    connection, each answered ``queued``): the RSS growth per waiter. Redis has no queue (its
+    Lock's waiters poll), so there is no Redis row."""
+    with owned_servers() as servers:
+        server = start(f"dflockd ({loop})", tmp, count)
+        servers.append(server)
+        holder = Client(server)
+        waiter = Client(server)
+        try:
+            hold_locks(server, holder, count)
+            waiter.call(b"ping\n_\n_\n")
+            before = server.rss()
+            for start_at in range(0, count, BATCH):
+                n = min(BATCH, count - start_at)
+                waiter.sock.sendall(
+                    b"".join(
+                        b"e\ndflock-bench:scale:%07d\n\n" % i for i in range(start_at, start_at + n)
+                    )
+                )
+                for line in waiter.lines(n):
+                    if line != b"queued":
+                        raise RuntimeError(f"expected queued, got {line!r}")
+            after = server.rss()
+        finally:
+            holder.close()
+            waiter.close()
+    return Memory(server.label, "waiter", count, before, after)
 
 
 @dataclass
@@ -365,6 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{label}: {held[-1].per_item:.0f} bytes per held lock", flush=True)
             idle.append(measure_connections(label, tmp, connections))
             print(f"{label}: {idle[-1].per_item:.0f} bytes per idle connection", flush=True)
+        waiting = [measure_waiters(loop, tmp, locks) for loop in loops]
+        for m in waiting:
+            print(f"{m.server}: {m.per_item:.0f} bytes per waiter", flush=True)
         refused: list[Refusals] = []
         for loop in loops:
             for size in full_tables:
@@ -405,6 +443,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         run.add(table)
     table = Table(
+        f"Memory per waiter, {locks:,} held keys with one queued acquire each (bytes)",
+        ["server", "RSS before (MB)", "RSS after (MB)", "per waiter (RSS)", "/ its held lock"],
+        notes=[
+            "RSS growth divided by the waiters, queued by two-phase `e` over one connection; "
+            "Redis has no queue (redis-py's Lock polls), so no row"
+        ],
+    )
+    for m in waiting:
+        lock = next(h for h in held if h.server == m.server)
+        table.rows.append(
+            [
+                m.server,
+                fmt_num(m.rss_before / MB),
+                fmt_num(m.rss_after / MB),
+                fmt_num(m.per_item, 0),
+                fmt_ratio(ratio(m.per_item, lock.per_item)),
+            ]
+        )
+    run.add(table)
+    redis_held = next(m for m in held if m.server == REDIS)
+    for m in held:
+        if m.server == REDIS:
+            continue
+        share = ratio(m.per_item, redis_held.per_item)
+        run.goals.append(
+            Goal(
+                goal=f"memory per held lock at most {MEMORY_GOAL_RATIO:g}x Redis's ({m.server})",
+                measured=(
+                    f"{m.per_item:,.0f} B against Redis's {redis_held.per_item:,.0f} B "
+                    f"({share:.2f}x)"
+                ),
+                met=share <= MEMORY_GOAL_RATIO,
+                detail=f"RSS growth per lock, {locks:,} keys held",
+            )
+        )
+    table = Table(
         f"Server CPU per refused new-key acquire, full key table ({refusals:,} refusals)",
         ["server", *(f"{size:,} keys (us)" for size in full_tables), "largest / smallest"],
         notes=[
@@ -425,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.data["refusals_flat"] = flat
     run.data["held_locks"] = [m.as_dict() for m in held]
     run.data["idle_connections"] = [m.as_dict() for m in idle]
+    run.data["waiters"] = [m.as_dict() for m in waiting]
     run.write()
     return 0
 
