@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -446,3 +447,35 @@ def test_a_taken_over_grant_comes_back_with_its_onclose_lease(tmp_path: Path) ->
         wait_until(lambda: again.stats()["locks"][0]["detached"], what="detached at the close")
         (entry,) = again.stats()["locks"]
         assert 0 < entry["lease_expires_in_s"] <= 30
+
+
+@pytest.mark.parametrize("clients", [1, 4])
+@pytest.mark.parametrize("fsync", ["everysec", "always", "no"])
+def test_every_reply_leaves_after_its_record_is_in_the_file(
+    tmp_path: Path, fsync: str, clients: int
+) -> None:
+    """Records before replies, for every fsync mode, one connection alone and several sharing
+    the loop's group writes: the file is read the moment each reply arrives."""
+    journal = tmp_path / "journal"
+    server = ServerThread(config(tmp_path, journal_fsync=fsync)).start()
+    failures: list[str] = []
+
+    def client(n: int) -> None:
+        with Wire(server.address) as w:
+            for i in range(100):
+                token = w.lock(f"k{n}-{i % 3}", lease=LEASE)
+                if f" {token} ".encode() not in journal.read_bytes():
+                    failures.append(f"grant {token} answered before its record")
+                assert w.req("r", f"k{n}-{i % 3}", token) == "ok"
+                if f" R {token}\n".encode() not in journal.read_bytes():
+                    failures.append(f"release of {token} answered before its record")
+
+    try:
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        server.stop()
+    assert failures == []
