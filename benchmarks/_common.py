@@ -583,11 +583,19 @@ class BenchRun:
     def command(self) -> str:
         return " ".join(["uv run python -m", f"benchmarks.{self.name}", *self.argv]).strip()
 
-    def write(self) -> Path:
+    def write(self, *, with_same_run: bool = False) -> Path:
+        """Write the results file. ``with_same_run``: a benchmark run in parts (``contention``
+        and ``contention --only busy``) keeps what an earlier part of the same run id wrote
+        there, but for the tables and goals this part measured again."""
         finished = time.time()
         results_dir = Path(self.args.results_dir)
         results_dir.mkdir(parents=True, exist_ok=True)
         path = results_dir / f"{self.name}.json"
+        earlier: dict[str, Any] = {}
+        if with_same_run and path.exists():
+            earlier = json.loads(path.read_text())
+            if earlier.get("run_id") != self.args.run_id or not self.args.run_id:
+                earlier = {}
         payload = {
             "benchmark": self.name,
             "run_id": self.args.run_id,
@@ -604,6 +612,22 @@ class BenchRun:
             "goals": [asdict(g) for g in self.goals],
             "data": self.data,
         }
+        if earlier:
+            titles = {t.title for t in self.tables}
+            goals = {g.goal for g in self.goals}
+            payload["command"] = f"{earlier['command']}; {payload['command']}"
+            payload["started"] = earlier["started"]
+            payload["loadavg_start"] = earlier["loadavg_start"]
+            payload["params"] = {**earlier["params"], **self.params}
+            payload["tables"] = [
+                *(t for t in earlier["tables"] if t["title"] not in titles),
+                *payload["tables"],
+            ]
+            payload["goals"] = [
+                *(g for g in earlier["goals"] if g["goal"] not in goals),
+                *payload["goals"],
+            ]
+            payload["data"] = {**earlier["data"], **self.data}
         path.write_text(json.dumps(payload, indent=1) + "\n")
         for goal in self.goals:
             verdict = "MET" if goal.met else "NOT MET"

@@ -4,6 +4,8 @@
     uv run python -m benchmarks.contention --quick
     uv run python -m benchmarks.contention --only busy   # the busy-keys batch (3 minutes)
 
+The two parts share one results file when they share a ``--run-id`` (either order).
+
 One connection holds the key; ``--waiters`` connections then ask for it one after another
 (each is seen queued in ``stats`` before the next asks). The holder releases, and every waiter
 releases as soon as it is granted, so the key is handed down the whole queue. Handoff latency
@@ -578,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with workdir("dflock-bench-contention-") as tmp, owned_servers() as servers:
         if args.only == "busy":
             busy_ok = busy_keys(run, tmp, servers, quick)
-            run.write()
+            run.write(with_same_run=True)
             return 0 if busy_ok else 1
         for loop in loops:
             server = start_dflockd(loop, tmp, "--max-locks", "100000")
@@ -644,7 +646,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     run.data["outcomes"] = [o.as_dict() for o in outcomes]
-    run.write()
+    run.write(with_same_run=True)
     return 0 if busy_ok and all(o.fifo and o.fences_increasing for o in ours) else 1
 
 
