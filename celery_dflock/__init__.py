@@ -17,45 +17,98 @@ import importlib
 from typing import TYPE_CHECKING, Final
 
 import celery_dflock.client as _client
-from celery_dflock.client import errors as _errors
+import celery_dflock.client.errors as _errors
 
+# Spelled out (not ``import *``): the type checker and the docs' reference read these
+# statically; tests/test_architecture.py checks they are exactly the lazily served names.
 if TYPE_CHECKING:
-    from celery_dflock.beat import SingletonScheduler
-
-    # Spelled out (not ``import *``): the type checker and the docs' reference read these
-    # statically; tests/test_architecture.py checks they are exactly the lazily served names.
+    from celery_dflock.beat import SingletonScheduler as SingletonScheduler
     from celery_dflock.client import (
-        AsyncClient,
-        AsyncConnectionPool,
-        AsyncDistributedLock,
-        AsyncDistributedSemaphore,
-        Client,
-        ConnectionPool,
-        DistributedLock,
-        DistributedSemaphore,
-        Hold,
-        ShardingStrategy,
-        rendezvous_shard,
-        stable_hash_shard,
+        AsyncClient as AsyncClient,
+    )
+    from celery_dflock.client import (
+        AsyncConnectionPool as AsyncConnectionPool,
+    )
+    from celery_dflock.client import (
+        AsyncDistributedLock as AsyncDistributedLock,
+    )
+    from celery_dflock.client import (
+        AsyncDistributedSemaphore as AsyncDistributedSemaphore,
+    )
+    from celery_dflock.client import (
+        Client as Client,
+    )
+    from celery_dflock.client import (
+        ConnectionPool as ConnectionPool,
+    )
+    from celery_dflock.client import (
+        DistributedLock as DistributedLock,
+    )
+    from celery_dflock.client import (
+        DistributedSemaphore as DistributedSemaphore,
+    )
+    from celery_dflock.client import (
+        Hold as Hold,
+    )
+    from celery_dflock.client import (
+        ShardingStrategy as ShardingStrategy,
+    )
+    from celery_dflock.client import (
+        rendezvous_shard as rendezvous_shard,
+    )
+    from celery_dflock.client import (
+        stable_hash_shard as stable_hash_shard,
     )
     from celery_dflock.client.errors import (
-        AlreadyQueued,
-        AuthError,
-        DflockError,
-        HoldsUnsupported,
-        InvalidValueError,
-        KeyHeld,
-        LimitMismatchError,
-        LockLost,
-        LockNotAcquired,
-        LockNotOwned,
-        LockSkipped,
-        MaxLocksError,
-        MaxWaitersError,
-        ProtocolError,
-        ServerDraining,
-        ServerUnavailable,
-        ShardingMismatchError,
+        AlreadyQueued as AlreadyQueued,
+    )
+    from celery_dflock.client.errors import (
+        AuthError as AuthError,
+    )
+    from celery_dflock.client.errors import (
+        DflockError as DflockError,
+    )
+    from celery_dflock.client.errors import (
+        HoldsUnsupported as HoldsUnsupported,
+    )
+    from celery_dflock.client.errors import (
+        InvalidValueError as InvalidValueError,
+    )
+    from celery_dflock.client.errors import (
+        KeyHeld as KeyHeld,
+    )
+    from celery_dflock.client.errors import (
+        LimitMismatchError as LimitMismatchError,
+    )
+    from celery_dflock.client.errors import (
+        LockLost as LockLost,
+    )
+    from celery_dflock.client.errors import (
+        LockNotAcquired as LockNotAcquired,
+    )
+    from celery_dflock.client.errors import (
+        LockNotOwned as LockNotOwned,
+    )
+    from celery_dflock.client.errors import (
+        LockSkipped as LockSkipped,
+    )
+    from celery_dflock.client.errors import (
+        MaxLocksError as MaxLocksError,
+    )
+    from celery_dflock.client.errors import (
+        MaxWaitersError as MaxWaitersError,
+    )
+    from celery_dflock.client.errors import (
+        ProtocolError as ProtocolError,
+    )
+    from celery_dflock.client.errors import (
+        ServerDraining as ServerDraining,
+    )
+    from celery_dflock.client.errors import (
+        ServerUnavailable as ServerUnavailable,
+    )
+    from celery_dflock.client.errors import (
+        ShardingMismatchError as ShardingMismatchError,
     )
     from celery_dflock.task import LockedTask
 
@@ -70,41 +123,9 @@ _WHERE: Final[dict[str, str]] = {
 }
 """Public name -> the module that defines it (imported when the name is first used)."""
 
-__all__ = [
-    "AlreadyQueued",
-    "AsyncClient",
-    "AsyncConnectionPool",
-    "AsyncDistributedLock",
-    "AsyncDistributedSemaphore",
-    "AuthError",
-    "Client",
-    "ConnectionPool",
-    "DflockError",
-    "DistributedLock",
-    "DistributedSemaphore",
-    "Hold",
-    "HoldsUnsupported",
-    "InvalidValueError",
-    "KeyHeld",
-    "LimitMismatchError",
-    "LockLost",
-    "LockNotAcquired",
-    "LockNotOwned",
-    "LockSkipped",
-    "LockedTask",
-    "MaxLocksError",
-    "MaxWaitersError",
-    "ProtocolError",
-    "ServerDraining",
-    "ServerUnavailable",
-    "ShardingMismatchError",
-    "ShardingStrategy",
-    "SingletonScheduler",
-    "__version__",
-    "rendezvous_shard",
-    "stable_hash_shard",
-]
-"""Spelled out for static readers; tests/test_architecture.py checks it against `_WHERE`."""
+__all__ = ["LockedTask", "SingletonScheduler", "__version__"]
+__all__ += _client.__all__
+__all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> object:
