@@ -25,89 +25,35 @@ if TYPE_CHECKING:
     from celery_dflock.beat import SingletonScheduler as SingletonScheduler
     from celery_dflock.client import (
         AsyncClient as AsyncClient,
-    )
-    from celery_dflock.client import (
         AsyncConnectionPool as AsyncConnectionPool,
-    )
-    from celery_dflock.client import (
         AsyncDistributedLock as AsyncDistributedLock,
-    )
-    from celery_dflock.client import (
         AsyncDistributedSemaphore as AsyncDistributedSemaphore,
-    )
-    from celery_dflock.client import (
         Client as Client,
-    )
-    from celery_dflock.client import (
         ConnectionPool as ConnectionPool,
-    )
-    from celery_dflock.client import (
         DistributedLock as DistributedLock,
-    )
-    from celery_dflock.client import (
         DistributedSemaphore as DistributedSemaphore,
-    )
-    from celery_dflock.client import (
         Hold as Hold,
-    )
-    from celery_dflock.client import (
         ShardingStrategy as ShardingStrategy,
-    )
-    from celery_dflock.client import (
         rendezvous_shard as rendezvous_shard,
-    )
-    from celery_dflock.client import (
         stable_hash_shard as stable_hash_shard,
     )
     from celery_dflock.client.errors import (
         AlreadyQueued as AlreadyQueued,
-    )
-    from celery_dflock.client.errors import (
         AuthError as AuthError,
-    )
-    from celery_dflock.client.errors import (
         DflockError as DflockError,
-    )
-    from celery_dflock.client.errors import (
         HoldsUnsupported as HoldsUnsupported,
-    )
-    from celery_dflock.client.errors import (
         InvalidValueError as InvalidValueError,
-    )
-    from celery_dflock.client.errors import (
         KeyHeld as KeyHeld,
-    )
-    from celery_dflock.client.errors import (
         LimitMismatchError as LimitMismatchError,
-    )
-    from celery_dflock.client.errors import (
         LockLost as LockLost,
-    )
-    from celery_dflock.client.errors import (
         LockNotAcquired as LockNotAcquired,
-    )
-    from celery_dflock.client.errors import (
         LockNotOwned as LockNotOwned,
-    )
-    from celery_dflock.client.errors import (
         LockSkipped as LockSkipped,
-    )
-    from celery_dflock.client.errors import (
         MaxLocksError as MaxLocksError,
-    )
-    from celery_dflock.client.errors import (
         MaxWaitersError as MaxWaitersError,
-    )
-    from celery_dflock.client.errors import (
         ProtocolError as ProtocolError,
-    )
-    from celery_dflock.client.errors import (
         ServerDraining as ServerDraining,
-    )
-    from celery_dflock.client.errors import (
         ServerUnavailable as ServerUnavailable,
-    )
-    from celery_dflock.client.errors import (
         ShardingMismatchError as ShardingMismatchError,
     )
     from celery_dflock.task import LockedTask

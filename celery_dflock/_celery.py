@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from celery import Task as _Task
-from celery import signals as _signals
+from celery import Task as _Task, signals as _signals
 from celery._state import _task_stack as _stack  # pyright: ignore[reportPrivateUsage]
-from celery.exceptions import Reject as _Reject
-from celery.exceptions import Retry as _Retry
-from celery.exceptions import TimeLimitExceeded as _TimeLimitExceeded
-from celery.exceptions import WorkerLostError as _WorkerLostError
+from celery.exceptions import (
+    Reject as _Reject,
+    Retry as _Retry,
+    TimeLimitExceeded as _TimeLimitExceeded,
+    WorkerLostError as _WorkerLostError,
+)
 from celery.utils.dispatch import Signal as _Signal
-from celery.utils.log import get_logger as _get_logger
-from celery.utils.log import get_task_logger as _get_task_logger
+from celery.utils.log import get_logger as _get_logger, get_task_logger as _get_task_logger
 from celery.utils.time import get_exponential_backoff_interval as _backoff_interval
 
 __all__ = [

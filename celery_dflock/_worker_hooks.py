@@ -13,8 +13,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Final, cast
 
-from celery_dflock._celery import TimeLimitExceeded, WorkerLostError, get_logger
-from celery_dflock._celery import signals as celery_signals
+from celery_dflock._celery import (
+    TimeLimitExceeded,
+    WorkerLostError,
+    get_logger,
+    signals as celery_signals,
+)
 from celery_dflock._held_records import CHILD_EXIT_WAIT_S, HeldRecords, pid_gone
 from celery_dflock._holds import HOLD_HEADER, HoldRef, hold_of
 from celery_dflock._request import header

@@ -29,8 +29,7 @@ from celery_dflock._threads import leave_signals_to_the_main_thread
 from celery_dflock.client import _by_token, protocol, wire
 from celery_dflock.client._async.lock import AsyncDistributedLock, AsyncDistributedSemaphore
 from celery_dflock.client._async.routing import send_by_token as send_by_token_async
-from celery_dflock.client._async.status import ask as ask_async
-from celery_dflock.client._async.status import ask_shards as ask_shards_async
+from celery_dflock.client._async.status import ask as ask_async, ask_shards as ask_shards_async
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._router import ClusterRouter, split_address
 from celery_dflock.client._servers import (

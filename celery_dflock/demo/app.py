@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
-from celery import signals as celery_signals
+from celery import Celery, signals as celery_signals
 from celery.beat import PersistentScheduler
 
 from celery_dflock.beat import SingletonScheduler

@@ -15,8 +15,7 @@ import logging
 import time
 from typing import Protocol, cast
 
-from dflockd_server import constants as c
-from dflockd_server import protocol as p
+from dflockd_server import constants as c, protocol as p
 from dflockd_server.dispatch import AUTH_FAILED, STATS, Close, Host, Session, Wait
 from dflockd_server.metrics import RequestTimes
 from dflockd_server.snapshots import RationedSnapshots

@@ -21,8 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from dflockd_server import constants as c
-from dflockd_server import protocol as p
+from dflockd_server import constants as c, protocol as p
 from dflockd_server.fence import FenceStateError
 from dflockd_server.table import (
     AlreadyEnqueued,

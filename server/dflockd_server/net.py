@@ -21,8 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dflockd_server import constants as c
-from dflockd_server import protocol as p
+from dflockd_server import constants as c, protocol as p
 from dflockd_server.admission import Admission
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection

@@ -24,8 +24,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Final, Protocol
 
-from dflockd_server import constants as c
-from dflockd_server import protocol as p
+from dflockd_server import constants as c, protocol as p
 
 __all__ = ["Ownership", "SingleOwnership", "StaticOwnership"]
 

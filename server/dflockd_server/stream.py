@@ -15,8 +15,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from dflockd_server import constants as c
-from dflockd_server import protocol as p
+from dflockd_server import constants as c, protocol as p
 from dflockd_server.config import Config
 from dflockd_server.journal import Journal
 from dflockd_server.tls import TlsSession

@@ -9,8 +9,7 @@ anything else. (These live here, next to the benchmarks that motivated them; the
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from dflockd_server import protocol as p
 

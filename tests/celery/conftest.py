@@ -34,8 +34,8 @@ from tests.support.workers import (
     close_app,
     filesystem_settings,
     redis_cleanup,
+    redis_settings as _redis_settings,
 )
-from tests.support.workers import redis_settings as _redis_settings
 
 
 @pytest.fixture

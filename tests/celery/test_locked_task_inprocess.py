@@ -23,8 +23,7 @@ from celery_dflock.client import DistributedLock
 from celery_dflock.config import DflockConfigError, reset_config
 from celery_dflock.signals import install, lock_lost, lock_skipped
 from celery_dflock.task import apply_task_locks
-from dflockd_server import Config
-from dflockd_server import protocol as server_protocol
+from dflockd_server import Config, protocol as server_protocol
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from celery_dflock import LockedTask
 from celery_dflock._held_records import HeldRecords

@@ -8,8 +8,7 @@ may take a fast path, the second never does.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from celery_dflock.client import protocol
 from celery_dflock.client.errors import ProtocolError

@@ -6,8 +6,7 @@ import zlib
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from celery_dflock import DistributedLock, rendezvous_shard, stable_hash_shard
 from celery_dflock.client.sharding import select_server, validate_servers

@@ -19,8 +19,7 @@ import socket
 from collections.abc import Callable, Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dflockd_server import constants as c
 from tests.faults.abuse_helpers import (

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflockd_server import Config
-from dflockd_server import constants as c
+from dflockd_server import Config, constants as c
 from dflockd_server.testing import ServerThread
 from tests.support.servers import DflockdProcess
 from tests.support.wire import Wire

@@ -10,8 +10,7 @@ import zlib
 
 import pytest
 
-from dflockd_server import Config, constants
-from dflockd_server import protocol as p
+from dflockd_server import Config, constants, protocol as p
 from dflockd_server.cli import UsageError, load_config
 from dflockd_server.cluster.shardmap import shard_id
 from dflockd_server.config import ConfigError

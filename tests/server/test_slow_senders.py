@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dflockd_server import Config
-from dflockd_server import constants as c
+from dflockd_server import Config, constants as c
 from dflockd_server.net import Server
 from dflockd_server.testing import ServerThread
 from tests.support.waiting import wait_until
