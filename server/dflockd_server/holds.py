@@ -8,7 +8,7 @@ does). Pure state, no I/O, as the rest of the table.
 
 from __future__ import annotations
 
-from dflockd_server.keys import Bound, Client, Holder, Waiter
+from dflockd_server.keys import Bound, Client, Holder, KeyState, Waiter
 from dflockd_server.tablecore import CLIENT_COMPACT_MIN, TableCore
 
 __all__ = ["HoldTable"]
@@ -177,7 +177,11 @@ class HoldTable(TableCore):
         state = self.keys.get(key)
         if state is None:
             return None
-        now = self.clock()
+        return self._live_holder(state, token, self.clock())
+
+    def _live_holder(self, state: KeyState, token: str, now: float) -> Holder | None:
+        """The grant ``token`` holds on ``state``'s key once its leases due by ``now`` have
+        run out (their waiters woken), or ``None``."""
         if now >= state.earliest:
             self._check(state, now)
             self._flush()

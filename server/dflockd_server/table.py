@@ -242,12 +242,7 @@ class LockTable(HoldTable):
         if state is None:
             return None
         now = self.clock()
-        if now >= state.earliest:
-            self._check(state, now)
-            self._flush()
-        holder = state.one
-        if holder is None or holder.token != token:
-            holder = state.many.get(token) if state.many else None
+        holder = self._live_holder(state, token, now)
         if holder is None:
             return None
         if lease_ttl > self.lease_noted:
