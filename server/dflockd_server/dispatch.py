@@ -10,8 +10,8 @@ reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``A
 (a wrong secret: the answer and the close come after a delay).
 
 There is one dispatch: each command has one route (``Session.route_table``), which parses its
-request, the usual shapes first without building a ``Request`` (``protocol.quick_lock`` and
-``quick_token``), then acts on the table.
+request, the usual shapes first without building a ``Request`` (``protocol.quick_lock``,
+``quick_hold`` and ``quick_token``), then acts on the table.
 """
 
 from __future__ import annotations
@@ -265,33 +265,46 @@ class Session:
         return self._later(Wait(got, timeout))
 
     def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``hl``: a lock acquire with an owner note, bound to the connection or detached."""
-        req = self._decode(cmd, key, arg)
-        if req is None:
-            return p.REPLY_ERROR
-        lease, note = req.lease, req.note
-        assert lease is not None and note is not None
+        """``hl``: a lock acquire with an owner note, bound to the connection or detached
+        (the usual shape first, as ``_acquire`` does: every LockedTask run sends one)."""
+        quick = p.quick_hold(key, arg)
+        if quick is not None:
+            name, timeout, lease, detached, note = quick
+        else:
+            req = self._decode(cmd, key, arg)
+            if req is None:
+                return p.REPLY_ERROR
+            assert req.lease is not None and req.note is not None
+            name, timeout, lease, detached, note = (
+                req.key,
+                req.timeout,
+                req.lease,
+                req.detached,
+                req.note,
+            )
         if lease > self.max_lease:
             return self._too_long(lease)
-        if (refused := self._check(req.key)) is not None:
+        if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
-        self.table.asking = self.asking
+        table = self.table
+        table.asking = self.asking
         try:
-            got = self.table.hold(
+            got = table.hold(
                 self.client,
-                req.key,
+                name,
                 lease,
                 note,
-                detached=req.detached,
-                queue=req.timeout > 0 and not self.eof,
+                detached=detached,
+                queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
             return _refusal(exc)
         if got is None:
-            return p.reply_held_by(self.table.holder_note(req.key))
-        if isinstance(got, Holder):
-            return p.reply_grant(c.STATUS_OK, got.token, got.lease_ttl)
-        return self._later(Wait(got, req.timeout))
+            return p.reply_held_by(table.holder_note(name))
+        if type(got) is Holder:
+            return b"%s %s %d\n" % (_STATUS_OK, got.token.encode(), got.lease_ttl)
+        assert isinstance(got, Waiter)
+        return self._later(Wait(got, timeout))
 
     def _note(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``note``: replace a held grant's owner note."""

@@ -18,6 +18,7 @@ __all__ = [
     "Request",
     "RequestFramer",
     "decode_request",
+    "quick_hold",
     "quick_lock",
     "quick_token",
     "reply_bound",
@@ -44,6 +45,9 @@ _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _SHORT_DIGITS: Final = len(str(c.MAX_NUMBER)) - 1
 """A number of at most this many digits is below ``MAX_NUMBER``: no range check needed."""
+_NOTE_BYTES: Final = bytes(range(0x21, 0x7F))
+"""The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate`` to check
+one in C rather than byte by byte in Python."""
 
 
 class LineTooLong(Exception):
@@ -272,7 +276,7 @@ def _note(raw: bytes) -> str:
     """An owner note: 1..``MAX_NOTE_BYTES`` printable ASCII bytes without space (``!``..``~``)."""
     if not 1 <= len(raw) <= c.MAX_NOTE_BYTES:
         raise Malformed(f"note must be 1..{c.MAX_NOTE_BYTES} bytes, got {len(raw)}")
-    if any(not 0x21 <= byte <= 0x7E for byte in raw):
+    if raw.translate(None, _NOTE_BYTES):  # what is left is outside '!'..'~'
         raise Malformed(f"note holds a byte outside '!'..'~': {raw[:40]!r}")
     return raw.decode("ascii")
 
@@ -418,6 +422,44 @@ def quick_token(key: bytes, arg: bytes) -> tuple[str, str, int | None] | None:
         return None
     try:
         return key.decode(), token.decode("ascii"), lease
+    except UnicodeDecodeError:
+        return None
+
+
+def quick_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str] | None:
+    """``hl`` as ``(key, timeout, lease, detached, note)`` when its argument is
+    ``<timeout> <lease> <mode> <note>`` with single spaces, short ASCII numbers, lease > 0,
+    mode ``c`` or ``d`` and a valid note, and the key is UTF-8 without whitespace; otherwise
+    ``None`` (``decode_request`` then has the last word, and the error). LockedTask sends
+    every run's acquire in this shape."""
+    parts = arg.split(b" ")
+    if len(parts) != 4:
+        return None
+    timeout, lease_raw, mode, note = parts
+    if (
+        not timeout.isdigit()
+        or len(timeout) > _SHORT_DIGITS
+        or not lease_raw.isdigit()
+        or len(lease_raw) > _SHORT_DIGITS
+        or not 1 <= len(note) <= c.MAX_NOTE_BYTES
+        or note.translate(None, _NOTE_BYTES)
+        or not key
+        or _SP in key
+        or _TAB in key
+        or _CR in key
+    ):
+        return None
+    if mode == _CONNECTION:
+        detached = False
+    elif mode == _DETACHED:
+        detached = True
+    else:
+        return None
+    lease = int(lease_raw)
+    if lease == 0:
+        return None
+    try:
+        return key.decode(), int(timeout), lease, detached, note.decode("ascii")
     except UnicodeDecodeError:
         return None
 
