@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import is_
 from types import MethodType
 from typing import Any, Final, cast
 
@@ -129,7 +130,11 @@ class _Plan:
     options: LockOptions | None
 
     def fits(self, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
-        return self.config is config and all(
+        if self.config is not config:
+            return False
+        # Every attribute the very object it was (the usual case), compared in C; else each
+        # by `_same` (a function-valued attribute is a new bound method at every access).
+        return all(map(is_, self.attributes, attributes)) or all(
             _same(a, b) for a, b in zip(self.attributes, attributes, strict=True)
         )
 
@@ -206,7 +211,7 @@ def options_for(
     """The lock options of a run (or a publish) of ``task``; None when it is not locked
     (``runs``: what the runs of ``task`` reuse in this process, `Runtime.task_runs`)."""
     name = str(task.name)
-    attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
+    attributes = tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
     if per_call:  # per call: resolved every time (they must win)
         given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
         return resolve_options(config, name, given, per_call)

@@ -67,7 +67,9 @@ def header(request: Any, name: str) -> object:
     ``request.headers`` in eager runs)."""
     value = getattr(request, name, None)
     if value is None:
-        value = request_headers(request).get(name)
+        headers = getattr(request, "headers", None)
+        if isinstance(headers, Mapping):
+            value = cast("Mapping[str, object]", headers).get(name)
     return cast("object", value)
 
 
