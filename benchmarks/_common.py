@@ -258,6 +258,7 @@ def start_dflockd(
     command: list[str] | None = None,
     journal: bool = True,
     journal_fsync: str | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> ServerProcess:
     """Start ``dflockd`` on 127.0.0.1 (free port) on ``loop``; returns once it listens.
 
@@ -296,7 +297,7 @@ def start_dflockd(
             env=env,
         )
     server = ServerProcess(label, proc, "127.0.0.1", 0, log_path, state_dir)
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + start_timeout_s
     while True:
         match = _LISTENING.search(server.log_tail(100_000))
         if match:
@@ -316,13 +317,19 @@ def redis_server_binary() -> str | None:
 
 
 def start_redis(
-    workdir: Path, *, maxclients: int = 10_000, appendfsync: str | None = None
+    workdir: Path,
+    *,
+    maxclients: int = 10_000,
+    appendfsync: str | None = None,
+    wrapper: Sequence[str] = (),
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> ServerProcess:
     """Start a private ``redis-server`` on a free port; returns once it answers.
 
     No persistence, unless ``appendfsync`` (``always``, ``everysec`` or ``no``): then its
     append-only file is on (``--appendonly yes --appendfsync <it>``, Redis's own settings
-    otherwise), in a fresh directory in ``workdir``. Never an RDB snapshot.
+    otherwise), in a fresh directory in ``workdir``. Never an RDB snapshot. ``wrapper``: a
+    command the server runs under (``valgrind ...``).
     """
     binary = redis_server_binary()
     if binary is None:
@@ -342,6 +349,7 @@ def start_redis(
         raise_fd_limit(maxclients + 64)
         proc = subprocess.Popen(
             [
+                *wrapper,
                 binary,
                 "--bind",
                 "127.0.0.1",
@@ -362,7 +370,7 @@ def start_redis(
             stderr=subprocess.DEVNULL,
         )
         server = ServerProcess("redis", proc, "127.0.0.1", port, log_path, data_dir)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout_s
         while server.alive() and time.monotonic() < deadline:
             if redis_ping(server.host, port):
                 return server

@@ -23,7 +23,16 @@ from typing import Any
 from benchmarks._common import BENCH_DIR, RESULTS_DIR
 
 NAME = "report"
-ORDER = ("server", "journal", "cluster", "contention", "scale", "celery_tasks", "profile_server")
+ORDER = (
+    "server",
+    "journal",
+    "cluster",
+    "contention",
+    "scale",
+    "celery_tasks",
+    "profile_server",
+    "instructions",
+)
 SECTIONS = {
     "server": "Lock server: dflockd against Redis",
     "journal": "Lease journal: what durability costs, beside Redis's AOF",
@@ -32,6 +41,7 @@ SECTIONS = {
     "scale": "Scale: memory per held lock and per idle connection",
     "celery_tasks": "Celery: plain tasks against locked tasks",
     "profile_server": "Where the server's CPU goes (cProfile)",
+    "instructions": "Instructions per pair (callgrind): server and client, load-independent",
 }
 CHART = "throughput.png"
 DOCS_CHART = BENCH_DIR.parent / "docs" / "assets" / "images" / CHART

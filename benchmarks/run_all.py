@@ -1,6 +1,6 @@
 """Run every benchmark, one after another, then rewrite RESULTS.md from their results.
 
-    uv run python -m benchmarks.run_all            # full sizes (about 10 minutes on 2 cores)
+    uv run python -m benchmarks.run_all            # full sizes (about 16 minutes on 2 cores)
     uv run python -m benchmarks.run_all --quick    # tiny sizes, well under a minute
 
 Each benchmark runs in its own process with the same ``--run-id``, so RESULTS.md can tell
@@ -20,16 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks._common import BENCH_DIR, REPO, RESULTS_DIR, etcd_binary
+from benchmarks.report import ORDER
 
-BENCHMARKS = (
-    "server",
-    "journal",
-    "cluster",
-    "contention",
-    "scale",
-    "celery_tasks",
-    "profile_server",
-)
+BENCHMARKS = ORDER
+"""Every benchmark, in the order they run: the order RESULTS.md shows them in."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,6 +37,7 @@ JOURNAL_TARGETS = {
     "journal always": "always",
 }
 CLUSTER_TIMEOUT_S = 60
+INSTRUCTIONS_TIMEOUT_S = 300
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -298,3 +299,36 @@ def test_cluster_benchmark_quick(tmp_path: Path) -> None:
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## Cluster mode: one server against a 3-member cluster" in text
     assert "Where cluster mode's extra server CPU per pair goes" in text
+
+
+def test_instructions_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks.instructions --quick`` (one short run per target, start-up counted in):
+    dflockd (uvloop) and Redis counted under callgrind, and the client loops; each a positive
+    count per pair, the client library dearer than the plain socket loop, a RESULTS.md
+    section."""
+    if shutil.which("valgrind") is None:
+        unavailable("valgrind is not installed (benchmarks.instructions counts with callgrind)")
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.instructions", "--quick", "--pairs", "20"),
+            *("--results-dir", str(tmp_path)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=INSTRUCTIONS_TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "instructions.json").read_text())["data"]
+    assert set(data["servers"]) == {"dflockd (uvloop) l + r", "redis SET NX PX + EVALSHA"}
+    assert all(count > 0 for count in data["servers"].values()), data["servers"]
+    clients = data["clients"]
+    assert set(clients) == {"plain socket (l + r)", "celery_dflock Client.lock"}
+    assert clients["celery_dflock Client.lock"] > clients["plain socket (l + r)"] > 0, clients
+    report = [sys.executable, "-m", "benchmarks.report", "--results-dir", str(tmp_path)]
+    report += ["--output", str(tmp_path / "RESULTS.md")]
+    subprocess.run(report, cwd=REPO, check=True, capture_output=True, timeout=60)
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "## Instructions per pair (callgrind)" in text
+    assert "| celery_dflock Client.lock |" in text

@@ -1,0 +1,367 @@
+"""What an acquire+release pair costs in instructions, counted by callgrind: figures that do
+not move with whatever else the machine runs.
+
+    uv run python -m benchmarks.instructions            # every target, 1,000 pairs each
+    uv run python -m benchmarks.instructions --quick    # smoke: one short run per target
+
+The timing benchmarks (``server``, ``celery_tasks``) move by tens of percent between runs on a
+shared 2-core machine; an instruction count of the same build doing the same pairs moves by
+well under 1%. So this is the benchmark to decide a change to a hot path by, and the timing
+ones say what it is worth. Each target runs twice under ``valgrind --tool=callgrind`` (the
+process's user-space instructions): ``--base`` pairs, then ``--base`` + ``--pairs`` pairs; the
+difference divided by ``--pairs`` is the cost of one pair, start-up and shut-down left out.
+What it does not count: the kernel (system calls, the loopback network, which are most of a
+round trip's CPU here) and what an instruction costs (cache misses); the timing benchmarks do.
+
+Servers, one connection, round trips; the server under callgrind, driven by a plain socket
+client outside it, the same for every server:
+
+* dflockd on each loop (the ``uvloop+mypyc`` build too, unless ``--quick``), its lease
+  journal on as users run it: ``l`` + ``r``, and ``hl`` with an owner note + ``r`` (what each
+  LockedTask run sends);
+* Redis: ``SET key token NX PX`` + a compare-and-delete script by ``EVALSHA`` (what redis-py's
+  Lock sends).
+
+Clients, the client process under callgrind, the server outside it: a plain socket loop (the
+floor: ``l`` + ``r``), ``celery_dflock.Client.lock`` (as ``with client.lock(key): ...``, the
+renewal scheduled and cancelled, the connection pooled), redis-py's ``Lock`` against Redis.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks._common import (
+    COMPILED_SUFFIX,
+    BenchRun,
+    ServerProcess,
+    Table,
+    available_loops,
+    base_parser,
+    dflockd_command,
+    fmt_num,
+    fmt_ratio,
+    owned_servers,
+    ratio,
+    split_build,
+    start_dflockd,
+    start_redis,
+    workdir,
+)
+
+NAME = "instructions"
+START_UNDER_VALGRIND_S = 120.0
+"""A Python server starts 20-50 times slower under callgrind."""
+NOTE = "03a309e9-ee62-413a-80bd-049e40478dd4/celery%40worker-1"
+"""An owner note of the shape LockedTask sends (the task id, then the worker)."""
+LEASE_S = 33
+RELEASE_SCRIPT = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
+"""Delete the key only while it holds the caller's token: the release a Redis lock needs."""
+_TOTAL = re.compile(rb"^(?:summary|totals): (\d+)", re.M)
+
+
+def valgrind() -> str:
+    found = shutil.which("valgrind")
+    if found is None:
+        raise SystemExit(
+            "benchmarks.instructions counts with valgrind's callgrind, which is not installed "
+            "(Debian: apt-get install valgrind)"
+        )
+    return found
+
+
+def callgrind(out: Path) -> list[str]:
+    return [valgrind(), "--tool=callgrind", f"--callgrind-out-file={out}"]
+
+
+def total(out: Path) -> int:
+    """The instructions a callgrind output file counted."""
+    match = _TOTAL.search(out.read_bytes())
+    if match is None:
+        raise RuntimeError(f"no instruction total in {out}")
+    return int(match.group(1))
+
+
+# ------------------------------------------------------------------ the server-side drivers
+class Wire:
+    """One blocking connection, a request at a time, the replies read line by line."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.sock = socket.create_connection((server.host, server.port), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def line(self) -> bytes:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("the server closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def ask(self, data: bytes) -> bytes:
+        self.sock.sendall(data)
+        return self.line()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def dflockd_pairs(hold: bool) -> Callable[[ServerProcess, str, int], None]:
+    def drive(server: ServerProcess, prefix: str, n: int) -> None:
+        wire = Wire(server)
+        try:
+            for i in range(n):
+                key = b"%s:%d" % (prefix.encode(), i)
+                if hold:
+                    request = b"hl\n%s\n0 %d c %s\n" % (key, LEASE_S, NOTE.encode())
+                else:
+                    request = b"l\n%s\n0 %d\n" % (key, LEASE_S)
+                reply = wire.ask(request).split()
+                if reply[0] != b"ok":
+                    raise RuntimeError(f"acquire refused: {reply!r}")
+                if wire.ask(b"r\n%s\n%s\n" % (key, reply[1])) != b"ok":
+                    raise RuntimeError("release refused")
+        finally:
+            wire.close()
+
+    return drive
+
+
+def _resp(*parts: bytes) -> bytes:
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def redis_pairs(server: ServerProcess, prefix: str, n: int) -> None:
+    wire = Wire(server)
+    try:
+        sha = wire.ask(_resp(b"SCRIPT", b"LOAD", RELEASE_SCRIPT.encode()))  # "$40", then it
+        if not sha.startswith(b"$"):
+            raise RuntimeError(f"SCRIPT LOAD refused: {sha!r}")
+        digest = wire.line().rstrip(b"\r")
+        ttl = b"%d" % (LEASE_S * 1000)
+        for i in range(n):
+            key, token = b"%s:%d" % (prefix.encode(), i), b"%032x" % i
+            if wire.ask(_resp(b"SET", key, token, b"NX", b"PX", ttl)) != b"+OK\r":
+                raise RuntimeError("SET NX refused")
+            if wire.ask(_resp(b"EVALSHA", digest, b"1", key, token)) != b":1\r":
+                raise RuntimeError("release script refused")
+    finally:
+        wire.close()
+
+
+FORMS = (("l + r", False), ("hl + r", True))
+"""dflockd's request pairs: (label, with an owner note)."""
+
+
+# ------------------------------------------------------------------ the client-side loops
+CLIENT_LOOPS = {
+    "plain socket (l + r)": (
+        "import socket, sys\n"
+        "host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+        "s = socket.create_connection((host, port))\n"
+        "s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
+        "for i in range(n):\n"
+        "    s.sendall(b'l\\nk-%d\\n0\\n' % i)\n"
+        "    token = s.recv(100).split()[1]\n"
+        "    s.sendall(b'r\\nk-%d\\n%s\\n' % (i, token))\n"
+        "    s.recv(100)\n"
+    ),
+    "celery_dflock Client.lock": (
+        "import sys\n"
+        "from celery_dflock import Client\n"
+        "host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+        "client = Client([(host, port)])\n"
+        "for i in range(n):\n"
+        "    with client.lock(f'k-{i}'):\n"
+        "        pass\n"
+        "client.close()\n"
+    ),
+    "redis-py Lock": (
+        "import sys\n"
+        "import redis\n"
+        "host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+        f"r = redis.Redis(host=host, port=port)\n"
+        "for i in range(n):\n"
+        f"    with r.lock(f'k-{{i}}', timeout={LEASE_S}):\n"
+        "        pass\n"
+        "r.close()\n"
+    ),
+}
+
+
+@dataclass
+class Counted:
+    target: str
+    per_pair: float
+    base: int
+    longer: int
+
+
+def _lengths(base: int, pairs: int) -> tuple[int, ...]:
+    """The run lengths: ``base`` and ``base + pairs``; ``base`` 0 (``--quick``): one run of
+    ``pairs``, its start-up counted in (a smoke test's figure, meaning nothing)."""
+    return (pairs,) if base == 0 else (base, base + pairs)
+
+
+def _counted(label: str, totals: list[int], pairs: int) -> Counted:
+    if len(totals) == 1:
+        return Counted(label, totals[0] / pairs, 0, totals[0])
+    return Counted(label, (totals[1] - totals[0]) / pairs, *totals)
+
+
+def count_server(
+    label: str,
+    start: Callable[[list[str]], ServerProcess],
+    drive: Callable[[ServerProcess, str, int], None],
+    tmp: Path,
+    *,
+    base: int,
+    pairs: int,
+) -> Counted:
+    totals: list[int] = []
+    for n in _lengths(base, pairs):
+        out = tmp / f"callgrind.{re.sub(r'[^A-Za-z0-9]+', '-', label)}.{n}"
+        with owned_servers() as servers:
+            server = start(callgrind(out))
+            servers.append(server)
+            drive(server, "dflock-bench:instructions", n)
+            server.stop()  # SIGTERM: the server exits and callgrind writes its file
+        totals.append(total(out))
+    return _counted(label, totals, pairs)
+
+
+def count_client(label: str, server: ServerProcess, tmp: Path, base: int, pairs: int) -> Counted:
+    totals: list[int] = []
+    for n in _lengths(base, pairs):
+        out = tmp / f"callgrind.client.{re.sub(r'[^A-Za-z0-9]+', '-', label)}.{n}"
+        command = [*callgrind(out), sys.executable, "-c", CLIENT_LOOPS[label]]
+        subprocess.run(
+            [*command, server.host, str(server.port), str(n)],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        totals.append(total(out))
+    return _counted(label, totals, pairs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
+    parser.add_argument("--pairs", type=int, default=0, help="pairs counted (the difference)")
+    parser.add_argument(
+        "--base",
+        type=int,
+        default=-1,
+        help="pairs of the shorter run (0: one run, start-up counted in; --quick's)",
+    )
+    args = parser.parse_args(args_in)
+    valgrind()
+    pairs = args.pairs or (100 if args.quick else 1000)
+    base = args.base if args.base >= 0 else (0 if args.quick else 200)
+    loops = ["uvloop"] if args.quick else [*available_loops(), f"uvloop{COMPILED_SUFFIX}"]
+    forms = FORMS[:1] if args.quick else FORMS
+    client_loops = list(CLIENT_LOOPS)[:2] if args.quick else list(CLIENT_LOOPS)
+    run = BenchRun(
+        NAME,
+        args,
+        args_in,
+        params={"pairs": pairs, "base": base, "loops": loops, "clients": client_loops},
+    )
+    with workdir("dflock-bench-instructions-") as tmp:
+        servers: list[Counted] = []
+        for loop in loops:
+            for form, hold in forms:
+
+                def start(wrapper: list[str], loop: str = loop) -> ServerProcess:
+                    return start_dflockd(
+                        loop,
+                        tmp,
+                        command=[*wrapper, *dflockd_command(split_build(loop)[0])],
+                        start_timeout_s=START_UNDER_VALGRIND_S,
+                    )
+
+                label = f"dflockd ({loop}) {form}"
+                servers.append(
+                    count_server(label, start, dflockd_pairs(hold), tmp, base=base, pairs=pairs)
+                )
+                print(f"{label}: {servers[-1].per_pair:,.0f} per pair", flush=True)
+
+        def start_redis_counted(wrapper: list[str]) -> ServerProcess:
+            return start_redis(tmp, wrapper=wrapper, start_timeout_s=START_UNDER_VALGRIND_S)
+
+        redis_label = "redis SET NX PX + EVALSHA"
+        redis = count_server(
+            redis_label, start_redis_counted, redis_pairs, tmp, base=base, pairs=pairs
+        )
+        servers.append(redis)
+        table = Table(
+            "Server: instructions per acquire+release pair (callgrind, user space, one "
+            "connection, round trips)",
+            ["server and requests", "instructions per pair", "/ redis"],
+            notes=[
+                (
+                    f"the difference of {base:,} and {base + pairs:,} pairs, divided by {pairs:,}"
+                    if base
+                    else f"one run of {pairs:,} pairs, start-up included (a smoke test's)"
+                )
+                + "; "
+                "dflockd with its lease journal on (everysec); hl: with an owner note of "
+                f"{len(NOTE)} bytes, as each LockedTask run sends; the kernel's share of a "
+                "round trip is not counted",
+            ],
+        )
+        for c in servers:
+            table.rows.append(
+                [c.target, fmt_num(c.per_pair, 0), fmt_ratio(ratio(c.per_pair, redis.per_pair))]
+            )
+        run.add(table)
+
+        clients: list[Counted] = []
+        with owned_servers() as running:
+            dflockd = start_dflockd("uvloop" if "uvloop" in available_loops() else "asyncio", tmp)
+            running.append(dflockd)
+            redis_server = start_redis(tmp)
+            running.append(redis_server)
+            for label in client_loops:
+                target = redis_server if label.startswith("redis") else dflockd
+                clients.append(count_client(label, target, tmp, base, pairs))
+                print(f"{label}: {clients[-1].per_pair:,.0f} per pair", flush=True)
+        floor = clients[0].per_pair
+        table = Table(
+            "Client: instructions per acquire+release pair in the client process (callgrind, "
+            "user space)",
+            ["client", "instructions per pair", "/ plain socket"],
+            notes=[
+                "the server runs outside callgrind; celery_dflock's and redis-py's lock each "
+                "wait for the grant, then release; the plain socket loop is the floor of "
+                "sending two requests and reading two replies from Python",
+            ],
+        )
+        for c in clients:
+            table.rows.append(
+                [c.target, fmt_num(c.per_pair, 0), fmt_ratio(ratio(c.per_pair, floor))]
+            )
+        run.add(table)
+        run.data = {
+            "servers": {c.target: c.per_pair for c in servers},
+            "clients": {c.target: c.per_pair for c in clients},
+            "totals": {c.target: [c.base, c.longer] for c in (*servers, *clients)},
+        }
+    run.write()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
