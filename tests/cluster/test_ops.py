@@ -20,7 +20,7 @@ from dflockd_server.cluster.ops import (
     rebalance,
     unpin,
 )
-from dflockd_server.cluster.shardmap import ShardAssignment, ShardMap
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 from dflockd_server.fence import FenceCounter, FenceStateError, fence_of
 from tests.support.etcd import EtcdServer
 from tests.support.servers import run_dflockd
@@ -108,6 +108,25 @@ def test_a_view_stale_by_thousands_of_shards_costs_a_few_requests_not_one_per_sh
     assert etcd.requests <= 2 * batches, etcd.requests  # a transaction per batch, and a retry
     after = read_view(etcd, keys.prefix).shard_map
     assert all(after[s] == (mine if s in unchanged else meanwhile) for s in range(count))
+
+
+def test_rebalance_before_the_first_map_writes_the_first_map(
+    etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """Members registered, no map yet (the leader writes the first once membership has been
+    still for two seconds): a rebalance then writes the map the leader would, every shard
+    served at once by its target. (It had planned moves: each shard a target and no current
+    member, which no member serves before a whole failover wait.)"""
+    prefix = etcd_prefix.rstrip("/")
+    keys = ClusterKeys(prefix)
+    for member in ("b:1", "a:1"):
+        etcd.put(keys.member(member), member)
+    result = rebalance(etcd, prefix)
+    assert len(result.written) == len(result.plan) == SHARD_COUNT
+    shard_map = read_view(etcd, prefix).shard_map
+    assert shard_map == ShardMap.initial(["a:1", "b:1"])
+    assert not shard_map.moves_in_progress()
+    assert rebalance(etcd, prefix).plan == []  # balanced: nothing more to do
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:

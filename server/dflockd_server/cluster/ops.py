@@ -4,7 +4,8 @@
   them at most one shard apart); writes the new targets, each on condition that the shard is
   unchanged since it was read (a concurrent write by the leader or another operator is never
   clobbered: that shard is reported and left for the next rebalance). Members then hand the
-  shards over as their holders finish.
+  shards over as their holders finish. Before the leader has written the first map, it
+  writes that map instead (each shard served at once by its member, as the leader's would be).
 - ``pin`` / ``unpin``: flag a shard so that it is never moved automatically (optionally onto a
   chosen node), or clear the flag.
 - ``summary``: the map as the members see it.
@@ -139,7 +140,14 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     plan = view.shard_map.rebalance_plan(view.members)
     if dry_run or not plan:
         return RebalanceResult(plan, [], [])
-    new_map = view.shard_map.apply(plan)
+    if len(view.shard_map) == 0:
+        # No map yet (the leader writes the first one once membership has been still for a
+        # moment): write that first map, each shard served at once by its target, as the
+        # leader would. Planned as moves, each shard would get a target and no current member,
+        # which waits out a whole failover before anyone serves it.
+        new_map = ShardMap.initial(view.members)
+    else:
+        new_map = view.shard_map.apply(plan)
     writes = {m.shard: ShardWrite(view.revisions.get(m.shard, 0), new_map[m.shard]) for m in plan}
     result = write_shards(client, ClusterKeys(prefix).shards, writes)
     return RebalanceResult(plan, sorted(result.written), sorted(result.conflicted))
