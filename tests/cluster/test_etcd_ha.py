@@ -88,15 +88,27 @@ class Member:
         self.process.kill()
 
 
-def settled(members: list[Member]) -> bool:
-    """Every member sees all of them, a leader, and every shard served by a live member."""
+def registered(members: list[Member]) -> bool:
+    """Every member sees all of them and a leader."""
     names = sorted(m.advertise for m in members)
     for member in members:
         info = shards(member.address)
         if info.get("members") != names or not info.get("leader"):
             return False
+    return True
+
+
+def settled(members: list[Member]) -> bool:
+    """Every member sees all of them, a leader, no shard moving, and every member serving
+    shards (so each has keys of its own for the tests to hold)."""
+    if not registered(members):
+        return False
+    names = sorted(m.advertise for m in members)
+    for member in members:
+        info = shards(member.address)
         nodes: list[str] = info["nodes"]
-        if any(i < 0 or nodes[i] not in names for i in info["current"]):
+        serving = {nodes[i] for i in info["current"] if i >= 0}
+        if info["moving"] or any(i < 0 for i in info["current"]) or sorted(serving) != names:
             return False
     return True
 
@@ -119,6 +131,12 @@ def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]
     try:
         for _ in range(2):
             members.append(Member(url, tmp_path / "state"))
+        # The first map goes to the members registered when membership has been still for a
+        # moment (two seconds); a member that starts later (a loaded machine) joins with no
+        # shard, as documented, until an operator rebalances. So the test does what they do.
+        wait_until(lambda: registered(members), timeout=WAIT_S, what="both members registered")
+        done = run_dflockd(["rebalance", "--cluster", url], {}, WAIT_S)
+        assert done.returncode == 0, f"dflockd rebalance failed: {done.stdout}{done.stderr}"
         wait_until(lambda: settled(members), timeout=WAIT_S, what="the cluster's map")
         yield members
     finally:
@@ -126,14 +144,26 @@ def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]
             member.stop()
 
 
-def hold_locks(members: list[Member]) -> dict[str, tuple[Wire, str, Member]]:
-    """``KEYS_PER_MEMBER`` locks held on each member (key -> its connection, token, member)."""
-    held: dict[str, tuple[Wire, str, Member]] = {}
+Held = dict[str, tuple[Wire, str, Member]]
+"""Locks a test holds: key -> its connection, token, member."""
+
+
+@pytest.fixture
+def held() -> Iterator[Held]:
+    """The test's held locks, their connections closed however the test ends."""
+    locks: Held = {}
+    yield locks
+    for wire, _, _ in locks.values():
+        wire.close()
+
+
+def hold_locks(members: list[Member], held: Held) -> None:
+    """``KEYS_PER_MEMBER`` locks held on each member, into ``held``."""
     for n, member in enumerate(members):
         for key in member.keys(f"held{n}:", KEYS_PER_MEMBER):
             wire = Wire(member.address)
+            held[key] = (wire, "", member)  # closed by the fixture even if the lock fails
             held[key] = (wire, wire.lock(key, lease=LOCK_LEASE_S), member)
-    return held
 
 
 def outlive_the_lease(etcd: EtcdClient, members: list[Member], leases: dict[str, int]) -> None:
@@ -146,7 +176,7 @@ def outlive_the_lease(etcd: EtcdClient, members: list[Member], leases: dict[str,
         assert etcd.lease_time_to_live(leases[member.advertise]) > 0
 
 
-def assert_nothing_lost(members: list[Member], held: dict[str, tuple[Wire, str, Member]]) -> None:
+def assert_nothing_lost(members: list[Member], held: Held) -> None:
     for member in members:
         lines = member.log()
         assert not [line for line in lines if FENCED in line or REJOINED in line], lines
@@ -166,7 +196,7 @@ def switched_away_from(member: Member, node: EtcdNode) -> bool:
 
 @pytest.mark.parametrize("victim", ["used", "leader"])
 def test_one_etcd_node_killed_fences_no_member_and_loses_no_lock(
-    etcd_cluster: EtcdCluster, cluster: list[Member], victim: str
+    etcd_cluster: EtcdCluster, cluster: list[Member], held: Held, victim: str
 ) -> None:
     """Acceptance 5: kill -9 of the etcd node the members talk to (the first listed), or of
     raft's leader: every member fails over to another endpoint in time, none fences, every held
@@ -174,7 +204,7 @@ def test_one_etcd_node_killed_fences_no_member_and_loses_no_lock(
     members = cluster
     etcd = etcd_cluster.client()
     leases = {m.advertise: member_lease(etcd, m) for m in members}
-    held = hold_locks(members)
+    hold_locks(members, held)
     node = etcd_cluster.nodes[0] if victim == "used" else etcd_cluster.leader(etcd)
     node.kill()
     if node is etcd_cluster.nodes[0]:
@@ -186,12 +216,10 @@ def test_one_etcd_node_killed_fences_no_member_and_loses_no_lock(
             )
     outlive_the_lease(etcd, members, leases)
     assert_nothing_lost(members, held)
-    for wire, _, _ in held.values():
-        wire.close()
 
 
 def test_a_paused_etcd_node_fences_no_member(
-    etcd_cluster: EtcdCluster, cluster: list[Member]
+    etcd_cluster: EtcdCluster, cluster: list[Member], held: Held
 ) -> None:
     """The slow answer: the etcd node the members talk to is paused (SIGSTOP: its connections
     stay open, nothing answers). Each member waits a fifth of its etcd lease for it, moves to
@@ -200,7 +228,7 @@ def test_a_paused_etcd_node_fences_no_member(
     members = cluster
     etcd = etcd_cluster.client()
     leases = {m.advertise: member_lease(etcd, m) for m in members}
-    held = hold_locks(members)
+    hold_locks(members, held)
     node = etcd_cluster.nodes[0]
     node.pause()
     try:
@@ -221,8 +249,6 @@ def test_a_paused_etcd_node_fences_no_member(
             )
     finally:
         node.resume()
-    for wire, _, _ in held.values():
-        wire.close()
 
 
 ETCD_USER = "dflockd"
@@ -258,7 +284,7 @@ def tls_etcd_cluster(tmp_path: Path) -> Iterator[tuple[EtcdCluster, Path]]:
 
 
 def test_tls_and_authentication_to_etcd(
-    tls_etcd_cluster: tuple[EtcdCluster, Path], tmp_path: Path
+    tls_etcd_cluster: tuple[EtcdCluster, Path], tmp_path: Path, held: Held
 ) -> None:
     """``etcds://`` with ``--cluster-ca-file``, ``--cluster-user`` and
     ``--cluster-password-file``, and a client certificate (``--cluster-cert``,
@@ -283,7 +309,7 @@ def test_tls_and_authentication_to_etcd(
         done = run_dflockd(["shards", "--cluster", url, *access], {})
         assert done.returncode == 0 and member.advertise in done.stdout, done
         leases = {member.advertise: member_lease(etcd, member)}
-        held = hold_locks([member])
+        hold_locks([member], held)
         node = etcd_cluster.nodes[0]
         node.kill()
         wait_until(
@@ -293,8 +319,6 @@ def test_tls_and_authentication_to_etcd(
         )
         outlive_the_lease(etcd, [member], leases)
         assert_nothing_lost([member], held)
-        for wire, _, _ in held.values():
-            wire.close()
     finally:
         member.stop()
 
