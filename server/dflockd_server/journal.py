@@ -2,7 +2,7 @@
 
 An append-only file in the state directory (``state``), one record per line::
 
-    <crc32 of the payload, 8 hex digits> <payload>\\n
+    <crc32 of the payload, 8 lowercase hex digits> <payload>\\n
 
 Payloads (fields separated by one space; a key and a token hold no space, a note is the rest of
 the line and may)::
@@ -80,6 +80,9 @@ COMPACT_MIN_BYTES = 4 * 1024 * 1024
 """The journal is compacted once it is past this size and four times what its live grants
 take: under steady churn that is a rewrite of a few live records every ~60,000 records."""
 _LIVE_RECORD_BYTES = 128
+_CRC_DIGITS = b"0123456789abcdef"
+"""What a record's checksum field is made of, as written (``%08x``): ``int(field, 16)``
+alone also takes a space, a sign, an underscore or a ``0x`` in it."""
 """About what one live grant's record takes (for ``wants_compaction``)."""
 
 
@@ -216,15 +219,12 @@ def read_journal(path: str) -> JournalRead:
         problem = None
         if end < 0:
             problem = "a record without its end of line (a write cut short)"
-        elif len(line) < 10 or line[8:9] != b" ":
+        elif len(line) < 10 or line[8:9] != b" " or line[:8].translate(None, _CRC_DIGITS):
+            # (what `translate` leaves is what is not a lowercase hex digit)
             problem = "a line that is not a record"
         else:
             payload = line[9:]
-            try:
-                crc = int(line[:8], 16)
-            except ValueError:
-                crc = -1
-            if crc != zlib.crc32(payload):
+            if int(line[:8], 16) != zlib.crc32(payload):
                 problem = "a record whose checksum does not match"
             else:
                 try:
