@@ -30,7 +30,11 @@ from .test_membership import WAIT_S
 LEASE_TTL = 1  # the members' etcd leases (etcd may hold them a little longer)
 MAX_LEASE_TTL = 2.0  # the longest lock lease a server grants
 MARGIN = 0.5
-SETTLE = 0.3
+SETTLE = 2.0
+"""How long membership must be still before the leader writes the first map: the shipped
+default. The tests start their peers one after another and expect the first map to cover all
+of them; with 0.3 s a loaded CI machine once registered the last peer later than that, and
+the map left it out."""
 
 
 class HostTable:
