@@ -80,10 +80,10 @@ COMPACT_MIN_BYTES = 4 * 1024 * 1024
 """The journal is compacted once it is past this size and four times what its live grants
 take: under steady churn that is a rewrite of a few live records every ~60,000 records."""
 _LIVE_RECORD_BYTES = 128
+"""About what one live grant's record takes (for ``wants_compaction``)."""
 _CRC_DIGITS = b"0123456789abcdef"
 """What a record's checksum field is made of, as written (``%08x``): ``int(field, 16)``
 alone also takes a space, a sign, an underscore or a ``0x`` in it."""
-"""About what one live grant's record takes (for ``wants_compaction``)."""
 
 
 def boot_id() -> str:
