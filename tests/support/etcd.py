@@ -29,6 +29,15 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
 
+PORT_ATTEMPTS = 3
+"""Starts on fresh ports when etcd found one of its ports taken (see `EtcdCluster.start`)."""
+
+
+def _port_taken(log_path: Path) -> bool:
+    """Whether etcd's log says it could not bind one of its ports."""
+    return log_path.exists() and "address already in use" in log_path.read_text(errors="replace")
+
+
 def find_etcd() -> str | None:
     return os.environ.get("ETCD_BIN") or shutil.which("etcd")
 
@@ -39,14 +48,33 @@ class EtcdServer:
     def __init__(self, binary: str, directory: Path) -> None:
         self.binary = binary
         self.directory = directory
+        self.log_path = directory / "etcd.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.url = f"http://127.0.0.1:{self.client_port}"
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
-        self.log_path = directory / "etcd.log"
-        self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> EtcdServer:
+        """Start etcd and wait until it is healthy; on fresh ports when one it was given was
+        taken before it bound it (see `EtcdCluster.start`)."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if self._start_once():
+                return self
+            self.stop()
+            if attempt < PORT_ATTEMPTS and _port_taken(self.log_path):
+                self.log_path.rename(self.log_path.with_suffix(f".attempt{attempt}.log"))
+                shutil.rmtree(self.directory / "data", ignore_errors=True)
+                self._choose_ports()
+                continue
+            break
+        log_tail = self.log_path.read_text(errors="replace")[-3000:]
+        pytest.fail(f"etcd at {self.url} did not become healthy; its log:\n{log_tail}")
+
+    def _start_once(self) -> bool:
         command = [
             self.binary,
             "--name=test",
@@ -69,13 +97,11 @@ class EtcdServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                break
+                return False
             if client.healthy():
-                return self
+                return True
             time.sleep(0.1)
-        self.stop()
-        log_tail = self.log_path.read_text(errors="replace")[-3000:]
-        pytest.fail(f"etcd at {self.url} did not become healthy; its log:\n{log_tail}")
+        return False
 
     def stop(self) -> None:
         process, self._process = self._process, None
@@ -174,9 +200,15 @@ class EtcdCluster:
         tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         self.tls = tls
+        self._binary = binary
+        self._directory = directory
+        self._size = size
+        self.nodes = self._new_nodes(directory)
+
+    def _new_nodes(self, directory: Path) -> list[EtcdNode]:
         directory.mkdir(parents=True, exist_ok=True)
-        scheme = "https" if tls is not None else "http"
-        self.nodes = [EtcdNode(binary, directory, f"n{i}", scheme) for i in range(size)]
+        scheme = "https" if self.tls is not None else "http"
+        return [EtcdNode(self._binary, directory, f"n{i}", scheme) for i in range(self._size)]
 
     @property
     def endpoints(self) -> str:
@@ -191,6 +223,23 @@ class EtcdCluster:
         return EtcdClient(f"{scheme}://{self.endpoints}", timeout=timeout, **kwargs)
 
     def start(self) -> EtcdCluster:
+        """Start every node and wait until each is healthy. A port that ``free_port`` found
+        free may be taken before etcd binds it (by any process's outgoing connection: the
+        ports come from the same range); then the whole cluster starts again on new ports."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if self._start_once():
+                return self
+            self.stop()
+            if attempt < PORT_ATTEMPTS and any(_port_taken(n.log_path) for n in self.nodes):
+                self.nodes = self._new_nodes(self._directory / f"attempt{attempt + 1}")
+                continue
+            break
+        tails = "\n".join(
+            f"{n.name}: {n.log_path.read_text(errors='replace')[-1500:]}" for n in self.nodes
+        )
+        pytest.fail(f"the etcd cluster did not become healthy; its logs:\n{tails}")
+
+    def _start_once(self) -> bool:
         initial = ",".join(f"{n.name}={n.peer_url}" for n in self.nodes)
         tls_args: list[str] = []
         if self.tls is not None:
@@ -201,16 +250,12 @@ class EtcdCluster:
         client = self.client(timeout=1.0)
         deadline = time.monotonic() + START_TIMEOUT_S * 2
         while time.monotonic() < deadline:
-            if all(n.process is not None and n.process.poll() is None for n in self.nodes) and all(
-                client.healthy(i) for i in range(len(self.nodes))
-            ):
-                return self
+            if any(n.process is not None and n.process.poll() is not None for n in self.nodes):
+                return False  # a node exited: it will not become healthy
+            if all(client.healthy(i) for i in range(len(self.nodes))):
+                return True
             time.sleep(0.2)
-        self.stop()
-        tails = "\n".join(
-            f"{n.name}: {n.log_path.read_text(errors='replace')[-1500:]}" for n in self.nodes
-        )
-        pytest.fail(f"the etcd cluster did not become healthy; its logs:\n{tails}")
+        return False
 
     def leader(self, client: EtcdClient) -> EtcdNode:
         """The node raft elected (asked of the nodes that answer)."""
