@@ -193,8 +193,11 @@ def outlive_the_lease(etcd: EtcdClient, members: list[Member], leases: dict[str,
     until = time.monotonic() + 2 * LEASE_S
     wait_until(lambda: time.monotonic() > until, timeout=WAIT_S, what="two etcd leases")
     for member in members:
-        assert member_lease(etcd, member) == leases[member.advertise], member.advertise
-        assert etcd.lease_time_to_live(leases[member.advertise]) > 0
+        said = "\n".join(member.log()[-60:])  # its own account, for a failure's report
+        assert member_lease(etcd, member) == leases[member.advertise], (
+            f"{member.advertise}:\n{said}"
+        )
+        assert etcd.lease_time_to_live(leases[member.advertise]) > 0, f"{member.advertise}:\n{said}"
 
 
 def assert_nothing_lost(members: list[Member], held: Held) -> None:
