@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,37 +89,39 @@ class Member:
         self.process.kill()
 
 
-def registered(members: list[Member]) -> bool:
-    """Every member sees all of them and a leader."""
+def _every_view(members: list[Member], check: Callable[[dict[str, Any], list[str]], bool]) -> bool:
+    """``check(info, names)`` holds for every member's ``shards`` answer (one read each)."""
     names = sorted(m.advertise for m in members)
-    for member in members:
-        info = shards(member.address)
-        if info.get("members") != names or not info.get("leader"):
-            return False
-    return True
+    return all(check(shards(member.address), names) for member in members)
+
+
+def _sees_all(info: dict[str, Any], names: list[str]) -> bool:
+    return info.get("members") == names and bool(info.get("leader"))
+
+
+def _mapped(info: dict[str, Any], names: list[str]) -> bool:
+    return _sees_all(info, names) and all(i >= 0 for i in info["current"])
+
+
+def _settled(info: dict[str, Any], names: list[str]) -> bool:
+    nodes: list[str] = info["nodes"]
+    return (
+        _mapped(info, names)
+        and not info["moving"]
+        and sorted({nodes[i] for i in info["current"]}) == names
+    )
 
 
 def mapped(members: list[Member]) -> bool:
     """Every member sees all of them, a leader, and every shard served by some member: the
     leader has written the first map."""
-    return registered(members) and all(
-        all(i >= 0 for i in shards(member.address)["current"]) for member in members
-    )
+    return _every_view(members, _mapped)
 
 
 def settled(members: list[Member]) -> bool:
     """As ``mapped``, with no shard moving and every member serving shards (so each has keys
     of its own for the tests to hold)."""
-    if not mapped(members):
-        return False
-    names = sorted(m.advertise for m in members)
-    for member in members:
-        info = shards(member.address)
-        nodes: list[str] = info["nodes"]
-        serving = {nodes[i] for i in info["current"]}
-        if info["moving"] or sorted(serving) != names:
-            return False
-    return True
+    return _every_view(members, _settled)
 
 
 def member_lease(etcd: EtcdClient, member: Member) -> int:
