@@ -55,21 +55,23 @@ def run_name(name: str, task_id: object) -> str:
     return f"task {name}[{task_id}]" if task_id else f"task {name} (called directly)"
 
 
-def request_headers(request: Any) -> dict[str, Any]:
+def _headers(request: Any) -> Mapping[str, Any] | None:
+    """``request.headers`` when it is a mapping (not copied), else None."""
     headers = getattr(request, "headers", None)
-    if isinstance(headers, Mapping):
-        return dict(cast("Mapping[str, Any]", headers))
-    return {}
+    return cast("Mapping[str, Any]", headers) if isinstance(headers, Mapping) else None
+
+
+def request_headers(request: Any) -> dict[str, Any]:
+    headers = _headers(request)
+    return {} if headers is None else dict(headers)
 
 
 def header(request: Any, name: str) -> object:
     """A message header of the current request (a request attribute on a worker, an entry of
     ``request.headers`` in eager runs)."""
     value = getattr(request, name, None)
-    if value is None:
-        headers = getattr(request, "headers", None)
-        if isinstance(headers, Mapping):
-            value = cast("Mapping[str, object]", headers).get(name)
+    if value is None and (headers := _headers(request)) is not None:
+        value = headers.get(name)
     return cast("object", value)
 
 
