@@ -440,6 +440,40 @@ def redis_ping(host: str, port: int) -> bool:
         return False
 
 
+def resp(*parts: bytes) -> bytes:
+    """A Redis command in RESP (an array of bulk strings)."""
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+class LineClient:
+    """A blocking client for both protocols, reading replies line by line (a dflockd reply is
+    one line; a Redis reply to the commands used here is one, or a bulk string's two)."""
+
+    def __init__(self, server: ServerProcess, timeout_s: float = 60.0) -> None:
+        self.sock = socket.create_connection((server.host, server.port), timeout=timeout_s)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def lines(self, n: int) -> list[bytes]:
+        buf = self.buf
+        while buf.count(b"\n") < n:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            buf += data
+        parts = buf.split(b"\n", n)
+        self.buf = parts.pop()
+        return parts
+
+    def call(self, request: bytes) -> bytes:
+        """Send ``request``; its reply's first line."""
+        self.sock.sendall(request)
+        return self.lines(1)[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 @contextlib.contextmanager
 def workdir(prefix: str) -> Iterator[Path]:
     """A temporary directory for logs of this run (removed afterwards)."""

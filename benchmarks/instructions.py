@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from pathlib import Path
 from benchmarks._common import (
     COMPILED_SUFFIX,
     BenchRun,
+    LineClient,
     ServerProcess,
     Table,
     available_loops,
@@ -50,6 +50,7 @@ from benchmarks._common import (
     fmt_ratio,
     owned_servers,
     ratio,
+    resp,
     split_build,
     start_dflockd,
     start_redis,
@@ -92,34 +93,9 @@ def total(out: Path) -> int:
 
 
 # ------------------------------------------------------------------ the server-side drivers
-class Wire:
-    """One blocking connection, a request at a time, the replies read line by line."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.sock = socket.create_connection((server.host, server.port), timeout=60)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-
-    def line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise RuntimeError("the server closed the connection")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
-
-    def ask(self, data: bytes) -> bytes:
-        self.sock.sendall(data)
-        return self.line()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def dflockd_pairs(hold: bool) -> Callable[[ServerProcess, str, int], None]:
     def drive(server: ServerProcess, prefix: str, n: int) -> None:
-        wire = Wire(server)
+        wire = LineClient(server)
         try:
             for i in range(n):
                 key = b"%s:%d" % (prefix.encode(), i)
@@ -127,10 +103,10 @@ def dflockd_pairs(hold: bool) -> Callable[[ServerProcess, str, int], None]:
                     request = b"hl\n%s\n0 %d c %s\n" % (key, LEASE_S, NOTE.encode())
                 else:
                     request = b"l\n%s\n0 %d\n" % (key, LEASE_S)
-                reply = wire.ask(request).split()
+                reply = wire.call(request).split()
                 if reply[0] != b"ok":
                     raise RuntimeError(f"acquire refused: {reply!r}")
-                if wire.ask(b"r\n%s\n%s\n" % (key, reply[1])) != b"ok":
+                if wire.call(b"r\n%s\n%s\n" % (key, reply[1])) != b"ok":
                     raise RuntimeError("release refused")
         finally:
             wire.close()
@@ -138,23 +114,19 @@ def dflockd_pairs(hold: bool) -> Callable[[ServerProcess, str, int], None]:
     return drive
 
 
-def _resp(*parts: bytes) -> bytes:
-    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-
-
 def redis_pairs(server: ServerProcess, prefix: str, n: int) -> None:
-    wire = Wire(server)
+    wire = LineClient(server)
     try:
-        sha = wire.ask(_resp(b"SCRIPT", b"LOAD", RELEASE_SCRIPT.encode()))  # "$40", then it
+        sha = wire.call(resp(b"SCRIPT", b"LOAD", RELEASE_SCRIPT.encode()))  # "$40", then it
         if not sha.startswith(b"$"):
             raise RuntimeError(f"SCRIPT LOAD refused: {sha!r}")
-        digest = wire.line().rstrip(b"\r")
+        digest = wire.lines(1)[0].rstrip(b"\r")
         ttl = b"%d" % (LEASE_S * 1000)
         for i in range(n):
             key, token = b"%s:%d" % (prefix.encode(), i), b"%032x" % i
-            if wire.ask(_resp(b"SET", key, token, b"NX", b"PX", ttl)) != b"+OK\r":
+            if wire.call(resp(b"SET", key, token, b"NX", b"PX", ttl)) != b"+OK\r":
                 raise RuntimeError("SET NX refused")
-            if wire.ask(_resp(b"EVALSHA", digest, b"1", key, token)) != b":1\r":
+            if wire.call(resp(b"EVALSHA", digest, b"1", key, token)) != b":1\r":
                 raise RuntimeError("release script refused")
     finally:
         wire.close()

@@ -30,6 +30,7 @@ from typing import Any
 from benchmarks._common import (
     BenchRun,
     Goal,
+    LineClient,
     ServerProcess,
     Table,
     available_loops,
@@ -39,6 +40,7 @@ from benchmarks._common import (
     owned_servers,
     raise_fd_limit,
     ratio,
+    resp,
     start_dflockd,
     start_redis,
     workdir,
@@ -92,43 +94,13 @@ class Memory:
 
 
 # ------------------------------------------------------------------------------ wire helpers
-class Client:
-    """A blocking line client for both protocols (every reply is one line)."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.sock = socket.create_connection((server.host, server.port), timeout=SETTLE_TIMEOUT_S)
-        self.buf = b""
-
-    def lines(self, n: int) -> list[bytes]:
-        buf = self.buf
-        while buf.count(b"\n") < n:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("the server closed the connection")
-            buf += data
-        parts = buf.split(b"\n", n)
-        self.buf = parts.pop()
-        return parts
-
-    def call(self, request: bytes) -> bytes:
-        self.sock.sendall(request)
-        return self.lines(1)[0]
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _resp(*parts: bytes) -> bytes:
-    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-
-
-def dflockd_connections(client: Client) -> int:
+def dflockd_connections(client: LineClient) -> int:
     reply = client.call(b"stats\n_\n_\n")
     return int(json.loads(reply[3:])["connections"])
 
 
-def redis_info(client: Client, field: str) -> int:
-    client.sock.sendall(_resp(b"INFO"))
+def redis_info(client: LineClient, field: str) -> int:
+    client.sock.sendall(resp(b"INFO"))
     header = client.lines(1)[0]
     size = int(header[1:].strip())
     body = client.buf
@@ -144,7 +116,7 @@ def redis_info(client: Client, field: str) -> int:
     raise RuntimeError(f"no {field} in INFO")
 
 
-def hold_locks(server: ServerProcess, client: Client, count: int) -> None:
+def hold_locks(server: ServerProcess, client: LineClient, count: int) -> None:
     """Acquire ``count`` distinct keys on ``client``'s connection (pipelined) and keep them."""
     redis = server.label == REDIS
     px = b"%d" % (LEASE_S * 1000 * 100)
@@ -153,7 +125,7 @@ def hold_locks(server: ServerProcess, client: Client, count: int) -> None:
         keys = [b"dflock-bench:scale:%07d" % i for i in range(start, start + n)]
         if redis:
             batch = b"".join(
-                _resp(b"SET", key, b"%032x" % i, b"NX", b"PX", px) for i, key in enumerate(keys)
+                resp(b"SET", key, b"%032x" % i, b"NX", b"PX", px) for i, key in enumerate(keys)
             )
         else:
             batch = b"".join(b"l\n%s\n0\n" % key for key in keys)
@@ -215,9 +187,9 @@ def measure_locks(label: str, tmp: Any, count: int, maxclients: int) -> Memory:
     with owned_servers() as servers:
         server = start(label, tmp, maxclients)
         servers.append(server)
-        client = Client(server)
+        client = LineClient(server, SETTLE_TIMEOUT_S)
         try:
-            warm = _resp(b"PING") if label == REDIS else b"ping\n_\n_\n"
+            warm = resp(b"PING") if label == REDIS else b"ping\n_\n_\n"
             client.call(warm)
             used_before = redis_info(client, "used_memory") if label == REDIS else None
             before = server.rss()
@@ -233,11 +205,11 @@ def measure_connections(label: str, tmp: Any, count: int) -> Memory:
     with owned_servers() as servers:
         server = start(label, tmp, count + 100)
         servers.append(server)
-        monitor = Client(server)
+        monitor = LineClient(server, SETTLE_TIMEOUT_S)
         socks: list[socket.socket] = []
         try:
             if label == REDIS:
-                monitor.call(_resp(b"PING"))
+                monitor.call(resp(b"PING"))
 
                 def seen() -> int:
                     return redis_info(monitor, "connected_clients")
@@ -268,8 +240,8 @@ def measure_waiters(loop: str, tmp: Any, count: int) -> Memory:
     with owned_servers() as servers:
         server = start(f"dflockd ({loop})", tmp, count)
         servers.append(server)
-        holder = Client(server)
-        waiter = Client(server)
+        holder = LineClient(server, SETTLE_TIMEOUT_S)
+        waiter = LineClient(server, SETTLE_TIMEOUT_S)
         try:
             hold_locks(server, holder, count)
             waiter.call(b"ping\n_\n_\n")
@@ -326,8 +298,8 @@ def measure_refusals(loop: str, tmp: Any, table: int, count: int) -> Refusals:
             "3600",
         )
         servers.append(server)
-        holder = Client(server)
-        asker = Client(server)
+        holder = LineClient(server, SETTLE_TIMEOUT_S)
+        asker = LineClient(server, SETTLE_TIMEOUT_S)
         try:
             hold_locks(server, holder, table)
             asker.call(b"ping\n_\n_\n")
