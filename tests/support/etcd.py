@@ -15,7 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,32 @@ STOP_TIMEOUT_S = 10.0
 
 
 PORT_ATTEMPTS = 3
-"""Starts on fresh ports when etcd found one of its ports taken (see `EtcdCluster.start`)."""
+"""Starts at most, each on fresh ports after etcd found one of its ports taken."""
 
 
 def _port_taken(log_path: Path) -> bool:
     """Whether etcd's log says it could not bind one of its ports."""
     return log_path.exists() and "address already in use" in log_path.read_text(errors="replace")
+
+
+def _start_on_free_ports(
+    start_once: Callable[[], bool],
+    stop: Callable[[], None],
+    port_taken: Callable[[], bool],
+    fresh_ports: Callable[[int], None],
+) -> bool:
+    """``start_once`` until it succeeds; after a failure, ``stop``, and only when etcd said a
+    port was taken, ``fresh_ports(attempt)`` and again (up to ``PORT_ATTEMPTS`` starts).
+    A port that ``free_port`` found free may be taken before etcd binds it, by any process's
+    outgoing connection: those ports come from the same range."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        if start_once():
+            return True
+        stop()
+        if attempt == PORT_ATTEMPTS or not port_taken():
+            return False
+        fresh_ports(attempt)
+    return False
 
 
 def find_etcd() -> str | None:
@@ -59,20 +79,18 @@ class EtcdServer:
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
 
     def start(self) -> EtcdServer:
-        """Start etcd and wait until it is healthy; on fresh ports when one it was given was
-        taken before it bound it (see `EtcdCluster.start`)."""
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            if self._start_once():
-                return self
-            self.stop()
-            if attempt < PORT_ATTEMPTS and _port_taken(self.log_path):
-                self.log_path.rename(self.log_path.with_suffix(f".attempt{attempt}.log"))
-                shutil.rmtree(self.directory / "data", ignore_errors=True)
-                self._choose_ports()
-                continue
-            break
+        """Start etcd and wait until it is healthy (on fresh ports if one was taken)."""
+        if _start_on_free_ports(
+            self._start_once, self.stop, lambda: _port_taken(self.log_path), self._fresh_ports
+        ):
+            return self
         log_tail = self.log_path.read_text(errors="replace")[-3000:]
         pytest.fail(f"etcd at {self.url} did not become healthy; its log:\n{log_tail}")
+
+    def _fresh_ports(self, attempt: int) -> None:
+        self.log_path.rename(self.log_path.with_suffix(f".attempt{attempt}.log"))
+        shutil.rmtree(self.directory / "data", ignore_errors=True)
+        self._choose_ports()
 
     def _start_once(self) -> bool:
         command = [
@@ -205,6 +223,9 @@ class EtcdCluster:
         self._size = size
         self.nodes = self._new_nodes(directory)
 
+    def _fresh_nodes(self, attempt: int) -> None:
+        self.nodes = self._new_nodes(self._directory / f"attempt{attempt + 1}")
+
     def _new_nodes(self, directory: Path) -> list[EtcdNode]:
         directory.mkdir(parents=True, exist_ok=True)
         scheme = "https" if self.tls is not None else "http"
@@ -223,17 +244,15 @@ class EtcdCluster:
         return EtcdClient(f"{scheme}://{self.endpoints}", timeout=timeout, **kwargs)
 
     def start(self) -> EtcdCluster:
-        """Start every node and wait until each is healthy. A port that ``free_port`` found
-        free may be taken before etcd binds it (by any process's outgoing connection: the
-        ports come from the same range); then the whole cluster starts again on new ports."""
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            if self._start_once():
-                return self
-            self.stop()
-            if attempt < PORT_ATTEMPTS and any(_port_taken(n.log_path) for n in self.nodes):
-                self.nodes = self._new_nodes(self._directory / f"attempt{attempt + 1}")
-                continue
-            break
+        """Start every node and wait until each is healthy; when a node's port was taken, the
+        whole cluster again on new ports."""
+        if _start_on_free_ports(
+            self._start_once,
+            self.stop,
+            lambda: any(_port_taken(n.log_path) for n in self.nodes),
+            self._fresh_nodes,
+        ):
+            return self
         tails = "\n".join(
             f"{n.name}: {n.log_path.read_text(errors='replace')[-1500:]}" for n in self.nodes
         )
