@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dflockd_server.cluster.etcd import MAX_TXN_OPS, EtcdClient
+from dflockd_server.cluster.etcd.messages import RangeResult
 from dflockd_server.cluster.fencestore import EtcdCeilingStore, highest_ceiling
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys
@@ -127,6 +128,46 @@ def test_rebalance_before_the_first_map_writes_the_first_map(
     assert shard_map == ShardMap.initial(["a:1", "b:1"])
     assert not shard_map.moves_in_progress()
     assert rebalance(etcd, prefix).plan == []  # balanced: nothing more to do
+
+
+class WrittenMeanwhile(EtcdClient):
+    """The real client to the real etcd; after its first read of the whole cluster, the shard
+    record ``key`` is written (as a member writes it at a step of a handover) before the
+    operator's conditional write goes out."""
+
+    key = ""
+    value = ""
+
+    def range(self, key: str, *, prefix: bool = False) -> RangeResult:
+        result = super().range(key, prefix=prefix)
+        if prefix and self.value:
+            meanwhile, self.value = self.value, ""
+            self.put(self.key, meanwhile)
+        return result
+
+
+@pytest.mark.parametrize("change", ["pin", "unpin"])
+def test_a_pin_or_unpin_is_made_on_a_record_a_member_wrote_meanwhile(
+    etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefix: str, change: str
+) -> None:
+    """A member writes a shard's record at each step of its handover, so an operator's pin or
+    unpin can meet a newer record than it read. It reads again and makes its change on that
+    one, keeping the member's write (it had answered "changed while being written: try
+    again", which the cluster tests met under load)."""
+    prefix = etcd_prefix.rstrip("/")
+    keys = ClusterKeys(prefix)
+    start = ShardAssignment("a:1", "a:1", ("pinned",) if change == "unpin" else ())
+    write_shards(etcd, keys.shards, {7: ShardWrite(0, start)})
+    client = WrittenMeanwhile(etcd_server.url)
+    client.key = keys.shard(7)
+    moved = ShardAssignment("b:1", "b:1", start.flags)  # a handover done, meanwhile
+    client.value = moved.format()
+    done = pin(client, prefix, 7, "b:1") if change == "pin" else unpin(client, prefix, 7)
+    assert not client.value, "the member's write did not happen"
+    after = read_view(etcd, prefix).shard_map[7]
+    assert after == done
+    assert after.current == "b:1"  # the member's write is kept
+    assert ("pinned" in after.flags) is (change == "pin")
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:

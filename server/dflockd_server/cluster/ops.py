@@ -153,23 +153,32 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     return RebalanceResult(plan, sorted(result.written), sorted(result.conflicted))
 
 
+CHANGE_ATTEMPTS = 3
+"""Reads and conditional writes a pin or unpin tries before it gives up: a member writes a
+shard's record while it hands the shard over (each step of a move), so a conflict is expected
+now and then and says only that the change must be made on the newer record."""
+
+
 def _change_one(
     client: EtcdClient, prefix: str, shard: int, change: str, node: str | None
 ) -> ShardAssignment:
     if not 0 <= shard < SHARD_COUNT:
         raise ClusterOpError(f"shard {shard} is outside 0..{SHARD_COUNT - 1}")
-    view = read_view(client, prefix)
-    try:
-        new_map = (
-            view.shard_map.pin(shard, node) if change == "pin" else view.shard_map.unpin(shard)
-        )
-    except ValueError as exc:
-        raise ClusterOpError(f"cannot {change} shard {shard}: {exc}") from None
-    new = new_map[shard]
-    write = ShardWrite(view.revisions.get(shard, 0), new)
-    if not write_shards(client, ClusterKeys(prefix).shards, {shard: write}).written:
-        raise ClusterOpError(f"shard {shard} changed while being written: try again")
-    return new
+    for _ in range(CHANGE_ATTEMPTS):
+        view = read_view(client, prefix)
+        try:
+            new_map = (
+                view.shard_map.pin(shard, node) if change == "pin" else view.shard_map.unpin(shard)
+            )
+        except ValueError as exc:
+            raise ClusterOpError(f"cannot {change} shard {shard}: {exc}") from None
+        new = new_map[shard]
+        write = ShardWrite(view.revisions.get(shard, 0), new)
+        if write_shards(client, ClusterKeys(prefix).shards, {shard: write}).written:
+            return new
+    raise ClusterOpError(
+        f"shard {shard} changed while being written, {CHANGE_ATTEMPTS} times: try again"
+    )
 
 
 def pin(client: EtcdClient, prefix: str, shard: int, node: str | None = None) -> ShardAssignment:
