@@ -46,6 +46,7 @@ from celery_dflock.config import DflockConfig, get_config
 
 __all__ = [
     "PUBLISH_LEASE_S",
+    "REDELIVERED_WAIT_S",
     "Duplicate",
     "PublishHold",
     "eager_duplicate",
@@ -141,16 +142,27 @@ def _adopt(
     on_close_lease: int | None,
     task_id: str | None,
 ) -> bool:
-    """`DistributedLock.adopt`; while the hold is still bound to the publisher that sent this
-    very message (its note is this task's id, without a host: the publisher has not yet
-    detached it, `PublishHold.confirm`), try again shortly, for at most `PUBLISH_LEASE_S`."""
-    deadline = time.monotonic() + PUBLISH_LEASE_S
+    """`DistributedLock.adopt`; while the hold is bound to a connection that is about to let
+    it go, try again shortly:
+
+    - the publisher that sent this very message (the note is this task's id without a host:
+      it has not yet detached the hold, `PublishHold.confirm`), for at most `PUBLISH_LEASE_S`;
+    - an earlier delivery of this very message (this task's id with a worker): the broker
+      delivers an acks_late message again as soon as the worker that ran it dies (RabbitMQ
+      at once), which can be before the lock server has seen that run's connection close and
+      detached the hold, for at most `REDELIVERED_WAIT_S`. A run of it that is still alive
+      (Redis's visibility timeout) keeps the hold: this run then acquires as usual.
+    """
+    started = time.monotonic()
     pause_s = _ADOPT_PAUSE_S
     while True:
         if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
             return True
-        pending = task_id is not None and decode_note(lock.holder) == (task_id, None)
-        if not pending or time.monotonic() + pause_s > deadline:
+        holder_task, holder_host = decode_note(lock.holder)
+        if task_id is None or holder_task != task_id:
+            return False
+        wait_s = PUBLISH_LEASE_S if holder_host is None else REDELIVERED_WAIT_S
+        if time.monotonic() + pause_s > started + wait_s:
             return False
         time.sleep(pause_s)
         pause_s = min(pause_s * 2, _ADOPT_PAUSE_MAX_S)
@@ -168,6 +180,13 @@ pending lease, so a lease above the server's ``--max-lease-ttl`` is refused befo
 is sent) and detached (``hd``) only once the broker took the message. A send that gave up
 (the lock server did not answer, the broker refused, an exception) leaves no hold behind: it
 is freed when that connection closes (a connection whose request went unanswered is closed)."""
+
+
+REDELIVERED_WAIT_S: Final = 5
+"""How long a run waits for an earlier delivery of its own message to let the hold go
+(`_adopt`): when a worker dies running an acks_late message, the broker may deliver it again
+before the lock server has seen the dead run's connection close (normally a few
+milliseconds later). A run that has not let go by then is taken to be alive."""
 
 
 @dataclass(frozen=True, slots=True)
