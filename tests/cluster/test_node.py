@@ -20,6 +20,7 @@ from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.node import ClusterNode
 from dflockd_server.cluster.ops import pin, read_view, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
+from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S
 from dflockd_server.fence import fence_of
 from dflockd_server.protocol import reply_ask
 from tests.support.etcd import EtcdServer, find_etcd
@@ -27,7 +28,10 @@ from tests.support.waiting import wait_until
 
 from .test_membership import WAIT_S
 
-LEASE_TTL = 1  # the members' etcd leases (etcd may hold them a little longer)
+LEASE_TTL = DEFAULT_CLUSTER_LEASE_TTL_S
+"""The members' etcd leases, as shipped: with 1 s, a member's renewal that ran late on a
+loaded machine fenced it and made it join again, over and over, so membership was never
+still long enough for the leader to write the first map (CI, three times)."""
 MAX_LEASE_TTL = 2.0  # the longest lock lease a server grants
 MARGIN = 0.5
 SETTLE = 2.0
