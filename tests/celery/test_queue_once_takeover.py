@@ -13,16 +13,11 @@ SIGKILL.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 from celery_dflock import Client
 from celery_dflock._holds import HoldRef, decode_note, encode_note
@@ -31,46 +26,11 @@ from celery_dflock._runtime import get_runtime
 from celery_dflock.config import get_config
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app
+from tests.support.holds import adopted_in_a_child
 
 ON_CLOSE_LEASE_S = 20
 KILL_AFTER_S = 1.0
 """How long after the new run's first try the earlier run's process is killed."""
-
-_EARLIER_RUN = """
-import sys
-from celery_dflock import Client
-
-host, port, key, token, note, on_close = sys.argv[1:7]
-with Client([(host, int(port))]) as client:
-    lock = client.lock(key, lease_ttl_s=30)
-    held = lock.adopt(token, note=note, on_close_lease=int(on_close))
-    print("adopted" if held else "refused", flush=True)
-    sys.stdin.read()  # runs until killed
-"""
-
-
-@contextlib.contextmanager
-def earlier_run(
-    address: tuple[str, int], key: str, token: str, note: str
-) -> Iterator[subprocess.Popen[str]]:
-    """A process that took the hold over as a run of the message does (acks_late: with an
-    on-close lease), and holds it until it is killed (SIGKILL, at the latest at the end)."""
-    args = [address[0], str(address[1]), key, token, note, str(ON_CLOSE_LEASE_S)]
-    with subprocess.Popen(
-        [sys.executable, "-c", _EARLIER_RUN, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    ) as child:
-        try:
-            assert child.stdout is not None
-            assert child.stdout.readline().strip() == "adopted"
-            yield child
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGKILL)
-            child.wait(10)
 
 
 def test_a_redelivered_run_takes_its_hold_over_once_the_dead_runs_connection_closes(
@@ -85,7 +45,9 @@ def test_a_redelivered_run_takes_its_hold_over_once_the_dead_runs_connection_clo
         assert queued_note is not None and dead_note is not None
         hold = client.hold(key, note=queued_note, lease_ttl=30)  # the message sent, queued
         ref = HoldRef(key, hold.token)
-        with earlier_run(address, key, hold.token, dead_note) as child:
+        # The earlier delivery's run took the hold over as an acks_late run does (with an
+        # on-close lease), and holds it until it is killed.
+        with adopted_in_a_child(address, key, hold.token, ON_CLOSE_LEASE_S, dead_note) as child:
             lock = client.lock(key, lease_ttl_s=30)
             killer = threading.Timer(KILL_AFTER_S, os.kill, (child.pid, signal.SIGKILL))
             started = time.monotonic()

@@ -5,18 +5,11 @@ against real servers over real sockets."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import pickle
-import signal
-import subprocess
-import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +26,7 @@ from celery_dflock import (
 from celery_dflock.client import protocol
 from celery_dflock.client.protocol import Command, TimedOut
 from dflockd_server.testing import ServerThread
+from tests.support.holds import adopted_in_a_child
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence, stats
 
@@ -363,51 +357,14 @@ def test_two_async_adopters_of_one_hold_exactly_one_wins(dflock_server: ServerTh
     assert lock_entry(address, "qa:two") is None
 
 
-_ADOPTER = """
-import sys
-from celery_dflock import Client
-
-host, port, key, token, on_close = sys.argv[1:6]
-with Client([(host, int(port))]) as client:
-    lock = client.lock(key, lease_ttl_s=30)
-    held = lock.adopt(token, note="run/child", on_close_lease=int(on_close) or None)
-    print("adopted" if held else "refused", lock.fence, flush=True)
-    sys.stdin.read()  # held until killed
-"""
-
-
-@contextlib.contextmanager
-def adopted_in_a_child(
-    address: tuple[str, int], key: str, token: str, on_close: int
-) -> Iterator[int]:
-    """A process that adopts ``token`` (``on_close``: its ``on_close_lease``, 0 for None) and
-    holds it; yields the fence it holds, and kills it (SIGKILL) at the end of the block."""
-    args = [address[0], str(address[1]), key, token, str(on_close)]
-    with subprocess.Popen(
-        [sys.executable, "-c", _ADOPTER, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    ) as child:
-        try:
-            assert child.stdout is not None
-            status, fence_seen = child.stdout.readline().split()
-            assert status == "adopted"
-            yield int(fence_seen)
-        finally:
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(10)
-
-
 def test_an_adopter_killed_with_on_close_lease_leaves_the_hold_for_the_next(
     dflock_server: ServerThread,
 ) -> None:
     address = dflock_server.address
     with Client([address]) as client:
         hold = client.hold("q:kill", note="queued", lease_ttl=30)
-        with adopted_in_a_child(address, "q:kill", hold.token, 20) as child_fence:
-            assert child_fence == hold.fence
+        with adopted_in_a_child(address, "q:kill", hold.token, 20) as child:
+            assert child.fence == hold.fence
             busy = client.lock("q:kill")
             assert not busy.adopt(hold.token, note="run/dup")  # the child's run has it
             assert busy.holder == "run/child"
@@ -430,8 +387,8 @@ def test_an_adopter_killed_without_on_close_lease_frees_the_key(
     address = dflock_server.address
     with Client([address]) as client:
         hold = client.hold("q:free", note="queued", lease_ttl=30)
-        with adopted_in_a_child(address, "q:free", hold.token, 0) as child_fence:
-            assert child_fence == hold.fence
+        with adopted_in_a_child(address, "q:free", hold.token, 0) as child:
+            assert child.fence == hold.fence
         wait_until(lambda: lock_entry(address, "q:free") is None, what="the key freed")
         assert not client.lock("q:free").adopt(hold.token, note="run/late")
         with client.lock("q:free", acquire_timeout_s=0) as lock:
