@@ -25,7 +25,7 @@ from dflockd_server import constants as c, protocol as p
 from dflockd_server.admission import Admission
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
-from dflockd_server.fence import FenceCounter, FenceStateError, fence_of
+from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
@@ -36,6 +36,7 @@ from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_
 from dflockd_server.stream import Stream
 from dflockd_server.table import LockTable
 from dflockd_server.tls import build_ssl_context
+from dflockd_server.tokens import FenceCounter
 
 if TYPE_CHECKING:
     from dflockd_server.cluster.node import ClusterNode

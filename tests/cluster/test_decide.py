@@ -20,7 +20,8 @@ from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.ops import parse_cluster_url, summary
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
 from dflockd_server.cluster.snapshot import ClusterOwnership
-from dflockd_server.fence import FenceCounter, fence_of
+from dflockd_server.fence import fence_of
+from dflockd_server.tokens import FenceCounter
 
 A, B, C = "a:1", "b:1", "c:1"
 WAIT = 3.0

@@ -22,7 +22,8 @@ from dflockd_server.cluster.ops import (
     unpin,
 )
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
-from dflockd_server.fence import FenceCounter, FenceStateError, fence_of
+from dflockd_server.fence import FenceStateError, fence_of
+from dflockd_server.tokens import FenceCounter
 from tests.support.etcd import EtcdServer
 from tests.support.servers import run_dflockd
 

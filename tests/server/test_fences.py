@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from dflockd_server import Config, constants
-from dflockd_server.fence import FenceCounter, FenceStateError, read_ceiling
+from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.testing import ServerThread
+from dflockd_server.tokens import FenceCounter
 from tests.support.wire import Wire, fence
 
 
@@ -76,16 +77,15 @@ def test_ceiling_is_written_in_blocks_not_per_grant(tmp_path: Path) -> None:
     assert len({t[constants.FENCE_HEX_CHARS :] for t in tokens}) == len(tokens)  # random part
 
 
-def test_ceiling_moves_ahead_when_reached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(constants, "FENCE_PERSIST_BLOCK", 10)
+def test_ceiling_moves_ahead_when_reached(tmp_path: Path) -> None:
     state = str(tmp_path / "fence.state")
-    counter = FenceCounter(state, wall_clock_ns=lambda: 500)
+    counter = FenceCounter(state, wall_clock_ns=lambda: 500, persist_block=10)
     assert read_ceiling(state) == 510
     issued = [fence(counter.next_token()) for _ in range(25)]
     assert issued == list(range(501, 526))
     # Rewritten when the counter reached 510 and 520: always ahead of what was issued.
     assert read_ceiling(state) == 530
-    restarted = FenceCounter(state, wall_clock_ns=lambda: 0)
+    restarted = FenceCounter(state, wall_clock_ns=lambda: 0, persist_block=10)
     assert fence(restarted.next_token()) > issued[-1]
 
 

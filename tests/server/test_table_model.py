@@ -12,8 +12,9 @@ from itertools import pairwise
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dflockd_server.fence import FenceCounter, fence_of
+from dflockd_server.fence import fence_of
 from dflockd_server.table import Client, Holder, LimitMismatch, LockTable, Waiter
+from dflockd_server.tokens import FenceCounter
 
 KEYS = ["a", "b"]
 LIMITS: list[int | None] = [None, 1, 2, 3]  # None: a lock (``l``); N: a semaphore (``sl``)

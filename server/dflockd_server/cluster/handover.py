@@ -58,7 +58,7 @@ from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterView, Member
 from dflockd_server.cluster.ops import read_view
 from dflockd_server.cluster.shardmap import ShardAssignment
-from dflockd_server.fence import FenceCounter
+from dflockd_server.tokens import FenceCounter
 
 log = logging.getLogger("dflockd_server")
 

@@ -52,7 +52,8 @@ from dflockd_server.cluster.host import NodeHost
 from dflockd_server.cluster.membership import ClusterView, Member
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap
 from dflockd_server.cluster.snapshot import ClusterOwnership
-from dflockd_server.fence import FenceCounter, FenceStateError
+from dflockd_server.fence import FenceStateError
+from dflockd_server.tokens import FenceCounter
 
 log = logging.getLogger("dflockd_server")
 
