@@ -133,9 +133,11 @@ class RequestFramer:
         if pos == 0 and type(buf) is bytes and _CR not in buf:
             # Whole requests per read: split once, then a frame is three items of the list.
             # Only when no line, the unfinished last one included, is over the limit (an
-            # ``auth`` secret may be longer): those go the frame-by-frame way below.
+            # ``auth`` secret may be longer): those go the frame-by-frame way below. (No line of
+            # a read shorter than the limit is over it: one request per read, round trips, is
+            # not measured line by line.)
             lines = buf.split(b"\n")
-            if len(lines) > 3 and max(map(len, lines)) <= _MAX_LINE:
+            if len(lines) > 3 and (end <= _MAX_LINE or max(map(len, lines)) <= _MAX_LINE):
                 self._lines = lines
                 self._line = 3
                 cmd, key, arg = lines[0], lines[1], lines[2]
