@@ -33,7 +33,7 @@ from dflockd_server.ownership import SINGLE, Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
 from dflockd_server.snapshots import RationedSnapshots
 from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
-from dflockd_server.stream import Stream
+from dflockd_server.stream import GroupWrite, Stream
 from dflockd_server.table import LockTable
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.tokens import FenceCounter
@@ -105,8 +105,7 @@ class Server(Admission, KeyServing):
         self.grace_reason = ""
         """Why this start has a restart grace ("" when it has none)."""
         self._hello = p.reply_hello(c.SERVER_VERSION, max_lease_ttl_s=self.config.max_lease_ttl_s)
-        self._held: list[Stream] = []
-        """Connections whose replies wait for the journal's next group write."""
+        self._group_write: GroupWrite | None = None
         self.connections_accepted = 0
         self.connections_refused = 0
         self.open_transports = 0  # made and not yet lost, admitted or refused
@@ -163,6 +162,8 @@ class Server(Admission, KeyServing):
     def _close_state(self) -> None:
         """Close the journal and unlock the state directory (at the stop, or a failed start)."""
         journal, self.journal = self.journal, None
+        if self._group_write is not None:
+            self._group_write.journal = None
         if self._table is not None:
             self._table.journal = None  # what comes after (connections closed) is not recorded
         try:
@@ -201,6 +202,7 @@ class Server(Admission, KeyServing):
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._group_write = GroupWrite(loop)
         self.clock = loop_clock(loop)
         self._loop_thread = threading.get_ident()
         token = cfg.resolve_auth_token()
@@ -348,7 +350,7 @@ class Server(Admission, KeyServing):
         if plan.read is not None and plan.read.damage:
             journal.stats.dropped_records = plan.read.dropped_lines
         table.journal = journal
-        self.journal = journal
+        self.journal = self.group_write.journal = journal
         self._hello = p.reply_hello(
             c.SERVER_VERSION, durable=True, max_lease_ttl_s=self.config.max_lease_ttl_s
         )
@@ -473,35 +475,12 @@ class Server(Admission, KeyServing):
             await self.loop.run_in_executor(None, lambda: node.stop(keep=cut_off))
         self._stopped.set()
 
-    def hold_back(self, stream: Stream) -> None:
-        """``stream`` holds replies back until the journal is written: do that once for every
-        connection of this turn of the loop, just after it (one write, and with
-        ``--journal-fsync always`` one fsync, for all of them)."""
-        if not self._held:
-            loop = self._loop
-            assert loop is not None
-            loop.call_soon(self._send_held)
-        self._held.append(stream)
-
-    def _send_held(self) -> None:
-        held, self._held = self._held, []
-        journal = self.journal
-        if journal is not None:
-            try:
-                journal.flush()
-            except OSError as exc:
-                log.error(
-                    "journal: cannot write %s (%s): dropping %d connection(s) unanswered",
-                    journal.path,
-                    exc,
-                    len(held),
-                )
-                for stream in held:
-                    stream.held = None
-                    stream.abort()
-                return
-        for stream in held:
-            stream.send_held()
+    @property
+    def group_write(self) -> GroupWrite:
+        """The journal's group write (``stream.GroupWrite``), made at the start."""
+        if self._group_write is None:
+            raise RuntimeError("server not started")
+        return self._group_write
 
     def fragment_delay(self, earlier: int) -> float:
         """How long a dripping sender goes unread after ``earlier`` delays in a row: doubling

@@ -20,7 +20,7 @@ from dflockd_server.config import Config
 from dflockd_server.journal import Journal
 from dflockd_server.tls import TlsSession
 
-__all__ = ["Stream", "StreamHost"]
+__all__ = ["GroupWrite", "Stream", "StreamHost"]
 
 log = logging.getLogger("dflockd_server")
 
@@ -47,7 +47,55 @@ class StreamHost(Protocol):
 
     def fragment_delay(self, earlier: int) -> float: ...
 
-    def hold_back(self, stream: Stream) -> None: ...
+    @property
+    def group_write(self) -> GroupWrite: ...
+
+
+class GroupWrite:
+    """The lease journal's group write, once per turn of the loop in which a connection held
+    replies back for it (``Stream._send``): the journal is written (one write, and with
+    ``--journal-fsync always`` one fsync, for every connection of the turn), then each of
+    those connections sends what it held back. If the journal cannot be written, they are
+    dropped unanswered: no client is told of a grant the journal does not hold.
+
+    Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per
+    turn, and at one connection once per request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.journal: Journal | None = None
+        """The server's journal while it runs (None: the replies go out unwritten, as at the
+        stop, once the journal is closed)."""
+        self.streams: list[Stream] = []
+        """The connections whose replies wait for the next write."""
+
+    def hold_back(self, stream: Stream) -> None:
+        """``stream`` holds replies back until the journal is written: do that once for
+        every connection of this turn of the loop, just after it."""
+        if not self.streams:
+            self.loop.call_soon(self.write)
+        self.streams.append(stream)
+
+    def write(self) -> None:
+        """Write the journal, then send what each connection held back."""
+        held, self.streams = self.streams, []
+        journal = self.journal
+        if journal is not None:
+            try:
+                journal.flush()
+            except OSError as exc:
+                log.error(
+                    "journal: cannot write %s (%s): dropping %d connection(s) unanswered",
+                    journal.path,
+                    exc,
+                    len(held),
+                )
+                for stream in held:
+                    stream.held = None
+                    stream.abort()
+                return
+        for stream in held:
+            stream.send_held()
 
 
 class Stream(asyncio.Protocol):
@@ -76,6 +124,7 @@ class Stream(asyncio.Protocol):
         self.delay_timer: asyncio.TimerHandle | None = None
         self.handshake_timer: asyncio.TimerHandle | None = None
         self._host = server
+        self._group_write = server.group_write
         self.journal = server.journal
         """Written before any reply leaves: a client is never told of a grant, renewal or
         release the journal does not hold."""
@@ -170,7 +219,7 @@ class Stream(asyncio.Protocol):
             held = self.held
             if held is None:
                 held = self.held = []
-                self._host.hold_back(self)
+                self._group_write.hold_back(self)
             held.append(data)
             return
         self._send_now(transport, data)
