@@ -1,11 +1,12 @@
 """Lock server benchmark: dflockd (asyncio and uvloop) against Redis, alternating in one run.
 
-    uv run python -m benchmarks.server            # full size (about 6 minutes on 2 cores)
+    uv run python -m benchmarks.server            # full size (about 7 minutes on 2 cores)
     uv run python -m benchmarks.server --quick    # seconds, tiny sizes (the smoke test)
 
-Starts the servers as child processes (``dflockd`` on asyncio's loop, ``dflockd`` on uvloop,
-``dflockd`` on uvloop from its compiled wheel, ``uvloop+mypyc``: the request path compiled by
-mypyc, see server/hatch_build.py; a private ``redis-server``), then for every round, load shape
+Starts the servers as child processes (``dflockd`` on asyncio's loop and on uvloop, each as
+the pure-Python wheel installs it and from its compiled wheel, ``asyncio+mypyc`` and
+``uvloop+mypyc``: the request path compiled by mypyc, see server/hatch_build.py, as the
+container image runs it; a private ``redis-server``), then for every round, load shape
 and connection count drives each of them in turn (the order rotates) with the same
 acquire+release pairs (see ``_loadgen``).
 Server CPU time comes from the server process itself (``/proc/<pid>/task/*/schedstat``).
@@ -72,9 +73,10 @@ WARMUP_S = 0.2
 
 
 def default_loops(quick: bool) -> list[str]:
-    """Both event loops, and (but in a quick run) the compiled server on the faster one."""
+    """Both event loops, the pure-Python server (what ``pip install`` gives) and, but in a
+    quick run, the compiled one (what the container image runs) on each."""
     loops = list(available_loops())
-    return loops if quick else [*loops, loops[-1] + COMPILED_SUFFIX]
+    return loops if quick else [*loops, *(loop + COMPILED_SUFFIX for loop in loops)]
 
 
 def target_names(loops: Sequence[str]) -> list[str]:
@@ -239,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="",
         help=(
             "dflockd event loops, comma separated; a loop ending +mypyc runs the server's "
-            "compiled wheel, built first (default: asyncio,uvloop,uvloop+mypyc; --quick: "
-            "asyncio,uvloop)"
+            "compiled wheel, built first (default: asyncio,uvloop,asyncio+mypyc,"
+            "uvloop+mypyc; --quick: asyncio,uvloop)"
         ),
     )
     args = parser.parse_args(argv)

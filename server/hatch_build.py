@@ -5,7 +5,10 @@ platform, no compiler). With the hook enabled, the wheel carries a C extension f
 of `COMPILED` beside its ``.py`` (Python imports the extension first), and is tagged for this
 platform and CPython::
 
-    HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 uv build --package dflockd-server --wheel --out-dir dist
+    cd server && HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 pip wheel --no-deps --wheel-dir dist .
+
+(the container image's build stage, server/Dockerfile; ``uv build --package dflockd-server``
+with the same variable builds the same wheel)
 
 The build needs a C compiler and the Python headers; mypy (which brings mypyc) and setuptools
 are installed into the build environment only when the hook is enabled. The compiled modules

@@ -1,5 +1,6 @@
-"""The compiled wheel of the lock server (server/hatch_build.py), built with the command
-docs/server.md gives, then the server's own tests of what it compiles run against it.
+"""The compiled wheel of the lock server (server/hatch_build.py), built as the container image
+builds it (server/Dockerfile's build stage, whose command docs/server.md gives), then the
+server's own tests of what it compiles run against it.
 
 mypyc compiles the request path's pure modules (parser, dispatch, the lock table). Compiled
 code enforces its annotations at run time and cannot be patched, so the same tests must pass on
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +25,9 @@ import pytest
 from tests.support.venvs import ROOT
 
 ENABLE: Final = "HATCH_BUILD_HOOK_ENABLE_CUSTOM"
+DOCKERFILE: Final = ROOT / "server" / "Dockerfile"
+IMAGE_BUILD: Final = f"{ENABLE}=1 pip wheel --no-deps --wheel-dir dist ."
+"""The build stage's command, run in server/ (docs/server.md: ``cd server && ...``)."""
 SUFFIX: Final = str(sysconfig.get_config_var("EXT_SUFFIX"))
 TESTS_OF_THE_COMPILED: Final = (
     "tests/server/test_protocol_parser.py",
@@ -56,15 +61,56 @@ def _compiled_modules() -> tuple[str, ...]:
     return compiled
 
 
+def _build_stage() -> tuple[list[tuple[list[str], str]], str]:
+    """server/Dockerfile's build stage: its COPY lines (sources, destination) and its last
+    RUN line (the wheel's build)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    copies: list[tuple[list[str], str]] = []
+    run = ""
+    in_stage = False
+    for line in text.splitlines():
+        if line.startswith("FROM "):
+            in_stage = line.endswith(" AS build")
+        elif in_stage and line.startswith("COPY "):
+            *sources, destination = line.split()[1:]
+            copies.append((sources, destination))
+        elif in_stage and line.startswith("RUN "):
+            run = line.removeprefix("RUN ").strip()
+    return copies, run
+
+
+def test_the_image_builds_the_wheel_with_the_command_the_docs_give() -> None:
+    _, run = _build_stage()
+    assert run == IMAGE_BUILD
+    assert f"cd server && {IMAGE_BUILD}" in (ROOT / "docs" / "server.md").read_text()
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    out = tmp_path_factory.mktemp("compiled-dist")
-    env = {**os.environ, ENABLE: "1"}
-    command = ["uv", "build", "--package", "dflockd-server", "--wheel", "--out-dir", str(out)]
-    command += ["--python", sys.executable]  # compiled for the CPython that runs these tests
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    (built,) = out.glob("dflockd_server-*.whl")
+    """The compiled wheel as the image builds it: the build stage's COPY lines into a scratch
+    folder, then its command there, with the pip of a fresh venv of the CPython that runs these
+    tests (the stage's C compiler is this machine's)."""
+    work = tmp_path_factory.mktemp("image-build")
+    src = work / "src"
+    src.mkdir()
+    copies, run = _build_stage()
+    for sources, destination in copies:
+        for source in sources:
+            origin = ROOT / "server" / source
+            target = src / destination / source if destination.endswith("/") else src / destination
+            if origin.is_dir():
+                shutil.copytree(origin, target)
+            else:
+                shutil.copy2(origin, target)
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k not in (ENABLE, "VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", "-c", run], cwd=src, env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (built,) = (src / "dist").glob("dflockd_server-*.whl")
     yield built
 
 
