@@ -1,6 +1,7 @@
-"""The asyncio server: ``Server`` (start, listener, maintenance timers, the journal's group
-writes, shutdown). Its admission of connections is ``admission.Admission``; which keys it
-serves, and what its cluster node asks of it, is ``serving.KeyServing``.
+"""The asyncio server: ``Server`` (start, listener, maintenance timers, shutdown; the journal's
+group write is ``stream.GroupWrite``, made at the start). Its admission of connections is
+``admission.Admission``; which keys it serves, and what its cluster node asks of it, is
+``serving.KeyServing``.
 
 Each accepted connection is a ``connection.Connection`` (its request loop, over the byte side
 in ``stream``), whose requests go through ``dispatch.Session`` (the pure dispatch step) to the

@@ -4,7 +4,9 @@
 while the replies go unread (``pause_writing``), while a blocking request or a later pass holds
 up a full buffer, or for a fragment delay (a sender whose reads keep ending mid-request), and
 keeps the read, write and handshake timers. What the bytes mean is the subclass's business
-(``connection.Connection``: the request loop).
+(``connection.Connection``: the request loop). While the lease journal has records not yet
+written, a stream holds its replies back for ``GroupWrite``: one write of the journal per turn
+of the loop, for every connection, before any of those replies leaves.
 """
 
 from __future__ import annotations

@@ -7,8 +7,6 @@ import asyncio
 import logging
 import random
 import resource
-import socket
-import subprocess
 import threading
 import zlib
 from pathlib import Path
@@ -22,8 +20,7 @@ from dflockd_server.net import Server
 from dflockd_server.state import StateDir, default_state_dir, resolve_state_dir
 from dflockd_server.table import Holder, LockTable
 from dflockd_server.testing import ServerThread
-from tests.support.ports import free_port
-from tests.support.servers import clean_env, dflockd_executable
+from tests.support.servers import dflockd_subprocess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
 
@@ -509,14 +506,6 @@ def test_every_reply_leaves_after_its_record_is_in_the_file(
 
 
 # ---------------------------------------------------------------- a journal that cannot be written
-def accepts(address: tuple[str, int]) -> bool:
-    try:
-        socket.create_connection(address, timeout=0.5).close()
-    except OSError:
-        return False
-    return True
-
-
 def test_replies_a_journal_cannot_hold_are_never_sent(tmp_path: Path) -> None:
     """A full disk, here the server's file size limit (``RLIMIT_FSIZE``: the journal's write
     fails with EFBIG; CPython ignores SIGXFSZ): no client is told of a grant the journal does
@@ -526,20 +515,8 @@ def test_replies_a_journal_cannot_hold_are_never_sent(tmp_path: Path) -> None:
     back, which is what a restore drops.) A real ``dflockd``, started as a user starts it."""
     limit = 16 * 1024
     state = tmp_path / "state"
-    port = free_port()
-    address = ("127.0.0.1", port)
     log_path = tmp_path / "dflockd.log"
-    command = [dflockd_executable(), "--host", "127.0.0.1", "--port", str(port)]
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [*command, "--state-dir", str(state)],
-            env=clean_env({}),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_until(lambda: accepts(address), timeout=15.0, what="dflockd listening")
+    with dflockd_subprocess(log_path, "--state-dir", str(state)) as (proc, address):
         resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, limit))
         answered = 0
         with Wire(address) as wire, pytest.raises((EOFError, ConnectionResetError)):
@@ -558,6 +535,3 @@ def test_replies_a_journal_cannot_hold_are_never_sent(tmp_path: Path) -> None:
         read = read_journal(str(state / "journal"))
         assert read.damage == "" or read.torn_tail, read.damage
         assert read.records >= 2 * answered  # every pair answered is in the file
-    finally:
-        proc.kill()
-        proc.wait(10)
