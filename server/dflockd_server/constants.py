@@ -48,6 +48,9 @@ MAX_AUTH_LINE_BYTES: Final = 65536
 """Longest argument line of an ``auth`` request."""
 MAX_NUMBER: Final = 9_000_000_000
 """Numbers (seconds, limits) above this are refused as malformed."""
+QUICK_NUMBERS: Final = 1001
+"""The numbers 0 to 1,000 (every lease up to the default ``--max-lease-ttl``, the usual
+timeouts) are read from a table built at import (about 100 KB), not digit by digit."""
 MAX_SEMAPHORE_LIMIT: Final = 1_048_576
 MIN_SEMAPHORE_LIMIT: Final = 1
 PLACEHOLDER: Final = "_"

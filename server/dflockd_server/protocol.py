@@ -45,6 +45,11 @@ _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _SHORT_DIGITS: Final = len(str(c.MAX_NUMBER)) - 1
 """A number of at most this many digits is below ``MAX_NUMBER``: no range check needed."""
+_NUMBERS: Final[dict[bytes, int]] = {b"%d" % n: n for n in range(c.QUICK_NUMBERS)}
+"""The usual numbers of a request (timeouts, leases), each written as a client
+writes it -> its value: one look-up in place of ``isdigit`` and ``int`` (compiled, those are
+two calls by name, about 1,300 instructions; the look-up about 250). Any other number,
+``007`` included, goes the way it went before (``_short_number``), to the same value."""
 _NOTE_BYTES: Final = bytes(range(0x21, 0x7F))
 """The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate`` to check
 one in C rather than byte by byte in Python."""
@@ -63,6 +68,24 @@ Frame = tuple[bytes, bytes, bytes]
 
 def _line_limit(cmd: bytes, index: int) -> int:
     return c.MAX_AUTH_LINE_BYTES if index == 2 and cmd == _AUTH else c.MAX_LINE_BYTES
+
+
+def _all_short(lines: list[bytes]) -> bool:
+    """Whether no line is over ``_MAX_LINE``. A loop: compiled, ``max(map(len, lines))`` was
+    about 8,000 instructions a read of 16 pipelined requests, this is a few hundred; and on
+    CPython 3.11 the loop is faster too, and than ``all`` over a generator."""
+    for line in lines:  # noqa: SIM110 (see the docstring)
+        if len(line) > _MAX_LINE:
+            return False
+    return True
+
+
+def _short_number(raw: bytes) -> int:
+    """``raw`` as a number of at most ``_SHORT_DIGITS`` ASCII digits, or -1 (the quick
+    paths' number where ``_NUMBERS`` has none)."""
+    if not raw.isdigit() or len(raw) > _SHORT_DIGITS:
+        return -1
+    return int(raw)
 
 
 class RequestFramer:
@@ -137,7 +160,7 @@ class RequestFramer:
             # a read shorter than the limit is over it: one request per read, round trips, is
             # not measured line by line.)
             lines = buf.split(b"\n")
-            if len(lines) > 3 and (end <= _MAX_LINE or max(map(len, lines)) <= _MAX_LINE):
+            if len(lines) > 3 and (end <= _MAX_LINE or _all_short(lines)):
                 self._lines = lines
                 self._line = 3
                 cmd, key, arg = lines[0], lines[1], lines[2]
@@ -376,29 +399,25 @@ def quick_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None] | None:
     """``l`` as ``(key, timeout, lease or None)`` when its argument is ``<timeout>`` or
     ``<timeout> <lease>`` (short ASCII numbers, one space, lease > 0) and the key is UTF-8
     without whitespace; otherwise ``None``."""
-    space = arg.find(b" ")
+    space = arg.find(b" ") if _SP in arg else -1  # as in quick_token
     lease: int | None = None
     if space < 0:
-        timeout = arg
+        timeout_raw = arg
     else:
-        timeout = arg[:space]
+        timeout_raw = arg[:space]
         lease_raw = arg[space + 1 :]
-        if not lease_raw.isdigit() or len(lease_raw) > _SHORT_DIGITS:
+        lease = _NUMBERS.get(lease_raw)
+        if lease is None:
+            lease = _short_number(lease_raw)
+        if lease <= 0:
             return None
-        lease = int(lease_raw)
-        if lease == 0:
-            return None
-    if (
-        not timeout.isdigit()
-        or len(timeout) > _SHORT_DIGITS
-        or not key
-        or _SP in key
-        or _TAB in key
-        or _CR in key
-    ):
+    timeout = _NUMBERS.get(timeout_raw)
+    if timeout is None:
+        timeout = _short_number(timeout_raw)
+    if timeout < 0 or not key or _SP in key or _TAB in key or _CR in key:
         return None
     try:
-        return key.decode(), int(timeout), lease
+        return key.decode(), timeout, lease
     except UnicodeDecodeError:
         return None
 
@@ -408,17 +427,19 @@ def quick_token(key: bytes, arg: bytes) -> tuple[str, str, int | None] | None:
     ``<token> <lease>`` (an ASCII letters-and-digits token, one space, a short lease > 0) and
     the key is UTF-8 without whitespace; otherwise ``None``. (``r`` takes no lease: a result
     with one goes to ``decode_request``.)"""
-    space = arg.find(b" ")
+    # A release has no lease: look for a space in C before asking for its place (compiled,
+    # ``find`` is a call by name, with its arguments parsed: about 900 instructions).
+    space = arg.find(b" ") if _SP in arg else -1
     lease: int | None = None
     if space < 0:
         token = arg
     else:
         token = arg[:space]
         lease_raw = arg[space + 1 :]
-        if not lease_raw.isdigit() or len(lease_raw) > _SHORT_DIGITS:
-            return None
-        lease = int(lease_raw)
-        if lease == 0:
+        lease = _NUMBERS.get(lease_raw)
+        if lease is None:
+            lease = _short_number(lease_raw)
+        if lease <= 0:
             return None
     if not token.isalnum() or not key or _SP in key or _TAB in key or _CR in key:
         return None
@@ -437,12 +458,16 @@ def quick_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str] | None
     parts = arg.split(b" ")
     if len(parts) != 4:
         return None
-    timeout, lease_raw, mode, note = parts
+    timeout_raw, lease_raw, mode, note = parts
+    timeout = _NUMBERS.get(timeout_raw)
+    if timeout is None:
+        timeout = _short_number(timeout_raw)
+    lease = _NUMBERS.get(lease_raw)
+    if lease is None:
+        lease = _short_number(lease_raw)
     if (
-        not timeout.isdigit()
-        or len(timeout) > _SHORT_DIGITS
-        or not lease_raw.isdigit()
-        or len(lease_raw) > _SHORT_DIGITS
+        timeout < 0
+        or lease <= 0
         or not 1 <= len(note) <= c.MAX_NOTE_BYTES
         or note.translate(None, _NOTE_BYTES)
         or not key
@@ -457,11 +482,8 @@ def quick_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str] | None
         detached = True
     else:
         return None
-    lease = int(lease_raw)
-    if lease == 0:
-        return None
     try:
-        return key.decode(), int(timeout), lease, detached, note.decode("ascii")
+        return key.decode(), timeout, lease, detached, note.decode("ascii")
     except UnicodeDecodeError:
         return None
 

@@ -58,6 +58,8 @@ _NUMBER = st.sampled_from(
         b"1",
         b"33",
         b"007",
+        b"1000",
+        b"1001",
         b"999999999",
         b"9000000000",
         b"9000000001",
@@ -141,6 +143,22 @@ def test_usual_shapes_take_the_fast_path() -> None:
     assert p.quick_hold(b"k", b"0 60 d " + NOTE) == ("k", 0, 60, True, NOTE.decode())
     assert p.quick_token(b"k", TOKEN) == ("k", TOKEN.decode(), None)
     assert p.quick_token(b"k", TOKEN + b" 33") == ("k", TOKEN.decode(), 33)
+
+
+def test_every_number_reads_the_same_in_the_table_and_past_it() -> None:
+    """The quick parsers read the usual numbers from a table (0 to 1,000) and the rest digit
+    by digit: either way to ``decode_request``'s value, leading zeros included."""
+    for n in [*range(1200), 3600, 86_400, 9_999_999]:
+        for text in (b"%d" % n, b"0%d" % n, b"00%d" % n):  # at most 9 digits: the quick kind
+            assert p.quick_lock(b"k", text) == ("k", n, None), text
+            if n:
+                assert p.quick_lock(b"k", b"0 " + text) == ("k", 0, n), text
+                assert p.quick_token(b"k", TOKEN + b" " + text) == ("k", TOKEN.decode(), n)
+                hold = p.quick_hold(b"k", text + b" " + text + b" c " + NOTE)
+                assert hold == ("k", n, n, False, NOTE.decode()), text
+            else:
+                assert p.quick_lock(b"k", b"0 " + text) is None, text  # lease 0: malformed
+                assert p.quick_token(b"k", TOKEN + b" " + text) is None, text
 
 
 def test_unusual_shapes_are_left_to_decode_request() -> None:
