@@ -94,3 +94,24 @@ def test_unreadable_state_file_is_an_error(tmp_path: Path) -> None:
     state.write_text("not a number\n")
     with pytest.raises(FenceStateError, match="does not hold a decimal counter"):
         FenceCounter(str(state))
+
+
+def test_each_token_spells_its_own_counter_across_byte_boundaries_and_raises() -> None:
+    """A token's 16 hex digits are its counter's, also where the counter's last byte wraps
+    (the digits before it are kept from token to token until then) and after ``raise_to``
+    jumps the counter, forward or to within a byte of where it was."""
+    counter = FenceCounter(wall_clock_ns=lambda: 0x00FF_FFFF_FFFF_FF00)
+    tokens = [counter.next_token() for _ in range(600)]
+    counter.raise_to(0x0123_4567_89AB_CDFE)
+    tokens += [counter.next_token() for _ in range(3)]
+    counter.raise_to(0x0123_4567_89AB_CE05)  # the same 7 bytes as the counter before
+    tokens += [counter.next_token() for _ in range(3)]
+    expected = [
+        *range(0x00FF_FFFF_FFFF_FF01, 0x00FF_FFFF_FFFF_FF01 + 600),
+        *range(0x0123_4567_89AB_CDFF, 0x0123_4567_89AB_CE02),
+        *range(0x0123_4567_89AB_CE06, 0x0123_4567_89AB_CE09),
+    ]
+    assert [fence(t) for t in tokens] == expected
+    assert all(t[:16] == f"{n:016x}" for t, n in zip(tokens, expected, strict=True))
+    assert all(len(t) == constants.TOKEN_HEX_CHARS and t.isalnum() for t in tokens)
+    assert len(set(tokens)) == len(tokens)
