@@ -23,7 +23,7 @@ from dflockd_server.keys import (
     MaxWaiters,
     Waiter,
 )
-from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex
+from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex, LeaseRun
 
 __all__ = ["CLIENT_COMPACT_MIN", "TableCore"]
 
@@ -218,11 +218,11 @@ class TableCore:
         client.held.append(holder)
         client.n_held += 1
         index = self._leases  # index.add, inlined: the hot path
-        entries = index.by_ttl.get(lease_ttl)
-        if entries is None:
-            entries = index.by_ttl[lease_ttl] = (deque(), deque())
-        entries[0].append(expires_at)
-        entries[1].append(holder)
+        run = index.by_ttl.get(lease_ttl)
+        if run is None:
+            run = index.by_ttl[lease_ttl] = LeaseRun()
+        run.times.append(expires_at)
+        run.holders.append(holder)
         index.count += 1
         if index.count > index.cap:
             index.compact()
@@ -261,12 +261,12 @@ class TableCore:
         if len(held) > 2 * client.n_held + CLIENT_COMPACT_MIN:
             client.held = [h for h in held if h.live]
         index = self._leases
-        entries = index.by_ttl.get(holder.lease_ttl)
-        if entries is not None and entries[1] and not entries[1][-1].live:
+        run = index.by_ttl.get(holder.lease_ttl)
+        if run is not None:
             # Stale entries at the back (the latest grants, released): dropped at once, so
             # short holds leave nothing behind in the index.
-            times, holders = entries
-            while holders and not holders[-1].live:
+            times, holders, head = run.times, run.holders, run.head
+            while len(holders) > head and not holders[-1].live:
                 holders.pop()
                 times.pop()
                 index.count -= 1

@@ -331,6 +331,31 @@ def test_the_expiry_index_stays_bounded_under_churn_and_renewals(
     assert table.held == 0
 
 
+def test_sweeps_in_turns_expire_every_lease_once_and_keep_none_alive(clock: Clock) -> None:
+    """Leases of one length run out a few at a time, many sweeps over one run of the index:
+    the sweep takes them from the front, and cuts the taken ones off once they are an
+    eighth of it. Each lease expires once, at its time, and none is held on to by the index
+    afterwards (a taken entry keeps its holder, and its token, alive until cut off)."""
+    table = make_table(clock, max_locks=5000)
+    client = table.open_client()
+    holders: list[Holder] = []
+    for i in range(2000):
+        got = table.acquire(client, f"k{i}", LEASE, None, queue=False)
+        assert isinstance(got, Holder)
+        holders.append(got)
+        clock.now += 0.01
+    start = clock.now - 2000 * 0.01
+    for step in range(1, 201):  # ten leases run out at each step
+        clock.now = start + LEASE + step * 0.1 - 0.005
+        assert table.expire() == 10
+        assert [h.live for h in holders] == [i >= 10 * step for i in range(2000)], step
+        assert table.expiry_entries == 2000 - 10 * step
+        taken = sum(run.head for run in table._leases.by_ttl.values())
+        assert taken <= max(64, (2000 - 10 * step + taken) // 8 + 1), (step, taken)
+    assert table.held == 0
+    assert not table._leases.by_ttl
+
+
 @pytest.mark.parametrize("renewals", range(1, 140))
 def test_a_sweep_that_compacts_the_index_loses_no_lease(clock: Clock, renewals: int) -> None:
     # Renewals leave stale index entries; with some count of them, the grants a sweep makes
