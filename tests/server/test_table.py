@@ -189,6 +189,32 @@ def test_gc_forgets_only_keys_idle_long_enough_and_not_keys_used_again(clock: Cl
     assert not table.keys
 
 
+def test_a_full_table_forgets_idle_keys_oldest_first_over_many_turns(clock: Clock) -> None:
+    """Past the idle log's compaction (keys used again, logged again) and its cut-off of the
+    entries it has dropped: making room and gc still forget exactly the longest-idle keys."""
+    serial = itertools.count(1)
+    table = LockTable(clock=clock, new_token=lambda: f"{next(serial):032x}", max_locks=500)
+    client = table.open_client()
+
+    def use(key: str) -> None:
+        got = table.acquire(client, key, LEASE, None, queue=False)
+        assert isinstance(got, Holder)
+        assert table.release(key, got.token)
+        clock.now += 0.01
+
+    for _ in range(3):  # each key logged three times: the log compacts
+        for i in range(500):
+            use(f"k{i}")
+    for i in range(300):  # each new key makes room: the oldest idle key goes
+        use(f"new{i}")
+        assert f"k{i}" not in table.keys and f"k{i + 1}" in table.keys, i
+    assert len(table.keys) == 500
+    clock.now += 100
+    use("last")  # makes room for itself too: k300 goes
+    assert table.gc(50) == 499  # every key idle for 50 s, not the one just used
+    assert set(table.keys) == {"last"}
+
+
 def capped_table(clock: Clock, *, locks: int = 0, waits: int = 0) -> LockTable:
     serial = itertools.count(1)
     return LockTable(
