@@ -212,7 +212,6 @@ class Connection(Stream):
         session = self.session
         if session is None:
             return
-        handle = session.handle
         times = self.server.request_times
         self.budget = c.MAX_REQUESTS_PER_PASS
         while not self.busy and not self.closing and not self.write_paused:
@@ -232,14 +231,14 @@ class Connection(Stream):
             if frame is None:
                 break
             if times is None:
-                reply = handle(frame)
+                reply = session.handle(frame)  # compiled: a direct call
                 if reply is None:
                     reply = self._act(session)
                     if reply is None:
                         continue
             else:
                 started = time.perf_counter()
-                reply = handle(frame)
+                reply = session.handle(frame)  # compiled: a direct call
                 if reply is None:
                     reply = self._act(session)
                 if reply is not None:

@@ -98,6 +98,8 @@ def boot_id() -> str:
 
 _crc32: Final = zlib.crc32
 """Bound once (compiled: a static, not a look-up of ``crc32`` on the module per record)."""
+_write: Final = os.write
+"""Likewise, once per write of the journal."""
 _HEX: Final = tuple(f"{i:02x}" for i in range(256))
 """Each byte's two hex digits: a record's checksum is four look-ups here. Compiled, a
 ``to_bytes`` and a ``hex`` are calls by name (about 850 instructions) and a ``%08x`` format
@@ -467,11 +469,11 @@ class Journal:
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         fd = self._fd
         try:
-            written = os.write(fd, data)
+            written = _write(fd, data)
             if written < len(data):  # a short write: a full disk, or a signal
                 view = memoryview(data)[written:]
                 while view:
-                    view = view[os.write(fd, view) :]
+                    view = view[_write(fd, view) :]
         except OSError:
             # A disk full or failing: cut what part of the batch got in, so the file still
             # ends with a whole record; the records stay buffered for the next flush.

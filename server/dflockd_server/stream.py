@@ -70,12 +70,14 @@ class GroupWrite:
         stop, once the journal is closed)."""
         self.streams: list[Stream] = []
         """The connections whose replies wait for the next write."""
+        self._write_soon: Callable[[], None] = self.write
+        """``write``, bound once (not a bound method made per turn of the loop)."""
 
     def hold_back(self, stream: Stream) -> None:
         """``stream`` holds replies back until the journal is written: do that once for
         every connection of this turn of the loop, just after it."""
         if not self.streams:
-            self.loop.call_soon(self.write)
+            self.loop.call_soon(self._write_soon)
         self.streams.append(stream)
 
     def write(self) -> None:
