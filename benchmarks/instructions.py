@@ -13,14 +13,15 @@ difference divided by ``--pairs`` is the cost of one pair, start-up and shut-dow
 What it does not count: the kernel (system calls, the loopback network, which are most of a
 round trip's CPU here) and what an instruction costs (cache misses); the timing benchmarks do.
 
-Servers, one connection, round trips; the server under callgrind, driven by a plain socket
-client outside it, the same for every server:
+Servers, one connection; the server under callgrind, driven by a plain socket client outside
+it, the same for every server:
 
 * dflockd on each loop (the ``uvloop+mypyc`` build too, unless ``--quick``), its lease
-  journal on as users run it: ``l`` + ``r``, and ``hl`` with an owner note + ``r`` (what each
-  LockedTask run sends);
+  journal on as users run it: ``l`` + ``r`` round trips, ``hl`` with an owner note + ``r``
+  (what each LockedTask run sends), and ``l`` + ``r`` pipelined 16 deep (``benchmarks.server``'s
+  pipelined load; not in ``--quick``);
 * Redis: ``SET key token NX PX`` + a compare-and-delete script by ``EVALSHA`` (what redis-py's
-  Lock sends).
+  Lock sends), round trips and pipelined.
 
 Clients, the client process under callgrind, the server outside it: a plain socket loop (the
 floor: ``l`` + ``r``), ``celery_dflock.Client.lock`` (as ``with client.lock(key): ...``, the
@@ -93,10 +94,25 @@ def total(out: Path) -> int:
 
 
 # ------------------------------------------------------------------ the server-side drivers
-def dflockd_pairs(hold: bool) -> Callable[[ServerProcess, str, int], None]:
+def dflockd_pairs(hold: bool, depth: int = 1) -> Callable[[ServerProcess, str, int], None]:
+    """``depth`` 1: round trips, a new key per pair. More: as ``benchmarks.server``'s
+    pipelined load, ``depth`` acquires on the connection's own keys in one write, then their
+    releases (``n`` a multiple of ``depth``)."""
+
     def drive(server: ServerProcess, prefix: str, n: int) -> None:
         wire = LineClient(server)
         try:
+            if depth > 1:
+                keys = [b"%s:%d" % (prefix.encode(), i) for i in range(depth)]
+                acquires = b"".join(b"l\n%s\n0\n" % key for key in keys)
+                for _ in range(n // depth):
+                    wire.sock.sendall(acquires)
+                    tokens = [line.split()[1] for line in wire.lines(depth)]
+                    releases = zip(keys, tokens, strict=True)
+                    wire.sock.sendall(b"".join(b"r\n%s\n%s\n" % kt for kt in releases))
+                    if wire.lines(depth) != [b"ok"] * depth:
+                        raise RuntimeError("release refused")
+                return
             for i in range(n):
                 key = b"%s:%d" % (prefix.encode(), i)
                 if hold:
@@ -114,26 +130,54 @@ def dflockd_pairs(hold: bool) -> Callable[[ServerProcess, str, int], None]:
     return drive
 
 
-def redis_pairs(server: ServerProcess, prefix: str, n: int) -> None:
-    wire = LineClient(server)
-    try:
-        sha = wire.call(resp(b"SCRIPT", b"LOAD", RELEASE_SCRIPT.encode()))  # "$40", then it
-        if not sha.startswith(b"$"):
-            raise RuntimeError(f"SCRIPT LOAD refused: {sha!r}")
-        digest = wire.lines(1)[0].rstrip(b"\r")
-        ttl = b"%d" % (LEASE_S * 1000)
-        for i in range(n):
-            key, token = b"%s:%d" % (prefix.encode(), i), b"%032x" % i
-            if wire.call(resp(b"SET", key, token, b"NX", b"PX", ttl)) != b"+OK\r":
-                raise RuntimeError("SET NX refused")
-            if wire.call(resp(b"EVALSHA", digest, b"1", key, token)) != b":1\r":
-                raise RuntimeError("release script refused")
-    finally:
-        wire.close()
+def redis_pairs(depth: int = 1) -> Callable[[ServerProcess, str, int], None]:
+    """As ``dflockd_pairs``, with redis-py ``Lock``'s commands."""
+
+    def drive(server: ServerProcess, prefix: str, n: int) -> None:
+        wire = LineClient(server)
+        try:
+            sha = wire.call(resp(b"SCRIPT", b"LOAD", RELEASE_SCRIPT.encode()))  # "$40", then it
+            if not sha.startswith(b"$"):
+                raise RuntimeError(f"SCRIPT LOAD refused: {sha!r}")
+            digest = wire.lines(1)[0].rstrip(b"\r")
+            ttl = b"%d" % (LEASE_S * 1000)
+            if depth > 1:
+                keys = [b"%s:%d" % (prefix.encode(), i) for i in range(depth)]
+                for batch in range(n // depth):
+                    tokens = [b"%032x" % (batch * depth + i) for i in range(depth)]
+                    pairs = list(zip(keys, tokens, strict=True))
+                    wire.sock.sendall(
+                        b"".join(resp(b"SET", k, t, b"NX", b"PX", ttl) for k, t in pairs)
+                    )
+                    if wire.lines(depth) != [b"+OK\r"] * depth:
+                        raise RuntimeError("SET NX refused")
+                    wire.sock.sendall(
+                        b"".join(resp(b"EVALSHA", digest, b"1", k, t) for k, t in pairs)
+                    )
+                    if wire.lines(depth) != [b":1\r"] * depth:
+                        raise RuntimeError("release script refused")
+                return
+            for i in range(n):
+                key, token = b"%s:%d" % (prefix.encode(), i), b"%032x" % i
+                if wire.call(resp(b"SET", key, token, b"NX", b"PX", ttl)) != b"+OK\r":
+                    raise RuntimeError("SET NX refused")
+                if wire.call(resp(b"EVALSHA", digest, b"1", key, token)) != b":1\r":
+                    raise RuntimeError("release script refused")
+        finally:
+            wire.close()
+
+    return drive
 
 
-FORMS = (("l + r", False), ("hl + r", True))
-"""dflockd's request pairs: (label, with an owner note)."""
+PIPELINE = 16
+"""The pipelined forms' depth, ``benchmarks.server``'s."""
+FORMS = (
+    ("l + r", False, 1),
+    ("hl + r", True, 1),
+    (f"l + r, {PIPELINE} pipelined", False, PIPELINE),
+)
+"""dflockd's request pairs: (label, with an owner note, depth)."""
+REDIS_FORMS = (("SET NX PX + EVALSHA", 1), (f"SET NX PX + EVALSHA, {PIPELINE} pipelined", PIPELINE))
 
 
 # ------------------------------------------------------------------ the client-side loops
@@ -253,8 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     with workdir("dflock-bench-instructions-") as tmp:
         servers: list[Counted] = []
+        depths: dict[str, int] = {}
         for loop in loops:
-            for form, hold in forms:
+            for form, hold, depth in forms:
 
                 def start(wrapper: list[str], loop: str = loop) -> ServerProcess:
                     return start_dflockd(
@@ -266,37 +311,57 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 label = f"dflockd ({loop}) {form}"
                 servers.append(
-                    count_server(label, start, dflockd_pairs(hold), tmp, base=base, pairs=pairs)
+                    count_server(
+                        label,
+                        start,
+                        dflockd_pairs(hold, depth),
+                        tmp,
+                        base=base - base % depth,
+                        pairs=pairs - pairs % depth,
+                    )
                 )
+                depths[label] = depth
                 print(f"{label}: {servers[-1].per_pair:,.0f} per pair", flush=True)
 
         def start_redis_counted(wrapper: list[str]) -> ServerProcess:
             return start_redis(tmp, wrapper=wrapper, start_timeout_s=START_UNDER_VALGRIND_S)
 
-        redis_label = "redis SET NX PX + EVALSHA"
-        redis = count_server(
-            redis_label, start_redis_counted, redis_pairs, tmp, base=base, pairs=pairs
-        )
-        servers.append(redis)
+        redis_by_depth: dict[int, Counted] = {}
+        for form, depth in REDIS_FORMS if len(forms) > 1 else REDIS_FORMS[:1]:
+            label = f"redis {form}"
+            redis_by_depth[depth] = count_server(
+                label,
+                start_redis_counted,
+                redis_pairs(depth),
+                tmp,
+                base=base - base % depth,
+                pairs=pairs - pairs % depth,
+            )
+            depths[label] = depth
+            servers.append(redis_by_depth[depth])
+            print(f"{label}: {servers[-1].per_pair:,.0f} per pair", flush=True)
         table = Table(
-            "Server: instructions per acquire+release pair (callgrind, user space, one "
-            "connection, round trips)",
-            ["server and requests", "instructions per pair", "/ redis"],
+            "Server: instructions per acquire+release pair (callgrind, user space, one connection)",
+            ["server and requests", "instructions per pair", "/ redis, same shape"],
             notes=[
                 (
-                    f"the difference of {base:,} and {base + pairs:,} pairs, divided by {pairs:,}"
+                    f"the difference of {base:,} and {base + pairs:,} pairs (rounded down to "
+                    f"a multiple of {PIPELINE} when pipelined), divided by their difference"
                     if base
                     else f"one run of {pairs:,} pairs, start-up included (a smoke test's)"
                 )
                 + "; "
-                "dflockd with its lease journal on (everysec); hl: with an owner note of "
-                f"{len(NOTE)} bytes, as each LockedTask run sends; the kernel's share of a "
-                "round trip is not counted",
+                "dflockd with its lease journal on (everysec); round trips on a new key per "
+                f"pair; hl: with an owner note of {len(NOTE)} bytes, as each LockedTask run "
+                f"sends; pipelined: {PIPELINE} acquires on the connection's own keys in one "
+                "write, then their releases, as benchmarks.server's pipelined load; the "
+                "kernel's share is not counted",
             ],
         )
         for c in servers:
+            same = redis_by_depth[depths[c.target]]
             table.rows.append(
-                [c.target, fmt_num(c.per_pair, 0), fmt_ratio(ratio(c.per_pair, redis.per_pair))]
+                [c.target, fmt_num(c.per_pair, 0), fmt_ratio(ratio(c.per_pair, same.per_pair))]
             )
         run.add(table)
 
