@@ -198,6 +198,13 @@ COMPILED_SUFFIX = "+mypyc"
 (server/hatch_build.py), whose request path mypyc compiled."""
 
 
+def default_loops(quick: bool) -> list[str]:
+    """Both event loops, the pure-Python server (what ``pip install`` gives) and, but in a
+    quick run, the compiled one (what the container image runs) on each."""
+    loops = list(available_loops())
+    return loops if quick else [*loops, *(loop + COMPILED_SUFFIX for loop in loops)]
+
+
 def split_build(loop: str) -> tuple[str, bool]:
     """``uvloop+mypyc`` -> (``uvloop``, True); ``uvloop`` -> (``uvloop``, False)."""
     if loop.endswith(COMPILED_SUFFIX):

@@ -10,7 +10,9 @@ the row is the server's CPU time over those requests divided by their number (th
 five rounds), for each N of ``--full-tables``. A refusal that scanned the table would grow with
 N; the goal is flat (the largest within 2x of the smallest). Redis has no key cap: no row.
 
-Each server is a fresh child process. Memory is its resident set (``VmRSS``) growth: after one
+Each server is a fresh child process: dflockd on each loop, from the pure-Python wheel and (but
+in a quick run) from its compiled one, whose table's objects are mypyc's native classes, and
+Redis. Memory is its resident set (``VmRSS``) growth: after one
 warm-up request, then after ``--locks`` distinct keys are acquired and held (pipelined on one
 connection), and, on a fresh server, after ``--connections`` idle connections are open (no
 request sent; the server counts them). For Redis the growth of its own ``used_memory`` is shown
@@ -33,8 +35,8 @@ from benchmarks._common import (
     LineClient,
     ServerProcess,
     Table,
-    available_loops,
     base_parser,
+    default_loops,
     fmt_num,
     fmt_ratio,
     owned_servers,
@@ -328,7 +330,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
     parser.add_argument("--locks", type=int, default=0, help="held locks (100,000)")
     parser.add_argument("--connections", type=int, default=0, help="idle connections (10,000)")
-    parser.add_argument("--loops", default=",".join(available_loops()), help="dflockd event loops")
+    parser.add_argument(
+        "--loops",
+        default="",
+        help=(
+            "dflockd event loops, comma separated; a loop ending +mypyc runs the server's "
+            "compiled wheel, built first (default: asyncio,uvloop,asyncio+mypyc,"
+            "uvloop+mypyc; --quick: asyncio,uvloop)"
+        ),
+    )
     parser.add_argument(
         "--full-tables",
         default="",
@@ -339,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quick = bool(args.quick)
     locks = args.locks or (2000 if quick else 100_000)
     connections = args.connections or (200 if quick else 10_000)
-    loops = [x for x in args.loops.split(",") if x]
+    loops = [x for x in args.loops.split(",") if x] or default_loops(quick)
     full_tables = [
         int(x)
         for x in (args.full_tables or ("1024,10000" if quick else "1024,100000,1000000")).split(",")

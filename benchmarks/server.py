@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._common import (
-    COMPILED_SUFFIX,
     BenchRun,
     Goal,
     ServerProcess,
     Table,
-    available_loops,
     base_parser,
+    default_loops,
     fmt_num,
     fmt_ratio,
     median,
@@ -70,13 +69,6 @@ CLIENT_LATENCY_GOAL_US = 130.0
 CLIENT_KEYS = 16
 MAX_LOCKS = 1_000_000
 WARMUP_S = 0.2
-
-
-def default_loops(quick: bool) -> list[str]:
-    """Both event loops, the pure-Python server (what ``pip install`` gives) and, but in a
-    quick run, the compiled one (what the container image runs) on each."""
-    loops = list(available_loops())
-    return loops if quick else [*loops, *(loop + COMPILED_SUFFIX for loop in loops)]
 
 
 def target_names(loops: Sequence[str]) -> list[str]:
