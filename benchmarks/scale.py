@@ -1,7 +1,7 @@
 """Scale benchmark: memory per held lock and per idle connection, dflockd against Redis; and
 the server's CPU per refused new-key acquire with a full key table of growing size.
 
-    uv run python -m benchmarks.scale            # 100,000 locks, 10,000 connections (~1 minute)
+    uv run python -m benchmarks.scale            # 100,000 locks, 10,000 connections (~1.5 minutes)
     uv run python -m benchmarks.scale --quick
 
 Refusals: a fresh server with ``--max-locks N`` holds N keys (pipelined on one connection), then
