@@ -24,6 +24,7 @@ from dflockd_server.constants import (
     PROTOCOL_DOCS_URL,
 )
 from dflockd_server.fence import FenceStateError, read_ceiling
+from dflockd_server.loops import TurnLoop, loop_name
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
 from dflockd_server.settings import SETTINGS, Setting
@@ -199,10 +200,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The loop factory for the ``event_loop`` setting (``None``: asyncio's own loop)."""
+def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The loop factory for the ``event_loop`` setting (asyncio's: ``loops.TurnLoop``)."""
     if event_loop == "asyncio":
-        return None
+        return TurnLoop
     try:
         module = importlib.import_module("uvloop")
     except ImportError:
@@ -211,7 +212,7 @@ def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | 
                 f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
                 "'dflockd-server[uvloop]' (or use auto or asyncio)"
             ) from None
-        return None
+        return TurnLoop
     factory: Callable[[], asyncio.AbstractEventLoop] = module.new_event_loop
     return factory
 
@@ -302,7 +303,7 @@ async def serve(
         port,
         "on" if config.tls_cert else "off",
         "on" if server.secret is not None else "off",
-        type(asyncio.get_running_loop()).__module__.split(".")[0],
+        loop_name(asyncio.get_running_loop()),
         settings,
     )
     if server.metrics_address is not None:

@@ -29,6 +29,7 @@ from dflockd_server.connection import Connection
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
+from dflockd_server.loops import at_turn_end
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import SINGLE, Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
@@ -203,7 +204,7 @@ class Server(Admission, KeyServing):
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._group_write = GroupWrite(loop)
+        self._group_write = GroupWrite(loop, at_turn_end(loop))
         self.clock = loop_clock(loop)
         self._loop_thread = threading.get_ident()
         token = cfg.resolve_auth_token()

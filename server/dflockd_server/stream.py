@@ -63,8 +63,17 @@ class GroupWrite:
     Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per
     turn, and at one connection once per request."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        at_turn_end: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
         self.loop = loop
+        self._at_turn_end: Callable[[Callable[[], None]], object] = (
+            loop.call_soon if at_turn_end is None else at_turn_end
+        )
+        """How the write is scheduled after this turn's callbacks (``loops.at_turn_end``:
+        in the same turn on uvloop's loop and the server's asyncio loop)."""
         self.journal: Journal | None = None
         """The server's journal while it runs (None: the replies go out unwritten, as at the
         stop, once the journal is closed)."""
@@ -77,7 +86,7 @@ class GroupWrite:
         """``stream`` holds replies back until the journal is written: do that once for
         every connection of this turn of the loop, just after it."""
         if not self.streams:
-            self.loop.call_soon(self._write_soon)
+            self._at_turn_end(self._write_soon)
         self.streams.append(stream)
 
     def write(self) -> None:

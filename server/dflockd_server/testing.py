@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from dflockd_server.config import Config
+from dflockd_server.loops import TurnLoop
 from dflockd_server.net import Server
 from dflockd_server.ownership import Ownership
 
@@ -49,7 +50,7 @@ class ServerThread:
         """``ownership`` (testing): serve by it instead of what the config makes (e.g. a fixed
         cluster-style map; swap it later with ``server.set_ownership``)."""
         self.config = config or Config(host="127.0.0.1", port=0)
-        self._loop_factory = loop_factory or asyncio.new_event_loop
+        self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = loop_factory or TurnLoop
         self.server = Server(self.config, ownership=ownership)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dflockd_server.loops import TurnLoop
 from tests.support.certificates import key_of, make_certificate
 from tests.support.servers import DflockdProcess
 
@@ -39,7 +40,7 @@ def dflockd_process() -> Iterator[Callable[..., DflockdProcess]]:
 
 
 def _event_loops() -> list[Any]:
-    loops: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
+    loops: list[Any] = [pytest.param(TurnLoop, id="asyncio")]  # as dflockd runs asyncio
     if importlib.util.find_spec("uvloop") is None:
         return loops
     uvloop: Any = importlib.import_module("uvloop")

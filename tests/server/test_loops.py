@@ -1,0 +1,179 @@
+"""The server's asyncio loop (``loops.TurnLoop``): the journal's group write at the end of the
+turn that held the replies back, not in a turn of its own; and a server on any other asyncio
+loop (a program's own) still writes its journal before each reply."""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflockd_server import Config
+from dflockd_server.cli import _loop_factory  # pyright: ignore[reportPrivateUsage]
+from dflockd_server.loops import TurnLoop, at_turn_end
+from dflockd_server.testing import ServerThread
+from tests.support.wire import Wire
+
+PAIRS = 200
+
+
+class CountingTurnLoop(TurnLoop):
+    """A ``TurnLoop`` that counts the turns whose wait for I/O found nothing to do: a
+    zero-timeout select that returned no event (a turn run only for a callback the turn
+    before scheduled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.empty_turns = 0
+        self.turns = 0
+        selector: Any = self._selector  # pyright: ignore[reportAttributeAccessIssue]
+        select = selector.select
+
+        def counted(timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+            events: list[tuple[selectors.SelectorKey, int]] = select(timeout)
+            self.turns += 1
+            if timeout == 0 and not events:
+                self.empty_turns += 1
+            return events
+
+        selector.select = counted
+
+
+def _journal_config(tmp_path: Path) -> Config:
+    return Config(host="127.0.0.1", port=0, state_dir=str(tmp_path / "state"))
+
+
+def test_the_journal_is_written_in_the_turn_that_held_the_replies(tmp_path: Path) -> None:
+    """One connection, round trips: each request is a turn; its reply waits for the journal's
+    write. On asyncio's plain loop that write ran a turn later, after an ``epoll_wait`` that
+    found nothing (one empty turn per request); on the server's loop it runs in the turn."""
+    loop_holder: list[CountingTurnLoop] = []
+
+    def factory() -> asyncio.AbstractEventLoop:
+        loop = CountingTurnLoop()
+        loop_holder.append(loop)
+        return loop
+
+    with (
+        ServerThread(_journal_config(tmp_path), loop_factory=factory) as srv,
+        Wire(srv.address) as wire,
+    ):
+        assert wire.req("ping") == "ok"
+        loop = loop_holder[0]
+        empty_before, turns_before = loop.empty_turns, loop.turns
+        token = ""
+        for i in range(PAIRS):
+            token = wire.lock(f"k{i % 10}")
+            assert wire.req("r", f"k{i % 10}", token) == "ok"
+        empty = loop.empty_turns - empty_before
+        turns = loop.turns - turns_before
+    assert turns >= 2 * PAIRS  # every request woke the loop
+    # A few empty turns may come from timers; one per request would be the old behaviour.
+    assert empty < PAIRS // 10, f"{empty} empty turns for {2 * PAIRS} requests"
+    files = [path for path in (tmp_path / "state").rglob("*") if path.is_file()]
+    assert any(f" {token} " in path.read_text(errors="replace") for path in files)
+
+
+def test_a_server_on_a_plain_asyncio_loop_still_writes_its_journal_first(
+    tmp_path: Path,
+) -> None:
+    """A server started on a program's own asyncio loop schedules its group write with
+    ``call_soon``: every grant is in the journal before its reply, and nothing waits."""
+    with (
+        ServerThread(_journal_config(tmp_path), loop_factory=asyncio.new_event_loop) as srv,
+        Wire(srv.address) as wire,
+    ):
+        tokens = [wire.lock(f"k{i}") for i in range(20)]
+        state = tmp_path / "state"
+        text = "".join(p.read_text(errors="replace") for p in state.rglob("*") if p.is_file())
+        for token in tokens:
+            assert f"G {token} " in text
+        for i, token in enumerate(tokens):
+            assert wire.req("r", f"k{i}", token) == "ok"
+
+
+def test_the_cli_runs_asyncio_on_the_turn_loop() -> None:
+    assert _loop_factory("asyncio") is TurnLoop
+
+
+def test_at_turn_end_runs_after_the_turns_callbacks_before_the_next_wait() -> None:
+    loop = TurnLoop()
+    order: list[str] = []
+    try:
+
+        def first() -> None:
+            order.append("first")
+            loop.at_turn_end(lambda: order.append("turn end"))
+            loop.call_soon(lambda: order.append("scheduled by first"))
+
+        async def main() -> None:
+            loop.call_soon(first)
+            loop.call_soon(lambda: order.append("second"))
+            await asyncio.sleep(0.01)
+
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    # The turn's callbacks, then its end, then what they scheduled (the next turn).
+    assert order == ["first", "second", "turn end", "scheduled by first"]
+
+
+def test_what_a_turn_end_callback_schedules_runs_without_waiting_for_io() -> None:
+    """A turn-end callback that schedules a callback (a transport closed by a failed write
+    does) must not leave it behind a blocking wait: with no timer and no I/O, the loop would
+    wait forever."""
+    loop = TurnLoop()
+    try:
+        done = loop.create_future()
+
+        def end() -> None:
+            loop.call_soon(done.set_result, "ran")
+
+        loop.call_soon(loop.at_turn_end, end)
+        assert loop.run_until_complete(asyncio.wait_for(done, 5)) == "ran"
+        timer_fired = loop.create_future()
+        loop.call_soon(loop.at_turn_end, lambda: loop.call_later(0, timer_fired.set_result, 1))
+        assert loop.run_until_complete(asyncio.wait_for(timer_fired, 5)) == 1
+    finally:
+        loop.close()
+
+
+def test_a_failing_turn_end_callback_goes_to_the_exception_handler_and_the_loop_goes_on() -> None:
+    loop = TurnLoop()
+    seen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    ran: list[str] = []
+    try:
+
+        def boom() -> None:
+            raise RuntimeError("boom")
+
+        async def main() -> None:
+            loop.at_turn_end(boom)
+            loop.at_turn_end(lambda: ran.append("after"))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert ran == ["after"]
+    assert len(seen) == 1 and isinstance(seen[0]["exception"], RuntimeError)
+    assert "turn-end callback" in seen[0]["message"]
+
+
+@pytest.mark.parametrize("kind", ["turn loop", "plain asyncio"])
+def test_at_turn_end_picks_the_loop_s_way(kind: str) -> None:
+    loop = TurnLoop() if kind == "turn loop" else asyncio.new_event_loop()
+    try:
+        schedule = at_turn_end(loop)
+        if kind == "turn loop":
+            assert isinstance(loop, TurnLoop)
+            assert schedule == loop.at_turn_end
+        else:
+            assert schedule == loop.call_soon
+    finally:
+        loop.close()
