@@ -16,7 +16,7 @@ round trip's CPU here) and what an instruction costs (cache misses); the timing 
 Servers, one connection; the server under callgrind, driven by a plain socket client outside
 it, the same for every server:
 
-* dflockd on each loop (the ``uvloop+mypyc`` build too, unless ``--quick``), its lease
+* dflockd on each loop (its compiled build on each too, unless ``--quick``), its lease
   journal on as users run it: ``l`` + ``r`` round trips, ``hl`` with an owner note + ``r``
   (what each LockedTask run sends), and ``l`` + ``r`` pipelined 16 deep (``benchmarks.server``'s
   pipelined load; not in ``--quick``);
@@ -39,13 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks._common import (
-    COMPILED_SUFFIX,
     BenchRun,
     LineClient,
     ServerProcess,
     Table,
     available_loops,
     base_parser,
+    default_loops,
     dflockd_command,
     fmt_num,
     fmt_ratio,
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     valgrind()
     pairs = args.pairs or (100 if args.quick else 1000)
     base = args.base if args.base >= 0 else (0 if args.quick else 200)
-    loops = ["uvloop"] if args.quick else [*available_loops(), f"uvloop{COMPILED_SUFFIX}"]
+    loops = ["uvloop"] if args.quick else default_loops(quick=False)
     forms = FORMS[:1] if args.quick else FORMS
     client_loops = list(CLIENT_LOOPS)[:2] if args.quick else list(CLIENT_LOOPS)
     run = BenchRun(

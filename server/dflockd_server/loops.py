@@ -57,20 +57,30 @@ class TurnLoop(asyncio.SelectorEventLoop):
         self.turn_end.append(callback)
 
     def run_turn_end(self) -> bool:
-        """Run the turn-end callbacks (an exception goes to the loop's exception handler, as
-        a callback's does); True if they scheduled a callback or a timer."""
-        callbacks, self.turn_end = self.turn_end, []
+        """Run the turn-end callbacks, and those they add (an exception goes to the loop's
+        exception handler, as a callback's does); True if they scheduled a callback or a
+        timer. The list is emptied in place: ``at_turn_end`` hands out its ``append``."""
+        callbacks = self.turn_end
         self._scheduled_more = False
-        for callback in callbacks:
-            try:
-                callback()
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:  # as asyncio's Handle does for a callback
-                self.call_exception_handler(
-                    {"message": f"Exception in turn-end callback {callback!r}", "exception": exc}
-                )
-        return self._scheduled_more or bool(self.turn_end)
+        i = 0
+        try:
+            while i < len(callbacks):
+                callback = callbacks[i]
+                i += 1
+                try:
+                    callback()
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:  # as asyncio's Handle does for a callback
+                    self.call_exception_handler(
+                        {
+                            "message": f"Exception in turn-end callback {callback!r}",
+                            "exception": exc,
+                        }
+                    )
+        finally:
+            del callbacks[:i]
+        return self._scheduled_more
 
     def call_soon(
         self,
@@ -97,7 +107,7 @@ def at_turn_end(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]
     a ``TurnLoop``, ``call_soon`` elsewhere (uvloop runs it in the same turn; asyncio's plain
     loop in the next)."""
     if isinstance(loop, TurnLoop):
-        return loop.at_turn_end
+        return loop.turn_end.append  # a C call on every request: no Python frame
     return loop.call_soon
 
 
