@@ -17,14 +17,27 @@ warm-up request, then after ``--locks`` distinct keys are acquired and held (pip
 connection), and, on a fresh server, after ``--connections`` idle connections are open (no
 request sent; the server counts them). For Redis the growth of its own ``used_memory`` is shown
 too. The benchmark raises its open-file limit (children inherit it) for the connections.
+
+Where the bytes go: one more pure-Python dflockd, on asyncio's loop, runs under ``tracemalloc``
+(``python -X tracemalloc``, its snapshots dumped on ``SIGUSR1``); it holds ``--traced-locks``
+keys, then queues a waiter on each, then takes ``--traced-connections`` idle connections, and
+the snapshots' differences give the bytes per held lock, per waiter and per idle connection
+by the source line that allocated them. tracemalloc counts what Python asked the allocator
+for; RSS adds the allocator's rounding and what it keeps free. uvloop's transports are C, whose
+allocations tracemalloc puts on no line, and mypyc's native objects on the line of the nearest
+interpreted caller: hence the pure-Python server on asyncio's loop.
 """
 
 from __future__ import annotations
 
 import json
+import linecache
+import os
+import signal
 import socket
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,13 +131,14 @@ def redis_info(client: LineClient, field: str) -> int:
     raise RuntimeError(f"no {field} in INFO")
 
 
-def hold_locks(server: ServerProcess, client: LineClient, count: int) -> None:
-    """Acquire ``count`` distinct keys on ``client``'s connection (pipelined) and keep them."""
+def hold_locks(server: ServerProcess, client: LineClient, count: int, first: int = 0) -> None:
+    """Acquire ``count`` distinct keys (numbered from ``first``) on ``client``'s connection
+    (pipelined) and keep them."""
     redis = server.label == REDIS
     px = b"%d" % (LEASE_S * 1000 * 100)
     for start in range(0, count, BATCH):
         n = min(BATCH, count - start)
-        keys = [b"dflock-bench:scale:%07d" % i for i in range(start, start + n)]
+        keys = [b"dflock-bench:scale:%07d" % i for i in range(first + start, first + start + n)]
         if redis:
             batch = b"".join(
                 resp(b"SET", key, b"%032x" % i, b"NX", b"PX", px) for i, key in enumerate(keys)
@@ -265,6 +279,142 @@ def measure_waiters(loop: str, tmp: Any, count: int) -> Memory:
     return Memory(server.label, "waiter", count, before, after)
 
 
+# ------------------------------------------------------------------------------ tracemalloc
+_TRACED_BOOT = (
+    "import os, signal, sys, tracemalloc\n"
+    "sys.modules['uvloop'] = None  # asyncio's loop: its transports are Python, traced\n"
+    "path = sys.argv[1]\n"
+    "def dump(signum, frame):\n"
+    "    tracemalloc.take_snapshot().dump(path + '.part')\n"
+    "    os.replace(path + '.part', path)\n"
+    "signal.signal(signal.SIGUSR1, dump)\n"
+    "from dflockd_server.cli import main\n"
+    "main(sys.argv[2:])\n"
+)
+"""Runs ``dflockd`` (asyncio's loop) and dumps a tracemalloc snapshot to ``argv[1]`` on SIGUSR1."""
+TRACED_SITES = 6
+"""Allocation sites listed per item (the rest summed as one row)."""
+
+
+@dataclass
+class Site:
+    item: str
+    site: str
+    bytes_per_item: float
+    blocks_per_item: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "item": self.item,
+            "site": self.site,
+            "bytes_per_item": round(self.bytes_per_item, 1),
+            "blocks_per_item": round(self.blocks_per_item, 2),
+        }
+
+
+def _snapshot(server: ServerProcess, path: str) -> tracemalloc.Snapshot:
+    """Ask the traced server for a snapshot and load it."""
+    if os.path.exists(path):
+        os.unlink(path)
+    os.kill(server.pid, signal.SIGUSR1)
+    wait_for(lambda: os.path.exists(path), "the traced server's snapshot")
+    return tracemalloc.Snapshot.load(path)
+
+
+def _sites(
+    item: str, before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, count: int
+) -> list[Site]:
+    """The growth from ``before`` to ``after`` per item, by allocating line: the largest
+    ``TRACED_SITES``, then the rest, then the total."""
+    stats = [s for s in after.compare_to(before, "lineno") if s.size_diff > 0]
+    sites: list[Site] = []
+    for stat in stats[:TRACED_SITES]:
+        frame = stat.traceback[0]
+        code = linecache.getline(frame.filename, frame.lineno).strip()
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+        sites.append(
+            Site(item, f"{where} `{code}`", stat.size_diff / count, stat.count_diff / count)
+        )
+    rest = stats[TRACED_SITES:]
+    sites.append(
+        Site(
+            item,
+            f"{len(rest)} other lines",
+            sum(s.size_diff for s in rest) / count,
+            sum(s.count_diff for s in rest) / count,
+        )
+    )
+    sites.append(
+        Site(
+            item,
+            "all (net, freed blocks netted out)",
+            sum(s.size_diff for s in after.compare_to(before, "lineno")) / count,
+            sum(s.count_diff for s in after.compare_to(before, "lineno")) / count,
+        )
+    )
+    return sites
+
+
+def measure_traced(tmp: Any, locks: int, connections: int) -> list[Site]:
+    """The pure-Python server on asyncio's loop under tracemalloc: bytes per held lock, per
+    waiter and per idle connection, by allocating line (see the module's doc)."""
+    path = str(tmp / "traced.snapshot")
+    with owned_servers() as servers:
+        server = start_dflockd(
+            "asyncio",
+            tmp,
+            "--max-locks",
+            str(10 * connections + 1_000_000),
+            "--max-locks-per-connection",
+            "0",
+            "--default-lease-ttl",
+            "3600",
+            "--max-lease-ttl",
+            "3600",
+            "--max-connections",
+            "0",
+            "--max-waits-per-connection",
+            "0",
+            command=[sys.executable, "-X", "tracemalloc=1", "-c", _TRACED_BOOT, path],
+        )
+        servers.append(server)
+        holder = LineClient(server, SETTLE_TIMEOUT_S)
+        waiter = LineClient(server, SETTLE_TIMEOUT_S)
+        socks: list[socket.socket] = []
+        try:
+            waiter.call(b"ping\n_\n_\n")
+            # Warm up: the table's dict and the lease index grow in steps; the growth is
+            # measured past the first thousand keys, as the RSS rows (100,000 keys) are.
+            hold_locks(server, holder, 1000, first=locks)
+            start_snapshot = _snapshot(server, path)
+            hold_locks(server, holder, locks)
+            held = _snapshot(server, path)
+            for start_at in range(0, locks, BATCH):
+                n = min(BATCH, locks - start_at)
+                waiter.sock.sendall(
+                    b"".join(
+                        b"e\ndflock-bench:scale:%07d\n\n" % i for i in range(start_at, start_at + n)
+                    )
+                )
+                for line in waiter.lines(n):
+                    if line != b"queued":
+                        raise RuntimeError(f"expected queued, got {line!r}")
+            queued = _snapshot(server, path)
+            baseline = dflockd_connections(waiter)
+            socks = open_idle(server, connections, lambda: dflockd_connections(waiter), baseline)
+            idle = _snapshot(server, path)
+        finally:
+            for sock in socks:
+                sock.close()
+            holder.close()
+            waiter.close()
+    return [
+        *_sites("held lock", start_snapshot, held, locks),
+        *_sites("waiter", held, queued, locks),
+        *_sites("idle connection", queued, idle, connections),
+    ]
+
+
 @dataclass
 class Refusals:
     server: str
@@ -345,6 +495,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="key table sizes for the refusal rows (1024,100000,1000000)",
     )
     parser.add_argument("--refusals", type=int, default=0, help="refused acquires (20,000)")
+    parser.add_argument(
+        "--traced-locks",
+        type=int,
+        default=0,
+        help="held locks and waiters under tracemalloc (20,000)",
+    )
+    parser.add_argument(
+        "--traced-connections",
+        type=int,
+        default=0,
+        help="idle connections under tracemalloc (1,000)",
+    )
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     locks = args.locks or (2000 if quick else 100_000)
@@ -356,6 +518,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if x
     ]
     refusals = args.refusals or (2000 if quick else 20_000)
+    traced_locks = args.traced_locks or (1000 if quick else 20_000)
+    traced_connections = args.traced_connections or (100 if quick else 1000)
     limit = raise_fd_limit(connections + FD_MARGIN)
     if limit < connections + FD_MARGIN:
         connections = limit - FD_MARGIN
@@ -371,6 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fd_limit": limit,
             "full_tables": full_tables,
             "refusals": refusals,
+            "traced_locks": traced_locks,
+            "traced_connections": traced_connections,
         },
     )
     labels = [f"dflockd ({loop})" for loop in loops] + [REDIS]
@@ -385,6 +551,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         waiting = [measure_waiters(loop, tmp, locks) for loop in loops]
         for m in waiting:
             print(f"{m.server}: {m.per_item:.0f} bytes per waiter", flush=True)
+        traced = measure_traced(tmp, traced_locks, min(traced_connections, connections))
+        for site in traced:
+            if site.site.startswith("all"):
+                print(f"tracemalloc: {site.bytes_per_item:.0f} bytes per {site.item}", flush=True)
         refused: list[Refusals] = []
         for loop in loops:
             for size in full_tables:
@@ -460,6 +630,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                 detail=f"RSS growth per lock, {locks:,} keys held",
             )
         )
+    rss = {
+        "held lock": next((m for m in held if m.server == "dflockd (asyncio)"), None),
+        "waiter": next((m for m in waiting if m.server == "dflockd (asyncio)"), None),
+        "idle connection": next((m for m in idle if m.server == "dflockd (asyncio)"), None),
+    }
+    table = Table(
+        "Where the bytes go: the pure-Python server on asyncio's loop under tracemalloc "
+        f"({traced_locks:,} held locks, a waiter on each, "
+        f"{min(traced_connections, connections):,} idle connections)",
+        ["item", "allocated at", "bytes per item", "blocks per item"],
+        notes=[
+            "what Python asked the allocator for, by the line that allocated it (the growth "
+            "between snapshots, divided by the count); RSS adds the allocator's rounding and "
+            "free space: "
+            + ", ".join(
+                f"{item} {fmt_num(m.per_item, 0)} B by RSS (dflockd (asyncio), above)"
+                for item, m in rss.items()
+                if m is not None
+            )
+        ],
+    )
+    for site in traced:
+        table.rows.append(
+            [
+                site.item,
+                site.site,
+                fmt_num(site.bytes_per_item, 1),
+                fmt_num(site.blocks_per_item, 2),
+            ]
+        )
+    run.add(table)
+    run.data["traced"] = [site.as_dict() for site in traced]
     table = Table(
         f"Server CPU per refused new-key acquire, full key table ({refusals:,} refusals)",
         ["server", *(f"{size:,} keys (us)" for size in full_tables), "largest / smallest"],
