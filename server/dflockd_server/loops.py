@@ -5,7 +5,9 @@ for it (``stream.GroupWrite``), after the callbacks of that turn. uvloop runs a 
 callback of the turn scheduled with ``call_soon`` in the same turn, so that is where the group
 write goes there. asyncio's own loop runs it in the *next* turn, after one more ``epoll_wait``
 that finds nothing: at one connection, where every request is a turn of its own, that second
-turn was a fifth of the server's CPU per request. ``TurnLoop`` is asyncio's selector loop with
+turn was a fifth of the compiled server's own instructions per request (benchmarks.instructions;
+the kernel's share of a round trip, larger here, is not counted there). ``TurnLoop`` is
+asyncio's selector loop with
 ``at_turn_end``: the callback runs once the turn's callbacks have run, just before the loop waits
 for I/O again, in the same turn. The server's own asyncio loop (``dflockd --event-loop asyncio``,
 or ``auto`` without uvloop, and ``testing.ServerThread``) is a ``TurnLoop``; a server started on
@@ -103,9 +105,10 @@ class TurnLoop(asyncio.SelectorEventLoop):
 
 
 def at_turn_end(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]], object]:
-    """How to run a callback after the callbacks of this turn of ``loop``: ``at_turn_end`` on
-    a ``TurnLoop``, ``call_soon`` elsewhere (uvloop runs it in the same turn; asyncio's plain
-    loop in the next)."""
+    """How to run a callback after the callbacks of this turn of ``loop``: on a ``TurnLoop``,
+    its turn-end list's ``append`` (what ``at_turn_end`` does, without a Python frame);
+    ``call_soon`` elsewhere (uvloop runs it in the same turn; asyncio's plain loop in the
+    next)."""
     if isinstance(loop, TurnLoop):
         return loop.turn_end.append  # a C call on every request: no Python frame
     return loop.call_soon
