@@ -143,9 +143,19 @@ def raise_fd_limit(wanted: int) -> int:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free local ports, each bound until all are chosen (ports asked for
+    one after another, each released first, may repeat)."""
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 # ---------------------------------------------------------------------------- server children
@@ -402,7 +412,7 @@ def start_etcd(workdir: Path) -> ServerProcess:
         raise RuntimeError("no etcd binary (install etcd-server, or set ETCD_BIN)")
     tail = ""
     for attempt in range(5):
-        client_port, peer_port = free_port(), free_port()
+        client_port, peer_port = free_ports(2)
         url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         log_path = workdir / f"etcd-{client_port}.log"

@@ -56,7 +56,7 @@ from benchmarks._common import (
     etcd_binary,
     fmt_num,
     fmt_ratio,
-    free_port,
+    free_ports,
     median,
     owned_servers,
     percentile,
@@ -198,8 +198,8 @@ def start_topologies(loop: str, tmp: Path, servers: list[ServerProcess]) -> list
     etcd = start_etcd(tmp)
     servers.append(etcd)
     etcd_url = f"etcd://127.0.0.1:{etcd.port}/dflock-bench"
-    cluster_ports = [free_port() for _ in range(MEMBERS)]
-    static_ports = [free_port() for _ in range(MEMBERS)]
+    ports = free_ports(2 * MEMBERS)
+    cluster_ports, static_ports = ports[:MEMBERS], ports[MEMBERS:]
     member_list = ",".join(f"127.0.0.1:{p}" for p in static_ports)
     flag_sets = [
         *(

@@ -13,7 +13,7 @@ from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 from tests.support.certificates import key_of, make_certificate
 from tests.support.etcd import EtcdServer, etcd_or_skip
-from tests.support.ports import free_port
+from tests.support.ports import free_ports
 from tests.support.servers import LOCK_SERVER_LEASE_S
 from tests.support.services import require_redis
 
@@ -72,7 +72,7 @@ def lock_server(dflock_server_factory: ServerFactory) -> ServerThread:
 def static_fleet() -> Iterator[list[ServerThread]]:
     """Three real servers started with the same ``--members`` list, each advertising itself
     (static members: each serves only the keys the list's crc32 strategy gives it)."""
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     members = tuple(f"127.0.0.1:{port}" for port in ports)
     servers = [
         ServerThread(Config(host="127.0.0.1", port=port, members=members, advertise=member)).start()

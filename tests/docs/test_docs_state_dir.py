@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 from tests.docs.docs_blocks import DOCS
-from tests.support.ports import free_port
+from tests.support.ports import free_port, free_ports
 from tests.support.servers import DflockdProcess, run_dflockd
 from tests.support.wire import Wire
 
@@ -58,7 +58,7 @@ def test_the_documented_command_keeps_its_state_where_the_docs_say(tmp_path: Pat
 
 def test_by_default_each_host_and_port_has_a_state_dir_of_its_own(tmp_path: Path) -> None:
     xdg = tmp_path / "xdg-state"
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     servers = [
         DflockdProcess(["--host", "127.0.0.1", "--port", str(port)], {"XDG_STATE_HOME": str(xdg)})
         for port in ports

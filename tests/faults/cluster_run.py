@@ -38,7 +38,7 @@ from tests.faults.workload import (
     read_events,
 )
 from tests.support.etcd import EtcdServer
-from tests.support.ports import free_port
+from tests.support.ports import free_ports
 from tests.support.servers import run_dflockd
 from tests.support.wire import shards
 
@@ -83,7 +83,7 @@ class ClusterLockRun(LockRun):
         self.mode = mode
         self.etcd = etcd
         self.prefix = f"/faults-{uuid.uuid4().hex[:10]}"
-        ports = [free_port() for _ in range(members + spares)]
+        ports = free_ports(members + spares)
         self.members: list[LockServer] = [
             LockServer(port, extra_args=self._member_args(port)) for port in ports
         ]
