@@ -50,7 +50,7 @@ from celery_dflock.client.errors import DflockError
 from celery_dflock.client.sharding import stable_hash_shard
 from tests.faults.conftest import FaultRow
 from tests.faults.history import CheckResult, Cut, Hold, check_history
-from tests.support.ports import free_port
+from tests.support.ports import free_ports
 from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess
 
@@ -809,15 +809,16 @@ class LockRun:
         self.fenced = fenced
         self.proxied = proxied
         self.rng = random.Random(seed)
+        port, second_port = free_ports(2)  # chosen together: never the same port
         self.server = LockServer(
-            free_port(),
+            port,
             fence_state_file=directory / "fence.state" if fence_state else None,
             max_lease_s=max_lease_s,
             # True: a state dir of the run's own; False: none (no journal); None: the default.
             state_dir=None if durable is None else directory / "state" if durable else "none",
         )
         self.second_server = (
-            LockServer(free_port(), max_lease_s=max_lease_s) if split_brain else None
+            LockServer(second_port, max_lease_s=max_lease_s) if split_brain else None
         )
         """A misconfiguration for the control run: odd-numbered workers (w1, w3 and their
         replacements) use this server."""

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from dflockd_server.cluster.etcd import EtcdClient, tls_context
-from tests.support.ports import free_port
+from tests.support.ports import free_ports
 
 REQUIRE_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
 START_TIMEOUT_S = 30.0
@@ -73,8 +73,7 @@ class EtcdServer:
         self._choose_ports()
 
     def _choose_ports(self) -> None:
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.client_port}"
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
 
@@ -158,8 +157,7 @@ class EtcdNode:
         self.binary = binary
         self.directory = directory
         self.name = name
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = free_ports(2)
         self.address = f"127.0.0.1:{self.client_port}"
         self.url = f"{scheme}://{self.address}"
         self.peer_url = f"http://127.0.0.1:{self.peer_port}"
