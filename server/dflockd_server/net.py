@@ -204,7 +204,7 @@ class Server(Admission, KeyServing):
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._group_write = GroupWrite(loop, at_turn_end(loop))
+        self._group_write = GroupWrite(at_turn_end(loop))
         self.clock = loop_clock(loop)
         self._loop_thread = threading.get_ident()
         token = cfg.resolve_auth_token()

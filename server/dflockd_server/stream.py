@@ -63,17 +63,10 @@ class GroupWrite:
     Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per
     turn, and at one connection once per request."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        at_turn_end: Callable[[Callable[[], None]], object] | None = None,
-    ) -> None:
-        self.loop = loop
-        self._at_turn_end: Callable[[Callable[[], None]], object] = (
-            loop.call_soon if at_turn_end is None else at_turn_end
-        )
-        """How the write is scheduled after this turn's callbacks (``loops.at_turn_end``:
-        in the same turn on uvloop's loop and the server's asyncio loop)."""
+    def __init__(self, at_turn_end: Callable[[Callable[[], None]], object]) -> None:
+        self._at_turn_end = at_turn_end
+        """How the write is scheduled after this turn's callbacks (``loops.at_turn_end`` of
+        the server's loop: in the same turn on uvloop's loop and the server's asyncio loop)."""
         self.journal: Journal | None = None
         """The server's journal while it runs (None: the replies go out unwritten, as at the
         stop, once the journal is closed)."""
