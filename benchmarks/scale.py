@@ -151,6 +151,19 @@ def hold_locks(server: ServerProcess, client: LineClient, count: int, first: int
                 raise RuntimeError(f"{server.label} refused a lock: {line!r}")
 
 
+def queue_waiters(client: LineClient, count: int) -> None:
+    """Queue one waiter (two-phase ``e``, pipelined) on each of the first ``count`` keys
+    ``hold_locks`` holds; each must be answered ``queued``."""
+    for start_at in range(0, count, BATCH):
+        n = min(BATCH, count - start_at)
+        client.sock.sendall(
+            b"".join(b"e\ndflock-bench:scale:%07d\n\n" % i for i in range(start_at, start_at + n))
+        )
+        for line in client.lines(n):
+            if line != b"queued":
+                raise RuntimeError(f"expected queued, got {line!r}")
+
+
 def open_idle(
     server: ServerProcess, count: int, seen: Callable[[], int], baseline: int
 ) -> list[socket.socket]:
@@ -181,9 +194,12 @@ def start(label: str, tmp: Any, maxclients: int) -> ServerProcess:
     if label == REDIS:
         return start_redis(tmp, maxclients=maxclients)
     loop = label.removeprefix("dflockd (").rstrip(")")
-    return start_dflockd(
-        loop,
-        tmp,
+    return start_dflockd(loop, tmp, *dflockd_flags(maxclients))
+
+
+def dflockd_flags(maxclients: int) -> tuple[str, ...]:
+    """dflockd's flags for the memory measurements: room for every key and connection."""
+    return (
         "--max-locks",
         str(10 * maxclients + 1_000_000),
         "--max-locks-per-connection",
@@ -262,16 +278,7 @@ def measure_waiters(loop: str, tmp: Any, count: int) -> Memory:
             hold_locks(server, holder, count)
             waiter.call(b"ping\n_\n_\n")
             before = server.rss()
-            for start_at in range(0, count, BATCH):
-                n = min(BATCH, count - start_at)
-                waiter.sock.sendall(
-                    b"".join(
-                        b"e\ndflock-bench:scale:%07d\n\n" % i for i in range(start_at, start_at + n)
-                    )
-                )
-                for line in waiter.lines(n):
-                    if line != b"queued":
-                        raise RuntimeError(f"expected queued, got {line!r}")
+            queue_waiters(waiter, count)
             after = server.rss()
         finally:
             holder.close()
@@ -326,7 +333,8 @@ def _sites(
 ) -> list[Site]:
     """The growth from ``before`` to ``after`` per item, by allocating line: the largest
     ``TRACED_SITES``, then the rest, then the total."""
-    stats = [s for s in after.compare_to(before, "lineno") if s.size_diff > 0]
+    compared = after.compare_to(before, "lineno")
+    stats = [s for s in compared if s.size_diff > 0]
     sites: list[Site] = []
     for stat in stats[:TRACED_SITES]:
         frame = stat.traceback[0]
@@ -348,8 +356,8 @@ def _sites(
         Site(
             item,
             "all (net, freed blocks netted out)",
-            sum(s.size_diff for s in after.compare_to(before, "lineno")) / count,
-            sum(s.count_diff for s in after.compare_to(before, "lineno")) / count,
+            sum(s.size_diff for s in compared) / count,
+            sum(s.count_diff for s in compared) / count,
         )
     )
     return sites
@@ -363,18 +371,7 @@ def measure_traced(tmp: Any, locks: int, connections: int) -> list[Site]:
         server = start_dflockd(
             "asyncio",
             tmp,
-            "--max-locks",
-            str(10 * connections + 1_000_000),
-            "--max-locks-per-connection",
-            "0",
-            "--default-lease-ttl",
-            "3600",
-            "--max-lease-ttl",
-            "3600",
-            "--max-connections",
-            "0",
-            "--max-waits-per-connection",
-            "0",
+            *dflockd_flags(connections),
             command=[sys.executable, "-X", "tracemalloc=1", "-c", _TRACED_BOOT, path],
         )
         servers.append(server)
@@ -389,16 +386,7 @@ def measure_traced(tmp: Any, locks: int, connections: int) -> list[Site]:
             start_snapshot = _snapshot(server, path)
             hold_locks(server, holder, locks)
             held = _snapshot(server, path)
-            for start_at in range(0, locks, BATCH):
-                n = min(BATCH, locks - start_at)
-                waiter.sock.sendall(
-                    b"".join(
-                        b"e\ndflock-bench:scale:%07d\n\n" % i for i in range(start_at, start_at + n)
-                    )
-                )
-                for line in waiter.lines(n):
-                    if line != b"queued":
-                        raise RuntimeError(f"expected queued, got {line!r}")
+            queue_waiters(waiter, locks)
             queued = _snapshot(server, path)
             baseline = dflockd_connections(waiter)
             socks = open_idle(server, connections, lambda: dflockd_connections(waiter), baseline)
