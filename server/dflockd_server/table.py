@@ -226,7 +226,7 @@ class LockTable(HoldTable):
             return False
         self.counts.releases[state.is_sem] += 1
         self._drop_holder(holder, now)
-        if state.queue:
+        if state.queue is not None:
             self._fill(state, now)
         if self._wakes:
             self._flush()
@@ -344,16 +344,16 @@ class LockTable(HoldTable):
         dropped = 0
         for state in list(self.keys.values()):
             queue = state.queue
-            if isinstance(queue, tuple):
+            if queue is None:
                 continue
-            for waiter in list(queue):
+            for waiter in queue.items[queue.head :]:
                 if waiter.active:
                     waiter.active = False
                     state.n_waiting -= 1
                     waiter.client.waiting.discard(waiter)
                     self.forget_enqueued(waiter)
                     dropped += 1
-            state.queue = ()
+            state.queue = None
             state.last_used = now
             self._idle.note(self.keys, state)
         return dropped

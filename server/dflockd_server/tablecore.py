@@ -8,7 +8,6 @@ Pure state, no I/O: time from the injected clock, tokens from the injected gener
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 
 from dflockd_server.fence import FenceStateError
@@ -22,6 +21,7 @@ from dflockd_server.keys import (
     MaxLocks,
     MaxWaiters,
     Waiter,
+    WaitQueue,
 )
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex, LeaseRun
 
@@ -179,9 +179,9 @@ class TableCore:
             raise MaxWaiters(state.key)
         waiter = Waiter(client, state, lease_ttl)
         queue = state.queue
-        if isinstance(queue, tuple):
-            queue = state.queue = deque()
-        queue.append(waiter)
+        if queue is None:
+            queue = state.queue = WaitQueue()
+        queue.items.append(waiter)
         state.n_waiting += 1
         client.waiting.add(waiter)
         return waiter
@@ -236,8 +236,11 @@ class TableCore:
         state.n_waiting -= 1
         state.last_used = now
         queue = state.queue
-        if len(queue) > COMPACT_MIN and len(queue) > 2 * state.n_waiting:
-            state.queue = deque(w for w in queue if w.active)
+        if queue is not None:
+            items, head = queue.items, queue.head
+            if len(items) - head > COMPACT_MIN and len(items) - head > 2 * state.n_waiting:
+                queue.items = [w for w in items[head:] if w.active]
+                queue.head = 0
         self._fill(state, now)
         self._idle.note(self.keys, state)
 
@@ -303,15 +306,16 @@ class TableCore:
     def _fill(self, state: KeyState, now: float) -> None:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
-        if isinstance(queue, tuple) or self.in_grace:
+        if queue is None or self.in_grace:
             return
         check = self.grant_check
         if check is not None and check(state.key) is not None:
             return
+        items = queue.items
         while state.n_waiting and state.n_held < state.limit:
-            waiter = queue[0]
+            waiter = items[queue.head]
             if not waiter.active:
-                queue.popleft()
+                queue.head += 1
                 continue
             # Grant first: if no token can be issued the waiter stays at the head of the queue.
             if waiter.note is None:
@@ -319,14 +323,17 @@ class TableCore:
             else:  # a hold (hl)
                 owner = self.detached if waiter.detached else waiter.client
                 waiter.holder = self._grant(state, owner, waiter.lease_ttl, now, waiter.note)
-            queue.popleft()
+            queue.head += 1
             waiter.active = False
             state.n_waiting -= 1
             waiter.client.waiting.discard(waiter)
             if waiter.wake is not None:
                 self._wakes.append(waiter)
         if not state.n_waiting:
-            state.queue = ()  # only given-up waiters left, if any: drop them with the deque
+            state.queue = None  # only given-up waiters left, if any: drop them with the list
+        elif queue.head > COMPACT_MIN and 2 * queue.head > len(items):
+            del items[: queue.head]  # the taken front, cut off once it is half the list
+            queue.head = 0
 
     def _flush(self) -> None:
         while self._wakes:

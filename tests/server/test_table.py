@@ -438,3 +438,46 @@ def test_a_waiter_is_promoted_only_while_the_ownership_serves_its_key(table: Loc
     table.cancel_wait(waiter)
     again = table.acquire(waiting_client, "k", 10, None, queue=False)
     assert isinstance(again, Holder)  # ...and a served key is granted as ever
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+def test_a_long_queue_with_given_up_waiters_grants_in_order_and_stays_bounded(
+    table: LockTable, limit: int | None
+) -> None:
+    """Hundreds of waiters, most giving up (a timeout, a closed connection): the rest
+    are granted one after another in arrival order, and the queue cuts off its granted front
+    as it goes; once the last waiter is granted the key holds no queue."""
+    slots = 1 if limit is None else limit
+    holders = [grant(table, "k", limit) for _ in range(slots)]
+    clients = [table.open_client() for _ in range(600)]
+    waiters: list[Waiter] = []
+    for client in clients:
+        got = table.acquire(client, "k", LEASE, limit, queue=True)
+        assert isinstance(got, Waiter)
+        waiters.append(got)
+    state = table.keys["k"]
+    for i, waiter in enumerate(waiters):
+        if i % 3 == 1:
+            table.cancel_wait(waiter)
+        elif i % 3 == 2 and i % 4:
+            table.disconnect(waiter.client)
+    expected = [w for i, w in enumerate(waiters) if i % 3 == 0 or (i % 3 == 2 and not i % 4)]
+    assert state.n_waiting == len(expected) < len(waiters) // 2
+    assert state.queue is not None
+    # Given-up entries, once they are most of the queue, were dropped (not one per give-up).
+    assert len(state.queue.items) < len(waiters)
+    granted: list[Waiter] = []
+    lengths: list[int] = []
+    while holders:
+        holder = holders.pop(0)
+        assert table.release("k", holder.token)
+        for waiter in expected:
+            if waiter.holder is not None and waiter not in granted:
+                granted.append(waiter)
+                holders.append(waiter.holder)
+        if state.queue is not None:
+            lengths.append(len(state.queue.items))
+    assert granted == expected  # FIFO: each grant is the earliest still waiting
+    assert state.queue is None and state.n_waiting == 0  # gone with the last waiter
+    assert max(lengths) <= len(waiters)  # never grows past what was queued
+    assert min(lengths) < len(waiters) // 2  # its granted front is cut off as it goes

@@ -212,7 +212,8 @@ class LockTableMachine(RuleBasedStateMachine):
                 assert not mk.holders and not mk.queue
                 continue
             assert set(state.holders) == {self.holders[r].token for r in live}
-            queued = [self.waiter_req[id(w)] for w in state.queue if w.active]
+            waiting = state.queue.waiting() if state.queue is not None else []
+            queued = [self.waiter_req[id(w)] for w in waiting]
             assert queued == mk.queue  # FIFO order
             assert state.n_waiting == len(mk.queue)
             assert (state.limit, state.is_sem) == (mk.limit, mk.is_sem)
