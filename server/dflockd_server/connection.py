@@ -48,6 +48,18 @@ class ServerSide(StreamHost, Host, Protocol):
 class Connection(Stream):
     """One client connection."""
 
+    __slots__ = (
+        "auth_failed_at",
+        "budget",
+        "eof",
+        "server",
+        "session",
+        "wait_command",
+        "wait_started",
+        "wait_timer",
+        "waiter",
+    )
+
     def __init__(self, server: ServerSide) -> None:
         super().__init__(server)
         self.server = server
