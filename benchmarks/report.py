@@ -31,6 +31,7 @@ ORDER = (
     "scale",
     "celery_tasks",
     "profile_server",
+    "profile_client",
     "instructions",
 )
 SECTIONS = {
@@ -41,6 +42,7 @@ SECTIONS = {
     "scale": "Scale: memory per held lock and per idle connection",
     "celery_tasks": "Celery: plain tasks against locked tasks",
     "profile_server": "Where the server's CPU goes (cProfile)",
+    "profile_client": "Where the client's and LockedTask's time goes (timed, and cProfile)",
     "instructions": "Instructions per pair (callgrind): server and client, load-independent",
 }
 CHART = "throughput.png"

@@ -27,7 +27,15 @@ from tests.support.etcd import REQUIRE_ENV, find_etcd
 from tests.support.services import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("server", "journal", "contention", "scale", "celery_tasks", "profile_server")
+BENCHMARKS = (
+    "server",
+    "journal",
+    "contention",
+    "scale",
+    "celery_tasks",
+    "profile_server",
+    "profile_client",
+)
 WITH_GOALS = ("server", "journal", "contention", "scale", "celery_tasks")
 RUN_TIMEOUT_S = 130
 JOURNAL_TARGETS = {
@@ -213,6 +221,20 @@ def test_profile_sees_the_server_code(quick_run: QuickRun) -> None:
         )
 
 
+def test_client_profile_times_each_variant_and_sees_the_client_code(quick_run: QuickRun) -> None:
+    data = quick_run.results("profile_client")["data"]
+    assert set(data["us_per_run"]) >= {"plain task", "LockedTask", "redis-py Lock in the task"}
+    assert all(us > 0 for us in data["us_per_run"].values())
+    for name, profile in data["profiled"].items():
+        functions = [row["function"] for row in profile["top"]]
+        assert any(
+            f.startswith(("_connection.py", "connection_ops.py", "_run.py")) for f in functions
+        ), (
+            name,
+            functions,
+        )
+
+
 def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
     text = (quick_run.directory / "RESULTS.md").read_text()
     assert "## Goals" in text
@@ -223,6 +245,7 @@ def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
         "## Scale",
         "## Celery",
         "## Where the server's CPU goes",
+        "## Where the client's and LockedTask's time goes",
     ):
         assert heading in text
     assert "quick (smoke-test) sizes" in text
