@@ -41,6 +41,7 @@ from benchmarks._common import (
 from benchmarks.profile_server import top_functions
 
 NAME = "profile_client"
+CLIENT_LOCK = "Client.lock (with client.lock(key): pass)"
 PLAIN = "plain task"
 LOCKED = "LockedTask"
 REDIS_LOCK = "redis-py Lock in the task"
@@ -126,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pass
 
         variants: dict[str, Callable[[int], object]] = {
-            "Client.lock (with client.lock(key): pass)": client_lock,
+            CLIENT_LOCK: client_lock,
             PLAIN: lambda i: tasks["bench.plain"].apply(args=(i,)),
             LOCKED: lambda i: tasks["bench.locked"].apply(args=(i,)),
             REDIS_LOCK: lambda i: tasks["bench.redis_lock"].apply(args=(i,)),
@@ -154,14 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
         )
         for name, us in timed.items():
-            over = "-" if name.startswith("Client.lock") or name == PLAIN else None
-            if over is None:
-                over = fmt_num(us - timed[PLAIN], 1)
+            over = "-" if name in (CLIENT_LOCK, PLAIN) else fmt_num(us - timed[PLAIN], 1)
             table.rows.append([name, fmt_num(us, 1), over])
         run.add(table)
         run.data["us_per_run"] = timed
         profiled: dict[str, Any] = {}
-        for name in ("Client.lock (with client.lock(key): pass)", LOCKED):
+        for name in (CLIENT_LOCK, LOCKED):
             out = str(tmp / f"profile-{len(profiled)}.prof")
             _profile(variants[name], n, first, out)
             first += n
