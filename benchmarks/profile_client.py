@@ -38,7 +38,7 @@ from benchmarks._common import (
     start_redis,
     workdir,
 )
-from benchmarks.profile_server import top_functions
+from benchmarks.profile_server import profile_table, top_functions
 
 NAME = "profile_client"
 CLIENT_LOCK = "Client.lock (with client.lock(key): pass)"
@@ -63,28 +63,6 @@ def _profile(call: Callable[[int], object], n: int, first: int, out: str) -> Non
     finally:
         profiler.disable()
     profiler.dump_stats(out)
-
-
-def _profile_table(title: str, rows: list[dict[str, Any]], n: int, total_us: float) -> Table:
-    table = Table(
-        title,
-        ["function", "calls/run", "own us/run", "cumulative us/run", "share"],
-        notes=[
-            f"{n:,} runs under cProfile; all profiled functions: {total_us:.1f} us/run "
-            "(cProfile slows every call: read the shares)"
-        ],
-    )
-    for r in rows:
-        table.rows.append(
-            [
-                r["function"],
-                fmt_num(r["calls_per_pair"], 2),
-                fmt_num(r["own_us_per_pair"], 2),
-                fmt_num(r["cumulative_us_per_pair"], 2),
-                f"{r['share']:.1%}",
-            ]
-        )
-    return table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,12 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows, total_us = top_functions(Path(out), n, args.top)
             label = "Client.lock, one acquire+release" if name != LOCKED else "a LockedTask run"
             run.add(
-                _profile_table(
+                profile_table(
                     f"{label}, profiled: own time per run ({n:,} runs; lock server "
                     f"dflockd ({loop}))",
                     rows,
-                    n,
-                    total_us,
+                    "run",
+                    f"{n:,} runs under cProfile; all profiled functions: {total_us:.1f} us/run "
+                    "(cProfile slows every call: read the shares)",
                 )
             )
             profiled[name] = {"total_us_per_run": total_us, "top": rows}

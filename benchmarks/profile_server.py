@@ -80,6 +80,26 @@ def top_functions(stats_file: Path, pairs: int, top: int) -> tuple[list[dict[str
     return rows, total_tt * 1e6 / pairs
 
 
+def profile_table(title: str, rows: list[dict[str, Any]], per: str, note: str) -> Table:
+    """``top_functions``' rows as a table, each figure per ``per`` (a pair, a run)."""
+    table = Table(
+        title,
+        ["function", f"calls/{per}", f"own us/{per}", f"cumulative us/{per}", "share"],
+        notes=[note],
+    )
+    for r in rows:
+        table.rows.append(
+            [
+                r["function"],
+                fmt_num(r["calls_per_pair"], 2),
+                fmt_num(r["own_us_per_pair"], 2),
+                fmt_num(r["cumulative_us_per_pair"], 2),
+                f"{r['share']:.1%}",
+            ]
+        )
+    return table
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["--serve"]:
@@ -146,26 +166,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not stats_file.exists():
                 raise RuntimeError(f"the profiled server wrote no profile:\n{server.log_tail()}")
             rows, total_us = top_functions(stats_file, m.pairs, args.top)
-            table = Table(
-                f"Server hot path on {loop}, profiled: own time per acquire+release pair "
-                f"({args.conns} connections, pipeline {args.pipeline}, journal {args.journal})",
-                ["function", "calls/pair", "own us/pair", "cumulative us/pair", "share"],
-                notes=[
+            run.add(
+                profile_table(
+                    f"Server hot path on {loop}, profiled: own time per acquire+release pair "
+                    f"({args.conns} connections, pipeline {args.pipeline}, journal "
+                    f"{args.journal})",
+                    rows,
+                    "pair",
                     f"{m.pairs:,} pairs; all profiled functions: {total_us:.1f} us/pair "
-                    f"(under cProfile; the unprofiled server needs far less)",
-                ],
-            )
-            for r in rows:
-                table.rows.append(
-                    [
-                        r["function"],
-                        fmt_num(r["calls_per_pair"], 2),
-                        fmt_num(r["own_us_per_pair"], 2),
-                        fmt_num(r["cumulative_us_per_pair"], 2),
-                        f"{r['share']:.1%}",
-                    ]
+                    "(under cProfile; the unprofiled server needs far less)",
                 )
-            run.add(table)
+            )
             run.data[loop] = {"pairs": m.pairs, "total_us_per_pair": total_us, "top": rows}
     run.write()
     return 0
