@@ -8,7 +8,7 @@ does). Pure state, no I/O, as the rest of the table.
 
 from __future__ import annotations
 
-from dflockd_server.keys import Bound, Client, Holder, KeyState, Waiter
+from dflockd_server.keys import Bound, Client, Entry, Holder, Waiter
 from dflockd_server.tablecore import CLIENT_COMPACT_MIN, TableCore
 
 __all__ = ["HoldTable"]
@@ -29,13 +29,15 @@ class HoldTable(TableCore):
         try:
             if self.in_grace:
                 self._in_grace(now)
+            owner = self.detached if detached else client
+            holder = self._grant_bare(key, client, owner, lease_ttl, now, note=note)
+            if holder is not None:
+                return holder
             state = self._state_for(key, None, now)
             if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
                 if self.max_locks_per_connection:
                     self._check_client_locks(client, key, state)
-                return self._grant(
-                    state, self.detached if detached else client, lease_ttl, now, note
-                )
+                return self._grant(state, owner, lease_ttl, now, note)
             if not queue:
                 self.counts.timeouts[state.is_sem] += 1
                 return None
@@ -53,10 +55,12 @@ class HoldTable(TableCore):
 
     def holder_note(self, key: str) -> str | None:
         """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
-        state = self.keys.get(key)
-        if state is None:
+        entry = self.keys.get(key)
+        if entry is None:
             return None
-        one = state.one
+        if isinstance(entry, Holder):
+            return entry.note if entry.live else None
+        one = entry.one
         return one.note if one is not None else None
 
     def set_note(self, key: str, token: str, note: str) -> bool:
@@ -94,7 +98,7 @@ class HoldTable(TableCore):
         bound to a live connection (this one included), ``MaxLocks`` if ``client`` is at its
         cap."""
         holder = self._holder_of(key, token)
-        if holder is None or holder.state.one is not holder:
+        if holder is None or not self._is_lock_grant(holder):
             return None
         if not self.is_detached(holder):
             raise Bound(key, holder.note)
@@ -145,9 +149,9 @@ class HoldTable(TableCore):
             old.held = [h for h in held if h.live]
         if old.on_close:
             old.on_close.pop(holder, None)
-        state = holder.state
+        state = self._state_of(holder)
         expires_at = now + lease_ttl
-        moved = Holder(holder.token, state, client, lease_ttl, expires_at)
+        moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at)
         moved.note = holder.note
         journal = self.journal
         if journal is not None:
@@ -159,14 +163,17 @@ class HoldTable(TableCore):
                 expires_at=expires_at,
                 note=moved.note,
             )
-        if state.limit == 1:
+        if state is None:
+            self.keys[holder.key] = moved
+        elif state.limit == 1:
             state.one = moved
             state.earliest = expires_at
+            state.last_used = expires_at  # not read while held (see KeyState)
         else:
             assert state.many is not None
             state.many[holder.token] = moved
             state.earliest = min(h.expires_at for h in state.many.values())
-        state.last_used = expires_at  # not read while held (see KeyState)
+            state.last_used = expires_at
         client.held.append(moved)
         client.n_held += 1
         self._leases.add(moved, expires_at, lease_ttl)
@@ -174,14 +181,22 @@ class HoldTable(TableCore):
 
     def _holder_of(self, key: str, token: str) -> Holder | None:
         """The live grant ``token`` holds on ``key`` (leases checked first), or ``None``."""
-        state = self.keys.get(key)
-        if state is None:
+        entry = self.keys.get(key)
+        if entry is None:
             return None
-        return self._live_holder(state, token, self.clock())
+        return self._live_holder(entry, token, self.clock())
 
-    def _live_holder(self, state: KeyState, token: str, now: float) -> Holder | None:
-        """The grant ``token`` holds on ``state``'s key once its leases due by ``now`` have
-        run out (their waiters woken), or ``None``."""
+    def _live_holder(self, entry: Entry, token: str, now: float) -> Holder | None:
+        """The grant ``token`` holds on the key of ``entry`` once its leases due by ``now``
+        have run out (their waiters woken), or ``None``."""
+        if isinstance(entry, Holder):  # a lock nobody waits for
+            if not entry.live:
+                return None
+            if now >= entry.expires_at:
+                self._expire_bare(entry, now)
+                return None
+            return entry if entry.token == token else None
+        state = entry
         if now >= state.earliest:
             self._check(state, now)
             self._flush()
@@ -189,3 +204,8 @@ class HoldTable(TableCore):
         if holder is None or holder.token != token:
             holder = state.many.get(token) if state.many else None
         return holder
+
+    def _is_lock_grant(self, holder: Holder) -> bool:
+        """Whether the live ``holder`` is the grant of a key of limit 1 (a lock's)."""
+        state = self._state_of(holder)
+        return state is None or state.one is holder

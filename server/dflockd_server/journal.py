@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Final
 from dflockd_server.keys import AS_RECORDED
 
 if TYPE_CHECKING:
-    from dflockd_server.keys import Holder
+    from dflockd_server.keys import Holder, KeyState
 
 __all__ = [
     "FSYNC_MODES",
@@ -355,10 +355,12 @@ class Journal:
     def _mode(detached: bool, on_close: int | None) -> str:
         return ("d " if detached else "c ") + ("-" if on_close is None else str(on_close))
 
-    def grant_record(self, holder: Holder, detached: bool, on_close: int | None) -> bytes:
+    def grant_record(
+        self, holder: Holder, state: KeyState | None, detached: bool, on_close: int | None
+    ) -> bytes:
         """A grant's record (one format: the hot path), with the expiry it covers set in
-        ``holder.covered`` (``AS_RECORDED``: renewals up to it write nothing)."""
-        state = holder.state
+        ``holder.covered`` (``AS_RECORDED``: renewals up to it write nothing). ``state``: its
+        key's state, ``None`` for a lock that keeps none (limit 1, a lock's kind)."""
         lease = holder.lease_ttl
         expires_at = holder.expires_at
         # self._until, inlined: the hot path
@@ -366,14 +368,14 @@ class Journal:
         note = holder.note
         # A lock's limit and kind as str constants: compiled, each int formatted is a call
         # (not {is_sem:d}: a format spec is the slow path)
-        limit_kind = "1 0" if state.limit == 1 and not state.is_sem else ""
-        if not limit_kind:
+        limit_kind = "1 0" if state is None or (state.limit == 1 and not state.is_sem) else ""
+        if state is not None and not limit_kind:
             limit_kind = f"{state.limit} {1 if state.is_sem else 0}"
         mode = "d" if detached else "c"
         closing = "-" if on_close is None else on_close
         tail = "" if note is None else " " + note
         payload = (
-            f"G {holder.token} {state.key} {limit_kind} {lease} {until} {mode} {closing}{tail}"
+            f"G {holder.token} {holder.key} {limit_kind} {lease} {until} {mode} {closing}{tail}"
         )
         holder.covered = AS_RECORDED  # expires_at + lease, without a float of its own
         crc = _crc32(payload.encode())  # `_line`, inlined
@@ -381,10 +383,6 @@ class Journal:
             f"{_HEX[crc >> 24]}{_HEX[(crc >> 16) & 255]}{_HEX[(crc >> 8) & 255]}"
             f"{_HEX[crc & 255]} {payload}\n"
         ).encode()
-
-    def grant(self, holder: Holder, detached: bool) -> None:
-        """Record a new grant."""
-        self.buf.append(self.grant_record(holder, detached, None))
 
     def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
         """Record that a lease now runs to ``expires_at``; returns the expiry covered."""

@@ -14,6 +14,7 @@ __all__ = [
     "Bound",
     "Client",
     "Counts",
+    "Entry",
     "Holder",
     "KeyState",
     "LimitMismatch",
@@ -90,18 +91,26 @@ class Client:
 
 
 class Holder:
-    """A granted lock or semaphore slot. ``note``: its owner note (``hl``, ``note``), or
-    ``None``. A detached hold (``hl`` mode ``d``) belongs to the table's ``detached`` client,
-    which no connection closes; a grant restored from the journal that was bound to a
-    connection belongs to the table's ``restored`` client until a connection renews it."""
+    """A granted lock or semaphore slot on ``key``. ``note``: its owner note (``hl``,
+    ``note``), or ``None``. A detached hold (``hl`` mode ``d``) belongs to the table's
+    ``detached`` client, which no connection closes; a grant restored from the journal that
+    was bound to a connection belongs to the table's ``restored`` client until a connection
+    renews it.
 
-    __slots__ = ("client", "covered", "expires_at", "lease_ttl", "live", "note", "state", "token")
+    A held lock that nobody waits for is its own entry in the table's key map: it keeps no
+    ``KeyState`` (that would cost more than the rest of the held key). The key gets one once
+    an acquire has to wait for it (or it is a semaphore); a live holder's key maps to the
+    holder itself or to the ``KeyState`` that holds it. A released holder still in the key
+    map (``live`` false) is the key's idle entry: its ``expires_at`` is then the time the
+    key went idle (what ``KeyState.last_used`` is for a key with a state)."""
+
+    __slots__ = ("client", "covered", "expires_at", "key", "lease_ttl", "live", "note", "token")
 
     def __init__(
-        self, token: str, state: KeyState, client: Client, lease_ttl: int, expires_at: float
+        self, token: str, key: str, client: Client, lease_ttl: int, expires_at: float
     ) -> None:
         self.token = token
-        self.state = state
+        self.key = key
         self.client = client
         self.lease_ttl = lease_ttl
         self.expires_at = expires_at
@@ -162,7 +171,8 @@ class WaitQueue:
 
 
 class KeyState:
-    """One key: its holders, FIFO queue (``None`` while nobody waits) and limit (1 for a lock).
+    """One key: its holders, FIFO queue (``None`` while nobody waits) and limit (1 for a lock);
+    a held lock nobody has waited for has none (its ``Holder`` is the key's entry).
     ``is_sem``: the key was last fixed by a semaphore request (its kind in ``stats`` and the
     metrics).
 
@@ -233,3 +243,8 @@ class Counts:
         """Holds released because their connection closed (auto-release on disconnect)."""
         self.timeouts = [0, 0]
         """Acquires that gave up: try-once refusals and waits that timed out."""
+
+
+Entry = KeyState | Holder
+"""A value of the table's key map: the key's state, or, for a held lock nobody waits for (or
+such a lock released since, the key idle), its holder alone."""

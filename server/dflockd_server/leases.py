@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dflockd_server.keys import Holder, KeyState
+from dflockd_server.keys import Entry, Holder, KeyState
 
 __all__ = ["COMPACT_MIN", "IdleLog", "LeaseIndex", "LeaseRun"]
 
@@ -116,79 +116,86 @@ class LeaseIndex:
 
 
 class IdleLog:
-    """Keys that became idle, oldest first, each with its ``last_used`` then. An entry is
-    current while its key is still in the table, idle, and unused since; the others are dropped
-    as they are met. So pruning (``prune``) and making room for a new key when the table is
-    full (``evict_oldest``) cost the keys pruned plus the entries dropped, never a scan of the
-    table: every entry is appended once and dropped once. ``keys`` is the table's key map.
+    """Keys that became idle, oldest first, each with its entry in the key map and the time it
+    went idle then. An entry is current while it is still the key's entry, idle, and unused
+    since; the others are dropped as they are met. So pruning (``prune``) and making room for
+    a new key when the table is full (``evict_oldest``) cost the keys pruned plus the entries
+    dropped, never a scan of the table: every entry is appended once and dropped once. ``keys``
+    is the table's key map.
 
     Two lists in step and a taken head, as ``LeaseRun`` (compiled: no call by name, and no
     tuple, per entry: every release of a key nobody waits for logs one)."""
 
-    __slots__ = ("head", "stamps", "states")
+    __slots__ = ("entries", "head", "stamps")
 
     def __init__(self) -> None:
-        self.states: list[KeyState] = []
+        self.entries: list[Entry] = []
         self.stamps: list[float] = []
         self.head = 0
         """Entries before it are dropped (cut off once they are an eighth of the lists)."""
 
     @staticmethod
-    def current(keys: dict[str, KeyState], state: KeyState, stamp: float) -> bool:
-        """Whether an entry is current."""
-        return state.last_used == stamp and state.idle and keys.get(state.key) is state
+    def current(keys: dict[str, Entry], entry: Entry, stamp: float) -> bool:
+        """Whether a log entry is current."""
+        if isinstance(entry, Holder):  # a released lock nobody waits for
+            return not entry.live and entry.expires_at == stamp and keys.get(entry.key) is entry
+        return entry.last_used == stamp and entry.idle and keys.get(entry.key) is entry
 
-    def note(self, keys: dict[str, KeyState], state: KeyState) -> None:
+    def note(self, keys: dict[str, Entry], state: KeyState) -> None:
         """Log ``state`` if it is idle now (it may be busy again at once: the entry is then
         dropped when met)."""
         if state.n_waiting or state.n_held:
             return
-        states, stamps = self.states, self.stamps
-        states.append(state)
-        stamps.append(state.last_used)
-        if len(states) - self.head > 2 * len(keys) + COMPACT_MIN:
+        self.log(keys, state, state.last_used)
+
+    def log(self, keys: dict[str, Entry], entry: Entry, stamp: float) -> None:
+        """Log ``entry``, idle since ``stamp``."""
+        entries, stamps = self.entries, self.stamps
+        entries.append(entry)
+        stamps.append(stamp)
+        if len(entries) - self.head > 2 * len(keys) + COMPACT_MIN:
             # Mostly dropped entries: keep the current ones (amortised over the appends).
-            kept_states: list[KeyState] = []
+            kept_entries: list[Entry] = []
             kept_stamps: list[float] = []
             current = self.current
-            for i in range(self.head, len(states)):
-                if current(keys, states[i], stamps[i]):
-                    kept_states.append(states[i])
+            for i in range(self.head, len(entries)):
+                if current(keys, entries[i], stamps[i]):
+                    kept_entries.append(entries[i])
                     kept_stamps.append(stamps[i])
-            self.states, self.stamps, self.head = kept_states, kept_stamps, 0
+            self.entries, self.stamps, self.head = kept_entries, kept_stamps, 0
 
     def _take(self, head: int) -> None:
         """The entries before ``head`` are dropped."""
-        if head > COMPACT_MIN and 8 * head > len(self.states):
-            del self.states[:head]
+        if head > COMPACT_MIN and 8 * head > len(self.entries):
+            del self.entries[:head]
             del self.stamps[:head]
             head = 0
         self.head = head
 
-    def evict_oldest(self, keys: dict[str, KeyState]) -> bool:
+    def evict_oldest(self, keys: dict[str, Entry]) -> bool:
         """Forget the longest-idle key; False if no key is idle."""
-        states, stamps, head = self.states, self.stamps, self.head
-        while head < len(states):
-            state, stamp = states[head], stamps[head]
+        entries, stamps, head = self.entries, self.stamps, self.head
+        while head < len(entries):
+            entry, stamp = entries[head], stamps[head]
             head += 1
-            if self.current(keys, state, stamp):
-                del keys[state.key]
+            if self.current(keys, entry, stamp):
+                del keys[entry.key]
                 self._take(head)
                 return True
         self._take(head)
         return False
 
-    def prune(self, keys: dict[str, KeyState], now: float, max_idle_s: float) -> int:
+    def prune(self, keys: dict[str, Entry], now: float, max_idle_s: float) -> int:
         """Forget keys idle for at least ``max_idle_s``; returns how many."""
-        states, stamps, head = self.states, self.stamps, self.head
+        entries, stamps, head = self.entries, self.stamps, self.head
         pruned = 0
-        while head < len(states):
-            state, stamp = states[head], stamps[head]
-            if not self.current(keys, state, stamp):
+        while head < len(entries):
+            entry, stamp = entries[head], stamps[head]
+            if not self.current(keys, entry, stamp):
                 head += 1
             elif now - stamp >= max_idle_s:
                 head += 1
-                del keys[state.key]
+                del keys[entry.key]
                 pruned += 1
             else:
                 break  # the rest became idle later

@@ -367,8 +367,9 @@ class Server(Admission, KeyServing):
     def _live_records(journal: Journal, table: LockTable) -> list[bytes]:
         """A grant record for every lease held now (the journal's new file or compaction)."""
         lines: list[bytes] = []
-        for holder, on_close in table.live_holders():
-            lines.append(journal.grant_record(holder, holder.client is table.detached, on_close))
+        for holder, state, on_close in table.live_holders():
+            detached = holder.client is table.detached
+            lines.append(journal.grant_record(holder, state, detached, on_close))
         return lines
 
     async def _stop_accepting(self, listener: asyncio.Server) -> None:
@@ -551,7 +552,7 @@ class Server(Admission, KeyServing):
 
     def _grace_over(self) -> None:
         table = self.table
-        waiting = sum(state.n_waiting for state in table.keys.values())
+        waiting = table.queued
         try:
             remaining = table.grace_remaining()  # at its end, grants the waiters queued in it
         except FenceStateError as exc:

@@ -153,9 +153,7 @@ class KeyServing:
         table = self._table
         if table is None or table.grace_remaining() > 0:
             return set(range(SHARD_COUNT))
-        return {
-            shard_id(key) for key, state in table.keys.items() if state.n_held or state.n_waiting
-        }
+        return {shard_id(key) for key in table.busy_keys()}
 
     def key_present(self, key: str) -> bool | None:
         """Whether the table holds or queues anything on ``key`` (on the loop); None when it
@@ -164,8 +162,7 @@ class KeyServing:
         table = self._table
         if table is None or table.grace_remaining() > 0:
             return None
-        state = table.keys.get(key)
-        return state is not None and bool(state.n_held or state.n_waiting)
+        return table.is_busy(key)
 
     def asked_check(self, key: str) -> bytes | None:
         """The ownership's check for an acquire that follows ``asking``."""

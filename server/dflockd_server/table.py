@@ -34,6 +34,7 @@ from dflockd_server.keys import (
     Bound,
     Client,
     Counts,
+    Entry,
     Holder,
     KeyState,
     LimitMismatch,
@@ -48,6 +49,7 @@ __all__ = [
     "Bound",
     "Client",
     "Counts",
+    "Entry",
     "Holder",
     "KeyState",
     "LimitMismatch",
@@ -97,9 +99,14 @@ class LockTable(HoldTable):
         if self.auto_release_on_disconnect:
             lost = self.counts.lost_by_disconnect
             for holder in [h for h in client.held if h.live]:
-                lost[holder.state.is_sem] += 1
-                self._drop_holder(holder, now)
-                self._fill(holder.state, now)
+                state = self._state_of(holder)
+                if state is None:
+                    lost[0] += 1
+                    self._drop_holder(holder, None, now)
+                else:
+                    lost[state.is_sem] += 1
+                    self._drop_holder(holder, state, now)
+                    self._fill(state, now)
         self._flush()
 
     # ------------------------------------------------------------------ acquire
@@ -115,6 +122,10 @@ class LockTable(HoldTable):
         try:
             if self.in_grace:
                 self._in_grace(now)  # at its end, the waiters queued during it go first
+            if limit is None:
+                holder = self._grant_bare(key, client, client, lease_ttl, now)
+                if holder is not None:
+                    return holder
             state = self._state_for(key, limit, now)
             if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
                 if self.max_locks_per_connection:
@@ -137,7 +148,7 @@ class LockTable(HoldTable):
         connection it is bound to (a detached one stays so), with the lease ``lease_ttl`` from
         now; ``False`` if ``token`` holds no lock on ``key``."""
         holder = self._holder_of(key, token)
-        if holder is None or holder.state.one is not holder:
+        if holder is None or not self._is_lock_grant(holder):
             return False
         if lease_ttl > self.lease_noted:
             self._note(lease_ttl, key)
@@ -211,10 +222,22 @@ class LockTable(HoldTable):
     def release(self, key: str, token: str) -> bool:
         """Release the slot ``token`` holds on ``key`` (granted by a lock or a semaphore
         request alike); ``False`` if it holds none."""
-        state = self.keys.get(key)
-        if state is None:
+        entry = self.keys.get(key)
+        if entry is None:
             return False
         now = self.clock()
+        if isinstance(entry, Holder):  # a lock nobody waits for
+            if not entry.live:
+                return False
+            if now >= entry.expires_at:
+                self._expire_bare(entry, now)
+                return False
+            if entry.token != token:
+                return False
+            self.counts.releases[0] += 1
+            self._drop_holder(entry, None, now)
+            return True
+        state = entry
         if now >= state.earliest:
             self._check(state, now)
         holder = state.one
@@ -225,7 +248,7 @@ class LockTable(HoldTable):
                 self._flush()
             return False
         self.counts.releases[state.is_sem] += 1
-        self._drop_holder(holder, now)
+        self._drop_holder(holder, state, now)
         if state.queue is not None:
             self._fill(state, now)
         if self._wakes:
@@ -238,11 +261,11 @@ class LockTable(HoldTable):
         """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``.
         A grant restored from the journal and still awaiting its holder becomes ``client``'s
         (the connection that renews it), with the ``<onclose>`` lease it had."""
-        state = self.keys.get(key)
-        if state is None:
+        entry = self.keys.get(key)
+        if entry is None:
             return None
         now = self.clock()
-        holder = self._live_holder(state, token, now)
+        holder = self._live_holder(entry, token, now)
         if holder is None:
             return None
         if lease_ttl > self.lease_noted:
@@ -261,11 +284,13 @@ class LockTable(HoldTable):
             holder.covered = covered  # before expires_at and lease_ttl change
         holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl
-        if state.one is not None:
-            state.earliest = expires_at
-        elif expires_at < state.earliest:
-            state.earliest = expires_at  # a shorter lease may come first
-        state.last_used = expires_at  # not read while held (see KeyState)
+        state = self.keys[key]
+        if isinstance(state, KeyState):
+            if state.one is not None:
+                state.earliest = expires_at
+            elif expires_at < state.earliest:
+                state.earliest = expires_at  # a shorter lease may come first
+            state.last_used = expires_at  # not read while held (see KeyState)
         self._leases.add(holder, expires_at, lease_ttl)
         return lease_ttl
 
@@ -285,25 +310,30 @@ class LockTable(HoldTable):
         key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
         is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
         now = self.clock()
-        state = self.keys.get(key)
-        if state is None:
-            state = self.keys[key] = KeyState(key, is_sem, limit, now)
-        elif state.limit != limit or state.n_held >= limit:
-            return None
         owner = self.detached if detached else self.restored
         expires_at = now + left
-        holder = Holder(token, state, owner, lease_ttl, expires_at)
+        holder = Holder(token, key, owner, lease_ttl, expires_at)
         holder.note = rec.note
-        if limit == 1:
-            state.one = holder
+        entry = self.keys.get(key)
+        if entry is None and limit == 1 and not is_sem:
+            self.keys[key] = holder  # a lock: the holder is the key's entry
         else:
-            many = state.many
-            if many is None:
-                many = state.many = {}
-            many[token] = holder
-        state.earliest = min(state.earliest, expires_at)
-        state.n_held += 1
-        state.last_used = expires_at
+            if entry is None:
+                state = self.keys[key] = KeyState(key, is_sem, limit, now)
+            elif isinstance(entry, Holder) or entry.limit != limit or entry.n_held >= limit:
+                return None
+            else:
+                state = entry
+            if limit == 1:
+                state.one = holder
+            else:
+                many = state.many
+                if many is None:
+                    many = state.many = {}
+                many[token] = holder
+            state.earliest = min(state.earliest, expires_at)
+            state.n_held += 1
+            state.last_used = expires_at
         owner.held.append(holder)
         owner.n_held += 1
         if on_close is not None and not detached:
@@ -312,18 +342,56 @@ class LockTable(HoldTable):
         self.counts.restored[is_sem] += 1
         return holder
 
-    def live_holders(self) -> list[tuple[Holder, int | None]]:
-        """Every grant held now, with the ``<onclose>`` lease it has (for the journal's
-        compaction and its first file)."""
-        out: list[tuple[Holder, int | None]] = []
-        for state in self.keys.values():
-            if not state.n_held:
+    def live_holders(self) -> list[tuple[Holder, KeyState | None, int | None]]:
+        """Every grant held now, with its key's state (``None``: a lock that keeps none) and
+        the ``<onclose>`` lease it has (for the journal's compaction and its first file)."""
+        out: list[tuple[Holder, KeyState | None, int | None]] = []
+        for entry in self.keys.values():
+            if isinstance(entry, Holder):
+                if entry.live:
+                    leases = entry.client.on_close
+                    out.append((entry, None, leases.get(entry) if leases else None))
                 continue
-            holders = [state.one] if state.one is not None else list((state.many or {}).values())
+            if not entry.n_held:
+                continue
+            holders = [entry.one] if entry.one is not None else list((entry.many or {}).values())
             for holder in holders:
                 leases = holder.client.on_close
-                out.append((holder, leases.get(holder) if leases else None))
+                out.append((holder, entry, leases.get(holder) if leases else None))
         return out
+
+    def key_state(self, key: str) -> KeyState | None:
+        """The state of ``key`` for reading (stats, tests), or ``None`` if the table has no
+        entry for it. A lock nobody waited for keeps no state: it gets a copy made up."""
+        entry = self.keys.get(key)
+        if entry is None or isinstance(entry, KeyState):
+            return entry
+        state = KeyState(key, False, 1, entry.expires_at)
+        if entry.live:
+            state.one = entry
+            state.n_held = 1
+            state.earliest = entry.expires_at
+        return state
+
+    def busy_keys(self) -> list[str]:
+        """The keys held or queued on now."""
+        return [key for key, entry in self.keys.items() if self._busy(entry)]
+
+    def is_busy(self, key: str) -> bool:
+        """Whether ``key`` is held or queued on now."""
+        entry = self.keys.get(key)
+        return entry is not None and self._busy(entry)
+
+    @staticmethod
+    def _busy(entry: Entry) -> bool:
+        if isinstance(entry, Holder):
+            return entry.live
+        return bool(entry.n_held or entry.n_waiting)
+
+    @property
+    def queued(self) -> int:
+        """Acquires queued now, on every key (a scan: not for the request path)."""
+        return sum(e.n_waiting for e in self.keys.values() if isinstance(e, KeyState))
 
     @property
     def held(self) -> int:
@@ -343,6 +411,8 @@ class LockTable(HoldTable):
         now = self.clock()
         dropped = 0
         for state in list(self.keys.values()):
+            if isinstance(state, Holder):
+                continue
             queue = state.queue
             if queue is None:
                 continue
@@ -369,7 +439,12 @@ class LockTable(HoldTable):
             self._in_grace(now)
         for holder in self._leases.due(now):
             if holder.live and holder.expires_at <= now:
-                expired += self._check(holder.state, now)
+                state = self._state_of(holder)
+                if state is None:
+                    self._expire_bare(holder, now)
+                    expired += 1
+                else:
+                    expired += self._check(state, now)
         self._flush()
         return expired
 
@@ -388,6 +463,11 @@ class LockTable(HoldTable):
         """``(keys, holders, waiters)`` of one kind right now (leases are not swept here)."""
         keys = holders = waiters = 0
         for state in self.keys.values():
+            if isinstance(state, Holder):
+                if not is_sem:
+                    keys += 1
+                    holders += state.live
+                continue
             if state.is_sem is is_sem:
                 keys += 1
                 holders += state.n_held
@@ -402,7 +482,14 @@ class LockTable(HoldTable):
         idle_locks: list[dict[str, Any]] = []
         sems: list[dict[str, Any]] = []
         idle_sems: list[dict[str, Any]] = []
-        for key, state in self.keys.items():
+        for key, entry in self.keys.items():
+            if isinstance(entry, Holder):  # a lock nobody waits for
+                if entry.live:
+                    locks.append(self._lock_stats(key, entry, 0, now))
+                else:
+                    idle_locks.append({"key": key, "idle_s": round(now - entry.expires_at, 3)})
+                continue
+            state = entry
             if state.is_sem:
                 if state.idle:
                     idle_sems.append({"key": key, "idle_s": round(now - state.last_used, 3)})
@@ -419,17 +506,7 @@ class LockTable(HoldTable):
                 holder = state.one
                 if holder is None:  # a lock is of limit 1: one holder
                     holder = next(iter(state.holders.values()))
-                locks.append(
-                    {
-                        "key": key,
-                        "owner_conn_id": holder.client.id,
-                        "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
-                        "waiters": state.n_waiting,
-                        "owner": holder.note,
-                        "detached": self.is_detached(holder),
-                        "restored": holder.client is self.restored,
-                    }
-                )
+                locks.append(self._lock_stats(key, holder, state.n_waiting, now))
             elif state.n_waiting == 0:
                 idle_locks.append({"key": key, "idle_s": round(now - state.last_used, 3)})
         return {
@@ -441,4 +518,16 @@ class LockTable(HoldTable):
             "grace_remaining_s": round(max(0.0, self.grace_until - now), 3)
             if self.in_grace
             else 0.0,
+        }
+
+    def _lock_stats(self, key: str, holder: Holder, waiters: int, now: float) -> dict[str, Any]:
+        """A held lock's entry of ``stats``."""
+        return {
+            "key": key,
+            "owner_conn_id": holder.client.id,
+            "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
+            "waiters": waiters,
+            "owner": holder.note,
+            "detached": self.is_detached(holder),
+            "restored": holder.client is self.restored,
         }

@@ -15,6 +15,7 @@ from dflockd_server.journal import Journal, drop_record
 from dflockd_server.keys import (
     Client,
     Counts,
+    Entry,
     Holder,
     KeyState,
     LimitMismatch,
@@ -61,8 +62,9 @@ class TableCore:
         self.max_waits_per_connection = max_waits_per_connection
         """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
         self.auto_release_on_disconnect = auto_release_on_disconnect
-        self.keys: dict[str, KeyState] = {}
-        """Every key, locks and semaphores alike: one resource per key."""
+        self.keys: dict[str, Entry] = {}
+        """Every key, locks and semaphores alike: one resource per key. A held lock nobody
+        waits for is its ``Holder`` alone (see ``Holder``), any other key its ``KeyState``."""
         self._idle = IdleLog()
         self._leases = LeaseIndex()
         self._wakes: list[Waiter] = []
@@ -103,7 +105,7 @@ class TableCore:
             return True
         self.in_grace = False
         for state in list(self.keys.values()):
-            if state.n_waiting:
+            if isinstance(state, KeyState) and state.n_waiting:
                 self._fill(state, now)
         return False
 
@@ -152,13 +154,28 @@ class TableCore:
         is_sem = limit is not None
         wanted = 1 if limit is None else limit
         states = self.keys
-        state = states.get(key)
-        if state is None:
+        entry = states.get(key)
+        if entry is None:
             # Idle keys hold nothing: make room before refusing.
             if len(states) >= self.max_locks and not self._idle.evict_oldest(states):
                 raise MaxLocks(key)
             state = states[key] = KeyState(key, is_sem, wanted, now)
             return state  # granted or queued on at once (see _grant for when it cannot be)
+        if isinstance(entry, Holder):  # a lock nobody waited for: it gets a state now
+            if entry.live and now >= entry.expires_at:
+                self._expire_bare(entry, now)
+            state = states[key] = KeyState(key, is_sem, wanted, now)
+            if not entry.live:
+                return state  # was idle
+            state.limit = 1
+            state.is_sem = False
+            state.one = entry
+            state.n_held = 1
+            state.earliest = state.last_used = entry.expires_at
+            if wanted != 1:
+                raise LimitMismatch(key, 1)
+            return state
+        state = entry
         if now >= state.earliest:
             self._check(state, now)
         state.last_used = now
@@ -190,20 +207,11 @@ class TableCore:
         self, state: KeyState, client: Client, lease_ttl: int, now: float, note: str | None = None
     ) -> Holder:
         try:
-            if lease_ttl > self.lease_noted:
-                self._note(lease_ttl, state.key)  # before the token: a failed write grants nothing
-            token = self.new_token()
+            holder = self._new_holder(state.key, state, client, lease_ttl, now=now, note=note)
         except BaseException:
             self._idle.note(self.keys, state)  # a new key left idle must still be pruned
             raise
-        self.counts.grants[state.is_sem] += 1
-        expires_at = now + lease_ttl
-        holder = Holder(token, state, client, lease_ttl, expires_at)
-        if note is not None:
-            holder.note = note
-        journal = self.journal
-        if journal is not None:
-            journal.buf.append(journal.grant_record(holder, client is self.detached, None))
+        expires_at = holder.expires_at
         if state.limit == 1:
             state.one = holder
             state.earliest = expires_at
@@ -211,10 +219,74 @@ class TableCore:
             many = state.many
             if many is None:
                 many = state.many = {}
-            many[token] = holder
+            many[holder.token] = holder
             state.earliest = min(state.earliest, expires_at)
         state.n_held += 1
         state.last_used = expires_at  # not read while held (see KeyState)
+        return holder
+
+    def _grant_bare(
+        self,
+        key: str,
+        client: Client,
+        owner: Client,
+        lease_ttl: int,
+        now: float,
+        *,
+        note: str | None = None,
+    ) -> Holder | None:
+        """Grant the lock ``key`` to ``owner`` (for ``client``'s request) as the key's entry,
+        with no ``KeyState``, if it is free: no entry, a released one, an expired one, or an
+        idle state. ``None`` if it is not (held, waited for, a semaphore's key with holders, or
+        the restart grace): the caller then takes the way through the key's state."""
+        if self.in_grace:
+            return None
+        keys = self.keys
+        entry = keys.get(key)
+        if entry is None:
+            if len(keys) >= self.max_locks and not self._idle.evict_oldest(keys):
+                raise MaxLocks(key)
+        elif isinstance(entry, Holder):
+            if entry.live:
+                if now < entry.expires_at:
+                    return None
+                self._expire_bare(entry, now)
+        elif entry.n_held or entry.n_waiting:
+            if now < entry.earliest or entry.n_waiting:
+                return None
+            self._check(entry, now)
+            if entry.n_held or entry.n_waiting:
+                return None
+        if self.max_locks_per_connection:
+            self._check_client_locks(client, key, None)
+        holder = self._new_holder(key, None, owner, lease_ttl, now=now, note=note)
+        keys[key] = holder
+        return holder
+
+    def _new_holder(
+        self,
+        key: str,
+        state: KeyState | None,
+        client: Client,
+        lease_ttl: int,
+        *,
+        now: float,
+        note: str | None,
+    ) -> Holder:
+        """Issue a grant on ``key`` (``state``: its state, ``None`` for a lock that keeps
+        none): the token, the count, the journal's record, the client's view and the expiry
+        index. The caller puts the holder in the key's entry."""
+        if lease_ttl > self.lease_noted:
+            self._note(lease_ttl, key)  # before the token: a failed write grants nothing
+        token = self.new_token()
+        self.counts.grants[False if state is None else state.is_sem] += 1
+        expires_at = now + lease_ttl
+        holder = Holder(token, key, client, lease_ttl, expires_at)
+        if note is not None:
+            holder.note = note
+        journal = self.journal
+        if journal is not None:
+            journal.buf.append(journal.grant_record(holder, state, client is self.detached, None))
         client.held.append(holder)
         client.n_held += 1
         index = self._leases  # index.add, inlined: the hot path
@@ -244,18 +316,13 @@ class TableCore:
         self._fill(state, now)
         self._idle.note(self.keys, state)
 
-    def _drop_holder(self, holder: Holder, now: float) -> None:
+    def _drop_holder(self, holder: Holder, state: KeyState | None, now: float) -> None:
+        """Release ``holder`` from ``state`` (``None``: the holder is the key's entry, and
+        stays it, released, as the idle key's)."""
         holder.live = False
         journal = self.journal
         if journal is not None:
             journal.buf.append(drop_record(holder.token))
-        state = holder.state
-        if state.one is holder:
-            state.one = None
-        else:
-            assert state.many is not None
-            del state.many[holder.token]
-        state.n_held -= 1
         client = holder.client
         client.n_held -= 1
         held = client.held
@@ -273,11 +340,31 @@ class TableCore:
                 holders.pop()
                 times.pop()
                 index.count -= 1
+        if state is None:
+            holder.expires_at = now  # released: when the key went idle (see Holder)
+            self._idle.log(self.keys, holder, now)
+            return
+        if state.one is holder:
+            state.one = None
+        else:
+            assert state.many is not None
+            del state.many[holder.token]
+        state.n_held -= 1
         state.last_used = now
         if not state.n_held:
             state.earliest = math.inf
             if not state.n_waiting:
                 self._idle.note(self.keys, state)
+
+    def _state_of(self, holder: Holder) -> KeyState | None:
+        """The state that holds the live ``holder`` (``None``: it is its key's entry)."""
+        entry = self.keys[holder.key]
+        return entry if isinstance(entry, KeyState) else None
+
+    def _expire_bare(self, holder: Holder, now: float) -> None:
+        """The live ``holder``, its key's entry, has run out."""
+        self.counts.expiries[0] += 1
+        self._drop_holder(holder, None, now)
 
     def _check(self, state: KeyState, now: float) -> int:
         """Expire the key's run-out leases and hand their slots on; returns how many."""
@@ -291,7 +378,7 @@ class TableCore:
         if gone:
             self.counts.expiries[state.is_sem] += len(gone)
         for holder in gone:
-            self._drop_holder(holder, now)
+            self._drop_holder(holder, state, now)
         one = state.one
         if one is not None:
             state.earliest = one.expires_at

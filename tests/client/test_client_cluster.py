@@ -26,6 +26,7 @@ from celery_dflock.client.protocol import Asked, Command, ErrorReply, Moved, Ok,
 from celery_dflock.client.sharding import rendezvous_shard
 from dflockd_server import protocol as server_protocol
 from dflockd_server.cluster import shardmap
+from dflockd_server.table import LockTable
 from dflockd_server.testing import ServerThread
 
 KEYS = [f"job:{i}" for i in range(40)]
@@ -173,6 +174,13 @@ def test_the_async_client_gets_the_mismatch_too(static_fleet: list[ServerThread]
 
 
 # ------------------------------------------------------------------------------ cluster routing
+
+
+def _held_here(table: LockTable, key: str) -> bool:
+    state = table.key_state(key)
+    return state is not None and state.n_held > 0
+
+
 class MapOwnership:
     """What a cluster member decides from a fixed shard map (test stand-in for the cluster
     node): serve the shards whose current node is this member; a shard with no current node
@@ -233,7 +241,7 @@ class Cluster:
         return [
             i
             for i, s in enumerate(self.servers)
-            if s.call(lambda s=s: key in s.server.table.keys and s.server.table.keys[key].n_held)
+            if s.call(lambda s=s: _held_here(s.server.table, key))
         ]
 
     def stop(self) -> None:

@@ -387,7 +387,7 @@ async def restored_by_a_real_start(state_dir: Path) -> tuple[list[str], float]:
     await server.start()
     try:
         table = server.table
-        tokens = [h.token for h, _ in table.live_holders()]
+        tokens = [h.token for h, _, _ in table.live_holders()]
         return tokens, table.grace_remaining()
     finally:
         await server.stop(timeout_s=0)

@@ -224,7 +224,7 @@ def test_holders_in_fail_waiters_and_renewals_allowed_from_another_thread() -> N
         token2 = a.lock(waited)
         b.send("l", waited, "30")
         table = server.server.table
-        wait_until(lambda: server.call(lambda: table.keys[waited].n_waiting) == 1)
+        wait_until(lambda: server.call(lambda: table.queued) == 1)
         shards = {shard_id(held), shard_id(waited), shard_id("idle-key")}
         assert server.server.holders_in(shards) == {shard_id(held), shard_id(waited)}
         b.assert_silent()

@@ -12,6 +12,7 @@ import pytest
 
 from dflockd_server.table import (
     AlreadyEnqueued,
+    Entry,
     Holder,
     KeyState,
     LimitMismatch,
@@ -53,13 +54,48 @@ def test_a_lock_refuses_a_semaphore_and_the_other_way_round(table: LockTable) ->
     with pytest.raises(LimitMismatch) as info:
         table.acquire(table.open_client(), "k", LEASE, 2, queue=True)
     assert (info.value.key, info.value.limit) == ("k", 1)
-    sem = grant(table, "s", 2)
+    grant(table, "s", 2)
     for limit in (None, 1, 3):
         with pytest.raises(LimitMismatch) as info:
             table.acquire(table.open_client(), "s", LEASE, limit, queue=True)
         assert info.value.limit == 2
-    assert len(sem.state.holders) == 1
-    assert sem.state.n_waiting == 0  # a refused request never queues
+    state = table.key_state("s")
+    assert state is not None
+    assert len(state.holders) == 1
+    assert state.n_waiting == 0  # a refused request never queues
+
+
+def test_a_held_lock_nobody_waits_for_is_its_holder_alone(table: LockTable, clock: Clock) -> None:
+    """A held lock keeps no key state until someone waits for it (the state would cost more
+    than the rest of the held key); released, its holder stays the idle key's entry, listed,
+    swept and pruned as an idle key with a state is."""
+    held = grant(table, "k", None)
+    assert table.keys["k"] is held
+    waiter = table.acquire(table.open_client(), "k", LEASE, None, queue=True)
+    assert isinstance(waiter, Waiter)
+    state = table.keys["k"]
+    assert isinstance(state, KeyState) and state.one is held and state.n_waiting == 1
+    assert table.release("k", held.token)
+    assert waiter.holder is not None and state.one is waiter.holder
+    assert table.release("k", waiter.holder.token)
+    again = grant(table, "k", None)  # the idle state gives way to the holder alone
+    assert table.keys["k"] is again
+    assert table.renew("k", again.token, 2 * LEASE) == 2 * LEASE
+    assert not table.release("k", held.token)  # a stale token
+    assert table.release("k", again.token)
+    assert table.keys["k"] is again and not again.live
+    assert table.stats(0)["idle_locks"] == [{"key": "k", "idle_s": 0.0}]
+    assert table.acquire(table.open_client(), "k", LEASE, 2, queue=False) is not None
+    assert isinstance(table.keys["k"], KeyState)  # an idle key takes any kind
+    expiring = grant(table, "e", None)
+    clock.now += LEASE
+    assert table.expire() == 2  # the semaphore's slot and the lock alone, by the sweep
+    assert table.counts.expiries == [1, 1]
+    assert table.keys["e"] is expiring and not expiring.live
+    clock.now += 1
+    assert table.stats(0)["idle_locks"] == [{"key": "e", "idle_s": 1.0}]
+    assert table.gc(1.0) == 2
+    assert not table.keys
 
 
 def test_a_refused_enqueue_leaves_nothing_behind(table: LockTable) -> None:
@@ -78,7 +114,8 @@ def test_limit_one_is_the_same_resource_as_a_lock(table: LockTable) -> None:
     assert table.acquire(table.open_client(), "k", LEASE, None, queue=False) is None
     assert table.release("k", lock.token)
     assert waiter.holder is not None
-    assert lock.state.is_sem is False  # the kind stays what fixed the key
+    state = table.key_state("k")
+    assert state is not None and state.is_sem is False  # the kind stays what fixed the key
     assert table.stats(0)["locks"][0]["key"] == "k"
 
 
@@ -94,7 +131,9 @@ def test_a_key_stays_busy_while_a_waiter_inherits_it(table: LockTable) -> None:
     with pytest.raises(LimitMismatch):  # the waiter holds it now
         table.acquire(table.open_client(), "s", LEASE, None, queue=True)
     assert table.release("s", waiter.holder.token)
-    assert grant(table, "s", None).state.limit == 1
+    grant(table, "s", None)
+    state = table.key_state("s")
+    assert state is not None and state.limit == 1
 
 
 def test_an_idle_key_takes_the_limit_and_kind_of_its_next_acquire(
@@ -102,13 +141,15 @@ def test_an_idle_key_takes_the_limit_and_kind_of_its_next_acquire(
 ) -> None:
     sem = grant(table, "k", 2)
     assert table.release("k", sem.token)
-    lock = grant(table, "k", None)
-    assert (lock.state.limit, lock.state.is_sem) == (1, False)
+    grant(table, "k", None)
+    state = table.key_state("k")
+    assert state is not None and (state.limit, state.is_sem) == (1, False)
     assert table.stats(0)["locks"][0]["key"] == "k"
     assert table.stats(0)["semaphores"] == []
     clock.now += LEASE  # the lease runs out: idle again, checked on the next acquire
-    again = grant(table, "k", 3)
-    assert (again.state.limit, again.state.is_sem) == (3, True)
+    grant(table, "k", 3)
+    state = table.key_state("k")
+    assert state is not None and (state.limit, state.is_sem) == (3, True)
     assert table.stats(0)["semaphores"] == [{"key": "k", "limit": 3, "holders": 1, "waiters": 0}]
     assert table.occupancy(True) == (1, 1, 0)
     assert table.occupancy(False) == (0, 0, 0)
@@ -260,10 +301,13 @@ def test_a_per_connection_refusal_leaves_no_unprunable_key(clock: Clock) -> None
     assert isinstance(grant_, Holder)
     with pytest.raises(MaxLocks):
         table.acquire(client, "b", LEASE, None, queue=False)
+    with pytest.raises(MaxLocks):
+        table.acquire(client, "s", LEASE, 2, queue=False)
     assert table.release("a", grant_.token)
     clock.now += 1
-    assert set(table.keys) == {"a", "b"}  # "b" was made before the refusal
-    assert table.gc(0) == 2  # and is pruned with "a", as an idle key
+    # A lock's key is made only with its grant; a semaphore's was made before the refusal...
+    assert set(table.keys) == {"a", "s"}
+    assert table.gc(0) == 2  # ...and is pruned with "a", as an idle key
     assert not table.keys
 
 
@@ -283,7 +327,8 @@ def test_max_waits_per_connection_counts_queued_acquires_and_pending_enqueues(
         table.enqueue(client, "z", LEASE, None)
     assert table.acquire(client, "y", LEASE, None, queue=False) is None  # try-once: no wait
     assert isinstance(table.acquire(client, "w", LEASE, None, queue=False), Holder)
-    assert table.keys["y"].n_waiting == 0 and "z" not in client.enqueued
+    y = table.key_state("y")
+    assert y is not None and y.n_waiting == 0 and "z" not in client.enqueued
     table.forget_enqueued(parked)  # `w` collected it
     queued = table.enqueue(client, "y", LEASE, None)
     assert queued.holder is None and queued.active
@@ -294,7 +339,7 @@ def test_max_waits_per_connection_counts_queued_acquires_and_pending_enqueues(
     assert table.enqueue(client, "z", LEASE, None).active
 
 
-class NoScan(dict[str, KeyState]):
+class NoScan(dict[str, Entry]):
     """A key table that fails the test if anything walks it."""
 
     def _scanned(self) -> AssertionError:
@@ -349,7 +394,7 @@ def test_the_expiry_index_stays_bounded_under_churn_and_renewals(
             assert isinstance(got, Holder)
             assert table.release(f"churn{i}", got.token)
         for holder in held:
-            assert table.renew(holder.state.key, holder.token, LEASE + round_ % 3) is not None
+            assert table.renew(holder.key, holder.token, LEASE + round_ % 3) is not None
         clock.now += 0.001
         assert table.expiry_entries <= 2 * table.held + 64
     clock.now += LEASE + 3
@@ -411,7 +456,7 @@ def test_a_connection_keeps_few_released_holders_and_loses_only_live_ones(
     for i in range(1, 500):  # hand over to the next key: each release is not the latest grant
         got = table.acquire(client, f"k{i % 50}", LEASE, None, queue=False)
         assert isinstance(got, Holder)
-        assert table.release(previous.state.key, previous.token)
+        assert table.release(previous.key, previous.token)
         previous = got
         assert client.n_held == 1
         assert len(client.held) <= 2 * client.n_held + 8
@@ -455,7 +500,8 @@ def test_a_long_queue_with_given_up_waiters_grants_in_order_and_stays_bounded(
         got = table.acquire(client, "k", LEASE, limit, queue=True)
         assert isinstance(got, Waiter)
         waiters.append(got)
-    state = table.keys["k"]
+    state = table.key_state("k")
+    assert state is not None
     for i, waiter in enumerate(waiters):
         if i % 3 == 1:
             table.cancel_wait(waiter)

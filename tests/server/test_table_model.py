@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dflockd_server.fence import fence_of
-from dflockd_server.table import Client, Holder, LimitMismatch, LockTable, Waiter
+from dflockd_server.table import Client, Holder, KeyState, LimitMismatch, LockTable, Waiter
 from dflockd_server.tokens import FenceCounter
 
 KEYS = ["a", "b"]
@@ -61,6 +61,11 @@ class LockTableMachine(RuleBasedStateMachine):
             req = mk.queue.pop(0)
             mk.holders[req] = self.now + self.req_lease[req]
             mk.grants.append(req)
+
+    def _state(self, key: str) -> KeyState:
+        state = self.table.key_state(key)
+        assert state is not None
+        return state
 
     def _touch(self, mk: ModelKey) -> None:
         for req, expires in list(mk.holders.items()):
@@ -199,13 +204,13 @@ class LockTableMachine(RuleBasedStateMachine):
     def gc(self) -> None:
         self.table.gc(0.0)
         # gc finds idle keys without scanning the table: it must still find every one.
-        assert not [key for key, state in self.table.keys.items() if state.idle]
+        assert not [key for key in self.table.keys if self._state(key).idle]
 
     # ------------------------------------------------------------------ invariants
     @invariant()
     def table_matches_model(self) -> None:
         for key, mk in self.model.items():
-            state = self.table.keys.get(key)
+            state = self.table.key_state(key)
             live = {r for r, h in self.holders.items() if h.live and self.req_key[r] == key}
             assert live == set(mk.holders), (key, live, mk.holders)
             if state is None:
@@ -221,7 +226,7 @@ class LockTableMachine(RuleBasedStateMachine):
     @invariant()
     def never_over_limit(self) -> None:
         for key, mk in self.model.items():
-            state = self.table.keys.get(key)
+            state = self.table.key_state(key)
             if state is not None:
                 assert len(state.holders) <= state.limit
                 if not state.is_sem:
