@@ -7,6 +7,7 @@ compaction whose cost is amortised over the entries added since the last one.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 
 from dflockd_server.keys import Entry, Holder, KeyState
@@ -18,8 +19,10 @@ COMPACT_MIN = 64
 
 
 class LeaseRun:
-    """The leases of one length: their expiry times and holders, two lists in step (a tuple
+    """The leases of one length: their expiry times and holders, two arrays in step (a tuple
     per entry would cost four times as much), in the order they were granted or renewed.
+    The times are an ``array('d')``: compiled, a holder keeps its expiry as a C double, and a
+    list would hold a float object of its own for each (32 bytes per held lock).
     The sweep takes entries from the front by moving ``head`` on; the taken ones are cut off
     once they are an eighth of the lists (so at most that many released holders are kept
     alive by it, and each entry is moved a bounded number of times). Lists, not deques:
@@ -29,7 +32,7 @@ class LeaseRun:
     __slots__ = ("head", "holders", "times")
 
     def __init__(self) -> None:
-        self.times: list[float] = []
+        self.times = array("d")
         self.holders: list[Holder] = []
         self.head = 0
         """Entries before it were taken by the sweep."""
@@ -71,7 +74,7 @@ class LeaseIndex:
         kept = 0
         for lease_ttl, run in list(self.by_ttl.items()):
             times, holders = run.times, run.holders
-            kept_times: list[float] = []
+            kept_times = array("d")
             kept_holders: list[Holder] = []
             for i in range(run.head, len(times)):
                 holder, expires_at = holders[i], times[i]
