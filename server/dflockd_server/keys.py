@@ -102,7 +102,8 @@ class Holder:
     an acquire has to wait for it (or it is a semaphore); a live holder's key maps to the
     holder itself or to the ``KeyState`` that holds it. A released holder still in the key
     map (``live`` false) is the key's idle entry: its ``expires_at`` is then the time the
-    key went idle (what ``KeyState.last_used`` is for a key with a state)."""
+    key went idle (what ``KeyState.last_used`` is for a key with a state), and its ``token``
+    is empty (an idle key keeps no token alive)."""
 
     __slots__ = ("client", "covered", "expires_at", "key", "lease_ttl", "live", "note", "token")
 

@@ -342,6 +342,7 @@ class TableCore:
                 index.count -= 1
         if state is None:
             holder.expires_at = now  # released: when the key went idle (see Holder)
+            holder.token = ""  # nothing reads a released holder's token: the idle key's is freed
             self._idle.log(self.keys, holder, now)
             return
         if state.one is holder:

@@ -84,6 +84,7 @@ def test_a_held_lock_nobody_waits_for_is_its_holder_alone(table: LockTable, cloc
     assert not table.release("k", held.token)  # a stale token
     assert table.release("k", again.token)
     assert table.keys["k"] is again and not again.live
+    assert again.token == ""  # the idle key keeps no token alive
     assert table.stats(0)["idle_locks"] == [{"key": "k", "idle_s": 0.0}]
     assert table.acquire(table.open_client(), "k", LEASE, 2, queue=False) is not None
     assert isinstance(table.keys["k"], KeyState)  # an idle key takes any kind

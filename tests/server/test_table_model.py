@@ -52,6 +52,8 @@ class LockTableMachine(RuleBasedStateMachine):
         self.req_lease: dict[int, int] = {}
         self.req_client: dict[int, int] = {}
         self.holders: dict[int, Holder] = {}
+        self.tokens: dict[int, str] = {}
+        """Each grant's token, as its reply gave it (a released holder keeps none)."""
         self.waiters: dict[int, Waiter] = {}
         self.waiter_req: dict[int, int] = {}  # id(waiter) -> request id
 
@@ -82,6 +84,7 @@ class LockTableMachine(RuleBasedStateMachine):
         req = self.waiter_req[id(waiter)]
         assert waiter.holder is not None
         self.holders[req] = waiter.holder
+        self.tokens[req] = waiter.holder.token
         del self.waiters[req]
 
     # ------------------------------------------------------------------ rules
@@ -128,6 +131,7 @@ class LockTableMachine(RuleBasedStateMachine):
         if isinstance(got, Holder):
             assert expect == "granted"
             self.holders[req] = got
+            self.tokens[req] = got.token
         elif isinstance(got, Waiter):
             assert expect == "queued"
             got.wake = self._woken
@@ -147,7 +151,7 @@ class LockTableMachine(RuleBasedStateMachine):
         if expected:
             del mk.holders[req]
             self._fill(mk)
-        assert self.table.release(key, self.holders[req].token) is expected
+        assert self.table.release(key, self.tokens[req]) is expected
 
     @precondition(lambda self: bool(self.holders))
     @rule(data=st.data(), lease=st.integers(1, 3))
@@ -159,7 +163,7 @@ class LockTableMachine(RuleBasedStateMachine):
         expected = req in mk.holders
         if expected:
             mk.holders[req] = self.now + lease
-        got = self.table.renew(key, self.holders[req].token, lease)
+        got = self.table.renew(key, self.tokens[req], lease)
         assert got == (lease if expected else None)
 
     @precondition(lambda self: bool(self.waiters))
@@ -189,7 +193,7 @@ class LockTableMachine(RuleBasedStateMachine):
             self._fill(mk)
             del self.waiters[req]
         held = [r for r, h in self.holders.items() if self.req_client[r] == ci and h.live]
-        for req in sorted(held, key=lambda r: fence_of(self.holders[r].token)):
+        for req in sorted(held, key=lambda r: fence_of(self.tokens[r])):
             mk = self.model[self.req_key[req]]
             if req in mk.holders:  # lapsed but unswept leases are dropped as well
                 del mk.holders[req]
@@ -216,7 +220,7 @@ class LockTableMachine(RuleBasedStateMachine):
             if state is None:
                 assert not mk.holders and not mk.queue
                 continue
-            assert set(state.holders) == {self.holders[r].token for r in live}
+            assert set(state.holders) == {self.tokens[r] for r in live}
             waiting = state.queue.waiting() if state.queue is not None else []
             queued = [self.waiter_req[id(w)] for w in waiting]
             assert queued == mk.queue  # FIFO order
@@ -237,7 +241,7 @@ class LockTableMachine(RuleBasedStateMachine):
     def fences_strictly_increase(self) -> None:
         assert all(a < b for a, b in pairwise(self.issued))
         for mk in self.model.values():
-            fences = [fence_of(self.holders[r].token) for r in mk.grants if r in self.holders]
+            fences = [fence_of(self.tokens[r]) for r in mk.grants if r in self.tokens]
             assert len(fences) == len(mk.grants)
             assert all(a < b for a, b in pairwise(fences))
 
