@@ -33,6 +33,9 @@ class HoldTable(TableCore):
             holder = self._grant_bare(key, client, owner, lease_ttl, now, note=note)
             if holder is not None:
                 return holder
+            if not queue and self._held_alone(key):
+                self.counts.timeouts[0] += 1  # answered without making the key a state
+                return None
             state = self._state_for(key, None, now)
             if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
                 if self.max_locks_per_connection:
@@ -40,6 +43,7 @@ class HoldTable(TableCore):
                 return self._grant(state, owner, lease_ttl, now, note)
             if not queue:
                 self.counts.timeouts[state.is_sem] += 1
+                self._idle.note(self.keys, state)  # a key new in the grace is idle: prunable
                 return None
             if self.max_waits_per_connection:
                 self._check_client_waits(client, key, state)

@@ -357,6 +357,12 @@ class TableCore:
             if not state.n_waiting:
                 self._idle.note(self.keys, state)
 
+    def _held_alone(self, key: str) -> bool:
+        """Whether ``key`` is a held lock nobody waits for (after ``_grant_bare`` found it
+        busy: it expired a run-out one)."""
+        entry = self.keys.get(key)
+        return isinstance(entry, Holder) and entry.live
+
     def _state_of(self, holder: Holder) -> KeyState | None:
         """The state that holds the live ``holder`` (``None``: it is its key's entry)."""
         entry = self.keys[holder.key]

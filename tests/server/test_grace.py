@@ -114,6 +114,27 @@ def test_a_disconnected_waiter_is_not_granted_at_the_end_of_the_grace() -> None:
     assert stays.holder is not None
 
 
+@pytest.mark.parametrize("kind", ["lock", "hold", "semaphore"])
+def test_a_try_once_acquire_in_the_grace_leaves_no_key_that_gc_cannot_prune(kind: str) -> None:
+    """A try-once acquire of a new key in the grace is refused (``timeout``); the key it made
+    is idle, so gc prunes it once it has been idle long enough (it used to stay for good,
+    and a table filled so refused every new key)."""
+    clock = Clock(100.0)
+    table = make_table(clock, GRACE)
+    client = table.open_client()
+    for i in range(3):
+        key = f"probe{i}"
+        if kind == "hold":
+            got = table.hold(client, key, LEASE, "note", detached=False, queue=False)
+        else:
+            got = table.acquire(client, key, LEASE, 2 if kind == "semaphore" else None, queue=False)
+        assert got is None
+    clock.now += GRACE
+    assert table.grace_remaining() == 0
+    assert table.gc(GRACE) == 3
+    assert not table.keys
+
+
 def test_no_grace_grants_at_once() -> None:
     table = make_table(Clock(100.0), 0.0)
     assert not table.in_grace

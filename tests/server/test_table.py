@@ -99,6 +99,20 @@ def test_a_held_lock_nobody_waits_for_is_its_holder_alone(table: LockTable, cloc
     assert not table.keys
 
 
+def test_a_try_once_acquire_of_a_held_lock_leaves_it_its_holder_alone(table: LockTable) -> None:
+    """``timeout`` to a try-once ``l`` or ``hl`` on a held lock nobody waits for makes no key
+    state (a task polling a busy key would otherwise cost the key one for good)."""
+    held = grant(table, "k", None)
+    other = table.open_client()
+    assert table.acquire(other, "k", LEASE, None, queue=False) is None
+    assert table.hold(other, "k", LEASE, "n", detached=False, queue=False) is None
+    assert table.keys["k"] is held
+    assert table.counts.timeouts == [2, 0]
+    with pytest.raises(LimitMismatch):
+        table.acquire(other, "k", LEASE, 2, queue=False)
+    assert table.release("k", held.token)
+
+
 def test_a_refused_enqueue_leaves_nothing_behind(table: LockTable) -> None:
     grant(table, "s", 3)
     client = table.open_client()
