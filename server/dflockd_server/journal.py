@@ -368,8 +368,9 @@ class Journal:
         note = holder.note
         # A lock's limit and kind as str constants: compiled, each int formatted is a call
         # (not {is_sem:d}: a format spec is the slow path)
-        limit_kind = "1 0" if state is None or (state.limit == 1 and not state.is_sem) else ""
-        if state is not None and not limit_kind:
+        if state is None or (state.limit == 1 and not state.is_sem):
+            limit_kind = "1 0"
+        else:
             limit_kind = f"{state.limit} {1 if state.is_sem else 0}"
         mode = "d" if detached else "c"
         closing = "-" if on_close is None else on_close

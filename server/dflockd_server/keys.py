@@ -23,6 +23,7 @@ __all__ = [
     "TableError",
     "WaitQueue",
     "Waiter",
+    "lock_state",
 ]
 
 
@@ -223,6 +224,16 @@ class KeyState:
     @property
     def idle(self) -> bool:
         return self.n_held == 0 and self.n_waiting == 0
+
+
+def lock_state(holder: Holder) -> KeyState:
+    """The state of the lock ``holder`` holds, made around it: a held lock nobody waited for
+    has none of its own (see ``Holder``)."""
+    state = KeyState(holder.key, False, 1, holder.expires_at)  # last_used: not read while held
+    state.one = holder
+    state.n_held = 1
+    state.earliest = holder.expires_at
+    return state
 
 
 class Counts:

@@ -42,6 +42,7 @@ from dflockd_server.keys import (
     MaxWaiters,
     TableError,
     Waiter,
+    lock_state,
 )
 
 __all__ = [
@@ -231,15 +232,11 @@ class LockTable(HoldTable):
             return False
         now = self.clock()
         if isinstance(entry, Holder):  # a lock nobody waits for
-            if not entry.live:
-                return False
-            if now >= entry.expires_at:
-                self._expire_bare(entry, now)
-                return False
-            if entry.token != token:
+            holder = self._live_holder(entry, token, now)
+            if holder is None:
                 return False
             self.counts.releases[0] += 1
-            self._drop_holder(entry, None, now)
+            self._drop_holder(holder, None, now)
             return True
         state = entry
         if now >= state.earliest:
@@ -288,13 +285,12 @@ class LockTable(HoldTable):
             holder.covered = covered  # before expires_at and lease_ttl change
         holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl
-        state = self.keys[key]
-        if isinstance(state, KeyState):
-            if state.one is not None:
-                state.earliest = expires_at
-            elif expires_at < state.earliest:
-                state.earliest = expires_at  # a shorter lease may come first
-            state.last_used = expires_at  # not read while held (see KeyState)
+        if isinstance(entry, KeyState):  # still the key's entry: nothing above replaces it
+            if entry.one is not None:
+                entry.earliest = expires_at
+            elif expires_at < entry.earliest:
+                entry.earliest = expires_at  # a shorter lease may come first
+            entry.last_used = expires_at  # not read while held (see KeyState)
         self._leases.add(holder, expires_at, lease_ttl)
         return lease_ttl
 
@@ -370,12 +366,7 @@ class LockTable(HoldTable):
         entry = self.keys.get(key)
         if entry is None or isinstance(entry, KeyState):
             return entry
-        state = KeyState(key, False, 1, entry.expires_at)
-        if entry.live:
-            state.one = entry
-            state.n_held = 1
-            state.earliest = entry.expires_at
-        return state
+        return lock_state(entry) if entry.live else KeyState(key, False, 1, entry.expires_at)
 
     def busy_keys(self) -> list[str]:
         """The keys held or queued on now."""

@@ -23,6 +23,7 @@ from dflockd_server.keys import (
     MaxWaiters,
     Waiter,
     WaitQueue,
+    lock_state,
 )
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex, LeaseRun
 
@@ -164,14 +165,10 @@ class TableCore:
         if isinstance(entry, Holder):  # a lock nobody waited for: it gets a state now
             if entry.live and now >= entry.expires_at:
                 self._expire_bare(entry, now)
-            state = states[key] = KeyState(key, is_sem, wanted, now)
-            if not entry.live:
-                return state  # was idle
-            state.limit = 1
-            state.is_sem = False
-            state.one = entry
-            state.n_held = 1
-            state.earliest = state.last_used = entry.expires_at
+            if not entry.live:  # was idle
+                state = states[key] = KeyState(key, is_sem, wanted, now)
+                return state
+            state = states[key] = lock_state(entry)
             if wanted != 1:
                 raise LimitMismatch(key, 1)
             return state
@@ -251,11 +248,11 @@ class TableCore:
                 if now < entry.expires_at:
                     return None
                 self._expire_bare(entry, now)
-        elif entry.n_held or entry.n_waiting:
-            if now < entry.earliest or entry.n_waiting:
-                return None
-            self._check(entry, now)
-            if entry.n_held or entry.n_waiting:
+        elif entry.n_waiting:
+            return None
+        elif entry.n_held:
+            self._check(entry, now)  # its run-out leases (nothing before its earliest)
+            if entry.n_held:
                 return None
         if self.max_locks_per_connection:
             self._check_client_locks(client, key, None)
