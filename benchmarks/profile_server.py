@@ -30,6 +30,7 @@ from benchmarks._common import (
     base_parser,
     fmt_num,
     owned_servers,
+    split_build,
     start_dflockd,
     workdir,
 )
@@ -42,7 +43,7 @@ STATS_ENV = "DFLOCK_BENCH_PROFILE_OUT"
 
 def serve(loop: str, argv: list[str]) -> None:
     """The child: run ``dflockd`` (its real entry point) under cProfile until SIGTERM."""
-    if loop == "asyncio":
+    if split_build(loop)[0] == "asyncio":  # asyncio+mypyc too
         sys.modules["uvloop"] = None  # type: ignore[assignment]  # import uvloop fails
     from dflockd_server.cli import main as dflockd_main
 

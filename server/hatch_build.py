@@ -40,6 +40,7 @@ COMPILED = (
     "dispatch",
     "stream",
     "connection",
+    "turn",
 )
 """The request path's modules: parse, route, the lock table, the journal's records, reply
 bytes, and the connection's side of it (``stream``: reading, the batched replies, and

@@ -6,102 +6,58 @@ callback of the turn scheduled with ``call_soon`` in the same turn, so that is w
 write goes there. asyncio's own loop runs it in the *next* turn, after one more ``epoll_wait``
 that finds nothing: at one connection, where every request is a turn of its own, that second
 turn was a fifth of the compiled server's own instructions per request (benchmarks.instructions;
-the kernel's share of a round trip, larger here, is not counted there). ``TurnLoop`` is
-asyncio's selector loop with
-``at_turn_end``: the callback runs once the turn's callbacks have run, just before the loop waits
-for I/O again, in the same turn. The server's own asyncio loop (``dflockd --event-loop asyncio``,
-or ``auto`` without uvloop, and ``testing.ServerThread``) is a ``TurnLoop``; a server started on
-any other loop (a program's own) schedules its group write with ``call_soon``, as before.
+the kernel's share of a round trip, larger here, is not counted there).
+
+``TurnLoop`` is asyncio's selector loop with ``at_turn_end``: the callback runs once the turn's
+callbacks have run, before the loop waits for I/O again, in the same turn. Its turns are
+``turn.Turn``'s: asyncio's turn, step for step, compiled with the request path (asyncio runs
+its turn in Python: at one connection that was a quarter of the compiled server's instructions
+per request), then the turn's end. What a turn-end callback schedules is ready for the next
+turn, which therefore does not wait for I/O. The server's own asyncio loop (``dflockd
+--event-loop asyncio``, or ``auto`` without uvloop, and ``testing.ServerThread``) is a
+``TurnLoop``; a server started on any other loop (a program's own) schedules its group write
+with ``call_soon``, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
-import selectors
+import sys
 from collections.abc import Callable
-from contextvars import Context
-from typing import TypeVarTuple, Unpack
 
-__all__ = ["TurnLoop", "at_turn_end", "loop_name"]
+from dflockd_server.turn import Turn
 
-_Ts = TypeVarTuple("_Ts")
+__all__ = ["TURN_CHECKED_ON", "TurnLoop", "at_turn_end", "loop_name"]
 
-
-class _TurnEndSelector(selectors.DefaultSelector):
-    """The platform's selector, running the loop's turn-end callbacks before each wait."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.loop: TurnLoop | None = None
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        loop = self.loop
-        if loop is not None and loop.turn_end and loop.run_turn_end():
-            timeout = 0  # the callbacks scheduled more: run it before waiting
-        return super().select(timeout)
+TURN_CHECKED_ON = ((3, 11), (3, 12), (3, 13))
+"""The CPython versions whose loop turn ``turn.Turn`` runs step for step (the versions CI runs
+the server's tests on); on any other, a ``TurnLoop`` runs asyncio's own turn, then its end."""
 
 
 class TurnLoop(asyncio.SelectorEventLoop):
-    """asyncio's selector event loop with ``at_turn_end`` (see the module's doc)."""
+    """asyncio's selector event loop with ``at_turn_end``, its turns run by ``turn.Turn``
+    (see the module's doc)."""
 
     def __init__(self) -> None:
-        selector = _TurnEndSelector()
-        super().__init__(selector)
-        selector.loop = self
+        super().__init__()
         self.turn_end: list[Callable[[], object]] = []
         """Callbacks to run at the end of this turn, in order."""
-        self._scheduled_more = False
-        """Set when a turn-end callback scheduled a callback or a timer."""
+        self._turn = Turn(self, self.turn_end)
+        self._own_turn = sys.version_info[:2] in TURN_CHECKED_ON
 
     def at_turn_end(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` once the callbacks of this turn of the loop have run, before it
         waits for I/O again (in a callback: this turn; outside the loop: its next turn)."""
         self.turn_end.append(callback)
 
-    def run_turn_end(self) -> bool:
-        """Run the turn-end callbacks, and those they add (an exception goes to the loop's
-        exception handler, as a callback's does); True if they scheduled a callback or a
-        timer. The list is emptied in place: ``at_turn_end`` hands out its ``append``."""
-        callbacks = self.turn_end
-        self._scheduled_more = False
-        i = 0
-        try:
-            while i < len(callbacks):
-                callback = callbacks[i]
-                i += 1
-                try:
-                    callback()
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:  # as asyncio's Handle does for a callback
-                    self.call_exception_handler(
-                        {
-                            "message": f"Exception in turn-end callback {callback!r}",
-                            "exception": exc,
-                        }
-                    )
-        finally:
-            del callbacks[:i]
-        return self._scheduled_more
-
-    def call_soon(
-        self,
-        callback: Callable[[Unpack[_Ts]], object],
-        *args: *_Ts,
-        context: Context | None = None,
-    ) -> asyncio.Handle:
-        self._scheduled_more = True
-        return super().call_soon(callback, *args, context=context)
-
-    def call_at(
-        self,
-        when: float,
-        callback: Callable[[Unpack[_Ts]], object],
-        *args: *_Ts,
-        context: Context | None = None,
-    ) -> asyncio.TimerHandle:
-        self._scheduled_more = True
-        return super().call_at(when, callback, *args, context=context)
+    def _run_once(self) -> None:
+        """One turn, then the turn's end: ``Turn.run``; asyncio's own turn in debug mode (its
+        slow-callback warnings) or on a CPython whose turn ``Turn`` was not checked against."""
+        if self._own_turn and not self.get_debug():
+            self._turn.run()
+        else:
+            super()._run_once()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+            self._turn.end()
 
 
 def at_turn_end(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]], object]:

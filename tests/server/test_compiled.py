@@ -42,10 +42,12 @@ TESTS_OF_THE_COMPILED: Final = (
     "tests/server/test_auth_tls.py",
     "tests/server/test_slow_senders.py",
     "tests/server/test_shutdown.py",
+    "tests/server/test_loops.py",
 )
 """Sans-I/O tests of each compiled module (the hypothesis model of the table included), then
 real servers on real sockets with the compiled request path and connections: TLS and auth,
-slow senders and back-pressure, shut-down."""
+slow senders and back-pressure, shut-down; and the server's asyncio loop turn, against
+asyncio's own."""
 PYTEST_OPTIONS: Final = ("-q", "-n", "0", "-p", "no:cacheprovider")
 
 pytestmark = pytest.mark.timeout(600)  # a C build (about 40 s on 2 idle cores), then the tests

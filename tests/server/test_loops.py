@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +23,32 @@ PAIRS = 200
 
 
 class CountingTurnLoop(TurnLoop):
-    """A ``TurnLoop`` that counts the turns whose wait for I/O found nothing to do: a
-    zero-timeout select that returned no event (a turn run only for a callback the turn
-    before scheduled)."""
+    """A ``TurnLoop`` that counts its waits for I/O, and those that found nothing to do: a
+    zero-timeout wait that returned no event (a turn run only for a callback the turn before
+    scheduled). It counts at the epoll object the turn waits on (Linux's selector)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.empty_turns = 0
         self.turns = 0
         selector: Any = self._selector  # pyright: ignore[reportAttributeAccessIssue]
-        select = selector.select
+        assert type(selector) is selectors.EpollSelector
+        inside: Any = selector  # the epoll object the turn waits on, as the selector keeps it
+        epoll: Any = inside._selector
+        loop = self
 
-        def counted(timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-            events: list[tuple[selectors.SelectorKey, int]] = select(timeout)
-            self.turns += 1
-            if timeout == 0 and not events:
-                self.empty_turns += 1
-            return events
+        class CountingEpoll:
+            def poll(self, timeout: float = -1, maxevents: int = -1) -> list[tuple[int, int]]:
+                events = epoll.poll(timeout, maxevents)
+                loop.turns += 1
+                if timeout == 0 and not events:
+                    loop.empty_turns += 1
+                return events
 
-        selector.select = counted
+            def __getattr__(self, name: str) -> Any:
+                return getattr(epoll, name)
+
+        inside._selector = CountingEpoll()
 
 
 def _journal_config(tmp_path: Path) -> Config:
@@ -178,3 +187,94 @@ def test_at_turn_end_picks_the_loop_s_way(kind: str) -> None:
             assert schedule == loop.call_soon
     finally:
         loop.close()
+
+
+def _scripted_run(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """A program in phases, each waited out before the next (so the order within each is the
+    loop's alone, not the machine's speed): callbacks, one raising, one scheduling another;
+    150 timers, two thirds cancelled (enough for asyncio to rebuild its timer heap); a writer
+    and a reader on a socket pair; a wake-up from another thread while the loop waits with no
+    timer. What ran, in order."""
+    order: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: order.append(str(context["exception"])))
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+
+    async def main() -> None:
+        for i in range(3):
+            loop.call_soon(order.append, f"soon {i}")
+        loop.call_soon(_raise, "boom")
+        loop.call_soon(lambda: loop.call_soon(order.append, "nested soon"))
+        loop.call_soon(order.append, "soon 3")
+        loop.call_soon(order.append, "cancelled while ready").cancel()
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+        timers = [loop.call_later(0.0001 * i, order.append, f"timer {i}") for i in range(150)]
+        for timer in timers[::3] + timers[1::3]:
+            timer.cancel()
+        await asyncio.sleep(0.03)
+
+        read = loop.create_future()
+
+        def reader() -> None:
+            loop.remove_reader(a)
+            order.append(f"read {a.recv(100)!r}")
+            read.set_result(None)
+
+        def writer() -> None:
+            loop.remove_writer(b)
+            order.append("writable")
+            b.send(b"ping")
+
+        loop.add_reader(a, reader)
+        loop.add_writer(b, writer)
+        await read
+
+        woken = loop.create_future()
+        threading.Timer(0.01, loop.call_soon_threadsafe, (woken.set_result, None)).start()
+        await woken
+        order.append("woken")
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        a.close()
+        b.close()
+        loop.close()
+    return order
+
+
+def _raise(message: str) -> None:
+    raise RuntimeError(message)
+
+
+def test_the_turn_loop_runs_a_program_as_asyncio_s_own_loop_does() -> None:
+    """``turn.Turn`` runs asyncio's turn step for step: the same program gives the same order
+    on both loops (the turn's end aside, which this program does not use)."""
+    own = _scripted_run(asyncio.SelectorEventLoop())
+    expected = [
+        *("soon 0", "soon 1", "soon 2", "boom", "soon 3", "nested soon"),
+        *(f"timer {i}" for i in range(2, 150, 3)),
+        *("writable", "read b'ping'", "woken"),
+    ]
+    assert own == expected
+    assert _scripted_run(TurnLoop()) == expected
+
+
+def test_in_debug_mode_the_turn_loop_runs_asyncio_s_turn_and_still_ends_it() -> None:
+    loop = TurnLoop()
+    loop.set_debug(True)
+    order: list[str] = []
+    try:
+
+        async def main() -> None:
+            loop.call_soon(lambda: loop.at_turn_end(lambda: order.append("turn end")))
+            loop.call_soon(order.append, "callback")
+            await asyncio.sleep(0.01)
+
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert order == ["callback", "turn end"]
