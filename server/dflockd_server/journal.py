@@ -100,32 +100,47 @@ _crc32: Final = zlib.crc32
 """Bound once (compiled: a static, not a look-up of ``crc32`` on the module per record)."""
 _write: Final = os.write
 """Likewise, once per write of the journal."""
-_HEX: Final = tuple(f"{i:02x}" for i in range(256))
+_HEX: Final = tuple(b"%02x" % i for i in range(256))
 """Each byte's two hex digits: a record's checksum is four look-ups here. Compiled, a
 ``to_bytes`` and a ``hex`` are calls by name (about 850 instructions) and a ``%08x`` format
 more (about 1,300); interpreted, this costs about what those did (measured both ways for
 each of the forms tried)."""
 
 
+def _write_all(fd: int, view: memoryview) -> None:
+    """Write all of ``view`` to ``fd``, however many writes it takes.
+
+    The count each write returns is kept in a local before the view is cut: compiled, mypyc
+    (mypy 2.4.1) evaluates a slice's start twice when the sliced object is a ``memoryview``, so
+    ``view[os.write(fd, view):]`` wrote everything twice (every new journal file began with
+    its header and live records twice)."""
+    while view:
+        written = _write(fd, view)
+        view = view[written:]
+
+
+def _framed(payload: bytes) -> bytes:
+    """``payload``'s record line: the checksum of its bytes in 8 lowercase hex digits, a space,
+    the payload, LF. Built as bytes in one piece (compiled, a ``%s`` format of bytes is one
+    build): the payload is encoded once, and not copied into a str first."""
+    crc = _crc32(payload)
+    return b"%s%s%s%s %s\n" % (
+        _HEX[crc >> 24],
+        _HEX[(crc >> 16) & 255],
+        _HEX[(crc >> 8) & 255],
+        _HEX[crc & 255],
+        payload,
+    )
+
+
 def _line(payload: str) -> bytes:
-    """``payload``'s record line: the checksum of its UTF-8 in 8 lowercase hex digits, a
-    space, the payload, LF; built as one str and encoded once."""
-    crc = _crc32(payload.encode())
-    return (
-        f"{_HEX[crc >> 24]}{_HEX[(crc >> 16) & 255]}{_HEX[(crc >> 8) & 255]}{_HEX[crc & 255]}"
-        f" {payload}\n"
-    ).encode()
+    """``payload``'s record line (``_framed``, of its UTF-8)."""
+    return _framed(payload.encode())
 
 
 def drop_record(token: str) -> bytes:
-    """The record of the release (or expiry) of the grant ``token`` (the hot path:
-    ``_line``, inlined)."""
-    payload = "R " + token
-    crc = _crc32(payload.encode())
-    return (
-        f"{_HEX[crc >> 24]}{_HEX[(crc >> 16) & 255]}{_HEX[(crc >> 8) & 255]}{_HEX[crc & 255]}"
-        f" {payload}\n"
-    ).encode()
+    """The record of the release (or expiry) of the grant ``token`` (the hot path)."""
+    return _framed(("R " + token).encode())
 
 
 @dataclass(slots=True)
@@ -353,7 +368,11 @@ class Journal:
 
     @staticmethod
     def _mode(detached: bool, on_close: int | None) -> str:
-        return ("d " if detached else "c ") + ("-" if on_close is None else str(on_close))
+        """A record's ``<c|d> <onclose s|->``: without a close lease, a constant (compiled,
+        every str built and int formatted costs, and a grant's record is the hot path)."""
+        if on_close is None:
+            return "d -" if detached else "c -"
+        return ("d " if detached else "c ") + str(on_close)
 
     def grant_record(
         self, holder: Holder, state: KeyState | None, detached: bool, on_close: int | None
@@ -366,24 +385,18 @@ class Journal:
         # self._until, inlined: the hot path
         until = self._anchor_wall_ms + int((expires_at + lease - self._anchor_clock) * 1000) + 1
         note = holder.note
-        # A lock's limit and kind as str constants: compiled, each int formatted is a call
-        # (not {is_sem:d}: a format spec is the slow path)
+        # The fields between the key and the lease as one str (compiled, every piece of an
+        # f-string and every int formatted costs): a lock's limit and kind are a constant.
         if state is None or (state.limit == 1 and not state.is_sem):
-            limit_kind = "1 0"
+            limit_kind = " 1 0 "
         else:
-            limit_kind = f"{state.limit} {1 if state.is_sem else 0}"
-        mode = "d" if detached else "c"
-        closing = "-" if on_close is None else on_close
+            limit_kind = f" {state.limit} {1 if state.is_sem else 0} "
+        mode = self._mode(detached, on_close)
         tail = "" if note is None else " " + note
-        payload = (
-            f"G {holder.token} {holder.key} {limit_kind} {lease} {until} {mode} {closing}{tail}"
-        )
         holder.covered = AS_RECORDED  # expires_at + lease, without a float of its own
-        crc = _crc32(payload.encode())  # `_line`, inlined
-        return (
-            f"{_HEX[crc >> 24]}{_HEX[(crc >> 16) & 255]}{_HEX[(crc >> 8) & 255]}"
-            f"{_HEX[crc & 255]} {payload}\n"
-        ).encode()
+        return _framed(
+            f"G {holder.token} {holder.key}{limit_kind}{lease} {until} {mode}{tail}".encode()
+        )
 
     def extend(self, token: str, lease_ttl: int, expires_at: float) -> float:
         """Record that a lease now runs to ``expires_at``; returns the expiry covered."""
@@ -437,9 +450,7 @@ class Journal:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             data = b"".join([self._header(), *live])
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, memoryview(data))
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -470,9 +481,7 @@ class Journal:
         try:
             written = _write(fd, data)
             if written < len(data):  # a short write: a full disk, or a signal
-                view = memoryview(data)[written:]
-                while view:
-                    view = view[_write(fd, view) :]
+                _write_all(fd, memoryview(data)[written:])
         except OSError:
             # A disk full or failing: cut what part of the batch got in, so the file still
             # ends with a whole record; the records stay buffered for the next flush.

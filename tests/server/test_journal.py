@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import resource
 import threading
 import zlib
@@ -225,6 +226,41 @@ def test_a_restart_restores_locks_slots_and_holds_and_fences_keep_rising(tmp_pat
         assert b.req("r", "q", hold) == "ok"
         free = b.lock("free")
         assert fence(free) > max(fence(lock), fence(slot), fence(hold))
+
+
+def test_each_record_a_server_writes_is_its_payload_framed_as_the_format_says(
+    tmp_path: Path,
+) -> None:
+    """The records as bytes: every line is ``line(payload)`` (this file's own framing: the
+    CRC-32 of the payload's UTF-8 as %08x, a space, the payload, LF), and each grant's payload
+    has the documented fields, for a lock, a semaphore slot, a detached hold and a bound one
+    with their notes, the detached one taken over with a close lease, and a release."""
+    with ServerThread(config(tmp_path)) as srv, Wire(srv.address) as wire:
+        lock = wire.req("l", "k", f"0 {LEASE}").split()[1]
+        slot = wire.req("sl", "s", f"0 3 {LEASE}").split()[1]
+        hold = wire.req("hl", "q", f"0 {LEASE} d task-1@w1").split()[1]
+        bound = wire.req("hl", "c", f"0 {LEASE} c run-2").split()[1]
+        assert wire.req("ht", "q", f"{hold} {LEASE} 45 task-1@w2") == f"ok {LEASE}"
+        assert wire.req("r", "k", lock) == "ok"
+        journal = next(path for path in (tmp_path).rglob("*journal*") if path.is_file())
+        raw = journal.read_bytes()
+    records = raw.splitlines(keepends=True)
+    payloads = [record[9:-1].decode() for record in records]
+    assert records == [line(payload) for payload in payloads]
+    until = r"\d+"
+    lease = LEASE
+    expected = [
+        r"H 1 \S+ \d+ \d+",
+        rf"G {lock} k 1 0 {lease} {until} c -",
+        rf"G {slot} s 3 1 {lease} {until} c -",
+        rf"G {hold} q 1 0 {lease} {until} d - task-1@w1",
+        rf"G {bound} c 1 0 {lease} {until} c - run-2",
+        rf"M {hold} c 45 {lease} {until} task-1@w2",
+        rf"R {lock}",
+    ]
+    assert len(payloads) == len(expected), "\n".join(payloads)
+    for payload, pattern in zip(payloads, expected, strict=True):
+        assert re.fullmatch(pattern, payload), (payload, pattern)
 
 
 def test_a_restored_grant_belongs_to_the_connection_that_renews_it(tmp_path: Path) -> None:
