@@ -263,8 +263,20 @@ def judge(rig: FaultsRig) -> Verdict:
     double_grants = len(list(iter_overlaps(applied)))
     interleaved = [a for a in applied if a["after"] != a["before"] + 1]
     accounts = Counter(a["account"] for a in applied)
+    # A run whose process died after its fenced read (a worker that crashed with its pool,
+    # a child killed) may or may not have written its +1 before it could log it: the ledger
+    # may then be ahead of the applied runs by up to that many such runs on the account,
+    # never behind (a lost update) and never further ahead.
+    logged = {(a["task_id"], a["fence"]) for a in applied}
+    cut_off = Counter(
+        r["account"] for r in rig.log.entries("read") if (r["task_id"], r["fence"]) not in logged
+    )
     ledger = rig.ledger
-    mismatched = sum(abs(ledger.balance(acct) - n) for acct, n in accounts.items())
+    mismatched = 0
+    for account, n in accounts.items():
+        ahead = ledger.balance(account) - n
+        if not 0 <= ahead <= cut_off[account]:
+            mismatched += abs(ahead)
     for account in accounts:
         writes = sorted((a for a in applied if a["account"] == account), key=lambda a: a["after"])
         fences = [w["fence"] for w in writes]
