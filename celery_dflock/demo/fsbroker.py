@@ -1,5 +1,5 @@
 # pyright: reportMissingTypeStubs=false
-"""kombu's filesystem transport with atomic puts, for the demo and the test harness.
+"""kombu's filesystem transport with atomic puts and bindings, for the demo and the test harness.
 
 kombu's own ``_put`` creates the message file and then writes into it, and ``_get`` takes any
 file whose name ends in ``.<queue>.msg`` without locking it: a worker polling at the wrong
@@ -8,6 +8,13 @@ written under a name no queue matches and renamed into place once complete (a re
 folder is atomic), so a reader sees a whole message or none. The name being written holds
 neither the queue's name nor ``.msg``: kombu 5.7 matches the text after a name's first dot,
 but older kombu matches any name that merely contains ``<queue>.msg``.
+
+kombu's exchange tables (which queues a fanout exchange reaches: each worker's pidbox queue)
+have the same race: ``_queue_bind`` creates a new table file and only then locks it, so a second
+worker starting at the same moment reads it empty (and dies on the JSON error: the demo's
+worker-2 did, in CI), or truncates what the first wrote (a worker deaf to broadcasts). Here a
+table changes under a lock on a file of its own, and is written whole under a partial name and
+renamed into place, so a reader sees a whole table or none.
 
 Use it with ``broker_url="filesystem://"`` and ``broker_transport=TRANSPORT``. Claiming is
 kombu's: a worker moves the message file out of the queue folder (to the temp folder, with
@@ -19,11 +26,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from time import monotonic
 from typing import Any, cast
 
 from kombu.exceptions import ChannelError
-from kombu.transport import filesystem
+from kombu.transport import filesystem, virtual
 from kombu.utils import json as kombu_json
 
 __all__ = ["TRANSPORT", "Channel", "Transport"]
@@ -34,13 +42,19 @@ TRANSPORT = "celery_dflock.demo.fsbroker:Transport"
 _dumps: Callable[[Any], str] = cast(Any, kombu_json).dumps
 """kombu's JSON encoder (UUIDs, dates, Decimals), as kombu's own ``_put`` uses."""
 
+_loads: Callable[[str], Any] = cast(Any, kombu_json).loads
+"""kombu's JSON decoder, as kombu's own ``get_table`` uses."""
+
+_fs: Any = filesystem
+"""kombu's filesystem transport module (untyped): its table entry and its file-lock helpers."""
+
 _PARTIAL_NAME = ".partial-{}.tmp"
 """The name a message is written under before it is renamed into its queue: no queue's name
 and no ``.msg`` in it, so no kombu version's reader takes it for a message."""
 
 
 class Channel(filesystem.Channel):
-    """A filesystem channel whose messages appear in the queue folder only when complete."""
+    """A filesystem channel whose messages and exchange tables appear only when complete."""
 
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
@@ -54,8 +68,76 @@ class Channel(filesystem.Channel):
         except OSError as exc:
             raise ChannelError(f"Cannot add file {final!r} to directory: {exc}") from exc
 
+    def _table_file(self, exchange: str) -> Path:
+        """The file holding ``exchange``'s table (kombu 5.5+ also checks the name is safe)."""
+        channel: Any = self
+        checked = getattr(channel, "_exchange_file", None)
+        if checked is not None:
+            return Path(checked(exchange))
+        return Path(channel.control_folder) / f"{exchange}.exchange"
+
+    def get_table(self, exchange: str) -> list[Any]:
+        """``exchange``'s table: whole, as its last change left it (no lock needed to read)."""
+        file = self._table_file(exchange)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ChannelError(f"Cannot open {file}: {exc}") from exc
+        return [_fs.exchange_queue_t(*entry) for entry in _loads(text)]
+
+    def _change_table(self, exchange: str, change: Callable[[list[Any]], bool]) -> None:
+        """Apply ``change`` to ``exchange``'s table (it returns whether it changed anything)
+        under the table's own lock, and put the result in place whole."""
+        file = self._table_file(exchange)
+        try:
+            file.parent.mkdir(exist_ok=True)
+            # The lock file is opened for appending: created if missing, never truncated.
+            with open(file.with_name(file.name + ".lock"), "ab") as guard:
+                _fs.lock(guard, _fs.LOCK_EX)
+                try:
+                    table = self.get_table(exchange)
+                    if not change(table):
+                        return
+                    partial = file.with_name(_PARTIAL_NAME.format(uuid.uuid4()))
+                    partial.write_text(_dumps(table), encoding="utf-8")
+                    os.replace(partial, file)
+                finally:
+                    _fs.unlock(guard)
+        except OSError as exc:
+            raise ChannelError(f"Cannot change {file}: {exc}") from exc
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        entry = _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+
+        def add(table: list[Any]) -> bool:
+            if entry in table:
+                return False
+            table.insert(0, entry)
+            return True
+
+        self._change_table(exchange, add)
+
+    def _delete(
+        self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # The virtual transport's own (drop the queue's messages), then the binding, under the
+        # table's lock (kombu 5.7's own edits the table in place under a lock on the table).
+        base: Any = virtual.Channel
+        base._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
+        entry = _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+
+        def remove(table: list[Any]) -> bool:
+            if entry not in table:
+                return False
+            table.remove(entry)
+            return True
+
+        self._change_table(exchange, remove)
+
 
 class Transport(filesystem.Transport):
-    """kombu's filesystem transport, with :class:`Channel`'s atomic puts."""
+    """kombu's filesystem transport, with :class:`Channel`'s atomic puts and bindings."""
 
     Channel = Channel

@@ -85,21 +85,23 @@ def test_demo_prints_timeline_and_passing_verdict_and_leaves_nothing(tmp_path: P
 
 
 def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    proc = _start_demo(tmp_path)
-    assert proc.stdout is not None
     seen: list[str] = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith("workers ready"):
-                break
-        assert seen and seen[-1].startswith("workers ready"), "".join(seen)
-        assert len(_session_processes(proc.pid)) > 3  # workers and their pool children run
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            kill_group(proc, timeout=None)
+    # `with`: the pipe is closed however the test ends (left open, a failure here showed up
+    # as an unclosed-file error in whichever test the worker ran next).
+    with _start_demo(tmp_path) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                seen.append(line)
+                if line.startswith("workers ready"):
+                    break
+            assert seen and seen[-1].startswith("workers ready"), "".join(seen)
+            assert len(_session_processes(proc.pid)) > 3  # workers and their pool children run
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                kill_group(proc, timeout=None)
     assert proc.returncode == 130, "".join(seen) + rest
     assert "demo stopped by SIGINT" in rest
     assert _wait_gone(proc.pid) == []

@@ -1,4 +1,5 @@
-"""The demo's filesystem transport hands a consumer whole messages only.
+"""The demo's filesystem transport hands a consumer whole messages only, and keeps every
+queue's binding when workers start side by side.
 
 kombu's own filesystem transport, in this same test (300 messages of 200 KB, a consumer
 polling with no pause), handed the consumer 242 empty or half-written files out of 300 when we
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
 
 from celery_dflock.demo.fsbroker import TRANSPORT
 
@@ -64,3 +66,45 @@ def test_a_consumer_polling_during_puts_gets_every_message_whole(tmp_path: Path)
     assert sorted(received) == list(range(MESSAGES))
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".partial-")]
     assert not (Path.cwd() / "control").exists()
+
+
+BINDERS = 4
+EXCHANGES = 80
+
+
+def _bind(folder: Path, binder: int, together: Any) -> None:
+    """Bind this binder's queue to each fanout exchange in turn, all binders at once, as
+    starting workers bind their pidbox queues, and read the exchange's table back at once (as a
+    fanout publish reads it)."""
+    with Connection("filesystem://", transport=TRANSPORT, transport_options=_options(folder)) as c:
+        channel: Any = c.default_channel
+        mine = f"binder-{binder}"
+        for i in range(EXCHANGES):
+            together.wait(30)
+            Queue(mine, Exchange(f"fanout-{i}", "fanout"), channel=channel).declare()
+            queues = [entry.queue for entry in channel.get_table(f"fanout-{i}")]
+            assert mine in queues, (i, queues)
+
+
+def test_workers_binding_to_one_exchange_at_once_each_keep_their_binding(tmp_path: Path) -> None:
+    # kombu's own _queue_bind creates a new table file and only then locks it: a second binder
+    # could read it empty (the demo's worker-2 died on that JSON error in CI), or truncate what
+    # the first had written (a worker deaf to broadcasts).
+    context = multiprocessing.get_context("spawn")
+    together = context.Barrier(BINDERS)
+    binders = [context.Process(target=_bind, args=(tmp_path, n, together)) for n in range(BINDERS)]
+    for binder in binders:
+        binder.start()
+    for binder in binders:
+        binder.join(60)
+    assert [b.exitcode for b in binders] == [0] * BINDERS
+    options = _options(tmp_path)
+    with Connection("filesystem://", transport=TRANSPORT, transport_options=options) as c:
+        channel: Any = c.default_channel
+        for i in range(EXCHANGES):
+            table = channel.get_table(f"fanout-{i}")
+            assert sorted(entry.queue for entry in table) == [
+                f"binder-{n}" for n in range(BINDERS)
+            ], i
+    control = tmp_path / "control"
+    assert not [p.name for p in control.iterdir() if p.name.startswith(".partial-")]
