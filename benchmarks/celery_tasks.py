@@ -16,7 +16,10 @@ body start), from the times the bodies log. Variants (the order rotates per roun
   on a second private ``redis-server`` (so the lock server's CPU time can be read for both).
 
 The lock server is the ``dflockd`` console script with default settings (uvloop when installed),
-its lease journal on (a state directory in the benchmark's work directory).
+its lease journal on (a state directory in the benchmark's work directory): the pure-Python
+server ``pip install`` gives, and, but in a quick run, its compiled wheel (what the container
+image runs) for the same two LockedTask variants, ``..., compiled server``. The lock server
+shares the machine's cores with the broker and the worker, as a sidecar does.
 Results are ignored (no result backend), so the lock's share of each task is not diluted.
 """
 
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
+    COMPILED_SUFFIX,
     REPO,
     BenchRun,
     Goal,
@@ -59,13 +63,19 @@ PLAIN = "plain"
 LOCKED_DISTINCT = "LockedTask, distinct keys"
 LOCKED_SHARED = "LockedTask, 10 shared keys"
 REDIS_LOCK = "redis-py Lock in the task"
+COMPILED_SERVER = ", compiled server"
+"""The suffix of a LockedTask variant run against the compiled server (``uvloop+mypyc``)."""
+LOCKED_DISTINCT_COMPILED = LOCKED_DISTINCT + COMPILED_SERVER
+LOCKED_SHARED_COMPILED = LOCKED_SHARED + COMPILED_SERVER
 VARIANTS: dict[str, str] = {
     PLAIN: "bench.plain",
     LOCKED_DISTINCT: "bench.locked",
     LOCKED_SHARED: "bench.locked_shared",
+    LOCKED_DISTINCT_COMPILED: "bench.locked",
+    LOCKED_SHARED_COMPILED: "bench.locked_shared",
     REDIS_LOCK: "bench.redis_lock",
 }
-LOCKED = (LOCKED_DISTINCT, LOCKED_SHARED)
+LOCKED = (LOCKED_DISTINCT, LOCKED_SHARED, LOCKED_DISTINCT_COMPILED, LOCKED_SHARED_COMPILED)
 THROUGHPUT_GOAL = 0.95
 """Issue 28: LockedTask at least 95% of plain-task throughput, distinct and shared keys."""
 CONCURRENCY = 2
@@ -98,6 +108,15 @@ class Variant:
     @property
     def cpu_us(self) -> float:
         return median([b.lock_server_cpu_us_per_task for b in self.batches])
+
+
+def lock_server_of(variant: str, servers: dict[str, ServerProcess]) -> ServerProcess:
+    """The server holding ``variant``'s locks: the locks' own Redis, or a dflockd build."""
+    if variant == REDIS_LOCK:
+        return servers["lock_redis"]
+    if variant.endswith(COMPILED_SERVER):
+        return servers["compiled_lock_server"]
+    return servers["lock_server"]
 
 
 def settings(queue: str, broker: str, lock_server: ServerProcess) -> dict[str, Any]:
@@ -166,13 +185,15 @@ def start_batch(
     tmp: Path,
     *,
     broker: ServerProcess,
-    lock_server: ServerProcess,
-    lock_redis: ServerProcess,
+    lock_servers: dict[str, ServerProcess],
 ) -> Running:
     """Publish ``n`` tasks of ``variant`` to a fresh queue, then start a worker on it."""
     queue = f"dflock-bench-{uuid.uuid4().hex[:8]}"
     broker_url = f"redis://{broker.host}:{broker.port}/0"
-    conf = settings(queue, broker_url, lock_server)
+    locks = lock_server_of(variant, lock_servers)
+    lock_redis = lock_servers["lock_redis"]
+    dflock = locks if locks is not lock_redis else lock_servers["lock_server"]  # unused by it
+    conf = settings(queue, broker_url, dflock)
     log = tmp / f"{queue}.log"
     publish(conf, VARIANTS[variant], n)
     env = {
@@ -183,7 +204,6 @@ def start_batch(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     output = tmp / f"{queue}.worker.out"
-    locks = lock_redis if variant == REDIS_LOCK else lock_server
     cpu0 = locks.cpu_ns()
     with output.open("wb") as out:
         worker = subprocess.Popen(
@@ -262,17 +282,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batches_in_parallel": quick,
         },
     )
-    variants = {name: Variant(name) for name in VARIANTS}
-    names = list(VARIANTS)
+    names = [name for name in VARIANTS if not (quick and name.endswith(COMPILED_SERVER))]
+    variants = {name: Variant(name) for name in names}
     with workdir("dflock-bench-celery-") as tmp, owned_servers() as servers:
         broker = start_redis(tmp)
         servers.append(broker)
         lock_redis = start_redis(tmp)  # its own, so its CPU time is the locks' alone
         servers.append(lock_redis)
-        lock_server = start_dflockd(available_loops()[-1], tmp)  # what `dflockd` runs on
+        loop = available_loops()[-1]  # what `dflockd` runs on
+        lock_server = start_dflockd(loop, tmp)
         servers.append(lock_server)
+        lock_servers = {"lock_server": lock_server, "lock_redis": lock_redis}
         run.params["lock_server"] += f" ({lock_server.label})"
-        servers_of = {"broker": broker, "lock_server": lock_server, "lock_redis": lock_redis}
+        if not quick:
+            compiled = start_dflockd(loop + COMPILED_SUFFIX, tmp)
+            servers.append(compiled)
+            lock_servers["compiled_lock_server"] = compiled
+            run.params["compiled_lock_server"] = compiled.label
+        servers_of = {"broker": broker, "lock_servers": lock_servers}
         for r in range(rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
             if quick:  # all variants at once: the code paths run, the figures mean nothing
@@ -316,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ]
         )
     run.add(table)
-    for name in LOCKED:
+    for name in (name for name in LOCKED if name in variants):
         share = ratio(variants[name].per_s, base)
         run.goals.append(
             Goal(

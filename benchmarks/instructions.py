@@ -26,6 +26,12 @@ it, the same for every server:
 Clients, the client process under callgrind, the server outside it: a plain socket loop (the
 floor: ``l`` + ``r``), ``celery_dflock.Client.lock`` (as ``with client.lock(key): ...``, the
 renewal scheduled and cancelled, the connection pooled), redis-py's ``Lock`` against Redis.
+
+Celery task runs, the process running them under callgrind (``--pairs``/2 runs over
+``--base``/2): ``benchmarks.celery_app``'s plain task, its LockedTask and its task taking
+redis-py's ``Lock``, each by Celery's ``apply()`` (the tracer, signals and the task's
+``__call__`` a pool process runs). What a LockedTask run adds to a plain one in the worker,
+beside what redis-py's Lock adds; ``--quick``: the LockedTask alone, 10 runs.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks._common import (
+    REPO,
     BenchRun,
     LineClient,
     ServerProcess,
@@ -216,6 +223,29 @@ CLIENT_LOOPS = {
 }
 
 
+TASK_LOOP = (
+    "import json, os, sys\n"
+    "task, host, port, redis_url, log, n = sys.argv[1:7]\n"
+    "os.environ['DFLOCK_BENCH_LOG'] = log\n"
+    "os.environ['DFLOCK_BENCH_REDIS_LOCK_URL'] = redis_url\n"
+    "os.environ['DFLOCK_BENCH_SETTINGS'] = json.dumps({'broker_url': 'memory://',\n"
+    "    'task_ignore_result': True, 'dflock_servers': f'{host}:{port}'})\n"
+    "from benchmarks import celery_app\n"
+    "run = celery_app.app.tasks[task].apply\n"
+    "run(args=(10**9,))  # the first run: the task's plan, the connections\n"
+    "for i in range(int(n)):\n"
+    "    run(args=(i,))\n"
+)
+"""One process running a ``benchmarks.celery_app`` task ``n`` times with Celery's ``apply()``
+(the tracer, signals and ``LockedTask.__call__`` a worker runs, without the broker)."""
+TASKS = {
+    "plain task": "bench.plain",
+    "LockedTask": "bench.locked",
+    "redis-py Lock in the task": "bench.redis_lock",
+}
+"""The task runs counted in the worker's process: ``benchmarks.celery_tasks``' variants."""
+
+
 @dataclass
 class Counted:
     target: str
@@ -272,6 +302,33 @@ def count_client(label: str, server: ServerProcess, tmp: Path, base: int, pairs:
     return _counted(label, totals, pairs)
 
 
+def count_task(
+    label: str,
+    servers: tuple[ServerProcess, ServerProcess],
+    tmp: Path,
+    *,
+    base: int,
+    runs: int,
+) -> Counted:
+    """Instructions per run of ``TASKS[label]`` in the process that runs it; ``servers``:
+    dflockd and the Redis holding redis-py's locks."""
+    dflockd, redis_server = servers
+    totals: list[int] = []
+    for n in _lengths(base, runs):
+        out = tmp / f"callgrind.task.{re.sub(r'[^A-Za-z0-9]+', '-', label)}.{n}"
+        command = [*callgrind(out), sys.executable, "-c", TASK_LOOP, TASKS[label]]
+        redis_url = f"redis://{redis_server.host}:{redis_server.port}/0"
+        subprocess.run(
+            [*command, dflockd.host, str(dflockd.port), redis_url, str(tmp / "bodies.log"), str(n)],
+            check=True,
+            capture_output=True,
+            timeout=900,
+            cwd=REPO,
+        )
+        totals.append(total(out))
+    return _counted(label, totals, runs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
@@ -289,11 +346,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     loops = ["uvloop"] if args.quick else default_loops(quick=False)
     forms = FORMS[:1] if args.quick else FORMS
     client_loops = list(CLIENT_LOOPS)[:2] if args.quick else list(CLIENT_LOOPS)
+    task_runs, task_base = (10, 0) if args.quick else (pairs // 2, base // 2)
+    tasks = ["LockedTask"] if args.quick else list(TASKS)
     run = BenchRun(
         NAME,
         args,
         args_in,
-        params={"pairs": pairs, "base": base, "loops": loops, "clients": client_loops},
+        params={
+            "pairs": pairs,
+            "base": base,
+            "loops": loops,
+            "clients": client_loops,
+            "task_runs": task_runs,
+            "task_base": task_base,
+            "tasks": tasks,
+        },
     )
     with workdir("dflock-bench-instructions-") as tmp:
         servers: list[Counted] = []
@@ -375,6 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target = redis_server if label.startswith("redis") else dflockd
                 clients.append(count_client(label, target, tmp, base, pairs))
                 print(f"{label}: {clients[-1].per_pair:,.0f} per pair", flush=True)
+            task_counts: list[Counted] = []
+            for label in tasks:
+                task_counts.append(
+                    count_task(label, (dflockd, redis_server), tmp, base=task_base, runs=task_runs)
+                )
+                print(f"{label}: {task_counts[-1].per_pair:,.0f} per run", flush=True)
         floor = clients[0].per_pair
         table = Table(
             "Client: instructions per acquire+release pair in the client process (callgrind, "
@@ -391,10 +464,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 [c.target, fmt_num(c.per_pair, 0), fmt_ratio(ratio(c.per_pair, floor))]
             )
         run.add(table)
+        plain = next((c.per_pair for c in task_counts if c.target == "plain task"), None)
+        table = Table(
+            "Celery task runs: instructions per run in the process that runs the task "
+            "(callgrind, user space)",
+            ["task", "instructions per run", "over a plain task's run"],
+            notes=[
+                (
+                    f"the difference of {task_base:,} and {task_base + task_runs:,} runs, "
+                    "divided by their difference"
+                    if task_base
+                    else f"one run of {task_runs:,} runs, start-up included (a smoke test's)"
+                )
+                + "; Celery's apply() of benchmarks.celery_app's tasks (what a worker's pool "
+                "process runs for a message, without the broker): LockedTask with lock_key per "
+                "run on dflockd (uvloop), redis-py's Lock on a redis-server; the lock servers "
+                "run outside callgrind",
+            ],
+        )
+        for c in task_counts:
+            over = "-" if plain is None or c.target == "plain task" else c.per_pair - plain
+            table.rows.append(
+                [
+                    c.target,
+                    fmt_num(c.per_pair, 0),
+                    over if isinstance(over, str) else fmt_num(over, 0),
+                ]
+            )
+        run.add(table)
         run.data = {
             "servers": {c.target: c.per_pair for c in servers},
             "clients": {c.target: c.per_pair for c in clients},
-            "totals": {c.target: [c.base, c.longer] for c in (*servers, *clients)},
+            "tasks": {c.target: c.per_pair for c in task_counts},
+            "totals": {c.target: [c.base, c.longer] for c in (*servers, *clients, *task_counts)},
         }
     run.write()
     return 0
