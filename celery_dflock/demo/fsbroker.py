@@ -49,8 +49,9 @@ _fs: Any = filesystem
 """kombu's filesystem transport module (untyped): its table entry and its file-lock helpers."""
 
 _PARTIAL_NAME = ".partial-{}.tmp"
-"""The name a message is written under before it is renamed into its queue: no queue's name
-and no ``.msg`` in it, so no kombu version's reader takes it for a message."""
+"""The name a message (or an exchange's table) is written under before it is renamed into
+place: no queue's name and no ``.msg`` in it, so no kombu version's reader takes it for a
+message."""
 
 
 class Channel(filesystem.Channel):
@@ -101,8 +102,12 @@ class Channel(filesystem.Channel):
                     if not change(table):
                         return
                     partial = file.with_name(_PARTIAL_NAME.format(uuid.uuid4()))
-                    partial.write_text(_dumps(table), encoding="utf-8")
-                    os.replace(partial, file)
+                    try:
+                        partial.write_text(_dumps(table), encoding="utf-8")
+                        os.replace(partial, file)
+                    except OSError:
+                        partial.unlink(missing_ok=True)
+                        raise
                 finally:
                     _fs.unlock(guard)
         except OSError as exc:

@@ -108,3 +108,16 @@ def test_workers_binding_to_one_exchange_at_once_each_keep_their_binding(tmp_pat
             ], i
     control = tmp_path / "control"
     assert not [p.name for p in control.iterdir() if p.name.startswith(".partial-")]
+
+
+def test_a_deleted_queue_leaves_its_exchange_s_table(tmp_path: Path) -> None:
+    options = _options(tmp_path)
+    with Connection("filesystem://", transport=TRANSPORT, transport_options=options) as c:
+        channel: Any = c.default_channel
+        exchange = Exchange("fanout-deleted", "fanout")
+        kept, deleted = (Queue(name, exchange, channel=channel) for name in ("kept", "deleted"))
+        kept.declare()
+        deleted.declare()
+        assert sorted(e.queue for e in channel.get_table("fanout-deleted")) == ["deleted", "kept"]
+        deleted.delete()
+        assert [e.queue for e in channel.get_table("fanout-deleted")] == ["kept"]
