@@ -54,20 +54,34 @@ place: no queue's name and no ``.msg`` in it, so no kombu version's reader takes
 message."""
 
 
+def _put_whole(final: Path, data: bytes) -> None:
+    """Write ``data`` under a partial name beside ``final`` and rename it into place (atomic
+    within a folder): a reader sees all of it or, before, none. A failed write leaves no
+    partial file."""
+    partial = final.with_name(_PARTIAL_NAME.format(uuid.uuid4()))
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, final)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def _entry(routing_key: str, pattern: str, queue: str) -> Any:
+    """A binding as kombu's tables hold it."""
+    return _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+
+
 class Channel(filesystem.Channel):
     """A filesystem channel whose messages and exchange tables appear only when complete."""
 
     def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
-        folder = str(cast(Any, self).data_folder_out)
-        final = os.path.join(folder, name)
-        partial = os.path.join(folder, _PARTIAL_NAME.format(uuid.uuid4()))
+        final = Path(cast(Any, self).data_folder_out) / name
         try:
-            with open(partial, "wb") as fh:
-                fh.write(_dumps(payload).encode())
-            os.replace(partial, final)
+            _put_whole(final, _dumps(payload).encode())
         except OSError as exc:
-            raise ChannelError(f"Cannot add file {final!r} to directory: {exc}") from exc
+            raise ChannelError(f"Cannot add file {str(final)!r} to directory: {exc}") from exc
 
     def _table_file(self, exchange: str) -> Path:
         """The file holding ``exchange``'s table (kombu 5.5+ also checks the name is safe)."""
@@ -99,22 +113,15 @@ class Channel(filesystem.Channel):
                 _fs.lock(guard, _fs.LOCK_EX)
                 try:
                     table = self.get_table(exchange)
-                    if not change(table):
-                        return
-                    partial = file.with_name(_PARTIAL_NAME.format(uuid.uuid4()))
-                    try:
-                        partial.write_text(_dumps(table), encoding="utf-8")
-                        os.replace(partial, file)
-                    except OSError:
-                        partial.unlink(missing_ok=True)
-                        raise
+                    if change(table):
+                        _put_whole(file, _dumps(table).encode())
                 finally:
                     _fs.unlock(guard)
         except OSError as exc:
             raise ChannelError(f"Cannot change {file}: {exc}") from exc
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        entry = _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        entry = _entry(routing_key, pattern, queue)
 
         def add(table: list[Any]) -> bool:
             if entry in table:
@@ -131,7 +138,7 @@ class Channel(filesystem.Channel):
         # table's lock (kombu 5.7's own edits the table in place under a lock on the table).
         base: Any = virtual.Channel
         base._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
-        entry = _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        entry = _entry(routing_key, pattern, queue)
 
         def remove(table: list[Any]) -> bool:
             if entry not in table:
