@@ -288,19 +288,23 @@ def count_server(
     return _counted(label, totals, pairs)
 
 
-def count_client(label: str, server: ServerProcess, tmp: Path, base: int, pairs: int) -> Counted:
+def _count_python(
+    label: str, argv: list[str], tmp: Path, *, base: int, runs: int, timeout: float
+) -> Counted:
+    """Instructions per run of ``python -c <argv...> <n>`` under callgrind: run with ``base``
+    and with ``base + runs`` as ``n``, the difference over ``runs``."""
     totals: list[int] = []
-    for n in _lengths(base, pairs):
-        out = tmp / f"callgrind.client.{re.sub(r'[^A-Za-z0-9]+', '-', label)}.{n}"
-        command = [*callgrind(out), sys.executable, "-c", CLIENT_LOOPS[label]]
-        subprocess.run(
-            [*command, server.host, str(server.port), str(n)],
-            check=True,
-            capture_output=True,
-            timeout=600,
-        )
+    for n in _lengths(base, runs):
+        out = tmp / f"callgrind.python.{re.sub(r'[^A-Za-z0-9]+', '-', label)}.{n}"
+        command = [*callgrind(out), sys.executable, "-c", *argv, str(n)]
+        subprocess.run(command, check=True, capture_output=True, timeout=timeout, cwd=REPO)
         totals.append(total(out))
-    return _counted(label, totals, pairs)
+    return _counted(label, totals, runs)
+
+
+def count_client(label: str, server: ServerProcess, tmp: Path, base: int, pairs: int) -> Counted:
+    argv = [CLIENT_LOOPS[label], server.host, str(server.port)]
+    return _count_python(label, argv, tmp, base=base, runs=pairs, timeout=600)
 
 
 def count_task(
@@ -314,20 +318,10 @@ def count_task(
     """Instructions per run of ``TASKS[label]`` in the process that runs it; ``servers``:
     dflockd and the Redis holding redis-py's locks."""
     dflockd, redis_server = servers
-    totals: list[int] = []
-    for n in _lengths(base, runs):
-        out = tmp / f"callgrind.task.{re.sub(r'[^A-Za-z0-9]+', '-', label)}.{n}"
-        command = [*callgrind(out), sys.executable, "-c", TASK_LOOP, TASKS[label]]
-        redis_url = f"redis://{redis_server.host}:{redis_server.port}/0"
-        subprocess.run(
-            [*command, dflockd.host, str(dflockd.port), redis_url, str(tmp / "bodies.log"), str(n)],
-            check=True,
-            capture_output=True,
-            timeout=900,
-            cwd=REPO,
-        )
-        totals.append(total(out))
-    return _counted(label, totals, runs)
+    redis_url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    argv = [TASK_LOOP, TASKS[label], dflockd.host, str(dflockd.port), redis_url]
+    argv.append(str(tmp / "bodies.log"))
+    return _count_python(label, argv, tmp, base=base, runs=runs, timeout=900)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -468,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         run.add(table)
         if task_counts:
-            plain = next((c.per_pair for c in task_counts if c.target == "plain task"), None)
+            plain = task_counts[0]  # TASKS' first: the plain task
             table = Table(
                 "Celery task runs: instructions per run in the process that runs the task "
                 "(callgrind, user space)",
@@ -482,14 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ],
             )
             for c in task_counts:
-                over = "-" if plain is None or c.target == "plain task" else c.per_pair - plain
-                table.rows.append(
-                    [
-                        c.target,
-                        fmt_num(c.per_pair, 0),
-                        over if isinstance(over, str) else fmt_num(over, 0),
-                    ]
-                )
+                over = "-" if c is plain else fmt_num(c.per_pair - plain.per_pair, 0)
+                table.rows.append([c.target, fmt_num(c.per_pair, 0), over])
             run.add(table)
         run.data = {
             "servers": {c.target: c.per_pair for c in servers},
