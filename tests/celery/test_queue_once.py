@@ -216,8 +216,15 @@ def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
         assert rig.tasks["once"].delay(name).id == queued.id  # held while it waits in the queue
         # The worker acknowledges the revoke before a pool slot frees: a broadcast sent and
         # not awaited could reach a loaded worker after it took the queued task to run it.
+        # The worker holding the queued task must be the one that answers: the module's rig
+        # also runs the parked-queue worker of an earlier test, and its reply alone satisfied
+        # `limit=1` in a CI run while the first worker had not yet seen the revoke (the body ran).
         acknowledged = rig.app.control.revoke(
-            queued.id, reply=True, limit=1, timeout=EVENT_TIMEOUT_S
+            queued.id,
+            reply=True,
+            limit=1,
+            timeout=EVENT_TIMEOUT_S,
+            destination=[rig.worker.name],
         )
         assert acknowledged, "no worker acknowledged the revoke"
     finally:
