@@ -258,6 +258,13 @@ MAX_REQUESTS_PER_PASS: Final = 128
 request, whose cost grows with the table, ends the turn by itself): a client pipelining
 thousands of requests does not hold up every other connection until its whole read is
 answered."""
+JOURNAL_LONE_TURNS: Final = 16
+"""Group writes of the lease journal in a row that each held back one connection's replies,
+after which a connection writes the journal itself before its replies (``stream.GroupWrite``;
+not with ``--journal-fsync always``)."""
+JOURNAL_DIRECT_WRITES: Final = 512
+"""Writes of the journal by a connection itself, after which replies are held back for the
+group write again, to see whether connections share the loop's turns now."""
 FRAGMENT_READ_DELAY_S: Final = 0.05
 """A connection whose reads keep ending mid-request (a second read in a row that completed no
 request) is not read again for this long; each further such read doubles the delay, up to

@@ -38,9 +38,10 @@ Writes: records are appended to a buffer. A connection whose reply follows recor
 yet holds its replies back (``stream``); once per turn of the loop the server writes the buffer
 with one ``os.write`` (``flush``) and then sends every reply held back, so a kill -9 of the
 process loses nothing a client was told, and the connections of one turn share one write (a
-group commit). ``fsync``: ``always`` (in that write, before those replies: one fsync for all),
-``everysec`` (a background thread, once a second: a crash of the machine may lose the last
-second), ``no`` (the OS decides).
+group commit). A connection alone in its turns writes the buffer itself, just before its
+replies (``stream.GroupWrite``), unless the fsync is ``always``. ``fsync``: ``always`` (in that
+write, before those replies: one fsync for all), ``everysec`` (a background thread, once a
+second: a crash of the machine may lose the last second), ``no`` (the OS decides).
 """
 
 from __future__ import annotations
@@ -338,6 +339,7 @@ class Journal:
         "buf",
         "dirty",
         "fsync",
+        "group_commit",
         "path",
         "stats",
     )
@@ -347,6 +349,10 @@ class Journal:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.path = path
         self.fsync = fsync
+        self.group_commit = fsync == "always"
+        """Every write is fsynced before its replies go (``always``): replies always wait
+        for the turn's group write, whose one fsync covers every connection of the turn (no
+        connection alone writes it itself, ``stream.GroupWrite``)."""
         self._clock = clock
         self.buf: list[bytes] = []
         """Records not written yet (``flush`` writes them)."""
@@ -471,8 +477,9 @@ class Journal:
 
     def flush(self) -> None:
         """Write the buffered records (one ``os.write``); with ``always``, fsync too. Called
-        before the replies that follow the records are sent (the server's group write), and by
-        the sweep for records no reply follows (expiries, disconnects)."""
+        before the replies that follow the records are sent (the server's group write, or a
+        connection alone in its turns), and by the sweep for records no reply follows
+        (expiries, disconnects)."""
         buf = self.buf
         if not buf:
             return

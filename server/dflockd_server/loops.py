@@ -1,7 +1,8 @@
 """The event loops the server runs on: uvloop's, or asyncio's selector loop with a turn's end.
 
 The lease journal is written once per turn of the loop, for every connection whose replies wait
-for it (``stream.GroupWrite``), after the callbacks of that turn. uvloop runs a callback that a
+for it (``stream.GroupWrite``; a connection alone in its turns writes it itself), after the
+callbacks of that turn. uvloop runs a callback that a
 callback of the turn scheduled with ``call_soon`` in the same turn, so that is where the group
 write goes there. asyncio's own loop runs it in the *next* turn, after one more ``epoll_wait``
 that finds nothing: at one connection, where every request is a turn of its own, that second

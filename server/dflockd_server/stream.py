@@ -6,7 +6,8 @@ up a full buffer, or for a fragment delay (a sender whose reads keep ending mid-
 keeps the read, write and handshake timers. What the bytes mean is the subclass's business
 (``connection.Connection``: the request loop). While the lease journal has records not yet
 written, a stream holds its replies back for ``GroupWrite``: one write of the journal per turn
-of the loop, for every connection, before any of those replies leaves.
+of the loop, for every connection, before any of those replies leaves; a connection alone in
+its turns writes the journal itself, just before its replies.
 """
 
 from __future__ import annotations
@@ -54,14 +55,24 @@ class StreamHost(Protocol):
 
 
 class GroupWrite:
-    """The lease journal's group write, once per turn of the loop in which a connection held
-    replies back for it (``Stream._send``): the journal is written (one write, and with
-    ``--journal-fsync always`` one fsync, for every connection of the turn), then each of
-    those connections sends what it held back. If the journal cannot be written, they are
-    dropped unanswered: no client is told of a grant the journal does not hold.
+    """The lease journal's group write, once per turn of the loop in which a connection held replies
+    back for it (``Stream._send``): the journal is written (one write, and with ``--journal-fsync
+    always`` one fsync, for every connection of the turn), then each of those connections sends what
+    it held back. If the journal cannot be written, they are dropped unanswered: no client is told
+    of a grant the journal does not hold.
 
-    Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per
-    turn, and at one connection once per request."""
+    A lone connection writes the journal itself (``direct``): when ``JOURNAL_LONE_TURNS`` group
+    writes in a row each held back one connection's replies, and the fsync is not ``always`` (whose
+    fsync per turn the connections share), each connection writes the buffered records just before
+    its replies, for the next ``JOURNAL_DIRECT_WRITES`` writes, after which the group write looks
+    again. At one connection, holding replies back cost more than the write it waited for (a
+    callback scheduled per request: about 7,500 of the compiled server's 52,000 instructions per
+    ``hl`` + ``r`` pair on uvloop); with several connections in a turn, one write for all of them
+    and their replies sent together cost less CPU per pair than a write each
+    (benchmarks/results/ab/issue-28.md).
+
+    Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per turn, and
+    at one connection once per request."""
 
     def __init__(self, at_turn_end: Callable[[Callable[[], None]], object]) -> None:
         self._at_turn_end = at_turn_end
@@ -74,6 +85,13 @@ class GroupWrite:
         """The connections whose replies wait for the next write."""
         self._write_soon: Callable[[], None] = self.write
         """``write``, bound once (not a bound method made per turn of the loop)."""
+        self.direct = False
+        """Connections write the journal themselves before their replies (see the class's
+        doc)."""
+        self.lone = 0
+        """Group writes in a row that held back one connection's replies."""
+        self.direct_left = 0
+        """Direct writes left before the group write looks again."""
 
     def hold_back(self, stream: Stream) -> None:
         """``stream`` holds replies back until the journal is written: do that once for
@@ -82,11 +100,26 @@ class GroupWrite:
             self._at_turn_end(self._write_soon)
         self.streams.append(stream)
 
+    def wrote_directly(self) -> None:
+        """A connection wrote the journal itself: count it, and after ``JOURNAL_DIRECT_WRITES`` hold
+        replies back again, to see whether connections share turns now."""
+        self.direct_left -= 1
+        if self.direct_left <= 0:
+            self.direct = False
+            self.lone = 0
+
     def write(self) -> None:
         """Write the journal, then send what each connection held back."""
         held, self.streams = self.streams, []
         journal = self.journal
         if journal is not None:
+            if len(held) == 1 and not journal.group_commit:
+                self.lone += 1
+                if self.lone >= c.JOURNAL_LONE_TURNS:
+                    self.direct = True
+                    self.direct_left = c.JOURNAL_DIRECT_WRITES
+            else:
+                self.lone = 0
             try:
                 journal.flush()
             except OSError as exc:
@@ -245,19 +278,43 @@ class Stream(asyncio.Protocol):
             self.abort()
 
     def _send(self, transport: asyncio.Transport, data: bytes) -> None:
-        """Write reply bytes, through the TLS session on a TLS connection. While the lease
-        journal has records not written yet, the replies are held back (and any later ones of
-        this connection, in order): the server writes the journal once for every connection
-        of this turn of the loop, then sends what it held back (``send_held``)."""
+        """Write reply bytes, through the TLS session on a TLS connection, after the lease
+        journal's records not written yet: the replies are held back (and any later ones of
+        this connection, in order) until the server writes the journal once for every
+        connection of this turn of the loop, then sends what each held back (``send_held``);
+        or, while connections are alone in their turns (``GroupWrite.direct``), the records
+        are written now (``_write_journal``)."""
         journal = self.journal
         if journal is not None and (journal.buf or self.held is not None):
-            held = self.held
-            if held is None:
-                held = self.held = []
-                self._group_write.hold_back(self)
-            held.append(data)
-            return
+            group_write = self._group_write
+            if self.held is not None or not group_write.direct:
+                held = self.held
+                if held is None:
+                    held = self.held = []
+                    group_write.hold_back(self)
+                held.append(data)
+                return
+            if not self._write_journal(journal):
+                return
+            group_write.wrote_directly()
         self._send_now(transport, data)
+
+    def _write_journal(self, journal: Journal) -> bool:
+        """Write the journal's buffered records before a reply that follows them; if the
+        journal cannot be written, drop this connection unanswered (no client is told of what
+        the journal does not hold; the records stay buffered for the next write)."""
+        try:
+            journal.flush()
+        except OSError as exc:
+            log.error(
+                "journal: cannot write %s (%s): dropping connection %s unanswered",
+                journal.path,
+                exc,
+                self.peer,
+            )
+            self.abort()
+            return False
+        return True
 
     def send_held(self) -> None:
         """The journal holds the records: send the replies held back (then close, if a close

@@ -542,17 +542,23 @@ def test_every_reply_leaves_after_its_record_is_in_the_file(
 
 
 # ---------------------------------------------------------------- a journal that cannot be written
-def test_replies_a_journal_cannot_hold_are_never_sent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fsync", ["default", "always"])
+def test_replies_a_journal_cannot_hold_are_never_sent(tmp_path: Path, fsync: str) -> None:
     """A full disk, here the server's file size limit (``RLIMIT_FSIZE``: the journal's write
     fails with EFBIG; CPython ignores SIGXFSZ): no client is told of a grant the journal does
     not hold. The connection whose grant could not be written is closed unanswered, the server
     stays up, and the file holds every pair that was answered. (The records left buffered are
     tried again: such a try may leave a record cut short at the end until it is truncated
-    back, which is what a restore drops.) A real ``dflockd``, started as a user starts it."""
+    back, which is what a restore drops.) A real ``dflockd``, started as a user starts it: at
+    the default fsync (the connection writes the journal) and with ``always`` (the group
+    write)."""
     limit = 16 * 1024
     state = tmp_path / "state"
     log_path = tmp_path / "dflockd.log"
-    with dflockd_subprocess(log_path, "--state-dir", str(state)) as (proc, address):
+    flags = ["--state-dir", str(state)]
+    if fsync != "default":
+        flags += ["--journal-fsync", fsync]
+    with dflockd_subprocess(log_path, *flags) as (proc, address):
         resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, limit))
         answered = 0
         with Wire(address) as wire, pytest.raises((EOFError, ConnectionResetError)):

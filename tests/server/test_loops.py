@@ -1,6 +1,7 @@
-"""The server's asyncio loop (``loops.TurnLoop``): the journal's group write at the end of the
-turn that held the replies back, not in a turn of its own; and a server on any other asyncio
-loop (a program's own) still writes its journal before each reply."""
+"""The server's asyncio loop (``loops.TurnLoop``): the journal's group write (``--journal-fsync
+always``) at the end of the turn that held the replies back, not in a turn of its own; the
+other fsync modes write the journal before the replies, with no turn end at all; and a server
+on any other asyncio loop (a program's own) still writes its journal before each reply."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import asyncio
 import selectors
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,10 @@ import pytest
 
 from dflockd_server import Config
 from dflockd_server.cli import _loop_factory  # pyright: ignore[reportPrivateUsage]
+from dflockd_server.constants import JOURNAL_DIRECT_WRITES, JOURNAL_LONE_TURNS
 from dflockd_server.loops import TurnLoop, at_turn_end
 from dflockd_server.testing import ServerThread
+from dflockd_server.turn import Turn
 from tests.support.wire import Wire
 
 PAIRS = 200
@@ -49,10 +54,26 @@ class CountingTurnLoop(TurnLoop):
                 return getattr(epoll, name)
 
         inside._selector = CountingEpoll()
+        self.counted_turn_end = CountingList()
+        self.turn_end = self.counted_turn_end
+        self._turn = Turn(self, self.turn_end)
 
 
-def _journal_config(tmp_path: Path) -> Config:
-    return Config(host="127.0.0.1", port=0, state_dir=str(tmp_path / "state"))
+class CountingList(list[Callable[[], object]]):
+    """A turn's end callbacks, counting those added (``at_turn_end`` hands out ``append``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added = 0
+
+    def append(self, callback: Callable[[], object], /) -> None:
+        self.added += 1
+        super().append(callback)
+
+
+def _journal_config(tmp_path: Path, fsync: str = "always") -> Config:
+    """A journal whose replies wait for the group write (``always``), unless ``fsync`` says."""
+    return Config(host="127.0.0.1", port=0, state_dir=str(tmp_path / "state"), journal_fsync=fsync)
 
 
 def test_the_journal_is_written_in_the_turn_that_held_the_replies(tmp_path: Path) -> None:
@@ -86,13 +107,79 @@ def test_the_journal_is_written_in_the_turn_that_held_the_replies(tmp_path: Path
     assert any(f" {token} " in path.read_text(errors="replace") for path in files)
 
 
-def test_a_server_on_a_plain_asyncio_loop_still_writes_its_journal_first(
-    tmp_path: Path,
-) -> None:
-    """A server started on a program's own asyncio loop schedules its group write with
-    ``call_soon``: every grant is in the journal before its reply, and nothing waits."""
+def test_a_lone_connection_writes_the_journal_itself(tmp_path: Path) -> None:
+    """At the default fsync (``everysec``), one connection alone in its turns: after
+    ``JOURNAL_LONE_TURNS`` group writes of its replies alone, it writes the journal itself before
+    its replies, and no turn ends with a callback any more (at one connection, a callback per
+    request cost more than the write it waited for); every record is in the file when its reply
+    arrives, either way."""
+    loop_holder: list[CountingTurnLoop] = []
+
+    def factory() -> asyncio.AbstractEventLoop:
+        loop = CountingTurnLoop()
+        loop_holder.append(loop)
+        return loop
+
+    state = tmp_path / "state"
     with (
-        ServerThread(_journal_config(tmp_path), loop_factory=asyncio.new_event_loop) as srv,
+        ServerThread(_journal_config(tmp_path, "everysec"), loop_factory=factory) as srv,
+        Wire(srv.address) as wire,
+    ):
+        for i in range(PAIRS):
+            token = wire.lock(f"k{i % 10}")
+            text = "".join(p.read_text(errors="replace") for p in state.rglob("*") if p.is_file())
+            assert f"G {token} " in text
+            assert wire.req("r", f"k{i % 10}", token) == "ok"
+        added = loop_holder[0].counted_turn_end.added
+        direct = srv.call(lambda: srv.server.group_write.direct)
+    assert direct
+    assert added == JOURNAL_LONE_TURNS, f"{added} turn-end callbacks for {2 * PAIRS} requests"
+
+
+@pytest.mark.parametrize("fsync", ["everysec", "always"])
+def test_connections_sharing_a_turn_share_the_group_write(tmp_path: Path, fsync: str) -> None:
+    """A connection that wrote the journal itself ``JOURNAL_DIRECT_WRITES`` times hands back to the
+    group write, which looks whether it is still alone: two connections with requests in one turn
+    (the loop held up while both send) are written once for both, and writing directly waits for
+    ``JOURNAL_LONE_TURNS`` lone turns in a row again. With ``always`` no connection ever writes
+    directly (one fsync per turn for all)."""
+    with (
+        ServerThread(_journal_config(tmp_path, fsync)) as srv,
+        Wire(srv.address) as a,
+        Wire(srv.address) as b,
+    ):
+        group_write = srv.server.group_write
+        lone = (JOURNAL_LONE_TURNS + JOURNAL_DIRECT_WRITES) // 2  # a pair: two writes
+        for i in range(lone):
+            assert a.req("r", "a", a.lock("a")) == "ok", i
+        assert srv.call(lambda: (group_write.direct, group_write.lone)) == (False, 0)
+        for _ in range(3):
+            assert a.req("r", "a", a.lock("a")) == "ok"
+        lone_before = srv.call(lambda: (group_write.direct, group_write.lone))
+        assert lone_before == (False, 0 if fsync == "always" else 6)
+
+        held_up = threading.Thread(target=srv.call, args=(lambda: time.sleep(0.3),))
+        held_up.start()
+        time.sleep(0.1)  # the loop is in the sleep now
+        a.send("l", "a2", "0")
+        b.send("l", "b2", "0")
+        held_up.join()
+        token_a, token_b = a.recv().split()[1], b.recv().split()[1]
+        shared = srv.call(lambda: (group_write.direct, group_write.lone))
+        text = "".join(p.read_text() for p in (tmp_path / "state").rglob("journal*"))
+        assert f"G {token_a} " in text and f"G {token_b} " in text
+    assert shared == (False, 0)  # the two replies were one group write: not alone any more
+
+
+@pytest.mark.parametrize("fsync", ["everysec", "always"])
+def test_a_server_on_a_plain_asyncio_loop_still_writes_its_journal_first(
+    tmp_path: Path, fsync: str
+) -> None:
+    """A server started on a program's own asyncio loop schedules its group write
+    (``always``) with ``call_soon``: every grant is in the journal before its reply, and
+    nothing waits; at ``everysec`` each connection writes it."""
+    with (
+        ServerThread(_journal_config(tmp_path, fsync), loop_factory=asyncio.new_event_loop) as srv,
         Wire(srv.address) as wire,
     ):
         tokens = [wire.lock(f"k{i}") for i in range(20)]
