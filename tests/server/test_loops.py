@@ -158,9 +158,15 @@ def test_connections_sharing_a_turn_share_the_group_write(tmp_path: Path, fsync:
         lone_before = srv.call(lambda: (group_write.direct, group_write.lone))
         assert lone_before == (False, 0 if fsync == "always" else 6)
 
-        held_up = threading.Thread(target=srv.call, args=(lambda: time.sleep(0.3),))
+        stalled = threading.Event()
+
+        def stall() -> None:
+            stalled.set()
+            time.sleep(0.3)
+
+        held_up = threading.Thread(target=srv.call, args=(stall,))
         held_up.start()
-        time.sleep(0.1)  # the loop is in the sleep now
+        assert stalled.wait(5.0)  # the loop is held up: both requests wait for one turn
         a.send("l", "a2", "0")
         b.send("l", "b2", "0")
         held_up.join()
