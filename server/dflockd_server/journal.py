@@ -339,7 +339,6 @@ class Journal:
         "buf",
         "dirty",
         "fsync",
-        "group_commit",
         "path",
         "stats",
     )
@@ -349,10 +348,6 @@ class Journal:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.path = path
         self.fsync = fsync
-        self.group_commit = fsync == "always"
-        """Every write is fsynced before its replies go (``always``): replies always wait
-        for the turn's group write, whose one fsync covers every connection of the turn (no
-        connection alone writes it itself, ``stream.GroupWrite``)."""
         self._clock = clock
         self.buf: list[bytes] = []
         """Records not written yet (``flush`` writes them)."""

@@ -2,12 +2,12 @@
 
 The lease journal is written once per turn of the loop, for every connection whose replies wait
 for it (``stream.GroupWrite``; a connection alone in its turns writes it itself), after the
-callbacks of that turn. uvloop runs a callback that a
-callback of the turn scheduled with ``call_soon`` in the same turn, so that is where the group
-write goes there. asyncio's own loop runs it in the *next* turn, after one more ``epoll_wait``
-that finds nothing: at one connection, where every request is a turn of its own, that second
-turn was a fifth of the compiled server's own instructions per request (benchmarks.instructions;
-the kernel's share of a round trip, larger here, is not counted there).
+callbacks of that turn. uvloop runs a callback that a callback of the turn scheduled with
+``call_soon`` in the same turn, so that is where the group write goes there. asyncio's own loop
+runs it in the *next* turn, after one more ``epoll_wait`` that finds nothing: at one connection,
+where every request is a turn of its own, that second turn was a fifth of the compiled server's
+own instructions per request (benchmarks.instructions; the kernel's share of a round trip,
+larger here, is not counted there).
 
 ``TurnLoop`` is asyncio's selector loop with ``at_turn_end``: the callback runs once the turn's
 callbacks have run, before the loop waits for I/O again, in the same turn. Its turns are

@@ -100,20 +100,42 @@ class GroupWrite:
             self._at_turn_end(self._write_soon)
         self.streams.append(stream)
 
-    def wrote_directly(self) -> None:
-        """A connection wrote the journal itself: count it, and after ``JOURNAL_DIRECT_WRITES`` hold
-        replies back again, to see whether connections share turns now."""
+    def write_for(self, stream: Stream, journal: Journal) -> bool:
+        """``stream``, alone in its turns, writes the journal itself before its replies: False
+        when it cannot (then it is dropped unanswered, as ``write`` drops them). After
+        ``JOURNAL_DIRECT_WRITES`` such writes replies are held back again, to see whether
+        connections share turns now."""
+        try:
+            journal.flush()
+        except OSError as exc:
+            self._drop(journal, exc, [stream])
+            return False
         self.direct_left -= 1
         if self.direct_left <= 0:
             self.direct = False
             self.lone = 0
+        return True
+
+    @staticmethod
+    def _drop(journal: Journal, exc: OSError, streams: list[Stream]) -> None:
+        """The journal cannot be written: drop ``streams`` unanswered (no client is told of a
+        grant the journal does not hold; the records stay buffered for the next write)."""
+        log.error(
+            "journal: cannot write %s (%s): dropping %d connection(s) unanswered",
+            journal.path,
+            exc,
+            len(streams),
+        )
+        for stream in streams:
+            stream.held = None
+            stream.abort()
 
     def write(self) -> None:
         """Write the journal, then send what each connection held back."""
         held, self.streams = self.streams, []
         journal = self.journal
         if journal is not None:
-            if len(held) == 1 and not journal.group_commit:
+            if len(held) == 1 and journal.fsync != "always":
                 self.lone += 1
                 if self.lone >= c.JOURNAL_LONE_TURNS:
                     self.direct = True
@@ -123,15 +145,7 @@ class GroupWrite:
             try:
                 journal.flush()
             except OSError as exc:
-                log.error(
-                    "journal: cannot write %s (%s): dropping %d connection(s) unanswered",
-                    journal.path,
-                    exc,
-                    len(held),
-                )
-                for stream in held:
-                    stream.held = None
-                    stream.abort()
+                self._drop(journal, exc, held)
                 return
         for stream in held:
             stream.send_held()
@@ -283,7 +297,7 @@ class Stream(asyncio.Protocol):
         this connection, in order) until the server writes the journal once for every
         connection of this turn of the loop, then sends what each held back (``send_held``);
         or, while connections are alone in their turns (``GroupWrite.direct``), the records
-        are written now (``_write_journal``)."""
+        are written now (``GroupWrite.write_for``)."""
         journal = self.journal
         if journal is not None and (journal.buf or self.held is not None):
             group_write = self._group_write
@@ -294,27 +308,9 @@ class Stream(asyncio.Protocol):
                     group_write.hold_back(self)
                 held.append(data)
                 return
-            if not self._write_journal(journal):
+            if not group_write.write_for(self, journal):
                 return
-            group_write.wrote_directly()
         self._send_now(transport, data)
-
-    def _write_journal(self, journal: Journal) -> bool:
-        """Write the journal's buffered records before a reply that follows them; if the
-        journal cannot be written, drop this connection unanswered (no client is told of what
-        the journal does not hold; the records stay buffered for the next write)."""
-        try:
-            journal.flush()
-        except OSError as exc:
-            log.error(
-                "journal: cannot write %s (%s): dropping connection %s unanswered",
-                journal.path,
-                exc,
-                self.peer,
-            )
-            self.abort()
-            return False
-        return True
 
     def send_held(self) -> None:
         """The journal holds the records: send the replies held back (then close, if a close

@@ -76,6 +76,12 @@ def _journal_config(tmp_path: Path, fsync: str = "always") -> Config:
     return Config(host="127.0.0.1", port=0, state_dir=str(tmp_path / "state"), journal_fsync=fsync)
 
 
+def _state_text(tmp_path: Path) -> str:
+    """What the server's state directory holds, its journal included, as text."""
+    state = tmp_path / "state"
+    return "".join(p.read_text(errors="replace") for p in state.rglob("*") if p.is_file())
+
+
 def test_the_journal_is_written_in_the_turn_that_held_the_replies(tmp_path: Path) -> None:
     """One connection, round trips: each request is a turn; its reply waits for the journal's
     write. On asyncio's plain loop that write ran a turn later, after an ``epoll_wait`` that
@@ -103,8 +109,7 @@ def test_the_journal_is_written_in_the_turn_that_held_the_replies(tmp_path: Path
     assert turns >= 2 * PAIRS  # every request woke the loop
     # A few empty turns may come from timers; one per request would be the old behaviour.
     assert empty < PAIRS // 10, f"{empty} empty turns for {2 * PAIRS} requests"
-    files = [path for path in (tmp_path / "state").rglob("*") if path.is_file()]
-    assert any(f" {token} " in path.read_text(errors="replace") for path in files)
+    assert f" {token} " in _state_text(tmp_path)
 
 
 def test_a_lone_connection_writes_the_journal_itself(tmp_path: Path) -> None:
@@ -120,15 +125,13 @@ def test_a_lone_connection_writes_the_journal_itself(tmp_path: Path) -> None:
         loop_holder.append(loop)
         return loop
 
-    state = tmp_path / "state"
     with (
         ServerThread(_journal_config(tmp_path, "everysec"), loop_factory=factory) as srv,
         Wire(srv.address) as wire,
     ):
         for i in range(PAIRS):
             token = wire.lock(f"k{i % 10}")
-            text = "".join(p.read_text(errors="replace") for p in state.rglob("*") if p.is_file())
-            assert f"G {token} " in text
+            assert f"G {token} " in _state_text(tmp_path)
             assert wire.req("r", f"k{i % 10}", token) == "ok"
         added = loop_holder[0].counted_turn_end.added
         direct = srv.call(lambda: srv.server.group_write.direct)
@@ -172,7 +175,7 @@ def test_connections_sharing_a_turn_share_the_group_write(tmp_path: Path, fsync:
         held_up.join()
         token_a, token_b = a.recv().split()[1], b.recv().split()[1]
         shared = srv.call(lambda: (group_write.direct, group_write.lone))
-        text = "".join(p.read_text() for p in (tmp_path / "state").rglob("journal*"))
+        text = _state_text(tmp_path)
         assert f"G {token_a} " in text and f"G {token_b} " in text
     assert shared == (False, 0)  # the two replies were one group write: not alone any more
 
@@ -189,8 +192,7 @@ def test_a_server_on_a_plain_asyncio_loop_still_writes_its_journal_first(
         Wire(srv.address) as wire,
     ):
         tokens = [wire.lock(f"k{i}") for i in range(20)]
-        state = tmp_path / "state"
-        text = "".join(p.read_text(errors="replace") for p in state.rglob("*") if p.is_file())
+        text = _state_text(tmp_path)
         for token in tokens:
             assert f"G {token} " in text
         for i, token in enumerate(tokens):
