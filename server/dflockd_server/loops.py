@@ -23,9 +23,13 @@ with ``call_soon``, as before.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections.abc import Callable
+from typing import Any
 
+from dflockd_server.stream import Stream
+from dflockd_server.transport import SocketTransport
 from dflockd_server.turn import Turn
 
 __all__ = ["TURN_CHECKED_ON", "TurnLoop", "at_turn_end", "loop_name"]
@@ -59,6 +63,23 @@ class TurnLoop(asyncio.SelectorEventLoop):
         else:
             super()._run_once()  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
             self._turn.end()
+
+    def _make_socket_transport(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self,
+        sock: socket.socket,
+        protocol: asyncio.BaseProtocol,
+        waiter: asyncio.Future[None] | None = None,
+        *,
+        extra: dict[str, Any] | None = None,
+        server: Any = None,
+    ) -> asyncio.Transport:
+        """A connection the server accepted: ``transport.SocketTransport`` (compiled with the
+        request path), where the turn is ``Turn``'s and not in debug mode; asyncio's own
+        socket transport for anything else."""
+        if self._own_turn and isinstance(protocol, Stream) and not self.get_debug():
+            return SocketTransport(self, sock, protocol, waiter=waiter, extra=extra, server=server)
+        make = super()._make_socket_transport  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]
+        return make(sock, protocol, waiter, extra=extra, server=server)  # pyright: ignore[reportUnknownVariableType]
 
 
 def at_turn_end(loop: asyncio.AbstractEventLoop) -> Callable[[Callable[[], None]], object]:
