@@ -12,21 +12,25 @@ was not checked against, the loop runs asyncio's own turn, then the turn-end cal
 This module reads asyncio's loop and handles from the inside (their underscored attributes),
 as a subclass of the loop does: ``_ready``, ``_selector``, ``_scheduled``, ``_stopping``,
 ``_timer_cancelled_count``, ``_clock_resolution``, an epoll selector's ``_selector`` and
-``_fd_to_key``, a handle's ``_cancelled``, a timer's ``_when`` and ``_scheduled``, and
-``_run`` to run a handle (its exceptions go to the loop's
-handler, as asyncio's turn does). tests/server/test_loops.py checks the turn against asyncio's
-own: callbacks, timers, cancelled timers, I/O, and the order of a turn's end.
+``_fd_to_key``, a handle's ``_cancelled``, a timer's ``_when`` and ``_scheduled``, and a
+handle's ``_context``, ``_callback``, ``_args`` and ``_source_traceback`` to run it as
+``Handle._run`` does, inlined (its exceptions go to the loop's handler as from
+``Handle._run``, the callback named by ``asyncio.format_helpers``).
+tests/server/test_loops.py checks the turn against asyncio's own: callbacks, one that raises,
+timers, cancelled timers, I/O, and the order of a turn's end.
 """
 
 # pyright: reportPrivateUsage=false
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import math
 import select
 import selectors
 import time
+from asyncio import format_helpers
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -52,8 +56,10 @@ class _Handle(Protocol):
     """What a turn uses of an ``asyncio.Handle``."""
 
     _cancelled: bool
-
-    def _run(self) -> None: ...
+    _callback: Callable[..., object]
+    _args: tuple[Any, ...]
+    _context: contextvars.Context
+    _source_traceback: object
 
 
 class _Timer(_Handle, Protocol):
@@ -182,9 +188,28 @@ class Turn:
         for _ in range(len(ready)):
             handle = ready.popleft()
             if not handle._cancelled:
-                handle._run()
+                # (handle._run(), inlined: it is a Python frame per callback, and on asyncio's
+                # loop every readable connection is one)
+                try:
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._callback_failed(handle, exc)
         if self.turn_end:
             self.end()
+
+    def _callback_failed(self, handle: _Handle, exc: BaseException) -> None:
+        """What ``Handle._run`` hands the loop's exception handler when a callback raises."""
+        source = format_helpers._format_callback_source(handle._callback, handle._args)
+        context: dict[str, Any] = {
+            "message": f"Exception in callback {source}",
+            "exception": exc,
+            "handle": handle,
+        }
+        if handle._source_traceback:
+            context["source_traceback"] = handle._source_traceback
+        self._loop.call_exception_handler(context)
 
     def _ready_io(self, key: selectors.SelectorKey, mask: int) -> None:
         """Queue ``key``'s reader and writer as ``mask`` says (``_process_events``)."""

@@ -291,7 +291,12 @@ def _scripted_run(loop: asyncio.AbstractEventLoop) -> list[str]:
     and a reader on a socket pair; a wake-up from another thread while the loop waits with no
     timer. What ran, in order."""
     order: list[str] = []
-    loop.set_exception_handler(lambda _loop, context: order.append(str(context["exception"])))
+
+    def handler(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        handle = type(context.get("handle")).__name__
+        order.append(f"{context['message']}: {context['exception']!r} ({handle})")
+
+    loop.set_exception_handler(handler)
     a, b = socket.socketpair()
     a.setblocking(False)
     b.setblocking(False)
@@ -347,10 +352,14 @@ def _raise(message: str) -> None:
 
 def test_the_turn_loop_runs_a_program_as_asyncio_s_own_loop_does() -> None:
     """``turn.Turn`` runs asyncio's turn step for step: the same program gives the same order
-    on both loops (the turn's end aside, which this program does not use)."""
+    on both loops (the turn's end aside, which this program does not use), and a callback
+    that raises reaches the exception handler as it does from asyncio's ``Handle._run``."""
     own = _scripted_run(asyncio.SelectorEventLoop())
+    (boom,) = [o for o in own if o.startswith("Exception in callback _raise('boom') at ")]
+    where = f"{Path(__file__).name}:{_raise.__code__.co_firstlineno}"
+    assert boom.endswith(f"{where}: RuntimeError('boom') (Handle)"), boom
     expected = [
-        *("soon 0", "soon 1", "soon 2", "boom", "soon 3", "nested soon"),
+        *("soon 0", "soon 1", "soon 2", boom, "soon 3", "nested soon"),
         *(f"timer {i}" for i in range(2, 150, 3)),
         *("writable", "read b'ping'", "woken"),
     ]
