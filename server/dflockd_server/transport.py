@@ -377,6 +377,9 @@ class SocketTransport(asyncio.Transport):
         protocol = self._protocol
         try:
             if protocol is not None:
+                # asyncio passes any BaseException on; a protocol's connection_lost takes an
+                # Exception. One that is not (a cancellation in data_received, say) has gone
+                # to the loop's exception handler already, and the loss reads as a close.
                 protocol.connection_lost(exc if isinstance(exc, Exception) else None)
         finally:
             if self._sock is not None:

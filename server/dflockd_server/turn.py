@@ -200,7 +200,9 @@ class Turn:
             self.end()
 
     def _callback_failed(self, handle: _Handle, exc: BaseException) -> None:
-        """What ``Handle._run`` hands the loop's exception handler when a callback raises."""
+        """What ``Handle._run`` hands the loop's exception handler when a callback raises
+        (outside debug mode, the only mode this turn runs in: CPython 3.13 names the callback
+        by the loop's debug flag)."""
         source = format_helpers._format_callback_source(handle._callback, handle._args)
         context: dict[str, Any] = {
             "message": f"Exception in callback {source}",
