@@ -41,6 +41,9 @@ STOP_TIMEOUT_S = 15.0
 POLL_S = 0.02
 LOOPS = ("asyncio", "uvloop")
 """The event loops the bundled server runs on (uvloop when installed, asyncio otherwise)."""
+GO_SERVER = "dflockd Go"
+"""The label of dflockd's Go server, measured beside ours where a benchmark is given its
+binary (``--dflockd-go``)."""
 
 
 def available_loops() -> tuple[str, ...]:
@@ -395,6 +398,33 @@ def start_redis(
         tail = server.log_tail()
         server.stop()  # port taken in the meantime, or it did not come up: try another port
     raise RuntimeError(f"redis-server did not start:\n{tail}")
+
+
+def start_dflockd_go(
+    binary: str, workdir: Path, *, max_locks: int, start_timeout_s: float = START_TIMEOUT_S
+) -> ServerProcess:
+    """Start dflockd's Go server (a binary the user built, ``--dflockd-go``) on a free
+    127.0.0.1 port with ``--max-locks``; returns once it accepts a connection. It has no lease
+    journal: it keeps nothing across a restart."""
+    tail = ""
+    for _attempt in range(5):
+        port = free_port()
+        log_path = workdir / f"dflockd-go-{port}.log"
+        command = [binary, "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--max-locks", str(max_locks)]
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        server = ServerProcess(GO_SERVER, proc, "127.0.0.1", port, log_path)
+        deadline = time.monotonic() + start_timeout_s
+        while server.alive() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                return server
+            time.sleep(POLL_S)
+        tail = server.log_tail()
+        server.stop()  # port taken in the meantime, or it did not come up: try another port
+    raise RuntimeError(f"--dflockd-go: {binary} did not start:\n{tail}")
 
 
 def etcd_binary() -> str | None:

@@ -6,7 +6,8 @@
 Each benchmark runs in its own process with the same ``--run-id``, so RESULTS.md can tell
 that its figures come from one run. Stops nothing it did not start; a benchmark that fails
 is reported and the others still run (the exit status is then 1). ``cluster`` needs etcd: where
-there is none it is skipped (said so), not failed.
+there is none it is skipped (said so), not failed. ``--dflockd-go PATH`` hands dflockd's Go
+server to ``server``, which measures it beside ours.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only", default="", help=f"comma separated subset of {', '.join(BENCHMARKS)}"
     )
+    parser.add_argument(
+        "--dflockd-go",
+        default="",
+        metavar="PATH",
+        help="dflockd's Go server binary, for benchmarks.server to measure beside ours",
+    )
     args = parser.parse_args(argv)
     chosen = [b for b in args.only.split(",") if b] or list(BENCHMARKS)
     unknown = sorted(set(chosen) - set(BENCHMARKS))
@@ -59,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 command += ["--results-dir", args.results_dir]
             if args.quick:
                 command.append("--quick")
+            if name == "server" and args.dflockd_go:
+                command += ["--dflockd-go", args.dflockd_go]
             print(f"== {name}: {' '.join(command[1:])}", flush=True)
             code = subprocess.run(command, cwd=REPO, check=False).returncode
             if code != 0:

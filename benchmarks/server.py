@@ -16,12 +16,18 @@ what a lock user does; the latency figures come from it) and ``pipelined`` (batc
 ``--pipeline`` acquires on distinct keys, then their releases: the generator costs little per
 pair, so the server is what saturates). Then a single client through the client libraries
 (``celery_dflock.DistributedLock`` with a pool against redis-py's ``Lock``).
+
+``--dflockd-go PATH`` adds dflockd's Go server (a binary built from its repository) as one
+more server in the same rotation, with the same loads and the same client, and a table of
+ours against it. It has no lease journal, so each of our figures pays for durability and
+its figures do not.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks._common import (
+    GO_SERVER,
     BenchRun,
     Goal,
     ServerProcess,
@@ -42,6 +49,7 @@ from benchmarks._common import (
     percentile,
     ratio,
     start_dflockd,
+    start_dflockd_go,
     start_redis,
     workdir,
 )
@@ -71,8 +79,9 @@ MAX_LOCKS = 1_000_000
 WARMUP_S = 0.2
 
 
-def target_names(loops: Sequence[str]) -> list[str]:
-    return [f"dflockd ({loop})" for loop in loops] + [REDIS]
+def target_names(loops: Sequence[str], go: bool = False) -> list[str]:
+    """Ours on each loop, dflockd's Go server when ``go``, then Redis."""
+    return [f"dflockd ({loop})" for loop in loops] + ([GO_SERVER] if go else []) + [REDIS]
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "uvloop+mypyc; --quick: asyncio,uvloop)"
         ),
     )
+    parser.add_argument(
+        "--dflockd-go",
+        default="",
+        metavar="PATH",
+        help="dflockd's Go server binary, measured beside ours (built from its repository: "
+        "go build ./cmd/dflockd)",
+    )
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     conns_levels: list[int] = (
@@ -261,15 +277,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "client_iterations": client_iterations,
             "loops": loops,
             "lease_s": 33,
+            **({"dflockd_go": go_version(args.dflockd_go)} if args.dflockd_go else {}),
         },
     )
-    targets = target_names(loops)
+    targets = target_names(loops, go=bool(args.dflockd_go))
     with workdir("dflock-bench-server-") as tmp, owned_servers() as servers:
         by_name: dict[str, ServerProcess] = {}
         for loop in loops:
             by_name[f"dflockd ({loop})"] = start_dflockd(
                 loop, tmp, "--max-locks", str(MAX_LOCKS), "--max-locks-per-connection", "0"
             )
+        if args.dflockd_go:
+            by_name[GO_SERVER] = start_dflockd_go(args.dflockd_go, tmp, max_locks=MAX_LOCKS)
         by_name[REDIS] = start_redis(tmp, maxclients=max(conns_levels) + 100)
         servers.extend(by_name.values())
         sha = redis_script_sha(by_name[REDIS])
@@ -312,9 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         flush=True,
                     )
         client: dict[str, list[int]] = {}
-        for loop in loops:
-            name = f"dflockd ({loop})"
-            client[name] = sorted(dflock_client_latencies(by_name[name], client_iterations))
+        for name in targets:
+            if name != REDIS:
+                client[name] = sorted(dflock_client_latencies(by_name[name], client_iterations))
         client[REDIS] = sorted(redis_client_latencies(by_name[REDIS], client_iterations))
 
     aggs = {cell: aggregate(cell, ms) for cell, ms in runs.items()}
@@ -336,13 +355,14 @@ def report(
     loops: list[str],
     conns_levels: list[int],
 ) -> None:
-    ours = [t for t in targets if t != REDIS]
-    short = {t: t.replace("dflockd (", "").rstrip(")") for t in ours}
+    ours = [f"dflockd ({loop})" for loop in loops]
+    dflockds = [t for t in targets if t != REDIS]  # ours, and the Go server when measured
+    short = {t: t.replace("dflockd (", "").rstrip(")") for t in dflockds}
 
     def per_target(
         title: str, metric: Callable[[Aggregate], float], digits: int, notes: list[str]
     ) -> Table:
-        columns = ["load", "conns", *targets, *(f"{short[t]} / redis" for t in ours)]
+        columns = ["load", "conns", *targets, *(f"{short[t]} / redis" for t in dflockds)]
         table = Table(title, columns, notes=notes)
         for mode in MODES:
             for conns in conns_levels:
@@ -352,7 +372,7 @@ def report(
                         mode,
                         str(conns),
                         *(fmt_num(values[t], digits) for t in targets),
-                        *(fmt_ratio(ratio(values[t], values[REDIS])) for t in ours),
+                        *(fmt_ratio(ratio(values[t], values[REDIS])) for t in dflockds),
                     ]
                 )
         return table
@@ -405,7 +425,7 @@ def report(
             "conns",
             *(f"{t} p50" for t in targets),
             *(f"{t} p99" for t in targets),
-            *(f"{short[t]} / redis p50" for t in ours),
+            *(f"{short[t]} / redis p50" for t in dflockds),
         ],
         notes=[
             "from sending the acquire to reading the release's reply, as the generator sees it "
@@ -419,7 +439,7 @@ def report(
                 str(conns),
                 *(fmt_num(row[t].p50_us) for t in targets),
                 *(fmt_num(row[t].p99_us) for t in targets),
-                *(fmt_ratio(ratio(row[t].p50_us, row[REDIS].p50_us)) for t in ours),
+                *(fmt_ratio(ratio(row[t].p50_us, row[REDIS].p50_us)) for t in dflockds),
             ]
         )
     run.add(latency)
@@ -447,6 +467,8 @@ def report(
             ]
         )
     run.add(client_table)
+    if GO_SERVER in targets:
+        run.add(against_go(aggs, client_stats, ours, short, conns_levels))
 
     # --------------------------------------------------------------------- goals
     for loop, target in zip(loops, ours, strict=True):
@@ -504,6 +526,69 @@ def report(
         name: {"p50_us": round(v[0], 1), "p99_us": round(v[1], 1)}
         for name, v in client_stats.items()
     }
+
+
+def go_version(binary: str) -> str:
+    """What ``binary --version`` prints (the Go server's release), or the path when it says
+    nothing."""
+    try:
+        done = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except OSError as exc:
+        raise SystemExit(f"--dflockd-go: cannot run {binary}: {exc}") from None
+    return (
+        (done.stdout or done.stderr).strip().splitlines()[0]
+        if done.stdout or done.stderr
+        else binary
+    )
+
+
+def against_go(
+    aggs: dict[Cell, Aggregate],
+    client_stats: dict[str, tuple[float, float]],
+    ours: list[str],
+    short: dict[str, str],
+    conns_levels: list[int],
+) -> Table:
+    """Ours on each loop against dflockd's Go server: CPU per pair and throughput (lower CPU
+    and higher throughput than Go read below and above 1.00x), and the client's p50."""
+    table = Table(
+        f"Against {GO_SERVER}: ours / Go, per loop (CPU per pair: below 1.00x is cheaper; "
+        "throughput: above 1.00x serves more)",
+        [
+            "load",
+            "conns",
+            *(f"{short[t]} CPU / Go" for t in ours),
+            *(f"{short[t]} pairs/s / Go" for t in ours),
+        ],
+        notes=[
+            f"{GO_SERVER} keeps no lease journal; ours run with it on (everysec), as shipped; "
+            "the last row: p50 through celery_dflock.DistributedLock, ours / Go",
+        ],
+    )
+    for mode in MODES:
+        for conns in conns_levels:
+            go = aggs[Cell(GO_SERVER, mode, conns)]
+            row = [aggs[Cell(t, mode, conns)] for t in ours]
+            table.rows.append(
+                [
+                    mode,
+                    str(conns),
+                    *(fmt_ratio(ratio(a.cpu_us_per_pair, go.cpu_us_per_pair)) for a in row),
+                    *(fmt_ratio(ratio(a.pairs_per_s, go.pairs_per_s)) for a in row),
+                ]
+            )
+    go_p50 = client_stats[GO_SERVER][0]
+    table.rows.append(
+        [
+            "client p50",
+            "1",
+            *(fmt_ratio(ratio(client_stats[t][0], go_p50)) for t in ours),
+            *("-" for _ in ours),
+        ]
+    )
+    return table
 
 
 if __name__ == "__main__":

@@ -357,3 +357,50 @@ def test_instructions_benchmark_quick(tmp_path: Path) -> None:
     assert "## Instructions per pair (callgrind)" in text
     assert "| celery_dflock Client.lock |" in text
     assert "Celery task runs" not in text
+
+
+def test_server_benchmark_measures_an_outside_dflockd(tmp_path: Path) -> None:
+    """``benchmarks.server --dflockd-go PATH`` runs that binary as one more server of the
+    rotation, through the same loads and the same client, and adds the table of ours against
+    it. dflockd's Go server is not built here (its code never enters this project), so the
+    bundled ``dflockd`` console script stands in for it: it takes the same ``--host``,
+    ``--port`` and ``--max-locks``."""
+    if shutil.which("redis-server") is None:
+        unavailable("redis-server is not on PATH (the benchmarks start their own)")
+    stand_in = Path(sys.executable).parent / "dflockd"
+    command = [sys.executable, "-m", "benchmarks.server", "--quick", "--loops", "uvloop"]
+    command += ["--conns", "1", "--dflockd-go", str(stand_in), "--results-dir", str(tmp_path)]
+    proc = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((tmp_path / "server.json").read_text())
+    assert r["params"]["dflockd_go"].startswith("dflockd"), r["params"]  # its --version
+    cells = r["data"]["cells"]
+    assert {c["target"] for c in cells} == {"dflockd (uvloop)", "dflockd Go", "redis"}
+    go = [c for c in cells if c["target"] == "dflockd Go"]
+    assert len(go) == 2 and all(c["pairs"] > 0 and c["errors"] == 0 for c in go), go
+    assert r["data"]["client"]["dflockd Go"]["p50_us"] > 0
+    (against,) = [t for t in r["tables"] if t["title"].startswith("Against dflockd Go")]
+    assert [row[:2] for row in against["rows"]] == [
+        ["round trip", "1"],
+        ["pipelined", "1"],
+        ["client p50", "1"],
+    ]
+    assert all(row[2].endswith("x") for row in against["rows"]), against["rows"]
+    # the goals stay ours: none is about the Go server
+    assert r["goals"] and not any("Go" in g["goal"] for g in r["goals"]), r["goals"]
+
+
+def test_server_benchmark_names_a_bad_dflockd_go(tmp_path: Path) -> None:
+    """A ``--dflockd-go`` that is not an executable file stops the run at once, naming the
+    option and the path."""
+    missing = tmp_path / "no-such-dflockd"
+    command = [sys.executable, "-m", "benchmarks.server", "--quick", "--loops", "uvloop"]
+    command += ["--dflockd-go", str(missing), "--results-dir", str(tmp_path)]
+    proc = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    )
+    assert proc.returncode != 0
+    assert f"--dflockd-go: cannot run {missing}" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "server.json").exists()
