@@ -288,8 +288,8 @@ def _scripted_run(loop: asyncio.AbstractEventLoop) -> list[str]:
     """A program in phases, each waited out before the next (so the order within each is the
     loop's alone, not the machine's speed): callbacks, one raising, one scheduling another;
     150 timers, two thirds cancelled (enough for asyncio to rebuild its timer heap); a writer
-    and a reader on a socket pair; a wake-up from another thread while the loop waits with no
-    timer. What ran, in order."""
+    and a reader on a socket pair, then a reader and a writer cancelled in place; a wake-up
+    from another thread while the loop waits with no timer. What ran, in order."""
     order: list[str] = []
 
     def handler(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -332,6 +332,17 @@ def _scripted_run(loop: asyncio.AbstractEventLoop) -> list[str]:
         loop.add_writer(b, writer)
         await read
 
+        # A reader and a writer cancelled where they stand (not removed): the turn drops each
+        # from the selector when its socket is next ready, and runs neither.
+        selecting: Any = loop  # asyncio's selector loop: the handle-returning _add_reader
+        selecting._add_reader(a, order.append, "cancelled reader ran").cancel()
+        selecting._add_writer(b, order.append, "cancelled writer ran").cancel()
+        b.send(b"pong")
+        await asyncio.sleep(0.02)
+        watched = selecting._selector.get_map()
+        order.append(f"still selected: {a.fileno() in watched}, {b.fileno() in watched}")
+        order.append(f"left to read {a.recv(100)!r}")
+
         woken = loop.create_future()
         threading.Timer(0.01, loop.call_soon_threadsafe, (woken.set_result, None)).start()
         await woken
@@ -362,7 +373,8 @@ def test_the_turn_loop_runs_a_program_as_asyncio_s_own_loop_does() -> None:
     expected = [
         *("soon 0", "soon 1", "soon 2", boom, "soon 3", "nested soon"),
         *(f"timer {i}" for i in range(2, 150, 3)),
-        *("writable", "read b'ping'", "woken"),
+        *("writable", "read b'ping'"),
+        *("still selected: False, False", "left to read b'pong'", "woken"),
     ]
     assert own == expected
     assert _scripted_run(TurnLoop()) == expected
