@@ -19,6 +19,7 @@ from typing import Final
 from celery_dflock.client import _by_token, protocol, wire
 from celery_dflock.client._grant import HeldGrant, LockState
 from celery_dflock.client._refusals import refusal_error
+from celery_dflock.client._requests import checked_hold, checked_lock, checked_release
 from celery_dflock.client._router import ClusterRouter, KeyRoute
 from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
 from celery_dflock.client._settings import ClientSettings, whole_seconds
@@ -120,13 +121,14 @@ class LockCore(HeldGrant):
         timeout = self.wait_seconds()
         if self.limit is None:
             if self.note is not None and server is not None and server.supports(FEATURE_HOLDS):
-                self.check_lease(server, self.hold_lease())
-                data = protocol.encode_hold(
-                    self.key, timeout, self.hold_lease(), self.note, detached=False
-                )
+                lease = self.hold_lease()
+                self.check_lease(server, lease)
+                # (the key, the note, the timeout and the lease were checked when this object
+                # was made: built without checking them again)
+                data = checked_hold(self.key, timeout, lease, self.note, detached=False)
                 return Command.HOLD, data, self.reply_timeout(timeout)
             self.check_lease(server, self.lease_ttl_s)
-            data = protocol.encode_lock(self.key, timeout, self.lease_ttl_s)
+            data = checked_lock(self.key, timeout, self.lease_ttl_s)
             return Command.LOCK, data, self.reply_timeout(timeout)
         self.check_lease(server, self.lease_ttl_s)
         data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
@@ -173,7 +175,7 @@ class LockCore(HeldGrant):
         """``r`` / ``sr`` for the held token."""
         token = self._held_token()
         if self.limit is None:
-            data = protocol.encode_release(self.key, token)
+            data = checked_release(self.key, token)  # a token a grant reply matched
             return Command.RELEASE, data, self.reply_timeout()
         data = protocol.encode_sem_release(self.key, token)
         return Command.SEM_RELEASE, data, self.reply_timeout()

@@ -155,23 +155,58 @@ def _request(command: Command, key: str, argument: str) -> bytes:
     return f"{command}\n{key}\n{argument}\n".encode()
 
 
+# ------------------------------------------------------------ the requests of every acquire
+# A lock object's own key, note, timeout and lease are checked once, when it is made (see
+# `celery_dflock.client._core.LockCore`), and its token is one a grant reply matched: these
+# build its acquire and release from such parts without checking them again (every run of a
+# locked task sends one of each). The `encode_*` functions below check, then build with them.
+
+
+_LOCK: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d\n"
+_LOCK_LEASE: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d %d\n"
+_HOLD: Final = wire.CMD_HOLD.encode() + b"\n%s\n%d %d %s %s\n"
+_HOLD_MODES: Final = (wire.HOLD_MODE_CONNECTION.encode(), wire.HOLD_MODE_DETACHED.encode())
+"""Indexed by ``detached``."""
+_RELEASE: Final = wire.CMD_RELEASE.encode() + b"\n%s\n%s\n"
+
+
+def checked_lock(key: str, timeout_s: int, lease_s: int | None) -> bytes:
+    """``l`` of parts already checked."""
+    if lease_s is None:
+        return _LOCK % (key.encode(), timeout_s)
+    return _LOCK_LEASE % (key.encode(), timeout_s, lease_s)
+
+
+def checked_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
+    """``hl`` of parts already checked."""
+    mode = _HOLD_MODES[detached]
+    return _HOLD % (key.encode(), timeout_s, lease_s, mode, note.encode())
+
+
+def checked_release(key: str, token: str) -> bytes:
+    """``r`` of parts already checked."""
+    return _RELEASE % (key.encode(), token.encode())
+
+
 # ------------------------------------------------------------------------------- encoders
 
 
 def encode_lock(key: str, timeout_s: int, lease_s: int | None = None) -> bytes:
     """``l``: acquire, waiting up to ``timeout_s`` (0: try once)."""
-    return _request(Command.LOCK, validate_key(key), _timeout(timeout_s) + _lease_suffix(lease_s))
+    validate_key(key)
+    _timeout(timeout_s)
+    _lease_suffix(lease_s)
+    return checked_lock(key, timeout_s, lease_s)
 
 
 def encode_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
     """``hl``: acquire the lock ``key`` with the owner note ``note``, bound to this connection
     or ``detached`` from it (freed only by ``r`` or its lease)."""
-    mode = wire.HOLD_MODE_DETACHED if detached else wire.HOLD_MODE_CONNECTION
-    argument = (
-        f"{_timeout(timeout_s)} {_number('lease_s', lease_s, minimum=1)} {mode} "
-        f"{validate_note(note)}"
-    )
-    return _request(Command.HOLD, validate_key(key), argument)
+    _timeout(timeout_s)
+    _number("lease_s", lease_s, minimum=1)
+    validate_note(note)
+    validate_key(key)
+    return checked_hold(key, timeout_s, lease_s, note, detached=detached)
 
 
 def encode_note(key: str, token: str, note: str) -> bytes:
@@ -213,7 +248,9 @@ def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
 
 def encode_release(key: str, token: str) -> bytes:
     """``r``: release ``token``'s hold on ``key``."""
-    return _request(Command.RELEASE, validate_key(key), validate_token(token))
+    validate_key(key)
+    validate_token(token)
+    return checked_release(key, token)
 
 
 def encode_enqueue(key: str, lease_s: int | None = None) -> bytes:
