@@ -19,6 +19,7 @@ Nothing here talks to a server; this module imports nothing of the rest of the C
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -57,12 +58,25 @@ def encode_note(task_id: str | None, host: str | None = None) -> str | None:
     long (or there is none): the lock is then taken without a note."""
     if not task_id:
         return None
-    base = quote(task_id, safe="")
+    base = _quoted(task_id)
     if host:
-        full = f"{base}/{quote(host, safe='')}"
+        full = f"{base}/{_quoted(host)}"
         if len(full) <= NOTE_MAX_BYTES:
             return full
     return base if len(base) <= NOTE_MAX_BYTES else None
+
+
+_PLAIN: Final = re.compile(r"[A-Za-z0-9_.~@-]*")
+"""Characters ``quote(part, safe="")`` leaves as they are, and ``@``: a Celery task id (a
+UUID) and a worker's name (``celery@host``) are made of these."""
+
+
+def _quoted(part: str) -> str:
+    """``quote(part, safe="")``: for the usual task id and worker name, without its work (one
+    scan, and ``@`` replaced); anything else through ``quote``."""
+    if _PLAIN.fullmatch(part):
+        return part.replace("@", "%40")
+    return quote(part, safe="")
 
 
 def decode_note(note: str | None) -> tuple[str | None, str | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from kombu.exceptions import OperationalError
@@ -70,6 +71,23 @@ def test_note_round_trip() -> None:
     assert encode_note("x" * 300) is None
     long_host = encode_note("id", "h" * 300)
     assert long_host == "id"  # too long with the host: the task id alone
+
+
+@pytest.mark.parametrize(
+    ("task_id", "host"),
+    [
+        ("4f1c7a3e-8c1b-4f5e-9a0e-1c2d3e4f5a6b", "celery@worker-1.example"),  # the usual
+        ("a~b.c_d-E9", "x@y@z"),  # every character the quick path keeps
+        ("a/b", "celery@host 1"),  # a slash, a space
+        ("é€", "h%st\tname"),  # non-ASCII, a percent, a tab
+        ("id+1=2&", "celery@[::1]"),
+    ],
+)
+def test_a_note_is_percent_encoded_as_quote_does(task_id: str, host: str) -> None:
+    """The owner note's parts are exactly ``quote(part, safe="")``, whether they take the
+    quick path (a UUID, ``celery@host``) or ``quote`` itself."""
+    assert encode_note(task_id, host) == f"{quote(task_id, safe='')}/{quote(host, safe='')}"
+    assert decode_note(encode_note(task_id, host)) == (task_id, host)
 
 
 def test_options_resolve_and_refuse_a_semaphore() -> None:
