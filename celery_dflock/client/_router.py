@@ -167,7 +167,7 @@ class KeyRoute:
             index = 0
         else:
             index = select_server(self.key, servers, settings.sharding_strategy)  # pyright: ignore[reportArgumentType]
-        self.endpoint = settings.endpoint(*servers[index])
+        self.endpoint = settings.server_endpoint(index)
         self.holder: str | None = None
         """After an acquire refused on a busy key: the holder's note (servers with holds)."""
         self.busy = False

@@ -197,6 +197,13 @@ class ClientSettings:
     """The FIFO wait of a lock made without ``acquire_timeout_s`` (whole seconds)."""
     lease_ttl_s: int | None = None
     """The lease of a lock made without ``lease_ttl_s`` (None: the server's default)."""
+    _endpoints: tuple[Endpoint, ...] = field(init=False, repr=False, compare=False)
+    """Each of `servers`' `endpoint`, made once: every lock on a server shares one, so the
+    pool finds its connections by identity rather than by comparing fields."""
+
+    def __post_init__(self) -> None:
+        endpoints = tuple(self.endpoint(host, port) for host, port in self.servers)
+        object.__setattr__(self, "_endpoints", endpoints)
 
     @classmethod
     def checked(  # noqa: PLR0917 - the locks pass them in this order
@@ -228,4 +235,8 @@ class ClientSettings:
 
     def endpoints(self) -> list[Endpoint]:
         """Every server's `endpoint`, in the configured order."""
-        return [self.endpoint(host, port) for host, port in self.servers]
+        return list(self._endpoints)
+
+    def server_endpoint(self, index: int) -> Endpoint:
+        """``servers[index]``'s `endpoint` (the one every lock on it shares)."""
+        return self._endpoints[index]

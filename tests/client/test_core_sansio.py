@@ -91,6 +91,47 @@ def test_an_acquire_is_granted_renewed_and_released() -> None:
     assert (core.state, core.token, core.fence) == (LockState.IDLE, None, None)
 
 
+def test_a_locks_acquire_and_release_are_the_bytes_the_encoders_give() -> None:
+    """A lock builds its own acquire and release from parts checked when it was made, without
+    checking them again: the bytes are the public encoders' for the same parts (no lease, a
+    lease, an owner note to a server with holds)."""
+    holds = ServerInfo("dflockd-server", "test", frozenset({wire.FEATURE_HOLDS}))
+    for lease in (None, 30):
+        core = make(lease_ttl_s=lease)
+        core.begin_acquire()
+        assert core.acquire_request(FENCING)[:2] == (
+            Command.LOCK,
+            protocol.encode_lock("jobs", 5, lease),
+        )
+    settings = ClientSettings.checked(SERVERS)
+    noted = LockCore("jobs", settings, acquire_timeout_s=5, lease_ttl_s=None, note="t~1/w@h")
+    noted.begin_acquire()
+    command, data, _ = noted.acquire_request(holds)
+    lease = wire.DEFAULT_LEASE_TTL_S
+    assert (command, data) == (
+        Command.HOLD,
+        protocol.encode_hold("jobs", 5, lease, "t~1/w@h", detached=False),
+    )
+    assert noted.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 1.0, holds)
+    assert noted.release_request()[:2] == (Command.RELEASE, protocol.encode_release("jobs", TOKEN))
+
+
+def test_the_locks_of_one_client_share_each_servers_endpoint() -> None:
+    """Every lock on a server gets the one `Endpoint` its settings made for it (the pool then
+    finds its idle connections by identity), equal to one made anew."""
+    settings = ClientSettings.checked((("10.0.0.1", 6388), ("10.0.0.2", 6388)))
+    seen: set[int] = set()
+    for i in range(20):
+        core = LockCore(f"k{i}", settings, acquire_timeout_s=5, lease_ttl_s=None)
+        endpoint = core.endpoint
+        index = settings.servers.index((endpoint.host, endpoint.port))
+        assert endpoint is settings.server_endpoint(index)
+        assert endpoint == settings.endpoint(endpoint.host, endpoint.port)
+        seen.add(index)
+    assert seen == {0, 1}
+    assert settings.endpoints() == [settings.server_endpoint(0), settings.server_endpoint(1)]
+
+
 def test_a_semaphore_speaks_its_own_commands() -> None:
     core = make(3)
     core.begin_acquire()
