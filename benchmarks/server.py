@@ -537,11 +537,8 @@ def go_version(binary: str) -> str:
         )
     except OSError as exc:
         raise SystemExit(f"--dflockd-go: cannot run {binary}: {exc}") from None
-    return (
-        (done.stdout or done.stderr).strip().splitlines()[0]
-        if done.stdout or done.stderr
-        else binary
-    )
+    said = (done.stdout or done.stderr).strip()
+    return said.splitlines()[0] if said else binary
 
 
 def against_go(
