@@ -17,6 +17,12 @@ what a lock user does; the latency figures come from it) and ``pipelined`` (batc
 pair, so the server is what saturates). Then a single client through the client libraries
 (``celery_dflock.DistributedLock`` with a pool against redis-py's ``Lock``).
 
+Last, what this machine allows at all: Redis's own C client (``redis-benchmark``, shipped with
+``redis-server``) sends the two requests of redis-py's pair one at a time on one connection to
+the same private Redis. No client and no server is cheaper per request than C against Redis, so
+the sum of the two requests' p50s is a floor for the single-client p50 of any lock here; the
+latency goals' verdicts name it.
+
 ``--dflockd-go PATH`` adds dflockd's Go server (a binary built from its repository) as one
 more server in the same rotation, with the same loads and the same client, and a table of
 ours against it. It has no lease journal, so each of our figures pays for durability and
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -54,6 +61,7 @@ from benchmarks._common import (
     workdir,
 )
 from benchmarks._loadgen import (
+    LEASE_S,
     REDIS_RELEASE_SCRIPT,
     LoadSpec,
     Measurement,
@@ -75,6 +83,10 @@ LATENCY_GOAL_US = 100.0
 CLIENT_LATENCY_GOAL_US = 130.0
 """Issue 28: single-client p50 through `DistributedLock` (the wire's 100 us plus the client)."""
 CLIENT_KEYS = 16
+FLOOR_REQUESTS = 20_000
+"""Requests per command and repetition of the machine's floor (``redis-benchmark -n``)."""
+FLOOR_REPEATS = 3
+"""Repetitions of the floor; the median p50 of each command is taken."""
 MAX_LOCKS = 1_000_000
 WARMUP_S = 0.2
 
@@ -216,6 +228,78 @@ def redis_client_latencies(server: ServerProcess, iterations: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class Floor:
+    """One request at a time on one connection, ``redis-benchmark`` (C) against Redis (C)."""
+
+    p50_us: dict[str, float]
+    """Each of redis-py's two requests: the median over the repetitions of its p50."""
+    p99_us: dict[str, float]
+    requests: int
+
+    @property
+    def pair_p50_us(self) -> float:
+        return sum(self.p50_us.values())
+
+
+def floor_commands(sha: str) -> dict[str, list[str]]:
+    """redis-py ``Lock``'s acquire and release (``_loadgen``'s pair), on fresh random keys."""
+    key = "dflock-bench:floor:__rand_int__"
+    return {
+        "SET NX PX": ["SET", key, "token", "NX", "PX", str(LEASE_S * 1000)],
+        "EVALSHA": ["EVALSHA", sha, "1", key, "token"],
+    }
+
+
+def parse_redis_benchmark_csv(text: str) -> tuple[float, float]:
+    """p50 and p99 in microseconds from ``redis-benchmark --csv``'s output (one test)."""
+    rows = [line for line in text.splitlines() if line.startswith('"')]
+    if len(rows) != 2:
+        raise RuntimeError(f"redis-benchmark --csv printed no result:\n{text.strip()}")
+    header = [h.strip('"') for h in rows[0].split(",")]
+    values = [v.strip('"') for v in rows[1].rsplit(",", len(header) - 1)]
+    row = dict(zip(header, values, strict=True))
+    return float(row["p50_latency_ms"]) * 1000, float(row["p99_latency_ms"]) * 1000
+
+
+def machine_floor(server: ServerProcess, sha: str, requests: int, repeats: int) -> Floor | None:
+    """Redis's own C client against the benchmark's Redis; None without ``redis-benchmark``."""
+    binary = shutil.which("redis-benchmark")
+    if binary is None:
+        return None
+    p50s: dict[str, list[float]] = {}
+    p99s: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for name, command in floor_commands(sha).items():
+            where = ["-h", server.host, "-p", str(server.port)]
+            done = subprocess.run(
+                [
+                    binary,
+                    *where,
+                    "-c",
+                    "1",
+                    "-n",
+                    str(requests),
+                    "-r",
+                    "1000000",
+                    "--csv",
+                    *command,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=True,
+            )
+            p50, p99 = parse_redis_benchmark_csv(done.stdout)
+            p50s.setdefault(name, []).append(p50)
+            p99s.setdefault(name, []).append(p99)
+    return Floor(
+        p50_us={name: median(v) for name, v in p50s.items()},
+        p99_us={name: median(v) for name, v in p99s.items()},
+        requests=requests,
+    )
+
+
 # ------------------------------------------------------------------------------ main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = base_parser(NAME, __doc__.split("\n", 1)[0] if __doc__ else NAME)
@@ -335,9 +419,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name != REDIS:
                 client[name] = sorted(dflock_client_latencies(by_name[name], client_iterations))
         client[REDIS] = sorted(redis_client_latencies(by_name[REDIS], client_iterations))
+        floor = machine_floor(
+            by_name[REDIS],
+            sha,
+            requests=500 if quick else FLOOR_REQUESTS,
+            repeats=1 if quick else FLOOR_REPEATS,
+        )
 
     aggs = {cell: aggregate(cell, ms) for cell, ms in runs.items()}
-    report(run, aggs=aggs, client=client, targets=targets, loops=loops, conns_levels=conns_levels)
+    report(
+        run,
+        aggs=aggs,
+        client=client,
+        floor=floor,
+        targets=targets,
+        loops=loops,
+        conns_levels=conns_levels,
+    )
     run.write()
     errors = sum(a.errors for a in aggs.values())
     if errors:
@@ -351,6 +449,7 @@ def report(
     *,
     aggs: dict[Cell, Aggregate],
     client: dict[str, list[int]],
+    floor: Floor | None,
     targets: list[str],
     loops: list[str],
     conns_levels: list[int],
@@ -469,6 +568,28 @@ def report(
     run.add(client_table)
     if GO_SERVER in targets:
         run.add(against_go(aggs, client_stats, ours, short, conns_levels))
+    if floor is None:
+        floor_note = "this machine's floor not measured (no redis-benchmark on PATH)"
+    else:
+        floor_table = Table(
+            "What this machine allows: one request at a time on one connection, Redis's own C "
+            "client against Redis (microseconds)",
+            ["request", "p50", "p99"],
+            notes=[
+                f"redis-benchmark -c 1 -n {floor.requests:,} -r 1000000, the median of each "
+                "figure over the repetitions, on random keys, against the benchmark's Redis; "
+                "the pair's floor is the sum of the p50s: no lock's single-client p50 here "
+                "can be below it",
+            ],
+        )
+        for name, p50 in floor.p50_us.items():
+            floor_table.rows.append([name, fmt_num(p50), fmt_num(floor.p99_us[name])])
+        floor_table.rows.append(["pair (the sum of the p50s)", fmt_num(floor.pair_p50_us), ""])
+        run.add(floor_table)
+        floor_note = (
+            f"this machine's floor: {floor.pair_p50_us:.1f} us, two round trips of Redis's own "
+            "C client against Redis"
+        )
 
     # --------------------------------------------------------------------- goals
     for loop, target in zip(loops, ours, strict=True):
@@ -505,7 +626,7 @@ def report(
                 ),
                 measured=f"p50 {a.p50_us:.1f} us, p99 {a.p99_us:.1f} us",
                 met=a.p50_us < LATENCY_GOAL_US,
-                detail="minimal client (the load generator), one connection",
+                detail=f"minimal client (the load generator), one connection; {floor_note}",
             )
         )
     for target in ours:
@@ -518,10 +639,20 @@ def report(
                 ),
                 measured=f"p50 {p50:.1f} us, p99 {p99:.1f} us",
                 met=p50 < CLIENT_LATENCY_GOAL_US,
-                detail="celery_dflock.DistributedLock with a ConnectionPool",
+                detail=f"celery_dflock.DistributedLock with a ConnectionPool; {floor_note}",
             )
         )
     run.data["cells"] = [a.as_dict() for a in aggs.values()]
+    run.data["floor"] = (
+        None
+        if floor is None
+        else {
+            "p50_us": {k: round(v, 1) for k, v in floor.p50_us.items()},
+            "p99_us": {k: round(v, 1) for k, v in floor.p99_us.items()},
+            "pair_p50_us": round(floor.pair_p50_us, 1),
+            "requests": floor.requests,
+        }
+    )
     run.data["client"] = {
         name: {"p50_us": round(v[0], 1), "p99_us": round(v[1], 1)}
         for name, v in client_stats.items()

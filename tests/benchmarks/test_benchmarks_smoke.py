@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.server import parse_redis_benchmark_csv
 from tests.support.etcd import REQUIRE_ENV, find_etcd
 from tests.support.services import unavailable
 
@@ -135,6 +136,34 @@ def test_server_benchmark_covers_every_cell(quick_run: QuickRun) -> None:
         assert cell["errors"] == 0, cell
         assert cell["cpu_us_per_pair"] > 0, cell
     assert set(r["data"]["client"]) == targets
+
+
+def test_server_benchmark_measures_the_machines_floor(quick_run: QuickRun) -> None:
+    """Redis's own C client against the same Redis, both of redis-py's requests; the latency
+    goals name the pair's floor."""
+    r = quick_run.results("server")
+    floor = r["data"]["floor"]
+    if shutil.which("redis-benchmark") is None:
+        assert floor is None
+        return
+    assert set(floor["p50_us"]) == {"SET NX PX", "EVALSHA"}
+    assert all(v > 0 for v in floor["p50_us"].values()), floor
+    assert floor["pair_p50_us"] == pytest.approx(sum(floor["p50_us"].values()), abs=0.2)
+    latency_goals = [g for g in r["goals"] if "p50 under" in g["goal"]]
+    assert latency_goals
+    for goal in latency_goals:
+        assert f"this machine's floor: {floor['pair_p50_us']:.1f} us" in goal["detail"], goal
+
+
+def test_redis_benchmark_csv_is_read_by_its_header() -> None:
+    text = (
+        '"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",'
+        '"p99_latency_ms","max_latency_ms"\n'
+        '"EVALSHA 2e47 1 k, tok","9866.80","0.095","0.024","0.087","0.135","0.255","4.551"\n'
+    )
+    assert parse_redis_benchmark_csv(text) == pytest.approx((87.0, 255.0))
+    with pytest.raises(RuntimeError, match="printed no result"):
+        parse_redis_benchmark_csv("ERR unknown command\n")
 
 
 def test_journal_benchmark_covers_every_target_and_load(quick_run: QuickRun) -> None:
