@@ -58,6 +58,28 @@ def test_put_get_and_range_of_a_prefix(etcd: EtcdClient, etcd_prefix: str) -> No
     assert etcd.get(p[:-1] + "0") is not None
 
 
+def test_stat_counts_a_prefix_and_tells_whether_a_key_was_put_since(
+    etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    p = etcd_prefix
+    empty = etcd.stat(p, prefix=True)
+    assert (empty.count, empty.modified) == (0, False)
+    first = etcd.put(p + "a", "one")
+    etcd.put(p + "b", "two")
+    etcd.put(p[:-1] + "0", "outside the prefix")
+    stat = etcd.stat(p, prefix=True, since=first - 1)
+    assert (stat.count, stat.modified) == (2, True)
+    assert stat.revision == etcd.range(p, prefix=True).revision
+    assert etcd.stat(p, prefix=True, since=stat.revision).modified is False
+    etcd.put(p + "a", "uno")  # a change of a key there: modified, same count
+    changed = etcd.stat(p, prefix=True, since=stat.revision)
+    assert (changed.count, changed.modified) == (2, True)
+    etcd.delete(p + "b")  # a delete: only the count tells
+    deleted = etcd.stat(p, prefix=True, since=changed.revision)
+    assert (deleted.count, deleted.modified) == (1, False)
+    assert etcd.stat(p + "a").count == 1
+
+
 def test_prefix_end() -> None:
     assert prefix_end("/a/") == "/a0"
     assert prefix_end("") == "\0"

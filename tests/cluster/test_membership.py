@@ -12,6 +12,7 @@ from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.membership import ClusterKeys, Member
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap
 from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
 
 TTL = 2  # seconds: etcd's minimum lease is about 1.5 s with its default timings
@@ -32,9 +33,9 @@ def members(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[...,
     started: list[Member] = []
     prefix = etcd_prefix.rstrip("/")
 
-    def start(*names: str, settle_s: float = 1.0) -> list[Member]:
+    def start(*names: str, settle_s: float = 1.0, client: EtcdClient | None = None) -> list[Member]:
         new = [
-            Member(etcd_server.client(), prefix, name, lease_ttl=TTL, settle_s=settle_s)
+            Member(client or etcd_server.client(), prefix, name, lease_ttl=TTL, settle_s=settle_s)
             for name in names
         ]
         for member in new:
@@ -98,6 +99,65 @@ def test_a_new_member_gets_nothing_until_rebalance(
     )
     time.sleep(0.5)  # the leader had its chance to (wrongly) change the map
     assert stored_map(etcd, group[0].keys) == expected
+
+
+@pytest.fixture
+def etcd_proxy(etcd_server: EtcdServer) -> Iterator[FaultProxy]:
+    """A proxy in front of the module's etcd (ask for it before ``members``: the members whose
+    client goes through it are then stopped before it is)."""
+    with FaultProxy(("127.0.0.1", etcd_server.client_port)) as proxy:
+        yield proxy
+
+
+def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
+    etcd_proxy: FaultProxy, members: Callable[..., list[Member]]
+) -> None:
+    """A watch stream that stays open but brings nothing more (etcd's replies stop on the way; the
+    connection is not closed, so the watch's thread waits on, without an error) is noticed by the
+    member's check of its watch against a read of the prefix: it reads the prefix again and
+    watches anew. An idle watch (nothing changed) is not replaced."""
+    proxied = EtcdClient(f"http://127.0.0.1:{etcd_proxy.address[1]}")
+    (stalled,) = members("a:1", client=proxied)
+    (other,) = members("b:1")
+    expected = ShardMap.initial(["a:1", "b:1"])
+    wait_until(lambda: agreed([stalled, other], expected), timeout=WAIT_S, what="the initial map")
+    # Idle: the check runs and leaves the watch alone.
+    checks, resyncs = stalled.watch_checks, stalled.resyncs
+    wait_until(
+        lambda: stalled.watch_checks >= checks + 3,
+        timeout=WAIT_S,
+        what="three checks of the idle watch",
+    )
+    assert stalled.resyncs == resyncs
+
+    assert etcd_proxy.hold_replies_of(b"/v3/watch") == 1  # a:1's watch: open, silent from now on
+    (late,) = members("c:1")
+    took = wait_until(
+        lambda: "c:1" in stalled.snapshot().members,
+        timeout=WAIT_S,
+        what="the member whose watch stalled sees c:1 join",
+    )
+    print(f"c:1 seen through a stalled watch after {took:.2f} s (lease {TTL} s)")
+    assert "c:1" in other.snapshot().members
+    # Seen in a new read of the prefix; a new watch starts from it.
+    wait_until(
+        lambda: stalled.resyncs > resyncs and stalled.watch_running,
+        timeout=WAIT_S,
+        what="a:1 watches again",
+    )
+
+    # Its new watch stalls too; c:1 leaves (its key deleted, no key put: the count tells).
+    resyncs = stalled.resyncs
+    assert etcd_proxy.hold_replies_of(b"/v3/watch") >= 1  # the old one may not be gone yet
+    late.stop(leave=True)
+    took = wait_until(
+        lambda: "c:1" not in stalled.snapshot().members,
+        timeout=WAIT_S,
+        what="the member whose watch stalled sees c:1 leave",
+    )
+    print(f"c:1's leave seen through a stalled watch after {took:.2f} s")
+    assert stalled.resyncs > resyncs
+    assert stalled.snapshot().shard_map == expected
 
 
 def test_when_the_leaders_lease_goes_another_member_leads_and_takes_its_shards(

@@ -15,6 +15,10 @@ each returns once it has taken effect):
   back to that client (its reply is held) until ``release_replies()`` or the client hangs up.
   The event it returns is set once such a request has gone upstream: the client now waits for
   a reply that does not come.
+* ``hold_replies_of(marker)``: from now on, nothing more comes back on the connections open now
+  whose request began with bytes containing ``marker`` (a long-lived stream's, say: an etcd
+  watch); their requests still go upstream, and they stay open, silent. Other connections, and
+  later ones, are not touched. ``release_replies()`` lets the held replies through.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ CHUNK_BYTES = 65536
 START_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
+HEAD_BYTES = 256
+"""How much of what a client sends first a connection keeps (``hold_replies_of``)."""
 _LINGER_RST = struct.pack("ii", 1, 0)
 
 
@@ -50,6 +56,8 @@ class _Pair:
         self.replies.set()
         self.sent_tail = b""
         """The last bytes the client sent (a marker may straddle two chunks)."""
+        self.head = b""
+        """The first bytes the client sent (its request line, for ``hold_replies_of``)."""
 
     def writers(self) -> list[asyncio.StreamWriter]:
         return [w for w in (self.client, self.upstream) if w is not None]
@@ -208,6 +216,20 @@ class FaultProxy:
 
         return self._run_in_loop(arm)
 
+    def hold_replies_of(self, marker: bytes) -> int:
+        """Hold the replies of the open connections whose first bytes contain ``marker`` (see
+        the module docstring); how many were caught."""
+        if not marker:
+            raise ValueError("an empty marker would catch any connection")
+
+        def hold() -> int:
+            caught = [pair for pair in self._pairs if marker in pair.head]
+            for pair in caught:
+                pair.replies.clear()
+            return len(caught)
+
+        return self._run_in_loop(hold)
+
     def release_replies(self) -> None:
         """Let held replies through (and disarm a hold that caught nothing yet)."""
 
@@ -287,6 +309,8 @@ class FaultProxy:
                 await self._flowing.wait()
                 if self._latency_s:
                     await asyncio.sleep(self._latency_s)
+                if upstream and len(pair.head) < HEAD_BYTES:
+                    pair.head += data[: HEAD_BYTES - len(pair.head)]
                 caught = self._catches(pair, data) if upstream else None
                 if not upstream:
                     await pair.replies.wait()

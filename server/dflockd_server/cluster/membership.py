@@ -14,7 +14,14 @@ A ``Member`` (one per server process) does, under ``<prefix>``:
   no map yet it waits until membership has been still for ``settle_s`` and writes
   ``ShardMap.initial``; afterwards every membership change applies ``ShardMap.updated`` (only
   the shards of members that are gone move; new members wait for a rebalance);
-- watches the whole prefix and keeps a local copy of members, leader and map (``snapshot``).
+- watches the whole prefix and keeps a local copy of members, leader and map (``snapshot``);
+- checks that watch every ``lease_ttl`` against one small read of the prefix (how many keys it
+  holds, whether one was put after the last revision the watch brought: ``EtcdClient.stat``).
+  A watch that owes changes at two checks in a row and brought nothing between them is stalled
+  (a stream that stays open and silent: a connection cut off without a FIN or RST, a proxy
+  that stopped forwarding, an etcd member cut off from its cluster; it never ends by itself):
+  the member reads the prefix again and watches anew, as when a watch ends. An idle watch (the
+  read agrees with what it brought) is left alone.
 
 The keep-alive measures the lease's life from when the last successful keep-alive was *sent*
 (etcd renews it on receipt, so it lives at least that long): ``lease_valid_until`` and the
@@ -26,6 +33,7 @@ Threads: the lease's keep-alive, the member's own loop (election, map upkeep) an
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +58,8 @@ KEEPALIVE_RETRY_S = 0.1
 
 REGISTER_RETRY_S = 0.2
 """Between attempts to register while another lease holds the member's key."""
+
+log = logging.getLogger("dflockd_server")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +146,18 @@ class Member:
         self._shards: dict[int, ShardAssignment] = {}
         self._revisions: dict[int, int] = {}
         self._members_changed_at = time.monotonic()
+        self._seen_revision = 0
+        """The revision up to which the local copy holds etcd's prefix (the read it was made
+        from, then each event the watch brought)."""
+        self._key_count = 0
+        """How many keys the prefix holds as of ``_seen_revision``."""
+        self._next_watch_check = 0.0
+        self._behind_at: int | None = None
+        """``_seen_revision`` at the last check if etcd had changes the watch had not brought."""
+        self.resyncs = 0
+        """Reads of the whole prefix (the first at ``start``), each followed by a new watch."""
+        self.watch_checks = 0
+        """Checks of the watch against a read of the prefix (one every ``lease_ttl``)."""
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._watch: Watch | None = None
@@ -220,6 +242,12 @@ class Member:
             )
 
     @property
+    def watch_running(self) -> bool:
+        """A watch of the prefix is open (it may still be stalled: see the module docstring)."""
+        watch = self._watch
+        return watch is not None and watch.running
+
+    @property
     def is_leader(self) -> bool:
         with self._lock:
             return self.lost is None and self._leader == self.advertise
@@ -264,16 +292,51 @@ class Member:
                 return
             try:
                 watch = self._watch
-                if watch is None or not watch.running or watch.endpoint != self.client.preferred:
+                if (
+                    watch is None
+                    or not watch.running
                     # A watch on an endpoint the client left (it did not answer in time: paused,
                     # cut off from its cluster) may stay open and silent: read everything again
                     # from the endpoint that answers and watch there.
+                    or watch.endpoint != self.client.preferred
+                    or self._watch_stalled()
+                ):
                     self._resync()
                 self._elect()
                 if self.is_leader:
                     self._maintain_map()
             except EtcdError:
                 continue  # etcd unreachable for now: try again at the next wake-up
+
+    def _watch_stalled(self) -> bool:
+        """At most once per ``lease_ttl``: whether the watch owes changes (etcd's prefix holds
+        another number of keys than the local copy, or a key put after the copy's revision) and
+        owed them at the previous check already, with nothing brought since (see the module's
+        docstring). One check that finds it behind is not enough: the changes may be on
+        their way."""
+        now = time.monotonic()
+        if now < self._next_watch_check:
+            return False
+        self._next_watch_check = now + self.lease_ttl
+        with self._lock:
+            seen, count = self._seen_revision, self._key_count
+        stat = self.client.stat(self.keys.root, prefix=True, since=seen)
+        self.watch_checks += 1
+        behind = stat.modified or stat.count != count
+        stalled = behind and self._behind_at == seen
+        self._behind_at = seen if behind else None
+        if stalled:
+            log.warning(
+                "the etcd watch of %s brought nothing for %g s or more while etcd had changes "
+                "after revision %d (read at %d: %d keys, %d here): reading it again",
+                self.keys.root,
+                self.lease_ttl,
+                seen,
+                stat.revision,
+                stat.count,
+                count,
+            )
+        return stalled
 
     # -- etcd state --------------------------------------------------------------------------------
 
@@ -283,6 +346,7 @@ class Member:
         if old is not None:
             old.stop()
         result = self.client.range(self.keys.root, prefix=True)
+        self.resyncs += 1
         with self._lock:
             self._members.clear()
             self._shards.clear()
@@ -290,6 +354,10 @@ class Member:
             self._leader = None
             for kv in result.kvs:
                 self._apply_kv(kv.key, kv.value, kv.mod_revision, deleted=False)
+            self._seen_revision = result.revision
+            self._key_count = len(result.kvs)
+        self._behind_at = None
+        self._next_watch_check = time.monotonic() + self.lease_ttl
         self._watch = self.client.watch(
             self.keys.root,
             prefix=True,
@@ -299,10 +367,15 @@ class Member:
         self._changed()
 
     def _on_event(self, event: WatchEvent) -> None:
+        kv = event.kv
+        deleted = event.type == "delete"
         with self._lock:
-            self._apply_kv(
-                event.kv.key, event.kv.value, event.kv.mod_revision, deleted=event.type == "delete"
-            )
+            self._apply_kv(kv.key, kv.value, kv.mod_revision, deleted=deleted)
+            self._seen_revision = max(self._seen_revision, kv.mod_revision)
+            if deleted:
+                self._key_count -= 1
+            elif kv.version == 1:
+                self._key_count += 1  # created (a change of a key already there is version 2+)
         self._changed()
 
     def _apply_kv(self, key: str, value: str, revision: int, *, deleted: bool) -> None:

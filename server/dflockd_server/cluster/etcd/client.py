@@ -1,8 +1,9 @@
 """A small etcd v3 client over etcd's JSON gateway (HTTP/1.1, standard library only).
 
-``EtcdClient`` covers what the lock cluster needs: ranges (one key or a prefix), put (optionally
-under a lease), delete, transactions (with create-if-absent and value-equals helpers), leases
-(grant, one keep-alive, revoke, time to live) and watching a key or prefix from a thread.
+``EtcdClient`` covers what the lock cluster needs: ranges (one key or a prefix) and their counts
+(``stat``), put (optionally under a lease), delete, transactions (with create-if-absent and
+value-equals helpers), leases (grant, one keep-alive, revoke, time to live) and watching a key or
+prefix from a thread.
 
 Its messages are in ``messages``, its watches in ``watch``; how a request reaches etcd
 (endpoints, fail-over, when a request is sent again, TLS, authentication) in ``transport``.
@@ -23,10 +24,12 @@ from dflockd_server.cluster.etcd.messages import (
     Op,
     Put,
     RangeResult,
+    RangeStat,
     TxnResult,
     WatchEvent,
     b64,
     b64_raw,
+    key_range,
     prefix_end,
 )
 from dflockd_server.cluster.etcd.transport import EtcdTransport
@@ -50,6 +53,20 @@ class EtcdClient(EtcdTransport):
         reply = self.call("/v3/kv/range", body, what)
         return RangeResult(
             [KeyValue.from_json(kv) for kv in reply.get("kvs", [])],
+            int(reply.get("header", {}).get("revision", 0)),
+        )
+
+    def stat(self, key: str, *, prefix: bool = False, since: int = 0) -> RangeStat:
+        """How many keys the key (or prefix) holds, and whether one of them was put after
+        revision ``since``, in one read that carries at most one key and no value: etcd counts
+        the whole range, then keeps the keys modified since (``min_mod_revision``)."""
+        body = key_range(key, prefix)
+        body.update({"keys_only": True, "limit": "1", "min_mod_revision": str(since + 1)})
+        what = f"count of {key!r}" + (" (prefix)" if prefix else "")
+        reply = self.call("/v3/kv/range", body, what)
+        return RangeStat(
+            int(reply.get("count", 0)),
+            bool(reply.get("kvs")),
             int(reply.get("header", {}).get("revision", 0)),
         )
 

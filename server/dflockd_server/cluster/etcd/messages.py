@@ -79,6 +79,18 @@ class RangeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RangeStat:
+    """What one read of a range says without its keys' values (``EtcdClient.stat``)."""
+
+    count: int
+    """How many keys the range holds."""
+    modified: bool
+    """Some key of the range was put (created or changed) after the revision asked about."""
+    revision: int
+    """The store's revision when the range was read."""
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     id: int
     ttl: int
