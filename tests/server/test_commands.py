@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -526,16 +527,50 @@ def test_pipelined_requests_answer_in_order(dflock_server: ServerThread) -> None
         assert b.recv() == "ok"
 
 
-def _read_lines(wire: Wire, count: int, into: list[str]) -> threading.Thread:
-    """Read ``count`` reply lines from ``wire`` in a thread (so its replies never back up)."""
+class _LineReader:
+    """Reads ``count`` reply lines of ``wire`` into ``into`` in a thread (so its replies never
+    back up), from ``__enter__`` on.
 
-    def run() -> None:
-        for _ in range(count):
-            into.append(wire.recv())
+    No deadline for the whole: each read waits at most the wire's own timeout for its line, so
+    ``wait`` waits as long as the replies keep coming, however long a slow machine takes for
+    all of them, and fails once one is a whole timeout late. Its socket is never closed under
+    it: on the way out of the ``with``, a reader still reading (``wait`` was not reached, or
+    failed) is stopped by shutting the socket down, its read then ends, and it is joined.
+    """
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+    def __init__(self, wire: Wire, count: int, into: list[str]) -> None:
+        self._wire = wire
+        self._count = count
+        self._into = into
+        self.read = 0
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            for _ in range(self._count):
+                self._into.append(self._wire.recv())
+                self.read += 1
+        except (OSError, EOFError) as exc:  # a reply a whole timeout late; a shut down socket
+            self._error = exc
+
+    def wait(self) -> None:
+        """Until every line is read (each read is bounded by the wire's timeout)."""
+        self._thread.join()
+        if self._error is not None:
+            raise AssertionError(
+                f"{self.read} of {self._count} replies read, then {self._error!r}"
+            ) from self._error
+
+    def __enter__(self) -> _LineReader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(OSError):
+                self._wire.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join()
 
 
 def _grant_fences(replies: list[str]) -> list[int]:
@@ -551,9 +586,9 @@ def _pipeline_meets_other(address: tuple[str, int], pipeline: list[bytes]) -> tu
         piper.send_raw(b"".join(pipeline))
         first = piper.recv()  # the server has the pipeline and is answering it
         replies: list[str] = [first]
-        reader = _read_lines(piper, len(pipeline) - 1, replies)
-        other_fence = fence(other.lock("other"))
-        reader.join(DEADLINE_S)
+        with _LineReader(piper, len(pipeline) - 1, replies) as reader:
+            other_fence = fence(other.lock("other"))
+            reader.wait()
         assert len(replies) == len(pipeline)
         return _grant_fences(replies), other_fence
 
@@ -590,7 +625,10 @@ def test_a_pipeline_of_stats_takes_turns_with_other_connections(
 ) -> None:
     # A stats request ends its connection's turn (its cost grows with the table: 1,000 keys
     # here): 60 stats between acquires, fewer requests in all than one turn's
-    # MAX_REQUESTS_PER_PASS.
+    # MAX_REQUESTS_PER_PASS. Each stats waits for a snapshot of its own, rationed (the next no
+    # sooner than STATS_DUTY_FACTOR times the last one's cost), so the pipeline takes about
+    # 60 x (1 + STATS_DUTY_FACTOR) snapshots' time: a few seconds, over ten on a slow, loaded
+    # machine. Its replies are awaited one by one, without a deadline on the whole.
     address = _uncapped_dflockd(dflockd_process)
     with Wire(address) as holder:
         holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(1000)))
@@ -621,9 +659,11 @@ def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server_factory: Serve
         try:
             for wire in askers:
                 wire.send_raw(b"stats\n_\n_\n" * 20)
-            readers = [_read_lines(wire, 20, replies) for wire in askers]  # all at once
-            for reader in readers:
-                reader.join(DEADLINE_S)
+            with contextlib.ExitStack() as readers:
+                for reader in [  # all at once
+                    readers.enter_context(_LineReader(wire, 20, replies)) for wire in askers
+                ]:
+                    reader.wait()
         finally:
             for wire in askers:
                 wire.close()
