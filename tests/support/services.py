@@ -1,6 +1,7 @@
-"""Redis and RabbitMQ on this machine: where they are, whether they answer, and the rule for a
-test that needs one: skip without it, fail instead when ``CELERY_DFLOCK_REQUIRE_REDIS=1`` (CI),
-so a service-dependent test never silently stops running."""
+"""Redis, RabbitMQ and PostgreSQL on this machine: where they are, whether they answer, and the
+rule for a test that needs one: skip without it, fail instead when
+``CELERY_DFLOCK_REQUIRE_REDIS=1`` (Redis, RabbitMQ) or ``CELERY_DFLOCK_REQUIRE_POSTGRES=1``
+(CI sets both), so a service-dependent test never silently stops running."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ own database and each test its own queue name)."""
 RABBITMQ_URL = os.environ.get(
     "CELERY_DFLOCK_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//"
 )
+POSTGRES_URL = os.environ.get(
+    "CELERY_DFLOCK_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+"""PostgreSQL of the fenced-store tests (each test makes a schema of its own in it)."""
+REQUIRE_POSTGRES_ENV = "CELERY_DFLOCK_REQUIRE_POSTGRES"
+"""Set to 1 (as CI does), a test that needs PostgreSQL fails instead of skipping."""
 REQUIRE_SERVICES_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
 """Set to 1 (as CI does), a test that needs Redis or RabbitMQ fails instead of skipping."""
 
@@ -50,6 +57,14 @@ def rabbitmq_reachable(timeout: float = 0.5) -> bool:
     return _answers(RABBITMQ_URL, 5672, b"AMQP\x00\x00\x09\x01", b"\x01", timeout)
 
 
+def postgres_reachable(timeout: float = 0.5) -> bool:
+    """True if PostgreSQL answers an SSLRequest (``S`` or ``N``: it speaks the protocol)."""
+    ssl_request = b"\x00\x00\x00\x08\x04\xd2\x16\x2f"
+    return _answers(POSTGRES_URL, 5432, ssl_request, b"N", timeout) or _answers(
+        POSTGRES_URL, 5432, ssl_request, b"S", timeout
+    )
+
+
 def unavailable(message: str, *, required: bool | None = None, because: str = "") -> NoReturn:
     """Skip the calling test saying ``message``, or fail it when ``required`` (default: when
     CI's variable is set), saying ``because`` (default: that variable)."""
@@ -74,3 +89,13 @@ def require_redis() -> None:
 
 def require_rabbitmq() -> None:
     require_service(f"RabbitMQ at {RABBITMQ_URL}", rabbitmq_reachable)
+
+
+def require_postgres() -> None:
+    """Skip the calling test without PostgreSQL; fail it under CI's variable for it."""
+    if not postgres_reachable():
+        unavailable(
+            f"PostgreSQL at {POSTGRES_URL} is not reachable",
+            required=os.environ.get(REQUIRE_POSTGRES_ENV) == "1",
+            because=f"{REQUIRE_POSTGRES_ENV}=1 requires it",
+        )

@@ -1,0 +1,79 @@
+# pyright: reportMissingTypeStubs=false
+"""Fenced writes through Django's ORM (needs ``celery-dflock[django]`` and a configured Django).
+
+The model keeps, in each row, the highest fence a write to that row carried: a field
+``dflock_fence = fence_field()`` (a ``BigIntegerField(default=0)``; ``makemigrations`` turns
+it into an ``AddField`` that gives every existing row 0). `fenced_update` is one ``UPDATE``::
+
+    queryset.filter(dflock_fence__lte=fence).update(dflock_fence=fence, **values)
+
+so the check and the write are one atomic statement of the database: a row another holder
+wrote with a higher fence is not matched, and nothing is written to it. When no row was
+updated, one aggregate tells a refusal (`StaleFence`) from a queryset that matches no row (0 is
+returned, as ``update()`` does). The queryset should name one row (``pk=...``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from django.db import models
+
+from celery_dflock.fencing.errors import StaleFence
+from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+
+__all__ = ["fence_field", "fenced_update"]
+
+
+def fence_field() -> Any:
+    """The fence field of a model (``dflock_fence = fence_field()``): a
+    ``BigIntegerField(default=0)``, not editable in forms or the admin (a row never written
+    under a lock carries 0, below every fence)."""
+    big_integer: Any = models.BigIntegerField  # Django is untyped: its defaults read as types
+    return big_integer(
+        default=0,
+        editable=False,
+        help_text="The highest fencing token a write to this row carried (celery-dflock).",
+    )
+
+
+def fenced_update(
+    target: Any, fence: int | None, /, *, fence_name: str = FENCE_COLUMN, **values: Any
+) -> int:
+    """``target.filter(<fence_name>__lte=fence).update(<fence_name>=fence, **values)``; the
+    number of rows updated (0 when ``target`` matches no row).
+
+    ``target``: a queryset (``Account.objects.filter(pk=7)``) or a model (all its rows).
+    ``fence``: the lock's fence (``self.lock.fence``); a fence equal to the row's is accepted
+    (one holder writes several times), a lower one raises `StaleFence` and None raises
+    `FenceMissing`, both without writing. ``values``: what ``update()`` takes (``F()``
+    expressions included). ``fence_name``: the fence field, if not ``dflock_fence``.
+    """
+    queryset = cast(
+        "Any", target if isinstance(target, models.QuerySet) else target._default_manager.all()
+    )
+    label = f"{queryset.model._meta.label} rows {_described(queryset)}"
+    fence = require_fence(fence, label)
+    updated = int(
+        queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
+    )
+    if updated:
+        return updated
+    highest = queryset.aggregate(highest=models.Max(fence_name))["highest"]
+    if highest is not None and int(highest) > fence:
+        raise StaleFence(
+            f"fenced write to {label} refused: its fence {fence} is lower than {highest}, "
+            "which a later holder of the lock wrote with; this run lost its lock (its lease "
+            "ran out while it was paused, or it was told and went on), and nothing was written",
+            label,
+            fence,
+            int(highest),
+        )
+    return 0
+
+
+def _described(queryset: Any) -> str:
+    """The queryset's ``WHERE`` clause, for a message ("all" without one)."""
+    sql = str(queryset.query)
+    _, found, where = sql.partition(" WHERE ")
+    return f"where {where}" if found else "(all)"

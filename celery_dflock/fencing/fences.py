@@ -1,0 +1,41 @@
+"""The one check of a fence handed to a fenced write: present, an int, and within what every
+store here can keep (a PostgreSQL ``BIGINT``)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.fencing.errors import FenceMissing
+
+__all__ = ["FENCE_COLUMN", "MAX_FENCE", "require_fence"]
+
+FENCE_COLUMN: Final = "dflock_fence"
+"""The default name of the column, hash field or key suffix where a store keeps its highest
+fence."""
+MAX_FENCE: Final = (1 << 63) - 1
+"""The largest fence a store here takes (a signed 64-bit ``BIGINT``). A dflockd-server fence
+counts nanoseconds of the wall clock from the server's first start; it reaches this in 2262."""
+
+
+def require_fence(fence: int | None, target: str) -> int:
+    """``fence`` checked for a write to ``target`` (named in the errors): `FenceMissing` for
+    None, `InvalidValueError` for anything but an int in 0..`MAX_FENCE`."""
+    if fence is None:
+        raise FenceMissing(
+            f"fenced write to {target} refused: it carries no fence (None). The lock server "
+            "that granted the lock issues no fencing tokens (lock.fence is None on dflockd "
+            "0.4/0.5 and the Go server), or the write ran outside a locked run; run "
+            "dflockd-server, whose tokens are fences, and pass self.lock.fence"
+        )
+    if isinstance(fence, bool) or not isinstance(fence, int):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError(
+            f"fenced write to {target}: fence must be the lock's fence, an int "
+            f"(self.lock.fence), not {type(fence).__name__} {fence!r}"
+        )
+    if not 0 <= fence <= MAX_FENCE:
+        raise InvalidValueError(
+            f"fenced write to {target}: fence {fence} is outside 0..{MAX_FENCE}, which no "
+            "lock server issues; pass self.lock.fence"
+        )
+    return fence

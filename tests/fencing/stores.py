@@ -1,0 +1,123 @@
+# pyright: reportMissingTypeStubs=false
+"""The real stores of the fenced-write tests: a PostgreSQL schema of each test's own (other runs
+share the database), the table both SQL faces write to, and Redis.
+
+Imported by the tests, by the worker app (``fencing_app``) and by the docs runner: PostgreSQL is
+reached as ``POSTGRES_URL`` (``CELERY_DFLOCK_TEST_POSTGRES_URL``) with ``search_path`` set to
+the schema, through SQLAlchemy (psycopg 3) or a Django configured in-process.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Final
+from urllib.parse import quote, urlsplit
+
+import sqlalchemy as sa
+
+from celery_dflock.fencing.sqlalchemy import fence_column
+from tests.support.services import POSTGRES_URL, REDIS_URL_BASE
+
+STORE_REDIS_DB: Final = 10
+"""The Redis database of fenced keys (tests/fencing and docs/fencing.md's examples)."""
+STORE_REDIS_URL: Final = f"{REDIS_URL_BASE}/{STORE_REDIS_DB}"
+DJANGO_APP: Final = "tests.fencing"
+"""The Django app of the tests' model (``tests/fencing/models.py``, table ``fencing_account``)."""
+
+METADATA: Final = sa.MetaData()
+ACCOUNTS: Final = sa.Table(
+    "account",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("balance", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+    fence_column(),
+)
+"""The SQLAlchemy face's table (Django's model has the same columns, in ``fencing_account``)."""
+
+
+def new_schema_name() -> str:
+    return f"fencing_{uuid.uuid4().hex[:12]}"
+
+
+def sqlalchemy_url(schema: str | None = None) -> str:
+    """``POSTGRES_URL`` for SQLAlchemy's psycopg 3 dialect, on ``schema`` when given."""
+    url = POSTGRES_URL.replace("postgresql://", "postgresql+psycopg://", 1)
+    if schema is None:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}options={quote(f'-csearch_path={schema}')}"
+
+
+def engine_for(schema: str | None = None) -> sa.Engine:
+    return sa.create_engine(sqlalchemy_url(schema), pool_pre_ping=True)
+
+
+def create_schema(schema: str) -> None:
+    """The schema, with the SQLAlchemy face's ``account`` and Django's ``fencing_account``."""
+    engine = engine_for()
+    try:
+        with engine.begin() as db:
+            db.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        scoped = engine_for(schema)
+        try:
+            METADATA.create_all(scoped)
+            with scoped.begin() as db:
+                db.execute(
+                    sa.text(
+                        "CREATE TABLE fencing_account (id integer PRIMARY KEY, "
+                        "balance bigint NOT NULL DEFAULT 0, "
+                        "dflock_fence bigint NOT NULL DEFAULT 0)"
+                    )
+                )
+        finally:
+            scoped.dispose()
+    finally:
+        engine.dispose()
+
+
+def drop_schema(schema: str) -> None:
+    engine = engine_for()
+    try:
+        with engine.begin() as db:
+            db.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    finally:
+        engine.dispose()
+
+
+def django_database(schema: str | None) -> dict[str, Any]:
+    """Django's ``DATABASES["default"]`` for ``POSTGRES_URL`` (on ``schema`` when given)."""
+    parts = urlsplit(POSTGRES_URL)
+    options = {} if schema is None else {"options": f"-c search_path={schema}"}
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts.path.lstrip("/") or "test",
+        "USER": parts.username or "postgres",
+        "PASSWORD": parts.password or "",
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(parts.port or 5432),
+        "OPTIONS": options,
+    }
+
+
+def configure_django(schema: str | None) -> None:
+    """Django configured in this process (once): the tests' app, PostgreSQL on ``schema``."""
+    import django
+    from django.conf import settings
+
+    if settings.configured:
+        return
+    settings.configure(
+        INSTALLED_APPS=[DJANGO_APP],
+        DATABASES={"default": django_database(schema)},
+        USE_TZ=True,
+        TIME_ZONE="UTC",
+        DEFAULT_AUTO_FIELD="django.db.models.AutoField",
+    )
+    django.setup()
+
+
+def point_django_at(schema: str) -> None:
+    """Django's default connection, from its next query on, on ``schema``."""
+    from django.db import connection
+
+    connection.close()
+    connection.settings_dict["OPTIONS"] = {"options": f"-c search_path={schema}"}

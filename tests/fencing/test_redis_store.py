@@ -1,0 +1,72 @@
+"""`celery_dflock.fencing.redis` against a real Redis (keys named per test)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_dflock.fencing import FenceMissing, StaleFence
+from celery_dflock.fencing.redis import fence_key_of, fenced_hset, fenced_set, highest_fence
+
+
+@pytest.fixture
+def key(store_redis: redis.Redis) -> Iterator[str]:
+    name = f"fencing-test:{uuid.uuid4().hex}"
+    try:
+        yield name
+    finally:
+        store_redis.delete(name, fence_key_of(name))
+
+
+def test_fenced_set_keeps_the_highest_fence_and_refuses_a_lower_one(
+    store_redis: redis.Redis, key: str
+) -> None:
+    fenced_set(store_redis, key, "a", fence=100)
+    fenced_set(store_redis, key, "b", fence=100)  # the same holder writes again: accepted
+    assert store_redis.get(key) == b"b"
+    fenced_set(store_redis, key, "c", fence=250)
+    with pytest.raises(StaleFence, match=r"fence 249 is lower than 250") as refused:
+        fenced_set(store_redis, key, "stale", fence=249)
+    assert refused.value.highest == 250 and key in str(refused.value)
+    assert store_redis.get(key) == b"c"
+    assert highest_fence(store_redis.get(fence_key_of(key))) == 250
+
+
+def test_fences_one_apart_at_todays_size_compare_exactly(
+    store_redis: redis.Redis, key: str
+) -> None:
+    """A dflockd-server fence is about 1.8e18 (nanoseconds): as Lua numbers (doubles) two fences
+    1 apart would be equal; the script compares them as padded strings."""
+    fence = 1_800_000_000_000_000_001
+    fenced_set(store_redis, key, "later", fence=fence)
+    with pytest.raises(StaleFence):
+        fenced_set(store_redis, key, "earlier", fence=fence - 1)
+    assert store_redis.get(key) == b"later"
+
+
+def test_a_write_without_a_fence_is_refused_and_nothing_is_written(
+    store_redis: redis.Redis, key: str
+) -> None:
+    """``lock.fence`` is None on a lock server without fencing tokens: refused, not applied."""
+    with pytest.raises(FenceMissing, match="carries no fence"):
+        fenced_set(store_redis, key, "x", fence=None)
+    with pytest.raises(FenceMissing):
+        fenced_hset(store_redis, key, {"x": 1}, fence=None)
+    assert store_redis.exists(key, fence_key_of(key)) == 0
+
+
+def test_fenced_hset_keeps_the_fence_in_the_hash(store_redis: redis.Redis, key: str) -> None:
+    fenced_hset(store_redis, key, {"total": 3, "by": "run-a"}, fence=10)
+    fenced_hset(store_redis, key, {"total": 4}, fence=10)
+    with pytest.raises(StaleFence, match=r"fence 9 is lower than 10"):
+        fenced_hset(store_redis, key, {"total": 0, "by": "stale"}, fence=9)
+    assert store_redis.hgetall(key) == {
+        b"total": b"4",
+        b"by": b"run-a",
+        b"dflock_fence": b"00000000000000000010",
+    }
+    with pytest.raises(ValueError, match="holds the fence"):
+        fenced_hset(store_redis, key, {"dflock_fence": 99}, fence=11)

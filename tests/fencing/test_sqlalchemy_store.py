@@ -1,0 +1,122 @@
+"""`celery_dflock.fencing.sqlalchemy` against a real PostgreSQL (a schema of each test's own)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from celery_dflock import LockLost
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.fencing import FenceMissing, StaleFence
+from celery_dflock.fencing.sqlalchemy import add_fence_column, fenced_update
+from tests.fencing.stores import ACCOUNTS
+
+
+def row(engine: sa.Engine, account: int) -> tuple[int, int]:
+    with engine.connect() as db:
+        found = db.execute(
+            sa.select(ACCOUNTS.c.balance, ACCOUNTS.c.dflock_fence).where(ACCOUNTS.c.id == account)
+        ).one()
+    return int(found[0]), int(found[1])
+
+
+def credit(engine: sa.Engine, account: int, fence: int | None, amount: int = 1) -> int:
+    with engine.begin() as db:
+        return fenced_update(
+            db,
+            ACCOUNTS,
+            ACCOUNTS.c.id == account,
+            fence=fence,
+            values={"balance": ACCOUNTS.c.balance + amount},
+        )
+
+
+@pytest.fixture
+def account(engine: sa.Engine) -> int:
+    with engine.begin() as db:
+        db.execute(sa.insert(ACCOUNTS).values(id=7, balance=0))  # dflock_fence: its default 0
+    return 7
+
+
+def test_a_write_with_a_fence_at_least_the_rows_lands_and_keeps_it(
+    engine: sa.Engine, account: int
+) -> None:
+    assert row(engine, account) == (0, 0)
+    assert credit(engine, account, 100) == 1
+    assert credit(engine, account, 100) == 1  # the same holder writes again: accepted
+    assert credit(engine, account, 250) == 1
+    assert row(engine, account) == (3, 250)
+
+
+def test_a_lower_fence_is_refused_and_nothing_is_written(engine: sa.Engine, account: int) -> None:
+    credit(engine, account, 250)
+    with pytest.raises(StaleFence, match=r"fence 249 is lower than 250") as refused:
+        credit(engine, account, 249, amount=1000)
+    assert row(engine, account) == (1, 250)
+    assert refused.value.fence == 249 and refused.value.highest == 250
+    assert "account.id = 7" in str(refused.value)
+    assert isinstance(refused.value, LockLost)
+    again = pickle.loads(pickle.dumps(refused.value))  # as Celery carries a task's failure
+    assert (type(again), str(again), again.highest) == (StaleFence, str(refused.value), 250)
+
+
+def test_a_write_without_a_fence_is_refused_and_nothing_is_written(
+    engine: sa.Engine, account: int
+) -> None:
+    """``lock.fence`` is None on a lock server without fencing tokens: refused, not applied."""
+    with pytest.raises(FenceMissing, match="carries no fence"):
+        credit(engine, account, None, amount=1000)
+    assert row(engine, account) == (0, 0)
+    for bad in (True, "12", -1, 1 << 63):
+        with pytest.raises(InvalidValueError, match="fence"):
+            credit(engine, account, bad)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    assert row(engine, account) == (0, 0)
+
+
+def test_a_row_that_is_not_there_updates_nothing(engine: sa.Engine, account: int) -> None:
+    assert credit(engine, 8, 100) == 0
+
+
+def test_the_orm_face_through_a_session(engine: sa.Engine, account: int) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Account(Base):
+        __tablename__ = "account"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        balance: Mapped[int]
+        dflock_fence: Mapped[int]
+
+    with Session(engine) as session:
+        loaded = session.get(Account, account)
+        assert loaded is not None
+        where = Account.id == account
+        assert fenced_update(session, Account, where, fence=5, values={"balance": 9}) == 1
+        session.commit()
+        assert (loaded.balance, loaded.dflock_fence) == (9, 5)
+        with pytest.raises(StaleFence):
+            fenced_update(session, Account, Account.id == account, fence=4, values={"balance": 0})
+        session.rollback()
+    assert row(engine, account) == (9, 5)
+
+
+def test_add_fence_column_to_a_table_that_exists(engine: sa.Engine) -> None:
+    table = sa.Table(
+        "legacy",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("v", sa.Text),
+    )
+    with engine.begin() as db:
+        table.create(db)
+        db.execute(sa.insert(table).values(id=1, v="old"))
+    with engine.begin() as db:
+        assert add_fence_column(db, table) is True
+        assert add_fence_column(db, table) is False
+    fenced = sa.Table("legacy", sa.MetaData(), autoload_with=engine)
+    with engine.begin() as db:
+        assert db.execute(sa.select(fenced.c.dflock_fence)).scalar() == 0
+        assert fenced_update(db, fenced, fenced.c.id == 1, fence=3, values={"v": "new"}) == 1
