@@ -24,6 +24,11 @@ STORE_REDIS_URL: Final = f"{REDIS_URL_BASE}/{STORE_REDIS_DB}"
 DJANGO_APP: Final = "tests.fencing"
 """The Django app of the tests' model (``tests/fencing/models.py``, table ``fencing_account``)."""
 
+SCHEMA_ENV: Final = "DFLOCK_FENCING_SCHEMA"
+"""The schema of the workers of ``fencing_app`` (the test module's own)."""
+CREDIT: Final = "fencing.credit"
+"""``fencing_app.credit``'s name, for ``send_task``."""
+
 METADATA: Final = sa.MetaData()
 ACCOUNTS: Final = sa.Table(
     "account",
@@ -33,6 +38,11 @@ ACCOUNTS: Final = sa.Table(
     fence_column(),
 )
 """The SQLAlchemy face's table (Django's model has the same columns, in ``fencing_account``)."""
+
+
+def redis_key(schema: str, account: int) -> str:
+    """The Redis hash of ``account`` in the run of ``schema``."""
+    return f"fencing-test:{schema}:{account}"
 
 
 def new_schema_name() -> str:
