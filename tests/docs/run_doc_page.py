@@ -17,11 +17,17 @@ signal receivers stay out of the test process). The preamble, the only thing add
   settings).
 * Each block runs as a module of its own name (``docs_example_<n>``), so a page may define two
   tasks of one name, as two modules of a project would.
+* The fenced stores' page (docs/fencing.md) gets real stores from its test, in the environment:
+  ``DFLOCK_DOCS_POSTGRES_URL`` (a schema of the test's own) stands for the PostgreSQL URL the
+  page names, ``DFLOCK_DOCS_REDIS_URL`` for its Redis URL, and ``DFLOCK_DOCS_DJANGO_DATABASE``
+  (JSON) configures Django in the preamble, as a project's settings module would.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,8 +53,32 @@ class FencedStore:
         self.highest[key] = fence
 
 
+STORES: dict[str, str] = {
+    '"postgresql+psycopg://postgres@127.0.0.1:5432/test"': "DFLOCK_DOCS_POSTGRES_URL",
+    '"redis://127.0.0.1:6379/0"': "DFLOCK_DOCS_REDIS_URL",
+}
+"""A store's address as a page names it -> the variable that holds the test's own."""
+
+
+def configure_django() -> None:
+    """Django configured from ``DFLOCK_DOCS_DJANGO_DATABASE``, when the test sets it."""
+    database = os.environ.get("DFLOCK_DOCS_DJANGO_DATABASE")
+    if database is None:
+        return
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        DATABASES={"default": json.loads(database)},
+        USE_TZ=True,
+        DEFAULT_AUTO_FIELD="django.db.models.AutoField",
+    )
+    django.setup()
+
+
 def main(page: str, address: str) -> int:
     host, _, port = address.rpartition(":")
+    configure_django()
     overrides: dict[str, Any] = {
         "broker_url": "memory://",
         "result_backend": "cache+memory://",
@@ -82,6 +112,9 @@ def main(page: str, address: str) -> int:
         code = block.code.replace('("127.0.0.1", 6388)', f'("{host}", {port})').replace(
             '"127.0.0.1:6388"', f'"{address}"'
         )
+        for named, variable in STORES.items():
+            if variable in os.environ:
+                code = code.replace(named, json.dumps(os.environ[variable]))
         print(f"--- {block.where}", flush=True)
         namespace["__name__"] = f"docs_example_{ran}"
         exec(compile(code, block.where, "exec"), namespace)
@@ -90,7 +123,23 @@ def main(page: str, address: str) -> int:
             if isinstance(value, Celery):
                 point_at_test_server(value)
     print(f"ran {ran} block(s)")
+    close_stores(namespace)
     return 0
+
+
+def close_stores(namespace: dict[str, Any]) -> None:
+    """Close what a page opened to its stores (SQLAlchemy's pools, Django's connections), so
+    that none is left to the garbage collector at exit."""
+    if "sqlalchemy" in sys.modules:
+        from sqlalchemy import Engine
+
+        for value in namespace.values():
+            if isinstance(value, Engine):
+                value.dispose()
+    if "django.db" in sys.modules:
+        from django.db import connections
+
+        connections.close_all()
 
 
 if __name__ == "__main__":

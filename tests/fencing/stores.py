@@ -61,12 +61,15 @@ def engine_for(schema: str | None = None) -> sa.Engine:
     return sa.create_engine(sqlalchemy_url(schema), pool_pre_ping=True)
 
 
-def create_schema(schema: str) -> None:
-    """The schema, with the SQLAlchemy face's ``account`` and Django's ``fencing_account``."""
+def create_schema(schema: str, *, tables: bool = True) -> None:
+    """The schema, with (``tables``) the SQLAlchemy face's ``account`` and Django's
+    ``fencing_account``."""
     engine = engine_for()
     try:
         with engine.begin() as db:
             db.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        if not tables:
+            return
         scoped = engine_for(schema)
         try:
             METADATA.create_all(scoped)
