@@ -43,16 +43,18 @@ def fenced_update(
     """``target.filter(<fence_name>__lte=fence).update(<fence_name>=fence, **values)``; the
     number of rows updated (0 when ``target`` matches no row).
 
-    ``target``: a queryset (``Account.objects.filter(pk=7)``) or a model (all its rows).
+    ``target``: a queryset (``Account.objects.filter(pk=7)``), or a manager or a model (all
+    its rows).
     ``fence``: the lock's fence (``self.lock.fence``); a fence equal to the row's is accepted
     (one holder writes several times), a lower one raises `StaleFence` and None raises
     `FenceMissing`, both without writing. ``values``: what ``update()`` takes (``F()``
     expressions included). ``fence_name``: the fence field, if not ``dflock_fence``.
     """
-    queryset = cast(
-        "Any", target if isinstance(target, models.QuerySet) else target._default_manager.all()
-    )
-    label = f"{queryset.model._meta.label} rows {_described(queryset)}"
+    queryset = _queryset(target)
+
+    def label() -> str:  # compiled for a message only
+        return f"{queryset.model._meta.label} rows {_described(queryset)}"
+
     fence = require_fence(fence, label)
     updated = int(
         queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
@@ -61,19 +63,35 @@ def fenced_update(
         return updated
     highest = queryset.aggregate(highest=models.Max(fence_name))["highest"]
     if highest is not None and int(highest) > fence:
+        named = label()
         raise StaleFence(
-            f"fenced write to {label} refused: its fence {fence} is lower than {highest}, "
+            f"fenced write to {named} refused: its fence {fence} is lower than {highest}, "
             "which a later holder of the lock wrote with; this run lost its lock (its lease "
             "ran out while it was paused, or it was told and went on), and nothing was written",
-            label,
+            named,
             fence,
             int(highest),
         )
     return 0
 
 
+def _queryset(target: Any) -> Any:
+    """A queryset as it is; a manager's or a model's (its default manager's) rows."""
+    if isinstance(target, models.QuerySet):
+        return cast("Any", target)
+    if isinstance(target, models.Manager):
+        return cast("Any", target).all()
+    if isinstance(target, type) and issubclass(target, models.Model):
+        return cast("Any", target)._default_manager.all()
+    kind: str = type(cast("object", target)).__name__
+    raise TypeError(f"fenced_update takes a queryset, a manager or a model, not {kind}")
+
+
 def _described(queryset: Any) -> str:
-    """The queryset's ``WHERE`` clause, for a message ("all" without one)."""
-    sql = str(queryset.query)
+    """The queryset's ``WHERE`` clause, for a message ("(all)" without one)."""
+    try:
+        sql = str(queryset.query)
+    except Exception:  # a queryset that cannot be written as SQL (an empty one: .none())
+        return "(not expressible as SQL)"
     _, found, where = sql.partition(" WHERE ")
     return f"where {where}" if found else "(all)"

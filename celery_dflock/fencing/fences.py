@@ -3,6 +3,7 @@ store here can keep (a PostgreSQL ``BIGINT``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from celery_dflock.client.errors import InvalidValueError
@@ -18,9 +19,14 @@ MAX_FENCE: Final = (1 << 63) - 1
 counts nanoseconds of the wall clock from the server's first start; it reaches this in 2262."""
 
 
-def require_fence(fence: int | None, target: str) -> int:
-    """``fence`` checked for a write to ``target`` (named in the errors): `FenceMissing` for
-    None, `InvalidValueError` for anything but an int in 0..`MAX_FENCE`."""
+def require_fence(fence: int | None, target: str | Callable[[], str]) -> int:
+    """``fence`` checked for a write to ``target`` (named in the errors; a callable is called
+    only for an error): `FenceMissing` for None, `InvalidValueError` for anything but an int
+    in 0..`MAX_FENCE`."""
+    if isinstance(fence, int) and not isinstance(fence, bool) and 0 <= fence <= MAX_FENCE:
+        return fence
+    if callable(target):
+        target = target()
     if fence is None:
         raise FenceMissing(
             f"fenced write to {target} refused: it carries no fence (None). The lock server "

@@ -77,21 +77,28 @@ def fenced_update(
     """
     statement = sa.update(table)
     target = cast("sa.Table", statement.table)
-    label = f"{target.fullname} where {_described(where)}"
+
+    def label() -> str:  # compiled for a message only
+        return f"{target.fullname} where {_described(where)}"
+
     fence = require_fence(fence, label)
     column = target.c[fence_name]
     assigned: dict[Any, Any] = {**values, column: fence}
-    result = connection.execute(statement.where(where, column <= fence).values(assigned))
+    # "fetch": an ORM session updates the objects it holds from the rows the database updated
+    # (on PostgreSQL, RETURNING), never from its own, possibly stale, idea of their fence.
+    statement = statement.where(where, column <= fence).values(assigned)
+    result = connection.execute(statement.execution_options(synchronize_session="fetch"))
     updated = cast("CursorResult[Any]", result).rowcount
     if updated:
         return updated
     highest = connection.execute(sa.select(sa.func.max(column)).where(where)).scalar()
     if highest is not None and int(highest) > fence:
+        named = label()
         raise StaleFence(
-            f"fenced write to {label} refused: its fence {fence} is lower than {highest}, "
+            f"fenced write to {named} refused: its fence {fence} is lower than {highest}, "
             "which a later holder of the lock wrote with; this run lost its lock (its lease "
             "ran out while it was paused, or it was told and went on), and nothing was written",
-            label,
+            named,
             fence,
             int(highest),
         )

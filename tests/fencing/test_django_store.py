@@ -67,9 +67,12 @@ def test_a_model_stands_for_all_its_rows_and_no_row_updates_nothing(account: int
 
     assert fenced_update(Account.objects.filter(pk=8), 5, balance=1) == 0
     assert fenced_update(Account, 5, balance=2) == 1
+    assert fenced_update(Account.objects, 6, balance=3) == 1
     with pytest.raises(StaleFence):
-        fenced_update(Account, 4, balance=3)
-    assert state(account) == (2, 5)
+        fenced_update(Account, 4, balance=4)
+    assert state(account) == (3, 6)
+    with pytest.raises(TypeError, match="a queryset, a manager or a model, not str"):
+        fenced_update("Account", 7, balance=5)
 
 
 def test_the_migration_adds_the_field_with_0_for_existing_rows(django_schema: str) -> None:

@@ -100,7 +100,18 @@ def test_the_orm_face_through_a_session(engine: sa.Engine, account: int) -> None
         with pytest.raises(StaleFence):
             fenced_update(session, Account, Account.id == account, fence=4, values={"balance": 0})
         session.rollback()
-    assert row(engine, account) == (9, 5)
+        assert row(engine, account) == (9, 5)
+        loaded = session.get(Account, account)
+        assert loaded is not None and loaded.dflock_fence == 5
+        # Another holder writes behind the session's back: by the session's stale view of the
+        # row (fence 5) a write with fence 260 passes; the database refuses it, and the
+        # session's object is left as it was, not updated from that view.
+        credit(engine, account, 300)
+        with pytest.raises(StaleFence, match="fence 260 is lower than 300"):
+            fenced_update(session, Account, where, fence=260, values={"balance": -1})
+        assert (loaded.balance, loaded.dflock_fence) == (9, 5)
+        session.rollback()
+    assert row(engine, account) == (10, 300)
 
 
 def test_add_fence_column_to_a_table_that_exists(engine: sa.Engine) -> None:
