@@ -54,6 +54,10 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/docs/test_docs_state_dir.py",
         '"--journal-fsync"',
     ),
+    r"dflockd --max-locks \d+ --max-lease-ttl \d+": (
+        "tests/docs/test_queue_once_sizing.py",
+        '"--max-lease-ttl"',
+    ),
     r"DFLOCKD_PORT=7000 dflockd --max-locks 4096": (
         "tests/server/test_settings.py",
         "DFLOCKD_MAX_LOCKS",
