@@ -28,7 +28,7 @@ from dflockd_server.loops import TurnLoop, loop_name
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
 from dflockd_server.settings import SETTINGS, Setting
-from dflockd_server.state import resolve_state_dir
+from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
 
@@ -296,7 +296,10 @@ async def serve(
     server = Server(config)
     await server.start()
     host, port = server.sockname
-    settings = " ".join(f"{k}={v}" for k, v in config.effective_settings().items())
+    shown = config.effective_settings()
+    # The state dir in use: the default one when none is given, "none" when there is none.
+    shown["state_dir"] = server.state.path if server.state is not None else NO_STATE
+    settings = " ".join(f"{k}={v}" for k, v in shown.items())
     log.info(
         "dflockd listening on %s:%d (tls %s, auth %s, loop %s); settings: %s",
         host,

@@ -343,3 +343,37 @@ def test_dflockd_runs_on_the_event_loop_it_is_told(dflockd_process: Any, loop: s
     assert f"loop {loop})" in "\n".join(proc.lines)
     with Wire((host, port)) as w:
         assert w.req("ping") == "ok"
+
+
+def test_the_start_up_line_names_the_state_dir_in_use(dflockd_process: Any, tmp_path: Path) -> None:
+    """It printed ``state_dir=None`` while the server used its address's default directory
+    (issue 50); it names the directory in use, or ``none``."""
+    from tests.support.ports import free_port
+
+    port = free_port()
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", str(port), env=env)
+    proc.wait_listening()
+    line = next(line for line in proc.lines if "listening on" in line)
+    assert f" state_dir={tmp_path / 'dflockd' / f'127.0.0.1-{port}'} " in line
+    assert (tmp_path / "dflockd" / f"127.0.0.1-{port}" / "journal").exists()
+    none: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0", env=env)
+    none.wait_listening()
+    assert " state_dir=none " in next(line for line in none.lines if "listening on" in line)
+
+
+def test_a_second_dflockd_on_one_port_names_the_port(dflockd_process: Any, tmp_path: Path) -> None:
+    """Two servers on one address share its default state directory, which the second finds
+    locked before it binds: the error pointed at --state-dir (issue 50); it names the port."""
+    from tests.support.ports import free_port
+
+    port = free_port()
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    first: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", str(port), env=env)
+    first.wait_listening()
+    second: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", str(port), env=env)
+    assert second.wait_exit() != 0
+    said = "\n".join(second.lines)
+    assert f"another dflockd (pid {first.proc.pid}) already runs on 127.0.0.1:{port}" in said
+    assert "another --port" in said
+    assert "give this one its own --state-dir" not in said
