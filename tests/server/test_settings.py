@@ -273,8 +273,8 @@ def test_dflockd_bad_env_exits_2_naming_the_variable() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_dflockd_help_documents_every_setting() -> None:
-    result = run_dflockd(["--help"], {})
+def test_dflockd_help_all_documents_every_setting() -> None:
+    result = run_dflockd(["--help-all"], {})
     assert result.returncode == 0
     text = " ".join(result.stdout.split())  # undo argparse's line wrapping
     for flag, envs, _, _ in TABLE:
@@ -377,3 +377,39 @@ def test_a_second_dflockd_on_one_port_names_the_port(dflockd_process: Any, tmp_p
     assert f"another dflockd (pid {first.proc.pid}) already runs on 127.0.0.1:{port}" in said
     assert "another --port" in said
     assert "give this one its own --state-dir" not in said
+
+
+def test_every_setting_has_one_topic() -> None:
+    from dflockd_server.settings import COMMON, TOPICS
+
+    placed = [field for _, fields in TOPICS for field in fields]
+    assert sorted(placed) == sorted(setting.field for setting in SETTINGS)
+    assert set(placed) >= COMMON
+
+
+def test_dflockd_help_is_short_and_grouped_and_help_all_shows_every_flag_by_topic() -> None:
+    """``dflockd --help`` was 185 lines of every flag in one list (issue 50): it shows the
+    common settings by topic and points at ``--help-all``, which shows every one by topic."""
+    from dflockd_server.settings import COMMON, TOPICS
+
+    short = run_dflockd(["--help"], {})
+    full = run_dflockd(["--help-all"], {})
+    assert short.returncode == full.returncode == 0
+    assert "--help-all" in short.stdout
+    assert len(short.stdout.splitlines()) * 2 < len(full.stdout.splitlines())
+    by_field = {setting.field: setting.flag for setting in SETTINGS}
+    shown = set(re.findall(r"^  (--[a-z-]+)", short.stdout, re.M))
+    assert {by_field[field] for field in COMMON} <= shown
+    assert "--max-tls-handshakes" not in shown
+    for help_text, fields in ((full.stdout, [f for _, fs in TOPICS for f in fs]),):
+        lines = help_text.splitlines()
+        for title, topic_fields in TOPICS:
+            start = lines.index(f"{title}:")
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].endswith(":")
+                        and not lines[i].startswith(" ")), len(lines))  # fmt: skip
+            section = "\n".join(lines[start:end])
+            for field in topic_fields:
+                assert re.search(rf"^  {re.escape(by_field[field])}\b", section, re.M), field
+        assert len(fields) == len(SETTINGS)
+    # Both parse every flag: the short help only hides them.
+    assert load_config(["--max-tls-handshakes", "7"], {}).max_tls_handshakes == 7
