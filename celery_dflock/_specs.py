@@ -300,13 +300,30 @@ def check_combination(options: Mapping[str, object], where: str) -> None:
 
 def looks_like_lock_option(name: str) -> bool:
     """Whether ``name``, which is no lock option, is most likely a misspelt one (``lock_tll``,
-    ``on_lock``, ``lockttl``): it starts like one, or is one letter or two away from one."""
+    ``on_lock``, ``lockttl``): it starts like one, or is one letter or two away from one.
+
+    A ``lock_X`` option mirrors Celery's own task option ``X`` (``lock_retry_backoff_max`` and
+    ``retry_backoff_max``, ``lock_max_retries`` and ``max_retries``): a name close to ``X``
+    itself is Celery's option (or a slip in it), never a lock option missing its prefix, and
+    passes through untouched."""
     lowered = name.lower()
     if lowered in LOCK_OPTIONS:
         return False
     if lowered.startswith(("lock_", "on_lock")):
         return True
-    return bool(difflib.get_close_matches(lowered, LOCK_OPTIONS, n=1, cutoff=0.8))
+    close = difflib.get_close_matches(lowered, LOCK_OPTIONS, n=1, cutoff=_MISSPELT)
+    if not close:
+        return False
+    celerys = close[0].removeprefix("lock_")
+    return celerys == close[0] or _similarity(lowered, celerys) < _MISSPELT
+
+
+_MISSPELT: Final = 0.8
+"""How alike (difflib's ratio) a name and a lock option are when the name is taken for a slip."""
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
 
 
 def check_option_names(names: Iterable[str], where: str) -> None:

@@ -18,7 +18,7 @@ from typing import Final, Literal
 
 from celery_dflock.config import RENAMED_SETTINGS, option_table, setting_table
 from dflockd_server.cli import default_text
-from dflockd_server.settings import SETTINGS
+from dflockd_server.settings import SETTINGS, TOPICS, Setting
 from dflockd_server.values import parse_bool
 
 DOCS = Path(__file__).resolve().parent
@@ -113,23 +113,31 @@ def server_flags_page() -> str:
         "",
         "Every setting of `dflockd` is a flag and an environment variable; the environment",
         "variable wins over the flag, and an empty variable counts as unset. A bad value stops",
-        "start-up with one line naming the flag or variable (exit code 2). `dflockd --help`",
-        "prints the same table. How to use them: [The lock server](../server.md).",
-        "",
-        "| flag | environment variable | default | meaning |",
-        "|---|---|---|---|",
+        "start-up with one line naming the flag or variable (exit code 2). `dflockd --help-all`",
+        "prints the same table by topic (`dflockd --help`: the common settings). How to use",
+        "them: [The lock server](../server.md).",
     ]
-    for setting in SETTINGS:
-        flag = setting.flag
-        if setting.parse is parse_bool:
-            flag = f"--[no-]{flag.removeprefix('--')}"
-        envs = " (alias ".join(_name(env) for env in setting.env)
-        if len(setting.env) > 1:
-            envs += ")"
-        lines.append(
-            f"| {_name(flag)} | {envs} | {_code(default_text(setting))} | {_cell(setting.help)} |"
-        )
+    by_field = {setting.field: setting for setting in SETTINGS}
+    for title, fields in TOPICS:
+        lines += [
+            "",
+            f"## {title[0].upper()}{title[1:]}",
+            "",
+            "| flag | environment variable | default | meaning |",
+            "|---|---|---|---|",
+        ]
+        lines += [_flag_row(by_field[field]) for field in fields]
     return "\n".join(lines) + "\n"
+
+
+def _flag_row(setting: Setting) -> str:
+    flag = setting.flag
+    if setting.parse is parse_bool:
+        flag = f"--[no-]{flag.removeprefix('--')}"
+    envs = " (alias ".join(_name(env) for env in setting.env)
+    if len(setting.env) > 1:
+        envs += ")"
+    return f"| {_name(flag)} | {envs} | {_code(default_text(setting))} | {_cell(setting.help)} |"
 
 
 PAGES: dict[str, Callable[[], str]] = {

@@ -288,3 +288,103 @@ def test_workers_and_beats_have_probes_and_limits(name: str) -> None:
         assert {"cpu", "memory"} <= limits.keys(), f"{where}: limits {limits}"
         ready = container["readinessProbe"]["exec"]["command"]
         assert ready[-2:] == ["dflock", "ping"], f"{where}: {ready}"
+
+
+def _kubernetes_pods_labels() -> dict[str, str]:
+    """The labels Prometheus's common ``kubernetes-pods`` job (the one that keeps pods by their
+    ``prometheus.io/*`` annotations, as in Prometheus's example Kubernetes configuration) puts
+    on the series of the dflockd pod of deploy/kubernetes: its job, ``instance`` (the pod's
+    address and annotated port), each pod label through ``labelmap`` (characters a label name
+    cannot hold become ``_``), ``namespace`` and ``pod``."""
+    stateful = _by_kind("StatefulSet", "dflockd")
+    template = stateful["spec"]["template"]["metadata"]
+    port = template["annotations"]["prometheus.io/port"]
+    labels = {
+        re.sub(r"[^a-zA-Z0-9_]", "_", name): value for name, value in template["labels"].items()
+    }
+    return {
+        **labels,
+        "job": "kubernetes-pods",
+        "instance": f"10.0.0.7:{port}",
+        "namespace": "default",
+        "pod": f"{stateful['metadata']['name']}-0",
+    }
+
+
+def test_the_alerts_fire_on_series_labelled_as_the_manifests_are_scraped(tmp_path: Path) -> None:
+    """DflockdDown used to match only ``job="dflockd"``, a label the annotation-scraped pod
+    never gets, so it could not fire (issue 50); with no target at all, DflockdNotScraped
+    fires, and the keys near ``--max-locks`` fire DflockdKeysNearCap."""
+    promtool = _promtool()
+    if promtool is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    labels = _kubernetes_pods_labels()
+    selector = ", ".join(f'{name}="{value}"' for name, value in sorted(labels.items()))
+    max_locks = next(
+        e["value"]
+        for e in _containers(_by_kind("StatefulSet", "dflockd"))[0]["env"]
+        if e["name"] == "DFLOCKD_MAX_LOCKS"
+    )
+    near = int(int(max_locks) * 0.9)
+    rules = {
+        rule["alert"]: rule
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+    }
+
+    def alert(name: str, **fired: str) -> dict[str, Any]:
+        annotations = {
+            key: text.replace("{{ $labels.instance }}", fired.get("instance", ""))
+            for key, text in rules[name]["annotations"].items()
+        }
+        return {"exp_labels": {**rules[name]["labels"], **fired}, "exp_annotations": annotations}
+
+    tests = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f"up{{{selector}}}", "values": "1 1 0 0 0"},
+                    {"series": f"dflockd_keys_busy{{{selector}}}", "values": f"0 {near}x5"},
+                    {"series": f"dflockd_keys_max{{{selector}}}", "values": f"{max_locks}x6"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "2m", "alertname": "DflockdDown", "exp_alerts": []},
+                    {
+                        "eval_time": "4m",
+                        "alertname": "DflockdDown",
+                        "exp_alerts": [alert("DflockdDown", **labels)],
+                    },
+                    {"eval_time": "4m", "alertname": "DflockdNotScraped", "exp_alerts": []},
+                    {
+                        "eval_time": "4m",
+                        "alertname": "DflockdKeysNearCap",
+                        "exp_alerts": [alert("DflockdKeysNearCap", instance=labels["instance"])],
+                    },
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": [{"series": 'up{job="kubernetes-pods"}', "values": "1x8"}],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "7m",
+                        "alertname": "DflockdNotScraped",
+                        "exp_alerts": [alert("DflockdNotScraped")],
+                    }
+                ],
+            },
+        ],
+    }
+    path = tmp_path / "scraped.test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    done = subprocess.run(
+        [promtool, "test", "rules", path.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

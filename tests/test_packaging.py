@@ -17,6 +17,7 @@ import pytest
 
 import celery_dflock
 import dflockd_server
+from tests.support.services import REDIS_URL_BASE, redis_reachable
 from tests.support.venvs import ROOT, find_python, install, make_venv
 
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -196,6 +197,32 @@ def test_the_readmes_first_command_in_a_fresh_clone_installs_little_and_passes(
         assert dev_only not in installed, f"the first command installed {dev_only}"
     size = _tree_bytes(venv)
     assert size < FIRST_INSTALL_LIMIT_BYTES, f".venv is {size / 2**20:.0f} MB"
+
+    # The README's Redis run, in the same clone right after the first command (issue 50: it
+    # failed with "No module named 'packaging'", Celery's Redis transport not being installed).
+    if not redis_reachable():
+        if os.environ.get("CELERY_DFLOCK_REQUIRE_REDIS") == "1":
+            pytest.fail(f"Redis is not reachable at {REDIS_URL_BASE}")
+        return
+    import redis
+
+    url = f"{REDIS_URL_BASE}/14"
+    try:
+        on_redis = subprocess.run(
+            [command, "run", "celery-dflock", "demo", "--broker", url],  # as typed, but our Redis
+            capture_output=True,
+            text=True,
+            cwd=clone,
+            env=env,
+            timeout=DEMO_TIMEOUT_S + 120,
+            check=False,
+        )
+    finally:
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
+    assert on_redis.returncode == 0, on_redis.stdout[-3000:] + on_redis.stderr[-3000:]
+    assert f"broker {url}" in on_redis.stdout
+    assert "verdict: PASS" in on_redis.stdout, on_redis.stdout[-2000:]
 
 
 HOME = "https://github.com/celery-dflock/celery-dflock"

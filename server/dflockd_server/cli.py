@@ -27,8 +27,8 @@ from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import TurnLoop, loop_name
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
-from dflockd_server.settings import SETTINGS, Setting
-from dflockd_server.state import resolve_state_dir
+from dflockd_server.settings import COMMON, SETTINGS, TOPICS, Setting
+from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
 
@@ -71,13 +71,31 @@ def _commands_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _HelpAll(argparse.Action):
+    """``--help-all``: every setting, by topic, then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        del kwargs
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=(
+            "show every setting, by topic, and exit"
+        ))  # fmt: skip
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        del args, kwargs
+        build_parser(every=True).print_help()
+        parser.exit()
+
+
+def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
+    """The ``dflockd`` parser: every setting a flag, grouped by topic (``settings.TOPICS``);
+    its ``--help`` shows the common ones (``settings.COMMON``), ``every`` all of them."""
+    shown = "every setting, by topic" if every else "the common settings (--help-all: every one)"
     parser = _Parser(
         prog="dflockd",
         description=(
             "A dflockd-compatible distributed lock server. Every setting can be given as a\n"
             "flag or as an environment variable; the environment variable wins. Empty\n"
-            "environment variables count as unset.\n\n"
+            f"environment variables count as unset. Below: {shown}.\n\n"
             f"{_commands_text()}"
         ),
         usage=(
@@ -92,26 +110,36 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dflockd {__version__}")
-    for setting in SETTINGS:
-        env = " (alias ".join(setting.env) + (")" if len(setting.env) > 1 else "")
-        help_text = f"{setting.help} [env {env}; default {default_text(setting)}]"
-        if setting.parse is parse_bool:
-            parser.add_argument(
-                setting.flag,
-                dest=setting.field,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=help_text,
-            )
-        else:
-            parser.add_argument(
-                setting.flag,
-                dest=setting.field,
-                metavar="SECONDS" if setting.field.endswith("_s") else setting.metavar,
-                default=None,
-                help=help_text,
-            )
+    parser.add_argument("--help-all", action=_HelpAll)
+    by_field = {setting.field: setting for setting in SETTINGS}
+    placed = {field for _, fields in TOPICS for field in fields}
+    topics = [*TOPICS, ("more settings", tuple(f for f in by_field if f not in placed))]
+    for title, fields in topics:
+        group = parser.add_argument_group(f"{title}")
+        for field in fields:
+            _add_setting(group, by_field[field], shown=every or field in COMMON)
     return parser
+
+
+def _add_setting(group: Any, setting: Setting, *, shown: bool) -> None:
+    env = " (alias ".join(setting.env) + (")" if len(setting.env) > 1 else "")
+    help_text = f"{setting.help} [env {env}; default {default_text(setting)}]"
+    if setting.parse is parse_bool:
+        group.add_argument(
+            setting.flag,
+            dest=setting.field,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=help_text if shown else argparse.SUPPRESS,
+        )
+    else:
+        group.add_argument(
+            setting.flag,
+            dest=setting.field,
+            metavar="SECONDS" if setting.field.endswith("_s") else setting.metavar,
+            default=None,
+            help=help_text if shown else argparse.SUPPRESS,
+        )
 
 
 def _convert(setting: Setting, raw: str, source: str) -> Any:
@@ -296,7 +324,10 @@ async def serve(
     server = Server(config)
     await server.start()
     host, port = server.sockname
-    settings = " ".join(f"{k}={v}" for k, v in config.effective_settings().items())
+    shown = config.effective_settings()
+    # The state dir in use: the default one when none is given, "none" when there is none.
+    shown["state_dir"] = server.state.path if server.state is not None else NO_STATE
+    settings = " ".join(f"{k}={v}" for k, v in shown.items())
     log.info(
         "dflockd listening on %s:%d (tls %s, auth %s, loop %s); settings: %s",
         host,

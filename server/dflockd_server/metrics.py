@@ -15,8 +15,9 @@ import concurrent.futures
 import dataclasses
 import importlib.util
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
 
 from dflockd_server import constants as c
 from dflockd_server.journal import JournalStats
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from dflockd_server.table import LockTable
 
 __all__ = [
+    "COMMAND_NAMES",
     "MetricsError",
     "MetricsExporter",
     "RequestTimes",
@@ -37,6 +39,33 @@ __all__ = [
 
 _KINDS = ("lock", "semaphore")
 _INVALID = "invalid"
+COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        c.CMD_LOCK: "acquire",
+        c.CMD_RENEW: "renew",
+        c.CMD_RELEASE: "release",
+        c.CMD_ENQUEUE: "enqueue",
+        c.CMD_WAIT: "wait",
+        c.CMD_SEM_LOCK: "semaphore_acquire",
+        c.CMD_SEM_ENQUEUE: "semaphore_enqueue",
+        c.CMD_SEM_WAIT: "semaphore_wait",
+        c.CMD_SEM_RENEW: "semaphore_renew",
+        c.CMD_SEM_RELEASE: "semaphore_release",
+        c.CMD_AUTH: "auth",
+        c.CMD_STATS: "stats",
+        c.CMD_PING: "ping",
+        c.CMD_HELLO: "hello",
+        c.CMD_SHARDS: "shards",
+        c.CMD_HOLD: "hold",
+        c.CMD_NOTE: "note",
+        c.CMD_TAKE: "take_over",
+        c.CMD_HAND_DOWN: "hand_down",
+        c.CMD_ASKING: "asking",
+        _INVALID: _INVALID,
+    }
+)
+"""The ``command`` label of ``dflockd_request_duration_seconds``: each request's readable name
+(its wire opcode, ``l``, ``sr``, ``hl``..., is the ``opcode`` label beside it)."""
 _EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
 
 
@@ -97,6 +126,10 @@ class Snapshot:
     lost_by_disconnect: tuple[int, int]
     timeouts: tuple[int, int]
     keys: tuple[int, int]
+    busy_keys: int
+    """Keys held or waited on: what ``--max-locks`` cannot make room for by pruning."""
+    max_keys: int
+    """``--max-locks``: past it, a new key is refused (``error_max_locks``)."""
     held: tuple[int, int]
     waiters: tuple[int, int]
     connections: int
@@ -131,6 +164,8 @@ class Snapshot:
             lost_by_disconnect=(counts.lost_by_disconnect[0], counts.lost_by_disconnect[1]),
             timeouts=(counts.timeouts[0], counts.timeouts[1]),
             keys=(locks[0], sems[0]),
+            busy_keys=len(table.busy_keys()),
+            max_keys=table.max_locks,
             held=(locks[1], sems[1]),
             waiters=(locks[2], sems[2]),
             connections=connections,
@@ -235,6 +270,18 @@ class MetricsExporter:
                         family.add_metric([kind], value)
                     yield family
                 yield GaugeMetricFamily(
+                    "dflockd_keys_busy",
+                    "Keys held or waited on now (queue-once holds included): idle keys are "
+                    "pruned to make room for a new key, these are not.",
+                    value=snap.busy_keys,
+                )
+                yield GaugeMetricFamily(
+                    "dflockd_keys_max",
+                    "Most distinct keys (--max-locks): once dflockd_keys_busy reaches it, a new "
+                    "key is refused with error_max_locks.",
+                    value=snap.max_keys,
+                )
+                yield GaugeMetricFamily(
                     "dflockd_connections", "Client connections open now.", value=snap.connections
                 )
                 yield CounterMetricFamily(
@@ -256,8 +303,9 @@ class MetricsExporter:
                 latency = HistogramMetricFamily(
                     "dflockd_request_duration_seconds",
                     "Time from a parsed request to its reply, per command "
-                    "(a waiting acquire counts its wait).",
-                    labels=["command"],
+                    "(a waiting acquire counts its wait), by its name (command) and its wire "
+                    "opcode (opcode).",
+                    labels=["command", "opcode"],
                 )
                 bounds = [*(f"{b:g}" for b in c.METRICS_LATENCY_BUCKETS_S), "+Inf"]
                 for command, (counts, total) in sorted(snap.requests.items()):
@@ -266,7 +314,7 @@ class MetricsExporter:
                     for bound, count in zip(bounds, counts, strict=True):
                         running += count
                         cumulative.append((bound, running))
-                    latency.add_metric([command], cumulative, total)
+                    latency.add_metric([COMMAND_NAMES[command], command], cumulative, total)
                 yield latency
                 if snap.cluster is not None:
                     yield from _cluster_families(snap.cluster)

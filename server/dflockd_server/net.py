@@ -213,7 +213,8 @@ class Server(Admission, KeyServing):
             self.ssl_context = build_ssl_context(cfg.tls_cert, cfg.tls_key)
         state_path = resolve_state_dir(cfg)
         if state_path is not None:
-            state = StateDir(state_path)
+            default = cfg.state_dir is None  # the address's own: another server is on it
+            state = StateDir(state_path, address=f"{cfg.host}:{cfg.port}" if default else None)
             state.open()
             self.state = state
         plan = plan_start(cfg, self.state)

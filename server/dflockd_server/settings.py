@@ -36,7 +36,7 @@ from dflockd_server.values import (
     parse_str,
 )
 
-__all__ = ["SETTINGS", "Setting"]
+__all__ = ["COMMON", "SETTINGS", "TOPICS", "Setting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,3 +423,85 @@ SETTINGS: tuple[Setting, ...] = (
         "PATH",
     ),
 )
+
+
+TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("where it listens", ("host", "port")),
+    ("state and restarts", ("state_dir", "journal_fsync", "fence_state_file", "restart_grace_s")),
+    (
+        "leases",
+        ("default_lease_ttl_s", "max_lease_ttl_s", "lease_sweep_interval_s"),
+    ),
+    (
+        "keys, waiters and idle keys",
+        (
+            "max_locks",
+            "max_waiters",
+            "max_locks_per_connection",
+            "max_waits_per_connection",
+            "gc_interval_s",
+            "gc_max_idle_s",
+        ),
+    ),
+    (
+        "connections",
+        (
+            "max_connections",
+            "max_connections_per_ip",
+            "read_timeout_s",
+            "write_timeout_s",
+            "auto_release_on_disconnect",
+            "shutdown_timeout_s",
+        ),
+    ),
+    (
+        "auth and TLS",
+        (
+            "auth_token_file",
+            "auth_token",
+            "tls_cert",
+            "tls_key",
+            "tls_handshake_timeout_s",
+            "max_tls_handshakes",
+        ),
+    ),
+    (
+        "logs, metrics and the event loop",
+        ("log_level", "metrics_port", "metrics_host", "event_loop"),
+    ),
+    ("several servers: a static list", ("members",)),
+    (
+        "several servers: a cluster on etcd",
+        (
+            "cluster",
+            "advertise",
+            "cluster_lease_ttl_s",
+            "cluster_ca_file",
+            "cluster_cert",
+            "cluster_key",
+            "cluster_user",
+            "cluster_password_file",
+            "cluster_password",
+        ),
+    ),
+)
+"""``dflockd --help-all``'s sections: each setting's field under one topic, in this order."""
+
+COMMON: frozenset[str] = frozenset(
+    {
+        "host",
+        "port",
+        "state_dir",
+        "max_lease_ttl_s",
+        "max_locks",
+        "auth_token_file",
+        "tls_cert",
+        "tls_key",
+        "log_level",
+        "metrics_port",
+        "members",
+        "cluster",
+        "advertise",
+    }
+)
+"""The settings ``dflockd --help`` shows (``--help-all``: every one)."""

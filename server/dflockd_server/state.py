@@ -71,10 +71,13 @@ def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> s
 class StateDir:
     """An open state directory: made if missing (mode 0700), locked for this process."""
 
-    __slots__ = ("_lock_fd", "path")
+    __slots__ = ("_lock_fd", "address", "path")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, address: str | None = None) -> None:
         self.path = path
+        self.address = address
+        """``host:port`` when ``path`` is that address's default directory (no --state-dir
+        given): then a server already using it is one on the same address."""
         self._lock_fd = -1
 
     def file(self, name: str) -> str:
@@ -99,6 +102,12 @@ class StateDir:
             with contextlib.suppress(OSError):
                 owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             os.close(fd)
+            if self.address is not None:
+                raise ConfigError(
+                    f"another dflockd (pid {owner or '?'}) already runs on {self.address}: "
+                    f"stop it, or start this one on another --port (DFLOCKD_PORT). (It holds "
+                    f"this address's default state directory, {self.path}.)"
+                ) from None
             raise ConfigError(
                 f"{where}: another dflockd (pid {owner or '?'}) is using it; two servers "
                 "cannot share a state directory: give this one its own --state-dir"

@@ -54,6 +54,10 @@ COVERED: dict[str, tuple[str, str]] = {
         "tests/docs/test_docs_state_dir.py",
         '"--journal-fsync"',
     ),
+    r"dflockd --max-locks \d+ --max-lease-ttl \d+": (
+        "tests/docs/test_queue_once_sizing.py",
+        '"--max-lease-ttl"',
+    ),
     r"DFLOCKD_PORT=7000 dflockd --max-locks 4096": (
         "tests/server/test_settings.py",
         "DFLOCKD_MAX_LOCKS",
@@ -89,6 +93,7 @@ RUN_HERE = (
     r"(uv run )?celery-dflock --version",
     r"(uv run )?dflockd --version",
     r"(uv run )?dflockd --help",
+    r"(uv run )?dflockd --help-all",
 )
 NOT_RUN: dict[str, str] = {
     r"celery -A proj beat -S redbeat\.RedBeatScheduler": (
@@ -158,6 +163,7 @@ def test_the_cheap_commands_work() -> None:
     version = celery_dflock.__version__
     assert _run("celery-dflock", "--version").split() == ["celery-dflock", version]
     assert _run("dflockd", "--version").split() == ["dflockd", version]
-    help_text = _run("dflockd", "--help")
-    assert PROTOCOL_DOCS_URL in help_text  # points at the protocol page, unwrapped
-    assert "PROTOCOL.md" not in help_text
+    for flag in ("--help", "--help-all"):
+        help_text = _run("dflockd", flag)
+        assert PROTOCOL_DOCS_URL in help_text  # points at the protocol page, unwrapped
+        assert "PROTOCOL.md" not in help_text

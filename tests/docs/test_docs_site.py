@@ -7,11 +7,13 @@ name."""
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from html import unescape as html_unescape
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,52 @@ def test_the_evidence_pages_plot_is_the_benchmarks_own() -> None:
         ROOT / "benchmarks" / "throughput.png",
         shallow=False,
     ), "docs/assets/images/throughput.png differs from benchmarks/throughput.png: copy it again"
+
+
+_MEASURE = """<!doctype html><html><body><pre id="out">pending</pre>
+<iframe id="page" src="{page}" style="width:{width}px;height:600px"></iframe>
+<script>
+document.getElementById("page").addEventListener("load", () => {{
+  const doc = document.getElementById("page").contentDocument;
+  const cut = [...doc.querySelectorAll("pre > code")]
+    .filter((code) => code.scrollWidth > code.clientWidth + 1)
+    .map((code) => code.textContent.split("\\n")[0].slice(0, 60));
+  const blocks = doc.querySelectorAll("pre > code").length;
+  document.getElementById("out").textContent = JSON.stringify({{blocks, cut}});
+}});
+</script></body></html>"""
+
+
+@pytest.mark.parametrize("page", ["migration.md", "deployment.md", "server.md"])
+def test_no_code_block_is_cut_off_on_a_narrow_screen(site: Path, page: str, tmp_path: Path) -> None:
+    """Long code lines used to be cut at the block's edge, with a scrollbar the theme shows
+    only under the pointer (issue 50): on a 400-pixel wide page every block wraps instead."""
+    chromium = _chromium()
+    html = site / page.removesuffix(".md") / "index.html"
+    probe = site / f"measure-{tmp_path.name}.html"
+    probe.write_text(_MEASURE.format(page=html.relative_to(site).as_posix(), width=400))
+    try:
+        shown = subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--allow-file-access-from-files",
+                "--virtual-time-budget=30000",
+                "--dump-dom",
+                probe.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        probe.unlink()
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    found = re.search(r'<pre id="out">(.*?)</pre>', shown.stdout, re.S)
+    assert found, shown.stdout[-2000:]
+    measured = json.loads(html_unescape(found.group(1)))
+    assert measured["blocks"] >= 1, measured
+    assert measured["cut"] == [], f"{page}: code blocks cut off: {measured['cut']}"

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dflockd_server import Config, constants as c
+from dflockd_server.metrics import COMMAND_NAMES
 from dflockd_server.testing import ServerThread
 from tests.support.servers import DflockdProcess
 from tests.support.wire import Wire
@@ -110,18 +111,50 @@ def test_every_named_series_counts_what_happened(metrics_server: ServerThread) -
 
     hist = "dflockd_request_duration_seconds"
     # l: 3 + k2 + the refusal + c's wait + k3 = 7; r: 4; sl: 1; invalid: 1.
-    assert value(samples, f"{hist}_count", command="l") == 7
-    assert value(samples, f"{hist}_count", command="r") == 4
-    assert value(samples, f"{hist}_count", command="sl") == 1
-    assert value(samples, f"{hist}_count", command="invalid") == 1
-    assert not any(labels == (("command", "bogus"),) for _, labels in samples)
+    # Each command by its readable name, its wire opcode beside it (issue 50).
+    acquire = {"command": "acquire", "opcode": "l"}
+    assert value(samples, f"{hist}_count", **acquire) == 7
+    assert value(samples, f"{hist}_count", command="release", opcode="r") == 4
+    assert value(samples, f"{hist}_count", command="semaphore_acquire", opcode="sl") == 1
+    assert value(samples, f"{hist}_count", command="invalid", opcode="invalid") == 1
+    assert not any("bogus" in dict(labels).values() for _, labels in samples)
     # Buckets are cumulative and end at the count; c's wait (> 200 ms) lands above 100 ms.
     bounds = [f"{b:g}" for b in c.METRICS_LATENCY_BUCKETS_S]
-    buckets = [value(samples, f"{hist}_bucket", command="l", le=le) for le in bounds]
+    buckets = [value(samples, f"{hist}_bucket", **acquire, le=le) for le in bounds]
     assert buckets == sorted(buckets)
-    assert value(samples, f"{hist}_bucket", command="l", le="+Inf") == 7
-    assert value(samples, f"{hist}_bucket", command="l", le="0.1") <= 6
-    assert value(samples, f"{hist}_sum", command="l") > 0
+    assert value(samples, f"{hist}_bucket", **acquire, le="+Inf") == 7
+    assert value(samples, f"{hist}_bucket", **acquire, le="0.1") <= 6
+    assert value(samples, f"{hist}_sum", **acquire) > 0
+
+
+def test_every_command_has_a_readable_name() -> None:
+    assert set(COMMAND_NAMES) == {*c.COMMANDS, "invalid"}
+    names = list(COMMAND_NAMES.values())
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[a-z_]+", name) for name in names)
+
+
+def test_keys_in_use_and_the_cap_are_exposed(dflock_server_factory: ServerFactory) -> None:
+    """Queue-once at scale fills ``--max-locks`` (issue 50): the keys held or waited on (holds
+    included) and the cap are series, so an alert can fire before a send is refused."""
+    server = dflock_server_factory(metrics_port=0, metrics_host="127.0.0.1", max_locks=5)
+    url = server.metrics_url
+    assert url is not None
+    with Wire(server.address) as a, Wire(server.address) as b:
+        token = a.lock("k1")
+        assert a.req("hl", "q1", "0 60 d celery:task-1").startswith("ok ")
+        assert a.req("sl", "s1", "0 3").startswith("ok ")
+        b.send("l", "k1", "10")  # a waiter on a held key: still one key
+        samples = wait_for_value(url, "dflockd_waiters", 1, kind="lock")
+        assert value(samples, "dflockd_keys_busy") == 3
+        assert value(samples, "dflockd_keys_max") == 5
+        assert a.req("r", "k1", token) == "ok"
+        assert b.recv().startswith("ok ")
+    # Both connections closed: their grants went with them (k1, s1 idle, no longer counted);
+    # the detached hold (a queue-once hold) stays until its release or its lease.
+    samples = wait_for_value(url, "dflockd_keys_busy", 1)
+    assert value(samples, "dflockd_keys_busy") == 1
+    assert value(samples, "dflockd_keys", kind="lock") == 2
 
 
 def test_refused_connections_are_counted(dflock_server_factory: ServerFactory) -> None:

@@ -273,8 +273,8 @@ def test_dflockd_bad_env_exits_2_naming_the_variable() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_dflockd_help_documents_every_setting() -> None:
-    result = run_dflockd(["--help"], {})
+def test_dflockd_help_all_documents_every_setting() -> None:
+    result = run_dflockd(["--help-all"], {})
     assert result.returncode == 0
     text = " ".join(result.stdout.split())  # undo argparse's line wrapping
     for flag, envs, _, _ in TABLE:
@@ -343,3 +343,73 @@ def test_dflockd_runs_on_the_event_loop_it_is_told(dflockd_process: Any, loop: s
     assert f"loop {loop})" in "\n".join(proc.lines)
     with Wire((host, port)) as w:
         assert w.req("ping") == "ok"
+
+
+def test_the_start_up_line_names_the_state_dir_in_use(dflockd_process: Any, tmp_path: Path) -> None:
+    """It printed ``state_dir=None`` while the server used its address's default directory
+    (issue 50); it names the directory in use, or ``none``."""
+    from tests.support.ports import free_port
+
+    port = free_port()
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    proc: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", str(port), env=env)
+    proc.wait_listening()
+    line = next(line for line in proc.lines if "listening on" in line)
+    assert f" state_dir={tmp_path / 'dflockd' / f'127.0.0.1-{port}'} " in line
+    assert (tmp_path / "dflockd" / f"127.0.0.1-{port}" / "journal").exists()
+    none: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", "0", env=env)
+    none.wait_listening()
+    assert " state_dir=none " in next(line for line in none.lines if "listening on" in line)
+
+
+def test_a_second_dflockd_on_one_port_names_the_port(dflockd_process: Any, tmp_path: Path) -> None:
+    """Two servers on one address share its default state directory, which the second finds
+    locked before it binds: the error pointed at --state-dir (issue 50); it names the port."""
+    from tests.support.ports import free_port
+
+    port = free_port()
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    first: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", str(port), env=env)
+    first.wait_listening()
+    second: DflockdProcess = dflockd_process("--host", "127.0.0.1", "--port", str(port), env=env)
+    assert second.wait_exit() != 0
+    said = "\n".join(second.lines)
+    assert f"another dflockd (pid {first.proc.pid}) already runs on 127.0.0.1:{port}" in said
+    assert "another --port" in said
+    assert "give this one its own --state-dir" not in said
+
+
+def test_every_setting_has_one_topic() -> None:
+    from dflockd_server.settings import COMMON, TOPICS
+
+    placed = [field for _, fields in TOPICS for field in fields]
+    assert sorted(placed) == sorted(setting.field for setting in SETTINGS)
+    assert set(placed) >= COMMON
+
+
+def test_dflockd_help_is_short_and_grouped_and_help_all_shows_every_flag_by_topic() -> None:
+    """``dflockd --help`` was 185 lines of every flag in one list (issue 50): it shows the
+    common settings by topic and points at ``--help-all``, which shows every one by topic."""
+    from dflockd_server.settings import COMMON, TOPICS
+
+    short = run_dflockd(["--help"], {})
+    full = run_dflockd(["--help-all"], {})
+    assert short.returncode == full.returncode == 0
+    assert "--help-all" in short.stdout
+    assert len(short.stdout.splitlines()) * 2 < len(full.stdout.splitlines())
+    by_field = {setting.field: setting.flag for setting in SETTINGS}
+    shown = set(re.findall(r"^  (--[a-z-]+)", short.stdout, re.M))
+    assert {by_field[field] for field in COMMON} <= shown
+    assert "--max-tls-handshakes" not in shown
+    for help_text, fields in ((full.stdout, [f for _, fs in TOPICS for f in fs]),):
+        lines = help_text.splitlines()
+        for title, topic_fields in TOPICS:
+            start = lines.index(f"{title}:")
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].endswith(":")
+                        and not lines[i].startswith(" ")), len(lines))  # fmt: skip
+            section = "\n".join(lines[start:end])
+            for field in topic_fields:
+                assert re.search(rf"^  {re.escape(by_field[field])}\b", section, re.M), field
+        assert len(fields) == len(SETTINGS)
+    # Both parse every flag: the short help only hides them.
+    assert load_config(["--max-tls-handshakes", "7"], {}).max_tls_handshakes == 7
