@@ -240,7 +240,15 @@ class Counts:
     """Running totals since start-up, each a pair indexed by kind: ``[lock, semaphore]``
     (``counts.grants[state.is_sem]``). Plain integers, read by the metrics exporter."""
 
-    __slots__ = ("expiries", "grants", "lost_by_disconnect", "releases", "restored", "timeouts")
+    __slots__ = (
+        "expiries",
+        "forced",
+        "grants",
+        "lost_by_disconnect",
+        "releases",
+        "restored",
+        "timeouts",
+    )
 
     def __init__(self) -> None:
         self.restored = [0, 0]
@@ -249,6 +257,8 @@ class Counts:
         """Locks and slots granted (at once or after waiting)."""
         self.releases = [0, 0]
         """Explicit releases by a holder's token."""
+        self.forced = [0, 0]
+        """Grants freed by an operator's force release (``fr``), whoever held them."""
         self.expiries = [0, 0]
         """Leases that ran out without a renew."""
         self.lost_by_disconnect = [0, 0]
