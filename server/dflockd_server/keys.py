@@ -106,12 +106,34 @@ class Holder:
     key went idle (what ``KeyState.last_used`` is for a key with a state), and its ``token``
     is empty (an idle key keeps no token alive)."""
 
-    __slots__ = ("client", "covered", "expires_at", "key", "lease_ttl", "live", "note", "token")
+    __slots__ = (
+        "client",
+        "covered",
+        "expires_at",
+        "key",
+        "lease_ttl",
+        "live",
+        "note",
+        "since",
+        "token",
+    )
 
     def __init__(
-        self, token: str, key: str, client: Client, lease_ttl: int, expires_at: float
+        self,
+        token: str,
+        key: str,
+        client: Client,
+        lease_ttl: int,
+        expires_at: float,
+        *,
+        since: float,
     ) -> None:
         self.token = token
+        self.since = since
+        """When the grant was made (table clock; a grant restored from the journal: when it
+        was restored), kept across a take-over or a detach: how long it has been held, for
+        ``stats`` and the status page (a slot and the clock's reading: about 32 bytes per
+        held grant)."""
         self.key = key
         self.client = client
         self.lease_ttl = lease_ttl

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflockd_server.fence import fence_of
 from dflockd_server.holds import HoldTable
 from dflockd_server.journal import RecordedGrant
 from dflockd_server.keys import (
@@ -342,7 +343,7 @@ class LockTable(HoldTable):
         now = self.clock()
         owner = self.detached if detached else self.restored
         expires_at = now + left
-        holder = Holder(token, key, owner, lease_ttl, expires_at)
+        holder = Holder(token, key, owner, lease_ttl, expires_at, since=now)
         holder.note = rec.note
         entry = self.keys.get(key)
         if entry is None and limit == 1 and not is_sem:
@@ -556,4 +557,6 @@ class LockTable(HoldTable):
             "owner": holder.note,
             "detached": self.is_detached(holder),
             "restored": holder.client is self.restored,
+            "fence": fence_of(holder.token),
+            "held_s": round(max(0.0, now - holder.since), 3),
         }
