@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,6 +25,12 @@ from celery_dflock.client import protocol
 from celery_dflock.client.protocol import Command, ErrorReply, Freed, Moved
 from dflockd_server.testing import ServerThread
 from tests.client.faces import Lock, Maker, assert_lost_reported, until
+from tests.support.wire import raw_request
+
+
+def owner_index(key: str, members: int) -> int:
+    """The static members' strategy: ``zlib.crc32(key) % len(members)``."""
+    return zlib.crc32(key.encode()) % members
 
 
 # ------------------------------------------------------------------------------ the codec
@@ -91,3 +99,33 @@ def test_a_server_that_predates_it_is_never_sent_it(dflock_server: ServerThread)
         assert f"{address[0]}:{address[1]}" in message
         assert "does not list 'force_release'" in message and "predates" in message
         assert lock.renew()  # nothing was sent: still held
+
+
+# ------------------------------------------------------------------------------ routing
+def test_a_member_that_does_not_serve_the_key_redirects_and_the_client_follows(
+    static_fleet: list[ServerThread],
+) -> None:
+    """Static members answer ``fr`` for a key they do not serve with ``error_moved``; a
+    client that knows only one of them follows the redirect to the key's member."""
+    servers = [server.address for server in static_fleet]
+    key = next(k for k in (f"moved:{n}" for n in range(100)) if owner_index(k, 3) == 1)
+    with Client(servers) as fleet:
+        lock = fleet.lock(key)
+        assert lock.acquire()
+        first = servers[0]
+        assert raw_request(first, protocol.encode_force_release(key)) == (
+            f"error_moved {servers[1][0]}:{servers[1][1]}".encode()
+        )
+        with Client([first]) as one:
+            assert one.force_release(key) == 1
+        assert not lock.renew()
+        lock.release()
+
+
+def test_force_release_needs_the_secret_where_the_server_has_one(
+    dflock_server_factory: Callable[..., ServerThread],
+) -> None:
+    server = dflock_server_factory(auth_token="s3cret")
+    assert raw_request(server.address, protocol.encode_force_release("k")) == b"error_auth"
+    with Client([server.address], auth_token="s3cret") as client, client.lock("k"):
+        assert client.force_release("k") == 1
