@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         AlreadyQueued as AlreadyQueued,
         AuthError as AuthError,
         DflockError as DflockError,
+        ForceReleaseUnsupported as ForceReleaseUnsupported,
         HoldsUnsupported as HoldsUnsupported,
         InvalidValueError as InvalidValueError,
         KeyHeld as KeyHeld,

@@ -9,7 +9,10 @@ the retry message, a revoke of the queued message releases it (`celery_dflock.si
 ``lock_pending_ttl`` frees it when no worker ever takes the message.
 
 Each hold and each run-time lock carries an owner note: the task id, and while a run holds the
-key, the worker's host name (`encode_note`). The server stores it with the grant; a refused
+key, the worker's host name, the pid of the process running it and the task's name
+(`encode_note`: ``<task id>/<host>/<pid>/<task name>``, each part percent-encoded; a note of
+an older release stops after the host, and an older reader takes what follows the task id as
+the host). The server stores it with the grant; a refused
 publish or acquire reads the holder's task id back from it (`decode_note`), and so does
 ``celery dflock locks``. The singleton beat's leader lock carries a note too (`beat_note`: the
 beat's pid and host), so ``celery dflock locks`` names the beat that sends.
@@ -31,12 +34,14 @@ __all__ = [
     "NOTE_MAX_BYTES",
     "Follow",
     "HoldRef",
+    "HolderNote",
     "beat_note",
     "beat_pid",
     "decode_note",
     "encode_note",
     "follow_of",
     "hold_of",
+    "note_parts",
 ]
 
 HOLD_HEADER: Final = "dflock_hold"
@@ -50,20 +55,32 @@ _NO_NOTE: Final = "_"
 """What the server says for a holder that gave no note."""
 
 
-def encode_note(task_id: str | None, host: str | None = None) -> str | None:
-    """The owner note of ``task_id`` (with ``host`` while a run holds the key): each part
-    percent-encoded (``quote(part, safe="")``), joined by ``/``.
+def encode_note(
+    task_id: str | None,
+    host: str | None = None,
+    *,
+    pid: int | None = None,
+    name: str | None = None,
+) -> str | None:
+    """The owner note of ``task_id`` (with ``host``, ``pid`` and the task's ``name`` while a
+    run holds the key): each part percent-encoded (``quote(part, safe="")``), joined by ``/``.
 
-    A note that would be too long loses its host part; None when the task id alone is too
-    long (or there is none): the lock is then taken without a note."""
+    A note that would be too long loses its last parts (the name, then the pid, then the
+    host); None when the task id alone is too long (or there is none): the lock is then taken
+    without a note."""
     if not task_id:
         return None
-    base = _quoted(task_id)
-    if host:
-        full = f"{base}/{_quoted(host)}"
-        if len(full) <= NOTE_MAX_BYTES:
-            return full
-    return base if len(base) <= NOTE_MAX_BYTES else None
+    note = _quoted(task_id)
+    if len(note) > NOTE_MAX_BYTES:
+        return None
+    for part in (host, None if pid is None else str(pid), name):
+        if not part:
+            break
+        longer = f"{note}/{_quoted(part)}"
+        if len(longer) > NOTE_MAX_BYTES:
+            break
+        note = longer
+    return note
 
 
 _PLAIN: Final = re.compile(r"[A-Za-z0-9_.~@-]*")
@@ -79,14 +96,30 @@ def _quoted(part: str) -> str:
     return quote(part, safe="")
 
 
+@dataclass(frozen=True, slots=True)
+class HolderNote:
+    """What an owner note says (`encode_note`); a part it does not carry is None."""
+
+    task_id: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    task_name: str | None = None
+
+
+def note_parts(note: str | None) -> HolderNote:
+    """Every part of an owner note (an empty `HolderNote` for no note)."""
+    if not note or note == _NO_NOTE:
+        return HolderNote()
+    parts = [unquote(part) or None for part in note.split("/", 3)]
+    parts += [None] * (4 - len(parts))
+    task_id, host, pid, name = parts
+    return HolderNote(task_id, host, int(pid) if pid and pid.isdigit() else None, name)
+
+
 def decode_note(note: str | None) -> tuple[str | None, str | None]:
     """(task id, host or None) from an owner note; (None, None) for no note or a foreign one."""
-    if not note or note == _NO_NOTE:
-        return None, None
-    task_part, sep, host_part = note.partition("/")
-    task_id = unquote(task_part) or None
-    host = (unquote(host_part) or None) if sep else None
-    return task_id, host
+    parts = note_parts(note)
+    return parts.task_id, parts.host
 
 
 _BEAT_PREFIX: Final = "beat:"

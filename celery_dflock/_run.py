@@ -12,6 +12,7 @@ sent in a duplicate's place), `celery_dflock._guard` (``on_lock_lost``) and
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from typing import Any, cast
@@ -32,10 +33,16 @@ from celery_dflock.config import get_config
 __all__ = ["locked_run"]
 
 
-def _run_note(task_id: str | None, request: Any) -> str | None:
-    """The owner note of a running task: its id and the worker's name (or this host's)."""
+def _run_note(task_id: str | None, request: Any, name: str) -> str | None:
+    """The owner note of a running task: its id, the worker's name (or this host's), this
+    process's pid and the task's name."""
     host = getattr(request, "hostname", None)
-    return encode_note(task_id, host if isinstance(host, str) and host else socket.gethostname())
+    return encode_note(
+        task_id,
+        host if isinstance(host, str) and host else socket.gethostname(),
+        pid=os.getpid(),
+        name=name,
+    )
 
 
 def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -69,7 +76,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if options.on_locked == "retry" and request.is_eager and not eager_once:
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(lock_retries(request), options))
-    note = _run_note(task_id, request)
+    note = _run_note(task_id, request, str(task.name))
     lock = runtime.new_lock(
         config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost, note=note
     )

@@ -1,34 +1,45 @@
 # pyright: reportMissingTypeStubs=false
-"""``celery -A proj dflock status|locks|ping|shards``: what the lock servers hold, from the shell.
+"""``celery -A proj dflock status|locks|ping|shards|release``: what the lock servers hold, from the
+shell, and an operator's release of a key whoever holds it.
 
 Registered through Celery's ``celery.commands`` entry point, so it reads the servers and the
 secret from the app's own ``dflock_*`` settings. ``--json`` prints one JSON document for
 scripts. Every sub-command names every server it could not reach, and what a reachable one
 does not support (an older dflockd answers neither ``hello`` nor ``stats``: it is reachable, its
 locks cannot be listed). Exit status 0 when every server answered, 1 when one did not.
+
+``release KEY`` frees a key whoever holds it (the server's ``fr``, `Client.force_release`): the
+next waiter is granted at once with a higher fence, the holder learns its loss at its next
+renewal. ``release --all --prefix P`` does so for every key ``stats`` lists that starts with
+``P``. Each sends an operator note (``--note``, or ``dflock-cli/<user>@<host>``) that the
+server logs beside the peer's address.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
+from urllib.parse import quote
 
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_dflock._holds import beat_pid, decode_note
+from celery_dflock._holds import beat_pid, note_parts
 from celery_dflock.client.clients import (
     FEATURE_FENCE,
     FEATURE_HELLO,
     FEATURE_PING,
     FEATURE_STATS,
+    Client,
     ServerInfo,
     ServerShards,
     ServerStatus,
 )
-from celery_dflock.client.errors import DflockError
+from celery_dflock.client.errors import DflockError, InvalidValueError
 from celery_dflock.config import DflockConfig, get_config
 
 __all__ = [
@@ -40,6 +51,8 @@ __all__ = [
     "format_locks",
     "format_shards",
     "format_status",
+    "operator_note",
+    "release_keys",
     "shards_json",
 ]
 
@@ -88,7 +101,8 @@ class ServerReport:
 
     def as_json(self) -> dict[str, Any]:
         """The report as plain JSON data; each held lock in ``stats`` gains
-        ``holder_task_id``, ``holder_host`` (from its owner note) and ``detached``."""
+        ``holder_task_id``, ``holder_host``, ``holder_pid``, ``holder_task_name`` (from its
+        owner note) and ``detached``."""
         info = self.server
         stats = self.stats
         if stats is not None:
@@ -192,12 +206,15 @@ def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
     a singleton beat's leader lock names the beat's pid (``holder_beat_pid``) instead of a
     task."""
     owner = lock.get("owner")
-    task_id, host = decode_note(owner if isinstance(owner, str) else None)
+    note = note_parts(owner if isinstance(owner, str) else None)
+    task_id, host = note.task_id, note.host
     pid = beat_pid(task_id)
     return {
         **lock,
         "holder_task_id": None if pid is not None else task_id,
         "holder_host": host,
+        "holder_pid": note.pid,
+        "holder_task_name": note.task_name,
         "holder_beat_pid": pid,
         "detached": bool(lock.get("detached", False)),
     }
@@ -425,3 +442,127 @@ def shards(ctx: click.Context, as_json: bool) -> None:
         render=format_shards,
         ok=lambda a: a.shards is not None,
     )
+
+
+# ------------------------------------------------------------------------------ release
+OPERATOR_NOTE_PREFIX: Final = "dflock-cli/"
+"""The start of the note ``celery dflock release`` sends when given no ``--note``."""
+
+
+def operator_note() -> str:
+    """``dflock-cli/<user>@<host>``: who runs the command, for the server's log (printable
+    ASCII without spaces, percent-encoded where needed, at most 200 characters)."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):
+        user = "unknown"
+    note = OPERATOR_NOTE_PREFIX + quote(f"{user}@{socket.gethostname()}", safe="@")
+    return note[:200]
+
+
+def keys_with_prefix(reports: Sequence[ServerReport], prefix: str) -> list[str]:
+    """The held (or waited-on) locks' and semaphores' keys ``stats`` listed that start with
+    ``prefix``, each once, sorted."""
+    keys: set[str] = set()
+    for rep in reports:
+        if rep.stats is None:
+            continue
+        for item in (*_items(rep.stats, "locks"), *_items(rep.stats, "semaphores")):
+            key = item.get("key")
+            if isinstance(key, str) and key.startswith(prefix):
+                keys.add(key)
+    return sorted(keys)
+
+
+def release_keys(client: Client, keys: Sequence[str], note: str) -> list[tuple[str, int | str]]:
+    """Force-release each key: per key, the grants freed or why it could not be done."""
+    done: list[tuple[str, int | str]] = []
+    for key in keys:
+        try:
+            done.append((key, client.force_release(key, note=note)))
+        except InvalidValueError:
+            raise
+        except DflockError as exc:
+            done.append((key, str(exc)))
+    return done
+
+
+@dflock.command(cls=CeleryCommand)
+@click.argument("key", required=False)
+@click.option(
+    "--all",
+    "purge",
+    is_flag=True,
+    help="Release every held key that starts with --prefix (listed by stats).",
+)
+@click.option("--prefix", default=None, help="With --all: the keys' common start (not empty).")
+@click.option(
+    "--note",
+    default=None,
+    help="Who asks, for the server's log (printable ASCII, no spaces; "
+    "default dflock-cli/<user>@<host>).",
+)
+@_JSON
+@click.pass_context
+def release(
+    ctx: click.Context,
+    key: str | None,
+    *,
+    purge: bool,
+    prefix: str | None,
+    note: str | None,
+    as_json: bool,
+) -> None:
+    """Free KEY whoever holds it (the key as `dflock locks` shows it): the next waiter gets
+    it at once with a higher fence, and the holder's task learns at its next renewal that its
+    lock is lost (lock_lost, self.lock.lost). With --all --prefix P: every held key starting
+    with P. Needs lock servers that list 'force_release' in their hello."""
+    if purge == (key is not None):
+        raise click.UsageError("give a KEY, or --all --prefix PREFIX (not both)")
+    if purge and not prefix:
+        raise click.UsageError("--all needs --prefix PREFIX (a non-empty start of the keys)")
+    if prefix is not None and not purge:
+        raise click.UsageError("--prefix goes with --all")
+    obj: Any = ctx.obj
+    try:
+        config = get_config(obj.app)
+        with config.new_client() as client:
+            if key is not None:
+                keys = [key]
+                unreachable: list[ServerReport] = []
+            else:
+                assert prefix is not None
+                reports = [ServerReport.of(status) for status in client.stats()]
+                unreachable = [r for r in reports if r.stats is None]
+                keys = keys_with_prefix(reports, prefix)
+            done = release_keys(client, keys, note or operator_note())
+    except (DflockError, ValueError) as exc:  # a bad key or note, a setting, no stats
+        raise click.UsageError(str(exc)) from exc
+    failed = [(k, why) for k, why in done if isinstance(why, str)]
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "released": {k: n for k, n in done if isinstance(n, int)},
+                    "failed": dict(failed),
+                    "unlisted_servers": {r.address: r.note for r in unreachable},
+                },
+                indent=2,
+            )
+        )
+    else:
+        lines: list[str] = []
+        for k, result in done:
+            if isinstance(result, str):
+                lines.append(f"{k}: NOT released: {result}")
+            elif result:
+                lines.append(f"{k}: released ({result} grant(s) freed)")
+            else:
+                lines.append(f"{k}: nothing held it")
+        if purge and not done:
+            lines.append(f"no held key starts with {prefix!r}")
+        for rep in unreachable:
+            lines.append(f"{rep.address}: its keys could not be listed: {rep.note}")
+        click.echo("\n".join(lines))
+    if failed or unreachable:
+        ctx.exit(1)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from celery_dflock.client import protocol, wire
 from celery_dflock.client._refusals import describe_lock, refusal_error
-from celery_dflock.client._servers import ServerInfo, require_holds
+from celery_dflock.client._servers import ServerInfo, require_force_release, require_holds
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
-from celery_dflock.client.errors import ProtocolError
-from celery_dflock.client.protocol import Command, ErrorReply, Renewed, Reply
+from celery_dflock.client.errors import ForceReleaseUnsupported, ProtocolError, ServerUnavailable
+from celery_dflock.client.protocol import Command, ErrorReply, Freed, Moved, Renewed, Reply
 
 Request = tuple[Command, bytes, float]
 """What a request is to the shells: (command, bytes, reply timeout)."""
@@ -54,6 +54,37 @@ def note_request(server: ServerInfo | None, where: str, key: str, token: str, no
     holds)."""
     require_holds(server, where, describe_lock(key))
     return Command.NOTE, protocol.encode_note(key, token, note), REPLY_GRACE_S
+
+
+def force_release_request(
+    server: ServerInfo | None, where: str, key: str, note: str | None
+) -> Request:
+    """``fr <note>``: free every grant on ``key``, whoever holds it (`ForceReleaseUnsupported`
+    unless ``server``, at ``where``, lists it). ``key`` and ``note`` are checked."""
+    require_force_release(server, where)
+    return Command.FORCE_RELEASE, protocol.encode_force_release(key, note), REPLY_GRACE_S
+
+
+def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
+    """The reply to `force_release_request`: how many grants it freed; raises for a refusal
+    (a server that knows no ``fr`` answers ``error``: `ForceReleaseUnsupported`)."""
+    if isinstance(reply, Freed):
+        return reply.grants
+    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+        raise ForceReleaseUnsupported(
+            f"server {endpoint.address} refused the force release of {describe_lock(key)} "
+            "('error'): it does not know the request (a server that predates it)"
+        )
+    if isinstance(reply, ErrorReply):
+        raise refusal_error(
+            command, reply, what=describe_lock(key), endpoint=endpoint, limit=None, lease_ttl_s=None
+        )
+    if isinstance(reply, Moved):
+        raise ServerUnavailable(
+            f"the cluster's members kept redirecting the force release of {describe_lock(key)} "
+            f"(last to {reply.address}): its shard is moving; try again in a moment"
+        )
+    raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
 
 
 def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:

@@ -167,7 +167,10 @@ class HeldGrant(KeyRoute):
                 "restarted without it, or the lease had expired)"
             )
         elif code == wire.STATUS_ERROR:
-            why = "the server refused the renewal (the lease had expired or was released)"
+            why = (
+                "the server refused the renewal (the lease had expired, or was released: "
+                "by its token, or by an operator's force release)"
+            )
         else:
             why = f"the server answered {code!r} to the renewal"
         return RenewOutcome(renewed=False, lost_reason=why)

@@ -61,6 +61,13 @@ class Renewed:
 
 
 @dataclass(frozen=True, slots=True)
+class Freed:
+    """``ok <grants>`` to ``fr``: how many grants the force release freed (0: none held)."""
+
+    grants: int
+
+
+@dataclass(frozen=True, slots=True)
 class Ok:
     """Bare ``ok`` (release, auth, ping)."""
 
@@ -123,6 +130,7 @@ Reply = (
     | TimedOut
     | Renewed
     | Ok
+    | Freed
     | Stats
     | Hello
     | Shards
@@ -170,6 +178,7 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.HAND_DOWN: _COMMON_ERRORS,
     Command.ASKING: _COMMON_ERRORS,
+    Command.FORCE_RELEASE: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
 }
 _MOVABLE: Final = frozenset(
     {
@@ -180,6 +189,7 @@ _MOVABLE: Final = frozenset(
         Command.SEM_ENQUEUE,
         Command.WAIT,
         Command.SEM_WAIT,
+        Command.FORCE_RELEASE,
     }
 )
 """The requests a server may answer ``error_moved <HOST:PORT>``."""
@@ -310,6 +320,8 @@ def decode_reply(command: Command, line: bytes) -> Reply:
             "ok",
         ) if not fields:
             return Ok()
+        case (Command.FORCE_RELEASE, "ok") if len(fields) == 1:
+            return Freed(_parse_uint(command, line, fields[0]))
         case (Command.STATS, "ok") if fields:
             return Stats(_parse_json_object(command, line, text[len(status) + 1 :]))
         case (Command.HELLO, "ok") if fields:

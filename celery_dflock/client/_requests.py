@@ -42,6 +42,7 @@ class Command(enum.StrEnum):
     TAKE = wire.CMD_TAKE
     HAND_DOWN = wire.CMD_HAND_DOWN
     ASKING = wire.CMD_ASKING
+    FORCE_RELEASE = wire.CMD_FORCE_RELEASE
 
     @property
     def label(self) -> str:
@@ -70,6 +71,7 @@ _DOING: Final[dict[Command, str]] = {
     Command.TAKE: "a take-over",
     Command.HAND_DOWN: "a hand-down",
     Command.ASKING: "an asking",
+    Command.FORCE_RELEASE: "a force release",
 }
 
 
@@ -251,6 +253,13 @@ def encode_release(key: str, token: str) -> bytes:
     validate_key(key)
     validate_token(token)
     return checked_release(key, token)
+
+
+def encode_force_release(key: str, note: str | None = None) -> bytes:
+    """``fr``: free every grant on ``key``, whoever holds it (an operator's act); ``note``
+    (an owner note's rules) tells the server's log who asks."""
+    argument = wire.PLACEHOLDER if note is None else validate_note(note, "the operator's note")
+    return _request(Command.FORCE_RELEASE, validate_key(key), argument)
 
 
 def encode_enqueue(key: str, lease_s: int | None = None) -> bytes:

@@ -8,7 +8,13 @@ from typing import Final
 
 from celery_dflock.client import protocol, wire
 from celery_dflock.client._settings import Endpoint
-from celery_dflock.client.errors import AuthError, HoldsUnsupported, ProtocolError, ServerDraining
+from celery_dflock.client.errors import (
+    AuthError,
+    ForceReleaseUnsupported,
+    HoldsUnsupported,
+    ProtocolError,
+    ServerDraining,
+)
 from celery_dflock.client.protocol import ErrorReply, Reply
 
 CLOSING_ERRORS: Final = frozenset({wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING})
@@ -18,6 +24,7 @@ FEATURE_FENCE: Final = wire.FEATURE_FENCE
 FEATURE_PING: Final = wire.FEATURE_PING
 FEATURE_STATS: Final = wire.FEATURE_STATS
 FEATURE_HOLDS: Final = wire.FEATURE_HOLDS
+FEATURE_FORCE_RELEASE: Final = wire.FEATURE_FORCE_RELEASE
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,18 @@ def require_holds(server: ServerInfo | None, where: str, what: str) -> None:
             f"server {where} is {told}, and a hold or owner note (of {what}) needs "
             "celery-dflock's dflockd-server (the 'holds' feature), which that server does not "
             "list in its hello; run the bundled `dflockd` there"
+        )
+
+
+def require_force_release(server: ServerInfo | None, where: str) -> None:
+    """Raise `ForceReleaseUnsupported` unless ``server`` (at ``where``) listed
+    ``force_release`` in its ``hello``."""
+    if server is None or not server.supports(FEATURE_FORCE_RELEASE):
+        told = "a server that was not asked hello" if server is None else server.describe()
+        raise ForceReleaseUnsupported(
+            f"server {where} is {told}, which does not list 'force_release' in its hello: it "
+            "predates force release (or is a foreign dflockd); upgrade it to a dflockd-server "
+            "that has it, or wait for the holder to release or its lease to run out"
         )
 
 

@@ -28,7 +28,10 @@ from typing import Any, Final, Generic, Self, TypeVar, cast
 from celery_dflock._threads import leave_signals_to_the_main_thread
 from celery_dflock.client import _by_token, protocol, wire
 from celery_dflock.client._async.lock import AsyncDistributedLock, AsyncDistributedSemaphore
-from celery_dflock.client._async.routing import send_by_token as send_by_token_async
+from celery_dflock.client._async.routing import (
+    send_by_token as send_by_token_async,
+    send_to_owner as send_to_owner_async,
+)
 from celery_dflock.client._async.status import ask as ask_async, ask_shards as ask_shards_async
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._router import ClusterRouter, split_address
@@ -57,7 +60,7 @@ from celery_dflock.client._settings import (
 )
 from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client._sync.lock import DistributedLock, DistributedSemaphore
-from celery_dflock.client._sync.routing import BuildAt, send_by_token
+from celery_dflock.client._sync.routing import BuildAt, send_by_token, send_to_owner
 from celery_dflock.client._sync.status import ask, ask_shards
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.pool import AsyncConnectionPool, ConnectionPool
@@ -357,6 +360,26 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
             key, lambda server, where: _by_token.note_request(server, where, key, token, note)
         )
 
+    def force_release(self, key: str, *, note: str | None = None) -> int:
+        """Free ``key`` whoever holds it (an operator's act, ``fr``): every grant on it ends
+        now, the next waiter is granted at once (with a higher fence), and the old holder
+        learns its loss at its next renewal. ``note`` (an owner note's rules: 1 to 200
+        printable ASCII characters without spaces) names who asks in the server's log.
+        Returns how many grants were freed (0: nothing held the key). Raises
+        `ForceReleaseUnsupported` for a server that predates it, `InvalidValueError` for a
+        bad key or note."""
+        key = protocol.validate_key(key)
+        if note is not None:
+            protocol.validate_note(note, "the operator's note")
+        command, reply, at = send_to_owner(
+            self._pool,
+            self._settings,
+            self._router,
+            key,
+            lambda server, where: _by_token.force_release_request(server, where, key, note),
+        )
+        return _by_token.freed(command, reply, key, at)
+
     def _done(self, key: str, build: BuildAt) -> bool:
         """One request by token about ``key``: True done, False when the token no longer holds
         the key; raises for other refusals."""
@@ -438,6 +461,20 @@ class AsyncClient(
         return await self._done(
             key, lambda server, where: _by_token.note_request(server, where, key, token, note)
         )
+
+    async def force_release(self, key: str, *, note: str | None = None) -> int:
+        """`Client.force_release`, awaited."""
+        key = protocol.validate_key(key)
+        if note is not None:
+            protocol.validate_note(note, "the operator's note")
+        command, reply, at = await send_to_owner_async(
+            self._pool,
+            self._settings,
+            self._router,
+            key,
+            lambda server, where: _by_token.force_release_request(server, where, key, note),
+        )
+        return _by_token.freed(command, reply, key, at)
 
     async def _done(self, key: str, build: BuildAt) -> bool:
         """`Client._done`, awaited."""

@@ -10,6 +10,7 @@ __all__ = [
     "AlreadyQueued",
     "AuthError",
     "DflockError",
+    "ForceReleaseUnsupported",
     "HoldsUnsupported",
     "InvalidValueError",
     "KeyHeld",
@@ -75,6 +76,11 @@ class HoldsUnsupported(DflockError):
     """A hold, or a note on a grant, was asked of a server that does not offer them: a
     foreign dflockd server (only celery-dflock's ``dflockd-server`` lists the ``holds``
     feature). The message names the server and what it is."""
+
+
+class ForceReleaseUnsupported(DflockError):
+    """A force release (`Client.force_release`, ``celery dflock release``) was asked of a
+    server that does not offer it: one that predates it, or a foreign dflockd."""
 
 
 class LockLost(DflockError):

@@ -31,6 +31,7 @@ FENCE_HEX_CHARS: Final = 16
 CMD_ASKING: Final = "asking"
 CMD_AUTH: Final = "auth"
 CMD_ENQUEUE: Final = "e"
+CMD_FORCE_RELEASE: Final = "fr"
 CMD_HAND_DOWN: Final = "hd"
 CMD_HELLO: Final = "hello"
 CMD_HOLD: Final = "hl"
@@ -56,6 +57,7 @@ ON_CLOSE_RELEASE: Final = "r"
 
 # What `hello` may list
 FEATURE_FENCE: Final = "fence"
+FEATURE_FORCE_RELEASE: Final = "force_release"
 FEATURE_HELLO: Final = "hello"
 FEATURE_HOLDS: Final = "holds"
 FEATURE_PING: Final = "ping"

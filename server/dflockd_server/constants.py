@@ -92,6 +92,10 @@ CMD_HAND_DOWN: Final = "hd"
 CMD_ASKING: Final = "asking"
 """``asking _ _``: the next acquire on this connection follows an ``error_ask`` (cluster mode:
 a member importing the key's shard serves it; see docs/protocol.md, *Key-level moves*)."""
+CMD_FORCE_RELEASE: Final = "fr"
+"""``fr <key> <note>`` (force release, an operator's act): free every grant on ``key``, whoever
+holds it; the next waiters are granted at once. ``<note>``: who asks, for the server's log (an
+owner note's rules), or ``_``. Answered ``ok <grants freed>`` (0: nothing held it)."""
 COMMANDS: Final[frozenset[str]] = frozenset(
     {
         CMD_LOCK,
@@ -114,6 +118,7 @@ COMMANDS: Final[frozenset[str]] = frozenset(
         CMD_TAKE,
         CMD_HAND_DOWN,
         CMD_ASKING,
+        CMD_FORCE_RELEASE,
     }
 )
 HOLD_MODE_CONNECTION: Final = "c"
@@ -159,6 +164,8 @@ FEATURE_HOLDS: Final = "holds"
 ``stats`` lists each lock's ``owner`` note and whether it is ``detached``."""
 FEATURE_ASK: Final = "ask"
 """Key-level moves: ``error_ask <HOST:PORT>`` to an acquire, and ``asking``."""
+FEATURE_FORCE_RELEASE: Final = "force_release"
+"""``fr``: an operator frees a key whoever holds it (``celery dflock release``)."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -170,6 +177,7 @@ FEATURES: Final = (
     FEATURE_SHARDS,
     FEATURE_HOLDS,
     FEATURE_ASK,
+    FEATURE_FORCE_RELEASE,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""

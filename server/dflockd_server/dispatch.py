@@ -60,11 +60,13 @@ _WHILE_DRAINING: Final = frozenset(
         c.CMD_NOTE,
         c.CMD_TAKE,
         c.CMD_HAND_DOWN,
+        c.CMD_FORCE_RELEASE,
     )
 )
 """What a draining server still answers: its holders can renew and release until they are
 done (or the shutdown timeout), and see that it is up; acquires and waits get
-``error_draining``. ``ht`` and ``hd`` are renewals of a held grant (as ``n``): answered too."""
+``error_draining``. ``ht`` and ``hd`` are renewals of a held grant (as ``n``): answered too,
+and so is an operator's ``fr`` (it frees, as ``r``)."""
 _REFUSALS: Final = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
@@ -222,6 +224,7 @@ class Session:
             ((c.CMD_TAKE,), Session._take),
             ((c.CMD_HAND_DOWN,), Session._hand_down),
             ((c.CMD_ASKING,), Session._asking),
+            ((c.CMD_FORCE_RELEASE,), Session._force_release),
         )
         table: dict[bytes, _Route] = {}
         for commands, route in routes:
@@ -366,6 +369,26 @@ class Session:
         except _REFUSALS as exc:
             return _refusal(exc)
         return p.REPLY_OK if released else p.REPLY_ERROR
+
+    def _force_release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``fr``: an operator frees every grant on a key, whoever holds it. Routed as an
+        acquire is (cluster mode: ``error_moved`` to the key's member), and logged with who
+        asked: the peer's address and the note it sent."""
+        req = self._decode(cmd, key, arg)
+        if req is None:
+            return p.REPLY_ERROR
+        if self.host.key_check is not None and (refused := self._check(req.key)) is not None:
+            return refused
+        freed = self.table.force_release(req.key)
+        log.warning(
+            "force release of %r by %s (%s): %d grant(s) freed%s",
+            req.key,
+            self.peer,
+            req.note or "no note",
+            len(freed),
+            "".join(f", held by {h.note or 'no note'}" for h in freed),
+        )
+        return p.reply_freed(len(freed))
 
     def _renew(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``n``, ``sn``."""

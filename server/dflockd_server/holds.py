@@ -155,7 +155,7 @@ class HoldTable(TableCore):
             old.on_close.pop(holder, None)
         state = self._state_of(holder)
         expires_at = now + lease_ttl
-        moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at)
+        moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at, since=holder.since)
         moved.note = holder.note
         journal = self.journal
         if journal is not None:

@@ -106,12 +106,34 @@ class Holder:
     key went idle (what ``KeyState.last_used`` is for a key with a state), and its ``token``
     is empty (an idle key keeps no token alive)."""
 
-    __slots__ = ("client", "covered", "expires_at", "key", "lease_ttl", "live", "note", "token")
+    __slots__ = (
+        "client",
+        "covered",
+        "expires_at",
+        "key",
+        "lease_ttl",
+        "live",
+        "note",
+        "since",
+        "token",
+    )
 
     def __init__(
-        self, token: str, key: str, client: Client, lease_ttl: int, expires_at: float
+        self,
+        token: str,
+        key: str,
+        client: Client,
+        lease_ttl: int,
+        expires_at: float,
+        *,
+        since: float,
     ) -> None:
         self.token = token
+        self.since = since
+        """When the grant was made (table clock; a grant restored from the journal: when it
+        was restored), kept across a take-over or a detach: how long it has been held, for
+        ``stats`` and the status page (a slot and the clock's reading: about 32 bytes per
+        held grant)."""
         self.key = key
         self.client = client
         self.lease_ttl = lease_ttl
@@ -240,7 +262,15 @@ class Counts:
     """Running totals since start-up, each a pair indexed by kind: ``[lock, semaphore]``
     (``counts.grants[state.is_sem]``). Plain integers, read by the metrics exporter."""
 
-    __slots__ = ("expiries", "grants", "lost_by_disconnect", "releases", "restored", "timeouts")
+    __slots__ = (
+        "expiries",
+        "forced",
+        "grants",
+        "lost_by_disconnect",
+        "releases",
+        "restored",
+        "timeouts",
+    )
 
     def __init__(self) -> None:
         self.restored = [0, 0]
@@ -249,6 +279,8 @@ class Counts:
         """Locks and slots granted (at once or after waiting)."""
         self.releases = [0, 0]
         """Explicit releases by a holder's token."""
+        self.forced = [0, 0]
+        """Grants freed by an operator's force release (``fr``), whoever held them."""
         self.expiries = [0, 0]
         """Leases that ran out without a renew."""
         self.lost_by_disconnect = [0, 0]

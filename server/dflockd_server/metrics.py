@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
     from dflockd_server.cluster.node import ClusterStats
+    from dflockd_server.status_page import StatusPage
     from dflockd_server.table import LockTable
 
 __all__ = [
@@ -179,11 +180,18 @@ class Snapshot:
 
 
 class MetricsExporter:
-    """Serves ``/metrics`` from a ``prometheus_client`` HTTP server thread."""
+    """Serves ``/metrics`` from a ``prometheus_client`` HTTP server thread (and ``page``, the
+    status page, at its own path: ``status_page``)."""
 
-    def __init__(self, take: Callable[[], Snapshot], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        take: Callable[[], Snapshot],
+        loop: asyncio.AbstractEventLoop,
+        page: StatusPage | None = None,
+    ) -> None:
         self._take = take
         self._loop = loop
+        self._page = page
         self._http: Any = None
         self._thread: Any = None
         self.address: tuple[str, int] | None = None
@@ -204,6 +212,10 @@ class MetricsExporter:
                 f"cannot serve metrics on {host}:{port}: {exc} "
                 "(choose another --metrics-port / DFLOCKD_METRICS_PORT)"
             ) from exc
+        if self._page is not None:
+            from dflockd_server.status_page import route
+
+            self._http.set_app(route(self._http.get_app(), self._page))
         name: Any = self._http.server_address
         self.address = (str(name[0]), int(name[1]))
         return self.address

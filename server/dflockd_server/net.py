@@ -33,8 +33,9 @@ from dflockd_server.loops import at_turn_end
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import SINGLE, Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
-from dflockd_server.snapshots import RationedSnapshots
+from dflockd_server.snapshots import Asker, RationedSnapshots
 from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
+from dflockd_server.status_page import StatusPage
 from dflockd_server.stream import GroupWrite, Stream
 from dflockd_server.table import LockTable
 from dflockd_server.tls import build_ssl_context
@@ -317,7 +318,13 @@ class Server(Admission, KeyServing):
         if grace.seconds > 0:
             self._timers.append(loop.call_later(grace.seconds, self._grace_over))
         if cfg.metrics_port is not None:
-            exporter = MetricsExporter(self._metrics_snapshot, loop)
+            bound = self._listener.sockets[0].getsockname()
+            page = StatusPage(
+                loop.call_soon_threadsafe,
+                self._ask_stats,
+                f"{c.SERVER_NAME} {c.SERVER_VERSION} on {bound[0]}:{bound[1]}",
+            )
+            exporter = MetricsExporter(self._metrics_snapshot, loop, page)
             try:
                 exporter.start(cfg.metrics_host or cfg.host, cfg.metrics_port)
             except BaseException:
@@ -523,6 +530,11 @@ class Server(Admission, KeyServing):
             }
         )
         return out
+
+    def _ask_stats(self, asker: Asker) -> bytes | None:
+        """A ``stats`` reply for the status page, from the rationed snapshots (on the loop)."""
+        assert self.snapshots is not None
+        return self.snapshots.request(asker)
 
     def stats_reply(self) -> bytes:
         """A ``stats`` reply: a snapshot of the table, now."""

@@ -22,6 +22,7 @@ __all__ = [
     "quick_lock",
     "quick_token",
     "reply_bound",
+    "reply_freed",
     "reply_grant",
     "reply_held_by",
     "reply_hello",
@@ -242,7 +243,7 @@ class Request:
         self.token = ""
         self.secret = b""
         self.note: str | None = None
-        """``hl`` / ``note``: the owner note."""
+        """``hl`` / ``note``: the owner note; ``fr``: who asks (``None`` for ``_``)."""
         self.detached = False
         """``hl`` mode ``d``."""
         self.on_close: int | None = None
@@ -371,6 +372,11 @@ def decode_request(cmd: bytes, key: bytes, arg: bytes) -> Request:
             raise Malformed("hd takes <token> <lease>")
         req.token = _token(parts[0])
         req.lease = _lease(parts[1])
+    elif command == c.CMD_FORCE_RELEASE:
+        if n != 1:
+            raise Malformed("fr takes <note> (or _)")
+        if parts[0] != _PLACEHOLDER:
+            req.note = _note(parts[0])
     elif command == c.CMD_ENQUEUE:
         if n > 1:
             raise Malformed("e takes [<lease>]")
@@ -541,6 +547,11 @@ def reply_bound(note: str | None) -> bytes:
 
 def reply_renewed(seconds_remaining: int) -> bytes:
     return f"{c.STATUS_OK} {seconds_remaining}\n".encode()
+
+
+def reply_freed(grants: int) -> bytes:
+    """``ok <grants freed>`` to ``fr``."""
+    return f"{c.STATUS_OK} {grants}\n".encode()
 
 
 def reply_stats(payload: str) -> bytes:

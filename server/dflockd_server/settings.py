@@ -307,8 +307,8 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_METRICS_PORT",),
         parse_int,
         check_port,
-        "serve Prometheus metrics over HTTP on this port (0: any free; needs the `metrics` "
-        "extra: pip install 'dflockd-server[metrics]')",
+        "serve Prometheus metrics (/metrics) and the status page (/status) over HTTP on this "
+        "port (0: any free; needs the `metrics` extra: pip install 'dflockd-server[metrics]')",
     ),
     Setting(
         "metrics_host",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflockd_server.fence import fence_of
 from dflockd_server.holds import HoldTable
 from dflockd_server.journal import RecordedGrant
 from dflockd_server.keys import (
@@ -256,6 +257,36 @@ class LockTable(HoldTable):
             self._flush()
         return True
 
+    def force_release(self, key: str) -> list[Holder]:
+        """``fr``: free every grant held on ``key``, whoever holds it (bound, detached or
+        restored), through the path a release takes (the journal records each drop, so a
+        restart does not bring it back); the next waiters are granted at once, with new
+        tokens (so higher fences). A lease already run out expires as usual and is not
+        counted. Returns the grants freed (their notes, for the log); ``[]`` if none."""
+        entry = self.keys.get(key)
+        if entry is None:
+            return []
+        now = self.clock()
+        if isinstance(entry, Holder):  # a lock nobody waits for
+            if not entry.live:
+                return []
+            if now >= entry.expires_at:
+                self._expire_bare(entry, now)
+                return []
+            self.counts.forced[0] += 1
+            self._drop_holder(entry, None, now)
+            return [entry]
+        state = entry
+        if now >= state.earliest:
+            self._check(state, now)
+        freed = list(state.holders.values())
+        self.counts.forced[state.is_sem] += len(freed)
+        for holder in freed:
+            self._drop_holder(holder, state, now)
+        self._fill(state, now)
+        self._flush()
+        return freed
+
     def renew(
         self, key: str, token: str, lease_ttl: int, client: Client | None = None
     ) -> int | None:
@@ -312,7 +343,7 @@ class LockTable(HoldTable):
         now = self.clock()
         owner = self.detached if detached else self.restored
         expires_at = now + left
-        holder = Holder(token, key, owner, lease_ttl, expires_at)
+        holder = Holder(token, key, owner, lease_ttl, expires_at, since=now)
         holder.note = rec.note
         entry = self.keys.get(key)
         if entry is None and limit == 1 and not is_sem:
@@ -396,6 +427,7 @@ class LockTable(HoldTable):
             sum(counts.restored)
             + sum(counts.grants)
             - sum(counts.releases)
+            - sum(counts.forced)
             - sum(counts.expiries)
             - sum(counts.lost_by_disconnect)
         )
@@ -525,4 +557,6 @@ class LockTable(HoldTable):
             "owner": holder.note,
             "detached": self.is_detached(holder),
             "restored": holder.client is self.restored,
+            "fence": fence_of(holder.token),
+            "held_s": round(max(0.0, now - holder.since), 3),
         }

@@ -278,7 +278,7 @@ class TableCore:
         token = self.new_token()
         self.counts.grants[False if state is None else state.is_sem] += 1
         expires_at = now + lease_ttl
-        holder = Holder(token, key, client, lease_ttl, expires_at)
+        holder = Holder(token, key, client, lease_ttl, expires_at, since=now)
         if note is not None:
             holder.note = note
         journal = self.journal

@@ -16,7 +16,7 @@ import pytest
 from kombu.exceptions import OperationalError
 
 from celery_dflock import AlreadyQueued, LockedTask
-from celery_dflock._holds import decode_note, encode_note
+from celery_dflock._holds import HolderNote, decode_note, encode_note, note_parts
 from celery_dflock._plan import resolve_options
 from celery_dflock.cli import collect, format_locks
 from celery_dflock.config import DflockConfigError, get_config
@@ -71,6 +71,18 @@ def test_note_round_trip() -> None:
     assert encode_note("x" * 300) is None
     long_host = encode_note("id", "h" * 300)
     assert long_host == "id"  # too long with the host: the task id alone
+
+
+def test_a_run_s_note_names_its_pid_and_task_and_older_readers_still_find_the_task_id() -> None:
+    note = encode_note("4f1c", "celery@w1", pid=4242, name="proj.tasks.report")
+    assert note == "4f1c/celery%40w1/4242/proj.tasks.report"
+    assert note_parts(note) == HolderNote("4f1c", "celery@w1", 4242, "proj.tasks.report")
+    assert decode_note(note) == ("4f1c", "celery@w1")
+    assert note_parts("4f1c/celery%40w1") == HolderNote("4f1c", "celery@w1")  # an older note
+    assert note_parts("a/b%2Fc/x/n%2F1") == HolderNote("a", "b/c", None, "n/1")
+    # Too long: the name goes first, then the pid, then the host.
+    assert encode_note("id", "h", pid=1, name="n" * 300) == "id/h/1"
+    assert encode_note("id", "h" * 196, pid=12, name="n") == "id/" + "h" * 196
 
 
 @pytest.mark.parametrize(

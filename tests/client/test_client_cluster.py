@@ -294,6 +294,25 @@ def test_a_stale_map_follows_error_moved(cluster: Cluster, kind: str) -> None:
         assert list(client.router.map.current) == ROTATED  # refreshed on a redirect
 
 
+def test_a_force_release_goes_to_the_key_s_member_even_with_a_stale_map(cluster: Cluster) -> None:
+    seed = cluster.servers[0].address
+    with Client([seed], sharding_strategy="cluster") as client:
+        with client.lock("warm-up"):
+            pass
+        cluster.set_map(ROTATED)  # the client's cached map is stale now
+        with Client([seed], sharding_strategy="cluster") as holder:
+            locks = [holder.lock(key) for key in KEYS[:5]]
+            for lock in locks:
+                assert lock.acquire() and lock.server == cluster.node_of(ROTATED, lock.key)
+            # The first is answered error_moved by the stale map's member and followed; the
+            # map is read again for the others.
+            for lock in locks:
+                assert client.force_release(lock.key) == 1
+                assert cluster.held_on(lock.key) == []
+                assert not lock.renew()
+                lock.release()
+
+
 def test_a_held_lock_renews_and_releases_where_it_was_granted_after_its_shard_moved(
     cluster: Cluster,
 ) -> None:

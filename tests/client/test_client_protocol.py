@@ -289,6 +289,7 @@ def test_every_command_has_an_encoder() -> None:
         protocol.encode_take("k", TOKEN, 30, None, "note"),
         protocol.encode_hand_down("k", TOKEN, 30),
         protocol.encode_asking(),
+        protocol.encode_force_release("k"),
     }
     assert {request.split(b"\n")[0].decode() for request in encoded} == set(constants.COMMANDS)
     assert {c.value for c in Command} == set(constants.COMMANDS)

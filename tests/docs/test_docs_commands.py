@@ -87,6 +87,10 @@ COVERED: dict[str, tuple[str, str]] = {
     r"dflockd (pin|unpin) --cluster etcd://\S+ \d+( \S+)?": ("tests/cluster/test_ops.py", '"pin"'),
     r"dflockd shards --cluster etcd://\S+": ("tests/cluster/test_ops.py", "run_dflockd"),
     r"celery -A proj dflock shards": ("tests/celery/test_cluster_workers.py", '"shards"'),
+    r"celery -A proj dflock release (report:42|--all --prefix report:)": (
+        "tests/celery/test_operator_tools.py",
+        '"release", "--all", "--prefix"',
+    ),
 }
 # Run here, by test_the_cheap_commands_work.
 RUN_HERE = (

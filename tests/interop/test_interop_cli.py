@@ -27,3 +27,17 @@ def test_dflock_status_ping_and_locks_report_the_foreign_server_reachable(
     report = json.loads(dflock_cli(address, "status", "--json").stdout)
     assert report[0]["reachable"] is True and report[0]["stats"] is None
     assert set(report[0]["unsupported"]) == {"hello", "stats", "ping", "fence"}
+
+
+def test_dflock_release_on_the_foreign_server_says_it_predates_force_release(
+    dflockd_050: ForeignServer,
+) -> None:
+    """dflockd 0.5.0 answers ``hello`` with ``error``: it is never sent ``fr``; the command
+    says why the key was not released and exits 1."""
+    address = f"{dflockd_050.host}:{dflockd_050.port}"
+    released = dflock_cli(address, "release", "job:1")
+    assert released.returncode == 1, released.stdout + released.stderr
+    assert "job:1: NOT released: server " in released.stdout
+    assert "does not list 'force_release' in its hello: it predates force release" in (
+        released.stdout
+    )

@@ -460,7 +460,7 @@ def test_gc_prunes_idle_keys(dflock_server_factory: ServerFactory) -> None:
 
 def test_stats_shape(dflock_server: ServerThread) -> None:
     with Wire(dflock_server.address) as a, Wire(dflock_server.address) as b:
-        a.lock("k", lease=20)
+        token = a.lock("k", lease=20)
         b.send("l", "k", "30")
         wait_until(lambda: a.stats()["locks"][0]["waiters"] == 1, what="b queued")
         stats = a.stats()
@@ -475,9 +475,12 @@ def test_stats_shape(dflock_server: ServerThread) -> None:
             "owner",
             "detached",
             "restored",
+            "fence",
+            "held_s",
         }
         assert entry["key"] == "k"
         assert (entry["owner"], entry["detached"]) == (None, False)
+        assert entry["fence"] == fence(token) and 0 <= entry["held_s"] < 60
         assert isinstance(entry["owner_conn_id"], int)
         assert 0 < entry["lease_expires_in_s"] <= 20
 

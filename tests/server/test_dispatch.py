@@ -147,3 +147,54 @@ def test_a_key_not_served_is_refused_before_the_table_is_touched(table: LockTabl
 def test_shards_is_answered_by_the_host_even_while_draining(table: LockTable) -> None:
     host = Host(draining=True)
     assert ask(session(table, host), b"shards", b"_", b"_") == b'ok {"mode":"single"}\n'
+
+
+# ------------------------------------------------------------------------------ force release
+def test_force_release_frees_the_key_and_grants_the_next_waiter_a_higher_fence(
+    table: LockTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder, waiter, operator = session(table), session(table), session(table)
+    token = token_of(ask(holder, b"hl", b"k", b"0 30 d task-1/celery%40w1"))
+    assert ask(waiter, b"l", b"k", b"5") is None
+    action = waiter.action
+    assert isinstance(action, Wait)
+    woken: list[bytes] = []
+    action.waiter.wake = lambda w: woken.append(waiter.granted(w))
+    with caplog.at_level("WARNING", logger="dflockd_server"):
+        assert ask(operator, b"fr", b"k", b"ops:alice") == b"ok 1\n"
+    assert len(woken) == 1
+    new_token = token_of(woken[0])
+    assert int(new_token, 16) > int(token, 16)  # this table's tokens: a plain counter
+    assert ask(holder, b"n", b"k", token) == p.REPLY_ERROR  # the old holder learns it lost
+    assert ask(holder, b"r", b"k", token) == p.REPLY_ERROR
+    assert ask(waiter, b"n", b"k", new_token) == f"ok {LEASE}\n".encode()
+    logged = caplog.text
+    assert "force release of 'k' by test:1 (ops:alice): 1 grant(s) freed" in logged
+    assert "held by task-1/celery%40w1" in logged
+    assert table.counts.forced == [1, 0] and table.held == 1
+
+
+def test_force_release_of_a_free_key_a_semaphore_and_bad_requests(table: LockTable) -> None:
+    s = session(table)
+    assert ask(s, b"fr", b"nothing", b"_") == b"ok 0\n"
+    for _ in range(3):
+        token_of(ask(session(table), b"sl", b"sem", b"0 3"))
+    assert ask(s, b"fr", b"sem", b"_") == b"ok 3\n"
+    token_of(ask(s, b"sl", b"sem", b"0 3"))
+    assert ask(s, b"fr", b"k", b"") == p.REPLY_ERROR  # no note: '_' is how to send none
+    assert ask(s, b"fr", b"k", b"a b") == p.REPLY_ERROR
+    assert ask(s, b"fr", b"a b", b"_") == p.REPLY_ERROR
+    assert ask(s, b"fr", b"", b"_") == p.REPLY_ERROR
+    assert s.action is None
+
+
+def test_force_release_goes_to_the_key_s_member_and_works_while_draining(
+    table: LockTable,
+) -> None:
+    moved = b"error_moved b:6388\n"
+    host = Host(key_check=lambda key: None if key == "mine" else moved)
+    s = session(table, host)
+    token_of(ask(s, b"l", b"mine", b"0"))
+    assert ask(s, b"fr", b"theirs", b"_") == moved
+    host.draining = True
+    assert ask(s, b"fr", b"mine", b"_") == b"ok 1\n"

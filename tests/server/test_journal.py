@@ -577,3 +577,21 @@ def test_replies_a_journal_cannot_hold_are_never_sent(tmp_path: Path, fsync: str
         read = read_journal(str(state / "journal"))
         assert read.damage == "" or read.torn_tail, read.damage
         assert read.records >= 2 * answered  # every pair answered is in the file
+
+
+def test_a_force_release_is_recorded_so_a_restart_does_not_bring_the_grant_back(
+    tmp_path: Path,
+) -> None:
+    server = ServerThread(config(tmp_path)).start()
+    keep_port = server.port
+    with Wire(server.address) as a, Wire(server.address) as operator:
+        a.req("hl", "q", f"0 {LEASE} d task-1")
+        a.req("l", "k", f"0 {LEASE}")
+        a.req("sl", "s", f"0 3 {LEASE}")
+        assert operator.req("fr", "q", "ops") == "ok 1"
+        assert operator.req("fr", "s", "_") == "ok 1"
+        server.stop()  # as a crash would: "k" is still held
+    with ServerThread(config(tmp_path, port=keep_port)) as again:
+        stats = again.stats()
+        assert stats["journal"]["restored"] == 1
+        assert [e["key"] for e in stats["locks"]] == ["k"] and stats["semaphores"] == []

@@ -542,3 +542,19 @@ def test_a_long_queue_with_given_up_waiters_grants_in_order_and_stays_bounded(
     assert state.queue is None and state.n_waiting == 0  # gone with the last waiter
     assert max(lengths) <= len(waiters)  # never grows past what was queued
     assert min(lengths) < len(waiters) // 2  # its granted front is cut off as it goes
+
+
+def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
+    table: LockTable, clock: Clock
+) -> None:
+    """``stats``' ``held_s``: from the grant, not from the last move of the grant (a queued
+    message's hold taken over by its run is held since the publish)."""
+    held = table.hold(table.open_client(), "q", LEASE, "t1", detached=True, queue=False)
+    assert isinstance(held, Holder)
+    clock.now += 4.0
+    taken = table.take(table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None)
+    assert taken is not None and taken.since == held.since
+    clock.now += 3.0
+    assert table.hand_down("q", held.token, LEASE)
+    (entry,) = table.stats(0)["locks"]
+    assert entry["held_s"] == 7.0 and entry["fence"] == int(held.token[:16], 16)

@@ -153,6 +153,18 @@ class LockTableMachine(RuleBasedStateMachine):
             self._fill(mk)
         assert self.table.release(key, self.tokens[req]) is expected
 
+    @rule(key=st.sampled_from(KEYS))
+    def force_release(self, key: str) -> None:
+        """An operator frees the key whoever holds it: every holder goes, the queue is
+        granted in order (``fr``)."""
+        mk = self.model[key]
+        self._touch(mk)
+        freed = sorted(mk.holders)
+        mk.holders.clear()
+        self._fill(mk)
+        got = self.table.force_release(key)
+        assert len(got) == len(freed) and not any(holder.live for holder in got)
+
     @precondition(lambda self: bool(self.holders))
     @rule(data=st.data(), lease=st.integers(1, 3))
     def renew(self, data: st.DataObject, lease: int) -> None:

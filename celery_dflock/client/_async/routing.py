@@ -5,7 +5,8 @@ and the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/`
 acquire routes through its `LockCore` (`celery_dflock.client._router.KeyRoute`); a client's
 request by token (`Client.release`, ``renew``, ``detach``, ``note``) needs no lock object:
 `send_by_token` routes the key by the client's settings (or its cached cluster map) and sends
-the one request on a pooled connection.
+the one request on a pooled connection; `send_to_owner` (a force release) follows the
+``error_moved`` a cluster member answers too.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from collections import abc
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._by_token import Request
 from celery_dflock.client._connection import AsyncConnection
-from celery_dflock.client._router import ClusterRouter
+from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, split_address
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import ClientSettings, Endpoint
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from celery_dflock.client.protocol import Command, Reply
+from celery_dflock.client.protocol import Command, Moved, Reply
 from celery_dflock.client.sharding import select_server
 
 Checkout = abc.Callable[[Endpoint], abc.Awaitable[AsyncConnection]]
@@ -102,4 +103,27 @@ async def send_by_token(
     command, reply = await request_once(
         pool.checkout, pool.checkin, endpoint, lambda server: build(server, address)
     )
+    return command, reply, endpoint
+
+
+async def send_to_owner(
+    pool: AsyncConnectionPool,
+    settings: ClientSettings,
+    router: ClusterRouter | None,
+    key: str,
+    build: BuildAt,
+) -> tuple[Command, Reply, Endpoint]:
+    """`send_by_token`, and in cluster mode the ``error_moved`` replies followed to the member
+    they name (up to `REDIRECT_LOOP` in a row; the cached map is read again next time)."""
+    command, reply, endpoint = await send_by_token(pool, settings, router, key, build)
+    for _ in range(REDIRECT_LOOP):
+        if not isinstance(reply, Moved):
+            break
+        if router is not None:
+            router.invalidate()
+        endpoint = settings.endpoint(*split_address(reply.address))
+        address = endpoint.address
+        command, reply = await request_once(
+            pool.checkout, pool.checkin, endpoint, lambda server, at=address: build(server, at)
+        )
     return command, reply, endpoint

@@ -1,0 +1,306 @@
+"""An operator's tools on real workers (issue 50, part B): ``celery dflock release KEY`` frees a
+key a running task holds, and the metrics port's status page names the task holding each key.
+
+One ``dflockd`` started as a user starts it (``--metrics-port``, a state directory), one
+prefork worker of ``apps.tasks`` on the filesystem broker, the CLI run as a user runs it, and
+the page opened in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from celery_dflock import Client, DistributedLock
+from tests.support.ports import free_port
+from tests.support.processes import python_path
+from tests.support.rigs import Rig, open_rig
+from tests.support.servers import dflockd_subprocess
+from tests.support.services import unavailable
+from tests.support.waiting import wait_until
+from tests.support.wire import holders_and_waiters
+from tests.support.workers import CELERY_APPS_DIR, REPO, filesystem_settings
+
+TOLD_WITHIN_S = 2 * 0.5 + 5.0
+"""The lost_flag task's renewal interval (half its 2 s lease), plus a generous slack."""
+
+
+@dataclass
+class OpsRig:
+    rig: Rig
+    address: tuple[str, int]
+    metrics: tuple[str, int]
+    server_log: Path
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``celery -A apps.tasks dflock ARGS`` on the workers' settings, as a user runs it."""
+        env = {
+            **os.environ,
+            "DFLOCK_TEST_SETTINGS": json.dumps(self.rig.settings),
+            "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "apps.tasks", "dflock", *args],
+            cwd=self.rig.tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def page_url(self) -> str:
+        return f"http://{self.metrics[0]}:{self.metrics[1]}/status?refresh=0"
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsRig]:
+    tmp = tmp_path_factory.mktemp("ops")
+    metrics_port = free_port()
+    log = tmp / "dflockd.log"
+    with (
+        dflockd_subprocess(
+            log,
+            "--metrics-port",
+            str(metrics_port),
+            "--metrics-host",
+            "127.0.0.1",
+            "--state-dir",
+            str(tmp / "state"),
+        ) as (_, address),
+        open_rig(
+            tmp,
+            "apps.tasks",
+            filesystem_settings(tmp, f"dflock-ops-{uuid.uuid4().hex[:8]}"),
+            server=address,
+            main="ops-client",
+        ) as rig,
+    ):
+        rig.start_worker(pool="prefork", concurrency=3)
+        yield OpsRig(rig, address, ("127.0.0.1", metrics_port), log)
+
+
+# ------------------------------------------------------------------------------ release
+def test_release_frees_a_running_task_s_key_for_the_next_waiter_and_the_task_learns_it_lost(
+    ops: OpsRig,
+) -> None:
+    rig = ops.rig
+    name = uuid.uuid4().hex[:8]
+    key = f"lost:{name}"
+    result = rig.send("lost_flag", name)
+    started = rig.log.wait_event("started", 60, name=name)
+    waiter = DistributedLock(key, acquire_timeout_s=120, servers=[ops.address])
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire()))
+    thread.start()
+    try:
+        wait_until(lambda: holders_and_waiters(ops.address, key) == (1, 1), timeout=30)
+        released = ops.cli("release", key)
+        assert released.returncode == 0, released.stdout + released.stderr
+        assert f"{key}: released (1 grant(s) freed)" in released.stdout
+        thread.join(30)
+        assert got == [True], "the waiter was not granted the key"
+        assert waiter.fence is not None and waiter.fence > started["fence"]
+        lost = rig.log.wait_event("lock_lost", TOLD_WITHIN_S, task_id=started["task_id"])
+        assert lost["key"] == key and lost["fence"] == started["fence"]
+        flagged = rig.log.wait_event("flagged", TOLD_WITHIN_S, name=name)
+        assert flagged["lost"] is True and flagged["event_set"] is True
+        assert result.get(timeout=60) == {"lost": True}
+        logged = ops.server_log.read_text()
+        assert re.search(
+            rf"force release of '{key}' by 127\.0\.0\.1:\d+ \(dflock-cli/[^)]+\): 1 grant\(s\) "
+            rf"freed, held by {started['task_id']}/",
+            logged,
+        ), logged[-2000:]
+    finally:
+        thread.join(30)
+        waiter.release()
+
+
+def test_release_refuses_bad_input_and_says_when_nothing_held_the_key(ops: OpsRig) -> None:
+    none = ops.cli("release")
+    assert none.returncode == 2 and "give a KEY, or --all --prefix PREFIX" in none.stderr
+    spaced = ops.cli("release", "a key")
+    assert spaced.returncode == 2 and "contains whitespace" in spaced.stderr
+    purge = ops.cli("release", "--all")
+    assert purge.returncode == 2 and "--all needs --prefix" in purge.stderr
+    free = ops.cli("release", f"free:{uuid.uuid4().hex[:8]}")
+    assert free.returncode == 0 and "nothing held it" in free.stdout
+
+
+def test_release_all_with_a_prefix_frees_every_matching_key(ops: OpsRig) -> None:
+    prefix = f"purge-{uuid.uuid4().hex[:6]}:"
+    with Client([ops.address]) as client:
+        locks = [client.lock(f"{prefix}{n}") for n in range(3)]
+        for lock in locks:
+            assert lock.acquire()
+        other = client.lock(f"keep-{prefix}")
+        assert other.acquire()
+        purged = ops.cli("release", "--all", "--prefix", prefix, "--json")
+        assert purged.returncode == 0, purged.stdout + purged.stderr
+        report = json.loads(purged.stdout)
+        assert report["released"] == {f"{prefix}{n}": 1 for n in range(3)}
+        assert report["failed"] == {} and report["unlisted_servers"] == {}
+        assert other.renew() and other.release()
+        for lock in locks:
+            assert not lock.renew()
+            lock.release()
+
+
+# ------------------------------------------------------------------------------ the page
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    unavailable(
+        "no headless Chromium (apt-get install chromium)",
+        because="CI installs Debian's chromium package (.ci/run)",
+    )
+
+
+def _chromium_run(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    profile = tmp / f"chromium-{uuid.uuid4().hex[:6]}"
+    return subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={profile}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def _png_rows(path: Path) -> tuple[int, list[bytes]]:
+    """An 8-bit, non-interlaced RGB or RGBA PNG (what Chromium writes) as (bytes per pixel,
+    its rows of raw pixel bytes): the chunks' image data inflated and unfiltered."""
+    data = path.read_bytes()
+    width, height, depth, color = struct.unpack(">IIBB", data[16:26])
+    assert depth == 8 and color in (2, 6), (depth, color)
+    size = 3 if color == 2 else 4
+    chunks: list[bytes] = []
+    at = 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        if data[at + 4 : at + 8] == b"IDAT":
+            chunks.append(data[at + 8 : at + 8 + length])
+        at += 12 + length
+    raw = zlib.decompress(b"".join(chunks))
+    stride = width * size
+    rows: list[bytes] = []
+    previous = bytes(stride)
+    for y in range(height):
+        start = y * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        for x in range(stride):
+            left = line[x - size] if x >= size else 0
+            up = previous[x]
+            corner = previous[x - size] if x >= size else 0
+            if kind == 1:
+                line[x] = (line[x] + left) & 0xFF
+            elif kind == 2:
+                line[x] = (line[x] + up) & 0xFF
+            elif kind == 3:
+                line[x] = (line[x] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                guess = left + up - corner
+                near = min(
+                    (abs(guess - left), 0, left),
+                    (abs(guess - up), 1, up),
+                    (abs(guess - corner), 2, corner),
+                )[2]
+                line[x] = (line[x] + near) & 0xFF
+        previous = bytes(line)
+        rows.append(previous)
+    return size, rows
+
+
+def _right_margin_blank(path: Path) -> bool:
+    """Whether the screenshot's right margin (its last 16 columns) is white over the whole
+    height: the table (whose header row is shaded) fits the window."""
+    size, rows = _png_rows(path)
+    for row in rows:
+        margin = row[-16 * size :]
+        for x in range(0, len(margin), size):
+            if margin[x : x + 3] != b"\xff\xff\xff":
+                return False
+    return True
+
+
+def _cells(dom: str, key: str) -> list[str]:
+    """The text of each cell of the locks table's row of ``key``."""
+    for row in re.findall(r"<tr>(.*?)</tr>", dom, re.S):
+        cells = [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        if cells and cells[0] == key:
+            return cells
+    raise AssertionError(f"no row for {key!r} in the page:\n{dom[-3000:]}")
+
+
+def test_the_status_page_names_the_task_id_and_worker_of_each_held_key(
+    ops: OpsRig, tmp_path: Path
+) -> None:
+    rig = ops.rig
+    names = [uuid.uuid4().hex[:8] for _ in range(2)]
+    for name in names:
+        rig.send("long_runner", name, 30.0)
+    started = [rig.log.wait_event("started", 60, name=name) for name in names]
+    hostile = '<script>alert("x")</script>&amp;'
+    with Client([ops.address]) as client:
+        client.hold("ops:<b>bold</b>", note=hostile, lease_ttl=60)
+        try:
+            shown = _chromium_run(tmp_path, "--dump-dom", ops.page_url())
+            assert shown.returncode == 0, shown.stderr[-2000:]
+            dom = shown.stdout
+            for name, event in zip(names, started, strict=True):
+                cells = _cells(dom, f"renew:{name}")
+                task, task_id, worker, pid = cells[1:5]
+                assert task == "apps.tasks.long_runner"
+                assert task_id == event["task_id"]
+                assert worker == rig.worker.name
+                assert pid == str(event["pid"])
+                assert cells[9] == "held" and int(cells[8]) == event["fence"]
+            # What a client sent is text, never markup.
+            assert "<script>" not in dom and "<b>" not in dom
+            assert "&lt;script&gt;" in dom and "ops:&lt;b&gt;bold&lt;/b&gt;" in dom
+            shot = tmp_path / "status.png"
+            drawn = _chromium_run(
+                tmp_path,
+                "--window-size=1280,900",
+                "--hide-scrollbars",
+                f"--screenshot={shot}",
+                ops.page_url(),
+            )
+            assert drawn.returncode == 0 and shot.is_file(), drawn.stderr[-2000:]
+            assert _png_size(shot) == (1280, 900)
+            assert _right_margin_blank(shot), "the page is wider than 1280 px"
+            keep = os.environ.get("DFLOCK_TEST_KEEP_SCREENSHOT")
+            if keep:
+                shutil.copy(shot, keep)
+        finally:
+            client.force_release("ops:<b>bold</b>")

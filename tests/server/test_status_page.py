@@ -1,0 +1,89 @@
+"""The status page (``/status`` on the metrics port): the owner notes it reads, what it shows
+and escapes (pure), and what a real server's metrics port answers. The page in a browser, with
+real workers holding keys, is in tests/celery/test_operator_tools.py."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from celery_dflock import Client
+from dflockd_server.status_page import HolderNote, holder_of, render
+from dflockd_server.testing import ServerThread
+
+ServerFactory = Callable[..., ServerThread]
+
+
+def test_owner_notes_as_celery_dflock_writes_them_and_others() -> None:
+    full = "4f1c/celery%40w1/4242/proj.tasks.report"
+    assert holder_of(full) == HolderNote("4f1c", "celery@w1", 4242, "proj.tasks.report")
+    assert holder_of("4f1c/celery%40w1") == HolderNote("4f1c", "celery@w1")  # an older run's
+    assert holder_of("4f1c") == HolderNote("4f1c")  # a publish-time hold, its message queued
+    assert holder_of("beat:77/host-b") == HolderNote(None, "host-b", 77, "celery beat")
+    assert holder_of("a/b/notapid/c%2Fd") == HolderNote("a", "b", None, "c/d")
+    for nothing in (None, "", "_", 5):
+        assert holder_of(nothing) == HolderNote()
+
+
+def test_the_page_shows_each_lock_and_escapes_what_clients_sent() -> None:
+    stats = {
+        "connections": 3,
+        "locks": [
+            {
+                "key": "report:<i>1</i>",
+                "lease_expires_in_s": 12.5,
+                "waiters": 2,
+                "owner": "4f1c/celery%40w1/4242/proj.tasks.%3Cscript%3E",
+                "detached": False,
+                "restored": True,
+                "fence": 99,
+                "held_s": 3725.0,
+            }
+        ],
+        "semaphores": [{"key": "pool&co", "limit": 3, "holders": 2, "waiters": 0}],
+        "grace_remaining_s": 4.0,
+    }
+    page = render('dflockd-server on "x"', stats, 2, 0.0)
+    assert '<meta http-equiv="refresh" content="2">' in page
+    assert "report:&lt;i&gt;1&lt;/i&gt;" in page and "<i>" not in page
+    assert "proj.tasks.&lt;script&gt;" in page and "<script>" not in page
+    assert "pool&amp;co" in page and "dflockd-server on &quot;x&quot;" in page
+    for shown in ("celery@w1", "4242", "1 h 02 min", "12.5 s", "restored", "Restart grace"):
+        assert shown in page, shown
+    assert "refresh" not in render("t", {"locks": []}, 0, 0.0)  # ?refresh=0: never
+    assert "No lock is held." in render("t", {}, 0, 0.0)
+
+
+def _get(url: str) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_the_metrics_port_serves_the_page_beside_the_metrics(
+    dflock_server_factory: ServerFactory,
+) -> None:
+    server = dflock_server_factory(metrics_port=0, metrics_host="127.0.0.1")
+    metrics = server.server.metrics_address
+    assert metrics is not None
+    base = f"http://{metrics[0]}:{metrics[1]}"
+    status, headers, empty = _get(f"{base}/status")
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    assert b"No lock is held." in empty
+    with Client([server.address]) as client, client.lock("page:a-longer-key-than-before"):
+        # Each answer's length is its own (a list of headers shared between answers once
+        # carried the first one's Content-Length: the browser then waited for the rest).
+        status, headers, body = _get(f"{base}/status?refresh=5")
+        assert status == 200 and int(headers["Content-Length"]) == len(body) != len(empty)
+        assert b"page:a-longer-key-than-before" in body and b'content="5"' in body
+    assert b"dflockd_grants_total" in _get(f"{base}/metrics")[2]
+    assert b"dflockd_grants_total" in _get(f"{base}/")[2]  # any other path: the metrics
+    request = urllib.request.Request(f"{base}/status", data=b"x", method="POST")
+    try:
+        urllib.request.urlopen(request, timeout=10)
+        raise AssertionError("a POST was answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 405
