@@ -62,6 +62,7 @@ COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
         c.CMD_TAKE: "take_over",
         c.CMD_HAND_DOWN: "hand_down",
         c.CMD_ASKING: "asking",
+        c.CMD_FORCE_RELEASE: "force_release",
         _INVALID: _INVALID,
     }
 )
