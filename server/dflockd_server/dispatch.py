@@ -7,7 +7,8 @@ not a reply to send now; then ``Session.action`` says what the transport is to d
 (the acquire is queued: start the timer, answer when the waiter is woken, through
 ``Session.granted``, or the timer fires, through ``Session.give_up``), ``Close`` (send a last
 reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``AUTH_FAILED``
-(a wrong secret: the answer and the close come after a delay).
+(a wrong secret: the answer and the close come after a delay), ``RaiseBound`` (a lease longer
+than ``table.lease_noted``: parked until ``leasebound`` has recorded it, then ``resume``).
 
 There is one dispatch: each command has one route (``Session.route_table``), which parses its
 request, the usual shapes first without building a ``Request`` (``protocol.quick_lock``,
@@ -35,7 +36,7 @@ from dflockd_server.table import (
     Waiter,
 )
 
-__all__ = ["AUTH_FAILED", "STATS", "Action", "Close", "Host", "Session", "Wait"]
+__all__ = ["AUTH_FAILED", "STATS", "Action", "Close", "Host", "RaiseBound", "Session", "Wait"]
 
 log = logging.getLogger("dflockd_server")
 
@@ -97,6 +98,19 @@ class Close(Action):
     def __init__(self, reply: bytes) -> None:
         super().__init__("close")
         self.reply = reply
+
+
+class RaiseBound(Action):
+    """Answer ``frame`` (``Session.resume``; ``asking``: it followed one) once a bound of
+    ``lease`` is recorded (``leasebound.LeaseBound.wait_for``)."""
+
+    __slots__ = ("asking", "frame", "lease")
+
+    def __init__(self, lease: int, frame: p.Frame, asking: bool) -> None:
+        super().__init__("raise bound")
+        self.lease = lease
+        self.frame = frame
+        self.asking = asking
 
 
 STATS: Final = Action("stats")
@@ -245,13 +259,16 @@ class Session:
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
         table = self.table
+        ttl = lease or self.default_lease
+        if ttl > table.lease_noted and table.note_lease is not None:
+            return self._raise_bound(ttl, cmd, key, arg)
         table.asking = self.asking
         try:
             got = table.acquire(
                 # After the client's EOF nobody waits for an answer to come later: try once.
                 self.client,
                 name,
-                lease or self.default_lease,
+                ttl,
                 limit,
                 queue=timeout > 0 and not self.eof,
             )
@@ -287,6 +304,8 @@ class Session:
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
         table = self.table
+        if lease > table.lease_noted and table.note_lease is not None:
+            return self._raise_bound(lease, cmd, key, arg)
         table.asking = self.asking
         try:
             got = table.hold(
@@ -326,6 +345,9 @@ class Session:
             return self._too_long(on_close)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
+        if longest > self.table.lease_noted and self.table.note_lease is not None:
+            return self._raise_bound(longest, cmd, key, arg)
         try:
             taken = self.table.take(
                 self.client, req.key, req.token, lease, note=req.note, on_close=on_close
@@ -345,6 +367,8 @@ class Session:
             return self._too_long(req.lease)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        if req.lease > self.table.lease_noted and self.table.note_lease is not None:
+            return self._raise_bound(req.lease, cmd, key, arg)
         try:
             done = self.table.hand_down(req.key, req.token, req.lease)
         except _REFUSALS as exc:
@@ -380,8 +404,12 @@ class Session:
             return self._too_long(lease)
         if not self.host.may_hold(name):
             return p.REPLY_ERROR  # a fenced member, or not its shard: the holder sees the loss
+        table = self.table
+        ttl = lease or self.default_lease
+        if ttl > table.lease_noted and table.note_lease is not None:
+            return self._raise_bound(ttl, cmd, key, arg)
         try:
-            remaining = self.table.renew(name, token, lease or self.default_lease, self.client)
+            remaining = table.renew(name, token, ttl, self.client)
         except _REFUSALS as exc:
             return _refusal(exc)
         return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
@@ -395,13 +423,14 @@ class Session:
             return self._too_long(req.lease)
         if (refused := self._check(req.key)) is not None:
             return refused
+        ttl = req.lease or self.default_lease
+        if ttl > self.table.lease_noted and self.table.note_lease is not None:
+            return self._raise_bound(ttl, cmd, key, arg)
         if self.moved:
             self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
         self.table.asking = self.asking
         try:
-            waiter = self.table.enqueue(
-                self.client, req.key, req.lease or self.default_lease, req.limit
-            )
+            waiter = self.table.enqueue(self.client, req.key, ttl, req.limit)
         except _REFUSALS as exc:
             return _refusal(exc)
         holder = waiter.holder
@@ -477,6 +506,16 @@ class Session:
     def _unknown(self, cmd: bytes, key: bytes, arg: bytes) -> bytes:
         self._decode(cmd, key, arg)  # logs why
         return p.REPLY_ERROR
+
+    # ------------------------------------------------------------------ a parked request
+    def _raise_bound(self, lease: int, cmd: bytes, key: bytes, arg: bytes) -> None:
+        """Park the request until a bound of ``lease`` is recorded (see ``RaiseBound``)."""
+        self.action = RaiseBound(lease, (cmd, key, arg), self.asking)
+
+    def resume(self, parked: RaiseBound) -> Reply:
+        """Answer a parked request, its bound recorded: as if it had just arrived."""
+        self.asking = parked.asking
+        return self.handle(parked.frame)
 
     # ------------------------------------------------------------------ a wait's end
     def granted(self, waiter: Waiter) -> bytes:

@@ -29,6 +29,7 @@ from dflockd_server.connection import Connection
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
+from dflockd_server.leasebound import LeaseBound
 from dflockd_server.loops import at_turn_end
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import SINGLE, Ownership
@@ -100,6 +101,8 @@ class Server(Admission, KeyServing):
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
         self.lease_record: LeaseRecord | None = None
+        self.lease_bound: LeaseBound | None = None
+        """Raises the recorded longest lease off the loop (parked requests wait for it)."""
         self.state: StateDir | None = None
         """The state directory (``--state-dir``), locked while this server runs, or None."""
         self.journal: Journal | None = None
@@ -163,6 +166,8 @@ class Server(Admission, KeyServing):
 
     def _close_state(self) -> None:
         """Close the journal and unlock the state directory (at the stop, or a failed start)."""
+        if self.lease_bound is not None:
+            self.lease_bound.close()
         journal, self.journal = self.journal, None
         if self._group_write is not None:
             self._group_write.journal = None
@@ -260,13 +265,15 @@ class Server(Admission, KeyServing):
             self.fence = FenceCounter(plan.fence_file)
         # Recorded (and a cluster member's published) before serving: a start killed during
         # its grace leaves the same bound, and the leases it restores are covered.
+        # Recorded on a thread of its own (an fsync, an etcd round trip): see leasebound.
         restored = max((max(r.lease_ttl, r.on_close or 0) for r, _ in plan.leases), default=0)
-        self.lease_record = LeaseRecord(
-            plan.grace_record,
-            max(grace.seconds, restored),
-            cfg.max_lease_ttl_s,
-            publish=self.node.publish_longest if self.node is not None else None,
+        publish = self.node.publish_longest if self.node is not None else None
+        initial = max(grace.seconds, restored)
+        self.lease_bound = bound = await LeaseBound.start(
+            loop,
+            lambda: LeaseRecord(plan.grace_record, initial, cfg.max_lease_ttl_s, publish=publish),
         )
+        self.lease_record = bound.record
         self._table = table = LockTable(
             clock=self.clock,
             new_token=self.fence.next_token,
@@ -276,9 +283,10 @@ class Server(Admission, KeyServing):
             max_waits_per_connection=cfg.max_waits_per_connection,
             auto_release_on_disconnect=cfg.auto_release_on_disconnect,
             grace_s=grace.seconds,
-            note_lease=self.lease_record.note,
-            lease_noted=self.lease_record.longest,
+            note_lease=bound.note_now,
+            lease_noted=bound.longest,
         )
+        bound.table = table
         if plan.journal is not None:
             self._restore(plan, table)
         self.grace_reason = grace.why if grace.seconds > 0 else ""
