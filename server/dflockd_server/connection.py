@@ -94,6 +94,7 @@ class Connection(Stream):
         session = Session(
             server, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, self.peer
         )
+        session.ip, session.locks_per_ip = self.ip, config.locks_per_ip or c.NO_CAP
         self.session = session
         self._open(transport)
         log.debug("connection %d from %s", session.client.id, self.peer)
@@ -319,7 +320,8 @@ class Connection(Stream):
         if not recorded:
             self._done_waiting(p.REPLY_ERROR)
             return
-        reply = session.resume(parked)
+        session.asking = parked.asking  # answered as if it had just arrived
+        reply = session.handle(parked.frame)
         if reply is None:
             reply = self._act(session)
             if reply is None:

@@ -8,7 +8,7 @@ not a reply to send now; then ``Session.action`` says what the transport is to d
 ``Session.granted``, or the timer fires, through ``Session.give_up``), ``Close`` (send a last
 reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``AUTH_FAILED``
 (a wrong secret: the answer and the close come after a delay), ``RaiseBound`` (a lease longer
-than ``table.lease_noted``: parked until ``leasebound`` has recorded it, then ``resume``).
+than ``table.lease_noted``: the request is parked until ``leasebound`` has recorded it).
 
 There is one dispatch: each command has one route (``Session.route_table``), which parses its
 request, the usual shapes first without building a ``Request`` (``protocol.quick_lock``,
@@ -101,8 +101,7 @@ class Close(Action):
 
 
 class RaiseBound(Action):
-    """Answer ``frame`` (``Session.resume``; ``asking``: it followed one) once a bound of
-    ``lease`` is recorded (``leasebound.LeaseBound.wait_for``)."""
+    """Handle ``frame`` again (after ``asking`` if it followed one) once ``lease`` is recorded."""
 
     __slots__ = ("asking", "frame", "lease")
 
@@ -159,6 +158,10 @@ class Host(Protocol):
         """The ``shards`` reply."""
         ...
 
+    def over_ip_share(self, session: Session) -> bool:
+        """Whether ``session``'s address holds its ``--max-locks-per-ip`` (refuse the acquire)."""
+        ...
+
 
 class Session:
     """One connection's side of the protocol (see the module's doc)."""
@@ -171,6 +174,8 @@ class Session:
         "default_lease",
         "eof",
         "host",
+        "ip",
+        "locks_per_ip",
         "max_lease",
         "moved",
         "peer",
@@ -187,6 +192,8 @@ class Session:
         self.max_lease = max_lease
         self.peer = peer
         """For log lines."""
+        self.ip = ""  # the client's address and --max-locks-per-ip (none: more than any table
+        self.locks_per_ip = c.NO_CAP  # holds), set by the connection (``Host.over_ip_share``)
         self.authed = host.secret is None
         self.eof = False
         """The client sent EOF: nobody waits for an answer that comes later (try once)."""
@@ -258,10 +265,12 @@ class Session:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
+        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+            return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
         ttl = lease or self.default_lease
         if ttl > table.lease_noted and table.note_lease is not None:
-            return self._raise_bound(ttl, cmd, key, arg)
+            return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.asking = self.asking
         try:
             got = table.acquire(
@@ -303,9 +312,11 @@ class Session:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
+        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+            return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
         if lease > table.lease_noted and table.note_lease is not None:
-            return self._raise_bound(lease, cmd, key, arg)
+            return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         table.asking = self.asking
         try:
             got = table.hold(
@@ -347,7 +358,7 @@ class Session:
             return p.REPLY_ERROR
         longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
         if longest > self.table.lease_noted and self.table.note_lease is not None:
-            return self._raise_bound(longest, cmd, key, arg)
+            return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
             taken = self.table.take(
                 self.client, req.key, req.token, lease, note=req.note, on_close=on_close
@@ -368,7 +379,7 @@ class Session:
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
         if req.lease > self.table.lease_noted and self.table.note_lease is not None:
-            return self._raise_bound(req.lease, cmd, key, arg)
+            return self._later(RaiseBound(req.lease, (cmd, key, arg), self.asking))
         try:
             done = self.table.hand_down(req.key, req.token, req.lease)
         except _REFUSALS as exc:
@@ -407,7 +418,7 @@ class Session:
         table = self.table
         ttl = lease or self.default_lease
         if ttl > table.lease_noted and table.note_lease is not None:
-            return self._raise_bound(ttl, cmd, key, arg)
+            return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         try:
             remaining = table.renew(name, token, ttl, self.client)
         except _REFUSALS as exc:
@@ -423,9 +434,11 @@ class Session:
             return self._too_long(req.lease)
         if (refused := self._check(req.key)) is not None:
             return refused
+        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+            return p.REPLY_ERROR_MAX_LOCKS
         ttl = req.lease or self.default_lease
         if ttl > self.table.lease_noted and self.table.note_lease is not None:
-            return self._raise_bound(ttl, cmd, key, arg)
+            return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         if self.moved:
             self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
         self.table.asking = self.asking
@@ -506,16 +519,6 @@ class Session:
     def _unknown(self, cmd: bytes, key: bytes, arg: bytes) -> bytes:
         self._decode(cmd, key, arg)  # logs why
         return p.REPLY_ERROR
-
-    # ------------------------------------------------------------------ a parked request
-    def _raise_bound(self, lease: int, cmd: bytes, key: bytes, arg: bytes) -> None:
-        """Park the request until a bound of ``lease`` is recorded (see ``RaiseBound``)."""
-        self.action = RaiseBound(lease, (cmd, key, arg), self.asking)
-
-    def resume(self, parked: RaiseBound) -> Reply:
-        """Answer a parked request, its bound recorded: as if it had just arrived."""
-        self.asking = parked.asking
-        return self.handle(parked.frame)
 
     # ------------------------------------------------------------------ a wait's end
     def granted(self, waiter: Waiter) -> bytes:

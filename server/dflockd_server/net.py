@@ -81,6 +81,8 @@ class Server(Admission, KeyServing):
         self.draining = False
         self.connections: set[Connection] = set()
         self.per_ip: dict[str, int] = {}
+        self.ip_connections: dict[str, set[Connection]] = {}
+        self.ip_cap_logged: dict[str, float] = {}
         self._busy = 0
         self._idle: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
