@@ -11,6 +11,7 @@ in ``stream``), whose requests go through ``dispatch.Session`` (the pure dispatc
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -104,6 +105,7 @@ class Server(Admission, KeyServing):
         self.fence: FenceCounter | None = None
         self.lease_record: LeaseRecord | None = None
         self.lease_bound: LeaseBound | None = None
+        self._fence_ahead: concurrent.futures.ThreadPoolExecutor | None = None
         """Raises the recorded longest lease off the loop (parked requests wait for it)."""
         self.state: StateDir | None = None
         """The state directory (``--state-dir``), locked while this server runs, or None."""
@@ -170,6 +172,8 @@ class Server(Admission, KeyServing):
         """Close the journal and unlock the state directory (at the stop, or a failed start)."""
         if self.lease_bound is not None:
             self.lease_bound.close()
+        if self._fence_ahead is not None:
+            self._fence_ahead.shutdown(wait=False)
         journal, self.journal = self.journal, None
         if self._group_write is not None:
             self._group_write.journal = None
@@ -264,7 +268,15 @@ class Server(Admission, KeyServing):
             self.node = node
             self.fence = node.fence
         else:
-            self.fence = FenceCounter(plan.fence_file)
+            fence_file = plan.fence_file
+            self.fence = await loop.run_in_executor(None, lambda: FenceCounter(fence_file))
+        fence = self.fence
+        assert fence is not None
+        # Each next ceiling is stored ahead of the counter on a thread of its own (tokens).
+        self._fence_ahead = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dflockd-fence-ceiling"
+        )
+        fence.store_ahead(self._fence_ahead)
         # Recorded (and a cluster member's published) before serving: a start killed during
         # its grace leaves the same bound, and the leases it restores are covered.
         # Recorded on a thread of its own (an fsync, an etcd round trip): see leasebound.
@@ -278,7 +290,7 @@ class Server(Admission, KeyServing):
         self.lease_record = bound.record
         self._table = table = LockTable(
             clock=self.clock,
-            new_token=self.fence.next_token,
+            new_token=fence.next_token,
             max_locks=cfg.max_locks,
             max_waiters=cfg.max_waiters,
             max_locks_per_connection=cfg.max_locks_per_connection,
