@@ -21,9 +21,10 @@ serves every connection of the server. ``LeaseBound`` therefore does it on a thr
   order), every other connection keeps being served. ``wait_for`` queues it; one recording at
   a time runs on the thread, for the longest lease parked; when it is done, the loop raises
   ``table.lease_noted`` and hands each parked request whose lease is now covered back to its
-  connection, which answers it as if it had just arrived (``Session.resume``: the ownership
-  and the table are asked then, not before). A recording that fails answers its parked
-  requests ``error`` (as a token that cannot be issued), and the bound stays where it was.
+  connection, which answers it as if it had just arrived (``Connection._bound_recorded``: the
+  draining state, the ownership and the table are asked then, not before). A recording that
+  fails answers its parked requests ``error`` (as a token that cannot be issued), and the
+  bound stays where it was.
 - A parked request is not in its key's queue while it waits: another connection's request for
   the same key, with a lease within the bound, may be granted first.
 - The table still calls ``note_now`` if a lease longer than the bound reaches it without
