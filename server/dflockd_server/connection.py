@@ -295,6 +295,8 @@ class Connection(Stream):
             bound = self.server.lease_bound
             assert bound is not None  # the table asks for no bound without one
             self._set_busy(True)
+            if self.server.request_times is not None:  # timed to its answer, as a wait is
+                self.wait_started, self.wait_command = time.perf_counter(), action.frame[0]
             bound.wait_for(action.lease, lambda recorded: self._bound_recorded(action, recorded))
             return None
         if action is STATS:
