@@ -128,8 +128,14 @@ class LeaseBound:
     # ------------------------------------------------------------------ internals
     def _record_next(self) -> None:
         target = max(lease for lease, _ in self._parked)
+        try:
+            future = self._loop.run_in_executor(self._executor, self._record, target)
+        except RuntimeError:  # closed: the server stops (its connections are closing)
+            parked, self._parked = self._parked, []
+            for _, resume in parked:
+                self._loop.call_soon(resume, False)  # not within the caller's pass
+            return
         self._running = True
-        future = self._loop.run_in_executor(self._executor, self._record, target)
         future.add_done_callback(self._recorded)
 
     def _record(self, lease_ttl: int) -> int:

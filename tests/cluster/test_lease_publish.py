@@ -98,3 +98,34 @@ def test_a_held_longest_lease_publish_stalls_only_the_grant_that_needs_it(
     assert published_longest(etcd, prefix)[advertise] >= LONG_LEASE_S
     other.close()
     longer.close()
+
+
+def test_a_publish_etcd_never_answers_refuses_that_grant_and_the_next_one_publishes_again(
+    member: ServerThread, etcd_proxy: FaultProxy, etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """etcd's client gives up on the held publish (its 5 s timeout): the parked grant is
+    answered ``error`` (nothing granted beyond the bound etcd has), the connection stays in
+    step, and the next longer lease publishes anew."""
+    prefix = etcd_prefix.rstrip("/")
+    advertise = member.server.config.advertise
+    assert advertise is not None
+    node = member.server.node
+    assert node is not None
+    wait_until(
+        lambda: all(node.check(k) is None for k in ("short", "long")),
+        timeout=WAIT_S,
+        what="the member serving the test's keys",
+    )
+    with Wire(member.address, timeout=WAIT_S) as wire:
+        wire.lock("short", lease=SHORT_LEASE_S)
+        key = f"{prefix}/longest/{advertise}"
+        held = etcd_proxy.hold_reply_after(base64.b64encode(key.encode()))
+        wire.send("l", "long", f"0 {LONG_LEASE_S}")
+        assert held.wait(WAIT_S)
+        assert wire.recv() == "error"  # once etcd's client gave up
+        assert wire.req("ping") == "ok"  # in step
+        assert published_longest(etcd, prefix)[advertise] == SHORT_LEASE_S
+        etcd_proxy.release_replies()
+        reply = wire.req("l", "long", f"0 {LONG_LEASE_S}").split()
+        assert reply[0] == "ok" and reply[2] == str(LONG_LEASE_S), reply
+        assert published_longest(etcd, prefix)[advertise] >= LONG_LEASE_S
