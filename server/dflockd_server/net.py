@@ -302,7 +302,9 @@ class Server(Admission, KeyServing):
         )
         bound.table = table
         if plan.journal is not None:
-            self._restore(plan, table)
+            highest = self._restore(plan, table)
+            if highest:  # a member's ceiling is in etcd: stored off the loop
+                await loop.run_in_executor(None, fence.raise_to, highest)
         self.grace_reason = grace.why if grace.seconds > 0 else ""
         if grace.seconds > 0:
             log.warning(
@@ -349,10 +351,10 @@ class Server(Admission, KeyServing):
             self.metrics = exporter
             self.request_times = RequestTimes()
 
-    def _restore(self, plan: StartPlan, table: LockTable) -> None:
-        """Put the journal's running leases back in the table, raise the fence above theirs,
-        and start a new journal file holding them (the old one, damaged tail and all, is
-        replaced)."""
+    def _restore(self, plan: StartPlan, table: LockTable) -> int:
+        """Put the journal's running leases back in the table and start a new journal file
+        holding them (the old one, damaged tail and all, is replaced); the highest fence among
+        them, which the caller raises the counter above (before any grant)."""
         assert plan.journal is not None and self.fence is not None
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
         restored = 0
@@ -366,8 +368,6 @@ class Server(Admission, KeyServing):
                 continue
             restored += 1
             highest = max(highest, fence_of(rec.token))
-        if highest:
-            self.fence.raise_to(highest)
         journal.anchor()
         journal.open(self._live_records(journal, table))
         journal.stats.restored = restored
@@ -384,6 +384,7 @@ class Server(Admission, KeyServing):
             plan.journal,
             self.config.journal_fsync,
         )
+        return highest
 
     @staticmethod
     def _live_records(journal: Journal, table: LockTable) -> list[bytes]:
