@@ -22,6 +22,9 @@ The nemeses, each reproducing a defect the issue found in 7070cf0:
   the leader's ``--advertise`` refuses to start meanwhile;
 - etcd killed (SIGKILL) past the members' lease and restarted, then paused (SIGSTOP) past it.
 
+And issue 47's: a member's only etcd endpoint stalled while a client asks it for a lease longer
+than any it granted: only that grant waits for etcd, every other connection is served.
+
 The restarts in place and churn are in test_cluster_restarts.py.
 """
 
