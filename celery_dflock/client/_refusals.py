@@ -34,7 +34,9 @@ def refusal_error(
     if code == wire.STATUS_ERROR_MAX_LOCKS:
         return errors.MaxLocksError(
             f"server {where} refused {what}: it already tracks its maximum number of "
-            "keys; raise its --max-locks (DFLOCKD_MAX_LOCKS) or use fewer distinct keys"
+            "keys, or this connection or this client address holds its share of them; "
+            "raise its --max-locks (DFLOCKD_MAX_LOCKS), --max-locks-per-ip (its log names an "
+            "address that reached it) or --max-locks-per-connection, or use fewer keys at once"
         )
     if code == wire.STATUS_ERROR_MAX_WAITERS:
         return errors.MaxWaitersError(

@@ -4,20 +4,38 @@
 a new one past the caps (``max_connections``, ``max_connections_per_ip``, or while draining),
 keeps the TLS handshakes under way to ``max_tls_handshakes`` (the oldest dropped), and tells
 the server's stop when no request is in flight (``busy_changed``).
+
+It also keeps one client address from taking every key (``over_ip_share``,
+``--max-locks-per-ip``): an acquire (``l``, ``sl``, ``hl``, ``e``, ``se``) from an address whose
+connections together hold or wait for that many locks and slots is refused ``error_max_locks``,
+as ``--max-locks-per-connection`` refuses one connection's. Then the distinct keys one address
+holds or waits on never exceed the cap, and ``--max-locks`` minus the cap stay for the other
+addresses (with the defaults, ``auto``: 3/4 of 1024, 256 keys always stay). The sum over the
+address's connections is taken only while the table has at least the cap's number of keys
+(``Session`` compares): below that the address cannot hold that many distinct keys, so the
+usual path counts nothing. Holds detached from their connection (``hl`` mode ``d``,
+queue-once's) belong to no address and are not counted: ``--max-locks`` must leave room for
+them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 
 from dflockd_server.config import Config
 from dflockd_server.connection import Connection
+from dflockd_server.dispatch import Session
 from dflockd_server.stream import Stream
 
 __all__ = ["Admission"]
 
 log = logging.getLogger("dflockd_server")
+
+IP_CAP_LOG_INTERVAL_S = 60.0
+"""How often one address's refusals by ``--max-locks-per-ip`` are logged, at most."""
 
 
 class Admission:
@@ -28,6 +46,10 @@ class Admission:
     draining: bool
     connections: set[Connection]
     per_ip: dict[str, int]
+    ip_connections: dict[str, set[Connection]]
+    """The admitted connections of each client address (``over_ip_share``)."""
+    ip_cap_logged: dict[str, float]
+    """When each address's refusal by ``--max-locks-per-ip`` was last logged."""
     open_transports: int
     """Transports made and not yet lost, admitted or refused."""
     connections_accepted: int
@@ -48,8 +70,33 @@ class Admission:
             return refusal
         self.connections_accepted += 1
         self.per_ip[conn.ip] = self.per_ip.get(conn.ip, 0) + 1
+        self.ip_connections.setdefault(conn.ip, set()).add(conn)
         self.connections.add(conn)
         return None
+
+    def over_ip_share(self, session: Session) -> bool:
+        """Whether the connections from ``session``'s address hold or wait for its
+        ``--max-locks-per-ip`` (see the module's doc): then its acquire is refused."""
+        cap = session.locks_per_ip  # the caller saw the table hold at least that many keys
+        load = 0
+        for conn in self.ip_connections.get(session.ip, ()):
+            if conn.session is not None:
+                client = conn.session.client
+                load += client.n_held + len(client.waiting)
+        if load < cap:
+            return False
+        now = time.monotonic()
+        if now - self.ip_cap_logged.get(session.ip, -math.inf) >= IP_CAP_LOG_INTERVAL_S:
+            self.ip_cap_logged[session.ip] = now
+            log.warning(
+                "connections from %s hold or wait for %d locks and slots, "
+                "--max-locks-per-ip (DFLOCKD_MAX_LOCKS_PER_IP) is %d: their new acquires get "
+                "error_max_locks (logged once a minute per address)",
+                session.ip,
+                load,
+                cap,
+            )
+        return True
 
     def _refusal(self, conn: Connection) -> str | None:
         cfg = self.config
@@ -69,6 +116,12 @@ class Admission:
     def forget(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
+            same = self.ip_connections.get(conn.ip)
+            if same is not None:
+                same.discard(conn)
+                if not same:
+                    del self.ip_connections[conn.ip]
+                    self.ip_cap_logged.pop(conn.ip, None)
             count = self.per_ip.get(conn.ip, 0) - 1
             if count > 0:
                 self.per_ip[conn.ip] = count

@@ -44,6 +44,8 @@ class Config:
     max_connections_per_ip: int = c.DEFAULT_MAX_CONNECTIONS_PER_IP
     max_waiters: int = c.DEFAULT_MAX_WAITERS
     max_locks_per_connection: int = c.DEFAULT_MAX_LOCKS_PER_CONNECTION
+    max_locks_per_ip: int | None = None
+    """None: ``auto`` (``locks_per_ip``)."""
     max_waits_per_connection: int = c.DEFAULT_MAX_WAITS_PER_CONNECTION
     write_timeout_s: float = c.DEFAULT_WRITE_TIMEOUT_S
     shutdown_timeout_s: float = c.DEFAULT_SHUTDOWN_TIMEOUT_S
@@ -181,6 +183,16 @@ class Config:
                 f"an etcd password is given but no {_setting_names('cluster_user')}: name the "
                 "etcd user too"
             )
+
+    @property
+    def locks_per_ip(self) -> int:
+        """``max_locks_per_ip`` in force (0: no cap); ``auto``: ``LOCKS_PER_IP_AUTO_SHARE`` of
+        ``max_locks``, never below ``max_locks_per_connection`` (an address may hold what one
+        of its connections may: a small table is one address's)."""
+        if self.max_locks_per_ip is not None:
+            return self.max_locks_per_ip
+        part, whole = c.LOCKS_PER_IP_AUTO_SHARE
+        return max(1, self.max_locks * part // whole, self.max_locks_per_connection)
 
     def resolve_cluster_password(self) -> str | None:
         """The etcd user's password, read from ``cluster_password_file`` when that is set."""

@@ -5,7 +5,9 @@ write per pass.
 Each connection answers its requests in order; a blocking acquire holds up the requests behind
 it on that connection only. What a request does to the lock table is decided in ``dispatch``;
 here are the loop's concerns: passes and their budget, waits and their timers, what dispatch
-asks instead of a reply (``Session.action``), the client's EOF, and shutdown.
+asks instead of a reply (``Session.action``), the client's EOF, and shutdown. A request parked
+for a longer lease bound (``RaiseBound``) holds up its connection only, as a blocking acquire
+does, until ``leasebound.LeaseBound`` has recorded the bound off the loop.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import time
 from typing import Protocol, cast
 
 from dflockd_server import constants as c, protocol as p
-from dflockd_server.dispatch import AUTH_FAILED, STATS, Close, Host, Session, Wait
+from dflockd_server.dispatch import AUTH_FAILED, STATS, Close, Host, RaiseBound, Session, Wait
+from dflockd_server.leasebound import LeaseBound
 from dflockd_server.metrics import RequestTimes
 from dflockd_server.snapshots import RationedSnapshots
 from dflockd_server.stream import Stream, StreamHost
@@ -32,6 +35,7 @@ class ServerSide(StreamHost, Host, Protocol):
 
     request_times: RequestTimes | None
     snapshots: RationedSnapshots | None
+    lease_bound: LeaseBound | None
 
     @property
     def table(self) -> LockTable: ...
@@ -90,6 +94,7 @@ class Connection(Stream):
         session = Session(
             server, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, self.peer
         )
+        session.ip, session.locks_per_ip = self.ip, config.locks_per_ip or c.NO_CAP
         self.session = session
         self._open(transport)
         log.debug("connection %d from %s", session.client.id, self.peer)
@@ -286,6 +291,14 @@ class Connection(Stream):
         if isinstance(action, Close):
             self._close_with(action.reply)
             return None
+        if isinstance(action, RaiseBound):
+            bound = self.server.lease_bound
+            assert bound is not None  # the table asks for no bound without one
+            self._set_busy(True)
+            if self.server.request_times is not None:  # timed to its answer, as a wait is
+                self.wait_started, self.wait_command = time.perf_counter(), action.frame[0]
+            bound.wait_for(action.lease, lambda recorded: self._bound_recorded(action, recorded))
+            return None
         if action is STATS:
             self.budget = 0  # its cost grows with the table: the last request of the pass
             snapshots = self.server.snapshots
@@ -299,6 +312,23 @@ class Connection(Stream):
         self.auth_failed_at = self.loop.time()
         self.loop.call_later(c.AUTH_FAILURE_DELAY_S, self._close_with, p.REPLY_ERROR_AUTH)
         return None
+
+    def _bound_recorded(self, parked: RaiseBound, recorded: bool) -> None:
+        """The lease bound a parked request waited for is recorded (or could not be: its
+        answer is ``error``, as when a token cannot be issued): answer it now."""
+        session = self.session
+        if session is None or self.closing:
+            return
+        if not recorded:
+            self._done_waiting(p.REPLY_ERROR)
+            return
+        session.asking = parked.asking  # answered as if it had just arrived
+        reply = session.handle(parked.frame)
+        if reply is None:
+            reply = self._act(session)
+            if reply is None:
+                return  # it waits again (a queued acquire), or the connection closes
+        self._done_waiting(reply)
 
     def _granted(self, waiter: Waiter) -> None:
         if self.session is not None:

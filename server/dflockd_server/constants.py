@@ -27,6 +27,12 @@ FD_HEADROOM: Final = 64
 loop, the fence state file, the metrics endpoint)."""
 DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
 DEFAULT_MAX_WAITERS: Final = 0
+LOCKS_PER_IP_AUTO_SHARE: Final = (3, 4)
+"""``--max-locks-per-ip auto``: this share of ``--max-locks`` (768 of 1024): one client address
+(every connection from it together) holds or waits on at most that many, so a quarter of the
+keys always stays for the other addresses."""
+NO_CAP: Final = 1 << 62
+"""A cap no count reaches (a cap of 0, "none", where a comparison is cheaper than a test)."""
 DEFAULT_MAX_LOCKS_PER_CONNECTION: Final = 64
 """Locks and semaphore slots one connection may hold (with its queued waits) at once."""
 DEFAULT_MAX_WAITS_PER_CONNECTION: Final = 64

@@ -7,7 +7,8 @@ not a reply to send now; then ``Session.action`` says what the transport is to d
 (the acquire is queued: start the timer, answer when the waiter is woken, through
 ``Session.granted``, or the timer fires, through ``Session.give_up``), ``Close`` (send a last
 reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``AUTH_FAILED``
-(a wrong secret: the answer and the close come after a delay).
+(a wrong secret: the answer and the close come after a delay), ``RaiseBound`` (a lease longer
+than ``table.lease_noted``: the request is parked until ``leasebound`` has recorded it).
 
 There is one dispatch: each command has one route (``Session.route_table``), which parses its
 request, the usual shapes first without building a ``Request`` (``protocol.quick_lock``,
@@ -35,7 +36,7 @@ from dflockd_server.table import (
     Waiter,
 )
 
-__all__ = ["AUTH_FAILED", "STATS", "Action", "Close", "Host", "Session", "Wait"]
+__all__ = ["AUTH_FAILED", "STATS", "Action", "Close", "Host", "RaiseBound", "Session", "Wait"]
 
 log = logging.getLogger("dflockd_server")
 
@@ -101,6 +102,18 @@ class Close(Action):
         self.reply = reply
 
 
+class RaiseBound(Action):
+    """Handle ``frame`` again (after ``asking`` if it followed one) once ``lease`` is recorded."""
+
+    __slots__ = ("asking", "frame", "lease")
+
+    def __init__(self, lease: int, frame: p.Frame, asking: bool) -> None:
+        super().__init__("raise bound")
+        self.lease = lease
+        self.frame = frame
+        self.asking = asking
+
+
 STATS: Final = Action("stats")
 """Answer from the server's rationed ``stats`` snapshots (the last request of the pass)."""
 AUTH_FAILED: Final = Action("auth failed")
@@ -147,6 +160,10 @@ class Host(Protocol):
         """The ``shards`` reply."""
         ...
 
+    def over_ip_share(self, session: Session) -> bool:
+        """Whether ``session``'s address holds its ``--max-locks-per-ip`` (refuse the acquire)."""
+        ...
+
 
 class Session:
     """One connection's side of the protocol (see the module's doc)."""
@@ -159,6 +176,8 @@ class Session:
         "default_lease",
         "eof",
         "host",
+        "ip",
+        "locks_per_ip",
         "max_lease",
         "moved",
         "peer",
@@ -175,6 +194,8 @@ class Session:
         self.max_lease = max_lease
         self.peer = peer
         """For log lines."""
+        self.ip = ""  # the client's address and --max-locks-per-ip (none: more than any table
+        self.locks_per_ip = c.NO_CAP  # holds), set by the connection (``Host.over_ip_share``)
         self.authed = host.secret is None
         self.eof = False
         """The client sent EOF: nobody waits for an answer that comes later (try once)."""
@@ -247,14 +268,19 @@ class Session:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
+        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+            return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
+        ttl = lease or self.default_lease
+        if ttl > table.lease_noted and table.note_lease is not None:
+            return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.asking = self.asking
         try:
             got = table.acquire(
                 # After the client's EOF nobody waits for an answer to come later: try once.
                 self.client,
                 name,
-                lease or self.default_lease,
+                ttl,
                 limit,
                 queue=timeout > 0 and not self.eof,
             )
@@ -289,7 +315,11 @@ class Session:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
+        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+            return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
+        if lease > table.lease_noted and table.note_lease is not None:
+            return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         table.asking = self.asking
         try:
             got = table.hold(
@@ -329,6 +359,9 @@ class Session:
             return self._too_long(on_close)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
+        if longest > self.table.lease_noted and self.table.note_lease is not None:
+            return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
             taken = self.table.take(
                 self.client, req.key, req.token, lease, note=req.note, on_close=on_close
@@ -348,6 +381,8 @@ class Session:
             return self._too_long(req.lease)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        if req.lease > self.table.lease_noted and self.table.note_lease is not None:
+            return self._later(RaiseBound(req.lease, (cmd, key, arg), self.asking))
         try:
             done = self.table.hand_down(req.key, req.token, req.lease)
         except _REFUSALS as exc:
@@ -403,8 +438,12 @@ class Session:
             return self._too_long(lease)
         if not self.host.may_hold(name):
             return p.REPLY_ERROR  # a fenced member, or not its shard: the holder sees the loss
+        table = self.table
+        ttl = lease or self.default_lease
+        if ttl > table.lease_noted and table.note_lease is not None:
+            return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         try:
-            remaining = self.table.renew(name, token, lease or self.default_lease, self.client)
+            remaining = table.renew(name, token, ttl, self.client)
         except _REFUSALS as exc:
             return _refusal(exc)
         return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
@@ -418,13 +457,16 @@ class Session:
             return self._too_long(req.lease)
         if (refused := self._check(req.key)) is not None:
             return refused
+        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+            return p.REPLY_ERROR_MAX_LOCKS
+        ttl = req.lease or self.default_lease
+        if ttl > self.table.lease_noted and self.table.note_lease is not None:
+            return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         if self.moved:
             self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
         self.table.asking = self.asking
         try:
-            waiter = self.table.enqueue(
-                self.client, req.key, req.lease or self.default_lease, req.limit
-            )
+            waiter = self.table.enqueue(self.client, req.key, ttl, req.limit)
         except _REFUSALS as exc:
             return _refusal(exc)
         holder = waiter.holder

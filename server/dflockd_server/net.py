@@ -11,6 +11,7 @@ in ``stream``), whose requests go through ``dispatch.Session`` (the pure dispatc
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from dflockd_server.connection import Connection
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
+from dflockd_server.leasebound import LeaseBound
 from dflockd_server.loops import at_turn_end
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import SINGLE, Ownership
@@ -81,6 +83,8 @@ class Server(Admission, KeyServing):
         self.draining = False
         self.connections: set[Connection] = set()
         self.per_ip: dict[str, int] = {}
+        self.ip_connections: dict[str, set[Connection]] = {}
+        self.ip_cap_logged: dict[str, float] = {}
         self._busy = 0
         self._idle: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
@@ -101,6 +105,9 @@ class Server(Admission, KeyServing):
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
         self.lease_record: LeaseRecord | None = None
+        self.lease_bound: LeaseBound | None = None
+        self._fence_ahead: concurrent.futures.ThreadPoolExecutor | None = None
+        """Raises the recorded longest lease off the loop (parked requests wait for it)."""
         self.state: StateDir | None = None
         """The state directory (``--state-dir``), locked while this server runs, or None."""
         self.journal: Journal | None = None
@@ -164,6 +171,10 @@ class Server(Admission, KeyServing):
 
     def _close_state(self) -> None:
         """Close the journal and unlock the state directory (at the stop, or a failed start)."""
+        if self.lease_bound is not None:
+            self.lease_bound.close()
+        if self._fence_ahead is not None:
+            self._fence_ahead.shutdown(wait=False)
         journal, self.journal = self.journal, None
         if self._group_write is not None:
             self._group_write.journal = None
@@ -259,30 +270,43 @@ class Server(Admission, KeyServing):
             self.node = node
             self.fence = node.fence
         else:
-            self.fence = FenceCounter(plan.fence_file)
+            fence_file = plan.fence_file
+            self.fence = await loop.run_in_executor(None, lambda: FenceCounter(fence_file))
+        fence = self.fence
+        assert fence is not None
+        # Each next ceiling is stored ahead of the counter on a thread of its own (tokens).
+        self._fence_ahead = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dflockd-fence-ceiling"
+        )
+        fence.store_ahead(self._fence_ahead)
         # Recorded (and a cluster member's published) before serving: a start killed during
         # its grace leaves the same bound, and the leases it restores are covered.
+        # Recorded on a thread of its own (an fsync, an etcd round trip): see leasebound.
         restored = max((max(r.lease_ttl, r.on_close or 0) for r, _ in plan.leases), default=0)
-        self.lease_record = LeaseRecord(
-            plan.grace_record,
-            max(grace.seconds, restored),
-            cfg.max_lease_ttl_s,
-            publish=self.node.publish_longest if self.node is not None else None,
+        publish = self.node.publish_longest if self.node is not None else None
+        initial = max(grace.seconds, restored)
+        self.lease_bound = bound = await LeaseBound.start(
+            loop,
+            lambda: LeaseRecord(plan.grace_record, initial, cfg.max_lease_ttl_s, publish=publish),
         )
+        self.lease_record = bound.record
         self._table = table = LockTable(
             clock=self.clock,
-            new_token=self.fence.next_token,
+            new_token=fence.next_token,
             max_locks=cfg.max_locks,
             max_waiters=cfg.max_waiters,
             max_locks_per_connection=cfg.max_locks_per_connection,
             max_waits_per_connection=cfg.max_waits_per_connection,
             auto_release_on_disconnect=cfg.auto_release_on_disconnect,
             grace_s=grace.seconds,
-            note_lease=self.lease_record.note,
-            lease_noted=self.lease_record.longest,
+            note_lease=bound.note_now,
+            lease_noted=bound.longest,
         )
+        bound.table = table
         if plan.journal is not None:
-            self._restore(plan, table)
+            highest = self._restore(plan, table)
+            if highest:  # a member's ceiling is in etcd: stored off the loop
+                await loop.run_in_executor(None, fence.raise_to, highest)
         self.grace_reason = grace.why if grace.seconds > 0 else ""
         if grace.seconds > 0:
             log.warning(
@@ -335,10 +359,10 @@ class Server(Admission, KeyServing):
             self.metrics = exporter
             self.request_times = RequestTimes()
 
-    def _restore(self, plan: StartPlan, table: LockTable) -> None:
-        """Put the journal's running leases back in the table, raise the fence above theirs,
-        and start a new journal file holding them (the old one, damaged tail and all, is
-        replaced)."""
+    def _restore(self, plan: StartPlan, table: LockTable) -> int:
+        """Put the journal's running leases back in the table and start a new journal file
+        holding them (the old one, damaged tail and all, is replaced); the highest fence among
+        them, which the caller raises the counter above (before any grant)."""
         assert plan.journal is not None and self.fence is not None
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
         restored = 0
@@ -352,8 +376,6 @@ class Server(Admission, KeyServing):
                 continue
             restored += 1
             highest = max(highest, fence_of(rec.token))
-        if highest:
-            self.fence.raise_to(highest)
         journal.anchor()
         journal.open(self._live_records(journal, table))
         journal.stats.restored = restored
@@ -370,6 +392,7 @@ class Server(Admission, KeyServing):
             plan.journal,
             self.config.journal_fsync,
         )
+        return highest
 
     @staticmethod
     def _live_records(journal: Journal, table: LockTable) -> list[bytes]:

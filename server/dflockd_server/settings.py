@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflockd_server.values import (
+    check_auto_non_negative,
     check_cluster,
     check_event_loop,
     check_fsync,
@@ -23,6 +24,7 @@ from dflockd_server.values import (
     check_port,
     check_positive,
     check_readable_file,
+    parse_auto_int,
     parse_bool,
     parse_cluster,
     parse_event_loop,
@@ -167,6 +169,20 @@ SETTINGS: tuple[Setting, ...] = (
         "most locks and semaphore slots one connection holds at once, its queued acquires "
         "counted as held; past it an acquire gets `error_max_locks`. It keeps one connection "
         "from taking every key (0: no cap)",
+    ),
+    Setting(
+        "max_locks_per_ip",
+        "--max-locks-per-ip",
+        ("DFLOCKD_MAX_LOCKS_PER_IP",),
+        parse_auto_int,
+        check_auto_non_negative,
+        "most locks and semaphore slots the connections from one client address hold at once "
+        "together, their queued acquires counted as held; past it an acquire gets "
+        "`error_max_locks`. It keeps one address from taking every key (auto: 3/4 of "
+        "--max-locks, so a quarter stays for other addresses, but never below "
+        "--max-locks-per-connection; 0: no cap). Detached holds "
+        "(queue-once's) belong to no connection and are not counted",
+        none_text="auto",
     ),
     Setting(
         "max_waits_per_connection",

@@ -11,19 +11,34 @@ everything this member issued (``raise_to``).
 
 ``next_token`` runs on the server's loop, once per grant (the hot path: this module is compiled
 with the request path, see server/hatch_build.py); ``raise_to`` may come from a cluster
-member's thread, so both hold the counter's lock.
+member's thread, so both hold the counter's lock. That lock is never held while a ceiling is
+stored (an fsync, an etcd round trip): stores go one at a time under a lock of their own
+(``_store_lock``), and the counter's lock is taken after, only to move the counter and the
+ceiling. So a member thread storing a ceiling for a slow etcd never holds up the loop's grants.
+
+On a server (``store_ahead``), the loop does not store ceilings either: once the counter has
+used half of the block under the stored ceiling, the next ceiling (a block above the counter)
+is stored on the server's thread for it while grants go on; a counter that reaches the stored
+ceiling before that store is done issues nothing (``FenceStateError``: the grant is answered
+``error``, as when a store fails) rather than wait. Half a block is 524,288 grants: more than
+a slow store takes at any rate a server reaches. Without ``store_ahead`` (the table's tests,
+tools) the ceiling is stored when the counter reaches it, in the caller's thread.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Final
 
 from dflockd_server import constants as c
-from dflockd_server.fence import CeilingStore, FileCeilingStore
+from dflockd_server.fence import CeilingStore, FenceStateError, FileCeilingStore
+
+log = logging.getLogger("dflockd_server")
 
 __all__ = ["FenceCounter"]
 
@@ -44,6 +59,7 @@ class FenceCounter:
     """Issues tokens: 16 hex digits of counter, then 16 hex digits of randomness."""
 
     __slots__ = (
+        "_ahead",
         "_block",
         "_ceiling",
         "_check_at",
@@ -55,6 +71,8 @@ class FenceCounter:
         "_pool_pos",
         "_random",
         "_store",
+        "_store_lock",
+        "_storing",
     )
 
     def __init__(
@@ -75,6 +93,11 @@ class FenceCounter:
         self._random = random_bytes
         self._block = persist_block
         self._lock = threading.Lock()
+        self._store_lock = threading.Lock()
+        """Held while a ceiling is stored (one store at a time), never with ``_lock`` held."""
+        self._ahead: Executor | None = None
+        self._storing = False
+        """A ceiling is being stored ahead (``store_ahead``)."""
         self._pool = ""
         self._pool_pos = 0
         self._high = -1
@@ -101,43 +124,94 @@ class FenceCounter:
         return self._ceiling
 
     def _persist(self, counter: int) -> None:
+        """Store ``counter`` plus a block as the ceiling, unless a higher one is stored (under
+        ``_store_lock``, never taking ``_lock``: without ``store_ahead``, ``next_token`` calls
+        it holding ``_lock``)."""
         assert self._store is not None
         ceiling = counter + self._block
-        self._store.write(ceiling)
-        self._ceiling = ceiling
-        self._check_at = min(ceiling, _SMALL_BOUND)
+        with self._store_lock:
+            if ceiling > self._ceiling:
+                self._store.write(ceiling)
+                self._stored(ceiling)
+
+    def _stored(self, ceiling: int) -> None:
+        """``ceiling`` is stored: raise ``_ceiling`` to it, then ``_check_at`` (plain stores of
+        ints that only rise, ``_ceiling`` first: whoever reads ``_check_at`` sees a value at
+        most the stored ceiling, with or without ``_lock``)."""
+        self._ceiling = max(self._ceiling, ceiling)
+        half = self._block // 2 if self._ahead is not None else 0
+        self._check_at = min(self._ceiling - half, _SMALL_BOUND)
+
+    def store_ahead(self, executor: Executor) -> None:
+        """From now on, store each next ceiling on ``executor``'s thread, ahead of the counter
+        (see the module's doc): the caller of ``next_token`` never waits for a store."""
+        with self._lock:
+            self._ahead = executor
+            if self._store is not None:
+                self._stored(self._ceiling)
 
     def _before_issuing(self, counter: int) -> None:
         """``counter`` reached ``_check_at``: refuse it past the counter's 64 bits, or store
-        the next ceiling before it is issued (a failed write issues nothing)."""
+        the next ceiling before it is issued (a failed write issues nothing); with
+        ``store_ahead``, have it stored and refuse only a counter at the stored ceiling."""
         if counter > c.FENCE_MAX:
             raise OverflowError("fencing counter exhausted")
-        if self._store is not None and counter >= self._ceiling:
+        store, ahead = self._store, self._ahead
+        if store is None:
+            return
+        if ahead is None:
+            if counter >= self._ceiling:
+                self._persist(counter)
+            return
+        if not self._storing:
+            self._storing = True
+            self._check_at = min(self._ceiling, _SMALL_BOUND)  # no second store meanwhile
+            try:
+                ahead.submit(self._store_next, counter)
+            except RuntimeError:  # the server stops: its executor is shut down
+                self._storing = False
+        if counter >= self._ceiling:
+            raise FenceStateError(
+                "the next fence ceiling is not stored yet (etcd or the disk is slow): "
+                "nothing granted until it is"
+            )
+
+    def _store_next(self, counter: int) -> None:
+        """On the ``store_ahead`` thread: store the ceiling a block above ``counter``."""
+        try:
             self._persist(counter)
+        except Exception as exc:  # logged: the grants at the ceiling are refused meanwhile
+            log.error("cannot store the next fence ceiling: %s", exc)
+            with self._lock:
+                self._check_at = min(self._counter + 1, _SMALL_BOUND)  # tried again at once
+        finally:
+            self._storing = False
 
     def publish(self) -> int:
         """Store the current ceiling again (a no-op in effect) and return it.
 
         A cluster member calls it before handing a shard over: the next owner reads it.
         """
-        with self._lock:
+        with self._store_lock:
+            ceiling = self._ceiling
             if self._store is not None:
-                self._store.write(self._ceiling)
-            return self._ceiling
+                self._store.write(ceiling)
+            return ceiling
 
     def raise_to(self, floor: int) -> None:
         """Issue only counters above ``floor`` from now on (e.g. another member's ceiling).
 
-        With a store, the raised ceiling is stored before this returns.
+        With a store, the raised ceiling is stored before this returns (the counter's lock is
+        not held meanwhile: grants below the old ceiling go on).
         """
         if floor > c.FENCE_MAX:
             raise OverflowError("fencing counter exhausted")
+        if floor <= self._counter:
+            return
+        if self._store is not None and floor >= self._ceiling:
+            self._persist(floor)
         with self._lock:
-            if floor <= self._counter:
-                return
-            if self._store is not None and floor >= self._ceiling:
-                self._persist(floor)
-            self._counter = floor
+            self._counter = max(self._counter, floor)
 
     def next_token(self) -> str:
         """A new token whose counter is larger than every one issued before."""

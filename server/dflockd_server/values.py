@@ -60,6 +60,13 @@ def parse_grace(raw: str) -> float | None:
     return parse_float(raw)
 
 
+def parse_auto_int(raw: str) -> int | None:
+    """``auto`` (``None``: derived from other settings) or an integer."""
+    if raw.strip().lower() == "auto":
+        return None
+    return parse_int(raw)
+
+
 def parse_log_level(raw: str) -> str:
     text = raw.strip().lower()
     if text not in LOG_LEVELS:
@@ -96,6 +103,11 @@ def check_positive(value: float) -> str | None:
 
 def check_non_negative(value: float) -> str | None:
     return None if value >= 0 else "must be >= 0"
+
+
+def check_auto_non_negative(value: float | None) -> str | None:
+    """``check_non_negative``, ``auto`` (``None``) allowed."""
+    return None if value is None else check_non_negative(value)
 
 
 def check_port(value: int) -> str | None:

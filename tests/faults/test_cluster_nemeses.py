@@ -22,6 +22,9 @@ The nemeses, each reproducing a defect the issue found in 7070cf0:
   the leader's ``--advertise`` refuses to start meanwhile;
 - etcd killed (SIGKILL) past the members' lease and restarted, then paused (SIGSTOP) past it.
 
+And issue 47's: a member's only etcd endpoint stalled while a client asks it for a lease longer
+than any it granted: only that grant waits for etcd, every other connection is served.
+
 The restarts in place and churn are in test_cluster_restarts.py.
 """
 
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from dflockd_server.cluster.fencestore import published_longest
 from tests.faults.conftest import FaultReport
 from tests.faults.nemesis_run import (
     CLIENT_LEASE_S,
@@ -47,6 +51,7 @@ from tests.faults.nemesis_run import (
     WAITER_HOLD_S,
     NemesisEtcd,
     NemesisRun,
+    checked,
     queue_behind_a_long_hold,
     report,
     wait_for,
@@ -214,4 +219,82 @@ def test_etcd_killed_then_paused_past_the_members_lease(
         f"SIGSTOPped for {ETCD_DOWN_S:.0f} s",
         [],
         "; ".join(outages),
+    )
+
+
+STALL_S = 2.0
+"""How long the member's etcd stays stalled (pings go on meanwhile): under its 5 s etcd lease,
+so the member serves on."""
+LONG_LEASE_S = 20
+"""A lease longer than every one the workload used (3 s): its grant needs a longer bound in
+etcd (``<prefix>/longest/<member>``), published while the member's etcd is stalled."""
+
+
+def test_a_stalled_etcd_endpoint_holds_up_only_the_grant_that_needs_a_longer_bound(
+    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
+) -> None:
+    """Issue 47: the only etcd endpoint of a member stalls (its proxy forwards nothing) while a
+    client asks it for a lease longer than it ever granted. That grant waits for the publish of
+    the longer bound (the fail-over bound holds); every other connection of the member is
+    served meanwhile: pings, and a grant within the bound. Before, the publish ran on the event
+    loop and the member answered nothing until etcd's client gave up (5 s)."""
+    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=2707, etcd_proxies=True) as run:
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        victim = run.victim()
+        keys = run.keys_of(victim)
+        names = (f"stall{i}" for i in range(10_000))
+        own = (k for k in names if run.etcd_owner(k)[0] == victim.advertise)
+        long_key, short_key = next(own), next(own)
+        proxy = run.etcd_proxies[victim.advertise]
+        pinger = Wire(victim.address)
+        assert pinger.req("ping") == "ok"
+        parked = Wire(victim.address, timeout=TAKEOVER_TIMEOUT_S)
+        t = now()
+        proxy.stall(TAKEOVER_TIMEOUT_S)  # resumed below, well within the member's etcd lease
+        run.injections.append(Injection("the member's only etcd endpoint stalled", t))
+        parked.send("l", long_key, f"0 {LONG_LEASE_S}")
+        slowest, pings = 0.0, 0
+        while now() - t < STALL_S:
+            began = now()
+            assert pinger.req("ping") == "ok"
+            slowest, pings = max(slowest, now() - began), pings + 1
+            time.sleep(0.01)
+        within = Wire(victim.address)
+        granted = within.req("l", short_key, f"0 {CLIENT_LEASE_S}")
+        assert granted.startswith("ok "), granted  # a grant within the bound is not held up
+        assert within.req("r", short_key, granted.split()[1]) == "ok"
+        within.close()
+        parked.assert_silent(0.2)  # the longer grant waits for etcd
+        stalled_s = now() - t
+        proxy.resume()
+        reply = parked.recv().split()
+        assert reply[0] == "ok" and reply[2] == str(LONG_LEASE_S), reply
+        assert parked.req("r", long_key, reply[1]) == "ok"
+        parked.close()
+        pinger.close()
+        published = published_longest(nemesis_etcd.client(), run.prefix)[victim.advertise]
+        assert published >= LONG_LEASE_S
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        run.settle(TAKEOVER_TIMEOUT_S)
+        result = run.finish()
+    during = sum(
+        1
+        for h in result.holds
+        if h.key in keys and h.granted_t is not None and t <= h.granted_t <= t + stalled_s
+    )
+    observed = (
+        f"etcd stalled {stalled_s:.2f} s: {pings} pings answered (slowest "
+        f"{slowest * 1000:.1f} ms), a 3 s lease granted, the workload granted its keys "
+        f"{during} times meanwhile; the {LONG_LEASE_S} s lease was answered once etcd had "
+        f"{published} s"
+    )
+    print(observed)
+    print(checked(result))
+    report(
+        fault_report,
+        result,
+        "lock cluster (defaults): a member's only etcd endpoint stalled while a client asks "
+        f"it for a {LONG_LEASE_S} s lease (longer than any before)",
+        [],
+        observed,
     )

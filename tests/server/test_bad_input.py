@@ -34,8 +34,11 @@ class Scene:
 
 @pytest.fixture
 def scene(dflock_server_factory: ServerFactory) -> Iterator[Scene]:
-    # No per-connection cap: one connection fills the table to make stats replies large.
-    server = dflock_server_factory(write_timeout_s=1.0, max_locks_per_connection=0)
+    # No per-connection or per-address cap: one connection fills the table to make stats
+    # replies large.
+    server = dflock_server_factory(
+        write_timeout_s=1.0, max_locks_per_connection=0, max_locks_per_ip=0
+    )
     with Wire(server.address) as victim:
         token = victim.lock("victim-lock", lease=60)
         yield Scene(server, victim, token)

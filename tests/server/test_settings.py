@@ -48,6 +48,7 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
         "max_locks_per_connection",
         64,
     ),
+    ("--max-locks-per-ip", ("DFLOCKD_MAX_LOCKS_PER_IP",), "max_locks_per_ip", None),
     (
         "--max-waits-per-connection",
         ("DFLOCKD_MAX_WAITS_PER_CONNECTION",),
@@ -117,6 +118,7 @@ FAMILIES = [
     pytest.param("max_waiters", "7", "8", 7, 8, id="max-waiters"),
     pytest.param("max_locks_per_connection", "0", "9", 0, 9, id="max-locks-per-connection"),
     pytest.param("max_waits_per_connection", "3", "0", 3, 0, id="max-waits-per-connection"),
+    pytest.param("max_locks_per_ip", "auto", "100", None, 100, id="max-locks-per-ip"),
     pytest.param("write_timeout_s", "1.5", "2.5", 1.5, 2.5, id="write-timeout"),
     pytest.param("shutdown_timeout_s", "1", "0", 1.0, 0.0, id="shutdown-timeout"),
     pytest.param("auth_token", "flag-secret", "env-secret", "flag-secret", "env-secret", id="auth"),

@@ -25,8 +25,12 @@ class Wire:
         address: tuple[str, int],
         timeout: float = REPLY_TIMEOUT_S,
         ssl_context: ssl.SSLContext | None = None,
+        source: str | None = None,
     ) -> None:
-        raw = socket.create_connection(address, timeout=timeout)
+        """``source``: the local address to connect from (another loopback address, say)."""
+        raw = socket.create_connection(
+            address, timeout=timeout, source_address=None if source is None else (source, 0)
+        )
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if ssl_context is not None:
             raw = ssl_context.wrap_socket(raw, server_hostname=address[0])
