@@ -200,13 +200,14 @@ def test_no_import_circle(package: str) -> None:
     assert find_cycle(own) is None
 
 
-MAX_MODULE_LINES: Final = 600
-"""Issue 30: one concern a module; a module past this is doing two things."""
+MAX_MODULE_LINES: Final = 900
+"""Issue 53: the rule is one concept per file (the old 600-line cap, which split classes across
+files, is retired); a module past this is doing two things."""
 GENERATED: Final = ROOT / "celery_dflock" / "client" / "_sync"
 """Written by scripts/unasync.py from ``_async/``, whose modules are counted."""
 
 
-def test_no_module_is_over_600_lines() -> None:
+def test_no_module_is_over_900_lines() -> None:
     long = sorted(
         f"{module.name}: {lines} lines"
         for module in MODULES.values()
