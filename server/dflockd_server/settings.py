@@ -81,7 +81,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--restart-grace",
         ("DFLOCKD_RESTART_GRACE_S",),
         parse_grace,
-        check_non_negative,
+        check_auto_non_negative,
         "after a start, grant no key for this long, so leases granted by the previous server "
         "end first (auto: the longest lease the previous run granted, recorded beside "
         "--fence-state-file; without one max_lease_ttl, or none on port 0; 0: off)",
@@ -454,6 +454,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "max_locks",
             "max_waiters",
             "max_locks_per_connection",
+            "max_locks_per_ip",
             "max_waits_per_connection",
             "gc_interval_s",
             "gc_max_idle_s",

@@ -415,3 +415,14 @@ def test_dflockd_help_is_short_and_grouped_and_help_all_shows_every_flag_by_topi
         assert len(fields) == len(SETTINGS)
     # Both parse every flag: the short help only hides them.
     assert load_config(["--max-tls-handshakes", "7"], {}).max_tls_handshakes == 7
+
+
+@pytest.mark.parametrize(
+    "argv, environ", [(["--restart-grace", "auto"], {}), ([], {"DFLOCKD_RESTART_GRACE_S": "auto"})]
+)
+def test_restart_grace_auto_is_accepted_as_its_help_says(
+    argv: list[str], environ: dict[str, str]
+) -> None:
+    """``--restart-grace auto`` is the documented default's name: it was refused with a
+    TypeError (its check compared ``None`` with 0)."""
+    assert load_config(argv, environ).restart_grace_s is None
