@@ -1,0 +1,162 @@
+"""A lock-server outage is a busy key, not a failure (issue 49), on real workers (prefork and
+gevent) over Redis, against a real ``dflockd`` started as users start it.
+
+- Runs waiting in busy keys' FIFO queues when the server is killed (SIGKILL) or stopped
+  (SIGTERM: it drains) and started again 3 s later join the restarted server's queues and
+  run once each, one at a time per key (before: every one failed with ServerUnavailable or
+  ServerDraining).
+- A worker started while its lock server is down runs every task sent meanwhile once the
+  server starts, 20 s later, with every setting at its default (before: each failed at once).
+- A release while the server is down does not hold the pool slot: the run's result is in
+  while the server is still down, and a warm shutdown does not wait out ``lock_ttl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_dflock import Client
+from tests.support.ports import free_port
+from tests.support.rigs import Rig, open_rig, unique
+from tests.support.servers import dflockd_subprocess
+from tests.support.services import require_redis
+from tests.support.waiting import wait_until
+from tests.support.workers import iter_overlaps, redis_cleanup, redis_settings
+
+pytestmark = pytest.mark.slow
+
+POOLS = ("prefork", "gevent")
+DOWN_S = 3.0
+"""How long the server stays down in the restart tests (the issue's 3 s)."""
+LATE_START_S = 20.0
+"""How long after the worker's start the lock server starts (the issue's 20 s)."""
+RESULT_TIMEOUT_S = 120.0
+"""Generous: a dropped or hung run fails the test long before it matters."""
+
+
+@contextlib.contextmanager
+def outage_rig(tmp: Path, name: str, port: int) -> Iterator[Rig]:
+    """A rig whose workers use the lock server at 127.0.0.1:``port`` (the test runs it)."""
+    require_redis()
+    queue = unique(f"dflock-outage-{name}")
+    with open_rig(
+        tmp,
+        "apps.tasks",
+        redis_settings(queue),
+        server=("127.0.0.1", port),
+        main=f"outage-{name}",
+        cleanup=lambda: redis_cleanup(queue),
+    ) as rig:
+        yield rig
+
+
+def waiters(address: tuple[str, int]) -> int:
+    """Runs waiting in the lock server's queues now."""
+    with Client(servers=[address]) as client:
+        (status,) = client.stats()
+    stats = status.stats or {}
+    return sum(int(lock.get("waiters", 0)) for lock in stats.get("locks", []))
+
+
+def finished(results: list[Any]) -> list[Any]:
+    """Each result's value, waiting for it by reading the backend; an error is raised."""
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    values: list[Any] = []
+    for result in results:
+        while not result.ready():
+            assert time.monotonic() < deadline, f"{result.id} did not finish"
+            time.sleep(0.05)
+        if result.failed():
+            raise result.result
+        values.append(result.result)
+    return values
+
+
+def stop_server(proc: subprocess.Popen[bytes], how: str) -> None:
+    if how == "kill":
+        proc.kill()
+    else:
+        proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+@pytest.mark.parametrize("pool", POOLS)
+def test_waiters_on_busy_keys_run_once_across_a_restart(
+    tmp_path: Path, pool: str, how: str
+) -> None:
+    """6 runs wait on 3 busy keys (2 each, every option at its default) when the server is
+    killed -9 or stopped with SIGTERM, and started again 3 s later on its state directory:
+    each run runs once, after the restart, one at a time per key."""
+    port = free_port()
+    args = ("--state-dir", str(tmp_path / "state"))
+    log = tmp_path / "dflockd.log"
+    with outage_rig(tmp_path, f"{pool}-{how}", port) as rig:
+        with dflockd_subprocess(log, *args, port=port) as (proc, address):
+            rig.start_worker(pool=pool, concurrency=6)
+            group = unique("g")
+            holders = [rig.holder(f"busy:{group}{k}") for k in range(3)]
+            results = [
+                rig.app.signature("apps.tasks.busy_default", (n, f"{group}{n % 3}", 0.2)).delay()
+                for n in range(6)
+            ]
+            wait_until(lambda: waiters(address) == 6, timeout=60, what="6 runs waiting")
+            stop_server(proc, how)
+        down_at = time.time()
+        time.sleep(DOWN_S)
+        with dflockd_subprocess(log, *args, port=port):
+            back_at = time.time()
+            print(f"server down {back_at - down_at:.1f}s ({how})")
+            for holder in holders:
+                holder.release()
+            values = finished(results)
+        ids = {result.id for result in results}
+        runs = [entry for entry in rig.log.entries("run") if entry["task_id"] in ids]
+        assert sorted(values) == list(range(6))
+        assert Counter(entry["n"] for entry in runs) == Counter(range(6))
+        assert all(entry["start"] > back_at for entry in runs)
+        assert not list(iter_overlaps(runs))
+        output = rig.worker.output()
+        assert "answers again" in output
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_tasks_sent_while_the_server_is_down_run_once_it_starts(tmp_path: Path, pool: str) -> None:
+    """A worker starts while its lock server is down; 20 tasks are sent (10 with every option
+    at its default, which wait for the server within their lock_timeout; 10 with
+    ``on_locked="skip"`` and ``lock_timeout=0``, which are sent again for the outage, not
+    skipped); the server starts 20 s later: each of the 20 runs once."""
+    port = free_port()
+    log = tmp_path / "dflockd.log"
+    with outage_rig(tmp_path, f"late-{pool}", port) as rig:
+        worker = rig.start_worker(pool=pool, concurrency=4)
+        group = unique("late")
+        results = [
+            rig.app.signature(
+                "apps.tasks.busy_default" if n % 2 else "apps.tasks.exclusive_skip",
+                (n, f"{group}-{n}", 0.05),
+            ).delay()
+            for n in range(20)
+        ]
+        time.sleep(LATE_START_S)
+        assert not any(result.ready() for result in results)  # none failed meanwhile
+        with dflockd_subprocess(log, "--state-dir", str(tmp_path / "state"), port=port):
+            started = time.monotonic()
+            values = finished(results)
+            print(f"20 runs done {time.monotonic() - started:.1f}s after the server started")
+        ids = {result.id for result in results}
+        runs = [entry for entry in rig.log.entries("run") if entry["task_id"] in ids]
+        assert sorted(values) == list(range(20))
+        assert Counter(entry["n"] for entry in runs) == Counter(range(20))
+        output = worker.output()
+        assert "sent again in" in output  # the skip runs met the outage, and were not skipped
+        assert "answers again" in output
