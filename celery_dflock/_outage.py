@@ -44,6 +44,7 @@ __all__ = [
     "OutageWait",
     "outage_countdown",
     "outage_of",
+    "parse_outage",
     "retry_outage",
 ]
 
@@ -105,7 +106,11 @@ class OutageState:
 
 def outage_of(request: Any) -> OutageState | None:
     """The `OUTAGE_HEADER` of ``request`` (None: not sent again for an outage)."""
-    raw = header(request, OUTAGE_HEADER)
+    return parse_outage(header(request, OUTAGE_HEADER))
+
+
+def parse_outage(raw: object) -> OutageState | None:
+    """An `OUTAGE_HEADER` value read (None: absent or not one)."""
     if not isinstance(raw, Mapping):
         return None
     data = cast("Mapping[str, object]", raw)

@@ -14,8 +14,11 @@ gevent) over Redis, against a real ``dflockd`` started as users start it.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,11 +29,18 @@ import pytest
 
 from celery_dflock import Client
 from tests.support.ports import free_port
+from tests.support.processes import python_path
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import dflockd_subprocess
 from tests.support.services import require_redis
 from tests.support.waiting import wait_until
-from tests.support.workers import iter_overlaps, redis_cleanup, redis_settings
+from tests.support.workers import (
+    CELERY_APPS_DIR,
+    REPO,
+    iter_overlaps,
+    redis_cleanup,
+    redis_settings,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +163,10 @@ def test_tasks_sent_while_the_server_is_down_run_once_it_starts(tmp_path: Path, 
             started = time.monotonic()
             values = finished(results)
             print(f"20 runs done {time.monotonic() - started:.1f}s after the server started")
+            # The worker's own watch of its servers (pinged every 15 s at most) logs it.
+            assert worker.wait_output(f"lock server 127.0.0.1:{port} is reachable again", 30)
+            status = dflock_status(rig, "--workers")
+            print(status)
         ids = {result.id for result in results}
         runs = [entry for entry in rig.log.entries("run") if entry["task_id"] in ids]
         assert sorted(values) == list(range(20))
@@ -160,3 +174,27 @@ def test_tasks_sent_while_the_server_is_down_run_once_it_starts(tmp_path: Path, 
         output = worker.output()
         assert "sent again in" in output  # the skip runs met the outage, and were not skipped
         assert "answers again" in output
+        (line,) = [line for line in status.splitlines() if line.startswith(worker.name)]
+        retries = int(line.split(": ", 1)[1].split(" ", 1)[0])
+        assert retries >= 1, line  # the skip runs' outage retries, counted by the worker
+        assert "cannot reach" not in line
+
+
+def dflock_status(rig: Rig, *args: str) -> str:
+    """``celery -A apps.tasks dflock status ARGS`` on the rig's settings, as a user runs it."""
+    env = {
+        **os.environ,
+        "DFLOCK_TEST_SETTINGS": json.dumps(rig.settings),
+        "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "apps.tasks", "dflock", "status", *args],
+        env=env,
+        cwd=rig.tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
