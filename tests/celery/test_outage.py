@@ -198,3 +198,65 @@ def dflock_status(rig: Rig, *args: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+BODY_S = 2.0
+RELEASED_WITHIN_S = 45.0
+"""Shorter than the tasks' 60 s lease: a release that waited for the lease misses it."""
+
+
+def reported_runtimes(output: str, ids: set[str]) -> list[float]:
+    """The "succeeded in X s" Celery reports for the runs ``ids``."""
+    found: list[float] = []
+    for line in output.splitlines():
+        if "succeeded in " in line and any(task_id in line for task_id in ids):
+            found.append(float(line.split("succeeded in ", 1)[1].split("s", 1)[0]))
+    return found
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_release_while_the_server_is_down_does_not_hold_the_pool_slot(
+    tmp_path: Path, pool: str
+) -> None:
+    """4 bodies of 2 s under a 60 s lease; the server is killed while they run and stays
+    down: each run's result arrives while it is still down (before: each release waited for
+    the lease, 60 s). Then, with 4 more bodies running and the server killed again, a warm
+    shutdown (SIGTERM) ends while the server is down. Times are printed, not asserted."""
+    port = free_port()
+    args = ("--state-dir", str(tmp_path / "state"))
+    log = tmp_path / "dflockd.log"
+    with outage_rig(tmp_path, f"release-{pool}", port) as rig:
+        with dflockd_subprocess(log, *args, port=port) as (proc, _):
+            worker = rig.start_worker(pool=pool, concurrency=4)
+            names = [unique("rel") for _ in range(4)]
+            results = [
+                rig.app.signature("apps.tasks.slow_body", (name, BODY_S)).delay() for name in names
+            ]
+            for name in names:
+                rig.log.wait_event("body", 60, name=name)
+            proc.kill()
+            proc.wait(30)
+        down_at = time.monotonic()
+        deadline = down_at + RELEASED_WITHIN_S
+        for result in results:  # the server stays down meanwhile
+            while not result.ready():
+                assert time.monotonic() < deadline, "a run's release held its pool slot"
+                time.sleep(0.05)
+        print(f"{pool}: results in {time.monotonic() - down_at:.1f}s after the kill")
+        assert finished(results) == names
+        ids = {result.id for result in results}
+        assert worker.wait_output("succeeded in", 10)
+        times = reported_runtimes(worker.output(), ids)
+        print(f"{pool}: reported runtimes {', '.join(f'{t:.2f}s' for t in times)}")
+        with dflockd_subprocess(log, *args, port=port) as (proc, _):
+            more = [unique("rel") for _ in range(4)]
+            for name in more:
+                rig.app.signature("apps.tasks.slow_body", (name, BODY_S)).delay()
+            for name in more:
+                rig.log.wait_event("body", 60, name=name)
+            proc.kill()
+            proc.wait(30)
+        stopping = time.monotonic()
+        worker.stop(signal.SIGTERM, timeout=RELEASED_WITHIN_S)  # the server still down
+        print(f"{pool}: warm shutdown took {time.monotonic() - stopping:.1f}s")
+        assert len(rig.log.entries("body_done")) == 8  # every body finished
