@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from celery_dflock import Client
+from celery_dflock import Client, ServerUnavailable
+from celery_dflock._outage import OUTAGE_BUDGET_S
 from tests.support.ports import free_port
 from tests.support.processes import python_path
 from tests.support.rigs import Rig, open_rig, unique
@@ -260,3 +261,27 @@ def test_a_release_while_the_server_is_down_does_not_hold_the_pool_slot(
         worker.stop(signal.SIGTERM, timeout=RELEASED_WITHIN_S)  # the server still down
         print(f"{pool}: warm shutdown took {time.monotonic() - stopping:.1f}s")
         assert len(rig.log.entries("body_done")) == 8  # every body finished
+
+
+def test_a_run_fails_saying_so_once_its_outage_budget_is_spent(tmp_path: Path) -> None:
+    """A run whose lock server has been unreachable for longer than the outage budget (its
+    ``dflock_outage`` header says since when: a run sent again for an outage carries it)
+    fails with ServerUnavailable naming the server, how long, and what to do; a run of the
+    same worker still within its budget is sent again instead."""
+    port = free_port()
+    with outage_rig(tmp_path, "budget", port) as rig:
+        worker = rig.start_worker(pool="prefork", concurrency=2)
+        group = unique("budget")
+        spent = {"since": time.time() - OUTAGE_BUDGET_S - 100, "retries": 9}
+        failed = rig.app.signature("apps.tasks.exclusive_skip", (1, f"{group}-1")).apply_async(
+            headers={"dflock_outage": spent}
+        )
+        kept = rig.app.signature("apps.tasks.exclusive_skip", (2, f"{group}-2")).delay()
+        with pytest.raises(ServerUnavailable) as raised:
+            finished([failed])
+        message = str(raised.value)
+        assert f"the lock server at 127.0.0.1:{port}" in message
+        assert "9 outage retries spent" in message
+        assert "Start the lock server (`dflockd`) or set dflock_servers" in message
+        assert worker.wait_output(f"{kept.id}] retry", 30)  # sent again, not failed
+        assert not kept.ready()
