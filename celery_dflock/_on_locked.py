@@ -133,8 +133,8 @@ def resend(
     extra: Mapping[str, object] | None = None,
 ) -> BaseException:
     """Send the run again in ``countdown`` s, as ``Task.retry`` does, but count it in
-        `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
-        task's ``max_retries``, which are left to its own retries (an outage retry,
+    `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
+    task's ``max_retries``, which are left to its own retries (an outage retry,
     `celery_dflock._outage`, passes the count on unchanged). ``busy``: why (the `Retry`'s
     exception). ``extra``: more headers."""
     headers = request_headers(request)
