@@ -20,6 +20,7 @@ from celery.exceptions import (
 from celery.utils.dispatch import Signal as _Signal
 from celery.utils.log import get_logger as _get_logger, get_task_logger as _get_task_logger
 from celery.utils.time import get_exponential_backoff_interval as _backoff_interval
+from celery.worker.control import inspect_command as _inspect_command
 
 __all__ = [
     "BaseTask",
@@ -31,6 +32,7 @@ __all__ = [
     "backoff_interval",
     "get_logger",
     "get_task_logger",
+    "inspect_command",
     "signals",
     "task_stack",
 ]
@@ -50,3 +52,5 @@ TimeLimitExceeded: Final[type[Exception]] = _TimeLimitExceeded
 WorkerLostError: Final[type[Exception]] = _WorkerLostError
 get_logger: Final[Any] = _get_logger
 get_task_logger: Final[Any] = _get_task_logger
+inspect_command: Final[Any] = _inspect_command
+"""Registers a worker's remote-control inspect command (``celery inspect <name>``)."""

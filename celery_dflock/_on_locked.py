@@ -19,6 +19,7 @@ from celery_dflock._plan import LockOptions
 from celery_dflock._request import (
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
+    OUTAGE_HEADER,
     call_options,
     header,
     lock_retries,
@@ -26,7 +27,12 @@ from celery_dflock._request import (
     run_name,
 )
 from celery_dflock.client import DistributedLock
-from celery_dflock.client.errors import LimitMismatchError, LockNotAcquired, LockSkipped
+from celery_dflock.client.errors import (
+    DflockError,
+    LimitMismatchError,
+    LockNotAcquired,
+    LockSkipped,
+)
 
 __all__ = ["MAX_BACKOFF_EXPONENT", "contended", "resend", "retry_countdown"]
 
@@ -111,7 +117,9 @@ def contended(
         done + 1,
         "no limit" if limit is None else limit,
     )
-    raise resend(task, request, call, countdown=countdown, retries=done + 1, busy=busy)
+    # Busy, so reached: an outage this run met before is over (its budget starts afresh).
+    extra = {OUTAGE_HEADER: None}
+    raise resend(task, request, call, countdown=countdown, retries=done + 1, busy=busy, extra=extra)
 
 
 def resend(
@@ -121,12 +129,14 @@ def resend(
     *,
     countdown: float,
     retries: int,
-    busy: LockNotAcquired,
+    busy: DflockError,
     extra: Mapping[str, object] | None = None,
 ) -> BaseException:
     """Send the run again in ``countdown`` s, as ``Task.retry`` does, but count it in
     `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
-    task's ``max_retries``, which are left to its own retries. ``extra``: more headers."""
+    task's ``max_retries``, which are left to its own retries (an outage retry,
+    `celery_dflock._outage`, passes the count on unchanged). ``busy``: why (the `Retry`'s
+    exception). ``extra``: more headers."""
     headers = request_headers(request)
     for name in (FOLLOW_HEADER, HOLD_HEADER):  # a worker's request keeps them as attributes
         value = header(request, name)

@@ -287,6 +287,12 @@ def publish_hold(
     lease = _pending_lease(options, _delay_s(countdown, eta))
     try:
         hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
+    except ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
+        what = (
+            f"task {name}: the lock server cannot be reached ({exc}), so key {key!r} cannot "
+            f"be held from publish"
+        )
+        return _no_hold(name, task_id, key, options, what, in_canvas=in_canvas)
     except ProtocolError as exc:
         raise ProtocolError(
             f"task {name} was not sent: the lock server refused its hold of {key!r} for "
@@ -306,7 +312,12 @@ def publish_hold(
         where = f" (running on {host})" if host else " (queued)"
         grace = _grace(runtime, config) if holder is None else None
         if grace is not None:
-            return _in_grace(name, task_id, key, options, grace, in_canvas=in_canvas)
+            what = (
+                f"task {name}: the lock server is in its restart grace ({grace}): it grants no "
+                f"key until the leases its previous run may have granted have ended, so key "
+                f"{key!r} cannot be held from publish"
+            )
+            return _no_hold(name, task_id, key, options, what, in_canvas=in_canvas)
         if holder is not None and options.on_duplicate == "return":
             logger.info(
                 "dflock: task %s[%s] not sent: key %r is held by task %s%s; "
@@ -351,34 +362,33 @@ def _grace(runtime: Runtime, config: DflockConfig) -> str | None:
     return "; ".join(found) or None
 
 
-def _in_grace(
+def _no_hold(
     name: str,
     task_id: str,
     key: str,
     options: LockOptions,
-    grace: str,
+    what: str,
     *,
     in_canvas: bool,
 ) -> Duplicate | None:
-    """A hold refused because the lock server runs its restart grace (it grants no key until
-    the leases of its previous run have ended): no holder, so no duplicate. With
+    """No hold can be taken, and no holder refused it (``what`` says why: the lock server is
+    unreachable, draining, or in its restart grace), so there is no duplicate to find. With
     ``on_duplicate="return"`` the task is sent without a hold (None; its run still locks the
-    key); with ``"raise"`` nothing is sent (`ServerUnavailable`, or a failing follower for a
-    canvas member)."""
-    what = (
-        f"task {name}: the lock server is in its restart grace ({grace}): it grants no key "
-        f"until the leases its previous run may have granted have ended, so key {key!r} "
-        f"cannot be held from publish"
-    )
+    key, and waits for the server as any run does), logged; with ``"raise"`` nothing is sent
+    (`ServerUnavailable`, or a failing follower for a canvas member)."""
     if options.on_duplicate == "return":
         logger.warning(
-            "dflock: %s; task %s sent without a hold (its run still takes the key; a duplicate "
-            "may be sent meanwhile). A lease journal (--state-dir) keeps holds across restarts",
+            "dflock: %s; task %s sent without a hold (its run still takes the key; a "
+            "duplicate may be sent meanwhile). A lease journal (--state-dir) keeps holds "
+            "across restarts",
             what,
             task_id,
         )
         return None
-    error = f"{what}; nothing was sent (on_duplicate='raise'): send it again after the grace"
+    error = (
+        f"{what}; nothing was sent (on_duplicate='raise'): send it again once the server "
+        f"grants keys (`celery dflock status`)"
+    )
     if in_canvas:
         return Duplicate(None, key, error)
     raise ServerUnavailable(error)

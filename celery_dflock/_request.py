@@ -15,6 +15,7 @@ from celery_dflock._specs import check_call_options
 __all__ = [
     "LOCK_OPTIONS_HEADER",
     "LOCK_RETRIES_HEADER",
+    "OUTAGE_HEADER",
     "REQUEST_LOCK",
     "call_options",
     "clear_held",
@@ -33,6 +34,10 @@ LOCK_OPTIONS_HEADER: Final = "dflock_options"
 LOCK_RETRIES_HEADER: Final = "dflock_lock_retries"
 """Message header counting the retries ``on_locked="retry"`` made (Celery's ``retries`` is
 left to the task's own retries)."""
+OUTAGE_HEADER: Final = "dflock_outage"
+"""Message header of a run sent again because its lock server was unreachable
+(`celery_dflock._outage`): ``{"since": <epoch seconds the outage was first met>,
+"retries": <outage retries so far>}``."""
 
 REQUEST_LOCK: Final = "dflock_lock"
 """The request attribute holding the current run's lock (``LockedTask.lock``)."""

@@ -5,7 +5,8 @@ the body under the lost-lock guard, the held-lock record, and the release.
 
 The parts it calls, one concern each: `celery_dflock._plan` (the task's options, resolved
 once per task), `celery_dflock._queue_once` (the publish-time hold and its hand-off),
-`celery_dflock._on_locked` (the busy-key policy), `celery_dflock._follower` (a canvas member
+`celery_dflock._on_locked` (the busy-key policy), `celery_dflock._outage` (an unreachable
+lock server: a busy key, not a failure), `celery_dflock._follower` (a canvas member
 sent in a duplicate's place), `celery_dflock._guard` (``on_lock_lost``) and
 `celery_dflock._request` (what the run reads from and writes on Celery's request).
 """
@@ -14,23 +15,33 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from celery_dflock._celery import backoff_interval
+from celery_dflock._celery import backoff_interval, get_task_logger
 from celery_dflock._follower import run_follower
 from celery_dflock._guard import RunGuard
 from celery_dflock._held_records import AnyLock
 from celery_dflock._holds import FOLLOW_HEADER, HOLD_HEADER, encode_note, follow_of, hold_of
 from celery_dflock._on_locked import contended, retry_countdown
+from celery_dflock._outage import OutageWait, outage_of, retry_outage
 from celery_dflock._plan import LockOptions, options_for
 from celery_dflock._queue_once import eager_duplicate, take_over
 from celery_dflock._request import call_options, clear_held, header, lock_retries, mark_held
 from celery_dflock._runtime import get_runtime
-from celery_dflock.client.errors import DflockError, LimitMismatchError, LockLost
+from celery_dflock.client.errors import (
+    DflockError,
+    LimitMismatchError,
+    LockLost,
+    ServerUnavailable,
+)
 from celery_dflock.config import get_config
 
 __all__ = ["locked_run"]
+
+logger: Any = get_task_logger("celery_dflock.task")
+"""For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
 
 
 def _run_note(task_id: str | None, request: Any, name: str) -> str | None:
@@ -66,6 +77,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
     task_id = cast("str | None", request.id)
     guard = RunGuard(task, task_id, key, options.on_lock_lost, runtime)
+    wait_started = time.monotonic()
     wait_s = options.timeout
     eager_once = bool(request.is_eager) and options.lock_from == "publish"
     if (request.called_directly or eager_once) and not options.timeout_given:
@@ -82,23 +94,52 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     )
     held = hold_of(header(request, HOLD_HEADER))
     on_close_lease = options.pending_ttl if _acks_late(task, request) else None
-    try:
-        took_over = take_over(
-            runtime,
-            config,
-            lock,
-            held,
-            note=note,
-            label=guard.label,
-            on_close_lease=on_close_lease,
-            task_id=task_id,
+    outage: OutageWait | None = None
+    while True:
+        try:
+            took_over = take_over(
+                runtime,
+                config,
+                lock,
+                held,
+                note=note,
+                label=guard.label,
+                on_close_lease=on_close_lease,
+                task_id=task_id,
+            )
+            acquired = took_over or lock.acquire()
+        except LimitMismatchError as exc:  # the key is busy with another lock_limit
+            return contended(task, request, key, options, (args, kwargs), mismatch=exc)
+        except ServerUnavailable as exc:  # down, restarting, draining: a busy key (_outage)
+            _autoretry(task, request, exc)  # the task's own autoretry_for names it: Celery's
+            if outage is None:
+                outage = OutageWait(deadline=wait_started + wait_s, started=wait_started)
+            address = "{}:{}".format(*lock.server)
+            pause = outage.next_pause(exc, address)
+            if pause is None:
+                raise retry_outage(
+                    task, request, key, options, (args, kwargs), wait=outage, exc=exc
+                ) from exc
+            time.sleep(pause)
+            lock = runtime.new_lock(
+                config,
+                key,
+                options,
+                acquire_timeout_s=outage.left(),
+                on_lost=guard.on_lost,
+                note=note,
+            )
+            continue
+        except DflockError as exc:  # the server refusing, a bad setting, ...
+            _autoretry(task, request, exc)
+            raise
+        break
+    if outage is not None or outage_of(request) is not None:
+        logger.info(
+            "dflock: %s: the lock server at %s:%s answers again",
+            guard.label,
+            *lock.server,
         )
-        acquired = took_over or lock.acquire()
-    except LimitMismatchError as exc:  # the key is busy with another lock_limit
-        return contended(task, request, key, options, (args, kwargs), mismatch=exc)
-    except DflockError as exc:  # the server unreachable, refusing, draining, ...
-        _autoretry(task, request, exc)
-        raise
     if not acquired:
         if eager_once:
             raise eager_duplicate(guard.label, key, lock)

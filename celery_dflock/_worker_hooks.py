@@ -10,6 +10,7 @@ import difflib
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Final, cast
 
@@ -17,11 +18,13 @@ from celery_dflock._celery import (
     TimeLimitExceeded,
     WorkerLostError,
     get_logger,
+    inspect_command,
     signals as celery_signals,
 )
 from celery_dflock._held_records import CHILD_EXIT_WAIT_S, HeldRecords, pid_gone
 from celery_dflock._holds import HOLD_HEADER, HoldRef, hold_of
-from celery_dflock._request import header
+from celery_dflock._outage import OutageCounter, OutageState, outage_of, parse_outage
+from celery_dflock._request import OUTAGE_HEADER, header
 from celery_dflock._runtime import get_runtime, reset_runtime_after_fork
 from celery_dflock._specs import LOCK_OPTIONS
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
@@ -29,6 +32,7 @@ from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import get_config
 
 __all__ = [
+    "OUTAGES_COMMAND",
     "apply_task_locks",
     "install_hooks",
     "leases_above",
@@ -39,6 +43,15 @@ __all__ = [
 logger: Any = get_logger("celery_dflock.signals")
 
 _HOOKS_ATTR: Final = "_dflock_hooks"
+
+OUTAGES_COMMAND: Final = "dflock_outages"
+"""The worker's inspect command (``celery inspect dflock_outages``, and
+``celery dflock status --workers``): its outage retries and the servers it cannot reach."""
+
+WATCH_FIRST_PAUSE_S: Final = 1.0
+WATCH_MAX_PAUSE_S: Final = 15.0
+"""While some of its lock servers do not answer, a worker pings them after 1 s, doubling up to
+15 s, and logs when they answer again."""
 
 
 def _app_of(obj: Any) -> Any:
@@ -53,6 +66,12 @@ class _Hooks:
         self.app = app
         self.locked_task = locked_task
         self.main_pid: int | None = None
+        self.outages = OutageCounter()
+        self._watch_guard = threading.Lock()
+        self.unreachable: dict[str, float] = {}
+        """The lock servers this worker found unreachable and has not reached since, with the
+        epoch seconds it first found each so (kept by the watcher thread)."""
+        self._watching = False
 
     def connect(self) -> None:
         celery_signals.worker_init.connect(self.on_worker_init, weak=True)
@@ -62,6 +81,7 @@ class _Hooks:
         celery_signals.worker_shutdown.connect(self.on_worker_shutdown, weak=True)
         celery_signals.task_failure.connect(self.on_task_failure, weak=True)
         celery_signals.task_revoked.connect(self.on_task_revoked, weak=True)
+        celery_signals.task_received.connect(self.on_task_received, weak=True)
         if getattr(self.app, "finalized", False):
             self._lock_configured_tasks()
         else:
@@ -85,6 +105,7 @@ class _Hooks:
             return
         self._lock_configured_tasks()
         self.main_pid = os.getpid()
+        _register_outages_command()
         runtime = get_runtime(self.app)
         runtime.records = HeldRecords.for_main_process(self.main_pid)
         threading.Thread(
@@ -145,10 +166,81 @@ class _Hooks:
         if not reached:
             logger.warning(
                 "dflock: this worker reaches none of its lock servers (dflock_servers = %s): "
-                "no locked task can take its lock until one answers. Start the "
-                "lock server (`dflockd`) or set dflock_servers to where it runs",
+                "no locked task can take its lock until one answers; its runs wait and are "
+                "sent again meanwhile (up to 10 minutes each). Start the lock server "
+                "(`dflockd`) or set dflock_servers to where it runs",
                 ",".join(a.address for a in answers) or "(none)",
             )
+        if missed:
+            now = time.time()
+            self._watch({answer.address: now for answer in missed})
+
+    # ---------------------------------------------------------------- outages
+
+    def on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        """A message sent again because its lock server was unreachable (`OUTAGE_HEADER`):
+        counted, and the servers watched until they answer (then logged)."""
+        if request is None or not self._ours(sender):
+            return
+        state = _outage_header(request)
+        if state is None:
+            return
+        self.outages.count(state)
+        self._watch({})
+
+    def _watch(self, unreachable: Mapping[str, float]) -> None:
+        """Ping the lock servers from a thread until every one answers, logging each that
+        answers again (``unreachable``: found so just now, with since when)."""
+        with self._watch_guard:
+            for address, since in unreachable.items():
+                self.unreachable.setdefault(address, since)
+            if self._watching:
+                return
+            self._watching = True
+        threading.Thread(
+            target=self._watch_servers, name="dflock-servers-watch", daemon=True
+        ).start()
+
+    def _watch_servers(self) -> None:
+        leave_signals_to_the_main_thread()
+        with self._watch_guard:
+            down = ", ".join(sorted(self.unreachable)) or "(a run met one unreachable)"
+        logger.info("dflock: watching for lock servers to answer again: %s", down)
+        pause = WATCH_FIRST_PAUSE_S
+        try:
+            while True:
+                time.sleep(pause)
+                pause = min(pause * 2, WATCH_MAX_PAUSE_S)
+                try:
+                    with get_config(self.app).new_client() as client:
+                        answers = client.ping()
+                except (DflockError, OSError):
+                    continue
+                now = time.time()
+                with self._watch_guard:
+                    for answer in answers:
+                        if not answer.reachable:
+                            self.unreachable.setdefault(answer.address, now)
+                            continue
+                        since = self.unreachable.pop(answer.address, None)
+                        if since is not None:
+                            logger.warning(
+                                "dflock: lock server %s is reachable again (found unreachable "
+                                "%.0f s ago); runs waiting for it go on",
+                                answer.address,
+                                now - since,
+                            )
+                    if not self.unreachable:
+                        return
+        finally:
+            with self._watch_guard:
+                self._watching = False
+
+    def outage_report(self) -> dict[str, object]:
+        """What ``celery inspect dflock_outages`` answers for this worker."""
+        with self._watch_guard:
+            unreachable = dict(self.unreachable)
+        return {**self.outages.as_json(), "unreachable_since": unreachable}
 
     def on_worker_process_init(self, **_: Any) -> None:
         # Sent in each prefork child after the fork, and also by the solo pool in the worker's
@@ -281,6 +373,29 @@ class _Hooks:
                         "dflock: released %r left by dead pool child %s", entry.get("key"), pid
                     )
             records.forget(path, entry)
+
+
+def _outage_header(request: Any) -> OutageState | None:
+    """The `OUTAGE_HEADER` of a request the worker's main process received (its headers are
+    in ``request_dict`` there, attributes only in the run's context)."""
+    found = getattr(request, "request_dict", None)
+    if isinstance(found, Mapping):
+        state = parse_outage(cast("Mapping[str, object]", found).get(OUTAGE_HEADER))
+        if state is not None:
+            return state
+    return outage_of(request)
+
+
+def _register_outages_command() -> None:
+    """Register `OUTAGES_COMMAND` with Celery's remote control (once per process; Celery
+    keeps the registry)."""
+
+    def dflock_outages(state: Any, **_: Any) -> dict[str, object]:
+        """Lock-server outages this worker met: outage retries, servers unreachable."""
+        hooks = getattr(getattr(state.consumer, "app", None), _HOOKS_ATTR, None)
+        return hooks.outage_report() if isinstance(hooks, _Hooks) else {}
+
+    inspect_command(name=OUTAGES_COMMAND)(dflock_outages)
 
 
 def install_hooks(app: Any, locked_task: type[Any]) -> None:

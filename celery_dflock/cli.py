@@ -20,6 +20,7 @@ from __future__ import annotations
 import getpass
 import json
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
@@ -29,6 +30,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from celery_dflock._holds import beat_pid, note_parts
+from celery_dflock._worker_hooks import OUTAGES_COMMAND
 from celery_dflock.client.clients import (
     FEATURE_FENCE,
     FEATURE_HELLO,
@@ -395,13 +397,74 @@ def dflock() -> None:
     """Inspect the dflockd lock servers this app uses (dflock_servers)."""
 
 
+WORKERS_TIMEOUT_S: Final = 1.0
+"""How long ``status --workers`` waits for the workers' answers."""
+
+
+def ask_workers(app: Any, timeout_s: float = WORKERS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
+    """Each running worker's answer to `OUTAGES_COMMAND` (through the broker), by name."""
+    replies = cast(
+        "list[dict[str, dict[str, Any]]]",
+        app.control.broadcast(OUTAGES_COMMAND, reply=True, timeout=timeout_s) or [],
+    )
+    return {name: answer for reply in replies for name, answer in reply.items()}
+
+
+def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
+    """One line per worker: the outage retries it received (runs sent again because their
+    lock server was unreachable), the longest such outage, and the servers it cannot reach."""
+    if not workers:
+        return "workers: none answered (is one running, on this broker?)"
+    lines: list[str] = []
+    for name, answer in sorted(workers.items()):
+        retries = _number(answer.get("outage_retries")) or 0
+        line = f"{name}: {retries:.0f} outage retries"
+        last = _number(answer.get("last_outage_retry_at"))
+        if last is not None:
+            longest = _number(answer.get("longest_outage_s")) or 0
+            line += f" (last {now - last:.0f} s ago, longest outage {longest:.0f} s)"
+        since = answer.get("unreachable_since")
+        if isinstance(since, dict) and since:
+            down = cast("dict[str, float]", since)
+            line += "; cannot reach " + ", ".join(
+                f"{address} (for {now - float(at):.0f} s)" for address, at in sorted(down.items())
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
 @dflock.command(cls=CeleryCommand)
 @_JSON
+@click.option(
+    "--workers",
+    "with_workers",
+    is_flag=True,
+    help=(
+        "Also ask the running workers (through the broker, 1 s) about the lock-server "
+        "outages they met: outage retries, servers they cannot reach."
+    ),
+)
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
+def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     """Per server: reachable or not, connections, held locks and waiters, restart grace and
-    journal."""
-    _run(ctx, as_json, format_status)
+    journal; with --workers, each worker's outage retries."""
+    if not with_workers:
+        _run(ctx, as_json, format_status)
+        return
+    obj: Any = ctx.obj
+    workers = ask_workers(obj.app)
+    now = time.time()
+    _answer(
+        ctx,
+        as_json,
+        collect,
+        json_of=lambda reports: {
+            "servers": [r.as_json() for r in reports],
+            "workers": workers,
+        },
+        render=lambda reports: format_status(reports) + "\n" + format_outages(workers, now),
+        ok=lambda r: r.reachable,
+    )
 
 
 @dflock.command(cls=CeleryCommand)

@@ -8,6 +8,8 @@ has the same names with the same meaning:
 - `OpLock`: serializes a lock object's acquire, renew and release;
 - `Event`: the lock's ``lost_event``;
 - `call_back`: runs ``on_lost`` (here a coroutine function's result is awaited);
+- `background`: runs a release the server was not there for, beside the caller (here a task of
+  the running loop; `Background` is its kind);
 - `AsyncRenewalDriver`: renews a held lock and notices when the server closes its connection;
 - `AsyncPoolBase`: what a pool of this kind checks before each use.
 
@@ -32,7 +34,16 @@ from celery_dflock.client._pooling import PoolBase as SharedPoolBase
 from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
 from celery_dflock.client.errors import DflockError
 
-__all__ = ["AsyncPoolBase", "AsyncRenewalDriver", "Event", "OpLock", "call_back", "pause"]
+__all__ = [
+    "AsyncPoolBase",
+    "AsyncRenewalDriver",
+    "Background",
+    "Event",
+    "OpLock",
+    "background",
+    "call_back",
+    "pause",
+]
 
 logger: Final = logging.getLogger("celery_dflock.client")
 
@@ -46,6 +57,15 @@ T = TypeVar("T")
 
 pause = asyncio.sleep
 """Wait before trying again (a cluster's ``error_unavailable``): the task sleeps."""
+
+Background = asyncio.Task[None]
+"""What `background` started (kept by its lock object, so the task is not collected)."""
+
+
+def background(work: Callable[[], Coroutine[object, object, None]], name: str) -> Background:
+    """Run ``work()`` beside the caller, which does not wait for it: a task of the running
+    loop."""
+    return asyncio.get_running_loop().create_task(work(), name=name)
 
 
 async def call_back(callback: Callable[[T], object], arg: T) -> None:

@@ -66,7 +66,7 @@ _DOING: Final[dict[Command, str]] = {
     Command.PING: "a ping",
     Command.HELLO: "a hello",
     Command.SHARDS: "a shards request",
-    Command.HOLD: "a hold",
+    Command.HOLD: "an acquire or a hold",
     Command.NOTE: "a note",
     Command.TAKE: "a take-over",
     Command.HAND_DOWN: "a hand-down",

@@ -26,7 +26,16 @@ from celery_dflock.client._pooling import PoolBase as SharedPoolBase
 from celery_dflock.client._renewal import Renewal, Renewer
 from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
 
-__all__ = ["Event", "OpLock", "PoolBase", "RenewalDriver", "call_back", "pause"]
+__all__ = [
+    "Background",
+    "Event",
+    "OpLock",
+    "PoolBase",
+    "RenewalDriver",
+    "background",
+    "call_back",
+    "pause",
+]
 
 logger: Final = logging.getLogger("celery_dflock.client")
 
@@ -44,6 +53,18 @@ T = TypeVar("T")
 
 pause = time.sleep
 """Wait before trying again (a cluster's ``error_unavailable``): the thread sleeps."""
+
+Background = threading.Thread
+"""What `background` started."""
+
+
+def background(work: Callable[[], None], name: str) -> Background:
+    """Run ``work()`` beside the caller, which does not wait for it: a daemon thread (a
+    process that exits does not wait for it either; what it was doing is bounded by a lease
+    anyway)."""
+    thread = threading.Thread(target=work, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def call_back(callback: Callable[[T], object], arg: T) -> None:

@@ -499,14 +499,22 @@ def test_autoretry_for_covers_an_outage_of_the_lock_server() -> None:
     assert len(fences) == 1 and fences[0] is not None  # ran once, under a lock
 
 
-def test_without_autoretry_for_an_outage_fails_the_run() -> None:
+def test_without_autoretry_for_an_outage_fails_an_eager_run_after_its_wait() -> None:
+    """An eager run has no message to send again: it waits for the server within its
+    lock_timeout (reconnecting), then fails saying so and what to do (issue 49)."""
     port = free_port()
     app = make_app("outage2", task_always_eager=True, servers=f"127.0.0.1:{port}")
 
-    @app.task(shared=False, base=LockedTask, lock_key="outage", autoretry_for=(KeyError,))
+    @app.task(
+        shared=False, base=LockedTask, lock_key="outage", autoretry_for=(KeyError,), lock_timeout=1
+    )
     def job() -> None:
         raise AssertionError("never runs unlocked")
 
     result = job.apply()
     assert result.state == "FAILURE"
     assert isinstance(result.result, ServerUnavailable)
+    message = str(result.result)
+    assert f"the lock server at 127.0.0.1:{port}" in message
+    assert "no message to send again" in message
+    assert "Start the lock server" in message

@@ -70,23 +70,27 @@ def rig(tmp_path_factory: pytest.TempPathFactory, dflockd_child: DflockdChild) -
 def test_a_send_the_server_never_answered_leaves_no_hold(
     rig: Rig, dflockd_child: DflockdChild
 ) -> None:
-    """The lock server stopped (SIGSTOP) during ``delay()``: the send raises
-    ServerUnavailable and sends nothing; once the server runs again the key is free (it was
-    held for lock_pending_ttl, 300 s, by a task id never sent), and a new send runs."""
+    """The lock server stopped (SIGSTOP) during ``delay()`` (issue 49: an outage at publish):
+    with ``on_duplicate="raise"`` the send raises ServerUnavailable and sends nothing; with
+    the default ``"return"`` the task is sent without a hold, logged, and its run takes the
+    key when the server is back. Either way no hold is left behind (one was held for
+    lock_pending_ttl, 300 s, by a task id never sent), and each run sent runs once."""
     warm = unique("warm")  # the publisher's pooled connection is open (hello done)
     assert rig.tasks["once"].delay(warm).get(timeout=RESULT_TIMEOUT_S) == warm
-    name = unique("stalled")
-    key = f"once:{name}"
+    name, refused = unique("stalled"), unique("stalled-raise")
     dflockd_child[0].send_signal(signal.SIGSTOP)
     try:
-        with pytest.raises(ServerUnavailable):
-            rig.tasks["once"].delay(name)
+        with pytest.raises(ServerUnavailable, match="nothing was sent"):
+            rig.tasks["once_raise"].delay(refused)
+        sent = rig.tasks["once"].delay(name)
     finally:
         dflockd_child[0].send_signal(signal.SIGCONT)
+    key = f"once:{refused}"
     assert rig.key_free(key, FREE_WAIT_S), "a send that raised ServerUnavailable left its key held"
+    assert sent.get(timeout=RESULT_TIMEOUT_S) == name
     again = rig.tasks["once"].delay(name)
     assert again.get(timeout=RESULT_TIMEOUT_S) == name
-    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [again.id]
+    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [sent.id, again.id]
 
 
 # ------------------------------------------------------------------------ canvas

@@ -1,7 +1,8 @@
 """Holders reattach (issue 26): a held lock whose connection closes is not lost for that; it
 reconnects to its server and renews by token there while its lease runs, and is lost only when
 that renewal is refused or the lease runs out first. `release()` on a broken connection
-reconnects and releases by token.
+reconnects and releases by token; when the server is not there, it returns at once and the
+release goes on in the background while the lease runs (issue 49).
 
 Each body runs on both faces (``face``: the blocking lock's calls run in a thread), lock and
 semaphore. A server that keeps a lock across a connection loss is, until the journal, one
@@ -44,6 +45,8 @@ SHORT_LEASE_S = 3
 RENEWED_LEASE_S = 2
 """Renewed every second."""
 TOLD_WITHIN_S = 10.0
+RELEASE_LEASE_S = 8
+"""Long enough that a release that waited for it is told from one that did not."""
 TOKEN = "0123456789abcdef" * 2
 
 faces = pytest.mark.parametrize("face", ["blocking", "asyncio"])
@@ -149,9 +152,11 @@ def holders(server: ServerThread, key: str = "held") -> int:
     return len(locks) + sum(int(entry["holders"]) for entry in sems)
 
 
-async def eventually(predicate: Callable[[], object], *, what: str) -> None:
+async def eventually(
+    predicate: Callable[[], object], *, what: str, timeout: float = TOLD_WITHIN_S
+) -> None:
     """`wait_until` without blocking the event loop (the asyncio face works on it)."""
-    await asyncio.to_thread(wait_until, predicate, what=what)
+    await asyncio.to_thread(wait_until, predicate, what=what, timeout=timeout)
 
 
 @pytest.fixture
@@ -352,15 +357,28 @@ async def test_the_lock_is_lost_when_the_lease_runs_out_before_the_server_is_bac
 
 
 @faces
-async def test_release_gives_up_when_the_lease_runs_out_first(
+async def test_release_returns_at_once_and_gives_up_in_the_background_when_the_lease_runs_out(
     dflock_server_factory: ServerFactory, face: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The server goes away and does not come back: `release` returns at once (issue 49: a
+    caller never waits out an outage to let go; before, it returned only once the lease had
+    run out), the lock object is free, and the background release gives up, logged, when
+    the lease has run out."""
+    caplog.set_level(logging.INFO, logger="celery_dflock.client")
     server = dflock_server_factory(auto_release_on_disconnect=False)
-    async with holder(face, "lock", server.address, lease_ttl_s=SHORT_LEASE_S) as lock:
+    async with holder(face, "lock", server.address, lease_ttl_s=RELEASE_LEASE_S) as lock:
         assert await lock.acquire()
         server.stop()
         assert await lock.release() is False
-        assert "could not be reached before the lease ran out" in caplog.text
+        gave_up = "could not be reached before the lease ran out"
+        assert gave_up not in caplog.text  # returned before the lease ran out
+        assert "releasing in the background" in caplog.text
+        assert not lock.lock.locked() and lock.lost_calls == []
+        await eventually(
+            lambda: gave_up in caplog.text,
+            what="the background gave up",
+            timeout=RELEASE_LEASE_S + TOLD_WITHIN_S,
+        )
 
 
 # ---------------------------------------------------------------------- the core's decisions
@@ -444,7 +462,7 @@ async def test_holders_keep_their_locks_across_a_killed_and_restarted_server(
     """SIGKILL of a real ``dflockd`` with a state directory, started again on the same port
     and directory: it restores the leases from its journal, each holder (both faces) renews
     by token on a new connection and keeps its lock, and a `release` called while the server
-    was down reconnects and is confirmed."""
+    was down returns at once and is confirmed in the background once the server is back."""
     cert, key = tls_files
     args = ["--state-dir", str(tmp_path / "state")]
     if transport == "tls":
@@ -484,10 +502,19 @@ async def test_holders_keep_their_locks_across_a_killed_and_restarted_server(
             proc.kill()
             proc.wait()
         kept, freed = locks[:2], locks[2:]
-        releasing = [asyncio.ensure_future(lock.release()) for lock in freed]
-        await asyncio.sleep(0)
+        # Released while the server is down: each returns at once (issue 49), and its
+        # release goes on in the background, confirmed once the server is back.
+        assert [await lock.release() for lock in freed] == [False, False]
         with dflockd_subprocess(log, *args, port=address[1]):
-            assert [await release for release in releasing] == [True, True]
+            if kind == "semaphore":
+                await eventually(
+                    lambda: free(address, keys[0]) == 2, what="the background releases"
+                )
+            else:
+                for key in keys[2:]:
+                    await eventually(
+                        lambda key=key: free(address, key) == 1, what="the background release"
+                    )
             for lock, token in zip(kept, tokens[:2], strict=True):
                 assert await lock.renew()
                 assert lock.token == token and not lock.lost

@@ -16,8 +16,10 @@ same server and renews by token there, pausing briefly between attempts, for as 
 lease it last confirmed still runs; the new connection is pinned. A lock that cannot be renewed
 is *lost*: the renewal was refused (``error``: the server no longer holds it), or the lease ran
 out before the server could be reached. Then `lost` turns True, `lost_event` is set,
-``on_lost(lock)`` runs once, and a warning is logged. `release` on a broken connection likewise
-reconnects and releases by token.
+``on_lost(lock)`` runs once, and a warning is logged. `release` on a broken connection
+reconnects once and releases by token; when the server is not there (down, restarting, draining),
+the release goes on in the background (reconnecting while the lease runs; the lease is the
+backstop) and `release` returns at once: a caller never waits out an outage to let go.
 
 An interrupted request (a timeout, an exception, a cancellation) closes its connection, which is
 never reused out of step; an interrupted release closes the pinned connection, so the server
@@ -26,6 +28,7 @@ frees the lock rather than keep it without renewal.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -39,7 +42,15 @@ from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build
-from celery_dflock.client._sync_backend import Event, OpLock, RenewalDriver, call_back, pause
+from celery_dflock.client._sync_backend import (
+    Background,
+    Event,
+    OpLock,
+    RenewalDriver,
+    background,
+    call_back,
+    pause,
+)
 from celery_dflock.client.errors import AuthError, DflockError, LockNotOwned
 from celery_dflock.client.protocol import Reply
 
@@ -80,6 +91,7 @@ class HeldLock:
         self._driver = RenewalDriver(self, pool)
         self._lost_event: Event | None = None  # made on first use (see lost_event)
         self._lost_event_guard = threading.Lock()
+        self._releasing: Background | None = None  # a release the server was not there for
 
     @classmethod
     def _of(
@@ -352,16 +364,24 @@ class HeldLock:
         return outcome
 
     def _request_held(
-        self, conn: Connection | None, build: Build
+        self,
+        conn: Connection | None,
+        build: Build,
+        *,
+        core: LockCore | None = None,
+        once: bool = False,
     ) -> tuple[Reply, Connection, bool] | None:
         """Send the request ``build`` makes about the held grant (a release or a hand-off by
         token; operation lock held, renewal stopped) on ``conn``, or, when it is None or
         breaks or the server drains, on a new connection to the lock's server, pausing
         between attempts while the lease runs. Returns the reply, the connection it came on,
         and whether an earlier attempt may have reached the server (its answer lost); None
-        when the lease ran out before the server answered."""
-        core = self._core
+        when the lease ran out before the server answered, or (``once``) when the first
+        attempt on a new connection did not get an answer. ``core``: the grant's (a release
+        handed to the background has a copy of its own; default: the lock's)."""
+        core = self._core if core is None else core
         retried = False
+        fresh = conn is None
         while True:
             detail = "unreachable"
             if conn is None:
@@ -384,8 +404,9 @@ class HeldLock:
                 conn = None
             core.connection_broke(detail)
             wait_s = core.reattach_pause(detail)
-            if wait_s is None:
+            if wait_s is None or (once and fresh):
                 return None
+            fresh = True
             pause(wait_s)
 
     def _notify_lost(self) -> None:
@@ -420,9 +441,13 @@ class HeldLock:
         """Release the lock; True if the server confirmed it. Idempotent.
 
         Stops the renewal first (waiting for one in flight). When its connection broke, it
-        reconnects to the lock's server and releases by token there, pausing between attempts
-        while the lease runs; False (logged) if the server could not be reached before the
-        lease ran out. False when nothing was held or the lock was lost. If the server no
+        reconnects to the lock's server once and releases by token there. When the server
+        does not answer (down, restarting, draining), the release is handed to the background
+        and this returns False at once (logged): the background goes on reconnecting and
+        releasing by token while the lease runs, and the lease frees the key if the server
+        stays away longer; the lock object is free to acquire again meanwhile (its next grant
+        comes after the old one is released or has run out). False when nothing was held or
+        the lock was lost. If the server no
         longer held the grant (its lease ran out unnoticed, e.g. while the process was paused,
         or it was freed with a closed connection), the lock was lost before this release: it
         is reported as lost (`lost`, `lost_event`, ``on_lost``) first. Leaves a queue after
@@ -474,10 +499,47 @@ class HeldLock:
         if core.lost:
             return self._let_go(conn)
         try:
-            sent = self._request_held(self._unless_broken(conn), lambda _: core.release_request())
+            sent = self._request_held(
+                self._unless_broken(conn), lambda _: core.release_request(), once=True
+            )
         except BaseException:
             core.reset()  # interrupted: the request closed the connection
             raise
+        if sent is None:
+            self._release_later()
+            return False
+        reply, conn, retried = sent
+        released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
+        self._checkin(conn)
+        return released
+
+    def _release_later(self) -> None:
+        """The server did not answer the release (operation lock held): hand it, with a copy
+        of the grant, to the background, which reconnects and releases by token while the
+        lease runs; the lock object itself is done with the grant (reset) at once."""
+        core = self._core
+        later = copy.copy(core)
+        core.reset()
+        logger.info(
+            "releasing dflock %s: the lock server at %s did not answer (%s); releasing in the "
+            "background while the lease runs (%.1f s left), the caller goes on",
+            later.what,
+            later.endpoint.address,
+            redact(later.broken or "unreachable"),
+            max(0.0, later.lease_left()),
+        )
+        self._releasing = background(
+            lambda: self._release_in_background(later), f"dflock-release:{later.key}"
+        )
+
+    def _release_in_background(self, core: LockCore) -> None:
+        """`_release_later`'s work: release ``core``'s grant by token, pausing between
+        attempts while its lease runs; what came of it is logged (nobody waits for it)."""
+        try:
+            sent = self._request_held(None, lambda _: core.release_request(), core=core)
+        except Exception:
+            logger.exception("unexpected error releasing dflock %s in the background", core.what)
+            return
         if sent is None:
             logger.warning(
                 "releasing dflock %s: the lock server at %s could not be reached before the "
@@ -486,12 +548,16 @@ class HeldLock:
                 core.endpoint.address,
                 redact(core.broken or "unreachable"),
             )
-            core.reset()
-            return False
-        reply, conn, retried = sent
-        released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
+            return
+        reply, conn, _ = sent
+        # Sent again after an attempt that got no answer: a refusal proves no loss.
+        if core.on_release_reply(reply, retried=True):
+            logger.info(
+                "dflock %s: released in the background, the lock server at %s answering again",
+                core.what,
+                core.endpoint.address,
+            )
         self._checkin(conn)
-        return released
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"

@@ -205,6 +205,16 @@ def end_block(self: LockedTask, name: str, seconds: float = BLOCK_LIMIT_S) -> st
     return name
 
 
+@app.task(bind=True, base=LockedTask, lock_key="slow:{name}", lock_ttl=60)
+def slow_body(self: LockedTask, name: str, seconds: float) -> str:
+    """A body of ``seconds`` under a 60 s lease (a release that waited for the lease would
+    hold its pool slot that long)."""
+    record("body", name=name, fence=_fence(self))
+    time.sleep(seconds)
+    record("body_done", name=name)
+    return name
+
+
 # ----------------------------------------------------------------------- lost locks
 
 
