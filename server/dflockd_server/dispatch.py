@@ -245,6 +245,9 @@ class Session:
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
         table = self.table
+        journal = table.journal
+        if journal is not None and not journal.writable:
+            return p.REPLY_ERROR_UNAVAILABLE  # no grant the journal cannot hold
         table.asking = self.asking
         try:
             got = table.acquire(
@@ -287,6 +290,9 @@ class Session:
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
         table = self.table
+        journal = table.journal
+        if journal is not None and not journal.writable:
+            return p.REPLY_ERROR_UNAVAILABLE  # no grant the journal cannot hold
         table.asking = self.asking
         try:
             got = table.hold(
@@ -311,6 +317,8 @@ class Session:
         req = self._decode(cmd, key, arg)
         if req is None or req.note is None:
             return p.REPLY_ERROR
+        if self._unwritable():
+            return p.REPLY_ERROR_UNAVAILABLE
         return p.REPLY_OK if self.table.set_note(req.key, req.token, req.note) else p.REPLY_ERROR
 
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -326,6 +334,8 @@ class Session:
             return self._too_long(on_close)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        if self._unwritable():
+            return p.REPLY_ERROR_UNAVAILABLE  # a rebinding the journal cannot hold
         try:
             taken = self.table.take(
                 self.client, req.key, req.token, lease, note=req.note, on_close=on_close
@@ -345,6 +355,8 @@ class Session:
             return self._too_long(req.lease)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        if self._unwritable():
+            return p.REPLY_ERROR_UNAVAILABLE  # a rebinding the journal cannot hold
         try:
             done = self.table.hand_down(req.key, req.token, req.lease)
         except _REFUSALS as exc:
@@ -380,6 +392,11 @@ class Session:
             return self._too_long(lease)
         if not self.host.may_hold(name):
             return p.REPLY_ERROR  # a fenced member, or not its shard: the holder sees the loss
+        journal = self.table.journal
+        if journal is not None and not journal.writable and not journal.mark_removed:
+            # Answered unrecorded, a renewal could outlive what a restart would restore: only
+            # once the journal's complete mark is gone (see journal's doc), else refused.
+            return p.REPLY_ERROR_UNAVAILABLE
         try:
             remaining = self.table.renew(name, token, lease or self.default_lease, self.client)
         except _REFUSALS as exc:
@@ -395,6 +412,8 @@ class Session:
             return self._too_long(req.lease)
         if (refused := self._check(req.key)) is not None:
             return refused
+        if self._unwritable():
+            return p.REPLY_ERROR_UNAVAILABLE  # no grant the journal cannot hold
         if self.moved:
             self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
         self.table.asking = self.asking
@@ -447,6 +466,11 @@ class Session:
         if self.asking:
             return self.host.asked_check(key)
         return check(key)
+
+    def _unwritable(self) -> bool:
+        """The lease journal cannot be written now: nothing needing a record is done."""
+        journal = self.table.journal
+        return journal is not None and not journal.writable
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         return p.REPLY_OK
@@ -549,9 +573,10 @@ def _refusal(exc: Exception) -> bytes:
         return p.REPLY_ERROR_LIMIT_MISMATCH
     if isinstance(exc, AlreadyEnqueued):
         return p.REPLY_ERROR_ALREADY_ENQUEUED
-    # FenceStateError: the server's fault, not the client's: say so loudly.
+    # FenceStateError: the server's fault, not the client's: say so loudly, and answer that it
+    # cannot serve this now (its state cannot be written), not that the request was wrong.
     log.error("cannot issue a token: %s", exc)
-    return p.REPLY_ERROR
+    return p.REPLY_ERROR_UNAVAILABLE
 
 
 _ROUTES: Final[dict[bytes, _Route]] = Session.route_table()
