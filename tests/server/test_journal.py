@@ -131,7 +131,9 @@ def test_a_journal_without_its_complete_mark_restores_the_longest_lease_from_now
     """Renewals answered while the journal could not be written are not in it: the restored
     end must not come before theirs, whatever the recorded ``until`` says."""
     read = read_journal(write(tmp_path, journal_bytes("G aaaa k 1 0 20 1001000 c -")))
-    got = restored_leases(read, complete=False, run_longest=33, monotonic_ms=30_500, this_boot="b00t")
+    got = restored_leases(
+        read, complete=False, run_longest=33, monotonic_ms=30_500, this_boot="b00t"
+    )
     assert [left for _, left in got.leases] == [33.0] and got.grace_s == 0
 
 
