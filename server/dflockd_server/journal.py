@@ -463,7 +463,7 @@ class Journal:
         clock: Callable[[], float],
         *,
         record_renewals: bool = True,
-        fsync_file: Callable[[int], None] = os.fsync,
+        fsync_file: Callable[[int], None] | None = None,
         fsync_dir: Callable[[str], None] | None = None,
     ) -> None:
         if fsync not in FSYNC_MODES:
@@ -473,7 +473,7 @@ class Journal:
         self.record_renewals = record_renewals
         """Every renewal writes a record (see the module's doc); False: benchmarks' A only."""
         self._clock = clock
-        self._fsync_file = fsync_file
+        self._fsync_file = os.fsync if fsync_file is None else fsync_file
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
         self.buf: list[bytes] = []
         """Records not written yet (``flush`` writes them)."""
