@@ -36,8 +36,10 @@ How long it runs from the restart depends on what the file can prove:
   the run recorded)`` from the restart. A renewal answered before the crash ended at most one
   such lease after it, and the crash came before the restart.
 - **another boot** (or a boot id that cannot be read): the wall clock cannot be trusted across a
-  boot (it may have been stepped either way), so nothing is measured with it: each lease runs
-  its full recorded lease from the restart. If the file was not fsynced at each reply
+  boot (it may have been stepped either way), so nothing is measured with it: each lease runs a
+  full lease from the restart, the longest of its own and the longest the run recorded (which
+  is fsynced before any longer lease is granted or renewed: a renewal's record is not fsynced
+  even with ``always``, see ``flush``). If the file was not fsynced at each reply
   (``--journal-fsync`` other than ``always``) and not closed by a graceful stop, the last
   records may be lost with the machine's crash, so the start also grants nothing for the
   longest lease the run recorded (the restart grace, ``state``).
@@ -107,6 +109,10 @@ log = logging.getLogger("dflockd_server")
 FSYNC_MODES = ("always", "everysec", "no")
 VERSION = "2"
 """Written in the header; version 1 (no fsync field) is read too."""
+RECORD_RENEWALS = True
+"""Whether a journal records every renewal (``Journal``'s default). Never changed by the
+server: benchmarks/journal.py's ``--renewals`` A sets it to False in its own child process, to
+measure what the records cost against the cover they replaced."""
 COMPLETE_SUFFIX = ".complete"
 """The mark beside the journal: present while every renewal answered is in the file."""
 COMPACT_MIN_BYTES = 4 * 1024 * 1024
@@ -378,10 +384,10 @@ def restored_leases(
         floor = run_longest
     elif complete and durable:
         how = (
-            "another boot (the wall clock is not trusted across a boot): each lease for its "
-            "full recorded lease from now"
+            "another boot (the wall clock is not trusted across a boot): each lease for the "
+            f"longest of its own and {run_longest} s (the longest the run recorded) from now"
         )
-        floor = 0
+        floor = run_longest
     else:
         how = (
             "another boot (the wall clock is not trusted across a boot), and the journal was "
@@ -440,6 +446,7 @@ class Journal:
         "_fd_lock",
         "_fsync_dir",
         "_fsync_file",
+        "_must_sync",
         "_size",
         "_sync_error",
         "_synced",
@@ -462,7 +469,7 @@ class Journal:
         fsync: str,
         clock: Callable[[], float],
         *,
-        record_renewals: bool = True,
+        record_renewals: bool | None = None,
         fsync_file: Callable[[int], None] | None = None,
         fsync_dir: Callable[[str], None] | None = None,
     ) -> None:
@@ -470,7 +477,7 @@ class Journal:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.path = path
         self.fsync = fsync
-        self.record_renewals = record_renewals
+        self.record_renewals = RECORD_RENEWALS if record_renewals is None else record_renewals
         """Every renewal writes a record (see the module's doc); False: benchmarks' A only."""
         self._clock = clock
         self._fsync_file = os.fsync if fsync_file is None else fsync_file
@@ -481,6 +488,9 @@ class Journal:
         """Writes to the file so far (``flush``, ``_replace``)."""
         self._synced = 0
         """``_written`` as it was before the last fsync that succeeded."""
+        self._must_sync = False
+        """The buffer holds a record that ``always`` fsyncs before its reply (a grant, a
+        move, a note; not a renewal's or a release's: see ``flush``)."""
         self._sync_error: OSError | None = None
         """A background fsync failed (read by the next ``flush``, on the loop)."""
         self.stats = JournalStats()
@@ -543,6 +553,7 @@ class Journal:
             limit_kind = f" {state.limit} {1 if state.is_sem else 0} "
         mode = self._mode(detached, on_close)
         tail = "" if note is None else " " + note
+        self._must_sync = True
         # its end (the same float: nothing allocated), or expires_at + lease without one
         holder.covered = expires_at if self.record_renewals else AS_RECORDED
         return _framed(
@@ -573,10 +584,12 @@ class Journal:
         if note is not None:
             payload += " " + note
         self.buf.append(_line(payload))
+        self._must_sync = True
         return expires_at if self.record_renewals else expires_at + longest
 
     def note(self, token: str, note: str | None) -> None:
         self.buf.append(_line(f"N {token}" if note is None else f"N {token} {note}"))
+        self._must_sync = True
 
     def drop(self, token: str) -> None:
         self.buf.append(drop_record(token))
@@ -683,7 +696,8 @@ class Journal:
         return refused
 
     def flush(self) -> None:
-        """Write the buffered records (one ``os.write``); with ``always``, fsync too. Called
+        """Write the buffered records (one ``os.write``); with ``always``, fsync too when they
+        hold a grant, a move or a note. Called
         before the replies that follow the records are sent (the server's group write, or a
         connection alone in its turns), and by the sweep for records no reply follows
         (expiries, disconnects). Raises nothing: a failure makes the journal not ``writable``
@@ -717,7 +731,13 @@ class Journal:
         self._size += len(data)
         self._written += 1
         self.stats.writes += 1
-        if self.fsync == "always":
+        if self.fsync == "always" and self._must_sync:
+            # A batch of renewals and releases only is written, not fsynced: within a boot
+            # the file as the kernel has it is what a restart reads, and after a crash of the
+            # machine no restore reads a renewal's end (each lease runs its full lease, at
+            # least the longest recorded, fsynced before any longer lease is answered), and a
+            # lost release only keeps a lease for one lease more.
+            self._must_sync = False
             try:
                 self._fsync_file(fd)
             except OSError as exc:
