@@ -69,8 +69,11 @@ def refusal_error(
         return errors.LockNotOwned(f"{what} is not enqueued on {where}: call enqueue() first")
     if code == wire.STATUS_ERROR_UNAVAILABLE:
         return errors.ServerUnavailable(
-            f"no cluster member serves {what} right now ({where} answered "
-            f"{code!r} to {command.label}: its shard is changing hands); retry shortly"
+            f"server {where} cannot serve {what} right now (it answered {code!r} to "
+            f"{command.label}): in a cluster, the key's shard is changing hands; otherwise the "
+            "server cannot write its lease journal (a full or failing disk under its "
+            "--state-dir) and grants nothing new until it can, while every lock held stays "
+            "held; retry shortly"
         )
     lease = ""
     if lease_ttl_s is not None and code == wire.STATUS_ERROR:

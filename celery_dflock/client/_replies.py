@@ -166,9 +166,10 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.HELLO: _COMMON_ERRORS,
     Command.SHARDS: _COMMON_ERRORS,
     Command.HOLD: _LOCK_ERRORS,
-    Command.NOTE: _COMMON_ERRORS,
-    Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
-    Command.HAND_DOWN: _COMMON_ERRORS,
+    # The server cannot write its lease journal now (a full disk): retry shortly.
+    Command.NOTE: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
+    Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_UNAVAILABLE},
+    Command.HAND_DOWN: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
     Command.ASKING: _COMMON_ERRORS,
 }
 _MOVABLE: Final = frozenset(

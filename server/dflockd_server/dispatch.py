@@ -259,7 +259,7 @@ class Session:
                 queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
         if got is None:
             return p.REPLY_TIMEOUT
         if type(got) is Holder:
@@ -304,7 +304,7 @@ class Session:
                 queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
         if got is None:
             return p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
@@ -395,8 +395,9 @@ class Session:
         journal = self.table.journal
         if journal is not None and not journal.writable and not journal.mark_removed:
             # Answered unrecorded, a renewal could outlive what a restart would restore: only
-            # once the journal's complete mark is gone (see journal's doc), else refused.
-            return p.REPLY_ERROR_UNAVAILABLE
+            # once the journal's complete mark is gone (see journal's doc), else refused (the
+            # holder sees its lock lost; the server keeps it to its lease's end).
+            return p.REPLY_ERROR
         try:
             remaining = self.table.renew(name, token, lease or self.default_lease, self.client)
         except _REFUSALS as exc:
@@ -422,7 +423,7 @@ class Session:
                 self.client, req.key, req.lease or self.default_lease, req.limit
             )
         except _REFUSALS as exc:
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
         holder = waiter.holder
         if holder is None:
             return p.REPLY_QUEUED
@@ -449,7 +450,7 @@ class Session:
                 table.cancel_wait(waiter)
                 return p.REPLY_TIMEOUT
         except _REFUSALS as exc:  # a grant on the way, with no token to issue
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
         return self._later(Wait(waiter, req.timeout))
 
     def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -563,8 +564,10 @@ class Session:
         return p.REPLY_ERROR
 
 
-def _refusal(exc: Exception) -> bytes:
-    """The reply to a request the table refused (or could not serve)."""
+def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
+    """The reply to a request the table refused (or could not serve): ``cannot_record`` when
+    the server could not write its state (``FenceStateError``: ``error_unavailable`` to an
+    acquire, which clients retry; ``error`` to the rest, as before)."""
     if isinstance(exc, MaxLocks):
         return p.REPLY_ERROR_MAX_LOCKS
     if isinstance(exc, MaxWaiters):
@@ -573,10 +576,9 @@ def _refusal(exc: Exception) -> bytes:
         return p.REPLY_ERROR_LIMIT_MISMATCH
     if isinstance(exc, AlreadyEnqueued):
         return p.REPLY_ERROR_ALREADY_ENQUEUED
-    # FenceStateError: the server's fault, not the client's: say so loudly, and answer that it
-    # cannot serve this now (its state cannot be written), not that the request was wrong.
+    # FenceStateError: the server's fault, not the client's: say so loudly.
     log.error("cannot issue a token: %s", exc)
-    return p.REPLY_ERROR_UNAVAILABLE
+    return cannot_record
 
 
 _ROUTES: Final[dict[bytes, _Route]] = Session.route_table()
