@@ -44,7 +44,7 @@ from tests.faults.test_lock_faults import (
     long_hold,
     report,
 )
-from tests.faults.workload import EVENT_TIMEOUT_S, LockRun
+from tests.faults.workload import EVENT_TIMEOUT_S, Injection, LockRun, now
 
 EPISODE_S = 2.0
 """How long the state directory stays full."""
@@ -101,6 +101,7 @@ def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
         for _ in range(episodes):
             _, fence = long_hold(run.pick(), DURABLE_HOLD_S)
             aimed.append(fence)
+            run.injections.append(Injection("state dir full", now()))
             filler = fill(state)
             proc = run.server.proc
             assert proc is not None
