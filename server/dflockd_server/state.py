@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.fence import FenceStateError
 from dflockd_server.grace import GraceDecision, decide_grace, grace_path, read_longest_lease
-from dflockd_server.journal import (
+from dflockd_server.replay import (
     COMPLETE_SUFFIX,
     JournalRead,
     RecordedGrant,
@@ -114,8 +114,10 @@ class StateDir:
                 f"{where}: another dflockd (pid {owner or '?'}) is using it; two servers "
                 "cannot share a state directory: give this one its own --state-dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # The pid is only for the message above: a full disk does not stop the start.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def close(self) -> None:
