@@ -9,6 +9,7 @@ on)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -321,3 +322,34 @@ def test_with_always_a_failed_fsync_refuses_the_batch(
     journal.flush()
     assert not journal.writable
     assert journal.take_refused() == [("k", held.token)]
+
+
+def test_a_restored_lease_ends_where_its_last_renewal_put_it(tmp_path: Path) -> None:
+    """The review's case: holders' renewals were not recorded, so a restore ran a lease from
+    its grant record, up to one lease past its real end (rivals waited ~10 s for keys nobody
+    held). Now a lease restored after a kill -9 ends where its last renewal put it: never
+    before (what a client was told), and within the stated margin after (a millisecond of
+    rounding, plus the clock readings of the restart: 0.5 s here, far above both)."""
+    state = tmp_path / "state"
+    log_path = tmp_path / "dflockd.log"
+    with dflockd_subprocess(log_path, "--state-dir", str(state)) as (proc, address):
+        port = address[1]
+        with Wire(address) as holder:
+            token = holder.lock("held", lease=LEASE)
+            renew_sent = time.monotonic()
+            assert holder.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"
+            renew_replied = time.monotonic()
+            time.sleep(2.0)  # the lease runs on; a restore from the grant would add this back
+            proc.kill()
+            proc.wait(10)
+    with (
+        dflockd_subprocess(log_path, "--state-dir", str(state), port=port) as (_, address),
+        Wire(address) as probe,
+    ):
+        stats_sent = time.monotonic()
+        reply = probe.req("stats", "_", "_")
+        stats_replied = time.monotonic()
+    (lock,) = [lock for lock in json.loads(reply[3:])["locks"] if lock["key"] == "held"]
+    left = float(lock["lease_expires_in_s"])
+    assert stats_replied + left >= renew_sent + LEASE  # never before the real end
+    assert stats_sent + left <= renew_replied + LEASE + 0.5, left  # nor much after it
