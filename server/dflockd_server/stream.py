@@ -112,7 +112,10 @@ class GroupWrite:
         connections share turns now."""
         journal.flush()
         if journal.refused:
-            data = refuse_replies(data, self._undo_refused(journal))
+            tokens = self._undo_refused(journal)
+            data = refuse_replies(data, tokens)
+            for held in self.streams:  # replies of this turn held back for the group write
+                held.refuse_held(tokens)
         self.direct_left -= 1
         if self.direct_left <= 0:
             self.direct = False
