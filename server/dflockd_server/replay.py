@@ -7,8 +7,8 @@ How long it runs from the restart depends on what the file can prove:
 - **same boot, complete journal** (the file's boot id is this boot's, and the ``complete`` mark
   beside it says every renewal answered is recorded): ``min(until - now, lease)``, ``now`` on
   the file's own clock (monotonic time elapsed since the anchor, immune to any wall-clock
-  step). The restored end is the real end, within a millisecond plus the time the restart took
-  to read the clock; a grant bound to a connection with an ``<onclose>`` lease runs at least
+  step). The restored end is the real end, or a few milliseconds after it (the end is rounded
+  up to the next millisecond, and the restart reads the clock before it restores); a grant bound to a connection with an ``<onclose>`` lease runs at least
   that long (its connection closed with the old process).
 - **same boot, journal not complete** (renewals were answered while the journal could not be
   written, or an older version wrote it): each lease runs ``max(its lease, the longest lease
@@ -29,7 +29,8 @@ any renewal goes unrecorded.
 
 Damage: reading stops at the first line that does not check. A last record without its end
 of line (a write cut short by a crash of the machine) is a torn tail: dropped, and only that
-record (never acknowledged with ``always``) is lost. Any other damage (a whole line that does
+record is lost (with ``always``, never a grant that was acknowledged; a renewal's record is not
+read after a crash of the machine). Any other damage (a whole line that does
 not check, two lines run together) means records after it are unknown: the caller then applies
 a restart grace (``state``).
 """
