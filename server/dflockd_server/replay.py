@@ -8,8 +8,9 @@ How long it runs from the restart depends on what the file can prove:
   beside it says every renewal answered is recorded): ``min(until - now, lease)``, ``now`` on
   the file's own clock (monotonic time elapsed since the anchor, immune to any wall-clock
   step). The restored end is the real end, or a few milliseconds after it (the end is rounded
-  up to the next millisecond, and the restart reads the clock before it restores); a grant bound to a connection with an ``<onclose>`` lease runs at least
-  that long (its connection closed with the old process).
+  up to the next millisecond, and the restart reads the clock before it restores); a grant
+  bound to a connection with an ``<onclose>`` lease runs at least that long (its connection
+  closed with the old process).
 - **same boot, journal not complete** (renewals were answered while the journal could not be
   written, or an older version wrote it): each lease runs ``max(its lease, the longest lease
   the run recorded)`` from the restart. A renewal answered before the crash ended at most one

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -25,7 +26,7 @@ from dflockd_server import journal as journal_module
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, boot_id, read_journal
 from dflockd_server.keys import Holder
 from dflockd_server.table import LockTable
-from tests.support.servers import dflockd_subprocess
+from tests.support.servers import clean_env, dflockd_executable, dflockd_subprocess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire
 
@@ -87,6 +88,69 @@ def test_a_reboot_with_the_wall_clock_stepped_restores_every_live_lease(
         assert rival.req("l", "held", "0") == "timeout"
         text = log_path.read_text()
         assert "another boot (the wall clock is not trusted across a boot)" in text, text
+
+
+@contextlib.contextmanager
+def dflockd_after_a_reboot(tmp_path: Path, port: int, state: Path) -> Iterator[tuple[str, int]]:
+    """The real ``dflockd`` on ``port`` with ``state``, on what looks like another boot of the
+    machine: in a mount namespace of its own, a file with another boot id is bound over
+    ``/proc/sys/kernel/random/boot_id`` (root only; skipped otherwise). The server itself is
+    started as a user starts it."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("faking a reboot (a boot id in a mount namespace) needs root and unshare")
+    fake = tmp_path / "boot_id"
+    fake.write_text(str(uuid.uuid4()) + "\n")
+    script = 'mount --bind "$0" /proc/sys/kernel/random/boot_id && exec "$@"'
+    log_path = tmp_path / "rebooted.log"
+    address = ("127.0.0.1", port)
+    command = ["unshare", "-m", "sh", "-c", script, str(fake), dflockd_executable()]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [*command, "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(state)],
+            env=clean_env({}),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def listening() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(log_path.read_text())
+            with contextlib.suppress(OSError):
+                socket.create_connection(address, timeout=0.5).close()
+                return True
+            return False
+
+        wait_until(listening, timeout=15.0, what="dflockd listening after the reboot")
+        yield address
+    finally:
+        proc.kill()
+        proc.wait(10)
+    text = log_path.read_text()
+    assert "another boot" in text, text
+
+
+@pytest.mark.parametrize("fsync", ["always", "everysec"])
+def test_a_lease_outlives_a_reboot_of_the_machine(tmp_path: Path, fsync: str) -> None:
+    """Acceptance 1, with a journal the real server wrote: a lease granted, the server killed,
+    and the next start on another boot (its boot id differs, as the kernel reports it). Every
+    live lease is restored for a full lease from the start, never a rival at once; with
+    ``everysec`` nothing at all is granted for the longest lease."""
+    state = tmp_path / "state"
+    log_path = tmp_path / "dflockd.log"
+    args = ("--state-dir", str(state), "--journal-fsync", fsync)
+    with dflockd_subprocess(log_path, *args) as (proc, address):
+        port = address[1]
+        with Wire(address) as holder:
+            token = holder.lock("held", lease=LEASE)
+        proc.kill()
+        proc.wait(10)
+    with dflockd_after_a_reboot(tmp_path, port, state) as address, Wire(address) as rival:
+        assert rival.req("l", "held", "0") == "timeout"
+        free = rival.req("l", "free", "0")
+        assert free.startswith("ok ") if fsync == "always" else free == "timeout", free
+        assert rival.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"
 
 
 @contextlib.contextmanager
