@@ -247,7 +247,7 @@ class Session:
         table = self.table
         journal = table.journal
         if journal is not None and not journal.writable:
-            return p.REPLY_ERROR_UNAVAILABLE  # no grant the journal cannot hold
+            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         table.asking = self.asking
         try:
             got = table.acquire(
@@ -259,7 +259,7 @@ class Session:
                 queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
-            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
             return p.REPLY_TIMEOUT
         if type(got) is Holder:
@@ -292,7 +292,7 @@ class Session:
         table = self.table
         journal = table.journal
         if journal is not None and not journal.writable:
-            return p.REPLY_ERROR_UNAVAILABLE  # no grant the journal cannot hold
+            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         table.asking = self.asking
         try:
             got = table.hold(
@@ -304,7 +304,7 @@ class Session:
                 queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
-            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
             return p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
@@ -318,7 +318,7 @@ class Session:
         if req is None or req.note is None:
             return p.REPLY_ERROR
         if self._unwritable():
-            return p.REPLY_ERROR_UNAVAILABLE
+            return p.REPLY_ERROR_READ_ONLY
         return p.REPLY_OK if self.table.set_note(req.key, req.token, req.note) else p.REPLY_ERROR
 
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -335,7 +335,7 @@ class Session:
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
         if self._unwritable():
-            return p.REPLY_ERROR_UNAVAILABLE  # a rebinding the journal cannot hold
+            return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
         try:
             taken = self.table.take(
                 self.client, req.key, req.token, lease, note=req.note, on_close=on_close
@@ -356,7 +356,7 @@ class Session:
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
         if self._unwritable():
-            return p.REPLY_ERROR_UNAVAILABLE  # a rebinding the journal cannot hold
+            return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
         try:
             done = self.table.hand_down(req.key, req.token, req.lease)
         except _REFUSALS as exc:
@@ -414,7 +414,7 @@ class Session:
         if (refused := self._check(req.key)) is not None:
             return refused
         if self._unwritable():
-            return p.REPLY_ERROR_UNAVAILABLE  # no grant the journal cannot hold
+            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         if self.moved:
             self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
         self.table.asking = self.asking
@@ -423,7 +423,7 @@ class Session:
                 self.client, req.key, req.lease or self.default_lease, req.limit
             )
         except _REFUSALS as exc:
-            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         holder = waiter.holder
         if holder is None:
             return p.REPLY_QUEUED
@@ -450,7 +450,7 @@ class Session:
                 table.cancel_wait(waiter)
                 return p.REPLY_TIMEOUT
         except _REFUSALS as exc:  # a grant on the way, with no token to issue
-            return _refusal(exc, p.REPLY_ERROR_UNAVAILABLE)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         return self._later(Wait(waiter, req.timeout))
 
     def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -566,7 +566,7 @@ class Session:
 
 def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
     """The reply to a request the table refused (or could not serve): ``cannot_record`` when
-    the server could not write its state (``FenceStateError``: ``error_unavailable`` to an
+    the server could not write its state (``FenceStateError``: ``error_read_only`` to an
     acquire, which clients retry; ``error`` to the rest, as before)."""
     if isinstance(exc, MaxLocks):
         return p.REPLY_ERROR_MAX_LOCKS

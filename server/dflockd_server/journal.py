@@ -419,7 +419,7 @@ class Journal:
             self.mark_removed = True
         log.error(
             "journal: cannot write %s (%s): granting nothing new until it can be written "
-            "again (acquires are answered error_unavailable); every lock held stays held, and "
+            "again (acquires are answered error_read_only); every lock held stays held, and "
             "renewals, releases, ping and stats are answered. Free space (or fix the disk) "
             "under %s: the server resumes by itself within a sweep",
             self.path,

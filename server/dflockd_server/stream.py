@@ -60,7 +60,7 @@ class GroupWrite:
     always`` one fsync, for every connection of the turn), then each of those connections sends what
     it held back. If the journal cannot be written (``Journal.writable`` turns False), no connection
     is dropped and no lock freed: the grants of the batch that failed are undone (``undo``: nobody
-    was told of them) and their replies become ``error_unavailable``; every other reply (renewals,
+    was told of them) and their replies become ``error_read_only``; every other reply (renewals,
     releases, ``ping``, ``stats``) leaves as usual, and from then on the server grants nothing
     until the journal can be written again (``net.Server``'s sweep).
 
@@ -165,10 +165,10 @@ class GroupWrite:
 
 def refuse_replies(data: bytes, tokens: list[bytes]) -> bytes:
     """``data`` (reply lines) with each reply that carries one of ``tokens`` (a grant the
-    journal could not hold) replaced by ``error_unavailable``."""
+    journal could not hold) replaced by ``error_read_only``."""
     if not any(token in data for token in tokens):
         return data
-    refused = p.REPLY_ERROR_UNAVAILABLE.rstrip(b"\n")
+    refused = p.REPLY_ERROR_READ_ONLY.rstrip(b"\n")
     return b"\n".join(
         refused if any(token in line for token in tokens) else line for line in data.split(b"\n")
     )

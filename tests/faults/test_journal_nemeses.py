@@ -10,7 +10,7 @@ grant, fences in grant order, FIFO, no lost update, and the aimed long holds kep
 - **Full disk.** The state directory is a small tmpfs this test mounts (root only: skipped
   otherwise, with the reason). A worker is asked for a hold longer than the episode; the tmpfs
   is filled to its last byte, the server must log the failed write, grants stop
-  (``error_unavailable``: the workers retry) while renewals and releases go on, then the filler
+  (``error_read_only``: the workers retry) while renewals and releases go on, then the filler
   is removed and grants resume by themselves.
 - **Reboot with a clock step.** No test can reboot its machine, so the server is SIGKILLed and
   its journal rewritten as another boot would have left it: another boot id, and every wall
@@ -123,7 +123,7 @@ def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
         result,
         check,
         f"every aimed {DURABLE_HOLD_S:.0f} s hold ({len(aimed)}) kept and released; acquires "
-        "answered error_unavailable during the episodes (the workers retried); the server "
+        "answered error_read_only during the episodes (the workers retried); the server "
         "granted again by itself each time",
     )
 

@@ -583,7 +583,7 @@ def test_a_grant_the_journal_cannot_hold_is_refused_and_nothing_else_is(
 ) -> None:
     """A write that fails, here at the server's file size limit (``RLIMIT_FSIZE``: the
     journal's write fails with EFBIG; CPython ignores SIGXFSZ): no client is told of a grant
-    the journal does not hold (it is answered ``error_unavailable``, and undone), no
+    the journal does not hold (it is answered ``error_read_only``, and undone), no
     connection is dropped, no held lock freed, and the server grants again by itself once a
     new journal file can be written (the next sweep's, small: every lease held now). A real
     ``dflockd``, started as a user starts it: at the default fsync (the connection writes the
@@ -604,7 +604,7 @@ def test_a_grant_the_journal_cannot_hold_is_refused_and_nothing_else_is(
             reply = wire.req("l", f"journal-full:{i}", f"0 {LEASE}").split()
             if reply[0] != "ok":
                 refused = f"journal-full:{i}"
-                assert reply == ["error_unavailable"], reply
+                assert reply == ["error_read_only"], reply
                 break
             assert wire.req("r", f"journal-full:{i}", reply[1]) == "ok"
         assert refused, "the file size limit was never reached"
@@ -617,7 +617,7 @@ def test_a_grant_the_journal_cannot_hold_is_refused_and_nothing_else_is(
             what="the journal's write failure logged",
         )
         with Wire(address) as rival:
-            assert rival.req("l", "held-before", "0") in ("timeout", "error_unavailable")
+            assert rival.req("l", "held-before", "0") in ("timeout", "error_read_only")
 
         def granted_again() -> bool:
             return wire.req("l", refused, f"0 {LEASE}").startswith("ok ")

@@ -192,7 +192,7 @@ def test_a_full_state_dir_refuses_grants_and_keeps_every_holder(tmp_path: Path) 
     """Acceptance 2. The review's case: with the state dir full (ENOSPC), every connection that
     sent anything was dropped unanswered, auto-release freed every held lock, the holder's
     reattach was refused after space returned. Now nothing is dropped or freed: ``ping``,
-    renewals and releases are answered, new grants are refused (``error_unavailable``), and the
+    renewals and releases are answered, new grants are refused (``error_read_only``), and the
     server grants again by itself once space is back."""
     with small_tmpfs(tmp_path / "disk", "1m") as disk:
         state = disk / "state"
@@ -211,15 +211,15 @@ def test_a_full_state_dir_refuses_grants_and_keeps_every_holder(tmp_path: Path) 
             # (not sent, and undone), and so is every grant after it.
             for i in range(10_000):
                 reply = other.req("l", f"k{i}", "0")
-                if reply == "error_unavailable":
+                if reply == "error_read_only":
                     break
                 assert reply.startswith("ok "), reply
                 assert other.req("r", f"k{i}", reply.split()[1]) == "ok"
-            assert other.req("l", "new", "0") == "error_unavailable"
+            assert other.req("l", "new", "0") == "error_read_only"
             assert other.req("ping", "_", "_") == "ok"
             assert holder.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"
-            assert other.req("l", "held", "0") == "error_unavailable"
-            assert other.req("hl", "another", f"0 {LEASE} c x") == "error_unavailable"
+            assert other.req("l", "held", "0") == "error_read_only"
+            assert other.req("hl", "another", f"0 {LEASE} c x") == "error_read_only"
             assert holder.req("stats", "_", "_").startswith("ok ")
             wait_until(
                 lambda: "journal: cannot write" in log_path.read_text(),
@@ -229,7 +229,7 @@ def test_a_full_state_dir_refuses_grants_and_keeps_every_holder(tmp_path: Path) 
             assert not (state / ("journal" + COMPLETE_SUFFIX)).exists()
             # The holder of the detached hold comes back while the disk is full: not yet.
             assert holder.req("ht", "held-detached", f"{hold_token} {LEASE} r run-1") == (
-                "error_unavailable"
+                "error_read_only"
             )
             assert proc.poll() is None
             filler.unlink()
@@ -263,7 +263,7 @@ def test_a_start_on_a_full_disk_restores_and_serves_read_only(tmp_path: Path) ->
             dflockd_subprocess(log_path, "--state-dir", str(state), port=port) as (_, address),
             Wire(address) as holder,
         ):
-            assert holder.req("l", "held", "0") == "error_unavailable"
+            assert holder.req("l", "held", "0") == "error_read_only"
             assert holder.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"
             assert "starting read-only" in log_path.read_text()
             filler.unlink()
