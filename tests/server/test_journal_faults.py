@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from celery_dflock.client import DistributedLock
+from celery_dflock.client.errors import ServerReadOnly
 from dflockd_server import journal as journal_module
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, boot_id, read_journal
 from dflockd_server.keys import Holder
@@ -417,3 +419,43 @@ def test_a_restored_lease_ends_where_its_last_renewal_put_it(tmp_path: Path) -> 
     left = float(lock["lease_expires_in_s"])
     assert stats_replied + left >= renew_sent + LEASE  # never before the real end
     assert stats_sent + left <= renew_replied + LEASE + 0.5, left  # nor much after it
+
+
+def test_our_client_keeps_its_lock_through_a_full_disk_and_is_told_why_it_gets_none(
+    tmp_path: Path,
+) -> None:
+    """This project's client against a server whose state dir is full: a lock it holds keeps
+    renewing past its lease (never lost), a new acquire raises ``ServerReadOnly`` (a
+    ``ServerUnavailable``, whose message says what is wrong), and once space is back it is
+    granted again without anything else done."""
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        state = disk / "state"
+        log_path = tmp_path / "dflockd.log"
+        with (
+            dflockd_subprocess(log_path, "--state-dir", str(state)) as (_, address),
+            Wire(address) as wire,
+        ):
+            held = DistributedLock("held", servers=[address], lease_ttl_s=2)
+            assert held.acquire()
+            filler = fill(disk)
+            for i in range(10_000):  # until a write fails (the journal's last page fills)
+                reply = wire.req("l", f"k{i}", "0")
+                if reply == "error_read_only":
+                    break
+                assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+            other = DistributedLock("other", servers=[address], acquire_timeout_s=0)
+            with pytest.raises(ServerReadOnly, match="cannot write its lease journal"):
+                other.acquire()
+            time.sleep(4.0)  # two leases: only renewals keep "held"
+            assert held.owned() and not held.lost_event.is_set()
+            filler.unlink()
+
+            def granted() -> bool:
+                try:
+                    return other.acquire()
+                except ServerReadOnly:
+                    return False  # not yet: the next sweep writes a new journal
+
+            wait_until(granted, timeout=30.0, what="a grant once space is back")
+            assert other.release()
+            assert held.release()
