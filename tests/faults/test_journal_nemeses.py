@@ -44,7 +44,7 @@ from tests.faults.test_lock_faults import (
     long_hold,
     report,
 )
-from tests.faults.workload import EVENT_TIMEOUT_S, Injection, LockRun, now
+from tests.faults.workload import EVENT_TIMEOUT_S, Injection, LockRun, now, read_events
 
 EPISODE_S = 2.0
 """How long the state directory stays full."""
@@ -112,19 +112,27 @@ def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
             run.settle(DURABLE_HOLD_S + EVENT_TIMEOUT_S)
         run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
         result = run.finish()
+        refused = sum(
+            1
+            for worker in run.all_workers()
+            for event in read_events(Path(worker.cfg.history))
+            if event["ev"] == "nogrant"
+            and "cannot write its lease journal" in event.get("detail", "")
+        )
     check = checked(result)
     by_fence = {h.fence: h for h in result.holds if h.fence is not None}
     not_kept = [by_fence[f] for f in aimed if not by_fence[f].release_ok]
     assert not not_kept, f"holds across a full disk were not kept: {not_kept}"
+    assert refused > 0, "no worker was refused a grant while the disk was full"
     report(
         fault_report,
         f"state dir (a {4} MiB tmpfs) filled to its last byte under load for {EPISODE_S:.0f} s, "
         f"{episodes} times",
         result,
         check,
-        f"every aimed {DURABLE_HOLD_S:.0f} s hold ({len(aimed)}) kept and released; acquires "
-        "answered error_read_only during the episodes (the workers retried); the server "
-        "granted again by itself each time",
+        f"every aimed {DURABLE_HOLD_S:.0f} s hold ({len(aimed)}) kept and released; "
+        f"{refused} acquires answered error_read_only during the episodes (ServerReadOnly in "
+        "the workers, which retried); the server granted again by itself each time",
     )
 
 
