@@ -459,3 +459,41 @@ def test_our_client_keeps_its_lock_through_a_full_disk_and_is_told_why_it_gets_n
             wait_until(granted, timeout=30.0, what="a grant once space is back")
             assert other.release()
             assert held.release()
+
+
+def test_a_renewal_answered_while_the_disk_is_full_is_kept_by_a_restart(tmp_path: Path) -> None:
+    """The rule for renewals the journal could not record: the ``complete`` mark is removed
+    before any is answered, and a start without it restores each lease for a full lease (at
+    least the longest recorded) from the start, so a lease never ends before the end its last
+    renewal gave, recorded or not. Here the journal's record of the lease ends 3 s before that
+    renewal's end."""
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        state = disk / "state"
+        log_path = tmp_path / "dflockd.log"
+        with dflockd_subprocess(log_path, "--state-dir", str(state)) as (proc, address):
+            port = address[1]
+            with Wire(address) as wire:
+                token = wire.lock("held", lease=LEASE)
+                time.sleep(3.0)
+                filler = fill(disk)
+                for i in range(10_000):  # until a write fails (the journal's last page fills)
+                    reply = wire.req("l", f"k{i}", "0")
+                    if reply == "error_read_only":
+                        break
+                    assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+                renew_sent = time.monotonic()
+                assert wire.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"  # unrecorded
+                assert not (state / ("journal" + COMPLETE_SUFFIX)).exists()
+            proc.kill()
+            proc.wait(10)
+        filler.unlink()
+        with (
+            dflockd_subprocess(log_path, "--state-dir", str(state), port=port) as (_, address),
+            Wire(address) as probe,
+        ):
+            reply = probe.req("stats", "_", "_")
+            stats_replied = time.monotonic()
+            assert probe.req("l", "held", "0") == "timeout"
+    (lock,) = [lock for lock in json.loads(reply[3:])["locks"] if lock["key"] == "held"]
+    assert stats_replied + float(lock["lease_expires_in_s"]) >= renew_sent + LEASE
+    assert "may lack renewals" in log_path.read_text()
