@@ -2,6 +2,7 @@
 
     uv run python -m benchmarks.journal            # full size (about 4 minutes on 2 cores)
     uv run python -m benchmarks.journal --quick    # seconds, tiny sizes (the smoke test)
+    uv run python -m benchmarks.journal --renewals # renewal records' A/B (about 2 minutes)
 
 Starts six servers as child processes: ``dflockd`` (one event loop, uvloop where installed)
 with its journal off (``--state-dir none``), and with a state directory (fresh, in the
@@ -16,6 +17,15 @@ same acquire+release pairs (``_loadgen``, as ``benchmarks.server``): round trips
 At the end it asks each dflockd for its ``stats`` (the ``journal`` field: writes, fsyncs,
 compactions) and each Redis for ``INFO persistence``, and reads the files they left, so the
 results show that every durable server really wrote.
+
+``--renewals`` measures something else, written to ``journal_renewals.json``: what recording
+every renewal costs (issue 47). Each connection holds 200 locks and renews them in turn, in
+round trips (``n``: so that each renewal moves its lease's end), at 1 and 10 connections,
+against ``dflockd`` with its journal off, and at ``everysec`` and ``always`` both ways in the
+same run: *A*, the journal before issue 47 (a grant's record covers one lease more, so a
+renewal writes nothing until its new end passes that: ``dflockd_server.journal.RECORD_RENEWALS``
+set to False in that server's process, the only use of it), and *B*, today's (every renewal
+writes a record, group-committed like the grants', and not fsynced even with ``always``).
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ import json
 import os
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,7 +278,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--loop", default=available_loops()[-1], help="dflockd's event loop (uvloop if installed)"
     )
+    parser.add_argument(
+        "--renewals",
+        action="store_true",
+        help="measure what recording every renewal costs (A/B, journal_renewals.json)",
+    )
     args = parser.parse_args(argv)
+    if args.renewals:
+        return renewals_main(args, list(sys.argv[1:] if argv is None else argv))
     quick = bool(args.quick)
     conns_levels: list[int] = (
         [int(x) for x in args.conns.split(",")]
@@ -558,6 +577,204 @@ def report(
     run.data["cells"] = [a.as_dict() for a in aggs.values()]
     run.data["written"] = [w.as_dict() for w in wrote]
     run.data["cpu_ratio_default_to_off"] = {f"{m} {c}": round(r, 3) for (m, c), r in cpu.items()}
+
+
+# ------------------------------------------------------------------------------ renewals
+RENEWALS_NAME = "journal_renewals"
+RENEWAL_LEASE_S = 30
+RENEWAL_KEYS = 200
+"""Locks each connection holds and renews in turn."""
+RENEWAL_CONNS = (1, 10)
+RENEWAL_TARGETS = (
+    ("journal off", None, True),
+    ("everysec A (cover)", "everysec", False),
+    ("everysec B (every renewal)", "everysec", True),
+    ("always A (cover)", "always", False),
+    ("always B (every renewal)", "always", True),
+)
+"""Name, ``--journal-fsync`` (None: journal off), whether every renewal is recorded."""
+_COVER_BOOT = (
+    "import sys\n"
+    "import dflockd_server.journal as journal\n"
+    "journal.RECORD_RENEWALS = False\n"
+    "from dflockd_server.cli import main\n"
+    "sys.exit(main())\n"
+)
+"""``dflockd``'s entry point with the journal of before issue 47 (A)."""
+
+
+def _reply(sock: socket.socket, buf: bytearray) -> bytes:
+    while b"\n" not in buf:
+        data = sock.recv(4096)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        buf += data
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+def _renewer(address: tuple[str, int], key: str, stop: Any, counts: list[int], i: int) -> None:
+    """Hold ``RENEWAL_KEYS`` keys and renew them in turn, in round trips, until ``stop`` is
+    set. Many keys, so that each renewal moves its lease's end (the table's clock counts
+    milliseconds on uvloop: a key renewed twice in one millisecond ends where it did)."""
+    with socket.create_connection(address) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        requests: list[bytes] = []
+        for k in range(RENEWAL_KEYS):
+            sock.sendall(f"l\n{key}:{k}\n0 {RENEWAL_LEASE_S}\n".encode())
+            token = _reply(sock, buf).split()[1].decode()
+            requests.append(f"n\n{key}:{k}\n{token} {RENEWAL_LEASE_S}\n".encode())
+        done = 0
+        while not stop.is_set():
+            sock.sendall(requests[done % RENEWAL_KEYS])
+            if not _reply(sock, buf).startswith(b"ok "):
+                raise RuntimeError(f"a renewal on {key} was refused")
+            done += 1
+            counts[i] = done
+        for request in requests:  # released: the next measurement starts from an empty table
+            _, name, token_line = request.split(b"\n", 2)
+            sock.sendall(b"r\n%s\n%s" % (name, token_line.split(b" ")[0] + b"\n"))
+            _reply(sock, buf)
+
+
+def _renewals(server: ServerProcess, conns: int, seconds: float, tag: str) -> tuple[int, int]:
+    """Renewals done in ``seconds`` over ``conns`` connections, and the server's CPU (ns)."""
+    stop = threading.Event()
+    counts = [0] * conns
+    threads = [
+        threading.Thread(
+            target=_renewer,
+            args=((server.host, server.port), f"renew:{tag}:{i}", stop, counts, i),
+        )
+        for i in range(conns)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while not all(counts) and time.monotonic() < deadline:  # every connection holds its locks
+        time.sleep(0.05)
+    cpu0 = server.cpu_ns()
+    base = sum(counts)
+    time.sleep(seconds)
+    cpu1 = server.cpu_ns()
+    done = sum(counts)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return done - base, cpu1 - cpu0
+
+
+def renewals_main(args: Any, argv: list[str]) -> int:
+    """``--renewals``: the renewal records' A/B (see the module's doc)."""
+    quick = bool(args.quick)
+    conns_levels = [1, 2] if quick else list(RENEWAL_CONNS)
+    duration = args.duration or (0.25 if quick else 2.0)
+    rounds = args.rounds or (1 if quick else 5)
+    names = [name for name, _, _ in RENEWAL_TARGETS]
+    run = BenchRun(
+        RENEWALS_NAME,
+        args,
+        argv,
+        params={
+            "conns": conns_levels,
+            "duration_s": duration,
+            "rounds": rounds,
+            "lease_s": RENEWAL_LEASE_S,
+            "loop": args.loop,
+            "targets": names,
+        },
+    )
+    per: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    journal_stats: dict[str, dict[str, Any]] = {}
+    with workdir("dflock-bench-renewals-") as tmp, owned_servers() as servers:
+        by_name: dict[str, ServerProcess] = {}
+        for name, fsync, every in RENEWAL_TARGETS:
+            # A: dflockd's entry point in a process of its own with the old cover (on the
+            # same loop: the entry point picks uvloop where it is installed, as the script)
+            command = None if every else [sys.executable, "-c", _COVER_BOOT]
+            server = start_dflockd(
+                args.loop,
+                tmp,
+                "--max-locks",
+                str(MAX_LOCKS),
+                "--max-locks-per-connection",
+                "0",
+                command=command,
+                journal=fsync is not None,
+                journal_fsync=fsync,
+            )
+            by_name[name] = server
+            servers.append(server)
+        turn = 0
+        for round_no in range(rounds):
+            for conns in conns_levels:
+                order = names[turn % len(names) :] + names[: turn % len(names)]
+                turn += 1
+                line: list[str] = []
+                for name in order:
+                    done, cpu = _renewals(by_name[name], conns, duration, f"{round_no}")
+                    per.setdefault((name, conns), []).append((done, cpu))
+                    line.append(f"{name} {done / duration:,.0f}/s {cpu / 1e3 / max(done, 1):.1f}us")
+                print(f"round {round_no + 1}, {conns} conn(s): " + "; ".join(line), flush=True)
+        for name, fsync, _ in RENEWAL_TARGETS:
+            if fsync is not None:
+                journal_stats[name] = dflockd_stats(by_name[name])["journal"]
+
+    def median(values: list[float]) -> float:
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    cpu_us = {
+        cell: median([cpu / 1e3 / max(done, 1) for done, cpu in ms]) for cell, ms in per.items()
+    }
+    rate = {cell: median([done / duration for done, _ in ms]) for cell, ms in per.items()}
+    table = Table(
+        "Server CPU per renewal (microseconds), and renewals per second, median of the rounds",
+        ["server", *(f"{c} conn(s) CPU/renewal" for c in conns_levels)]
+        + [f"{c} conn(s) renewals/s" for c in conns_levels],
+        notes=[
+            "A: the journal before issue 47 (a renewal writes a record about once a lease); "
+            "B: every renewal writes one, in the same group write as the grants; both in this "
+            "run, the servers taken in turn (the order rotates)",
+        ],
+    )
+    for name in names:
+        table.rows.append(
+            [name]
+            + [fmt_num(cpu_us[(name, c)]) for c in conns_levels]
+            + [fmt_num(rate[(name, c)], 0) for c in conns_levels]
+        )
+    run.add(table)
+    ratios_table = Table(
+        "B / A: what recording every renewal costs",
+        ["fsync", *(f"{c} conn(s) CPU/renewal" for c in conns_levels)]
+        + [f"{c} conn(s) renewals/s" for c in conns_levels],
+    )
+    for fsync in ("everysec", "always"):
+        a, b = f"{fsync} A (cover)", f"{fsync} B (every renewal)"
+        ratios_table.rows.append(
+            [fsync]
+            + [fmt_ratio(ratio(cpu_us[(b, c)], cpu_us[(a, c)])) for c in conns_levels]
+            + [fmt_ratio(ratio(rate[(b, c)], rate[(a, c)])) for c in conns_levels]
+        )
+    run.add(ratios_table)
+    wrote = Table(
+        "What each journal wrote (its stats at the end)",
+        ["server", "writes", "fsyncs", "compactions"],
+    )
+    for name, st in journal_stats.items():
+        wrote.rows.append(
+            [name, _count(int(st["writes"])), _count(int(st["fsyncs"])), str(st["compactions"])]
+        )
+    run.add(wrote)
+    run.data["cpu_us_per_renewal"] = {f"{n} {c}": round(v, 2) for (n, c), v in cpu_us.items()}
+    run.data["renewals_per_s"] = {f"{n} {c}": round(v, 1) for (n, c), v in rate.items()}
+    run.data["journal_stats"] = journal_stats
+    run.write()
+    return 0
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         MaxWaitersError as MaxWaitersError,
         ProtocolError as ProtocolError,
         ServerDraining as ServerDraining,
+        ServerReadOnly as ServerReadOnly,
         ServerUnavailable as ServerUnavailable,
         ShardingMismatchError as ShardingMismatchError,
     )

@@ -74,6 +74,13 @@ def refusal_error(
             f"no cluster member serves {what} right now ({where} answered "
             f"{code!r} to {command.label}: its shard is changing hands); retry shortly"
         )
+    if code == wire.STATUS_ERROR_READ_ONLY:
+        return errors.ServerReadOnly(
+            f"server {where} refused {command.label} for {what}: it cannot write its lease "
+            "journal (a full or failing disk under its --state-dir), so it grants nothing new "
+            "until it can (every lock held stays held, renewals and releases go on); retry "
+            "shortly, and free space on the server's disk"
+        )
     lease = ""
     if lease_ttl_s is not None and code == wire.STATUS_ERROR:
         lease = (

@@ -150,10 +150,13 @@ _LOCK_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_LIMIT_MISMATCH,
     # A key this server does not serve now (cluster mode: try again shortly).
     wire.STATUS_ERROR_UNAVAILABLE,
+    # The server cannot write its lease journal now (a full disk): try again shortly.
+    wire.STATUS_ERROR_READ_ONLY,
 }
 _ENQUEUE_ERRORS: Final = _LOCK_ERRORS | {wire.STATUS_ERROR_ALREADY_ENQUEUED}
 _WAIT_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_UNAVAILABLE,
+    wire.STATUS_ERROR_READ_ONLY,
     wire.STATUS_ERROR_NOT_ENQUEUED,
     wire.STATUS_ERROR_LEASE_EXPIRED,
 }
@@ -174,9 +177,10 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.HELLO: _COMMON_ERRORS,
     Command.SHARDS: _COMMON_ERRORS,
     Command.HOLD: _LOCK_ERRORS,
-    Command.NOTE: _COMMON_ERRORS,
-    Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
-    Command.HAND_DOWN: _COMMON_ERRORS,
+    # The server cannot write its lease journal now (a full disk): retry shortly.
+    Command.NOTE: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
+    Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_READ_ONLY},
+    Command.HAND_DOWN: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
     Command.ASKING: _COMMON_ERRORS,
     Command.FORCE_RELEASE: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
 }

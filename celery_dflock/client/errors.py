@@ -23,6 +23,7 @@ __all__ = [
     "MaxWaitersError",
     "ProtocolError",
     "ServerDraining",
+    "ServerReadOnly",
     "ServerUnavailable",
     "ShardingMismatchError",
 ]
@@ -118,6 +119,11 @@ class ServerUnavailable(DflockError):
 
 class ServerDraining(ServerUnavailable):
     """The server is shutting down and refuses new requests."""
+
+
+class ServerReadOnly(ServerUnavailable):
+    """The server cannot write its lease journal now (a full or failing disk): it grants
+    nothing new until it can, and keeps every lock held (renewals and releases go on)."""
 
 
 class ShardingMismatchError(DflockError):

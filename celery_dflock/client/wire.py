@@ -61,6 +61,7 @@ FEATURE_FORCE_RELEASE: Final = "force_release"
 FEATURE_HELLO: Final = "hello"
 FEATURE_HOLDS: Final = "holds"
 FEATURE_PING: Final = "ping"
+FEATURE_READ_ONLY: Final = "read_only"
 FEATURE_STATS: Final = "stats"
 
 # Reply statuses (the parser matches the first four as literals)
@@ -80,6 +81,7 @@ STATUS_ERROR_MAX_LOCKS: Final = "error_max_locks"
 STATUS_ERROR_MAX_WAITERS: Final = "error_max_waiters"
 STATUS_ERROR_MOVED: Final = "error_moved"
 STATUS_ERROR_NOT_ENQUEUED: Final = "error_not_enqueued"
+STATUS_ERROR_READ_ONLY: Final = "error_read_only"
 STATUS_ERROR_UNAVAILABLE: Final = "error_unavailable"
 
 # A server's `shards` answer: its mode and its hash

@@ -172,6 +172,9 @@ FEATURE_ASK: Final = "ask"
 """Key-level moves: ``error_ask <HOST:PORT>`` to an acquire, and ``asking``."""
 FEATURE_FORCE_RELEASE: Final = "force_release"
 """``fr``: an operator frees a key whoever holds it (``celery dflock release``)."""
+FEATURE_READ_ONLY: Final = "read_only"
+"""Listed with ``durable``: while the server cannot write its lease journal, an acquire (and
+``ht``, ``hd``, ``note``) is answered ``error_read_only``; held locks stay held."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -212,6 +215,9 @@ STATUS_ERROR_ASK: Final = "error_ask"
 key's shard moves key by key; the client's map stays as it is)."""
 STATUS_ERROR_UNAVAILABLE: Final = "error_unavailable"
 """Nobody serves the key at this moment (cluster mode, transient): try again shortly."""
+STATUS_ERROR_READ_ONLY: Final = "error_read_only"
+"""The server cannot write its lease journal now (a full or failing disk): it grants nothing
+new, keeps every lock held, and grants again by itself once it can write; try again shortly."""
 
 # ---------------------------------------------------------------- ownership (shards)
 MODE_SINGLE: Final = "single"

@@ -271,6 +271,9 @@ class Session:
         if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
+        journal = table.journal
+        if journal is not None and not journal.writable:
+            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         ttl = lease or self.default_lease
         if ttl > table.lease_noted and table.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
@@ -285,7 +288,7 @@ class Session:
                 queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
             return p.REPLY_TIMEOUT
         if type(got) is Holder:
@@ -318,6 +321,9 @@ class Session:
         if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
+        journal = table.journal
+        if journal is not None and not journal.writable:
+            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         if lease > table.lease_noted and table.note_lease is not None:
             return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         table.asking = self.asking
@@ -331,7 +337,7 @@ class Session:
                 queue=timeout > 0 and not self.eof,
             )
         except _REFUSALS as exc:
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
             return p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
@@ -344,6 +350,8 @@ class Session:
         req = self._decode(cmd, key, arg)
         if req is None or req.note is None:
             return p.REPLY_ERROR
+        if self._unwritable():
+            return p.REPLY_ERROR_READ_ONLY
         return p.REPLY_OK if self.table.set_note(req.key, req.token, req.note) else p.REPLY_ERROR
 
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -359,6 +367,8 @@ class Session:
             return self._too_long(on_close)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        if self._unwritable():
+            return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
         longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
         if longest > self.table.lease_noted and self.table.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
@@ -381,6 +391,8 @@ class Session:
             return self._too_long(req.lease)
         if not self.host.may_hold(req.key):
             return p.REPLY_ERROR
+        if self._unwritable():
+            return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
         if req.lease > self.table.lease_noted and self.table.note_lease is not None:
             return self._later(RaiseBound(req.lease, (cmd, key, arg), self.asking))
         try:
@@ -438,6 +450,12 @@ class Session:
             return self._too_long(lease)
         if not self.host.may_hold(name):
             return p.REPLY_ERROR  # a fenced member, or not its shard: the holder sees the loss
+        journal = self.table.journal
+        if journal is not None and not journal.writable and not journal.mark_removed:
+            # Answered unrecorded, a renewal could outlive what a restart would restore: only
+            # once the journal's complete mark is gone (see journal's doc), else refused (the
+            # holder sees its lock lost; the server keeps it to its lease's end).
+            return p.REPLY_ERROR
         table = self.table
         ttl = lease or self.default_lease
         if ttl > table.lease_noted and table.note_lease is not None:
@@ -457,6 +475,8 @@ class Session:
             return self._too_long(req.lease)
         if (refused := self._check(req.key)) is not None:
             return refused
+        if self._unwritable():
+            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         ttl = req.lease or self.default_lease
@@ -468,7 +488,7 @@ class Session:
         try:
             waiter = self.table.enqueue(self.client, req.key, ttl, req.limit)
         except _REFUSALS as exc:
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         holder = waiter.holder
         if holder is None:
             return p.REPLY_QUEUED
@@ -495,7 +515,7 @@ class Session:
                 table.cancel_wait(waiter)
                 return p.REPLY_TIMEOUT
         except _REFUSALS as exc:  # a grant on the way, with no token to issue
-            return _refusal(exc)
+            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         return self._later(Wait(waiter, req.timeout))
 
     def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -512,6 +532,11 @@ class Session:
         if self.asking:
             return self.host.asked_check(key)
         return check(key)
+
+    def _unwritable(self) -> bool:
+        """The lease journal cannot be written now: nothing needing a record is done."""
+        journal = self.table.journal
+        return journal is not None and not journal.writable
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         return p.REPLY_OK
@@ -604,8 +629,10 @@ class Session:
         return p.REPLY_ERROR
 
 
-def _refusal(exc: Exception) -> bytes:
-    """The reply to a request the table refused (or could not serve)."""
+def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
+    """The reply to a request the table refused (or could not serve): ``cannot_record`` when
+    the server could not write its state (``FenceStateError``: ``error_read_only`` to an
+    acquire, which clients retry; ``error`` to the rest, as before)."""
     if isinstance(exc, MaxLocks):
         return p.REPLY_ERROR_MAX_LOCKS
     if isinstance(exc, MaxWaiters):
@@ -616,7 +643,7 @@ def _refusal(exc: Exception) -> bytes:
         return p.REPLY_ERROR_ALREADY_ENQUEUED
     # FenceStateError: the server's fault, not the client's: say so loudly.
     log.error("cannot issue a token: %s", exc)
-    return p.REPLY_ERROR
+    return cannot_record
 
 
 _ROUTES: Final[dict[bytes, _Route]] = Session.route_table()

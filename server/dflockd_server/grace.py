@@ -124,13 +124,26 @@ class LeaseRecord:
         initial: float,
         cap: int,
         publish: Callable[[int], None] | None = None,
+        *,
+        defer_failed_write: bool = False,
     ) -> None:
+        """``defer_failed_write``: when the record cannot be written (a full disk at the
+        start), keep the bound the file holds (the previous run's, which covers every lease it
+        granted) and write the next one before a longer lease is granted."""
         self._path = path
         self._cap = cap
         self._publish = publish
         self.longest = math.ceil(initial) if initial > 0 else 0  # may exceed a lowered cap
         if path is not None:
-            write_longest_lease(path, self.longest)
+            try:
+                write_longest_lease(path, self.longest)
+            except FenceStateError:
+                if not defer_failed_write:
+                    raise
+                try:
+                    self.longest = min(self.longest, read_longest_lease(path) or 0)
+                except FenceStateError:
+                    self.longest = 0
         if publish is not None:
             publish(self.longest)
 

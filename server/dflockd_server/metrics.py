@@ -339,8 +339,14 @@ class MetricsExporter:
 
 def _journal_families(stats: JournalStats) -> Iterator[Any]:
     """The lease journal's series (a server with a state directory)."""
-    from prometheus_client.core import CounterMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+    yield GaugeMetricFamily(
+        "dflockd_journal_writable",
+        "1 while the lease journal can be written; 0 while it cannot (a full disk, EIO, a "
+        "failed fsync): nothing new is granted then, held locks are kept.",
+        value=1 if stats.writable else 0,
+    )
     for name, doc, value in (
         ("restored_leases", "Leases restored from the journal at start-up.", stats.restored),
         (
@@ -351,6 +357,16 @@ def _journal_families(stats: JournalStats) -> Iterator[Any]:
         ("writes", "Writes of journal records (one per batch of replies).", stats.writes),
         ("fsyncs", "fsyncs of the journal.", stats.fsyncs),
         ("compactions", "Rewrites of the journal holding only the leases held.", stats.compactions),
+        (
+            "write_failures",
+            "Times the journal could not be written (each episode counted once).",
+            stats.write_failures,
+        ),
+        (
+            "refused_grants",
+            "Grants undone and refused because the batch holding them could not be written.",
+            stats.refused_grants,
+        ),
     ):
         yield CounterMetricFamily(f"dflockd_journal_{name}", doc, value=value)
 

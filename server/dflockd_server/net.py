@@ -271,7 +271,10 @@ class Server(Admission, KeyServing):
             self.fence = node.fence
         else:
             fence_file = plan.fence_file
-            self.fence = await loop.run_in_executor(None, lambda: FenceCounter(fence_file))
+            # On a full disk the first ceiling is stored before the first token instead.
+            self.fence = await loop.run_in_executor(
+                None, lambda: FenceCounter(fence_file, defer_failed_store=True)
+            )
         fence = self.fence
         assert fence is not None
         # Each next ceiling is stored ahead of the counter on a thread of its own (tokens).
@@ -287,7 +290,13 @@ class Server(Admission, KeyServing):
         initial = max(grace.seconds, restored)
         self.lease_bound = bound = await LeaseBound.start(
             loop,
-            lambda: LeaseRecord(plan.grace_record, initial, cfg.max_lease_ttl_s, publish=publish),
+            lambda: LeaseRecord(
+                plan.grace_record,
+                initial,
+                cfg.max_lease_ttl_s,
+                publish=publish,
+                defer_failed_write=True,
+            ),
         )
         self.lease_record = bound.record
         self._table = table = LockTable(
@@ -383,6 +392,15 @@ class Server(Admission, KeyServing):
             journal.stats.dropped_records = plan.read.dropped_lines
         table.journal = journal
         self.journal = self.group_write.journal = journal
+        self.group_write.undo = table.release
+        if not journal.writable:
+            log.warning(
+                "journal: starting read-only: the %d lease(s) restored are kept and served "
+                "(renewals, releases, reattaching), %s is left as it is, and nothing new is "
+                "granted (error_unavailable) until the state directory can be written again",
+                restored,
+                plan.journal,
+            )
         self._hello = p.reply_hello(
             c.SERVER_VERSION, durable=True, max_lease_ttl_s=self.config.max_lease_ttl_s
         )
@@ -550,6 +568,8 @@ class Server(Admission, KeyServing):
                 "writes": journal.stats.writes,
                 "fsyncs": journal.stats.fsyncs,
                 "compactions": journal.stats.compactions,
+                "writable": journal.writable,
+                "write_failure": journal.failure,
             }
         )
         return out
@@ -577,13 +597,19 @@ class Server(Admission, KeyServing):
         """At each sweep: write what no reply has (expiries, disconnects), fsync (everysec)
         off the loop, compact when the file is mostly leases gone."""
         table = self.table
-        try:
-            journal.flush()
-            if journal.wants_compaction(table.held):
-                journal.compact(self._live_records(journal, table))
-        except OSError as exc:
-            log.error("journal: cannot write %s: %s", journal.path, exc)
+        group_write = self.group_write
+        group_write.settle(journal)
+        if not journal.writable:
+            # The probe: a new file with every lease held now; the waiters go first after it.
+            if journal.recover(self._live_records(journal, table)):
+                try:
+                    table.fill_waiting()
+                except FenceStateError as exc:
+                    log.error("cannot issue a token to a waiter: %s", exc)
             return
+        if journal.wants_compaction(table.held):
+            journal.compact(self._live_records(journal, table))
+            group_write.settle(journal)
         journal.sync_in_background()
 
     def _grace_over(self) -> None:

@@ -512,6 +512,7 @@ REPLY_ERROR_ALREADY_ENQUEUED: Final = _fixed(c.STATUS_ERROR_ALREADY_ENQUEUED)
 REPLY_ERROR_LEASE_EXPIRED: Final = _fixed(c.STATUS_ERROR_LEASE_EXPIRED)
 REPLY_ERROR_DRAINING: Final = _fixed(c.STATUS_ERROR_DRAINING)
 REPLY_ERROR_UNAVAILABLE: Final = _fixed(c.STATUS_ERROR_UNAVAILABLE)
+REPLY_ERROR_READ_ONLY: Final = _fixed(c.STATUS_ERROR_READ_ONLY)
 
 
 def reply_moved(address: str) -> bytes:
@@ -566,12 +567,12 @@ def reply_hello(
     max_lease_ttl_s: int | None = None,
 ) -> bytes:
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
-    adds that feature (a lease journal), ``grace_s`` > 0 the restart grace still to run,
-    ``max_lease_ttl_s`` the longest lease granted (``--max-lease-ttl``), so a client refuses a
-    longer one before asking."""
+    adds that feature (a lease journal) and ``read_only`` (its ``error_read_only``),
+    ``grace_s`` > 0 the restart grace still to run, ``max_lease_ttl_s`` the longest lease
+    granted (``--max-lease-ttl``), so a client refuses a longer one before asking."""
     features: list[str] = list(c.FEATURES)
     if durable:
-        features.append(c.FEATURE_DURABLE)
+        features += (c.FEATURE_DURABLE, c.FEATURE_READ_ONLY)
     body: dict[str, object] = {"server": c.SERVER_NAME, "version": version, "features": features}
     if max_lease_ttl_s is not None:
         body["max_lease_ttl_s"] = max_lease_ttl_s

@@ -293,7 +293,8 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_JOURNAL_FSYNC",),
         parse_fsync,
         check_fsync,
-        "when the lease journal reaches the disk: `always` (before each reply), `everysec` "
+        "when the lease journal reaches the disk: `always` (before each reply that grants), "
+        "`everysec` "
         "(once a second: a crash of the machine may lose the last second's grants; a crash "
         "of the server loses nothing) or `no` (when the OS decides)",
         "MODE",

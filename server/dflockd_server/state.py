@@ -9,7 +9,10 @@ port chosen at random. ``--state-dir none`` turns it off.
 
 A start (``plan_start``):
 
-- restores every lease of the journal still running (``journal``), and grants free keys at once;
+- restores every lease of the journal still running (``journal``: within a boot until its
+  recorded end; across a boot, or after renewals the journal could not record, for a full lease
+  from the start), and grants free keys at once, except after a reboot when the journal was not
+  fsynced at each reply (then the grace below, for the longest lease recorded);
 - waits (a restart grace, ``grace``) only when what the previous run granted cannot be known:
   the directory holds earlier state but no journal, the journal cannot be read, or it is
   damaged before its last record. The grace then lasts the longest lease the previous run
@@ -27,8 +30,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dflockd_server.config import Config, ConfigError
+from dflockd_server.fence import FenceStateError
 from dflockd_server.grace import GraceDecision, decide_grace, grace_path, read_longest_lease
-from dflockd_server.journal import JournalRead, RecordedGrant, read_journal, restored_leases
+from dflockd_server.replay import (
+    COMPLETE_SUFFIX,
+    JournalRead,
+    RecordedGrant,
+    Restore,
+    read_journal,
+    restored_leases,
+)
 
 __all__ = [
     "NO_STATE",
@@ -112,8 +123,10 @@ class StateDir:
                 f"{where}: another dflockd (pid {owner or '?'}) is using it; two servers "
                 "cannot share a state directory: give this one its own --state-dir"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # The pid is only for the message above: a full disk does not stop the start.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def close(self) -> None:
@@ -164,6 +177,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     why = ""
     read: JournalRead | None = None
     leases: list[tuple[RecordedGrant, float]] = []
+    restore: Restore | None = None
     try:
         exists = os.path.exists(journal)
         if exists:
@@ -172,7 +186,16 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         why = f"the journal {journal} cannot be read ({exc})"
     else:
         if read is not None:
-            leases = restored_leases(read)
+            try:
+                run_longest = read_longest_lease(record)
+            except FenceStateError:
+                run_longest = None
+            restore = restored_leases(
+                read,
+                complete=os.path.exists(journal + COMPLETE_SUFFIX),
+                run_longest=config.max_lease_ttl_s if run_longest is None else run_longest,
+            )
+            leases = restore.leases
             _report(journal, read)
             if read.damaged_before_tail:
                 why = (
@@ -195,8 +218,14 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
             else "max_lease_ttl_s (no longest lease recorded)"
         )
         grace = GraceDecision(seconds, f"{why}: waiting {source}")
-    elif read is not None:
-        grace = GraceDecision(0.0, f"restored {len(leases)} lease(s) from the journal")
+    elif restore is not None and restore.grace_s > 0:
+        grace = GraceDecision(
+            restore.grace_s, f"restored {len(leases)} lease(s) from the journal ({restore.how})"
+        )
+    elif restore is not None:
+        grace = GraceDecision(
+            0.0, f"restored {len(leases)} lease(s) from the journal ({restore.how})"
+        )
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
     return StartPlan(grace, leases, read, record, fence, journal)

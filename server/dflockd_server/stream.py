@@ -23,7 +23,7 @@ from dflockd_server.config import Config
 from dflockd_server.journal import Journal
 from dflockd_server.tls import TlsSession
 
-__all__ = ["GroupWrite", "Stream", "StreamHost"]
+__all__ = ["GroupWrite", "Stream", "StreamHost", "refuse_replies"]
 
 log = logging.getLogger("dflockd_server")
 
@@ -58,8 +58,11 @@ class GroupWrite:
     """The lease journal's group write, once per turn of the loop in which a connection held replies
     back for it (``Stream._send``): the journal is written (one write, and with ``--journal-fsync
     always`` one fsync, for every connection of the turn), then each of those connections sends what
-    it held back. If the journal cannot be written, they are dropped unanswered: no client is told
-    of a grant the journal does not hold.
+    it held back. If the journal cannot be written (``Journal.writable`` turns False), no connection
+    is dropped and no lock freed: the grants of the batch that failed are undone (``undo``: nobody
+    was told of them) and their replies become ``error_read_only``; every other reply (renewals,
+    releases, ``ping``, ``stats``) leaves as usual, and from then on the server grants nothing
+    until the journal can be written again (``net.Server``'s sweep).
 
     A lone connection writes the journal itself (``direct``): when ``JOURNAL_LONE_TURNS`` group
     writes in a row each held back one connection's replies, and the fsync is not ``always`` (whose
@@ -92,6 +95,8 @@ class GroupWrite:
         """Group writes in a row that held back one connection's replies."""
         self.direct_left = 0
         """Direct writes left before the group write looks again."""
+        self.undo: Callable[[str, str], object] | None = None
+        """Releases a grant (key, token) nobody was told of (the table's ``release``)."""
 
     def hold_back(self, stream: Stream) -> None:
         """``stream`` holds replies back until the journal is written: do that once for
@@ -100,35 +105,42 @@ class GroupWrite:
             self._at_turn_end(self._write_soon)
         self.streams.append(stream)
 
-    def write_for(self, stream: Stream, journal: Journal) -> bool:
-        """``stream``, alone in its turns, writes the journal itself before its replies: False
-        when it cannot (then it is dropped unanswered, as ``write`` drops them). After
-        ``JOURNAL_DIRECT_WRITES`` such writes replies are held back again, to see whether
+    def write_for(self, stream: Stream, journal: Journal, data: bytes) -> bytes:
+        """``stream``, alone in its turns, writes the journal itself before its replies
+        ``data``; returns them as they may leave (a grant the journal could not hold refused).
+        After ``JOURNAL_DIRECT_WRITES`` such writes replies are held back again, to see whether
         connections share turns now."""
-        try:
-            journal.flush()
-        except OSError as exc:
-            self._drop(journal, exc, [stream])
-            return False
+        journal.flush()
+        if journal.refused:
+            tokens = self._undo_refused(journal)
+            data = refuse_replies(data, tokens)
+            for held in self.streams:  # replies of this turn held back for the group write
+                held.refuse_held(tokens)
         self.direct_left -= 1
         if self.direct_left <= 0:
             self.direct = False
             self.lone = 0
-        return True
+        return data
 
-    @staticmethod
-    def _drop(journal: Journal, exc: OSError, streams: list[Stream]) -> None:
-        """The journal cannot be written: drop ``streams`` unanswered (no client is told of a
-        grant the journal does not hold; the records stay buffered for the next write)."""
-        log.error(
-            "journal: cannot write %s (%s): dropping %d connection(s) unanswered",
-            journal.path,
-            exc,
-            len(streams),
-        )
-        for stream in streams:
-            stream.held = None
-            stream.abort()
+    def _undo_refused(self, journal: Journal) -> list[bytes]:
+        """The grants a write could not hold: released (nobody was told of them); their
+        tokens, whose replies are refused."""
+        refused = journal.take_refused()
+        undo = self.undo
+        if undo is not None:
+            for key, token in refused:
+                undo(key, token)
+        journal.flush()  # their drops: not recorded while the journal cannot be written
+        return [token.encode() for _, token in refused]
+
+    def settle(self, journal: Journal) -> None:
+        """Write the journal outside a turn's group write (the sweep): grants it could not hold
+        are undone now, and the replies held back for them refused."""
+        journal.flush()
+        if journal.refused:
+            tokens = self._undo_refused(journal)
+            for stream in self.streams:
+                stream.refuse_held(tokens)
 
     def write(self) -> None:
         """Write the journal, then send what each connection held back."""
@@ -142,13 +154,24 @@ class GroupWrite:
                     self.direct_left = c.JOURNAL_DIRECT_WRITES
             else:
                 self.lone = 0
-            try:
-                journal.flush()
-            except OSError as exc:
-                self._drop(journal, exc, held)
-                return
+            journal.flush()
+            if journal.refused:
+                tokens = self._undo_refused(journal)
+                for stream in held:
+                    stream.refuse_held(tokens)
         for stream in held:
             stream.send_held()
+
+
+def refuse_replies(data: bytes, tokens: list[bytes]) -> bytes:
+    """``data`` (reply lines) with each reply that carries one of ``tokens`` (a grant the
+    journal could not hold) replaced by ``error_read_only``."""
+    if not any(token in data for token in tokens):
+        return data
+    refused = p.REPLY_ERROR_READ_ONLY.rstrip(b"\n")
+    return b"\n".join(
+        refused if any(token in line for token in tokens) else line for line in data.split(b"\n")
+    )
 
 
 class Stream(asyncio.Protocol):
@@ -308,9 +331,14 @@ class Stream(asyncio.Protocol):
                     group_write.hold_back(self)
                 held.append(data)
                 return
-            if not group_write.write_for(self, journal):
-                return
+            data = group_write.write_for(self, journal, data)
         self._send_now(transport, data)
+
+    def refuse_held(self, tokens: list[bytes]) -> None:
+        """Refuse the held-back replies that tell of a grant the journal could not hold."""
+        held = self.held
+        if held is not None:
+            self.held = [refuse_replies(data, tokens) for data in held]
 
     def send_held(self) -> None:
         """The journal holds the records: send the replies held back (then close, if a close

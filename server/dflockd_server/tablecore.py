@@ -110,6 +110,15 @@ class TableCore:
                 self._fill(state, now)
         return False
 
+    def fill_waiting(self) -> None:
+        """Grant the waiters of every key with free slots (the journal can be written again
+        after a time it could not: nothing was granted meanwhile)."""
+        now = self.clock()
+        for state in list(self.keys.values()):
+            if isinstance(state, KeyState) and state.n_waiting:
+                self._fill(state, now)
+        self._flush()
+
     def _note(self, lease_ttl: int, key: str) -> None:
         """Before a lease longer than any so far: record (and, in a cluster, publish) the new
         bound. That may wait for the disk or etcd: the key is asked about again after it (a
@@ -399,6 +408,9 @@ class TableCore:
         queue = state.queue
         if queue is None or self.in_grace:
             return
+        journal = self.journal
+        if journal is not None and not journal.writable:
+            return  # no grant the journal cannot hold: they wait for it (``fill_waiting``)
         check = self.grant_check
         if check is not None and check(state.key) is not None:
             return

@@ -83,8 +83,11 @@ class FenceCounter:
         wall_clock_ns: Callable[[], int] = time.time_ns,
         random_bytes: Callable[[int], bytes] = os.urandom,
         persist_block: int = c.FENCE_PERSIST_BLOCK,
+        defer_failed_store: bool = False,
     ) -> None:
-        """``persist_block``: how far ahead of the counter each stored ceiling is."""
+        """``persist_block``: how far ahead of the counter each stored ceiling is.
+        ``defer_failed_store``: when the first ceiling cannot be stored (a full disk at the
+        start), start anyway and store it before the first token (until then none is issued)."""
         if state_file is not None and store is not None:
             raise ValueError("a fence counter takes a state file or a ceiling store, not both")
         self._store: CeilingStore | None = (
@@ -111,7 +114,12 @@ class FenceCounter:
         self._ceiling = 0
         self._check_at = _SMALL_BOUND
         if self._store is not None:
-            self._persist(start)
+            try:
+                self._persist(start)
+            except FenceStateError:
+                if not defer_failed_store:
+                    raise
+                self._check_at = 0  # every token checks the store until one write succeeds
 
     @property
     def last(self) -> int:

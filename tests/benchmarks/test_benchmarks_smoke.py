@@ -433,3 +433,24 @@ def test_server_benchmark_names_a_bad_dflockd_go(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert f"--dflockd-go: cannot run {missing}" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "server.json").exists()
+
+
+def test_journal_renewals_benchmark_quick(tmp_path: Path) -> None:
+    """``benchmarks.journal --renewals --quick`` (issue 47's A/B): every server measured, and
+    the journal that records every renewal (B) wrote far more than the one of before (A)."""
+    command = [sys.executable, "-m", "benchmarks.journal", "--renewals", "--quick"]
+    proc = subprocess.run(
+        [*command, "--results-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=CLUSTER_TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads((tmp_path / "journal_renewals.json").read_text())["data"]
+    cells = data["cpu_us_per_renewal"]
+    for name in ("journal off", "everysec A (cover)", "everysec B (every renewal)"):
+        assert any(cell.startswith(name) for cell in cells), cells
+    stats = data["journal_stats"]
+    assert stats["everysec B (every renewal)"]["writes"] > stats["everysec A (cover)"]["writes"]

@@ -1,0 +1,210 @@
+"""The lease journal's nemeses under the history checker (issue 47): the state directory fills
+up under load, and the server comes back from a "reboot" with the wall clock stepped 10 minutes
+either way.
+
+Both run the fenced workload of ``test_lock_faults.py`` (four worker processes, two keys, half
+of them two-phase, a healthy client) against the real ``dflockd`` with a state directory of the
+run's own, started as a user starts it (no ``--restart-grace``), and check every hold: no double
+grant, fences in grant order, FIFO, no lost update, and the aimed long holds kept.
+
+- **Full disk.** The state directory is a small tmpfs this test mounts (root only: skipped
+  otherwise, with the reason). A worker is asked for a hold longer than the episode; the tmpfs
+  is filled to its last byte, the server must log the failed write, grants stop
+  (``error_read_only``: the workers retry) while renewals and releases go on, then the filler
+  is removed and grants resume by themselves.
+- **Reboot with a clock step.** No test can reboot its machine, so the server is SIGKILLed and
+  its journal rewritten as another boot would have left it: another boot id, and every wall
+  time in it moved by the step (+600 s: the clock is now 10 minutes ahead of the one the journal
+  was written with; -600 s: behind), then the server is started in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import FaultReport, scaled
+from tests.faults.test_lock_faults import (
+    DURABLE_HOLD_S,
+    DURABLE_LEASE_S,
+    OPS,
+    RUN_TIMEOUT_S,
+    across_restarts,
+    checked,
+    fences_by_epoch,
+    long_hold,
+    report,
+)
+from tests.faults.workload import EVENT_TIMEOUT_S, Injection, LockRun, now, read_events
+
+EPISODE_S = 2.0
+"""How long the state directory stays full."""
+
+
+@contextlib.contextmanager
+def tmpfs_at(where: Path, size: str) -> Iterator[Path]:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full disk is a small tmpfs this test mounts: that needs root")
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace')}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for chunk in (b"\0" * 65536, b"\0" * 512, b"\0"):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, chunk)
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    episodes = scaled(2, 6)
+    aimed: list[int] = []
+    with (
+        tmpfs_at(tmp_path / "state", "4m") as state,
+        LockRun(
+            tmp_path,
+            seed=47,
+            durable=True,
+            lease_s=DURABLE_LEASE_S,
+            max_lease_s=DURABLE_LEASE_S,
+        ) as run,
+    ):
+        assert run.server.state_dir == state
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(episodes):
+            _, fence = long_hold(run.pick(), DURABLE_HOLD_S)
+            aimed.append(fence)
+            run.injections.append(Injection("state dir full", now()))
+            filler = fill(state)
+            proc = run.server.proc
+            assert proc is not None
+            proc.wait_for("journal: cannot write", RUN_TIMEOUT_S)
+            time.sleep(EPISODE_S)  # holders renew and release; nothing is granted
+            filler.unlink()
+            proc.wait_for("can be written again", RUN_TIMEOUT_S)
+            run.settle(DURABLE_HOLD_S + EVENT_TIMEOUT_S)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+        refused = sum(
+            1
+            for worker in run.all_workers()
+            for event in read_events(Path(worker.cfg.history))
+            if event["ev"] == "nogrant"
+            and "cannot write its lease journal" in event.get("detail", "")
+        )
+    check = checked(result)
+    by_fence = {h.fence: h for h in result.holds if h.fence is not None}
+    not_kept = [by_fence[f] for f in aimed if not by_fence[f].release_ok]
+    assert not not_kept, f"holds across a full disk were not kept: {not_kept}"
+    assert refused > 0, "no worker was refused a grant while the disk was full"
+    report(
+        fault_report,
+        f"state dir (a {4} MiB tmpfs) filled to its last byte under load for {EPISODE_S:.0f} s, "
+        f"{episodes} times",
+        result,
+        check,
+        f"every aimed {DURABLE_HOLD_S:.0f} s hold ({len(aimed)}) kept and released; "
+        f"{refused} acquires answered error_read_only during the episodes (ServerReadOnly in "
+        "the workers, which retried); the server granted again by itself each time",
+    )
+
+
+def as_if_rebooted(journal: Path, step_s: int) -> None:
+    """Rewrite ``journal`` as a server of another boot would have left it, with a wall clock
+    ``step_s`` behind the one now (every wall time in it moved by ``-step_s``)."""
+    shift = -step_s * 1000
+    other_boot = uuid.uuid4().hex
+    out: list[bytes] = []
+    for raw in journal.read_bytes().splitlines():
+        payload = raw[9:].decode()
+        fields = payload.split(" ")
+        kind = fields[0]
+        if kind == "H":
+            fields[2] = other_boot
+            fields[3] = str(int(fields[3]) + shift)
+        elif kind == "G":
+            fields[6] = str(int(fields[6]) + shift)
+        elif kind == "X":
+            fields[3] = str(int(fields[3]) + shift)
+        elif kind == "M":
+            fields[5] = str(int(fields[5]) + shift)
+        data = " ".join(fields).encode()
+        out.append(b"%08x %s\n" % (zlib.crc32(data), data))
+    journal.write_bytes(b"".join(out))
+
+
+def test_a_reboot_with_the_wall_clock_stepped_grants_nothing_twice(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    steps = [600, -600] * scaled(1, 3)
+    aimed: list[int] = []
+    with LockRun(
+        tmp_path,
+        seed=48,
+        durable=True,
+        lease_s=DURABLE_LEASE_S,
+        max_lease_s=DURABLE_LEASE_S,
+    ) as run:
+        state_dir = run.server.state_dir
+        assert isinstance(state_dir, Path)
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for step in steps:
+            _, fence = long_hold(run.pick(), DURABLE_HOLD_S)
+            aimed.append(fence)
+            run.kill_server()
+            as_if_rebooted(state_dir / "journal", step)
+            run.server.start()
+            assert run.server.proc is not None
+            assert any("another boot" in line for line in run.server.proc.drain()), (
+                run.server.proc.lines
+            )
+            run.settle(DURABLE_HOLD_S + EVENT_TIMEOUT_S)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    for before, after in fences_by_epoch(result):
+        assert before and after
+        assert min(after) > max(before)
+    caught = across_restarts(result)
+    assert not caught.silent, f"holds lost without a word to their client: {caught.silent}"
+    by_fence = {h.fence: h for h in result.holds if h.fence is not None}
+    not_kept = [by_fence[f] for f in aimed if by_fence[f] not in caught.kept]
+    assert not not_kept, f"holds across a reboot were not kept: {not_kept}"
+    report(
+        fault_report,
+        "server SIGKILL, journal rewritten as another boot left it with the wall clock "
+        f"10 min ahead, then behind ({len(steps)} restarts in place)",
+        result,
+        check,
+        f"{len(caught.kept)} holds caught by the stops kept, {len(caught.reported)} reported "
+        f"lost, {len(caught.silent)} lost silently (the {len(aimed)} aimed "
+        f"{DURABLE_HOLD_S:.0f} s holds kept); each start restored every lease for a full lease "
+        "and, the journal being everysec, granted nothing for the longest lease",
+    )
