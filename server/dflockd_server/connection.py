@@ -297,7 +297,7 @@ class Connection(Stream):
             self._set_busy(True)
             if self.server.request_times is not None:  # timed to its answer, as a wait is
                 self.wait_started, self.wait_command = time.perf_counter(), action.frame[0]
-            bound.wait_for(action.lease, lambda recorded: self._bound_recorded(action, recorded))
+            bound.wait_for(action.lease, lambda refusal: self._bound_recorded(action, refusal))
             return None
         if action is STATS:
             self.budget = 0  # its cost grows with the table: the last request of the pass
@@ -313,14 +313,14 @@ class Connection(Stream):
         self.loop.call_later(c.AUTH_FAILURE_DELAY_S, self._close_with, p.REPLY_ERROR_AUTH)
         return None
 
-    def _bound_recorded(self, parked: RaiseBound, recorded: bool) -> None:
-        """The lease bound a parked request waited for is recorded (or could not be: its
-        answer is ``error``, as when a token cannot be issued): answer it now."""
+    def _bound_recorded(self, parked: RaiseBound, refusal: bytes | None) -> None:
+        """The lease bound a parked request waited for is recorded (``refusal`` is None), or
+        could not be (``refusal`` is its answer: see ``leasebound.Resume``): answer it now."""
         session = self.session
         if session is None or self.closing:
             return
-        if not recorded:
-            self._done_waiting(p.REPLY_ERROR)
+        if refusal is not None:
+            self._done_waiting(refusal)
             return
         session.asking = parked.asking  # answered as if it had just arrived
         reply = session.handle(parked.frame)

@@ -20,6 +20,11 @@ class FenceStateError(OSError):
     """The fence state file cannot be read or written."""
 
 
+class StateUnwritable(FenceStateError):
+    """A record of the state directory (the lease bound's) could not be written there: a full
+    or failing disk, not etcd. The server grants nothing that needs it until it can."""
+
+
 def read_ceiling(path: str) -> int:
     """The ceiling persisted at ``path`` (0 when the file does not exist)."""
     try:

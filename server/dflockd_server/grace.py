@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dflockd_server.config import Config
-from dflockd_server.fence import FenceStateError, write_atomically
+from dflockd_server.fence import FenceStateError, StateUnwritable, write_atomically
 
 GRACE_SUFFIX = ".grace"
 """The grace record lives at ``<fence_state_file>.grace``."""
@@ -153,7 +153,10 @@ class LeaseRecord:
         longest = min(self._cap, max(lease_ttl, 2 * self.longest))
         longest = max(longest, lease_ttl)
         if self._path is not None:
-            write_longest_lease(self._path, longest)
+            try:
+                write_longest_lease(self._path, longest)
+            except FenceStateError as exc:
+                raise StateUnwritable(str(exc)) from exc
         if self._publish is not None:
             self._publish(longest)
         self.longest = longest

@@ -23,8 +23,9 @@ serves every connection of the server. ``LeaseBound`` therefore does it on a thr
   ``table.lease_noted`` and hands each parked request whose lease is now covered back to its
   connection, which answers it as if it had just arrived (``Connection._bound_recorded``: the
   draining state, the ownership and the table are asked then, not before). A recording that
-  fails answers its parked requests ``error`` (as a token that cannot be issued), and the
-  bound stays where it was.
+  fails answers its parked requests ``error_read_only`` where the bound's file could not be
+  written (a full disk: as while the journal cannot be written) and ``error`` otherwise (as a
+  token that cannot be issued), and the bound stays where it was.
 - A parked request is not in its key's queue while it waits: another connection's request for
   the same key, with a lease within the bound, may be granted first.
 - The table still calls ``note_now`` if a lease longer than the bound reaches it without
@@ -43,7 +44,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from dflockd_server.fence import FenceStateError
+from dflockd_server import protocol as p
+from dflockd_server.fence import FenceStateError, StateUnwritable
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.tablecore import TableCore
 
@@ -51,8 +53,11 @@ __all__ = ["LeaseBound"]
 
 log = logging.getLogger("dflockd_server")
 
-Resume = Callable[[bool], None]
-"""Told, on the loop, whether the lease it waited for is now within the recorded bound."""
+Resume = Callable[[bytes | None], None]
+"""Told, on the loop, ``None`` once the lease it waited for is within the recorded bound, else
+the reply to answer instead: ``error_read_only`` when the bound's file could not be written (a
+full or failing disk: the server grants nothing longer meanwhile, as while its journal cannot
+be written), ``error`` when it could not be published or the server stops."""
 
 
 class LeaseBound:
@@ -133,7 +138,7 @@ class LeaseBound:
         except RuntimeError:  # closed: the server stops (its connections are closing)
             parked, self._parked = self._parked, []
             for _, resume in parked:
-                self._loop.call_soon(resume, False)  # not within the caller's pass
+                self._loop.call_soon(resume, p.REPLY_ERROR)  # not within the caller's pass
             return
         self._running = True
         future.add_done_callback(self._recorded)
@@ -156,15 +161,16 @@ class LeaseBound:
         elif not isinstance(failed, FenceStateError):
             log.error("recording the lease bound failed", exc_info=failed)
         longest = self.record.longest
+        refusal = p.REPLY_ERROR_READ_ONLY if isinstance(failed, StateUnwritable) else p.REPLY_ERROR
         waiting: list[tuple[int, Resume]] = []
         for lease, resume in parked:
             if lease <= longest:
-                resume(True)
+                resume(None)
             elif failed is None:
                 waiting.append((lease, resume))  # parked during the recording, longer still
             else:
                 log.error("cannot record a lease bound of %d s: %s", lease, failed)
-                resume(False)
+                resume(refusal)
         self._parked = waiting + self._parked  # resumes may have parked again
         if self._parked and not self._running:
             self._record_next()

@@ -442,6 +442,7 @@ def test_our_client_keeps_its_lock_through_a_full_disk_and_is_told_why_it_gets_n
                 reply = wire.req("l", f"k{i}", "0")
                 if reply == "error_read_only":
                     break
+                assert reply.startswith("ok "), (i, reply)
                 assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
             other = DistributedLock("other", servers=[address], acquire_timeout_s=0)
             with pytest.raises(ServerReadOnly, match="cannot write its lease journal"):
