@@ -159,6 +159,16 @@ FEATURE_HOLDS: Final = "holds"
 ``stats`` lists each lock's ``owner`` note and whether it is ``detached``."""
 FEATURE_ASK: Final = "ask"
 """Key-level moves: ``error_ask <HOST:PORT>`` to an acquire, and ``asking``."""
+FEATURE_SESSION: Final = "session"
+"""``hello _ session`` makes the connection a session connection: a close by its peer (an EOF,
+a reset) ends its grants at the latest ``session_ttl_s`` (a field of the ``hello`` reply) after
+the close, not at once; a renewal by token on another connection meanwhile keeps them."""
+HELLO_SESSION: Final = "session"
+"""The argument of ``hello`` that opts the connection in to sessions."""
+DEFAULT_SESSION_TTL_S: Final = 3
+"""How long a session connection's grants outlive its close by the peer (``--session-ttl``):
+a killed holder's key is free this long after the kernel closed its connection (plus up to one
+lease sweep)."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -170,6 +180,7 @@ FEATURES: Final = (
     FEATURE_SHARDS,
     FEATURE_HOLDS,
     FEATURE_ASK,
+    FEATURE_SESSION,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""

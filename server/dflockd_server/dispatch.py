@@ -44,6 +44,7 @@ _LOCK: Final = c.CMD_LOCK.encode()
 _RELEASE: Final = c.CMD_RELEASE.encode()
 _RENEW: Final = c.CMD_RENEW.encode()
 _ASKING: Final = c.CMD_ASKING.encode()
+_SESSION: Final = c.HELLO_SESSION.encode()
 _STATUS_OK: Final = c.STATUS_OK.encode()
 _WHILE_DRAINING: Final = frozenset(
     command.encode()
@@ -452,6 +453,10 @@ class Session:
         return p.REPLY_OK
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``hello``; ``hello _ session`` also makes this connection a session connection
+        (a close by its peer ends its grants ``session_ttl_s`` later, not at once)."""
+        if arg.strip() == _SESSION:
+            self.client.session = True
         return self.host.hello_reply
 
     def _shards(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -512,9 +517,10 @@ class Session:
         self.moved[key] = reply
         return True
 
-    def close(self) -> None:
-        """The connection is gone: drop its waits, release what it holds (auto-release)."""
-        self.table.disconnect(self.client)
+    def close(self, *, by_peer: bool = True) -> None:
+        """The connection is gone (``by_peer``: closed by its peer, not by this server): drop
+        its waits, end its grants as the rule says (``LockTable.disconnect``)."""
+        self.table.disconnect(self.client, by_peer=by_peer)
 
     # ------------------------------------------------------------------ helpers
     def _later(self, action: Action) -> None:

@@ -76,7 +76,7 @@ class Client:
     and an ``<onclose>`` lease (holder -> the lease they are detached with at the close; stale
     entries of released holders are pruned as it grows), ``None`` while there are none."""
 
-    __slots__ = ("closed", "enqueued", "held", "id", "n_held", "on_close", "waiting")
+    __slots__ = ("closed", "enqueued", "held", "id", "n_held", "on_close", "session", "waiting")
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
@@ -89,6 +89,9 @@ class Client:
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
         self.closed = False
         self.on_close: dict[Holder, int] | None = None
+        self.session = False
+        """It opted in to sessions (``hello _ session``): a close by its peer ends its grants
+        ``session_ttl_s`` later, not at once."""
 
 
 class Holder:

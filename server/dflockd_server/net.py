@@ -106,7 +106,11 @@ class Server(Admission, KeyServing):
         """The lease journal, or None (no state directory)."""
         self.grace_reason = ""
         """Why this start has a restart grace ("" when it has none)."""
-        self._hello = p.reply_hello(c.SERVER_VERSION, max_lease_ttl_s=self.config.max_lease_ttl_s)
+        self._hello = p.reply_hello(
+            c.SERVER_VERSION,
+            max_lease_ttl_s=self.config.max_lease_ttl_s,
+            session_ttl_s=self.config.session_ttl_s,
+        )
         self._group_write: GroupWrite | None = None
         self.connections_accepted = 0
         self.connections_refused = 0
@@ -192,6 +196,7 @@ class Server(Admission, KeyServing):
                     durable=self.journal is not None,
                     grace_s=remaining,
                     max_lease_ttl_s=self.config.max_lease_ttl_s,
+                    session_ttl_s=self.config.session_ttl_s,
                 )
         return self._hello
 
@@ -275,6 +280,7 @@ class Server(Admission, KeyServing):
             max_locks_per_connection=cfg.max_locks_per_connection,
             max_waits_per_connection=cfg.max_waits_per_connection,
             auto_release_on_disconnect=cfg.auto_release_on_disconnect,
+            session_ttl_s=cfg.session_ttl_s,
             grace_s=grace.seconds,
             note_lease=self.lease_record.note,
             lease_noted=self.lease_record.longest,
@@ -354,7 +360,10 @@ class Server(Admission, KeyServing):
         table.journal = journal
         self.journal = self.group_write.journal = journal
         self._hello = p.reply_hello(
-            c.SERVER_VERSION, durable=True, max_lease_ttl_s=self.config.max_lease_ttl_s
+            c.SERVER_VERSION,
+            durable=True,
+            max_lease_ttl_s=self.config.max_lease_ttl_s,
+            session_ttl_s=self.config.session_ttl_s,
         )
         log.info(
             "journal: restored %d lease(s) from %s (fsync %s)",

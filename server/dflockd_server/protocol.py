@@ -553,17 +553,20 @@ def reply_hello(
     durable: bool = False,
     grace_s: float = 0.0,
     max_lease_ttl_s: int | None = None,
+    session_ttl_s: int = c.DEFAULT_SESSION_TTL_S,
 ) -> bytes:
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
     adds that feature (a lease journal), ``grace_s`` > 0 the restart grace still to run,
     ``max_lease_ttl_s`` the longest lease granted (``--max-lease-ttl``), so a client refuses a
-    longer one before asking."""
+    longer one before asking; ``session_ttl_s``: how long a session connection's grants
+    outlive its close by the peer (``--session-ttl``)."""
     features: list[str] = list(c.FEATURES)
     if durable:
         features.append(c.FEATURE_DURABLE)
     body: dict[str, object] = {"server": c.SERVER_NAME, "version": version, "features": features}
     if max_lease_ttl_s is not None:
         body["max_lease_ttl_s"] = max_lease_ttl_s
+    body["session_ttl_s"] = session_ttl_s
     if grace_s > 0:
         body["grace_remaining_s"] = round(grace_s, 3)
     return reply_stats(json.dumps(body, separators=(",", ":")))
