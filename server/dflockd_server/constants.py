@@ -162,7 +162,8 @@ FEATURE_ASK: Final = "ask"
 FEATURE_SESSION: Final = "session"
 """``hello _ session`` makes the connection a session connection: a close by its peer (an EOF,
 a reset) ends its grants at the latest ``session_ttl_s`` (a field of the ``hello`` reply) after
-the close, not at once; a renewal by token on another connection meanwhile keeps them."""
+the close, not at once; a renewal by token on another connection meanwhile keeps them. Listed
+unless ``--session-ttl`` is 0 (no sessions)."""
 HELLO_SESSION: Final = "session"
 """The argument of ``hello`` that opts the connection in to sessions."""
 DEFAULT_SESSION_TTL_S: Final = 3
@@ -180,7 +181,6 @@ FEATURES: Final = (
     FEATURE_SHARDS,
     FEATURE_HOLDS,
     FEATURE_ASK,
-    FEATURE_SESSION,
 )
 """What the ``hello`` reply lists, in this order: what this server supports beyond the
 ``l`` / ``n`` / ``r`` every dflockd server knows."""

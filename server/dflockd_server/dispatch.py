@@ -454,8 +454,9 @@ class Session:
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hello``; ``hello _ session`` also makes this connection a session connection
-        (a close by its peer ends its grants ``session_ttl_s`` later, not at once)."""
-        if arg.strip() == _SESSION:
+        (a close by its peer ends its grants ``session_ttl_s`` later, not at once), unless
+        the server has sessions off (``--session-ttl 0``)."""
+        if self.table.session_ttl_s and arg.strip() == _SESSION:
             self.client.session = True
         return self.host.hello_reply
 

@@ -140,8 +140,9 @@ SETTINGS: tuple[Setting, ...] = (
         "--session-ttl",
         ("DFLOCKD_SESSION_TTL_S",),
         parse_int,
-        check_positive,
-        "seconds a session connection's grants outlive its close by the peer",
+        check_non_negative,
+        "seconds a session connection's grants outlive its close by the peer (0: no "
+        "sessions: every connection is a plain one)",
     ),
     Setting(
         "max_connections",

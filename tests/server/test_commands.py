@@ -499,7 +499,7 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
         assert hello == {
             "server": "dflockd-server",
             "version": dflockd_server.__version__,
-            "features": list(constants.FEATURES),
+            "features": [*constants.FEATURES, constants.FEATURE_SESSION],
             "max_lease_ttl_s": constants.DEFAULT_MAX_LEASE_TTL_S,
             "session_ttl_s": constants.DEFAULT_SESSION_TTL_S,
         }

@@ -337,6 +337,8 @@ class HeldLock:
             reason = f"the lock server refused this client's auth when it reconnected ({exc})"
             return RenewOutcome(renewed=False, lost_reason=reason, reattach=False)
         except DflockError as exc:
+            if isinstance(exc.__cause__, ConnectionRefusedError):
+                self._core.refused()  # the server is not running: it frees nothing meanwhile
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
         try:
             outcome = self._renew_request(conn)
