@@ -40,7 +40,7 @@ REATTACH_MAX_PAUSE_S: Final = 1.0
 by token) is followed by a pause that doubles from the first to the most, while the lease
 confirmed last still runs."""
 
-SESSION_MARGIN_S: Final = 0.25
+SESSION_MARGIN_S: Final = 0.5
 """Taken off a session's time when counting how long a grant surely stays held after the
 last answered request: room for the two clocks' rates to differ (a session is seconds long:
 this is far more than they drift), so the loss is known before the server can free the key."""

@@ -333,10 +333,89 @@ def test_proxy_faults(tmp_path: Path, fault_report: FaultReport, kind: str) -> N
             "renewal timed out, its lease ran out, the lock passed on"
         )
     else:
-        assert recovery < LEASE_S  # the server freed the lock when the connection went
+        assert recovery < LEASE_S  # the holder kept it only to its release (issue 47)
         how = "RST (SO_LINGER 0)" if kind == "reset" else "FIN"
-        what = f"the holder's connections closed with a {how} both ways: the lock passed on at once"
+        what = (
+            f"the holder's connections closed with a {how} both ways: the server kept its grant "
+            "for the session time (3 s), the holder reattached by token on a new connection "
+            "meanwhile and held the lock to its release"
+        )
     report(fault_report, f"proxy {kind} while holding", result, check, f"{what}; {RECOVERY_NOTE}")
+
+
+SESSION_CUT_LEASE_S = 8
+"""The lease of the session-reset run: longer than the server's session time (3 s), so the
+server's session, not the lease, is what frees the key after the reset."""
+
+
+def test_a_reset_holder_is_told_of_the_loss_before_a_rival_is_granted(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    """Issue 47, acceptance 1: the network resets a holder's connection on both sides (the
+    server up) and stays cut longer than the lease (the proxy stalls: new connections hang).
+    The server sees its peer's close and frees the key at the session's end; the holder, which
+    counts from the send time of its last answered request, is told of the loss first."""
+    faults = scaled(3, 12)
+    cut_s = SESSION_CUT_LEASE_S + 1.0
+    with LockRun(
+        tmp_path,
+        proxied=True,
+        seed=11,
+        lease_s=SESSION_CUT_LEASE_S,
+        max_lease_s=SESSION_CUT_LEASE_S,
+    ) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(faults):
+            victim = run.pick()
+            key, _ = long_hold(victim, cut_s + 1.0)
+            proxy = run.proxies[victim.client]
+            proxy.stall(cut_s)  # new connections (its reattaching) hang for the cut
+            run.cut_connections(victim, rst=True, key=key)  # RST both ways, server up
+            wait_until(proxy.flowing, timeout=cut_s + EVENT_TIMEOUT_S, what="the cut to end")
+            run.settle()
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    margins: list[float] = []
+    for inj in result.injections:
+        victim_hold = next(
+            h
+            for h in result.holds
+            if h.client == inj.client
+            and h.key == inj.key
+            and h.granted_t is not None
+            and h.granted_t < inj.t
+            and (h.released_t is None or h.released_t > inj.t)
+        )
+        rival = min(
+            (
+                h.granted_t
+                for h in result.holds
+                if h.key == inj.key
+                and h.client != inj.client
+                and h.granted_t is not None
+                and h.granted_t > inj.t
+            ),
+            default=None,
+        )
+        assert rival is not None, f"nobody was granted {inj.key} after the cut"
+        assert victim_hold.told_t is not None, f"{inj.client} was never told of the loss"
+        # The rival's grant reply came after the victim was told (the server granted it at
+        # most then: the reply's arrival bounds the grant from above).
+        assert victim_hold.told_t < rival, (victim_hold, rival)
+        margins.append(rival - victim_hold.told_t)
+    recovery = result.recovery_s()
+    assert recovery is not None
+    report(
+        fault_report,
+        "proxy reset of a session connection, then cut past the lease",
+        result,
+        check,
+        f"the holder's connections reset both ways (server up), new ones hung for {cut_s:.0f} s "
+        f"(lease {SESSION_CUT_LEASE_S} s, session 3 s): each of {len(margins)} holders was "
+        f"told of the loss {min(margins):.2f}-{max(margins):.2f} s before the rival's grant "
+        f"arrived; {RECOVERY_NOTE}",
+    )
 
 
 FLOOD_CAP_BYTES = 64 << 20

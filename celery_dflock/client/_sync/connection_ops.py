@@ -161,8 +161,13 @@ class ConnectionOps:
             raise error
 
     def hello(self) -> ServerInfo:
-        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed."""
-        info = server_info(self.endpoint, self.request(Command.HELLO, protocol.encode_hello()))
+        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed. Part of
+        making a connection: its answer is waited for ``connect_timeout_s`` at most (cut to the
+        lease left when a held lock reconnects)."""
+        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
+        info = server_info(
+            self.endpoint, self.request(Command.HELLO, protocol.encode_hello(), timeout)
+        )
         if info.legacy:
             self._abort()  # some close it after `error`: never reuse it
         return info
