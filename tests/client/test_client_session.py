@@ -16,10 +16,14 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.support.servers import DflockdProcess
+from celery_dflock.client import Client
+from tests.support.ports import free_port
+from tests.support.servers import DflockdProcess, dflockd_subprocess
+from tests.support.waiting import wait_until
 from tests.support.wire import Wire
 
 PAUSE_S = 5.0
@@ -102,3 +106,31 @@ def test_a_holder_paused_past_the_read_timeout_does_not_claim_it_owns_the_lock(
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_a_holder_keeps_its_lock_across_a_server_down_longer_than_the_session_time(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of a durable server, restarted in place after longer than the session time:
+    the holder's reconnections were refused (nobody listened), so it knew the server could
+    free nothing meanwhile, and it renews by token once the server is back (the journal
+    restored the grant)."""
+    port = free_port()
+    args = ["--state-dir", str(tmp_path / "state")]
+    client = Client([("127.0.0.1", port)])
+    try:
+        with dflockd_subprocess(tmp_path / "first.log", *args, port=port) as (server, _):
+            lock = client.lock("k", lease_ttl_s=60)
+            assert lock.acquire()
+            server.send_signal(signal.SIGKILL)
+            server.wait(10)
+            time.sleep(PAUSE_S)  # past the session's deadline: reconnections are refused
+            assert not lock.owned()  # no answer for that long: not known to be held
+        with dflockd_subprocess(tmp_path / "second.log", *args, port=port) as (_, address):
+            wait_until(lambda: lock.owned(), timeout=30.0, what="the lock reattached")
+            assert not lock.lost
+            with Wire(address) as rival:
+                assert rival.req("l", "k", "0") == "timeout"
+            assert lock.release()
+    finally:
+        client.close()

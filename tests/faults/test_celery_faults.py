@@ -84,8 +84,10 @@ from tests.support.workers import (
 APP = "tests.faults.celery_faults_app"
 SERVER_LEASE_S = LOCK_SERVER_LEASE_S
 """Lease of runs that do not ask for one (the SIGKILL test's runs hold it)."""
-FREE_WITHIN_S = 2.0
-"""Acceptance 4: after a worker is SIGKILLed, its locks are free this fast."""
+FREE_WITHIN_S = 5.0
+"""Acceptance 4 (of the Celery layer), within issue 47's bound: after a worker is SIGKILLed,
+its locks are free this fast (the session time, 3 s, after the kernel closed its children's
+connections, plus a lease sweep)."""
 SHORT_LEASE_S = 2
 """Lease of the runs that lose their lock (renewed every second)."""
 RENEW_RATIO = 0.5
@@ -318,7 +320,7 @@ def free_after(address: tuple[str, int], keys: list[str], limit_s: float) -> flo
 # --------------------------------------------------------------------------- worker SIGKILL
 
 
-def test_worker_sigkill_frees_its_locks_within_2s(
+def test_worker_sigkill_frees_its_locks_within_5s(
     rig: FaultsRig,
     lock_server: ServerThread,
     own_redis: Callable[..., RedisChild],

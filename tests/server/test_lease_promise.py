@@ -344,10 +344,25 @@ def _spawn_holder(address: tuple[str, int]) -> subprocess.Popen[str]:
     return proc
 
 
-def test_a_killed_holder_frees_its_key_within_five_seconds(dflockd: tuple[str, int]) -> None:
-    proc = _spawn_holder(dflockd)
+@pytest.fixture
+def dflockd_as_started() -> Iterator[tuple[str, int]]:
+    """``dflockd`` with its defaults (a lease sweep every second, the read timeout of 23 s)."""
+    proc = DflockdProcess(["--host", "127.0.0.1", "--port", "0"], {})
     try:
-        with Wire(dflockd) as rival:
+        yield proc.wait_listening()
+    finally:
+        proc.kill()
+
+
+def test_a_killed_holder_frees_its_key_within_five_seconds(
+    dflockd_as_started: tuple[str, int],
+) -> None:
+    """kill -9 of a process holding a lock through the project's client (a session
+    connection): its key is free within 5 s (the session time, 3 s, and a sweep)."""
+    server = dflockd_as_started
+    proc = _spawn_holder(server)
+    try:
+        with Wire(server) as rival:
             assert rival.req("l", "k", "0") == "timeout"
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
