@@ -127,7 +127,7 @@ def test_a_holder_keeps_its_lock_across_a_server_down_longer_than_the_session_ti
             time.sleep(PAUSE_S)  # past the session's deadline: reconnections are refused
             assert not lock.owned()  # no answer for that long: not known to be held
         with dflockd_subprocess(tmp_path / "second.log", *args, port=port) as (_, address):
-            wait_until(lambda: lock.owned(), timeout=30.0, what="the lock reattached")
+            wait_until(lock.owned, timeout=30.0, what="the lock reattached")
             assert not lock.lost
             with Wire(address) as rival:
                 assert rival.req("l", "k", "0") == "timeout"
