@@ -40,10 +40,13 @@ REATTACH_MAX_PAUSE_S: Final = 1.0
 by token) is followed by a pause that doubles from the first to the most, while the lease
 confirmed last still runs."""
 
-SESSION_MARGIN_S: Final = 0.5
+SESSION_MARGIN_S: Final = 0.75
 """Taken off a session's time when counting how long a grant surely stays held after the
-last answered request: room for the two clocks' rates to differ (a session is seconds long:
-this is far more than they drift), so the loss is known before the server can free the key."""
+last answered request, so the loss is known before the server can free the key: room for the
+two clocks' rates to differ (a session is seconds long: they drift far less) and, mostly, for
+this process to be scheduled late at the deadline on a loaded machine. A renewal sent every
+third of the session must then be answered within ``2/3 * session - SESSION_MARGIN_S`` (1.25 s
+of a 3 s session), or the lock counts as lost."""
 SESSION_KEEPALIVES: Final = 3
 """A grant held on a session connection is renewed at least this many times per session time:
 each answered renewal moves its loss deadline on."""
