@@ -84,7 +84,7 @@ class LockTable(HoldTable):
     def disconnect(self, client: Client, *, by_peer: bool = True) -> None:
         """The connection is gone: drop its waits, detach the grants it took over with ``ht``
         and an ``<onclose>`` lease, and end the rest of its grants as the rule says (docs/
-        protocol.md, "Lease, expiry, disconnect"). ``by_peer``: the peer closed it (an EOF or
+        protocol.md, "Tokens, leases and disconnects"). ``by_peer``: the peer closed it (an EOF or
         a reset: what a killed client or a network reset looks like); False: this server
         closed it on its own (a read or write timeout, a journal it could not write, a
         drain), which frees nothing early: the grants run to their lease's end.
