@@ -320,8 +320,8 @@ class TableCore:
     def free_holder(
         self, holder: Holder, state: KeyState | None, now: float, why: list[int]
     ) -> None:
-        """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Lease,
-        expiry, disconnect"): its holder's release, the end of its lease (a session's end is
+        """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Tokens,
+        leases and disconnects"): its holder's release, the end of its lease (a session's end is
         one: ``disconnect`` shortened it), or the close by its peer of a plain connection
         with auto-release on; nothing else frees a key. ``why`` is the running total the end
         counts in (``counts.releases``, ``counts.expiries``, ``counts.lost_by_disconnect``),
