@@ -253,9 +253,11 @@ class Counts:
         self.releases = [0, 0]
         """Explicit releases by a holder's token."""
         self.expiries = [0, 0]
-        """Leases that ran out without a renew."""
+        """Leases that ran out without a renew (the grants of a session connection closed by
+        its peer count here when its session time ends)."""
         self.lost_by_disconnect = [0, 0]
-        """Holds released because their connection closed (auto-release on disconnect)."""
+        """Holds released because their plain connection was closed by its peer (auto-release
+        on disconnect); a close the server makes itself releases none."""
         self.timeouts = [0, 0]
         """Acquires that gave up: try-once refusals and waits that timed out."""
 
