@@ -108,15 +108,17 @@ def test_client_sigkill(tmp_path: Path, fault_report: FaultReport) -> None:
     assert len(killed) >= (kills + 1) // 2  # every aimed kill left a hold behind
     recovery = result.recovery_s()
     assert recovery is not None
-    # The server frees a dead client's lock when its connection closes, not at lease end.
-    assert recovery < LEASE_S, recovery
+    # The server frees a dead client's lock at the end of its session (3 s after the kernel
+    # closed its connection) or of its lease (2 s here), whichever comes first: never later
+    # than the lease's end and a sweep or two.
+    assert recovery < LEASE_S + 1.0, recovery
     report(
         fault_report,
         "client SIGKILL (half of them while holding the lock)",
         result,
         check,
-        f"{len(killed)} holds died with their client; the lock passed on at disconnect, "
-        f"before the {LEASE_S} s lease ran out; {RECOVERY_NOTE}",
+        f"{len(killed)} holds died with their client; the lock passed on at the end of the "
+        f"{LEASE_S} s lease (before the 3 s session time since the close); {RECOVERY_NOTE}",
     )
 
 
@@ -488,9 +490,10 @@ class SlowReader:
 
 
 def test_slow_reading_client(tmp_path: Path, fault_report: FaultReport) -> None:
-    """A holder that stops reading its replies is dropped after the write timeout, and its
-    lock (with a 30 s lease) passes on at once, while everyone else carries on."""
-    slow_lease_s = 30
+    """A holder that stops reading its replies is dropped after the write timeout, while
+    everyone else carries on. The drop is the server's own act, which frees nothing early
+    (issue 47): its lock (with an 8 s lease) passes on when its lease ends."""
+    slow_lease_s = 8
     rounds = scaled(1, 6)
     slow_holds: list[Hold] = []
     with LockRun(tmp_path, seed=6, max_lease_s=slow_lease_s) as run:
@@ -516,15 +519,16 @@ def test_slow_reading_client(tmp_path: Path, fault_report: FaultReport) -> None:
     result.holds.extend(slow_holds)
     check = checked(result)
     recovery = result.recovery_s()
-    assert recovery is not None and recovery < slow_lease_s / 2
+    # Not before its lease's end (the grant came just before the fault was marked).
+    assert recovery is not None and recovery > slow_lease_s - 2.0
     report(
         fault_report,
         "slow-reading client holding the lock",
         result,
         check,
         f"a holder (lease {slow_lease_s} s) that pipelined requests and never read was "
-        f"dropped after the {WRITE_TIMEOUT_S:.0f} s write timeout and its lock passed on; "
-        f"{RECOVERY_NOTE}",
+        f"dropped after the {WRITE_TIMEOUT_S:.0f} s write timeout (the server's own act) and "
+        f"its lock passed on when its lease ended; {RECOVERY_NOTE}",
     )
 
 
