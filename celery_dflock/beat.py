@@ -471,7 +471,8 @@ class SingletonScheduler(Scheduler):
         (the store is closed unwritten, the safe side), stops campaigning without a release,
         and leaves the dflock client alone. The interrupted request, unwinding with the
         SystemExit, closes its connection, upon which the server frees the lock for the next
-        standby; the close beat makes on its way out then finishes the rest.
+        standby (after its session time, 3 s, on a server with sessions); the close beat makes
+        on its way out then finishes the rest.
         """
         interrupted_ask = self._asking_lock_server
         cache = self.__dict__

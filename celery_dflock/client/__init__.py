@@ -14,7 +14,10 @@ drift apart; the decisions live in `celery_dflock.client._core.LockCore`::
 A held lock pins its connection. The renewer's `ConnectionWatcher` notices at once when that
 connection closes, over plain TCP and TLS alike, and the lock then reattaches from the renewal
 thread: it reconnects to the same server and renews by token there (a server restarted with its
-journal, or one without auto-release, still holds it), trying again while the lease runs. A
+journal, one without auto-release, or one that keeps a session connection's grants for its
+session time after a reset, still holds it), trying again while the lease runs (on a session
+connection: until the session's deadline, counted from the send time of its last answered
+request, unless the server was found down). A
 lock that cannot be renewed (refused, or its server not reached again before the lease ran out)
 is *lost*: `lost` turns True, `lost_event` is set, ``on_lost(lock)`` runs once in the renewal
 thread, and a warning is logged.

@@ -12,6 +12,7 @@ faces cannot drift apart.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Final
@@ -21,7 +22,12 @@ from celery_dflock.client._grant import HeldGrant, LockState
 from celery_dflock.client._refusals import refusal_error
 from celery_dflock.client._requests import checked_hold, checked_lock, checked_release
 from celery_dflock.client._router import ClusterRouter, KeyRoute
-from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
+from celery_dflock.client._servers import (
+    FEATURE_DURABLE,
+    FEATURE_HOLDS,
+    ServerInfo,
+    require_holds,
+)
 from celery_dflock.client._settings import ClientSettings, whole_seconds
 from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
 from celery_dflock.client.protocol import (
@@ -258,6 +264,11 @@ class LockCore(HeldGrant):
             self.lease_deadline = started + reply.lease
             self.lease_latest_end = time.monotonic() + reply.lease
             self.enqueued_at = None
+            self.session_ttl = None if server is None else server.session_ttl_s
+            self.session_deadline = math.inf
+            self.answered(sent_at)
+            self.durable = server is not None and server.supports(FEATURE_DURABLE)
+            self.server_down = False
             return True
         if isinstance(reply, Queued):
             self.state = LockState.ENQUEUED

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import re
 import time
@@ -38,6 +39,17 @@ REATTACH_MAX_PAUSE_S: Final = 1.0
 """After a held lock's connection broke, each failed attempt to reattach (reconnect and renew
 by token) is followed by a pause that doubles from the first to the most, while the lease
 confirmed last still runs."""
+
+SESSION_MARGIN_S: Final = 0.75
+"""Taken off a session's time when counting how long a grant surely stays held after the
+last answered request, so the loss is known before the server can free the key: room for the
+two clocks' rates to differ (a session is seconds long: they drift far less) and, mostly, for
+this process to be scheduled late at the deadline on a loaded machine. A renewal sent every
+third of the session must then be answered within ``2/3 * session - SESSION_MARGIN_S`` (1.25 s
+of a 3 s session), or the lock counts as lost."""
+SESSION_KEEPALIVES: Final = 3
+"""A grant held on a session connection is renewed at least this many times per session time:
+each answered renewal moves its loss deadline on."""
 
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
 
@@ -81,6 +93,19 @@ class HeldGrant(KeyRoute):
     lease_deadline: float = 0.0
     lease_latest_end: float = 0.0
     enqueued_at: float | None = None  # when the `e` that queued us was sent
+    # On a session connection (the server listed `session`): its session time, and the
+    # time.monotonic() until which the grant surely stays held, counted from the send time
+    # of the last request the server answered on its connection (the server cannot have seen
+    # that connection close before it got that request): docs/protocol.md, "Tokens, leases
+    # and disconnects". inf: no session (the lease alone says).
+    session_ttl: int | None = None
+    session_deadline: float = math.inf
+    # The server keeps a lease journal (`durable`), and a reconnection after the lock's
+    # connection broke was refused: the server is not running, so nothing frees the grant
+    # before its lease ends (a restart restores it to its lease); the session's deadline no
+    # longer makes the lock lost, only the lease's (it still makes `owned` false).
+    durable: bool = False
+    server_down: bool = False
     # Reattaching a held lock whose connection broke: failed attempts so far, and why the
     # connection went (None: the lock's connection is fine).
     reattach_failures: int = 0
@@ -109,12 +134,27 @@ class HeldGrant(KeyRoute):
         return self.state is LockState.HELD and not self.foreign_process()
 
     def owned(self) -> bool:
-        """`locked`, not lost, and the lease is known to be still running."""
-        return self.locked() and not self.lost and time.monotonic() < self.lease_deadline
+        """`locked`, not lost, and the grant is known to be still held: its lease runs, and
+        on a session connection an answer came recently enough (`session_deadline`)."""
+        return self.locked() and not self.lost and time.monotonic() < self.hold_deadline()
+
+    def hold_deadline(self) -> float:
+        """The time.monotonic() until which the grant is surely held: the lease's end, or on a
+        session connection the session's deadline if sooner."""
+        return min(self.lease_deadline, self.session_deadline)
+
+    def answered(self, sent_at: float) -> None:
+        """The server answered a request about the grant that was sent at ``sent_at`` (on a
+        session connection: the session's deadline moves on)."""
+        if self.session_ttl is not None:
+            self.session_deadline = sent_at + self.session_ttl - SESSION_MARGIN_S
 
     def renew_interval(self) -> float:
-        """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout."""
+        """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout,
+        and on a session connection at most a third of the session time (the keepalive)."""
         interval = self.lease * self.renew_ratio
+        if self.session_ttl is not None:
+            interval = min(interval, self.session_ttl / SESSION_KEEPALIVES)
         return max(MIN_RENEW_INTERVAL_S, min(interval, MAX_RENEW_INTERVAL_S))
 
     def first_renewal_in(self) -> float:
@@ -122,7 +162,10 @@ class HeldGrant(KeyRoute):
         far as the client knows where the lease stands (a grant collected by ``w`` may have
         started when the lock was freed, before the ``w`` was sent)."""
         interval = self.renew_interval()
-        remaining = self.lease_deadline - time.monotonic()
+        now = time.monotonic()
+        if self.session_deadline - now < 2 * interval:
+            return 0.0  # a grant that waited: confirm it at once
+        remaining = self.lease_deadline - now
         return max(0.0, min(interval, remaining - (self.lease - interval)))
 
     def reply_timeout(self, wait_s: int = 0) -> float:
@@ -132,9 +175,15 @@ class HeldGrant(KeyRoute):
     def renew_reply_timeout(self) -> float:
         """A renewal answered after the lease surely ran out is useless: wait at most that
         long. (Not only until ``lease_deadline``: after a late ``w`` the lease may run well
-        past it, and the renewal sent at once to find out must get its answer.)"""
-        remaining = self.lease_latest_end - time.monotonic()
-        return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, remaining))
+        past it, and the renewal sent at once to find out must get its answer.) On a session
+        connection, an answer after the session's deadline does not save the lock either: the
+        request fails then (unless the deadline had passed before it was sent, a pause or a
+        long wait: then its answer is what tells whether the grant is still held)."""
+        now = time.monotonic()
+        end = self.lease_latest_end
+        if self.session_deadline > now:
+            end = min(end, self.session_deadline)
+        return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, end - now))
 
     # ---------------------------------------------------------------- renewing and reattaching
     def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
@@ -144,6 +193,8 @@ class HeldGrant(KeyRoute):
         if isinstance(reply, Renewed):
             self.lease_deadline = sent_at + reply.seconds_remaining
             self.lease_latest_end = time.monotonic() + reply.seconds_remaining
+            self.answered(sent_at)
+            self.server_down = False
             if self.broken is not None:
                 logger.info(
                     "dflock %s reattached to the lock server at %s (its connection had "
@@ -193,9 +244,19 @@ class HeldGrant(KeyRoute):
         self.broken = detail
 
     def lease_left(self, now: float | None = None) -> float:
-        """Seconds the lease confirmed last surely still runs (from when the last accepted
-        grant or renewal was sent; never more than the lease)."""
-        return self.lease_deadline - (time.monotonic() if now is None else now)
+        """Seconds the grant surely stays held (from when the last accepted grant or renewal
+        was sent; never more than the lease, nor, on a session connection, than the session's
+        deadline unless the server was found not running: `server_down`). Once it is out, a
+        lock whose connection broke is lost."""
+        deadline = self.lease_deadline if self.server_down else self.hold_deadline()
+        return deadline - (time.monotonic() if now is None else now)
+
+    def refused(self) -> None:
+        """A reconnection after the lock's connection broke was refused (nobody listens at the
+        server's address): on a server with a lease journal, nothing frees the grant before
+        its lease ends (a restart restores it), so only the lease's end makes the lock lost."""
+        if self.durable:
+            self.server_down = True
 
     def reattach_endpoint(self, now: float | None = None) -> Endpoint:
         """Where to reconnect: the lock's endpoint, its connect timeout cut to the lease left
@@ -252,3 +313,7 @@ class HeldGrant(KeyRoute):
         self.enqueued_at = None
         self.broken = None
         self.reattach_failures = 0
+        self.session_ttl = None
+        self.session_deadline = math.inf
+        self.durable = False
+        self.server_down = False

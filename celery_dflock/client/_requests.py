@@ -328,8 +328,10 @@ def encode_ping() -> bytes:
 
 
 def encode_hello() -> bytes:
-    """``hello``: what this server is and supports (a server that predates it: ``error``)."""
-    return _request(Command.HELLO, wire.PLACEHOLDER, wire.PLACEHOLDER)
+    """``hello _ session``: what this server is and supports (a server that predates it:
+    ``error``), and, on a server that lists ``session``, this connection is a session
+    connection from now on (a server of ours that predates sessions ignores the argument)."""
+    return _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
 
 
 def encode_asking() -> bytes:

@@ -25,6 +25,8 @@ FEATURE_PING: Final = wire.FEATURE_PING
 FEATURE_STATS: Final = wire.FEATURE_STATS
 FEATURE_HOLDS: Final = wire.FEATURE_HOLDS
 FEATURE_FORCE_RELEASE: Final = wire.FEATURE_FORCE_RELEASE
+FEATURE_SESSION: Final = wire.FEATURE_SESSION
+FEATURE_DURABLE: Final = wire.FEATURE_DURABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,11 @@ class ServerInfo:
     max_lease_ttl_s: int | None = None
     """The longest lease the server grants (its ``--max-lease-ttl``), when ``hello`` says so;
     None: not known (another server), nothing is checked before asking."""
+    session_ttl_s: int | None = None
+    """How long a session connection's grants outlive its close by the peer, when the server
+    lists ``session`` (then every connection of this client to it is a session connection:
+    ``hello _ session``); None: the server frees a connection's grants at its close, or keeps
+    them to the lease (another server, or an older one)."""
 
     @property
     def legacy(self) -> bool:
@@ -112,6 +119,8 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
         max_lease = data.get("max_lease_ttl_s")
+        session_ttl = data.get("session_ttl_s")
+        sessions = FEATURE_SESSION in listed
         return ServerInfo(
             name=str(name) if name is not None else "unnamed",
             version=None if version is None else str(version),
@@ -119,6 +128,14 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
             max_lease_ttl_s=(
                 max_lease
                 if isinstance(max_lease, int) and not isinstance(max_lease, bool) and max_lease > 0
+                else None
+            ),
+            session_ttl_s=(
+                session_ttl
+                if sessions
+                and isinstance(session_ttl, int)
+                and not isinstance(session_ttl, bool)
+                and session_ttl > 0
                 else None
             ),
         )

@@ -56,13 +56,16 @@ HOLD_MODE_DETACHED: Final = "d"
 ON_CLOSE_RELEASE: Final = "r"
 
 # What `hello` may list
+FEATURE_DURABLE: Final = "durable"
 FEATURE_FENCE: Final = "fence"
 FEATURE_FORCE_RELEASE: Final = "force_release"
 FEATURE_HELLO: Final = "hello"
 FEATURE_HOLDS: Final = "holds"
 FEATURE_PING: Final = "ping"
 FEATURE_READ_ONLY: Final = "read_only"
+FEATURE_SESSION: Final = "session"
 FEATURE_STATS: Final = "stats"
+HELLO_SESSION: Final = "session"
 
 # Reply statuses (the parser matches the first four as literals)
 STATUS_OK: Final = "ok"

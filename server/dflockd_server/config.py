@@ -40,6 +40,7 @@ class Config:
     max_locks: int = c.DEFAULT_MAX_LOCKS
     read_timeout_s: float = c.DEFAULT_READ_TIMEOUT_S
     auto_release_on_disconnect: bool = c.DEFAULT_AUTO_RELEASE_ON_DISCONNECT
+    session_ttl_s: int = c.DEFAULT_SESSION_TTL_S
     max_connections: int = c.DEFAULT_MAX_CONNECTIONS
     max_connections_per_ip: int = c.DEFAULT_MAX_CONNECTIONS_PER_IP
     max_waiters: int = c.DEFAULT_MAX_WAITERS

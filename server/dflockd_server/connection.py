@@ -100,6 +100,11 @@ class Connection(Stream):
         log.debug("connection %d from %s", session.client.id, self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # Closed by the peer (its EOF, or a reset: what a killed client or a network reset
+        # looks like) unless this server closed it first on its own (a timeout, the journal,
+        # shedding, a drain: every such close sets `closing` before the transport goes), which
+        # frees nothing early (LockTable.disconnect).
+        by_peer = self.eof or not self.closing
         self.server.transport_lost()
         self._lost()
         if self.wait_timer is not None:
@@ -112,7 +117,7 @@ class Connection(Stream):
             return  # refused at admission
         self.session = None
         self._set_busy(False)
-        session.close()
+        session.close(by_peer=by_peer)
         if self.auth_failed_at is not None:
             # A wrong secret keeps its connection slot for the whole failure delay, also when
             # the client hangs up without waiting for the answer: otherwise hanging up early

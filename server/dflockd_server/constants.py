@@ -175,6 +175,17 @@ FEATURE_FORCE_RELEASE: Final = "force_release"
 FEATURE_READ_ONLY: Final = "read_only"
 """Listed with ``durable``: while the server cannot write its lease journal, an acquire (and
 ``ht``, ``hd``, ``note``) is answered ``error_read_only``; held locks stay held."""
+FEATURE_SESSION: Final = "session"
+"""``hello _ session`` makes the connection a session connection: a close by its peer (an EOF,
+a reset) ends its grants at the latest ``session_ttl_s`` (a field of the ``hello`` reply) after
+the close, not at once; a renewal by token on another connection meanwhile keeps them. Listed
+unless ``--session-ttl`` is 0 (no sessions)."""
+HELLO_SESSION: Final = "session"
+"""The argument of ``hello`` that opts the connection in to sessions."""
+DEFAULT_SESSION_TTL_S: Final = 3
+"""How long a session connection's grants outlive its close by the peer (``--session-ttl``):
+a killed holder's key is free this long after the kernel closed its connection (plus up to one
+lease sweep)."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,

@@ -45,6 +45,7 @@ _LOCK: Final = c.CMD_LOCK.encode()
 _RELEASE: Final = c.CMD_RELEASE.encode()
 _RENEW: Final = c.CMD_RENEW.encode()
 _ASKING: Final = c.CMD_ASKING.encode()
+_SESSION: Final = c.HELLO_SESSION.encode()
 _STATUS_OK: Final = c.STATUS_OK.encode()
 _WHILE_DRAINING: Final = frozenset(
     command.encode()
@@ -542,6 +543,11 @@ class Session:
         return p.REPLY_OK
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``hello``; ``hello _ session`` also makes this connection a session connection
+        (a close by its peer ends its grants ``session_ttl_s`` later, not at once), unless
+        the server has sessions off (``--session-ttl 0``)."""
+        if self.table.session_ttl_s and arg.strip() == _SESSION:
+            self.client.session = True
         return self.host.hello_reply
 
     def _shards(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
@@ -602,9 +608,10 @@ class Session:
         self.moved[key] = reply
         return True
 
-    def close(self) -> None:
-        """The connection is gone: drop its waits, release what it holds (auto-release)."""
-        self.table.disconnect(self.client)
+    def close(self, *, by_peer: bool = True) -> None:
+        """The connection is gone (``by_peer``: closed by its peer, not by this server): drop
+        its waits, end its grants as the rule says (``LockTable.disconnect``)."""
+        self.table.disconnect(self.client, by_peer=by_peer)
 
     # ------------------------------------------------------------------ helpers
     def _later(self, action: Action) -> None:

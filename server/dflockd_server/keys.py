@@ -76,7 +76,7 @@ class Client:
     and an ``<onclose>`` lease (holder -> the lease they are detached with at the close; stale
     entries of released holders are pruned as it grows), ``None`` while there are none."""
 
-    __slots__ = ("closed", "enqueued", "held", "id", "n_held", "on_close", "waiting")
+    __slots__ = ("closed", "enqueued", "held", "id", "n_held", "on_close", "session", "waiting")
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
@@ -89,6 +89,9 @@ class Client:
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
         self.closed = False
         self.on_close: dict[Holder, int] | None = None
+        self.session = False
+        """It opted in to sessions (``hello _ session``): a close by its peer ends its grants
+        ``session_ttl_s`` later, not at once."""
 
 
 class Holder:
@@ -282,9 +285,11 @@ class Counts:
         self.forced = [0, 0]
         """Grants freed by an operator's force release (``fr``), whoever held them."""
         self.expiries = [0, 0]
-        """Leases that ran out without a renew."""
+        """Leases that ran out without a renew (the grants of a session connection closed by
+        its peer count here when its session time ends)."""
         self.lost_by_disconnect = [0, 0]
-        """Holds released because their connection closed (auto-release on disconnect)."""
+        """Holds released because their plain connection was closed by its peer (auto-release
+        on disconnect); a close the server makes itself releases none."""
         self.timeouts = [0, 0]
         """Acquires that gave up: try-once refusals and waits that timed out."""
 

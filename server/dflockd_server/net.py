@@ -114,7 +114,11 @@ class Server(Admission, KeyServing):
         """The lease journal, or None (no state directory)."""
         self.grace_reason = ""
         """Why this start has a restart grace ("" when it has none)."""
-        self._hello = p.reply_hello(c.SERVER_VERSION, max_lease_ttl_s=self.config.max_lease_ttl_s)
+        self._hello = p.reply_hello(
+            c.SERVER_VERSION,
+            max_lease_ttl_s=self.config.max_lease_ttl_s,
+            session_ttl_s=self.config.session_ttl_s,
+        )
         self._group_write: GroupWrite | None = None
         self.connections_accepted = 0
         self.connections_refused = 0
@@ -204,6 +208,7 @@ class Server(Admission, KeyServing):
                     durable=self.journal is not None,
                     grace_s=remaining,
                     max_lease_ttl_s=self.config.max_lease_ttl_s,
+                    session_ttl_s=self.config.session_ttl_s,
                 )
         return self._hello
 
@@ -307,6 +312,7 @@ class Server(Admission, KeyServing):
             max_locks_per_connection=cfg.max_locks_per_connection,
             max_waits_per_connection=cfg.max_waits_per_connection,
             auto_release_on_disconnect=cfg.auto_release_on_disconnect,
+            session_ttl_s=cfg.session_ttl_s,
             grace_s=grace.seconds,
             note_lease=bound.note_now,
             lease_noted=bound.longest,
@@ -402,7 +408,10 @@ class Server(Admission, KeyServing):
                 plan.journal,
             )
         self._hello = p.reply_hello(
-            c.SERVER_VERSION, durable=True, max_lease_ttl_s=self.config.max_lease_ttl_s
+            c.SERVER_VERSION,
+            durable=True,
+            max_lease_ttl_s=self.config.max_lease_ttl_s,
+            session_ttl_s=self.config.session_ttl_s,
         )
         log.info(
             "journal: restored %d lease(s) from %s (fsync %s)",

@@ -133,8 +133,18 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_AUTO_RELEASE_ON_DISCONNECT",),
         parse_bool,
         check_nothing,
-        "release a connection's locks when it closes (1/yes/true, 0/no/false)",
+        "end a connection's grants when its peer closes it: at once, or --session-ttl later "
+        "for a session connection (1/yes/true, 0/no/false: they run to their lease's end)",
         "BOOL",
+    ),
+    Setting(
+        "session_ttl_s",
+        "--session-ttl",
+        ("DFLOCKD_SESSION_TTL_S",),
+        parse_int,
+        check_non_negative,
+        "seconds a session connection's grants outlive its close by the peer (0: no "
+        "sessions: every connection is a plain one)",
     ),
     Setting(
         "max_connections",

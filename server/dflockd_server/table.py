@@ -82,10 +82,19 @@ class LockTable(HoldTable):
         self._next_client_id += 1
         return Client(self._next_client_id)
 
-    def disconnect(self, client: Client) -> None:
-        """Drop the client's waits; detach the grants it took over with ``ht`` and an
-        ``<onclose>`` lease; release the rest of what it holds when auto-release is on
-        (detached holds are not the client's: they stay)."""
+    def disconnect(self, client: Client, *, by_peer: bool = True) -> None:
+        """The connection is gone: drop its waits, detach the grants it took over with ``ht``
+        and an ``<onclose>`` lease, and end the rest of its grants as the rule says (docs/
+        protocol.md, "Tokens, leases and disconnects"). ``by_peer``: the peer closed it (an EOF or
+        a reset: what a killed client or a network reset looks like); False: this server
+        closed it on its own (a read or write timeout, a journal it could not write, a
+        drain), which frees nothing early: the grants run to their lease's end.
+
+        With auto-release on, a close by the peer frees a plain connection's grants at once
+        (the seed's behaviour, what dflockd clients expect), and cuts a session connection's
+        (``hello _ session``) to end at most ``session_ttl_s`` from now, so its client,
+        which counts the same time from before, knows of the loss first, and may reattach by
+        token meanwhile. Detached holds are not the client's: they stay."""
         now = self.clock()
         client.closed = True
         for waiter in list(client.waiting):
@@ -98,18 +107,31 @@ class LockTable(HoldTable):
             for holder, lease_ttl in on_close.items():
                 if holder.live:
                     self._move(holder, self.detached, lease_ttl, now)
-        if self.auto_release_on_disconnect:
-            lost = self.counts.lost_by_disconnect
-            for holder in [h for h in client.held if h.live]:
-                state = self._state_of(holder)
-                if state is None:
-                    lost[0] += 1
-                    self._drop_holder(holder, None, now)
-                else:
-                    lost[state.is_sem] += 1
-                    self._drop_holder(holder, state, now)
-                    self._fill(state, now)
+        if by_peer and self.auto_release_on_disconnect:
+            if client.session:
+                self._end_session(client, now)
+            else:
+                lost = self.counts.lost_by_disconnect
+                for holder in [h for h in client.held if h.live]:
+                    state = self._state_of(holder)
+                    self.free_holder(holder, state, now, lost)
+                    if state is not None:
+                        self._fill(state, now)
         self._flush()
+
+    def _end_session(self, client: Client, now: float) -> None:
+        """A session connection closed by its peer: each grant ends at the latest
+        ``session_ttl_s`` from ``now`` (a lease that ends sooner is left as it is)."""
+        ttl = self.session_ttl_s
+        end = now + ttl
+        for holder in client.held:
+            if not holder.live or holder.expires_at <= end:
+                continue
+            holder.expires_at = end
+            state = self._state_of(holder)
+            if state is not None and end < state.earliest:
+                state.earliest = end
+            self._leases.add(holder, end, ttl)
 
     # ------------------------------------------------------------------ acquire
     def acquire(
@@ -236,8 +258,7 @@ class LockTable(HoldTable):
             holder = self._live_holder(entry, token, now)
             if holder is None:
                 return False
-            self.counts.releases[0] += 1
-            self._drop_holder(holder, None, now)
+            self.free_holder(holder, None, now, self.counts.releases)
             return True
         state = entry
         if now >= state.earliest:
@@ -249,8 +270,7 @@ class LockTable(HoldTable):
             if self._wakes:
                 self._flush()
             return False
-        self.counts.releases[state.is_sem] += 1
-        self._drop_holder(holder, state, now)
+        self.free_holder(holder, state, now, self.counts.releases)
         if state.queue is not None:
             self._fill(state, now)
         if self._wakes:
@@ -273,16 +293,14 @@ class LockTable(HoldTable):
             if now >= entry.expires_at:
                 self._expire_bare(entry, now)
                 return []
-            self.counts.forced[0] += 1
-            self._drop_holder(entry, None, now)
+            self.free_holder(entry, None, now, self.counts.forced)
             return [entry]
         state = entry
         if now >= state.earliest:
             self._check(state, now)
         freed = list(state.holders.values())
-        self.counts.forced[state.is_sem] += len(freed)
         for holder in freed:
-            self._drop_holder(holder, state, now)
+            self.free_holder(holder, state, now, self.counts.forced)
         self._fill(state, now)
         self._flush()
         return freed
@@ -291,8 +309,9 @@ class LockTable(HoldTable):
         self, key: str, token: str, lease_ttl: int, client: Client | None = None
     ) -> int | None:
         """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``.
-        A grant restored from the journal and still awaiting its holder becomes ``client``'s
-        (the connection that renews it), with the ``<onclose>`` lease it had."""
+        A grant bound to no live connection (restored from the journal and still awaiting its
+        holder, or its connection closed) becomes ``client``'s (the connection that renews
+        it: a reattach by token), with the ``<onclose>`` lease it had."""
         entry = self.keys.get(key)
         if entry is None:
             return None
@@ -302,7 +321,7 @@ class LockTable(HoldTable):
             return None
         if lease_ttl > self.lease_noted:
             self._note(lease_ttl, key)
-        if holder.client is self.restored and client is not None:
+        if holder.client.closed and client is not None:
             self._reattach(holder, client, lease_ttl, now)
             return lease_ttl
         expires_at = now + lease_ttl
@@ -326,8 +345,10 @@ class LockTable(HoldTable):
         return lease_ttl
 
     def _reattach(self, holder: Holder, client: Client, lease_ttl: int, now: float) -> None:
-        """A restored grant's holder is back: bind the grant to its connection."""
-        restored = self.restored.on_close
+        """A grant whose connection is gone (restored from the journal, or its connection
+        closed) is renewed on a connection: bind the grant to it, so its close ends the
+        grant as that connection's."""
+        restored = holder.client.on_close
         on_close = restored.pop(holder, None) if restored else None
         moved = self._move(holder, client, lease_ttl, now, on_close)
         if on_close is not None:

@@ -48,6 +48,7 @@ class TableCore:
         max_locks_per_connection: int = 0,
         max_waits_per_connection: int = 0,
         auto_release_on_disconnect: bool = True,
+        session_ttl_s: int = 3,
         grace_s: float = 0.0,
         note_lease: Callable[[int], int] | None = None,
         lease_noted: int = 0,
@@ -63,6 +64,9 @@ class TableCore:
         self.max_waits_per_connection = max_waits_per_connection
         """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
         self.auto_release_on_disconnect = auto_release_on_disconnect
+        """Whether a close by the peer ends the connection's grants (see ``disconnect``)."""
+        self.session_ttl_s = session_ttl_s
+        """How long the grants of a session connection outlive its close by the peer."""
         self.keys: dict[str, Entry] = {}
         """Every key, locks and semaphores alike: one resource per key. A held lock nobody
         waits for is its ``Holder`` alone (see ``Holder``), any other key its ``KeyState``."""
@@ -322,9 +326,19 @@ class TableCore:
         self._fill(state, now)
         self._idle.note(self.keys, state)
 
-    def _drop_holder(self, holder: Holder, state: KeyState | None, now: float) -> None:
-        """Release ``holder`` from ``state`` (``None``: the holder is the key's entry, and
-        stays it, released, as the idle key's)."""
+    def free_holder(
+        self, holder: Holder, state: KeyState | None, now: float, why: list[int]
+    ) -> None:
+        """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Tokens,
+        leases and disconnects"): its holder's release, the end of its lease (a session's end is
+        one: ``disconnect`` shortened it), the close by its peer of a plain connection with
+        auto-release on, or an operator's force release (``fr``: a release on purpose, whoever
+        holds it); nothing else frees a key. ``why`` is the running total the end counts in
+        (``counts.releases``, ``counts.forced``, ``counts.expiries``, ``counts.lost_by_disconnect``),
+        indexed by kind. Release ``holder`` from ``state`` (``None``: the holder is the key's
+        entry, and stays it, released, as the idle key's); the caller hands the slot on
+        (``_fill``). (``holds.HoldTable._move`` rebinds a grant and frees nothing.)"""
+        why[0 if state is None else state.is_sem] += 1
         holder.live = False
         journal = self.journal
         if journal is not None:
@@ -376,8 +390,7 @@ class TableCore:
 
     def _expire_bare(self, holder: Holder, now: float) -> None:
         """The live ``holder``, its key's entry, has run out."""
-        self.counts.expiries[0] += 1
-        self._drop_holder(holder, None, now)
+        self.free_holder(holder, None, now, self.counts.expiries)
 
     def _check(self, state: KeyState, now: float) -> int:
         """Expire the key's run-out leases and hand their slots on; returns how many."""
@@ -388,10 +401,9 @@ class TableCore:
             gone = [one] if one.expires_at <= now else []
         else:
             gone = [h for h in state.many.values() if h.expires_at <= now] if state.many else []
-        if gone:
-            self.counts.expiries[state.is_sem] += len(gone)
+        expiries = self.counts.expiries
         for holder in gone:
-            self._drop_holder(holder, state, now)
+            self.free_holder(holder, state, now, expiries)
         one = state.one
         if one is not None:
             state.earliest = one.expires_at

@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from dflockd_server import Config
+from dflockd_server.testing import ServerThread
 from tests.support.beats import (
     ACTIVE,
     LOST,
@@ -331,9 +333,23 @@ def lock_server_proxy(lock_server: LockServer) -> Iterator[FaultProxy]:
         yield proxy
 
 
+@pytest.fixture
+def sessionless_server_proxy() -> Iterator[FaultProxy]:
+    """A TCP proxy in front of a lock server without sessions (``--session-ttl 0``, as another
+    dflockd server): a held lock's request waits for its reply as long as it asks. With
+    sessions the client would give the held renew up at its session's deadline (issue 47),
+    before the SIGTERM the test below sends mid-request."""
+    with (
+        ServerThread(Config(host="127.0.0.1", port=0, session_ttl_s=0)) as server,
+        FaultProxy(server.address) as proxy,
+    ):
+        yield proxy
+
+
 def test_sigterm_while_the_leader_confirms_with_the_lock_server_stops_the_beat(
-    make_cluster: Callable[..., Cluster], broker: Broker, lock_server_proxy: FaultProxy
+    make_cluster: Callable[..., Cluster], broker: Broker, sessionless_server_proxy: FaultProxy
 ) -> None:
+    lock_server_proxy = sessionless_server_proxy
     # Every send first renews the lock on the lock connection (confirm). Celery's SIGTERM
     # handler runs close() in that same thread, mid-request: close() renewed and released on
     # the same connection and waited forever for the request lock the interrupted renew held.

@@ -263,7 +263,7 @@ def test_encoders_produce_exact_requests() -> None:
     assert protocol.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
     assert protocol.encode_stats() == b"stats\n_\n_\n"
     assert protocol.encode_ping() == b"ping\n_\n_\n"
-    assert protocol.encode_hello() == b"hello\n_\n_\n"
+    assert protocol.encode_hello() == b"hello\n_\nsession\n"
     assert protocol.encode_lock("ключ", 1) == "l\nключ\n1\n".encode()
 
 

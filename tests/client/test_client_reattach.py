@@ -271,11 +271,30 @@ async def test_an_adopted_hold_reattaches(dflock_server: ServerThread, face: str
 
 @faces
 @kinds
-async def test_a_server_that_released_the_lock_with_its_connection_reports_it_lost(
+async def test_a_reset_session_connection_reattaches_within_the_session_time(
     dflock_server: ServerThread, face: str, kind: str
 ) -> None:
-    """Auto-release on disconnect, no restart: the renewal by token is refused."""
+    """A session connection reset on the way: the server keeps the grant for its session time,
+    and the holder renews it by token on a new connection meanwhile (issue 47)."""
     with FaultProxy(dflock_server.address) as cut:
+        async with holder(face, kind, cut.address) as lock:
+            assert await lock.acquire()
+            cut.reset()
+            await asyncio.sleep(constants.DEFAULT_SESSION_TTL_S + 1.0)
+            assert not lock.lost and lock.lost_calls == []
+            assert await lock.renew()
+            assert await lock.release() is True
+
+
+@faces
+@kinds
+async def test_a_server_that_released_the_lock_with_its_connection_reports_it_lost(
+    dflock_server_factory: ServerFactory, face: str, kind: str
+) -> None:
+    """Auto-release on disconnect, no restart, a server without sessions (so the connection
+    is a plain one): the renewal by token is refused."""
+    server = dflock_server_factory(session_ttl_s=0)
+    with FaultProxy(server.address) as cut:
         async with holder(face, kind, cut.address) as lock:
             assert await lock.acquire()
             cut.reset()

@@ -111,8 +111,9 @@ def test_many_locks_share_few_threads_each_renewed_at_its_interval(
     for lock in short:
         assert lock.owned() and not lock.lost, lock
         assert 0 < leases[lock.key] <= 1.0
-    # the long lock renews every 30 s: not once in these 2.5 s
-    assert leases["long"] <= 60 - 2.0
+    # on a session connection the long lock renews too, every second (the keepalive of
+    # issue 47: a third of the server's session time), not every 30 s: still held
+    assert 0 < leases["long"] <= 60
     assert long.owned()
     threads = _renewal_threads() - before
     # 31 locks, renewals every 0.5 s: a couple of threads (a spare keeps time while one

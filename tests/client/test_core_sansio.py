@@ -342,3 +342,57 @@ def test_a_list_mode_client_redirected_names_both_server_lists() -> None:
     error = core.mismatch_error(moved, shards)
     assert isinstance(error, ShardingMismatchError)
     assert "--members 10.0.0.1:6388,10.0.0.2:6388" in str(error)
+
+
+# ---------------------------------------------------------------- sessions (issue 47)
+SESSIONS = ServerInfo(
+    "dflockd-server",
+    "test",
+    frozenset({wire.FEATURE_FENCE, wire.FEATURE_SESSION, wire.FEATURE_DURABLE}),
+    session_ttl_s=3,
+)
+
+
+def held_on_sessions(sent: float) -> LockCore:
+    core = make()
+    granted = reply(Command.LOCK, f"ok {TOKEN} 60".encode())
+    assert core.on_grant_reply(Command.LOCK, granted, sent, SESSIONS)
+    return core
+
+
+def test_a_grant_on_a_session_connection_counts_from_the_last_answered_send_time() -> None:
+    """The loss deadline is the send time of the last answered request plus the session
+    time, less a margin: never from a reply's arrival, never past the lease."""
+    sent = time.monotonic() - 10.0  # the grant's request went 10 s ago, the session is 3 s
+    core = held_on_sessions(sent)
+    assert core.session_deadline < sent + 3
+    assert not core.owned()  # a lease of 60 s does not say it is held: no answer for 10 s
+    assert core.lease_left() <= 0  # a broken connection now: lost, not reattached
+    assert core.first_renewal_in() == 0.0  # confirmed at once
+    renewed_at = time.monotonic()
+    outcome = core.on_renew_reply(reply(Command.RENEW, b"ok 60"), renewed_at)
+    assert outcome.renewed and core.owned()
+    assert renewed_at + 2 < core.hold_deadline() < renewed_at + 3
+
+
+def test_a_session_connection_is_kept_fresh_by_renewals_a_third_of_the_session_time_apart() -> None:
+    core = held_on_sessions(time.monotonic())
+    assert core.renew_interval() <= 1.0
+    assert core.renew_reply_timeout() <= 3.0
+
+
+def test_a_server_found_not_running_frees_nothing_so_only_the_lease_makes_it_lost() -> None:
+    """A durable server that refuses connections is down: a restart restores the grant to its
+    lease; `owned` still waits for an answer."""
+    core = held_on_sessions(time.monotonic() - 10.0)
+    assert core.lease_left() <= 0
+    core.refused()
+    assert core.lease_left() > 40
+    assert not core.owned()
+
+
+def test_without_sessions_the_lease_alone_says() -> None:
+    core = make()
+    granted = reply(Command.LOCK, f"ok {TOKEN} 60".encode())
+    assert core.on_grant_reply(Command.LOCK, granted, time.monotonic() - 10.0, FENCING)
+    assert core.session_ttl is None and core.owned()

@@ -63,6 +63,8 @@ class Hold:
     this moment."""
     reported_lost: bool = False
     """The client was told that it lost the lock (its lost event was set by the end)."""
+    told_t: float | None = None
+    """When the client was told it lost the lock (its ``on_lost`` ran), if it was."""
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:

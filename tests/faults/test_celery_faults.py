@@ -84,8 +84,10 @@ from tests.support.workers import (
 APP = "tests.faults.celery_faults_app"
 SERVER_LEASE_S = LOCK_SERVER_LEASE_S
 """Lease of runs that do not ask for one (the SIGKILL test's runs hold it)."""
-FREE_WITHIN_S = 2.0
-"""Acceptance 4: after a worker is SIGKILLed, its locks are free this fast."""
+FREE_WITHIN_S = 5.0
+"""Acceptance 4 (of the Celery layer), within issue 47's bound: after a worker is SIGKILLed,
+its locks are free this fast (the session time, 3 s, after the kernel closed its children's
+connections, plus a lease sweep)."""
 RELEASE_WAIT_S = 10.0
 """A run's release after its body, on a loaded machine: well under ``SERVER_LEASE_S``, so a
 key that is free only because its lease ran out is still caught."""
@@ -321,7 +323,7 @@ def free_after(address: tuple[str, int], keys: list[str], limit_s: float) -> flo
 # --------------------------------------------------------------------------- worker SIGKILL
 
 
-def test_worker_sigkill_frees_its_locks_within_2s(
+def test_worker_sigkill_frees_its_locks_within_5s(
     rig: FaultsRig,
     lock_server: ServerThread,
     own_redis: Callable[..., RedisChild],

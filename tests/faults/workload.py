@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import functools
 import json
 import math
 import multiprocessing
@@ -307,6 +308,11 @@ class StopRequest:
         return self._event.wait(timeout) or self._requested
 
 
+def _told(history: _History, attempt: int, _lock: object) -> None:
+    """``on_lost`` of the worker's locks: when it was told its lock was lost."""
+    history.emit(ev="told", id=attempt, t=now())
+
+
 def run_worker(cfg: WorkerConfig) -> None:
     """The worker loop; ends (after its current attempt) on SIGTERM, or when orphaned (the
     process that started it is gone, say a test run that was killed)."""
@@ -331,8 +337,14 @@ def run_worker(cfg: WorkerConfig) -> None:
     while not stopping.is_set() and (parent is None or parent.is_alive()):
         attempt += 1
         key = rng.choice(cfg.keys)
+        told = functools.partial(_told, history, attempt)
         lock = (
-            client.lock(key, acquire_timeout_s=cfg.acquire_timeout_s, lease_ttl_s=cfg.lease_s)
+            client.lock(
+                key,
+                acquire_timeout_s=cfg.acquire_timeout_s,
+                lease_ttl_s=cfg.lease_s,
+                on_lost=told,
+            )
             if client is not None
             else DistributedLock(
                 key,
@@ -341,6 +353,7 @@ def run_worker(cfg: WorkerConfig) -> None:
                 servers=[(cfg.host, cfg.port)],
                 connect_timeout_s=CONNECT_TIMEOUT_S,
                 pool=pool,
+                on_lost=told,
             )
         )
         requested = now()
@@ -474,6 +487,9 @@ def holds_from_events(client: str, events: list[dict[str, Any]]) -> list[Hold]:
                 **open_grants[event["id"]],
                 "holding": event["t"] + event["s"],
             }
+        elif kind == "told":
+            if event["id"] in open_grants:
+                open_grants[event["id"]] = {**open_grants[event["id"]], "told_t": event["t"]}
         elif kind == "end":
             grant = open_grants.pop(event["id"])
             holds.append(_hold(client, grant, event))
@@ -495,6 +511,7 @@ def _hold(client: str, grant: dict[str, Any], end: dict[str, Any] | None) -> Hol
         released_t=None if end is None else end["rel"],
         release_ok=False if end is None else end["rel_ok"],
         reported_lost=False if end is None else end.get("told", False),
+        told_t=grant.get("told_t"),
     )
 
 

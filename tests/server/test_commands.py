@@ -502,8 +502,9 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
         assert hello == {
             "server": "dflockd-server",
             "version": dflockd_server.__version__,
-            "features": list(constants.FEATURES),
+            "features": [*constants.FEATURES, constants.FEATURE_SESSION],
             "max_lease_ttl_s": constants.DEFAULT_MAX_LEASE_TTL_S,
+            "session_ttl_s": constants.DEFAULT_SESSION_TTL_S,
         }
         assert set(hello["features"]) >= {
             "fence",
@@ -690,15 +691,17 @@ def test_read_timeout_spares_a_connection_with_a_request_in_flight(
         assert holder.closed_by_server()
 
 
-def test_read_timeout_closes_idle_connection_and_releases(
+def test_read_timeout_closes_idle_connection_and_keeps_its_locks_to_their_lease(
     dflock_server_factory: ServerFactory,
 ) -> None:
-    srv = dflock_server_factory(read_timeout_s=0.5)
+    """The read timeout is the server's own act: it frees nothing early (issue 47)."""
+    srv = dflock_server_factory(read_timeout_s=0.5, lease_sweep_interval_s=0.1)
     with Wire(srv.address) as w:
-        w.lock("k")
+        w.lock("k", lease=2)
         assert w.closed_by_server()
     with Wire(srv.address) as other:
-        assert other.lock("k", timeout=5)  # w's lock went with its connection
+        assert other.req("l", "k", "0") == "timeout"  # still held: its lease runs
+        assert other.lock("k", timeout=10)  # granted at the lease's end
 
 
 def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: ServerFactory) -> None:

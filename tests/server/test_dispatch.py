@@ -35,6 +35,9 @@ class Host:
     def shards_reply(self) -> bytes:
         return b'ok {"mode":"single"}\n'
 
+    def over_ip_share(self, session: Session) -> bool:
+        return False  # one session: no other connection of its address to add up
+
 
 class Clock:
     def __init__(self) -> None:

@@ -39,6 +39,7 @@ TABLE: list[tuple[str, tuple[str, ...], str, Any]] = [
         "auto_release_on_disconnect",
         True,
     ),
+    ("--session-ttl", ("DFLOCKD_SESSION_TTL_S",), "session_ttl_s", 3),
     ("--max-connections", ("DFLOCKD_MAX_CONNECTIONS",), "max_connections", 4096),
     ("--max-connections-per-ip", ("DFLOCKD_MAX_CONNECTIONS_PER_IP",), "max_connections_per_ip", 0),
     ("--max-waiters", ("DFLOCKD_MAX_WAITERS",), "max_waiters", 0),

@@ -45,7 +45,7 @@ class LockTableMachine(RuleBasedStateMachine):
             return token
 
         self.table = LockTable(clock=lambda: self.now, new_token=new_token, max_locks=100)
-        self.clients: list[Client] = [self.table.open_client() for _ in range(N_CLIENTS)]
+        self.clients: list[Client] = [self._open(ci) for ci in range(N_CLIENTS)]
         self.model: dict[str, ModelKey] = {key: ModelKey() for key in KEYS}
         self.seq = 0
         self.req_key: dict[int, str] = {}
@@ -56,6 +56,12 @@ class LockTableMachine(RuleBasedStateMachine):
         """Each grant's token, as its reply gave it (a released holder keeps none)."""
         self.waiters: dict[int, Waiter] = {}
         self.waiter_req: dict[int, int] = {}  # id(waiter) -> request id
+
+    def _open(self, ci: int) -> Client:
+        """Client ``ci``'s connection: the odd ones are session connections (issue 47)."""
+        client = self.table.open_client()
+        client.session = ci % 2 == 1
+        return client
 
     # ------------------------------------------------------------------ the model
     def _fill(self, mk: ModelKey) -> None:
@@ -197,21 +203,29 @@ class LockTableMachine(RuleBasedStateMachine):
                 self._touch(mk)
             self.table.expire()
 
-    @rule(ci=st.integers(0, N_CLIENTS - 1))
-    def disconnect(self, ci: int) -> None:
+    @rule(ci=st.integers(0, N_CLIENTS - 1), by_peer=st.booleans())
+    def disconnect(self, ci: int, by_peer: bool) -> None:
+        """The connection closes: by its peer (a plain one's grants end at once, a session
+        one's at most the session time later) or by the server itself (they run to their
+        lease's end: issue 47)."""
         for req in [r for r in self.waiters if self.req_client[r] == ci]:
             mk = self.model[self.req_key[req]]
             mk.queue.remove(req)
             self._fill(mk)
             del self.waiters[req]
         held = [r for r, h in self.holders.items() if self.req_client[r] == ci and h.live]
+        session = self.clients[ci].session
         for req in sorted(held, key=lambda r: fence_of(self.tokens[r])):
             mk = self.model[self.req_key[req]]
-            if req in mk.holders:  # lapsed but unswept leases are dropped as well
-                del mk.holders[req]
+            if not by_peer or req not in mk.holders:
+                continue
+            if session:
+                mk.holders[req] = min(mk.holders[req], self.now + self.table.session_ttl_s)
+                continue
+            del mk.holders[req]  # lapsed but unswept leases are dropped as well
             self._fill(mk)
-        self.table.disconnect(self.clients[ci])
-        self.clients[ci] = self.table.open_client()
+        self.table.disconnect(self.clients[ci], by_peer=by_peer)
+        self.clients[ci] = self._open(ci)
         for req in list(self.req_client):
             if self.req_client[req] == ci:
                 self.req_client[req] = -1  # the old connection's requests belong to nobody

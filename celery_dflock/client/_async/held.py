@@ -6,8 +6,10 @@ The decisions live in the I/O-free `celery_dflock.client._core.LockCore`; what e
 own way (renewal task or renewal thread, how a closed connection is noticed, how ``on_lost`` is
 called) lives in `celery_dflock.client._aio_backend` / `celery_dflock.client._sync_backend`.
 
-A held lock pins its connection (the server frees a connection's locks when it closes, unless
-it restarts with its journal, or auto-release is off, or a hold outlives it). When that
+A held lock pins its connection (the server frees a connection's locks when its peer closes it:
+at once, or on a session connection after its session time, unless it restarts with its
+journal, or auto-release is off, or a hold outlives it; a close the server makes itself frees
+nothing early). When that
 connection closes or breaks (a restart, a drain, a network cut, an idle timeout; noticed at
 once, never while a request is in flight on it), the lock *reattaches*: it reconnects to the
 same server and renews by token there, pausing briefly between attempts, for as long as the
@@ -173,7 +175,10 @@ class AsyncHeldLock:
         return self._core.locked()
 
     def owned(self) -> bool:
-        """`locked`, not `lost`, and the lease is known to be still running."""
+        """`locked`, not `lost`, and the grant is known to be still held: the lease runs, and
+        on a session connection the server answered recently enough (since the send time of
+        its last answered request, less than its session time, less a margin). After a pause
+        past that, False until a renewal is answered."""
         return self._core.owned()
 
     # ------------------------------------------------------------------ fork
@@ -347,6 +352,8 @@ class AsyncHeldLock:
             reason = f"the lock server refused this client's auth when it reconnected ({exc})"
             return RenewOutcome(renewed=False, lost_reason=reason, reattach=False)
         except DflockError as exc:
+            if isinstance(exc.__cause__, ConnectionRefusedError):
+                self._core.refused()  # the server is not running: it frees nothing meanwhile
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
         try:
             outcome = await self._renew_request(conn)
@@ -474,8 +481,9 @@ class AsyncHeldLock:
             raise
 
     def _abandon(self) -> None:
-        """Interrupted release: close the pinned connection (the server then frees the lock
-        and any queue position) rather than leave a held lock without renewal."""
+        """Interrupted release: close the pinned connection (the server then frees the lock,
+        after its session time on a session connection, and any queue position at once)
+        rather than leave a held lock without renewal."""
         conn, self._conn = self._conn, None
         if conn is not None:
             self._driver.unwatch(conn)

@@ -125,13 +125,16 @@ class ConnectionOps:
     @classmethod
     def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> Self:
         """`open`, knowing what the server supports: ``server`` when already known (a pool
-        asks once per server), else ask ``hello`` first.
+        asks once per server), else ask ``hello`` first; a server with sessions is asked
+        ``hello _ session`` on every new connection, which opts it in.
 
         A server that predates ``hello`` answers ``error`` (dflockd 0.4/0.5 then close the
         connection): that connection is dropped and a fresh one opened.
         """
         conn = cls.open(endpoint)
-        if server is None:
+        if server is None or server.session_ttl_s is not None:
+            # Asked anew on each connection to a server with sessions: `hello _ session` makes
+            # it a session connection (docs/protocol.md, "Tokens, leases and disconnects").
             try:
                 server = conn.hello()
             except BaseException:
@@ -158,8 +161,13 @@ class ConnectionOps:
             raise error
 
     def hello(self) -> ServerInfo:
-        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed."""
-        info = server_info(self.endpoint, self.request(Command.HELLO, protocol.encode_hello()))
+        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed. Part of
+        making a connection: its answer is waited for ``connect_timeout_s`` at most (cut to the
+        lease left when a held lock reconnects)."""
+        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
+        info = server_info(
+            self.endpoint, self.request(Command.HELLO, protocol.encode_hello(), timeout)
+        )
         if info.legacy:
             self._abort()  # some close it after `error`: never reuse it
         return info
