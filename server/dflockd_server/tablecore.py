@@ -334,10 +334,11 @@ class TableCore:
         one: ``disconnect`` shortened it), the close by its peer of a plain connection with
         auto-release on, or an operator's force release (``fr``: a release on purpose, whoever
         holds it); nothing else frees a key. ``why`` is the running total the end counts in
-        (``counts.releases``, ``counts.forced``, ``counts.expiries``, ``counts.lost_by_disconnect``),
-        indexed by kind. Release ``holder`` from ``state`` (``None``: the holder is the key's
-        entry, and stays it, released, as the idle key's); the caller hands the slot on
-        (``_fill``). (``holds.HoldTable._move`` rebinds a grant and frees nothing.)"""
+        (``counts.releases``, ``counts.forced``, ``counts.expiries``,
+        ``counts.lost_by_disconnect``), indexed by kind. Release ``holder`` from ``state``
+        (``None``: the holder is the key's entry, and stays it, released, as the idle key's);
+        the caller hands the slot on (``_fill``). (``holds.HoldTable._move`` rebinds a grant
+        and frees nothing.)"""
         why[0 if state is None else state.is_sem] += 1
         holder.live = False
         journal = self.journal
