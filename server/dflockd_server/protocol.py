@@ -564,15 +564,22 @@ def reply_hello(
     durable: bool = False,
     grace_s: float = 0.0,
     max_lease_ttl_s: int | None = None,
+    build: str = "",
+    loop: str = "",
 ) -> bytes:
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
     adds that feature (a lease journal), ``grace_s`` > 0 the restart grace still to run,
     ``max_lease_ttl_s`` the longest lease granted (``--max-lease-ttl``), so a client refuses a
-    longer one before asking."""
+    longer one before asking; ``build`` (``compiled`` or ``pure``) and ``loop`` (``uvloop`` or
+    ``asyncio``) what runs (``buildinfo``), for people and benchmarks, not for clients."""
     features: list[str] = list(c.FEATURES)
     if durable:
         features.append(c.FEATURE_DURABLE)
     body: dict[str, object] = {"server": c.SERVER_NAME, "version": version, "features": features}
+    if build:
+        body["build"] = build
+    if loop:
+        body["loop"] = loop
     if max_lease_ttl_s is not None:
         body["max_lease_ttl_s"] = max_lease_ttl_s
     if grace_s > 0:

@@ -313,8 +313,8 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_EVENT_LOOP",),
         parse_event_loop,
         check_event_loop,
-        "auto (uvloop when it is installed, else asyncio's), asyncio or uvloop (the `uvloop` "
-        "extra: pip install 'dflockd-server[uvloop]')",
+        "auto (uvloop when it is installed, as dflockd-server installs it but on Windows; else "
+        "asyncio's), asyncio or uvloop",
         "LOOP",
     ),
     Setting(

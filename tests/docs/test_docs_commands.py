@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import celery_dflock
+from dflockd_server import buildinfo
 from dflockd_server.constants import PROTOCOL_DOCS_URL
 from tests.docs.docs_blocks import README, ROOT, blocks, pages, shell_commands
 
@@ -166,7 +167,8 @@ def _run(*args: str) -> str:
 def test_the_cheap_commands_work() -> None:
     version = celery_dflock.__version__
     assert _run("celery-dflock", "--version").split() == ["celery-dflock", version]
-    assert _run("dflockd", "--version").split() == ["dflockd", version]
+    running = buildinfo.describe(buildinfo.auto_loop_name())  # this venv's: an editable install
+    assert _run("dflockd", "--version").strip() == f"dflockd {version} ({running})"
     for flag in ("--help", "--help-all"):
         help_text = _run("dflockd", flag)
         assert PROTOCOL_DOCS_URL in help_text  # points at the protocol page, unwrapped

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 import dflockd_server
-from dflockd_server import constants
+from dflockd_server import buildinfo, constants
 from dflockd_server.testing import ServerThread
 from tests.support.servers import DflockdProcess
 from tests.support.waiting import wait_until
@@ -504,6 +504,8 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
             "version": dflockd_server.__version__,
             "features": list(constants.FEATURES),
             "max_lease_ttl_s": constants.DEFAULT_MAX_LEASE_TTL_S,
+            "build": buildinfo.BUILD,
+            "loop": "asyncio",  # testing.ServerThread runs asyncio's loop (loops.TurnLoop)
         }
         assert set(hello["features"]) >= {
             "fence",
