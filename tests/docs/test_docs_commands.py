@@ -28,7 +28,7 @@ COVERED: dict[str, tuple[str, str]] = {
         '"--broker"',
     ),
     r"uv run --all-groups pytest": (".ci/run", "uv run --all-groups pytest"),
-    r"cd server && HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 pip wheel --no-deps --wheel-dir dist \.": (
+    r"cd server && DFLOCKD_SERVER_BUILD=compiled pip wheel --no-deps --wheel-dir dist \.": (
         "tests/server/test_compiled.py",
         "pip wheel --no-deps --wheel-dir dist .",
     ),
@@ -121,9 +121,9 @@ NOT_RUN: dict[str, str] = {
         "no cluster on CI; tests/test_deploy.py validates the manifests against the Kubernetes "
         "schemas"
     ),
-    r"pip install --find-links dist 'dflockd-server\[uvloop,metrics\]'": (
-        "the extras' own packages (uvloop, prometheus-client) are in the dev environment, "
-        "where the server tests use them; this install line is not tried in a fresh venv"
+    r"pip install --find-links dist 'dflockd-server\[metrics\]'": (
+        "the extra's own package (prometheus-client) is in the dev environment, where the "
+        "server tests use it; this install line is not tried in a fresh venv"
     ),
 }
 
