@@ -251,3 +251,17 @@ def test_every_project_url_and_the_docs_site_name_the_repositorys_home() -> None
             assert url == HOME or url.startswith(f"{HOME}/"), f"{pyproject}: {name} = {url}"
     mkdocs = (ROOT / "mkdocs.yml").read_text()  # not YAML-safe: it names a Python function
     assert f"\nrepo_url: {HOME}\n" in mkdocs
+
+
+def test_the_release_wheels_are_compiled_for_the_platforms_a_sidecar_runs_on() -> None:
+    """`[tool.cibuildwheel]` of the server (issue 52): compiled (a wheel that could not be
+    compiled fails the build), for manylinux x86_64 and aarch64, on each CPython of the
+    classifiers, and each wheel's test says it runs compiled on uvloop. (cibuildwheel needs
+    Docker and is not run here: this checks what it is told.)"""
+    server = tomllib.loads((ROOT / "server" / "pyproject.toml").read_text())
+    wheels = server["tool"]["cibuildwheel"]
+    assert wheels["environment"] == {"DFLOCKD_SERVER_BUILD": "compiled"}
+    assert wheels["build"] == [f"cp3{v.split('.')[1]}-manylinux_*" for v in PYTHONS]
+    assert wheels["linux"]["archs"] == ["x86_64", "aarch64"]
+    assert "(compiled, uvloop)" in wheels["test-command"]
+    assert "dflockd --version" in wheels["test-command"]
