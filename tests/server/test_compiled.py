@@ -11,6 +11,7 @@ both builds: the pure-Python one (the rest of the suite, on the editable install
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -197,3 +198,34 @@ def test_the_servers_tests_pass_on_the_compiled_modules(wheel: Path, tmp_path: P
     )
     assert done.returncode == 0, done.stdout[-6000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_only_a_compiled_wheel_build_fetches_mypy() -> None:
+    """What the build backend asks the front-end to install (PEP 517/660): mypy and
+    setuptools for a wheel, nothing of them for an editable install (``uv sync``, the README's
+    first command) or a pure build."""
+    code = (
+        "import json, hatchling.build as b\n"
+        "print(json.dumps([b.get_requires_for_build_wheel(),"
+        " b.get_requires_for_build_editable()]))"
+    )
+
+    def requires(mode: str | None) -> list[list[str]]:
+        env = {k: v for k, v in os.environ.items() if k != MODE}
+        if mode is not None:
+            env[MODE] = mode
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT / "server",
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+    wheel, editable = requires(None)
+    assert any(r.startswith("mypy==") for r in wheel), wheel
+    assert not any(r.startswith(("mypy", "setuptools")) for r in editable), editable
+    pure_wheel, _ = requires("pure")
+    assert not any(r.startswith(("mypy", "setuptools")) for r in pure_wheel), pure_wheel
