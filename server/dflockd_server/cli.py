@@ -78,7 +78,8 @@ class _Version(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         del kwargs
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=(
-            "show the version, the build (compiled or pure Python) and the event loop, and exit"
+            "show the version, the build (compiled or pure Python) and the event loop that "
+            "--event-loop auto runs, and exit"
         ))  # fmt: skip
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
