@@ -53,7 +53,7 @@ def available_loops() -> tuple[str, ...]:
     return LOOPS
 
 
-_LISTENING = re.compile(r"listening on (\S+):(\d+) \(.*loop (\w+)\)")
+_LISTENING = re.compile(r"listening on (\S+):(\d+) \(.*loop (\w+)[,)]")
 _NO_UVLOOP_BOOT = (
     "import sys\n"
     "sys.modules['uvloop'] = None  # import uvloop now fails: the server picks asyncio's loop\n"
