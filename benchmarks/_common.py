@@ -53,7 +53,7 @@ def available_loops() -> tuple[str, ...]:
     return LOOPS
 
 
-_LISTENING = re.compile(r"listening on (\S+):(\d+) \(.*loop (\w+)\)")
+_LISTENING = re.compile(r"listening on (\S+):(\d+) \(.*loop (\w+)[,)]")
 _NO_UVLOOP_BOOT = (
     "import sys\n"
     "sys.modules['uvloop'] = None  # import uvloop now fails: the server picks asyncio's loop\n"
@@ -212,8 +212,9 @@ COMPILED_SUFFIX = "+mypyc"
 
 
 def default_loops(quick: bool) -> list[str]:
-    """Both event loops, the pure-Python server (what ``pip install`` gives) and, but in a
-    quick run, the compiled one (what the container image runs) on each."""
+    """Both event loops, the pure-Python server (the workspace's editable install; what a
+    ``pip install`` builds without a C compiler) and, but in a quick run, the compiled one
+    (what ``pip install`` and the container image run) on each."""
     loops = list(available_loops())
     return loops if quick else [*loops, *(loop + COMPILED_SUFFIX for loop in loops)]
 
@@ -232,7 +233,7 @@ def compiled_site(workdir: Path) -> Path:
     if site.is_dir():
         return site
     dist = workdir / "mypyc-dist"
-    env = {**os.environ, "HATCH_BUILD_HOOK_ENABLE_CUSTOM": "1"}
+    env = {**os.environ, "DFLOCKD_SERVER_BUILD": "compiled"}  # no compiler: an error
     command = ["uv", "build", "--package", "dflockd-server", "--wheel", "--out-dir", str(dist)]
     command += ["--python", sys.executable]  # for the CPython the benchmark runs on
     print("building the compiled server wheel (mypyc, about a minute)", flush=True)

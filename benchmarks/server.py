@@ -5,10 +5,10 @@
 
 Starts the servers as child processes (``dflockd`` on asyncio's loop and on uvloop, each as
 the pure-Python wheel installs it and from its compiled wheel, ``asyncio+mypyc`` and
-``uvloop+mypyc``: the request path compiled by mypyc, see server/hatch_build.py, as the
-container image runs it; a private ``redis-server``), then for every round, load shape
-and connection count drives each of them in turn (the order rotates) with the same
-acquire+release pairs (see ``_loadgen``).
+``uvloop+mypyc``: the request path compiled by mypyc, see server/hatch_build.py, as ``pip
+install`` and the container image run it; a private ``redis-server``), then for every
+round, load shape and connection count drives each of them in turn (the order rotates) with
+the same acquire+release pairs (see ``_loadgen``).
 Server CPU time comes from the server process itself (``/proc/<pid>/task/*/schedstat``).
 
 Load shapes: ``round trip`` (each connection waits for every reply before the next request:

@@ -99,10 +99,12 @@ def redis_required() -> None:
 
 @pytest.fixture(scope="session")
 def built_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Both distributions of this checkout (wheels and sdists), built once per session."""
-    from tests.support.venvs import build_dist
+    """Both distributions of this checkout (wheels and sdists, the server's wheel compiled),
+    built once per session, for all its pytest-xdist workers (a test that uses it may wait for
+    the C build: give it ``BUILD_TIMEOUT_S``)."""
+    from tests.support.venvs import build_dist_once
 
-    return build_dist(tmp_path_factory.mktemp("dist"))
+    return build_dist_once(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

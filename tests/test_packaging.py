@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -18,12 +19,12 @@ import pytest
 import celery_dflock
 import dflockd_server
 from tests.support.services import REDIS_URL_BASE, redis_reachable
-from tests.support.venvs import ROOT, find_python, install, make_venv
+from tests.support.venvs import BUILD_TIMEOUT_S, ROOT, find_python, install, make_venv
 
 PYTHONS = ("3.11", "3.12", "3.13")
 DEMO_TIMEOUT_S = 180
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + DEMO_TIMEOUT_S)]
 
 
 def _one(folder: Path, pattern: str) -> Path:
@@ -89,15 +90,29 @@ def test_sdists_carry_the_package_and_nothing_else(
     assert tops <= allowed | {".gitignore"}
 
 
+def _wheel_python(built_dist: Path) -> str:
+    """The CPython the server's wheel was compiled for ("3.11"): `uv build`'s."""
+    match = re.search(r"-cp(\d)(\d+)-cp\d+-", _one(built_dist, "dflockd_server-*.whl").name)
+    assert match, "the README's build made no compiled server wheel"
+    return f"{match[1]}.{match[2]}"
+
+
 @pytest.mark.parametrize("version", PYTHONS)
 def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, version: str) -> None:
     """`pip install celery-dflock[redis]` (a worker's image, as the README installs it) brings
     no server code, and its demo says to add the `server` extra; with that extra (the server
     from the same folder, the rest from the package index), both commands print the same
-    version and the demo passes."""
+    version and the demo passes.
+
+    Issue 52: on the CPython the wheels were built with, the server is the compiled one on
+    uvloop, as ``dflockd --version`` says. On the others pip builds the server from its sdist:
+    here as the pure wheel (``DFLOCKD_SERVER_BUILD=pure``: two more C builds would cost CI two
+    minutes of CPU), still on uvloop."""
     python = find_python(version)
     if python is None:
         pytest.skip(f"no CPython {version} on this machine")
+    compiled = version == _wheel_python(built_dist)
+    build_env = None if compiled else {"DFLOCKD_SERVER_BUILD": "pure"}
     venv_python = make_venv(
         tmp_path / "venv", python, "celery-dflock[redis]", find_links=built_dist
     )  # as the README installs it
@@ -112,7 +127,7 @@ def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, ver
     )
     assert no_server.returncode == 2, no_server.stdout + no_server.stderr
     assert "pip install 'celery-dflock[server]'" in no_server.stderr
-    install(venv_python, "celery-dflock[redis,server]", find_links=built_dist)
+    install(venv_python, "celery-dflock[redis,server]", find_links=built_dist, env=build_env)
     version_lines = [
         subprocess.run(
             [str(bin_dir / command), "--version"],
@@ -124,7 +139,8 @@ def test_installed_by_name_in_a_fresh_venv(built_dist: Path, tmp_path: Path, ver
         for command in ("celery-dflock", "dflockd")
     ]
     expected = celery_dflock.__version__
-    assert version_lines == [f"celery-dflock {expected}", f"dflockd {expected}"]
+    running = "compiled, uvloop" if compiled else "pure Python, uvloop"
+    assert version_lines == [f"celery-dflock {expected}", f"dflockd {expected} ({running})"]
     # The README's first command, from the installed package, outside the repository.
     demo = subprocess.run(
         [str(bin_dir / "celery-dflock"), "demo"],
@@ -235,3 +251,17 @@ def test_every_project_url_and_the_docs_site_name_the_repositorys_home() -> None
             assert url == HOME or url.startswith(f"{HOME}/"), f"{pyproject}: {name} = {url}"
     mkdocs = (ROOT / "mkdocs.yml").read_text()  # not YAML-safe: it names a Python function
     assert f"\nrepo_url: {HOME}\n" in mkdocs
+
+
+def test_the_release_wheels_are_compiled_for_the_platforms_a_sidecar_runs_on() -> None:
+    """`[tool.cibuildwheel]` of the server (issue 52): compiled (a wheel that could not be
+    compiled fails the build), for manylinux x86_64 and aarch64, on each CPython of the
+    classifiers, and each wheel's test says it runs compiled on uvloop. (cibuildwheel needs
+    Docker and is not run here: this checks what it is told.)"""
+    server = tomllib.loads((ROOT / "server" / "pyproject.toml").read_text())
+    wheels = server["tool"]["cibuildwheel"]
+    assert wheels["environment"] == {"DFLOCKD_SERVER_BUILD": "compiled"}
+    assert wheels["build"] == [f"cp3{v.split('.')[1]}-manylinux_*" for v in PYTHONS]
+    assert wheels["linux"]["archs"] == ["x86_64", "aarch64"]
+    assert "(compiled, uvloop)" in wheels["test-command"]
+    assert "dflockd --version" in wheels["test-command"]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.venvs import ROOT, make_venv
+from tests.support.venvs import BUILD_TIMEOUT_S, ROOT, make_venv
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(BUILD_TIMEOUT_S + 240)]  # built_dist: a C build
 
 RECIPE_PAGE = ROOT / "docs" / "testing.md"
 RECIPE_HEADING = "## A session-scoped recipe, with or without pytest-celery"

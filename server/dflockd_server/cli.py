@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from dflockd_server import __version__
+from dflockd_server import __version__, buildinfo
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.constants import (
     CLUSTER_COMMAND_HELP,
@@ -71,6 +71,24 @@ def _commands_text() -> str:
     return "\n".join(lines) + "\n"
 
 
+class _Version(argparse.Action):
+    """``--version``: ``dflockd 0.2.0 (compiled, uvloop)``: the version, the build
+    (``buildinfo``) and the loop ``--event-loop auto``, the default, runs here; then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        del kwargs
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=(
+            "show the version, the build (compiled or pure Python) and the event loop that "
+            "--event-loop auto runs, and exit"
+        ))  # fmt: skip
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        del args, kwargs
+        running = buildinfo.describe(buildinfo.auto_loop_name())
+        print(f"dflockd {__version__} ({running})")  # on stdout, as argparse's version does
+        parser.exit()
+
+
 class _HelpAll(argparse.Action):
     """``--help-all``: every setting, by topic, then exit."""
 
@@ -109,7 +127,7 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"dflockd {__version__}")
+    parser.add_argument("--version", action=_Version)
     parser.add_argument("--help-all", action=_HelpAll)
     by_field = {setting.field: setting for setting in SETTINGS}
     placed = {field for _, fields in TOPICS for field in fields}
@@ -238,7 +256,7 @@ def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
         if event_loop == "uvloop":
             raise UsageError(
                 f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
-                "'dflockd-server[uvloop]' (or use auto or asyncio)"
+                "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
             ) from None
         return TurnLoop
     factory: Callable[[], asyncio.AbstractEventLoop] = module.new_event_loop
@@ -329,12 +347,13 @@ async def serve(
     shown["state_dir"] = server.state.path if server.state is not None else NO_STATE
     settings = " ".join(f"{k}={v}" for k, v in shown.items())
     log.info(
-        "dflockd listening on %s:%d (tls %s, auth %s, loop %s); settings: %s",
+        "dflockd listening on %s:%d (tls %s, auth %s, loop %s, build %s); settings: %s",
         host,
         port,
         "on" if config.tls_cert else "off",
         "on" if server.secret is not None else "off",
         loop_name(asyncio.get_running_loop()),
+        buildinfo.BUILD,
         settings,
     )
     if server.metrics_address is not None:

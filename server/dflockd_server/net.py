@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from dflockd_server import constants as c, protocol as p
 from dflockd_server.admission import Admission
+from dflockd_server.buildinfo import BUILD
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
 from dflockd_server.leasebound import LeaseBound
-from dflockd_server.loops import at_turn_end
+from dflockd_server.loops import at_turn_end, loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import SINGLE, Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
@@ -114,11 +115,7 @@ class Server(Admission, KeyServing):
         """The lease journal, or None (no state directory)."""
         self.grace_reason = ""
         """Why this start has a restart grace ("" when it has none)."""
-        self._hello = p.reply_hello(
-            c.SERVER_VERSION,
-            max_lease_ttl_s=self.config.max_lease_ttl_s,
-            session_ttl_s=self.config.session_ttl_s,
-        )
+        self._hello = self._make_hello()
         self._group_write: GroupWrite | None = None
         self.connections_accepted = 0
         self.connections_refused = 0
@@ -203,14 +200,20 @@ class Server(Admission, KeyServing):
         if table is not None and table.in_grace:
             remaining = table.grace_remaining()
             if remaining > 0:
-                return p.reply_hello(
-                    c.SERVER_VERSION,
-                    durable=self.journal is not None,
-                    grace_s=remaining,
-                    max_lease_ttl_s=self.config.max_lease_ttl_s,
-                    session_ttl_s=self.config.session_ttl_s,
-                )
+                return self._make_hello(durable=self.journal is not None, grace_s=remaining)
         return self._hello
+
+    def _make_hello(self, *, durable: bool = False, grace_s: float = 0.0) -> bytes:
+        """The ``hello`` reply: with the build and, once started, the loop (``buildinfo``)."""
+        return p.reply_hello(
+            c.SERVER_VERSION,
+            durable=durable,
+            grace_s=grace_s,
+            max_lease_ttl_s=self.config.max_lease_ttl_s,
+            session_ttl_s=self.config.session_ttl_s,
+            build=BUILD,
+            loop=loop_name(self._loop) if self._loop is not None else "",
+        )
 
     @hello_reply.setter
     def hello_reply(self, reply: bytes) -> None:
@@ -221,6 +224,7 @@ class Server(Admission, KeyServing):
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._hello = self._make_hello()  # now with the loop
         self._group_write = GroupWrite(at_turn_end(loop))
         self.clock = loop_clock(loop)
         self._loop_thread = threading.get_ident()
@@ -403,16 +407,11 @@ class Server(Admission, KeyServing):
             log.warning(
                 "journal: starting read-only: the %d lease(s) restored are kept and served "
                 "(renewals, releases, reattaching), %s is left as it is, and nothing new is "
-                "granted (error_unavailable) until the state directory can be written again",
+                "granted (error_read_only) until the state directory can be written again",
                 restored,
                 plan.journal,
             )
-        self._hello = p.reply_hello(
-            c.SERVER_VERSION,
-            durable=True,
-            max_lease_ttl_s=self.config.max_lease_ttl_s,
-            session_ttl_s=self.config.session_ttl_s,
-        )
+        self._hello = self._make_hello(durable=True)
         log.info(
             "journal: restored %d lease(s) from %s (fsync %s)",
             restored,
@@ -564,6 +563,8 @@ class Server(Admission, KeyServing):
 
     def stats(self) -> dict[str, Any]:
         out = self.table.stats(len(self.connections))
+        out["build"] = BUILD
+        out["loop"] = loop_name(self.loop)
         out["grace_reason"] = self.grace_reason if out["grace_remaining_s"] else ""
         journal = self.journal
         out["journal"] = (

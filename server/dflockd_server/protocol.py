@@ -566,19 +566,27 @@ def reply_hello(
     grace_s: float = 0.0,
     max_lease_ttl_s: int | None = None,
     session_ttl_s: int = c.DEFAULT_SESSION_TTL_S,
+    build: str = "",
+    loop: str = "",
 ) -> bytes:
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
     adds that feature (a lease journal) and ``read_only`` (its ``error_read_only``),
     ``grace_s`` > 0 the restart grace still to run, ``max_lease_ttl_s`` the longest lease
     granted (``--max-lease-ttl``), so a client refuses a longer one before asking;
     ``session_ttl_s``: how long a session connection's grants outlive its close by the peer
-    (``--session-ttl``; 0: no sessions, ``session`` not listed)."""
+    (``--session-ttl``; 0: no sessions, ``session`` not listed); ``build`` (``compiled`` or
+    ``pure``) and ``loop`` (``uvloop`` or ``asyncio``) what runs (``buildinfo``), for people
+    and benchmarks, not for clients."""
     features: list[str] = list(c.FEATURES)
     if durable:
         features += (c.FEATURE_DURABLE, c.FEATURE_READ_ONLY)
     if session_ttl_s > 0:
         features.append(c.FEATURE_SESSION)
     body: dict[str, object] = {"server": c.SERVER_NAME, "version": version, "features": features}
+    if build:
+        body["build"] = build
+    if loop:
+        body["loop"] = loop
     if max_lease_ttl_s is not None:
         body["max_lease_ttl_s"] = max_lease_ttl_s
     if session_ttl_s > 0:

@@ -324,8 +324,8 @@ SETTINGS: tuple[Setting, ...] = (
         ("DFLOCKD_EVENT_LOOP",),
         parse_event_loop,
         check_event_loop,
-        "auto (uvloop when it is installed, else asyncio's), asyncio or uvloop (the `uvloop` "
-        "extra: pip install 'dflockd-server[uvloop]')",
+        "auto (uvloop when it is installed, as dflockd-server installs it but on Windows; else "
+        "asyncio's), asyncio or uvloop",
         "LOOP",
     ),
     Setting(
@@ -479,6 +479,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "read_timeout_s",
             "write_timeout_s",
             "auto_release_on_disconnect",
+            "session_ttl_s",
             "shutdown_timeout_s",
         ),
     ),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import celery_dflock
+from dflockd_server import buildinfo
 from dflockd_server.constants import PROTOCOL_DOCS_URL
 from tests.docs.docs_blocks import README, ROOT, blocks, pages, shell_commands
 
@@ -27,7 +28,7 @@ COVERED: dict[str, tuple[str, str]] = {
         '"--broker"',
     ),
     r"uv run --all-groups pytest": (".ci/run", "uv run --all-groups pytest"),
-    r"cd server && HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 pip wheel --no-deps --wheel-dir dist \.": (
+    r"cd server && DFLOCKD_SERVER_BUILD=compiled pip wheel --no-deps --wheel-dir dist \.": (
         "tests/server/test_compiled.py",
         "pip wheel --no-deps --wheel-dir dist .",
     ),
@@ -87,6 +88,7 @@ COVERED: dict[str, tuple[str, str]] = {
     r"dflockd (pin|unpin) --cluster etcd://\S+ \d+( \S+)?": ("tests/cluster/test_ops.py", '"pin"'),
     r"dflockd shards --cluster etcd://\S+": ("tests/cluster/test_ops.py", "run_dflockd"),
     r"celery -A proj dflock shards": ("tests/celery/test_cluster_workers.py", '"shards"'),
+    r"celery -A proj dflock status --workers": ("tests/celery/test_outage.py", '"--workers"'),
     r"celery -A proj dflock release (report:42|--all --prefix report:)": (
         "tests/celery/test_operator_tools.py",
         '"release", "--all", "--prefix"',
@@ -120,9 +122,9 @@ NOT_RUN: dict[str, str] = {
         "no cluster on CI; tests/test_deploy.py validates the manifests against the Kubernetes "
         "schemas"
     ),
-    r"pip install --find-links dist 'dflockd-server\[uvloop,metrics\]'": (
-        "the extras' own packages (uvloop, prometheus-client) are in the dev environment, "
-        "where the server tests use them; this install line is not tried in a fresh venv"
+    r"pip install --find-links dist 'dflockd-server\[metrics\]'": (
+        "the extra's own package (prometheus-client) is in the dev environment, where the "
+        "server tests use it; this install line is not tried in a fresh venv"
     ),
 }
 
@@ -166,7 +168,8 @@ def _run(*args: str) -> str:
 def test_the_cheap_commands_work() -> None:
     version = celery_dflock.__version__
     assert _run("celery-dflock", "--version").split() == ["celery-dflock", version]
-    assert _run("dflockd", "--version").split() == ["dflockd", version]
+    running = buildinfo.describe(buildinfo.auto_loop_name())  # this venv's: an editable install
+    assert _run("dflockd", "--version").strip() == f"dflockd {version} ({running})"
     for flag in ("--help", "--help-all"):
         help_text = _run("dflockd", flag)
         assert PROTOCOL_DOCS_URL in help_text  # points at the protocol page, unwrapped

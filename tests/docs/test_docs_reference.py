@@ -12,6 +12,7 @@ import sys
 import celery_dflock
 from celery_dflock import beat
 from celery_dflock.config import APP_SETTINGS, BEAT_SETTINGS, option_table, setting_table
+from dflockd_server import buildinfo
 from dflockd_server.settings import SETTINGS
 from dflockd_server.testing import ServerThread
 from tests.docs.docs_blocks import DOCS, ROOT
@@ -66,6 +67,10 @@ def test_the_hello_reply_on_the_protocol_page_is_the_servers(
     assert status == "ok"
     expected = json.loads(shown.group(1))
     expected["version"] = celery_dflock.__version__  # the page shows the current release
+    # the page shows what an install runs (compiled, uvloop); this server is the editable
+    # install's in a ServerThread (pure Python, asyncio)
+    assert (expected["build"], expected["loop"]) == ("compiled", "uvloop")
+    expected["build"], expected["loop"] = buildinfo.BUILD, "asyncio"
     assert json.loads(body) == expected
 
 

@@ -27,7 +27,7 @@ from tests.docs.docs_blocks import DOCS, blocks, shell_commands
 from tests.support.ports import free_port
 from tests.support.processes import kill_group
 from tests.support.services import REDIS_URL_BASE
-from tests.support.venvs import make_venv
+from tests.support.venvs import BUILD_TIMEOUT_S, make_venv
 
 PAGE = DOCS / "getting-started.md"
 REDIS_DB = 9
@@ -74,6 +74,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             kill_group(proc)
 
 
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 120)  # built_dist: a C build
 def test_your_own_project_runs_as_written_from_the_built_wheels(
     built_dist: Path, tmp_path: Path, redis_required: None
 ) -> None:

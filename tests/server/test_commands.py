@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 import dflockd_server
-from dflockd_server import constants
+from dflockd_server import buildinfo, constants
 from dflockd_server.testing import ServerThread
 from tests.support.servers import DflockdProcess
 from tests.support.waiting import wait_until
@@ -505,6 +505,8 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
             "features": [*constants.FEATURES, constants.FEATURE_SESSION],
             "max_lease_ttl_s": constants.DEFAULT_MAX_LEASE_TTL_S,
             "session_ttl_s": constants.DEFAULT_SESSION_TTL_S,
+            "build": buildinfo.BUILD,
+            "loop": "asyncio",  # testing.ServerThread runs asyncio's loop (loops.TurnLoop)
         }
         assert set(hello["features"]) >= {
             "fence",

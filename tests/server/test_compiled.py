@@ -1,32 +1,33 @@
-"""The compiled wheel of the lock server (server/hatch_build.py), built as the container image
-builds it (server/Dockerfile's build stage, whose command docs/server.md gives), then the
-server's own tests of what it compiles run against it.
+"""The compiled wheel of the lock server (server/hatch_build.py), built as the README's install
+builds it (`uv build --all-packages`: the `built_dist` fixture, which tests/test_packaging.py
+installs in fresh venvs), then the server's own tests of what it compiles run against it; and
+the container image's build stage (server/Dockerfile, whose command docs/server.md gives).
 
 mypyc compiles the request path's pure modules (parser, dispatch, the lock table). Compiled
 code enforces its annotations at run time and cannot be patched, so the same tests must pass on
-both builds: the pure-Python one (the rest of the suite) and this one.
+both builds: the pure-Python one (the rest of the suite, on the editable install) and this one.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 import pytest
 
-from tests.support.venvs import ROOT
+from tests.support.venvs import BUILD_TIMEOUT_S, ROOT
 
-ENABLE: Final = "HATCH_BUILD_HOOK_ENABLE_CUSTOM"
+MODE: Final = "DFLOCKD_SERVER_BUILD"
 DOCKERFILE: Final = ROOT / "server" / "Dockerfile"
-IMAGE_BUILD: Final = f"{ENABLE}=1 pip wheel --no-deps --wheel-dir dist ."
+IMAGE_BUILD: Final = f"{MODE}=compiled pip wheel --no-deps --wheel-dir dist ."
 """The build stage's command, run in server/ (docs/server.md: ``cd server && ...``)."""
 SUFFIX: Final = str(sysconfig.get_config_var("EXT_SUFFIX"))
 TESTS_OF_THE_COMPILED: Final = (
@@ -51,7 +52,7 @@ slow senders and back-pressure, shut-down; and the server's asyncio loop turn, a
 asyncio's own."""
 PYTEST_OPTIONS: Final = ("-q", "-n", "0", "-p", "no:cacheprovider")
 
-pytestmark = pytest.mark.timeout(600)  # a C build (about 40 s on 2 idle cores), then the tests
+pytestmark = pytest.mark.timeout(BUILD_TIMEOUT_S + 600)  # built_dist's C build, then the tests
 
 
 def _compiled_modules() -> tuple[str, ...]:
@@ -89,12 +90,20 @@ def test_the_image_builds_the_wheel_with_the_command_the_docs_give() -> None:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The compiled wheel as the image builds it: the build stage's COPY lines into a scratch
-    folder, then its command there, with the pip of a fresh venv of the CPython that runs these
-    tests (the stage's C compiler is this machine's)."""
-    work = tmp_path_factory.mktemp("image-build")
-    src = work / "src"
+def wheel(built_dist: Path) -> Path:
+    """The server's wheel as the README's install builds it (compiled: this machine has a C
+    compiler and the Python headers)."""
+    (built,) = built_dist.glob("dflockd_server-*.whl")
+    return built
+
+
+def test_the_image_build_stage_builds_the_compiled_wheel_or_fails(tmp_path: Path) -> None:
+    """The build stage's COPY lines into a scratch folder, then its command there, with the pip
+    of a fresh venv of the CPython that runs these tests, and no C compiler: it gets as far as
+    compiling and refuses to make the pure-Python wheel (``DFLOCKD_SERVER_BUILD=compiled``).
+    With a compiler it makes the wheel that `wheel` is (the same hook, the same files); that
+    C build is left to `built_dist`, once per test run."""
+    src = tmp_path / "src"
     src.mkdir()
     copies, run = _build_stage()
     for sources, destination in copies:
@@ -105,16 +114,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 shutil.copytree(origin, target)
             else:
                 shutil.copy2(origin, target)
-    venv = work / "venv"
+    venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-    env = {k: v for k, v in os.environ.items() if k not in (ENABLE, "VIRTUAL_ENV", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k not in (MODE, "VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["CC"] = "/nonexistent/cc"
     done = subprocess.run(
         ["bash", "-c", run], cwd=src, env=env, capture_output=True, text=True, check=False
     )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    (built,) = (src / "dist").glob("dflockd_server-*.whl")
-    yield built
+    assert done.returncode != 0, (done.stdout + done.stderr)[-4000:]
+    assert f"{MODE}=compiled, but there is no C compiler" in done.stdout + done.stderr
+    assert not list(src.glob("dist/*.whl"))
 
 
 def test_the_compiled_wheel_carries_each_module_compiled_beside_its_source(wheel: Path) -> None:
@@ -129,14 +139,35 @@ def test_the_compiled_wheel_carries_each_module_compiled_beside_its_source(wheel
     assert "dflockd_server/net.py" in names and f"dflockd_server/net{SUFFIX}" not in names
 
 
-def test_the_default_build_is_pure_python(tmp_path: Path) -> None:
-    """Without the hook: one wheel for every platform, and no compiler or mypy needed."""
-    env = {k: v for k, v in os.environ.items() if k != ENABLE}
-    command = ["uv", "build", "--package", "dflockd-server", "--wheel", "--out-dir", str(tmp_path)]
-    subprocess.run(command, cwd=ROOT, env=env, capture_output=True, check=True)
+def _build_the_server_wheel(out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`uv build` of the server's wheel alone, with ``env`` over this environment's."""
+    command = ["uv", "build", "--package", "dflockd-server", "--wheel", "--out-dir", str(out)]
+    base = {k: v for k, v in os.environ.items() if k not in (MODE, "CC")}
+    return subprocess.run(
+        command, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, check=False
+    )
+
+
+def test_without_a_c_compiler_the_build_warns_and_makes_the_pure_wheel(tmp_path: Path) -> None:
+    """Where the compiled wheel cannot be built (here: no compiler), the default build still
+    installs: it says why, and makes the wheel for every platform."""
+    done = _build_the_server_wheel(tmp_path, {"CC": "/nonexistent/cc"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "building the pure-Python wheel, not the compiled one: there is no C compiler" in (
+        done.stderr
+    )
+    assert f"{MODE}=compiled" in done.stderr  # what to do about it
     (built,) = tmp_path.glob("dflockd_server-*.whl")
     assert built.name.endswith("-py3-none-any.whl")
     assert not [n for n in zipfile.ZipFile(built).namelist() if n.endswith(".so")]
+
+
+def test_a_compiled_build_without_a_compiler_fails(tmp_path: Path) -> None:
+    """``DFLOCKD_SERVER_BUILD=compiled`` (the image, cibuildwheel) never ships pure Python."""
+    done = _build_the_server_wheel(tmp_path, {"CC": "/nonexistent/cc", MODE: "compiled"})
+    assert done.returncode != 0
+    assert f"{MODE}=compiled, but there is no C compiler" in done.stderr, done.stderr[-3000:]
+    assert not list(tmp_path.glob("*.whl"))
 
 
 def test_the_servers_tests_pass_on_the_compiled_modules(wheel: Path, tmp_path: Path) -> None:
@@ -151,6 +182,11 @@ def test_the_servers_tests_pass_on_the_compiled_modules(wheel: Path, tmp_path: P
         check=True,
     )
     assert probe.stdout.strip().endswith(SUFFIX), "the tests would run the pure modules"
+    dflockd = Path(sys.executable).parent / "dflockd"
+    version = subprocess.run(
+        [str(dflockd), "--version"], env=env, capture_output=True, text=True, check=True
+    )
+    assert version.stdout.strip().endswith("(compiled, uvloop)"), version.stdout
     done = subprocess.run(
         [sys.executable, "-m", "pytest", *TESTS_OF_THE_COMPILED, *PYTEST_OPTIONS],
         cwd=ROOT,
@@ -162,3 +198,34 @@ def test_the_servers_tests_pass_on_the_compiled_modules(wheel: Path, tmp_path: P
     )
     assert done.returncode == 0, done.stdout[-6000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_only_a_compiled_wheel_build_fetches_mypy() -> None:
+    """What the build backend asks the front-end to install (PEP 517/660): mypy and
+    setuptools for a wheel, nothing of them for an editable install (``uv sync``, the README's
+    first command) or a pure build."""
+    code = (
+        "import json, hatchling.build as b\n"
+        "print(json.dumps([b.get_requires_for_build_wheel(),"
+        " b.get_requires_for_build_editable()]))"
+    )
+
+    def requires(mode: str | None) -> list[list[str]]:
+        env = {k: v for k, v in os.environ.items() if k != MODE}
+        if mode is not None:
+            env[MODE] = mode
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=ROOT / "server",
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+    wheel, editable = requires(None)
+    assert any(r.startswith("mypy==") for r in wheel), wheel
+    assert not any(r.startswith(("mypy", "setuptools")) for r in editable), editable
+    pure_wheel, _ = requires("pure")
+    assert not any(r.startswith(("mypy", "setuptools")) for r in pure_wheel), pure_wheel

@@ -4,13 +4,14 @@ winning over the flag, and bad values failing start-up with a message that names
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dflockd_server import Config, constants
+from dflockd_server import Config, buildinfo, constants
 from dflockd_server.cli import UsageError, load_config
 from dflockd_server.settings import SETTINGS
 from tests.support.servers import DflockdProcess, run_dflockd
@@ -343,9 +344,14 @@ def test_dflockd_runs_on_the_event_loop_it_is_told(dflockd_process: Any, loop: s
         "--host", "127.0.0.1", "--port", "0", "--event-loop", loop
     )
     host, port = proc.wait_listening()
-    assert f"loop {loop})" in "\n".join(proc.lines)
+    assert f"loop {loop}, build {buildinfo.BUILD})" in "\n".join(proc.lines)
     with Wire((host, port)) as w:
         assert w.req("ping") == "ok"
+        # hello and stats say which build and loop run (issue 52)
+        hello = json.loads(w.req("hello").removeprefix("ok "))
+        assert (hello["build"], hello["loop"]) == (buildinfo.BUILD, loop)
+        stats = json.loads(w.req("stats").removeprefix("ok "))
+        assert (stats["build"], stats["loop"]) == (buildinfo.BUILD, loop)
 
 
 def test_the_start_up_line_names_the_state_dir_in_use(dflockd_process: Any, tmp_path: Path) -> None:

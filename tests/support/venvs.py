@@ -3,6 +3,7 @@ distributions, other interpreters on this machine, and uv to drive both."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -11,12 +12,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def uv(*args: str, cwd: Path = ROOT) -> str:
-    """Run uv (the one running this session under `uv run`, else the one on PATH)."""
+BUILD_TIMEOUT_S = 600
+"""For a test whose fixtures build the distributions: the server's wheel is a C build (mypyc,
+about a minute on 2 idle cores, longer on a loaded machine)."""
+
+
+def uv(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
+    """Run uv (the one running this session under `uv run`, else the one on PATH), with
+    ``env`` added to this process's environment."""
     command = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in $UV
     assert command, "these tests need uv (`uv run pytest`, or uv on PATH)"
     done = subprocess.run(
-        [command, *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=300
+        [command, *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
     )
     if done.returncode != 0:
         raise AssertionError(f"uv {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
@@ -56,16 +69,40 @@ def build_dist(out: Path) -> Path:
     return out
 
 
-def make_venv(folder: Path, python: str, *requirements: str, find_links: Path) -> Path:
+def build_dist_once(basetemp: Path) -> Path:
+    """`build_dist` once for the pytest session of ``basetemp``: the first of its pytest-xdist
+    workers to ask builds, under a lock, and the others take the same folder."""
+    shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    out = shared / "dist-shared"
+    with (shared / "dist-shared.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / "dist-shared.done"
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            build_dist(out)
+            done.touch()
+    return out
+
+
+def make_venv(
+    folder: Path,
+    python: str,
+    *requirements: str,
+    find_links: Path,
+    env: dict[str, str] | None = None,
+) -> Path:
     """A fresh venv in ``folder`` with ``requirements`` installed by name (the project's own
-    distributions from ``find_links``, the rest from the package index); its python."""
+    distributions from ``find_links``, the rest from the package index); its python. ``env``:
+    for uv (and the builds it runs)."""
     uv("venv", "--quiet", "--python", python, str(folder), cwd=folder.parent)
     venv_python = folder / "bin" / "python"
-    install(venv_python, *requirements, find_links=find_links)
+    install(venv_python, *requirements, find_links=find_links, env=env)
     return venv_python
 
 
-def install(venv_python: Path, *requirements: str, find_links: Path) -> None:
+def install(
+    venv_python: Path, *requirements: str, find_links: Path, env: dict[str, str] | None = None
+) -> None:
     """Install ``requirements`` by name into the venv of ``venv_python``, as `make_venv` does."""
     uv(
         "pip",
@@ -77,4 +114,5 @@ def install(venv_python: Path, *requirements: str, find_links: Path) -> None:
         str(find_links),
         *requirements,
         cwd=venv_python.parent.parent.parent,
+        env=env,
     )
