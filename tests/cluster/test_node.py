@@ -228,7 +228,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     # held and the key queued there (its waiter is not answered), asks for any other key there.
     free_key = key_in_shard(shard, "free:")
     wait_until(
-        lambda: old.node.check(free_key) == reply_ask(new.name),
+        lambda: (old.node.check(free_key) or b"").startswith(reply_ask(new.name)[:-1] + b" "),
         what="the old owner asks for the free keys at the new one",
         timeout=WAIT_S,
     )
@@ -238,6 +238,17 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     wait_until(
         lambda: new.node.check_asked(free_key) is None,
         what="the new owner serves a key it is asked for",
+        timeout=WAIT_S,
+    )
+    # ...only with the old owner's ticket for that key: never on a client's word.
+    asked_reply = old.node.check(free_key)
+    assert asked_reply is not None
+    ticket = asked_reply.split()[2].decode()
+    assert new.node.ownership.admit_ask(free_key, "_") == b"error\n"
+    assert new.node.ownership.admit_ask(key, ticket) == b"error\n"  # another key's
+    wait_until(
+        lambda: new.node.ownership.admit_ask(free_key, ticket) is None,
+        what="the new owner admits the old owner's ticket",
         timeout=WAIT_S,
     )
     assert new.node.check(free_key) == moved_reply(old.name)  # not asked: to the current
