@@ -17,6 +17,8 @@ import pytest
 
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, moved_reply
 from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.handover import Handover
+from dflockd_server.cluster.membership import Member
 from dflockd_server.cluster.node import ClusterNode
 from dflockd_server.cluster.ops import pin, read_view, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
@@ -430,3 +432,50 @@ def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wa
     assert heir.node.released_takeovers == SHARD_COUNT // 2 - 2
     assert heir.node.failovers == 2
     assert leaving.node.handovers == SHARD_COUNT // 2 - 2
+
+
+def test_a_failover_or_unsplit_write_fails_once_the_gone_member_registered_again(
+    etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """Issue 48 (the suspected stale map): a member that registers again reads the map after
+    its registration, so the heir's write that takes its shard (a failover) or drops the split
+    towards it (an unsplit) must not succeed once it is registered: it would serve a grant
+    still in its table (its lease, or one a closing connection detached while it was fenced)
+    from a map read a moment before that write. On the code before, both writes went through."""
+    prefix = etcd_prefix.rstrip("/")
+    heir = Member(etcd, prefix, "heir:1", lease_ttl=LEASE_TTL, settle_s=0.1).start()
+    try:
+        handover = Handover(
+            etcd, prefix, "heir:1", HostTable(), max_lease_ttl_s=0.0, failover_margin_s=0.0
+        )
+        failed_over, split = 7, 8
+        etcd.put(heir.keys.shard(failed_over), ShardAssignment("heir:1", "gone:1").format())
+        etcd.put(
+            heir.keys.shard(split),
+            ShardAssignment("heir:1", "heir:1", ("split=gone:1",)).format(),
+        )
+        wait_until(
+            lambda: len(read_view(etcd, prefix).shard_map) == SHARD_COUNT,
+            what="the leader's first map",
+            timeout=WAIT_S,
+        )
+        # Seen gone (the view is from before it came back), then registered again.
+        view = read_view(etcd, prefix)
+        assert "gone:1" not in view.members
+        etcd.put(heir.keys.member("gone:1"), "gone:1")
+        handover.take_over(view, heir, [failed_over])
+        handover.unsplit(view, heir, time.monotonic())
+        handover.unsplit(view, heir, time.monotonic() + 1)
+        after = read_view(etcd, prefix).shard_map
+        assert after[failed_over].current == "gone:1"
+        assert after[split].split == "gone:1"
+        # Gone for good: both go through.
+        etcd.delete(heir.keys.member("gone:1"))
+        view = read_view(etcd, prefix)
+        handover.take_over(view, heir, [failed_over])
+        handover.unsplit(view, heir, time.monotonic() + 2)
+        after = read_view(etcd, prefix).shard_map
+        assert after[failed_over].current == "heir:1"
+        assert after[split].split == ""
+    finally:
+        heir.stop()
