@@ -124,9 +124,7 @@ class Handover:
         shard_map = view.shard_map
         by_gone: dict[str, dict[int, ShardAssignment]] = {}
         for s in shards:
-            by_gone.setdefault(shard_map[s].current, {})[s] = shard_map[s].served_by(
-                self.advertise
-            )
+            by_gone.setdefault(shard_map[s].current, {})[s] = shard_map[s].served_by(self.advertise)
         written: set[int] = set()
         for gone, new in by_gone.items():
             written |= self._write_while_gone(view, member, gone, new)
