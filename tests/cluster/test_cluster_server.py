@@ -18,7 +18,7 @@ import pytest
 from celery_dflock.client.clients import Client
 from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
+from dflockd_server.cluster.ops import ClusterOpError, pin, read_view, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.config import ConfigError
 from dflockd_server.testing import ServerThread
@@ -832,3 +832,41 @@ def test_fences_rise_across_a_split_a_counter_jump_and_the_handover(
     unpin(etcd, prefix, shard)
     if jump == "gain":
         unpin(etcd, prefix, shard_id(gained))
+
+
+@pytest.mark.timeout(240)
+def test_a_member_killed_and_restarted_in_place_gets_its_share_back_without_a_command(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """Issue 48: a member of three killed (its etcd lease left to run out, as after kill -9),
+    restarted in place once the leader gave its shards to the others: once membership has been
+    still for ``AUTO_REBALANCE_S`` the leader evens the members out by itself, so every member
+    again serves a share within 20% of even, with no ``dflockd rebalance`` run. On the code
+    before, the restarted member served nothing until an operator rebalanced."""
+    trio = [members(), members(), members()]
+    even = SHARD_COUNT / 3
+
+    def balanced() -> bool:
+        return all(abs(m.shards("serving") - even) <= 0.2 * even for m in trio)
+
+    wait_until(balanced, what="the first map served by all three", timeout=WAIT_S)
+    victim = next(m for m in trio if m.metric("dflockd_cluster_leader") == 0)
+    node = victim.thread.server.node
+    assert node is not None
+    node.stop(leave=False)  # its etcd lease runs out: nobody revokes it, nothing is released
+    victim.thread.stop()
+    killed = time.monotonic()
+    prefix = etcd_prefix.rstrip("/")
+    wait_until(
+        lambda: all(
+            a.target != victim.advertise for _, a in read_view(etcd, prefix).shard_map.items()
+        ),
+        what="the leader gave the killed member's shards to the others",
+        timeout=3 * WAIT_S,
+    )
+    victim.restart()
+    took = wait_until(balanced, what="every member serving a fair share again", timeout=8 * WAIT_S)
+    print(
+        f"balanced again {time.monotonic() - killed:.1f} s after the kill, {took:.1f} s after "
+        f"the restart: {[m.shards('serving') for m in trio]}"
+    )

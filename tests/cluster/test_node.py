@@ -127,6 +127,7 @@ def start_peer(url: str, prefix: str, name: str, max_lease_ttl_s: float = MAX_LE
         max_lease_ttl_s=max_lease_ttl_s,
         lease_ttl_s=LEASE_TTL,
         settle_s=SETTLE,
+        auto_rebalance_s=None,  # these tests move shards themselves (`dflockd rebalance`)
         failover_margin_s=MARGIN,
     )
     return Peer(node.start(), host)

@@ -104,6 +104,11 @@ def load_ask_tickets(client: EtcdClient, prefix: str) -> AskTickets:
     return AskTickets(kv.value.strip())
 
 
+AUTO_REBALANCE_S = 10.0
+"""How long membership must be still before the leader evens the members out by itself (a
+member restarted in place, or a new one, gets its share back about this long after it joined,
+plus its handovers)."""
+
 REJOIN_RETRY_S = 0.5
 """Between attempts to join again after this member lost its etcd lease."""
 
@@ -143,6 +148,7 @@ class ClusterNode:
         max_lease_ttl_s: float,
         lease_ttl_s: int = 5,
         settle_s: float = 2.0,
+        auto_rebalance_s: float | None = AUTO_REBALANCE_S,
         failover_margin_s: float = FAILOVER_MARGIN_S,
         clock: Callable[[], float] = boottime,
         fence: FenceCounter | None = None,
@@ -158,6 +164,7 @@ class ClusterNode:
         self.max_lease_ttl_s = max_lease_ttl_s
         self.lease_ttl_s = lease_ttl_s
         self.settle_s = settle_s
+        self.auto_rebalance_s = auto_rebalance_s
         self.failover_margin_s = failover_margin_s
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
         """The wait for a gone member that published no longest lease."""
@@ -330,6 +337,7 @@ class ClusterNode:
             self.advertise,
             lease_ttl=self.lease_ttl_s,
             settle_s=self.settle_s,
+            auto_rebalance_s=self.auto_rebalance_s,
             on_lease=lambda _until: self._wake.set(),
             on_update=self._on_update,
             clock=self._clock,
