@@ -3,7 +3,11 @@ move it was issued for, until it expires, and names the issuer's counter."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dflockd_server.cluster.asktickets import TICKET_LIFE_S, AskedKey, AskTickets, new_secret
+from dflockd_server.fence import fence_of
+from dflockd_server.tokens import FenceCounter
 
 NOW = 1_800_000_000.0
 ASKED = AskedKey("job:7", 42, "10.0.0.1:6388", "10.0.0.2:6388")
@@ -41,3 +45,20 @@ def test_a_changed_or_malformed_ticket_is_refused() -> None:
         f"{revision}.{expires}.zz.{mac}",
     ):
         assert tickets.check(bad, ASKED, now=NOW) is None, bad
+
+
+def test_the_importing_member_raises_its_counter_above_a_tickets_floor(tmp_path: Path) -> None:
+    """On the loop at once while the floor is below the stored ceiling (no store write);
+    above it, not there (the node's thread stores a higher ceiling first): the next token is
+    above the floor either way once it returned True."""
+    counter = FenceCounter(
+        str(tmp_path / "fence"), wall_clock_ns=lambda: 1_000, persist_block=1_000
+    )
+    assert counter.ceiling == 2_000
+    assert counter.raise_within(500)  # already above
+    assert counter.raise_within(1_500)
+    assert fence_of(counter.next_token()) == 1_501
+    assert not counter.raise_within(2_500)  # would need the store: left to raise_to
+    assert fence_of(counter.next_token()) == 1_502
+    counter.raise_to(2_500)
+    assert fence_of(counter.next_token()) == 2_501 and counter.ceiling == 3_500

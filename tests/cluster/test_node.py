@@ -180,7 +180,7 @@ def test_initial_map_one_server_per_key_then_rebalance_moves_the_fewest_shards(
             assert p.node.check(key) == (None if p.name == owner else moved_reply(owner))
     assert peers[0].node.describe()["members"] == ["a:1", "b:1", "c:1"]
     assert all(p.host.renewals == [True] for p in peers)
-    # A fourth member gets nothing until an operator rebalances.
+    # A fourth member gets nothing until an operator rebalances (auto_rebalance_s=None here).
     peers += cluster("d:1")
     prefix = etcd_prefix.rstrip("/")
     wait_until(
