@@ -103,10 +103,13 @@ class Moved:
 
 @dataclass(frozen=True, slots=True)
 class Asked:
-    """``error_ask <HOST:PORT>`` to an acquire: the key's shard moves key by key and this key
-    is to be asked for there, once, with ``asking`` first (the shard map stays as it is)."""
+    """``error_ask <HOST:PORT> [<ticket>]`` to an acquire: the key's shard moves key by key and
+    this key is to be asked for there, once, with ``asking`` first, passing ``ticket`` along
+    (the member's proof that it let the key go; None from a server that sends none). The
+    shard map stays as it is."""
 
     address: str
+    ticket: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,8 @@ _MOVABLE: Final = frozenset(
 )
 """The requests a server may answer ``error_moved <HOST:PORT>``."""
 _MOVED_ADDRESS_RE: Final = re.compile(r"[^\s:]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
+_TICKET_RE: Final = re.compile(r"[!-~]{1,200}")
+"""An ask ticket: passed along as it came (printable ASCII, no space), never read."""
 
 
 def _show(line: bytes | bytearray, limit: int = 80) -> str:
@@ -280,9 +285,13 @@ def decode_reply(command: Command, line: bytes) -> Reply:
                 raise _unexpected(command, line, "error_moved takes one HOST:PORT")
             return Moved(fields[0])
         if status == wire.STATUS_ERROR_ASK and command in _MOVABLE:
-            if len(fields) != 1 or not _MOVED_ADDRESS_RE.fullmatch(fields[0]):
-                raise _unexpected(command, line, "error_ask takes one HOST:PORT")
-            return Asked(fields[0])
+            if (
+                not 1 <= len(fields) <= 2
+                or not _MOVED_ADDRESS_RE.fullmatch(fields[0])
+                or (len(fields) == 2 and not _TICKET_RE.fullmatch(fields[1]))
+            ):
+                raise _unexpected(command, line, "error_ask takes one HOST:PORT and a ticket")
+            return Asked(fields[0], fields[1] if len(fields) == 2 else None)
         if status == wire.STATUS_ERROR_BOUND and command is Command.TAKE:
             holder = fields[0] if len(fields) == 1 else ""
             if not NOTE_RE.fullmatch(holder):

@@ -334,9 +334,13 @@ def encode_hello() -> bytes:
     return _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
 
 
-def encode_asking() -> bytes:
-    """``asking``: the next acquire follows an ``error_ask`` (``Asked``; a key-level move)."""
-    return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
+def encode_asking(key: str | None = None, ticket: str | None = None) -> bytes:
+    """``asking <key> <ticket>``: the next acquire, of ``key``, follows an ``error_ask`` that
+    gave ``ticket`` (``Asked``; a key-level move); ``asking _ _`` without a ticket (a server
+    that sent none)."""
+    if key is None or ticket is None:
+        return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
+    return _request(Command.ASKING, validate_key(key), ticket)
 
 
 def encode_shards() -> bytes:

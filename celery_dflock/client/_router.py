@@ -184,6 +184,7 @@ class KeyRoute:
         """Why the last acquire was not acquired when a hand-over kept it from the key's
         member until its time was up (None: it was not so)."""
         self.asking = False  # the next acquire request follows an `error_ask`: `asking` first
+        self.ask_ticket: str | None = None  # what that `error_ask` gave, passed along
 
     @property
     def semaphore(self) -> bool:
@@ -279,6 +280,7 @@ class KeyRoute:
         reads the map again and routes by it, as after a loop of ``error_moved``; None when
         the time to follow a hand-over is up."""
         self.rerouted = True
+        self.ask_ticket = reply.ticket
         return self._follow("error_ask", reply.address, asking=True)
 
     def _follow(self, answer: str, address: str, *, asking: bool = False) -> NextTry | None:

@@ -152,6 +152,12 @@ class Host(Protocol):
         importing the key's shard serves it); asked only when ``key_check`` is not None."""
         ...
 
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        """An ``asking`` naming ``key`` and ``ticket``: None when the next acquire of ``key``
+        may be checked by ``asked_check``; else the reply (asked only when ``key_check`` is
+        not None)."""
+        ...
+
     def may_hold(self, key: str) -> bool:
         """False while a grant on ``key`` may not be renewed, taken over or handed down here (a
         fenced cluster member, or one that is not the key's shard's current member)."""
@@ -171,6 +177,7 @@ class Session:
 
     __slots__ = (
         "action",
+        "asked",
         "asking",
         "authed",
         "client",
@@ -202,7 +209,9 @@ class Session:
         """The client sent EOF: nobody waits for an answer that comes later (try once)."""
         self.action: Action | None = None
         self.asking = False
-        """The previous request was ``asking``: the next one (only) is an asked acquire."""
+        """The previous request was an admitted ``asking``: the next one (only) is an asked
+        acquire, of the key ``asked``."""
+        self.asked = ""
         self.moved: dict[str, bytes] | None = None
         """Pending two-phase enqueues dropped because their key's shard moved away: the
         ``w`` / ``sw`` that comes for one is answered with this reply (``fail_enqueued``)."""
@@ -520,8 +529,17 @@ class Session:
         return self._later(Wait(waiter, req.timeout))
 
     def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``asking``: the next request, an acquire, follows an ``error_ask`` (docs/protocol.md,
-        *Key-level moves*). Outside cluster mode it changes nothing."""
+        """``asking <key> <ticket>``: the next request, an acquire of ``key``, follows an
+        ``error_ask <member> <ticket>`` (docs/protocol.md, *Key-level moves*). In cluster mode
+        it is admitted only with the key's current member's ticket for that key
+        (``cluster.asktickets``); elsewhere it changes nothing."""
+        self.asking = False
+        if self.host.key_check is not None:
+            name = key.decode("utf-8", "replace").strip()
+            refused = self.host.admit_ask(name, arg.decode("ascii", "replace").strip())
+            if refused is not None:
+                return refused
+            self.asked = name
         self.asking = True
         return p.REPLY_OK
 
@@ -531,7 +549,9 @@ class Session:
         if check is None:
             return None
         if self.asking:
-            return self.host.asked_check(key)
+            if key == self.asked:
+                return self.host.asked_check(key)
+            self.asking = False  # admitted for another key: this one is checked as any
         return check(key)
 
     def _unwritable(self) -> bool:

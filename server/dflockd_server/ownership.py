@@ -41,6 +41,12 @@ class Ownership(Protocol):
         key's shard serves it; every other mode answers as ``check``)."""
         ...
 
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        """An ``asking`` for ``key`` with ``ticket``: None to let the next acquire of ``key``
+        be checked by ``check_asked``; else the reply to the ``asking`` (a cluster member
+        admits only a ticket of the key's current member, ``cluster.asktickets``)."""
+        ...
+
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed, taken over or handed down here now: a
         cluster member only while it can show its etcd lease alive and is the key's shard's
@@ -61,6 +67,9 @@ class SingleOwnership:
         return None
 
     def check_asked(self, key: str) -> bytes | None:
+        return None
+
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
         return None
 
     def may_hold(self, key: str) -> bool:
@@ -102,6 +111,9 @@ class StaticOwnership:
 
     def check_asked(self, key: str) -> bytes | None:
         return self.check(key)
+
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        return None
 
     def may_hold(self, key: str) -> bool:
         return True

@@ -520,8 +520,11 @@ def reply_moved(address: str) -> bytes:
     return f"{c.STATUS_ERROR_MOVED} {address}\n".encode()
 
 
-def reply_ask(address: str) -> bytes:
-    """``error_ask <HOST:PORT>``: ask ``address`` for this key, once (``asking`` first)."""
+def reply_ask(address: str, ticket: str = "") -> bytes:
+    """``error_ask <HOST:PORT> [<ticket>]``: ask ``address`` for this key, once (``asking``
+    first, passing the ticket along: the member's proof that it let the key go)."""
+    if ticket:
+        return f"{c.STATUS_ERROR_ASK} {address} {ticket}\n".encode()
     return f"{c.STATUS_ERROR_ASK} {address}\n".encode()
 
 

@@ -168,6 +168,10 @@ class KeyServing:
         """The ownership's check for an acquire that follows ``asking``."""
         return self.ownership.check_asked(key)
 
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        """The ownership's answer to an ``asking`` (None: admitted)."""
+        return self.ownership.admit_ask(key, ticket)
+
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread: at once when called there, else through
         ``call_soon_threadsafe``, waiting for its result."""

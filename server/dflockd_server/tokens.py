@@ -221,6 +221,20 @@ class FenceCounter:
         with self._lock:
             self._counter = max(self._counter, floor)
 
+    def raise_within(self, floor: int) -> bool:
+        """``raise_to(floor)`` when that needs no store write (``floor`` below the stored
+        ceiling), for the server's loop; whether every counter issued from now on is above
+        ``floor`` (False: the caller has ``raise_to`` run where it may wait)."""
+        if floor > c.FENCE_MAX:
+            return False
+        with self._lock:
+            if floor <= self._counter:
+                return True
+            if self._store is not None and floor >= self._ceiling:
+                return False
+            self._counter = floor
+            return True
+
     def next_token(self) -> str:
         """A new token whose counter is larger than every one issued before."""
         with self._lock:

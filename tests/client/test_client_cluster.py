@@ -65,6 +65,13 @@ def test_the_key_level_move_replies_byte_by_byte() -> None:
         protocol.decode_reply(Command.LOCK, b"error_ask nowhere")
     with pytest.raises(ProtocolError):
         protocol.decode_reply(Command.RENEW, b"error_ask a:1")  # renewals are never asked
+    # Issue 48: the member's ticket comes with the ask and goes back with `asking`, as is.
+    ticket = "1f.6a0b1c2d.18eb8cfb560e7377." + "ab" * 16
+    line = f"error_ask 10.0.0.7:6388 {ticket}".encode()
+    assert protocol.decode_reply(Command.LOCK, line) == Asked("10.0.0.7:6388", ticket)
+    assert protocol.encode_asking("job:7", ticket) == f"asking\njob:7\n{ticket}\n".encode()
+    with pytest.raises(ProtocolError, match="ticket"):
+        protocol.decode_reply(Command.LOCK, b"error_ask a:1 t1 t2")
 
 
 def test_the_client_hash_is_the_servers() -> None:
@@ -200,6 +207,9 @@ class MapOwnership:
 
     def check_asked(self, key: str) -> bytes | None:
         return self.check(key)
+
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        return None
 
     def may_hold(self, key: str) -> bool:
         # A real member whose shard moves keeps being its current member (moving out) until

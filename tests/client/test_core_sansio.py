@@ -320,6 +320,11 @@ def test_error_ask_sends_the_next_acquire_there_once_with_asking_first() -> None
     assert core.on_ask(asked) == NextTry(0.0, reroute=False)
     assert core.asking and core.endpoint.address == "10.0.0.3:6388"
     assert core.on_ask_refused() is not None  # an old member: pause, then route by the map
+    assert core.ask_ticket is None  # a member that sends no ticket
+    with_ticket = reply(command, b"error_ask 10.0.0.4:6388 1.2.3." + b"0" * 32)
+    assert isinstance(with_ticket, protocol.Asked)
+    core.on_ask(with_ticket)
+    assert core.ask_ticket == "1.2.3." + "0" * 32 and core.endpoint.address == "10.0.0.4:6388"
 
 
 def test_a_hand_over_that_outlasts_the_acquire_says_so() -> None:

@@ -18,7 +18,7 @@ import pytest
 from celery_dflock.client.clients import Client
 from dflockd_server import Config
 from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
+from dflockd_server.cluster.ops import ClusterOpError, pin, read_view, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.config import ConfigError
 from dflockd_server.testing import ServerThread
@@ -425,9 +425,43 @@ def waiters_at(address: tuple[str, int], key: str) -> int:
     return sum(int(lock["waiters"]) for lock in locks if lock["key"] == key)
 
 
-def asked(address: tuple[str, int], key: str) -> str:
-    """``asking`` then ``l KEY 0`` on a fresh connection: the acquire's reply (released)."""
-    return acquire(address, key, asking=True)
+def is_ask(reply: str, member: Member) -> bool:
+    """Whether ``reply`` is ``error_ask <member> [<ticket>]`` (a server before issue 48 gave
+    no ticket: these tests run there too, to show what it did)."""
+    parts = reply.split()
+    return parts[:2] == ["error_ask", member.advertise] and len(parts) <= 3
+
+
+def ticket_for(address: tuple[str, int], key: str) -> str | None:
+    """The ticket of the ``error_ask`` that ``address`` answers ``l KEY 0`` with (None for
+    any other answer; released again when granted)."""
+    parts = acquire(address, key).split()
+    if parts[0] != "error_ask":
+        return None
+    return parts[2] if len(parts) == 3 else "_"
+
+
+def ask_with_ticket(w: Wire, current: tuple[str, int], key: str) -> bool:
+    """``asking KEY <ticket>`` on ``w``, the ticket asked of ``current`` first: whether the
+    ``asking`` was admitted (the next request on ``w`` is then an asked acquire of KEY)."""
+    ticket = ticket_for(current, key)
+    return ticket is not None and w.req("asking", key, ticket) == "ok"
+
+
+def asked(current: tuple[str, int], address: tuple[str, int], key: str) -> str:
+    """``asking`` with ``current``'s ticket, then ``l KEY 0`` at ``address`` on a fresh
+    connection: the acquire's reply (released), or the refused ``asking``'s."""
+    with Wire(address) as w:
+        ticket = ticket_for(current, key)
+        if ticket is None:
+            return "no ticket"
+        admitted = w.req("asking", key, ticket)
+        if admitted != "ok":
+            return admitted
+        reply = w.req("l", key, "0")
+        if reply.startswith("ok "):
+            assert w.req("r", key, reply.split()[1]) == "ok"
+        return reply
 
 
 def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
@@ -453,14 +487,13 @@ def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
         assert beat.acquire() and beat.server == a.address
         moved_at = time.monotonic()
         pin(etcd, prefix, shard, b.advertise)
-        ask_b = f"error_ask {b.advertise}"
         wait_until(
-            lambda: acquire(a.address, other) == ask_b,
+            lambda: is_ask(acquire(a.address, other), b),
             what="a asks for the free keys of the shard at b",
             timeout=WAIT_S,
         )
         took = wait_until(
-            lambda: asked(b.address, other).startswith("ok "),
+            lambda: asked(a.address, b.address, other).startswith("ok "),
             what="b serves a free key it is asked for",
             timeout=WAIT_S,
         )
@@ -490,7 +523,7 @@ def test_a_moving_shard_with_one_key_held_passes_its_other_keys_on_at_once(
         reply = waiter.recv().split()
         assert reply[0] == "ok", reply  # promoted by a, in order, not redirected
         assert fence(reply[1]) > before
-        assert acquire(a.address, later) == ask_b  # never held at a during this move
+        assert is_ask(acquire(a.address, later), b)  # never held at a during this move
         assert waiter.req("r", held, reply[1]) == "ok"
     wait_metric(a, "dflockd_cluster_handovers_total", 1)
     wait_until(
@@ -527,14 +560,15 @@ def test_a_cancelled_key_level_move_keeps_the_split_until_the_handover(
         token = holder.lock(held)
         pin(etcd, prefix, shard, b.advertise)
         wait_until(
-            lambda: acquire(a.address, crossed) == f"error_ask {b.advertise}",
+            lambda: is_ask(acquire(a.address, crossed), b),
             what="a asks for the free keys at b",
             timeout=WAIT_S,
         )
         tokens: list[str] = []
 
         def granted_at_b() -> bool:
-            assert at_b.req("asking") == "ok"
+            if not ask_with_ticket(at_b, a.address, crossed):
+                return False
             reply = at_b.req("l", crossed, "0").split()
             tokens.extend(reply[1:2] if reply[0] == "ok" else [])
             return bool(tokens)
@@ -550,7 +584,7 @@ def test_a_cancelled_key_level_move_keeps_the_split_until_the_handover(
             timeout=WAIT_S,
         )
         # Still split: a grants nobody the key b holds, and b keeps renewing it.
-        assert acquire(a.address, crossed) == f"error_ask {b.advertise}"
+        assert is_ask(acquire(a.address, crossed), b)
         assert at_b.req("n", crossed, tokens[0]).startswith("ok ")
         assert holder.req("r", held, token) == "ok"
         # a hands the shard over to b (the split's node), which holds the crossed key and
@@ -586,13 +620,13 @@ def test_a_member_restarted_mid_move_keeps_its_restored_key_and_asks_for_the_res
     holder = Wire(a.address)
     token = holder.lock(held, lease=30)
     pin(etcd, prefix, shard, b.advertise)
-    ask_b = f"error_ask {b.advertise}"
-    wait_until(lambda: acquire(a.address, crossed) == ask_b, what="a asks at b", timeout=WAIT_S)
+    wait_until(lambda: is_ask(acquire(a.address, crossed), b), what="a asks at b", timeout=WAIT_S)
     with Wire(b.address) as at_b:
         tokens: list[str] = []
 
         def granted_at_b() -> bool:
-            assert at_b.req("asking") == "ok"
+            if not ask_with_ticket(at_b, a.address, crossed):
+                return False
             reply = at_b.req("l", crossed, "0 30").split()
             tokens.extend(reply[1:2] if reply[0] == "ok" else [])
             return bool(tokens)
@@ -605,7 +639,7 @@ def test_a_member_restarted_mid_move_keeps_its_restored_key_and_asks_for_the_res
         # Whatever the restarted a serves, it never grants the key b holds...
         seen: set[str] = set()
         wait_until(
-            lambda: seen.add(r := acquire(a.address, crossed)) or r == ask_b,
+            lambda: seen.add(r := acquire(a.address, crossed)) or is_ask(r, b),
             what="the restarted a asks for the crossed key at b",
             timeout=WAIT_S,
         )
@@ -639,13 +673,14 @@ def test_a_split_towards_a_member_that_died_is_dropped_after_its_longest_lease(
         token = holder.lock(held, lease=3)
         pin(etcd, prefix, shard, b.advertise)
         wait_until(
-            lambda: acquire(a.address, crossed) == f"error_ask {b.advertise}",
+            lambda: is_ask(acquire(a.address, crossed), b),
             what="a asks at b",
             timeout=WAIT_S,
         )
 
         def granted_at_b() -> bool:
-            assert at_b.req("asking") == "ok"
+            if not ask_with_ticket(at_b, a.address, crossed):
+                return False
             return at_b.req("l", crossed, "0 3").startswith("ok ")
 
         wait_until(granted_at_b, what="b grants the crossed key", timeout=WAIT_S)
@@ -666,7 +701,172 @@ def test_a_split_towards_a_member_that_died_is_dropped_after_its_longest_lease(
         print(f"the split towards a dead member dropped {took:.2f} s after its death")
         # The lease b granted (3 s, published) had surely ended; meanwhile nobody granted.
         assert time.monotonic() - died_at >= 3
-        refused = {r for r in replies if not r.startswith("ok ")}
-        assert refused <= {"error_unavailable", f"error_ask {b.advertise}"}, refused
+        refused = {"error_ask" if is_ask(r, b) else r for r in replies if not r.startswith("ok ")}
+        assert refused <= {"error_unavailable", "error_ask"}, refused
         assert "error_unavailable" in refused  # b gone, its leases running out
         assert holder.req("r", held, token) == "ok"
+
+
+def test_an_asking_without_the_current_members_ticket_grants_no_held_key(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """Issue 48: ``asking`` is not a client's word. X holds a key at a; its shard is pinned to b
+    (split, key by key): an ``asking`` to b without a ticket, with a made-up one, or with a's
+    ticket for another key, is refused, and the acquire after it is sent back to a; nobody is
+    granted X's key while a renews it. A genuine ticket is admitted for its own key only."""
+    a, b = members(longest=30), members(longest=30)
+    half = SHARD_COUNT // 2
+    for m in (a, b):
+        wait_metric(m, "dflockd_cluster_shards", half, state="serving")
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key("held:")
+    shard = shard_id(held)
+    (free,) = keys_of(shard, "free:", 1)
+    with Wire(a.address) as x:
+        token = x.lock(held, lease=30)
+        pin(etcd, prefix, shard, b.advertise)
+        wait_until(lambda: is_ask(acquire(a.address, free), b), what="a asks at b", timeout=WAIT_S)
+        wait_until(
+            lambda: acquire(b.address, held) == f"error_moved {a.advertise}",
+            what="b sends the held key to a",
+            timeout=WAIT_S,
+        )
+        with Wire(b.address) as rogue:  # the old form: no proof at all
+            assert rogue.req("asking") == "error"
+            assert rogue.req("l", held, "0") == f"error_moved {a.advertise}"
+        genuine = ticket_for(a.address, free)
+        assert genuine is not None
+        revision, expires, floor, mac = genuine.split(".")
+        forged = [
+            ("_", "_"),
+            (held, "_"),
+            (held, genuine),  # a's ticket for another key
+            (held, f"{revision}.{expires}.{floor}.{'0' * len(mac)}"),
+            (free, f"{revision}.{expires}.{int(floor, 16) + 1:x}.{mac}"),  # tampered
+        ]
+        for _ in range(3):
+            for key, ticket in forged:
+                with Wire(b.address) as rogue:
+                    assert rogue.req("asking", key, ticket) == "error", (key, ticket)
+                    assert rogue.req("l", held, "0") == f"error_moved {a.advertise}"
+            with Wire(b.address) as rogue:  # admitted for the free key, not for the held one
+                wait_until(
+                    lambda: ask_with_ticket(rogue, a.address, free),
+                    what="b admits a's ticket for the free key",
+                    timeout=WAIT_S,
+                )
+                assert rogue.req("l", held, "0") == f"error_moved {a.advertise}"
+            assert x.req("n", held, f"{token} 30") == "ok 30"  # still X's, at a
+        # The genuine ticket, for its own key: granted at b.
+        assert wait_until(
+            lambda: asked(a.address, b.address, free).startswith("ok "),
+            what="b grants the free key with a's ticket",
+            timeout=WAIT_S,
+        )
+        assert x.req("r", held, token) == "ok"
+    unpin(etcd, prefix, shard)
+
+
+@pytest.mark.parametrize(
+    ("jump", "run"), [("gain", 0), ("gain", 1), ("gain", 2), ("restart", 0), ("restart", 1)]
+)
+def test_fences_rise_across_a_split_a_counter_jump_and_the_handover(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str, jump: str, run: int
+) -> None:
+    """Issue 48: X holds a key at a; its shard is split towards b; a's counter then jumps above
+    b's (``gain``: a takes another shard over from b, raising its counter above b's ceiling;
+    ``restart``: a restarts in place, its counter seeded again from the clock); W, queued at a,
+    is granted the key there; once W lets it go, V is granted it at b (a's ticket) with a larger
+    fence; after the handover b grants the key above both again. On the code before, V's fence
+    was below W's after a gain (b granted from its own counter)."""
+    a = members(longest=30, shutdown_timeout_s=1.0)
+    b = members(longest=30)
+    wait_until(lambda: a.shards("serving") + b.shards("serving") == SHARD_COUNT, timeout=WAIT_S)
+    prefix = etcd_prefix.rstrip("/")
+    held = a.key(f"fenced{run}:")
+    shard = shard_id(held)
+    (free,) = keys_of(shard, f"free{run}:", 1)
+    x = Wire(a.address)
+    tx = x.lock(held, lease=30)
+    pin(etcd, prefix, shard, b.advertise)
+    wait_until(lambda: is_ask(acquire(a.address, free), b), what="a asks at b", timeout=WAIT_S)
+    gained = b.key(f"gained{run}:")
+    if jump == "gain":
+        pin(etcd, prefix, shard_id(gained), a.advertise)  # b hands it over: a raises its fence
+        wait_until(lambda: a.serves(gained), what="a takes a shard over from b", timeout=WAIT_S)
+    else:
+        a.restart()  # X is cut off; its lease is in a's journal
+        x.close()
+        wait_metric(a, "dflockd_cluster_fenced", 0)
+    with Wire(a.address) as w:
+        wait_until(lambda: w.req("e", held, "30") == "queued", what="W queued at a", timeout=WAIT_S)
+        with Wire(a.address) as again:
+            assert again.req("r", held, tx) == "ok"
+        reply = w.req("w", held, "30").split()
+        assert reply[0] == "ok", reply
+        tw = reply[1]
+        assert fence(tw) > fence(tx)
+        assert w.req("r", held, tw) == "ok"
+    granted: list[str] = []
+
+    def granted_at_b() -> bool:
+        # Asked (a's ticket), or served whole once a has handed the shard over (nothing is
+        # held at a any more): b's fence is above W's either way.
+        with Wire(b.address) as v:
+            if not ask_with_ticket(v, a.address, held) and not b.serves(held):
+                return False
+            reply = v.req("l", held, "0").split()
+            if reply[0] != "ok":
+                return False
+            granted.append(reply[1])
+            assert v.req("r", held, reply[1]) == "ok"
+            return True
+
+    wait_until(granted_at_b, what="V granted the key at b", timeout=WAIT_S)
+    tv = granted[0]
+    print(f"W's fence at a {fence(tw)}, V's at b {fence(tv)}")
+    assert fence(tv) > fence(tw)
+    wait_until(lambda: b.serves(held), timeout=WAIT_S, what="the shard handed over to b")
+    assert fence(acquire_token(b.address, held)) > fence(tv)
+    x.close()
+    unpin(etcd, prefix, shard)
+    if jump == "gain":
+        unpin(etcd, prefix, shard_id(gained))
+
+
+@pytest.mark.timeout(240)
+def test_a_member_killed_and_restarted_in_place_gets_its_share_back_without_a_command(
+    members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """Issue 48: a member of three killed (its etcd lease left to run out, as after kill -9),
+    restarted in place once the leader gave its shards to the others: once membership has been
+    still for ``AUTO_REBALANCE_S`` the leader evens the members out by itself, so every member
+    again serves a share within 20% of even, with no ``dflockd rebalance`` run. On the code
+    before, the restarted member served nothing until an operator rebalanced."""
+    trio = [members(), members(), members()]
+    even = SHARD_COUNT / 3
+
+    def balanced() -> bool:
+        return all(abs(m.shards("serving") - even) <= 0.2 * even for m in trio)
+
+    wait_until(balanced, what="the first map served by all three", timeout=WAIT_S)
+    victim = next(m for m in trio if m.metric("dflockd_cluster_leader") == 0)
+    node = victim.thread.server.node
+    assert node is not None
+    node.stop(leave=False)  # its etcd lease runs out: nobody revokes it, nothing is released
+    victim.thread.stop()
+    killed = time.monotonic()
+    prefix = etcd_prefix.rstrip("/")
+    wait_until(
+        lambda: all(
+            a.target != victim.advertise for _, a in read_view(etcd, prefix).shard_map.items()
+        ),
+        what="the leader gave the killed member's shards to the others",
+        timeout=3 * WAIT_S,
+    )
+    victim.restart()
+    took = wait_until(balanced, what="every member serving a fair share again", timeout=8 * WAIT_S)
+    print(
+        f"balanced again {time.monotonic() - killed:.1f} s after the kill, {took:.1f} s after "
+        f"the restart: {[m.shards('serving') for m in trio]}"
+    )

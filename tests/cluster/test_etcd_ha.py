@@ -144,8 +144,9 @@ def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]
             members.append(Member(url, tmp_path / "state"))
         # The first map goes to the members registered when membership has been still for a
         # moment (two seconds); a member that starts later (a loaded machine) joins with no
-        # shard, as documented, until an operator rebalances. So the test does what they do,
-        # once the first map is there (a no-op when it names both).
+        # shard until membership has been still for 10 s (the leader rebalances then) or an
+        # operator rebalances. So the test does what they do, once the first map is there (a
+        # no-op when it names both).
         wait_until(lambda: mapped(members), timeout=WAIT_S, what="the first map")
         rebalance(url)
         wait_until(lambda: settled(members), timeout=WAIT_S, what="the cluster's map")

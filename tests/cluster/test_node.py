@@ -17,6 +17,8 @@ import pytest
 
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, moved_reply
 from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.handover import Handover
+from dflockd_server.cluster.membership import Member
 from dflockd_server.cluster.node import ClusterNode
 from dflockd_server.cluster.ops import pin, read_view, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
@@ -125,6 +127,7 @@ def start_peer(url: str, prefix: str, name: str, max_lease_ttl_s: float = MAX_LE
         max_lease_ttl_s=max_lease_ttl_s,
         lease_ttl_s=LEASE_TTL,
         settle_s=SETTLE,
+        auto_rebalance_s=None,  # these tests move shards themselves (`dflockd rebalance`)
         failover_margin_s=MARGIN,
     )
     return Peer(node.start(), host)
@@ -177,7 +180,7 @@ def test_initial_map_one_server_per_key_then_rebalance_moves_the_fewest_shards(
             assert p.node.check(key) == (None if p.name == owner else moved_reply(owner))
     assert peers[0].node.describe()["members"] == ["a:1", "b:1", "c:1"]
     assert all(p.host.renewals == [True] for p in peers)
-    # A fourth member gets nothing until an operator rebalances.
+    # A fourth member gets nothing until an operator rebalances (auto_rebalance_s=None here).
     peers += cluster("d:1")
     prefix = etcd_prefix.rstrip("/")
     wait_until(
@@ -228,7 +231,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     # held and the key queued there (its waiter is not answered), asks for any other key there.
     free_key = key_in_shard(shard, "free:")
     wait_until(
-        lambda: old.node.check(free_key) == reply_ask(new.name),
+        lambda: (old.node.check(free_key) or b"").startswith(reply_ask(new.name)[:-1] + b" "),
         what="the old owner asks for the free keys at the new one",
         timeout=WAIT_S,
     )
@@ -238,6 +241,17 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     wait_until(
         lambda: new.node.check_asked(free_key) is None,
         what="the new owner serves a key it is asked for",
+        timeout=WAIT_S,
+    )
+    # ...only with the old owner's ticket for that key: never on a client's word.
+    asked_reply = old.node.check(free_key)
+    assert asked_reply is not None
+    ticket = asked_reply.split()[2].decode()
+    assert new.node.ownership.admit_ask(free_key, "_") == b"error\n"
+    assert new.node.ownership.admit_ask(key, ticket) == b"error\n"  # another key's
+    wait_until(
+        lambda: new.node.ownership.admit_ask(free_key, ticket) is None,
+        what="the new owner admits the old owner's ticket",
         timeout=WAIT_S,
     )
     assert new.node.check(free_key) == moved_reply(old.name)  # not asked: to the current
@@ -419,3 +433,50 @@ def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wa
     assert heir.node.released_takeovers == SHARD_COUNT // 2 - 2
     assert heir.node.failovers == 2
     assert leaving.node.handovers == SHARD_COUNT // 2 - 2
+
+
+def test_a_failover_or_unsplit_write_fails_once_the_gone_member_registered_again(
+    etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """Issue 48 (the suspected stale map): a member that registers again reads the map after
+    its registration, so the heir's write that takes its shard (a failover) or drops the split
+    towards it (an unsplit) must not succeed once it is registered: it would serve a grant
+    still in its table (its lease, or one a closing connection detached while it was fenced)
+    from a map read a moment before that write. On the code before, both writes went through."""
+    prefix = etcd_prefix.rstrip("/")
+    heir = Member(etcd, prefix, "heir:1", lease_ttl=LEASE_TTL, settle_s=0.1).start()
+    try:
+        handover = Handover(
+            etcd, prefix, "heir:1", HostTable(), max_lease_ttl_s=0.0, failover_margin_s=0.0
+        )
+        failed_over, split = 7, 8
+        etcd.put(heir.keys.shard(failed_over), ShardAssignment("heir:1", "gone:1").format())
+        etcd.put(
+            heir.keys.shard(split),
+            ShardAssignment("heir:1", "heir:1", ("split=gone:1",)).format(),
+        )
+        wait_until(
+            lambda: len(read_view(etcd, prefix).shard_map) == SHARD_COUNT,
+            what="the leader's first map",
+            timeout=WAIT_S,
+        )
+        # Seen gone (the view is from before it came back), then registered again.
+        view = read_view(etcd, prefix)
+        assert "gone:1" not in view.members
+        etcd.put(heir.keys.member("gone:1"), "gone:1")
+        handover.take_over(view, heir, [failed_over])
+        handover.unsplit(view, heir, time.monotonic())
+        handover.unsplit(view, heir, time.monotonic() + 1)
+        after = read_view(etcd, prefix).shard_map
+        assert after[failed_over].current == "gone:1"
+        assert after[split].split == "gone:1"
+        # Gone for good: both go through.
+        etcd.delete(heir.keys.member("gone:1"))
+        view = read_view(etcd, prefix)
+        handover.take_over(view, heir, [failed_over])
+        handover.unsplit(view, heir, time.monotonic() + 2)
+        after = read_view(etcd, prefix).shard_map
+        assert after[failed_over].current == "heir:1"
+        assert after[split].split == ""
+    finally:
+        heir.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -28,6 +28,9 @@ class Host:
 
     def asked_check(self, key: str) -> bytes | None:
         return None if self.key_check is None else self.key_check(key)
+
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        return None if ticket == f"ticket-for-{key}" else b"error\n"
 
     def may_hold(self, key: str) -> bool:
         return self.renewals_ok
@@ -201,3 +204,38 @@ def test_force_release_goes_to_the_key_s_member_and_works_while_draining(
     assert ask(s, b"fr", b"theirs", b"_") == moved
     host.draining = True
     assert ask(s, b"fr", b"mine", b"_") == b"ok 1\n"
+
+
+@dataclass
+class AskingHost(Host):
+    """A cluster member's host that serves every admitted asked acquire (and records it)."""
+
+    asked: list[str] = field(default_factory=list[str])
+
+    def asked_check(self, key: str) -> bytes | None:
+        self.asked.append(key)
+        return None
+
+
+def test_asking_is_admitted_with_the_ticket_for_its_key_and_counts_for_that_key_only(
+    table: LockTable,
+) -> None:
+    """Issue 48: in cluster mode `asking <key> <ticket>` is admitted only when the ownership
+    admits the ticket for that key; the next acquire of that key then gets the asked check,
+    any other request the usual one."""
+    moved = b"error_moved a:1\n"
+    host = AskingHost(key_check=lambda key: moved)
+    s = session(table, host)
+    assert ask(s, b"asking", b"_", b"_") == b"error\n"
+    assert ask(s, b"l", b"k", b"0") == moved
+    assert ask(s, b"asking", b"k", b"ticket-for-j") == b"error\n"
+    assert ask(s, b"l", b"k", b"0") == moved
+    assert ask(s, b"asking", b"k", b"ticket-for-k") == b"ok\n"
+    assert ask(s, b"l", b"j", b"0") == moved  # admitted for k, not for j
+    assert ask(s, b"l", b"k", b"0") == moved  # one request only
+    assert ask(s, b"asking", b"k", b"ticket-for-k") == b"ok\n"
+    reply = ask(s, b"l", b"k", b"0")
+    assert reply is not None and reply.startswith(b"ok "), reply
+    assert host.asked == ["k"]
+    # Outside cluster mode `asking` changes nothing and is answered ok.
+    assert ask(session(table), b"asking", b"_", b"_") == b"ok\n"

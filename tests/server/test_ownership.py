@@ -187,6 +187,9 @@ class FixedOwnership:
     def check_asked(self, key: str) -> bytes | None:
         return self.check(key)
 
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        return None
+
     def may_hold(self, key: str) -> bool:
         return self.renew and shard_id(key) in self.served
 

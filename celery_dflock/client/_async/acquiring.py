@@ -101,7 +101,10 @@ class AsyncLockBase(AsyncHeldLock):
                 if core.asking:
                     core.asking = False  # one request only
                     if not isinstance(
-                        await conn.request(Command.ASKING, protocol.encode_asking()), Ok
+                        await conn.request(
+                            Command.ASKING, protocol.encode_asking(core.key, core.ask_ticket)
+                        ),
+                        Ok,
                     ):
                         await self._checkin(conn)
                         wait_s = core.on_ask_refused()

@@ -102,7 +102,12 @@ class LockBase(HeldLock):
             try:
                 if core.asking:
                     core.asking = False  # one request only
-                    if not isinstance(conn.request(Command.ASKING, protocol.encode_asking()), Ok):
+                    if not isinstance(
+                        conn.request(
+                            Command.ASKING, protocol.encode_asking(core.key, core.ask_ticket)
+                        ),
+                        Ok,
+                    ):
                         self._checkin(conn)
                         wait_s = core.on_ask_refused()
                         if wait_s is None:

@@ -119,11 +119,15 @@ class Handover:
 
     def take_over(self, view: ClusterView, member: Member, shards: Collection[int]) -> None:
         """Set current = this member for shards whose failover wait is over (or that their
-        member released)."""
+        member released), each on condition that their gone member has not registered again
+        meanwhile (``_write_while_gone``)."""
         shard_map = view.shard_map
-        written = self._write_assignments(
-            view, member, {s: shard_map[s].served_by(self.advertise) for s in shards}
-        )
+        by_gone: dict[str, dict[int, ShardAssignment]] = {}
+        for s in shards:
+            by_gone.setdefault(shard_map[s].current, {})[s] = shard_map[s].served_by(self.advertise)
+        written: set[int] = set()
+        for gone, new in by_gone.items():
+            written |= self._write_while_gone(view, member, gone, new)
         released = sum(shard_map[s].released for s in written)
         self.released_takeovers += released
         self.failovers += len(written) - released
@@ -178,7 +182,25 @@ class Handover:
         ]
         if due:
             shard_map = view.shard_map
-            self._write_assignments(view, member, {s: shard_map[s].unsplit() for s in due})
+            by_gone: dict[str, dict[int, ShardAssignment]] = {}
+            for s in due:
+                by_gone.setdefault(gone[s], {})[s] = shard_map[s].unsplit()
+            for node, new in by_gone.items():
+                self._write_while_gone(view, member, node, new)
+
+    def _write_while_gone(
+        self, view: ClusterView, member: Member, gone: str, new: dict[int, ShardAssignment]
+    ) -> frozenset[int]:
+        """``_write_assignments``, on condition too that ``gone`` (a member this one saw gone,
+        "" for none) has no member key in etcd: a member that registers again just as its
+        shards are taken (a failover) or its split dropped (an unsplit) reads the map after its
+        registration, so it either sees this write or makes it fail; it never serves, from a
+        map read a moment too early, a grant it still has in its table (one its leases kept,
+        or one a closing connection detached) while this member grants the key."""
+        if not gone:
+            return self._write_assignments(view, member, new)
+        absent = Compare(member.keys.member(gone), "CREATE", "EQUAL", 0)
+        return self._write_assignments(view, member, new, also=absent)
 
     def release(
         self, member: Member, keep: frozenset[int], fence: FenceCounter, now: float
@@ -219,10 +241,15 @@ class Handover:
         )
 
     def _write_assignments(
-        self, view: ClusterView, member: Member, new: dict[int, ShardAssignment]
+        self,
+        view: ClusterView,
+        member: Member,
+        new: dict[int, ShardAssignment],
+        *,
+        also: Compare | None = None,
     ) -> frozenset[int]:
-        """Write, each on condition that the shard is as seen and this member still alive;
-        the shards written."""
+        """Write, each on condition that the shard is as seen and this member still alive
+        (and ``also``); the shards written."""
         # A write this view does not show yet is not repeated (it would only conflict).
         writes = {
             s: ShardWrite(view.revisions.get(s, 0), a)
@@ -235,7 +262,8 @@ class Handover:
         if not writes:
             return frozenset()
         alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
-        result = write_shards(self.client, member.keys.shards, writes, condition=alive)
+        conditions = [alive] if also is None else [alive, also]
+        result = write_shards(self.client, member.keys.shards, writes, condition=conditions)
         for s in result.written:
             self._written_from[s] = writes[s].revision
         if result.written:

@@ -19,7 +19,7 @@ waiting behind them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dflockd_server.cluster.etcd import MAX_TXN_OPS, Compare, Delete, EtcdClient, Get, Op, Put
@@ -64,13 +64,19 @@ def write_shards(
     shards_prefix: str,
     writes: Mapping[int, ShardWrite],
     *,
-    condition: Compare | None = None,
+    condition: Compare | Sequence[Compare] | None = None,
 ) -> WriteResult:
-    """Write each shard whose key is still at its revision (see the module's docstring).
+    """Write each shard whose key is still at its revision (see the module's docstring);
+    ``condition``: the extra condition(s), all of which must hold.
 
     Raises ``EtcdError`` when etcd cannot be reached (what was written before stays written).
     """
-    extra = [] if condition is None else [condition]
+    if condition is None:
+        extra: list[Compare] = []
+    elif isinstance(condition, Compare):
+        extra = [condition]
+    else:
+        extra = list(condition)
     per_batch = MAX_TXN_OPS - len(extra)
     items = sorted(writes.items())
     written: dict[int, int] = {}

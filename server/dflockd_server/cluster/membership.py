@@ -13,7 +13,10 @@ A ``Member`` (one per server process) does, under ``<prefix>``:
   write is never clobbered; the leader reads it and decides again). With
   no map yet it waits until membership has been still for ``settle_s`` and writes
   ``ShardMap.initial``; afterwards every membership change applies ``ShardMap.updated`` (only
-  the shards of members that are gone move; new members wait for a rebalance);
+  the shards of members that are gone move), and once membership has been still for
+  ``auto_rebalance_s`` with no shard moving, it writes ``ShardMap.rebalance_plan`` (the fewest
+  moves that leave the live members at most one shard apart; pinned shards stay): a member
+  restarted in place, or a new one, gets its share back without an operator's command;
 - watches the whole prefix and keeps a local copy of members, leader and map (``snapshot``);
 - checks that watch every ``lease_ttl`` against one small read of the prefix (how many keys it
   holds, whether one was put after the last revision the watch brought: ``EtcdClient.stat``).
@@ -117,6 +120,7 @@ class Member:
         *,
         lease_ttl: int = 5,
         settle_s: float = 2.0,
+        auto_rebalance_s: float | None = None,
         on_change: Callable[[ClusterView], None] | None = None,
         on_lease: Callable[[float], None] | None = None,
         on_update: Callable[[], None] | None = None,
@@ -130,6 +134,9 @@ class Member:
         self.advertise = advertise
         self.lease_ttl = lease_ttl
         self.settle_s = settle_s
+        self.auto_rebalance_s = auto_rebalance_s
+        """How long membership must be still before the leader rebalances by itself (None:
+        never; ``dflockd rebalance`` does)."""
         self._on_change = on_change
         self._on_lease = on_lease
         self._on_update = on_update
@@ -441,7 +448,37 @@ class Member:
             wanted = ShardMap.initial(live)
         else:
             wanted = current.updated(live)
+            changes = current.diff(wanted)
+            if changes:
+                self._write(changes, revisions)
+                return
+            self._rebalance(current, live, still_for, revisions)
+            return
         self._write(current.diff(wanted), revisions)
+
+    def _rebalance(
+        self, current: ShardMap, live: set[str], still_for: float, revisions: Mapping[int, int]
+    ) -> None:
+        """Even the live members out once membership has been still for ``auto_rebalance_s``
+        and no shard is moving (each move is a handover, key by key: nothing held is cut)."""
+        wait = self.auto_rebalance_s
+        if wait is None:
+            return
+        if still_for < wait:
+            self._wake_later(wait - still_for)
+            return
+        if any(current[s].target in live for s in current.moves_in_progress()):
+            return  # the handovers' writes wake this loop again (a move towards a gone
+            # member, a shard pinned there, cannot end: it does not hold the others back)
+        plan = current.rebalance_plan(live)
+        if plan:
+            log.info(
+                "cluster leader %s: membership still for %.0f s; rebalancing %d shard(s)",
+                self.advertise,
+                still_for,
+                len(plan),
+            )
+            self._write(current.diff(current.apply(plan)), revisions)
 
     def _wake_later(self, delay: float) -> None:
         timer = threading.Timer(delay, self._wake.set)

@@ -6,11 +6,13 @@ lease, and every ``NODE_TICK_S``:
 
 1. asks ``decide.decide`` (pure) what each shard is: serve, moving out, taking over, failover,
    other; publishes the verdicts as an immutable ``snapshot.ClusterOwnership``, swapped whole;
-2. before serving a shard it did not serve a moment ago, raises its fencing counter above the
-   highest ceiling any member published (``<prefix>/fence/<member>``, kept outside the members'
-   leases so a dead member's survives): every token it grants is then above every token any
-   previous owner granted, after a handover as after a failover. Until that succeeded the
-   shard answers ``error_unavailable``;
+2. before granting on a shard under an assignment (its current member and split) it did not
+   grant under a moment ago, raises its fencing counter above the highest ceiling any member
+   published (``<prefix>/fence/<member>``, kept outside the members' leases so a dead member's
+   survives): every token it grants is then above every token any previous owner granted,
+   after a handover, a failover, a split, an unsplit, a restart in place. Until that succeeded
+   the shard answers ``error_unavailable``. A key asked for during a split is granted only
+   above the counter the exporting member signed into the ask ticket (``asktickets``);
 3. for shards moving out, key by key, splits them while keys are held or queued here and
    hands them over once none is (``handover``);
 4. for shards whose current member is gone, takes them after the failover wait (at once when
@@ -44,6 +46,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
+from dflockd_server.cluster.asktickets import AskTickets, new_secret
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, FENCED, Decision, decide
 from dflockd_server.cluster.etcd import EtcdClient, EtcdError
 from dflockd_server.cluster.fencestore import EtcdCeilingStore, EtcdLongestStore, highest_ceiling
@@ -82,6 +85,29 @@ def boottime() -> float:
         return time.monotonic()
     return time.clock_gettime(clock_id)
 
+
+def ask_secret_key(prefix: str) -> str:
+    """Where the cluster's ask secret lives (``<prefix>/asksecret``, no lease)."""
+    return prefix + "/asksecret"
+
+
+def load_ask_tickets(client: EtcdClient, prefix: str) -> AskTickets:
+    """The cluster's ask tickets: its secret read from etcd, created there first (by a
+    conditional put: every member reads the one that won) when none is."""
+    key = ask_secret_key(prefix)
+    kv = client.get(key)
+    if kv is None:
+        client.create_if_absent(key, new_secret())
+        kv = client.get(key)
+        if kv is None:
+            raise EtcdError(f"the cluster's ask secret {key!r} vanished while being created")
+    return AskTickets(kv.value.strip())
+
+
+AUTO_REBALANCE_S = 10.0
+"""How long membership must be still before the leader evens the members out by itself (a
+member restarted in place, or a new one, gets its share back about this long after it joined,
+plus its handovers)."""
 
 REJOIN_RETRY_S = 0.5
 """Between attempts to join again after this member lost its etcd lease."""
@@ -122,6 +148,7 @@ class ClusterNode:
         max_lease_ttl_s: float,
         lease_ttl_s: int = 5,
         settle_s: float = 2.0,
+        auto_rebalance_s: float | None = AUTO_REBALANCE_S,
         failover_margin_s: float = FAILOVER_MARGIN_S,
         clock: Callable[[], float] = boottime,
         fence: FenceCounter | None = None,
@@ -137,6 +164,7 @@ class ClusterNode:
         self.max_lease_ttl_s = max_lease_ttl_s
         self.lease_ttl_s = lease_ttl_s
         self.settle_s = settle_s
+        self.auto_rebalance_s = auto_rebalance_s
         self.failover_margin_s = failover_margin_s
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
         """The wait for a gone member that published no longest lease."""
@@ -149,7 +177,12 @@ class ClusterNode:
         self._thread: threading.Thread | None = None
         # Owned by the node's thread:
         self._failover_since: dict[int, float] = {}
-        self._raised: frozenset[int] = frozenset()
+        self._raised: dict[int, tuple[str, str]] = {}
+        """Shard -> the assignment (current member, split) under which this member last raised
+        its fence for it: a shard whose assignment changed since is held back until raised."""
+        self._floor_wanted = 0
+        """A ticket's counter the loop could not raise to at once (the node's thread does)."""
+        self._tickets: AskTickets | None = None
         self._current: frozenset[int] = frozenset()
         """The shards this member was current member of at the last decision."""
         self._renewals: bool | None = None
@@ -179,6 +212,9 @@ class ClusterNode:
 
     def check_asked(self, key: str) -> bytes | None:
         return self._ownership.check_asked(key)
+
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        return self._ownership.admit_ask(key, ticket)
 
     def may_hold(self, key: str) -> bool:
         return self._ownership.may_hold(key)
@@ -239,6 +275,7 @@ class ClusterNode:
         if self._fence is None:
             store = EtcdCeilingStore(self.client, self.prefix, self.advertise)
             self._fence = FenceCounter(store=store)
+        self._tickets = load_ask_tickets(self.client, self.prefix)
         self._member = self._new_member().start()
         self._thread = threading.Thread(
             target=self._run, name=f"dflockd-node {self.advertise}", daemon=True
@@ -300,6 +337,7 @@ class ClusterNode:
             self.advertise,
             lease_ttl=self.lease_ttl_s,
             settle_s=self.settle_s,
+            auto_rebalance_s=self.auto_rebalance_s,
             on_lease=lambda _until: self._wake.set(),
             on_update=self._on_update,
             clock=self._clock,
@@ -319,6 +357,7 @@ class ClusterNode:
                 return
             self._let_news_settle()
             try:
+                self._raise_wanted_floor()
                 self._step()
             except (EtcdError, FenceStateError) as exc:
                 log.warning("cluster member %s: %s (trying again)", self.advertise, exc)
@@ -364,16 +403,18 @@ class ClusterNode:
         decision = self._decide(view, now)
         self._publish(view, decision, valid_until)
         self._fail_waiters_of_lost_shards(decision)
-        gained = decision.granting - self._raised
-        if gained:
-            # Above every ceiling another member published: above all tokens ever granted for
-            # these shards (its own are below its counter). Until then they stay unavailable.
+        shard_map = view.shard_map
+        under = {s: (shard_map[s].current, shard_map[s].split) for s in decision.granting}
+        if any(self._raised.get(s) != a for s, a in under.items()):
+            # A shard gained, or whose assignment changed (a handover, a split, an unsplit):
+            # above every ceiling another member published, so above all tokens ever granted
+            # for these shards (its own are below its counter). Until then they stay held back.
             self.fence.raise_to(highest_ceiling(self.client, self.prefix, self.advertise))
-            self._raised = decision.granting
+            self._raised = under
             decision = self._decide(view, now)
             self._publish(view, decision, valid_until)
         else:
-            self._raised = self._raised & decision.granting
+            self._raised = under
         self._allow_renewals(True)
         self._failover_since = dict(decision.failover_since)
         self._quiet = not decision.failover_since and not decision.moving_out
@@ -414,9 +455,32 @@ class ClusterNode:
             now=now,
             failover_since=self._failover_since,
             failover_wait_s=self.failover_wait_s,
-            cleared=self._raised,
+            cleared=self._cleared(view),
             failover_waits=self._handover.failover_waits(view),
         )
+
+    def _cleared(self, view: ClusterView) -> frozenset[int]:
+        """The shards whose fence was raised under the assignment the view shows."""
+        shard_map = view.shard_map
+        return frozenset(
+            s
+            for s, (current, split) in self._raised.items()
+            if (a := shard_map.get(s)) is not None and a.current == current and a.split == split
+        )
+
+    def _raise_floor(self, floor: int) -> bool:
+        """On the loop: every token from now on above ``floor`` (an ask ticket's counter), at
+        once when that needs no etcd write; else the node's thread raises it (False)."""
+        if self.fence.raise_within(floor):
+            return True
+        self._floor_wanted = max(self._floor_wanted, floor)
+        self._wake.set()
+        return False
+
+    def _raise_wanted_floor(self) -> None:
+        wanted = self._floor_wanted
+        if wanted > self.fence.last:
+            self.fence.raise_to(wanted)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -435,6 +499,9 @@ class ClusterNode:
             importing=decision.importing,
             present=self.host.key_present,
             lease_until=(lambda: member.lease_valid_until) if member is not None else None,
+            tickets=self._tickets,
+            fence_last=lambda: self.fence.last,
+            raise_floor=self._raise_floor,
         )
         if self.fenced_reason is not None:
             log.info("cluster member %s: deciding (was: %s)", self.advertise, self.fenced_reason)
@@ -463,7 +530,7 @@ class ClusterNode:
             log.warning("cluster member %s: fenced, granting nothing: %s", self.advertise, reason)
         self.fenced_reason = reason
         self._failover_since = {}
-        self._raised = frozenset()
+        self._raised = {}
         self._handover.forget()
         self._seen_updates = -1
         self._quiet = False

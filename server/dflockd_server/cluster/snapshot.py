@@ -13,13 +13,22 @@ member's own deadline live (``lease_until``) as its keep-alives move it on. Past
 answers as a fenced member does even before the node's threads notice (a process paused for
 longer than its lease, for instance), so no grant and no renewal can come from a member that
 the others may already consider gone.
+
+Key-level moves carry proof (``asktickets``): a member moving a shard out answers an acquire of a
+key it neither holds nor queues ``error_ask <node> <ticket>``, the ticket signed with the
+cluster's ask secret and carrying its fencing counter; the importing member admits an ``asking``
+only with such a ticket for that very key and move (``admit_ask``), and raises its own counter
+above the ticket's before it grants.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from dflockd_server import protocol as p
+from dflockd_server.cluster.asktickets import AskedKey, AskTickets
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, FENCED
 from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
@@ -60,6 +69,17 @@ class ClusterOwnership:
     member's lease lives, no other member can take a shard it is the current member of, so
     the verdicts stay safe however old the snapshot."""
 
+    tickets: AskTickets | None = None
+    """The cluster's ask tickets (None: ``error_ask`` names no ticket and ``asking`` is
+    refused)."""
+    fence_last: Callable[[], int] | None = None
+    """This member's fencing counter: every token it issued so far is at or below it."""
+    raise_floor: Callable[[int], bool] | None = None
+    """Make every token issued from now on exceed the given counter; False when that cannot be
+    done at once on the loop (the node's thread does it: the acquire is refused meanwhile)."""
+    wall: Callable[[], float] = time.time
+    """The wall clock tickets' expiry is counted on."""
+
     def alive(self) -> bool:
         """Whether this member can show its etcd lease alive now."""
         if self.fenced:
@@ -82,12 +102,50 @@ class ClusterOwnership:
             return None  # held or queued here: it stays here until released
         if present is None and shard in self.holding:
             return ERROR_UNAVAILABLE  # not known to be free here: ask nobody for it
+        if shard in self.holding and verdict != ERROR_UNAVAILABLE:
+            return self._ask(key, shard, verdict)
         return verdict
 
+    def _ask(self, key: str, shard: int, verdict: bytes) -> bytes:
+        """``error_ask <split node> <ticket>``: this member lets ``key`` go for the rest of
+        the split (it holds and queues nothing on it, and creates no key of this shard)."""
+        tickets, fence_last = self.tickets, self.fence_last
+        if tickets is None or fence_last is None:
+            return verdict
+        split = self.view.shard_map[shard].split
+        ticket = tickets.issue(
+            AskedKey(key, shard, self.me, split),
+            revision=self.view.revisions.get(shard, 0),
+            floor=fence_last(),
+            now=self.wall(),
+        )
+        return p.reply_ask(split, ticket)
+
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        """An ``asking`` naming ``key`` and ``ticket``: None when this member may grant the key
+        to the acquire that follows (its shard is split to this member, the ticket is the
+        current member's for this key and this very split, unexpired, and this member's fencing
+        counter is above the ticket's); else ``error``, the one refusal ``asking`` has (the
+        client pauses, then routes by the map again)."""
+        if not self.alive():
+            return p.REPLY_ERROR
+        shard = shard_id(key)
+        tickets = self.tickets
+        if shard not in self.importing or tickets is None:
+            return p.REPLY_ERROR
+        current = self.view.shard_map[shard].current
+        got = tickets.check(ticket, AskedKey(key, shard, current, self.me), now=self.wall())
+        if got is None or got.revision != self.view.revisions.get(shard, 0):
+            return p.REPLY_ERROR
+        raise_floor = self.raise_floor
+        if raise_floor is not None and not raise_floor(got.floor):
+            return p.REPLY_ERROR  # the node's thread raises it: the client asks again soon
+        return None
+
     def check_asked(self, key: str) -> bytes | None:
-        """``check`` for an acquire after ``asking``: a shard split to this member serves it
-        (the current member asked for it: it holds and queues nothing on it, and never will
-        during this split)."""
+        """``check`` for an acquire after an admitted ``asking`` (``admit_ask``) of this key:
+        a shard split to this member serves it (the current member let it go: it holds and
+        queues nothing on it, and never will during this split)."""
         if self.alive() and shard_id(key) in self.importing:
             return None
         return self.check(key)
