@@ -211,6 +211,8 @@ def dflockd_flags(maxclients: int) -> tuple[str, ...]:
         str(10 * maxclients + 1_000_000),
         "--max-locks-per-connection",
         "0",  # every key is held over one connection
+        "--max-locks-per-ip",
+        "0",  # ... from one address
         "--default-lease-ttl",
         "3600",
         "--max-lease-ttl",
@@ -445,6 +447,8 @@ def measure_refusals(loop: str, tmp: Any, table: int, count: int) -> Refusals:
             str(table),
             "--max-locks-per-connection",
             "0",  # the table is filled over one connection
+            "--max-locks-per-ip",
+            "0",  # ... from one address
             "--default-lease-ttl",
             "3600",
             "--max-lease-ttl",

@@ -197,7 +197,11 @@ def test_journal_benchmark_servers_really_wrote(quick_run: QuickRun) -> None:
         assert w["fsync"] == fsync, w
         assert w["writes"] > 0 and w["file_bytes"] > 0, w
         if fsync == "always":
-            assert w["fsyncs"] >= w["writes"], w
+            # A write carrying a grant is fsynced before its reply; one of releases alone is
+            # not (issue 47: a restart after a lost release restores a lease, never frees
+            # one early): more fsyncs than the files' own (start and compactions), not one a
+            # write.
+            assert w["fsyncs"] > 2 * (w["compactions"] + 1), w
         if fsync == "no":
             # The file written at the start and at each compaction, and its directory.
             assert w["fsyncs"] == 2 * (w["compactions"] + 1), w
