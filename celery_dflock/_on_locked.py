@@ -59,10 +59,12 @@ def contended(
     options: LockOptions,
     call: tuple[tuple[Any, ...], dict[str, Any]],
     *,
+    waited_s: float,
     mismatch: LimitMismatchError | None = None,
     lock: AnyLock | None = None,
 ) -> Any:
-    """The key is busy: held by other runs, or (``mismatch``) in use with another limit.
+    """The key is busy: held by other runs, or (``mismatch``) in use with another limit;
+    ``waited_s``: how long this run waited for it (a direct call does not wait in the queue).
 
     A key is one resource on the server (a lock is a semaphore of limit 1), so runs with
     another ``lock_limit`` on the key keep it busy like any holder; the server refuses at
@@ -91,10 +93,10 @@ def contended(
             sender=task, task_id=task_id, key=key, args=args, kwargs=kwargs, holder=holder
         )
         raise LockSkipped(
-            f"{run} was skipped: {why} (waited {options.timeout:g}s; on_locked='skip')"
+            f"{run} was skipped: {why} (waited {waited_s:.1f}s; on_locked='skip')"
         ) from mismatch
     busy = LockNotAcquired(
-        f"{run}: {why} (waited {options.timeout:g}s; on_locked={options.on_locked!r})"
+        f"{run}: {why} (waited {waited_s:.1f}s; on_locked={options.on_locked!r})"
     )
     busy.__cause__ = mismatch
     if options.on_locked != "retry" or request.called_directly:

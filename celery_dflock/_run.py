@@ -109,7 +109,15 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             )
             acquired = took_over or lock.acquire()
         except LimitMismatchError as exc:  # the key is busy with another lock_limit
-            return contended(task, request, key, options, (args, kwargs), mismatch=exc)
+            return contended(
+                task,
+                request,
+                key,
+                options,
+                (args, kwargs),
+                waited_s=time.monotonic() - wait_started,
+                mismatch=exc,
+            )
         except ServerUnavailable as exc:  # down, restarting, draining: a busy key (_outage)
             _autoretry(task, request, exc)  # the task's own autoretry_for names it: Celery's
             if outage is None:
@@ -143,7 +151,15 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     if not acquired:
         if eager_once:
             raise eager_duplicate(guard.label, key, lock)
-        return contended(task, request, key, options, (args, kwargs), lock=lock)
+        return contended(
+            task,
+            request,
+            key,
+            options,
+            (args, kwargs),
+            waited_s=time.monotonic() - wait_started,
+            lock=lock,
+        )
     # A hold taken over for an acks_late message outlives this process on purpose: when the
     # process dies, the message comes back and its next run takes the same hold over. It is
     # not recorded, so a dead child's clean-up does not release it.

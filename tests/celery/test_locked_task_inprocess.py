@@ -107,6 +107,25 @@ def test_busy_lock_with_raise_policy_fails_with_lock_not_acquired(server: Server
     assert job() == "ran"
 
 
+def test_a_direct_call_on_a_busy_key_says_how_long_it_really_waited(server: ServerThread) -> None:
+    """A direct call does not wait in the key's queue (it has no message to send again): its
+    error said "(waited 30s; on_locked='retry')", the queue wait its messages get, after
+    0.00 s."""
+    app = inproc_app(server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="busy-direct")
+    def job() -> str:
+        return "ran"
+
+    other = holder(server, "busy-direct")
+    try:
+        with pytest.raises(LockNotAcquired) as caught:
+            job()
+        assert "(waited 0.0s; on_locked='retry')" in str(caught.value), caught.value
+    finally:
+        other.release()
+
+
 class HandingOver:
     """A one-member cluster's ownership (test stand-in for the cluster node) whose shard of
     ``key`` is changing hands: ``error_unavailable`` for it, every other key served."""
