@@ -6,10 +6,14 @@ that pytest-xdist's ``--dist loadfile`` runs them side by side)."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from dflockd_server.cluster.ops import read_view
+from dflockd_server.cluster.shardmap import SHARD_COUNT
 from tests.faults.conftest import LONG_ENV, FaultReport, long_run
 from tests.faults.nemesis_run import (
     HOLDER_LEASE_S,
@@ -118,4 +122,55 @@ def test_churn_members_leave_rejoin_join_and_rebalance(
         "lock cluster (defaults): churn: a member SIGTERMed (it leaves) and restarted in "
         "place, rebalance, a member joins, rebalance",
         [left],
+    )
+
+
+EVEN_WITHIN = 0.2
+"""Issue 48, acceptance 4: each member's share of the shards within 20% of even."""
+REBALANCED_WITHIN_S = 60.0
+"""... within one minute of the kill, with no command run."""
+
+
+def test_a_member_killed_and_restarted_in_place_gets_its_share_back_by_itself(
+    tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
+) -> None:
+    """Issue 48, acceptance 4, on real processes: one member of three is SIGKILLed and started
+    again in place (same port, ``--advertise`` and state directory) under the workload; with
+    no ``dflockd rebalance`` run, every member is again the current node of a share of the
+    shards within 20% of even, within a minute of the kill. Before the leader rebalanced by
+    itself, the restarted member served nothing until an operator ran the command."""
+    with NemesisRun(tmp_path, etcd=nemesis_etcd, seed=4804) as run:
+        assert run.etcd is not None
+        etcd = run.etcd.client()
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        victim = run.victim()
+        keys = run.keys_of(victim)
+
+        def shares() -> list[int]:
+            served = Counter(a.current for _, a in read_view(etcd, run.prefix).shard_map.items())
+            return [served.get(m.advertise, 0) for m in run.members]
+
+        even = SHARD_COUNT / len(run.members)
+        t = now()
+        run.restart_in_place(victim, how="kill")
+        gap = run.record_gap("kill -9 + restart in place, no command run", keys, t)
+        last: list[int] = []
+        while True:
+            last = shares()
+            if all(abs(n - even) <= EVEN_WITHIN * even for n in last):
+                break
+            assert now() - t < 2 * REBALANCED_WITHIN_S, f"not even after {now() - t:.0f} s: {last}"
+            time.sleep(0.5)
+        took = now() - t
+        print(f"every member within 20% of even {took:.1f} s after the kill: {last}")
+        assert took <= REBALANCED_WITHIN_S, f"even only {took:.1f} s after the kill: {last}"
+        run.wait_progress(PROGRESS_S, PROGRESS_GRANTS)
+        run.settle(TAKEOVER_TIMEOUT_S)
+        result = run.finish()
+    report(
+        fault_report,
+        result,
+        "lock cluster (defaults): a member SIGKILLed and restarted in place, no command run "
+        f"(shares even again {took:.0f} s after the kill)",
+        [gap],
     )
