@@ -63,15 +63,7 @@ def fenced_update(
         return updated
     highest = queryset.aggregate(highest=models.Max(fence_name))["highest"]
     if highest is not None and int(highest) > fence:
-        named = label()
-        raise StaleFence(
-            f"fenced write to {named} refused: its fence {fence} is lower than {highest}, "
-            "which a later holder of the lock wrote with; this run lost its lock (its lease "
-            "ran out while it was paused, or it was told and went on), and nothing was written",
-            named,
-            fence,
-            int(highest),
-        )
+        raise StaleFence.refused(label(), fence, int(highest))
     return 0
 
 

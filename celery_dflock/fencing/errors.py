@@ -30,6 +30,19 @@ class StaleFence(LockLost):
     def __reduce__(self) -> tuple[type[StaleFence], tuple[str, str, int, int]]:
         return type(self), (str(self), self.target, self.fence, self.highest)
 
+    @classmethod
+    def refused(cls, target: str, fence: int, highest: int) -> StaleFence:
+        """The refusal of a write to ``target`` with ``fence``, the store holding ``highest``:
+        its message says what happened and that nothing was written (every store's)."""
+        return cls(
+            f"fenced write to {target} refused: its fence {fence} is lower than {highest}, "
+            "which a later holder of the lock wrote with; this run lost its lock (its lease "
+            "ran out while it was paused, or it was told and went on), and nothing was written",
+            target,
+            fence,
+            highest,
+        )
+
 
 class FenceMissing(DflockError):
     """A fenced write came without a fence (``None``): the lock server that granted the lock

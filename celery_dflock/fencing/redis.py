@@ -112,11 +112,4 @@ def _refused_if(seen: object, label: str, fence: int) -> None:
     if seen is None:
         return
     highest = highest_fence(seen if isinstance(seen, bytes | str) else str(seen))
-    raise StaleFence(
-        f"fenced write to {label} refused: its fence {fence} is lower than {highest}, which a "
-        "later holder of the lock wrote with; this run lost its lock (its lease ran out while "
-        "it was paused, or it was told and went on), and nothing was written",
-        label,
-        fence,
-        highest or 0,
-    )
+    raise StaleFence.refused(label, fence, highest or 0)
