@@ -182,6 +182,57 @@ def test_client_sigstop_past_lease(tmp_path: Path, fault_report: FaultReport) ->
     )
 
 
+IDLE_READ_TIMEOUT_S = 2
+"""The server's read timeout in the idle-holder nemesis: it closes a silent connection then."""
+IDLE_LEASE_S = 8
+"""... while the silent holder's lease runs longer."""
+IDLE_PAUSE_S = 4.5
+"""The holder stays stopped past the read timeout, not past its lease."""
+
+
+def test_client_sigstop_past_the_read_timeout_keeps_its_lock_to_its_lease(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    """Issue 47: a holder stopped (SIGSTOP: a GC pause, a frozen VM) past the server's read
+    timeout, not past its lease. The server closes the silent connection on its own, which
+    frees nothing early: nobody else is granted the key while the holder's lease runs (the
+    history checker proves each hold's bound, so a grant at the read timeout is a double
+    grant). On the code before, the close released the lock at the read timeout."""
+    pauses = scaled(2, 6)
+    with LockRun(
+        tmp_path,
+        seed=47,
+        lease_s=IDLE_LEASE_S,
+        max_lease_s=IDLE_LEASE_S,
+        server_args=("--read-timeout", str(IDLE_READ_TIMEOUT_S)),
+    ) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(pauses):
+            victim = run.pick()
+            key, _ = long_hold(victim, IDLE_PAUSE_S + 1.0)
+            t = now()
+            victim.signal(signal.SIGSTOP)
+            run.injections.append(
+                Injection("client SIGSTOP past the read timeout", t, victim.client, key)
+            )
+            wait_until(victim.stopped, timeout=EVENT_TIMEOUT_S, what=f"{victim.client} to stop")
+            run.wait_progress(IDLE_PAUSE_S)
+            victim.signal(signal.SIGCONT)
+            run.settle()
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    report(
+        fault_report,
+        f"client SIGSTOP {IDLE_PAUSE_S:g} s, past the server's {IDLE_READ_TIMEOUT_S} s read "
+        f"timeout, holding an {IDLE_LEASE_S} s lease",
+        result,
+        check,
+        f"{pauses} paused holders: the server closed each silent connection and kept its lock "
+        f"to its lease's end (no grant of the key meanwhile); {RECOVERY_NOTE}",
+    )
+
+
 def test_unfenced_counter_loses_updates_under_pause(
     tmp_path: Path, fault_report: FaultReport
 ) -> None:

@@ -819,7 +819,9 @@ class LockRun:
         max_lease_s: int = MAX_LEASE_S,
         lease_s: int = LEASE_S,
         durable: bool | None = None,
+        server_args: tuple[str, ...] = (),
     ) -> None:
+        """``server_args``: more flags for the server (a nemesis about that flag)."""
         self.directory = directory
         self.lease_s = lease_s
         self.keys = list(keys)
@@ -833,6 +835,7 @@ class LockRun:
             max_lease_s=max_lease_s,
             # True: a state dir of the run's own; False: none (no journal); None: the default.
             state_dir=None if durable is None else directory / "state" if durable else "none",
+            extra_args=server_args,
         )
         self.second_server = (
             LockServer(second_port, max_lease_s=max_lease_s) if split_brain else None
