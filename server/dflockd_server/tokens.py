@@ -216,21 +216,31 @@ class FenceCounter:
             raise OverflowError("fencing counter exhausted")
         if floor <= self._counter:
             return
-        if self._store is not None and floor >= self._ceiling:
+        if self._store_due(floor):
             self._persist(floor)
         with self._lock:
             self._counter = max(self._counter, floor)
 
+    def _store_due(self, floor: int) -> bool:
+        """Whether counters from ``floor`` on want a new ceiling stored first: at or past the
+        stored one, or, stored ahead (``store_ahead``), in the last half-block under it, where
+        ``next_token`` would have the next one stored and refuse at the ceiling meanwhile (a
+        raise there stores it itself, where it may wait)."""
+        if self._store is None:
+            return False
+        half = self._block // 2 if self._ahead is not None else 0
+        return floor >= self._ceiling - half
+
     def raise_within(self, floor: int) -> bool:
-        """``raise_to(floor)`` when that needs no store write (``floor`` below the stored
-        ceiling), for the server's loop; whether every counter issued from now on is above
-        ``floor`` (False: the caller has ``raise_to`` run where it may wait)."""
+        """``raise_to(floor)`` when that needs no store write (``floor`` well below the stored
+        ceiling: ``_store_due``), for the server's loop; whether every counter issued from now
+        on is above ``floor`` (False: the caller has ``raise_to`` run where it may wait)."""
         if floor > c.FENCE_MAX:
             return False
         with self._lock:
             if floor <= self._counter:
                 return True
-            if self._store is not None and floor >= self._ceiling:
+            if self._store_due(floor):
                 return False
             self._counter = floor
             return True

@@ -204,7 +204,8 @@ def test_a_reboot_with_the_wall_clock_stepped_grants_nothing_twice(
         result,
         check,
         f"{len(caught.kept)} holds caught by the stops kept, {len(caught.reported)} reported "
-        f"lost, {len(caught.silent)} lost silently (the {len(aimed)} aimed "
+        f"lost, {len(caught.let_go)} let go while the server was away, {len(caught.silent)} "
+        f"lost silently (the {len(aimed)} aimed "
         f"{DURABLE_HOLD_S:.0f} s holds kept); each start restored every lease for a full lease "
         "and, the journal being everysec, granted nothing for the longest lease",
     )

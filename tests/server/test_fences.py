@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,21 @@ def test_each_token_spells_its_own_counter_across_byte_boundaries_and_raises() -
     assert all(t[:16] == f"{n:016x}" for t, n in zip(tokens, expected, strict=True))
     assert all(len(t) == constants.TOKEN_HEX_CHARS and t.isalnum() for t in tokens)
     assert len(set(tokens)) == len(tokens)
+
+
+def test_a_raise_into_the_last_half_block_stores_the_next_ceiling_itself(tmp_path: Path) -> None:
+    """A counter whose ceilings are stored ahead (a server's) raised (``raise_to``, a cluster
+    member after a transfer, off the loop) to just under its stored ceiling: the raise stores
+    the next ceiling itself, so the next grants are not refused while the loop's store ahead
+    catches up. A CI run of issue 48's counter-jump test met that refusal: a member raised to
+    the other's ceiling, 2 under its own, and its next grant got ``error_read_only``.
+    ``raise_within`` (on the loop, no store) leaves such a raise to the member's thread."""
+    with ThreadPoolExecutor(max_workers=1) as ahead:
+        counter = FenceCounter(str(tmp_path / "fence"), persist_block=100)
+        counter.store_ahead(ahead)
+        near = counter.ceiling - 2
+        assert not counter.raise_within(near)  # needs a store: not on the loop
+        counter.raise_to(near)
+        tokens = [counter.next_token() for _ in range(5)]
+        assert counter.ceiling > near + 5
+        assert [int(t[:16], 16) for t in tokens] == list(range(near + 1, near + 6))
