@@ -556,6 +556,9 @@ class AsyncHeldLock:
             )
             return
         reply, conn, _ = sent
+        # Closed, not given back to the pool: the caller may have closed its pool (and gone)
+        # while this ran, and a connection put back there then is never closed.
+        await conn.aclose()
         # Sent again after an attempt that got no answer: a refusal proves no loss.
         if core.on_release_reply(reply, retried=True):
             logger.info(
@@ -563,7 +566,6 @@ class AsyncHeldLock:
                 core.what,
                 core.endpoint.address,
             )
-        await self._checkin(conn)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"

@@ -558,6 +558,9 @@ class HeldLock:
             )
             return
         reply, conn, _ = sent
+        # Closed, not given back to the pool: the caller may have closed its pool (and gone)
+        # while this ran, and a connection put back there then is never closed.
+        conn.close()
         # Sent again after an attempt that got no answer: a refusal proves no loss.
         if core.on_release_reply(reply, retried=True):
             logger.info(
@@ -565,7 +568,6 @@ class HeldLock:
                 core.what,
                 core.endpoint.address,
             )
-        self._checkin(conn)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
