@@ -25,6 +25,7 @@ from benchmarks._common import BENCH_DIR, RESULTS_DIR
 NAME = "report"
 ORDER = (
     "server",
+    "gobench",
     "journal",
     "cluster",
     "contention",
@@ -36,6 +37,7 @@ ORDER = (
 )
 SECTIONS = {
     "server": "Lock server: dflockd against Redis",
+    "gobench": "Round trips with dflockd Go's own bench tool, its server beside ours",
     "journal": "Lease journal: what durability costs, beside Redis's AOF",
     "cluster": "Cluster mode: one server against a 3-member cluster and 3 static members",
     "contention": "Contention: many waiters on one key",

@@ -7,7 +7,9 @@ Each benchmark runs in its own process with the same ``--run-id``, so RESULTS.md
 that its figures come from one run. Stops nothing it did not start; a benchmark that fails
 is reported and the others still run (the exit status is then 1). ``cluster`` needs etcd: where
 there is none it is skipped (said so), not failed. ``--dflockd-go PATH`` hands dflockd's Go
-server to ``server``, which measures it beside ours.
+server to ``server``, which measures it beside ours; with ``--go-bench PATH`` besides (dflockd's
+own bench tool), ``gobench`` runs that tool against both servers (without the two, it is
+skipped, and says so).
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PATH",
         help="dflockd's Go server binary, for benchmarks.server to measure beside ours",
     )
+    parser.add_argument(
+        "--go-bench",
+        default="",
+        metavar="PATH",
+        help="dflockd's bench tool binary (with --dflockd-go: benchmarks.gobench runs it)",
+    )
     args = parser.parse_args(argv)
     chosen = [b for b in args.only.split(",") if b] or list(BENCHMARKS)
     unknown = sorted(set(chosen) - set(BENCHMARKS))
@@ -58,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "cluster" and etcd_binary() is None:
             print("== cluster skipped: no etcd binary (install etcd-server, or set ETCD_BIN)")
             continue
+        if name == "gobench" and not (args.dflockd_go and args.go_bench):
+            print("== gobench skipped: it needs --dflockd-go and --go-bench (dflockd's binaries)")
+            continue
         passes = PASSES.get(name, ((),))
         start = time.monotonic()
         for extra in passes[:1] if args.quick else passes:
@@ -66,8 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 command += ["--results-dir", args.results_dir]
             if args.quick:
                 command.append("--quick")
-            if name == "server" and args.dflockd_go:
+            if name in ("server", "gobench") and args.dflockd_go:
                 command += ["--dflockd-go", args.dflockd_go]
+            if name == "gobench":
+                command += ["--go-bench", args.go_bench]
             print(f"== {name}: {' '.join(command[1:])}", flush=True)
             code = subprocess.run(command, cwd=REPO, check=False).returncode
             if code != 0:
