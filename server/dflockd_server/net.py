@@ -32,7 +32,7 @@ from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
 from dflockd_server.leasebound import LeaseBound
-from dflockd_server.loops import at_turn_end, loop_name
+from dflockd_server.loops import loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import SINGLE, Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
@@ -225,7 +225,7 @@ class Server(Admission, KeyServing):
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._hello = self._make_hello()  # now with the loop
-        self._group_write = GroupWrite(at_turn_end(loop))
+        self._group_write = GroupWrite(loop.call_soon)
         self.clock = loop_clock(loop)
         self._loop_thread = threading.get_ident()
         token = cfg.resolve_auth_token()

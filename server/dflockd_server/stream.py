@@ -77,10 +77,10 @@ class GroupWrite:
     Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per turn, and
     at one connection once per request."""
 
-    def __init__(self, at_turn_end: Callable[[Callable[[], None]], object]) -> None:
-        self._at_turn_end = at_turn_end
-        """How the write is scheduled after this turn's callbacks (``loops.at_turn_end`` of
-        the server's loop: in the same turn on uvloop's loop and the server's asyncio loop)."""
+    def __init__(self, call_soon: Callable[[Callable[[], None]], object]) -> None:
+        self._call_soon = call_soon
+        """How the write is scheduled after this turn's callbacks: the loop's ``call_soon``
+        (uvloop runs it in the same turn, asyncio's own loop in the next: ``loops``)."""
         self.journal: Journal | None = None
         """The server's journal while it runs (None: the replies go out unwritten, as at the
         stop, once the journal is closed)."""
@@ -102,7 +102,7 @@ class GroupWrite:
         """``stream`` holds replies back until the journal is written: do that once for
         every connection of this turn of the loop, just after it."""
         if not self.streams:
-            self._at_turn_end(self._write_soon)
+            self._call_soon(self._write_soon)
         self.streams.append(stream)
 
     def write_for(self, stream: Stream, journal: Journal, data: bytes) -> bytes:
