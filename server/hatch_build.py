@@ -47,22 +47,17 @@ COMPILED = (
     "dispatch",
     "stream",
     "connection",
-    "turn",
-    "transport",
 )
 """The request path's modules: parse, route, the lock table, the journal's records, reply
 bytes, and the connection's side of it (``stream``: reading, the batched replies, and
 ``connection``: a request's way from the bytes to the table): compiling those two took a
 further 18% off the server's instructions per round-trip pair (95.8k to 78.8k under
-callgrind). On asyncio's own loop, its turn (``turn``) and the accepted connections' socket
-transport (``transport``: 69.5k to 62.0k per pair at one connection, and 15% less CPU per pair
-at 10 and 50 connections). The rest of the network side (the listener, TLS, start-up and
-shut-down) stays Python. `tokens` issues a fencing token per grant: left in Python it was the
+callgrind). The rest of the network side (the listener, TLS, start-up and shut-down) stays
+Python (issue 52 removed the compiled turn and socket transport of asyncio's loop: the default
+install runs uvloop). `tokens` issues a fencing token per grant: left in Python it was the
 one interpreted call of a compiled grant, about 6,500 of a pipelined pair's 42,200
 instructions. `fence` (the ceiling's stores) stays Python: its error class derives from
-`OSError`, which a compiled class cannot without a run-time dependency (mypy_extensions).
-`transport_handle` stays Python: CPython 3.13's ``asyncio.Server`` holds it weakly, and a
-compiled class cannot be referred to weakly."""
+`OSError`, which a compiled class cannot without a run-time dependency (mypy_extensions)."""
 
 MYPY_OPTIONS = (
     "--disable-error-code",

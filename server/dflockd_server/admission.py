@@ -1,9 +1,8 @@
 """Admission: which connections a ``Server`` takes, and their counts.
 
-``Admission`` is the part of ``net.Server`` that counts transports and connections, refuses
-a new one past the caps (``max_connections``, ``max_connections_per_ip``, or while draining),
-keeps the TLS handshakes under way to ``max_tls_handshakes`` (the oldest dropped), and tells
-the server's stop when no request is in flight (``busy_changed``).
+A ``net.Server`` has an ``Admission``: it counts transports and connections, refuses a new one
+past the caps (``max_connections``, ``max_connections_per_ip``, or while the server drains),
+and keeps the TLS handshakes under way to ``max_tls_handshakes`` (the oldest dropped).
 
 It also keeps one client address from taking every key (``over_ip_share``,
 ``--max-locks-per-ip``): an acquire (``l``, ``sl``, ``hl``, ``e``, ``se``) from an address whose
@@ -20,10 +19,10 @@ them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from dflockd_server.config import Config
 from dflockd_server.connection import Connection
@@ -39,26 +38,26 @@ IP_CAP_LOG_INTERVAL_S = 60.0
 
 
 class Admission:
-    """Connection caps and counts (see the module's doc). ``net.Server`` sets the attributes
-    below."""
+    """Connection caps and counts (see the module's doc)."""
 
-    config: Config
-    draining: bool
-    connections: set[Connection]
-    per_ip: dict[str, int]
-    ip_connections: dict[str, set[Connection]]
-    """The admitted connections of each client address (``over_ip_share``)."""
-    ip_cap_logged: dict[str, float]
-    """When each address's refusal by ``--max-locks-per-ip`` was last logged."""
-    open_transports: int
-    """Transports made and not yet lost, admitted or refused."""
-    connections_accepted: int
-    connections_refused: int
-    handshaking: dict[Stream, None]
-    """Connections in their TLS handshake, oldest first (``max_tls_handshakes``)."""
-    handshakes_evicted: int
-    _busy: int
-    _idle: asyncio.Event | None
+    def __init__(self, config: Config, draining: Callable[[], bool]) -> None:
+        self.config = config
+        self._draining = draining
+        """Whether the server drains (then every new connection is refused)."""
+        self.connections: set[Connection] = set()
+        """The admitted connections."""
+        self.per_ip: dict[str, int] = {}
+        self.ip_connections: dict[str, set[Connection]] = {}
+        """The admitted connections of each client address (``over_ip_share``)."""
+        self.ip_cap_logged: dict[str, float] = {}
+        """When each address's refusal by ``--max-locks-per-ip`` was last logged."""
+        self.open_transports = 0
+        """Transports made and not yet lost, admitted or refused."""
+        self.connections_accepted = 0
+        self.connections_refused = 0
+        self.handshaking: dict[Stream, None] = {}
+        """Connections in their TLS handshake, oldest first (``max_tls_handshakes``)."""
+        self.handshakes_evicted = 0
 
     def admit(self, conn: Connection) -> str | None:
         """Count a new connection's transport, and register the connection or say why it is
@@ -69,8 +68,8 @@ class Admission:
             self.connections_refused += 1
             return refusal
         self.connections_accepted += 1
-        self.per_ip[conn.ip] = self.per_ip.get(conn.ip, 0) + 1
-        self.ip_connections.setdefault(conn.ip, set()).add(conn)
+        self.per_ip[conn.stream.ip] = self.per_ip.get(conn.stream.ip, 0) + 1
+        self.ip_connections.setdefault(conn.stream.ip, set()).add(conn)
         self.connections.add(conn)
         return None
 
@@ -100,11 +99,11 @@ class Admission:
 
     def _refusal(self, conn: Connection) -> str | None:
         cfg = self.config
-        if self.draining:
+        if self._draining():
             return "server draining"
         if cfg.max_connections and len(self.connections) >= cfg.max_connections:
             return f"max_connections ({cfg.max_connections}) reached"
-        count = self.per_ip.get(conn.ip, 0)
+        count = self.per_ip.get(conn.stream.ip, 0)
         if cfg.max_connections_per_ip and count >= cfg.max_connections_per_ip:
             return f"max_connections_per_ip ({cfg.max_connections_per_ip}) reached"
         return None
@@ -116,17 +115,17 @@ class Admission:
     def forget(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
-            same = self.ip_connections.get(conn.ip)
+            same = self.ip_connections.get(conn.stream.ip)
             if same is not None:
                 same.discard(conn)
                 if not same:
-                    del self.ip_connections[conn.ip]
-                    self.ip_cap_logged.pop(conn.ip, None)
-            count = self.per_ip.get(conn.ip, 0) - 1
+                    del self.ip_connections[conn.stream.ip]
+                    self.ip_cap_logged.pop(conn.stream.ip, None)
+            count = self.per_ip.get(conn.stream.ip, 0) - 1
             if count > 0:
-                self.per_ip[conn.ip] = count
+                self.per_ip[conn.stream.ip] = count
             else:
-                self.per_ip.pop(conn.ip, None)
+                self.per_ip.pop(conn.stream.ip, None)
 
     def handshake_started(self, stream: Stream) -> None:
         """``stream`` begins its TLS handshake. Past ``max_tls_handshakes`` under way, the
@@ -148,11 +147,3 @@ class Admission:
     def handshake_ended(self, stream: Stream) -> None:
         """``stream``'s handshake is done, failed or was cut off."""
         self.handshaking.pop(stream, None)
-
-    def busy_changed(self, busy: bool) -> None:
-        self._busy += 1 if busy else -1
-        if self._idle is not None:
-            if self._busy:
-                self._idle.clear()
-            else:
-                self._idle.set()

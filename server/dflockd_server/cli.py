@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import ipaddress
 import logging
 import os
@@ -24,7 +23,7 @@ from dflockd_server.constants import (
     PROTOCOL_DOCS_URL,
 )
 from dflockd_server.fence import FenceStateError, read_ceiling
-from dflockd_server.loops import TurnLoop, loop_name
+from dflockd_server.loops import loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
 from dflockd_server.settings import COMMON, SETTINGS, TOPICS, Setting
@@ -247,20 +246,19 @@ def is_loopback(host: str) -> bool:
 
 
 def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The loop factory for the ``event_loop`` setting (asyncio's: ``loops.TurnLoop``)."""
+    """The loop factory for the ``event_loop`` setting (``loops``): uvloop's for ``auto`` where
+    it is installed and for ``uvloop``, asyncio's own otherwise."""
     if event_loop == "asyncio":
-        return TurnLoop
-    try:
-        module = importlib.import_module("uvloop")
-    except ImportError:
-        if event_loop == "uvloop":
-            raise UsageError(
-                f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
-                "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
-            ) from None
-        return TurnLoop
-    factory: Callable[[], asyncio.AbstractEventLoop] = module.new_event_loop
-    return factory
+        return asyncio.new_event_loop
+    factory = uvloop_factory()
+    if factory is not None:
+        return factory
+    if event_loop == "uvloop":
+        raise UsageError(
+            f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
+            "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
+        )
+    return asyncio.new_event_loop
 
 
 def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> bool:

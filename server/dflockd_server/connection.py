@@ -1,6 +1,6 @@
-"""One client connection's request loop: frames from the stream (``stream.Stream``, the byte
-side) go through the dispatch step (``dispatch.Session``), replies go back batched into one
-write per pass.
+"""One client connection's request loop: a ``Connection`` has a stream (``stream.Stream``, the
+byte side) and, once admitted, a session (``dispatch.Session``, the requests' side); frames
+from the stream go through the session, replies go back batched into one write per pass.
 
 Each connection answers its requests in order; a blocking acquire holds up the requests behind
 it on that connection only. What a request does to the lock table is decided in ``dispatch``;
@@ -18,11 +18,12 @@ import time
 from typing import Protocol, cast
 
 from dflockd_server import constants as c, protocol as p
+from dflockd_server.config import Config
 from dflockd_server.dispatch import AUTH_FAILED, STATS, Close, Host, RaiseBound, Session, Wait
 from dflockd_server.leasebound import LeaseBound
 from dflockd_server.metrics import RequestTimes
 from dflockd_server.snapshots import RationedSnapshots
-from dflockd_server.stream import Stream, StreamHost
+from dflockd_server.stream import Stream
 from dflockd_server.table import LockTable, Waiter
 
 __all__ = ["Connection", "ServerSide"]
@@ -30,9 +31,11 @@ __all__ = ["Connection", "ServerSide"]
 log = logging.getLogger("dflockd_server")
 
 
-class ServerSide(StreamHost, Host, Protocol):
-    """What a connection uses of its server (``net.Server``)."""
+class ServerSide(Protocol):
+    """What a connection uses of its server (``net.Server``), beside what its stream
+    (``stream.StreamHost``) and its session (``dispatch.Host``) use of it."""
 
+    config: Config
     request_times: RequestTimes | None
     snapshots: RationedSnapshots | None
     lease_bound: LeaseBound | None
@@ -46,27 +49,31 @@ class ServerSide(StreamHost, Host, Protocol):
 
     def forget(self, conn: Connection) -> None: ...
 
-    def busy_changed(self, busy: bool) -> None: ...
 
-
-class Connection(Stream):
-    """One client connection."""
+class Connection(asyncio.Protocol):
+    """One client connection: ``server`` is its server, ``host`` the same server as its
+    session sees it, and ``stream`` its byte side."""
 
     __slots__ = (
         "auth_failed_at",
         "budget",
         "eof",
+        "host",
+        "loop",
         "server",
         "session",
+        "stream",
         "wait_command",
         "wait_started",
         "wait_timer",
         "waiter",
     )
 
-    def __init__(self, server: ServerSide) -> None:
-        super().__init__(server)
+    def __init__(self, server: ServerSide, host: Host, stream: Stream) -> None:
         self.server = server
+        self.host = host
+        self.stream = stream
+        self.loop = stream.loop
         self.session: Session | None = None  # once admitted: the requests' side (dispatch)
         self.budget = 0  # requests the pass under way may still answer
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
@@ -81,32 +88,34 @@ class Connection(Stream):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport: no isinstance check here.
         transport = cast(asyncio.Transport, transport)
-        self.transport = transport
-        self.set_peer(transport.get_extra_info("peername"))
+        stream = self.stream
+        stream.transport = transport
+        stream.set_peer(transport.get_extra_info("peername"))
         refusal = self.server.admit(self)  # counts the transport, admitted or refused
         if refusal is not None:
-            log.debug("refused connection from %s: %s", self.peer, refusal)
-            self.closing = True
+            log.debug("refused connection from %s: %s", stream.peer, refusal)
+            stream.closing = True
             transport.close()  # accepted, then closed at once (a FIN, nothing written)
             return
         server = self.server
         config = server.config
         session = Session(
-            server, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, self.peer
+            self.host, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, stream.peer
         )
-        session.ip, session.locks_per_ip = self.ip, config.locks_per_ip or c.NO_CAP
+        session.ip, session.locks_per_ip = stream.ip, config.locks_per_ip or c.NO_CAP
         self.session = session
-        self._open(transport)
-        log.debug("connection %d from %s", session.client.id, self.peer)
+        stream.open(transport)
+        log.debug("connection %d from %s", session.client.id, stream.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # Closed by the peer (its EOF, or a reset: what a killed client or a network reset
         # looks like) unless this server closed it first on its own (a timeout, the journal,
         # shedding, a drain: every such close sets `closing` before the transport goes), which
         # frees nothing early (LockTable.disconnect).
-        by_peer = self.eof or not self.closing
+        stream = self.stream
+        by_peer = self.eof or not stream.closing
         self.server.transport_lost()
-        self._lost()
+        stream.lost()
         if self.wait_timer is not None:
             self.wait_timer.cancel()
         if self.waiter is not None:
@@ -116,7 +125,7 @@ class Connection(Stream):
         if session is None:
             return  # refused at admission
         self.session = None
-        self._set_busy(False)
+        stream.busy = False
         session.close(by_peer=by_peer)
         if self.auth_failed_at is not None:
             # A wrong secret keeps its connection slot for the whole failure delay, also when
@@ -130,42 +139,53 @@ class Connection(Stream):
         log.debug(
             "connection %d from %s closed%s",
             session.client.id,
-            self.peer,
+            stream.peer,
             f": {exc}" if exc else "",
         )
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        stream = self.stream
+        if stream.closing:
             return
-        self.last_rx = self.clock()
-        if self.tls is not None:
-            data = self._decrypt(self.tls, data)
+        stream.last_rx = stream.clock()
+        tls = stream.tls
+        if tls is not None:
+            data = stream.decrypt(tls, data)
             if not data:
+                if tls.peer_closed:
+                    self._peer_closed()
                 return
-        framer = self.framer
+        framer = stream.framer
         before = framer.buffered()  # > 0: the end of an unfinished request was awaited
         framer.feed(data)
-        if not self.busy and not self.more_scheduled:
+        if not stream.busy and not stream.more_scheduled:
             self._process()
             if before and framer.buffered() == before + len(data):
-                if not self.closing:
-                    self._delay_reading()  # a second read in a row that completed nothing
-            elif self.fragment_delays:
-                self.fragment_delays = 0
+                if not stream.closing:
+                    stream.delay_reading()  # a second read in a row that completed nothing
+            elif stream.fragment_delays:
+                stream.fragment_delays = 0
         elif framer.buffered() > c.MAX_PIPELINE_BUFFER:
-            self._update_reading()  # a blocking request or a later pass holds the rest up
-        if self.tls is not None and self.tls.peer_closed:
+            stream.update_reading()  # a blocking request or a later pass holds the rest up
+        if tls is not None and tls.peer_closed:
             self._peer_closed()
+
+    def _peer_closed(self) -> None:
+        """The client ended its TLS session: as an EOF (its requests are answered, then the
+        connection closes)."""
+        if not self.stream.closing and self.eof_received() is None:
+            self.stream.close()
 
     def eof_received(self) -> bool | None:
         # No more requests can come. Answer those already received (a pass answers at most
         # MAX_REQUESTS_PER_PASS), acquires among them tried once, then close: see _end_if_eof.
-        if self.closing or self.busy:
+        stream = self.stream
+        if stream.closing or stream.busy:
             return None  # a wait in flight: the client is gone (a killed process's FIN)
         self.eof = True
         if self.session is not None:
             self.session.eof = True
-        if self.more_scheduled or self.framer.buffered():
+        if stream.more_scheduled or stream.framer.buffered():
             # Keep the transport open for the replies (plain TCP only); a pass answers what
             # is complete, then closes (an unfinished request is never completed now).
             self._process_later()
@@ -174,51 +194,55 @@ class Connection(Stream):
 
     def _end_if_eof(self) -> None:
         """After the client's EOF: close once every request it sent has been answered."""
-        if self.eof and not (self.busy or self.more_scheduled or self.write_paused or self.closing):
-            self._close()
+        stream = self.stream
+        if self.eof and not (
+            stream.busy or stream.more_scheduled or stream.write_paused or stream.closing
+        ):
+            stream.close()
+
+    def pause_writing(self) -> None:
+        self.stream.pause_writing()
 
     def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.write_timer is not None:
-            self.write_timer.cancel()
-            self.write_timer = None
-        if not self.busy and self.framer.buffered():
+        stream = self.stream
+        stream.write_paused = False
+        if stream.write_timer is not None:
+            stream.write_timer.cancel()
+            stream.write_timer = None
+        if not stream.busy and stream.framer.buffered():
             self._process_later()
         elif self.eof:
             self._end_if_eof()
             return
-        self._update_reading()
-
-    def _set_busy(self, busy: bool) -> None:
-        if busy != self.busy:
-            self.busy = busy
-            self.server.busy_changed(busy)
+        stream.update_reading()
 
     def _done_waiting(self, reply: bytes) -> None:
         """A blocking request got its answer: send it, then carry on with pipelined ones."""
+        stream = self.stream
         self.waiter = None
         if self.wait_timer is not None:
             self.wait_timer.cancel()
             self.wait_timer = None
-        self._set_busy(False)
-        self.last_rx = self.clock()
+        stream.busy = False
+        stream.last_rx = stream.clock()
         times = self.server.request_times
         if times is not None and self.wait_command:
             times.observe(self.wait_command, time.perf_counter() - self.wait_started)
             self.wait_command = b""
-        self._write(reply)
-        if self.framer.buffered():
+        stream.write(reply)
+        if stream.framer.buffered():
             self._process_later()
         elif self.eof:
             self._end_if_eof()
         else:
-            self._update_reading()
+            stream.update_reading()
 
     # ------------------------------------------------------------------ requests
     def _process_later(self) -> None:
         """Answer the buffered requests on a later pass of the event loop."""
-        if not self.more_scheduled:
-            self.more_scheduled = True
+        stream = self.stream
+        if not stream.more_scheduled:
+            stream.more_scheduled = True
             self.loop.call_soon(self._process)
 
     def _process(self) -> None:
@@ -226,17 +250,18 @@ class Connection(Stream):
         client stops reading, or the pass's budget is spent: ``MAX_REQUESTS_PER_PASS``
         requests, or one ``stats`` (the rest wait for a later pass, after the other
         connections had their turn). Replies are batched into one write per pass."""
-        self.more_scheduled = False
+        stream = self.stream
+        stream.more_scheduled = False
         out: list[bytes] = []
         pending = 0
-        framer = self.framer
-        transport = self.transport
+        framer = stream.framer
+        transport = stream.transport
         session = self.session
         if session is None:
             return
         times = self.server.request_times
         self.budget = c.MAX_REQUESTS_PER_PASS
-        while not self.busy and not self.closing and not self.write_paused:
+        while not stream.busy and not stream.closing and not stream.write_paused:
             if self.budget <= 0:
                 if framer.buffered():
                     self._process_later()
@@ -245,10 +270,10 @@ class Connection(Stream):
             try:
                 frame = framer.next_frame()
             except p.LineTooLong:
-                log.debug("connection %s: request line too long, closing", self.peer)
+                log.debug("connection %s: request line too long, closing", stream.peer)
                 framer.clear()
                 out.append(p.REPLY_ERROR)
-                self._close_with(b"".join(out))
+                stream.close_with(b"".join(out))
                 return
             if frame is None:
                 break
@@ -272,34 +297,35 @@ class Connection(Stream):
             out.append(reply)
             pending += len(reply)
             if pending >= c.WRITE_BUFFER_LOW_WATER and transport is not None:
-                self._send(transport, b"".join(out))  # may call pause_writing
+                stream.send(transport, b"".join(out))  # may call pause_writing
                 out.clear()
                 pending = 0
         if out and transport is not None and not transport.is_closing():
-            self._send(transport, out[0] if len(out) == 1 else b"".join(out))
+            stream.send(transport, out[0] if len(out) == 1 else b"".join(out))
         if self.eof:
             self._end_if_eof()
             return
-        if self.reading_paused or self.write_paused or self.busy or self.more_scheduled:
-            self._update_reading()  # otherwise reading is on and stays on: nothing to do
+        if stream.reading_paused or stream.write_paused or stream.busy or stream.more_scheduled:
+            stream.update_reading()  # otherwise reading is on and stays on: nothing to do
 
     def _act(self, session: Session) -> bytes | None:
         """Carry out what dispatch asked instead of a reply; the reply, if there is one now."""
         action = session.action
         session.action = None
+        stream = self.stream
         if isinstance(action, Wait):
             self.waiter = waiter = action.waiter
             waiter.wake = self._granted
-            self._set_busy(True)
+            stream.busy = True
             self.wait_timer = self.loop.call_later(action.timeout, self._wait_timed_out)
             return None
         if isinstance(action, Close):
-            self._close_with(action.reply)
+            stream.close_with(action.reply)
             return None
         if isinstance(action, RaiseBound):
             bound = self.server.lease_bound
             assert bound is not None  # the table asks for no bound without one
-            self._set_busy(True)
+            stream.busy = True
             if self.server.request_times is not None:  # timed to its answer, as a wait is
                 self.wait_started, self.wait_command = time.perf_counter(), action.frame[0]
             bound.wait_for(action.lease, lambda refusal: self._bound_recorded(action, refusal))
@@ -310,19 +336,19 @@ class Connection(Stream):
             assert snapshots is not None
             reply = snapshots.request(self)
             if reply is None:
-                self._set_busy(True)  # answered with the next snapshot (stats_ready)
+                stream.busy = True  # answered with the next snapshot (stats_ready)
             return reply
         assert action is AUTH_FAILED, action
-        self._set_busy(True)
+        stream.busy = True
         self.auth_failed_at = self.loop.time()
-        self.loop.call_later(c.AUTH_FAILURE_DELAY_S, self._close_with, p.REPLY_ERROR_AUTH)
+        self.loop.call_later(c.AUTH_FAILURE_DELAY_S, stream.close_with, p.REPLY_ERROR_AUTH)
         return None
 
     def _bound_recorded(self, parked: RaiseBound, refusal: bytes | None) -> None:
         """The lease bound a parked request waited for is recorded (``refusal`` is None), or
         could not be (``refusal`` is its answer: see ``leasebound.Resume``): answer it now."""
         session = self.session
-        if session is None or self.closing:
+        if session is None or self.stream.closing:
             return
         if refusal is not None:
             self._done_waiting(refusal)
@@ -355,7 +381,7 @@ class Connection(Stream):
     def stats_ready(self, reply: bytes) -> None:
         """The ``stats`` this connection waits for is answered (a snapshot taken after it
         asked)."""
-        if not self.closing:
+        if not self.stream.closing:
             self._done_waiting(reply)
 
     # ------------------------------------------------------------------ shutdown
@@ -378,6 +404,6 @@ class Connection(Stream):
             if self.wait_timer is not None:
                 self.wait_timer.cancel()
                 self.wait_timer = None
-            self._close_with(p.REPLY_ERROR_DRAINING)
+            self.stream.close_with(p.REPLY_ERROR_DRAINING)
         else:
-            self._close()
+            self.stream.close()

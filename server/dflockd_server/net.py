@@ -1,7 +1,8 @@
 """The asyncio server: ``Server`` (start, listener, maintenance timers, shutdown; the journal's
-group write is ``stream.GroupWrite``, made at the start). Its admission of connections is
-``admission.Admission``; which keys it serves, and what its cluster node asks of it, is
-``serving.KeyServing``.
+group write is ``stream.GroupWrite``, made at the start). It has an ``admission.Admission``
+(which connections it takes, and their counts) and a ``serving.KeyServing`` (which keys it
+serves; its cluster node's ``NodeHost``); its connections and their sessions call those
+through the server.
 
 Each accepted connection is a ``connection.Connection`` (its request loop, over the byte side
 in ``stream``), whose requests go through ``dispatch.Session`` (the pure dispatch step) to the
@@ -32,9 +33,9 @@ from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal
 from dflockd_server.leasebound import LeaseBound
-from dflockd_server.loops import at_turn_end, loop_name
+from dflockd_server.loops import loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
-from dflockd_server.ownership import SINGLE, Ownership
+from dflockd_server.ownership import Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
 from dflockd_server.snapshots import Asker, RationedSnapshots
 from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
@@ -63,46 +64,46 @@ def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     return loop.time
 
 
-class Server(Admission, KeyServing):
+class Server:
     """A dflockd-compatible lock server: ``await start()``, ``port``, ``await stop()``."""
 
     def __init__(self, config: Config | None = None, *, ownership: Ownership | None = None) -> None:
         self.config = config or Config()
         self._given_ownership = ownership
         """Testing: serve with this ownership instead of the one the config makes."""
-        self.ownership: Ownership = SINGLE
-        """Which keys this server serves now (swapped whole, never changed in place)."""
+        self.draining = False
+        self.admission = admission = Admission(self.config, lambda: self.draining)
+        """Which connections it takes (``admit``, ``forget``, the TLS handshakes' slots)."""
+        self.serving = serving = KeyServing(admission.connections)
+        """Which keys it serves (``set_ownership``), and its cluster node's host."""
         self.key_check: Callable[[str], bytes | None] | None = None
-        """``ownership.check``, or None when every key is served (the acquire's fast path)."""
-        self._renewals_allowed = True
-        self._may_hold: Callable[[str], bool] | None = None
-        """The ownership's ``may_hold`` (None: always), asked before a held grant is renewed,
-        taken over or handed down."""
+        """``serving.key_check``, read by every acquire (``set_ownership`` keeps it)."""
+        # What its sessions (``dispatch.Host``) and connections (``connection.ServerSide``)
+        # call, bound to the part that answers it.
+        self.may_hold = serving.may_hold
+        self.asked_check = serving.asked_check
+        self.admit_ask = serving.admit_ask
+        self.shards_reply = serving.shards_reply
+        self.over_ip_share = admission.over_ip_share
+        self.admit = admission.admit
+        self.forget = admission.forget
+        self.transport_lost = admission.transport_lost
+        self.handshake_started = admission.handshake_started
+        self.handshake_ended = admission.handshake_ended
         self.node: ClusterNode | None = None
         """A cluster member's node (``--cluster``), else None."""
         self.secret: bytes | None = None
-        self.draining = False
-        self.connections: set[Connection] = set()
-        self.per_ip: dict[str, int] = {}
-        self.ip_connections: dict[str, set[Connection]] = {}
-        self.ip_cap_logged: dict[str, float] = {}
-        self._busy = 0
-        self._idle: asyncio.Event | None = None
         self._stopped: asyncio.Event | None = None
         self._stopping = False
         self._listener: asyncio.Server | None = None
         self.ssl_context: ssl.SSLContext | None = None
         """On a TLS server: the context each connection's ``TlsSession`` is made from."""
-        self.handshaking: dict[Stream, None] = {}
-        """Connections in their TLS handshake, oldest first (``max_tls_handshakes``)."""
-        self.handshakes_evicted = 0
         self.snapshots: RationedSnapshots | None = None
         """Answers ``stats`` (rationed: see ``snapshots``)."""
         self._timers: list[asyncio.TimerHandle] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.clock: Callable[[], float] = time.monotonic
         """The loop's clock (``loop_clock``): the lock table's and the connections' time."""
-        self._loop_thread = 0
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
         self.lease_record: LeaseRecord | None = None
@@ -117,9 +118,6 @@ class Server(Admission, KeyServing):
         """Why this start has a restart grace ("" when it has none)."""
         self._hello = self._make_hello()
         self._group_write: GroupWrite | None = None
-        self.connections_accepted = 0
-        self.connections_refused = 0
-        self.open_transports = 0  # made and not yet lost, admitted or refused
         # Per-command request timing and its HTTP exporter, when metrics_port is set.
         self.request_times: RequestTimes | None = None
         self.metrics: MetricsExporter | None = None
@@ -225,9 +223,9 @@ class Server(Admission, KeyServing):
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._hello = self._make_hello()  # now with the loop
-        self._group_write = GroupWrite(at_turn_end(loop))
+        self._group_write = GroupWrite(loop.call_soon)
         self.clock = loop_clock(loop)
-        self._loop_thread = threading.get_ident()
+        self.serving.loop, self.serving.loop_thread = loop, threading.get_ident()
         token = cfg.resolve_auth_token()
         self.secret = token.encode() if token is not None else None
         if cfg.tls_cert and cfg.tls_key:
@@ -249,7 +247,7 @@ class Server(Admission, KeyServing):
                 EtcdError,
             )
 
-            node = make_cluster_node(cfg, self)
+            node = make_cluster_node(cfg, self.serving)
             try:
                 await loop.run_in_executor(None, node.start)
             except DuplicateMember as exc:
@@ -321,7 +319,7 @@ class Server(Admission, KeyServing):
             note_lease=bound.note_now,
             lease_noted=bound.longest,
         )
-        bound.table = table
+        bound.table = self.serving.table = table
         if plan.journal is not None:
             highest = self._restore(plan, table)
             if highest:  # a member's ceiling is in etcd: stored off the loop
@@ -344,12 +342,14 @@ class Server(Admission, KeyServing):
             self.set_ownership(self.node)  # it swaps its own snapshots inside
         else:
             self.set_ownership(make_ownership(cfg))
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._stopped = asyncio.Event()
         # TLS or not, the loop sees plain TCP: a TLS connection's session is its own (tls.py).
         self._listener = await loop.create_server(
-            lambda: Connection(self), cfg.host, cfg.port, reuse_address=True, backlog=c.BACKLOG
+            lambda: Connection(self, self, Stream(self)),
+            cfg.host,
+            cfg.port,
+            reuse_address=True,
+            backlog=c.BACKLOG,
         )
         for sock in self._listener.sockets:  # accepted connections inherit them
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, c.SOCKET_BUFFER_BYTES)
@@ -479,7 +479,8 @@ class Server(Admission, KeyServing):
         # now (not granted in the last moments before exit); holders keep renewing and
         # releasing until they are done or the shutdown timeout runs out.
         table = self.table
-        for conn in list(self.connections):
+        connections = self.admission.connections
+        for conn in list(connections):
             conn.refuse_wait()
         refused = table.drop_queued()
         if timeout_s is None:
@@ -494,15 +495,15 @@ class Server(Admission, KeyServing):
             timeout_s,
         )
         deadline = self.loop.time() + timeout_s
-        while table.held and self.connections and self.loop.time() < deadline:
+        while table.held and connections and self.loop.time() < deadline:
             await asyncio.sleep(c.DRAIN_POLL_S)
         cut_off: set[int] = set()
-        if table.held and self.connections:
+        if table.held and connections:
             log.info("shutdown timeout reached with %d lock(s) held", table.held)
             if self.node is not None:
                 # Their holders may go on believing they hold until their leases end: a
                 # cluster member leaves these shards to the failover wait, not released.
-                cut_off = self._held_shards()
+                cut_off = self.serving.held_shards()
         for timer in self._timers:
             timer.cancel()
         if self.snapshots is not None:
@@ -515,13 +516,13 @@ class Server(Admission, KeyServing):
         # The journal is closed before the connections: closing them here is this run's
         # end, not their holders' release; the next run restores their leases.
         self._close_state()
-        for conn in list(self.connections):
+        for conn in list(connections):
             conn.drain_now()
         # Let the transports deliver their last bytes and report connection_lost.
         for _ in range(3):
             await asyncio.sleep(0)
         settled_by = self.loop.time() + c.STOP_SETTLE_S
-        while self.open_transports and self.loop.time() < settled_by:
+        while self.admission.open_transports and self.loop.time() < settled_by:
             await asyncio.sleep(c.STOP_SETTLE_POLL_S)
         if self._listener is not None:
             await self._listener.wait_closed()
@@ -534,6 +535,12 @@ class Server(Admission, KeyServing):
             node = self.node
             await self.loop.run_in_executor(None, lambda: node.stop(keep=cut_off))
         self._stopped.set()
+
+    def set_ownership(self, ownership: Ownership) -> None:
+        """Serve by ``ownership`` from now on (any thread): ``KeyServing.set_ownership``."""
+        serving = self.serving
+        serving.set_ownership(ownership)
+        self.key_check = serving.key_check
 
     @property
     def group_write(self) -> GroupWrite:
@@ -554,15 +561,15 @@ class Server(Admission, KeyServing):
         return Snapshot.take(
             self.table,
             self.request_times,
-            len(self.connections),
-            self.connections_accepted,
-            self.connections_refused,
+            len(self.admission.connections),
+            self.admission.connections_accepted,
+            self.admission.connections_refused,
             cluster=self.node.stats() if self.node is not None else None,
             journal=self.journal.stats if self.journal is not None else None,
         )
 
     def stats(self) -> dict[str, Any]:
-        out = self.table.stats(len(self.connections))
+        out = self.table.stats(len(self.admission.connections))
         out["build"] = BUILD
         out["loop"] = loop_name(self.loop)
         out["grace_reason"] = self.grace_reason if out["grace_remaining_s"] else ""

@@ -1,10 +1,10 @@
 """Which keys a ``Server`` serves, and what its cluster node asks of it.
 
-``KeyServing`` is the part of ``net.Server`` that the ownership goes through: the current
+A ``net.Server`` has a ``KeyServing``, which the ownership goes through: the current
 ``Ownership`` and its swap (``set_ownership``, from any thread), the checks the dispatch asks
 (``key_check``, ``asked_check``, ``may_hold``, the ``shards`` reply), and the calls a cluster
 node makes when shards move (``fail_waiters``, ``holders_in``, ``key_present``,
-``renewals_allowed``: the ``cluster.host.NodeHost`` side), run on the loop's thread.
+``renewals_allowed``: it is the node's ``cluster.host.NodeHost``), run on the loop's thread.
 ``make_ownership`` and ``make_cluster_node`` build a server's ownership from its config.
 """
 
@@ -71,21 +71,24 @@ def make_cluster_node(config: Config, server: NodeHost) -> ClusterNode:
 
 
 class KeyServing:
-    """Which keys the server serves, and the cluster node's calls (see the module's doc).
-    ``net.Server`` sets the attributes below."""
+    """Which keys the server serves, and the cluster node's calls (see the module's doc)."""
 
-    ownership: Ownership
-    """Which keys this server serves now (swapped whole, never changed in place)."""
-    key_check: Callable[[str], bytes | None] | None
-    """``ownership.check``, or None when every key is served (the acquire's fast path)."""
-    _may_hold: Callable[[str], bool] | None
-    """The ownership's ``may_hold`` (None: always), asked before a held grant is renewed,
-    taken over or handed down."""
-    _renewals_allowed: bool
-    _table: LockTable | None
-    _loop: asyncio.AbstractEventLoop | None
-    _loop_thread: int
-    connections: set[Connection]
+    def __init__(self, connections: set[Connection]) -> None:
+        self.connections = connections
+        """The server's admitted connections (``Admission.connections``)."""
+        self.ownership: Ownership = SINGLE
+        """Which keys this server serves now (swapped whole, never changed in place)."""
+        self.key_check: Callable[[str], bytes | None] | None = None
+        """``ownership.check``, or None when every key is served (the acquire's fast path)."""
+        self._may_hold: Callable[[str], bool] | None = None
+        """The ownership's ``may_hold`` (None: always), asked before a held grant is renewed,
+        taken over or handed down."""
+        self._renewals_allowed = True
+        self.table: LockTable | None = None
+        """The server's lock table, once its start has made it."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The server's loop, once started, and its thread (``_on_loop``)."""
+        self.loop_thread = 0
 
     def set_ownership(self, ownership: Ownership) -> None:
         """Serve by ``ownership`` from now on (any thread: the references are swapped, the
@@ -94,9 +97,9 @@ class KeyServing:
         self.ownership = ownership
         self.key_check = None if single else ownership.check
         self._may_hold = None if single else ownership.may_hold
-        if self._table is not None:
-            self._table.grant_check = self.key_check
-            self._table.asked_check = None if single else ownership.check_asked
+        if self.table is not None:
+            self.table.grant_check = self.key_check
+            self.table.asked_check = None if single else ownership.check_asked
 
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or
@@ -143,14 +146,14 @@ class KeyServing:
     def holders_in(self, shard_ids: Collection[int]) -> set[int]:
         """Which of ``shard_ids`` have a key held now. Thread safe (runs on the loop)."""
         wanted = frozenset(shard_ids)
-        return self._on_loop(lambda: self._held_shards() & wanted)
+        return self._on_loop(lambda: self.held_shards() & wanted)
 
-    def _held_shards(self) -> set[int]:
+    def held_shards(self) -> set[int]:
         """The shards with a key held or queued now (on the loop). Before the table is made
         (the leases of a previous run not restored yet) and during a restart grace (what the
         previous run granted is unknown), every shard counts as held: nothing is handed over
         blind."""
-        table = self._table
+        table = self.table
         if table is None or table.grace_remaining() > 0:
             return set(range(SHARD_COUNT))
         return {shard_id(key) for key in table.busy_keys()}
@@ -159,7 +162,7 @@ class KeyServing:
         """Whether the table holds or queues anything on ``key`` (on the loop); None when it
         cannot tell: no table yet, or a restart grace (what the previous run granted is
         unknown)."""
-        table = self._table
+        table = self.table
         if table is None or table.grace_remaining() > 0:
             return None
         return table.is_busy(key)
@@ -175,8 +178,8 @@ class KeyServing:
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread: at once when called there, else through
         ``call_soon_threadsafe``, waiting for its result."""
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread:
+        loop = self.loop
+        if loop is None or threading.get_ident() == self.loop_thread:
             return fn()
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 

@@ -3,12 +3,11 @@
 ``Stream`` reads and writes bytes (through the TLS session on a TLS server), pauses reading
 while the replies go unread (``pause_writing``), while a blocking request or a later pass holds
 up a full buffer, or for a fragment delay (a sender whose reads keep ending mid-request), and
-keeps the read, write and handshake timers. What the bytes mean is the subclass's business
-(``connection.Connection``: the request loop). While the lease journal has records not yet
-written, a stream holds its replies back for ``GroupWrite``: one write of the journal per turn
-of the loop, for every connection, before any of those replies leaves; a connection alone in
-its turns writes the journal itself, just before its replies.
-"""
+keeps the read, write and handshake timers. What the bytes mean is its connection's business
+(``connection.Connection``, which has a stream: the request loop). While the lease journal has
+records not yet written, a stream holds its replies back for ``GroupWrite``: one write of the
+journal per turn of the loop, for every connection, before any of those replies leaves; a
+connection alone in its turns writes the journal itself, just before its replies."""
 
 from __future__ import annotations
 
@@ -56,7 +55,7 @@ class StreamHost(Protocol):
 
 class GroupWrite:
     """The lease journal's group write, once per turn of the loop in which a connection held replies
-    back for it (``Stream._send``): the journal is written (one write, and with ``--journal-fsync
+    back for it (``Stream.send``): the journal is written (one write, and with ``--journal-fsync
     always`` one fsync, for every connection of the turn), then each of those connections sends what
     it held back. If the journal cannot be written (``Journal.writable`` turns False), no connection
     is dropped and no lock freed: the grants of the batch that failed are undone (``undo``: nobody
@@ -77,10 +76,10 @@ class GroupWrite:
     Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per turn, and
     at one connection once per request."""
 
-    def __init__(self, at_turn_end: Callable[[Callable[[], None]], object]) -> None:
-        self._at_turn_end = at_turn_end
-        """How the write is scheduled after this turn's callbacks (``loops.at_turn_end`` of
-        the server's loop: in the same turn on uvloop's loop and the server's asyncio loop)."""
+    def __init__(self, call_soon: Callable[[Callable[[], None]], object]) -> None:
+        self._call_soon = call_soon
+        """How the write is scheduled after this turn's callbacks: the loop's ``call_soon``
+        (uvloop runs it in the same turn, asyncio's own loop in the next: ``loops``)."""
         self.journal: Journal | None = None
         """The server's journal while it runs (None: the replies go out unwritten, as at the
         stop, once the journal is closed)."""
@@ -102,7 +101,7 @@ class GroupWrite:
         """``stream`` holds replies back until the journal is written: do that once for
         every connection of this turn of the loop, just after it."""
         if not self.streams:
-            self._at_turn_end(self._write_soon)
+            self._call_soon(self._write_soon)
         self.streams.append(stream)
 
     def write_for(self, stream: Stream, journal: Journal, data: bytes) -> bytes:
@@ -174,7 +173,7 @@ def refuse_replies(data: bytes, tokens: list[bytes]) -> bytes:
     )
 
 
-class Stream(asyncio.Protocol):
+class Stream:
     """One connection's bytes (see the module's doc)."""
 
     # Slots, not an instance dict: with a connection's thirty-odd attributes, a dict cost
@@ -213,7 +212,7 @@ class Stream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.ip = ""
-        # Set by the request loop (the subclass); read here to pause reading while a full
+        # Set by the request loop (the connection); read here to pause reading while a full
         # buffer is held up, and to spare a connection with a request in flight the read timeout.
         self.busy = False  # a request is in flight
         self.more_scheduled = False  # buffered requests left for a later pass (fairness)
@@ -239,7 +238,7 @@ class Stream(asyncio.Protocol):
         self.close_when_sent = False
         """A close asked for while replies were held back: done once they are sent."""
 
-    def _open(self, transport: asyncio.Transport) -> None:
+    def open(self, transport: asyncio.Transport) -> None:
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
         host = self._host
         transport.set_write_buffer_limits(c.WRITE_BUFFER_HIGH_WATER, c.WRITE_BUFFER_LOW_WATER)
@@ -255,7 +254,7 @@ class Stream(asyncio.Protocol):
             )
             host.handshake_started(self)
 
-    def _lost(self) -> None:
+    def lost(self) -> None:
         """The transport is gone: stop the timers, end the handshake's slot."""
         self.closing = True
         self.framer.clear()
@@ -272,11 +271,11 @@ class Stream(asyncio.Protocol):
             self.peer = f"{self.ip}:{peer[1]}"
 
     # ------------------------------------------------------------------ TLS
-    def _decrypt(self, tls: TlsSession, data: bytes) -> bytes:
+    def decrypt(self, tls: TlsSession, data: bytes) -> bytes:
         """The request bytes that ``data`` completes (``b""``: none yet, or the connection
-        closes); sends what the TLS session has to send, and ends the handshake's timer and
-        slot when the handshake is done. The peer's ``close_notify`` counts as its EOF, once
-        the requests before it are in."""
+        closes, or the peer ended its session: ``tls.peer_closed``, which the connection takes
+        as its EOF); sends what the TLS session has to send, and ends the handshake's timer and
+        slot when the handshake is done."""
         transport = self.transport
         assert transport is not None
         was_done = tls.handshake_done
@@ -298,15 +297,7 @@ class Stream(asyncio.Protocol):
                 self.handshake_timer.cancel()
                 self.handshake_timer = None
             self._host.handshake_ended(self)
-        if tls.peer_closed and not plain:
-            self._peer_closed()
         return plain
-
-    def _peer_closed(self) -> None:
-        """The client ended its TLS session: as an EOF (its requests are answered, then the
-        connection closes)."""
-        if not self.closing and self.eof_received() is None:
-            self._close()
 
     def _handshake_timed_out(self) -> None:
         self.handshake_timer = None
@@ -314,7 +305,7 @@ class Stream(asyncio.Protocol):
             log.debug("connection %s: TLS handshake not done in time, dropping", self.peer)
             self.abort()
 
-    def _send(self, transport: asyncio.Transport, data: bytes) -> None:
+    def send(self, transport: asyncio.Transport, data: bytes) -> None:
         """Write reply bytes, through the TLS session on a TLS connection, after the lease
         journal's records not written yet: the replies are held back (and any later ones of
         this connection, in order) until the server writes the journal once for every
@@ -363,7 +354,7 @@ class Stream(asyncio.Protocol):
             log.debug("connection %s: TLS write failed: %s", self.peer, exc)
             self.abort()
 
-    def _close(self) -> None:
+    def close(self) -> None:
         """Close after the buffered replies are sent (a TLS connection ends its session)."""
         transport = self.transport
         if transport is None or self.closing:
@@ -383,14 +374,14 @@ class Stream(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
-        self._update_reading()
+        self.update_reading()
         if self.write_timer is None:
             self.write_timer = self.loop.call_later(
                 self._host.config.write_timeout_s, self._write_timer_fired
             )
 
     # ------------------------------------------------------------------ timers
-    def _delay_reading(self) -> None:
+    def delay_reading(self) -> None:
         """Stop reading, for a fragment delay, a sender whose reads keep ending mid-request.
 
         Each byte of a slowloris client costs the server a wake-up and a read; read after a
@@ -402,7 +393,7 @@ class Stream(asyncio.Protocol):
         if self.delay_timer is not None:
             return  # already waiting one out (a read the loop had in hand when it paused)
         self.read_delayed = True
-        self._update_reading()
+        self.update_reading()
         delay = self._host.fragment_delay(self.fragment_delays)
         self.fragment_delays += 1
         self.delay_timer = self.loop.call_later(delay, self._delay_over)
@@ -410,7 +401,7 @@ class Stream(asyncio.Protocol):
     def _delay_over(self) -> None:
         self.delay_timer = None
         self.read_delayed = False
-        self._update_reading()
+        self.update_reading()
 
     def _read_timer_fired(self) -> None:
         self.read_timer = None
@@ -444,15 +435,15 @@ class Stream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _close_with(self, reply: bytes) -> None:
+    def close_with(self, reply: bytes) -> None:
         """Send a last reply and close (buffered replies are flushed first)."""
         transport = self.transport
         if transport is not None and not transport.is_closing() and not self.closing:
-            self._send(transport, reply)
-            self._close()
+            self.send(transport, reply)
+            self.close()
         self.closing = True
 
-    def _update_reading(self) -> None:
+    def update_reading(self) -> None:
         transport = self.transport
         if transport is None or self.closing:
             return
@@ -471,7 +462,7 @@ class Stream(asyncio.Protocol):
             else:
                 transport.resume_reading()
 
-    def _write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         transport = self.transport
         if transport is not None and not self.closing:
-            self._send(transport, data)
+            self.send(transport, data)

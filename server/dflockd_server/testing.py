@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from dflockd_server.config import Config
-from dflockd_server.loops import TurnLoop
+from dflockd_server.loops import default_loop_factory
 from dflockd_server.net import Server
 from dflockd_server.ownership import Ownership
 
@@ -47,10 +47,14 @@ class ServerThread:
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
         ownership: Ownership | None = None,
     ) -> None:
-        """``ownership`` (testing): serve by it instead of what the config makes (e.g. a fixed
-        cluster-style map; swap it later with ``server.set_ownership``)."""
+        """``loop_factory``: the loop to run on (default: what ``dflockd`` runs by default,
+        uvloop's where installed, else asyncio's). ``ownership`` (testing): serve by it instead
+        of what the config makes (e.g. a fixed cluster-style map; swap it later with
+        ``server.set_ownership``)."""
         self.config = config or Config(host="127.0.0.1", port=0)
-        self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = loop_factory or TurnLoop
+        self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = (
+            loop_factory or default_loop_factory()
+        )
         self.server = Server(self.config, ownership=ownership)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

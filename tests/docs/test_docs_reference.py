@@ -68,9 +68,9 @@ def test_the_hello_reply_on_the_protocol_page_is_the_servers(
     expected = json.loads(shown.group(1))
     expected["version"] = celery_dflock.__version__  # the page shows the current release
     # the page shows what an install runs (compiled, uvloop); this server is the editable
-    # install's in a ServerThread (pure Python, asyncio)
+    # install's in a ServerThread (pure Python, on the loop dflockd runs by default)
     assert (expected["build"], expected["loop"]) == ("compiled", "uvloop")
-    expected["build"], expected["loop"] = buildinfo.BUILD, "asyncio"
+    expected["build"], expected["loop"] = buildinfo.BUILD, buildinfo.auto_loop_name()
     assert json.loads(body) == expected
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from dflockd_server.loops import TurnLoop
 from tests.support.certificates import key_of, make_certificate
 from tests.support.servers import DflockdProcess
 
@@ -40,7 +39,7 @@ def dflockd_process() -> Iterator[Callable[..., DflockdProcess]]:
 
 
 def _event_loops() -> list[Any]:
-    loops: list[Any] = [pytest.param(TurnLoop, id="asyncio")]  # as dflockd runs asyncio
+    loops: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
     if importlib.util.find_spec("uvloop") is None:
         return loops
     uvloop: Any = importlib.import_module("uvloop")

@@ -184,15 +184,16 @@ def test_tls_handshakes_count_against_the_connection_caps(
         _half_handshakes(srv.address, 4) as stalled,
     ):
         wait_until(
-            lambda: len(srv.server.connections) == 4, what="4 connections in their handshake"
+            lambda: len(srv.server.admission.connections) == 4,
+            what="4 connections in their handshake",
         )
         with _half_handshakes(srv.address, 1) as (extra,):
             assert _closed_by_the_server(extra), "a connection past the cap was kept open"
         stalled.pop().close()
-        wait_until(lambda: len(srv.server.connections) == 3, what="a slot freed")
+        wait_until(lambda: len(srv.server.admission.connections) == 3, what="a slot freed")
         with Wire(srv.address, ssl_context=ctx) as w:
             assert w.req("ping") == "ok"
-        assert srv.server.connections_refused == 1
+        assert srv.server.admission.connections_refused == 1
 
 
 def test_stop_closes_the_connections_in_their_tls_handshake(
@@ -201,10 +202,11 @@ def test_stop_closes_the_connections_in_their_tls_handshake(
     srv = ServerThread(_tls_config(tls_files), loop_factory=loop_factory).start()
     with _half_handshakes(srv.address, 20) as stalled:
         wait_until(
-            lambda: len(srv.server.connections) == 20, what="20 connections in their handshake"
+            lambda: len(srv.server.admission.connections) == 20,
+            what="20 connections in their handshake",
         )
         srv.stop()
-        assert srv.server.connections == set()
+        assert srv.server.admission.connections == set()
         still_open = [sock for sock in stalled if not _closed_by_the_server(sock)]
         assert not still_open, f"{len(still_open)} of 20 left open by stop()"
     unclosed = unclosed_after_gc()
@@ -222,14 +224,18 @@ def test_past_max_tls_handshakes_the_oldest_handshake_is_dropped(
         ServerThread(config, loop_factory=loop_factory) as srv,
         _half_handshakes(srv.address, 4) as stalled,
     ):
-        wait_until(lambda: len(srv.server.handshaking) == 4, what="4 handshakes under way")
+        wait_until(
+            lambda: len(srv.server.admission.handshaking) == 4, what="4 handshakes under way"
+        )
         with _half_handshakes(srv.address, 1):
             assert _closed_by_the_server(stalled[0]), "the oldest handshake was kept"
-            wait_until(lambda: srv.server.handshakes_evicted == 1, what="one handshake dropped")
+            wait_until(
+                lambda: srv.server.admission.handshakes_evicted == 1, what="one handshake dropped"
+            )
             assert all(_still_open_now(sock) for sock in stalled[1:])
             with Wire(srv.address, ssl_context=ctx) as w:  # pushes out the next oldest
                 assert w.req("ping") == "ok"
-            assert len(srv.server.handshaking) <= 4
+            assert len(srv.server.admission.handshaking) <= 4
 
 
 def _still_open_now(sock: socket.socket) -> bool:

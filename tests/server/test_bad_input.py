@@ -213,14 +213,14 @@ def test_a_client_that_never_reads_a_150_kb_reply_is_dropped(scene: Scene) -> No
     with Wire(address) as filler:
         _hold_keys(filler, 1000, name_bytes=60)
         token = filler.lock("busy-key")
-        before = len(scene.server.server.connections)
+        before = len(scene.server.server.admission.connections)
         stuck = _reads_little()
         try:
             stuck.connect(address)
             # One stats reply of ~150 KB (below the old 256 KiB threshold), then an acquire
             # that waits; never reading.
             stuck.sendall(b"stats\n_\n_\nl\nbusy-key\n60\n")
-            connections = scene.server.server.connections
+            connections = scene.server.server.admission.connections
             wait_until(lambda: len(connections) == before + 1, what="the connection counted")
             wait_until(
                 lambda: len(connections) == before,

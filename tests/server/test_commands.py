@@ -506,7 +506,7 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
             "max_lease_ttl_s": constants.DEFAULT_MAX_LEASE_TTL_S,
             "session_ttl_s": constants.DEFAULT_SESSION_TTL_S,
             "build": buildinfo.BUILD,
-            "loop": "asyncio",  # testing.ServerThread runs asyncio's loop (loops.TurnLoop)
+            "loop": buildinfo.auto_loop_name(),  # testing.ServerThread runs what dflockd runs
         }
         assert set(hello["features"]) >= {
             "fence",

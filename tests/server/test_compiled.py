@@ -44,7 +44,6 @@ TESTS_OF_THE_COMPILED: Final = (
     "tests/server/test_slow_senders.py",
     "tests/server/test_shutdown.py",
     "tests/server/test_loops.py",
-    "tests/server/test_transport.py",
 )
 """Sans-I/O tests of each compiled module (the hypothesis model of the table included), then
 real servers on real sockets with the compiled request path and connections: TLS and auth,

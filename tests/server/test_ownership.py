@@ -205,7 +205,7 @@ def test_an_ownership_given_to_the_server_and_swapped_from_another_thread() -> N
         token = wire.lock(key)
         swapped = FixedOwnership(set(), p.reply_moved("elsewhere:1"))
         threading.Thread(target=server.server.set_ownership, args=(swapped,)).start()
-        wait_until(lambda: server.server.ownership is swapped)
+        wait_until(lambda: server.server.serving.ownership is swapped)
         assert wire.req("l", "other", "0") == "error_moved elsewhere:1"
         assert wire.req("l", key, "0") == "error_moved elsewhere:1"
         # The key's shard is no longer this member's: its grant is not renewed here any more
@@ -229,18 +229,18 @@ def test_holders_in_fail_waiters_and_renewals_allowed_from_another_thread() -> N
         table = server.server.table
         wait_until(lambda: server.call(lambda: table.queued) == 1)
         shards = {shard_id(held), shard_id(waited), shard_id("idle-key")}
-        assert server.server.holders_in(shards) == {shard_id(held), shard_id(waited)}
+        assert server.server.serving.holders_in(shards) == {shard_id(held), shard_id(waited)}
         b.assert_silent()
-        failed = server.server.fail_waiters({shard_id(waited)}, p.reply_moved("t:1"))
+        failed = server.server.serving.fail_waiters({shard_id(waited)}, p.reply_moved("t:1"))
         assert failed == 1
         assert b.recv() == "error_moved t:1"
         assert b.req("ping") == "ok"  # in step
-        server.server.renewals_allowed(False)
+        server.server.serving.renewals_allowed(False)
         assert a.req("n", held, token) == "error"
-        server.server.renewals_allowed(True)
+        server.server.serving.renewals_allowed(True)
         assert a.req("n", held, token).startswith("ok ")
         assert a.req("r", waited, token2) == "ok"
-        assert server.server.holders_in(shards) == {shard_id(held)}
+        assert server.server.serving.holders_in(shards) == {shard_id(held)}
 
 
 def test_fail_waiters_drops_a_pending_two_phase_enqueue() -> None:
@@ -248,7 +248,7 @@ def test_fail_waiters_drops_a_pending_two_phase_enqueue() -> None:
     with ServerThread() as server, Wire(server.address) as a, Wire(server.address) as b:
         token = a.lock(key)
         assert b.req("e", key) == "queued"
-        assert server.server.fail_waiters([shard_id(key)], p.reply_moved("t:1")) == 1
+        assert server.server.serving.fail_waiters([shard_id(key)], p.reply_moved("t:1")) == 1
         assert a.req("r", key, token) == "ok"
         assert b.req("w", key, "0") == "error_moved t:1"  # the w that comes is told
         assert b.req("w", key, "0") == "error_not_enqueued"  # once

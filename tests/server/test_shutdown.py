@@ -186,7 +186,7 @@ def test_stop_under_a_connection_storm_closes_every_socket(
     try:
         wait_until(lambda: len(clients) >= 200, what="the storm")
         srv.stop()
-        assert srv.server.open_transports == 0
+        assert srv.server.admission.open_transports == 0
     finally:
         halt.set()
         for thread in stormers:

@@ -51,18 +51,27 @@ def make_server(
 
 def _delayed(srv: ServerThread) -> int:
     """How many of the server's connections are waiting out a fragment delay."""
-    return srv.call(lambda: sum(conn.read_delayed for conn in srv.server.connections))
+    return srv.call(
+        lambda: sum(conn.stream.read_delayed for conn in srv.server.admission.connections)
+    )
 
 
 def _fragment_delays(srv: ServerThread) -> list[int]:
     """Each connection's fragment delays since it last completed a request."""
-    return srv.call(lambda: [conn.fragment_delays for conn in srv.server.connections])
+    return srv.call(
+        lambda: [conn.stream.fragment_delays for conn in srv.server.admission.connections]
+    )
 
 
 def _wait_buffered(srv: ServerThread, size: int) -> None:
     """Until one of the server's connections holds ``size`` bytes of an unfinished request."""
     wait_until(
-        lambda: size in srv.call(lambda: [c.framer.buffered() for c in srv.server.connections]),
+        lambda: (
+            size
+            in srv.call(
+                lambda: [c.stream.framer.buffered() for c in srv.server.admission.connections]
+            )
+        ),
         what=f"a connection holding {size} unread byte(s)",
     )
 
