@@ -143,7 +143,7 @@ class Grants:
                     f"stopped serving {key!r} while recording a longer lease; nothing granted"
                 )
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ granting, queueing, freeing
     def check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
         """Refuse (``MaxLocks``) a client whose holds plus queued waits (each may be granted)
         reach its cap. ``state``: the key about to be granted or queued on (if a refusal
