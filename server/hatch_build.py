@@ -40,7 +40,7 @@ COMPILED = (
     "leases",
     "tokens",
     "protocol",
-    "tablecore",
+    "grants",
     "holds",
     "table",
     "journal",

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dflockd_server import protocol as p
 from dflockd_server.fence import FenceStateError, StateUnwritable
 from dflockd_server.grace import LeaseRecord
-from dflockd_server.tablecore import TableCore
+from dflockd_server.table import LockTable
 
 __all__ = ["LeaseBound"]
 
@@ -77,7 +77,7 @@ class LeaseBound:
         self.record = record
         self._loop = loop
         self._executor = executor
-        self.table: TableCore | None = None
+        self.table: LockTable | None = None
         """Whose ``lease_noted`` each recorded bound raises (set once the table is made)."""
         self._lock = threading.Lock()
         self._parked: list[tuple[int, Resume]] = []

@@ -45,7 +45,7 @@ class LeaseIndex:
     current while its holder is live and still expires at that time; released and renewed
     holders leave stale entries, dropped when met or by compaction (see ``add``).
 
-    ``LockTable._grant`` and ``free_holder`` inline ``add`` and the dropping of released
+    ``Grants._new_holder`` and ``Grants.free_holder`` inline ``add`` and the dropping of released
     entries at the back: they are the hot path."""
 
     __slots__ = ("by_ttl", "cap", "count")

@@ -16,19 +16,23 @@ in order, once the grace is over (at the next acquire, enqueue or ``expire``). B
 longer than ``lease_noted`` is granted or renewed, ``note_lease`` is called (it persists the
 bound the next start's grace relies on) and may refuse by raising.
 
-This module is the table's public face: ``LockTable`` (its operations) and the records they
-take, return and raise (defined in ``keys``). The mechanics the operations share are in
-``tablecore``, the holds with an owner note (``hl``, ``note``, ``ht``) in ``holds``, the
-expiry index and the idle log in ``leases``.
+This module is the table's public face: ``LockTable``, its operations (what the requests, the
+journal, the sweeps and the status read call), and the records they take, return and raise
+(defined in ``keys``). The table owns its ``grants`` (``grants.Grants``: the key map, the
+queues and leases, the steps that grant, move and free a grant) and its hold book (``holds``:
+whom a grant is bound to, its owner note); the expiry index and the idle log are in
+``leases``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from dflockd_server.fence import fence_of
-from dflockd_server.holds import HoldTable
-from dflockd_server.journal import RecordedGrant
+from dflockd_server.grants import Grants
+from dflockd_server.holds import HoldBook, detach_at_close
+from dflockd_server.journal import Journal, RecordedGrant
 from dflockd_server.keys import (
     AS_RECORDED,
     AlreadyEnqueued,
@@ -63,18 +67,99 @@ __all__ = [
 ]
 
 
-class LockTable(HoldTable):
-    """All locks and semaphores of one server."""
+class LockTable:
+    """All locks and semaphores of one server: the operations on them. The state and the
+    steps they share are its ``grants``; whom a grant is bound to, its ``holds``."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        new_token: Callable[[], str],
+        max_locks: int,
+        max_waiters: int = 0,
+        max_locks_per_connection: int = 0,
+        max_waits_per_connection: int = 0,
+        auto_release_on_disconnect: bool = True,
+        session_ttl_s: int = 3,
+        grace_s: float = 0.0,
+        note_lease: Callable[[int], int] | None = None,
+        lease_noted: int = 0,
+        journal: Journal | None = None,
+    ) -> None:
+        self.clock = clock
+        self.auto_release_on_disconnect = auto_release_on_disconnect
+        """Whether a close by the peer ends the connection's grants (see ``disconnect``)."""
+        self.session_ttl_s = session_ttl_s
+        """How long the grants of a session connection outlive its close by the peer."""
+        # What the server sets from outside (per request, or at start-up and shut-down), read
+        # by the grants as their ``TableHooks``.
+        self.journal = journal
+        """Where grants, renewals past the recorded expiry, moves and drops are recorded
+        (``journal``), or None."""
+        self.note_lease = note_lease
+        self.lease_noted = lease_noted
+        """Leases up to this long need no ``note_lease`` call."""
+        self.asked_check: Callable[[str], bytes | None] | None = None
+        """The ownership's check for an acquire after ``asking`` (cluster mode), used instead
+        of ``grant_check`` while ``asking`` is set (by the session, for one request)."""
+        self.asking = False
+        self.grant_check: Callable[[str], bytes | None] | None = None
+        """The server's ownership check (None: every key is served), asked before a queued
+        waiter is promoted (see ``grants.TableHooks``)."""
+        self.grants = Grants(
+            self,
+            clock=clock,
+            new_token=new_token,
+            max_locks=max_locks,
+            max_waiters=max_waiters,
+            max_locks_per_connection=max_locks_per_connection,
+            max_waits_per_connection=max_waits_per_connection,
+            grace_s=grace_s,
+        )
+        """The key map, queues and leases, and the steps that grant, move and free a grant."""
+        self.holds = HoldBook(self.grants)
+        """Whom a grant is bound to, and its owner note."""
+        grants = self.grants
+        self.keys = grants.keys
+        """The grants' key map (the same dict): every key, locks and semaphores alike."""
+        self.counts = grants.counts
+        """Running totals since start-up (the grants' own)."""
+        self.detached = grants.detached
+        """The owner of detached holds (see ``grants.Grants.detached``)."""
+        self.restored = grants.restored
+        """The owner of restored grants awaiting their holder (``grants.Grants.restored``)."""
+        self._next_client_id = 0
+
+    @property
+    def in_grace(self) -> bool:
+        """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
+        return self.grants.in_grace
+
+    @property
+    def grace_until(self) -> float:
+        return self.grants.grace_until
+
+    @property
+    def max_locks(self) -> int:
+        """Most keys the table keeps (idle ones are forgotten to make room)."""
+        return self.grants.max_locks
+
+    def fill_waiting(self) -> None:
+        """Grant the waiters of every key with free slots (the journal can be written again
+        after a time it could not: nothing was granted meanwhile)."""
+        self.grants.fill_waiting()
 
     # ------------------------------------------------------------------ restart grace
     def grace_remaining(self) -> float:
         """Seconds of restart grace left (0 once over); ends the grace when it is due."""
-        if not self.in_grace:
+        grants = self.grants
+        if not grants.in_grace:
             return 0.0
         now = self.clock()
-        if self._in_grace(now):
-            return self.grace_until - now
-        self._flush()
+        if grants.in_grace_at(now):
+            return grants.grace_until - now
+        grants.flush()
         return 0.0
 
     # ------------------------------------------------------------------ clients
@@ -95,10 +180,11 @@ class LockTable(HoldTable):
         (``hello _ session``) to end at most ``session_ttl_s`` from now, so its client,
         which counts the same time from before, knows of the loss first, and may reattach by
         token meanwhile. Detached holds are not the client's: they stay."""
+        grants = self.grants
         now = self.clock()
         client.closed = True
         for waiter in list(client.waiting):
-            self._unqueue(waiter, now)
+            grants.unqueue(waiter, now)
         client.waiting.clear()
         client.enqueued.clear()
         on_close = client.on_close
@@ -106,115 +192,171 @@ class LockTable(HoldTable):
             client.on_close = None
             for holder, lease_ttl in on_close.items():
                 if holder.live:
-                    self._move(holder, self.detached, lease_ttl, now)
+                    grants.move(holder, grants.detached, lease_ttl, now)
         if by_peer and self.auto_release_on_disconnect:
             if client.session:
                 self._end_session(client, now)
             else:
-                lost = self.counts.lost_by_disconnect
+                lost = grants.counts.lost_by_disconnect
                 for holder in [h for h in client.held if h.live]:
-                    state = self._state_of(holder)
-                    self.free_holder(holder, state, now, lost)
+                    state = grants.state_of(holder)
+                    grants.free_holder(holder, state, now, lost)
                     if state is not None:
-                        self._fill(state, now)
-        self._flush()
+                        grants.fill(state, now)
+        grants.flush()
 
     def _end_session(self, client: Client, now: float) -> None:
         """A session connection closed by its peer: each grant ends at the latest
         ``session_ttl_s`` from ``now`` (a lease that ends sooner is left as it is)."""
+        grants = self.grants
         ttl = self.session_ttl_s
         end = now + ttl
         for holder in client.held:
             if not holder.live or holder.expires_at <= end:
                 continue
             holder.expires_at = end
-            state = self._state_of(holder)
+            state = grants.state_of(holder)
             if state is not None and end < state.earliest:
                 state.earliest = end
-            self._leases.add(holder, end, ttl)
+            grants.leases.add(holder, end, ttl)
 
     # ------------------------------------------------------------------ acquire
-    def acquire(
-        self, client: Client, key: str, lease_ttl: int, limit: int | None, *, queue: bool
+    def acquire(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
+        self,
+        client: Client,
+        key: str,
+        lease_ttl: int,
+        limit: int | None,
+        note: str | None = None,
+        detached: bool = False,
+        *,
+        queue: bool,
     ) -> Holder | Waiter | None:
         """Grant at once (a ``Holder``), queue (a ``Waiter``, if ``queue``), or ``None``.
 
         ``limit`` is ``None`` for a lock, the semaphore's limit otherwise. Raises
-        ``LimitMismatch`` when the key is busy with another limit (a lock's is 1).
+        ``LimitMismatch`` when the key is busy with another limit (a lock's is 1). ``note``:
+        the grant's owner note (``hl``); a ``detached`` grant is no connection's (see
+        ``hold``).
         """
+        grants = self.grants
         now = self.clock()
         try:
-            if self.in_grace:
-                self._in_grace(now)  # at its end, the waiters queued during it go first
+            if grants.in_grace:
+                grants.in_grace_at(now)  # at its end, the waiters queued during it go first
+            owner = grants.detached if detached else client
             if limit is None:
-                holder = self._grant_bare(key, client, client, lease_ttl, now)
+                holder = grants.grant_bare(key, client, owner, lease_ttl, now, note)
                 if holder is not None:
                     return holder
-                if not queue and self._held_alone(key):
-                    self.counts.timeouts[0] += 1  # answered without making the key a state
+                if not queue and grants.held_alone(key):
+                    grants.counts.timeouts[0] += 1  # answered without making the key a state
                     return None
-            state = self._state_for(key, limit, now)
-            if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
-                if self.max_locks_per_connection:
-                    self._check_client_locks(client, key, state)
-                return self._grant(state, client, lease_ttl, now)
+            state = grants.state_for(key, limit, now)
+            if state.n_held < state.limit and state.n_waiting == 0 and not grants.in_grace:
+                if grants.max_locks_per_connection:
+                    grants.check_client_locks(client, key, state)
+                return grants.grant(state, owner, lease_ttl, now, note)
             if not queue:
-                self.counts.timeouts[state.is_sem] += 1
-                self._idle.note(self.keys, state)  # a key new in the grace is idle: prunable
+                grants.counts.timeouts[state.is_sem] += 1
+                grants.idle.note(grants.keys, state)  # a key new in the grace is idle: prunable
                 return None
-            if self.max_waits_per_connection:
-                self._check_client_waits(client, key, state)
-            if self.max_locks_per_connection:
-                self._check_client_locks(client, key, state)
-            return self._queue(state, client, lease_ttl)
+            if grants.max_waits_per_connection:
+                grants.check_client_waits(client, key, state)
+            if grants.max_locks_per_connection:
+                grants.check_client_locks(client, key, state)
+            waiter = grants.queue(state, client, lease_ttl)
+            if note is not None:
+                waiter.note = note
+                waiter.detached = detached
+            return waiter
         finally:
-            if self._wakes:
-                self._flush()
+            if grants.wakes:
+                grants.flush()
+
+    def hold(
+        self, client: Client, key: str, lease_ttl: int, note: str, *, detached: bool, queue: bool
+    ) -> Holder | Waiter | None:
+        """``hl``: acquire the lock ``key`` (limit 1, the FIFO queue ``acquire`` uses) with the
+        owner note ``note``, as ``acquire`` does otherwise. A ``detached`` grant belongs to the
+        table's ``detached`` client, not to ``client``: closing ``client`` does not free it
+        (a wait of ``client`` is dropped as any wait is)."""
+        return self.acquire(client, key, lease_ttl, None, queue=queue, note=note, detached=detached)
 
     def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
         """``hd``: detach the grant ``token`` holds on the lock ``key`` from whatever
         connection it is bound to (a detached one stays so), with the lease ``lease_ttl`` from
         now; ``False`` if ``token`` holds no lock on ``key``."""
-        holder = self._holder_of(key, token)
-        if holder is None or not self._is_lock_grant(holder):
+        grants = self.grants
+        holder = grants.holder_of(key, token)
+        if holder is None or not grants.is_lock_grant(holder):
             return False
         if lease_ttl > self.lease_noted:
-            self._note(lease_ttl, key)
-        if holder.client is self.detached:
+            grants.raise_bound(lease_ttl, key)
+        if holder.client is grants.detached:
             return self.renew(key, token, lease_ttl) is not None
-        self._move(holder, self.detached, lease_ttl, self.clock())
+        grants.move(holder, grants.detached, lease_ttl, self.clock())
         return True
 
+    # ------------------------------------------------------------------ the hold book
+    def holder_note(self, key: str) -> str | None:
+        """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
+        return self.holds.holder_note(key)
+
+    def set_note(self, key: str, token: str, note: str) -> bool:
+        """``note``: replace the owner note of the grant ``token`` holds on ``key``."""
+        return self.holds.set_note(key, token, note)
+
+    def is_detached(self, holder: Holder) -> bool:
+        """Whether the grant is bound to no live connection (``holds.HoldBook.is_detached``)."""
+        return self.holds.is_detached(holder)
+
+    def take(
+        self,
+        client: Client,
+        key: str,
+        token: str,
+        lease_ttl: int,
+        *,
+        note: str,
+        on_close: int | None,
+    ) -> Holder | None:
+        """``ht``: take the detached grant over (``holds.HoldBook.take``)."""
+        return self.holds.take(client, key, token, lease_ttl, note=note, on_close=on_close)
+
+    # ------------------------------------------------------------------ two-phase
     def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
         """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
+        grants = self.grants
         try:
             return self._enqueue(client, key, lease_ttl, limit)
         finally:
-            if self._wakes:
-                self._flush()
+            if grants.wakes:
+                grants.flush()
 
     def _enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
+        grants = self.grants
         previous = client.enqueued.get(key)
         now = self.clock()
         if previous is not None:
             if previous.holder is not None:
-                self._check(previous.state, now)
+                grants.check(previous.state, now)
             if previous.holder is None or previous.holder.live:
                 raise AlreadyEnqueued(key)
             del client.enqueued[key]
-        if self.in_grace:
-            self._in_grace(now)
-        if self.max_waits_per_connection:
-            self._check_client_waits(client, key, None)
-        if self.max_locks_per_connection:
-            self._check_client_locks(client, key, None)
-        state = self._state_for(key, limit, now)
-        if state.n_held < state.limit and state.n_waiting == 0 and not self.in_grace:
+        if grants.in_grace:
+            grants.in_grace_at(now)
+        if grants.max_waits_per_connection:
+            grants.check_client_waits(client, key, None)
+        if grants.max_locks_per_connection:
+            grants.check_client_locks(client, key, None)
+        state = grants.state_for(key, limit, now)
+        if state.n_held < state.limit and state.n_waiting == 0 and not grants.in_grace:
             waiter = Waiter(client, state, lease_ttl)
             waiter.active = False
-            waiter.holder = self._grant(state, client, lease_ttl, now)
+            waiter.holder = grants.grant(state, client, lease_ttl, now)
         else:
-            waiter = self._queue(state, client, lease_ttl)
+            waiter = grants.queue(state, client, lease_ttl)
         waiter.enqueued = True
         client.enqueued[key] = waiter
         return waiter
@@ -224,8 +366,9 @@ class LockTable(HoldTable):
         made by ``e`` or ``se`` alike."""
         waiter = client.enqueued.get(key)
         if waiter is not None and waiter.holder is not None:
-            self._check(waiter.state, self.clock())
-            self._flush()
+            grants = self.grants
+            grants.check(waiter.state, self.clock())
+            grants.flush()
         return waiter
 
     def forget_enqueued(self, waiter: Waiter) -> None:
@@ -239,42 +382,44 @@ class LockTable(HoldTable):
     def cancel_wait(self, waiter: Waiter) -> None:
         """The waiter gives up (timeout); a granted waiter is left alone."""
         if waiter.active:
-            self.counts.timeouts[waiter.state.is_sem] += 1
+            grants = self.grants
+            grants.counts.timeouts[waiter.state.is_sem] += 1
             now = self.clock()
-            self._unqueue(waiter, now)
+            grants.unqueue(waiter, now)
             waiter.client.waiting.discard(waiter)
             self.forget_enqueued(waiter)
-            self._flush()
+            grants.flush()
 
     # ------------------------------------------------------------------ renew / release
     def release(self, key: str, token: str) -> bool:
         """Release the slot ``token`` holds on ``key`` (granted by a lock or a semaphore
         request alike); ``False`` if it holds none."""
-        entry = self.keys.get(key)
+        grants = self.grants
+        entry = grants.keys.get(key)
         if entry is None:
             return False
         now = self.clock()
         if isinstance(entry, Holder):  # a lock nobody waits for
-            holder = self._live_holder(entry, token, now)
+            holder = grants.live_holder(entry, token, now)
             if holder is None:
                 return False
-            self.free_holder(holder, None, now, self.counts.releases)
+            grants.free_holder(holder, None, now, grants.counts.releases)
             return True
         state = entry
         if now >= state.earliest:
-            self._check(state, now)
+            grants.check(state, now)
         holder = state.one
         if holder is None or holder.token != token:
             holder = state.many.get(token) if state.many else None
         if holder is None:
-            if self._wakes:
-                self._flush()
+            if grants.wakes:
+                grants.flush()
             return False
-        self.free_holder(holder, state, now, self.counts.releases)
+        grants.free_holder(holder, state, now, grants.counts.releases)
         if state.queue is not None:
-            self._fill(state, now)
-        if self._wakes:
-            self._flush()
+            grants.fill(state, now)
+        if grants.wakes:
+            grants.flush()
         return True
 
     def force_release(self, key: str) -> list[Holder]:
@@ -283,26 +428,28 @@ class LockTable(HoldTable):
         restart does not bring it back); the next waiters are granted at once, with new
         tokens (so higher fences). A lease already run out expires as usual and is not
         counted. Returns the grants freed (their notes, for the log); ``[]`` if none."""
-        entry = self.keys.get(key)
+        grants = self.grants
+        entry = grants.keys.get(key)
         if entry is None:
             return []
         now = self.clock()
+        forced = grants.counts.forced
         if isinstance(entry, Holder):  # a lock nobody waits for
             if not entry.live:
                 return []
             if now >= entry.expires_at:
-                self._expire_bare(entry, now)
+                grants.expire_bare(entry, now)
                 return []
-            self.free_holder(entry, None, now, self.counts.forced)
+            grants.free_holder(entry, None, now, forced)
             return [entry]
         state = entry
         if now >= state.earliest:
-            self._check(state, now)
+            grants.check(state, now)
         freed = list(state.holders.values())
         for holder in freed:
-            self.free_holder(holder, state, now, self.counts.forced)
-        self._fill(state, now)
-        self._flush()
+            grants.free_holder(holder, state, now, forced)
+        grants.fill(state, now)
+        grants.flush()
         return freed
 
     def renew(
@@ -312,17 +459,18 @@ class LockTable(HoldTable):
         A grant bound to no live connection (restored from the journal and still awaiting its
         holder, or its connection closed) becomes ``client``'s (the connection that renews
         it: a reattach by token), with the ``<onclose>`` lease it had."""
-        entry = self.keys.get(key)
+        grants = self.grants
+        entry = grants.keys.get(key)
         if entry is None:
             return None
         now = self.clock()
-        holder = self._live_holder(entry, token, now)
+        holder = grants.live_holder(entry, token, now)
         if holder is None:
             return None
         if lease_ttl > self.lease_noted:
-            self._note(lease_ttl, key)
+            grants.raise_bound(lease_ttl, key)
         if holder.client.closed and client is not None:
-            self._reattach(holder, client, lease_ttl, now)
+            self.holds.reattach(holder, client, lease_ttl, now)
             return lease_ttl
         expires_at = now + lease_ttl
         journal = self.journal
@@ -341,18 +489,8 @@ class LockTable(HoldTable):
             elif expires_at < entry.earliest:
                 entry.earliest = expires_at  # a shorter lease may come first
             entry.last_used = expires_at  # not read while held (see KeyState)
-        self._leases.add(holder, expires_at, lease_ttl)
+        grants.leases.add(holder, expires_at, lease_ttl)
         return lease_ttl
-
-    def _reattach(self, holder: Holder, client: Client, lease_ttl: int, now: float) -> None:
-        """A grant whose connection is gone (restored from the journal, or its connection
-        closed) is renewed on a connection: bind the grant to it, so its close ends the
-        grant as that connection's."""
-        restored = holder.client.on_close
-        on_close = restored.pop(holder, None) if restored else None
-        moved = self._move(holder, client, lease_ttl, now, on_close)
-        if on_close is not None:
-            self._detach_at_close(client, moved, on_close)
 
     def restore(self, rec: RecordedGrant, left: float) -> Holder | None:
         """Put back a grant read from the lease journal, ``left`` seconds from its end: a
@@ -366,12 +504,12 @@ class LockTable(HoldTable):
         expires_at = now + left
         holder = Holder(token, key, owner, lease_ttl, expires_at, since=now)
         holder.note = rec.note
-        entry = self.keys.get(key)
+        entry = self.grants.keys.get(key)
         if entry is None and limit == 1 and not is_sem:
-            self.keys[key] = holder  # a lock: the holder is the key's entry
+            self.grants.keys[key] = holder  # a lock: the holder is the key's entry
         else:
             if entry is None:
-                state = self.keys[key] = KeyState(key, is_sem, limit, now)
+                state = self.grants.keys[key] = KeyState(key, is_sem, limit, now)
             elif isinstance(entry, Holder) or entry.limit != limit or entry.n_held >= limit:
                 return None
             else:
@@ -389,8 +527,8 @@ class LockTable(HoldTable):
         owner.held.append(holder)
         owner.n_held += 1
         if on_close is not None and not detached:
-            self._detach_at_close(owner, holder, on_close)
-        self._leases.add(holder, expires_at, lease_ttl)
+            detach_at_close(owner, holder, on_close)
+        self.grants.leases.add(holder, expires_at, lease_ttl)
         self.counts.restored[is_sem] += 1
         return holder
 
@@ -398,7 +536,7 @@ class LockTable(HoldTable):
         """Every grant held now, with its key's state (``None``: a lock that keeps none) and
         the ``<onclose>`` lease it has (for the journal's compaction and its first file)."""
         out: list[tuple[Holder, KeyState | None, int | None]] = []
-        for entry in self.keys.values():
+        for entry in self.grants.keys.values():
             if isinstance(entry, Holder):
                 if entry.live:
                     leases = entry.client.on_close
@@ -415,18 +553,18 @@ class LockTable(HoldTable):
     def key_state(self, key: str) -> KeyState | None:
         """The state of ``key`` for reading (stats, tests), or ``None`` if the table has no
         entry for it. A lock nobody waited for keeps no state: it gets a copy made up."""
-        entry = self.keys.get(key)
+        entry = self.grants.keys.get(key)
         if entry is None or isinstance(entry, KeyState):
             return entry
         return lock_state(entry) if entry.live else KeyState(key, False, 1, entry.expires_at)
 
     def busy_keys(self) -> list[str]:
         """The keys held or queued on now."""
-        return [key for key, entry in self.keys.items() if self._busy(entry)]
+        return [key for key, entry in self.grants.keys.items() if self._busy(entry)]
 
     def is_busy(self, key: str) -> bool:
         """Whether ``key`` is held or queued on now."""
-        entry = self.keys.get(key)
+        entry = self.grants.keys.get(key)
         return entry is not None and self._busy(entry)
 
     @staticmethod
@@ -438,7 +576,7 @@ class LockTable(HoldTable):
     @property
     def queued(self) -> int:
         """Acquires queued now, on every key (a scan: not for the request path)."""
-        return sum(e.n_waiting for e in self.keys.values() if isinstance(e, KeyState))
+        return sum(e.n_waiting for e in self.grants.keys.values() if isinstance(e, KeyState))
 
     @property
     def held(self) -> int:
@@ -458,7 +596,7 @@ class LockTable(HoldTable):
         returns how many. Waiters blocked in a request are the connections' to answer."""
         now = self.clock()
         dropped = 0
-        for state in list(self.keys.values()):
+        for state in list(self.grants.keys.values()):
             if isinstance(state, Holder):
                 continue
             queue = state.queue
@@ -473,7 +611,7 @@ class LockTable(HoldTable):
                     dropped += 1
             state.queue = None
             state.last_used = now
-            self._idle.note(self.keys, state)
+            self.grants.idle.note(self.grants.keys, state)
         return dropped
 
     # ------------------------------------------------------------------ maintenance
@@ -481,36 +619,37 @@ class LockTable(HoldTable):
         """Expire every lease that has run out; returns how many. The cost is the entries of
         the expiry index that are due (one per lease expired, plus the stale ones met) and one
         step per distinct lease length in use: never a scan of the table."""
+        grants = self.grants
         now = self.clock()
         expired = 0
-        if self.in_grace:
-            self._in_grace(now)
-        for holder in self._leases.due(now):
+        if grants.in_grace:
+            grants.in_grace_at(now)
+        for holder in grants.leases.due(now):
             if holder.live and holder.expires_at <= now:
-                state = self._state_of(holder)
+                state = grants.state_of(holder)
                 if state is None:
-                    self._expire_bare(holder, now)
+                    grants.expire_bare(holder, now)
                     expired += 1
                 else:
-                    expired += self._check(state, now)
-        self._flush()
+                    expired += grants.check(state, now)
+        grants.flush()
         return expired
 
     @property
     def expiry_entries(self) -> int:
         """Entries in the expiry index, stale ones included (at most about twice the leases
-        held, plus a constant: see ``_index``)."""
-        return self._leases.count
+        held, plus a constant: see ``leases.LeaseIndex``)."""
+        return self.grants.leases.count
 
     def gc(self, max_idle_s: float) -> int:
         """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``; the cost is
         the keys forgotten, not the size of the table (see ``IdleLog``)."""
-        return self._idle.prune(self.keys, self.clock(), max_idle_s)
+        return self.grants.idle.prune(self.grants.keys, self.clock(), max_idle_s)
 
     def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
         """``(keys, holders, waiters)`` of one kind right now (leases are not swept here)."""
         keys = holders = waiters = 0
-        for state in self.keys.values():
+        for state in self.grants.keys.values():
             if isinstance(state, Holder):
                 if not is_sem:
                     keys += 1
@@ -530,7 +669,7 @@ class LockTable(HoldTable):
         idle_locks: list[dict[str, Any]] = []
         sems: list[dict[str, Any]] = []
         idle_sems: list[dict[str, Any]] = []
-        for key, entry in self.keys.items():
+        for key, entry in self.grants.keys.items():
             if isinstance(entry, Holder):  # a lock nobody waits for
                 if entry.live:
                     locks.append(self._lock_stats(key, entry, 0, now))

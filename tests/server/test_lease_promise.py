@@ -169,13 +169,13 @@ def test_every_way_a_grant_ends_goes_through_free_holder() -> None:
     clock = Clock()
     table = make_table(clock)
     freed: list[tuple[str, list[int]]] = []
-    real = table.free_holder
+    real = table.grants.free_holder
 
     def spy(holder: Holder, state: KeyState | None, now: float, why: list[int]) -> None:
         freed.append((holder.key, why))
         real(holder, state, now, why)
 
-    table.free_holder = spy  # type: ignore[method-assign]
+    table.grants.free_holder = spy  # type: ignore[method-assign]
     counts = table.counts
     a, b, c, d, e = (table.open_client() for _ in range(5))
     d.session = True
@@ -228,7 +228,7 @@ def _server_sources() -> Iterator[tuple[Path, ast.Module]]:
 
 def test_no_code_of_the_server_but_free_holder_ends_a_grant() -> None:
     """Source level: a holder's ``live`` turns False only in ``free_holder`` (a grant's end)
-    and ``_move`` (a rebind: a new holder takes the grant on, nothing is freed); the totals
+    and ``move`` (a rebind: a new holder takes the grant on, nothing is freed); the totals
     of ended grants are counted only in ``free_holder``."""
     ends = {"releases", "forced", "expiries", "lost_by_disconnect"}
     offenders: list[str] = []
@@ -249,7 +249,7 @@ def test_no_code_of_the_server_but_free_holder_ends_a_grant() -> None:
                         and isinstance(node, ast.Assign)
                         and isinstance(node.value, ast.Constant)
                         and node.value.value is False
-                        and func.name not in ("free_holder", "_move")
+                        and func.name not in ("free_holder", "move")
                     ):
                         offenders.append(f"{path.name}:{node.lineno} {func.name} sets live")
                     if (

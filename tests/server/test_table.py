@@ -383,8 +383,8 @@ def test_a_sweep_touches_only_what_expired(clock: Clock) -> None:
     assert isinstance(waiter, Waiter)
     entries = table.expiry_entries
     assert entries == 1003
-    full = table.keys
-    table.keys = NoScan(full)
+    full = table.grants.keys
+    table.grants.keys = NoScan(full)
     assert table.expire() == 0  # nothing due: nothing walked, nothing popped
     assert table.expiry_entries == entries
     clock.now += LEASE
@@ -392,7 +392,7 @@ def test_a_sweep_touches_only_what_expired(clock: Clock) -> None:
     assert not any(holder.live for holder in short)
     assert waiter.holder is not None  # the waiter got the expired lock at the sweep
     assert table.expiry_entries == entries - 3 + 1  # popped the due ones; the waiter's grant
-    table.keys = full
+    table.grants.keys = full
     assert len(table.stats(0)["locks"]) == 1001
 
 
@@ -436,10 +436,10 @@ def test_sweeps_in_turns_expire_every_lease_once_and_keep_none_alive(clock: Cloc
         assert table.expire() == 10
         assert [h.live for h in holders] == [i >= 10 * step for i in range(2000)], step
         assert table.expiry_entries == 2000 - 10 * step
-        taken = sum(run.head for run in table._leases.by_ttl.values())
+        taken = sum(run.head for run in table.grants.leases.by_ttl.values())
         assert taken <= max(64, (2000 - 10 * step + taken) // 8 + 1), (step, taken)
     assert table.held == 0
-    assert not table._leases.by_ttl
+    assert not table.grants.leases.by_ttl
 
 
 @pytest.mark.parametrize("renewals", range(1, 140))

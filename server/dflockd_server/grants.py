@@ -1,14 +1,19 @@
-"""The lock table's state and the mechanics its operations share (``table.LockTable`` is the
-table): making a key's state for an acquire, queueing, granting, dropping a holder, expiring a
-key's run-out leases, handing free slots on to the FIFO queue, announcing later grants
-(``wake``) once the table has finished changing, the per-connection caps and the restart grace.
-Pure state, no I/O: time from the injected clock, tokens from the injected generator.
+"""The lock table's grants: the key map and every grant, queue and lease in it, and the steps
+that change them (``table.LockTable``, the table, owns one ``Grants`` and runs its operations
+through it). Making a key's state for an acquire, queueing, granting (``grant``, ``grant_bare``:
+a connection's grant and a detached hold alike, one ``Holder`` each), ending a grant
+(``free_holder``: the one place a key becomes free), rebinding a grant to another owner
+(``move``), expiring a key's run-out leases, handing free slots on to the FIFO queue,
+announcing later grants (``flush``) once the table has finished changing, the per-connection
+caps and the restart grace. Pure state, no I/O: time from the injected clock, tokens from the
+injected generator, the journal and the lease bound from the table (``TableHooks``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 from dflockd_server.fence import FenceStateError
 from dflockd_server.journal import Journal, drop_record
@@ -27,33 +32,52 @@ from dflockd_server.keys import (
 )
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex, LeaseRun
 
-__all__ = ["CLIENT_COMPACT_MIN", "TableCore"]
+__all__ = ["CLIENT_COMPACT_MIN", "Grants", "TableHooks"]
 
 CLIENT_COMPACT_MIN = 8
 """Released holders a connection's list may keep beyond twice its live ones (small: each keeps
 a released holder and its token alive)."""
 
 
-class TableCore:
-    """The state of all locks and semaphores of one server, and the steps that change it
-    (see the module's doc); ``LockTable`` adds the operations."""
+class TableHooks(Protocol):
+    """What the grants read of the table that owns them (``table.LockTable``): what the server
+    sets there from outside, per request or at start-up, read here where a grant is made or
+    ends (plain attributes of the table: a request reads and sets them at no call's cost)."""
+
+    journal: Journal | None
+    """Where grants, renewals past the recorded expiry, moves and drops are recorded, or
+    None."""
+    lease_noted: int
+    """Leases up to this long need no ``note_lease`` call."""
+    note_lease: Callable[[int], int] | None
+    """Records a longer lease bound before a grant (``raise_bound``); returns the new bound."""
+    asking: bool
+    """The request follows an ``asking`` (cluster mode): ``asked_check`` decides for it."""
+    asked_check: Callable[[str], bytes | None] | None
+    grant_check: Callable[[str], bytes | None] | None
+    """The server's ownership check (None: every key is served), asked before a queued
+    waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
+    no waiter it queued before (the waiter is answered by the cluster node instead)."""
+
+
+class Grants:
+    """Every key of one server, locks and semaphores alike, with their grants, queues and
+    leases, and the steps that change them (see the module's doc). Owned by the table
+    (``table.LockTable``), which runs each operation through it."""
 
     def __init__(
         self,
+        hooks: TableHooks,
         *,
         clock: Callable[[], float],
         new_token: Callable[[], str],
         max_locks: int,
-        max_waiters: int = 0,
-        max_locks_per_connection: int = 0,
-        max_waits_per_connection: int = 0,
-        auto_release_on_disconnect: bool = True,
-        session_ttl_s: int = 3,
-        grace_s: float = 0.0,
-        note_lease: Callable[[int], int] | None = None,
-        lease_noted: int = 0,
-        journal: Journal | None = None,
+        max_waiters: int,
+        max_locks_per_connection: int,
+        max_waits_per_connection: int,
+        grace_s: float,
     ) -> None:
+        self.hooks = hooks
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
@@ -63,17 +87,13 @@ class TableCore:
         granted): so it never holds more at once. 0: no cap."""
         self.max_waits_per_connection = max_waits_per_connection
         """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
-        self.auto_release_on_disconnect = auto_release_on_disconnect
-        """Whether a close by the peer ends the connection's grants (see ``disconnect``)."""
-        self.session_ttl_s = session_ttl_s
-        """How long the grants of a session connection outlive its close by the peer."""
         self.keys: dict[str, Entry] = {}
         """Every key, locks and semaphores alike: one resource per key. A held lock nobody
         waits for is its ``Holder`` alone (see ``Holder``), any other key its ``KeyState``."""
-        self._idle = IdleLog()
-        self._leases = LeaseIndex()
-        self._wakes: list[Waiter] = []
-        self._next_client_id = 0
+        self.idle = IdleLog()
+        self.leases = LeaseIndex()
+        self.wakes: list[Waiter] = []
+        """Waiters granted by the change under way, announced by ``flush`` once it is done."""
         self.detached = Client(0)
         """The owner of detached holds (``hl`` mode ``d``): no connection, never disconnected;
         connections are numbered from 1."""
@@ -82,26 +102,12 @@ class TableCore:
         until a connection renews them (then they are that connection's). Closed: ``ht`` may
         take them over, and no connection's close releases them."""
         self.restored.closed = True
-        self.journal = journal
-        self.asked_check: Callable[[str], bytes | None] | None = None
-        """The ownership's check for an acquire after ``asking`` (cluster mode), used instead
-        of ``grant_check`` while ``asking`` is set (by the session, for one request)."""
-        self.asking = False
-        self.grant_check: Callable[[str], bytes | None] | None = None
-        """The server's ownership check (None: every key is served), asked before a queued
-        waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
-        no waiter it queued before (the waiter is answered by the cluster node instead)."""
-        """Where grants, renewals past the recorded expiry, moves and drops are recorded
-        (``journal``), or None."""
         self.counts = Counts()
         self.in_grace = grace_s > 0
-        """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
+        """Within the restart grace: nothing is granted (see ``in_grace_at``)."""
         self.grace_until = clock() + grace_s if grace_s > 0 else -math.inf
-        self.note_lease = note_lease
-        self.lease_noted = lease_noted
-        """Leases up to this long need no ``note_lease`` call."""
 
-    def _in_grace(self, now: float) -> bool:
+    def in_grace_at(self, now: float) -> bool:
         """Whether the grace still holds at ``now``; at its end, grant the waiters queued
         during it (their wakes are left for the caller to flush)."""
         if not self.in_grace:
@@ -111,7 +117,7 @@ class TableCore:
         self.in_grace = False
         for state in list(self.keys.values()):
             if isinstance(state, KeyState) and state.n_waiting:
-                self._fill(state, now)
+                self.fill(state, now)
         return False
 
     def fill_waiting(self) -> None:
@@ -120,38 +126,38 @@ class TableCore:
         now = self.clock()
         for state in list(self.keys.values()):
             if isinstance(state, KeyState) and state.n_waiting:
-                self._fill(state, now)
-        self._flush()
+                self.fill(state, now)
+        self.flush()
 
-    def _note(self, lease_ttl: int, key: str) -> None:
+    def raise_bound(self, lease_ttl: int, key: str) -> None:
         """Before a lease longer than any so far: record (and, in a cluster, publish) the new
         bound. That may wait for the disk or etcd: the key is asked about again after it (a
         cluster member that stopped serving it meanwhile grants nothing)."""
-        if lease_ttl > self.lease_noted:
-            self.lease_noted = (
-                self.note_lease(lease_ttl) if self.note_lease is not None else lease_ttl
-            )
-            check = self.asked_check if self.asking else self.grant_check
+        hooks = self.hooks
+        if lease_ttl > hooks.lease_noted:
+            note_lease = hooks.note_lease
+            hooks.lease_noted = note_lease(lease_ttl) if note_lease is not None else lease_ttl
+            check = hooks.asked_check if hooks.asking else hooks.grant_check
             if check is not None and check(key) is not None:
                 raise FenceStateError(
                     f"stopped serving {key!r} while recording a longer lease; nothing granted"
                 )
 
-    # ------------------------------------------------------------------ internals
-    def _check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
+    # ------------------------------------------------------------------ granting, queueing, freeing
+    def check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
         """Refuse (``MaxLocks``) a client whose holds plus queued waits (each may be granted)
         reach its cap. ``state``: the key about to be granted or queued on (if a refusal
         leaves it idle, it is logged so, to be pruned)."""
         if client.n_held + len(client.waiting) >= self.max_locks_per_connection:
             if state is not None:
-                self._idle.note(self.keys, state)
+                self.idle.note(self.keys, state)
             raise MaxLocks(key)
 
-    def _check_client_waits(self, client: Client, key: str, state: KeyState | None) -> None:
+    def check_client_waits(self, client: Client, key: str, state: KeyState | None) -> None:
         """Refuse (``MaxWaiters``) a client whose queued acquires plus pending two-phase
         enqueues reach its cap. A queued enqueue is in both ``waiting`` and ``enqueued``: the
         exact count (at most the cap's worth of entries) is taken only near the cap.
-        ``state``: as for ``_check_client_locks``."""
+        ``state``: as for ``check_client_locks``."""
         cap = self.max_waits_per_connection
         waiting, enqueued = client.waiting, client.enqueued
         if len(waiting) + len(enqueued) < cap:
@@ -159,10 +165,10 @@ class TableCore:
         if len(waiting) + sum(1 for w in enqueued.values() if not w.active) < cap:
             return
         if state is not None:
-            self._idle.note(self.keys, state)
+            self.idle.note(self.keys, state)
         raise MaxWaiters(key)
 
-    def _state_for(self, key: str, limit: int | None, now: float) -> KeyState:
+    def state_for(self, key: str, limit: int | None, now: float) -> KeyState:
         """The key's state for an acquire with ``limit`` (``None``: a lock, limit 1): made
         if new, its limit and kind fixed anew if idle, refused if busy with another limit."""
         is_sem = limit is not None
@@ -171,13 +177,13 @@ class TableCore:
         entry = states.get(key)
         if entry is None:
             # Idle keys hold nothing: make room before refusing.
-            if len(states) >= self.max_locks and not self._idle.evict_oldest(states):
+            if len(states) >= self.max_locks and not self.idle.evict_oldest(states):
                 raise MaxLocks(key)
             state = states[key] = KeyState(key, is_sem, wanted, now)
-            return state  # granted or queued on at once (see _grant for when it cannot be)
+            return state  # granted or queued on at once (see grant for when it cannot be)
         if isinstance(entry, Holder):  # a lock nobody waited for: it gets a state now
             if entry.live and now >= entry.expires_at:
-                self._expire_bare(entry, now)
+                self.expire_bare(entry, now)
             if not entry.live:  # was idle
                 state = states[key] = KeyState(key, is_sem, wanted, now)
                 return state
@@ -187,7 +193,7 @@ class TableCore:
             return state
         state = entry
         if now >= state.earliest:
-            self._check(state, now)
+            self.check(state, now)
         state.last_used = now
         if not state.n_held and not state.n_waiting:  # idle
             if wanted != state.limit:
@@ -198,11 +204,9 @@ class TableCore:
             raise LimitMismatch(key, state.limit)
         return state
 
-    def _queue(self, state: KeyState, client: Client, lease_ttl: int) -> Waiter:
+    def queue(self, state: KeyState, client: Client, lease_ttl: int) -> Waiter:
         if self.max_waiters and state.n_waiting >= self.max_waiters:
-            self._idle.note(
-                self.keys, state
-            )  # a new key (in the restart grace) left idle: prune it
+            self.idle.note(self.keys, state)  # a new key (in the restart grace) left idle: prune it
             raise MaxWaiters(state.key)
         waiter = Waiter(client, state, lease_ttl)
         queue = state.queue
@@ -213,13 +217,13 @@ class TableCore:
         client.waiting.add(waiter)
         return waiter
 
-    def _grant(
+    def grant(
         self, state: KeyState, client: Client, lease_ttl: int, now: float, note: str | None = None
     ) -> Holder:
         try:
-            holder = self._new_holder(state.key, state, client, lease_ttl, now=now, note=note)
+            holder = self._new_holder(state.key, state, client, lease_ttl, now, note)
         except BaseException:
-            self._idle.note(self.keys, state)  # a new key left idle must still be pruned
+            self.idle.note(self.keys, state)  # a new key left idle must still be pruned
             raise
         expires_at = holder.expires_at
         if state.limit == 1:
@@ -235,15 +239,14 @@ class TableCore:
         state.last_used = expires_at  # not read while held (see KeyState)
         return holder
 
-    def _grant_bare(
+    def grant_bare(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
         self,
         key: str,
         client: Client,
         owner: Client,
         lease_ttl: int,
         now: float,
-        *,
-        note: str | None = None,
+        note: str | None,
     ) -> Holder | None:
         """Grant the lock ``key`` to ``owner`` (for ``client``'s request) as the key's entry,
         with no ``KeyState``, if it is free: no entry, a released one, an expired one, or an
@@ -254,52 +257,52 @@ class TableCore:
         keys = self.keys
         entry = keys.get(key)
         if entry is None:
-            if len(keys) >= self.max_locks and not self._idle.evict_oldest(keys):
+            if len(keys) >= self.max_locks and not self.idle.evict_oldest(keys):
                 raise MaxLocks(key)
         elif isinstance(entry, Holder):
             if entry.live:
                 if now < entry.expires_at:
                     return None
-                self._expire_bare(entry, now)
+                self.expire_bare(entry, now)
         elif entry.n_waiting:
             return None
         elif entry.n_held:
-            self._check(entry, now)  # its run-out leases (nothing before its earliest)
+            self.check(entry, now)  # its run-out leases (nothing before its earliest)
             if entry.n_held:
                 return None
         if self.max_locks_per_connection:
-            self._check_client_locks(client, key, None)
-        holder = self._new_holder(key, None, owner, lease_ttl, now=now, note=note)
+            self.check_client_locks(client, key, None)
+        holder = self._new_holder(key, None, owner, lease_ttl, now, note)
         keys[key] = holder
         return holder
 
-    def _new_holder(
+    def _new_holder(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
         self,
         key: str,
         state: KeyState | None,
         client: Client,
         lease_ttl: int,
-        *,
         now: float,
         note: str | None,
     ) -> Holder:
         """Issue a grant on ``key`` (``state``: its state, ``None`` for a lock that keeps
         none): the token, the count, the journal's record, the client's view and the expiry
         index. The caller puts the holder in the key's entry."""
-        if lease_ttl > self.lease_noted:
-            self._note(lease_ttl, key)  # before the token: a failed write grants nothing
+        hooks = self.hooks
+        if lease_ttl > hooks.lease_noted:
+            self.raise_bound(lease_ttl, key)  # before the token: a failed write grants nothing
         token = self.new_token()
         self.counts.grants[False if state is None else state.is_sem] += 1
         expires_at = now + lease_ttl
         holder = Holder(token, key, client, lease_ttl, expires_at, since=now)
         if note is not None:
             holder.note = note
-        journal = self.journal
+        journal = hooks.journal
         if journal is not None:
             journal.buf.append(journal.grant_record(holder, state, client is self.detached, None))
         client.held.append(holder)
         client.n_held += 1
-        index = self._leases  # index.add, inlined: the hot path
+        index = self.leases  # index.add, inlined: the hot path
         run = index.by_ttl.get(lease_ttl)
         if run is None:
             run = index.by_ttl[lease_ttl] = LeaseRun()
@@ -310,7 +313,7 @@ class TableCore:
             index.compact()
         return holder
 
-    def _unqueue(self, waiter: Waiter, now: float) -> None:
+    def unqueue(self, waiter: Waiter, now: float) -> None:
         if not waiter.active:
             return
         waiter.active = False
@@ -323,8 +326,8 @@ class TableCore:
             if len(items) - head > COMPACT_MIN and len(items) - head > 2 * state.n_waiting:
                 queue.items = [w for w in items[head:] if w.active]
                 queue.head = 0
-        self._fill(state, now)
-        self._idle.note(self.keys, state)
+        self.fill(state, now)
+        self.idle.note(self.keys, state)
 
     def free_holder(
         self, holder: Holder, state: KeyState | None, now: float, why: list[int]
@@ -337,11 +340,13 @@ class TableCore:
         (``counts.releases``, ``counts.forced``, ``counts.expiries``,
         ``counts.lost_by_disconnect``), indexed by kind. Release ``holder`` from ``state``
         (``None``: the holder is the key's entry, and stays it, released, as the idle key's);
-        the caller hands the slot on (``_fill``). (``holds.HoldTable._move`` rebinds a grant
-        and frees nothing.)"""
+        the caller hands the slot on (``fill``). (``move`` rebinds a grant and frees
+        nothing.) Whatever keeps a grant alive (its connection, a session's end, a detached
+        hold, a take-over's ``<onclose>`` lease, a restored grant awaiting its holder), it ends
+        here, and only here."""
         why[0 if state is None else state.is_sem] += 1
         holder.live = False
-        journal = self.journal
+        journal = self.hooks.journal
         if journal is not None:
             journal.buf.append(drop_record(holder.token))
         client = holder.client
@@ -351,7 +356,7 @@ class TableCore:
             held.pop()
         if len(held) > 2 * client.n_held + CLIENT_COMPACT_MIN:
             client.held = [h for h in held if h.live]
-        index = self._leases
+        index = self.leases
         run = index.by_ttl.get(holder.lease_ttl)
         if run is not None:
             # Stale entries at the back (the latest grants, released): dropped at once, so
@@ -364,7 +369,7 @@ class TableCore:
         if state is None:
             holder.expires_at = now  # released: when the key went idle (see Holder)
             holder.token = ""  # nothing reads a released holder's token: the idle key's is freed
-            self._idle.log(self.keys, holder, now)
+            self.idle.log(self.keys, holder, now)
             return
         if state.one is holder:
             state.one = None
@@ -376,24 +381,24 @@ class TableCore:
         if not state.n_held:
             state.earliest = math.inf
             if not state.n_waiting:
-                self._idle.note(self.keys, state)
+                self.idle.note(self.keys, state)
 
-    def _held_alone(self, key: str) -> bool:
-        """Whether ``key`` is a held lock nobody waits for (after ``_grant_bare`` found it
+    def held_alone(self, key: str) -> bool:
+        """Whether ``key`` is a held lock nobody waits for (after ``grant_bare`` found it
         busy: it expired a run-out one)."""
         entry = self.keys.get(key)
         return isinstance(entry, Holder) and entry.live
 
-    def _state_of(self, holder: Holder) -> KeyState | None:
+    def state_of(self, holder: Holder) -> KeyState | None:
         """The state that holds the live ``holder`` (``None``: it is its key's entry)."""
         entry = self.keys[holder.key]
         return entry if isinstance(entry, KeyState) else None
 
-    def _expire_bare(self, holder: Holder, now: float) -> None:
+    def expire_bare(self, holder: Holder, now: float) -> None:
         """The live ``holder``, its key's entry, has run out."""
         self.free_holder(holder, None, now, self.counts.expiries)
 
-    def _check(self, state: KeyState, now: float) -> int:
+    def check(self, state: KeyState, now: float) -> int:
         """Expire the key's run-out leases and hand their slots on; returns how many."""
         if now < state.earliest:
             return 0
@@ -413,18 +418,18 @@ class TableCore:
             state.earliest = (
                 min((h.expires_at for h in many.values()), default=math.inf) if many else math.inf
             )
-        self._fill(state, now)
+        self.fill(state, now)
         return len(gone)
 
-    def _fill(self, state: KeyState, now: float) -> None:
+    def fill(self, state: KeyState, now: float) -> None:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
         if queue is None or self.in_grace:
             return
-        journal = self.journal
+        journal = self.hooks.journal
         if journal is not None and not journal.writable:
             return  # no grant the journal cannot hold: they wait for it (``fill_waiting``)
-        check = self.grant_check
+        check = self.hooks.grant_check
         if check is not None and check(state.key) is not None:
             return
         items = queue.items
@@ -435,26 +440,112 @@ class TableCore:
                 continue
             # Grant first: if no token can be issued the waiter stays at the head of the queue.
             if waiter.note is None:
-                waiter.holder = self._grant(state, waiter.client, waiter.lease_ttl, now)
+                waiter.holder = self.grant(state, waiter.client, waiter.lease_ttl, now)
             else:  # a hold (hl)
                 owner = self.detached if waiter.detached else waiter.client
-                waiter.holder = self._grant(state, owner, waiter.lease_ttl, now, waiter.note)
+                waiter.holder = self.grant(state, owner, waiter.lease_ttl, now, waiter.note)
             queue.head += 1
             waiter.active = False
             state.n_waiting -= 1
             waiter.client.waiting.discard(waiter)
             if waiter.wake is not None:
-                self._wakes.append(waiter)
+                self.wakes.append(waiter)
         if not state.n_waiting:
             state.queue = None  # only given-up waiters left, if any: drop them with the list
         elif queue.head > COMPACT_MIN and 2 * queue.head > len(items):
             del items[: queue.head]  # the taken front, cut off once it is half the list
             queue.head = 0
 
-    def _flush(self) -> None:
-        while self._wakes:
-            wakes = self._wakes
-            self._wakes = []
+    def flush(self) -> None:
+        while self.wakes:
+            wakes = self.wakes
+            self.wakes = []
             for waiter in wakes:
                 if waiter.wake is not None:
                     waiter.wake(waiter)
+
+    # ------------------------------------------------------------------ a grant's owner
+    def move(
+        self,
+        holder: Holder,
+        client: Client,
+        lease_ttl: int,
+        now: float,
+        on_close: int | None = None,
+    ) -> Holder:
+        """Rebind the grant ``holder`` to ``client`` with the lease ``lease_ttl`` from
+        ``now``: a new ``Holder`` (same token and note) takes its place, and the old one is
+        dropped from its client's view as a released one is (no count changes: nothing is
+        granted or released). ``on_close``: the lease it is detached with when ``client``
+        closes (recorded in the journal; the caller keeps it in ``client.on_close``)."""
+        old = holder.client
+        holder.live = False
+        old.n_held -= 1
+        held = old.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * old.n_held + CLIENT_COMPACT_MIN:
+            old.held = [h for h in held if h.live]
+        if old.on_close:
+            old.on_close.pop(holder, None)
+        state = self.state_of(holder)
+        expires_at = now + lease_ttl
+        moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at, since=holder.since)
+        moved.note = holder.note
+        journal = self.hooks.journal
+        if journal is not None:
+            moved.covered = journal.move(
+                holder.token,
+                detached=client is self.detached,
+                on_close=on_close,
+                lease_ttl=lease_ttl,
+                expires_at=expires_at,
+                note=moved.note,
+            )
+        if state is None:
+            self.keys[holder.key] = moved
+        elif state.limit == 1:
+            state.one = moved
+            state.earliest = expires_at
+            state.last_used = expires_at  # not read while held (see KeyState)
+        else:
+            assert state.many is not None
+            state.many[holder.token] = moved
+            state.earliest = min(h.expires_at for h in state.many.values())
+            state.last_used = expires_at
+        client.held.append(moved)
+        client.n_held += 1
+        self.leases.add(moved, expires_at, lease_ttl)
+        return moved
+
+    # ------------------------------------------------------------------ lookups
+    def holder_of(self, key: str, token: str) -> Holder | None:
+        """The live grant ``token`` holds on ``key`` (leases checked first), or ``None``."""
+        entry = self.keys.get(key)
+        if entry is None:
+            return None
+        return self.live_holder(entry, token, self.clock())
+
+    def live_holder(self, entry: Entry, token: str, now: float) -> Holder | None:
+        """The grant ``token`` holds on the key of ``entry`` once its leases due by ``now``
+        have run out (their waiters woken), or ``None``."""
+        if isinstance(entry, Holder):  # a lock nobody waits for
+            if not entry.live:
+                return None
+            if now >= entry.expires_at:
+                self.expire_bare(entry, now)
+                return None
+            return entry if entry.token == token else None
+        state = entry
+        if now >= state.earliest:
+            self.check(state, now)
+            self.flush()
+        holder = state.one
+        if holder is None or holder.token != token:
+            holder = state.many.get(token) if state.many else None
+        return holder
+
+    def is_lock_grant(self, holder: Holder) -> bool:
+        """Whether the live ``holder`` is the grant of a key of limit 1 (a lock's)."""
+        state = self.state_of(holder)
+        return state is None or state.one is holder
