@@ -1,36 +1,45 @@
 """The lock state machine shared by the sync and async clients (no I/O here).
 
 `LockCore` builds each request of one lock or semaphore object and interprets each reply,
-moving the lock from state to state. It stands on `HeldGrant` (`celery_dflock.client._grant`:
-what is known of the grant held, its lease, loss and reattaching), which stands on `KeyRoute`
-(`celery_dflock.client._router`: where the key's requests go, and how an acquire follows a
-cluster's redirects). The shells (`celery_dflock.client._async.lock` and the blocking twin
+moving the lock from state to state. It has a route (`KeyRoute`, `celery_dflock.client._router`:
+where the key's requests go, how an acquire follows a cluster's redirects) and a grant record
+(`HeldGrant`, `celery_dflock.client._grant`: the token, lease and deadlines of what it holds,
+and their arithmetic). The shells (`celery_dflock.client._async.lock` and the blocking twin
 generated from it) only move bytes and run the renewal thread / task around it, so the two
 faces cannot drift apart.
+
+A lock's lease (``lease_ttl_s``) is checked once, where the user gave it (`Client.lock`, the
+lock's constructor), and carried here as it is. None asks for the server's default: ``l``,
+``sl``, ``e``, ``se``, ``n`` and ``sn`` then name no lease, and ``hl`` / ``ht``, which always
+name one, take the default the server said in its ``hello`` (`ServerInfo.default_lease_ttl_s`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-import math
 import os
 import time
 from typing import Final
 
 from celery_dflock.client import _by_token, protocol, wire
-from celery_dflock.client._grant import HeldGrant, LockState
+from celery_dflock.client._grant import HeldGrant, LockState, RenewOutcome, redact
 from celery_dflock.client._refusals import refusal_error
-from celery_dflock.client._requests import checked_hold, checked_lock, checked_release
-from celery_dflock.client._router import ClusterRouter, KeyRoute
-from celery_dflock.client._servers import (
-    FEATURE_DURABLE,
-    FEATURE_HOLDS,
-    ServerInfo,
-    require_holds,
+from celery_dflock.client._requests import (
+    checked_enqueue,
+    checked_hold,
+    checked_lock,
+    checked_release,
+    checked_renew,
+    checked_sem_lock,
+    checked_take,
 )
-from celery_dflock.client._settings import ClientSettings, whole_seconds
+from celery_dflock.client._router import ClusterRouter, KeyRoute, NextTry
+from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
+from celery_dflock.client._settings import REPLY_GRACE_S, ClientSettings, Endpoint, whole_seconds
 from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
 from celery_dflock.client.protocol import (
+    Asked,
     Command,
     ErrorReply,
     Granted,
@@ -65,12 +74,16 @@ ACQUIRED: Final = EnqueueResult("acquired")
 QUEUED: Final = EnqueueResult("queued")
 
 
-class LockCore(HeldGrant):
+class LockCore:
     """State and decisions of one lock or semaphore object; every method is I/O free.
 
-    ``settings`` are taken as they are (checked once, where they were given); so are the
-    lock's own ``acquire_timeout_s`` and ``lease_ttl_s`` (whole seconds, checked by whoever
-    took them from the user). ``key`` and ``note`` are checked here."""
+    A core has a `KeyRoute` (`routing`: where the key's requests go, how an acquire follows a
+    cluster's redirects) and a `HeldGrant` (`grant`: the token, lease and deadlines of what it
+    holds); it keeps the lock's state (`state`, `lost`), builds its requests and reads their
+    replies. ``settings`` are taken as they are (checked once, where they were given); so are
+    the lock's own ``acquire_timeout_s`` and ``lease_ttl_s`` (whole seconds, checked by
+    whoever took them from the user; None: the server's default, which ``hello`` says).
+    ``key`` and ``note`` are checked here."""
 
     def __init__(
         self,
@@ -83,16 +96,169 @@ class LockCore(HeldGrant):
         router: ClusterRouter | None = None,
         note: str | None = None,
     ) -> None:
-        KeyRoute.__init__(self, key, limit, settings, acquire_timeout_s, router)
+        self.routing = KeyRoute(key, limit, settings, acquire_timeout_s, router)
+        self.grant = HeldGrant()
+        self.state = LockState.IDLE
+        self.lost = False
+        """The lock was lost while held (kept until the next grant)."""
+        self.holder: str | None = None
+        """After an acquire refused on a busy key: the holder's note (servers with holds)."""
+        self.busy = False
+        """The last acquire ended with ``timeout`` (the key stayed busy)."""
         self.lease_ttl_s = lease_ttl_s
         self.note = None if note is None else protocol.validate_note(note)
         """The owner note sent with each acquire (``hl ... c <note>``) to a server with holds."""
+
+    def __copy__(self) -> LockCore:
+        """A core of its own (its grant and route copied): what a release finished in the
+        background keeps while this one is reset and used again."""
+        twin = object.__new__(LockCore)
+        twin.__dict__.update(self.__dict__)
+        twin.routing = copy.copy(self.routing)
+        twin.grant = copy.copy(self.grant)
+        return twin
+
+    # ---------------------------------------------------------------- what it is (its route's)
+    @property
+    def key(self) -> str:
+        return self.routing.key
+
+    @property
+    def limit(self) -> int | None:
+        """A semaphore's slots (None: a plain lock)."""
+        return self.routing.limit
+
+    @property
+    def settings(self) -> ClientSettings:
+        return self.routing.settings
+
+    @property
+    def acquire_timeout_s(self) -> int:
+        return self.routing.acquire_timeout_s
+
+    @property
+    def router(self) -> ClusterRouter | None:
+        """Cluster routing: the map shared with the client (None: a server list)."""
+        return self.routing.router
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """Where the key's requests go now."""
+        return self.routing.endpoint
+
+    @property
+    def what(self) -> str:
+        """``lock 'key'`` or ``semaphore 'key' (limit N)``, for messages."""
+        return self.routing.what
+
+    @property
+    def handover(self) -> str | None:
+        """Why the last acquire was not acquired when a hand-over kept it from the key's
+        member until its time was up (None: it was not so)."""
+        return self.routing.handover
+
+    @property
+    def asking(self) -> bool:
+        """The next acquire request follows an ``error_ask``: ``asking`` first."""
+        return self.routing.asking
+
+    @asking.setter
+    def asking(self, value: bool) -> None:
+        self.routing.asking = value
+
+    @property
+    def ask_ticket(self) -> str | None:
+        return self.routing.ask_ticket
+
+    # ---------------------------------------------------------------- what it holds (its grant's)
+    @property
+    def token(self) -> str | None:
+        return self.grant.token
+
+    @property
+    def lease(self) -> int:
+        """The lease of the last grant, in seconds."""
+        return self.grant.lease
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing counter of the current token (None: none, or not a fencing server)."""
+        return self.grant.fence
+
+    @property
+    def broken(self) -> str | None:
+        """Why the held lock's connection went (None: it is fine)."""
+        return self.grant.broken
 
     def describe(self) -> str:
         """A repr body without the token."""
         return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}" + (
             ", lost" if self.lost else ""
         )
+
+    def foreign_process(self) -> bool:
+        """True when the lock was acquired by another process (we are a fork child)."""
+        return self.grant.foreign_process()
+
+    def locked(self) -> bool:
+        """Held (acquired, not released) by this object in this process."""
+        return self.state is LockState.HELD and not self.grant.foreign_process()
+
+    def owned(self) -> bool:
+        """`locked`, not lost, and the grant is known to be still held: its lease runs, and
+        on a session connection an answer came recently enough."""
+        return self.locked() and not self.lost and time.monotonic() < self.grant.hold_deadline()
+
+    def lease_left(self, now: float | None = None) -> float:
+        """Seconds the grant surely stays held (`HeldGrant.lease_left`)."""
+        return self.grant.lease_left(now)
+
+    def renew_interval(self) -> float:
+        """Seconds between renewals (the client's ``renew_ratio`` of the lease)."""
+        return self.grant.renew_interval(self.settings.renew_ratio)
+
+    def first_renewal_in(self) -> float:
+        """Seconds to the first renewal of a new grant."""
+        return self.grant.first_renewal_in(self.settings.renew_ratio)
+
+    @staticmethod
+    def reply_timeout(wait_s: int = 0) -> float:
+        """How long to wait for a reply when the server was asked to wait ``wait_s``."""
+        return wait_s + REPLY_GRACE_S
+
+    # ---------------------------------------------------------------- routing (its route's)
+    def route(self) -> bool:
+        """Cluster routing: aim at the key's node by the cached map (`KeyRoute.route`)."""
+        return self.routing.route()
+
+    def begin_acquire(self) -> None:
+        """An acquire (or enqueue) starts: its deadlines run from now."""
+        self.holder = None
+        self.busy = False
+        self.routing.begin_acquire()
+
+    def end_acquire(self) -> None:
+        self.routing.end_acquire()
+
+    redirected = staticmethod(KeyRoute.redirected)
+
+    def on_redirect(self, reply: Reply) -> NextTry | None:
+        """What an acquire does after ``error_moved`` / ``error_unavailable``."""
+        return self.routing.on_redirect(reply)
+
+    def on_ask(self, reply: Asked) -> NextTry | None:
+        """What an acquire does after ``error_ask``."""
+        return self.routing.on_ask(reply)
+
+    def on_ask_refused(self) -> float | None:
+        return self.routing.on_ask_refused()
+
+    def on_unreachable(self, exc: DflockError) -> float | None:
+        """The key's member could not be reached (`KeyRoute.on_unreachable`)."""
+        return self.routing.on_unreachable(exc)
+
+    def mismatch_error(self, reply: Reply, shards: dict[str, object] | None) -> DflockError:
+        return self.routing.mismatch_error(reply, shards)
 
     # ---------------------------------------------------------------- requests
     def _require_idle(self) -> None:
@@ -124,31 +290,32 @@ class LockCore(HeldGrant):
         """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout). A lock
         with a `note` sends ``hl ... c <note>`` instead to a ``server`` that has holds."""
         self._require_idle()
-        timeout = self.wait_seconds()
-        if self.limit is None:
-            if self.note is not None and server is not None and server.supports(FEATURE_HOLDS):
-                lease = self.hold_lease()
-                self.check_lease(server, lease)
-                # (the key, the note, the timeout and the lease were checked when this object
-                # was made: built without checking them again)
-                data = checked_hold(self.key, timeout, lease, self.note, detached=False)
-                return Command.HOLD, data, self.reply_timeout(timeout)
-            self.check_lease(server, self.lease_ttl_s)
-            data = checked_lock(self.key, timeout, self.lease_ttl_s)
-            return Command.LOCK, data, self.reply_timeout(timeout)
-        self.check_lease(server, self.lease_ttl_s)
-        data = protocol.encode_sem_lock(self.key, timeout, self.limit, self.lease_ttl_s)
-        return Command.SEM_LOCK, data, self.reply_timeout(timeout)
+        routing = self.routing
+        timeout = routing.wait_seconds()
+        lease = self.lease_ttl_s
+        self.check_lease(server, lease)
+        # (the key, the note, the timeout, the limit and the lease were checked when this
+        # object was made: built without checking them again)
+        limit = routing.limit
+        if limit is not None:
+            data = checked_sem_lock(routing.key, timeout, limit, lease)
+            return Command.SEM_LOCK, data, timeout + REPLY_GRACE_S
+        note = self.note
+        if note is not None and server is not None and server.supports(FEATURE_HOLDS):
+            hold_lease = lease if lease is not None else server.default_lease_ttl_s
+            if hold_lease is not None:  # (else a server that does not say it: `l`, no note)
+                data = checked_hold(routing.key, timeout, hold_lease, note, detached=False)
+                return Command.HOLD, data, timeout + REPLY_GRACE_S
+        data = checked_lock(routing.key, timeout, lease)
+        return Command.LOCK, data, timeout + REPLY_GRACE_S
 
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
         """``e`` / ``se``."""
         self._require_idle()
         self.check_lease(server, self.lease_ttl_s)
-        if self.limit is None:
-            data = protocol.encode_enqueue(self.key, self.lease_ttl_s)
-            return Command.ENQUEUE, data, self.reply_timeout()
-        data = protocol.encode_sem_enqueue(self.key, self.limit, self.lease_ttl_s)
-        return Command.SEM_ENQUEUE, data, self.reply_timeout()
+        data = checked_enqueue(self.key, self.limit, self.lease_ttl_s)
+        command = Command.ENQUEUE if self.limit is None else Command.SEM_ENQUEUE
+        return command, data, self.reply_timeout()
 
     def wait_request(self, timeout_s: float | None) -> Request:
         """``w`` / ``sw`` (the lock must be enqueued)."""
@@ -171,17 +338,16 @@ class LockCore(HeldGrant):
     def renew_request(self) -> Request:
         """``n`` / ``sn`` for the held token."""
         token = self._held_token()
-        if self.limit is None:
-            data = protocol.encode_renew(self.key, token, self.lease_ttl_s)
-            return Command.RENEW, data, self.renew_reply_timeout()
-        data = protocol.encode_sem_renew(self.key, token, self.lease_ttl_s)
-        return Command.SEM_RENEW, data, self.renew_reply_timeout()
+        semaphore = self.limit is not None
+        data = checked_renew(self.key, token, self.lease_ttl_s, semaphore=semaphore)
+        command = Command.SEM_RENEW if semaphore else Command.RENEW
+        return command, data, self.grant.renew_reply_timeout()
 
     def release_request(self) -> Request:
         """``r`` / ``sr`` for the held token."""
         token = self._held_token()
-        if self.limit is None:
-            data = checked_release(self.key, token)  # a token a grant reply matched
+        if self.routing.limit is None:
+            data = checked_release(self.routing.key, token)  # a token a grant reply matched
             return Command.RELEASE, data, self.reply_timeout()
         data = protocol.encode_sem_release(self.key, token)
         return Command.SEM_RELEASE, data, self.reply_timeout()
@@ -193,16 +359,27 @@ class LockCore(HeldGrant):
         to the connection until `detach_token_request` (`HoldsUnsupported` unless ``server``
         has holds)."""
         self._require_idle()
-        require_holds(server, self.endpoint.address, self.what)
-        self.check_lease(server, self.hold_lease())
-        timeout = self.wait_seconds()
-        data = protocol.encode_hold(self.key, timeout, self.hold_lease(), note, detached=detached)
+        note = protocol.validate_note(note)  # (given here; the rest when this object was made)
+        lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
+        timeout = self.routing.wait_seconds()
+        data = checked_hold(self.key, timeout, lease, note, detached=detached)
         return Command.HOLD, data, self.reply_timeout(timeout)
 
-    def hold_lease(self) -> int:
-        """The lease ``hl`` asks for (it always names one): the lock's, else the protocol's
-        default."""
-        return wire.DEFAULT_LEASE_TTL_S if self.lease_ttl_s is None else self.lease_ttl_s
+    def hold_lease(self, server: ServerInfo) -> int:
+        """The lease ``hl`` and ``ht`` ask for (they always name one): the lock's, else the
+        default lease ``server`` said in its ``hello`` (the one place that default lives; a
+        server that does not say it needs the lock's own: `InvalidValueError`)."""
+        lease = self.lease_ttl_s
+        if lease is not None:
+            self.check_lease(server, lease)
+            return lease
+        if server.default_lease_ttl_s is not None:
+            return server.default_lease_ttl_s
+        raise InvalidValueError(
+            f"{self.what}: a hold names its lease, and server {self.endpoint.address} "
+            f"({server.describe()}) does not say its default lease in its hello: give the "
+            "lock a lease (lease_ttl_s=; in Celery lock_ttl or dflock_lock_ttl)"
+        )
 
     def take_over_note(self, note: str | None) -> str:
         """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`; a
@@ -223,9 +400,9 @@ class LockCore(HeldGrant):
         bound to this connection from now on (`HoldsUnsupported` unless ``server`` has
         holds)."""
         self._require_idle()
-        require_holds(server, self.endpoint.address, self.what)
-        self.check_lease(server, self.hold_lease())
-        data = protocol.encode_take(self.key, token, self.hold_lease(), on_close_lease, note)
+        token = protocol.validate_token(token)  # (given here; the note by `take_over_note`)
+        lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
+        data = checked_take(self.key, token, lease, on_close_lease, note)
         return Command.TAKE, data, self.reply_timeout()
 
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
@@ -250,30 +427,20 @@ class LockCore(HeldGrant):
         """
         if isinstance(reply, Granted):
             started = sent_at
-            if command in (Command.WAIT, Command.SEM_WAIT) and self.enqueued_at is not None:
+            enqueued_at = self.grant.enqueued_at
+            if command in (Command.WAIT, Command.SEM_WAIT) and enqueued_at is not None:
                 # The server grants a queued lock when it is freed, and its lease runs from
                 # then, possibly long before this `w` was sent; the reply still carries the
                 # whole lease. The earliest that can be is when we enqueued.
-                started = self.enqueued_at
+                started = enqueued_at
             self.state = LockState.HELD
-            self.token = reply.token
-            self.fencing = server is not None and server.fences
-            self.lease = reply.lease
             self.lost = False
-            self.pid = os.getpid()
-            self.lease_deadline = started + reply.lease
-            self.lease_latest_end = time.monotonic() + reply.lease
-            self.enqueued_at = None
-            self.session_ttl = None if server is None else server.session_ttl_s
-            self.session_deadline = math.inf
-            self.answered(sent_at)
-            self.durable = server is not None and server.supports(FEATURE_DURABLE)
-            self.server_down = False
+            self.grant.granted(reply.token, reply.lease, started, sent_at, server)
             return True
         if isinstance(reply, Queued):
             self.state = LockState.ENQUEUED
-            self.pid = os.getpid()
-            self.enqueued_at = sent_at
+            self.grant.pid = os.getpid()
+            self.grant.enqueued_at = sent_at
             return False
         self.reset()
         if isinstance(reply, TimedOut):
@@ -363,3 +530,101 @@ class LockCore(HeldGrant):
             limit=self.limit,
             lease_ttl_s=self.lease_ttl_s,
         )
+
+    # ---------------------------------------------------------------- renewing and reattaching
+    def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
+        """Interpret the reply to ``n``/``sn`` (on the pinned connection or, reattaching, on a
+        new one). ``error_draining``: the server is shutting down (to restart, it may keep the
+        lease): reattach. ``error``: the server no longer holds the grant: lost."""
+        grant = self.grant
+        if isinstance(reply, Renewed):
+            if grant.broken is not None:
+                logger.info(
+                    "dflock %s reattached to the lock server at %s (its connection had "
+                    "closed: %s); still held",
+                    self.what,
+                    self.endpoint.address,
+                    redact(grant.broken),
+                )
+            grant.renewed(reply.seconds_remaining, sent_at)
+            return RenewOutcome(renewed=True)
+        code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
+        if code == wire.STATUS_ERROR_DRAINING:
+            return RenewOutcome(
+                renewed=False, lost_reason="the server is shutting down", reattach=True
+            )
+        if code == wire.STATUS_ERROR and grant.broken is not None:
+            why = (
+                f"its connection closed ({grant.broken}), and the server refused the renewal "
+                "by token on a new connection (it released the lock with the connection, or "
+                "restarted without it, or the lease had expired)"
+            )
+        elif code == wire.STATUS_ERROR:
+            why = (
+                "the server refused the renewal (the lease had expired, or was released: "
+                "by its token, or by an operator's force release)"
+            )
+        else:
+            why = f"the server answered {code!r} to the renewal"
+        return RenewOutcome(renewed=False, lost_reason=why)
+
+    def connection_broke(self, detail: str) -> None:
+        """The held lock's connection closed or failed (``detail`` says how). The server may
+        still hold the grant (a restart that restored it from its journal, a connection cut
+        on the way, or without auto-release on disconnect): the lock is not lost until a
+        renewal by token on a new connection is refused or the lease runs out first."""
+        grant = self.grant
+        if grant.broken is None:
+            grant.reattach_failures = 0
+            logger.info(
+                "dflock %s: its connection to %s closed (%s); reattaching by token while the "
+                "lease runs (%.1f s left)",
+                self.what,
+                self.endpoint.address,
+                redact(detail),
+                max(0.0, grant.lease_left()),
+            )
+        grant.broken = detail
+
+    def refused(self) -> None:
+        """A reconnection after the lock's connection broke was refused (`HeldGrant.refused`)."""
+        self.grant.refused()
+
+    def reattach_endpoint(self, now: float | None = None) -> Endpoint:
+        """Where to reconnect: the lock's endpoint, its connect timeout cut to the lease left."""
+        return self.grant.reattach_endpoint(self.endpoint, now)
+
+    def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
+        """Seconds to pause before the next attempt to reach the server again (None: the
+        lease ran out; the caller `mark_unreachable`s): `HeldGrant.reattach_pause`."""
+        return self.grant.reattach_pause(detail, now)
+
+    def mark_unreachable(self) -> bool:
+        """The lease ran out before the server could be reached again after the lock's
+        connection broke: `mark_lost`; True the first time."""
+        return self.mark_lost(
+            f"its connection to the lock server at {self.endpoint.address} closed "
+            f"({self.grant.broken or 'unknown cause'}), and the server could not be reached "
+            "again before the lease ran out"
+        )
+
+    @staticmethod
+    def draining(reply: Reply) -> bool:
+        """True for ``error_draining``: the server is shutting down (a restart may keep the
+        lease); a request about a held grant is sent again on a new connection."""
+        return isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_DRAINING
+
+    def mark_lost(self, reason: str) -> bool:
+        """Record that the lock is lost; True the first time (the caller then notifies)."""
+        if self.lost or self.state is not LockState.HELD:
+            return False
+        self.lost = True
+        logger.warning(
+            "dflock %s on %s was lost: %s", self.what, self.endpoint.address, redact(reason)
+        )
+        return True
+
+    def reset(self) -> None:
+        """Back to IDLE (after a release, a timeout, a refusal or a fork)."""
+        self.state = LockState.IDLE
+        self.grant.reset()

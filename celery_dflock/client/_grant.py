@@ -1,15 +1,15 @@
 """What one lock object knows of the grant it holds (no I/O here): its token and fence, the
-lease and how long it surely runs, when to renew, whether the lock was lost, and reattaching
-after the held connection broke (reconnect, renew by token, while the lease runs).
+lease and how long it surely runs, when to renew, and the bookkeeping of reattaching after the
+held connection broke (reconnect, renew by token, while the lease runs).
 
-`HeldGrant` is the middle of `LockCore`: below it `KeyRoute` (where requests go), above it the
-requests and the replies that move a lock from state to state.
+`HeldGrant` is a record a `celery_dflock.client._core.LockCore` has (``core.grant``): the
+lock's state machine decides, reads the replies and logs; the grant keeps the figures and does
+their arithmetic.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
 import math
 import os
 import re
@@ -17,17 +17,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Final
 
-from celery_dflock.client import protocol, wire
-from celery_dflock.client._router import KeyRoute
+from celery_dflock.client import protocol
+from celery_dflock.client._servers import FEATURE_DURABLE, ServerInfo
 from celery_dflock.client._settings import (
     MAX_RENEW_INTERVAL_S,
     MIN_RENEW_INTERVAL_S,
     REPLY_GRACE_S,
     Endpoint,
 )
-from celery_dflock.client.protocol import ErrorReply, Renewed, Reply
-
-logger: Final = logging.getLogger("celery_dflock.client")
 
 CLOSED_BY_SERVER: Final = (
     "the server closed it: restarted, shutting down, a network cut or an idle timeout"
@@ -78,16 +75,15 @@ class RenewOutcome:
     reattach: bool = False
 
 
-class HeldGrant(KeyRoute):
-    """One lock object's grant, as far as this process knows: state, token, lease, loss."""
+class HeldGrant:
+    """One lock object's grant, as far as this process knows: token, lease, deadlines,
+    reattaching (the lock's `LockCore` has one; `reset` empties it)."""
 
-    # A new lock object is IDLE: these class-level values (immutable) are each lock's until
-    # it sets its own.
-    state: LockState = LockState.IDLE
+    # A new lock holds nothing: these class-level values (immutable) are each grant's until
+    # it sets its own (so making one costs no more than an empty object).
     token: str | None = None
     fencing: bool = False  # the server that granted `token` issues fencing tokens
     lease: int = 0
-    lost: bool = False
     pid: int | None = None
     # time.monotonic() until which the lease surely runs, and by which it surely ends
     lease_deadline: float = 0.0
@@ -111,11 +107,6 @@ class HeldGrant(KeyRoute):
     reattach_failures: int = 0
     broken: str | None = None
 
-    @property
-    def renew_ratio(self) -> float:
-        """Renew at this fraction of the lease (the client's setting)."""
-        return self.settings.renew_ratio
-
     # ---------------------------------------------------------------- views
     @property
     def fence(self) -> int | None:
@@ -129,19 +120,48 @@ class HeldGrant(KeyRoute):
         """True when the lock was acquired by another process (we are a fork child)."""
         return self.pid is not None and self.pid != os.getpid()
 
-    def locked(self) -> bool:
-        """Held (acquired, not released) by this object in this process."""
-        return self.state is LockState.HELD and not self.foreign_process()
-
-    def owned(self) -> bool:
-        """`locked`, not lost, and the grant is known to be still held: its lease runs, and
-        on a session connection an answer came recently enough (`session_deadline`)."""
-        return self.locked() and not self.lost and time.monotonic() < self.hold_deadline()
-
     def hold_deadline(self) -> float:
         """The time.monotonic() until which the grant is surely held: the lease's end, or on a
         session connection the session's deadline if sooner."""
         return min(self.lease_deadline, self.session_deadline)
+
+    def lease_left(self, now: float | None = None) -> float:
+        """Seconds the grant surely stays held (from when the last accepted grant or renewal
+        was sent; never more than the lease, nor, on a session connection, than the session's
+        deadline unless the server was found not running: `server_down`). Once it is out, a
+        lock whose connection broke is lost."""
+        deadline = self.lease_deadline if self.server_down else self.hold_deadline()
+        return deadline - (time.monotonic() if now is None else now)
+
+    # ---------------------------------------------------------------- changes
+    def granted(
+        self, token: str, lease: int, started: float, sent_at: float, server: ServerInfo | None
+    ) -> None:
+        """The server granted ``token`` with a ``lease`` that runs from ``started`` at the
+        earliest (the request's send time, ``sent_at``, or for a queued grant when it was
+        queued); ``server``: what it said to ``hello``."""
+        self.token = token
+        self.fencing = server is not None and server.fences
+        self.lease = lease
+        self.pid = os.getpid()
+        self.lease_deadline = started + lease
+        self.lease_latest_end = time.monotonic() + lease
+        self.enqueued_at = None
+        self.session_ttl = None if server is None else server.session_ttl_s
+        self.session_deadline = math.inf
+        self.answered(sent_at)
+        self.durable = server is not None and server.supports(FEATURE_DURABLE)
+        self.server_down = False
+
+    def renewed(self, seconds_remaining: int, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` was answered: the lease runs ``seconds_remaining``
+        more; the connection is whole again."""
+        self.lease_deadline = sent_at + seconds_remaining
+        self.lease_latest_end = time.monotonic() + seconds_remaining
+        self.answered(sent_at)
+        self.server_down = False
+        self.broken = None
+        self.reattach_failures = 0
 
     def answered(self, sent_at: float) -> None:
         """The server answered a request about the grant that was sent at ``sent_at`` (on a
@@ -149,28 +169,47 @@ class HeldGrant(KeyRoute):
         if self.session_ttl is not None:
             self.session_deadline = sent_at + self.session_ttl - SESSION_MARGIN_S
 
-    def renew_interval(self) -> float:
+    def refused(self) -> None:
+        """A reconnection after the lock's connection broke was refused (nobody listens at the
+        server's address): on a server with a lease journal, nothing frees the grant before
+        its lease ends (a restart restores it), so only the lease's end makes the lock lost."""
+        if self.durable:
+            self.server_down = True
+
+    def reset(self) -> None:
+        """Nothing held (after a release, a timeout, a refusal or a fork); the last `lease`
+        and whether its server fenced are kept, for a caller that asks afterwards."""
+        self.token = None
+        self.pid = None
+        self.lease_deadline = 0.0
+        self.lease_latest_end = 0.0
+        self.enqueued_at = None
+        self.broken = None
+        self.reattach_failures = 0
+        self.session_ttl = None
+        self.session_deadline = math.inf
+        self.durable = False
+        self.server_down = False
+
+    # ---------------------------------------------------------------- timing
+    def renew_interval(self, renew_ratio: float) -> float:
         """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout,
         and on a session connection at most a third of the session time (the keepalive)."""
-        interval = self.lease * self.renew_ratio
+        interval = self.lease * renew_ratio
         if self.session_ttl is not None:
             interval = min(interval, self.session_ttl / SESSION_KEEPALIVES)
         return max(MIN_RENEW_INTERVAL_S, min(interval, MAX_RENEW_INTERVAL_S))
 
-    def first_renewal_in(self) -> float:
+    def first_renewal_in(self, renew_ratio: float) -> float:
         """Seconds to the first renewal of a new grant: at the usual point of the lease, as
         far as the client knows where the lease stands (a grant collected by ``w`` may have
         started when the lock was freed, before the ``w`` was sent)."""
-        interval = self.renew_interval()
+        interval = self.renew_interval(renew_ratio)
         now = time.monotonic()
         if self.session_deadline - now < 2 * interval:
             return 0.0  # a grant that waited: confirm it at once
         remaining = self.lease_deadline - now
         return max(0.0, min(interval, remaining - (self.lease - interval)))
-
-    def reply_timeout(self, wait_s: int = 0) -> float:
-        """How long to wait for a reply when the server was asked to wait ``wait_s``."""
-        return wait_s + REPLY_GRACE_S
 
     def renew_reply_timeout(self) -> float:
         """A renewal answered after the lease surely ran out is useless: wait at most that
@@ -185,91 +224,19 @@ class HeldGrant(KeyRoute):
             end = min(end, self.session_deadline)
         return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, end - now))
 
-    # ---------------------------------------------------------------- renewing and reattaching
-    def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
-        """Interpret the reply to ``n``/``sn`` (on the pinned connection or, reattaching, on a
-        new one). ``error_draining``: the server is shutting down (to restart, it may keep the
-        lease): reattach. ``error``: the server no longer holds the grant: lost."""
-        if isinstance(reply, Renewed):
-            self.lease_deadline = sent_at + reply.seconds_remaining
-            self.lease_latest_end = time.monotonic() + reply.seconds_remaining
-            self.answered(sent_at)
-            self.server_down = False
-            if self.broken is not None:
-                logger.info(
-                    "dflock %s reattached to the lock server at %s (its connection had "
-                    "closed: %s); still held",
-                    self.what,
-                    self.endpoint.address,
-                    redact(self.broken),
-                )
-            self.broken = None
-            self.reattach_failures = 0
-            return RenewOutcome(renewed=True)
-        code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
-        if code == wire.STATUS_ERROR_DRAINING:
-            return RenewOutcome(
-                renewed=False, lost_reason="the server is shutting down", reattach=True
-            )
-        if code == wire.STATUS_ERROR and self.broken is not None:
-            why = (
-                f"its connection closed ({self.broken}), and the server refused the renewal "
-                "by token on a new connection (it released the lock with the connection, or "
-                "restarted without it, or the lease had expired)"
-            )
-        elif code == wire.STATUS_ERROR:
-            why = (
-                "the server refused the renewal (the lease had expired, or was released: "
-                "by its token, or by an operator's force release)"
-            )
-        else:
-            why = f"the server answered {code!r} to the renewal"
-        return RenewOutcome(renewed=False, lost_reason=why)
-
-    def connection_broke(self, detail: str) -> None:
-        """The held lock's connection closed or failed (``detail`` says how). The server may
-        still hold the grant (a restart that restored it from its journal, a connection cut
-        on the way, or without auto-release on disconnect): the lock is not lost until a
-        renewal by token on a new connection is refused or the lease runs out first."""
-        if self.broken is None:
-            self.reattach_failures = 0
-            logger.info(
-                "dflock %s: its connection to %s closed (%s); reattaching by token while the "
-                "lease runs (%.1f s left)",
-                self.what,
-                self.endpoint.address,
-                redact(detail),
-                max(0.0, self.lease_left()),
-            )
-        self.broken = detail
-
-    def lease_left(self, now: float | None = None) -> float:
-        """Seconds the grant surely stays held (from when the last accepted grant or renewal
-        was sent; never more than the lease, nor, on a session connection, than the session's
-        deadline unless the server was found not running: `server_down`). Once it is out, a
-        lock whose connection broke is lost."""
-        deadline = self.lease_deadline if self.server_down else self.hold_deadline()
-        return deadline - (time.monotonic() if now is None else now)
-
-    def refused(self) -> None:
-        """A reconnection after the lock's connection broke was refused (nobody listens at the
-        server's address): on a server with a lease journal, nothing frees the grant before
-        its lease ends (a restart restores it), so only the lease's end makes the lock lost."""
-        if self.durable:
-            self.server_down = True
-
-    def reattach_endpoint(self, now: float | None = None) -> Endpoint:
-        """Where to reconnect: the lock's endpoint, its connect timeout cut to the lease left
-        (a connection made after the lease ran out could not save the lock)."""
+    # ---------------------------------------------------------------- reattaching
+    def reattach_endpoint(self, endpoint: Endpoint, now: float | None = None) -> Endpoint:
+        """Where to reconnect: ``endpoint`` (the lock's), its connect timeout cut to the lease
+        left (a connection made after the lease ran out could not save the lock)."""
         left = max(MIN_RENEW_INTERVAL_S, self.lease_left(now))
-        if left >= self.endpoint.connect_timeout_s:
-            return self.endpoint
-        return replace(self.endpoint, connect_timeout_s=left)
+        if left >= endpoint.connect_timeout_s:
+            return endpoint
+        return replace(endpoint, connect_timeout_s=left)
 
     def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
         """An attempt to reach the server again failed (``detail``): seconds to pause before
         the next, doubling from `REATTACH_FIRST_PAUSE_S` to `REATTACH_MAX_PAUSE_S` and never
-        past the lease; None when the lease has run out (the caller `mark_unreachable`s)."""
+        past the lease; None when the lease has run out (the caller marks the lock lost)."""
         self.broken = detail
         left = self.lease_left(now)
         if left <= 0:
@@ -277,43 +244,3 @@ class HeldGrant(KeyRoute):
         pause = min(REATTACH_FIRST_PAUSE_S * 2**self.reattach_failures, REATTACH_MAX_PAUSE_S)
         self.reattach_failures += 1
         return min(pause, left)
-
-    def mark_unreachable(self) -> bool:
-        """The lease ran out before the server could be reached again after the lock's
-        connection broke: `mark_lost`; True the first time."""
-        return self.mark_lost(
-            f"its connection to the lock server at {self.endpoint.address} closed "
-            f"({self.broken or 'unknown cause'}), and the server could not be reached again "
-            "before the lease ran out"
-        )
-
-    @staticmethod
-    def draining(reply: Reply) -> bool:
-        """True for ``error_draining``: the server is shutting down (a restart may keep the
-        lease); a request about a held grant is sent again on a new connection."""
-        return isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_DRAINING
-
-    def mark_lost(self, reason: str) -> bool:
-        """Record that the lock is lost; True the first time (the caller then notifies)."""
-        if self.lost or self.state is not LockState.HELD:
-            return False
-        self.lost = True
-        logger.warning(
-            "dflock %s on %s was lost: %s", self.what, self.endpoint.address, redact(reason)
-        )
-        return True
-
-    def reset(self) -> None:
-        """Back to IDLE (after a release, a timeout, a refusal or a fork)."""
-        self.state = LockState.IDLE
-        self.token = None
-        self.pid = None
-        self.lease_deadline = 0.0
-        self.lease_latest_end = 0.0
-        self.enqueued_at = None
-        self.broken = None
-        self.reattach_failures = 0
-        self.session_ttl = None
-        self.session_deadline = math.inf
-        self.durable = False
-        self.server_down = False

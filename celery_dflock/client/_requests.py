@@ -157,11 +157,12 @@ def _request(command: Command, key: str, argument: str) -> bytes:
     return f"{command}\n{key}\n{argument}\n".encode()
 
 
-# ------------------------------------------------------------ the requests of every acquire
-# A lock object's own key, note, timeout and lease are checked once, when it is made (see
-# `celery_dflock.client._core.LockCore`), and its token is one a grant reply matched: these
-# build its acquire and release from such parts without checking them again (every run of a
-# locked task sends one of each). The `encode_*` functions below check, then build with them.
+# ------------------------------------------------------------ the requests of a lock object
+# A lock object's own key, note, timeout, limit and lease are checked once, when it is made
+# (see `celery_dflock.client._core.LockCore`), and its token is one a grant reply matched:
+# these build its requests from such parts without checking them again (every run of a locked
+# task sends an acquire and a release). The `encode_*` functions below check, then build with
+# them, so each request's bytes are spelled in one place.
 
 
 _LOCK: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d\n"
@@ -188,6 +189,34 @@ def checked_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached:
 def checked_release(key: str, token: str) -> bytes:
     """``r`` of parts already checked."""
     return _RELEASE % (key.encode(), token.encode())
+
+
+def _checked_lease(lease_s: int | None) -> str:
+    return "" if lease_s is None else f" {lease_s}"
+
+
+def checked_sem_lock(key: str, timeout_s: int, limit: int, lease_s: int | None) -> bytes:
+    """``sl`` of parts already checked."""
+    return _request(Command.SEM_LOCK, key, f"{timeout_s} {limit}{_checked_lease(lease_s)}")
+
+
+def checked_enqueue(key: str, limit: int | None, lease_s: int | None) -> bytes:
+    """``e`` (``limit`` None) or ``se`` of parts already checked."""
+    if limit is None:
+        return _request(Command.ENQUEUE, key, _checked_lease(lease_s).lstrip())
+    return _request(Command.SEM_ENQUEUE, key, f"{limit}{_checked_lease(lease_s)}")
+
+
+def checked_renew(key: str, token: str, lease_s: int | None, *, semaphore: bool) -> bytes:
+    """``n`` (``sn`` for a ``semaphore``) of parts already checked."""
+    command = Command.SEM_RENEW if semaphore else Command.RENEW
+    return _request(command, key, token + _checked_lease(lease_s))
+
+
+def checked_take(key: str, token: str, lease_s: int, on_close_s: int | None, note: str) -> bytes:
+    """``ht`` of parts already checked."""
+    on_close = wire.ON_CLOSE_RELEASE if on_close_s is None else str(on_close_s)
+    return _request(Command.TAKE, key, f"{token} {lease_s} {on_close} {note}")
 
 
 # ------------------------------------------------------------------------------- encoders
@@ -222,16 +251,12 @@ def encode_take(key: str, token: str, lease_s: int, on_close_s: int | None, note
     """``ht``: bind the detached grant ``token`` holds on ``key`` to this connection, with a
     lease of ``lease_s`` and the owner note ``note``; when the connection closes the grant is
     released (``on_close_s`` None: ``r``) or detached again with a lease of ``on_close_s``."""
-    on_close = (
-        wire.ON_CLOSE_RELEASE
-        if on_close_s is None
-        else _number("on_close_lease", on_close_s, minimum=1)
-    )
-    argument = (
-        f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)} {on_close} "
-        f"{validate_note(note)}"
-    )
-    return _request(Command.TAKE, validate_key(key), argument)
+    if on_close_s is not None:
+        _number("on_close_lease", on_close_s, minimum=1)
+    validate_token(token)
+    _number("lease_s", lease_s, minimum=1)
+    validate_note(note)
+    return checked_take(validate_key(key), token, lease_s, on_close_s, note)
 
 
 def encode_hand_down(key: str, token: str, lease_s: int) -> bytes:
@@ -243,9 +268,10 @@ def encode_hand_down(key: str, token: str, lease_s: int) -> bytes:
 
 def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
     """``n``: extend the lease of ``token`` to now + ``lease_s`` (default: the server's)."""
-    return _request(
-        Command.RENEW, validate_key(key), validate_token(token) + _lease_suffix(lease_s)
-    )
+    validate_key(key)
+    validate_token(token)
+    _lease_suffix(lease_s)
+    return checked_renew(key, token, lease_s, semaphore=False)
 
 
 def encode_release(key: str, token: str) -> bytes:
@@ -264,7 +290,9 @@ def encode_force_release(key: str, note: str | None = None) -> bytes:
 
 def encode_enqueue(key: str, lease_s: int | None = None) -> bytes:
     """``e``: join ``key``'s queue without blocking (two-phase step 1)."""
-    return _request(Command.ENQUEUE, validate_key(key), _lease_suffix(lease_s).lstrip())
+    validate_key(key)
+    _lease_suffix(lease_s)
+    return checked_enqueue(key, None, lease_s)
 
 
 def encode_wait(key: str, timeout_s: int) -> bytes:
@@ -274,14 +302,17 @@ def encode_wait(key: str, timeout_s: int) -> bytes:
 
 def encode_sem_lock(key: str, timeout_s: int, limit: int, lease_s: int | None = None) -> bytes:
     """``sl``: take one of ``limit`` slots of semaphore ``key``."""
-    argument = f"{_timeout(timeout_s)} {_limit(limit)}{_lease_suffix(lease_s)}"
-    return _request(Command.SEM_LOCK, validate_key(key), argument)
+    _timeout(timeout_s)
+    _limit(limit)
+    _lease_suffix(lease_s)
+    return checked_sem_lock(validate_key(key), timeout_s, limit, lease_s)
 
 
 def encode_sem_enqueue(key: str, limit: int, lease_s: int | None = None) -> bytes:
     """``se``: join semaphore ``key``'s queue without blocking."""
-    argument = f"{_limit(limit)}{_lease_suffix(lease_s)}"
-    return _request(Command.SEM_ENQUEUE, validate_key(key), argument)
+    _limit(limit)
+    _lease_suffix(lease_s)
+    return checked_enqueue(validate_key(key), limit, lease_s)
 
 
 def encode_sem_wait(key: str, timeout_s: int) -> bytes:
@@ -291,9 +322,10 @@ def encode_sem_wait(key: str, timeout_s: int) -> bytes:
 
 def encode_sem_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
     """``sn``: extend a semaphore slot's lease."""
-    return _request(
-        Command.SEM_RENEW, validate_key(key), validate_token(token) + _lease_suffix(lease_s)
-    )
+    validate_key(key)
+    validate_token(token)
+    _lease_suffix(lease_s)
+    return checked_renew(key, token, lease_s, semaphore=True)
 
 
 def encode_sem_release(key: str, token: str) -> bytes:

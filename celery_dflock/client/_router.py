@@ -1,9 +1,9 @@
 """Where a lock's requests go: the server list's shard, or a cluster's map and its redirect
 rule (no I/O here).
 
-`ClusterRouter` is one client's cached cluster map, shared by its locks. `KeyRoute` is the
-routing half of every `LockCore`: the key's server, and how one acquire follows a cluster's
-redirects (``error_moved``, ``error_ask``, ``error_unavailable``, a member that cannot be
+`ClusterRouter` is one client's cached cluster map, shared by its locks. `KeyRoute` is one
+lock's route (every `LockCore` has one): the key's server, and how one acquire follows a
+cluster's redirects (``error_moved``, ``error_ask``, ``error_unavailable``, a member that cannot be
 reached), pausing and reading the map again by one rule.
 """
 
@@ -143,8 +143,8 @@ class ClusterRouter:
 
 
 class KeyRoute:
-    """Where one lock's requests go, and how its acquires follow a cluster's redirects: the
-    routing half of `LockCore` (every method is I/O free)."""
+    """Where one lock's requests go, and how its acquires follow a cluster's redirects (a
+    `LockCore` has one, as ``core.routing``; every method is I/O free)."""
 
     def __init__(
         self,
@@ -168,10 +168,6 @@ class KeyRoute:
         else:
             index = select_server(self.key, servers, settings.sharding_strategy)  # pyright: ignore[reportArgumentType]
         self.endpoint = settings.server_endpoint(index)
-        self.holder: str | None = None
-        """After an acquire refused on a busy key: the holder's note (servers with holds)."""
-        self.busy = False
-        """The last acquire ended with ``timeout`` (the key stayed busy)."""
         # One acquire's routing: its deadline (None: no acquire under way), the deadline of
         # following a hand-over (cluster routing: at least `HANDOVER_MIN_WAIT_S`), whether
         # it was redirected or paused yet, `error_moved` replies in a row, the last pause.
@@ -204,8 +200,6 @@ class KeyRoute:
         if self.router is not None:
             follow = max(follow, HANDOVER_MIN_WAIT_S)
         self.route_deadline = now + follow
-        self.holder = None
-        self.busy = False
         self.handover = None
         self.rerouted = False
         self.redirects = 0

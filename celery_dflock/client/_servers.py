@@ -57,6 +57,10 @@ class ServerInfo:
     max_lease_ttl_s: int | None = None
     """The longest lease the server grants (its ``--max-lease-ttl``), when ``hello`` says so;
     None: not known (another server), nothing is checked before asking."""
+    default_lease_ttl_s: int | None = None
+    """The lease the server grants a request that names none (its ``--default-lease-ttl``),
+    when ``hello`` says so: what ``hl`` / ``ht`` (which always name one) ask for a lock made
+    without a lease. None: not said (another server, or an older one)."""
     session_ttl_s: int | None = None
     """How long a session connection's grants outlive its close by the peer, when the server
     lists ``session`` (then every connection of this client to it is a session connection:
@@ -84,9 +88,9 @@ class ServerInfo:
         return f"{self.name} {self.version or '?'}"
 
 
-def require_holds(server: ServerInfo | None, where: str, what: str) -> None:
-    """Raise `HoldsUnsupported` unless ``server`` (at ``where``) listed ``holds`` in its
-    ``hello``; ``what`` is what needed them (``lock 'k'``)."""
+def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInfo:
+    """``server``, when it (at ``where``) listed ``holds`` in its ``hello``; else raise
+    `HoldsUnsupported` (``what`` is what needed them: ``lock 'k'``)."""
     if server is None or not server.supports(FEATURE_HOLDS):
         told = "a server that was not asked hello" if server is None else server.describe()
         raise HoldsUnsupported(
@@ -94,6 +98,7 @@ def require_holds(server: ServerInfo | None, where: str, what: str) -> None:
             "celery-dflock's dflockd-server (the 'holds' feature), which that server does not "
             "list in its hello; run the bundled `dflockd` there"
         )
+    return server
 
 
 def require_force_release(server: ServerInfo | None, where: str) -> None:
@@ -112,32 +117,29 @@ LEGACY_SERVER: Final = ServerInfo()
 """What is known of a server that answered ``hello`` with ``error``."""
 
 
+def _seconds(value: object) -> int | None:
+    """A whole number of seconds above 0 in ``hello``'s JSON, else None (not said)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
 def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
     """Interpret the reply to ``hello`` (raises for ``error_auth`` / ``error_draining``)."""
     if isinstance(reply, protocol.Hello):
         data = reply.data
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
-        max_lease = data.get("max_lease_ttl_s")
+        max_lease = _seconds(data.get("max_lease_ttl_s"))
         session_ttl = data.get("session_ttl_s")
         sessions = FEATURE_SESSION in listed
         return ServerInfo(
             name=str(name) if name is not None else "unnamed",
             version=None if version is None else str(version),
             features=frozenset(str(f) for f in listed),
-            max_lease_ttl_s=(
-                max_lease
-                if isinstance(max_lease, int) and not isinstance(max_lease, bool) and max_lease > 0
-                else None
-            ),
-            session_ttl_s=(
-                session_ttl
-                if sessions
-                and isinstance(session_ttl, int)
-                and not isinstance(session_ttl, bool)
-                and session_ttl > 0
-                else None
-            ),
+            max_lease_ttl_s=max_lease,
+            default_lease_ttl_s=_seconds(data.get("default_lease_ttl_s")),
+            session_ttl_s=_seconds(session_ttl) if sessions else None,
         )
     if isinstance(reply, ErrorReply):
         if reply.code == wire.STATUS_ERROR_AUTH:

@@ -9,7 +9,6 @@ from typing import Final
 
 # Where a server listens, and what it grants unless asked otherwise
 DEFAULT_PORT: Final = 6388
-DEFAULT_LEASE_TTL_S: Final = 33
 DEFAULT_MAX_LEASE_TTL_S: Final = 300
 DEFAULT_READ_TIMEOUT_S: Final = 23.0
 

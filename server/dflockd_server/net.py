@@ -208,6 +208,7 @@ class Server:
             durable=durable,
             grace_s=grace_s,
             max_lease_ttl_s=self.config.max_lease_ttl_s,
+            default_lease_ttl_s=self.config.default_lease_ttl_s,
             session_ttl_s=self.config.session_ttl_s,
             build=BUILD,
             loop=loop_name(self._loop) if self._loop is not None else "",

@@ -568,6 +568,7 @@ def reply_hello(
     durable: bool = False,
     grace_s: float = 0.0,
     max_lease_ttl_s: int | None = None,
+    default_lease_ttl_s: int | None = None,
     session_ttl_s: int = c.DEFAULT_SESSION_TTL_S,
     build: str = "",
     loop: str = "",
@@ -575,7 +576,9 @@ def reply_hello(
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
     adds that feature (a lease journal) and ``read_only`` (its ``error_read_only``),
     ``grace_s`` > 0 the restart grace still to run, ``max_lease_ttl_s`` the longest lease
-    granted (``--max-lease-ttl``), so a client refuses a longer one before asking;
+    granted (``--max-lease-ttl``), so a client refuses a longer one before asking,
+    ``default_lease_ttl_s`` the lease of a request that names none (``--default-lease-ttl``:
+    what a client's ``hl`` / ``ht``, which always name one, ask for a lock without its own);
     ``session_ttl_s``: how long a session connection's grants outlive its close by the peer
     (``--session-ttl``; 0: no sessions, ``session`` not listed); ``build`` (``compiled`` or
     ``pure``) and ``loop`` (``uvloop`` or ``asyncio``) what runs (``buildinfo``), for people
@@ -592,6 +595,8 @@ def reply_hello(
         body["loop"] = loop
     if max_lease_ttl_s is not None:
         body["max_lease_ttl_s"] = max_lease_ttl_s
+    if default_lease_ttl_s is not None:
+        body["default_lease_ttl_s"] = default_lease_ttl_s
     if session_ttl_s > 0:
         body["session_ttl_s"] = session_ttl_s
     if grace_s > 0:

@@ -162,6 +162,28 @@ def test_a_lock_with_a_note_shows_it_and_learns_the_holders(dflock_server: Serve
         other.release()
 
 
+def test_a_lock_without_a_lease_holds_and_adopts_for_the_servers_default_lease(
+    dflock_server_factory: Any,
+) -> None:
+    """The lease default lives in the server (issue 53): its hello says it, and a lock with a
+    note made without a lease asks ``hl`` and ``ht`` (which always name a lease) for that
+    one: a server started with another default grants it, not the protocol's 33 s."""
+    server: ServerThread = dflock_server_factory(default_lease_ttl_s=10)
+    address = server.address
+    with Client([address]) as client:
+        with client.lock("q:d", note="run-1/host-a") as lock:
+            assert lock.lease == 10
+            entry = lock_entry(address, "q:d")
+            assert entry is not None and entry["owner"] == "run-1/host-a"
+        info = client.pool.server_info(*address)
+        assert info is not None and info.default_lease_ttl_s == 10
+        hold = client.hold("q:d2", note="t1", lease_ttl=30)
+        lock = client.lock("q:d2")
+        assert lock.adopt(hold.token, note="t1/host")
+        assert lock.lease == 10
+        assert lock.release()
+
+
 def test_adopt_takes_over_a_hold_as_if_acquired(dflock_server: ServerThread) -> None:
     address = dflock_server.address
     with Client([address]) as client:

@@ -60,7 +60,7 @@ async def test_tls_async(
 def _core(lease_ttl_s: int, renew_ratio: float = 0.5) -> LockCore:
     settings = ClientSettings.checked([("127.0.0.1", 1)], renew_ratio=renew_ratio)
     core = LockCore("k", settings, acquire_timeout_s=0, lease_ttl_s=lease_ttl_s)
-    core.lease = lease_ttl_s  # as the server would grant it
+    core.grant.lease = lease_ttl_s  # as the server would grant it
     return core
 
 

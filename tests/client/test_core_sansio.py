@@ -22,6 +22,7 @@ from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import (
     AuthError,
     DflockError,
+    InvalidValueError,
     LimitMismatchError,
     LockNotOwned,
     MaxLocksError,
@@ -76,14 +77,14 @@ def test_an_acquire_is_granted_renewed_and_released() -> None:
     assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 100.0, FENCING)
     core.end_acquire()
     assert (core.state, core.token, core.lease, core.fence) == (LockState.HELD, TOKEN, 33, 0xA1)
-    assert core.lease_deadline == 133.0 and core.locked()
+    assert core.grant.lease_deadline == 133.0 and core.locked()
     with pytest.raises(DflockError, match="already held"):
         core.acquire_request(FENCING)
 
     command, data, _ = core.renew_request()
     assert (command, data) == (Command.RENEW, f"n\njobs\n{TOKEN} 30\n".encode())
     outcome = core.on_renew_reply(reply(command, b"ok 30"), 110.0)
-    assert outcome.renewed and core.lease_deadline == 140.0
+    assert outcome.renewed and core.grant.lease_deadline == 140.0
 
     command, data, _ = core.release_request()
     assert (command, data) == (Command.RELEASE, f"r\njobs\n{TOKEN}\n".encode())
@@ -95,7 +96,9 @@ def test_a_locks_acquire_and_release_are_the_bytes_the_encoders_give() -> None:
     """A lock builds its own acquire and release from parts checked when it was made, without
     checking them again: the bytes are the public encoders' for the same parts (no lease, a
     lease, an owner note to a server with holds)."""
-    holds = ServerInfo("dflockd-server", "test", frozenset({wire.FEATURE_HOLDS}))
+    holds = ServerInfo(
+        "dflockd-server", "test", frozenset({wire.FEATURE_HOLDS}), default_lease_ttl_s=21
+    )
     for lease in (None, 30):
         core = make(lease_ttl_s=lease)
         core.begin_acquire()
@@ -103,17 +106,70 @@ def test_a_locks_acquire_and_release_are_the_bytes_the_encoders_give() -> None:
             Command.LOCK,
             protocol.encode_lock("jobs", 5, lease),
         )
+        assert core.enqueue_request(FENCING)[:2] == (
+            Command.ENQUEUE,
+            protocol.encode_enqueue("jobs", lease),
+        )
+        sem = make(limit=3, lease_ttl_s=lease)
+        sem.begin_acquire()
+        assert sem.acquire_request(FENCING)[:2] == (
+            Command.SEM_LOCK,
+            protocol.encode_sem_lock("jobs", 5, 3, lease),
+        )
+        assert sem.enqueue_request(FENCING)[:2] == (
+            Command.SEM_ENQUEUE,
+            protocol.encode_sem_enqueue("jobs", 3, lease),
+        )
+        granted(sem)
+        assert sem.renew_request()[:2] == (
+            Command.SEM_RENEW,
+            protocol.encode_sem_renew("jobs", TOKEN, lease),
+        )
     settings = ClientSettings.checked(SERVERS)
     noted = LockCore("jobs", settings, acquire_timeout_s=5, lease_ttl_s=None, note="t~1/w@h")
     noted.begin_acquire()
     command, data, _ = noted.acquire_request(holds)
-    lease = wire.DEFAULT_LEASE_TTL_S
-    assert (command, data) == (
+    assert (command, data) == (  # the lease the server's hello says is its default
         Command.HOLD,
-        protocol.encode_hold("jobs", 5, lease, "t~1/w@h", detached=False),
+        protocol.encode_hold("jobs", 5, 21, "t~1/w@h", detached=False),
     )
-    assert noted.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 1.0, holds)
+    assert noted.on_grant_reply(command, reply(command, f"ok {TOKEN} 21".encode()), 1.0, holds)
+    assert noted.renew_request()[:2] == (Command.RENEW, protocol.encode_renew("jobs", TOKEN))
     assert noted.release_request()[:2] == (Command.RELEASE, protocol.encode_release("jobs", TOKEN))
+
+
+def test_a_lock_without_a_lease_asks_for_the_servers_default_and_keeps_none_of_its_own() -> None:
+    """The lease default lives in one place, the server: a lock made without a lease names
+    none where the protocol lets it (``l``), and where it must name one (``hl``, ``ht``) asks
+    for the default the server said in ``hello``. A server with holds that does not say it
+    gets a plain ``l`` for an acquire (no owner note), and a hold or take-over that must
+    name a lease is refused before asking, naming the lock's lease to give."""
+    settings = ClientSettings.checked(SERVERS)
+    quiet = ServerInfo("dflockd-server", "old", frozenset({wire.FEATURE_HOLDS}))
+    noted = LockCore("jobs", settings, acquire_timeout_s=5, lease_ttl_s=None, note="t~1/w@h")
+    noted.begin_acquire()
+    assert noted.acquire_request(quiet)[:2] == (Command.LOCK, protocol.encode_lock("jobs", 5))
+    with pytest.raises(InvalidValueError, match="lease_ttl_s="):
+        noted.hold_request(quiet, "t~1/w@h")
+    with pytest.raises(InvalidValueError, match="does not say its default lease"):
+        noted.take_over_request(quiet, TOKEN, "t~1/w@h", None)
+    says = ServerInfo(
+        "dflockd-server", "new", frozenset({wire.FEATURE_HOLDS}), default_lease_ttl_s=40
+    )
+    assert noted.hold_request(says, "n~2")[:2] == (
+        Command.HOLD,
+        protocol.encode_hold("jobs", 5, 40, "n~2", detached=True),
+    )
+    assert noted.take_over_request(says, TOKEN, "n~2", 7)[:2] == (
+        Command.TAKE,
+        protocol.encode_take("jobs", TOKEN, 40, 7, "n~2"),
+    )
+    own = LockCore("jobs", settings, acquire_timeout_s=5, lease_ttl_s=12, note="t~1/w@h")
+    own.begin_acquire()
+    assert own.acquire_request(quiet)[:2] == (
+        Command.HOLD,
+        protocol.encode_hold("jobs", 5, 12, "t~1/w@h", detached=False),
+    )
 
 
 def test_the_locks_of_one_client_share_each_servers_endpoint() -> None:
@@ -152,7 +208,7 @@ def test_queued_then_granted_counts_the_lease_from_the_enqueue() -> None:
     assert (command, data, timeout) == (Command.WAIT, b"w\njobs\n3\n", 3 + REPLY_GRACE_S)
     assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 150.0, FENCING)
     # granted when freed, maybe long before this `w` was sent: the lease counts from the `e`
-    assert core.state is LockState.HELD and core.lease_deadline == 133.0
+    assert core.state is LockState.HELD and core.grant.lease_deadline == 133.0
 
 
 def test_a_timeout_is_not_held_and_a_busy_hold_names_its_holder() -> None:
@@ -161,7 +217,9 @@ def test_a_timeout_is_not_held_and_a_busy_hold_names_its_holder() -> None:
     command, _, _ = core.acquire_request(FENCING)
     assert not core.on_grant_reply(command, reply(command, b"timeout"), 1.0, FENCING)
     assert (core.state, core.busy, core.holder) == (LockState.IDLE, True, None)
-    holds = ServerInfo("dflockd-server", "test", frozenset({wire.FEATURE_HOLDS}))
+    holds = ServerInfo(
+        "dflockd-server", "test", frozenset({wire.FEATURE_HOLDS}), default_lease_ttl_s=33
+    )
     core.begin_acquire()
     command, data, _ = core.hold_request(holds, "me/1")
     assert (command, data) == (Command.HOLD, b"hl\njobs\n5 33 d me/1\n")
@@ -306,7 +364,7 @@ def test_cluster_routing_aims_at_the_maps_node_and_follows_moved_then_pauses_in_
     assert core.redirected(unavailable)
     step = core.on_redirect(unavailable)
     assert step is not None and step.reroute and not step.reread
-    assert core.wait_seconds() <= 5  # what is left of the acquire's time, never more
+    assert core.routing.wait_seconds() <= 5  # what is left of the acquire's time, never more
 
 
 def test_error_ask_sends_the_next_acquire_there_once_with_asking_first() -> None:
@@ -331,7 +389,7 @@ def test_a_hand_over_that_outlasts_the_acquire_says_so() -> None:
     settings, router = cluster("10.0.0.9:6388")
     core = make(settings=settings, router=router, acquire_timeout_s=0)
     core.begin_acquire()
-    core.route_deadline = time.monotonic() - 1  # its time (at least HANDOVER_MIN_WAIT_S) is up
+    core.routing.route_deadline = time.monotonic() - 1  # its time (>= HANDOVER_MIN_WAIT_S) is up
     command, _, _ = core.acquire_request(FENCING)
     assert core.on_redirect(reply(command, b"error_unavailable")) is None
     assert core.handover is not None and "hand-over" in core.handover
@@ -370,20 +428,20 @@ def test_a_grant_on_a_session_connection_counts_from_the_last_answered_send_time
     time, less a margin: never from a reply's arrival, never past the lease."""
     sent = time.monotonic() - 10.0  # the grant's request went 10 s ago, the session is 3 s
     core = held_on_sessions(sent)
-    assert core.session_deadline < sent + 3
+    assert core.grant.session_deadline < sent + 3
     assert not core.owned()  # a lease of 60 s does not say it is held: no answer for 10 s
     assert core.lease_left() <= 0  # a broken connection now: lost, not reattached
     assert core.first_renewal_in() == 0.0  # confirmed at once
     renewed_at = time.monotonic()
     outcome = core.on_renew_reply(reply(Command.RENEW, b"ok 60"), renewed_at)
     assert outcome.renewed and core.owned()
-    assert renewed_at + 2 < core.hold_deadline() < renewed_at + 3
+    assert renewed_at + 2 < core.grant.hold_deadline() < renewed_at + 3
 
 
 def test_a_session_connection_is_kept_fresh_by_renewals_a_third_of_the_session_time_apart() -> None:
     core = held_on_sessions(time.monotonic())
     assert core.renew_interval() <= 1.0
-    assert core.renew_reply_timeout() <= 3.0
+    assert core.grant.renew_reply_timeout() <= 3.0
 
 
 def test_a_server_found_not_running_frees_nothing_so_only_the_lease_makes_it_lost() -> None:
@@ -400,4 +458,4 @@ def test_without_sessions_the_lease_alone_says() -> None:
     core = make()
     granted = reply(Command.LOCK, f"ok {TOKEN} 60".encode())
     assert core.on_grant_reply(Command.LOCK, granted, time.monotonic() - 10.0, FENCING)
-    assert core.session_ttl is None and core.owned()
+    assert core.grant.session_ttl is None and core.owned()
