@@ -27,7 +27,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Final, Protocol, TypeVar
+from typing import Final, Protocol
 
 from celery_dflock.client._connection import AsyncConnection
 from celery_dflock.client._pooling import PoolBase as SharedPoolBase
@@ -53,8 +53,6 @@ OpLock = asyncio.Lock
 Event = asyncio.Event
 """The kind of the locks' ``lost_event``."""
 
-T = TypeVar("T")
-
 pause = asyncio.sleep
 """Wait before trying again (a cluster's ``error_unavailable``): the task sleeps."""
 
@@ -68,20 +66,20 @@ def background(work: Callable[[], Coroutine[object, object, None]], name: str) -
     return asyncio.get_running_loop().create_task(work(), name=name)
 
 
-async def call_back(callback: Callable[[T], object], arg: T) -> None:
-    """``callback(arg)``, awaited when it returns an awaitable (a coroutine function)."""
-    result = callback(arg)
+async def call_back(callback: Callable[[], object]) -> None:
+    """``callback()``, awaited when it returns an awaitable (a coroutine function's)."""
+    result = callback()
     if inspect.isawaitable(result):
         awaitable: Awaitable[object] = result
         await awaitable
 
 
 class Renewable(Protocol):
-    """What a driver needs of its lock (`celery_dflock.client._async.lock._AsyncLockBase`)."""
+    """What a driver needs of the lock's holding (`celery_dflock.client._async.held`)."""
 
     @property
-    def _conn(self) -> AsyncConnection | None: ...
-    async def _renew_guarded(self, scheduled: bool) -> bool | None: ...
+    def conn(self) -> AsyncConnection | None: ...
+    async def renew_guarded(self, scheduled: bool) -> bool | None: ...
 
 
 class AsyncRenewalDriver:
@@ -142,7 +140,7 @@ class AsyncRenewalDriver:
 
     async def renew_now(self) -> bool | None:
         """`renew`: one renewal now, shielded from the caller's cancellation."""
-        return await self._shielded(self._lock._renew_guarded(False))  # pyright: ignore[reportPrivateUsage]
+        return await self._shielded(self._lock.renew_guarded(False))
 
     async def _shielded(self, work: Coroutine[object, object, bool | None]) -> bool | None:
         """Run ``work`` in a task of its own, shielded: cancelling the caller does not
@@ -159,7 +157,7 @@ class AsyncRenewalDriver:
 
     async def _doze(self, until: float) -> None:
         """Sleep until the loop time ``until``, or less if the held connection breaks."""
-        conn = self._lock._conn  # pyright: ignore[reportPrivateUsage]
+        conn = self._lock.conn
         if conn is not None and conn.broken_while_idle():
             return  # it broke during the last request or before this task ran
         wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -177,10 +175,10 @@ class AsyncRenewalDriver:
         due = loop.time() + first_in
         while True:
             await self._doze(due)
-            conn = self._lock._conn  # pyright: ignore[reportPrivateUsage]
+            conn = self._lock.conn
             if loop.time() < due and conn is not None and not conn.broken_while_idle():
                 continue  # woken, but the connection is fine: renew when due
-            renewal = self._lock._renew_guarded(True)  # pyright: ignore[reportPrivateUsage]
+            renewal = self._lock.renew_guarded(True)
             if await self._shielded(renewal) is not True:
                 return
             due = loop.time() + interval
