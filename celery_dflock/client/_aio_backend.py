@@ -11,7 +11,8 @@ has the same names with the same meaning:
 - `background`: runs a release the server was not there for, beside the caller (here a task of
   the running loop; `Background` is its kind);
 - `AsyncRenewalDriver`: renews a held lock and notices when the server closes its connection;
-- `AsyncPoolBase`: what a pool of this kind checks before each use.
+- `AsyncPoolFace`: what a pool of this kind adds (here: the event loop it belongs to), and
+  `PoolRenewer`, what renews its locks' leases (here: nothing, each lock's own task).
 
 Here each held lock is renewed by an asyncio task of its own, which dozes until the renewal is due.
 The connection's protocol hears the peer's close without a task or a system call, and wakes that
@@ -27,19 +28,19 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeAlias
 
 from celery_dflock.client._connection import AsyncConnection
-from celery_dflock.client._pooling import PoolBase as SharedPoolBase
-from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
+from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
 
 __all__ = [
-    "AsyncPoolBase",
+    "AsyncPoolFace",
     "AsyncRenewalDriver",
     "Background",
     "Event",
     "OpLock",
+    "PoolRenewer",
     "background",
     "call_back",
     "pause",
@@ -184,18 +185,26 @@ class AsyncRenewalDriver:
             due = loop.time() + interval
 
 
-class AsyncPoolBase(SharedPoolBase[AsyncConnection]):
-    """An asyncio pool belongs to the event loop it is first used in (its connections cannot
-    move between loops)."""
+PoolRenewer: TypeAlias = None
+"""What renews the leases of a pool's locks: nothing here (each asyncio lock renews from a task
+of its own)."""
 
-    def _setup(self) -> None:
+
+class AsyncPoolFace:
+    """What an asyncio pool adds: it belongs to the event loop it is first used in (its
+    connections cannot move between loops)."""
+
+    renewer: PoolRenewer = None
+
+    def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _forked_reset(self) -> None:
+    def forked(self) -> None:
+        """In a fork child: the parent's loop is not this process's."""
         self._loop = None
 
-    def _check(self) -> None:
-        self._check_fork()
+    def check(self) -> None:
+        """Before each use: on the pool's event loop (the first use binds it)."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -204,6 +213,3 @@ class AsyncPoolBase(SharedPoolBase[AsyncConnection]):
                 "this AsyncConnectionPool belongs to another event loop; "
                 "create one pool per event loop"
             )
-
-    async def _open(self, endpoint: Endpoint) -> AsyncConnection:
-        return await AsyncConnection.connect(endpoint, self._store.servers.get(endpoint))

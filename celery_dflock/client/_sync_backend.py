@@ -22,15 +22,15 @@ from typing import Final, Protocol
 from celery_dflock.client._connection import Connection
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
-from celery_dflock.client._pooling import PoolBase as SharedPoolBase
 from celery_dflock.client._renewal import Renewal, Renewer
-from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
+from celery_dflock.client._settings import JOIN_TIMEOUT_S
 
 __all__ = [
     "Background",
     "Event",
     "OpLock",
-    "PoolBase",
+    "PoolFace",
+    "PoolRenewer",
     "RenewalDriver",
     "background",
     "call_back",
@@ -81,30 +81,35 @@ class Renewable(Protocol):
     def renew_once(self, scheduled: bool) -> bool | None: ...
 
 
-class PoolBase(SharedPoolBase[Connection]):
-    """A blocking pool also carries the `Renewer` that renews the leases of the locks using it,
+PoolRenewer = Renewer
+"""What renews the leases of a pool's locks: a `Renewer`."""
+
+
+class PoolFace:
+    """What a blocking pool adds: the `Renewer` that renews the leases of the locks using it,
     so a process renews all of them from one long-lived thread instead of a thread per grant."""
 
-    def _setup(self) -> None:
-        self._renewer = Renewer(linger_s=RENEWAL_LINGER_S)
+    def __init__(self) -> None:
+        self.renewer: PoolRenewer = Renewer(linger_s=RENEWAL_LINGER_S)
+
+    def forked(self) -> None:
+        """In a fork child: nothing (the renewer is fork safe itself)."""
+
+    def check(self) -> None:
+        """Before each use: nothing more than the fork check."""
+
+
+class _Pooled(Protocol):
+    """What a driver needs of its lock's pool (`celery_dflock.client._sync.pool`)."""
 
     @property
-    def renewer(self) -> Renewer:
-        """Renews the leases of every lock using this pool, from one long-lived thread (more
-        only while a renewal is stuck on a slow server); fork safe like the pool."""
-        return self._renewer
-
-    def _check(self) -> None:
-        self._check_fork()
-
-    def _open(self, endpoint: Endpoint) -> Connection:
-        return Connection.connect(endpoint, self._store.servers.get(endpoint))
+    def renewer(self) -> Renewer: ...
 
 
 class RenewalDriver:
     """Schedules one lock object's renewals on a `Renewer` and watches its held connection."""
 
-    def __init__(self, lock: Renewable, pool: PoolBase | None) -> None:
+    def __init__(self, lock: Renewable, pool: _Pooled | None) -> None:
         self._lock = lock
         self._pool = pool
         self._own: Renewer | None = None  # without a pool: this lock's own renewer
