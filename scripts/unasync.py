@@ -38,7 +38,7 @@ TARGET: Final = ROOT / "celery_dflock" / "client" / "_sync"
 # Whole-word replacements, applied in this order (longer names first).
 WORDS: Final = (
     ("AsyncConnectionPool", "ConnectionPool"),
-    ("AsyncConnectionOps", "ConnectionOps"),
+    ("AsyncStreamTransport", "SocketTransport"),
     ("AsyncConnection", "Connection"),
     ("AsyncDistributedLock", "DistributedLock"),
     ("AsyncDistributedSemaphore", "DistributedSemaphore"),

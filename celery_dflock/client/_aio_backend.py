@@ -30,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Final, Protocol, TypeAlias
 
-from celery_dflock.client._connection import AsyncConnection
+from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
 
@@ -102,16 +102,16 @@ class AsyncRenewalDriver:
     def start(self, conn: AsyncConnection, interval: float, first_in: float, name: str) -> None:
         """Renew every ``interval`` s, the first time in ``first_in`` s (operation lock held)."""
         self._stopping = False
-        conn.watch(self._connection_event)
+        conn.transport.watch(self._connection_event)
         self._task = asyncio.create_task(self._loop(interval, first_in), name=name)
 
     def attach(self, conn: AsyncConnection) -> None:
         """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
-        conn.watch(self._connection_event)
+        conn.transport.watch(self._connection_event)
 
     def unwatch(self, conn: AsyncConnection | None) -> None:
         if conn is not None:
-            conn.watch(None)
+            conn.transport.watch(None)
 
     def renewed(self, conn: AsyncConnection) -> None:
         """After a renewal (operation lock held): if the connection closed right after its

@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from celery_dflock.client._connection import Connection
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
 from celery_dflock.client._renewal import Renewal, Renewer
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
+from celery_dflock.client._sync.connection import Connection
 
 __all__ = [
     "Background",
@@ -185,7 +185,7 @@ class RenewalDriver:
 
     # ------------------------------------------------------------------ a closed connection
     def _watch(self, conn: Connection) -> None:
-        fd = conn.watchable_fd()
+        fd = conn.transport.watchable_fd()
         if fd is None:
             return
         self._watched_fd = fd

@@ -15,9 +15,9 @@ import time
 
 from celery_dflock.client import _by_token, protocol
 from celery_dflock.client._aio_backend import pause
+from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._async.held import AsyncHolding
 from celery_dflock.client._async.routing import Build, refresh_map, request_once
-from celery_dflock.client._connection import AsyncConnection
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._router import ClusterRouter

@@ -45,9 +45,9 @@ from celery_dflock.client._aio_backend import (
     call_back,
     pause,
 )
+from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
-from celery_dflock.client._connection import AsyncConnection
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
 from celery_dflock.client._servers import ServerInfo

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Self
 
 from celery_dflock.client._aio_backend import AsyncPoolFace, PoolRenewer
-from celery_dflock.client._connection import AsyncConnection
+from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._pooling import (
     DEFAULT_MAX_IDLE_PER_SERVER,
     DEFAULT_MAX_IDLE_TIME_S,

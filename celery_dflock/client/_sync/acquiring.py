@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 
 from celery_dflock.client import _by_token, protocol
-from celery_dflock.client._connection import Connection
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._router import ClusterRouter
+from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync.held import Holding
 from celery_dflock.client._sync.routing import Build, refresh_map, request_once
 from celery_dflock.client._sync_backend import pause

@@ -38,11 +38,11 @@ import time
 from collections.abc import Callable
 
 from celery_dflock.client import protocol
-from celery_dflock.client._connection import Connection
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build
 from celery_dflock.client._sync_backend import (

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Self
 
-from celery_dflock.client._connection import Connection
 from celery_dflock.client._pooling import (
     DEFAULT_MAX_IDLE_PER_SERVER,
     DEFAULT_MAX_IDLE_TIME_S,
@@ -20,6 +19,7 @@ from celery_dflock.client._pooling import (
 )
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync_backend import PoolFace, PoolRenewer
 
 __all__ = ["ConnectionPool"]
