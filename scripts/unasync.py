@@ -38,16 +38,18 @@ TARGET: Final = ROOT / "celery_dflock" / "client" / "_sync"
 # Whole-word replacements, applied in this order (longer names first).
 WORDS: Final = (
     ("AsyncConnectionPool", "ConnectionPool"),
-    ("AsyncConnectionOps", "ConnectionOps"),
+    ("AsyncStreamTransport", "SocketTransport"),
     ("AsyncConnection", "Connection"),
     ("AsyncDistributedLock", "DistributedLock"),
     ("AsyncDistributedSemaphore", "DistributedSemaphore"),
     ("AsyncRenewalDriver", "RenewalDriver"),
-    ("AsyncPoolBase", "PoolBase"),
+    ("AsyncPoolFace", "PoolFace"),
     ("AsyncLockBase", "LockBase"),
-    ("AsyncHeldLock", "HeldLock"),
+    ("AsyncHolding", "Holding"),
+    ("AsyncAcquirer", "Acquirer"),
     ("AsyncClient", "Client"),
     ("_aio_backend", "_sync_backend"),
+    ("_renewer", "renewer"),  # the blocking pool's renewer is public (asyncio: none)
     ("_async", "_sync"),
     ("__aenter__", "__enter__"),
     ("__aexit__", "__exit__"),

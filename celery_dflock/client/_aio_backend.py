@@ -11,7 +11,8 @@ has the same names with the same meaning:
 - `background`: runs a release the server was not there for, beside the caller (here a task of
   the running loop; `Background` is its kind);
 - `AsyncRenewalDriver`: renews a held lock and notices when the server closes its connection;
-- `AsyncPoolBase`: what a pool of this kind checks before each use.
+- `AsyncPoolFace`: what a pool of this kind adds (here: the event loop it belongs to), and
+  `PoolRenewer`, what renews its locks' leases (here: nothing, each lock's own task).
 
 Here each held lock is renewed by an asyncio task of its own, which dozes until the renewal is due.
 The connection's protocol hears the peer's close without a task or a system call, and wakes that
@@ -27,19 +28,19 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeAlias
 
-from celery_dflock.client._connection import AsyncConnection
-from celery_dflock.client._pooling import PoolBase as SharedPoolBase
-from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
+from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
 
 __all__ = [
-    "AsyncPoolBase",
+    "AsyncPoolFace",
     "AsyncRenewalDriver",
     "Background",
     "Event",
     "OpLock",
+    "PoolRenewer",
     "background",
     "call_back",
     "pause",
@@ -52,8 +53,6 @@ OpLock = asyncio.Lock
 
 Event = asyncio.Event
 """The kind of the locks' ``lost_event``."""
-
-T = TypeVar("T")
 
 pause = asyncio.sleep
 """Wait before trying again (a cluster's ``error_unavailable``): the task sleeps."""
@@ -68,20 +67,20 @@ def background(work: Callable[[], Coroutine[object, object, None]], name: str) -
     return asyncio.get_running_loop().create_task(work(), name=name)
 
 
-async def call_back(callback: Callable[[T], object], arg: T) -> None:
-    """``callback(arg)``, awaited when it returns an awaitable (a coroutine function)."""
-    result = callback(arg)
+async def call_back(callback: Callable[[], object]) -> None:
+    """``callback()``, awaited when it returns an awaitable (a coroutine function's)."""
+    result = callback()
     if inspect.isawaitable(result):
         awaitable: Awaitable[object] = result
         await awaitable
 
 
 class Renewable(Protocol):
-    """What a driver needs of its lock (`celery_dflock.client._async.lock._AsyncLockBase`)."""
+    """What a driver needs of the lock's holding (`celery_dflock.client._async.held`)."""
 
     @property
-    def _conn(self) -> AsyncConnection | None: ...
-    async def _renew_guarded(self, scheduled: bool) -> bool | None: ...
+    def conn(self) -> AsyncConnection | None: ...
+    async def renew_guarded(self, scheduled: bool) -> bool | None: ...
 
 
 class AsyncRenewalDriver:
@@ -103,16 +102,16 @@ class AsyncRenewalDriver:
     def start(self, conn: AsyncConnection, interval: float, first_in: float, name: str) -> None:
         """Renew every ``interval`` s, the first time in ``first_in`` s (operation lock held)."""
         self._stopping = False
-        conn.watch(self._connection_event)
+        conn.transport.watch(self._connection_event)
         self._task = asyncio.create_task(self._loop(interval, first_in), name=name)
 
     def attach(self, conn: AsyncConnection) -> None:
         """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
-        conn.watch(self._connection_event)
+        conn.transport.watch(self._connection_event)
 
     def unwatch(self, conn: AsyncConnection | None) -> None:
         if conn is not None:
-            conn.watch(None)
+            conn.transport.watch(None)
 
     def renewed(self, conn: AsyncConnection) -> None:
         """After a renewal (operation lock held): if the connection closed right after its
@@ -142,7 +141,7 @@ class AsyncRenewalDriver:
 
     async def renew_now(self) -> bool | None:
         """`renew`: one renewal now, shielded from the caller's cancellation."""
-        return await self._shielded(self._lock._renew_guarded(False))  # pyright: ignore[reportPrivateUsage]
+        return await self._shielded(self._lock.renew_guarded(False))
 
     async def _shielded(self, work: Coroutine[object, object, bool | None]) -> bool | None:
         """Run ``work`` in a task of its own, shielded: cancelling the caller does not
@@ -159,7 +158,7 @@ class AsyncRenewalDriver:
 
     async def _doze(self, until: float) -> None:
         """Sleep until the loop time ``until``, or less if the held connection breaks."""
-        conn = self._lock._conn  # pyright: ignore[reportPrivateUsage]
+        conn = self._lock.conn
         if conn is not None and conn.broken_while_idle():
             return  # it broke during the last request or before this task ran
         wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -177,27 +176,35 @@ class AsyncRenewalDriver:
         due = loop.time() + first_in
         while True:
             await self._doze(due)
-            conn = self._lock._conn  # pyright: ignore[reportPrivateUsage]
+            conn = self._lock.conn
             if loop.time() < due and conn is not None and not conn.broken_while_idle():
                 continue  # woken, but the connection is fine: renew when due
-            renewal = self._lock._renew_guarded(True)  # pyright: ignore[reportPrivateUsage]
+            renewal = self._lock.renew_guarded(True)
             if await self._shielded(renewal) is not True:
                 return
             due = loop.time() + interval
 
 
-class AsyncPoolBase(SharedPoolBase[AsyncConnection]):
-    """An asyncio pool belongs to the event loop it is first used in (its connections cannot
-    move between loops)."""
+PoolRenewer: TypeAlias = None
+"""What renews the leases of a pool's locks: nothing here (each asyncio lock renews from a task
+of its own)."""
 
-    def _setup(self) -> None:
+
+class AsyncPoolFace:
+    """What an asyncio pool adds: it belongs to the event loop it is first used in (its
+    connections cannot move between loops)."""
+
+    renewer: PoolRenewer = None
+
+    def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _forked_reset(self) -> None:
+    def forked(self) -> None:
+        """In a fork child: the parent's loop is not this process's."""
         self._loop = None
 
-    def _check(self) -> None:
-        self._check_fork()
+    def check(self) -> None:
+        """Before each use: on the pool's event loop (the first use binds it)."""
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -206,6 +213,3 @@ class AsyncPoolBase(SharedPoolBase[AsyncConnection]):
                 "this AsyncConnectionPool belongs to another event loop; "
                 "create one pool per event loop"
             )
-
-    async def _open(self, endpoint: Endpoint) -> AsyncConnection:
-        return await AsyncConnection.connect(endpoint, self._store.servers.get(endpoint))

@@ -1,11 +1,14 @@
-"""Connections to a lock server: a blocking one (sockets) and an asyncio one (streams).
+"""The two transports a connection to a lock server owns (its byte side): a blocking socket
+(`SocketTransport`) and an asyncio stream (`AsyncStreamTransport`).
 
-Both serialize requests (one in flight at a time, under a lock), send ``auth`` first when the
-endpoint has a token, and close themselves when a request is interrupted midway (timeout,
-exception, cancellation): a half-read reply would put every later reply out of step.
-Neither is ever shut down from a forked child: the child only drops its copy of the socket.
+The connection itself, written once (`celery_dflock.client._async.connection`, and the blocking
+one generated from it), serializes requests, sends ``auth`` first when the endpoint has a token,
+and closes itself when a request is interrupted midway (timeout, exception, cancellation): a
+half-read reply would put every later reply out of step. A transport sends a request's bytes and
+reads its reply, says whether an idle connection is still sound, and closes; neither is ever shut
+down from a forked child: the child only drops its copy of the socket.
 
-A plain TCP `Connection` keeps its socket non-blocking and waits for replies with ``poll``
+A plain TCP `SocketTransport` keeps its socket non-blocking and waits for replies with ``poll``
 (send, poll, recv: three system calls per request, where a socket timeout costs six: two
 ``ioctl`` to set it and a ``poll`` before every send and receive). TLS sockets, and platforms
 without ``poll``, use socket timeouts.
@@ -20,16 +23,16 @@ import os
 import select
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable
-from typing import Final, Self
+from typing import Final
 
-from celery_dflock.client._async.connection_ops import AsyncConnectionOps
-from celery_dflock.client._servers import FEATURE_PING
 from celery_dflock.client._settings import Endpoint
-from celery_dflock.client._sync.connection_ops import ConnectionOps
 from celery_dflock.client.errors import ServerUnavailable
-from celery_dflock.client.protocol import Command, Reply
+from celery_dflock.client.protocol import Command, Reply, ReplyParser
+
+__all__ = ["RECV_BYTES", "AsyncStreamTransport", "SocketTransport"]
 
 RECV_BYTES: Final = 65536
 _POLL_IN: Final = select.POLLIN if hasattr(select, "poll") else 0
@@ -43,21 +46,33 @@ def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
     )
 
 
-class Connection(ConnectionOps):
-    """A blocking connection; thread safe (requests are serialized by a lock)."""
+class SocketTransport:
+    """A blocking connection's socket: requests sent and replies read (plain TCP: non-blocking,
+    waited for with ``poll``; TLS, or no ``poll``: socket timeouts)."""
 
     def __init__(self, endpoint: Endpoint, sock: socket.socket) -> None:
-        self._init_state(endpoint)
-        self._sock = sock
+        self.endpoint = endpoint
+        self.sock = sock
+        self.parser = ReplyParser()
+        """Bytes read and not yet replies (empty between requests of a connection in step)."""
+        self.pid = os.getpid()
+        self.closed = False
+        self.pings = isinstance(sock, ssl.SSLSocket)
+        """Checked for reuse by a ``ping`` where the server knows it (TLS: a socket read cannot
+        tell a live connection without touching the TLS state)."""
         self._poller: select.poll | None = None
         if hasattr(select, "poll") and not isinstance(sock, ssl.SSLSocket):
             sock.setblocking(False)  # replies are waited for with poll (module docstring)
             self._poller = select.poll()
             self._poller.register(sock, _POLL_IN)
+        self.exchange: Callable[[Command, bytes, float], Reply] = (
+            self._exchange_timeouts if self._poller is None else self._exchange_polling
+        )
+        """Send a request's bytes and read its reply, within a timeout (request lock held)."""
 
     @classmethod
-    def open(cls, endpoint: Endpoint) -> Self:
-        """Connect (bounded by ``connect_timeout_s``), wrap in TLS, authenticate."""
+    def open(cls, endpoint: Endpoint) -> SocketTransport:
+        """Connect (bounded by ``connect_timeout_s``) and wrap in TLS."""
         try:
             sock = socket.create_connection(
                 (endpoint.host, endpoint.port), timeout=endpoint.connect_timeout_s
@@ -72,38 +87,29 @@ class Connection(ConnectionOps):
         except OSError as exc:
             sock.close()
             raise ServerUnavailable(endpoint.unavailable_message(f"TLS setup: {exc}")) from exc
-        conn = cls(endpoint, sock)
-        conn._authenticate()
-        return conn
+        return cls(endpoint, sock)
 
-    def _exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
-        """Send ``data`` and read its reply (request lock held)."""
-        deadline = time.monotonic() + timeout
-        if self._poller is not None:
-            return self._exchange_polling(command, data, deadline)
-        return self._exchange_timeouts(command, data, timeout, deadline)
-
-    def _exchange_timeouts(
-        self, command: Command, data: bytes, timeout: float, deadline: float
-    ) -> Reply:
+    def _exchange_timeouts(self, command: Command, data: bytes, timeout: float) -> Reply:
         """Send ``data`` and read the reply with socket timeouts (TLS, or no ``poll``)."""
-        self._sock.settimeout(timeout)
-        self._sock.sendall(data)
-        while (reply := self._parser.next_reply(command)) is None:
+        deadline = time.monotonic() + timeout
+        self.sock.settimeout(timeout)
+        self.sock.sendall(data)
+        while (reply := self.parser.next_reply(command)) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            self._sock.settimeout(remaining)
-            chunk = self._sock.recv(RECV_BYTES)
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(RECV_BYTES)
             if not chunk:
                 raise _closed_by_peer(self.endpoint, command)
-            self._parser.feed(chunk)
+            self.parser.feed(chunk)
         return reply
 
-    def _exchange_polling(self, command: Command, data: bytes, deadline: float) -> Reply:
+    def _exchange_polling(self, command: Command, data: bytes, timeout: float) -> Reply:
         """Send ``data`` and read the reply on the non-blocking socket, waiting with ``poll``."""
         # The parser's buffer is empty here: bytes left after a reply close the connection.
-        sock, parser = self._sock, self._parser
+        deadline = time.monotonic() + timeout
+        sock, parser = self.sock, self.parser
         try:
             sent = sock.send(data)
         except BlockingIOError:
@@ -134,7 +140,7 @@ class Connection(ConnectionOps):
         while view:
             self._wait(_POLL_OUT, deadline)
             try:
-                view = view[self._sock.send(view) :]
+                view = view[self.sock.send(view) :]
             except BlockingIOError:
                 continue
 
@@ -143,7 +149,7 @@ class Connection(ConnectionOps):
         poller = self._poller
         assert poller is not None
         if events != _POLL_IN:
-            poller.modify(self._sock, events)
+            poller.modify(self.sock, events)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -153,16 +159,16 @@ class Connection(ConnectionOps):
                     return  # ready, or an error/hang-up the next send/recv reports
         finally:
             if events != _POLL_IN:
-                poller.modify(self._sock, _POLL_IN)
+                poller.modify(self.sock, _POLL_IN)
 
-    def is_reusable(self) -> bool:
-        """Cheap liveness check before reuse: a non-blocking peek (TLS: a ``ping`` where the
-        server knows it, else a non-blocking read that only TLS records may satisfy)."""
-        if self._closed or self.pid != os.getpid() or self._parser.buffered:
-            return False
-        if isinstance(self._sock, ssl.SSLSocket):
-            if self.server is not None and self.server.supports(FEATURE_PING):
-                return self.ping()
+    def at_eof(self) -> bool:
+        """False: a blocking socket learns of an EOF only by reading (`quiet`)."""
+        return False
+
+    def quiet(self) -> bool:
+        """Cheap liveness check of an idle connection: a non-blocking peek (TLS: a
+        non-blocking read that only TLS records may satisfy)."""
+        if isinstance(self.sock, ssl.SSLSocket):
             return self._tls_quiet()
         if self._poller is not None:
             # Readable means EOF, an error, or bytes nobody asked for: not reusable.
@@ -171,8 +177,8 @@ class Connection(ConnectionOps):
             except OSError:
                 return False
         try:
-            self._sock.settimeout(0.0)
-            data = self._sock.recv(1, socket.MSG_PEEK)
+            self.sock.settimeout(0.0)
+            data = self.sock.recv(1, socket.MSG_PEEK)
         except BlockingIOError:
             return True  # nothing to read: the peer has not closed it
         except OSError:
@@ -188,7 +194,7 @@ class Connection(ConnectionOps):
         arrived: records that carry no application data (tickets) leave the stream in step for
         the next request; application bytes (nobody asked for them) are kept in the reply
         parser, never dropped, so the connection is refused for reuse either way."""
-        sock = self._sock
+        sock = self.sock
         if not isinstance(sock, ssl.SSLSocket):  # pragma: no cover - TLS connections only
             return True
         if sock.pending():
@@ -209,51 +215,51 @@ class Connection(ConnectionOps):
         except (OSError, ValueError):
             return False
         if data:
-            self._parser.feed(data)  # bytes nobody asked for (the next request reports them)
+            self.parser.feed(data)  # bytes nobody asked for (the next request reports them)
         return False  # b"": EOF or close_notify
 
-    def close(self) -> None:
-        """Close the socket (never ``shutdown``: a forked twin may share it). Idempotent."""
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._sock.close()
-
-    _abort = close
-
-    def watchable_fd(self) -> int | None:
-        """The descriptor a `ConnectionWatcher` may poll (where ``poll`` exists), or None."""
-        if self._closed or self.pid != os.getpid() or not hasattr(select, "poll"):
-            return None
-        return self._sock.fileno()
-
-    def broken_while_idle(self) -> bool:
-        """With no request in flight: True when the connection is unusable: EOF, a reset, a
-        TLS close_notify, or bytes nobody asked for. False while a request is in flight (it
-        sees a broken connection itself) and for TLS records that carry no data (tickets)."""
-        if self._closed:
-            return True
-        if self._in_flight or not self._lock.acquire(blocking=False):
-            return False  # never touch a connection a request is using
+    def broken(self, lock: threading.Lock) -> bool:
+        """With no request in flight: True when the connection is unusable (EOF, a reset, a
+        TLS close_notify, or bytes nobody asked for); False for TLS records that carry no data
+        (tickets), and when ``lock`` (the connection's request lock) is taken: never touch a
+        connection a request is using."""
+        if not lock.acquire(blocking=False):
+            return False
         try:
-            if self._closed:
+            if self.closed:
                 return True
             if self._poller is not None:
                 try:
                     return bool(self._poller.poll(0))
                 except OSError:
                     return True
-            if isinstance(self._sock, ssl.SSLSocket):
+            if isinstance(self.sock, ssl.SSLSocket):
                 return not self._tls_quiet()
             return False  # pragma: no cover - a plain socket without poll is never watched
         finally:
-            self._lock.release()
+            lock.release()
+
+    def watchable_fd(self) -> int | None:
+        """The descriptor a `ConnectionWatcher` may poll (where ``poll`` exists), or None."""
+        if self.closed or self.pid != os.getpid() or not hasattr(select, "poll"):
+            return None
+        return self.sock.fileno()
+
+    def close(self, *, abort: bool) -> None:
+        """Close the socket (never ``shutdown``: a forked twin may share it; ``abort`` makes
+        no difference here). Idempotent."""
+        del abort
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 class _StreamProtocol(asyncio.StreamReaderProtocol):
-    """asyncio's stream protocol, also telling its connection's watcher (`AsyncConnection.watch`)
-    when bytes arrive, the peer half-closes (EOF, or a TLS close_notify: the TLS layer consumes
-    records that carry no data, such as session tickets, and reports a close as EOF) or the
-    connection is lost. Nothing is read here that the stream reader does not get."""
+    """asyncio's stream protocol, also telling its transport's watcher
+    (`AsyncStreamTransport.watch`) when bytes arrive, the peer half-closes (EOF, or a TLS
+    close_notify: the TLS layer consumes records that carry no data, such as session tickets,
+    and reports a close as EOF) or the connection is lost. Nothing is read here that the stream
+    reader does not get."""
 
     def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(reader, loop=loop)
@@ -281,8 +287,9 @@ class _StreamProtocol(asyncio.StreamReaderProtocol):
         self._tell()
 
 
-class AsyncConnection(AsyncConnectionOps):
-    """An asyncio connection; coroutine safe (requests are serialized by an asyncio lock)."""
+class AsyncStreamTransport:
+    """An asyncio connection's stream: requests written and replies read, the peer's close
+    heard by its protocol."""
 
     def __init__(
         self,
@@ -291,14 +298,19 @@ class AsyncConnection(AsyncConnectionOps):
         writer: asyncio.StreamWriter,
         stream: _StreamProtocol,
     ) -> None:
-        self._init_state(endpoint)
+        self.endpoint = endpoint
+        self.parser = ReplyParser()
+        """Bytes read and not yet replies (empty between requests of a connection in step)."""
+        self.pid = os.getpid()
+        self.pings = True
+        """Checked for reuse by a ``ping`` where the server knows it."""
         self._reader = reader
         self._writer = writer
         self._stream = stream
 
     @classmethod
-    async def open(cls, endpoint: Endpoint) -> Self:
-        """Connect (bounded by ``connect_timeout_s``), with TLS, and authenticate."""
+    async def open(cls, endpoint: Endpoint) -> AsyncStreamTransport:
+        """Connect (bounded by ``connect_timeout_s``), with TLS."""
         try:
             async with asyncio.timeout(endpoint.connect_timeout_s):
                 # asyncio.open_connection, with a protocol that reports the peer's close.
@@ -323,38 +335,25 @@ class AsyncConnection(AsyncConnectionOps):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = cls(endpoint, reader, writer, stream)
-        await conn._authenticate()
-        return conn
+        return cls(endpoint, reader, writer, stream)
 
-    async def _exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
-        """Send ``data`` and read its reply (request lock held)."""
+    async def exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
+        """Send ``data`` and read its reply within ``timeout`` (request lock held)."""
         async with asyncio.timeout(timeout):
             self._writer.write(data)
             await self._writer.drain()
-            while (reply := self._parser.next_reply(command)) is None:
+            while (reply := self.parser.next_reply(command)) is None:
                 chunk = await self._reader.read(RECV_BYTES)
                 if not chunk:
                     raise _closed_by_peer(self.endpoint, command)
-                self._parser.feed(chunk)
+                self.parser.feed(chunk)
         return reply
 
-    async def is_reusable(self) -> bool:
-        """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered
-        where the server knows it (else: nothing waiting to be read on the socket)."""
-        if (
-            self._closed
-            or self.pid != os.getpid()
-            or self._writer.is_closing()
-            or self._reader.at_eof()
-            or self._parser.buffered
-        ):
-            return False
-        if self.server is not None and self.server.supports(FEATURE_PING):
-            return await self.ping()
-        return self._quiet()
+    def at_eof(self) -> bool:
+        """True once the peer's EOF was seen, or the stream is closing."""
+        return self._writer.is_closing() or self._reader.at_eof()
 
-    def _quiet(self) -> bool:
+    def quiet(self) -> bool:
         """True when nothing is waiting on the socket: an idle connection's transport has
         read all there was, so anything now is EOF or bytes nobody asked for."""
         unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
@@ -377,14 +376,11 @@ class AsyncConnection(AsyncConnectionOps):
         request may be in flight (it only wakes whoever checks `broken_while_idle`)."""
         self._stream.on_peer = callback
 
-    def broken_while_idle(self) -> bool:
+    def broken(self, lock: asyncio.Lock) -> bool:
         """With no request in flight: True when the connection is unusable (the peer closed
-        it, it was lost, or bytes nobody asked for wait). False while a request is in flight:
-        that request sees a broken connection itself."""
-        if self._closed:
-            return True
-        if self._in_flight:
-            return False
+        it, it was lost, or bytes nobody asked for wait). ``lock``, the connection's request
+        lock, is not needed: nothing else runs on the loop while this does."""
+        del lock
         unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
         return (
             self._reader.at_eof()
@@ -394,18 +390,9 @@ class AsyncConnection(AsyncConnectionOps):
             or self._stream.peer_closed
         )
 
-    def _abort(self) -> None:
-        """Close at once, dropping unsent data (used when a request cannot complete)."""
-        self._shut(abort=True)
-
-    def close(self) -> None:
-        """Start closing (no await needed); idempotent."""
-        self._shut(abort=False)
-
-    def _shut(self, *, abort: bool) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def close(self, *, abort: bool) -> None:
+        """Start closing (``abort``: at once, dropping unsent data); in a forked child, drop
+        our copy of the socket only. Called once."""
         if self.pid != os.getpid():
             self._drop_in_child()
         elif abort:
@@ -413,12 +400,10 @@ class AsyncConnection(AsyncConnectionOps):
         else:
             self._writer.close()
 
-    async def aclose(self) -> None:
-        """Close and wait until the transport is closed."""
-        self.close()
-        if self.pid == os.getpid():
-            with contextlib.suppress(OSError, asyncio.CancelledError, RuntimeError):
-                await self._writer.wait_closed()
+    async def wait_closed(self) -> None:
+        """Wait until the transport is closed."""
+        with contextlib.suppress(OSError, asyncio.CancelledError, RuntimeError):
+            await self._writer.wait_closed()
 
     def _drop_in_child(self) -> None:
         """In a forked child: drop our copy of the socket without touching the parent's loop.

@@ -1,9 +1,10 @@
-"""What the blocking and the asyncio connection pool share: the idle store and its counters.
+"""A pool's idle connections: the store per server, its counters, and forgetting them in a
+fork child.
 
 The pools themselves (`celery_dflock.client._async.pool`, and the blocking one generated from it)
-are written once on top of `PoolBase`; how each kind checks itself before use (a fork, an event
-loop) and opens a connection is in `celery_dflock.client._aio_backend` /
-`celery_dflock.client._sync_backend`.
+are written once and each owns an `IdleConnections`; what each kind of pool adds (the event loop
+an asyncio pool belongs to, the renewer of a blocking one) is its face's `PoolFace`, in
+`celery_dflock.client._aio_backend` / `celery_dflock.client._sync_backend`.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar
 
 from celery_dflock.client import wire
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import READ_TIMEOUT_MARGIN_S, Endpoint
 
-__all__ = ["DEFAULT_MAX_IDLE_PER_SERVER", "DEFAULT_MAX_IDLE_TIME_S", "PoolBase"]
+__all__ = ["DEFAULT_MAX_IDLE_PER_SERVER", "DEFAULT_MAX_IDLE_TIME_S", "IdleConnections"]
 
 DEFAULT_MAX_IDLE_PER_SERVER: Final = 16
 DEFAULT_MAX_IDLE_TIME_S: Final = wire.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
@@ -102,52 +104,56 @@ class _IdleStore(Generic[C]):
         )
 
 
-class PoolBase(Generic[C]):
+class IdleConnections(Generic[C]):
     """The store, its mutex (the blocking pool is used from many threads; the asyncio one never
-    holds it across an ``await``), fork handling and the counters, for both kinds of pool."""
+    holds it across an ``await``), fork handling and the counters, for both kinds of pool.
+    ``forked`` is called when a fork child first uses it (after the inherited connections are
+    dropped)."""
 
     def __init__(
-        self,
-        *,
-        max_idle_per_server: int = DEFAULT_MAX_IDLE_PER_SERVER,
-        max_idle_time_s: float = DEFAULT_MAX_IDLE_TIME_S,
+        self, max_idle_per_server: int, max_idle_time_s: float, forked: Callable[[], None]
     ) -> None:
         self._store: _IdleStore[C] = _IdleStore(max_idle_per_server, max_idle_time_s)
         self._mutex = threading.Lock()
-        self._setup()
+        self._forked = forked
 
-    def _setup(self) -> None:
-        """What a kind of pool adds to the common state."""
-
-    def _forked_reset(self) -> None:
-        """What a kind of pool forgets in a fork child (besides the connections)."""
-
-    def _check_fork(self) -> None:
+    def check_fork(self) -> None:
+        """In a fork child, the first time: drop the inherited connections."""
         if self._store.pid != os.getpid():
             self._mutex = threading.Lock()  # the parent's may have been held at fork time
             for conn in self._store.forked():
                 conn.close()  # our copy of the descriptor only
-            self._forked_reset()
+            self._forked()
 
-    def _take(self, endpoint: Endpoint) -> C | None:
+    def take(self, endpoint: Endpoint) -> C | None:
+        """The most recently used idle connection to ``endpoint`` (unchecked), or None."""
         with self._mutex:
             return self._store.take(endpoint)
 
-    def _count_reused(self) -> None:
+    def too_old(self, conn: C) -> bool:
+        """True when ``conn`` was idle for longer than the server keeps an idle connection."""
+        return self._store.too_old(conn)
+
+    def known(self, endpoint: Endpoint) -> ServerInfo | None:
+        """What the server at ``endpoint`` answered to ``hello`` (None: not asked yet)."""
+        return self._store.servers.get(endpoint)
+
+    def count_reused(self) -> None:
         with self._mutex:
             self._store.reused += 1
 
-    def _count_discarded(self) -> None:
+    def count_discarded(self) -> None:
         with self._mutex:
             self._store.discarded += 1
 
-    def _opened(self, conn: C, server: ServerInfo | None) -> None:
+    def count_opened(self, conn: C, server: ServerInfo | None) -> None:
+        """A connection opened for the pool's user; ``server``: what it said to ``hello``."""
         with self._mutex:
             self._store.opened += 1
             if server is not None:
                 self._store.servers[conn.endpoint] = server
 
-    def _keep(self, conn: C) -> bool:
+    def keep(self, conn: C) -> bool:
         """Store ``conn`` as idle; False (counted as discarded) when it may not be kept."""
         with self._mutex:
             kept = self._store.accepts(conn)
@@ -155,42 +161,38 @@ class PoolBase(Generic[C]):
                 self._store.discarded += 1
         return kept
 
-    def _drain(self) -> list[C]:
-        self._check_fork()
+    def drain(self) -> list[C]:
+        """Every idle connection, taken out (for the pool to close)."""
+        self.check_fork()
         with self._mutex:
             return self._store.drain()
 
-    def idle_count(self, host: str | None = None, port: int | None = None) -> int:
+    def count(self, host: str | None = None, port: int | None = None) -> int:
         """Idle connections held (to ``host``/``port`` when given)."""
-        self._check_fork()
+        self.check_fork()
         with self._mutex:
             return self._store.count(host, port)
 
     @property
     def opened(self) -> int:
-        """Connections this pool opened (in this process) and handed out. (The first
-        connection to a server without ``hello`` costs one more, closed at once.)"""
         return self._store.opened
 
+    @property
+    def reused(self) -> int:
+        return self._store.reused
+
+    @property
+    def discarded(self) -> int:
+        return self._store.discarded
+
     def server_info(self, host: str, port: int) -> ServerInfo | None:
-        """What the server at ``host:port`` answered to ``hello`` (None: not asked yet)."""
         for endpoint, info in list(self._store.servers.items()):
             if endpoint.host == host and endpoint.port == port:
                 return info
         return None
 
-    @property
-    def reused(self) -> int:
-        """Idle connections handed out again after passing the liveness check."""
-        return self._store.reused
-
-    @property
-    def discarded(self) -> int:
-        """Connections dropped instead of kept."""
-        return self._store.discarded
-
-    def __repr__(self) -> str:
+    def describe(self) -> str:
         return (
-            f"<{type(self).__name__} idle={self._store.count(None, None)} opened={self.opened} "
-            f"reused={self.reused} discarded={self.discarded}>"
+            f"idle={self._store.count(None, None)} opened={self.opened} "
+            f"reused={self.reused} discarded={self.discarded}"
         )

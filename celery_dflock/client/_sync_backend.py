@@ -17,20 +17,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Final, Protocol, TypeVar
+from typing import Final, Protocol
 
-from celery_dflock.client._connection import Connection
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
-from celery_dflock.client._pooling import PoolBase as SharedPoolBase
 from celery_dflock.client._renewal import Renewal, Renewer
-from celery_dflock.client._settings import JOIN_TIMEOUT_S, Endpoint
+from celery_dflock.client._settings import JOIN_TIMEOUT_S
+from celery_dflock.client._sync.connection import Connection
 
 __all__ = [
     "Background",
     "Event",
     "OpLock",
-    "PoolBase",
+    "PoolFace",
+    "PoolRenewer",
     "RenewalDriver",
     "background",
     "call_back",
@@ -49,8 +49,6 @@ RENEWAL_LINGER_S: Final = 30.0
 Event = threading.Event
 """The kind of the locks' ``lost_event``."""
 
-T = TypeVar("T")
-
 pause = time.sleep
 """Wait before trying again (a cluster's ``error_unavailable``): the thread sleeps."""
 
@@ -67,46 +65,51 @@ def background(work: Callable[[], None], name: str) -> Background:
     return thread
 
 
-def call_back(callback: Callable[[T], object], arg: T) -> None:
-    """``callback(arg)``."""
-    callback(arg)
+def call_back(callback: Callable[[], object]) -> None:
+    """``callback()``."""
+    callback()
 
 
 class Renewable(Protocol):
-    """What a driver needs of its lock (`celery_dflock.client._sync.lock._SyncLockBase`)."""
+    """What a driver needs of the lock's holding (`celery_dflock.client._sync.held`)."""
 
-    _core: LockCore
-    _conn: Connection | None
-    _op_lock: threading.RLock
+    core: LockCore
+    conn: Connection | None
+    op_lock: threading.RLock
 
-    def _renew_guarded(self, scheduled: bool) -> bool | None: ...
-    def _renew_once(self, scheduled: bool) -> bool | None: ...
+    def renew_guarded(self, scheduled: bool) -> bool | None: ...
+    def renew_once(self, scheduled: bool) -> bool | None: ...
 
 
-class PoolBase(SharedPoolBase[Connection]):
-    """A blocking pool also carries the `Renewer` that renews the leases of the locks using it,
+PoolRenewer = Renewer
+"""What renews the leases of a pool's locks: a `Renewer`."""
+
+
+class PoolFace:
+    """What a blocking pool adds: the `Renewer` that renews the leases of the locks using it,
     so a process renews all of them from one long-lived thread instead of a thread per grant."""
 
-    def _setup(self) -> None:
-        self._renewer = Renewer(linger_s=RENEWAL_LINGER_S)
+    def __init__(self) -> None:
+        self.renewer: PoolRenewer = Renewer(linger_s=RENEWAL_LINGER_S)
+
+    def forked(self) -> None:
+        """In a fork child: nothing (the renewer is fork safe itself)."""
+
+    def check(self) -> None:
+        """Before each use: nothing more than the fork check."""
+
+
+class _Pooled(Protocol):
+    """What a driver needs of its lock's pool (`celery_dflock.client._sync.pool`)."""
 
     @property
-    def renewer(self) -> Renewer:
-        """Renews the leases of every lock using this pool, from one long-lived thread (more
-        only while a renewal is stuck on a slow server); fork safe like the pool."""
-        return self._renewer
-
-    def _check(self) -> None:
-        self._check_fork()
-
-    def _open(self, endpoint: Endpoint) -> Connection:
-        return Connection.connect(endpoint, self._store.servers.get(endpoint))
+    def renewer(self) -> Renewer: ...
 
 
 class RenewalDriver:
     """Schedules one lock object's renewals on a `Renewer` and watches its held connection."""
 
-    def __init__(self, lock: Renewable, pool: PoolBase | None) -> None:
+    def __init__(self, lock: Renewable, pool: _Pooled | None) -> None:
         self._lock = lock
         self._pool = pool
         self._own: Renewer | None = None  # without a pool: this lock's own renewer
@@ -154,7 +157,7 @@ class RenewalDriver:
         """Called by the renewer every interval; True to be called again."""
         if renewal is not self._renewal:
             return False
-        return self._lock._renew_guarded(True) is True  # pyright: ignore[reportPrivateUsage]
+        return self._lock.renew_guarded(True) is True
 
     def renewed(self, conn: Connection) -> None:
         """After a renewal (operation lock held): watch again (the watcher may have let go
@@ -163,7 +166,7 @@ class RenewalDriver:
 
     def renew_now(self) -> bool | None:
         """`renew`: one renewal now, in the caller's thread."""
-        return self._lock._renew_once(False)  # pyright: ignore[reportPrivateUsage]
+        return self._lock.renew_once(False)
 
     def forget(self) -> None:
         """In a fork child: the parent's schedule and watcher are not this process's."""
@@ -182,7 +185,7 @@ class RenewalDriver:
 
     # ------------------------------------------------------------------ a closed connection
     def _watch(self, conn: Connection) -> None:
-        fd = conn.watchable_fd()
+        fd = conn.transport.watchable_fd()
         if fd is None:
             return
         self._watched_fd = fd
@@ -201,19 +204,19 @@ class RenewalDriver:
         request (an operation under way sees the broken connection itself, and a renewal
         watches again once it is done). True to keep watching."""
         lock = self._lock
-        if not lock._op_lock.acquire(blocking=False):  # pyright: ignore[reportPrivateUsage]
+        if not lock.op_lock.acquire(blocking=False):
             return False
         try:
-            core = lock._core  # pyright: ignore[reportPrivateUsage]
-            if lock._conn is not conn or core.state is not LockState.HELD or core.lost:  # pyright: ignore[reportPrivateUsage]
+            core = lock.core
+            if lock.conn is not conn or core.state is not LockState.HELD or core.lost:
                 return False
             if not conn.broken_while_idle():
                 return True  # a reply was read meanwhile: nothing wrong
-            lock._conn = None  # pyright: ignore[reportPrivateUsage]
+            lock.conn = None
             self._watched_fd = None
             conn.close()
             core.connection_broke(CLOSED_BY_SERVER)
             self._hurry()
         finally:
-            lock._op_lock.release()  # pyright: ignore[reportPrivateUsage]
+            lock.op_lock.release()
         return False

@@ -261,7 +261,7 @@ def test_client_profile_times_each_variant_and_sees_the_client_code(quick_run: Q
     for name, profile in data["profiled"].items():
         functions = [row["function"] for row in profile["top"]]
         assert any(
-            f.startswith(("_connection.py", "connection_ops.py", "_run.py")) for f in functions
+            f.startswith(("_connection.py", "connection.py", "_run.py")) for f in functions
         ), (
             name,
             functions,

@@ -91,7 +91,7 @@ async def test_cancelling_a_renew_in_flight_then_releasing(
 ) -> None:
     lock = make("a:cancel-renew", pool=apool)
     assert await lock.acquire()
-    conn = lock._conn  # pyright: ignore[reportPrivateUsage]
+    conn = lock._holding.conn  # pyright: ignore[reportPrivateUsage]
     assert conn is not None
     renew = asyncio.create_task(lock.renew())
     for _ in range(1000):
@@ -116,8 +116,8 @@ async def test_cancelling_the_background_renewal_in_flight_then_releasing(
 ) -> None:
     lock = AsyncDistributedLock("a:bg", lease_ttl_s=1, servers=[dflock_server.address], pool=apool)
     assert await lock.acquire()
-    conn = lock._conn  # pyright: ignore[reportPrivateUsage]
-    task = lock._driver._task  # pyright: ignore[reportPrivateUsage]
+    conn = lock._holding.conn  # pyright: ignore[reportPrivateUsage]
+    task = lock._holding.driver._task  # pyright: ignore[reportPrivateUsage]
     assert conn is not None and task is not None
     deadline = time.monotonic() + 5
     while not conn.in_flight and time.monotonic() < deadline:

@@ -15,8 +15,9 @@ import pytest
 
 from celery_dflock import ServerUnavailable
 from celery_dflock.client import protocol
-from celery_dflock.client._connection import Connection
+from celery_dflock.client._connection import SocketTransport
 from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client.protocol import Command
 from dflockd_server.testing import ServerThread
 from tests.support.waiting import wait_until
@@ -31,7 +32,7 @@ def _endpoint(address: tuple[str, int]) -> Endpoint:
 def test_requests_on_a_non_blocking_socket(dflock_server: ServerThread) -> None:
     conn = Connection.open(_endpoint(dflock_server.address))
     try:
-        sock = conn._sock  # pyright: ignore[reportPrivateUsage]
+        sock = conn.transport.sock
         assert sock.gettimeout() == 0.0  # non-blocking: waits are poll's
         grant = conn.request(Command.LOCK, protocol.encode_lock("io", 0))
         assert isinstance(grant, protocol.Granted)
@@ -74,7 +75,8 @@ def _fill(sock: socket.socket) -> int:
 def test_a_send_the_kernel_takes_in_parts_completes() -> None:
     ours, peer = socket.socketpair()
     with ours, peer:
-        conn = Connection(Endpoint("pair", 1), ours)  # made non-blocking by the connection
+        pair = Endpoint("pair", 1)
+        conn = Connection(pair, SocketTransport(pair, ours))  # made non-blocking by it
         junk = _fill(ours)
         request = protocol.encode_ping()
         got = bytearray()
@@ -98,7 +100,8 @@ def test_a_send_the_kernel_takes_in_parts_completes() -> None:
 def test_a_send_that_never_finds_room_times_out_and_closes() -> None:
     ours, peer = socket.socketpair()
     with ours, peer:
-        conn = Connection(Endpoint("pair", 1), ours)
+        pair = Endpoint("pair", 1)
+        conn = Connection(pair, SocketTransport(pair, ours))
         _fill(ours)  # nobody reads the peer
         with pytest.raises(ServerUnavailable, match="no reply"):
             conn.request(Command.PING, protocol.encode_ping(), timeout=0.3)

@@ -25,8 +25,8 @@ from celery_dflock import (
     DistributedLock,
     DistributedSemaphore,
 )
-from celery_dflock.client._async.acquiring import AsyncLockBase
-from celery_dflock.client._sync.acquiring import LockBase
+from celery_dflock.client._async.lock import AsyncLockBase
+from celery_dflock.client._sync.lock import LockBase
 from dflockd_server.testing import ServerThread
 from tests.support.servers import dflockd_subprocess
 

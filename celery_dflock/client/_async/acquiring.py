@@ -1,5 +1,7 @@
-"""Acquiring: the lock shell's acquire, two-phase enqueue / wait, and requests by token,
-routed to the key's server and following a cluster's redirects.
+"""Acquiring: how a lock object gets a grant (acquire, two-phase enqueue / wait, a detached
+hold, taking over a hold by its token) and sends requests by token, routed to the key's server
+and following a cluster's redirects; a grant it gets is handed to the lock's holding
+(`celery_dflock.client._async.held.AsyncHolding`), which keeps it.
 
 Written once for both faces: the asyncio source, ``celery_dflock/client/_async/acquiring.py``,
 and the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``. The routing
@@ -10,14 +12,12 @@ the bytes.
 from __future__ import annotations
 
 import time
-from types import TracebackType
-from typing import Self
 
 from celery_dflock.client import _by_token, protocol
 from celery_dflock.client._aio_backend import pause
-from celery_dflock.client._async.held import AsyncHeldLock, Build
-from celery_dflock.client._async.routing import refresh_map, request_once
-from celery_dflock.client._connection import AsyncConnection
+from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._async.held import AsyncHolding
+from celery_dflock.client._async.routing import Build, refresh_map, request_once
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._router import ClusterRouter
@@ -31,15 +31,23 @@ from celery_dflock.client.errors import (
 from celery_dflock.client.protocol import Asked, Command, Ok, Reply
 
 
-class AsyncLockBase(AsyncHeldLock):
+class AsyncAcquirer:
+    """A lock object's acquiring: getting a grant for its `LockCore`, on the connections of
+    its `AsyncHolding` (which keeps the grant once it is given)."""
+
+    def __init__(self, holding: AsyncHolding) -> None:
+        self._holding = holding
+        self._core = holding.core
+
     """What a lock and a semaphore of this face share (all but the commands): acquiring, on
     top of holding."""
 
     # ------------------------------------------------------------------ routing
-    async def _refresh_map(self, router: ClusterRouter) -> None:
+    async def refresh_map(self, router: ClusterRouter) -> None:
         """Fetch the cluster map (`refresh_map`), on this lock's connections."""
         core = self._core
-        await refresh_map(router, self._checkout, self._checkin, core.settings, core.what)
+        holding = self._holding
+        await refresh_map(router, holding.checkout, holding.checkin, core.settings, core.what)
 
     async def _reroute(self, exc: ServerUnavailable) -> None:
         """Cluster routing, after the key's member could not serve the acquire (unreachable,
@@ -52,7 +60,7 @@ class AsyncLockBase(AsyncHeldLock):
         if router is None or wait_s is None:
             raise exc
         await pause(wait_s)
-        await self._refresh_map(router)
+        await self.refresh_map(router)
         core.route()
 
     async def _mismatch(self, conn: AsyncConnection, reply: Reply) -> DflockError:
@@ -63,13 +71,13 @@ class AsyncLockBase(AsyncHeldLock):
         except DflockError:
             shards = None
         else:
-            await self._checkin(conn)
+            await self._holding.checkin(conn)
         return self._core.mismatch_error(reply, shards)
 
     # ------------------------------------------------------------------ acquiring
-    async def _grant(self, build: Build, *, keep: bool = True) -> bool:
-        self._forked()
-        async with self._op_lock:
+    async def grant(self, build: Build, *, keep: bool = True) -> bool:
+        self._holding.forked()
+        async with self._holding.op_lock:
             core = self._core
             core.begin_acquire()
             try:
@@ -84,18 +92,18 @@ class AsyncLockBase(AsyncHeldLock):
         core = self._core
         router = core.router
         if router is not None and not core.route():
-            await self._refresh_map(router)
+            await self.refresh_map(router)
             core.route()
         while True:
             try:
-                conn = await self._checkout()
+                conn = await self._holding.checkout()
             except ServerUnavailable as exc:
                 await self._reroute(exc)
                 continue
             try:
                 command, data, timeout = build(conn.server)
             except BaseException:
-                await self._checkin(conn)
+                await self._holding.checkin(conn)
                 raise
             try:
                 if core.asking:
@@ -106,7 +114,7 @@ class AsyncLockBase(AsyncHeldLock):
                         ),
                         Ok,
                     ):
-                        await self._checkin(conn)
+                        await self._holding.checkin(conn)
                         wait_s = core.on_ask_refused()
                         if wait_s is None:
                             return False
@@ -119,55 +127,46 @@ class AsyncLockBase(AsyncHeldLock):
                 await self._reroute(exc)
                 continue
             if isinstance(reply, Asked) and router is not None:
-                await self._checkin(conn)
+                await self._holding.checkin(conn)
                 step = core.on_ask(reply)  # a key-level move: this key, once, there
                 if step is None:
                     return False  # a hand-over outlasted the acquire's time (core.handover)
                 if step.reroute:  # asked in a loop: read the map again, route by it
                     router.invalidate()
                     await pause(step.pause_s)
-                    await self._refresh_map(router)
+                    await self.refresh_map(router)
                     core.route()
                 continue
             if core.redirected(reply):
                 if router is None:
                     raise await self._mismatch(conn, reply)
-                await self._checkin(conn)
+                await self._holding.checkin(conn)
                 step = core.on_redirect(reply)
                 if step is None:
                     return False  # a hand-over outlasted the acquire's time (core.handover)
                 if step.reread:
                     router.invalidate()
                 await pause(step.pause_s)
-                await self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
+                await self.refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
                 if step.reroute:
                     core.route()
                 continue
             try:
                 granted = core.on_grant_reply(command, reply, sent, conn.server)
             except ServerDraining as exc:
-                await self._checkin(conn)
+                await self._holding.checkin(conn)
                 await self._reroute(exc)
                 continue
             except BaseException:
-                await self._checkin(conn)
+                await self._holding.checkin(conn)
                 raise
             if granted and keep:
-                self._start_renewing(conn)
+                self._holding.start_renewing(conn)
             elif core.state is LockState.ENQUEUED:
-                self._conn = conn
+                self._holding.conn = conn
             else:
-                await self._checkin(conn)
+                await self._holding.checkin(conn)
             return granted
-
-    async def acquire(self) -> bool:
-        """Take the lock, waiting up to ``acquire_timeout_s`` in FIFO order.
-
-        True when granted (renewal starts), False on timeout. Raises `ServerUnavailable`,
-        `AuthError`, `MaxLocksError`, ... when the server cannot or will not answer.
-        Interrupting it closes the connection, which also takes it out of the server's queue.
-        """
-        return await self._grant(self._core.acquire_request)
 
     async def enqueue(self) -> EnqueueResult:
         """Two-phase step 1: join the queue without blocking.
@@ -177,7 +176,7 @@ class AsyncLockBase(AsyncHeldLock):
         `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
         2 s): neither held nor queued.
         """
-        if await self._grant(self._core.enqueue_request):
+        if await self.grant(self._core.enqueue_request):
             return ACQUIRED
         core = self._core
         if core.state is LockState.ENQUEUED:
@@ -195,12 +194,12 @@ class AsyncLockBase(AsyncHeldLock):
         True once held (also when `enqueue` already got it). False on timeout; the queue
         position is then given up (its connection is closed).
         """
-        self._forked()
-        async with self._op_lock:
+        self._holding.forked()
+        async with self._holding.op_lock:
             if self._core.state is LockState.HELD:
                 return True
             command, data, timeout = self._core.wait_request(timeout_s)
-            conn, self._conn = self._conn, None
+            conn, self._holding.conn = self._holding.conn, None
             if conn is None:  # pragma: no cover - ENQUEUED always has a connection
                 self._core.reset()
                 raise LockNotOwned(f"{self._core.what} lost its queue connection")
@@ -213,29 +212,40 @@ class AsyncLockBase(AsyncHeldLock):
                 conn.close()
                 raise
             if granted:
-                self._start_renewing(conn)
+                self._holding.start_renewing(conn)
                 return True
             await conn.aclose()  # leave the queue for sure
             return False
 
-    # ------------------------------------------------------------------ context manager
-    async def __aenter__(self) -> Self:
-        if not await self.acquire():
-            core = self._core
-            raise LockNotAcquired(
-                core.handover
-                or f"could not acquire {core.what} on {core.endpoint.address} "
-                f"within {core.acquire_timeout_s}s"
-            )
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.release()
+    async def take_over(self, token: str, note: str, close_lease: int | None) -> bool:
+        """The lock's `adopt`, its arguments checked: take over ``token``'s detached grant
+        (``ht``) with the owner ``note`` and ``close_lease``; the grant is then held as after
+        an acquire. False, holding nothing, when the server refused it."""
+        core = self._core
+        holding = self._holding
+        holding.forked()
+        async with holding.op_lock:
+            router = core.router
+            if router is not None and not core.route():
+                await self.refresh_map(router)
+                core.route()
+            conn = await holding.checkout()
+            try:
+                command, data, timeout = core.take_over_request(
+                    conn.server, token, note, close_lease
+                )
+                sent = time.monotonic()
+                reply = await conn.request(command, data, timeout)
+                held = core.on_take_over_reply(token, reply, sent, conn.server)
+            except BaseException:
+                core.reset()
+                await holding.checkin(conn)
+                raise
+            if not held:
+                await holding.checkin(conn)
+                return False
+            holding.start_renewing(conn)
+            return True
 
     # ------------------------------------------------------------------ by token
     async def release_token(self, token: str) -> bool:
@@ -244,41 +254,42 @@ class AsyncLockBase(AsyncHeldLock):
         False if it no longer held it. This object's own state is untouched."""
         core = self._core
         key, limit = core.key, core.limit
-        _, reply = await self._request_by_token(
+        _, reply = await self.request_by_token(
             lambda _: _by_token.release_request(key, token, limit)
         )
         return _by_token.released(reply)
 
-    async def _request_by_token(self, build: Build) -> tuple[Command, Reply]:
+    async def request_by_token(self, build: Build) -> tuple[Command, Reply]:
         """One request about a grant this object does not hold (a release, renew, detach or
         note by token), routed as an acquire is: the command sent and its reply."""
-        self._forked()
-        async with self._op_lock:
+        self._holding.forked()
+        async with self._holding.op_lock:
             core = self._core
             router = core.router
             if router is not None and not core.route():  # cluster: the key's node now
-                await self._refresh_map(router)
+                await self.refresh_map(router)
                 core.route()
-            return await request_once(self._checkout, self._checkin, core.endpoint, build)
+            holding = self._holding
+            return await request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
-    async def _by_token(self, build: Build) -> bool:
+    async def by_token(self, build: Build) -> bool:
         """`_request_by_token`, read: True done, False when the token no longer holds the
         key; raises for other refusals."""
-        command, reply = await self._request_by_token(build)
+        command, reply = await self.request_by_token(build)
         return _by_token.done(command, reply, self._core.key, self._core.endpoint)
 
     async def renew_token(self, token: str, lease_ttl: int) -> bool:
         """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
         seconds from now; True if renewed, False if it no longer holds the key."""
         key = self._core.key
-        return await self._by_token(lambda _: _by_token.renew_request(key, token, lease_ttl))
+        return await self.by_token(lambda _: _by_token.renew_request(key, token, lease_ttl))
 
     async def detach_token(self, token: str, lease_ttl: int) -> bool:
         """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
         with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
         holds the key. `HoldsUnsupported` for a server without holds."""
         core = self._core
-        return await self._by_token(
+        return await self.by_token(
             lambda server: _by_token.detach_request(
                 server, core.endpoint.address, core.key, token, lease_ttl
             )
@@ -288,7 +299,7 @@ class AsyncLockBase(AsyncHeldLock):
         """Replace the owner note of ``token``'s grant on this key; True if done, False if
         it no longer holds the key. `HoldsUnsupported` for a server without holds."""
         core = self._core
-        return await self._by_token(
+        return await self.by_token(
             lambda server: _by_token.note_request(
                 server, core.endpoint.address, core.key, token, note
             )

@@ -1,4 +1,5 @@
-"""A lock object's held grant: renewal in the background, reattaching, loss and release.
+"""A lock object's holding: the connections it uses, the grant it keeps alive (renewal in the
+background, reattaching), reporting a loss, letting go (release, hand-off).
 
 Written once for both faces: the asyncio source, ``celery_dflock/client/_async/held.py``, and
 the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
@@ -33,8 +34,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Self
 
+from celery_dflock.client import protocol
 from celery_dflock.client._aio_backend import (
     AsyncRenewalDriver,
     Background,
@@ -44,68 +45,50 @@ from celery_dflock.client._aio_backend import (
     call_back,
     pause,
 )
+from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
-from celery_dflock.client._connection import AsyncConnection
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client.errors import AuthError, DflockError, LockNotOwned
-from celery_dflock.client.protocol import Reply
+from celery_dflock.client.protocol import Renewed, Reply
 
 logger = logging.getLogger("celery_dflock.client")
 
 
-class AsyncHeldLock:
-    """What every lock object is and does while it holds a grant (a `LockCore` around it):
-    its attributes, its connections, renewing, reattaching, reporting a loss, releasing."""
+class AsyncHolding:
+    """What a lock object holds and how it keeps it (a `LockCore` around the grant): the
+    connections it uses (its pool's, or its own), the pinned connection of a grant, renewing,
+    reattaching, reporting a loss, releasing and handing off. The lock object owns one; its
+    acquiring (`celery_dflock.client._async.acquiring.AsyncAcquirer`) hands each grant here."""
 
     def __init__(
         self,
         core: LockCore,
-        on_lost: Callable[[Self], object] | None,
+        on_lost: Callable[[], object] | None,
         pool: AsyncConnectionPool | None,
     ) -> None:
-        self._setup(core, on_lost, pool)
-
-    def _setup(
-        self,
-        core: LockCore,
-        on_lost: Callable[[Self], object] | None,
-        pool: AsyncConnectionPool | None,
-    ) -> None:
-        self._core = core
+        self.core = core
         if pool is not None and not isinstance(pool, AsyncConnectionPool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(
                 f"pool must be a celery_dflock.{AsyncConnectionPool.__name__}, got "
                 f"{type(pool).__name__} (the blocking and the asyncio locks each take a pool "
                 "of their own kind)"
             )
-        self._on_lost = on_lost
+        self._on_lost = on_lost  # the lock's on_lost, bound to the lock object
         self._pool = pool
         self._server: ServerInfo | None = None  # without a pool: asked once per lock object
         self._server_at: Endpoint | None = None  # the endpoint `_server` describes
-        self._conn: AsyncConnection | None = None
-        self._op_lock = OpLock()  # renew / release / acquire never interleave
-        self._driver = AsyncRenewalDriver(self, pool)
+        self.conn: AsyncConnection | None = None
+        """The connection a grant (or a queue position) is pinned to."""
+        self.op_lock = OpLock()  # renew / release / acquire never interleave
+        self.driver = AsyncRenewalDriver(self, pool)
         self._lost_event: Event | None = None  # made on first use (see lost_event)
         self._lost_event_guard = threading.Lock()
         self._releasing: Background | None = None  # a release the server was not there for
 
-    @classmethod
-    def _of(
-        cls,
-        core: LockCore,
-        on_lost: Callable[[Self], object] | None,
-        pool: AsyncConnectionPool | None,
-    ) -> Self:
-        """A lock around ``core``, made on settings checked already (a client's)."""
-        lock = cls.__new__(cls)
-        lock._setup(core, on_lost, pool)
-        return lock
-
-    # ------------------------------------------------------------------ attributes
     @property
     def lost_event(self) -> Event:
         """Set when the held lock is lost (cleared by the next successful acquire)."""
@@ -119,89 +102,32 @@ class AsyncHeldLock:
         return event
 
     @property
-    def key(self) -> str:
-        """The lock key."""
-        return self._core.key
-
-    @property
-    def server(self) -> tuple[str, int]:
-        """The ``(host, port)`` this key is routed to."""
-        return self._core.endpoint.host, self._core.endpoint.port
-
-    @property
-    def holder(self) -> str | None:
-        """After an acquire that failed because the key was busy: the note its holder gave
-        (servers with holds; None when it gave none, or the acquire did not fail so)."""
-        return self._core.holder
-
-    @property
-    def handover(self) -> str | None:
-        """After an acquire that was not granted because a hand-over of its key's shard
-        between cluster members outlasted its time: why, naming the key and the member (None
-        when it did not fail so)."""
-        return self._core.handover
-
-    @property
-    def token(self) -> str | None:
-        """The current grant's token (a bearer credential: do not log it), or None."""
-        return self._core.token
-
-    @property
-    def lease(self) -> int:
-        """Lease of the current (or last) grant in seconds, as the server granted it."""
-        return self._core.lease
-
-    @property
-    def fence(self) -> int | None:
-        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant.
-
-        None when not held, or when the server does not issue fencing tokens (dflockd 0.4/0.5
-        and the Go server: their tokens are random, so comparing them would mean nothing).
-        """
-        return self._core.fence
-
-    @property
     def lost(self) -> bool:
-        """True once the held lock could not be renewed (until the next acquire).
-
-        Reads True once the loss is reported: with `lost_event` set, just before ``on_lost``
-        runs (so whoever sees ``lost`` finds ``lost_event`` set, and an ``on_lost`` that
-        interrupts a body does so before that body can have polled ``lost`` for long)."""
+        """The lock's `lost`: the core's loss, once reported (`lost_event` set)."""
         event = self._lost_event
-        return self._core.lost and event is not None and event.is_set()
-
-    def locked(self) -> bool:
-        """True while held by this object in this process (acquired, not released)."""
-        return self._core.locked()
-
-    def owned(self) -> bool:
-        """`locked`, not `lost`, and the grant is known to be still held: the lease runs, and
-        on a session connection the server answered recently enough (since the send time of
-        its last answered request, less than its session time, less a margin). After a pause
-        past that, False until a renewal is answered."""
-        return self._core.owned()
+        return self.core.lost and event is not None and event.is_set()
 
     # ------------------------------------------------------------------ fork
-    def _forked(self) -> bool:
+    def forked(self) -> bool:
         """In a fork child of the process that holds the lock: forget it, True.
 
         Only our copy of the socket is closed (never shut down), so the parent keeps its
         connection and its lock; the parent's renewals do not exist here.
         """
-        if not self._core.foreign_process():
+        if not self.core.foreign_process():
             return False
-        conn, self._conn = self._conn, None
+        conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()  # in a child: only drops our descriptor
-        self._op_lock = OpLock()
-        self._driver.forget()
-        logger.debug("%s was acquired by the parent process; the child ignores it", self._core.what)
-        self._core.reset()
+        self.op_lock = OpLock()
+        self.driver.forget()
+        logger.debug("%s was acquired by the parent process; the child ignores it", self.core.what)
+        self.core.reset()
         return True
 
     # ------------------------------------------------------------------ connections
-    async def _checkout(self, endpoint: Endpoint | None = None) -> AsyncConnection:
-        endpoint = self._core.endpoint if endpoint is None else endpoint
+    async def checkout(self, endpoint: Endpoint | None = None) -> AsyncConnection:
+        endpoint = self.core.endpoint if endpoint is None else endpoint
         if self._pool is not None:
             return await self._pool.checkout(endpoint)
         known = self._server if self._server_at == endpoint else None
@@ -209,46 +135,46 @@ class AsyncHeldLock:
         self._server, self._server_at = conn.server, endpoint
         return conn
 
-    async def _checkin(self, conn: AsyncConnection) -> None:
+    async def checkin(self, conn: AsyncConnection) -> None:
         if self._pool is not None:
             await self._pool.checkin(conn)
         else:
             await conn.aclose()
 
     # ------------------------------------------------------------------ renewing
-    def _start_renewing(self, conn: AsyncConnection) -> None:
+    def start_renewing(self, conn: AsyncConnection) -> None:
         """After a grant (operation lock held): pin ``conn``, renew, watch it."""
-        self._conn = conn
+        self.conn = conn
         event = self._lost_event
         if event is not None:
             event.clear()
-        core = self._core
-        self._driver.start(
+        core = self.core
+        self.driver.start(
             conn, core.renew_interval(), core.first_renewal_in(), f"dflock-renew:{core.key}"
         )
 
-    async def _renew_guarded(self, scheduled: bool) -> bool | None:
-        """`_renew_once`, where an unexpected error marks the lock lost instead of escaping
+    async def renew_guarded(self, scheduled: bool) -> bool | None:
+        """`renew_once`, where an unexpected error marks the lock lost instead of escaping
         (the background renewal must never die with a traceback)."""
         try:
-            return await self._renew_once(scheduled)
+            return await self.renew_once(scheduled)
         except Exception as exc:
-            logger.exception("unexpected error renewing dflock %s", self._core.what)
-            async with self._op_lock:
-                first = self._core.mark_lost(f"unexpected error while renewing: {exc!r}")
+            logger.exception("unexpected error renewing dflock %s", self.core.what)
+            async with self.op_lock:
+                first = self.core.mark_lost(f"unexpected error while renewing: {exc!r}")
             if first:
-                await self._notify_lost()
+                await self.notify_lost()
             return False
 
-    async def _renew_once(self, scheduled: bool) -> bool | None:
+    async def renew_once(self, scheduled: bool) -> bool | None:
         """One renewal: True renewed, False lost now or before, None nothing to renew
         (``scheduled``: the background renewal's, which does nothing once release began).
         When the held connection is found broken, or breaks during the renewal, the lock is
         reattached (`_reattach`), not lost."""
-        core = self._core
-        async with self._op_lock:
-            conn = self._conn
-            if (scheduled and self._driver.cancelled) or core.state is not LockState.HELD:
+        core = self.core
+        async with self.op_lock:
+            conn = self.conn
+            if (scheduled and self.driver.cancelled) or core.state is not LockState.HELD:
                 return None
             if core.lost:
                 return False
@@ -258,53 +184,53 @@ class AsyncHeldLock:
             elif conn is not None:
                 outcome = await self._renew_request(conn)
                 if outcome.renewed:
-                    self._driver.renewed(conn)
+                    self.driver.renewed(conn)
                     return True
                 if not outcome.reattach:
                     first = core.mark_lost(outcome.lost_reason or "renewal refused")
         if first is None:
             return await self._reattach(scheduled)
         if first:
-            await self._notify_lost()
+            await self.notify_lost()
         return False
 
     def _drop_connection(self, conn: AsyncConnection, detail: str) -> None:
         """The held lock's connection ``conn`` broke (``detail``; operation lock held): close
         it, stop watching it, and have the next renewal reattach."""
-        if self._conn is conn:
-            self._conn = None
-            self._driver.unwatch(conn)
+        if self.conn is conn:
+            self.conn = None
+            self.driver.unwatch(conn)
         conn.close()
-        self._core.connection_broke(detail)
+        self.core.connection_broke(detail)
 
-    async def _let_go(self, conn: AsyncConnection | None) -> bool:
+    async def let_go(self, conn: AsyncConnection | None) -> bool:
         """Forget the grant without a request (it was lost, or is not held), ``conn`` back to
         the pool: False."""
-        self._core.reset()
+        self.core.reset()
         if conn is not None:
-            await self._checkin(conn)
+            await self.checkin(conn)
         return False
 
-    def _unless_broken(self, conn: AsyncConnection | None) -> AsyncConnection | None:
+    def unless_broken(self, conn: AsyncConnection | None) -> AsyncConnection | None:
         """The held lock's connection ``conn``, or None when it broke while idle (then it is
         closed and the lock told why; the request about the grant goes on a new one)."""
         if conn is not None and conn.broken_while_idle():
             conn.close()
-            self._core.connection_broke(CLOSED_BY_SERVER)
+            self.core.connection_broke(CLOSED_BY_SERVER)
             return None
         return conn
 
     async def _renew_request(self, conn: AsyncConnection) -> RenewOutcome:
         """Send one renewal by token on ``conn`` (operation lock held). A connection that
         breaks or drains meanwhile is dropped (the outcome says ``reattach``)."""
-        command, data, timeout = self._core.renew_request()
+        command, data, timeout = self.core.renew_request()
         sent = time.monotonic()
         try:
             reply = await conn.request(command, data, timeout)
         except DflockError as exc:
             self._drop_connection(conn, str(exc))  # the request closed it
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
-        outcome = self._core.on_renew_reply(reply, sent)
+        outcome = self.core.on_renew_reply(reply, sent)
         if outcome.reattach:
             self._drop_connection(conn, outcome.lost_reason or "the server is shutting down")
         return outcome
@@ -315,15 +241,15 @@ class AsyncHeldLock:
         between attempts (outside the operation lock). True once renewed (the new connection
         is pinned and watched); False when the renewal is refused or the lease confirmed last
         runs out first (the lock is lost, reported as any loss); None once release began."""
-        core = self._core
+        core = self.core
         while True:
             wait_s: float | None = None
-            async with self._op_lock:
-                if (scheduled and self._driver.cancelled) or core.state is not LockState.HELD:
+            async with self.op_lock:
+                if (scheduled and self.driver.cancelled) or core.state is not LockState.HELD:
                     return None
                 if core.lost:
                     return False
-                if self._conn is not None:
+                if self.conn is not None:
                     return True  # reattached meanwhile (by `renew`)
                 if core.lease_left() <= 0:
                     first = core.mark_unreachable()
@@ -340,20 +266,20 @@ class AsyncHeldLock:
                 await pause(wait_s)
                 continue
             if first:
-                await self._notify_lost()
+                await self.notify_lost()
             return False
 
     async def _reattach_once(self) -> RenewOutcome:
         """One attempt of `_reattach` (operation lock held)."""
         try:
-            conn = await self._checkout(self._core.reattach_endpoint())
+            conn = await self.checkout(self.core.reattach_endpoint())
         except AuthError as exc:
             # Answered, and refused: no later attempt does better. Lost now, saying why.
             reason = f"the lock server refused this client's auth when it reconnected ({exc})"
             return RenewOutcome(renewed=False, lost_reason=reason, reattach=False)
         except DflockError as exc:
             if isinstance(exc.__cause__, ConnectionRefusedError):
-                self._core.refused()  # the server is not running: it frees nothing meanwhile
+                self.core.refused()  # the server is not running: it frees nothing meanwhile
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
         try:
             outcome = await self._renew_request(conn)
@@ -361,14 +287,14 @@ class AsyncHeldLock:
             conn.close()
             raise
         if outcome.renewed:
-            self._conn = conn
-            self._driver.attach(conn)
-            self._driver.renewed(conn)
+            self.conn = conn
+            self.driver.attach(conn)
+            self.driver.renewed(conn)
         elif not outcome.reattach:
-            await self._checkin(conn)  # refused: the connection itself is fine
+            await self.checkin(conn)  # refused: the connection itself is fine
         return outcome
 
-    async def _request_held(
+    async def request_held(
         self,
         conn: AsyncConnection | None,
         build: Build,
@@ -384,14 +310,14 @@ class AsyncHeldLock:
         when the lease ran out before the server answered, or (``once``) when the first
         attempt on a new connection did not get an answer. ``core``: the grant's (a release
         handed to the background has a copy of its own; default: the lock's)."""
-        core = self._core if core is None else core
+        core = self.core if core is None else core
         retried = False
         fresh = conn is None
         while True:
             detail = "unreachable"
             if conn is None:
                 try:
-                    conn = await self._checkout(core.reattach_endpoint())
+                    conn = await self.checkout(core.reattach_endpoint())
                 except DflockError as exc:
                     detail = str(exc)
             if conn is not None:
@@ -414,67 +340,50 @@ class AsyncHeldLock:
             fresh = True
             await pause(wait_s)
 
-    async def _notify_lost(self) -> None:
+    async def notify_lost(self) -> None:
         """Report a loss: `lost_event` (and with it `lost`), then ``on_lost``."""
         self.lost_event.set()
         callback = self._on_lost
         if callback is None:
             return
         try:
-            await call_back(callback, self)
+            await call_back(callback)
         except Exception:
-            logger.exception("the on_lost callback of dflock %s raised", self._core.what)
+            logger.exception("the on_lost callback of dflock %s raised", self.core.what)
 
     async def renew(self) -> bool:
-        """Renew the lease now (the background renewal does this on its own).
-
-        True if renewed; False if the lock is lost (then `lost` is True, ``on_lost`` ran).
-        Raises `LockNotOwned` when not held (also in a fork child of the holder).
-        """
-        if self._forked():
+        """The lock's `renew`: one renewal now; `LockNotOwned` when nothing is held."""
+        if self.forked():
             raise LockNotOwned(
-                f"{self._core.what} was acquired by the parent process before a fork; "
+                f"{self.core.what} was acquired by the parent process before a fork; "
                 "a child process cannot renew it (acquire a lock of its own)"
             )
-        result = await self._driver.renew_now()
+        result = await self.driver.renew_now()
         if result is None:
-            raise LockNotOwned(f"{self._core.what} is not held by this object: acquire() it first")
+            raise LockNotOwned(f"{self.core.what} is not held by this object: acquire() it first")
         return result
 
     # ------------------------------------------------------------------ releasing
     async def release(self) -> bool:
-        """Release the lock; True if the server confirmed it. Idempotent.
-
-        Stops the renewal first (waiting for one in flight). When its connection broke, it
-        reconnects to the lock's server once and releases by token there. When the server
-        does not answer (down, restarting, draining), the release is handed to the background
-        and this returns False at once (logged): the background goes on reconnecting and
-        releasing by token while the lease runs, and the lease frees the key if the server
-        stays away longer; the lock object is free to acquire again meanwhile (its next grant
-        comes after the old one is released or has run out). False when nothing was held or
-        the lock was lost. If the server no
-        longer held the grant (its lease ran out unnoticed, e.g. while the process was paused,
-        or it was freed with a closed connection), the lock was lost before this release: it
-        is reported as lost (`lost`, `lost_event`, ``on_lost``) first. Leaves a queue after
-        `enqueue`. In a fork child of the holder, does nothing (the parent's lock and socket
-        are untouched).
-        Interrupting it closes the connection, which makes the server release the lock.
-        """
-        if self._forked():
+        """The lock's `release`: stop renewing, then release the grant (by token on a new
+        connection when its own broke; in the background when the server does not answer);
+        a loss found on the way is reported first. Interrupted: the pinned connection is
+        closed (`_abandon`)."""
+        if self.forked():
             return False
         try:
-            await self._driver.stop()
-            async with self._op_lock:
+            await self.driver.stop()
+            async with self.op_lock:
                 released = await self._release_locked()
-                lost_here = self._core.lost and self._core.state is LockState.HELD
+                lost_here = self.core.lost and self.core.state is LockState.HELD
             if lost_here:
                 # The server no longer held the grant: lost before this release, never silent.
                 # Notified outside the operation lock (the callback may use the lock), with
                 # the fence still known; then forgotten.
-                await self._notify_lost()
-                async with self._op_lock:
-                    if self._core.lost and self._core.state is LockState.HELD:
-                        self._core.reset()
+                await self.notify_lost()
+                async with self.op_lock:
+                    if self.core.lost and self.core.state is LockState.HELD:
+                        self.core.reset()
             return released
         except BaseException:
             self._abandon()
@@ -484,16 +393,16 @@ class AsyncHeldLock:
         """Interrupted release: close the pinned connection (the server then frees the lock,
         after its session time on a session connection, and any queue position at once)
         rather than leave a held lock without renewal."""
-        conn, self._conn = self._conn, None
+        conn, self.conn = self.conn, None
         if conn is not None:
-            self._driver.unwatch(conn)
+            self.driver.unwatch(conn)
             conn.close()
-        self._core.reset()
+        self.core.reset()
 
     async def _release_locked(self) -> bool:
-        conn, self._conn = self._conn, None
-        self._driver.unwatch(conn)
-        core = self._core
+        conn, self.conn = self.conn, None
+        self.driver.unwatch(conn)
+        core = self.core
         state = core.state
         if state is LockState.IDLE:
             return False
@@ -503,10 +412,10 @@ class AsyncHeldLock:
                 await conn.aclose()  # no dequeue command: closing the connection leaves the queue
             return False
         if core.lost:
-            return await self._let_go(conn)
+            return await self.let_go(conn)
         try:
-            sent = await self._request_held(
-                self._unless_broken(conn), lambda _: core.release_request(), once=True
+            sent = await self.request_held(
+                self.unless_broken(conn), lambda _: core.release_request(), once=True
             )
         except BaseException:
             core.reset()  # interrupted: the request closed the connection
@@ -516,14 +425,49 @@ class AsyncHeldLock:
             return False
         reply, conn, retried = sent
         released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
-        await self._checkin(conn)
+        await self.checkin(conn)
         return released
+
+    async def hand_off(self, lease: int) -> bool:
+        """The lock's `hand_off`, ``lease`` checked: let go of the held grant without
+        releasing it (``hd`` with a lease of ``lease`` seconds; a server without holds: a last
+        renewal to it). True when the server did."""
+        if self.forked() or not self.core.locked():
+            return False
+        await self.driver.stop()
+        async with self.op_lock:
+            core = self.core
+            conn, self.conn = self.conn, None
+            self.driver.unwatch(conn)
+            if core.state is not LockState.HELD or core.lost:
+                return await self.let_go(conn)
+            try:
+                sent = await self.request_held(
+                    self.unless_broken(conn), lambda server: core.hand_off_request(lease, server)
+                )
+            except BaseException:
+                core.reset()
+                raise
+            broken = core.broken
+            core.reset()
+            if sent is None:
+                logger.warning(
+                    "handing off dflock %s: the lock server at %s could not be reached "
+                    "before the lease ran out (%s)",
+                    core.what,
+                    core.endpoint.address,
+                    redact(broken or "unreachable"),
+                )
+                return False
+            reply, conn, _ = sent
+            await self.checkin(conn)
+            return isinstance(reply, Renewed | protocol.Ok)
 
     def _release_later(self) -> None:
         """The server did not answer the release (operation lock held): hand it, with a copy
         of the grant, to the background, which reconnects and releases by token while the
         lease runs; the lock object itself is done with the grant (reset) at once."""
-        core = self._core
+        core = self.core
         later = copy.copy(core)
         core.reset()
         logger.info(
@@ -542,7 +486,7 @@ class AsyncHeldLock:
         """`_release_later`'s work: release ``core``'s grant by token, pausing between
         attempts while its lease runs; what came of it is logged (nobody waits for it)."""
         try:
-            sent = await self._request_held(None, lambda _: core.release_request(), core=core)
+            sent = await self.request_held(None, lambda _: core.release_request(), core=core)
         except Exception:
             logger.exception("unexpected error releasing dflock %s in the background", core.what)
             return
@@ -566,6 +510,3 @@ class AsyncHeldLock:
                 core.what,
                 core.endpoint.address,
             )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._core.describe()})"

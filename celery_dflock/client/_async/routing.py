@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections import abc
 
+from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._by_token import Request
-from celery_dflock.client._connection import AsyncConnection
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, split_address
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import ClientSettings, Endpoint

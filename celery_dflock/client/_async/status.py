@@ -9,7 +9,7 @@ the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
 from __future__ import annotations
 
 from celery_dflock.client import protocol
-from celery_dflock.client._connection import AsyncConnection
+from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._status import (

@@ -3,49 +3,71 @@
 """The connection pool, written once (see `celery_dflock.client.pool` for what a pool does).
 
 The asyncio pool is written in ``celery_dflock/client/_async/pool.py``; the blocking one is
-generated from it in ``_sync/`` by ``scripts/unasync.py``.
+generated from it in ``_sync/`` by ``scripts/unasync.py``. A pool owns its idle connections
+(`celery_dflock.client._pooling.IdleConnections`) and what its kind adds (its face's
+`PoolFace`: the event loop an asyncio pool belongs to, the renewer of a blocking one).
 """
 
 from __future__ import annotations
 
 from typing import Self
 
-from celery_dflock.client._connection import Connection
+from celery_dflock.client._pooling import (
+    DEFAULT_MAX_IDLE_PER_SERVER,
+    DEFAULT_MAX_IDLE_TIME_S,
+    IdleConnections,
+)
+from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
-from celery_dflock.client._sync_backend import PoolBase
+from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client._sync_backend import PoolFace, PoolRenewer
 
 __all__ = ["ConnectionPool"]
 
 
-class ConnectionPool(PoolBase):
+class ConnectionPool:
     """Idle connections for the locks and semaphores of its kind (``pool=``).
 
     ``opened``, ``reused`` and ``discarded`` count connections opened, handed out again after
     a check, and dropped (dead, too old, or over ``max_idle_per_server``).
     """
 
+    def __init__(
+        self,
+        *,
+        max_idle_per_server: int = DEFAULT_MAX_IDLE_PER_SERVER,
+        max_idle_time_s: float = DEFAULT_MAX_IDLE_TIME_S,
+    ) -> None:
+        face = self._face = PoolFace()
+        self._idle: IdleConnections[Connection] = IdleConnections(
+            max_idle_per_server, max_idle_time_s, face.forked
+        )
+
     def checkout(self, endpoint: Endpoint) -> Connection:
         """A verified idle connection to ``endpoint``, or a new one."""
-        self._check()
-        while (conn := self._take(endpoint)) is not None:
-            if not self._store.too_old(conn) and conn.is_reusable():
-                self._count_reused()
+        idle = self._idle
+        idle.check_fork()
+        self._face.check()
+        while (conn := idle.take(endpoint)) is not None:
+            if not idle.too_old(conn) and conn.is_reusable():
+                idle.count_reused()
                 return conn
             conn.close()
-            self._count_discarded()
-        conn = self._open(endpoint)
-        self._opened(conn, conn.server)
+            idle.count_discarded()
+        conn = Connection.connect(endpoint, idle.known(endpoint))
+        idle.count_opened(conn, conn.server)
         return conn
 
     def checkin(self, conn: Connection) -> None:
         """Give a connection back (closed, busy or foreign ones are dropped)."""
-        self._check()
-        if not self._keep(conn):
+        self._idle.check_fork()
+        self._face.check()
+        if not self._idle.keep(conn):
             conn.close()
 
     def close(self) -> None:
         """Close every idle connection (the pool stays usable)."""
-        for conn in self._drain():
+        for conn in self._idle.drain():
             conn.close()
 
     def __enter__(self) -> Self:
@@ -53,3 +75,37 @@ class ConnectionPool(PoolBase):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def idle_count(self, host: str | None = None, port: int | None = None) -> int:
+        """Idle connections held (to ``host``/``port`` when given)."""
+        return self._idle.count(host, port)
+
+    @property
+    def opened(self) -> int:
+        """Connections this pool opened (in this process) and handed out. (The first
+        connection to a server without ``hello`` costs one more, closed at once.)"""
+        return self._idle.opened
+
+    @property
+    def reused(self) -> int:
+        """Idle connections handed out again after passing the liveness check."""
+        return self._idle.reused
+
+    @property
+    def discarded(self) -> int:
+        """Connections dropped instead of kept."""
+        return self._idle.discarded
+
+    def server_info(self, host: str, port: int) -> ServerInfo | None:
+        """What the server at ``host:port`` answered to ``hello`` (None: not asked yet)."""
+        return self._idle.server_info(host, port)
+
+    @property
+    def renewer(self) -> PoolRenewer:
+        """Renews the leases of every lock using this pool, from one long-lived thread (more
+        only while a renewal is stuck on a slow server); fork safe like the pool. (Public on
+        the blocking pool only: each asyncio lock renews from a task of its own.)"""
+        return self._face.renewer
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._idle.describe()}>"

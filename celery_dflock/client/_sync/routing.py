@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections import abc
 
 from celery_dflock.client._by_token import Request
-from celery_dflock.client._connection import Connection
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, split_address
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import ClientSettings, Endpoint
+from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ServerUnavailable

@@ -11,7 +11,6 @@ the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
 from __future__ import annotations
 
 from celery_dflock.client import protocol
-from celery_dflock.client._connection import Connection
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._status import (
@@ -21,6 +20,7 @@ from celery_dflock.client._status import (
     shards_of,
     with_stats,
 )
+from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client.errors import DflockError
 from celery_dflock.client.protocol import Command
 

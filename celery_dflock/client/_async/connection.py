@@ -1,11 +1,12 @@
-"""What a connection does with requests, on top of its own I/O: authenticate, learn what the
-server supports (``hello``), check it is alive (``ping``).
+"""A connection to a lock server: requests one at a time, each closing the connection when it
+cannot complete; authenticating, learning what the server supports (``hello``), checking it is
+alive (``ping``), and whether an idle one is still sound.
 
-The I/O itself differs in substance between the blocking connection (a socket waited on with
-``poll``) and the asyncio one (a stream protocol), so each is hand-written in
-`celery_dflock.client._connection`; what they do with it is written once, in
-``celery_dflock/client/_async/connection_ops.py``, and the blocking mixin is generated from it
-in ``_sync/`` by ``scripts/unasync.py``.
+Written once for both faces: the asyncio source, ``celery_dflock/client/_async/connection.py``,
+and the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``. The I/O
+itself differs in substance between the blocking connection (a socket waited on with ``poll``)
+and the asyncio one (a stream protocol): each connection owns a transport, hand-written in
+`celery_dflock.client._connection`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ import time
 from typing import Self
 
 from celery_dflock.client import protocol
-from celery_dflock.client._servers import CLOSING_ERRORS, ServerInfo, auth_reply_error, server_info
+from celery_dflock.client._connection import AsyncStreamTransport
+from celery_dflock.client._servers import (
+    CLOSING_ERRORS,
+    FEATURE_PING,
+    ServerInfo,
+    auth_reply_error,
+    server_info,
+)
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavailable
 from celery_dflock.client.protocol import Command, ErrorReply, Reply, ReplyParser
 
-__all__ = ["AsyncConnectionOps"]
+__all__ = ["AsyncConnection"]
 
 
 def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
@@ -47,27 +55,18 @@ def unsolicited(endpoint: Endpoint, parser: ReplyParser) -> ProtocolError:
     )
 
 
-class AsyncConnectionOps:
-    """Requests built on `request`; a connection class supplies the I/O."""
+class AsyncConnection:
+    """A connection to one lock server, on a transport of its own; coroutine safe (requests
+    are serialized by a lock)."""
 
-    endpoint: Endpoint
-    server: ServerInfo | None
-    """What the server said to ``hello`` (None: not asked on this connection)."""
-    pid: int
-    last_used: float
-    _closed: bool
-    _in_flight: bool
-    _lock: asyncio.Lock
-    _parser: ReplyParser
-
-    def _init_state(self, endpoint: Endpoint) -> None:
-        """The state every connection starts with (the fields of its own I/O are its
-        class's)."""
+    def __init__(self, endpoint: Endpoint, transport: AsyncStreamTransport) -> None:
         self.endpoint = endpoint
         self.pid = os.getpid()
         self.last_used = time.monotonic()
-        self.server = None
-        self._parser = ReplyParser()
+        self.server: ServerInfo | None = None
+        """What the server said to ``hello`` (None: not asked on this connection)."""
+        self._transport = transport
+        self._parser = transport.parser
         self._lock = asyncio.Lock()
         self._closed = False
         self._in_flight = False
@@ -75,11 +74,14 @@ class AsyncConnectionOps:
     @classmethod
     async def open(cls, endpoint: Endpoint) -> Self:
         """Connect (bounded by ``connect_timeout_s``), with TLS, and authenticate."""
-        raise NotImplementedError
+        conn = cls(endpoint, await AsyncStreamTransport.open(endpoint))
+        await conn._authenticate()
+        return conn
 
-    async def _exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
-        """Send ``data`` and read its reply (request lock held): the connection's own I/O."""
-        raise NotImplementedError
+    @property
+    def transport(self) -> AsyncStreamTransport:
+        """Its byte side (what the renewal's watch of a held connection looks at)."""
+        return self._transport
 
     async def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
         """Send one request and return its decoded reply.
@@ -98,7 +100,7 @@ class AsyncConnectionOps:
                 raise ServerUnavailable(f"the connection to {self.endpoint.address} is closed")
             self._in_flight = True
             try:
-                reply = await self._exchange(command, data, timeout)
+                reply = await self._transport.exchange(command, data, timeout)
                 if self._parser.buffered:
                     raise unsolicited(self.endpoint, self._parser)
             except BaseException as exc:
@@ -114,14 +116,49 @@ class AsyncConnectionOps:
             return reply
 
     def _abort(self) -> None:
-        """Close at once (used when a request cannot complete)."""
-        raise NotImplementedError
+        """Close at once, dropping unsent data (used when a request cannot complete)."""
+        self._shut(abort=True)
 
     def close(self) -> None:
-        raise NotImplementedError
+        """Start closing (no await needed); idempotent."""
+        self._shut(abort=False)
+
+    def _shut(self, *, abort: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._transport.close(abort=abort)
 
     async def aclose(self) -> None:  # unasync: async only
-        raise NotImplementedError  # unasync: async only
+        """Close and wait until the transport is closed."""  # unasync: async only
+        self.close()  # unasync: async only
+        if self.pid == os.getpid():  # unasync: async only
+            await self._transport.wait_closed()  # unasync: async only
+
+    async def is_reusable(self) -> bool:
+        """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered where
+        the server knows it and the transport needs one (else: nothing waiting to be read)."""
+        if (
+            self._closed
+            or self.pid != os.getpid()
+            or self._parser.buffered
+            or self._transport.at_eof()
+        ):
+            return False
+        server = self.server
+        if self._transport.pings and server is not None and server.supports(FEATURE_PING):
+            return await self.ping()
+        return self._transport.quiet()
+
+    def broken_while_idle(self) -> bool:
+        """With no request in flight: True when the connection is unusable: EOF, a reset, a
+        TLS close_notify, or bytes nobody asked for. False while a request is in flight (it
+        sees a broken connection itself) and for TLS records that carry no data (tickets)."""
+        if self._closed:
+            return True
+        if self._in_flight:
+            return False
+        return self._transport.broken(self._lock)
 
     @classmethod
     async def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> Self:
