@@ -26,6 +26,7 @@ NAME = "report"
 ORDER = (
     "server",
     "journal",
+    "restart",
     "cluster",
     "contention",
     "scale",
@@ -37,6 +38,7 @@ ORDER = (
 SECTIONS = {
     "server": "Lock server: dflockd against Redis",
     "journal": "Lease journal: what durability costs, beside Redis's AOF",
+    "restart": "Restart: a million leases held, kill -9, beside Redis loading its AOF",
     "cluster": "Cluster mode: one server against a 3-member cluster and 3 static members",
     "contention": "Contention: many waiters on one key",
     "scale": "Scale: memory per held lock and per idle connection",

@@ -28,9 +28,9 @@ from dflockd_server.admission import Admission
 from dflockd_server.buildinfo import BUILD
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
-from dflockd_server.fence import FenceStateError, fence_of
+from dflockd_server.fence import FenceStateError
 from dflockd_server.grace import LeaseRecord
-from dflockd_server.journal import Journal
+from dflockd_server.journal import Journal, paused_gc
 from dflockd_server.leasebound import LeaseBound
 from dflockd_server.loops import at_turn_end, loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
@@ -384,19 +384,15 @@ class Server(Admission, KeyServing):
         them, which the caller raises the counter above (before any grant)."""
         assert plan.journal is not None and self.fence is not None
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
-        restored = 0
-        highest = 0
-        for rec, left in plan.leases:
-            holder = table.restore(rec, left)
-            if holder is None:
-                log.warning(
-                    "journal: not restored (its key is full or of another limit): %s", rec.key
-                )
-                continue
-            restored += 1
-            highest = max(highest, fence_of(rec.token))
+        with paused_gc():
+            restored, highest, refused = table.restore_all(plan.leases)
+        for rec in refused:
+            log.warning("journal: not restored (its key is full or of another limit): %s", rec.key)
         journal.anchor()
-        journal.open(self._live_records(journal, table))
+        if plan.resume:
+            journal.resume([*plan.ended, *(rec.token for rec in refused)])
+        else:
+            journal.open(self._live_records(journal, table))
         journal.stats.restored = restored
         if plan.read is not None and plan.read.damage:
             journal.stats.dropped_records = plan.read.dropped_lines

@@ -27,7 +27,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.fence import FenceStateError
@@ -154,6 +154,13 @@ class StartPlan:
     """Where the fence ceiling is kept, or None."""
     journal: str | None
     """The journal's path, or None (no journal)."""
+    resume: bool = False
+    """The journal was read whole and every lease comes back to its recorded end on the file's
+    own clock: the start goes on appending to it (``Journal.resume``) rather than writing every
+    lease into a new file."""
+    ended: list[str] = field(default_factory=lambda: [])
+    """With ``resume``: tokens of the file's grants whose lease ended before the restart (the
+    start records their end, so that no later start reads them as held)."""
 
 
 def plan_start(config: Config, state: StateDir | None) -> StartPlan:
@@ -196,6 +203,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 run_longest=config.max_lease_ttl_s if run_longest is None else run_longest,
             )
             leases = restore.leases
+            read.leases = {}  # the records are the plan's now: let go as they are restored
             _report(journal, read)
             if read.damaged_before_tail:
                 why = (
@@ -228,7 +236,9 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         )
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
-    return StartPlan(grace, leases, read, record, fence, journal)
+    resume = restore is not None and restore.exact and read is not None and not read.damage
+    ended = restore.ended if resume and restore is not None else []
+    return StartPlan(grace, leases, read, record, fence, journal, resume, ended)
 
 
 def _report(path: str, read: JournalRead) -> None:

@@ -45,6 +45,7 @@ from dflockd_server.keys import (
     Waiter,
     lock_state,
 )
+from dflockd_server.leases import COMPACT_MIN
 
 __all__ = [
     "AlreadyEnqueued",
@@ -393,6 +394,33 @@ class LockTable(HoldTable):
         self._leases.add(holder, expires_at, lease_ttl)
         self.counts.restored[is_sem] += 1
         return holder
+
+    def restore_all(
+        self, leases: list[tuple[RecordedGrant, float]]
+    ) -> tuple[int, int, list[RecordedGrant]]:
+        """``restore`` each of ``leases`` (a start's, in grant order), emptying the list as it
+        goes: each record is let go as the next holder is made, which takes its memory, so a
+        restart leaves no holes where the records were. The lease index is not compacted
+        meanwhile (nothing in it is stale yet). Returns the grants restored, the highest fence
+        among them, and the records not restored (see ``restore``)."""
+        index = self._leases
+        index.cap = 1 << 62
+        restored = highest = 0
+        refused: list[RecordedGrant] = []
+        leases.reverse()
+        pop = leases.pop
+        try:
+            while leases:
+                rec, left = pop()
+                if self.restore(rec, left) is None:
+                    refused.append(rec)
+                    continue
+                restored += 1
+                fence = fence_of(rec.token)
+                highest = max(highest, fence)
+        finally:
+            index.cap = 2 * index.count + COMPACT_MIN
+        return restored, highest, refused
 
     def live_holders(self) -> list[tuple[Holder, KeyState | None, int | None]]:
         """Every grant held now, with its key's state (``None``: a lock that keeps none) and
