@@ -118,6 +118,10 @@ class RecordedGrant:
     detached: bool
     on_close: int | None
     note: str | None
+    left: float = 0.0
+    """Seconds from the restart to its end, set by ``restored_leases`` on the records it
+    returns (a field, not a tuple beside each record: a million tuples left holes in the
+    memory a restart keeps)."""
 
 
 @dataclass(slots=True)
@@ -353,8 +357,8 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
 class Restore:
     """What ``restored_leases`` makes of a journal."""
 
-    leases: list[tuple[RecordedGrant, float]]
-    """The grants still running, each with its seconds left, in grant order."""
+    leases: list[RecordedGrant]
+    """The grants still running, in grant order, each with its seconds left (``left``)."""
     how: str
     """Which rule gave their time left, in the operator's terms (for the start-up log)."""
     grace_s: float
@@ -376,15 +380,15 @@ def restored_leases(
     monotonic_ms: int | None = None,
     this_boot: str | None = None,
 ) -> Restore:
-    """The grants of ``read`` still running now, each with its seconds left (the module's doc
-    gives the rules). ``complete``: the journal's ``complete`` mark is there; ``run_longest``:
-    the longest lease its run recorded (``grace``), 0 when unknown. The clock arguments are for
-    tests."""
+    """The grants of ``read`` still running now, each with its seconds left set in its
+    ``left`` (the module's doc gives the rules). ``complete``: the journal's ``complete`` mark
+    is there; ``run_longest``: the longest lease its run recorded (``grace``), 0 when unknown.
+    The clock arguments are for tests."""
     mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
     boot = boot_id() if this_boot is None else this_boot
     anchor = read.anchor
     same_boot = anchor is not None and anchor[0] != "-" and anchor[0] == boot and mono >= anchor[2]
-    out: list[tuple[RecordedGrant, float]] = []
+    out: list[RecordedGrant] = []
     grace = 0.0
     if anchor is None:  # not even a whole header: the file was never a run's journal
         return Restore(out, "the journal holds no header: nothing was recorded in it", grace)
@@ -404,7 +408,8 @@ def restored_leases(
                     left = float(on_close)  # its connection closed with the process
                 left = min(left, float(max(rec.lease_ttl, on_close)))
             if left > 0:
-                append((rec, left))
+                rec.left = left
+                append(rec)
             else:
                 ended.append(rec.token)
         return Restore(out, how, grace, exact=True, ended=ended)
@@ -436,6 +441,7 @@ def restored_leases(
         grace = float(run_longest)
     for rec in read.leases.values():
         left = float(max(rec.lease_ttl, rec.on_close or 0, floor))
-        out.append((rec, left))
+        rec.left = left
+        out.append(rec)
         grace = max(grace, left) if grace else grace
     return Restore(out, how, grace)

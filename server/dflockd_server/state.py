@@ -144,8 +144,8 @@ class StartPlan:
     """What a start does with the state it finds."""
 
     grace: GraceDecision
-    leases: list[tuple[RecordedGrant, float]]
-    """The leases to restore, each with its seconds left."""
+    leases: list[RecordedGrant]
+    """The leases to restore, each with its seconds left (``left``)."""
     read: JournalRead | None
     """What was read of the journal (None: no journal read)."""
     grace_record: str | None
@@ -183,7 +183,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     earlier = state.has_earlier_state()
     why = ""
     read: JournalRead | None = None
-    leases: list[tuple[RecordedGrant, float]] = []
+    leases: list[RecordedGrant] = []
     restore: Restore | None = None
     try:
         exists = os.path.exists(journal)

@@ -395,10 +395,9 @@ class LockTable(HoldTable):
         self.counts.restored[is_sem] += 1
         return holder
 
-    def restore_all(
-        self, leases: list[tuple[RecordedGrant, float]]
-    ) -> tuple[int, int, list[RecordedGrant]]:
-        """``restore`` each of ``leases`` (a start's, in grant order), emptying the list as it
+    def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
+        """``restore`` each of ``leases`` (a start's, in grant order, each ``left`` seconds from
+        its end), emptying the list as it
         goes: each record is let go as the next holder is made, which takes its memory, so a
         restart leaves no holes where the records were. The lease index is not compacted
         meanwhile (nothing in it is stale yet). Returns the grants restored, the highest fence
@@ -411,8 +410,8 @@ class LockTable(HoldTable):
         pop = leases.pop
         try:
             while leases:
-                rec, left = pop()
-                if self.restore(rec, left) is None:
+                rec = pop()
+                if self.restore(rec, rec.left) is None:
                     refused.append(rec)
                     continue
                 restored += 1

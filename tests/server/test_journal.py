@@ -89,9 +89,9 @@ def test_on_the_same_boot_a_lease_comes_back_until_its_recorded_end_at_most_one_
     # Recorded until 1_040_000 ms (40 s after the anchor), lease 20 s.
     read = read_journal(write(tmp_path, journal_bytes("G aaaa k 1 0 20 1040000 c -")))
     at_once = restored_leases(read, monotonic_ms=500, this_boot="b00t")
-    assert at_once.leases[0][1] == 20.0  # capped at one lease: nothing renewed it meanwhile
+    assert at_once.leases[0].left == 20.0  # capped at one lease: nothing renewed it meanwhile
     later = restored_leases(read, monotonic_ms=30_500, this_boot="b00t")
-    assert later.leases[0][1] == pytest.approx(10.0)
+    assert later.leases[0].left == pytest.approx(10.0)
     assert restored_leases(read, monotonic_ms=40_500, this_boot="b00t").leases == []
     assert at_once.grace_s == later.grace_s == 0
 
@@ -102,7 +102,7 @@ def test_on_the_same_boot_the_files_own_clock_counts_not_a_wall_clock_that_jumpe
     read = read_journal(write(tmp_path, journal_bytes("G aaaa k 1 0 20 1040000 c -")))
     for wall_ms in (1_600_000, 400_000):  # the wall clock 10 minutes ahead, or behind
         kept = restored_leases(read, wall_ms=wall_ms, monotonic_ms=30_500, this_boot="b00t")
-        assert kept.leases[0][1] == pytest.approx(10.0)  # 30 s passed on the monotonic clock
+        assert kept.leases[0].left == pytest.approx(10.0)  # 30 s passed on the monotonic clock
 
 
 @pytest.mark.parametrize("wall_ms", [1_600_000, 400_000, 1_000_000])
@@ -116,15 +116,15 @@ def test_after_a_reboot_every_lease_runs_its_full_lease_whatever_the_wall_clock(
     records = ("G aaaa k 1 0 20 1040000 c -", "G bbbb h 1 0 30 1050000 d 45")
     always = read_journal(write(tmp_path, journal_bytes(*records, fsync="always")))
     got = restored_leases(always, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [left for _, left in got.leases] == [40.0, 45.0]
+    assert [r.left for r in got.leases] == [40.0, 45.0]
     assert got.grace_s == 0 and "another boot" in got.how
     everysec = read_journal(write(tmp_path, journal_bytes(*records, fsync="everysec")))
     got = restored_leases(everysec, run_longest=60, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [left for _, left in got.leases] == [60.0, 60.0]
+    assert [r.left for r in got.leases] == [60.0, 60.0]
     assert got.grace_s == 60.0 and "no grant until then" in got.how
     clean = read_journal(write(tmp_path, journal_bytes(*records, "C", fsync="everysec")))
     got = restored_leases(clean, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [left for _, left in got.leases] == [40.0, 45.0] and got.grace_s == 0
+    assert [r.left for r in got.leases] == [40.0, 45.0] and got.grace_s == 0
 
 
 def test_a_journal_without_its_complete_mark_restores_the_longest_lease_from_now(
@@ -136,7 +136,7 @@ def test_a_journal_without_its_complete_mark_restores_the_longest_lease_from_now
     got = restored_leases(
         read, complete=False, run_longest=33, monotonic_ms=30_500, this_boot="b00t"
     )
-    assert [left for _, left in got.leases] == [33.0] and got.grace_s == 0
+    assert [r.left for r in got.leases] == [33.0] and got.grace_s == 0
 
 
 def test_moves_and_extensions_change_what_comes_back(tmp_path: Path) -> None:
@@ -662,7 +662,7 @@ def test_a_later_header_of_the_same_boot_puts_the_times_after_it_on_the_first_cl
     assert read.leases["bbbb"].until_ms == 1_030_000
     assert read.leases["aaaa"].until_ms == 1_035_000
     got = restored_leases(read, monotonic_ms=20_500, this_boot="b00t")
-    assert got.exact and [left for _, left in got.leases] == [15.0, 10.0]
+    assert got.exact and [r.left for r in got.leases] == [15.0, 10.0]
 
 
 def test_a_later_header_of_another_boot_makes_the_file_read_as_of_another_boot(
@@ -673,7 +673,7 @@ def test_a_later_header_of_another_boot_makes_the_file_read_as_of_another_boot(
     read = read_journal(write(tmp_path, data))
     assert read.anchor is not None and read.anchor[0] == "-"
     got = restored_leases(read, run_longest=30, monotonic_ms=20_500, this_boot="b00t")
-    assert not got.exact and [left for _, left in got.leases] == [30.0, 30.0]
+    assert not got.exact and [r.left for r in got.leases] == [30.0, 30.0]
 
 
 @pytest.mark.parametrize("cut", [0, 5, 60])
