@@ -292,20 +292,22 @@ def _read_lines(read: JournalRead, data: bytes) -> int:
         return _read_slowly(read, data)
     texts.pop()
     leases = read.leases
+    shift = read.shift_ms
     for n, text in enumerate(texts):
         try:
             parts = text.split(" ", 10)
             if parts[1] == "G" and len(parts) >= 10:
                 # a grant, the most common record (``_apply``'s, inlined)
                 token = parts[2]
+                limit = parts[4]
                 on_close = parts[9]
                 leases[token] = RecordedGrant(
                     token,
                     parts[3],
-                    int(parts[4]),
+                    1 if limit == "1" else int(limit),
                     parts[5] == "1",
                     int(parts[6]),
-                    int(parts[7]) - read.shift_ms,
+                    int(parts[7]) - shift,
                     parts[8] == "d",
                     None if on_close == "-" else int(on_close),
                     parts[10] if len(parts) > 10 else None,
@@ -314,12 +316,14 @@ def _read_lines(read: JournalRead, data: bytes) -> int:
                 problem = None
             else:
                 problem = _apply(read, text[9:])
+                shift = read.shift_ms  # a header moves it
         except (ValueError, IndexError) as exc:
             problem = f"a record that does not parse ({exc})"
         if problem is not None:
             read.damage = problem
+            read.records += n
             return sum(map(len, lines[:n])) + n
-        read.records += 1
+    read.records += len(texts)
     return -1
 
 
