@@ -236,7 +236,14 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         )
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
-    resume = restore is not None and restore.exact and read is not None and not read.damage
+    # (more leases ended than are restored: a new file, which holds only these, is smaller)
+    resume = (
+        restore is not None
+        and restore.exact
+        and read is not None
+        and not read.damage
+        and len(restore.ended) <= len(leases)
+    )
     ended = restore.ended if resume and restore is not None else []
     return StartPlan(grace, leases, read, record, fence, journal, resume, ended)
 
