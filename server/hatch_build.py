@@ -44,6 +44,7 @@ COMPILED = (
     "holds",
     "table",
     "journal",
+    "replay",
     "dispatch",
     "stream",
     "connection",

@@ -15,6 +15,12 @@ the line and may)::
     R <token>                                           released, expired or dropped
     C                                                   closed by a graceful stop (fsynced)
 
+A restart on the same boot that restored every lease to its recorded end does not rewrite the
+file (issue 52: a million leases took seconds to write again): it appends its own ``H`` record,
+the anchor of its clock, and goes on appending (``resume``); ``replay`` puts the times after
+each later header back on the first one's clock. Any other start (another boot, damage, a
+journal not complete) writes a new file holding every lease it restored (``open``).
+
 ``until`` is a wall-clock time in milliseconds, on the file's clock: the anchor's wall time plus
 the monotonic time elapsed since (so a wall-clock step during the run does not move it). It is
 the lease's end as its holder was last told (rounded up to the next millisecond): every renewal
@@ -64,6 +70,7 @@ from dflockd_server.replay import (
     RecordedGrant,
     Restore,
     boot_id,
+    paused_gc,
     read_journal,
     restored_leases,
 )
@@ -81,6 +88,7 @@ __all__ = [
     "Restore",
     "boot_id",
     "drop_record",
+    "paused_gc",
     "read_journal",
     "restored_leases",
 ]
@@ -352,6 +360,40 @@ class Journal:
             self._replace(live)
         except OSError as exc:
             self._fail(exc, [])
+
+    def resume(self, ended: Iterable[str]) -> None:
+        """Go on appending to the journal a start read whole and restored on its own clock (the
+        same boot, its ``complete`` mark there, no damage: ``StartPlan.resume``) instead of
+        ``open``: its records stay as they are, followed by this run's header (the clock anchor
+        of ``anchor``; ``read_journal`` puts the ``until`` of what follows on the file's first
+        clock) and the release of each grant in ``ended`` (leases that ended meanwhile), so a
+        restart writes a few lines, not every lease held. The file is fsynced, what the killed
+        run left to the kernel included, before anything is served, as ``open`` fsyncs its new
+        file; a failure is ``open``'s (not ``writable``; ``recover`` writes a new file)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            self._fail(exc, [])
+            return
+        size = -1
+        try:
+            size = os.fstat(fd).st_size
+            data = b"".join([self._header(), *(drop_record(token) for token in ended)])
+            _write_all(fd, memoryview(data))
+            self._fsync_file(fd)
+        except OSError as exc:
+            if size >= 0:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+            os.close(fd)
+            self._fail(exc, [])
+            return
+        with self._fd_lock:
+            self._fd = fd
+            self._size = size + len(data)
+            self._written += 1
+            self._synced = self._written  # fsynced above
+        self.stats.fsyncs += 1
 
     def anchor(self) -> None:
         """Fix the clock anchor (before making the records ``open`` takes)."""

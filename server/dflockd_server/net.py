@@ -29,9 +29,9 @@ from dflockd_server.admission import Admission
 from dflockd_server.buildinfo import BUILD
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
-from dflockd_server.fence import FenceStateError, fence_of
+from dflockd_server.fence import FenceStateError
 from dflockd_server.grace import LeaseRecord
-from dflockd_server.journal import Journal
+from dflockd_server.journal import Journal, paused_gc
 from dflockd_server.leasebound import LeaseBound
 from dflockd_server.loops import loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
@@ -293,7 +293,7 @@ class Server:
         # Recorded (and a cluster member's published) before serving: a start killed during
         # its grace leaves the same bound, and the leases it restores are covered.
         # Recorded on a thread of its own (an fsync, an etcd round trip): see leasebound.
-        restored = max((max(r.lease_ttl, r.on_close or 0) for r, _ in plan.leases), default=0)
+        restored = max((max(r.lease_ttl, r.on_close or 0) for r in plan.leases), default=0)
         publish = self.node.publish_longest if self.node is not None else None
         initial = max(grace.seconds, restored)
         self.lease_bound = bound = await LeaseBound.start(
@@ -385,19 +385,15 @@ class Server:
         them, which the caller raises the counter above (before any grant)."""
         assert plan.journal is not None and self.fence is not None
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
-        restored = 0
-        highest = 0
-        for rec, left in plan.leases:
-            holder = table.restore(rec, left)
-            if holder is None:
-                log.warning(
-                    "journal: not restored (its key is full or of another limit): %s", rec.key
-                )
-                continue
-            restored += 1
-            highest = max(highest, fence_of(rec.token))
+        with paused_gc():
+            restored, highest, refused = table.restore_all(plan.leases)
+        for rec in refused:
+            log.warning("journal: not restored (its key is full or of another limit): %s", rec.key)
         journal.anchor()
-        journal.open(self._live_records(journal, table))
+        if plan.resume:
+            journal.resume([*plan.ended, *(rec.token for rec in refused)])
+        else:
+            journal.open(self._live_records(journal, table))
         journal.stats.restored = restored
         if plan.read is not None and plan.read.damage:
             journal.stats.dropped_records = plan.read.dropped_lines

@@ -27,7 +27,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.fence import FenceStateError
@@ -144,8 +144,8 @@ class StartPlan:
     """What a start does with the state it finds."""
 
     grace: GraceDecision
-    leases: list[tuple[RecordedGrant, float]]
-    """The leases to restore, each with its seconds left."""
+    leases: list[RecordedGrant]
+    """The leases to restore, each with its seconds left (``left``)."""
     read: JournalRead | None
     """What was read of the journal (None: no journal read)."""
     grace_record: str | None
@@ -154,6 +154,13 @@ class StartPlan:
     """Where the fence ceiling is kept, or None."""
     journal: str | None
     """The journal's path, or None (no journal)."""
+    resume: bool = False
+    """The journal was read whole and every lease comes back to its recorded end on the file's
+    own clock: the start goes on appending to it (``Journal.resume``) rather than writing every
+    lease into a new file."""
+    ended: list[str] = field(default_factory=lambda: [])
+    """With ``resume``: tokens of the file's grants whose lease ended before the restart (the
+    start records their end, so that no later start reads them as held)."""
 
 
 def plan_start(config: Config, state: StateDir | None) -> StartPlan:
@@ -176,7 +183,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     earlier = state.has_earlier_state()
     why = ""
     read: JournalRead | None = None
-    leases: list[tuple[RecordedGrant, float]] = []
+    leases: list[RecordedGrant] = []
     restore: Restore | None = None
     try:
         exists = os.path.exists(journal)
@@ -196,6 +203,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 run_longest=config.max_lease_ttl_s if run_longest is None else run_longest,
             )
             leases = restore.leases
+            read.leases = {}  # the records are the plan's now: let go as they are restored
             _report(journal, read)
             if read.damaged_before_tail:
                 why = (
@@ -228,7 +236,16 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         )
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
-    return StartPlan(grace, leases, read, record, fence, journal)
+    # (more leases ended than are restored: a new file, which holds only these, is smaller)
+    resume = (
+        restore is not None
+        and restore.exact
+        and read is not None
+        and not read.damage
+        and len(restore.ended) <= len(leases)
+    )
+    ended = restore.ended if resume and restore is not None else []
+    return StartPlan(grace, leases, read, record, fence, journal, resume, ended)
 
 
 def _report(path: str, read: JournalRead) -> None:

@@ -49,6 +49,7 @@ from dflockd_server.keys import (
     Waiter,
     lock_state,
 )
+from dflockd_server.leases import COMPACT_MIN
 
 __all__ = [
     "AlreadyEnqueued",
@@ -531,6 +532,32 @@ class LockTable:
         self.grants.leases.add(holder, expires_at, lease_ttl)
         self.counts.restored[is_sem] += 1
         return holder
+
+    def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
+        """``restore`` each of ``leases`` (a start's, in grant order, each ``left`` seconds from
+        its end), emptying the list as it
+        goes: each record is let go as the next holder is made, which takes its memory, so a
+        restart leaves no holes where the records were. The lease index is not compacted
+        meanwhile (nothing in it is stale yet). Returns the grants restored, the highest fence
+        among them, and the records not restored (see ``restore``)."""
+        index = self._leases
+        index.cap = 1 << 62
+        restored = highest = 0
+        refused: list[RecordedGrant] = []
+        leases.reverse()
+        pop = leases.pop
+        try:
+            while leases:
+                rec = pop()
+                if self.restore(rec, rec.left) is None:
+                    refused.append(rec)
+                    continue
+                restored += 1
+                fence = fence_of(rec.token)
+                highest = max(highest, fence)
+        finally:
+            index.cap = 2 * index.count + COMPACT_MIN
+        return restored, highest, refused
 
     def live_holders(self) -> list[tuple[Holder, KeyState | None, int | None]]:
         """Every grant held now, with its key's state (``None``: a lock that keeps none) and

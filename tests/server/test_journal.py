@@ -9,6 +9,7 @@ import random
 import re
 import resource
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,9 @@ def test_on_the_same_boot_a_lease_comes_back_until_its_recorded_end_at_most_one_
     # Recorded until 1_040_000 ms (40 s after the anchor), lease 20 s.
     read = read_journal(write(tmp_path, journal_bytes("G aaaa k 1 0 20 1040000 c -")))
     at_once = restored_leases(read, monotonic_ms=500, this_boot="b00t")
-    assert at_once.leases[0][1] == 20.0  # capped at one lease: nothing renewed it meanwhile
+    assert at_once.leases[0].left == 20.0  # capped at one lease: nothing renewed it meanwhile
     later = restored_leases(read, monotonic_ms=30_500, this_boot="b00t")
-    assert later.leases[0][1] == pytest.approx(10.0)
+    assert later.leases[0].left == pytest.approx(10.0)
     assert restored_leases(read, monotonic_ms=40_500, this_boot="b00t").leases == []
     assert at_once.grace_s == later.grace_s == 0
 
@@ -101,7 +102,7 @@ def test_on_the_same_boot_the_files_own_clock_counts_not_a_wall_clock_that_jumpe
     read = read_journal(write(tmp_path, journal_bytes("G aaaa k 1 0 20 1040000 c -")))
     for wall_ms in (1_600_000, 400_000):  # the wall clock 10 minutes ahead, or behind
         kept = restored_leases(read, wall_ms=wall_ms, monotonic_ms=30_500, this_boot="b00t")
-        assert kept.leases[0][1] == pytest.approx(10.0)  # 30 s passed on the monotonic clock
+        assert kept.leases[0].left == pytest.approx(10.0)  # 30 s passed on the monotonic clock
 
 
 @pytest.mark.parametrize("wall_ms", [1_600_000, 400_000, 1_000_000])
@@ -115,15 +116,15 @@ def test_after_a_reboot_every_lease_runs_its_full_lease_whatever_the_wall_clock(
     records = ("G aaaa k 1 0 20 1040000 c -", "G bbbb h 1 0 30 1050000 d 45")
     always = read_journal(write(tmp_path, journal_bytes(*records, fsync="always")))
     got = restored_leases(always, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [left for _, left in got.leases] == [40.0, 45.0]
+    assert [r.left for r in got.leases] == [40.0, 45.0]
     assert got.grace_s == 0 and "another boot" in got.how
     everysec = read_journal(write(tmp_path, journal_bytes(*records, fsync="everysec")))
     got = restored_leases(everysec, run_longest=60, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [left for _, left in got.leases] == [60.0, 60.0]
+    assert [r.left for r in got.leases] == [60.0, 60.0]
     assert got.grace_s == 60.0 and "no grant until then" in got.how
     clean = read_journal(write(tmp_path, journal_bytes(*records, "C", fsync="everysec")))
     got = restored_leases(clean, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [left for _, left in got.leases] == [40.0, 45.0] and got.grace_s == 0
+    assert [r.left for r in got.leases] == [40.0, 45.0] and got.grace_s == 0
 
 
 def test_a_journal_without_its_complete_mark_restores_the_longest_lease_from_now(
@@ -135,7 +136,7 @@ def test_a_journal_without_its_complete_mark_restores_the_longest_lease_from_now
     got = restored_leases(
         read, complete=False, run_longest=33, monotonic_ms=30_500, this_boot="b00t"
     )
-    assert [left for _, left in got.leases] == [33.0] and got.grace_s == 0
+    assert [r.left for r in got.leases] == [33.0] and got.grace_s == 0
 
 
 def test_moves_and_extensions_change_what_comes_back(tmp_path: Path) -> None:
@@ -650,3 +651,84 @@ def test_a_force_release_is_recorded_so_a_restart_does_not_bring_the_grant_back(
         stats = again.stats()
         assert stats["journal"]["restored"] == 1
         assert [e["key"] for e in stats["locks"]] == ["k"] and stats["semaphores"] == []
+
+
+# ---------------------------------------------------------------- issue 52: restarts that append
+def test_a_later_header_of_the_same_boot_puts_the_times_after_it_on_the_first_clock(
+    tmp_path: Path,
+) -> None:
+    """A restart on the same boot appends its own anchor (the wall clock stepped 980 s ahead
+    meanwhile, here): the times after it are read back on the first anchor's clock."""
+    data = journal_bytes("G aaaa k1 1 0 20 1040000 c -")
+    data += line("H 2 b00t 2000000 20500 always")
+    data += line("G bbbb k2 1 0 20 2010000 c -") + line("X aaaa 20 2015000")
+    read = read_journal(write(tmp_path, data))
+    assert not read.damage and read.headers == 2 and read.fsync == "always"
+    assert read.leases["bbbb"].until_ms == 1_030_000
+    assert read.leases["aaaa"].until_ms == 1_035_000
+    got = restored_leases(read, monotonic_ms=20_500, this_boot="b00t")
+    assert got.exact and [r.left for r in got.leases] == [15.0, 10.0]
+
+
+def test_a_later_header_of_another_boot_makes_the_file_read_as_of_another_boot(
+    tmp_path: Path,
+) -> None:
+    data = journal_bytes("G aaaa k1 1 0 20 1040000 c -", fsync="always")
+    data += line("H 2 other 5000 100 always") + line("G bbbb k2 1 0 20 9000 c -")
+    read = read_journal(write(tmp_path, data))
+    assert read.anchor is not None and read.anchor[0] == "-"
+    got = restored_leases(read, run_longest=30, monotonic_ms=20_500, this_boot="b00t")
+    assert not got.exact and [r.left for r in got.leases] == [30.0, 30.0]
+
+
+@pytest.mark.parametrize("cut", [0, 5, 60])
+def test_a_journal_read_in_small_chunks_reads_as_one_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: int
+) -> None:
+    """The file is read a chunk at a time: records across chunk ends, damage and a torn tail
+    read the same whatever the chunk size."""
+    import dflockd_server.replay as replay
+
+    grants = [f"G t{n} k{n} 1 0 20 1040000 c - note {n}" for n in range(30)]
+    whole = journal_bytes(*grants, "R t3", "X t4 25 1050000")
+    data = bytearray(whole[: len(whole) - cut])
+    if cut == 60:
+        data[len(data) // 2] ^= 0x01  # damage in the middle too
+    path = write(tmp_path, bytes(data))
+    expected = read_journal(path)
+    for chunk in (1, 7, 64, 1000):
+        monkeypatch.setattr(replay, "READ_CHUNK", chunk)
+        got = read_journal(path)
+        assert (got.leases, got.records, got.damage) == (
+            expected.leases,
+            expected.records,
+            expected.damage,
+        )
+        assert (got.dropped_bytes, got.dropped_lines, got.torn_tail) == (
+            expected.dropped_bytes,
+            expected.dropped_lines,
+            expected.torn_tail,
+        )
+    assert bool(expected.damage) == (cut > 0)
+
+
+def test_a_restart_on_the_same_boot_appends_to_the_journal_and_the_next_one_reads_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 52: the restart does not rewrite every lease; it appends its header (and the end
+    of the leases that ended meanwhile), and each later restart restores from the file."""
+    server = ServerThread(config(tmp_path)).start()
+    keep_port = server.port
+    (lock, short) = stopped_while_held(server, ("l", "k", f"0 {LEASE}"), ("l", "brief", "0 1"))
+    path = str(tmp_path / "journal")
+    size = Path(path).stat().st_size
+    time.sleep(1.2)  # the lease of "brief" ends before the restart
+    for starts in (2, 3):
+        with ServerThread(config(tmp_path, port=keep_port)) as again, Wire(again.address) as b:
+            assert again.stats()["journal"]["restored"] == 1
+            assert b.req("l", "k", "0") == "timeout"
+        read = read_journal(path)
+        assert read.headers == starts and not read.damage
+        assert list(read.leases) == [lock]
+        assert Path(path).stat().st_size > size
+    assert short not in read_journal(path).leases
