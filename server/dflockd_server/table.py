@@ -540,7 +540,7 @@ class LockTable:
         restart leaves no holes where the records were. The lease index is not compacted
         meanwhile (nothing in it is stale yet). Returns the grants restored, the highest fence
         among them, and the records not restored (see ``restore``)."""
-        index = self._leases
+        index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0
         refused: list[RecordedGrant] = []
