@@ -8,6 +8,9 @@ out ``asyncio.SelectorEventLoop`` (its group write then scheduled with ``call_so
 loop not the server's own: what asyncio's loop does once ``TurnLoop`` is gone)::
 
     uv run python benchmarks/results/ab/issue-52/ab.py [--pairs 1000 --base 200] [--pure-only]
+
+``--arms uvloop`` counts uvloop alone: on a later commit (``TurnLoop`` gone), the same counts of
+what the default install runs, to compare with this run's.
 """
 
 from __future__ import annotations
@@ -55,13 +58,18 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--base", type=int, default=200)
     parser.add_argument("--pure-only", action="store_true")
+    parser.add_argument("--arms", default=",".join(LOOPS), help="which of the loops to count")
     parser.add_argument("--out", default=str(Path(__file__).with_name("counts.json")))
     args = parser.parse_args()
     builds = [""] if args.pure_only else ["", COMPILED_SUFFIX]
-    results: dict[str, float] = {}
+    out = Path(args.out)
+    results: dict[str, float] = json.loads(out.read_text()) if out.exists() else {}
+    """Counts of an earlier run to the same file are kept (a run that stopped goes on)."""
     with workdir("dflock-ab-52-") as tmp:
         for build in builds:
             for arm, (loop, command) in LOOPS.items():
+                if arm not in args.arms.split(","):
+                    continue
                 argv = command()
                 for form, hold, depth in FORMS:
 
@@ -72,10 +80,12 @@ def main() -> int:
                             loop,
                             tmp,
                             command=[*wrapper, *argv],
-                            start_timeout_s=START_UNDER_VALGRIND_S,
+                            start_timeout_s=3 * START_UNDER_VALGRIND_S,  # a loaded machine
                         )
 
                     label = f"{arm}{' compiled' if build else ' pure'}: {form}"
+                    if label in results:
+                        continue
                     counted = count_server(
                         label,
                         start,
@@ -86,7 +96,7 @@ def main() -> int:
                     )
                     results[label] = counted.per_pair
                     print(f"{label}: {counted.per_pair:,.0f} per pair", flush=True)
-                    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+                    out.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
