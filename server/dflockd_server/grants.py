@@ -6,7 +6,7 @@ a connection's grant and a detached hold alike, one ``Holder`` each), ending a g
 (``move``), expiring a key's run-out leases, handing free slots on to the FIFO queue,
 announcing later grants (``flush``) once the table has finished changing, the per-connection
 caps and the restart grace. Pure state, no I/O: time from the injected clock, tokens from the
-injected generator, the journal and the lease bound from the table (``TableHooks``).
+injected generator.
 """
 
 from __future__ import annotations
@@ -40,24 +40,12 @@ a released holder and its token alive)."""
 
 
 class TableHooks(Protocol):
-    """What the grants read of the table that owns them (``table.LockTable``): what the server
-    sets there from outside, per request or at start-up, read here where a grant is made or
-    ends (plain attributes of the table: a request reads and sets them at no call's cost)."""
+    """What the grants read of the table that owns them (``table.LockTable``): what a request
+    sets there, read here only when a grant needs a longer lease bound (``raise_bound``).
+    A plain attribute of the table: the dispatch sets it per request at no call's cost."""
 
-    journal: Journal | None
-    """Where grants, renewals past the recorded expiry, moves and drops are recorded, or
-    None."""
-    lease_noted: int
-    """Leases up to this long need no ``note_lease`` call."""
-    note_lease: Callable[[int], int] | None
-    """Records a longer lease bound before a grant (``raise_bound``); returns the new bound."""
     asking: bool
     """The request follows an ``asking`` (cluster mode): ``asked_check`` decides for it."""
-    asked_check: Callable[[str], bytes | None] | None
-    grant_check: Callable[[str], bytes | None] | None
-    """The server's ownership check (None: every key is served), asked before a queued
-    waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
-    no waiter it queued before (the waiter is answered by the cluster node instead)."""
 
 
 class Grants:
@@ -76,8 +64,28 @@ class Grants:
         max_locks_per_connection: int,
         max_waits_per_connection: int,
         grace_s: float,
+        journal: Journal | None,
+        note_lease: Callable[[int], int] | None,
+        lease_noted: int,
     ) -> None:
         self.hooks = hooks
+        self.journal = journal
+        """Where grants, renewals past the recorded expiry, moves and drops are recorded, or
+        None."""
+        self.note_lease = note_lease
+        """Records a longer lease bound before a grant (``raise_bound``); returns the new
+        bound (it persists the bound the next start's grace relies on, and may refuse by
+        raising)."""
+        self.lease_noted = lease_noted
+        """Leases up to this long need no ``note_lease`` call."""
+        self.asked_check: Callable[[str], bytes | None] | None = None
+        """The ownership's check for an acquire after ``asking`` (cluster mode), used instead
+        of ``grant_check`` while the table's ``asking`` is set (by the session, for one
+        request)."""
+        self.grant_check: Callable[[str], bytes | None] | None = None
+        """The server's ownership check (None: every key is served), asked before a queued
+        waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
+        no waiter it queued before (the waiter is answered by the cluster node instead)."""
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
@@ -133,11 +141,10 @@ class Grants:
         """Before a lease longer than any so far: record (and, in a cluster, publish) the new
         bound. That may wait for the disk or etcd: the key is asked about again after it (a
         cluster member that stopped serving it meanwhile grants nothing)."""
-        hooks = self.hooks
-        if lease_ttl > hooks.lease_noted:
-            note_lease = hooks.note_lease
-            hooks.lease_noted = note_lease(lease_ttl) if note_lease is not None else lease_ttl
-            check = hooks.asked_check if hooks.asking else hooks.grant_check
+        if lease_ttl > self.lease_noted:
+            note_lease = self.note_lease
+            self.lease_noted = note_lease(lease_ttl) if note_lease is not None else lease_ttl
+            check = self.asked_check if self.hooks.asking else self.grant_check
             if check is not None and check(key) is not None:
                 raise FenceStateError(
                     f"stopped serving {key!r} while recording a longer lease; nothing granted"
@@ -288,8 +295,7 @@ class Grants:
         """Issue a grant on ``key`` (``state``: its state, ``None`` for a lock that keeps
         none): the token, the count, the journal's record, the client's view and the expiry
         index. The caller puts the holder in the key's entry."""
-        hooks = self.hooks
-        if lease_ttl > hooks.lease_noted:
+        if lease_ttl > self.lease_noted:
             self.raise_bound(lease_ttl, key)  # before the token: a failed write grants nothing
         token = self.new_token()
         self.counts.grants[False if state is None else state.is_sem] += 1
@@ -297,7 +303,7 @@ class Grants:
         holder = Holder(token, key, client, lease_ttl, expires_at, since=now)
         if note is not None:
             holder.note = note
-        journal = hooks.journal
+        journal = self.journal
         if journal is not None:
             journal.buf.append(journal.grant_record(holder, state, client is self.detached, None))
         client.held.append(holder)
@@ -346,7 +352,7 @@ class Grants:
         here, and only here."""
         why[0 if state is None else state.is_sem] += 1
         holder.live = False
-        journal = self.hooks.journal
+        journal = self.journal
         if journal is not None:
             journal.buf.append(drop_record(holder.token))
         client = holder.client
@@ -426,10 +432,10 @@ class Grants:
         queue = state.queue
         if queue is None or self.in_grace:
             return
-        journal = self.hooks.journal
+        journal = self.journal
         if journal is not None and not journal.writable:
             return  # no grant the journal cannot hold: they wait for it (``fill_waiting``)
-        check = self.hooks.grant_check
+        check = self.grant_check
         if check is not None and check(state.key) is not None:
             return
         items = queue.items
@@ -492,7 +498,7 @@ class Grants:
         expires_at = now + lease_ttl
         moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at, since=holder.since)
         moved.note = holder.note
-        journal = self.hooks.journal
+        journal = self.journal
         if journal is not None:
             moved.covered = journal.move(
                 holder.token,

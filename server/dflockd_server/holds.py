@@ -59,7 +59,7 @@ class HoldBook:
         if holder is None:
             return False
         holder.note = note
-        journal = grants.hooks.journal
+        journal = grants.journal
         if journal is not None:
             journal.note(token, note)
         return True
@@ -96,7 +96,7 @@ class HoldBook:
         if grants.max_locks_per_connection:
             grants.check_client_locks(client, key, None)
         longest = max(lease_ttl, on_close or 0)
-        if longest > grants.hooks.lease_noted:
+        if longest > grants.lease_noted:
             grants.raise_bound(longest, key)  # the close's lease too: a disconnect must not fail
         holder.note = note
         taken = grants.move(holder, client, lease_ttl, grants.clock(), on_close)

@@ -93,21 +93,9 @@ class LockTable:
         """Whether a close by the peer ends the connection's grants (see ``disconnect``)."""
         self.session_ttl_s = session_ttl_s
         """How long the grants of a session connection outlive its close by the peer."""
-        # What the server sets from outside (per request, or at start-up and shut-down), read
-        # by the grants as their ``TableHooks``.
-        self.journal = journal
-        """Where grants, renewals past the recorded expiry, moves and drops are recorded
-        (``journal``), or None."""
-        self.note_lease = note_lease
-        self.lease_noted = lease_noted
-        """Leases up to this long need no ``note_lease`` call."""
-        self.asked_check: Callable[[str], bytes | None] | None = None
-        """The ownership's check for an acquire after ``asking`` (cluster mode), used instead
-        of ``grant_check`` while ``asking`` is set (by the session, for one request)."""
         self.asking = False
-        self.grant_check: Callable[[str], bytes | None] | None = None
-        """The server's ownership check (None: every key is served), asked before a queued
-        waiter is promoted (see ``grants.TableHooks``)."""
+        """The request under way follows an ``asking`` (cluster mode): set by the session for
+        one request, read by the grants as their ``TableHooks``."""
         self.grants = Grants(
             self,
             clock=clock,
@@ -117,6 +105,9 @@ class LockTable:
             max_locks_per_connection=max_locks_per_connection,
             max_waits_per_connection=max_waits_per_connection,
             grace_s=grace_s,
+            journal=journal,
+            note_lease=note_lease,
+            lease_noted=lease_noted,
         )
         """The key map, queues and leases, and the steps that grant, move and free a grant."""
         self.holds = HoldBook(self.grants)
@@ -131,6 +122,50 @@ class LockTable:
         self.restored = grants.restored
         """The owner of restored grants awaiting their holder (``grants.Grants.restored``)."""
         self._next_client_id = 0
+
+    # What the server sets on the table (the grants keep them, where a grant reads them).
+    @property
+    def journal(self) -> Journal | None:
+        """Where grants, renewals past the recorded expiry, moves and drops are recorded
+        (``journal``), or None."""
+        return self.grants.journal
+
+    @journal.setter
+    def journal(self, journal: Journal | None) -> None:
+        self.grants.journal = journal
+
+    @property
+    def lease_noted(self) -> int:
+        """Leases up to this long need no ``note_lease`` call."""
+        return self.grants.lease_noted
+
+    @lease_noted.setter
+    def lease_noted(self, lease_noted: int) -> None:
+        self.grants.lease_noted = lease_noted
+
+    @property
+    def note_lease(self) -> Callable[[int], int] | None:
+        """Records a longer lease bound before a grant (see ``grants.Grants.note_lease``)."""
+        return self.grants.note_lease
+
+    @property
+    def grant_check(self) -> Callable[[str], bytes | None] | None:
+        """The server's ownership check (None: every key is served), asked before a queued
+        waiter is promoted (see ``grants.Grants.grant_check``)."""
+        return self.grants.grant_check
+
+    @grant_check.setter
+    def grant_check(self, check: Callable[[str], bytes | None] | None) -> None:
+        self.grants.grant_check = check
+
+    @property
+    def asked_check(self) -> Callable[[str], bytes | None] | None:
+        """The ownership's check for an acquire after ``asking`` (cluster mode)."""
+        return self.grants.asked_check
+
+    @asked_check.setter
+    def asked_check(self, check: Callable[[str], bytes | None] | None) -> None:
+        self.grants.asked_check = check
 
     @property
     def in_grace(self) -> bool:
@@ -292,7 +327,7 @@ class LockTable:
         holder = grants.holder_of(key, token)
         if holder is None or not grants.is_lock_grant(holder):
             return False
-        if lease_ttl > self.lease_noted:
+        if lease_ttl > grants.lease_noted:
             grants.raise_bound(lease_ttl, key)
         if holder.client is grants.detached:
             return self.renew(key, token, lease_ttl) is not None
@@ -468,13 +503,13 @@ class LockTable:
         holder = grants.live_holder(entry, token, now)
         if holder is None:
             return None
-        if lease_ttl > self.lease_noted:
+        if lease_ttl > grants.lease_noted:
             grants.raise_bound(lease_ttl, key)
         if holder.client.closed and client is not None:
             self.holds.reattach(holder, client, lease_ttl, now)
             return lease_ttl
         expires_at = now + lease_ttl
-        journal = self.journal
+        journal = grants.journal
         if journal is not None:
             covered = holder.covered
             if covered == AS_RECORDED:  # the grant's record is its last: what it covers
