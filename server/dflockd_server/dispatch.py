@@ -11,8 +11,8 @@ reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``A
 than ``table.lease_noted``: the request is parked until ``leasebound`` has recorded it).
 
 There is one dispatch: each command has one route (``Session.route_table``), which parses its
-request, the usual shapes first without building a ``Request`` (``protocol.quick_lock``,
-``quick_hold`` and ``quick_token``), then acts on the table.
+request with the command's one parser (``protocol.parse_<command>``), acts on the table and
+answers with ``protocol``'s reply bytes (no reply is formatted here).
 """
 
 from __future__ import annotations
@@ -42,11 +42,8 @@ log = logging.getLogger("dflockd_server")
 
 _AUTH: Final = c.CMD_AUTH.encode()
 _LOCK: Final = c.CMD_LOCK.encode()
-_RELEASE: Final = c.CMD_RELEASE.encode()
-_RENEW: Final = c.CMD_RENEW.encode()
+_ENQUEUE: Final = c.CMD_ENQUEUE.encode()
 _ASKING: Final = c.CMD_ASKING.encode()
-_SESSION: Final = c.HELLO_SESSION.encode()
-_STATUS_OK: Final = c.STATUS_OK.encode()
 _WHILE_DRAINING: Final = frozenset(
     command.encode()
     for command in (
@@ -237,8 +234,7 @@ class Session:
     # ------------------------------------------------------------------ routes
     @staticmethod
     def route_table() -> dict[bytes, _Route]:
-        """Each command's one route: it parses the request (the usual shapes first) and
-        acts."""
+        """Each command's one route: it parses the request (its command's parser) and acts."""
         routes = (
             ((c.CMD_LOCK, c.CMD_SEM_LOCK), Session._acquire),
             ((c.CMD_RELEASE, c.CMD_SEM_RELEASE), Session._release),
@@ -265,15 +261,14 @@ class Session:
 
     def _acquire(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``l``, ``sl``."""
-        quick = p.quick_lock(key, arg) if cmd == _LOCK else None
-        if quick is not None:
-            name, timeout, lease = quick
-            limit = None
-        else:
-            req = self._decode(cmd, key, arg)
-            if req is None:
-                return p.REPLY_ERROR
-            name, timeout, lease, limit = req.key, req.timeout, req.lease, req.limit
+        limit: int | None = None
+        try:
+            if cmd == _LOCK:
+                name, timeout, lease = p.parse_lock(key, arg)
+            else:
+                name, timeout, limit, lease = p.parse_sem_lock(key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
@@ -302,28 +297,17 @@ class Session:
         if got is None:
             return p.REPLY_TIMEOUT
         if type(got) is Holder:
-            return b"%s %s %d\n" % (_STATUS_OK, got.token.encode(), got.lease_ttl)
+            return p.reply_granted(got.token, got.lease_ttl)
         assert isinstance(got, Waiter)
         return self._later(Wait(got, timeout))
 
     def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hl``: a lock acquire with an owner note, bound to the connection or detached
-        (the usual shape first, as ``_acquire`` does: every LockedTask run sends one)."""
-        quick = p.quick_hold(key, arg)
-        if quick is not None:
-            name, timeout, lease, detached, note = quick
-        else:
-            req = self._decode(cmd, key, arg)
-            if req is None:
-                return p.REPLY_ERROR
-            assert req.lease is not None and req.note is not None
-            name, timeout, lease, detached, note = (
-                req.key,
-                req.timeout,
-                req.lease,
-                req.detached,
-                req.note,
-            )
+        (every LockedTask run sends one)."""
+        try:
+            name, timeout, lease, detached, note = p.parse_hold(key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
         if lease > self.max_lease:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
@@ -351,31 +335,32 @@ class Session:
         if got is None:
             return p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
-            return b"%s %s %d\n" % (_STATUS_OK, got.token.encode(), got.lease_ttl)
+            return p.reply_granted(got.token, got.lease_ttl)
         assert isinstance(got, Waiter)
         return self._later(Wait(got, timeout))
 
     def _note(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``note``: replace a held grant's owner note."""
-        req = self._decode(cmd, key, arg)
-        if req is None or req.note is None:
-            return p.REPLY_ERROR
+        try:
+            name, token, note = p.parse_note(key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY
-        return p.REPLY_OK if self.table.set_note(req.key, req.token, req.note) else p.REPLY_ERROR
+        return p.REPLY_OK if self.table.set_note(name, token, note) else p.REPLY_ERROR
 
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ht``: take a detached grant over, bound to this connection. As ``n``: no
         ownership check, answered while draining, refused while renewals are."""
-        req = self._decode(cmd, key, arg)
-        if req is None or req.note is None or req.lease is None:
-            return p.REPLY_ERROR
-        lease, on_close = req.lease, req.on_close
+        try:
+            name, token, lease, on_close, note = p.parse_take(key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
         if lease > self.max_lease:
             return self._too_long(lease)
         if on_close is not None and on_close > self.max_lease:
             return self._too_long(on_close)
-        if not self.host.may_hold(req.key):
+        if not self.host.may_hold(name):
             return p.REPLY_ERROR
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
@@ -383,9 +368,7 @@ class Session:
         if longest > self.table.lease_noted and self.table.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
-            taken = self.table.take(
-                self.client, req.key, req.token, lease, note=req.note, on_close=on_close
-            )
+            taken = self.table.take(self.client, name, token, lease, note=note, on_close=on_close)
         except Bound as exc:
             return p.reply_bound(exc.note)
         except _REFUSALS as exc:
@@ -394,33 +377,30 @@ class Session:
 
     def _hand_down(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hd``: detach a grant from its connection. As ``n`` (see ``_take``)."""
-        req = self._decode(cmd, key, arg)
-        if req is None or req.lease is None:
-            return p.REPLY_ERROR
-        if req.lease > self.max_lease:
-            return self._too_long(req.lease)
-        if not self.host.may_hold(req.key):
+        try:
+            name, token, lease = p.parse_hand_down(key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
+        if lease > self.max_lease:
+            return self._too_long(lease)
+        if not self.host.may_hold(name):
             return p.REPLY_ERROR
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
-        if req.lease > self.table.lease_noted and self.table.note_lease is not None:
-            return self._later(RaiseBound(req.lease, (cmd, key, arg), self.asking))
+        if lease > self.table.lease_noted and self.table.note_lease is not None:
+            return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         try:
-            done = self.table.hand_down(req.key, req.token, req.lease)
+            done = self.table.hand_down(name, token, lease)
         except _REFUSALS as exc:
             return _refusal(exc)
         return p.REPLY_OK if done else p.REPLY_ERROR
 
     def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``r``, ``sr``."""
-        quick = p.quick_token(key, arg) if cmd == _RELEASE else None
-        if quick is not None and quick[2] is None:
-            name, token = quick[0], quick[1]
-        else:
-            req = self._decode(cmd, key, arg)
-            if req is None:
-                return p.REPLY_ERROR
-            name, token = req.key, req.token
+        try:
+            name, token = p.parse_release(cmd, key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
         try:
             released = self.table.release(name, token)
         except _REFUSALS as exc:
@@ -431,17 +411,18 @@ class Session:
         """``fr``: an operator frees every grant on a key, whoever holds it. Routed as an
         acquire is (cluster mode: ``error_moved`` to the key's member), and logged with who
         asked: the peer's address and the note it sent."""
-        req = self._decode(cmd, key, arg)
-        if req is None:
-            return p.REPLY_ERROR
-        if self.host.key_check is not None and (refused := self._check(req.key)) is not None:
+        try:
+            name, note = p.parse_force_release(key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
+        if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
-        freed = self.table.force_release(req.key)
+        freed = self.table.force_release(name)
         log.warning(
             "force release of %r by %s (%s): %d grant(s) freed%s",
-            req.key,
+            name,
             self.peer,
-            req.note or "no note",
+            note or "no note",
             len(freed),
             "".join(f", held by {h.note or 'no note'}" for h in freed),
         )
@@ -449,13 +430,10 @@ class Session:
 
     def _renew(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``n``, ``sn``."""
-        quick = p.quick_token(key, arg) if cmd == _RENEW else None
-        if quick is None:
-            req = self._decode(cmd, key, arg)
-            if req is None:
-                return p.REPLY_ERROR
-            quick = req.key, req.token, req.lease
-        name, token, lease = quick
+        try:
+            name, token, lease = p.parse_renew(cmd, key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if not self.host.may_hold(name):
@@ -478,55 +456,61 @@ class Session:
 
     def _enqueue(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``e``, ``se``: two-phase, step 1."""
-        req = self._decode(cmd, key, arg)
-        if req is None:
-            return p.REPLY_ERROR
-        if req.lease is not None and req.lease > self.max_lease:
-            return self._too_long(req.lease)
-        if (refused := self._check(req.key)) is not None:
+        limit: int | None = None
+        try:
+            if cmd == _ENQUEUE:
+                name, lease = p.parse_enqueue(key, arg)
+            else:
+                name, limit, lease = p.parse_sem_enqueue(key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
+        if lease is not None and lease > self.max_lease:
+            return self._too_long(lease)
+        if (refused := self._check(name)) is not None:
             return refused
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
-        ttl = req.lease or self.default_lease
+        ttl = lease or self.default_lease
         if ttl > self.table.lease_noted and self.table.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         if self.moved:
-            self.moved.pop(req.key, None)  # a new enqueue: the old one's news is stale
+            self.moved.pop(name, None)  # a new enqueue: the old one's news is stale
         self.table.asking = self.asking
         try:
-            waiter = self.table.enqueue(self.client, req.key, ttl, req.limit)
+            waiter = self.table.enqueue(self.client, name, ttl, limit)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         holder = waiter.holder
         if holder is None:
             return p.REPLY_QUEUED
-        return p.reply_grant(c.STATUS_ACQUIRED, holder.token, holder.lease_ttl)
+        return p.reply_acquired(holder.token, holder.lease_ttl)
 
     def _wait(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``w``, ``sw``: two-phase, step 2."""
-        req = self._decode(cmd, key, arg)
-        if req is None:
-            return p.REPLY_ERROR
+        try:
+            name, timeout = p.parse_wait(cmd, key, arg)
+        except p.Malformed as exc:
+            return self._malformed(exc)
         table = self.table
         try:
-            waiter = table.find_enqueued(self.client, req.key)
+            waiter = table.find_enqueued(self.client, name)
             if waiter is None:
-                moved = self.moved.pop(req.key, None) if self.moved else None
+                moved = self.moved.pop(name, None) if self.moved else None
                 return p.REPLY_ERROR_NOT_ENQUEUED if moved is None else moved
             holder = waiter.holder
             if holder is not None:
                 table.forget_enqueued(waiter)
                 if not holder.live:
                     return p.REPLY_ERROR_LEASE_EXPIRED
-                return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
-            if req.timeout == 0 or self.eof:
+                return p.reply_granted(holder.token, holder.lease_ttl)
+            if timeout == 0 or self.eof:
                 table.cancel_wait(waiter)
                 return p.REPLY_TIMEOUT
         except _REFUSALS as exc:  # a grant on the way, with no token to issue
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
-        return self._later(Wait(waiter, req.timeout))
+        return self._later(Wait(waiter, timeout))
 
     def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``asking <key> <ticket>``: the next request, an acquire of ``key``, follows an
@@ -535,8 +519,8 @@ class Session:
         (``cluster.asktickets``); elsewhere it changes nothing."""
         self.asking = False
         if self.host.key_check is not None:
-            name = key.decode("utf-8", "replace").strip()
-            refused = self.host.admit_ask(name, arg.decode("ascii", "replace").strip())
+            name, ticket = p.parse_asking(key, arg)
+            refused = self.host.admit_ask(name, ticket)
             if refused is not None:
                 return refused
             self.asked = name
@@ -566,7 +550,7 @@ class Session:
         """``hello``; ``hello _ session`` also makes this connection a session connection
         (a close by its peer ends its grants ``session_ttl_s`` later, not at once), unless
         the server has sessions off (``--session-ttl 0``)."""
-        if self.table.session_ttl_s and arg.strip() == _SESSION:
+        if self.table.session_ttl_s and p.parse_hello(arg):
             self.client.session = True
         return self.host.hello_reply
 
@@ -577,13 +561,11 @@ class Session:
         return self._later(STATS)
 
     def _auth(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        req = self._decode(cmd, key, arg)
-        if req is None:
-            return p.REPLY_ERROR
+        secret = p.parse_auth(arg)
         expected = self.host.secret
         if expected is None:
             return p.REPLY_ERROR
-        if hmac.compare_digest(req.secret, expected):
+        if hmac.compare_digest(secret, expected):
             self.authed = True
             return p.REPLY_OK
         log.debug("connection %s: wrong auth secret", self.peer)
@@ -591,8 +573,7 @@ class Session:
         return self._later(AUTH_FAILED)
 
     def _unknown(self, cmd: bytes, key: bytes, arg: bytes) -> bytes:
-        self._decode(cmd, key, arg)  # logs why
-        return p.REPLY_ERROR
+        return self._malformed(p.unknown_command(cmd))
 
     # ------------------------------------------------------------------ a wait's end
     def granted(self, waiter: Waiter) -> bytes:
@@ -601,7 +582,7 @@ class Session:
         assert holder is not None
         self.table.forget_enqueued(waiter)
         waiter.wake = None
-        return p.reply_grant(c.STATUS_OK, holder.token, holder.lease_ttl)
+        return p.reply_granted(holder.token, holder.lease_ttl)
 
     def timed_out(self, waiter: Waiter) -> bytes:
         """The reply to the request that waited for ``waiter`` and ran out of time: ``timeout``,
@@ -637,13 +618,10 @@ class Session:
     def _later(self, action: Action) -> None:
         self.action = action
 
-    def _decode(self, cmd: bytes, key: bytes, arg: bytes) -> p.Request | None:
-        """The request, or ``None`` when it is malformed (its reply: ``error``)."""
-        try:
-            return p.decode_request(cmd, key, arg)
-        except p.Malformed as exc:
-            log.debug("connection %s: malformed request: %s", self.peer, exc)
-            return None
+    def _malformed(self, exc: p.Malformed) -> bytes:
+        """The reply to a malformed request (``error``; the connection stays open)."""
+        log.debug("connection %s: malformed request: %s", self.peer, exc)
+        return p.REPLY_ERROR
 
     def _too_long(self, lease: int) -> bytes:
         """A lease above ``max_lease_ttl_s`` is a bad number: ``error``, as for lease 0."""

@@ -1,4 +1,5 @@
-"""The sans-I/O request framer and decoder, byte by byte."""
+"""The sans-I/O request framer, byte by byte, and the reply bytes. (The parsers of the frames:
+``test_protocol_parsing.py``.)"""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from hypothesis import given, settings, strategies as st
 from dflockd_server import constants
 from dflockd_server.protocol import (
     LineTooLong,
-    Malformed,
     RequestFramer,
-    decode_request,
-    reply_grant,
+    reply_acquired,
+    reply_granted,
 )
 
 STREAM = b"l\nk1\n5 10\nping\n_\n_\nr\r\nk1\r\ntok\r\n"
@@ -93,47 +93,9 @@ def test_auth_argument_may_be_64_kib() -> None:
         other.next_frame()
 
 
-def test_decode_each_command() -> None:
-    lock = decode_request(b"l", b"k", b"5 10")
-    assert (lock.command, lock.key, lock.timeout, lock.lease) == ("l", "k", 5, 10)
-    assert decode_request(b"l", b"k", b"0").lease is None
-    sem = decode_request(b"sl", b"s", b"1 3 7")
-    assert (sem.timeout, sem.limit, sem.lease) == (1, 3, 7)
-    renew = decode_request(b"n", b"k", b"tok 4")
-    assert (renew.token, renew.lease) == ("tok", 4)
-    assert decode_request(b"sr", b"k", b"tok").token == "tok"
-    assert decode_request(b"e", b"k", b"").lease is None
-    assert decode_request(b"e", b"k", b"_").lease is None
-    assert decode_request(b"e", b"k", b"9").lease == 9
-    se = decode_request(b"se", b"k", b"2 9")
-    assert (se.limit, se.lease) == (2, 9)
-    assert decode_request(b"w", b"k", b"3").timeout == 3
-    assert decode_request(b"auth", b"_", b"secret ").secret == b"secret"
-    assert decode_request(b"stats", b"", b"").command == "stats"
-    assert decode_request(b"ping", b"_", b"_").command == "ping"
-    assert decode_request(b"hello", b"_", b"_").command == "hello"
-
-
-@pytest.mark.parametrize(
-    ("cmd", "key", "arg"),
-    [
-        (b"x", b"k", b"1"),
-        (b"l", b"k", b"\xd9\xa3"),  # a non-ASCII digit
-        (b"l", b"k", b"1_000"),
-        (b"l", b"\xff", b"1"),
-        (b"l", b"a\rb", b"1"),
-        (b"n", b"k", b"\xff"),
-        (b"sl", b"k", b"1 1 0"),
-    ],
-)
-def test_decode_malformed(cmd: bytes, key: bytes, arg: bytes) -> None:
-    with pytest.raises(Malformed):
-        decode_request(cmd, key, arg)
-
-
 def test_reply_encoding() -> None:
-    assert reply_grant("ok", "ab", 33) == b"ok ab 33\n"
-    assert reply_grant("acquired", "ab", 5) == b"acquired ab 5\n"
+    assert reply_granted("ab", 33) == b"ok ab 33\n"
+    assert reply_acquired("ab", 5) == b"acquired ab 5\n"
 
 
 _LINES = st.sampled_from(
