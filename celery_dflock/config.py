@@ -1,10 +1,11 @@
 # pyright: reportMissingTypeStubs=false
 """The ``dflock_*`` settings of an app, read once into a :class:`DflockConfig` (cached on the
-app), and the names the settings reference and its checks use.
+app), a run's lock options resolved from them (`LockOptions`, `resolve_options`), and the
+names the settings reference and its checks use.
 
 Every lock option and setting, with its default and its check, is declared once, in the table
-of `celery_dflock._specs` (`option_table`, `setting_table`). A lock option is resolved the way
-Celery resolves its own task options, first match wins (`celery_dflock._plan`):
+of `celery_dflock._settings` (`option_table`, `setting_table`). A lock option is resolved the way
+Celery resolves its own task options, first match wins (`resolve_options`):
 
 1. the per-call option (``task.apply_async(..., lock_key="x")``);
 2. the task's entry in ``app.conf.dflock_task_locks`` (like ``task_annotations``,
@@ -22,26 +23,33 @@ from __future__ import annotations
 import difflib
 import ssl
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
-from celery_dflock._specs import (
+from celery_dflock._settings import (
     APP_SETTING_SPECS,
     APP_SETTINGS,
     BEAT_SETTINGS,
+    DEFAULT_PENDING_TTL_S,
     DEFAULTS,
     KNOWN_SETTINGS,
     LOCK_OPTIONS,
     RENAMED_SETTINGS,
     SETTINGS,
+    DflockConfigError,
+    LockFrom,
+    OnDuplicate,
+    OnLocked,
+    OnLockLost,
     Spec,
+    check_combination,
     option_table,
+    parse_servers,
     setting_table,
     validate_option,
 )
-from celery_dflock._values import DflockConfigError, parse_servers
 from celery_dflock.client.clients import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
@@ -58,9 +66,11 @@ __all__ = [
     "DEFAULTS",
     "LOCK_OPTIONS",
     "RENAMED_SETTINGS",
+    "RETRY_WAIT_S",
     "SETTINGS",
     "DflockConfig",
     "DflockConfigError",
+    "LockOptions",
     "check_setting_names",
     "get_config",
     "option_table",
@@ -68,6 +78,7 @@ __all__ = [
     "read_setting",
     "read_settings",
     "reset_config",
+    "resolve_options",
     "setting_table",
 ]
 
@@ -82,7 +93,7 @@ _FIELDS: Final = {
     "dflock_key_prefix": "key_prefix",
     "dflock_task_locks": "task_locks",
 }
-"""App-wide setting -> the `DflockConfig` field it is read into (checked, see `_specs`)."""
+"""App-wide setting -> the `DflockConfig` field it is read into (checked, see `_settings`)."""
 
 
 class _App(Protocol):
@@ -205,3 +216,87 @@ def reset_config(app: _App) -> None:
     """Forget the cached config: the next :func:`get_config` reads ``app.conf`` again."""
     if hasattr(app, _CONFIG_ATTR):
         delattr(app, _CONFIG_ATTR)
+
+
+# --------------------------------------------------------------------------- a run's options
+
+RETRY_WAIT_S: Final = 30.0
+"""The default ``lock_timeout`` of ``on_locked="retry"``: a run waits this long in its key's
+FIFO queue (taking the key the moment the holder lets go) before it is sent again with a
+countdown."""
+
+
+def default_timeout(on_locked: str) -> float:
+    """``lock_timeout`` when none is set: `RETRY_WAIT_S` for ``"retry"``, else 0 (``"skip"``
+    and ``"raise"`` give up at once)."""
+    return RETRY_WAIT_S if on_locked == "retry" else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LockOptions:
+    """The lock options of one task run, every layer resolved."""
+
+    key: str | Callable[..., str] | None
+    timeout: float
+    ttl: int | None
+    on_locked: OnLocked
+    limit: int | None
+    on_lock_lost: OnLockLost
+    retry_countdown: float
+    retry_backoff_max: float
+    retry_jitter: bool
+    max_retries: int | None = None
+    lock_from: LockFrom = "run"
+    on_duplicate: OnDuplicate = "return"
+    pending_ttl: int = DEFAULT_PENDING_TTL_S
+    timeout_given: bool = True
+    """Whether ``lock_timeout`` was set (False: ``timeout`` is `default_timeout`'s)."""
+
+
+def resolve_options(
+    config: DflockConfig,
+    task_name: str,
+    attributes: Mapping[str, object],
+    call: Mapping[str, object] | None = None,
+) -> LockOptions:
+    """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default.
+
+    ``attributes`` are the task's lock attributes (None means unset). Values
+    from ``config`` were validated when it was read; attributes and call
+    options are validated here.
+    """
+    entry = config.task_locks.get(task_name, {})
+    resolved: dict[str, object] = {}
+    for name in LOCK_OPTIONS:
+        if call and call.get(name) is not None:
+            value = validate_option(name, call[name], f"call option {name} of {task_name!r}")
+        elif entry.get(name) is not None:
+            value = entry[name]
+        elif attributes.get(name) is not None:
+            value = validate_option(
+                name, attributes[name], f"attribute {name} of task {task_name!r}"
+            )
+        else:
+            value = config.defaults[name]
+        resolved[name] = value
+    check_combination(resolved, f"lock options of task {task_name!r}")
+    return LockOptions(
+        key=cast("str | Callable[..., str] | None", resolved["lock_key"]),
+        timeout=(
+            default_timeout(str(resolved["on_locked"]))
+            if resolved["lock_timeout"] is None
+            else float(cast("float", resolved["lock_timeout"]))
+        ),
+        ttl=cast("int | None", resolved["lock_ttl"]),
+        on_locked=cast("OnLocked", resolved["on_locked"]),
+        limit=cast("int | None", resolved["lock_limit"]),
+        on_lock_lost=cast("OnLockLost", resolved["on_lock_lost"]),
+        retry_countdown=cast("float", resolved["lock_retry_countdown"]),
+        retry_backoff_max=cast("float", resolved["lock_retry_backoff_max"]),
+        retry_jitter=cast("bool", resolved["lock_retry_jitter"]),
+        max_retries=cast("int | None", resolved["lock_max_retries"]),
+        lock_from=cast("LockFrom", resolved["lock_from"]),
+        on_duplicate=cast("OnDuplicate", resolved["on_duplicate"]),
+        pending_ttl=cast("int", resolved["lock_pending_ttl"]),
+        timeout_given=resolved["lock_timeout"] is not None,
+    )

@@ -21,18 +21,19 @@ from kombu import serialization
 
 from celery_dflock import _worker_hooks
 from celery_dflock._celery import BaseTask, Reject, task_stack
-from celery_dflock._held_records import AnyLock
-from celery_dflock._holds import FOLLOW_HEADER, HOLD_HEADER, HoldRef
 from celery_dflock._queue_once import Duplicate, publish_hold, release_hold, retry_hand_off
 from celery_dflock._request import (
+    FOLLOW_HEADER,
+    HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
+    HoldRef,
     call_options,
     held_lock,
 )
 from celery_dflock._run import locked_run
-from celery_dflock._runtime import get_runtime
-from celery_dflock._specs import (
+from celery_dflock._runtime import AnyLock, get_runtime
+from celery_dflock._settings import (
     LOCK_OPTIONS,
     check_call_options,
     check_combination,

@@ -16,10 +16,9 @@ import pytest
 from kombu.exceptions import OperationalError
 
 from celery_dflock import AlreadyQueued, LockedTask
-from celery_dflock._holds import HolderNote, decode_note, encode_note, note_parts
-from celery_dflock._plan import resolve_options
+from celery_dflock._request import HolderNote, decode_note, encode_note, note_parts
 from celery_dflock.cli import collect, format_locks
-from celery_dflock.config import DflockConfigError, get_config
+from celery_dflock.config import DflockConfigError, get_config, resolve_options
 from dflockd_server import Config
 from tests.celery.apps.queue_once import define_tasks
 from tests.support.apps import make_app

@@ -8,7 +8,6 @@ import pytest
 from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 
-from celery_dflock._plan import resolve_options
 from celery_dflock.config import (
     DEFAULTS,
     DflockConfig,
@@ -16,6 +15,7 @@ from celery_dflock.config import (
     get_config,
     parse_servers,
     reset_config,
+    resolve_options,
 )
 from tests.support.apps import make_app
 
