@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, cast
@@ -41,6 +41,7 @@ from celery_dflock._request import (
     run_name,
 )
 from celery_dflock._runtime import AnyLock, Runtime, get_runtime, options_for
+from celery_dflock._settings import GivenOptions
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.clients import Hold
 from celery_dflock.client.errors import (
@@ -263,7 +264,7 @@ class Duplicate:
 def publish_hold(
     task: Any,
     call: tuple[tuple[Any, ...], dict[str, Any]],
-    per_call: Mapping[str, object],
+    per_call: GivenOptions | None,
     task_id: str,
     *,
     countdown: float | None = None,

@@ -34,7 +34,7 @@ from urllib.parse import quote, unquote
 
 from celery_dflock._celery import Reject, Retry
 from celery_dflock._runtime import AnyLock
-from celery_dflock._settings import check_call_options
+from celery_dflock._settings import GivenOptions, read_call_options
 from celery_dflock.client.errors import DflockError
 from celery_dflock.config import LockOptions
 
@@ -127,14 +127,13 @@ def lock_retries(request: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def call_options(request: Any) -> dict[str, object]:
-    """Per-call lock options of the current request (message header or eager headers)."""
+def call_options(request: Any) -> GivenOptions | None:
+    """Per-call lock options of the current request (message header or eager headers),
+    checked as they enter the run; None: none."""
     raw = header(request, LOCK_OPTIONS_HEADER)
     if not raw:
-        return {}
-    return check_call_options(
-        cast("Mapping[str, object]", raw), f"call options of task {getattr(request, 'task', '?')!r}"
-    )
+        return None
+    return read_call_options(raw, f"call options of task {getattr(request, 'task', '?')!r}")
 
 
 def mark_held(request: Any, key: str, lock: AnyLock, options: LockOptions) -> None:
@@ -196,7 +195,7 @@ def resend(
     headers.update(extra or {})
     headers[LOCK_RETRIES_HEADER] = retries
     headers.setdefault(HOLD_HEADER, None)  # sent again, not a new publish: no hold taken
-    given = call_options(request)
+    given = header(request, LOCK_OPTIONS_HEADER)  # checked when this run read it
     if given:
         headers[LOCK_OPTIONS_HEADER] = given
     signature: Any = task.signature_from_request(

@@ -30,13 +30,14 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import is_
 from pathlib import Path
 from types import MethodType
 from typing import Any, Final, cast
 
+from celery_dflock._settings import GivenOptions, read_attributes
 from celery_dflock.client import DistributedLock, DistributedSemaphore
 from celery_dflock.client.clients import Client
 from celery_dflock.config import LOCK_OPTIONS, DflockConfig, LockOptions, resolve_options
@@ -73,8 +74,10 @@ class _Plan:
 
     config: DflockConfig
     attributes: tuple[object, ...]
-    locked: bool
+    given: GivenOptions
+    """The task's lock attributes, checked."""
     options: LockOptions | None
+    """None: runs without call options are not locked."""
 
     def fits(self, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
         if self.config is not config:
@@ -119,11 +122,12 @@ class TaskRuns:
         plan = self.plan
         if plan is not None and plan.fits(config, attributes):
             return plan
+        name = str(task.name)
+        given = read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
         options = None
         if _is_locked(task, config, attributes):
-            given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
-            options = resolve_options(config, str(task.name), given, None)
-        plan = self.plan = _Plan(config, attributes, options is not None, options)
+            options = resolve_options(config, name, given, None)
+        plan = self.plan = _Plan(config, attributes, given, options)
         return plan
 
     def key_builder(
@@ -153,16 +157,16 @@ def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) 
 
 
 def options_for(
-    task: Any, config: DflockConfig, runs: TaskRuns, per_call: Mapping[str, object]
+    task: Any, config: DflockConfig, runs: TaskRuns, per_call: GivenOptions | None
 ) -> LockOptions | None:
     """The lock options of a run (or a publish) of ``task``; None when it is not locked
-    (``runs``: what the runs of ``task`` reuse in this process, `Runtime.task_runs`)."""
-    name = str(task.name)
+    (``runs``: what the runs of ``task`` reuse in this process, `Runtime.task_runs`;
+    ``per_call``: the options its message gives, checked where it was read)."""
     attributes = tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
-    if per_call:  # per call: resolved every time (they must win)
-        given = dict(zip(LOCK_OPTIONS, attributes, strict=True))
-        return resolve_options(config, name, given, per_call)
-    return runs.plan_for(task, config, attributes).options
+    plan = runs.plan_for(task, config, attributes)
+    if per_call is not None:  # per call: resolved every time (they must win)
+        return resolve_options(config, str(task.name), plan.given, per_call)
+    return plan.options
 
 
 # --------------------------------------------------------------------------- held-lock records

@@ -20,7 +20,7 @@ import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal, NamedTuple, cast, get_args
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast, get_args
 
 from celery.exceptions import ImproperlyConfigured
 
@@ -33,6 +33,7 @@ from celery_dflock.client.clients import (
     check_limit,
     check_renew_ratio,
     check_servers,
+    lease_seconds,
     positive_seconds,
 )
 from celery_dflock.client.errors import InvalidValueError
@@ -48,23 +49,27 @@ __all__ = [
     "KNOWN_SETTINGS",
     "LOCK_OPTIONS",
     "LOCK_OPTION_SPECS",
+    "NO_OPTIONS",
     "RENAMED_SETTINGS",
     "SETTINGS",
     "DflockConfigError",
+    "GivenOptions",
+    "KeySource",
     "LockFrom",
     "OnDuplicate",
     "OnLockLost",
     "OnLocked",
     "SettingDoc",
     "Spec",
-    "check_call_options",
     "check_combination",
     "check_option_names",
     "close_matches",
     "option_table",
     "parse_servers",
+    "read_attributes",
+    "read_call_options",
+    "read_options",
     "setting_table",
-    "validate_option",
 ]
 
 
@@ -77,8 +82,10 @@ LockFrom = Literal["run", "publish"]
 OnDuplicate = Literal["return", "raise"]
 """What a publish does while the key is held (``lock_from="publish"``)."""
 
-Check = Callable[[object, str], object]
-"""A check: ``(value, where) -> value`` normalised, or `DflockConfigError`."""
+T = TypeVar("T")
+Word = TypeVar("Word", bound=str)
+Check: TypeAlias = Callable[[object, str], T]
+"""A check: ``(value, where) -> value`` normalised and typed, or `DflockConfigError`."""
 
 
 class DflockConfigError(InvalidValueError, ImproperlyConfigured):
@@ -97,47 +104,43 @@ def close_matches(name: str, known: Iterable[str]) -> str:
 # --------------------------------------------------------------------------- numbers
 
 
-def _number(
-    value: object, where: str, *, minimum: float, integer: bool, exclusive_min: bool = False
-) -> float:
+def _number(value: object, where: str, *, minimum: float, integer: bool) -> float:
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DflockConfigError(f"{where} must be {kind} of seconds, got {value!r}")
     if integer and not isinstance(value, int):
         raise DflockConfigError(f"{where} must be a whole number of seconds, got {value!r}")
-    too_small = value <= minimum if exclusive_min else value < minimum
-    if too_small or value > MAX_NUMBER or math.isnan(value):
-        bound = f"> {minimum}" if exclusive_min else f">= {minimum}"
-        raise DflockConfigError(f"{where} must be {bound} and <= {MAX_NUMBER}, got {value!r}")
+    if value < minimum or value > MAX_NUMBER or math.isnan(value):
+        raise DflockConfigError(f"{where} must be >= {minimum} and <= {MAX_NUMBER}, got {value!r}")
     return value
 
 
-def check_timeout(value: object, where: str) -> object:
+def check_timeout(value: object, where: str) -> float | None:
     if value is None:
         return None
-    return _number(value, where, minimum=0, integer=False)
-
-
-def check_ttl(value: object, where: str) -> object:
-    if value is None:
-        return None
-    return check_lease(value, where)
-
-
-def check_lease(value: object, where: str) -> object:
-    """Whole seconds > 0."""
-    return int(_number(value, where, minimum=0, integer=True, exclusive_min=True))
-
-
-def check_countdown(value: object, where: str) -> object:
     return float(_number(value, where, minimum=0, integer=False))
 
 
-def check_limit_value(value: object, where: str) -> object:
+def check_lease(value: object, where: str) -> int:
+    """A lease: the client's one rule (`lease_seconds`: whole seconds from 1), in the user's
+    terms (``where``: the option or setting)."""
+    return lease_seconds(where, value, error=DflockConfigError)
+
+
+def check_ttl(value: object, where: str) -> int | None:
+    """``lock_ttl``: a lease (`check_lease`), or None for the server's default."""
+    return None if value is None else check_lease(value, where)
+
+
+def check_countdown(value: object, where: str) -> float:
+    return float(_number(value, where, minimum=0, integer=False))
+
+
+def check_limit_value(value: object, where: str) -> int | None:
     return check_limit(value, where, error=DflockConfigError)
 
 
-def check_max_retries(value: object, where: str) -> object:
+def check_max_retries(value: object, where: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -148,79 +151,80 @@ def check_max_retries(value: object, where: str) -> object:
     return value
 
 
-def check_beat_lease(value: object, where: str) -> object:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DflockConfigError(f"{where} must be a whole number of seconds >= 1, got {value!r}")
-    return value
-
-
-def check_connect_timeout(value: object, where: str) -> object:
+def check_connect_timeout(value: object, where: str) -> float:
     return positive_seconds(where, cast("float", value), error=DflockConfigError)
 
 
-def check_renew_ratio_value(value: object, where: str) -> object:
+def check_renew_ratio_value(value: object, where: str) -> float:
     return check_renew_ratio(value, where, error=DflockConfigError)
 
 
 # --------------------------------------------------------------------------- words
 
 
-def check_key(value: object, where: str) -> object:
-    if value is None or isinstance(value, str) or callable(value):
+KeySource = str | Callable[..., str] | None
+"""``lock_key``: a template, a callable, or None (the task name and a digest)."""
+
+
+def check_key(value: object, where: str) -> KeySource:
+    if value is None or isinstance(value, str):
         return value
+    if callable(value):
+        return cast("Callable[..., str]", value)
     raise DflockConfigError(
         f"{where} must be a format template (str), a callable taking the task's arguments, "
         f"or None for the default key; got {value!r}"
     )
 
 
-def one_of(choices: tuple[str, ...], meanings: str | None = None) -> Check:
+def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word]:
     """A check that the value is one of ``choices`` (``meanings``: the error's own words for
     them, e.g. ``"'run' (...) or 'publish' (...)"``)."""
     accepted = meanings or ", ".join(map(repr, choices))
     lead = "" if meanings else "one of "
 
-    def check(value: object, where: str) -> object:
-        if value not in choices:
-            raise DflockConfigError(f"{where} must be {lead}{accepted}; got {value!r}")
-        return value
+    def check(value: object, where: str) -> Word:
+        for choice in choices:
+            if value == choice:
+                return choice
+        raise DflockConfigError(f"{where} must be {lead}{accepted}; got {value!r}")
 
     return check
 
 
-check_on_locked: Final = one_of(get_args(OnLocked))
-check_on_lock_lost: Final = one_of(get_args(OnLockLost))
-check_lock_from: Final = one_of(
+check_on_locked: Final[Check[OnLocked]] = one_of(get_args(OnLocked))
+check_on_lock_lost: Final[Check[OnLockLost]] = one_of(get_args(OnLockLost))
+check_lock_from: Final[Check[LockFrom]] = one_of(
     get_args(LockFrom),
     "'run' (the key is taken when the run starts) or 'publish' (taken when the task is sent, "
     "held until its run ends: queue-once)",
 )
-check_on_duplicate: Final = one_of(
+check_on_duplicate: Final[Check[OnDuplicate]] = one_of(
     get_args(OnDuplicate),
     "'return' (the duplicate publish returns the queued task's AsyncResult) or 'raise' (it "
     "raises AlreadyQueued)",
 )
 
 
-def check_bool(value: object, where: str) -> object:
+def check_bool(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         raise DflockConfigError(f"{where} must be True or False, got {value!r}")
     return value
 
 
-def check_string(value: object, where: str) -> object:
+def check_string(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise DflockConfigError(f"{where} must be a string, got {value!r}")
     return value
 
 
-def check_non_empty_string(value: object, where: str) -> object:
+def check_non_empty_string(value: object, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise DflockConfigError(f"{where} must be a non-empty string, got {value!r}")
     return value
 
 
-def check_auth(value: object, where: str) -> object:
+def check_auth(value: object, where: str) -> str | None:
     return check_auth_token(value, where, error=DflockConfigError)
 
 
@@ -335,7 +339,7 @@ DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
 
 
 @dataclass(frozen=True, slots=True)
-class Spec:
+class Spec(Generic[T]):
     """One lock option, or one app-wide or beat setting."""
 
     name: str
@@ -343,148 +347,166 @@ class Spec:
     setting with no per-task option, the setting."""
     setting: str | None
     """The ``app.conf`` setting that gives it (a lock option's: its app-wide default)."""
-    default: object
+    default: T
     """The value when nothing sets it."""
-    check: Check
-    """``(value, where) -> value`` normalised, or `DflockConfigError`."""
+    check: Check[T]
+    """``(value, where) -> value`` normalised and typed, or `DflockConfigError`."""
     meaning: str
     shown: str | None = None
     """The default as the settings reference shows it, when not ``repr(default)``."""
 
-    def read(self, value: object, where: str) -> object:
+    def read(self, value: object, where: str) -> T:
         """The value as set (checked), or the default when it is unset (None)."""
         return self.default if value is None else self.check(value, where)
 
+    def given(self, values: Mapping[str, object], where: Callable[[str], str]) -> T | None:
+        """This option's value in ``values`` (checked; ``where(name)`` names its source), or
+        None when it is not given there."""
+        value = values.get(self.name)
+        return None if value is None else self.check(value, where(self.name))
+
 
 def _setting(
-    name: str, default: object, check: Check, meaning: str, shown: str | None = None
-) -> Spec:
+    name: str, default: T, check: Check[T], meaning: str, shown: str | None = None
+) -> Spec[T]:
     return Spec(name, name, default, check, meaning, shown)
 
 
 # --------------------------------------------------------------------------- lock options
 
 
-LOCK_OPTION_SPECS: Final = (
-    Spec(
-        "lock_key",
-        None,
-        None,
-        check_key,
-        "A format template over the task's arguments (defaults applied): "
-        '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning '
-        "the key; or `None`: the task "
-        "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
-        "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
-        "prefix + digest).",
-    ),
-    Spec(
-        "lock_timeout",
-        "dflock_lock_timeout",
-        None,
-        check_timeout,
-        "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
-        'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
-        'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
-        '`"raise"`.',
-    ),
-    Spec(
-        "lock_ttl",
-        "dflock_lock_ttl",
-        None,
-        check_ttl,
-        "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
-        "`lock_ttl * dflock_renew_ratio` while the body runs.",
-    ),
-    Spec(
-        "on_locked",
-        "dflock_on_locked",
-        "retry",
-        check_on_locked,
-        'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
-        "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
-        'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
-        '`"raise"` (the run fails with `LockNotAcquired`).',
-    ),
-    Spec(
-        "lock_limit",
-        None,
-        None,
-        check_limit_value,
-        "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
-        "is one resource: while runs with one limit hold it, a run with another (a lock is "
-        "limit 1) is refused at once and `on_locked` applies.",
-    ),
-    Spec(
-        "on_lock_lost",
-        "dflock_on_lock_lost",
-        "interrupt",
-        check_on_lock_lost,
-        'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
-        '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
-        "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
-    ),
-    Spec(
-        "lock_retry_countdown",
-        "dflock_lock_retry_countdown",
-        DEFAULT_RETRY_COUNTDOWN_S,
-        check_countdown,
-        'First retry countdown of `on_locked="retry"`, doubled per retry.',
-    ),
-    Spec(
-        "lock_retry_backoff_max",
-        "dflock_lock_retry_backoff_max",
-        DEFAULT_RETRY_BACKOFF_MAX_S,
-        check_countdown,
-        "Longest retry countdown.",
-    ),
-    Spec(
-        "lock_max_retries",
-        "dflock_lock_max_retries",
-        None,
-        check_max_retries,
-        'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
-        "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
-        "task's `max_retries` is left to its own `self.retry` calls.",
-    ),
-    Spec(
-        "lock_retry_jitter",
-        "dflock_lock_retry_jitter",
-        True,
-        check_bool,
-        "Randomise each countdown between half and all of it.",
-    ),
-    Spec(
-        "lock_from",
-        "dflock_lock_from",
-        "run",
-        check_lock_from,
-        '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
-        "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
-        "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
-        "gets); needs celery-dflock's server. Not with `lock_limit`.",
-    ),
-    Spec(
-        "on_duplicate",
-        "dflock_on_duplicate",
-        "return",
-        check_on_duplicate,
-        'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
-        "and returns the `AsyncResult` of the task holding the key; "
-        '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
-    ),
-    Spec(
-        "lock_pending_ttl",
-        "dflock_lock_pending_ttl",
-        DEFAULT_PENDING_TTL_S,
-        check_lease,
-        'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
-        "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
-        "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
-        "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
-    ),
+LOCK_KEY: Final[Spec[KeySource]] = Spec(
+    "lock_key",
+    None,
+    None,
+    check_key,
+    "A format template over the task's arguments (defaults applied): "
+    '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning '
+    "the key; or `None`: the task "
+    "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
+    "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
+    "prefix + digest).",
 )
-_BY_NAME: Final = {spec.name: spec for spec in LOCK_OPTION_SPECS}
+LOCK_TIMEOUT: Final[Spec[float | None]] = Spec(
+    "lock_timeout",
+    "dflock_lock_timeout",
+    None,
+    check_timeout,
+    "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
+    'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
+    'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
+    '`"raise"`.',
+)
+LOCK_TTL: Final[Spec[int | None]] = Spec(
+    "lock_ttl",
+    "dflock_lock_ttl",
+    None,
+    check_ttl,
+    "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
+    "`lock_ttl * dflock_renew_ratio` while the body runs.",
+)
+ON_LOCKED: Final[Spec[OnLocked]] = Spec(
+    "on_locked",
+    "dflock_on_locked",
+    "retry",
+    check_on_locked,
+    'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
+    "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
+    'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
+    '`"raise"` (the run fails with `LockNotAcquired`).',
+)
+LOCK_LIMIT: Final[Spec[int | None]] = Spec(
+    "lock_limit",
+    None,
+    None,
+    check_limit_value,
+    "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
+    "is one resource: while runs with one limit hold it, a run with another (a lock is "
+    "limit 1) is refused at once and `on_locked` applies.",
+)
+ON_LOCK_LOST: Final[Spec[OnLockLost]] = Spec(
+    "on_lock_lost",
+    "dflock_on_lock_lost",
+    "interrupt",
+    check_on_lock_lost,
+    'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
+    '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
+    "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
+)
+LOCK_RETRY_COUNTDOWN: Final[Spec[float]] = Spec(
+    "lock_retry_countdown",
+    "dflock_lock_retry_countdown",
+    DEFAULT_RETRY_COUNTDOWN_S,
+    check_countdown,
+    'First retry countdown of `on_locked="retry"`, doubled per retry.',
+)
+LOCK_RETRY_BACKOFF_MAX: Final[Spec[float]] = Spec(
+    "lock_retry_backoff_max",
+    "dflock_lock_retry_backoff_max",
+    DEFAULT_RETRY_BACKOFF_MAX_S,
+    check_countdown,
+    "Longest retry countdown.",
+)
+LOCK_MAX_RETRIES: Final[Spec[int | None]] = Spec(
+    "lock_max_retries",
+    "dflock_lock_max_retries",
+    None,
+    check_max_retries,
+    'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
+    "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
+    "task's `max_retries` is left to its own `self.retry` calls.",
+)
+LOCK_RETRY_JITTER: Final[Spec[bool]] = Spec(
+    "lock_retry_jitter",
+    "dflock_lock_retry_jitter",
+    True,
+    check_bool,
+    "Randomise each countdown between half and all of it.",
+)
+LOCK_FROM: Final[Spec[LockFrom]] = Spec(
+    "lock_from",
+    "dflock_lock_from",
+    "run",
+    check_lock_from,
+    '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
+    "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
+    "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
+    "gets); needs celery-dflock's server. Not with `lock_limit`.",
+)
+ON_DUPLICATE: Final[Spec[OnDuplicate]] = Spec(
+    "on_duplicate",
+    "dflock_on_duplicate",
+    "return",
+    check_on_duplicate,
+    'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
+    "and returns the `AsyncResult` of the task holding the key; "
+    '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
+)
+LOCK_PENDING_TTL: Final[Spec[int]] = Spec(
+    "lock_pending_ttl",
+    "dflock_lock_pending_ttl",
+    DEFAULT_PENDING_TTL_S,
+    check_lease,
+    'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
+    "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
+    "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
+    "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
+)
+LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
+    LOCK_KEY,
+    LOCK_TIMEOUT,
+    LOCK_TTL,
+    ON_LOCKED,
+    LOCK_LIMIT,
+    ON_LOCK_LOST,
+    LOCK_RETRY_COUNTDOWN,
+    LOCK_RETRY_BACKOFF_MAX,
+    LOCK_MAX_RETRIES,
+    LOCK_RETRY_JITTER,
+    LOCK_FROM,
+    ON_DUPLICATE,
+    LOCK_PENDING_TTL,
+)
 
 LOCK_OPTIONS: Final = tuple(spec.name for spec in LOCK_OPTION_SPECS)
 """Every lock option name (task attribute, call option, ``dflock_task_locks`` entry key)."""
@@ -499,50 +521,128 @@ SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
 name with ``dflock_`` in front."""
 
 
-def validate_option(name: str, value: object, where: str) -> object:
-    """Check one lock option (``where`` names its source in the error), return it normalised."""
-    spec = _BY_NAME.get(name)
-    if spec is None:
-        raise DflockConfigError(
-            f"{where}: unknown lock option {name!r}{close_matches(name, LOCK_OPTIONS)} "
-            f"(the lock options: {', '.join(LOCK_OPTIONS)})"
-        )
-    return spec.check(value, where)
+@dataclass(frozen=True, slots=True)
+class GivenOptions:
+    """The lock options given in one place (a call, a ``dflock_task_locks`` entry, a task's
+    attributes, the app's ``dflock_*`` settings), each checked where it entered
+    (`read_options`), typed; None: not given there (`celery_dflock.config.resolve_options`
+    takes the first given, call first)."""
+
+    key: KeySource = None
+    timeout: float | None = None
+    ttl: int | None = None
+    on_locked: OnLocked | None = None
+    limit: int | None = None
+    on_lock_lost: OnLockLost | None = None
+    retry_countdown: float | None = None
+    retry_backoff_max: float | None = None
+    max_retries: int | None = None
+    retry_jitter: bool | None = None
+    lock_from: LockFrom | None = None
+    on_duplicate: OnDuplicate | None = None
+    pending_ttl: int | None = None
+
+    def by_name(self) -> dict[str, object]:
+        """The options given, by option name (a message's ``dflock_options`` header)."""
+        return {
+            name: value
+            for name, attr in _ATTRIBUTES.items()
+            if (value := getattr(self, attr)) is not None
+        }
 
 
-def check_options(
-    options: object, where: str, *, allow_callables: bool = True
-) -> dict[str, object]:
-    """A mapping of lock options (a ``dflock_task_locks`` entry, a call's options), checked."""
-    if not isinstance(options, Mapping):
+_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "lock_key": "key",
+        "lock_timeout": "timeout",
+        "lock_ttl": "ttl",
+        "on_locked": "on_locked",
+        "lock_limit": "limit",
+        "on_lock_lost": "on_lock_lost",
+        "lock_retry_countdown": "retry_countdown",
+        "lock_retry_backoff_max": "retry_backoff_max",
+        "lock_max_retries": "max_retries",
+        "lock_retry_jitter": "retry_jitter",
+        "lock_from": "lock_from",
+        "on_duplicate": "on_duplicate",
+        "lock_pending_ttl": "pending_ttl",
+    }
+)
+"""Lock option -> its attribute of `GivenOptions` (and of `celery_dflock.config.LockOptions`)."""
+NO_OPTIONS: Final = GivenOptions()
+"""No lock option given."""
+
+
+def read_options(
+    values: object, where: Callable[[str], str], *, what: str, serialisable: bool = False
+) -> GivenOptions:
+    """The lock options of ``values`` (a mapping of option name -> value), each checked by its
+    `Spec` (``where(name)`` names its source in an error; ``what`` names the whole), and
+    checked together (`check_combination`). ``serialisable``: they travel in a message, so
+    no callables."""
+    if not isinstance(values, Mapping):
         raise DflockConfigError(
-            f"{where} must be a mapping of lock options (e.g. {{'lock_ttl': 60}}), got {options!r}"
+            f"{what} must be a mapping of lock options (e.g. {{'lock_ttl': 60}}), got {values!r}"
         )
-    result: dict[str, object] = {}
-    for name, value in cast("Mapping[object, object]", options).items():
+    given = cast("Mapping[object, object]", values)
+    for name, value in given.items():
         if not isinstance(name, str):
-            raise DflockConfigError(f"{where}: option names must be strings, got {name!r}")
-        checked = validate_option(name, value, f"{where}[{name!r}]")
-        if not allow_callables and callable(checked):
+            raise DflockConfigError(f"{what}: option names must be strings, got {name!r}")
+        if name not in _ATTRIBUTES:
             raise DflockConfigError(
-                f"{where}[{name!r}] must be serialisable (a template string), not a callable"
+                f"{where(name)}: unknown lock option {name!r}"
+                f"{close_matches(name, LOCK_OPTIONS)} (the lock options: {', '.join(LOCK_OPTIONS)})"
             )
-        result[name] = checked
-    check_combination(result, where)
-    return result
+        if serialisable and callable(value):
+            raise DflockConfigError(
+                f"{where(name)} must be serialisable (a template string), not a callable"
+            )
+    named = cast("Mapping[str, object]", given)
+    options = GivenOptions(
+        key=LOCK_KEY.given(named, where),
+        timeout=LOCK_TIMEOUT.given(named, where),
+        ttl=LOCK_TTL.given(named, where),
+        on_locked=ON_LOCKED.given(named, where),
+        limit=LOCK_LIMIT.given(named, where),
+        on_lock_lost=ON_LOCK_LOST.given(named, where),
+        retry_countdown=LOCK_RETRY_COUNTDOWN.given(named, where),
+        retry_backoff_max=LOCK_RETRY_BACKOFF_MAX.given(named, where),
+        max_retries=LOCK_MAX_RETRIES.given(named, where),
+        retry_jitter=LOCK_RETRY_JITTER.given(named, where),
+        lock_from=LOCK_FROM.given(named, where),
+        on_duplicate=ON_DUPLICATE.given(named, where),
+        pending_ttl=LOCK_PENDING_TTL.given(named, where),
+    )
+    check_combination(options.lock_from, options.limit, what)
+    return options
 
 
-def check_call_options(options: Mapping[str, object], where: str) -> dict[str, object]:
-    """Validate per-call lock options; they travel in a message, so no callables."""
-    return check_options(options, where, allow_callables=False)
+def read_attributes(values: Mapping[str, object], task_name: str) -> GivenOptions:
+    """A task's lock attributes (None: not set), checked."""
+    return read_options(
+        values,
+        lambda name: f"attribute {name} of task {task_name!r}",
+        what=f"lock options of task {task_name!r}",
+    )
 
 
-def check_combination(options: Mapping[str, object], where: str) -> None:
+def items_of(what: str) -> Callable[[str], str]:
+    """``where`` for the options of a mapping named ``what``: ``what['lock_ttl']``."""
+    return lambda name: f"{what}[{name!r}]"
+
+
+def read_call_options(values: object, what: str) -> GivenOptions:
+    """Per-call lock options (``apply_async(..., lock_ttl=60)``, a message's
+    ``dflock_options`` header), checked: they travel in a message, so no callables."""
+    return read_options(values, items_of(what), what=what, serialisable=True)
+
+
+def check_combination(lock_from: LockFrom | None, limit: int | None, where: str) -> None:
     """Refuse lock options that cannot work together (``where`` names their source)."""
-    if options.get("lock_from") == "publish" and options.get("lock_limit") is not None:
+    if lock_from == "publish" and limit is not None:
         raise DflockConfigError(
             f"{where}: lock_from='publish' cannot be combined with "
-            f"lock_limit={options['lock_limit']!r}: a key held from publish lets one message "
+            f"lock_limit={limit!r}: a key held from publish lets one message "
             f"of the key wait in the queue (a lock, not a semaphore); remove lock_limit, or "
             f"use lock_from='run' (a semaphore slot is taken when the run starts)"
         )
@@ -588,7 +688,7 @@ def check_option_names(names: Iterable[str], where: str) -> None:
             )
 
 
-def check_task_locks(value: object, where: str) -> object:
+def check_task_locks(value: object, where: str) -> Mapping[str, GivenOptions]:
     """``dflock_task_locks``: task name -> lock options, each entry checked."""
     if not isinstance(value, Mapping):
         raise DflockConfigError(
@@ -596,12 +696,13 @@ def check_task_locks(value: object, where: str) -> object:
             "{'proj.tasks.report': {'lock_key': 'report:{customer_id}'}}; "
             f"got {value!r}"
         )
-    task_locks: dict[str, Mapping[str, object]] = {}
+    task_locks: dict[str, GivenOptions] = {}
     for name, options in cast("Mapping[object, object]", value).items():
         if not isinstance(name, str):
             raise DflockConfigError(f"{where} keys must be task names, got {name!r}")
-        task_locks[name] = check_options(options, f"{where}[{name!r}]")
-    return task_locks
+        entry = f"{where}[{name!r}]"
+        task_locks[name] = read_options(options, items_of(entry), what=entry)
+    return MappingProxyType(task_locks)
 
 
 # --------------------------------------------------------------------------- settings
@@ -647,7 +748,7 @@ APP_SETTING_SPECS: Final = (
     ),
     _setting(
         "dflock_task_locks",
-        MappingProxyType[str, Mapping[str, object]]({}),
+        MappingProxyType[str, GivenOptions]({}),
         check_task_locks,
         "Task name -> lock options, for tasks you cannot edit (installed by "
         "`celery_dflock.signals.install(app)`).",
@@ -672,7 +773,7 @@ BEAT_SETTING_SPECS: Final = (
     _setting(
         "dflock_beat_lease_ttl",
         DEFAULT_BEAT_LEASE_TTL_S,
-        check_beat_lease,
+        check_lease,
         "Lease seconds of the leader lock: how long a hung beat blocks a failover.",
     ),
     _setting(

@@ -23,10 +23,10 @@ from __future__ import annotations
 import difflib
 import ssl
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol, TypeVar
 
 from celery_dflock._settings import (
     APP_SETTING_SPECS,
@@ -35,10 +35,26 @@ from celery_dflock._settings import (
     DEFAULT_PENDING_TTL_S,
     DEFAULTS,
     KNOWN_SETTINGS,
+    LOCK_FROM,
+    LOCK_KEY,
+    LOCK_LIMIT,
+    LOCK_MAX_RETRIES,
     LOCK_OPTIONS,
+    LOCK_PENDING_TTL,
+    LOCK_RETRY_BACKOFF_MAX,
+    LOCK_RETRY_COUNTDOWN,
+    LOCK_RETRY_JITTER,
+    LOCK_TIMEOUT,
+    LOCK_TTL,
+    NO_OPTIONS,
+    ON_DUPLICATE,
+    ON_LOCK_LOST,
+    ON_LOCKED,
     RENAMED_SETTINGS,
     SETTINGS,
     DflockConfigError,
+    GivenOptions,
+    KeySource,
     LockFrom,
     OnDuplicate,
     OnLocked,
@@ -47,8 +63,8 @@ from celery_dflock._settings import (
     check_combination,
     option_table,
     parse_servers,
+    read_options,
     setting_table,
-    validate_option,
 )
 from celery_dflock.client.clients import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -70,6 +86,7 @@ __all__ = [
     "SETTINGS",
     "DflockConfig",
     "DflockConfigError",
+    "GivenOptions",
     "LockOptions",
     "check_setting_names",
     "get_config",
@@ -81,6 +98,8 @@ __all__ = [
     "resolve_options",
     "setting_table",
 ]
+
+T = TypeVar("T")
 
 _CONFIG_ATTR: Final = "_dflock_config"
 _FIELDS: Final = {
@@ -144,7 +163,7 @@ def check_setting_names(conf: Any) -> None:
         )
 
 
-def read_settings(conf: Any, specs: tuple[Spec, ...]) -> dict[str, object]:
+def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, object]:
     """Setting name -> its value in ``conf``, checked, or its default when unset."""
     return {spec.name: spec.read(read_setting(conf, spec.name), spec.name) for spec in specs}
 
@@ -161,11 +180,10 @@ class DflockConfig:
     sharding_strategy: Routing | None = None
     """None: the client's default (``stable_hash_shard``); ``"cluster"``: cluster routing."""
     key_prefix: str = ""
-    defaults: Mapping[str, object] = field(default_factory=lambda: dict(DEFAULTS))
-    """App-wide lock option defaults (built-in defaults overlaid with ``dflock_*``)."""
-    task_locks: Mapping[str, Mapping[str, object]] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
+    defaults: GivenOptions = NO_OPTIONS
+    """The app-wide lock options: the ``dflock_*`` setting of each (None: not set, the
+    built-in default applies)."""
+    task_locks: Mapping[str, GivenOptions] = field(default_factory=lambda: MappingProxyType({}))
     """``dflock_task_locks``: task name -> lock options."""
 
     @classmethod
@@ -173,11 +191,11 @@ class DflockConfig:
         """Read and validate the ``dflock_*`` settings of a Celery ``app.conf``."""
         check_setting_names(conf)
         got = read_settings(conf, APP_SETTING_SPECS)
-        defaults = dict(DEFAULTS)
-        for option, setting in SETTINGS.items():
-            value = read_setting(conf, setting)
-            if value is not None:
-                defaults[option] = validate_option(option, value, f"app.conf.{setting}")
+        defaults = read_options(
+            {option: read_setting(conf, setting) for option, setting in SETTINGS.items()},
+            lambda option: f"app.conf.{SETTINGS[option]}",
+            what="the dflock_* settings",
+        )
         fields: dict[str, Any] = {field: got[name] for name, field in _FIELDS.items()}
         return cls(**fields, defaults=defaults)
 
@@ -236,7 +254,7 @@ def default_timeout(on_locked: str) -> float:
 class LockOptions:
     """The lock options of one task run, every layer resolved."""
 
-    key: str | Callable[..., str] | None
+    key: KeySource
     timeout: float
     ttl: int | None
     on_locked: OnLocked
@@ -256,47 +274,44 @@ class LockOptions:
 def resolve_options(
     config: DflockConfig,
     task_name: str,
-    attributes: Mapping[str, object],
-    call: Mapping[str, object] | None = None,
+    attributes: GivenOptions,
+    call: GivenOptions | None = None,
 ) -> LockOptions:
     """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default.
 
-    ``attributes`` are the task's lock attributes (None means unset). Values
-    from ``config`` were validated when it was read; attributes and call
-    options are validated here.
-    """
-    entry = config.task_locks.get(task_name, {})
-    resolved: dict[str, object] = {}
-    for name in LOCK_OPTIONS:
-        if call and call.get(name) is not None:
-            value = validate_option(name, call[name], f"call option {name} of {task_name!r}")
-        elif entry.get(name) is not None:
-            value = entry[name]
-        elif attributes.get(name) is not None:
-            value = validate_option(
-                name, attributes[name], f"attribute {name} of task {task_name!r}"
-            )
-        else:
-            value = config.defaults[name]
-        resolved[name] = value
-    check_combination(resolved, f"lock options of task {task_name!r}")
+    Every layer was checked where it entered (`celery_dflock._settings.read_options`): the
+    settings and ``dflock_task_locks`` when the config was read, the attributes when the
+    task's plan was made, the call options when the message was read."""
+    entry = config.task_locks.get(task_name, NO_OPTIONS)
+    layers = (call or NO_OPTIONS, entry, attributes, config.defaults)
+    on_locked = _first(ON_LOCKED, (layer.on_locked for layer in layers))
+    timeout = _first(LOCK_TIMEOUT, (layer.timeout for layer in layers))
+    lock_from = _first(LOCK_FROM, (layer.lock_from for layer in layers))
+    limit = _first(LOCK_LIMIT, (layer.limit for layer in layers))
+    check_combination(lock_from, limit, f"lock options of task {task_name!r}")
     return LockOptions(
-        key=cast("str | Callable[..., str] | None", resolved["lock_key"]),
-        timeout=(
-            default_timeout(str(resolved["on_locked"]))
-            if resolved["lock_timeout"] is None
-            else float(cast("float", resolved["lock_timeout"]))
+        key=_first(LOCK_KEY, (layer.key for layer in layers)),
+        timeout=default_timeout(on_locked) if timeout is None else timeout,
+        ttl=_first(LOCK_TTL, (layer.ttl for layer in layers)),
+        on_locked=on_locked,
+        limit=limit,
+        on_lock_lost=_first(ON_LOCK_LOST, (layer.on_lock_lost for layer in layers)),
+        retry_countdown=_first(LOCK_RETRY_COUNTDOWN, (layer.retry_countdown for layer in layers)),
+        retry_backoff_max=_first(
+            LOCK_RETRY_BACKOFF_MAX, (layer.retry_backoff_max for layer in layers)
         ),
-        ttl=cast("int | None", resolved["lock_ttl"]),
-        on_locked=cast("OnLocked", resolved["on_locked"]),
-        limit=cast("int | None", resolved["lock_limit"]),
-        on_lock_lost=cast("OnLockLost", resolved["on_lock_lost"]),
-        retry_countdown=cast("float", resolved["lock_retry_countdown"]),
-        retry_backoff_max=cast("float", resolved["lock_retry_backoff_max"]),
-        retry_jitter=cast("bool", resolved["lock_retry_jitter"]),
-        max_retries=cast("int | None", resolved["lock_max_retries"]),
-        lock_from=cast("LockFrom", resolved["lock_from"]),
-        on_duplicate=cast("OnDuplicate", resolved["on_duplicate"]),
-        pending_ttl=cast("int", resolved["lock_pending_ttl"]),
-        timeout_given=resolved["lock_timeout"] is not None,
+        retry_jitter=_first(LOCK_RETRY_JITTER, (layer.retry_jitter for layer in layers)),
+        max_retries=_first(LOCK_MAX_RETRIES, (layer.max_retries for layer in layers)),
+        lock_from=lock_from,
+        on_duplicate=_first(ON_DUPLICATE, (layer.on_duplicate for layer in layers)),
+        pending_ttl=_first(LOCK_PENDING_TTL, (layer.pending_ttl for layer in layers)),
+        timeout_given=timeout is not None,
     )
+
+
+def _first(spec: Spec[T], given: Iterable[T | None]) -> T:
+    """The first value given (the layers in order), else the option's built-in default."""
+    for value in given:
+        if value is not None:
+            return value
+    return spec.default
