@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from celery_dflock._celery import get_task_logger
-from celery_dflock._on_locked import resend
-from celery_dflock._plan import LockOptions
-from celery_dflock._request import OUTAGE_HEADER, header, lock_retries, run_name
+from celery_dflock._request import OUTAGE_HEADER, header, lock_retries, resend, run_name
 from celery_dflock.client.errors import ServerUnavailable
+from celery_dflock.config import LockOptions
 
 __all__ = [
     "OUTAGE_BUDGET_S",

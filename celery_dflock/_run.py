@@ -1,44 +1,91 @@
 # pyright: reportMissingTypeStubs=false
-"""The machinery of one locked run, beside `LockedTask` as Celery's ``app/trace.py`` is beside
-its ``Task``: the run's plan and key, the acquire (or the take-over of its publish-time hold),
-the body under the lost-lock guard, the held-lock record, and the release.
+"""One locked run, beside `LockedTask` as Celery's ``app/trace.py`` is beside its ``Task``.
 
-The parts it calls, one concern each: `celery_dflock._plan` (the task's options, resolved
-once per task), `celery_dflock._queue_once` (the publish-time hold and its hand-off),
-`celery_dflock._on_locked` (the busy-key policy), `celery_dflock._outage` (an unreachable
-lock server: a busy key, not a failure), `celery_dflock._follower` (a canvas member
-sent in a duplicate's place), `celery_dflock._guard` (``on_lock_lost``) and
-`celery_dflock._request` (what the run reads from and writes on Celery's request).
+`locked_run` owns the whole path of a run: its plan and key, the acquire (or the take-over of
+its publish-time hold), the body under the lost-lock guard, the held-lock record, and the
+release. What it calls are plain functions and small classes, each a policy of its own:
+
+* the busy-key policy (`contended`, `retry_countdown`): what a run does when its key is held
+  by other runs, or in use with another ``lock_limit``, once its ``lock_timeout`` wait in the
+  key's queue is over (``on_locked``: ``"retry"`` with backoff and jitter, counted apart from
+  Celery's retries; ``"skip"``; ``"raise"``);
+* the lost-lock guard (`RunGuard`): what ``on_lock_lost`` does when the lock is lost while the
+  body runs (interrupt the body, flag it, or terminate the pool child), the ``lock_lost``
+  signal, and the log line;
+* the interrupt (`current_body`): raising `LockLost` in the running body from another thread
+  or greenlet, on each pool (its notes: the section's comment below);
+* the two signals a run sends (`lock_lost`, `lock_skipped`; public as
+  `celery_dflock.signals.lock_lost` and `celery_dflock.signals.lock_skipped`, which documents
+  their arguments).
+
+Its other parts live in modules of their own: `celery_dflock._runtime` (the task's plan and
+the process's client), `celery_dflock._queue_once` (the publish-time hold, its hand-off, and a
+canvas member sent in a duplicate's place), `celery_dflock._outage` (an unreachable lock
+server: a busy key, not a failure) and `celery_dflock._request` (what the run reads from and
+writes on Celery's request and message).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import random
+import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Final, Protocol, cast
 
-from celery_dflock._celery import backoff_interval, get_task_logger
-from celery_dflock._follower import run_follower
-from celery_dflock._guard import RunGuard
-from celery_dflock._held_records import AnyLock
-from celery_dflock._holds import FOLLOW_HEADER, HOLD_HEADER, encode_note, follow_of, hold_of
-from celery_dflock._on_locked import contended, retry_countdown
+from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
-from celery_dflock._plan import LockOptions, options_for
-from celery_dflock._queue_once import eager_duplicate, take_over
-from celery_dflock._request import call_options, clear_held, header, lock_retries, mark_held
-from celery_dflock._runtime import get_runtime
+from celery_dflock._queue_once import eager_duplicate, run_follower, take_over
+from celery_dflock._request import (
+    FOLLOW_HEADER,
+    HOLD_HEADER,
+    MAX_BACKOFF_EXPONENT,
+    OUTAGE_HEADER,
+    call_options,
+    clear_held,
+    decode_note,
+    encode_note,
+    follow_of,
+    header,
+    hold_of,
+    lock_retries,
+    mark_held,
+    resend,
+    run_name,
+)
+from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime, options_for
+from celery_dflock._settings import OnLockLost
+from celery_dflock.client import DistributedLock
 from celery_dflock.client.errors import (
     DflockError,
     LimitMismatchError,
     LockLost,
+    LockNotAcquired,
+    LockSkipped,
     ServerUnavailable,
 )
-from celery_dflock.config import get_config
+from celery_dflock.config import LockOptions, get_config
 
-__all__ = ["locked_run"]
+__all__ = [
+    "BodyTarget",
+    "RunGuard",
+    "contended",
+    "current_body",
+    "lock_lost",
+    "lock_skipped",
+    "locked_run",
+    "retry_countdown",
+]
+
+lock_lost: Final[Any] = Signal(name="lock_lost")
+"""A running task's lock was lost (renewal refused, or its server unreachable)."""
+lock_skipped: Final[Any] = Signal(name="lock_skipped")
+"""A task run was skipped because its lock was busy (``on_locked="skip"``)."""
 
 logger: Any = get_task_logger("celery_dflock.task")
 """For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
@@ -240,3 +287,323 @@ def _autoretry(task: Any, request: Any, exc: DflockError) -> None:
             full_jitter=getattr(task, "retry_jitter", True),
         )
     raise task.retry(exc=exc, **retry_kwargs)
+
+
+# ------------------------------------------------------------------ the busy-key policy (on_locked)
+
+
+def retry_countdown(retries: int, options: LockOptions) -> float:
+    """The countdown of lock retry number ``retries + 1`` (backoff, cap, jitter)."""
+    countdown = min(
+        options.retry_countdown * (2 ** min(retries, MAX_BACKOFF_EXPONENT)),
+        options.retry_backoff_max,
+    )
+    if options.retry_jitter:
+        countdown = countdown / 2 + random.uniform(0, countdown / 2)
+    return countdown
+
+
+def contended(
+    task: Any,
+    request: Any,
+    key: str,
+    options: LockOptions,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    *,
+    waited_s: float,
+    mismatch: LimitMismatchError | None = None,
+    lock: AnyLock | None = None,
+) -> Any:
+    """The key is busy: held by other runs, or (``mismatch``) in use with another limit;
+    ``waited_s``: how long this run waited for it (a direct call does not wait in the queue).
+
+    A key is one resource on the server (a lock is a semaphore of limit 1), so runs with
+    another ``lock_limit`` on the key keep it busy like any holder; the server refuses at
+    once instead of queueing, and ``on_locked`` applies as for a busy key."""
+    run = run_name(str(task.name), request.id)
+    task_id = cast("str | None", request.id)
+    args, kwargs = call
+    holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
+    handover = None if lock is None else lock.handover
+    if mismatch is None and handover is not None:
+        why = handover  # a cluster hand-over outlasted lock_timeout: the key may well be free
+    elif mismatch is None:
+        by = f"task {holder}" if holder else "another run"
+        why = f"lock {key!r} is held by {by}"
+    else:
+        mine = "a lock" if options.limit is None else f"a semaphore of limit {options.limit}"
+        why = (
+            f"key {key!r} is in use by runs with another lock_limit (this run asked for "
+            f"{mine}); a lock and a semaphore on one key exclude each other: give every use "
+            f"of the key the same lock_limit, or give the lock another lock_key"
+        )
+        logger.warning("dflock: %s: %s", run, why)
+    if options.on_locked == "skip":
+        logger.info("dflock: skipping %s: %s", run, why)
+        lock_skipped.send(
+            sender=task, task_id=task_id, key=key, args=args, kwargs=kwargs, holder=holder
+        )
+        raise LockSkipped(
+            f"{run} was skipped: {why} (waited {waited_s:.1f}s; on_locked='skip')"
+        ) from mismatch
+    busy = LockNotAcquired(
+        f"{run}: {why} (waited {waited_s:.1f}s; on_locked={options.on_locked!r})"
+    )
+    busy.__cause__ = mismatch
+    if options.on_locked != "retry" or request.called_directly:
+        raise busy
+    done = lock_retries(request)
+    limit = options.max_retries
+    if limit is not None and done >= limit:
+        raise LockNotAcquired(
+            f"{run}: key {key!r} was still busy after {done} lock "
+            f"retries (lock_max_retries={limit}), so the run is dropped; raise "
+            f"lock_max_retries (None: retry as long as the key is busy) or lock_timeout "
+            f"(wait in the key's queue)"
+        )
+    countdown = retry_countdown(done, options)
+    logger.info(
+        "dflock: %s retries in %.2fs: lock %r is busy (lock retry %d of %s)",
+        run,
+        countdown,
+        key,
+        done + 1,
+        "no limit" if limit is None else limit,
+    )
+    # Busy, so reached: an outage this run met before is over (its budget starts afresh).
+    extra = {OUTAGE_HEADER: None}
+    raise resend(task, request, call, countdown=countdown, retries=done + 1, busy=busy, extra=extra)
+
+
+# --------------------------------------------------------------- the lost-lock guard (on_lock_lost)
+
+worker_logger: Any = get_logger("celery_dflock.worker")
+"""For messages from the renewal thread, where Celery's task prefix would read ``???[???]``
+(the message names the run itself)."""
+
+
+class _Interrupted(LockLost):
+    """Raised asynchronously in the body's thread by ``on_lock_lost="interrupt"``."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or ("the task's lock was lost while it ran",)))
+
+
+class RunGuard:
+    """One locked run: its lock, the body's thread, and the ``on_lock_lost`` policy."""
+
+    def __init__(
+        self,
+        task: object,
+        task_id: str | None,
+        key: str,
+        policy: OnLockLost,
+        runtime: Runtime,
+    ) -> None:
+        self.task = task
+        self.label = run_name(str(cast("Any", task).name), task_id)
+        self.task_id = task_id
+        self.key = key
+        self.policy: OnLockLost = policy
+        self.runtime = runtime
+        self.lock: AnyLock | None = None
+        self.record: HeldRecord | None = None
+        self._state = threading.Lock()
+        self._body: BodyTarget | None = None
+        self._interrupt_sent = False
+        self._interrupt_missed = False
+        self._body_ended = False
+
+    def on_lost(self, lock: Any) -> None:
+        """Called once when the lock is lost: from the renewal thread, or from the release
+        after the body if only the server's refusal to release shows it.
+
+        An interrupt goes out first, before the log line and the signal (a body that polls
+        ``lock.lost`` is stopped before it can act on it); a termination comes last, after
+        them (it ends the process)."""
+        policy = self.policy
+        if policy == "terminate" and not self.runtime.in_pool_child:
+            policy = "interrupt"  # only a prefork child can be replaced
+        with self._state:
+            ended = self._body_ended
+        if policy == "interrupt" and not ended:
+            self._interrupt()
+        worker_logger.error(
+            "dflock: %s lost its lock %r (fence %s)%s; on_lock_lost=%r",
+            self.label,
+            self.key,
+            getattr(lock, "fence", None),
+            " (noticed after its body ended)" if ended else "",
+            policy,
+        )
+        lock_lost.send(
+            sender=self.task, task_id=self.task_id, key=self.key, lock=lock, policy=policy
+        )
+        if self._interrupt_missed:
+            worker_logger.error(
+                "dflock: %s: the body could not be interrupted where it runs; "
+                "it fails with LockLost when it returns",
+                self.label,
+            )
+        if policy == "terminate" and not ended:
+            if self.record is not None:
+                self.record.remove()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _interrupt(self) -> None:
+        with self._state:
+            body = self._body
+            if body is None or self._interrupt_sent:
+                return
+            self._interrupt_sent = True
+            if not body.interrupt(_Interrupted):
+                self._interrupt_missed = True
+
+    @property
+    def interrupt_due(self) -> bool:
+        """An interrupt was sent (or could not be) while the body ran: a body that returned
+        all the same must not count as a success."""
+        return self._interrupt_sent
+
+    def run_body(
+        self,
+        run: Callable[..., Any],
+        call: tuple[tuple[Any, ...], dict[str, Any]],
+        lock: AnyLock,
+    ) -> Any:
+        """``run(*args, **kwargs)`` in this thread, the target of an interrupt while it runs;
+        an interrupt that reaches it ends it with `LockLost`."""
+        try:
+            with self.body():
+                return run(*call[0], **call[1])
+        except _Interrupted:
+            raise LockLost(
+                f"{self.label} lost its lock {self.key!r} (fence {lock.fence}) "
+                f"while it ran, and was interrupted (on_lock_lost='interrupt')"
+            ) from None
+
+    def body(self) -> RunGuard:
+        """``with guard.body():`` marks the body as running in this thread (the target of an
+        interrupt) until the block ends."""
+        return self
+
+    def __enter__(self) -> None:
+        body = current_body()
+        with self._state:
+            self._body = body
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._state:
+            body, self._body = self._body, None
+            self._body_ended = True
+            if self._interrupt_sent and body is not None:
+                body.cancel()  # not delivered yet: drop it
+
+
+# ------------------------------------------------------------------------------------ the interrupt
+
+# Raising an exception in a running task body from another thread or greenlet.
+#
+# ``on_lock_lost="interrupt"`` raises `LockLost` in the body while it runs. How depends on what
+# the body runs in, which the worker's pool decides:
+#
+# * prefork, threads, solo: an OS thread. The exception is scheduled in it with
+#   ``PyThreadState_SetAsyncExc`` and raised at its next bytecode boundary.
+# * gevent, eventlet: a greenlet. Those pools monkey-patch ``threading``, so a thread id is a
+#   greenlet's and ``PyThreadState_SetAsyncExc`` finds no thread by it. The exception is thrown
+#   into the body's greenlet from the hub, as the libraries' own ``kill`` does, and is raised
+#   where the body yields (a sleep, a socket, a lock); a body that never yields never lets the
+#   renewal run either.
+#
+# Either way the body may end before the exception lands: `BodyTarget.cancel` drops one not yet
+# delivered, and the caller raises `LockLost` itself when a lost lock's body returned anyway
+# (so a run whose lock was lost never ends as a success, whatever the pool).
+
+
+class BodyTarget(Protocol):
+    """Where a running body can be interrupted."""
+
+    def interrupt(self, exc: type[BaseException]) -> bool:
+        """Schedule ``exc`` in the body (from another thread or greenlet); False if it cannot
+        be delivered there."""
+        ...
+
+    def cancel(self) -> None:
+        """From the body, as it ends: drop an interrupt not delivered yet."""
+        ...
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
+    """Schedule ``exc`` in thread ``thread_id`` (None clears a pending one); the number of
+    threads changed."""
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+    set_async_exc.restype = ctypes.c_int
+    return cast("int", set_async_exc(thread_id, ctypes.py_object() if exc is None else exc))
+
+
+class _ThreadBody:
+    """A body running in an OS thread."""
+
+    def __init__(self, thread_id: int) -> None:
+        self._thread_id = thread_id
+        self._sent = False
+
+    def interrupt(self, exc: type[BaseException]) -> bool:
+        self._sent = _set_async_exc(self._thread_id, exc) == 1
+        return self._sent
+
+    def cancel(self) -> None:
+        if self._sent:
+            _set_async_exc(self._thread_id, None)
+
+
+class _GreenBody:
+    """A body running in a greenlet of gevent's or eventlet's hub (in this OS thread)."""
+
+    def __init__(self, greenlet: Any, schedule: Callable[[Callable[[], None]], object]) -> None:
+        self._greenlet = greenlet
+        self._schedule = schedule
+        self._running = True
+        self._exc: type[BaseException] | None = None
+
+    def interrupt(self, exc: type[BaseException]) -> bool:
+        self._exc = exc
+        self._schedule(self._deliver)
+        return True
+
+    def _deliver(self) -> None:
+        # Runs in the hub, so the body is switched out: it is running or it ended, no between.
+        exc = self._exc
+        if exc is not None and self._running and not self._greenlet.dead:
+            self._greenlet.throw(exc)
+
+    def cancel(self) -> None:
+        self._running = False
+
+
+def _patched_by_gevent() -> bool:
+    monkey: Any = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("threading"))
+
+
+def _patched_by_eventlet() -> bool:
+    patcher: Any = sys.modules.get("eventlet.patcher")
+    return patcher is not None and bool(patcher.is_monkey_patched("thread"))
+
+
+def current_body() -> BodyTarget:
+    """The thread or greenlet the caller runs in, as an interrupt target."""
+    if _patched_by_gevent():
+        gevent: Any = sys.modules["gevent"]
+        loop: Any = gevent.get_hub().loop
+        return _GreenBody(gevent.getcurrent(), loop.run_callback_threadsafe)
+    if _patched_by_eventlet():
+        greenthread: Any = sys.modules["eventlet.greenthread"]
+        hub: Any = sys.modules["eventlet.hubs"].get_hub()
+
+        def schedule(callback: Callable[[], None]) -> object:
+            return hub.schedule_call_global(0, callback)
+
+        return _GreenBody(greenthread.getcurrent(), schedule)
+    return _ThreadBody(threading.get_ident())

@@ -1,26 +1,389 @@
 """Per-process state of the Celery integration, kept on the app (never at module level).
 
 :class:`Runtime` -- one per process and app: the app's `Client` and its connection pool (made
-after fork, closed at shutdown), whether this process is a prefork pool child, where held
-locks are recorded (`celery_dflock._held_records`), and what the runs of each task reuse
-(`celery_dflock._plan.TaskRuns`).
+after fork, closed at shutdown), whether this process is a prefork pool child, what the runs
+of each task reuse (`TaskRuns`: the task's plan, whether its runs are locked and their
+options, and its `KeyBuilder`, worked out once per task and process while the config and
+every lock attribute are the same objects), and where held locks are recorded.
+
+The held-lock records (`HeldRecords`): the directory where prefork pool children record the
+locks they hold, so the worker's main process can release them when a child dies under a task
+(hard time limit, revoke with terminate, SIGKILL). Each child keeps one file (`HeldWriter`)
+listing what it holds now (task id, key, token, its pid), rewritten in place when a lock is
+taken or released. Once the child is gone, the main process releases each token it lists.
+The server frees a dead child's grants itself when it sees the child's connection close: at
+once on a plain connection, ``--session-ttl`` seconds later (3 by default) on a session
+connection, which is what celery-dflock's client opens; never before the lease's end with
+``--no-auto-release-on-disconnect``. The records free the key as soon as the main process
+sees the child gone, in every case. Release is idempotent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import select
+import shutil
+import stat
+import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from operator import is_
+from pathlib import Path
+from types import MethodType
+from typing import Any, Final, cast
 
-from celery_dflock._held_records import AnyLock, HeldRecords, HeldWriter
-from celery_dflock._plan import LockOptions, TaskRuns
+from celery_dflock._settings import GivenOptions, read_attributes
+from celery_dflock.client import DistributedLock, DistributedSemaphore
 from celery_dflock.client.clients import Client
-from celery_dflock.config import DflockConfig
+from celery_dflock.config import LOCK_OPTIONS, DflockConfig, LockOptions, resolve_options
+from celery_dflock.keys import KeyBuilder
 
-__all__ = ["AnyLock", "Runtime", "get_runtime", "reset_runtime_after_fork"]
+__all__ = [
+    "CHILD_EXIT_WAIT_S",
+    "AnyLock",
+    "HeldRecord",
+    "HeldRecords",
+    "HeldWriter",
+    "Runtime",
+    "TaskRuns",
+    "get_runtime",
+    "options_for",
+    "pid_gone",
+    "reset_runtime_after_fork",
+]
+
+# --------------------------------------------------------------------------- a task's plan
+
+
+def _same(a: object, b: object) -> bool:
+    """The same object; or the same bound method (a function-valued class attribute, such as
+    a ``lock_key`` callable, is a new bound method object on every attribute access)."""
+    return a is b or (type(a) is MethodType and a == b)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Whether runs of a task without call options are locked, and their options, as worked
+    out from these inputs; reused while the config and every lock attribute are the same
+    objects (a changed attribute or a reset config is noticed on the next run)."""
+
+    config: DflockConfig
+    attributes: tuple[object, ...]
+    given: GivenOptions
+    """The task's lock attributes, checked."""
+    options: LockOptions | None
+    """None: runs without call options are not locked."""
+
+    def fits(self, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
+        if self.config is not config:
+            return False
+        # Every attribute the very object it was (the usual case), compared in C; else each
+        # by `_same` (a function-valued attribute is a new bound method at every access).
+        return all(map(is_, self.attributes, attributes)) or all(
+            _same(a, b) for a, b in zip(self.attributes, attributes, strict=True)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    """A task's `KeyBuilder` and what it was built for."""
+
+    builder: KeyBuilder
+    run: object  # the run function (a bound method's __func__)
+    owner: object  # a bound method's __self__, else None
+
+    def fits(self, source: object, run: object, owner: object, prefix: str) -> bool:
+        builder = self.builder
+        return (
+            _same(builder.source, source)
+            and self.run is run
+            and self.owner is owner
+            and builder.prefix == prefix
+        )
+
+
+class TaskRuns:
+    """What the runs of one task reuse in one process: its plan and its key builder (kept by
+    the app's `Runtime`, so a pool child works its own out, and the task stays stateless)."""
+
+    __slots__ = ("keys", "plan")
+
+    def __init__(self) -> None:
+        self.plan: _Plan | None = None
+        self.keys: _Keys | None = None
+
+    def plan_for(self, task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> _Plan:
+        """Locked or not, and the options, for a run without call options."""
+        plan = self.plan
+        if plan is not None and plan.fits(config, attributes):
+            return plan
+        name = str(task.name)
+        given = read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
+        options = None
+        if _is_locked(task, config, attributes):
+            options = resolve_options(config, name, given, None)
+        plan = self.plan = _Plan(config, attributes, given, options)
+        return plan
+
+    def key_builder(
+        self, task: Any, source: object, run: Callable[..., Any], prefix: str
+    ) -> KeyBuilder:
+        """The `KeyBuilder` for the task's runs (its signature is inspected once)."""
+        func: object = getattr(run, "__func__", run)
+        owner: object = getattr(run, "__self__", None)
+        keys = self.keys
+        if keys is not None and keys.fits(source, func, owner, prefix):
+            return keys.builder
+        builder = KeyBuilder(cast("Any", source), task_name=str(task.name), run=run, prefix=prefix)
+        self.keys = _Keys(builder, func, owner)
+        return builder
+
+
+def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
+    """Whether runs without call options are locked (with call options they always are)."""
+    if str(task.name) in config.task_locks:
+        return True
+    if any(value is not None for value in attributes):
+        return True
+    # base=LockedTask named explicitly: always locked. Inherited only through the
+    # app's task_cls: locked only with a lock option (checked above).
+    app_task_cls: Any = task._get_app().Task
+    return not isinstance(task, app_task_cls)
+
+
+def options_for(
+    task: Any, config: DflockConfig, runs: TaskRuns, per_call: GivenOptions | None
+) -> LockOptions | None:
+    """The lock options of a run (or a publish) of ``task``; None when it is not locked
+    (``runs``: what the runs of ``task`` reuse in this process, `Runtime.task_runs`;
+    ``per_call``: the options its message gives, checked where it was read)."""
+    attributes = tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
+    plan = runs.plan_for(task, config, attributes)
+    if per_call is not None:  # per call: resolved every time (they must win)
+        return resolve_options(config, str(task.name), plan.given, per_call)
+    return plan.options
+
+
+# --------------------------------------------------------------------------- held-lock records
+
+
+_RECORD_SUFFIX: Final = ".held"
+_PARTIAL_SUFFIX: Final = ".tmp"
+CHILD_EXIT_WAIT_S: Final = 10.0
+"""How long the main process waits for a child to exit before it releases the child's lock."""
+
+AnyLock = DistributedLock | DistributedSemaphore
+
+
+def pid_gone(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for process ``pid`` to exit; True if it has."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (AttributeError, OSError):
+        return _pid_gone_polling(pid, timeout)
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
+def _pid_gone_polling(pid: int, timeout: float) -> bool:
+    # Fallback where pidfd_open is missing (not Linux >= 5.3).
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class HeldRecords:
+    """The directory of files ``<pid>.held`` naming the locks pool children hold.
+
+    A file holds a JSON list of ``{"task_id", "key", "token", "limit", "pid"}`` (padded with
+    spaces, see `HeldWriter`). Only its child writes it while the child lives; the main
+    process reads it, and edits it only once the child is gone.
+    """
+
+    directory: Path
+    _edits: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    @classmethod
+    def for_main_process(cls, pid: int) -> HeldRecords | None:
+        """The records directory of worker main process ``pid`` (None if it is unsafe).
+
+        Tokens are bearer credentials: the directory must be ours and private.
+        """
+        directory = Path(tempfile.gettempdir()) / f"celery-dflock-{os.getuid()}-{pid}"
+        try:
+            directory.mkdir(mode=0o700, exist_ok=True)
+            info = directory.lstat()
+        except OSError:
+            return None
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return None
+        return cls(directory)
+
+    @classmethod
+    def left_by_dead_workers(cls, pid: int) -> list[HeldRecords]:
+        """The records directories of worker main processes that are gone (killed with -9,
+        say, so they never removed theirs), besides the one of live worker ``pid``."""
+        prefix = f"celery-dflock-{os.getuid()}-"
+        found: list[HeldRecords] = []
+        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+            owner = path.name.removeprefix(prefix)
+            if not owner.isdigit() or int(owner) == pid or not pid_gone(int(owner), 0):
+                continue
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                found.append(cls(path))
+        return found
+
+    def writer(self) -> HeldWriter:
+        """A record file for this process (keep one per process: see `Runtime.held_writer`)."""
+        return HeldWriter(self.directory)
+
+    @staticmethod
+    def _read(path: Path) -> list[dict[str, Any]]:
+        try:
+            found: object = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return []  # gone, or being written by a child that is alive (it is skipped)
+        if not isinstance(found, list):
+            return []
+        items = cast("list[object]", found)
+        return [cast("dict[str, Any]", e) for e in items if isinstance(e, dict)]
+
+    def entries(self, task_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
+        """(file, entry) of every recorded lock (of ``task_id`` only, when given)."""
+        found: list[tuple[Path, dict[str, Any]]] = []
+        for path in sorted(self.directory.glob(f"*{_RECORD_SUFFIX}")):
+            for entry in self._read(path):
+                if task_id is None or entry.get("task_id") == task_id:
+                    found.append((path, entry))
+        return found
+
+    def forget(self, path: Path, entry: dict[str, Any]) -> None:
+        """Drop ``entry`` from ``path`` (main process, once the child that wrote it is gone)."""
+        with self._edits:
+            rest = [e for e in self._read(path) if e != entry]
+            with contextlib.suppress(OSError):
+                if not rest:
+                    path.unlink()
+                    return
+                tmp = path.with_suffix(_PARTIAL_SUFFIX)
+                tmp.write_bytes(json.dumps(rest).encode())
+                tmp.replace(path)
+
+    def remove_all(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class HeldRecord:
+    """One recorded lock (`HeldWriter.add`); `remove` it when the lock is released."""
+
+    __slots__ = ("_handle", "_writer")
+
+    def __init__(self, writer: HeldWriter, handle: int) -> None:
+        self._writer = writer
+        self._handle = handle
+
+    def remove(self) -> None:
+        """Take this lock out of the record file (idempotent)."""
+        self._writer.remove(self._handle)
+
+
+class HeldWriter:
+    """This process's record file ``<directory>/<pid>.held``: what it holds right now.
+
+    Every change rewrites the whole list with one ``pwrite`` at offset 0 on a file kept open,
+    padded with spaces to at least the length written before, so the file never ends in
+    leftovers of a longer list and the main process never needs a rename to read it whole
+    (it reads a child's file only once that child is gone). This runs around every locked run
+    in a pool child: two small writes, no files created or renamed per run.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.pid = os.getpid()
+        self.path = f"{directory}{os.sep}{self.pid}{_RECORD_SUFFIX}"
+        self._guard = threading.Lock()
+        self._held: dict[int, str] = {}  # handle -> the entry as JSON
+        self._next = 0
+        self._fd: int | None = None
+        self._size = 0
+
+    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> HeldRecord | None:
+        """Record that this process holds ``lock`` for ``task_id`` (None if it could not)."""
+        entry = json.dumps(
+            {
+                "task_id": task_id,
+                "key": lock.key,
+                "token": lock.token,
+                "limit": limit,
+                "pid": self.pid,
+            }
+        )
+        with self._guard:
+            self._next += 1
+            handle = self._next
+            self._held[handle] = entry
+            if not self._write():
+                del self._held[handle]
+                return None  # the main process is gone or the directory removed
+        return HeldRecord(self, handle)
+
+    def remove(self, handle: int) -> None:
+        with self._guard:
+            if self._held.pop(handle, None) is not None:
+                self._write()
+
+    def _write(self) -> bool:
+        data = f"[{', '.join(self._held.values())}]".encode()
+        if len(data) < self._size:
+            data = data.ljust(self._size)  # JSON allows trailing whitespace
+        try:
+            if self._fd is None:
+                # O_TRUNC: a file left by an earlier process with this pid is not ours.
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self._fd, data[done:], done)
+        except OSError:
+            return False
+        self._size = max(self._size, len(data))
+        return True
+
+    def close(self) -> None:
+        """Close the file; remove it when nothing is recorded in it."""
+        with self._guard:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            if not self._held:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+
+
+# --------------------------------------------------------------------------- the runtime
 
 _RUNTIME_ATTR: Final = "_dflock_runtime"
 

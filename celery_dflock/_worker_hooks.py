@@ -21,12 +21,16 @@ from celery_dflock._celery import (
     inspect_command,
     signals as celery_signals,
 )
-from celery_dflock._held_records import CHILD_EXIT_WAIT_S, HeldRecords, pid_gone
-from celery_dflock._holds import HOLD_HEADER, HoldRef, hold_of
 from celery_dflock._outage import OutageCounter, OutageState, outage_of, parse_outage
-from celery_dflock._request import OUTAGE_HEADER, header
-from celery_dflock._runtime import get_runtime, reset_runtime_after_fork
-from celery_dflock._specs import LOCK_OPTIONS
+from celery_dflock._request import HOLD_HEADER, OUTAGE_HEADER, HoldRef, header, hold_of
+from celery_dflock._runtime import (
+    CHILD_EXIT_WAIT_S,
+    HeldRecords,
+    get_runtime,
+    pid_gone,
+    reset_runtime_after_fork,
+)
+from celery_dflock._settings import LOCK_OPTIONS
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import get_config

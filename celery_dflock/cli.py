@@ -29,7 +29,7 @@ from urllib.parse import quote
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_dflock._holds import beat_pid, note_parts
+from celery_dflock._request import beat_pid, note_parts
 from celery_dflock._worker_hooks import OUTAGES_COMMAND
 from celery_dflock.client.clients import (
     FEATURE_FENCE,

@@ -1,10 +1,11 @@
 # pyright: reportMissingTypeStubs=false
 """The ``dflock_*`` settings of an app, read once into a :class:`DflockConfig` (cached on the
-app), and the names the settings reference and its checks use.
+app), a run's lock options resolved from them (`LockOptions`, `resolve_options`), and the
+names the settings reference and its checks use.
 
 Every lock option and setting, with its default and its check, is declared once, in the table
-of `celery_dflock._specs` (`option_table`, `setting_table`). A lock option is resolved the way
-Celery resolves its own task options, first match wins (`celery_dflock._plan`):
+of `celery_dflock._settings` (`option_table`, `setting_table`). A lock option is resolved the way
+Celery resolves its own task options, first match wins (`resolve_options`):
 
 1. the per-call option (``task.apply_async(..., lock_key="x")``);
 2. the task's entry in ``app.conf.dflock_task_locks`` (like ``task_annotations``,
@@ -22,26 +23,49 @@ from __future__ import annotations
 import difflib
 import ssl
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
-from celery_dflock._specs import (
+from celery_dflock._settings import (
     APP_SETTING_SPECS,
     APP_SETTINGS,
     BEAT_SETTINGS,
+    DEFAULT_PENDING_TTL_S,
     DEFAULTS,
     KNOWN_SETTINGS,
+    LOCK_FROM,
+    LOCK_KEY,
+    LOCK_LIMIT,
+    LOCK_MAX_RETRIES,
     LOCK_OPTIONS,
+    LOCK_PENDING_TTL,
+    LOCK_RETRY_BACKOFF_MAX,
+    LOCK_RETRY_COUNTDOWN,
+    LOCK_RETRY_JITTER,
+    LOCK_TIMEOUT,
+    LOCK_TTL,
+    NO_OPTIONS,
+    ON_DUPLICATE,
+    ON_LOCK_LOST,
+    ON_LOCKED,
     RENAMED_SETTINGS,
     SETTINGS,
+    DflockConfigError,
+    GivenOptions,
+    KeySource,
+    LockFrom,
+    OnDuplicate,
+    OnLocked,
+    OnLockLost,
     Spec,
+    check_combination,
     option_table,
+    parse_servers,
+    read_options,
     setting_table,
-    validate_option,
 )
-from celery_dflock._values import DflockConfigError, parse_servers
 from celery_dflock.client.clients import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
@@ -58,9 +82,12 @@ __all__ = [
     "DEFAULTS",
     "LOCK_OPTIONS",
     "RENAMED_SETTINGS",
+    "RETRY_WAIT_S",
     "SETTINGS",
     "DflockConfig",
     "DflockConfigError",
+    "GivenOptions",
+    "LockOptions",
     "check_setting_names",
     "get_config",
     "option_table",
@@ -68,8 +95,11 @@ __all__ = [
     "read_setting",
     "read_settings",
     "reset_config",
+    "resolve_options",
     "setting_table",
 ]
+
+T = TypeVar("T")
 
 _CONFIG_ATTR: Final = "_dflock_config"
 _FIELDS: Final = {
@@ -82,7 +112,7 @@ _FIELDS: Final = {
     "dflock_key_prefix": "key_prefix",
     "dflock_task_locks": "task_locks",
 }
-"""App-wide setting -> the `DflockConfig` field it is read into (checked, see `_specs`)."""
+"""App-wide setting -> the `DflockConfig` field it is read into (checked, see `_settings`)."""
 
 
 class _App(Protocol):
@@ -133,7 +163,7 @@ def check_setting_names(conf: Any) -> None:
         )
 
 
-def read_settings(conf: Any, specs: tuple[Spec, ...]) -> dict[str, object]:
+def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, object]:
     """Setting name -> its value in ``conf``, checked, or its default when unset."""
     return {spec.name: spec.read(read_setting(conf, spec.name), spec.name) for spec in specs}
 
@@ -150,11 +180,10 @@ class DflockConfig:
     sharding_strategy: Routing | None = None
     """None: the client's default (``stable_hash_shard``); ``"cluster"``: cluster routing."""
     key_prefix: str = ""
-    defaults: Mapping[str, object] = field(default_factory=lambda: dict(DEFAULTS))
-    """App-wide lock option defaults (built-in defaults overlaid with ``dflock_*``)."""
-    task_locks: Mapping[str, Mapping[str, object]] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
+    defaults: GivenOptions = NO_OPTIONS
+    """The app-wide lock options: the ``dflock_*`` setting of each (None: not set, the
+    built-in default applies)."""
+    task_locks: Mapping[str, GivenOptions] = field(default_factory=lambda: MappingProxyType({}))
     """``dflock_task_locks``: task name -> lock options."""
 
     @classmethod
@@ -162,11 +191,11 @@ class DflockConfig:
         """Read and validate the ``dflock_*`` settings of a Celery ``app.conf``."""
         check_setting_names(conf)
         got = read_settings(conf, APP_SETTING_SPECS)
-        defaults = dict(DEFAULTS)
-        for option, setting in SETTINGS.items():
-            value = read_setting(conf, setting)
-            if value is not None:
-                defaults[option] = validate_option(option, value, f"app.conf.{setting}")
+        defaults = read_options(
+            {option: read_setting(conf, setting) for option, setting in SETTINGS.items()},
+            lambda option: f"app.conf.{SETTINGS[option]}",
+            what="the dflock_* settings",
+        )
         fields: dict[str, Any] = {field: got[name] for name, field in _FIELDS.items()}
         return cls(**fields, defaults=defaults)
 
@@ -205,3 +234,84 @@ def reset_config(app: _App) -> None:
     """Forget the cached config: the next :func:`get_config` reads ``app.conf`` again."""
     if hasattr(app, _CONFIG_ATTR):
         delattr(app, _CONFIG_ATTR)
+
+
+# --------------------------------------------------------------------------- a run's options
+
+RETRY_WAIT_S: Final = 30.0
+"""The default ``lock_timeout`` of ``on_locked="retry"``: a run waits this long in its key's
+FIFO queue (taking the key the moment the holder lets go) before it is sent again with a
+countdown."""
+
+
+def default_timeout(on_locked: str) -> float:
+    """``lock_timeout`` when none is set: `RETRY_WAIT_S` for ``"retry"``, else 0 (``"skip"``
+    and ``"raise"`` give up at once)."""
+    return RETRY_WAIT_S if on_locked == "retry" else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LockOptions:
+    """The lock options of one task run, every layer resolved."""
+
+    key: KeySource
+    timeout: float
+    ttl: int | None
+    on_locked: OnLocked
+    limit: int | None
+    on_lock_lost: OnLockLost
+    retry_countdown: float
+    retry_backoff_max: float
+    retry_jitter: bool
+    max_retries: int | None = None
+    lock_from: LockFrom = "run"
+    on_duplicate: OnDuplicate = "return"
+    pending_ttl: int = DEFAULT_PENDING_TTL_S
+    timeout_given: bool = True
+    """Whether ``lock_timeout`` was set (False: ``timeout`` is `default_timeout`'s)."""
+
+
+def resolve_options(
+    config: DflockConfig,
+    task_name: str,
+    attributes: GivenOptions,
+    call: GivenOptions | None = None,
+) -> LockOptions:
+    """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default.
+
+    Every layer was checked where it entered (`celery_dflock._settings.read_options`): the
+    settings and ``dflock_task_locks`` when the config was read, the attributes when the
+    task's plan was made, the call options when the message was read."""
+    entry = config.task_locks.get(task_name, NO_OPTIONS)
+    layers = (call or NO_OPTIONS, entry, attributes, config.defaults)
+    on_locked = _first(ON_LOCKED, (layer.on_locked for layer in layers))
+    timeout = _first(LOCK_TIMEOUT, (layer.timeout for layer in layers))
+    lock_from = _first(LOCK_FROM, (layer.lock_from for layer in layers))
+    limit = _first(LOCK_LIMIT, (layer.limit for layer in layers))
+    check_combination(lock_from, limit, f"lock options of task {task_name!r}")
+    return LockOptions(
+        key=_first(LOCK_KEY, (layer.key for layer in layers)),
+        timeout=default_timeout(on_locked) if timeout is None else timeout,
+        ttl=_first(LOCK_TTL, (layer.ttl for layer in layers)),
+        on_locked=on_locked,
+        limit=limit,
+        on_lock_lost=_first(ON_LOCK_LOST, (layer.on_lock_lost for layer in layers)),
+        retry_countdown=_first(LOCK_RETRY_COUNTDOWN, (layer.retry_countdown for layer in layers)),
+        retry_backoff_max=_first(
+            LOCK_RETRY_BACKOFF_MAX, (layer.retry_backoff_max for layer in layers)
+        ),
+        retry_jitter=_first(LOCK_RETRY_JITTER, (layer.retry_jitter for layer in layers)),
+        max_retries=_first(LOCK_MAX_RETRIES, (layer.max_retries for layer in layers)),
+        lock_from=lock_from,
+        on_duplicate=_first(ON_DUPLICATE, (layer.on_duplicate for layer in layers)),
+        pending_ttl=_first(LOCK_PENDING_TTL, (layer.pending_ttl for layer in layers)),
+        timeout_given=timeout is not None,
+    )
+
+
+def _first(spec: Spec[T], given: Iterable[T | None]) -> T:
+    """The first value given (the layers in order), else the option's built-in default."""
+    for value in given:
+        if value is not None:
+            return value
+    return spec.default

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_dflock._lock_signals import lock_lost, lock_skipped
+from celery_dflock._run import lock_lost, lock_skipped
 from celery_dflock._worker_hooks import install_hooks
 from celery_dflock.task import LockedTask
 

@@ -21,23 +21,23 @@ from kombu import serialization
 
 from celery_dflock import _worker_hooks
 from celery_dflock._celery import BaseTask, Reject, task_stack
-from celery_dflock._held_records import AnyLock
-from celery_dflock._holds import FOLLOW_HEADER, HOLD_HEADER, HoldRef
 from celery_dflock._queue_once import Duplicate, publish_hold, release_hold, retry_hand_off
 from celery_dflock._request import (
+    FOLLOW_HEADER,
+    HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
-    call_options,
+    HoldRef,
+    header,
     held_lock,
 )
 from celery_dflock._run import locked_run
-from celery_dflock._runtime import get_runtime
-from celery_dflock._specs import (
+from celery_dflock._runtime import AnyLock, get_runtime
+from celery_dflock._settings import (
     LOCK_OPTIONS,
-    check_call_options,
-    check_combination,
     check_option_names,
-    validate_option,
+    read_call_options,
+    read_options,
 )
 from celery_dflock.client.errors import DflockError
 from celery_dflock.config import get_config
@@ -101,14 +101,13 @@ class LockedTask(Task):
             (attr for attr in vars(cls) if not attr.startswith("_") and attr not in inherited),
             f"task {name or cls.__qualname__!r}",
         )
-        given: dict[str, object] = {}
-        for option in LOCK_OPTIONS:  # a bad value fails here, not at every run in the worker
-            value = getattr(cls, option, None)
-            if value is not None:
-                given[option] = validate_option(
-                    option, value, f"attribute {option} of task {name or cls!r}"
-                )
-        check_combination(given, f"task {name or cls!r}")
+        # A bad value fails here, when the class is made, not at the first run in the worker
+        # (which reads the attributes again: they may be changed on the class meanwhile).
+        read_options(
+            {option: getattr(cls, option, None) for option in LOCK_OPTIONS},
+            lambda option: f"attribute {option} of task {name or cls!r}",
+            what=f"task {name or cls!r}",
+        )
         if isinstance(template, str) and callable(run) and isinstance(name, str):
             check_template(template, cast("Callable[..., Any]", run), task_name=name)
 
@@ -138,7 +137,9 @@ class LockedTask(Task):
         lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
         headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
         if lock_options:
-            checked = check_call_options(lock_options, f"apply_async options of {self._name!r}")
+            checked = read_call_options(
+                lock_options, f"apply_async options of {self._name!r}"
+            ).by_name()
             given = cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {})
             headers[LOCK_OPTIONS_HEADER] = {**given, **checked}
         if headers:
@@ -153,9 +154,11 @@ class LockedTask(Task):
         # AsyncResult, as any duplicate does (nothing sent: one message per key).
         in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
         task_id = task_id or uuid()
-        per_call = check_call_options(
-            cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {}),
-            f"lock options of a message of {self._name!r}",
+        sent_options = headers.get(LOCK_OPTIONS_HEADER)
+        per_call = (
+            read_call_options(sent_options, f"lock options of a message of {self._name!r}")
+            if sent_options
+            else None
         )
         taken = publish_hold(
             self,
@@ -213,7 +216,7 @@ class LockedTask(Task):
         ``lock_from="publish"`` task whose key is held fails at once with `AlreadyQueued`."""
         lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
         if lock_options:
-            checked = check_call_options(lock_options, f"apply options of {self._name!r}")
+            checked = read_call_options(lock_options, f"apply options of {self._name!r}").by_name()
             merged = dict(cast("Mapping[str, Any]", headers or {}))
             given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
             merged[LOCK_OPTIONS_HEADER] = {**given, **checked}
@@ -249,7 +252,7 @@ class LockedTask(Task):
         retry instead, so no duplicate can be queued during the countdown."""
         request = self._celery.request
         kept = retry_hand_off(self, request, countdown=countdown, eta=eta, max_retries=max_retries)
-        given = call_options(request)
+        given = header(request, LOCK_OPTIONS_HEADER)  # checked when the run read it
         headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
         request_headers: Any = request.headers
         if isinstance(request_headers, Mapping):

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from celery_dflock._threads import leave_signals_to_the_main_thread
+from celery_dflock.client._threads import leave_signals_to_the_main_thread
 
 __all__ = ["ConnectionWatcher"]
 

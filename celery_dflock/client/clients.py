@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from ssl import SSLContext
 from typing import Any, Final, Generic, Self, TypeVar, cast
 
-from celery_dflock._threads import leave_signals_to_the_main_thread
 from celery_dflock.client import _by_token, protocol, wire
 from celery_dflock.client._async.lock import AsyncDistributedLock, AsyncDistributedSemaphore
 from celery_dflock.client._async.routing import (
@@ -62,6 +61,7 @@ from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client._sync.lock import DistributedLock, DistributedSemaphore
 from celery_dflock.client._sync.routing import BuildAt, send_by_token, send_to_owner
 from celery_dflock.client._sync.status import ask, ask_shards
+from celery_dflock.client._threads import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.pool import AsyncConnectionPool, ConnectionPool
 from celery_dflock.client.sharding import CLUSTER, Routing, select_server, stable_hash_shard

@@ -22,7 +22,7 @@ import pytest
 from celery.exceptions import CDeprecationWarning
 
 from celery_dflock import LockedTask
-from celery_dflock._specs import LOCK_OPTIONS, check_option_names
+from celery_dflock._settings import LOCK_OPTIONS, check_option_names
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app
 from tests.support.workers import EventLog, WorkerFactory, with_server

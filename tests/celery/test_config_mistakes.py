@@ -30,13 +30,13 @@ def mistaken_app(**conf: Any) -> Celery:
     ("attribute", "value", "says"),
     [
         ("on_locked", "nope", "'retry', 'skip', 'raise'"),
-        ("lock_ttl", -1, "must be > 0"),
+        ("lock_ttl", -1, "must be between 1 and"),
         ("on_lock_lost", "explode", "'interrupt', 'flag', 'terminate'"),
         ("lock_limit", 0, "from 1 to"),
         ("lock_max_retries", -2, "whole number of retries"),
         ("lock_from", "queue", "must be 'run'"),
         ("on_duplicate", "skip", "must be 'return'"),
-        ("lock_pending_ttl", 0, "must be > 0"),
+        ("lock_pending_ttl", 0, "must be between 1 and"),
     ],
 )
 def test_a_bad_task_attribute_fails_when_the_task_is_bound(
@@ -73,7 +73,7 @@ def test_upper_case_settings_are_read(dflock_server: ServerThread) -> None:
     config = get_config(app)
     assert config.servers == ((dflock_server.host, dflock_server.port),)
     assert config.key_prefix == "upper:"
-    assert config.defaults["on_locked"] == "raise"
+    assert config.defaults.on_locked == "raise"
 
     @app.task(shared=False, bind=True, base=LockedTask, lock_key="u")
     def job(self: Any) -> str:
@@ -304,7 +304,7 @@ def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
     app = mistaken_app(**{old: value})
     with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: rename it to {new}"):
         config = get_config(app)
-    assert config.defaults[field] == value
+    assert config.defaults.by_name()[field] == value
     app.close()
 
 

@@ -16,10 +16,10 @@ import pytest
 from kombu.exceptions import OperationalError
 
 from celery_dflock import AlreadyQueued, LockedTask
-from celery_dflock._holds import HolderNote, decode_note, encode_note, note_parts
-from celery_dflock._plan import resolve_options
+from celery_dflock._request import HolderNote, decode_note, encode_note, note_parts
+from celery_dflock._settings import read_attributes
 from celery_dflock.cli import collect, format_locks
-from celery_dflock.config import DflockConfigError, get_config
+from celery_dflock.config import DflockConfigError, get_config, resolve_options
 from dflockd_server import Config
 from tests.celery.apps.queue_once import define_tasks
 from tests.support.apps import make_app
@@ -104,14 +104,14 @@ def test_a_note_is_percent_encoded_as_quote_does(task_id: str, host: str) -> Non
 
 def test_options_resolve_and_refuse_a_semaphore() -> None:
     app = make_app("qonce-options", dflock_lock_from="publish", dflock_lock_pending_ttl=60)
-    options = resolve_options(get_config(app), "t", {"on_duplicate": "raise"})
+    options = resolve_options(get_config(app), "t", read_attributes({"on_duplicate": "raise"}, "t"))
     assert (options.lock_from, options.on_duplicate, options.pending_ttl) == (
         "publish",
         "raise",
         60,
     )
     with pytest.raises(DflockConfigError, match="lock_from='publish' cannot be combined"):
-        resolve_options(get_config(app), "t", {"lock_limit": 2})
+        resolve_options(get_config(app), "t", read_attributes({"lock_limit": 2}, "t"))
 
     @app.task(base=LockedTask, lock_from="publish", lock_limit=2, shared=False)
     def both() -> None: ...
@@ -241,11 +241,14 @@ def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
     for blocker in blockers:
         rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=blocker)
     name = unique("revoked")
-    queued = rig.tasks["once"].delay(name)
+    # Queued where the worker does not look yet: a prefork worker on a polling transport that
+    # takes a task while its pool is full waits for a free slot before it reads its next
+    # message, so a revoke sent after the task could be read only once a blocker ended. The
+    # worker is told to consume that queue once it has the revoke.
+    waiting = unique("dflock-revoked")
+    queued = rig.tasks["once"].apply_async((name,), queue=waiting)
     try:
         assert rig.tasks["once"].delay(name).id == queued.id  # held while it waits in the queue
-        # The worker acknowledges the revoke before a pool slot frees: a broadcast sent and
-        # not awaited could reach a loaded worker after it took the queued task to run it.
         # The worker holding the queued task must be the one that answers: the module's rig
         # also runs the parked-queue worker of an earlier test, and its reply alone satisfied
         # `limit=1` in a CI run while the first worker had not yet seen the revoke (the body ran).
@@ -257,10 +260,14 @@ def test_revoking_a_queued_task_frees_its_key(rig: Rig) -> None:
             destination=[rig.worker.name],
         )
         assert acknowledged, "no worker acknowledged the revoke"
+        consuming = rig.app.control.add_consumer(
+            waiting, reply=True, timeout=EVENT_TIMEOUT_S, destination=[rig.worker.name]
+        )
+        assert consuming, "the worker did not start consuming the queue of the revoked task"
+        assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)
     finally:
         for blocker in blockers:
             rig.release_file(blocker).touch()
-    assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)
     assert not rig.log.entries("started", name=name)
 
 

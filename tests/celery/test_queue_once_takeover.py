@@ -20,8 +20,8 @@ import time
 import uuid
 
 from celery_dflock import Client
-from celery_dflock._holds import HoldRef, decode_note, encode_note
 from celery_dflock._queue_once import REDELIVERED_WAIT_S, take_over
+from celery_dflock._request import HoldRef, decode_note, encode_note
 from celery_dflock._runtime import get_runtime
 from celery_dflock.config import get_config
 from dflockd_server.testing import ServerThread

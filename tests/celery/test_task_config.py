@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 
-from celery_dflock._plan import resolve_options
+from celery_dflock._settings import NO_OPTIONS, GivenOptions, read_attributes, read_call_options
 from celery_dflock.config import (
     DEFAULTS,
     DflockConfig,
@@ -16,6 +16,7 @@ from celery_dflock.config import (
     get_config,
     parse_servers,
     reset_config,
+    resolve_options,
 )
 from tests.support.apps import make_app
 
@@ -24,10 +25,20 @@ def config_app(**settings: Any) -> Celery:
     return make_app("cfgtest", settings)
 
 
+def attributes(**values: object) -> GivenOptions:
+    """Task attributes of a task named 't', checked as a run's plan checks them."""
+    return read_attributes(values, "t")
+
+
+def call_options(**values: object) -> GivenOptions:
+    """Per-call options of task 't', checked as a run reads them from its message."""
+    return read_call_options(values, "call options of task 't'")
+
+
 def test_defaults_without_any_setting() -> None:
     config = get_config(config_app())
     assert config.servers == (("127.0.0.1", 6388),)
-    options = resolve_options(config, "t", {})
+    options = resolve_options(config, "t", NO_OPTIONS)
     assert options.on_locked == "retry"
     assert options.on_lock_lost == "interrupt"
     assert options.timeout == 30  # on_locked="retry" waits in the key's queue first
@@ -35,8 +46,8 @@ def test_defaults_without_any_setting() -> None:
     assert options.limit is None
     assert options.key is None
     for policy in ("skip", "raise"):  # these give up at once
-        assert resolve_options(config, "t", {"on_locked": policy}).timeout == 0
-    assert resolve_options(config, "t", {"lock_timeout": 0}).timeout == 0
+        assert resolve_options(config, "t", attributes(on_locked=policy)).timeout == 0
+    assert resolve_options(config, "t", attributes(lock_timeout=0)).timeout == 0
 
 
 @pytest.mark.parametrize(
@@ -63,7 +74,7 @@ def test_bad_servers_name_the_setting(value: object) -> None:
 @pytest.mark.parametrize(
     ("setting", "value", "match"),
     [
-        ("dflock_lock_ttl", 0, "dflock_lock_ttl must be > 0"),
+        ("dflock_lock_ttl", 0, "dflock_lock_ttl must be between 1 and"),
         ("dflock_lock_ttl", 1.5, "whole number"),
         ("dflock_lock_timeout", -1, "dflock_lock_timeout must be >= 0"),
         ("dflock_on_locked", "wait", "dflock_on_locked must be one of 'retry', 'skip', 'raise'"),
@@ -99,13 +110,13 @@ def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_def
             dflock_task_locks={"t": {"lock_timeout": 3}},
         )
     )
-    attrs = {"lock_timeout": 2, "lock_ttl": 20, "on_locked": None}
+    attrs = attributes(lock_timeout=2, lock_ttl=20, on_locked=None)
     resolved = resolve_options(config, "t", attrs)
     assert resolved.timeout == 3  # dflock_task_locks beats the attribute
     assert resolved.ttl == 20  # the attribute beats app.conf
     assert resolved.on_locked == "skip"  # app.conf beats the default
     assert resolved.on_lock_lost == DEFAULTS["on_lock_lost"]
-    called = resolve_options(config, "t", attrs, {"lock_timeout": 1, "lock_ttl": 5})
+    called = resolve_options(config, "t", attrs, call_options(lock_timeout=1, lock_ttl=5))
     assert (called.timeout, called.ttl) == (1, 5)
     other = resolve_options(config, "other", attrs)
     assert other.timeout == 2
@@ -114,9 +125,11 @@ def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_def
 def test_bad_attribute_and_call_option_name_their_source() -> None:
     config = DflockConfig()
     with pytest.raises(DflockConfigError, match="attribute lock_limit of task 't'"):
-        resolve_options(config, "t", {"lock_limit": -1})
-    with pytest.raises(DflockConfigError, match="call option on_locked of 't'"):
-        resolve_options(config, "t", {}, {"on_locked": "later"})
+        attributes(lock_limit=-1)
+    with pytest.raises(DflockConfigError, match=r"call options of task 't'\['on_locked'\]"):
+        call_options(on_locked="later")
+    with pytest.raises(DflockConfigError, match="lock_from='publish' cannot be combined"):
+        resolve_options(config, "t", attributes(lock_limit=2), call_options(lock_from="publish"))
 
 
 def test_config_is_cached_on_the_app_until_reset() -> None:

@@ -19,7 +19,7 @@ from celery import Celery
 from hypothesis import given, settings, strategies as st
 
 from celery_dflock import LockedTask
-from celery_dflock._held_records import HeldRecords
+from celery_dflock._runtime import HeldRecords
 from celery_dflock.client.protocol import validate_key
 from celery_dflock.client.sharding import (
     IdentityShardingStrategy,

@@ -57,7 +57,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_dflock._held_records import pid_gone
+from celery_dflock._runtime import pid_gone
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.aio import AsyncDistributedLock
 from celery_dflock.task import LOCK_OPTIONS_HEADER

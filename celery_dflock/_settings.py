@@ -1,0 +1,835 @@
+# pyright: reportMissingTypeStubs=false
+"""Every lock option and ``dflock_*`` setting, once: its check, its default, its meaning.
+
+The checks (``(value, where) -> value`` normalised, or `DflockConfigError` saying what would be
+accepted; ``where`` names the setting or option and where it was given), and the one table of
+options and settings (`Spec`: name, the ``app.conf`` setting that gives it, default, check,
+meaning). The task-option resolution (`celery_dflock.config.resolve_options`), the settings read
+into `celery_dflock.config.DflockConfig` and `celery_dflock.beat.BeatSettings`, and the generated
+settings reference (``docs/gen_reference.py``, through `option_table` and `setting_table`) all
+read this table; a default is written here once, and a value is checked here once, where it
+enters (a setting, an attribute, a call option, a message's options).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+import ssl
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast, get_args
+
+from celery.exceptions import ImproperlyConfigured
+
+from celery_dflock.client import sharding
+from celery_dflock.client.clients import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_RENEW_RATIO,
+    DEFAULT_SERVERS,
+    check_auth_token,
+    check_limit,
+    check_renew_ratio,
+    check_servers,
+    lease_seconds,
+    positive_seconds,
+)
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.client.sharding import Routing
+from celery_dflock.client.wire import DEFAULT_MAX_LEASE_TTL_S, MAX_NUMBER
+
+__all__ = [
+    "APP_SETTINGS",
+    "APP_SETTING_SPECS",
+    "BEAT_SETTINGS",
+    "BEAT_SETTING_SPECS",
+    "DEFAULTS",
+    "KNOWN_SETTINGS",
+    "LOCK_OPTIONS",
+    "LOCK_OPTION_SPECS",
+    "NO_OPTIONS",
+    "RENAMED_SETTINGS",
+    "SETTINGS",
+    "DflockConfigError",
+    "GivenOptions",
+    "KeySource",
+    "LockFrom",
+    "OnDuplicate",
+    "OnLockLost",
+    "OnLocked",
+    "SettingDoc",
+    "Spec",
+    "check_combination",
+    "check_option_names",
+    "close_matches",
+    "option_table",
+    "parse_servers",
+    "read_attributes",
+    "read_call_options",
+    "read_options",
+    "setting_table",
+]
+
+
+OnLocked = Literal["retry", "skip", "raise"]
+"""What a run does when its lock is busy (after the ``lock_timeout`` FIFO wait)."""
+OnLockLost = Literal["interrupt", "flag", "terminate"]
+"""What happens to a running body whose lock was lost."""
+LockFrom = Literal["run", "publish"]
+"""When a task's key is taken: when its run starts, or when it is published (queue-once)."""
+OnDuplicate = Literal["return", "raise"]
+"""What a publish does while the key is held (``lock_from="publish"``)."""
+
+T = TypeVar("T")
+Word = TypeVar("Word", bound=str)
+Check: TypeAlias = Callable[[object, str], T]
+"""A check: ``(value, where) -> value`` normalised and typed, or `DflockConfigError`."""
+
+
+class DflockConfigError(InvalidValueError, ImproperlyConfigured):
+    """A ``dflock_*`` setting or a lock option has a value that cannot work.
+
+    A `celery_dflock.DflockError` (and `ValueError`), and Celery's ``ImproperlyConfigured``.
+    """
+
+
+def close_matches(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'a' or 'b'?"`` for the names of ``known`` close to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.75)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def _number(value: object, where: str, *, minimum: float, integer: bool) -> float:
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DflockConfigError(f"{where} must be {kind} of seconds, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise DflockConfigError(f"{where} must be a whole number of seconds, got {value!r}")
+    if value < minimum or value > MAX_NUMBER or math.isnan(value):
+        raise DflockConfigError(f"{where} must be >= {minimum} and <= {MAX_NUMBER}, got {value!r}")
+    return value
+
+
+def check_timeout(value: object, where: str) -> float | None:
+    if value is None:
+        return None
+    return float(_number(value, where, minimum=0, integer=False))
+
+
+def check_lease(value: object, where: str) -> int:
+    """A lease: the client's one rule (`lease_seconds`: whole seconds from 1), in the user's
+    terms (``where``: the option or setting)."""
+    return lease_seconds(where, value, error=DflockConfigError)
+
+
+def check_ttl(value: object, where: str) -> int | None:
+    """``lock_ttl``: a lease (`check_lease`), or None for the server's default."""
+    return None if value is None else check_lease(value, where)
+
+
+def check_countdown(value: object, where: str) -> float:
+    return float(_number(value, where, minimum=0, integer=False))
+
+
+def check_limit_value(value: object, where: str) -> int | None:
+    return check_limit(value, where, error=DflockConfigError)
+
+
+def check_max_retries(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DflockConfigError(
+            f"{where} must be None (retry while the key is busy, no limit) or a whole number "
+            f"of retries >= 0; got {value!r}"
+        )
+    return value
+
+
+def check_connect_timeout(value: object, where: str) -> float:
+    return positive_seconds(where, cast("float", value), error=DflockConfigError)
+
+
+def check_renew_ratio_value(value: object, where: str) -> float:
+    return check_renew_ratio(value, where, error=DflockConfigError)
+
+
+# --------------------------------------------------------------------------- words
+
+
+KeySource = str | Callable[..., str] | None
+"""``lock_key``: a template, a callable, or None (the task name and a digest)."""
+
+
+def check_key(value: object, where: str) -> KeySource:
+    if value is None or isinstance(value, str):
+        return value
+    if callable(value):
+        return cast("Callable[..., str]", value)
+    raise DflockConfigError(
+        f"{where} must be a format template (str), a callable taking the task's arguments, "
+        f"or None for the default key; got {value!r}"
+    )
+
+
+def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word]:
+    """A check that the value is one of ``choices`` (``meanings``: the error's own words for
+    them, e.g. ``"'run' (...) or 'publish' (...)"``)."""
+    accepted = meanings or ", ".join(map(repr, choices))
+    lead = "" if meanings else "one of "
+
+    def check(value: object, where: str) -> Word:
+        for choice in choices:
+            if value == choice:
+                return choice
+        raise DflockConfigError(f"{where} must be {lead}{accepted}; got {value!r}")
+
+    return check
+
+
+check_on_locked: Final[Check[OnLocked]] = one_of(get_args(OnLocked))
+check_on_lock_lost: Final[Check[OnLockLost]] = one_of(get_args(OnLockLost))
+check_lock_from: Final[Check[LockFrom]] = one_of(
+    get_args(LockFrom),
+    "'run' (the key is taken when the run starts) or 'publish' (taken when the task is sent, "
+    "held until its run ends: queue-once)",
+)
+check_on_duplicate: Final[Check[OnDuplicate]] = one_of(
+    get_args(OnDuplicate),
+    "'return' (the duplicate publish returns the queued task's AsyncResult) or 'raise' (it "
+    "raises AlreadyQueued)",
+)
+
+
+def check_bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise DflockConfigError(f"{where} must be True or False, got {value!r}")
+    return value
+
+
+def check_string(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise DflockConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def check_non_empty_string(value: object, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DflockConfigError(f"{where} must be a non-empty string, got {value!r}")
+    return value
+
+
+def check_auth(value: object, where: str) -> str | None:
+    return check_auth_token(value, where, error=DflockConfigError)
+
+
+def as_given(value: object, where: str) -> object:
+    """No check here: the value is checked where it is used (named in the table)."""
+    del where
+    return value
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _parse_port(text: str, where: str, entry: object) -> int:
+    """The port as an int (its range is checked with the whole list, by `check_servers`)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise DflockConfigError(
+            f"{where}: bad port in {entry!r}; expected 'host:port' with a port from 1 to 65535"
+        ) from None
+
+
+def _parse_address(entry: object, where: str) -> tuple[str, int]:
+    if isinstance(entry, str):
+        text = entry.strip()
+        if text.startswith("["):  # [IPv6]:port
+            host, sep, port_text = text[1:].partition("]:")
+        else:
+            host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise DflockConfigError(
+                f"{where}: {entry!r} is not 'host:port' (e.g. '127.0.0.1:6388' or '[::1]:6388')"
+            )
+        return host, _parse_port(port_text, where, entry)
+    if isinstance(entry, tuple | list) and len(cast("tuple[object, ...]", entry)) == 2:
+        host_obj, port_obj = cast("tuple[object, object]", tuple(cast("Iterable[object]", entry)))
+        if isinstance(host_obj, str) and host_obj and isinstance(port_obj, int | str):
+            return host_obj, _parse_port(str(port_obj), where, cast("object", entry))
+    raise DflockConfigError(f"{where}: {entry!r} is not a server; use (host, port) or 'host:port'")
+
+
+def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[str, int], ...]:
+    """Servers from ``"host:port,host:port"``, a list of ``(host, port)`` or of ``"host:port"``."""
+    entries: list[object]
+    if isinstance(value, str):
+        entries = [part for part in value.split(",") if part.strip()]
+    elif isinstance(value, tuple | list):
+        items = list(cast("Iterable[object]", value))
+        # A bare ("host", port) pair is one server, not two.
+        if len(items) == 2 and isinstance(items[0], str) and isinstance(items[1], int):
+            entries = [tuple(items)]
+        else:
+            entries = items
+    else:
+        raise DflockConfigError(
+            f"{where} must be 'host:port,host:port' or a list of (host, port); got {value!r}"
+        )
+    if not entries:
+        raise DflockConfigError(f"{where} is empty; give at least one 'host:port'")
+    parsed = [_parse_address(entry, where) for entry in entries]
+    return check_servers(parsed, where, error=DflockConfigError)
+
+
+def check_sharding(value: object, where: str) -> Routing:
+    if callable(value):
+        return cast("Callable[[str, int], int]", value)
+    if isinstance(value, str):
+        if value == sharding.CLUSTER:
+            return sharding.CLUSTER
+        named = {"stable_hash": sharding.stable_hash_shard, "rendezvous": sharding.rendezvous_shard}
+        if value in named:
+            return named[value]
+        module_name, sep, attr = value.partition(":")
+        if sep and module_name and attr:
+            try:
+                found: object = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise DflockConfigError(f"{where}: cannot import {value!r} ({exc})") from exc
+            if callable(found):
+                return cast("Callable[[str, int], int]", found)
+    raise DflockConfigError(
+        f"{where} must be 'stable_hash', 'rendezvous', 'cluster', 'module:function' or a callable "
+        f"(key, number_of_servers) -> index; got {value!r}"
+    )
+
+
+def check_ssl(value: object, where: str) -> ssl.SSLContext | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return ssl.create_default_context()
+    if isinstance(value, ssl.SSLContext):
+        return value
+    raise DflockConfigError(
+        f"{where} must be None/False (plain TCP), True (verify with the system CAs) or an "
+        f"ssl.SSLContext; got {value!r}"
+    )
+
+
+DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
+DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
+DEFAULT_PENDING_TTL_S: Final = DEFAULT_MAX_LEASE_TTL_S
+"""``lock_pending_ttl``: how long a published message may wait in the queue holding its key
+(the longest lease a server grants by default, ``dflockd --max-lease-ttl``)."""
+DEFAULT_BEAT_LEASE_TTL_S: Final = 10
+"""Lease of beat's leader lock: a hung beat is replaced this many seconds after its last
+renewal."""
+DEFAULT_BEAT_KEY_PREFIX: Final = "celery-beat:"
+"""Beat's leader lock key, when ``dflock_beat_lock_key`` is not set: this and ``app.main``."""
+DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
+"""The scheduler beat wraps, when ``dflock_beat_scheduler`` is not set."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spec(Generic[T]):
+    """One lock option, or one app-wide or beat setting."""
+
+    name: str
+    """The lock option (task attribute, call option, ``dflock_task_locks`` entry key); for a
+    setting with no per-task option, the setting."""
+    setting: str | None
+    """The ``app.conf`` setting that gives it (a lock option's: its app-wide default)."""
+    default: T
+    """The value when nothing sets it."""
+    check: Check[T]
+    """``(value, where) -> value`` normalised and typed, or `DflockConfigError`."""
+    meaning: str
+    shown: str | None = None
+    """The default as the settings reference shows it, when not ``repr(default)``."""
+
+    def read(self, value: object, where: str) -> T:
+        """The value as set (checked), or the default when it is unset (None)."""
+        return self.default if value is None else self.check(value, where)
+
+    def given(self, values: Mapping[str, object], where: Callable[[str], str]) -> T | None:
+        """This option's value in ``values`` (checked; ``where(name)`` names its source), or
+        None when it is not given there."""
+        value = values.get(self.name)
+        return None if value is None else self.check(value, where(self.name))
+
+
+def _setting(
+    name: str, default: T, check: Check[T], meaning: str, shown: str | None = None
+) -> Spec[T]:
+    return Spec(name, name, default, check, meaning, shown)
+
+
+# --------------------------------------------------------------------------- lock options
+
+
+LOCK_KEY: Final[Spec[KeySource]] = Spec(
+    "lock_key",
+    None,
+    None,
+    check_key,
+    "A format template over the task's arguments (defaults applied): "
+    '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning '
+    "the key; or `None`: the task "
+    "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
+    "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
+    "prefix + digest).",
+)
+LOCK_TIMEOUT: Final[Spec[float | None]] = Spec(
+    "lock_timeout",
+    "dflock_lock_timeout",
+    None,
+    check_timeout,
+    "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
+    'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
+    'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
+    '`"raise"`.',
+)
+LOCK_TTL: Final[Spec[int | None]] = Spec(
+    "lock_ttl",
+    "dflock_lock_ttl",
+    None,
+    check_ttl,
+    "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
+    "`lock_ttl * dflock_renew_ratio` while the body runs.",
+)
+ON_LOCKED: Final[Spec[OnLocked]] = Spec(
+    "on_locked",
+    "dflock_on_locked",
+    "retry",
+    check_on_locked,
+    'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
+    "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
+    'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
+    '`"raise"` (the run fails with `LockNotAcquired`).',
+)
+LOCK_LIMIT: Final[Spec[int | None]] = Spec(
+    "lock_limit",
+    None,
+    None,
+    check_limit_value,
+    "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
+    "is one resource: while runs with one limit hold it, a run with another (a lock is "
+    "limit 1) is refused at once and `on_locked` applies.",
+)
+ON_LOCK_LOST: Final[Spec[OnLockLost]] = Spec(
+    "on_lock_lost",
+    "dflock_on_lock_lost",
+    "interrupt",
+    check_on_lock_lost,
+    'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
+    '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
+    "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
+)
+LOCK_RETRY_COUNTDOWN: Final[Spec[float]] = Spec(
+    "lock_retry_countdown",
+    "dflock_lock_retry_countdown",
+    DEFAULT_RETRY_COUNTDOWN_S,
+    check_countdown,
+    'First retry countdown of `on_locked="retry"`, doubled per retry.',
+)
+LOCK_RETRY_BACKOFF_MAX: Final[Spec[float]] = Spec(
+    "lock_retry_backoff_max",
+    "dflock_lock_retry_backoff_max",
+    DEFAULT_RETRY_BACKOFF_MAX_S,
+    check_countdown,
+    "Longest retry countdown.",
+)
+LOCK_MAX_RETRIES: Final[Spec[int | None]] = Spec(
+    "lock_max_retries",
+    "dflock_lock_max_retries",
+    None,
+    check_max_retries,
+    'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
+    "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
+    "task's `max_retries` is left to its own `self.retry` calls.",
+)
+LOCK_RETRY_JITTER: Final[Spec[bool]] = Spec(
+    "lock_retry_jitter",
+    "dflock_lock_retry_jitter",
+    True,
+    check_bool,
+    "Randomise each countdown between half and all of it.",
+)
+LOCK_FROM: Final[Spec[LockFrom]] = Spec(
+    "lock_from",
+    "dflock_lock_from",
+    "run",
+    check_lock_from,
+    '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
+    "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
+    "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
+    "gets); needs celery-dflock's server. Not with `lock_limit`.",
+)
+ON_DUPLICATE: Final[Spec[OnDuplicate]] = Spec(
+    "on_duplicate",
+    "dflock_on_duplicate",
+    "return",
+    check_on_duplicate,
+    'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
+    "and returns the `AsyncResult` of the task holding the key; "
+    '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
+)
+LOCK_PENDING_TTL: Final[Spec[int]] = Spec(
+    "lock_pending_ttl",
+    "dflock_lock_pending_ttl",
+    DEFAULT_PENDING_TTL_S,
+    check_lease,
+    'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
+    "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
+    "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
+    "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
+)
+LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
+    LOCK_KEY,
+    LOCK_TIMEOUT,
+    LOCK_TTL,
+    ON_LOCKED,
+    LOCK_LIMIT,
+    ON_LOCK_LOST,
+    LOCK_RETRY_COUNTDOWN,
+    LOCK_RETRY_BACKOFF_MAX,
+    LOCK_MAX_RETRIES,
+    LOCK_RETRY_JITTER,
+    LOCK_FROM,
+    ON_DUPLICATE,
+    LOCK_PENDING_TTL,
+)
+
+LOCK_OPTIONS: Final = tuple(spec.name for spec in LOCK_OPTION_SPECS)
+"""Every lock option name (task attribute, call option, ``dflock_task_locks`` entry key)."""
+DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
+    {spec.name: spec.default for spec in LOCK_OPTION_SPECS}
+)
+"""The built-in default of every lock option."""
+SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
+    {spec.name: spec.setting for spec in LOCK_OPTION_SPECS if spec.setting is not None}
+)
+"""Lock option name -> the ``app.conf`` setting that gives its app-wide default: the option's
+name with ``dflock_`` in front."""
+
+
+@dataclass(frozen=True, slots=True)
+class GivenOptions:
+    """The lock options given in one place (a call, a ``dflock_task_locks`` entry, a task's
+    attributes, the app's ``dflock_*`` settings), each checked where it entered
+    (`read_options`), typed; None: not given there (`celery_dflock.config.resolve_options`
+    takes the first given, call first)."""
+
+    key: KeySource = None
+    timeout: float | None = None
+    ttl: int | None = None
+    on_locked: OnLocked | None = None
+    limit: int | None = None
+    on_lock_lost: OnLockLost | None = None
+    retry_countdown: float | None = None
+    retry_backoff_max: float | None = None
+    max_retries: int | None = None
+    retry_jitter: bool | None = None
+    lock_from: LockFrom | None = None
+    on_duplicate: OnDuplicate | None = None
+    pending_ttl: int | None = None
+
+    def by_name(self) -> dict[str, object]:
+        """The options given, by option name (a message's ``dflock_options`` header)."""
+        return {
+            name: value
+            for name, attr in _ATTRIBUTES.items()
+            if (value := getattr(self, attr)) is not None
+        }
+
+
+_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "lock_key": "key",
+        "lock_timeout": "timeout",
+        "lock_ttl": "ttl",
+        "on_locked": "on_locked",
+        "lock_limit": "limit",
+        "on_lock_lost": "on_lock_lost",
+        "lock_retry_countdown": "retry_countdown",
+        "lock_retry_backoff_max": "retry_backoff_max",
+        "lock_max_retries": "max_retries",
+        "lock_retry_jitter": "retry_jitter",
+        "lock_from": "lock_from",
+        "on_duplicate": "on_duplicate",
+        "lock_pending_ttl": "pending_ttl",
+    }
+)
+"""Lock option -> its attribute of `GivenOptions` (and of `celery_dflock.config.LockOptions`)."""
+NO_OPTIONS: Final = GivenOptions()
+"""No lock option given."""
+
+
+def read_options(
+    values: object, where: Callable[[str], str], *, what: str, serialisable: bool = False
+) -> GivenOptions:
+    """The lock options of ``values`` (a mapping of option name -> value), each checked by its
+    `Spec` (``where(name)`` names its source in an error; ``what`` names the whole), and
+    checked together (`check_combination`). ``serialisable``: they travel in a message, so
+    no callables."""
+    if not isinstance(values, Mapping):
+        raise DflockConfigError(
+            f"{what} must be a mapping of lock options (e.g. {{'lock_ttl': 60}}), got {values!r}"
+        )
+    given = cast("Mapping[object, object]", values)
+    for name, value in given.items():
+        if not isinstance(name, str):
+            raise DflockConfigError(f"{what}: option names must be strings, got {name!r}")
+        if name not in _ATTRIBUTES:
+            raise DflockConfigError(
+                f"{where(name)}: unknown lock option {name!r}"
+                f"{close_matches(name, LOCK_OPTIONS)} (the lock options: {', '.join(LOCK_OPTIONS)})"
+            )
+        if serialisable and callable(value):
+            raise DflockConfigError(
+                f"{where(name)} must be serialisable (a template string), not a callable"
+            )
+    named = cast("Mapping[str, object]", given)
+    options = GivenOptions(
+        key=LOCK_KEY.given(named, where),
+        timeout=LOCK_TIMEOUT.given(named, where),
+        ttl=LOCK_TTL.given(named, where),
+        on_locked=ON_LOCKED.given(named, where),
+        limit=LOCK_LIMIT.given(named, where),
+        on_lock_lost=ON_LOCK_LOST.given(named, where),
+        retry_countdown=LOCK_RETRY_COUNTDOWN.given(named, where),
+        retry_backoff_max=LOCK_RETRY_BACKOFF_MAX.given(named, where),
+        max_retries=LOCK_MAX_RETRIES.given(named, where),
+        retry_jitter=LOCK_RETRY_JITTER.given(named, where),
+        lock_from=LOCK_FROM.given(named, where),
+        on_duplicate=ON_DUPLICATE.given(named, where),
+        pending_ttl=LOCK_PENDING_TTL.given(named, where),
+    )
+    check_combination(options.lock_from, options.limit, what)
+    return options
+
+
+def read_attributes(values: Mapping[str, object], task_name: str) -> GivenOptions:
+    """A task's lock attributes (None: not set), checked."""
+    return read_options(
+        values,
+        lambda name: f"attribute {name} of task {task_name!r}",
+        what=f"lock options of task {task_name!r}",
+    )
+
+
+def items_of(what: str) -> Callable[[str], str]:
+    """``where`` for the options of a mapping named ``what``: ``what['lock_ttl']``."""
+    return lambda name: f"{what}[{name!r}]"
+
+
+def read_call_options(values: object, what: str) -> GivenOptions:
+    """Per-call lock options (``apply_async(..., lock_ttl=60)``, a message's
+    ``dflock_options`` header), checked: they travel in a message, so no callables."""
+    return read_options(values, items_of(what), what=what, serialisable=True)
+
+
+def check_combination(lock_from: LockFrom | None, limit: int | None, where: str) -> None:
+    """Refuse lock options that cannot work together (``where`` names their source)."""
+    if lock_from == "publish" and limit is not None:
+        raise DflockConfigError(
+            f"{where}: lock_from='publish' cannot be combined with "
+            f"lock_limit={limit!r}: a key held from publish lets one message "
+            f"of the key wait in the queue (a lock, not a semaphore); remove lock_limit, or "
+            f"use lock_from='run' (a semaphore slot is taken when the run starts)"
+        )
+
+
+def looks_like_lock_option(name: str) -> bool:
+    """Whether ``name``, which is no lock option, is most likely a misspelt one (``lock_tll``,
+    ``on_lock``, ``lockttl``): it starts like one, or is one letter or two away from one.
+
+    A ``lock_X`` option mirrors Celery's own task option ``X`` (``lock_retry_backoff_max`` and
+    ``retry_backoff_max``, ``lock_max_retries`` and ``max_retries``): a name close to ``X``
+    itself is Celery's option (or a slip in it), never a lock option missing its prefix, and
+    passes through untouched."""
+    lowered = name.lower()
+    if lowered in LOCK_OPTIONS:
+        return False
+    if lowered.startswith(("lock_", "on_lock")):
+        return True
+    close = difflib.get_close_matches(lowered, LOCK_OPTIONS, n=1, cutoff=_MISSPELT)
+    if not close:
+        return False
+    celerys = close[0].removeprefix("lock_")
+    return celerys == close[0] or _similarity(lowered, celerys) < _MISSPELT
+
+
+_MISSPELT: Final = 0.8
+"""How alike (difflib's ratio) a name and a lock option are when the name is taken for a slip."""
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def check_option_names(names: Iterable[str], where: str) -> None:
+    """Refuse a name that is not a lock option but looks like a misspelt one (``where``: the
+    task or call it was given to): Celery would keep it without a word, and the lock would
+    run on the option's default."""
+    for name in names:
+        if looks_like_lock_option(name):
+            raise DflockConfigError(
+                f"{where}: {name!r} is not a lock option{close_matches(name, LOCK_OPTIONS)} "
+                f"(the lock options: {', '.join(LOCK_OPTIONS)})"
+            )
+
+
+def check_task_locks(value: object, where: str) -> Mapping[str, GivenOptions]:
+    """``dflock_task_locks``: task name -> lock options, each entry checked."""
+    if not isinstance(value, Mapping):
+        raise DflockConfigError(
+            f"{where} must map task names to lock options, e.g. "
+            "{'proj.tasks.report': {'lock_key': 'report:{customer_id}'}}; "
+            f"got {value!r}"
+        )
+    task_locks: dict[str, GivenOptions] = {}
+    for name, options in cast("Mapping[object, object]", value).items():
+        if not isinstance(name, str):
+            raise DflockConfigError(f"{where} keys must be task names, got {name!r}")
+        entry = f"{where}[{name!r}]"
+        task_locks[name] = read_options(options, items_of(entry), what=entry)
+    return MappingProxyType(task_locks)
+
+
+# --------------------------------------------------------------------------- settings
+
+APP_SETTING_SPECS: Final = (
+    _setting(
+        "dflock_servers",
+        DEFAULT_SERVERS,
+        parse_servers,
+        '`"host:port,host:port"` or a list of `(host, port)`; keys are sharded over them. Every '
+        "worker and beat of one deployment must name the same servers in the same order.",
+        shown=repr(",".join(f"{host}:{port}" for host, port in DEFAULT_SERVERS)),
+    ),
+    _setting(
+        "dflock_sharding_strategy",
+        None,
+        check_sharding,
+        '`"stable_hash"` (crc32, like every dflockd client), `"rendezvous"`, '
+        '`"module:function"` or a callable `(key, n_servers) -> index`; or `"cluster"`: '
+        "`dflock_servers` are seeds of a cluster (`dflockd --cluster`), which says where each "
+        "key lives.",
+        shown=repr("stable_hash"),
+    ),
+    _setting("dflock_auth_token", None, check_auth, "Shared secret, when the servers require one."),
+    _setting("dflock_ssl", None, check_ssl, "`True` (TLS, system CAs) or an `ssl.SSLContext`."),
+    _setting(
+        "dflock_connect_timeout",
+        DEFAULT_CONNECT_TIMEOUT_S,
+        check_connect_timeout,
+        "Seconds to connect to a server.",
+    ),
+    _setting(
+        "dflock_renew_ratio",
+        DEFAULT_RENEW_RATIO,
+        check_renew_ratio_value,
+        "Renew a held lock at this fraction of its lease.",
+    ),
+    _setting(
+        "dflock_key_prefix",
+        "",
+        check_string,
+        "Put in front of every key (several projects on one server).",
+    ),
+    _setting(
+        "dflock_task_locks",
+        MappingProxyType[str, GivenOptions]({}),
+        check_task_locks,
+        "Task name -> lock options, for tasks you cannot edit (installed by "
+        "`celery_dflock.signals.install(app)`).",
+        shown="{}",
+    ),
+)
+"""App-wide settings that are not a lock option's default (those are in `LOCK_OPTION_SPECS`)."""
+BEAT_SETTING_SPECS: Final = (
+    _setting(
+        "dflock_beat_lock_key",
+        None,
+        check_non_empty_string,
+        "Key of the leader lock (with `dflock_key_prefix` in front).",
+        shown=repr(DEFAULT_BEAT_KEY_PREFIX + "<app.main>"),
+    ),
+    _setting(
+        "dflock_beat_scheduler",
+        DEFAULT_BEAT_SCHEDULER,
+        as_given,  # a class or "module:Class": resolved and checked by celery_dflock.beat
+        'The scheduler that does the work: `"module:Class"` or the class.',
+    ),
+    _setting(
+        "dflock_beat_lease_ttl",
+        DEFAULT_BEAT_LEASE_TTL_S,
+        check_lease,
+        "Lease seconds of the leader lock: how long a hung beat blocks a failover.",
+    ),
+    _setting(
+        "dflock_beat_nonoverlap",
+        False,
+        check_bool,
+        "Every task beat sends runs under a per-entry lock (`beat-entry:<entry name>`), "
+        '`on_locked="skip"`.',
+    ),
+)
+"""The singleton beat's settings (read by `celery_dflock.beat.BeatSettings`)."""
+
+APP_SETTINGS: Final = tuple(spec.name for spec in APP_SETTING_SPECS)
+"""App-wide settings that are not a lock option's default (see `SETTINGS` for those)."""
+BEAT_SETTINGS: Final = tuple(spec.name for spec in BEAT_SETTING_SPECS)
+"""The singleton beat's settings (read by :mod:`celery_dflock.beat`)."""
+RENAMED_SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "dflock_default_timeout": "dflock_lock_timeout",
+        "dflock_default_ttl": "dflock_lock_ttl",
+        "dflock_retry_countdown": "dflock_lock_retry_countdown",
+        "dflock_retry_backoff_max": "dflock_lock_retry_backoff_max",
+        "dflock_max_retries": "dflock_lock_max_retries",
+        "dflock_retry_jitter": "dflock_lock_retry_jitter",
+    }
+)
+"""Old setting name -> its name now; the old names are still read, with a DeprecationWarning."""
+KNOWN_SETTINGS: Final = frozenset(
+    (*APP_SETTINGS, *SETTINGS.values(), *BEAT_SETTINGS, *RENAMED_SETTINGS)
+)
+"""Every ``dflock_*`` setting this package reads (the old names of renamed ones too)."""
+
+
+# --------------------------------------------------------------------------- for the docs
+
+
+class SettingDoc(NamedTuple):
+    """One app-wide or beat setting as the settings reference shows it (`setting_table`)."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+def option_table() -> list[tuple[str, str | None, object, str]]:
+    """(option, app.conf setting, default, meaning) for every lock option (for docs)."""
+    return [(spec.name, spec.setting, spec.default, spec.meaning) for spec in LOCK_OPTION_SPECS]
+
+
+def setting_table(kind: Literal["app", "beat"]) -> list[SettingDoc]:
+    """The app-wide (``"app"``) or beat (``"beat"``) settings with defaults and meanings, for
+    the generated settings reference (lock options' settings: :func:`option_table`)."""
+    specs = APP_SETTING_SPECS if kind == "app" else BEAT_SETTING_SPECS
+    return [
+        SettingDoc(
+            spec.name, repr(spec.default) if spec.shown is None else spec.shown, spec.meaning
+        )
+        for spec in specs
+    ]
