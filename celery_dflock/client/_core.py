@@ -27,6 +27,7 @@ from celery_dflock.client._grant import HeldGrant, LockState, RenewOutcome, reda
 from celery_dflock.client._refusals import refusal_error
 from celery_dflock.client._requests import (
     checked_enqueue,
+    checked_hand_down,
     checked_hold,
     checked_lock,
     checked_release,
@@ -412,7 +413,7 @@ class LockCore:
         token = self._held_token()
         if server is None or not server.supports(FEATURE_HOLDS):
             return _by_token.renew_request(self.key, token, lease_ttl)
-        data = protocol.encode_hand_down(self.key, token, lease_ttl)
+        data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
         return Command.HAND_DOWN, data, self.reply_timeout()
 
     # ---------------------------------------------------------------- replies

@@ -213,6 +213,11 @@ def checked_renew(key: str, token: str, lease_s: int | None, *, semaphore: bool)
     return _request(command, key, token + _checked_lease(lease_s))
 
 
+def checked_hand_down(key: str, token: str, lease_s: int) -> bytes:
+    """``hd`` of parts already checked."""
+    return _request(Command.HAND_DOWN, key, f"{token} {lease_s}")
+
+
 def checked_take(key: str, token: str, lease_s: int, on_close_s: int | None, note: str) -> bytes:
     """``ht`` of parts already checked."""
     on_close = wire.ON_CLOSE_RELEASE if on_close_s is None else str(on_close_s)
@@ -262,8 +267,9 @@ def encode_take(key: str, token: str, lease_s: int, on_close_s: int | None, note
 def encode_hand_down(key: str, token: str, lease_s: int) -> bytes:
     """``hd``: detach the grant ``token`` holds on ``key`` from its connection, with a lease of
     ``lease_s``."""
-    argument = f"{validate_token(token)} {_number('lease_s', lease_s, minimum=1)}"
-    return _request(Command.HAND_DOWN, validate_key(key), argument)
+    validate_token(token)
+    _number("lease_s", lease_s, minimum=1)
+    return checked_hand_down(validate_key(key), token, lease_s)
 
 
 def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:

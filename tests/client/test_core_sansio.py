@@ -135,6 +135,10 @@ def test_a_locks_acquire_and_release_are_the_bytes_the_encoders_give() -> None:
     )
     assert noted.on_grant_reply(command, reply(command, f"ok {TOKEN} 21".encode()), 1.0, holds)
     assert noted.renew_request()[:2] == (Command.RENEW, protocol.encode_renew("jobs", TOKEN))
+    assert noted.hand_off_request(9, holds)[:2] == (
+        Command.HAND_DOWN,
+        protocol.encode_hand_down("jobs", TOKEN, 9),
+    )
     assert noted.release_request()[:2] == (Command.RELEASE, protocol.encode_release("jobs", TOKEN))
 
 
