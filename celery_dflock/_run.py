@@ -69,7 +69,7 @@ from celery_dflock.client.errors import (
     LockSkipped,
     ServerUnavailable,
 )
-from celery_dflock.config import LockOptions, get_config
+from celery_dflock.config import DflockConfig, LockOptions, get_config
 
 __all__ = [
     "BodyTarget",
@@ -100,6 +100,37 @@ def _run_note(task_id: str | None, request: Any, name: str) -> str | None:
         host if isinstance(host, str) and host else socket.gethostname(),
         pid=os.getpid(),
         name=name,
+    )
+
+
+def new_lock(
+    runtime: Runtime,
+    config: DflockConfig,
+    key: str,
+    options: LockOptions,
+    *,
+    acquire_timeout_s: float,
+    on_lost: Callable[[Any], None] | None,
+    note: str | None = None,
+) -> AnyLock:
+    """An unacquired lock (or semaphore, with ``lock_limit``) on ``key`` from the run's
+    ``Client``; a lock carries the owner ``note`` (a semaphore none). ``options.ttl`` was
+    checked where it entered (a ``Lease``): the client takes it as it is."""
+    client = runtime.client(config)
+    if options.limit is not None:
+        return client.semaphore(
+            key,
+            options.limit,
+            acquire_timeout_s=acquire_timeout_s,
+            lease_ttl_s=options.ttl,
+            on_lost=on_lost,
+        )
+    return client.lock(
+        key,
+        acquire_timeout_s=acquire_timeout_s,
+        lease_ttl_s=options.ttl,
+        on_lost=on_lost,
+        note=note,
     )
 
 
@@ -136,8 +167,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(lock_retries(request), options))
     note = _run_note(task_id, request, str(task.name))
-    lock = runtime.new_lock(
-        config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost, note=note
+    lock = new_lock(
+        runtime, config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost, note=note
     )
     held = hold_of(header(request, HOLD_HEADER))
     on_close_lease = options.pending_ttl if _acks_late(task, request) else None
@@ -176,7 +207,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
                     task, request, key, options, (args, kwargs), wait=outage, exc=exc
                 ) from exc
             time.sleep(pause)
-            lock = runtime.new_lock(
+            lock = new_lock(
+                runtime,
                 config,
                 key,
                 options,

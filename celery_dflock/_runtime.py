@@ -433,35 +433,6 @@ class Runtime:
                 weakref.finalize(self, made[1].close)
             return made[1]
 
-    def new_lock(
-        self,
-        config: DflockConfig,
-        key: str,
-        options: LockOptions,
-        *,
-        acquire_timeout_s: float,
-        on_lost: Callable[[Any], None] | None,
-        note: str | None = None,
-    ) -> AnyLock:
-        """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``; a lock carries
-        the owner ``note`` (a semaphore none)."""
-        client = self.client(config)
-        if options.limit is not None:
-            return client.semaphore(
-                key,
-                options.limit,
-                acquire_timeout_s=acquire_timeout_s,
-                lease_ttl_s=options.ttl,
-                on_lost=on_lost,
-            )
-        return client.lock(
-            key,
-            acquire_timeout_s=acquire_timeout_s,
-            lease_ttl_s=options.ttl,
-            on_lost=on_lost,
-            note=note,
-        )
-
     def release_token(self, config: DflockConfig, key: str, token: str, limit: int | None) -> bool:
         """Release ``token`` on ``key`` for a process that cannot (idempotent).
 

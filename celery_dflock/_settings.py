@@ -29,6 +29,7 @@ from celery_dflock.client.clients import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
+    Lease,
     check_auth_token,
     check_limit,
     check_renew_ratio,
@@ -121,13 +122,13 @@ def check_timeout(value: object, where: str) -> float | None:
     return float(_number(value, where, minimum=0, integer=False))
 
 
-def check_lease(value: object, where: str) -> int:
+def check_lease(value: object, where: str) -> Lease:
     """A lease: the client's one rule (`lease_seconds`: whole seconds from 1), in the user's
     terms (``where``: the option or setting)."""
     return lease_seconds(where, value, error=DflockConfigError)
 
 
-def check_ttl(value: object, where: str) -> int | None:
+def check_ttl(value: object, where: str) -> Lease | None:
     """``lock_ttl``: a lease (`check_lease`), or None for the server's default."""
     return None if value is None else check_lease(value, where)
 
@@ -397,7 +398,7 @@ LOCK_TIMEOUT: Final[Spec[float | None]] = Spec(
     'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
     '`"raise"`.',
 )
-LOCK_TTL: Final[Spec[int | None]] = Spec(
+LOCK_TTL: Final[Spec[Lease | None]] = Spec(
     "lock_ttl",
     "dflock_lock_ttl",
     None,
@@ -530,7 +531,7 @@ class GivenOptions:
 
     key: KeySource = None
     timeout: float | None = None
-    ttl: int | None = None
+    ttl: Lease | None = None
     on_locked: OnLocked | None = None
     limit: int | None = None
     on_lock_lost: OnLockLost | None = None

@@ -462,7 +462,7 @@ def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
             continue
         if options is None:  # not locked (the app's task_cls, no lock option)
             continue
-        leases = [("lock_ttl", options.ttl, "run")]
+        leases: list[tuple[str, int | None, str]] = [("lock_ttl", options.ttl, "run")]
         if options.lock_from == "publish":
             leases.append(("lock_pending_ttl", options.pending_ttl, "send"))
         for option, lease, what in leases:

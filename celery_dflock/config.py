@@ -72,6 +72,7 @@ from celery_dflock.client.clients import (
     DEFAULT_SERVERS,
     Client,
     ClientSettings,
+    Lease,
     check_servers,
 )
 from celery_dflock.client.sharding import Routing, stable_hash_shard
@@ -256,7 +257,7 @@ class LockOptions:
 
     key: KeySource
     timeout: float
-    ttl: int | None
+    ttl: Lease | None
     on_locked: OnLocked
     limit: int | None
     on_lock_lost: OnLockLost

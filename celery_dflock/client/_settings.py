@@ -155,16 +155,27 @@ def check_servers(
         raise error(str(exc) if name == "servers" else f"{name}: {exc}") from None
 
 
+class Lease(int):
+    """A lease in whole seconds that `lease_seconds` has checked: a value carries its check
+    with it, so a layer that checked a lease where it entered (the Celery layer's
+    ``lock_ttl``) hands it to ``Client.lock`` without a second check."""
+
+    __slots__ = ()
+
+
 def lease_seconds(
     name: str, value: object, *, error: type[InvalidValueError] = InvalidValueError
-) -> int:
+) -> Lease:
     """A lease: a whole number of seconds from 1 (the protocol's unit; a fraction is refused
-    rather than rounded, the same for ``lease_ttl_s=``, ``lease_ttl=`` and ``lock_ttl``)."""
+    rather than rounded, the same for ``lease_ttl_s=``, ``lease_ttl=`` and ``lock_ttl``). A
+    `Lease` (checked already) is returned as it is."""
+    if type(value) is Lease:
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"{name} must be a whole number of seconds (an int), got {value!r}")
     if not 1 <= value <= wire.MAX_NUMBER:
         raise error(f"{name} must be between 1 and {wire.MAX_NUMBER} seconds, got {value!r}")
-    return value
+    return Lease(value)
 
 
 def check_sharding_strategy(

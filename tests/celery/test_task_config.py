@@ -9,6 +9,7 @@ from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 
 from celery_dflock._settings import NO_OPTIONS, GivenOptions, read_attributes, read_call_options
+from celery_dflock.client.clients import Client, Lease, lease_seconds
 from celery_dflock.config import (
     DEFAULTS,
     DflockConfig,
@@ -120,6 +121,28 @@ def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_def
     assert (called.timeout, called.ttl) == (1, 5)
     other = resolve_options(config, "other", attrs)
     assert other.timeout == 2
+
+
+def test_lock_ttl_is_checked_once_where_it_enters_and_the_client_takes_it_as_it_is() -> None:
+    """Issue 53: ``lock_ttl`` is checked where it enters (app.conf, the task attribute, the
+    call option) and carried as a checked ``Lease``; the client's own check hands a ``Lease``
+    back untouched, so the value is not checked a second time on its way to the socket."""
+    config = get_config(config_app(dflock_lock_ttl=10))
+    assert type(config.defaults.ttl) is Lease
+    resolved = resolve_options(config, "t", attributes(lock_ttl=20))
+    assert type(resolved.ttl) is Lease and resolved.ttl == 20
+    called = resolve_options(config, "t", attributes(), call_options(lock_ttl=5))
+    assert type(called.ttl) is Lease
+    assert lease_seconds("lease_ttl_s", called.ttl) is called.ttl  # no second check
+    plain = lease_seconds("lease_ttl_s", 7)  # a user's int is checked, then carried the same
+    assert type(plain) is Lease and plain == 7
+    with pytest.raises(DflockConfigError, match="lock_ttl"):
+        resolve_options(config, "t", attributes(lock_ttl=0))
+    client = Client([("127.0.0.1", 1)])
+    try:
+        client.lock("k", lease_ttl_s=called.ttl)  # taken as it is: a Lease is checked
+    finally:
+        client.close()
 
 
 def test_bad_attribute_and_call_option_name_their_source() -> None:
