@@ -58,6 +58,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--base", type=int, default=200)
     parser.add_argument("--pure-only", action="store_true")
+    parser.add_argument("--forms", type=int, default=len(FORMS), help="the first N forms only")
     parser.add_argument("--arms", default=",".join(LOOPS), help="which of the loops to count")
     parser.add_argument("--out", default=str(Path(__file__).with_name("counts.json")))
     args = parser.parse_args()
@@ -71,7 +72,7 @@ def main() -> int:
                 if arm not in args.arms.split(","):
                     continue
                 argv = command()
-                for form, hold, depth in FORMS:
+                for form, hold, depth in FORMS[: args.forms]:
 
                     def start(
                         wrapper: list[str], loop: str = loop + build, argv: list[str] = argv
