@@ -46,7 +46,6 @@ WORDS: Final = (
     ("AsyncPoolFace", "PoolFace"),
     ("AsyncLockBase", "LockBase"),
     ("AsyncHolding", "Holding"),
-    ("AsyncAcquirer", "Acquirer"),
     ("AsyncClient", "Client"),
     ("_aio_backend", "_sync_backend"),
     ("_renewer", "renewer"),  # the blocking pool's renewer is public (asyncio: none)

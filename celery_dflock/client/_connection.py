@@ -166,8 +166,8 @@ class SocketTransport:
         return False
 
     def quiet(self) -> bool:
-        """Cheap liveness check of an idle connection: a non-blocking peek (TLS: a
-        non-blocking read that only TLS records may satisfy)."""
+        """Cheap liveness check of an idle connection (no EOF, nothing waiting to be read): a
+        non-blocking peek (TLS: a non-blocking read that only TLS records may satisfy)."""
         if isinstance(self.sock, ssl.SSLSocket):
             return self._tls_quiet()
         if self._poller is not None:
@@ -354,14 +354,17 @@ class AsyncStreamTransport:
         return self._writer.is_closing() or self._reader.at_eof()
 
     def quiet(self) -> bool:
-        """True when nothing is waiting on the socket: an idle connection's transport has
-        read all there was, so anything now is EOF or bytes nobody asked for."""
+        """True when no EOF was seen and nothing is waiting on the socket: an idle
+        connection's transport has read all there was, so anything now is EOF or bytes nobody
+        asked for."""
+        if self.at_eof():
+            return False
         unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
         if isinstance(unread, bytes | bytearray) and unread:
             return False  # bytes nobody asked for
         sock = self._writer.get_extra_info("socket")
         if sock is None or not hasattr(select, "poll"):
-            return True  # at_eof() above is all we can know
+            return True  # at_eof() is all we can know
         try:
             poller = select.poll()
             poller.register(sock.fileno(), _POLL_IN)

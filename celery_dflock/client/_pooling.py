@@ -78,9 +78,6 @@ class _IdleStore(Generic[C]):
         conns = self.idle.get(endpoint)
         return conns.pop() if conns else None
 
-    def too_old(self, conn: C) -> bool:
-        return time.monotonic() - conn.last_used > self.max_idle_time_s
-
     def accepts(self, conn: C) -> bool:
         """True when ``conn`` may be kept idle (it is then stored)."""
         if conn.closed or conn.in_flight or conn.pid != self.pid:
@@ -132,7 +129,7 @@ class IdleConnections(Generic[C]):
 
     def too_old(self, conn: C) -> bool:
         """True when ``conn`` was idle for longer than the server keeps an idle connection."""
-        return self._store.too_old(conn)
+        return time.monotonic() - conn.last_used > self._store.max_idle_time_s
 
     def known(self, endpoint: Endpoint) -> ServerInfo | None:
         """What the server at ``endpoint`` answered to ``hello`` (None: not asked yet)."""

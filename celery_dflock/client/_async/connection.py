@@ -56,8 +56,8 @@ def unsolicited(endpoint: Endpoint, parser: ReplyParser) -> ProtocolError:
 
 
 class AsyncConnection:
-    """A connection to one lock server, on a transport of its own; coroutine safe (requests
-    are serialized by a lock)."""
+    """A connection to one lock server, on a transport of its own; safe to share between
+    coroutines (asyncio) or threads (blocking): requests are serialized by a lock."""
 
     def __init__(self, endpoint: Endpoint, transport: AsyncStreamTransport) -> None:
         self.endpoint = endpoint
@@ -65,7 +65,8 @@ class AsyncConnection:
         self.last_used = time.monotonic()
         self.server: ServerInfo | None = None
         """What the server said to ``hello`` (None: not asked on this connection)."""
-        self._transport = transport
+        self.transport = transport
+        """Its byte side (what the renewal's watch of a held connection looks at)."""
         self._parser = transport.parser
         self._lock = asyncio.Lock()
         self._closed = False
@@ -77,11 +78,6 @@ class AsyncConnection:
         conn = cls(endpoint, await AsyncStreamTransport.open(endpoint))
         await conn._authenticate()
         return conn
-
-    @property
-    def transport(self) -> AsyncStreamTransport:
-        """Its byte side (what the renewal's watch of a held connection looks at)."""
-        return self._transport
 
     async def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
         """Send one request and return its decoded reply.
@@ -100,7 +96,7 @@ class AsyncConnection:
                 raise ServerUnavailable(f"the connection to {self.endpoint.address} is closed")
             self._in_flight = True
             try:
-                reply = await self._transport.exchange(command, data, timeout)
+                reply = await self.transport.exchange(command, data, timeout)
                 if self._parser.buffered:
                     raise unsolicited(self.endpoint, self._parser)
             except BaseException as exc:
@@ -127,28 +123,23 @@ class AsyncConnection:
         if self._closed:
             return
         self._closed = True
-        self._transport.close(abort=abort)
+        self.transport.close(abort=abort)
 
     async def aclose(self) -> None:  # unasync: async only
         """Close and wait until the transport is closed."""  # unasync: async only
         self.close()  # unasync: async only
         if self.pid == os.getpid():  # unasync: async only
-            await self._transport.wait_closed()  # unasync: async only
+            await self.transport.wait_closed()  # unasync: async only
 
     async def is_reusable(self) -> bool:
         """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered where
         the server knows it and the transport needs one (else: nothing waiting to be read)."""
-        if (
-            self._closed
-            or self.pid != os.getpid()
-            or self._parser.buffered
-            or self._transport.at_eof()
-        ):
+        if self._closed or self.pid != os.getpid() or self._parser.buffered:
             return False
-        server = self.server
-        if self._transport.pings and server is not None and server.supports(FEATURE_PING):
-            return await self.ping()
-        return self._transport.quiet()
+        transport, server = self.transport, self.server
+        if transport.pings and server is not None and server.supports(FEATURE_PING):
+            return not transport.at_eof() and await self.ping()
+        return transport.quiet()
 
     def broken_while_idle(self) -> bool:
         """With no request in flight: True when the connection is unusable: EOF, a reset, a
@@ -158,7 +149,7 @@ class AsyncConnection:
             return True
         if self._in_flight:
             return False
-        return self._transport.broken(self._lock)
+        return self.transport.broken(self._lock)
 
     @classmethod
     async def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> Self:

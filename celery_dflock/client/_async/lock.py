@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Self
 
 from celery_dflock.client._aio_backend import Event
-from celery_dflock.client._async.acquiring import AsyncAcquirer
+from celery_dflock.client._async import acquiring
 from celery_dflock.client._async.held import AsyncHolding
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._core import EnqueueResult, LockCore
@@ -44,7 +44,8 @@ __all__ = ["AsyncDistributedLock", "AsyncDistributedSemaphore", "AsyncLockBase"]
 class AsyncLockBase:
     """What a lock and a semaphore of this face are and do (all but the commands of one kind):
     the public attributes and operations, each carried out by what the object owns, its
-    holding (`AsyncHolding`) and its acquiring (`AsyncAcquirer`), around one `LockCore`."""
+    holding (`AsyncHolding`, around one `LockCore`), on which its acquiring
+    (`celery_dflock.client._async.acquiring`) gets grants."""
 
     def __init__(
         self,
@@ -61,10 +62,9 @@ class AsyncLockBase:
         pool: AsyncConnectionPool | None,
     ) -> None:
         self._core = core
-        holding = self._holding = AsyncHolding(
+        self._holding = AsyncHolding(
             core, None if on_lost is None else partial(on_lost, self), pool
         )
-        self._acquirer = AsyncAcquirer(holding)
 
     @classmethod
     def _of(
@@ -154,7 +154,7 @@ class AsyncLockBase:
         `AuthError`, `MaxLocksError`, ... when the server cannot or will not answer.
         Interrupting it closes the connection, which also takes it out of the server's queue.
         """
-        return await self._acquirer.grant(self._core.acquire_request)
+        return await acquiring.grant(self._holding, self._core.acquire_request)
 
     async def enqueue(self) -> EnqueueResult:
         """Two-phase step 1: join the queue without blocking.
@@ -164,7 +164,7 @@ class AsyncLockBase:
         `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
         2 s): neither held nor queued.
         """
-        return await self._acquirer.enqueue()
+        return await acquiring.enqueue(self._holding)
 
     async def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
@@ -172,7 +172,7 @@ class AsyncLockBase:
         True once held (also when `enqueue` already got it). False on timeout; the queue
         position is then given up (its connection is closed).
         """
-        return await self._acquirer.wait(timeout_s)
+        return await acquiring.wait(self._holding, timeout_s)
 
     # ------------------------------------------------------------------ holding
     async def renew(self) -> bool:
@@ -205,7 +205,7 @@ class AsyncLockBase:
 
     # ------------------------------------------------------------------ context manager
     async def __aenter__(self) -> Self:
-        if not await self._acquirer.grant(self._core.acquire_request):
+        if not await acquiring.grant(self._holding, self._core.acquire_request):
             core = self._core
             raise LockNotAcquired(
                 core.handover
@@ -227,23 +227,23 @@ class AsyncLockBase:
         """Release ``token`` on this key, granted to another object or process (one that died,
         say): one request by token, routed as an acquire is; True if the server released it,
         False if it no longer held it. This object's own state is untouched."""
-        return await self._acquirer.release_token(token)
+        return await acquiring.release_token(self._holding, token)
 
     async def renew_token(self, token: str, lease_ttl: int) -> bool:
         """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
         seconds from now; True if renewed, False if it no longer holds the key."""
-        return await self._acquirer.renew_token(token, lease_ttl)
+        return await acquiring.renew_token(self._holding, token, lease_ttl)
 
     async def detach_token(self, token: str, lease_ttl: int) -> bool:
         """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
         with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
         holds the key. `HoldsUnsupported` for a server without holds."""
-        return await self._acquirer.detach_token(token, lease_ttl)
+        return await acquiring.detach_token(self._holding, token, lease_ttl)
 
     async def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; True if done, False if
         it no longer holds the key. `HoldsUnsupported` for a server without holds."""
-        return await self._acquirer.note_token(token, note)
+        return await acquiring.note_token(self._holding, token, note)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
@@ -311,8 +311,10 @@ class AsyncDistributedLock(AsyncLockBase):
         after."""
         core = self._core
         try:
-            if not await self._acquirer.grant(
-                lambda server: core.hold_request(server, note, detached=detached), keep=False
+            if not await acquiring.grant(
+                self._holding,
+                lambda server: core.hold_request(server, note, detached=detached),
+                keep=False,
             ):
                 if core.busy:
                     holder = core.holder
@@ -352,7 +354,7 @@ class AsyncDistributedLock(AsyncLockBase):
         close_lease = (
             None if on_close_lease is None else lease_seconds("on_close_lease", on_close_lease)
         )
-        return await self._acquirer.take_over(token, ht_note, close_lease)
+        return await acquiring.take_over(self._holding, token, ht_note, close_lease)
 
     async def hand_off(self, lease_ttl: int) -> bool:
         """Let go of the held grant without releasing it (``hd``): the server detaches it from

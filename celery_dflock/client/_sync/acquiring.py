@@ -3,7 +3,8 @@
 """Acquiring: how a lock object gets a grant (acquire, two-phase enqueue / wait, a detached
 hold, taking over a hold by its token) and sends requests by token, routed to the key's server
 and following a cluster's redirects; a grant it gets is handed to the lock's holding
-(`celery_dflock.client._async.held.AsyncHolding`), which keeps it.
+(`celery_dflock.client._async.held.AsyncHolding`), which keeps it. Functions over that
+holding: the lock object owns the holding, and acquiring needs nothing of its own.
 
 Written once for both faces: the asyncio source, ``celery_dflock/client/_async/acquiring.py``,
 and the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``. The routing
@@ -33,274 +34,268 @@ from celery_dflock.client.errors import (
 from celery_dflock.client.protocol import Asked, Command, Ok, Reply
 
 
-class Acquirer:
-    """A lock object's acquiring: getting a grant for its `LockCore`, on the connections of
-    its `AsyncHolding` (which keeps the grant once it is given)."""
+# ---------------------------------------------------------------------- routing
+def _refresh_map(holding: Holding, router: ClusterRouter) -> None:
+    """Fetch the cluster map (`refresh_map`), on this lock's connections."""
+    core = holding.core
+    refresh_map(router, holding.checkout, holding.checkin, core.settings, core.what)
 
-    def __init__(self, holding: Holding) -> None:
-        self._holding = holding
-        self._core = holding.core
 
-    """What a lock and a semaphore of this face share (all but the commands): acquiring, on
-    top of holding."""
+def _reroute(holding: Holding, exc: ServerUnavailable) -> None:
+    """Cluster routing, after the key's member could not serve the acquire (unreachable,
+    its connection closed, draining: a member that died or is leaving; nothing was
+    granted): pause, ask for the map again and aim anew, until the acquire's time is up.
+    Raises ``exc`` then, and at once in list modes, as ever."""
+    core = holding.core
+    router = core.router
+    wait_s = core.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
+    if router is None or wait_s is None:
+        raise exc
+    pause(wait_s)
+    _refresh_map(holding, router)
+    core.route()
 
-    # ------------------------------------------------------------------ routing
-    def refresh_map(self, router: ClusterRouter) -> None:
-        """Fetch the cluster map (`refresh_map`), on this lock's connections."""
-        core = self._core
-        holding = self._holding
-        refresh_map(router, holding.checkout, holding.checkin, core.settings, core.what)
 
-    def _reroute(self, exc: ServerUnavailable) -> None:
-        """Cluster routing, after the key's member could not serve the acquire (unreachable,
-        its connection closed, draining: a member that died or is leaving; nothing was
-        granted): pause, ask for the map again and aim anew, until the acquire's time is up.
-        Raises ``exc`` then, and at once in list modes, as ever."""
-        core = self._core
-        router = core.router
-        wait_s = core.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
-        if router is None or wait_s is None:
-            raise exc
-        pause(wait_s)
-        self.refresh_map(router)
-        core.route()
+def _mismatch(holding: Holding, conn: Connection, reply: Reply) -> DflockError:
+    """A list-mode client was redirected: ask that server its ``shards`` (on the same
+    connection, still in step) for the error that names both lists."""
+    try:
+        shards = conn.shards()
+    except DflockError:
+        shards = None
+    else:
+        holding.checkin(conn)
+    return holding.core.mismatch_error(reply, shards)
 
-    def _mismatch(self, conn: Connection, reply: Reply) -> DflockError:
-        """A list-mode client was redirected: ask that server its ``shards`` (on the same
-        connection, still in step) for the error that names both lists."""
+
+# ---------------------------------------------------------------------- acquiring
+def grant(holding: Holding, build: Build, *, keep: bool = True) -> bool:
+    holding.forked()
+    with holding.op_lock:
+        core = holding.core
+        core.begin_acquire()
         try:
-            shards = conn.shards()
-        except DflockError:
-            shards = None
-        else:
-            self._holding.checkin(conn)
-        return self._core.mismatch_error(reply, shards)
+            return _grant_routed(holding, build, keep)
+        finally:
+            core.end_acquire()
 
-    # ------------------------------------------------------------------ acquiring
-    def grant(self, build: Build, *, keep: bool = True) -> bool:
-        self._holding.forked()
-        with self._holding.op_lock:
-            core = self._core
-            core.begin_acquire()
-            try:
-                return self._grant_routed(build, keep)
-            finally:
-                core.end_acquire()
 
-    def _grant_routed(self, build: Build, keep: bool) -> bool:
-        """One acquire or enqueue, following a cluster's redirects (operation lock held).
-        ``build`` makes the request for the server at hand (what it said to ``hello``).
-        Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
-        core = self._core
-        router = core.router
-        if router is not None and not core.route():
-            self.refresh_map(router)
-            core.route()
-        while True:
-            try:
-                conn = self._holding.checkout()
-            except ServerUnavailable as exc:
-                self._reroute(exc)
-                continue
-            try:
-                command, data, timeout = build(conn.server)
-            except BaseException:
-                self._holding.checkin(conn)
-                raise
-            try:
-                if core.asking:
-                    core.asking = False  # one request only
-                    if not isinstance(
-                        conn.request(
-                            Command.ASKING, protocol.encode_asking(core.key, core.ask_ticket)
-                        ),
-                        Ok,
-                    ):
-                        self._holding.checkin(conn)
-                        wait_s = core.on_ask_refused()
-                        if wait_s is None:
-                            return False
-                        pause(wait_s)
-                        core.route()
-                        continue
-                sent = time.monotonic()
-                reply = conn.request(command, data, timeout)
-            except ServerUnavailable as exc:
-                self._reroute(exc)
-                continue
-            if isinstance(reply, Asked) and router is not None:
-                self._holding.checkin(conn)
-                step = core.on_ask(reply)  # a key-level move: this key, once, there
-                if step is None:
-                    return False  # a hand-over outlasted the acquire's time (core.handover)
-                if step.reroute:  # asked in a loop: read the map again, route by it
-                    router.invalidate()
-                    pause(step.pause_s)
-                    self.refresh_map(router)
-                    core.route()
-                continue
-            if core.redirected(reply):
-                if router is None:
-                    raise self._mismatch(conn, reply)
-                self._holding.checkin(conn)
-                step = core.on_redirect(reply)
-                if step is None:
-                    return False  # a hand-over outlasted the acquire's time (core.handover)
-                if step.reread:
-                    router.invalidate()
-                pause(step.pause_s)
-                self.refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
-                if step.reroute:
-                    core.route()
-                continue
-            try:
-                granted = core.on_grant_reply(command, reply, sent, conn.server)
-            except ServerDraining as exc:
-                self._holding.checkin(conn)
-                self._reroute(exc)
-                continue
-            except BaseException:
-                self._holding.checkin(conn)
-                raise
-            if granted and keep:
-                self._holding.start_renewing(conn)
-            elif core.state is LockState.ENQUEUED:
-                self._holding.conn = conn
-            else:
-                self._holding.checkin(conn)
-            return granted
-
-    def enqueue(self) -> EnqueueResult:
-        """Two-phase step 1: join the queue without blocking.
-
-        ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
-        `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
-        `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
-        2 s): neither held nor queued.
-        """
-        if self.grant(self._core.enqueue_request):
-            return ACQUIRED
-        core = self._core
-        if core.state is LockState.ENQUEUED:
-            return QUEUED
-        # Neither: a cluster hand-over kept the key's member from answering until the time
-        # was up (a `wait` would find nothing queued).
-        raise LockNotAcquired(
-            core.handover
-            or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
-        )
-
-    def wait(self, timeout_s: float | None = None) -> bool:
-        """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
-
-        True once held (also when `enqueue` already got it). False on timeout; the queue
-        position is then given up (its connection is closed).
-        """
-        self._holding.forked()
-        with self._holding.op_lock:
-            if self._core.state is LockState.HELD:
-                return True
-            command, data, timeout = self._core.wait_request(timeout_s)
-            conn, self._holding.conn = self._holding.conn, None
-            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
-                self._core.reset()
-                raise LockNotOwned(f"{self._core.what} lost its queue connection")
-            sent = time.monotonic()
-            try:
-                reply = conn.request(command, data, timeout)
-                granted = self._core.on_grant_reply(command, reply, sent, conn.server)
-            except BaseException:
-                self._core.reset()
-                conn.close()
-                raise
-            if granted:
-                self._holding.start_renewing(conn)
-                return True
-            conn.close()  # leave the queue for sure
-            return False
-
-    def take_over(self, token: str, note: str, close_lease: int | None) -> bool:
-        """The lock's `adopt`, its arguments checked: take over ``token``'s detached grant
-        (``ht``) with the owner ``note`` and ``close_lease``; the grant is then held as after
-        an acquire. False, holding nothing, when the server refused it."""
-        core = self._core
-        holding = self._holding
-        holding.forked()
-        with holding.op_lock:
-            router = core.router
-            if router is not None and not core.route():
-                self.refresh_map(router)
-                core.route()
+def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
+    """One acquire or enqueue, following a cluster's redirects (operation lock held).
+    ``build`` makes the request for the server at hand (what it said to ``hello``).
+    Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
+    core = holding.core
+    router = core.router
+    if router is not None and not core.route():
+        _refresh_map(holding, router)
+        core.route()
+    while True:
+        try:
             conn = holding.checkout()
-            try:
-                command, data, timeout = core.take_over_request(
-                    conn.server, token, note, close_lease
-                )
-                sent = time.monotonic()
-                reply = conn.request(command, data, timeout)
-                held = core.on_take_over_reply(token, reply, sent, conn.server)
-            except BaseException:
-                core.reset()
-                holding.checkin(conn)
-                raise
-            if not held:
-                holding.checkin(conn)
-                return False
+        except ServerUnavailable as exc:
+            _reroute(holding, exc)
+            continue
+        try:
+            command, data, timeout = build(conn.server)
+        except BaseException:
+            holding.checkin(conn)
+            raise
+        try:
+            if core.asking:
+                core.asking = False  # one request only
+                if not isinstance(
+                    conn.request(Command.ASKING, protocol.encode_asking(core.key, core.ask_ticket)),
+                    Ok,
+                ):
+                    holding.checkin(conn)
+                    wait_s = core.on_ask_refused()
+                    if wait_s is None:
+                        return False
+                    pause(wait_s)
+                    core.route()
+                    continue
+            sent = time.monotonic()
+            reply = conn.request(command, data, timeout)
+        except ServerUnavailable as exc:
+            _reroute(holding, exc)
+            continue
+        if isinstance(reply, Asked) and router is not None:
+            holding.checkin(conn)
+            step = core.on_ask(reply)  # a key-level move: this key, once, there
+            if step is None:
+                return False  # a hand-over outlasted the acquire's time (core.handover)
+            if step.reroute:  # asked in a loop: read the map again, route by it
+                router.invalidate()
+                pause(step.pause_s)
+                _refresh_map(holding, router)
+                core.route()
+            continue
+        if core.redirected(reply):
+            if router is None:
+                raise _mismatch(holding, conn, reply)
+            holding.checkin(conn)
+            step = core.on_redirect(reply)
+            if step is None:
+                return False  # a hand-over outlasted the acquire's time (core.handover)
+            if step.reread:
+                router.invalidate()
+            pause(step.pause_s)
+            _refresh_map(holding, router)  # at most every MAP_REFRESH_INTERVAL_S
+            if step.reroute:
+                core.route()
+            continue
+        try:
+            granted = core.on_grant_reply(command, reply, sent, conn.server)
+        except ServerDraining as exc:
+            holding.checkin(conn)
+            _reroute(holding, exc)
+            continue
+        except BaseException:
+            holding.checkin(conn)
+            raise
+        if granted and keep:
+            holding.start_renewing(conn)
+        elif core.state is LockState.ENQUEUED:
+            holding.conn = conn
+        else:
+            holding.checkin(conn)
+        return granted
+
+
+def enqueue(holding: Holding) -> EnqueueResult:
+    """Two-phase step 1: join the queue without blocking.
+
+    ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
+    `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
+    `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
+    2 s): neither held nor queued.
+    """
+    if grant(holding, holding.core.enqueue_request):
+        return ACQUIRED
+    core = holding.core
+    if core.state is LockState.ENQUEUED:
+        return QUEUED
+    # Neither: a cluster hand-over kept the key's member from answering until the time
+    # was up (a `wait` would find nothing queued).
+    raise LockNotAcquired(
+        core.handover or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
+    )
+
+
+def wait(holding: Holding, timeout_s: float | None = None) -> bool:
+    """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
+
+    True once held (also when `enqueue` already got it). False on timeout; the queue
+    position is then given up (its connection is closed).
+    """
+    holding.forked()
+    with holding.op_lock:
+        if holding.core.state is LockState.HELD:
+            return True
+        command, data, timeout = holding.core.wait_request(timeout_s)
+        conn, holding.conn = holding.conn, None
+        if conn is None:  # pragma: no cover - ENQUEUED always has a connection
+            holding.core.reset()
+            raise LockNotOwned(f"{holding.core.what} lost its queue connection")
+        sent = time.monotonic()
+        try:
+            reply = conn.request(command, data, timeout)
+            granted = holding.core.on_grant_reply(command, reply, sent, conn.server)
+        except BaseException:
+            holding.core.reset()
+            conn.close()
+            raise
+        if granted:
             holding.start_renewing(conn)
             return True
+        conn.close()  # leave the queue for sure
+        return False
 
-    # ------------------------------------------------------------------ by token
-    def release_token(self, token: str) -> bool:
-        """Release ``token`` on this key, granted to another object or process (one that died,
-        say): one request by token, routed as an acquire is; True if the server released it,
-        False if it no longer held it. This object's own state is untouched."""
-        core = self._core
-        key, limit = core.key, core.limit
-        _, reply = self.request_by_token(lambda _: _by_token.release_request(key, token, limit))
-        return _by_token.released(reply)
 
-    def request_by_token(self, build: Build) -> tuple[Command, Reply]:
-        """One request about a grant this object does not hold (a release, renew, detach or
-        note by token), routed as an acquire is: the command sent and its reply."""
-        self._holding.forked()
-        with self._holding.op_lock:
-            core = self._core
-            router = core.router
-            if router is not None and not core.route():  # cluster: the key's node now
-                self.refresh_map(router)
-                core.route()
-            holding = self._holding
-            return request_once(holding.checkout, holding.checkin, core.endpoint, build)
+def take_over(holding: Holding, token: str, note: str, close_lease: int | None) -> bool:
+    """The lock's `adopt`, its arguments checked: take over ``token``'s detached grant
+    (``ht``) with the owner ``note`` and ``close_lease``; the grant is then held as after
+    an acquire. False, holding nothing, when the server refused it."""
+    core = holding.core
+    holding.forked()
+    with holding.op_lock:
+        router = core.router
+        if router is not None and not core.route():
+            _refresh_map(holding, router)
+            core.route()
+        conn = holding.checkout()
+        try:
+            command, data, timeout = core.take_over_request(conn.server, token, note, close_lease)
+            sent = time.monotonic()
+            reply = conn.request(command, data, timeout)
+            held = core.on_take_over_reply(token, reply, sent, conn.server)
+        except BaseException:
+            core.reset()
+            holding.checkin(conn)
+            raise
+        if not held:
+            holding.checkin(conn)
+            return False
+        holding.start_renewing(conn)
+        return True
 
-    def by_token(self, build: Build) -> bool:
-        """`_request_by_token`, read: True done, False when the token no longer holds the
-        key; raises for other refusals."""
-        command, reply = self.request_by_token(build)
-        return _by_token.done(command, reply, self._core.key, self._core.endpoint)
 
-    def renew_token(self, token: str, lease_ttl: int) -> bool:
-        """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
-        seconds from now; True if renewed, False if it no longer holds the key."""
-        key = self._core.key
-        return self.by_token(lambda _: _by_token.renew_request(key, token, lease_ttl))
+# ---------------------------------------------------------------------- by token
+def release_token(holding: Holding, token: str) -> bool:
+    """Release ``token`` on this key, granted to another object or process (one that died,
+    say): one request by token, routed as an acquire is; True if the server released it,
+    False if it no longer held it. This object's own state is untouched."""
+    core = holding.core
+    key, limit = core.key, core.limit
+    _, reply = request_by_token(holding, lambda _: _by_token.release_request(key, token, limit))
+    return _by_token.released(reply)
 
-    def detach_token(self, token: str, lease_ttl: int) -> bool:
-        """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
-        with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
-        holds the key. `HoldsUnsupported` for a server without holds."""
-        core = self._core
-        return self.by_token(
-            lambda server: _by_token.detach_request(
-                server, core.endpoint.address, core.key, token, lease_ttl
-            )
-        )
 
-    def note_token(self, token: str, note: str) -> bool:
-        """Replace the owner note of ``token``'s grant on this key; True if done, False if
-        it no longer holds the key. `HoldsUnsupported` for a server without holds."""
-        core = self._core
-        return self.by_token(
-            lambda server: _by_token.note_request(
-                server, core.endpoint.address, core.key, token, note
-            )
-        )
+def request_by_token(holding: Holding, build: Build) -> tuple[Command, Reply]:
+    """One request about a grant this object does not hold (a release, renew, detach or
+    note by token), routed as an acquire is: the command sent and its reply."""
+    holding.forked()
+    with holding.op_lock:
+        core = holding.core
+        router = core.router
+        if router is not None and not core.route():  # cluster: the key's node now
+            _refresh_map(holding, router)
+            core.route()
+        return request_once(holding.checkout, holding.checkin, core.endpoint, build)
+
+
+def by_token(holding: Holding, build: Build) -> bool:
+    """`_request_by_token`, read: True done, False when the token no longer holds the
+    key; raises for other refusals."""
+    command, reply = request_by_token(holding, build)
+    return _by_token.done(command, reply, holding.core.key, holding.core.endpoint)
+
+
+def renew_token(holding: Holding, token: str, lease_ttl: int) -> bool:
+    """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
+    seconds from now; True if renewed, False if it no longer holds the key."""
+    key = holding.core.key
+    return by_token(holding, lambda _: _by_token.renew_request(key, token, lease_ttl))
+
+
+def detach_token(holding: Holding, token: str, lease_ttl: int) -> bool:
+    """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
+    with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
+    holds the key. `HoldsUnsupported` for a server without holds."""
+    core = holding.core
+    return by_token(
+        holding,
+        lambda server: _by_token.detach_request(
+            server, core.endpoint.address, core.key, token, lease_ttl
+        ),
+    )
+
+
+def note_token(holding: Holding, token: str, note: str) -> bool:
+    """Replace the owner note of ``token``'s grant on this key; True if done, False if
+    it no longer holds the key. `HoldsUnsupported` for a server without holds."""
+    core = holding.core
+    return by_token(
+        holding,
+        lambda server: _by_token.note_request(server, core.endpoint.address, core.key, token, note),
+    )

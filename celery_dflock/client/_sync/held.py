@@ -64,7 +64,21 @@ class Holding:
     """What a lock object holds and how it keeps it (a `LockCore` around the grant): the
     connections it uses (its pool's, or its own), the pinned connection of a grant, renewing,
     reattaching, reporting a loss, releasing and handing off. The lock object owns one; its
-    acquiring (`celery_dflock.client._async.acquiring.AsyncAcquirer`) hands each grant here."""
+    acquiring (`celery_dflock.client._async.acquiring`) hands each grant here."""
+
+    __slots__ = (
+        "_lost_event",
+        "_lost_event_guard",
+        "_on_lost",
+        "_pool",
+        "_releasing",
+        "_server",
+        "_server_at",
+        "conn",
+        "core",
+        "driver",
+        "op_lock",
+    )
 
     def __init__(
         self,

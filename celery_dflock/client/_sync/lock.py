@@ -33,7 +33,7 @@ from celery_dflock.client._settings import (
     check_limit,
     lease_seconds,
 )
-from celery_dflock.client._sync.acquiring import Acquirer
+from celery_dflock.client._sync import acquiring
 from celery_dflock.client._sync.held import Holding
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync_backend import Event
@@ -46,7 +46,8 @@ __all__ = ["DistributedLock", "DistributedSemaphore", "LockBase"]
 class LockBase:
     """What a lock and a semaphore of this face are and do (all but the commands of one kind):
     the public attributes and operations, each carried out by what the object owns, its
-    holding (`AsyncHolding`) and its acquiring (`AsyncAcquirer`), around one `LockCore`."""
+    holding (`AsyncHolding`, around one `LockCore`), on which its acquiring
+    (`celery_dflock.client._async.acquiring`) gets grants."""
 
     def __init__(
         self,
@@ -63,10 +64,7 @@ class LockBase:
         pool: ConnectionPool | None,
     ) -> None:
         self._core = core
-        holding = self._holding = Holding(
-            core, None if on_lost is None else partial(on_lost, self), pool
-        )
-        self._acquirer = Acquirer(holding)
+        self._holding = Holding(core, None if on_lost is None else partial(on_lost, self), pool)
 
     @classmethod
     def _of(
@@ -156,7 +154,7 @@ class LockBase:
         `AuthError`, `MaxLocksError`, ... when the server cannot or will not answer.
         Interrupting it closes the connection, which also takes it out of the server's queue.
         """
-        return self._acquirer.grant(self._core.acquire_request)
+        return acquiring.grant(self._holding, self._core.acquire_request)
 
     def enqueue(self) -> EnqueueResult:
         """Two-phase step 1: join the queue without blocking.
@@ -166,7 +164,7 @@ class LockBase:
         `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
         2 s): neither held nor queued.
         """
-        return self._acquirer.enqueue()
+        return acquiring.enqueue(self._holding)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
@@ -174,7 +172,7 @@ class LockBase:
         True once held (also when `enqueue` already got it). False on timeout; the queue
         position is then given up (its connection is closed).
         """
-        return self._acquirer.wait(timeout_s)
+        return acquiring.wait(self._holding, timeout_s)
 
     # ------------------------------------------------------------------ holding
     def renew(self) -> bool:
@@ -207,7 +205,7 @@ class LockBase:
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> Self:
-        if not self._acquirer.grant(self._core.acquire_request):
+        if not acquiring.grant(self._holding, self._core.acquire_request):
             core = self._core
             raise LockNotAcquired(
                 core.handover
@@ -229,23 +227,23 @@ class LockBase:
         """Release ``token`` on this key, granted to another object or process (one that died,
         say): one request by token, routed as an acquire is; True if the server released it,
         False if it no longer held it. This object's own state is untouched."""
-        return self._acquirer.release_token(token)
+        return acquiring.release_token(self._holding, token)
 
     def renew_token(self, token: str, lease_ttl: int) -> bool:
         """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
         seconds from now; True if renewed, False if it no longer holds the key."""
-        return self._acquirer.renew_token(token, lease_ttl)
+        return acquiring.renew_token(self._holding, token, lease_ttl)
 
     def detach_token(self, token: str, lease_ttl: int) -> bool:
         """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
         with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
         holds the key. `HoldsUnsupported` for a server without holds."""
-        return self._acquirer.detach_token(token, lease_ttl)
+        return acquiring.detach_token(self._holding, token, lease_ttl)
 
     def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; True if done, False if
         it no longer holds the key. `HoldsUnsupported` for a server without holds."""
-        return self._acquirer.note_token(token, note)
+        return acquiring.note_token(self._holding, token, note)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
@@ -313,8 +311,10 @@ class DistributedLock(LockBase):
         after."""
         core = self._core
         try:
-            if not self._acquirer.grant(
-                lambda server: core.hold_request(server, note, detached=detached), keep=False
+            if not acquiring.grant(
+                self._holding,
+                lambda server: core.hold_request(server, note, detached=detached),
+                keep=False,
             ):
                 if core.busy:
                     holder = core.holder
@@ -354,7 +354,7 @@ class DistributedLock(LockBase):
         close_lease = (
             None if on_close_lease is None else lease_seconds("on_close_lease", on_close_lease)
         )
-        return self._acquirer.take_over(token, ht_note, close_lease)
+        return acquiring.take_over(self._holding, token, ht_note, close_lease)
 
     def hand_off(self, lease_ttl: int) -> bool:
         """Let go of the held grant without releasing it (``hd``): the server detaches it from
