@@ -267,8 +267,8 @@ class Session:
                 name, timeout, lease = p.parse_lock(key, arg)
             else:
                 name, timeout, limit, lease = p.parse_sem_lock(key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
@@ -306,8 +306,8 @@ class Session:
         (every LockedTask run sends one)."""
         try:
             name, timeout, lease, detached, note = p.parse_hold(key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if lease > self.max_lease:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
@@ -343,8 +343,8 @@ class Session:
         """``note``: replace a held grant's owner note."""
         try:
             name, token, note = p.parse_note(key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY
         return p.REPLY_OK if self.table.set_note(name, token, note) else p.REPLY_ERROR
@@ -354,8 +354,8 @@ class Session:
         ownership check, answered while draining, refused while renewals are."""
         try:
             name, token, lease, on_close, note = p.parse_take(key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if lease > self.max_lease:
             return self._too_long(lease)
         if on_close is not None and on_close > self.max_lease:
@@ -379,8 +379,8 @@ class Session:
         """``hd``: detach a grant from its connection. As ``n`` (see ``_take``)."""
         try:
             name, token, lease = p.parse_hand_down(key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if lease > self.max_lease:
             return self._too_long(lease)
         if not self.host.may_hold(name):
@@ -399,8 +399,8 @@ class Session:
         """``r``, ``sr``."""
         try:
             name, token = p.parse_release(cmd, key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         try:
             released = self.table.release(name, token)
         except _REFUSALS as exc:
@@ -413,8 +413,8 @@ class Session:
         asked: the peer's address and the note it sent."""
         try:
             name, note = p.parse_force_release(key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
         freed = self.table.force_release(name)
@@ -432,8 +432,8 @@ class Session:
         """``n``, ``sn``."""
         try:
             name, token, lease = p.parse_renew(cmd, key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if not self.host.may_hold(name):
@@ -462,8 +462,8 @@ class Session:
                 name, lease = p.parse_enqueue(key, arg)
             else:
                 name, limit, lease = p.parse_sem_enqueue(key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if (refused := self._check(name)) is not None:
@@ -491,8 +491,8 @@ class Session:
         """``w``, ``sw``: two-phase, step 2."""
         try:
             name, timeout = p.parse_wait(cmd, key, arg)
-        except p.Malformed as exc:
-            return self._malformed(exc)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
         table = self.table
         try:
             waiter = table.find_enqueued(self.client, name)

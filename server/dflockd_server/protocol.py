@@ -62,6 +62,7 @@ _PLACEHOLDER: Final = c.PLACEHOLDER.encode()
 _CONNECTION: Final = c.HOLD_MODE_CONNECTION.encode()
 _DETACHED: Final = c.HOLD_MODE_DETACHED.encode()
 _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
+_MODES: Final = (_CONNECTION, _DETACHED)
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _NUMBERS: Final[dict[bytes, int]] = {b"%d" % n: n for n in range(c.QUICK_NUMBERS)}
 """The usual numbers of a request (timeouts, leases), each written as a client
@@ -320,7 +321,20 @@ def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
     """``hl <key>`` ``<timeout> <lease> <mode> <note>`` -> (key, timeout, lease, detached,
     note). LockedTask sends every run's acquire in this shape."""
     name = _key(key)
-    parts = arg.split()
+    parts = arg.split(b" ")  # single spaces, as clients send: cut by memchr, not byte by byte
+    if len(parts) == 4:
+        timeout_raw, lease_raw, mode, note = parts
+        timeout = _NUMBERS.get(timeout_raw)
+        lease = _NUMBERS.get(lease_raw)
+        if (
+            timeout is not None
+            and lease
+            and mode in _MODES
+            and 1 <= len(note) <= c.MAX_NOTE_BYTES
+            and not note.translate(None, _NOTE_BYTES)
+        ):  # four fields without whitespace: what the rules below would read, read
+            return name, timeout, lease, mode == _DETACHED, note.decode("ascii")
+    parts = arg.split()  # any other shape: the rules in full
     if len(parts) != 4:
         raise Malformed(f"{c.CMD_HOLD} takes <timeout> <lease> <mode> <note>")
     timeout_raw, lease_raw, mode, note = parts

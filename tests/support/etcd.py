@@ -280,7 +280,7 @@ class EtcdCluster:
             if node.process is None or node.process.poll() is not None:
                 continue
             try:
-                conn = client.connect(index, 2.0)
+                conn = client.transport.connect(index, 2.0)
             except OSError:
                 continue
             try:

@@ -6,12 +6,14 @@ value-equals helpers), leases (grant, one keep-alive, revoke, time to live) and 
 prefix from a thread.
 
 Its messages are in ``messages``, its watches in ``watch``; how a request reaches etcd
-(endpoints, fail-over, when a request is sent again, TLS, authentication) in ``transport``.
+(endpoints, fail-over, when a request is sent again, TLS, authentication) in ``transport``: the
+client has an ``EtcdTransport`` (``EtcdClient.transport``) and sends every request through it.
 Failures raise ``EtcdError`` naming the etcd URL and the operation.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,13 +38,66 @@ from dflockd_server.cluster.etcd.transport import EtcdTransport
 from dflockd_server.cluster.etcd.watch import Watch
 
 
-class EtcdClient(EtcdTransport):
+class EtcdClient:
     """etcd v3's keys, transactions, leases and watches at ``url``:
     ``http://HOST:PORT[,HOST:PORT...]`` (or ``https://``), with fail-over between the endpoints
-    (``EtcdTransport``)."""
+    (its ``transport``, an ``EtcdTransport``, which takes the same arguments)."""
+
+    __slots__ = ("transport",)
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        attempt_timeout: float | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        self.transport = EtcdTransport(
+            url,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
+            ssl_context=ssl_context,
+            user=user,
+            password=password,
+        )
 
     def __repr__(self) -> str:
         return f"EtcdClient({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        """The endpoints, as one URL (``http://HOST:PORT[,HOST:PORT...]``)."""
+        return self.transport.url
+
+    @property
+    def timeout(self) -> float:
+        """The longest one call may take, every attempt included."""
+        return self.transport.timeout
+
+    @property
+    def switches(self) -> int:
+        """Calls answered by another endpoint than the one that answered before."""
+        return self.transport.switches
+
+    @property
+    def preferred(self) -> int:
+        """The index of the endpoint that answered last (calls and watches go there first)."""
+        return self.transport.preferred
+
+    def call(
+        self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
+    ) -> dict[str, Any]:
+        """One request to ``path`` of etcd's JSON gateway and its reply (``EtcdTransport.call``:
+        for what has no method here)."""
+        return self.transport.call(path, body, what, resend=resend)
+
+    def healthy(self, index: int = 0) -> bool:
+        """etcd's ``/health`` on endpoint ``index`` says it is (False when it cannot be
+        reached)."""
+        return self.transport.healthy(index)
 
     def range(self, key: str, *, prefix: bool = False) -> RangeResult:
         """The key (or every key under the prefix, in key order) and the current revision."""
@@ -172,18 +227,20 @@ class EtcdClient(EtcdTransport):
         """Watch a key or prefix (from ``start_revision`` if given, else from now), on the
         first endpoint (from the preferred one on) that confirms it within ``attempt_timeout``
         (all in ``timeout``)."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        first = self._preferred
+        transport = self.transport
+        count = len(transport.endpoints)
+        deadline = time.monotonic() + (transport.timeout if timeout is None else timeout)
+        first = transport.preferred
         failures: dict[int, str] = {}
         attempt = 0
         while True:
-            index = (first + attempt) % len(self.endpoints)
+            index = (first + attempt) % count
             remaining = deadline - time.monotonic()
             if attempt > 0 and remaining <= 0:
                 break
             attempt += 1
             watch = Watch(
-                self,
+                transport,
                 key,
                 endpoint=index,
                 prefix=prefix,
@@ -191,20 +248,18 @@ class EtcdClient(EtcdTransport):
                 on_event=on_event,
             )
             try:
-                watch.start(max(min(self.attempt_timeout, remaining), 0.05))
+                watch.start(max(min(transport.attempt_timeout, remaining), 0.05))
             except EtcdAuthError:
                 raise
             except EtcdError as exc:
                 failures[index] = str(exc)
             else:
-                if index != self._preferred:
+                if index != transport.preferred:
                     # Calls follow the watch: a member re-watches when they part.
-                    self._switched(index, failures)
+                    transport.switched(index, failures)
                 return watch
-            if attempt % len(self.endpoints) == 0:
-                pause = min(
-                    0.05 * (attempt // len(self.endpoints)), 0.5, deadline - time.monotonic()
-                )
+            if attempt % count == 0:
+                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
                 if pause > 0:
                     time.sleep(pause)
         raise EtcdError(

@@ -1,5 +1,6 @@
 """How the etcd client reaches etcd: endpoints, fail-over, TLS and authentication
-(``EtcdTransport``, below ``EtcdClient``'s API), over HTTP/1.1 with the standard library only.
+(``EtcdTransport``, which an ``EtcdClient`` has and sends its requests through), over HTTP/1.1
+with the standard library only.
 
 Every call opens its own connection, so one client may be used from several threads.
 Failures raise ``EtcdError`` naming the etcd URL and the operation.
@@ -115,7 +116,7 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 class EtcdTransport:
     """etcd v3 over its JSON gateway at ``url``: ``http://HOST:PORT[,HOST:PORT...]`` (or
     ``https://``), with fail-over between the endpoints (see the module's docstring): the
-    requests' plumbing, under ``EtcdClient``'s API."""
+    requests' plumbing, which an ``EtcdClient`` has (its ``transport``) and sends through."""
 
     def __init__(
         self,
@@ -288,7 +289,9 @@ class EtcdTransport:
             return reply
         raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
 
-    def _switched(self, index: int, failures: Mapping[int, str]) -> None:
+    def switched(self, index: int, failures: Mapping[int, str]) -> None:
+        """Endpoint ``index`` answered (a call, a watch's start) after ``failures``: calls go
+        there first from now on (logged, counted in ``switches``, when it is another)."""
         with self._lock:
             old, self._preferred = self._preferred, index
             if old == index:
@@ -334,7 +337,7 @@ class EtcdTransport:
                     ) from exc
             else:
                 if index != self._preferred:
-                    self._switched(index, failures)
+                    self.switched(index, failures)
                 data = as_dict(reply)
                 # A keep-alive streams {"result": ...}; unary calls answer the message itself.
                 result = None if data is None else as_dict(data.get("result", data))
@@ -370,5 +373,3 @@ class EtcdTransport:
             return False
         finally:
             conn.close()
-
-    # -- keys ----------------------------------------------------------------------------------
