@@ -8,7 +8,7 @@ not a reply to send now; then ``Session.action`` says what the transport is to d
 ``Session.granted``, or the timer fires, through ``Session.give_up``), ``Close`` (send a last
 reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``AUTH_FAILED``
 (a wrong secret: the answer and the close come after a delay), ``RaiseBound`` (a lease longer
-than ``table.lease_noted``: the request is parked until ``leasebound`` has recorded it).
+than the grants' ``lease_noted``: the request is parked until ``leasebound`` has recorded it).
 
 There is one dispatch: each command has one route (``Session.route_table``), which parses its
 request with the command's one parser (``protocol.parse_<command>``), acts on the table and
@@ -180,6 +180,7 @@ class Session:
         "client",
         "default_lease",
         "eof",
+        "grants",
         "host",
         "ip",
         "locks_per_ip",
@@ -194,6 +195,9 @@ class Session:
     ) -> None:
         self.host = host
         self.table = table
+        self.grants = table.grants
+        """The table's grants, whose ``journal``, ``lease_noted`` and ``note_lease`` the hot path
+        reads as plain attributes (the table's names for them are properties)."""
         self.client: Client = table.open_client()
         self.default_lease = default_lease
         self.max_lease = max_lease
@@ -276,11 +280,11 @@ class Session:
         if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
-        journal = table.journal
+        journal = self.grants.journal
         if journal is not None and not journal.writable:
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         ttl = lease or self.default_lease
-        if ttl > table.lease_noted and table.note_lease is not None:
+        if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.asking = self.asking
         try:
@@ -315,10 +319,10 @@ class Session:
         if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
-        journal = table.journal
+        journal = self.grants.journal
         if journal is not None and not journal.writable:
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
-        if lease > table.lease_noted and table.note_lease is not None:
+        if lease > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         table.asking = self.asking
         try:
@@ -365,7 +369,7 @@ class Session:
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
         longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
-        if longest > self.table.lease_noted and self.table.note_lease is not None:
+        if longest > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
             taken = self.table.take(self.client, name, token, lease, note=note, on_close=on_close)
@@ -387,7 +391,7 @@ class Session:
             return p.REPLY_ERROR
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
-        if lease > self.table.lease_noted and self.table.note_lease is not None:
+        if lease > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         try:
             done = self.table.hand_down(name, token, lease)
@@ -438,7 +442,7 @@ class Session:
             return self._too_long(lease)
         if not self.host.may_hold(name):
             return p.REPLY_ERROR  # a fenced member, or not its shard: the holder sees the loss
-        journal = self.table.journal
+        journal = self.grants.journal
         if journal is not None and not journal.writable and not journal.mark_removed:
             # Answered unrecorded, a renewal could outlive what a restart would restore: only
             # once the journal's complete mark is gone (see journal's doc), else refused (the
@@ -446,7 +450,7 @@ class Session:
             return p.REPLY_ERROR
         table = self.table
         ttl = lease or self.default_lease
-        if ttl > table.lease_noted and table.note_lease is not None:
+        if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         try:
             remaining = table.renew(name, token, ttl, self.client)
@@ -473,7 +477,7 @@ class Session:
         if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         ttl = lease or self.default_lease
-        if ttl > self.table.lease_noted and self.table.note_lease is not None:
+        if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         if self.moved:
             self.moved.pop(name, None)  # a new enqueue: the old one's news is stale
@@ -540,7 +544,7 @@ class Session:
 
     def _unwritable(self) -> bool:
         """The lease journal cannot be written now: nothing needing a record is done."""
-        journal = self.table.journal
+        journal = self.grants.journal
         return journal is not None and not journal.writable
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
