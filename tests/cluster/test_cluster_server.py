@@ -169,8 +169,10 @@ def test_a_member_exports_its_shards_moves_fencing_and_leadership(
     assert a.shards("serving") == half - 1
     assert b.shards("taking_over") == 0 and b.metric("dflockd_cluster_handovers_total") == 0
 
-    # A rebalance evens them out again: b hands one (unpinned) shard back to a.
-    assert len(rebalance(etcd, prefix).written) == 1
+    # A rebalance evens them out again: b hands one (unpinned) shard back to a. On a slow
+    # machine the leader's own rebalance (membership still for AUTO_REBALANCE_S, issue 48) may
+    # have written that move first: then the operator's finds nothing left to move.
+    assert len(rebalance(etcd, prefix).written) <= 1
     wait_metric(b, "dflockd_cluster_handovers_total", 1)
     wait_metric(a, "dflockd_cluster_shards", half, state="serving")
     wait_metric(b, "dflockd_cluster_shards", half, state="serving")
@@ -193,7 +195,14 @@ def test_a_member_exports_its_shards_moves_fencing_and_leadership(
     # until the renewal lands.
     wait_metric(a, "dflockd_cluster_leader", 1)
     wait_metric(a, "dflockd_cluster_failovers_total", half)
-    wait_metric(a, "dflockd_cluster_shards", SHARD_COUNT, state="serving")
+    # Each failed-over shard serves once its map write lands in etcd: half the map, one
+    # conditional write each, which a loaded machine's etcd took longer than WAIT_S to finish
+    # (a CI rehearsal); a wait, not a bound.
+    wait_until(
+        lambda: a.shards("serving") == SHARD_COUNT,
+        what="a serves every shard",
+        timeout=4 * WAIT_S,
+    )
     assert a.metric("dflockd_cluster_released_takeovers_total") == 0
 
 

@@ -5,14 +5,16 @@ compiled, and ``Client.lock`` in the client process; the arms alternate form by 
 
     python benchmarks/results/ab/issue-53/ab.py BASE PAIRS NAME=TREE[:COMPILED_SITE] ...
 
-Each arm's tree (a ``git archive``) goes first on ``PYTHONPATH`` of the processes measured;
-a compiled site (the tree's wheel, unpacked) before it for the compiled rows.
+Each arm's tree (a ``git archive``: its ``server/`` and its root) goes first on ``PYTHONPATH``
+of the processes measured; for the compiled rows, a compiled site (the tree's wheel, unpacked)
+takes the place of its ``server/``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +25,29 @@ from benchmarks._common import (
     start_dflockd,
     workdir,
 )
-from benchmarks.instructions import FORMS, count_client, count_server, dflockd_pairs
+from benchmarks.instructions import (
+    CLIENT_LOOPS,
+    FORMS,
+    callgrind,
+    count_server,
+    dflockd_pairs,
+    total,
+)
+
+
+def count_client(
+    label: str, server: ServerProcess, tmp: Path, tree: str, lengths: tuple[int, int]
+) -> float:
+    """Instructions per pair of ``benchmarks.instructions``' client loop ``label``, run from
+    ``tree`` (its working directory: ``python -c`` puts it first on the path)."""
+    totals: list[int] = []
+    for n in lengths:
+        out = tmp / f"callgrind.client.{len(totals)}.{n}"
+        argv = [CLIENT_LOOPS[label], server.host, str(server.port), str(n)]
+        command = [*callgrind(out), sys.executable, "-c", *argv]
+        subprocess.run(command, check=True, capture_output=True, timeout=1800, cwd=tree)
+        totals.append(total(out))
+    return (totals[1] - totals[0]) / (lengths[1] - lengths[0])
 
 
 def main() -> None:
@@ -42,9 +66,8 @@ def main() -> None:
             for name, tree, site in arms:
                 if build == "compiled" and not site:
                     continue
-                os.environ["PYTHONPATH"] = os.pathsep.join(
-                    [site, tree] if build == "compiled" else [tree]
-                )
+                server_code = site if build == "compiled" else f"{tree}/server"
+                os.environ["PYTHONPATH"] = os.pathsep.join([server_code, tree])
 
                 def start(wrapper: list[str]) -> ServerProcess:
                     return start_dflockd(
@@ -66,14 +89,14 @@ def main() -> None:
                 results.setdefault(label, {})[name] = counted.per_pair
                 print(f"{label} [{name}]: {counted.per_pair:,.0f}", flush=True)
         for name, tree, _site in arms:
-            os.environ["PYTHONPATH"] = tree
+            os.environ["PYTHONPATH"] = os.pathsep.join([f"{tree}/server", tree])
             with owned_servers() as running:
                 server = start_dflockd("uvloop", tmp)
                 running.append(server)
                 for label in ("plain socket (l + r)", "celery_dflock Client.lock"):
-                    counted = count_client(label, server, tmp, base, pairs)
-                    results.setdefault(f"client: {label}", {})[name] = counted.per_pair
-                    print(f"client: {label} [{name}]: {counted.per_pair:,.0f}", flush=True)
+                    per_pair = count_client(label, server, tmp, tree, (base, base + pairs))
+                    results.setdefault(f"client: {label}", {})[name] = per_pair
+                    print(f"client: {label} [{name}]: {per_pair:,.0f}", flush=True)
     out = Path(__file__).with_name("counts.json")
     out.write_text(json.dumps(results, indent=1) + "\n")
     names = [name for name, _, _ in arms]
