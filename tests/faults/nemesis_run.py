@@ -230,13 +230,23 @@ class NemesisRun(ClusterLockRun):
         return tuple(k for k in self.keys if shard_map[shard_id(k)].current == member.advertise)
 
     def victim(self) -> DefaultMember:
-        """A running member that is not the leader and serves some of the run's keys."""
-        leader = self.leader()
-        for member in self.members:
-            if member.running and member is not leader and self.keys_of(member):
-                assert isinstance(member, DefaultMember)
-                return member
-        raise AssertionError("no running non-leader member serves a key of the run")
+        """A running member that is not the leader and serves some of the run's keys.
+
+        Waits for one (up to `TAKEOVER_TIMEOUT_S`): members that join after the first own no
+        shard until the leader's rebalance has moved some to them, which on a loaded machine
+        may come after the run's first grants."""
+        deadline = now() + TAKEOVER_TIMEOUT_S
+        while True:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                leader = self.leader()
+                for member in self.members:
+                    if member.running and member is not leader and self.keys_of(member):
+                        assert isinstance(member, DefaultMember)
+                        return member
+            assert now() < deadline, (
+                f"no running non-leader member serves a key of the run after {TAKEOVER_TIMEOUT_S} s"
+            )
+            time.sleep(POLL_S * 10)
 
     def wait_owner(
         self,
