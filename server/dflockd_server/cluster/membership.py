@@ -151,6 +151,9 @@ class Member:
         self._members: set[str] = set()
         self._leader: str | None = None
         self._shards: dict[int, ShardAssignment] = {}
+        self._map: ShardMap | None = None
+        """`_shards` as a `ShardMap`, made on the first read after a change (`_shard_map`):
+        the node's thread reads it on every step."""
         self._revisions: dict[int, int] = {}
         self._members_changed_at = time.monotonic()
         self._seen_revision = 0
@@ -244,9 +247,15 @@ class Member:
             return ClusterView(
                 frozenset(self._members),
                 self._leader,
-                ShardMap(self._shards),
+                self._shard_map(),
                 dict(self._revisions),
             )
+
+    def _shard_map(self) -> ShardMap:
+        """The local copy of the map (under ``_lock``); made again only after a change."""
+        if self._map is None:
+            self._map = ShardMap(self._shards)
+        return self._map
 
     @property
     def watch_running(self) -> bool:
@@ -357,6 +366,7 @@ class Member:
         with self._lock:
             self._members.clear()
             self._shards.clear()
+            self._map = None
             self._revisions.clear()
             self._leader = None
             for kv in result.kvs:
@@ -406,6 +416,7 @@ class Member:
                 return
             if revision < self._revisions.get(shard, 0):
                 return  # older than what the leader's own write already put here
+            self._map = None
             if deleted:
                 self._shards.pop(shard, None)
                 self._revisions.pop(shard, None)
@@ -436,7 +447,7 @@ class Member:
     def _maintain_map(self) -> None:
         with self._lock:
             live = set(self._members)
-            current = ShardMap(self._shards)
+            current = self._shard_map()
             revisions = dict(self._revisions)
             still_for = time.monotonic() - self._members_changed_at
         if not live:
@@ -506,6 +517,7 @@ class Member:
                     # while the rest of this map was being written): keep it.
                     continue
                 a = changes[s]
+                self._map = None
                 if a is None:
                     self._shards.pop(s, None)
                     self._revisions.pop(s, None)
