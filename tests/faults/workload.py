@@ -74,6 +74,9 @@ RETRY_PAUSE_S = 0.05
 CONNECT_TIMEOUT_S = 2.0
 EVENT_TIMEOUT_S = 20.0
 POLL_S = 0.01
+PROGRESS_POLL_S = 0.05
+"""Between two reads of every worker's history while the test waits for grants (each read
+tails all of them)."""
 STOP_TIMEOUT_S = 15.0
 DB_TIMEOUT_S = 60.0
 STACK_DUMP_WAIT_S = 0.5
@@ -937,7 +940,7 @@ class LockRun:
             for worker in self.workers.values():
                 assert worker.alive(), f"{worker.client} died: {worker.stderr()}"
             assert now() < deadline, f"only {self.grants()} of {target} grants in {timeout}s"
-            time.sleep(POLL_S)
+            time.sleep(PROGRESS_POLL_S)
 
     def wait_progress(self, seconds: float, grants: int = 1) -> None:
         """Let ``seconds`` pass, and at least ``grants`` more grants happen."""
@@ -945,7 +948,7 @@ class LockRun:
         until = now() + seconds
         self.wait_grants(target, seconds + EVENT_TIMEOUT_S)
         while now() < until:
-            time.sleep(POLL_S)
+            time.sleep(min(PROGRESS_POLL_S, max(until - now(), 0.0)))
 
     def settle(self, timeout: float = EVENT_TIMEOUT_S) -> None:
         """Wait until every worker has been granted a lock again (a victim has finished its
@@ -962,7 +965,7 @@ class LockRun:
                 worker = self.workers[name]
                 assert worker.alive(), f"{name} died: {worker.stderr()}"
             assert now() < deadline, f"{behind} made no progress in {timeout}s"
-            time.sleep(POLL_S)
+            time.sleep(PROGRESS_POLL_S)
 
     def pick(self) -> Worker:
         return self.workers[self.rng.choice(sorted(self.workers))]
