@@ -473,6 +473,41 @@ def test_a_release_sent_again_is_no_proof_of_a_loss() -> None:
 # ---------------------------------------------------------------------- a durable server
 
 
+@pytest.mark.parametrize("face", ["blocking", "asyncio"])
+async def test_a_release_while_the_server_is_down_past_the_session_time_is_confirmed_once_back(
+    tmp_path: Path, face: str
+) -> None:
+    """A release sent while a durable server (``--state-dir``) is down, longer than the
+    session time (3 s by default), still goes on in the background and frees the key once the
+    server is back: a refused connection means the server is not running, so only the lease
+    can end the grant (the restart restores it), not the session's deadline. (Before: the
+    background release took the session's deadline for the lease's, gave up 2.25 s after the
+    last answer, and the restored grant held the key for the rest of its 60 s lease; a loaded
+    CI run restarted the server that late.)"""
+    args = ["--state-dir", str(tmp_path / "state")]
+    log = tmp_path / "dflockd.log"
+    async with AsyncExitStack() as stack:
+        with dflockd_subprocess(log, *args) as (proc, address):
+            lock = await stack.enter_async_context(holder(face, "lock", address, key="down"))
+            assert await lock.acquire()
+            proc.kill()
+            proc.wait()
+        assert await lock.release() is False  # at once; the release goes on in the background
+        await asyncio.sleep(4.0)  # past the session's 3 s
+        with dflockd_subprocess(log, *args, port=address[1]):
+
+            def free() -> bool:
+                with Client(servers=[address]) as other:
+                    probe = other.lock("down", acquire_timeout_s=0)
+                    if not probe.acquire():
+                        return False
+                    assert probe.release()
+                    return True
+
+            await eventually(free, what="the background release, once the server is back")
+        assert lock.lost_calls == []
+
+
 @kinds
 @pytest.mark.parametrize("transport", ["plain", "tls"])
 async def test_holders_keep_their_locks_across_a_killed_and_restarted_server(

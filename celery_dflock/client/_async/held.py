@@ -333,6 +333,8 @@ class AsyncHolding:
                 try:
                     conn = await self.checkout(core.reattach_endpoint())
                 except DflockError as exc:
+                    if isinstance(exc.__cause__, ConnectionRefusedError):
+                        core.refused()  # the server is not running: it frees nothing meanwhile
                     detail = str(exc)
             if conn is not None:
                 command, data, timeout = build(conn.server)

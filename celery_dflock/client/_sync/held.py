@@ -335,6 +335,8 @@ class Holding:
                 try:
                     conn = self.checkout(core.reattach_endpoint())
                 except DflockError as exc:
+                    if isinstance(exc.__cause__, ConnectionRefusedError):
+                        core.refused()  # the server is not running: it frees nothing meanwhile
                     detail = str(exc)
             if conn is not None:
                 command, data, timeout = build(conn.server)
