@@ -39,6 +39,9 @@ SIBLING = next(
 """Another key of the held key's shard."""
 KEYS = [*(f"handover:{i}" for i in range(24)), HELD, SIBLING]
 HOLD_S = 8.0
+PACE_S = 0.02
+"""Each acquirer's pause between two acquires: hand-overs last far longer, and acquirers
+without one kept both of CI's cores busy for the whole test."""
 """How long the held key is held while its shard is moved (its move waits for the release)."""
 
 
@@ -160,6 +163,7 @@ class Workload:
                     self.record(key, None, exc)
                 else:
                     self.record(key, granted)
+                self.stop.wait(PACE_S)
 
     def asyncio(self, tasks: int) -> None:
         async def one(client: AsyncClient, index: int) -> None:
@@ -176,6 +180,7 @@ class Workload:
                     self.record(key, None, exc)
                 else:
                     self.record(key, granted)
+                await asyncio.sleep(PACE_S)
 
         async def run() -> None:
             async with AsyncClient(

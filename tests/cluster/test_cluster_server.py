@@ -22,6 +22,7 @@ from dflockd_server.cluster.ops import ClusterOpError, pin, read_view, rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.config import ConfigError
 from dflockd_server.testing import ServerThread
+from tests.faults.conftest import LONG_ENV, long_run
 from tests.server.test_metrics import Samples, scrape, value
 from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.ports import free_port
@@ -165,10 +166,22 @@ def test_a_member_exports_its_shards_moves_fencing_and_leadership(
         assert a.metric("dflockd_cluster_handovers_total") == 0
         assert holder.req("r", key, token) == "ok"
     wait_metric(a, "dflockd_cluster_handovers_total", 1)
-    wait_metric(b, "dflockd_cluster_shards", half + 1, state="serving")
-    wait_metric(a, "dflockd_cluster_shards", 0, state="moving_out")  # a's next decision
-    assert a.shards("serving") == half - 1
-    assert b.shards("taking_over") == 0 and b.metric("dflockd_cluster_handovers_total") == 0
+
+    def handed_over() -> bool:
+        """b serves the pinned shard, and nothing moves. b serves half + 1 shards, or half
+        again: on a loaded machine the leader's own rebalance (membership still for
+        AUTO_REBALANCE_S, issue 48) may hand one of b's unpinned shards to a at once (CI
+        rehearsals waited for half + 1 in vain)."""
+        a_serving, b_serving = a.shards("serving"), b.shards("serving")
+        return (
+            b.serves(key)
+            and a.shards("moving_out") == 0
+            and b.shards("taking_over") == 0
+            and b_serving in (half, half + 1)
+            and a_serving + b_serving == SHARD_COUNT
+        )
+
+    wait_until(handed_over, what="the pinned shard served by b", timeout=WAIT_S)
 
     # A rebalance evens them out again: b hands one (unpinned) shard back to a. On a slow
     # machine the leader's own rebalance (membership still for AUTO_REBALANCE_S, issue 48) may
@@ -784,8 +797,20 @@ def test_an_asking_without_the_current_members_ticket_grants_no_held_key(
     unpin(etcd, prefix, shard)
 
 
+LONG_ONLY = pytest.mark.skipif(
+    not long_run(), reason=f"{LONG_ENV}=1 only: CI runs one run of each jump (the suite's time)"
+)
+
+
 @pytest.mark.parametrize(
-    ("jump", "run"), [("gain", 0), ("gain", 1), ("gain", 2), ("restart", 0), ("restart", 1)]
+    ("jump", "run"),
+    [
+        ("gain", 0),
+        pytest.param("gain", 1, marks=LONG_ONLY),
+        pytest.param("gain", 2, marks=LONG_ONLY),
+        ("restart", 0),
+        pytest.param("restart", 1, marks=LONG_ONLY),
+    ],
 )
 def test_fences_rise_across_a_split_a_counter_jump_and_the_handover(
     members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str, jump: str, run: int
