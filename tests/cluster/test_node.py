@@ -380,7 +380,7 @@ def test_a_member_that_loses_etcd_fences_itself_then_rejoins(
 def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wait(
     cluster: Callable[..., list[Peer]], etcd: EtcdClient, etcd_prefix: str
 ) -> None:
-    longest = 5.0  # long enough that "at once" and "after the longest lease" are far apart
+    longest = 12.0  # far enough from "at once" for a loaded machine (5.4 s seen at load 11)
     peers = cluster("a:1", "b:1", max_lease_ttl_s=longest)
     half = dict.fromkeys(["a:1", "b:1"], SHARD_COUNT // 2)
     wait_until(lambda: serving_counts(peers) == half, what="the initial map", timeout=WAIT_S)
