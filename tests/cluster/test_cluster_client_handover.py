@@ -39,10 +39,10 @@ SIBLING = next(
 """Another key of the held key's shard."""
 KEYS = [*(f"handover:{i}" for i in range(24)), HELD, SIBLING]
 HOLD_S = 8.0
+"""How long the held key is held while its shard is moved (its move waits for the release)."""
 PACE_S = 0.02
 """Each acquirer's pause between two acquires: hand-overs last far longer, and acquirers
 without one kept both of CI's cores busy for the whole test."""
-"""How long the held key is held while its shard is moved (its move waits for the release)."""
 
 
 class MemberProcess:
