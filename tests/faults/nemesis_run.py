@@ -235,18 +235,20 @@ class NemesisRun(ClusterLockRun):
         Waits for one (up to `TAKEOVER_TIMEOUT_S`): members that join after the first own no
         shard until the leader's rebalance has moved some to them, which on a loaded machine
         may come after the run's first grants."""
-        deadline = now() + TAKEOVER_TIMEOUT_S
-        while True:
+        found: list[DefaultMember] = []
+
+        def one_serves() -> bool:
             with contextlib.suppress(OSError, ValueError, RuntimeError):
                 leader = self.leader()
                 for member in self.members:
                     if member.running and member is not leader and self.keys_of(member):
                         assert isinstance(member, DefaultMember)
-                        return member
-            assert now() < deadline, (
-                f"no running non-leader member serves a key of the run after {TAKEOVER_TIMEOUT_S} s"
-            )
-            time.sleep(POLL_S * 10)
+                        found.append(member)
+                        return True
+            return False
+
+        wait_for(one_serves, "a running non-leader member serving a key of the run")
+        return found[0]
 
     def wait_owner(
         self,
