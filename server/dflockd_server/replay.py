@@ -46,8 +46,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import operator
+import sys
 import time
 import zlib
+from array import array
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
@@ -74,11 +76,10 @@ _PAYLOAD = operator.itemgetter(slice(9, None))
 """A record line's payload (after its checksum field and the space)."""
 _CHECKED = operator.itemgetter(slice(0, 9))
 """A record line's checksum field and the space after it."""
-_FIELD = b"%08x "
-"""What ``_CHECKED`` of a record whose payload has that checksum is."""
 _CRC_DIGITS = b"0123456789abcdef"
 """What a record's checksum field is made of, as written (``%08x``): ``int(field, 16)``
 alone also takes a space, a sign, an underscore or a ``0x`` in it."""
+_CRC_BYTES = 4
 
 
 @contextlib.contextmanager
@@ -277,25 +278,25 @@ def _read_lines(read: JournalRead, data: bytes) -> int:
     ``read.damage``), or -1 when all did.
 
     Checked all at once first, each step over every line in C (``map``): split, checksum,
-    compare with the checksum fields, decode; only the records' fields are read line by line.
-    A chunk that does not check whole is read again line by line (``_read_slowly``), to find
-    its first bad line and say what is wrong with it."""
+    compare with the checksum fields (``_checksums_hold``), decode; only the records' fields
+    are read line by line. A chunk that does not check whole is read again line by line
+    (``_read_slowly``), to find its first bad line and say what is wrong with it."""
     lines = data.split(b"\n")
     if lines.pop():  # a last record without its end of line
         return _read_slowly(read, data)
-    payloads = list(map(_PAYLOAD, lines))
-    if list(map(_CHECKED, lines)) != list(map(_FIELD.__mod__, map(zlib.crc32, payloads))):
+    if not _checksums_hold(lines):
         return _read_slowly(read, data)
     try:
-        texts = data.decode().split("\n")
+        text = data.decode()
     except UnicodeDecodeError:
         return _read_slowly(read, data)
+    texts = text.split("\n")
     texts.pop()
     leases = read.leases
     shift = read.shift_ms
-    for n, text in enumerate(texts):
+    for n, line in enumerate(texts):
         try:
-            parts = text.split(" ", 10)
+            parts = line.split(" ", 10)
             if parts[1] == "G" and len(parts) >= 10:
                 # a grant, the most common record (``_apply``'s, inlined)
                 token = parts[2]
@@ -315,7 +316,7 @@ def _read_lines(read: JournalRead, data: bytes) -> int:
                 read.clean = False
                 problem = None
             else:
-                problem = _apply(read, text[9:])
+                problem = _apply(read, line[9:])
                 shift = read.shift_ms  # a header moves it
         except (ValueError, IndexError) as exc:
             problem = f"a record that does not parse ({exc})"
@@ -325,6 +326,25 @@ def _read_lines(read: JournalRead, data: bytes) -> int:
             return sum(map(len, lines[:n])) + n
     read.records += len(texts)
     return -1
+
+
+def _checksums_hold(lines: list[bytes]) -> bool:
+    """Whether every line of ``lines`` is ``<crc32 of its payload, 8 lowercase hex digits>``,
+    a space and its payload, checked in C: the lines' first 9 bytes, joined, are a space at
+    every ninth place and lowercase hex digits elsewhere, and read as hex they are the
+    payloads' checksums, each big-endian (``%08x``, as written)."""
+    fields = b"".join(map(_CHECKED, lines))
+    n = len(lines)
+    if len(fields) != 9 * n or fields[8::9] != b" " * n:
+        return False
+    if fields.translate(None, _CRC_DIGITS + b" ") or fields.count(b" ") != n:
+        return False
+    sums = array("I", map(zlib.crc32, map(_PAYLOAD, lines)))
+    if sums.itemsize != _CRC_BYTES:
+        return False  # (no platform CPython runs on has an unsigned int of another size)
+    if sys.byteorder == "little":
+        sums.byteswap()
+    return sums.tobytes() == bytes.fromhex(fields.decode())
 
 
 def _read_slowly(read: JournalRead, data: bytes) -> int:

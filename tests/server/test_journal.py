@@ -205,6 +205,25 @@ def test_a_checksum_field_that_is_not_8_lowercase_hex_digits_is_damage(
     assert len(read.leases) == at - 1  # the grants before it (the first line is the anchor)
 
 
+def test_a_checksum_field_with_its_space_moved_is_damage_even_when_its_digits_match(
+    tmp_path: Path,
+) -> None:
+    """The reader checks a chunk's checksum fields all at once, read as hex (issue 52): that
+    reading skips spaces between two digits, so a field ``ab cdef01`` followed at once by a
+    payload whose checksum is ``abcdef01`` read as the right checksum. A record is its 8 digits,
+    then a space: that line is damage, as the reader a line at a time says."""
+    grants = [f"G t{n} k{n} 1 0 20 1040000 c -" for n in range(50)]
+    lines = journal_bytes(*grants).split(b"\n")
+    payload = b"G moved km 1 0 20 1040000 c -"
+    digits = b"%08x" % zlib.crc32(payload)
+    at = 20
+    lines[at] = digits[:2] + b" " + digits[2:] + payload
+    read = read_journal(write(tmp_path, b"\n".join(lines)))
+    assert read.damage == "a line that is not a record", read.damage
+    assert read.damaged_before_tail and read.records == at
+    assert "moved" not in read.leases and len(read.leases) == at - 1
+
+
 def test_the_default_state_dir_is_per_address_and_port_0_has_none() -> None:
     env = {"HOME": "/home/u"}
     assert (
