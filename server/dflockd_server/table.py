@@ -528,24 +528,25 @@ class LockTable:
         grants.leases.add(holder, expires_at, lease_ttl)
         return lease_ttl
 
-    def restore(self, rec: RecordedGrant, left: float) -> Holder | None:
-        """Put back a grant read from the lease journal, ``left`` seconds from its end: a
-        detached hold is the ``detached`` client's, any other grant the ``restored`` client's
-        until a connection renews it. ``None`` (nothing restored) when it cannot be: the key
-        is full or fixed with another limit (a journal that contradicts itself)."""
+    def restore(self, rec: RecordedGrant, left: float, now: float) -> Holder | None:
+        """Put back a grant read from the lease journal, ``left`` seconds from its end (``now``
+        on the table's clock): a detached hold is the ``detached`` client's, any other grant
+        the ``restored`` client's until a connection renews it. ``None`` (nothing restored)
+        when it cannot be: the key is full or fixed with another limit (a journal that
+        contradicts itself)."""
         key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
         is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
-        now = self.clock()
         owner = self.detached if detached else self.restored
         expires_at = now + left
         holder = Holder(token, key, owner, lease_ttl, expires_at, since=now)
         holder.note = rec.note
-        entry = self.grants.keys.get(key)
-        if entry is None and limit == 1 and not is_sem:
-            self.grants.keys[key] = holder  # a lock: the holder is the key's entry
-        else:
+        keys = self.grants.keys
+        # a lock: the holder is the key's entry, unless the key has one (one look-up: a
+        # million of them are a second of a restart)
+        entry = keys.setdefault(key, holder) if limit == 1 and not is_sem else keys.get(key)
+        if entry is not holder:
             if entry is None:
-                state = self.grants.keys[key] = KeyState(key, is_sem, limit, now)
+                state = keys[key] = KeyState(key, is_sem, limit, now)
             elif isinstance(entry, Holder) or entry.limit != limit or entry.n_held >= limit:
                 return None
             else:
@@ -570,21 +571,22 @@ class LockTable:
 
     def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
         """``restore`` each of ``leases`` (a start's, in grant order, each ``left`` seconds from
-        its end), emptying the list as it
-        goes: each record is let go as the next holder is made, which takes its memory, so a
-        restart leaves no holes where the records were. The lease index is not compacted
-        meanwhile (nothing in it is stale yet). Returns the grants restored, the highest fence
-        among them, and the records not restored (see ``restore``)."""
+        its end, from one reading of the clock), emptying the list as it goes: each record is
+        let go as the next holder is made, which takes its memory, so a restart leaves no holes
+        where the records were. The lease index is not compacted meanwhile (nothing in it is
+        stale yet). Returns the grants restored, the highest fence among them, and the records
+        not restored (see ``restore``)."""
         index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0
         refused: list[RecordedGrant] = []
         leases.reverse()
         pop = leases.pop
+        now = self.clock()
         try:
             while leases:
                 rec = pop()
-                if self.restore(rec, rec.left) is None:
+                if self.restore(rec, rec.left, now) is None:
                     refused.append(rec)
                     continue
                 restored += 1
