@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -116,6 +117,7 @@ def test_a_released_shard_is_taken_at_once_an_empty_current_alone_waits() -> Non
     d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
     assert d.failover_due == (0,)
     assert d.failover_since == {1: 10.0, 2: 10.0}
+    assert d.next_due == 10.0  # the released one is due now (again, if its write failed)
     assert d.verdicts[0] == ERROR_UNAVAILABLE  # until current = self is written and seen
     assert d.verdicts[3] == b"error_moved c:1\n"
     assert d.verdicts[4] == ERROR_UNAVAILABLE  # taking over from live B: B hands it over
@@ -154,13 +156,21 @@ def test_failover_waits_from_when_it_was_first_seen() -> None:
     later = decide(v, A, now=12.9, failover_since=first.failover_since, failover_wait_s=WAIT)
     assert later.failover_due == ()
     assert later.failover_since == {3: 10.0}
+    # When it is due, from when it was first seen: a member steps again then (or on news).
+    assert first.next_due == later.next_due == 10.0 + WAIT
+    waits = {"d:1": WAIT + 5.0}  # the longest lease the dead member published, plus the margin
+    longer = decide(
+        v, A, now=12.9, failover_since={3: 10.0}, failover_wait_s=WAIT, failover_waits=waits
+    )
+    assert longer.failover_due == () and longer.next_due == 10.0 + WAIT + 5.0
     due = decide(v, A, now=13.0, failover_since=later.failover_since, failover_wait_s=WAIT)
-    assert due.failover_due == (3,)
+    assert due.failover_due == (3,) and due.next_due == 10.0 + WAIT  # past: step again
     assert due.verdicts[3] == ERROR_UNAVAILABLE  # until current = self is written and seen
     # The dead member came back before the wait ended: a handover now, the wait forgotten.
     back = view({3: ShardAssignment(A, "d:1")}, {A, "d:1"})
     again = decide(back, A, now=13.0, failover_since=later.failover_since, failover_wait_s=WAIT)
     assert again.failover_due == () and again.failover_since == {}
+    assert again.next_due == math.inf  # nothing waits on time: only news wakes it
 
 
 def test_held_shards_wait_for_the_fence() -> None:

@@ -7,8 +7,10 @@ waiters per key, whether renewals are allowed), as a tiny table. It grants throu
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,8 +209,22 @@ def test_initial_map_one_server_per_key_then_rebalance_moves_the_fewest_shards(
     assert rebalance(etcd, prefix, dry_run=True).plan == []
 
 
+def etcd_reads(server: EtcdServer) -> int:
+    """The reads (``Range`` requests) etcd has answered, from its own metrics."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.findall(
+        r'^grpc_server_handled_total\{[^}]*grpc_method="Range"[^}]*\} (\d+)', text, re.MULTILINE
+    )
+    assert found, "etcd's metrics count no Range request"
+    return sum(map(int, found))
+
+
 def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fences_grow(
-    cluster: Callable[..., list[Peer]], etcd: EtcdClient, etcd_prefix: str
+    cluster: Callable[..., list[Peer]],
+    etcd: EtcdClient,
+    etcd_prefix: str,
+    etcd_server: EtcdServer,
 ) -> None:
     peers = cluster("a:1", "b:1", "c:1")
     wait_until(
@@ -288,13 +304,30 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     killed_at = time.monotonic()
     answers: set[bytes | None] = set()
 
+    def waiting() -> bool:
+        replies = [p.node.check(key) for p in rest]
+        answers.update(replies)
+        return ERROR_UNAVAILABLE in replies
+
+    # The heir waits for the failover (it saw the member gone): for a second of that wait,
+    # with the news of the departure settled, it reads nothing from etcd. (It stepped every
+    # tick, and each step read every member's published longest lease: about 20 reads per
+    # second from the two survivors.) Its next step is when the wait is over, or on news.
+    wait_until(waiting, what="the heir waits for the failover", timeout=20.0)
+    time.sleep(0.3)
+    reads_before = etcd_reads(etcd_server)
+    time.sleep(1.0)
+    reads = etcd_reads(etcd_server) - reads_before
+    assert waiting(), "failed over within 1.3 s of the wait's start"  # it lasts 2.5 s
+    assert reads <= 3, f"etcd served {reads} read(s) in a second of the failover's wait"
+
     def served() -> bool:
         replies = [p.node.check(key) for p in rest]
         answers.update(replies)
         return None in replies
 
-    took = wait_until(served, what="a survivor serves the key", timeout=20.0)
-    print(f"failed over {took:.2f} s after the kill")
+    wait_until(served, what="a survivor serves the key", timeout=20.0)
+    print(f"failed over {time.monotonic() - killed_at:.2f} s after the kill")
     # Its holder may have renewed just before the kill: nobody granted before that ran out.
     assert time.monotonic() - killed_at >= MAX_LEASE_TTL + MARGIN
     assert ERROR_UNAVAILABLE in answers  # the new owner said "unavailable" while waiting

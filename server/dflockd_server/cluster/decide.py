@@ -38,6 +38,7 @@ it returns; the tests drive it with made-up views and times.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -92,6 +93,10 @@ class Decision:
     granting: frozenset[int] = frozenset()
     """Every shard on which this member may grant (served, holding, importing; cleared or not):
     the fencing counter must be raised above every published ceiling before."""
+    next_due: float = math.inf
+    """When the first failover this member waits for is due (on ``now``'s clock; already past
+    for one due now, ``inf`` when none waits): until then, and with nothing new in its view,
+    deciding again decides the same."""
 
 
 FENCED = Decision(
@@ -139,6 +144,7 @@ def decide(
     due: list[int] = []
     since: dict[int, float] = {}
     taking_over = failing_over = 0
+    next_due = math.inf
     for shard, a in shard_map.items():
         current, target, split = a.current, a.target, a.split
         if current == me and target == me and not split:
@@ -169,6 +175,7 @@ def decide(
             if a.released:
                 failing_over += 1
                 due.append(shard)  # let go with nothing held: no lease to wait for
+                next_due = min(next_due, now)
             elif not current or current not in live:
                 failing_over += 1
                 first = failover_since.get(shard, now)
@@ -178,6 +185,7 @@ def decide(
                     wait = failover_waits.get(current, failover_wait_s)
                 if now - first >= wait:
                     due.append(shard)
+                next_due = min(next_due, first + wait)
             else:
                 taking_over += 1
             if split != me or current not in live:
@@ -211,6 +219,7 @@ def decide(
         holding=frozenset(holding),
         importing=frozenset(importing),
         granting=frozenset(serving | holding_all | importing_all),
+        next_due=next_due,
     )
 
 

@@ -189,7 +189,10 @@ class ClusterNode:
         self._next_join = 0.0
         self._updates = 0  # views the member reported (its watch's thread adds)
         self._seen_updates = -1
-        self._quiet = False  # nothing waits on time or on holders: decide only on news
+        self._rest_until = 0.0
+        """Until when, with no news, a step decides nothing new (``inf``: nothing waits on time
+        or on holders; a failover wait: when the first is due; 0 while shards move out, whose
+        holders are looked at each step)."""
         self.fenced_reason: str | None = "not started"
         self._handover = Handover(
             etcd_client,
@@ -386,7 +389,7 @@ class ClusterNode:
                 self._rejoin(member)
             return
         updates = self._updates
-        if updates == self._seen_updates and self._quiet:
+        if updates == self._seen_updates and now < self._rest_until:
             own = self._ownership
             if own.valid_until != valid_until:  # a keep-alive went through
                 self._ownership = replace(own, valid_until=valid_until)
@@ -417,7 +420,7 @@ class ClusterNode:
             self._raised = under
         self._allow_renewals(True)
         self._failover_since = dict(decision.failover_since)
-        self._quiet = not decision.failover_since and not decision.moving_out
+        self._rest_until = 0.0 if decision.moving_out else decision.next_due
         self._handover.move_out(view, member, decision, self.fence)
         self._handover.unsplit(view, member, now)
         if decision.failover_due:
@@ -533,7 +536,7 @@ class ClusterNode:
         self._raised = {}
         self._handover.forget()
         self._seen_updates = -1
-        self._quiet = False
+        self._rest_until = 0.0
 
     def _rejoin(self, old: Member | None) -> None:
         """Join again under a new lease, from a fresh read of everything (``Member.start``)."""
