@@ -293,7 +293,7 @@ class Server:
         # Recorded (and a cluster member's published) before serving: a start killed during
         # its grace leaves the same bound, and the leases it restores are covered.
         # Recorded on a thread of its own (an fsync, an etcd round trip): see leasebound.
-        restored = max((max(r.lease_ttl, r.on_close or 0) for r in plan.leases), default=0)
+        restored = plan.longest_restored
         publish = self.node.publish_longest if self.node is not None else None
         initial = max(grace.seconds, restored)
         self.lease_bound = bound = await LeaseBound.start(

@@ -447,6 +447,9 @@ class Restore:
     journal): the file stays right as it is, and a start may go on appending to it."""
     ended: list[str] = field(default_factory=lambda: [])
     """Tokens of the grants whose lease ended before the restart (with ``exact``)."""
+    longest: int = 0
+    """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none:
+    what the restart records as granted before it serves."""
 
 
 def restored_leases(
@@ -475,22 +478,28 @@ def restored_leases(
         how = "same boot: each lease until its recorded end, on the monotonic clock"
         ended: list[str] = []
         append = out.append
+        longest = 0
         for rec in read.leases.values():
             on_close = rec.on_close
-            lease = float(rec.lease_ttl)
+            lease_ttl = rec.lease_ttl
+            lease = float(lease_ttl)
             left = (rec.until_ms - now) / 1000.0
             if left > lease:  # noqa: PLR1730 (no call of min: once per lease)
                 left = lease
             if on_close is not None:
                 if not rec.detached and left < on_close:
                     left = float(on_close)  # its connection closed with the process
-                left = min(left, float(max(rec.lease_ttl, on_close)))
+                left = min(left, float(max(lease_ttl, on_close)))
             if left > 0:
                 rec.left = left
                 append(rec)
+                if lease_ttl > longest:  # noqa: PLR1730 (no call of max: once per lease)
+                    longest = lease_ttl
+                if on_close is not None and on_close > longest:
+                    longest = on_close
             else:
                 ended.append(rec.token)
-        return Restore(out, how, grace, exact=True, ended=ended)
+        return Restore(out, how, grace, exact=True, ended=ended, longest=longest)
     durable = read.clean or read.fsync == "always"
     if same_boot:
         how = (
@@ -517,9 +526,12 @@ def restored_leases(
         )
         floor = run_longest
         grace = float(run_longest)
+    longest = 0
     for rec in read.leases.values():
-        left = float(max(rec.lease_ttl, rec.on_close or 0, floor))
+        own = max(rec.lease_ttl, rec.on_close or 0)
+        longest = max(longest, own)
+        left = float(max(own, floor))
         rec.left = left
         out.append(rec)
         grace = max(grace, left) if grace else grace
-    return Restore(out, how, grace)
+    return Restore(out, how, grace, longest=longest)

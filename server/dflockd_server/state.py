@@ -154,6 +154,8 @@ class StartPlan:
     """Where the fence ceiling is kept, or None."""
     journal: str | None
     """The journal's path, or None (no journal)."""
+    longest_restored: int = 0
+    """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none."""
     resume: bool = False
     """The journal was read whole and every lease comes back to its recorded end on the file's
     own clock: the start goes on appending to it (``Journal.resume``) rather than writing every
@@ -245,7 +247,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         and len(restore.ended) <= len(leases)
     )
     ended = restore.ended if resume and restore is not None else []
-    return StartPlan(grace, leases, read, record, fence, journal, resume, ended)
+    longest = restore.longest if restore is not None else 0
+    return StartPlan(grace, leases, read, record, fence, journal, longest, resume, ended)
 
 
 def _report(path: str, read: JournalRead) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dflockd_server.constants import TOKEN_HEX_CHARS
 from dflockd_server.fence import fence_of
 from dflockd_server.grants import Grants
 from dflockd_server.holds import HoldBook, detach_at_close
@@ -579,6 +580,7 @@ class LockTable:
         index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0
+        last = ""  # the largest token of the usual width: its fence is the largest of theirs
         refused: list[RecordedGrant] = []
         leases.reverse()
         pop = leases.pop
@@ -590,10 +592,15 @@ class LockTable:
                     refused.append(rec)
                     continue
                 restored += 1
-                fence = fence_of(rec.token)
-                highest = max(highest, fence)
+                token = rec.token
+                if len(token) != TOKEN_HEX_CHARS:
+                    highest = max(highest, fence_of(token))
+                elif token > last:  # (same width, lowercase hex: as their numbers compare)
+                    last = token
         finally:
             index.cap = 2 * index.count + COMPACT_MIN
+        if last:
+            highest = max(highest, fence_of(last))
         return restored, highest, refused
 
     def live_holders(self) -> list[tuple[Holder, KeyState | None, int | None]]:

@@ -96,6 +96,33 @@ def test_on_the_same_boot_a_lease_comes_back_until_its_recorded_end_at_most_one_
     assert at_once.grace_s == later.grace_s == 0
 
 
+def test_a_restore_says_its_longest_lease_and_raises_the_fence_above_every_token(
+    tmp_path: Path,
+) -> None:
+    """What a start records before it serves (the longest lease restored, ``<onclose>``
+    included) and the fence it raises its counter above (the largest token's) are found in
+    the restore's own passes (issue 52), under both rules; a token of another width is read
+    on its own (the largest string of the usual width is the largest fence only among them)."""
+    high = f"{9:016x}{0:016x}"
+    grants = [
+        f"G {f'{5:016x}{7:016x}'} a 1 0 20 1040000 c -",
+        f"G {high} b 1 0 30 1040000 c 45",  # its connection's close leaves it 45 s
+        "G ff c 1 0 10 1040000 d -",  # fence 255, above the others: not read as a string
+        f"G {f'{3:016x}{9:016x}'} d 1 0 60 1040000 c -",
+    ]
+    read = read_journal(write(tmp_path, journal_bytes(*grants, "R " + grants[3].split()[1])))
+    same_boot = restored_leases(read, monotonic_ms=500, this_boot="b00t")
+    assert same_boot.exact and same_boot.longest == 45
+    other_boot = restored_leases(read, run_longest=100, monotonic_ms=500, this_boot="elsewhere")
+    assert not other_boot.exact and other_boot.longest == 45  # its own, not the run's
+    table = LockTable(clock=lambda: 0.0, new_token=lambda: "0" * 32, max_locks=10)
+    restored, highest, refused = table.restore_all(same_boot.leases)
+    assert (restored, highest, refused) == (3, 255, [])
+    table = LockTable(clock=lambda: 0.0, new_token=lambda: "0" * 32, max_locks=10)
+    usual = restored_leases(read, monotonic_ms=500, this_boot="b00t").leases
+    assert table.restore_all([r for r in usual if r.token != "ff"])[1] == 9
+
+
 def test_on_the_same_boot_the_files_own_clock_counts_not_a_wall_clock_that_jumped(
     tmp_path: Path,
 ) -> None:
