@@ -22,7 +22,7 @@ from dflockd_server.cluster.ops import ClusterOpError, pin, read_view, rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.config import ConfigError
 from dflockd_server.testing import ServerThread
-from tests.faults.conftest import LONG_ENV, long_run
+from tests.faults.conftest import long_only
 from tests.server.test_metrics import Samples, scrape, value
 from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.ports import free_port
@@ -803,9 +803,7 @@ def test_an_asking_without_the_current_members_ticket_grants_no_held_key(
     unpin(etcd, prefix, shard)
 
 
-LONG_ONLY = pytest.mark.skipif(
-    not long_run(), reason=f"{LONG_ENV}=1 only: CI runs one run of each jump (the suite's time)"
-)
+LONG_ONLY = long_only("CI runs one run of each jump (the suite's time)")
 
 
 @pytest.mark.parametrize(

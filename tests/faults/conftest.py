@@ -38,6 +38,12 @@ def long_run() -> bool:
     return os.environ.get(LONG_ENV) == "1"
 
 
+def long_only(why: str) -> pytest.MarkDecorator:
+    """Mark a test (or a parameter) that runs only in the long version; ``why`` says what CI
+    runs instead."""
+    return pytest.mark.skipif(not long_run(), reason=f"{LONG_ENV}=1 only: {why}")
+
+
 def scaled(short: int, long: int) -> int:
     """``short`` in the CI version of the suite, ``long`` in the long run."""
     return long if long_run() else short

@@ -14,7 +14,7 @@ import pytest
 
 from dflockd_server.cluster.ops import read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT
-from tests.faults.conftest import LONG_ENV, FaultReport, long_run
+from tests.faults.conftest import FaultReport, long_only
 from tests.faults.nemesis_run import (
     HOLDER_LEASE_S,
     LONG_HOLD_S,
@@ -32,9 +32,7 @@ pytestmark = pytest.mark.timeout(240)
 """A nemesis run takes 20-60 s on a loaded 2-core machine; the suite's 120 s is too tight."""
 
 
-LONG_ONLY = pytest.mark.skipif(
-    not long_run(), reason=f"{LONG_ENV}=1 only: CI runs the leave variant (the suite's time)"
-)
+LONG_ONLY = long_only("CI runs the leave variant (the suite's time)")
 
 
 @pytest.mark.parametrize(
