@@ -199,9 +199,9 @@ class _ClientBase(Generic[L, S, P]):
         make: Any = self._lock_class
         return cast("L", make._of(core, on_lost, self._pool))
 
-    def _for_hold(self, key: str, note: str, lease_ttl: int, timeout: float) -> L:
-        """The lock that takes a detached hold (every argument checked, naming it)."""
-        protocol.validate_note(note)
+    def _for_hold(self, key: str, lease_ttl: int, timeout: float) -> L:
+        """The lock that takes a hold (every argument checked, naming it; the note where the
+        hold's request is made, ``LockCore.hold_request``)."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         wait = whole_seconds("timeout", timeout, minimum=0)
         return self._lock(key, wait, lease)
@@ -335,7 +335,7 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         ``detached=False``: the grant stays bound to the pooled connection that took it (a
         closed connection frees it) until `detach` detaches it: a publish-time hold that is
         confirmed only once its message is sent."""
-        return self._for_hold(key, note, lease_ttl, timeout).hold(note, detached=detached)
+        return self._for_hold(key, lease_ttl, timeout).hold(note, detached=detached)
 
     def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Detach ``token``'s grant on ``key`` from its connection (``hd``), with a lease of
@@ -440,7 +440,7 @@ class AsyncClient(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
     ) -> Hold:
         """`Client.hold`, awaited."""
-        return await self._for_hold(key, note, lease_ttl, timeout).hold(note, detached=detached)
+        return await self._for_hold(key, lease_ttl, timeout).hold(note, detached=detached)
 
     async def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """`Client.detach`, awaited."""
