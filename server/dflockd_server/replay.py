@@ -80,6 +80,7 @@ _CRC_DIGITS = b"0123456789abcdef"
 """What a record's checksum field is made of, as written (``%08x``): ``int(field, 16)``
 alone also takes a space, a sign, an underscore or a ``0x`` in it."""
 _CRC_BYTES = 4
+"""Bytes of a CRC32: the item size of the ``array("I")`` the checksums are compared in."""
 
 
 @contextlib.contextmanager
