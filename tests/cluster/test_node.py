@@ -209,17 +209,6 @@ def test_initial_map_one_server_per_key_then_rebalance_moves_the_fewest_shards(
     assert rebalance(etcd, prefix, dry_run=True).plan == []
 
 
-def etcd_reads(server: EtcdServer) -> int:
-    """The reads (``Range`` requests) etcd has answered, from its own metrics."""
-    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    found = re.findall(
-        r'^grpc_server_handled_total\{[^}]*grpc_method="Range"[^}]*\} (\d+)', text, re.MULTILINE
-    )
-    assert found, "etcd's metrics count no Range request"
-    return sum(map(int, found))
-
-
 def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fences_grow(
     cluster: Callable[..., list[Peer]], etcd: EtcdClient, etcd_prefix: str
 ) -> None:
@@ -325,9 +314,18 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
 @pytest.fixture
 def own_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     """An etcd of the test's own: what it served is what this test's members asked."""
-    directory = tmp_path / "etcd"
-    directory.mkdir()
-    yield from etcd_or_skip(directory)
+    yield from etcd_or_skip(tmp_path)
+
+
+def etcd_reads(server: EtcdServer) -> int:
+    """The reads (``Range`` requests) etcd has answered, from its own metrics."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.findall(
+        r'^grpc_server_handled_total\{[^}]*grpc_method="Range"[^}]*\} (\d+)', text, re.MULTILINE
+    )
+    assert found, "etcd's metrics count no Range request"
+    return sum(map(int, found))
 
 
 def test_a_member_waiting_for_a_failover_reads_nothing_from_etcd_until_it_is_due(
