@@ -277,22 +277,46 @@ class EtcdCluster:
     def leader(self, client: EtcdClient) -> EtcdNode:
         """The node raft elected (asked of the nodes that answer)."""
         for index, node in enumerate(self.nodes):
-            if node.process is None or node.process.poll() is not None:
-                continue
-            try:
-                conn = client.transport.connect(index, 2.0)
-            except OSError:
-                continue
-            try:
-                conn.request("POST", "/v3/maintenance/status", b"{}")
-                reply = json.loads(conn.getresponse().read())
-            except (OSError, ValueError):
-                continue
-            finally:
-                conn.close()
-            if str(reply.get("leader")) == str(reply.get("header", {}).get("member_id")):
+            reply = self._ask(client, index, "/v3/maintenance/status", {})
+            if reply is not None and str(reply.get("leader")) == _member_id(reply):
                 return node
         raise AssertionError("no etcd node says it is the leader")
+
+    def make_leader(self, client: EtcdClient, node: EtcdNode) -> None:
+        """Raft's leadership moved to ``node`` (etcd's own leadership transfer, asked of the
+        leader), once ``node`` says it leads."""
+        index = self.nodes.index(node)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = self._ask(client, index, "/v3/maintenance/status", {})
+            if status is not None and str(status.get("leader")) == _member_id(status):
+                return
+            leader = self.nodes.index(self.leader(client))
+            if status is not None:
+                body = {"targetID": _member_id(status)}
+                self._ask(client, leader, "/v3/maintenance/transfer-leadership", body)
+            time.sleep(0.2)
+        raise AssertionError(f"etcd node {node.name} did not become the leader")
+
+    def _ask(
+        self, client: EtcdClient, index: int, path: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Node ``index``'s own answer (None when it is down or does not answer)."""
+        process = self.nodes[index].process
+        if process is None or process.poll() is not None:
+            return None
+        try:
+            conn = client.transport.connect(index, 2.0)
+        except OSError:
+            return None
+        try:
+            conn.request("POST", path, json.dumps(body).encode())
+            reply: dict[str, Any] = json.loads(conn.getresponse().read())
+        except (OSError, ValueError):
+            return None
+        finally:
+            conn.close()
+        return reply
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -314,3 +338,9 @@ def etcd_cluster_or_skip(
         yield cluster
     finally:
         cluster.stop()
+
+
+def _member_id(status: dict[str, Any]) -> str:
+    """The answering node's raft member id, from its ``/v3/maintenance/status``."""
+    header: dict[str, Any] = status.get("header", {})
+    return str(header.get("member_id"))

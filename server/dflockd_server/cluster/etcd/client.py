@@ -234,7 +234,7 @@ class EtcdClient:
         failures: dict[int, str] = {}
         attempt = 0
         while True:
-            index = (first + attempt) % count
+            index = transport.endpoint_for(first, attempt)
             remaining = deadline - time.monotonic()
             if attempt > 0 and remaining <= 0:
                 break

@@ -9,8 +9,11 @@ Several endpoints (``http://h1:2379,h2:2379,h3:2379``; ``https://`` for TLS). A 
 the endpoint that answered last; when it cannot be reached, does not answer within
 ``attempt_timeout``, or says it cannot serve now (HTTP 5xx or 429: no leader, a leader change,
 a request timed out), the call tries the next one, until ``timeout`` has passed since the call
-began (each round over the endpoints waiting twice as long as the one before). So one dead or
-paused etcd node costs a call at most ``attempt_timeout``, not ``timeout``.
+began (each round over the endpoints waiting twice as long as the one before, and starting one
+endpoint further on: an endpoint that did not answer is not the first waited for again). So one
+dead or paused etcd node costs a call at most ``attempt_timeout``, not ``timeout``; and when a
+paused node was etcd's leader, so that the others too kept a call waiting until they elected
+another, the next round asks them first, not the paused node.
 
 When is a request sent again? A request that failed before it was sent (no connection, no TLS
 handshake) goes to the next endpoint whatever it is. One that was sent and got no answer may
@@ -159,6 +162,12 @@ class EtcdTransport:
     def preferred(self) -> int:
         """The index of the endpoint that answered last (calls go there first)."""
         return self._preferred
+
+    def endpoint_for(self, first: int, attempt: int) -> int:
+        """The endpoint of a call's ``attempt`` (0, 1, ...) when the call began at ``first``:
+        round after round over every endpoint, each round starting one endpoint further on."""
+        count = len(self.endpoints)
+        return (first + attempt // count + attempt % count) % count
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -316,7 +325,7 @@ class EtcdTransport:
         failures: dict[int, str] = {}
         attempt = 0
         while True:
-            index = (first + attempt) % count
+            index = self.endpoint_for(first, attempt)
             remaining = deadline - time.monotonic()
             if attempt > 0 and remaining <= 0:
                 break
