@@ -178,7 +178,8 @@ class Server:
         if self._group_write is not None:
             self._group_write.journal = None
         if self._table is not None:
-            self._table.journal = None  # what comes after (connections closed) is not recorded
+            # what comes after (connections closed) is not recorded
+            self._table.grants.journal = None
         try:
             if journal is not None:
                 journal.close()
@@ -397,7 +398,7 @@ class Server:
         journal.stats.restored = restored
         if plan.read is not None and plan.read.damage:
             journal.stats.dropped_records = plan.read.dropped_lines
-        table.journal = journal
+        table.grants.journal = journal
         self.journal = self.group_write.journal = journal
         self.group_write.undo = table.release
         if not journal.writable:

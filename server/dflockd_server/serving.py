@@ -98,8 +98,8 @@ class KeyServing:
         self.key_check = None if single else ownership.check
         self._may_hold = None if single else ownership.may_hold
         if self.table is not None:
-            self.table.grant_check = self.key_check
-            self.table.asked_check = None if single else ownership.check_asked
+            self.table.grants.grant_check = self.key_check
+            self.table.grants.asked_check = None if single else ownership.check_asked
 
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or

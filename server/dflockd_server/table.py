@@ -124,58 +124,10 @@ class LockTable:
         """The owner of restored grants awaiting their holder (``grants.Grants.restored``)."""
         self._next_client_id = 0
 
-    # What the server sets on the table (the grants keep them, where a grant reads them).
-    @property
-    def journal(self) -> Journal | None:
-        """Where grants, renewals past the recorded expiry, moves and drops are recorded
-        (``journal``), or None."""
-        return self.grants.journal
-
-    @journal.setter
-    def journal(self, journal: Journal | None) -> None:
-        self.grants.journal = journal
-
-    @property
-    def lease_noted(self) -> int:
-        """Leases up to this long need no ``note_lease`` call."""
-        return self.grants.lease_noted
-
-    @lease_noted.setter
-    def lease_noted(self, lease_noted: int) -> None:
-        self.grants.lease_noted = lease_noted
-
-    @property
-    def note_lease(self) -> Callable[[int], int] | None:
-        """Records a longer lease bound before a grant (see ``grants.Grants.note_lease``)."""
-        return self.grants.note_lease
-
-    @property
-    def grant_check(self) -> Callable[[str], bytes | None] | None:
-        """The server's ownership check (None: every key is served), asked before a queued
-        waiter is promoted (see ``grants.Grants.grant_check``)."""
-        return self.grants.grant_check
-
-    @grant_check.setter
-    def grant_check(self, check: Callable[[str], bytes | None] | None) -> None:
-        self.grants.grant_check = check
-
-    @property
-    def asked_check(self) -> Callable[[str], bytes | None] | None:
-        """The ownership's check for an acquire after ``asking`` (cluster mode)."""
-        return self.grants.asked_check
-
-    @asked_check.setter
-    def asked_check(self, check: Callable[[str], bytes | None] | None) -> None:
-        self.grants.asked_check = check
-
     @property
     def in_grace(self) -> bool:
         """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
         return self.grants.in_grace
-
-    @property
-    def grace_until(self) -> float:
-        return self.grants.grace_until
 
     @property
     def max_locks(self) -> int:
@@ -773,7 +725,7 @@ class LockTable:
             "semaphores": sems,
             "idle_locks": idle_locks,
             "idle_semaphores": idle_sems,
-            "grace_remaining_s": round(max(0.0, self.grace_until - now), 3)
+            "grace_remaining_s": round(max(0.0, self.grants.grace_until - now), 3)
             if self.in_grace
             else 0.0,
         }

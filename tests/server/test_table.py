@@ -489,10 +489,10 @@ def test_a_waiter_is_promoted_only_while_the_ownership_serves_its_key(table: Loc
     assert isinstance(held, Holder)
     waiter = table.acquire(waiting_client, "k", 10, None, queue=True)
     assert isinstance(waiter, Waiter)
-    table.grant_check = lambda key: b"error_unavailable\n"
+    table.grants.grant_check = lambda key: b"error_unavailable\n"
     assert table.release("k", held.token)
     assert waiter.holder is None and waiter.active  # still queued: the node answers it
-    table.grant_check = None
+    table.grants.grant_check = None
     table.expire()  # no lease ran out: nothing promotes it by itself...
     assert waiter.holder is None
     table.cancel_wait(waiter)
