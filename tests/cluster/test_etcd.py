@@ -17,6 +17,7 @@ from dflockd_server.cluster.etcd import (
     Delete,
     EtcdClient,
     EtcdError,
+    EtcdTransport,
     Get,
     Put,
     Watch,
@@ -231,7 +232,7 @@ def test_errors_name_the_url_and_the_operation(etcd: EtcdClient) -> None:
     with pytest.raises(EtcdError, match=r"etcd at http://127\.0\.0\.1:\d+: revoke of lease"):
         etcd.call("/v3/lease/revoke", {"ID": "1"}, "revoke of lease 1")
     with socket_closed_port() as url:
-        down = EtcdClient(url, timeout=2)
+        down = EtcdClient(EtcdTransport(url, timeout=2))
         with pytest.raises(EtcdError, match=rf"etcd at {url}: put of 'k' failed"):
             down.put("k", "v")
         assert not down.healthy()

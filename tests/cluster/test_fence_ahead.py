@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport
 from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.tokens import FenceCounter
@@ -33,7 +33,7 @@ def etcd_proxy(etcd_server: EtcdServer) -> Iterator[FaultProxy]:
 
 @pytest.fixture
 def store(etcd_proxy: FaultProxy, etcd_prefix: str) -> EtcdCeilingStore:
-    proxied = EtcdClient(f"http://127.0.0.1:{etcd_proxy.address[1]}", timeout=20.0)
+    proxied = EtcdClient(EtcdTransport(f"http://127.0.0.1:{etcd_proxy.address[1]}", timeout=20.0))
     return EtcdCeilingStore(proxied, etcd_prefix.rstrip("/"), "m:1")
 
 

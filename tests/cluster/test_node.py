@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, moved_reply
-from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport
 from dflockd_server.cluster.handover import Handover
 from dflockd_server.cluster.membership import Member
 from dflockd_server.cluster.node import ClusterNode
@@ -122,7 +122,7 @@ class Peer:
 def start_peer(url: str, prefix: str, name: str, max_lease_ttl_s: float = MAX_LEASE_TTL) -> Peer:
     host = HostTable()
     node = ClusterNode(
-        EtcdClient(url, timeout=1.0),
+        EtcdClient(EtcdTransport(url, timeout=1.0)),
         prefix,
         name,
         host,

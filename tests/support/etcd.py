@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from dflockd_server.cluster.etcd import EtcdClient, tls_context
+from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport, tls_context
 from tests.support.ports import free_ports
 
 REQUIRE_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
@@ -110,7 +110,7 @@ class EtcdServer:
             self._process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        client = EtcdClient(self.url, timeout=1.0)
+        client = EtcdClient(EtcdTransport(self.url, timeout=1.0))
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -132,7 +132,7 @@ class EtcdServer:
             process.wait(STOP_TIMEOUT_S)
 
     def client(self, timeout: float = 5.0) -> EtcdClient:
-        return EtcdClient(self.url, timeout=timeout)
+        return EtcdClient(EtcdTransport(self.url, timeout=timeout))
 
 
 def etcd_or_skip(directory: Path) -> Iterator[EtcdServer]:
@@ -239,7 +239,7 @@ class EtcdCluster:
         if self.tls is not None and "ssl_context" not in kwargs:
             ca, cert, key = self.tls
             kwargs["ssl_context"] = tls_context(str(ca), str(cert), str(key))
-        return EtcdClient(f"{scheme}://{self.endpoints}", timeout=timeout, **kwargs)
+        return EtcdClient(EtcdTransport(f"{scheme}://{self.endpoints}", timeout=timeout, **kwargs))
 
     def start(self) -> EtcdCluster:
         """Start every node and wait until each is healthy; when a node's port was taken, the

@@ -25,7 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from dflockd_server.cluster.etcd import EtcdClient, EtcdError, parse_etcd_url, tls_context
+from dflockd_server.cluster.etcd import (
+    EtcdClient,
+    EtcdError,
+    EtcdTransport,
+    parse_etcd_url,
+    tls_context,
+)
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
@@ -88,14 +94,16 @@ def etcd_client(
             names = "--cluster-ca-file" if "CA file" in str(exc) else "--cluster-cert/--cluster-key"
             raise ValueError(f"{names}: {exc}") from None
     client = EtcdClient(
-        etcd_url,
-        # One endpoint is waited for a fifth of the member's etcd lease (when there are
-        # others to try); a call, every endpoint tried, 5 s or the lease if longer.
-        timeout=max(5.0, lease_ttl_s),
-        attempt_timeout=attempt_timeout(lease_ttl_s, len(parse_etcd_url(etcd_url)[1])),
-        ssl_context=context,
-        user=access.user,
-        password=access.password,
+        EtcdTransport(
+            etcd_url,
+            # One endpoint is waited for a fifth of the member's etcd lease (when there are
+            # others to try); a call, every endpoint tried, 5 s or the lease if longer.
+            timeout=max(5.0, lease_ttl_s),
+            attempt_timeout=attempt_timeout(lease_ttl_s, len(parse_etcd_url(etcd_url)[1])),
+            ssl_context=context,
+            user=access.user,
+            password=access.password,
+        )
     )
     return client, prefix
 

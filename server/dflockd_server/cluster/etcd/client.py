@@ -13,7 +13,6 @@ Failures raise ``EtcdError`` naming the etcd URL and the operation.
 
 from __future__ import annotations
 
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,30 +38,14 @@ from dflockd_server.cluster.etcd.watch import Watch
 
 
 class EtcdClient:
-    """etcd v3's keys, transactions, leases and watches at ``url``:
-    ``http://HOST:PORT[,HOST:PORT...]`` (or ``https://``), with fail-over between the endpoints
-    (its ``transport``, an ``EtcdTransport``, which takes the same arguments)."""
+    """etcd v3's keys, transactions, leases and watches through ``transport``, an
+    ``EtcdTransport`` (endpoints, fail-over, TLS, authentication, time limits); a URL,
+    ``http://HOST:PORT[,HOST:PORT...]`` (or ``https://``), for a transport with its defaults."""
 
     __slots__ = ("transport",)
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        timeout: float = 5.0,
-        attempt_timeout: float | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        user: str | None = None,
-        password: str | None = None,
-    ) -> None:
-        self.transport = EtcdTransport(
-            url,
-            timeout=timeout,
-            attempt_timeout=attempt_timeout,
-            ssl_context=ssl_context,
-            user=user,
-            password=password,
-        )
+    def __init__(self, transport: EtcdTransport | str) -> None:
+        self.transport = EtcdTransport(transport) if isinstance(transport, str) else transport
 
     def __repr__(self) -> str:
         return f"EtcdClient({self.url!r})"
