@@ -20,17 +20,10 @@ grant, fences in grant order, FIFO, no lost update, and the aimed long holds kep
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import subprocess
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.faults.conftest import FaultReport, scaled
 from tests.faults.test_lock_faults import (
@@ -45,40 +38,10 @@ from tests.faults.test_lock_faults import (
     report,
 )
 from tests.faults.workload import EVENT_TIMEOUT_S, Injection, LockRun, now, read_events
+from tests.support.disks import fill, small_tmpfs
 
 EPISODE_S = 2.0
 """How long the state directory stays full."""
-
-
-@contextlib.contextmanager
-def tmpfs_at(where: Path, size: str) -> Iterator[Path]:
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a full disk is a small tmpfs this test mounts: that needs root")
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace')}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for chunk in (b"\0" * 65536, b"\0" * 512, b"\0"):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, chunk)
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
@@ -87,7 +50,7 @@ def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
     episodes = scaled(2, 6)
     aimed: list[int] = []
     with (
-        tmpfs_at(tmp_path / "state", "4m") as state,
+        small_tmpfs(tmp_path / "state", "4m") as state,
         LockRun(
             tmp_path,
             seed=47,

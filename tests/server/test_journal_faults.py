@@ -28,6 +28,7 @@ from dflockd_server import journal as journal_module
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, boot_id, read_journal
 from dflockd_server.keys import Holder
 from dflockd_server.table import LockTable
+from tests.support.disks import fill, small_tmpfs
 from tests.support.servers import clean_env, dflockd_executable, dflockd_subprocess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire
@@ -153,41 +154,6 @@ def test_a_lease_outlives_a_reboot_of_the_machine(tmp_path: Path, fsync: str) ->
         free = rival.req("l", "free", "0")
         assert free.startswith("ok ") if fsync == "always" else free == "timeout", free
         assert rival.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"
-
-
-@contextlib.contextmanager
-def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``where`` (root only)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
-    where.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace')}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Fill ``disk`` to the last byte; the file that fills it."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(fd, b"\0" * 4096)
-        with contextlib.suppress(OSError):
-            while True:
-                os.write(fd, b"\0")
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_a_full_state_dir_refuses_grants_and_keeps_every_holder(tmp_path: Path) -> None:
