@@ -493,6 +493,18 @@ def resp(*parts: bytes) -> bytes:
     return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
 
 
+def read_line(sock: socket.socket, buf: bytearray) -> bytes:
+    """The next line from ``sock`` (without its end), what came after it kept in ``buf``."""
+    while b"\n" not in buf:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        buf += data
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
 class LineClient:
     """A blocking client for both protocols, reading replies line by line (a dflockd reply is
     one line; a Redis reply to the commands used here is one, or a bulk string's two)."""

@@ -57,6 +57,7 @@ from benchmarks._common import (
     fmt_num,
     owned_servers,
     percentile,
+    read_line,
     start_dflockd,
     start_redis,
     workdir,
@@ -110,20 +111,9 @@ class Outcome:
 
 
 # ------------------------------------------------------------------------------ wire helpers
-def _line(sock: socket.socket, buf: bytearray) -> bytes:
-    while b"\n" not in buf:
-        data = sock.recv(65536)
-        if not data:
-            raise ConnectionError("the server closed the connection")
-        buf += data
-    line, _, rest = bytes(buf).partition(b"\n")
-    buf[:] = rest
-    return line
-
-
 def _request(sock: socket.socket, cmd: bytes, key: bytes, arg: bytes) -> bytes:
     sock.sendall(b"%s\n%s\n%s\n" % (cmd, key, arg))
-    return _line(sock, bytearray())
+    return read_line(sock, bytearray())
 
 
 def _connect(server: ServerProcess) -> socket.socket:
@@ -208,7 +198,7 @@ def wire_round(server: ServerProcess, key: str, waiters: int, out: Outcome) -> N
                         pending_ok -= 1
                     else:
                         raise RuntimeError(f"waiter {index} got {line!r}")
-        if _line(holder, bytearray()) != b"ok":
+        if read_line(holder, bytearray()) != b"ok":
             raise RuntimeError("the holder's release was refused")
         sel.close()
         out.grants += len(granted)

@@ -53,6 +53,7 @@ from benchmarks._common import (
     fmt_ratio,
     owned_servers,
     ratio,
+    read_line,
     start_dflockd,
     start_redis,
     stat_cpu_ns,
@@ -603,17 +604,6 @@ _COVER_BOOT = (
 """``dflockd``'s entry point with the journal of before issue 47 (A)."""
 
 
-def _reply(sock: socket.socket, buf: bytearray) -> bytes:
-    while b"\n" not in buf:
-        data = sock.recv(4096)
-        if not data:
-            raise ConnectionError("the server closed the connection")
-        buf += data
-    line, _, rest = bytes(buf).partition(b"\n")
-    buf[:] = rest
-    return line
-
-
 def _renewer(address: tuple[str, int], key: str, stop: Any, counts: list[int], i: int) -> None:
     """Hold ``RENEWAL_KEYS`` keys and renew them in turn, in round trips, until ``stop`` is
     set. Many keys, so that each renewal moves its lease's end (the table's clock counts
@@ -624,19 +614,19 @@ def _renewer(address: tuple[str, int], key: str, stop: Any, counts: list[int], i
         requests: list[bytes] = []
         for k in range(RENEWAL_KEYS):
             sock.sendall(f"l\n{key}:{k}\n0 {RENEWAL_LEASE_S}\n".encode())
-            token = _reply(sock, buf).split()[1].decode()
+            token = read_line(sock, buf).split()[1].decode()
             requests.append(f"n\n{key}:{k}\n{token} {RENEWAL_LEASE_S}\n".encode())
         done = 0
         while not stop.is_set():
             sock.sendall(requests[done % RENEWAL_KEYS])
-            if not _reply(sock, buf).startswith(b"ok "):
+            if not read_line(sock, buf).startswith(b"ok "):
                 raise RuntimeError(f"a renewal on {key} was refused")
             done += 1
             counts[i] = done
         for request in requests:  # released: the next measurement starts from an empty table
             _, name, token_line = request.split(b"\n", 2)
             sock.sendall(b"r\n%s\n%s" % (name, token_line.split(b" ")[0] + b"\n"))
-            _reply(sock, buf)
+            read_line(sock, buf)
 
 
 def _renewals(server: ServerProcess, conns: int, seconds: float, tag: str) -> tuple[int, int]:
