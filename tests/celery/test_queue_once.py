@@ -16,11 +16,19 @@ import pytest
 from kombu.exceptions import OperationalError
 
 from celery_dflock import AlreadyQueued, LockedTask
-from celery_dflock._request import HolderNote, decode_note, encode_note, note_parts
+from celery_dflock._request import (
+    HolderNote,
+    beat_note,
+    beat_pid,
+    decode_note,
+    encode_note,
+    note_parts,
+)
 from celery_dflock._settings import read_attributes
 from celery_dflock.cli import collect, format_locks
 from celery_dflock.config import DflockConfigError, get_config, resolve_options
 from dflockd_server import Config
+from dflockd_server.status_page import HolderNote as PageNote, holder_of
 from tests.celery.apps.queue_once import define_tasks
 from tests.support.apps import make_app
 from tests.support.ports import free_port
@@ -83,6 +91,34 @@ def test_a_run_s_note_names_its_pid_and_task_and_older_readers_still_find_the_ta
     # Too long: the name goes first, then the pid, then the host.
     assert encode_note("id", "h", pid=1, name="n" * 300) == "id/h/1"
     assert encode_note("id", "h" * 196, pid=12, name="n") == "id/" + "h" * 196
+
+
+@pytest.mark.parametrize(
+    "note",
+    [
+        encode_note("4f1c", "celery@w1", pid=4242, name="proj.tasks.report"),
+        encode_note("4f1c", "celery@w1"),  # an older run's
+        encode_note("4f1c"),  # a publish-time hold
+        encode_note("a/b", "celery@host 1", pid=7, name="n/1"),  # slashes, a space
+        encode_note("é€", "h%st\tname", pid=1, name="t"),  # non-ASCII, a percent, a tab
+        encode_note("id", "h" * 196, pid=12, name="n"),  # shortened: the host alone
+        "a/b/notapid/c%2Fd",  # not a pid
+        beat_note(77, "host-b"),
+        None,
+        "_",
+    ],
+)
+def test_the_status_page_reads_a_note_as_celery_dflock_does(note: str | None) -> None:
+    """The lock server's status page parses the notes celery-dflock writes with a copy of its
+    own (the server does not import celery-dflock, nor it the server): the two read every
+    part alike, a singleton beat's note included (the page names it "celery beat")."""
+    parts = note_parts(note)
+    shown = holder_of(note)
+    pid = beat_pid(parts.task_id)
+    if pid is not None:
+        assert shown == PageNote(None, parts.host, pid, "celery beat")
+    else:
+        assert shown == PageNote(parts.task_id, parts.host, parts.pid, parts.task_name)
 
 
 @pytest.mark.parametrize(
