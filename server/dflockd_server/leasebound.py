@@ -12,16 +12,16 @@ Recording means an fsync and, in a cluster, an etcd round trip (several when an 
 slow: up to the etcd client's timeout). None of that may happen on the event loop, which
 serves every connection of the server. ``LeaseBound`` therefore does it on a thread of its own:
 
-- A request whose lease is within the bound (``table.grants.lease_noted``: what is recorded already)
-  is served at once, as before; that is nearly every request, since the bound doubles each
-  time it is raised (``grace.LeaseRecord.note``, capped at ``max_lease_ttl_s``), so a run
+- A request whose lease is within the bound (``table.grants.lease_noted``: what is recorded
+  already) is served at once, as before; that is nearly every request, since the bound doubles
+  each time it is raised (``grace.LeaseRecord.note``, capped at ``max_lease_ttl_s``), so a run
   raises it a handful of times.
 - A request whose lease is longer (``dispatch.RaiseBound``) parks its connection: that
   connection answers nothing more until the bound is recorded (its requests are answered in
   order), every other connection keeps being served. ``wait_for`` queues it; one recording at
   a time runs on the thread, for the longest lease parked; when it is done, the loop raises
-  ``table.grants.lease_noted`` and hands each parked request whose lease is now covered back to its
-  connection, which answers it as if it had just arrived (``Connection._bound_recorded``: the
+  ``table.grants.lease_noted`` and hands each parked request whose lease is now covered back to
+  its connection, which answers it as if it had just arrived (``Connection._bound_recorded``: the
   draining state, the ownership and the table are asked then, not before). A recording that
   fails answers its parked requests ``error_read_only`` where the bound's file could not be
   written (a full disk: as while the journal cannot be written) and ``error`` otherwise (as a

@@ -412,9 +412,9 @@ def test_after_a_round_of_silent_endpoints_the_next_round_waits_first_on_another
     call unanswered, so one round over the endpoints can fail whole. The next round must not
     spend its time on the node that failed first (the paused one, where calls went): here every
     node is paused, the second comes back after its turn in the first round, and the call,
-    given just over one round's time, is answered there (before the change, the second round
-    began by waiting on the first node again, and the call failed)."""
-    etcd = etcd_cluster.client(timeout=3.5, attempt_timeout=1.0)
+    given a round and a half, is answered there (before the change, the second round began
+    by waiting on the first node again, to the end of the call's time, and the call failed)."""
+    etcd = etcd_cluster.client(timeout=4.5, attempt_timeout=1.0)
     transport = etcd.transport
     assert transport.preferred == 0
     nodes = etcd_cluster.nodes
