@@ -285,16 +285,17 @@ class EtcdCluster:
     def make_leader(self, client: EtcdClient, node: EtcdNode) -> None:
         """Raft's leadership moved to ``node`` (etcd's own leadership transfer, asked of the
         leader), once ``node`` says it leads."""
-        index = self.nodes.index(node)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            status = self._ask(client, index, "/v3/maintenance/status", {})
-            if status is not None and str(status.get("leader")) == _member_id(status):
+            leader = self.leader(client)
+            if leader is node:
                 return
-            leader = self.nodes.index(self.leader(client))
+            status = self._ask(client, self.nodes.index(node), "/v3/maintenance/status", {})
             if status is not None:
                 body = {"targetID": _member_id(status)}
-                self._ask(client, leader, "/v3/maintenance/transfer-leadership", body)
+                self._ask(
+                    client, self.nodes.index(leader), "/v3/maintenance/transfer-leadership", body
+                )
             time.sleep(0.2)
         raise AssertionError(f"etcd node {node.name} did not become the leader")
 
