@@ -81,6 +81,10 @@ _CRC_DIGITS = b"0123456789abcdef"
 alone also takes a space, a sign, an underscore or a ``0x`` in it."""
 _CRC_BYTES = 4
 """Bytes of a CRC32: the item size of the ``array("I")`` the checksums are compared in."""
+_LEFT = operator.attrgetter("left")
+"""What restored grants are put in order by: the order of their ends (``Restore.leases``). A
+renewal moves a grant's end but not its place in the journal, which lists grants in grant
+order."""
 
 
 @contextlib.contextmanager
@@ -437,7 +441,8 @@ class Restore:
     """What ``restored_leases`` makes of a journal."""
 
     leases: list[RecordedGrant]
-    """The grants still running, in grant order, each with its seconds left (``left``)."""
+    """The grants still running, each with its seconds left (``left``), in the order of their
+    ends (the table's expiry index is read in that order; see ``restored_leases``)."""
     how: str
     """Which rule gave their time left, in the operator's terms (for the start-up log)."""
     grace_s: float
@@ -480,6 +485,8 @@ def restored_leases(
         ended: list[str] = []
         append = out.append
         longest = 0
+        last = 0.0  # the previous lease's time left: in order while none is less
+        ordered = True
         for rec in read.leases.values():
             on_close = rec.on_close
             lease_ttl = rec.lease_ttl
@@ -494,12 +501,17 @@ def restored_leases(
             if left > 0:
                 rec.left = left
                 append(rec)
+                if left < last:
+                    ordered = False
+                last = left
                 if lease_ttl > longest:  # noqa: PLR1730 (no call of max: once per lease)
                     longest = lease_ttl
                 if on_close is not None and on_close > longest:
                     longest = on_close
             else:
                 ended.append(rec.token)
+        if not ordered:
+            out.sort(key=_LEFT)
         return Restore(out, how, grace, exact=True, ended=ended, longest=longest)
     durable = read.clean or read.fsync == "always"
     if same_boot:
@@ -528,6 +540,8 @@ def restored_leases(
         floor = run_longest
         grace = float(run_longest)
     longest = 0
+    last = 0.0
+    ordered = True
     for rec in read.leases.values():
         own = max(rec.lease_ttl, rec.on_close or 0)
         longest = max(longest, own)
@@ -535,4 +549,9 @@ def restored_leases(
         rec.left = left
         out.append(rec)
         grace = max(grace, left) if grace else grace
+        if left < last:
+            ordered = False  # (an ``<onclose>`` lease, or a longer one, came before it)
+        last = left
+    if not ordered:
+        out.sort(key=_LEFT)
     return Restore(out, how, grace, longest=longest)

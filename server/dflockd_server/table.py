@@ -523,12 +523,13 @@ class LockTable:
         return holder
 
     def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
-        """``restore`` each of ``leases`` (a start's, in grant order, each ``left`` seconds from
-        its end, from one reading of the clock), emptying the list as it goes: each record is
-        let go as the next holder is made, which takes its memory, so a restart leaves no holes
-        where the records were. The lease index is not compacted meanwhile (nothing in it is
-        stale yet). Returns the grants restored, the highest fence among them, and the records
-        not restored (see ``restore``)."""
+        """``restore`` each of ``leases`` (a start's, each ``left`` seconds from its end, from one
+        reading of the clock, in the order of their ends: the expiry index is read in that
+        order), emptying the list as it goes: each record is let go as the next holder is
+        made, which takes its memory, so a restart leaves no holes where the records were. The
+        lease index is not compacted meanwhile (nothing in it is stale yet). Returns the grants
+        restored, the highest fence among them, and the records not restored (see
+        ``restore``)."""
         index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0

@@ -20,8 +20,9 @@ from dflockd_server.config import Config, ConfigError
 from dflockd_server.journal import Journal, read_journal, restored_leases
 from dflockd_server.net import Server
 from dflockd_server.state import StateDir, default_state_dir, resolve_state_dir
-from dflockd_server.table import Holder, LockTable
+from dflockd_server.table import Holder, LockTable, Waiter
 from dflockd_server.testing import ServerThread
+from tests.support.clock import FakeClock as Clock
 from tests.support.servers import dflockd_subprocess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
@@ -121,6 +122,65 @@ def test_a_restore_says_its_longest_lease_and_raises_the_fence_above_every_token
     table = LockTable(clock=lambda: 0.0, new_token=lambda: "0" * 32, max_locks=10)
     usual = restored_leases(read, monotonic_ms=500, this_boot="b00t").leases
     assert table.restore_all([r for r in usual if r.token != "ff"])[1] == 9
+
+
+def test_a_restored_lease_ends_at_its_own_end_when_an_earlier_grant_was_renewed_past_it(
+    tmp_path: Path,
+) -> None:
+    """The journal lists grants in grant order, and a renewal (``X``) moves a grant's end but
+    not its place: two grants of one lease length come back in an order that is not the order
+    of their ends. The second one still ends at its own end, and its waiter is granted then,
+    not when the first one's renewed lease ends (the expiry index is read in end order)."""
+    read = read_journal(
+        write(
+            tmp_path,
+            journal_bytes(
+                "G aaaa first 1 0 20 1020000 c -",  # until 20 s after the anchor
+                "G bbbb second 1 0 20 1021000 c -",  # until 21 s
+                "X aaaa 20 1035000",  # the first renewed: until 35 s
+            ),
+        )
+    )
+    # Restarted 15 s after the anchor: the first has 20 s left, the second 6 s (put first).
+    got = restored_leases(read, monotonic_ms=15_500, this_boot="b00t")
+    assert sorted((r.key, r.left) for r in got.leases) == [("first", 20.0), ("second", 6.0)]
+    clock = Clock()
+    table = LockTable(clock=clock, new_token=lambda: "0" * 32, max_locks=10)
+    assert table.restore_all(got.leases)[0] == 2
+    waiter = table.acquire(table.open_client(), "second", LEASE, None, queue=True)
+    assert isinstance(waiter, Waiter) and waiter.holder is None
+    clock.now = 5.9
+    assert table.expire() == 0 and waiter.holder is None
+    clock.now = 6.1
+    assert table.expire() == 1, "the second lease did not end at its own end"
+    assert waiter.holder is not None and waiter.holder.key == "second"
+    assert table.is_busy("first")  # its renewed lease runs on
+    clock.now = 20.1
+    assert table.expire() == 1 and not table.is_busy("first")
+
+
+def test_after_a_reboot_a_grant_with_an_onclose_lease_does_not_hold_back_a_later_ones_end(
+    tmp_path: Path,
+) -> None:
+    """The other-boot rule gives each grant a full lease from the restart, an ``<onclose>``
+    lease if it is longer: an earlier grant of one lease length may end later than the next
+    one, which still ends at its own end."""
+    read = read_journal(
+        write(
+            tmp_path,
+            journal_bytes(
+                "G aaaa first 1 0 20 1020000 c 45",  # its connection's close leaves it 45 s
+                "G bbbb second 1 0 20 1021000 c -",
+            ),
+        )
+    )
+    got = restored_leases(read, run_longest=20, monotonic_ms=500, this_boot="elsewhere")
+    assert sorted((r.key, r.left) for r in got.leases) == [("first", 45.0), ("second", 20.0)]
+    clock = Clock()
+    table = LockTable(clock=clock, new_token=lambda: "0" * 32, max_locks=10)
+    assert table.restore_all(got.leases)[0] == 2
+    clock.now = 20.1
+    assert table.expire() == 1 and not table.is_busy("second") and table.is_busy("first")
 
 
 def test_on_the_same_boot_the_files_own_clock_counts_not_a_wall_clock_that_jumped(
@@ -713,7 +773,7 @@ def test_a_later_header_of_the_same_boot_puts_the_times_after_it_on_the_first_cl
     assert read.leases["bbbb"].until_ms == 1_030_000
     assert read.leases["aaaa"].until_ms == 1_035_000
     got = restored_leases(read, monotonic_ms=20_500, this_boot="b00t")
-    assert got.exact and [r.left for r in got.leases] == [15.0, 10.0]
+    assert got.exact and [(r.key, r.left) for r in got.leases] == [("k2", 10.0), ("k1", 15.0)]
 
 
 def test_a_later_header_of_another_boot_makes_the_file_read_as_of_another_boot(
