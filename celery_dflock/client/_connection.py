@@ -46,6 +46,23 @@ def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
     )
 
 
+def _close_made_tls_socket(exc: BaseException) -> None:
+    """Close the ``SSLSocket`` that a failed ``wrap_socket`` made and did not close.
+
+    ``wrap_socket`` takes the connection's file descriptor into a new ``SSLSocket`` before
+    its handshake. When the peer reset the connection before that (a lock server killed while
+    the client reconnects), CPython (3.11.5 and later) raises from its check for data sent
+    before the handshake without closing that socket: the descriptor stayed open until the
+    garbage collector found it, with a ``ResourceWarning``. That socket is the ``self`` of a
+    frame of the exception's traceback; closing one twice does nothing."""
+    tb = exc.__traceback__
+    while tb is not None:
+        made = tb.tb_frame.f_locals.get("self")
+        if isinstance(made, ssl.SSLSocket):
+            made.close()
+        tb = tb.tb_next
+
+
 class SocketTransport:
     """A blocking connection's socket: requests sent and replies read (plain TCP: non-blocking,
     waited for with ``poll``; TLS, or no ``poll``: socket timeouts)."""
@@ -86,6 +103,7 @@ class SocketTransport:
                 sock = endpoint.ssl_context.wrap_socket(sock, server_hostname=endpoint.host)
         except OSError as exc:
             sock.close()
+            _close_made_tls_socket(exc)
             raise ServerUnavailable(endpoint.unavailable_message(f"TLS setup: {exc}")) from exc
         return cls(endpoint, sock)
 

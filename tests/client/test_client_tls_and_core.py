@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import socket
 import ssl
+import struct
+import sys
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -17,8 +24,9 @@ from celery_dflock import (
     DistributedLock,
     ServerUnavailable,
 )
+from celery_dflock.client._connection import SocketTransport
 from celery_dflock.client._core import LockCore
-from celery_dflock.client._settings import MAX_RENEW_INTERVAL_S, ClientSettings
+from celery_dflock.client._settings import MAX_RENEW_INTERVAL_S, ClientSettings, Endpoint
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 
@@ -55,6 +63,54 @@ async def test_tls_async(
         await AsyncDistributedLock(
             "tls", servers=[server.address], ssl_context=ssl.create_default_context()
         ).acquire()
+
+
+class _PausingContext(ssl.SSLContext):
+    """A real client context whose holder pauses between its connect and its TLS handshake
+    (a paused or busy process): the peer's reset lands in that pause."""
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:  # type: ignore[override]
+        time.sleep(0.05)
+        return super().wrap_socket(*args, **kwargs)
+
+
+def test_a_connection_reset_before_the_tls_handshake_leaves_no_socket_open(
+    tls_files: tuple[str, str],
+) -> None:
+    """A server that dies (or resets the connection) between the client's connect and its TLS
+    handshake: the client says it cannot reach the server and leaves no socket for the garbage
+    collector. (CPython's ``SSLSocket`` raises there without closing the socket it made: on a
+    lock server killed during a reconnection, the client leaked it, and a test saw the
+    ``ResourceWarning``.)"""
+    cert, _ = tls_files
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def reset_each() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # a reset, not a close
+
+    threading.Thread(target=reset_each, daemon=True).start()
+    context = _PausingContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cert)
+    unraisable: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda raised: unraisable.append(repr(raised.exc_value))
+    said: list[str] = []
+    try:
+        for _ in range(5):
+            with pytest.raises(ServerUnavailable) as raised:
+                SocketTransport.open(Endpoint("127.0.0.1", port, ssl_context=context))
+            said.append(str(raised.value))
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+        listener.close()
+    assert any("TLS setup" in message for message in said), said  # (reset after the connect)
+    assert unraisable == []
 
 
 def _core(lease_ttl_s: int, renew_ratio: float = 0.5) -> LockCore:
