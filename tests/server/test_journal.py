@@ -4,6 +4,7 @@ restoring what it recorded, and a journal cut or damaged anywhere (acceptance 3)
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import re
@@ -19,6 +20,7 @@ import pytest
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.journal import Journal, read_journal, restored_leases
 from dflockd_server.net import Server
+from dflockd_server.replay import FREEZE_AFTER, paused_gc
 from dflockd_server.state import StateDir, default_state_dir, resolve_state_dir
 from dflockd_server.table import Holder, LockTable, Waiter
 from dflockd_server.testing import ServerThread
@@ -47,7 +49,7 @@ def journal_bytes(
     mono_ms: int = 500,
     fsync: str = "everysec",
 ) -> bytes:
-    header = f"H 2 {boot} {wall_ms} {mono_ms} {fsync}"
+    header = f"H 3 {boot} {wall_ms} {mono_ms} {fsync}"
     return line(header) + b"".join(line(p) for p in payloads)
 
 
@@ -378,14 +380,22 @@ def test_each_record_a_server_writes_is_its_payload_framed_as_the_format_says(
     """The records as bytes: every line is ``line(payload)`` (this file's own framing: the
     CRC-32 of the payload's UTF-8 as %08x, a space, the payload, LF), and each grant's payload
     has the documented fields, for a lock, a semaphore slot, a detached hold and a bound one
-    with their notes, the detached one taken over with a close lease, and a release."""
-    with ServerThread(config(tmp_path)) as srv, Wire(srv.address) as wire:
+    with their notes, the detached one taken over with a close lease, and a release. Then a
+    burst of pipelined grants: each write of 16 records or more is a batch, headed by a ``K``
+    line with the CRC-32 and the length of the whole lines that follow it."""
+    burst = 200
+    with (
+        ServerThread(config(tmp_path, max_locks_per_connection=0)) as srv,
+        Wire(srv.address) as wire,
+    ):
         lock = wire.req("l", "k", f"0 {LEASE}").split()[1]
         slot = wire.req("sl", "s", f"0 3 {LEASE}").split()[1]
         hold = wire.req("hl", "q", f"0 {LEASE} d task-1@w1").split()[1]
         bound = wire.req("hl", "c", f"0 {LEASE} c run-2").split()[1]
         assert wire.req("ht", "q", f"{hold} {LEASE} 45 task-1@w2") == f"ok {LEASE}"
         assert wire.req("r", "k", lock) == "ok"
+        wire.send_raw(b"".join(b"l\nb%d\n0 %d\n" % (i, LEASE) for i in range(burst)))
+        burst_tokens = [wire.recv().split()[1] for _ in range(burst)]
         journal = next(path for path in (tmp_path).rglob("*journal*") if path.is_file())
         raw = journal.read_bytes()
     records = raw.splitlines(keepends=True)
@@ -394,7 +404,7 @@ def test_each_record_a_server_writes_is_its_payload_framed_as_the_format_says(
     until = r"\d+"
     lease = LEASE
     expected = [
-        r"H 2 \S+ \d+ \d+ everysec",
+        r"H 3 \S+ \d+ \d+ everysec",
         rf"G {lock} k 1 0 {lease} {until} c -",
         rf"G {slot} s 3 1 {lease} {until} c -",
         rf"G {hold} q 1 0 {lease} {until} d - task-1@w1",
@@ -402,9 +412,34 @@ def test_each_record_a_server_writes_is_its_payload_framed_as_the_format_says(
         rf"M {hold} c 45 {lease} {until} task-1@w2",
         rf"R {lock}",
     ]
-    assert len(payloads) == len(expected), "\n".join(payloads)
-    for payload, pattern in zip(payloads, expected, strict=True):
+    for payload, pattern in zip(payloads, expected, strict=False):
         assert re.fullmatch(pattern, payload), (payload, pattern)
+    # The burst: its grants in order, each batch's K line covering exactly the lines after it.
+    rest = records[len(expected) :]
+    grants: list[str] = []
+    batches = 0
+    while rest:
+        head = rest.pop(0)[9:-1].decode()
+        if head.startswith("K "):
+            _, crc, length = head.split(" ")
+            covered = b""
+            while len(covered) < int(length):
+                covered += rest.pop(0)
+            assert len(covered) == int(length) and f"{zlib.crc32(covered):08x}" == crc, head
+            batches += 1
+            assert len(covered.splitlines()) >= 16, head
+            grants += [record[9:-1].decode() for record in covered.splitlines(keepends=True)]
+        else:
+            grants.append(head)
+    assert batches >= 1, "no write of the burst was a batch"
+    assert len(grants) == burst
+    for n, (payload, token) in enumerate(zip(grants, burst_tokens, strict=True)):
+        assert re.fullmatch(rf"G {token} b{n} 1 0 {lease} {until} c -", payload), payload
+    copy = tmp_path / "copy"  # the journal as it was then (the stop released the rest since)
+    copy.write_bytes(raw)
+    read = read_journal(str(copy))
+    assert not read.damage and read.records == len(records)
+    assert len(read.leases) == 3 + burst  # the slot, the hold, the bound one, the burst
 
 
 def test_a_restored_grant_belongs_to_the_connection_that_renews_it(tmp_path: Path) -> None:
@@ -527,10 +562,14 @@ def test_the_journal_is_compacted_and_still_restores(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- damage (acceptance 3)
 def recorded_journal(tmp_path: Path) -> bytes:
     """A journal a real server wrote: grants, releases, renewals past the record, holds, notes,
-    semaphore slots; some still held at the stop."""
+    semaphore slots, and pipelined bursts of grants and releases (written in batches); some
+    still held at the stop."""
     state = tmp_path / "source"
     rng = random.Random(26)
-    with ServerThread(config(state)) as server, Wire(server.address) as a:
+    with (
+        ServerThread(config(state, max_locks_per_connection=0)) as server,
+        Wire(server.address) as a,
+    ):
         held: dict[str, str] = {}
         for i in range(300):
             key = f"k{rng.randrange(40)}"
@@ -546,8 +585,23 @@ def recorded_journal(tmp_path: Path) -> bytes:
             if i % 40 == 0:
                 token = a.req("hl", f"h{i}", f"0 {LEASE} d note-{i}").split()[1]
                 a.req("note", f"h{i}", f"{token} renamed-{i}")
+            if i % 100 == 50:  # a burst: one write of many grants, then one of releases
+                a.send_raw(b"".join(b"l\nb%d-%d\n0 %d\n" % (i, n, LEASE) for n in range(40)))
+                burst = [a.recv().split()[1] for _ in range(40)]
+                a.send_raw(
+                    b"".join(
+                        b"r\nb%d-%d\n%s\n" % (i, n, t.encode())
+                        for n, t in enumerate(burst)
+                        if n % 3
+                    )
+                )
+                for n in range(40):
+                    if n % 3:
+                        assert a.recv() == "ok"
         assert held
-    return (state / "journal").read_bytes()
+    data = (state / "journal").read_bytes()
+    assert b" K " in data  # (a batch's head)
+    return data
 
 
 def expected_tokens(data: bytes) -> list[str]:
@@ -626,6 +680,25 @@ def test_a_journal_with_flipped_bytes_still_starts_restores_the_records_before_a
         if damaged[-1:] == b"\n":
             assert grace > 0, at  # a whole line damaged: what came after is unknown
     assert caplog.text.count("journal: dropped") == 200
+
+
+def test_a_pause_of_the_collector_that_made_many_objects_freezes_them_a_small_one_does_not() -> (
+    None
+):
+    """``paused_gc`` (around a start's read and restore): the objects a big restore made are
+    frozen at its end, so that no collection scans them again; a small one (a test's server)
+    leaves the collector as it was."""
+    before = gc.get_freeze_count()
+    try:
+        with paused_gc():
+            few = [[n] for n in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() == before
+        with paused_gc():
+            many = [[n] for n in range(2 * FREEZE_AFTER)]
+        assert gc.isenabled() and gc.get_freeze_count() >= before + 2 * FREEZE_AFTER
+        assert len(few) + len(many) == 1000 + 2 * FREEZE_AFTER
+    finally:
+        gc.unfreeze()
 
 
 def test_journal_rejects_an_unknown_fsync_mode(tmp_path: Path) -> None:
