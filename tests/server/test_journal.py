@@ -20,7 +20,7 @@ import pytest
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.journal import Journal, read_journal, restored_leases
 from dflockd_server.net import Server
-from dflockd_server.replay import FREEZE_AFTER, paused_gc
+from dflockd_server.replay import BATCH_BYTES, FREEZE_AFTER, paused_gc
 from dflockd_server.state import StateDir, default_state_dir, resolve_state_dir
 from dflockd_server.table import Holder, LockTable, Waiter
 from dflockd_server.testing import ServerThread
@@ -533,6 +533,43 @@ def test_without_renewal_records_a_renewal_past_the_cover_writes_one(tmp_path: P
     now[0] = 120.0  # expires at 130: within 121 + 10
     assert table.renew("k", holder.token, 10) == 10
     assert journal.buf == []
+    journal.close()
+
+
+def test_a_write_bigger_than_a_batch_is_cut_into_batches_and_a_rewrite_too(tmp_path: Path) -> None:
+    """A group write of more than ``BATCH_BYTES`` is several batches, each a ``K`` line and at
+    most ``BATCH_BYTES`` of whole records after it; a compaction's new file is batched the same
+    way; both read back whole, by the batches' checksums."""
+    now = [100.0]
+    path = tmp_path / "journal"
+    journal = Journal(str(path), "everysec", lambda: now[0])
+    journal.anchor()
+    journal.open([])
+    tokens = iter(f"{n:032x}" for n in range(1, 100_000))
+    table = LockTable(
+        clock=lambda: now[0], new_token=lambda: next(tokens), max_locks=50_000, journal=journal
+    )
+    owner = table.open_client()
+    for n in range(20_000):
+        assert isinstance(table.acquire(owner, f"key-{n}", LEASE, None, queue=False), Holder)
+    journal.flush()  # one write of 20,000 grants (about 2 MB)
+
+    def batches() -> list[int]:
+        lengths: list[int] = []
+        for record in path.read_bytes().split(b"\n"):
+            if record[9:11] == b"K ":
+                lengths.append(int(record.split(b" ")[3]))
+        return lengths
+
+    for _ in ("the write", "a compaction"):
+        lengths = batches()
+        assert len(lengths) >= 2 and max(lengths) <= BATCH_BYTES, lengths
+        read = read_journal(str(path))
+        assert not read.damage and len(read.leases) == 20_000
+        assert sorted(rec.key for rec in read.leases.values()) == sorted(
+            f"key-{n}" for n in range(20_000)
+        )
+        journal.compact(Server._live_records(journal, table))
     journal.close()
 
 
