@@ -86,6 +86,24 @@ def test_grants_without_a_release_are_read_with_their_fields(tmp_path: Path) -> 
     assert (held.on_close, held.note, held.detached) == (15, "run-7", False)
 
 
+@pytest.mark.parametrize(
+    ("header", "damage"),
+    [
+        ("H 1 b00t 1000000 500", ""),
+        ("H 2 b00t 1000000 500 everysec", ""),
+        ("H 3 b00t 1000000 500 everysec", ""),
+        ("H 4 b00t 1000000 500 everysec", "header of an unknown journal version"),
+        ("H 3 b00t 1000000 500", "header of an unknown journal version"),
+    ],
+)
+def test_the_versions_of_the_header_read_are_the_three_written_so_far(
+    tmp_path: Path, header: str, damage: str
+) -> None:
+    read = read_journal(write(tmp_path, line(header) + line("G aaaa k 1 0 20 1040000 c -")))
+    assert read.damage.startswith(damage) and bool(read.damage) == bool(damage)
+    assert list(read.leases) == ([] if damage else ["aaaa"])
+
+
 def test_on_the_same_boot_a_lease_comes_back_until_its_recorded_end_at_most_one_lease(
     tmp_path: Path,
 ) -> None:
