@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dflockd_server import replay
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.journal import Journal, read_journal, restored_leases
 from dflockd_server.net import Server
@@ -554,38 +555,50 @@ def test_without_renewal_records_a_renewal_past_the_cover_writes_one(tmp_path: P
     journal.close()
 
 
-def test_a_write_bigger_than_a_batch_is_cut_into_batches_and_a_rewrite_too(tmp_path: Path) -> None:
+def test_a_write_bigger_than_a_batch_is_cut_into_batches_and_a_rewrite_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A group write of more than ``BATCH_BYTES`` is several batches, each a ``K`` line and at
     most ``BATCH_BYTES`` of whole records after it; a compaction's new file is batched the same
-    way; both read back whole, by the batches' checksums."""
+    way; both read back whole, by the batches' checksums, one of them across the end of the
+    reader's first chunk (``READ_CHUNK``, made smaller here: a file of 4 MiB and more takes
+    seconds to write in a test)."""
+    grants = 20_000  # about 1.6 MB
+    chunk = 1_500_000
+    monkeypatch.setattr(replay, "READ_CHUNK", chunk)
     now = [100.0]
     path = tmp_path / "journal"
     journal = Journal(str(path), "everysec", lambda: now[0])
     journal.anchor()
     journal.open([])
-    tokens = iter(f"{n:032x}" for n in range(1, 100_000))
+    tokens = iter(f"{n:032x}" for n in range(1, 2 * grants))
     table = LockTable(
-        clock=lambda: now[0], new_token=lambda: next(tokens), max_locks=50_000, journal=journal
+        clock=lambda: now[0], new_token=lambda: next(tokens), max_locks=grants, journal=journal
     )
     owner = table.open_client()
-    for n in range(20_000):
+    for n in range(grants):
         assert isinstance(table.acquire(owner, f"key-{n}", LEASE, None, queue=False), Holder)
-    journal.flush()  # one write of 20,000 grants (about 2 MB)
+    journal.flush()  # one write of them all
 
-    def batches() -> list[int]:
-        lengths: list[int] = []
-        for record in path.read_bytes().split(b"\n"):
+    def batches() -> list[tuple[int, int]]:
+        """Where each batch's records start and end in the file."""
+        data = path.read_bytes()
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for record in data.split(b"\n")[:-1]:
+            at += len(record) + 1
             if record[9:11] == b"K ":
-                lengths.append(int(record.split(b" ")[3]))
-        return lengths
+                spans.append((at, at + int(record.split(b" ")[3])))
+        return spans
 
     for _ in ("the write", "a compaction"):
-        lengths = batches()
-        assert len(lengths) >= 2 and max(lengths) <= BATCH_BYTES, lengths
+        spans = batches()
+        assert len(spans) >= 2 and max(end - start for start, end in spans) <= BATCH_BYTES
+        assert any(start < chunk < end for start, end in spans), spans
         read = read_journal(str(path))
-        assert not read.damage and len(read.leases) == 20_000
+        assert not read.damage and len(read.leases) == grants
         assert sorted(rec.key for rec in read.leases.values()) == sorted(
-            f"key-{n}" for n in range(20_000)
+            f"key-{n}" for n in range(grants)
         )
         journal.compact(Server._live_records(journal, table))
     journal.close()
