@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 
-from tests.support.ports import free_port, free_ports
+from tests.support.ports import EPHEMERAL_RANGE, REGISTRY, free_port, free_ports
+from tests.support.venvs import ROOT
 
 
 def test_ports_asked_for_together_are_distinct() -> None:
@@ -21,3 +25,50 @@ def test_a_single_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_ports_are_from_below_the_ephemeral_range_and_never_given_twice() -> None:
+    """No outgoing connection's own end is put on them (CI once saw a member restarted in place
+    find its port taken), and a port given to this process is not given again while it runs."""
+    low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    first, second = free_ports(100), free_ports(100)
+    assert all(port < low for port in first + second)
+    assert not set(first) & set(second)
+
+
+_TAKER = (
+    "import sys; from tests.support.ports import free_ports; "
+    "print(*free_ports(int(sys.argv[1])), flush=True); sys.stdin.read()"
+)
+"""A process that takes ``argv[1]`` ports, prints them, and runs until its stdin closes."""
+
+
+def test_ports_given_to_another_process_are_not_given_elsewhere_while_it_runs() -> None:
+    """pytest-xdist's processes and CI's other jobs share the machine: a port one of them
+    holds for a server it restarts in place is never handed to another. Once that process has
+    ended, its ports can be given again. (Each side is a process of its own: this one keeps
+    the ports it is given until it ends.)"""
+
+    def taker(count: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", _TAKER, str(count)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ports_of(proc: subprocess.Popen[str]) -> set[int]:
+        assert proc.stdout is not None
+        return {int(port) for port in proc.stdout.readline().split()}
+
+    with taker(3000) as first:
+        theirs = ports_of(first)
+        with taker(3000) as second:
+            assert len(theirs) == 3000 and not theirs & ports_of(second)
+            second.communicate("")
+        first.communicate("")
+    # Ended: the next hand-out drops its ports from the registry (they can be given again).
+    free_port()
+    reserved = {int(port) for port in json.loads(REGISTRY.read_text())}
+    assert not theirs & reserved, "the ended process's ports are still reserved"
