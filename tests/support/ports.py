@@ -39,27 +39,17 @@ def free_port() -> int:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct local TCP ports nothing listens on now, from below the ephemeral
-    range, none handed out before to a process that still runs. Each candidate is bound until
-    all are chosen (a port bound by anything, a server of another run included, is passed
-    over)."""
+    """``count`` distinct local TCP ports nothing is bound to now (a server of another run
+    included), from below the ephemeral range, none handed out before to a process that still
+    runs."""
     pool = handed_out_range()
     with _registry_lock():
         owners = {port: pid for port, pid in _read_registry().items() if _alive(pid)}
         ports: list[int] = []
-        with contextlib.ExitStack() as stack:
-            start = random.randrange(len(pool))
-            for i in range(len(pool)):
-                port = pool[(start + i) % len(pool)]
-                if port in owners:
-                    continue
-                sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError as exc:
-                    if exc.errno != errno.EADDRINUSE:
-                        raise
-                    continue
+        start = random.randrange(len(pool))
+        for i in range(len(pool)):
+            port = pool[(start + i) % len(pool)]
+            if port not in owners and _bindable(port):
                 ports.append(port)
                 if len(ports) == count:
                     break
@@ -108,6 +98,17 @@ def _write_registry(owners: dict[int, int]) -> None:
     with os.fdopen(fd, "w") as out:
         json.dump({str(port): pid for port, pid in owners.items()}, out)
     os.replace(tmp, REGISTRY)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            return False
+    return True
 
 
 def _alive(pid: int) -> bool:
