@@ -159,31 +159,32 @@ def _line(payload: str) -> bytes:
     return _framed(payload.encode())
 
 
-def _batched(records: list[bytes]) -> bytes:
-    """``records`` joined, in batches of ``BATCH_BYTES`` at most, each headed by its ``K``
-    line when it holds ``BATCH_RECORDS`` records or more (see the module's doc)."""
+def _batched(records: list[bytes]) -> list[bytes]:
+    """``records``, in batches of ``BATCH_BYTES`` at most, each after its ``K`` line when it
+    holds ``BATCH_RECORDS`` records or more (see the module's doc): the pieces to join for one
+    write. (Each batch is joined only for its checksum, and let go at once: a new file of a
+    million leases is not copied twice.)"""
     if len(records) < BATCH_RECORDS:
-        return b"".join(records)
-    pieces: list[bytes] = []
-    group: list[bytes] = []
-    size = 0
-    for record in records:
-        if size + len(record) > BATCH_BYTES and group:
-            pieces.append(_batch(group))
-            group = []
+        return records
+    parts: list[bytes] = []
+    start = size = 0
+    for i, record in enumerate(records):
+        if size + len(record) > BATCH_BYTES and i > start:
+            _add_batch(parts, records[start:i])
+            start = i
             size = 0
-        group.append(record)
         size += len(record)
-    pieces.append(_batch(group))
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    _add_batch(parts, records[start:])
+    return parts
 
 
-def _batch(group: list[bytes]) -> bytes:
-    """``group`` joined, after its ``K`` line if it holds ``BATCH_RECORDS`` records or more."""
-    data = b"".join(group)
-    if len(group) < BATCH_RECORDS:
-        return data
-    return _framed(b"K %08x %d" % (_crc32(data), len(data))) + data
+def _add_batch(parts: list[bytes], group: list[bytes]) -> None:
+    """Add ``group`` to ``parts``, after its ``K`` line if it holds ``BATCH_RECORDS`` records
+    or more."""
+    if len(group) >= BATCH_RECORDS:
+        data = b"".join(group)
+        parts.append(_framed(b"K %08x %d" % (_crc32(data), len(data))))
+    parts.extend(group)
 
 
 def drop_record(token: str) -> bytes:
@@ -446,7 +447,7 @@ class Journal:
         tmp = self.path + ".new"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
-            data = self._header() + _batched(list(live))
+            data = b"".join([self._header(), *_batched(list(live))])
             _write_all(fd, memoryview(data))
             self._fsync_file(fd)
             os.replace(tmp, self.path)
@@ -531,7 +532,7 @@ class Journal:
         if not self.writable:
             buf.clear()
             return
-        data = buf[0] if len(buf) == 1 else _batched(buf)
+        data = buf[0] if len(buf) == 1 else b"".join(_batched(buf))
         fd = self._fd
         try:
             written = _write(fd, data)
