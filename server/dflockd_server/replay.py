@@ -398,8 +398,7 @@ def _read_lines(read: JournalRead, data: bytes, at_end: bool) -> tuple[int, int]
                     problem, n = _apply_lines(read, text.split("\n"))
                     if problem is not None:
                         read.damage = problem
-                        lines = data[first:after].split(b"\n")
-                        return first + sum(map(len, lines[:n])) + n, pos
+                        return _line_start(data[first:after].split(b"\n"), first, n), pos
                     pos = after
                     continue
         # A K line or a batch that does not check, or a batch the file ends in: the rest,
@@ -431,9 +430,7 @@ def _batch_of(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
     if end < 0:
         return None
     line = data[pos:end]
-    if len(line) < 10 or line[:8].translate(None, _CRC_DIGITS):
-        return None
-    if int(line[:8], 16) != zlib.crc32(line[9:]):
+    if _line_problem(line) is not None:
         return None
     fields = line[9:].split(b" ")
     if (
@@ -470,8 +467,14 @@ def _read_checked(read: JournalRead, data: bytes, start: int, end: int) -> int:
     problem, n = _apply_lines(read, text.split("\n"))
     if problem is not None:
         read.damage = problem
-        return start + sum(map(len, lines[:n])) + n
+        return _line_start(lines, start, n)
     return -1
+
+
+def _line_start(lines: list[bytes], start: int, n: int) -> int:
+    """The offset of line ``n`` of ``lines`` (a split at each end of line of the bytes at
+    ``start``)."""
+    return start + sum(map(len, lines[:n])) + n
 
 
 def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
@@ -533,6 +536,17 @@ def _checksums_hold(lines: list[bytes]) -> bool:
     return sums.tobytes() == bytes.fromhex(fields.decode())
 
 
+def _line_problem(line: bytes) -> str | None:
+    """What is wrong with ``line`` (without its end of line) as a record line: its checksum
+    field and the CRC-32 of its payload (the journal's doc), or ``None``."""
+    if len(line) < 10 or line[8:9] != b" " or line[:8].translate(None, _CRC_DIGITS):
+        # (what `translate` leaves is what is not a lowercase hex digit)
+        return "a line that is not a record"
+    if int(line[:8], 16) != zlib.crc32(line[9:]):
+        return "a record whose checksum does not match"
+    return None
+
+
 def _read_slowly(read: JournalRead, data: bytes) -> int:
     """``_read_lines``, a line at a time."""
     pos = 0
@@ -543,16 +557,12 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
             read.damage = "a record without its end of line (a write cut short)"
             return pos
         line = data[pos:end]
-        if len(line) < 10 or line[8:9] != b" " or line[:8].translate(None, _CRC_DIGITS):
-            # (what `translate` leaves is what is not a lowercase hex digit)
-            read.damage = "a line that is not a record"
-            return pos
-        payload = line[9:]
-        if int(line[:8], 16) != zlib.crc32(payload):
-            read.damage = "a record whose checksum does not match"
+        problem = _line_problem(line)
+        if problem is not None:
+            read.damage = problem
             return pos
         try:
-            problem = _apply(read, payload.decode())
+            problem = _apply(read, line[9:].decode())
         except (ValueError, UnicodeDecodeError) as exc:
             problem = f"a record that does not parse ({exc})"
         if problem is not None:
@@ -585,6 +595,17 @@ class Restore:
     what the restart records as granted before it serves."""
 
 
+def _put_in_end_order(leases: list[RecordedGrant]) -> None:
+    """Sort ``leases`` by their time left, when they are not in that order already (one pass
+    over them otherwise: the common case, a journal whose grants end in grant order)."""
+    last = 0.0
+    for rec in leases:
+        if rec.left < last:
+            leases.sort(key=_LEFT)
+            return
+        last = rec.left
+
+
 def restored_leases(
     read: JournalRead,
     *,
@@ -612,8 +633,6 @@ def restored_leases(
         ended: list[str] = []
         append = out.append
         longest = 0
-        last = 0.0  # the previous lease's time left: in order while none is less
-        ordered = True
         for rec in read.leases.values():
             on_close = rec.on_close
             lease_ttl = rec.lease_ttl
@@ -628,17 +647,13 @@ def restored_leases(
             if left > 0:
                 rec.left = left
                 append(rec)
-                if left < last:
-                    ordered = False
-                last = left
                 if lease_ttl > longest:  # noqa: PLR1730 (no call of max: once per lease)
                     longest = lease_ttl
                 if on_close is not None and on_close > longest:
                     longest = on_close
             else:
                 ended.append(rec.token)
-        if not ordered:
-            out.sort(key=_LEFT)
+        _put_in_end_order(out)
         return Restore(out, how, grace, exact=True, ended=ended, longest=longest)
     durable = read.clean or read.fsync == "always"
     if same_boot:
@@ -667,8 +682,6 @@ def restored_leases(
         floor = run_longest
         grace = float(run_longest)
     longest = 0
-    last = 0.0
-    ordered = True
     for rec in read.leases.values():
         own = max(rec.lease_ttl, rec.on_close or 0)
         longest = max(longest, own)
@@ -676,9 +689,5 @@ def restored_leases(
         rec.left = left
         out.append(rec)
         grace = max(grace, left) if grace else grace
-        if left < last:
-            ordered = False  # (an ``<onclose>`` lease, or a longer one, came before it)
-        last = left
-    if not ordered:
-        out.sort(key=_LEFT)
+    _put_in_end_order(out)  # (an ``<onclose>`` lease, or a longer one, may come first)
     return Restore(out, how, grace, longest=longest)
