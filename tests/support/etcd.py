@@ -46,8 +46,9 @@ def _start_on_free_ports(
 ) -> bool:
     """``start_once`` until it succeeds; after a failure, ``stop``, and only when etcd said a
     port was taken, ``fresh_ports(attempt)`` and again (up to ``PORT_ATTEMPTS`` starts).
-    A port that ``free_port`` found free may be taken before etcd binds it, by any process's
-    outgoing connection: those ports come from the same range."""
+    A port that ``free_port`` found free may still be taken before etcd binds it, by a
+    process that binds ports of its own (not an outgoing connection's end: those ports come
+    from below the ephemeral range)."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         if start_once():
             return True
