@@ -44,6 +44,7 @@ COMPILED = (
     "holds",
     "table",
     "journal",
+    "recorded",
     "replay",
     "dispatch",
     "stream",

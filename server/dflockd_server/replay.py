@@ -55,11 +55,14 @@ from array import array
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
+from dflockd_server.recorded import RecordedGrant, RecordedGrants
+
 __all__ = [
     "COMPLETE_SUFFIX",
     "VERSION",
     "JournalRead",
     "RecordedGrant",
+    "RecordedGrants",
     "Restore",
     "boot_id",
     "paused_gc",
@@ -133,85 +136,12 @@ def boot_id() -> str:
     return text or "-"
 
 
-class RecordedGrant:
-    """One grant as the journal last recorded it.
-
-    A class with its own ``__init__``, not a dataclass: compiled, a dataclass's ``__init__``
-    is the one ``dataclasses`` writes, interpreted (a restart makes a million of these: half
-    a microsecond each, against a native constructor's tenth)."""
-
-    __slots__ = (
-        "detached",
-        "is_sem",
-        "key",
-        "lease_ttl",
-        "left",
-        "limit",
-        "note",
-        "on_close",
-        "token",
-        "until_ms",
-    )
-
-    def __init__(  # noqa: PLR0917 (the record's fields in order, made a million times)
-        self,
-        token: str,
-        key: str,
-        limit: int,
-        is_sem: bool,
-        lease_ttl: int,
-        until_ms: int,
-        detached: bool,
-        on_close: int | None,
-        note: str | None,
-        left: float = 0.0,
-    ) -> None:
-        self.token = token
-        self.key = key
-        self.limit = limit
-        self.is_sem = is_sem
-        self.lease_ttl = lease_ttl
-        self.until_ms = until_ms
-        self.detached = detached
-        self.on_close = on_close
-        self.note = note
-        self.left = left
-        """Seconds from the restart to its end, set by ``restored_leases`` on the records it
-        returns (a field, not a tuple beside each record: a million tuples left holes in the
-        memory a restart keeps)."""
-
-    def fields(self) -> tuple[str, str, int, bool, int, int, bool, int | None, str | None, float]:
-        """Every field, in ``__init__``'s order (what equality compares)."""
-        return (
-            self.token,
-            self.key,
-            self.limit,
-            self.is_sem,
-            self.lease_ttl,
-            self.until_ms,
-            self.detached,
-            self.on_close,
-            self.note,
-            self.left,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RecordedGrant):
-            return NotImplemented
-        return self.fields() == other.fields()
-
-    __hash__ = None  # type: ignore[assignment]  # (mutable, compared by value)
-
-    def __repr__(self) -> str:
-        return "RecordedGrant" + repr(self.fields())
-
-
 @dataclass(slots=True)
 class JournalRead:
     """What ``read_journal`` found."""
 
-    leases: dict[str, RecordedGrant] = field(default_factory=lambda: {})
-    """Token -> the grants not released, in grant order."""
+    leases: RecordedGrants = field(default_factory=RecordedGrants)
+    """The grants not released, by token, in grant order."""
     anchor: tuple[str, int, int] | None = None
     """The file's clock anchor: boot id, wall ms, monotonic ms."""
     fsync: str = ""
@@ -246,23 +176,25 @@ def _apply(read: JournalRead, payload: str) -> str | None:
     leases = read.leases
     read.clean = False
     if kind == "R":
-        leases.pop(rest, None)
+        leases.pop(rest)
         return None
     if kind == "G":
         parts = rest.split(" ", 8)
         if len(parts) < 8:
             return "grant record with too few fields"
         token, key, limit, sem, lease, until, mode, on_close = parts[:8]
-        leases[token] = RecordedGrant(
-            token,
-            key,
-            int(limit),
-            sem == "1",
-            int(lease),
-            int(until) - read.shift_ms,
-            mode == "d",
-            None if on_close == "-" else int(on_close),
-            parts[8] if len(parts) > 8 else None,
+        leases.put(
+            RecordedGrant(
+                token,
+                key,
+                int(limit),
+                sem == "1",
+                int(lease),
+                int(until) - read.shift_ms,
+                mode == "d",
+                None if on_close == "-" else int(on_close),
+                parts[8] if len(parts) > 8 else None,
+            )
         )
         return None
     if kind == "X":
@@ -327,23 +259,27 @@ def read_journal(path: str) -> JournalRead:
     except FileNotFoundError:
         return read
     with fh, paused_gc():
-        data = b""
+        start = 0  # the file's offset of the chunk
+        size = READ_CHUNK
         while True:
-            chunk = fh.read(READ_CHUNK)
-            data = data + chunk if data else chunk
-            if not data:
-                break
-            at_end = not chunk
-            last = data.rfind(b"\n")
-            whole = data if at_end else data[: last + 1]  # at the end: the tail too
-            stop, used = _read_lines(read, whole, at_end)
+            # Each chunk is read from the first byte not used yet (the file is seekable):
+            # no chunk is joined to the rest of the one before or cut to its last whole line,
+            # copies that cost a restart of a million leases page faults of their own.
+            fh.seek(start)
+            data = fh.read(size)
+            at_end = len(data) < size
+            end = len(data) if at_end else data.rfind(b"\n") + 1  # at the end: the tail too
+            stop, used = _read_lines(read, data, end, at_end)
             if stop >= 0:
-                rest = whole[stop:] + (b"" if at_end else data[last + 1 :]) + fh.read()
-                _damaged(read, rest)
+                _damaged(read, data[stop:] + fh.read())
                 break
             if at_end:
                 break
-            data = data[used:]
+            if used:
+                start += used
+                size = READ_CHUNK
+            else:
+                size *= 2  # a line or a batch longer than the chunk: read on until it ends
     return read
 
 
@@ -357,27 +293,26 @@ def _damaged(read: JournalRead, rest: bytes) -> None:
     read.torn_tail = b"\n" not in rest
 
 
-def _read_lines(read: JournalRead, data: bytes, at_end: bool) -> tuple[int, int]:
-    """Apply the records of ``data`` (whole lines, but for a last one without its end of line
-    at the end of the file, ``at_end``): ``(stop, used)``, ``stop`` the offset of the first
-    line that does not check (its problem in ``read.damage``) or -1 when all did, ``used``
-    the bytes read (a batch that goes on past ``data`` is left for the next chunk).
+def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tuple[int, int]:
+    """Apply the records of ``data[:size]`` (whole lines, but for a last one without its end
+    of line at the end of the file, ``at_end``): ``(stop, used)``, ``stop`` the offset of the
+    first line that does not check (its problem in ``read.damage``) or -1 when all did,
+    ``used`` the bytes read (a batch that goes on past ``size`` is left for the next chunk).
 
     A batch (``K``, the journal's doc) is checked with one checksum of its bytes and its
     records are then read without checking each; the lines outside batches, and a batch that
     does not check whole (or is cut short by the end of the file), are checked line by line
     (``_read_checked``), so damage is found and named as it would be without batches."""
     pos = 0
-    size = len(data)
     while pos < size:
-        head = _next_batch(data, pos)
+        head = _next_batch(data, pos, size)
         if head > pos:
             stop = _read_checked(read, data, pos, head)
             if stop >= 0:
                 return stop, pos
             pos = head
             continue
-        end = data.find(b"\n", pos)
+        end = data.find(b"\n", pos, size)
         batch = _batch_of(data, pos, end)
         if batch is not None:
             crc, length = batch
@@ -390,7 +325,7 @@ def _read_lines(read: JournalRead, data: bytes, at_end: bool) -> tuple[int, int]
                 and zlib.crc32(memoryview(data)[first:after]) == crc
             ):
                 try:
-                    text = data[first:after].decode()
+                    text = str(memoryview(data)[first:after], "utf-8")  # (no copy of the bytes)
                 except UnicodeDecodeError:
                     text = ""
                 if text:
@@ -408,14 +343,13 @@ def _read_lines(read: JournalRead, data: bytes, at_end: bool) -> tuple[int, int]
     return -1, size
 
 
-def _next_batch(data: bytes, pos: int) -> int:
-    """The offset of the first line at or after ``pos`` (a line's start) that is a batch's
-    ``K`` line by its look, or ``len(data)``. (A note may hold ``" K "``: a hit not at a
-    line's start is passed over.)"""
-    size = len(data)
+def _next_batch(data: bytes, pos: int, size: int) -> int:
+    """The offset of the first line at or after ``pos`` (a line's start) and before ``size``
+    that is a batch's ``K`` line by its look, or ``size``. (A note may hold ``" K "``: a hit
+    not at a line's start is passed over.)"""
     at = pos
     while True:
-        hit = data.find(_BATCH_MARK, at)
+        hit = data.find(_BATCH_MARK, at, size)
         if hit < 0:
             return size
         start = hit - 8
@@ -492,16 +426,18 @@ def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
                 token = parts[2]
                 limit = parts[4]
                 on_close = parts[9]
-                leases[token] = RecordedGrant(
-                    token,
-                    parts[3],
-                    1 if limit == "1" else int(limit),
-                    parts[5] == "1",
-                    int(parts[6]),
-                    int(parts[7]) - shift,
-                    parts[8] == "d",
-                    None if on_close == "-" else int(on_close),
-                    parts[10] if len(parts) > 10 else None,
+                leases.put(
+                    RecordedGrant(
+                        token,
+                        parts[3],
+                        1 if limit == "1" else int(limit),
+                        parts[5] == "1",
+                        int(parts[6]),
+                        int(parts[7]) - shift,
+                        parts[8] == "d",
+                        None if on_close == "-" else int(on_close),
+                        parts[10] if len(parts) > 10 else None,
+                    )
                 )
                 read.clean = False
                 problem = None

@@ -36,6 +36,7 @@ from dflockd_server.replay import (
     COMPLETE_SUFFIX,
     JournalRead,
     RecordedGrant,
+    RecordedGrants,
     Restore,
     read_journal,
     restored_leases,
@@ -205,7 +206,9 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 run_longest=config.max_lease_ttl_s if run_longest is None else run_longest,
             )
             leases = restore.leases
-            read.leases = {}  # the records are the plan's now: let go as they are restored
+            read.leases = (
+                RecordedGrants()
+            )  # the records are the plan's now: let go as they are restored
             _report(journal, read)
             if read.damaged_before_tail:
                 why = (

@@ -1,0 +1,89 @@
+"""The grants a journal holds, found by token (``recorded.RecordedGrants``): kept by their fence
+for speed (issue 52), and still exactly a mapping of token to grant when two tokens share a
+fence or a token does not start with one."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+from dflockd_server.journal import read_journal, restored_leases
+from dflockd_server.recorded import RecordedGrant, RecordedGrants
+
+FENCE = "18ebc8acc95861db"
+"""A fence as a server writes it: 16 lowercase hex digits."""
+
+
+def grant(token: str, key: str = "k") -> RecordedGrant:
+    return RecordedGrant(token, key, 1, False, 30, 1_030_000, False, None, None)
+
+
+def test_tokens_that_share_a_fence_are_each_found_and_let_go_of_alone() -> None:
+    first, second, third = FENCE + "0" * 16, FENCE + "1" * 16, FENCE + "2" * 16
+    grants = RecordedGrants()
+    for token in (first, second, third):
+        grants.put(grant(token, key=token[-1]))
+    assert [grants[t].key for t in (first, second, third)] == ["0", "1", "2"]
+    assert len(grants) == 3 and list(grants) == [first, second, third]
+    popped = grants.pop(first)
+    assert popped is not None and popped.token == first
+    assert first not in grants and second in grants and third in grants
+    assert grants.pop(first) is None  # released once
+    # The fence is free again: a grant put now takes it, and the others are still found.
+    fourth = FENCE + "3" * 16
+    grants.put(grant(fourth, key="3"))
+    assert {t: grants[t].key for t in grants} == {second: "1", third: "2", fourth: "3"}
+    assert grants.pop(third) is not None and grants.pop(second) is not None
+    assert list(grants) == [fourth]
+
+
+def test_a_second_grant_of_a_token_replaces_the_first_wherever_it_is_kept() -> None:
+    kept, beside = FENCE + "a" * 16, FENCE + "b" * 16
+    grants = RecordedGrants()
+    grants.put(grant(kept, key="old"))
+    grants.put(grant(beside, key="old"))  # same fence: kept beside
+    assert grants.pop(kept) is not None  # the fence's slot is free, the other still beside
+    grants.put(grant(beside, key="new"))
+    grants.put(grant(kept, key="again"))
+    assert len(grants) == 2
+    assert grants[beside].key == "new" and grants[kept].key == "again"
+    grants.put(grant(kept, key="newer"))
+    assert len(grants) == 2 and grants[kept].key == "newer"
+
+
+def test_tokens_that_are_not_a_servers_are_found_as_they_are() -> None:
+    odd = ["aaaa", "not-hex-at-all", "-1", "0x1", "1", "+1", "", "AAAA"]
+    grants = RecordedGrants()
+    for n, token in enumerate(odd):
+        grants.put(grant(token, key=str(n)))
+    assert len(grants) == len(odd)
+    assert {t: grants[t].key for t in odd} == {t: str(n) for n, t in enumerate(odd)}
+    assert grants == {t: grant(t, key=str(n)) for n, t in enumerate(odd)}
+    assert "aaab" not in grants and grants.get("0x2") is None
+    for token in odd:
+        assert grants.pop(token) is not None
+    assert len(grants) == 0 and grants == {}
+
+
+def _line(payload: str) -> bytes:
+    return b"%08x %s\n" % (zlib.crc32(payload.encode()), payload.encode())
+
+
+def test_a_journal_whose_grants_share_a_fence_restores_each_and_releases_only_its_own(
+    tmp_path: Path,
+) -> None:
+    tokens = [FENCE + suffix * 16 for suffix in "abc"]
+    payloads = [
+        "H 3 b00t 1000000 500 everysec",
+        *(f"G {t} key-{n} 1 0 30 1030000 c -" for n, t in enumerate(tokens)),
+        f"R {tokens[1]}",
+        f"X {tokens[2]} 40 1040000",
+    ]
+    path = tmp_path / "journal"
+    path.write_bytes(b"".join(map(_line, payloads)))
+    read = read_journal(str(path))
+    assert not read.damage
+    assert list(read.leases) == [tokens[0], tokens[2]]
+    assert read.leases[tokens[2]].until_ms == 1_040_000
+    got = restored_leases(read, monotonic_ms=500, this_boot="b00t")
+    assert [(r.key, r.left) for r in got.leases] == [("key-0", 30.0), ("key-2", 40.0)]
