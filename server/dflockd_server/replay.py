@@ -28,8 +28,9 @@ The restored end is never earlier than the real one: within a boot the file is r
 kernel has it (a ``kill -9`` loses nothing written), and the ``complete`` mark is removed before
 any renewal goes unrecorded.
 
-Speed (issue 52): the file is read a chunk at a time, the garbage collector paused
-(``paused_gc``); a batch (``K``) is checked with one checksum of all its bytes, and the lines
+Speed (issue 52): the file is read a chunk at a time (each from the first byte not used yet),
+the garbage collector paused (``paused_gc``); the grants are found by token through their
+fence (``recorded.RecordedGrants``); a batch (``K``) is checked with one checksum of all its bytes, and the lines
 outside batches are checked all at once in C (checksums, UTF-8) before any is applied; a
 second header (a restart that went on appending, ``Journal.resume``) shifts the times after it
 onto the first header's clock, and one of another boot makes the whole file read as of another
