@@ -4,6 +4,7 @@ fence or a token does not start with one."""
 
 from __future__ import annotations
 
+import random
 import zlib
 from pathlib import Path
 
@@ -63,6 +64,36 @@ def test_tokens_that_are_not_a_servers_are_found_as_they_are() -> None:
     for token in odd:
         assert grants.pop(token) is not None
     assert len(grants) == 0 and grants == {}
+
+
+def test_runs_of_fences_with_gaps_jumps_and_earlier_fences_read_as_a_dict_of_tokens_would() -> None:
+    """Random puts and pops against a dict of tokens, the model: fences one after another, a
+    gap inside a run, a jump that begins a new run (a restart's counter), fences below the
+    last one, tokens seen before, released and put again, and tokens that are not a server's."""
+    rng = random.Random(52)
+    base = int(FENCE, 16)
+    issued: list[str] = []
+    fence = base
+    for _ in range(3_000):
+        step = rng.choice([1] * 20 + [2, 50, 70_000, 10**12])
+        fence += step
+        issued.append(f"{fence:016x}{rng.getrandbits(64):016x}")
+    issued += [f"{base + 5:016x}{'f' * 16}", "aaaa", "not-hex", "-5", FENCE]
+    model: dict[str, RecordedGrant] = {}
+    grants = RecordedGrants()
+    for n in range(20_000):
+        token = rng.choice(issued) if rng.random() < 0.5 else issued[min(n // 6, len(issued) - 1)]
+        if rng.random() < 0.6:
+            rec = grant(token, key=str(n))
+            model[token] = rec
+            grants.put(rec)
+        else:
+            assert grants.pop(token) is model.pop(token, None)
+        if n % 1_000 == 0:
+            assert grants == model and len(grants) == len(model)
+            assert all(grants[t] is rec for t, rec in model.items())
+    assert sorted(grants) == sorted(model)
+    assert {id(rec) for rec in grants.values()} == {id(rec) for rec in model.values()}
 
 
 def _line(payload: str) -> bytes:
