@@ -5,7 +5,7 @@ A restart of a million leases looks up a token for each record, and the look-ups
 largest part of its reading (issue 52): a dict keyed by the tokens themselves, a million new
 strings of random digits, was a third of a second of cache misses (each collision in a dict
 of strings compares with a string elsewhere in memory). A dict keyed by the tokens' fences
-was as fast, but its million int keys, freed after the restore, left the server's memory 1.19x
+was faster, but its million int keys, freed after the restore, left the server's memory 1.19x
 of what it was before the kill (was 1.09x): they were scattered among the objects that stay.
 
 So ``RecordedGrants`` puts a grant in a slot of a list, at its fence (``FENCE_HEX_CHARS``,
@@ -13,7 +13,7 @@ read as hex) less the fence of the list's first slot: a server issues fences one
 another, so a journal's grants take consecutive slots, and finding one is an index, nothing
 hashed and nothing kept beside it. A fence far past the last one (a restart's counter starts
 at the wall clock) begins a new list (a *run*). A grant whose token the runs cannot take (a
-fence below the last one, as a grant moved from another cluster member may have; a token
+fence below the last one, as in a rewritten journal, which lists its grants by key; a token
 that does not start with hex) is kept by its token beside them.
 """
 
@@ -100,9 +100,11 @@ class RecordedGrant:
         return "RecordedGrant" + repr(self.fields())
 
 
-_GAP = 1 << 16
-"""A fence at most this far past the last run's end extends that run (the slots between
-stay empty); a fence further on begins a new run."""
+_GAP = 16
+"""A fence at most this far past the last run's end extends that run (the slots between stay
+empty: fences issued to grants the journal refused); a fence further on begins a new run."""
+_MIN_RUN = 64
+"""A last run of fewer slots is dissolved when a new run begins (``_start_run``)."""
 
 
 def _fence(token: str) -> int:
@@ -118,8 +120,9 @@ def _fence(token: str) -> int:
 
 
 class RecordedGrants:
-    """The grants not released, by token, in the order they were first recorded (those kept
-    beside the runs after those in them). A mapping of token to ``RecordedGrant`` for reading
+    """The grants not released, by token: those in the runs in the order of their fences,
+    then those kept beside in the order they came (a restart puts them in the order of their
+    ends: ``replay.restored_leases``). A mapping of token to ``RecordedGrant`` for reading
     (``in``, ``[]``, ``len``, iteration over the tokens, equality with a dict); the journal's
     reader changes it with ``put`` and ``pop``."""
 
@@ -155,29 +158,23 @@ class RecordedGrants:
         one was: a token is recorded by one ``G``; a second one replaces it, as a dict's
         item would be)."""
         token = rec.token
-        # (A token kept beside is never found in a run: its fence was below the runs' end
-        # then, and is still; the last line below replaces it.)
         fence = _fence(token)
         end = self._end
-        if fence >= end and self._runs:
-            if fence - end <= _GAP:  # the usual: the next fence of the last run
-                run = self._runs[-1]
+        if fence >= end:  # (never -1: the end is 0 or more)
+            runs = self._runs
+            if runs and fence - end <= _GAP:  # the usual: the next fence of the last run
+                run = runs[-1]
                 while end < fence:
                     run.append(None)
                     end += 1
                 run.append(rec)
+                self._end = fence + 1
+                self._in_runs += 1
             else:
-                self._bases.append(fence)
-                self._runs.append([rec])
-            self._end = fence + 1
-            self._in_runs += 1
+                self._start_run(fence, rec)
             return
-        if fence >= 0 and not self._runs:
-            self._bases.append(fence)
-            self._runs.append([rec])
-            self._end = fence + 1
-            self._in_runs += 1
-            return
+        # Below the end: the grant of this token is in a run's slot, or kept beside (a token
+        # kept beside is never found in a run: its fence was below the end then, and is still).
         k = self._run_of(fence) if fence >= 0 else -1
         if k >= 0:
             run = self._runs[k]
@@ -187,6 +184,24 @@ class RecordedGrants:
                 run[i] = rec
                 return
         self._others[token] = rec
+
+    def _start_run(self, fence: int, rec: RecordedGrant) -> None:
+        """Begin a run at ``fence`` with ``rec``, once the last run, if it holds fewer than
+        ``_MIN_RUN`` slots, is dissolved: its grants are kept by token beside the runs (fences
+        in no order, as a rewritten journal lists its grants, would otherwise make a run of a
+        slot or two for each)."""
+        runs = self._runs
+        if runs and len(runs[-1]) < _MIN_RUN:
+            others = self._others
+            self._bases.pop()
+            for kept in runs.pop():
+                if kept is not None:
+                    others[kept.token] = kept
+                    self._in_runs -= 1
+        self._bases.append(fence)
+        runs.append([rec])
+        self._end = fence + 1
+        self._in_runs += 1
 
     def get(self, token: str) -> RecordedGrant | None:
         """The grant kept for ``token``, or ``None``."""

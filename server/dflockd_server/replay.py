@@ -29,12 +29,12 @@ kernel has it (a ``kill -9`` loses nothing written), and the ``complete`` mark i
 any renewal goes unrecorded.
 
 Speed (issue 52): the file is read a chunk at a time (each from the first byte not used yet),
-the garbage collector paused (``paused_gc``); the grants are found by token through their
-fence (``recorded.RecordedGrants``); a batch (``K``) is checked with one checksum of all its bytes, and the lines
-outside batches are checked all at once in C (checksums, UTF-8) before any is applied; a
-second header (a restart that went on appending, ``Journal.resume``) shifts the times after it
-onto the first header's clock, and one of another boot makes the whole file read as of another
-boot.
+the garbage collector paused (``paused_gc``); the grants are found by token through their fence
+(``recorded.RecordedGrants``); a batch (``K``) is checked with one checksum of all its bytes,
+and the lines outside batches are checked all at once in C (checksums, UTF-8) before any is
+applied; a second header (a restart that went on appending, ``Journal.resume``) shifts the times
+after it onto the first header's clock, and one of another boot makes the whole file read as of
+another boot.
 
 Damage: reading stops at the first line that does not check. A last record without its end
 of line (a write cut short by a crash of the machine) is a torn tail: dropped, and only that
@@ -142,7 +142,7 @@ class JournalRead:
     """What ``read_journal`` found."""
 
     leases: RecordedGrants = field(default_factory=RecordedGrants)
-    """The grants not released, by token, in grant order."""
+    """The grants not released, by token (in the order of their fences, mostly)."""
     anchor: tuple[str, int, int] | None = None
     """The file's clock anchor: boot id, wall ms, monotonic ms."""
     fsync: str = ""

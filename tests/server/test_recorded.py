@@ -96,6 +96,29 @@ def test_runs_of_fences_with_gaps_jumps_and_earlier_fences_read_as_a_dict_of_tok
     assert {id(rec) for rec in grants.values()} == {id(rec) for rec in model.values()}
 
 
+def test_grants_in_no_order_of_their_fences_read_as_a_dict_of_tokens_would() -> None:
+    """A rewritten journal lists its grants by key, not by fence: shuffled fences, then more
+    grants in order after them (the records appended after a rewrite), popped in another
+    order."""
+    rng = random.Random(7)
+    base = int(FENCE, 16)
+    tokens = [f"{base + n:016x}{rng.getrandbits(64):016x}" for n in range(5_000)]
+    rewritten, appended = tokens[:4_000], tokens[4_000:]
+    rng.shuffle(rewritten)
+    model: dict[str, RecordedGrant] = {}
+    grants = RecordedGrants()
+    for token in [*rewritten, *appended]:
+        model[token] = rec = grant(token)
+        grants.put(rec)
+    assert grants == model and sorted(grants) == sorted(tokens)
+    popped = list(model)
+    rng.shuffle(popped)
+    for token in popped[:2_500]:
+        assert grants.pop(token) is model.pop(token)
+        assert grants.get(token) is None
+    assert grants == model and all(grants[t] is rec for t, rec in model.items())
+
+
 def _line(payload: str) -> bytes:
     return b"%08x %s\n" % (zlib.crc32(payload.encode()), payload.encode())
 
