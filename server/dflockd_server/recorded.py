@@ -142,8 +142,7 @@ class RecordedGrants:
         """The grants the runs could not take, by token (usually none)."""
 
     def _run_of(self, fence: int) -> int:
-        """The index of the run whose range holds ``fence``, or -1 (a run's range: its first
-        fence to the start of the next run)."""
+        """The index of the run whose slots cover ``fence``, or -1."""
         bases = self._bases
         k = len(bases) - 1
         if k < 0 or fence >= self._end:
