@@ -191,14 +191,18 @@ class RecordedGrants:
         slot or two for each)."""
         runs = self._runs
         if runs and len(runs[-1]) < _MIN_RUN:
+            run = runs[-1]
             others = self._others
-            self._bases.pop()
-            for kept in runs.pop():
+            for kept in run:
                 if kept is not None:
                     others[kept.token] = kept
                     self._in_runs -= 1
-        self._bases.append(fence)
-        runs.append([rec])
+            run.clear()  # (the list is the new run's: fences in no order do this at every other)
+            run.append(rec)
+            self._bases[-1] = fence
+        else:
+            self._bases.append(fence)
+            runs.append([rec])
         self._end = fence + 1
         self._in_runs += 1
 
