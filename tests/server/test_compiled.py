@@ -37,6 +37,7 @@ TESTS_OF_THE_COMPILED: Final = (
     "tests/server/test_table_model.py",
     "tests/server/test_fences.py",
     "tests/server/test_journal.py",
+    "tests/server/test_recorded.py",
     "tests/server/test_holds.py",
     "tests/server/test_basic.py",
     "tests/server/test_bad_input.py",
