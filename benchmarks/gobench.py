@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -58,11 +59,15 @@ _P99 = re.compile(r"p99\s*:\s*([0-9.]+) ms")
 
 
 def bench_once(tool: str, server: ServerProcess, workers: int, pairs: int) -> dict[str, float]:
-    """One run of the Go bench tool against ``server``: pairs/s, p50 and p99 (ms)."""
+    """One run of the Go bench tool against ``server``: pairs/s, p50 and p99 (ms), and the
+    server's CPU time per pair (all its threads) and the bench tool's."""
     rounds = max(1, pairs // workers)
     command = [tool, "--workers", str(workers), "--rounds", str(rounds)]
     command += ["--servers", f"{server.host}:{server.port}"]
+    cpu0, tool0 = server.cpu_ns(), _children_cpu_s()
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    cpu_us = (server.cpu_ns() - cpu0) / 1000 / (rounds * workers)
+    tool_us = (_children_cpu_s() - tool0) * 1e6 / (rounds * workers)
     found = _THROUGHPUT.search(done.stdout)
     if done.returncode != 0 or found is None:
         raise RuntimeError(
@@ -74,7 +79,16 @@ def bench_once(tool: str, server: ServerProcess, workers: int, pairs: int) -> di
         "pairs_per_s": float(found.group(1)),
         "p50_ms": float(p50.group(1)) if p50 else float("nan"),
         "p99_ms": float(p99.group(1)) if p99 else float("nan"),
+        "server_cpu_us_per_pair": cpu_us,
+        "tool_cpu_us_per_pair": tool_us,
     }
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's children that ended and were waited for (the bench
+    tool's runs: the servers are still running)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _version(binary: str) -> str:
@@ -166,6 +180,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{pairs:,} pairs per run, {rounds} round(s); each worker one connection and one key"
     )
     run.add(table)
+    cpu = Table(
+        "CPU per acquire+release pair under the bench tool (microseconds, median): the server's, "
+        "and the bench tool's against it",
+        ["workers", *figures, *(f"bench tool against {label}" for label in figures)],
+        notes=[
+            "the server process's CPU time (every thread) over the run, divided by its pairs; "
+            "the bench tool's likewise; both share the machine's cores"
+        ],
+    )
+    for workers in WORKERS:
+        row = [str(workers)]
+        for field in ("server_cpu_us_per_pair", "tool_cpu_us_per_pair"):
+            row += [
+                fmt_num(median([f[field] for f in by_w[workers]]), 1) for by_w in figures.values()
+            ]
+        cpu.rows.append(row)
+    run.add(cpu)
     for label in figures:
         if label == GO_SERVER:
             continue
