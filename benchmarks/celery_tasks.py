@@ -47,6 +47,7 @@ from benchmarks._common import (
     Table,
     available_loops,
     base_parser,
+    cpu_ns,
     fmt_num,
     fmt_ratio,
     median,
@@ -90,6 +91,9 @@ class Batch:
     tasks: int
     wall_s: float
     lock_server_cpu_us_per_task: float
+    pool_cpu_us_per_task: float
+    """The worker's pool processes' CPU time (both, from their fork to the batch's last task),
+    per task: the task bodies, the lock's client side, Celery's tracer."""
 
     @property
     def per_s(self) -> float:
@@ -108,6 +112,31 @@ class Variant:
     @property
     def cpu_us(self) -> float:
         return median([b.lock_server_cpu_us_per_task for b in self.batches])
+
+    @property
+    def pool_cpu_us(self) -> float:
+        return median([b.pool_cpu_us_per_task for b in self.batches])
+
+    @property
+    def machine_cpu_us(self) -> float:
+        """Pool plus lock server, per task (the median of the batches' sums)."""
+        return median(
+            [b.pool_cpu_us_per_task + b.lock_server_cpu_us_per_task for b in self.batches]
+        )
+
+
+def pool_cpu_ns(worker_pid: int) -> int:
+    """CPU time of the worker's child processes (its prefork pool), alive now."""
+    total = 0
+    with contextlib.suppress(FileNotFoundError):
+        for tid in os.listdir(f"/proc/{worker_pid}/task"):
+            children = f"/proc/{worker_pid}/task/{tid}/children"
+            with (
+                contextlib.suppress(FileNotFoundError, ProcessLookupError),
+                open(children, encoding="ascii") as fh,
+            ):
+                total += sum(cpu_ns(int(child)) for child in fh.read().split())
+    return total
 
 
 def lock_server_of(variant: str, servers: dict[str, ServerProcess]) -> ServerProcess:
@@ -250,6 +279,7 @@ def finish_batch(running: Running) -> Batch:
                 )
             time.sleep(POLL_S)
         cpu1 = running.locks.cpu_ns()
+        pool_ns = pool_cpu_ns(worker.pid)
     finally:
         # Every task has run and its queue is thrown away: nothing to shut down gracefully.
         running.kill()
@@ -257,7 +287,7 @@ def finish_batch(running: Running) -> Batch:
         raise RuntimeError(f"{variant}: tasks ran a wrong number of times")
     first = min(s for _i, s, _e in entries)
     last = max(e for _i, _s, e in entries)
-    return Batch(variant, n, last - first, (cpu1 - running.cpu0) / 1000 / n)
+    return Batch(variant, n, last - first, (cpu1 - running.cpu0) / 1000 / n, pool_ns / 1000 / n)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -325,11 +355,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table(
         f"Celery: {n:,} short tasks, prefork worker -c {CONCURRENCY}, Redis broker "
         "(tasks per second)",
-        ["variant", "tasks/s", "/ plain", "lock server CPU us per task", "batches (tasks/s)"],
+        [
+            "variant",
+            "tasks/s",
+            "/ plain",
+            "lock server CPU us per task",
+            "pool CPU us per task",
+            "pool + lock server",
+            "batches (tasks/s)",
+        ],
         notes=[
             f"median of {rounds} batch(es); each batch a fresh worker on a pre-filled queue",
             "lock server CPU: the dflockd process, or for redis-py Lock a second private "
             "redis-server that holds only the locks (the broker is another one)",
+            f"pool CPU: the worker's {CONCURRENCY} pool processes, from their fork to the "
+            "batch's last task (the task bodies, the lock's client side, Celery's tracer); a "
+            "steadier figure than tasks/s, which moves with whatever else the machine runs",
         ],
     )
     for v in variants.values():
@@ -339,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fmt_num(v.per_s, 0),
                 fmt_ratio(ratio(v.per_s, base)),
                 fmt_num(v.cpu_us) if v.name != PLAIN else "-",
+                fmt_num(v.pool_cpu_us),
+                fmt_num(v.machine_cpu_us if v.name != PLAIN else v.pool_cpu_us),
                 ", ".join(f"{b.per_s:,.0f}" for b in v.batches),
             ]
         )
@@ -354,7 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 met=share >= THROUGHPUT_GOAL,
                 detail=(
                     "redis-py Lock in the task: "
-                    f"{ratio(variants[REDIS_LOCK].per_s, base):.0%} of plain"
+                    f"{ratio(variants[REDIS_LOCK].per_s, base):.0%} of plain; CPU per task "
+                    f"(pool + lock server): {variants[name].machine_cpu_us:,.0f} us, redis-py "
+                    f"Lock's {variants[REDIS_LOCK].machine_cpu_us:,.0f} us"
                 ),
             )
         )
@@ -364,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tasks_per_s": round(v.per_s, 1),
             "ratio_to_plain": round(ratio(v.per_s, base), 3),
             "batches": [round(b.per_s, 1) for b in v.batches],
+            "pool_cpu_us_per_task": round(v.pool_cpu_us, 1),
+            "lock_server_cpu_us_per_task": round(v.cpu_us, 1),
         }
         for v in variants.values()
     ]

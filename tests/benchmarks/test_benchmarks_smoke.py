@@ -241,6 +241,7 @@ def test_celery_benchmark_runs_every_variant(quick_run: QuickRun) -> None:
     }
     for v in variants.values():
         assert v["tasks_per_s"] > 0, v
+        assert v["pool_cpu_us_per_task"] > 0, v  # the pool processes were found and read
         assert len(v["batches"]) == r["params"]["rounds"]
 
 
