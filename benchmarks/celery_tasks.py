@@ -369,8 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "lock server CPU: the dflockd process, or for redis-py Lock a second private "
             "redis-server that holds only the locks (the broker is another one)",
             f"pool CPU: the worker's {CONCURRENCY} pool processes, from their fork to the "
-            "batch's last task (the task bodies, the lock's client side, Celery's tracer); a "
-            "steadier figure than tasks/s, which moves with whatever else the machine runs",
+            "batch's last task (the task bodies, the lock's client side, Celery's tracer)",
         ],
     )
     for v in variants.values():
