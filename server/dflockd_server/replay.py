@@ -98,10 +98,6 @@ _CRC_DIGITS = b"0123456789abcdef"
 alone also takes a space, a sign, an underscore or a ``0x`` in it."""
 _CRC_BYTES = 4
 """Bytes of a CRC32: the item size of the ``array("I")`` the checksums are compared in."""
-_LEFT = operator.attrgetter("left")
-"""What restored grants are put in order by: the order of their ends (``Restore.leases``). A
-renewal moves a grant's end but not its place in the journal, which lists grants in grant
-order."""
 
 
 @contextlib.contextmanager
@@ -515,8 +511,10 @@ class Restore:
     """What ``restored_leases`` makes of a journal."""
 
     leases: list[RecordedGrant]
-    """The grants still running, each with its seconds left (``left``), in the order of their
-    ends (the table's expiry index is read in that order; see ``restored_leases``)."""
+    """The grants still running, each with its seconds left (``left``), in the order
+    ``RecordedGrants.values`` gives: near the order the records were read in, so that a start
+    lets each go in about the order they were made (``LockTable.restore_all``, which puts
+    their ends in order for the expiry index)."""
     how: str
     """Which rule gave their time left, in the operator's terms (for the start-up log)."""
     grace_s: float
@@ -530,17 +528,6 @@ class Restore:
     longest: int = 0
     """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none:
     what the restart records as granted before it serves."""
-
-
-def _put_in_end_order(leases: list[RecordedGrant]) -> None:
-    """Sort ``leases`` by their time left, when they are not in that order already (one pass
-    over them otherwise: the common case, a journal whose grants end in grant order)."""
-    last = 0.0
-    for rec in leases:
-        if rec.left < last:
-            leases.sort(key=_LEFT)
-            return
-        last = rec.left
 
 
 def restored_leases(
@@ -590,7 +577,6 @@ def restored_leases(
                     longest = on_close
             else:
                 ended.append(rec.token)
-        _put_in_end_order(out)
         return Restore(out, how, grace, exact=True, ended=ended, longest=longest)
     durable = read.clean or read.fsync == "always"
     if same_boot:
@@ -626,5 +612,4 @@ def restored_leases(
         rec.left = left
         out.append(rec)
         grace = max(grace, left) if grace else grace
-    _put_in_end_order(out)  # (an ``<onclose>`` lease, or a longer one, may come first)
     return Restore(out, how, grace, longest=longest)

@@ -26,6 +26,7 @@ whom a grant is bound to, its owner note); the expiry index and the idle log are
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,23 @@ __all__ = [
     "TableError",
     "Waiter",
 ]
+
+
+_EXPIRES_AT = operator.attrgetter("expires_at")
+"""What restored holders whose ends are not in order are sorted by (``restore_all``)."""
+
+
+def _ends_in_order(leases: list[RecordedGrant]) -> bool:
+    """Whether ``leases`` end in the order they are listed (one pass; the common case: a
+    journal whose grants end in the order they were made). A renewal moves a grant's end but
+    not its place in the journal, and an ``<onclose>`` or a longer lease may end after a
+    later grant."""
+    last = float("-inf")
+    for rec in leases:
+        if rec.left < last:
+            return False
+        last = rec.left
+    return True
 
 
 class LockTable:
@@ -486,7 +504,8 @@ class LockTable:
         on the table's clock): a detached hold is the ``detached`` client's, any other grant
         the ``restored`` client's until a connection renews it. ``None`` (nothing restored)
         when it cannot be: the key is full or fixed with another limit (a journal that
-        contradicts itself)."""
+        contradicts itself). Its expiry is not indexed here: ``restore_all`` indexes every
+        restored grant in the order of their ends."""
         key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
         is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
         owner = self.detached if detached else self.restored
@@ -518,38 +537,54 @@ class LockTable:
         owner.n_held += 1
         if on_close is not None and not detached:
             detach_at_close(owner, holder, on_close)
-        self.grants.leases.add(holder, expires_at, lease_ttl)
         self.counts.restored[is_sem] += 1
         return holder
 
     def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
         """``restore`` each of ``leases`` (a start's, each ``left`` seconds from its end, from one
-        reading of the clock, in the order of their ends: the expiry index is read in that
-        order), emptying the list as it goes: each record is let go as the next holder is
-        made, which takes its memory, so a restart leaves no holes where the records were. The
-        lease index is not compacted meanwhile (nothing in it is stale yet). Returns the grants
-        restored, the highest fence among them, and the records not restored (see
-        ``restore``)."""
+        reading of the clock), emptying the list as it goes, then index their expiries in the
+        order of their ends (the order the expiry index is read in).
+
+        The records are taken in the order given, about the order they were read (and made)
+        in, and each is let go as the next holder is made: the memory of records made one after
+        another comes free together and the holders take it, so a restart leaves no holes where
+        the records were. (Taken in the order of their ends instead, the records of a journal
+        rewritten by key freed scattered pieces the holders could not use: 120 MB more kept
+        after a restart of a million leases.) The lease index is not compacted meanwhile
+        (nothing in it is stale yet). Returns the grants restored, the highest fence among
+        them, and the records not restored (see ``restore``)."""
         index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0
         last = ""  # the largest token of the usual width: its fence is the largest of theirs
         refused: list[RecordedGrant] = []
+        # Records whose ends are in order (the usual) are indexed as they are restored; any
+        # others once all are, put in order (a list of a million holders, sorted, costs RSS).
+        in_order = _ends_in_order(leases)
+        holders: list[Holder] = []
         leases.reverse()
         pop = leases.pop
         now = self.clock()
         try:
             while leases:
                 rec = pop()
-                if self.restore(rec, rec.left, now) is None:
+                holder = self.restore(rec, rec.left, now)
+                if holder is None:
                     refused.append(rec)
                     continue
+                if in_order:
+                    index.add(holder, holder.expires_at, holder.lease_ttl)
+                else:
+                    holders.append(holder)
                 restored += 1
                 token = rec.token
                 if len(token) != TOKEN_HEX_CHARS:
                     highest = max(highest, fence_of(token))
                 elif token > last:  # (same width, lowercase hex: as their numbers compare)
                     last = token
+            holders.sort(key=_EXPIRES_AT)
+            for holder in holders:
+                index.add(holder, holder.expires_at, holder.lease_ttl)
         finally:
             index.cap = 2 * index.count + COMPACT_MIN
         if last:

@@ -157,14 +157,15 @@ def test_a_restored_lease_ends_at_its_own_end_when_an_earlier_grant_was_renewed_
             tmp_path,
             journal_bytes(
                 "G aaaa first 1 0 20 1020000 c -",  # until 20 s after the anchor
-                "G bbbb second 1 0 20 1021000 c -",  # until 21 s
+                "G aaab second 1 0 20 1021000 c -",  # until 21 s (the next fence)
                 "X aaaa 20 1035000",  # the first renewed: until 35 s
             ),
         )
     )
-    # Restarted 15 s after the anchor: the first has 20 s left, the second 6 s (put first).
+    # Restarted 15 s after the anchor: the first has 20 s left, the second 6 s (and comes
+    # second: the table puts it first).
     got = restored_leases(read, monotonic_ms=15_500, this_boot="b00t")
-    assert sorted((r.key, r.left) for r in got.leases) == [("first", 20.0), ("second", 6.0)]
+    assert [(r.key, r.left) for r in got.leases] == [("first", 20.0), ("second", 6.0)]
     clock = Clock()
     table = LockTable(clock=clock, new_token=lambda: "0" * 32, max_locks=10)
     assert table.restore_all(got.leases)[0] == 2
@@ -191,12 +192,12 @@ def test_after_a_reboot_a_grant_with_an_onclose_lease_does_not_hold_back_a_later
             tmp_path,
             journal_bytes(
                 "G aaaa first 1 0 20 1020000 c 45",  # its connection's close leaves it 45 s
-                "G bbbb second 1 0 20 1021000 c -",
+                "G aaab second 1 0 20 1021000 c -",
             ),
         )
     )
     got = restored_leases(read, run_longest=20, monotonic_ms=500, this_boot="elsewhere")
-    assert sorted((r.key, r.left) for r in got.leases) == [("first", 45.0), ("second", 20.0)]
+    assert [(r.key, r.left) for r in got.leases] == [("first", 45.0), ("second", 20.0)]
     clock = Clock()
     table = LockTable(clock=clock, new_token=lambda: "0" * 32, max_locks=10)
     assert table.restore_all(got.leases)[0] == 2
@@ -224,7 +225,7 @@ def test_after_a_reboot_every_lease_runs_its_full_lease_whatever_the_wall_clock(
     records = ("G aaaa k 1 0 20 1040000 c -", "G bbbb h 1 0 30 1050000 d 45")
     always = read_journal(write(tmp_path, journal_bytes(*records, fsync="always")))
     got = restored_leases(always, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [r.left for r in got.leases] == [40.0, 45.0]
+    assert {r.key: r.left for r in got.leases} == {"k": 40.0, "h": 45.0}
     assert got.grace_s == 0 and "another boot" in got.how
     everysec = read_journal(write(tmp_path, journal_bytes(*records, fsync="everysec")))
     got = restored_leases(everysec, run_longest=60, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
@@ -232,7 +233,7 @@ def test_after_a_reboot_every_lease_runs_its_full_lease_whatever_the_wall_clock(
     assert got.grace_s == 60.0 and "no grant until then" in got.how
     clean = read_journal(write(tmp_path, journal_bytes(*records, "C", fsync="everysec")))
     got = restored_leases(clean, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
-    assert [r.left for r in got.leases] == [40.0, 45.0] and got.grace_s == 0
+    assert {r.key: r.left for r in got.leases} == {"k": 40.0, "h": 45.0} and got.grace_s == 0
 
 
 def test_a_journal_without_its_complete_mark_restores_the_longest_lease_from_now(
@@ -914,7 +915,10 @@ def test_a_later_header_of_the_same_boot_puts_the_times_after_it_on_the_first_cl
     assert read.leases["bbbb"].until_ms == 1_030_000
     assert read.leases["aaaa"].until_ms == 1_035_000
     got = restored_leases(read, monotonic_ms=20_500, this_boot="b00t")
-    assert got.exact and [(r.key, r.left) for r in got.leases] == [("k2", 10.0), ("k1", 15.0)]
+    assert got.exact and sorted((r.key, r.left) for r in got.leases) == [
+        ("k1", 15.0),
+        ("k2", 10.0),
+    ]
 
 
 def test_a_later_header_of_another_boot_makes_the_file_read_as_of_another_boot(
