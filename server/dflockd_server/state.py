@@ -206,9 +206,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 run_longest=config.max_lease_ttl_s if run_longest is None else run_longest,
             )
             leases = restore.leases
-            read.leases = (
-                RecordedGrants()
-            )  # the records are the plan's now: let go as they are restored
+            # The records are the plan's now: let go as they are restored.
+            read.leases = RecordedGrants()
             _report(journal, read)
             if read.damaged_before_tail:
                 why = (

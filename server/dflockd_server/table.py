@@ -549,8 +549,8 @@ class LockTable:
         in, and each is let go as the next holder is made: the memory of records made one after
         another comes free together and the holders take it, so a restart leaves no holes where
         the records were. (Taken in the order of their ends instead, the records of a journal
-        rewritten by key freed scattered pieces the holders could not use: 120 MB more kept
-        after a restart of a million leases.) The lease index is not compacted meanwhile
+        rewritten by key freed scattered pieces the holders could not use: about 90 MB more
+        kept after a restart of a million leases.) The lease index is not compacted meanwhile
         (nothing in it is stale yet). Returns the grants restored, the highest fence among
         them, and the records not restored (see ``restore``)."""
         index = self.grants.leases
