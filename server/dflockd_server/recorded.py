@@ -141,16 +141,20 @@ class RecordedGrants:
         self._others: dict[str, RecordedGrant] = {}
         """The grants the runs could not take, by token (usually none)."""
 
-    def _run_of(self, fence: int) -> int:
-        """The index of the run whose slots cover ``fence``, or -1."""
+    def _run_holding(self, token: str, fence: int) -> int:
+        """The index of the run whose slot at ``fence`` (``_fence(token)``) holds the grant of
+        ``token``, or -1 (no run's slots cover that fence, -1 included, or the slot holds
+        nothing or another token's grant)."""
         bases = self._bases
         k = len(bases) - 1
         if k < 0 or fence >= self._end:
             return -1
-        if fence >= bases[k]:  # the last run: where a journal's later records look
-            return k
-        k = bisect.bisect_right(bases, fence) - 1
-        return k if k >= 0 and fence - bases[k] < len(self._runs[k]) else -1
+        if fence < bases[k]:  # not the last run, where a journal's later records look
+            k = bisect.bisect_right(bases, fence) - 1
+            if k < 0 or fence - bases[k] >= len(self._runs[k]):
+                return -1
+        kept = self._runs[k][fence - bases[k]]
+        return k if kept is not None and kept.token == token else -1
 
     def put(self, rec: RecordedGrant) -> None:
         """Keep ``rec``, in place of the grant of the same token if one is kept (where that
@@ -174,15 +178,11 @@ class RecordedGrants:
             return
         # Below the end: the grant of this token is in a run's slot, or kept beside (a token
         # kept beside is never found in a run: its fence was below the end then, and is still).
-        k = self._run_of(fence) if fence >= 0 else -1
+        k = self._run_holding(token, fence)
         if k >= 0:
-            run = self._runs[k]
-            i = fence - self._bases[k]
-            kept = run[i]
-            if kept is not None and kept.token == token:
-                run[i] = rec
-                return
-        self._others[token] = rec
+            self._runs[k][fence - self._bases[k]] = rec
+        else:
+            self._others[token] = rec
 
     def _start_run(self, fence: int, rec: RecordedGrant) -> None:
         """Begin a run at ``fence`` with ``rec``, once the last run, if it holds fewer than
@@ -209,26 +209,23 @@ class RecordedGrants:
     def get(self, token: str) -> RecordedGrant | None:
         """The grant kept for ``token``, or ``None``."""
         fence = _fence(token)
-        k = self._run_of(fence) if fence >= 0 else -1
+        k = self._run_holding(token, fence)
         if k >= 0:
-            rec = self._runs[k][fence - self._bases[k]]
-            if rec is not None and rec.token == token:
-                return rec
+            return self._runs[k][fence - self._bases[k]]
         others = self._others
         return others.get(token) if others else None
 
     def pop(self, token: str) -> RecordedGrant | None:
         """Let go of the grant kept for ``token`` and return it, or ``None`` when none is."""
         fence = _fence(token)
-        k = self._run_of(fence) if fence >= 0 else -1
+        k = self._run_holding(token, fence)
         if k >= 0:
             run = self._runs[k]
             i = fence - self._bases[k]
             rec = run[i]
-            if rec is not None and rec.token == token:
-                run[i] = None
-                self._in_runs -= 1
-                return rec
+            run[i] = None
+            self._in_runs -= 1
+            return rec
         others = self._others
         return others.pop(token, None) if others else None
 
