@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from benchmarks._common import (
     ServerProcess,
     Table,
     base_parser,
+    children_cpu_ns,
     fmt_num,
     fmt_ratio,
     median,
@@ -64,10 +64,10 @@ def bench_once(tool: str, server: ServerProcess, workers: int, pairs: int) -> di
     rounds = max(1, pairs // workers)
     command = [tool, "--workers", str(workers), "--rounds", str(rounds)]
     command += ["--servers", f"{server.host}:{server.port}"]
-    cpu0, tool0 = server.cpu_ns(), _children_cpu_s()
+    cpu0, tool0 = server.cpu_ns(), children_cpu_ns(os.getpid())  # (the tool, once reaped)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     cpu_us = (server.cpu_ns() - cpu0) / 1000 / (rounds * workers)
-    tool_us = (_children_cpu_s() - tool0) * 1e6 / (rounds * workers)
+    tool_us = (children_cpu_ns(os.getpid()) - tool0) / 1000 / (rounds * workers)
     found = _THROUGHPUT.search(done.stdout)
     if done.returncode != 0 or found is None:
         raise RuntimeError(
@@ -82,13 +82,6 @@ def bench_once(tool: str, server: ServerProcess, workers: int, pairs: int) -> di
         "server_cpu_us_per_pair": cpu_us,
         "tool_cpu_us_per_pair": tool_us,
     }
-
-
-def _children_cpu_s() -> float:
-    """CPU seconds of this process's children that ended and were waited for (the bench
-    tool's runs: the servers are still running)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _version(binary: str) -> str:
