@@ -213,7 +213,8 @@ class Journal:
     """Appends records (``grant``, ``extend``, ``move``, ``note``, ``drop``) for the lock
     table, writes them at ``flush``, fsyncs by the policy, compacts, and notes when it cannot
     be written (``writable``; ``recover`` tries again). Runs on the server's loop; only the
-    everysec fsync runs in a thread of its own (``sync_in_background``).
+    everysec fsync runs in a thread of its own, one for the journal's life
+    (``sync_in_background``).
 
     ``clock`` is the table's clock (the loop's monotonic time): an expiry ``t`` on it is
     recorded as the wall time ``anchor_wall + (t - anchor_clock)``. ``fsync_file`` and
@@ -233,8 +234,10 @@ class Journal:
         "_must_sync",
         "_size",
         "_sync_error",
+        "_sync_on_loop",
+        "_sync_wanted",
         "_synced",
-        "_syncing",
+        "_syncer",
         "_written",
         "buf",
         "failure",
@@ -290,7 +293,13 @@ class Journal:
         undo before any reply of that batch leaves (``take_refused``)."""
         self._fd = -1
         self._fd_lock = threading.Lock()
-        self._syncing = False
+        self._sync_wanted = threading.Event()
+        """Set for the everysec thread: fsync what was written (or end, once closed)."""
+        self._sync_on_loop = False
+        """No everysec thread could be started: the loop fsyncs (logged once per episode)."""
+        self._syncer: threading.Thread | None = None
+        """The everysec thread, started at the first ``sync_in_background`` (and again should
+        it have ended)."""
         self._size = 0
         self._anchor_clock = 0.0
         self._anchor_wall_ms = 0
@@ -583,21 +592,45 @@ class Journal:
             self.stats.fsyncs += 1
 
     def sync_in_background(self) -> None:
-        """``everysec``: fsync in a thread of its own when something was written and no fsync
-        is under way (the loop never waits for the disk)."""
-        if self.fsync != "everysec" or not self.dirty or self._syncing or not self.writable:
+        """``everysec``: have the journal's fsync thread fsync what was written (the loop never
+        waits for the disk). One thread does every fsync of the journal's life: a thread
+        started per fsync once left the journal never fsynced again when one could not be
+        started (a container at its pid limit). Where even the first cannot be started, the
+        fsync is done here, on the loop, until one can."""
+        if self.fsync != "everysec" or not self.dirty or not self.writable:
             return
-        self._syncing = True
-
-        def run() -> None:
+        if self._syncer is None or not self._syncer.is_alive():
+            syncer = threading.Thread(target=self._sync_when_wanted, name="dflockd-journal-fsync")
+            syncer.daemon = True
             try:
-                self.sync()
-            except OSError as exc:
-                log.error("journal: fsync of %s failed: %s", self.path, exc)
-            finally:
-                self._syncing = False
+                syncer.start()
+            except RuntimeError as exc:  # "can't start new thread"
+                if not self._sync_on_loop:
+                    self._sync_on_loop = True
+                    log.error("journal: no thread for the everysec fsync (%s): on the loop", exc)
+                self._sync_logged()
+                return
+            self._syncer = syncer
+            if self._sync_on_loop:
+                self._sync_on_loop = False
+                log.info("journal: the everysec fsync has its thread again")
+        self._sync_wanted.set()
 
-        threading.Thread(target=run, name="dflockd-journal-fsync", daemon=True).start()
+    def _sync_when_wanted(self) -> None:
+        """The everysec thread: fsync each time the loop asks, until the journal is closed."""
+        while True:
+            self._sync_wanted.wait()
+            self._sync_wanted.clear()
+            if self._fd < 0:
+                return
+            self._sync_logged()
+
+    def _sync_logged(self) -> None:
+        """``sync``, its failure logged (the loop's next ``flush`` fails the journal)."""
+        try:
+            self.sync()
+        except OSError as exc:
+            log.error("journal: fsync of %s failed: %s", self.path, exc)
 
     def wants_compaction(self, live: int) -> bool:
         """Whether the file holds mostly records of leases gone (then ``compact``): past
@@ -654,6 +687,7 @@ class Journal:
                 fd, self._fd = self._fd, -1
             if fd >= 0:
                 os.close(fd)
+            self._sync_wanted.set()  # the everysec thread ends
 
 
 def _fsync_dir(directory: str) -> None:

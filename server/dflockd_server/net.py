@@ -290,6 +290,10 @@ class Server:
         self._fence_ahead = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dflockd-fence-ceiling"
         )
+        # Its thread started now, not at the first store (half a block of grants later): a
+        # server that can start no more threads by then (a container at its pid limit) would
+        # grant nothing past the ceiling.
+        await loop.run_in_executor(self._fence_ahead, _nothing)
         fence.store_ahead(self._fence_ahead)
         # Recorded (and a cluster member's published) before serving: a start killed during
         # its grace leaves the same bound, and the leases it restores are covered.
@@ -645,3 +649,7 @@ class Server:
         pruned = self.table.gc(self.config.gc_max_idle_s)
         if pruned:
             log.debug("pruned %d idle key(s)", pruned)
+
+
+def _nothing() -> None:
+    """A task that starts an executor's thread."""

@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import uuid
 import zlib
@@ -25,10 +26,13 @@ import pytest
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.errors import ServerReadOnly
 from dflockd_server import journal as journal_module
+from dflockd_server.config import Config
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, boot_id, read_journal
 from dflockd_server.keys import Holder
 from dflockd_server.table import LockTable
+from dflockd_server.testing import ServerThread
 from tests.support.disks import fill, small_tmpfs
+from tests.support.pids import no_more_threads
 from tests.support.servers import clean_env, dflockd_executable, dflockd_subprocess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire
@@ -307,6 +311,56 @@ def test_a_grant_after_a_failed_compaction_is_in_the_journal_on_disk(
     journal.flush()  # acknowledged: the reply would leave now
     assert not getattr(journal, "refused", [])
     assert set(read_journal(path).leases) == {first.token, after.token}
+
+
+def _fsyncs(wire: Wire) -> int:
+    stats = json.loads(wire.req("stats", "_", "_").removeprefix("ok "))
+    return int(stats["journal"]["fsyncs"])
+
+
+@pytest.mark.parametrize("limited", ["after-the-first-fsync", "from-the-start"])
+def test_everysec_goes_on_fsyncing_on_a_host_that_can_start_no_more_threads(
+    tmp_path: Path, limited: str
+) -> None:
+    """A nemesis: the server reaches its container's pid limit (threads count). The everysec
+    fsync ran in a thread started per fsync: once one could not be started, the journal was
+    never fsynced again, its stats and log saying nothing of it (stats' ``fsyncs`` stood
+    still while grants went on). Now one thread, started at the first everysec fsync, does
+    them all; where even that one cannot be started, the loop fsyncs, and says so."""
+    log_path = tmp_path / "dflockd.log"
+    with (
+        dflockd_subprocess(log_path, "--state-dir", str(tmp_path / "state")) as (proc, address),
+        Wire(address) as wire,
+    ):
+        if limited == "after-the-first-fsync":
+            opened = _fsyncs(wire)
+            wire.lock("before", lease=LEASE)
+            wait_until(lambda: _fsyncs(wire) > opened, timeout=10.0, what="an everysec fsync")
+        with no_more_threads(proc.pid):
+            start = _fsyncs(wire)
+            for i in range(3):
+                wire.lock(f"limited-{i}", lease=LEASE)
+                wait_until(
+                    lambda: _fsyncs(wire) > start + i,  # noqa: B023 (called at once)
+                    timeout=10.0,
+                    what=f"an everysec fsync after grant {i} under the pid limit",
+                )
+            assert proc.poll() is None
+        log = log_path.read_text()
+        assert "Traceback" not in log
+        on_the_loop = log.count("no thread for the everysec fsync")
+        assert on_the_loop == (1 if limited == "from-the-start" else 0), log
+
+
+def test_the_fence_ceiling_thread_is_started_with_the_server(tmp_path: Path) -> None:
+    """The same nemesis for the fence counter: each next ceiling is stored on a thread of its
+    own, which was started at the first store, half a block (524,288 grants) after the start.
+    A server at its pid limit by then could store no ceiling, and granted nothing past the
+    stored one. The thread is now started before the server serves. (Driving a real server
+    through half a block of grants under a pid limit takes longer than a test may.)"""
+    with ServerThread(Config(host="127.0.0.1", port=0, state_dir=str(tmp_path / "state"))):
+        names = [thread.name for thread in threading.enumerate()]
+        assert any(name.startswith("dflockd-fence-ceiling") for name in names), names
 
 
 def test_a_failed_fsync_is_a_failed_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
