@@ -241,6 +241,18 @@ class _Schedule:
             self._starting -= 1
             raise
 
+    def _start_spare(self) -> None:
+        """Start a thread to keep time for the other renewals while this one runs (mutex
+        held). Where none can be started (a process at its pid limit), carry on without: the
+        others are renewed late, after this one, rather than never (the error used to end this
+        thread, and the renewal it had taken with it)."""
+        try:
+            self._start_thread()
+        except RuntimeError as exc:
+            logger.warning(
+                "dflock renewal: no spare thread (%s); renewing with the ones running", exc
+            )
+
     def _loop(self) -> None:
         leave_signals_to_the_main_thread()
         renewal: Renewal | None = None
@@ -300,7 +312,7 @@ class _Schedule:
                         if self._spares:
                             self._spare.notify()
                         elif self.threads < MAX_RENEWAL_THREADS and self._all_stalled(now):
-                            self._start_thread()
+                            self._start_spare()
                     self._busy[me] = now
                     return renewal
                 timeout = due - now

@@ -154,7 +154,7 @@ async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool
             await holding.checkin(conn)
             raise
         if granted and keep:
-            holding.start_renewing(conn)
+            await holding.start_renewing(conn)
         elif core.state is LockState.ENQUEUED:
             holding.conn = conn
         else:
@@ -206,7 +206,7 @@ async def wait(holding: AsyncHolding, timeout_s: float | None = None) -> bool:
             conn.close()
             raise
         if granted:
-            holding.start_renewing(conn)
+            await holding.start_renewing(conn)
             return True
         await conn.aclose()  # leave the queue for sure
         return False
@@ -236,7 +236,7 @@ async def take_over(holding: AsyncHolding, token: str, note: str, close_lease: i
         if not held:
             await holding.checkin(conn)
             return False
-        holding.start_renewing(conn)
+        await holding.start_renewing(conn)
         return True
 
 

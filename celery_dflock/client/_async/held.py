@@ -156,16 +156,32 @@ class AsyncHolding:
             await conn.aclose()
 
     # ------------------------------------------------------------------ renewing
-    def start_renewing(self, conn: AsyncConnection) -> None:
-        """After a grant (operation lock held): pin ``conn``, renew, watch it."""
+    async def start_renewing(self, conn: AsyncConnection) -> None:
+        """After a grant (operation lock held): pin ``conn``, renew, watch it. Where the
+        renewal cannot be started (a process at its pid limit starts no renewal thread), the
+        grant is released at once, not left held unrenewed until its lease ends, and the error
+        says so."""
         self.conn = conn
         event = self._lost_event
         if event is not None:
             event.clear()
         core = self.core
-        self.driver.start(
-            conn, core.renew_interval(), core.first_renewal_in(), f"dflock-renew:{core.key}"
-        )
+        try:
+            self.driver.start(
+                conn, core.renew_interval(), core.first_renewal_in(), f"dflock-renew:{core.key}"
+            )
+        except Exception as exc:
+            exc.add_note(
+                f"dflock: the renewal of {core.what} could not be started, so its grant was "
+                "released (a process at its thread or pid limit?)"
+            )
+            try:
+                await self._release_locked()
+            except Exception:  # the exception above says what failed first
+                logger.debug("releasing %s after a failed start failed", core.what, exc_info=True)
+            if core.state is not LockState.IDLE:
+                core.reset()
+            raise
 
     async def renew_guarded(self, scheduled: bool) -> bool | None:
         """`renew_once`, where an unexpected error marks the lock lost instead of escaping
@@ -494,9 +510,17 @@ class AsyncHolding:
             redact(later.broken or "unreachable"),
             max(0.0, later.lease_left()),
         )
-        self._releasing = background(
-            lambda: self._release_in_background(later), f"dflock-release:{later.key}"
-        )
+        try:
+            self._releasing = background(
+                lambda: self._release_in_background(later), f"dflock-release:{later.key}"
+            )
+        except RuntimeError as exc:  # no thread (a process at its pid limit): the lease frees it
+            logger.warning(
+                "releasing dflock %s: no thread to release it in the background (%s); the "
+                "lease frees it",
+                later.what,
+                exc,
+            )
 
     async def _release_in_background(self, core: LockCore) -> None:
         """`_release_later`'s work: release ``core``'s grant by token, pausing between
