@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, cast
 
 from celery_dflock._celery import (
@@ -56,6 +56,17 @@ WATCH_FIRST_PAUSE_S: Final = 1.0
 WATCH_MAX_PAUSE_S: Final = 15.0
 """While some of its lock servers do not answer, a worker pings them after 1 s, doubling up to
 15 s, and logs when they answer again."""
+
+
+def _in_a_thread(target: Callable[..., object], name: str, *args: object) -> bool:
+    """Run ``target(*args)`` in a daemon thread; False, logged, when none can be started (a
+    worker at its pid limit: threads count), so that a signal receiver carries on."""
+    try:
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+    except RuntimeError as exc:
+        logger.warning("dflock: no thread for %s (%s)", name, exc)
+        return False
+    return True
 
 
 def _app_of(obj: Any) -> Any:
@@ -112,11 +123,7 @@ class _Hooks:
         _register_outages_command()
         runtime = get_runtime(self.app)
         runtime.records = HeldRecords.for_main_process(self.main_pid)
-        threading.Thread(
-            target=self._clean_up_after_dead_workers,
-            name="dflock-leftovers",
-            daemon=True,
-        ).start()
+        _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers")
         if runtime.records is None:
             logger.warning(
                 "dflock: no private directory for held-lock records in %s; locks of killed "
@@ -132,9 +139,7 @@ class _Hooks:
             logger.warning("dflock: %s", warning)
         # Asked from a thread: an unreachable server costs a connect timeout, which must not
         # hold up the worker.
-        threading.Thread(
-            target=self._report_servers, name="dflock-servers-check", daemon=True
-        ).start()
+        _in_a_thread(self._report_servers, "dflock-servers-check")
 
     def _report_servers(self) -> None:
         """Log which lock servers this worker reaches; warn, naming ``dflock_servers``, about
@@ -201,9 +206,9 @@ class _Hooks:
             if self._watching:
                 return
             self._watching = True
-        threading.Thread(
-            target=self._watch_servers, name="dflock-servers-watch", daemon=True
-        ).start()
+        if not _in_a_thread(self._watch_servers, "dflock-servers-watch"):
+            with self._watch_guard:
+                self._watching = False  # the next outage tries again (it stayed set for good)
 
     def _watch_servers(self) -> None:
         leave_signals_to_the_main_thread()
@@ -285,12 +290,7 @@ class _Hooks:
         held = hold_of(header(request, HOLD_HEADER))
         if held is not None:
             # Dropped before it ran: its publish-time hold has no run to end it.
-            threading.Thread(
-                target=self._release_hold,
-                args=(held, task_id),
-                name=f"dflock-revoked-{task_id}",
-                daemon=True,
-            ).start()
+            _in_a_thread(self._release_hold, f"dflock-revoked-{task_id}", held, task_id)
 
     def _release_hold(self, held: HoldRef, task_id: str | None) -> None:
         leave_signals_to_the_main_thread()
@@ -329,12 +329,7 @@ class _Hooks:
 
     def _release_orphans_soon(self, task_id: str) -> None:
         # The consumer's thread must not block on a dying child: wait in a thread.
-        threading.Thread(
-            target=self._release_orphans_in_a_thread,
-            args=(task_id,),
-            name=f"dflock-orphan-{task_id}",
-            daemon=True,
-        ).start()
+        _in_a_thread(self._release_orphans_in_a_thread, f"dflock-orphan-{task_id}", task_id)
 
     def _release_orphans_in_a_thread(self, task_id: str) -> None:
         leave_signals_to_the_main_thread()
