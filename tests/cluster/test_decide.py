@@ -59,7 +59,8 @@ def test_each_kind_of_shard() -> None:
     assert d.serving == {0}
     assert d.moving_out == {B: frozenset({1})}
     assert d.failover_due == ()
-    assert d.failover_since == {3: 10.0, 4: 10.0}
+    # Every shard whose current member is gone (or that has none), whatever its target.
+    assert d.failover_since == {3: 10.0, 4: 10.0, 6: 10.0, 7: 10.0}
     # The same pass counts them (what the metrics report); 8..8191 have no assignment.
     assert d.states == {
         "serving": 1,
@@ -116,7 +117,7 @@ def test_a_released_shard_is_taken_at_once_an_empty_current_alone_waits() -> Non
     )
     d = decide(v, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
     assert d.failover_due == (0,)
-    assert d.failover_since == {1: 10.0, 2: 10.0}
+    assert d.failover_since == {1: 10.0, 2: 10.0}  # never a released one: nothing to wait for
     assert d.next_due == 10.0  # the released one is due now (again, if its write failed)
     assert d.verdicts[0] == ERROR_UNAVAILABLE  # until current = self is written and seen
     assert d.verdicts[3] == b"error_moved c:1\n"
@@ -309,3 +310,31 @@ def test_summary_mentions_what_an_operator_needs() -> None:
     assert "b:1: target of 1, serving 1  (not live)" in text  # only its pinned shard stays
     assert "pinned: 3" in text and "not live: 3" in text
     assert "a rebalance would move" in text
+
+
+def test_the_wait_counts_from_when_the_member_was_seen_gone_not_from_the_new_target() -> None:
+    # The leader gives a dead member's shards new targets in batches of writes, seconds apart
+    # when etcd is slow: each heir counts from when it saw the member gone, so one dead
+    # member's shards fall due together, not batch by batch.
+    dead = "d:1"
+    before = view({3: ShardAssignment(dead, dead), 4: ShardAssignment(dead, dead)})
+    seen = decide(before, A, now=10.0, failover_since={}, failover_wait_s=WAIT)
+    assert seen.failover_since == {3: 10.0, 4: 10.0}
+    assert seen.failover_due == () and seen.next_due == math.inf  # not this member's to take
+    assert seen.verdicts[3] == b"error_moved d:1\n"
+    one = view({3: ShardAssignment(A, dead), 4: ShardAssignment(dead, dead)})
+    first = decide(one, A, now=11.0, failover_since=seen.failover_since, failover_wait_s=WAIT)
+    assert first.failover_since == {3: 10.0, 4: 10.0} and first.next_due == 10.0 + WAIT
+    taken = {3: ShardAssignment(A, dead), 4: ShardAssignment(A, dead)}
+    both = view(taken)
+    due = decide(both, A, now=13.0, failover_since=first.failover_since, failover_wait_s=WAIT)
+    assert due.failover_due == (3, 4)
+    # Its key back in etcd: it is live, and nothing is counted for it any more.
+    back = decide(
+        view(taken, {A, B, C, dead}),
+        A,
+        now=13.0,
+        failover_since=due.failover_since,
+        failover_wait_s=WAIT,
+    )
+    assert back.failover_since == {} and back.failover_due == ()

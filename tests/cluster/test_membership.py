@@ -33,7 +33,11 @@ def members(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[...,
     started: list[Member] = []
     prefix = etcd_prefix.rstrip("/")
 
-    def start(*names: str, settle_s: float = 1.0, client: EtcdClient | None = None) -> list[Member]:
+    def start(*names: str, settle_s: float = 2.0, client: EtcdClient | None = None) -> list[Member]:
+        # Membership still for 2 s (the shipped default) before the leader writes a map: the
+        # members start one after another, and a loaded machine can register one more than 1 s
+        # after the one before; a map without it and members that hand nothing over by
+        # themselves never agree.
         new = [
             Member(client or etcd_server.client(), prefix, name, lease_ttl=TTL, settle_s=settle_s)
             for name in names
@@ -227,9 +231,15 @@ def test_members_resynchronise_after_etcd_restarts(tmp_path: Path, etcd_server: 
     private = EtcdServer(binary, tmp_path).start()
     group: list[Member] = []
     try:
-        # A longer lease: the members must not give up while etcd restarts (about a second).
+        # A longer lease: the members must not give up while etcd restarts (about a second
+        # here, more on a loaded machine; a graceful leave revokes it, so it costs no time).
+        # Membership still for 2 s before the first map: with 0.5 s, a loaded CI machine
+        # registered the third member later than that, the map left it out, and the members
+        # (which hand nothing over by themselves) never agreed on the map of three.
         group = [
-            Member(private.client(timeout=2.0), "/restart", name, lease_ttl=6, settle_s=0.5).start()
+            Member(
+                private.client(timeout=2.0), "/restart", name, lease_ttl=15, settle_s=2.0
+            ).start()
             for name in ("a:1", "b:1", "c:1")
         ]
         before = ShardMap.initial(["a:1", "b:1", "c:1"])

@@ -21,8 +21,9 @@ member's advertised address):
   until that member hands the shard over.
 - **failover**: target == self, current empty or a member that is not live:
   ``error_unavailable`` until ``failover_wait_s`` (the longest lock lease plus a margin) has
-  passed since this member first saw the shard so (the dead member's grants have run out by
-  then), then it sets current = self (``failover_due``). A shard *released* by a member that
+  passed since this member first saw the shard's current member gone, whatever its target was
+  then (the dead member's grants have run out by then), then it sets current = self
+  (``failover_due``). A shard *released* by a member that
   left gracefully (current empty and flag ``released``: nothing granted on it is held any more,
   and the member published its fence ceiling before writing it) is due at once.
 - **other**: ``error_moved <current>`` (the target when current is empty).
@@ -80,7 +81,8 @@ class Decision:
     failover_due: tuple[int, ...]
     """Shards whose dead current member's grants have surely run out: set current = self."""
     failover_since: Mapping[int, float]
-    """When this member first saw each shard it waits to fail over (carry to the next call)."""
+    """When this member first saw each shard's current member gone (or the shard without one),
+    whichever member the shard's target is (carry to the next call)."""
     states: Mapping[str, int]
     """How many shards are in each of ``SHARD_STATES`` (they add up to ``SHARD_COUNT``)."""
     holding: frozenset[int] = frozenset()
@@ -147,6 +149,11 @@ def decide(
     next_due = math.inf
     for shard, a in shard_map.items():
         current, target, split = a.current, a.target, a.split
+        if (not current or current not in live) and not a.released:
+            # Counted from when this member first saw the shard's current member gone, whoever
+            # the shard's target is then: the leader's new targets, written in batches, start
+            # no wait of their own (one gone member's shards are due together).
+            since[shard] = failover_since.get(shard, now)
         if current == me and target == me and not split:
             serving.add(shard)
             if cleared is None or shard in cleared:
@@ -178,8 +185,7 @@ def decide(
                 next_due = min(next_due, now)
             elif not current or current not in live:
                 failing_over += 1
-                first = failover_since.get(shard, now)
-                since[shard] = first
+                first = since[shard]
                 wait = failover_wait_s
                 if failover_waits and current:
                     wait = failover_waits.get(current, failover_wait_s)

@@ -48,7 +48,7 @@ and every shard when the member cannot show its lease alive, are left to the fai
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 
 from dflockd_server.cluster.decide import Decision, handover_due
 from dflockd_server.cluster.etcd import Compare, EtcdClient
@@ -92,6 +92,12 @@ class Handover:
         self._written_from: dict[int, int] = {}
         self._split_gone_since: dict[int, float] = {}
         """Shards this member splits towards a node that is not live: since when (seen)."""
+        self._split_waits: dict[str, float] = {}
+        """Nodes not live that this member's shards are split towards: the wait read for each
+        (the longest lease it published, ``max_lease_ttl_s`` if none, plus the margin)."""
+        self._waits: dict[str, float | None] = {}
+        """Gone members whose shards this one waits to take: the wait read for each (None:
+        it published no longest lease)."""
         # Counters (the node's thread adds; a scrape reads).
         self.handovers = 0
         self.failovers = 0
@@ -101,11 +107,17 @@ class Handover:
         """Forget what was seen and written (the member fenced itself: a rejoin starts
         afresh)."""
         self._split_gone_since = {}
+        self._split_waits = {}
         self._written_from = {}
+        self._waits = {}
 
-    def failover_waits(self, view: ClusterView) -> dict[str, float] | None:
+    def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float] | None:
         """For each gone member whose shards this one waits to take: the longest lease it
-        published, plus the margin (read from etcd only while such a wait runs)."""
+        published, plus the margin. Read from etcd once the member is seen gone (a gone member
+        grants nothing more, so it publishes no longer lease that counts), when another member
+        joins the waits, and when ``fresh`` (before a failover is carried out); not at every
+        decision while the wait runs, which news from etcd (the leader's new targets, in
+        batches, and the others' failovers) brings many times."""
         me, live = self.advertise, view.members
         gone = {
             a.current
@@ -113,24 +125,43 @@ class Handover:
             if a.target == me and a.current and a.current not in live and not a.released
         }
         if not gone:
+            self._waits = {}
             return None
-        published = published_longest(self.client, self.prefix)
-        return {m: published[m] + self.failover_margin_s for m in gone if m in published}
+        if fresh or not gone <= self._waits.keys():
+            published = published_longest(self.client, self.prefix)
+            margin = self.failover_margin_s
+            self._waits = {m: (published[m] + margin if m in published else None) for m in gone}
+        else:
+            self._waits = {m: self._waits[m] for m in gone}
+        return {m: w for m, w in self._waits.items() if w is not None}
 
-    def take_over(self, view: ClusterView, member: Member, shards: Collection[int]) -> None:
+    def take_over(
+        self,
+        view: ClusterView,
+        member: Member,
+        shards: Collection[int],
+        gone_at: Mapping[str, int],
+    ) -> set[str]:
         """Set current = this member for shards whose failover wait is over (or that their
         member released), each on condition that their gone member has not registered again
-        meanwhile (``_write_while_gone``)."""
+        since this member saw it gone (``_write_while_gone``; ``gone_at``: the revision of the
+        view that first showed each gone member so). The gone members whose writes that
+        condition refused: their waits start again."""
         shard_map = view.shard_map
         by_gone: dict[str, dict[int, ShardAssignment]] = {}
         for s in shards:
             by_gone.setdefault(shard_map[s].current, {})[s] = shard_map[s].served_by(self.advertise)
         written: set[int] = set()
+        refused: set[str] = set()
         for gone, new in by_gone.items():
-            written |= self._write_while_gone(view, member, gone, new)
+            done, failed = self._write_while_gone(view, member, gone, gone_at.get(gone, 0), new)
+            written |= done
+            if failed and gone:
+                refused.add(gone)
         released = sum(shard_map[s].released for s in written)
         self.released_takeovers += released
         self.failovers += len(written) - released
+        return refused
 
     def move_out(
         self, view: ClusterView, member: Member, decision: Decision, fence: FenceCounter
@@ -153,17 +184,21 @@ class Handover:
         if not done:
             return
         fence.publish()  # before the next owner can read it
-        written = self._write_assignments(
+        written, _ = self._write_assignments(
             view, member, {s: shard_map[s].served_by(moving[s]) for s in done}
         )
         self.handovers += len(written)
 
-    def unsplit(self, view: ClusterView, member: Member, now: float) -> None:
+    def unsplit(
+        self, view: ClusterView, member: Member, now: float, gone_at: Mapping[str, int]
+    ) -> None:
         """A shard split towards a node that is gone: its free keys are unavailable here
         meanwhile. Once every lease that node may have granted has surely ended (the longest
         it published, ``max_lease_ttl_s`` if none, plus the margin, counted from when this
         member first saw it gone, as a failover), the split is dropped and the shard moves on
-        as any other."""
+        as any other. That longest lease is read from etcd when the node is seen gone and
+        again just before a split is dropped, not at each step (a shard moving out makes the
+        node's thread step every tick)."""
         live = view.members
         gone = {
             s: a.split
@@ -171,36 +206,73 @@ class Handover:
             if a.current == self.advertise and a.split and a.split not in live
         }
         self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
-        if not gone:
+        nodes = set(gone.values())
+        waits = {n: w for n, w in self._split_waits.items() if n in nodes}
+        if not nodes <= waits.keys():
+            waits = self._split_waits_of(nodes)
+        self._split_waits = waits
+        if not self._due_splits(gone, now):
             return
-        published = published_longest(self.client, self.prefix)
-        due = [
-            s
-            for s, node in gone.items()
-            if now - self._split_gone_since[s]
-            >= published.get(node, self.max_lease_ttl_s) + self.failover_margin_s
-        ]
+        self._split_waits = self._split_waits_of(nodes)  # read again before it is dropped
+        due = self._due_splits(gone, now)
         if due:
             shard_map = view.shard_map
             by_gone: dict[str, dict[int, ShardAssignment]] = {}
             for s in due:
                 by_gone.setdefault(gone[s], {})[s] = shard_map[s].unsplit()
             for node, new in by_gone.items():
-                self._write_while_gone(view, member, node, new)
+                _, failed = self._write_while_gone(view, member, node, gone_at.get(node, 0), new)
+                if failed:
+                    # Registered again since it was seen gone (or this member's lease is
+                    # gone): the wait starts again.
+                    for s in new:
+                        self._split_gone_since.pop(s, None)
+
+    def _split_waits_of(self, nodes: Collection[str]) -> dict[str, float]:
+        """For each node: the longest lease it published (``max_lease_ttl_s`` if none), plus
+        the margin (one read from etcd; none for no nodes)."""
+        if not nodes:
+            return {}
+        published = published_longest(self.client, self.prefix)
+        margin = self.failover_margin_s
+        return {n: published.get(n, self.max_lease_ttl_s) + margin for n in nodes}
+
+    def _due_splits(self, gone: Mapping[int, str], now: float) -> list[int]:
+        """The shards of ``gone`` (shard -> the node not live it is split towards) whose wait
+        is over."""
+        since, waits = self._split_gone_since, self._split_waits
+        return [s for s, node in gone.items() if now - since[s] >= waits[node]]
 
     def _write_while_gone(
-        self, view: ClusterView, member: Member, gone: str, new: dict[int, ShardAssignment]
-    ) -> frozenset[int]:
-        """``_write_assignments``, on condition too that ``gone`` (a member this one saw gone,
-        "" for none) has no member key in etcd: a member that registers again just as its
-        shards are taken (a failover) or its split dropped (an unsplit) reads the map after its
-        registration, so it either sees this write or makes it fail; it never serves, from a
-        map read a moment too early, a grant it still has in its table (one its leases kept,
-        or one a closing connection detached) while this member grants the key."""
+        self,
+        view: ClusterView,
+        member: Member,
+        gone: str,
+        seen_gone_at: int,
+        new: dict[int, ShardAssignment],
+    ) -> tuple[frozenset[int], bool]:
+        """``_write_assignments``, on condition too that ``gone`` (a member this one saw gone
+        in the view of revision ``seen_gone_at``; "" for none) has no member key in etcd, and
+        registered last at or before that revision.
+
+        Absent: a member that registers again just as its shards are taken (a failover) or its
+        split dropped (an unsplit) reads the map after its registration, so it either sees
+        this write or makes it fail; it never serves, from a map read a moment too early, a
+        grant it still has in its table (one its leases kept, or one a closing connection
+        detached) while this member grants the key.
+
+        Not registered since: a member that came back and died again while this one's view
+        missed it (a silent watch, a thread held up for seconds) granted or renewed leases in
+        that life, which the wait, counted from before it, does not cover. Its registration
+        key (``ClusterKeys.registered``, no lease) was put after the revision: the write fails
+        and the wait starts again. (A member of a version that writes no such key compares as
+        never registered: the condition is as before.)"""
         if not gone:
             return self._write_assignments(view, member, new)
-        absent = Compare(member.keys.member(gone), "CREATE", "EQUAL", 0)
-        return self._write_assignments(view, member, new, also=absent)
+        keys = member.keys
+        absent = Compare(keys.member(gone), "CREATE", "EQUAL", 0)
+        not_since = Compare(keys.registered(gone), "MOD", "LESS", seen_gone_at + 1)
+        return self._write_assignments(view, member, new, also=(absent, not_since))
 
     def release(
         self, member: Member, keep: frozenset[int], fence: FenceCounter, now: float
@@ -246,10 +318,11 @@ class Handover:
         member: Member,
         new: dict[int, ShardAssignment],
         *,
-        also: Compare | None = None,
-    ) -> frozenset[int]:
+        also: Sequence[Compare] = (),
+    ) -> tuple[frozenset[int], bool]:
         """Write, each on condition that the shard is as seen and this member still alive
-        (and ``also``); the shards written."""
+        (and ``also``): the shards written, and whether one of those other conditions refused
+        a write (the shards after it were not written)."""
         # A write this view does not show yet is not repeated (it would only conflict).
         writes = {
             s: ShardWrite(view.revisions.get(s, 0), a)
@@ -260,10 +333,9 @@ class Handover:
             s: r for s, r in self._written_from.items() if view.revisions.get(s, 0) == r
         }
         if not writes:
-            return frozenset()
+            return frozenset(), False
         alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
-        conditions = [alive] if also is None else [alive, also]
-        result = write_shards(self.client, member.keys.shards, writes, condition=conditions)
+        result = write_shards(self.client, member.keys.shards, writes, condition=[alive, *also])
         for s in result.written:
             self._written_from[s] = writes[s].revision
         if result.written:
@@ -272,4 +344,4 @@ class Handover:
                 self.advertise,
                 len(result.written),
             )
-        return frozenset(result.written)
+        return frozenset(result.written), result.condition_failed

@@ -3,7 +3,10 @@
 A ``Member`` (one per server process) does, under ``<prefix>``:
 
 - registers ``<prefix>/members/<advertise>`` under an etcd lease that a thread keeps alive, so
-  a member whose process or host dies disappears when its lease runs out;
+  a member whose process or host dies disappears when its lease runs out; in the same
+  transaction it puts ``<prefix>/registered/<advertise>`` (no lease: it outlives the member),
+  whose ``mod_revision`` tells an heir whether the member registered again after the heir saw
+  it gone (``cluster.handover``: a life the heir's view missed);
 - takes part in the election: the leader is whoever holds ``<prefix>/leader``, created only if
   absent and under the member's lease (it goes with its holder; the others then try again);
 - as the leader, writes the map, one key per shard (``<prefix>/shard/<id>`` = the seed's value
@@ -47,6 +50,7 @@ from dflockd_server.cluster.etcd import (
     DuplicateMember,
     EtcdClient,
     EtcdError,
+    Put,
     Watch,
     WatchEvent,
 )
@@ -94,6 +98,10 @@ class ClusterKeys:
     def member(self, advertise: str) -> str:
         return self.members + advertise
 
+    def registered(self, advertise: str) -> str:
+        """Put with each registration of ``advertise``, no lease (see the module's docstring)."""
+        return f"{self.prefix}/registered/{advertise}"
+
     def shard(self, shard: int) -> str:
         return f"{self.shards}{shard}"
 
@@ -107,6 +115,9 @@ class ClusterView:
     shard_map: ShardMap
     revisions: Mapping[int, int] = field(default_factory=dict[int, int])
     """Each shard key's ``mod_revision`` as read (for writes conditioned on it)."""
+    revision: int = 0
+    """The etcd revision up to which this view holds the prefix (every change at or before it
+    is in it)."""
 
 
 class Member:
@@ -197,9 +208,12 @@ class Member:
         while True:
             sent = self._clock()
             lease = self.client.lease_grant(self.lease_ttl)
-            if self.client.create_if_absent(key, self.advertise, lease=lease.id) or (
-                self._registered_under(key, lease.id)
-            ):
+            registered = Put(self.keys.registered(self.advertise), str(lease.id))
+            created = self.client.txn(
+                [Compare(key, "CREATE", "EQUAL", 0)],
+                [Put(key, self.advertise, lease.id), registered],
+            ).succeeded
+            if created or self._registered_under(key, lease.id):
                 self.lease_id = lease.id
                 self.lease_valid_until = sent + self.lease_ttl
                 return
@@ -249,6 +263,7 @@ class Member:
                 self._leader,
                 self._shard_map(),
                 dict(self._revisions),
+                self._seen_revision,
             )
 
     def _shard_map(self) -> ShardMap:

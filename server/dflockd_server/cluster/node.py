@@ -177,6 +177,9 @@ class ClusterNode:
         self._thread: threading.Thread | None = None
         # Owned by the node's thread:
         self._failover_since: dict[int, float] = {}
+        self._gone_at: dict[str, int] = {}
+        """Each member the map names (current or split) that is not live -> the revision of
+        the first view that showed it so (its waits count from then; ``Handover.take_over``)."""
         self._raised: dict[int, tuple[str, str]] = {}
         """Shard -> the assignment (current member, split) under which this member last raised
         its fence for it: a shard whose assignment changed since is held back until raised."""
@@ -403,7 +406,12 @@ class ClusterNode:
             self._next_join = now + REJOIN_RETRY_S
             self._rejoin(member)
             return
+        self._note_gone(view)
         decision = self._decide(view, now)
+        if decision.failover_due:
+            # The gone members' published longest leases read again before their shards are
+            # taken (between, the wait runs on what was read when they were seen gone).
+            decision = self._decide(view, now, fresh_waits=True)
         self._publish(view, decision, valid_until)
         self._fail_waiters_of_lost_shards(decision)
         shard_map = view.shard_map
@@ -422,9 +430,35 @@ class ClusterNode:
         self._failover_since = dict(decision.failover_since)
         self._rest_until = 0.0 if decision.moving_out else decision.next_due
         self._handover.move_out(view, member, decision, self.fence)
-        self._handover.unsplit(view, member, now)
+        self._handover.unsplit(view, member, now, self._gone_at)
         if decision.failover_due:
-            self._handover.take_over(view, member, decision.failover_due)
+            again = self._handover.take_over(view, member, decision.failover_due, self._gone_at)
+            if again:
+                self._wait_again(view, again)
+
+    def _note_gone(self, view: ClusterView) -> None:
+        """Keep ``_gone_at`` for the members the map names that are not live (first seen)."""
+        live, gone_at = view.members, self._gone_at
+        named = {n for _, a in view.shard_map.items() for n in (a.current, a.split) if n}
+        self._gone_at = {n: gone_at.get(n, view.revision) for n in named - live}
+
+    def _wait_again(self, view: ClusterView, members: set[str]) -> None:
+        """etcd refused to let this member take these gone members' shards: each registered
+        again after this member first saw it gone (a life its view missed, or one going on;
+        ``Handover._write_while_gone``), or this member's own etcd lease is gone (it fences
+        itself at its next step). Their shards' waits start again, as if seen gone now."""
+        log.warning(
+            "cluster member %s: taking the shards of %s refused: registered again since it was "
+            "seen gone (or this member's etcd lease is gone); waiting its longest lease again",
+            self.advertise,
+            ", ".join(sorted(members)),
+        )
+        shard_map = view.shard_map
+        self._failover_since = {
+            s: t for s, t in self._failover_since.items() if shard_map[s].current not in members
+        }
+        self._gone_at = {m: r for m, r in self._gone_at.items() if m not in members}
+        self._rest_until = 0.0
 
     def _fail_waiters_of_lost_shards(self, decision: Decision) -> None:
         """The shards that stopped being this member's (taken by another, or unassigned):
@@ -450,7 +484,7 @@ class ClusterNode:
             return f"etcd lease not renewed for {self.lease_ttl_s} s"
         return None
 
-    def _decide(self, view: ClusterView, now: float) -> Decision:
+    def _decide(self, view: ClusterView, now: float, *, fresh_waits: bool = False) -> Decision:
         """The decision, holding back the shards not yet covered by a raised fence."""
         return decide(
             view,
@@ -459,7 +493,7 @@ class ClusterNode:
             failover_since=self._failover_since,
             failover_wait_s=self.failover_wait_s,
             cleared=self._cleared(view),
-            failover_waits=self._handover.failover_waits(view),
+            failover_waits=self._handover.failover_waits(view, fresh=fresh_waits),
         )
 
     def _cleared(self, view: ClusterView) -> frozenset[int]:
@@ -533,6 +567,7 @@ class ClusterNode:
             log.warning("cluster member %s: fenced, granting nothing: %s", self.advertise, reason)
         self.fenced_reason = reason
         self._failover_since = {}
+        self._gone_at = {}
         self._raised = {}
         self._handover.forget()
         self._seen_updates = -1

@@ -115,7 +115,8 @@ def read_view(client: EtcdClient, prefix: str) -> ClusterView:
     leader: str | None = None
     shards: dict[int, ShardAssignment] = {}
     revisions: dict[int, int] = {}
-    for kv in client.range(keys.root, prefix=True).kvs:
+    read = client.range(keys.root, prefix=True)
+    for kv in read.kvs:
         if kv.key.startswith(keys.members):
             members.add(kv.key[len(keys.members) :])
         elif kv.key == keys.leader:
@@ -129,7 +130,7 @@ def read_view(client: EtcdClient, prefix: str) -> ClusterView:
                 shards[int(tail)] = ShardAssignment.parse(kv.value)
             except ValueError:
                 continue  # unreadable: unassigned (the leader reassigns it)
-    return ClusterView(frozenset(members), leader, ShardMap(shards), revisions)
+    return ClusterView(frozenset(members), leader, ShardMap(shards), revisions, read.revision)
 
 
 @dataclass(frozen=True, slots=True)
