@@ -45,6 +45,7 @@ from tests.faults.workload import (
     read_events,
 )
 from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.processes import stop_process
 from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess, run_dflockd
 from tests.support.wire import Wire, holders_and_waiters
@@ -60,6 +61,8 @@ DRAIN_TIMEOUT_S = 45.0
 """How long a SIGTERMed member may take to exit: ``--shutdown-timeout``'s default 30 s, the
 graceful leave's etcd writes, and a loaded machine's slack."""
 PROBE_TIMEOUT_S = 5.0
+MEMBER_LOG_TAIL = 60
+"""How many of each member's last log lines a failed run prints."""
 TAKEOVER_TIMEOUT_S = 60.0
 """How long the tests wait for a shard to pass to another member (not a bound: a deadline for
 an event, generous for a loaded machine)."""
@@ -95,7 +98,7 @@ class DefaultMember(LockServer):
         proc = self.proc
         super().kill()
         if proc is not None:
-            self.logs += proc.lines
+            self.logs += proc.drain()
 
     def terminate(self) -> None:
         """SIGTERM, as a service manager stops it; wait until it has drained and exited
@@ -110,7 +113,7 @@ class DefaultMember(LockServer):
 
     def pause(self) -> None:
         assert self.proc is not None
-        self.proc.proc.send_signal(signal.SIGSTOP)
+        stop_process(self.proc.proc.pid)
 
     def resume(self) -> None:
         assert self.proc is not None
@@ -123,7 +126,10 @@ class NemesisEtcd(EtcdServer):
     def signal(self, signum: int) -> None:
         process = self._process
         assert process is not None and process.poll() is None, "etcd is not running"
-        process.send_signal(signum)
+        if signum == signal.SIGSTOP:
+            stop_process(process.pid)
+        else:
+            process.send_signal(signum)
 
     def kill(self) -> None:
         process, self._process = self._process, None
@@ -215,6 +221,22 @@ class NemesisRun(ClusterLockRun):
         finally:
             for proxy in self.etcd_proxies.values():
                 proxy.stop()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is not None:
+            self.print_member_logs()
+        super().__exit__(*exc_info)
+
+    def print_member_logs(self, tail: int = MEMBER_LOG_TAIL) -> None:
+        """Each member's last ``tail`` log lines, earlier runs included (pytest shows them with
+        a failure: what the members did while the test waited)."""
+        for member in self.members:
+            if not isinstance(member, DefaultMember):
+                continue
+            lines = member.logs + (member.proc.drain() if member.proc is not None else [])
+            print(f"--- {member.advertise}: the last {tail} of {len(lines)} log lines ---")
+            for line in lines[-tail:]:
+                print(line.rstrip())
 
     # ------------------------------------------------------------------ the map, from etcd
     def etcd_owner(self, key: str) -> tuple[str, str]:

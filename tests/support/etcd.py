@@ -23,6 +23,7 @@ import pytest
 
 from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport, tls_context
 from tests.support.ports import free_ports
+from tests.support.processes import stop_process
 
 REQUIRE_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
 START_TIMEOUT_S = 30.0
@@ -197,7 +198,7 @@ class EtcdNode:
 
     def pause(self) -> None:
         assert self.process is not None
-        os.kill(self.process.pid, signal.SIGSTOP)
+        stop_process(self.process.pid)
 
     def resume(self) -> None:
         assert self.process is not None

@@ -9,9 +9,10 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,79 @@ def main_thread_waits_on_io(pid: int) -> bool:
         return False
     state = stat[stat.rindex(")") + 2 :].split(" ", 1)[0]
     return state == "S" and "futex" not in wchan
+
+
+class Script:
+    """``python -c SOURCE ARGS`` driven line by line: the script prints a line when it is at
+    a step, and reads a line from stdin to go on (``step``)."""
+
+    def __init__(self, child: subprocess.Popen[str]) -> None:
+        self.child = child
+        self.pid = child.pid
+
+    def line(self) -> str:
+        """The script's next line, stripped; fails with its stderr if it ended instead."""
+        stdout = self.child.stdout
+        assert stdout is not None
+        said = stdout.readline()
+        if not said:
+            self.child.kill()
+            raise AssertionError(f"the script ended: {self.child.communicate()[1]}")
+        return said.strip()
+
+    def go(self) -> None:
+        """Let the script go on from the step it waits at."""
+        stdin = self.child.stdin
+        assert stdin is not None
+        stdin.write("go\n")
+        stdin.flush()
+
+    def step(self) -> str:
+        """``go``, then the line the script says next."""
+        self.go()
+        return self.line()
+
+
+@contextlib.contextmanager
+def python_script(source: str, *args: str) -> Iterator[Script]:
+    """Run ``source`` in this interpreter with ``args``, its stdin, stdout and stderr piped;
+    killed on exit."""
+    command = [sys.executable, "-c", source, *args]
+    with subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            yield Script(child)
+        finally:
+            child.kill()
+
+
+STOP_TIMEOUT_S = 10.0
+"""How long ``stop_process`` waits for every thread of the process to be stopped."""
+
+
+def stop_process(pid: int) -> None:
+    """SIGSTOP process ``pid`` and return once every one of its threads is stopped.
+
+    The kernel stops a process's threads only when one of them takes the signal: on a loaded
+    machine the thread picked may wait for a CPU while the others run on, and answer a call
+    sent after ``kill`` returned (CI saw a paused etcd node answer so)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while not _all_threads_stopped(pid):
+        assert time.monotonic() < deadline, (
+            f"process {pid} not stopped {STOP_TIMEOUT_S} s after SIGSTOP"
+        )
+        time.sleep(0.001)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (``T``), traced (``t``) or ended (``Z``, ``X``)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended
+        if stat[stat.rindex(")") + 2 :].split(" ", 1)[0] not in ("T", "t", "Z", "X"):
+            return False
+    return True
