@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dflockd_server import Config, constants as c
 from dflockd_server.metrics import COMMAND_NAMES
 from dflockd_server.testing import ServerThread
+from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess
 from tests.support.wire import Wire
 
@@ -171,11 +172,15 @@ def test_refused_connections_are_counted(dflock_server_factory: ServerFactory) -
 
 
 def test_stop_with_metrics_on_frees_the_metrics_port() -> None:
-    first = ServerThread(Config(host="127.0.0.1", port=0, metrics_port=0, metrics_host="127.0.0.1"))
+    # A port below the ephemeral range (not port 0's): one the kernel handed out could be given
+    # to another process's connection between the two servers, and CI once saw that.
+    port = free_port()
+    first = ServerThread(
+        Config(host="127.0.0.1", port=0, metrics_port=port, metrics_host="127.0.0.1")
+    )
     with first:
         url = first.metrics_url
         assert url is not None
-        port = int(url.rsplit(":", 1)[1].split("/")[0])
     again = ServerThread(
         Config(host="127.0.0.1", port=0, metrics_port=port, metrics_host="127.0.0.1")
     )
