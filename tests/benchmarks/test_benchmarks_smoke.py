@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import dflockd_server
 from benchmarks.server import parse_redis_benchmark_csv
 from tests.support.etcd import REQUIRE_ENV, find_etcd
 from tests.support.services import unavailable
@@ -47,6 +48,8 @@ JOURNAL_TARGETS = {
 }
 CLUSTER_TIMEOUT_S = 60
 INSTRUCTIONS_TIMEOUT_S = 300
+"""How long the quick instruction count may take (it runs the server and Redis under
+valgrind: a CI run with the machine loaded twice over took more than the suite's 120 s)."""
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -246,13 +249,15 @@ def test_celery_benchmark_runs_every_variant(quick_run: QuickRun) -> None:
 
 
 def test_profile_sees_the_server_code(quick_run: QuickRun) -> None:
+    """The profile of the server's process lists the server's own functions among its top
+    ones, not only the loop's and the sockets'. Which of its modules ranks there varies with
+    the machine's load (a loaded CI run's quick profile listed ``connection.py``, not the
+    three this test once named): any module of the server counts."""
+    server_modules = {p.name for p in Path(dflockd_server.__file__).parent.rglob("*.py")}
     data = quick_run.results("profile_server")["data"]
     for loop in ("asyncio", "uvloop"):
         functions = [row["function"] for row in data[loop]["top"]]
-        assert any(f.startswith(("net.py", "protocol.py", "table.py")) for f in functions), (
-            loop,
-            functions,
-        )
+        assert any(f.split(":", 1)[0] in server_modules for f in functions), (loop, functions)
 
 
 def test_client_profile_times_each_variant_and_sees_the_client_code(quick_run: QuickRun) -> None:
@@ -358,6 +363,7 @@ def test_cluster_benchmark_quick(tmp_path: Path) -> None:
     assert "Where cluster mode's extra server CPU per pair goes" in text
 
 
+@pytest.mark.timeout(INSTRUCTIONS_TIMEOUT_S + 30)  # its own bound, not the suite's 120 s
 def test_instructions_benchmark_quick(tmp_path: Path) -> None:
     """``benchmarks.instructions --quick`` (one short run per target, start-up counted in):
     dflockd (uvloop) and Redis counted under callgrind, and the client loops; each a positive

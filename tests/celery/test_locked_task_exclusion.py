@@ -89,8 +89,10 @@ def test_two_prefork_workers_on_redis_retry_and_skip(
     workers.start(pool="prefork", concurrency=4)
     app = client_app(settings)
 
-    retried = [r for r in run_retry_batch(app, event_log, 200) if r["lock_retries"] > 0]
-    assert retried, "8 processes over 5 keys never collided"  # so on_locked=retry was used
+    # 50 ms bodies, as the skip batch's: with 10 ms ones a loaded CI machine ran the 200 tasks
+    # of 8 processes without two of one key ever overlapping, and so never retried.
+    retried = [r for r in run_retry_batch(app, event_log, 200, hold=0.05) if r["lock_retries"]]
+    assert retried, "8 processes over 5 keys with 50 ms bodies never collided"  # on_locked=retry
     runs, skipped = run_skip_batch(app, event_log, 200)
     assert skipped, "8 processes over 5 keys with 50 ms bodies never collided"
     assert runs
@@ -214,12 +216,19 @@ def test_config_only_locking_of_a_plain_task(
     )
     make_workers(settings).start(app="apps.plain", pool="prefork", concurrency=2)
     app = client_app(settings)
-    first = app.send_task("apps.plain.third_party_report", (7,), {"hold": 1.0})
-    started = event_log.wait_event("plain_run", 30, customer_id=7)
-    assert started["fence"] is not None  # the body ran under a lock
-    second = app.send_task("apps.plain.third_party_report", (7,), {"hold": 0})
-    skipped = event_log.wait_event("skipped", 30, task_id=second.id)
-    assert skipped["key"] == "plain:7"
+    # `first` holds the key until the test has seen `second` skipped: a timed hold (it was
+    # 1 s) had to outlast the skipped event, the send through the broker, the worker's pick-up
+    # and the child's try, which a loaded CI machine did not always fit in, so `second` ran.
+    release = tmp_path / "release-first"
+    first = app.send_task("apps.plain.third_party_report", (7,), {"release_file": str(release)})
+    try:
+        started = event_log.wait_event("plain_run", 30, customer_id=7)
+        assert started["fence"] is not None  # the body ran under a lock
+        second = app.send_task("apps.plain.third_party_report", (7,), {"hold": 0})
+        skipped = event_log.wait_event("skipped", 30, task_id=second.id)
+        assert skipped["key"] == "plain:7"
+    finally:
+        release.touch()
     assert first.get(timeout=30) == 7
     with pytest.raises(LockSkipped, match=f"'plain:7' is held by task {first.id}"):
         second.get(timeout=10)

@@ -42,6 +42,10 @@ EVENT_TIMEOUT_S = 30.0
 RESULT_TIMEOUT_S = 60.0
 FREE_WAIT_S = 20.0
 """How long a test waits in the key's FIFO queue for a hold to be freed."""
+PER_CALL_PENDING_TTL_S = 8
+"""The per-call ``lock_pending_ttl`` of a message no worker takes: long enough for the checks
+made while it holds (three publishes, a message count, a look at the key) on a loaded CI
+machine, where 2 s was not; well inside `FREE_WAIT_S`, which waits for it to run out."""
 
 
 def messages(rig: Rig, queue: str) -> int:
@@ -240,7 +244,7 @@ def test_per_call_lock_from_and_pending_ttl(rig: Rig) -> None:
     name = unique("percall")
     sent = [
         rig.tasks["plain"].apply_async(
-            (name,), queue=parked, lock_from="publish", lock_pending_ttl=2
+            (name,), queue=parked, lock_from="publish", lock_pending_ttl=PER_CALL_PENDING_TTL_S
         )
         for _ in range(3)
     ]
@@ -257,10 +261,18 @@ def test_retry_keeps_the_hold(rig: Rig) -> None:
     """A run that retries hands its hold to the retry: during the countdown a duplicate still
     gets its id, and the retried run holds the same grant."""
     name = unique("retry")
-    result = rig.tasks["once_retry"].delay(name)
-    rig.log.wait_event("finished", timeout=EVENT_TIMEOUT_S, name=name)
-    assert rig.tasks["once_retry"].delay(name).id == result.id
-    assert rig.tasks["once"].delay(name).id == result.id  # any task on the key
+    # The retried run waits for the release file, so the key stays held until the duplicates
+    # below were sent: without it the retry ended at once, and a loaded CI machine could
+    # reach them only after the 2 s countdown and that run were both over. A hold dropped
+    # during the countdown still shows: the retried run's tokens are checked below.
+    release = rig.release_file(name)
+    result = rig.tasks["once_retry"].delay(name, str(release))
+    try:
+        rig.log.wait_event("finished", timeout=EVENT_TIMEOUT_S, name=name)
+        assert rig.tasks["once_retry"].delay(name).id == result.id
+        assert rig.tasks["once"].delay(name).id == result.id  # any task on the key
+    finally:
+        release.touch()
     assert result.get(timeout=RESULT_TIMEOUT_S) == 1
     first, second = rig.log.entries("started", name=name)
     assert (first["retries"], second["retries"]) == (0, 1)

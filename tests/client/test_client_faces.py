@@ -179,16 +179,28 @@ async def test_two_phase_enqueue_and_wait(make: Maker) -> None:
         await run(second.wait())
 
 
-LATE_LEASE_S = 3
-LATE_WAIT_S = 2.2
+LATE_LEASE_S = 4
+LATE_SESSION_S = 6
+"""The server's session time in that test: renewals every ``LATE_LEASE_S / 2`` s (2 s), not
+every third of the default 3 s session (1 s)."""
+LATE_WAIT_S = 2.5
 """``wait()`` called this long after the queued lock was granted: inside its lease, but past
 the point where the first renewal would have come had the lease been counted from the grant."""
 
 
-async def test_a_grant_collected_late_by_wait_is_renewed_in_time(make: Maker) -> None:
+async def test_a_grant_collected_late_by_wait_is_renewed_in_time(
+    make: Maker, dflock_server_factory: Callable[..., ServerThread]
+) -> None:
     # The server grants a queued lock as soon as it is freed, and its lease runs from then;
     # `w` collects the grant later, with the whole lease in its reply. Counted from the `w`,
-    # the first renewal would come after the lease had run out on the server.
+    # the first renewal would come one renewal interval after it (2.5 + 2 = 4.5 s after the
+    # grant), after the lease had run out on the server (4 s). The `w` and the renewal sent at
+    # once after it have the 1.5 s left of the lease to reach the server: with a 3 s lease, a
+    # 3 s session (renewals every 1 s) and the `w` at 2.2 s they had 0.8 s, too little on a
+    # loaded CI machine. A longer lease alone would not do: on a 3 s session the renewal
+    # interval stays 1 s, and a `w` more than 1 s before the lease's end would not catch the
+    # late first renewal; hence the longer session.
+    make = Maker(make.face, dflock_server_factory(session_ttl_s=LATE_SESSION_S), make.semaphore)
     run = make.face.run
     first = make("2p-late", lease_ttl_s=LATE_LEASE_S)
     assert await run(first.acquire())

@@ -10,7 +10,6 @@ import ssl
 import struct
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,10 +66,17 @@ async def test_tls_async(
 
 class _PausingContext(ssl.SSLContext):
     """A real client context whose holder pauses between its connect and its TLS handshake
-    (a paused or busy process): the peer's reset lands in that pause."""
+    (a paused or busy process) while the peer resets that connection: ``connected`` is
+    released once the connect has returned, and the handshake waits for ``resets``. (A reset
+    the peer sends before the client's connect returns makes the connect fail instead, which
+    a loaded CI run saw with a fixed 50 ms pause.)"""
+
+    connected: threading.Semaphore
+    resets: threading.Semaphore
 
     def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:  # type: ignore[override]
-        time.sleep(0.05)
+        self.connected.release()
+        assert self.resets.acquire(timeout=10), "the peer never reset the connection"
         return super().wrap_socket(*args, **kwargs)
 
 
@@ -90,12 +96,17 @@ def test_a_connection_reset_before_the_tls_handshake_leaves_no_socket_open(
         with contextlib.suppress(OSError):
             while True:
                 conn, _ = listener.accept()
+                if not context.connected.acquire(timeout=10):
+                    return
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.close()  # a reset, not a close
+                context.resets.release()
 
-    threading.Thread(target=reset_each, daemon=True).start()
     context = _PausingContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.connected = threading.Semaphore(0)
+    context.resets = threading.Semaphore(0)
     context.load_verify_locations(cert)
+    threading.Thread(target=reset_each, daemon=True).start()
     unraisable: list[str] = []
     hook = sys.unraisablehook
     sys.unraisablehook = lambda raised: unraisable.append(repr(raised.exc_value))
@@ -109,7 +120,7 @@ def test_a_connection_reset_before_the_tls_handshake_leaves_no_socket_open(
     finally:
         sys.unraisablehook = hook
         listener.close()
-    assert any("TLS setup" in message for message in said), said  # (reset after the connect)
+    assert all("TLS setup" in message for message in said), said  # (reset after the connect)
     assert unraisable == []
 
 

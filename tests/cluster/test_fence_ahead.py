@@ -89,4 +89,9 @@ def test_the_next_ceiling_is_stored_ahead_and_a_grant_at_the_ceiling_is_refused_
         wait_until(lambda: counter.ceiling > ceiling, timeout=WAIT_S, what="the next ceiling")
         token = counter.next_token()
         assert fence_of(token) >= ceiling
-        assert stored(etcd, store) == counter.ceiling > fence_of(token)
+        # That token may ask for the next ceiling ahead at once (half a block under the new
+        # one): the store in etcd can then be a block ahead of the counter's ceiling, which is
+        # raised only once the store is done (CI: stored 50 above it). What must hold: every
+        # token below the counter's ceiling, and that ceiling stored.
+        now = counter.ceiling
+        assert fence_of(token) < now <= stored(etcd, store)

@@ -45,6 +45,8 @@ from tests.support.wire import shards
 MAP_TIMEOUT_S = 60.0
 """How long a cluster may take to write its map, or to settle after a change."""
 CLUSTER_LEASE_S = 2
+CONTROL_HOLD_S = 0.02
+"""``lists`` mode (the control): how long each worker holds a key it was granted."""
 """The members' etcd lease in these runs: a dead member is noticed within about this."""
 
 
@@ -121,9 +123,12 @@ class ClusterLockRun(LockRun):
     def _client_fields(self) -> dict[str, Any]:
         if self.mode == "cluster":
             servers = tuple(m.address for m in self.members[: self._initial])  # seeds
-        else:
-            servers = tuple(m.address for m in self.members[: self._list_len])
-        return {"servers": servers, "sharding": "cluster" if self.mode == "cluster" else "crc32"}
+            return {"servers": servers, "sharding": "cluster"}
+        servers = tuple(m.address for m in self.members[: self._list_len])
+        # The control must show the double grants the two lists allow: holds of 2 ms left
+        # the overlap of two workers on one key to chance, which a loaded machine, running
+        # fewer cycles, makes rarer.
+        return {"servers": servers, "sharding": "crc32", "hold_s": CONTROL_HOLD_S}
 
     def stop_servers(self) -> None:
         for member in self.members:

@@ -892,8 +892,7 @@ class LockRun:
             port=address[1],
             history=str(self.directory / f"{client}.jsonl"),
             control=str(self.control),
-            **self._client_fields(),
-            **fields,
+            **{**self._client_fields(), **fields},  # a field given here wins
         )
 
     def spawn(self, name: str, *, two_phase: bool) -> Worker:

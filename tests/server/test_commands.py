@@ -708,7 +708,10 @@ def test_read_timeout_closes_idle_connection_and_keeps_its_locks_to_their_lease(
 
 
 def test_draining_answers_new_and_in_flight_requests(dflock_server_factory: ServerFactory) -> None:
-    srv = dflock_server_factory(shutdown_timeout_s=1.0)
+    # The five requests below must all be answered before the drain's deadline: 3 s, not 1 s,
+    # for a loaded CI machine. The test waits the whole drain (`a` never releases, and is
+    # closed at the deadline), so no longer than that.
+    srv = dflock_server_factory(shutdown_timeout_s=3.0)
     with Wire(srv.address) as a, Wire(srv.address) as b:
         a.lock("k")
         b.send("l", "k", "30")

@@ -215,14 +215,23 @@ def test_the_default_lease_must_fit_under_the_max_lease() -> None:
 
 
 # ------------------------------------------------------------------ on a real socket
+SOCKET_GRACE_S = 3.0
+"""The restart grace of the server started below (from its start)."""
+
+
 def test_a_waiter_queued_in_the_grace_is_granted_when_it_ends(
     dflock_server_factory: Callable[..., ServerThread],
 ) -> None:
-    server = dflock_server_factory(restart_grace_s=1.0)
+    # Two connections and four requests must land inside the grace, counted from the server's
+    # start: 3 s leaves room for a loaded CI machine (1 s did not always). The test waits the
+    # grace out (about 3 s, was 1 s), and no longer: the sweep that ends it runs every 0.1 s,
+    # so it ends within 0.1 s of its time whatever the sweeps' phase (with 1 s sweeps, up to
+    # a second late).
+    server = dflock_server_factory(restart_grace_s=SOCKET_GRACE_S, lease_sweep_interval_s=0.1)
     with Wire(server.address) as w, Wire(server.address) as other:
         assert w.req("l", "k", "0") == "timeout"  # try once: busy during the grace
         stats = json.loads(w.req("stats").split(" ", 1)[1])
-        assert 0 < stats["grace_remaining_s"] <= 1.0
+        assert 0 < stats["grace_remaining_s"] <= SOCKET_GRACE_S
         assert w.req("n", "k", "0" * 32) == "error"  # unknown tokens, as ever
         assert other.req("e", "k", "5") == "queued"
         reply = w.req("l", "k2", "30").split()  # waits out the grace, then granted

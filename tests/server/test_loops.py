@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import select
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,12 @@ from dflockd_server.constants import JOURNAL_DIRECT_WRITES, JOURNAL_LONE_TURNS
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.stream import GroupWrite
 from dflockd_server.testing import ServerThread
+from tests.support.waiting import wait_until
 from tests.support.wire import Wire
 
 PAIRS = 200
+STALL_LIMIT_S = 10.0
+"""Longest a test holds the server's loop up waiting for its requests to arrive."""
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 LOOPS = [
     "asyncio",
@@ -57,6 +60,13 @@ class GroupWrites:
 def _journal_config(tmp_path: Path, fsync: str = "always") -> Config:
     """A journal whose replies wait for the group write (``always``), unless ``fsync`` says."""
     return Config(host="127.0.0.1", port=0, state_dir=str(tmp_path / "state"), journal_fsync=fsync)
+
+
+def _socket_of(transport: asyncio.BaseTransport | None) -> int:
+    """The file descriptor of a connection's socket at the server (on the loop)."""
+    assert transport is not None
+    fd: int = transport.get_extra_info("socket").fileno()
+    return fd
 
 
 def _state_text(tmp_path: Path) -> str:
@@ -132,17 +142,31 @@ def test_connections_sharing_a_turn_share_the_group_write(
         lone_before = srv.call(lambda: (group_write.direct, group_write.lone))
         assert lone_before == (False, 0 if fsync == "always" else 6)
 
+        # The loop is held up until both requests have reached the server's ends of `a` and
+        # `b`, ordered by events rather than by a pause: a loaded CI machine may not run this
+        # thread's two sends within a fixed pause (0.3 s used to be it), and a request that
+        # arrives after the loop has resumed gets a turn of its own.
+        server_ends = srv.call(
+            lambda: [_socket_of(conn.stream.transport) for conn in srv.server.admission.connections]
+        )
+        assert len(server_ends) == 2
         stalled = threading.Event()
+        both_arrived = threading.Event()
 
         def stall() -> None:
             stalled.set()
-            time.sleep(0.3)
+            both_arrived.wait(STALL_LIMIT_S)
 
-        held_up = threading.Thread(target=srv.call, args=(stall,))
+        held_up = threading.Thread(target=srv.call, args=(stall, STALL_LIMIT_S + 5.0))
         held_up.start()
-        assert stalled.wait(5.0)  # the loop is held up: both requests wait for one turn
+        assert stalled.wait(STALL_LIMIT_S)  # the loop is held up: both requests wait for one turn
         a.send("l", "a2", "0")
         b.send("l", "b2", "0")
+        wait_until(
+            lambda: all(select.select([fd], [], [], 0)[0] for fd in server_ends),
+            what="both requests readable at the server",
+        )
+        both_arrived.set()
         held_up.join()
         token_a, token_b = a.recv().split()[1], b.recv().split()[1]
         shared = srv.call(lambda: (group_write.direct, group_write.lone))

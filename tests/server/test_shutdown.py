@@ -29,6 +29,16 @@ def wait_queued(wire: Wire, key: str, n: int) -> None:
     wait_until(lambda: waiters_on(wire, key) == n, what=f"{n} waiter(s) queued on {key}")
 
 
+SHORT_LEASE_S = 4
+"""The lease of ``short`` in the SIGTERM test: it must outlive the wait for its waiter, the
+signal and the start of the drain (2 s was too little for a loaded CI machine), and end
+during the drain."""
+SIGTERM_DRAIN_S = 5
+"""That test's drain: every request after the drain began is answered in it, and the lease of
+``short`` ends in it (with a second to spare). The test waits all of it (``held`` is never
+released), so no longer than that."""
+
+
 def test_sigterm_drains_in_flight_work_then_exits_0(dflockd_process: Any) -> None:
     proc: DflockdProcess = dflockd_process(
         "--host",
@@ -36,7 +46,7 @@ def test_sigterm_drains_in_flight_work_then_exits_0(dflockd_process: Any) -> Non
         "--port",
         "0",
         "--shutdown-timeout",
-        "3",
+        str(SIGTERM_DRAIN_S),
         "--lease-sweep-interval",
         "0.1",
     )
@@ -50,7 +60,7 @@ def test_sigterm_drains_in_flight_work_then_exits_0(dflockd_process: Any) -> Non
         holder.lock("held", lease=60)
         stuck.send("l", "held", "30")  # its lock is never freed: answered at the deadline
         wait_queued(holder, "held", 1)
-        short_holder.lock("short", lease=2)
+        short_holder.lock("short", lease=SHORT_LEASE_S)
         lucky.send("l", "short", "30")  # the lease runs out during the drain: not granted
         wait_queued(holder, "short", 1)
 
@@ -149,8 +159,10 @@ def test_sigint_with_nothing_held_exits_0_at_once(dflockd_process: Any) -> None:
 
 
 def test_a_lock_never_released_is_closed_at_the_shutdown_timeout(dflockd_process: Any) -> None:
+    # The refusal below must come before the deadline, after the drain's log line was read:
+    # 3 s, not 1 s, for a loaded CI machine. The test waits the whole drain, so no longer.
     proc: DflockdProcess = dflockd_process(
-        "--host", "127.0.0.1", "--port", "0", "--shutdown-timeout", "1"
+        "--host", "127.0.0.1", "--port", "0", "--shutdown-timeout", "3"
     )
     address = proc.wait_listening()
     with Wire(address) as idle, Wire(address) as other:

@@ -52,6 +52,21 @@ def hold_header(request: Any) -> dict[str, Any] | None:
     return dict(cast("Mapping[str, Any]", found)) if isinstance(found, Mapping) else None
 
 
+RELEASE_WAIT_LIMIT_S = 60.0
+"""Longest a body waits for its release file (a test that forgets it still ends)."""
+RELEASE_POLL_S = 0.02
+
+
+def wait_for_release(release_file: str | None) -> None:
+    """Until ``release_file`` exists (at once for None), at most ``RELEASE_WAIT_LIMIT_S``: a
+    body the test ends when it has seen what it needs while the key is held."""
+    if release_file is None:
+        return
+    deadline = time.monotonic() + RELEASE_WAIT_LIMIT_S
+    while not os.path.exists(release_file) and time.monotonic() < deadline:
+        time.sleep(RELEASE_POLL_S)
+
+
 def _send_event(line: bytes) -> None:
     path = os.environ.get(EVENTS_ENV)
     if not path:
