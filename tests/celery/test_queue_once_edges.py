@@ -19,6 +19,7 @@ from celery_dflock import AlreadyQueued
 from celery_dflock.client.errors import InvalidValueError, LockSkipped, ServerUnavailable
 from tests.celery.apps.queue_once import define_tasks
 from tests.support.apps import make_app
+from tests.support.processes import stop_process
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import DflockdProcess, dflockd_subprocess
 from tests.support.services import require_redis
@@ -78,7 +79,7 @@ def test_a_send_the_server_never_answered_leaves_no_hold(
     warm = unique("warm")  # the publisher's pooled connection is open (hello done)
     assert rig.tasks["once"].delay(warm).get(timeout=RESULT_TIMEOUT_S) == warm
     name, refused = unique("stalled"), unique("stalled-raise")
-    dflockd_child[0].send_signal(signal.SIGSTOP)
+    stop_process(dflockd_child[0].pid)
     try:
         with pytest.raises(ServerUnavailable, match="nothing was sent"):
             rig.tasks["once_raise"].delay(refused)

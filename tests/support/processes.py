@@ -188,7 +188,8 @@ def stop_process(pid: int) -> None:
 
 
 def _all_threads_stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` is stopped (``T``), traced (``t``) or ended (``Z``, ``X``)."""
+    """Whether every thread of ``pid`` is stopped (``T``), traced (``t``) or ended (``Z``,
+    ``X``)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
