@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from dflockd_server.cluster.ops import read_view
-from dflockd_server.cluster.shardmap import shard_id
+from dflockd_server.cluster.shardmap import ShardAssignment, shard_id
 from tests.faults.conftest import FaultReport
 from tests.faults.nemesis_run import (
     HOLDER_LEASE_S,
@@ -50,7 +50,7 @@ from tests.faults.nemesis_run import (
     wait_for,
 )
 from tests.faults.workload import Injection, now
-from tests.support.wire import Wire
+from tests.support.wire import Wire, holders_and_waiters
 
 pytestmark = pytest.mark.timeout(300)
 """A nemesis run takes 20-60 s on a loaded 2-core machine (a kill waits a failover)."""
@@ -72,10 +72,15 @@ def one_shard_keys(count: int) -> tuple[str, ...]:
         i += 1
 
 
+def assignment_of(run: NemesisRun, key: str) -> ShardAssignment:
+    """``key``'s shard's assignment in etcd's map."""
+    assert run.etcd is not None
+    return read_view(run.etcd.client(), run.prefix).shard_map[shard_id(key)]
+
+
 def split_towards(run: NemesisRun, key: str) -> str:
     """The split's node of ``key``'s shard in etcd's map ("" when not split)."""
-    assert run.etcd is not None
-    return read_view(run.etcd.client(), run.prefix).shard_map[shard_id(key)].split
+    return assignment_of(run, key).split
 
 
 class Rogue:
@@ -155,10 +160,17 @@ def test_a_key_level_move_under_a_fault_grants_each_key_once_with_rising_fences(
         run.pin(held, importer.advertise)
         # (A shard with nothing held or queued at the exporter when it reads the pin is handed
         # over whole, never split: the message says how far into the long hold the pin came.)
-        wait_for(
-            lambda: split_towards(run, held) == importer.advertise,
-            f"the shard split (pinned {t - hold_began:.1f} s into the {LONG_HOLD_S:.0f} s hold)",
-        )
+        try:
+            wait_for(
+                lambda: split_towards(run, held) == importer.advertise,
+                f"the shard split (pinned {t - hold_began:.1f} s into the {LONG_HOLD_S:.0f} s "
+                f"hold, from {exporter.advertise} to {importer.advertise})",
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; in etcd: {assignment_of(run, held)}; the holders and waiters of "
+                f"{held} at the exporter: {holders_and_waiters(exporter.address, held)}"
+            ) from None
         # The workload's clients follow A's asks: the group's free keys granted at B.
         run.wait_granted_after(group[1:], t)
         rogue: Rogue | None = None
