@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.support.waiting import wait_until
+
 KILL_WAIT_S = 10.0
 FORK_CHILD_TIMEOUT_S = 20.0
 
@@ -115,12 +117,18 @@ def main_thread_waits_on_io(pid: int) -> bool:
     the wait (``wchan`` reads ``0``), a sleeping thread counts."""
     task = Path(f"/proc/{pid}/task/{pid}")
     try:
-        stat = (task / "stat").read_text()
+        state = _state(task)
         wchan = (task / "wchan").read_text().strip()
     except (FileNotFoundError, ProcessLookupError):
         return False
-    state = stat[stat.rindex(")") + 2 :].split(" ", 1)[0]
     return state == "S" and "futex" not in wchan
+
+
+def _state(task: Path) -> str:
+    """The state letter of a thread (``/proc/<pid>/task/<tid>``) in its ``stat``: ``R``,
+    ``S``, ``T``, ... (its name, in parentheses, may hold any character)."""
+    stat = (task / "stat").read_text()
+    return stat[stat.rindex(")") + 2 :].split(" ", 1)[0]
 
 
 class Script:
@@ -179,12 +187,13 @@ def stop_process(pid: int) -> None:
     machine the thread picked may wait for a CPU while the others run on, and answer a call
     sent after ``kill`` returned (CI saw a paused etcd node answer so)."""
     os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while not _all_threads_stopped(pid):
-        assert time.monotonic() < deadline, (
-            f"process {pid} not stopped {STOP_TIMEOUT_S} s after SIGSTOP"
-        )
-        time.sleep(0.001)
+    wait_until(
+        lambda: _all_threads_stopped(pid),
+        timeout=STOP_TIMEOUT_S,
+        what=f"process {pid} stopped after SIGSTOP",
+        poll=0.001,
+        poll_max=0.01,
+    )
 
 
 def _all_threads_stopped(pid: int) -> bool:
@@ -192,9 +201,9 @@ def _all_threads_stopped(pid: int) -> bool:
     ``X``)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            stat = (task / "stat").read_text()
+            state = _state(task)
         except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended
-        if stat[stat.rindex(")") + 2 :].split(" ", 1)[0] not in ("T", "t", "Z", "X"):
+        if state not in ("T", "t", "Z", "X"):
             return False
     return True
