@@ -14,6 +14,7 @@ from dflockd_server.testing import ServerThread
 from tests.support.certificates import key_of, make_certificate
 from tests.support.etcd import EtcdServer, etcd_or_skip
 from tests.support.ports import free_ports
+from tests.support.schedule import longest_first
 from tests.support.servers import LOCK_SERVER_LEASE_S
 from tests.support.services import require_redis
 
@@ -25,6 +26,12 @@ _TEST_DEFAULTS: dict[str, Any] = {
 }
 
 ServerFactory = Callable[..., ServerThread]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite's longest files first (``tests/support/schedule.py``)."""
+    longest_first(items)
 
 
 @pytest.fixture(autouse=True)
