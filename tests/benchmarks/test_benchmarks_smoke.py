@@ -246,6 +246,11 @@ def test_celery_benchmark_runs_every_variant(quick_run: QuickRun) -> None:
         assert v["tasks_per_s"] > 0, v
         assert v["pool_cpu_us_per_task"] > 0, v  # the pool processes were found and read
         assert len(v["batches"]) == r["params"]["rounds"]
+    # issue 52's goal, against redis-py Lock round by round, for each LockedTask variant run
+    # (a quick run has no compiled server, so the pure one's are decided)
+    against_redis = [g["goal"] for g in r["goals"] if "at least redis-py Lock's" in g["goal"]]
+    assert len(against_redis) == 2, r["goals"]
+    assert all("LockedTask, " in goal for goal in against_redis), against_redis
 
 
 def test_profile_sees_the_server_code(quick_run: QuickRun) -> None:
