@@ -306,8 +306,6 @@ FRAGMENT_READ_DELAY_MAX_S: Final = 1.0
 """The longest fragment delay (before jitter); never more than a quarter of the read timeout."""
 BACKLOG: Final = 1024
 """The listening sockets' accept queue."""
-ACCEPT_RETRY_DELAY_S: Final = 1.0
-"""After accept() fails for want of file descriptors or memory, try again this much later."""
 STOP_SETTLE_S: Final = 1.0
 """How long ``stop()`` waits, after closing every connection, for their transports to report
 that they are closed (a client that does not read its last reply holds its own up)."""

@@ -384,9 +384,6 @@ class Journal:
         self.buf.append(_line(f"N {token}" if note is None else f"N {token} {note}"))
         self._must_sync = True
 
-    def drop(self, token: str) -> None:
-        self.buf.append(drop_record(token))
-
     # ------------------------------------------------------------------ file
     def _header(self) -> bytes:
         return _line(

@@ -106,7 +106,6 @@ class Server:
         """The loop's clock (``loop_clock``): the lock table's and the connections' time."""
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
-        self.lease_record: LeaseRecord | None = None
         self.lease_bound: LeaseBound | None = None
         self._fence_ahead: concurrent.futures.ThreadPoolExecutor | None = None
         """Raises the recorded longest lease off the loop (parked requests wait for it)."""
@@ -311,7 +310,6 @@ class Server:
                 defer_failed_write=True,
             ),
         )
-        self.lease_record = bound.record
         self._table = table = LockTable(
             clock=self.clock,
             new_token=fence.next_token,
