@@ -87,10 +87,18 @@ class Holder:
         return await method(token, note=note, on_close_lease=on_close_lease)
 
     async def lost_within(self, seconds: float) -> bool:
-        """True once the loss is reported (`lost_event` set) within ``seconds``."""
+        """True once the loss is reported within ``seconds``: `lost_event` set, and the
+        ``on_lost`` call that follows it made (the blocking face sets the event, then calls
+        back, on the thread that saw the loss: the call may still be under way when the
+        event is seen)."""
         event = self.lock.lost_event
         if self.blocking:
-            return await asyncio.to_thread(event.wait, seconds)
+            if not await asyncio.to_thread(event.wait, seconds):
+                return False
+            await asyncio.to_thread(
+                wait_until, lambda: self.lost_calls, timeout=seconds, what="on_lost called"
+            )
+            return True
         try:
             async with asyncio.timeout(seconds):
                 await event.wait()

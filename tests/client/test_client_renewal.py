@@ -24,6 +24,7 @@ from dflockd_server.testing import ServerThread
 from tests.support.pids import no_more_threads
 from tests.support.processes import python_script, run_in_fork
 from tests.support.servers import dflockd_subprocess
+from tests.support.waiting import wait_until
 from tests.support.wire import Wire, held_keys, stats
 
 RENEW_THREAD_PREFIX = "dflock-renew"
@@ -190,6 +191,8 @@ def test_a_silent_server_does_not_delay_renewals_elsewhere(
     # At ~2 s the stuck lock's renewal waits up to ~2 s for a reply that never comes; the
     # healthy lock (lease 2 s, renewed every 1 s) is due meanwhile and must not wait for it.
     assert stuck.lost_event.wait(10.0)
+    # the event is set just before on_lost runs, on the renewal thread
+    wait_until(lambda: lost, what="on_lost called")
     assert lost == [stuck]
     assert not healthy.lost_event.wait(1.5)
     assert healthy.owned()
