@@ -125,8 +125,9 @@ def test_a_server_restarted_without_the_lock_marks_it_lost_at_once(
         restart_without_the_lock(dflock_server_factory, server, transport, tls_files)
         assert lock.lost_event.wait(TOLD_WITHIN_S), "not told before the next renewal"
         assert lock.lost and not lock.owned()
-        # `lost_event` is set just before ``on_lost`` runs, on the thread that saw the close
-        # (the lock's `lost`): the callback may still be under way here (CI saw it so, once).
+        # `lost_event` is set just before ``on_lost`` runs, on the renewal thread the close
+        # hurried (the lock's `lost`): the callback may still be under way here (CI saw it so,
+        # once). `release` would wait for it; the count is checked before it.
         wait_until(lambda: lost, timeout=TOLD_WITHIN_S, what="on_lost called")
         assert lock.release() is False
         assert len(lost) == 1

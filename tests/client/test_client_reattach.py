@@ -89,8 +89,8 @@ class Holder:
     async def lost_within(self, seconds: float) -> bool:
         """True once the loss is reported within ``seconds``: `lost_event` set, and the
         ``on_lost`` call that follows it made (the blocking face sets the event, then calls
-        back, on the thread that saw the loss: the call may still be under way when the
-        event is seen)."""
+        back, on its renewal thread: the call may still be under way when the event is
+        seen)."""
         event = self.lock.lost_event
         if self.blocking:
             if not await asyncio.to_thread(event.wait, seconds):

@@ -33,11 +33,13 @@ def members(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[...,
     started: list[Member] = []
     prefix = etcd_prefix.rstrip("/")
 
-    def start(*names: str, settle_s: float = 2.0, client: EtcdClient | None = None) -> list[Member]:
-        # Membership still for 2 s (the shipped default) before the leader writes a map: the
-        # members start one after another, and a loaded machine can register one more than 1 s
-        # after the one before; a map without it and members that hand nothing over by
-        # themselves never agree.
+    def start(*names: str, settle_s: float = 5.0, client: EtcdClient | None = None) -> list[Member]:
+        # Membership still for 5 s before the leader writes a map (the shipped default is 2 s):
+        # the members start one after another, each registering in etcd (a lease grant and a
+        # transaction etcd fsyncs), and a loaded machine can register one more than 2 s after
+        # the one before (CI on 2026-11-27, its 2 cores saturated: the leader's map left the
+        # third member out); a map without it and members that hand nothing over by themselves
+        # never agree.
         new = [
             Member(client or etcd_server.client(), prefix, name, lease_ttl=TTL, settle_s=settle_s)
             for name in names
