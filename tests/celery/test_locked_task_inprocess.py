@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -110,7 +111,8 @@ def test_busy_lock_with_raise_policy_fails_with_lock_not_acquired(server: Server
 def test_a_direct_call_on_a_busy_key_says_how_long_it_really_waited(server: ServerThread) -> None:
     """A direct call does not wait in the key's queue (it has no message to send again): its
     error said "(waited 30s; on_locked='retry')", the queue wait its messages get, after
-    0.00 s."""
+    0.00 s. It says what it measured: one refused acquire, a round trip (0.1 s on a saturated
+    CI machine), nowhere near the queue wait."""
     app = inproc_app(server)
 
     @app.task(shared=False, base=LockedTask, lock_key="busy-direct")
@@ -121,7 +123,9 @@ def test_a_direct_call_on_a_busy_key_says_how_long_it_really_waited(server: Serv
     try:
         with pytest.raises(LockNotAcquired) as caught:
             job()
-        assert "(waited 0.0s; on_locked='retry')" in str(caught.value), caught.value
+        said = re.search(r"\(waited (\d+\.\d)s; on_locked='retry'\)", str(caught.value))
+        assert said is not None, caught.value
+        assert float(said.group(1)) < 5.0, caught.value
     finally:
         other.release()
 
