@@ -30,7 +30,7 @@ from dflockd_server.cluster.shardmap import shard_id
 from tests.support.certificates import key_of, make_certificate
 from tests.support.etcd import EtcdCluster, EtcdNode, etcd_cluster_or_skip
 from tests.support.ports import free_port
-from tests.support.servers import DflockdProcess, run_dflockd
+from tests.support.servers import DflockdProcess, rebalance, run_dflockd
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, held_keys, shards
 
@@ -149,25 +149,12 @@ def cluster(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[list[Member]]
         # operator rebalances. So the test does what they do, once the first map is there (a
         # no-op when it names both).
         wait_until(lambda: mapped(members), timeout=WAIT_S, what="the first map")
-        rebalance(url)
+        rebalance(url, WAIT_S)
         wait_until(lambda: settled(members), timeout=WAIT_S, what="the cluster's map")
         yield members
     finally:
         for member in members:
             member.stop()
-
-
-def rebalance(url: str) -> None:
-    """``dflockd rebalance``, run again when it says some shards changed while it wrote (what
-    it asks the operator to do)."""
-    said = ""
-    for _ in range(3):
-        done = run_dflockd(["rebalance", "--cluster", url], {}, WAIT_S)
-        if done.returncode == 0:
-            return
-        said = done.stdout + done.stderr
-        assert "run rebalance again" in done.stderr, f"dflockd rebalance: {said}"
-    raise AssertionError(f"dflockd rebalance: still conflicting: {said}")
 
 
 Held = dict[str, tuple[Wire, str, Member]]

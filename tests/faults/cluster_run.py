@@ -39,13 +39,11 @@ from tests.faults.workload import (
 )
 from tests.support.etcd import EtcdServer
 from tests.support.ports import free_ports
-from tests.support.servers import run_dflockd
+from tests.support.servers import rebalance
 from tests.support.wire import shards
 
 MAP_TIMEOUT_S = 60.0
 """How long a cluster may take to write its map, or to settle after a change."""
-REBALANCE_TRIES = 5
-"""How many times ``rebalance`` runs ``dflockd rebalance`` while it says to run it again."""
 CLUSTER_LEASE_S = 2
 CONTROL_HOLD_S = 0.02
 """``lists`` mode (the control): how long each worker holds a key it was granted."""
@@ -180,20 +178,11 @@ class ClusterLockRun(LockRun):
         return spare
 
     def rebalance(self) -> str:
-        """``dflockd rebalance``, run again as it asks when the leader's own rebalance (it evens
-        the members out once membership is still) changed the shards it meant to move
-        meanwhile (CI saw "2222 shard(s) changed meanwhile and were left: run rebalance
-        again")."""
+        """``dflockd rebalance``, run again while it asks to (tests.support.servers)."""
         t = now()
-        command = ["rebalance", "--cluster", self.cluster_url]
-        done = run_dflockd(command, {}, EVENT_TIMEOUT_S)
-        for _ in range(REBALANCE_TRIES - 1):
-            if done.returncode == 0 or "run rebalance again" not in done.stderr:
-                break
-            done = run_dflockd(command, {}, EVENT_TIMEOUT_S)
-        assert done.returncode == 0, f"dflockd rebalance failed: {done.stdout}{done.stderr}"
+        said = rebalance(self.cluster_url, EVENT_TIMEOUT_S)
         self.injections.append(Injection("rebalance", t))
-        return done.stdout
+        return said
 
     def remove_member(self, member: LockServer) -> None:
         """A graceful leave: SIGTERM (the member drains, then leaves the cluster)."""
