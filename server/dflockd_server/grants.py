@@ -18,6 +18,7 @@ from typing import Protocol
 from dflockd_server.fence import FenceStateError
 from dflockd_server.journal import Journal, drop_record
 from dflockd_server.keys import (
+    AT_LEASE_START,
     Client,
     Counts,
     Entry,
@@ -300,7 +301,7 @@ class Grants:
         token = self.new_token()
         self.counts.grants[False if state is None else state.is_sem] += 1
         expires_at = now + lease_ttl
-        holder = Holder(token, key, client, lease_ttl, expires_at, since=now)
+        holder = Holder(token, key, client, lease_ttl, expires_at, since=AT_LEASE_START)
         if note is not None:
             holder.note = note
         journal = self.journal
@@ -496,7 +497,8 @@ class Grants:
             old.on_close.pop(holder, None)
         state = self.state_of(holder)
         expires_at = now + lease_ttl
-        moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at, since=holder.since)
+        since = holder.held_since()
+        moved = Holder(holder.token, holder.key, client, lease_ttl, expires_at, since=since)
         moved.note = holder.note
         journal = self.journal
         if journal is not None:

@@ -221,6 +221,7 @@ class LockTable:
         for holder in client.held:
             if not holder.live or holder.expires_at <= end:
                 continue
+            holder.pin_since()
             holder.expires_at = end
             state = grants.state_of(holder)
             if state is not None and end < state.earliest:
@@ -488,6 +489,7 @@ class LockTable:
             if expires_at > covered or lease_ttl > holder.lease_ttl:
                 covered = journal.extend(token, lease_ttl, expires_at)
             holder.covered = covered  # before expires_at and lease_ttl change
+        holder.pin_since()
         holder.expires_at = expires_at
         holder.lease_ttl = lease_ttl
         if isinstance(entry, KeyState):  # still the key's entry: nothing above replaces it
@@ -777,5 +779,5 @@ class LockTable:
             "detached": self.is_detached(holder),
             "restored": holder.client is self.restored,
             "fence": fence_of(holder.token),
-            "held_s": round(max(0.0, now - holder.since), 3),
+            "held_s": round(max(0.0, now - holder.held_since()), 3),
         }

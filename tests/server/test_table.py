@@ -544,6 +544,30 @@ def test_a_long_queue_with_given_up_waiters_grants_in_order_and_stays_bounded(
     assert min(lengths) < len(waiters) // 2  # its granted front is cut off as it goes
 
 
+def test_held_for_counts_from_the_grant_across_renewals_and_a_sessions_end(
+    table: LockTable, clock: Clock
+) -> None:
+    """``held_s`` from the grant, whatever its lease did since: a grant keeps no time of its
+    own until its lease moves (``Holder.held_since``), so each move (a renewal with a longer
+    or shorter lease, a session's close cutting it) keeps the grant's time first."""
+    client = table.open_client()
+    client.session = True
+    renewed = table.acquire(client, "renewed", LEASE, None, queue=False)
+    assert isinstance(renewed, Holder)
+    clock.now += 1.0
+    cut = table.acquire(client, "cut", LEASE, None, queue=False)
+    assert isinstance(cut, Holder)
+    clock.now += 3.0
+    assert table.renew("renewed", renewed.token, 3 * LEASE, client) == 3 * LEASE
+    clock.now += 2.0
+    assert table.renew("renewed", renewed.token, LEASE // 2, client) == LEASE // 2
+    clock.now += 1.0
+    table.disconnect(client)  # a session's grants end within session_ttl_s: cut, still held
+    clock.now += 1.0
+    held = {entry["key"]: entry["held_s"] for entry in table.stats(0)["locks"]}
+    assert held == {"renewed": 8.0, "cut": 7.0}
+
+
 def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
     table: LockTable, clock: Clock
 ) -> None:
@@ -553,7 +577,7 @@ def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
     assert isinstance(held, Holder)
     clock.now += 4.0
     taken = table.take(table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None)
-    assert taken is not None and taken.since == held.since
+    assert taken is not None and taken.held_since() == held.held_since()
     clock.now += 3.0
     assert table.hand_down("q", held.token, LEASE)
     (entry,) = table.stats(0)["locks"]
