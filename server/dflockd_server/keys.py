@@ -164,8 +164,7 @@ class Holder:
 
     def pin_since(self) -> None:
         """Keeps when the grant was made before its lease moves (``since``)."""
-        if self.since == AT_LEASE_START:
-            self.since = self.expires_at - self.lease_ttl
+        self.since = self.held_since()
 
 
 class Waiter:
