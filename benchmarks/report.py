@@ -35,6 +35,7 @@ ORDER = (
     "profile_server",
     "profile_client",
     "instructions",
+    "code_size",
 )
 SECTIONS = {
     "server": "Lock server: dflockd against Redis",
@@ -48,6 +49,7 @@ SECTIONS = {
     "profile_server": "Where the server's CPU goes (cProfile)",
     "profile_client": "Where the client's and LockedTask's time goes (timed, and cProfile)",
     "instructions": "Instructions per pair (callgrind): server and client, load-independent",
+    "code_size": "Code size: the server's lines against issue 52's baseline",
 }
 CHART = "throughput.png"
 DOCS_CHART = BENCH_DIR.parent / "docs" / "assets" / "images" / CHART

@@ -37,6 +37,7 @@ BENCHMARKS = (
     "celery_tasks",
     "profile_server",
     "profile_client",
+    "code_size",
 )
 WITH_GOALS = ("server", "journal", "contention", "scale", "celery_tasks")
 RUN_TIMEOUT_S = 130
@@ -279,6 +280,42 @@ def test_client_profile_times_each_variant_and_sees_the_client_code(quick_run: Q
         )
 
 
+def _git_lines(*args: str) -> list[str]:
+    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
+    return [line for line in done.stdout.splitlines() if line.endswith(".py")]
+
+
+def test_code_size_counts_the_servers_lines_now_and_at_the_baseline(quick_run: QuickRun) -> None:
+    """The lines it reports are the lines of the server's tracked files, as ``wc -l`` counts
+    them, now and at issue 52's baseline commit, and the goal is decided from the two."""
+    r = quick_run.results("code_size")
+    package = r["params"]["package"]
+    now = _git_lines("ls-files", "--", package)
+    assert now and all(path.startswith("server/dflockd_server/") for path in now)
+    assert r["data"]["now"]["files"] == len(now)
+    assert r["data"]["now"]["lines"] == sum((REPO / p).read_bytes().count(b"\n") for p in now)
+    assert 0 < r["data"]["now"]["code"] < r["data"]["now"]["lines"]
+    baseline = r["params"]["baseline"]
+    known = subprocess.run(
+        ["git", "cat-file", "-e", f"{baseline}^{{commit}}"], cwd=REPO, check=False
+    )
+    if known.returncode != 0:  # a shallow clone: reported, no goal
+        assert not r["goals"]
+        assert f"baseline {baseline} is not in this clone" in quick_run.stdout
+        return
+    then = _git_lines("ls-tree", "-r", "--name-only", baseline, "--", package)
+    then_lines = sum(
+        subprocess.run(
+            ["git", "show", f"{baseline}:{p}"], cwd=REPO, capture_output=True, check=True
+        ).stdout.count(b"\n")
+        for p in then
+    )
+    assert r["data"]["baseline"]["lines"] == then_lines
+    (goal,) = r["goals"]
+    assert goal["met"] is (r["data"]["now"]["lines"] < then_lines)
+    assert f"{then_lines:,}" in goal["measured"]
+
+
 def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
     text = (quick_run.directory / "RESULTS.md").read_text()
     assert "## Goals" in text
@@ -290,12 +327,13 @@ def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
         "## Celery",
         "## Where the server's CPU goes",
         "## Where the client's and LockedTask's time goes",
+        "## Code size",
     ):
         assert heading in text
     assert "quick (smoke-test) sizes" in text
     assert "![Throughput against connections](throughput.png)" in text
     assert (quick_run.directory / "throughput.png").read_bytes().startswith(PNG_SIGNATURE)
-    goals = sum(len(quick_run.results(n)["goals"]) for n in WITH_GOALS)
+    goals = sum(len(quick_run.results(n)["goals"]) for n in BENCHMARKS)
     assert text.count("| **met** |") + text.count("| **not met** |") == goals
     # what moved against the committed results (the last run): the goals both runs measured
     moved = text[text.index("## Moved since the last run (HEAD)") : text.index("## Machine")]
