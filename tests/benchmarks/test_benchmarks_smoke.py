@@ -242,6 +242,7 @@ def test_celery_benchmark_runs_every_variant(quick_run: QuickRun) -> None:
         "LockedTask, distinct keys",
         "LockedTask, 10 shared keys",
         "redis-py Lock in the task",
+        "redis-py Lock in the task, Redis AOF everysec",
     }
     for v in variants.values():
         assert v["tasks_per_s"] > 0, v
@@ -252,6 +253,7 @@ def test_celery_benchmark_runs_every_variant(quick_run: QuickRun) -> None:
     against_redis = [g["goal"] for g in r["goals"] if "at least redis-py Lock's" in g["goal"]]
     assert len(against_redis) == 2, r["goals"]
     assert all("LockedTask, " in goal for goal in against_redis), against_redis
+    assert all("AOF everysec" in g["detail"] for g in r["goals"] if g["goal"] in against_redis)
 
 
 def test_profile_sees_the_server_code(quick_run: QuickRun) -> None:
