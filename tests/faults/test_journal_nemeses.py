@@ -1,6 +1,6 @@
 """The lease journal's nemeses under the history checker (issue 47): the state directory fills
-up under load, and the server comes back from a "reboot" with the wall clock stepped 10 minutes
-either way.
+up under load, stalls (its file system frozen) under load, and the server comes back from a
+"reboot" with the wall clock stepped 10 minutes either way.
 
 Both run the fenced workload of ``test_lock_faults.py`` (four worker processes, two keys, half
 of them two-phase, a healthy client) against the real ``dflockd`` with a state directory of the
@@ -12,6 +12,15 @@ grant, fences in grant order, FIFO, no lost update, and the aimed long holds kep
   is filled to its last byte, the server must log the failed write, grants stop
   (``error_read_only``: the workers retry) while renewals and releases go on, then the filler
   is removed and grants resume by themselves.
+- **Stalled disk.** The state directory is an ext4 file system of its own on a loop device
+  (root only: skipped otherwise), frozen with ``fsfreeze`` for a few seconds, as a disk that
+  stops answering or a snapshot tool freezes it, while a worker is inside a hold longer than
+  the episode: the server's journal write waits, and with it every connection (as Redis with
+  its AOF on waits: benchmarks/results/ab/issue-52-journal-share.md). No grant completes while
+  it is frozen. A holder whose renewal goes unanswered past its session's window is told its
+  lock is lost (the server may have seen its connection close), and its key is granted again
+  only after that; every other hold is kept, none is lost silently, and grants go on once the
+  file system thaws.
 - **Reboot with a clock step.** No test can reboot its machine, so the server is SIGKILLed and
   its journal rewritten as another boot would have left it: another boot id, and every wall
   time in it moved by the step (+600 s: the clock is now 10 minutes ahead of the one the journal
@@ -26,6 +35,7 @@ import zlib
 from pathlib import Path
 
 from tests.faults.conftest import FaultReport, scaled
+from tests.faults.history import Cut
 from tests.faults.test_lock_faults import (
     DURABLE_HOLD_S,
     DURABLE_LEASE_S,
@@ -38,10 +48,14 @@ from tests.faults.test_lock_faults import (
     report,
 )
 from tests.faults.workload import EVENT_TIMEOUT_S, Injection, LockRun, now, read_events
-from tests.support.disks import fill, small_tmpfs
+from tests.support.disks import fill, frozen, own_ext4, small_tmpfs
 
 EPISODE_S = 2.0
 """How long the state directory stays full."""
+STALL_S = 3.0
+"""How long the state directory stays frozen: inside what a renewed lease has left
+(``DURABLE_LEASE_S``, renewed at a third of it), past a session's window (a renewal unanswered
+for 1.25 s of the default 3 s session: its lock counts as lost)."""
 
 
 def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
@@ -96,6 +110,85 @@ def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
         f"every aimed {DURABLE_HOLD_S:.0f} s hold ({len(aimed)}) kept and released; "
         f"{refused} acquires answered error_read_only during the episodes (ServerReadOnly in "
         "the workers, which retried); the server granted again by itself each time",
+    )
+
+
+def test_a_stalled_state_dir_under_load_grants_nothing_twice_and_loses_nothing_silently(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    episodes = scaled(2, 6)
+    stalls: list[tuple[float, float]] = []
+    with (
+        own_ext4(tmp_path / "state", tmp_path / "state.img", "64M") as state,
+        LockRun(
+            tmp_path,
+            seed=49,
+            durable=True,
+            lease_s=DURABLE_LEASE_S,
+            max_lease_s=DURABLE_LEASE_S,
+        ) as run,
+    ):
+        assert run.server.state_dir == state
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(episodes):
+            long_hold(run.pick(), DURABLE_HOLD_S)
+            run.injections.append(Injection("state dir frozen", now()))
+            with frozen(state):
+                began = now()
+                time.sleep(STALL_S)
+                ended = now()
+            stalls.append((began, ended))
+            run.settle(DURABLE_HOLD_S + EVENT_TIMEOUT_S)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    # A holder whose renewal went unanswered past its session's window was told its lock is
+    # lost, and its client closed the connection: from then on the key is the server's to free
+    # (after its session time), so its hold is proven only until the client was told.
+    told = [
+        hold
+        for hold in result.holds
+        if hold.reported_lost
+        and hold.told_t is not None
+        and any(began <= hold.told_t <= ended + DURABLE_LEASE_S for began, ended in stalls)
+    ]
+    result.cuts.extend(Cut(hold.told_t, hold.client) for hold in told if hold.told_t)
+    check = checked(result)
+    caught = [
+        hold
+        for hold in result.holds
+        if hold.granted_t is not None
+        and any(
+            hold.granted_t < began and (hold.released_t is None or hold.released_t > began)
+            for began, _ in stalls
+        )
+    ]
+    silent = [
+        h for h in caught if h.outcome != "killed" and not h.release_ok and not h.reported_lost
+    ]
+    assert not silent, f"holds lost across a stalled disk without a word: {silent}"
+    # The fault was real: no grant reached a client in the heart of a freeze (one the server
+    # wrote just before it may still be on its way in its first moments).
+    during = [
+        hold.granted_t
+        for hold in result.holds
+        if hold.granted_t is not None
+        and any(began + 0.5 <= hold.granted_t <= ended - 0.1 for began, ended in stalls)
+    ]
+    assert not during, f"{len(during)} grants while the state dir was frozen: not stalled"
+    kept = sum(1 for hold in caught if hold.release_ok)
+    lost = sum(1 for hold in caught if hold.reported_lost)
+    report(
+        fault_report,
+        f"state dir (ext4 on a loop device) frozen under load for {STALL_S:.0f} s, "
+        f"{episodes} times",
+        result,
+        check,
+        f"no grant reached a client while the disk was frozen (every connection waits for the "
+        f"journal's write, as Redis with AOF waits); of the {len(caught)} holds held as a "
+        f"freeze began, {kept} kept and {lost} reported lost to their client (a renewal "
+        f"unanswered past its session's window); {len(told)} holds in all reported lost across "
+        "the freezes, each before its key was granted again; none lost silently; grants went "
+        "on once it thawed",
     )
 
 

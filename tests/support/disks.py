@@ -1,5 +1,7 @@
-"""A disk that fills up, for the journal's full-disk tests: a small tmpfs mounted for the test
-(root only: the test is skipped elsewhere), and the file that fills it to the last byte."""
+"""Disks that fail, for the journal's tests (root only: the tests are skipped elsewhere): a small
+tmpfs that fills up, with the file that fills it to the last byte; and an ext4 file system of
+its own, on a loop device, that ``fsfreeze`` stalls (every write to it waits until it thaws,
+as on a disk that stops answering or while a snapshot tool holds it frozen)."""
 
 from __future__ import annotations
 
@@ -45,3 +47,38 @@ def fill(disk: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+@contextlib.contextmanager
+def own_ext4(where: Path, image: Path, size: str) -> Iterator[Path]:
+    """An ext4 file system of ``size`` in the file ``image``, mounted at ``where`` (made here)
+    through a loop device for the ``with`` block: one that ``frozen`` can stall alone."""
+    tools = ("mount", "mkfs.ext4", "fsfreeze", "truncate")
+    if os.geteuid() != 0 or any(shutil.which(tool) is None for tool in tools):
+        pytest.skip(f"a file system of its own to freeze needs root and {', '.join(tools)}")
+    subprocess.run(["truncate", "-s", size, str(image)], check=True)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make an ext4 file system: {made.stderr.decode(errors='replace')}")
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(where)], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a loop device here: {done.stderr.decode(errors='replace')}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(where)], capture_output=True, check=False)
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@contextlib.contextmanager
+def frozen(mount: Path) -> Iterator[None]:
+    """``mount`` frozen (``fsfreeze -f``) for the ``with`` block: every write to it, and every
+    fsync, waits until it thaws. The caller must not touch it meanwhile: it would wait too."""
+    subprocess.run(["fsfreeze", "-f", str(mount)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mount)], check=True)
