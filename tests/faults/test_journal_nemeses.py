@@ -2,10 +2,11 @@
 up under load, stalls (its file system frozen) under load, and the server comes back from a
 "reboot" with the wall clock stepped 10 minutes either way.
 
-Both run the fenced workload of ``test_lock_faults.py`` (four worker processes, two keys, half
+Each runs the fenced workload of ``test_lock_faults.py`` (four worker processes, two keys, half
 of them two-phase, a healthy client) against the real ``dflockd`` with a state directory of the
-run's own, started as a user starts it (no ``--restart-grace``), and check every hold: no double
-grant, fences in grant order, FIFO, no lost update, and the aimed long holds kept.
+run's own, started as a user starts it (no ``--restart-grace``), and checks every hold: no
+double grant, fences in grant order, FIFO, no lost update; the full disk and the reboot keep the
+aimed long holds too.
 
 - **Full disk.** The state directory is a small tmpfs this test mounts (root only: skipped
   otherwise, with the reason). A worker is asked for a hold longer than the episode; the tmpfs
@@ -151,7 +152,7 @@ def test_a_stalled_state_dir_under_load_grants_nothing_twice_and_loses_nothing_s
         and hold.told_t is not None
         and any(began <= hold.told_t <= ended + DURABLE_LEASE_S for began, ended in stalls)
     ]
-    result.cuts.extend(Cut(hold.told_t, hold.client) for hold in told if hold.told_t)
+    result.cuts.extend(Cut(hold.told_t, hold.client) for hold in told if hold.told_t is not None)
     check = checked(result)
     caught = [
         hold
