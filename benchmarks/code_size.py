@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     now = sizes_now()
     then = sizes_at(baseline)
     now_total = total(now)
+    then_total = total(then) if then is not None else None
     table = Table(
         f"The server's Python code ({SERVER_PACKAGE}, tests not included)",
         ["tree", "files", "lines", "code lines"],
@@ -127,8 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "lines: physical lines; code lines: without blank lines, comment lines and docstrings",
         ],
     )
-    if then is not None:
-        then_total = total(then)
+    if then is not None and then_total is not None:
         table.rows.append(
             [
                 f"{baseline} (issue 52's baseline)",
@@ -142,11 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     run.add(table)
     run.data["now"] = {"files": len(now), "lines": now_total.lines, "code": now_total.code}
-    if then is None:
+    if then is None or then_total is None:
         print(f"baseline {baseline} is not in this clone (a shallow one?): no goal decided")
         run.write()
         return 0
-    then_total = total(then)
     run.data["baseline"] = {
         "rev": baseline,
         "files": len(then),

@@ -59,6 +59,14 @@ STALL_S = 3.0
 for 1.25 s of the default 3 s session: its lock counts as lost)."""
 
 
+def durable_run(directory: Path, seed: int) -> LockRun:
+    """The fenced workload against ``dflockd`` with a state dir of its own (``directory /
+    "state"``), leases of ``DURABLE_LEASE_S``."""
+    return LockRun(
+        directory, seed=seed, durable=True, lease_s=DURABLE_LEASE_S, max_lease_s=DURABLE_LEASE_S
+    )
+
+
 def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
     tmp_path: Path, fault_report: FaultReport
 ) -> None:
@@ -66,13 +74,7 @@ def test_a_full_state_dir_under_load_frees_no_lock_and_grants_nothing_twice(
     aimed: list[int] = []
     with (
         small_tmpfs(tmp_path / "state", "4m") as state,
-        LockRun(
-            tmp_path,
-            seed=47,
-            durable=True,
-            lease_s=DURABLE_LEASE_S,
-            max_lease_s=DURABLE_LEASE_S,
-        ) as run,
+        durable_run(tmp_path, seed=47) as run,
     ):
         assert run.server.state_dir == state
         run.wait_grants(50, RUN_TIMEOUT_S)
@@ -121,13 +123,7 @@ def test_a_stalled_state_dir_under_load_grants_nothing_twice_and_loses_nothing_s
     stalls: list[tuple[float, float]] = []
     with (
         own_ext4(tmp_path / "state", tmp_path / "state.img", "64M") as state,
-        LockRun(
-            tmp_path,
-            seed=49,
-            durable=True,
-            lease_s=DURABLE_LEASE_S,
-            max_lease_s=DURABLE_LEASE_S,
-        ) as run,
+        durable_run(tmp_path, seed=49) as run,
     ):
         assert run.server.state_dir == state
         run.wait_grants(50, RUN_TIMEOUT_S)
@@ -222,13 +218,7 @@ def test_a_reboot_with_the_wall_clock_stepped_grants_nothing_twice(
 ) -> None:
     steps = [600, -600] * scaled(1, 3)
     aimed: list[int] = []
-    with LockRun(
-        tmp_path,
-        seed=48,
-        durable=True,
-        lease_s=DURABLE_LEASE_S,
-        max_lease_s=DURABLE_LEASE_S,
-    ) as run:
+    with durable_run(tmp_path, seed=48) as run:
         state_dir = run.server.state_dir
         assert isinstance(state_dir, Path)
         run.wait_grants(50, RUN_TIMEOUT_S)
