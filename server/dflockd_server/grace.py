@@ -12,17 +12,26 @@ known, and the grace is ``max_lease_ttl_s`` after every start on a fixed port.
 The grace applies after a clean stop too: a graceful stop releases every lease and closes
 every connection, but a client learns of a closed connection only at its next read (foreign
 dflockd clients at their next renewal), so the lease is still the only bound it honours.
+
+A grace outlives a start stopped during it: the record also holds when the grace ends
+(``grace_until``: this boot's id and a time on its monotonic clock), and a start on the same
+boot waits out what is left of it, whatever else it decides. Otherwise a start killed during
+its grace (after a reboot, say) wrote a new journal, and the next start, on this boot, read it
+as whole and granted at once: a key granted in the last moments before the reboot could go to
+a rival while its holder still held it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dflockd_server.config import Config
 from dflockd_server.fence import FenceStateError, StateUnwritable, write_atomically
+from dflockd_server.replay import boot_id
 
 GRACE_SUFFIX = ".grace"
 """The grace record lives at ``<fence_state_file>.grace``."""
@@ -55,14 +64,28 @@ def read_longest_lease(path: str) -> int | None:
     return value
 
 
-def write_longest_lease(path: str, longest: int) -> None:
-    """Persist ``longest`` atomically (see `write_atomically`)."""
-    write_atomically(
-        path,
-        json.dumps({"longest_lease_s": longest}) + "\n",
-        prefix=".grace-",
-        what="restart grace record",
-    )
+def write_longest_lease(path: str, longest: int, grace_until_ms: int | None = None) -> None:
+    """Persist ``longest`` atomically (see `write_atomically`), with the end of this start's
+    grace on this boot's monotonic clock (``grace_until_ms``) when it has one."""
+    record: dict[str, object] = {"longest_lease_s": longest}
+    if grace_until_ms is not None:
+        record["grace_until"] = {"boot": boot_id(), "monotonic_ms": grace_until_ms}
+    write_atomically(path, json.dumps(record) + "\n", prefix=".grace-", what="restart grace record")
+
+
+def grace_left(path: str) -> float:
+    """Seconds left of the grace of a start on this boot recorded at ``path`` (0: none left,
+    none recorded, another boot's, or a record that cannot be read: ``read_longest_lease``
+    says why)."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            until = json.load(fh)["grace_until"]
+        boot, until_ms = until["boot"], until["monotonic_ms"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return 0.0
+    if boot != boot_id() or boot == "-" or not isinstance(until_ms, int):
+        return 0.0
+    return max(0.0, (until_ms - time.monotonic_ns() // 1_000_000) / 1000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +139,7 @@ class LeaseRecord:
     ``publish`` (a cluster member's) stores each bound where its heirs read it, after the file.
     """
 
-    __slots__ = ("_cap", "_path", "_publish", "longest")
+    __slots__ = ("_cap", "_grace_until_ms", "_path", "_publish", "longest")
 
     def __init__(
         self,
@@ -126,17 +149,23 @@ class LeaseRecord:
         publish: Callable[[int], None] | None = None,
         *,
         defer_failed_write: bool = False,
+        grace_s: float = 0.0,
     ) -> None:
         """``defer_failed_write``: when the record cannot be written (a full disk at the
         start), keep the bound the file holds (the previous run's, which covers every lease it
-        granted) and write the next one before a longer lease is granted."""
+        granted) and write the next one before a longer lease is granted. ``grace_s``: this
+        start's restart grace, from now (kept in the record: a start during it waits out the
+        rest)."""
         self._path = path
         self._cap = cap
         self._publish = publish
+        self._grace_until_ms = (
+            time.monotonic_ns() // 1_000_000 + math.ceil(grace_s * 1000) if grace_s > 0 else None
+        )
         self.longest = math.ceil(initial) if initial > 0 else 0  # may exceed a lowered cap
         if path is not None:
             try:
-                write_longest_lease(path, self.longest)
+                write_longest_lease(path, self.longest, self._grace_until_ms)
             except FenceStateError:
                 if not defer_failed_write:
                     raise
@@ -154,7 +183,7 @@ class LeaseRecord:
         longest = max(longest, lease_ttl)
         if self._path is not None:
             try:
-                write_longest_lease(self._path, longest)
+                write_longest_lease(self._path, longest, self._grace_until_ms)
             except FenceStateError as exc:
                 raise StateUnwritable(str(exc)) from exc
         if self._publish is not None:

@@ -7,7 +7,7 @@ An append-only file in the state directory (``state``), one record per line::
 Payloads (fields separated by one space; a key and a token hold no space, a note is the rest of
 the line and may)::
 
-    H 2 <boot id> <wall ms> <monotonic ms> <fsync>    the file's clock anchor (its first line)
+    H 3 <boot id>[.<mount id>] <wall ms> <monotonic ms> <fsync>   the clock anchor (first line)
     G <token> <key> <limit> <sem 0|1> <lease s> <until ms> <c|d> <onclose s|-> [<note>]
     X <token> <lease s> <until ms>                      the recorded expiry moved on
     M <token> <c|d> <onclose s|-> <lease s> <until ms> [<note>]   rebound (ht, hd, onclose)
@@ -61,6 +61,7 @@ that fails is a failure to write (above): nothing is marked synced until an fsyn
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -71,6 +72,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dflockd_server.keys import AS_RECORDED
+from dflockd_server.pagecache import mount_id
 from dflockd_server.replay import (
     BATCH_BYTES,
     BATCH_RECORDS,
@@ -231,6 +233,7 @@ class Journal:
         "_fd_lock",
         "_fsync_dir",
         "_fsync_file",
+        "_lifetime",
         "_must_sync",
         "_size",
         "_sync_error",
@@ -304,6 +307,9 @@ class Journal:
         self._anchor_clock = 0.0
         self._anchor_wall_ms = 0
         self._anchor_mono_ms = 0
+        self._lifetime = "-"
+        """The header's ``<boot id>[.<mount id>]``: this boot, and the mount the state dir is on
+        (``pagecache``: a start after it was mounted anew knows the last records may be gone)."""
 
     @property
     def dirty(self) -> bool:
@@ -387,7 +393,8 @@ class Journal:
     # ------------------------------------------------------------------ file
     def _header(self) -> bytes:
         return _line(
-            f"H {VERSION} {boot_id()} {self._anchor_wall_ms} {self._anchor_mono_ms} {self.fsync}"
+            f"H {VERSION} {self._lifetime} {self._anchor_wall_ms} {self._anchor_mono_ms} "
+            f"{self.fsync}"
         )
 
     @property
@@ -444,6 +451,9 @@ class Journal:
         self._anchor_clock = self._clock()
         self._anchor_wall_ms = time.time_ns() // 1_000_000
         self._anchor_mono_ms = time.monotonic_ns() // 1_000_000
+        boot = boot_id()
+        mount = mount_id(os.path.dirname(os.path.abspath(self.path)))
+        self._lifetime = boot if mount is None or boot == "-" else f"{boot}.{mount}"
 
     def _replace(self, live: Iterable[bytes]) -> None:
         """Write a new file (the header, ``live``) beside the journal, fsync it, rename it over
@@ -503,14 +513,29 @@ class Journal:
             )
         else:
             self.mark_removed = True
+        directory = os.path.dirname(os.path.abspath(self.path))
         log.error(
             "journal: cannot write %s (%s): granting nothing new until it can be written "
-            "again (acquires are answered error_read_only); every lock held stays held, and "
-            "renewals, releases, ping and stats are answered. Free space (or fix the disk) "
-            "under %s: the server resumes by itself within a sweep",
+            "again (acquires are answered error_read_only); every lock held stays held; "
+            "releases, ping and stats are answered, and renewals %s. %s",
             self.path,
             self.failure,
-            os.path.dirname(os.path.abspath(self.path)),
+            "too"
+            if self.mark_removed
+            else "are refused (see above: each holder is told its lock is lost)",
+            f"The file system under {directory} is read-only (a disk error?): the server cannot "
+            "resume by itself. Stop it, repair the file system, and start it again: "
+            + (
+                "it sees the file system mounted anew and waits out the longest lease before "
+                "granting (what the disk had not yet taken is gone)"
+                if "." in self._lifetime
+                else "with --restart-grace set to the longest lease (this kernel gives no "
+                "mount id by which the start could see the file system mounted anew, and what "
+                "the disk had not yet taken is gone)"
+            )
+            if exc.errno == errno.EROFS
+            else f"Free space (or fix the disk) under {directory}: the server resumes by itself "
+            "within a sweep",
         )
 
     def take_refused(self) -> list[tuple[str, str]]:

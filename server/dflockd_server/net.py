@@ -308,6 +308,7 @@ class Server:
                 cfg.max_lease_ttl_s,
                 publish=publish,
                 defer_failed_write=True,
+                grace_s=grace.seconds,
             ),
         )
         self._table = table = LockTable(

@@ -15,6 +15,12 @@ How long it runs from the restart depends on what the file can prove:
   written, or an older version wrote it): each lease runs ``max(its lease, the longest lease
   the run recorded)`` from the restart. A renewal answered before the crash ended at most one
   such lease after it, and the crash came before the restart.
+- **same boot, but the state dir's file system mounted anew** since the file was written (a disk
+  error turned it read-only and it was repaired: unmounted, checked, mounted again; the header
+  records the mount, ``pagecache`` tells a new mount from a container's new bind of the same
+  one): what the kernel had not yet put on the disk went with the old mount, the last second of
+  grants with it under ``everysec``, so unless a graceful stop fsynced the file the restore is
+  another boot's (below), with its grace.
 - **another boot** (or a boot id that cannot be read): the wall clock cannot be trusted across a
   boot (it may have been stepped either way), so nothing is measured with it: each lease runs a
   full lease from the restart, the longest of its own and the longest the run recorded (which
@@ -141,6 +147,9 @@ class JournalRead:
     """The grants not released, by token (in the order of their fences, mostly)."""
     anchor: tuple[str, int, int] | None = None
     """The file's clock anchor: boot id, wall ms, monotonic ms."""
+    mount: int | None = None
+    """The mount the state dir was on for the run that wrote the file's last header (its
+    ``.<mount id>``: ``pagecache``), None where it recorded none."""
     fsync: str = ""
     """The ``--journal-fsync`` of the run that wrote it ("" for a version-1 file)."""
     clean: bool = False
@@ -222,7 +231,9 @@ def _apply(read: JournalRead, payload: str) -> str | None:
         fields = 4 if parts[0] == "1" else 5 if parts[0] in ("2", VERSION) else 0
         if len(parts) != fields:
             return f"header of an unknown journal version ({rest[:40]!r})"
-        anchor = (parts[1], int(parts[2]), int(parts[3]))
+        boot, _, mount = parts[1].partition(".")
+        anchor = (boot, int(parts[2]), int(parts[3]))
+        read.mount = int(mount) if mount.isdigit() else None
         first = read.anchor
         if first is None:
             read.anchor = anchor
@@ -535,23 +546,28 @@ def restored_leases(
     *,
     complete: bool = True,
     run_longest: int = 0,
+    remounted: bool = False,
     wall_ms: int | None = None,
     monotonic_ms: int | None = None,
     this_boot: str | None = None,
 ) -> Restore:
     """The grants of ``read`` still running now, each with its seconds left set in its
     ``left`` (the module's doc gives the rules). ``complete``: the journal's ``complete`` mark
-    is there; ``run_longest``: the longest lease its run recorded (``grace``), 0 when unknown.
-    The clock arguments are for tests."""
+    is there; ``run_longest``: the longest lease its run recorded (``grace``), 0 when unknown;
+    ``remounted``: the state dir's file system was mounted anew since the file was written
+    (``pagecache``). The clock arguments are for tests."""
     mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
     boot = boot_id() if this_boot is None else this_boot
     anchor = read.anchor
     same_boot = anchor is not None and anchor[0] != "-" and anchor[0] == boot and mono >= anchor[2]
+    # Mounted anew, the file lacks what the kernel had not yet put on the disk (unless a
+    # graceful stop fsynced all of it): read it as a crash of the machine leaves it.
+    lost_tail = same_boot and remounted and not read.clean
     out: list[RecordedGrant] = []
     grace = 0.0
     if anchor is None:  # not even a whole header: the file was never a run's journal
         return Restore(out, "the journal holds no header: nothing was recorded in it", grace)
-    if same_boot and complete:
+    if same_boot and complete and not lost_tail:
         now = anchor[1] + (mono - anchor[2])  # the file's own clock: no wall-clock step
         how = "same boot: each lease until its recorded end, on the monotonic clock"
         ended: list[str] = []
@@ -579,7 +595,20 @@ def restored_leases(
                 ended.append(rec.token)
         return Restore(out, how, grace, exact=True, ended=ended, longest=longest)
     durable = read.clean or read.fsync == "always"
-    if same_boot:
+    if lost_tail:
+        how = (
+            "the same boot, but the state dir's file system was mounted anew since the journal "
+            "was written (what the kernel had not yet put on the disk is gone with the old "
+            f"mount): each lease for the longest of its own and {run_longest} s from now"
+            + (
+                ""
+                if complete and durable
+                else ", and no grant until then (records of the last moments may be lost)"
+            )
+        )
+        floor = run_longest
+        grace = 0.0 if complete and durable else float(run_longest)
+    elif same_boot:
         how = (
             "same boot, but the journal may lack renewals (answered while it could not be "
             f"written): each lease for the longest of its own and {run_longest} s from now"

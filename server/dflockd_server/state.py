@@ -10,14 +10,16 @@ port chosen at random. ``--state-dir none`` turns it off.
 A start (``plan_start``):
 
 - restores every lease of the journal still running (``journal``: within a boot until its
-  recorded end; across a boot, or after renewals the journal could not record, for a full lease
-  from the start), and grants free keys at once, except after a reboot when the journal was not
-  fsynced at each reply (then the grace below, for the longest lease recorded);
+  recorded end; across a boot, on a file system mounted anew (``pagecache``), or after renewals
+  the journal could not record, for a full lease from the start), and grants free keys at once,
+  except after a reboot or on a file system mounted anew when the journal was not fsynced at
+  each reply (then the grace below, for the longest lease recorded);
 - waits (a restart grace, ``grace``) only when what the previous run granted cannot be known:
   the directory holds earlier state but no journal, the journal cannot be read, or it is
   damaged before its last record. The grace then lasts the longest lease the previous run
   recorded (``grace``), else ``max_lease_ttl_s``;
-- a directory with nothing in it is a first start: no grace.
+- a directory with nothing in it is a first start: no grace;
+- a start on the same boot as one stopped during its grace waits out the rest of it (``grace``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from dataclasses import dataclass, field
 
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.fence import FenceStateError
-from dflockd_server.grace import GraceDecision, decide_grace, grace_path, read_longest_lease
+from dflockd_server.grace import (
+    GraceDecision,
+    decide_grace,
+    grace_left,
+    grace_path,
+    read_longest_lease,
+)
+from dflockd_server.pagecache import mount_id, tail_resident
 from dflockd_server.replay import (
     COMPLETE_SUFFIX,
     JournalRead,
@@ -172,8 +181,11 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         record = grace_path(config.fence_state_file) if config.fence_state_file else None
         previous = read_longest_lease(record) if record is not None else None
         existed = config.fence_state_file is not None and os.path.exists(config.fence_state_file)
+        decided = decide_grace(config, previous, existed)
+        if record is not None and config.restart_grace_s is None:
+            decided = _with_grace_left(decided, record)
         return StartPlan(
-            decide_grace(config, previous, existed),
+            decided,
             [],
             None,
             record,
@@ -188,6 +200,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
     restore: Restore | None = None
+    # Asked before anything reads the file (a miss starts reading its last page in).
+    resident = tail_resident(journal)
     try:
         exists = os.path.exists(journal)
         if exists:
@@ -204,6 +218,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 read,
                 complete=os.path.exists(journal + COMPLETE_SUFFIX),
                 run_longest=config.max_lease_ttl_s if run_longest is None else run_longest,
+                remounted=_remounted(read, state.path, resident),
             )
             leases = restore.leases
             # The records are the plan's now: let go as they are restored.
@@ -240,6 +255,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         )
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
+    if config.restart_grace_s is None:
+        grace = _with_grace_left(grace, record)
     # (more leases ended than are restored: a new file, which holds only these, is smaller)
     resume = (
         restore is not None
@@ -251,6 +268,40 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     ended = restore.ended if resume and restore is not None else []
     longest = restore.longest if restore is not None else 0
     return StartPlan(grace, leases, read, record, fence, journal, longest, resume, ended)
+
+
+def _with_grace_left(grace: GraceDecision, record: str) -> GraceDecision:
+    """``grace``, or what is left of the grace of a start on this boot that was stopped during
+    it, whichever is longer (``grace.grace_left``)."""
+    left = grace_left(record)
+    if left <= grace.seconds:
+        return grace
+    return GraceDecision(
+        left,
+        f"a start on this boot was stopped during its restart grace: waiting out the {left:g} s "
+        f"left of it (this start alone: {grace.why})",
+    )
+
+
+def _remounted(read: JournalRead, directory: str, resident: bool | None) -> bool:
+    """Whether the state dir's file system was mounted anew since ``read``'s run wrote it: it
+    is on another mount now, and the journal's last page is not in the page cache (a
+    container's new bind of a volume that stayed mounted keeps it; ``pagecache``)."""
+    if read.mount is None or resident is not False:
+        return False
+    now = mount_id(directory)
+    if now is None or now == read.mount:
+        return False
+    log.warning(
+        "journal: the state directory %s is on another mount than when the journal was "
+        "written (mount %d, now %d), and the journal's last page is not in the page cache: "
+        "the file system was mounted anew (after a repair?), and what the kernel had not yet "
+        "put on the disk is gone with the old mount",
+        directory,
+        read.mount,
+        now,
+    )
+    return True
 
 
 def _report(path: str, read: JournalRead) -> None:

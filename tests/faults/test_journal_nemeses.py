@@ -49,7 +49,7 @@ from tests.faults.test_lock_faults import (
     report,
 )
 from tests.faults.workload import EVENT_TIMEOUT_S, Injection, LockRun, now, read_events
-from tests.support.disks import fill, frozen, own_ext4, small_tmpfs
+from tests.support.disks import fill, frozen, own_ext4, repaired, small_tmpfs, turn_read_only
 
 EPISODE_S = 2.0
 """How long the state directory stays full."""
@@ -59,11 +59,16 @@ STALL_S = 3.0
 for 1.25 s of the default 3 s session: its lock counts as lost)."""
 
 
-def durable_run(directory: Path, seed: int) -> LockRun:
+def durable_run(directory: Path, seed: int, server_args: tuple[str, ...] = ()) -> LockRun:
     """The fenced workload against ``dflockd`` with a state dir of its own (``directory /
     "state"``), leases of ``DURABLE_LEASE_S``."""
     return LockRun(
-        directory, seed=seed, durable=True, lease_s=DURABLE_LEASE_S, max_lease_s=DURABLE_LEASE_S
+        directory,
+        seed=seed,
+        durable=True,
+        lease_s=DURABLE_LEASE_S,
+        max_lease_s=DURABLE_LEASE_S,
+        server_args=server_args,
     )
 
 
@@ -186,6 +191,70 @@ def test_a_stalled_state_dir_under_load_grants_nothing_twice_and_loses_nothing_s
         f"unanswered past its session's window); {len(told)} holds in all reported lost across "
         "the freezes, each before its key was granted again; none lost silently; grants went "
         "on once it thawed",
+    )
+
+
+READ_ONLY_OPTIONS = "errors=remount-ro"
+"""How the test's ext4 is mounted: a disk error remounts it read-only (Debian's choice for its
+root file system; ext4's default is to carry on)."""
+
+
+def test_a_state_dir_turned_read_only_by_a_disk_error_grants_nothing_twice(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    episodes = scaled(2, 4)
+    image = tmp_path / "state.img"
+    with (
+        own_ext4(tmp_path / "state", image, "64M", options=READ_ONLY_OPTIONS) as state,
+        # The default sweep (the everysec fsync is asked for at each): a grant's record may
+        # wait up to a second for the disk, as it does in a user's server.
+        durable_run(tmp_path, seed=50, server_args=("--lease-sweep-interval", "1")) as run,
+    ):
+        assert run.server.state_dir == state
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(episodes):
+            long_hold(run.pick(), DURABLE_HOLD_S)  # its grant's record: maybe not on disk yet
+            run.injections.append(Injection("state dir turned read-only", now()))
+            turn_read_only(state)
+            proc = run.server.proc
+            assert proc is not None
+            proc.wait_for("journal: cannot write", RUN_TIMEOUT_S)
+            # The complete mark cannot be removed either: renewals are refused too; the log says
+            # what to do.
+            assert any("cannot remove" in line for line in proc.lines), proc.lines
+            assert any("cannot resume by itself" in line for line in proc.lines), proc.lines
+            time.sleep(EPISODE_S)  # nothing granted; holders' renewals refused
+            # The operator: stop the server, repair the file system, start the server again in
+            # place with the same command.
+            run.kill_server()
+            repaired(state, image, READ_ONLY_OPTIONS)
+            run.server.start()
+            assert run.server.proc is not None
+            started = run.server.proc.drain()
+            assert any("mounted anew" in line for line in started), started
+            run.settle(DURABLE_HOLD_S + DURABLE_LEASE_S + EVENT_TIMEOUT_S)
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    told = sum(1 for hold in result.holds if hold.reported_lost)
+    check = checked(result)
+    caught = across_restarts(result)
+    assert not caught.silent, f"holds lost without a word to their client: {caught.silent}"
+    for before, after in fences_by_epoch(result):
+        assert before and after
+        assert min(after) > max(before)
+    report(
+        fault_report,
+        f"state dir (ext4 on a loop device, {READ_ONLY_OPTIONS}) turned read-only by a disk error "
+        "under load, then the server SIGKILLed, the file system repaired (e2fsck) and the "
+        f"server started again in place with the same command ({episodes} times)",
+        result,
+        check,
+        f"no grant while read-only (acquires answered error_read_only); renewals refused (the "
+        f"journal's complete mark could not be removed): {told} holds told lost; "
+        f"{len(caught.kept)} holds caught by the stops kept, {len(caught.reported)} reported "
+        f"lost, {len(caught.let_go)} let go, {len(caught.silent)} lost silently; each start saw "
+        "the file system mounted anew and waited out the longest lease before granting, so the "
+        "grants the repair lost (written, not yet on the disk) were not given again",
     )
 
 

@@ -248,6 +248,53 @@ def test_a_journal_without_its_complete_mark_restores_the_longest_lease_from_now
     assert [r.left for r in got.leases] == [33.0] and got.grace_s == 0
 
 
+def test_a_header_names_the_mount_it_was_written_on_and_a_later_header_the_last_one(
+    tmp_path: Path,
+) -> None:
+    """``<boot id>.<mount id>``: the boot is compared as before (a header without a mount, as
+    older versions wrote it, reads as it did), the mount of the last header is the file's."""
+    data = journal_bytes("G aaaa k1 1 0 20 1040000 c -", boot="b00t.41")
+    data += line("H 3 b00t.57 1001000 1500 everysec") + line("G bbbb k2 1 0 20 1030000 c -")
+    read = read_journal(write(tmp_path, data))
+    assert not read.damage and read.anchor == ("b00t", 1_000_000, 500) and read.mount == 57
+    assert restored_leases(read, monotonic_ms=500, this_boot="b00t").exact
+    old = read_journal(write(tmp_path, journal_bytes("G aaaa k1 1 0 20 1040000 c -")))
+    assert old.mount is None and restored_leases(old, monotonic_ms=500, this_boot="b00t").exact
+
+
+@pytest.mark.parametrize(
+    ("fsync", "clean", "complete", "grace"),
+    [
+        ("everysec", False, True, 33.0),  # the last second of grants may be gone: wait them out
+        ("always", False, True, 0.0),  # every grant was fsynced before its reply
+        ("always", False, False, 33.0),  # and renewals went unrecorded meanwhile
+        ("everysec", True, True, None),  # a graceful stop fsynced it all: read as it is
+    ],
+)
+def test_a_journal_on_a_file_system_mounted_anew_is_read_as_a_crash_of_the_machine_leaves_it(
+    tmp_path: Path, fsync: str, clean: bool, complete: bool, grace: float | None
+) -> None:
+    """The same boot, but the state dir's file system was mounted anew since the file was
+    written (``remounted``, ``pagecache``): what the kernel had not yet put on the disk is gone,
+    so the restore is another boot's (each lease for the longest recorded, and a grace where a
+    lost grant could still run), unless a graceful stop (``C``) fsynced the file."""
+    records = ["G aaaa k 1 0 20 1040000 c -", *(["C"] if clean else [])]
+    read = read_journal(write(tmp_path, journal_bytes(*records, fsync=fsync)))
+    got = restored_leases(
+        read,
+        complete=complete,
+        run_longest=33,
+        remounted=True,
+        monotonic_ms=30_500,
+        this_boot="b00t",
+    )
+    if grace is None:
+        assert got.exact and [r.left for r in got.leases] == [pytest.approx(10.0)]
+        return
+    assert not got.exact and [r.left for r in got.leases] == [33.0]
+    assert got.grace_s == grace and "mounted anew" in got.how
+
+
 def test_moves_and_extensions_change_what_comes_back(tmp_path: Path) -> None:
     read = read_journal(
         write(

@@ -29,9 +29,10 @@ from dflockd_server import journal as journal_module
 from dflockd_server.config import Config
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, boot_id, read_journal
 from dflockd_server.keys import Holder
+from dflockd_server.pagecache import mount_id, tail_resident
 from dflockd_server.table import LockTable
 from dflockd_server.testing import ServerThread
-from tests.support.disks import fill, small_tmpfs
+from tests.support.disks import bound, fill, own_ext4, remounted, small_tmpfs
 from tests.support.pids import no_more_threads
 from tests.support.servers import clean_env, dflockd_executable, dflockd_subprocess
 from tests.support.waiting import wait_until
@@ -158,6 +159,105 @@ def test_a_lease_outlives_a_reboot_of_the_machine(tmp_path: Path, fsync: str) ->
         free = rival.req("l", "free", "0")
         assert free.startswith("ok ") if fsync == "always" else free == "timeout", free
         assert rival.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"
+
+
+def test_a_start_killed_during_its_restart_grace_leaves_the_rest_of_it_to_the_next(
+    tmp_path: Path,
+) -> None:
+    """A start that waits out a restart grace (here after a reboot, the journal ``everysec``:
+    the previous boot's last second of grants may be lost) is killed during it: the next start
+    on this boot waits out the rest of it. Before, the first start's new journal, written on
+    this boot and complete, was read as whole and the next start granted at once: a key the
+    lost last second had granted could go to a rival while its holder still held it."""
+    state = tmp_path / "state"
+    previous_boot_journal(state, clock_step_s=0, fsync="everysec")
+    log_path = tmp_path / "dflockd.log"
+    with dflockd_subprocess(log_path, "--state-dir", str(state)) as (proc, address):
+        started = time.monotonic()
+        port = address[1]
+        with Wire(address) as probe:
+            assert probe.req("l", "free", "0") == "timeout"  # in the grace
+        proc.kill()
+        proc.wait(10)
+    with (
+        dflockd_subprocess(log_path, "--state-dir", str(state), port=port) as (_, address),
+        Wire(address) as probe,
+    ):
+        asked = time.monotonic()
+        assert probe.req("l", "free", "0") == "timeout"
+        stats = json.loads(probe.req("stats", "_", "_").removeprefix("ok "))
+    left = float(stats["grace_remaining_s"])
+    assert LEASE - (asked - started) - 1.0 <= left <= LEASE - (asked - started) + 0.5, left
+    assert "stopped during its restart grace" in stats["grace_reason"], stats["grace_reason"]
+
+
+def test_the_mount_a_path_is_on_and_whether_a_files_last_page_is_cached(tmp_path: Path) -> None:
+    """``pagecache`` on a real file system: a new mount of it (a new mount id) starts with a
+    cold page cache (the miss itself reads the page in), a bind mount of it (a new mount id
+    too) shares the page cache of the mount it binds."""
+    image = tmp_path / "disk.img"
+    with own_ext4(tmp_path / "disk", image, "16M") as disk:
+        journal = disk / "journal"
+        journal.write_bytes(b"x" * 10_000)
+        first = mount_id(str(disk))
+        if first is None:
+            pytest.skip("this kernel gives no unique mount id (statx, Linux 6.8)")
+        assert mount_id(str(journal)) == first
+        assert tail_resident(str(journal)) is True
+        with bound(disk, tmp_path / "bind") as bind:
+            assert mount_id(str(bind)) not in (None, first)
+            assert tail_resident(str(bind / "journal")) is True
+        remounted(disk, image)
+        assert mount_id(str(disk)) not in (None, first)
+        assert tail_resident(str(journal)) is False
+        assert tail_resident(str(journal)) is True  # the miss read it in
+        assert tail_resident(str(tmp_path / "missing")) is None
+
+
+def test_a_restart_through_a_new_bind_mount_of_the_state_dir_restores_exactly(
+    tmp_path: Path,
+) -> None:
+    """A container restarted in place gets its volume bind-mounted anew (another mount id) on a
+    file system that stayed mounted: the page cache is the one the journal was written
+    through, so the start restores each lease to its recorded end and grants free keys at
+    once, as a restart of the process alone does. Unmounted and mounted again, the same start
+    waits out the longest lease (what the kernel had not put on the disk may be gone)."""
+    image = tmp_path / "disk.img"
+    log_path = tmp_path / "dflockd.log"
+    with own_ext4(tmp_path / "disk", image, "16M") as disk:
+        (disk / "volume").mkdir()
+        where = tmp_path / "state"
+        if mount_id(str(disk)) is None:
+            pytest.skip("this kernel gives no unique mount id (statx, Linux 6.8)")
+        args = ("--state-dir", str(where))
+        with (
+            bound(disk / "volume", where),
+            dflockd_subprocess(log_path, *args) as (proc, address),
+        ):
+            port = address[1]
+            with Wire(address) as holder:
+                holder.lock("held", lease=LEASE)
+            proc.kill()
+            proc.wait(10)
+        with (
+            bound(disk / "volume", where),
+            dflockd_subprocess(log_path, *args, port=port) as (proc, address),
+            Wire(address) as probe,
+        ):
+            assert probe.req("l", "held", "0") == "timeout"
+            assert probe.req("l", "free", "0").startswith("ok ")
+            proc.kill()
+            proc.wait(10)
+        assert "mounted anew" not in log_path.read_text()
+        remounted(disk, image)
+        with (
+            bound(disk / "volume", where),
+            dflockd_subprocess(log_path, *args, port=port) as (_, address),
+            Wire(address) as probe,
+        ):
+            assert probe.req("l", "held", "0") == "timeout"
+            assert probe.req("l", "other", "0") == "timeout"  # the grace: nothing granted
+        assert "mounted anew" in log_path.read_text()
 
 
 def test_a_full_state_dir_refuses_grants_and_keeps_every_holder(tmp_path: Path) -> None:
