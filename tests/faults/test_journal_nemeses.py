@@ -1,6 +1,7 @@
 """The lease journal's nemeses under the history checker (issue 47): the state directory fills
-up under load, stalls (its file system frozen) under load, and the server comes back from a
-"reboot" with the wall clock stepped 10 minutes either way.
+up under load, stalls (its file system frozen) under load, turns read-only under load (a disk
+error) and is repaired on the same boot, and the server comes back from a "reboot" with the
+wall clock stepped 10 minutes either way.
 
 Each runs the fenced workload of ``test_lock_faults.py`` (four worker processes, two keys, half
 of them two-phase, a healthy client) against the real ``dflockd`` with a state directory of the
@@ -22,6 +23,14 @@ aimed long holds too.
   lock is lost (the server may have seen its connection close), and its key is granted again
   only after that; every other hold is kept, none is lost silently, and grants go on once the
   file system thaws.
+- **Read-only after a disk error, repaired.** The state directory is an ext4 file system of its
+  own mounted ``errors=remount-ro`` (root only), failed through ext4's own error path
+  (``trigger_fs_error``) just after a long hold was granted: the server refuses grants and, as
+  it cannot remove its ``complete`` mark, renewals (each holder told). Then, as an operator
+  does, the server is SIGKILLed, the file system unmounted, checked (``e2fsck``) and mounted
+  again, and the server started in place with the same command. The grants of the last moments
+  before the error were written but not yet on the disk and are gone with the old mount: the
+  start must see the file system mounted anew and wait out the longest lease before granting.
 - **Reboot with a clock step.** No test can reboot its machine, so the server is SIGKILLed and
   its journal rewritten as another boot would have left it: another boot id, and every wall
   time in it moved by the step (+600 s: the clock is now 10 minutes ahead of the one the journal
