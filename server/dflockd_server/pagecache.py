@@ -56,7 +56,7 @@ def tail_resident(path: str) -> bool | None:
     """Whether the last byte of the file at ``path`` is in the page cache (a read that must not
     wait for the disk, ``RWF_NOWAIT``), or None where that cannot be told (no such file, an
     empty one, a file system or kernel without such reads). Ask it once, before anything reads
-    the file: a miss starts the read of the page, so the next asking finds it cached."""
+    the file: a miss may start reading the page in, and the next asking find it cached."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -200,7 +200,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
     restore: Restore | None = None
-    # Asked before anything reads the file (a miss starts reading its last page in).
+    # Asked before anything reads the file (a miss may start reading its last page in).
     resident = tail_resident(journal)
     try:
         exists = os.path.exists(journal)
