@@ -15,12 +15,15 @@ How long it runs from the restart depends on what the file can prove:
   written, or an older version wrote it): each lease runs ``max(its lease, the longest lease
   the run recorded)`` from the restart. A renewal answered before the crash ended at most one
   such lease after it, and the crash came before the restart.
-- **same boot, but the state dir's file system mounted anew** since the file was written (a disk
-  error turned it read-only and it was repaired: unmounted, checked, mounted again; the header
-  records the mount, ``pagecache`` tells a new mount from a container's new bind of the same
-  one): what the kernel had not yet put on the disk went with the old mount, the last second of
-  grants with it under ``everysec``, so unless a graceful stop fsynced the file the restore is
-  another boot's (below), with its grace.
+- **same boot, but the file may lack its last records**: the state dir's file system was
+  mounted anew since the file was written (a disk error turned it read-only and it was
+  repaired: unmounted, checked, mounted again; the header records the mount, ``pagecache``
+  tells a new mount from a container's new bind of the same one), or a write failed before the
+  previous run ended (no ``complete`` mark) and the file's last page has left the page cache
+  (after an fsync that failed, what it could not write is gone once evicted). What the kernel
+  had not yet put on the disk may be gone, the last second of grants with it under
+  ``everysec``, so unless a graceful stop fsynced the file the restore is another boot's
+  (below), with its grace.
 - **another boot** (or a boot id that cannot be read): the wall clock cannot be trusted across a
   boot (it may have been stepped either way), so nothing is measured with it: each lease runs a
   full lease from the restart, the longest of its own and the longest the run recorded (which
@@ -546,7 +549,7 @@ def restored_leases(
     *,
     complete: bool = True,
     run_longest: int = 0,
-    remounted: bool = False,
+    tail_lost: str = "",
     wall_ms: int | None = None,
     monotonic_ms: int | None = None,
     this_boot: str | None = None,
@@ -554,15 +557,16 @@ def restored_leases(
     """The grants of ``read`` still running now, each with its seconds left set in its
     ``left`` (the module's doc gives the rules). ``complete``: the journal's ``complete`` mark
     is there; ``run_longest``: the longest lease its run recorded (``grace``), 0 when unknown;
-    ``remounted``: the state dir's file system was mounted anew since the file was written
-    (``pagecache``). The clock arguments are for tests."""
+    ``tail_lost``: why the file may lack its last records on this boot ("" where it cannot: a
+    file system mounted anew, an fsync that failed; ``state``, ``pagecache``). The clock
+    arguments are for tests."""
     mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
     boot = boot_id() if this_boot is None else this_boot
     anchor = read.anchor
     same_boot = anchor is not None and anchor[0] != "-" and anchor[0] == boot and mono >= anchor[2]
-    # Mounted anew, the file lacks what the kernel had not yet put on the disk (unless a
-    # graceful stop fsynced all of it): read it as a crash of the machine leaves it.
-    lost_tail = same_boot and remounted and not read.clean
+    # The file may lack what the kernel had not yet put on the disk (unless a graceful stop
+    # fsynced all of it): read it as a crash of the machine leaves it.
+    lost_tail = same_boot and bool(tail_lost) and not read.clean
     out: list[RecordedGrant] = []
     grace = 0.0
     if anchor is None:  # not even a whole header: the file was never a run's journal
@@ -597,9 +601,8 @@ def restored_leases(
     durable = read.clean or read.fsync == "always"
     if lost_tail:
         how = (
-            "the same boot, but the state dir's file system was mounted anew since the journal "
-            "was written (what the kernel had not yet put on the disk is gone with the old "
-            f"mount): each lease for the longest of its own and {run_longest} s from now"
+            f"the same boot, but {tail_lost}: each lease for the longest of its own and "
+            f"{run_longest} s from now"
             + (
                 ""
                 if complete and durable

@@ -214,11 +214,12 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 run_longest = read_longest_lease(record)
             except FenceStateError:
                 run_longest = None
+            complete = os.path.exists(journal + COMPLETE_SUFFIX)
             restore = restored_leases(
                 read,
-                complete=os.path.exists(journal + COMPLETE_SUFFIX),
+                complete=complete,
                 run_longest=config.max_lease_ttl_s if run_longest is None else run_longest,
-                remounted=_remounted(read, state.path, resident),
+                tail_lost=_tail_lost(read, complete, state.path, resident),
             )
             leases = restore.leases
             # The records are the plan's now: let go as they are restored.
@@ -283,25 +284,31 @@ def _with_grace_left(grace: GraceDecision, record: str) -> GraceDecision:
     )
 
 
-def _remounted(read: JournalRead, directory: str, resident: bool | None) -> bool:
-    """Whether the state dir's file system was mounted anew since ``read``'s run wrote it: it
-    is on another mount now, and the journal's last page is not in the page cache (a
-    container's new bind of a volume that stayed mounted keeps it; ``pagecache``)."""
-    if read.mount is None or resident is not False:
-        return False
-    now = mount_id(directory)
-    if now is None or now == read.mount:
-        return False
-    log.warning(
-        "journal: the state directory %s is on another mount than when the journal was "
-        "written (mount %d, now %d), and the journal's last page is not in the page cache: "
-        "the file system was mounted anew (after a repair?), and what the kernel had not yet "
-        "put on the disk is gone with the old mount",
-        directory,
-        read.mount,
-        now,
-    )
-    return True
+def _tail_lost(read: JournalRead, complete: bool, directory: str, resident: bool | None) -> str:
+    """Why the journal may lack its last records on this boot ("" where it cannot): the file
+    system it is on was mounted anew since ``read``'s run wrote it (another mount now, and its
+    last page out of the page cache: a container's new bind of a volume that stayed mounted
+    keeps it; ``pagecache``), or a write failed before that run ended (no ``complete`` mark)
+    and its last page has left the page cache (what an fsync failed to write is gone then)."""
+    if resident is not False:
+        return ""
+    now = mount_id(directory) if read.mount is not None else None
+    if now is not None and now != read.mount:
+        why = (
+            f"the state dir's file system was mounted anew since the journal was written "
+            f"(mount {read.mount}, now {now}; after a repair?), and what the kernel had not yet "
+            "put on the disk went with the old mount"
+        )
+    elif not complete:
+        why = (
+            "a write of the journal failed before the previous run ended (no complete mark) "
+            "and its last page is no longer in the page cache: what an fsync could not put "
+            "on the disk is gone"
+        )
+    else:
+        return ""
+    log.warning("journal: %s", why)
+    return why
 
 
 def _report(path: str, read: JournalRead) -> None:

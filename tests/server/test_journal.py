@@ -275,7 +275,7 @@ def test_a_journal_on_a_file_system_mounted_anew_is_read_as_a_crash_of_the_machi
     tmp_path: Path, fsync: str, clean: bool, complete: bool, grace: float | None
 ) -> None:
     """The same boot, but the state dir's file system was mounted anew since the file was
-    written (``remounted``, ``pagecache``): what the kernel had not yet put on the disk is gone,
+    written (``tail_lost``, ``pagecache``): what the kernel had not yet put on the disk is gone,
     so the restore is another boot's (each lease for the longest recorded, and a grace where a
     lost grant could still run), unless a graceful stop (``C``) fsynced the file."""
     records = ["G aaaa k 1 0 20 1040000 c -", *(["C"] if clean else [])]
@@ -284,7 +284,7 @@ def test_a_journal_on_a_file_system_mounted_anew_is_read_as_a_crash_of_the_machi
         read,
         complete=complete,
         run_longest=33,
-        remounted=True,
+        tail_lost="the state dir's file system was mounted anew",
         monotonic_ms=30_500,
         this_boot="b00t",
     )

@@ -265,6 +265,58 @@ def test_a_restart_through_a_new_bind_mount_of_the_state_dir_restores_exactly(
         assert "mounted anew" in log_path.read_text()
 
 
+def evict(path: Path) -> None:
+    """Put ``path`` on the disk and drop its pages from the page cache (as memory pressure
+    does to clean pages; after an fsync that failed, its unwritten pages are clean too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("evicted", [False, True])
+def test_a_restart_after_a_failed_write_waits_once_the_journals_last_page_left_the_cache(
+    tmp_path: Path, evicted: bool
+) -> None:
+    """A server killed while its journal could not be written (no ``complete`` mark) restarts
+    on the same boot. Its file holds what the kernel has of it, unless an fsync failed and the
+    pages it could not write have left the page cache since (they are gone then): the start
+    cannot tell a failed fsync from a full disk, so with the journal's last page out of the
+    cache it waits out the longest lease before granting (before, it granted at once); with
+    the page still there it grants at once, as it always did."""
+    image = tmp_path / "disk.img"
+    log_path = tmp_path / "dflockd.log"
+    with own_ext4(tmp_path / "disk", image, "16M") as disk:
+        state = disk / "state"
+        args = ("--state-dir", str(state))
+        with dflockd_subprocess(log_path, *args) as (proc, address):
+            port = address[1]
+            with Wire(address) as wire:
+                wire.lock("held", lease=LEASE)
+                filler = fill(disk)
+                for i in range(10_000):  # until a write fails (the journal's last page fills)
+                    reply = wire.req("l", f"k{i}", "0")
+                    if reply == "error_read_only":
+                        break
+                    assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+                assert not (state / ("journal" + COMPLETE_SUFFIX)).exists()
+            proc.kill()
+            proc.wait(10)
+        filler.unlink()
+        if evicted:
+            evict(state / "journal")  # (not asked here: an uncached read may read it back in)
+        with (
+            dflockd_subprocess(log_path, *args, port=port) as (_, address),
+            Wire(address) as probe,
+        ):
+            assert probe.req("l", "held", "0") == "timeout"
+            free = probe.req("l", "free", "0")
+        assert free == "timeout" if evicted else free.startswith("ok "), free
+        assert ("no longer in the page cache" in log_path.read_text()) == evicted
+
+
 def test_a_full_state_dir_refuses_grants_and_keeps_every_holder(tmp_path: Path) -> None:
     """Acceptance 2. The review's case: with the state dir full (ENOSPC), every connection that
     sent anything was dropped unanswered, auto-release freed every held lock, the holder's
