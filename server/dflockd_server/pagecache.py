@@ -16,6 +16,10 @@ gone). The journal's last page tells those apart: still in the page cache (``tai
 asked before anything reads the file) after a container's restart, not after a new mount. Where
 the kernel gives no unique mount id, or cannot say whether a page is cached, nothing is
 recorded and the journal is trusted as before.
+
+The last page also tells whether a journal that could not be written when its run ended (no
+``complete`` mark) is still whole: after an fsync that failed, the pages it could not write
+stay readable only while they are cached (``state``).
 """
 
 from __future__ import annotations
