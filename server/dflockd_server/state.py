@@ -10,10 +10,12 @@ port chosen at random. ``--state-dir none`` turns it off.
 A start (``plan_start``):
 
 - restores every lease of the journal still running (``journal``: within a boot until its
-  recorded end; across a boot, on a file system mounted anew (``pagecache``), or after renewals
-  the journal could not record, for a full lease from the start), and grants free keys at once,
-  except after a reboot or on a file system mounted anew when the journal was not fsynced at
-  each reply (then the grace below, for the longest lease recorded);
+  recorded end; across a boot, when the file may lack its last records on this boot (a file
+  system mounted anew, or a failed write whose pages left the page cache: ``_tail_lost``,
+  ``pagecache``), or after renewals the journal could not record, for a full lease from the
+  start), and grants free keys at once, except after a reboot, or when the file may lack its
+  last records, when the journal was not fsynced at each reply (then the grace below, for the
+  longest lease recorded);
 - waits (a restart grace, ``grace``) only when what the previous run granted cannot be known:
   the directory holds earlier state but no journal, the journal cannot be read, or it is
   damaged before its last record. The grace then lasts the longest lease the previous run
