@@ -557,8 +557,8 @@ def restored_leases(
     """The grants of ``read`` still running now, each with its seconds left set in its
     ``left`` (the module's doc gives the rules). ``complete``: the journal's ``complete`` mark
     is there; ``run_longest``: the longest lease its run recorded (``grace``), 0 when unknown;
-    ``tail_lost``: why the file may lack its last records on this boot ("" where it cannot: a
-    file system mounted anew, an fsync that failed; ``state``, ``pagecache``). The clock
+    ``tail_lost``: why the file may lack its last records on this boot (its file system mounted
+    anew, or an fsync that failed: ``state``, ``pagecache``), "" when it cannot. The clock
     arguments are for tests."""
     mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
     boot = boot_id() if this_boot is None else this_boot
