@@ -265,6 +265,18 @@ def test_a_restart_through_a_new_bind_mount_of_the_state_dir_restores_exactly(
         assert "mounted anew" in log_path.read_text()
 
 
+def grant_until_a_write_fails(wire: Wire) -> None:
+    """Acquire and release keys on a full state dir until the journal's write fails (its last
+    page fills): the acquire that meets it is answered ``error_read_only``."""
+    for i in range(10_000):
+        reply = wire.req("l", f"k{i}", "0")
+        if reply == "error_read_only":
+            return
+        assert reply.startswith("ok "), (i, reply)
+        assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+    raise AssertionError("10,000 grants on a full state dir and no write failed")
+
+
 def evict(path: Path) -> None:
     """Put ``path`` on the disk and drop its pages from the page cache (as memory pressure
     does to clean pages; after an fsync that failed, its unwritten pages are clean too)."""
@@ -296,11 +308,7 @@ def test_a_restart_after_a_failed_write_waits_once_the_journals_last_page_left_t
             with Wire(address) as wire:
                 wire.lock("held", lease=LEASE)
                 filler = fill(disk)
-                for i in range(10_000):  # until a write fails (the journal's last page fills)
-                    reply = wire.req("l", f"k{i}", "0")
-                    if reply == "error_read_only":
-                        break
-                    assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+                grant_until_a_write_fails(wire)
                 assert not (state / ("journal" + COMPLETE_SUFFIX)).exists()
             proc.kill()
             proc.wait(10)
@@ -632,12 +640,7 @@ def test_our_client_keeps_its_lock_through_a_full_disk_and_is_told_why_it_gets_n
             held = DistributedLock("held", servers=[address], lease_ttl_s=2)
             assert held.acquire()
             filler = fill(disk)
-            for i in range(10_000):  # until a write fails (the journal's last page fills)
-                reply = wire.req("l", f"k{i}", "0")
-                if reply == "error_read_only":
-                    break
-                assert reply.startswith("ok "), (i, reply)
-                assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+            grant_until_a_write_fails(wire)
             other = DistributedLock("other", servers=[address], acquire_timeout_s=0)
             with pytest.raises(ServerReadOnly, match="cannot write its lease journal"):
                 other.acquire()
@@ -671,11 +674,7 @@ def test_a_renewal_answered_while_the_disk_is_full_is_kept_by_a_restart(tmp_path
                 token = wire.lock("held", lease=LEASE)
                 time.sleep(3.0)
                 filler = fill(disk)
-                for i in range(10_000):  # until a write fails (the journal's last page fills)
-                    reply = wire.req("l", f"k{i}", "0")
-                    if reply == "error_read_only":
-                        break
-                    assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+                grant_until_a_write_fails(wire)
                 renew_sent = time.monotonic()
                 assert wire.req("n", "held", f"{token} {LEASE}") == f"ok {LEASE}"  # unrecorded
                 assert not (state / ("journal" + COMPLETE_SUFFIX)).exists()
