@@ -401,18 +401,38 @@ def start_redis(
     raise RuntimeError(f"redis-server did not start:\n{tail}")
 
 
+_ON_CPU = (
+    "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+"""What ``on_cpu`` runs before the command: the affinity, then the command in its place."""
+
+
+def on_cpu(cpu: int, command: list[str]) -> list[str]:
+    """``command`` run confined to the one CPU ``cpu`` (its affinity set before it starts, so
+    a Go program's runtime sees one CPU and sizes GOMAXPROCS to it; threads inherit it)."""
+    return [sys.executable, "-c", _ON_CPU, str(cpu), *command]
+
+
 def start_dflockd_go(
-    binary: str, workdir: Path, *, max_locks: int, start_timeout_s: float = START_TIMEOUT_S
+    binary: str,
+    workdir: Path,
+    *,
+    max_locks: int,
+    cpu: int | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> ServerProcess:
     """Start dflockd's Go server (a binary the user built, ``--dflockd-go``) on a free
-    127.0.0.1 port with ``--max-locks``; returns once it accepts a connection. It has no lease
-    journal: it keeps nothing across a restart."""
+    127.0.0.1 port with ``--max-locks`` (on the one CPU ``cpu``, if given: ``on_cpu``); returns
+    once it accepts a connection. It has no lease journal: it keeps nothing across a restart."""
     tail = ""
     for _attempt in range(5):
         port = free_port()
         log_path = workdir / f"dflockd-go-{port}.log"
         command = [binary, "--host", "127.0.0.1", "--port", str(port)]
         command += ["--max-locks", str(max_locks)]
+        if cpu is not None:
+            command = on_cpu(cpu, command)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT

@@ -16,6 +16,14 @@ chosen so that each run makes the same number of pairs. Ours runs as the default
 runs it (the compiled wheel on uvloop, ``uvloop+mypyc``; ``--builds`` adds others), its lease
 journal on at the default fsync; the Go server keeps nothing on disk. The medians of the
 rounds are reported, with the ratio ours / Go's.
+
+The same rounds run twice: first as issue 52 names them, every process free to use every CPU
+(the bench tool shares the machine's cores with the server it drives); then **one core each**:
+each server started again on one CPU (its affinity set before it starts, so the Go runtime
+sees one CPU) and the bench tool on another. That is how the lock server runs in the shipped
+manifests (``deploy/kubernetes/dflockd.yaml``: ``limits: cpu: "1"``), apart from the clients
+that drive it, and it compares what each server does with one core, not how many cores it can
+take from the clients. Skipped, and said so, on a machine with fewer than two CPUs.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from benchmarks._common import (
     GO_SERVER,
@@ -34,11 +43,14 @@ from benchmarks._common import (
     Table,
     base_parser,
     children_cpu_ns,
+    dflockd_command,
     fmt_num,
     fmt_ratio,
     median,
+    on_cpu,
     owned_servers,
     ratio,
+    split_build,
     start_dflockd,
     start_dflockd_go,
     workdir,
@@ -58,12 +70,21 @@ _P50 = re.compile(r"p50\s*:\s*([0-9.]+) ms")
 _P99 = re.compile(r"p99\s*:\s*([0-9.]+) ms")
 
 
-def bench_once(tool: str, server: ServerProcess, workers: int, pairs: int) -> dict[str, float]:
-    """One run of the Go bench tool against ``server``: pairs/s, p50 and p99 (ms), and the
-    server's CPU time per pair (all its threads) and the bench tool's."""
+Figures = dict[str, dict[int, list[dict[str, float]]]]
+"""Per server (its label), per worker count: each round's figures (``bench_once``)."""
+
+
+def bench_once(
+    tool: str, server: ServerProcess, workers: int, pairs: int, cpu: int | None = None
+) -> dict[str, float]:
+    """One run of the Go bench tool against ``server`` (the tool on the one CPU ``cpu``, if
+    given): pairs/s, p50 and p99 (ms), and the server's CPU time per pair (all its threads)
+    and the bench tool's."""
     rounds = max(1, pairs // workers)
     command = [tool, "--workers", str(workers), "--rounds", str(rounds)]
     command += ["--servers", f"{server.host}:{server.port}"]
+    if cpu is not None:
+        command = on_cpu(cpu, command)
     cpu0, tool0 = server.cpu_ns(), children_cpu_ns(os.getpid())  # (the tool, once reaped)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     cpu_us = (server.cpu_ns() - cpu0) / 1000 / (rounds * workers)
@@ -134,27 +155,90 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bench_tool": "dflockd cmd/bench: bench --workers W --rounds PAIRS/W --servers H:P",
         },
     )
-    figures: dict[str, dict[int, list[dict[str, float]]]] = {}
-    with workdir(NAME) as tmp, owned_servers() as servers:
-        targets: list[ServerProcess] = [start_dflockd_go(args.dflockd_go, tmp, max_locks=MAX_LOCKS)]
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    run.params["one_core_each"] = (
+        {"server_cpu": cpus[0], "bench_tool_cpu": cpus[1]} if len(cpus) == 2 else None
+    )
+    with workdir(NAME) as tmp:
+        shared = measure(
+            args.dflockd_go, args.go_bench, builds, tmp, pairs=pairs, rounds=rounds, cpus=None
+        )
+        pinned = (
+            measure(
+                args.dflockd_go,
+                args.go_bench,
+                builds,
+                tmp,
+                pairs=pairs,
+                rounds=rounds,
+                cpus=(cpus[0], cpus[1]),
+            )
+            if len(cpus) == 2
+            else None
+        )
+    report(run, shared, pairs, rounds, "")
+    if pinned is None:
+        print("one core each: skipped (this process may run on fewer than two CPUs)")
+    else:
+        report(run, pinned, pairs, rounds, ONE_CORE_EACH)
+    run.data["runs"] = as_data(shared)
+    run.data["runs_one_core_each"] = as_data(pinned) if pinned is not None else None
+    run.write()
+    return 0
+
+
+ONE_CORE_EACH = "one core each"
+"""What the tables and goal of the second pass are called (each server on one CPU, the bench
+tool on another)."""
+
+
+def measure(
+    go_server: str,
+    tool: str,
+    builds: list[str],
+    tmp: Path,
+    *,
+    pairs: int,
+    rounds: int,
+    cpus: tuple[int, int] | None,
+) -> Figures:
+    """The rounds against the Go server and each of our ``builds``, fresh servers for the
+    pass; ``cpus``: the CPU each server runs on and the bench tool's (None: every CPU)."""
+    server_cpu, tool_cpu = cpus if cpus is not None else (None, None)
+    figures: Figures = {}
+    with owned_servers() as servers:
+        targets = [start_dflockd_go(go_server, tmp, max_locks=MAX_LOCKS, cpu=server_cpu)]
         for build in builds:
-            targets.append(start_dflockd(build, tmp, "--max-locks", str(MAX_LOCKS)))
+            loop, _ = split_build(build)
+            command = None if server_cpu is None else on_cpu(server_cpu, dflockd_command(loop))
+            targets.append(
+                start_dflockd(build, tmp, "--max-locks", str(MAX_LOCKS), command=command)
+            )
         servers.extend(targets)
         for server in targets:
-            bench_once(args.go_bench, server, WORKERS[0], min(pairs, 1_000))  # warm up
+            bench_once(tool, server, WORKERS[0], min(pairs, 1_000), tool_cpu)  # warm up
+        where = "" if cpus is None else f" ({ONE_CORE_EACH})"
         for round_no in range(rounds):
             order = targets if round_no % 2 == 0 else list(reversed(targets))
             for workers in WORKERS:
                 for server in order:
-                    one = bench_once(args.go_bench, server, workers, pairs)
+                    one = bench_once(tool, server, workers, pairs, tool_cpu)
                     figures.setdefault(server.label, {}).setdefault(workers, []).append(one)
                     print(
-                        f"round {round_no + 1}/{rounds} {workers:>3} workers "
+                        f"round {round_no + 1}/{rounds}{where} {workers:>3} workers "
                         f"{server.label:<24} {fmt_num(one['pairs_per_s'], 0):>10} pairs/s",
                         flush=True,
                     )
+    return figures
+
+
+def report(run: BenchRun, figures: Figures, pairs: int, rounds: int, where: str) -> None:
+    """The pass's tables (pairs/s and CPU per pair, medians) and its goal per build of ours;
+    ``where``: "" for the pass with every CPU, else what the pass is called."""
+    suffix = f", {where}" if where else ""
     table = Table(
-        "Round trips with dflockd Go's own bench tool (acquire+release pairs per second, median)",
+        f"Round trips with dflockd Go's own bench tool (acquire+release pairs per second, "
+        f"median{suffix})",
         ["workers", *figures, *(f"{label} / Go" for label in figures if label != GO_SERVER)],
     )
     medians: dict[str, dict[int, float]] = {
@@ -172,14 +256,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     table.notes.append(
         f"{pairs:,} pairs per run, {rounds} round(s); each worker one connection and one key"
     )
+    if where:
+        table.notes.append(
+            "each server on one CPU and the bench tool on another (affinity set before each "
+            "starts): the manifests' cpu limit of 1 for the lock server"
+        )
     run.add(table)
     cpu = Table(
-        "CPU per acquire+release pair under the bench tool (microseconds, median): the server's, "
-        "and the bench tool's against it",
+        "CPU per acquire+release pair under the bench tool (microseconds, median"
+        f"{suffix}): the server's, and the bench tool's against it",
         ["workers", *figures, *(f"bench tool against {label}" for label in figures)],
         notes=[
             "the server process's CPU time (every thread) over the run, divided by its pairs; "
-            "the bench tool's likewise; both share the machine's cores"
+            "the bench tool's likewise" + ("" if where else "; both share the machine's cores")
         ],
     )
     for workers in WORKERS:
@@ -196,16 +285,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         shares = {w: ratio(medians[label][w], medians[GO_SERVER][w]) for w in WORKERS}
         run.goals.append(
             Goal(
-                f"round trips at least {GOAL_RATIO:.1f}x dflockd Go's, its bench tool ({label})",
+                f"round trips at least {GOAL_RATIO:.1f}x dflockd Go's, its bench tool ({label}"
+                f"{suffix})",
                 ", ".join(f"{w} workers: {fmt_ratio(s)}" for w, s in shares.items()),
                 all(s >= GOAL_RATIO for s in shares.values()),
             )
         )
-    run.data["runs"] = {
-        label: {str(w): runs for w, runs in by_w.items()} for label, by_w in figures.items()
-    }
-    run.write()
-    return 0
+
+
+def as_data(figures: Figures) -> dict[str, dict[str, list[dict[str, float]]]]:
+    return {label: {str(w): runs for w, runs in by_w.items()} for label, by_w in figures.items()}
 
 
 if __name__ == "__main__":

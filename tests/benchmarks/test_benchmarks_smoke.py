@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import dflockd_server
+from benchmarks._common import on_cpu
 from benchmarks.server import parse_redis_benchmark_csv
 from tests.support.etcd import REQUIRE_ENV, find_etcd
 from tests.support.services import unavailable
@@ -510,3 +511,15 @@ def test_journal_renewals_benchmark_quick(tmp_path: Path) -> None:
         assert any(cell.startswith(name) for cell in cells), cells
     stats = data["journal_stats"]
     assert stats["everysec B (every renewal)"]["writes"] > stats["everysec A (cover)"]["writes"]
+
+
+def test_on_cpu_runs_a_command_on_that_one_cpu() -> None:
+    """``gobench``'s one-core-each pass confines each server and the bench tool with
+    ``on_cpu``: the command it starts (any program, exec'd in its place) sees only that CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to confine to (gobench skips that pass there too)")
+    probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    for cpu in cpus[:2]:
+        done = subprocess.run(on_cpu(cpu, probe), capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == f"[{cpu}]", done.stdout
