@@ -183,11 +183,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         record = grace_path(config.fence_state_file) if config.fence_state_file else None
         previous = read_longest_lease(record) if record is not None else None
         existed = config.fence_state_file is not None and os.path.exists(config.fence_state_file)
-        decided = decide_grace(config, previous, existed)
-        if record is not None and config.restart_grace_s is None:
-            decided = _with_grace_left(decided, record)
         return StartPlan(
-            decided,
+            _with_grace_left(config, decide_grace(config, previous, existed), record),
             [],
             None,
             record,
@@ -258,8 +255,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         )
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
-    if config.restart_grace_s is None:
-        grace = _with_grace_left(grace, record)
+    grace = _with_grace_left(config, grace, record)
     # (more leases ended than are restored: a new file, which holds only these, is smaller)
     resume = (
         restore is not None
@@ -273,9 +269,12 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     return StartPlan(grace, leases, read, record, fence, journal, longest, resume, ended)
 
 
-def _with_grace_left(grace: GraceDecision, record: str) -> GraceDecision:
+def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:
     """``grace``, or what is left of the grace of a start on this boot that was stopped during
-    it, whichever is longer (``grace.grace_left``)."""
+    it, whichever is longer (``grace.grace_left``); ``grace`` as it is where ``restart_grace_s``
+    forces the grace or there is no grace record."""
+    if config.restart_grace_s is not None or record is None:
+        return grace
     left = grace_left(record)
     if left <= grace.seconds:
         return grace
