@@ -111,17 +111,16 @@ def repaired(mount: Path, image: Path, options: str = "") -> None:
     """What an operator does with a file system a disk error turned read-only (the server
     stopped first: nothing may hold it open): unmount it, ``e2fsck -fy`` it, mount it again
     at ``mount`` with the same ``options``."""
-    subprocess.run(["umount", str(mount)], check=True)
-    checked = subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, check=False)
-    assert checked.returncode < 4, checked.stdout.decode(errors="replace")  # 4: left uncorrected
-    done = _mount(image, mount, options)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    remounted(mount, image, options, fsck=True)
 
 
-def remounted(mount: Path, image: Path, options: str = "") -> None:
+def remounted(mount: Path, image: Path, options: str = "", *, fsck: bool = False) -> None:
     """Unmount ``mount`` (an ``own_ext4``; nothing may hold it open) and mount it again: the
-    same file system, a new mount, a cold page cache."""
+    same file system, a new mount, a cold page cache; ``fsck``: ``e2fsck -fy`` it between."""
     subprocess.run(["umount", str(mount)], check=True)
+    if fsck:
+        checked = subprocess.run(["e2fsck", "-fy", str(image)], capture_output=True, check=False)
+        assert checked.returncode < 4, checked.stdout.decode(errors="replace")  # 4: uncorrected
     done = _mount(image, mount, options)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
 
