@@ -279,9 +279,11 @@ def start_dflockd(
     command: list[str] | None = None,
     journal: bool = True,
     journal_fsync: str | None = None,
+    cpu: int | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
 ) -> ServerProcess:
-    """Start ``dflockd`` on 127.0.0.1 (free port) on ``loop``; returns once it listens.
+    """Start ``dflockd`` on 127.0.0.1 (free port) on ``loop`` (on the one CPU ``cpu``, if
+    given: ``on_cpu``); returns once it listens.
 
     As users run it: with a state directory, so its lease journal is on (a fresh directory in
     ``workdir``, ``--state-dir``), fsyncing at the server's default unless ``journal_fsync``
@@ -309,9 +311,10 @@ def start_dflockd(
     else:
         state = ["--state-dir", "none"]
     args = ["--host", "127.0.0.1", "--port", "0", "--log-level", "info", *state, *extra_args]
+    argv = [*(command or dflockd_command(loop)), *args]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [*(command or dflockd_command(loop)), *args],
+            argv if cpu is None else on_cpu(cpu, argv),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

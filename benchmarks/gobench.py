@@ -43,14 +43,12 @@ from benchmarks._common import (
     Table,
     base_parser,
     children_cpu_ns,
-    dflockd_command,
     fmt_num,
     fmt_ratio,
     median,
     on_cpu,
     owned_servers,
     ratio,
-    split_build,
     start_dflockd,
     start_dflockd_go,
     workdir,
@@ -65,6 +63,9 @@ DEFAULT_BUILD = "uvloop+mypyc"
 """What ``pip install 'celery-dflock[server]'`` runs (issue 52)."""
 MAX_LOCKS = 10_000
 GOAL_RATIO = 1.0
+ONE_CORE_EACH = "one core each"
+"""What the tables and goal of the second pass are called (each server on one CPU, the bench
+tool on another)."""
 _THROUGHPUT = re.compile(r"throughput:\s*([0-9.]+) ops/s")
 _P50 = re.compile(r"p50\s*:\s*([0-9.]+) ms")
 _P99 = re.compile(r"p99\s*:\s*([0-9.]+) ms")
@@ -187,11 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-ONE_CORE_EACH = "one core each"
-"""What the tables and goal of the second pass are called (each server on one CPU, the bench
-tool on another)."""
-
-
 def measure(
     go_server: str,
     tool: str,
@@ -209,11 +205,7 @@ def measure(
     with owned_servers() as servers:
         targets = [start_dflockd_go(go_server, tmp, max_locks=MAX_LOCKS, cpu=server_cpu)]
         for build in builds:
-            loop, _ = split_build(build)
-            command = None if server_cpu is None else on_cpu(server_cpu, dflockd_command(loop))
-            targets.append(
-                start_dflockd(build, tmp, "--max-locks", str(MAX_LOCKS), command=command)
-            )
+            targets.append(start_dflockd(build, tmp, "--max-locks", str(MAX_LOCKS), cpu=server_cpu))
         servers.extend(targets)
         for server in targets:
             bench_once(tool, server, WORKERS[0], min(pairs, 1_000), tool_cpu)  # warm up
