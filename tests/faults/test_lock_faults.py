@@ -348,6 +348,41 @@ def test_server_sigkill_and_restart(
     )
 
 
+def test_server_sigstop_past_the_leases(tmp_path: Path, fault_report: FaultReport) -> None:
+    """The lock server itself stopped (SIGSTOP: a frozen VM, a node under memory pressure)
+    longer than every lease it gave, then let go on, as users run it (journal on). While it is
+    stopped its clients' renewals go unanswered: each holder must give its lock up by its own
+    clock, and once the server runs again it must not grant a key to a second client while the
+    first may still believe it holds it, nor answer late renewals so that two believe so."""
+    pauses = scaled(2, 10)
+    stopped_s = LEASE_S + 1.5
+    with LockRun(tmp_path, seed=12, durable=True) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for i in range(pauses):
+            if i % 2 == 0:  # one worker inside a long hold, so a holder is caught every time
+                long_hold(run.pick())
+            assert run.server.proc is not None
+            t = now()
+            run.server.proc.proc.send_signal(signal.SIGSTOP)
+            run.injections.append(Injection(f"server SIGSTOP {stopped_s:g} s", t))
+            time.sleep(stopped_s)
+            run.server.proc.proc.send_signal(signal.SIGCONT)
+            run.settle()
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    lost = sum(1 for h in result.holds if h.outcome == "lost")
+    assert lost >= 1, "no holder gave its lock up while the server was stopped"
+    report(
+        fault_report,
+        f"server SIGSTOP {stopped_s:g} s (past every {LEASE_S} s lease), then SIGCONT",
+        result,
+        check,
+        f"{lost} holds given up by their clients while the server was stopped; no key granted "
+        "twice after it went on",
+    )
+
+
 # ---------------------------------------------------------------------------- network faults
 
 
