@@ -17,6 +17,10 @@ their locks, then checks what the issue asks for and adds a row to the fault rep
   under running tasks and restarted on the same port: the runs are told, a queued run fails
   instead of hanging, later runs get fences above every earlier one, and a stale write that
   comes after the restart is refused.
+* **lock server SIGSTOP past the lease**: the server (its journal on) is stopped while two
+  runs hold their locks with a 2 s lease, on each pool: nothing answers their renewals, and
+  each is told by its own clock while the server is still stopped; a run sent meanwhile gets
+  the key once the server goes on.
 * **broker kill -9 and restart**: this test's own ``redis-server`` (append-only file, so
   queued messages survive) is killed in the middle of a stream of locked runs and restarted;
   the worker reconnects and the stream completes with no overlap per key.
@@ -657,6 +661,108 @@ def test_lock_server_kill9_and_restart_under_running_tasks(
                 "kill: interrupt -> LockLost, flag -> its late write refused by the fence; the "
                 "queued run queued again on the restarted server and ran once; every fence "
                 "after a restart above all earlier ones"
+            ),
+        )
+    )
+
+
+# --------------------------------------------------------------------------- lock server SIGSTOP
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent", "eventlet"])
+def test_lock_server_sigstop_past_the_lease_under_running_tasks(
+    rig: FaultsRig, own_redis: Callable[..., RedisChild], fault_report: FaultReport, pool: str
+) -> None:
+    """The lock server itself stopped (SIGSTOP: a frozen VM, a node swapping) past the lease of
+    two running tasks, as users run it (its journal on, in its state dir), then let go on.
+    Nothing answers their renewals meanwhile: each run must be told by its own clock, while the
+    server is still stopped (``interrupt``: `LockLost` in its step; ``flag``: its late write,
+    once another run wrote the account, refused by the fence). A run sent meanwhile for the same
+    account waits, and is granted the key once the server goes on, above the old fence."""
+    cycles = scaled(1, 4)
+    args = ["--host", "127.0.0.1", "--port", "0", "--state-dir", str(rig.tmp / "state")]
+    server = start_dflockd(args)
+    told_after: list[float] = []
+    granted_after: list[float] = []
+    try:
+        host, port = server.address
+        settings = broker_settings(own_redis(), f"{host}:{port}")
+        rig.start_worker(settings=settings, pool=pool, concurrency=3)
+        app = rig.client(settings)
+        for cycle in range(cycles):
+            acct_int, acct_flag = unique(f"sint{cycle}"), unique(f"sflag{cycle}")
+            holder_int, holder_flag = f"stop-int-{cycle}", f"stop-flag-{cycle}"
+            follower = f"stop-follow-{cycle}"
+            go_flag = rig.tmp / f"go-{holder_flag}"
+            rig.increment(
+                app, acct_int, holder_int, go_file=rig.tmp / "never", lock_ttl=SHORT_LEASE_S
+            )
+            rig.increment(
+                app,
+                acct_flag,
+                holder_flag,
+                go_file=go_flag,
+                lock_ttl=SHORT_LEASE_S,
+                on_lock_lost="flag",
+            )
+            read_int = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_int)
+            read_flag = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_flag)
+            server.proc.send_signal(signal.SIGSTOP)
+            stop_t = time.time()
+            try:
+                rig.increment(app, acct_flag, follower)
+                lost = [
+                    rig.log.wait_event("lock_lost", LOST_TOLD_WITHIN_S, task_id=read["task_id"])
+                    for read in (read_int, read_flag)
+                ]
+                interrupted = rig.log.wait_event(
+                    "interrupted", LOST_TOLD_WITHIN_S, label=holder_int
+                )
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+                cont_t = time.time()
+            # Both were told by their own clocks, the server still stopped, about a lease
+            # after their last renewal.
+            assert [e["policy"] for e in lost] == ["interrupt", "flag"]
+            assert all(e["t"] < cont_t for e in lost), (lost, cont_t)
+            assert interrupted["stage"] == "read"
+            told_after.append(max(e["t"] for e in lost) - stop_t)
+            applied = rig.log.wait_event("applied", EVENT_TIMEOUT_S, label=follower)
+            assert applied["before"] == 0
+            assert applied["fence"] > read_flag["fence"]
+            (granted,) = rig.log.entries("granted", label=follower)
+            assert granted["start"] > cont_t  # not while the stopped server could not grant
+            granted_after.append(granted["start"] - cont_t)
+            go_flag.touch()  # the flagged holder writes now, after the follower wrote
+            refused = rig.log.wait_event("refused", EVENT_TIMEOUT_S, label=holder_flag)
+            assert refused["stage"] == "write"
+            assert not rig.log.entries("applied", label=holder_flag)
+            assert not rig.log.entries("applied", label=holder_int)
+            assert rig.ledger.balance(acct_flag) == 1
+            assert rig.ledger.balance(acct_int) == 0
+        assert held_keys(server.address) == set()
+    finally:
+        server.kill()
+
+    verdict = judge(rig)
+    assert verdict.double_grants == 0
+    assert verdict.lost_updates == 0
+    fault_report.add(
+        FaultRow(
+            fault=(
+                f"lock server SIGSTOP past a {SHORT_LEASE_S} s lease under running tasks "
+                f"({pool} pool)"
+            ),
+            runs=cycles,
+            operations=verdict.grants,
+            double_grants=verdict.double_grants,
+            lost_updates=verdict.lost_updates,
+            recovery_s=max(granted_after),
+            observed=(
+                f"both holders told (lock_lost) {max(told_after):.2f} s after the stop at most, "
+                "the server still stopped: interrupt -> LockLost in its step, flag -> its late "
+                "write refused by the fence; the run sent meanwhile granted "
+                f"{max(granted_after):.2f} s after SIGCONT at most, above the old fence"
             ),
         )
     )
