@@ -7,6 +7,7 @@ with the sender's pid and send time: the broker is the record of who sent what.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import re
@@ -305,6 +306,53 @@ def test_lock_server_outage_stops_sending_and_recovers(
         # three sends above (and the line reaches this test through a reader thread).
         beat.wait_line(reachable, timeout=TAKEOVER_TIMEOUT_S)
         assert beat.count(reachable) == 1, beat.output()
+
+
+FROZEN_S = 6.0
+"""How long the lock server stays frozen: three beat leases of 2 s."""
+LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}):")
+
+
+def _logged_at(line: str) -> float:
+    """When a beat logged ``line`` (Celery's ``[YYYY-mm-dd HH:MM:SS,mmm: ...]``, local time)."""
+    found = LOG_TIME.match(line)
+    assert found is not None, line
+    return datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def test_a_frozen_lock_server_stops_the_leader_by_its_own_clock(
+    make_cluster: Callable[..., Cluster], broker: Broker, lock_server_proxy: FaultProxy
+) -> None:
+    """The lock server frozen past the leader's 2 s lease (a SIGSTOPped server or a frozen VM,
+    as the beats see it: their connections stay open and nothing comes back; the proxy stalls
+    both ways). The leader must give up by its own clock and send nothing more, without any
+    close to tell it; the standby takes nothing; once the server answers again, one beat
+    sends, once a period."""
+    host, port = lock_server_proxy.address
+    cluster = make_cluster(dflock_servers=f"{host}:{port}", dflock_beat_lease_ttl=2)
+    cluster.start_beats(2)
+    leader = cluster.by_pid(broker.wait_sent(2, timeout=60)[0].pid)
+
+    lock_server_proxy.stall(FROZEN_S)
+    frozen_at = time.time()
+    # By its own clock, the server still frozen: the time the beat logged it, not the time this
+    # test reads the line (a reader thread that a loaded machine lets fall behind).
+    lost_at = _logged_at(leader.wait_line(LOST, timeout=FROZEN_S + OUTPUT_LAG_S))
+    assert frozen_at < lost_at < frozen_at + FROZEN_S - 1.0, (frozen_at, lost_at)
+    wait_until(lock_server_proxy.flowing, timeout=FROZEN_S + OUTPUT_LAG_S, what="thaw")
+    thawed_at = time.time()
+    # Nothing sent while frozen past the lease: a send confirmed just before the freeze may be
+    # stamped just after it, and the lease (2 s) bounds the last one the leader could confirm.
+    during = [m for m in broker.sent() if frozen_at + 2.5 < m.at < thawed_at]
+    assert not during, f"sent while the lock server was frozen: {during}"
+
+    broker.wait_sent(len(broker.sent()) + 3, timeout=TAKEOVER_TIMEOUT_S)
+    sent = broker.sent()
+    resumed = [m for m in sent if m.at > thawed_at]
+    assert len({m.pid for m in resumed}) == 1, f"two beats sent after the thaw: {resumed}"
+    _assert_no_double_send(sent)
+    for beat in cluster.beats():
+        assert beat.count(FAILED) == 0, beat.output()
 
 
 def test_a_stopping_beat_hands_the_lock_over(
