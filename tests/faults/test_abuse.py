@@ -54,7 +54,7 @@ from tests.faults.abuse_helpers import (
     wait_for_connections,
 )
 from tests.faults.conftest import FaultReport, long_run, scaled
-from tests.faults.healthy import HealthyClient, Phases
+from tests.faults.healthy import P99_FLOOR_MS, HealthyClient, Phases
 from tests.support.certificates import key_of, make_certificate
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire
@@ -1037,6 +1037,16 @@ def _pipelined(wire: Wire, requests: list[bytes]) -> list[str]:
     return [wire.recv() for _ in requests]
 
 
+FLOOD_P99_FLOOR_MS = 3.0
+"""The quiet p99 floor of the default-caps run in the long version, which adds a flood of
+4,200 connections opened at once: the server accepts 4,096 and answers a ping on each in a few
+turns of its loop, and a healthy request that arrives among them waits behind that work, about
+4 us a connection (measured on 2026-11-28: healthy p99 11-21 ms under the flood, with this
+server and with the one of 08ca80f, whose long run on 11-23 saw 4.3 ms; the quiet p99 of the
+same runs varied 0.4-3.6 ms, so 10x of it, floored at 1 ms, failed half of them). Floored at
+3 ms, the bound (30 ms) is what a turn of the whole flood may cost, and no more."""
+
+
 def test_the_default_caps_bound_one_client(fault_report: FaultReport) -> None:
     """A server with every default: one connection asks for 200 keys (64 granted, the rest
     ``error_max_locks``), one enqueues on 128 busy keys (64 queued, the rest
@@ -1110,6 +1120,7 @@ def test_the_default_caps_bound_one_client(fault_report: FaultReport) -> None:
             after_kib=server.rss_kib(),
             bound_kib=rss_bound_kib(baseline, c.DEFAULT_MAX_CONNECTIONS),
             after_bound_kib=rss_bound_kib(baseline, c.DEFAULT_MAX_CONNECTIONS),
+            p99_floor_ms=FLOOD_P99_FLOOR_MS if long_run() else P99_FLOOR_MS,
             details=(
                 f"--max-locks-per-connection {per_conn}: 200 acquires on one connection, "
                 f"{outcome['held']} granted, {outcome['refused_locks']} error_max_locks; "

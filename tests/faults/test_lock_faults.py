@@ -436,6 +436,9 @@ SESSION_CUT_LEASE_S = 8
 server's session, not the lease, is what frees the key after the reset."""
 
 
+# Each fault keeps its victim cut off for a lease and more (about 12 s with the settling): the
+# long run's 12 faults take longer than the suite's 120 s timeout per test.
+@pytest.mark.timeout(scaled(120, 360))
 def test_a_reset_holder_is_told_of_the_loss_before_a_rival_is_granted(
     tmp_path: Path, fault_report: FaultReport
 ) -> None:
