@@ -588,16 +588,24 @@ def _grant_fences(replies: list[str]) -> list[int]:
 
 def _pipeline_meets_other(address: tuple[str, int], pipeline: list[bytes]) -> tuple[list[int], int]:
     """Send ``pipeline`` in one write, wait for its first reply, then acquire on another
-    connection: (the pipeline's grant fences, the other connection's fence)."""
+    connection: (the pipeline's grant fences, the other connection's fence).
+
+    The other acquire is written as soon as the first reply is read, before the thread that
+    reads the pipeline's other replies starts (it used to start first: a CI run on a loaded
+    machine found the whole pipeline answered before the acquire left, that thread's start and
+    its hold on the GIL added to this one's late wake-up). The reader starts before the
+    acquire's reply is awaited, so the pipeline's replies do not back up meanwhile."""
     with Wire(address) as piper, Wire(address) as other:
         piper.send_raw(b"".join(pipeline))
         first = piper.recv()  # the server has the pipeline and is answering it
+        other.send("l", "other", "0")
         replies: list[str] = [first]
         with _LineReader(piper, len(pipeline) - 1, replies) as reader:
-            other_fence = fence(other.lock("other"))
+            other_reply = other.recv().split()
             reader.wait()
+        assert other_reply[0] == "ok" and len(other_reply) == 3, other_reply
         assert len(replies) == len(pipeline)
-        return _grant_fences(replies), other_fence
+        return _grant_fences(replies), fence(other_reply[1])
 
 
 def _uncapped_dflockd(start: Callable[..., DflockdProcess]) -> tuple[str, int]:
