@@ -598,14 +598,13 @@ def _pipeline_meets_other(address: tuple[str, int], pipeline: list[bytes]) -> tu
     with Wire(address) as piper, Wire(address) as other:
         piper.send_raw(b"".join(pipeline))
         first = piper.recv()  # the server has the pipeline and is answering it
-        other.send("l", "other", "0")
+        other.send_lock("other")
         replies: list[str] = [first]
         with _LineReader(piper, len(pipeline) - 1, replies) as reader:
-            other_reply = other.recv().split()
+            other_fence = fence(other.granted_token())
             reader.wait()
-        assert other_reply[0] == "ok" and len(other_reply) == 3, other_reply
         assert len(replies) == len(pipeline)
-        return _grant_fences(replies), fence(other_reply[1])
+        return _grant_fences(replies), other_fence
 
 
 def _uncapped_dflockd(start: Callable[..., DflockdProcess]) -> tuple[str, int]:

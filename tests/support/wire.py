@@ -83,8 +83,16 @@ class Wire:
 
     def lock(self, key: str, timeout: int = 0, lease: int | None = None) -> str:
         """Acquire and return the token; fail the test on any other reply."""
-        arg = f"{timeout}" if lease is None else f"{timeout} {lease}"
-        reply = self.req("l", key, arg).split()
+        self.send_lock(key, timeout, lease)
+        return self.granted_token()
+
+    def send_lock(self, key: str, timeout: int = 0, lease: int | None = None) -> None:
+        """Send an acquire without reading its reply (`granted_token` reads it)."""
+        self.send("l", key, f"{timeout}" if lease is None else f"{timeout} {lease}")
+
+    def granted_token(self) -> str:
+        """Read an acquire's reply and return its token; fail the test on any other reply."""
+        reply = self.recv().split()
         assert reply[0] == "ok" and len(reply) == 3, reply
         return reply[1]
 
