@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import signal
 import socket
+import struct
+import termios
 import threading
 from collections.abc import Callable
 
@@ -13,6 +17,7 @@ import pytest
 import dflockd_server
 from dflockd_server import buildinfo, constants
 from dflockd_server.testing import ServerThread
+from tests.support.processes import stop_process
 from tests.support.servers import DflockdProcess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
@@ -586,28 +591,51 @@ def _grant_fences(replies: list[str]) -> list[int]:
     return [fence(reply.split()[1]) for reply in grants]
 
 
-def _pipeline_meets_other(address: tuple[str, int], pipeline: list[bytes]) -> tuple[list[int], int]:
-    """Send ``pipeline`` in one write, wait for its first reply, then acquire on another
-    connection: (the pipeline's grant fences, the other connection's fence).
+def _unsent(sock: socket.socket) -> int:
+    """Bytes written to ``sock`` that the peer's kernel has not acknowledged yet."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
 
-    The other acquire is written as soon as the first reply is read, before the thread that
-    reads the pipeline's other replies starts (it used to start first: a CI run on a loaded
-    machine found the whole pipeline answered before the acquire left, that thread's start and
-    its hold on the GIL added to this one's late wake-up). The reader starts before the
-    acquire's reply is awaited, so the pipeline's replies do not back up meanwhile."""
+
+def _pipeline_meets_other(
+    server: DflockdProcess, address: tuple[str, int], pipeline: list[bytes]
+) -> tuple[list[int], int]:
+    """The pipeline's requests and one acquire on another connection, both waiting in the
+    server's receive buffers before it reads either: (the pipeline's grant fences, the other
+    connection's fence).
+
+    The server is stopped (SIGSTOP, and every thread seen stopped) while the test writes the
+    pipeline, small enough for one read of the connection's buffer (``SOCKET_BUFFER_BYTES``),
+    then the acquire, and waits until the server's kernel has taken both; then SIGCONT. Its
+    next poll finds both connections readable, the pipeline's first (epoll lists them in the
+    order they became ready), and reads the whole pipeline at once. What it answers first is
+    then its own choice, whatever the machine's load: taking turns, the acquire is answered
+    after the pipeline's first pass; answering a connection's whole read in one go, after all
+    of it. Both connections make a round trip first, so that both are accepted, the
+    pipeline's last: a connection just answered can still be on epoll's ready list when the
+    server stops, ahead of the pipeline, and the poll that brought the pipeline's round trip
+    took the other's off it. (Earlier versions sent the acquire on the pipeline's first
+    reply and lost the race on loaded CI machines.)"""
+    assert sum(map(len, pipeline)) < constants.SOCKET_BUFFER_BYTES
     with Wire(address) as piper, Wire(address) as other:
-        piper.send_raw(b"".join(pipeline))
-        first = piper.recv()  # the server has the pipeline and is answering it
-        other.send_lock("other")
-        replies: list[str] = [first]
-        with _LineReader(piper, len(pipeline) - 1, replies) as reader:
+        other.lock("warm-up-other")
+        piper.lock("warm-up-pipeline")  # last: the server's poll for it saw other's idle
+        stop_process(server.proc.pid)  # returns once it is stopped, not just signalled
+        try:
+            piper.send_raw(b"".join(pipeline))
+            wait_until(lambda: _unsent(piper.sock) == 0, what="the pipeline in the server's buffer")
+            other.send_lock("other")
+            wait_until(lambda: _unsent(other.sock) == 0, what="the acquire in the server's buffer")
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        replies: list[str] = []
+        with _LineReader(piper, len(pipeline), replies) as reader:
             other_fence = fence(other.granted_token())
             reader.wait()
         assert len(replies) == len(pipeline)
         return _grant_fences(replies), other_fence
 
 
-def _uncapped_dflockd(start: Callable[..., DflockdProcess]) -> tuple[str, int]:
+def _uncapped_dflockd(start: Callable[..., DflockdProcess]) -> DflockdProcess:
     """A ``dflockd`` process where one connection may hold thousands of keys."""
     return start(
         "--host",
@@ -618,41 +646,39 @@ def _uncapped_dflockd(start: Callable[..., DflockdProcess]) -> tuple[str, int]:
         "10000",
         "--max-locks-per-connection",
         "0",
-    ).wait_listening()
+    )
 
 
 def test_a_long_pipeline_takes_turns_with_other_connections(
     dflockd_process: Callable[..., DflockdProcess],
 ) -> None:
-    # Fifty turns' worth of acquires in one write: the server answers MAX_REQUESTS_PER_PASS
-    # of them, then lets the other connections in. Answered in one go, every grant of the
-    # pipeline would come before the other connection's (the dflockd process, not the
-    # in-process server: the test's threads must not share a GIL with the server).
-    address = _uncapped_dflockd(dflockd_process)
-    pipeline = [f"l\np{i}\n0\n".encode() for i in range(50 * constants.MAX_REQUESTS_PER_PASS)]
-    fences, other_fence = _pipeline_meets_other(address, pipeline)
+    # A thousand acquires (nearly eight turns of MAX_REQUESTS_PER_PASS), read at once: the
+    # server answers one turn's worth, then lets the other connections in. Answered in one go,
+    # every grant of the pipeline would come before the other connection's. (Checked: with a
+    # pass's budget of 10,000,000 requests this fails every time.)
+    pipeline = [f"l\np{i}\n0\n".encode() for i in range(1000)]
+    assert len(pipeline) > 4 * constants.MAX_REQUESTS_PER_PASS
+    server = _uncapped_dflockd(dflockd_process)
+    address = server.wait_listening()
+    fences, other_fence = _pipeline_meets_other(server, address, pipeline)
     assert other_fence < max(fences), "the pipeline was answered in one go"
+    assert other_fence > min(fences), "the other acquire was answered before the pipeline"
 
 
 def test_a_pipeline_of_stats_takes_turns_with_other_connections(
     dflockd_process: Callable[..., DflockdProcess],
 ) -> None:
-    # A stats request ends its connection's turn (its cost grows with the table: 1,000 keys
-    # here): 60 stats between acquires, fewer requests in all than one turn's
-    # MAX_REQUESTS_PER_PASS. Each stats waits for a snapshot of its own, rationed (the next no
-    # sooner than STATS_DUTY_FACTOR times the last one's cost), so the pipeline takes about
-    # 60 x (1 + STATS_DUTY_FACTOR) snapshots' time: a few seconds, over ten on a slow, loaded
-    # machine. Its replies are awaited one by one, without a deadline on the whole.
-    address = _uncapped_dflockd(dflockd_process)
-    with Wire(address) as holder:
-        holder.send_raw(b"".join(f"l\nheld{i}\n0\n".encode() for i in range(1000)))
-        assert all(holder.recv().startswith("ok ") for _ in range(1000))
-        pipeline = [
-            b"stats\n_\n_\n" if i % 2 == 0 else f"l\ns{i}\n0\n".encode() for i in range(120)
-        ]
-        assert len(pipeline) < constants.MAX_REQUESTS_PER_PASS
-        fences, other_fence = _pipeline_meets_other(address, pipeline)
-        assert other_fence < max(fences), "the pipeline was answered in one go"
+    # A stats request ends its connection's turn, however few requests the turn answered (its
+    # cost grows with the table): the other connection's acquire is answered between the
+    # pipeline's first two acquires, the first stats between them. (Checked: without that rule
+    # this fails every time. The table is kept empty: a stats reply larger than the
+    # connection's buffers, as 1,000 held keys make it, pauses the pass by itself.)
+    server = _uncapped_dflockd(dflockd_process)
+    address = server.wait_listening()
+    stats = b"stats\n_\n_\n"
+    pipeline = [b"l\ns0\n0\n", stats, b"l\ns1\n0\n", stats, b"l\ns2\n0\n", b"l\ns3\n0\n"]
+    fences, other_fence = _pipeline_meets_other(server, address, pipeline)
+    assert fences[0] < other_fence < fences[1], "the stats did not end the pipeline's turn"
 
 
 def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server_factory: ServerFactory) -> None:
