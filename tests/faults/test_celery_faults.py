@@ -72,7 +72,7 @@ from tests.faults.celery_faults_app import FENCED_INCREMENT, PUBLISH_PENDING_TTL
 from tests.faults.conftest import FaultReport, FaultRow, scaled
 from tests.faults.history import Hold, check_history
 from tests.support.ports import free_port
-from tests.support.processes import python_path, signal_group
+from tests.support.processes import python_path, signal_group, stop_process
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import LOCK_SERVER_LEASE_S, DflockdProcess
 from tests.support.services import unavailable
@@ -266,6 +266,18 @@ class Verdict:
     lost_updates: int
     refused: int
 
+    def row(self, fault: str, *, runs: int, recovery_s: float, observed: str) -> FaultRow:
+        """The fault's row of the report, with this verdict's counts."""
+        return FaultRow(
+            fault=fault,
+            runs=runs,
+            operations=self.grants,
+            double_grants=self.double_grants,
+            lost_updates=self.lost_updates,
+            recovery_s=recovery_s,
+            observed=observed,
+        )
+
 
 def judge(rig: FaultsRig) -> Verdict:
     """Count grants, overlapping runs (double grants) and lost updates; check fence order."""
@@ -363,12 +375,9 @@ def test_worker_sigkill_frees_its_locks_within_5s(
     assert verdict.double_grants == 0
     assert verdict.lost_updates == 0
     fault_report.add(
-        FaultRow(
-            fault="Celery worker SIGKILL (main process, 2 pool children holding 30 s leases)",
+        verdict.row(
+            "Celery worker SIGKILL (main process, 2 pool children holding 30 s leases)",
             runs=runs,
-            operations=verdict.grants,
-            double_grants=verdict.double_grants,
-            lost_updates=verdict.lost_updates,
             recovery_s=max(free_times),
             observed=(
                 f"pool children died with the worker (PDEATHSIG); locks free after "
@@ -503,12 +512,9 @@ def test_worker_sigstop_beyond_the_lease(
     assert verdict.double_grants == 0
     assert verdict.lost_updates == 0
     fault_report.add(
-        FaultRow(
-            fault=f"Celery worker SIGSTOP past a {SHORT_LEASE_S} s lease, then SIGCONT",
+        verdict.row(
+            f"Celery worker SIGSTOP past a {SHORT_LEASE_S} s lease, then SIGCONT",
             runs=runs,
-            operations=verdict.grants,
-            double_grants=verdict.double_grants,
-            lost_updates=verdict.lost_updates,
             recovery_s=max(recoveries),
             observed=(
                 f"other worker granted {min(recoveries):.2f}-{max(recoveries):.2f} s after the "
@@ -652,12 +658,9 @@ def test_lock_server_kill9_and_restart_under_running_tasks(
     assert verdict.lost_updates == 0
     told = [c.told_s for c in cycles]
     fault_report.add(
-        FaultRow(
-            fault="lock server kill -9 and restart (fence state file) under running tasks",
+        verdict.row(
+            "lock server kill -9 and restart (fence state file) under running tasks",
             runs=restarts,
-            operations=verdict.grants,
-            double_grants=verdict.double_grants,
-            lost_updates=verdict.lost_updates,
             recovery_s=max(c.first_grant_s for c in cycles),
             observed=(
                 f"each time both holders were told (lock_lost) within {max(told):.2f} s of the "
@@ -710,7 +713,7 @@ def test_lock_server_sigstop_past_the_lease_under_running_tasks(
             )
             read_int = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_int)
             read_flag = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_flag)
-            server.proc.send_signal(signal.SIGSTOP)
+            stop_process(server.proc.pid)  # returns once it is stopped, not just signalled
             stop_t = time.time()
             try:
                 rig.increment(app, acct_flag, follower)
@@ -751,15 +754,12 @@ def test_lock_server_sigstop_past_the_lease_under_running_tasks(
     assert verdict.double_grants == 0
     assert verdict.lost_updates == 0
     fault_report.add(
-        FaultRow(
-            fault=(
+        verdict.row(
+            (
                 f"lock server SIGSTOP past a {SHORT_LEASE_S} s lease under running tasks "
                 f"({pool} pool)"
             ),
             runs=cycles,
-            operations=verdict.grants,
-            double_grants=verdict.double_grants,
-            lost_updates=verdict.lost_updates,
             recovery_s=max(granted_after),
             observed=(
                 f"both holders told (lock_lost) {max(told_after):.2f} s after the stop at most, "
@@ -889,12 +889,9 @@ def test_broker_kill9_and_restart_mid_stream(
         assert lock.acquire(), f"{key} still held after the stream"
         lock.release()
     fault_report.add(
-        FaultRow(
-            fault="broker (own Redis, append-only) kill -9 and restart mid-stream",
+        verdict.row(
+            "broker (own Redis, append-only) kill -9 and restart mid-stream",
             runs=kills,
-            operations=verdict.grants,
-            double_grants=verdict.double_grants,
-            lost_updates=verdict.lost_updates,
             recovery_s=max(reconnect_s),
             observed=(
                 f"{len(sent) + len(last)} runs on {len(accounts)} keys; the worker reconnected "

@@ -361,12 +361,7 @@ def test_server_sigstop_past_the_leases(tmp_path: Path, fault_report: FaultRepor
         for i in range(pauses):
             if i % 2 == 0:  # one worker inside a long hold, so a holder is caught every time
                 long_hold(run.pick())
-            assert run.server.proc is not None
-            t = now()
-            run.server.proc.proc.send_signal(signal.SIGSTOP)
-            run.injections.append(Injection(f"server SIGSTOP {stopped_s:g} s", t))
-            time.sleep(stopped_s)
-            run.server.proc.proc.send_signal(signal.SIGCONT)
+            run.pause_server(stopped_s)
             run.settle()
         run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
         result = run.finish()

@@ -52,6 +52,7 @@ from celery_dflock.client.sharding import stable_hash_shard
 from tests.faults.conftest import FaultRow
 from tests.faults.history import CheckResult, Cut, Hold, check_history
 from tests.support.ports import free_ports
+from tests.support.processes import stop_process
 from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess
 
@@ -622,6 +623,17 @@ class LockServer:
         self.proc.kill()
         self.proc = None
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """SIGSTOP (a frozen VM, a node under memory pressure) until the block ends, then
+        SIGCONT; the block starts once every thread of the server is stopped."""
+        assert self.proc is not None
+        stop_process(self.proc.proc.pid)
+        try:
+            yield
+        finally:
+            self.proc.proc.send_signal(signal.SIGCONT)
+
     def terminate(self) -> None:
         """SIGTERM, as a service manager stops it, and wait until it has exited (it drains
         for ``--shutdown-timeout``)."""
@@ -990,6 +1002,13 @@ class LockRun:
         self.server.kill()
         self.cuts.append(Cut(t, None, done_t=now()))
         self.injections.append(Injection("server SIGKILL", t))
+
+    def pause_server(self, seconds: float) -> None:
+        """SIGSTOP the server for ``seconds`` from the moment it is stopped, then SIGCONT."""
+        t = now()
+        with self.server.paused():
+            self.injections.append(Injection(f"server SIGSTOP {seconds:g} s", t))
+            time.sleep(seconds)
 
     def terminate_server(self) -> None:
         """SIGTERM the server and wait for it to exit (a cut whose ``done_t`` is its exit)."""
