@@ -69,9 +69,23 @@ def build_dist(out: Path) -> Path:
     return out
 
 
+PREBUILT_DIST_ENV = "CELERY_DFLOCK_TEST_DIST"
+"""Names a folder where `build_dist` already built this checkout's distributions (CI builds
+them beside its lint phases, where a core is idle, instead of in the suite)."""
+
+
 def build_dist_once(basetemp: Path) -> Path:
     """`build_dist` once for the pytest session of ``basetemp``: the first of its pytest-xdist
-    workers to ask builds, under a lock, and the others take the same folder."""
+    workers to ask builds, under a lock, and the others take the same folder; or the folder
+    that ``CELERY_DFLOCK_TEST_DIST`` names, built already."""
+    prebuilt = os.environ.get(PREBUILT_DIST_ENV)
+    if prebuilt:
+        out = Path(prebuilt)
+        built = sorted(p.name for p in out.glob("*") if p.suffix in (".whl", ".gz"))
+        assert len(built) == 4, (
+            f"{PREBUILT_DIST_ENV}={prebuilt}: not both wheels and sdists: {built}"
+        )
+        return out
     shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
     out = shared / "dist-shared"
     with (shared / "dist-shared.lock").open("w") as lock:
