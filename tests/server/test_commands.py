@@ -686,7 +686,12 @@ def test_a_flood_of_stats_shares_rationed_snapshots(dflock_server_factory: Serve
     # with a snapshot taken after it was asked, but snapshots are rationed (the next no
     # sooner than STATS_DUTY_FACTOR times the last one's cost), so many askers share one
     # instead of each costing a walk of the table.
-    srv = dflock_server_factory(max_locks_per_connection=0)  # the keys are held over one
+    # The holder waits out the flood without a word, which took 25 s on a loaded CI machine:
+    # past the default read timeout (23 s), its connection was closed as idle.
+    srv = dflock_server_factory(
+        max_locks_per_connection=0,  # the keys are held over one connection
+        read_timeout_s=600.0,
+    )
     address = srv.address
     snapshots = srv.server.snapshots
     assert snapshots is not None
