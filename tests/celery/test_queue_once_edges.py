@@ -7,7 +7,6 @@ key held by a queued message fails at once and honours per-call lock options."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from celery_dflock import AlreadyQueued
 from celery_dflock.client.errors import InvalidValueError, LockSkipped, ServerUnavailable
 from tests.celery.apps.queue_once import define_tasks
 from tests.support.apps import make_app
-from tests.support.processes import stop_process
+from tests.support.processes import paused
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import DflockdProcess, dflockd_subprocess
 from tests.support.services import require_redis
@@ -79,13 +78,10 @@ def test_a_send_the_server_never_answered_leaves_no_hold(
     warm = unique("warm")  # the publisher's pooled connection is open (hello done)
     assert rig.tasks["once"].delay(warm).get(timeout=RESULT_TIMEOUT_S) == warm
     name, refused = unique("stalled"), unique("stalled-raise")
-    stop_process(dflockd_child[0].pid)
-    try:
+    with paused(dflockd_child[0].pid):
         with pytest.raises(ServerUnavailable, match="nothing was sent"):
             rig.tasks["once_raise"].delay(refused)
         sent = rig.tasks["once"].delay(name)
-    finally:
-        dflockd_child[0].send_signal(signal.SIGCONT)
     key = f"once:{refused}"
     assert rig.key_free(key, FREE_WAIT_S), "a send that raised ServerUnavailable left its key held"
     assert sent.get(timeout=RESULT_TIMEOUT_S) == name

@@ -72,7 +72,7 @@ from tests.faults.celery_faults_app import FENCED_INCREMENT, PUBLISH_PENDING_TTL
 from tests.faults.conftest import FaultReport, FaultRow, scaled
 from tests.faults.history import Hold, check_history
 from tests.support.ports import free_port
-from tests.support.processes import python_path, signal_group, stop_process
+from tests.support.processes import paused, python_path, signal_group
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import LOCK_SERVER_LEASE_S, DflockdProcess
 from tests.support.services import unavailable
@@ -713,9 +713,8 @@ def test_lock_server_sigstop_past_the_lease_under_running_tasks(
             )
             read_int = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_int)
             read_flag = rig.log.wait_event("read", EVENT_TIMEOUT_S, label=holder_flag)
-            stop_process(server.proc.pid)  # returns once it is stopped, not just signalled
-            stop_t = time.time()
-            try:
+            with paused(server.proc.pid):  # from when it is stopped, not just signalled
+                stop_t = time.time()
                 rig.increment(app, acct_flag, follower)
                 lost = [
                     rig.log.wait_event("lock_lost", LOST_TOLD_WITHIN_S, task_id=read["task_id"])
@@ -724,9 +723,7 @@ def test_lock_server_sigstop_past_the_lease_under_running_tasks(
                 interrupted = rig.log.wait_event(
                     "interrupted", LOST_TOLD_WITHIN_S, label=holder_int
                 )
-            finally:
-                server.proc.send_signal(signal.SIGCONT)
-                cont_t = time.time()
+            cont_t = time.time()
             # Both were told by their own clocks, the server still stopped, about a lease
             # after their last renewal.
             assert [e["policy"] for e in lost] == ["interrupt", "flag"]

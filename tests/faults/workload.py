@@ -52,7 +52,7 @@ from celery_dflock.client.sharding import stable_hash_shard
 from tests.faults.conftest import FaultRow
 from tests.faults.history import CheckResult, Cut, Hold, check_history
 from tests.support.ports import free_ports
-from tests.support.processes import stop_process
+from tests.support.processes import paused
 from tests.support.proxy import FaultProxy
 from tests.support.servers import DflockdProcess
 
@@ -623,17 +623,6 @@ class LockServer:
         self.proc.kill()
         self.proc = None
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """SIGSTOP (a frozen VM, a node under memory pressure) until the block ends, then
-        SIGCONT; the block starts once every thread of the server is stopped."""
-        assert self.proc is not None
-        stop_process(self.proc.proc.pid)
-        try:
-            yield
-        finally:
-            self.proc.proc.send_signal(signal.SIGCONT)
-
     def terminate(self) -> None:
         """SIGTERM, as a service manager stops it, and wait until it has exited (it drains
         for ``--shutdown-timeout``)."""
@@ -1004,9 +993,11 @@ class LockRun:
         self.injections.append(Injection("server SIGKILL", t))
 
     def pause_server(self, seconds: float) -> None:
-        """SIGSTOP the server for ``seconds`` from the moment it is stopped, then SIGCONT."""
+        """SIGSTOP the server (a frozen VM, a node under memory pressure) for ``seconds`` from
+        the moment every thread of it is stopped, then SIGCONT."""
+        assert self.server.proc is not None
         t = now()
-        with self.server.paused():
+        with paused(self.server.proc.proc.pid):
             self.injections.append(Injection(f"server SIGSTOP {seconds:g} s", t))
             time.sleep(seconds)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import signal
 import socket
 import struct
 import termios
@@ -17,7 +16,7 @@ import pytest
 import dflockd_server
 from dflockd_server import buildinfo, constants
 from dflockd_server.testing import ServerThread
-from tests.support.processes import stop_process
+from tests.support.processes import paused
 from tests.support.servers import DflockdProcess
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence
@@ -619,14 +618,11 @@ def _pipeline_meets_other(
     with Wire(address) as piper, Wire(address) as other:
         other.lock("warm-up-other")
         piper.lock("warm-up-pipeline")  # last: the server's poll for it saw other's idle
-        stop_process(server.proc.pid)  # returns once it is stopped, not just signalled
-        try:
+        with paused(server.proc.pid):  # from when it is stopped, not just signalled
             piper.send_raw(b"".join(pipeline))
             wait_until(lambda: _unsent(piper.sock) == 0, what="the pipeline in the server's buffer")
             other.send_lock("other")
             wait_until(lambda: _unsent(other.sock) == 0, what="the acquire in the server's buffer")
-        finally:
-            server.proc.send_signal(signal.SIGCONT)
         replies: list[str] = []
         with _LineReader(piper, len(pipeline), replies) as reader:
             other_fence = fence(other.granted_token())

@@ -196,6 +196,17 @@ def stop_process(pid: int) -> None:
     )
 
 
+@contextlib.contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """Process ``pid`` stopped (`stop_process`) for the block, and SIGCONT after it, however
+    the block ends."""
+    stop_process(pid)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def _all_threads_stopped(pid: int) -> bool:
     """Whether every thread of ``pid`` is stopped (``T``), traced (``t``) or ended (``Z``,
     ``X``)."""
