@@ -182,6 +182,20 @@ the close, not at once; a renewal by token on another connection meanwhile keeps
 unless ``--session-ttl`` is 0 (no sessions)."""
 HELLO_SESSION: Final = "session"
 """The argument of ``hello`` that opts the connection in to sessions."""
+FEATURE_KEEPALIVE: Final = "keepalive"
+"""A client's session, shared by its connections (docs/protocol.md, "Client sessions"):
+``hello _ session <id> <ttl>`` joins the connection to the session ``<id>`` (made if new), whose
+grants a close of any of its connections does not end; ``ping _ session <id>`` keeps the session and
+every grant on it alive for ``<ttl>`` more seconds (each grant for its own lease); a session not
+kept alive for its ``<ttl>`` ends, and its grants with it. Listed with ``session``."""
+SESSION_ID_CHARS: Final = frozenset(
+    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_"
+)
+"""What a client session's id is made of (a client picks it at random: it is a bearer
+credential, as a token is)."""
+SESSION_ID_MIN: Final = 16
+SESSION_ID_MAX: Final = 64
+"""A client session's id has this many characters at least and at most."""
 DEFAULT_SESSION_TTL_S: Final = 3
 """How long a session connection's grants outlive its close by the peer (``--session-ttl``):
 a killed holder's key is free this long after the kernel closed its connection (plus up to one

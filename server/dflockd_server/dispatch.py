@@ -548,14 +548,32 @@ class Session:
         return journal is not None and not journal.writable
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        return p.REPLY_OK
+        """``ping``; ``ping _ session <id>`` keeps the client session ``<id>`` alive
+        (``error``: there is no such session, its grants are gone)."""
+        try:
+            session_id = p.parse_keepalive(arg)
+        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+            return self._malformed(bad)
+        if session_id is None:
+            return p.REPLY_OK
+        return p.REPLY_OK if self.table.keep_alive(session_id) else p.REPLY_ERROR
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hello``; ``hello _ session`` also makes this connection a session connection
-        (a close by its peer ends its grants ``session_ttl_s`` later, not at once), unless
-        the server has sessions off (``--session-ttl 0``)."""
-        if self.table.session_ttl_s and p.parse_hello(arg):
-            self.client.session = True
+        (a close by its peer ends its grants ``session_ttl_s`` later, not at once), and
+        ``hello _ session <id> <ttl>`` joins it to the client session ``<id>`` (its TTL at most
+        ``--max-lease-ttl``), unless the server has sessions off (``--session-ttl 0``)."""
+        table = self.table
+        if table.session_ttl_s:
+            try:
+                named = p.parse_client_session(arg)
+            except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
+                return self._malformed(bad)
+            if named is not None:
+                session_id, ttl = named
+                table.join_session(self.client, session_id, min(ttl, self.max_lease))
+            elif p.parse_hello(arg):
+                self.client.session = True
         return self.host.hello_reply
 
     def _shards(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:

@@ -66,9 +66,9 @@ class HoldBook:
 
     def is_detached(self, holder: Holder) -> bool:
         """Whether the grant is bound to no live connection: a detached hold, or (without
-        auto-release) a grant whose connection has closed."""
+        auto-release) a grant whose connection has closed, unless a client session keeps it."""
         owner = holder.client
-        return owner is self.grants.detached or owner.closed
+        return owner is self.grants.detached or (owner.closed and owner.kept_by is None)
 
     def take(
         self,

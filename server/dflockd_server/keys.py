@@ -14,6 +14,7 @@ __all__ = [
     "AlreadyEnqueued",
     "Bound",
     "Client",
+    "ClientSession",
     "Counts",
     "Entry",
     "Holder",
@@ -81,7 +82,17 @@ class Client:
     and an ``<onclose>`` lease (holder -> the lease they are detached with at the close; stale
     entries of released holders are pruned as it grows), ``None`` while there are none."""
 
-    __slots__ = ("closed", "enqueued", "held", "id", "n_held", "on_close", "session", "waiting")
+    __slots__ = (
+        "closed",
+        "enqueued",
+        "held",
+        "id",
+        "kept_by",
+        "n_held",
+        "on_close",
+        "session",
+        "waiting",
+    )
 
     def __init__(self, client_id: int) -> None:
         self.id = client_id
@@ -97,6 +108,24 @@ class Client:
         self.session = False
         """It opted in to sessions (``hello _ session``): a close by its peer ends its grants
         ``session_ttl_s`` later, not at once."""
+        self.kept_by: ClientSession | None = None
+        """The client session it joined (``hello _ session <id> <ttl>``), which keeps its
+        grants alive whatever becomes of the connection; ``None``: a connection of its own."""
+
+
+class ClientSession:
+    """A client's session (``hello _ session <id> <ttl>``): the connections that joined it
+    (their ``Client``s, open or closed, as long as they hold something), and until when it
+    lives (table clock) unless kept alive (``ping _ session <id>``) again. Its end ends every grant
+    its connections hold."""
+
+    __slots__ = ("clients", "expires_at", "id", "ttl")
+
+    def __init__(self, session_id: str, ttl: int, expires_at: float) -> None:
+        self.id = session_id
+        self.ttl = ttl
+        self.expires_at = expires_at
+        self.clients: list[Client] = []
 
 
 class Holder:

@@ -464,6 +464,48 @@ def parse_hello(arg: bytes) -> bool:
     return arg.strip() == _SESSION
 
 
+def parse_client_session(arg: bytes) -> tuple[str, int] | None:
+    """``hello _`` ``session <id> <ttl>`` -> (id, ttl): the client session this connection
+    joins; ``None`` for any other ``hello`` (bare, or ``session`` alone). Raises ``Malformed``
+    for ``session`` followed by anything but an id of ``SESSION_ID_MIN`` to ``SESSION_ID_MAX``
+    characters of ``SESSION_ID_CHARS`` and a TTL greater than 0."""
+    parts = arg.split()
+    if len(parts) < 2 or parts[0] != _SESSION:
+        return None
+    if len(parts) != 3:
+        raise Malformed("hello session takes an id and a ttl")
+    ttl = _number(parts[2], "session ttl")
+    if ttl <= 0:
+        raise Malformed("session ttl must be > 0")
+    return session_id(parts[1]), ttl
+
+
+def session_id(raw: bytes) -> str:
+    """A client session's id as sent (``hello _ session``, ``ping _ session``), checked."""
+    text = raw.decode("ascii", "replace")
+    if not c.SESSION_ID_MIN <= len(text) <= c.SESSION_ID_MAX or not c.SESSION_ID_CHARS.issuperset(
+        text
+    ):
+        raise Malformed(
+            f"a session id is {c.SESSION_ID_MIN} to {c.SESSION_ID_MAX} letters, digits, - or _"
+        )
+    return text
+
+
+def parse_keepalive(arg: bytes) -> str | None:
+    """``ping _`` ``[session <id>]`` -> the client session to keep alive; ``None`` for any
+    other argument, which a ping ignores (dflockd's clients send ``_``). Raises ``Malformed``
+    for ``session`` followed by anything but one id."""
+    if not arg.startswith(_SESSION):
+        return None
+    parts = arg.split()
+    if parts[0] != _SESSION:
+        return None
+    if len(parts) != 2:
+        raise Malformed("ping session takes one id")
+    return session_id(parts[1])
+
+
 def parse_asking(key: bytes, arg: bytes) -> tuple[str, str]:
     """``asking <key>`` ``<ticket>`` -> (key, ticket), as sent (undecodable bytes replaced):
     the ticket's check says whether they are any good."""
@@ -571,14 +613,14 @@ def reply_hello(
     ``default_lease_ttl_s`` the lease of a request that names none (``--default-lease-ttl``:
     what a client's ``hl`` / ``ht``, which always name one, ask for a lock without its own);
     ``session_ttl_s``: how long a session connection's grants outlive its close by the peer
-    (``--session-ttl``; 0: no sessions, ``session`` not listed); ``build`` (``compiled`` or
-    ``pure``) and ``loop`` (``uvloop`` or ``asyncio``) what runs (``buildinfo``), for people
-    and benchmarks, not for clients."""
+    (``--session-ttl``; 0: no sessions, neither ``session`` nor ``keepalive`` listed);
+    ``build`` (``compiled`` or ``pure``) and ``loop`` (``uvloop`` or ``asyncio``) what runs
+    (``buildinfo``), for people and benchmarks, not for clients."""
     features: list[str] = list(c.FEATURES)
     if durable:
         features += (c.FEATURE_DURABLE, c.FEATURE_READ_ONLY)
     if session_ttl_s > 0:
-        features.append(c.FEATURE_SESSION)
+        features += (c.FEATURE_SESSION, c.FEATURE_KEEPALIVE)
     body: dict[str, object] = {"server": c.SERVER_NAME, "version": version, "features": features}
     if build:
         body["build"] = build

@@ -40,6 +40,7 @@ from dflockd_server.keys import (
     AlreadyEnqueued,
     Bound,
     Client,
+    ClientSession,
     Counts,
     Entry,
     Holder,
@@ -57,6 +58,7 @@ __all__ = [
     "AlreadyEnqueued",
     "Bound",
     "Client",
+    "ClientSession",
     "Counts",
     "Entry",
     "Holder",
@@ -141,6 +143,8 @@ class LockTable:
         self.restored = grants.restored
         """The owner of restored grants awaiting their holder (``grants.Grants.restored``)."""
         self._next_client_id = 0
+        self.sessions: dict[str, ClientSession] = {}
+        """The live client sessions by id (``join_session``)."""
 
     @property
     def in_grace(self) -> bool:
@@ -174,6 +178,77 @@ class LockTable:
         self._next_client_id += 1
         return Client(self._next_client_id)
 
+    # ------------------------------------------------------------------ client sessions
+    def join_session(self, client: Client, session_id: str, ttl: int) -> None:
+        """``hello _ session <id> <ttl>``: ``client`` (a connection) joins the client session
+        ``session_id``, made if there is none (or the one there has run out: it ends first),
+        living ``ttl`` seconds from now unless kept alive; an existing one takes ``ttl`` as its
+        time from now on. A connection that already belongs to another session leaves it (its
+        grants go with it)."""
+        now = self.clock()
+        session = self.sessions.get(session_id)
+        if session is not None and session.expires_at <= now:
+            self._end_session_of(session, now)
+            session = None
+        if session is None:
+            session = self.sessions[session_id] = ClientSession(session_id, ttl, now + ttl)
+        else:
+            session.ttl = ttl
+            session.expires_at = max(session.expires_at, now + ttl)
+        old = client.kept_by
+        if old is session:
+            return
+        if old is not None:
+            old.clients.remove(client)
+        client.kept_by = session
+        session.clients.append(client)
+
+    def keep_alive(self, session_id: str) -> bool:
+        """``ping _ session <id>``: the client session lives ``ttl`` seconds more from now, and
+        each of its grants its own lease from now (no journal record for it unless the lease
+        runs past what the journal covers: at most one a lease per grant). ``False`` when
+        there is no such session (never made, or ended: its grants are gone)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return False
+        now = self.clock()
+        if session.expires_at <= now:
+            self._end_session_of(session, now)
+            return False
+        session.expires_at = now + session.ttl
+        keys = self.grants.keys
+        clients: list[Client] = []
+        for client in session.clients:
+            if client.n_held:
+                for holder in client.held:
+                    if holder.live and holder.client is client:
+                        ttl = holder.lease_ttl
+                        if now + ttl > holder.expires_at:
+                            self._extend(holder, keys[holder.key], ttl, now + ttl, ahead=True)
+            if client.n_held or not client.closed:
+                clients.append(client)
+        session.clients = clients  # without the closed connections that hold nothing
+        return True
+
+    def _end_session_of(self, session: ClientSession, now: float) -> None:
+        """The client session was not kept alive for its time: it ends, and with auto-release on
+        every grant of its connections ends with it (off: they run to their lease's end). Its
+        connections still open go on as connections of their own."""
+        grants = self.grants
+        del self.sessions[session.id]
+        lost = grants.counts.lost_by_disconnect
+        for client in session.clients:
+            client.kept_by = None
+            if not self.auto_release_on_disconnect:
+                continue
+            for holder in [h for h in client.held if h.live and h.client is client]:
+                state = grants.state_of(holder)
+                grants.free_holder(holder, state, now, lost)
+                if state is not None:
+                    grants.fill(state, now)
+        session.clients = []
+        grants.flush()
+
     def disconnect(self, client: Client, *, by_peer: bool = True) -> None:
         """The connection is gone: drop its waits, detach the grants it took over with ``ht``
         and an ``<onclose>`` lease, and end the rest of its grants as the rule says (docs/
@@ -200,7 +275,12 @@ class LockTable:
             for holder, lease_ttl in on_close.items():
                 if holder.live:
                     grants.move(holder, grants.detached, lease_ttl, now)
-        if by_peer and self.auto_release_on_disconnect:
+        kept = client.kept_by
+        if kept is not None:
+            if not client.n_held:
+                kept.clients.remove(client)
+                client.kept_by = None
+        elif by_peer and self.auto_release_on_disconnect:
             if client.session:
                 self._end_session(client, now)
             else:
@@ -480,14 +560,26 @@ class LockTable:
         if holder.client.closed and client is not None:
             self.holds.reattach(holder, client, lease_ttl, now)
             return lease_ttl
-        expires_at = now + lease_ttl
-        journal = grants.journal
+        self._extend(holder, entry, lease_ttl, now + lease_ttl, ahead=False)
+        return lease_ttl
+
+    def _extend(
+        self, holder: Holder, entry: Entry, lease_ttl: int, expires_at: float, *, ahead: bool
+    ) -> None:
+        """The live grant ``holder`` (``entry``: its key's) now runs to ``expires_at`` with the
+        lease ``lease_ttl``: a renewal, or a client session kept alive. With a journal, a
+        record is written when the new end passes what the records cover, or the lease grows;
+        ``ahead``: that record covers one lease past the end (a session's keep-alive: one
+        record a lease per grant, not one per keep-alive; a restart restores no more than a
+        lease from its start anyway)."""
+        journal = self.grants.journal
         if journal is not None:
             covered = holder.covered
             if covered == AS_RECORDED:  # the grant's record is its last: what it covers
                 covered = holder.expires_at + holder.lease_ttl
             if expires_at > covered or lease_ttl > holder.lease_ttl:
-                covered = journal.extend(token, lease_ttl, expires_at)
+                end = expires_at + lease_ttl if ahead else expires_at
+                covered = journal.extend(holder.token, lease_ttl, end)
             holder.covered = covered  # before expires_at and lease_ttl change
         holder.pin_since()
         holder.expires_at = expires_at
@@ -498,8 +590,7 @@ class LockTable:
             elif expires_at < entry.earliest:
                 entry.earliest = expires_at  # a shorter lease may come first
             entry.last_used = expires_at  # not read while held (see KeyState)
-        grants.leases.add(holder, expires_at, lease_ttl)
-        return lease_ttl
+        self.grants.leases.add(holder, expires_at, lease_ttl)
 
     def restore(self, rec: RecordedGrant, left: float, now: float) -> Holder | None:
         """Put back a grant read from the lease journal, ``left`` seconds from its end (``now``
@@ -685,6 +776,9 @@ class LockTable:
         expired = 0
         if grants.in_grace:
             grants.in_grace_at(now)
+        if self.sessions:
+            for session in [s for s in self.sessions.values() if s.expires_at <= now]:
+                self._end_session_of(session, now)
         for holder in grants.leases.due(now):
             if holder.live and holder.expires_at <= now:
                 state = grants.state_of(holder)

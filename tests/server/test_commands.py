@@ -506,7 +506,11 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
         assert hello == {
             "server": "dflockd-server",
             "version": dflockd_server.__version__,
-            "features": [*constants.FEATURES, constants.FEATURE_SESSION],
+            "features": [
+                *constants.FEATURES,
+                constants.FEATURE_SESSION,
+                constants.FEATURE_KEEPALIVE,
+            ],
             "max_lease_ttl_s": constants.DEFAULT_MAX_LEASE_TTL_S,
             "default_lease_ttl_s": constants.DEFAULT_LEASE_TTL_S,
             "session_ttl_s": constants.DEFAULT_SESSION_TTL_S,
