@@ -29,6 +29,7 @@ from celery_dflock.client.clients import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
+    DEFAULT_SESSION_TTL_S,
     Lease,
     check_auth_token,
     check_limit,
@@ -36,6 +37,7 @@ from celery_dflock.client.clients import (
     check_servers,
     lease_seconds,
     positive_seconds,
+    whole_seconds,
 )
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.sharding import Routing
@@ -154,6 +156,10 @@ def check_max_retries(value: object, where: str) -> int | None:
 
 def check_connect_timeout(value: object, where: str) -> float:
     return positive_seconds(where, cast("float", value), error=DflockConfigError)
+
+
+def check_session_ttl(value: object, where: str) -> int:
+    return whole_seconds(where, cast("float", value), minimum=1, error=DflockConfigError)
 
 
 def check_renew_ratio_value(value: object, where: str) -> float:
@@ -734,6 +740,15 @@ APP_SETTING_SPECS: Final = (
         DEFAULT_CONNECT_TIMEOUT_S,
         check_connect_timeout,
         "Seconds to connect to a server.",
+    ),
+    _setting(
+        "dflock_session_ttl",
+        DEFAULT_SESSION_TTL_S,
+        check_session_ttl,
+        "Seconds of each worker's session with a lock server, kept alive every third of it: "
+        "a stall of the server, the network or the worker shorter than about two thirds of "
+        "it costs no lock; a worker killed outright (not a pool child: its worker frees those "
+        "at once) keeps its keys this long. At most the server's `--max-lease-ttl`.",
     ),
     _setting(
         "dflock_renew_ratio",

@@ -70,6 +70,7 @@ from celery_dflock.client.clients import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
+    DEFAULT_SESSION_TTL_S,
     Client,
     ClientSettings,
     Lease,
@@ -108,6 +109,7 @@ _FIELDS: Final = {
     "dflock_auth_token": "auth_token",
     "dflock_ssl": "ssl_context",
     "dflock_connect_timeout": "connect_timeout_s",
+    "dflock_session_ttl": "session_ttl_s",
     "dflock_renew_ratio": "renew_ratio",
     "dflock_sharding_strategy": "sharding_strategy",
     "dflock_key_prefix": "key_prefix",
@@ -177,6 +179,7 @@ class DflockConfig:
     auth_token: str | None = None
     ssl_context: ssl.SSLContext | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    session_ttl_s: int = DEFAULT_SESSION_TTL_S
     renew_ratio: float = DEFAULT_RENEW_RATIO
     sharding_strategy: Routing | None = None
     """None: the client's default (``stable_hash_shard``); ``"cluster"``: cluster routing."""
@@ -209,6 +212,7 @@ class DflockConfig:
             auth_token=self.auth_token,
             ssl_context=self.ssl_context,
             connect_timeout_s=self.connect_timeout_s,
+            session_ttl_s=self.session_ttl_s,
         )
 
     def new_client(self) -> Client:

@@ -93,6 +93,7 @@ class AsyncRenewalDriver:
         self._renewing: asyncio.Task[bool | None] | None = None  # the shielded request
         self._wake: asyncio.Future[None] | None = None  # the renewal task's doze, cut short
         self._stopping = False
+        self._poked = False  # `poke`: renew now, whatever the connection
 
     @property
     def cancelled(self) -> bool:
@@ -119,6 +120,12 @@ class AsyncRenewalDriver:
         flight and did nothing; wake it again."""
         if conn.broken_while_idle():
             self._connection_event()
+
+    def poke(self) -> None:
+        """Renew now (the lock's client session is over: the renewal finds out whether the
+        grant is lost); from any thread of the loop's."""
+        self._poked = True
+        self._connection_event()
 
     def forget(self) -> None:
         """In a fork child: the parent's task is not this process's."""
@@ -177,7 +184,9 @@ class AsyncRenewalDriver:
         while True:
             await self._doze(due)
             conn = self._lock.conn
-            if loop.time() < due and conn is not None and not conn.broken_while_idle():
+            poked, self._poked = self._poked, False
+            fine = conn is not None and not conn.broken_while_idle()
+            if loop.time() < due and fine and not poked:
                 continue  # woken, but the connection is fine: renew when due
             renewal = self._lock.renew_guarded(True)
             if await self._shielded(renewal) is not True:

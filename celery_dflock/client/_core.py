@@ -37,6 +37,7 @@ from celery_dflock.client._requests import (
 )
 from celery_dflock.client._router import ClusterRouter, KeyRoute, NextTry
 from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
+from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import REPLY_GRACE_S, ClientSettings, Endpoint, whole_seconds
 from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
 from celery_dflock.client.protocol import (
@@ -213,6 +214,10 @@ class LockCore:
     def lease_left(self, now: float | None = None) -> float:
         """Seconds the grant surely stays held (`HeldGrant.lease_left`)."""
         return self.grant.lease_left(now)
+
+    def session_ended(self) -> str | None:
+        """Why the grant's client session is over (`HeldGrant.session_ended`), or None."""
+        return self.grant.session_ended()
 
     def renew_interval(self) -> float:
         """Seconds between renewals (the client's ``renew_ratio`` of the lease)."""
@@ -418,10 +423,16 @@ class LockCore:
 
     # ---------------------------------------------------------------- replies
     def on_grant_reply(
-        self, command: Command, reply: Reply, sent_at: float, server: ServerInfo | None
+        self,
+        command: Command,
+        reply: Reply,
+        sent_at: float,
+        server: ServerInfo | None,
+        session: ClientSession | None = None,
     ) -> bool:
         """Interpret the reply to ``l``/``sl``/``e``/``se``/``w``/``sw``; ``server`` is what the
-        server said to ``hello`` (its tokens count as fences only if it lists ``fence``).
+        server said to ``hello`` (its tokens count as fences only if it lists ``fence``),
+        ``session`` the client session of the connection it came on.
 
         True: held (the caller pins the connection and starts renewing). False: not held
         (``queued`` leaves the state ENQUEUED, the connection stays pinned). Raises for refusals.
@@ -436,7 +447,7 @@ class LockCore:
                 started = enqueued_at
             self.state = LockState.HELD
             self.lost = False
-            self.grant.granted(reply.token, reply.lease, started, sent_at, server)
+            self.grant.granted(reply.token, reply.lease, started, sent_at, server, session)
             return True
         if isinstance(reply, Queued):
             self.state = LockState.ENQUEUED
@@ -470,7 +481,12 @@ class LockCore:
         raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
 
     def on_take_over_reply(
-        self, token: str, reply: Reply, sent_at: float, server: ServerInfo | None
+        self,
+        token: str,
+        reply: Reply,
+        sent_at: float,
+        server: ServerInfo | None,
+        session: ClientSession | None = None,
     ) -> bool:
         """Interpret the reply to `take_over_request`: True when held now (as after a grant),
         False when ``token`` no longer holds the key or another connection has it bound
@@ -479,7 +495,7 @@ class LockCore:
         self.busy = False
         if isinstance(reply, Renewed) and reply.seconds_remaining > 0:
             granted = Granted(token, reply.seconds_remaining)
-            return self.on_grant_reply(Command.LOCK, granted, sent_at, server)
+            return self.on_grant_reply(Command.LOCK, granted, sent_at, server, session)
         if isinstance(reply, protocol.Bound):
             self.busy = True
             self.holder = reply.holder
@@ -533,11 +549,17 @@ class LockCore:
         )
 
     # ---------------------------------------------------------------- renewing and reattaching
-    def on_renew_reply(self, reply: Reply, sent_at: float) -> RenewOutcome:
+    def on_renew_reply(
+        self, reply: Reply, sent_at: float, session: ClientSession | None = None
+    ) -> RenewOutcome:
         """Interpret the reply to ``n``/``sn`` (on the pinned connection or, reattaching, on a
-        new one). ``error_draining``: the server is shutting down (to restart, it may keep the
-        lease): reattach. ``error``: the server no longer holds the grant: lost."""
+        new one, whose client session is ``session``). ``error_draining``: the server is
+        shutting down (to restart, it may keep the lease): reattach. ``error``: the server no
+        longer holds the grant: lost. The grant's client session over meanwhile: lost."""
         grant = self.grant
+        ended = grant.session_ended()
+        if ended is not None:
+            return RenewOutcome(renewed=False, lost_reason=ended)
         if isinstance(reply, Renewed):
             if grant.broken is not None:
                 logger.info(
@@ -547,7 +569,7 @@ class LockCore:
                     self.endpoint.address,
                     redact(grant.broken),
                 )
-            grant.renewed(reply.seconds_remaining, sent_at)
+            grant.renewed(reply.seconds_remaining, sent_at, session)
             return RenewOutcome(renewed=True)
         code = reply.code if isinstance(reply, ErrorReply) else repr(reply)
         if code == wire.STATUS_ERROR_DRAINING:

@@ -19,6 +19,7 @@ from typing import Final
 
 from celery_dflock.client import protocol
 from celery_dflock.client._servers import FEATURE_DURABLE, ServerInfo
+from celery_dflock.client._session import SESSION_KEEPALIVES, SESSION_MARGIN_S, ClientSession
 from celery_dflock.client._settings import (
     MAX_RENEW_INTERVAL_S,
     MIN_RENEW_INTERVAL_S,
@@ -37,16 +38,6 @@ REATTACH_MAX_PAUSE_S: Final = 1.0
 by token) is followed by a pause that doubles from the first to the most, while the lease
 confirmed last still runs."""
 
-SESSION_MARGIN_S: Final = 0.75
-"""Taken off a session's time when counting how long a grant surely stays held after the
-last answered request, so the loss is known before the server can free the key: room for the
-two clocks' rates to differ (a session is seconds long: they drift far less) and, mostly, for
-this process to be scheduled late at the deadline on a loaded machine. A renewal sent every
-third of the session must then be answered within ``2/3 * session - SESSION_MARGIN_S`` (1.25 s
-of a 3 s session), or the lock counts as lost."""
-SESSION_KEEPALIVES: Final = 3
-"""A grant held on a session connection is renewed at least this many times per session time:
-each answered renewal moves its loss deadline on."""
 
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
 
@@ -96,6 +87,10 @@ class HeldGrant:
     # and disconnects". inf: no session (the lease alone says).
     session_ttl: int | None = None
     session_deadline: float = math.inf
+    # On a server that keeps client sessions: the session the grant belongs to, whose
+    # keep-alive keeps it (docs/protocol.md, "Client sessions"); its deadline bounds the
+    # grant's as the connection's session time does above (which is then None).
+    session: ClientSession | None = None
     # The server keeps a lease journal (`durable`), and a reconnection after the lock's
     # connection broke was refused: the server is not running, so nothing frees the grant
     # before its lease ends (a restart restores it to its lease); the session's deadline no
@@ -122,24 +117,46 @@ class HeldGrant:
 
     def hold_deadline(self) -> float:
         """The time.monotonic() until which the grant is surely held: the lease's end, or on a
-        session connection the session's deadline if sooner."""
-        return min(self.lease_deadline, self.session_deadline)
+        session connection (or in a client session) the session's deadline if sooner."""
+        deadline = min(self.lease_deadline, self.session_deadline)
+        session = self.session
+        if session is not None:
+            deadline = min(deadline, session.deadline())
+        return deadline
 
     def lease_left(self, now: float | None = None) -> float:
         """Seconds the grant surely stays held (from when the last accepted grant or renewal
-        was sent; never more than the lease, nor, on a session connection, than the session's
-        deadline unless the server was found not running: `server_down`). Once it is out, a
-        lock whose connection broke is lost."""
-        deadline = self.lease_deadline if self.server_down else self.hold_deadline()
+        was sent; never more than the lease, nor, on a session connection or in a client
+        session, than the session's deadline unless the server was found not running:
+        `server_down`). Once it is out, a lock whose connection broke is lost."""
+        session = self.session
+        down = self.server_down or (session is not None and session.server_down)
+        deadline = self.lease_deadline if down else self.hold_deadline()
         return deadline - (time.monotonic() if now is None else now)
 
+    def session_ended(self) -> str | None:
+        """Why the client session the grant belongs to is over (the server may have ended it,
+        and the grant with it), or None: it may live, or the grant has none, or the server was
+        found not running (a server that is not running ends nothing)."""
+        session = self.session
+        if session is None or self.server_down or session.server_down or session.live():
+            return None
+        return f"its session with the lock server ended ({session.ended}), and the grant with it"
+
     # ---------------------------------------------------------------- changes
-    def granted(
-        self, token: str, lease: int, started: float, sent_at: float, server: ServerInfo | None
+    def granted(  # noqa: PLR0917 - as the server's reply is read
+        self,
+        token: str,
+        lease: int,
+        started: float,
+        sent_at: float,
+        server: ServerInfo | None,
+        session: ClientSession | None = None,
     ) -> None:
         """The server granted ``token`` with a ``lease`` that runs from ``started`` at the
         earliest (the request's send time, ``sent_at``, or for a queued grant when it was
-        queued); ``server``: what it said to ``hello``."""
+        queued); ``server``: what it said to ``hello``; ``session``: the client session of the
+        connection it came on (None: the connection has none)."""
         self.token = token
         self.fencing = server is not None and server.fences
         self.lease = lease
@@ -147,15 +164,24 @@ class HeldGrant:
         self.lease_deadline = started + lease
         self.lease_latest_end = time.monotonic() + lease
         self.enqueued_at = None
-        self.session_ttl = None if server is None else server.session_ttl_s
+        self.session = session
+        if session is not None or server is None:
+            self.session_ttl = None
+        else:
+            self.session_ttl = server.session_ttl_s
         self.session_deadline = math.inf
         self.answered(sent_at)
         self.durable = server is not None and server.supports(FEATURE_DURABLE)
         self.server_down = False
 
-    def renewed(self, seconds_remaining: int, sent_at: float) -> None:
+    def renewed(
+        self, seconds_remaining: int, sent_at: float, session: ClientSession | None = None
+    ) -> None:
         """A renewal sent at ``sent_at`` was answered: the lease runs ``seconds_remaining``
-        more; the connection is whole again."""
+        more; the connection is whole again. ``session``: the client session of the connection
+        it came on; a renewal by token there binds the grant to it (a reattach)."""
+        if session is not None:
+            self.session = session
         self.lease_deadline = sent_at + seconds_remaining
         self.lease_latest_end = time.monotonic() + seconds_remaining
         self.answered(sent_at)
@@ -188,6 +214,7 @@ class HeldGrant:
         self.reattach_failures = 0
         self.session_ttl = None
         self.session_deadline = math.inf
+        self.session = None
         self.durable = False
         self.server_down = False
 

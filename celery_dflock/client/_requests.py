@@ -372,6 +372,17 @@ def encode_hello() -> bytes:
     return _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
 
 
+def encode_join_session(session_id: str, ttl: int) -> bytes:
+    """``hello _ session <id> <ttl>``: what this server is, and this connection joins the
+    client session ``<id>`` (made if new) on a server that lists ``keepalive``."""
+    return _request(Command.HELLO, wire.PLACEHOLDER, f"{wire.HELLO_SESSION} {session_id} {ttl}")
+
+
+def encode_keepalive(session_id: str) -> bytes:
+    """``ping _ session <id>``: keep the client session ``<id>`` and every grant on it alive."""
+    return _request(Command.PING, wire.PLACEHOLDER, f"{wire.HELLO_SESSION} {session_id}")
+
+
 def encode_asking(key: str | None = None, ticket: str | None = None) -> bytes:
     """``asking <key> <ticket>``: the next acquire, of ``key``, follows an ``error_ask`` that
     gave ``ticket`` (``Asked``; a key-level move); ``asking _ _`` without a ticket (a server

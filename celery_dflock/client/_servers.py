@@ -27,6 +27,7 @@ FEATURE_HOLDS: Final = wire.FEATURE_HOLDS
 FEATURE_FORCE_RELEASE: Final = wire.FEATURE_FORCE_RELEASE
 FEATURE_SESSION: Final = wire.FEATURE_SESSION
 FEATURE_DURABLE: Final = wire.FEATURE_DURABLE
+FEATURE_KEEPALIVE: Final = wire.FEATURE_KEEPALIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,18 @@ class ServerInfo:
     lists ``session`` (then every connection of this client to it is a session connection:
     ``hello _ session``); None: the server frees a connection's grants at its close, or keeps
     them to the lease (another server, or an older one)."""
+
+    @property
+    def keeps_sessions(self) -> bool:
+        """True when it keeps client sessions (lists ``keepalive``): every connection of this
+        client to it joins the client's session, which one keep-alive keeps alive."""
+        return FEATURE_KEEPALIVE in self.features
+
+    def session_ttl(self, asked: int) -> int:
+        """The time of a session asked for ``asked`` seconds: the server grants at most its
+        ``max_lease_ttl_s``."""
+        limit = self.max_lease_ttl_s
+        return asked if limit is None else min(asked, limit)
 
     @property
     def legacy(self) -> bool:

@@ -27,6 +27,11 @@ DEFAULT_RENEW_RATIO: Final = 0.5
 """A held lock is renewed at this fraction of its lease."""
 DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 """How long a new connection (TCP, TLS, ``auth``, ``hello``) may take."""
+DEFAULT_SESSION_TTL_S: Final = 15
+"""A client's session with a server that keeps sessions (docs/protocol.md, "Client sessions"):
+kept alive every third of it, it rides out a stall of the server, the network or this process
+of up to about 9 s without losing a lock; a process killed outright (not a pool child, whose
+worker ends its grants at once) keeps its keys this long."""
 
 REPLY_GRACE_S: Final = 10.0
 """How long a reply may take beyond the time the server was asked to wait."""
@@ -47,6 +52,8 @@ class Endpoint:
     auth_token: str | None = field(default=None, repr=False)
     ssl_context: ssl.SSLContext | None = None
     connect_timeout_s: float = field(default=DEFAULT_CONNECT_TIMEOUT_S, compare=False)
+    session_ttl_s: int = field(default=DEFAULT_SESSION_TTL_S, compare=False)
+    """The time of this client's session with the server (one that keeps sessions)."""
 
     @property
     def address(self) -> str:
@@ -208,6 +215,9 @@ class ClientSettings:
     """The FIFO wait of a lock made without ``acquire_timeout_s`` (whole seconds)."""
     lease_ttl_s: int | None = None
     """The lease of a lock made without ``lease_ttl_s`` (None: the server's default)."""
+    session_ttl_s: int = DEFAULT_SESSION_TTL_S
+    """The time of the client's session with each server that keeps sessions (whole seconds,
+    at most the server's ``max_lease_ttl_s``)."""
     _endpoints: tuple[Endpoint, ...] = field(init=False, repr=False, compare=False)
     """Each of `servers`' `endpoint`, made once: every lock on a server shares one, so the
     pool finds its connections by identity rather than by comparing fields."""
@@ -227,6 +237,7 @@ class ClientSettings:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
         lease_ttl_s: int | None = None,
+        session_ttl_s: float = DEFAULT_SESSION_TTL_S,
     ) -> ClientSettings:
         """The settings, each checked (`InvalidValueError` naming the argument)."""
         return cls(
@@ -238,11 +249,19 @@ class ClientSettings:
             connect_timeout_s=positive_seconds("connect_timeout_s", connect_timeout_s),
             acquire_timeout_s=whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0),
             lease_ttl_s=None if lease_ttl_s is None else lease_seconds("lease_ttl_s", lease_ttl_s),
+            session_ttl_s=whole_seconds("session_ttl_s", session_ttl_s, minimum=1),
         )
 
     def endpoint(self, host: str, port: int) -> Endpoint:
         """How to connect to the server ``host:port``."""
-        return Endpoint(host, port, self.auth_token, self.ssl_context, self.connect_timeout_s)
+        return Endpoint(
+            host,
+            port,
+            self.auth_token,
+            self.ssl_context,
+            self.connect_timeout_s,
+            self.session_ttl_s,
+        )
 
     def endpoints(self) -> list[Endpoint]:
         """Every server's `endpoint`, in the configured order."""

@@ -144,6 +144,11 @@ class RenewalDriver:
         """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
         self._watch(conn)
 
+    def poke(self) -> None:
+        """Renew now (the lock's client session is over: the renewal finds out whether the
+        grant is lost); from any thread."""
+        self._hurry()
+
     def _hurry(self) -> None:
         """Move the next renewal to now (it reattaches the lock), unless `stop` began."""
         with self._guard:

@@ -47,6 +47,7 @@ from celery_dflock.client._settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
+    DEFAULT_SESSION_TTL_S,
     ClientSettings,
     Endpoint,
     Lease,
@@ -74,6 +75,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_RENEW_RATIO",
     "DEFAULT_SERVERS",
+    "DEFAULT_SESSION_TTL_S",
     "FEATURE_FENCE",
     "FEATURE_HELLO",
     "FEATURE_HOLDS",
@@ -127,6 +129,7 @@ class _ClientBase(Generic[L, S, P]):
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
         lease_ttl_s: int | None = None,
+        session_ttl_s: float = DEFAULT_SESSION_TTL_S,
     ) -> None:
         self._setup(
             ClientSettings.checked(
@@ -138,6 +141,7 @@ class _ClientBase(Generic[L, S, P]):
                 connect_timeout_s=connect_timeout_s,
                 acquire_timeout_s=acquire_timeout_s,
                 lease_ttl_s=lease_ttl_s,
+                session_ttl_s=session_ttl_s,
             )
         )
 

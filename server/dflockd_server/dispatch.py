@@ -562,7 +562,8 @@ class Session:
         """``hello``; ``hello _ session`` also makes this connection a session connection
         (a close by its peer ends its grants ``session_ttl_s`` later, not at once), and
         ``hello _ session <id> <ttl>`` joins it to the client session ``<id>`` (its TTL at most
-        ``--max-lease-ttl``), unless the server has sessions off (``--session-ttl 0``)."""
+        ``--max-lease-ttl``; 0 ends the session now), unless the server has sessions off
+        (``--session-ttl 0``)."""
         table = self.table
         if table.session_ttl_s:
             try:
@@ -571,7 +572,10 @@ class Session:
                 return self._malformed(bad)
             if named is not None:
                 session_id, ttl = named
-                table.join_session(self.client, session_id, min(ttl, self.max_lease))
+                if ttl:
+                    table.join_session(self.client, session_id, min(ttl, self.max_lease))
+                else:
+                    table.end_session(session_id)
             elif p.parse_hello(arg):
                 self.client.session = True
         return self.host.hello_reply

@@ -466,18 +466,16 @@ def parse_hello(arg: bytes) -> bool:
 
 def parse_client_session(arg: bytes) -> tuple[str, int] | None:
     """``hello _`` ``session <id> <ttl>`` -> (id, ttl): the client session this connection
-    joins; ``None`` for any other ``hello`` (bare, or ``session`` alone). Raises ``Malformed``
-    for ``session`` followed by anything but an id of ``SESSION_ID_MIN`` to ``SESSION_ID_MAX``
-    characters of ``SESSION_ID_CHARS`` and a TTL greater than 0."""
+    joins (a TTL of 0: the session ends now, its client is done with it); ``None`` for any
+    other ``hello`` (bare, or ``session`` alone). Raises ``Malformed`` for ``session``
+    followed by anything but an id of ``SESSION_ID_MIN`` to ``SESSION_ID_MAX`` characters of
+    ``SESSION_ID_CHARS`` and a TTL."""
     parts = arg.split()
     if len(parts) < 2 or parts[0] != _SESSION:
         return None
     if len(parts) != 3:
         raise Malformed("hello session takes an id and a ttl")
-    ttl = _number(parts[2], "session ttl")
-    if ttl <= 0:
-        raise Malformed("session ttl must be > 0")
-    return session_id(parts[1]), ttl
+    return session_id(parts[1]), _number(parts[2], "session ttl")
 
 
 def session_id(raw: bytes) -> str:

@@ -203,6 +203,13 @@ class LockTable:
         client.kept_by = session
         session.clients.append(client)
 
+    def end_session(self, session_id: str) -> None:
+        """``hello _ session <id> 0``: its client is done with the session (a clean close):
+        it ends now, as when it is not kept alive."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            self._end_session_of(session, self.clock())
+
     def keep_alive(self, session_id: str) -> bool:
         """``ping _ session <id>``: the client session lives ``ttl`` seconds more from now, and
         each of its grants its own lease from now (no journal record for it unless the lease

@@ -129,6 +129,17 @@ def test_closed_connections_that_hold_nothing_leave_the_session(
     assert table.sessions[SESSION].clients == []
 
 
+def test_a_session_its_client_ends_ends_at_once_with_its_grants(
+    table: LockTable, clock: Clock
+) -> None:
+    held = grant(table, "k", SESSION)
+    table.end_session(SESSION)
+    assert not held.live
+    assert not table.keep_alive(SESSION)
+    table.end_session(SESSION)  # again, or of a session never made: nothing to do
+    table.end_session(OTHER)
+
+
 def test_without_auto_release_a_session_end_frees_nothing_early(clock: Clock) -> None:
     table = LockTable(
         clock=clock,
@@ -222,7 +233,6 @@ def test_a_malformed_session_hello_or_keep_alive_is_an_error_and_the_connection_
         for arg in (
             "session short 5",
             f"session {SESSION}",
-            f"session {SESSION} 0",
             f"session {SESSION} -1",
             f"session {'x' * 65} 5",
             f"session {SESSION[:-1]}! 5",

@@ -17,7 +17,8 @@ import sys
 from celery_dflock import Client
 
 host, port, key, token, note, on_close = sys.argv[1:7]
-with Client([(host, int(port))]) as client:
+# A session of 2 s: killed, it frees what it holds without an <onclose> lease 2 s later
+with Client([(host, int(port))], session_ttl_s=2) as client:
     lock = client.lock(key, lease_ttl_s=30)
     held = lock.adopt(token, note=note, on_close_lease=int(on_close) or None)
     print("adopted" if held else "refused", lock.fence, flush=True)

@@ -145,7 +145,7 @@ async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool
                 core.route()
             continue
         try:
-            granted = core.on_grant_reply(command, reply, sent, conn.server)
+            granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
         except ServerDraining as exc:
             await holding.checkin(conn)
             await _reroute(holding, exc)
@@ -200,7 +200,7 @@ async def wait(holding: AsyncHolding, timeout_s: float | None = None) -> bool:
         sent = time.monotonic()
         try:
             reply = await conn.request(command, data, timeout)
-            granted = holding.core.on_grant_reply(command, reply, sent, conn.server)
+            granted = holding.core.on_grant_reply(command, reply, sent, conn.server, conn.session)
         except BaseException:
             holding.core.reset()
             conn.close()
@@ -228,7 +228,7 @@ async def take_over(holding: AsyncHolding, token: str, note: str, close_lease: i
             command, data, timeout = core.take_over_request(conn.server, token, note, close_lease)
             sent = time.monotonic()
             reply = await conn.request(command, data, timeout)
-            held = core.on_take_over_reply(token, reply, sent, conn.server)
+            held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
         except BaseException:
             core.reset()
             await holding.checkin(conn)

@@ -46,11 +46,13 @@ from celery_dflock.client._aio_backend import (
     pause,
 )
 from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._async.keepalive import ConnectionSource, start_keeping
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
 from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client.errors import AuthError, DflockError, LockNotOwned
 from celery_dflock.client.protocol import Renewed, Reply
@@ -72,6 +74,7 @@ class AsyncHolding:
         "_releasing",
         "_server",
         "_server_at",
+        "_sessions",
         "conn",
         "core",
         "driver",
@@ -102,6 +105,7 @@ class AsyncHolding:
         self._lost_event: Event | None = None  # made on first use (see lost_event)
         self._lost_event_guard = threading.Lock()
         self._releasing: Background | None = None  # a release the server was not there for
+        self._sessions: Sessions | None = None  # without a pool: its client sessions
 
     @property
     def lost_event(self) -> Event:
@@ -145,9 +149,32 @@ class AsyncHolding:
         if self._pool is not None:
             return await self._pool.checkout(endpoint)
         known = self._server if self._server_at == endpoint else None
-        conn = await AsyncConnection.connect(endpoint, known)
+        if self._sessions is None:
+            self._sessions = Sessions()
+        conn = await AsyncConnection.connect(endpoint, known, self._sessions)
         self._server, self._server_at = conn.server, endpoint
         return conn
+
+    # ------------------------------------------------------------------ its client session
+    def poke(self) -> None:
+        """The grant's client session is over: renew now, which finds out whether the grant
+        is lost (`celery_dflock.client._session.Holder`)."""
+        self.driver.poke()
+
+    def holds(self) -> bool:
+        """Whether it holds a grant its session keeps alive."""
+        core = self.core
+        return core.state is LockState.HELD and not core.lost
+
+    def _kept_by(self, conn: AsyncConnection) -> None:
+        """The grant is held on ``conn`` (operation lock held): its client session, if it has
+        one, keeps it alive from now on."""
+        session = conn.session
+        if session is None or session is not self.core.grant.session:
+            return
+        source: ConnectionSource = self if self._pool is None else self._pool
+        endpoint = conn.endpoint
+        session.hold(self, lambda: start_keeping(session, endpoint, source))
 
     async def checkin(self, conn: AsyncConnection) -> None:
         if self._pool is not None:
@@ -170,6 +197,7 @@ class AsyncHolding:
             self.driver.start(
                 conn, core.renew_interval(), core.first_renewal_in(), f"dflock-renew:{core.key}"
             )
+            self._kept_by(conn)
         except Exception as exc:
             exc.add_note(
                 f"dflock: the renewal of {core.what} could not be started, so its grant was "
@@ -209,7 +237,10 @@ class AsyncHolding:
             if core.lost:
                 return False
             first: bool | None = None  # None: reattach
-            if conn is not None and conn.broken_while_idle():
+            ended = core.session_ended()
+            if ended is not None:
+                first = core.mark_lost(ended)
+            elif conn is not None and conn.broken_while_idle():
                 self._drop_connection(conn, CLOSED_BY_SERVER)
             elif conn is not None:
                 outcome = await self._renew_request(conn)
@@ -260,7 +291,7 @@ class AsyncHolding:
         except DflockError as exc:
             self._drop_connection(conn, str(exc))  # the request closed it
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
-        outcome = self.core.on_renew_reply(reply, sent)
+        outcome = self.core.on_renew_reply(reply, sent, conn.session)
         if outcome.reattach:
             self._drop_connection(conn, outcome.lost_reason or "the server is shutting down")
         return outcome
@@ -281,7 +312,10 @@ class AsyncHolding:
                     return False
                 if self.conn is not None:
                     return True  # reattached meanwhile (by `renew`)
-                if core.lease_left() <= 0:
+                ended = core.session_ended()
+                if ended is not None:
+                    first = core.mark_lost(ended)
+                elif core.lease_left() <= 0:
                     first = core.mark_unreachable()
                 else:
                     outcome = await self._reattach_once()
@@ -320,6 +354,7 @@ class AsyncHolding:
             self.conn = conn
             self.driver.attach(conn)
             self.driver.renewed(conn)
+            self._kept_by(conn)
         elif not outcome.reattach:
             await self.checkin(conn)  # refused: the connection itself is fine
         return outcome
@@ -424,12 +459,17 @@ class AsyncHolding:
     def _abandon(self) -> None:
         """Interrupted release: close the pinned connection (the server then frees the lock,
         after its session time on a session connection, and any queue position at once)
-        rather than leave a held lock without renewal."""
+        rather than leave a held lock without renewal; a grant a client session keeps (which
+        the close does not free) is released by token in the background."""
         conn, self.conn = self.conn, None
         if conn is not None:
             self.driver.unwatch(conn)
             conn.close()
-        self.core.reset()
+        core = self.core
+        if core.state is LockState.HELD and not core.lost and core.grant.session is not None:
+            self._release_later()
+        else:
+            core.reset()
 
     async def _release_locked(self) -> bool:
         conn, self.conn = self.conn, None
@@ -450,7 +490,12 @@ class AsyncHolding:
                 self.unless_broken(conn), lambda _: core.release_request(), once=True
             )
         except BaseException:
-            core.reset()  # interrupted: the request closed the connection
+            # Interrupted: the request closed the connection, which frees the grant, unless
+            # a client session keeps it: then it is released by token in the background.
+            if core.grant.session is not None:
+                self._release_later()
+            else:
+                core.reset()
             raise
         if sent is None:
             self._release_later()

@@ -18,6 +18,7 @@ from celery_dflock.client._pooling import (
     IdleConnections,
 )
 from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
 
 __all__ = ["AsyncConnectionPool"]
@@ -40,6 +41,8 @@ class AsyncConnectionPool:
         self._idle: IdleConnections[AsyncConnection] = IdleConnections(
             max_idle_per_server, max_idle_time_s, face.forked
         )
+        self._sessions = Sessions()
+        """This process's client session with each server (the connections join it)."""
 
     async def checkout(self, endpoint: Endpoint) -> AsyncConnection:
         """A verified idle connection to ``endpoint``, or a new one."""
@@ -47,12 +50,17 @@ class AsyncConnectionPool:
         idle.check_fork()
         self._face.check()
         while (conn := idle.take(endpoint)) is not None:
-            if not idle.too_old(conn) and await conn.is_reusable():
+            session = conn.session
+            if (
+                not idle.too_old(conn)
+                and (session is None or session.live())
+                and await conn.is_reusable()
+            ):
                 idle.count_reused()
                 return conn
             await conn.aclose()
             idle.count_discarded()
-        conn = await AsyncConnection.connect(endpoint, idle.known(endpoint))
+        conn = await AsyncConnection.connect(endpoint, idle.known(endpoint), self._sessions)
         idle.count_opened(conn, conn.server)
         return conn
 
@@ -64,8 +72,17 @@ class AsyncConnectionPool:
             await conn.aclose()
 
     async def aclose(self) -> None:
-        """Close every idle connection (the pool stays usable)."""
-        for conn in self._idle.drain():
+        """Close every idle connection (the pool stays usable), having ended each client
+        session that holds no lock of this process (with what was held on it by token: a
+        clean close lets go at once rather than at the session's end) on one of them."""
+        idle = self._idle
+        idle.check_fork()
+        for endpoint, session in self._sessions.unheld():
+            conn = idle.take(endpoint)
+            if conn is not None:
+                await conn.end_session(session)
+                await conn.aclose()
+        for conn in idle.drain():
             await conn.aclose()
 
     async def __aenter__(self) -> Self:

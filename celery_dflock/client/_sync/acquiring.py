@@ -145,7 +145,7 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
                 core.route()
             continue
         try:
-            granted = core.on_grant_reply(command, reply, sent, conn.server)
+            granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
         except ServerDraining as exc:
             holding.checkin(conn)
             _reroute(holding, exc)
@@ -200,7 +200,7 @@ def wait(holding: Holding, timeout_s: float | None = None) -> bool:
         sent = time.monotonic()
         try:
             reply = conn.request(command, data, timeout)
-            granted = holding.core.on_grant_reply(command, reply, sent, conn.server)
+            granted = holding.core.on_grant_reply(command, reply, sent, conn.server, conn.session)
         except BaseException:
             holding.core.reset()
             conn.close()
@@ -228,7 +228,7 @@ def take_over(holding: Holding, token: str, note: str, close_lease: int | None) 
             command, data, timeout = core.take_over_request(conn.server, token, note, close_lease)
             sent = time.monotonic()
             reply = conn.request(command, data, timeout)
-            held = core.on_take_over_reply(token, reply, sent, conn.server)
+            held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
         except BaseException:
             core.reset()
             holding.checkin(conn)

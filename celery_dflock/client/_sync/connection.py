@@ -13,6 +13,7 @@ and the asyncio one (a stream protocol): each connection owns a transport, hand-
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -22,11 +23,13 @@ from celery_dflock.client import protocol
 from celery_dflock.client._connection import SocketTransport
 from celery_dflock.client._servers import (
     CLOSING_ERRORS,
+    FEATURE_DURABLE,
     FEATURE_PING,
     ServerInfo,
     auth_reply_error,
     server_info,
 )
+from celery_dflock.client._session import ClientSession, Sessions
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavailable
 from celery_dflock.client.protocol import Command, ErrorReply, Reply, ReplyParser
@@ -67,6 +70,9 @@ class Connection:
         self.last_used = time.monotonic()
         self.server: ServerInfo | None = None
         """What the server said to ``hello`` (None: not asked on this connection)."""
+        self.session: ClientSession | None = None
+        """The client session it joined (a server that keeps sessions), whose keep-alive keeps
+        the grants made on it; None: its grants are its own (docs/protocol.md)."""
         self.transport = transport
         """Its byte side (what the renewal's watch of a held connection looks at)."""
         self._parser = transport.parser
@@ -148,16 +154,21 @@ class Connection:
         return self.transport.broken(self._lock)
 
     @classmethod
-    def connect(cls, endpoint: Endpoint, server: ServerInfo | None) -> Self:
+    def connect(
+        cls, endpoint: Endpoint, server: ServerInfo | None, sessions: Sessions | None = None
+    ) -> Self:
         """`open`, knowing what the server supports: ``server`` when already known (a pool
-        asks once per server), else ask ``hello`` first; a server with sessions is asked
-        ``hello _ session`` on every new connection, which opts it in.
+        asks once per server), else ask ``hello`` first. On a server that keeps client
+        sessions, the connection joins the current one of ``sessions`` (``hello _ session <id>
+        <ttl>``); on one with connection sessions only, it is asked ``hello _ session``, which
+        opts it in. (Without ``sessions``, a connection for a one-off request, it joins none.)
 
         A server that predates ``hello`` answers ``error`` (dflockd 0.4/0.5 then close the
         connection): that connection is dropped and a fresh one opened.
         """
         conn = cls.open(endpoint)
-        if server is None or server.session_ttl_s is not None:
+        joins = sessions is not None and server is not None and server.keeps_sessions
+        if server is None or (server.session_ttl_s is not None and not joins):
             # Asked anew on each connection to a server with sessions: `hello _ session` makes
             # it a session connection (docs/protocol.md, "Tokens, leases and disconnects").
             try:
@@ -168,7 +179,50 @@ class Connection:
             if conn.closed:
                 conn = cls.open(endpoint)
         conn.server = server
+        if sessions is not None and server.keeps_sessions:
+            try:
+                conn.join(sessions.current(endpoint, server.session_ttl(endpoint.session_ttl_s)))
+            except BaseException:
+                conn.close()
+                raise
         return conn
+
+    def join(self, session: ClientSession) -> None:
+        """Join ``session`` (``hello _ session <id> <ttl>``): the server keeps it alive
+        from then on, as a keep-alive does; part of making a connection."""
+        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
+        sent = time.monotonic()
+        reply = self.request(
+            Command.HELLO, protocol.encode_join_session(session.id, session.ttl), timeout
+        )
+        info = server_info(self.endpoint, reply)  # raises for a refusal (auth, draining)
+        if isinstance(reply, protocol.Hello):
+            session.durable = info.supports(FEATURE_DURABLE)
+            session.answered(sent)
+            self.session = session
+
+    def end_session(self, session: ClientSession) -> None:
+        """End ``session`` now (``hello _ session <id> 0``: its client is done with it, and
+        with what it held by token on it); a failure changes nothing (it then ends by its
+        time)."""
+        session.end("this client ended it")
+        timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
+        with contextlib.suppress(DflockError):
+            self.request(Command.HELLO, protocol.encode_join_session(session.id, 0), timeout)
+
+    def keep_alive(self, session: ClientSession, timeout: float) -> bool | None:
+        """Keep ``session`` alive (``ping _ session <id>``), waiting ``timeout`` s at most for
+        the answer: True kept, False the server has no such session (it ended), None no
+        answer (the connection is closed)."""
+        sent = time.monotonic()
+        try:
+            reply = self.request(Command.PING, protocol.encode_keepalive(session.id), timeout)
+        except DflockError:
+            return None
+        if isinstance(reply, protocol.Ok):
+            session.answered(sent)
+            return True
+        return False
 
     def _authenticate(self) -> None:
         """Send ``auth`` first when the endpoint has a token (a new connection)."""

@@ -41,8 +41,10 @@ from celery_dflock.client import protocol
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
 from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client._sync.keepalive import ConnectionSource, start_keeping
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build
 from celery_dflock.client._sync_backend import (
@@ -74,6 +76,7 @@ class Holding:
         "_releasing",
         "_server",
         "_server_at",
+        "_sessions",
         "conn",
         "core",
         "driver",
@@ -104,6 +107,7 @@ class Holding:
         self._lost_event: Event | None = None  # made on first use (see lost_event)
         self._lost_event_guard = threading.Lock()
         self._releasing: Background | None = None  # a release the server was not there for
+        self._sessions: Sessions | None = None  # without a pool: its client sessions
 
     @property
     def lost_event(self) -> Event:
@@ -147,9 +151,32 @@ class Holding:
         if self._pool is not None:
             return self._pool.checkout(endpoint)
         known = self._server if self._server_at == endpoint else None
-        conn = Connection.connect(endpoint, known)
+        if self._sessions is None:
+            self._sessions = Sessions()
+        conn = Connection.connect(endpoint, known, self._sessions)
         self._server, self._server_at = conn.server, endpoint
         return conn
+
+    # ------------------------------------------------------------------ its client session
+    def poke(self) -> None:
+        """The grant's client session is over: renew now, which finds out whether the grant
+        is lost (`celery_dflock.client._session.Holder`)."""
+        self.driver.poke()
+
+    def holds(self) -> bool:
+        """Whether it holds a grant its session keeps alive."""
+        core = self.core
+        return core.state is LockState.HELD and not core.lost
+
+    def _kept_by(self, conn: Connection) -> None:
+        """The grant is held on ``conn`` (operation lock held): its client session, if it has
+        one, keeps it alive from now on."""
+        session = conn.session
+        if session is None or session is not self.core.grant.session:
+            return
+        source: ConnectionSource = self if self._pool is None else self._pool
+        endpoint = conn.endpoint
+        session.hold(self, lambda: start_keeping(session, endpoint, source))
 
     def checkin(self, conn: Connection) -> None:
         if self._pool is not None:
@@ -172,6 +199,7 @@ class Holding:
             self.driver.start(
                 conn, core.renew_interval(), core.first_renewal_in(), f"dflock-renew:{core.key}"
             )
+            self._kept_by(conn)
         except Exception as exc:
             exc.add_note(
                 f"dflock: the renewal of {core.what} could not be started, so its grant was "
@@ -211,7 +239,10 @@ class Holding:
             if core.lost:
                 return False
             first: bool | None = None  # None: reattach
-            if conn is not None and conn.broken_while_idle():
+            ended = core.session_ended()
+            if ended is not None:
+                first = core.mark_lost(ended)
+            elif conn is not None and conn.broken_while_idle():
                 self._drop_connection(conn, CLOSED_BY_SERVER)
             elif conn is not None:
                 outcome = self._renew_request(conn)
@@ -262,7 +293,7 @@ class Holding:
         except DflockError as exc:
             self._drop_connection(conn, str(exc))  # the request closed it
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
-        outcome = self.core.on_renew_reply(reply, sent)
+        outcome = self.core.on_renew_reply(reply, sent, conn.session)
         if outcome.reattach:
             self._drop_connection(conn, outcome.lost_reason or "the server is shutting down")
         return outcome
@@ -283,7 +314,10 @@ class Holding:
                     return False
                 if self.conn is not None:
                     return True  # reattached meanwhile (by `renew`)
-                if core.lease_left() <= 0:
+                ended = core.session_ended()
+                if ended is not None:
+                    first = core.mark_lost(ended)
+                elif core.lease_left() <= 0:
                     first = core.mark_unreachable()
                 else:
                     outcome = self._reattach_once()
@@ -322,6 +356,7 @@ class Holding:
             self.conn = conn
             self.driver.attach(conn)
             self.driver.renewed(conn)
+            self._kept_by(conn)
         elif not outcome.reattach:
             self.checkin(conn)  # refused: the connection itself is fine
         return outcome
@@ -426,12 +461,17 @@ class Holding:
     def _abandon(self) -> None:
         """Interrupted release: close the pinned connection (the server then frees the lock,
         after its session time on a session connection, and any queue position at once)
-        rather than leave a held lock without renewal."""
+        rather than leave a held lock without renewal; a grant a client session keeps (which
+        the close does not free) is released by token in the background."""
         conn, self.conn = self.conn, None
         if conn is not None:
             self.driver.unwatch(conn)
             conn.close()
-        self.core.reset()
+        core = self.core
+        if core.state is LockState.HELD and not core.lost and core.grant.session is not None:
+            self._release_later()
+        else:
+            core.reset()
 
     def _release_locked(self) -> bool:
         conn, self.conn = self.conn, None
@@ -452,7 +492,12 @@ class Holding:
                 self.unless_broken(conn), lambda _: core.release_request(), once=True
             )
         except BaseException:
-            core.reset()  # interrupted: the request closed the connection
+            # Interrupted: the request closed the connection, which frees the grant, unless
+            # a client session keeps it: then it is released by token in the background.
+            if core.grant.session is not None:
+                self._release_later()
+            else:
+                core.reset()
             raise
         if sent is None:
             self._release_later()

@@ -29,6 +29,7 @@ from celery_dflock.client._settings import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
+    DEFAULT_SESSION_TTL_S,
     ClientSettings,
     check_limit,
     lease_seconds,
@@ -271,6 +272,7 @@ class DistributedLock(LockBase):
         auth_token: str | None = None,
         ssl_context: SSLContext | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        session_ttl_s: float = DEFAULT_SESSION_TTL_S,
         on_lost: Callable[[Self], object] | None = None,
         pool: ConnectionPool | None = None,
         router: ClusterRouter | None = None,
@@ -285,6 +287,7 @@ class DistributedLock(LockBase):
             connect_timeout_s,
             acquire_timeout_s,
             lease_ttl_s,
+            session_ttl_s,
         )
         core = LockCore(
             key,
@@ -384,6 +387,7 @@ class DistributedSemaphore(LockBase):
         auth_token: str | None = None,
         ssl_context: SSLContext | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        session_ttl_s: float = DEFAULT_SESSION_TTL_S,
         on_lost: Callable[[Self], object] | None = None,
         pool: ConnectionPool | None = None,
         router: ClusterRouter | None = None,
@@ -397,6 +401,7 @@ class DistributedSemaphore(LockBase):
             connect_timeout_s,
             acquire_timeout_s,
             lease_ttl_s,
+            session_ttl_s,
         )
         core = LockCore(
             key,

@@ -18,6 +18,7 @@ from celery_dflock.client._pooling import (
     IdleConnections,
 )
 from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync_backend import PoolFace, PoolRenewer
@@ -42,6 +43,8 @@ class ConnectionPool:
         self._idle: IdleConnections[Connection] = IdleConnections(
             max_idle_per_server, max_idle_time_s, face.forked
         )
+        self._sessions = Sessions()
+        """This process's client session with each server (the connections join it)."""
 
     def checkout(self, endpoint: Endpoint) -> Connection:
         """A verified idle connection to ``endpoint``, or a new one."""
@@ -49,12 +52,17 @@ class ConnectionPool:
         idle.check_fork()
         self._face.check()
         while (conn := idle.take(endpoint)) is not None:
-            if not idle.too_old(conn) and conn.is_reusable():
+            session = conn.session
+            if (
+                not idle.too_old(conn)
+                and (session is None or session.live())
+                and conn.is_reusable()
+            ):
                 idle.count_reused()
                 return conn
             conn.close()
             idle.count_discarded()
-        conn = Connection.connect(endpoint, idle.known(endpoint))
+        conn = Connection.connect(endpoint, idle.known(endpoint), self._sessions)
         idle.count_opened(conn, conn.server)
         return conn
 
@@ -66,8 +74,17 @@ class ConnectionPool:
             conn.close()
 
     def close(self) -> None:
-        """Close every idle connection (the pool stays usable)."""
-        for conn in self._idle.drain():
+        """Close every idle connection (the pool stays usable), having ended each client
+        session that holds no lock of this process (with what was held on it by token: a
+        clean close lets go at once rather than at the session's end) on one of them."""
+        idle = self._idle
+        idle.check_fork()
+        for endpoint, session in self._sessions.unheld():
+            conn = idle.take(endpoint)
+            if conn is not None:
+                conn.end_session(session)
+                conn.close()
+        for conn in idle.drain():
             conn.close()
 
     def __enter__(self) -> Self:

@@ -1,0 +1,206 @@
+"""This process's session with a lock server (docs/protocol.md, "Client sessions"); no I/O here.
+
+A server that lists ``keepalive`` keeps one session for a client: each connection of the client
+joins it (``hello _ session <id> <ttl>``), the grants made on any of them belong to it, and one
+keep-alive (``ping _ session <id>``, every third of its time, `celery_dflock.client._async.
+keepalive`) keeps it and every grant on it alive, however many there are. A close of one of its
+connections ends nothing; the server ends the session, and its grants, once no keep-alive came
+for its time.
+
+A `ClientSession` is one such session: its id (random, a bearer credential, as a token is), its
+time, and the send time of the last keep-alive the server answered. The server cannot end it
+before that send time plus its time, so until then less `SESSION_MARGIN_S` its grants are surely
+held (as far as their own leases run). Once that deadline has passed without a fresh answer, the
+session is over for good, whatever a later answer says: the server may have ended it and given
+its keys to others, so it is never kept alive or joined again, and a new session (a new id) takes
+its place for what comes next. `Sessions` keeps the current session with each server of one
+pool (or of one lock without a pool); a fork child starts sessions of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from celery_dflock.client._settings import Endpoint
+
+__all__ = ["SESSION_KEEPALIVES", "SESSION_MARGIN_S", "ClientSession", "Holder", "Sessions"]
+
+SESSION_MARGIN_S: Final = 0.75
+"""Taken off a session's time when counting how long its grants surely stay held after the
+last answered keep-alive: room for the two clocks' rates to differ and, mostly, for this process
+to be scheduled late at the deadline on a loaded machine."""
+SESSION_KEEPALIVES: Final = 3
+"""A session is kept alive this many times per session time (a 15 s session: every 5 s), so
+that a stall of the server, the network or this process for most of its time costs nothing."""
+
+
+class Holder(Protocol):
+    """A held lock on a session (its holding), as the session sees it."""
+
+    def poke(self) -> None:
+        """Renew now, in the background: the renewal finds out whether the grant is lost."""
+        ...
+
+    def holds(self) -> bool:
+        """Whether it still holds a grant (else the session forgets it)."""
+        ...
+
+
+class ClientSession:
+    """One session with one server (see the module's doc): its id, its time (``ttl``: what the
+    server grants, the client's ask up to the server's ``max_lease_ttl_s``), when it was last
+    kept alive, and the held locks on it (``holders``: what a keep-alive that fails for good
+    tells, so that each finds its loss at once)."""
+
+    __slots__ = (
+        "_guard",
+        "answered_at",
+        "durable",
+        "ended",
+        "holders",
+        "id",
+        "keeper",
+        "server_down",
+        "ttl",
+    )
+
+    def __init__(self, ttl: int) -> None:
+        self.id = secrets.token_hex(16)
+        self.ttl = ttl
+        self.answered_at = -math.inf
+        """time.monotonic() when the last request that kept it alive (a keep-alive, or the
+        ``hello`` that joined a connection to it) was sent, of those the server answered."""
+        self.ended = ""
+        """Why it is over ("" while it may live): the server said it has no such session, or
+        its deadline passed without an answer."""
+        self.durable = False
+        """The server keeps a lease journal (lists ``durable``): a restart restores each grant
+        to its lease, without the session (sessions are not journaled)."""
+        self.server_down = False
+        """The last attempt to keep it alive found nobody listening at the address of a durable
+        server (refused): a server that is not running ends nothing, and its restart restores
+        each grant to its lease, so only the grants' leases bound them then; a grant whose
+        session is over is then reattached by token to a new session (`refused`)."""
+        self.holders: set[Holder] = set()
+        """The held locks on it, each told (`Holder.poke`) once it is over."""
+        self.keeper: object | None = None
+        """Its keep-alive while it runs (a task or a thread: `_async.keepalive`)."""
+        self._guard = threading.Lock()
+        """`hold` and the keep-alive's `idle` / `stopped` agree under it whether one runs."""
+
+    def deadline(self) -> float:
+        """time.monotonic() until which its grants surely stay held (as far as the session
+        goes); -inf once over."""
+        if self.ended:
+            return -math.inf
+        return self.answered_at + self.ttl - SESSION_MARGIN_S
+
+    def interval(self) -> float:
+        """Seconds between keep-alives."""
+        return self.ttl / SESSION_KEEPALIVES
+
+    def live(self, now: float | None = None) -> bool:
+        """Not over: it may still be joined and kept alive. A session whose deadline passed
+        is over from then on (`end`)."""
+        if self.ended:
+            return False
+        if self.answered_at > -math.inf and (time.monotonic() if now is None else now) >= (
+            self.deadline()
+        ):
+            self.end("it was not kept alive in time (no answer from the server)")
+            return False
+        return True
+
+    def answered(self, sent_at: float) -> None:
+        """The server answered a request that keeps the session alive, sent at ``sent_at``."""
+        if not self.ended and sent_at > self.answered_at:
+            self.answered_at = sent_at
+        self.server_down = False
+
+    def hold(self, holder: Holder, start: Callable[[], object]) -> None:
+        """``holder`` holds a grant on the session: kept alive from now on (``start()``
+        starts the keep-alive, unless one runs)."""
+        with self._guard:
+            self.holders.add(holder)
+            if self.keeper is None and not self.ended:
+                self.keeper = start()
+
+    def idle(self) -> bool:
+        """For the keep-alive: True (and it counts as stopped) once no held lock is left on
+        the session, or it is over; locks let go are forgotten on the way."""
+        with self._guard:
+            holders = self.holders
+            for gone in [h for h in holders if not h.holds()]:
+                holders.discard(gone)
+            if holders and not self.ended:
+                return False
+            self.keeper = None
+            return True
+
+    def stopped(self) -> None:
+        """The keep-alive ended (however): the next `hold` starts another."""
+        with self._guard:
+            self.keeper = None
+
+    def refused(self) -> None:
+        """An attempt to keep it alive found nobody listening at the server's address."""
+        if self.durable:
+            self.server_down = True
+
+    def end(self, why: str) -> None:
+        """The session is over (``why``), for good: its holders are told."""
+        if self.ended:
+            return
+        self.ended = why
+        for holder in list(self.holders):
+            holder.poke()
+
+    def __repr__(self) -> str:
+        state = f"ended: {self.ended}" if self.ended else "live"
+        return f"<ClientSession ttl={self.ttl}s {state} holders={len(self.holders)}>"
+
+
+class Sessions:
+    """The current `ClientSession` with each server, for the connections of one pool (or of
+    one lock without a pool). A session that is over is replaced by a new one when a
+    connection next joins; a fork child forgets the parent's."""
+
+    __slots__ = ("_by_address", "_pid")
+
+    def __init__(self) -> None:
+        self._by_address: dict[str, tuple[Endpoint, ClientSession]] = {}
+        self._pid = os.getpid()
+
+    def _mine(self) -> dict[str, tuple[Endpoint, ClientSession]]:
+        if self._pid != os.getpid():
+            self._by_address = {}
+            self._pid = os.getpid()
+        return self._by_address
+
+    def current(self, endpoint: Endpoint, ttl: int) -> ClientSession:
+        """The session a new connection to ``endpoint`` joins (``ttl``: its time, as the server
+        grants it)."""
+        mine = self._mine()
+        found = mine.get(endpoint.address)
+        session = None if found is None else found[1]
+        if session is None or not session.live() or session.ttl != ttl:
+            session = ClientSession(ttl)
+            mine[endpoint.address] = (endpoint, session)
+        return session
+
+    def unheld(self) -> list[tuple[Endpoint, ClientSession]]:
+        """The sessions that may live and hold no lock of this process (a clean close ends
+        them: what was held on them by token goes with them); each is forgotten here."""
+        mine = self._mine()
+        out: list[tuple[Endpoint, ClientSession]] = []
+        for address, (endpoint, session) in list(mine.items()):
+            if session.idle() and session.live():
+                out.append((endpoint, session))
+                del mine[address]
+        return out
