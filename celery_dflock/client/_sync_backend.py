@@ -24,6 +24,7 @@ from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
 from celery_dflock.client._renewal import Renewal, Renewer
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client._threads import leave_signals_to_the_main_thread
 
 __all__ = [
     "Background",
@@ -59,8 +60,13 @@ Background = threading.Thread
 def background(work: Callable[[], None], name: str) -> Background:
     """Run ``work()`` beside the caller, which does not wait for it: a daemon thread (a
     process that exits does not wait for it either; what it was doing is bounded by a lease
-    anyway)."""
-    thread = threading.Thread(target=work, name=name, daemon=True)
+    anyway), which leaves the process's signals to its main thread (`_threads`)."""
+
+    def run() -> None:
+        leave_signals_to_the_main_thread()
+        work()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
 

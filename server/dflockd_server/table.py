@@ -243,17 +243,22 @@ class LockTable:
         connections still open go on as connections of their own."""
         grants = self.grants
         del self.sessions[session.id]
-        lost = grants.counts.lost_by_disconnect
+        ending: list[Holder] = []
         for client in session.clients:
             client.kept_by = None
-            if not self.auto_release_on_disconnect:
-                continue
-            for holder in [h for h in client.held if h.live and h.client is client]:
-                state = grants.state_of(holder)
-                grants.free_holder(holder, state, now, lost)
-                if state is not None:
-                    grants.fill(state, now)
+            ending += [h for h in client.held if h.live and h.client is client]
         session.clients = []
+        if self.auto_release_on_disconnect:
+            # Every grant that ends is taken before any is freed: freeing one hands its key to
+            # the next waiter, which may be a connection of this same session, still open (it
+            # goes on as a connection of its own): that new grant is not the session's to end.
+            lost = grants.counts.lost_by_disconnect
+            for holder in ending:
+                if holder.live:
+                    state = grants.state_of(holder)
+                    grants.free_holder(holder, state, now, lost)
+                    if state is not None:
+                        grants.fill(state, now)
         grants.flush()
 
     def disconnect(self, client: Client, *, by_peer: bool = True) -> None:

@@ -65,6 +65,7 @@ from celery import Celery
 from celery_dflock._runtime import pid_gone
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.aio import AsyncDistributedLock
+from celery_dflock.client.clients import DEFAULT_SESSION_TTL_S
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
 from examples.proj.ledger import FencedLedger
@@ -89,10 +90,11 @@ from tests.support.workers import (
 APP = "tests.faults.celery_faults_app"
 SERVER_LEASE_S = LOCK_SERVER_LEASE_S
 """Lease of runs that do not ask for one (the SIGKILL test's runs hold it)."""
-FREE_WITHIN_S = 5.0
-"""Acceptance 4 (of the Celery layer), within issue 47's bound: after a worker is SIGKILLed,
-its locks are free this fast (the session time, 3 s, after the kernel closed its children's
-connections, plus a lease sweep)."""
+FREE_WITHIN_S = DEFAULT_SESSION_TTL_S + 2.0
+"""A whole worker killed (its pool children die with it) frees its keys when its client
+sessions end: their time (15 s by default), a lease sweep and a margin for a loaded machine
+(issue 69's bound: the documented session time; a pool child killed alone is freed at once by
+its worker, see tests/celery/test_locked_task_endings.py)."""
 RELEASE_WAIT_S = 10.0
 """A run's release after its body, on a loaded machine: well under ``SERVER_LEASE_S``, so a
 key that is free only because its lease ran out is still caught."""
@@ -340,7 +342,7 @@ def free_after(address: tuple[str, int], keys: list[str], limit_s: float) -> flo
 # --------------------------------------------------------------------------- worker SIGKILL
 
 
-def test_worker_sigkill_frees_its_locks_within_5s(
+def test_worker_sigkill_frees_its_locks_within_its_session_time(
     rig: FaultsRig,
     lock_server: ServerThread,
     own_redis: Callable[..., RedisChild],
@@ -376,7 +378,8 @@ def test_worker_sigkill_frees_its_locks_within_5s(
     assert verdict.lost_updates == 0
     fault_report.add(
         verdict.row(
-            "Celery worker SIGKILL (main process, 2 pool children holding 30 s leases)",
+            "Celery worker SIGKILL (main process, 2 pool children holding 30 s leases, "
+            f"{DEFAULT_SESSION_TTL_S} s sessions)",
             runs=runs,
             recovery_s=max(free_times),
             observed=(

@@ -378,6 +378,41 @@ def test_server_sigstop_past_the_leases(tmp_path: Path, fault_report: FaultRepor
     )
 
 
+STALL_LEASE_S = 20
+"""The leases of the stall run: longer than the stall, as a lease of the default (33 s) is."""
+
+
+def test_server_sigstop_of_five_seconds_costs_no_lock(
+    tmp_path: Path, fault_report: FaultReport
+) -> None:
+    """The lock server stopped 5 s (a GC pause, a stalled disk, a VM steal), shorter than the
+    leases and than the clients' sessions (15 s by default), with a worker inside a hold at
+    each stop, as users run it (journal on): no holder is told its lock is lost, and no key is
+    granted twice once the server goes on. (With the session per connection and 3 s long, a
+    stop of 2.5 s cost healthy locks: 2 to 3 of 50.)"""
+    pauses = scaled(3, 10)
+    with LockRun(
+        tmp_path, seed=21, durable=True, lease_s=STALL_LEASE_S, max_lease_s=STALL_LEASE_S
+    ) as run:
+        run.wait_grants(50, RUN_TIMEOUT_S)
+        for _ in range(pauses):
+            long_hold(run.pick(), 8.0)  # a worker inside its hold across the stop
+            run.pause_server(5.0)
+            run.settle()
+        run.wait_grants(run.grants() + OPS, RUN_TIMEOUT_S)
+        result = run.finish()
+    check = checked(result)
+    lost = [h for h in result.holds if h.outcome == "lost"]
+    assert not lost, lost
+    report(
+        fault_report,
+        f"server SIGSTOP 5 s (leases {STALL_LEASE_S} s, sessions 15 s), then SIGCONT",
+        result,
+        check,
+        f"{pauses} stops, each with a worker inside a hold: 0 holds lost",
+    )
+
+
 # ---------------------------------------------------------------------------- network faults
 
 

@@ -244,3 +244,26 @@ def test_a_malformed_session_hello_or_keep_alive_is_an_error_and_the_connection_
         assert wire.req("ping", "_", "_") == "ok"
         assert wire.req("ping", "_", SESSION) == "ok"  # any other argument: ignored, as before
         assert wire.req("ping", "_", f"session {SESSION}") == "error"  # no such session
+
+
+def test_a_waiter_of_the_session_granted_as_it_ends_keeps_its_grant(
+    table: LockTable, clock: Clock
+) -> None:
+    """A session ends holding a key that one of its own connections, still open, waits for:
+    the waiter is granted the key as the session's grant is freed, and that new grant is not
+    freed with the session (its connection goes on as one of its own). Before, the session's
+    end freed it too, after its wait had been answered with it: a grant the server had taken
+    back while the client believed it, and a rival granted it meanwhile."""
+    held = grant(table, "k", SESSION, ttl=3)
+    waiting = table.open_client()
+    table.join_session(waiting, SESSION, 3)
+    waiter = table.acquire(waiting, "k", LEASE, None, queue=True)
+    assert isinstance(waiter, Waiter)
+    rival = table.acquire(table.open_client(), "k", LEASE, None, queue=True)
+    assert isinstance(rival, Waiter)
+    clock.now += 3
+    table.expire()
+    assert not held.live
+    assert waiter.holder is not None and waiter.holder.live
+    assert waiter.holder.client.kept_by is None
+    assert rival.holder is None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from celery_dflock.client import _by_token, protocol
-from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult
+from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._router import ClusterRouter
 from celery_dflock.client._sync.connection import Connection
@@ -114,8 +114,12 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
                     pause(wait_s)
                     core.route()
                     continue
+            holding.keep_while_waiting(conn, _may_wait(core, command))
             sent = time.monotonic()
-            reply = conn.request(command, data, timeout)
+            try:
+                reply = conn.request(command, data, timeout)
+            finally:
+                holding.keep_while_waiting(conn, False)
         except ServerUnavailable as exc:
             _reroute(holding, exc)
             continue
@@ -162,6 +166,12 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
         return granted
 
 
+def _may_wait(core: LockCore, command: Command) -> bool:
+    """Whether the acquire ``command`` may leave the lock waiting for its grant (a wait in
+    the queue, or an enqueue): its client session is then kept alive meanwhile."""
+    return core.acquire_timeout_s > 0 or command in (Command.ENQUEUE, Command.SEM_ENQUEUE)
+
+
 def enqueue(holding: Holding) -> EnqueueResult:
     """Two-phase step 1: join the queue without blocking.
 
@@ -197,9 +207,13 @@ def wait(holding: Holding, timeout_s: float | None = None) -> bool:
         if conn is None:  # pragma: no cover - ENQUEUED always has a connection
             holding.core.reset()
             raise LockNotOwned(f"{holding.core.what} lost its queue connection")
+        holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
         sent = time.monotonic()
         try:
-            reply = conn.request(command, data, timeout)
+            try:
+                reply = conn.request(command, data, timeout)
+            finally:
+                holding.keep_while_waiting(conn, False)
             granted = holding.core.on_grant_reply(command, reply, sent, conn.server, conn.session)
         except BaseException:
             holding.core.reset()

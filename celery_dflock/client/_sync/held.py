@@ -77,6 +77,7 @@ class Holding:
         "_server",
         "_server_at",
         "_sessions",
+        "_waiting",
         "conn",
         "core",
         "driver",
@@ -108,6 +109,7 @@ class Holding:
         self._lost_event_guard = threading.Lock()
         self._releasing: Background | None = None  # a release the server was not there for
         self._sessions: Sessions | None = None  # without a pool: its client sessions
+        self._waiting = False  # an acquire that may wait is in flight (see `holds`)
 
     @property
     def lost_event(self) -> Event:
@@ -164,15 +166,26 @@ class Holding:
         self.driver.poke()
 
     def holds(self) -> bool:
-        """Whether it holds a grant its session keeps alive."""
+        """Whether its session is to be kept alive for it: it holds a grant, or waits for one
+        (a grant that comes to a session past its time is lost on arrival)."""
         core = self.core
-        return core.state is LockState.HELD and not core.lost
+        state = core.state
+        return (state is LockState.HELD and not core.lost) or (
+            state is LockState.ENQUEUED or self._waiting
+        )
+
+    def keep_while_waiting(self, conn: Connection, waiting: bool) -> None:
+        """An acquire that may wait is sent on ``conn`` (``waiting``), or was answered: its
+        client session is kept alive meanwhile (operation lock held)."""
+        self._waiting = waiting
+        if waiting:
+            self._kept_by(conn)
 
     def _kept_by(self, conn: Connection) -> None:
-        """The grant is held on ``conn`` (operation lock held): its client session, if it has
-        one, keeps it alive from now on."""
+        """A grant is held, or waited for, on ``conn`` (operation lock held): its client
+        session, if it has one, is kept alive from now on."""
         session = conn.session
-        if session is None or session is not self.core.grant.session:
+        if session is None:
             return
         source: ConnectionSource = self if self._pool is None else self._pool
         endpoint = conn.endpoint
