@@ -488,7 +488,7 @@ class Hold(Job):
         print(
             f"{self.side.tag}, {self.locks:,} locks held ({result.acquire_s:.1f} s to take): "
             f"server {result.server_cpu_pct:.2f}% of a core, holder {result.holder_cpu_pct:.2f}% "
-            f"({holder_threads} threads), server wrote "
+            f"({holder_threads} thread(s)), server wrote "
             f"{result.server_write_bytes_per_min / MB:.2f} MB/min, {result.lost} lost, "
             f"{result.held_at_end:,} held at the end",
             flush=True,
@@ -641,7 +641,7 @@ class Keep(Job):
         print(
             f"{self.side.tag}, gevent worker, {self.tasks:,} {self.variant} tasks running "
             f"({self.ramp_s:.1f} s to start): worker {result.worker_cpu_pct:.2f}% of a core "
-            f"({worker_threads} threads)"
+            f"({worker_threads} thread(s))"
             + (f", {held:,} keys held at the end" if self.variant == LOCKED else ""),
             flush=True,
         )
