@@ -690,7 +690,9 @@ def holding_table(rows: list[Holding], sides: dict[str, Side], window_s: float) 
             "CPU: utime + stime (/proc/<pid>/stat, every thread, ended ones too) over the "
             "window, % of one core; the holder is the process holding the locks (its renewals)",
             "write_bytes (/proc/<pid>/io): what the server sent towards the disk (the journal, "
-            "its compactions); the goal's figure. wchar: every write and send, replies included. "
+            "its compactions), counted by page as the kernel dirties them (a page written again "
+            "after an fsync counts again: at a few records a second, more than the bytes "
+            "appended); the goal's figure. wchar: every write and send, replies included. "
             "State dir growth: the journal's size (drops when it is compacted)",
             "held at the end: the keys the server held as the window closed (stats); lost: "
             "locks the holder found lost (lock.lost); released: releases the server confirmed",
@@ -808,6 +810,10 @@ def goals(holdings: list[Holding], keepings: list[Keeping], sides: dict[str, Sid
         out.append(
             Goal(goal, f"{on}: {mine:.2f}{unit}", safe and mine <= bound, detail.strip("; "))
         )
+    out[-1].detail += (
+        f"; {on}: its state directory grew {h.state_dir_growth_per_min / MB:.2f} MB/min, "
+        f"wchar {h.server_wchar_per_min / MB:.2f} MB/min"
+    )
     mine_k, theirs_k = keeping(decided), keeping(other)
     if mine_k is not None:
         tasks = keepings[0].tasks
