@@ -1,6 +1,6 @@
 """Run every benchmark, one after another, then rewrite RESULTS.md from their results.
 
-    uv run python -m benchmarks.run_all            # full sizes (about 20 minutes on 2 cores)
+    uv run python -m benchmarks.run_all            # full sizes (about 35 minutes on 2 cores)
     uv run python -m benchmarks.run_all --quick    # tiny sizes, well under a minute
 
 Each benchmark runs in its own process with the same ``--run-id``, so RESULTS.md can tell
