@@ -235,6 +235,7 @@ class Journal:
         "_fsync_file",
         "_lifetime",
         "_must_sync",
+        "_said_read_only",
         "_size",
         "_sync_error",
         "_sync_on_loop",
@@ -288,6 +289,8 @@ class Journal:
         """False from a failed write (or fsync) until ``recover`` succeeds."""
         self.failure = ""
         """Why it cannot be written (the episode's first error), "" while it can."""
+        self._said_read_only = False
+        """This episode's log said the file system is read-only (and what to do about it)."""
         self.mark_removed = True
         """The ``complete`` mark is gone (or was never made) while the journal cannot be
         written: renewals may then be answered unrecorded (False: they are refused)."""
@@ -523,6 +526,16 @@ class Journal:
             "too"
             if self.mark_removed
             else "are refused (see above: each holder is told its lock is lost)",
+            self._read_only_advice(directory)
+            if exc.errno == errno.EROFS
+            else f"Free space (or fix the disk) under {directory}: the server resumes by itself "
+            "within a sweep",
+        )
+        self._said_read_only = exc.errno == errno.EROFS
+
+    def _read_only_advice(self, directory: str) -> str:
+        """What to do about a state dir on a file system turned read-only."""
+        return (
             f"The file system under {directory} is read-only (a disk error?): the server cannot "
             "resume by itself. Stop it, repair the file system, and start it again: "
             + (
@@ -533,9 +546,6 @@ class Journal:
                 "mount id by which the start could see the file system mounted anew, and what "
                 "the disk had not yet taken is gone)"
             )
-            if exc.errno == errno.EROFS
-            else f"Free space (or fix the disk) under {directory}: the server resumes by itself "
-            "within a sweep",
         )
 
     def take_refused(self) -> list[tuple[str, str]]:
@@ -682,12 +692,23 @@ class Journal:
         self._sync_error = None
         try:
             self._replace(live)
-        except OSError:
+        except OSError as exc:
+            if exc.errno == errno.EROFS and not self._said_read_only:
+                # The episode began with another error (an fsync's EIO, as a disk error that
+                # turns the file system read-only gives first): say what this one asks for.
+                self._said_read_only = True
+                log.error(
+                    "journal: cannot write %s (%s): %s",
+                    self.path,
+                    exc.strerror or exc,
+                    self._read_only_advice(os.path.dirname(os.path.abspath(self.path))),
+                )
             return False
         self.refused.clear()
         self.writable = True
         self.stats.writable = True
         self.mark_removed = True
+        self._said_read_only = False
         log.warning(
             "journal: %s can be written again (it could not: %s); granting again",
             self.path,

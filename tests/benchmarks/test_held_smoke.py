@@ -55,7 +55,7 @@ def test_held_benchmark_measures_both_sides_and_loses_no_lock(tmp_path: Path) ->
         assert h["window_s"] > 0, h
         for figure in ("server_cpu_pct", "holder_cpu_pct", "server_write_bytes_per_min"):
             assert h[figure] >= 0, (figure, h)
-        assert h["server_wchar_per_min"] > 0, h  # the renewals' replies, at least
+        assert h["server_wchar_per_min"] >= 0, h  # (a 1 s window may hold no renewal at all)
         assert h["holder_threads"] >= 1, h
 
     tasks = r["params"]["gevent_tasks"]

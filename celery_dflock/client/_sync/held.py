@@ -179,7 +179,12 @@ class Holding:
         client session is kept alive meanwhile (operation lock held)."""
         self._waiting = waiting
         if waiting:
-            self._kept_by(conn)
+            try:
+                self._kept_by(conn)
+            except RuntimeError as exc:  # no thread (a process at its pid limit)
+                # Asked again once granted (`start_renewing`), where a failure releases the
+                # grant; a grant that comes to a session not kept alive is lost on arrival.
+                logger.debug("no keep-alive for %s while it waits: %s", self.core.what, exc)
 
     def _kept_by(self, conn: Connection) -> None:
         """A grant is held, or waited for, on ``conn`` (operation lock held): its client
