@@ -215,6 +215,11 @@ class LockCore:
         """Seconds the grant surely stays held (`HeldGrant.lease_left`)."""
         return self.grant.lease_left(now)
 
+    def kept_alive(self) -> bool:
+        """Whether the grant's client session keeps its lease, as a renewal would: the lock
+        need not renew it itself (`HeldGrant.kept_alive`)."""
+        return self.grant.kept_alive(self.settings.renew_ratio)
+
     def session_ended(self) -> str | None:
         """Why the grant's client session is over (`HeldGrant.session_ended`), or None."""
         return self.grant.session_ended()

@@ -89,8 +89,12 @@ class HeldGrant:
     session_deadline: float = math.inf
     # On a server that keeps client sessions: the session the grant belongs to, whose
     # keep-alive keeps it (docs/protocol.md, "Client sessions"); its deadline bounds the
-    # grant's as the connection's session time does above (which is then None).
+    # grant's as the connection's session time does above (which is then None). Each of its
+    # keep-alives sent after the grant was last confirmed (granted, renewed: time.monotonic()
+    # at the answer) on the server's same run also renewed the grant's lease.
     session: ClientSession | None = None
+    confirmed_at: float = math.inf
+    run: str | None = None
     # The server keeps a lease journal (`durable`), and a reconnection after the lock's
     # connection broke was refused: the server is not running, so nothing frees the grant
     # before its lease ends (a restart restores it to its lease); the session's deadline no
@@ -115,10 +119,32 @@ class HeldGrant:
         """True when the lock was acquired by another process (we are a fork child)."""
         return self.pid is not None and self.pid != os.getpid()
 
+    def lease_end(self) -> float:
+        """The time.monotonic() until which the lease surely runs: from the last grant or
+        renewal's send time, or from the last keep-alive of its client session, sent after the
+        grant was last confirmed on the same run of the server (the server renewed every
+        grant of the session then)."""
+        end = self.lease_deadline
+        session = self.session
+        if (
+            session is not None
+            and self.run is not None
+            and session.run == self.run
+            and session.answered_at > self.confirmed_at
+        ):
+            end = max(end, session.answered_at + self.lease)
+        return end
+
+    def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
+        """Whether the client session's keep-alives keep the lease as a renewal would (at
+        least ``1 - renew_ratio`` of the lease left): the lock need not renew it itself."""
+        left = self.lease_end() - (time.monotonic() if now is None else now)
+        return self.session is not None and left > self.lease * (1 - renew_ratio)
+
     def hold_deadline(self) -> float:
         """The time.monotonic() until which the grant is surely held: the lease's end, or on a
         session connection (or in a client session) the session's deadline if sooner."""
-        deadline = min(self.lease_deadline, self.session_deadline)
+        deadline = min(self.lease_end(), self.session_deadline)
         session = self.session
         if session is not None:
             deadline = min(deadline, session.deadline())
@@ -131,7 +157,7 @@ class HeldGrant:
         `server_down`). Once it is out, a lock whose connection broke is lost."""
         session = self.session
         down = self.server_down or (session is not None and session.server_down)
-        deadline = self.lease_deadline if down else self.hold_deadline()
+        deadline = self.lease_end() if down else self.hold_deadline()
         return deadline - (time.monotonic() if now is None else now)
 
     def session_ended(self) -> str | None:
@@ -165,6 +191,8 @@ class HeldGrant:
         self.lease_latest_end = time.monotonic() + lease
         self.enqueued_at = None
         self.session = session
+        self.confirmed_at = time.monotonic()
+        self.run = None if session is None else session.run
         if session is not None or server is None:
             self.session_ttl = None
         else:
@@ -182,6 +210,9 @@ class HeldGrant:
         it came on; a renewal by token there binds the grant to it (a reattach)."""
         if session is not None:
             self.session = session
+        session = self.session
+        self.confirmed_at = time.monotonic()
+        self.run = None if session is None else session.run
         self.lease_deadline = sent_at + seconds_remaining
         self.lease_latest_end = time.monotonic() + seconds_remaining
         self.answered(sent_at)
@@ -215,6 +246,8 @@ class HeldGrant:
         self.session_ttl = None
         self.session_deadline = math.inf
         self.session = None
+        self.confirmed_at = math.inf
+        self.run = None
         self.durable = False
         self.server_down = False
 
@@ -246,7 +279,7 @@ class HeldGrant:
         request fails then (unless the deadline had passed before it was sent, a pause or a
         long wait: then its answer is what tells whether the grant is still held)."""
         now = time.monotonic()
-        end = self.lease_latest_end
+        end = max(self.lease_latest_end, self.lease_end())
         if self.session_deadline > now:
             end = min(end, self.session_deadline)
         return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, end - now))

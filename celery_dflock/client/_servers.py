@@ -68,6 +68,10 @@ class ServerInfo:
     ``hello _ session``); None: the server frees a connection's grants at its close, or keeps
     them to the lease (another server, or an older one)."""
 
+    run: str | None = None
+    """This start of the server (``hello``'s ``run``): a session's keep-alive renews the grants
+    of the run it was joined on, none restored by a later one. None: not said."""
+
     @property
     def keeps_sessions(self) -> bool:
         """True when it keeps client sessions (lists ``keepalive``): every connection of this
@@ -153,6 +157,7 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
             max_lease_ttl_s=max_lease,
             default_lease_ttl_s=_seconds(data.get("default_lease_ttl_s")),
             session_ttl_s=_seconds(session_ttl) if sessions else None,
+            run=str(data["run"]) if isinstance(data.get("run"), str) else None,
         )
     if isinstance(reply, ErrorReply):
         if reply.code == wire.STATUS_ERROR_AUTH:

@@ -66,6 +66,7 @@ class ClientSession:
         "holders",
         "id",
         "keeper",
+        "run",
         "server_down",
         "ttl",
     )
@@ -82,6 +83,10 @@ class ClientSession:
         self.durable = False
         """The server keeps a lease journal (lists ``durable``): a restart restores each grant
         to its lease, without the session (sessions are not journaled)."""
+        self.run: str | None = None
+        """The start of the server the session was last joined on (``hello``'s ``run``): a
+        keep-alive renews the grants made or reattached on that run only (a restart restores
+        the others to their leases, in no session). None: the server does not say."""
         self.server_down = False
         """The last attempt to keep it alive found nobody listening at the address of a durable
         server (refused): a server that is not running ends nothing, and its restart restores

@@ -80,6 +80,7 @@ class _Poller:
         assert self._poll is not None
         return self._poll.poll(timeout_ms)
 
+
 POLL_INTERVAL_MS: Final = 100
 """How long one poll waits: a socket watched meanwhile is seen by the next one."""
 LINGER_S: Final = 5.0

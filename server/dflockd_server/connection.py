@@ -104,6 +104,8 @@ class Connection(asyncio.Protocol):
         )
         session.ip, session.locks_per_ip = stream.ip, config.locks_per_ip or c.NO_CAP
         self.session = session
+        client = session.client
+        stream.idle_ok = lambda: client.kept_by is not None
         stream.open(transport)
         log.debug("connection %d from %s", session.client.id, stream.peer)
 

@@ -556,6 +556,11 @@ class Session:
             return self._malformed(bad)
         if session_id is None:
             return p.REPLY_OK
+        journal = self.grants.journal
+        if journal is not None and not journal.writable and not journal.mark_removed:
+            # A keep-alive renews every grant of the session: refused when renewals are (see
+            # ``_renew``); its client takes the session as ended, its locks as lost.
+            return p.REPLY_ERROR
         return p.REPLY_OK if self.table.keep_alive(session_id) else p.REPLY_ERROR
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import socket
 import ssl
 import threading
@@ -115,6 +116,8 @@ class Server:
         """The lease journal, or None (no state directory)."""
         self.grace_reason = ""
         """Why this start has a restart grace ("" when it has none)."""
+        self.run = secrets.token_hex(8)
+        """This start of the server, in ``hello`` (``run``): sessions do not outlive it."""
         self._hello = self._make_hello()
         self._group_write: GroupWrite | None = None
         # Per-command request timing and its HTTP exporter, when metrics_port is set.
@@ -212,6 +215,7 @@ class Server:
             session_ttl_s=self.config.session_ttl_s,
             build=BUILD,
             loop=loop_name(self._loop) if self._loop is not None else "",
+            run=self.run,
         )
 
     @hello_reply.setter

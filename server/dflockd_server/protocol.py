@@ -603,6 +603,7 @@ def reply_hello(
     session_ttl_s: int = c.DEFAULT_SESSION_TTL_S,
     build: str = "",
     loop: str = "",
+    run: str = "",
 ) -> bytes:
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
     adds that feature (a lease journal) and ``read_only`` (its ``error_read_only``),
@@ -613,7 +614,8 @@ def reply_hello(
     ``session_ttl_s``: how long a session connection's grants outlive its close by the peer
     (``--session-ttl``; 0: no sessions, neither ``session`` nor ``keepalive`` listed);
     ``build`` (``compiled`` or ``pure``) and ``loop`` (``uvloop`` or ``asyncio``) what runs
-    (``buildinfo``), for people and benchmarks, not for clients."""
+    (``buildinfo``), for people and benchmarks, not for clients; ``run``: this start of the
+    server (random), by which a client of a session sees a restart, which ends every session."""
     features: list[str] = list(c.FEATURES)
     if durable:
         features += (c.FEATURE_DURABLE, c.FEATURE_READ_ONLY)
@@ -632,4 +634,6 @@ def reply_hello(
         body["session_ttl_s"] = session_ttl_s
     if grace_s > 0:
         body["grace_remaining_s"] = round(grace_s, 3)
+    if run:
+        body["run"] = run
     return reply_stats(json.dumps(body, separators=(",", ":")))

@@ -190,6 +190,7 @@ class Stream:
         "framer",
         "handshake_timer",
         "held",
+        "idle_ok",
         "ip",
         "journal",
         "last_rx",
@@ -215,6 +216,9 @@ class Stream:
         # Set by the request loop (the connection); read here to pause reading while a full
         # buffer is held up, and to spare a connection with a request in flight the read timeout.
         self.busy = False  # a request is in flight
+        self.idle_ok: Callable[[], bool] | None = None
+        """True while its silence is no sign of a dead peer: the connection belongs to a live
+        client session, kept alive by its client (the read timeout then spares it)."""
         self.more_scheduled = False  # buffered requests left for a later pass (fairness)
         self.closing = False
         self.tls: TlsSession | None = None  # on a TLS server: the session over this connection
@@ -415,8 +419,9 @@ class Stream:
                 max(timeout - idle, self._host.longest_fragment_delay), self._read_timer_fired
             )
             return
-        if self.busy or idle < timeout:
-            delay = timeout if self.busy else timeout - idle
+        idle_ok = self.idle_ok
+        if self.busy or idle < timeout or (idle_ok is not None and idle_ok()):
+            delay = timeout if self.busy or idle >= timeout else timeout - idle
             self.read_timer = self.loop.call_later(delay, self._read_timer_fired)
             return
         log.debug("connection %s: read timeout after %.1f s idle", self.peer, idle)

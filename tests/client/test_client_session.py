@@ -18,6 +18,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -242,3 +243,50 @@ def test_a_wait_longer_than_the_session_keeps_it_alive_and_the_grant_holds(
         with Wire(address) as rival:
             assert rival.req("l", "k", "0") == "timeout"
         assert second.release()
+
+
+def _renewals_and_keepalives(metrics_port: int) -> tuple[float, float]:
+    """How many renewals (``n``) and pings the server at ``metrics_port`` has answered."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    counts = {"renew": 0.0, "ping": 0.0}
+    for line in text.splitlines():
+        if line.startswith("dflockd_request_duration_seconds_count{"):
+            for command in counts:
+                if f'command="{command}"' in line:
+                    counts[command] = float(line.rsplit(" ", 1)[1])
+    return counts["renew"], counts["ping"]
+
+
+def test_held_locks_ride_on_the_session_keep_alive_with_no_renewal_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """Ten locks held for longer than their lease (10 s) and past the server's read timeout
+    (2 s): the session's one keep-alive, every second (a 3 s session), renews them all, so no
+    lock sends a renewal of its own and their idle connections stay open; the server still
+    holds every key, and every lock is owned."""
+    metrics = free_port()
+    with (
+        dflockd_subprocess(
+            tmp_path / "log",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--read-timeout",
+            "2",
+            "--metrics-port",
+            str(metrics),
+        ) as (_, address),
+        Client([address], session_ttl_s=3) as client,
+    ):
+        locks = [client.lock(f"k{n}", lease_ttl_s=10) for n in range(10)]
+        assert all(lock.acquire() for lock in locks)
+        renewals, pings = _renewals_and_keepalives(metrics)
+        time.sleep(14.0)
+        renewed, pinged = _renewals_and_keepalives(metrics)
+        assert renewed == renewals, "a lock renewed by itself"
+        assert pinged - pings >= 10, "about one keep-alive a second"
+        assert all(lock.owned() and not lock.lost for lock in locks)
+        with Wire(address) as rival:
+            for n in range(10):
+                assert rival.req("l", f"k{n}", "0") == "timeout"
+        assert all(lock.release() for lock in locks)

@@ -516,6 +516,7 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
             "session_ttl_s": constants.DEFAULT_SESSION_TTL_S,
             "build": buildinfo.BUILD,
             "loop": buildinfo.auto_loop_name(),  # testing.ServerThread runs what dflockd runs
+            "run": hello["run"],  # this start of the server: below
         }
         assert set(hello["features"]) >= {
             "fence",
@@ -527,6 +528,7 @@ def test_hello_says_what_the_server_is_and_supports(dflock_server: ServerThread)
             "limit_mismatch",
         }
         assert len(set(hello["features"])) == len(hello["features"])
+        assert len(hello["run"]) == 16 and int(hello["run"], 16) >= 0  # random, per start
         assert a.req("hello", "anything", "at all") == line[:-1].decode()  # like ping
         assert a.req("ping") == "ok"  # still in step
 

@@ -204,6 +204,7 @@ class AsyncConnection:
         info = server_info(self.endpoint, reply)  # raises for a refusal (auth, draining)
         if isinstance(reply, protocol.Hello):
             session.durable = info.supports(FEATURE_DURABLE)
+            session.run = info.run  # a restart: the grants of the run before are not renewed
             session.answered(sent)
             self.session = session
 
