@@ -198,8 +198,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             )
         except ServerUnavailable as exc:  # down, restarting, draining: a busy key (_outage)
             _autoretry(task, request, exc)  # the task's own autoretry_for names it: Celery's
-            if outage is None:
-                outage = OutageWait(deadline=wait_started + wait_s, started=wait_started)
+            if outage is None:  # in a worker, a short reconnect at most: its slot goes back
+                outage = OutageWait.for_run(request, wait_started, wait_s)
             address = "{}:{}".format(*lock.server)
             pause = outage.next_pause(exc, address)
             if pause is None:
@@ -207,12 +207,12 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
                     task, request, key, options, (args, kwargs), wait=outage, exc=exc
                 ) from exc
             time.sleep(pause)
-            lock = new_lock(
+            lock = new_lock(  # once the server answers, the rest of its lock_timeout to wait
                 runtime,
                 config,
                 key,
                 options,
-                acquire_timeout_s=outage.left(),
+                acquire_timeout_s=max(0.0, wait_started + wait_s - time.monotonic()),
                 on_lost=guard.on_lost,
                 note=note,
             )

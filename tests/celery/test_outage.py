@@ -2,13 +2,18 @@
 gevent) over Redis, against a real ``dflockd`` started as users start it.
 
 - Runs waiting in busy keys' FIFO queues when the server is killed (SIGKILL) or stopped
-  (SIGTERM: it drains) and started again 3 s later join the restarted server's queues and
-  run once each, one at a time per key (before: every one failed with ServerUnavailable or
-  ServerDraining).
+  (SIGTERM: it drains) and started again 3 s later run once each after the restart, one at a
+  time per key (before: every one failed with ServerUnavailable or ServerDraining). 3 s is
+  past the 2 s a run reconnects in its pool slot (issue 69), so they come back as outage
+  retries from the broker.
 - A worker started while its lock server is down runs every task sent meanwhile once the
   server starts, 20 s later, with every setting at its default (before: each failed at once).
 - A release while the server is down does not hold the pool slot: the run's result is in
   while the server is still down, and a warm shutdown does not wait out ``lock_ttl``.
+- An acquire that finds the server down gives its pool slot back (issue 69): with the server
+  down 60 s under 40 runs on 5 keys (prefork 2x4), a warm shutdown of the workers ends in
+  under 10 s (before: 30 s, each waiting run sat out its ``lock_timeout`` in its slot), and
+  every run runs once after the server is back, one at a time per key.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from celery_dflock import Client, ServerUnavailable
+from celery_dflock import Client, DflockError, ServerUnavailable
 from celery_dflock._outage import OUTAGE_BUDGET_S
 from tests.support.ports import free_port
 from tests.support.processes import python_path
@@ -107,7 +112,8 @@ def test_waiters_on_busy_keys_run_once_across_a_restart(
 ) -> None:
     """6 runs wait on 3 busy keys (2 each, every option at its default) when the server is
     killed -9 or stopped with SIGTERM, and started again 3 s later on its state directory:
-    each run runs once, after the restart, one at a time per key."""
+    each run runs once, after the restart, one at a time per key (sent again for the outage:
+    3 s is past their 2 s reconnect)."""
     port = free_port()
     args = ("--state-dir", str(tmp_path / "state"))
     log = tmp_path / "dflockd.log"
@@ -285,3 +291,59 @@ def test_a_run_fails_saying_so_once_its_outage_budget_is_spent(tmp_path: Path) -
         assert "Start the lock server (`dflockd`) or set dflock_servers" in message
         assert worker.wait_output(f"{kept.id}] retry", 30)  # sent again, not failed
         assert not kept.ready()
+
+
+OUTAGE_S = 60.0
+"""How long the lock server stays down in the shutdown test (issue 69's 60 s: twice the
+default ``lock_timeout``, so a run that waited it out in its slot would still be waiting)."""
+SHUTDOWN_WITHIN_S = 10.0
+"""Issue 69's acceptance 5: a warm shutdown during the outage ends within this."""
+
+
+def test_a_warm_shutdown_during_an_outage_does_not_wait_out_lock_timeout(tmp_path: Path) -> None:
+    """40 runs (every option at its default: ``lock_timeout`` 30 s) on 5 keys, two prefork
+    workers of concurrency 4: the test holds the 5 keys, so 8 runs wait in the keys' queues
+    and 32 are queued in the broker; the server is killed and stays down 60 s. A warm shutdown
+    (SIGTERM to both main processes) ends in under 10 s; a worker started again meanwhile runs
+    every run once after the server is back, one at a time per key."""
+    port = free_port()
+    args = ("--state-dir", str(tmp_path / "state"))
+    log = tmp_path / "dflockd.log"
+    with outage_rig(tmp_path, "shutdown", port) as rig:
+        with dflockd_subprocess(log, *args, port=port) as (proc, address):
+            workers = [rig.start_worker(pool="prefork", concurrency=4) for _ in range(2)]
+            group = unique("down")
+            holders = [rig.holder(f"busy:{group}{k}") for k in range(5)]
+            results = [
+                rig.app.signature("apps.tasks.busy_default", (n, f"{group}{n % 5}", 0.05)).delay()
+                for n in range(40)
+            ]
+            wait_until(lambda: waiters(address) == 8, timeout=60, what="8 runs waiting")
+            proc.kill()
+            proc.wait(30)
+        down_at = stopping = time.monotonic()
+        for worker in workers:  # a warm shutdown of both at once
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.proc.wait(OUTAGE_S)
+        shutdown_s = time.monotonic() - stopping
+        print(f"warm shutdown of 2 workers {shutdown_s:.1f}s into a {OUTAGE_S:.0f}s outage")
+        assert shutdown_s < SHUTDOWN_WITHIN_S
+        assert time.monotonic() - down_at < OUTAGE_S  # the shutdown was during the outage
+        assert not any(result.ready() for result in results)  # none failed or ran meanwhile
+        rig.start_worker(pool="prefork", concurrency=4)
+        time.sleep(max(0.0, down_at + OUTAGE_S - time.monotonic()))  # the outage itself
+        with dflockd_subprocess(log, *args, port=port):
+            back_at = time.time()
+            started = time.monotonic()
+            for holder in holders:  # their leases ran out during the outage: lost, not raised
+                with contextlib.suppress(DflockError):
+                    holder.release()
+            values = finished(results)
+            print(f"40 runs done {time.monotonic() - started:.1f}s after the server was back")
+        ids = {result.id for result in results}
+        runs = [entry for entry in rig.log.entries("run") if entry["task_id"] in ids]
+        assert sorted(values) == list(range(40))
+        assert Counter(entry["n"] for entry in runs) == Counter(range(40))  # each once
+        assert all(entry["start"] > back_at for entry in runs)
+        assert not list(iter_overlaps(runs))
