@@ -130,9 +130,9 @@ class HeldGrant:
             session is not None
             and self.run is not None
             and session.run == self.run
-            and session.answered_at > self.confirmed_at
+            and session.renewed_at > self.confirmed_at
         ):
-            end = max(end, session.answered_at + self.lease)
+            end = max(end, session.renewed_at + self.lease)
         return end
 
     def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:

@@ -66,6 +66,7 @@ class ClientSession:
         "holders",
         "id",
         "keeper",
+        "renewed_at",
         "run",
         "server_down",
         "ttl",
@@ -77,6 +78,9 @@ class ClientSession:
         self.answered_at = -math.inf
         """time.monotonic() when the last request that kept it alive (a keep-alive, or the
         ``hello`` that joined a connection to it) was sent, of those the server answered."""
+        self.renewed_at = -math.inf
+        """time.monotonic() when the last keep-alive the server answered was sent: it renewed
+        every grant of the session (a join refreshes the session, not its grants)."""
         self.ended = ""
         """Why it is over ("" while it may live): the server said it has no such session, or
         its deadline passed without an answer."""
@@ -122,10 +126,13 @@ class ClientSession:
             return False
         return True
 
-    def answered(self, sent_at: float) -> None:
-        """The server answered a request that keeps the session alive, sent at ``sent_at``."""
+    def answered(self, sent_at: float, *, renewed: bool = False) -> None:
+        """The server answered a request that keeps the session alive, sent at ``sent_at``:
+        a join, or a keep-alive (``renewed``: which renewed every grant of the session too)."""
         if not self.ended and sent_at > self.answered_at:
             self.answered_at = sent_at
+        if renewed and not self.ended and sent_at > self.renewed_at:
+            self.renewed_at = sent_at
         self.server_down = False
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:

@@ -227,7 +227,7 @@ class AsyncConnection:
         except DflockError:
             return None
         if isinstance(reply, protocol.Ok):
-            session.answered(sent)
+            session.answered(sent, renewed=True)
             return True
         return False
 

@@ -221,7 +221,7 @@ class Connection:
         except DflockError:
             return None
         if isinstance(reply, protocol.Ok):
-            session.answered(sent)
+            session.answered(sent, renewed=True)
             return True
         return False
 
