@@ -103,7 +103,12 @@ class Connection(asyncio.Protocol):
             self.host, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, stream.peer
         )
         session.ip, session.locks_per_ip = stream.ip, config.locks_per_ip or c.NO_CAP
+        shares = session.grants.shares
+        if shares is not None:
+            shares.opened(session.client, stream.ip)  # --max-locks-per-ip
         self.session = session
+        client = session.client
+        stream.idle_ok = lambda: client.kept_by is not None
         stream.open(transport)
         log.debug("connection %d from %s", session.client.id, stream.peer)
 
@@ -127,6 +132,9 @@ class Connection(asyncio.Protocol):
         self.session = None
         stream.busy = False
         session.close(by_peer=by_peer)
+        shares = session.grants.shares
+        if shares is not None:
+            shares.closed(session.client, session.ip)
         if self.auth_failed_at is not None:
             # A wrong secret keeps its connection slot for the whole failure delay, also when
             # the client hangs up without waiting for the answer: otherwise hanging up early
