@@ -5,16 +5,17 @@ past the caps (``max_connections``, ``max_connections_per_ip``, or while the ser
 and keeps the TLS handshakes under way to ``max_tls_handshakes`` (the oldest dropped).
 
 It also keeps one client address from taking every key (``over_ip_share``,
-``--max-locks-per-ip``): an acquire (``l``, ``sl``, ``hl``, ``e``, ``se``) from an address whose
-connections together hold or wait for that many locks and slots is refused ``error_max_locks``,
-as ``--max-locks-per-connection`` refuses one connection's. Then the distinct keys one address
-holds or waits on never exceed the cap, and ``--max-locks`` minus the cap stay for the other
-addresses (with the defaults, ``auto``: 3/4 of 1024, 256 keys always stay). The sum over the
-address's connections is taken only while the table has at least the cap's number of keys
-(``Session`` compares): below that the address cannot hold that many distinct keys, so the
-usual path counts nothing. Holds detached from their connection (``hl`` mode ``d``,
-queue-once's) belong to no address and are not counted: ``--max-locks`` must leave room for
-them.
+``--max-locks-per-ip``): an acquire (``l``, ``sl``, ``hl``, ``e``, ``se``) from an address that
+holds or waits for that many locks and slots is refused ``error_max_locks``, as
+``--max-locks-per-connection`` refuses one connection's. What an address holds is kept by the
+table's ``shares.AddressShares`` (``share_table``): every grant its connections took, for as
+long as it is held, bound to a connection, to a closed one or to none (a detached hold), and
+every grant it reattached or took over; a reattach or take-over past the cap is refused there
+too. Then the distinct keys one address holds or waits on never exceed the cap, and
+``--max-locks`` minus the cap stay for the other addresses (with the defaults, ``auto``: 3/4 of
+1024, 256 keys always stay). The load is read only while the table has at least the cap's
+number of keys (``Session`` compares): below that the address cannot hold that many distinct
+keys, so the usual path reads nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from collections.abc import Callable
 from dflockd_server.config import Config
 from dflockd_server.connection import Connection
 from dflockd_server.dispatch import Session
+from dflockd_server.shares import AddressShares
 from dflockd_server.stream import Stream
+from dflockd_server.table import LockTable
 
 __all__ = ["Admission"]
 
@@ -47,8 +50,9 @@ class Admission:
         self.connections: set[Connection] = set()
         """The admitted connections."""
         self.per_ip: dict[str, int] = {}
-        self.ip_connections: dict[str, set[Connection]] = {}
-        """The admitted connections of each client address (``over_ip_share``)."""
+        """The admitted connections of each client address."""
+        self.shares: AddressShares | None = None
+        """What each address holds, in the table (``share_table``); None: no cap."""
         self.ip_cap_logged: dict[str, float] = {}
         """When each address's refusal by ``--max-locks-per-ip`` was last logged."""
         self.open_transports = 0
@@ -69,33 +73,43 @@ class Admission:
             return refusal
         self.connections_accepted += 1
         self.per_ip[conn.stream.ip] = self.per_ip.get(conn.stream.ip, 0) + 1
-        self.ip_connections.setdefault(conn.stream.ip, set()).add(conn)
         self.connections.add(conn)
         return None
 
+    def share_table(self, table: LockTable) -> None:
+        """Keep what each address holds in ``table`` (``--max-locks-per-ip``; none with 0)."""
+        cap = self.config.locks_per_ip
+        if cap:
+            shares = self.shares = table.grants.shares = AddressShares(cap)
+            shares.refused = self._refused
+
     def over_ip_share(self, session: Session) -> bool:
-        """Whether the connections from ``session``'s address hold or wait for its
-        ``--max-locks-per-ip`` (see the module's doc): then its acquire is refused."""
-        cap = session.locks_per_ip  # the caller saw the table hold at least that many keys
-        load = 0
-        for conn in self.ip_connections.get(session.ip, ()):
-            if conn.session is not None:
-                client = conn.session.client
-                load += client.n_held + len(client.waiting)
-        if load < cap:
+        """Whether ``session``'s address holds or waits for its ``--max-locks-per-ip`` (see
+        the module's doc): then its acquire is refused."""
+        shares = self.shares
+        if shares is None:
             return False
-        now = time.monotonic()
-        if now - self.ip_cap_logged.get(session.ip, -math.inf) >= IP_CAP_LOG_INTERVAL_S:
-            self.ip_cap_logged[session.ip] = now
-            log.warning(
-                "connections from %s hold or wait for %d locks and slots, "
-                "--max-locks-per-ip (DFLOCKD_MAX_LOCKS_PER_IP) is %d: their new acquires get "
-                "error_max_locks (logged once a minute per address)",
-                session.ip,
-                load,
-                cap,
-            )
+        load = shares.load(session.ip)
+        if load < session.locks_per_ip:  # the caller saw the table hold at least that many keys
+            return False
+        self._refused(session.ip, load)
         return True
+
+    def _refused(self, ip: str, load: int) -> None:
+        """An acquire, reattach or take-over from ``ip`` refused by the cap: logged once a
+        minute per address."""
+        now = time.monotonic()
+        if now - self.ip_cap_logged.get(ip, -math.inf) >= IP_CAP_LOG_INTERVAL_S:
+            self.ip_cap_logged[ip] = now
+            log.warning(
+                "%s holds or waits for %d locks and slots, "
+                "--max-locks-per-ip (DFLOCKD_MAX_LOCKS_PER_IP) is %d: its new acquires, "
+                "reattaches and take-overs get error_max_locks (logged once a minute per "
+                "address)",
+                ip,
+                load,
+                self.config.locks_per_ip,
+            )
 
     def _refusal(self, conn: Connection) -> str | None:
         cfg = self.config
@@ -115,17 +129,12 @@ class Admission:
     def forget(self, conn: Connection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
-            same = self.ip_connections.get(conn.stream.ip)
-            if same is not None:
-                same.discard(conn)
-                if not same:
-                    del self.ip_connections[conn.stream.ip]
-                    self.ip_cap_logged.pop(conn.stream.ip, None)
             count = self.per_ip.get(conn.stream.ip, 0) - 1
             if count > 0:
                 self.per_ip[conn.stream.ip] = count
             else:
                 self.per_ip.pop(conn.stream.ip, None)
+                self.ip_cap_logged.pop(conn.stream.ip, None)
 
     def handshake_started(self, stream: Stream) -> None:
         """``stream`` begins its TLS handshake. Past ``max_tls_handshakes`` under way, the

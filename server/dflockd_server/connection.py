@@ -63,6 +63,8 @@ class Connection(asyncio.Protocol):
         "server",
         "session",
         "stream",
+        "untold",
+        "untold_in",
         "wait_command",
         "wait_started",
         "wait_timer",
@@ -83,6 +85,11 @@ class Connection(asyncio.Protocol):
         self.wait_started = 0.0  # perf_counter() when the in-flight wait began (metrics on)
         self.wait_command = b""
         self.wait_timer: asyncio.TimerHandle | None = None
+        self.untold: Waiter | None = None
+        """The last waiter granted whose reply was held back for the journal (``untold_in``,
+        the stream's held-back replies then): if the transport closes before those leave, the
+        grant is freed (``_free_untold``)."""
+        self.untold_in: list[bytes] | None = None
 
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -103,6 +110,9 @@ class Connection(asyncio.Protocol):
             self.host, server.table, config.default_lease_ttl_s, config.max_lease_ttl_s, stream.peer
         )
         session.ip, session.locks_per_ip = stream.ip, config.locks_per_ip or c.NO_CAP
+        shares = session.grants.shares
+        if shares is not None:
+            shares.opened(session.client, stream.ip)  # --max-locks-per-ip
         self.session = session
         client = session.client
         stream.idle_ok = lambda: client.kept_by is not None
@@ -128,7 +138,11 @@ class Connection(asyncio.Protocol):
             return  # refused at admission
         self.session = None
         stream.busy = False
+        self._free_untold(session)
         session.close(by_peer=by_peer)
+        shares = session.grants.shares
+        if shares is not None:
+            shares.closed(session.client, session.ip)
         if self.auth_failed_at is not None:
             # A wrong secret keeps its connection slot for the whole failure delay, also when
             # the client hangs up without waiting for the answer: otherwise hanging up early
@@ -364,8 +378,56 @@ class Connection(asyncio.Protocol):
         self._done_waiting(reply)
 
     def _granted(self, waiter: Waiter) -> None:
-        if self.session is not None:
-            self._done_waiting(self.session.granted(waiter))
+        session = self.session
+        if session is None:
+            return
+        stream = self.stream
+        transport = stream.transport
+        reply = session.granted(waiter)
+        if stream.closing or transport is None or transport.is_closing():
+            # The reply can no longer be sent: the peer closed (its EOF came during the wait:
+            # the transport closes itself) or this server is closing the connection. Nobody
+            # was told of the grant: it ends now and the key passes to the next waiter, not
+            # when the session's time or the lease runs out.
+            self._drop_wait()
+            self._free_grant(session, waiter)
+            return
+        self._done_waiting(reply)
+        if stream.held is not None:  # held back until the journal is written (GroupWrite)
+            self.untold, self.untold_in = waiter, stream.held
+        elif self.untold is not None:
+            self.untold = self.untold_in = None
+
+    def _drop_wait(self) -> None:
+        """The request in flight is over, unanswered (its connection goes)."""
+        self.waiter = None
+        if self.wait_timer is not None:
+            self.wait_timer.cancel()
+            self.wait_timer = None
+        self.stream.busy = False
+
+    def _free_grant(self, session: Session, waiter: Waiter) -> None:
+        """Free the grant made to ``waiter``, whose reply was never sent and never will be
+        (a release, as the journal's undo of a grant nobody was told of is)."""
+        holder = waiter.holder
+        if holder is not None and holder.live:
+            log.debug(
+                "connection %s: granted %r as it closed, reply unsent: released",
+                self.stream.peer,
+                holder.key,
+            )
+            session.table.release(holder.key, holder.token)
+
+    def _free_untold(self, session: Session) -> None:
+        """The transport is gone: if the reply to the last waiter granted was held back for
+        the journal and never left (still held, or dropped unsent), its grant ends now."""
+        waiter = self.untold
+        if waiter is not None:
+            untold_in = self.untold_in
+            self.untold = self.untold_in = None
+            stream = self.stream
+            if stream.held is untold_in or stream.unsent is untold_in:
+                self._free_grant(session, waiter)
 
     def _wait_timed_out(self) -> None:
         self.wait_timer = None

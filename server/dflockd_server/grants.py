@@ -32,6 +32,7 @@ from dflockd_server.keys import (
     lock_state,
 )
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex, LeaseRun
+from dflockd_server.shares import AddressShares
 
 __all__ = ["CLIENT_COMPACT_MIN", "Grants", "TableHooks"]
 
@@ -111,6 +112,9 @@ class Grants:
         until a connection renews them (then they are that connection's). Closed: ``ht`` may
         take them over, and no connection's close releases them."""
         self.restored.closed = True
+        self.shares: AddressShares | None = None
+        """The grants each client address holds (``--max-locks-per-ip``), kept as grants are
+        made, moved and freed; None: no cap."""
         self.counts = Counts()
         self.in_grace = grace_s > 0
         """Within the restart grace: nothing is granted (see ``in_grace_at``)."""
@@ -225,11 +229,19 @@ class Grants:
         client.waiting.add(waiter)
         return waiter
 
-    def grant(
-        self, state: KeyState, client: Client, lease_ttl: int, now: float, note: str | None = None
+    def grant(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
+        self,
+        state: KeyState,
+        client: Client,
+        lease_ttl: int,
+        now: float,
+        note: str | None = None,
+        taker: Client | None = None,
     ) -> Holder:
+        """Grant a slot of ``state`` to ``client`` (its owner: a connection's client, or
+        ``detached``), for ``taker``'s request (``None``: the owner's)."""
         try:
-            holder = self._new_holder(state.key, state, client, lease_ttl, now, note)
+            holder = self._new_holder(state.key, state, client, lease_ttl, now, note, taker)
         except BaseException:
             self.idle.note(self.keys, state)  # a new key left idle must still be pruned
             raise
@@ -280,7 +292,7 @@ class Grants:
                 return None
         if self.max_locks_per_connection:
             self.check_client_locks(client, key, None)
-        holder = self._new_holder(key, None, owner, lease_ttl, now, note)
+        holder = self._new_holder(key, None, owner, lease_ttl, now, note, client)
         keys[key] = holder
         return holder
 
@@ -292,10 +304,12 @@ class Grants:
         lease_ttl: int,
         now: float,
         note: str | None,
+        taker: Client | None = None,
     ) -> Holder:
         """Issue a grant on ``key`` (``state``: its state, ``None`` for a lock that keeps
-        none): the token, the count, the journal's record, the client's view and the expiry
-        index. The caller puts the holder in the key's entry."""
+        none) to ``client``, for ``taker``'s request (``None``: ``client``'s): the token, the
+        count, the journal's record, the client's view, the address it counts against and the
+        expiry index. The caller puts the holder in the key's entry."""
         if lease_ttl > self.lease_noted:
             self.raise_bound(lease_ttl, key)  # before the token: a failed write grants nothing
         token = self.new_token()
@@ -309,6 +323,9 @@ class Grants:
             journal.buf.append(journal.grant_record(holder, state, client is self.detached, None))
         client.held.append(holder)
         client.n_held += 1
+        shares = self.shares
+        if shares is not None:
+            shares.granted(holder, client if taker is None else taker)
         index = self.leases  # index.add, inlined: the hot path
         run = index.by_ttl.get(lease_ttl)
         if run is None:
@@ -363,6 +380,9 @@ class Grants:
             held.pop()
         if len(held) > 2 * client.n_held + CLIENT_COMPACT_MIN:
             client.held = [h for h in held if h.live]
+        shares = self.shares
+        if shares is not None:
+            shares.ended(holder)  # before the token goes (a detached hold's is its entry)
         index = self.leases
         run = index.by_ttl.get(holder.lease_ttl)
         if run is not None:
@@ -450,7 +470,9 @@ class Grants:
                 waiter.holder = self.grant(state, waiter.client, waiter.lease_ttl, now)
             else:  # a hold (hl)
                 owner = self.detached if waiter.detached else waiter.client
-                waiter.holder = self.grant(state, owner, waiter.lease_ttl, now, waiter.note)
+                waiter.holder = self.grant(
+                    state, owner, waiter.lease_ttl, now, waiter.note, waiter.client
+                )
             queue.head += 1
             waiter.active = False
             state.n_waiting -= 1
@@ -523,6 +545,9 @@ class Grants:
             state.last_used = expires_at
         client.held.append(moved)
         client.n_held += 1
+        shares = self.shares
+        if shares is not None:
+            shares.moved(holder, moved)
         self.leases.add(moved, expires_at, lease_ttl)
         return moved
 

@@ -86,7 +86,7 @@ class HoldBook:
         (``on_close`` ``None``) or detached again with a lease of ``on_close`` seconds from
         then. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is
         bound to a live connection (this one included), ``MaxLocks`` if ``client`` is at its
-        cap."""
+        cap, or its address at its own (``shares.AddressShares.check_rebind``)."""
         grants = self.grants
         holder = grants.holder_of(key, token)
         if holder is None or not grants.is_lock_grant(holder):
@@ -95,6 +95,9 @@ class HoldBook:
             raise Bound(key, holder.note)
         if grants.max_locks_per_connection:
             grants.check_client_locks(client, key, None)
+        shares = grants.shares
+        if shares is not None:
+            shares.check_rebind(holder, client, len(grants.keys))
         longest = max(lease_ttl, on_close or 0)
         if longest > grants.lease_noted:
             grants.raise_bound(longest, key)  # the close's lease too: a disconnect must not fail
@@ -107,9 +110,15 @@ class HoldBook:
     def reattach(self, holder: Holder, client: Client, lease_ttl: int, now: float) -> None:
         """A grant whose connection is gone (restored from the journal, or its connection
         closed) is renewed on a connection: bind the grant to it, so its close ends the
-        grant as that connection's, with the ``<onclose>`` lease it had."""
+        grant as that connection's, with the ``<onclose>`` lease it had. Raises ``MaxLocks``,
+        the grant left as it was, when that adds a grant to an address at its cap
+        (``shares.AddressShares.check_rebind``)."""
+        grants = self.grants
+        shares = grants.shares
+        if shares is not None:
+            shares.check_rebind(holder, client, len(grants.keys))
         restored = holder.client.on_close
         on_close = restored.pop(holder, None) if restored else None
-        moved = self.grants.move(holder, client, lease_ttl, now, on_close)
+        moved = grants.move(holder, client, lease_ttl, now, on_close)
         if on_close is not None:
             detach_at_close(client, moved, on_close)

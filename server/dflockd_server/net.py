@@ -329,6 +329,7 @@ class Server:
             lease_noted=bound.longest,
         )
         bound.table = self.serving.table = table
+        self.admission.share_table(table)
         if plan.journal is not None:
             highest = self._restore(plan, table)
             if highest:  # a member's ceiling is in etcd: stored off the loop

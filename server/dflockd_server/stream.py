@@ -202,6 +202,7 @@ class Stream:
         "reading_paused",
         "tls",
         "transport",
+        "unsent",
         "write_paused",
         "write_timer",
     )
@@ -241,6 +242,9 @@ class Stream:
         records first), in order; None when none is."""
         self.close_when_sent = False
         """A close asked for while replies were held back: done once they are sent."""
+        self.unsent: list[bytes] | None = None
+        """Replies held back that were dropped unsent, the transport closing first (the
+        connection frees a waiter's grant among them)."""
 
     def open(self, transport: asyncio.Transport) -> None:
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
@@ -340,7 +344,10 @@ class Stream:
         was asked for meanwhile)."""
         held, self.held = self.held, None
         transport = self.transport
-        if held is None or transport is None or transport.is_closing():
+        if held is None:
+            return
+        if transport is None or transport.is_closing():
+            self.unsent = held
             return
         self._send_now(transport, held[0] if len(held) == 1 else b"".join(held))
         if self.close_when_sent:

@@ -356,7 +356,7 @@ class LockTable:
             if state.n_held < state.limit and state.n_waiting == 0 and not grants.in_grace:
                 if grants.max_locks_per_connection:
                     grants.check_client_locks(client, key, state)
-                return grants.grant(state, owner, lease_ttl, now, note)
+                return grants.grant(state, owner, lease_ttl, now, note, client)
             if not queue:
                 grants.counts.timeouts[state.is_sem] += 1
                 grants.idle.note(grants.keys, state)  # a key new in the grace is idle: prunable

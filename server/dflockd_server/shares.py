@@ -1,0 +1,149 @@
+"""Each client address's share of the lock table (``--max-locks-per-ip``): the grants that count
+against an address, whatever holds them now.
+
+A grant counts against the address of the connection that took it: a connection's own grant,
+a waiter's once it is granted, a detached hold (``hl ... d``) against the address that sent the
+``hl``. A reattach by token (a renewal that binds a grant whose connection is gone to the
+renewing connection) and a take-over (``ht``) make it count against the new connection's
+address instead. It keeps counting until the grant ends (``grants.Grants.free_holder``),
+whatever it is bound to meanwhile: its connection, that connection closed (a session's time;
+without auto-release, the lease), or no connection (``hd``, an ``<onclose>`` lease). A grant
+restored from the journal counts against no address until it is reattached.
+
+An address's load is its grants plus the acquires its open connections have queued (each may
+be granted): an acquire is refused ``error_max_locks`` when the load is at the cap
+(``admission.Admission.over_ip_share``), and so is a reattach or a take-over that would add a
+grant to an address at its cap (``check_rebind``; the grant then stays as it was). The counts
+change as grants are made, moved and freed: no scan of the table, one look per open
+connection of the address for its queued waits. Pure state, no I/O, as the rest of the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dflockd_server.keys import Client, Holder, MaxLocks
+
+__all__ = ["AddressShares"]
+
+
+class AddressShares:
+    """The grants each client address holds (see the module's doc), for a cap of ``cap``."""
+
+    __slots__ = ("cap", "clients", "detached", "held", "ip_of", "refused")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        """``--max-locks-per-ip`` (> 0)."""
+        self.held: dict[str, int] = {}
+        """Address -> grants counting against it now (no entry: none)."""
+        self.ip_of: dict[Client, str] = {}
+        """The address of each open connection's client, and of each closed one that still
+        holds a grant (dropped once it holds none)."""
+        self.clients: dict[str, set[Client]] = {}
+        """The clients of each address's open connections (their queued waits count)."""
+        self.detached: dict[str, str] = {}
+        """Token -> address, for grants bound to no connection (detached holds) that count
+        against an address."""
+        self.refused: Callable[[str, int], None] | None = None
+        """Told of each refusal (the address, its load): the server logs it."""
+
+    # ------------------------------------------------------------------ connections
+    def opened(self, client: Client, ip: str) -> None:
+        """A connection from ``ip`` is admitted with ``client``."""
+        self.ip_of[client] = ip
+        same = self.clients.get(ip)
+        if same is None:
+            same = self.clients[ip] = set()
+        same.add(client)
+
+    def closed(self, client: Client, ip: str) -> None:
+        """``client``'s connection is gone (after the table's ``disconnect``): its waits are
+        dropped; the grants it still holds keep counting against ``ip``."""
+        same = self.clients.get(ip)
+        if same is not None:
+            same.discard(client)
+            if not same:
+                del self.clients[ip]
+        if not client.n_held:
+            self.ip_of.pop(client, None)
+
+    # ------------------------------------------------------------------ loads
+    def load(self, ip: str) -> int:
+        """The grants counting against ``ip`` plus the acquires its connections have queued."""
+        load = self.held.get(ip, 0)
+        for client in self.clients.get(ip, ()):
+            load += len(client.waiting)
+        return load
+
+    def address(self, holder: Holder) -> str | None:
+        """The address the live ``holder`` counts against (``None``: none)."""
+        ip = self.ip_of.get(holder.client)
+        return self.detached.get(holder.token) if ip is None else ip
+
+    def check_rebind(self, holder: Holder, client: Client, n_keys: int) -> None:
+        """Before ``holder`` is bound to ``client`` (a reattach, a take-over): raise
+        ``MaxLocks`` if that adds a grant to an address at its cap. As for an acquire, only
+        while the table has at least ``cap`` keys (below that, no address holds that many)."""
+        ip = self.ip_of.get(client)
+        if ip is None or n_keys < self.cap or self.address(holder) == ip:
+            return
+        load = self.load(ip)
+        if load >= self.cap:
+            refused = self.refused
+            if refused is not None:
+                refused(ip, load)
+            raise MaxLocks(holder.key)
+
+    # ------------------------------------------------------------------ grants
+    def granted(self, holder: Holder, taker: Client) -> None:
+        """``holder`` was just granted for ``taker``'s request (bound to it, or detached)."""
+        ip = self.ip_of.get(taker)
+        if ip is None:
+            return
+        held = self.held
+        held[ip] = held.get(ip, 0) + 1
+        if holder.client is not taker:
+            self.detached[holder.token] = ip
+
+    def ended(self, holder: Holder) -> None:
+        """``holder`` ended (its client's ``n_held`` already counts it out; its token is still
+        set)."""
+        owner = holder.client
+        ip = self.ip_of.get(owner)
+        if ip is None:
+            ip = self.detached.pop(holder.token, None)
+            if ip is None:
+                return
+        elif owner.closed and not owner.n_held:
+            del self.ip_of[owner]
+        self._drop(ip)
+
+    def moved(self, old: Holder, new: Holder) -> None:
+        """The grant ``old`` was rebound as ``new`` (``grants.Grants.move``; ``old``'s client
+        already counts it out): to a connection, it counts against that connection's address
+        now; to no connection (a detach), against the same one as before."""
+        owner = old.client
+        was = self.ip_of.get(owner)
+        if was is None:
+            was = self.detached.pop(old.token, None)
+        elif owner.closed and not owner.n_held:
+            del self.ip_of[owner]
+        ip = self.ip_of.get(new.client)
+        if ip is None:  # detached: it keeps its address
+            if was is not None:
+                self.detached[new.token] = was
+            return
+        if ip != was:
+            held = self.held
+            held[ip] = held.get(ip, 0) + 1
+            if was is not None:
+                self._drop(was)
+
+    def _drop(self, ip: str) -> None:
+        held = self.held
+        left = held[ip] - 1
+        if left:
+            held[ip] = left
+        else:
+            del held[ip]
