@@ -170,8 +170,10 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.SEM_ENQUEUE: _ENQUEUE_ERRORS,
     Command.WAIT: _WAIT_ERRORS,
     Command.SEM_WAIT: _WAIT_ERRORS,
-    Command.RENEW: _COMMON_ERRORS,
-    Command.SEM_RENEW: _COMMON_ERRORS,
+    # A reattach by token refused for the address's --max-locks-per-ip (the grant stays as
+    # it was): the lock counts as lost.
+    Command.RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
+    Command.SEM_RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.RELEASE: _COMMON_ERRORS,
     Command.SEM_RELEASE: _COMMON_ERRORS,
     Command.AUTH: _COMMON_ERRORS,
