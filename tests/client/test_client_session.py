@@ -65,10 +65,11 @@ def dflockd() -> Iterator[tuple[str, int]]:
         proc.kill()
 
 
-def _lines_until(proc: subprocess.Popen[str], done: float) -> list[tuple[float, bool, bool]]:
-    """The child's ``(time, owned, lost)`` lines read until ``done`` (monotonic)."""
+def _lines_until(proc: subprocess.Popen[str], done: float) -> list[tuple[float, int, int]]:
+    """The child's ``(time, owned, lost)`` lines read until ``done`` (monotonic): how many of
+    its locks it owned and had lost then."""
     assert proc.stdout is not None
-    out: list[tuple[float, bool, bool]] = []
+    out: list[tuple[float, int, int]] = []
     while time.monotonic() < done:
         ready, _, _ = select.select([proc.stdout], [], [], 0.2)
         if not ready:
@@ -77,7 +78,7 @@ def _lines_until(proc: subprocess.Popen[str], done: float) -> list[tuple[float, 
         if not line:
             break
         t, owned, lost = line.split()
-        out.append((float(t), owned == "1", lost == "1"))
+        out.append((float(t), int(owned), int(lost)))
     return out
 
 
@@ -184,7 +185,7 @@ def test_a_server_stopped_five_seconds_costs_none_of_fifty_held_locks(tmp_path: 
             assert proc.stdout.readline().strip() == "held"
             with paused(server.pid):
                 time.sleep(5.0)
-            lines = _fifty_lines_until(proc, time.monotonic() + 3.0)
+            lines = _lines_until(proc, time.monotonic() + 3.0)
             assert lines, "the holder printed nothing"
             assert all(owned == 50 and lost == 0 for _, owned, lost in lines), lines
             with Wire(address) as rival:
@@ -195,23 +196,6 @@ def test_a_server_stopped_five_seconds_costs_none_of_fifty_held_locks(tmp_path: 
             proc.wait(10)
             if proc.stdout is not None:
                 proc.stdout.close()
-
-
-def _fifty_lines_until(proc: subprocess.Popen[str], done: float) -> list[tuple[float, int, int]]:
-    """The holder's ``(time, owned, lost)`` lines read until ``done`` (monotonic), the whole
-    time it was stopped included (read from the pipe after)."""
-    assert proc.stdout is not None
-    out: list[tuple[float, int, int]] = []
-    while time.monotonic() < done:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if not ready:
-            continue
-        line = proc.stdout.readline()
-        if not line:
-            break
-        t, owned, lost = line.split()
-        out.append((float(t), int(owned), int(lost)))
-    return out
 
 
 def test_a_wait_longer_than_the_session_keeps_it_alive_and_the_grant_holds(
