@@ -41,14 +41,14 @@ that a stall of the server, the network or this process for most of its time cos
 
 
 class Holder(Protocol):
-    """A held lock on a session (its holding), as the session sees it."""
+    """A lock held or waiting on a session (its holding), as the session sees it."""
 
     def poke(self) -> None:
         """Renew now, in the background: the renewal finds out whether the grant is lost."""
         ...
 
     def holds(self) -> bool:
-        """Whether it still holds a grant (else the session forgets it)."""
+        """Whether it still holds a grant, or waits for one (else the session forgets it)."""
         ...
 
 
@@ -136,8 +136,8 @@ class ClientSession:
         self.server_down = False
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:
-        """``holder`` holds a grant on the session: kept alive from now on (``start()``
-        starts the keep-alive, unless one runs)."""
+        """``holder`` holds a grant on the session, or waits for one: kept alive from now on
+        (``start()`` starts the keep-alive, unless one runs)."""
         with self._guard:
             self.holders.add(holder)
             if self.keeper is None and not self.ended:
