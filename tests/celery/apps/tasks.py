@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -192,6 +193,15 @@ def end_soft_limit(self: LockedTask, name: str) -> None:
 
 @app.task(bind=True, base=LockedTask, lock_key="end:{name}", lock_ttl=ENDING_TTL, time_limit=1)
 def end_hard_limit(self: LockedTask, name: str) -> None:
+    record("body", name=name, fence=_fence(self))
+    _block(self, name)
+
+
+@app.task(bind=True, base=LockedTask, lock_key="end:{name}", lock_ttl=ENDING_TTL, time_limit=1)
+def end_hard_limit_killed(self: LockedTask, name: str) -> None:
+    """Ignores SIGTERM, so that its hard time limit ends it with SIGKILL (billiard sends TERM,
+    then KILL 0.1 s later), as it ends a body stuck in C code or one that traps SIGTERM."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record("body", name=name, fence=_fence(self))
     _block(self, name)
 
