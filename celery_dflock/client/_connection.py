@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Final
 
 from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._watch import can_watch
 from celery_dflock.client.errors import ServerUnavailable
 from celery_dflock.client.protocol import Command, Reply, ReplyParser
 
@@ -253,13 +254,13 @@ class SocketTransport:
                     return True
             if isinstance(self.sock, ssl.SSLSocket):
                 return not self._tls_quiet()
-            return False  # pragma: no cover - a plain socket without poll is never watched
+            return not self.quiet()  # (no ``poll``: eventlet's patched ``select``)
         finally:
             lock.release()
 
     def watchable_fd(self) -> int | None:
-        """The descriptor a `ConnectionWatcher` may poll (where ``poll`` exists), or None."""
-        if self.closed or self.pid != os.getpid() or not hasattr(select, "poll"):
+        """The descriptor a `ConnectionWatcher` may poll (where it can poll), or None."""
+        if self.closed or self.pid != os.getpid() or not can_watch():
             return None
         return self.sock.fileno()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import Final
 
 from celery_dflock.client._threads import leave_signals_to_the_main_thread
 
-__all__ = ["ConnectionWatcher"]
+__all__ = ["ConnectionWatcher", "can_watch"]
 
 _EVENTS: Final = (
     select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL
@@ -36,21 +37,60 @@ _EVENTS: Final = (
     else 0
 )
 _EPOLL_EVENTS: Final = (
-    select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR if hasattr(select, "epoll") else 0
+    # (gevent's patched ``select`` keeps these, without ``epoll``: see `_unpatched_epoll`)
+    select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR if hasattr(select, "EPOLLIN") else 0
 )
+
+
+POLL_INTERVAL_MS: Final = 100
+"""How long one ``poll`` waits: a socket watched meanwhile is seen by the next one."""
+EPOLL_INTERVAL_MS: Final = 1000
+"""How long one epoll wait lasts: a socket watched meanwhile is seen by the wait under way (the
+wait is only for the thread to look whether it still has anything to watch)."""
+
+
+def _unpatched_epoll() -> Callable[[], select.epoll] | None:
+    """The kernel's epoll, also where gevent or eventlet took it out of ``select`` when they
+    patched the standard library (their ``poll`` stands in for it: a green ``poll`` of 1,000
+    sockets starts 1,000 watchers on each call, and a gevent worker keeping 1,000 LockedTasks
+    spent 4% of a core on it, ten calls a second); None where there is none (not Linux)."""
+    if hasattr(select, "epoll"):
+        return select.epoll
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None:
+        with contextlib.suppress(Exception):
+            return gevent_monkey.get_original("select", "epoll")
+    eventlet_patcher = sys.modules.get("eventlet.patcher")
+    if eventlet_patcher is not None:
+        with contextlib.suppress(Exception):
+            return eventlet_patcher.original("select").epoll
+    return None
+
+
+def can_watch() -> bool:
+    """Whether a `ConnectionWatcher` can poll sockets here (epoll, or ``poll``)."""
+    return hasattr(select, "poll") or _unpatched_epoll() is not None
 
 
 class _Poller:
     """The watched sockets' poll set: epoll where there is one (Linux), whose wait costs the
     same however many sockets are watched; ``poll`` elsewhere, whose every wait the kernel
     pays for each socket (a process holding 5,000 locks spent a third of a core on it, ten
-    waits a second)."""
+    waits a second).
 
-    __slots__ = ("_epoll", "_poll")
+    Where gevent or eventlet patched ``select``, the watcher's "thread" is a greenlet, which
+    must not block in the kernel: it waits for the epoll descriptor alone to be readable
+    (one socket for the green ``select``), then takes the ready sockets without waiting."""
+
+    __slots__ = ("_epoll", "_green", "_poll", "wait_ms")
 
     def __init__(self) -> None:
-        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        epoll = _unpatched_epoll()
+        self._green = epoll is not None and not hasattr(select, "epoll")
+        self._epoll = epoll() if epoll is not None else None
         self._poll = select.poll() if self._epoll is None else None
+        self.wait_ms = POLL_INTERVAL_MS if self._epoll is None else EPOLL_INTERVAL_MS
+        """How long `_ProcessWatcher` waits at a time."""
 
     def register(self, fd: int) -> None:
         """Watch ``fd`` (again: no harm)."""
@@ -75,14 +115,16 @@ class _Poller:
 
     def wait(self, timeout_ms: int) -> list[tuple[int, int]]:
         """The watched sockets with something to read, waiting ``timeout_ms`` at most."""
-        if self._epoll is not None:
-            return self._epoll.poll(timeout_ms / 1000)
-        assert self._poll is not None
-        return self._poll.poll(timeout_ms)
+        epoll = self._epoll
+        if epoll is None:
+            assert self._poll is not None
+            return self._poll.poll(timeout_ms)
+        if not self._green:
+            return epoll.poll(timeout_ms / 1000)
+        readable, _, _ = select.select([epoll.fileno()], [], [], timeout_ms / 1000)
+        return epoll.poll(0) if readable else []
 
 
-POLL_INTERVAL_MS: Final = 100
-"""How long one poll waits: a socket watched meanwhile is seen by the next one."""
 LINGER_S: Final = 5.0
 """How long the thread waits, with nothing watched, before it exits."""
 
@@ -132,7 +174,8 @@ class _ProcessWatcher:
 
     Watching costs a dict entry and a registration in the poll set (`_Poller`: one system call
     with epoll), no thread start: the thread polls with a short timeout (a socket watched
-    meanwhile is seen by the next poll at the latest, within ``POLL_INTERVAL_MS``) and lingers
+    meanwhile is seen by the epoll wait under way, or by the next ``poll`` at the latest,
+    within ``POLL_INTERVAL_MS``) and lingers
     ``LINGER_S`` after the last socket is let go, so locks taken and released one after the
     other share one thread."""
 
@@ -179,7 +222,7 @@ class _ProcessWatcher:
                     self._running = False  # the next watch starts a thread anew
                     return
             try:
-                events = poller.wait(POLL_INTERVAL_MS)
+                events = poller.wait(poller.wait_ms)
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
             if not events:
