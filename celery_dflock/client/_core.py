@@ -220,6 +220,11 @@ class LockCore:
         need not renew it itself (`HeldGrant.kept_alive`)."""
         return self.grant.kept_alive(self.settings.renew_ratio)
 
+    def kept_for(self) -> float:
+        """Seconds its session's last keep-alive keeps the lease, less the time a renewal of
+        its own would need (`HeldGrant.kept_for`)."""
+        return self.grant.kept_for()
+
     def session_ended(self) -> str | None:
         """Why the grant's client session is over (`HeldGrant.session_ended`), or None."""
         return self.grant.session_ended()

@@ -39,6 +39,12 @@ by token) is followed by a pause that doubles from the first to the most, while 
 confirmed last still runs."""
 
 
+KEPT_MARGIN_S: Final = 5.0
+"""A lock whose session's keep-alives keep its lease looks at it again this long before the
+lease they keep would end: never needed while they run (their end tells it at once), it is
+the renewal of its own left in time should they stop unseen."""
+
+
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
 
 
@@ -124,7 +130,12 @@ class HeldGrant:
         renewal's send time, or from the last keep-alive of its client session, sent after the
         grant was last confirmed on the same run of the server (the server renewed every
         grant of the session then)."""
-        end = self.lease_deadline
+        return max(self.lease_deadline, self._kept_end())
+
+    def _kept_end(self) -> float:
+        """The lease's end as the last keep-alive of its client session renewed it: sent
+        after the grant was last confirmed, on the same run of the server (the server renewed
+        every grant of the session then); -inf where none did."""
         session = self.session
         if (
             session is not None
@@ -132,14 +143,25 @@ class HeldGrant:
             and session.run == self.run
             and session.renewed_at > self.confirmed_at
         ):
-            end = max(end, session.renewed_at + self.lease)
-        return end
+            return session.renewed_at + self.lease
+        return -math.inf
 
     def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
         """Whether the client session's keep-alives keep the lease as a renewal would (at
-        least ``1 - renew_ratio`` of the lease left): the lock need not renew it itself."""
-        left = self.lease_end() - (time.monotonic() if now is None else now)
-        return self.session is not None and left > self.lease * (1 - renew_ratio)
+        least ``1 - renew_ratio`` of the lease left after the last keep-alive, which renewed
+        it after the grant's own last renewal), and go on (`ClientSession.keeping`): the lock
+        need not renew it itself."""
+        session = self.session
+        if session is None or not session.keeping():
+            return False
+        left = self._kept_end() - (time.monotonic() if now is None else now)
+        return left > self.lease * (1 - renew_ratio)
+
+    def kept_for(self, now: float | None = None) -> float:
+        """Seconds until the lease, as the keep-alives of its session keep it, ends, less
+        ``KEPT_MARGIN_S``: while they keep it, the lock needs to look at it only then."""
+        left = self._kept_end() - (time.monotonic() if now is None else now)
+        return left - KEPT_MARGIN_S
 
     def hold_deadline(self) -> float:
         """The time.monotonic() until which the grant is surely held: the lease's end, or on a

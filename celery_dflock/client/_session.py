@@ -35,6 +35,9 @@ SESSION_MARGIN_S: Final = 0.75
 """Taken off a session's time when counting how long its grants surely stay held after the
 last answered keep-alive: room for the two clocks' rates to differ and, mostly, for this process
 to be scheduled late at the deadline on a loaded machine."""
+PRUNE_EVERY_S: Final = 60.0
+"""How often the keep-alive forgets every lock of its session that was let go (between two
+such looks, only those it meets before the first lock that still holds)."""
 SESSION_KEEPALIVES: Final = 3
 """A session is kept alive this many times per session time (a 15 s session: every 5 s), so
 that a stall of the server, the network or this process for most of its time costs nothing."""
@@ -60,6 +63,7 @@ class ClientSession:
 
     __slots__ = (
         "_guard",
+        "_pruned_at",
         "answered_at",
         "durable",
         "ended",
@@ -100,6 +104,7 @@ class ClientSession:
         """The held locks on it, each told (`Holder.poke`) once it is over."""
         self.keeper: object | None = None
         """Its keep-alive while it runs (a task or a thread: `_async.keepalive`)."""
+        self._pruned_at = -math.inf  # when `idle` last looked at every holder
         self._guard = threading.Lock()
         """`hold` and the keep-alive's `idle` / `stopped` agree under it whether one runs."""
 
@@ -145,20 +150,45 @@ class ClientSession:
 
     def idle(self) -> bool:
         """For the keep-alive: True (and it counts as stopped) once no held lock is left on
-        the session, or it is over; locks let go are forgotten on the way."""
+        the session, or it is over. Locks let go are forgotten on the way: all of them every
+        ``PRUNE_EVERY_S`` (a look at each of 5,000 held locks costs milliseconds), else only
+        those looked at before the first that holds."""
         with self._guard:
             holders = self.holders
-            for gone in [h for h in holders if not h.holds()]:
-                holders.discard(gone)
-            if holders and not self.ended:
-                return False
+            if not self.ended:
+                now = time.monotonic()
+                if now - self._pruned_at < PRUNE_EVERY_S:
+                    gone: list[Holder] = []
+                    holding = False
+                    for holder in holders:
+                        if holder.holds():
+                            holding = True
+                            break
+                        gone.append(holder)
+                    holders.difference_update(gone)
+                    if holding:
+                        return False
+                self._pruned_at = now
+                for h in [h for h in holders if not h.holds()]:
+                    holders.discard(h)
+                if holders:
+                    return False
             self.keeper = None
             return True
 
+    def keeping(self) -> bool:
+        """Whether its keep-alive runs (then it is told when the session ends, and when the
+        keep-alive stops otherwise: `stopped`)."""
+        return self.keeper is not None and not self.ended
+
     def stopped(self) -> None:
-        """The keep-alive ended (however): the next `hold` starts another."""
+        """The keep-alive ended while locks were held on it (however; its end, or an error):
+        the next `hold` starts another, and its holders are told, to renew by themselves."""
         with self._guard:
             self.keeper = None
+            holders = list(self.holders)
+        for holder in holders:
+            holder.poke()
 
     def refused(self) -> None:
         """An attempt to keep it alive found nobody listening at the server's address."""

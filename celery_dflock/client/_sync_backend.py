@@ -168,7 +168,15 @@ class RenewalDriver:
         """Called by the renewer every interval; True to be called again."""
         if renewal is not self._renewal:
             return False
-        return self._lock.renew_guarded(True) is True
+        lock = self._lock
+        if lock.renew_guarded(True) is not True:
+            return False
+        core = lock.core
+        if core.kept_alive():
+            # Its session's keep-alive renews it and, should it stop, tells it at once
+            # (`poke`): look again only shortly before the lease it keeps would end.
+            renewal.next_in = max(renewal.interval, core.kept_for())
+        return True
 
     def renewed(self, conn: Connection) -> None:
         """After a renewal (operation lock held): watch again (the watcher may have let go
