@@ -244,10 +244,9 @@ class FencedUpsert:
             later = self.column <= insert_my.inserted[name]
             changes = {k: insert_my.inserted[k] for k in values} if update is None else update
             ordered: list[tuple[Any, Any]] = [
-                (self.table.c[k], sa.case((later, v), else_=self.table.c[k]))
-                for k, v in changes.items()
+                (k, sa.case((later, v), else_=self.table.c[k])) for k, v in changes.items()
             ]
-            ordered.append((self.column, sa.func.greatest(self.column, insert_my.inserted[name])))
+            ordered.append((name, sa.func.greatest(self.column, insert_my.inserted[name])))
             return insert_my.on_duplicate_key_update(ordered)
         raise ValueError(
             f"fenced upsert into {self.label}: SQLAlchemy's {dialect.name} dialect has no "

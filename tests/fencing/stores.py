@@ -1,6 +1,7 @@
 # pyright: reportMissingTypeStubs=false
 """The real stores of the fenced-write tests: a PostgreSQL schema of each test's own (other runs
-share the database), the table both SQL faces write to, and Redis.
+share the database), the table both SQL faces write to, Redis, and (for the upserts of other
+databases) MariaDB and SQLite.
 
 Imported by the tests, by the worker app (``fencing_app``) and by the docs runner: PostgreSQL is
 reached as ``POSTGRES_URL`` (``CELERY_DFLOCK_TEST_POSTGRES_URL``) with ``search_path`` set to
@@ -9,14 +10,17 @@ the schema, through SQLAlchemy (psycopg 3) or a Django configured in-process.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from celery_dflock.fencing.sqlalchemy import fence_column
-from tests.support.services import POSTGRES_URL, REDIS_URL_BASE
+from tests.support.services import MARIADB_URL, POSTGRES_URL, REDIS_URL_BASE
 
 STORE_REDIS_DB: Final = 10
 """The Redis database of fenced keys (tests/fencing and docs/fencing.md's examples)."""
@@ -59,6 +63,35 @@ def sqlalchemy_url(schema: str | None = None) -> str:
 
 def engine_for(schema: str | None = None) -> sa.Engine:
     return sa.create_engine(sqlalchemy_url(schema), pool_pre_ping=True)
+
+
+def async_engine_for(schema: str) -> AsyncEngine:
+    """An asyncio engine on ``schema`` (psycopg 3's async driver)."""
+    url = sqlalchemy_url(schema).replace("postgresql+psycopg://", "postgresql+psycopg_async://")
+    return create_async_engine(url)
+
+
+@contextlib.contextmanager
+def mariadb_engine() -> Iterator[sa.Engine]:
+    """An engine on a MariaDB database of the caller's own (``account`` in it), dropped after
+    (pymysql)."""
+    parts = urlsplit(MARIADB_URL)
+    server = f"mysql+pymysql://{parts.netloc}"
+    database = new_schema_name()
+    admin = sa.create_engine(server)
+    try:
+        with admin.begin() as db:
+            db.execute(sa.text(f"CREATE DATABASE `{database}`"))
+        engine = sa.create_engine(f"{server}/{database}")
+        try:
+            METADATA.create_all(engine)
+            yield engine
+        finally:
+            engine.dispose()
+            with admin.begin() as db:
+                db.execute(sa.text(f"DROP DATABASE IF EXISTS `{database}`"))
+    finally:
+        admin.dispose()
 
 
 def create_schema(schema: str, *, tables: bool = True) -> None:

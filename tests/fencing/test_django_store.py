@@ -99,3 +99,118 @@ def test_the_migration_adds_the_field_with_0_for_existing_rows(django_schema: st
     with connection.cursor() as cursor:
         cursor.execute("SELECT dflock_fence FROM fencing_legacy")
         assert cursor.fetchall() == [(0,)]
+
+
+def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(django_schema: str) -> None:
+    from django.db.models import F
+
+    from celery_dflock.fencing.django import fenced_upsert
+    from tests.fencing.models import Account
+
+    def credit(fence: int | None, amount: int = 1) -> None:
+        fenced_upsert(
+            Account,
+            fence,
+            key={"id": 9},
+            values={"balance": amount},
+            update={"balance": F("balance") + amount},
+        )
+
+    credit(100, amount=5)
+    assert state(9) == (5, 100)
+    credit(100)  # the same holder again: accepted
+    credit(250)
+    assert state(9) == (7, 250)
+    with pytest.raises(StaleFence, match="its fence 249 is lower than 250") as refused:
+        credit(249, amount=1000)
+    assert "fencing.Account row id=9" in str(refused.value)
+    with pytest.raises(FenceMissing):
+        credit(None)
+    assert state(9) == (7, 250)
+    fenced_upsert(Account, 300, key={"id": 9}, values={"balance": 0})  # values alone: the row
+    assert state(9) == (0, 300)
+    with pytest.raises(ValueError, match="the field 'dflock_fence' holds the fence"):
+        fenced_upsert(Account, 301, key={"id": 9}, values={"dflock_fence": 1})
+    with pytest.raises(TypeError, match="takes a model class, not QuerySet"):
+        fenced_upsert(Account.objects.all(), 301, key={"id": 9}, values={"balance": 1})
+
+
+def test_the_upserts_fence_never_goes_back(django_schema: str) -> None:
+    import random
+
+    from celery_dflock.fencing.django import fenced_upsert
+    from tests.fencing.models import Account
+
+    fences = list(range(1, 31))
+    random.Random(72).shuffle(fences)
+    highest = 0
+    for fence in fences:
+        try:
+            fenced_upsert(Account, fence, key={"id": 1}, values={"balance": fence})
+        except StaleFence as refused:
+            assert fence < highest and refused.highest == highest
+        else:
+            assert fence > highest
+            highest = fence
+        assert state(1) == (highest, highest)
+
+
+def test_a_model_without_the_fence_field_is_named_with_the_lines_that_add_it(
+    django_schema: str,
+) -> None:
+    from django.db import connection, models
+
+    from celery_dflock.fencing import FenceColumnMissing
+    from celery_dflock.fencing.django import (
+        check_fence_field,
+        fence_field,
+        fenced_update,
+        fenced_upsert,
+    )
+    from tests.fencing.models import Account
+
+    class Plain(models.Model):
+        name = models.TextField()
+
+        class Meta:
+            app_label = "fencing"
+            db_table = "fencing_plain"
+
+    with pytest.raises(FenceColumnMissing) as missing:
+        fenced_update(Plain.objects.filter(pk=1), 5, name="x")
+    said = str(missing.value)
+    assert "fencing.Plain: the model has no field 'dflock_fence'" in said
+    assert "add dflock_fence = fence_field() (from celery_dflock.fencing.django) to Plain" in said
+    assert "manage.py makemigrations fencing and manage.py migrate" in said
+    with pytest.raises(FenceColumnMissing, match="the model has no field"):
+        fenced_upsert(Plain, 5, key={"id": 1}, values={"name": "x"})
+
+    # The model has the field, its migration was not applied: the database's error, named.
+    class Unmigrated(models.Model):
+        name = models.TextField()
+        dflock_fence = fence_field()
+
+        class Meta:
+            app_label = "fencing"
+            db_table = "fencing_plain"
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Plain)
+    Plain.objects.create(id=1, name="old")
+    with pytest.raises(FenceColumnMissing) as missing:
+        fenced_update(Unmigrated.objects.filter(pk=1), 5, name="x")
+    assert "its table 'fencing_plain' has no column 'dflock_fence' in the database" in str(
+        missing.value
+    )
+    assert "manage.py migrate" in str(missing.value)
+    with pytest.raises(FenceColumnMissing, match="has no column 'dflock_fence' in the database"):
+        fenced_upsert(Unmigrated, 5, key={"id": 1}, values={"name": "x"})
+    assert Plain.objects.get(pk=1).name == "old"
+
+    # The deploy's check, before a task writes: every model at once.
+    check_fence_field(Account)
+    with pytest.raises(FenceColumnMissing) as missing:
+        check_fence_field(Account, Plain, Unmigrated)
+    said = str(missing.value)
+    assert said.startswith("fenced models not ready: fencing.Plain has no field 'dflock_fence'")
+    assert "fencing.Unmigrated's table 'fencing_plain' has no column 'dflock_fence'" in said
