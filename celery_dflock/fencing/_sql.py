@@ -53,10 +53,12 @@ def table_of(table: sa.Table | type[Any]) -> sa.Table:
 
 def adding_lines(table: sa.Table, name: str) -> str:
     """What adds the fence column ``name`` to ``table``: its declaration and its migration."""
+    named = "" if name == FENCE_COLUMN else f"{name!r}"
+    extra = "" if name == FENCE_COLUMN else f", {name!r}"
     return (
-        f"declare it (Core: fence_column() in the Table, or fence_column({name!r}); ORM: "
-        f"{name}: Mapped[int] = mapped_column(BigInteger, default=0, server_default='0')) and "
-        f"add it to the database: add_fence_column(connection, {table.name}), or in an Alembic "
+        f"declare it (Core: fence_column({named}) in the Table; ORM: {name}: Mapped[int] = "
+        "mapped_column(BigInteger, default=0, server_default='0')) and add it to the "
+        f"database: add_fence_column(connection, {table.name}{extra}), or in an Alembic "
         f"migration op.add_column({table.name!r}, sa.Column({name!r}, sa.BigInteger(), "
         "nullable=False, server_default='0')); existing rows get 0"
     )
