@@ -28,6 +28,10 @@ STORE_REDIS_URL: Final = f"{REDIS_URL_BASE}/{STORE_REDIS_DB}"
 DJANGO_APP: Final = "tests.fencing"
 """The Django app of the tests' model (``tests/fencing/models.py``, table ``fencing_account``)."""
 
+SQLITE_ALIAS: Final = "lite"
+MARIADB_ALIAS: Final = "maria"
+"""Django's aliases of the other upserts' databases (``default`` is PostgreSQL)."""
+
 SCHEMA_ENV: Final = "DFLOCK_FENCING_SCHEMA"
 """The schema of the workers of ``fencing_app`` (the test module's own)."""
 CREDIT: Final = "fencing.credit"
@@ -153,12 +157,50 @@ def configure_django(schema: str | None) -> None:
         return
     settings.configure(
         INSTALLED_APPS=[DJANGO_APP],
-        DATABASES={"default": django_database(schema)},
+        DATABASES={
+            "default": django_database(schema),
+            # the other upserts' databases, pointed at a test's own when used
+            # (``point_django_alias_at``): SQLite, and MariaDB through pymysql
+            SQLITE_ALIAS: {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+            MARIADB_ALIAS: {
+                "ENGINE": "django.db.backends.mysql",
+                "NAME": urlsplit(MARIADB_URL).path.lstrip("/") or "test",
+                "USER": urlsplit(MARIADB_URL).username or "root",
+                "PASSWORD": urlsplit(MARIADB_URL).password or "",
+                "HOST": urlsplit(MARIADB_URL).hostname or "127.0.0.1",
+                "PORT": str(urlsplit(MARIADB_URL).port or 3306),
+            },
+        },
         USE_TZ=True,
         TIME_ZONE="UTC",
         DEFAULT_AUTO_FIELD="django.db.models.AutoField",
     )
     django.setup()
+
+
+def point_django_alias_at(alias: str, name: str) -> None:
+    """Django's connection ``alias``, from its next query on, on the database ``name`` (a
+    SQLite file, a MariaDB database). For MariaDB, pymysql stands in for mysqlclient (which
+    needs a compiler and the client's headers): it says it is the mysqlclient Django wants."""
+    from django.db import connections
+
+    if alias == MARIADB_ALIAS:
+        import pymysql
+
+        pymysql.version_info = (2, 2, 1, "final", 0)
+        pymysql.install_as_MySQLdb()
+    connection = connections[alias]
+    connection.close()
+    connection.settings_dict["NAME"] = name
+
+
+@contextlib.contextmanager
+def mariadb_database() -> Iterator[str]:
+    """A MariaDB database of the caller's own, dropped after: its name."""
+    with mariadb_engine() as engine:
+        name = engine.url.database
+        assert name is not None
+        yield name
 
 
 def point_django_at(schema: str) -> None:

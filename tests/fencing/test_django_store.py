@@ -5,9 +5,20 @@ configured in-process, on a schema of each test's own."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from celery_dflock.fencing import FenceMissing, StaleFence
+from tests.fencing.stores import (
+    MARIADB_ALIAS,
+    SQLITE_ALIAS,
+    mariadb_database,
+    point_django_alias_at,
+)
+from tests.support.services import require_mariadb
 
 
 @pytest.fixture
@@ -18,11 +29,40 @@ def account(django_schema: str) -> int:
     return 7
 
 
-def state(account: int) -> tuple[int, int]:
+def state(account: int, using: str = "default") -> tuple[int, int]:
     from tests.fencing.models import Account
 
-    found = Account.objects.get(pk=account)
+    found = Account.objects.using(using).get(pk=account)
     return found.balance, found.dflock_fence
+
+
+@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
+def alias(request: pytest.FixtureRequest, django_schema: str, tmp_path: Path) -> Iterator[str]:
+    """A Django database alias with the model's table, on each database whose upsert is
+    written (PostgreSQL is ``default``, on this test's schema)."""
+    from django.db import connections
+
+    from tests.fencing.models import Account
+
+    if request.param == "postgresql":
+        yield "default"
+        return
+    if request.param == "mariadb":
+        require_mariadb()
+    with mariadb_database() if request.param == "mariadb" else _sqlite(tmp_path) as name:
+        used = MARIADB_ALIAS if request.param == "mariadb" else SQLITE_ALIAS
+        point_django_alias_at(used, name)
+        with connections[used].schema_editor() as editor:
+            editor.create_model(Account)
+        try:
+            yield used
+        finally:
+            connections[used].close()
+
+
+@contextlib.contextmanager
+def _sqlite(tmp_path: Path) -> Iterator[str]:
+    yield str(tmp_path / "fenced.db")
 
 
 def test_a_write_with_a_fence_at_least_the_rows_lands_and_keeps_it(account: int) -> None:
@@ -101,7 +141,7 @@ def test_the_migration_adds_the_field_with_0_for_existing_rows(django_schema: st
         assert cursor.fetchall() == [(0,)]
 
 
-def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(django_schema: str) -> None:
+def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(alias: str) -> None:
     from django.db.models import F
 
     from celery_dflock.fencing.django import fenced_upsert
@@ -114,28 +154,29 @@ def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(django_sche
             key={"id": 9},
             values={"balance": amount},
             update={"balance": F("balance") + amount},
+            using=alias,
         )
 
     credit(100, amount=5)
-    assert state(9) == (5, 100)
+    assert state(9, alias) == (5, 100)
     credit(100)  # the same holder again: accepted
     credit(250)
-    assert state(9) == (7, 250)
+    assert state(9, alias) == (7, 250)
     with pytest.raises(StaleFence, match="its fence 249 is lower than 250") as refused:
         credit(249, amount=1000)
     assert "fencing.Account row id=9" in str(refused.value)
     with pytest.raises(FenceMissing):
         credit(None)
-    assert state(9) == (7, 250)
-    fenced_upsert(Account, 300, key={"id": 9}, values={"balance": 0})  # values alone: the row
-    assert state(9) == (0, 300)
+    assert state(9, alias) == (7, 250)
+    fenced_upsert(Account, 300, key={"id": 9}, values={"balance": 0}, using=alias)  # the row
+    assert state(9, alias) == (0, 300)
     with pytest.raises(ValueError, match="the field 'dflock_fence' holds the fence"):
         fenced_upsert(Account, 301, key={"id": 9}, values={"dflock_fence": 1})
     with pytest.raises(TypeError, match="takes a model class, not QuerySet"):
         fenced_upsert(Account.objects.all(), 301, key={"id": 9}, values={"balance": 1})
 
 
-def test_the_upserts_fence_never_goes_back(django_schema: str) -> None:
+def test_the_upserts_fence_never_goes_back(alias: str) -> None:
     import random
 
     from celery_dflock.fencing.django import fenced_upsert
@@ -146,13 +187,13 @@ def test_the_upserts_fence_never_goes_back(django_schema: str) -> None:
     highest = 0
     for fence in fences:
         try:
-            fenced_upsert(Account, fence, key={"id": 1}, values={"balance": fence})
+            fenced_upsert(Account, fence, key={"id": 1}, values={"balance": fence}, using=alias)
         except StaleFence as refused:
             assert fence < highest and refused.highest == highest
         else:
             assert fence > highest
             highest = fence
-        assert state(1) == (highest, highest)
+        assert state(1, alias) == (highest, highest)
 
 
 def test_a_model_without_the_fence_field_is_named_with_the_lines_that_add_it(
