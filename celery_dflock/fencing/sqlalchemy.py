@@ -39,7 +39,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from celery_dflock.fencing._sql import (
     FencedUpdate,
@@ -108,7 +108,7 @@ def check_fence_column(
 
 
 def fenced_update(
-    connection: Connection | Session,
+    connection: Connection | Session | scoped_session[Any],
     table: sa.Table | type[Any],
     where: sa.ColumnElement[bool],
     *,
@@ -119,15 +119,15 @@ def fenced_update(
     """``UPDATE table SET values, fence WHERE where AND fence <= :fence``; the number of rows
     updated (0 when ``where`` matches no row).
 
-    ``connection``: a blocking ``Connection`` or ``Session`` (for SQLAlchemy's asyncio
-    extension, `celery_dflock.fencing.sqlalchemy_aio.fenced_update`).
+    ``connection``: a blocking ``Connection`` or ``Session`` (a ``scoped_session`` too; for
+    SQLAlchemy's asyncio extension, `celery_dflock.fencing.sqlalchemy_aio.fenced_update`).
     ``table``: a Core ``Table`` or an ORM mapped class (``values`` then names its attributes).
     ``fence``: the lock's fence (``self.lock.fence``); a fence equal to the row's is accepted
     (one holder writes several times), a lower one raises `StaleFence` and None raises
     `FenceMissing`, both without writing. ``fence_name``: the fence column, if not
     ``dflock_fence``; a table without it raises `FenceColumnMissing`.
     """
-    if not isinstance(connection, Connection | Session):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=True)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
     try:
@@ -147,7 +147,7 @@ def fenced_update(
 
 
 def fenced_upsert(
-    connection: Connection | Session,
+    connection: Connection | Session | scoped_session[Any],
     table: sa.Table | type[Any],
     *,
     key: Mapping[str, Any],
@@ -169,7 +169,7 @@ def fenced_upsert(
     with fence 0, then use `fenced_update`). An ORM session's objects are not refreshed from
     the row (``session.refresh(obj)``).
     """
-    if not isinstance(connection, Connection | Session):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=True)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
     dialect = _dialect(connection)
@@ -188,7 +188,7 @@ def fenced_upsert(
         raise refusal
 
 
-def _dialect(connection: Connection | Session) -> sa.Dialect:
+def _dialect(connection: Connection | Session | scoped_session[Any]) -> sa.Dialect:
     return (
         connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
     )

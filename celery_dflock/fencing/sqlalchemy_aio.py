@@ -22,7 +22,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 from celery_dflock.fencing._sql import (
     FencedUpdate,
@@ -60,7 +60,7 @@ async def check_fence_column(
 
 
 async def fenced_update(
-    connection: AsyncConnection | AsyncSession,
+    connection: AsyncConnection | AsyncSession | async_scoped_session[Any],
     table: sa.Table | type[Any],
     where: sa.ColumnElement[bool],
     *,
@@ -71,7 +71,7 @@ async def fenced_update(
     """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_update`, awaited: the
     number of rows updated; `StaleFence`, `FenceMissing` or `FenceColumnMissing` without
     writing."""
-    if not isinstance(connection, AsyncConnection | AsyncSession):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=False)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
     try:
@@ -91,7 +91,7 @@ async def fenced_update(
 
 
 async def fenced_upsert(
-    connection: AsyncConnection | AsyncSession,
+    connection: AsyncConnection | AsyncSession | async_scoped_session[Any],
     table: sa.Table | type[Any],
     *,
     key: Mapping[str, Any],
@@ -102,13 +102,13 @@ async def fenced_upsert(
 ) -> None:
     """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_upsert`, awaited: one
     statement; `StaleFence` when the row holds a higher fence, nothing written."""
-    if not isinstance(connection, AsyncConnection | AsyncSession):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=False)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
     if isinstance(connection, AsyncConnection):
         dialect = connection.dialect
     else:
-        dialect = connection.sync_session.get_bind().dialect
+        dialect = connection.get_bind().dialect
     statement = fenced.statement(dialect, values, update)
     try:
         result = await connection.execute(statement)

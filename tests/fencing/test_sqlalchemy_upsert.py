@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
 
 from celery_dflock.fencing import FenceMissing, StaleFence
 from celery_dflock.fencing.sqlalchemy import fenced_upsert
@@ -145,6 +152,13 @@ def test_the_orm_face_through_a_session(engine: sa.Engine) -> None:
             fenced_upsert(session, Account, key={"id": 5}, fence=19, values={"balance": 9})
         session.rollback()
     assert row(engine, 5) == (2, 20)
+    scoped = scoped_session(sessionmaker(engine))  # as Flask-SQLAlchemy's db.session
+    try:
+        fenced_upsert(scoped, Account, key={"id": 5}, fence=21, values={"balance": 3})
+        scoped.commit()
+    finally:
+        scoped.remove()
+    assert row(engine, 5) == (3, 21)
 
 
 def test_bad_arguments_are_named(engine: sa.Engine) -> None:
