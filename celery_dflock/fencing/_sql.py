@@ -105,22 +105,26 @@ def column_missing(error: DBAPIError, table: sa.Table, name: str) -> FenceColumn
 def wrong_face(helper: str, given: object, *, blocking: bool) -> TypeError:
     """A connection that the face ``helper`` of one kind (``blocking`` or not) cannot run on."""
     kind = type(given).__name__
-    if blocking and kind in {"AsyncConnection", "AsyncSession"}:
+    if blocking and kind in {"AsyncConnection", "AsyncSession", "async_scoped_session"}:
         return TypeError(
             f"{helper} is the blocking face and runs on a Connection or a Session, not an "
             f"{kind}: use celery_dflock.fencing.sqlalchemy_aio.{helper.rpartition('.')[2]} "
             "(await it) for SQLAlchemy's asyncio extension"
         )
-    if not blocking and kind in {"Connection", "Session"}:
+    if not blocking and kind in {"Connection", "Session", "scoped_session"}:
         return TypeError(
             f"{helper} is the asyncio face and runs on an AsyncConnection or an AsyncSession, "
             f"not a {kind}: use celery_dflock.fencing.sqlalchemy.{helper.rpartition('.')[2]} "
             "for a blocking one"
         )
-    wanted = "a Connection or a Session" if blocking else "an AsyncConnection or an AsyncSession"
+    wanted = (
+        "a Connection or a Session (engine.begin(), Session(engine))"
+        if blocking
+        else "an AsyncConnection or an AsyncSession (engine.begin(), AsyncSession(engine))"
+    )
     return TypeError(
-        f"{helper} runs on {wanted} (engine.begin(), Session(engine)), not {kind}: "
-        "the write and its check need one connection's transaction"
+        f"{helper} runs on {wanted}, not {kind}: the write and its check need one "
+        "connection's transaction"
     )
 
 
