@@ -1,5 +1,6 @@
 """Fenced writes through SQLAlchemy's asyncio extension (``AsyncConnection``, ``AsyncSession``;
-needs ``celery-dflock[sqlalchemy]`` and an async driver: asyncpg, psycopg 3's async, aiosqlite).
+needs ``celery-dflock[sqlalchemy]``, ``sqlalchemy[asyncio]`` and an async driver; tested with
+psycopg 3's and aiosqlite).
 
 The same statements as the blocking face (`celery_dflock.fencing.sqlalchemy`, both built in
 `celery_dflock.fencing._sql`), awaited: `fenced_update` and `fenced_upsert` take the same
