@@ -12,19 +12,33 @@ One module per store, each importing its store's client only when imported itsel
 
 * `celery_dflock.fencing.sqlalchemy`: ``fenced_update(connection, table, where, fence=...,
   values=...)``, one ``UPDATE ... WHERE <where> AND dflock_fence <= :fence`` (Core or ORM,
-  any database SQLAlchemy speaks; tested on PostgreSQL);
-* `celery_dflock.fencing.django`: ``fenced_update(queryset_or_model, fence, **values)``, the
-  same through Django's ORM, and ``fence_field()`` for the model;
-* `celery_dflock.fencing.redis`: ``fenced_set`` and ``fenced_hset``, one Lua script each.
+  any database SQLAlchemy speaks; tested on PostgreSQL), and ``fenced_upsert(connection,
+  table, key=..., fence=..., values=...)``, one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``
+  (PostgreSQL, SQLite, MySQL and MariaDB); `celery_dflock.fencing.sqlalchemy_aio`, the same
+  for ``AsyncConnection`` and ``AsyncSession``;
+* `celery_dflock.fencing.django`: ``fenced_update(queryset_or_model, fence, **values)`` and
+  ``fenced_upsert(model, fence, key=..., values=...)``, the same through Django's ORM, and
+  ``fence_field()`` for the model;
+* `celery_dflock.fencing.redis`: ``fenced_set`` and ``fenced_hset``, one Lua script each;
+  `celery_dflock.fencing.redis_aio`, the same for ``redis.asyncio``.
 
 Each write with a fence equal to the highest seen is accepted (a holder writes several times
 under its one fence); a lower one raises `StaleFence`; a missing one (``None``: a lock server
-without fencing tokens) raises `FenceMissing`. Neither writes anything. See docs/fencing.md.
+without fencing tokens) raises `FenceMissing`; a table without the fence column raises
+`FenceColumnMissing` (``check_fence_column`` / ``check_fence_field`` check it at deploy). None
+of them writes anything. See docs/fencing.md.
 """
 
 from __future__ import annotations
 
-from celery_dflock.fencing.errors import FenceMissing, StaleFence
+from celery_dflock.fencing.errors import FenceColumnMissing, FenceMissing, StaleFence
 from celery_dflock.fencing.fences import FENCE_COLUMN, MAX_FENCE, require_fence
 
-__all__ = ["FENCE_COLUMN", "MAX_FENCE", "FenceMissing", "StaleFence", "require_fence"]
+__all__ = [
+    "FENCE_COLUMN",
+    "MAX_FENCE",
+    "FenceColumnMissing",
+    "FenceMissing",
+    "StaleFence",
+    "require_fence",
+]

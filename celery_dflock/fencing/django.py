@@ -3,7 +3,8 @@
 
 The model keeps, in each row, the highest fence a write to that row carried: a field
 ``dflock_fence = fence_field()`` (a ``BigIntegerField(default=0)``; ``makemigrations`` turns
-it into an ``AddField`` that gives every existing row 0). `fenced_update` is one ``UPDATE``::
+it into an ``AddField`` that gives every existing row 0; `check_fence_field` checks a deploy's
+database has it). `fenced_update` is one ``UPDATE``::
 
     queryset.filter(dflock_fence__lte=fence).update(dflock_fence=fence, **values)
 
@@ -11,18 +12,39 @@ so the check and the write are one atomic statement of the database: a row anoth
 wrote with a higher fence is not matched, and nothing is written to it. When no row was
 updated, one aggregate tells a refusal (`StaleFence`) from a queryset that matches no row (0 is
 returned, as ``update()`` does). The queryset should name one row (``pk=...``).
+
+`fenced_upsert` inserts a row or updates it, if its fence is not higher, in one statement
+(Django's ``bulk_create(update_conflicts=True)`` takes no condition, so it is written here, in
+the database's own upsert: ``INSERT ... ON CONFLICT (<key>) DO UPDATE ... WHERE <fence> <=
+EXCLUDED.<fence> RETURNING <fence>`` on PostgreSQL and SQLite, ``INSERT ... ON DUPLICATE KEY
+UPDATE`` with each assignment guarded by the fence on MySQL and MariaDB).
+
+Django's ORM is blocking: from async code, ``sync_to_async(fenced_update)(...)``.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
+from typing import Any, Final, cast
 
+import django.db
+import django.db.models.sql
+import django.db.transaction  # pyright: ignore[reportUnusedImport]  # _db.transaction
+from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
-from celery_dflock.fencing.errors import StaleFence
+from celery_dflock.fencing.errors import FenceColumnMissing, StaleFence
 from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
 
-__all__ = ["fence_field", "fenced_update"]
+__all__ = ["check_fence_field", "fence_field", "fenced_update", "fenced_upsert"]
+
+_MISSING_WORDS: Final = ("does not exist", "no such column", "unknown column", "has no column")
+"""How PostgreSQL, SQLite and MySQL say a column is not there."""
+
+# Django is untyped: what its database layer answers reads as partly unknown, so it is `Any`.
+_db: Any = django.db
+_Query: Any = django.db.models.sql.Query
 
 
 def fence_field() -> Any:
@@ -51,20 +73,220 @@ def fenced_update(
     expressions included). ``fence_name``: the fence field, if not ``dflock_fence``.
     """
     queryset = _queryset(target)
+    field = _fence_field(queryset.model, fence_name)
 
     def label() -> str:  # compiled for a message only
         return f"{queryset.model._meta.label} rows {_described(queryset)}"
 
     fence = require_fence(fence, label)
-    updated = int(
-        queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
-    )
-    if updated:
-        return updated
-    highest = queryset.aggregate(highest=models.Max(fence_name))["highest"]
+    with _column_checked(queryset.model, field):
+        updated = int(
+            queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
+        )
+        if updated:
+            return updated
+        highest = queryset.aggregate(highest=models.Max(fence_name))["highest"]
     if highest is not None and int(highest) > fence:
         raise StaleFence.refused(label(), fence, int(highest))
     return 0
+
+
+def fenced_upsert(
+    model: Any,
+    fence: int | None,
+    /,
+    *,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    update: Mapping[str, Any] | None = None,
+    fence_name: str = FENCE_COLUMN,
+    using: str | None = None,
+) -> None:
+    """Insert the row ``key`` + ``values`` of ``model`` with ``fence``, or, when a row of that
+    ``key`` exists, set ``update`` (default: ``values``) and the fence on it if its fence is
+    not higher; one statement. A refusal raises `StaleFence` (nothing written), None
+    `FenceMissing`.
+
+    ``key``: the fields of the primary key or of a unique constraint and the row's values
+    (``{"id": 7}``). ``values``: the other fields of a new row. ``update``: what an existing
+    row gets, expressions included (``{"balance": F("balance") + 10}``). ``using``: the
+    database alias (default: the router's for writing ``model``). Databases: PostgreSQL,
+    SQLite, MySQL and MariaDB; another raises `ValueError` (create the row first, with fence
+    0, then use `fenced_update`).
+    """
+    if not (isinstance(model, type) and issubclass(model, models.Model)):
+        kind: str = type(cast("object", model)).__name__
+        raise TypeError(f"fenced_upsert takes a model class, not {kind}")
+    options: Any = cast("Any", model)._meta
+    field = _fence_field(model, fence_name)
+    alias: str = using or _db.router.db_for_write(model)
+    connection: Any = _db.connections[alias]
+    row = ", ".join(f"{name}={value!r}" for name, value in key.items())
+    label = f"{options.label} row {row}"
+    checked = require_fence(fence, label)
+    if not key:
+        raise ValueError(f"fenced upsert into {label}: key names no field ({{'id': 7}})")
+    if fence_name in values or (update is not None and fence_name in update):
+        raise ValueError(f"fenced upsert into {label}: the field {fence_name!r} holds the fence")
+    sql, params = _upsert_sql(model, connection, field, checked, key, values, update)
+    quote = connection.ops.quote_name
+    keyed = " AND ".join(f"{quote(options.get_field(name).column)} = %s" for name in key)
+    key_params = [options.get_field(n).get_db_prep_value(v, connection) for n, v in key.items()]
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    with _column_checked(model, field), _db.transaction.atomic(using=alias):
+        cursor: Any
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            if connection.vendor != "mysql" and cursor.fetchone() is not None:
+                return
+            cursor.execute(
+                f"SELECT {quote(field.column)} FROM {quote(options.db_table)} WHERE {keyed}{lock}",
+                key_params,
+            )
+            kept = cursor.fetchone()
+    if kept is not None and int(kept[0]) > checked:
+        raise StaleFence.refused(label, checked, int(kept[0]))
+
+
+def check_fence_field(
+    *checked: Any, fence_name: str = FENCE_COLUMN, using: str | None = None
+) -> None:
+    """Raise `FenceColumnMissing` unless every model of ``checked`` has the fence field
+    ``fence_name`` and its database table the column (its migration applied); the error
+    names each model that lacks it and the lines that add it. For a deploy step (after
+    ``manage.py migrate``) or a worker's start, before a task writes."""
+    lacking: list[str] = []
+    for model in checked:
+        options: Any = model._meta
+        try:
+            field: Any = options.get_field(fence_name)
+        except FieldDoesNotExist:
+            lacking.append(
+                f"{options.label} has no field {fence_name!r}: {_adding(model, fence_name)}"
+            )
+            continue
+        connection: Any = _db.connections[using or _db.router.db_for_write(model)]
+        with connection.cursor() as cursor:
+            description = connection.introspection.get_table_description(cursor, options.db_table)
+        if all(column.name != field.column for column in description):
+            lacking.append(
+                f"{options.label}'s table {options.db_table!r} has no column {field.column!r} "
+                f"in the database: {_migrating(model)}"
+            )
+    if lacking:
+        raise FenceColumnMissing(f"fenced models not ready: {'; '.join(lacking)}")
+
+
+def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument needed
+    model: Any,
+    connection: Any,
+    fence_field: Any,
+    fence: int,
+    key: Mapping[str, Any],
+    values: Mapping[str, Any],
+    update: Mapping[str, Any] | None,
+) -> tuple[str, list[Any]]:
+    """The one upsert statement of ``connection``'s database, and its parameters."""
+    options: Any = model._meta
+    quote = connection.ops.quote_name
+    table = quote(options.db_table)
+    fence_column = quote(fence_field.column)
+    columns: list[str] = []
+    params: list[Any] = []
+    for name, value in {**key, **values}.items():
+        field: Any = options.get_field(name)
+        columns.append(quote(field.column))
+        params.append(field.get_db_prep_save(value, connection))
+    columns.append(fence_column)
+    params.append(fence)
+    inserted = (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
+    )
+    mysql = connection.vendor == "mysql"
+    if connection.vendor not in {"postgresql", "sqlite", "mysql"}:
+        raise ValueError(
+            f"fenced upsert into {options.label}: Django's {connection.vendor} backend has no "
+            "upsert here (PostgreSQL, SQLite, MySQL and MariaDB have one): create the row "
+            "first with fence 0 (the field's default), then write it with fenced_update"
+        )
+
+    def new(column: str) -> str:  # the inserted row's value of ``column``
+        return f"VALUES({column})" if mysql else f"EXCLUDED.{column}"
+
+    query: Any = _Query(model)
+    compiler: Any = query.get_compiler(connection=connection)
+    assignments: list[str] = []
+    for name, value in (values if update is None else update).items():
+        field = options.get_field(name)
+        column = quote(field.column)
+        if update is None:
+            sql, more = new(column), []
+        elif hasattr(value, "resolve_expression"):
+            resolved = value.resolve_expression(query, allow_joins=False, for_save=True)
+            sql, more = compiler.compile(resolved)
+        else:
+            sql, more = "%s", [field.get_db_prep_save(value, connection)]
+        guard = f"{table}.{fence_column} <= {new(fence_column)}"
+        assignments.append(
+            f"{column} = CASE WHEN {guard} THEN {sql} ELSE {table}.{column} END"
+            if mysql
+            else f"{column} = {sql}"
+        )
+        params.extend(more)
+    if mysql:  # assigned left to right: the fence last, after the guards that read it
+        assignments.append(
+            f"{fence_column} = GREATEST({table}.{fence_column}, {new(fence_column)})"
+        )
+        return f"{inserted} ON DUPLICATE KEY UPDATE {', '.join(assignments)}", params
+    assignments.append(f"{fence_column} = {new(fence_column)}")
+    conflict = ", ".join(quote(options.get_field(name).column) for name in key)
+    return (
+        f"{inserted} ON CONFLICT ({conflict}) DO UPDATE SET {', '.join(assignments)} "
+        f"WHERE {table}.{fence_column} <= {new(fence_column)} RETURNING {table}.{fence_column}",
+        params,
+    )
+
+
+def _fence_field(model: Any, name: str) -> Any:
+    """``model``'s fence field, or `FenceColumnMissing` saying how to add it."""
+    try:
+        return model._meta.get_field(name)
+    except FieldDoesNotExist:
+        raise FenceColumnMissing(
+            f"fenced write to {model._meta.label}: the model has no field {name!r}, where a "
+            f"fenced model keeps the highest fence written to each row; {_adding(model, name)}"
+        ) from None
+
+
+def _adding(model: Any, name: str) -> str:
+    return (
+        f"add {name} = fence_field() (from celery_dflock.fencing.django) to "
+        f"{model._meta.object_name}, then {_migrating(model)}"
+    )
+
+
+def _migrating(model: Any) -> str:
+    return (
+        f"run manage.py makemigrations {model._meta.app_label} and manage.py migrate "
+        "(an AddField: existing rows get 0)"
+    )
+
+
+@contextmanager
+def _column_checked(model: Any, field: Any) -> Generator[None]:
+    """The database's error that ``model``'s table lacks ``field``'s column (the model has
+    the field, its migration was not applied) as `FenceColumnMissing`."""
+    try:
+        yield
+    except _db.DatabaseError as error:
+        said = str(error).lower()
+        if field.column.lower() not in said or not any(w in said for w in _MISSING_WORDS):
+            raise
+        raise FenceColumnMissing(
+            f"fenced write to {model._meta.label}: its table {model._meta.db_table!r} has no "
+            f"column {field.column!r} in the database (the database said: "
+            f"{str(error).strip().splitlines()[0]}); {_migrating(model)}"
+        ) from error
 
 
 def _queryset(target: Any) -> Any:

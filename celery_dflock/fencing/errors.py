@@ -1,4 +1,4 @@
-"""The two ways a fenced write is refused, in the `DflockError` tree.
+"""The ways a fenced write is refused, in the `DflockError` tree.
 
 Each carries a single message string that names the row or key, both fences and what to do (so
 it pickles, and a Celery result shows it whole); the numbers are attributes too.
@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from celery_dflock.client.errors import DflockError, LockLost
 
-__all__ = ["FenceMissing", "StaleFence"]
+__all__ = ["FenceColumnMissing", "FenceMissing", "StaleFence"]
 
 
 class StaleFence(LockLost):
     """The store refused a write: it has seen a higher fence for this row or key, so another
-    holder was granted the lock after this one (this run's lease ran out while it was paused,
-    or its lock was lost). Nothing was written.
+    holder wrote after this run was granted its lock: a later holder of the same lock key
+    (this run's lease ran out while it was paused, or its lock was lost), or a holder of
+    another lock key that writes the same row (fences are one sequence across keys, so a row
+    written under two keys refuses the lower one's writes though neither lost its lock).
+    Nothing was written.
 
     A `LockLost`: the store is where a holder that did not notice its loss learns of it, so
     ``except LockLost`` covers both. ``target`` names the row or key, ``fence`` the write's
@@ -35,9 +38,12 @@ class StaleFence(LockLost):
         """The refusal of a write to ``target`` with ``fence``, the store holding ``highest``:
         its message says what happened and that nothing was written (every store's)."""
         return cls(
-            f"fenced write to {target} refused: its fence {fence} is lower than {highest}, "
-            "which a later holder of the lock wrote with; this run lost its lock (its lease "
-            "ran out while it was paused, or it was told and went on), and nothing was written",
+            f"fenced write to {target} refused: its fence {fence} is lower than {highest}, the "
+            "fence the store holds, so another holder wrote after this run was granted its "
+            "lock: either a later holder of this run's lock key (this run lost its lock: its "
+            "lease ran out while it was paused, or it was told and went on), or a holder of "
+            "another lock key that writes the same row or key (fences are one sequence across "
+            "keys: write each row under one lock key). Nothing was written",
             target,
             fence,
             highest,
@@ -49,3 +55,11 @@ class FenceMissing(DflockError):
     issues no fencing tokens (a dflockd 0.4/0.5 or the Go server, whose ``lock.fence`` is
     None), or the write was called outside a locked run. Nothing was written: there is nothing
     safe to compare, and writing unfenced would silently give up the protection."""
+
+
+class FenceColumnMissing(DflockError):
+    """The table (or model) a fenced write names has no fence column (``dflock_fence``), in
+    its declaration or in the database. Nothing was written. The message names the table and
+    the column, and gives the line that adds it (a Django field and its migration, a
+    SQLAlchemy column and its ``ALTER TABLE``). The ``check_fence_*`` helpers of each store
+    raise it at deploy time, before a task writes."""

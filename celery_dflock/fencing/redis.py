@@ -14,45 +14,23 @@ as strings (Lua's numbers are doubles, which cannot tell two fences 1 apart).
 The fence is kept for as long as the value: an expiry or a ``DEL`` of the fence's key forgets
 it (the next write, whatever its fence, is accepted), so give the fence's key no shorter life
 than the value's.
+
+This is the blocking face (``redis.Redis``, ``redis.RedisCluster``); for ``redis.asyncio``,
+`celery_dflock.fencing.redis_aio` runs the same scripts (`celery_dflock.fencing._lua`), awaited.
+Handed an asyncio client, this face raises a `TypeError` that names that one, and sends nothing.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
-from typing import Final
 
 import redis
 
-from celery_dflock.fencing.errors import StaleFence
-from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
+from celery_dflock.fencing.fences import FENCE_COLUMN
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set", "highest_fence"]
-
-Value = str | bytes | int | float
-
-_SET: Final = """
-local seen = redis.call('GET', KEYS[2])
-if seen and seen > ARGV[1] then return seen end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[1])
-return false
-"""
-"""KEYS: the value's key, the fence's key; ARGV: the padded fence, the value. Nil if written,
-else the fence that refused it."""
-
-_HSET: Final = """
-local seen = redis.call('HGET', KEYS[1], ARGV[1])
-if seen and seen > ARGV[2] then return seen end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], unpack(ARGV, 3))
-return false
-"""
-"""KEYS: the hash; ARGV: the fence's field, the padded fence, then field, value, ... Nil if
-written, else the fence that refused it."""
-
-
-def fence_key_of(key: str) -> str:
-    """Where `fenced_set` keeps ``key``'s fence by default: ``<key>:dflock_fence``."""
-    return f"{key}:{FENCE_COLUMN}"
 
 
 def fenced_set(
@@ -69,11 +47,7 @@ def fenced_set(
     A fence equal to the highest is accepted (one holder writes several times); a lower one
     raises `StaleFence` and None raises `FenceMissing`, both without writing.
     """
-    where = fence_key or fence_key_of(key)
-    label = f"Redis key {key!r}"
-    checked = require_fence(fence, label)
-    seen = client.register_script(_SET)(keys=[key, where], args=[_padded(checked), value])
-    _refused_if(seen, label, checked)
+    _run(client, "fenced_set", set_call(key, value, fence, fence_key))
 
 
 def fenced_hset(
@@ -86,17 +60,7 @@ def fenced_hset(
 ) -> None:
     """``HSET key field value ...`` if ``fence`` is at least the hash's ``fence_name`` field,
     and set that field to ``fence``; atomic (one script). Refusals as `fenced_set`."""
-    label = f"Redis hash {key!r}"
-    checked = require_fence(fence, label)
-    if not mapping:
-        raise ValueError(f"fenced write to {label}: no fields to set")
-    if fence_name in mapping:
-        raise ValueError(f"fenced write to {label}: the field {fence_name!r} holds the fence")
-    args: list[Value] = [fence_name, _padded(checked)]
-    for field, value in mapping.items():
-        args += [field, value]
-    seen = client.register_script(_HSET)(keys=[key], args=args)
-    _refused_if(seen, label, checked)
+    _run(client, "fenced_hset", hset_call(key, mapping, fence, fence_name))
 
 
 def highest_fence(raw: bytes | str | None) -> int | None:
@@ -104,12 +68,26 @@ def highest_fence(raw: bytes | str | None) -> int | None:
     return None if raw is None else int(raw)
 
 
-def _padded(fence: int) -> str:
-    return f"{fence:020d}"
+def _run(client: redis.Redis, helper: str, call: ScriptCall) -> None:
+    script = getattr(client, "register_script", None)
+    if script is None or inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
+        raise TypeError(_unsupported(helper, client))
+    seen: object = script(call.script)(keys=call.keys, args=call.args)
+    if inspect.isawaitable(seen):  # an asyncio client of another make: nothing was sent
+        close = getattr(seen, "close", None)
+        if callable(close):
+            close()
+        raise TypeError(_unsupported(helper, client))
+    refusal = call.refused(seen)
+    if refusal is not None:
+        raise refusal
 
 
-def _refused_if(seen: object, label: str, fence: int) -> None:
-    if seen is None:
-        return
-    highest = highest_fence(seen if isinstance(seen, bytes | str) else str(seen))
-    raise StaleFence.refused(label, fence, highest or 0)
+def _unsupported(helper: str, client: object) -> str:
+    kind = f"{type(client).__module__}.{type(client).__name__}"
+    if kind.startswith("redis.asyncio"):
+        return (
+            f"{helper} is the blocking face and runs on redis.Redis, not {kind}: use "
+            f"celery_dflock.fencing.redis_aio.{helper} (await it) for redis.asyncio"
+        )
+    return f"{helper} runs on a blocking redis-py client (redis.Redis), not {kind}"

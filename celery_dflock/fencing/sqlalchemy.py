@@ -2,7 +2,9 @@
 
 The table keeps, in each row, the highest fence a write to that row carried: a column
 ``dflock_fence BIGINT NOT NULL DEFAULT 0`` (`fence_column` declares it, `add_fence_column`
-adds it to a table that exists). `fenced_update` is one statement::
+adds it to a table that exists, `check_fence_column` checks a deploy's database has it).
+
+`fenced_update` is one statement::
 
     UPDATE <table> SET <values>, dflock_fence = :fence
     WHERE <where> AND dflock_fence <= :fence
@@ -12,8 +14,21 @@ level: a row another holder wrote with a higher fence is not matched, and nothin
 to it. When no row was updated, one ``SELECT max(dflock_fence)`` tells a refusal (the row is
 there with a higher fence: `StaleFence`) from a row that is not there (0 is returned, as an
 ``UPDATE`` that matched nothing). ``where`` should name one row (its primary key): the fence
-guards rows, one at a time. The caller's transaction commits the write (``engine.begin()``,
-``session.commit()``).
+guards rows, one at a time.
+
+`fenced_upsert` inserts the row, or updates it if its fence is not higher, in one statement::
+
+    INSERT INTO <table> (<key>, <values>, dflock_fence) VALUES (...)
+    ON CONFLICT (<key>) DO UPDATE SET <update>, dflock_fence = excluded.dflock_fence
+    WHERE <table>.dflock_fence <= excluded.dflock_fence RETURNING dflock_fence
+
+(PostgreSQL and SQLite; on MySQL and MariaDB, ``ON DUPLICATE KEY UPDATE`` with each assignment
+guarded by the fence), so a row's fence never moves back; a refusal raises `StaleFence`.
+
+The caller's transaction commits the write (``engine.begin()``, ``session.commit()``). The
+statements are built in `celery_dflock.fencing._sql`, shared with the asyncio face
+(`celery_dflock.fencing.sqlalchemy_aio`); this face refuses an ``AsyncConnection`` or an
+``AsyncSession`` with a `TypeError` that names that one.
 """
 
 from __future__ import annotations
@@ -23,13 +38,26 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult
-from sqlalchemy.exc import CompileError
-from sqlalchemy.orm import Session
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, scoped_session
 
-from celery_dflock.fencing.errors import StaleFence
-from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+from celery_dflock.fencing._sql import (
+    FencedUpdate,
+    FencedUpsert,
+    column_missing,
+    missing_columns_error,
+    table_of,
+    wrong_face,
+)
+from celery_dflock.fencing.fences import FENCE_COLUMN
 
-__all__ = ["add_fence_column", "fence_column", "fenced_update"]
+__all__ = [
+    "add_fence_column",
+    "check_fence_column",
+    "fence_column",
+    "fenced_update",
+    "fenced_upsert",
+]
 
 
 def fence_column(name: str = FENCE_COLUMN) -> sa.Column[int]:
@@ -57,8 +85,30 @@ def add_fence_column(connection: Connection, table: sa.Table, name: str = FENCE_
     return True
 
 
+def check_fence_column(
+    connection: Connection, *tables: sa.Table | type[Any], name: str = FENCE_COLUMN
+) -> None:
+    """Raise `FenceColumnMissing` unless every one of ``tables`` (Core tables or ORM classes)
+    has the fence column ``name`` in its declaration and in the database; the error names each
+    table that lacks it and the lines that add it. For a deploy step or a worker's start,
+    before a task writes (the write itself raises the same error, after the fact)."""
+    missing: list[tuple[sa.Table, str]] = []
+    inspector = sa.inspect(connection)
+    for given in tables:
+        table = table_of(given)
+        declared = name in table.c
+        present = declared and any(
+            column["name"] == name
+            for column in inspector.get_columns(table.name, schema=table.schema)
+        )
+        if not present:
+            missing.append((table, name))
+    if missing:
+        raise missing_columns_error(missing)
+
+
 def fenced_update(
-    connection: Connection | Session,
+    connection: Connection | Session | scoped_session[Any],
     table: sa.Table | type[Any],
     where: sa.ColumnElement[bool],
     *,
@@ -69,37 +119,76 @@ def fenced_update(
     """``UPDATE table SET values, fence WHERE where AND fence <= :fence``; the number of rows
     updated (0 when ``where`` matches no row).
 
+    ``connection``: a blocking ``Connection`` or ``Session`` (a ``scoped_session`` too; for
+    SQLAlchemy's asyncio extension, `celery_dflock.fencing.sqlalchemy_aio.fenced_update`).
     ``table``: a Core ``Table`` or an ORM mapped class (``values`` then names its attributes).
     ``fence``: the lock's fence (``self.lock.fence``); a fence equal to the row's is accepted
     (one holder writes several times), a lower one raises `StaleFence` and None raises
     `FenceMissing`, both without writing. ``fence_name``: the fence column, if not
-    ``dflock_fence``.
+    ``dflock_fence``; a table without it raises `FenceColumnMissing`.
     """
-    statement = sa.update(table)
-    target = cast("sa.Table", statement.table)
-
-    def label() -> str:  # compiled for a message only
-        return f"{target.fullname} where {_described(where)}"
-
-    fence = require_fence(fence, label)
-    column = target.c[fence_name]
-    assigned: dict[Any, Any] = {**values, column: fence}
-    # "fetch": an ORM session updates the objects it holds from the rows the database updated
-    # (on PostgreSQL, RETURNING), never from its own, possibly stale, idea of their fence.
-    statement = statement.where(where, column <= fence).values(assigned)
-    result = connection.execute(statement.execution_options(synchronize_session="fetch"))
-    updated = cast("CursorResult[Any]", result).rowcount
-    if updated:
-        return updated
-    highest = connection.execute(sa.select(sa.func.max(column)).where(where)).scalar()
-    if highest is not None and int(highest) > fence:
-        raise StaleFence.refused(label(), fence, int(highest))
+    if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise wrong_face("fenced_update", connection, blocking=True)
+    fenced = FencedUpdate.build(table, where, fence, fence_name)
+    try:
+        result = connection.execute(fenced.update(table, values))
+        updated = cast("CursorResult[Any]", result).rowcount
+        if updated:
+            return updated
+        refusal = fenced.refused(connection.execute(fenced.highest()).scalar())
+    except DBAPIError as error:
+        missing = column_missing(error, fenced.table, fenced.column.name)
+        if missing is None:
+            raise
+        raise missing from error
+    if refusal is not None:
+        raise refusal
     return 0
 
 
-def _described(where: sa.ColumnElement[bool]) -> str:
-    """``where`` as SQL with its values in line, for a message (as bound SQL if it cannot)."""
+def fenced_upsert(
+    connection: Connection | Session | scoped_session[Any],
+    table: sa.Table | type[Any],
+    *,
+    key: Mapping[str, Any],
+    fence: int | None,
+    values: Mapping[str, Any],
+    update: Mapping[str, Any] | None = None,
+    fence_name: str = FENCE_COLUMN,
+) -> None:
+    """Insert the row ``key`` + ``values`` with ``fence``, or, when a row of that ``key``
+    exists, set ``update`` (default: ``values``) and the fence on it if its fence is not
+    higher; one statement. A refusal raises `StaleFence` (nothing written), None
+    `FenceMissing`.
+
+    ``key``: the columns of the primary key or of a unique constraint, and the row's values
+    of them (``{"id": 7}``). ``values``: the other columns of a new row, by name.
+    ``update``: what an existing row gets, by column name, expressions over its columns
+    included (``{"balance": accounts.c.balance + 10}``). Databases: PostgreSQL, SQLite,
+    MySQL and MariaDB (their upserts); another raises `ValueError` (insert the row first
+    with fence 0, then use `fenced_update`). An ORM session's objects are not refreshed from
+    the row (``session.refresh(obj)``).
+    """
+    if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise wrong_face("fenced_upsert", connection, blocking=True)
+    fenced = FencedUpsert.build(table, key, fence, fence_name)
+    dialect = _dialect(connection)
+    statement = fenced.statement(dialect, values, update)
     try:
-        return str(where.compile(compile_kwargs={"literal_binds": True}))
-    except (CompileError, NotImplementedError):
-        return str(where)
+        result = connection.execute(statement)
+        if fenced.returns_fence(dialect) and result.scalar() is not None:
+            return
+        refusal = fenced.refused(connection.execute(fenced.kept()).scalar())
+    except DBAPIError as error:
+        missing = column_missing(error, fenced.table, fenced.column.name)
+        if missing is None:
+            raise
+        raise missing from error
+    if refusal is not None:
+        raise refusal
+
+
+def _dialect(connection: Connection | Session | scoped_session[Any]) -> sa.Dialect:
+    return (
+        connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
+    )

@@ -19,8 +19,9 @@ signal receivers stay out of the test process). The preamble, the only thing add
   tasks of one name, as two modules of a project would.
 * The fenced stores' page (docs/fencing.md) gets real stores from its test, in the environment:
   ``DFLOCK_DOCS_POSTGRES_URL`` (a schema of the test's own) stands for the PostgreSQL URL the
-  page names, ``DFLOCK_DOCS_REDIS_URL`` for its Redis URL, and ``DFLOCK_DOCS_DJANGO_DATABASE``
-  (JSON) configures Django in the preamble, as a project's settings module would.
+  page names (``DFLOCK_DOCS_POSTGRES_ASYNC_URL`` for its async driver's),
+  ``DFLOCK_DOCS_REDIS_URL`` for its Redis URL, and ``DFLOCK_DOCS_DJANGO_DATABASE`` (JSON)
+  configures Django in the preamble, as a project's settings module would.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class FencedStore:
 
 STORES: dict[str, str] = {
     '"postgresql+psycopg://postgres@127.0.0.1:5432/test"': "DFLOCK_DOCS_POSTGRES_URL",
+    '"postgresql+psycopg_async://postgres@127.0.0.1:5432/test"': "DFLOCK_DOCS_POSTGRES_ASYNC_URL",
     '"redis://127.0.0.1:6379/0"': "DFLOCK_DOCS_REDIS_URL",
 }
 """A store's address as a page names it -> the variable that holds the test's own."""

@@ -44,6 +44,9 @@ def fencing_stores() -> Iterator[dict[str, str]]:
     try:
         yield {
             "DFLOCK_DOCS_POSTGRES_URL": sqlalchemy_url(schema),
+            "DFLOCK_DOCS_POSTGRES_ASYNC_URL": sqlalchemy_url(schema).replace(
+                "postgresql+psycopg://", "postgresql+psycopg_async://"
+            ),
             "DFLOCK_DOCS_REDIS_URL": STORE_REDIS_URL,
             "DFLOCK_DOCS_DJANGO_DATABASE": json.dumps(django_database(schema)),
         }

@@ -10,17 +10,23 @@ before the pool forks (no connection is opened until a child's first query).
 :func:`credit` takes ``fencing:<store>:<account>``, logs ``granted`` with its fence, waits for
 its go file (if any: the test holds the run there, then stops its worker), then writes ``+1``
 to the account through the store's fenced write with ``self.lock.fence`` and logs ``applied``.
-A refused write fails the run with `StaleFence`, which its result carries.
+A refused write fails the run with `StaleFence`, which its result carries. The stores: the
+updates of an existing row (``django``, ``sqlalchemy``, ``redis``), the inserts-or-updates
+(``django-upsert``, ``sqlalchemy-upsert``), and the asyncio faces from an async task body, the
+way a Celery task runs async code, ``asyncio.run(...)`` (``sqlalchemy-aio``: an upsert through
+psycopg 3's async driver; ``redis-aio``: ``redis.asyncio``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import time
 from pathlib import Path
 
 import redis
+import redis.asyncio
 import sqlalchemy as sa
 
 from celery_dflock import LockedTask
@@ -30,6 +36,7 @@ from tests.fencing.stores import (
     CREDIT,
     SCHEMA_ENV,
     STORE_REDIS_URL,
+    async_engine_for,
     configure_django,
     engine_for,
     redis_key,
@@ -63,9 +70,62 @@ def _wait(go_file: str | None) -> None:
         time.sleep(GO_POLL_S)
 
 
+async def _write_async(store: str, account: int, label: str, fence: int | None) -> None:
+    """``+1`` to ``account`` through an asyncio face (its client made and closed on this
+    run's loop)."""
+    if store == "sqlalchemy-aio":
+        from celery_dflock.fencing.sqlalchemy_aio import fenced_upsert
+
+        engine = async_engine_for(os.environ[SCHEMA_ENV])
+        try:
+            async with engine.begin() as db:
+                await fenced_upsert(
+                    db,
+                    ACCOUNTS,
+                    key={"id": account},
+                    fence=fence,
+                    values={"balance": 1},
+                    update={"balance": ACCOUNTS.c.balance + 1},
+                )
+        finally:
+            await engine.dispose()
+    else:
+        from celery_dflock.fencing.redis_aio import fenced_hset
+
+        client = redis.asyncio.Redis.from_url(STORE_REDIS_URL)
+        try:
+            key = redis_key(os.environ[SCHEMA_ENV], account)
+            await fenced_hset(client, key, {"writer": label}, fence=fence)
+            await client.incr(f"{key}:writes")
+        finally:
+            await client.aclose()
+
+
 def _write(store: str, account: int, label: str, fence: int | None) -> None:
     """``+1`` to ``account`` in ``store``, fenced: the line a task writes."""
-    if store == "django":
+    if store.endswith("-aio"):
+        asyncio.run(_write_async(store, account, label, fence))
+    elif store == "django-upsert":
+        from django.db.models import F
+
+        from celery_dflock.fencing.django import fenced_upsert as django_upsert
+        from tests.fencing.models import Account
+
+        update = {"balance": F("balance") + 1}
+        django_upsert(Account, fence, key={"id": account}, values={"balance": 1}, update=update)
+    elif store == "sqlalchemy-upsert":
+        from celery_dflock.fencing.sqlalchemy import fenced_upsert
+
+        with _engine().begin() as db:
+            fenced_upsert(
+                db,
+                ACCOUNTS,
+                key={"id": account},
+                fence=fence,
+                values={"balance": 1},
+                update={"balance": ACCOUNTS.c.balance + 1},
+            )
+    elif store == "django":
         from django.db.models import F
 
         from celery_dflock.fencing.django import fenced_update

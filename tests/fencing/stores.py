@@ -1,6 +1,7 @@
 # pyright: reportMissingTypeStubs=false
 """The real stores of the fenced-write tests: a PostgreSQL schema of each test's own (other runs
-share the database), the table both SQL faces write to, and Redis.
+share the database), the table both SQL faces write to, Redis, and (for the upserts of other
+databases) MariaDB and SQLite.
 
 Imported by the tests, by the worker app (``fencing_app``) and by the docs runner: PostgreSQL is
 reached as ``POSTGRES_URL`` (``CELERY_DFLOCK_TEST_POSTGRES_URL``) with ``search_path`` set to
@@ -9,20 +10,27 @@ the schema, through SQLAlchemy (psycopg 3) or a Django configured in-process.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from celery_dflock.fencing.sqlalchemy import fence_column
-from tests.support.services import POSTGRES_URL, REDIS_URL_BASE
+from tests.support.services import MARIADB_URL, POSTGRES_URL, REDIS_URL_BASE
 
 STORE_REDIS_DB: Final = 10
 """The Redis database of fenced keys (tests/fencing and docs/fencing.md's examples)."""
 STORE_REDIS_URL: Final = f"{REDIS_URL_BASE}/{STORE_REDIS_DB}"
 DJANGO_APP: Final = "tests.fencing"
 """The Django app of the tests' model (``tests/fencing/models.py``, table ``fencing_account``)."""
+
+SQLITE_ALIAS: Final = "lite"
+MARIADB_ALIAS: Final = "maria"
+"""Django's aliases of the other upserts' databases (``default`` is PostgreSQL)."""
 
 SCHEMA_ENV: Final = "DFLOCK_FENCING_SCHEMA"
 """The schema of the workers of ``fencing_app`` (the test module's own)."""
@@ -59,6 +67,35 @@ def sqlalchemy_url(schema: str | None = None) -> str:
 
 def engine_for(schema: str | None = None) -> sa.Engine:
     return sa.create_engine(sqlalchemy_url(schema), pool_pre_ping=True)
+
+
+def async_engine_for(schema: str) -> AsyncEngine:
+    """An asyncio engine on ``schema`` (psycopg 3's async driver)."""
+    url = sqlalchemy_url(schema).replace("postgresql+psycopg://", "postgresql+psycopg_async://")
+    return create_async_engine(url)
+
+
+@contextlib.contextmanager
+def mariadb_engine() -> Iterator[sa.Engine]:
+    """An engine on a MariaDB database of the caller's own (``account`` in it), dropped after
+    (pymysql)."""
+    parts = urlsplit(MARIADB_URL)
+    server = f"mysql+pymysql://{parts.netloc}"
+    database = new_schema_name()
+    admin = sa.create_engine(server)
+    try:
+        with admin.begin() as db:
+            db.execute(sa.text(f"CREATE DATABASE `{database}`"))
+        engine = sa.create_engine(f"{server}/{database}")
+        try:
+            METADATA.create_all(engine)
+            yield engine
+        finally:
+            engine.dispose()
+            with admin.begin() as db:
+                db.execute(sa.text(f"DROP DATABASE IF EXISTS `{database}`"))
+    finally:
+        admin.dispose()
 
 
 def create_schema(schema: str, *, tables: bool = True) -> None:
@@ -120,12 +157,50 @@ def configure_django(schema: str | None) -> None:
         return
     settings.configure(
         INSTALLED_APPS=[DJANGO_APP],
-        DATABASES={"default": django_database(schema)},
+        DATABASES={
+            "default": django_database(schema),
+            # the other upserts' databases, pointed at a test's own when used
+            # (``point_django_alias_at``): SQLite, and MariaDB through pymysql
+            SQLITE_ALIAS: {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+            MARIADB_ALIAS: {
+                "ENGINE": "django.db.backends.mysql",
+                "NAME": urlsplit(MARIADB_URL).path.lstrip("/") or "test",
+                "USER": urlsplit(MARIADB_URL).username or "root",
+                "PASSWORD": urlsplit(MARIADB_URL).password or "",
+                "HOST": urlsplit(MARIADB_URL).hostname or "127.0.0.1",
+                "PORT": str(urlsplit(MARIADB_URL).port or 3306),
+            },
+        },
         USE_TZ=True,
         TIME_ZONE="UTC",
         DEFAULT_AUTO_FIELD="django.db.models.AutoField",
     )
     django.setup()
+
+
+def point_django_alias_at(alias: str, name: str) -> None:
+    """Django's connection ``alias``, from its next query on, on the database ``name`` (a
+    SQLite file, a MariaDB database). For MariaDB, pymysql stands in for mysqlclient (which
+    needs a compiler and the client's headers): it says it is the mysqlclient Django wants."""
+    from django.db import connections
+
+    if alias == MARIADB_ALIAS:
+        import pymysql
+
+        pymysql.version_info = (2, 2, 1, "final", 0)
+        pymysql.install_as_MySQLdb()
+    connection = connections[alias]
+    connection.close()
+    connection.settings_dict["NAME"] = name
+
+
+@contextlib.contextmanager
+def mariadb_database() -> Iterator[str]:
+    """A MariaDB database of the caller's own, dropped after: its name."""
+    with mariadb_engine() as engine:
+        name = engine.url.database
+        assert name is not None
+        yield name
 
 
 def point_django_at(schema: str) -> None:

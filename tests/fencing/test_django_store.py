@@ -5,9 +5,20 @@ configured in-process, on a schema of each test's own."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from celery_dflock.fencing import FenceMissing, StaleFence
+from tests.fencing.stores import (
+    MARIADB_ALIAS,
+    SQLITE_ALIAS,
+    mariadb_database,
+    point_django_alias_at,
+)
+from tests.support.services import require_mariadb
 
 
 @pytest.fixture
@@ -18,11 +29,40 @@ def account(django_schema: str) -> int:
     return 7
 
 
-def state(account: int) -> tuple[int, int]:
+def state(account: int, using: str = "default") -> tuple[int, int]:
     from tests.fencing.models import Account
 
-    found = Account.objects.get(pk=account)
+    found = Account.objects.using(using).get(pk=account)
     return found.balance, found.dflock_fence
+
+
+@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
+def alias(request: pytest.FixtureRequest, django_schema: str, tmp_path: Path) -> Iterator[str]:
+    """A Django database alias with the model's table, on each database whose upsert is
+    written (PostgreSQL is ``default``, on this test's schema)."""
+    from django.db import connections
+
+    from tests.fencing.models import Account
+
+    if request.param == "postgresql":
+        yield "default"
+        return
+    if request.param == "mariadb":
+        require_mariadb()
+    with mariadb_database() if request.param == "mariadb" else _sqlite(tmp_path) as name:
+        used = MARIADB_ALIAS if request.param == "mariadb" else SQLITE_ALIAS
+        point_django_alias_at(used, name)
+        with connections[used].schema_editor() as editor:
+            editor.create_model(Account)
+        try:
+            yield used
+        finally:
+            connections[used].close()
+
+
+@contextlib.contextmanager
+def _sqlite(tmp_path: Path) -> Iterator[str]:
+    yield str(tmp_path / "fenced.db")
 
 
 def test_a_write_with_a_fence_at_least_the_rows_lands_and_keeps_it(account: int) -> None:
@@ -99,3 +139,119 @@ def test_the_migration_adds_the_field_with_0_for_existing_rows(django_schema: st
     with connection.cursor() as cursor:
         cursor.execute("SELECT dflock_fence FROM fencing_legacy")
         assert cursor.fetchall() == [(0,)]
+
+
+def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(alias: str) -> None:
+    from django.db.models import F
+
+    from celery_dflock.fencing.django import fenced_upsert
+    from tests.fencing.models import Account
+
+    def credit(fence: int | None, amount: int = 1) -> None:
+        fenced_upsert(
+            Account,
+            fence,
+            key={"id": 9},
+            values={"balance": amount},
+            update={"balance": F("balance") + amount},
+            using=alias,
+        )
+
+    credit(100, amount=5)
+    assert state(9, alias) == (5, 100)
+    credit(100)  # the same holder again: accepted
+    credit(250)
+    assert state(9, alias) == (7, 250)
+    with pytest.raises(StaleFence, match="its fence 249 is lower than 250") as refused:
+        credit(249, amount=1000)
+    assert "fencing.Account row id=9" in str(refused.value)
+    with pytest.raises(FenceMissing):
+        credit(None)
+    assert state(9, alias) == (7, 250)
+    fenced_upsert(Account, 300, key={"id": 9}, values={"balance": 0}, using=alias)  # the row
+    assert state(9, alias) == (0, 300)
+    with pytest.raises(ValueError, match="the field 'dflock_fence' holds the fence"):
+        fenced_upsert(Account, 301, key={"id": 9}, values={"dflock_fence": 1})
+    with pytest.raises(TypeError, match="takes a model class, not QuerySet"):
+        fenced_upsert(Account.objects.all(), 301, key={"id": 9}, values={"balance": 1})
+
+
+def test_the_upserts_fence_never_goes_back(alias: str) -> None:
+    import random
+
+    from celery_dflock.fencing.django import fenced_upsert
+    from tests.fencing.models import Account
+
+    fences = list(range(1, 31))
+    random.Random(72).shuffle(fences)
+    highest = 0
+    for fence in fences:
+        try:
+            fenced_upsert(Account, fence, key={"id": 1}, values={"balance": fence}, using=alias)
+        except StaleFence as refused:
+            assert fence < highest and refused.highest == highest
+        else:
+            assert fence > highest
+            highest = fence
+        assert state(1, alias) == (highest, highest)
+
+
+def test_a_model_without_the_fence_field_is_named_with_the_lines_that_add_it(
+    django_schema: str,
+) -> None:
+    from django.db import connection, models
+
+    from celery_dflock.fencing import FenceColumnMissing
+    from celery_dflock.fencing.django import (
+        check_fence_field,
+        fence_field,
+        fenced_update,
+        fenced_upsert,
+    )
+    from tests.fencing.models import Account
+
+    class Plain(models.Model):
+        name = models.TextField()
+
+        class Meta:
+            app_label = "fencing"
+            db_table = "fencing_plain"
+
+    with pytest.raises(FenceColumnMissing) as missing:
+        fenced_update(Plain.objects.filter(pk=1), 5, name="x")
+    said = str(missing.value)
+    assert "fencing.Plain: the model has no field 'dflock_fence'" in said
+    assert "add dflock_fence = fence_field() (from celery_dflock.fencing.django) to Plain" in said
+    assert "manage.py makemigrations fencing and manage.py migrate" in said
+    with pytest.raises(FenceColumnMissing, match="the model has no field"):
+        fenced_upsert(Plain, 5, key={"id": 1}, values={"name": "x"})
+
+    # The model has the field, its migration was not applied: the database's error, named.
+    class Unmigrated(models.Model):
+        name = models.TextField()
+        dflock_fence = fence_field()
+
+        class Meta:
+            app_label = "fencing"
+            db_table = "fencing_plain"
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Plain)
+    Plain.objects.create(id=1, name="old")
+    with pytest.raises(FenceColumnMissing) as missing:
+        fenced_update(Unmigrated.objects.filter(pk=1), 5, name="x")
+    assert "its table 'fencing_plain' has no column 'dflock_fence' in the database" in str(
+        missing.value
+    )
+    assert "manage.py migrate" in str(missing.value)
+    with pytest.raises(FenceColumnMissing, match="has no column 'dflock_fence' in the database"):
+        fenced_upsert(Unmigrated, 5, key={"id": 1}, values={"name": "x"})
+    assert Plain.objects.get(pk=1).name == "old"
+
+    # The deploy's check, before a task writes: every model at once.
+    check_fence_field(Account)
+    with pytest.raises(FenceColumnMissing) as missing:
+        check_fence_field(Account, Plain, Unmigrated)
+    said = str(missing.value)
+    assert said.startswith("fenced models not ready: fencing.Plain has no field 'dflock_fence'")
+    assert "fencing.Unmigrated's table 'fencing_plain' has no column 'dflock_fence'" in said

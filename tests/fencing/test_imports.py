@@ -29,4 +29,6 @@ def test_importing_the_plugin_and_the_fencing_package_loads_no_store_client() ->
 def test_each_stores_module_loads_its_own_client_only() -> None:
     assert loaded_after("import celery_dflock.fencing.redis") == ["redis"]
     assert loaded_after("import celery_dflock.fencing.sqlalchemy") == ["sqlalchemy"]
+    assert loaded_after("import celery_dflock.fencing.redis_aio") == ["redis"]
+    assert loaded_after("import celery_dflock.fencing.sqlalchemy_aio") == ["sqlalchemy"]
     assert "sqlalchemy" not in loaded_after("import celery_dflock.fencing.django")

@@ -1,7 +1,8 @@
-"""Redis, RabbitMQ and PostgreSQL on this machine: where they are, whether they answer, and the
-rule for a test that needs one: skip without it, fail instead when
+"""Redis, RabbitMQ, PostgreSQL and MariaDB on this machine: where they are, whether they answer,
+and the rule for a test that needs one: skip without it, fail instead when
 ``CELERY_DFLOCK_REQUIRE_REDIS=1`` (Redis, RabbitMQ) or ``CELERY_DFLOCK_REQUIRE_POSTGRES=1``
-(CI sets both), so a service-dependent test never silently stops running."""
+(PostgreSQL, MariaDB: CI sets both), so a service-dependent test never silently stops
+running."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ POSTGRES_URL = os.environ.get(
     "CELERY_DFLOCK_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
 )
 """PostgreSQL of the fenced-store tests (each test makes a schema of its own in it)."""
+MARIADB_URL = os.environ.get("CELERY_DFLOCK_TEST_MARIADB_URL", "mysql://root@127.0.0.1:3306/test")
+"""MariaDB (or MySQL) of the fenced upsert's tests (each test makes a database of its own)."""
 REQUIRE_POSTGRES_ENV = "CELERY_DFLOCK_REQUIRE_POSTGRES"
 """Set to 1 (as CI does), a test that needs PostgreSQL fails instead of skipping."""
 REQUIRE_SERVICES_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
@@ -65,6 +68,18 @@ def postgres_reachable(timeout: float = 0.5) -> bool:
     )
 
 
+def mariadb_reachable(timeout: float = 0.5) -> bool:
+    """True if MariaDB (or MySQL) greets a connection with its handshake (protocol 10)."""
+    address = urlsplit(MARIADB_URL)
+    try:
+        with socket.create_connection(
+            (address.hostname or "127.0.0.1", address.port or 3306), timeout=timeout
+        ) as sock:
+            return sock.recv(5)[4:5] == b"\x0a"
+    except OSError:
+        return False
+
+
 def unavailable(message: str, *, required: bool | None = None, because: str = "") -> NoReturn:
     """Skip the calling test saying ``message``, or fail it when ``required`` (default: when
     CI's variable is set), saying ``because`` (default: that variable)."""
@@ -96,6 +111,17 @@ def require_postgres() -> None:
     if not postgres_reachable():
         unavailable(
             f"PostgreSQL at {POSTGRES_URL} is not reachable",
+            required=os.environ.get(REQUIRE_POSTGRES_ENV) == "1",
+            because=f"{REQUIRE_POSTGRES_ENV}=1 requires it",
+        )
+
+
+def require_mariadb() -> None:
+    """Skip the calling test without MariaDB; fail it under CI's variable for the fenced
+    stores' databases (``CELERY_DFLOCK_REQUIRE_POSTGRES``: CI's machine runs both)."""
+    if not mariadb_reachable():
+        unavailable(
+            f"MariaDB at {MARIADB_URL} is not reachable",
             required=os.environ.get(REQUIRE_POSTGRES_ENV) == "1",
             because=f"{REQUIRE_POSTGRES_ENV}=1 requires it",
         )

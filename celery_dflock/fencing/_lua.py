@@ -1,0 +1,89 @@
+"""The Lua scripts of both Redis faces (`celery_dflock.fencing.redis` and
+`celery_dflock.fencing.redis_aio`), their arguments and how each reads a script's answer.
+
+Each write is one script, which Redis runs atomically: it reads the highest fence kept beside
+the value, refuses the write if that is higher than the write's, and otherwise writes the
+value and the fence. Fences are kept as 20-digit zero-padded decimal strings and compared as
+strings (Lua's numbers are doubles, which cannot tell two fences 1 apart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from celery_dflock.fencing.errors import StaleFence
+from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+
+__all__ = ["HSET", "SET", "ScriptCall", "Value", "fence_key_of", "hset_call", "set_call"]
+
+Value = str | bytes | int | float
+
+SET: Final = """
+local seen = redis.call('GET', KEYS[2])
+if seen and seen > ARGV[1] then return seen end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[1])
+return false
+"""
+"""KEYS: the value's key, the fence's key; ARGV: the padded fence, the value. Nil if written,
+else the fence that refused it."""
+
+HSET: Final = """
+local seen = redis.call('HGET', KEYS[1], ARGV[1])
+if seen and seen > ARGV[2] then return seen end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], unpack(ARGV, 3))
+return false
+"""
+"""KEYS: the hash; ARGV: the fence's field, the padded fence, then field, value, ... Nil if
+written, else the fence that refused it."""
+
+
+def fence_key_of(key: str) -> str:
+    """Where ``fenced_set`` keeps ``key``'s fence by default: ``<key>:dflock_fence``."""
+    return f"{key}:{FENCE_COLUMN}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One call of a script: its text, keys and arguments, and what names its target."""
+
+    script: str
+    keys: list[str]
+    args: list[Value]
+    label: str
+    fence: int
+
+    def refused(self, seen: object) -> StaleFence | None:
+        """The refusal the script answered (the fence it holds), or None: written."""
+        if seen is None:
+            return None
+        held = int(seen if isinstance(seen, bytes | str) else str(seen))
+        return StaleFence.refused(self.label, self.fence, held)
+
+
+def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -> ScriptCall:
+    label = f"Redis key {key!r}"
+    checked = require_fence(fence, label)
+    where = fence_key or fence_key_of(key)
+    return ScriptCall(SET, [key, where], [_padded(checked), value], label, checked)
+
+
+def hset_call(
+    key: str, mapping: Mapping[str, Value], fence: int | None, fence_name: str
+) -> ScriptCall:
+    label = f"Redis hash {key!r}"
+    checked = require_fence(fence, label)
+    if not mapping:
+        raise ValueError(f"fenced write to {label}: no fields to set")
+    if fence_name in mapping:
+        raise ValueError(f"fenced write to {label}: the field {fence_name!r} holds the fence")
+    args: list[Value] = [fence_name, _padded(checked)]
+    for field, value in mapping.items():
+        args += [field, value]
+    return ScriptCall(HSET, [key], args, label, checked)
+
+
+def _padded(fence: int) -> str:
+    return f"{fence:020d}"

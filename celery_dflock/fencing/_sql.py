@@ -1,0 +1,275 @@
+"""The statements of both SQLAlchemy faces (`celery_dflock.fencing.sqlalchemy` and
+`celery_dflock.fencing.sqlalchemy_aio`), and how each reads what the database answered: built
+here once, executed by the face (``connection.execute`` or ``await connection.execute``).
+
+* `FencedUpdate`: ``UPDATE <table> SET <values>, fence = :fence WHERE <where> AND fence <=
+  :fence``, then, when no row was updated, ``SELECT max(fence) WHERE <where>`` to tell a
+  refusal from a row that is not there.
+* `FencedUpsert`: one ``INSERT ... ON CONFLICT (<key>) DO UPDATE SET ... WHERE fence <=
+  excluded.fence RETURNING fence`` (PostgreSQL, SQLite), or ``INSERT ... ON DUPLICATE KEY
+  UPDATE`` whose every assignment keeps the row's value unless the fence is at least the row's
+  (MySQL, MariaDB: the fence's assignment comes last, as MySQL assigns left to right); then, on
+  MySQL always and elsewhere when nothing was returned, ``SELECT fence ... FOR UPDATE`` of the
+  row, which the statement locked.
+
+Errors in the user's terms: `StaleFence`, `FenceColumnMissing` (a table without the column,
+in its declaration or in the database), and a `TypeError` naming the face to use for a
+connection of the other kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.exc import CompileError, DBAPIError
+
+from celery_dflock.fencing.errors import FenceColumnMissing, StaleFence
+from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+
+__all__ = [
+    "UPSERT_DIALECTS",
+    "FencedUpdate",
+    "FencedUpsert",
+    "column_missing",
+    "fence_column_of",
+    "missing_columns_error",
+    "table_of",
+    "wrong_face",
+]
+
+UPSERT_DIALECTS: Final = frozenset({"postgresql", "sqlite", "mysql", "mariadb"})
+"""The databases whose upsert `FencedUpsert` writes (SQLAlchemy's ``insert`` of each)."""
+_MYSQL: Final = frozenset({"mysql", "mariadb"})
+
+
+def table_of(table: sa.Table | type[Any]) -> sa.Table:
+    """A Core ``Table`` as it is; an ORM mapped class's table."""
+    return cast("sa.Table", sa.update(table).table)
+
+
+def adding_lines(table: sa.Table, name: str) -> str:
+    """What adds the fence column ``name`` to ``table``: its declaration and its migration."""
+    named = "" if name == FENCE_COLUMN else f"{name!r}"
+    extra = "" if name == FENCE_COLUMN else f", {name!r}"
+    return (
+        f"declare it (Core: fence_column({named}) in the Table; ORM: {name}: Mapped[int] = "
+        "mapped_column(BigInteger, default=0, server_default='0')) and add it to the "
+        f"database: add_fence_column(connection, {table.name}{extra}), or in an Alembic "
+        f"migration op.add_column({table.name!r}, sa.Column({name!r}, sa.BigInteger(), "
+        "nullable=False, server_default='0')); existing rows get 0"
+    )
+
+
+def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
+    """``table``'s fence column, or `FenceColumnMissing` saying how to add it."""
+    try:
+        return table.c[name]
+    except KeyError:
+        raise FenceColumnMissing(
+            f"fenced write to table {table.fullname!r}: the Table has no column {name!r}, "
+            "where a fenced table keeps the highest fence written to each row; "
+            f"{adding_lines(table, name)}"
+        ) from None
+
+
+def missing_columns_error(missing: list[tuple[sa.Table, str]]) -> FenceColumnMissing:
+    """The error of `check_fence_column`: each table whose database table lacks its column."""
+    lines = "; ".join(
+        f"table {table.fullname!r} has no column {name!r} in the database: "
+        f"{adding_lines(table, name)}"
+        for table, name in missing
+    )
+    return FenceColumnMissing(f"fenced tables not ready: {lines}")
+
+
+def column_missing(error: DBAPIError, table: sa.Table, name: str) -> FenceColumnMissing | None:
+    """``error`` in the user's terms when it is the database's own word that ``table`` has
+    no column ``name`` (the Table declares it, the database table lacks it), else None."""
+    said = str(error.orig).lower()
+    if name.lower() not in said or not any(
+        words in said
+        for words in ("does not exist", "no such column", "unknown column", "has no column")
+    ):
+        return None
+    return FenceColumnMissing(
+        f"fenced write to table {table.fullname!r}: the database table has no column {name!r} "
+        f"(the Table declares it, the database was not migrated; the database said: "
+        f"{str(error.orig).strip().splitlines()[0]}); {adding_lines(table, name)}"
+    )
+
+
+def wrong_face(helper: str, given: object, *, blocking: bool) -> TypeError:
+    """A connection that the face ``helper`` of one kind (``blocking`` or not) cannot run on."""
+    kind = type(given).__name__
+    if blocking and kind in {"AsyncConnection", "AsyncSession", "async_scoped_session"}:
+        return TypeError(
+            f"{helper} is the blocking face and runs on a Connection or a Session, not an "
+            f"{kind}: use celery_dflock.fencing.sqlalchemy_aio.{helper.rpartition('.')[2]} "
+            "(await it) for SQLAlchemy's asyncio extension"
+        )
+    if not blocking and kind in {"Connection", "Session", "scoped_session"}:
+        return TypeError(
+            f"{helper} is the asyncio face and runs on an AsyncConnection or an AsyncSession, "
+            f"not a {kind}: use celery_dflock.fencing.sqlalchemy.{helper.rpartition('.')[2]} "
+            "for a blocking one"
+        )
+    wanted = (
+        "a Connection or a Session (engine.begin(), Session(engine))"
+        if blocking
+        else "an AsyncConnection or an AsyncSession (engine.begin(), AsyncSession(engine))"
+    )
+    return TypeError(
+        f"{helper} runs on {wanted}, not {kind}: the write and its check need one "
+        "connection's transaction"
+    )
+
+
+def described(where: sa.ColumnElement[bool]) -> str:
+    """``where`` as SQL with its values in line, for a message (as bound SQL if it cannot)."""
+    try:
+        return str(where.compile(compile_kwargs={"literal_binds": True}))
+    except (CompileError, NotImplementedError):
+        return str(where)
+
+
+@dataclass(frozen=True, slots=True)
+class FencedUpdate:
+    """The statements of one fenced update; `refused` reads their answers."""
+
+    table: sa.Table
+    column: sa.Column[Any]
+    where: sa.ColumnElement[bool]
+    fence: int
+
+    @classmethod
+    def build(
+        cls,
+        table: sa.Table | type[Any],
+        where: sa.ColumnElement[bool],
+        fence: int | None,
+        fence_name: str = FENCE_COLUMN,
+    ) -> FencedUpdate:
+        target = table_of(table)
+        checked = require_fence(fence, lambda: f"{target.fullname} where {described(where)}")
+        return cls(target, fence_column_of(target, fence_name), where, checked)
+
+    @property
+    def label(self) -> str:
+        return f"{self.table.fullname} where {described(self.where)}"
+
+    def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
+        """The ``UPDATE`` (on ``table`` as given: an ORM class keeps the session's objects in
+        step, from the rows the database updated: ``synchronize_session="fetch"``)."""
+        assigned: dict[Any, Any] = {**values, self.column: self.fence}
+        statement = sa.update(table).where(self.where, self.column <= self.fence).values(assigned)
+        return statement.execution_options(synchronize_session="fetch")
+
+    def highest(self) -> sa.Select[tuple[Any]]:
+        return sa.select(sa.func.max(self.column)).where(self.where)
+
+    def refused(self, highest: object) -> StaleFence | None:
+        """The refusal, when the rows hold a higher fence (else no row matched ``where``)."""
+        if highest is not None and int(cast("int", highest)) > self.fence:
+            return StaleFence.refused(self.label, self.fence, int(cast("int", highest)))
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FencedUpsert:
+    """The statements of one fenced insert-or-update of the row named by ``key``."""
+
+    table: sa.Table
+    column: sa.Column[Any]
+    key: Mapping[str, Any]
+    fence: int
+
+    @classmethod
+    def build(
+        cls,
+        table: sa.Table | type[Any],
+        key: Mapping[str, Any],
+        fence: int | None,
+        fence_name: str = FENCE_COLUMN,
+    ) -> FencedUpsert:
+        target = table_of(table)
+        if not key:
+            raise ValueError(
+                f"fenced upsert into {target.fullname}: key names no column; give the "
+                "primary key or a unique key of the row ({'id': 7})"
+            )
+        made = cls(target, fence_column_of(target, fence_name), dict(key), 0)
+        checked = require_fence(fence, lambda: made.label)
+        unknown = sorted(set(key) - set(target.c.keys()))
+        if unknown:
+            raise ValueError(f"fenced upsert into {made.label}: no column {', '.join(unknown)}")
+        return cls(made.table, made.column, made.key, checked)
+
+    @property
+    def label(self) -> str:
+        row = ", ".join(f"{name}={value!r}" for name, value in self.key.items())
+        return f"{self.table.fullname} row {row}"
+
+    @property
+    def where(self) -> sa.ColumnElement[bool]:
+        return sa.and_(*(self.table.c[name] == value for name, value in self.key.items()))
+
+    def statement(
+        self,
+        dialect: sa.Dialect,
+        values: Mapping[str, Any],
+        update: Mapping[str, Any] | None,
+    ) -> sa.Insert:
+        """The one upsert of ``dialect``: insert ``key`` and ``values`` with the fence; on a
+        row of that key, ``update`` (default: ``values`` as inserted) and the fence, if the
+        row's fence is not higher."""
+        name = self.column.name
+        if name in values or (update is not None and name in update):
+            raise ValueError(
+                f"fenced upsert into {self.label}: the column {name!r} holds the fence"
+            )
+        row = {**values, **self.key, name: self.fence}
+        if dialect.name in {"postgresql", "sqlite"}:
+            insert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(
+                self.table
+            ).values(row)
+            assigned: dict[str, Any] = {
+                **({k: insert.excluded[k] for k in values} if update is None else dict(update)),
+                name: insert.excluded[name],
+            }
+            return insert.on_conflict_do_update(
+                index_elements=[self.table.c[k] for k in self.key],
+                set_=assigned,
+                where=self.column <= insert.excluded[name],
+            ).returning(self.column)
+        if dialect.name in _MYSQL:
+            insert_my = mysql.insert(self.table).values(row)
+            later = self.column <= insert_my.inserted[name]
+            changes = {k: insert_my.inserted[k] for k in values} if update is None else update
+            ordered: list[tuple[Any, Any]] = [
+                (k, sa.case((later, v), else_=self.table.c[k])) for k, v in changes.items()
+            ]
+            ordered.append((name, sa.func.greatest(self.column, insert_my.inserted[name])))
+            return insert_my.on_duplicate_key_update(ordered)
+        raise ValueError(
+            f"fenced upsert into {self.label}: SQLAlchemy's {dialect.name} dialect has no "
+            "upsert here (PostgreSQL, SQLite, MySQL and MariaDB have one): insert the row "
+            "first with fence 0 (the column's default), then write it with fenced_update"
+        )
+
+    def returns_fence(self, dialect: sa.Dialect) -> bool:
+        """Whether `statement` returns the fence of the row it wrote (not on MySQL)."""
+        return dialect.name not in _MYSQL
+
+    def kept(self) -> sa.Select[tuple[Any]]:
+        """The row's fence, read under the row lock the upsert took (``FOR UPDATE``: the
+        latest committed, whatever the transaction's snapshot)."""
+        return sa.select(self.column).where(self.where).with_for_update()
+
+    def refused(self, kept: object) -> StaleFence | None:
+        if kept is not None and int(cast("int", kept)) > self.fence:
+            return StaleFence.refused(self.label, self.fence, int(cast("int", kept)))
+        return None

@@ -1,0 +1,60 @@
+"""Fenced writes to Redis through ``redis.asyncio`` (needs redis-py: ``celery-dflock[redis]``).
+
+The same scripts as the blocking face (`celery_dflock.fencing.redis`, both in
+`celery_dflock.fencing._lua`), awaited: `fenced_set` and `fenced_hset` take the same arguments
+and answer the same way. Handed a blocking client, they raise a `TypeError` that names the
+blocking face, and send nothing.
+
+A Celery task has no event loop of its own: its body runs the coroutine with
+``asyncio.run(...)`` (docs/fencing.md, "Async stores"); a ``redis.asyncio`` client is bound
+to the loop it first connected on, so make and close it inside the coroutine.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+
+import redis.asyncio
+
+from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
+from celery_dflock.fencing.fences import FENCE_COLUMN
+
+__all__ = ["fence_key_of", "fenced_hset", "fenced_set"]
+
+
+async def fenced_set(
+    client: redis.asyncio.Redis,
+    key: str,
+    value: Value,
+    *,
+    fence: int | None,
+    fence_key: str | None = None,
+) -> None:
+    """The blocking face's `~celery_dflock.fencing.redis.fenced_set`, awaited."""
+    await _run(client, "fenced_set", set_call(key, value, fence, fence_key))
+
+
+async def fenced_hset(
+    client: redis.asyncio.Redis,
+    key: str,
+    mapping: Mapping[str, Value],
+    *,
+    fence: int | None,
+    fence_name: str = FENCE_COLUMN,
+) -> None:
+    """The blocking face's `~celery_dflock.fencing.redis.fenced_hset`, awaited."""
+    await _run(client, "fenced_hset", hset_call(key, mapping, fence, fence_name))
+
+
+async def _run(client: redis.asyncio.Redis, helper: str, call: ScriptCall) -> None:
+    if not inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
+        kind = f"{type(client).__module__}.{type(client).__name__}"
+        raise TypeError(
+            f"{helper} is the asyncio face and runs on redis.asyncio.Redis, not {kind}: use "
+            f"celery_dflock.fencing.redis.{helper} for a blocking client"
+        )
+    seen: object = await client.register_script(call.script)(keys=call.keys, args=call.args)
+    refusal = call.refused(seen)
+    if refusal is not None:
+        raise refusal

@@ -1,0 +1,125 @@
+"""Fenced writes through SQLAlchemy's asyncio extension (``AsyncConnection``, ``AsyncSession``;
+needs ``celery-dflock[sqlalchemy]``, ``sqlalchemy[asyncio]`` and an async driver; tested with
+psycopg 3's and aiosqlite).
+
+The same statements as the blocking face (`celery_dflock.fencing.sqlalchemy`, both built in
+`celery_dflock.fencing._sql`), awaited: `fenced_update` and `fenced_upsert` take the same
+arguments and answer the same way, and refuse a blocking ``Connection`` or ``Session`` with a
+`TypeError` that names the blocking face. `check_fence_column` checks a deploy's database::
+
+    async with engine.connect() as db:
+        await check_fence_column(db, accounts)
+
+A Celery task has no event loop of its own: its body runs the coroutine with
+``asyncio.run(...)`` (docs/fencing.md, "Async stores"); an engine is bound to the loop it
+was first used on, so make and dispose of it inside the coroutine, or use ``NullPool``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
+from celery_dflock.fencing._sql import (
+    FencedUpdate,
+    FencedUpsert,
+    column_missing,
+    missing_columns_error,
+    table_of,
+    wrong_face,
+)
+from celery_dflock.fencing.fences import FENCE_COLUMN
+
+__all__ = ["check_fence_column", "fenced_update", "fenced_upsert"]
+
+
+async def check_fence_column(
+    connection: AsyncConnection, *tables: sa.Table | type[Any], name: str = FENCE_COLUMN
+) -> None:
+    """The blocking face's `check_fence_column` on an ``AsyncConnection``."""
+    if not isinstance(connection, AsyncConnection):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise wrong_face("check_fence_column", connection, blocking=False)
+
+    def missing(sync: Connection) -> list[tuple[sa.Table, str]]:
+        inspector = sa.inspect(sync)
+        found: list[tuple[sa.Table, str]] = []
+        for given in tables:
+            table = table_of(given)
+            columns = inspector.get_columns(table.name, schema=table.schema)
+            if name not in table.c or all(column["name"] != name for column in columns):
+                found.append((table, name))
+        return found
+
+    lacking = await connection.run_sync(missing)
+    if lacking:
+        raise missing_columns_error(lacking)
+
+
+async def fenced_update(
+    connection: AsyncConnection | AsyncSession | async_scoped_session[Any],
+    table: sa.Table | type[Any],
+    where: sa.ColumnElement[bool],
+    *,
+    fence: int | None,
+    values: Mapping[str, Any],
+    fence_name: str = FENCE_COLUMN,
+) -> int:
+    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_update`, awaited: the
+    number of rows updated; `StaleFence`, `FenceMissing` or `FenceColumnMissing` without
+    writing."""
+    if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise wrong_face("fenced_update", connection, blocking=False)
+    fenced = FencedUpdate.build(table, where, fence, fence_name)
+    try:
+        result = await connection.execute(fenced.update(table, values))
+        updated = cast("CursorResult[Any]", result).rowcount
+        if updated:
+            return updated
+        refusal = fenced.refused((await connection.execute(fenced.highest())).scalar())
+    except DBAPIError as error:
+        missing = column_missing(error, fenced.table, fenced.column.name)
+        if missing is None:
+            raise
+        raise missing from error
+    if refusal is not None:
+        raise refusal
+    return 0
+
+
+async def fenced_upsert(
+    connection: AsyncConnection | AsyncSession | async_scoped_session[Any],
+    table: sa.Table | type[Any],
+    *,
+    key: Mapping[str, Any],
+    fence: int | None,
+    values: Mapping[str, Any],
+    update: Mapping[str, Any] | None = None,
+    fence_name: str = FENCE_COLUMN,
+) -> None:
+    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_upsert`, awaited: one
+    statement; `StaleFence` when the row holds a higher fence, nothing written."""
+    if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise wrong_face("fenced_upsert", connection, blocking=False)
+    fenced = FencedUpsert.build(table, key, fence, fence_name)
+    if isinstance(connection, AsyncConnection):
+        dialect = connection.dialect
+    else:
+        dialect = connection.get_bind().dialect
+    statement = fenced.statement(dialect, values, update)
+    try:
+        result = await connection.execute(statement)
+        if fenced.returns_fence(dialect) and result.scalar() is not None:
+            return
+        refusal = fenced.refused((await connection.execute(fenced.kept())).scalar())
+    except DBAPIError as error:
+        missing = column_missing(error, fenced.table, fenced.column.name)
+        if missing is None:
+            raise
+        raise missing from error
+    if refusal is not None:
+        raise refusal

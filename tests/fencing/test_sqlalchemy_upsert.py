@@ -1,0 +1,172 @@
+"""`celery_dflock.fencing.sqlalchemy.fenced_upsert` against real databases: PostgreSQL (a schema
+of each test's own), SQLite (a file of its own) and MariaDB (a database of its own), each
+through its own upsert; and what a naive upsert does instead (docs/fencing.md warns of it)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
+
+from celery_dflock.fencing import FenceMissing, StaleFence
+from celery_dflock.fencing.sqlalchemy import fenced_upsert
+from tests.fencing.stores import ACCOUNTS, METADATA, mariadb_engine
+from tests.support.services import require_mariadb
+
+
+@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
+def any_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
+    """An engine with the ``account`` table, on each database whose upsert is written."""
+    if request.param == "postgresql":
+        yield request.getfixturevalue("engine")
+    elif request.param == "sqlite":
+        made = sa.create_engine(f"sqlite:///{tmp_path / 'fenced.db'}")
+        METADATA.create_all(made)
+        try:
+            yield made
+        finally:
+            made.dispose()
+    else:
+        require_mariadb()
+        with mariadb_engine() as made:
+            yield made
+
+
+def row(engine: sa.Engine, account: int) -> tuple[int, int] | None:
+    with engine.connect() as db:
+        found = db.execute(
+            sa.select(ACCOUNTS.c.balance, ACCOUNTS.c.dflock_fence).where(ACCOUNTS.c.id == account)
+        ).one_or_none()
+    return None if found is None else (int(found[0]), int(found[1]))
+
+
+def credit(engine: sa.Engine, account: int, fence: int | None, amount: int = 1) -> None:
+    """Insert the account with ``amount``, or add ``amount`` to it: an upsert with an update
+    over the row's own column."""
+    with engine.begin() as db:
+        fenced_upsert(
+            db,
+            ACCOUNTS,
+            key={"id": account},
+            fence=fence,
+            values={"balance": amount},
+            update={"balance": ACCOUNTS.c.balance + amount},
+        )
+
+
+def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(
+    any_engine: sa.Engine,
+) -> None:
+    assert row(any_engine, 7) is None
+    credit(any_engine, 7, 100, amount=5)
+    assert row(any_engine, 7) == (5, 100)
+    credit(any_engine, 7, 100)  # the same holder again: accepted
+    credit(any_engine, 7, 250)
+    assert row(any_engine, 7) == (7, 250)
+    with pytest.raises(StaleFence, match=r"its fence 249 is lower than 250") as refused:
+        credit(any_engine, 7, 249, amount=1000)
+    assert "account row id=7" in str(refused.value)
+    assert row(any_engine, 7) == (7, 250)
+    with pytest.raises(FenceMissing, match="carries no fence"):
+        credit(any_engine, 8, None)
+    assert row(any_engine, 8) is None
+
+
+def test_the_upserts_fence_never_goes_back(any_engine: sa.Engine) -> None:
+    """Fences in a shuffled order, each written as the whole row (``values`` alone): after
+    each write the row holds the highest fence so far and that write's value; each lower one
+    raised `StaleFence`."""
+    fences = list(range(1, 41))
+    random.Random(72).shuffle(fences)
+    highest = 0
+    for fence in fences:
+        try:
+            with any_engine.begin() as db:
+                fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=fence, values={"balance": fence})
+        except StaleFence as refused:
+            assert fence < highest and refused.highest == highest
+        else:
+            assert fence > highest
+            highest = fence
+        assert row(any_engine, 1) == (highest, highest)
+    assert highest == 40
+
+
+def test_a_naive_upsert_moves_the_fence_back_and_a_guarded_one_refuses_in_silence(
+    engine: sa.Engine,
+) -> None:
+    """What docs/fencing.md warns against, on PostgreSQL: a plain ``ON CONFLICT DO UPDATE``
+    writes a stale run's value and fence over a later one's; with ``WHERE dflock_fence <=
+    :fence`` it writes nothing but raises nothing either, so the stale run goes on as if it had
+    written. `fenced_upsert` refuses it with `StaleFence`, and the row keeps the later fence."""
+    credit(engine, 3, 250, amount=10)
+
+    stale = postgresql.insert(ACCOUNTS).values(id=3, balance=0, dflock_fence=249)
+    assigned = {"balance": stale.excluded.balance, "dflock_fence": stale.excluded.dflock_fence}
+    naive = stale.on_conflict_do_update(index_elements=[ACCOUNTS.c.id], set_=assigned)
+    with engine.begin() as db:
+        db.execute(naive)
+    assert row(engine, 3) == (0, 249)  # the stale run's write, and the fence moved back
+
+    credit(engine, 3, 250, amount=10)
+    guarded = stale.on_conflict_do_update(
+        index_elements=[ACCOUNTS.c.id],
+        set_=assigned,
+        where=ACCOUNTS.c.dflock_fence <= stale.excluded.dflock_fence,
+    )
+    with engine.begin() as db:
+        db.execute(guarded)  # refused, and nothing says so
+    assert row(engine, 3) == (10, 250)
+
+    with pytest.raises(StaleFence, match="its fence 249 is lower than 250"):
+        credit(engine, 3, 249, amount=1000)
+    assert row(engine, 3) == (10, 250)
+
+
+def test_the_orm_face_through_a_session(engine: sa.Engine) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Account(Base):
+        __tablename__ = "account"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        balance: Mapped[int]
+        dflock_fence: Mapped[int]
+
+    with Session(engine) as session:
+        fenced_upsert(session, Account, key={"id": 5}, fence=20, values={"balance": 2})
+        session.commit()
+        with pytest.raises(StaleFence, match="its fence 19 is lower than 20"):
+            fenced_upsert(session, Account, key={"id": 5}, fence=19, values={"balance": 9})
+        session.rollback()
+    assert row(engine, 5) == (2, 20)
+    scoped = scoped_session(sessionmaker(engine))  # as Flask-SQLAlchemy's db.session
+    try:
+        fenced_upsert(scoped, Account, key={"id": 5}, fence=21, values={"balance": 3})
+        scoped.commit()
+    finally:
+        scoped.remove()
+    assert row(engine, 5) == (3, 21)
+
+
+def test_bad_arguments_are_named(engine: sa.Engine) -> None:
+    with engine.begin() as db:
+        with pytest.raises(ValueError, match="the column 'dflock_fence' holds the fence"):
+            fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=1, values={"dflock_fence": 9})
+        with pytest.raises(ValueError, match="key names no column"):
+            fenced_upsert(db, ACCOUNTS, key={}, fence=1, values={"balance": 1})
+        with pytest.raises(ValueError, match="no column nope"):
+            fenced_upsert(db, ACCOUNTS, key={"nope": 1}, fence=1, values={"balance": 1})
+    assert row(engine, 1) is None
