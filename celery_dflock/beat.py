@@ -69,6 +69,10 @@ The schedule store
     file left half-written by ``kill -9`` costs nothing: Celery recreates a corrupt one.
     django-celery-beat's ``DatabaseScheduler``: the store is the shared, transactional database;
     a standby does not import ``beat_schedule`` into it or save run times until it is active.
+    RedBeat's: the store is Redis, read afresh at every tick of the active beat; RedBeat's own
+    Redis lock (``redbeat_lock_key``) must be off, since it would hold every standby in beat's
+    start-up, before this election, and a killed beat's place for ``redbeat_lock_timeout``:
+    ``SingletonScheduler`` refuses to start with it on.
 
 Non-overlapping periodic tasks
     With ``dflock_beat_nonoverlap = True`` every message beat sends carries two headers:
