@@ -39,6 +39,11 @@ Failover without double sends: "start from now"
     store, such as django-celery-beat's, may bring one back) is skipped once, with a log line;
     the wrapped scheduler's own ``reserve`` has already moved the entry on to now.
 
+    A scheduler that reads its entries afresh from a shared store at every tick keeps their
+    last runs there, and the reset does not stick (the log line at the takeover says which):
+    RedBeat records each run in Redis before sending it, so its next leader continues from the
+    last run recorded, and a run that fell due in the failover gap is sent once, at the takeover.
+
     Trade-off: it needs no state shared between beats and works with any wrapped scheduler,
     including the per-host shelve file of ``PersistentScheduler``, whose ``last_run_at`` is
     stale on a standby. The price: runs missed while no beat was active are not caught up
@@ -64,6 +69,10 @@ The schedule store
     file left half-written by ``kill -9`` costs nothing: Celery recreates a corrupt one.
     django-celery-beat's ``DatabaseScheduler``: the store is the shared, transactional database;
     a standby does not import ``beat_schedule`` into it or save run times until it is active.
+    RedBeat's: the store is Redis, read afresh at every tick of the active beat; RedBeat's own
+    Redis lock (``redbeat_lock_key``) must be off, since it would hold every standby in beat's
+    start-up, before this election, and a killed beat's place for ``redbeat_lock_timeout``:
+    ``SingletonScheduler`` refuses to start with it on.
 
 Non-overlapping periodic tasks
     With ``dflock_beat_nonoverlap = True`` every message beat sends carries two headers:
@@ -437,6 +446,27 @@ def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]
     return result
 
 
+def _refuse_a_second_leader_lock(scheduler: Scheduler) -> None:
+    """Refuse a wrapped RedBeat whose own Redis lock (``redbeat_lock_key``) is on.
+
+    RedBeat takes that lock in beat's start-up (its ``beat_init`` receiver), blocking until it
+    gets it, and keeps it for ``redbeat_lock_timeout`` after its holder is killed: every
+    standby would wait there, never reaching this scheduler's own election, and a ``kill -9``
+    would stop every beat for that long (25 minutes by default). This scheduler's lock decides
+    which beat sends; RedBeat's must be off.
+    """
+    wrapped = [c for c in type(scheduler).__mro__ if c.__module__.startswith("redbeat")]
+    key: object = getattr(scheduler, "lock_key", None)
+    if wrapped and key:
+        raise DflockConfigError(
+            f"dflock_beat_scheduler wraps RedBeat ({wrapped[0].__name__}) with its own beat "
+            f"lock on (redbeat_lock_key, {key!r}): each standby would wait for that Redis lock "
+            "in beat's start-up, and a killed beat would keep it for redbeat_lock_timeout. "
+            "Set app.conf.redbeat_lock_key = None: SingletonScheduler's lock decides which "
+            "beat sends"
+        )
+
+
 def _app_from(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     app = kwargs.get("app", args[0] if args else None)
     if app is None:
@@ -490,6 +520,7 @@ class SingletonScheduler(Scheduler):
         else:
             kwargs["lazy"] = True
         self._base().__init__(*args, **kwargs)
+        _refuse_a_second_leader_lock(self)
 
     def _base(self) -> Any:
         """The wrapped scheduler's methods (``super()``, typed loosely: Celery is untyped)."""
@@ -615,6 +646,15 @@ class SingletonScheduler(Scheduler):
                 continue
             self._active_since[name] = now
         cast("Any", self)._heap = None  # rebuilt from the new last_run_at on the next tick
+        again = cast("Mapping[str, Any]", cast("Any", self).schedule)
+        if any(again.get(name) is not entry for name, entry in schedule.items()):
+            # A scheduler that reads its entries afresh from a shared store at every access
+            # (RedBeat) keeps their last runs there: the reset above did not stick.
+            logger.info(
+                "beat: took over %s; every entry continues from the last run its store recorded",
+                self.lock_description,
+            )
+            return
         logger.info(
             "beat: took over %s; every entry (%d) runs next one period from now",
             self.lock_description,

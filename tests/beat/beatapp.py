@@ -4,6 +4,11 @@ Settings come as JSON in ``BEAT_TEST_SETTINGS``. Every message a beat sends is s
 the sender's pid and the send time (headers ``test_pid``, ``test_sent_at``), so a test reads
 from the broker who sent what, and when. ``beatapp.slow`` records each run (start, end, pid)
 and every skipped run in Redis lists next to the queue.
+
+``BEAT_TEST_CONFIG``: the text of a docs page's configuration block (``app.conf.... = ...``),
+run on the app as a user's module runs it, before the test's own settings (its servers, its
+queue, its store's keys) are put over it. ``BEAT_TEST_DJANGO_DATABASE``: Django's
+``DATABASES["default"]`` (JSON), for django-celery-beat, as a project's settings module gives it.
 """
 
 from __future__ import annotations
@@ -22,20 +27,14 @@ from celery_dflock.signals import lock_skipped
 
 logger = logging.getLogger("beatapp")
 
-if os.environ.get("BEAT_TEST_DJANGO_DB"):
-    # django-celery-beat's DatabaseScheduler needs a configured Django (sqlite, one file).
+if os.environ.get("BEAT_TEST_DJANGO_DATABASE"):
+    # django-celery-beat's DatabaseScheduler needs a configured Django.
     import django
     from django.conf import settings
 
     settings.configure(
         INSTALLED_APPS=["django_celery_beat"],
-        DATABASES={
-            "default": {
-                "ENGINE": "django.db.backends.sqlite3",
-                "NAME": os.environ["BEAT_TEST_DJANGO_DB"],
-                "OPTIONS": {"timeout": 20},
-            }
-        },
+        DATABASES={"default": json.loads(os.environ["BEAT_TEST_DJANGO_DATABASE"])},
         USE_TZ=True,
         TIME_ZONE="UTC",
         DEFAULT_AUTO_FIELD="django.db.models.AutoField",
@@ -43,6 +42,8 @@ if os.environ.get("BEAT_TEST_DJANGO_DB"):
     django.setup()
 
 app = Celery("beatapp", task_cls="celery_dflock.task:LockedTask")
+if os.environ.get("BEAT_TEST_CONFIG"):
+    exec(compile(os.environ["BEAT_TEST_CONFIG"], "docs block", "exec"), {"app": app})
 app.conf.update(json.loads(os.environ.get("BEAT_TEST_SETTINGS", "{}")))
 
 

@@ -239,3 +239,22 @@ def test_a_send_the_lock_server_does_not_confirm_is_declined_without_error(
     assert len(published) == sent_before
     assert "not sending 'e'" in caplog.text
     assert "Sending due task" not in caplog.text
+
+
+def test_a_wrapped_redbeat_with_its_own_lock_on_is_refused() -> None:
+    """RedBeat's own Redis lock would hold every standby in beat's start-up (and a killed
+    beat's place for redbeat_lock_timeout): the error says to turn it off."""
+    pytest.importorskip("redbeat", reason="celery-redbeat is not installed")
+
+    def redbeat_app(**conf: Any) -> Celery:
+        return beat_app(
+            dflock_beat_scheduler="redbeat:RedBeatScheduler",
+            redbeat_redis_url="redis://127.0.0.1:9/0",
+            **conf,
+        )
+
+    with pytest.raises(DflockConfigError, match=r"redbeat_lock_key = None") as info:
+        SingletonScheduler(app=redbeat_app(), lazy=True)
+    assert "'redbeat::lock'" in str(info.value)
+    scheduler = SingletonScheduler(app=redbeat_app(redbeat_lock_key=None), lazy=True)
+    assert type(scheduler).__name__ == "SingletonRedBeatScheduler"

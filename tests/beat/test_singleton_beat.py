@@ -8,7 +8,6 @@ with the sender's pid and send time: the broker is the record of who sent what.
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 import re
 import signal
@@ -16,7 +15,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -30,7 +28,7 @@ from tests.support.beats import (
     Broker,
     Cluster,
     Proc,
-    Sent,
+    assert_no_double_send,
     iter_overlaps,
     max_for_one_beat,
 )
@@ -79,30 +77,6 @@ def _assert_taken_from_the_release(broker: Broker, standby: Proc, stopped_at: fl
     )
 
 
-def _assert_no_double_send(sent: list[Sent]) -> None:
-    """No run of the entry is sent twice: consecutive sends are (about) a period apart.
-
-    Two sends in a row by one beat need only be half a period apart. Celery 5.3 (the lowest
-    supported) schedules the next send one period after it *reserved* the last one, and the
-    lock-server confirm between that reserve and the send (the stamp) can take longer one time
-    than the next: a send that left late is followed by one on schedule, less than a period
-    after it (CI, lowest celery: 0.12 s late, then the next 0.88 s after it). One beat sending
-    a run twice sends the second right after the first, so half a period still tells them apart.
-
-    Between two beats the gap stays at least 0.9 period: the new leader's first send comes a
-    whole period after its takeover, which follows the old leader's last send. Two beats
-    sending at once, each once a period, interleave, and some send of one then comes within
-    half a period of a send of the other.
-    """
-    ordered = sorted(sent, key=lambda m: m.at)
-    for before, after in itertools.pairwise(ordered):
-        least = (0.5 if after.pid == before.pid else 0.9) * PERIOD_S
-        assert after.at - before.at >= least, (
-            f"two sends within one period: pid {before.pid} at {before.at:.3f}, "
-            f"pid {after.pid} at {after.at:.3f}"
-        )
-
-
 def test_three_beats_send_what_one_beat_would(
     make_cluster: Callable[..., Cluster], broker: Broker, lock_server: LockServer
 ) -> None:
@@ -114,7 +88,7 @@ def test_three_beats_send_what_one_beat_would(
     senders = {m.pid for m in sent}
     assert len(senders) == 1, f"more than one beat sent: {senders}"
     assert len(sent) <= max_for_one_beat(sent, PERIOD_S)
-    _assert_no_double_send(sent)
+    assert_no_double_send(sent, PERIOD_S)
     active = cluster.by_pid(senders.pop())
     host, port = lock_server.address
     key = cluster.settings["dflock_beat_lock_key"]
@@ -170,7 +144,7 @@ def test_kill_9_of_the_active_beat_hands_over_at_once(
     assert {m.pid for m in sent} == {old.pid, standby.pid}
     assert all(m.at < killed_at for m in sent if m.pid == old.pid)
     assert all(m.at > killed_at for m in sent if m.pid == standby.pid)
-    _assert_no_double_send(sent)
+    assert_no_double_send(sent, PERIOD_S)
 
 
 @pytest.mark.parametrize("own_schedule_file", [True, False], ids=["own-file", "shared-file"])
@@ -201,7 +175,7 @@ def test_a_stopped_beat_is_replaced_and_does_not_send_when_it_resumes(
     late = [m for m in sent if m.pid == old.pid and m.at > stopped_at]
     assert not late, f"the stopped beat sent after it lost the lock: {late}"
     assert old.alive()
-    _assert_no_double_send(sent)
+    assert_no_double_send(sent, PERIOD_S)
     for beat in (old, standby):
         assert beat.count(FAILED) == 0, beat.output()
 
@@ -238,7 +212,7 @@ def test_wrapping_a_custom_scheduler_class(
     sent = broker.sent()
     assert all(m.at < killed_at for m in sent if m.pid == old.pid)
     assert len({m.pid for m in sent}) == 2
-    _assert_no_double_send(sent)
+    assert_no_double_send(sent, PERIOD_S)
 
 
 def test_a_periodic_task_never_overlaps_its_previous_run(
@@ -298,7 +272,7 @@ def test_lock_server_outage_stops_sending_and_recovers(
     assert len({m.pid for m in resumed}) == 1, f"two beats sent after the restart: {resumed}"
     # The first send after the restart may leave late in its period (the beat takes the
     # leadership lock again over a new connection first); _assert_no_double_send allows that.
-    _assert_no_double_send(sent)
+    assert_no_double_send(sent, PERIOD_S)
     reachable = re.compile(r"lock server reachable again")
     for beat in beats:
         assert beat.count(CANNOT_TAKE) == 1, "the outage is logged once, not once per retry"
@@ -350,7 +324,7 @@ def test_a_frozen_lock_server_stops_the_leader_by_its_own_clock(
     sent = broker.sent()
     resumed = [m for m in sent if m.at > thawed_at]
     assert len({m.pid for m in resumed}) == 1, f"two beats sent after the thaw: {resumed}"
-    _assert_no_double_send(sent)
+    assert_no_double_send(sent, PERIOD_S)
     for beat in cluster.beats():
         assert beat.count(FAILED) == 0, beat.output()
 
@@ -372,7 +346,7 @@ def test_a_stopping_beat_hands_the_lock_over(
     _assert_taken_from_the_release(broker, standby, stopped_at)
     sent = broker.sent()
     assert all(m.at < stopped_at for m in sent if m.pid == old.pid)
-    _assert_no_double_send(sent)
+    assert_no_double_send(sent, PERIOD_S)
 
 
 @pytest.fixture
@@ -485,36 +459,3 @@ def test_sigterm_while_the_leader_confirms_with_the_lock_server_stops_the_beat(
     assert old.count(FAILED) == 0, old.output()
     assert all(s.pid != old.pid for s in broker.sent()[sent_before:]), "sent while stopping"
     _assert_taken_from_the_release(broker, standby, stopped_at)
-
-
-def test_wrapping_django_celery_beat_database_scheduler(
-    make_cluster: Callable[..., Cluster], broker: Broker, tmp_path: Path
-) -> None:
-    pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
-    database = tmp_path / "beat.sqlite3"
-    cluster = make_cluster(dflock_beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler")
-    cluster.extra_env["BEAT_TEST_DJANGO_DB"] = str(database)
-    cluster.run_python(
-        "import beatapp\n"
-        "from django.core.management import call_command\n"
-        "call_command('migrate', verbosity=0)\n"
-    )
-    # One after the other: each imports beat_schedule into the shared database at start-up.
-    beats = [cluster.start_beat(), cluster.start_beat()]
-    first = broker.wait_sent(3, timeout=60)
-    old = cluster.by_pid(first[0].pid)
-    standby = next(b for b in beats if b is not old)
-    for beat in beats:
-        assert "SingletonDatabaseScheduler" in beat.output(200)  # the banner
-    assert {m.pid for m in first} == {old.pid}
-    assert all(m.headers.get("periodic_task_name") == "every-second" for m in first)
-
-    old.send(signal.SIGKILL)
-    killed_at = time.time()
-    old.kill()
-    broker.wait_sent(2, timeout=TAKEOVER_TIMEOUT_S, pid=standby.pid)
-
-    sent = broker.sent()
-    assert all(m.at < killed_at for m in sent if m.pid == old.pid)
-    assert len(sent) <= max_for_one_beat(sent, PERIOD_S)
-    _assert_no_double_send(sent)

@@ -2,13 +2,16 @@
 ("Sizing the server") and the sidecar manifests say, started with those flags; 2,000 distinct
 queue-once sends all go through it (the default --max-locks refused the 1,025th); and the
 "after" code of docs/migration.md, whose ``lock_pending_ttl=600`` is above the default
---max-lease-ttl, sent with ``.delay()`` to a real worker, runs."""
+--max-lease-ttl, sent with ``.delay()`` to a real worker, runs on the server started with the
+``dflockd`` command the page shows above it (issue 73: the page said how to start it only below
+the code, after the failure)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -157,6 +160,22 @@ def _after_blocks() -> list[Block]:
     ]
 
 
+def _server_flags_for(block: Block) -> list[str]:
+    """The flags of the ``dflockd`` command the migration page shows above ``block``, in its
+    section (a reader pasting the section from the top starts that server first)."""
+    lines = MIGRATION.read_text(encoding="utf-8").splitlines()
+    section = max(n for n, line in enumerate(lines[: block.line], 1) if line.startswith("## "))
+    commands = [
+        command
+        for b in blocks(MIGRATION)
+        if b.lang == "bash" and section < b.line < block.line
+        for command in shell_commands(b)
+        if command.split()[0] == "dflockd"
+    ]
+    assert commands, f"{block.where}: no `dflockd ...` command above this block in its section"
+    return shlex.split(commands[-1])[1:]
+
+
 def _module_of(block: Block, server: tuple[str, int], name: str, directory: Path) -> str:
     """The block as written, pointed at the test's lock server and Redis, then the worker
     settings of the test (its queue) added, as a module ``name`` in ``directory``."""
@@ -186,9 +205,7 @@ print(task.delay(int(sys.argv[3])).get(timeout=120))
 """
 
 
-def test_the_migration_after_code_sent_with_delay_runs_in_a_worker(
-    sized_server: tuple[str, int], tmp_path: Path
-) -> None:
+def test_the_migration_after_code_sent_with_delay_runs_in_a_worker(tmp_path: Path) -> None:
     require_redis()
     after = _after_blocks()
     assert len(after) == 2, "the celery_once and celery-singleton 'after' blocks"
@@ -198,23 +215,41 @@ def test_the_migration_after_code_sent_with_delay_runs_in_a_worker(
         task = next(name for name in expected if f"def {name}(" in block.code)
         argument, result = expected[task]
         queue = f"dflock-migration-{n}-{tmp_path.name[-8:]}"
-        settings = {**redis_settings(queue), "dflock_servers": "{}:{}".format(*sized_server)}
-        module = _module_of(block, sized_server, f"migration_after_{n}", tmp_path)
-        env = {"PYTHONPATH": python_path(tmp_path, CELERY_APPS_DIR, ROOT)}
-        factory = WorkerFactory(log=log, directory=tmp_path, settings=settings)
-        try:
-            factory.start(app=module, pool="prefork", concurrency=1, env=env)
-            sent = subprocess.run(
-                [sys.executable, "-W", "error", "-c", SEND, module, task, argument],
-                env={**os.environ, **env, "DFLOCK_TEST_SETTINGS": json.dumps(settings)},
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=180,
-            )
-            assert sent.returncode == 0, block.where + sent.stdout + sent.stderr
-            assert sent.stdout.strip() == result, sent.stdout
-        finally:
-            factory.close()
-            redis_cleanup(queue)
+        flags = _server_flags_for(block)
+        with dflockd_subprocess(tmp_path / f"dflockd-{n}.log", *flags) as (_, server):
+            settings = {**redis_settings(queue), "dflock_servers": "{}:{}".format(*server)}
+            module = _module_of(block, server, f"migration_after_{n}", tmp_path)
+            env = {"PYTHONPATH": python_path(tmp_path, CELERY_APPS_DIR, ROOT)}
+            try:
+                _send_with_delay(log, tmp_path, settings, module, (task, argument, result), env)
+            finally:
+                redis_cleanup(queue)
     log.close()
+
+
+def _send_with_delay(
+    log: EventLog,
+    directory: Path,
+    settings: dict[str, Any],
+    module: str,
+    call: tuple[str, str, str],
+    env: dict[str, str],
+) -> None:
+    """Start a prefork worker of ``module``, send ``task.delay(argument)`` from another process
+    as a user's code would, and check the result it gets."""
+    task, argument, result = call
+    factory = WorkerFactory(log=log, directory=directory, settings=settings)
+    try:
+        factory.start(app=module, pool="prefork", concurrency=1, env=env)
+        sent = subprocess.run(
+            [sys.executable, "-W", "error", "-c", SEND, module, task, argument],
+            env={**os.environ, **env, "DFLOCK_TEST_SETTINGS": json.dumps(settings)},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=180,
+        )
+        assert sent.returncode == 0, module + sent.stdout + sent.stderr
+        assert sent.stdout.strip() == result, sent.stdout
+    finally:
+        factory.close()
