@@ -14,6 +14,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -72,6 +73,9 @@ class HeldGrant:
 
     # A new lock holds nothing: these class-level values (immutable) are each grant's until
     # it sets its own (so making one costs no more than an empty object).
+    clock: Callable[[], float] = time.monotonic
+    """The clock every figure here is on (``time.monotonic``; the simulator in tests/sim gives
+    each simulated process its own, by setting it on the grant)."""
     token: str | None = None
     fencing: bool = False  # the server that granted `token` issues fencing tokens
     lease: int = 0
@@ -138,7 +142,7 @@ class HeldGrant:
     def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
         """Whether the client session's keep-alives keep the lease as a renewal would (at
         least ``1 - renew_ratio`` of the lease left): the lock need not renew it itself."""
-        left = self.lease_end() - (time.monotonic() if now is None else now)
+        left = self.lease_end() - (self.clock() if now is None else now)
         return self.session is not None and left > self.lease * (1 - renew_ratio)
 
     def hold_deadline(self) -> float:
@@ -158,7 +162,7 @@ class HeldGrant:
         session = self.session
         down = self.server_down or (session is not None and session.server_down)
         deadline = self.lease_end() if down else self.hold_deadline()
-        return deadline - (time.monotonic() if now is None else now)
+        return deadline - (self.clock() if now is None else now)
 
     def session_ended(self) -> str | None:
         """Why the client session the grant belongs to is over (the server may have ended it,
@@ -188,10 +192,10 @@ class HeldGrant:
         self.lease = lease
         self.pid = os.getpid()
         self.lease_deadline = started + lease
-        self.lease_latest_end = time.monotonic() + lease
+        self.lease_latest_end = self.clock() + lease
         self.enqueued_at = None
         self.session = session
-        self.confirmed_at = time.monotonic()
+        self.confirmed_at = self.clock()
         self.run = None if session is None else session.run
         if session is not None or server is None:
             self.session_ttl = None
@@ -211,10 +215,10 @@ class HeldGrant:
         if session is not None:
             self.session = session
         session = self.session
-        self.confirmed_at = time.monotonic()
+        self.confirmed_at = self.clock()
         self.run = None if session is None else session.run
         self.lease_deadline = sent_at + seconds_remaining
-        self.lease_latest_end = time.monotonic() + seconds_remaining
+        self.lease_latest_end = self.clock() + seconds_remaining
         self.answered(sent_at)
         self.server_down = False
         self.broken = None
@@ -265,7 +269,7 @@ class HeldGrant:
         far as the client knows where the lease stands (a grant collected by ``w`` may have
         started when the lock was freed, before the ``w`` was sent)."""
         interval = self.renew_interval(renew_ratio)
-        now = time.monotonic()
+        now = self.clock()
         if self.session_deadline - now < 2 * interval:
             return 0.0  # a grant that waited: confirm it at once
         remaining = self.lease_deadline - now
@@ -278,7 +282,7 @@ class HeldGrant:
         connection, an answer after the session's deadline does not save the lock either: the
         request fails then (unless the deadline had passed before it was sent, a pause or a
         long wait: then its answer is what tells whether the grant is still held)."""
-        now = time.monotonic()
+        now = self.clock()
         end = max(self.lease_latest_end, self.lease_end())
         if self.session_deadline > now:
             end = min(end, self.session_deadline)

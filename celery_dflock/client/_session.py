@@ -61,6 +61,7 @@ class ClientSession:
     __slots__ = (
         "_guard",
         "answered_at",
+        "clock",
         "durable",
         "ended",
         "holders",
@@ -72,8 +73,10 @@ class ClientSession:
         "ttl",
     )
 
-    def __init__(self, ttl: int) -> None:
+    def __init__(self, ttl: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.id = secrets.token_hex(16)
+        self.clock = clock
+        """The clock its times are on (``time.monotonic``; a simulated process's in tests/sim)."""
         self.ttl = ttl
         self.answered_at = -math.inf
         """time.monotonic() when the last request that kept it alive (a keep-alive, or the
@@ -119,7 +122,7 @@ class ClientSession:
         is over from then on (`end`)."""
         if self.ended:
             return False
-        if self.answered_at > -math.inf and (time.monotonic() if now is None else now) >= (
+        if self.answered_at > -math.inf and (self.clock() if now is None else now) >= (
             self.deadline()
         ):
             self.end("it was not kept alive in time (no answer from the server)")
