@@ -6,7 +6,10 @@ A failure prints its seed, the trace's last events and the command that replays 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +54,36 @@ def test_each_defect_put_back_is_found_and_replays(name: str) -> None:
     # the same seed and scenario with the switch off keeps the contracts: the defect is
     # what was found
     assert simulate(found.seed, name, control=True).ok
+
+
+def test_the_command_line_replays_a_seed_and_runs_seeds_for_a_while() -> None:
+    """``python -m tests.sim`` as docs/testing.md shows it (``--hours`` cut to a second)."""
+    root = Path(__file__).resolve().parents[2]
+    one = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--seed", "7", "--trace"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert f"seed 7: ok, trace digest {simulate(7).digest}" in one.stdout
+    assert "replay: uv run --no-sync python -m tests.sim --seed 7" in one.stdout
+    timed = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--hours", "0.0003", "--first", "100"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert "seeds from 100: 0 failed" in timed.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--seeds", "3", "--mutation", "fence-from-wall-clock"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "--mutation fence-from-wall-clock" in bad.stdout
