@@ -32,7 +32,6 @@ from tests.sim.process import Process
 
 __all__ = ["ClientConn", "SimClient"]
 
-KEEPALIVES = False
 Answer = Callable[[Reply | None], None]
 """Told the reply to a request, or None: no answer (timed out, or the connection closed)."""
 
@@ -117,10 +116,12 @@ class Attempt:
     def hold(self, client: str, outcome: str, holding_until: float | None = None) -> Hold:
         renewed = self.renewed_t
         if self.session_ttl is not None:
-            # a keep-alive sent at s proves the grant until s + its lease and session time,
-            # the shorter (``lease``, as a renewal's, for ``Hold.valid_until``)
-            ttl = self.session_ttl
-            renewed = [t - (self.lease - ttl) for t in self.keepalive_t] if KEEPALIVES else []
+            # A session grant is proven by its first window only: counted as renewals (each
+            # sent at s proving s + the lease or the session time, the shorter), the
+            # keep-alives (``keepalive_t``) proved grants past what the server kept (a session
+            # joined again after it ended). Not understood yet: conservative, can hide a
+            # double grant from rule (a), never invent one.
+            renewed = []
         return Hold(
             key=self.key,
             client=client,
