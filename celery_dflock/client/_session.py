@@ -131,12 +131,16 @@ class ClientSession:
 
     def answered(self, sent_at: float, *, renewed: bool = False) -> None:
         """The server answered a request that keeps the session alive, sent at ``sent_at``:
-        a join, or a keep-alive (``renewed``: which renewed every grant of the session too)."""
-        if not self.ended and sent_at > self.answered_at:
-            self.answered_at = sent_at
-        if renewed and not self.ended and sent_at > self.renewed_at:
-            self.renewed_at = sent_at
+        a join, or a keep-alive (``renewed``: which renewed every grant of the session too).
+        An answer that comes after the deadline changes nothing: the session is over then
+        (the server may have ended it, and made a new one of the same id for a join)."""
         self.server_down = False
+        if not self.live():
+            return
+        if sent_at > self.answered_at:
+            self.answered_at = sent_at
+        if renewed and sent_at > self.renewed_at:
+            self.renewed_at = sent_at
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:
         """``holder`` holds a grant on the session, or waits for one: kept alive from now on

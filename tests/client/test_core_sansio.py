@@ -17,6 +17,7 @@ from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, NextTry
 from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import REPLY_GRACE_S, ClientSettings
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import (
@@ -463,3 +464,30 @@ def test_without_sessions_the_lease_alone_says() -> None:
     granted = reply(Command.LOCK, f"ok {TOKEN} 60".encode())
     assert core.on_grant_reply(Command.LOCK, granted, time.monotonic() - 10.0, FENCING)
     assert core.grant.session_ttl is None and core.owned()
+
+
+def test_an_answer_that_comes_after_the_session_deadline_does_not_revive_it() -> None:
+    """Found by the simulator (tests/sim, seed 37 before the fix): a connection's join (``hello
+    _ session <id>``), sent before the session's deadline, answered after it. The server may
+    have ended the session meanwhile (its grants with it) and made a new one of the same id for
+    that join: the answer says nothing of the grants. The session is over at its deadline, and
+    the lock held on it stays not owned, whatever answer comes later."""
+    now = [1000.0]
+    session = ClientSession(15, clock=lambda: now[0])
+    session.answered(now[0])  # joined: its deadline is 15 s less the margin from now
+    core = make()
+    core.grant.clock = lambda: now[0]
+    granted = reply(Command.LOCK, f"ok {TOKEN} 60".encode())
+    keeps = ServerInfo(
+        "dflockd-server",
+        "test",
+        frozenset({wire.FEATURE_FENCE, wire.FEATURE_SESSION, wire.FEATURE_KEEPALIVE}),
+    )
+    assert core.on_grant_reply(Command.LOCK, granted, now[0], keeps, session)
+    assert core.owned()
+    join_sent = now[0] + 10.0  # a new connection joins, 10 s on
+    now[0] += 15.0  # the deadline passes before its answer comes
+    assert not core.owned()
+    session.answered(join_sent)  # the late answer
+    assert not core.owned()
+    assert core.session_ended() is not None
