@@ -137,10 +137,9 @@ class ClientSession:
         self.server_down = False
         if not self.live():
             return
-        if sent_at > self.answered_at:
-            self.answered_at = sent_at
-        if renewed and sent_at > self.renewed_at:
-            self.renewed_at = sent_at
+        self.answered_at = max(self.answered_at, sent_at)
+        if renewed:
+            self.renewed_at = max(self.renewed_at, sent_at)
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:
         """``holder`` holds a grant on the session, or waits for one: kept alive from now on
