@@ -95,10 +95,15 @@ class HeldGrant:
     # keep-alive keeps it (docs/protocol.md, "Client sessions"); its deadline bounds the
     # grant's as the connection's session time does above (which is then None). Each of its
     # keep-alives sent after the grant was last confirmed (granted, renewed: time.monotonic()
-    # at the answer) on the server's same run also renewed the grant's lease.
+    # at the answer) on the server's same run also renewed the grant's lease, if the server
+    # still held the grant when it came: counted when its answer came before the lease's end
+    # as known until then (`lease_end`). `kept_end`: the lease's end as keep-alives moved it,
+    # `kept_at`: the send time of the last keep-alive looked at.
     session: ClientSession | None = None
     confirmed_at: float = math.inf
     run: str | None = None
+    kept_end: float = 0.0
+    kept_at: float = -math.inf
     # The server keeps a lease journal (`durable`), and a reconnection after the lock's
     # connection broke was refused: the server is not running, so nothing frees the grant
     # before its lease ends (a restart restores it to its lease); the session's deadline no
@@ -125,18 +130,22 @@ class HeldGrant:
 
     def lease_end(self) -> float:
         """The time.monotonic() until which the lease surely runs: from the last grant or
-        renewal's send time, or from the last keep-alive of its client session, sent after the
-        grant was last confirmed on the same run of the server (the server renewed every
-        grant of the session then)."""
-        end = self.lease_deadline
+        renewal's send time, or from a keep-alive of its client session, sent after the grant
+        was last confirmed on the same run of the server, whose answer came while the lease
+        surely ran (the server renewed every grant of the session it still held when the
+        keep-alive came; one whose lease had run out first, a late keep-alive does not bring
+        back). Each keep-alive is looked at once, the last one answered when this is asked:
+        the keep-alives chain as long as it is asked at least once a lease, which the renewal
+        does (`kept_alive`); when they do not, the renewal renews by token."""
+        end = max(self.lease_deadline, self.kept_end)
         session = self.session
-        if (
-            session is not None
-            and self.run is not None
-            and session.run == self.run
-            and session.renewed_at > self.confirmed_at
-        ):
-            end = max(end, session.renewed_at + self.lease)
+        if session is None or self.run is None or session.run != self.run:
+            return end
+        sent = session.renewed_at
+        if sent > self.kept_at and sent > self.confirmed_at:
+            self.kept_at = sent
+            if session.renewal_answered_at < end and sent + self.lease > end:
+                end = self.kept_end = sent + self.lease
         return end
 
     def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
@@ -197,6 +206,7 @@ class HeldGrant:
         self.session = session
         self.confirmed_at = self.clock()
         self.run = None if session is None else session.run
+        self.kept_end, self.kept_at = 0.0, -math.inf
         if session is not None or server is None:
             self.session_ttl = None
         else:
@@ -217,6 +227,7 @@ class HeldGrant:
         session = self.session
         self.confirmed_at = self.clock()
         self.run = None if session is None else session.run
+        self.kept_end, self.kept_at = 0.0, -math.inf
         self.lease_deadline = sent_at + seconds_remaining
         self.lease_latest_end = self.clock() + seconds_remaining
         self.answered(sent_at)
@@ -252,6 +263,7 @@ class HeldGrant:
         self.session = None
         self.confirmed_at = math.inf
         self.run = None
+        self.kept_end, self.kept_at = 0.0, -math.inf
         self.durable = False
         self.server_down = False
 

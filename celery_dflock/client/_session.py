@@ -67,6 +67,7 @@ class ClientSession:
         "holders",
         "id",
         "keeper",
+        "renewal_answered_at",
         "renewed_at",
         "run",
         "server_down",
@@ -84,6 +85,9 @@ class ClientSession:
         self.renewed_at = -math.inf
         """time.monotonic() when the last keep-alive the server answered was sent: it renewed
         every grant of the session (a join refreshes the session, not its grants)."""
+        self.renewal_answered_at = math.inf
+        """When the answer to that keep-alive came (a grant counts it only if the answer came
+        while its lease surely ran: `HeldGrant.lease_end`)."""
         self.ended = ""
         """Why it is over ("" while it may live): the server said it has no such session, or
         its deadline passed without an answer."""
@@ -138,8 +142,9 @@ class ClientSession:
         if not self.live():
             return
         self.answered_at = max(self.answered_at, sent_at)
-        if renewed:
-            self.renewed_at = max(self.renewed_at, sent_at)
+        if renewed and sent_at > self.renewed_at:
+            self.renewed_at = sent_at
+            self.renewal_answered_at = self.clock()
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:
         """``holder`` holds a grant on the session, or waits for one: kept alive from now on
