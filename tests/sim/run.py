@@ -73,6 +73,8 @@ class Run:
         self.granted_to: dict[str, tuple[str, str]] = {}
         """Token -> (key, address), for the per-address cap's invariant."""
         self.wall_offset_ns = 0
+        self.told: set[tuple[str, str]] = set()
+        """(client, token) of the beliefs the audit reported (once each)."""
         self.ceiling = CeilingStore()
         self.longest_lease = 0
         """The grace record: the longest lease any run of the server granted."""
@@ -162,6 +164,35 @@ class Run:
             held = sum(1 for t, (_, a) in self.granted_to.items() if a == ip and t in live)
             if held > cap:
                 self.violation(f"{ip} holds {held} grants, above --max-locks-per-ip {cap}")
+
+    def audit(self) -> None:
+        """Every tenth of a second: no client believes in a grant the running server does not
+        hold for it (freed, expired, or never restored). A server in its restart grace is
+        skipped: it grants nothing until every lease it may have made has ended."""
+        self.loop.later(0.1, self.audit)
+        if not self.server_proc.alive or self.server.table.in_grace:
+            return
+        held = {(h.key, h.token) for h, _, _ in self.server.table.live_holders()}
+        for client in self.clients:
+            core = client.core
+            attempt = client.attempt
+            if (
+                client.proc.alive
+                and core is not None
+                and core.state is LockState.HELD
+                and core.token is not None
+                and attempt is not None
+                and attempt.released_t is None
+                and core.owned()
+                and (core.key, core.token) not in held
+                and (client.name, core.token) not in self.told
+            ):
+                self.told.add((client.name, core.token))
+                self.violation(
+                    f"{client.name} believes it holds {core.key!r} (fence "
+                    f"{fence_of(core.token)}, {core.grant.hold_deadline() - client.clock():.2f} s "
+                    "left to it) but the server no longer holds that grant"
+                )
 
     def violation(self, text: str) -> None:
         self.loop.note(f"VIOLATION {text}")
@@ -274,6 +305,7 @@ class Run:
         for client in self.clients:
             client.start()
         loop.later(loop.uniform(1.0, 5.0), self.nemesis)
+        loop.later(0.1, self.audit)
         try:
             loop.run_until(self.duration)
         except Runaway as exc:
