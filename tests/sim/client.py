@@ -104,8 +104,8 @@ class Attempt:
     fence: int | None = None
     session_ttl: float | None = None
     """In a client session: the lease or the session's time, the shorter."""
-    keepalive_t: list[float] = field(default_factory=list[float])
-    """Send times of the session's keep-alives answered while it was held."""
+    keepalive_t: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
+    """(send time, answer time) of the session's keep-alives answered while it was held."""
     granted_t: float | None = None
     released_t: float | None = None
     release_ok: bool = False
@@ -116,12 +116,17 @@ class Attempt:
     def hold(self, client: str, outcome: str, holding_until: float | None = None) -> Hold:
         renewed = self.renewed_t
         if self.session_ttl is not None:
-            # A session grant is proven by its first window only: counted as renewals (each
-            # sent at s proving s + the lease or the session time, the shorter), the
-            # keep-alives (``keepalive_t``) proved grants past what the server kept (a session
-            # joined again after it ended). Not understood yet: conservative, can hide a
-            # double grant from rule (a), never invent one.
+            # A keep-alive answered while the grant was surely held renewed it (the server
+            # renews what it still holds when the keep-alive comes): from its send time, for
+            # the lease or the session's time, the shorter. Expressed as renewals for
+            # ``Hold.valid_until`` (each ``r`` proving ``r + lease``).
+            ttl = self.session_ttl
+            proven = self.requested_t + self.lease
             renewed = []
+            for sent, answered in self.keepalive_t:
+                if answered < proven and sent + ttl > proven:
+                    proven = sent + ttl
+                    renewed.append(sent + ttl - self.lease)
         return Hold(
             key=self.key,
             client=client,
@@ -557,7 +562,7 @@ class SimClient:
                     and session.run == core.grant.run  # (a restart's session renews none)
                     and attempt.granted_t is not None
                 ):
-                    attempt.keepalive_t.append(self.global_t(sent))
+                    attempt.keepalive_t.append((self.global_t(sent), self.loop.now))
             elif reply is not None:
                 session.end("the server had no such session: it ended it, and its grants")
             self._keep_tick(session)
