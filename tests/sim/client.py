@@ -102,6 +102,7 @@ class Attempt:
     requested_t: float
     lease: float
     fence: int | None = None
+    enqueued_t: float | None = None
     session_ttl: float | None = None
     """In a client session: the lease or the session's time, the shorter."""
     keepalive_t: list[tuple[float, float]] = field(default_factory=list[tuple[float, float]])
@@ -135,6 +136,7 @@ class Attempt:
             outcome=outcome,
             fence=self.fence,
             granted_t=self.granted_t,
+            enqueued_t=self.enqueued_t,
             released_t=self.released_t,
             release_ok=self.release_ok,
             renewed_t=tuple(renewed),
@@ -315,6 +317,9 @@ class SimClient:
     def _send_acquire(self, conn: ClientConn, core: LockCore) -> None:
         core.begin_acquire()
         detached = self.detached_holds and self.loop.chance(0.5) and self.info is not None
+        if not detached and self.info is not None and self.loop.chance(0.3):
+            self._enqueue(conn, core)
+            return
         if detached:
             command, data, timeout = core.hold_request(self.info, "sim", detached=True)
         else:
@@ -338,6 +343,58 @@ class SimClient:
                 self._finish("timeout")
                 return
             self._granted(conn, core, detached=detached)
+
+        conn.request(command, data, timeout, answered)
+
+    def _enqueue(self, conn: ClientConn, core: LockCore) -> None:
+        """Two-phase: ``e`` (join the queue), then ``w`` on the same connection."""
+        command, data, timeout = core.enqueue_request(self.info)
+        sent = self.clock()
+        self.loop.note(f"{self.name}: {data!r} on {conn.conn.id if conn.conn else '-'}")
+
+        def enqueued(reply: Reply | None) -> None:
+            if self.core is not core:
+                return
+            if reply is None:
+                self._finish("error")
+                return
+            try:
+                held = core.on_grant_reply(command, reply, sent, self.info, conn.session)
+            except DflockError:
+                self._finish("error")
+                return
+            attempt = self.attempt
+            assert attempt is not None
+            if held:
+                attempt.enqueued_t = self.loop.now
+                self._granted(conn, core)
+            elif core.state is LockState.ENQUEUED:
+                attempt.enqueued_t = self.loop.now
+                self._wait(conn, core)
+            else:
+                self._finish("timeout")
+
+        conn.request(command, data, timeout, enqueued)
+
+    def _wait(self, conn: ClientConn, core: LockCore) -> None:
+        command, data, timeout = core.wait_request(self.loop.rng.choice([0, 2, 10]))
+        sent = self.clock()
+
+        def answered(reply: Reply | None) -> None:
+            if self.core is not core:
+                return
+            if reply is None:
+                self._finish("error")
+                return
+            try:
+                held = core.on_grant_reply(command, reply, sent, self.info, conn.session)
+            except DflockError:
+                self._finish("error")
+                return
+            if held:
+                self._granted(conn, core)
+            else:
+                self._finish("timeout")
 
         conn.request(command, data, timeout, answered)
 

@@ -37,6 +37,8 @@ class Result:
     grants: int = 0
     holds: int = 0
     events: int = 0
+    checked: str = ""
+    """The history checker's summary (its counts, first line)."""
 
     @property
     def ok(self) -> bool:
@@ -47,6 +49,7 @@ class Result:
         lines = [
             f"seed {self.seed}: {len(self.violations)} violation(s) "
             f"({self.grants} grants, {self.holds} attempts, {self.events} events)",
+            f"  history checker: {self.checked}",
             *(f"  {v}" for v in self.violations[:10]),
             "last events of the trace:",
             *(f"  {line}" for line in self.trace[-40:]),
@@ -327,6 +330,7 @@ class Run:
             grants=self.grants,
             holds=len(self.holds),
             events=loop.events,
+            checked=checked.summary().split("\n")[0],
         )
 
 
