@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 __all__ = ["MAX_EVENTS", "Loop", "Runaway", "Timer"]
@@ -52,6 +52,9 @@ class Loop:
         self.lines: deque[str] = deque(maxlen=keep_lines)
         """The trace's last lines (shown when a run fails)."""
         self.events = 0
+        self.seen: Counter[str] = Counter()
+        """How often each kind of thing happened (``count``): what a test reads to see that
+        the faults it relies on still happen."""
 
     def at(self, when: float, callback: Callable[[], None]) -> Timer:
         """Run ``callback`` at virtual time ``when`` (not before now)."""
@@ -85,6 +88,9 @@ class Loop:
         self._digest.update(line.encode())
         self._digest.update(b"\n")
         self.lines.append(line)
+
+    def count(self, kind: str) -> None:
+        self.seen[kind] += 1
 
     def digest(self) -> str:
         """The trace's digest so far: equal for two runs of one seed."""

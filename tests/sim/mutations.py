@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dflockd_server.journal import JournalRead, RecordedGrant, Restore
 from dflockd_server.keys import Client, Holder
+from dflockd_server.replay import restored_leases
 from dflockd_server.shares import AddressShares
 from dflockd_server.table import LockTable
 
@@ -57,6 +59,38 @@ class _DetachedNotCapped(AddressShares):
             super().granted(holder, taker)
 
 
+def _restored_by_wall_clock(
+    read: JournalRead,
+    complete: bool = True,
+    run_longest: int = 0,
+    tail_lost: str = "",
+    wall_ms: int | None = None,
+    monotonic_ms: int | None = None,
+    this_boot: str | None = None,
+) -> Restore:
+    """``replay.restored_leases``, but across a boot each lease runs to its recorded end on
+    the wall clock (trusted), and no grace: a reboot whose clock stepped forward finds every
+    lease over and restores none."""
+    restore = restored_leases(
+        read,
+        complete=complete,
+        run_longest=run_longest,
+        tail_lost=tail_lost,
+        wall_ms=wall_ms,
+        monotonic_ms=monotonic_ms,
+        this_boot=this_boot,
+    )
+    if restore.exact or wall_ms is None:
+        return restore
+    kept: list[RecordedGrant] = []
+    for rec in restore.leases:
+        left = (rec.until_ms - wall_ms) / 1000.0
+        if left > 0:
+            rec.left = min(left, float(rec.lease_ttl))
+            kept.append(rec)
+    return Restore(kept, "another boot, by the wall clock", 0.0)
+
+
 def _close_frees_session(m: Mutations) -> None:
     m.table = _CloseFreesSessionAtOnce
 
@@ -79,6 +113,14 @@ def _detached_not_capped(m: Mutations) -> None:
 
 def _capped(config: ServerConfig) -> None:
     config.locks_per_ip = 2
+
+
+def _reboot_by_wall_clock(m: Mutations) -> None:
+    m.restored_leases = _restored_by_wall_clock
+
+
+def _with_journal(config: ServerConfig) -> None:
+    config.journal_fsync = "always"
 
 
 def _fence_reseeded(m: Mutations) -> None:
@@ -105,6 +147,13 @@ MUTATIONS: dict[str, Mutation] = {
             "detached grants are not counted by --max-locks-per-ip",
             _detached_not_capped,
             _capped,
+        ),
+        Mutation(
+            "reboot-restores-by-wall-clock",
+            "a start after a reboot restores each lease to its recorded end on the wall clock "
+            "(stepped forward: none) and waits no grace",
+            _reboot_by_wall_clock,
+            _with_journal,
         ),
         Mutation(
             "fence-from-wall-clock",

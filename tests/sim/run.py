@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 
 from celery_dflock.client._grant import LockState
 from dflockd_server.fence import fence_of
+from dflockd_server.keys import Holder
 from tests.faults.history import Cut, Hold, check_history
 from tests.sim.client import ClientConn, SimClient
+from tests.sim.disk import Disk
 from tests.sim.loop import Loop, Runaway
 from tests.sim.mutations import MUTATIONS, Mutation
 from tests.sim.network import Network
 from tests.sim.process import Process
-from tests.sim.server import CeilingStore, Mutations, ServerConfig, SimServer
+from tests.sim.server import Machine, Mutations, ServerConfig, SimServer
 
 __all__ = ["Result", "simulate"]
 
@@ -37,6 +39,8 @@ class Result:
     grants: int = 0
     holds: int = 0
     events: int = 0
+    seen: dict[str, int] = field(default_factory=dict[str, int])
+    """How often each kind of fault and recovery happened (``Loop.count``)."""
     checked: str = ""
     """The history checker's summary (its counts, first line)."""
 
@@ -78,14 +82,12 @@ class Run:
         self.wall_offset_ns = 0
         self.told: set[tuple[str, str]] = set()
         """(client, token) of the beliefs the audit reported (once each)."""
-        self.ceiling = CeilingStore()
-        self.longest_lease = 0
-        """The grace record: the longest lease any run of the server granted."""
         rng = loop.rng
         mutations = Mutations()
         config = ServerConfig(
             read_timeout=rng.choice([23.0, 8.0]),
             locks_per_ip=rng.choice([0, 0, 2]),
+            journal_fsync=rng.choice([None, "always", "always", "everysec"]),
         )
         if mutation is not None:
             if mutation.scenario is not None:
@@ -95,6 +97,11 @@ class Run:
         self.config = config
         self.server_proc = Process(loop, "server", clock_offset=rng.uniform(100.0, 1e5))
         self.mutations = mutations
+        self.machine = Machine(
+            self.wall_clock_ns,
+            disk=None if config.journal_fsync is None else Disk(loop),
+            boot=f"{rng.getrandbits(64):016x}",
+        )
         self.server = self._new_server()
         self.faults = [
             "kill",
@@ -106,6 +113,8 @@ class Run:
             "quiet",
             "server_restart",
             "server_reboot",
+            "disk_full",
+            "disk_failing",
         ]
         if mutation is not None and mutation.faults is not None:
             self.faults = list(mutation.faults)
@@ -124,16 +133,9 @@ class Run:
     def wall_clock_ns(self) -> int:
         return WALL_START_NS + int(self.loop.now * 1e9) + self.wall_offset_ns
 
-    def _new_server(self, grace_s: float = 0.0) -> SimServer:
+    def _new_server(self) -> SimServer:
         return SimServer(
-            self.loop,
-            self.server_proc,
-            self.config,
-            self.mutations,
-            self.on_grant,
-            self.wall_clock_ns,
-            self.ceiling,
-            grace_s,
+            self.loop, self.server_proc, self.config, self.mutations, self.on_grant, self.machine
         )
 
     def on_grant(self, key: str, token: str, ip: str) -> None:
@@ -175,7 +177,6 @@ class Run:
         self.loop.later(0.1, self.audit)
         if not self.server_proc.alive or self.server.table.in_grace:
             return
-        held = {(h.key, h.token) for h, _, _ in self.server.table.live_holders()}
         for client in self.clients:
             core = client.core
             attempt = client.attempt
@@ -186,9 +187,9 @@ class Run:
                 and core.token is not None
                 and attempt is not None
                 and attempt.released_t is None
-                and core.owned()
-                and (core.key, core.token) not in held
                 and (client.name, core.token) not in self.told
+                and core.owned()
+                and not self._server_holds(core.key, core.token)
             ):
                 self.told.add((client.name, core.token))
                 self.violation(
@@ -196,6 +197,19 @@ class Run:
                     f"{fence_of(core.token)}, {core.grant.hold_deadline() - client.clock():.2f} s "
                     "left to it) but the server no longer holds that grant"
                 )
+
+    def _server_holds(self, key: str, token: str) -> bool:
+        """Whether the server's table holds the live grant ``token`` of ``key``."""
+        entry = self.server.table.grants.keys.get(key)
+        if isinstance(entry, Holder):
+            return entry.live and entry.token == token
+        if entry is None:
+            return False
+        one = entry.one
+        if one is not None:
+            return one.live and one.token == token
+        holder = (entry.many or {}).get(token)
+        return holder is not None and holder.live
 
     def violation(self, text: str) -> None:
         self.loop.note(f"VIOLATION {text}")
@@ -239,6 +253,7 @@ class Run:
         loop = self.loop
         rng = loop.rng
         fault = rng.choice(self.faults)
+        loop.count(fault)
         client = rng.choice(self.clients)
         if fault == "kill" and client.proc.alive:
             loop.note(f"nemesis: kill {client.name}")
@@ -266,9 +281,22 @@ class Run:
         elif fault == "server_reboot" and self.server_proc.alive:
             step = rng.uniform(-600.0, 600.0)
             loop.note(f"nemesis: reboot, the wall clock stepped {step:+.1f} s")
-            self.wall_offset_ns += int(step * 1e9)
-            self.server_proc.clock_offset = rng.uniform(1.0, 100.0)  # a new boot's clock
             self.restart_server()
+            self.wall_offset_ns += int(step * 1e9)
+            self.server_proc.clock_offset = rng.uniform(1.0, 100.0) - loop.now  # a new boot
+            self.machine.boot = f"{rng.getrandbits(64):016x}"
+            if self.machine.disk is not None:
+                self.machine.disk.crash()
+        elif fault in {"disk_full", "disk_failing"} and self.machine.disk is not None:
+            disk = self.machine.disk
+            seconds = rng.uniform(0.5, 20.0)
+            loop.note(f"nemesis: {fault} for {seconds:.2f} s")
+            if fault == "disk_full":
+                disk.full = True
+                loop.later(seconds, lambda: setattr(disk, "full", False))
+            else:
+                disk.failing = True
+                loop.later(seconds, lambda: setattr(disk, "failing", False))
         loop.later(rng.uniform(1.0, 8.0), self.nemesis)
 
     def reset_conns_of(self, client: SimClient) -> None:
@@ -284,13 +312,11 @@ class Run:
         client.start()
 
     def restart_server(self) -> None:
-        """The server process is killed and started again at once (``--fence-state-file``: its
-        fences start above its ceiling; a restart grace of the longest lease before it grants:
-        what the real server does without a journal that tells)."""
+        """The server process is killed and started again a moment later: from its journal, or
+        without one (``--fence-state-file`` only) after a grace of the longest lease."""
         loop = self.loop
         loop.note("nemesis: server killed")
         self.cuts.append(Cut(loop.now, None))
-        self.longest_lease = max(self.longest_lease, self.server.longest_lease)
         self.server.crash()
         self.server_proc.kill()
         down = loop.rng.uniform(0.1, 5.0)
@@ -298,9 +324,11 @@ class Run:
 
     def _server_back(self) -> None:
         self.server_proc.start()
-        self.longest_lease = max(self.longest_lease, self.server.longest_lease)
-        self.loop.note(f"server restarted (grace {self.longest_lease} s)")
-        self.server = self._new_server(float(self.longest_lease))
+        # A grant restored from the journal counts against no address until it is reattached
+        # (server/dflockd_server/shares.py): the cap's invariant counts the new run's grants.
+        self.granted_to.clear()
+        self.server = self._new_server()
+        self.loop.note(f"server restarted (grace {self.server.grace_s:.2f} s)")
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Result:
@@ -313,6 +341,11 @@ class Run:
             loop.run_until(self.duration)
         except Runaway as exc:
             self.violation(f"runaway: {exc}")
+        finally:
+            if self.server_proc.alive:
+                self.server.crash()  # (its files closed)
+            if self.machine.disk is not None:
+                self.machine.disk.close()
         for client in self.clients:
             attempt = client.attempt
             if attempt is not None and client.proc.alive and attempt.granted_t is not None:
@@ -331,6 +364,7 @@ class Run:
             holds=len(self.holds),
             events=loop.events,
             checked=checked.summary().split("\n")[0],
+            seen=dict(loop.seen),
         )
 
 

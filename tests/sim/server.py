@@ -11,15 +11,21 @@ the moment it leaves, the ground truth the run's invariants are checked against.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dflockd_server import constants as c, protocol as p
 from dflockd_server.dispatch import Close, Session, Wait
 from dflockd_server.fence import fence_of
+from dflockd_server.journal import COMPLETE_SUFFIX, Journal, RecordedGrant, Restore, read_journal
+from dflockd_server.replay import restored_leases
 from dflockd_server.shares import AddressShares
+from dflockd_server.stream import refuse_replies
 from dflockd_server.table import LockTable, Waiter
 from dflockd_server.tokens import FenceCounter
+from tests.sim.disk import Disk
 from tests.sim.loop import Loop, Timer
 from tests.sim.network import Conn
 from tests.sim.process import Process
@@ -38,6 +44,9 @@ class ServerConfig:
     locks_per_ip: int = 0
     max_locks: int = 1024
     sweep_s: float = 1.0
+    journal_fsync: str | None = None
+    """``--journal-fsync`` of a server with a state directory (its lease journal); None: no
+    state directory (``--fence-state-file`` only: a restart waits out the longest lease)."""
 
 
 @dataclass
@@ -51,6 +60,9 @@ class Mutations:
     """A read timeout's close counts as the peer's: it frees the connection's grants."""
     fence_from_wall_clock: bool = False
     """A start reads no stored fence ceiling: its counter starts at the wall clock."""
+    restored_leases: Callable[..., Restore] = restored_leases
+    """What a start makes of the journal it read (``replay.restored_leases``)."""
+    journal: type[Journal] = Journal
 
 
 class CeilingStore:
@@ -67,6 +79,22 @@ class CeilingStore:
 
     def write(self, ceiling: int) -> None:
         self.ceiling = ceiling
+
+
+@dataclass
+class Machine:
+    """The server's machine: what outlives its process (its disk, its clocks, its boot)."""
+
+    wall_clock_ns: Callable[[], int]
+    ceiling: CeilingStore = field(default_factory=CeilingStore)
+    disk: Disk | None = None
+    boot: str = "0"
+    longest: int = 0
+    """The longest lease granted (the ``grace`` record a start reads: ``leasebound``)."""
+    grace_until: tuple[str, float] | None = None
+    """(boot, monotonic s) at which a start's grace ends (the ``grace`` record's
+    ``grace_until``: a start killed during its grace leaves the rest to the next on the same
+    boot, ``grace.grace_left``)."""
 
 
 class _ConnState:
@@ -94,9 +122,7 @@ class SimServer:
         config: ServerConfig,
         mutations: Mutations,
         on_grant: Callable[[str, str, str], None],
-        wall_clock_ns: Callable[[], int],
-        ceiling: CeilingStore,
-        grace_s: float = 0.0,
+        machine: Machine,
     ) -> None:
         self.loop = loop
         self.proc = proc
@@ -104,16 +130,18 @@ class SimServer:
         self.mutations = mutations
         self.on_grant = on_grant
         """Told of each grant as its reply leaves: (key, token, the client's address)."""
-        self.wall_clock_ns = wall_clock_ns
-        self.ceiling = ceiling
-        self.grace_s = grace_s
-        self.longest_lease = 0
-        """The longest lease granted (the ``grace`` record a restart reads)."""
+        self.machine = machine
         self.conns: dict[int, tuple[Conn, _ConnState]] = {}
         self.shares: AddressShares | None = None
-        self.table = self._new_table()
+        self.journal: Journal | None = None
+        self._held: list[tuple[Conn, _ConnState, bytes, str]] = []
+        """Replies held back until the journal is written (``stream.GroupWrite``)."""
+        self._turn: Timer | None = None
+        self.grace_s = 0.0
+        self.table = self._start()
         self._hello = p.reply_hello(
             c.SERVER_VERSION,
+            durable=self.journal is not None,
             max_lease_ttl_s=config.max_lease,
             default_lease_ttl_s=config.default_lease,
             session_ttl_s=config.session_ttl,
@@ -121,12 +149,85 @@ class SimServer:
         )
         self._sweeps()
 
+    def _clocks(self) -> tuple[int, int, str]:
+        """The journal's anchor: (wall ms, monotonic ms, boot id) of the simulated machine."""
+        machine = self.machine
+        return (
+            machine.wall_clock_ns() // 1_000_000,
+            int(self.proc.clock() * 1000),
+            machine.boot,
+        )
+
+    def _start(self) -> LockTable:
+        """What ``net.Server._start`` and ``state.plan_start`` make of the state: the leases
+        the journal restores and the restart grace, then a new journal file holding them."""
+        machine = self.machine
+        disk = machine.disk
+        leases: list[RecordedGrant] = []
+        first = self.proc.life == 0
+        grace = 0.0 if first else float(machine.longest)
+        if disk is not None and os.path.exists(disk.journal):
+            read = read_journal(disk.journal)
+            wall_ms, mono_ms, boot = self._clocks()
+            restore = self.mutations.restored_leases(
+                read,
+                complete=os.path.exists(disk.journal + COMPLETE_SUFFIX),
+                run_longest=machine.longest,
+                tail_lost="",
+                wall_ms=wall_ms,
+                monotonic_ms=mono_ms,
+                this_boot=boot,
+            )
+            leases = restore.leases
+            grace = restore.grace_s
+            self.loop.count("restored" if leases else "restored none")
+            if read.torn_tail:
+                self.loop.count("torn tail read")
+            if read.damaged_before_tail:
+                grace = max(grace, float(machine.longest))
+            self.loop.note(
+                f"server: journal read: {len(leases)} lease(s) restored, grace {grace:.2f} s"
+                + (f", damaged ({read.damage})" if read.damage else "")
+            )
+        until = machine.grace_until
+        if until is not None and until[0] == machine.boot:
+            grace = max(grace, until[1] - self.proc.clock())
+        if grace > 0:
+            machine.grace_until = (machine.boot, self.proc.clock() + grace)
+        self.grace_s = grace
+        table = self._new_table()
+        if disk is not None:
+            _, highest, _ = table.restore_all(leases)
+            if highest:
+                self.counter.raise_to(highest)
+            journal = self.mutations.journal(
+                disk.journal,
+                self.config.journal_fsync or "always",
+                table.clock,
+                fsync_file=disk.fsync_file,
+                fsync_dir=disk.fsync_dir,
+                write=disk.write,
+                clocks=self._clocks,
+            )
+            journal.anchor()
+            journal.open(self._live_records(journal, table))
+            table.grants.journal = self.journal = journal
+        return table
+
+    @staticmethod
+    def _live_records(journal: Journal, table: LockTable) -> list[bytes]:
+        """``net.Server._live_records``."""
+        return [
+            journal.grant_record(holder, state, holder.client is table.detached, on_close)
+            for holder, state, on_close in table.live_holders()
+        ]
+
     def _new_table(self) -> LockTable:
         cfg = self.config
-        self.ceiling.forget = self.mutations.fence_from_wall_clock
-        counter = FenceCounter(
-            store=self.ceiling,
-            wall_clock_ns=self.wall_clock_ns,
+        self.machine.ceiling.forget = self.mutations.fence_from_wall_clock
+        counter = self.counter = FenceCounter(
+            store=self.machine.ceiling,
+            wall_clock_ns=self.machine.wall_clock_ns,
             random_bytes=self.loop.rng.randbytes,
             persist_block=64,
         )
@@ -180,6 +281,9 @@ class SimServer:
         def sweep() -> None:
             if self.table.expire():
                 self.loop.note("server: leases expired")
+            journal = self.journal
+            if journal is not None:
+                self._journal_upkeep(journal)
             self.proc.later(self.config.sweep_s, sweep)
 
         def gc() -> None:
@@ -188,6 +292,47 @@ class SimServer:
 
         self.proc.later(self.config.sweep_s, sweep)
         self.proc.later(5.0, gc)
+
+    def _journal_upkeep(self, journal: Journal) -> None:
+        """``net.Server._journal_upkeep``: write what no reply has, recover a journal that
+        could not be written, compact (here at random sweeps: the server does past 4 MiB), and
+        the everysec fsync (here on the loop: no thread in a simulation)."""
+        table = self.table
+        self._settle(journal, self._held)
+        if not journal.writable:
+            if journal.recover(self._live_records(journal, table)):
+                self.loop.note("server: the journal can be written again")
+                self.loop.count("journal recovered")
+                table.fill_waiting()
+            return
+        if self.loop.chance(0.03):
+            journal.compact(self._live_records(journal, table))
+            self._settle(journal, self._held)
+            self.loop.note(f"server: compaction {'done' if journal.writable else 'failed'}")
+            self.loop.count("compaction" if journal.writable else "compaction failed")
+        if journal.fsync == "everysec" and journal.dirty:
+            # (a failure is kept for the next flush, as the thread's is)
+            with contextlib.suppress(OSError):
+                journal.sync()
+
+    def _settle(
+        self, journal: Journal, held: list[tuple[Conn, _ConnState, bytes, str]]
+    ) -> list[bytes]:
+        """Write the journal; the grants it could not hold are undone (nobody was told of
+        them) and their held-back replies refused (``GroupWrite._undo_refused``)."""
+        journal.flush()
+        if not journal.refused:
+            return []
+        refused = journal.take_refused()
+        for key, token in refused:
+            self.table.release(key, token)
+        journal.flush()
+        tokens = [token.encode() for _, token in refused]
+        self.loop.note(f"server: {len(tokens)} grant(s) the journal could not hold, undone")
+        self.loop.count("grant undone")
+        for i, (conn, state, reply, key) in enumerate(held):
+            held[i] = (conn, state, refuse_replies(reply, tokens), key)
+        return tokens
 
     # ------------------------------------------------------------------ connections
     def accept(self, conn: Conn, ip: str) -> None:
@@ -257,6 +402,7 @@ class SimServer:
             self._arm_read_timer(conn, state, max(delay, 0.001))
             return
         self.loop.note(f"server: read timeout on connection {conn.id}")
+        self.loop.count("read timeout")
         self.close_by_server(conn)
 
     # ------------------------------------------------------------------ requests
@@ -320,18 +466,55 @@ class SimServer:
         self.proc.later(0.0, lambda: self._process(conn, state) if not state.busy else None)
 
     def _send(self, conn: Conn, state: _ConnState, reply: bytes, key: str) -> None:
+        """A reply leaves, after the journal holds what it answers (``stream.GroupWrite``: the
+        journal written once for the turn, then the replies held back)."""
+        if self.journal is None:
+            self._emit(conn, state, reply, key)
+            return
+        self._held.append((conn, state, reply, key))
+        if self._turn is None:
+            self._turn = self.proc.later(0.0, self._write_turn)
+
+    def _write_turn(self) -> None:
+        self._turn = None
+        held, self._held = self._held, []
+        journal = self.journal
+        if journal is not None:
+            self._settle(journal, held)
+        for conn, state, reply, key in held:
+            if conn.id in self.conns:
+                self._emit(conn, state, reply, key)
+            else:  # gone before its reply left: a grant nobody was told of ends
+                token = self._granted_token(reply)  # (``Connection._free_untold``)
+                if token is not None:
+                    self.table.release(key, token)
+
+    @staticmethod
+    def _granted_token(reply: bytes) -> str | None:
         if reply.startswith((b"ok ", b"acquired ")):
             parts = reply.split()
             if len(parts) == 3 and len(parts[1]) == c.TOKEN_HEX_CHARS:
-                token = parts[1].decode()
-                self.loop.note(f"server: grant {key} fence {fence_of(token)} to {conn.id}")
-                self.longest_lease = max(self.longest_lease, int(parts[2]))
-                self.on_grant(key, token, state.ip)
+                return parts[1].decode()
+        return None
+
+    def _emit(self, conn: Conn, state: _ConnState, reply: bytes, key: str) -> None:
+        token = self._granted_token(reply)
+        if token is not None:
+            lease = int(reply.split()[2])
+            self.machine.longest = max(self.machine.longest, lease)
+            self.loop.note(f"server: grant {key} fence {fence_of(token)} to {conn.id}")
+            self.on_grant(key, token, state.ip)
         conn.to_client(reply)
 
     # ------------------------------------------------------------------ process faults
     def crash(self) -> None:
-        """The process dies: its kernel resets every connection."""
+        """The process dies: its kernel resets every connection and closes its files (the
+        journal's, with nothing more written to it)."""
         for conn, _ in list(self.conns.values()):
             conn.close_by_server(reset=True)
         self.conns.clear()
+        journal = self.journal
+        if journal is not None:
+            fd = journal._fd  # pyright: ignore[reportPrivateUsage] - a kill: no close record
+            if fd >= 0:
+                os.close(fd)
