@@ -27,7 +27,7 @@ from celery_dflock.client.errors import DflockError
 from celery_dflock.client.protocol import Command, Reply
 from tests.faults.history import Hold
 from tests.sim.loop import Loop, Timer
-from tests.sim.network import Conn, Network
+from tests.sim.network import Conn
 from tests.sim.process import Process
 
 __all__ = ["ClientConn", "SimClient"]
@@ -153,8 +153,6 @@ class SimClient:
         self,
         loop: Loop,
         proc: Process,
-        net: Network,
-        server: Callable[[], object],
         connect: Callable[[SimClient, Callable[[ClientConn | None, bool], None]], None],
         ip: str,
         keys: list[str],
@@ -163,7 +161,6 @@ class SimClient:
         self.loop = loop
         self.proc = proc
         self.name = proc.name
-        self.net = net
         self.ip = ip
         self.keys = keys
         self.holds = holds
@@ -451,9 +448,9 @@ class SimClient:
             core.connection_broke("the server closed it")
             self._reattach(core)
             return
-        self._renew_on(conn, core, reattaching=False)
+        self._renew_on(conn, core)
 
-    def _renew_on(self, conn: ClientConn, core: LockCore, *, reattaching: bool) -> None:
+    def _renew_on(self, conn: ClientConn, core: LockCore) -> None:
         command, data, timeout = core.renew_request()
         sent = self.clock()
 
@@ -501,7 +498,7 @@ class SimClient:
                     core.refused()
                 self._pause_reattach(core, "unreachable")
                 return
-            self._renew_on(conn, core, reattaching=True)
+            self._renew_on(conn, core)
 
         self.connect(connected)
 

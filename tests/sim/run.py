@@ -123,9 +123,7 @@ class Run:
         for i in range(rng.randint(2, 4)):
             proc = Process(loop, f"c{i}", clock_offset=rng.uniform(100.0, 1e5))
             ip = f"10.0.0.{i % 2 + 1}"
-            client = SimClient(
-                loop, proc, self.net, lambda: self.server, self.connect, ip, keys, self.holds
-            )
+            client = SimClient(loop, proc, self.connect, ip, keys, self.holds)
             client.detached_holds = bool(config.locks_per_ip)
             self.clients.append(client)
 
