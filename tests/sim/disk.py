@@ -2,10 +2,11 @@
 
 The files are real, in a temporary directory of the run (what the journal writes is byte for
 byte what a server writes); what is simulated is what a disk and a machine do to them: a full
-disk (a write fails, ``ENOSPC``), a failing disk (an fsync fails, ``EIO``), and a crash of the
-machine, which loses what the page cache held and the disk had not taken: the journal falls
-back to what its last successful fsync covered, its last record now and then torn in the
-middle. A kill of the process loses nothing (the kernel keeps what was written).
+disk (a write fails, ``ENOSPC``), a failing disk (an fsync fails, ``EIO``; or only a
+directory's), and a crash of the machine, which loses what the page cache held and the disk had
+not taken: the journal falls back to what its last successful fsync covered, its last record
+now and then torn in the middle. A kill of the process loses nothing (the kernel keeps what was
+written).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class Disk:
         self.journal = os.path.join(self.dir, "journal")
         self.full = False
         self.failing = False
+        self.dir_failing = False
+        """Only a directory's fsync fails (what a compaction meets after its rename)."""
         self.synced: dict[int, int] = {}
         """Inode -> its size at its last successful fsync."""
 
@@ -50,7 +53,8 @@ class Disk:
         self.synced[st.st_ino] = st.st_size
 
     def fsync_dir(self, path: str) -> None:
-        if self.failing:
+        if self.failing or self.dir_failing:
+            self.loop.count("directory fsync failed")
             raise OSError(errno.EIO, "Input/output error")
 
     # the machine

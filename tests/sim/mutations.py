@@ -8,11 +8,12 @@ by the simulator within a few seeds (tests/sim/test_mutations.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dflockd_server.journal import JournalRead, RecordedGrant, Restore
+from dflockd_server.journal import Journal, JournalRead, RecordedGrant, Restore
 from dflockd_server.keys import Client, Holder
 from dflockd_server.replay import restored_leases
 from dflockd_server.shares import AddressShares
@@ -57,6 +58,27 @@ class _DetachedNotCapped(AddressShares):
     def granted(self, holder: Holder, taker: Client) -> None:
         if holder.client is taker:
             super().granted(holder, taker)
+
+
+class _CompactionFailureUnseen(Journal):
+    """A compaction whose directory fsync fails after its rename leaves the writer on the old
+    file (renamed over: no longer the journal) and the journal writable: what is granted then
+    is acknowledged from records no restart reads."""
+
+    def compact(self, live: Iterable[bytes]) -> None:
+        fd = self._fd  # pyright: ignore[reportPrivateUsage]
+        old = os.dup(fd) if fd >= 0 else -1
+        super().compact(live)
+        if self.writable or old < 0:
+            if old >= 0:
+                os.close(old)
+            return
+        new, self._fd = self._fd, old  # pyright: ignore[reportPrivateUsage]
+        os.close(new)
+        self.writable = self.stats.writable = True
+        self.failure = ""
+        self.refused.clear()
+        os.close(os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
 def _restored_by_wall_clock(
@@ -123,6 +145,10 @@ def _with_journal(config: ServerConfig) -> None:
     config.journal_fsync = "always"
 
 
+def _compaction_failure_unseen(m: Mutations) -> None:
+    m.journal = _CompactionFailureUnseen
+
+
 def _fence_reseeded(m: Mutations) -> None:
     m.fence_from_wall_clock = True
 
@@ -153,6 +179,13 @@ MUTATIONS: dict[str, Mutation] = {
             "a start after a reboot restores each lease to its recorded end on the wall clock "
             "(stepped forward: none) and waits no grace",
             _reboot_by_wall_clock,
+            _with_journal,
+        ),
+        Mutation(
+            "compaction-failure-unseen",
+            "a compaction whose directory fsync fails after the rename leaves the writer on the "
+            "old file and grants on: acknowledged grants no restart reads",
+            _compaction_failure_unseen,
             _with_journal,
         ),
         Mutation(

@@ -115,6 +115,7 @@ class Run:
             "server_reboot",
             "disk_full",
             "disk_failing",
+            "dir_fsync_failing",
         ]
         if mutation is not None and mutation.faults is not None:
             self.faults = list(mutation.faults)
@@ -285,16 +286,21 @@ class Run:
             self.machine.boot = f"{rng.getrandbits(64):016x}"
             if self.machine.disk is not None:
                 self.machine.disk.crash()
-        elif fault in {"disk_full", "disk_failing"} and self.machine.disk is not None:
+        elif fault in {"disk_full", "disk_failing", "dir_fsync_failing"} and (
+            self.machine.disk is not None
+        ):
             disk = self.machine.disk
             seconds = rng.uniform(0.5, 20.0)
             loop.note(f"nemesis: {fault} for {seconds:.2f} s")
             if fault == "disk_full":
                 disk.full = True
                 loop.later(seconds, lambda: setattr(disk, "full", False))
-            else:
+            elif fault == "disk_failing":
                 disk.failing = True
                 loop.later(seconds, lambda: setattr(disk, "failing", False))
+            else:
+                disk.dir_failing = True
+                loop.later(seconds, lambda: setattr(disk, "dir_failing", False))
         loop.later(rng.uniform(1.0, 8.0), self.nemesis)
 
     def reset_conns_of(self, client: SimClient) -> None:
