@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import time
 from typing import Final
 
 from celery_dflock.client import _by_token, protocol, wire
@@ -209,7 +208,7 @@ class LockCore:
     def owned(self) -> bool:
         """`locked`, not lost, and the grant is known to be still held: its lease runs, and
         on a session connection an answer came recently enough."""
-        return self.locked() and not self.lost and time.monotonic() < self.grant.hold_deadline()
+        return self.locked() and not self.lost and self.grant.clock() < self.grant.hold_deadline()
 
     def lease_left(self, now: float | None = None) -> float:
         """Seconds the grant surely stays held (`HeldGrant.lease_left`)."""

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -78,6 +79,9 @@ class HeldGrant:
 
     # A new lock holds nothing: these class-level values (immutable) are each grant's until
     # it sets its own (so making one costs no more than an empty object).
+    clock: Callable[[], float] = time.monotonic
+    """The clock every figure here is on (``time.monotonic``; the simulator in tests/sim gives
+    each simulated process its own, by setting it on the grant)."""
     token: str | None = None
     fencing: bool = False  # the server that granted `token` issues fencing tokens
     lease: int = 0
@@ -97,10 +101,15 @@ class HeldGrant:
     # keep-alive keeps it (docs/protocol.md, "Client sessions"); its deadline bounds the
     # grant's as the connection's session time does above (which is then None). Each of its
     # keep-alives sent after the grant was last confirmed (granted, renewed: time.monotonic()
-    # at the answer) on the server's same run also renewed the grant's lease.
+    # at the answer) on the server's same run also renewed the grant's lease, if the server
+    # still held the grant when it came: counted when its answer came before the lease's end
+    # as known until then (`lease_end`). `kept_end`: the lease's end as keep-alives moved it,
+    # `kept_at`: the send time of the last keep-alive looked at.
     session: ClientSession | None = None
     confirmed_at: float = math.inf
     run: str | None = None
+    kept_end: float = 0.0
+    kept_at: float = -math.inf
     # The server keeps a lease journal (`durable`), and a reconnection after the lock's
     # connection broke was refused: the server is not running, so nothing frees the grant
     # before its lease ends (a restart restores it to its lease); the session's deadline no
@@ -127,24 +136,29 @@ class HeldGrant:
 
     def lease_end(self) -> float:
         """The time.monotonic() until which the lease surely runs: from the last grant or
-        renewal's send time, or from the last keep-alive of its client session, sent after the
-        grant was last confirmed on the same run of the server (the server renewed every
-        grant of the session then)."""
-        return max(self.lease_deadline, self._kept_end())
+        renewal's send time, or from a keep-alive of its client session, sent after the grant
+        was last confirmed on the same run of the server, whose answer came while the lease
+        surely ran (the server renewed every grant of the session it still held when the
+        keep-alive came; one whose lease had run out first, a late keep-alive does not bring
+        back). Each keep-alive is looked at once, the last one answered when this is asked:
+        the keep-alives chain as long as it is asked at least once a lease, which the renewal
+        does (`kept_alive`); when they do not, the renewal renews by token."""
+        end = max(self.lease_deadline, self.kept_end)
+        session = self.session
+        if session is None or self.run is None or session.run != self.run:
+            return end
+        sent = session.renewed_at
+        if sent > self.kept_at and sent > self.confirmed_at:
+            self.kept_at = sent
+            if session.renewal_answered_at < end and sent + self.lease > end:
+                end = self.kept_end = sent + self.lease
+        return end
 
     def _kept_end(self) -> float:
-        """The lease's end as the last keep-alive of its client session renewed it: sent
-        after the grant was last confirmed, on the same run of the server (the server renewed
-        every grant of the session then); -inf where none did."""
-        session = self.session
-        if (
-            session is not None
-            and self.run is not None
-            and session.run == self.run
-            and session.renewed_at > self.confirmed_at
-        ):
-            return session.renewed_at + self.lease
-        return -math.inf
+        """The lease's end as keep-alives of its client session moved it after the grant's
+        own last renewal (`lease_end`), or -inf where none did."""
+        self.lease_end()  # looks at the last keep-alive answered
+        return self.kept_end if self.kept_end else -math.inf
 
     def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
         """Whether the client session's keep-alives keep the lease as a renewal would (at
@@ -154,13 +168,14 @@ class HeldGrant:
         session = self.session
         if session is None or not session.keeping():
             return False
-        left = self._kept_end() - (time.monotonic() if now is None else now)
+        left = self._kept_end() - (self.clock() if now is None else now)
         return left > self.lease * (1 - renew_ratio)
 
     def kept_for(self, now: float | None = None) -> float:
         """Seconds until the lease, as the keep-alives of its session keep it, ends, less
-        ``KEPT_MARGIN_S``: while they keep it, the lock needs to look at it only then."""
-        left = self._kept_end() - (time.monotonic() if now is None else now)
+        ``KEPT_MARGIN_S``: while they keep it, the lock needs to look at it only then (which
+        also chains the keep-alives: `lease_end` must be asked at least once a lease)."""
+        left = self._kept_end() - (self.clock() if now is None else now)
         return left - KEPT_MARGIN_S
 
     def hold_deadline(self) -> float:
@@ -180,7 +195,7 @@ class HeldGrant:
         session = self.session
         down = self.server_down or (session is not None and session.server_down)
         deadline = self.lease_end() if down else self.hold_deadline()
-        return deadline - (time.monotonic() if now is None else now)
+        return deadline - (self.clock() if now is None else now)
 
     def session_ended(self) -> str | None:
         """Why the client session the grant belongs to is over (the server may have ended it,
@@ -210,11 +225,12 @@ class HeldGrant:
         self.lease = lease
         self.pid = os.getpid()
         self.lease_deadline = started + lease
-        self.lease_latest_end = time.monotonic() + lease
+        self.lease_latest_end = self.clock() + lease
         self.enqueued_at = None
         self.session = session
-        self.confirmed_at = time.monotonic()
+        self.confirmed_at = self.clock()
         self.run = None if session is None else session.run
+        self.kept_end, self.kept_at = 0.0, -math.inf
         if session is not None or server is None:
             self.session_ttl = None
         else:
@@ -233,10 +249,11 @@ class HeldGrant:
         if session is not None:
             self.session = session
         session = self.session
-        self.confirmed_at = time.monotonic()
+        self.confirmed_at = self.clock()
         self.run = None if session is None else session.run
+        self.kept_end, self.kept_at = 0.0, -math.inf
         self.lease_deadline = sent_at + seconds_remaining
-        self.lease_latest_end = time.monotonic() + seconds_remaining
+        self.lease_latest_end = self.clock() + seconds_remaining
         self.answered(sent_at)
         self.server_down = False
         self.broken = None
@@ -270,6 +287,7 @@ class HeldGrant:
         self.session = None
         self.confirmed_at = math.inf
         self.run = None
+        self.kept_end, self.kept_at = 0.0, -math.inf
         self.durable = False
         self.server_down = False
 
@@ -287,7 +305,7 @@ class HeldGrant:
         far as the client knows where the lease stands (a grant collected by ``w`` may have
         started when the lock was freed, before the ``w`` was sent)."""
         interval = self.renew_interval(renew_ratio)
-        now = time.monotonic()
+        now = self.clock()
         if self.session_deadline - now < 2 * interval:
             return 0.0  # a grant that waited: confirm it at once
         remaining = self.lease_deadline - now
@@ -300,7 +318,7 @@ class HeldGrant:
         connection, an answer after the session's deadline does not save the lock either: the
         request fails then (unless the deadline had passed before it was sent, a pause or a
         long wait: then its answer is what tells whether the grant is still held)."""
-        now = time.monotonic()
+        now = self.clock()
         end = max(self.lease_latest_end, self.lease_end())
         if self.session_deadline > now:
             end = min(end, self.session_deadline)

@@ -65,19 +65,23 @@ class ClientSession:
         "_guard",
         "_pruned_at",
         "answered_at",
+        "clock",
         "durable",
         "ended",
         "holders",
         "id",
         "keeper",
+        "renewal_answered_at",
         "renewed_at",
         "run",
         "server_down",
         "ttl",
     )
 
-    def __init__(self, ttl: int) -> None:
+    def __init__(self, ttl: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.id = secrets.token_hex(16)
+        self.clock = clock
+        """The clock its times are on (``time.monotonic``; a simulated process's in tests/sim)."""
         self.ttl = ttl
         self.answered_at = -math.inf
         """time.monotonic() when the last request that kept it alive (a keep-alive, or the
@@ -85,6 +89,9 @@ class ClientSession:
         self.renewed_at = -math.inf
         """time.monotonic() when the last keep-alive the server answered was sent: it renewed
         every grant of the session (a join refreshes the session, not its grants)."""
+        self.renewal_answered_at = math.inf
+        """When the answer to that keep-alive came (a grant counts it only if the answer came
+        while its lease surely ran: `HeldGrant.lease_end`)."""
         self.ended = ""
         """Why it is over ("" while it may live): the server said it has no such session, or
         its deadline passed without an answer."""
@@ -124,7 +131,7 @@ class ClientSession:
         is over from then on (`end`)."""
         if self.ended:
             return False
-        if self.answered_at > -math.inf and (time.monotonic() if now is None else now) >= (
+        if self.answered_at > -math.inf and (self.clock() if now is None else now) >= (
             self.deadline()
         ):
             self.end("it was not kept alive in time (no answer from the server)")
@@ -133,12 +140,16 @@ class ClientSession:
 
     def answered(self, sent_at: float, *, renewed: bool = False) -> None:
         """The server answered a request that keeps the session alive, sent at ``sent_at``:
-        a join, or a keep-alive (``renewed``: which renewed every grant of the session too)."""
-        if not self.ended and sent_at > self.answered_at:
-            self.answered_at = sent_at
-        if renewed and not self.ended and sent_at > self.renewed_at:
-            self.renewed_at = sent_at
+        a join, or a keep-alive (``renewed``: which renewed every grant of the session too).
+        An answer that comes after the deadline changes nothing: the session is over then
+        (the server may have ended it, and made a new one of the same id for a join)."""
         self.server_down = False
+        if not self.live():
+            return
+        self.answered_at = max(self.answered_at, sent_at)
+        if renewed and sent_at > self.renewed_at:
+            self.renewed_at = sent_at
+            self.renewal_answered_at = self.clock()
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:
         """``holder`` holds a grant on the session, or waits for one: kept alive from now on
@@ -156,7 +167,7 @@ class ClientSession:
         with self._guard:
             holders = self.holders
             if not self.ended:
-                now = time.monotonic()
+                now = self.clock()
                 if now - self._pruned_at < PRUNE_EVERY_S:
                     gone: list[Holder] = []
                     holding = False

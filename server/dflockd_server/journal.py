@@ -130,7 +130,7 @@ more (about 1,300); interpreted, this costs about what those did (measured both 
 each of the forms tried)."""
 
 
-def _write_all(fd: int, view: memoryview) -> None:
+def _write_all(fd: int, view: memoryview, write: Callable[[int, memoryview], int]) -> None:
     """Write all of ``view`` to ``fd``, however many writes it takes.
 
     The count each write returns is kept in a local before the view is cut: compiled, mypyc
@@ -138,7 +138,7 @@ def _write_all(fd: int, view: memoryview) -> None:
     ``view[os.write(fd, view):]`` wrote everything twice (every new journal file began with
     its header and live records twice)."""
     while view:
-        written = _write(fd, view)
+        written = write(fd, view)
         view = view[written:]
 
 
@@ -222,6 +222,8 @@ class Journal:
     recorded as the wall time ``anchor_wall + (t - anchor_clock)``. ``fsync_file`` and
     ``fsync_dir`` are ``os.fsync`` and a directory's fsync; tests give ones that fail (no real
     way makes the kernel fail an fsync on demand: a full disk fails writes, not fsyncs).
+    ``write`` (``os.write``) and ``clocks`` (the anchor's clocks and ids) are the simulator's
+    (tests/sim): its disk fills up, its machine reboots with its wall clock stepped.
     """
 
     __slots__ = (
@@ -229,6 +231,7 @@ class Journal:
         "_anchor_mono_ms",
         "_anchor_wall_ms",
         "_clock",
+        "_clocks",
         "_fd",
         "_fd_lock",
         "_fsync_dir",
@@ -242,6 +245,7 @@ class Journal:
         "_sync_wanted",
         "_synced",
         "_syncer",
+        "_write",
         "_written",
         "buf",
         "failure",
@@ -263,6 +267,8 @@ class Journal:
         record_renewals: bool | None = None,
         fsync_file: Callable[[int], None] | None = None,
         fsync_dir: Callable[[str], None] | None = None,
+        write: Callable[[int, bytes | memoryview], int] | None = None,
+        clocks: Callable[[], tuple[int, int, str]] | None = None,
     ) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
@@ -273,6 +279,11 @@ class Journal:
         self._clock = clock
         self._fsync_file = os.fsync if fsync_file is None else fsync_file
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
+        self._write: Callable[[int, bytes | memoryview], int] = _write if write is None else write
+        """``os.write`` (the simulator in tests/sim gives one on its simulated disk)."""
+        self._clocks = clocks
+        """What ``anchor`` reads: (wall ms, monotonic ms, ``<boot id>[.<mount id>]``); None:
+        this machine's clocks and ids (the simulator gives its simulated machine's)."""
         self.buf: list[bytes] = []
         """Records not written yet (``flush`` writes them)."""
         self._written = 0
@@ -433,7 +444,7 @@ class Journal:
         try:
             size = os.fstat(fd).st_size
             data = b"".join([self._header(), *(drop_record(token) for token in ended)])
-            _write_all(fd, memoryview(data))
+            _write_all(fd, memoryview(data), self._write)
             self._fsync_file(fd)
         except OSError as exc:
             if size >= 0:
@@ -452,6 +463,10 @@ class Journal:
     def anchor(self) -> None:
         """Fix the clock anchor (before making the records ``open`` takes)."""
         self._anchor_clock = self._clock()
+        clocks = self._clocks
+        if clocks is not None:
+            self._anchor_wall_ms, self._anchor_mono_ms, self._lifetime = clocks()
+            return
         self._anchor_wall_ms = time.time_ns() // 1_000_000
         self._anchor_mono_ms = time.monotonic_ns() // 1_000_000
         boot = boot_id()
@@ -467,7 +482,7 @@ class Journal:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
             data = b"".join([self._header(), *_batched(list(live))])
-            _write_all(fd, memoryview(data))
+            _write_all(fd, memoryview(data), self._write)
             self._fsync_file(fd)
             os.replace(tmp, self.path)
         except BaseException:
@@ -576,9 +591,9 @@ class Journal:
         data = buf[0] if len(buf) == 1 else b"".join(_batched(buf))
         fd = self._fd
         try:
-            written = _write(fd, data)
+            written = self._write(fd, data)
             if written < len(data):  # a short write: a full disk, or a signal
-                _write_all(fd, memoryview(data)[written:])
+                _write_all(fd, memoryview(data)[written:], self._write)
         except OSError as exc:
             # A disk full or failing: cut what part of the batch got in, so the file still
             # ends with a whole record.

@@ -17,6 +17,7 @@ from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import LockState
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, NextTry
 from celery_dflock.client._servers import ServerInfo
+from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import REPLY_GRACE_S, ClientSettings
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import (
@@ -463,3 +464,72 @@ def test_without_sessions_the_lease_alone_says() -> None:
     granted = reply(Command.LOCK, f"ok {TOKEN} 60".encode())
     assert core.on_grant_reply(Command.LOCK, granted, time.monotonic() - 10.0, FENCING)
     assert core.grant.session_ttl is None and core.owned()
+
+
+def test_an_answer_that_comes_after_the_session_deadline_does_not_revive_it() -> None:
+    """Found by the simulator (tests/sim, seed 37 before the fix): a connection's join (``hello
+    _ session <id>``), sent before the session's deadline, answered after it. The server may
+    have ended the session meanwhile (its grants with it) and made a new one of the same id for
+    that join: the answer says nothing of the grants. The session is over at its deadline, and
+    the lock held on it stays not owned, whatever answer comes later."""
+    now = [1000.0]
+    session = ClientSession(15, clock=lambda: now[0])
+    session.answered(now[0])  # joined: its deadline is 15 s less the margin from now
+    core = make()
+    core.grant.clock = lambda: now[0]
+    granted = reply(Command.LOCK, f"ok {TOKEN} 60".encode())
+    keeps = ServerInfo(
+        "dflockd-server",
+        "test",
+        frozenset({wire.FEATURE_FENCE, wire.FEATURE_SESSION, wire.FEATURE_KEEPALIVE}),
+    )
+    assert core.on_grant_reply(Command.LOCK, granted, now[0], keeps, session)
+    assert core.owned()
+    join_sent = now[0] + 10.0  # a new connection joins, 10 s on
+    now[0] += 15.0  # the deadline passes before its answer comes
+    assert not core.owned()
+    session.answered(join_sent)  # the late answer
+    assert not core.owned()
+    assert core.session_ended() is not None
+
+
+def test_a_keep_alive_renews_a_grant_only_if_its_answer_came_while_the_lease_surely_ran() -> None:
+    """Found by the simulator (tests/sim, seed 329 before the fix): a holder paused past its
+    lease resumes, and its session's next keep-alive is answered (the session lives, its time
+    is longer than the lease); the server had let the grant's lease run out meanwhile (a
+    keep-alive renews the grants it still holds, not one already gone), yet the answer made
+    the lock count as owned again, while the server gave the key to another. Keep-alives
+    answered in time chain the lease on."""
+    now = [1000.0]
+    session = ClientSession(15, clock=lambda: now[0])
+    session.run = "run1"
+    session.answered(now[0])
+    core = make(lease_ttl_s=8)
+    core.grant.clock = lambda: now[0]
+    keeps = ServerInfo(
+        "dflockd-server",
+        "test",
+        frozenset({wire.FEATURE_FENCE, wire.FEATURE_SESSION, wire.FEATURE_KEEPALIVE}),
+        run="run1",
+    )
+    granted = reply(Command.LOCK, f"ok {TOKEN} 8".encode())
+    assert core.on_grant_reply(Command.LOCK, granted, now[0], keeps, session)
+    start = now[0]
+    for sent in (start + 5.0, start + 10.0):  # answered at once: the lease runs on
+        now[0] = sent
+        session.answered(sent, renewed=True)
+        assert core.owned()
+    assert core.grant.lease_end() == start + 18.0
+    now[0] = start + 19.0  # paused past the lease's end (the session's deadline is later)
+    assert not core.owned()
+    session.answered(now[0], renewed=True)  # the next keep-alive, sent now, answered
+    assert not core.owned()
+    assert core.grant.lease_end() == start + 18.0
+    # sent in time but answered after the lease's end: the server may have ended it first
+    core2 = make(lease_ttl_s=8)
+    core2.grant.clock = lambda: now[0]
+    assert core2.on_grant_reply(Command.LOCK, granted, now[0], keeps, session)
+    sent = now[0] + 7.0
+    now[0] += 8.5
+    session.answered(sent, renewed=True)
+    assert not core2.owned()

@@ -23,6 +23,10 @@ BIN = Path(sys.executable).parent
 # command (regex, whole line) -> (test file that runs it, a string that file contains)
 COVERED: dict[str, tuple[str, str]] = {
     r"uv run celery-dflock demo": ("tests/demo/test_demo_command.py", '"demo"'),
+    r"uv run --no-sync python -m tests\.sim( --(seeds|first|hours|seed) \d+)*( --trace)?": (
+        "tests/sim/test_simulation.py",
+        '"tests.sim"',
+    ),
     r"uv run celery-dflock demo --broker redis://127\.0\.0\.1:6379/0": (
         "tests/demo/test_demo_command.py",
         '"--broker"',

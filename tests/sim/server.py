@@ -1,0 +1,520 @@
+"""The simulated lock server: the real table (``LockTable``), the real request handling
+(``dispatch.Session``, one per connection) and the real fence counter, driven as
+``dflockd_server.connection`` and ``stream`` drive them, on the simulated loop and network.
+
+What is the simulator's own here is what ``connection.py`` and ``stream.py`` do with a socket:
+the order of requests on a connection, a blocking acquire's timer, the read timeout (a close by
+the server, which frees nothing early), a close by the peer, and the sweeps ``net.Server`` runs
+(``expire`` each second, ``gc``). Each grant's reply is reported to the run (``on_grant``) at
+the moment it leaves, the ground truth the run's invariants are checked against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dflockd_server import constants as c, protocol as p
+from dflockd_server.dispatch import Close, Session, Wait
+from dflockd_server.fence import fence_of
+from dflockd_server.journal import COMPLETE_SUFFIX, Journal, RecordedGrant, Restore, read_journal
+from dflockd_server.replay import restored_leases
+from dflockd_server.shares import AddressShares
+from dflockd_server.stream import refuse_replies
+from dflockd_server.table import LockTable, Waiter
+from dflockd_server.tokens import FenceCounter
+from tests.sim.disk import Disk
+from tests.sim.loop import Loop, Timer
+from tests.sim.network import Conn
+from tests.sim.process import Process
+
+__all__ = ["ServerConfig", "SimServer"]
+
+
+@dataclass
+class ServerConfig:
+    """The server's settings in a run (its flags)."""
+
+    default_lease: int = 12
+    max_lease: int = 60
+    read_timeout: float = 23.0
+    session_ttl: int = c.DEFAULT_SESSION_TTL_S
+    locks_per_ip: int = 0
+    max_locks: int = 1024
+    sweep_s: float = 1.0
+    journal_fsync: str | None = None
+    """``--journal-fsync`` of a server with a state directory (its lease journal); None: no
+    state directory (``--fence-state-file`` only: a restart waits out the longest lease)."""
+
+
+@dataclass
+class Mutations:
+    """The test-only switches of a run's server (``mutations``), as the simulator's own
+    subclasses: the product code has none of them."""
+
+    table: type[LockTable] = LockTable
+    shares: type[AddressShares] = AddressShares
+    read_timeout_by_peer: bool = False
+    """A read timeout's close counts as the peer's: it frees the connection's grants."""
+    fence_from_wall_clock: bool = False
+    """A start reads no stored fence ceiling: its counter starts at the wall clock."""
+    restored_leases: Callable[..., Restore] = restored_leases
+    """What a start makes of the journal it read (``replay.restored_leases``)."""
+    journal: type[Journal] = Journal
+
+
+class CeilingStore:
+    """The fence ceiling file (``--fence-state-file``) on the simulated disk: written durably
+    (``fence.write_ceiling`` fsyncs), so it outlives a crash and a reboot."""
+
+    def __init__(self) -> None:
+        self.ceiling = 0
+        self.forget = False
+        """The ``fence-from-wall-clock`` mutation: ``read`` finds nothing."""
+
+    def read(self) -> int:
+        return 0 if self.forget else self.ceiling
+
+    def write(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+
+
+@dataclass
+class Machine:
+    """The server's machine: what outlives its process (its disk, its clocks, its boot)."""
+
+    wall_clock_ns: Callable[[], int]
+    ceiling: CeilingStore = field(default_factory=CeilingStore)
+    disk: Disk | None = None
+    boot: str = "0"
+    longest: int = 0
+    """The longest lease granted (the ``grace`` record a start reads: ``leasebound``)."""
+    grace_until: tuple[str, float] | None = None
+    """(boot, monotonic s) at which a start's grace ends (the ``grace`` record's
+    ``grace_until``: a start killed during its grace leaves the rest to the next on the same
+    boot, ``grace.grace_left``)."""
+
+
+class _ConnState:
+    """What ``connection.Connection`` and ``stream.Stream`` keep for one connection."""
+
+    def __init__(self, session: Session, ip: str) -> None:
+        self.session = session
+        self.ip = ip
+        self.framer = p.RequestFramer()
+        self.busy = False
+        self.waiter: Waiter | None = None
+        self.wait_timer: Timer | None = None
+        self.last_rx = 0.0
+        self.read_timer: Timer | None = None
+        self.frame_key = ""
+
+
+class SimServer:
+    """One lock server process (see the module's doc)."""
+
+    def __init__(
+        self,
+        loop: Loop,
+        proc: Process,
+        config: ServerConfig,
+        mutations: Mutations,
+        on_grant: Callable[[str, str, str], None],
+        machine: Machine,
+    ) -> None:
+        self.loop = loop
+        self.proc = proc
+        self.config = config
+        self.mutations = mutations
+        self.on_grant = on_grant
+        """Told of each grant as its reply leaves: (key, token, the client's address)."""
+        self.machine = machine
+        self.conns: dict[int, tuple[Conn, _ConnState]] = {}
+        self.shares: AddressShares | None = None
+        self.journal: Journal | None = None
+        self._held: list[tuple[Conn, _ConnState, bytes, str]] = []
+        """Replies held back until the journal is written (``stream.GroupWrite``)."""
+        self._turn: Timer | None = None
+        self.grace_s = 0.0
+        self.table = self._start()
+        self._hello = p.reply_hello(
+            c.SERVER_VERSION,
+            durable=self.journal is not None,
+            max_lease_ttl_s=config.max_lease,
+            default_lease_ttl_s=config.default_lease,
+            session_ttl_s=config.session_ttl,
+            run=f"run{proc.life}",
+        )
+        self._sweeps()
+
+    def _clocks(self) -> tuple[int, int, str]:
+        """The journal's anchor: (wall ms, monotonic ms, boot id) of the simulated machine."""
+        machine = self.machine
+        return (
+            machine.wall_clock_ns() // 1_000_000,
+            int(self.proc.clock() * 1000),
+            machine.boot,
+        )
+
+    def _start(self) -> LockTable:
+        """What ``net.Server._start`` and ``state.plan_start`` make of the state: the leases
+        the journal restores and the restart grace, then a new journal file holding them."""
+        machine = self.machine
+        disk = machine.disk
+        leases: list[RecordedGrant] = []
+        first = self.proc.life == 0
+        grace = 0.0 if first else float(machine.longest)
+        if disk is not None and os.path.exists(disk.journal):
+            read = read_journal(disk.journal)
+            wall_ms, mono_ms, boot = self._clocks()
+            restore = self.mutations.restored_leases(
+                read,
+                complete=os.path.exists(disk.journal + COMPLETE_SUFFIX),
+                run_longest=machine.longest,
+                tail_lost="",
+                wall_ms=wall_ms,
+                monotonic_ms=mono_ms,
+                this_boot=boot,
+            )
+            leases = restore.leases
+            grace = restore.grace_s
+            self.loop.count("restored" if leases else "restored none")
+            if read.torn_tail:
+                self.loop.count("torn tail read")
+            if read.damaged_before_tail:
+                grace = max(grace, float(machine.longest))
+            self.loop.note(
+                f"server: journal read: {len(leases)} lease(s) restored, grace {grace:.2f} s"
+                + (f", damaged ({read.damage})" if read.damage else "")
+            )
+        until = machine.grace_until
+        if until is not None and until[0] == machine.boot:
+            grace = max(grace, until[1] - self.proc.clock())
+        if grace > 0:
+            machine.grace_until = (machine.boot, self.proc.clock() + grace)
+        self.grace_s = grace
+        table = self._new_table()
+        if disk is not None:
+            _, highest, _ = table.restore_all(leases)
+            if highest:
+                self.counter.raise_to(highest)
+            journal = self.mutations.journal(
+                disk.journal,
+                self.config.journal_fsync or "always",
+                table.clock,
+                fsync_file=disk.fsync_file,
+                fsync_dir=disk.fsync_dir,
+                write=disk.write,
+                clocks=self._clocks,
+            )
+            journal.anchor()
+            journal.open(self._live_records(journal, table))
+            table.grants.journal = self.journal = journal
+        return table
+
+    @staticmethod
+    def _live_records(journal: Journal, table: LockTable) -> list[bytes]:
+        """``net.Server._live_records``."""
+        return [
+            journal.grant_record(holder, state, holder.client is table.detached, on_close)
+            for holder, state, on_close in table.live_holders()
+        ]
+
+    def _new_table(self) -> LockTable:
+        cfg = self.config
+        self.machine.ceiling.forget = self.mutations.fence_from_wall_clock
+        counter = self.counter = FenceCounter(
+            store=self.machine.ceiling,
+            wall_clock_ns=self.machine.wall_clock_ns,
+            random_bytes=self.loop.rng.randbytes,
+            persist_block=64,
+        )
+        table = self.mutations.table(
+            clock=self.proc.clock,
+            new_token=counter.next_token,
+            max_locks=cfg.max_locks,
+            session_ttl_s=cfg.session_ttl,
+            grace_s=self.grace_s,
+        )
+        if cfg.locks_per_ip:
+            self.shares = table.grants.shares = self.mutations.shares(cfg.locks_per_ip)
+        return table
+
+    # ------------------------------------------------------------------ dispatch.Host
+    @property
+    def draining(self) -> bool:
+        return False
+
+    @property
+    def secret(self) -> bytes | None:
+        return None
+
+    @property
+    def hello_reply(self) -> bytes:
+        return self._hello
+
+    @property
+    def key_check(self) -> Callable[[str], bytes | None] | None:
+        return None
+
+    def asked_check(self, key: str) -> bytes | None:
+        return None
+
+    def admit_ask(self, key: str, ticket: str) -> bytes | None:
+        return None
+
+    def may_hold(self, key: str) -> bool:
+        return True
+
+    def shards_reply(self) -> bytes:
+        return p.REPLY_ERROR
+
+    def over_ip_share(self, session: Session) -> bool:
+        """``admission.Admission.over_ip_share``, without its log line."""
+        shares = self.shares
+        return shares is not None and shares.load(session.ip) >= session.locks_per_ip
+
+    # ------------------------------------------------------------------ maintenance
+    def _sweeps(self) -> None:
+        def sweep() -> None:
+            if self.table.expire():
+                self.loop.note("server: leases expired")
+            journal = self.journal
+            if journal is not None:
+                self._journal_upkeep(journal)
+            self.proc.later(self.config.sweep_s, sweep)
+
+        def gc() -> None:
+            self.table.gc(60.0)
+            self.proc.later(5.0, gc)
+
+        self.proc.later(self.config.sweep_s, sweep)
+        self.proc.later(5.0, gc)
+
+    def _journal_upkeep(self, journal: Journal) -> None:
+        """``net.Server._journal_upkeep``: write what no reply has, recover a journal that
+        could not be written, compact (here at random sweeps: the server does past 4 MiB), and
+        the everysec fsync (here on the loop: no thread in a simulation)."""
+        table = self.table
+        self._settle(journal, self._held)
+        if not journal.writable:
+            if journal.recover(self._live_records(journal, table)):
+                self.loop.note("server: the journal can be written again")
+                self.loop.count("journal recovered")
+                table.fill_waiting()
+            return
+        if self.loop.chance(0.03):
+            journal.compact(self._live_records(journal, table))
+            self._settle(journal, self._held)
+            self.loop.note(f"server: compaction {'done' if journal.writable else 'failed'}")
+            self.loop.count("compaction" if journal.writable else "compaction failed")
+        if journal.fsync == "everysec" and journal.dirty:
+            # (a failure is kept for the next flush, as the thread's is)
+            with contextlib.suppress(OSError):
+                journal.sync()
+
+    def _settle(
+        self, journal: Journal, held: list[tuple[Conn, _ConnState, bytes, str]]
+    ) -> list[bytes]:
+        """Write the journal; the grants it could not hold are undone (nobody was told of
+        them) and their held-back replies refused (``GroupWrite._undo_refused``)."""
+        journal.flush()
+        if not journal.refused:
+            return []
+        refused = journal.take_refused()
+        for key, token in refused:
+            self.table.release(key, token)
+        journal.flush()
+        tokens = [token.encode() for _, token in refused]
+        self.loop.note(f"server: {len(tokens)} grant(s) the journal could not hold, undone")
+        self.loop.count("grant undone")
+        for i, (conn, state, reply, key) in enumerate(held):
+            held[i] = (conn, state, refuse_replies(reply, tokens), key)
+        return tokens
+
+    # ------------------------------------------------------------------ connections
+    def accept(self, conn: Conn, ip: str) -> None:
+        """A new connection from ``ip`` (``Connection.connection_made``)."""
+        cfg = self.config
+        session = Session(self, self.table, cfg.default_lease, cfg.max_lease, f"{ip}#{conn.id}")
+        session.ip, session.locks_per_ip = ip, cfg.locks_per_ip or c.NO_CAP
+        if self.shares is not None:
+            self.shares.opened(session.client, ip)
+        state = _ConnState(session, ip)
+        state.last_rx = self.proc.clock()
+        self.conns[conn.id] = (conn, state)
+        conn.server_side = self
+        self._arm_read_timer(conn, state, cfg.read_timeout)
+
+    def received(self, conn: Conn, data: bytes) -> None:
+        found = self.conns.get(conn.id)
+        if found is None:
+            return
+        state = found[1]
+        state.last_rx = self.proc.clock()
+        state.framer.feed(data)
+        if not state.busy:
+            self._process(conn, state)
+
+    def closed(self, conn: Conn, *, reset: bool) -> None:
+        """The peer closed or reset the connection (``connection_lost``, by the peer)."""
+        self._lost(conn, by_peer=True)
+
+    def _lost(self, conn: Conn, *, by_peer: bool) -> None:
+        found = self.conns.pop(conn.id, None)
+        if found is None:
+            return
+        state = found[1]
+        for timer in (state.wait_timer, state.read_timer):
+            if timer is not None:
+                timer.cancel()
+        if state.waiter is not None:
+            state.waiter.wake = None
+            state.waiter = None
+        session = state.session
+        session.close(by_peer=by_peer)
+        if self.shares is not None:
+            self.shares.closed(session.client, state.ip)
+        self.loop.note(f"server: connection {conn.id} closed ({'peer' if by_peer else 'server'})")
+
+    def close_by_server(self, conn: Conn) -> None:
+        """This server closes the connection on its own (a read timeout): frees nothing early."""
+        conn.close_by_server()
+        self._lost(conn, by_peer=self.mutations.read_timeout_by_peer)
+
+    def _arm_read_timer(self, conn: Conn, state: _ConnState, delay: float) -> None:
+        state.read_timer = self.proc.later(delay, lambda: self._read_timer_fired(conn, state))
+
+    def _read_timer_fired(self, conn: Conn, state: _ConnState) -> None:
+        """``stream.Stream._read_timer_fired``."""
+        state.read_timer = None
+        if conn.id not in self.conns:
+            return
+        timeout = self.config.read_timeout
+        idle = self.proc.clock() - state.last_rx
+        kept = state.session.client.kept_by is not None
+        if state.busy or idle < timeout or kept:
+            delay = timeout if state.busy or idle >= timeout else timeout - idle
+            # (at least a millisecond: a virtual clock does not move on by itself, and the
+            # rounding of a clock far from 0 can leave ``idle`` a hair short of ``timeout``)
+            self._arm_read_timer(conn, state, max(delay, 0.001))
+            return
+        self.loop.note(f"server: read timeout on connection {conn.id}")
+        self.loop.count("read timeout")
+        self.close_by_server(conn)
+
+    # ------------------------------------------------------------------ requests
+    def _process(self, conn: Conn, state: _ConnState) -> None:
+        """``Connection._process``: answer in order until one blocks."""
+        session = state.session
+        while not state.busy and conn.id in self.conns:
+            frame = state.framer.next_frame()
+            if frame is None:
+                break
+            state.frame_key = frame[1].decode()
+            reply = session.handle(frame)
+            self.loop.note(f"server: {conn.id} {b' '.join(frame)!r} -> {reply!r}")
+            if reply is None:
+                reply = self._act(conn, state)
+                if reply is None:
+                    continue
+            self._send(conn, state, reply, state.frame_key)
+
+    def _act(self, conn: Conn, state: _ConnState) -> bytes | None:
+        session = state.session
+        action = session.action
+        session.action = None
+        if isinstance(action, Wait):
+            waiter = state.waiter = action.waiter
+            waiter.wake = lambda w: self._granted(conn, state, w)
+            state.busy = True
+            state.wait_timer = self.proc.later(
+                action.timeout, lambda: self._wait_timed_out(conn, state)
+            )
+            return None
+        if isinstance(action, Close):
+            self._send(conn, state, action.reply, "")
+            self.close_by_server(conn)
+            return None
+        raise AssertionError(f"the simulated server does not do {action!r}")
+
+    def _granted(self, conn: Conn, state: _ConnState, waiter: Waiter) -> None:
+        reply = state.session.granted(waiter)
+        key = waiter.state.key
+        self._done_waiting(conn, state, reply, key)
+
+    def _wait_timed_out(self, conn: Conn, state: _ConnState) -> None:
+        state.wait_timer = None
+        waiter = state.waiter
+        if waiter is None or conn.id not in self.conns:
+            return
+        reply = state.session.timed_out(waiter)
+        state.session.give_up(waiter)
+        self._done_waiting(conn, state, reply, waiter.state.key)
+
+    def _done_waiting(self, conn: Conn, state: _ConnState, reply: bytes, key: str) -> None:
+        state.waiter = None
+        if state.wait_timer is not None:
+            state.wait_timer.cancel()
+            state.wait_timer = None
+        state.busy = False
+        state.last_rx = self.proc.clock()
+        self._send(conn, state, reply, key)
+        # the rest of what it sent, on a later pass (call_soon)
+        self.proc.later(0.0, lambda: self._process(conn, state) if not state.busy else None)
+
+    def _send(self, conn: Conn, state: _ConnState, reply: bytes, key: str) -> None:
+        """A reply leaves, after the journal holds what it answers (``stream.GroupWrite``: the
+        journal written once for the turn, then the replies held back)."""
+        if self.journal is None:
+            self._emit(conn, state, reply, key)
+            return
+        self._held.append((conn, state, reply, key))
+        if self._turn is None:
+            self._turn = self.proc.later(0.0, self._write_turn)
+
+    def _write_turn(self) -> None:
+        self._turn = None
+        held, self._held = self._held, []
+        journal = self.journal
+        if journal is not None:
+            self._settle(journal, held)
+        for conn, state, reply, key in held:
+            if conn.id in self.conns:
+                self._emit(conn, state, reply, key)
+            else:  # gone before its reply left: a grant nobody was told of ends
+                token = self._granted_token(reply)  # (``Connection._free_untold``)
+                if token is not None:
+                    self.table.release(key, token)
+
+    @staticmethod
+    def _granted_token(reply: bytes) -> str | None:
+        if reply.startswith((b"ok ", b"acquired ")):
+            parts = reply.split()
+            if len(parts) == 3 and len(parts[1]) == c.TOKEN_HEX_CHARS:
+                return parts[1].decode()
+        return None
+
+    def _emit(self, conn: Conn, state: _ConnState, reply: bytes, key: str) -> None:
+        token = self._granted_token(reply)
+        if token is not None:
+            lease = int(reply.split()[2])
+            self.machine.longest = max(self.machine.longest, lease)
+            self.loop.note(f"server: grant {key} fence {fence_of(token)} to {conn.id}")
+            self.on_grant(key, token, state.ip)
+        conn.to_client(reply)
+
+    # ------------------------------------------------------------------ process faults
+    def crash(self) -> None:
+        """The process dies: its kernel resets every connection and closes its files (the
+        journal's, with nothing more written to it)."""
+        for conn, _ in list(self.conns.values()):
+            conn.close_by_server(reset=True)
+        self.conns.clear()
+        journal = self.journal
+        if journal is not None:
+            fd = journal._fd  # pyright: ignore[reportPrivateUsage] - a kill: no close record
+            if fd >= 0:
+                os.close(fd)

@@ -1,0 +1,107 @@
+"""The simulator's seed budget, its replays, and the historical defects it finds.
+
+A failure prints its seed, the trace's last events and the command that replays it
+(``uv run --no-sync python -m tests.sim --seed N --trace``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.sim.mutations import MUTATIONS
+from tests.sim.run import simulate
+
+SEED_BUDGET = 300
+"""Seeds each run of the suite simulates (about 30 s on one core; 300 simulated s each)."""
+MUTATION_BUDGET_S = 60.0
+"""Each defect put back is found within this much wall time of seeds (the issue's bound)."""
+
+
+def test_every_seed_of_the_budget_keeps_the_contracts() -> None:
+    failed = [r for r in (simulate(seed) for seed in range(SEED_BUDGET)) if not r.ok]
+    assert not failed, "\n\n".join(r.report() for r in failed[:3])
+
+
+FAULTS = (
+    "kill", "pause", "reset", "partition", "server_pause", "server_restart", "server_reboot",
+    "disk_full", "disk_failing", "dir_fsync_failing", "directory fsync failed", "read timeout",
+    "write failed", "fsync failed", "grant undone",
+    "journal recovered", "compaction", "compaction failed", "restored", "page cache lost",
+    "torn tail read",
+)  # fmt: skip
+"""What the seeds do (``Result.seen``): each happens within the first 30 seeds."""
+
+
+def test_the_seeds_do_every_fault_and_its_recovery() -> None:
+    seen: Counter[str] = Counter()
+    for seed in range(30):
+        seen.update(simulate(seed).seen)
+    assert not [kind for kind in FAULTS if not seen[kind]], seen
+
+
+def test_a_seed_replays_exactly() -> None:
+    first, again, other = simulate(7), simulate(7), simulate(8)
+    assert first.digest == again.digest
+    assert first.trace == again.trace
+    assert first.digest != other.digest
+    assert first.grants > 0
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_each_defect_put_back_is_found_and_replays(name: str) -> None:
+    started = time.monotonic()
+    seed = 0
+    found = None
+    while time.monotonic() - started < MUTATION_BUDGET_S:
+        result = simulate(seed, name)
+        if not result.ok:
+            found = result
+            break
+        seed += 1
+    assert found is not None, f"{name}: not found in {seed} seeds ({MUTATION_BUDGET_S:g} s)"
+    assert f"--seed {found.seed} --mutation {name}" in found.report()
+    replayed = simulate(found.seed, name)
+    assert replayed.digest == found.digest
+    assert replayed.violations == found.violations
+    # the same seed and scenario with the switch off keeps the contracts: the defect is
+    # what was found
+    assert simulate(found.seed, name, control=True).ok
+
+
+def test_the_command_line_replays_a_seed_and_runs_seeds_for_a_while() -> None:
+    """``python -m tests.sim`` as docs/testing.md shows it (``--hours`` cut to a second)."""
+    root = Path(__file__).resolve().parents[2]
+    one = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--seed", "7", "--trace"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert f"seed 7: ok, trace digest {simulate(7).digest}" in one.stdout
+    assert "replay: uv run --no-sync python -m tests.sim --seed 7" in one.stdout
+    timed = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--hours", "0.0003", "--first", "100"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert "seeds from 100: 0 failed" in timed.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--seeds", "3", "--mutation", "fence-from-wall-clock"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "--mutation fence-from-wall-clock" in bad.stdout
