@@ -129,6 +129,8 @@ class ClusterStats:
     """Shards this member took at once because their member had released them."""
     etcd_switches: int = 0
     """Times this member's etcd client moved to another etcd endpoint (one failed or was slow)."""
+    fenced_reason: str | None = None
+    """Why it is fenced (None: it is not, or it did not say)."""
 
 
 class ClusterNode:
@@ -272,6 +274,7 @@ class ClusterNode:
             failovers=self.failovers,
             released_takeovers=self.released_takeovers,
             etcd_switches=self.client.switches,
+            fenced_reason=self.fenced_reason if fenced else None,
         )
 
     # -- life cycle ------------------------------------------------------------------------------
