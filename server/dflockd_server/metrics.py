@@ -124,6 +124,8 @@ class Snapshot:
 
     grants: tuple[int, int]
     releases: tuple[int, int]
+    forced: tuple[int, int]
+    """Grants freed by an operator's force release (``fr``), whoever held them."""
     expiries: tuple[int, int]
     lost_by_disconnect: tuple[int, int]
     timeouts: tuple[int, int]
@@ -162,6 +164,7 @@ class Snapshot:
         return cls(
             grants=(counts.grants[0], counts.grants[1]),
             releases=(counts.releases[0], counts.releases[1]),
+            forced=(counts.forced[0], counts.forced[1]),
             expiries=(counts.expiries[0], counts.expiries[1]),
             lost_by_disconnect=(counts.lost_by_disconnect[0], counts.lost_by_disconnect[1]),
             timeouts=(counts.timeouts[0], counts.timeouts[1]),
@@ -262,6 +265,10 @@ class MetricsExporter:
                      CounterMetricFamily),
                     ("dflockd_releases", "Explicit releases by the holder's token.",
                      snap.releases, CounterMetricFamily),
+                    ("dflockd_force_releases",
+                     "Grants freed by an operator's force release (fr, celery dflock "
+                     "release), whoever held them (not counted in dflockd_releases).",
+                     snap.forced, CounterMetricFamily),
                     ("dflockd_expiries", "Leases that ran out without a renew.", snap.expiries,
                      CounterMetricFamily),
                     ("dflockd_lost_by_disconnect",
