@@ -5,15 +5,21 @@ real workers holding keys, is in tests/celery/test_operator_tools.py."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from celery_dflock import Client
 from dflockd_server import conditions
 from dflockd_server.ownernotes import readable_note
 from dflockd_server.status_page import HolderNote, holder_of, render
 from dflockd_server.testing import ServerThread
+from tests.support.processes import kill_group
+from tests.support.services import unavailable
+from tests.support.waiting import wait_until
 
 ServerFactory = Callable[..., ServerThread]
 
@@ -134,3 +140,42 @@ def test_the_metrics_port_serves_the_page_beside_the_metrics(
         raise AssertionError("a POST was answered")
     except urllib.error.HTTPError as exc:
         assert exc.code == 405
+
+
+def test_the_page_in_a_browser_loads_itself_again(
+    dflock_server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """It refreshes itself (issue 73): headless Chromium left on ``/status?refresh=1`` asks
+    the server for new snapshots, one per reload, with nothing but the page's own tag."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        unavailable(
+            "no headless Chromium (apt-get install chromium)",
+            because="CI installs Debian's chromium package (.ci/run)",
+        )
+    server = dflock_server_factory(metrics_port=0, metrics_host="127.0.0.1")
+    metrics, snapshots = server.server.metrics_address, server.server.snapshots
+    assert metrics is not None and snapshots is not None
+    before = snapshots.taken
+    browser = subprocess.Popen(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-port=0",  # stays open on the page (no --dump-dom, no exit)
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            f"http://{metrics[0]}:{metrics[1]}/status?refresh=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its renderers with it: kill_group ends them all
+    )
+    try:
+        wait_until(
+            lambda: snapshots.taken - before >= 3,
+            timeout=60,
+            what="the page loaded, then loaded itself again twice",
+        )
+    finally:
+        kill_group(browser)
