@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.cli import HELD_NOTE, environment, project, run_once
 from celery_dflock import Client, DistributedLock, ServerReadOnly
 from tests.support.disks import fill, small_tmpfs_or_none
 from tests.support.ports import free_port
@@ -333,6 +335,33 @@ def test_the_status_page_names_the_task_id_and_worker_of_each_held_key(
                 shutil.copy(phone, Path(keep).with_name("status-390.png"))
         finally:
             client.force_release("ops:<b>bold</b>")
+
+
+# ------------------------------------------------------------------------------ answer time
+def test_dflock_locks_answers_in_under_a_second_of_its_own_time(
+    ops: OpsRig, tmp_path: Path
+) -> None:
+    """Issue 73, acceptance 4, a time bound (asserted, the median of 5): ``celery -A proj
+    dflock locks`` with one lock held, run as benchmarks/cli.py runs it (a project of one
+    module, a new process each time, Python writing bytecode as it does by default: CI unsets
+    PYTHONDONTWRITEBYTECODE too). The bound is on the process's CPU time: on CI's 2 cores,
+    shared by 4 test processes, the wall time is that stretched by the load; the benchmark
+    reports both (wall 0.93 s, CPU 0.67 s on the 2-core machine at load 8)."""
+    key = f"speed:{uuid.uuid4().hex[:8]}"
+    project(tmp_path, f"{ops.address[0]}:{ops.address[1]}")
+    env = environment("cached", tmp_path)
+    with Client([ops.address]) as client:
+        held = client.lock(key, lease_ttl_s=120, note=HELD_NOTE)
+        assert held.acquire()
+        run_once(("dflock", "locks"), tmp_path, env)  # writes the .pyc a user's second run reads
+        cpus: list[float] = []
+        for _ in range(5):
+            _, cpu, shown = run_once(("dflock", "locks"), tmp_path, env)
+            (row,) = [line for line in shown.splitlines() if key in line]
+            assert "proj.tasks.report" in row, shown  # the task's name, beside its id
+            cpus.append(cpu)
+        assert held.release()
+    assert statistics.median(cpus) < 1.0, cpus
 
 
 # ------------------------------------------------------------------------------ a full disk
