@@ -4,7 +4,11 @@ One row per held lock: its key, its holder (task name and id, worker host and pi
 the owner note celery-dflock's LockedTask sends: ``<task id>/<host>/<pid>/<task name>``, each
 part percent-encoded; any other note is shown as it is), how long it has been held, the lease
 left, the waiters, the fence and whether the grant is detached or restored from the journal;
-then each semaphore's holders and waiters. The page refreshes itself every few seconds.
+then each semaphore's holders and waiters. Above them, one banner per degraded state the
+snapshot lists (``degraded``, made by ``conditions``: a journal it cannot write, draining,
+fenced, a grace, shards moving), or "Healthy". Under 760 px (a phone) each lock is a card, each
+cell captioned with its column (``data-label``), nothing wider than the screen. The page
+refreshes itself every few seconds (a ``<meta http-equiv="refresh">``: no script).
 
 The page is made from a ``stats`` snapshot, asked on the event loop through the server's
 rationed snapshots (``snapshots``): however often the page is loaded, it costs the loop no
