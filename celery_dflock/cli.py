@@ -562,7 +562,8 @@ def ping(ctx: click.Context, as_json: bool) -> None:
 
 
 def format_ping(reports: Sequence[ServerReport]) -> str:
-    """One line per server: ``ok``, or why it grants nothing new, or ``UNREACHABLE``."""
+    """One line per server: ``ok`` (and any state in which some keys wait: a restart grace,
+    shards moving), or why it grants nothing new, or ``UNREACHABLE``."""
     lines: list[str] = []
     for rep in reports:
         if not rep.reachable:
@@ -575,7 +576,8 @@ def format_ping(reports: Sequence[ServerReport]) -> str:
                 f"{rep.address}: answers, but grants nothing new{note}: " + "; ".join(failing)
             )
         else:
-            lines.append(f"{rep.address}: ok{note}")
+            waits = [line for _, severity, line in rep.degraded if severity != DEGRADED_ERROR]
+            lines.append(f"{rep.address}: ok{note}" + "".join(f"; {w}" for w in waits))
     return "\n".join(lines)
 
 
