@@ -3,10 +3,12 @@
 A server can answer every request and still grant nothing new: its lease journal cannot be
 written (a full or failing disk), it is in its restart grace, it is draining, or (a cluster
 member) it is fenced from etcd. Or it grants, with some keys out of reach for a while: shards
-moving out key by key (a split). Each such state is one ``Condition``: a short name a script can
-test, whether it stops grants (``error``) or only some of them for a while (``warning``), and
-one sentence that says what it means and what to do. The status page shows each as a banner,
-``celery dflock status`` and ``ping`` print each and exit 1 on an ``error``.
+moving out key by key (a split), or a wall clock too far from another member's for the ask
+tickets of a split (``cluster.clockskew``). Each such state is one ``Condition``: a short
+name a script can test, whether it stops grants (``error``) or only some of them for a while
+(``warning``), and one sentence that says what it means and what to do. The status page
+shows each as a banner, ``celery dflock status`` and ``ping`` print each and exit 1 on an
+``error``.
 
 Pure: the server (``net.Server.stats``) passes in what it knows; nothing here reads a clock
 or a file.
@@ -22,6 +24,7 @@ __all__ = [
     "ERROR",
     "WARNING",
     "Condition",
+    "clock_off",
     "cluster_conditions",
     "draining",
     "grace",
@@ -37,8 +40,8 @@ WARNING: Final = "warning"
 @dataclass(frozen=True, slots=True)
 class Condition:
     """One degraded state: ``name`` (``journal_read_only``, ``restart_grace``, ``draining``,
-    ``fenced``, ``shards_moving``), ``severity`` (`ERROR` or `WARNING`), ``title`` (a few
-    words: "Read-only") and ``message`` (what it means and what to do)."""
+    ``fenced``, ``shards_moving``, ``clock_off``), ``severity`` (`ERROR` or `WARNING`),
+    ``title`` (a few words: "Read-only") and ``message`` (what it means and what to do)."""
 
     name: str
     severity: str
@@ -87,6 +90,25 @@ def draining() -> Condition:
         "Draining",
         "the server is shutting down; new requests are answered error_draining "
         "while the locks held are released or its shutdown timeout runs out.",
+    )
+
+
+def clock_off(offset_s: float, peer: str, ticket_life_s: int) -> Condition:
+    """A cluster member's wall clock ``offset_s`` from ``peer``'s (positive: ahead), more
+    than an ask ticket lives."""
+    effect = (
+        "every ask ticket arrives expired, so the free keys of a shard split to this member "
+        "are refused until the split ends"
+        if offset_s > 0
+        else "ask tickets are admitted here longer than they should be"
+    )
+    return Condition(
+        "clock_off",
+        WARNING,
+        "Clock off",
+        f"this member's wall clock is {abs(offset_s):.0f} s "
+        f"{'ahead of' if offset_s > 0 else 'behind'} member {peer}'s, more than the "
+        f"{ticket_life_s} s an ask ticket lives: {effect}. Sync the members' clocks (NTP).",
     )
 
 

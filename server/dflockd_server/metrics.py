@@ -422,6 +422,19 @@ def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
         value=int(stats.fenced),
     )
     yield GaugeMetricFamily(
+        "dflockd_cluster_clock_offset_seconds",
+        "How far this member's wall clock was from another member's at the last ask ticket it "
+        "checked (positive: ahead); past the ticket's life (60 s), keys of shards split to it "
+        "wait for the split's end.",
+        value=stats.clock_offset_s,
+    )
+    yield CounterMetricFamily(
+        "dflockd_cluster_stale_tickets",
+        "Genuine ask tickets refused because they arrived expired by this member's clock (its "
+        "clock ahead of the issuer's by more than a ticket lives).",
+        value=stats.stale_tickets,
+    )
+    yield GaugeMetricFamily(
         "dflockd_cluster_leader",
         "1 on the member that leads the cluster (keeps the shard map).",
         value=int(stats.leader),

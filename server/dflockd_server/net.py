@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from dflockd_server import conditions, constants as c, protocol as p
 from dflockd_server.admission import Admission
 from dflockd_server.buildinfo import BUILD
+from dflockd_server.cluster.asktickets import TICKET_LIFE_S
 from dflockd_server.conditions import Condition
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
@@ -617,6 +618,10 @@ class Server:
             found += conditions.cluster_conditions(
                 cluster.fenced, cluster.fenced_reason, cluster.shards
             )
+            if cluster.clock_off:
+                found.append(
+                    conditions.clock_off(cluster.clock_offset_s, cluster.clock_peer, TICKET_LIFE_S)
+                )
         return found
 
     def _ask_stats(self, asker: Asker) -> bytes | None:
