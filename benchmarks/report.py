@@ -37,6 +37,7 @@ ORDER = (
     "profile_client",
     "instructions",
     "code_size",
+    "cli",
 )
 SECTIONS = {
     "server": "Lock server: dflockd against Redis",
@@ -52,6 +53,7 @@ SECTIONS = {
     "profile_client": "Where the client's and LockedTask's time goes (timed, and cProfile)",
     "instructions": "Instructions per pair (callgrind): server and client, load-independent",
     "code_size": "Code size: the server's lines against issue 52's baseline",
+    "cli": "celery -A proj dflock ...: how long a command takes to answer",
 }
 CHART = "throughput.png"
 DOCS_CHART = BENCH_DIR.parent / "docs" / "assets" / "images" / CHART

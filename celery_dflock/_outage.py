@@ -52,7 +52,7 @@ from typing import Any, Final, cast
 
 from celery_dflock._celery import get_task_logger
 from celery_dflock._request import OUTAGE_HEADER, header, lock_retries, resend, run_name
-from celery_dflock.client.errors import ServerUnavailable
+from celery_dflock.client.errors import ServerDraining, ServerReadOnly, ServerUnavailable
 from celery_dflock.config import LockOptions
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "outage_of",
     "parse_outage",
     "retry_outage",
+    "server_state",
 ]
 
 logger: Any = get_task_logger("celery_dflock.task")
@@ -91,6 +92,20 @@ meets the outage, before it is sent again (never past its ``lock_timeout``): a r
 is already over is rejoined at once; a longer outage waits in the broker, not in the slot."""
 
 
+def server_state(exc: ServerUnavailable) -> str:
+    """What ``exc`` says of the lock server, for a log line after "the lock server at X":
+    read-only (a full or failing disk), draining, or unreachable (a refused or broken
+    connection), so an operator looks at the disk, the shutdown or the network."""
+    if isinstance(exc, ServerReadOnly):
+        return (
+            "is read-only: its disk is full or failing (it cannot write its lease journal "
+            "under its --state-dir), so it grants nothing new until it can; locks held stay held"
+        )
+    if isinstance(exc, ServerDraining):
+        return "is shutting down (draining: it refuses new requests)"
+    return "is unreachable"
+
+
 @dataclass
 class OutageWait:
     """A run's reconnecting to its unreachable lock server, in its pool slot (monotonic
@@ -102,6 +117,8 @@ class OutageWait:
     attempts: int = 0
     address: str = "?"
     last_error: str = ""
+    state: str = "is unreachable"
+    """What the last error said of the server (`server_state`)."""
 
     @classmethod
     def for_run(cls, request: Any, started: float, wait_s: float) -> OutageWait:
@@ -119,7 +136,7 @@ class OutageWait:
     def next_pause(self, exc: ServerUnavailable, address: str) -> float | None:
         """The server could not be reached (``exc``): seconds to pause before trying again,
         or None when the run's wait is over (then it is sent again, `retry_outage`)."""
-        self.address, self.last_error = address, str(exc)
+        self.address, self.last_error, self.state = address, str(exc), server_state(exc)
         pause = min(RECONNECT_FIRST_PAUSE_S * 2 ** min(self.attempts, 16), RECONNECT_MAX_PAUSE_S)
         self.attempts += 1
         if time.monotonic() + pause >= self.deadline:
@@ -189,22 +206,23 @@ def retry_outage(
             f"for an unreachable lock server"
         )
         error = ServerUnavailable(
-            f"{run} did not run: the lock server at {wait.address} (for key {key!r}) was "
-            f"unreachable for {down_s:.0f} s and {why}. Start the lock server (`dflockd`) or "
-            f"set dflock_servers to where it runs; check it with `celery dflock status`. "
-            f"The last error: {wait.last_error}"
+            f"{run} did not run: the lock server at {wait.address} (for key {key!r}) could "
+            f"not grant it for {down_s:.0f} s (it {wait.state}) and {why}. Start the lock "
+            f"server (`dflockd`) or set dflock_servers to where it runs, or free its disk; "
+            f"check it with `celery dflock status`. The last error: {wait.last_error}"
         )
         error.__cause__ = exc
         return error
     countdown = outage_countdown(retries)
     logger.warning(
-        "dflock: %s: the lock server at %s is unreachable (%.0f s so far); sent again in "
-        "%.1fs (outage retry %d; on_locked=%r applies to a busy key, not to an outage)",
+        "dflock: %s: the lock server at %s %s; sent again in %.1fs (outage retry %d, "
+        "%.0f s so far; on_locked=%r applies to a busy key, not to an outage)",
         run,
         wait.address,
-        down_s,
+        wait.state,
         countdown,
         retries + 1,
+        down_s,
         options.on_locked,
     )
     return resend(

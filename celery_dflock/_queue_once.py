@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any, Final, cast
 
 from celery_dflock._celery import get_logger, get_task_logger
+from celery_dflock._outage import server_state
 from celery_dflock._request import (
     HOLD_HEADER,
     MAX_BACKOFF_EXPONENT,
@@ -301,8 +302,8 @@ def publish_hold(
         hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
     except ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
         what = (
-            f"task {name}: the lock server cannot be reached ({exc}), so key {key!r} cannot "
-            f"be held from publish"
+            f"task {name}: the lock server {server_state(exc)} ({exc}), so key {key!r} "
+            f"cannot be held from publish"
         )
         return _no_hold(name, task_id, key, options, what, in_canvas=in_canvas)
     except ProtocolError as exc:

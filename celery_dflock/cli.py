@@ -23,26 +23,22 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 from urllib.parse import quote
 
 import click
 from celery.bin.base import CeleryCommand
 
-from celery_dflock._request import beat_pid, note_parts
-from celery_dflock._worker_hooks import OUTAGES_COMMAND
-from celery_dflock.client.clients import (
-    FEATURE_FENCE,
-    FEATURE_HELLO,
-    FEATURE_PING,
-    FEATURE_STATS,
-    Client,
-    ServerInfo,
-    ServerShards,
-    ServerStatus,
-)
 from celery_dflock.client.errors import DflockError, InvalidValueError
-from celery_dflock.config import DflockConfig, get_config
+from celery_dflock.client.wire import FEATURE_FENCE, FEATURE_HELLO, FEATURE_PING, FEATURE_STATS
+
+if TYPE_CHECKING:
+    from celery_dflock.client.clients import Client, ServerInfo, ServerShards, ServerStatus
+    from celery_dflock.config import DflockConfig
+
+# Celery loads this module for every ``celery`` command (``celery worker`` too) to list its
+# sub-commands: what only a ``dflock`` command needs (the settings, the client) is imported
+# when it runs, not here (issue 73: the CLI's answer time is mostly import time).
 
 __all__ = [
     "RESTORED_MARK",
@@ -51,6 +47,7 @@ __all__ = [
     "collect_shards",
     "dflock",
     "format_locks",
+    "format_ping",
     "format_shards",
     "format_status",
     "operator_note",
@@ -101,6 +98,34 @@ class ServerReport:
         said = [_LACKING.get(feature, f"no {feature}") for feature in lacks]
         return f"{who}: {'; '.join(said)}"
 
+    @property
+    def degraded(self) -> list[tuple[str, str, str]]:
+        """(name, severity, "Title: message") of each degraded state the server's ``stats`` lists
+        (``degraded``: a journal it cannot write, its restart grace, a drain, fenced from
+        etcd, shards moving); none for a server that does not send the list."""
+        if self.stats is None:
+            return []
+        found: list[tuple[str, str, str]] = []
+        for item in _items(self.stats, "degraded"):
+            name, severity = item.get("name"), item.get("severity")
+            title, message = item.get("title"), item.get("message")
+            if isinstance(name, str) and isinstance(severity, str) and isinstance(message, str):
+                if severity == DEGRADED_ERROR:
+                    title = f"{title or name}".upper()
+                found.append((name, severity, f"{title or name}: {message}"))
+        return found
+
+    @property
+    def failing(self) -> list[tuple[str, str, str]]:
+        """The degraded states in which the server grants nothing new (severity
+        ``error``: a read-only journal, a drain, fenced): a script should notice them."""
+        return [item for item in self.degraded if item[1] == DEGRADED_ERROR]
+
+    @property
+    def healthy(self) -> bool:
+        """Reachable, and granting (no `failing` state)."""
+        return self.reachable and not self.failing
+
     def as_json(self) -> dict[str, Any]:
         """The report as plain JSON data; each held lock in ``stats`` gains
         ``holder_task_id``, ``holder_host``, ``holder_pid``, ``holder_task_name`` (from its
@@ -120,6 +145,20 @@ class ServerReport:
             "unsupported": self.lacks,
         }
 
+
+DEGRADED_ERROR: Final = "error"
+"""The severity of a degraded state in which a server grants nothing new (the server's
+``conditions.ERROR``): ``status`` and ``ping`` exit 1 on it."""
+_SHORT: Final = {
+    "journal_read_only": "READ-ONLY (journal cannot be written)",
+    "draining": "DRAINING",
+    "fenced": "FENCED (etcd)",
+    "restart_grace": "restart grace",
+    "shards_moving": "shards moving",
+}
+"""A degraded state's name in the status table's note column."""
+_GRACE: Final = "restart_grace"
+"""The degraded state `format_status` says from the grace fields (as an older server's)."""
 
 RESTORED_MARK: Final = "restored, not yet reattached"
 """`format_locks`' note on a lease the server restored from its journal that no connection
@@ -207,6 +246,8 @@ def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
     """A ``stats`` lock entry with its holder's task id and host read from its owner note;
     a singleton beat's leader lock names the beat's pid (``holder_beat_pid``) instead of a
     task."""
+    from celery_dflock._request import beat_pid, note_parts
+
     owner = lock.get("owner")
     note = note_parts(owner if isinstance(owner, str) else None)
     task_id, host = note.task_id, note.host
@@ -226,7 +267,7 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _durability(address: str, stats: dict[str, Any]) -> list[str]:
+def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) -> list[str]:
     """What a server says of its restart grace and its journal, one line each; a field it
     does not send (an older or foreign server) is not shown."""
     lines: list[str] = []
@@ -252,13 +293,21 @@ def _durability(address: str, stats: dict[str, Any]) -> list[str]:
     if (dropped := _number(journal.get("dropped_records"))) is not None:
         parts.append(f"{dropped:.0f} record(s) dropped")
     lines.append(f"{address}: journal on" + (f": {', '.join(parts)}" if parts else ""))
+    if journal.get("writable") is False and not said_read_only:
+        failure = journal.get("write_failure") or "a write failed"
+        lines.append(
+            f"{address}: READ-ONLY: the journal cannot be written ({failure}): nothing new "
+            "is granted (error_read_only), locks held stay held"
+        )
     return lines
 
 
 def format_status(reports: Sequence[ServerReport]) -> str:
     """One row per server: reachable, connections, held locks, semaphores, waiters; then per
     server that says so, its restart grace (seconds left and why) and its journal (state dir,
-    fsync, leases restored, records dropped) or "journal off"."""
+    fsync, leases restored, records dropped) or "journal off", and each degraded state it
+    lists (a journal it cannot write, a drain, fenced from etcd, shards moving), in capitals
+    when it grants nothing new."""
     rows: list[list[str]] = []
     for rep in reports:
         if not rep.reachable:
@@ -270,6 +319,7 @@ def format_status(reports: Sequence[ServerReport]) -> str:
         locks = _items(rep.stats, "locks")
         sems = _items(rep.stats, "semaphores")
         waiters = sum(int(i.get("waiters", 0)) for i in (*locks, *sems))
+        states = [_SHORT.get(name, name) for name, _, _ in rep.degraded]
         rows.append(
             [
                 rep.address,
@@ -278,21 +328,25 @@ def format_status(reports: Sequence[ServerReport]) -> str:
                 str(len(locks)),
                 str(len(sems)),
                 str(waiters),
-                rep.note,
+                "; ".join([*states, rep.note] if rep.note else states),
             ]
         )
     header = ["server", "reachable", "connections", "locks", "semaphores", "waiters", "note"]
     lines = _table(header, rows)
     for rep in reports:
         if rep.stats is not None:
-            lines += _durability(rep.address, rep.stats)
+            shown = [(name, line) for name, _, line in rep.degraded if name != _GRACE]
+            said = any(name == "journal_read_only" for name, _ in shown)
+            lines += _durability(rep.address, rep.stats, said_read_only=said)
+            lines += [f"{rep.address}: {line}" for _, line in shown]
     return "\n".join(lines)
 
 
 def format_locks(reports: Sequence[ServerReport]) -> str:
     """One row per held lock or semaphore: key, kind, lease left, holders, waiters, and the
-    task holding a lock (its id; the worker's host while it runs, "queued" while its message
-    waits under a publish-time hold), or for a singleton beat's lock the beat (pid, host). A
+    task holding a lock (its name and id; the worker's host while it runs, "queued" while its
+    message waits under a publish-time hold), or for a singleton beat's lock the beat (pid,
+    host). A
     lock restored from the server's journal that no connection has renewed since is marked so
     in a last column (shown only then)."""
     rows: list[list[str]] = []
@@ -305,7 +359,7 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
             held = _with_holder(lock)
             host = held["holder_host"] or ("queued" if held["holder_task_id"] else "-")
             beat = held["holder_beat_pid"]
-            task = f"celery beat, pid {beat}" if beat is not None else held["holder_task_id"]
+            name = f"celery beat, pid {beat}" if beat is not None else held["holder_task_name"]
             rows.append(
                 [
                     rep.address,
@@ -314,7 +368,8 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     "-" if lease is None else f"{float(lease):.1f}s",
                     "1",
                     str(lock.get("waiters", 0)),
-                    task or "-",
+                    name or "-",
+                    held["holder_task_id"] or "-",
                     host,
                     RESTORED_MARK if lock.get("restored") is True else "",
                 ]
@@ -331,11 +386,22 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     str(sem.get("waiters", 0)),
                     "-",
                     "-",
+                    "-",
                     "",
                 ]
             )
     if rows:
-        header = ["server", "key", "kind", "lease left", "holders", "waiters", "task", "host"]
+        header = [
+            "server",
+            "key",
+            "kind",
+            "lease left",
+            "holders",
+            "waiters",
+            "task",
+            "task id",
+            "host",
+        ]
         if restored:
             header.append("note")
         else:
@@ -368,6 +434,8 @@ def _answer(
 ) -> None:
     """Ask every server (``ask``), print the answers (JSON or ``render``), and exit 1 unless
     every answer is ``ok``; a bad setting is a usage error."""
+    from celery_dflock.config import get_config
+
     obj: Any = ctx.obj
     try:
         answers = ask(get_config(obj.app))
@@ -378,14 +446,19 @@ def _answer(
         ctx.exit(1)
 
 
-def _run(ctx: click.Context, as_json: bool, render: Callable[[list[ServerReport]], str]) -> None:
+def _run(
+    ctx: click.Context,
+    as_json: bool,
+    render: Callable[[list[ServerReport]], str],
+    ok: Callable[[ServerReport], bool] = lambda r: r.reachable,
+) -> None:
     _answer(
         ctx,
         as_json,
         collect,
         json_of=lambda reports: [r.as_json() for r in reports],
         render=render,
-        ok=lambda r: r.reachable,
+        ok=ok,
     )
 
 
@@ -403,6 +476,8 @@ WORKERS_TIMEOUT_S: Final = 1.0
 
 def ask_workers(app: Any, timeout_s: float = WORKERS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
     """Each running worker's answer to `OUTAGES_COMMAND` (through the broker), by name."""
+    from celery_dflock._worker_hooks import OUTAGES_COMMAND
+
     replies = cast(
         "list[dict[str, dict[str, Any]]]",
         app.control.broadcast(OUTAGES_COMMAND, reply=True, timeout=timeout_s) or [],
@@ -446,10 +521,12 @@ def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
 )
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
-    """Per server: reachable or not, connections, held locks and waiters, restart grace and
-    journal; with --workers, each worker's outage retries."""
+    """Per server: reachable or not, connections, held locks and waiters, restart grace,
+    journal and any degraded state (read-only journal, draining, fenced, shards moving); with
+    --workers, each worker's outage retries. Exit 1 when a server is unreachable or grants
+    nothing new (read-only, draining, fenced)."""
     if not with_workers:
-        _run(ctx, as_json, format_status)
+        _run(ctx, as_json, format_status, ok=lambda r: r.healthy)
         return
     obj: Any = ctx.obj
     workers = ask_workers(obj.app)
@@ -463,7 +540,7 @@ def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
             "workers": workers,
         },
         render=lambda reports: format_status(reports) + "\n" + format_outages(workers, now),
-        ok=lambda r: r.reachable,
+        ok=lambda r: r.healthy,
     )
 
 
@@ -479,17 +556,29 @@ def locks(ctx: click.Context, as_json: bool) -> None:
 @_JSON
 @click.pass_context
 def ping(ctx: click.Context, as_json: bool) -> None:
-    """Whether every server answers."""
+    """Whether every server answers and grants: exit 1 when one is unreachable or grants
+    nothing new (read-only, draining, fenced)."""
+    _run(ctx, as_json, format_ping, ok=lambda r: r.healthy)
 
-    def render(reports: list[ServerReport]) -> str:
-        return "\n".join(
-            f"{r.address}: ok" + (f" ({r.note})" if r.note else "")
-            if r.reachable
-            else f"{r.address}: UNREACHABLE: {r.note}"
-            for r in reports
-        )
 
-    _run(ctx, as_json, render)
+def format_ping(reports: Sequence[ServerReport]) -> str:
+    """One line per server: ``ok`` (and any state in which some keys wait: a restart grace,
+    shards moving), or why it grants nothing new, or ``UNREACHABLE``."""
+    lines: list[str] = []
+    for rep in reports:
+        if not rep.reachable:
+            lines.append(f"{rep.address}: UNREACHABLE: {rep.note}")
+            continue
+        note = f" ({rep.note})" if rep.note else ""
+        failing = [line for _, _, line in rep.failing]
+        if failing:
+            lines.append(
+                f"{rep.address}: answers, but grants nothing new{note}: " + "; ".join(failing)
+            )
+        else:
+            waits = [line for _, severity, line in rep.degraded if severity != DEGRADED_ERROR]
+            lines.append(f"{rep.address}: ok{note}" + "".join(f"; {w}" for w in waits))
+    return "\n".join(lines)
 
 
 @dflock.command(cls=CeleryCommand)
@@ -586,6 +675,8 @@ def release(
         raise click.UsageError("--all needs --prefix PREFIX (a non-empty start of the keys)")
     if prefix is not None and not purge:
         raise click.UsageError("--prefix goes with --all")
+    from celery_dflock.config import get_config
+
     obj: Any = ctx.obj
     try:
         config = get_config(obj.app)

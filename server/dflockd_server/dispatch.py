@@ -24,6 +24,7 @@ from typing import Final, Protocol
 
 from dflockd_server import constants as c, protocol as p
 from dflockd_server.fence import FenceStateError
+from dflockd_server.ownernotes import readable_note
 from dflockd_server.table import (
     AlreadyEnqueued,
     Bound,
@@ -428,7 +429,7 @@ class Session:
             self.peer,
             note or "no note",
             len(freed),
-            "".join(f", held by {h.note or 'no note'}" for h in freed),
+            "".join(f", held by {readable_note(h.note)}" for h in freed),
         )
         return p.reply_freed(len(freed))
 

@@ -543,10 +543,19 @@ class Journal:
             else "are refused (see above: each holder is told its lock is lost)",
             self._read_only_advice(directory)
             if exc.errno == errno.EROFS
-            else f"Free space (or fix the disk) under {directory}: the server resumes by itself "
-            "within a sweep",
+            else _free_space_advice(directory),
         )
         self._said_read_only = exc.errno == errno.EROFS
+
+    def advice(self) -> str:
+        """What to do while the journal cannot be written, as its log said it ("" while it
+        can): free space (it resumes by itself), or repair a file system turned read-only."""
+        if self.writable:
+            return ""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if self._said_read_only:
+            return self._read_only_advice(directory)
+        return _free_space_advice(directory) + "."
 
     def _read_only_advice(self, directory: str) -> str:
         """What to do about a state dir on a file system turned read-only."""
@@ -746,6 +755,13 @@ class Journal:
             if fd >= 0:
                 os.close(fd)
             self._sync_wanted.set()  # the everysec thread ends
+
+
+def _free_space_advice(directory: str) -> str:
+    return (
+        f"Free space (or fix the disk) under {directory}: the server resumes by itself "
+        "within a sweep"
+    )
 
 
 def _fsync_dir(directory: str) -> None:

@@ -124,6 +124,8 @@ class Snapshot:
 
     grants: tuple[int, int]
     releases: tuple[int, int]
+    forced: tuple[int, int]
+    """Grants freed by an operator's force release (``fr``), whoever held them."""
     expiries: tuple[int, int]
     lost_by_disconnect: tuple[int, int]
     timeouts: tuple[int, int]
@@ -162,6 +164,7 @@ class Snapshot:
         return cls(
             grants=(counts.grants[0], counts.grants[1]),
             releases=(counts.releases[0], counts.releases[1]),
+            forced=(counts.forced[0], counts.forced[1]),
             expiries=(counts.expiries[0], counts.expiries[1]),
             lost_by_disconnect=(counts.lost_by_disconnect[0], counts.lost_by_disconnect[1]),
             timeouts=(counts.timeouts[0], counts.timeouts[1]),
@@ -262,6 +265,10 @@ class MetricsExporter:
                      CounterMetricFamily),
                     ("dflockd_releases", "Explicit releases by the holder's token.",
                      snap.releases, CounterMetricFamily),
+                    ("dflockd_force_releases",
+                     "Grants freed by an operator's force release (fr, celery dflock "
+                     "release), whoever held them (not counted in dflockd_releases).",
+                     snap.forced, CounterMetricFamily),
                     ("dflockd_expiries", "Leases that ran out without a renew.", snap.expiries,
                      CounterMetricFamily),
                     ("dflockd_lost_by_disconnect",
@@ -413,6 +420,19 @@ def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
         "dflockd_cluster_fenced",
         "1 while this member cannot show its etcd lease alive and grants nothing.",
         value=int(stats.fenced),
+    )
+    yield GaugeMetricFamily(
+        "dflockd_cluster_clock_offset_seconds",
+        "How far this member's wall clock was from another member's at the last ask ticket it "
+        "checked (positive: ahead); past the ticket's life (60 s), keys of shards split to it "
+        "wait for the split's end.",
+        value=stats.clock_offset_s,
+    )
+    yield CounterMetricFamily(
+        "dflockd_cluster_stale_tickets",
+        "Genuine ask tickets refused because they arrived expired by this member's clock (its "
+        "clock ahead of the issuer's by more than a ticket lives).",
+        value=stats.stale_tickets,
     )
     yield GaugeMetricFamily(
         "dflockd_cluster_leader",

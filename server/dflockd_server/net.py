@@ -25,9 +25,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dflockd_server import constants as c, protocol as p
+from dflockd_server import conditions, constants as c, protocol as p
 from dflockd_server.admission import Admission
 from dflockd_server.buildinfo import BUILD
+from dflockd_server.cluster.asktickets import TICKET_LIFE_S
+from dflockd_server.conditions import Condition
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
 from dflockd_server.fence import FenceStateError
@@ -595,7 +597,32 @@ class Server:
                 "write_failure": journal.failure,
             }
         )
+        out["degraded"] = [condition.as_json() for condition in self.conditions(out)]
         return out
+
+    def conditions(self, stats: dict[str, Any]) -> list[Condition]:
+        """What it cannot do now, for an operator (``conditions``; ``stats`` is this
+        snapshot's, for its grace)."""
+        found: list[Condition] = []
+        journal = self.journal
+        if journal is not None and not journal.writable:
+            directory = os.path.dirname(journal.path)
+            found.append(conditions.read_only(journal.failure, directory, journal.advice()))
+        if self.draining:
+            found.append(conditions.draining())
+        left = stats.get("grace_remaining_s") or 0.0
+        if left > 0:
+            found.append(conditions.grace(left, self.grace_reason))
+        if self.node is not None:
+            cluster = self.node.stats()
+            found += conditions.cluster_conditions(
+                cluster.fenced, cluster.fenced_reason, cluster.shards
+            )
+            if cluster.clock_off:
+                found.append(
+                    conditions.clock_off(cluster.clock_offset_s, cluster.clock_peer, TICKET_LIFE_S)
+                )
+        return found
 
     def _ask_stats(self, asker: Asker) -> bytes | None:
         """A ``stats`` reply for the status page, from the rationed snapshots (on the loop)."""

@@ -4,7 +4,11 @@ One row per held lock: its key, its holder (task name and id, worker host and pi
 the owner note celery-dflock's LockedTask sends: ``<task id>/<host>/<pid>/<task name>``, each
 part percent-encoded; any other note is shown as it is), how long it has been held, the lease
 left, the waiters, the fence and whether the grant is detached or restored from the journal;
-then each semaphore's holders and waiters. The page refreshes itself every few seconds.
+then each semaphore's holders and waiters. Above them, one banner per degraded state the
+snapshot lists (``degraded``, made by ``conditions``: a journal it cannot write, draining,
+fenced, a grace, shards moving), or "Healthy". Under 760 px (a phone) each lock is a card, each
+cell captioned with its column (``data-label``), nothing wider than the screen. The page
+refreshes itself every few seconds (a ``<meta http-equiv="refresh">``: no script).
 
 The page is made from a ``stats`` snapshot, asked on the event loop through the server's
 rationed snapshots (``snapshots``): however often the page is loaded, it costs the loop no
@@ -19,11 +23,11 @@ import html
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Final, cast
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs
 
 from dflockd_server import constants as c
+from dflockd_server.ownernotes import HolderNote, holder_of
 from dflockd_server.snapshots import Asker
 
 __all__ = ["PATH", "HolderNote", "StatusPage", "holder_of", "route"]
@@ -33,36 +37,9 @@ PATH: Final = "/status"
 REFRESH_S: Final = 2
 """The page reloads itself this often (``?refresh=N`` for another period, 0 for never)."""
 _MAX_REFRESH_S: Final = 3600
-_BEAT_PREFIX: Final = "beat:"
-"""The task part of a singleton beat's note (``beat:<pid>/<host>``)."""
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 """A WSGI application (the metrics' one, and the router around it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class HolderNote:
-    """What a holder's owner note says, as the page shows it (a part it lacks: None)."""
-
-    task_id: str | None = None
-    host: str | None = None
-    pid: int | None = None
-    task_name: str | None = None
-
-
-def holder_of(note: object) -> HolderNote:
-    """The parts of an owner note in celery-dflock's form (``<task id>/<host>/<pid>/<task
-    name>``, percent-encoded, trailing parts optional); a singleton beat's (``beat:<pid>``)
-    names the beat. A note of another form is its task id, as it is."""
-    if not isinstance(note, str) or not note or note == c.NO_NOTE:
-        return HolderNote()
-    parts: list[str | None] = [unquote(part) or None for part in note.split("/", 3)]
-    parts += [None] * (4 - len(parts))
-    task_id, host, pid, name = parts
-    if task_id is not None and task_id.startswith(_BEAT_PREFIX) and pid is None:
-        beat_pid = task_id.removeprefix(_BEAT_PREFIX)
-        pid, task_id, name = beat_pid, None, "celery beat"
-    return HolderNote(task_id, host, int(pid) if pid and pid.isdigit() else None, name)
 
 
 class _Reply:
@@ -160,10 +137,13 @@ def _refresh(raw: str) -> int:
 # ------------------------------------------------------------------------------ the page
 _STYLE: Final = """
 body { font-family: system-ui, sans-serif; font-size: 16px; margin: 24px; color: #1b1b1b; }
-h1 { font-size: 22px; margin: 0 0 6px; }
+h1 { font-size: 22px; margin: 0 0 6px; overflow-wrap: anywhere; }
 h2 { font-size: 18px; margin: 24px 0 8px; }
 p.summary { margin: 0 0 12px; color: #444; }
-p.grace { background: #fff3cd; padding: 8px 12px; }
+.banner { padding: 8px 12px; margin: 0 0 8px; border-left: 6px solid; }
+.banner.ok { background: #e7f5ea; border-color: #2e7d32; }
+.banner.warning { background: #fff3cd; border-color: #b58100; }
+.banner.error { background: #fde2e1; border-color: #b3261e; }
 table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: 6px 8px; border-bottom: 1px solid #ddd;
   vertical-align: top; }
@@ -175,15 +155,30 @@ td.id { min-width: 19ch; }
 td.fence { overflow-wrap: anywhere; min-width: 10ch; font-variant-numeric: tabular-nums; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 td.none { color: #888; }
+@media (max-width: 760px) {
+  body { margin: 12px 20px; }
+  table, tbody, tr, td { display: block; }
+  thead { position: absolute; width: 1px; height: 1px; overflow: hidden;
+    clip-path: inset(50%); }
+  tr { border: 1px solid #ccc; border-radius: 6px; margin: 0 0 12px; padding: 4px 10px; }
+  td, td.num { display: grid; grid-template-columns: 7rem minmax(0, 1fr); column-gap: 10px;
+    border: none; padding: 3px 0; text-align: left; white-space: normal; min-width: 0;
+    overflow-wrap: anywhere; }
+  td.key, td.id, td.fence { min-width: 0; }
+  td::before { content: attr(data-label); font-family: system-ui, sans-serif;
+    font-weight: 600; color: #555; }
+}
 """
 
 
-def _cell(value: object, kind: str = "") -> str:
-    """One ``<td>``, its text escaped (``None``: a dash)."""
+def _cell(label: str, value: object, kind: str = "") -> str:
+    """One ``<td>`` of the column ``label`` (a card's caption on a narrow screen), its text
+    escaped (``None``: a dash)."""
+    caption = f' data-label="{html.escape(label)}"'
     if value is None or value == "":
-        return '<td class="none">-</td>'
+        return f'<td class="none"{caption}>-</td>'
     css = f' class="{kind}"' if kind else ""
-    return f"<td{css}>{html.escape(str(value))}</td>"
+    return f"<td{css}{caption}>{html.escape(str(value))}</td>"
 
 
 def _seconds(value: object) -> str | None:
@@ -215,34 +210,57 @@ def _state(lock: dict[str, Any]) -> str:
     return "held"
 
 
+_LOCK_COLUMNS: Final = (
+    "Key",
+    "Task",
+    "Task id",
+    "Worker",
+    "PID",
+    "Held for",
+    "Lease left",
+    "Waiters",
+    "Fence",
+    "State",
+)
+_SEMAPHORE_COLUMNS: Final = ("Key", "Limit", "Holders", "Waiters")
+
+
 def _lock_rows(locks: list[dict[str, Any]]) -> Iterator[str]:
     for lock in sorted(locks, key=lambda entry: str(entry.get("key", ""))):
         holder = holder_of(lock.get("owner"))
         worker = holder.host
         if worker is None and holder.task_id is not None:
             worker = "none yet (publish-time hold, message queued)"
+        values = (
+            (lock.get("key"), "key"),
+            (holder.task_name, ""),
+            (holder.task_id, "id"),
+            (worker, ""),
+            (holder.pid, "num"),
+            (_seconds(lock.get("held_s")), "num"),
+            (_seconds(lock.get("lease_expires_in_s")), "num"),
+            (lock.get("waiters", 0), "num"),
+            (lock.get("fence"), "fence"),
+            (_state(lock), ""),
+        )
         cells = (
-            _cell(lock.get("key"), "key"),
-            _cell(holder.task_name),
-            _cell(holder.task_id, "id"),
-            _cell(worker),
-            _cell(holder.pid, "num"),
-            _cell(_seconds(lock.get("held_s")), "num"),
-            _cell(_seconds(lock.get("lease_expires_in_s")), "num"),
-            _cell(lock.get("waiters", 0), "num"),
-            _cell(lock.get("fence"), "fence"),
-            _cell(_state(lock)),
+            _cell(label, value, kind)
+            for label, (value, kind) in zip(_LOCK_COLUMNS, values, strict=True)
         )
         yield f"<tr>{''.join(cells)}</tr>"
 
 
 def _semaphore_rows(sems: list[dict[str, Any]]) -> Iterator[str]:
     for sem in sorted(sems, key=lambda entry: str(entry.get("key", ""))):
+        values = (
+            (sem.get("key"), "key"),
+            (sem.get("limit"), "num"),
+            (sem.get("holders"), "num"),
+            (sem.get("waiters", 0), "num"),
+        )
         cells = (
-            _cell(sem.get("key"), "key"),
-            _cell(sem.get("limit"), "num"),
-            _cell(sem.get("holders"), "num"),
-            _cell(sem.get("waiters", 0), "num"),
+            _cell(label, value, kind)
+            for label, (value, kind) in zip(_SEMAPHORE_COLUMNS, values, strict=True)
         )
         yield f"<tr>{''.join(cells)}</tr>"
 
@@ -266,6 +284,49 @@ def _page(title: str, refresh: int, parts: Iterable[str]) -> str:
     )
 
 
+def _conditions(stats: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(name, severity, title, message) of each degraded state the snapshot lists
+    (``degraded``, from ``conditions``); a snapshot without that list says only its grace."""
+    raw = stats.get("degraded")
+    if isinstance(raw, list):
+        found: list[tuple[str, str, str, str]] = []
+        for item in cast("list[Any]", raw):
+            if isinstance(item, dict):
+                entry = cast("dict[str, Any]", item)
+                found.append(
+                    (
+                        str(entry.get("name", "")),
+                        str(entry.get("severity", "warning")),
+                        str(entry.get("title", "")),
+                        str(entry.get("message", "")),
+                    )
+                )
+        return found
+    grace = stats.get("grace_remaining_s")
+    if isinstance(grace, int | float) and grace > 0:
+        return [
+            ("restart_grace", "warning", "Restart grace", f"{grace:.1f} s left, no key is granted.")
+        ]
+    return []
+
+
+def _banners(stats: dict[str, Any]) -> list[str]:
+    """One banner per degraded state, the errors first; "Healthy" when there is none."""
+    found = _conditions(stats)
+    if not found:
+        return ['<p class="banner ok" data-condition="healthy"><strong>Healthy</strong>: '
+                "granting new locks.</p>"]  # fmt: skip
+    found.sort(key=lambda item: item[1] != "error")
+    out: list[str] = []
+    for name, severity, title, message in found:
+        css = "error" if severity == "error" else "warning"
+        out.append(
+            f'<p class="banner {css}" role="alert" data-condition="{html.escape(name)}">'
+            f"<strong>{html.escape(title)}</strong>: {html.escape(message)}</p>"
+        )
+    return out
+
+
 def render(title: str, stats: dict[str, Any], refresh: int, now: float) -> str:
     """The page for one ``stats`` snapshot taken at ``now`` (Unix time)."""
     locks, sems = _items(stats, "locks"), _items(stats, "semaphores")
@@ -277,30 +338,9 @@ def render(title: str, stats: dict[str, Any], refresh: int, now: float) -> str:
         f"{len(locks)} lock(s) held, {len(sems)} semaphore(s) in use, {waiters} waiter(s); "
         f"snapshot at {taken}{again}</p>"
     )
-    parts = [summary]
-    grace = stats.get("grace_remaining_s")
-    if isinstance(grace, int | float) and grace > 0:
-        parts.append(f'<p class="grace">Restart grace: {grace:.1f} s left, no key is granted.</p>')
-    header = (
-        "Key",
-        "Task",
-        "Task id",
-        "Worker",
-        "PID",
-        "Held for",
-        "Lease left",
-        "Waiters",
-        "Fence",
-        "State",
-    )
+    parts = [*_banners(stats), summary]
     parts.append("<h2>Locks</h2>")
-    parts.append(_table(header, _lock_rows(locks), "No lock is held."))
+    parts.append(_table(_LOCK_COLUMNS, _lock_rows(locks), "No lock is held."))
     parts.append("<h2>Semaphores</h2>")
-    parts.append(
-        _table(
-            ("Key", "Limit", "Holders", "Waiters"),
-            _semaphore_rows(sems),
-            "No semaphore slot is held.",
-        )
-    )
+    parts.append(_table(_SEMAPHORE_COLUMNS, _semaphore_rows(sems), "No semaphore slot is held."))
     return _page(title, refresh, parts)

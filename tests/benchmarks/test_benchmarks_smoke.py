@@ -39,6 +39,7 @@ BENCHMARKS = (
     "profile_server",
     "profile_client",
     "code_size",
+    "cli",
 )
 WITH_GOALS = ("server", "journal", "contention", "scale", "celery_tasks")
 RUN_TIMEOUT_S = 130

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -24,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from celery_dflock import Client, DistributedLock
+from benchmarks.cli import HELD_NOTE, environment, project, run_once
+from celery_dflock import Client, DistributedLock, ServerReadOnly
+from tests.support.disks import fill, small_tmpfs_or_none
 from tests.support.ports import free_port
 from tests.support.processes import python_path
 from tests.support.rigs import Rig, open_rig
@@ -44,6 +47,8 @@ class OpsRig:
     address: tuple[str, int]
     metrics: tuple[str, int]
     server_log: Path
+    disk: Path | None
+    """The small tmpfs the state dir is on (None: not root, the full-disk test skips)."""
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``celery -A apps.tasks dflock ARGS`` on the workers' settings, as a user runs it."""
@@ -72,6 +77,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsRig]:
     metrics_port = free_port()
     log = tmp / "dflockd.log"
     with (
+        small_tmpfs_or_none(tmp / "disk", "2m") as disk,
         dflockd_subprocess(
             log,
             "--metrics-port",
@@ -79,7 +85,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsRig]:
             "--metrics-host",
             "127.0.0.1",
             "--state-dir",
-            str(tmp / "state"),
+            str((disk or tmp) / "state"),
         ) as (_, address),
         open_rig(
             tmp,
@@ -90,7 +96,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsRig]:
         ) as rig,
     ):
         rig.start_worker(pool="prefork", concurrency=3)
-        yield OpsRig(rig, address, ("127.0.0.1", metrics_port), log)
+        yield OpsRig(rig, address, ("127.0.0.1", metrics_port), log, disk)
 
 
 # ------------------------------------------------------------------------------ release
@@ -122,7 +128,7 @@ def test_release_frees_a_running_task_s_key_for_the_next_waiter_and_the_task_lea
         logged = ops.server_log.read_text()
         assert re.search(
             rf"force release of '{key}' by 127\.0\.0\.1:\d+ \(dflock-cli/[^)]+\): 1 grant\(s\) "
-            rf"freed, held by {started['task_id']}/",
+            rf"freed, held by {started['task_id']}/{re.escape(rig.worker.name)}/",
             logged,
         ), logged[-2000:]
     finally:
@@ -304,5 +310,122 @@ def test_the_status_page_names_the_task_id_and_worker_of_each_held_key(
             keep = os.environ.get("DFLOCK_TEST_KEEP_SCREENSHOT")
             if keep:
                 shutil.copy(shot, keep)
+            # A phone on call (issue 73): 390 px wide, one card per lock, each cell captioned
+            # with its column, nothing wider than the screen (no sideways scrolling).
+            for name in names:
+                row = re.search(rf"<tr>(<td[^>]*>slow:{name}</td>.*?)</tr>", dom, re.S)
+                assert row is not None, dom[-3000:]
+                captions = re.findall(r'data-label="([^"]+)"', row.group(1))
+                assert captions == [
+                    "Key", "Task", "Task id", "Worker", "PID", "Held for", "Lease left",
+                    "Waiters", "Fence", "State",
+                ]  # fmt: skip
+            phone = tmp_path / "status-390.png"
+            drawn = _chromium_run(
+                tmp_path,
+                "--window-size=390,2400",
+                "--hide-scrollbars",
+                f"--screenshot={phone}",
+                ops.page_url(),
+            )
+            assert drawn.returncode == 0 and phone.is_file(), drawn.stderr[-2000:]
+            assert _png_size(phone) == (390, 2400)
+            assert _right_margin_blank(phone), "the page is wider than 390 px"
+            if keep:
+                shutil.copy(phone, Path(keep).with_name("status-390.png"))
         finally:
             client.force_release("ops:<b>bold</b>")
+
+
+# ------------------------------------------------------------------------------ answer time
+def test_dflock_locks_answers_in_under_a_second_of_its_own_time(
+    ops: OpsRig, tmp_path: Path
+) -> None:
+    """Issue 73, acceptance 4, a time bound (asserted, the median of 5): ``celery -A proj
+    dflock locks`` with one lock held, run as benchmarks/cli.py runs it (a project of one
+    module, a new process each time, Python writing bytecode as it does by default: CI unsets
+    PYTHONDONTWRITEBYTECODE too). The bound is on the process's CPU time: on CI's 2 cores,
+    shared by 4 test processes, the wall time is that stretched by the load; the benchmark
+    reports both (wall 0.93 s, CPU 0.67 s on the 2-core machine at load 8)."""
+    key = f"speed:{uuid.uuid4().hex[:8]}"
+    project(tmp_path, f"{ops.address[0]}:{ops.address[1]}")
+    env = environment("cached", tmp_path)
+    with Client([ops.address]) as client:
+        held = client.lock(key, lease_ttl_s=120, note=HELD_NOTE)
+        assert held.acquire()
+        run_once(("dflock", "locks"), tmp_path, env)  # writes the .pyc a user's second run reads
+        cpus: list[float] = []
+        for _ in range(5):
+            _, cpu, shown = run_once(("dflock", "locks"), tmp_path, env)
+            (row,) = [line for line in shown.splitlines() if key in line]
+            assert "proj.tasks.report" in row, shown  # the task's name, beside its id
+            cpus.append(cpu)
+        assert held.release()
+    assert statistics.median(cpus) < 1.0, cpus
+
+
+# ------------------------------------------------------------------------------ a full disk
+def _degraded(address: tuple[str, int]) -> list[str]:
+    with Client([address]) as client:
+        (status,) = client.stats()
+    assert status.stats is not None, status.error
+    return [item["name"] for item in status.stats.get("degraded", [])]
+
+
+def test_a_full_state_disk_shows_on_the_page_in_status_and_in_the_worker_s_log(
+    ops: OpsRig, tmp_path: Path
+) -> None:
+    """Issue 73, acceptance 1: with its state dir full, the server kept its locks and refused
+    new grants, yet the page looked healthy, ``status`` and ``ping`` said ok (exit 0) and the
+    worker said the server "is unreachable". Each now says it is read-only and why, and all
+    come back to healthy by themselves once space is back."""
+    if ops.disk is None:
+        pytest.skip("filling the state dir's disk needs root (a small tmpfs)")
+    rig = ops.rig
+    name = uuid.uuid4().hex[:8]
+    with Client([ops.address]) as client:
+        held = client.lock(f"disk:held-{name}", lease_ttl_s=60)
+        assert held.acquire()
+        filler = fill(ops.disk)
+        try:
+            # Writes go on into the journal's last page, then fail (each grant writes).
+            for i in range(10_000):
+                probe = client.lock(f"disk:probe-{name}-{i}")
+                try:
+                    probe.acquire()
+                except ServerReadOnly:
+                    break
+                probe.release()
+            assert _degraded(ops.address) == ["journal_read_only"]
+
+            shown = _chromium_run(tmp_path, "--dump-dom", ops.page_url())
+            assert shown.returncode == 0, shown.stderr[-2000:]
+            assert 'data-condition="journal_read_only"' in shown.stdout, shown.stdout[-3000:]
+            assert "No space left on device" in shown.stdout
+            assert 'data-condition="healthy"' not in shown.stdout
+
+            status = ops.cli("status")
+            assert status.returncode == 1, status.stdout + status.stderr
+            assert "READ-ONLY" in status.stdout and "No space left on device" in status.stdout
+            ping = ops.cli("ping")
+            assert ping.returncode == 1, ping.stdout + ping.stderr
+            assert "grants nothing new" in ping.stdout and "READ-ONLY" in ping.stdout
+
+            result = rig.send("slow_body", name, 0.0)
+            assert rig.worker.wait_output("is read-only: its disk is full", 60), (
+                rig.worker.output()[-3000:]
+            )
+            assert f"the lock server at {ops.address[0]}:{ops.address[1]} is unreachable" not in (
+                rig.worker.output()
+            )
+            assert held.renew(), "a held lock was let go while the disk was full"
+        finally:
+            filler.unlink()
+        wait_until(lambda: _degraded(ops.address) == [], timeout=30, what="healthy again")
+        status = ops.cli("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "READ-ONLY" not in status.stdout
+        shown = _chromium_run(tmp_path, "--dump-dom", ops.page_url())
+        assert 'data-condition="healthy"' in shown.stdout, shown.stdout[-3000:]
+        assert result.get(timeout=120) == name  # its outage retry ran once space was back
+        assert held.release()

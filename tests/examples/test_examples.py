@@ -17,7 +17,13 @@ import pytest
 import redis
 
 from celery_dflock import DistributedLock
-from celery_dflock.cli import RESTORED_MARK, ServerReport, format_locks, format_status
+from celery_dflock.cli import (
+    RESTORED_MARK,
+    ServerReport,
+    format_locks,
+    format_ping,
+    format_status,
+)
 from celery_dflock.client.clients import ServerInfo
 from examples.proj.ledger import FencedLedger, NoFenceError, StaleFenceError
 from tests.support.ports import free_port
@@ -232,6 +238,35 @@ def test_dflock_status_and_locks_show_grace_journal_and_restored_from_the_stats_
     assert locks[0].split()[-1] == "note"
     assert locks[2].endswith(RESTORED_MARK) and locks[2].split()[1] == "k"
     assert locks[3].split()[1] == "j" and not locks[3].endswith(RESTORED_MARK)
+
+
+def test_dflock_status_and_ping_say_each_degraded_state_and_fail_when_nothing_is_granted() -> None:
+    """Issue 73: a server that answers but cannot write its journal looked healthy ("journal
+    on", "ok", exit 0). The states come from `stats`' ``degraded`` (the server's words)."""
+    read_only = {"name": "journal_read_only", "severity": "error", "title": "Read-only",
+                 "message": "the lease journal under /s cannot be written (No space left on "
+                 "device). Free space under /s."}  # fmt: skip
+    moving = {"name": "shards_moving", "severity": "warning", "title": "Shards moving",
+              "message": "3 shard(s) moving out."}  # fmt: skip
+    journal = {"state_dir": "/s", "fsync": "everysec", "restored": 0, "dropped_records": 0,
+               "writable": False, "write_failure": "No space left on device"}  # fmt: skip
+    base = {"connections": 1, "locks": [], "semaphores": [], "grace_remaining_s": 0.0}
+    a, b = "10.0.0.5:6388", "10.0.0.6:6388"
+    ours = ServerInfo("dflockd-server", "0.2.0", frozenset({"stats", "ping", "fence", "hello"}))
+    full = ServerReport(a, {**base, "journal": journal, "degraded": [read_only]}, server=ours)
+    busy = ServerReport(b, {**base, "journal": None, "degraded": [moving]}, server=ours)
+    assert (full.healthy, busy.healthy) == (False, True)
+    status = format_status([full, busy]).splitlines()
+    assert status[2].split()[:2] == [a, "yes"] and "READ-ONLY" in status[2]
+    assert "shards moving" in status[3]
+    assert f"{a}: READ-ONLY: the lease journal under /s cannot be written" in status[5]
+    assert status[-1] == f"{b}: Shards moving: 3 shard(s) moving out."
+    ping = format_ping([full, busy]).splitlines()
+    assert ping[0].startswith(f"{a}: answers, but grants nothing new: READ-ONLY: the lease")
+    assert ping[1] == f"{b}: ok; Shards moving: 3 shard(s) moving out."
+    # An older server of ours (no degraded list): the journal's own field says it.
+    older = _reachable(a, {**base, "journal": journal})
+    assert older.healthy and "READ-ONLY: the journal cannot be written" in format_status([older])
 
 
 def _state_server(state: Path, port: int, *args: str) -> DflockdProcess:

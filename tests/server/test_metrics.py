@@ -128,6 +128,24 @@ def test_every_named_series_counts_what_happened(metrics_server: ServerThread) -
     assert value(samples, f"{hist}_sum", **acquire) > 0
 
 
+def test_a_force_release_is_counted_apart_from_the_holders_releases(
+    metrics_server: ServerThread,
+) -> None:
+    url = metrics_server.metrics_url
+    assert url is not None
+    with Wire(metrics_server.address) as holder, Wire(metrics_server.address) as operator:
+        holder.lock("forced:a")
+        assert holder.req("sl", "forced:s", "0 2").startswith("ok ")
+        assert holder.req("sl", "forced:s", "0 2").startswith("ok ")
+        assert operator.req("fr", "forced:a", "ops1@vm") == "ok 1"
+        assert operator.req("fr", "forced:s", "_") == "ok 2"
+        assert operator.req("fr", "forced:nothing", "_") == "ok 0"
+        samples = scrape(url)
+    assert value(samples, "dflockd_force_releases_total", kind="lock") == 1
+    assert value(samples, "dflockd_force_releases_total", kind="semaphore") == 2
+    assert value(samples, "dflockd_releases_total", kind="lock") == 0
+
+
 def test_every_command_has_a_readable_name() -> None:
     assert set(COMMAND_NAMES) == {*c.COMMANDS, "invalid"}
     names = list(COMMAND_NAMES.values())

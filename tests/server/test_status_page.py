@@ -4,13 +4,22 @@ real workers holding keys, is in tests/celery/test_operator_tools.py."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from celery_dflock import Client
+from dflockd_server import conditions
+from dflockd_server.ownernotes import readable_note
 from dflockd_server.status_page import HolderNote, holder_of, render
 from dflockd_server.testing import ServerThread
+from tests.support.processes import kill_group
+from tests.support.services import unavailable
+from tests.support.waiting import wait_until
 
 ServerFactory = Callable[..., ServerThread]
 
@@ -24,6 +33,15 @@ def test_owner_notes_as_celery_dflock_writes_them_and_others() -> None:
     assert holder_of("a/b/notapid/c%2Fd") == HolderNote("a", "b", None, "c/d")
     for nothing in (None, "", "_", 5):
         assert holder_of(nothing) == HolderNote()
+
+
+def test_the_log_shows_a_note_s_parts_decoded_but_never_a_line_break() -> None:
+    assert readable_note("4f1c/ops1%40vm/4242/proj.tasks.report") == (
+        "4f1c/ops1@vm/4242/proj.tasks.report"
+    )
+    assert readable_note("dflock-cli/alice@ops1") == "dflock-cli/alice@ops1"  # as given
+    assert readable_note("a%0Aforged%20line/h") == "a%0Aforged%20line/h"
+    assert readable_note("_") == readable_note(None) == "no note"
 
 
 def test_the_page_shows_each_lock_and_escapes_what_clients_sent() -> None:
@@ -53,6 +71,41 @@ def test_the_page_shows_each_lock_and_escapes_what_clients_sent() -> None:
         assert shown in page, shown
     assert "refresh" not in render("t", {"locks": []}, 0, 0.0)  # ?refresh=0: never
     assert "No lock is held." in render("t", {}, 0, 0.0)
+
+
+def test_the_page_says_each_degraded_state_in_a_banner_the_errors_first() -> None:
+    read_only = conditions.read_only("No space left on device", "/var/lib/dflockd", "Free <it>.")
+    moving = conditions.cluster_conditions(False, None, {"moving_out": 3, "serving": 5})
+    stats = {
+        "locks": [],
+        "degraded": [c.as_json() for c in (conditions.grace(4.0, "why"), *moving, read_only)],
+    }
+    page = render("t", stats, 2, 0.0)
+    banners = re.findall(r'<p class="banner (\w+)" role="alert" data-condition="(\w+)">', page)
+    assert banners == [
+        ("error", "journal_read_only"),
+        ("warning", "restart_grace"),
+        ("warning", "shards_moving"),
+    ]
+    assert "<strong>Read-only</strong>: the lease journal under /var/lib/dflockd cannot" in page
+    assert "(No space left on device)" in page and "Free &lt;it&gt;." in page
+    assert "3 shard(s) moving out" in page and "Healthy" not in page
+    healthy = render("t", {"locks": [], "degraded": []}, 2, 0.0)
+    assert 'data-condition="healthy"' in healthy and 'role="alert"' not in healthy
+    fenced = conditions.cluster_conditions(True, "etcd lease lost", {"unavailable": 8192})
+    assert [(f.name, f.severity) for f in fenced] == [("fenced", conditions.ERROR)]
+    assert "etcd lease lost" in fenced[0].message
+
+
+def test_each_cell_names_its_column_for_the_narrow_screen_s_cards() -> None:
+    stats = {"locks": [{"key": "k", "owner": "id/h/1/t", "fence": 5, "waiters": 0}]}
+    page = render("t", stats, 2, 0.0)
+    labels = re.findall(r'<td[^>]* data-label="([^"]+)"', page)
+    assert labels == [
+        "Key", "Task", "Task id", "Worker", "PID", "Held for", "Lease left", "Waiters", "Fence",
+        "State",
+    ]  # fmt: skip
+    assert "@media (max-width: 760px)" in page and "content: attr(data-label)" in page
 
 
 def _get(url: str) -> tuple[int, dict[str, str], bytes]:
@@ -87,3 +140,42 @@ def test_the_metrics_port_serves_the_page_beside_the_metrics(
         raise AssertionError("a POST was answered")
     except urllib.error.HTTPError as exc:
         assert exc.code == 405
+
+
+def test_the_page_in_a_browser_loads_itself_again(
+    dflock_server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    """It refreshes itself (issue 73): headless Chromium left on ``/status?refresh=1`` asks
+    the server for new snapshots, one per reload, with nothing but the page's own tag."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        unavailable(
+            "no headless Chromium (apt-get install chromium)",
+            because="CI installs Debian's chromium package (.ci/run)",
+        )
+    server = dflock_server_factory(metrics_port=0, metrics_host="127.0.0.1")
+    metrics, snapshots = server.server.metrics_address, server.server.snapshots
+    assert metrics is not None and snapshots is not None
+    before = snapshots.taken
+    browser = subprocess.Popen(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-port=0",  # stays open on the page (no --dump-dom, no exit)
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            f"http://{metrics[0]}:{metrics[1]}/status?refresh=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its renderers with it: kill_group ends them all
+    )
+    try:
+        wait_until(
+            lambda: snapshots.taken - before >= 3,
+            timeout=60,
+            what="the page loaded, then loaded itself again twice",
+        )
+    finally:
+        kill_group(browser)

@@ -68,6 +68,14 @@ class Ticket:
     expires: int
     floor: int
 
+    def clock_offset(self, now: float) -> float:
+        """How far ``now`` (the checking member's wall clock) is past the moment the issuer's
+        clock said when it made the ticket. A client brings it within moments of its
+        ``error_ask``, so past a few seconds this is how far the two members' clocks are
+        apart (positive: the checking member's is ahead); past ``TICKET_LIFE_S``, every ticket
+        arrives expired and the keys of a split wait for its end."""
+        return now - (self.expires - TICKET_LIFE_S)
+
 
 class AskTickets:
     """Issues and checks the tickets of one cluster (its ask secret)."""
@@ -96,6 +104,14 @@ class AskTickets:
     def check(self, ticket: str, asked: AskedKey, *, now: float) -> Ticket | None:
         """The ticket's content when it is genuine for exactly this key and move and has not
         expired (the caller compares ``revision`` with its view); None otherwise."""
+        got = self.genuine(ticket, asked)
+        if got is None or now > got.expires:
+            return None
+        return got
+
+    def genuine(self, ticket: str, asked: AskedKey) -> Ticket | None:
+        """The ticket's content when its issuer made it for exactly this key and move, expired
+        or not; None otherwise."""
         parts = ticket.split(".")
         if len(parts) != 4 or len(parts[3]) != _MAC_HEX:
             return None
@@ -106,7 +122,5 @@ class AskTickets:
         if min(revision, expires, floor) < 0:
             return None
         if not hmac.compare_digest(self._mac(asked, revision, expires, floor), parts[3]):
-            return None
-        if now > expires:
             return None
         return Ticket(revision, expires, floor)

@@ -47,6 +47,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
 from dflockd_server.cluster.asktickets import AskTickets, new_secret
+from dflockd_server.cluster.clockskew import ClockSkew
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, FENCED, Decision, decide
 from dflockd_server.cluster.etcd import EtcdClient, EtcdError
 from dflockd_server.cluster.fencestore import EtcdCeilingStore, EtcdLongestStore, highest_ceiling
@@ -129,6 +130,16 @@ class ClusterStats:
     """Shards this member took at once because their member had released them."""
     etcd_switches: int = 0
     """Times this member's etcd client moved to another etcd endpoint (one failed or was slow)."""
+    fenced_reason: str | None = None
+    """Why it is fenced (None: it is not, or it did not say)."""
+    clock_offset_s: float = 0.0
+    """How far its wall clock was from a ticket issuer's at the last ticket (``ClockSkew``)."""
+    clock_off: bool = False
+    """That offset was more than an ask ticket lives."""
+    clock_peer: str = ""
+    """The member whose ticket showed it."""
+    stale_tickets: int = 0
+    """Genuine ask tickets refused because they arrived expired by this member's clock."""
 
 
 class ClusterNode:
@@ -197,6 +208,8 @@ class ClusterNode:
         or on holders; a failover wait: when the first is due; 0 while shards move out, whose
         holders are looked at each step)."""
         self.fenced_reason: str | None = "not started"
+        self.clock = ClockSkew(advertise)
+        """What the tickets it checks say of its wall clock (``clockskew``)."""
         self._handover = Handover(
             etcd_client,
             prefix,
@@ -272,6 +285,11 @@ class ClusterNode:
             failovers=self.failovers,
             released_takeovers=self.released_takeovers,
             etcd_switches=self.client.switches,
+            fenced_reason=self.fenced_reason if fenced else None,
+            clock_offset_s=self.clock.offset_s,
+            clock_off=self.clock.off,
+            clock_peer=self.clock.issuer,
+            stale_tickets=self.clock.stale_tickets,
         )
 
     # -- life cycle ------------------------------------------------------------------------------
@@ -539,6 +557,7 @@ class ClusterNode:
             tickets=self._tickets,
             fence_last=lambda: self.fence.last,
             raise_floor=self._raise_floor,
+            clock_seen=self.clock.seen,
         )
         if self.fenced_reason is not None:
             log.info("cluster member %s: deciding (was: %s)", self.advertise, self.fenced_reason)

@@ -79,6 +79,10 @@ class ClusterOwnership:
     done at once on the loop (the node's thread does it: the acquire is refused meanwhile)."""
     wall: Callable[[], float] = time.time
     """The wall clock tickets' expiry is counted on."""
+    clock_seen: Callable[[float, str], None] | None = None
+    """Told, on the loop, how far this member's wall clock is from the issuer's (named) of
+    each genuine ticket an ``asking`` brings (``Ticket.clock_offset``): the node's
+    ``ClockSkew``."""
 
     def alive(self) -> bool:
         """Whether this member can show its etcd lease alive now."""
@@ -134,8 +138,13 @@ class ClusterOwnership:
         if shard not in self.importing or tickets is None:
             return p.REPLY_ERROR
         current = self.view.shard_map[shard].current
-        got = tickets.check(ticket, AskedKey(key, shard, current, self.me), now=self.wall())
-        if got is None or got.revision != self.view.revisions.get(shard, 0):
+        got = tickets.genuine(ticket, AskedKey(key, shard, current, self.me))
+        if got is None:
+            return p.REPLY_ERROR
+        now = self.wall()
+        if self.clock_seen is not None and current:
+            self.clock_seen(got.clock_offset(now), current)
+        if now > got.expires or got.revision != self.view.revisions.get(shard, 0):
             return p.REPLY_ERROR
         raise_floor = self.raise_floor
         if raise_floor is not None and not raise_floor(got.floor):
