@@ -130,8 +130,8 @@ def test_waiters_on_busy_keys_run_once_across_a_restart(
             stop_server(proc, how)
         down_at = time.time()
         time.sleep(DOWN_S)
+        back_at = time.time()  # before the start: a run may be granted as soon as it listens
         with dflockd_subprocess(log, *args, port=port):
-            back_at = time.time()
             print(f"server down {back_at - down_at:.1f}s ({how})")
             for holder in holders:
                 holder.release()
@@ -333,8 +333,8 @@ def test_a_warm_shutdown_during_an_outage_does_not_wait_out_lock_timeout(tmp_pat
         assert not any(result.ready() for result in results)  # none failed or ran meanwhile
         rig.start_worker(pool="prefork", concurrency=4)
         time.sleep(max(0.0, down_at + OUTAGE_S - time.monotonic()))  # the outage itself
+        back_at = time.time()  # before the start: a run may be granted as soon as it listens
         with dflockd_subprocess(log, *args, port=port):
-            back_at = time.time()
             started = time.monotonic()
             for holder in holders:  # their leases ran out during the outage: lost, not raised
                 with contextlib.suppress(DflockError):
