@@ -380,13 +380,23 @@ class ClusterNode:
             if self._stopping.is_set():
                 return
             self._let_news_settle()
-            try:
-                self._raise_wanted_floor()
-                self._step()
-            except (EtcdError, FenceStateError) as exc:
-                log.warning("cluster member %s: %s (trying again)", self.advertise, exc)
-            except Exception:
-                log.exception("cluster member %s: unexpected error", self.advertise)
+            self.step()
+
+    def step(self) -> None:
+        """One step of the node's thread: decide, publish, move shards (see the module's
+        docstring). A node never ``start``-ed is driven by calls of this alone, with no thread
+        of its own nor of its member's (a simulated member: tests/sim); it then joins at its
+        first step, and its member is driven by its driver (``Member.keep_alive_step``,
+        ``Member.step``). An etcd that does not answer leaves the work for the next step."""
+        try:
+            if self._tickets is None and self._thread is None:
+                self._tickets = load_ask_tickets(self.client, self.prefix)
+            self._raise_wanted_floor()
+            self._step()
+        except (EtcdError, FenceStateError) as exc:
+            log.warning("cluster member %s: %s (trying again)", self.advertise, exc)
+        except Exception:
+            log.exception("cluster member %s: unexpected error", self.advertise)
 
     def _let_news_settle(self) -> None:
         deadline = self._clock() + NODE_MAX_DEFER_S
@@ -603,7 +613,11 @@ class ClusterNode:
                     self.client.lease_revoke(old.lease_id)
         self._member = None
         try:
-            member = self._new_member().start()
+            member = self._new_member()
+            if self._thread is not None:
+                member.start()
+            elif not member.join_once():  # stepped (``step``): one attempt per step
+                return
         except EtcdError as exc:
             log.debug("cluster member %s: cannot join again yet: %s", self.advertise, exc)
             return
