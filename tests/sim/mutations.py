@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.journal import Journal, JournalRead, RecordedGrant, Restore
 from dflockd_server.keys import Client, Holder
 from dflockd_server.replay import restored_leases
@@ -37,6 +38,8 @@ class Mutation:
     faults: tuple[str, ...] | None = None
     """The faults of its runs (None: every fault): a defect some fault hides is shown with
     the others only."""
+    cluster: bool = False
+    """Its runs are a cluster's (``cluster.ClusterRun``)."""
 
 
 class _CloseFreesSessionAtOnce(LockTable):
@@ -111,6 +114,23 @@ def _restored_by_wall_clock(
             rec.left = min(left, float(rec.lease_ttl))
             kept.append(rec)
     return Restore(kept, "another boot, by the wall clock", 0.0)
+
+
+class _CeilingForgotten(EtcdCeilingStore):
+    """A cluster member's start reads no ceiling from etcd: its fence counter starts at its
+    wall clock alone (the ceilings of the others, read before it grants on a shard it did not
+    hold a moment ago, still count)."""
+
+    def read(self) -> int:
+        return 0
+
+
+def _member_fence_reseeded(m: Mutations) -> None:
+    m.ceiling_store = _CeilingForgotten
+
+
+def _asking_without_ticket(m: Mutations) -> None:
+    m.asking_without_ticket = True
 
 
 def _close_frees_session(m: Mutations) -> None:
@@ -193,6 +213,22 @@ MUTATIONS: dict[str, Mutation] = {
             "a restarted server's fence counter is seeded from the wall clock alone (its "
             "stored ceiling ignored), after a reboot that stepped the clock back",
             _fence_reseeded,
+        ),
+        Mutation(
+            "asking-without-ticket",
+            "a cluster member admits an asking for a key of a shard split to it without a "
+            "valid ticket (for another key, an earlier split), and without raising its fence "
+            "above the ticket's",
+            _asking_without_ticket,
+            cluster=True,
+        ),
+        Mutation(
+            "member-fence-from-wall-clock",
+            "a restarted cluster member's fence counter is seeded from its wall clock alone "
+            "(its ceiling in etcd ignored), after a reboot that stepped the clock back",
+            _member_fence_reseeded,
+            faults=("member_reboot", "member_kill", "pause", "quiet"),
+            cluster=True,
         ),
     )
 }

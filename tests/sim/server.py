@@ -2,6 +2,11 @@
 (``dispatch.Session``, one per connection) and the real fence counter, driven as
 ``dflockd_server.connection`` and ``stream`` drive them, on the simulated loop and network.
 
+A cluster member's server has a ``ClusterNode`` (its ``Ownership``) and the real
+``serving.KeyServing`` between the two, as ``net.Server`` has: the ownership's checks, the
+node's ``NodeHost`` calls (``fail_waiters``, ``holders_in``, ``key_present``,
+``renewals_allowed``), the ``shards`` reply.
+
 What is the simulator's own here is what ``connection.py`` and ``stream.py`` do with a socket:
 the order of requests on a connection, a blocking acquire's timer, the read timeout (a close by
 the server, which frees nothing early), a close by the peer, and the sweeps ``net.Server`` runs
@@ -15,12 +20,16 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from dflockd_server import constants as c, protocol as p
+from dflockd_server.cluster.fencestore import EtcdCeilingStore
+from dflockd_server.cluster.shardmap import shard_id
 from dflockd_server.dispatch import Close, Session, Wait
 from dflockd_server.fence import fence_of
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, RecordedGrant, Restore, read_journal
 from dflockd_server.replay import restored_leases
+from dflockd_server.serving import KeyServing
 from dflockd_server.shares import AddressShares
 from dflockd_server.stream import refuse_replies
 from dflockd_server.table import LockTable, Waiter
@@ -29,6 +38,9 @@ from tests.sim.disk import Disk
 from tests.sim.loop import Loop, Timer
 from tests.sim.network import Conn
 from tests.sim.process import Process
+
+if TYPE_CHECKING:
+    from dflockd_server.cluster.node import ClusterNode
 
 __all__ = ["ServerConfig", "SimServer"]
 
@@ -63,6 +75,11 @@ class Mutations:
     restored_leases: Callable[..., Restore] = restored_leases
     """What a start makes of the journal it read (``replay.restored_leases``)."""
     journal: type[Journal] = Journal
+    ceiling_store: type[EtcdCeilingStore] = EtcdCeilingStore
+    """A cluster member's fence ceiling in etcd (``fencestore.EtcdCeilingStore``)."""
+    asking_without_ticket: bool = False
+    """A cluster member admits any ``asking`` for a key of a shard split to it, its ticket
+    unchecked (and the ticket's counter not raised to)."""
 
 
 class CeilingStore:
@@ -110,6 +127,12 @@ class _ConnState:
         self.last_rx = 0.0
         self.read_timer: Timer | None = None
         self.frame_key = ""
+        self.answer: Callable[[bytes], None] = lambda reply: None
+        """Answer the wait in flight now (``Connection.answer_wait``)."""
+
+    def answer_wait(self, reply: bytes) -> None:
+        """``Connection.answer_wait``, as ``KeyServing.fail_waiters`` calls it."""
+        self.answer(reply)
 
 
 class SimServer:
@@ -123,6 +146,9 @@ class SimServer:
         mutations: Mutations,
         on_grant: Callable[[str, str, str], None],
         machine: Machine,
+        *,
+        serving: KeyServing | None = None,
+        node: ClusterNode | None = None,
     ) -> None:
         self.loop = loop
         self.proc = proc
@@ -138,7 +164,14 @@ class SimServer:
         """Replies held back until the journal is written (``stream.GroupWrite``)."""
         self._turn: Timer | None = None
         self.grace_s = 0.0
+        self.node = node
+        """A cluster member's node (None: a single server, serving every key)."""
+        self._shards: tuple[object, bytes] = (None, b"")
+        self.serving = serving if serving is not None else KeyServing(set())
         self.table = self._start()
+        self.serving.table = self.table
+        if node is not None:
+            self.serving.set_ownership(node)
         self._hello = p.reply_hello(
             c.SERVER_VERSION,
             durable=self.journal is not None,
@@ -225,12 +258,15 @@ class SimServer:
     def _new_table(self) -> LockTable:
         cfg = self.config
         self.machine.ceiling.forget = self.mutations.fence_from_wall_clock
-        counter = self.counter = FenceCounter(
-            store=self.machine.ceiling,
-            wall_clock_ns=self.machine.wall_clock_ns,
-            random_bytes=self.loop.rng.randbytes,
-            persist_block=64,
-        )
+        if self.node is not None:
+            counter = self.counter = self.node.fence
+        else:
+            counter = self.counter = FenceCounter(
+                store=self.machine.ceiling,
+                wall_clock_ns=self.machine.wall_clock_ns,
+                random_bytes=self.loop.rng.randbytes,
+                persist_block=64,
+            )
         table = self.mutations.table(
             clock=self.proc.clock,
             new_token=counter.next_token,
@@ -257,19 +293,32 @@ class SimServer:
 
     @property
     def key_check(self) -> Callable[[str], bytes | None] | None:
-        return None
+        return self.serving.key_check
 
     def asked_check(self, key: str) -> bytes | None:
-        return None
+        return self.serving.asked_check(key)
 
     def admit_ask(self, key: str, ticket: str) -> bytes | None:
-        return None
+        node = self.node
+        if self.mutations.asking_without_ticket and node is not None:
+            own = node.ownership
+            if own.alive() and shard_id(key) in own.importing:
+                return None
+        return self.serving.admit_ask(key, ticket)
 
     def may_hold(self, key: str) -> bool:
-        return True
+        return self.serving.may_hold(key)
 
     def shards_reply(self) -> bytes:
-        return p.REPLY_ERROR
+        """``KeyServing.shards_reply``, once per snapshot of the node (immutable: the same
+        reply; the run's time would go to describing 8192 shards again and again)."""
+        node = self.node
+        if node is None:
+            return p.REPLY_ERROR
+        own = node.ownership
+        if self._shards[0] is not own:
+            self._shards = (own, self.serving.shards_reply())
+        return self._shards[1]
 
     def over_ip_share(self, session: Session) -> bool:
         """``admission.Admission.over_ip_share``, without its log line."""
@@ -344,7 +393,9 @@ class SimServer:
             self.shares.opened(session.client, ip)
         state = _ConnState(session, ip)
         state.last_rx = self.proc.clock()
+        state.answer = lambda reply: self._answer_wait(conn, state, reply)
         self.conns[conn.id] = (conn, state)
+        self._connections.add(state)
         conn.server_side = self
         self._arm_read_timer(conn, state, cfg.read_timeout)
 
@@ -367,6 +418,7 @@ class SimServer:
         if found is None:
             return
         state = found[1]
+        self._connections.discard(state)
         for timer in (state.wait_timer, state.read_timer):
             if timer is not None:
                 timer.cancel()
@@ -415,7 +467,8 @@ class SimServer:
                 break
             state.frame_key = frame[1].decode()
             reply = session.handle(frame)
-            self.loop.note(f"server: {conn.id} {b' '.join(frame)!r} -> {reply!r}")
+            shown = reply if reply is None or len(reply) < 120 else reply[:100] + b"..."
+            self.loop.note(f"server: {conn.id} {b' '.join(frame)!r} -> {shown!r}")
             if reply is None:
                 reply = self._act(conn, state)
                 if reply is None:
@@ -444,6 +497,19 @@ class SimServer:
         reply = state.session.granted(waiter)
         key = waiter.state.key
         self._done_waiting(conn, state, reply, key)
+
+    @property
+    def _connections(self) -> set[_ConnState]:
+        """The connections ``KeyServing`` walks (``fail_waiters``): each one's state stands in
+        for its ``Connection`` (``waiter``, ``session``, ``answer_wait``)."""
+        return cast("set[_ConnState]", self.serving.connections)
+
+    def _answer_wait(self, conn: Conn, state: _ConnState, reply: bytes) -> None:
+        """``Connection._give_up``: the wait in flight answered ``reply`` (its shard moved)."""
+        waiter = state.waiter
+        if waiter is not None and conn.id in self.conns:
+            state.session.give_up(waiter)
+            self._done_waiting(conn, state, reply, waiter.state.key)
 
     def _wait_timed_out(self, conn: Conn, state: _ConnState) -> None:
         state.wait_timer = None
