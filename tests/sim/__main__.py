@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=100, help="run seeds FIRST..FIRST+N-1")
     parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--hours", type=float, help="run new seeds for this long instead")
-    parser.add_argument("--duration", type=float, default=300.0, help="simulated s per seed")
+    parser.add_argument(
+        "--duration", type=float, help="simulated s per seed (300; a cluster's 150)"
+    )
     parser.add_argument("--mutation", choices=sorted(MUTATIONS), help="put a defect back")
     parser.add_argument("--trace", action="store_true", help="print the trace's last events")
     parser.add_argument(

@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from celery_dflock.client._grant import LockState
-from dflockd_server.cluster.node import ClusterNode
+from dflockd_server.cluster.etcd import Put
+from dflockd_server.cluster.node import ClusterNode, ask_secret_key
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.serving import KeyServing
 from dflockd_server.tokens import FenceCounter
@@ -52,7 +53,7 @@ PREFIX = "/dflock"
 ETCD_LEASE_S = 5
 """The members' etcd lease TTL (``--cluster-lease-ttl``'s default)."""
 WALL_START_NS = 1_800_000_000 * 10**9
-NODE_STEP_S = 0.5
+NODE_STEP_S = 1.0
 """How often a node steps: its thread's tick is ``NODE_TICK_S`` (news is let settle up to
 ``NODE_MAX_DEFER_S``), here a thread that runs late (each step walks the 8192 shards a few
 times: the simulator's time goes there)."""
@@ -145,6 +146,7 @@ class SimMember:
             auto_rebalance_s=10.0,
             clock=self.proc.clock,
             fence=fence,
+            wall=lambda: self.machine.wall_clock_ns() / 1e9,
         )
         self.node = node
         self.server = SimServer(
@@ -164,13 +166,32 @@ class SimMember:
         """The node's thread: a step every ``NODE_STEP_S``."""
         if self.node is not node:
             return
+        was = (node.ownership.fenced, node.handovers, node.failovers, node.released_takeovers)
         node.step()
+        self._count(was, node)
         member = node.member
         if member is not None and member is not self.driven:
             self.driven = member
             self.proc.later(member.keepalive_interval, lambda: self._keep_alive(node, member))
             self.proc.later(member.step_interval, lambda: self._member_step(node, member))
         self.proc.later(NODE_STEP_S, lambda: self._tick(node))
+
+    def _count(self, was: tuple[bool, int, int, int], node: ClusterNode) -> None:
+        """What the step did, for ``Result.seen``: a member fencing itself, shards handed
+        over, taken after a failover, taken at once after a release."""
+        loop = self.run.loop
+        fenced, handovers, failovers, released = was
+        if node.ownership.fenced and not fenced:
+            loop.note(f"{self.name}: fenced ({node.fenced_reason})")
+            loop.count("member fenced itself")
+        for kind, before, now in (
+            ("handover", handovers, node.handovers),
+            ("failover", failovers, node.failovers),
+            ("released takeover", released, node.released_takeovers),
+        ):
+            if now > before:
+                loop.note(f"{self.name}: {now - before} shard(s): {kind}")
+                loop.count(kind)
 
     def _keep_alive(self, node: ClusterNode, member: object) -> None:
         """The member's keep-alive thread."""
@@ -233,6 +254,7 @@ class ClusterRun:
             if not control:
                 mutation.switch(self.mutations)
         self.faults = list(CLUSTER_FAULTS)
+        self.reboot_step = None if mutation is None else mutation.reboot_step
         if mutation is not None and mutation.faults is not None:
             self.faults = list(mutation.faults)
         self.members = [SimMember(self, i) for i in range(3)]
@@ -362,7 +384,8 @@ class ClusterRun:
             self.cuts.append(Cut(loop.now, None))
             member.crash()
             if fault == "member_reboot":
-                step = rng.uniform(-600.0, 600.0)
+                off_s = member.wall_offset_ns / 1e9
+                step = self.reboot_step(rng, off_s) if self.reboot_step else rng.uniform(-600, 600)
                 loop.note(f"nemesis: {member.name} reboots, its wall clock stepped {step:+.1f} s")
                 member.wall_offset_ns += int(step * 1e9)
                 member.proc.clock_offset = rng.uniform(1.0, 100.0) - loop.now
@@ -428,6 +451,10 @@ class ClusterRun:
     # ------------------------------------------------------------------ the run
     def run(self) -> Result:
         loop = self.loop
+        # The cluster's ask secret, as the first member to start would have created it
+        # (``node.load_ask_tickets``), from the seed: a run's tickets are the same at a replay.
+        secret = f"{loop.rng.getrandbits(256):064x}"
+        self.etcd.txn([], [Put(ask_secret_key(PREFIX), secret)], [])
         for member in self.members:
             if member.listed:
                 member.start()

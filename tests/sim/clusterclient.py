@@ -10,9 +10,10 @@ parsed, a key's shard and member). The shell around them is the simulator's, wri
 member that granted. A cluster's clients keep no client session (its members run with
 ``--session-ttl 0``): a grant lives by its lease and its connection.
 
-A client fault of its own: now and then an acquire replays the last ``error_ask`` ticket this
-client got (for another key, or long after): a member must admit an ``asking`` only with a
-ticket for that very key and move (``--mutation asking-without-ticket``).
+A client fault of its own: now and then an acquire of a key whose shard moves (by its cached
+map) goes to the shard's target with ``asking`` and a ticket that is not for it (the last one
+this client got, for another key or move, or a made-up one): a member must admit an ``asking``
+only with a ticket for that very key and move (``--mutation asking-without-ticket``).
 """
 
 from __future__ import annotations
@@ -132,19 +133,34 @@ class ClusterClient(SimClient):
         self.core = core
         self.attempt = Attempt(key, self.loop.now, lease or 12)
         core.begin_acquire()
-        if self.last_ask is not None and self.loop.chance(0.1):
-            member, ticket = self.last_ask
-            self.loop.note(f"{self.name}: replays the ticket of an old error_ask at {member}")
-            self.loop.count("ticket replayed")
-            core.routing.retarget(*split_address(member))
-            core.asking = True
-            core.routing.ask_ticket = ticket
+        if self.loop.chance(0.3) and self._forge_asking(core):
             self._try(core)
             return
         if not core.route():
             self._refresh(core, lambda: self._routed(core))
             return
         self._try(core)
+
+    def _forge_asking(self, core: LockCore) -> bool:
+        """The client fault: this acquire asks the member its key's shard moves to (by the
+        cached map) with ``asking`` and a ticket that is not for it (the last one this client
+        got, for whatever key and move; or none it got at all). True when the map shows the
+        key's shard moving."""
+        cluster_map = self.router.map
+        if cluster_map is None:
+            return False
+        shard = cluster_map.shard_of(core.key)
+        current, target = cluster_map.current[shard], cluster_map.target[shard]
+        if target < 0 or current == target:
+            return False
+        member = cluster_map.nodes[target]
+        ticket = self.last_ask[1] if self.last_ask is not None else f"1.1.1.{'0' * 32}"
+        self.loop.note(f"{self.name}: asks {member} for {core.key} with a ticket not for it")
+        self.loop.count("ticket replayed")
+        core.routing.retarget(*split_address(member))
+        core.asking = True
+        core.routing.ask_ticket = ticket
+        return True
 
     def _routed(self, core: LockCore) -> None:
         if self.core is not core:

@@ -340,18 +340,25 @@ class Run:
         )
 
 
+DURATION_S = 300.0
+"""Simulated seconds of a run of one server (by default)."""
+CLUSTER_DURATION_S = 150.0
+"""...and of a cluster's (its members' steps walk 8192 shards: a cluster's second costs more)."""
+
+
 def simulate(
     seed: int,
     mutation: str | None = None,
-    duration: float = 300.0,
+    duration: float | None = None,
     *,
     control: bool = False,
     cluster: bool = False,
 ) -> Result:
     """Run seed ``seed`` (with the test-only switch ``mutation`` on; ``control``: in its
-    scenario, the switch off) for ``duration`` simulated seconds, of one server or (``cluster``,
-    or a cluster's mutation) of a cluster (``cluster.ClusterRun``). The product's log lines
-    are off meanwhile (a run makes thousands)."""
+    scenario, the switch off) for ``duration`` simulated seconds (``DURATION_S``,
+    ``CLUSTER_DURATION_S``), of one server or (``cluster``, or a cluster's mutation) of a
+    cluster (``cluster.ClusterRun``). The product's log lines are off meanwhile (a run makes
+    thousands)."""
     loggers = [logging.getLogger(name) for name in ("celery_dflock.client", "dflockd_server")]
     before = [logger.disabled for logger in loggers]
     for logger in loggers:
@@ -359,8 +366,11 @@ def simulate(
     try:
         chosen = None if mutation is None else MUTATIONS[mutation]
         if cluster or (chosen is not None and chosen.cluster):
-            return ClusterRun(seed, chosen, duration, control=control).run()
-        return Run(seed, chosen, duration, control=control).run()
+            seconds = CLUSTER_DURATION_S if duration is None else duration
+            return ClusterRun(seed, chosen, seconds, control=control).run()
+        return Run(
+            seed, chosen, DURATION_S if duration is None else duration, control=control
+        ).run()
     finally:
         for logger, was in zip(loggers, before, strict=True):
             logger.disabled = was

@@ -329,7 +329,7 @@ class SimServer:
     def _sweeps(self) -> None:
         def sweep() -> None:
             if self.table.expire():
-                self.loop.note("server: leases expired")
+                self.loop.note(f"{self.proc.name}: leases expired")
             journal = self.journal
             if journal is not None:
                 self._journal_upkeep(journal)
@@ -350,14 +350,16 @@ class SimServer:
         self._settle(journal, self._held)
         if not journal.writable:
             if journal.recover(self._live_records(journal, table)):
-                self.loop.note("server: the journal can be written again")
+                self.loop.note(f"{self.proc.name}: the journal can be written again")
                 self.loop.count("journal recovered")
                 table.fill_waiting()
             return
         if self.loop.chance(0.03):
             journal.compact(self._live_records(journal, table))
             self._settle(journal, self._held)
-            self.loop.note(f"server: compaction {'done' if journal.writable else 'failed'}")
+            self.loop.note(
+                f"{self.proc.name}: compaction {'done' if journal.writable else 'failed'}"
+            )
             self.loop.count("compaction" if journal.writable else "compaction failed")
         if journal.fsync == "everysec" and journal.dirty:
             # (a failure is kept for the next flush, as the thread's is)
@@ -377,7 +379,9 @@ class SimServer:
             self.table.release(key, token)
         journal.flush()
         tokens = [token.encode() for _, token in refused]
-        self.loop.note(f"server: {len(tokens)} grant(s) the journal could not hold, undone")
+        self.loop.note(
+            f"{self.proc.name}: {len(tokens)} grant(s) the journal could not hold, undone"
+        )
         self.loop.count("grant undone")
         for i, (conn, state, reply, key) in enumerate(held):
             held[i] = (conn, state, refuse_replies(reply, tokens), key)
@@ -429,7 +433,9 @@ class SimServer:
         session.close(by_peer=by_peer)
         if self.shares is not None:
             self.shares.closed(session.client, state.ip)
-        self.loop.note(f"server: connection {conn.id} closed ({'peer' if by_peer else 'server'})")
+        self.loop.note(
+            f"{self.proc.name}: connection {conn.id} closed ({'peer' if by_peer else 'server'})"
+        )
 
     def close_by_server(self, conn: Conn) -> None:
         """This server closes the connection on its own (a read timeout): frees nothing early."""
@@ -453,7 +459,7 @@ class SimServer:
             # rounding of a clock far from 0 can leave ``idle`` a hair short of ``timeout``)
             self._arm_read_timer(conn, state, max(delay, 0.001))
             return
-        self.loop.note(f"server: read timeout on connection {conn.id}")
+        self.loop.note(f"{self.proc.name}: read timeout on connection {conn.id}")
         self.loop.count("read timeout")
         self.close_by_server(conn)
 
@@ -468,7 +474,7 @@ class SimServer:
             state.frame_key = frame[1].decode()
             reply = session.handle(frame)
             shown = reply if reply is None or len(reply) < 120 else reply[:100] + b"..."
-            self.loop.note(f"server: {conn.id} {b' '.join(frame)!r} -> {shown!r}")
+            self.loop.note(f"{self.proc.name}: {conn.id} {b' '.join(frame)!r} -> {shown!r}")
             if reply is None:
                 reply = self._act(conn, state)
                 if reply is None:
@@ -568,7 +574,7 @@ class SimServer:
         if token is not None:
             lease = int(reply.split()[2])
             self.machine.longest = max(self.machine.longest, lease)
-            self.loop.note(f"server: grant {key} fence {fence_of(token)} to {conn.id}")
+            self.loop.note(f"{self.proc.name}: grant {key} fence {fence_of(token)} to {conn.id}")
             self.on_grant(key, token, state.ip)
         conn.to_client(reply)
 

@@ -163,6 +163,7 @@ class ClusterNode:
         failover_margin_s: float = FAILOVER_MARGIN_S,
         clock: Callable[[], float] = boottime,
         fence: FenceCounter | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         if max_lease_ttl_s <= 0:
             raise ValueError("the longest lock lease (--max-lease-ttl) must be positive")
@@ -180,6 +181,8 @@ class ClusterNode:
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
         """The wait for a gone member that published no longest lease."""
         self._clock = clock
+        self._wall = wall
+        """The wall clock its ask tickets' expiry is counted on (``ClusterOwnership.wall``)."""
         self._fence = fence
         self._member: Member | None = None
         self._ownership = self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap()))
@@ -567,6 +570,7 @@ class ClusterNode:
             tickets=self._tickets,
             fence_last=lambda: self.fence.last,
             raise_floor=self._raise_floor,
+            wall=self._wall,
             clock_seen=self.clock.seen,
         )
         if self.fenced_reason is not None:
