@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from celery_dflock.client._grant import LockState
 from dflockd_server.cluster.etcd import Put
+from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.cluster.node import ClusterNode, ask_secret_key
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.serving import KeyServing
@@ -54,9 +55,12 @@ ETCD_LEASE_S = 5
 """The members' etcd lease TTL (``--cluster-lease-ttl``'s default)."""
 WALL_START_NS = 1_800_000_000 * 10**9
 NODE_STEP_S = 1.0
-"""How often a node steps: its thread's tick is ``NODE_TICK_S`` (news is let settle up to
-``NODE_MAX_DEFER_S``), here a thread that runs late (each step walks the 8192 shards a few
-times: the simulator's time goes there)."""
+"""How often a node steps without news: its thread's tick is ``NODE_TICK_S``, here a thread
+that runs late (each step that decides walks the 8192 shards a few times: the simulator's
+time goes there)..."""
+NEWS_STEP_S = 0.05
+"""...and how soon after news from its watch (its thread is woken, and lets news settle up to
+``NODE_MAX_DEFER_S``)."""
 
 CLUSTER_FAULTS = (
     "member_kill",
@@ -122,9 +126,14 @@ class SimMember:
         if not self.proc.alive:
             self.proc.start()
         client = SimEtcdClient(run.etcd, self.name, self.proc)
-        store = run.mutations.ceiling_store(client, PREFIX, self.address)
+        # (a mutation's counter and store are those of a restart: a second life or later)
+        restarted = self.proc.life > 1
+        mutations = run.mutations
+        store = (mutations.ceiling_store if restarted else EtcdCeilingStore)(
+            client, PREFIX, self.address
+        )
         try:
-            fence = FenceCounter(
+            fence = (mutations.fence_counter if restarted else FenceCounter)(
                 store=store,
                 wall_clock_ns=self.machine.wall_clock_ns,
                 random_bytes=run.loop.rng.randbytes,
@@ -149,6 +158,8 @@ class SimMember:
             wall=lambda: self.machine.wall_clock_ns() / 1e9,
         )
         self.node = node
+        self.soon = False
+        client.on_news = lambda: self._news(node)
         self.server = SimServer(
             run.loop,
             self.proc,
@@ -162,10 +173,27 @@ class SimMember:
         run.loop.note(f"{self.name}: started (grace {self.server.grace_s:.2f} s)")
         self.proc.later(0.0, lambda: self._tick(node))
 
+    def _news(self, node: ClusterNode) -> None:
+        """News from the watch wakes the node's thread: a step soon (once)."""
+        if self.soon or self.node is not node:
+            return
+        self.soon = True
+
+        def step() -> None:
+            self.soon = False
+            if self.node is node:
+                self._step(node)
+
+        self.proc.later(NEWS_STEP_S, step)
+
     def _tick(self, node: ClusterNode) -> None:
         """The node's thread: a step every ``NODE_STEP_S``."""
         if self.node is not node:
             return
+        self._step(node)
+        self.proc.later(NODE_STEP_S, lambda: self._tick(node))
+
+    def _step(self, node: ClusterNode) -> None:
         was = (node.ownership.fenced, node.handovers, node.failovers, node.released_takeovers)
         node.step()
         self._count(was, node)
@@ -174,7 +202,6 @@ class SimMember:
             self.driven = member
             self.proc.later(member.keepalive_interval, lambda: self._keep_alive(node, member))
             self.proc.later(member.step_interval, lambda: self._member_step(node, member))
-        self.proc.later(NODE_STEP_S, lambda: self._tick(node))
 
     def _count(self, was: tuple[bool, int, int, int], node: ClusterNode) -> None:
         """What the step did, for ``Result.seen``: a member fencing itself, shards handed
@@ -254,7 +281,6 @@ class ClusterRun:
             if not control:
                 mutation.switch(self.mutations)
         self.faults = list(CLUSTER_FAULTS)
-        self.reboot_step = None if mutation is None else mutation.reboot_step
         if mutation is not None and mutation.faults is not None:
             self.faults = list(mutation.faults)
         self.members = [SimMember(self, i) for i in range(3)]
@@ -384,8 +410,7 @@ class ClusterRun:
             self.cuts.append(Cut(loop.now, None))
             member.crash()
             if fault == "member_reboot":
-                off_s = member.wall_offset_ns / 1e9
-                step = self.reboot_step(rng, off_s) if self.reboot_step else rng.uniform(-600, 600)
+                step = rng.uniform(-600.0, 600.0)
                 loop.note(f"nemesis: {member.name} reboots, its wall clock stepped {step:+.1f} s")
                 member.wall_offset_ns += int(step * 1e9)
                 member.proc.clock_offset = rng.uniform(1.0, 100.0) - loop.now

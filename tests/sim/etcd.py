@@ -286,6 +286,8 @@ class SimWatch(Watch):
         self._held: list[list[WatchEvent]] = []
         self._at = 0.0
         self._running = True
+        self.on_news: Callable[[], None] = lambda: None
+        """Told after each message it delivered (what wakes the node's thread)."""
 
     @property
     def running(self) -> bool:
@@ -324,17 +326,20 @@ class SimWatch(Watch):
                 return
             self.last_revision = event.kv.mod_revision
             deliver(event)
+        self.on_news()
 
 
 class SimEtcdClient(EtcdClient):
     """One member's ``EtcdClient``, its calls made on ``SimEtcd`` (see the module's doc)."""
 
-    __slots__ = ("etcd", "member", "proc")
+    __slots__ = ("etcd", "member", "on_news", "proc")
 
     def __init__(self, etcd: SimEtcd, member: str, proc: Process) -> None:  # (no transport)
         self.etcd = etcd
         self.member = member
         self.proc = proc
+        self.on_news: Callable[[], None] = lambda: None
+        """Told after each message one of its watches delivered."""
 
     def __repr__(self) -> str:
         return f"SimEtcdClient({self.member!r})"
@@ -352,6 +357,9 @@ class SimEtcdClient(EtcdClient):
         if not etcd.reachable(self.member):
             raise EtcdError(f"etcd (simulated): {what} timed out")
         return etcd
+
+    def _news(self) -> None:
+        self.on_news()
 
     def _answered(self, what: str) -> None:
         """After a write was applied: now and then its answer is lost."""
@@ -416,5 +424,6 @@ class SimEtcdClient(EtcdClient):
         # the same step, so nothing happened in between)
         etcd = self._reach("watch")
         watch = SimWatch(etcd, self.proc, self.member, key, on_event)
+        watch.on_news = self._news
         etcd.watches.append(watch)
         return watch

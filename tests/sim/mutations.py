@@ -9,7 +9,6 @@ by the simulator within a few seeds (tests/sim/test_mutations.py).
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,6 +19,7 @@ from dflockd_server.keys import Client, Holder
 from dflockd_server.replay import restored_leases
 from dflockd_server.shares import AddressShares
 from dflockd_server.table import LockTable
+from dflockd_server.tokens import FenceCounter
 
 if TYPE_CHECKING:
     from tests.sim.server import Mutations, ServerConfig
@@ -41,10 +41,6 @@ class Mutation:
     the others only."""
     cluster: bool = False
     """Its runs are a cluster's (``cluster.ClusterRun``)."""
-    reboot_step: Callable[[random.Random, float], float] | None = None
-    """How far a cluster member's reboot steps its wall clock, given the run's generator
-    and how far that clock is off already, in s (None: anywhere within ten minutes either
-    way; kept in a control run)."""
 
 
 class _CloseFreesSessionAtOnce(LockTable):
@@ -122,22 +118,28 @@ def _restored_by_wall_clock(
 
 
 class _CeilingForgotten(EtcdCeilingStore):
-    """A cluster member's start reads no ceiling from etcd: its fence counter starts at its
-    wall clock alone (the ceilings of the others, read before it grants on a shard it did not
-    hold a moment ago, still count)."""
+    """A restarted cluster member reads no ceiling of its own from etcd."""
 
     def read(self) -> int:
         return 0
 
 
+class _WallClockCounter(FenceCounter):
+    """A restarted cluster member's counter trusts its wall clock alone: it is raised to no
+    ceiling another member published and to no ask ticket's floor."""
+
+    __slots__ = ()
+
+    def raise_to(self, floor: int) -> None:
+        return
+
+    def raise_within(self, floor: int) -> bool:
+        return True
+
+
 def _member_fence_reseeded(m: Mutations) -> None:
     m.ceiling_store = _CeilingForgotten
-
-
-def _ahead_then_back(rng: random.Random, off_s: float) -> float:
-    """A clock that ran ahead (a reboot steps it forward) is stepped back at the next (by
-    more than it was ahead): what the counter of a restart seeded from it alone meets."""
-    return rng.uniform(60.0, 600.0) if off_s <= 0 else -off_s - rng.uniform(60.0, 600.0)
+    m.fence_counter = _WallClockCounter
 
 
 def _asking_without_ticket(m: Mutations) -> None:
@@ -237,11 +239,10 @@ MUTATIONS: dict[str, Mutation] = {
         Mutation(
             "member-fence-from-wall-clock",
             "a restarted cluster member's fence counter is seeded from its wall clock alone "
-            "(its ceiling in etcd ignored), after a reboot that stepped the clock back",
+            "(the ceilings in etcd and the ask tickets' floors ignored), after a reboot that "
+            "stepped the clock back",
             _member_fence_reseeded,
-            faults=("member_reboot", "member_reboot", "quiet"),
             cluster=True,
-            reboot_step=_ahead_then_back,
         ),
     )
 }

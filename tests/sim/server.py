@@ -76,7 +76,9 @@ class Mutations:
     """What a start makes of the journal it read (``replay.restored_leases``)."""
     journal: type[Journal] = Journal
     ceiling_store: type[EtcdCeilingStore] = EtcdCeilingStore
-    """A cluster member's fence ceiling in etcd (``fencestore.EtcdCeilingStore``)."""
+    """A restarted cluster member's fence ceiling in etcd (``fencestore.EtcdCeilingStore``)."""
+    fence_counter: type[FenceCounter] = FenceCounter
+    """A restarted cluster member's fence counter."""
     asking_without_ticket: bool = False
     """A cluster member admits any ``asking`` for a key of a shard split to it, its ticket
     unchecked (and the ticket's counter not raised to)."""
