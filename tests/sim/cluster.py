@@ -7,7 +7,7 @@ whose ownership is a real ``ClusterNode`` with its real ``Member``, ``Handover``
 (``ClusterNode.step``, ``Member.keep_alive_step``, ``Member.step``) on the simulated clock;
 etcd is ``etcd.SimEtcd``. The clients route by the map (``clusterclient.ClusterClient``).
 
-Keys are few and fall on their own shards of the 8192; two or three members are in the
+Keys are few, two by two on one shard of the 8192 (``KEY_PAIRS``); two or three members are in the
 cluster at the start, and a spare may join (and one leave) later, so shards move: handovers,
 key-level moves (splits, ``error_ask`` with tickets), failovers, releases on a graceful leave.
 
@@ -29,11 +29,13 @@ no longer holds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from celery_dflock.client._grant import LockState
 from dflockd_server.cluster.etcd import Put
 from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.cluster.node import ClusterNode, ask_secret_key
+from dflockd_server.cluster.shardmap import shard_id
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.serving import KeyServing
 from dflockd_server.tokens import FenceCounter
@@ -46,7 +48,10 @@ from tests.sim.mutations import Mutation
 from tests.sim.network import Network
 from tests.sim.process import Process
 from tests.sim.result import Result
-from tests.sim.server import Machine, Mutations, ServerConfig, SimServer
+from tests.sim.server import InOrder, Machine, Mutations, ServerConfig, SimServer
+
+if TYPE_CHECKING:
+    from dflockd_server.connection import Connection
 
 __all__ = ["CLUSTER_FAULTS", "ClusterRun"]
 
@@ -61,6 +66,17 @@ time goes there)..."""
 NEWS_STEP_S = 0.05
 """...and how soon after news from its watch (its thread is woken, and lets news settle up to
 ``NODE_MAX_DEFER_S``)."""
+
+KEY_PAIRS = (
+    ("k0", "k0.6112"),
+    ("k1", "k1.15787"),
+    ("k2", "k2.1045"),
+    ("k3", "k3.547"),
+    ("k4", "k4.8598"),
+)
+"""Keys two by two on one shard each (``shard_id`` equal: found by a search): while one is
+held, a shard moving out is split and the other is asked for at its new member
+(``error_ask``), a key-level move."""
 
 CLUSTER_FAULTS = (
     "member_kill",
@@ -143,7 +159,7 @@ class SimMember:
             run.loop.note(f"{self.name}: cannot read its fence ceiling in etcd: retrying")
             self.proc.later(1.0, self.start)
             return
-        serving = KeyServing(set())
+        serving = KeyServing(cast("set[Connection]", InOrder()))
         node = ClusterNode(
             client,
             PREFIX,
@@ -289,7 +305,8 @@ class ClusterRun:
         for member in self.members[:running]:
             member.listed = True
         seeds = [(m.name, 6388) for m in self.members[:running]]
-        keys = [f"k{i}" for i in range(rng.randint(2, 5))]
+        keys = [key for pair in KEY_PAIRS[: rng.randint(1, 3)] for key in pair]
+        assert all(shard_id(a) == shard_id(b) for a, b in KEY_PAIRS)
         self.clients: list[SimClient] = []
         for i in range(rng.randint(2, 4)):
             proc = Process(loop, f"c{i}", clock_offset=rng.uniform(100.0, 1e5))

@@ -11,9 +11,10 @@ member that granted. A cluster's clients keep no client session (its members run
 ``--session-ttl 0``): a grant lives by its lease and its connection.
 
 A client fault of its own: now and then an acquire of a key whose shard moves (by its cached
-map) goes to the shard's target with ``asking`` and a ticket that is not for it (the last one
-this client got, for another key or move, or a made-up one): a member must admit an ``asking``
-only with a ticket for that very key and move (``--mutation asking-without-ticket``).
+map; such a key is chosen then) goes to the shard's target with ``asking`` and a ticket that is
+not for it (the last one this client got, for another key or move, or a made-up one): a member
+must admit an ``asking`` only with a ticket for that very key and move
+(``--mutation asking-without-ticket``).
 """
 
 from __future__ import annotations
@@ -122,6 +123,10 @@ class ClusterClient(SimClient):
     def _acquire(self) -> None:
         rng = self.loop.rng
         key = rng.choice(self.keys)
+        moving = self._moving_keys()
+        forged = bool(moving) and self.loop.chance(0.3)
+        if forged:
+            key = rng.choice(moving)
         lease = rng.choice([None, 4, 8, 15])
         timeout = rng.choice([0, 2, 10])
         core = LockCore(
@@ -133,7 +138,8 @@ class ClusterClient(SimClient):
         self.core = core
         self.attempt = Attempt(key, self.loop.now, lease or 12)
         core.begin_acquire()
-        if self.loop.chance(0.3) and self._forge_asking(core):
+        if forged:
+            self._forge_asking(core)
             self._try(core)
             return
         if not core.route():
@@ -141,26 +147,31 @@ class ClusterClient(SimClient):
             return
         self._try(core)
 
-    def _forge_asking(self, core: LockCore) -> bool:
-        """The client fault: this acquire asks the member its key's shard moves to (by the
-        cached map) with ``asking`` and a ticket that is not for it (the last one this client
-        got, for whatever key and move; or none it got at all). True when the map shows the
-        key's shard moving."""
+    def _moving_keys(self) -> list[str]:
+        """Its keys whose shard moves by its cached map (its target is not its current)."""
         cluster_map = self.router.map
         if cluster_map is None:
-            return False
-        shard = cluster_map.shard_of(core.key)
-        current, target = cluster_map.current[shard], cluster_map.target[shard]
-        if target < 0 or current == target:
-            return False
-        member = cluster_map.nodes[target]
+            return []
+        found: list[str] = []
+        for key in self.keys:
+            shard = cluster_map.shard_of(key)
+            if 0 <= cluster_map.target[shard] != cluster_map.current[shard]:
+                found.append(key)
+        return found
+
+    def _forge_asking(self, core: LockCore) -> None:
+        """The client fault: this acquire (of a key whose shard moves) asks the shard's target
+        with ``asking`` and a ticket that is not for it (the last one this client got, for
+        whatever key and move; or a made-up one)."""
+        cluster_map = self.router.map
+        assert cluster_map is not None
+        member = cluster_map.nodes[cluster_map.target[cluster_map.shard_of(core.key)]]
         ticket = self.last_ask[1] if self.last_ask is not None else f"1.1.1.{'0' * 32}"
         self.loop.note(f"{self.name}: asks {member} for {core.key} with a ticket not for it")
         self.loop.count("ticket replayed")
         core.routing.retarget(*split_address(member))
         core.asking = True
         core.routing.ask_ticket = ticket
-        return True
 
     def _routed(self, core: LockCore) -> None:
         if self.core is not core:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -41,6 +41,7 @@ from tests.sim.process import Process
 
 if TYPE_CHECKING:
     from dflockd_server.cluster.node import ClusterNode
+    from dflockd_server.connection import Connection
 
 __all__ = ["ServerConfig", "SimServer"]
 
@@ -116,6 +117,26 @@ class Machine:
     boot, ``grace.grace_left``)."""
 
 
+class InOrder(set[object]):
+    """``KeyServing.connections``: a set walked in the order its members were added (a set
+    of objects is walked in the order of their addresses: a replay would not be exact)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._order: dict[object, None] = {}
+
+    def add(self, element: object) -> None:
+        super().add(element)
+        self._order[element] = None
+
+    def discard(self, element: object) -> None:
+        super().discard(element)
+        self._order.pop(element, None)
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(list(self._order))
+
+
 class _ConnState:
     """What ``connection.Connection`` and ``stream.Stream`` keep for one connection."""
 
@@ -169,7 +190,9 @@ class SimServer:
         self.node = node
         """A cluster member's node (None: a single server, serving every key)."""
         self._shards: tuple[object, bytes] = (None, b"")
-        self.serving = serving if serving is not None else KeyServing(set())
+        self.serving = (
+            serving if serving is not None else KeyServing(cast("set[Connection]", InOrder()))
+        )
         self.table = self._start()
         self.serving.table = self.table
         if node is not None:
