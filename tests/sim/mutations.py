@@ -3,7 +3,10 @@
 Each switch is the simulator's own: a subclass of a product class that the simulated server
 uses instead (``server.Mutations``), or a setting of the simulator's own parts. The product code
 has no switch: a run without a mutation runs the product's classes as they are. Each is found
-by the simulator within a few seeds (tests/sim/test_mutations.py).
+by the simulator within a few seeds (tests/sim/test_simulation.py). A cluster's defect
+(``cluster=True``) runs cluster seeds (``cluster.ClusterRun``); its switch is a subclass a
+restarted member uses (``fence_counter``, ``ceiling_store``) or the simulated server's
+(``asking_without_ticket``: ``SimServer.admit_ask`` admits what the snapshot would refuse).
 """
 
 from __future__ import annotations
