@@ -176,16 +176,22 @@ class SimMember:
         self.node = node
         self.soon = False
         client.on_news = lambda: self._news(node)
-        self.server = SimServer(
-            run.loop,
-            self.proc,
-            run.config,
-            run.mutations,
-            lambda key, token, ip: run.on_grant(self, key, token),
-            self.machine,
-            serving=serving,
-            node=node,
-        )
+        try:
+            self.server = SimServer(
+                run.loop,
+                self.proc,
+                run.config,
+                run.mutations,
+                lambda key, token, ip: run.on_grant(self, key, token),
+                self.machine,
+                serving=serving,
+                node=node,
+            )
+        except FenceStateError:
+            run.loop.note(f"{self.name}: cannot publish its lease bound in etcd: retrying")
+            self.node = None
+            self.proc.later(1.0, self.start)
+            return
         run.loop.note(f"{self.name}: started (grace {self.server.grace_s:.2f} s)")
         self.proc.later(0.0, lambda: self._tick(node))
 

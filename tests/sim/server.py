@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, cast
 from dflockd_server import constants as c, protocol as p
 from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.cluster.shardmap import shard_id
-from dflockd_server.dispatch import Close, Session, Wait
-from dflockd_server.fence import fence_of
+from dflockd_server.dispatch import Close, RaiseBound, Session, Wait
+from dflockd_server.fence import FenceStateError, fence_of
+from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, RecordedGrant, Restore, read_journal
 from dflockd_server.replay import restored_leases
 from dflockd_server.serving import KeyServing
@@ -190,6 +191,8 @@ class SimServer:
         self.node = node
         """A cluster member's node (None: a single server, serving every key)."""
         self._shards: tuple[object, bytes] = (None, b"")
+        self.lease_record: LeaseRecord | None = None
+        """A cluster member's longest lease bound (``grace.LeaseRecord``, published in etcd)."""
         self.serving = (
             serving if serving is not None else KeyServing(cast("set[Connection]", InOrder()))
         )
@@ -292,12 +295,22 @@ class SimServer:
                 random_bytes=self.loop.rng.randbytes,
                 persist_block=64,
             )
+        node = self.node
+        record = self.lease_record = None
+        if node is not None:
+            # ``net.Server._start``: the start's bound recorded (published in etcd) before it
+            # serves; each longer one before the request that needs it is answered.
+            record = self.lease_record = LeaseRecord(
+                None, self.grace_s, cfg.max_lease, publish=node.publish_longest
+            )
         table = self.mutations.table(
             clock=self.proc.clock,
             new_token=counter.next_token,
             max_locks=cfg.max_locks,
             session_ttl_s=cfg.session_ttl,
             grace_s=self.grace_s,
+            note_lease=None if record is None else record.note,
+            lease_noted=0 if record is None else record.longest,
         )
         if cfg.locks_per_ip:
             self.shares = table.grants.shares = self.mutations.shares(cfg.locks_per_ip)
@@ -522,7 +535,39 @@ class SimServer:
             self._send(conn, state, action.reply, "")
             self.close_by_server(conn)
             return None
+        if isinstance(action, RaiseBound):
+            state.busy = True
+            delay = self.loop.uniform(0.001, 0.02)  # (the recording thread's etcd round trip)
+            self.proc.later(delay, lambda: self._record_bound(conn, state, action))
+            return None
         raise AssertionError(f"the simulated server does not do {action!r}")
+
+    def _record_bound(self, conn: Conn, state: _ConnState, parked: RaiseBound) -> None:
+        """``leasebound.LeaseBound``'s recording (``LeaseRecord.note``: a cluster member
+        publishes the longer bound in etcd), then ``Connection._bound_recorded``: the parked
+        request answered as if it had just arrived, or refused when the bound could not be
+        recorded."""
+        record = self.lease_record
+        if conn.id not in self.conns or record is None:
+            return
+        try:
+            record.note(parked.lease)
+        except FenceStateError:
+            self.loop.note(f"{self.proc.name}: the longer lease bound could not be published")
+            self.loop.count("lease bound refused")
+            self._done_waiting(conn, state, p.REPLY_ERROR, parked.frame[1].decode())
+            return
+        self.loop.count("lease bound published")
+        self.table.grants.lease_noted = record.longest
+        session = state.session
+        session.asking = parked.asking
+        state.frame_key = parked.frame[1].decode()
+        reply = session.handle(parked.frame)
+        if reply is None:
+            reply = self._act(conn, state)
+            if reply is None:
+                return
+        self._done_waiting(conn, state, reply, state.frame_key)
 
     def _granted(self, conn: Conn, state: _ConnState, waiter: Waiter) -> None:
         reply = state.session.granted(waiter)

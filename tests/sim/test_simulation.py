@@ -68,7 +68,7 @@ CLUSTER_FAULTS = (
     "etcd_outage", "member_leave", "member_join", "kill", "pause", "partition",
     "ticket replayed", "etcd lease expired", "etcd answer lost", "member fenced itself",
     "handover", "failover", "released takeover", "error_ask", "asking admitted",
-    "asking refused", "redirected", "map read",
+    "asking refused", "redirected", "map read", "lease bound published",
 )  # fmt: skip
 """What a cluster's seeds do (``Result.seen``): each happens within the budget's seeds."""
 
