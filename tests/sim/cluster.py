@@ -19,6 +19,15 @@ paused, cut off; an old ask ticket replayed). A connection reset is not one of t
 cluster's clients keep no client session (``clusterclient``), and without one a reset frees
 the connection's grants at once by design (docs/protocol.md), before its holder can know.
 
+What is the simulator's own (mirrored, not the product's): the threads' loops around the steps
+(``SimMember._tick``/``_news``: the node's thread steps every ``NODE_STEP_S`` and soon after
+news from its watch, where the real one ticks every ``NODE_TICK_S``; the member's loop steps
+every ``Member.step_interval`` and is not woken by news; the keep-alive thread every
+``Member.keepalive_interval``), ``SimServer``'s connection handling (``Connection.answer_wait``,
+the lease bound's recording thread: ``leasebound.LeaseBound``), and a start's order
+(``net.Server._start``: the counter from its ceiling in etcd, the bound published, then the
+node). The defect ``asking-without-ticket`` is written in ``SimServer.admit_ask``.
+
 The verdict is the single run's: the history checker (per key: no double grant, fences in
 grant order; no FIFO across members), and at each grant that its fence is above every fence of
 the key before (whichever member granted it) and that no client still believes it holds the
