@@ -21,8 +21,8 @@ from tests.sim.run import simulate
 
 SEED_BUDGET = 300
 """Seeds each run of the suite simulates (about 30 s on one core; 300 simulated s each)."""
-CLUSTER_SEED_BUDGET = 5
-"""Cluster seeds each run of the suite simulates (about 3 s each on one core: the members
+CLUSTER_SEED_BUDGET = 4
+"""Cluster seeds each run of the suite simulates (about 4 s each on one core: the members
 walk 8192 shards at every step that decides)."""
 MUTATION_BUDGET_S = 60.0
 """Each defect put back is found within this much wall time of seeds (the issue's bound)."""
