@@ -14,7 +14,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -181,6 +181,10 @@ class KeyRoute:
         member until its time was up (None: it was not so)."""
         self.asking = False  # the next acquire request follows an `error_ask`: `asking` first
         self.ask_ticket: str | None = None  # what that `error_ask` gave, passed along
+        self.clock: Callable[[], float] = time.monotonic
+        """The clock its deadlines are on (a simulated client's own: tests/sim)."""
+        self.jitter: Callable[[], float] = random.random
+        """Draws in [0, 1) that spread its pauses (a simulated client's seeded ones)."""
 
     @property
     def semaphore(self) -> bool:
@@ -194,7 +198,7 @@ class KeyRoute:
 
     def begin_acquire(self) -> None:
         """An acquire (or enqueue) starts: its deadlines run from now."""
-        now = time.monotonic()
+        now = self.clock()
         self.acquire_deadline = now + self.acquire_timeout_s
         follow = self.acquire_timeout_s
         if self.router is not None:
@@ -216,7 +220,7 @@ class KeyRoute:
         deadline = self.acquire_deadline
         if deadline is None or not self.rerouted:
             return self.acquire_timeout_s
-        return max(0, math.ceil(deadline - time.monotonic()))
+        return max(0, math.ceil(deadline - self.clock()))
 
     def endpoint_at(self, host: str, port: int) -> Endpoint:
         """How to connect to ``host:port`` (this lock's auth, TLS and connect timeout)."""
@@ -320,7 +324,7 @@ class KeyRoute:
             max(self.unavailable_pause * 2, UNAVAILABLE_FIRST_PAUSE_S), UNAVAILABLE_MAX_PAUSE_S
         )
         self.unavailable_pause = pause
-        remaining = self.route_deadline - time.monotonic()
+        remaining = self.route_deadline - self.clock()
         if remaining <= 0:
             self.handover = (
                 f"{self.what} was not acquired within its acquire timeout "
@@ -329,7 +333,7 @@ class KeyRoute:
             )
             logger.info("%s", self.handover)
             return None
-        return min(pause * (0.5 + random.random() / 2), remaining)  # jitter
+        return min(pause * (0.5 + self.jitter() / 2), remaining)  # jitter
 
     def mismatch_error(self, reply: Reply, shards: dict[str, object] | None) -> DflockError:
         """A list-mode client was redirected: the server has another view of where keys live.

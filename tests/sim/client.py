@@ -46,6 +46,8 @@ class ClientConn:
         self.gone = False
         self.session: ClientSession | None = None
         self.on_close: list[Callable[[], None]] = []
+        self.address = ""
+        """The server it goes to (a cluster's member: ``HOST:PORT``)."""
 
     def request(self, command: Command, data: bytes, timeout: float, answer: Answer) -> None:
         conn = self.conn
@@ -84,7 +86,7 @@ class ClientConn:
             command, answer, timer = self.pending.popleft()
             timer.cancel()
             try:
-                reply = protocol.decode_reply(command, line)
+                reply = self.client.decode(command, line)
             except DflockError:
                 self.close()
                 return
@@ -178,6 +180,12 @@ class SimClient:
         self.ka_conn: ClientConn | None = None
         self.detached_holds = False
         """Some of its acquires are detached holds (``hl ... d``)."""
+        self.aim = ""
+        """The member its next connection goes to (a cluster's client: ``HOST:PORT``)."""
+
+    def decode(self, command: Command, line: bytes) -> Reply:
+        """A reply line read (``protocol.decode_reply``)."""
+        return protocol.decode_reply(command, line)
 
     # ------------------------------------------------------------------ times
     def clock(self) -> float:

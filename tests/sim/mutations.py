@@ -3,7 +3,10 @@
 Each switch is the simulator's own: a subclass of a product class that the simulated server
 uses instead (``server.Mutations``), or a setting of the simulator's own parts. The product code
 has no switch: a run without a mutation runs the product's classes as they are. Each is found
-by the simulator within a few seeds (tests/sim/test_mutations.py).
+by the simulator within a few seeds (tests/sim/test_simulation.py). A cluster's defect
+(``cluster=True``) runs cluster seeds (``cluster.ClusterRun``); its switch is a subclass a
+restarted member uses (``fence_counter``, ``ceiling_store``) or the simulated server's
+(``asking_without_ticket``: ``SimServer.admit_ask`` admits what the snapshot would refuse).
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.journal import Journal, JournalRead, RecordedGrant, Restore
 from dflockd_server.keys import Client, Holder
 from dflockd_server.replay import restored_leases
 from dflockd_server.shares import AddressShares
 from dflockd_server.table import LockTable
+from dflockd_server.tokens import FenceCounter
 
 if TYPE_CHECKING:
     from tests.sim.server import Mutations, ServerConfig
@@ -37,6 +42,8 @@ class Mutation:
     faults: tuple[str, ...] | None = None
     """The faults of its runs (None: every fault): a defect some fault hides is shown with
     the others only."""
+    cluster: bool = False
+    """Its runs are a cluster's (``cluster.ClusterRun``)."""
 
 
 class _CloseFreesSessionAtOnce(LockTable):
@@ -111,6 +118,35 @@ def _restored_by_wall_clock(
             rec.left = min(left, float(rec.lease_ttl))
             kept.append(rec)
     return Restore(kept, "another boot, by the wall clock", 0.0)
+
+
+class _CeilingForgotten(EtcdCeilingStore):
+    """A restarted cluster member reads no ceiling of its own from etcd."""
+
+    def read(self) -> int:
+        return 0
+
+
+class _WallClockCounter(FenceCounter):
+    """A restarted cluster member's counter trusts its wall clock alone: it is raised to no
+    ceiling another member published and to no ask ticket's floor."""
+
+    __slots__ = ()
+
+    def raise_to(self, floor: int) -> None:
+        return
+
+    def raise_within(self, floor: int) -> bool:
+        return True
+
+
+def _member_fence_reseeded(m: Mutations) -> None:
+    m.ceiling_store = _CeilingForgotten
+    m.fence_counter = _WallClockCounter
+
+
+def _asking_without_ticket(m: Mutations) -> None:
+    m.asking_without_ticket = True
 
 
 def _close_frees_session(m: Mutations) -> None:
@@ -193,6 +229,23 @@ MUTATIONS: dict[str, Mutation] = {
             "a restarted server's fence counter is seeded from the wall clock alone (its "
             "stored ceiling ignored), after a reboot that stepped the clock back",
             _fence_reseeded,
+        ),
+        Mutation(
+            "asking-without-ticket",
+            "a cluster member admits an asking for a key of a shard split to it without a "
+            "valid ticket (for another key, an earlier split), and without raising its fence "
+            "above the ticket's",
+            _asking_without_ticket,
+            faults=("member_join", "member_join", "member_leave", "quiet", "quiet", "quiet"),
+            cluster=True,
+        ),
+        Mutation(
+            "member-fence-from-wall-clock",
+            "a restarted cluster member's fence counter is seeded from its wall clock alone "
+            "(the ceilings in etcd and the ask tickets' floors ignored), after a reboot that "
+            "stepped the clock back",
+            _member_fence_reseeded,
+            cluster=True,
         ),
     )
 }

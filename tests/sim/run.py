@@ -9,57 +9,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from celery_dflock.client._grant import LockState
 from dflockd_server.fence import fence_of
 from dflockd_server.keys import Holder
 from tests.faults.history import Cut, Hold, check_history
 from tests.sim.client import ClientConn, SimClient
+from tests.sim.cluster import ClusterRun
 from tests.sim.disk import Disk
 from tests.sim.loop import Loop, Runaway
 from tests.sim.mutations import MUTATIONS, Mutation
 from tests.sim.network import Network
 from tests.sim.process import Process
+from tests.sim.result import Result
 from tests.sim.server import Machine, Mutations, ServerConfig, SimServer
 
 __all__ = ["Result", "simulate"]
 
 WALL_START_NS = 1_800_000_000 * 10**9
 """The wall clock at the run's start (any fixed value: the run never reads the real one)."""
-
-
-@dataclass
-class Result:
-    seed: int
-    mutation: str | None
-    violations: list[str] = field(default_factory=list[str])
-    digest: str = ""
-    trace: list[str] = field(default_factory=list[str])
-    grants: int = 0
-    holds: int = 0
-    events: int = 0
-    seen: dict[str, int] = field(default_factory=dict[str, int])
-    """How often each kind of fault and recovery happened (``Loop.count``)."""
-    checked: str = ""
-    """The history checker's summary (its counts, first line)."""
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def report(self) -> str:
-        switch = f" --mutation {self.mutation}" if self.mutation else ""
-        lines = [
-            f"seed {self.seed}: {len(self.violations)} violation(s) "
-            f"({self.grants} grants, {self.holds} attempts, {self.events} events)",
-            f"  history checker: {self.checked}",
-            *(f"  {v}" for v in self.violations[:10]),
-            "last events of the trace:",
-            *(f"  {line}" for line in self.trace[-40:]),
-            f"replay: uv run --no-sync python -m tests.sim --seed {self.seed}{switch} --trace",
-        ]
-        return "\n".join(lines)
 
 
 class Run:
@@ -372,19 +340,37 @@ class Run:
         )
 
 
+DURATION_S = 300.0
+"""Simulated seconds of a run of one server (by default)."""
+CLUSTER_DURATION_S = 150.0
+"""...and of a cluster's (its members' steps walk 8192 shards: a cluster's second costs more)."""
+
+
 def simulate(
-    seed: int, mutation: str | None = None, duration: float = 300.0, *, control: bool = False
+    seed: int,
+    mutation: str | None = None,
+    duration: float | None = None,
+    *,
+    control: bool = False,
+    cluster: bool = False,
 ) -> Result:
     """Run seed ``seed`` (with the test-only switch ``mutation`` on; ``control``: in its
-    scenario, the switch off) for ``duration`` simulated seconds. The product's log lines are
-    off meanwhile (a run makes thousands)."""
+    scenario, the switch off) for ``duration`` simulated seconds (``DURATION_S``,
+    ``CLUSTER_DURATION_S``), of one server or (``cluster``, or a cluster's mutation) of a
+    cluster (``cluster.ClusterRun``). The product's log lines are off meanwhile (a run makes
+    thousands)."""
     loggers = [logging.getLogger(name) for name in ("celery_dflock.client", "dflockd_server")]
     before = [logger.disabled for logger in loggers]
     for logger in loggers:
         logger.disabled = True
     try:
         chosen = None if mutation is None else MUTATIONS[mutation]
-        return Run(seed, chosen, duration, control=control).run()
+        if cluster or (chosen is not None and chosen.cluster):
+            seconds = CLUSTER_DURATION_S if duration is None else duration
+            return ClusterRun(seed, chosen, seconds, control=control).run()
+        return Run(
+            seed, chosen, DURATION_S if duration is None else duration, control=control
+        ).run()
     finally:
         for logger, was in zip(loggers, before, strict=True):
             logger.disabled = was

@@ -2,6 +2,11 @@
 (``dispatch.Session``, one per connection) and the real fence counter, driven as
 ``dflockd_server.connection`` and ``stream`` drive them, on the simulated loop and network.
 
+A cluster member's server has a ``ClusterNode`` (its ``Ownership``) and the real
+``serving.KeyServing`` between the two, as ``net.Server`` has: the ownership's checks, the
+node's ``NodeHost`` calls (``fail_waiters``, ``holders_in``, ``key_present``,
+``renewals_allowed``), the ``shards`` reply.
+
 What is the simulator's own here is what ``connection.py`` and ``stream.py`` do with a socket:
 the order of requests on a connection, a blocking acquire's timer, the read timeout (a close by
 the server, which frees nothing early), a close by the peer, and the sweeps ``net.Server`` runs
@@ -13,14 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from dflockd_server import constants as c, protocol as p
-from dflockd_server.dispatch import Close, Session, Wait
-from dflockd_server.fence import fence_of
+from dflockd_server.cluster.fencestore import EtcdCeilingStore
+from dflockd_server.cluster.shardmap import shard_id
+from dflockd_server.dispatch import Close, RaiseBound, Session, Wait
+from dflockd_server.fence import FenceStateError, fence_of
+from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import COMPLETE_SUFFIX, Journal, RecordedGrant, Restore, read_journal
 from dflockd_server.replay import restored_leases
+from dflockd_server.serving import KeyServing
 from dflockd_server.shares import AddressShares
 from dflockd_server.stream import refuse_replies
 from dflockd_server.table import LockTable, Waiter
@@ -29,6 +39,10 @@ from tests.sim.disk import Disk
 from tests.sim.loop import Loop, Timer
 from tests.sim.network import Conn
 from tests.sim.process import Process
+
+if TYPE_CHECKING:
+    from dflockd_server.cluster.node import ClusterNode
+    from dflockd_server.connection import Connection
 
 __all__ = ["ServerConfig", "SimServer"]
 
@@ -63,6 +77,13 @@ class Mutations:
     restored_leases: Callable[..., Restore] = restored_leases
     """What a start makes of the journal it read (``replay.restored_leases``)."""
     journal: type[Journal] = Journal
+    ceiling_store: type[EtcdCeilingStore] = EtcdCeilingStore
+    """A restarted cluster member's fence ceiling in etcd (``fencestore.EtcdCeilingStore``)."""
+    fence_counter: type[FenceCounter] = FenceCounter
+    """A restarted cluster member's fence counter."""
+    asking_without_ticket: bool = False
+    """A cluster member admits any ``asking`` for a key of a shard split to it, its ticket
+    unchecked (and the ticket's counter not raised to)."""
 
 
 class CeilingStore:
@@ -97,6 +118,26 @@ class Machine:
     boot, ``grace.grace_left``)."""
 
 
+class InOrder(set[object]):
+    """``KeyServing.connections``: a set walked in the order its members were added (a set
+    of objects is walked in the order of their addresses: a replay would not be exact)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._order: dict[object, None] = {}
+
+    def add(self, element: object) -> None:
+        super().add(element)
+        self._order[element] = None
+
+    def discard(self, element: object) -> None:
+        super().discard(element)
+        self._order.pop(element, None)
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(list(self._order))
+
+
 class _ConnState:
     """What ``connection.Connection`` and ``stream.Stream`` keep for one connection."""
 
@@ -110,6 +151,12 @@ class _ConnState:
         self.last_rx = 0.0
         self.read_timer: Timer | None = None
         self.frame_key = ""
+        self.answer: Callable[[bytes], None] = lambda reply: None
+        """Answer the wait in flight now (``Connection.answer_wait``)."""
+
+    def answer_wait(self, reply: bytes) -> None:
+        """``Connection.answer_wait``, as ``KeyServing.fail_waiters`` calls it."""
+        self.answer(reply)
 
 
 class SimServer:
@@ -123,6 +170,9 @@ class SimServer:
         mutations: Mutations,
         on_grant: Callable[[str, str, str], None],
         machine: Machine,
+        *,
+        serving: KeyServing | None = None,
+        node: ClusterNode | None = None,
     ) -> None:
         self.loop = loop
         self.proc = proc
@@ -138,7 +188,18 @@ class SimServer:
         """Replies held back until the journal is written (``stream.GroupWrite``)."""
         self._turn: Timer | None = None
         self.grace_s = 0.0
+        self.node = node
+        """A cluster member's node (None: a single server, serving every key)."""
+        self._shards: tuple[object, bytes] = (None, b"")
+        self.lease_record: LeaseRecord | None = None
+        """A cluster member's longest lease bound (``grace.LeaseRecord``, published in etcd)."""
+        self.serving = (
+            serving if serving is not None else KeyServing(cast("set[Connection]", InOrder()))
+        )
         self.table = self._start()
+        self.serving.table = self.table
+        if node is not None:
+            self.serving.set_ownership(node)
         self._hello = p.reply_hello(
             c.SERVER_VERSION,
             durable=self.journal is not None,
@@ -225,18 +286,31 @@ class SimServer:
     def _new_table(self) -> LockTable:
         cfg = self.config
         self.machine.ceiling.forget = self.mutations.fence_from_wall_clock
-        counter = self.counter = FenceCounter(
-            store=self.machine.ceiling,
-            wall_clock_ns=self.machine.wall_clock_ns,
-            random_bytes=self.loop.rng.randbytes,
-            persist_block=64,
-        )
+        if self.node is not None:
+            counter = self.counter = self.node.fence
+        else:
+            counter = self.counter = FenceCounter(
+                store=self.machine.ceiling,
+                wall_clock_ns=self.machine.wall_clock_ns,
+                random_bytes=self.loop.rng.randbytes,
+                persist_block=64,
+            )
+        node = self.node
+        record = self.lease_record = None
+        if node is not None:
+            # ``net.Server._start``: the start's bound recorded (published in etcd) before it
+            # serves; each longer one before the request that needs it is answered.
+            record = self.lease_record = LeaseRecord(
+                None, self.grace_s, cfg.max_lease, publish=node.publish_longest
+            )
         table = self.mutations.table(
             clock=self.proc.clock,
             new_token=counter.next_token,
             max_locks=cfg.max_locks,
             session_ttl_s=cfg.session_ttl,
             grace_s=self.grace_s,
+            note_lease=None if record is None else record.note,
+            lease_noted=0 if record is None else record.longest,
         )
         if cfg.locks_per_ip:
             self.shares = table.grants.shares = self.mutations.shares(cfg.locks_per_ip)
@@ -257,19 +331,32 @@ class SimServer:
 
     @property
     def key_check(self) -> Callable[[str], bytes | None] | None:
-        return None
+        return self.serving.key_check
 
     def asked_check(self, key: str) -> bytes | None:
-        return None
+        return self.serving.asked_check(key)
 
     def admit_ask(self, key: str, ticket: str) -> bytes | None:
-        return None
+        node = self.node
+        if self.mutations.asking_without_ticket and node is not None:
+            own = node.ownership
+            if own.alive() and shard_id(key) in own.importing:
+                return None
+        return self.serving.admit_ask(key, ticket)
 
     def may_hold(self, key: str) -> bool:
-        return True
+        return self.serving.may_hold(key)
 
     def shards_reply(self) -> bytes:
-        return p.REPLY_ERROR
+        """``KeyServing.shards_reply``, once per snapshot of the node (immutable: the same
+        reply; the run's time would go to describing 8192 shards again and again)."""
+        node = self.node
+        if node is None:
+            return p.REPLY_ERROR
+        own = node.ownership
+        if self._shards[0] is not own:
+            self._shards = (own, self.serving.shards_reply())
+        return self._shards[1]
 
     def over_ip_share(self, session: Session) -> bool:
         """``admission.Admission.over_ip_share``, without its log line."""
@@ -280,7 +367,7 @@ class SimServer:
     def _sweeps(self) -> None:
         def sweep() -> None:
             if self.table.expire():
-                self.loop.note("server: leases expired")
+                self.loop.note(f"{self.proc.name}: leases expired")
             journal = self.journal
             if journal is not None:
                 self._journal_upkeep(journal)
@@ -301,14 +388,16 @@ class SimServer:
         self._settle(journal, self._held)
         if not journal.writable:
             if journal.recover(self._live_records(journal, table)):
-                self.loop.note("server: the journal can be written again")
+                self.loop.note(f"{self.proc.name}: the journal can be written again")
                 self.loop.count("journal recovered")
                 table.fill_waiting()
             return
         if self.loop.chance(0.03):
             journal.compact(self._live_records(journal, table))
             self._settle(journal, self._held)
-            self.loop.note(f"server: compaction {'done' if journal.writable else 'failed'}")
+            self.loop.note(
+                f"{self.proc.name}: compaction {'done' if journal.writable else 'failed'}"
+            )
             self.loop.count("compaction" if journal.writable else "compaction failed")
         if journal.fsync == "everysec" and journal.dirty:
             # (a failure is kept for the next flush, as the thread's is)
@@ -328,7 +417,9 @@ class SimServer:
             self.table.release(key, token)
         journal.flush()
         tokens = [token.encode() for _, token in refused]
-        self.loop.note(f"server: {len(tokens)} grant(s) the journal could not hold, undone")
+        self.loop.note(
+            f"{self.proc.name}: {len(tokens)} grant(s) the journal could not hold, undone"
+        )
         self.loop.count("grant undone")
         for i, (conn, state, reply, key) in enumerate(held):
             held[i] = (conn, state, refuse_replies(reply, tokens), key)
@@ -344,7 +435,9 @@ class SimServer:
             self.shares.opened(session.client, ip)
         state = _ConnState(session, ip)
         state.last_rx = self.proc.clock()
+        state.answer = lambda reply: self._answer_wait(conn, state, reply)
         self.conns[conn.id] = (conn, state)
+        self._connections.add(state)
         conn.server_side = self
         self._arm_read_timer(conn, state, cfg.read_timeout)
 
@@ -367,6 +460,7 @@ class SimServer:
         if found is None:
             return
         state = found[1]
+        self._connections.discard(state)
         for timer in (state.wait_timer, state.read_timer):
             if timer is not None:
                 timer.cancel()
@@ -377,7 +471,9 @@ class SimServer:
         session.close(by_peer=by_peer)
         if self.shares is not None:
             self.shares.closed(session.client, state.ip)
-        self.loop.note(f"server: connection {conn.id} closed ({'peer' if by_peer else 'server'})")
+        self.loop.note(
+            f"{self.proc.name}: connection {conn.id} closed ({'peer' if by_peer else 'server'})"
+        )
 
     def close_by_server(self, conn: Conn) -> None:
         """This server closes the connection on its own (a read timeout): frees nothing early."""
@@ -401,7 +497,7 @@ class SimServer:
             # rounding of a clock far from 0 can leave ``idle`` a hair short of ``timeout``)
             self._arm_read_timer(conn, state, max(delay, 0.001))
             return
-        self.loop.note(f"server: read timeout on connection {conn.id}")
+        self.loop.note(f"{self.proc.name}: read timeout on connection {conn.id}")
         self.loop.count("read timeout")
         self.close_by_server(conn)
 
@@ -415,7 +511,8 @@ class SimServer:
                 break
             state.frame_key = frame[1].decode()
             reply = session.handle(frame)
-            self.loop.note(f"server: {conn.id} {b' '.join(frame)!r} -> {reply!r}")
+            shown = reply if reply is None or len(reply) < 120 else reply[:100] + b"..."
+            self.loop.note(f"{self.proc.name}: {conn.id} {b' '.join(frame)!r} -> {shown!r}")
             if reply is None:
                 reply = self._act(conn, state)
                 if reply is None:
@@ -438,12 +535,57 @@ class SimServer:
             self._send(conn, state, action.reply, "")
             self.close_by_server(conn)
             return None
+        if isinstance(action, RaiseBound):
+            state.busy = True
+            delay = self.loop.uniform(0.001, 0.02)  # (the recording thread's etcd round trip)
+            self.proc.later(delay, lambda: self._record_bound(conn, state, action))
+            return None
         raise AssertionError(f"the simulated server does not do {action!r}")
+
+    def _record_bound(self, conn: Conn, state: _ConnState, parked: RaiseBound) -> None:
+        """``leasebound.LeaseBound``'s recording (``LeaseRecord.note``: a cluster member
+        publishes the longer bound in etcd), then ``Connection._bound_recorded``: the parked
+        request answered as if it had just arrived, or refused when the bound could not be
+        recorded."""
+        record = self.lease_record
+        if conn.id not in self.conns or record is None:
+            return
+        try:
+            record.note(parked.lease)
+        except FenceStateError:
+            self.loop.note(f"{self.proc.name}: the longer lease bound could not be published")
+            self.loop.count("lease bound refused")
+            self._done_waiting(conn, state, p.REPLY_ERROR, parked.frame[1].decode())
+            return
+        self.loop.count("lease bound published")
+        self.table.grants.lease_noted = record.longest
+        session = state.session
+        session.asking = parked.asking
+        state.frame_key = parked.frame[1].decode()
+        reply = session.handle(parked.frame)
+        if reply is None:
+            reply = self._act(conn, state)
+            if reply is None:
+                return
+        self._done_waiting(conn, state, reply, state.frame_key)
 
     def _granted(self, conn: Conn, state: _ConnState, waiter: Waiter) -> None:
         reply = state.session.granted(waiter)
         key = waiter.state.key
         self._done_waiting(conn, state, reply, key)
+
+    @property
+    def _connections(self) -> set[_ConnState]:
+        """The connections ``KeyServing`` walks (``fail_waiters``): each one's state stands in
+        for its ``Connection`` (``waiter``, ``session``, ``answer_wait``)."""
+        return cast("set[_ConnState]", self.serving.connections)
+
+    def _answer_wait(self, conn: Conn, state: _ConnState, reply: bytes) -> None:
+        """``Connection._give_up``: the wait in flight answered ``reply`` (its shard moved)."""
+        waiter = state.waiter
+        if waiter is not None and conn.id in self.conns:
+            state.session.give_up(waiter)
+            self._done_waiting(conn, state, reply, waiter.state.key)
 
     def _wait_timed_out(self, conn: Conn, state: _ConnState) -> None:
         state.wait_timer = None
@@ -502,7 +644,7 @@ class SimServer:
         if token is not None:
             lease = int(reply.split()[2])
             self.machine.longest = max(self.machine.longest, lease)
-            self.loop.note(f"server: grant {key} fence {fence_of(token)} to {conn.id}")
+            self.loop.note(f"{self.proc.name}: grant {key} fence {fence_of(token)} to {conn.id}")
             self.on_grant(key, token, state.ip)
         conn.to_client(reply)
 

@@ -1,7 +1,8 @@
 """The simulator's seed budget, its replays, and the historical defects it finds.
 
 A failure prints its seed, the trace's last events and the command that replays it
-(``uv run --no-sync python -m tests.sim --seed N --trace``).
+(``uv run --no-sync python -m tests.sim --seed N --trace``; a cluster's seed with
+``--cluster``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.sim.mutations import MUTATIONS
+from tests.sim.result import Result
 from tests.sim.run import simulate
 
 SEED_BUDGET = 300
 """Seeds each run of the suite simulates (about 30 s on one core; 300 simulated s each)."""
+CLUSTER_SEED_BUDGET = 4
+"""Cluster seeds each run of the suite simulates (about 4 s each on one core: the members
+walk 8192 shards at every step that decides)."""
 MUTATION_BUDGET_S = 60.0
 """Each defect put back is found within this much wall time of seeds (the issue's bound)."""
 
@@ -43,6 +48,36 @@ def test_the_seeds_do_every_fault_and_its_recovery() -> None:
     for seed in range(30):
         seen.update(simulate(seed).seen)
     assert not [kind for kind in FAULTS if not seen[kind]], seen
+
+
+@pytest.fixture(scope="module")
+def cluster_seeds() -> list[Result]:
+    """The cluster seeds of the budget, run once for the tests that judge them."""
+    return [simulate(seed, cluster=True) for seed in range(CLUSTER_SEED_BUDGET)]
+
+
+def test_every_cluster_seed_of_the_budget_keeps_the_contracts(
+    cluster_seeds: list[Result],
+) -> None:
+    failed = [r for r in cluster_seeds if not r.ok]
+    assert not failed, "\n\n".join(r.report() for r in failed[:3])
+
+
+CLUSTER_FAULTS = (
+    "member_kill", "member_reboot", "member_pause", "etcd_partition", "etcd_stall",
+    "etcd_outage", "member_leave", "member_join", "kill", "pause", "partition",
+    "ticket replayed", "etcd lease expired", "etcd answer lost", "member fenced itself",
+    "handover", "failover", "released takeover", "error_ask", "asking admitted",
+    "asking refused", "redirected", "map read", "lease bound published",
+)  # fmt: skip
+"""What a cluster's seeds do (``Result.seen``): each happens within the budget's seeds."""
+
+
+def test_the_cluster_seeds_do_every_fault_and_its_recovery(cluster_seeds: list[Result]) -> None:
+    seen: Counter[str] = Counter()
+    for result in cluster_seeds:
+        seen.update(result.seen)
+    assert not [kind for kind in CLUSTER_FAULTS if not seen[kind]], seen
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -105,3 +140,13 @@ def test_the_command_line_replays_a_seed_and_runs_seeds_for_a_while() -> None:
         timeout=120,
     )
     assert bad.returncode == 1 and "--mutation fence-from-wall-clock" in bad.stdout
+    cluster = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--cluster", "--seed", "1", "--duration", "20"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    digest = simulate(1, duration=20, cluster=True).digest
+    assert f"seed 1: ok, trace digest {digest}" in cluster.stdout

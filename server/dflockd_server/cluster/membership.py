@@ -166,7 +166,7 @@ class Member:
         """`_shards` as a `ShardMap`, made on the first read after a change (`_shard_map`):
         the node's thread reads it on every step."""
         self._revisions: dict[int, int] = {}
-        self._members_changed_at = time.monotonic()
+        self._members_changed_at = clock()
         self._seen_revision = 0
         """The revision up to which the local copy holds etcd's prefix (the read it was made
         from, then each event the watch brought)."""
@@ -206,26 +206,46 @@ class Member:
         key = self.keys.member(self.advertise)
         deadline = self._clock() + self.lease_ttl + REGISTER_MARGIN_S
         while True:
-            sent = self._clock()
-            lease = self.client.lease_grant(self.lease_ttl)
-            registered = Put(self.keys.registered(self.advertise), str(lease.id))
-            created = self.client.txn(
-                [Compare(key, "CREATE", "EQUAL", 0)],
-                [Put(key, self.advertise, lease.id), registered],
-            ).succeeded
-            if created or self._registered_under(key, lease.id):
-                self.lease_id = lease.id
-                self.lease_valid_until = sent + self.lease_ttl
+            held_ttl = self._register_once()
+            if held_ttl is None:
                 return
-            with contextlib.suppress(EtcdError):
-                self.client.lease_revoke(lease.id)
-            if self._clock() >= deadline + max(0, lease.ttl - self.lease_ttl):
+            if self._clock() >= deadline + max(0, held_ttl - self.lease_ttl):
                 raise DuplicateMember(
                     f"another dflockd is registered in the cluster as {self.advertise} (etcd "
                     f"key {key} stayed alive for a whole lease): two servers cannot share one "
                     "--advertise (DFLOCKD_ADVERTISE); give this one the address it is reached at"
                 )
             time.sleep(REGISTER_RETRY_S)
+
+    def _register_once(self) -> int | None:
+        """One attempt of ``_register``: None when this member's key is now held under a new
+        lease of its own; else another lease holds it, and this returns the TTL etcd gave the
+        lease this attempt took (and revoked)."""
+        key = self.keys.member(self.advertise)
+        sent = self._clock()
+        lease = self.client.lease_grant(self.lease_ttl)
+        registered = Put(self.keys.registered(self.advertise), str(lease.id))
+        created = self.client.txn(
+            [Compare(key, "CREATE", "EQUAL", 0)],
+            [Put(key, self.advertise, lease.id), registered],
+        ).succeeded
+        if created or self._registered_under(key, lease.id):
+            self.lease_id = lease.id
+            self.lease_valid_until = sent + self.lease_ttl
+            return None
+        with contextlib.suppress(EtcdError):
+            self.client.lease_revoke(lease.id)
+        return lease.ttl
+
+    def join_once(self) -> bool:
+        """Join without threads of its own, in one attempt: register (False, having changed
+        nothing, while another lease still holds this member's key), then read the prefix and
+        watch it. The caller then drives the member by ``keep_alive_step`` and ``step`` (a
+        simulated member: tests/sim). ``EtcdError`` when etcd does not answer."""
+        if self._register_once() is not None:
+            return False
+        self._resync()
+        return True
 
     def _registered_under(self, key: str, lease_id: int) -> bool:
         """The key is held under this lease: a registration sent again to another etcd endpoint
@@ -286,27 +306,38 @@ class Member:
     # -- threads -----------------------------------------------------------------------------------
 
     def _keep_alive(self) -> None:
-        interval = max(self.lease_ttl / 3, 0.2)
-        wait = interval
+        wait = self.keepalive_interval
         while not self._stopping.wait(wait):
-            sent = self._clock()
-            try:
-                ttl = self.client.lease_keepalive_once(self.lease_id)
-            except EtcdError as exc:
-                if self._clock() >= self.lease_valid_until:
-                    self._lose(f"lease {self.lease_id:x} not renewed for {self.lease_ttl} s: {exc}")
-                    return
-                # Every endpoint failed for a whole call (an etcd election, say): try again
-                # soon, not a third of the lease later, while the lease still runs.
-                wait = KEEPALIVE_RETRY_S
-                continue
-            wait = interval
-            if ttl <= 0:
-                self._lose(f"lease {self.lease_id:x} expired")
+            next_wait = self.keep_alive_step()
+            if next_wait is None:
                 return
-            self.lease_valid_until = sent + self.lease_ttl
-            if self._on_lease is not None:
-                self._on_lease(self.lease_valid_until)
+            wait = next_wait
+
+    @property
+    def keepalive_interval(self) -> float:
+        """Between two keep-alives of the lease (a third of its TTL)."""
+        return max(self.lease_ttl / 3, 0.2)
+
+    def keep_alive_step(self) -> float | None:
+        """One keep-alive of the lease (the keep-alive thread's step): the wait before the
+        next, or None once the lease is lost (``lost`` says why; nothing more to keep)."""
+        sent = self._clock()
+        try:
+            ttl = self.client.lease_keepalive_once(self.lease_id)
+        except EtcdError as exc:
+            if self._clock() >= self.lease_valid_until:
+                self._lose(f"lease {self.lease_id:x} not renewed for {self.lease_ttl} s: {exc}")
+                return None
+            # Every endpoint failed for a whole call (an etcd election, say): try again
+            # soon, not a third of the lease later, while the lease still runs.
+            return KEEPALIVE_RETRY_S
+        if ttl <= 0:
+            self._lose(f"lease {self.lease_id:x} expired")
+            return None
+        self.lease_valid_until = sent + self.lease_ttl
+        if self._on_lease is not None:
+            self._on_lease(self.lease_valid_until)
+        return self.keepalive_interval
 
     def _lose(self, why: str) -> None:
         with self._lock:
@@ -317,27 +348,38 @@ class Member:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(max(self.lease_ttl / 2, 0.2))
+            self._wake.wait(self.step_interval)
             self._wake.clear()
             if self._stopping.is_set():
                 return
-            try:
-                watch = self._watch
-                if (
-                    watch is None
-                    or not watch.running
-                    # A watch on an endpoint the client left (it did not answer in time: paused,
-                    # cut off from its cluster) may stay open and silent: read everything again
-                    # from the endpoint that answers and watch there.
-                    or watch.endpoint != self.client.preferred
-                    or self._watch_stalled()
-                ):
-                    self._resync()
-                self._elect()
-                if self.is_leader:
-                    self._maintain_map()
-            except EtcdError:
-                continue  # etcd unreachable for now: try again at the next wake-up
+            self.step()
+
+    @property
+    def step_interval(self) -> float:
+        """The member's loop steps at least this often (news wakes it sooner)."""
+        return max(self.lease_ttl / 2, 0.2)
+
+    def step(self) -> None:
+        """One step of the member's loop: watch anew if the watch ended, moved away or
+        stalled; take part in the election; as the leader, keep the map up. An etcd that does
+        not answer leaves it for the next step."""
+        try:
+            watch = self._watch
+            if (
+                watch is None
+                or not watch.running
+                # A watch on an endpoint the client left (it did not answer in time: paused,
+                # cut off from its cluster) may stay open and silent: read everything again
+                # from the endpoint that answers and watch there.
+                or watch.endpoint != self.client.preferred
+                or self._watch_stalled()
+            ):
+                self._resync()
+            self._elect()
+            if self.is_leader:
+                self._maintain_map()
+        except EtcdError:
+            return  # etcd unreachable for now: try again at the next wake-up
 
     def _watch_stalled(self) -> bool:
         """At most once per ``lease_ttl``: whether the watch owes changes (etcd's prefix holds
@@ -345,7 +387,7 @@ class Member:
         owed them at the previous check already, with nothing brought since (see the module's
         docstring). One check that finds it behind is not enough: the changes may be on
         their way."""
-        now = time.monotonic()
+        now = self._clock()
         if now < self._next_watch_check:
             return False
         self._next_watch_check = now + self.lease_ttl
@@ -389,7 +431,7 @@ class Member:
             self._seen_revision = result.revision
             self._key_count = len(result.kvs)
         self._behind_at = None
-        self._next_watch_check = time.monotonic() + self.lease_ttl
+        self._next_watch_check = self._clock() + self.lease_ttl
         self._watch = self.client.watch(
             self.keys.root,
             prefix=True,
@@ -419,7 +461,7 @@ class Member:
                 self._members.discard(member)
             else:
                 self._members.add(member)
-            self._members_changed_at = time.monotonic()
+            self._members_changed_at = self._clock()
         elif key == keys.leader:
             self._leader = None if deleted else value
         elif key.startswith(keys.shards):
@@ -464,7 +506,7 @@ class Member:
             live = set(self._members)
             current = self._shard_map()
             revisions = dict(self._revisions)
-            still_for = time.monotonic() - self._members_changed_at
+            still_for = self._clock() - self._members_changed_at
         if not live:
             return
         if len(current) == 0:
@@ -507,6 +549,8 @@ class Member:
             self._write(current.diff(current.apply(plan)), revisions)
 
     def _wake_later(self, delay: float) -> None:
+        if not self._threads:
+            return  # driven by its steps (``join_once``): its driver steps it often enough
         timer = threading.Timer(delay, self._wake.set)
         timer.daemon = True
         timer.start()

@@ -163,6 +163,7 @@ class ClusterNode:
         failover_margin_s: float = FAILOVER_MARGIN_S,
         clock: Callable[[], float] = boottime,
         fence: FenceCounter | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         if max_lease_ttl_s <= 0:
             raise ValueError("the longest lock lease (--max-lease-ttl) must be positive")
@@ -180,6 +181,8 @@ class ClusterNode:
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
         """The wait for a gone member that published no longest lease."""
         self._clock = clock
+        self._wall = wall
+        """The wall clock its ask tickets' expiry is counted on (``ClusterOwnership.wall``)."""
         self._fence = fence
         self._member: Member | None = None
         self._ownership = self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap()))
@@ -380,13 +383,23 @@ class ClusterNode:
             if self._stopping.is_set():
                 return
             self._let_news_settle()
-            try:
-                self._raise_wanted_floor()
-                self._step()
-            except (EtcdError, FenceStateError) as exc:
-                log.warning("cluster member %s: %s (trying again)", self.advertise, exc)
-            except Exception:
-                log.exception("cluster member %s: unexpected error", self.advertise)
+            self.step()
+
+    def step(self) -> None:
+        """One step of the node's thread: decide, publish, move shards (see the module's
+        docstring). A node never ``start``-ed is driven by calls of this alone, with no thread
+        of its own nor of its member's (a simulated member: tests/sim); it then joins at its
+        first step, and its member is driven by its driver (``Member.keep_alive_step``,
+        ``Member.step``). An etcd that does not answer leaves the work for the next step."""
+        try:
+            if self._tickets is None and self._thread is None:
+                self._tickets = load_ask_tickets(self.client, self.prefix)
+            self._raise_wanted_floor()
+            self._step()
+        except (EtcdError, FenceStateError) as exc:
+            log.warning("cluster member %s: %s (trying again)", self.advertise, exc)
+        except Exception:
+            log.exception("cluster member %s: unexpected error", self.advertise)
 
     def _let_news_settle(self) -> None:
         deadline = self._clock() + NODE_MAX_DEFER_S
@@ -557,6 +570,7 @@ class ClusterNode:
             tickets=self._tickets,
             fence_last=lambda: self.fence.last,
             raise_floor=self._raise_floor,
+            wall=self._wall,
             clock_seen=self.clock.seen,
         )
         if self.fenced_reason is not None:
@@ -603,7 +617,11 @@ class ClusterNode:
                     self.client.lease_revoke(old.lease_id)
         self._member = None
         try:
-            member = self._new_member().start()
+            member = self._new_member()
+            if self._thread is not None:
+                member.start()
+            elif not member.join_once():  # stepped (``step``): one attempt per step
+                return
         except EtcdError as exc:
             log.debug("cluster member %s: cannot join again yet: %s", self.advertise, exc)
             return
