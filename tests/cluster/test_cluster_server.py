@@ -889,6 +889,10 @@ def test_fences_rise_across_a_split_a_counter_jump_and_the_handover(
 
 
 @pytest.mark.timeout(240)
+@long_only(
+    "CI's run of it is on real processes: tests/faults/test_cluster_restarts.py's "
+    "test_a_member_killed_and_restarted_in_place_gets_its_share_back_by_itself"
+)
 def test_a_member_killed_and_restarted_in_place_gets_its_share_back_without_a_command(
     members: Callable[..., Member], etcd: EtcdClient, etcd_prefix: str
 ) -> None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tests.faults.cluster_run import CLUSTER_LEASE_S, ClusterLockRun
-from tests.faults.conftest import FaultReport, scaled
+from tests.faults.conftest import FaultReport, long_only, scaled
 from tests.faults.workload import MAX_LEASE_S
 from tests.support.etcd import EtcdServer
 
@@ -27,6 +27,10 @@ PROGRESS_S = scaled(1, 5)
 PROGRESS_GRANTS = scaled(20, 200)
 
 
+@long_only(
+    "the simulator's cluster seeds join and leave members under load; CI's real run of a "
+    "changing membership is test_cluster_restarts.py's churn"
+)
 def test_a_changing_cluster_grants_no_key_twice(
     tmp_path: Path, fault_report: FaultReport, private_etcd: EtcdServer
 ) -> None:

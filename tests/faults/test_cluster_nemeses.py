@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from dflockd_server.cluster.fencestore import published_longest
-from tests.faults.conftest import FaultReport
+from tests.faults.conftest import FaultReport, long_only
 from tests.faults.nemesis_run import (
     CLIENT_LEASE_S,
     DEFAULT_CLUSTER_LEASE_S,
@@ -63,7 +63,18 @@ pytestmark = pytest.mark.timeout(240)
 """A nemesis run takes 20-60 s on a loaded 2-core machine; the suite's 120 s is too tight."""
 
 
-@pytest.mark.parametrize("nemesis", ["pause", "partition"])
+@pytest.mark.parametrize(
+    "nemesis",
+    [
+        "pause",
+        pytest.param(
+            "partition",
+            marks=long_only(
+                "the simulator's cluster seeds cut members off from etcd; CI runs the pause"
+            ),
+        ),
+    ],
+)
 def test_a_member_paused_or_cut_off_from_etcd_grants_no_waiter_it_queued(
     tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd, nemesis: str
 ) -> None:

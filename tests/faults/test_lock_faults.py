@@ -23,7 +23,7 @@ import pytest
 
 from dflockd_server.fence import read_ceiling
 from dflockd_server.testing import ServerThread
-from tests.faults.conftest import FaultReport, FaultRow, scaled
+from tests.faults.conftest import FaultReport, FaultRow, long_only, scaled
 from tests.faults.history import CheckResult, Cut, Hold
 from tests.faults.workload import (
     EVENT_TIMEOUT_S,
@@ -382,6 +382,10 @@ STALL_LEASE_S = 20
 """The leases of the stall run: longer than the stall, as a lease of the default (33 s) is."""
 
 
+@long_only(
+    "the simulator pauses the server under sessions; CI's real run is "
+    "tests/client/test_client_session.py's server stopped five seconds"
+)
 def test_server_sigstop_of_five_seconds_costs_no_lock(
     tmp_path: Path, fault_report: FaultReport
 ) -> None:
@@ -762,7 +766,16 @@ def across_restarts(result: RunResult) -> AcrossRestarts:
     return out
 
 
-@pytest.mark.parametrize("stop", ["sigkill", "sigterm"])
+@pytest.mark.parametrize(
+    "stop",
+    [
+        "sigkill",
+        pytest.param(
+            "sigterm",
+            marks=long_only("CI runs sigkill; test_restart_grace.py stops by sigterm too"),
+        ),
+    ],
+)
 def test_server_restart_in_place_keeps_its_leases(
     tmp_path: Path, fault_report: FaultReport, stop: str
 ) -> None:
