@@ -23,7 +23,8 @@ BIN = Path(sys.executable).parent
 # command (regex, whole line) -> (test file that runs it, a string that file contains)
 COVERED: dict[str, tuple[str, str]] = {
     r"uv run celery-dflock demo": ("tests/demo/test_demo_command.py", '"demo"'),
-    r"uv run --no-sync python -m tests\.sim( --(seeds|first|hours|seed) \d+)*( --trace)?": (
+    r"uv run --no-sync python -m tests\.sim( --cluster)?( --(seeds|first|hours|seed) \d+"
+    r"| --mutation [a-z-]+)*( --trace)?": (
         "tests/sim/test_simulation.py",
         '"tests.sim"',
     ),
