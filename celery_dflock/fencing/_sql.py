@@ -19,7 +19,8 @@ connection of the other kind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -34,6 +35,7 @@ __all__ = [
     "UPSERT_DIALECTS",
     "FencedUpdate",
     "FencedUpsert",
+    "column_checked",
     "column_missing",
     "fence_column_of",
     "missing_columns_error",
@@ -100,6 +102,19 @@ def column_missing(error: DBAPIError, table: sa.Table, name: str) -> FenceColumn
         f"(the Table declares it, the database was not migrated; the database said: "
         f"{str(error.orig).strip().splitlines()[0]}); {adding_lines(table, name)}"
     )
+
+
+@contextmanager
+def column_checked(table: sa.Table, name: str) -> Generator[None]:
+    """Runs the block; the database's own word that ``table`` has no column ``name`` raises
+    `FenceColumnMissing` (`column_missing`) instead of its ``DBAPIError``."""
+    try:
+        yield
+    except DBAPIError as error:
+        missing = column_missing(error, table, name)
+        if missing is None:
+            raise
+        raise missing from error
 
 
 def wrong_face(helper: str, given: object, *, blocking: bool) -> TypeError:

@@ -38,13 +38,12 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, scoped_session
 
 from celery_dflock.fencing._sql import (
     FencedUpdate,
     FencedUpsert,
-    column_missing,
+    column_checked,
     missing_columns_error,
     table_of,
     wrong_face,
@@ -130,17 +129,12 @@ def fenced_update(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=True)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
-    try:
+    with column_checked(fenced.table, fenced.column.name):
         result = connection.execute(fenced.update(table, values))
         updated = cast("CursorResult[Any]", result).rowcount
         if updated:
             return updated
         refusal = fenced.refused(connection.execute(fenced.highest()).scalar())
-    except DBAPIError as error:
-        missing = column_missing(error, fenced.table, fenced.column.name)
-        if missing is None:
-            raise
-        raise missing from error
     if refusal is not None:
         raise refusal
     return 0
@@ -174,16 +168,11 @@ def fenced_upsert(
     fenced = FencedUpsert.build(table, key, fence, fence_name)
     dialect = _dialect(connection)
     statement = fenced.statement(dialect, values, update)
-    try:
+    with column_checked(fenced.table, fenced.column.name):
         result = connection.execute(statement)
         if fenced.returns_fence(dialect) and result.scalar() is not None:
             return
         refusal = fenced.refused(connection.execute(fenced.kept()).scalar())
-    except DBAPIError as error:
-        missing = column_missing(error, fenced.table, fenced.column.name)
-        if missing is None:
-            raise
-        raise missing from error
     if refusal is not None:
         raise refusal
 

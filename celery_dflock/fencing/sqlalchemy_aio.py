@@ -22,13 +22,12 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, CursorResult
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 from celery_dflock.fencing._sql import (
     FencedUpdate,
     FencedUpsert,
-    column_missing,
+    column_checked,
     missing_columns_error,
     table_of,
     wrong_face,
@@ -75,17 +74,12 @@ async def fenced_update(
     if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=False)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
-    try:
+    with column_checked(fenced.table, fenced.column.name):
         result = await connection.execute(fenced.update(table, values))
         updated = cast("CursorResult[Any]", result).rowcount
         if updated:
             return updated
         refusal = fenced.refused((await connection.execute(fenced.highest())).scalar())
-    except DBAPIError as error:
-        missing = column_missing(error, fenced.table, fenced.column.name)
-        if missing is None:
-            raise
-        raise missing from error
     if refusal is not None:
         raise refusal
     return 0
@@ -106,20 +100,16 @@ async def fenced_upsert(
     if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=False)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
-    if isinstance(connection, AsyncConnection):
-        dialect = connection.dialect
-    else:
-        dialect = connection.get_bind().dialect
+    dialect = (
+        connection.dialect
+        if isinstance(connection, AsyncConnection)
+        else connection.get_bind().dialect
+    )
     statement = fenced.statement(dialect, values, update)
-    try:
+    with column_checked(fenced.table, fenced.column.name):
         result = await connection.execute(statement)
         if fenced.returns_fence(dialect) and result.scalar() is not None:
             return
         refusal = fenced.refused((await connection.execute(fenced.kept())).scalar())
-    except DBAPIError as error:
-        missing = column_missing(error, fenced.table, fenced.column.name)
-        if missing is None:
-            raise
-        raise missing from error
     if refusal is not None:
         raise refusal
