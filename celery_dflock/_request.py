@@ -72,7 +72,7 @@ __all__ = [
 
 
 LOCK_OPTIONS_HEADER: Final = "dflock_options"
-"""Message header carrying per-call lock options (``apply_async(..., lock_ttl=60)``)."""
+"""Message header carrying per-call lock options (``apply_async(..., lock_timeout=5)``)."""
 LOCK_RETRIES_HEADER: Final = "dflock_lock_retries"
 """Message header counting the retries ``on_locked="retry"`` made (Celery's ``retries`` is
 left to the task's own retries)."""

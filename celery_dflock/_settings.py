@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import keyword
 import math
 import ssl
 from collections.abc import Callable, Iterable, Mapping
@@ -362,6 +363,13 @@ class Spec(Generic[T]):
     shown: str | None = None
     """The default as the settings reference shows it, when not ``repr(default)``."""
 
+    @property
+    def attribute(self) -> str:
+        """A lock option's field of `GivenOptions` and `celery_dflock.config.LockOptions`: its
+        name without ``lock_`` (``ttl``), unless that leaves a Python keyword (``lock_from``)."""
+        short = self.name.removeprefix("lock_")
+        return self.name if keyword.iskeyword(short) else short
+
     def read(self, value: object, where: str) -> T:
         """The value as set (checked), or the default when it is unset (None)."""
         return self.default if value is None else self.check(value, where)
@@ -382,138 +390,126 @@ def _setting(
 # --------------------------------------------------------------------------- lock options
 
 
-LOCK_KEY: Final[Spec[KeySource]] = Spec(
-    "lock_key",
-    None,
-    None,
-    check_key,
-    "A format template over the task's arguments (defaults applied): "
-    '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning '
-    "the key; or `None`: the task "
-    "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
-    "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
-    "prefix + digest).",
-)
-LOCK_TIMEOUT: Final[Spec[float | None]] = Spec(
-    "lock_timeout",
-    "dflock_lock_timeout",
-    None,
-    check_timeout,
-    "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
-    'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
-    'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
-    '`"raise"`.',
-)
-LOCK_TTL: Final[Spec[Lease | None]] = Spec(
-    "lock_ttl",
-    "dflock_lock_ttl",
-    None,
-    check_ttl,
-    "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
-    "`lock_ttl * dflock_renew_ratio` while the body runs.",
-)
-ON_LOCKED: Final[Spec[OnLocked]] = Spec(
-    "on_locked",
-    "dflock_on_locked",
-    "retry",
-    check_on_locked,
-    'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
-    "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
-    'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
-    '`"raise"` (the run fails with `LockNotAcquired`).',
-)
-LOCK_LIMIT: Final[Spec[int | None]] = Spec(
-    "lock_limit",
-    None,
-    None,
-    check_limit_value,
-    "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
-    "is one resource: while runs with one limit hold it, a run with another (a lock is "
-    "limit 1) is refused at once and `on_locked` applies.",
-)
-ON_LOCK_LOST: Final[Spec[OnLockLost]] = Spec(
-    "on_lock_lost",
-    "dflock_on_lock_lost",
-    "interrupt",
-    check_on_lock_lost,
-    'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
-    '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
-    "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
-)
-LOCK_RETRY_COUNTDOWN: Final[Spec[float]] = Spec(
-    "lock_retry_countdown",
-    "dflock_lock_retry_countdown",
-    DEFAULT_RETRY_COUNTDOWN_S,
-    check_countdown,
-    'First retry countdown of `on_locked="retry"`, doubled per retry.',
-)
-LOCK_RETRY_BACKOFF_MAX: Final[Spec[float]] = Spec(
-    "lock_retry_backoff_max",
-    "dflock_lock_retry_backoff_max",
-    DEFAULT_RETRY_BACKOFF_MAX_S,
-    check_countdown,
-    "Longest retry countdown.",
-)
-LOCK_MAX_RETRIES: Final[Spec[int | None]] = Spec(
-    "lock_max_retries",
-    "dflock_lock_max_retries",
-    None,
-    check_max_retries,
-    'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
-    "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
-    "task's `max_retries` is left to its own `self.retry` calls.",
-)
-LOCK_RETRY_JITTER: Final[Spec[bool]] = Spec(
-    "lock_retry_jitter",
-    "dflock_lock_retry_jitter",
-    True,
-    check_bool,
-    "Randomise each countdown between half and all of it.",
-)
-LOCK_FROM: Final[Spec[LockFrom]] = Spec(
-    "lock_from",
-    "dflock_lock_from",
-    "run",
-    check_lock_from,
-    '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
-    "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
-    "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
-    "gets); needs celery-dflock's server. Not with `lock_limit`.",
-)
-ON_DUPLICATE: Final[Spec[OnDuplicate]] = Spec(
-    "on_duplicate",
-    "dflock_on_duplicate",
-    "return",
-    check_on_duplicate,
-    'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
-    "and returns the `AsyncResult` of the task holding the key; "
-    '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
-)
-LOCK_PENDING_TTL: Final[Spec[int]] = Spec(
-    "lock_pending_ttl",
-    "dflock_lock_pending_ttl",
-    DEFAULT_PENDING_TTL_S,
-    check_lease,
-    'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
-    "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
-    "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
-    "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
-)
 LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
-    LOCK_KEY,
-    LOCK_TIMEOUT,
-    LOCK_TTL,
-    ON_LOCKED,
-    LOCK_LIMIT,
-    ON_LOCK_LOST,
-    LOCK_RETRY_COUNTDOWN,
-    LOCK_RETRY_BACKOFF_MAX,
-    LOCK_MAX_RETRIES,
-    LOCK_RETRY_JITTER,
-    LOCK_FROM,
-    ON_DUPLICATE,
-    LOCK_PENDING_TTL,
+    Spec(
+        "lock_key",
+        None,
+        None,
+        check_key,
+        "A format template over the task's arguments (defaults applied): "
+        '`"report:{customer_id}"`; or a callable taking the task\'s arguments and returning '
+        "the key; or `None`: the task "
+        "name plus a digest of all arguments (canonical JSON, so UUID, datetime and Decimal "
+        "arguments work). Keys with whitespace or over 256 bytes are made valid (readable "
+        "prefix + digest).",
+    ),
+    Spec(
+        "lock_timeout",
+        "dflock_lock_timeout",
+        None,
+        check_timeout,
+        "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
+        'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
+        'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
+        '`"raise"`.',
+    ),
+    Spec(
+        "lock_ttl",
+        "dflock_lock_ttl",
+        None,
+        check_ttl,
+        "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
+        "`lock_ttl * dflock_renew_ratio` while the body runs.",
+    ),
+    Spec(
+        "on_locked",
+        "dflock_on_locked",
+        "retry",
+        check_on_locked,
+        'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
+        "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
+        'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
+        '`"raise"` (the run fails with `LockNotAcquired`).',
+    ),
+    Spec(
+        "lock_limit",
+        None,
+        None,
+        check_limit_value,
+        "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
+        "is one resource: while runs with one limit hold it, a run with another (a lock is "
+        "limit 1) is refused at once and `on_locked` applies.",
+    ),
+    Spec(
+        "on_lock_lost",
+        "dflock_on_lock_lost",
+        "interrupt",
+        check_on_lock_lost,
+        'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
+        '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
+        "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
+    ),
+    Spec(
+        "lock_retry_countdown",
+        "dflock_lock_retry_countdown",
+        DEFAULT_RETRY_COUNTDOWN_S,
+        check_countdown,
+        'First retry countdown of `on_locked="retry"`, doubled per retry.',
+    ),
+    Spec(
+        "lock_retry_backoff_max",
+        "dflock_lock_retry_backoff_max",
+        DEFAULT_RETRY_BACKOFF_MAX_S,
+        check_countdown,
+        "Longest retry countdown.",
+    ),
+    Spec(
+        "lock_max_retries",
+        "dflock_lock_max_retries",
+        None,
+        check_max_retries,
+        'Most retries of `on_locked="retry"`; `None`: retry as long as the key is busy, so no '
+        "run is dropped because its key was busy. Counted apart from Celery's `retries`: the "
+        "task's `max_retries` is left to its own `self.retry` calls.",
+    ),
+    Spec(
+        "lock_retry_jitter",
+        "dflock_lock_retry_jitter",
+        True,
+        check_bool,
+        "Randomise each countdown between half and all of it.",
+    ),
+    Spec(
+        "lock_from",
+        "dflock_lock_from",
+        "run",
+        check_lock_from,
+        '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
+        "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
+        "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
+        "gets); needs celery-dflock's server. Not with `lock_limit`.",
+    ),
+    Spec(
+        "on_duplicate",
+        "dflock_on_duplicate",
+        "return",
+        check_on_duplicate,
+        'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
+        "and returns the `AsyncResult` of the task holding the key; "
+        '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
+    ),
+    Spec(
+        "lock_pending_ttl",
+        "dflock_lock_pending_ttl",
+        DEFAULT_PENDING_TTL_S,
+        check_lease,
+        'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
+        "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
+        "worker takes by then (a purged queue, a lost message) frees it. A retry keeps the key "
+        "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
+    ),
 )
+"""Every lock option, once: the only list of them (every other listing derives from it)."""
 
 LOCK_OPTIONS: Final = tuple(spec.name for spec in LOCK_OPTION_SPECS)
 """Every lock option name (task attribute, call option, ``dflock_task_locks`` entry key)."""
@@ -533,7 +529,8 @@ class GivenOptions:
     """The lock options given in one place (a call, a ``dflock_task_locks`` entry, a task's
     attributes, the app's ``dflock_*`` settings), each checked where it entered
     (`read_options`), typed; None: not given there (`celery_dflock.config.resolve_options`
-    takes the first given, call first)."""
+    takes the first given, call first). One field per `LOCK_OPTION_SPECS` row, named by its
+    `Spec.attribute` (tests/celery/test_task_config.py holds the two together)."""
 
     key: KeySource = None
     timeout: float | None = None
@@ -552,30 +549,12 @@ class GivenOptions:
     def by_name(self) -> dict[str, object]:
         """The options given, by option name (a message's ``dflock_options`` header)."""
         return {
-            name: value
-            for name, attr in _ATTRIBUTES.items()
-            if (value := getattr(self, attr)) is not None
+            spec.name: value
+            for spec in LOCK_OPTION_SPECS
+            if (value := getattr(self, spec.attribute)) is not None
         }
 
 
-_ATTRIBUTES: Final[Mapping[str, str]] = MappingProxyType(
-    {
-        "lock_key": "key",
-        "lock_timeout": "timeout",
-        "lock_ttl": "ttl",
-        "on_locked": "on_locked",
-        "lock_limit": "limit",
-        "on_lock_lost": "on_lock_lost",
-        "lock_retry_countdown": "retry_countdown",
-        "lock_retry_backoff_max": "retry_backoff_max",
-        "lock_max_retries": "max_retries",
-        "lock_retry_jitter": "retry_jitter",
-        "lock_from": "lock_from",
-        "on_duplicate": "on_duplicate",
-        "lock_pending_ttl": "pending_ttl",
-    }
-)
-"""Lock option -> its attribute of `GivenOptions` (and of `celery_dflock.config.LockOptions`)."""
 NO_OPTIONS: Final = GivenOptions()
 """No lock option given."""
 
@@ -595,7 +574,7 @@ def read_options(
     for name, value in given.items():
         if not isinstance(name, str):
             raise DflockConfigError(f"{what}: option names must be strings, got {name!r}")
-        if name not in _ATTRIBUTES:
+        if name not in LOCK_OPTIONS:
             raise DflockConfigError(
                 f"{where(name)}: unknown lock option {name!r}"
                 f"{close_matches(name, LOCK_OPTIONS)} (the lock options: {', '.join(LOCK_OPTIONS)})"
@@ -606,19 +585,7 @@ def read_options(
             )
     named = cast("Mapping[str, object]", given)
     options = GivenOptions(
-        key=LOCK_KEY.given(named, where),
-        timeout=LOCK_TIMEOUT.given(named, where),
-        ttl=LOCK_TTL.given(named, where),
-        on_locked=ON_LOCKED.given(named, where),
-        limit=LOCK_LIMIT.given(named, where),
-        on_lock_lost=ON_LOCK_LOST.given(named, where),
-        retry_countdown=LOCK_RETRY_COUNTDOWN.given(named, where),
-        retry_backoff_max=LOCK_RETRY_BACKOFF_MAX.given(named, where),
-        max_retries=LOCK_MAX_RETRIES.given(named, where),
-        retry_jitter=LOCK_RETRY_JITTER.given(named, where),
-        lock_from=LOCK_FROM.given(named, where),
-        on_duplicate=ON_DUPLICATE.given(named, where),
-        pending_ttl=LOCK_PENDING_TTL.given(named, where),
+        **{spec.attribute: spec.given(named, where) for spec in LOCK_OPTION_SPECS}
     )
     check_combination(options.lock_from, options.limit, what)
     return options

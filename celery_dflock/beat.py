@@ -81,7 +81,7 @@ Non-overlapping periodic tasks
     ``beat-entry:<entry name>``, ``on_locked = "skip"``). A worker running the task as a
     ``LockedTask`` (``base=LockedTask``, or ``task_cls``) takes that lock, so a run whose
     previous run still holds it is skipped, logged and reported (``lock_skipped``).
-    Lock options the entry gives itself (``options={"lock_ttl": 60}``) are kept; an entry whose
+    Lock options the entry gives itself (``options={"lock_timeout": 5}``) are kept; an entry whose
     ``options["headers"]`` set ``dflock_beat_entry`` to a false value opts out.
 
 Leader election (`Leadership`)

@@ -10,7 +10,7 @@ Celery resolves its own task options, first match wins (`resolve_options`):
 1. the per-call option (``task.apply_async(..., lock_key="x")``);
 2. the task's entry in ``app.conf.dflock_task_locks`` (like ``task_annotations``,
    it lets an operator lock or tune a task without editing it);
-3. the task attribute (``@app.task(base=LockedTask, lock_ttl=60)``);
+3. the task attribute (``@app.task(base=LockedTask, lock_timeout=5)``);
 4. the app-wide ``app.conf.dflock_*`` setting;
 5. the built-in default.
 
@@ -23,33 +23,20 @@ from __future__ import annotations
 import difflib
 import ssl
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 from celery_dflock._settings import (
     APP_SETTING_SPECS,
     APP_SETTINGS,
     BEAT_SETTINGS,
-    DEFAULT_PENDING_TTL_S,
     DEFAULTS,
     KNOWN_SETTINGS,
-    LOCK_FROM,
-    LOCK_KEY,
-    LOCK_LIMIT,
-    LOCK_MAX_RETRIES,
+    LOCK_OPTION_SPECS,
     LOCK_OPTIONS,
-    LOCK_PENDING_TTL,
-    LOCK_RETRY_BACKOFF_MAX,
-    LOCK_RETRY_COUNTDOWN,
-    LOCK_RETRY_JITTER,
-    LOCK_TIMEOUT,
-    LOCK_TTL,
     NO_OPTIONS,
-    ON_DUPLICATE,
-    ON_LOCK_LOST,
-    ON_LOCKED,
     RENAMED_SETTINGS,
     SETTINGS,
     DflockConfigError,
@@ -100,8 +87,6 @@ __all__ = [
     "resolve_options",
     "setting_table",
 ]
-
-T = TypeVar("T")
 
 _CONFIG_ATTR: Final = "_dflock_config"
 _FIELDS: Final = {
@@ -257,7 +242,9 @@ def default_timeout(on_locked: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class LockOptions:
-    """The lock options of one task run, every layer resolved."""
+    """The lock options of one task run, every layer resolved (`resolve_options`): one field
+    per `LOCK_OPTION_SPECS` row, as `GivenOptions` (its type without the None of "not given",
+    but for the options whose default is None), and `timeout_given`."""
 
     key: KeySource
     timeout: float
@@ -267,12 +254,12 @@ class LockOptions:
     on_lock_lost: OnLockLost
     retry_countdown: float
     retry_backoff_max: float
+    max_retries: int | None
     retry_jitter: bool
-    max_retries: int | None = None
-    lock_from: LockFrom = "run"
-    on_duplicate: OnDuplicate = "return"
-    pending_ttl: int = DEFAULT_PENDING_TTL_S
-    timeout_given: bool = True
+    lock_from: LockFrom
+    on_duplicate: OnDuplicate
+    pending_ttl: int
+    timeout_given: bool
     """Whether ``lock_timeout`` was set (False: ``timeout`` is `default_timeout`'s)."""
 
 
@@ -289,34 +276,17 @@ def resolve_options(
     task's plan was made, the call options when the message was read."""
     entry = config.task_locks.get(task_name, NO_OPTIONS)
     layers = (call or NO_OPTIONS, entry, attributes, config.defaults)
-    on_locked = _first(ON_LOCKED, (layer.on_locked for layer in layers))
-    timeout = _first(LOCK_TIMEOUT, (layer.timeout for layer in layers))
-    lock_from = _first(LOCK_FROM, (layer.lock_from for layer in layers))
-    limit = _first(LOCK_LIMIT, (layer.limit for layer in layers))
-    check_combination(lock_from, limit, f"lock options of task {task_name!r}")
+    first: dict[str, Any] = {
+        spec.attribute: next(
+            (value for layer in layers if (value := getattr(layer, spec.attribute)) is not None),
+            spec.default,
+        )
+        for spec in LOCK_OPTION_SPECS
+    }
+    check_combination(first["lock_from"], first["limit"], f"lock options of task {task_name!r}")
+    timeout = first.pop("timeout")
     return LockOptions(
-        key=_first(LOCK_KEY, (layer.key for layer in layers)),
-        timeout=default_timeout(on_locked) if timeout is None else timeout,
-        ttl=_first(LOCK_TTL, (layer.ttl for layer in layers)),
-        on_locked=on_locked,
-        limit=limit,
-        on_lock_lost=_first(ON_LOCK_LOST, (layer.on_lock_lost for layer in layers)),
-        retry_countdown=_first(LOCK_RETRY_COUNTDOWN, (layer.retry_countdown for layer in layers)),
-        retry_backoff_max=_first(
-            LOCK_RETRY_BACKOFF_MAX, (layer.retry_backoff_max for layer in layers)
-        ),
-        retry_jitter=_first(LOCK_RETRY_JITTER, (layer.retry_jitter for layer in layers)),
-        max_retries=_first(LOCK_MAX_RETRIES, (layer.max_retries for layer in layers)),
-        lock_from=lock_from,
-        on_duplicate=_first(ON_DUPLICATE, (layer.on_duplicate for layer in layers)),
-        pending_ttl=_first(LOCK_PENDING_TTL, (layer.pending_ttl for layer in layers)),
+        **first,
+        timeout=default_timeout(first["on_locked"]) if timeout is None else timeout,
         timeout_given=timeout is not None,
     )
-
-
-def _first(spec: Spec[T], given: Iterable[T | None]) -> T:
-    """The first value given (the layers in order), else the option's built-in default."""
-    for value in given:
-        if value is not None:
-            return value
-    return spec.default

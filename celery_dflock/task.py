@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 from celery import Task
 from celery.utils import uuid
@@ -51,41 +51,15 @@ class LockedTask(Task):
 
     Use as ``@app.task(base=LockedTask, lock_key="report:{customer_id}")`` (always
     locked), or as the app's ``task_cls`` (then only tasks with a lock option,
-    or listed in ``dflock_task_locks``, are locked). Every option below may be
-    given per task, per call (``apply_async(..., lock_ttl=60)``) or app-wide
-    (``app.conf.dflock_*``); None means "not set here".
+    or listed in ``dflock_task_locks``, are locked). Every lock option is a class
+    attribute and may be given per task, per call (``apply_async(..., lock_timeout=5)``) or
+    app-wide (``app.conf.dflock_*``); None means "not set here".
     """
 
-    #: Lock key: a format template over the task's arguments (``"report:{customer_id}"``,
-    #: defaults applied), a callable taking the task's arguments, or None for
-    #: ``<task name>:<digest of all arguments>``.
-    lock_key: ClassVar[str | Callable[..., str] | None] = None
-    #: Seconds to wait in the key's FIFO queue before ``on_locked`` applies (default: 30 with
-    #: ``on_locked="retry"``, 0 with ``"skip"`` or ``"raise"``).
-    lock_timeout: ClassVar[float | None] = None
-    #: Lease in seconds, renewed while the body runs (default: the server's, 33 s).
-    lock_ttl: ClassVar[int | None] = None
-    #: When the lock is busy: ``"retry"`` (default), ``"skip"`` or ``"raise"``.
-    on_locked: ClassVar[str | None] = None
-    #: Let up to this many runs per key proceed at once (a semaphore); None: a lock.
-    lock_limit: ClassVar[int | None] = None
-    #: When the lock is lost mid-run: ``"interrupt"`` (default), ``"flag"`` or ``"terminate"``.
-    on_lock_lost: ClassVar[str | None] = None
-    #: First retry countdown of ``on_locked="retry"``, doubled per retry (default 1 s).
-    lock_retry_countdown: ClassVar[float | None] = None
-    #: Longest retry countdown (default 60 s).
-    lock_retry_backoff_max: ClassVar[float | None] = None
-    #: Randomise each countdown between half and all of it (default True).
-    lock_retry_jitter: ClassVar[bool | None] = None
-    #: When the key is taken: ``"run"`` (default, when the run starts) or ``"publish"``
-    #: (queue-once: when the task is sent, held until its run ends; see docs/queue-once.md).
-    lock_from: ClassVar[str | None] = None
-    #: ``lock_from="publish"``, the key is held: ``"return"`` (default: send nothing, return
-    #: the holder's ``AsyncResult``) or ``"raise"`` (raise ``AlreadyQueued``).
-    on_duplicate: ClassVar[str | None] = None
-    #: Seconds a message sent with ``lock_from="publish"`` may wait in the queue holding its
-    #: key (default 300, the server's longest lease unless ``dflockd --max-lease-ttl``).
-    lock_pending_ttl: ClassVar[int | None] = None
+    # Every lock option is a class attribute, None: not set here (the options, their
+    # defaults and meanings: `celery_dflock._settings.LOCK_OPTION_SPECS`, shown in
+    # docs/reference/settings.md).
+    locals().update(dict.fromkeys(LOCK_OPTIONS))
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -93,7 +67,7 @@ class LockedTask(Task):
         BaseTask.on_bound.__func__(cls, app)
         _worker_hooks.install_hooks(app, LockedTask)
         cls.throws = _worker_hooks.with_skip(getattr(cls, "throws", ()))
-        template = cls.lock_key
+        template: object = getattr(cls, "lock_key", None)
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
         inherited = {attr for base in cls.__mro__[1:] for attr in vars(base)}

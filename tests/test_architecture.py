@@ -7,7 +7,9 @@
 - the client layer imports nothing of Celery or of the Celery layer, and importing the blocking
   or the asyncio client does not import Celery (checked in a fresh interpreter);
 - the server imports nothing of Celery or of the plugin;
-- the Celery layer's private modules are the few ARCHITECTURE.md names (issue 53).
+- the Celery layer's private modules are the few ARCHITECTURE.md names (issue 53);
+- one option's way down, from ``app.conf`` to the request's bytes, is the path ARCHITECTURE.md
+  gives (a traced run of a locked task on an in-process server: the one test that imports).
 
 ARCHITECTURE.md names the layers; this test is where they are enforced.
 """
@@ -15,12 +17,14 @@ ARCHITECTURE.md names the layers; this test is where they are enforced.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from types import FrameType
+from typing import Any, Final
 
 import pytest
 
@@ -393,3 +397,113 @@ def test_no_class_of_the_celery_layer_extends_a_lone_class_of_another_module() -
         and only[0].rsplit(".", 1)[0] != base.rsplit(".", 1)[0]
     )
     assert lone == []
+
+
+WAY_DOWN_LEASE: Final = 17
+"""The ``dflock_lock_ttl`` of the traced run (no default is 17)."""
+
+
+def documented_way_down() -> list[tuple[str, set[str]]]:
+    """ARCHITECTURE.md's "one value's way down": (file, the functions it names) per item."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("### One value's way down", 1)[1].split("\n### ", 1)[0]
+    return [
+        (path, set(re.findall(r"`([\w.]+)`", functions)))
+        for path, functions in re.findall(r"(?m)^\d+\. `([^`]+)` \(([^)]*)\)", section)
+    ]
+
+
+@dataclass
+class WayDown:
+    """What a traced run did with one lease: the functions of the package that held it
+    (as an argument, a local or their result, or in the typed record that carries it, as
+    their result) or handed it on, by file in the order the run first entered each."""
+
+    is_it: Callable[[object], bool]
+    carries: Callable[[object], bool]
+    stack: list[tuple[FrameType, int, list[bool]]] = field(default_factory=lambda: [])
+    entered: int = 0
+    files: dict[str, tuple[int, set[str]]] = field(default_factory=lambda: {})
+    leases: list[object] = field(default_factory=lambda: [])
+    sent: list[bytes] = field(default_factory=lambda: [])
+
+    def holds(self, values: Iterator[object]) -> bool:
+        found = [value for value in values if self.is_it(value)]
+        self.leases += found
+        return bool(found)
+
+    def profile(self, frame: FrameType, event: str, arg: object) -> None:
+        code = frame.f_code
+        if event not in {"call", "return"} or not code.co_filename.startswith(str(ROOT)):
+            return
+        path = Path(code.co_filename).relative_to(ROOT).as_posix()
+        if not path.startswith("celery_dflock/"):
+            return
+        locals_: dict[str, Any] = frame.f_locals
+        if event == "call":
+            self.entered += 1
+            held = self.holds(iter(locals_.values()))
+            if held and self.stack and self.stack[-1][0] is frame.f_back:
+                self.stack[-1][2][0] = True  # the caller handed it on
+            self.stack.append((frame, self.entered, [held]))
+            return
+        _, entered, held = self.stack.pop()
+        if not (held[0] or self.holds(iter([arg, *locals_.values()])) or self.carries(arg)):
+            return
+        if path.endswith("/_requests.py") and isinstance(arg, bytes):
+            self.sent.append(arg)
+        first, functions = self.files.setdefault(path, (entered, set()))
+        functions.add(code.co_qualname.split(".<locals>", 1)[0])
+        self.files[path] = (min(first, entered), functions)
+
+    def path(self) -> list[tuple[str, set[str]]]:
+        return [
+            (path, functions)
+            for path, (_, functions) in sorted(self.files.items(), key=lambda item: item[1][0])
+        ]
+
+
+def test_one_values_way_down_is_the_path_architecture_md_gives() -> None:
+    """Issue 71, acceptance 3: ARCHITECTURE.md's "one value's way down" is what a run does.
+    A locked task runs (eagerly, on a real in-process server) with ``dflock_lock_ttl`` set,
+    traced: the value passes through the files the section lists, in its order, and through
+    the very functions it names in each; it is one `Lease` object from the check to the
+    request's bytes (checked once); and the client layer names no Celery option for it."""
+    # (imported here: the other tests of this module read the code, they import nothing)
+    from celery_dflock import LockedTask
+    from celery_dflock._settings import GivenOptions
+    from celery_dflock.client.clients import Lease
+    from celery_dflock.config import DflockConfig, LockOptions
+    from dflockd_server import Config
+    from dflockd_server.testing import ServerThread
+    from tests.support.apps import make_app
+
+    def is_it(value: object) -> bool:
+        return type(value) is Lease and value == WAY_DOWN_LEASE
+
+    def carries(value: object) -> bool:
+        if isinstance(value, DflockConfig):
+            value = value.defaults
+        return isinstance(value, GivenOptions | LockOptions) and is_it(value.ttl)
+
+    way = WayDown(is_it, carries)
+    with ServerThread(Config(host="127.0.0.1", port=0, default_lease_ttl_s=30)) as server:
+        app = make_app("waydown", eager=True, servers=server, dflock_lock_ttl=WAY_DOWN_LEASE)
+
+        @app.task(shared=False, base=LockedTask, lock_key="way:down")
+        def way_down() -> str:
+            return "ran"
+
+        job: Any = way_down
+        sys.setprofile(way.profile)
+        try:
+            result = job.apply()
+        finally:
+            sys.setprofile(None)
+        assert result.get() == "ran"
+    assert way.path() == documented_way_down()
+    assert way.leases and all(lease is way.leases[0] for lease in way.leases)
+    assert getattr(way.leases[0], "name", None) == "app.conf.dflock_lock_ttl"
+    assert any(f" {WAY_DOWN_LEASE} ".encode() in sent for sent in way.sent), way.sent
+    client = PACKAGES["celery_dflock"] / "client"
+    assert not [path for path in client.rglob("*.py") if "lock_ttl" in path.read_text()]

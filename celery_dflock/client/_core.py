@@ -37,7 +37,13 @@ from celery_dflock.client._requests import (
 from celery_dflock.client._router import ClusterRouter, KeyRoute, NextTry
 from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
 from celery_dflock.client._session import ClientSession
-from celery_dflock.client._settings import REPLY_GRACE_S, ClientSettings, Endpoint, whole_seconds
+from celery_dflock.client._settings import (
+    REPLY_GRACE_S,
+    ClientSettings,
+    Endpoint,
+    lease_name,
+    whole_seconds,
+)
 from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
 from celery_dflock.client.protocol import (
     Asked,
@@ -295,10 +301,9 @@ class LockCore:
         raise InvalidValueError(
             f"{self.what}: the lease asked for ({lease} s) is above the longest lease server "
             f"{self.endpoint.address} grants ({limit} s, its --max-lease-ttl / "
-            "DFLOCKD_MAX_LEASE_TTL_S). Ask for a shorter lease (lease_ttl_s=; in Celery the "
-            "lock_ttl option or the dflock_lock_ttl setting, lock_pending_ttl for a key held "
-            "from publish, dflock_beat_lease_ttl for beat): renewal keeps a lock held however "
-            "long the work runs. Or start the server with a larger --max-lease-ttl"
+            f"DFLOCKD_MAX_LEASE_TTL_S). Ask for a shorter lease ({lease_name(lease)}): renewal "
+            "keeps a lock held however long the work runs. Or start the server with a larger "
+            "--max-lease-ttl"
         )
 
     def acquire_request(self, server: ServerInfo | None = None) -> Request:
@@ -393,7 +398,7 @@ class LockCore:
         raise InvalidValueError(
             f"{self.what}: a hold names its lease, and server {self.endpoint.address} "
             f"({server.describe()}) does not say its default lease in its hello: give the "
-            "lock a lease (lease_ttl_s=; in Celery lock_ttl or dflock_lock_ttl)"
+            "lock a lease (lease_ttl_s=, or the option that sets it)"
         )
 
     def take_over_note(self, note: str | None) -> str:

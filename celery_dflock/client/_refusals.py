@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from celery_dflock.client import errors, wire
 from celery_dflock.client._servers import auth_required_error
-from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._settings import Endpoint, lease_name
 from celery_dflock.client.cluster import ShardsInfo
 from celery_dflock.client.protocol import Command, ErrorReply, Moved, Reply
 from celery_dflock.client.sharding import Routing, server_identity
@@ -84,7 +84,7 @@ def refusal_error(
     lease = ""
     if lease_ttl_s is not None and code == wire.STATUS_ERROR:
         lease = (
-            f", or the lease asked for ({lease_ttl_s} s, lock_ttl / lease_ttl_s) is "
+            f", or the lease asked for ({lease_ttl_s} s, {lease_name(lease_ttl_s)}) is "
             "above its --max-lease-ttl (DFLOCKD_MAX_LEASE_TTL_S, default "
             f"{wire.DEFAULT_MAX_LEASE_TTL_S} s): ask for a shorter lease (renewal "
             "keeps it held) or raise the server's limit"

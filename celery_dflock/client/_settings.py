@@ -163,26 +163,40 @@ def check_servers(
 
 
 class Lease(int):
-    """A lease in whole seconds that `lease_seconds` has checked: a value carries its check
-    with it, so a layer that checked a lease where it entered (the Celery layer's
-    ``lock_ttl``) hands it to ``Client.lock`` without a second check."""
+    """A lease in whole seconds that `lease_seconds` has checked, and the ``name`` it was
+    given under (``lease_ttl_s``, or a layer's own: an option, a setting): a value carries its
+    check with it, so a layer that checked a lease where it entered hands it to
+    ``Client.lock`` without a second check, and a refusal of it names where it was set."""
 
-    __slots__ = ()
+    name: str
+
+    def __new__(cls, seconds: int, name: str) -> Lease:
+        lease = super().__new__(cls, seconds)
+        lease.name = name
+        return lease
+
+    def __reduce__(self) -> tuple[type[Lease], tuple[int, str]]:
+        return Lease, (int(self), self.name)
+
+
+def lease_name(lease: int) -> str:
+    """Where ``lease`` was set, in the user's terms: a `Lease` says it, else ``lease_ttl_s``."""
+    return lease.name if isinstance(lease, Lease) else "lease_ttl_s"
 
 
 def lease_seconds(
     name: str, value: object, *, error: type[InvalidValueError] = InvalidValueError
 ) -> Lease:
     """A lease: a whole number of seconds from 1 (the protocol's unit; a fraction is refused
-    rather than rounded, the same for ``lease_ttl_s=``, ``lease_ttl=`` and ``lock_ttl``). A
-    `Lease` (checked already) is returned as it is."""
+    rather than rounded, wherever a lease is given), a `Lease` named ``name``. A `Lease`
+    (checked already) is returned as it is."""
     if type(value) is Lease:
         return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"{name} must be a whole number of seconds (an int), got {value!r}")
     if not 1 <= value <= wire.MAX_NUMBER:
         raise error(f"{name} must be between 1 and {wire.MAX_NUMBER} seconds, got {value!r}")
-    return Lease(value)
+    return Lease(value, name)
 
 
 def check_sharding_strategy(

@@ -313,7 +313,7 @@ def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change
     dflock_server_factory: Any, where: str
 ) -> None:
     """The server's --max-lease-ttl comes with its hello; a run asking for a longer lease is
-    refused before the request, naming lock_ttl / dflock_lock_ttl and --max-lease-ttl (before
+    refused before the request, naming where the lease was set and --max-lease-ttl (before
     issue 29 the request was sent, and the server's bare 'error' became a ProtocolError that
     could only guess at the cause)."""
     from celery_dflock import InvalidValueError
@@ -337,7 +337,9 @@ def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change
     message = str(refused.value)
     assert "the lease asked for (60 s) is above the longest lease server" in message
     assert "(30 s, its --max-lease-ttl" in message
-    assert "the lock_ttl option or the dflock_lock_ttl setting" in message
+    # The lease names where it was set: the setting, or the task's attribute.
+    named = "app.conf.dflock_lock_ttl" if where == "setting" else "attribute lock_ttl of task"
+    assert f"Ask for a shorter lease ({named}" in message
     app.close()
 
 

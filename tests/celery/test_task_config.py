@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+import collections.abc
+import types
+from dataclasses import fields
+from typing import Any, Literal, Union, cast, get_args, get_origin, get_type_hints
 
 import pytest
 from celery import Celery
 from celery.exceptions import ImproperlyConfigured
 
-from celery_dflock._settings import NO_OPTIONS, GivenOptions, read_attributes, read_call_options
+from celery_dflock._settings import (
+    LOCK_OPTION_SPECS,
+    LOCK_OPTIONS,
+    NO_OPTIONS,
+    GivenOptions,
+    option_table,
+    read_attributes,
+    read_call_options,
+)
 from celery_dflock.client.clients import Client, Lease, lease_seconds
 from celery_dflock.config import (
     DEFAULTS,
     DflockConfig,
     DflockConfigError,
+    LockOptions,
     get_config,
     parse_servers,
     reset_config,
     resolve_options,
 )
+from celery_dflock.task import LockedTask
 from tests.support.apps import make_app
 
 
@@ -163,3 +176,60 @@ def test_config_is_cached_on_the_app_until_reset() -> None:
     assert get_config(app).servers == (("a", 1),)
     reset_config(app)
     assert get_config(app).servers == (("b", 2),)
+
+
+SAMPLES: dict[str, object] = {
+    "lock_key": "k:{x}",
+    "lock_timeout": 7.0,
+    "lock_ttl": 9,
+    "on_locked": "skip",
+    "lock_limit": 3,
+    "on_lock_lost": "flag",
+    "lock_retry_countdown": 2.0,
+    "lock_retry_backoff_max": 5.0,
+    "lock_max_retries": 4,
+    "lock_retry_jitter": False,
+    "lock_from": "publish",
+    "on_duplicate": "raise",
+    "lock_pending_ttl": 11,
+}
+"""A value other than the default for every lock option."""
+
+
+def fits(value: object, hint: object) -> bool:
+    """Whether ``value`` is of the type ``hint`` (the hints the option shapes use)."""
+    origin = get_origin(hint)
+    if origin in {Union, types.UnionType}:
+        return any(fits(value, arg) for arg in get_args(hint))
+    if origin is Literal:
+        return value in get_args(hint)
+    if origin is collections.abc.Callable:
+        return callable(value)
+    return value is None if hint is type(None) else isinstance(value, cast("type", hint))
+
+
+def test_each_lock_option_is_defined_once_and_every_listing_derives_from_it() -> None:
+    """Issue 71, acceptance 4: ``LOCK_OPTION_SPECS`` is the one list of lock options. The
+    typed shapes (`GivenOptions`, `LockOptions`) have one field per row, of the row's type;
+    the names, defaults, settings, the reference's table and `LockedTask`'s attributes come
+    from it; reading and resolving carry each option through. An option added in one place
+    and forgotten in another fails here."""
+    names = [spec.name for spec in LOCK_OPTION_SPECS]
+    attrs = [spec.attribute for spec in LOCK_OPTION_SPECS]
+    assert list(LOCK_OPTIONS) == names == [row[0] for row in option_table()]
+    assert list(DEFAULTS) == names and set(SAMPLES) == set(names)
+    assert [field.name for field in fields(GivenOptions)] == attrs
+    assert [field.name for field in fields(LockOptions)] == [*attrs, "timeout_given"]
+    given, resolved = get_type_hints(GivenOptions), get_type_hints(LockOptions)
+    for spec in LOCK_OPTION_SPECS:
+        attr, value = spec.attribute, SAMPLES[spec.name]
+        assert given[attr] == resolved[attr] | None, spec.name  # "not given" is the one None
+        assert fits(spec.default, resolved[attr] | None), spec.name  # (lock_timeout's is None)
+        assert LockedTask.__dict__[spec.name] is None, spec.name
+        one = attributes(**{spec.name: value})
+        assert fits(getattr(one, attr), given[attr]) and one.by_name() == {spec.name: value}
+        assert call_options(**{spec.name: value}).by_name() == {spec.name: value}
+        options = resolve_options(DflockConfig(), "t", one)
+        assert getattr(options, attr) == value and fits(getattr(options, attr), resolved[attr])
+        unset = resolve_options(DflockConfig(), "t", NO_OPTIONS)
+        assert getattr(unset, attr) == (30.0 if attr == "timeout" else spec.default), spec.name
