@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from celery import Task
 from celery.utils import uuid
@@ -56,10 +56,22 @@ class LockedTask(Task):
     app-wide (``app.conf.dflock_*``); None means "not set here".
     """
 
-    # Every lock option is a class attribute, None: not set here (the options, their
-    # defaults and meanings: `celery_dflock._settings.LOCK_OPTION_SPECS`, shown in
-    # docs/reference/settings.md).
-    locals().update(dict.fromkeys(LOCK_OPTIONS))
+    # Every lock option, as a user sets it (None: not set here). What each means and its
+    # default: its row of `celery_dflock._settings.LOCK_OPTION_SPECS`, shown in
+    # docs/reference/settings.md; tests/celery/test_task_config.py holds these to those rows.
+    lock_key: ClassVar[str | Callable[..., str] | None] = None
+    lock_timeout: ClassVar[float | None] = None
+    lock_ttl: ClassVar[int | None] = None
+    on_locked: ClassVar[str | None] = None
+    lock_limit: ClassVar[int | None] = None
+    on_lock_lost: ClassVar[str | None] = None
+    lock_retry_countdown: ClassVar[float | None] = None
+    lock_retry_backoff_max: ClassVar[float | None] = None
+    lock_max_retries: ClassVar[int | None] = None
+    lock_retry_jitter: ClassVar[bool | None] = None
+    lock_from: ClassVar[str | None] = None
+    on_duplicate: ClassVar[str | None] = None
+    lock_pending_ttl: ClassVar[int | None] = None
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -67,7 +79,7 @@ class LockedTask(Task):
         BaseTask.on_bound.__func__(cls, app)
         _worker_hooks.install_hooks(app, LockedTask)
         cls.throws = _worker_hooks.with_skip(getattr(cls, "throws", ()))
-        template: object = getattr(cls, "lock_key", None)
+        template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
         inherited = {attr for base in cls.__mro__[1:] for attr in vars(base)}

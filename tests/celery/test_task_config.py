@@ -221,11 +221,19 @@ def test_each_lock_option_is_defined_once_and_every_listing_derives_from_it() ->
     assert [field.name for field in fields(GivenOptions)] == attrs
     assert [field.name for field in fields(LockOptions)] == [*attrs, "timeout_given"]
     given, resolved = get_type_hints(GivenOptions), get_type_hints(LockOptions)
+    attributes_of_task = {
+        name: hint
+        for name, hint in get_type_hints(LockedTask).items()
+        if name in LockedTask.__annotations__
+    }
+    assert list(attributes_of_task) == names  # LockedTask's own annotations: one per option
     for spec in LOCK_OPTION_SPECS:
         attr, value = spec.attribute, SAMPLES[spec.name]
         assert given[attr] == resolved[attr] | None, spec.name  # "not given" is the one None
         assert fits(spec.default, resolved[attr] | None), spec.name  # (lock_timeout's is None)
         assert LockedTask.__dict__[spec.name] is None, spec.name
+        (as_set,) = get_args(attributes_of_task[spec.name])  # ClassVar[X]: what a user sets
+        assert fits(value, as_set) and fits(None, as_set), spec.name
         one = attributes(**{spec.name: value})
         assert fits(getattr(one, attr), given[attr]) and one.by_name() == {spec.name: value}
         assert call_options(**{spec.name: value}).by_name() == {spec.name: value}
