@@ -30,13 +30,16 @@ loaded machine to resume the server, and is far below the session's time."""
 _FIN_WAIT2 = "05"
 
 
-def _tcp_state(local_port: int) -> tuple[str, int] | None:
-    """The kernel's (state, bytes unacknowledged) of this machine's IPv4 socket bound to
-    ``local_port`` on 127.0.0.1, or None."""
-    wanted = f"0100007F:{local_port:04X}"
+def _tcp_state(local_port: int, server_port: int) -> tuple[str, int] | None:
+    """The kernel's (state, bytes unacknowledged) of this machine's IPv4 connection from
+    127.0.0.1:``local_port`` to 127.0.0.1:``server_port``, or None. Both ends, not the local
+    port alone: the kernel gives one ephemeral port to connections towards different peers,
+    and with the suite's other processes connecting meanwhile, another connection from the
+    same port (to Redis, to another server) was read instead, and never reached FIN_WAIT2."""
+    wanted = (f"0100007F:{local_port:04X}", f"0100007F:{server_port:04X}")
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
-        if fields[1] == wanted:
+        if (fields[1], fields[2]) == wanted:
             tx_queue = int(fields[4].split(":")[0], 16)
             return fields[3], tx_queue
     return None
@@ -65,12 +68,12 @@ def test_a_waiter_closing_as_it_is_granted_passes_the_key_on_at_once(
         with paused(proc.proc.pid):
             closer.close()  # its FIN reaches the server's buffers first ...
             wait_until(
-                lambda: (_tcp_state(closer_port) or ("", 0))[0] == _FIN_WAIT2,
+                lambda: (_tcp_state(closer_port, address[1]) or ("", 0))[0] == _FIN_WAIT2,
                 what="the closer's FIN acknowledged by the stopped server's kernel",
             )
             holder.send("r", "k", token)  # ... then the release
             wait_until(
-                lambda: _tcp_state(holder_port) == ("01", 0),
+                lambda: _tcp_state(holder_port, address[1]) == ("01", 0),
                 what="the release acknowledged by the stopped server's kernel",
             )
             resumed = time.monotonic()
