@@ -25,7 +25,10 @@ CLUSTER_SEED_BUDGET = 4
 """Cluster seeds each run of the suite simulates (about 4 s each on one core: the members
 walk 8192 shards at every step that decides)."""
 MUTATION_BUDGET_S = 60.0
-"""Each defect put back is found within this much wall time of seeds (the issue's bound)."""
+"""Each defect put back is found within this many seconds of seeds (the issue's bound), counted
+in this process's CPU time: what the seeds cost on one core, whatever else the machine runs
+(under the suite's other processes, on 2 loaded cores, a defect found in 30 s of wall time
+alone took more than 120)."""
 
 
 def test_every_seed_of_the_budget_keeps_the_contracts() -> None:
@@ -90,10 +93,10 @@ def test_a_seed_replays_exactly() -> None:
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_each_defect_put_back_is_found_and_replays(name: str) -> None:
-    started = time.monotonic()
+    started = time.process_time()
     seed = 0
     found = None
-    while time.monotonic() - started < MUTATION_BUDGET_S:
+    while time.process_time() - started < MUTATION_BUDGET_S:
         result = simulate(seed, name)
         if not result.ok:
             found = result
