@@ -1,6 +1,6 @@
 """The order the suite's files are handed to pytest-xdist's processes in: the longest first.
 
-The suite runs with ``-n 4 --dist loadfile`` (pyproject.toml): each file goes whole to one
+The suite runs with ``-n 6 --dist loadfile`` (pyproject.toml): each file goes whole to one
 process, and a process takes the next file when it is done with its own. Left to itself, xdist
 hands the files out by their number of tests, most first, which puts the suite's longest files
 (a handful of tests each, a minute or more per test: the cluster's fault runs, the packaging
