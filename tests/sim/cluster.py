@@ -40,15 +40,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from celery_dflock.client._grant import LockState
 from dflockd_server.cluster.etcd import Put
 from dflockd_server.cluster.fencestore import EtcdCeilingStore
 from dflockd_server.cluster.node import ClusterNode, ask_secret_key
 from dflockd_server.cluster.shardmap import shard_id
-from dflockd_server.fence import FenceStateError, fence_of
+from dflockd_server.fence import FenceStateError
 from dflockd_server.serving import KeyServing
 from dflockd_server.tokens import FenceCounter
-from tests.faults.history import Cut, Hold, check_history
+from tests.faults.history import Cut
 from tests.sim.client import ClientConn, SimClient
 from tests.sim.clusterclient import ClusterClient
 from tests.sim.etcd import SimEtcd, SimEtcdClient
@@ -58,6 +57,7 @@ from tests.sim.network import Network
 from tests.sim.process import Process
 from tests.sim.result import Result
 from tests.sim.server import InOrder, Machine, Mutations, ServerConfig, SimServer
+from tests.sim.verdict import Verdict
 
 if TYPE_CHECKING:
     from dflockd_server.connection import Connection
@@ -297,12 +297,8 @@ class ClusterRun:
         self.mutation = mutation
         self.net = Network(loop)
         self.etcd = SimEtcd(loop)
-        self.violations: list[str] = []
-        self.holds: list[Hold] = []
-        self.cuts: list[Cut] = []
-        self.grants = 0
-        self.last_fence: dict[str, int] = {}
-        self.told: set[tuple[str, str]] = set()
+        self.clients: list[SimClient] = []
+        self.verdict = Verdict(loop, self.clients)
         rng = loop.rng
         self.config = ServerConfig(default_lease=12, max_lease=20, session_ttl=0)
         self.mutations = Mutations()
@@ -322,77 +318,31 @@ class ClusterRun:
         seeds = [(m.name, 6388) for m in self.members[:running]]
         keys = [key for pair in KEY_PAIRS[: rng.randint(1, 3)] for key in pair]
         assert all(shard_id(a) == shard_id(b) for a, b in KEY_PAIRS)
-        self.clients: list[SimClient] = []
         for i in range(rng.randint(2, 4)):
             proc = Process(loop, f"c{i}", clock_offset=rng.uniform(100.0, 1e5))
             client = ClusterClient(
-                loop, proc, self.connect, f"10.0.0.{i % 2 + 1}", keys, self.holds, seeds
+                loop, proc, self.connect, f"10.0.0.{i % 2 + 1}", keys, self.verdict.holds, seeds
             )
             self.clients.append(client)
 
     # ------------------------------------------------------------------ invariants
     def on_grant(self, member: SimMember, key: str, token: str) -> None:
-        """A grant leaves ``member``: its fence is above every fence of the key before, and
-        no client still believes it holds the key."""
-        self.grants += 1
-        fence = fence_of(token)
-        last = self.last_fence.get(key)
-        if last is not None and fence <= last:
-            self.violation(
-                f"fence of {key!r} went from {last} to {fence} (granted by {member.name})"
-            )
-        self.last_fence[key] = max(fence, last or 0)
-        for client in self.clients:
-            core = client.core
-            if (
-                client.proc.alive
-                and core is not None
-                and core.key == key
-                and core.state is LockState.HELD
-                and core.token != token
-                and core.owned()
-                and not (client.attempt is not None and client.attempt.released_t is not None)
-            ):
-                self.violation(
-                    f"{key!r} granted by {member.name} (fence {fence}) while {client.name} still "
-                    f"believes it holds it from {core.endpoint.address} (fence "
-                    f"{fence_of(core.token or '0')}, "
-                    f"{core.grant.hold_deadline() - client.clock():.2f} s left to it)"
-                )
+        """A grant leaves ``member`` (`Verdict.granted`)."""
+        self.verdict.granted(key, token, by=member.name)
 
     def audit(self) -> None:
         """Every tenth of a second: no client believes in a grant its member does not hold
         (skipped while that member is down or in its restart grace)."""
         self.loop.later(0.1, self.audit)
-        for client in self.clients:
+        for client in self.verdict.believers():
             core = client.core
-            attempt = client.attempt
-            if (
-                not client.proc.alive
-                or core is None
-                or core.state is not LockState.HELD
-                or core.token is None
-                or attempt is None
-                or attempt.released_t is not None
-                or (client.name, core.token) in self.told
-                or not core.owned()
-            ):
-                continue
+            assert core is not None and core.token is not None
             member = self.by_address.get(core.endpoint.address)
             server = None if member is None else member.server
-            if server is None or not member.proc.alive or server.table.in_grace:  # pyright: ignore[reportOptionalMemberAccess]
+            if member is None or server is None or not member.proc.alive or server.table.in_grace:
                 continue
             if not table_holds(server, core.key, core.token):
-                self.told.add((client.name, core.token))
-                self.violation(
-                    f"{client.name} believes it holds {core.key!r} (fence "
-                    f"{fence_of(core.token)}, {core.grant.hold_deadline() - client.clock():.2f} "
-                    f"s left to it) but {core.endpoint.address} no longer holds that grant"
-                )
-
-    def violation(self, text: str) -> None:
-        self.loop.note(f"VIOLATION {text}")
-        self.violations.append(f"at {self.loop.now:.3f}: {text}")
+                self.verdict.lost_belief(client, core.endpoint.address)
 
     # ------------------------------------------------------------------ connecting
     def connect(self, client: SimClient, done: Callable[[ClientConn | None, bool], None]) -> None:
@@ -439,7 +389,7 @@ class ClusterRun:
         done = True
         if fault in {"member_kill", "member_reboot"} and member is not None and member.proc.alive:
             loop.note(f"nemesis: {member.name} killed")
-            self.cuts.append(Cut(loop.now, None))
+            self.verdict.cuts.append(Cut(loop.now, None))
             member.crash()
             if fault == "member_reboot":
                 step = rng.uniform(-600.0, 600.0)
@@ -465,7 +415,7 @@ class ClusterRun:
         elif fault == "member_leave" and len(running) > 2 and member is not None:
             if member.proc.alive:
                 loop.note(f"nemesis: {member.name} leaves the cluster")
-                self.cuts.append(Cut(loop.now, None))
+                self.verdict.cuts.append(Cut(loop.now, None))
                 member.leave()
             member.listed = False
         elif fault == "member_join":
@@ -480,7 +430,7 @@ class ClusterRun:
                 done = False
         elif fault == "kill" and client.proc.alive:
             loop.note(f"nemesis: kill {client.name}")
-            self.cuts.append(Cut(loop.now, client.name))
+            self.verdict.cuts.append(Cut(loop.now, client.name))
             client.kill()
             client.proc.kill()
             loop.later(rng.uniform(0.5, 5.0), lambda c=client: self._restart_client(c))
@@ -522,26 +472,6 @@ class ClusterRun:
         try:
             loop.run_until(self.duration)
         except Runaway as exc:
-            self.violation(f"runaway: {exc}")
-        for client in self.clients:
-            attempt = client.attempt
-            if attempt is not None and client.proc.alive and attempt.granted_t is not None:
-                self.holds.append(attempt.hold(client.name, "killed", holding_until=loop.now))
-        # (fences are ordered per key: two members' counters order no two keys)
-        checked = check_history(self.holds, self.cuts, one_server=False)
-        for v in checked.violations:
-            self.violation(f"history: {v.kind} on {v.key!r}: {v.detail}")
+            self.verdict.violation(f"runaway: {exc}")
         mutation = self.mutation
-        return Result(
-            seed=loop.seed,
-            mutation=None if mutation is None else mutation.name,
-            violations=self.violations,
-            digest=loop.digest(),
-            trace=list(loop.lines),
-            grants=self.grants,
-            holds=len(self.holds),
-            events=loop.events,
-            checked=checked.summary().split("\n")[0],
-            seen=dict(loop.seen),
-            cluster=True,
-        )
+        return self.verdict.result(None if mutation is None else mutation.name, cluster=True)

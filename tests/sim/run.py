@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from celery_dflock.client._grant import LockState
-from dflockd_server.fence import fence_of
 from dflockd_server.keys import Holder
-from tests.faults.history import Cut, Hold, check_history
+from tests.faults.history import Cut
 from tests.sim.client import ClientConn, SimClient
 from tests.sim.cluster import ClusterRun
 from tests.sim.disk import Disk
@@ -23,6 +21,7 @@ from tests.sim.network import Network
 from tests.sim.process import Process
 from tests.sim.result import Result
 from tests.sim.server import Machine, Mutations, ServerConfig, SimServer
+from tests.sim.verdict import Verdict
 
 __all__ = ["Result", "simulate"]
 
@@ -40,16 +39,11 @@ class Run:
         self.duration = duration
         self.mutation = mutation
         self.net = Network(loop)
-        self.violations: list[str] = []
-        self.holds: list[Hold] = []
-        self.cuts: list[Cut] = []
-        self.grants = 0
-        self.last_fence: dict[str, int] = {}
+        self.clients: list[SimClient] = []
+        self.verdict = Verdict(loop, self.clients)
         self.granted_to: dict[str, tuple[str, str]] = {}
         """Token -> (key, address), for the per-address cap's invariant."""
         self.wall_offset_ns = 0
-        self.told: set[tuple[str, str]] = set()
-        """(client, token) of the beliefs the audit reported (once each)."""
         rng = loop.rng
         mutations = Mutations()
         config = ServerConfig(
@@ -88,11 +82,10 @@ class Run:
         if mutation is not None and mutation.faults is not None:
             self.faults = list(mutation.faults)
         keys = [f"k{i}" for i in range(rng.randint(1, 3) + (2 if config.locks_per_ip else 0))]
-        self.clients: list[SimClient] = []
         for i in range(rng.randint(2, 4)):
             proc = Process(loop, f"c{i}", clock_offset=rng.uniform(100.0, 1e5))
             ip = f"10.0.0.{i % 2 + 1}"
-            client = SimClient(loop, proc, self.connect, ip, keys, self.holds)
+            client = SimClient(loop, proc, self.connect, ip, keys, self.verdict.holds)
             client.detached_holds = bool(config.locks_per_ip)
             self.clients.append(client)
 
@@ -106,36 +99,16 @@ class Run:
         )
 
     def on_grant(self, key: str, token: str, ip: str) -> None:
-        """A grant leaves the server: the invariants that hold at that moment."""
-        self.grants += 1
-        fence = fence_of(token)
-        last = self.last_fence.get(key)
-        if last is not None and fence <= last:
-            self.violation(f"fence of {key!r} went from {last} to {fence}")
-        self.last_fence[key] = max(fence, last or 0)
-        for client in self.clients:
-            core = client.core
-            if (
-                client.proc.alive
-                and core is not None
-                and core.key == key
-                and core.state is LockState.HELD
-                and core.token != token
-                and core.owned()
-                and not (client.attempt is not None and client.attempt.released_t is not None)
-            ):
-                self.violation(
-                    f"{key!r} granted (fence {fence}) while {client.name} still believes it "
-                    f"holds it (fence {fence_of(core.token or '0')}, "
-                    f"{core.grant.hold_deadline() - client.clock():.2f} s left to it)"
-                )
+        """A grant leaves the server: the invariants that hold at that moment (the verdict's,
+        and the per-address cap's)."""
+        self.verdict.granted(key, token)
         cap = self.config.locks_per_ip
         if cap:
             self.granted_to[token] = (key, ip)
             live = {h.token for h, _, _ in self.server.table.live_holders()}
             held = sum(1 for t, (_, a) in self.granted_to.items() if a == ip and t in live)
             if held > cap:
-                self.violation(f"{ip} holds {held} grants, above --max-locks-per-ip {cap}")
+                self.verdict.violation(f"{ip} holds {held} grants, above --max-locks-per-ip {cap}")
 
     def audit(self) -> None:
         """Every tenth of a second: no client believes in a grant the running server does not
@@ -144,26 +117,11 @@ class Run:
         self.loop.later(0.1, self.audit)
         if not self.server_proc.alive or self.server.table.in_grace:
             return
-        for client in self.clients:
+        for client in self.verdict.believers():
             core = client.core
-            attempt = client.attempt
-            if (
-                client.proc.alive
-                and core is not None
-                and core.state is LockState.HELD
-                and core.token is not None
-                and attempt is not None
-                and attempt.released_t is None
-                and (client.name, core.token) not in self.told
-                and core.owned()
-                and not self._server_holds(core.key, core.token)
-            ):
-                self.told.add((client.name, core.token))
-                self.violation(
-                    f"{client.name} believes it holds {core.key!r} (fence "
-                    f"{fence_of(core.token)}, {core.grant.hold_deadline() - client.clock():.2f} s "
-                    "left to it) but the server no longer holds that grant"
-                )
+            assert core is not None and core.token is not None
+            if not self._server_holds(core.key, core.token):
+                self.verdict.lost_belief(client, "the server")
 
     def _server_holds(self, key: str, token: str) -> bool:
         """Whether the server's table holds the live grant ``token`` of ``key``."""
@@ -177,10 +135,6 @@ class Run:
             return one.live and one.token == token
         holder = (entry.many or {}).get(token)
         return holder is not None and holder.live
-
-    def violation(self, text: str) -> None:
-        self.loop.note(f"VIOLATION {text}")
-        self.violations.append(f"at {self.loop.now:.3f}: {text}")
 
     # ------------------------------------------------------------------ connecting
     def connect(self, client: SimClient, done: Callable[[ClientConn | None, bool], None]) -> None:
@@ -224,7 +178,7 @@ class Run:
         client = rng.choice(self.clients)
         if fault == "kill" and client.proc.alive:
             loop.note(f"nemesis: kill {client.name}")
-            self.cuts.append(Cut(loop.now, client.name))
+            self.verdict.cuts.append(Cut(loop.now, client.name))
             client.kill()
             client.proc.kill()
             self.reset_conns_of(client)
@@ -288,7 +242,7 @@ class Run:
         without one (``--fence-state-file`` only) after a grace of the longest lease."""
         loop = self.loop
         loop.note("nemesis: server killed")
-        self.cuts.append(Cut(loop.now, None))
+        self.verdict.cuts.append(Cut(loop.now, None))
         self.server.crash()
         self.server_proc.kill()
         down = loop.rng.uniform(0.1, 5.0)
@@ -312,32 +266,14 @@ class Run:
         try:
             loop.run_until(self.duration)
         except Runaway as exc:
-            self.violation(f"runaway: {exc}")
+            self.verdict.violation(f"runaway: {exc}")
         finally:
             if self.server_proc.alive:
                 self.server.crash()  # (its files closed)
             if self.machine.disk is not None:
                 self.machine.disk.close()
-        for client in self.clients:
-            attempt = client.attempt
-            if attempt is not None and client.proc.alive and attempt.granted_t is not None:
-                self.holds.append(attempt.hold(client.name, "killed", holding_until=loop.now))
-        checked = check_history(self.holds, self.cuts)
-        for v in checked.violations:
-            self.violation(f"history: {v.kind} on {v.key!r}: {v.detail}")
         mutation = self.mutation
-        return Result(
-            seed=loop.seed,
-            mutation=None if mutation is None else mutation.name,
-            violations=self.violations,
-            digest=loop.digest(),
-            trace=list(loop.lines),
-            grants=self.grants,
-            holds=len(self.holds),
-            events=loop.events,
-            checked=checked.summary().split("\n")[0],
-            seen=dict(loop.seen),
-        )
+        return self.verdict.result(None if mutation is None else mutation.name, cluster=False)
 
 
 DURATION_S = 300.0
