@@ -1,10 +1,10 @@
 # pyright: reportMissingTypeStubs=false
-"""A lock server that cannot be reached is a busy key, not a failure (issue 49).
+"""A lock server that cannot be reached is a busy key, not a failure.
 
 A run whose lock server is down, restarting, draining or handing over (`ServerUnavailable`,
 `ServerDraining`, a wait cut by the server's restart) neither fails nor runs unlocked:
 
-1. A run in a worker gives its pool slot back almost at once (issue 69): it reconnects, with a
+1. A run in a worker gives its pool slot back almost at once: it reconnects, with a
    short backoff, for at most `OUTAGE_RECONNECT_S` (and never past its ``lock_timeout``), and
    only the first time its message meets the outage; a run whose message was already sent
    again for an outage tries once. If the server answers within that, the run joins the
@@ -19,10 +19,10 @@ A run whose lock server is down, restarting, draining or handing over (`ServerUn
 3. Once the budget is spent, the run fails with a `ServerUnavailable` that says which server
    was unreachable, for how long, and what to do.
 
-Why not wait in the slot, and why the short reconnect all the same. Before issue 69 a run
-waited for its server within its whole ``lock_timeout`` (30 s by default) inside its pool
-slot: during an outage every slot sat out 30 s per attempt, retries crawled, and a warm
-shutdown waited for those waits (29.6 s for 40 runs on 5 keys, prefork 2x4). An unreachable
+Why not wait in the slot, and why the short reconnect all the same. A run that waited for its
+server within its whole ``lock_timeout`` (30 s by default) inside its pool slot would make
+every slot sit out 30 s per attempt during an outage, retries crawl, and a warm shutdown wait
+for those waits (29.6 s for 40 runs on 5 keys, prefork 2x4). An unreachable
 server says nothing about when it will be back, and a message waiting for its countdown in
 the broker (or in the worker's ETA schedule) costs no slot and is what a warm shutdown hands
 back untouched. The one wait still worth a slot is the restart that is already over: a FIFO

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 # Celery loads this module for every ``celery`` command (``celery worker`` too) to list its
 # sub-commands: what only a ``dflock`` command needs (the settings, the client) is imported
-# when it runs, not here (issue 73: the CLI's answer time is mostly import time).
+# when it runs, not here (the CLI's answer time is mostly import time).
 
 __all__ = [
     "RESTORED_MARK",

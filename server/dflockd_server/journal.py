@@ -18,13 +18,13 @@ the line and may)::
 
 A write of ``BATCH_RECORDS`` records or more puts a ``K`` line before them (one per
 ``BATCH_BYTES`` at most): the checksum and length of the whole records that follow it, written
-together. A restart checks a batch with that one checksum instead of each line's (issue 52: a
+together. A restart checks a batch with that one checksum instead of each line's (a
 million lines' checksums were a sixth of a restart); a batch that does not check, or that the
 file ends inside, is read line by line, each line's own checksum checked, as every line outside
 a batch is. So a batch changes no outcome of a read, only its speed.
 
 A restart on the same boot that restored every lease to its recorded end does not rewrite the
-file (issue 52: a million leases took seconds to write again): it appends its own ``H`` record,
+file (a million leases take seconds to write again): it appends its own ``H`` record,
 the anchor of its clock, and goes on appending (``resume``); ``replay`` puts the times after
 each later header back on the first one's clock. Any other start (another boot, damage, a
 journal not complete) writes a new file holding every lease it restored (``open``).

@@ -8,9 +8,8 @@ that the turn's first held-back reply schedules with ``call_soon``. uvloop runs 
 a callback of the turn scheduled in the same turn, after the turn's other callbacks: one write
 per turn, before the replies leave. asyncio's own loop runs it in the next turn, after one more
 ``epoll_wait`` that finds nothing; the journal is still written before the replies it covers.
-The server once ran asyncio on a loop of its own that ended each turn with the write
-(``TurnLoop``, its turn compiled); the default install runs uvloop, so issue 52 removed it
-(benchmarks/results/ab/issue-52-turnloop.md).
+A loop of the server's own that ended each turn with the write gained nothing on uvloop, which
+the default install runs (benchmarks/results/ab/issue-52-turnloop.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 recorded (``RecordedGrant``), and those not released yet, found by token (``RecordedGrants``).
 
 A restart of a million leases looks up a token for each record, and the look-ups were the
-largest part of its reading (issue 52): a dict keyed by the tokens themselves, a million new
+largest part of its reading: a dict keyed by the tokens themselves, a million new
 strings of random digits, was a third of a second of cache misses (each collision in a dict
 of strings compares with a string elsewhere in memory). A dict keyed by the tokens' fences
 was faster, but its million int keys, freed after the restore, left the server's memory 1.19x

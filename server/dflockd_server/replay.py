@@ -37,7 +37,7 @@ The restored end is never earlier than the real one: within a boot the file is r
 kernel has it (a ``kill -9`` loses nothing written), and the ``complete`` mark is removed before
 any renewal goes unrecorded.
 
-Speed (issue 52): the file is read a chunk at a time (each from the first byte not used yet),
+Speed: the file is read a chunk at a time (each from the first byte not used yet),
 the garbage collector paused (``paused_gc``); the grants are found by token through their fence
 (``recorded.RecordedGrants``); a batch (``K``) is checked with one checksum of all its bytes,
 and the lines outside batches are checked all at once in C (checksums, UTF-8) before any is

@@ -1,4 +1,4 @@
-"""A lock cluster whose membership can change (issue 16): the shard map and its etcd store.
+"""A lock cluster whose membership can change: the shard map and its etcd store.
 
 - ``shardmap`` (pure): shard ids, the value format, initial map, updates, pins, rebalance plans;
 - ``etcd/``: a small standard-library client for etcd v3's JSON gateway (``client``: keys,
