@@ -20,7 +20,7 @@ from typing import Final
 
 from celery_dflock.client import protocol, wire
 from celery_dflock.client._refusals import describe_lock, mismatch_error
-from celery_dflock.client._settings import ClientSettings, Endpoint
+from celery_dflock.client._settings import ClientSettings
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ProtocolError
 from celery_dflock.client.protocol import Asked, ErrorReply, Moved, Reply
@@ -221,10 +221,6 @@ class KeyRoute:
         if deadline is None or not self.rerouted:
             return self.acquire_timeout_s
         return max(0, math.ceil(deadline - self.clock()))
-
-    def endpoint_at(self, host: str, port: int) -> Endpoint:
-        """How to connect to ``host:port`` (this lock's auth, TLS and connect timeout)."""
-        return replace(self.endpoint, host=host, port=port)
 
     def retarget(self, host: str, port: int) -> None:
         """Send the next requests for this key to ``host:port``."""
