@@ -1,5 +1,8 @@
 """Requests about a grant named by its token, made without a lock object (no I/O here).
 
+Their key comes checked (by `Client`, or a lock's own); the rest is checked here, where it
+enters, and the bytes are built by `celery_dflock.client._requests`.
+
 Release, renew, detach and note by token (`Client.release` / `renew` / `detach` / `note`, and a
 lock's ``release_token`` / ``renew_token`` / ...) are each one request and its reply: the
 functions here build the request and read the reply; the shells send it over a pooled
@@ -10,8 +13,9 @@ from __future__ import annotations
 
 from celery_dflock.client import protocol, wire
 from celery_dflock.client._refusals import describe_lock, refusal_error
+from celery_dflock.client._requests import checked_hand_down, checked_release, checked_renew
 from celery_dflock.client._servers import ServerInfo, require_force_release, require_holds
-from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
+from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, lease_seconds
 from celery_dflock.client.errors import ForceReleaseUnsupported, ProtocolError, ServerUnavailable
 from celery_dflock.client.protocol import Command, ErrorReply, Freed, Moved, Renewed, Reply
 
@@ -23,7 +27,7 @@ def release_request(key: str, token: str, limit: int | None = None) -> Request:
     """``r <token>`` (``sr`` for a semaphore's slot)."""
     token = protocol.validate_token(token)
     if limit is None:
-        return Command.RELEASE, protocol.encode_release(key, token), REPLY_GRACE_S
+        return Command.RELEASE, checked_release(key, token), REPLY_GRACE_S
     return Command.SEM_RELEASE, protocol.encode_sem_release(key, token), REPLY_GRACE_S
 
 
@@ -35,7 +39,8 @@ def released(reply: Reply) -> bool:
 
 def renew_request(key: str, token: str, lease_ttl: int) -> Request:
     """``n <token> <lease>``: renew a grant to ``lease_ttl`` seconds from now."""
-    data = protocol.encode_renew(key, protocol.validate_token(token), lease_ttl)
+    token, lease = protocol.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
+    data = checked_renew(key, token, lease, semaphore=False)
     return Command.RENEW, data, REPLY_GRACE_S
 
 
@@ -45,7 +50,8 @@ def detach_request(
     """``hd <token> <lease>``: detach a grant from the connection it is bound to
     (`HoldsUnsupported` unless ``server``, at ``where``, has holds)."""
     require_holds(server, where, describe_lock(key))
-    data = protocol.encode_hand_down(key, protocol.validate_token(token), lease_ttl)
+    token, lease = protocol.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
+    data = checked_hand_down(key, token, lease)
     return Command.HAND_DOWN, data, REPLY_GRACE_S
 
 

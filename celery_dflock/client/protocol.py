@@ -6,10 +6,10 @@ arrive (in any chunking) and hands out one typed reply per complete line, checke
 command it answers::
 
     parser = ReplyParser()
-    sock.sendall(encode_lock("jobs", 10))
-    while (reply := parser.next_reply(Command.LOCK)) is None:
+    sock.sendall(encode_ping())
+    while (reply := parser.next_reply(Command.PING)) is None:
         parser.feed(sock.recv(4096))
-    # reply is Granted(token, lease), TimedOut() or ErrorReply(code)
+    # reply is Ok() or ErrorReply(code)
 
 Anything that is not a valid reply to that command raises `ProtocolError` naming what arrived.
 
@@ -43,26 +43,16 @@ from celery_dflock.client._requests import (
     Command,
     encode_asking,
     encode_auth,
-    encode_enqueue,
     encode_force_release,
-    encode_hand_down,
     encode_hello,
-    encode_hold,
     encode_join_session,
     encode_keepalive,
-    encode_lock,
     encode_note,
     encode_ping,
-    encode_release,
-    encode_renew,
-    encode_sem_enqueue,
-    encode_sem_lock,
     encode_sem_release,
-    encode_sem_renew,
     encode_sem_wait,
     encode_shards,
     encode_stats,
-    encode_take,
     encode_wait,
     fence_of,
     validate_key,
@@ -92,26 +82,16 @@ __all__ = [
     "decode_reply",
     "encode_asking",
     "encode_auth",
-    "encode_enqueue",
     "encode_force_release",
-    "encode_hand_down",
     "encode_hello",
-    "encode_hold",
     "encode_join_session",
     "encode_keepalive",
-    "encode_lock",
     "encode_note",
     "encode_ping",
-    "encode_release",
-    "encode_renew",
-    "encode_sem_enqueue",
-    "encode_sem_lock",
     "encode_sem_release",
-    "encode_sem_renew",
     "encode_sem_wait",
     "encode_shards",
     "encode_stats",
-    "encode_take",
     "encode_wait",
     "fence_of",
     "validate_key",

@@ -16,6 +16,7 @@ import pytest
 from celery_dflock import ServerUnavailable
 from celery_dflock.client import protocol
 from celery_dflock.client._connection import SocketTransport
+from celery_dflock.client._requests import checked_lock, checked_release
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client.protocol import Command
@@ -34,12 +35,10 @@ def test_requests_on_a_non_blocking_socket(dflock_server: ServerThread) -> None:
     try:
         sock = conn.transport.sock
         assert sock.gettimeout() == 0.0  # non-blocking: waits are poll's
-        grant = conn.request(Command.LOCK, protocol.encode_lock("io", 0))
+        grant = conn.request(Command.LOCK, checked_lock("io", 0, None))
         assert isinstance(grant, protocol.Granted)
         assert conn.is_reusable()
-        assert conn.request(Command.RELEASE, protocol.encode_release("io", grant.token)) == (
-            protocol.Ok()
-        )
+        assert conn.request(Command.RELEASE, checked_release("io", grant.token)) == (protocol.Ok())
         assert conn.is_reusable()
     finally:
         conn.close()

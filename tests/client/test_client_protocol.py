@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _by_token, _requests, protocol
+from celery_dflock.client._settings import check_limit, lease_seconds
 from celery_dflock.client.errors import ProtocolError
 from celery_dflock.client.protocol import (
     Command,
@@ -245,49 +246,49 @@ def test_decode_reply_single_line() -> None:
 
 
 def test_encoders_produce_exact_requests() -> None:
-    assert protocol.encode_lock("k", 10) == b"l\nk\n10\n"
-    assert protocol.encode_lock("k", 0, 60) == b"l\nk\n0 60\n"
-    assert protocol.encode_renew("k", TOKEN) == f"n\nk\n{TOKEN}\n".encode()
-    assert protocol.encode_renew("k", TOKEN, 5) == f"n\nk\n{TOKEN} 5\n".encode()
-    assert protocol.encode_release("k", TOKEN) == f"r\nk\n{TOKEN}\n".encode()
-    assert protocol.encode_enqueue("k") == b"e\nk\n\n"
-    assert protocol.encode_enqueue("k", 30) == b"e\nk\n30\n"
+    assert _requests.checked_lock("k", 10, None) == b"l\nk\n10\n"
+    assert _requests.checked_lock("k", 0, 60) == b"l\nk\n0 60\n"
+    assert _requests.checked_renew("k", TOKEN, None, semaphore=False) == f"n\nk\n{TOKEN}\n".encode()
+    assert _requests.checked_renew("k", TOKEN, 5, semaphore=False) == f"n\nk\n{TOKEN} 5\n".encode()
+    assert _requests.checked_release("k", TOKEN) == f"r\nk\n{TOKEN}\n".encode()
+    assert _requests.checked_enqueue("k", None, None) == b"e\nk\n\n"
+    assert _requests.checked_enqueue("k", None, 30) == b"e\nk\n30\n"
     assert protocol.encode_wait("k", 3) == b"w\nk\n3\n"
-    assert protocol.encode_sem_lock("s", 5, 3) == b"sl\ns\n5 3\n"
-    assert protocol.encode_sem_lock("s", 5, 3, 20) == b"sl\ns\n5 3 20\n"
-    assert protocol.encode_sem_enqueue("s", 3) == b"se\ns\n3\n"
-    assert protocol.encode_sem_enqueue("s", 3, 20) == b"se\ns\n3 20\n"
+    assert _requests.checked_sem_lock("s", 5, 3, None) == b"sl\ns\n5 3\n"
+    assert _requests.checked_sem_lock("s", 5, 3, 20) == b"sl\ns\n5 3 20\n"
+    assert _requests.checked_enqueue("s", 3, None) == b"se\ns\n3\n"
+    assert _requests.checked_enqueue("s", 3, 20) == b"se\ns\n3 20\n"
     assert protocol.encode_sem_wait("s", 0) == b"sw\ns\n0\n"
-    assert protocol.encode_sem_renew("s", TOKEN, 8) == f"sn\ns\n{TOKEN} 8\n".encode()
+    assert _requests.checked_renew("s", TOKEN, 8, semaphore=True) == f"sn\ns\n{TOKEN} 8\n".encode()
     assert protocol.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
     assert protocol.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
     assert protocol.encode_stats() == b"stats\n_\n_\n"
     assert protocol.encode_ping() == b"ping\n_\n_\n"
     assert protocol.encode_hello() == b"hello\n_\nsession\n"
-    assert protocol.encode_lock("ключ", 1) == "l\nключ\n1\n".encode()
+    assert _requests.checked_lock("ключ", 1, None) == "l\nключ\n1\n".encode()
 
 
 def test_every_command_has_an_encoder() -> None:
     encoded = {
-        protocol.encode_lock("k", 1),
-        protocol.encode_renew("k", TOKEN),
-        protocol.encode_release("k", TOKEN),
-        protocol.encode_enqueue("k"),
+        _requests.checked_lock("k", 1, None),
+        _requests.checked_renew("k", TOKEN, None, semaphore=False),
+        _requests.checked_release("k", TOKEN),
+        _requests.checked_enqueue("k", None, None),
         protocol.encode_wait("k", 1),
-        protocol.encode_sem_lock("k", 1, 2),
-        protocol.encode_sem_enqueue("k", 2),
+        _requests.checked_sem_lock("k", 1, 2, None),
+        _requests.checked_enqueue("k", 2, None),
         protocol.encode_sem_wait("k", 1),
-        protocol.encode_sem_renew("k", TOKEN),
+        _requests.checked_renew("k", TOKEN, None, semaphore=True),
         protocol.encode_sem_release("k", TOKEN),
         protocol.encode_auth("x"),
         protocol.encode_stats(),
         protocol.encode_ping(),
         protocol.encode_hello(),
         protocol.encode_shards(),
-        protocol.encode_hold("k", 0, 30, "note", detached=True),
+        _requests.checked_hold("k", 0, 30, "note", detached=True),
         protocol.encode_note("k", TOKEN, "note"),
-        protocol.encode_take("k", TOKEN, 30, None, "note"),
-        protocol.encode_hand_down("k", TOKEN, 30),
+        _requests.checked_take("k", TOKEN, 30, None, "note"),
+        _requests.checked_hand_down("k", TOKEN, 30),
         protocol.encode_asking(),
         protocol.encode_force_release("k"),
     }
@@ -313,7 +314,7 @@ def test_every_command_has_an_encoder() -> None:
 )
 def test_invalid_keys_are_refused_clearly(key: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        protocol.encode_lock(key, 1)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        protocol.validate_key(key)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
 
 
 def test_longest_key_is_accepted() -> None:
@@ -324,18 +325,18 @@ def test_longest_key_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: protocol.encode_lock("k", -1), "timeout_s must be between 0"),
-        (lambda: protocol.encode_lock("k", 1.5), "timeout_s must be an int"),  # type: ignore[arg-type]
-        (lambda: protocol.encode_lock("k", True), "timeout_s must be an int"),
-        (lambda: protocol.encode_lock("k", "5"), "timeout_s must be an int"),  # type: ignore[arg-type]
-        (lambda: protocol.encode_lock("k", constants.MAX_NUMBER + 1), "9000000000"),
-        (lambda: protocol.encode_lock("k", 1, 0), "lease_s must be between 1"),
-        (lambda: protocol.encode_enqueue("k", -5), "lease_s must be between 1"),
-        (lambda: protocol.encode_sem_lock("k", 1, 0), "limit must be between 1 and 1048576"),
-        (lambda: protocol.encode_sem_enqueue("k", 1_048_577), "limit must be between"),
-        (lambda: protocol.encode_wait("k", -1), "timeout_s"),
-        (lambda: protocol.encode_renew("k", "short"), "32 lowercase hex"),
-        (lambda: protocol.encode_release("k", TOKEN.upper()), "32 lowercase hex"),
+        (lambda: protocol.encode_wait("k", -1), "timeout_s must be between 0"),
+        (lambda: protocol.encode_wait("k", 1.5), "timeout_s must be an int"),  # type: ignore[arg-type]
+        (lambda: protocol.encode_sem_wait("k", True), "timeout_s must be an int"),
+        (lambda: protocol.encode_wait("k", "5"), "timeout_s must be an int"),  # type: ignore[arg-type]
+        (lambda: protocol.encode_wait("k", constants.MAX_NUMBER + 1), "9000000000"),
+        (lambda: lease_seconds("lease_s", 0), "lease_s must be between 1"),
+        (lambda: lease_seconds("lease_s", -5), "lease_s must be between 1"),
+        (lambda: check_limit(0), "limit must be None .* from 1 to 1048576"),
+        (lambda: check_limit(1_048_577), "limit must be None"),
+        (lambda: _by_token.renew_request("k", "short", 5), "32 lowercase hex"),
+        (lambda: _by_token.renew_request("k", TOKEN, 0), "lease_ttl must be between 1"),
+        (lambda: _by_token.release_request("k", TOKEN.upper()), "32 lowercase hex"),
         (lambda: protocol.encode_sem_release("k", TOKEN + "\n"), "32 lowercase hex"),
         (lambda: protocol.encode_auth(""), "non-empty"),
         (lambda: protocol.encode_auth("line\nbreak"), "line breaks"),

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, cast
 
 from celery_dflock.client import protocol
+from celery_dflock.client._requests import checked_release
 from dflockd_server.fence import fence_of
 
 REPLY_TIMEOUT_S = 10.0
@@ -179,5 +180,5 @@ def release_behind_its_back(
     address: tuple[str, int], key: str, token: str, semaphore: bool = False
 ) -> None:
     """Release ``token`` from another connection (tokens are bearer credentials)."""
-    encode = protocol.encode_sem_release if semaphore else protocol.encode_release
+    encode = protocol.encode_sem_release if semaphore else checked_release
     assert raw_request(address, encode(key, token)) == b"ok"
