@@ -1,6 +1,8 @@
 """The dflockd protocol's requests, without I/O: the commands, the checks of what a request
-carries (keys, tokens, owner notes, numbers), and the ``encode_*`` functions that return the
-exact bytes to send. Re-exported by `celery_dflock.client.protocol`."""
+carries (keys, tokens, owner notes, the secret, a wait's timeout), and one function per
+request that returns the exact bytes to send (``checked_*``: of parts checked before;
+``encode_*``: checking what it is given). The replies are read by
+`celery_dflock.client._replies`."""
 
 from __future__ import annotations
 

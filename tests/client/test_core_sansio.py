@@ -12,9 +12,11 @@ import time
 
 import pytest
 
-from celery_dflock.client import protocol, wire
+from celery_dflock.client import _replies, wire
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import LockState
+from celery_dflock.client._replies import Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, NextTry
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import ClientSession
@@ -32,7 +34,6 @@ from celery_dflock.client.errors import (
     ServerDraining,
     ShardingMismatchError,
 )
-from celery_dflock.client.protocol import Command, Reply
 
 TOKEN = "00000000000000a1" + "b" * 16
 FENCING = ServerInfo("dflockd-server", "test", frozenset({wire.FEATURE_FENCE}))
@@ -41,7 +42,7 @@ SERVERS = (("10.0.0.1", 6388),)
 
 def reply(command: Command, line: bytes) -> Reply:
     """What the server's line means, as the connection hands it to the core."""
-    return protocol.decode_reply(command, line)
+    return _replies.decode_reply(command, line)
 
 
 def make(
@@ -348,7 +349,7 @@ def cluster(*nodes: str) -> tuple[ClientSettings, ClusterRouter]:
         }
     )
     shards = reply(Command.SHARDS, line.encode())
-    assert isinstance(shards, protocol.Shards)
+    assert isinstance(shards, _replies.Shards)
     router.update(ClusterMap.parse(shards.data, "10.0.0.1:6388"))
     return settings, router
 
@@ -380,13 +381,13 @@ def test_error_ask_sends_the_next_acquire_there_once_with_asking_first() -> None
     core.begin_acquire()
     command, _, _ = core.acquire_request(FENCING)
     asked = reply(command, b"error_ask 10.0.0.3:6388")
-    assert isinstance(asked, protocol.Asked)
+    assert isinstance(asked, _replies.Asked)
     assert core.on_ask(asked) == NextTry(0.0, reroute=False)
     assert core.asking and core.endpoint.address == "10.0.0.3:6388"
     assert core.on_ask_refused() is not None  # an old member: pause, then route by the map
     assert core.ask_ticket is None  # a member that sends no ticket
     with_ticket = reply(command, b"error_ask 10.0.0.4:6388 1.2.3." + b"0" * 32)
-    assert isinstance(with_ticket, protocol.Asked)
+    assert isinstance(with_ticket, _replies.Asked)
     core.on_ask(with_ticket)
     assert core.ask_ticket == "1.2.3." + "0" * 32 and core.endpoint.address == "10.0.0.4:6388"
 
