@@ -29,6 +29,8 @@ from multiprocessing.connection import Connection as Pipe
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from benchmarks._codec import RELEASE, TRY_LOCK
+
 PROTOCOLS = ("dflockd", "redis")
 LEASE_S = 33
 READY_TIMEOUT_S = 60.0
@@ -128,7 +130,7 @@ class _Conn:
         self.releasing = False
         self.t0 = 0
         if spec.protocol == "dflockd":
-            self.acquire = b"".join(b"l\n%s\n0\n" % key for key in keys)
+            self.acquire = b"".join(TRY_LOCK % key for key in keys)
             self.tokens: list[bytes] = []
         else:
             px = b"%d" % (LEASE_S * 1000)
@@ -143,7 +145,7 @@ def _dflockd_releases(conn: _Conn, lines: list[bytes]) -> tuple[bytes, int]:
     out: list[bytes] = []
     for key, line in zip(conn.keys, lines, strict=True):
         if line[:3] == _DFLOCKD_OK:
-            out.append(b"r\n%s\n%s\n" % (key, line[_TOKEN_START:_TOKEN_END]))
+            out.append(RELEASE % (key, line[_TOKEN_START:_TOKEN_END]))
     return b"".join(out), len(out)
 
 

@@ -46,6 +46,7 @@ from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from typing import Any, cast
 
+from benchmarks._codec import SHARDS
 from benchmarks._common import (
     BenchRun,
     ServerProcess,
@@ -128,7 +129,7 @@ def request_line(server: ServerProcess, payload: bytes) -> bytes:
 
 
 def shards_answer(server: ServerProcess) -> dict[str, Any]:
-    reply = request_line(server, b"shards\n_\n_\n")
+    reply = request_line(server, SHARDS)
     if not reply.startswith(b"ok "):
         raise RuntimeError(f"shards refused by {server.label}: {reply[:200]!r}")
     return cast("dict[str, Any]", json.loads(reply[3:]))
@@ -569,7 +570,7 @@ def fresh_round(fleet: Workers, t: Topology, r: int, sizes: Sizes, fresh: FreshC
     if t.cluster:  # the map fetch alone, at the wire: the server's describe and the transfer
         for _ in range(sizes.fresh):
             t0 = time.perf_counter_ns()
-            request_line(t.members[0], b"shards\n_\n_\n")
+            request_line(t.members[0], SHARDS)
             fresh.map_fetch_ns.append(time.perf_counter_ns() - t0)
 
 
@@ -943,7 +944,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with workdir("dflock-bench-cluster-") as tmp, owned_servers() as servers:
             topologies = start_topologies(args.loop, tmp, servers)
             seed = next(t for t in topologies if t.name == CLUSTER).members[0]
-            reply = request_line(seed, b"shards\n_\n_\n")
+            reply = request_line(seed, SHARDS)
             run.params["shards_per_member"] = shards_per_member(json.loads(reply[3:]))
             run.params["shards_reply_bytes"] = len(reply) + 1
             for t in topologies:  # warm-up: every worker's client connects to every member

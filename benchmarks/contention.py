@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _codec
+from benchmarks._codec import RELEASE, STATS, TRY_LOCK
 from benchmarks._common import (
     REPO,
     BenchRun,
@@ -111,8 +113,8 @@ class Outcome:
 
 
 # ------------------------------------------------------------------------------ wire helpers
-def _request(sock: socket.socket, cmd: bytes, key: bytes, arg: bytes) -> bytes:
-    sock.sendall(b"%s\n%s\n%s\n" % (cmd, key, arg))
+def _request(sock: socket.socket, request: bytes) -> bytes:
+    sock.sendall(request)
     return read_line(sock, bytearray())
 
 
@@ -124,7 +126,7 @@ def _connect(server: ServerProcess) -> socket.socket:
 
 def queued(monitor: socket.socket, key: str) -> int:
     """Waiters queued on ``key``, from the server's ``stats``."""
-    reply = _request(monitor, b"stats", b"_", b"_")
+    reply = _request(monitor, STATS)
     if not reply.startswith(b"ok "):
         raise RuntimeError(f"stats failed: {reply[:80]!r}")
     for lock in json.loads(reply[3:])["locks"]:
@@ -153,14 +155,15 @@ def wire_round(server: ServerProcess, key: str, waiters: int, out: Outcome) -> N
     holder = _connect(server)
     socks: list[socket.socket] = []
     try:
-        grant = _request(holder, b"l", bkey, b"0")
+        grant = _request(holder, TRY_LOCK % bkey)
         if not grant.startswith(b"ok "):
             raise RuntimeError(f"the holder was refused: {grant!r}")
         holder_token = grant.split()[1]
+        wait = _codec.lock(WAIT_S)
         for i in range(waiters):
             sock = _connect(server)
             socks.append(sock)
-            sock.sendall(b"l\n%s\n%d\n" % (bkey, WAIT_S))
+            sock.sendall(wait % bkey)
             wait_queued(monitor, key, i + 1)
         sel = selectors.DefaultSelector()
         bufs = [bytearray() for _ in socks]
@@ -169,7 +172,7 @@ def wire_round(server: ServerProcess, key: str, waiters: int, out: Outcome) -> N
         granted: list[int] = []
         fences: list[int] = [_fence(holder_token)]
         released_at = time.monotonic_ns()
-        holder.sendall(b"r\n%s\n%s\n" % (bkey, holder_token))
+        holder.sendall(RELEASE % (bkey, holder_token))
         pending_ok = waiters
         while len(granted) < waiters or pending_ok:
             events = sel.select(SETTLE_TIMEOUT_S)
@@ -193,7 +196,7 @@ def wire_round(server: ServerProcess, key: str, waiters: int, out: Outcome) -> N
                         token = line.split()[1]
                         fences.append(_fence(token))
                         released_at = time.monotonic_ns()
-                        sock.sendall(b"r\n%s\n%s\n" % (bkey, token))
+                        sock.sendall(RELEASE % (bkey, token))
                     elif line == b"ok":
                         pending_ok -= 1
                     else:

@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from benchmarks._codec import STATS
 from benchmarks._common import (
     BENCH_DIR,
     REPO,
@@ -249,7 +250,7 @@ def server_stats(server: ServerProcess) -> dict[str, Any]:
     """The server's ``stats`` (one JSON line)."""
     conn = LineClient(server, timeout_s=120.0)
     try:
-        line = conn.call(b"stats\n_\n_\n")
+        line = conn.call(STATS)
     finally:
         conn.close()
     if not line.startswith(b"ok "):

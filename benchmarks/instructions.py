@@ -45,6 +45,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import _codec
+from benchmarks._codec import RELEASE, TRY_LOCK
 from benchmarks._common import (
     REPO,
     BenchRun,
@@ -112,25 +114,22 @@ def dflockd_pairs(hold: bool, depth: int = 1) -> Callable[[ServerProcess, str, i
         try:
             if depth > 1:
                 keys = [b"%s:%d" % (prefix.encode(), i) for i in range(depth)]
-                acquires = b"".join(b"l\n%s\n0\n" % key for key in keys)
+                acquires = b"".join(TRY_LOCK % key for key in keys)
                 for _ in range(n // depth):
                     wire.sock.sendall(acquires)
                     tokens = [line.split()[1] for line in wire.lines(depth)]
                     releases = zip(keys, tokens, strict=True)
-                    wire.sock.sendall(b"".join(b"r\n%s\n%s\n" % kt for kt in releases))
+                    wire.sock.sendall(b"".join(RELEASE % kt for kt in releases))
                     if wire.lines(depth) != [b"ok"] * depth:
                         raise RuntimeError("release refused")
                 return
+            acquire = _codec.hold(LEASE_S, NOTE) if hold else _codec.lock(0, LEASE_S)
             for i in range(n):
                 key = b"%s:%d" % (prefix.encode(), i)
-                if hold:
-                    request = b"hl\n%s\n0 %d c %s\n" % (key, LEASE_S, NOTE.encode())
-                else:
-                    request = b"l\n%s\n0 %d\n" % (key, LEASE_S)
-                reply = wire.call(request).split()
+                reply = wire.call(acquire % key).split()
                 if reply[0] != b"ok":
                     raise RuntimeError(f"acquire refused: {reply!r}")
-                if wire.call(b"r\n%s\n%s\n" % (key, reply[1])) != b"ok":
+                if wire.call(RELEASE % (key, reply[1])) != b"ok":
                     raise RuntimeError("release refused")
         finally:
             wire.close()

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks._codec import RELEASE, STATS, lock, renew
 from benchmarks._common import (
     BenchRun,
     Goal,
@@ -136,7 +137,7 @@ def start(target: Target, loop: str, tmp: Path, maxclients: int) -> ServerProces
 def dflockd_stats(server: ServerProcess) -> dict[str, Any]:
     """The server's ``stats`` JSON."""
     with socket.create_connection((server.host, server.port), timeout=STATS_TIMEOUT_S) as sock:
-        sock.sendall(b"stats\n_\n_\n")
+        sock.sendall(STATS)
         buf = b""
         while not buf.endswith(b"\n"):
             data = sock.recv(1 << 16)
@@ -612,10 +613,12 @@ def _renewer(address: tuple[str, int], key: str, stop: Any, counts: list[int], i
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = bytearray()
         requests: list[bytes] = []
+        releases: list[bytes] = []
         for k in range(RENEWAL_KEYS):
-            sock.sendall(f"l\n{key}:{k}\n0 {RENEWAL_LEASE_S}\n".encode())
+            sock.sendall(lock(0, RENEWAL_LEASE_S, key=f"{key}:{k}"))
             token = read_line(sock, buf).split()[1].decode()
-            requests.append(f"n\n{key}:{k}\n{token} {RENEWAL_LEASE_S}\n".encode())
+            requests.append(renew(f"{key}:{k}", token, RENEWAL_LEASE_S))
+            releases.append(RELEASE % (f"{key}:{k}".encode(), token.encode()))
         done = 0
         while not stop.is_set():
             sock.sendall(requests[done % RENEWAL_KEYS])
@@ -623,9 +626,8 @@ def _renewer(address: tuple[str, int], key: str, stop: Any, counts: list[int], i
                 raise RuntimeError(f"a renewal on {key} was refused")
             done += 1
             counts[i] = done
-        for request in requests:  # released: the next measurement starts from an empty table
-            _, name, token_line = request.split(b"\n", 2)
-            sock.sendall(b"r\n%s\n%s" % (name, token_line.split(b" ")[0] + b"\n"))
+        for release in releases:  # released: the next measurement starts from an empty table
+            sock.sendall(release)
             read_line(sock, buf)
 
 

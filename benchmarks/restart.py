@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks._codec import PING, lock
 from benchmarks._common import (
     COMPILED_SUFFIX,
     BenchRun,
@@ -179,10 +180,10 @@ def _key(i: int) -> bytes:
 DFLOCKD_KIND = Kind(
     "dflockd",
     b"\n",
-    lambda i: b"l\n%s\n0 %d\n" % (_key(i), LEASE_S),
+    lambda i: lock(0, LEASE_S) % _key(i),
     lambda line: line.startswith(b"ok "),
     lambda line: line == b"timeout",
-    b"ping\n_\n_\n",
+    PING,
     b"ok",
 )
 REDIS_KIND = Kind(

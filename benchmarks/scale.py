@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks._codec import PING, STATS, TRY_LOCK, enqueue, lock
 from benchmarks._common import (
     BenchRun,
     Goal,
@@ -117,7 +118,7 @@ class Memory:
 
 # ------------------------------------------------------------------------------ wire helpers
 def dflockd_connections(client: LineClient) -> int:
-    reply = client.call(b"stats\n_\n_\n")
+    reply = client.call(STATS)
     return int(json.loads(reply[3:])["connections"])
 
 
@@ -151,7 +152,7 @@ def hold_locks(server: ServerProcess, client: LineClient, count: int, first: int
                 resp(b"SET", key, b"%032x" % i, b"NX", b"PX", px) for i, key in enumerate(keys)
             )
         else:
-            batch = b"".join(b"l\n%s\n0\n" % key for key in keys)
+            batch = b"".join(TRY_LOCK % key for key in keys)
         client.sock.sendall(batch)
         for line in client.lines(n):
             if not (line.startswith(b"ok ") or line == b"+OK\r"):
@@ -163,9 +164,8 @@ def queue_waiters(client: LineClient, count: int) -> None:
     ``hold_locks`` holds; each must be answered ``queued``."""
     for start_at in range(0, count, BATCH):
         n = min(BATCH, count - start_at)
-        client.sock.sendall(
-            b"".join(b"e\ndflock-bench:scale:%07d\n\n" % i for i in range(start_at, start_at + n))
-        )
+        waiter = enqueue("dflock-bench:scale:%07d")
+        client.sock.sendall(b"".join(waiter % i for i in range(start_at, start_at + n)))
         for line in client.lines(n):
             if line != b"queued":
                 raise RuntimeError(f"expected queued, got {line!r}")
@@ -231,7 +231,7 @@ def measure_locks(label: str, tmp: Any, count: int, maxclients: int) -> Memory:
         servers.append(server)
         client = LineClient(server, SETTLE_TIMEOUT_S)
         try:
-            warm = resp(b"PING") if label == REDIS else b"ping\n_\n_\n"
+            warm = resp(b"PING") if label == REDIS else PING
             client.call(warm)
             used_before = redis_info(client, "used_memory") if label == REDIS else None
             before = server.rss()
@@ -286,7 +286,7 @@ def measure_waiters(loop: str, tmp: Any, count: int) -> Memory:
         waiter = LineClient(server, SETTLE_TIMEOUT_S)
         try:
             hold_locks(server, holder, count)
-            waiter.call(b"ping\n_\n_\n")
+            waiter.call(PING)
             before = server.rss()
             queue_waiters(waiter, count)
             after = server.rss()
@@ -389,7 +389,7 @@ def measure_traced(tmp: Any, locks: int, connections: int) -> list[Site]:
         waiter = LineClient(server, SETTLE_TIMEOUT_S)
         socks: list[socket.socket] = []
         try:
-            waiter.call(b"ping\n_\n_\n")
+            waiter.call(PING)
             # Warm up: the table's dict and the lease index grow in steps; the growth is
             # measured past the first thousand keys, as the RSS rows (100,000 keys) are.
             hold_locks(server, holder, 1000, first=locks)
@@ -460,17 +460,14 @@ def measure_refusals(loop: str, tmp: Any, table: int, count: int) -> Refusals:
         asker = LineClient(server, SETTLE_TIMEOUT_S)
         try:
             hold_locks(server, holder, table)
-            asker.call(b"ping\n_\n_\n")
+            asker.call(PING)
             rounds: list[int] = []
             for _ in range(REFUSAL_ROUNDS):
                 before = server.cpu_ns()
                 for start in range(0, count, BATCH):
                     n = min(BATCH, count - start)
-                    asker.sock.sendall(
-                        b"".join(
-                            b"l\ndflock-bench:new:%07d\n0\n" % i for i in range(start, start + n)
-                        )
-                    )
+                    new = lock(0, key="dflock-bench:new:%07d")
+                    asker.sock.sendall(b"".join(new % i for i in range(start, start + n)))
                     for line in asker.lines(n):
                         if line != b"error_max_locks":
                             raise RuntimeError(f"expected error_max_locks, got {line!r}")

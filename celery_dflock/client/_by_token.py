@@ -1,5 +1,8 @@
 """Requests about a grant named by its token, made without a lock object (no I/O here).
 
+Their key comes checked (by `Client`, or a lock's own); the rest is checked here, where it
+enters, and the bytes are built by `celery_dflock.client._requests`.
+
 Release, renew, detach and note by token (`Client.release` / `renew` / `detach` / `note`, and a
 lock's ``release_token`` / ``renew_token`` / ...) are each one request and its reply: the
 functions here build the request and read the reply; the shells send it over a pooled
@@ -8,12 +11,18 @@ connection to the key's server.
 
 from __future__ import annotations
 
-from celery_dflock.client import protocol, wire
+from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._refusals import describe_lock, refusal_error
+from celery_dflock.client._replies import ErrorReply, Freed, Moved, Renewed, Reply
+from celery_dflock.client._requests import (
+    Command,
+    checked_hand_down,
+    checked_release,
+    checked_renew,
+)
 from celery_dflock.client._servers import ServerInfo, require_force_release, require_holds
-from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
+from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, lease_seconds
 from celery_dflock.client.errors import ForceReleaseUnsupported, ProtocolError, ServerUnavailable
-from celery_dflock.client.protocol import Command, ErrorReply, Freed, Moved, Renewed, Reply
 
 Request = tuple[Command, bytes, float]
 """What a request is to the shells: (command, bytes, reply timeout)."""
@@ -21,21 +30,22 @@ Request = tuple[Command, bytes, float]
 
 def release_request(key: str, token: str, limit: int | None = None) -> Request:
     """``r <token>`` (``sr`` for a semaphore's slot)."""
-    token = protocol.validate_token(token)
+    token = _requests.validate_token(token)
     if limit is None:
-        return Command.RELEASE, protocol.encode_release(key, token), REPLY_GRACE_S
-    return Command.SEM_RELEASE, protocol.encode_sem_release(key, token), REPLY_GRACE_S
+        return Command.RELEASE, checked_release(key, token), REPLY_GRACE_S
+    return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
 
 
 def released(reply: Reply) -> bool:
     """The reply to `release_request`: True if the server released the grant, False if it
     no longer held it."""
-    return isinstance(reply, protocol.Ok)
+    return isinstance(reply, _replies.Ok)
 
 
 def renew_request(key: str, token: str, lease_ttl: int) -> Request:
     """``n <token> <lease>``: renew a grant to ``lease_ttl`` seconds from now."""
-    data = protocol.encode_renew(key, protocol.validate_token(token), lease_ttl)
+    token, lease = _requests.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
+    data = checked_renew(key, token, lease, semaphore=False)
     return Command.RENEW, data, REPLY_GRACE_S
 
 
@@ -45,7 +55,8 @@ def detach_request(
     """``hd <token> <lease>``: detach a grant from the connection it is bound to
     (`HoldsUnsupported` unless ``server``, at ``where``, has holds)."""
     require_holds(server, where, describe_lock(key))
-    data = protocol.encode_hand_down(key, protocol.validate_token(token), lease_ttl)
+    token, lease = _requests.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
+    data = checked_hand_down(key, token, lease)
     return Command.HAND_DOWN, data, REPLY_GRACE_S
 
 
@@ -53,7 +64,7 @@ def note_request(server: ServerInfo | None, where: str, key: str, token: str, no
     """``note <token> <note>`` (`HoldsUnsupported` unless ``server``, at ``where``, has
     holds)."""
     require_holds(server, where, describe_lock(key))
-    return Command.NOTE, protocol.encode_note(key, token, note), REPLY_GRACE_S
+    return Command.NOTE, _requests.encode_note(key, token, note), REPLY_GRACE_S
 
 
 def force_release_request(
@@ -62,7 +73,7 @@ def force_release_request(
     """``fr <note>``: free every grant on ``key``, whoever holds it (`ForceReleaseUnsupported`
     unless ``server``, at ``where``, lists it). ``key`` and ``note`` are checked."""
     require_force_release(server, where)
-    return Command.FORCE_RELEASE, protocol.encode_force_release(key, note), REPLY_GRACE_S
+    return Command.FORCE_RELEASE, _requests.encode_force_release(key, note), REPLY_GRACE_S
 
 
 def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
@@ -90,7 +101,7 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
 def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
     """The reply to `renew_request`, `detach_request` or `note_request`: True done, False
     when the token no longer holds the key; raises for other refusals."""
-    if isinstance(reply, Renewed | protocol.Ok):
+    if isinstance(reply, Renewed | _replies.Ok):
         return True
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
         return False

@@ -28,10 +28,11 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from celery_dflock.client._replies import Reply, ReplyParser
+from celery_dflock.client._requests import Command
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._watch import can_watch
 from celery_dflock.client.errors import ServerUnavailable
-from celery_dflock.client.protocol import Command, Reply, ReplyParser
 
 __all__ = ["RECV_BYTES", "AsyncStreamTransport", "SocketTransport"]
 

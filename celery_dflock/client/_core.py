@@ -21,10 +21,21 @@ import logging
 import os
 from typing import Final
 
-from celery_dflock.client import _by_token, protocol, wire
+from celery_dflock.client import _by_token, _replies, _requests, wire
 from celery_dflock.client._grant import HeldGrant, LockState, RenewOutcome, redact
 from celery_dflock.client._refusals import refusal_error
+from celery_dflock.client._replies import (
+    Asked,
+    ErrorReply,
+    Granted,
+    Moved,
+    Queued,
+    Renewed,
+    Reply,
+    TimedOut,
+)
 from celery_dflock.client._requests import (
+    Command,
     checked_enqueue,
     checked_hand_down,
     checked_hold,
@@ -45,17 +56,6 @@ from celery_dflock.client._settings import (
     whole_seconds,
 )
 from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
-from celery_dflock.client.protocol import (
-    Asked,
-    Command,
-    ErrorReply,
-    Granted,
-    Moved,
-    Queued,
-    Renewed,
-    Reply,
-    TimedOut,
-)
 
 logger: Final = logging.getLogger("celery_dflock.client")
 
@@ -113,7 +113,7 @@ class LockCore:
         self.busy = False
         """The last acquire ended with ``timeout`` (the key stayed busy)."""
         self.lease_ttl_s = lease_ttl_s
-        self.note = None if note is None else protocol.validate_note(note)
+        self.note = None if note is None else _requests.validate_note(note)
         """The owner note sent with each acquire (``hl ... c <note>``) to a server with holds."""
 
     def __copy__(self) -> LockCore:
@@ -347,7 +347,7 @@ class LockCore:
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
         command = Command.WAIT if self.limit is None else Command.SEM_WAIT
-        encode = protocol.encode_wait if self.limit is None else protocol.encode_sem_wait
+        encode = _requests.encode_wait if self.limit is None else _requests.encode_sem_wait
         return command, encode(self.key, timeout), self.reply_timeout(timeout)
 
     def _held_token(self) -> str:
@@ -369,7 +369,7 @@ class LockCore:
         if self.routing.limit is None:
             data = checked_release(self.routing.key, token)  # a token a grant reply matched
             return Command.RELEASE, data, self.reply_timeout()
-        data = protocol.encode_sem_release(self.key, token)
+        data = _requests.encode_sem_release(self.key, token)
         return Command.SEM_RELEASE, data, self.reply_timeout()
 
     def hold_request(
@@ -379,7 +379,7 @@ class LockCore:
         to the connection until `detach_token_request` (`HoldsUnsupported` unless ``server``
         has holds)."""
         self._require_idle()
-        note = protocol.validate_note(note)  # (given here; the rest when this object was made)
+        note = _requests.validate_note(note)  # (given here; the rest when this object was made)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         timeout = self.routing.wait_seconds()
         data = checked_hold(self.key, timeout, lease, note, detached=detached)
@@ -405,7 +405,7 @@ class LockCore:
         """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`; a
         `ValueError` (an `InvalidValueError`) when neither is given (``ht`` always names one)."""
         if note is not None:
-            return protocol.validate_note(note)
+            return _requests.validate_note(note)
         if self.note is not None:
             return self.note
         raise InvalidValueError(
@@ -420,7 +420,7 @@ class LockCore:
         bound to this connection from now on (`HoldsUnsupported` unless ``server`` has
         holds)."""
         self._require_idle()
-        token = protocol.validate_token(token)  # (given here; the note by `take_over_note`)
+        token = _requests.validate_token(token)  # (given here; the note by `take_over_note`)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         data = checked_take(self.key, token, lease, on_close_lease, note)
         return Command.TAKE, data, self.reply_timeout()
@@ -510,7 +510,7 @@ class LockCore:
         if isinstance(reply, Renewed) and reply.seconds_remaining > 0:
             granted = Granted(token, reply.seconds_remaining)
             return self.on_grant_reply(Command.LOCK, granted, sent_at, server, session)
-        if isinstance(reply, protocol.Bound):
+        if isinstance(reply, _replies.Bound):
             self.busy = True
             self.holder = reply.holder
             return False
@@ -531,7 +531,7 @@ class LockCore:
         sent and its connection broke before the answer came; that release may have freed
         it, so a refusal is no proof of a loss (reset, not marked lost).
         """
-        if isinstance(reply, protocol.Ok):
+        if isinstance(reply, _replies.Ok):
             self.reset()
             return True
         code = reply.code if isinstance(reply, ErrorReply) else repr(reply)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _requests
 from celery_dflock.client._servers import FEATURE_DURABLE, ServerInfo
 from celery_dflock.client._session import SESSION_KEEPALIVES, SESSION_MARGIN_S, ClientSession
 from celery_dflock.client._settings import (
@@ -128,7 +128,7 @@ class HeldGrant:
         does not issue fencing tokens (it did not list ``fence`` in its ``hello``)."""
         if self.token is None or not self.fencing:
             return None
-        return protocol.fence_of(self.token)
+        return _requests.fence_of(self.token)
 
     def foreign_process(self) -> bool:
         """True when the lock was acquired by another process (we are a fork child)."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from celery_dflock.client import errors, wire
+from celery_dflock.client._replies import ErrorReply, Moved, Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import auth_required_error
 from celery_dflock.client._settings import Endpoint, lease_name
 from celery_dflock.client.cluster import ShardsInfo
-from celery_dflock.client.protocol import Command, ErrorReply, Moved, Reply
 from celery_dflock.client.sharding import Routing, server_identity
 
 

@@ -1,6 +1,15 @@
 """The dflockd protocol's replies, without I/O: one typed reply per line, checked against the
 command it answers (`decode_reply`), and `ReplyParser`, fed bytes as they arrive in any
-chunking. Re-exported by `celery_dflock.client.protocol`."""
+chunking::
+
+    parser = ReplyParser()
+    sock.sendall(encode_ping())
+    while (reply := parser.next_reply(Command.PING)) is None:
+        parser.feed(sock.recv(4096))
+    # reply is Ok() or ErrorReply(code)
+
+Anything that is not a valid reply to that command raises `ProtocolError` naming what
+arrived. The requests are built by `celery_dflock.client._requests`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The dflockd protocol's requests, without I/O: the commands, the checks of what a request
-carries (keys, tokens, owner notes, numbers), and the ``encode_*`` functions that return the
-exact bytes to send. Re-exported by `celery_dflock.client.protocol`."""
+carries (keys, tokens, owner notes, the secret, a wait's timeout), and one function per
+request that returns the exact bytes to send (``checked_*``: of parts checked before;
+``encode_*``: checking what it is given). The replies are read by
+`celery_dflock.client._replies`."""
 
 from __future__ import annotations
 
@@ -128,29 +130,12 @@ def validate_note(note: str, name: str = "note") -> str:
     return note
 
 
-def _number(name: str, value: int, *, minimum: int, maximum: int = wire.MAX_NUMBER) -> str:
-    if not _is_int(value):
-        raise InvalidValueError(f"{name} must be an int number of seconds/units, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise InvalidValueError(f"{name} must be between {minimum} and {maximum}, got {value}")
-    return str(value)
-
-
 def _timeout(value: int) -> str:
-    return _number("timeout_s", value, minimum=0)
-
-
-def _lease_suffix(lease_s: int | None) -> str:
-    return "" if lease_s is None else " " + _number("lease_s", lease_s, minimum=1)
-
-
-def _limit(limit: int) -> str:
-    return _number(
-        "limit",
-        limit,
-        minimum=wire.MIN_SEMAPHORE_LIMIT,
-        maximum=wire.MAX_SEMAPHORE_LIMIT,
-    )
+    if not _is_int(value):
+        raise InvalidValueError(f"timeout_s must be an int number of seconds, got {value!r}")
+    if not 0 <= value <= wire.MAX_NUMBER:
+        raise InvalidValueError(f"timeout_s must be between 0 and {wire.MAX_NUMBER}, got {value}")
+    return str(value)
 
 
 def _request(command: Command, key: str, argument: str) -> bytes:
@@ -161,8 +146,8 @@ def _request(command: Command, key: str, argument: str) -> bytes:
 # A lock object's own key, note, timeout, limit and lease are checked once, when it is made
 # (see `celery_dflock.client._core.LockCore`), and its token is one a grant reply matched:
 # these build its requests from such parts without checking them again (every run of a locked
-# task sends an acquire and a release). The `encode_*` functions below check, then build with
-# them, so each request's bytes are spelled in one place.
+# task sends an acquire and a release). A request by token (`celery_dflock.client._by_token`)
+# checks what it is given, then builds with them: each request's bytes are spelled here once.
 
 
 _LOCK: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d\n"
@@ -227,64 +212,11 @@ def checked_take(key: str, token: str, lease_s: int, on_close_s: int | None, not
 # ------------------------------------------------------------------------------- encoders
 
 
-def encode_lock(key: str, timeout_s: int, lease_s: int | None = None) -> bytes:
-    """``l``: acquire, waiting up to ``timeout_s`` (0: try once)."""
-    validate_key(key)
-    _timeout(timeout_s)
-    _lease_suffix(lease_s)
-    return checked_lock(key, timeout_s, lease_s)
-
-
-def encode_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
-    """``hl``: acquire the lock ``key`` with the owner note ``note``, bound to this connection
-    or ``detached`` from it (freed only by ``r`` or its lease)."""
-    _timeout(timeout_s)
-    _number("lease_s", lease_s, minimum=1)
-    validate_note(note)
-    validate_key(key)
-    return checked_hold(key, timeout_s, lease_s, note, detached=detached)
-
-
 def encode_note(key: str, token: str, note: str) -> bytes:
     """``note``: replace the owner note of the grant ``token`` holds on ``key``."""
     return _request(
         Command.NOTE, validate_key(key), f"{validate_token(token)} {validate_note(note)}"
     )
-
-
-def encode_take(key: str, token: str, lease_s: int, on_close_s: int | None, note: str) -> bytes:
-    """``ht``: bind the detached grant ``token`` holds on ``key`` to this connection, with a
-    lease of ``lease_s`` and the owner note ``note``; when the connection closes the grant is
-    released (``on_close_s`` None: ``r``) or detached again with a lease of ``on_close_s``."""
-    if on_close_s is not None:
-        _number("on_close_lease", on_close_s, minimum=1)
-    validate_token(token)
-    _number("lease_s", lease_s, minimum=1)
-    validate_note(note)
-    return checked_take(validate_key(key), token, lease_s, on_close_s, note)
-
-
-def encode_hand_down(key: str, token: str, lease_s: int) -> bytes:
-    """``hd``: detach the grant ``token`` holds on ``key`` from its connection, with a lease of
-    ``lease_s``."""
-    validate_token(token)
-    _number("lease_s", lease_s, minimum=1)
-    return checked_hand_down(validate_key(key), token, lease_s)
-
-
-def encode_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
-    """``n``: extend the lease of ``token`` to now + ``lease_s`` (default: the server's)."""
-    validate_key(key)
-    validate_token(token)
-    _lease_suffix(lease_s)
-    return checked_renew(key, token, lease_s, semaphore=False)
-
-
-def encode_release(key: str, token: str) -> bytes:
-    """``r``: release ``token``'s hold on ``key``."""
-    validate_key(key)
-    validate_token(token)
-    return checked_release(key, token)
 
 
 def encode_force_release(key: str, note: str | None = None) -> bytes:
@@ -294,44 +226,14 @@ def encode_force_release(key: str, note: str | None = None) -> bytes:
     return _request(Command.FORCE_RELEASE, validate_key(key), argument)
 
 
-def encode_enqueue(key: str, lease_s: int | None = None) -> bytes:
-    """``e``: join ``key``'s queue without blocking (two-phase step 1)."""
-    validate_key(key)
-    _lease_suffix(lease_s)
-    return checked_enqueue(key, None, lease_s)
-
-
 def encode_wait(key: str, timeout_s: int) -> bytes:
     """``w``: wait up to ``timeout_s`` for the grant of an earlier ``e`` (same connection)."""
     return _request(Command.WAIT, validate_key(key), _timeout(timeout_s))
 
 
-def encode_sem_lock(key: str, timeout_s: int, limit: int, lease_s: int | None = None) -> bytes:
-    """``sl``: take one of ``limit`` slots of semaphore ``key``."""
-    _timeout(timeout_s)
-    _limit(limit)
-    _lease_suffix(lease_s)
-    return checked_sem_lock(validate_key(key), timeout_s, limit, lease_s)
-
-
-def encode_sem_enqueue(key: str, limit: int, lease_s: int | None = None) -> bytes:
-    """``se``: join semaphore ``key``'s queue without blocking."""
-    _limit(limit)
-    _lease_suffix(lease_s)
-    return checked_enqueue(validate_key(key), limit, lease_s)
-
-
 def encode_sem_wait(key: str, timeout_s: int) -> bytes:
     """``sw``: wait for the semaphore slot of an earlier ``se``."""
     return _request(Command.SEM_WAIT, validate_key(key), _timeout(timeout_s))
-
-
-def encode_sem_renew(key: str, token: str, lease_s: int | None = None) -> bytes:
-    """``sn``: extend a semaphore slot's lease."""
-    validate_key(key)
-    validate_token(token)
-    _lease_suffix(lease_s)
-    return checked_renew(key, token, lease_s, semaphore=True)
 
 
 def encode_sem_release(key: str, token: str) -> bytes:

@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from celery_dflock.client import protocol, wire
+from celery_dflock.client import _requests, wire
 from celery_dflock.client._refusals import describe_lock, mismatch_error
+from celery_dflock.client._replies import Asked, ErrorReply, Moved, Reply
 from celery_dflock.client._settings import ClientSettings
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ProtocolError
-from celery_dflock.client.protocol import Asked, ErrorReply, Moved, Reply
 from celery_dflock.client.sharding import CLUSTER, select_server
 
 logger: Final = logging.getLogger("celery_dflock.client")
@@ -154,7 +154,7 @@ class KeyRoute:
         acquire_timeout_s: int,
         router: ClusterRouter | None,
     ) -> None:
-        self.key = protocol.validate_key(key)
+        self.key = _requests.validate_key(key)
         self.limit = limit
         """A semaphore's slots (None: a plain lock)."""
         self.settings = settings

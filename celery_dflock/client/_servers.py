@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from celery_dflock.client import protocol, wire
+from celery_dflock.client import _replies, wire
+from celery_dflock.client._replies import ErrorReply, Reply
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client.errors import (
     AuthError,
@@ -15,7 +16,6 @@ from celery_dflock.client.errors import (
     ProtocolError,
     ServerDraining,
 )
-from celery_dflock.client.protocol import ErrorReply, Reply
 
 CLOSING_ERRORS: Final = frozenset({wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING})
 """Error replies after which the connection must not be reused."""
@@ -143,7 +143,7 @@ def _seconds(value: object) -> int | None:
 
 def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
     """Interpret the reply to ``hello`` (raises for ``error_auth`` / ``error_draining``)."""
-    if isinstance(reply, protocol.Hello):
+    if isinstance(reply, _replies.Hello):
         data = reply.data
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
@@ -190,7 +190,7 @@ def auth_required_error(endpoint: Endpoint) -> AuthError:
 
 def auth_reply_error(endpoint: Endpoint, reply: Reply) -> AuthError | None:
     """None when ``auth`` succeeded, else the error to raise."""
-    if isinstance(reply, protocol.Ok):
+    if isinstance(reply, _replies.Ok):
         return None
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
         return AuthError(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, cast
 
-from celery_dflock.client import protocol, wire
+from celery_dflock.client import _requests, wire
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard, validate_servers
 
@@ -139,7 +139,7 @@ def check_auth_token(
         return None
     if not isinstance(value, str) or not value:
         raise error(f"{name} must be a non-empty string or None")
-    protocol.encode_auth(value)  # what the protocol can carry
+    _requests.encode_auth(value)  # what the protocol can carry
     return value
 
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from celery_dflock.client import wire
+from celery_dflock.client._replies import ErrorReply, Reply, Stats
 from celery_dflock.client._servers import FEATURE_STATS, ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client.cluster import ShardsInfo
 from celery_dflock.client.errors import ProtocolError
-from celery_dflock.client.protocol import ErrorReply, Reply, Stats
 
 
 @dataclass(frozen=True, slots=True)

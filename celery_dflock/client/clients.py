@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from ssl import SSLContext
 from typing import Any, Final, Generic, Self, TypeVar, cast
 
-from celery_dflock.client import _by_token, protocol, wire
+from celery_dflock.client import _by_token, _requests, wire
 from celery_dflock.client._async.lock import AsyncDistributedLock, AsyncDistributedSemaphore
 from celery_dflock.client._async.routing import (
     send_by_token as send_by_token_async,
@@ -317,7 +317,7 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
     def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
         """Release ``token`` on ``key`` (``limit``: a semaphore's slot), granted to any process:
         True if the server released it, False if it no longer held it. Idempotent."""
-        request = _by_token.release_request(protocol.validate_key(key), token, limit)
+        request = _by_token.release_request(_requests.validate_key(key), token, limit)
         _, reply, _ = send_by_token(
             self._pool, self._settings, self._router, key, lambda _, __: request
         )
@@ -345,7 +345,7 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         """Detach ``token``'s grant on ``key`` from its connection (``hd``), with a lease of
         ``lease_ttl`` seconds from now: True, or False if it no longer holds the key."""
         lease = lease_seconds("lease_ttl", lease_ttl)
-        key, token = protocol.validate_key(key), protocol.validate_token(token)
+        key, token = _requests.validate_key(key), _requests.validate_token(token)
         return self._done(
             key, lambda server, where: _by_token.detach_request(server, where, key, token, lease)
         )
@@ -354,14 +354,14 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         """Renew ``token`` on ``key`` (a hold, or any grant) to ``lease_ttl`` seconds from
         now: True, or False if it no longer holds the key."""
         request = _by_token.renew_request(
-            protocol.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
+            _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
         )
         return self._done(key, lambda _, __: request)
 
     def note(self, key: str, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on ``key``: True, or False if it no
         longer holds the key; `HoldsUnsupported` for a server without holds."""
-        key, note = protocol.validate_key(key), protocol.validate_note(note)
+        key, note = _requests.validate_key(key), _requests.validate_note(note)
         return self._done(
             key, lambda server, where: _by_token.note_request(server, where, key, token, note)
         )
@@ -374,9 +374,9 @@ class Client(_ClientBase[DistributedLock, DistributedSemaphore, ConnectionPool])
         Returns how many grants were freed (0: nothing held the key). Raises
         `ForceReleaseUnsupported` for a server that predates it, `InvalidValueError` for a
         bad key or note."""
-        key = protocol.validate_key(key)
+        key = _requests.validate_key(key)
         if note is not None:
-            protocol.validate_note(note, "the operator's note")
+            _requests.validate_note(note, "the operator's note")
         command, reply, at = send_to_owner(
             self._pool,
             self._settings,
@@ -434,7 +434,7 @@ class AsyncClient(
 
     async def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
         """`Client.release`, awaited."""
-        request = _by_token.release_request(protocol.validate_key(key), token, limit)
+        request = _by_token.release_request(_requests.validate_key(key), token, limit)
         _, reply, _ = await send_by_token_async(
             self._pool, self._settings, self._router, key, lambda _, __: request
         )
@@ -449,7 +449,7 @@ class AsyncClient(
     async def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """`Client.detach`, awaited."""
         lease = lease_seconds("lease_ttl", lease_ttl)
-        key, token = protocol.validate_key(key), protocol.validate_token(token)
+        key, token = _requests.validate_key(key), _requests.validate_token(token)
         return await self._done(
             key, lambda server, where: _by_token.detach_request(server, where, key, token, lease)
         )
@@ -457,22 +457,22 @@ class AsyncClient(
     async def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """`Client.renew`, awaited."""
         request = _by_token.renew_request(
-            protocol.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
+            _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
         )
         return await self._done(key, lambda _, __: request)
 
     async def note(self, key: str, token: str, note: str) -> bool:
         """`Client.note`, awaited."""
-        key, note = protocol.validate_key(key), protocol.validate_note(note)
+        key, note = _requests.validate_key(key), _requests.validate_note(note)
         return await self._done(
             key, lambda server, where: _by_token.note_request(server, where, key, token, note)
         )
 
     async def force_release(self, key: str, *, note: str | None = None) -> int:
         """`Client.force_release`, awaited."""
-        key = protocol.validate_key(key)
+        key = _requests.validate_key(key)
         if note is not None:
-            protocol.validate_note(note, "the operator's note")
+            _requests.validate_note(note, "the operator's note")
         command, reply, at = await send_to_owner_async(
             self._pool,
             self._settings,

@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from celery_dflock import LockedTask
 from celery_dflock._runtime import HeldRecords
-from celery_dflock.client.protocol import validate_key
+from celery_dflock.client._requests import validate_key
 from celery_dflock.client.sharding import (
     IdentityShardingStrategy,
     _routes_by_identity,  # pyright: ignore[reportPrivateUsage]

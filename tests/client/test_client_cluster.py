@@ -13,7 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies, _requests
+from celery_dflock.client._replies import Asked, ErrorReply, Moved, Ok, Shards
+from celery_dflock.client._requests import Command
 from celery_dflock.client.clients import AsyncClient, Client
 from celery_dflock.client.cluster import ClusterMap, ShardsInfo, fnv1a_32
 from celery_dflock.client.errors import (
@@ -22,7 +24,6 @@ from celery_dflock.client.errors import (
     ServerUnavailable,
     ShardingMismatchError,
 )
-from celery_dflock.client.protocol import Asked, Command, ErrorReply, Moved, Ok, Shards
 from celery_dflock.client.sharding import rendezvous_shard
 from dflockd_server import protocol as server_protocol
 from dflockd_server.cluster import shardmap
@@ -35,43 +36,43 @@ SHARDS = shardmap.SHARD_COUNT
 
 # ------------------------------------------------------------------------------ codec, pure
 def test_the_shards_request_and_the_new_replies_byte_by_byte() -> None:
-    assert protocol.encode_shards() == b"shards\n_\n_\n"
-    assert protocol.decode_reply(Command.SHARDS, b'ok {"mode":"single"}') == Shards(
+    assert _requests.encode_shards() == b"shards\n_\n_\n"
+    assert _replies.decode_reply(Command.SHARDS, b'ok {"mode":"single"}') == Shards(
         {"mode": "single"}
     )
     for command in (Command.LOCK, Command.SEM_LOCK, Command.ENQUEUE, Command.SEM_WAIT):
-        assert protocol.decode_reply(command, b"error_moved 10.0.0.2:6388") == Moved(
+        assert _replies.decode_reply(command, b"error_moved 10.0.0.2:6388") == Moved(
             "10.0.0.2:6388"
         )
-        assert protocol.decode_reply(command, b"error_moved [::1]:6388") == Moved("[::1]:6388")
-        assert protocol.decode_reply(command, b"error_unavailable") == ErrorReply(
+        assert _replies.decode_reply(command, b"error_moved [::1]:6388") == Moved("[::1]:6388")
+        assert _replies.decode_reply(command, b"error_unavailable") == ErrorReply(
             "error_unavailable"
         )
     with pytest.raises(ProtocolError, match="HOST:PORT"):
-        protocol.decode_reply(Command.LOCK, b"error_moved nowhere")
+        _replies.decode_reply(Command.LOCK, b"error_moved nowhere")
     with pytest.raises(ProtocolError):
-        protocol.decode_reply(Command.RENEW, b"error_moved a:1")  # renewals are never moved
+        _replies.decode_reply(Command.RENEW, b"error_moved a:1")  # renewals are never moved
     with pytest.raises(ProtocolError):
-        protocol.decode_reply(Command.RELEASE, b"error_unavailable")
+        _replies.decode_reply(Command.RELEASE, b"error_unavailable")
 
 
 def test_the_key_level_move_replies_byte_by_byte() -> None:
-    assert protocol.encode_asking() == b"asking\n_\n_\n"
-    assert protocol.decode_reply(Command.ASKING, b"ok") == Ok()
-    assert protocol.decode_reply(Command.ASKING, b"error") == ErrorReply("error")  # too old
+    assert _requests.encode_asking() == b"asking\n_\n_\n"
+    assert _replies.decode_reply(Command.ASKING, b"ok") == Ok()
+    assert _replies.decode_reply(Command.ASKING, b"error") == ErrorReply("error")  # too old
     for command in (Command.LOCK, Command.HOLD, Command.ENQUEUE, Command.SEM_ENQUEUE):
-        assert protocol.decode_reply(command, b"error_ask 10.0.0.7:6388") == Asked("10.0.0.7:6388")
+        assert _replies.decode_reply(command, b"error_ask 10.0.0.7:6388") == Asked("10.0.0.7:6388")
     with pytest.raises(ProtocolError, match="HOST:PORT"):
-        protocol.decode_reply(Command.LOCK, b"error_ask nowhere")
+        _replies.decode_reply(Command.LOCK, b"error_ask nowhere")
     with pytest.raises(ProtocolError):
-        protocol.decode_reply(Command.RENEW, b"error_ask a:1")  # renewals are never asked
+        _replies.decode_reply(Command.RENEW, b"error_ask a:1")  # renewals are never asked
     # Issue 48: the member's ticket comes with the ask and goes back with `asking`, as is.
     ticket = "1f.6a0b1c2d.18eb8cfb560e7377." + "ab" * 16
     line = f"error_ask 10.0.0.7:6388 {ticket}".encode()
-    assert protocol.decode_reply(Command.LOCK, line) == Asked("10.0.0.7:6388", ticket)
-    assert protocol.encode_asking("job:7", ticket) == f"asking\njob:7\n{ticket}\n".encode()
+    assert _replies.decode_reply(Command.LOCK, line) == Asked("10.0.0.7:6388", ticket)
+    assert _requests.encode_asking("job:7", ticket) == f"asking\njob:7\n{ticket}\n".encode()
     with pytest.raises(ProtocolError, match="ticket"):
-        protocol.decode_reply(Command.LOCK, b"error_ask a:1 t1 t2")
+        _replies.decode_reply(Command.LOCK, b"error_ask a:1 t1 t2")
 
 
 def test_the_client_hash_is_the_servers() -> None:

@@ -14,11 +14,11 @@ import threading
 import pytest
 
 from celery_dflock import ServerUnavailable
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies, _requests
 from celery_dflock.client._connection import SocketTransport
+from celery_dflock.client._requests import Command, checked_lock, checked_release
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._sync.connection import Connection
-from celery_dflock.client.protocol import Command
 from dflockd_server.testing import ServerThread
 from tests.support.waiting import wait_until
 
@@ -34,12 +34,10 @@ def test_requests_on_a_non_blocking_socket(dflock_server: ServerThread) -> None:
     try:
         sock = conn.transport.sock
         assert sock.gettimeout() == 0.0  # non-blocking: waits are poll's
-        grant = conn.request(Command.LOCK, protocol.encode_lock("io", 0))
-        assert isinstance(grant, protocol.Granted)
+        grant = conn.request(Command.LOCK, checked_lock("io", 0, None))
+        assert isinstance(grant, _replies.Granted)
         assert conn.is_reusable()
-        assert conn.request(Command.RELEASE, protocol.encode_release("io", grant.token)) == (
-            protocol.Ok()
-        )
+        assert conn.request(Command.RELEASE, checked_release("io", grant.token)) == (_replies.Ok())
         assert conn.is_reusable()
     finally:
         conn.close()
@@ -52,12 +50,12 @@ def test_a_connection_the_server_closed_is_not_reused(
     server = dflock_server_factory()
     conn = Connection.open(_endpoint(server.address))
     # (a ping first: the server has then surely taken the connection in before it stops)
-    assert conn.request(Command.PING, protocol.encode_ping()) == protocol.Ok()
+    assert conn.request(Command.PING, _requests.encode_ping()) == _replies.Ok()
     assert conn.is_reusable()
     server.stop()
     wait_until(lambda: not conn.is_reusable(), what="EOF seen by poll")
     with pytest.raises(ServerUnavailable):
-        conn.request(Command.PING, protocol.encode_ping())
+        conn.request(Command.PING, _requests.encode_ping())
     assert conn.closed
 
 
@@ -78,7 +76,7 @@ def test_a_send_the_kernel_takes_in_parts_completes() -> None:
         pair = Endpoint("pair", 1)
         conn = Connection(pair, SocketTransport(pair, ours))  # made non-blocking by it
         junk = _fill(ours)
-        request = protocol.encode_ping()
+        request = _requests.encode_ping()
         got = bytearray()
 
         def serve() -> None:
@@ -93,7 +91,7 @@ def test_a_send_the_kernel_takes_in_parts_completes() -> None:
             reply = conn.request(Command.PING, request, timeout=10.0)
         finally:
             thread.join(10.0)
-        assert reply == protocol.Ok()
+        assert reply == _replies.Ok()
         assert bytes(got[junk:]) == request  # intact, after everything sent before it
 
 
@@ -104,5 +102,5 @@ def test_a_send_that_never_finds_room_times_out_and_closes() -> None:
         conn = Connection(pair, SocketTransport(pair, ours))
         _fill(ours)  # nobody reads the peer
         with pytest.raises(ServerUnavailable, match="no reply"):
-            conn.request(Command.PING, protocol.encode_ping(), timeout=0.3)
+            conn.request(Command.PING, _requests.encode_ping(), timeout=0.3)
         assert conn.closed

@@ -20,9 +20,10 @@ from celery_dflock import (
     ServerDraining,
 )
 from celery_dflock.client._core import LockCore
+from celery_dflock.client._replies import ErrorReply, Granted, Hello, Ok
+from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import LEGACY_SERVER, ServerInfo, server_info
 from celery_dflock.client._settings import ClientSettings, Endpoint
-from celery_dflock.client.protocol import Command, ErrorReply, Granted, Hello, Ok
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 

@@ -23,8 +23,9 @@ from celery_dflock import (
     KeyHeld,
     LockNotAcquired,
 )
-from celery_dflock.client import protocol
-from celery_dflock.client.protocol import Command, TimedOut
+from celery_dflock.client import _replies, _requests
+from celery_dflock.client._replies import TimedOut
+from celery_dflock.client._requests import Command
 from dflockd_server.testing import ServerThread
 from tests.support.holds import adopted_in_a_child
 from tests.support.waiting import wait_until
@@ -40,18 +41,18 @@ def lock_entry(address: tuple[str, int], key: str) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------ the codec
 def test_hold_and_note_requests_and_their_replies() -> None:
     token = "0" * 16 + "a" * 16
-    assert protocol.encode_hold("k", 0, 30, "t/h", detached=True) == b"hl\nk\n0 30 d t/h\n"
-    assert protocol.encode_hold("k", 5, 9, "n", detached=False) == b"hl\nk\n5 9 c n\n"
-    assert protocol.encode_note("k", token, "x") == f"note\nk\n{token} x\n".encode()
-    assert protocol.decode_reply(Command.HOLD, b"timeout _") == TimedOut(None)
-    assert protocol.decode_reply(Command.HOLD, b"timeout id%2F1/h") == TimedOut("id%2F1/h")
-    assert protocol.decode_reply(Command.NOTE, b"ok") == protocol.Ok()
-    assert protocol.decode_reply(Command.HOLD, b"error_moved 10.0.0.1:6388") == protocol.Moved(
+    assert _requests.checked_hold("k", 0, 30, "t/h", detached=True) == b"hl\nk\n0 30 d t/h\n"
+    assert _requests.checked_hold("k", 5, 9, "n", detached=False) == b"hl\nk\n5 9 c n\n"
+    assert _requests.encode_note("k", token, "x") == f"note\nk\n{token} x\n".encode()
+    assert _replies.decode_reply(Command.HOLD, b"timeout _") == TimedOut(None)
+    assert _replies.decode_reply(Command.HOLD, b"timeout id%2F1/h") == TimedOut("id%2F1/h")
+    assert _replies.decode_reply(Command.NOTE, b"ok") == _replies.Ok()
+    assert _replies.decode_reply(Command.HOLD, b"error_moved 10.0.0.1:6388") == _replies.Moved(
         "10.0.0.1:6388"
     )
     for bad in ("", "a b", "é", "x" * 201, "\t"):
         with pytest.raises(InvalidValueError, match="note must be"):
-            protocol.encode_hold("k", 0, 30, bad, detached=True)
+            _requests.validate_note(bad)
 
 
 # ------------------------------------------------------------------------------ blocking face
@@ -316,16 +317,19 @@ def test_a_hold_waits_for_a_key_freed_meanwhile(dflock_server: ServerThread) -> 
 def test_take_over_and_hand_down_requests_and_their_replies() -> None:
     token = "0" * 16 + "a" * 16
     assert (
-        protocol.encode_take("k", token, 30, None, "t/h") == f"ht\nk\n{token} 30 r t/h\n".encode()
+        _requests.checked_take("k", token, 30, None, "t/h") == f"ht\nk\n{token} 30 r t/h\n".encode()
     )
-    assert protocol.encode_take("k", token, 30, 300, "t") == f"ht\nk\n{token} 30 300 t\n".encode()
-    assert protocol.encode_hand_down("k", token, 9) == f"hd\nk\n{token} 9\n".encode()
-    assert protocol.decode_reply(Command.TAKE, b"ok 30") == protocol.Renewed(30)
-    assert protocol.decode_reply(Command.TAKE, b"error_bound t/h") == protocol.Bound("t/h")
-    assert protocol.decode_reply(Command.TAKE, b"error_bound _") == protocol.Bound(None)
-    assert protocol.decode_reply(Command.HAND_DOWN, b"ok") == protocol.Ok()
-    with pytest.raises(InvalidValueError, match="on_close_lease"):
-        protocol.encode_take("k", token, 30, 0, "t")
+    assert _requests.checked_take("k", token, 30, 300, "t") == f"ht\nk\n{token} 30 300 t\n".encode()
+    assert _requests.checked_hand_down("k", token, 9) == f"hd\nk\n{token} 9\n".encode()
+    assert _replies.decode_reply(Command.TAKE, b"ok 30") == _replies.Renewed(30)
+    assert _replies.decode_reply(Command.TAKE, b"error_bound t/h") == _replies.Bound("t/h")
+    assert _replies.decode_reply(Command.TAKE, b"error_bound _") == _replies.Bound(None)
+    assert _replies.decode_reply(Command.HAND_DOWN, b"ok") == _replies.Ok()
+    with (
+        Client([("127.0.0.1", 1)]) as client,
+        pytest.raises(InvalidValueError, match="on_close_lease"),
+    ):
+        client.lock("k", note="t").adopt(token, on_close_lease=0)
 
 
 def test_two_adopters_of_one_hold_exactly_one_wins(dflock_server: ServerThread) -> None:

@@ -6,10 +6,8 @@ import json
 
 import pytest
 
-from celery_dflock.client import protocol
-from celery_dflock.client.errors import ProtocolError
-from celery_dflock.client.protocol import (
-    Command,
+from celery_dflock.client import _by_token, _replies, _requests
+from celery_dflock.client._replies import (
     ErrorReply,
     Granted,
     Hello,
@@ -21,6 +19,9 @@ from celery_dflock.client.protocol import (
     Stats,
     TimedOut,
 )
+from celery_dflock.client._requests import Command
+from celery_dflock.client._settings import check_limit, lease_seconds
+from celery_dflock.client.errors import ProtocolError
 from dflockd_server import constants
 
 TOKEN = "0000018f2b3c4d5e" + "a1b2c3d4e5f60718"
@@ -235,8 +236,8 @@ def test_stats_may_be_long_but_has_its_own_limit() -> None:
 
 
 def test_decode_reply_single_line() -> None:
-    assert protocol.decode_reply(Command.RENEW, b"ok 0") == Renewed(0)
-    assert protocol.decode_reply(Command.SEM_LOCK, b"error_limit_mismatch\r") == ErrorReply(
+    assert _replies.decode_reply(Command.RENEW, b"ok 0") == Renewed(0)
+    assert _replies.decode_reply(Command.SEM_LOCK, b"error_limit_mismatch\r") == ErrorReply(
         "error_limit_mismatch"
     )
 
@@ -245,51 +246,51 @@ def test_decode_reply_single_line() -> None:
 
 
 def test_encoders_produce_exact_requests() -> None:
-    assert protocol.encode_lock("k", 10) == b"l\nk\n10\n"
-    assert protocol.encode_lock("k", 0, 60) == b"l\nk\n0 60\n"
-    assert protocol.encode_renew("k", TOKEN) == f"n\nk\n{TOKEN}\n".encode()
-    assert protocol.encode_renew("k", TOKEN, 5) == f"n\nk\n{TOKEN} 5\n".encode()
-    assert protocol.encode_release("k", TOKEN) == f"r\nk\n{TOKEN}\n".encode()
-    assert protocol.encode_enqueue("k") == b"e\nk\n\n"
-    assert protocol.encode_enqueue("k", 30) == b"e\nk\n30\n"
-    assert protocol.encode_wait("k", 3) == b"w\nk\n3\n"
-    assert protocol.encode_sem_lock("s", 5, 3) == b"sl\ns\n5 3\n"
-    assert protocol.encode_sem_lock("s", 5, 3, 20) == b"sl\ns\n5 3 20\n"
-    assert protocol.encode_sem_enqueue("s", 3) == b"se\ns\n3\n"
-    assert protocol.encode_sem_enqueue("s", 3, 20) == b"se\ns\n3 20\n"
-    assert protocol.encode_sem_wait("s", 0) == b"sw\ns\n0\n"
-    assert protocol.encode_sem_renew("s", TOKEN, 8) == f"sn\ns\n{TOKEN} 8\n".encode()
-    assert protocol.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
-    assert protocol.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
-    assert protocol.encode_stats() == b"stats\n_\n_\n"
-    assert protocol.encode_ping() == b"ping\n_\n_\n"
-    assert protocol.encode_hello() == b"hello\n_\nsession\n"
-    assert protocol.encode_lock("ключ", 1) == "l\nключ\n1\n".encode()
+    assert _requests.checked_lock("k", 10, None) == b"l\nk\n10\n"
+    assert _requests.checked_lock("k", 0, 60) == b"l\nk\n0 60\n"
+    assert _requests.checked_renew("k", TOKEN, None, semaphore=False) == f"n\nk\n{TOKEN}\n".encode()
+    assert _requests.checked_renew("k", TOKEN, 5, semaphore=False) == f"n\nk\n{TOKEN} 5\n".encode()
+    assert _requests.checked_release("k", TOKEN) == f"r\nk\n{TOKEN}\n".encode()
+    assert _requests.checked_enqueue("k", None, None) == b"e\nk\n\n"
+    assert _requests.checked_enqueue("k", None, 30) == b"e\nk\n30\n"
+    assert _requests.encode_wait("k", 3) == b"w\nk\n3\n"
+    assert _requests.checked_sem_lock("s", 5, 3, None) == b"sl\ns\n5 3\n"
+    assert _requests.checked_sem_lock("s", 5, 3, 20) == b"sl\ns\n5 3 20\n"
+    assert _requests.checked_enqueue("s", 3, None) == b"se\ns\n3\n"
+    assert _requests.checked_enqueue("s", 3, 20) == b"se\ns\n3 20\n"
+    assert _requests.encode_sem_wait("s", 0) == b"sw\ns\n0\n"
+    assert _requests.checked_renew("s", TOKEN, 8, semaphore=True) == f"sn\ns\n{TOKEN} 8\n".encode()
+    assert _requests.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
+    assert _requests.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
+    assert _requests.encode_stats() == b"stats\n_\n_\n"
+    assert _requests.encode_ping() == b"ping\n_\n_\n"
+    assert _requests.encode_hello() == b"hello\n_\nsession\n"
+    assert _requests.checked_lock("ключ", 1, None) == "l\nключ\n1\n".encode()
 
 
 def test_every_command_has_an_encoder() -> None:
     encoded = {
-        protocol.encode_lock("k", 1),
-        protocol.encode_renew("k", TOKEN),
-        protocol.encode_release("k", TOKEN),
-        protocol.encode_enqueue("k"),
-        protocol.encode_wait("k", 1),
-        protocol.encode_sem_lock("k", 1, 2),
-        protocol.encode_sem_enqueue("k", 2),
-        protocol.encode_sem_wait("k", 1),
-        protocol.encode_sem_renew("k", TOKEN),
-        protocol.encode_sem_release("k", TOKEN),
-        protocol.encode_auth("x"),
-        protocol.encode_stats(),
-        protocol.encode_ping(),
-        protocol.encode_hello(),
-        protocol.encode_shards(),
-        protocol.encode_hold("k", 0, 30, "note", detached=True),
-        protocol.encode_note("k", TOKEN, "note"),
-        protocol.encode_take("k", TOKEN, 30, None, "note"),
-        protocol.encode_hand_down("k", TOKEN, 30),
-        protocol.encode_asking(),
-        protocol.encode_force_release("k"),
+        _requests.checked_lock("k", 1, None),
+        _requests.checked_renew("k", TOKEN, None, semaphore=False),
+        _requests.checked_release("k", TOKEN),
+        _requests.checked_enqueue("k", None, None),
+        _requests.encode_wait("k", 1),
+        _requests.checked_sem_lock("k", 1, 2, None),
+        _requests.checked_enqueue("k", 2, None),
+        _requests.encode_sem_wait("k", 1),
+        _requests.checked_renew("k", TOKEN, None, semaphore=True),
+        _requests.encode_sem_release("k", TOKEN),
+        _requests.encode_auth("x"),
+        _requests.encode_stats(),
+        _requests.encode_ping(),
+        _requests.encode_hello(),
+        _requests.encode_shards(),
+        _requests.checked_hold("k", 0, 30, "note", detached=True),
+        _requests.encode_note("k", TOKEN, "note"),
+        _requests.checked_take("k", TOKEN, 30, None, "note"),
+        _requests.checked_hand_down("k", TOKEN, 30),
+        _requests.encode_asking(),
+        _requests.encode_force_release("k"),
     }
     assert {request.split(b"\n")[0].decode() for request in encoded} == set(constants.COMMANDS)
     assert {c.value for c in Command} == set(constants.COMMANDS)
@@ -313,35 +314,35 @@ def test_every_command_has_an_encoder() -> None:
 )
 def test_invalid_keys_are_refused_clearly(key: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        protocol.encode_lock(key, 1)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        _requests.validate_key(key)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
 
 
 def test_longest_key_is_accepted() -> None:
-    assert protocol.validate_key("x" * 256) == "x" * 256
-    assert protocol.validate_key("é" * 128) == "é" * 128
+    assert _requests.validate_key("x" * 256) == "x" * 256
+    assert _requests.validate_key("é" * 128) == "é" * 128
 
 
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: protocol.encode_lock("k", -1), "timeout_s must be between 0"),
-        (lambda: protocol.encode_lock("k", 1.5), "timeout_s must be an int"),  # type: ignore[arg-type]
-        (lambda: protocol.encode_lock("k", True), "timeout_s must be an int"),
-        (lambda: protocol.encode_lock("k", "5"), "timeout_s must be an int"),  # type: ignore[arg-type]
-        (lambda: protocol.encode_lock("k", constants.MAX_NUMBER + 1), "9000000000"),
-        (lambda: protocol.encode_lock("k", 1, 0), "lease_s must be between 1"),
-        (lambda: protocol.encode_enqueue("k", -5), "lease_s must be between 1"),
-        (lambda: protocol.encode_sem_lock("k", 1, 0), "limit must be between 1 and 1048576"),
-        (lambda: protocol.encode_sem_enqueue("k", 1_048_577), "limit must be between"),
-        (lambda: protocol.encode_wait("k", -1), "timeout_s"),
-        (lambda: protocol.encode_renew("k", "short"), "32 lowercase hex"),
-        (lambda: protocol.encode_release("k", TOKEN.upper()), "32 lowercase hex"),
-        (lambda: protocol.encode_sem_release("k", TOKEN + "\n"), "32 lowercase hex"),
-        (lambda: protocol.encode_auth(""), "non-empty"),
-        (lambda: protocol.encode_auth("line\nbreak"), "line breaks"),
-        (lambda: protocol.encode_auth("secret\n"), "trailing newline"),
-        (lambda: protocol.encode_auth(" padded"), "whitespace"),
-        (lambda: protocol.encode_auth("x" * 65537), "65536"),
+        (lambda: _requests.encode_wait("k", -1), "timeout_s must be between 0"),
+        (lambda: _requests.encode_wait("k", 1.5), "timeout_s must be an int"),  # type: ignore[arg-type]
+        (lambda: _requests.encode_sem_wait("k", True), "timeout_s must be an int"),
+        (lambda: _requests.encode_wait("k", "5"), "timeout_s must be an int"),  # type: ignore[arg-type]
+        (lambda: _requests.encode_wait("k", constants.MAX_NUMBER + 1), "9000000000"),
+        (lambda: lease_seconds("lease_s", 0), "lease_s must be between 1"),
+        (lambda: lease_seconds("lease_s", -5), "lease_s must be between 1"),
+        (lambda: check_limit(0), "limit must be None .* from 1 to 1048576"),
+        (lambda: check_limit(1_048_577), "limit must be None"),
+        (lambda: _by_token.renew_request("k", "short", 5), "32 lowercase hex"),
+        (lambda: _by_token.renew_request("k", TOKEN, 0), "lease_ttl must be between 1"),
+        (lambda: _by_token.release_request("k", TOKEN.upper()), "32 lowercase hex"),
+        (lambda: _requests.encode_sem_release("k", TOKEN + "\n"), "32 lowercase hex"),
+        (lambda: _requests.encode_auth(""), "non-empty"),
+        (lambda: _requests.encode_auth("line\nbreak"), "line breaks"),
+        (lambda: _requests.encode_auth("secret\n"), "trailing newline"),
+        (lambda: _requests.encode_auth(" padded"), "whitespace"),
+        (lambda: _requests.encode_auth("x" * 65537), "65536"),
     ],
 )
 def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(call: object, match: str) -> None:
@@ -351,8 +352,8 @@ def test_invalid_numbers_tokens_and_secrets_are_refused_clearly(call: object, ma
 
 
 def test_fence_of() -> None:
-    assert protocol.fence_of(TOKEN) == int(TOKEN[:16], 16)
-    assert protocol.fence_of("ffffffffffffffff" + "0" * 16) == constants.FENCE_MAX
+    assert _requests.fence_of(TOKEN) == int(TOKEN[:16], 16)
+    assert _requests.fence_of("ffffffffffffffff" + "0" * 16) == constants.FENCE_MAX
 
 
 def test_every_command_reads_as_words_in_messages() -> None:
@@ -367,5 +368,5 @@ def test_every_command_reads_as_words_in_messages() -> None:
 def test_a_grant_with_a_lease_of_0_is_refused(command: Command) -> None:
     """A lease that is over when granted would make the renewal spin (every 0.1 s)."""
     with pytest.raises(ProtocolError, match="at least 1 second"):
-        protocol.decode_reply(command, b"ok " + b"a" * 32 + b" 0")
-    assert protocol.decode_reply(command, b"ok " + b"a" * 32 + b" 1") == Granted("a" * 32, 1)
+        _replies.decode_reply(command, b"ok " + b"a" * 32 + b" 0")
+    assert _replies.decode_reply(command, b"ok " + b"a" * 32 + b" 1") == Granted("a" * 32, 1)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies
+from celery_dflock.client._replies import decode_reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client.errors import ProtocolError
-from celery_dflock.client.protocol import Command, decode_reply
 
 TOKEN = "0000000000000001a1b2c3d4e5f60718"
 
@@ -45,14 +46,14 @@ def test_fast_and_general_paths_agree(command: Command, line: bytes) -> None:
 @pytest.mark.parametrize(
     ("command", "line", "reply"),
     [
-        (Command.LOCK, f"ok {TOKEN} 33".encode(), protocol.Granted(TOKEN, 33)),
-        (Command.SEM_WAIT, f"ok {TOKEN} 007".encode(), protocol.Granted(TOKEN, 7)),
-        (Command.RENEW, b"ok 12", protocol.Renewed(12)),
-        (Command.RELEASE, b"ok", protocol.Ok()),
-        (Command.PING, b"ok", protocol.Ok()),
+        (Command.LOCK, f"ok {TOKEN} 33".encode(), _replies.Granted(TOKEN, 33)),
+        (Command.SEM_WAIT, f"ok {TOKEN} 007".encode(), _replies.Granted(TOKEN, 7)),
+        (Command.RENEW, b"ok 12", _replies.Renewed(12)),
+        (Command.RELEASE, b"ok", _replies.Ok()),
+        (Command.PING, b"ok", _replies.Ok()),
     ],
 )
-def test_the_usual_replies(command: Command, line: bytes, reply: protocol.Reply) -> None:
+def test_the_usual_replies(command: Command, line: bytes, reply: _replies.Reply) -> None:
     assert decode_reply(command, line) == reply
 
 
@@ -72,7 +73,7 @@ def test_near_misses_are_still_refused(command: Command, line: bytes) -> None:
         decode_reply(command, line)
 
 
-def _step(parser: protocol.ReplyParser, command: Command, chunk: bytes, fast: bool) -> object:
+def _step(parser: _replies.ReplyParser, command: Command, chunk: bytes, fast: bool) -> object:
     try:
         if fast:
             return parser.feed_reply(command, chunk)
@@ -99,8 +100,8 @@ def _step(parser: protocol.ReplyParser, command: Command, chunk: bytes, fast: bo
 def test_feed_reply_is_feed_then_next_reply(
     command: Command, chunks: list[bytes], limit: int
 ) -> None:
-    fast = protocol.ReplyParser(max_line_bytes=limit)
-    slow = protocol.ReplyParser(max_line_bytes=limit)
+    fast = _replies.ReplyParser(max_line_bytes=limit)
+    slow = _replies.ReplyParser(max_line_bytes=limit)
     for chunk in chunks:
         assert _step(fast, command, chunk, True) == _step(slow, command, chunk, False)
         assert fast.buffered == slow.buffered

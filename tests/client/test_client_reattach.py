@@ -29,8 +29,8 @@ from celery_dflock.client._grant import (
     REATTACH_MAX_PAUSE_S,
     LockState,
 )
+from celery_dflock.client._replies import ErrorReply, Granted, Ok, Renewed
 from celery_dflock.client._settings import ClientSettings
-from celery_dflock.client.protocol import ErrorReply, Granted, Ok, Renewed
 from dflockd_server import constants
 from dflockd_server.testing import ServerThread
 from tests.support.proxy import FaultProxy

@@ -12,9 +12,11 @@ import time
 
 import pytest
 
-from celery_dflock.client import protocol, wire
+from celery_dflock.client import _replies, wire
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import LockState
+from celery_dflock.client._replies import Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, NextTry
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import ClientSession
@@ -32,7 +34,6 @@ from celery_dflock.client.errors import (
     ServerDraining,
     ShardingMismatchError,
 )
-from celery_dflock.client.protocol import Command, Reply
 
 TOKEN = "00000000000000a1" + "b" * 16
 FENCING = ServerInfo("dflockd-server", "test", frozenset({wire.FEATURE_FENCE}))
@@ -41,7 +42,7 @@ SERVERS = (("10.0.0.1", 6388),)
 
 def reply(command: Command, line: bytes) -> Reply:
     """What the server's line means, as the connection hands it to the core."""
-    return protocol.decode_reply(command, line)
+    return _replies.decode_reply(command, line)
 
 
 def make(
@@ -93,38 +94,39 @@ def test_an_acquire_is_granted_renewed_and_released() -> None:
     assert (core.state, core.token, core.fence) == (LockState.IDLE, None, None)
 
 
-def test_a_locks_acquire_and_release_are_the_bytes_the_encoders_give() -> None:
+def test_a_locks_requests_are_the_protocols_bytes() -> None:
     """A lock builds its own acquire and release from parts checked when it was made, without
-    checking them again: the bytes are the public encoders' for the same parts (no lease, a
-    lease, an owner note to a server with holds)."""
+    checking them again, byte by byte (no lease, a lease, an owner note to a server with
+    holds)."""
     holds = ServerInfo(
         "dflockd-server", "test", frozenset({wire.FEATURE_HOLDS}), default_lease_ttl_s=21
     )
     for lease in (None, 30):
+        with_lease = "" if lease is None else f" {lease}"
         core = make(lease_ttl_s=lease)
         core.begin_acquire()
         assert core.acquire_request(FENCING)[:2] == (
             Command.LOCK,
-            protocol.encode_lock("jobs", 5, lease),
+            f"l\njobs\n5{with_lease}\n".encode(),
         )
         assert core.enqueue_request(FENCING)[:2] == (
             Command.ENQUEUE,
-            protocol.encode_enqueue("jobs", lease),
+            f"e\njobs\n{with_lease.lstrip()}\n".encode(),
         )
         sem = make(limit=3, lease_ttl_s=lease)
         sem.begin_acquire()
         assert sem.acquire_request(FENCING)[:2] == (
             Command.SEM_LOCK,
-            protocol.encode_sem_lock("jobs", 5, 3, lease),
+            f"sl\njobs\n5 3{with_lease}\n".encode(),
         )
         assert sem.enqueue_request(FENCING)[:2] == (
             Command.SEM_ENQUEUE,
-            protocol.encode_sem_enqueue("jobs", 3, lease),
+            f"se\njobs\n3{with_lease}\n".encode(),
         )
         granted(sem)
         assert sem.renew_request()[:2] == (
             Command.SEM_RENEW,
-            protocol.encode_sem_renew("jobs", TOKEN, lease),
+            f"sn\njobs\n{TOKEN}{with_lease}\n".encode(),
         )
     settings = ClientSettings.checked(SERVERS)
     noted = LockCore("jobs", settings, acquire_timeout_s=5, lease_ttl_s=None, note="t~1/w@h")
@@ -132,15 +134,15 @@ def test_a_locks_acquire_and_release_are_the_bytes_the_encoders_give() -> None:
     command, data, _ = noted.acquire_request(holds)
     assert (command, data) == (  # the lease the server's hello says is its default
         Command.HOLD,
-        protocol.encode_hold("jobs", 5, 21, "t~1/w@h", detached=False),
+        b"hl\njobs\n5 21 c t~1/w@h\n",
     )
     assert noted.on_grant_reply(command, reply(command, f"ok {TOKEN} 21".encode()), 1.0, holds)
-    assert noted.renew_request()[:2] == (Command.RENEW, protocol.encode_renew("jobs", TOKEN))
+    assert noted.renew_request()[:2] == (Command.RENEW, f"n\njobs\n{TOKEN}\n".encode())
     assert noted.hand_off_request(9, holds)[:2] == (
         Command.HAND_DOWN,
-        protocol.encode_hand_down("jobs", TOKEN, 9),
+        f"hd\njobs\n{TOKEN} 9\n".encode(),
     )
-    assert noted.release_request()[:2] == (Command.RELEASE, protocol.encode_release("jobs", TOKEN))
+    assert noted.release_request()[:2] == (Command.RELEASE, f"r\njobs\n{TOKEN}\n".encode())
 
 
 def test_a_lock_without_a_lease_asks_for_the_servers_default_and_keeps_none_of_its_own() -> None:
@@ -153,7 +155,7 @@ def test_a_lock_without_a_lease_asks_for_the_servers_default_and_keeps_none_of_i
     quiet = ServerInfo("dflockd-server", "old", frozenset({wire.FEATURE_HOLDS}))
     noted = LockCore("jobs", settings, acquire_timeout_s=5, lease_ttl_s=None, note="t~1/w@h")
     noted.begin_acquire()
-    assert noted.acquire_request(quiet)[:2] == (Command.LOCK, protocol.encode_lock("jobs", 5))
+    assert noted.acquire_request(quiet)[:2] == (Command.LOCK, b"l\njobs\n5\n")
     with pytest.raises(InvalidValueError, match="lease_ttl_s="):
         noted.hold_request(quiet, "t~1/w@h")
     with pytest.raises(InvalidValueError, match="does not say its default lease"):
@@ -163,17 +165,17 @@ def test_a_lock_without_a_lease_asks_for_the_servers_default_and_keeps_none_of_i
     )
     assert noted.hold_request(says, "n~2")[:2] == (
         Command.HOLD,
-        protocol.encode_hold("jobs", 5, 40, "n~2", detached=True),
+        b"hl\njobs\n5 40 d n~2\n",
     )
     assert noted.take_over_request(says, TOKEN, "n~2", 7)[:2] == (
         Command.TAKE,
-        protocol.encode_take("jobs", TOKEN, 40, 7, "n~2"),
+        f"ht\njobs\n{TOKEN} 40 7 n~2\n".encode(),
     )
     own = LockCore("jobs", settings, acquire_timeout_s=5, lease_ttl_s=12, note="t~1/w@h")
     own.begin_acquire()
     assert own.acquire_request(quiet)[:2] == (
         Command.HOLD,
-        protocol.encode_hold("jobs", 5, 12, "t~1/w@h", detached=False),
+        b"hl\njobs\n5 12 c t~1/w@h\n",
     )
 
 
@@ -347,7 +349,7 @@ def cluster(*nodes: str) -> tuple[ClientSettings, ClusterRouter]:
         }
     )
     shards = reply(Command.SHARDS, line.encode())
-    assert isinstance(shards, protocol.Shards)
+    assert isinstance(shards, _replies.Shards)
     router.update(ClusterMap.parse(shards.data, "10.0.0.1:6388"))
     return settings, router
 
@@ -379,13 +381,13 @@ def test_error_ask_sends_the_next_acquire_there_once_with_asking_first() -> None
     core.begin_acquire()
     command, _, _ = core.acquire_request(FENCING)
     asked = reply(command, b"error_ask 10.0.0.3:6388")
-    assert isinstance(asked, protocol.Asked)
+    assert isinstance(asked, _replies.Asked)
     assert core.on_ask(asked) == NextTry(0.0, reroute=False)
     assert core.asking and core.endpoint.address == "10.0.0.3:6388"
     assert core.on_ask_refused() is not None  # an old member: pause, then route by the map
     assert core.ask_ticket is None  # a member that sends no ticket
     with_ticket = reply(command, b"error_ask 10.0.0.4:6388 1.2.3." + b"0" * 32)
-    assert isinstance(with_ticket, protocol.Asked)
+    assert isinstance(with_ticket, _replies.Asked)
     core.on_ask(with_ticket)
     assert core.ask_ticket == "1.2.3." + "0" * 32 and core.endpoint.address == "10.0.0.4:6388"
 

@@ -21,8 +21,9 @@ from celery_dflock import (
     InvalidValueError,
     ProtocolError,
 )
-from celery_dflock.client import protocol
-from celery_dflock.client.protocol import Command, ErrorReply, Freed, Moved
+from celery_dflock.client import _replies, _requests
+from celery_dflock.client._replies import ErrorReply, Freed, Moved
+from celery_dflock.client._requests import Command
 from dflockd_server.testing import ServerThread
 from tests.client.faces import Lock, Maker, assert_lost_reported, until
 from tests.support.wire import raw_request
@@ -35,20 +36,20 @@ def owner_index(key: str, members: int) -> int:
 
 # ------------------------------------------------------------------------------ the codec
 def test_the_request_and_its_replies() -> None:
-    assert protocol.encode_force_release("k") == b"fr\nk\n_\n"
-    assert protocol.encode_force_release("k", "ops:alice") == b"fr\nk\nops:alice\n"
-    assert protocol.decode_reply(Command.FORCE_RELEASE, b"ok 2") == Freed(2)
-    assert protocol.decode_reply(Command.FORCE_RELEASE, b"error") == ErrorReply("error")
-    assert protocol.decode_reply(Command.FORCE_RELEASE, b"error_moved b:1") == Moved("b:1")
+    assert _requests.encode_force_release("k") == b"fr\nk\n_\n"
+    assert _requests.encode_force_release("k", "ops:alice") == b"fr\nk\nops:alice\n"
+    assert _replies.decode_reply(Command.FORCE_RELEASE, b"ok 2") == Freed(2)
+    assert _replies.decode_reply(Command.FORCE_RELEASE, b"error") == ErrorReply("error")
+    assert _replies.decode_reply(Command.FORCE_RELEASE, b"error_moved b:1") == Moved("b:1")
     for bad in (b"ok", b"ok -1", b"ok 1 2"):
         with pytest.raises(ProtocolError):
-            protocol.decode_reply(Command.FORCE_RELEASE, bad)
+            _replies.decode_reply(Command.FORCE_RELEASE, bad)
     with pytest.raises(InvalidValueError, match="whitespace"):
-        protocol.encode_force_release("a b")
+        _requests.encode_force_release("a b")
     with pytest.raises(InvalidValueError, match="must not be empty"):
-        protocol.encode_force_release("")
+        _requests.encode_force_release("")
     with pytest.raises(InvalidValueError, match="the operator's note"):
-        protocol.encode_force_release("k", "two words")
+        _requests.encode_force_release("k", "two words")
 
 
 # ------------------------------------------------------------------------------ both faces
@@ -113,7 +114,7 @@ def test_a_member_that_does_not_serve_the_key_redirects_and_the_client_follows(
         lock = fleet.lock(key)
         assert lock.acquire()
         first = servers[0]
-        assert raw_request(first, protocol.encode_force_release(key)) == (
+        assert raw_request(first, _requests.encode_force_release(key)) == (
             f"error_moved {servers[1][0]}:{servers[1][1]}".encode()
         )
         with Client([first]) as one:
@@ -126,6 +127,6 @@ def test_force_release_needs_the_secret_where_the_server_has_one(
     dflock_server_factory: Callable[..., ServerThread],
 ) -> None:
     server = dflock_server_factory(auth_token="s3cret")
-    assert raw_request(server.address, protocol.encode_force_release("k")) == b"error_auth"
+    assert raw_request(server.address, _requests.encode_force_release("k")) == b"error_auth"
     with Client([server.address], auth_token="s3cret") as client, client.lock("k"):
         assert client.force_release("k") == 1

@@ -17,14 +17,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies, _requests
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import LockState
+from celery_dflock.client._replies import Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import ServerInfo, server_info
 from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import ClientSettings
 from celery_dflock.client.errors import DflockError
-from celery_dflock.client.protocol import Command, Reply
 from tests.faults.history import Hold
 from tests.sim.loop import Loop, Timer
 from tests.sim.network import Conn
@@ -185,7 +186,7 @@ class SimClient:
 
     def decode(self, command: Command, line: bytes) -> Reply:
         """A reply line read (``protocol.decode_reply``)."""
-        return protocol.decode_reply(command, line)
+        return _replies.decode_reply(command, line)
 
     # ------------------------------------------------------------------ times
     def clock(self) -> float:
@@ -266,7 +267,7 @@ class SimClient:
                 return
             self._join(conn, done)
 
-        conn.request(Command.HELLO, protocol.encode_hello(), 10.0, answered)
+        conn.request(Command.HELLO, _requests.encode_hello(), 10.0, answered)
 
     def _join(self, conn: ClientConn, done: Callable[[ClientConn | None, bool], None]) -> None:
         info = self.info
@@ -282,7 +283,7 @@ class SimClient:
                 done(None, False)
                 return
             joined = server_info(self.endpoint, reply)
-            if isinstance(reply, protocol.Hello):
+            if isinstance(reply, _replies.Hello):
                 session.durable = joined.supports("durable")
                 session.run = joined.run
                 session.answered(sent)
@@ -290,7 +291,7 @@ class SimClient:
             done(conn, False)
 
         conn.request(
-            Command.HELLO, protocol.encode_join_session(session.id, session.ttl), 5.0, answered
+            Command.HELLO, _requests.encode_join_session(session.id, session.ttl), 5.0, answered
         )
 
     # ------------------------------------------------------------------ acquire
@@ -407,7 +408,7 @@ class SimClient:
         attempt = self.attempt
         assert attempt is not None and core.token is not None
         attempt.granted_t = self.loop.now
-        attempt.fence = protocol.fence_of(core.token)
+        attempt.fence = _requests.fence_of(core.token)
         attempt.lease = core.lease
         session = core.grant.session
         if session is not None:
@@ -614,7 +615,7 @@ class SimClient:
         sent = self.clock()
 
         def answered(reply: Reply | None) -> None:
-            if isinstance(reply, protocol.Ok):
+            if isinstance(reply, _replies.Ok):
                 session.answered(sent, renewed=True)
                 core = self.core
                 attempt = self.attempt
@@ -631,7 +632,7 @@ class SimClient:
                 session.end("the server had no such session: it ended it, and its grants")
             self._keep_tick(session)
 
-        conn.request(Command.PING, protocol.encode_keepalive(session.id), timeout, answered)
+        conn.request(Command.PING, _requests.encode_keepalive(session.id), timeout, answered)
 
 
 class _Holding:

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies, _requests
 from celery_dflock.client._core import LockCore
+from celery_dflock.client._replies import Asked, Ok, Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter, split_address
 from celery_dflock.client._settings import ClientSettings
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from celery_dflock.client.protocol import Asked, Command, Ok, Reply
 from tests.faults.history import Hold
 from tests.sim.client import Attempt, ClientConn, SimClient
 from tests.sim.loop import Loop
@@ -73,7 +74,7 @@ class ClusterClient(SimClient):
                 del self.maps[next(iter(self.maps))]
         return known[0]
 
-    def cluster_map(self, reply: protocol.Shards, where: str) -> ClusterMap:
+    def cluster_map(self, reply: _replies.Shards, where: str) -> ClusterMap:
         """``ClusterMap.parse`` of ``reply`` (once per reply read: ``maps``)."""
         for line, (known, parsed) in self.maps.items():
             if known is reply:
@@ -209,7 +210,7 @@ class ClusterClient(SimClient):
                 def answered(reply: Reply | None) -> None:
                     if self.core is not core:
                         return
-                    if isinstance(reply, protocol.Shards) and reply.data is not None:
+                    if isinstance(reply, _replies.Shards) and reply.data is not None:
                         try:
                             router.update(self.cluster_map(reply, address))
                         except DflockError:
@@ -220,7 +221,7 @@ class ClusterClient(SimClient):
                         return
                     ask(rest[1:])
 
-                conn.request(Command.SHARDS, protocol.encode_shards(), 10.0, answered)
+                conn.request(Command.SHARDS, _requests.encode_shards(), 10.0, answered)
 
             self._checkout(address, connected)
 
@@ -279,7 +280,7 @@ class ClusterClient(SimClient):
             self._send(conn, core)
 
         conn.request(
-            Command.ASKING, protocol.encode_asking(core.key, core.ask_ticket), 10.0, answered
+            Command.ASKING, _requests.encode_asking(core.key, core.ask_ticket), 10.0, answered
         )
 
     def _send(self, conn: ClientConn, core: LockCore) -> None:

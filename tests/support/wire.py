@@ -11,7 +11,8 @@ import warnings
 from types import TracebackType
 from typing import Any, cast
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _requests
+from celery_dflock.client._requests import checked_release
 from dflockd_server.fence import fence_of
 
 REPLY_TIMEOUT_S = 10.0
@@ -140,7 +141,7 @@ def raw_request(address: tuple[str, int], request: bytes, timeout: float = 10.0)
 
 def stats(address: tuple[str, int]) -> dict[str, object]:
     """The server's ``stats`` JSON."""
-    line = raw_request(address, protocol.encode_stats())
+    line = raw_request(address, _requests.encode_stats())
     assert line.startswith(b"ok "), line
     return cast(dict[str, object], json.loads(line[3:]))
 
@@ -179,5 +180,5 @@ def release_behind_its_back(
     address: tuple[str, int], key: str, token: str, semaphore: bool = False
 ) -> None:
     """Release ``token`` from another connection (tokens are bearer credentials)."""
-    encode = protocol.encode_sem_release if semaphore else protocol.encode_release
+    encode = _requests.encode_sem_release if semaphore else checked_release
     assert raw_request(address, encode(key, token)) == b"ok"

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import time
 
-from celery_dflock.client import _by_token, protocol
+from celery_dflock.client import _by_token, _requests
 from celery_dflock.client._aio_backend import pause
 from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._async.held import AsyncHolding
 from celery_dflock.client._async.routing import Build, refresh_map, request_once
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
 from celery_dflock.client._grant import LockState
+from celery_dflock.client._replies import Asked, Ok, Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter
 from celery_dflock.client.errors import (
     DflockError,
@@ -29,7 +31,6 @@ from celery_dflock.client.errors import (
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.client.protocol import Asked, Command, Ok, Reply
 
 
 # ---------------------------------------------------------------------- routing
@@ -103,7 +104,7 @@ async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool
                 core.asking = False  # one request only
                 if not isinstance(
                     await conn.request(
-                        Command.ASKING, protocol.encode_asking(core.key, core.ask_ticket)
+                        Command.ASKING, _requests.encode_asking(core.key, core.ask_ticket)
                     ),
                     Ok,
                 ):

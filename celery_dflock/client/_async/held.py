@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies
 from celery_dflock.client._aio_backend import (
     AsyncRenewalDriver,
     Background,
@@ -51,11 +51,11 @@ from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
+from celery_dflock.client._replies import Renewed, Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client.errors import AuthError, DflockError, LockNotOwned
-from celery_dflock.client.protocol import Renewed, Reply
 
 logger = logging.getLogger("celery_dflock.client")
 
@@ -558,7 +558,7 @@ class AsyncHolding:
                 return False
             reply, conn, _ = sent
             await self.checkin(conn)
-            return isinstance(reply, Renewed | protocol.Ok)
+            return isinstance(reply, Renewed | _replies.Ok)
 
     def _release_later(self) -> None:
         """The server did not answer the release (operation lock held): hand it, with a copy

@@ -16,12 +16,13 @@ from collections import abc
 from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._by_token import Request
+from celery_dflock.client._replies import Moved, Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, split_address
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import ClientSettings, Endpoint
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from celery_dflock.client.protocol import Command, Moved, Reply
 from celery_dflock.client.sharding import select_server
 
 Checkout = abc.Callable[[Endpoint], abc.Awaitable[AsyncConnection]]

@@ -8,8 +8,9 @@ the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
 
 from __future__ import annotations
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _requests
 from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._status import (
@@ -20,7 +21,6 @@ from celery_dflock.client._status import (
     with_stats,
 )
 from celery_dflock.client.errors import DflockError
-from celery_dflock.client.protocol import Command
 
 
 async def ask_shards(endpoint: Endpoint) -> ServerShards:
@@ -45,7 +45,7 @@ async def ask(endpoint: Endpoint, with_stats_too: bool) -> ServerStatus:
             done = hello_only(endpoint, info, with_stats_too)
             if done is not None:
                 return done
-            reply = await conn.request(Command.STATS, protocol.encode_stats())
+            reply = await conn.request(Command.STATS, _requests.encode_stats())
         finally:
             await conn.aclose()
     except DflockError as exc:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import time
 
-from celery_dflock.client import _by_token, protocol
+from celery_dflock.client import _by_token, _requests
 from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
 from celery_dflock.client._grant import LockState
+from celery_dflock.client._replies import Asked, Ok, Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter
 from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync.held import Holding
@@ -31,7 +33,6 @@ from celery_dflock.client.errors import (
     ServerDraining,
     ServerUnavailable,
 )
-from celery_dflock.client.protocol import Asked, Command, Ok, Reply
 
 
 # ---------------------------------------------------------------------- routing
@@ -104,7 +105,9 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
             if core.asking:
                 core.asking = False  # one request only
                 if not isinstance(
-                    conn.request(Command.ASKING, protocol.encode_asking(core.key, core.ask_ticket)),
+                    conn.request(
+                        Command.ASKING, _requests.encode_asking(core.key, core.ask_ticket)
+                    ),
                     Ok,
                 ):
                     holding.checkin(conn)

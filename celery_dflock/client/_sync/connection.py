@@ -19,8 +19,10 @@ import threading
 import time
 from typing import Self
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies, _requests
 from celery_dflock.client._connection import SocketTransport
+from celery_dflock.client._replies import ErrorReply, Reply, ReplyParser
+from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     CLOSING_ERRORS,
     FEATURE_DURABLE,
@@ -32,7 +34,6 @@ from celery_dflock.client._servers import (
 from celery_dflock.client._session import ClientSession, Sessions
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavailable
-from celery_dflock.client.protocol import Command, ErrorReply, Reply, ReplyParser
 
 __all__ = ["Connection"]
 
@@ -193,10 +194,10 @@ class Connection:
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         sent = time.monotonic()
         reply = self.request(
-            Command.HELLO, protocol.encode_join_session(session.id, session.ttl), timeout
+            Command.HELLO, _requests.encode_join_session(session.id, session.ttl), timeout
         )
         info = server_info(self.endpoint, reply)  # raises for a refusal (auth, draining)
-        if isinstance(reply, protocol.Hello):
+        if isinstance(reply, _replies.Hello):
             session.durable = info.supports(FEATURE_DURABLE)
             session.run = info.run  # a restart: the grants of the run before are not renewed
             session.answered(sent)
@@ -209,7 +210,7 @@ class Connection:
         session.end("this client ended it")
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         with contextlib.suppress(DflockError):
-            self.request(Command.HELLO, protocol.encode_join_session(session.id, 0), timeout)
+            self.request(Command.HELLO, _requests.encode_join_session(session.id, 0), timeout)
 
     def keep_alive(self, session: ClientSession, timeout: float) -> bool | None:
         """Keep ``session`` alive (``ping _ session <id>``), waiting ``timeout`` s at most for
@@ -217,10 +218,10 @@ class Connection:
         answer (the connection is closed)."""
         sent = time.monotonic()
         try:
-            reply = self.request(Command.PING, protocol.encode_keepalive(session.id), timeout)
+            reply = self.request(Command.PING, _requests.encode_keepalive(session.id), timeout)
         except DflockError:
             return None
-        if isinstance(reply, protocol.Ok):
+        if isinstance(reply, _replies.Ok):
             session.answered(sent, renewed=True)
             return True
         return False
@@ -231,7 +232,7 @@ class Connection:
         if token is None:
             return
         try:
-            reply = self.request(Command.AUTH, protocol.encode_auth(token))
+            reply = self.request(Command.AUTH, _requests.encode_auth(token))
         except BaseException:
             self.close()
             raise
@@ -246,7 +247,7 @@ class Connection:
         lease left when a held lock reconnects)."""
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         info = server_info(
-            self.endpoint, self.request(Command.HELLO, protocol.encode_hello(), timeout)
+            self.endpoint, self.request(Command.HELLO, _requests.encode_hello(), timeout)
         )
         if info.legacy:
             self._abort()  # some close it after `error`: never reuse it
@@ -255,17 +256,17 @@ class Connection:
     def shards(self) -> dict[str, object] | None:
         """Ask ``shards``: which keys the server serves (None: it does not know the request,
         an older or foreign server)."""
-        reply = self.request(Command.SHARDS, protocol.encode_shards())
-        return reply.data if isinstance(reply, protocol.Shards) else None
+        reply = self.request(Command.SHARDS, _requests.encode_shards())
+        return reply.data if isinstance(reply, _replies.Shards) else None
 
     def ping(self) -> bool:
         """True if the server answered ``ping``; on any failure the connection is closed."""
         try:
-            reply = self.request(Command.PING, protocol.encode_ping())
+            reply = self.request(Command.PING, _requests.encode_ping())
         except DflockError:
             self._abort()
             return False
-        return isinstance(reply, protocol.Ok)
+        return isinstance(reply, _replies.Ok)
 
     @property
     def closed(self) -> bool:

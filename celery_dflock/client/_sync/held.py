@@ -37,9 +37,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _replies
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
+from celery_dflock.client._replies import Renewed, Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
@@ -57,7 +58,6 @@ from celery_dflock.client._sync_backend import (
     pause,
 )
 from celery_dflock.client.errors import AuthError, DflockError, LockNotOwned
-from celery_dflock.client.protocol import Renewed, Reply
 
 logger = logging.getLogger("celery_dflock.client")
 
@@ -560,7 +560,7 @@ class Holding:
                 return False
             reply, conn, _ = sent
             self.checkin(conn)
-            return isinstance(reply, Renewed | protocol.Ok)
+            return isinstance(reply, Renewed | _replies.Ok)
 
     def _release_later(self) -> None:
         """The server did not answer the release (operation lock held): hand it, with a copy

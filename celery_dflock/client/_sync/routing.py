@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import abc
 
 from celery_dflock.client._by_token import Request
+from celery_dflock.client._replies import Moved, Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, split_address
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import ClientSettings, Endpoint
@@ -23,7 +25,6 @@ from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client.cluster import ClusterMap
 from celery_dflock.client.errors import DflockError, ServerUnavailable
-from celery_dflock.client.protocol import Command, Moved, Reply
 from celery_dflock.client.sharding import select_server
 
 Checkout = abc.Callable[[Endpoint], Connection]

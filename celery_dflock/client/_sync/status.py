@@ -10,7 +10,8 @@ the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
 
 from __future__ import annotations
 
-from celery_dflock.client import protocol
+from celery_dflock.client import _requests
+from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._status import (
@@ -22,7 +23,6 @@ from celery_dflock.client._status import (
 )
 from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client.errors import DflockError
-from celery_dflock.client.protocol import Command
 
 
 def ask_shards(endpoint: Endpoint) -> ServerShards:
@@ -47,7 +47,7 @@ def ask(endpoint: Endpoint, with_stats_too: bool) -> ServerStatus:
             done = hello_only(endpoint, info, with_stats_too)
             if done is not None:
                 return done
-            reply = conn.request(Command.STATS, protocol.encode_stats())
+            reply = conn.request(Command.STATS, _requests.encode_stats())
         finally:
             conn.close()
     except DflockError as exc:

@@ -1,0 +1,65 @@
+"""The requests the benchmarks send, in the bytes of the client's codec
+(`celery_dflock.client._requests`), never spelled by hand.
+
+A request sent many times with a different key or token is a ``%`` template the codec built
+once (its key or token given as ``"%s"``), filled in with bytes in the hot loop at the cost of
+one ``%``: ``RELEASE % (key, token)``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from celery_dflock.client._requests import (
+    checked_enqueue,
+    checked_hold,
+    checked_lock,
+    checked_release,
+    checked_renew,
+    encode_ping,
+    encode_shards,
+    encode_stats,
+)
+
+__all__ = [
+    "PING",
+    "RELEASE",
+    "SHARDS",
+    "STATS",
+    "TRY_LOCK",
+    "enqueue",
+    "hold",
+    "lock",
+    "renew",
+]
+
+SLOT: Final = "%s"
+"""A key's or a token's place in a template."""
+
+PING: Final = encode_ping()
+STATS: Final = encode_stats()
+SHARDS: Final = encode_shards()
+TRY_LOCK: Final = checked_lock(SLOT, 0, None)
+"""``l <key> 0``: try once, the server's default lease; ``% key``."""
+RELEASE: Final = checked_release(SLOT, SLOT)
+"""``r <key> <token>``; ``% (key, token)``."""
+
+
+def lock(timeout_s: int, lease_s: int | None = None, key: str = SLOT) -> bytes:
+    """``l <key> <timeout> [<lease>]`` (``% key`` unless ``key`` is given)."""
+    return checked_lock(key, timeout_s, lease_s)
+
+
+def hold(lease_s: int, note: str, key: str = SLOT) -> bytes:
+    """``hl <key> 0 <lease> c <note>``: try once, bound to the connection (``% key``)."""
+    return checked_hold(key, 0, lease_s, note, detached=False)
+
+
+def enqueue(key: str = SLOT) -> bytes:
+    """``e <key>``: join the key's queue, the server's default lease (``% key``)."""
+    return checked_enqueue(key, None, None)
+
+
+def renew(key: str, token: str, lease_s: int) -> bytes:
+    """``n <key> <token> <lease>``."""
+    return checked_renew(key, token, lease_s, semaphore=False)
