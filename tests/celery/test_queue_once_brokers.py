@@ -58,8 +58,6 @@ VISIBILITY_TIMEOUT_S = 5
 FREED_WITHIN_S = 20.0
 """Generous bound for a hold to be freed once what frees it has happened."""
 
-UNACKED_KEY = "unacked"
-"""kombu's Redis hash of the messages that workers reserved and have not acknowledged."""
 REDELIVERY_GRACE_S = 5.0
 """How long a second delivery is given to start a second run (it must not)."""
 PRIORITY_SEP = "\x06\x16"
@@ -482,9 +480,10 @@ def test_a_run_killed_with_acks_late_is_redelivered_under_the_same_hold(rig: Bro
 def reserved_again(rig: BrokerRig, task_id: str) -> bool:
     """Redis: a worker holds ``task_id``'s message unacknowledged after the broker restored it
     (kombu marks a restored message ``redelivered``; its delivery tag stays the same)."""
+    unacked = rig.settings["broker_transport_options"]["unacked_key"]
     client = redis.Redis.from_url(rig.settings["broker_url"])
     try:
-        found = cast("list[bytes]", client.hvals(UNACKED_KEY))
+        found = cast("list[bytes]", client.hvals(unacked))
     finally:
         client.close()
     headers = [cast("dict[str, Any]", json.loads(raw)[0]["headers"]) for raw in found]

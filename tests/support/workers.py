@@ -324,7 +324,25 @@ def redis_settings(queue: str, db: int = REDIS_TEST_DB) -> dict[str, Any]:
         **common_settings(queue),
         "broker_url": url,
         "result_backend": url,
-        "broker_transport_options": {"polling_interval": 0.05},
+        "broker_transport_options": {"polling_interval": 0.05, **redis_unacked_keys(queue)},
+    }
+
+
+def redis_unacked_keys(queue: str) -> dict[str, str]:
+    """kombu's Redis keys of the messages a worker reserved and has not acknowledged, named
+    after ``queue`` (so ``redis_cleanup`` deletes them too).
+
+    kombu keeps them in one hash per database by default (``unacked``), and every worker on
+    the database sweeps that hash, giving back to their queues the messages older than its
+    own ``visibility_timeout``. A test whose workers use a short one (a few seconds, to see
+    an acks_late message delivered again) would then deliver again the messages another
+    test's worker holds until they are due, as any countdown is held (a retry, an outage
+    retry): run a second time, while the worker still has the first copy. Per queue, a
+    test's workers sweep their own messages only."""
+    return {
+        "unacked_key": f"{queue}.unacked",
+        "unacked_index_key": f"{queue}.unacked_index",
+        "unacked_mutex_key": f"{queue}.unacked_mutex",
     }
 
 
