@@ -1,7 +1,7 @@
 """The worker hooks that keep locks honest (the list: `celery_dflock.signals`), connected once
 per app by `install_hooks` (called by `celery_dflock.signals.install` and when a `LockedTask`
 is bound), and the checks they make of the app's tasks: `apply_task_locks`,
-`unknown_task_locks`, `leases_above`.
+`unknown_task_locks`, `leases_above`, `countdowns_past_visibility`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,13 @@ from celery_dflock._celery import (
     inspect_command,
     signals as celery_signals,
 )
-from celery_dflock._outage import OutageCounter, OutageState, outage_of, parse_outage
+from celery_dflock._outage import (
+    OUTAGE_MAX_COUNTDOWN_S,
+    OutageCounter,
+    OutageState,
+    outage_of,
+    parse_outage,
+)
 from celery_dflock._request import HOLD_HEADER, OUTAGE_HEADER, HoldRef, header, hold_of
 from celery_dflock._runtime import (
     CHILD_EXIT_WAIT_S,
@@ -38,6 +44,7 @@ from celery_dflock.config import get_config
 __all__ = [
     "OUTAGES_COMMAND",
     "apply_task_locks",
+    "countdowns_past_visibility",
     "install_hooks",
     "leases_above",
     "unknown_task_locks",
@@ -135,7 +142,10 @@ class _Hooks:
         """Config warnings, once the worker logs (it does not yet at ``worker_init``)."""
         if not self._ours(sender):
             return
-        for warning in unknown_task_locks(self.app):
+        for warning in [
+            *unknown_task_locks(self.app),
+            *countdowns_past_visibility(self.app, self.locked_task),
+        ]:
             logger.warning("dflock: %s", warning)
         # Asked from a thread: an unreachable server costs a connect timeout, which must not
         # hold up the worker.
@@ -469,6 +479,55 @@ def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
                     "--max-lease-ttl"
                 )
     return warnings
+
+
+REDIS_SCHEMES: Final = ("redis", "rediss", "sentinel")
+"""Broker URL schemes of kombu's Redis transport, which delivers again what a worker has held
+unacknowledged for longer than the transport's ``visibility_timeout``."""
+REDIS_VISIBILITY_DEFAULT_S: Final = 3600.0
+
+
+def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
+    """A warning when ``app``'s broker is Redis and its ``visibility_timeout`` is not above the
+    longest countdown a locked task's message may wait for: a worker holds a countdown message
+    unacknowledged until it is due, and Redis delivers it again after that timeout, so the run
+    would run twice (a busy key's retry waits up to ``lock_retry_backoff_max``, an outage
+    retry up to `OUTAGE_MAX_COUNTDOWN_S`)."""
+    url = str(app.conf.broker_url or "")
+    if url.split("://", 1)[0] not in REDIS_SCHEMES:
+        return []
+    transport_options: Mapping[str, Any] = app.conf.broker_transport_options or {}
+    try:
+        visibility = float(transport_options.get("visibility_timeout", REDIS_VISIBILITY_DEFAULT_S))
+    except (TypeError, ValueError):
+        return []
+    config = get_config(app)
+    runtime = get_runtime(app)
+    tasks: Mapping[str, Any] = app.tasks
+    longest, why, locked = OUTAGE_MAX_COUNTDOWN_S, "an outage retry's countdown (up to 30 s)", 0
+    for name, task in sorted(tasks.items()):
+        if not isinstance(task, locked_task):
+            continue
+        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
+        try:
+            options = runtime.task_runs(name).plan_for(task, config, attributes).options
+        except DflockError:  # a bad option fails where it is used, with its own message
+            continue
+        if options is None:  # not locked (the app's task_cls, no lock option)
+            continue
+        locked += 1
+        if options.retry_backoff_max > longest:
+            longest = options.retry_backoff_max
+            why = f"the busy-key retries of task {name!r} (lock_retry_backoff_max={longest:g} s)"
+    if not locked or visibility > longest:
+        return []
+    return [
+        f"the Redis broker's visibility_timeout ({visibility:g} s, broker_transport_options) "
+        f"is not above {why}: a worker holds a message sent again with a countdown "
+        "unacknowledged until it is due, and Redis delivers it again after visibility_timeout, "
+        f"so the run would run twice; raise visibility_timeout above {longest:g} s (its "
+        "default is an hour) or lower lock_retry_backoff_max"
+    ]
 
 
 def unknown_task_locks(app: Any) -> list[str]:

@@ -19,7 +19,15 @@ from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app
 from tests.support.ports import free_port
-from tests.support.workers import EventLog, WorkerFactory, with_server
+from tests.support.rigs import unique
+from tests.support.services import require_redis
+from tests.support.workers import (
+    EventLog,
+    WorkerFactory,
+    redis_cleanup,
+    redis_settings,
+    with_server,
+)
 
 
 def mistaken_app(**conf: Any) -> Celery:
@@ -161,6 +169,51 @@ def test_a_worker_warns_at_start_about_a_lease_above_the_servers_limit(
         "its lock servers grant (30 s, --max-lease-ttl)"
     )
     assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+
+
+def test_a_worker_on_redis_warns_when_visibility_timeout_is_below_a_retry_countdown(
+    tmp_path: Path, dflock_server: ServerThread
+) -> None:
+    """On Redis a worker holds a message sent again with a countdown unacknowledged until it is
+    due, and the broker delivers it again after its visibility_timeout: a run would run twice.
+    A worker whose visibility_timeout is not above the longest countdown its locked tasks may
+    wait for (lock_retry_backoff_max, 60 s by default) says so at start, naming the setting;
+    one whose timeout is above it says nothing."""
+    require_redis()
+    queue = unique("visibility")
+    log = EventLog(tmp_path)
+    settings = with_server(
+        redis_settings(queue),
+        dflock_server,
+        dflock_task_locks={"apps.plain.third_party_report": {"lock_key": "r:{customer_id}"}},
+    )
+    workers = WorkerFactory(log=log, directory=tmp_path, settings=settings)
+    try:
+        short = {**settings["broker_transport_options"], "visibility_timeout": 45}
+        worker = workers.start(
+            app="apps.plain",
+            pool="solo",
+            concurrency=1,
+            settings={"broker_transport_options": short},
+        )
+        expected = "the Redis broker's visibility_timeout (45 s, broker_transport_options) is not"
+        assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
+        assert "the busy-key retries of task 'apps.plain.third_party_report'" in worker.output()
+        assert "(lock_retry_backoff_max=60 s)" in worker.output()
+        assert "raise visibility_timeout above 60 s" in worker.output()
+        long = {**settings["broker_transport_options"], "visibility_timeout": 120}
+        quiet = workers.start(
+            app="apps.plain",
+            pool="solo",
+            concurrency=1,
+            settings={"broker_transport_options": long},
+        )
+        assert quiet.wait_output("dflock: lock servers reached", timeout=30), quiet.output()
+        assert "visibility_timeout" not in quiet.output()
+    finally:
+        workers.close()
+        log.close()
+        redis_cleanup(queue)
 
 
 def records_dirs(tmp: Path) -> list[Path]:
