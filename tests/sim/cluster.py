@@ -380,7 +380,7 @@ class ClusterRun:
                 continue
             member = self.by_address.get(core.endpoint.address)
             server = None if member is None else member.server
-            if server is None or not member.proc.alive or server.table.in_grace:  # pyright: ignore[reportOptionalMemberAccess]
+            if server is None or not member.proc.alive or server.table.grants.in_grace:  # pyright: ignore[reportOptionalMemberAccess]
                 continue
             if not table_holds(server, core.key, core.token):
                 self.told.add((client.name, core.token))
