@@ -459,7 +459,7 @@ def etcd_binary() -> str | None:
 def start_etcd(workdir: Path) -> ServerProcess:
     """Start a private single-member etcd on free 127.0.0.1 ports (its data under ``workdir``);
     returns once its ``/health`` answers. ``port`` is the client port."""
-    from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport
+    from dflockd_server.cluster.etcd import EtcdTransport
 
     binary = etcd_binary()
     if binary is None:
@@ -491,7 +491,7 @@ def start_etcd(workdir: Path) -> ServerProcess:
                 stderr=subprocess.STDOUT,
             )
         server = ServerProcess("etcd", proc, "127.0.0.1", client_port, log_path)
-        health = EtcdClient(EtcdTransport(url, timeout=1.0))
+        health = EtcdTransport(url, timeout=1.0)
         deadline = time.monotonic() + START_TIMEOUT_S
         while server.alive() and time.monotonic() < deadline:
             if health.healthy():

@@ -507,3 +507,177 @@ def test_one_values_way_down_is_the_path_architecture_md_gives() -> None:
     assert any(f" {WAY_DOWN_LEASE} ".encode() in sent for sent in way.sent), way.sent
     client = PACKAGES["celery_dflock"] / "client"
     assert not [path for path in client.rglob("*.py") if "lock_ttl" in path.read_text()]
+
+
+MAX_FORWARDERS: Final = 18
+"""Issue 71, acceptance 2: methods that only pass their arguments on to a part they own; the
+bound comes down as they go (the issue's is 5)."""
+
+
+def _self_part(node: ast.expr) -> str | None:
+    """``self.<part>.<name>`` as ``"<part>.<name>"``; None for anything else."""
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "self"
+    ):
+        return f"{node.value.attr}.{node.attr}"
+    return None
+
+
+def _passes_through(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> bool:
+    """Whether ``call`` passes every parameter of ``function`` but ``self``, in order, as it
+    came (``x``, ``x=x``, ``*args``, ``**kwargs``), and nothing else."""
+    params = function.args
+    expected = [p.arg for p in [*params.posonlyargs, *params.args][1:]]
+    expected += [f"*{params.vararg.arg}"] if params.vararg else []
+    expected += [p.arg for p in params.kwonlyargs]
+    expected += [f"**{params.kwarg.arg}"] if params.kwarg else []
+    passed: list[str] = []
+    for arg in call.args:
+        if isinstance(arg, ast.Name):
+            passed.append(arg.id)
+        elif isinstance(arg, ast.Starred) and isinstance(arg.value, ast.Name):
+            passed.append(f"*{arg.value.id}")
+        else:
+            return False
+    for keyword in call.keywords:
+        if not isinstance(keyword.value, ast.Name):
+            return False
+        if keyword.arg is None:
+            passed.append(f"**{keyword.value.id}")
+        elif keyword.value.id == keyword.arg:
+            passed.append(keyword.arg)
+        else:
+            return False
+    return passed == expected
+
+
+def _body(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.stmt]:
+    """``function``'s statements, its docstring aside."""
+    body = function.body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+        return body[1:]
+    return body
+
+
+def forwarders(tree: ast.Module) -> Iterator[tuple[int, str, bool]]:
+    """``(line, what, counted)`` for each method of a class in ``tree`` that only forwards.
+
+    Counted: a method (not a property) whose one statement, its docstring aside, is
+    ``[return] [await] self.<part>.<method>(<its own parameters, in order, as they came>)``,
+    and an attribute that ``__init__`` binds to a part's (``self.x = self.<part>.x``, or
+    ``part.x`` of a local that is ``self.<part>``) and that no other method sets: two names
+    for one thing. Listed, not
+    counted: a property that only reads ``self.<part>.<name>`` (or calls it with nothing):
+    a read-only view with no arguments to forward, as most of the lock's documented
+    attributes are."""
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        changed = {  # set outside __init__: a state of its own that starts as the part's
+            target.attr
+            for function in cls.body
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+            and function.name != "__init__"
+            for node in ast.walk(function)
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Attribute)
+        }
+        for function in cls.body:
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            where = f"{cls.name}.{function.name}"
+            body = _body(function)
+            if function.name == "__init__":
+                parts: set[str] = set()
+                for statement in ast.walk(function):
+                    if not isinstance(statement, ast.Assign) or len(statement.targets) != 1:
+                        continue
+                    target, value = statement.targets[0], statement.value
+                    if isinstance(target, ast.Name) and _self_part(ast.Attribute(value, "_")):
+                        parts.add(target.id)  # grants = self.grants
+                    elif (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                        and target.attr not in changed
+                        and isinstance(value, ast.Attribute)
+                        and (
+                            _self_part(value)
+                            or (isinstance(value.value, ast.Name) and value.value.id in parts)
+                        )
+                    ):
+                        yield (
+                            statement.lineno,
+                            f"{cls.name}.{target.attr} = {ast.unparse(value)}",
+                            True,
+                        )
+            if len(body) != 1 or not isinstance(body[0], ast.Return | ast.Expr):
+                continue
+            value = body[0].value
+            if isinstance(value, ast.Await):
+                value = value.value
+            is_property = any(ast.unparse(d) == "property" for d in function.decorator_list)
+            if isinstance(value, ast.Call) and (part := _self_part(value.func)):
+                if _passes_through(function, value):
+                    yield function.lineno, f"{where} -> self.{part}()", not is_property
+            elif is_property and value is not None and (part := _self_part(value)):
+                yield function.lineno, f"{where} -> self.{part}", False
+
+
+def test_few_methods_only_forward_to_a_part() -> None:
+    """Issue 71, acceptance 2: at most ``MAX_FORWARDERS`` methods of the product
+    (``celery_dflock`` and the server; not the generated blocking client) only pass their
+    arguments on to ``self.<part>.<method>``: a caller calls the part, or the method lives
+    where its state does. The list is printed (``-s``), the read-only property views with it."""
+    counted: list[str] = []
+    for module in sorted(MODULES.values(), key=lambda m: m.name):
+        if module.path.is_relative_to(GENERATED):
+            continue
+        for line, what, is_counted in forwarders(ast.parse(module.path.read_text())):
+            entry = f"{module.path.relative_to(ROOT)}:{line} {what}"
+            print(entry if is_counted else f"  (property, not counted) {entry}")
+            if is_counted:
+                counted.append(entry)
+    assert len(counted) <= MAX_FORWARDERS, "\n".join(counted)
+
+
+def test_the_forwarder_check_sees_one() -> None:
+    """The check itself finds what it names, and leaves a method that does more alone."""
+    tree = ast.parse(
+        "class A:\n"
+        "    def __init__(self, b):\n"
+        "        self.b = b\n"
+        "        part = self.b\n"
+        "        self.keys = part.keys\n"
+        "    def f(self, x, *, y):\n"
+        "        '''doc'''\n"
+        "        return self.b.f(x, y=y)\n"
+        "    async def g(self, *args):\n"
+        "        await self.b.g(*args)\n"
+        "    def h(self, x):\n"
+        "        return self.b.h(x, 1)\n"
+        "    def i(self, x, y):\n"
+        "        return self.b.i(y, x)\n"
+        "    @property\n"
+        "    def j(self):\n"
+        "        return self.b.j\n"
+        "    def k(self):\n"
+        "        self.port = self.b.port\n"
+        "class B:\n"
+        "    def __init__(self, c):\n"
+        "        self.port = self.c.port\n"
+        "    def started(self):\n"
+        "        self.port = 1\n"
+    )
+    found = [(what, counted) for _, what, counted in forwarders(tree)]
+    assert found == [
+        ("A.keys = part.keys", True),
+        ("A.f -> self.b.f()", True),
+        ("A.g -> self.b.g()", True),
+        ("A.j -> self.b.j", False),
+    ]

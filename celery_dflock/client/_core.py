@@ -25,7 +25,6 @@ from celery_dflock.client import _by_token, _replies, _requests, wire
 from celery_dflock.client._grant import HeldGrant, LockState, RenewOutcome, redact
 from celery_dflock.client._refusals import refusal_error
 from celery_dflock.client._replies import (
-    Asked,
     ErrorReply,
     Granted,
     Moved,
@@ -45,7 +44,7 @@ from celery_dflock.client._requests import (
     checked_sem_lock,
     checked_take,
 )
-from celery_dflock.client._router import ClusterRouter, KeyRoute, NextTry
+from celery_dflock.client._router import ClusterRouter, KeyRoute
 from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
 from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import (
@@ -203,10 +202,6 @@ class LockCore:
             ", lost" if self.lost else ""
         )
 
-    def foreign_process(self) -> bool:
-        """True when the lock was acquired by another process (we are a fork child)."""
-        return self.grant.foreign_process()
-
     def locked(self) -> bool:
         """Held (acquired, not released) by this object in this process."""
         return self.state is LockState.HELD and not self.grant.foreign_process()
@@ -216,23 +211,10 @@ class LockCore:
         on a session connection an answer came recently enough."""
         return self.locked() and not self.lost and self.grant.clock() < self.grant.hold_deadline()
 
-    def lease_left(self, now: float | None = None) -> float:
-        """Seconds the grant surely stays held (`HeldGrant.lease_left`)."""
-        return self.grant.lease_left(now)
-
     def kept_alive(self) -> bool:
         """Whether the grant's client session keeps its lease, as a renewal would: the lock
         need not renew it itself (`HeldGrant.kept_alive`)."""
         return self.grant.kept_alive(self.settings.renew_ratio)
-
-    def kept_for(self) -> float:
-        """Seconds its session's last keep-alive keeps the lease, less the time a renewal of
-        its own would need (`HeldGrant.kept_for`)."""
-        return self.grant.kept_for()
-
-    def session_ended(self) -> str | None:
-        """Why the grant's client session is over (`HeldGrant.session_ended`), or None."""
-        return self.grant.session_ended()
 
     def renew_interval(self) -> float:
         """Seconds between renewals (the client's ``renew_ratio`` of the lease)."""
@@ -248,38 +230,13 @@ class LockCore:
         return wait_s + REPLY_GRACE_S
 
     # ---------------------------------------------------------------- routing (its route's)
-    def route(self) -> bool:
-        """Cluster routing: aim at the key's node by the cached map (`KeyRoute.route`)."""
-        return self.routing.route()
-
     def begin_acquire(self) -> None:
         """An acquire (or enqueue) starts: its deadlines run from now."""
         self.holder = None
         self.busy = False
         self.routing.begin_acquire()
 
-    def end_acquire(self) -> None:
-        self.routing.end_acquire()
-
     redirected = staticmethod(KeyRoute.redirected)
-
-    def on_redirect(self, reply: Reply) -> NextTry | None:
-        """What an acquire does after ``error_moved`` / ``error_unavailable``."""
-        return self.routing.on_redirect(reply)
-
-    def on_ask(self, reply: Asked) -> NextTry | None:
-        """What an acquire does after ``error_ask``."""
-        return self.routing.on_ask(reply)
-
-    def on_ask_refused(self) -> float | None:
-        return self.routing.on_ask_refused()
-
-    def on_unreachable(self, exc: DflockError) -> float | None:
-        """The key's member could not be reached (`KeyRoute.on_unreachable`)."""
-        return self.routing.on_unreachable(exc)
-
-    def mismatch_error(self, reply: Reply, shards: dict[str, object] | None) -> DflockError:
-        return self.routing.mismatch_error(reply, shards)
 
     # ---------------------------------------------------------------- requests
     def _require_idle(self) -> None:
@@ -623,18 +580,9 @@ class LockCore:
             )
         grant.broken = detail
 
-    def refused(self) -> None:
-        """A reconnection after the lock's connection broke was refused (`HeldGrant.refused`)."""
-        self.grant.refused()
-
     def reattach_endpoint(self, now: float | None = None) -> Endpoint:
         """Where to reconnect: the lock's endpoint, its connect timeout cut to the lease left."""
         return self.grant.reattach_endpoint(self.endpoint, now)
-
-    def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
-        """Seconds to pause before the next attempt to reach the server again (None: the
-        lease ran out; the caller `mark_unreachable`s): `HeldGrant.reattach_pause`."""
-        return self.grant.reattach_pause(detail, now)
 
     def mark_unreachable(self) -> bool:
         """The lease ran out before the server could be reached again after the lock's

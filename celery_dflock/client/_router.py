@@ -50,7 +50,7 @@ between half and all of that, so that clients do not retry in step), until its t
 
 @dataclass(frozen=True, slots=True)
 class NextTry:
-    """What an acquire does after a redirect (`LockCore.on_redirect`): pause ``pause_s``;
+    """What an acquire does after a redirect (`KeyRoute.on_redirect`): pause ``pause_s``;
     ``reroute``: route by the map (read again, at most every `MAP_REFRESH_INTERVAL_S`, or at
     once when ``reread``), else go where the redirect said."""
 

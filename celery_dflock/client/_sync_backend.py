@@ -175,7 +175,7 @@ class RenewalDriver:
         if core.kept_alive():
             # Its session's keep-alive renews it and, should it stop, tells it at once
             # (`poke`): look again only shortly before the lease it keeps would end.
-            renewal.next_in = max(renewal.interval, core.kept_for())
+            renewal.next_in = max(renewal.interval, core.grant.kept_for())
         return True
 
     def renewed(self, conn: Connection) -> None:

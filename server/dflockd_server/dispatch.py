@@ -233,7 +233,7 @@ class Session:
             return self._unknown(cmd, key, arg)
         reply = route(self, cmd, key, arg)
         if self.asking and cmd != _ASKING:
-            self.asking = self.table.asking = False  # one request only, whatever it was
+            self.asking = self.table.grants.asking = False  # one request only, whatever it was
         return reply
 
     # ------------------------------------------------------------------ routes
@@ -278,7 +278,7 @@ class Session:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
-        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+        if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
         journal = self.grants.journal
@@ -287,7 +287,7 @@ class Session:
         ttl = lease or self.default_lease
         if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
-        table.asking = self.asking
+        table.grants.asking = self.asking
         try:
             got = table.acquire(
                 # After the client's EOF nobody waits for an answer to come later: try once.
@@ -317,7 +317,7 @@ class Session:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
-        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+        if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         table = self.table
         journal = self.grants.journal
@@ -325,7 +325,7 @@ class Session:
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
         if lease > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
-        table.asking = self.asking
+        table.grants.asking = self.asking
         try:
             got = table.hold(
                 self.client,
@@ -338,7 +338,7 @@ class Session:
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
-            return p.reply_held_by(table.holder_note(name))
+            return p.reply_held_by(table.holds.holder_note(name))
         if type(got) is Holder:
             return p.reply_granted(got.token, got.lease_ttl)
         assert isinstance(got, Waiter)
@@ -352,7 +352,7 @@ class Session:
             return self._malformed(bad)
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY
-        return p.REPLY_OK if self.table.set_note(name, token, note) else p.REPLY_ERROR
+        return p.REPLY_OK if self.table.holds.set_note(name, token, note) else p.REPLY_ERROR
 
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ht``: take a detached grant over, bound to this connection. As ``n``: no
@@ -373,7 +373,9 @@ class Session:
         if longest > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
-            taken = self.table.take(self.client, name, token, lease, note=note, on_close=on_close)
+            taken = self.table.holds.take(
+                self.client, name, token, lease, note=note, on_close=on_close
+            )
         except Bound as exc:
             return p.reply_bound(exc.note)
         except _REFUSALS as exc:
@@ -475,14 +477,14 @@ class Session:
             return refused
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
-        if len(self.table.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
+        if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
             return p.REPLY_ERROR_MAX_LOCKS
         ttl = lease or self.default_lease
         if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         if self.moved:
             self.moved.pop(name, None)  # a new enqueue: the old one's news is stale
-        self.table.asking = self.asking
+        self.table.grants.asking = self.asking
         try:
             waiter = self.table.enqueue(self.client, name, ttl, limit)
         except _REFUSALS as exc:
@@ -621,7 +623,7 @@ class Session:
         and for ``hl`` the holder's note with it. Call before ``give_up``."""
         if waiter.note is None:
             return p.REPLY_TIMEOUT
-        return p.reply_held_by(self.table.holder_note(waiter.state.key))
+        return p.reply_held_by(self.table.holds.holder_note(waiter.state.key))
 
     def give_up(self, waiter: Waiter) -> None:
         """The request that waited for ``waiter`` is answered otherwise (it timed out, the

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
 
 from dflockd_server.fence import FenceStateError
 from dflockd_server.journal import Journal, drop_record
@@ -34,20 +33,11 @@ from dflockd_server.keys import (
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex, LeaseRun
 from dflockd_server.shares import AddressShares
 
-__all__ = ["CLIENT_COMPACT_MIN", "Grants", "TableHooks"]
+__all__ = ["CLIENT_COMPACT_MIN", "Grants"]
 
 CLIENT_COMPACT_MIN = 8
 """Released holders a connection's list may keep beyond twice its live ones (small: each keeps
 a released holder and its token alive)."""
-
-
-class TableHooks(Protocol):
-    """What the grants read of the table that owns them (``table.LockTable``): what a request
-    sets there, read here only when a grant needs a longer lease bound (``raise_bound``).
-    A plain attribute of the table: the dispatch sets it per request at no call's cost."""
-
-    asking: bool
-    """The request follows an ``asking`` (cluster mode): ``asked_check`` decides for it."""
 
 
 class Grants:
@@ -57,7 +47,6 @@ class Grants:
 
     def __init__(
         self,
-        hooks: TableHooks,
         *,
         clock: Callable[[], float],
         new_token: Callable[[], str],
@@ -70,7 +59,9 @@ class Grants:
         note_lease: Callable[[int], int] | None,
         lease_noted: int,
     ) -> None:
-        self.hooks = hooks
+        self.asking = False
+        """The request under way follows an ``asking`` (cluster mode): ``asked_check`` decides
+        for it. Set by the session for one request (a plain attribute: no call's cost)."""
         self.journal = journal
         """Where grants, renewals past the recorded expiry, moves and drops are recorded, or
         None."""
@@ -82,7 +73,7 @@ class Grants:
         """Leases up to this long need no ``note_lease`` call."""
         self.asked_check: Callable[[str], bytes | None] | None = None
         """The ownership's check for an acquire after ``asking`` (cluster mode), used instead
-        of ``grant_check`` while the table's ``asking`` is set (by the session, for one
+        of ``grant_check`` while ``asking`` is set (by the session, for one
         request)."""
         self.grant_check: Callable[[str], bytes | None] | None = None
         """The server's ownership check (None: every key is served), asked before a queued
@@ -149,7 +140,7 @@ class Grants:
         if lease_ttl > self.lease_noted:
             note_lease = self.note_lease
             self.lease_noted = note_lease(lease_ttl) if note_lease is not None else lease_ttl
-            check = self.asked_check if self.hooks.asking else self.grant_check
+            check = self.asked_check if self.asking else self.grant_check
             if check is not None and check(key) is not None:
                 raise FenceStateError(
                     f"stopped serving {key!r} while recording a longer lease; nothing granted"

@@ -159,7 +159,7 @@ class Snapshot:
         journal: JournalStats | None = None,
     ) -> Snapshot:
         """Read the server's state; call on its event loop."""
-        counts = table.counts
+        counts = table.grants.counts
         locks, sems = table.occupancy(False), table.occupancy(True)
         return cls(
             grants=(counts.grants[0], counts.grants[1]),
@@ -170,7 +170,7 @@ class Snapshot:
             timeouts=(counts.timeouts[0], counts.timeouts[1]),
             keys=(locks[0], sems[0]),
             busy_keys=len(table.busy_keys()),
-            max_keys=table.max_locks,
+            max_keys=table.grants.max_locks,
             held=(locks[1], sems[1]),
             waiters=(locks[2], sems[2]),
             connections=connections,

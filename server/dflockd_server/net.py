@@ -200,7 +200,7 @@ class Server:
         """The ``hello`` reply: what this server is and supports (and, during a restart
         grace, how long it still runs)."""
         table = self._table
-        if table is not None and table.in_grace:
+        if table is not None and table.grants.in_grace:
             remaining = table.grace_remaining()
             if remaining > 0:
                 return self._make_hello(durable=self.journal is not None, grace_s=remaining)
@@ -433,7 +433,7 @@ class Server:
         """A grant record for every lease held now (the journal's new file or compaction)."""
         lines: list[bytes] = []
         for holder, state, on_close in table.live_holders():
-            detached = holder.client is table.detached
+            detached = holder.client is table.grants.detached
             lines.append(journal.grant_record(holder, state, detached, on_close))
         return lines
 
@@ -653,7 +653,7 @@ class Server:
             # The probe: a new file with every lease held now; the waiters go first after it.
             if journal.recover(self._live_records(journal, table)):
                 try:
-                    table.fill_waiting()
+                    table.grants.fill_waiting()
                 except FenceStateError as exc:
                     log.error("cannot issue a token to a waiter: %s", exc)
             return

@@ -114,11 +114,7 @@ class LockTable:
         """Whether a close by the peer ends the connection's grants (see ``disconnect``)."""
         self.session_ttl_s = session_ttl_s
         """How long the grants of a session connection outlive its close by the peer."""
-        self.asking = False
-        """The request under way follows an ``asking`` (cluster mode): set by the session for
-        one request, read by the grants as their ``TableHooks``."""
         self.grants = Grants(
-            self,
             clock=clock,
             new_token=new_token,
             max_locks=max_locks,
@@ -133,33 +129,9 @@ class LockTable:
         """The key map, queues and leases, and the steps that grant, move and free a grant."""
         self.holds = HoldBook(self.grants)
         """Whom a grant is bound to, and its owner note."""
-        grants = self.grants
-        self.keys = grants.keys
-        """The grants' key map (the same dict): every key, locks and semaphores alike."""
-        self.counts = grants.counts
-        """Running totals since start-up (the grants' own)."""
-        self.detached = grants.detached
-        """The owner of detached holds (see ``grants.Grants.detached``)."""
-        self.restored = grants.restored
-        """The owner of restored grants awaiting their holder (``grants.Grants.restored``)."""
         self._next_client_id = 0
         self.sessions: dict[str, ClientSession] = {}
         """The live client sessions by id (``join_session``)."""
-
-    @property
-    def in_grace(self) -> bool:
-        """Within the restart grace: nothing is granted (see ``grace_remaining``)."""
-        return self.grants.in_grace
-
-    @property
-    def max_locks(self) -> int:
-        """Most keys the table keeps (idle ones are forgotten to make room)."""
-        return self.grants.max_locks
-
-    def fill_waiting(self) -> None:
-        """Grant the waiters of every key with free slots (the journal can be written again
-        after a time it could not: nothing was granted meanwhile)."""
-        self.grants.fill_waiting()
 
     # ------------------------------------------------------------------ restart grace
     def grace_remaining(self) -> float:
@@ -398,32 +370,6 @@ class LockTable:
         grants.move(holder, grants.detached, lease_ttl, self.clock())
         return True
 
-    # ------------------------------------------------------------------ the hold book
-    def holder_note(self, key: str) -> str | None:
-        """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
-        return self.holds.holder_note(key)
-
-    def set_note(self, key: str, token: str, note: str) -> bool:
-        """``note``: replace the owner note of the grant ``token`` holds on ``key``."""
-        return self.holds.set_note(key, token, note)
-
-    def is_detached(self, holder: Holder) -> bool:
-        """Whether the grant is bound to no live connection (``holds.HoldBook.is_detached``)."""
-        return self.holds.is_detached(holder)
-
-    def take(
-        self,
-        client: Client,
-        key: str,
-        token: str,
-        lease_ttl: int,
-        *,
-        note: str,
-        on_close: int | None,
-    ) -> Holder | None:
-        """``ht``: take the detached grant over (``holds.HoldBook.take``)."""
-        return self.holds.take(client, key, token, lease_ttl, note=note, on_close=on_close)
-
     # ------------------------------------------------------------------ two-phase
     def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
         """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
@@ -613,11 +559,12 @@ class LockTable:
         restored grant in the order of their ends."""
         key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
         is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
-        owner = self.detached if detached else self.restored
+        grants = self.grants
+        owner = grants.detached if detached else grants.restored
         expires_at = now + left
         holder = Holder(token, key, owner, lease_ttl, expires_at, since=now)
         holder.note = rec.note
-        keys = self.grants.keys
+        keys = grants.keys
         # a lock: the holder is the key's entry, unless the key has one (one look-up: a
         # million of them are a second of a restart)
         entry = keys.setdefault(key, holder) if limit == 1 and not is_sem else keys.get(key)
@@ -642,7 +589,7 @@ class LockTable:
         owner.n_held += 1
         if on_close is not None and not detached:
             detach_at_close(owner, holder, on_close)
-        self.counts.restored[is_sem] += 1
+        grants.counts.restored[is_sem] += 1
         return holder
 
     def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
@@ -745,7 +692,7 @@ class LockTable:
     @property
     def held(self) -> int:
         """Locks and semaphore slots held right now (from the running totals: no scan)."""
-        counts = self.counts
+        counts = self.grants.counts
         return (
             sum(counts.restored)
             + sum(counts.grants)
@@ -870,7 +817,7 @@ class LockTable:
             "idle_locks": idle_locks,
             "idle_semaphores": idle_sems,
             "grace_remaining_s": round(max(0.0, self.grants.grace_until - now), 3)
-            if self.in_grace
+            if self.grants.in_grace
             else 0.0,
         }
 
@@ -882,8 +829,8 @@ class LockTable:
             "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
             "waiters": waiters,
             "owner": holder.note,
-            "detached": self.is_detached(holder),
-            "restored": holder.client is self.restored,
+            "detached": self.holds.is_detached(holder),
+            "restored": holder.client is self.grants.restored,
             "fence": fence_of(holder.token),
             "held_s": round(max(0.0, now - holder.held_since()), 3),
         }

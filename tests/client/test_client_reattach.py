@@ -426,12 +426,12 @@ def held_core(sent_at: float = 100.0, lease: int = 10) -> LockCore:
 def test_the_core_pauses_between_attempts_doubling_within_the_lease() -> None:
     core = held_core(sent_at=100.0, lease=10)  # surely held until 110
     core.connection_broke(CLOSED_BY_SERVER)
-    pauses = [core.reattach_pause("refused", now=101.0) for _ in range(8)]
+    pauses = [core.grant.reattach_pause("refused", now=101.0) for _ in range(8)]
     assert pauses[0] == REATTACH_FIRST_PAUSE_S
     assert pauses[1] == 2 * REATTACH_FIRST_PAUSE_S
     assert max(p or 0 for p in pauses) == REATTACH_MAX_PAUSE_S
-    assert core.reattach_pause("refused", now=109.75) == pytest.approx(0.25)  # never past it
-    assert core.reattach_pause("refused", now=110.0) is None  # the lease ran out
+    assert core.grant.reattach_pause("refused", now=109.75) == pytest.approx(0.25)  # never past it
+    assert core.grant.reattach_pause("refused", now=110.0) is None  # the lease ran out
     assert not core.lost  # the caller marks it, and notifies
     assert core.mark_unreachable() and core.lost
     assert not core.mark_unreachable()  # once
@@ -440,8 +440,8 @@ def test_the_core_pauses_between_attempts_doubling_within_the_lease() -> None:
 def test_the_core_counts_the_lease_from_when_the_last_renewal_was_sent() -> None:
     core = held_core(sent_at=100.0, lease=10)
     assert core.on_renew_reply(Renewed(10), sent_at=105.0).renewed
-    assert core.lease_left(now=114.0) == pytest.approx(1.0)
-    assert core.reattach_pause("x", now=115.0) is None
+    assert core.grant.lease_left(now=114.0) == pytest.approx(1.0)
+    assert core.grant.reattach_pause("x", now=115.0) is None
 
 
 def test_the_core_cuts_the_connect_timeout_to_the_lease_left() -> None:
@@ -461,7 +461,7 @@ def test_the_core_reattaches_on_draining_and_is_lost_on_a_refusal() -> None:
     assert refused.lost_reason is not None and "by token on a new connection" in refused.lost_reason
     renewed = held_core()
     renewed.connection_broke(CLOSED_BY_SERVER)
-    renewed.reattach_pause("refused", now=101.0)
+    renewed.grant.reattach_pause("refused", now=101.0)
     assert renewed.on_renew_reply(Renewed(10), 102.0).renewed
     assert renewed.broken is None and renewed.grant.reattach_failures == 0
 

@@ -67,7 +67,7 @@ def granted(core: LockCore, sent_at: float = 100.0) -> None:
     core.begin_acquire()
     command, _, _ = core.acquire_request(FENCING)
     assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), sent_at, FENCING)
-    core.end_acquire()
+    core.routing.end_acquire()
 
 
 # ---------------------------------------------------------------------- grant, renew, release
@@ -77,7 +77,7 @@ def test_an_acquire_is_granted_renewed_and_released() -> None:
     command, data, timeout = core.acquire_request(FENCING)
     assert (command, data, timeout) == (Command.LOCK, b"l\njobs\n5 30\n", 5 + REPLY_GRACE_S)
     assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 100.0, FENCING)
-    core.end_acquire()
+    core.routing.end_acquire()
     assert (core.state, core.token, core.lease, core.fence) == (LockState.HELD, TOKEN, 33, 0xA1)
     assert core.grant.lease_deadline == 133.0 and core.locked()
     with pytest.raises(DflockError, match="already held"):
@@ -307,10 +307,10 @@ def test_a_broken_connection_is_reattached_while_the_lease_runs() -> None:
     now = time.monotonic()
     granted(core, sent_at=now)
     core.connection_broke("reset by peer")
-    first = core.reattach_pause("refused", now=now)
-    second = core.reattach_pause("refused", now=now)
+    first = core.grant.reattach_pause("refused", now=now)
+    second = core.grant.reattach_pause("refused", now=now)
     assert first is not None and second is not None and second == 2 * first
-    assert core.reattach_pause("refused", now=now + 34) is None  # the lease ran out
+    assert core.grant.reattach_pause("refused", now=now + 34) is None  # the lease ran out
     assert core.mark_unreachable() and core.lost
     fresh = make()  # a reattach that does get through: still held
     granted(fresh, sent_at=now)
@@ -357,19 +357,19 @@ def cluster(*nodes: str) -> tuple[ClientSettings, ClusterRouter]:
 def test_cluster_routing_aims_at_the_maps_node_and_follows_moved_then_pauses_in_a_loop() -> None:
     settings, router = cluster("10.0.0.9:6388", "10.0.0.2:6388")
     core = make(settings=settings, router=router)
-    assert core.route() and core.endpoint.address == "10.0.0.9:6388"
+    assert core.routing.route() and core.endpoint.address == "10.0.0.9:6388"
     core.begin_acquire()
     command, _, _ = core.acquire_request(FENCING)
     for _ in range(REDIRECT_LOOP):
         moved = reply(command, b"error_moved 10.0.0.2:6388")
         assert core.redirected(moved)
-        assert core.on_redirect(moved) == NextTry(0.0, reroute=False)  # at once, there
+        assert core.routing.on_redirect(moved) == NextTry(0.0, reroute=False)  # at once, there
         assert core.endpoint.address == "10.0.0.2:6388"
-    step = core.on_redirect(reply(command, b"error_moved 10.0.0.9:6388"))
+    step = core.routing.on_redirect(reply(command, b"error_moved 10.0.0.9:6388"))
     assert step is not None and step.reroute and step.reread and step.pause_s > 0  # a loop
     unavailable = reply(command, b"error_unavailable")
     assert core.redirected(unavailable)
-    step = core.on_redirect(unavailable)
+    step = core.routing.on_redirect(unavailable)
     assert step is not None and step.reroute and not step.reread
     assert core.routing.wait_seconds() <= 5  # what is left of the acquire's time, never more
 
@@ -377,18 +377,18 @@ def test_cluster_routing_aims_at_the_maps_node_and_follows_moved_then_pauses_in_
 def test_error_ask_sends_the_next_acquire_there_once_with_asking_first() -> None:
     settings, router = cluster("10.0.0.9:6388")
     core = make(settings=settings, router=router)
-    core.route()
+    core.routing.route()
     core.begin_acquire()
     command, _, _ = core.acquire_request(FENCING)
     asked = reply(command, b"error_ask 10.0.0.3:6388")
     assert isinstance(asked, _replies.Asked)
-    assert core.on_ask(asked) == NextTry(0.0, reroute=False)
+    assert core.routing.on_ask(asked) == NextTry(0.0, reroute=False)
     assert core.asking and core.endpoint.address == "10.0.0.3:6388"
-    assert core.on_ask_refused() is not None  # an old member: pause, then route by the map
+    assert core.routing.on_ask_refused() is not None  # an old member: pause, then route by the map
     assert core.ask_ticket is None  # a member that sends no ticket
     with_ticket = reply(command, b"error_ask 10.0.0.4:6388 1.2.3." + b"0" * 32)
     assert isinstance(with_ticket, _replies.Asked)
-    core.on_ask(with_ticket)
+    core.routing.on_ask(with_ticket)
     assert core.ask_ticket == "1.2.3." + "0" * 32 and core.endpoint.address == "10.0.0.4:6388"
 
 
@@ -398,7 +398,7 @@ def test_a_hand_over_that_outlasts_the_acquire_says_so() -> None:
     core.begin_acquire()
     core.routing.route_deadline = time.monotonic() - 1  # its time (>= HANDOVER_MIN_WAIT_S) is up
     command, _, _ = core.acquire_request(FENCING)
-    assert core.on_redirect(reply(command, b"error_unavailable")) is None
+    assert core.routing.on_redirect(reply(command, b"error_unavailable")) is None
     assert core.handover is not None and "hand-over" in core.handover
 
 
@@ -409,7 +409,7 @@ def test_a_list_mode_client_redirected_names_both_server_lists() -> None:
     moved = reply(command, b"error_moved 10.0.0.2:6388")
     assert core.redirected(moved) and core.router is None
     shards = {"mode": "static", "members": ["10.0.0.1:6388", "10.0.0.2:6388"]}
-    error = core.mismatch_error(moved, shards)
+    error = core.routing.mismatch_error(moved, shards)
     assert isinstance(error, ShardingMismatchError)
     assert "--members 10.0.0.1:6388,10.0.0.2:6388" in str(error)
 
@@ -437,7 +437,7 @@ def test_a_grant_on_a_session_connection_counts_from_the_last_answered_send_time
     core = held_on_sessions(sent)
     assert core.grant.session_deadline < sent + 3
     assert not core.owned()  # a lease of 60 s does not say it is held: no answer for 10 s
-    assert core.lease_left() <= 0  # a broken connection now: lost, not reattached
+    assert core.grant.lease_left() <= 0  # a broken connection now: lost, not reattached
     assert core.first_renewal_in() == 0.0  # confirmed at once
     renewed_at = time.monotonic()
     outcome = core.on_renew_reply(reply(Command.RENEW, b"ok 60"), renewed_at)
@@ -455,9 +455,9 @@ def test_a_server_found_not_running_frees_nothing_so_only_the_lease_makes_it_los
     """A durable server that refuses connections is down: a restart restores the grant to its
     lease; `owned` still waits for an answer."""
     core = held_on_sessions(time.monotonic() - 10.0)
-    assert core.lease_left() <= 0
-    core.refused()
-    assert core.lease_left() > 40
+    assert core.grant.lease_left() <= 0
+    core.grant.refused()
+    assert core.grant.lease_left() > 40
     assert not core.owned()
 
 
@@ -492,7 +492,7 @@ def test_an_answer_that_comes_after_the_session_deadline_does_not_revive_it() ->
     assert not core.owned()
     session.answered(join_sent)  # the late answer
     assert not core.owned()
-    assert core.session_ended() is not None
+    assert core.grant.session_ended() is not None
 
 
 def test_a_keep_alive_renews_a_grant_only_if_its_answer_came_while_the_lease_surely_ran() -> None:

@@ -232,12 +232,12 @@ def socket_closed_port() -> Iterator[str]:
 
 def test_errors_name_the_url_and_the_operation(etcd: EtcdClient) -> None:
     with pytest.raises(EtcdError, match=r"etcd at http://127\.0\.0\.1:\d+: revoke of lease"):
-        etcd.call("/v3/lease/revoke", {"ID": "1"}, "revoke of lease 1")
+        etcd.transport.call("/v3/lease/revoke", {"ID": "1"}, "revoke of lease 1")
     with socket_closed_port() as url:
         down = EtcdClient(EtcdTransport(url, timeout=2))
         with pytest.raises(EtcdError, match=rf"etcd at {url}: put of 'k' failed"):
             down.put("k", "v")
-        assert not down.healthy()
+        assert not down.transport.healthy()
     with pytest.raises(ValueError, match="expected http://HOST:PORT"):
         EtcdClient("etcd://127.0.0.1:2379")
 

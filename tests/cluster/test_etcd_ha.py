@@ -279,12 +279,14 @@ def enable_auth(etcd: EtcdClient) -> None:
     and the members' user, whose role may read and write the cluster's prefix and nothing else."""
     range_ = {"key": b64(f"{PREFIX}/"), "range_end": b64(prefix_end(f"{PREFIX}/"))}
     for user, role in (("root", "root"), (ETCD_USER, "dflockd")):
-        etcd.call("/v3/auth/user/add", {"name": user, "password": ETCD_PASSWORD}, "user add")
-        etcd.call("/v3/auth/role/add", {"name": role}, "role add")
-        etcd.call("/v3/auth/user/grant", {"user": user, "role": role}, "user grant")
+        etcd.transport.call(
+            "/v3/auth/user/add", {"name": user, "password": ETCD_PASSWORD}, "user add"
+        )
+        etcd.transport.call("/v3/auth/role/add", {"name": role}, "role add")
+        etcd.transport.call("/v3/auth/user/grant", {"user": user, "role": role}, "user grant")
     perm = {"permType": "READWRITE", **range_}
-    etcd.call("/v3/auth/role/grant", {"name": "dflockd", "perm": perm}, "role grant")
-    etcd.call("/v3/auth/enable", {}, "auth enable")
+    etcd.transport.call("/v3/auth/role/grant", {"name": "dflockd", "perm": perm}, "role grant")
+    etcd.transport.call("/v3/auth/enable", {}, "auth enable")
 
 
 def b64(text: str) -> str:

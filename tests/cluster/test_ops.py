@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dflockd_server.cluster.etcd import MAX_TXN_OPS, EtcdClient
+from dflockd_server.cluster.etcd import MAX_TXN_OPS, EtcdClient, EtcdTransport
 from dflockd_server.cluster.etcd.messages import RangeResult
 from dflockd_server.cluster.fencestore import EtcdCeilingStore, highest_ceiling
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
@@ -66,8 +66,8 @@ def test_map_writes_never_clobber_a_concurrent_write(etcd: EtcdClient, etcd_pref
     assert write_shards(etcd, keys.shards, {3: ShardWrite(0, None)}).conflicted == (3,)
 
 
-class CountingEtcd(EtcdClient):
-    """The real client to the real etcd, counting its requests."""
+class CountingTransport(EtcdTransport):
+    """The real transport to the real etcd, counting its requests."""
 
     requests = 0
 
@@ -85,7 +85,8 @@ def test_a_view_stale_by_thousands_of_shards_costs_a_few_requests_not_one_per_sh
     the changed shards are found out by the failed transaction itself, not by one transaction
     per shard (2,016 requests here before, which kept a member's node busy for seconds under
     load, a handover it owed waiting behind them)."""
-    etcd = CountingEtcd(etcd_server.url)
+    counting = CountingTransport(etcd_server.url)
+    etcd = EtcdClient(counting)
     keys = ClusterKeys(etcd_prefix.rstrip("/"))
     count = 2000
     write_shards(
@@ -99,7 +100,7 @@ def test_a_view_stale_by_thousands_of_shards_costs_a_few_requests_not_one_per_sh
         keys.shards,
         {s: ShardWrite(seen.revisions[s], meanwhile) for s in range(count) if s not in unchanged},
     )
-    etcd.requests = 0
+    counting.requests = 0
     mine = ShardAssignment("c:1", "c:1")
     result = write_shards(
         etcd, keys.shards, {s: ShardWrite(seen.revisions[s], mine) for s in range(count)}
@@ -107,7 +108,9 @@ def test_a_view_stale_by_thousands_of_shards_costs_a_few_requests_not_one_per_sh
     assert sorted(result.written) == sorted(unchanged)
     assert result.conflicted == tuple(s for s in range(count) if s not in unchanged)
     batches = math.ceil(count / MAX_TXN_OPS)
-    assert etcd.requests <= 2 * batches, etcd.requests  # a transaction per batch, and a retry
+    assert counting.requests <= 2 * batches, (
+        counting.requests
+    )  # a transaction per batch, and a retry
     after = read_view(etcd, keys.prefix).shard_map
     assert all(after[s] == (mine if s in unchanged else meanwhile) for s in range(count))
 

@@ -140,7 +140,7 @@ def test_a_key_not_served_is_refused_before_the_table_is_touched(table: LockTabl
     assert ask(s, b"e", b"theirs", b"_") == moved
     assert ask(s, b"se", b"theirs", b"2") == moved
     assert s.action is None
-    assert "theirs" not in table.keys
+    assert "theirs" not in table.grants.keys
     token = token_of(ask(s, b"l", b"mine", b"0"))
     host.key_check = lambda key: p.REPLY_ERROR_UNAVAILABLE  # swapped: counts from now on
     assert ask(s, b"l", b"mine", b"0") == p.REPLY_ERROR_UNAVAILABLE
@@ -177,7 +177,7 @@ def test_force_release_frees_the_key_and_grants_the_next_waiter_a_higher_fence(
     logged = caplog.text
     assert "force release of 'k' by test:1 (ops:alice): 1 grant(s) freed" in logged
     assert "held by task-1/celery@w1" in logged  # decoded (issue 73: it said celery%40w1)
-    assert table.counts.forced == [1, 0] and table.held == 1
+    assert table.grants.counts.forced == [1, 0] and table.held == 1
 
 
 def test_force_release_of_a_free_key_a_semaphore_and_bad_requests(table: LockTable) -> None:

@@ -60,15 +60,15 @@ def test_no_key_is_granted_during_the_grace_and_waiters_go_in_fifo_order_after()
     assert table.stats(0)["grace_remaining_s"] == GRACE
     clock.now += GRACE - 0.001
     assert table.expire() == 0
-    assert woken == [] and table.in_grace
+    assert woken == [] and table.grants.in_grace
     assert table.stats(0)["grace_remaining_s"] == pytest.approx(0.001)
     clock.now += 0.001
     table.expire()
-    assert not table.in_grace
+    assert not table.grants.in_grace
     assert sorted(woken) == ["first", "sem"]
     assert first.holder is not None and second.holder is None  # FIFO: the first in line
     assert table.stats(0)["grace_remaining_s"] == 0.0
-    assert table.counts.timeouts == [1, 0]
+    assert table.grants.counts.timeouts == [1, 0]
 
 
 def test_an_acquire_arriving_as_the_grace_ends_queues_behind_the_earlier_waiters() -> None:
@@ -132,12 +132,12 @@ def test_a_try_once_acquire_in_the_grace_leaves_no_key_that_gc_cannot_prune(kind
     clock.now += GRACE
     assert table.grace_remaining() == 0
     assert table.gc(GRACE) == 3
-    assert not table.keys
+    assert not table.grants.keys
 
 
 def test_no_grace_grants_at_once() -> None:
     table = make_table(Clock(100.0), 0.0)
-    assert not table.in_grace
+    assert not table.grants.in_grace
     assert isinstance(table.acquire(table.open_client(), "k", LEASE, None, queue=False), Holder)
     assert table.stats(0)["grace_remaining_s"] == 0.0
 

@@ -78,7 +78,7 @@ def test_a_close_the_server_makes_itself_frees_nothing_before_the_lease_ends(
     clock.now = LEASE
     assert table.expire() == 1
     assert free_for_rival(table)
-    assert table.counts.lost_by_disconnect == [0, 0]
+    assert table.grants.counts.lost_by_disconnect == [0, 0]
 
 
 def test_a_plain_connection_closed_by_its_peer_frees_its_grants_at_once() -> None:
@@ -91,7 +91,7 @@ def test_a_plain_connection_closed_by_its_peer_frees_its_grants_at_once() -> Non
     assert waiter is not None and not isinstance(waiter, Holder)
     table.disconnect(holder_conn)
     assert waiter.holder is not None  # granted at once, at the close
-    assert table.counts.lost_by_disconnect == [1, 0]
+    assert table.grants.counts.lost_by_disconnect == [1, 0]
 
 
 def test_a_session_connection_closed_by_its_peer_keeps_its_grants_for_the_session_ttl() -> None:
@@ -111,7 +111,7 @@ def test_a_session_connection_closed_by_its_peer_keeps_its_grants_for_the_sessio
     clock.now = 10.0 + SESSION_TTL
     assert table.expire() == 1
     assert waiter.holder is not None
-    assert table.counts.expiries == [1, 0]
+    assert table.grants.counts.expiries == [1, 0]
 
 
 def test_a_session_grant_whose_lease_ends_sooner_ends_with_its_lease() -> None:
@@ -177,7 +177,7 @@ def test_every_way_a_grant_ends_goes_through_free_holder() -> None:
         real(holder, state, now, why)
 
     table.grants.free_holder = spy  # type: ignore[method-assign]
-    counts = table.counts
+    counts = table.grants.counts
     a, b, c, d, e = (table.open_client() for _ in range(5))
     d.session = True
     released = take(table, a, "released")

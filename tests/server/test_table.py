@@ -70,33 +70,33 @@ def test_a_held_lock_nobody_waits_for_is_its_holder_alone(table: LockTable, cloc
     than the rest of the held key); released, its holder stays the idle key's entry, listed,
     swept and pruned as an idle key with a state is."""
     held = grant(table, "k", None)
-    assert table.keys["k"] is held
+    assert table.grants.keys["k"] is held
     waiter = table.acquire(table.open_client(), "k", LEASE, None, queue=True)
     assert isinstance(waiter, Waiter)
-    state = table.keys["k"]
+    state = table.grants.keys["k"]
     assert isinstance(state, KeyState) and state.one is held and state.n_waiting == 1
     assert table.release("k", held.token)
     assert waiter.holder is not None and state.one is waiter.holder
     assert table.release("k", waiter.holder.token)
     again = grant(table, "k", None)  # the idle state gives way to the holder alone
-    assert table.keys["k"] is again
+    assert table.grants.keys["k"] is again
     assert table.renew("k", again.token, 2 * LEASE) == 2 * LEASE
     assert not table.release("k", held.token)  # a stale token
     assert table.release("k", again.token)
-    assert table.keys["k"] is again and not again.live
+    assert table.grants.keys["k"] is again and not again.live
     assert again.token == ""  # the idle key keeps no token alive
     assert table.stats(0)["idle_locks"] == [{"key": "k", "idle_s": 0.0}]
     assert table.acquire(table.open_client(), "k", LEASE, 2, queue=False) is not None
-    assert isinstance(table.keys["k"], KeyState)  # an idle key takes any kind
+    assert isinstance(table.grants.keys["k"], KeyState)  # an idle key takes any kind
     expiring = grant(table, "e", None)
     clock.now += LEASE
     assert table.expire() == 2  # the semaphore's slot and the lock alone, by the sweep
-    assert table.counts.expiries == [1, 1]
-    assert table.keys["e"] is expiring and not expiring.live
+    assert table.grants.counts.expiries == [1, 1]
+    assert table.grants.keys["e"] is expiring and not expiring.live
     clock.now += 1
     assert table.stats(0)["idle_locks"] == [{"key": "e", "idle_s": 1.0}]
     assert table.gc(1.0) == 2
-    assert not table.keys
+    assert not table.grants.keys
 
 
 def test_a_try_once_acquire_of_a_held_lock_leaves_it_its_holder_alone(table: LockTable) -> None:
@@ -106,8 +106,8 @@ def test_a_try_once_acquire_of_a_held_lock_leaves_it_its_holder_alone(table: Loc
     other = table.open_client()
     assert table.acquire(other, "k", LEASE, None, queue=False) is None
     assert table.hold(other, "k", LEASE, "n", detached=False, queue=False) is None
-    assert table.keys["k"] is held
-    assert table.counts.timeouts == [2, 0]
+    assert table.grants.keys["k"] is held
+    assert table.grants.counts.timeouts == [2, 0]
     with pytest.raises(LimitMismatch):
         table.acquire(other, "k", LEASE, 2, queue=False)
     assert table.release("k", held.token)
@@ -178,7 +178,7 @@ def test_renew_and_release_take_any_token_of_the_key(table: LockTable) -> None:
     assert table.renew("k", sem.token, 5) is None  # a token of another key
     assert table.release("s", sem.token)
     assert table.release("k", lock.token)
-    assert table.counts.releases == [1, 1]  # counted by the key's kind
+    assert table.grants.counts.releases == [1, 1]  # counted by the key's kind
 
 
 def test_one_two_phase_enqueue_per_connection_and_key(table: LockTable) -> None:
@@ -197,7 +197,7 @@ def test_max_locks_counts_every_key_once(clock: Clock) -> None:
     table = LockTable(clock=clock, new_token=lambda: f"{next(serial):032x}", max_locks=2)
     grant(table, "a", None)
     grant(table, "b", 2)
-    assert len(table.keys) == 2
+    assert len(table.grants.keys) == 2
 
 
 def test_a_full_table_makes_room_by_forgetting_the_longest_idle_key(clock: Clock) -> None:
@@ -215,9 +215,9 @@ def test_a_full_table_makes_room_by_forgetting_the_longest_idle_key(clock: Clock
     assert table.release("a", held["a"].token)  # idle second
     clock.now += 1
     assert isinstance(table.acquire(client, "d", LEASE, None, queue=False), Holder)
-    assert set(table.keys) == {"a", "c", "d"}  # b, idle the longest, made room
+    assert set(table.grants.keys) == {"a", "c", "d"}  # b, idle the longest, made room
     assert isinstance(table.acquire(client, "e", LEASE, None, queue=False), Holder)
-    assert set(table.keys) == {"c", "d", "e"}
+    assert set(table.grants.keys) == {"c", "d", "e"}
     with pytest.raises(MaxLocks):  # nothing idle left: refused
         table.acquire(client, "f", LEASE, None, queue=False)
 
@@ -235,14 +235,14 @@ def test_gc_forgets_only_keys_idle_long_enough_and_not_keys_used_again(clock: Cl
     assert isinstance(again, Holder)
     clock.now += 5
     assert table.gc(8) == 1
-    assert set(table.keys) == {"reused", "recent"}
+    assert set(table.grants.keys) == {"reused", "recent"}
     assert table.release("reused", again.token)  # at 15
     clock.now += 7
     assert table.gc(8) == 1  # recent, idle since 10; reused only since 15
-    assert set(table.keys) == {"reused"}
+    assert set(table.grants.keys) == {"reused"}
     clock.now += 1
     assert table.gc(8) == 1
-    assert not table.keys
+    assert not table.grants.keys
 
 
 def test_a_full_table_forgets_idle_keys_oldest_first_over_many_turns(clock: Clock) -> None:
@@ -263,12 +263,12 @@ def test_a_full_table_forgets_idle_keys_oldest_first_over_many_turns(clock: Cloc
             use(f"k{i}")
     for i in range(300):  # each new key makes room: the oldest idle key goes
         use(f"new{i}")
-        assert f"k{i}" not in table.keys and f"k{i + 1}" in table.keys, i
-    assert len(table.keys) == 500
+        assert f"k{i}" not in table.grants.keys and f"k{i + 1}" in table.grants.keys, i
+    assert len(table.grants.keys) == 500
     clock.now += 100
     use("last")  # makes room for itself too: k300 goes
     assert table.gc(50) == 499  # every key idle for 50 s, not the one just used
-    assert set(table.keys) == {"last"}
+    assert set(table.grants.keys) == {"last"}
 
 
 def capped_table(clock: Clock, *, locks: int = 0, waits: int = 0) -> LockTable:
@@ -321,9 +321,9 @@ def test_a_per_connection_refusal_leaves_no_unprunable_key(clock: Clock) -> None
     assert table.release("a", grant_.token)
     clock.now += 1
     # A lock's key is made only with its grant; a semaphore's was made before the refusal...
-    assert set(table.keys) == {"a", "s"}
+    assert set(table.grants.keys) == {"a", "s"}
     assert table.gc(0) == 2  # ...and is pruned with "a", as an idle key
-    assert not table.keys
+    assert not table.grants.keys
 
 
 def test_max_waits_per_connection_counts_queued_acquires_and_pending_enqueues(
@@ -476,7 +476,7 @@ def test_a_connection_keeps_few_released_holders_and_loses_only_live_ones(
         assert client.n_held == 1
         assert len(client.held) <= 2 * client.n_held + 8
     table.disconnect(client)
-    assert table.counts.lost_by_disconnect == [1, 0]
+    assert table.grants.counts.lost_by_disconnect == [1, 0]
     assert not previous.live
     assert table.held == 0
 
@@ -576,7 +576,9 @@ def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
     held = table.hold(table.open_client(), "q", LEASE, "t1", detached=True, queue=False)
     assert isinstance(held, Holder)
     clock.now += 4.0
-    taken = table.take(table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None)
+    taken = table.holds.take(
+        table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None
+    )
     assert taken is not None and taken.held_since() == held.held_since()
     clock.now += 3.0
     assert table.hand_down("q", held.token, LEASE)

@@ -445,7 +445,7 @@ class SimClient:
         core = self.core
         if core is None or core.state is not LockState.HELD or core.lost:
             return
-        ended = core.session_ended()
+        ended = core.grant.session_ended()
         if ended is not None:
             self._lost(core, ended)
             return
@@ -453,7 +453,7 @@ class SimClient:
         if conn is not None and not conn.gone and core.kept_alive():
             # ``_sync_backend.RenewalDriver._due``: looked at again shortly before the lease
             # the keep-alives keep would end
-            self._schedule_renewal(max(core.renew_interval(), core.kept_for()))
+            self._schedule_renewal(max(core.renew_interval(), core.grant.kept_for()))
             return
         if conn is None or conn.gone:
             core.connection_broke("the server closed it")
@@ -490,11 +490,11 @@ class SimClient:
         """``AsyncHolding._reattach``: a new connection, the grant renewed by token on it."""
         if self.core is not core or core.state is not LockState.HELD or core.lost:
             return
-        ended = core.session_ended()
+        ended = core.grant.session_ended()
         if ended is not None:
             self._lost(core, ended)
             return
-        if core.lease_left() <= 0:
+        if core.grant.lease_left() <= 0:
             if core.mark_unreachable():
                 self._lost(core, "unreachable")
             if self.attempt is not None and self.attempt.told_t is None:
@@ -506,7 +506,7 @@ class SimClient:
                 return
             if conn is None:
                 if refused:
-                    core.refused()
+                    core.grant.refused()
                 self._pause_reattach(core, "unreachable")
                 return
             self._renew_on(conn, core)
@@ -514,7 +514,7 @@ class SimClient:
         self.connect(connected)
 
     def _pause_reattach(self, core: LockCore, detail: str) -> None:
-        wait = core.reattach_pause(detail)
+        wait = core.grant.reattach_pause(detail)
         if wait is None:
             core.mark_unreachable()
             if self.attempt is not None and self.attempt.told_t is None and core.lost:

@@ -339,7 +339,9 @@ class ClusterRun:
             assert core is not None and core.token is not None
             member = self.by_address.get(core.endpoint.address)
             server = None if member is None else member.server
-            if member is None or server is None or not member.proc.alive or server.table.in_grace:
+            if member is None or server is None or not member.proc.alive:
+                continue
+            if server.table.grants.in_grace:
                 continue
             if not table_holds(server, core.key, core.token):
                 self.verdict.lost_belief(client, core.endpoint.address)

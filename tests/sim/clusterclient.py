@@ -143,7 +143,7 @@ class ClusterClient(SimClient):
             self._forge_asking(core)
             self._try(core)
             return
-        if not core.route():
+        if not core.routing.route():
             self._refresh(core, lambda: self._routed(core))
             return
         self._try(core)
@@ -177,7 +177,7 @@ class ClusterClient(SimClient):
     def _routed(self, core: LockCore) -> None:
         if self.core is not core:
             return
-        core.route()
+        core.routing.route()
         self._try(core)
 
     def _refresh(self, core: LockCore, then: Callable[[], None]) -> None:
@@ -228,7 +228,7 @@ class ClusterClient(SimClient):
         ask(candidates)
 
     def _end(self, core: LockCore, outcome: str) -> None:
-        core.end_acquire()
+        core.routing.end_acquire()
         if self.core is core:
             self._finish(outcome)
 
@@ -237,7 +237,7 @@ class ClusterClient(SimClient):
 
     def _reroute(self, core: LockCore, why: str) -> None:
         """``acquiring._reroute``: the key's member could not serve the acquire."""
-        wait = core.on_unreachable(ServerUnavailable(why))
+        wait = core.routing.on_unreachable(ServerUnavailable(why))
         if wait is None:
             self._end(core, "error")
             return
@@ -270,7 +270,7 @@ class ClusterClient(SimClient):
                 return
             if not isinstance(reply, Ok):
                 self.loop.count("asking refused")
-                wait = core.on_ask_refused()
+                wait = core.routing.on_ask_refused()
                 if wait is None:
                     self._end(core, "timeout")
                     return
@@ -298,7 +298,7 @@ class ClusterClient(SimClient):
                 self.loop.count("error_ask")
                 if reply.ticket:
                     self.last_ask = (reply.address, reply.ticket)
-                step = core.on_ask(reply)
+                step = core.routing.on_ask(reply)
                 if step is None:
                     self._end(core, "timeout")
                 elif step.reroute:
@@ -311,7 +311,7 @@ class ClusterClient(SimClient):
                 return
             if core.redirected(reply):
                 self.loop.count("redirected")
-                step = core.on_redirect(reply)
+                step = core.routing.on_redirect(reply)
                 if step is None:
                     self._end(core, "timeout")
                     return
@@ -320,7 +320,7 @@ class ClusterClient(SimClient):
 
                 def then() -> None:
                     if step.reroute:
-                        core.route()
+                        core.routing.route()
                     self._try(core)
 
                 self._pause_then(core, step.pause_s, lambda: self._refresh(core, then))
@@ -330,7 +330,7 @@ class ClusterClient(SimClient):
             except DflockError:
                 self._end(core, "error")
                 return
-            core.end_acquire()
+            core.routing.end_acquire()
             if not held:
                 self._finish("timeout")
                 return

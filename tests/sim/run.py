@@ -115,7 +115,7 @@ class Run:
         hold for it (freed, expired, or never restored). A server in its restart grace is
         skipped: it grants nothing until every lease it may have made has ended."""
         self.loop.later(0.1, self.audit)
-        if not self.server_proc.alive or self.server.table.in_grace:
+        if not self.server_proc.alive or self.server.table.grants.in_grace:
             return
         for client in self.verdict.believers():
             core = client.core

@@ -279,7 +279,7 @@ class SimServer:
     def _live_records(journal: Journal, table: LockTable) -> list[bytes]:
         """``net.Server._live_records``."""
         return [
-            journal.grant_record(holder, state, holder.client is table.detached, on_close)
+            journal.grant_record(holder, state, holder.client is table.grants.detached, on_close)
             for holder, state, on_close in table.live_holders()
         ]
 
@@ -390,7 +390,7 @@ class SimServer:
             if journal.recover(self._live_records(journal, table)):
                 self.loop.note(f"{self.proc.name}: the journal can be written again")
                 self.loop.count("journal recovered")
-                table.fill_waiting()
+                table.grants.fill_waiting()
             return
         if self.loop.chance(0.03):
             journal.compact(self._live_records(journal, table))

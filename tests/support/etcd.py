@@ -112,12 +112,12 @@ class EtcdServer:
             self._process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        client = EtcdClient(EtcdTransport(self.url, timeout=1.0))
+        health = EtcdTransport(self.url, timeout=1.0)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 return False
-            if client.healthy():
+            if health.healthy():
                 return True
             time.sleep(0.1)
         return False
@@ -271,7 +271,7 @@ class EtcdCluster:
         while time.monotonic() < deadline:
             if any(n.process is not None and n.process.poll() is not None for n in self.nodes):
                 return False  # a node exited: it will not become healthy
-            if all(client.healthy(i) for i in range(len(self.nodes))):
+            if all(client.transport.healthy(i) for i in range(len(self.nodes))):
                 return True
             time.sleep(0.2)
         return False

@@ -47,12 +47,12 @@ async def _reroute(holding: AsyncHolding, exc: ServerUnavailable) -> None:
     Raises ``exc`` then, and at once in list modes, as ever."""
     core = holding.core
     router = core.router
-    wait_s = core.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
+    wait_s = core.routing.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
     if router is None or wait_s is None:
         raise exc
     await pause(wait_s)
     await _refresh_map(holding, router)
-    core.route()
+    core.routing.route()
 
 
 async def _mismatch(holding: AsyncHolding, conn: AsyncConnection, reply: Reply) -> DflockError:
@@ -64,7 +64,7 @@ async def _mismatch(holding: AsyncHolding, conn: AsyncConnection, reply: Reply) 
         shards = None
     else:
         await holding.checkin(conn)
-    return holding.core.mismatch_error(reply, shards)
+    return holding.core.routing.mismatch_error(reply, shards)
 
 
 # ---------------------------------------------------------------------- acquiring
@@ -76,7 +76,7 @@ async def grant(holding: AsyncHolding, build: Build, *, keep: bool = True) -> bo
         try:
             return await _grant_routed(holding, build, keep)
         finally:
-            core.end_acquire()
+            core.routing.end_acquire()
 
 
 async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool:
@@ -85,9 +85,9 @@ async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool
     Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
     core = holding.core
     router = core.router
-    if router is not None and not core.route():
+    if router is not None and not core.routing.route():
         await _refresh_map(holding, router)
-        core.route()
+        core.routing.route()
     while True:
         try:
             conn = await holding.checkout()
@@ -109,11 +109,11 @@ async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool
                     Ok,
                 ):
                     await holding.checkin(conn)
-                    wait_s = core.on_ask_refused()
+                    wait_s = core.routing.on_ask_refused()
                     if wait_s is None:
                         return False
                     await pause(wait_s)
-                    core.route()
+                    core.routing.route()
                     continue
             holding.keep_while_waiting(conn, _may_wait(core, command))
             sent = time.monotonic()
@@ -126,20 +126,20 @@ async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool
             continue
         if isinstance(reply, Asked) and router is not None:
             await holding.checkin(conn)
-            step = core.on_ask(reply)  # a key-level move: this key, once, there
+            step = core.routing.on_ask(reply)  # a key-level move: this key, once, there
             if step is None:
                 return False  # a hand-over outlasted the acquire's time (core.handover)
             if step.reroute:  # asked in a loop: read the map again, route by it
                 router.invalidate()
                 await pause(step.pause_s)
                 await _refresh_map(holding, router)
-                core.route()
+                core.routing.route()
             continue
         if core.redirected(reply):
             if router is None:
                 raise await _mismatch(holding, conn, reply)
             await holding.checkin(conn)
-            step = core.on_redirect(reply)
+            step = core.routing.on_redirect(reply)
             if step is None:
                 return False  # a hand-over outlasted the acquire's time (core.handover)
             if step.reread:
@@ -147,7 +147,7 @@ async def _grant_routed(holding: AsyncHolding, build: Build, keep: bool) -> bool
             await pause(step.pause_s)
             await _refresh_map(holding, router)  # at most every MAP_REFRESH_INTERVAL_S
             if step.reroute:
-                core.route()
+                core.routing.route()
             continue
         try:
             granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
@@ -235,9 +235,9 @@ async def take_over(holding: AsyncHolding, token: str, note: str, close_lease: i
     holding.forked()
     async with holding.op_lock:
         router = core.router
-        if router is not None and not core.route():
+        if router is not None and not core.routing.route():
             await _refresh_map(holding, router)
-            core.route()
+            core.routing.route()
         conn = await holding.checkout()
         try:
             command, data, timeout = core.take_over_request(conn.server, token, note, close_lease)
@@ -275,9 +275,9 @@ async def request_by_token(holding: AsyncHolding, build: Build) -> tuple[Command
     async with holding.op_lock:
         core = holding.core
         router = core.router
-        if router is not None and not core.route():  # cluster: the key's node now
+        if router is not None and not core.routing.route():  # cluster: the key's node now
             await _refresh_map(holding, router)
-            core.route()
+            core.routing.route()
         return await request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
 

@@ -49,12 +49,12 @@ def _reroute(holding: Holding, exc: ServerUnavailable) -> None:
     Raises ``exc`` then, and at once in list modes, as ever."""
     core = holding.core
     router = core.router
-    wait_s = core.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
+    wait_s = core.routing.on_unreachable(exc)  # the map is read again (now, or by the next acquire)
     if router is None or wait_s is None:
         raise exc
     pause(wait_s)
     _refresh_map(holding, router)
-    core.route()
+    core.routing.route()
 
 
 def _mismatch(holding: Holding, conn: Connection, reply: Reply) -> DflockError:
@@ -66,7 +66,7 @@ def _mismatch(holding: Holding, conn: Connection, reply: Reply) -> DflockError:
         shards = None
     else:
         holding.checkin(conn)
-    return holding.core.mismatch_error(reply, shards)
+    return holding.core.routing.mismatch_error(reply, shards)
 
 
 # ---------------------------------------------------------------------- acquiring
@@ -78,7 +78,7 @@ def grant(holding: Holding, build: Build, *, keep: bool = True) -> bool:
         try:
             return _grant_routed(holding, build, keep)
         finally:
-            core.end_acquire()
+            core.routing.end_acquire()
 
 
 def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
@@ -87,9 +87,9 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
     Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
     core = holding.core
     router = core.router
-    if router is not None and not core.route():
+    if router is not None and not core.routing.route():
         _refresh_map(holding, router)
-        core.route()
+        core.routing.route()
     while True:
         try:
             conn = holding.checkout()
@@ -111,11 +111,11 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
                     Ok,
                 ):
                     holding.checkin(conn)
-                    wait_s = core.on_ask_refused()
+                    wait_s = core.routing.on_ask_refused()
                     if wait_s is None:
                         return False
                     pause(wait_s)
-                    core.route()
+                    core.routing.route()
                     continue
             holding.keep_while_waiting(conn, _may_wait(core, command))
             sent = time.monotonic()
@@ -128,20 +128,20 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
             continue
         if isinstance(reply, Asked) and router is not None:
             holding.checkin(conn)
-            step = core.on_ask(reply)  # a key-level move: this key, once, there
+            step = core.routing.on_ask(reply)  # a key-level move: this key, once, there
             if step is None:
                 return False  # a hand-over outlasted the acquire's time (core.handover)
             if step.reroute:  # asked in a loop: read the map again, route by it
                 router.invalidate()
                 pause(step.pause_s)
                 _refresh_map(holding, router)
-                core.route()
+                core.routing.route()
             continue
         if core.redirected(reply):
             if router is None:
                 raise _mismatch(holding, conn, reply)
             holding.checkin(conn)
-            step = core.on_redirect(reply)
+            step = core.routing.on_redirect(reply)
             if step is None:
                 return False  # a hand-over outlasted the acquire's time (core.handover)
             if step.reread:
@@ -149,7 +149,7 @@ def _grant_routed(holding: Holding, build: Build, keep: bool) -> bool:
             pause(step.pause_s)
             _refresh_map(holding, router)  # at most every MAP_REFRESH_INTERVAL_S
             if step.reroute:
-                core.route()
+                core.routing.route()
             continue
         try:
             granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
@@ -237,9 +237,9 @@ def take_over(holding: Holding, token: str, note: str, close_lease: int | None) 
     holding.forked()
     with holding.op_lock:
         router = core.router
-        if router is not None and not core.route():
+        if router is not None and not core.routing.route():
             _refresh_map(holding, router)
-            core.route()
+            core.routing.route()
         conn = holding.checkout()
         try:
             command, data, timeout = core.take_over_request(conn.server, token, note, close_lease)
@@ -275,9 +275,9 @@ def request_by_token(holding: Holding, build: Build) -> tuple[Command, Reply]:
     with holding.op_lock:
         core = holding.core
         router = core.router
-        if router is not None and not core.route():  # cluster: the key's node now
+        if router is not None and not core.routing.route():  # cluster: the key's node now
             _refresh_map(holding, router)
-            core.route()
+            core.routing.route()
         return request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
 

@@ -136,7 +136,7 @@ class Holding:
         Only our copy of the socket is closed (never shut down), so the parent keeps its
         connection and its lock; the parent's renewals do not exist here.
         """
-        if not self.core.foreign_process():
+        if not self.core.grant.foreign_process():
             return False
         conn, self.conn = self.conn, None
         if conn is not None:
@@ -257,7 +257,7 @@ class Holding:
             if core.lost:
                 return False
             first: bool | None = None  # None: reattach
-            ended = core.session_ended()
+            ended = core.grant.session_ended()
             if ended is not None:
                 first = core.mark_lost(ended)
             elif conn is not None and conn.broken_while_idle():
@@ -334,17 +334,17 @@ class Holding:
                     return False
                 if self.conn is not None:
                     return True  # reattached meanwhile (by `renew`)
-                ended = core.session_ended()
+                ended = core.grant.session_ended()
                 if ended is not None:
                     first = core.mark_lost(ended)
-                elif core.lease_left() <= 0:
+                elif core.grant.lease_left() <= 0:
                     first = core.mark_unreachable()
                 else:
                     outcome = self._reattach_once()
                     if outcome.renewed:
                         return True
                     if outcome.reattach:
-                        wait_s = core.reattach_pause(outcome.lost_reason or "unreachable")
+                        wait_s = core.grant.reattach_pause(outcome.lost_reason or "unreachable")
                         first = core.mark_unreachable() if wait_s is None else False
                     else:
                         first = core.mark_lost(outcome.lost_reason or "renewal refused")
@@ -365,7 +365,7 @@ class Holding:
             return RenewOutcome(renewed=False, lost_reason=reason, reattach=False)
         except DflockError as exc:
             if isinstance(exc.__cause__, ConnectionRefusedError):
-                self.core.refused()  # the server is not running: it frees nothing meanwhile
+                self.core.grant.refused()  # the server is not running: frees nothing meanwhile
             return RenewOutcome(renewed=False, lost_reason=str(exc), reattach=True)
         try:
             outcome = self._renew_request(conn)
@@ -407,7 +407,7 @@ class Holding:
                     conn = self.checkout(core.reattach_endpoint())
                 except DflockError as exc:
                     if isinstance(exc.__cause__, ConnectionRefusedError):
-                        core.refused()  # the server is not running: it frees nothing meanwhile
+                        core.grant.refused()  # the server is not running: frees nothing meanwhile
                     detail = str(exc)
             if conn is not None:
                 command, data, timeout = build(conn.server)
@@ -423,7 +423,7 @@ class Holding:
                     detail = "the server is shutting down"
                 conn = None
             core.connection_broke(detail)
-            wait_s = core.reattach_pause(detail)
+            wait_s = core.grant.reattach_pause(detail)
             if wait_s is None or (once and fresh):
                 return None
             fresh = True
@@ -575,7 +575,7 @@ class Holding:
             later.what,
             later.endpoint.address,
             redact(later.broken or "unreachable"),
-            max(0.0, later.lease_left()),
+            max(0.0, later.grant.lease_left()),
         )
         try:
             self._releasing = background(

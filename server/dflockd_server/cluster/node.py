@@ -353,10 +353,6 @@ class ClusterNode:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def wake(self) -> None:
-        """Look again now (a test, or news from the server)."""
-        self._wake.set()
-
     def _new_member(self) -> Member:
         return Member(
             self.client,

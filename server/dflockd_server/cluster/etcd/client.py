@@ -7,7 +7,8 @@ prefix from a thread.
 
 Its messages are in ``messages``, its watches in ``watch``; how a request reaches etcd
 (endpoints, fail-over, when a request is sent again, TLS, authentication) in ``transport``: the
-client has an ``EtcdTransport`` (``EtcdClient.transport``) and sends every request through it.
+client has an ``EtcdTransport`` (``EtcdClient.transport``) and sends every request through it
+(a request that has no method here, or etcd's ``/health``, is the transport's to ask).
 Failures raise ``EtcdError`` naming the etcd URL and the operation.
 """
 
@@ -70,25 +71,13 @@ class EtcdClient:
         """The index of the endpoint that answered last (calls and watches go there first)."""
         return self.transport.preferred
 
-    def call(
-        self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
-    ) -> dict[str, Any]:
-        """One request to ``path`` of etcd's JSON gateway and its reply (``EtcdTransport.call``:
-        for what has no method here)."""
-        return self.transport.call(path, body, what, resend=resend)
-
-    def healthy(self, index: int = 0) -> bool:
-        """etcd's ``/health`` on endpoint ``index`` says it is (False when it cannot be
-        reached)."""
-        return self.transport.healthy(index)
-
     def range(self, key: str, *, prefix: bool = False) -> RangeResult:
         """The key (or every key under the prefix, in key order) and the current revision."""
         body: dict[str, Any] = {"key": b64(key)}
         if prefix:
             body["range_end"] = b64_raw(prefix_end(key))
         what = f"range of {key!r}" + (" (prefix)" if prefix else "")
-        reply = self.call("/v3/kv/range", body, what)
+        reply = self.transport.call("/v3/kv/range", body, what)
         return RangeResult(
             [KeyValue.from_json(kv) for kv in reply.get("kvs", [])],
             int(reply.get("header", {}).get("revision", 0)),
@@ -101,7 +90,7 @@ class EtcdClient:
         body = key_range(key, prefix)
         body.update({"keys_only": True, "limit": "1", "min_mod_revision": str(since + 1)})
         what = f"count of {key!r}" + (" (prefix)" if prefix else "")
-        reply = self.call("/v3/kv/range", body, what)
+        reply = self.transport.call("/v3/kv/range", body, what)
         return RangeStat(
             int(reply.get("count", 0)),
             bool(reply.get("kvs")),
@@ -120,7 +109,7 @@ class EtcdClient:
         body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
         if lease:
             body["lease"] = str(lease)
-        reply = self.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
+        reply = self.transport.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
         return int(reply.get("header", {}).get("revision", 0))
 
     def delete(self, key: str, *, prefix: bool = False) -> int:
@@ -128,7 +117,7 @@ class EtcdClient:
         body: dict[str, Any] = {"key": b64(key)}
         if prefix:
             body["range_end"] = b64_raw(prefix_end(key))
-        reply = self.call("/v3/kv/deleterange", body, f"delete of {key!r}", resend=False)
+        reply = self.transport.call("/v3/kv/deleterange", body, f"delete of {key!r}", resend=False)
         return int(reply.get("deleted", 0))
 
     def txn(
@@ -145,7 +134,7 @@ class EtcdClient:
         }
         keys = sorted({c.key for c in compare} | {op.key for op in (*success, *failure)})
         shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
-        reply = self.call("/v3/kv/txn", body, f"transaction on {shown}")
+        reply = self.transport.call("/v3/kv/txn", body, f"transaction on {shown}")
         ranges = [
             [KeyValue.from_json(kv) for kv in r["response_range"].get("kvs", [])]
             for r in reply.get("responses", [])
@@ -171,19 +160,21 @@ class EtcdClient:
 
     def lease_grant(self, ttl: int) -> Lease:
         """A new lease of ``ttl`` seconds (etcd may raise it to its minimum)."""
-        reply = self.call("/v3/lease/grant", {"TTL": str(ttl)}, f"lease grant (TTL {ttl} s)")
+        reply = self.transport.call(
+            "/v3/lease/grant", {"TTL": str(ttl)}, f"lease grant (TTL {ttl} s)"
+        )
         return Lease(int(reply["ID"]), int(reply.get("TTL", 0)))
 
     def lease_keepalive_once(self, lease_id: int) -> int:
         """Renew the lease once; its TTL again, or 0 if it no longer exists."""
-        reply = self.call(
+        reply = self.transport.call(
             "/v3/lease/keepalive", {"ID": str(lease_id)}, f"keep-alive of lease {lease_id:x}"
         )
         return int(reply.get("TTL", 0))
 
     def lease_time_to_live(self, lease_id: int) -> int:
         """Seconds left on the lease, -1 if it no longer exists."""
-        reply = self.call(
+        reply = self.transport.call(
             "/v3/lease/timetolive", {"ID": str(lease_id)}, f"time to live of lease {lease_id:x}"
         )
         return int(reply.get("TTL", 0))
@@ -191,7 +182,9 @@ class EtcdClient:
     def lease_revoke(self, lease_id: int) -> None:
         """End the lease now; its keys are deleted. A lease already gone is not an error."""
         try:
-            self.call("/v3/lease/revoke", {"ID": str(lease_id)}, f"revoke of lease {lease_id:x}")
+            self.transport.call(
+                "/v3/lease/revoke", {"ID": str(lease_id)}, f"revoke of lease {lease_id:x}"
+            )
         except EtcdError as exc:
             if "lease not found" not in str(exc):
                 raise
