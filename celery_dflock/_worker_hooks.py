@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, cast
 
 from celery_dflock._celery import (
@@ -39,7 +39,7 @@ from celery_dflock._runtime import (
 from celery_dflock._settings import LOCK_OPTIONS
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
-from celery_dflock.config import get_config
+from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
     "OUTAGES_COMMAND",
@@ -449,24 +449,31 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
     return changed
 
 
-def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
-    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
-    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
-    lock server grants: every run (or send) of it would be refused."""
+def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, LockOptions]]:
+    """Each locked task of ``app`` (by name) with its resolved lock options; a task with a bad
+    option is left out (it fails where it is used, with its own message), and so is a task
+    of the app's ``task_cls`` that has no lock option."""
     config = get_config(app)
     runtime = get_runtime(app)
     tasks: Mapping[str, Any] = app.tasks
-    warnings: list[str] = []
     for name, task in sorted(tasks.items()):
         if not isinstance(task, locked_task):
             continue
         attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
         try:
             options = runtime.task_runs(name).plan_for(task, config, attributes).options
-        except DflockError:  # a bad option fails where it is used, with its own message
+        except DflockError:
             continue
-        if options is None:  # not locked (the app's task_cls, no lock option)
-            continue
+        if options is not None:
+            yield name, options
+
+
+def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
+    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
+    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
+    lock server grants: every run (or send) of it would be refused."""
+    warnings: list[str] = []
+    for name, options in locked_options(app, locked_task):
         leases: list[tuple[str, int | None, str]] = [("lock_ttl", options.ttl, "run")]
         if options.lock_from == "publish":
             leases.append(("lock_pending_ttl", options.pending_ttl, "send"))
@@ -501,20 +508,8 @@ def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
         visibility = float(transport_options.get("visibility_timeout", REDIS_VISIBILITY_DEFAULT_S))
     except (TypeError, ValueError):
         return []
-    config = get_config(app)
-    runtime = get_runtime(app)
-    tasks: Mapping[str, Any] = app.tasks
     longest, why, locked = OUTAGE_MAX_COUNTDOWN_S, "an outage retry's countdown (up to 30 s)", 0
-    for name, task in sorted(tasks.items()):
-        if not isinstance(task, locked_task):
-            continue
-        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
-        try:
-            options = runtime.task_runs(name).plan_for(task, config, attributes).options
-        except DflockError:  # a bad option fails where it is used, with its own message
-            continue
-        if options is None:  # not locked (the app's task_cls, no lock option)
-            continue
+    for name, options in locked_options(app, locked_task):
         locked += 1
         if options.retry_backoff_max > longest:
             longest = options.retry_backoff_max
