@@ -51,8 +51,11 @@ def lock(timeout_s: int, lease_s: int | None = None, key: str = SLOT) -> bytes:
 
 
 def hold(lease_s: int, note: str, key: str = SLOT) -> bytes:
-    """``hl <key> 0 <lease> c <note>``: try once, bound to the connection (``% key``)."""
-    return checked_hold(key, 0, lease_s, note, detached=False)
+    """``hl <key> 0 <lease> c <note>``: try once, bound to the connection (``% key`` unless
+    ``key`` is given; a template doubles the note's ``%``, which percent-encoding puts there)."""
+    return checked_hold(
+        key, 0, lease_s, note.replace("%", "%%") if key == SLOT else note, detached=False
+    )
 
 
 def enqueue(key: str = SLOT) -> bytes:
