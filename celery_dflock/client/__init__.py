@@ -34,11 +34,13 @@ import importlib
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from celery_dflock.client._async.client import AsyncClient
     from celery_dflock.client._async.lock import AsyncDistributedLock, AsyncDistributedSemaphore
     from celery_dflock.client._async.pool import AsyncConnectionPool
+    from celery_dflock.client._servers import Hold
+    from celery_dflock.client._sync.client import Client
     from celery_dflock.client._sync.lock import DistributedLock, DistributedSemaphore
     from celery_dflock.client._sync.pool import ConnectionPool
-    from celery_dflock.client.clients import AsyncClient, Client, Hold
     from celery_dflock.client.sharding import (
         ShardingStrategy,
         rendezvous_shard,
@@ -46,9 +48,9 @@ if TYPE_CHECKING:
     )
 
 _WHERE: Final[dict[str, str]] = {
-    "AsyncClient": "celery_dflock.client.clients",
-    "Client": "celery_dflock.client.clients",
-    "Hold": "celery_dflock.client.clients",
+    "AsyncClient": "celery_dflock.client._async.client",
+    "Client": "celery_dflock.client._sync.client",
+    "Hold": "celery_dflock.client._servers",
     "AsyncDistributedLock": "celery_dflock.client._async.lock",
     "AsyncDistributedSemaphore": "celery_dflock.client._async.lock",
     "AsyncConnectionPool": "celery_dflock.client._async.pool",

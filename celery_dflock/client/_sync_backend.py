@@ -35,6 +35,7 @@ __all__ = [
     "RenewalDriver",
     "background",
     "call_back",
+    "gather",
     "pause",
 ]
 
@@ -69,6 +70,10 @@ def background(work: Callable[[], None], name: str) -> Background:
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+gather = list
+"""The results of several requests to servers, made one after the other."""
 
 
 def call_back(callback: Callable[[], object]) -> None:
