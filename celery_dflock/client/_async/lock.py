@@ -60,14 +60,6 @@ class AsyncLockBase:
     """What a lock and a semaphore of this face are and do (all but the commands of one kind),
     over its `LockCore` and its holding (`AsyncHolding`)."""
 
-    def __init__(
-        self,
-        core: LockCore,
-        on_lost: Callable[[Self], object] | None,
-        pool: AsyncConnectionPool | None,
-    ) -> None:
-        self._setup(core, on_lost, pool)
-
     def _setup(
         self,
         core: LockCore,
@@ -382,13 +374,12 @@ class AsyncLockBase:
         releasing by token while the lease runs, and the lease frees the key if the server
         stays away longer; the lock object is free to acquire again meanwhile (its next grant
         comes after the old one is released or has run out). False when nothing was held or
-        the lock was lost. If the server no
-        longer held the grant (its lease ran out unnoticed, e.g. while the process was paused,
-        or it was freed with a closed connection), the lock was lost before this release: it
-        is reported as lost (`lost`, `lost_event`, ``on_lost``) first. Leaves a queue after
-        `enqueue`. In a fork child of the holder, does nothing (the parent's lock and socket
-        are untouched).
-        Interrupting it closes the connection, which makes the server release the lock.
+        the lock was lost. If the server no longer held the grant (its lease ran out unnoticed,
+        e.g. while the process was paused, or it was freed with a closed connection), the lock
+        was lost before this release: it is reported as lost (`lost`, `lost_event`,
+        ``on_lost``) first. Leaves a queue after `enqueue`. In a fork child of the holder, does
+        nothing (the parent's lock and socket are untouched). Interrupting it closes the
+        connection, which makes the server release the lock.
         """
         holding, core = self._holding, self._core
         if holding.forked():
@@ -542,7 +533,7 @@ class AsyncDistributedLock(AsyncLockBase):
             router=router,
             note=note,
         )
-        super().__init__(core, on_lost, pool)
+        self._setup(core, on_lost, pool)
 
     @property
     def note(self) -> str | None:
@@ -705,7 +696,7 @@ class AsyncDistributedSemaphore(AsyncLockBase):
             lease_ttl_s=settings.lease_ttl_s,
             router=router,
         )
-        super().__init__(core, on_lost, pool)
+        self._setup(core, on_lost, pool)
 
     @property
     def limit(self) -> int:
