@@ -47,7 +47,7 @@ from celery_dflock.client._aio_backend import (
     pause,
 )
 from celery_dflock.client._async.connection import AsyncConnection
-from celery_dflock.client._async.keepalive import ConnectionSource, start_keeping
+from celery_dflock.client._async.keepalive import start_keeping
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
 from celery_dflock.client._core import LockCore
@@ -190,9 +190,13 @@ class AsyncHolding:
         session = conn.session
         if session is None:
             return
-        source: ConnectionSource = self if self._pool is None else self._pool
-        endpoint = conn.endpoint
-        session.hold(self, lambda: start_keeping(session, endpoint, source))
+        endpoint, pool = conn.endpoint, self._pool
+        session.hold(
+            self,
+            lambda: start_keeping(
+                session, endpoint, self.checkout if pool is None else pool.checkout
+            ),
+        )
 
     async def checkin(self, conn: AsyncConnection) -> None:
         if self._pool is not None:

@@ -46,7 +46,7 @@ from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._sync.connection import Connection
-from celery_dflock.client._sync.keepalive import ConnectionSource, start_keeping
+from celery_dflock.client._sync.keepalive import start_keeping
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync.routing import Build
 from celery_dflock.client._sync_backend import (
@@ -192,9 +192,13 @@ class Holding:
         session = conn.session
         if session is None:
             return
-        source: ConnectionSource = self if self._pool is None else self._pool
-        endpoint = conn.endpoint
-        session.hold(self, lambda: start_keeping(session, endpoint, source))
+        endpoint, pool = conn.endpoint, self._pool
+        session.hold(
+            self,
+            lambda: start_keeping(
+                session, endpoint, self.checkout if pool is None else pool.checkout
+            ),
+        )
 
     def checkin(self, conn: Connection) -> None:
         if self._pool is not None:
