@@ -10,6 +10,7 @@ has the same names with the same meaning:
 - `call_back`: runs ``on_lost`` (here a coroutine function's result is awaited);
 - `background`: runs a release the server was not there for, beside the caller (here a task of
   the running loop; `Background` is its kind);
+- `gather`: the results of several requests to servers (here awaited at once);
 - `AsyncRenewalDriver`: renews a held lock and notices when the server closes its connection;
 - `AsyncPoolFace`: what a pool of this kind adds (here: the event loop it belongs to), and
   `PoolRenewer`, what renews its locks' leases (here: nothing, each lock's own task).
@@ -27,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Final, Protocol, TypeAlias
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Final, Protocol, TypeAlias, TypeVar
 
 from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
@@ -43,6 +44,7 @@ __all__ = [
     "PoolRenewer",
     "background",
     "call_back",
+    "gather",
     "pause",
 ]
 
@@ -65,6 +67,14 @@ def background(work: Callable[[], Coroutine[object, object, None]], name: str) -
     """Run ``work()`` beside the caller, which does not wait for it: a task of the running
     loop."""
     return asyncio.get_running_loop().create_task(work(), name=name)
+
+
+T = TypeVar("T")
+
+
+async def gather(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """The results of ``calls``, awaited at once."""
+    return list(await asyncio.gather(*calls))
 
 
 async def call_back(callback: Callable[[], object]) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "RenewalDriver",
     "background",
     "call_back",
+    "gather",
     "pause",
 ]
 
@@ -69,6 +70,10 @@ def background(work: Callable[[], None], name: str) -> Background:
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+gather = list
+"""The results of several requests to servers, made one after the other."""
 
 
 def call_back(callback: Callable[[], object]) -> None:
@@ -122,7 +127,7 @@ class RenewalDriver:
         self._renewal: Renewal | None = None  # the current grant's place in the schedule
         self._watched_fd: int | None = None  # the held connection's socket, watched for EOF
         self._stopping = False  # `stop` began: the renewal is never moved to now again
-        self._guard = threading.Lock()  # `stop` and `_hurry` exchange `_renewal` under it
+        self._guard = threading.Lock()  # `stop` and `poke` exchange `_renewal` under it
 
     def _renewer(self, name: str = "dflock-renew") -> Renewer:
         if self._pool is not None:
@@ -151,12 +156,8 @@ class RenewalDriver:
         self._watch(conn)
 
     def poke(self) -> None:
-        """Renew now (the lock's client session is over: the renewal finds out whether the
-        grant is lost); from any thread."""
-        self._hurry()
-
-    def _hurry(self) -> None:
-        """Move the next renewal to now (it reattaches the lock), unless `stop` began."""
+        """Move the next renewal to now, unless `stop` began (from any thread): it reattaches
+        the lock, or finds out whether the grant is lost when its client session is over."""
         with self._guard:
             renewal = self._renewal
             if self._stopping or renewal is None or renewal.cancelled:
@@ -235,7 +236,7 @@ class RenewalDriver:
             self._watched_fd = None
             conn.close()
             core.connection_broke(CLOSED_BY_SERVER)
-            self._hurry()
+            self.poke()
         finally:
             lock.op_lock.release()
         return False

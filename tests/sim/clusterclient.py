@@ -5,7 +5,7 @@ again, where to ask for it), ``KeyRoute`` through ``LockCore`` (where a key's ac
 it follows ``error_moved``, ``error_unavailable``, ``error_ask <member> <ticket>`` with
 ``asking``, a member that cannot be reached, the pauses), ``ClusterMap`` (the ``shards`` reply
 parsed, a key's shard and member). The shell around them is the simulator's, written after
-``celery_dflock/client/_async/acquiring.py`` (``_grant_routed``, ``_reroute``) and
+``celery_dflock/client/_async/lock.py`` (``_grant_routed``, ``_reroute``) and
 ``routing.py`` (``refresh_map``); renewal, reattach and release are ``SimClient``'s, sent to the
 member that granted. A cluster's clients keep no client session (its members run with
 ``--session-ttl 0``): a grant lives by its lease and its connection.
@@ -236,7 +236,7 @@ class ClusterClient(SimClient):
         self.proc.later(seconds, lambda: then() if self.core is core else None)
 
     def _reroute(self, core: LockCore, why: str) -> None:
-        """``acquiring._reroute``: the key's member could not serve the acquire."""
+        """``AsyncLockBase._reroute``: the key's member could not serve the acquire."""
         wait = core.routing.on_unreachable(ServerUnavailable(why))
         if wait is None:
             self._end(core, "error")
@@ -244,7 +244,7 @@ class ClusterClient(SimClient):
         self._pause_then(core, wait, lambda: self._refresh(core, lambda: self._routed(core)))
 
     def _try(self, core: LockCore) -> None:
-        """One pass of ``acquiring._grant_routed``'s loop."""
+        """One pass of ``AsyncLockBase._grant_routed``'s loop."""
         address = core.endpoint.address
 
         def connected(conn: ClientConn | None, refused: bool) -> None:

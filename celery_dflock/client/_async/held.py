@@ -1,11 +1,13 @@
 """A lock object's holding: the connections it uses, the grant it keeps alive (renewal in the
-background, reattaching), reporting a loss, letting go (release, hand-off).
+background, reattaching), reporting a loss, the requests that let go of it. The lock object
+(`celery_dflock.client._async.lock`) owns one and hands it each grant; the renewal, the client
+session and its keep-alive see the lock through it.
 
 Written once for both faces: the asyncio source, ``celery_dflock/client/_async/held.py``, and
-the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
-The decisions live in the I/O-free `celery_dflock.client._core.LockCore`; what each face does its
-own way (renewal task or renewal thread, how a closed connection is noticed, how ``on_lost`` is
-called) lives in `celery_dflock.client._aio_backend` / `celery_dflock.client._sync_backend`.
+the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``. What each face
+does its own way (renewal task or renewal thread, how a closed connection is noticed, how
+``on_lost`` is called) lives in `celery_dflock.client._aio_backend` /
+`celery_dflock.client._sync_backend`.
 
 A held lock pins its connection (the server frees a connection's locks when its peer closes it:
 at once, or on a session connection after its session time, unless it restarts with its
@@ -35,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from celery_dflock.client import _replies
 from celery_dflock.client._aio_backend import (
     AsyncRenewalDriver,
     Background,
@@ -46,25 +47,24 @@ from celery_dflock.client._aio_backend import (
     pause,
 )
 from celery_dflock.client._async.connection import AsyncConnection
-from celery_dflock.client._async.keepalive import ConnectionSource, start_keeping
+from celery_dflock.client._async.keepalive import start_keeping
 from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
-from celery_dflock.client._replies import Renewed, Reply
+from celery_dflock.client._replies import Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
-from celery_dflock.client.errors import AuthError, DflockError, LockNotOwned
+from celery_dflock.client.errors import AuthError, DflockError
 
 logger = logging.getLogger("celery_dflock.client")
 
 
 class AsyncHolding:
-    """What a lock object holds and how it keeps it (a `LockCore` around the grant): the
+    """What a lock object holds and how it keeps it, around the lock's `LockCore`: the
     connections it uses (its pool's, or its own), the pinned connection of a grant, renewing,
-    reattaching, reporting a loss, releasing and handing off. The lock object owns one; its
-    acquiring (`celery_dflock.client._async.acquiring`) hands each grant here."""
+    reattaching, reporting a loss, the release's requests."""
 
     __slots__ = (
         "_lost_event",
@@ -190,9 +190,13 @@ class AsyncHolding:
         session = conn.session
         if session is None:
             return
-        source: ConnectionSource = self if self._pool is None else self._pool
-        endpoint = conn.endpoint
-        session.hold(self, lambda: start_keeping(session, endpoint, source))
+        endpoint, pool = conn.endpoint, self._pool
+        session.hold(
+            self,
+            lambda: start_keeping(
+                session, endpoint, self.checkout if pool is None else pool.checkout
+            ),
+        )
 
     async def checkin(self, conn: AsyncConnection) -> None:
         if self._pool is not None:
@@ -222,7 +226,7 @@ class AsyncHolding:
                 "released (a process at its thread or pid limit?)"
             )
             try:
-                await self._release_locked()
+                await self.release_locked()
             except Exception:  # the exception above says what failed first
                 logger.debug("releasing %s after a failed start failed", core.what, exc_info=True)
             if core.state is not LockState.IDLE:
@@ -438,45 +442,8 @@ class AsyncHolding:
         except Exception:
             logger.exception("the on_lost callback of dflock %s raised", self.core.what)
 
-    async def renew(self) -> bool:
-        """The lock's `renew`: one renewal now; `LockNotOwned` when nothing is held."""
-        if self.forked():
-            raise LockNotOwned(
-                f"{self.core.what} was acquired by the parent process before a fork; "
-                "a child process cannot renew it (acquire a lock of its own)"
-            )
-        result = await self.driver.renew_now()
-        if result is None:
-            raise LockNotOwned(f"{self.core.what} is not held by this object: acquire() it first")
-        return result
-
     # ------------------------------------------------------------------ releasing
-    async def release(self) -> bool:
-        """The lock's `release`: stop renewing, then release the grant (by token on a new
-        connection when its own broke; in the background when the server does not answer);
-        a loss found on the way is reported first. Interrupted: the pinned connection is
-        closed (`_abandon`)."""
-        if self.forked():
-            return False
-        try:
-            await self.driver.stop()
-            async with self.op_lock:
-                released = await self._release_locked()
-                lost_here = self.core.lost and self.core.state is LockState.HELD
-            if lost_here:
-                # The server no longer held the grant: lost before this release, never silent.
-                # Notified outside the operation lock (the callback may use the lock), with
-                # the fence still known; then forgotten.
-                await self.notify_lost()
-                async with self.op_lock:
-                    if self.core.lost and self.core.state is LockState.HELD:
-                        self.core.reset()
-            return released
-        except BaseException:
-            self._abandon()
-            raise
-
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """Interrupted release: close the pinned connection (the server then frees the lock,
         after its session time on a session connection, and any queue position at once)
         rather than leave a held lock without renewal; a grant a client session keeps (which
@@ -491,7 +458,10 @@ class AsyncHolding:
         else:
             core.reset()
 
-    async def _release_locked(self) -> bool:
+    async def release_locked(self) -> bool:
+        """The lock's release, its renewal stopped (operation lock held): leave a queue, or
+        release the grant (by token on a new connection when its own broke; handed to the
+        background when the server does not answer). True if the server released it."""
         conn, self.conn = self.conn, None
         self.driver.unwatch(conn)
         core = self.core
@@ -524,41 +494,6 @@ class AsyncHolding:
         released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
         await self.checkin(conn)
         return released
-
-    async def hand_off(self, lease: int) -> bool:
-        """The lock's `hand_off`, ``lease`` checked: let go of the held grant without
-        releasing it (``hd`` with a lease of ``lease`` seconds; a server without holds: a last
-        renewal to it). True when the server did."""
-        if self.forked() or not self.core.locked():
-            return False
-        await self.driver.stop()
-        async with self.op_lock:
-            core = self.core
-            conn, self.conn = self.conn, None
-            self.driver.unwatch(conn)
-            if core.state is not LockState.HELD or core.lost:
-                return await self.let_go(conn)
-            try:
-                sent = await self.request_held(
-                    self.unless_broken(conn), lambda server: core.hand_off_request(lease, server)
-                )
-            except BaseException:
-                core.reset()
-                raise
-            broken = core.broken
-            core.reset()
-            if sent is None:
-                logger.warning(
-                    "handing off dflock %s: the lock server at %s could not be reached "
-                    "before the lease ran out (%s)",
-                    core.what,
-                    core.endpoint.address,
-                    redact(broken or "unreachable"),
-                )
-                return False
-            reply, conn, _ = sent
-            await self.checkin(conn)
-            return isinstance(reply, Renewed | _replies.Ok)
 
     def _release_later(self) -> None:
         """The server did not answer the release (operation lock held): hand it, with a copy

@@ -19,39 +19,32 @@ nothing: the locks reattach by token when it is back, within their leases).
 from __future__ import annotations
 
 import time
-from typing import Final, Protocol
+from typing import Final
 
 from celery_dflock.client._aio_backend import Background, background, pause
 from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._async.routing import Checkout
 from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import MIN_RENEW_INTERVAL_S, REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import DflockError
 
-__all__ = ["ConnectionSource", "keep_session_alive", "start_keeping"]
+__all__ = ["keep_session_alive", "start_keeping"]
 
 RETRY_PAUSE_S: Final = 0.25
 """Between two attempts to reach the server again while the session's deadline still runs."""
 
 
-class ConnectionSource(Protocol):
-    """Where the keep-alive takes its connection from (a pool, or a lock without one)."""
-
-    async def checkout(self, endpoint: Endpoint) -> AsyncConnection: ...
-
-
-def start_keeping(
-    session: ClientSession, endpoint: Endpoint, source: ConnectionSource
-) -> Background:
-    """Start the keep-alive of ``session`` (with the server at ``endpoint``) beside the caller."""
-
-    async def run() -> None:
-        await keep_session_alive(session, endpoint, source)
-
-    return background(run, f"dflock-keepalive:{endpoint.address}")
+def start_keeping(session: ClientSession, endpoint: Endpoint, checkout: Checkout) -> Background:
+    """Start the keep-alive of ``session`` (with the server at ``endpoint``) beside the caller,
+    on a connection from ``checkout`` (a pool's, or a lock's without one)."""
+    return background(
+        lambda: keep_session_alive(session, endpoint, checkout),
+        f"dflock-keepalive:{endpoint.address}",
+    )
 
 
 async def keep_session_alive(
-    session: ClientSession, endpoint: Endpoint, source: ConnectionSource
+    session: ClientSession, endpoint: Endpoint, checkout: Checkout
 ) -> None:
     """Keep ``session`` alive while it has held locks (see the module's doc)."""
     conn: AsyncConnection | None = None
@@ -67,7 +60,7 @@ async def keep_session_alive(
                 continue
             if conn is None or conn.closed:
                 try:
-                    conn = await source.checkout(endpoint)
+                    conn = await checkout(endpoint)
                 except DflockError as exc:
                     if isinstance(exc.__cause__, ConnectionRefusedError):
                         session.refused()

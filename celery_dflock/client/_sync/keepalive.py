@@ -21,40 +21,31 @@ nothing: the locks reattach by token when it is back, within their leases).
 from __future__ import annotations
 
 import time
-from typing import Final, Protocol
+from typing import Final
 
 from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import MIN_RENEW_INTERVAL_S, REPLY_GRACE_S, Endpoint
 from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client._sync.routing import Checkout
 from celery_dflock.client._sync_backend import Background, background, pause
 from celery_dflock.client.errors import DflockError
 
-__all__ = ["ConnectionSource", "keep_session_alive", "start_keeping"]
+__all__ = ["keep_session_alive", "start_keeping"]
 
 RETRY_PAUSE_S: Final = 0.25
 """Between two attempts to reach the server again while the session's deadline still runs."""
 
 
-class ConnectionSource(Protocol):
-    """Where the keep-alive takes its connection from (a pool, or a lock without one)."""
-
-    def checkout(self, endpoint: Endpoint) -> Connection: ...
-
-
-def start_keeping(
-    session: ClientSession, endpoint: Endpoint, source: ConnectionSource
-) -> Background:
-    """Start the keep-alive of ``session`` (with the server at ``endpoint``) beside the caller."""
-
-    def run() -> None:
-        keep_session_alive(session, endpoint, source)
-
-    return background(run, f"dflock-keepalive:{endpoint.address}")
+def start_keeping(session: ClientSession, endpoint: Endpoint, checkout: Checkout) -> Background:
+    """Start the keep-alive of ``session`` (with the server at ``endpoint``) beside the caller,
+    on a connection from ``checkout`` (a pool's, or a lock's without one)."""
+    return background(
+        lambda: keep_session_alive(session, endpoint, checkout),
+        f"dflock-keepalive:{endpoint.address}",
+    )
 
 
-def keep_session_alive(
-    session: ClientSession, endpoint: Endpoint, source: ConnectionSource
-) -> None:
+def keep_session_alive(session: ClientSession, endpoint: Endpoint, checkout: Checkout) -> None:
     """Keep ``session`` alive while it has held locks (see the module's doc)."""
     conn: Connection | None = None
     idle = False
@@ -69,7 +60,7 @@ def keep_session_alive(
                 continue
             if conn is None or conn.closed:
                 try:
-                    conn = source.checkout(endpoint)
+                    conn = checkout(endpoint)
                 except DflockError as exc:
                     if isinstance(exc.__cause__, ConnectionRefusedError):
                         session.refused()

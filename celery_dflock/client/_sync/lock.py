@@ -6,22 +6,28 @@ background, the dflockd client's parameters in its order.
 Written once for both faces: the asyncio source, ``celery_dflock/client/_async/lock.py``
 (`AsyncDistributedLock`, `AsyncDistributedSemaphore`), and the blocking twin that
 ``scripts/unasync.py`` generates from it in ``_sync/`` (`DistributedLock`,
-`DistributedSemaphore`). A lock object owns what it does, shared by both kinds: its holding
-(``held.py``: its connections, the grant kept alive, loss, release) and its acquiring
-(``acquiring.py``: getting a grant, requests by token), beside this module; the decisions are
-the I/O-free `celery_dflock.client._core.LockCore`'s.
+`DistributedSemaphore`). The decisions are the I/O-free `celery_dflock.client._core.LockCore`'s;
+a lock object carries them out. It gets a grant (acquire, two-phase enqueue / wait, a detached
+hold, taking over a hold by its token), sends requests by token, and lets go (release,
+hand-off), each routed to the key's server and following a cluster's redirects; it keeps a
+grant through its holding (``held.py``: its connections, renewal, reattaching, reporting a
+loss), the part the renewal, the client session and the keep-alive see.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from ssl import SSLContext
 from types import TracebackType
 from typing import Self
 
-from celery_dflock.client._core import EnqueueResult, LockCore
-from celery_dflock.client._grant import LockState
+from celery_dflock.client import _by_token, _requests
+from celery_dflock.client._core import ACQUIRED, QUEUED, EnqueueResult, LockCore
+from celery_dflock.client._grant import LockState, redact
+from celery_dflock.client._replies import Asked, Ok, Renewed, Reply
+from celery_dflock.client._requests import Command
 from celery_dflock.client._router import ClusterRouter
 from celery_dflock.client._servers import Hold
 from celery_dflock.client._settings import (
@@ -34,29 +40,27 @@ from celery_dflock.client._settings import (
     check_limit,
     lease_seconds,
 )
-from celery_dflock.client._sync import acquiring
-from celery_dflock.client._sync.held import Holding
+from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client._sync.held import Holding, logger
 from celery_dflock.client._sync.pool import ConnectionPool
-from celery_dflock.client._sync_backend import Event
-from celery_dflock.client.errors import KeyHeld, LockNotAcquired
+from celery_dflock.client._sync.routing import Build, refresh_map, request_once
+from celery_dflock.client._sync_backend import Event, pause
+from celery_dflock.client.errors import (
+    DflockError,
+    KeyHeld,
+    LockNotAcquired,
+    LockNotOwned,
+    ServerDraining,
+    ServerUnavailable,
+)
 from celery_dflock.client.sharding import Routing, stable_hash_shard
 
 __all__ = ["DistributedLock", "DistributedSemaphore", "LockBase"]
 
 
 class LockBase:
-    """What a lock and a semaphore of this face are and do (all but the commands of one kind):
-    the public attributes and operations, each carried out by what the object owns, its
-    holding (`AsyncHolding`, around one `LockCore`), on which its acquiring
-    (`celery_dflock.client._async.acquiring`) gets grants."""
-
-    def __init__(
-        self,
-        core: LockCore,
-        on_lost: Callable[[Self], object] | None,
-        pool: ConnectionPool | None,
-    ) -> None:
-        self._setup(core, on_lost, pool)
+    """What a lock and a semaphore of this face are and do (all but the commands of one kind),
+    over its `LockCore` and its holding (`AsyncHolding`)."""
 
     def _setup(
         self,
@@ -155,7 +159,7 @@ class LockBase:
         `AuthError`, `MaxLocksError`, ... when the server cannot or will not answer.
         Interrupting it closes the connection, which also takes it out of the server's queue.
         """
-        return acquiring.grant(self._holding, self._core.acquire_request)
+        return self._grant(self._core.acquire_request)
 
     def enqueue(self) -> EnqueueResult:
         """Two-phase step 1: join the queue without blocking.
@@ -165,7 +169,17 @@ class LockBase:
         `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
         2 s): neither held nor queued.
         """
-        return acquiring.enqueue(self._holding)
+        core = self._core
+        if self._grant(core.enqueue_request):
+            return ACQUIRED
+        if core.state is LockState.ENQUEUED:
+            return QUEUED
+        # Neither: a cluster hand-over kept the key's member from answering until the time
+        # was up (a `wait` would find nothing queued).
+        raise LockNotAcquired(
+            core.handover
+            or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
+        )
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
@@ -173,16 +187,180 @@ class LockBase:
         True once held (also when `enqueue` already got it). False on timeout; the queue
         position is then given up (its connection is closed).
         """
-        return acquiring.wait(self._holding, timeout_s)
+        holding, core = self._holding, self._core
+        holding.forked()
+        with holding.op_lock:
+            if core.state is LockState.HELD:
+                return True
+            command, data, timeout = core.wait_request(timeout_s)
+            conn, holding.conn = holding.conn, None
+            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
+                core.reset()
+                raise LockNotOwned(f"{core.what} lost its queue connection")
+            holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
+            sent = time.monotonic()
+            try:
+                try:
+                    reply = conn.request(command, data, timeout)
+                finally:
+                    holding.keep_while_waiting(conn, False)
+                granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
+            except BaseException:
+                core.reset()
+                conn.close()
+                raise
+            if granted:
+                holding.start_renewing(conn)
+                return True
+            conn.close()  # leave the queue for sure
+            return False
 
-    # ------------------------------------------------------------------ holding
+    def _grant(self, build: Build, *, keep: bool = True) -> bool:
+        """An acquire or enqueue with the request ``build`` makes for the server at hand (what
+        it said to ``hello``). Not ``keep``: a grant is neither pinned nor renewed (a detached
+        hold)."""
+        holding = self._holding
+        holding.forked()
+        with holding.op_lock:
+            self._core.begin_acquire()
+            try:
+                return self._grant_routed(build, keep)
+            finally:
+                self._core.routing.end_acquire()
+
+    def _grant_routed(self, build: Build, keep: bool) -> bool:
+        """`_grant`, following a cluster's redirects (operation lock held)."""
+        holding, core = self._holding, self._core
+        router = core.router
+        if router is not None and not core.routing.route():
+            self._remap(router)
+        while True:
+            try:
+                conn = holding.checkout()
+            except ServerUnavailable as exc:
+                self._reroute(exc)
+                continue
+            try:
+                command, data, timeout = build(conn.server)
+            except BaseException:
+                holding.checkin(conn)
+                raise
+            try:
+                if core.asking:
+                    core.asking = False  # one request only
+                    if not isinstance(
+                        conn.request(
+                            Command.ASKING, _requests.encode_asking(core.key, core.ask_ticket)
+                        ),
+                        Ok,
+                    ):
+                        holding.checkin(conn)
+                        wait_s = core.routing.on_ask_refused()
+                        if wait_s is None:
+                            return False
+                        pause(wait_s)
+                        core.routing.route()
+                        continue
+                holding.keep_while_waiting(conn, _may_wait(core, command))
+                sent = time.monotonic()
+                try:
+                    reply = conn.request(command, data, timeout)
+                finally:
+                    holding.keep_while_waiting(conn, False)
+            except ServerUnavailable as exc:
+                self._reroute(exc)
+                continue
+            if isinstance(reply, Asked) and router is not None:
+                holding.checkin(conn)
+                step = core.routing.on_ask(reply)  # a key-level move: this key, once, there
+                if step is None:
+                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                if step.reroute:  # asked in a loop: read the map again, route by it
+                    router.invalidate()
+                    pause(step.pause_s)
+                    self._remap(router)
+                continue
+            if core.redirected(reply):
+                if router is None:
+                    raise self._mismatch(conn, reply)
+                holding.checkin(conn)
+                step = core.routing.on_redirect(reply)
+                if step is None:
+                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                if step.reread:
+                    router.invalidate()
+                pause(step.pause_s)
+                self._refresh_map(router)  # at most every MAP_REFRESH_INTERVAL_S
+                if step.reroute:
+                    core.routing.route()
+                continue
+            try:
+                granted = core.on_grant_reply(command, reply, sent, conn.server, conn.session)
+            except ServerDraining as exc:
+                holding.checkin(conn)
+                self._reroute(exc)
+                continue
+            except BaseException:
+                holding.checkin(conn)
+                raise
+            if granted and keep:
+                holding.start_renewing(conn)
+            elif core.state is LockState.ENQUEUED:
+                holding.conn = conn
+            else:
+                holding.checkin(conn)
+            return granted
+
+    def _refresh_map(self, router: ClusterRouter) -> None:
+        """Fetch the cluster map (`refresh_map`), on this lock's connections."""
+        holding = self._holding
+        refresh_map(router, holding.checkout, holding.checkin, self._core.settings, self._core.what)
+
+    def _remap(self, router: ClusterRouter) -> None:
+        """Fetch the cluster map, then aim at the key's member by it."""
+        self._refresh_map(router)
+        self._core.routing.route()
+
+    def _reroute(self, exc: ServerUnavailable) -> None:
+        """Cluster routing, after the key's member could not serve the acquire (unreachable,
+        its connection closed, draining: a member that died or is leaving; nothing was
+        granted): pause, ask for the map again and aim anew, until the acquire's time is up.
+        Raises ``exc`` then, and at once in list modes."""
+        core = self._core
+        wait_s = core.routing.on_unreachable(exc)  # the map is read again (now, or next acquire)
+        if core.router is None or wait_s is None:
+            raise exc
+        pause(wait_s)
+        self._remap(core.router)
+
+    def _mismatch(self, conn: Connection, reply: Reply) -> DflockError:
+        """A list-mode client was redirected: ask that server its ``shards`` (on the same
+        connection, still in step) for the error that names both lists."""
+        try:
+            shards = conn.shards()
+        except DflockError:
+            shards = None
+        else:
+            self._holding.checkin(conn)
+        return self._core.routing.mismatch_error(reply, shards)
+
+    # ------------------------------------------------------------------ letting go
     def renew(self) -> bool:
         """Renew the lease now (the background renewal does this on its own).
 
         True if renewed; False if the lock is lost (then `lost` is True, ``on_lost`` ran).
         Raises `LockNotOwned` when not held (also in a fork child of the holder).
         """
-        return self._holding.renew()
+        holding, what = self._holding, self._core.what
+        if holding.forked():
+            raise LockNotOwned(
+                f"{what} was acquired by the parent process before a fork; "
+                "a child process cannot renew it (acquire a lock of its own)"
+            )
+        result = holding.driver.renew_now()
+        if result is None:
+            raise LockNotOwned(f"{what} is not held by this object: acquire() it first")
+        return result
 
     def release(self) -> bool:
         """Release the lock; True if the server confirmed it. Idempotent.
@@ -194,19 +372,37 @@ class LockBase:
         releasing by token while the lease runs, and the lease frees the key if the server
         stays away longer; the lock object is free to acquire again meanwhile (its next grant
         comes after the old one is released or has run out). False when nothing was held or
-        the lock was lost. If the server no
-        longer held the grant (its lease ran out unnoticed, e.g. while the process was paused,
-        or it was freed with a closed connection), the lock was lost before this release: it
-        is reported as lost (`lost`, `lost_event`, ``on_lost``) first. Leaves a queue after
-        `enqueue`. In a fork child of the holder, does nothing (the parent's lock and socket
-        are untouched).
-        Interrupting it closes the connection, which makes the server release the lock.
+        the lock was lost. If the server no longer held the grant (its lease ran out unnoticed,
+        e.g. while the process was paused, or it was freed with a closed connection), the lock
+        was lost before this release: it is reported as lost (`lost`, `lost_event`,
+        ``on_lost``) first. Leaves a queue after `enqueue`. In a fork child of the holder, does
+        nothing (the parent's lock and socket are untouched). Interrupting it closes the
+        connection, which makes the server release the lock.
         """
-        return self._holding.release()
+        holding, core = self._holding, self._core
+        if holding.forked():
+            return False
+        try:
+            holding.driver.stop()
+            with holding.op_lock:
+                released = holding.release_locked()
+                lost_here = core.lost and core.state is LockState.HELD
+            if lost_here:
+                # The server no longer held the grant: lost before this release, never silent.
+                # Notified outside the operation lock (the callback may use the lock), with
+                # the fence still known; then forgotten.
+                holding.notify_lost()
+                with holding.op_lock:
+                    if core.lost and core.state is LockState.HELD:
+                        core.reset()
+            return released
+        except BaseException:
+            holding.abandon()
+            raise
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> Self:
-        if not acquiring.grant(self._holding, self._core.acquire_request):
+        if not self._grant(self._core.acquire_request):
             core = self._core
             raise LockNotAcquired(
                 core.handover
@@ -221,33 +417,69 @@ class LockBase:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._holding.release()
+        self.release()
 
     # ------------------------------------------------------------------ by token
     def release_token(self, token: str) -> bool:
         """Release ``token`` on this key, granted to another object or process (one that died,
         say): one request by token, routed as an acquire is; True if the server released it,
         False if it no longer held it. This object's own state is untouched."""
-        return acquiring.release_token(self._holding, token)
+        key, limit = self._core.key, self._core.limit
+        _, reply = self._request_by_token(lambda _: _by_token.release_request(key, token, limit))
+        return _by_token.released(reply)
 
     def renew_token(self, token: str, lease_ttl: int) -> bool:
         """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
         seconds from now; True if renewed, False if it no longer holds the key."""
-        return acquiring.renew_token(self._holding, token, lease_ttl)
+        key = self._core.key
+        return self._done_by_token(lambda _: _by_token.renew_request(key, token, lease_ttl))
 
     def detach_token(self, token: str, lease_ttl: int) -> bool:
         """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
         with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
         holds the key. `HoldsUnsupported` for a server without holds."""
-        return acquiring.detach_token(self._holding, token, lease_ttl)
+        core = self._core
+        return self._done_by_token(
+            lambda server: _by_token.detach_request(
+                server, core.endpoint.address, core.key, token, lease_ttl
+            )
+        )
 
     def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; True if done, False if
         it no longer holds the key. `HoldsUnsupported` for a server without holds."""
-        return acquiring.note_token(self._holding, token, note)
+        core = self._core
+        return self._done_by_token(
+            lambda server: _by_token.note_request(
+                server, core.endpoint.address, core.key, token, note
+            )
+        )
+
+    def _request_by_token(self, build: Build) -> tuple[Command, Reply]:
+        """One request about a grant this object does not hold, routed as an acquire is: the
+        command sent and its reply."""
+        holding, core = self._holding, self._core
+        holding.forked()
+        with holding.op_lock:
+            router = core.router
+            if router is not None and not core.routing.route():  # cluster: the key's node now
+                self._remap(router)
+            return request_once(holding.checkout, holding.checkin, core.endpoint, build)
+
+    def _done_by_token(self, build: Build) -> bool:
+        """`_request_by_token`, read: True done, False when the token no longer holds the
+        key; raises for other refusals."""
+        command, reply = self._request_by_token(build)
+        return _by_token.done(command, reply, self._core.key, self._core.endpoint)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
+
+
+def _may_wait(core: LockCore, command: Command) -> bool:
+    """Whether the acquire ``command`` may leave the lock waiting for its grant (a wait in
+    the queue, or an enqueue): its client session is then kept alive meanwhile."""
+    return core.acquire_timeout_s > 0 or command in (Command.ENQUEUE, Command.SEM_ENQUEUE)
 
 
 class DistributedLock(LockBase):
@@ -297,7 +529,7 @@ class DistributedLock(LockBase):
             router=router,
             note=note,
         )
-        super().__init__(core, on_lost, pool)
+        self._setup(core, on_lost, pool)
 
     @property
     def note(self) -> str | None:
@@ -314,10 +546,8 @@ class DistributedLock(LockBase):
         after."""
         core = self._core
         try:
-            if not acquiring.grant(
-                self._holding,
-                lambda server: core.hold_request(server, note, detached=detached),
-                keep=False,
+            if not self._grant(
+                lambda server: core.hold_request(server, note, detached=detached), keep=False
             ):
                 if core.busy:
                     holder = core.holder
@@ -357,7 +587,29 @@ class DistributedLock(LockBase):
         close_lease = (
             None if on_close_lease is None else lease_seconds("on_close_lease", on_close_lease)
         )
-        return acquiring.take_over(self._holding, token, ht_note, close_lease)
+        holding = self._holding
+        holding.forked()
+        with holding.op_lock:
+            router = core.router
+            if router is not None and not core.routing.route():
+                self._remap(router)
+            conn = holding.checkout()
+            try:
+                command, data, timeout = core.take_over_request(
+                    conn.server, token, ht_note, close_lease
+                )
+                sent = time.monotonic()
+                reply = conn.request(command, data, timeout)
+                held = core.on_take_over_reply(token, reply, sent, conn.server, conn.session)
+            except BaseException:
+                core.reset()
+                holding.checkin(conn)
+                raise
+            if not held:
+                holding.checkin(conn)
+                return False
+            holding.start_renewing(conn)
+            return True
 
     def hand_off(self, lease_ttl: int) -> bool:
         """Let go of the held grant without releasing it (``hd``): the server detaches it from
@@ -368,7 +620,36 @@ class DistributedLock(LockBase):
         ``lease_ttl``, the grant stays bound to the connection, back in the pool.) When the
         held connection broke, it reconnects and hands off by token, as `release` does."""
         lease = lease_seconds("lease_ttl", lease_ttl)
-        return self._holding.hand_off(lease)
+        holding, core = self._holding, self._core
+        if holding.forked() or not core.locked():
+            return False
+        holding.driver.stop()
+        with holding.op_lock:
+            conn, holding.conn = holding.conn, None
+            holding.driver.unwatch(conn)
+            if core.state is not LockState.HELD or core.lost:
+                return holding.let_go(conn)
+            try:
+                sent = holding.request_held(
+                    holding.unless_broken(conn), lambda server: core.hand_off_request(lease, server)
+                )
+            except BaseException:
+                core.reset()
+                raise
+            broken = core.broken
+            core.reset()
+            if sent is None:
+                logger.warning(
+                    "handing off dflock %s: the lock server at %s could not be reached "
+                    "before the lease ran out (%s)",
+                    core.what,
+                    core.endpoint.address,
+                    redact(broken or "unreachable"),
+                )
+                return False
+            reply, conn, _ = sent
+            holding.checkin(conn)
+            return isinstance(reply, Renewed | Ok)
 
 
 class DistributedSemaphore(LockBase):
@@ -411,7 +692,7 @@ class DistributedSemaphore(LockBase):
             lease_ttl_s=settings.lease_ttl_s,
             router=router,
         )
-        super().__init__(core, on_lost, pool)
+        self._setup(core, on_lost, pool)
 
     @property
     def limit(self) -> int:

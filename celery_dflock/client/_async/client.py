@@ -1,0 +1,351 @@
+"""The client of one face: one `ClientSettings` and one pool, shared by the locks it makes,
+and the requests that need no lock object.
+
+Written once for both faces: the asyncio source, ``celery_dflock/client/_async/client.py``
+(`AsyncClient`), and the blocking twin that ``scripts/unasync.py`` generates from it in
+``_sync/`` (`Client`)::
+
+    with Client([("127.0.0.1", 6388)], auth_token=secret) as client:
+        with client.lock("report:42", acquire_timeout_s=5) as lock:
+            write(data, fence=lock.fence)
+        client.release("report:43", token_of_a_dead_worker)   # release by token
+        for status in client.stats():                          # what each server holds
+            print(status.address, status.stats)
+
+The settings are checked once, here or by the Celery layer (`from_settings`), and passed down
+whole to each lock, never checked again. A release, renewal, detach or note by token is one
+request on a pooled connection to the key's server (`celery_dflock.client._async.routing`).
+The Celery layer (tasks, beat, ``celery dflock``) reaches the servers only through a client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from ssl import SSLContext
+from typing import Self
+
+from celery_dflock.client import _by_token, _requests
+from celery_dflock.client._aio_backend import gather
+from celery_dflock.client._async.lock import AsyncDistributedLock, AsyncDistributedSemaphore
+from celery_dflock.client._async.pool import AsyncConnectionPool
+from celery_dflock.client._async.routing import BuildAt, send_by_token, send_to_owner
+from celery_dflock.client._async.status import ask, ask_shards
+from celery_dflock.client._core import LockCore
+from celery_dflock.client._router import ClusterRouter, split_address
+from celery_dflock.client._servers import Hold
+from celery_dflock.client._settings import (
+    DEFAULT_ACQUIRE_TIMEOUT_S,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_RENEW_RATIO,
+    DEFAULT_SERVERS,
+    DEFAULT_SESSION_TTL_S,
+    ClientSettings,
+    Endpoint,
+    check_limit,
+    lease_seconds,
+    whole_seconds,
+)
+from celery_dflock.client._status import ServerShards, ServerStatus
+from celery_dflock.client.errors import InvalidValueError
+from celery_dflock.client.sharding import CLUSTER, Routing, select_server, stable_hash_shard
+
+__all__ = ["AsyncClient"]
+
+
+class AsyncClient:
+    """Locks, semaphores, requests by token, stats and ping over one pool: `Client` blocks and
+    is thread safe, over a `ConnectionPool` (fork safe: a child opens its own connections);
+    `AsyncClient` is the same for asyncio, awaitable, over an `AsyncConnectionPool` (use it
+    from one event loop).
+
+    Arguments as `DistributedLock`'s, held once: ``servers``, ``sharding_strategy``,
+    ``renew_ratio``, ``auth_token``, ``ssl_context``, ``connect_timeout_s``, and the defaults
+    of every lock it makes, ``acquire_timeout_s`` and ``lease_ttl_s`` (None: the server's).
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[tuple[str, int]] = DEFAULT_SERVERS,
+        *,
+        sharding_strategy: Routing = stable_hash_shard,
+        renew_ratio: float = DEFAULT_RENEW_RATIO,
+        auth_token: str | None = None,
+        ssl_context: SSLContext | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+        lease_ttl_s: int | None = None,
+        session_ttl_s: float = DEFAULT_SESSION_TTL_S,
+    ) -> None:
+        self._setup(
+            ClientSettings.checked(
+                servers,
+                sharding_strategy=sharding_strategy,
+                renew_ratio=renew_ratio,
+                auth_token=auth_token,
+                ssl_context=ssl_context,
+                connect_timeout_s=connect_timeout_s,
+                acquire_timeout_s=acquire_timeout_s,
+                lease_ttl_s=lease_ttl_s,
+                session_ttl_s=session_ttl_s,
+            )
+        )
+
+    @classmethod
+    def from_settings(cls, settings: ClientSettings) -> Self:
+        """A client on ``settings`` validated already (by the Celery layer, whose errors name
+        its ``dflock_*`` settings)."""
+        client = cls.__new__(cls)
+        client._setup(settings)
+        return client
+
+    def _setup(self, settings: ClientSettings) -> None:
+        self._settings = settings
+        self._pool = AsyncConnectionPool()
+        self._router = (
+            ClusterRouter(settings.servers) if settings.sharding_strategy == CLUSTER else None
+        )
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        """The connections of every lock this client makes."""
+        return self._pool
+
+    @property
+    def settings(self) -> ClientSettings:
+        """What every lock of this client shares."""
+        return self._settings
+
+    @property
+    def servers(self) -> tuple[tuple[str, int], ...]:
+        """The ``(host, port)`` of every server, in the order keys are sharded over."""
+        return self._settings.servers
+
+    @property
+    def router(self) -> ClusterRouter | None:
+        """Cluster routing (``sharding_strategy="cluster"``): the cached map its locks share
+        (``router.map``: None until a lock fetched it); None otherwise."""
+        return self._router
+
+    # ------------------------------------------------------------------ locks
+    def lock(
+        self,
+        key: str,
+        *,
+        acquire_timeout_s: float | None = None,
+        lease_ttl_s: int | None = None,
+        on_lost: Callable[[AsyncDistributedLock], object] | None = None,
+        note: str | None = None,
+    ) -> AsyncDistributedLock:
+        """An unacquired lock on ``key`` (a `DistributedLock`, or `AsyncDistributedLock`
+        from an `AsyncClient`); None: the client's default. ``note``: the owner note each
+        acquire gives a server with holds (``stats`` shows it; a refused `KeyHeld` or
+        ``lock.holder`` names it); a foreign server ignores it."""
+        return self._lock(
+            key, self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s), on_lost, note
+        )
+
+    def _lock(
+        self,
+        key: str,
+        acquire_timeout_s: int,
+        lease_ttl_s: int | None,
+        on_lost: Callable[[AsyncDistributedLock], object] | None = None,
+        note: str | None = None,
+    ) -> AsyncDistributedLock:
+        """`lock`, its timeout and lease checked already."""
+        core = LockCore(
+            key,
+            self._settings,
+            acquire_timeout_s=acquire_timeout_s,
+            lease_ttl_s=lease_ttl_s,
+            router=self._router,
+            note=note,
+        )
+        return AsyncDistributedLock._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
+
+    def semaphore(
+        self,
+        key: str,
+        limit: int,
+        *,
+        acquire_timeout_s: float | None = None,
+        lease_ttl_s: int | None = None,
+        on_lost: Callable[[AsyncDistributedSemaphore], object] | None = None,
+    ) -> AsyncDistributedSemaphore:
+        """An unacquired semaphore of ``limit`` slots on ``key`` (a `DistributedSemaphore`,
+        or `AsyncDistributedSemaphore` from an `AsyncClient`)."""
+        core = LockCore(
+            key,
+            self._settings,
+            limit=check_limit(limit),
+            acquire_timeout_s=self._acquire_timeout(acquire_timeout_s),
+            lease_ttl_s=self._lease(lease_ttl_s),
+            router=self._router,
+        )
+        return AsyncDistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
+
+    def _acquire_timeout(self, acquire_timeout_s: float | None) -> int:
+        """A lock's acquire timeout: its own (checked here), else the client's."""
+        if acquire_timeout_s is None:
+            return self._settings.acquire_timeout_s
+        return whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
+
+    def _lease(self, lease_ttl_s: int | None) -> int | None:
+        """A lock's lease: its own (checked here), else the client's."""
+        if lease_ttl_s is None:
+            return self._settings.lease_ttl_s
+        return lease_seconds("lease_ttl_s", lease_ttl_s)
+
+    def server_for(self, key: str) -> tuple[str, int]:
+        """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
+        the first seed while there is none)."""
+        settings = self._settings
+        strategy = settings.sharding_strategy
+        if strategy == CLUSTER or isinstance(strategy, str):
+            owner = None if self._router is None else self._router.owner(key)
+            return settings.servers[0] if owner is None else owner
+        return settings.servers[select_server(key, settings.servers, strategy)]
+
+    # ------------------------------------------------------------------ by token
+    async def hold(
+        self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
+    ) -> Hold:
+        """Take a detached hold of the lock ``key`` (``hl ... d``), routed as `lock` is: it
+        survives this process and its connection, and ends only when its token is released
+        (`release`, from any process) or its lease of ``lease_ttl`` seconds runs out (`renew`
+        extends it; ``lock.adopt(token, note=...)`` takes it over, one run at a time).
+        ``note`` (1 to 200 printable ASCII characters without spaces) names the owner. Waits
+        up to ``timeout`` seconds for a busy key (0: try once). Raises `KeyHeld`
+        (``.holder``: the holder's note) when the key stays busy, `HoldsUnsupported` for a
+        server without holds (a foreign dflockd), and
+        `InvalidValueError` naming a malformed ``note``.
+
+        ``detached=False``: the grant stays bound to the pooled connection that took it (a
+        closed connection frees it) until `detach` detaches it: a publish-time hold that is
+        confirmed only once its message is sent."""
+        lease = lease_seconds("lease_ttl", lease_ttl)
+        wait = whole_seconds("timeout", timeout, minimum=0)
+        return await self._lock(key, wait, lease).hold(note, detached=detached)
+
+    async def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
+        """Release ``token`` on ``key`` (``limit``: a semaphore's slot), granted to any process:
+        True if the server released it, False if it no longer held it. Idempotent."""
+        request = _by_token.release_request(_requests.validate_key(key), token, limit)
+        _, reply, _ = await send_by_token(
+            self._pool, self._settings, self._router, key, lambda _, __: request
+        )
+        return _by_token.released(reply)
+
+    async def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
+        """Detach ``token``'s grant on ``key`` from its connection (``hd``), with a lease of
+        ``lease_ttl`` seconds from now: True, or False if it no longer holds the key."""
+        lease = lease_seconds("lease_ttl", lease_ttl)
+        key, token = _requests.validate_key(key), _requests.validate_token(token)
+        return await self._done(
+            key, lambda server, where: _by_token.detach_request(server, where, key, token, lease)
+        )
+
+    async def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
+        """Renew ``token`` on ``key`` (a hold, or any grant) to ``lease_ttl`` seconds from
+        now: True, or False if it no longer holds the key."""
+        request = _by_token.renew_request(
+            _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
+        )
+        return await self._done(key, lambda _, __: request)
+
+    async def note(self, key: str, token: str, note: str) -> bool:
+        """Replace the owner note of ``token``'s grant on ``key``: True, or False if it no
+        longer holds the key; `HoldsUnsupported` for a server without holds."""
+        key, note = _requests.validate_key(key), _requests.validate_note(note)
+        return await self._done(
+            key, lambda server, where: _by_token.note_request(server, where, key, token, note)
+        )
+
+    async def force_release(self, key: str, *, note: str | None = None) -> int:
+        """Free ``key`` whoever holds it (an operator's act, ``fr``): every grant on it ends
+        now, the next waiter is granted at once (with a higher fence), and the old holder
+        learns its loss at its next renewal. ``note`` (an owner note's rules: 1 to 200
+        printable ASCII characters without spaces) names who asks in the server's log.
+        Returns how many grants were freed (0: nothing held the key). Raises
+        `ForceReleaseUnsupported` for a server that predates it, `InvalidValueError` for a
+        bad key or note."""
+        key = _requests.validate_key(key)
+        if note is not None:
+            _requests.validate_note(note, "the operator's note")
+        command, reply, at = await send_to_owner(
+            self._pool,
+            self._settings,
+            self._router,
+            key,
+            lambda server, where: _by_token.force_release_request(server, where, key, note),
+        )
+        return _by_token.freed(command, reply, key, at)
+
+    async def _done(self, key: str, build: BuildAt) -> bool:
+        """One request by token about ``key``: True done, False when the token no longer holds
+        the key; raises for other refusals."""
+        command, reply, at = await send_by_token(
+            self._pool, self._settings, self._router, key, build
+        )
+        return _by_token.done(command, reply, key, at)
+
+    # ------------------------------------------------------------------ the servers
+    async def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
+        """Every server's (or ``server``'s) ``stats`` (an `AsyncClient` asks them at once):
+        never raises for an unreachable one. In cluster mode every server is every member of
+        the cluster, not only the seeds."""
+        return await gather(ask(endpoint, True) for endpoint in await self._everyone(server))
+
+    async def ping(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
+        """Whether every server (or ``server``) answers (an `AsyncClient` asks them at once);
+        an unreachable one has ``error``."""
+        return await gather(ask(endpoint, False) for endpoint in await self._everyone(server))
+
+    async def shards(self, server: tuple[str, int] | str | None = None) -> list[ServerShards]:
+        """What every server (or ``server``) answers to ``shards`` (an `AsyncClient` asks them
+        at once): its mode, members, and in cluster mode the shard map; never raises for an
+        unreachable one."""
+        return await gather(ask_shards(endpoint) for endpoint in self._endpoints(server))
+
+    async def _everyone(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
+        """`_endpoints`; in cluster mode, for every server: the seeds, then every member
+        their ``shards`` answers name."""
+        if server is not None or self._router is None:
+            return self._endpoints(server)
+        found = list(self._settings.servers)
+        for answer in await self.shards():
+            info = answer.shards
+            if info is None:
+                continue
+            named = [*info.members, *(info.cluster.nodes if info.cluster is not None else ())]
+            for name in named:
+                address = split_address(name)
+                if address not in found:
+                    found.append(address)
+        return [self._settings.endpoint(*address) for address in found]
+
+    def _endpoints(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
+        if server is None:
+            return self._settings.endpoints()
+        if isinstance(server, str):
+            host, _, port = server.rpartition(":")
+            server = (host.strip("[]"), int(port)) if port.isdigit() else (server, -1)
+        if server not in self._settings.servers:
+            known = ", ".join(f"{host}:{port}" for host, port in self._settings.servers)
+            raise InvalidValueError(f"{server!r} is not one of this client's servers ({known})")
+        return [self._settings.endpoint(*server)]
+
+    # ------------------------------------------------------------------ closing
+    async def close(self) -> None:
+        """Close the idle connections (the client stays usable; held locks keep theirs)."""
+        await self._pool.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        servers = ",".join(f"{host}:{port}" for host, port in self._settings.servers)
+        return f"{type(self).__name__}({servers})"
