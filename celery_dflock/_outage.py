@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from celery_dflock._celery import get_task_logger
-from celery_dflock._request import OUTAGE_HEADER, header, lock_retries, resend, run_name
+from celery_dflock._request import OUTAGE_HEADER, Message, header, resend
 from celery_dflock.client.errors import ServerDraining, ServerReadOnly, ServerUnavailable
 from celery_dflock.config import LockOptions
 
@@ -179,37 +179,28 @@ def outage_countdown(retries: int) -> float:
 
 
 def retry_outage(
-    task: Any,
-    request: Any,
-    key: str,
-    options: LockOptions,
-    call: tuple[tuple[Any, ...], dict[str, Any]],
-    *,
-    wait: OutageWait,
-    exc: ServerUnavailable,
+    message: Message, key: str, options: LockOptions, wait: OutageWait, exc: ServerUnavailable
 ) -> BaseException:
     """The run's wait for its unreachable server is over: the exception to raise, a resend
     with `outage_countdown` (the `Retry` Celery expects) within `OUTAGE_BUDGET_S`, else a
     `ServerUnavailable` that says for how long the server was unreachable and what to do."""
-    run = run_name(str(task.name), request.id)
-    state = outage_of(request)
+    state = outage_of(message.request)
     now = time.time()
     since = state.since if state is not None else now - wait.waited()
     retries = state.retries if state is not None else 0
     down_s = max(0.0, now - since)
-    direct = bool(request.called_directly or request.is_eager)
-    if direct or down_s >= OUTAGE_BUDGET_S:
+    if message.direct or down_s >= OUTAGE_BUDGET_S:
         why = (
             "it ran in-process (called directly or eagerly), so there is no message to send again"
-            if direct
+            if message.direct
             else f"{retries} outage retries spent the {OUTAGE_BUDGET_S:.0f} s a run waits "
             f"for an unreachable lock server"
         )
         error = ServerUnavailable(
-            f"{run} did not run: the lock server at {wait.address} (for key {key!r}) could "
-            f"not grant it for {down_s:.0f} s (it {wait.state}) and {why}. Start the lock "
-            f"server (`dflockd`) or set dflock_servers to where it runs, or free its disk; "
-            f"check it with `celery dflock status`. The last error: {wait.last_error}"
+            f"{message.label} did not run: the lock server at {wait.address} (for key {key!r}) "
+            f"could not grant it for {down_s:.0f} s (it {wait.state}) and {why}. Start the "
+            f"lock server (`dflockd`) or set dflock_servers to where it runs, or free its "
+            f"disk; check it with `celery dflock status`. The last error: {wait.last_error}"
         )
         error.__cause__ = exc
         return error
@@ -217,7 +208,7 @@ def retry_outage(
     logger.warning(
         "dflock: %s: the lock server at %s %s; sent again in %.1fs (outage retry %d, "
         "%.0f s so far; on_locked=%r applies to a busy key, not to an outage)",
-        run,
+        message.label,
         wait.address,
         wait.state,
         countdown,
@@ -226,11 +217,9 @@ def retry_outage(
         options.on_locked,
     )
     return resend(
-        task,
-        request,
-        call,
+        message,
         countdown=countdown,
-        retries=lock_retries(request),
+        retries=message.retries,
         busy=exc,
         extra={OUTAGE_HEADER: {"since": since, "retries": retries + 1}},
     )

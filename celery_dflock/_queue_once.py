@@ -31,20 +31,19 @@ from celery_dflock._request import (
     NOTE_MAX_BYTES,
     Follow,
     HoldRef,
+    Message,
     decode_note,
     encode_note,
     header,
     held_lock,
     held_options,
     hold_of,
-    lock_retries,
     resend,
-    run_name,
 )
-from celery_dflock._runtime import AnyLock, Runtime, get_runtime, options_for
+from celery_dflock._runtime import AnyLock, app_client, get_runtime, options_for
 from celery_dflock._settings import GivenOptions
 from celery_dflock.client import DistributedLock
-from celery_dflock.client.clients import Hold
+from celery_dflock.client.clients import Client, Hold
 from celery_dflock.client.errors import (
     AlreadyQueued,
     DflockError,
@@ -54,7 +53,7 @@ from celery_dflock.client.errors import (
     ProtocolError,
     ServerUnavailable,
 )
-from celery_dflock.config import DflockConfig, LockOptions, get_config
+from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
     "PUBLISH_LEASE_S",
@@ -63,7 +62,6 @@ __all__ = [
     "PublishHold",
     "eager_duplicate",
     "publish_hold",
-    "release_hold",
     "retry_hand_off",
     "run_follower",
     "take_over",
@@ -93,8 +91,7 @@ def eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:
 
 
 def take_over(
-    runtime: Runtime,
-    config: DflockConfig,
+    client: Client,
     lock: AnyLock,
     held: HoldRef | None,
     *,
@@ -125,7 +122,7 @@ def take_over(
             held.key,
             lock.key,
         )
-        release_hold(runtime, config, held)
+        client.release(held.key, held.token)
         return False
     if _adopt(lock, held, note=note, on_close_lease=on_close_lease, task_id=task_id):
         return True
@@ -181,11 +178,6 @@ def _adopt(
         pause_s = min(pause_s * 2, _ADOPT_PAUSE_MAX_S)
 
 
-def release_hold(runtime: Runtime, config: DflockConfig, held: HoldRef) -> bool:
-    """Release a publish-time hold by its token (idempotent): True if the server freed it."""
-    return runtime.client(config).release(held.key, held.token)
-
-
 PUBLISH_LEASE_S: Final = 15
 """How long a run waits for the publisher of its own message to detach the hold (`_adopt`):
 a publish-time hold is taken bound to the publisher's connection (``hl ... c``, with its
@@ -216,14 +208,9 @@ class PublishHold:
         """The message was sent: detach the hold with its pending lease. A hold that cannot
         be confirmed (gone, or the server unreachable) is logged: the message is sent, and
         its run takes the key at run time."""
-        app: Any = task._get_app()
         key = self.hold.key
         try:
-            done = (
-                get_runtime(app)
-                .client(get_config(app))
-                .detach(key, self.hold.token, lease_ttl=self.lease)
-            )
+            done = app_client(task._get_app()).detach(key, self.hold.token, lease_ttl=self.lease)
         except DflockError as exc:
             done, why = False, f"the lock server did not confirm it ({exc})"
         else:
@@ -242,9 +229,7 @@ class PublishHold:
 
     def release(self, task: Any) -> None:
         """Free the hold (the message could not be sent)."""
-        app: Any = task._get_app()
-        config = get_config(app)
-        get_runtime(app).client(config).release(self.hold.key, self.hold.token)
+        app_client(task._get_app()).release(self.hold.key, self.hold.token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +308,7 @@ def publish_hold(
     except KeyHeld as busy:
         holder, host = decode_note(busy.holder)
         where = f" (running on {host})" if host else " (queued)"
-        grace = _grace(runtime, config) if holder is None else None
+        grace = _grace(runtime.client(config)) if holder is None else None
         if grace is not None:
             what = (
                 f"task {name}: the lock server is in its restart grace ({grace}): it grants no "
@@ -360,12 +345,12 @@ def publish_hold(
     return PublishHold(hold, HoldRef(hold.key, hold.token).header(), lease)
 
 
-def _grace(runtime: Runtime, config: DflockConfig) -> str | None:
+def _grace(client: Client) -> str | None:
     """What a server in its restart grace says of it (``"127.0.0.1:6388: 212 s left
     (reason)"``), or None when no server is in one. Asked only when a hold was refused by a
     holder that left no note: a grace refuses every key so."""
     found: list[str] = []
-    for status in runtime.client(config).stats():
+    for status in client.stats():
         stats = status.stats or {}
         left = stats.get("grace_remaining_s")
         if isinstance(left, int | float) and left > 0:
@@ -479,23 +464,21 @@ _FOLLOW_PAUSE_S: Final = 0.25
 _FOLLOW_MAX_S: Final = 5.0
 
 
-def run_follower(
-    task: Any, request: Any, follow: Follow, call: tuple[tuple[Any, ...], dict[str, Any]]
-) -> Any:
+def run_follower(message: Message, follow: Follow) -> Any:
     """The run of a canvas member sent in a duplicate's place: the holder's result once it
     is ready (its value, or its error raised), polled by resending this message with a
     countdown (no worker slot is kept while the holder runs); ``follow.error``: fail at once.
 
     When the holder no longer holds the key and still has no result twice in a row (it was
     revoked or lost, or keeps no result: ``ignore_result``), the run fails, saying so."""
-    run = run_name(str(task.name), request.id)
+    run, request = message.label, message.request
     if follow.error is not None or follow.task_id is None:
         raise AlreadyQueued(
             f"{run} was sent in place of a duplicate: {follow.error}",
             task_id=follow.task_id,
             key=follow.key,
         )
-    app: Any = task._get_app()
+    app: Any = message.task._get_app()
     holder: Any = app.AsyncResult(follow.task_id)
     try:
         ready = bool(holder.ready())
@@ -508,8 +491,8 @@ def run_follower(
         ) from None
     if ready:
         return _holder_outcome(run, follow, holder)
-    polls = lock_retries(request)
-    if _key_left(app, follow, request.id):
+    polls = message.retries
+    if _key_left(app, follow, message.task_id):
         if header(request, _FOLLOW_GONE_HEADER):
             raise DflockError(
                 f"{run} stands in for task {follow.task_id}, which no longer holds key "
@@ -528,9 +511,7 @@ def run_follower(
         countdown,
     )
     busy = LockNotAcquired(f"{run}: task {follow.task_id} holding key {follow.key!r} runs")
-    raise resend(
-        task, request, call, countdown=countdown, retries=polls + 1, busy=busy, extra=extra
-    )
+    raise resend(message, countdown=countdown, retries=polls + 1, busy=busy, extra=extra)
 
 
 def _holder_outcome(run: str, follow: Follow, holder: Any) -> Any:
@@ -548,11 +529,7 @@ def _holder_outcome(run: str, follow: Follow, holder: Any) -> Any:
 
 def _key_left(app: Any, follow: Follow, task_id: str | None) -> bool:
     """Whether the holder no longer holds ``follow.key`` (taken and let go at once here)."""
-    lock = (
-        get_runtime(app)
-        .client(get_config(app))
-        .lock(follow.key, acquire_timeout_s=0, note=encode_note(task_id))
-    )
+    lock = app_client(app).lock(follow.key, acquire_timeout_s=0, note=encode_note(task_id))
     try:
         if lock.acquire():
             lock.release()

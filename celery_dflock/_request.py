@@ -1,18 +1,18 @@
 """What a locked run reads from and writes on Celery's request and message.
 
-The message headers of the lock: per-call options (`LOCK_OPTIONS_HEADER`), lock retries
-(`LOCK_RETRIES_HEADER`), an outage retry's state (`OUTAGE_HEADER`), queue-once's publish-time
-hold (`HOLD_HEADER`) and the follower of a canvas member (`FOLLOW_HEADER`); the request
-attributes of the lock the run holds (`mark_held`, `held_lock`); and `resend`, the message sent
-again that a lock retry, an outage retry and a follower's poll each are.
+A run's request and the lock's headers of its message make one `Message`: per-call options
+(`LOCK_OPTIONS_HEADER`), lock retries (`LOCK_RETRIES_HEADER`), an outage retry's state
+(`OUTAGE_HEADER`), queue-once's publish-time hold (`HOLD_HEADER`) and a canvas member's follower
+(`FOLLOW_HEADER`). The lock a run holds is kept on its request (`mark_held`, `held_lock`), and
+`resend` sends the message again: a lock retry, an outage retry and a follower's poll each are
+one.
 
 Queue-once's headers: a task sent with ``lock_from="publish"`` takes a *detached* hold on its
 key before the message is published (`celery_dflock._queue_once.publish_hold`): it survives the
-publishing process, and the message carries it in the `HOLD_HEADER` header (``{"key": ...,
-"token": ...}``). The run that takes the message adopts the hold (`DistributedLock.adopt`), a
-retry hands it on to the retry message, a revoke of the queued message releases it
-(`celery_dflock.signals`), and ``lock_pending_ttl`` frees it when no worker ever takes the
-message.
+publishing process, and the message carries it in `HOLD_HEADER` (``{"key": ..., "token":
+...}``). The run that takes the message adopts the hold (`DistributedLock.adopt`), a retry hands
+it on to the retry message, a revoke of the queued message releases it (`celery_dflock.signals`),
+and ``lock_pending_ttl`` frees it when no worker ever takes the message.
 
 The owner note: each hold and each run-time lock carries one: the task id, and while a run
 holds the key, the worker's host name, the pid of the process running it and the task's name
@@ -46,13 +46,13 @@ __all__ = [
     "MAX_BACKOFF_EXPONENT",
     "NOTE_MAX_BYTES",
     "OUTAGE_HEADER",
-    "REQUEST_LOCK",
+    "Call",
     "Follow",
     "HoldRef",
     "HolderNote",
+    "Message",
     "beat_note",
     "beat_pid",
-    "call_options",
     "clear_held",
     "decode_note",
     "encode_note",
@@ -64,8 +64,6 @@ __all__ = [
     "lock_retries",
     "mark_held",
     "note_parts",
-    "release_current",
-    "request_headers",
     "resend",
     "run_name",
 ]
@@ -80,21 +78,26 @@ OUTAGE_HEADER: Final = "dflock_outage"
 """Message header of a run sent again because its lock server was unreachable
 (`celery_dflock._outage`): ``{"since": <epoch seconds the outage was first met>,
 "retries": <outage retries so far>}``."""
+HOLD_HEADER: Final = "dflock_hold"
+"""Message header of a task sent under a publish-time hold: ``{"key": ..., "token": ...}``."""
+FOLLOW_HEADER: Final = "dflock_follow"
+"""Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
+"error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 
-REQUEST_LOCK: Final = "dflock_lock"
-"""The request attribute holding the current run's lock (``LockedTask.lock``)."""
-_REQUEST_KEY: Final = "dflock_key"
-_REQUEST_FENCE: Final = "dflock_fence"
-_REQUEST_TOKEN: Final = "dflock_token"
-REQUEST_OPTIONS: Final = "dflock_run_options"
-"""The request attribute holding the current run's resolved `LockOptions`."""
 _REQUEST_ATTRS: Final = (
-    REQUEST_LOCK,
-    _REQUEST_KEY,
-    _REQUEST_FENCE,
-    _REQUEST_TOKEN,
-    REQUEST_OPTIONS,
+    "dflock_lock",
+    "dflock_key",
+    "dflock_fence",
+    "dflock_token",
+    "dflock_run_options",
 )
+"""What `mark_held` sets on the request: the lock (``LockedTask.lock``), its key, fence and
+token, the run's resolved `LockOptions`."""
+MAX_BACKOFF_EXPONENT: Final = 32
+"""The most doublings of a backoff (a lock retry's countdown, a follower's poll)."""
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+"""A run's ``(args, kwargs)``."""
 
 
 def run_name(name: str, task_id: object) -> str:
@@ -103,14 +106,8 @@ def run_name(name: str, task_id: object) -> str:
 
 
 def _headers(request: Any) -> Mapping[str, Any] | None:
-    """``request.headers`` when it is a mapping (not copied), else None."""
     headers = getattr(request, "headers", None)
     return cast("Mapping[str, Any]", headers) if isinstance(headers, Mapping) else None
-
-
-def request_headers(request: Any) -> dict[str, Any]:
-    headers = _headers(request)
-    return {} if headers is None else dict(headers)
 
 
 def header(request: Any, name: str) -> object:
@@ -127,22 +124,50 @@ def lock_retries(request: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def call_options(request: Any) -> GivenOptions | None:
-    """Per-call lock options of the current request (message header or eager headers),
-    checked as they enter the run; None: none."""
-    raw = header(request, LOCK_OPTIONS_HEADER)
-    if not raw:
-        return None
-    return read_call_options(raw, f"call options of task {getattr(request, 'task', '?')!r}")
+@dataclass(slots=True)
+class Message:
+    """One run: its task, request and call, and its per-call lock options, checked as they
+    entered the run (None: none). The other headers are read where the run needs them (a
+    run that is not locked reads none of them)."""
+
+    task: Any
+    request: Any
+    call: Call
+    options: GivenOptions | None
+
+    @classmethod
+    def read(cls, task: Any, request: Any, call: Call) -> Message:
+        raw = header(request, LOCK_OPTIONS_HEADER)
+        what = f"call options of task {getattr(request, 'task', '?')!r}"
+        return cls(task, request, call, read_call_options(raw, what) if raw else None)
+
+    @property
+    def task_id(self) -> str | None:
+        return cast("str | None", self.request.id)
+
+    @property
+    def label(self) -> str:
+        """``task NAME[ID]`` (`run_name`)."""
+        return run_name(str(self.task.name), self.request.id)
+
+    @property
+    def direct(self) -> bool:
+        """Called directly or eagerly: there is no message to send again."""
+        return bool(self.request.called_directly or self.request.is_eager)
+
+    @property
+    def retries(self) -> int:
+        """The lock retries this message was sent again for so far."""
+        return lock_retries(self.request)
 
 
 def mark_held(request: Any, key: str, lock: AnyLock, options: LockOptions) -> None:
     """Record the run's lock on its request (``LockedTask.lock``, ``request.dflock_fence``, ...)."""
-    setattr(request, REQUEST_LOCK, lock)
-    setattr(request, _REQUEST_KEY, key)
-    setattr(request, _REQUEST_FENCE, lock.fence)
-    setattr(request, _REQUEST_TOKEN, lock.token)
-    setattr(request, REQUEST_OPTIONS, options)
+    request.dflock_lock = lock
+    request.dflock_key = key
+    request.dflock_fence = lock.fence
+    request.dflock_token = lock.token
+    request.dflock_run_options = options
 
 
 def clear_held(request: Any) -> None:
@@ -153,29 +178,16 @@ def clear_held(request: Any) -> None:
 
 def held_lock(request: Any) -> AnyLock | None:
     """The lock the run of ``request`` holds (None: none)."""
-    return cast("AnyLock | None", getattr(request, REQUEST_LOCK, None))
+    return cast("AnyLock | None", getattr(request, "dflock_lock", None))
 
 
 def held_options(request: Any) -> LockOptions | None:
     """The resolved lock options of the run of ``request``, while it holds its lock."""
-    return cast("LockOptions | None", getattr(request, REQUEST_OPTIONS, None))
-
-
-def release_current(request: Any) -> None:
-    """Release the lock of the run ``request`` is for, if it holds one (before a retry)."""
-    lock = held_lock(request)
-    if lock is not None:
-        lock.release()
-
-
-MAX_BACKOFF_EXPONENT: Final = 32
-"""The most doublings of a backoff (a lock retry's countdown, a follower's poll)."""
+    return cast("LockOptions | None", getattr(request, "dflock_run_options", None))
 
 
 def resend(
-    task: Any,
-    request: Any,
-    call: tuple[tuple[Any, ...], dict[str, Any]],
+    message: Message,
     *,
     countdown: float,
     retries: int,
@@ -184,10 +196,11 @@ def resend(
 ) -> BaseException:
     """Send the run again in ``countdown`` s, as ``Task.retry`` does, but count it in
     `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
-    task's ``max_retries``, which are left to its own retries (an outage retry,
-    `celery_dflock._outage`, passes the count on unchanged). ``busy``: why (the `Retry`'s
-    exception). ``extra``: more headers."""
-    headers = request_headers(request)
+    task's ``max_retries`` (an outage retry passes the count on unchanged). ``busy``: why
+    (the `Retry`'s exception); ``extra``: more headers. The per-call options go on as they
+    came (checked when this run read them)."""
+    request = message.request
+    headers = dict(_headers(request) or {})
     for name in (FOLLOW_HEADER, HOLD_HEADER):  # a worker's request keeps them as attributes
         value = header(request, name)
         if value is not None:
@@ -195,11 +208,11 @@ def resend(
     headers.update(extra or {})
     headers[LOCK_RETRIES_HEADER] = retries
     headers.setdefault(HOLD_HEADER, None)  # sent again, not a new publish: no hold taken
-    given = header(request, LOCK_OPTIONS_HEADER)  # checked when this run read it
+    given = header(request, LOCK_OPTIONS_HEADER)
     if given:
         headers[LOCK_OPTIONS_HEADER] = given
-    signature: Any = task.signature_from_request(
-        request, *call, countdown=countdown, headers=headers
+    signature: Any = message.task.signature_from_request(
+        request, *message.call, countdown=countdown, headers=headers
     )
     if request.is_eager:
         return Retry(exc=busy, when=countdown, is_eager=True, sig=signature)
@@ -213,11 +226,6 @@ def resend(
 # ---------------------------------------------------------- queue-once's headers and the owner note
 
 
-HOLD_HEADER: Final = "dflock_hold"
-"""Message header of a task sent under a publish-time hold: ``{"key": ..., "token": ...}``."""
-FOLLOW_HEADER: Final = "dflock_follow"
-"""Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
-"error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 NOTE_MAX_BYTES: Final = 200
 """The longest owner note the server stores (printable ASCII, no space)."""
 _NO_NOTE: Final = "_"

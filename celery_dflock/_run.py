@@ -1,9 +1,10 @@
 # pyright: reportMissingTypeStubs=false
 """One locked run, beside `LockedTask` as Celery's ``app/trace.py`` is beside its ``Task``.
 
-`locked_run` owns the whole path of a run: its plan and key, the acquire (or the take-over of
-its publish-time hold), the body under the lost-lock guard, the held-lock record, and the
-release. What it calls are plain functions and small classes, each a policy of its own:
+`locked_run` is the whole path of a run, in one place: the message read (`Message`), the
+task's plan and key, the acquire (or the take-over of its publish-time hold), the body under
+the lost-lock guard, the held-lock record, and the release. What it calls are plain functions
+and small classes, each a policy of its own:
 
 * the busy-key policy (`contended`, `retry_countdown`): what a run does when its key is held
   by other runs, or in use with another ``lock_limit``, once its ``lock_timeout`` wait in the
@@ -14,15 +15,13 @@ release. What it calls are plain functions and small classes, each a policy of i
   signal, and the log line;
 * the interrupt (`current_body`): raising `LockLost` in the running body from another thread
   or greenlet, on each pool (its notes: the section's comment below);
-* the two signals a run sends (`lock_lost`, `lock_skipped`; public as
-  `celery_dflock.signals.lock_lost` and `celery_dflock.signals.lock_skipped`, which documents
-  their arguments).
+* the two signals a run sends (``celery_dflock.signals`` documents their arguments).
 
 Its other parts live in modules of their own: `celery_dflock._runtime` (the task's plan and
-the process's client), `celery_dflock._queue_once` (the publish-time hold, its hand-off, and a
-canvas member sent in a duplicate's place), `celery_dflock._outage` (an unreachable lock
-server: a busy key, not a failure) and `celery_dflock._request` (what the run reads from and
-writes on Celery's request and message).
+the process's client), `celery_dflock._queue_once` (the publish-time hold and a canvas member
+sent in a duplicate's place), `celery_dflock._outage` (an unreachable lock server: a busy key,
+not a failure) and `celery_dflock._request` (what the run reads from and writes on Celery's
+request and message).
 """
 
 from __future__ import annotations
@@ -46,21 +45,19 @@ from celery_dflock._request import (
     HOLD_HEADER,
     MAX_BACKOFF_EXPONENT,
     OUTAGE_HEADER,
-    call_options,
+    Message,
     clear_held,
     decode_note,
     encode_note,
     follow_of,
     header,
     hold_of,
-    lock_retries,
     mark_held,
     resend,
-    run_name,
 )
 from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime, options_for
 from celery_dflock._settings import OnLockLost
-from celery_dflock.client import DistributedLock
+from celery_dflock.client import Client, DistributedLock
 from celery_dflock.client.errors import (
     DflockError,
     LimitMismatchError,
@@ -69,7 +66,7 @@ from celery_dflock.client.errors import (
     LockSkipped,
     ServerUnavailable,
 )
-from celery_dflock.config import DflockConfig, LockOptions, get_config
+from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
     "BodyTarget",
@@ -91,49 +88,6 @@ logger: Any = get_task_logger("celery_dflock.task")
 """For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
 
 
-def _run_note(task_id: str | None, request: Any, name: str) -> str | None:
-    """The owner note of a running task: its id, the worker's name (or this host's), this
-    process's pid and the task's name."""
-    host = getattr(request, "hostname", None)
-    return encode_note(
-        task_id,
-        host if isinstance(host, str) and host else socket.gethostname(),
-        pid=os.getpid(),
-        name=name,
-    )
-
-
-def new_lock(
-    runtime: Runtime,
-    config: DflockConfig,
-    key: str,
-    options: LockOptions,
-    *,
-    acquire_timeout_s: float,
-    on_lost: Callable[[Any], None] | None,
-    note: str | None = None,
-) -> AnyLock:
-    """An unacquired lock (or semaphore, with ``lock_limit``) on ``key`` from the run's
-    ``Client``; a lock carries the owner ``note`` (a semaphore none). ``options.ttl`` was
-    checked where it entered (a ``Lease``): the client takes it as it is."""
-    client = runtime.client(config)
-    if options.limit is not None:
-        return client.semaphore(
-            key,
-            options.limit,
-            acquire_timeout_s=acquire_timeout_s,
-            lease_ttl_s=options.ttl,
-            on_lost=on_lost,
-        )
-    return client.lock(
-        key,
-        acquire_timeout_s=acquire_timeout_s,
-        lease_ttl_s=options.ttl,
-        on_lost=on_lost,
-        note=note,
-    )
-
-
 def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``task``'s body for ``request`` under its lock (or straight, when not locked).
 
@@ -141,21 +95,20 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     holds the very grant the publish took (renewed, guarded and released as any run's lock).
     When the hold is gone (its ``lock_pending_ttl`` ran out), the run takes the key as a
     run-time lock and ``on_locked`` applies."""
-    app: Any = task._get_app()
+    message = Message.read(task, request, (args, kwargs))
     follow = follow_of(header(request, FOLLOW_HEADER))
     if follow is not None:
-        return run_follower(task, request, follow, (args, kwargs))
-    config = get_config(app)
-    runtime = get_runtime(app)
+        return run_follower(message, follow)
+    app: Any = task._get_app()
+    config, runtime = get_config(app), get_runtime(app)
     run: Callable[..., Any] = task.run
     runs = runtime.task_runs(str(task.name))
-    options = options_for(task, config, runs, call_options(request))
+    options = options_for(task, config, runs, message.options)
     if options is None:
         return run(*args, **kwargs)
     key = runs.key_builder(task, options.key, run, config.key_prefix).key(args, kwargs)
-    task_id = cast("str | None", request.id)
-    guard = RunGuard(task, task_id, key, options.on_lock_lost, runtime)
-    wait_started = time.monotonic()
+    guard = RunGuard(message, key, options.on_lock_lost, runtime)
+    started = time.monotonic()
     wait_s = options.timeout
     eager_once = bool(request.is_eager) and options.lock_from == "publish"
     if (request.called_directly or eager_once) and not options.timeout_given:
@@ -165,87 +118,80 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         wait_s = 0.0
     if options.on_locked == "retry" and request.is_eager and not eager_once:
         # Eager retries run at once; wait out the countdown in the queue instead.
-        wait_s = max(wait_s, retry_countdown(lock_retries(request), options))
-    note = _run_note(task_id, request, str(task.name))
-    lock = new_lock(
-        runtime, config, key, options, acquire_timeout_s=wait_s, on_lost=guard.on_lost, note=note
-    )
+        wait_s = max(wait_s, retry_countdown(message.retries, options))
+    client = runtime.client(config)
+    note = _run_note(message)
     held = hold_of(header(request, HOLD_HEADER))
     on_close_lease = options.pending_ttl if _acks_late(task, request) else None
     outage: OutageWait | None = None
-    while True:
+    while True:  # after an outage's pause, the rest of its lock_timeout to wait
+        left_s = max(0.0, started + wait_s - time.monotonic())
+        lock = new_lock(client, key, options, left_s, on_lost=guard.on_lost, note=note)
         try:
             took_over = take_over(
-                runtime,
-                config,
+                client,
                 lock,
                 held,
                 note=note,
                 label=guard.label,
                 on_close_lease=on_close_lease,
-                task_id=task_id,
+                task_id=message.task_id,
             )
             acquired = took_over or lock.acquire()
+            break
         except LimitMismatchError as exc:  # the key is busy with another lock_limit
-            return contended(
-                task,
-                request,
-                key,
-                options,
-                (args, kwargs),
-                waited_s=time.monotonic() - wait_started,
-                mismatch=exc,
-            )
+            return contended(message, key, options, time.monotonic() - started, mismatch=exc)
         except ServerUnavailable as exc:  # down, restarting, draining: a busy key (_outage)
-            _autoretry(task, request, exc)  # the task's own autoretry_for names it: Celery's
-            if outage is None:  # in a worker, a short reconnect at most: its slot goes back
-                outage = OutageWait.for_run(request, wait_started, wait_s)
-            address = "{}:{}".format(*lock.server)
-            pause = outage.next_pause(exc, address)
+            _autoretry(message, exc)  # the task's own autoretry_for names it: Celery's
+            # In a worker, a short reconnect at most: its slot goes back.
+            outage = outage or OutageWait.for_run(request, started, wait_s)
+            pause = outage.next_pause(exc, "{}:{}".format(*lock.server))
             if pause is None:
-                raise retry_outage(
-                    task, request, key, options, (args, kwargs), wait=outage, exc=exc
-                ) from exc
+                raise retry_outage(message, key, options, outage, exc) from exc
             time.sleep(pause)
-            lock = new_lock(  # once the server answers, the rest of its lock_timeout to wait
-                runtime,
-                config,
-                key,
-                options,
-                acquire_timeout_s=max(0.0, wait_started + wait_s - time.monotonic()),
-                on_lost=guard.on_lost,
-                note=note,
-            )
-            continue
         except DflockError as exc:  # the server refusing, a bad setting, ...
-            _autoretry(task, request, exc)
+            _autoretry(message, exc)
             raise
-        break
     if outage is not None or outage_of(request) is not None:
-        logger.info(
-            "dflock: %s: the lock server at %s:%s answers again",
-            guard.label,
-            *lock.server,
-        )
+        logger.info("dflock: %s: the lock server at %s:%s answers again", guard.label, *lock.server)
     if not acquired:
         if eager_once:
             raise eager_duplicate(guard.label, key, lock)
-        return contended(
-            task,
-            request,
-            key,
-            options,
-            (args, kwargs),
-            waited_s=time.monotonic() - wait_started,
-            lock=lock,
-        )
+        return contended(message, key, options, time.monotonic() - started, lock=lock)
     # A hold taken over for an acks_late message outlives this process on purpose: when the
     # process dies, the message comes back and its next run takes the same hold over. It is
     # not recorded, so a dead child's clean-up does not release it.
     record = not (took_over and on_close_lease is not None)
-    return _run_held(
-        guard, lock, request, options=options, run=run, call=(args, kwargs), record=record
+    return _run_held(guard, lock, message, options, run, record=record)
+
+
+def new_lock(
+    client: Client,
+    key: str,
+    options: LockOptions,
+    wait_s: float,
+    *,
+    on_lost: Callable[[Any], None],
+    note: str | None,
+) -> AnyLock:
+    """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``; a lock carries the
+    owner ``note`` (a semaphore none). ``options.ttl`` is a `Lease`, checked where it entered:
+    the client takes it as it is."""
+    if options.limit is not None:
+        return client.semaphore(
+            key, options.limit, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost
+        )
+    return client.lock(
+        key, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost, note=note
     )
+
+
+def _run_note(message: Message) -> str | None:
+    """The owner note of a running task: its id, the worker's name (or this host's), this
+    process's pid and the task's name."""
+    host = getattr(message.request, "hostname", None)
+    host = host if isinstance(host, str) and host else socket.gethostname()
+    return encode_note(message.task_id, host, pid=os.getpid(), name=str(message.task.name))
 
 
 def _acks_late(task: Any, request: Any) -> bool:
@@ -257,25 +203,23 @@ def _acks_late(task: Any, request: Any) -> bool:
 def _run_held(
     guard: RunGuard,
     lock: AnyLock,
-    request: Any,
-    *,
+    message: Message,
     options: LockOptions,
     run: Callable[..., Any],
-    call: tuple[tuple[Any, ...], dict[str, Any]],
-    record: bool = True,
+    *,
+    record: bool,
 ) -> Any:
     """The body, with ``lock`` held: recorded on the request (and, when ``record``, in the
     held-lock records of a pool child), guarded against a loss, and released however the body
     ends."""
-    key, task_id, runtime = guard.key, guard.task_id, guard.runtime
-    guard.lock = lock
+    key, task_id, runtime, request = guard.key, message.task_id, guard.runtime, message.request
     mark_held(request, key, lock, options)
     if record and runtime.in_pool_child and task_id:
         writer = runtime.held_writer()
         if writer is not None:
             guard.record = writer.add(task_id, lock, options.limit)
     try:
-        result = guard.run_body(run, call, lock)
+        result = guard.run_body(run, message.call, lock)
         # The lock may be marked lost a moment before on_lost runs: the body can see it and
         # return first. Only "flag" lets a body that saw its lock lost end normally.
         if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
@@ -294,15 +238,14 @@ def _run_held(
             clear_held(request)
 
 
-def _autoretry(task: Any, request: Any, exc: DflockError) -> None:
-    """Give an error taking the lock the task's ``autoretry_for`` treatment.
-
-    Celery's ``autoretry_for`` wraps the task body only, and the lock is taken before the
-    body: without this, ``autoretry_for=(ServerUnavailable,)`` would not cover an outage
-    of the lock server. Retries (``self.retry``, so ``retry_kwargs``, ``retry_backoff``,
-    ``retry_backoff_max``, ``retry_jitter`` and ``max_retries`` apply as Celery applies
-    them) when the task names the error; returns otherwise, and the caller re-raises.
-    """
+def _autoretry(message: Message, exc: DflockError) -> None:
+    """Give an error taking the lock the task's ``autoretry_for`` treatment: Celery's wraps
+    the body only, and the lock is taken before it (without this,
+    ``autoretry_for=(ServerUnavailable,)`` would not cover an outage of the lock server).
+    Retries through ``self.retry`` (so ``retry_kwargs``, ``retry_backoff``,
+    ``retry_backoff_max``, ``retry_jitter`` and ``max_retries`` apply as Celery applies them)
+    when the task names the error; returns otherwise, and the caller re-raises."""
+    task = message.task
     autoretry_for = tuple(getattr(task, "autoretry_for", None) or ())
     if not autoretry_for or not isinstance(exc, autoretry_for):
         return
@@ -314,7 +257,7 @@ def _autoretry(task: Any, request: Any, exc: DflockError) -> None:
     if backoff:
         retry_kwargs["countdown"] = backoff_interval(
             factor=int(max(1.0, backoff)),
-            retries=int(request.retries or 0),
+            retries=int(message.request.retries or 0),
             maximum=int(getattr(task, "retry_backoff_max", 600)),
             full_jitter=getattr(task, "retry_jitter", True),
         )
@@ -336,13 +279,11 @@ def retry_countdown(retries: int, options: LockOptions) -> float:
 
 
 def contended(
-    task: Any,
-    request: Any,
+    message: Message,
     key: str,
     options: LockOptions,
-    call: tuple[tuple[Any, ...], dict[str, Any]],
-    *,
     waited_s: float,
+    *,
     mismatch: LimitMismatchError | None = None,
     lock: AnyLock | None = None,
 ) -> Any:
@@ -352,9 +293,8 @@ def contended(
     A key is one resource on the server (a lock is a semaphore of limit 1), so runs with
     another ``lock_limit`` on the key keep it busy like any holder; the server refuses at
     once instead of queueing, and ``on_locked`` applies as for a busy key."""
-    run = run_name(str(task.name), request.id)
-    task_id = cast("str | None", request.id)
-    args, kwargs = call
+    run = message.label
+    args, kwargs = message.call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
     handover = None if lock is None else lock.handover
     if mismatch is None and handover is not None:
@@ -373,7 +313,12 @@ def contended(
     if options.on_locked == "skip":
         logger.info("dflock: skipping %s: %s", run, why)
         lock_skipped.send(
-            sender=task, task_id=task_id, key=key, args=args, kwargs=kwargs, holder=holder
+            sender=message.task,
+            task_id=message.task_id,
+            key=key,
+            args=args,
+            kwargs=kwargs,
+            holder=holder,
         )
         raise LockSkipped(
             f"{run} was skipped: {why} (waited {waited_s:.1f}s; on_locked='skip')"
@@ -382,9 +327,9 @@ def contended(
         f"{run}: {why} (waited {waited_s:.1f}s; on_locked={options.on_locked!r})"
     )
     busy.__cause__ = mismatch
-    if options.on_locked != "retry" or request.called_directly:
+    if options.on_locked != "retry" or message.request.called_directly:
         raise busy
-    done = lock_retries(request)
+    done = message.retries
     limit = options.max_retries
     if limit is not None and done >= limit:
         raise LockNotAcquired(
@@ -404,7 +349,7 @@ def contended(
     )
     # Busy, so reached: an outage this run met before is over (its budget starts afresh).
     extra = {OUTAGE_HEADER: None}
-    raise resend(task, request, call, countdown=countdown, retries=done + 1, busy=busy, extra=extra)
+    raise resend(message, countdown=countdown, retries=done + 1, busy=busy, extra=extra)
 
 
 # --------------------------------------------------------------- the lost-lock guard (on_lock_lost)
@@ -424,21 +369,13 @@ class _Interrupted(LockLost):
 class RunGuard:
     """One locked run: its lock, the body's thread, and the ``on_lock_lost`` policy."""
 
-    def __init__(
-        self,
-        task: object,
-        task_id: str | None,
-        key: str,
-        policy: OnLockLost,
-        runtime: Runtime,
-    ) -> None:
-        self.task = task
-        self.label = run_name(str(cast("Any", task).name), task_id)
-        self.task_id = task_id
+    def __init__(self, message: Message, key: str, policy: OnLockLost, runtime: Runtime) -> None:
+        self.task = message.task
+        self.label = message.label
+        self.task_id = message.task_id
         self.key = key
         self.policy: OnLockLost = policy
         self.runtime = runtime
-        self.lock: AnyLock | None = None
         self.record: HeldRecord | None = None
         self._state = threading.Lock()
         self._body: BodyTarget | None = None

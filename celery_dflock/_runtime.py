@@ -40,7 +40,13 @@ from typing import Any, Final, cast
 from celery_dflock._settings import GivenOptions, read_attributes
 from celery_dflock.client import DistributedLock, DistributedSemaphore
 from celery_dflock.client.clients import Client
-from celery_dflock.config import LOCK_OPTIONS, DflockConfig, LockOptions, resolve_options
+from celery_dflock.config import (
+    LOCK_OPTIONS,
+    DflockConfig,
+    LockOptions,
+    get_config,
+    resolve_options,
+)
 from celery_dflock.keys import KeyBuilder
 
 __all__ = [
@@ -51,6 +57,7 @@ __all__ = [
     "HeldWriter",
     "Runtime",
     "TaskRuns",
+    "app_client",
     "get_runtime",
     "options_for",
     "pid_gone",
@@ -458,6 +465,11 @@ def get_runtime(app: object) -> Runtime:
     fresh = Runtime(records=runtime.records if isinstance(runtime, Runtime) else None)
     setattr(app, _RUNTIME_ATTR, fresh)
     return fresh
+
+
+def app_client(app: Any) -> Client:
+    """The app's `Client` in this process (`Runtime.client`)."""
+    return get_runtime(app).client(get_config(app))
 
 
 def reset_runtime_after_fork(app: object, *, in_pool_child: bool) -> Runtime:

@@ -21,7 +21,7 @@ from kombu import serialization
 
 from celery_dflock import _worker_hooks
 from celery_dflock._celery import BaseTask, Reject, task_stack
-from celery_dflock._queue_once import Duplicate, publish_hold, release_hold, retry_hand_off
+from celery_dflock._queue_once import Duplicate, publish_hold, retry_hand_off
 from celery_dflock._request import (
     FOLLOW_HEADER,
     HOLD_HEADER,
@@ -32,7 +32,7 @@ from celery_dflock._request import (
     held_lock,
 )
 from celery_dflock._run import locked_run
-from celery_dflock._runtime import AnyLock, get_runtime
+from celery_dflock._runtime import AnyLock, app_client
 from celery_dflock._settings import (
     LOCK_OPTIONS,
     check_option_names,
@@ -40,7 +40,6 @@ from celery_dflock._settings import (
     read_options,
 )
 from celery_dflock.client.errors import DflockError
-from celery_dflock.config import get_config
 from celery_dflock.keys import check_template
 
 __all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_task_locks"]
@@ -120,14 +119,9 @@ class LockedTask(Task):
         With ``lock_from="publish"`` the key is taken first: while another task holds it,
         nothing is sent and ``on_duplicate`` says what the caller gets."""
         check_option_names(options, f"apply_async options of {self._name!r}")
-        lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
-        headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
-        if lock_options:
-            checked = read_call_options(
-                lock_options, f"apply_async options of {self._name!r}"
-            ).by_name()
-            given = cast("Mapping[str, object]", headers.get(LOCK_OPTIONS_HEADER) or {})
-            headers[LOCK_OPTIONS_HEADER] = {**given, **checked}
+        headers = _with_lock_options(
+            options, options.pop("headers", None), f"apply_async options of {self._name!r}"
+        )
         if headers:
             options["headers"] = headers
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
@@ -200,13 +194,8 @@ class LockedTask(Task):
         """As :meth:`celery.Task.apply` (an eager run, here and now); lock options given here
         apply to this run (a bad one is refused, naming it). An eager run of a
         ``lock_from="publish"`` task whose key is held fails at once with `AlreadyQueued`."""
-        lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
-        if lock_options:
-            checked = read_call_options(lock_options, f"apply options of {self._name!r}").by_name()
-            merged = dict(cast("Mapping[str, Any]", headers or {}))
-            given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
-            merged[LOCK_OPTIONS_HEADER] = {**given, **checked}
-            headers = merged
+        if any(name in options for name in LOCK_OPTIONS):
+            headers = _with_lock_options(options, headers, f"apply options of {self._name!r}")
         return BaseTask.apply(
             self,
             args,
@@ -306,9 +295,20 @@ class LockedTask(Task):
         return tuple(sent_args), dict(sent_kwargs)
 
     def _release_kept(self, kept: HoldRef) -> None:
-        app = self._celery._get_app()
         with contextlib.suppress(DflockError):  # else its lease frees it
-            release_hold(get_runtime(app), get_config(app), kept)
+            app_client(self._celery._get_app()).release(kept.key, kept.token)
+
+
+def _with_lock_options(options: dict[str, Any], headers: object, what: str) -> dict[str, Any]:
+    """The message's headers, with the lock options popped from a call's ``options`` checked
+    and merged into `LOCK_OPTIONS_HEADER` (over those the headers carry already)."""
+    merged = dict(cast("Mapping[str, Any]", headers or {}))
+    lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
+    if lock_options:
+        checked = read_call_options(lock_options, what).by_name()
+        given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
+        merged[LOCK_OPTIONS_HEADER] = {**given, **checked}
+    return merged
 
 
 _CANVAS_OPTIONS = ("chain", "chord", "group_id")

@@ -54,8 +54,7 @@ def test_a_redelivered_run_takes_its_hold_over_once_the_dead_runs_connection_clo
             killer.start()
             try:
                 took = take_over(
-                    get_runtime(app),
-                    get_config(app),
+                    get_runtime(app).client(get_config(app)),
                     lock,
                     ref,
                     note=encode_note(task_id, "w-new@host"),
