@@ -4,41 +4,38 @@
 A run whose lock server is down, restarting, draining or handing over (`ServerUnavailable`,
 `ServerDraining`, a wait cut by the server's restart) neither fails nor runs unlocked:
 
-1. A run in a worker gives its pool slot back almost at once: it reconnects, with a
-   short backoff, for at most `OUTAGE_RECONNECT_S` (and never past its ``lock_timeout``), and
-   only the first time its message meets the outage; a run whose message was already sent
-   again for an outage tries once. If the server answers within that, the run joins the
-   restarted server's queue at once and waits the rest of its ``lock_timeout`` there, as any
-   waiter does (`OutageWait`).
+1. In a worker, it reconnects with a short backoff for at most `OUTAGE_RECONNECT_S` (never
+   past its ``lock_timeout``), and only the first time its message meets the outage (a
+   message already sent again for one tries once). If the server answers within that, the run
+   joins the restarted server's queue at once and waits the rest of its ``lock_timeout``
+   there, as any waiter does (`OutageWait`).
 2. Otherwise the message is sent again with a countdown (`retry_outage`), under every
    ``on_locked`` policy: ``"skip"`` and ``"raise"`` are about a key another run holds, and an
    unreachable server says nothing of that; skipping would drop a run that may be the only
-   one. An outage retry uses neither ``lock_max_retries`` nor Celery's ``max_retries``: it
-   has its own budget, `OUTAGE_BUDGET_S` from when the outage was first met, carried in the
-   `OUTAGE_HEADER` of the message.
+   one. An outage retry uses neither ``lock_max_retries`` nor Celery's ``max_retries``: its
+   budget is `OUTAGE_BUDGET_S` from when the outage was first met, carried in the message's
+   `OUTAGE_HEADER`.
 3. Once the budget is spent, the run fails with a `ServerUnavailable` that says which server
    was unreachable, for how long, and what to do.
 
-Why not wait in the slot, and why the short reconnect all the same. A run that waited for its
-server within its whole ``lock_timeout`` (30 s by default) inside its pool slot would make
-every slot sit out 30 s per attempt during an outage, retries crawl, and a warm shutdown wait
-for those waits (29.6 s for 40 runs on 5 keys, prefork 2x4). An unreachable
-server says nothing about when it will be back, and a message waiting for its countdown in
-the broker (or in the worker's ETA schedule) costs no slot and is what a warm shutdown hands
-back untouched. The one wait still worth a slot is the restart that is already over: a FIFO
-waiter cut by a server killed and restarted by its supervisor, or by a drain whose successor
-listens a moment later, finds it listening again within a second or two, and rejoining at
-once keeps it near its place in the key's queue (the waiters that were cut join again in the
-order they reconnect), where a resend would put it behind every run that reaches the server
-in the meantime. `OUTAGE_RECONNECT_S` (2 s) covers that and keeps a warm shutdown during an
-outage far below 10 s; a run sent again for an outage has already paid it once, so it tries
-once and goes back to the broker (a long outage costs each message one short reconnect, not
-one per retry).
+Why not wait in the slot, and why the short reconnect all the same. Waiting for the server
+within the whole ``lock_timeout`` (30 s by default) would make every slot sit out 30 s per
+attempt during an outage, retries crawl, and a warm shutdown wait for those waits (29.6 s for
+40 runs on 5 keys, prefork 2x4). An unreachable server says nothing about when it will be
+back, and a message waiting for its countdown in the broker (or the worker's ETA schedule)
+costs no slot and is what a warm shutdown hands back untouched. The one wait worth a slot is
+the restart already over: a FIFO waiter cut by a server restarted by its supervisor, or by a
+drain whose successor listens a moment later, finds it listening again within a second or
+two, and rejoining at once keeps it near its place in the key's queue (the cut waiters join
+again in the order they reconnect), where a resend would put it behind every run that reaches
+the server meanwhile. `OUTAGE_RECONNECT_S` (2 s) covers that and keeps a warm shutdown during
+an outage far below 10 s; a long outage costs each message one short reconnect, not one per
+retry.
 
-A run called directly or eagerly has no message to send again: it waits within its whole
-``lock_timeout`` as before (reconnecting), then fails. The worker's main process counts the
-outage retries it receives (`OutageCounter`; ``celery dflock status`` shows them) and logs
-when its servers answer again.
+A run called directly or eagerly has no message to send again: it waits (reconnecting) within
+its whole ``lock_timeout``, then fails. The worker's main process counts the outage retries
+it receives (`OutageCounter`; ``celery dflock status`` shows them) and logs when its servers
+answer again.
 """
 
 from __future__ import annotations
@@ -122,11 +119,9 @@ class OutageWait:
 
     @classmethod
     def for_run(cls, request: Any, started: float, wait_s: float) -> OutageWait:
-        """The wait of a run that began at ``started`` (its ``lock_timeout``: ``wait_s``) and
-        now meets the outage: within its whole ``lock_timeout`` when it has no message to
-        send again (called directly or eagerly); in a worker, `OUTAGE_RECONNECT_S` at most
-        when its message meets the outage for the first time, and no wait at all when the
-        message was already sent again for one."""
+        """The wait of a run that began at ``started`` with a ``lock_timeout`` of ``wait_s``
+        (step 1 above): all of it without a message to send again; else `OUTAGE_RECONNECT_S`
+        at most, or none for a message already sent again for an outage."""
         deadline = started + wait_s
         if not (request.called_directly or request.is_eager):
             grace = OUTAGE_RECONNECT_S if outage_of(request) is None else 0.0
@@ -189,10 +184,11 @@ def retry_outage(
     since = state.since if state is not None else now - wait.waited()
     retries = state.retries if state is not None else 0
     down_s = max(0.0, now - since)
-    if message.direct or down_s >= OUTAGE_BUDGET_S:
+    direct = bool(message.request.called_directly or message.request.is_eager)
+    if direct or down_s >= OUTAGE_BUDGET_S:
         why = (
             "it ran in-process (called directly or eagerly), so there is no message to send again"
-            if message.direct
+            if direct
             else f"{retries} outage retries spent the {OUTAGE_BUDGET_S:.0f} s a run waits "
             f"for an unreachable lock server"
         )
@@ -226,9 +222,8 @@ def retry_outage(
 
 
 class OutageCounter:
-    """What a worker's main process counts of outages: the messages it received that were
-    sent again because their lock server was unreachable (`OUTAGE_HEADER`), and when the
-    last one came. Read by ``celery dflock status`` through a remote-control command."""
+    """The outage retries a worker's main process received (`OUTAGE_HEADER`), and when the
+    last came; ``celery dflock status`` reads it through a remote-control command."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()

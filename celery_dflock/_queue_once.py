@@ -152,17 +152,11 @@ def _adopt(
     on_close_lease: int | None,
     task_id: str | None,
 ) -> bool:
-    """`DistributedLock.adopt`; while the hold is bound to a connection that is about to let
-    it go, try again shortly:
-
-    - the publisher that sent this very message (the note is this task's id without a host:
-      it has not yet detached the hold, `PublishHold.confirm`), for at most `PUBLISH_LEASE_S`;
-    - an earlier delivery of this very message (this task's id with a worker): the broker
-      delivers an acks_late message again as soon as the worker that ran it dies (RabbitMQ
-      at once), which can be before the lock server has seen that run's connection close and
-      detached the hold, for at most `REDELIVERED_WAIT_S`. A run of it that is still alive
-      (Redis's visibility timeout) keeps the hold: this run then acquires as usual.
-    """
+    """`DistributedLock.adopt`, tried again shortly while the hold is bound to a connection
+    about to let it go: the publisher of this very message (the note is this task's id
+    without a host), for at most `PUBLISH_LEASE_S`, or an earlier delivery of it (this task's
+    id with a worker), for at most `REDELIVERED_WAIT_S`. A delivery still alive (Redis's
+    visibility timeout) keeps the hold: this run then acquires as usual."""
     started = time.monotonic()
     pause_s = _ADOPT_PAUSE_S
     while True:
@@ -189,9 +183,10 @@ is freed when that connection closes (a connection whose request went unanswered
 
 REDELIVERED_WAIT_S: Final = 5
 """How long a run waits for an earlier delivery of its own message to let the hold go
-(`_adopt`): when a worker dies running an acks_late message, the broker may deliver it again
-before the lock server has seen the dead run's connection close (normally a few
-milliseconds later). A run that has not let go by then is taken to be alive."""
+(`_adopt`): the broker delivers an acks_late message again as soon as the worker that ran it
+dies (RabbitMQ at once), which can be before the lock server has seen the dead run's
+connection close (normally a few milliseconds later). A run that has not let go by then is
+taken to be alive."""
 
 
 @dataclass(frozen=True, slots=True)

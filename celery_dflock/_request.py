@@ -134,26 +134,20 @@ class Message:
     request: Any
     call: Call
     options: GivenOptions | None
+    task_id: str | None
 
     @classmethod
     def read(cls, task: Any, request: Any, call: Call) -> Message:
         raw = header(request, LOCK_OPTIONS_HEADER)
+        if not raw:
+            return cls(task, request, call, None, request.id)
         what = f"call options of task {getattr(request, 'task', '?')!r}"
-        return cls(task, request, call, read_call_options(raw, what) if raw else None)
-
-    @property
-    def task_id(self) -> str | None:
-        return cast("str | None", self.request.id)
+        return cls(task, request, call, read_call_options(raw, what), request.id)
 
     @property
     def label(self) -> str:
         """``task NAME[ID]`` (`run_name`)."""
         return run_name(str(self.task.name), self.request.id)
-
-    @property
-    def direct(self) -> bool:
-        """Called directly or eagerly: there is no message to send again."""
-        return bool(self.request.called_directly or self.request.is_eager)
 
     @property
     def retries(self) -> int:

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, cast
 
 from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger
 from celery_dflock._outage import OutageWait, outage_of, retry_outage
@@ -124,8 +124,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     held = hold_of(header(request, HOLD_HEADER))
     on_close_lease = options.pending_ttl if _acks_late(task, request) else None
     outage: OutageWait | None = None
-    while True:  # after an outage's pause, the rest of its lock_timeout to wait
-        left_s = max(0.0, started + wait_s - time.monotonic())
+    left_s = wait_s
+    while True:
         lock = new_lock(client, key, options, left_s, on_lost=guard.on_lost, note=note)
         try:
             took_over = take_over(
@@ -148,7 +148,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             pause = outage.next_pause(exc, "{}:{}".format(*lock.server))
             if pause is None:
                 raise retry_outage(message, key, options, outage, exc) from exc
-            time.sleep(pause)
+            time.sleep(pause)  # once the server answers, the rest of its lock_timeout to wait
+            left_s = max(0.0, started + wait_s - time.monotonic())
         except DflockError as exc:  # the server refusing, a bad setting, ...
             _autoretry(message, exc)
             raise
@@ -212,7 +213,7 @@ def _run_held(
     """The body, with ``lock`` held: recorded on the request (and, when ``record``, in the
     held-lock records of a pool child), guarded against a loss, and released however the body
     ends."""
-    key, task_id, runtime, request = guard.key, message.task_id, guard.runtime, message.request
+    key, task_id, runtime, request = guard.key, guard.task_id, guard.runtime, message.request
     mark_held(request, key, lock, options)
     if record and runtime.in_pool_child and task_id:
         writer = runtime.held_writer()
@@ -442,31 +443,22 @@ class RunGuard:
     ) -> Any:
         """``run(*args, **kwargs)`` in this thread, the target of an interrupt while it runs;
         an interrupt that reaches it ends it with `LockLost`."""
+        body = current_body()
+        with self._state:
+            self._body = body
         try:
-            with self.body():
+            try:
                 return run(*call[0], **call[1])
+            finally:
+                with self._state:
+                    self._body, self._body_ended = None, True
+                    if self._interrupt_sent:
+                        body.cancel()  # not delivered yet: drop it
         except _Interrupted:
             raise LockLost(
                 f"{self.label} lost its lock {self.key!r} (fence {lock.fence}) "
                 f"while it ran, and was interrupted (on_lock_lost='interrupt')"
             ) from None
-
-    def body(self) -> RunGuard:
-        """``with guard.body():`` marks the body as running in this thread (the target of an
-        interrupt) until the block ends."""
-        return self
-
-    def __enter__(self) -> None:
-        body = current_body()
-        with self._state:
-            self._body = body
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._state:
-            body, self._body = self._body, None
-            self._body_ended = True
-            if self._interrupt_sent and body is not None:
-                body.cancel()  # not delivered yet: drop it
 
 
 # ------------------------------------------------------------------------------------ the interrupt
@@ -484,22 +476,9 @@ class RunGuard:
 #   where the body yields (a sleep, a socket, a lock); a body that never yields never lets the
 #   renewal run either.
 #
-# Either way the body may end before the exception lands: `BodyTarget.cancel` drops one not yet
+# Either way the body may end before the exception lands: its ``cancel`` drops one not yet
 # delivered, and the caller raises `LockLost` itself when a lost lock's body returned anyway
 # (so a run whose lock was lost never ends as a success, whatever the pool).
-
-
-class BodyTarget(Protocol):
-    """Where a running body can be interrupted."""
-
-    def interrupt(self, exc: type[BaseException]) -> bool:
-        """Schedule ``exc`` in the body (from another thread or greenlet); False if it cannot
-        be delivered there."""
-        ...
-
-    def cancel(self) -> None:
-        """From the body, as it ends: drop an interrupt not delivered yet."""
-        ...
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
@@ -512,7 +491,9 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
 
 
 class _ThreadBody:
-    """A body running in an OS thread."""
+    """A body running in an OS thread. ``interrupt`` schedules an exception in it from another
+    thread (False: it cannot be delivered); ``cancel``, from the body as it ends, drops one
+    not delivered yet. `_GreenBody` does the same for a greenlet."""
 
     def __init__(self, thread_id: int) -> None:
         self._thread_id = thread_id
@@ -559,6 +540,10 @@ def _patched_by_gevent() -> bool:
 def _patched_by_eventlet() -> bool:
     patcher: Any = sys.modules.get("eventlet.patcher")
     return patcher is not None and bool(patcher.is_monkey_patched("thread"))
+
+
+BodyTarget = _ThreadBody | _GreenBody
+"""Where a running body can be interrupted."""
 
 
 def current_body() -> BodyTarget:

@@ -6,14 +6,12 @@ of each task reuse (`TaskRuns`: the task's plan, whether its runs are locked and
 options, and its `KeyBuilder`, worked out once per task and process while the config and
 every lock attribute are the same objects), and where held locks are recorded.
 
-The held-lock records (`HeldRecords`): the directory where prefork pool children record the
-locks they hold, so the worker's main process can release them when a child dies under a task
-(hard time limit, revoke with terminate, SIGKILL). Each child keeps one file (`HeldWriter`)
-listing what it holds now (task id, key, token, its pid), rewritten in place when a lock is
-taken or released. Once the child is gone, the main process releases each token it lists.
-The server frees a dead child's grants itself when it sees the child's connection close: at
-once on a plain connection, ``--session-ttl`` seconds later (3 by default) on a session
-connection, which is what celery-dflock's client opens; never before the lease's end with
+The held-lock records (`HeldRecords`): each prefork pool child keeps one file (`HeldWriter`)
+listing the locks it holds now, so the worker's main process can release them once the child
+dies under a task (hard time limit, revoke with terminate, SIGKILL). The server frees a dead
+child's grants itself when it sees its connection close: at once on a plain connection,
+``--session-ttl`` seconds later (3 by default) on a session connection, which is what
+celery-dflock's client opens; never before the lease's end with
 ``--no-auto-release-on-disconnect``. The records free the key as soon as the main process
 sees the child gone, in every case. Release is idempotent.
 """
@@ -462,9 +460,7 @@ def get_runtime(app: object) -> Runtime:
     runtime = getattr(app, _RUNTIME_ATTR, None)
     if isinstance(runtime, Runtime) and runtime.pid == os.getpid():
         return runtime
-    fresh = Runtime(records=runtime.records if isinstance(runtime, Runtime) else None)
-    setattr(app, _RUNTIME_ATTR, fresh)
-    return fresh
+    return reset_runtime_after_fork(app, in_pool_child=False)
 
 
 def app_client(app: Any) -> Client:

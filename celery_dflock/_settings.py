@@ -20,6 +20,7 @@ import math
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast, get_args
 
@@ -140,10 +141,6 @@ def check_countdown(value: object, where: str) -> float:
     return float(_number(value, where, minimum=0, integer=False))
 
 
-def check_limit_value(value: object, where: str) -> int | None:
-    return check_limit(value, where, error=DflockConfigError)
-
-
 def check_max_retries(value: object, where: str) -> int | None:
     if value is None:
         return None
@@ -163,8 +160,9 @@ def check_session_ttl(value: object, where: str) -> int:
     return whole_seconds(where, cast("float", value), minimum=1, error=DflockConfigError)
 
 
-def check_renew_ratio_value(value: object, where: str) -> float:
-    return check_renew_ratio(value, where, error=DflockConfigError)
+check_limit_value: Final[Check[int | None]] = partial(check_limit, error=DflockConfigError)
+check_renew_ratio_value: Final[Check[float]] = partial(check_renew_ratio, error=DflockConfigError)
+check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockConfigError)
 
 
 # --------------------------------------------------------------------------- words
@@ -230,10 +228,6 @@ def check_non_empty_string(value: object, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise DflockConfigError(f"{where} must be a non-empty string, got {value!r}")
     return value
-
-
-def check_auth(value: object, where: str) -> str | None:
-    return check_auth_token(value, where, error=DflockConfigError)
 
 
 def as_given(value: object, where: str) -> object:

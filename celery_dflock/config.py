@@ -231,13 +231,7 @@ def reset_config(app: _App) -> None:
 RETRY_WAIT_S: Final = 30.0
 """The default ``lock_timeout`` of ``on_locked="retry"``: a run waits this long in its key's
 FIFO queue (taking the key the moment the holder lets go) before it is sent again with a
-countdown."""
-
-
-def default_timeout(on_locked: str) -> float:
-    """``lock_timeout`` when none is set: `RETRY_WAIT_S` for ``"retry"``, else 0 (``"skip"``
-    and ``"raise"`` give up at once)."""
-    return RETRY_WAIT_S if on_locked == "retry" else 0.0
+countdown. ``"skip"`` and ``"raise"`` give up at once (0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +254,7 @@ class LockOptions:
     on_duplicate: OnDuplicate
     pending_ttl: int
     timeout_given: bool
-    """Whether ``lock_timeout`` was set (False: ``timeout`` is `default_timeout`'s)."""
+    """Whether ``lock_timeout`` was set (False: ``timeout`` is the policy's default)."""
 
 
 def resolve_options(
@@ -287,6 +281,8 @@ def resolve_options(
     timeout = first.pop("timeout")
     return LockOptions(
         **first,
-        timeout=default_timeout(first["on_locked"]) if timeout is None else timeout,
+        timeout=(RETRY_WAIT_S if first["on_locked"] == "retry" else 0.0)
+        if timeout is None
+        else timeout,
         timeout_given=timeout is not None,
     )

@@ -1,12 +1,11 @@
 # pyright: reportMissingTypeStubs=false
 """``LockedTask``: a distributed lock around every run of a Celery task.
 
-The lock is taken in the worker when the task *executes* (in ``__call__``,
-where a refusal can still stop the run), renewed by a thread while the body
-runs, and released on every way the run ends (the machinery of a run is in
-``celery_dflock._run``, as Celery's trace is beside its ``Task``; the task keeps its options
-and Celery's hooks). The options and examples:
-docs/locked-tasks.md; every option with its default: docs/reference/settings.md.
+The lock is taken in the worker when the task *executes* (in ``__call__``, where a refusal
+can still stop the run), renewed by a thread while the body runs, and released on every way
+the run ends. The task keeps its options and Celery's hooks; the run is `celery_dflock._run`,
+as Celery's trace is beside its ``Task``. The options and examples: docs/locked-tasks.md;
+every option with its default: docs/reference/settings.md.
 """
 
 from __future__ import annotations
@@ -124,11 +123,15 @@ class LockedTask(Task):
         )
         if headers:
             options["headers"] = headers
-        if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
-            # Sent again (a retry, with the hold handed on or None), or run here: no hold.
+
+        def send() -> Any:
             return BaseTask.apply_async(
                 self, args, kwargs, task_id, producer, link, link_error, shadow, **options
             )
+
+        if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
+            # Sent again (a retry, with the hold handed on or None), or run here: no hold.
+            return send()
         # A canvas passes its member's place (group_id, chain, chord) or a link; a bare
         # task_id is the caller's own id, and a duplicate sent with one gets the holder's
         # AsyncResult, as any duplicate does (nothing sent: one message per key).
@@ -150,9 +153,7 @@ class LockedTask(Task):
             in_canvas=in_canvas,
         )
         if taken is None:
-            return BaseTask.apply_async(
-                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
-            )
+            return send()
         if isinstance(taken, Duplicate):
             if not in_canvas and taken.task_id is not None:
                 return self._celery.AsyncResult(taken.task_id)
@@ -161,15 +162,11 @@ class LockedTask(Task):
             headers[FOLLOW_HEADER] = taken.follow().header()
             headers[HOLD_HEADER] = None
             options["headers"] = headers
-            return BaseTask.apply_async(
-                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
-            )
+            return send()
         headers[HOLD_HEADER] = taken.header
         options["headers"] = headers
         try:
-            sent = BaseTask.apply_async(
-                self, args, kwargs, task_id, producer, link, link_error, shadow, **options
-            )
+            sent = send()
         except BaseException:
             with contextlib.suppress(DflockError):  # else it frees with its connection
                 taken.release(self)  # nothing was sent: the key must not wait for it
