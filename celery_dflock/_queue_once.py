@@ -5,8 +5,10 @@ A task sent with ``lock_from="publish"`` takes a hold on its key before its mess
 published (`publish_hold`), bound to the publisher's connection until the broker took the
 message (`PublishHold.confirm` detaches it with its pending lease); a duplicate publish gets
 the holder's result instead (`Duplicate`). The run that takes the message adopts the hold
-(`take_over`), and a retry hands it on to the retry message (`retry_hand_off`). The header
-and the owner note it travels with: `celery_dflock._request`.
+(`take_over`: `DistributedLock.adopt`), a retry hands it on to the retry message
+(`retry_hand_off`), a revoke of the queued message releases it (`celery_dflock.signals`), and
+``lock_pending_ttl`` frees it when no worker ever takes the message. The header and the owner
+note it travels with: `celery_dflock._request`.
 
 A follower (`run_follower`): the run of a canvas member of a ``lock_from="publish"`` task that
 was sent in a duplicate's place (`celery_dflock._request.FOLLOW_HEADER`). It gives the result
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, cast
@@ -100,16 +101,13 @@ def take_over(
     on_close_lease: int | None,
     task_id: str | None,
 ) -> bool:
-    """Adopt the publish-time hold ``held`` into ``lock``; False when there is none to adopt
-    (no hold, it is gone, or another delivery of the same message runs under it: the caller
-    then acquires, and ``on_locked`` applies).
-
-    The adoption is exclusive (the server binds the hold to this run's connection): a message
-    delivered again while its first run lasts (Redis's visibility timeout) cannot run beside
-    it. ``on_close_lease``: for an acks_late task, whose message comes back to the queue when
-    its worker dies, the hold outlives the run's connection by that many seconds (detached
-    again, for the redelivery to take over); otherwise the hold is released with the
-    connection."""
+    """Adopt the publish-time hold ``held`` into ``lock``, exclusively (the server binds it to
+    this run's connection: a message delivered again while its first run lasts cannot run
+    beside it); False when there is none to adopt (no hold, it is gone, or another delivery
+    runs under it: the caller then acquires, and ``on_locked`` applies). ``on_close_lease``:
+    for an acks_late task, whose message comes back when its worker dies, the hold outlives
+    the run's connection by that many seconds (detached again, for the redelivery to take
+    over); otherwise it is released with the connection."""
     if held is None or not isinstance(lock, DistributedLock):
         return False
     if held.key != lock.key:
@@ -261,15 +259,12 @@ def publish_hold(
     member (``in_canvas``: its id is already in a result its caller holds) gets a `Duplicate`
     whatever the policy, whose follower fails at once when it would raise."""
     app: Any = task._get_app()
-    config = get_config(app)
-    runtime = get_runtime(app)
-    name = str(task.name)
+    config, runtime, name = get_config(app), get_runtime(app), str(task.name)
     runs = runtime.task_runs(name)
     options = options_for(task, config, runs, per_call)
     if options is None or options.lock_from != "publish":
         return None
-    run: Callable[..., Any] = task.run
-    key = runs.key_builder(task, options.key, run, config.key_prefix).key(*call)
+    key = runs.key_builder(task, options.key, task.run, config.key_prefix).key(*call)
     note = encode_note(task_id)
     if note is None:
         raise InvalidValueError(

@@ -1,18 +1,12 @@
 """What a locked run reads from and writes on Celery's request and message.
 
-A run's request and the lock's headers of its message make one `Message`: per-call options
-(`LOCK_OPTIONS_HEADER`), lock retries (`LOCK_RETRIES_HEADER`), an outage retry's state
-(`OUTAGE_HEADER`), queue-once's publish-time hold (`HOLD_HEADER`) and a canvas member's follower
-(`FOLLOW_HEADER`). The lock a run holds is kept on its request (`mark_held`, `held_lock`), and
+The lock's message headers: per-call options (`LOCK_OPTIONS_HEADER`), lock retries
+(`LOCK_RETRIES_HEADER`), an outage retry's state (`OUTAGE_HEADER`), queue-once's publish-time
+hold (`HOLD_HEADER`, `celery_dflock._queue_once`) and a canvas member's follower
+(`FOLLOW_HEADER`). A run reads its request once into a `Message`, which the run's policies
+take whole. The lock a run holds is kept on its request (`mark_held`, `held_lock`), and
 `resend` sends the message again: a lock retry, an outage retry and a follower's poll each are
 one.
-
-Queue-once's headers: a task sent with ``lock_from="publish"`` takes a *detached* hold on its
-key before the message is published (`celery_dflock._queue_once.publish_hold`): it survives the
-publishing process, and the message carries it in `HOLD_HEADER` (``{"key": ..., "token":
-...}``). The run that takes the message adopts the hold (`DistributedLock.adopt`), a retry hands
-it on to the retry message, a revoke of the queued message releases it (`celery_dflock.signals`),
-and ``lock_pending_ttl`` frees it when no worker ever takes the message.
 
 The owner note: each hold and each run-time lock carries one: the task id, and while a run
 holds the key, the worker's host name, the pid of the process running it and the task's name
@@ -126,9 +120,9 @@ def lock_retries(request: Any) -> int:
 
 @dataclass(slots=True)
 class Message:
-    """One run: its task, request and call, and its per-call lock options, checked as they
-    entered the run (None: none). The other headers are read where the run needs them (a
-    run that is not locked reads none of them)."""
+    """One run: its task, request, call and task id, and its per-call lock options, checked
+    as they entered the run (None: none). The other headers are read where the run needs
+    them (a run that is not locked reads none of them)."""
 
     task: Any
     request: Any
