@@ -11,6 +11,7 @@ from collections.abc import Callable
 __all__ = [
     "AS_RECORDED",
     "AT_LEASE_START",
+    "CLIENT_COMPACT_MIN",
     "AlreadyEnqueued",
     "Bound",
     "Client",
@@ -76,6 +77,11 @@ AT_LEASE_START = float("-inf")
 ``expires_at - lease_ttl`` (see ``Holder.held_since``)."""
 
 
+CLIENT_COMPACT_MIN = 8
+"""Released holders a connection's list (or ``on_close`` map) may keep beyond twice its live
+ones (small: each keeps a released holder and its token alive)."""
+
+
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued.
     ``closed`` once its connection is gone; ``on_close``: the grants it took over with ``ht``
@@ -111,6 +117,17 @@ class Client:
         self.kept_by: ClientSession | None = None
         """The client session it joined (``hello _ session <id> <ttl>``), which keeps its
         grants alive whatever becomes of the connection; ``None``: a connection of its own."""
+
+    def detach_at_close(self, holder: Holder, lease_ttl: int) -> None:
+        """At its close, detach ``holder`` with a lease of ``lease_ttl`` instead of releasing it
+        (``ht``'s ``<onclose>``)."""
+        leases = self.on_close
+        if leases is None:
+            leases = self.on_close = {}
+        elif len(leases) > 2 * self.n_held + CLIENT_COMPACT_MIN:
+            for gone in [h for h in leases if not h.live]:
+                del leases[gone]
+        leases[holder] = lease_ttl
 
 
 class ClientSession:

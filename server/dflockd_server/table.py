@@ -16,11 +16,17 @@ in order, once the grace is over (at the next acquire, enqueue or ``expire``). B
 longer than ``lease_noted`` is granted or renewed, ``note_lease`` is called (it persists the
 bound the next start's grace relies on) and may refuse by raising.
 
-This module is the table's public face: ``LockTable``, its operations (what the requests, the
-journal, the sweeps and the status read call), and the records they take, return and raise
-(defined in ``keys``). The table owns its ``grants`` (``grants.Grants``: the key map, the
-queues and leases, the steps that grant, move and free a grant) and its hold book (``holds``:
-whom a grant is bound to, its owner note); the expiry index and the idle log are in
+A grant is one ``Holder`` whoever keeps it alive: a connection (until its close ends it, or,
+for a session, cuts its lease short), no connection (a detached hold, ``hl`` mode ``d`` or
+``hd``: the ``detached`` client's, which no close releases), or nobody yet (restored from the
+journal: the ``restored`` client's, until a connection renews it: a reattach by token). ``ht``
+takes a detached grant over for a connection, with the ``<onclose>`` lease it is detached with
+again when that connection closes.
+
+This module is the table's face: ``LockTable``, its operations (what the requests, the journal,
+the sweeps and the status read call), and the records they take, return and raise (defined in
+``keys``). The table owns its ``grants`` (``grants.Grants``: the key map, the queues and leases,
+the steps that grant, move and free a grant); the expiry index and the idle log are in
 ``leases``.
 """
 
@@ -33,7 +39,6 @@ from typing import Any
 from dflockd_server.constants import TOKEN_HEX_CHARS
 from dflockd_server.fence import fence_of
 from dflockd_server.grants import Grants
-from dflockd_server.holds import HoldBook, detach_at_close
 from dflockd_server.journal import Journal, RecordedGrant
 from dflockd_server.keys import (
     AS_RECORDED,
@@ -91,7 +96,7 @@ def _ends_in_order(leases: list[RecordedGrant]) -> bool:
 
 class LockTable:
     """All locks and semaphores of one server: the operations on them. The state and the
-    steps they share are its ``grants``; whom a grant is bound to, its ``holds``."""
+    steps they share are its ``grants``."""
 
     def __init__(
         self,
@@ -127,8 +132,6 @@ class LockTable:
             lease_noted=lease_noted,
         )
         """The key map, queues and leases, and the steps that grant, move and free a grant."""
-        self.holds = HoldBook(self.grants)
-        """Whom a grant is bound to, and its owner note."""
         self._next_client_id = 0
         self.sessions: dict[str, ClientSession] = {}
         """The live client sessions by id (``join_session``)."""
@@ -370,6 +373,68 @@ class LockTable:
         grants.move(holder, grants.detached, lease_ttl, self.clock())
         return True
 
+    def take(
+        self,
+        client: Client,
+        key: str,
+        token: str,
+        lease_ttl: int,
+        *,
+        note: str,
+        on_close: int | None,
+    ) -> Holder | None:
+        """``ht``: bind the detached grant ``token`` holds on the lock ``key`` to ``client``
+        (same token, so same fence), with the lease ``lease_ttl`` from now and the note
+        ``note``. When ``client`` closes the grant is released as any of its grants
+        (``on_close`` ``None``) or detached again with a lease of ``on_close`` seconds from
+        then. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is
+        bound to a live connection (this one included), ``MaxLocks`` if ``client`` is at its
+        cap, or its address at its own (``shares.AddressShares.check_rebind``)."""
+        grants = self.grants
+        holder = grants.holder_of(key, token)
+        if holder is None or not grants.is_lock_grant(holder):
+            return None
+        if not self.is_detached(holder):
+            raise Bound(key, holder.note)
+        if grants.max_locks_per_connection:
+            grants.check_client_locks(client, key, None)
+        shares = grants.shares
+        if shares is not None:
+            shares.check_rebind(holder, client, len(grants.keys))
+        longest = max(lease_ttl, on_close or 0)
+        if longest > grants.lease_noted:
+            grants.raise_bound(longest, key)  # the close's lease too: a disconnect must not fail
+        holder.note = note
+        return grants.move(holder, client, lease_ttl, self.clock(), on_close)
+
+    def is_detached(self, holder: Holder) -> bool:
+        """Whether the grant is bound to no live connection: a detached hold, or (without
+        auto-release) a grant whose connection has closed, unless a client session keeps it."""
+        owner = holder.client
+        return owner is self.grants.detached or (owner.closed and owner.kept_by is None)
+
+    def holder_note(self, key: str) -> str | None:
+        """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
+        entry = self.grants.keys.get(key)
+        if entry is None:
+            return None
+        if isinstance(entry, Holder):
+            return entry.note if entry.live else None
+        one = entry.one
+        return one.note if one is not None else None
+
+    def set_note(self, key: str, token: str, note: str) -> bool:
+        """``note``: replace the owner note of the grant ``token`` holds on ``key``; ``False``
+        if it holds none."""
+        grants = self.grants
+        holder = grants.holder_of(key, token)
+        if holder is None:
+            return False
+        holder.note = note
+        if grants.journal is not None:
+            grants.journal.note(token, note)
+        return True
+
     # ------------------------------------------------------------------ two-phase
     def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
         """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
@@ -516,7 +581,14 @@ class LockTable:
         if lease_ttl > grants.lease_noted:
             grants.raise_bound(lease_ttl, key)
         if holder.client.closed and client is not None:
-            self.holds.reattach(holder, client, lease_ttl, now)
+            # A reattach: the grant becomes the renewing connection's, with the <onclose>
+            # lease it had (MaxLocks, the grant left as it was, for an address at its cap).
+            shares = grants.shares
+            if shares is not None:
+                shares.check_rebind(holder, client, len(grants.keys))
+            restored = holder.client.on_close
+            on_close = restored.pop(holder, None) if restored else None
+            grants.move(holder, client, lease_ttl, now, on_close)
             return lease_ttl
         self._extend(holder, entry, lease_ttl, now + lease_ttl, ahead=False)
         return lease_ttl
@@ -588,7 +660,7 @@ class LockTable:
         owner.held.append(holder)
         owner.n_held += 1
         if on_close is not None and not detached:
-            detach_at_close(owner, holder, on_close)
+            owner.detach_at_close(holder, on_close)
         grants.counts.restored[is_sem] += 1
         return holder
 
@@ -829,7 +901,7 @@ class LockTable:
             "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
             "waiters": waiters,
             "owner": holder.note,
-            "detached": self.holds.is_detached(holder),
+            "detached": self.is_detached(holder),
             "restored": holder.client is self.grants.restored,
             "fence": fence_of(holder.token),
             "held_s": round(max(0.0, now - holder.held_since()), 3),

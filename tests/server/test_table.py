@@ -576,9 +576,7 @@ def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
     held = table.hold(table.open_client(), "q", LEASE, "t1", detached=True, queue=False)
     assert isinstance(held, Holder)
     clock.now += 4.0
-    taken = table.holds.take(
-        table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None
-    )
+    taken = table.take(table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None)
     assert taken is not None and taken.held_since() == held.held_since()
     clock.now += 3.0
     assert table.hand_down("q", held.token, LEASE)
