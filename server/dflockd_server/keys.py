@@ -255,10 +255,6 @@ class WaitQueue:
         self.items: list[Waiter] = []
         self.head = 0
 
-    def waiting(self) -> list[Waiter]:
-        """The waiters still queued, in order (a copy)."""
-        return [w for w in self.items[self.head :] if w.active]
-
 
 class KeyState:
     """One key: its holders, FIFO queue (``None`` while nobody waits) and limit (1 for a lock);
