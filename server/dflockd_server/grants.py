@@ -161,8 +161,8 @@ class Grants:
         raise MaxWaiters(key)
 
     def state_for(self, key: str, limit: int | None, now: float) -> KeyState:
-        """The key's state for an acquire with ``limit`` (``None``: a lock, limit 1): made
-        if new, its limit and kind fixed anew if idle, refused if busy with another limit."""
+        """The key's state for an acquire with ``limit`` (``None``: a lock): made if new, its
+        limit and kind fixed anew if idle, refused if busy with another limit."""
         is_sem = limit is not None
         wanted = 1 if limit is None else limit
         states = self.keys
@@ -218,8 +218,8 @@ class Grants:
         note: str | None = None,
         taker: Client | None = None,
     ) -> Holder:
-        """Grant a slot of ``state`` to ``client`` (its owner: a connection's client, or
-        ``detached``), for ``taker``'s request (``None``: the owner's)."""
+        """Grant a slot of ``state`` to ``client`` (its owner), for ``taker``'s request
+        (``None``: the owner's)."""
         try:
             holder = self._new_holder(state.key, state, client, lease_ttl, now, note, taker)
         except BaseException:
@@ -249,9 +249,9 @@ class Grants:
         note: str | None,
     ) -> Holder | None:
         """Grant the lock ``key`` to ``owner`` (for ``client``'s request) as the key's entry,
-        with no ``KeyState``, if it is free: no entry, a released one, an expired one, or an
-        idle state. ``None`` if it is not (held, waited for, a semaphore's key with holders, or
-        the restart grace): the caller then takes the way through the key's state."""
+        with no ``KeyState``, if it is free (no entry, a released or expired one, an idle
+        state); else ``None`` (held, waited for, or the restart grace): the caller then takes
+        the way through the key's state."""
         if self.in_grace:
             return None
         keys = self.keys
@@ -385,11 +385,6 @@ class Grants:
             state.earliest = math.inf
             if not state.n_waiting:
                 self.idle.note(self.keys, state)
-
-    def held_alone(self, key: str) -> bool:
-        """Whether ``key`` is a held lock nobody waits for."""
-        entry = self.keys.get(key)
-        return isinstance(entry, Holder) and entry.live
 
     def state_of(self, holder: Holder) -> KeyState | None:
         """The state that holds the live ``holder`` (``None``: it is its key's entry)."""
@@ -536,8 +531,8 @@ class Grants:
         return self.live_holder(entry, token, self.clock())
 
     def live_holder(self, entry: Entry, token: str, now: float) -> Holder | None:
-        """The grant ``token`` holds on the key of ``entry`` once its leases due by ``now``
-        have run out (their waiters woken), or ``None``."""
+        """The grant ``token`` holds on ``entry``'s key once its leases due by ``now`` have run
+        out (their waiters woken), or ``None``."""
         if isinstance(entry, Holder):  # a lock nobody waits for
             if not entry.live:
                 return None

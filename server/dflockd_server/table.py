@@ -316,9 +316,11 @@ class LockTable:
                 holder = grants.grant_bare(key, client, owner, lease_ttl, now, note)
                 if holder is not None:
                     return holder
-                if not queue and grants.held_alone(key):
-                    grants.counts.timeouts[0] += 1  # answered without making the key a state
-                    return None
+                if not queue:
+                    entry = grants.keys.get(key)
+                    if isinstance(entry, Holder) and entry.live:  # no state made for the answer
+                        grants.counts.timeouts[0] += 1
+                        return None
             state = grants.state_for(key, limit, now)
             if state.n_held < state.limit and state.n_waiting == 0 and not grants.in_grace:
                 if grants.max_locks_per_connection:
