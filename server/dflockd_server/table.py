@@ -745,14 +745,8 @@ class LockTable:
     def held(self) -> int:
         """Locks and semaphore slots held right now (from the running totals: no scan)."""
         counts = self.grants.counts
-        return (
-            sum(counts.restored)
-            + sum(counts.grants)
-            - sum(counts.releases)
-            - sum(counts.forced)
-            - sum(counts.expiries)
-            - sum(counts.lost_by_disconnect)
-        )
+        ended = (counts.releases, counts.forced, counts.expiries, counts.lost_by_disconnect)
+        return sum(counts.restored) + sum(counts.grants) - sum(sum(pair) for pair in ended)
 
     def drop_queued(self) -> int:
         """Take every waiter out of every queue (a drain); returns how many. Waiters blocked in
