@@ -41,7 +41,6 @@ COMPILED = (
     "tokens",
     "protocol",
     "grants",
-    "holds",
     "table",
     "journal",
     "recorded",

@@ -7,15 +7,12 @@ and keeps the TLS handshakes under way to ``max_tls_handshakes`` (the oldest dro
 It also keeps one client address from taking every key (``over_ip_share``,
 ``--max-locks-per-ip``): an acquire (``l``, ``sl``, ``hl``, ``e``, ``se``) from an address that
 holds or waits for that many locks and slots is refused ``error_max_locks``, as
-``--max-locks-per-connection`` refuses one connection's. What an address holds is kept by the
-table's ``shares.AddressShares`` (``share_table``): every grant its connections took, for as
-long as it is held, bound to a connection, to a closed one or to none (a detached hold), and
-every grant it reattached or took over; a reattach or take-over past the cap is refused there
-too. Then the distinct keys one address holds or waits on never exceed the cap, and
-``--max-locks`` minus the cap stay for the other addresses (with the defaults, ``auto``: 3/4 of
-1024, 256 keys always stay). The load is read only while the table has at least the cap's
-number of keys (``Session`` compares): below that the address cannot hold that many distinct
-keys, so the usual path reads nothing.
+``--max-locks-per-connection`` refuses one connection's; what an address holds is the table's
+``shares.AddressShares`` (``share_table``). Then the distinct keys one address holds or waits
+on never exceed the cap, and ``--max-locks`` minus the cap stay for the other addresses (with
+the defaults, ``auto``: 3/4 of 1024, 256 keys always stay). The load is read only while the
+table has at least the cap's number of keys (``Session`` compares): below that no address can
+hold that many, so the usual path reads nothing.
 """
 
 from __future__ import annotations
@@ -64,8 +61,7 @@ class Admission:
         self.handshakes_evicted = 0
 
     def admit(self, conn: Connection) -> str | None:
-        """Count a new connection's transport, and register the connection or say why it is
-        refused."""
+        """Count a new connection's transport; register it, or say why it is refused."""
         self.open_transports += 1
         refusal = self._refusal(conn)
         if refusal is not None:
@@ -84,8 +80,8 @@ class Admission:
             shares.refused = self._refused
 
     def over_ip_share(self, session: Session) -> bool:
-        """Whether ``session``'s address holds or waits for its ``--max-locks-per-ip`` (see
-        the module's doc): then its acquire is refused."""
+        """Whether ``session``'s address holds or waits for its ``--max-locks-per-ip``: then
+        its acquire is refused."""
         shares = self.shares
         if shares is None:
             return False
@@ -138,8 +134,8 @@ class Admission:
 
     def handshake_started(self, stream: Stream) -> None:
         """``stream`` begins its TLS handshake. Past ``max_tls_handshakes`` under way, the
-        oldest is dropped: connections that never finish theirs cannot crowd out new ones
-        (a real client finishes in a round trip or two), and their memory stays bounded."""
+        oldest is dropped: connections that never finish theirs (a real client does in a round
+        trip or two) cannot crowd out new ones, and their memory stays bounded."""
         cap = self.config.max_tls_handshakes
         if cap and len(self.handshaking) >= cap:
             oldest = next(iter(self.handshaking))

@@ -338,7 +338,7 @@ class Session:
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
-            return p.reply_held_by(table.holds.holder_note(name))
+            return p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
             return p.reply_granted(got.token, got.lease_ttl)
         assert isinstance(got, Waiter)
@@ -352,7 +352,7 @@ class Session:
             return self._malformed(bad)
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY
-        return p.REPLY_OK if self.table.holds.set_note(name, token, note) else p.REPLY_ERROR
+        return p.REPLY_OK if self.table.set_note(name, token, note) else p.REPLY_ERROR
 
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ht``: take a detached grant over, bound to this connection. As ``n``: no
@@ -373,9 +373,7 @@ class Session:
         if longest > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
-            taken = self.table.holds.take(
-                self.client, name, token, lease, note=note, on_close=on_close
-            )
+            taken = self.table.take(self.client, name, token, lease, note=note, on_close=on_close)
         except Bound as exc:
             return p.reply_bound(exc.note)
         except _REFUSALS as exc:
@@ -623,7 +621,7 @@ class Session:
         and for ``hl`` the holder's note with it. Call before ``give_up``."""
         if waiter.note is None:
             return p.REPLY_TIMEOUT
-        return p.reply_held_by(self.table.holds.holder_note(waiter.state.key))
+        return p.reply_held_by(self.table.holder_note(waiter.state.key))
 
     def give_up(self, waiter: Waiter) -> None:
         """The request that waited for ``waiter`` is answered otherwise (it timed out, the

@@ -67,11 +67,6 @@ def write_atomically(path: str, text: str, *, prefix: str, what: str) -> None:
         raise FenceStateError(f"cannot write {what} {path!r}: {exc}") from exc
 
 
-def write_ceiling(path: str, ceiling: int) -> None:
-    """Persist ``ceiling`` atomically (see `write_atomically`)."""
-    write_atomically(path, f"{ceiling}\n", prefix=".fence-", what="fence state file")
-
-
 class CeilingStore(Protocol):
     """Where a fence ceiling survives the process (raises `FenceStateError` when it cannot)."""
 
@@ -96,7 +91,7 @@ class FileCeilingStore:
         return read_ceiling(self.path)
 
     def write(self, ceiling: int) -> None:
-        write_ceiling(self.path, ceiling)
+        write_atomically(self.path, f"{ceiling}\n", prefix=".fence-", what="fence state file")
 
 
 def fence_of(token: str) -> int:

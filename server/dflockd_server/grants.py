@@ -1,12 +1,10 @@
-"""The lock table's grants: the key map and every grant, queue and lease in it, and the steps
-that change them (``table.LockTable``, the table, owns one ``Grants`` and runs its operations
-through it). Making a key's state for an acquire, queueing, granting (``grant``, ``grant_bare``:
+"""The lock table's grants: the key map with every grant, queue and lease in it, and the steps
+that change them: a key's state for an acquire, queueing, granting (``grant``, ``grant_bare``:
 a connection's grant and a detached hold alike, one ``Holder`` each), ending a grant
-(``free_holder``: the one place a key becomes free), rebinding a grant to another owner
-(``move``), expiring a key's run-out leases, handing free slots on to the FIFO queue,
-announcing later grants (``flush``) once the table has finished changing, the per-connection
-caps and the restart grace. Pure state, no I/O: time from the injected clock, tokens from the
-injected generator.
+(``free_holder``: the one place a key becomes free), rebinding one to another owner (``move``),
+expiring run-out leases, handing free slots to the FIFO queue, announcing later grants
+(``flush``) once the table has finished changing, the per-connection caps and the restart
+grace. ``table.LockTable`` owns one and runs the requests through it.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from dflockd_server.fence import FenceStateError
 from dflockd_server.journal import Journal, drop_record
 from dflockd_server.keys import (
     AT_LEASE_START,
+    CLIENT_COMPACT_MIN,
     Client,
     Counts,
     Entry,
@@ -33,17 +32,12 @@ from dflockd_server.keys import (
 from dflockd_server.leases import COMPACT_MIN, IdleLog, LeaseIndex, LeaseRun
 from dflockd_server.shares import AddressShares
 
-__all__ = ["CLIENT_COMPACT_MIN", "Grants"]
-
-CLIENT_COMPACT_MIN = 8
-"""Released holders a connection's list may keep beyond twice its live ones (small: each keeps
-a released holder and its token alive)."""
+__all__ = ["Grants"]
 
 
 class Grants:
-    """Every key of one server, locks and semaphores alike, with their grants, queues and
-    leases, and the steps that change them (see the module's doc). Owned by the table
-    (``table.LockTable``), which runs each operation through it."""
+    """Every key of one server with its grants, queues and leases, and the steps that change
+    them (see the module's doc)."""
 
     def __init__(
         self,
@@ -61,31 +55,28 @@ class Grants:
     ) -> None:
         self.asking = False
         """The request under way follows an ``asking`` (cluster mode): ``asked_check`` decides
-        for it. Set by the session for one request (a plain attribute: no call's cost)."""
+        for it instead of ``grant_check``. Set by the session for one request."""
         self.journal = journal
         """Where grants, renewals past the recorded expiry, moves and drops are recorded, or
         None."""
         self.note_lease = note_lease
-        """Records a longer lease bound before a grant (``raise_bound``); returns the new
-        bound (it persists the bound the next start's grace relies on, and may refuse by
-        raising)."""
+        """Persists a longer lease bound (the next start's grace relies on it) before a grant
+        (``raise_bound``) and returns it; may refuse by raising."""
         self.lease_noted = lease_noted
         """Leases up to this long need no ``note_lease`` call."""
         self.asked_check: Callable[[str], bytes | None] | None = None
-        """The ownership's check for an acquire after ``asking`` (cluster mode), used instead
-        of ``grant_check`` while ``asking`` is set (by the session, for one
-        request)."""
+        """The ownership's check for an acquire after ``asking`` (cluster mode)."""
         self.grant_check: Callable[[str], bytes | None] | None = None
         """The server's ownership check (None: every key is served), asked before a queued
         waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
-        no waiter it queued before (the waiter is answered by the cluster node instead)."""
+        no waiter it queued before (the cluster node answers it)."""
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
         self.max_waiters = max_waiters
         self.max_locks_per_connection = max_locks_per_connection
         """Most locks and slots one client may hold, counting its queued waits (each may be
-        granted): so it never holds more at once. 0: no cap."""
+        granted). 0: no cap."""
         self.max_waits_per_connection = max_waits_per_connection
         """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
         self.keys: dict[str, Entry] = {}
@@ -119,32 +110,31 @@ class Grants:
         if now < self.grace_until:
             return True
         self.in_grace = False
-        for state in list(self.keys.values()):
-            if isinstance(state, KeyState) and state.n_waiting:
-                self.fill(state, now)
+        self._fill_every(now)
         return False
 
     def fill_waiting(self) -> None:
         """Grant the waiters of every key with free slots (the journal can be written again
         after a time it could not: nothing was granted meanwhile)."""
-        now = self.clock()
+        self._fill_every(self.clock())
+        self.flush()
+
+    def _fill_every(self, now: float) -> None:
         for state in list(self.keys.values()):
             if isinstance(state, KeyState) and state.n_waiting:
                 self.fill(state, now)
-        self.flush()
 
     def raise_bound(self, lease_ttl: int, key: str) -> None:
-        """Before a lease longer than any so far: record (and, in a cluster, publish) the new
-        bound. That may wait for the disk or etcd: the key is asked about again after it (a
-        cluster member that stopped serving it meanwhile grants nothing)."""
-        if lease_ttl > self.lease_noted:
-            note_lease = self.note_lease
-            self.lease_noted = note_lease(lease_ttl) if note_lease is not None else lease_ttl
-            check = self.asked_check if self.asking else self.grant_check
-            if check is not None and check(key) is not None:
-                raise FenceStateError(
-                    f"stopped serving {key!r} while recording a longer lease; nothing granted"
-                )
+        """Before a lease longer than ``lease_noted``: record (and, in a cluster, publish) the
+        new bound. That may wait for the disk or etcd, so the key is asked about again after
+        it (a cluster member that stopped serving it meanwhile grants nothing)."""
+        note_lease = self.note_lease
+        self.lease_noted = note_lease(lease_ttl) if note_lease is not None else lease_ttl
+        check = self.asked_check if self.asking else self.grant_check
+        if check is not None and check(key) is not None:
+            raise FenceStateError(
+                f"stopped serving {key!r} while recording a longer lease; nothing granted"
+            )
 
     # ------------------------------------------------------------------ granting, queueing, freeing
     def check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
@@ -159,8 +149,7 @@ class Grants:
     def check_client_waits(self, client: Client, key: str, state: KeyState | None) -> None:
         """Refuse (``MaxWaiters``) a client whose queued acquires plus pending two-phase
         enqueues reach its cap. A queued enqueue is in both ``waiting`` and ``enqueued``: the
-        exact count (at most the cap's worth of entries) is taken only near the cap.
-        ``state``: as for ``check_client_locks``."""
+        exact count is taken only near the cap. ``state``: as for ``check_client_locks``."""
         cap = self.max_waits_per_connection
         waiting, enqueued = client.waiting, client.enqueued
         if len(waiting) + len(enqueued) < cap:
@@ -172,8 +161,8 @@ class Grants:
         raise MaxWaiters(key)
 
     def state_for(self, key: str, limit: int | None, now: float) -> KeyState:
-        """The key's state for an acquire with ``limit`` (``None``: a lock, limit 1): made
-        if new, its limit and kind fixed anew if idle, refused if busy with another limit."""
+        """The key's state for an acquire with ``limit`` (``None``: a lock): made if new, its
+        limit and kind fixed anew if idle, refused if busy with another limit."""
         is_sem = limit is not None
         wanted = 1 if limit is None else limit
         states = self.keys
@@ -229,8 +218,8 @@ class Grants:
         note: str | None = None,
         taker: Client | None = None,
     ) -> Holder:
-        """Grant a slot of ``state`` to ``client`` (its owner: a connection's client, or
-        ``detached``), for ``taker``'s request (``None``: the owner's)."""
+        """Grant a slot of ``state`` to ``client`` (its owner), for ``taker``'s request
+        (``None``: the owner's)."""
         try:
             holder = self._new_holder(state.key, state, client, lease_ttl, now, note, taker)
         except BaseException:
@@ -260,9 +249,9 @@ class Grants:
         note: str | None,
     ) -> Holder | None:
         """Grant the lock ``key`` to ``owner`` (for ``client``'s request) as the key's entry,
-        with no ``KeyState``, if it is free: no entry, a released one, an expired one, or an
-        idle state. ``None`` if it is not (held, waited for, a semaphore's key with holders, or
-        the restart grace): the caller then takes the way through the key's state."""
+        with no ``KeyState``, if it is free (no entry, a released or expired one, an idle
+        state); else ``None`` (held, waited for, or the restart grace): the caller then takes
+        the way through the key's state."""
         if self.in_grace:
             return None
         keys = self.keys
@@ -297,10 +286,10 @@ class Grants:
         note: str | None,
         taker: Client | None = None,
     ) -> Holder:
-        """Issue a grant on ``key`` (``state``: its state, ``None`` for a lock that keeps
-        none) to ``client``, for ``taker``'s request (``None``: ``client``'s): the token, the
-        count, the journal's record, the client's view, the address it counts against and the
-        expiry index. The caller puts the holder in the key's entry."""
+        """Issue a grant on ``key`` (``state``: ``None`` for a lock that keeps none) to
+        ``client``, for ``taker``'s request (``None``: ``client``'s): the token, the count, the
+        journal's record, the client's view, the address it counts against and the expiry
+        index. The caller puts the holder in the key's entry."""
         if lease_ttl > self.lease_noted:
             self.raise_bound(lease_ttl, key)  # before the token: a failed write grants nothing
         token = self.new_token()
@@ -350,15 +339,11 @@ class Grants:
         """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Tokens,
         leases and disconnects"): its holder's release, the end of its lease (a session's end is
         one: ``disconnect`` shortened it), the close by its peer of a plain connection with
-        auto-release on, or an operator's force release (``fr``: a release on purpose, whoever
-        holds it); nothing else frees a key. ``why`` is the running total the end counts in
-        (``counts.releases``, ``counts.forced``, ``counts.expiries``,
-        ``counts.lost_by_disconnect``), indexed by kind. Release ``holder`` from ``state``
-        (``None``: the holder is the key's entry, and stays it, released, as the idle key's);
-        the caller hands the slot on (``fill``). (``move`` rebinds a grant and frees
-        nothing.) Whatever keeps a grant alive (its connection, a session's end, a detached
-        hold, a take-over's ``<onclose>`` lease, a restored grant awaiting its holder), it ends
-        here, and only here."""
+        auto-release on, or an operator's force release (``fr``); whatever kept the grant alive
+        (a connection, a session, a detached hold, an ``<onclose>`` lease, a restored grant
+        awaiting its holder), nothing else frees a key. ``why``: the running total it counts
+        in (a ``Counts`` pair). ``state`` ``None``: the holder is the key's entry, and stays
+        it, released, as the idle key's. The caller hands the slot on (``fill``)."""
         why[0 if state is None else state.is_sem] += 1
         holder.live = False
         journal = self.journal
@@ -400,12 +385,6 @@ class Grants:
             state.earliest = math.inf
             if not state.n_waiting:
                 self.idle.note(self.keys, state)
-
-    def held_alone(self, key: str) -> bool:
-        """Whether ``key`` is a held lock nobody waits for (after ``grant_bare`` found it
-        busy: it expired a run-out one)."""
-        entry = self.keys.get(key)
-        return isinstance(entry, Holder) and entry.live
 
     def state_of(self, holder: Holder) -> KeyState | None:
         """The state that holds the live ``holder`` (``None``: it is its key's entry)."""
@@ -456,7 +435,7 @@ class Grants:
             if not waiter.active:
                 queue.head += 1
                 continue
-            # Grant first: if no token can be issued the waiter stays at the head of the queue.
+            # Grant first: if no token can be issued, the waiter stays at the head.
             if waiter.note is None:
                 waiter.holder = self.grant(state, waiter.client, waiter.lease_ttl, now)
             else:  # a hold (hl)
@@ -495,9 +474,8 @@ class Grants:
     ) -> Holder:
         """Rebind the grant ``holder`` to ``client`` with the lease ``lease_ttl`` from
         ``now``: a new ``Holder`` (same token and note) takes its place, and the old one is
-        dropped from its client's view as a released one is (no count changes: nothing is
-        granted or released). ``on_close``: the lease it is detached with when ``client``
-        closes (recorded in the journal; the caller keeps it in ``client.on_close``)."""
+        dropped from its client's view as a released one is (no count changes). ``on_close``:
+        the lease it is detached with when ``client`` closes."""
         old = holder.client
         holder.live = False
         old.n_held -= 1
@@ -540,9 +518,11 @@ class Grants:
         if shares is not None:
             shares.moved(holder, moved)
         self.leases.add(moved, expires_at, lease_ttl)
+        if on_close is not None:
+            client.detach_at_close(moved, on_close)
         return moved
 
-    # ------------------------------------------------------------------ lookups
+    # ------------------------------------------------------------------ look-ups
     def holder_of(self, key: str, token: str) -> Holder | None:
         """The live grant ``token`` holds on ``key`` (leases checked first), or ``None``."""
         entry = self.keys.get(key)
@@ -551,8 +531,8 @@ class Grants:
         return self.live_holder(entry, token, self.clock())
 
     def live_holder(self, entry: Entry, token: str, now: float) -> Holder | None:
-        """The grant ``token`` holds on the key of ``entry`` once its leases due by ``now``
-        have run out (their waiters woken), or ``None``."""
+        """The grant ``token`` holds on ``entry``'s key once its leases due by ``now`` have run
+        out (their waiters woken), or ``None``."""
         if isinstance(entry, Holder):  # a lock nobody waits for
             if not entry.live:
                 return None

@@ -1,6 +1,6 @@
 """The lock table's records: a key's state, its holders and waiters, a connection's view, the
-running totals, and the refusals. Plain data with ``__slots__``: the table (``table``) changes
-them; nothing here does I/O or reads a clock.
+running totals, and the refusals. Plain data with ``__slots__``, changed by the table; no I/O,
+no clock.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable
 __all__ = [
     "AS_RECORDED",
     "AT_LEASE_START",
+    "CLIENT_COMPACT_MIN",
     "AlreadyEnqueued",
     "Bound",
     "Client",
@@ -58,8 +59,7 @@ class AlreadyEnqueued(TableError):
 
 
 class Bound(TableError):
-    """``ht``: the grant is bound to a live connection (another run has it). ``note``: its
-    owner note."""
+    """``ht``: the grant is bound to a live connection. ``note``: its owner note."""
 
     def __init__(self, key: str, note: str | None) -> None:
         super().__init__(key, note)
@@ -76,11 +76,16 @@ AT_LEASE_START = float("-inf")
 ``expires_at - lease_ttl`` (see ``Holder.held_since``)."""
 
 
+CLIENT_COMPACT_MIN = 8
+"""Released holders a connection's list (or ``on_close`` map) may keep beyond twice its live
+ones (small: each keeps a released holder and its token alive)."""
+
+
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued.
     ``closed`` once its connection is gone; ``on_close``: the grants it took over with ``ht``
-    and an ``<onclose>`` lease (holder -> the lease they are detached with at the close; stale
-    entries of released holders are pruned as it grows), ``None`` while there are none."""
+    and an ``<onclose>`` lease (holder -> the lease they are detached with at its close;
+    released ones pruned as it grows), ``None`` while there are none."""
 
     __slots__ = (
         "closed",
@@ -97,7 +102,7 @@ class Client:
     def __init__(self, client_id: int) -> None:
         self.id = client_id
         self.held: list[Holder] = []
-        """Its holders in grant order; released ones are dropped lazily (at the back at once,
+        """Its holders in grant order, released ones dropped lazily (at the back at once,
         elsewhere when they outnumber the live ones): a list costs a fifth of a dict."""
         self.n_held = 0
         """Locks and slots it holds now."""
@@ -112,12 +117,22 @@ class Client:
         """The client session it joined (``hello _ session <id> <ttl>``), which keeps its
         grants alive whatever becomes of the connection; ``None``: a connection of its own."""
 
+    def detach_at_close(self, holder: Holder, lease_ttl: int) -> None:
+        """At its close, detach ``holder`` with a lease of ``lease_ttl`` instead of releasing it
+        (``ht``'s ``<onclose>``)."""
+        leases = self.on_close
+        if leases is None:
+            leases = self.on_close = {}
+        elif len(leases) > 2 * self.n_held + CLIENT_COMPACT_MIN:
+            for gone in [h for h in leases if not h.live]:
+                del leases[gone]
+        leases[holder] = lease_ttl
+
 
 class ClientSession:
     """A client's session (``hello _ session <id> <ttl>``): the connections that joined it
-    (their ``Client``s, open or closed, as long as they hold something), and until when it
-    lives (table clock) unless kept alive (``ping _ session <id>``) again. Its end ends every grant
-    its connections hold."""
+    (open, or closed while they hold something), and until when it lives (table clock) unless
+    kept alive (``ping _ session <id>``). Its end ends every grant its connections hold."""
 
     __slots__ = ("clients", "expires_at", "id", "ttl")
 
@@ -130,18 +145,15 @@ class ClientSession:
 
 class Holder:
     """A granted lock or semaphore slot on ``key``. ``note``: its owner note (``hl``,
-    ``note``), or ``None``. A detached hold (``hl`` mode ``d``) belongs to the table's
-    ``detached`` client, which no connection closes; a grant restored from the journal that
-    was bound to a connection belongs to the table's ``restored`` client until a connection
-    renews it.
+    ``note``), or ``None``. Its ``client`` is a connection's, or the table's ``detached`` one
+    (a detached hold) or ``restored`` one (restored from the journal, until a connection
+    renews it).
 
     A held lock that nobody waits for is its own entry in the table's key map: it keeps no
-    ``KeyState`` (that would cost more than the rest of the held key). The key gets one once
-    an acquire has to wait for it (or it is a semaphore); a live holder's key maps to the
-    holder itself or to the ``KeyState`` that holds it. A released holder still in the key
-    map (``live`` false) is the key's idle entry: its ``expires_at`` is then the time the
-    key went idle (what ``KeyState.last_used`` is for a key with a state), and its ``token``
-    is empty (an idle key keeps no token alive)."""
+    ``KeyState`` (that would cost more than the rest of the held key) until an acquire has to
+    wait for it. A released holder still in the key map (``live`` false) is the key's idle
+    entry: its ``expires_at`` is then the time the key went idle (a state's ``last_used``),
+    and its ``token`` is empty (an idle key keeps no token alive)."""
 
     __slots__ = (
         "client",
@@ -167,13 +179,11 @@ class Holder:
     ) -> None:
         self.token = token
         self.since = since
-        """When the grant was made (table clock; a grant restored from the journal: when it
-        was restored), kept across a take-over or a detach: how long it has been held, for
-        ``stats`` and the status page. ``AT_LEASE_START`` until its lease moves (a renewal, a
-        move, a session's end: ``pin_since``), as most grants' never does: each held grant
-        would otherwise keep a float of its own, 24 bytes on the pure-Python build (by
-        tracemalloc a held lock went from 318 to 351 bytes with it, and the memory per held
-        lock past 2x Redis's). Read it with ``held_since``."""
+        """When the grant was made (table clock; restored: when restored), kept across a
+        take-over or a detach, for ``stats`` and the status page; read it with ``held_since``.
+        ``AT_LEASE_START`` until its lease moves (``pin_since``), as most grants' never does: a
+        float of its own is 24 bytes on the pure-Python build (by tracemalloc a held lock went
+        from 318 to 351 bytes with it, past 2x Redis's memory per held lock)."""
         self.key = key
         self.client = client
         self.lease_ttl = lease_ttl
@@ -183,8 +193,7 @@ class Holder:
         self.covered = 0.0
         """With a lease journal: the expiry (table clock) its records cover; a renewal up to
         it, with a lease no longer than ``lease_ttl``, writes nothing. ``AS_RECORDED`` (set by
-        a grant's record): ``expires_at + lease_ttl``, not renewed since (each held grant
-        would otherwise keep a float of its own: 24 bytes)."""
+        a grant's record, saving a float of its own): ``expires_at + lease_ttl``."""
 
     def held_since(self) -> float:
         """When the grant was made (table clock)."""
@@ -192,14 +201,14 @@ class Holder:
         return self.expires_at - self.lease_ttl if since == AT_LEASE_START else since
 
     def pin_since(self) -> None:
-        """Keeps when the grant was made before its lease moves (``since``)."""
+        """Keep when the grant was made (``since``), before its lease moves."""
         self.since = self.held_since()
 
 
 class Waiter:
     """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued.
-    ``note`` (set for ``hl`` only) goes to its grant, and ``detached`` makes the grant the
-    table's ``detached`` client's instead of the waiting connection's."""
+    ``note`` (``hl`` only) goes to its grant; ``detached`` makes the grant the table's
+    ``detached`` client's."""
 
     __slots__ = (
         "active",
@@ -226,21 +235,16 @@ class Waiter:
 
 
 class WaitQueue:
-    """A key's FIFO queue: its waiters in arrival order from ``head`` on (those before it were
-    granted or gave up; given-up ones after it are skipped when met and dropped by a
-    compaction). A list and an index, not a deque: a deque costs about 760 bytes from its first
-    waiter (this, about 150), and compiled, a list's ``append`` and item are C calls where a
-    deque's are calls by name."""
+    """A key's FIFO queue: its waiters in arrival order from ``head`` on (given-up ones are
+    skipped when met and dropped by a compaction). A list and an index, not a deque: a deque
+    costs about 760 bytes from its first waiter (this, about 150), and compiled, a list's
+    ``append`` and item are C calls where a deque's are calls by name."""
 
     __slots__ = ("head", "items")
 
     def __init__(self) -> None:
         self.items: list[Waiter] = []
         self.head = 0
-
-    def waiting(self) -> list[Waiter]:
-        """The waiters still queued, in order (a copy)."""
-        return [w for w in self.items[self.head :] if w.active]
 
 
 class KeyState:
@@ -249,13 +253,12 @@ class KeyState:
     ``is_sem``: the key was last fixed by a semaphore request (its kind in ``stats`` and the
     metrics).
 
-    A key of limit 1 (every lock) keeps its holder in ``one``, with no dict: a dict costs more
-    than the rest of a held key. A key of a larger limit keeps ``many`` (token -> holder).
-    The limit changes only while the key is idle, when both are empty. ``earliest`` is the
-    earliest lease expiry of its holders (``inf`` when none). ``last_used`` is read only while
-    the key is idle (how long it has been, for ``stats``, ``gc`` and making room), and is set
-    at every change that leaves it idle; while it has holders it holds a lease expiry, not a
-    float of its own (24 bytes per held key)."""
+    A key of limit 1 keeps its holder in ``one``, with no dict (a dict costs more than the rest
+    of a held key); a larger limit keeps ``many`` (token -> holder). The limit changes only
+    while the key is idle, both empty. ``earliest``: its holders' earliest lease expiry
+    (``inf`` when none). ``last_used`` is read only while the key is idle (for ``stats``,
+    ``gc`` and making room) and set at every change that leaves it idle; while held, it holds
+    a lease expiry rather than a float of its own (24 bytes per held key)."""
 
     __slots__ = (
         "earliest",
@@ -277,9 +280,7 @@ class KeyState:
         self.one: Holder | None = None
         self.many: dict[str, Holder] | None = None
         self.n_held = 0
-        # From the first waiter until the last one leaves: None otherwise, so that a key
-        # nobody waits for costs no queue.
-        self.queue: WaitQueue | None = None
+        self.queue: WaitQueue | None = None  # from the first waiter until the last one leaves
         self.n_waiting = 0
         self.earliest = math.inf
         self.last_used = now
@@ -298,8 +299,7 @@ class KeyState:
 
 
 def lock_state(holder: Holder) -> KeyState:
-    """The state of the lock ``holder`` holds, made around it: a held lock nobody waited for
-    has none of its own (see ``Holder``)."""
+    """A state made around the lock ``holder`` holds, which keeps none (see ``Holder``)."""
     state = KeyState(holder.key, False, 1, holder.expires_at)  # last_used: not read while held
     state.one = holder
     state.n_held = 1
@@ -331,8 +331,8 @@ class Counts:
         self.forced = [0, 0]
         """Grants freed by an operator's force release (``fr``), whoever held them."""
         self.expiries = [0, 0]
-        """Leases that ran out without a renew (the grants of a session connection closed by
-        its peer count here when its session time ends)."""
+        """Leases that ran out without a renew (a session connection's, closed by its peer,
+        at its session time's end too)."""
         self.lost_by_disconnect = [0, 0]
         """Holds released because their plain connection was closed by its peer (auto-release
         on disconnect); a close the server makes itself releases none."""

@@ -20,14 +20,13 @@ COMPACT_MIN = 64
 
 class LeaseRun:
     """The leases of one length: their expiry times and holders, two arrays in step (a tuple
-    per entry would cost four times as much), in the order they were granted or renewed.
-    The times are an ``array('d')``: compiled, a holder keeps its expiry as a C double, and a
-    list would hold a float object of its own for each (32 bytes per held lock).
-    The sweep takes entries from the front by moving ``head`` on; the taken ones are cut off
-    once they are an eighth of the lists (so at most that many released holders are kept
-    alive by it, and each entry is moved a bounded number of times). Lists, not deques:
-    compiled, a list's ``append``, ``pop`` and item are C calls, a deque's are calls by name
-    (about 250 instructions each, four to six per acquire+release pair)."""
+    per entry would cost four times as much), in the order they were granted or renewed. The
+    times are an ``array('d')``: compiled, a holder keeps its expiry as a C double, where a
+    list would hold a float object for each (32 bytes per held lock). The sweep takes entries
+    from the front by moving ``head`` on; the taken ones are cut off once they are an eighth of
+    the lists (bounding the released holders kept alive and the moves per entry). Lists, not
+    deques: compiled, a list's ``append``, ``pop`` and item are C calls, a deque's calls by
+    name (about 250 instructions each, four to six per acquire+release pair)."""
 
     __slots__ = ("head", "holders", "times")
 
@@ -39,14 +38,12 @@ class LeaseRun:
 
 
 class LeaseIndex:
-    """For each lease length, its ``LeaseRun``: the expiry times and the holders of the
-    leases of that length, in the order they were granted or renewed. The clock never goes
-    back, so each is in expiry order and a sweep takes only its due entries. An entry is
-    current while its holder is live and still expires at that time; released and renewed
-    holders leave stale entries, dropped when met or by compaction (see ``add``).
-
-    ``Grants._new_holder`` and ``Grants.free_holder`` inline ``add`` and the dropping of released
-    entries at the back: they are the hot path."""
+    """For each lease length, its ``LeaseRun``. The clock never goes back, so each run is in
+    expiry order and a sweep takes only its due entries. An entry is current while its holder
+    is live and still expires at that time; released and renewed holders leave stale entries,
+    dropped when met or by compaction (see ``add``). ``Grants._new_holder`` and
+    ``Grants.free_holder`` inline ``add`` and the dropping of released entries at the back:
+    they are the hot path."""
 
     __slots__ = ("by_ttl", "cap", "count")
 
@@ -58,9 +55,8 @@ class LeaseIndex:
         """Past this many entries, compact."""
 
     def add(self, holder: Holder, expires_at: float, lease_ttl: int) -> None:
-        """Add the holder's new expiry. When stale entries (released or renewed holders)
-        outnumber the rest, keep only the current ones: the cost is amortised over the entries
-        added since the last time, never a scan per request."""
+        """Add the holder's new expiry. When stale entries outnumber the rest, keep only the
+        current ones (amortised over the entries added since: never a scan per request)."""
         run = self.by_ttl.get(lease_ttl)
         if run is None:
             run = self.by_ttl[lease_ttl] = LeaseRun()
@@ -91,9 +87,8 @@ class LeaseIndex:
 
     def due(self, now: float) -> Iterator[Holder]:
         """Take the entries due at ``now`` and yield their holders (stale ones too: the
-        caller checks). The cost is the entries due plus one step per lease length in use. The
-        caller may grant between steps (an expiry hands its slot on), which may compact the
-        index."""
+        caller checks), at the cost of the entries due plus one step per lease length in use.
+        The caller may grant between steps, which may compact the index."""
         by_ttl = self.by_ttl
         for lease_ttl in list(by_ttl):
             while True:
@@ -119,15 +114,13 @@ class LeaseIndex:
 
 
 class IdleLog:
-    """Keys that became idle, oldest first, each with its entry in the key map and the time it
-    went idle then. An entry is current while it is still the key's entry, idle, and unused
-    since; the others are dropped as they are met. So pruning (``prune``) and making room for
-    a new key when the table is full (``evict_oldest``) cost the keys pruned plus the entries
-    dropped, never a scan of the table: every entry is appended once and dropped once. ``keys``
-    is the table's key map.
-
-    Two lists in step and a taken head, as ``LeaseRun`` (compiled: no call by name, and no
-    tuple, per entry: every release of a key nobody waits for logs one)."""
+    """Keys that became idle, oldest first, each with its entry in the key map (``keys``) and
+    the time it went idle. An entry is current while it is still the key's entry, idle, and
+    unused since; the others are dropped as they are met. So pruning (``prune``) and making
+    room for a new key (``evict_oldest``) cost the keys pruned plus the entries dropped, never
+    a scan: every entry is appended and dropped once. Two lists in step and a taken head, as
+    ``LeaseRun`` (no call by name and no tuple per entry: every release of a key nobody waits
+    for logs one)."""
 
     __slots__ = ("entries", "head", "stamps")
 
@@ -139,14 +132,12 @@ class IdleLog:
 
     @staticmethod
     def current(keys: dict[str, Entry], entry: Entry, stamp: float) -> bool:
-        """Whether a log entry is current."""
         if isinstance(entry, Holder):  # a released lock nobody waits for
             return not entry.live and entry.expires_at == stamp and keys.get(entry.key) is entry
         return entry.last_used == stamp and entry.idle and keys.get(entry.key) is entry
 
     def note(self, keys: dict[str, Entry], state: KeyState) -> None:
-        """Log ``state`` if it is idle now (it may be busy again at once: the entry is then
-        dropped when met)."""
+        """Log ``state`` if it is idle now."""
         if state.n_waiting or state.n_held:
             return
         self.log(keys, state, state.last_used)
@@ -168,7 +159,7 @@ class IdleLog:
             self.entries, self.stamps, self.head = kept_entries, kept_stamps, 0
 
     def _take(self, head: int) -> None:
-        """The entries before ``head`` are dropped."""
+        """Drop the entries before ``head``."""
         if head > COMPACT_MIN and 8 * head > len(self.entries):
             del self.entries[:head]
             del self.stamps[:head]

@@ -1,21 +1,19 @@
 """Each client address's share of the lock table (``--max-locks-per-ip``): the grants that count
 against an address, whatever holds them now.
 
-A grant counts against the address of the connection that took it: a connection's own grant,
-a waiter's once it is granted, a detached hold (``hl ... d``) against the address that sent the
-``hl``. A reattach by token (a renewal that binds a grant whose connection is gone to the
-renewing connection) and a take-over (``ht``) make it count against the new connection's
-address instead. It keeps counting until the grant ends (``grants.Grants.free_holder``),
-whatever it is bound to meanwhile: its connection, that connection closed (a session's time;
-without auto-release, the lease), or no connection (``hd``, an ``<onclose>`` lease). A grant
-restored from the journal counts against no address until it is reattached.
+A grant counts against the address of the connection that took it (a waiter's once granted; a
+detached hold, ``hl ... d``, against the address that sent the ``hl``); a reattach by token or
+a take-over (``ht``) moves it to the new connection's address. It counts until the grant ends
+(``grants.Grants.free_holder``), whatever it is bound to meanwhile: its connection, that
+connection closed, or none (``hd``, an ``<onclose>`` lease). A grant restored from the journal
+counts against no address until it is reattached.
 
 An address's load is its grants plus the acquires its open connections have queued (each may
 be granted): an acquire is refused ``error_max_locks`` when the load is at the cap
 (``admission.Admission.over_ip_share``), and so is a reattach or a take-over that would add a
 grant to an address at its cap (``check_rebind``; the grant then stays as it was). The counts
 change as grants are made, moved and freed: no scan of the table, one look per open
-connection of the address for its queued waits. Pure state, no I/O, as the rest of the table.
+connection of the address for its queued waits.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ __all__ = ["AddressShares"]
 
 
 class AddressShares:
-    """The grants each client address holds (see the module's doc), for a cap of ``cap``."""
+    """The grants each client address holds, for a cap of ``cap``."""
 
     __slots__ = ("cap", "clients", "detached", "held", "ip_of", "refused")
 
@@ -58,8 +56,8 @@ class AddressShares:
         same.add(client)
 
     def closed(self, client: Client, ip: str) -> None:
-        """``client``'s connection is gone (after the table's ``disconnect``): its waits are
-        dropped; the grants it still holds keep counting against ``ip``."""
+        """``client``'s connection is gone (after the table's ``disconnect``); the grants it
+        still holds keep counting against ``ip``."""
         same = self.clients.get(ip)
         if same is not None:
             same.discard(client)
@@ -83,8 +81,8 @@ class AddressShares:
 
     def check_rebind(self, holder: Holder, client: Client, n_keys: int) -> None:
         """Before ``holder`` is bound to ``client`` (a reattach, a take-over): raise
-        ``MaxLocks`` if that adds a grant to an address at its cap. As for an acquire, only
-        while the table has at least ``cap`` keys (below that, no address holds that many)."""
+        ``MaxLocks`` if that adds a grant to an address at its cap (only while the table has at
+        least ``cap`` keys, as for an acquire)."""
         ip = self.ip_of.get(client)
         if ip is None or n_keys < self.cap or self.address(holder) == ip:
             return
@@ -120,9 +118,8 @@ class AddressShares:
         self._drop(ip)
 
     def moved(self, old: Holder, new: Holder) -> None:
-        """The grant ``old`` was rebound as ``new`` (``grants.Grants.move``; ``old``'s client
-        already counts it out): to a connection, it counts against that connection's address
-        now; to no connection (a detach), against the same one as before."""
+        """The grant ``old`` was rebound as ``new`` (``old``'s client already counts it out): to
+        a connection, it counts against that connection's address; detached, the same one."""
         owner = old.client
         was = self.ip_of.get(owner)
         if was is None:

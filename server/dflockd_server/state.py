@@ -10,12 +10,12 @@ port chosen at random. ``--state-dir none`` turns it off.
 A start (``plan_start``):
 
 - restores every lease of the journal still running (``journal``: within a boot until its
-  recorded end; across a boot, when the file may lack its last records on this boot (a file
-  system mounted anew, or a failed write whose pages left the page cache: ``_tail_lost``,
-  ``pagecache``), or after renewals the journal could not record, for a full lease from the
-  start), and grants free keys at once, except after a reboot, or when the file may lack its
-  last records, when the journal was not fsynced at each reply (then the grace below, for the
-  longest lease recorded);
+  recorded end; for a full lease from the start across a boot, when the file may lack its last
+  records (a file system mounted anew, or a failed write whose pages left the page cache:
+  ``_tail_lost``, ``pagecache``), or after renewals the journal could not record), and grants
+  free keys at once, except (then the grace below, for the longest lease recorded) after a
+  reboot, or when the file may lack its last records, if the journal was not fsynced at each
+  reply;
 - waits (a restart grace, ``grace``) only when what the previous run granted cannot be known:
   the directory holds earlier state but no journal, the journal cannot be read, or it is
   damaged before its last record. The grace then lasts the longest lease the previous run
@@ -245,13 +245,9 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
             else "max_lease_ttl_s (no longest lease recorded)"
         )
         grace = GraceDecision(seconds, f"{why}: waiting {source}")
-    elif restore is not None and restore.grace_s > 0:
-        grace = GraceDecision(
-            restore.grace_s, f"restored {len(leases)} lease(s) from the journal ({restore.how})"
-        )
     elif restore is not None:
         grace = GraceDecision(
-            0.0, f"restored {len(leases)} lease(s) from the journal ({restore.how})"
+            restore.grace_s, f"restored {len(leases)} lease(s) from the journal ({restore.how})"
         )
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
@@ -270,9 +266,9 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
 
 
 def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:
-    """``grace``, or what is left of the grace of a start on this boot that was stopped during
-    it, whichever is longer (``grace.grace_left``); ``grace`` as it is where ``restart_grace_s``
-    forces the grace or there is no grace record."""
+    """``grace``, or what is left of the grace of a start on this boot stopped during it,
+    whichever is longer; ``grace`` where ``restart_grace_s`` forces it or there is no grace
+    record."""
     if config.restart_grace_s is not None or record is None:
         return grace
     left = grace_left(record)
@@ -286,11 +282,11 @@ def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -
 
 
 def _tail_lost(read: JournalRead, complete: bool, directory: str, resident: bool | None) -> str:
-    """Why the journal may lack its last records on this boot ("" where it cannot): the file
-    system it is on was mounted anew since ``read``'s run wrote it (another mount now, and its
-    last page out of the page cache: a container's new bind of a volume that stayed mounted
-    keeps it; ``pagecache``), or a write failed before that run ended (no ``complete`` mark)
-    and its last page has left the page cache (what an fsync failed to write is gone then)."""
+    """Why the journal may lack its last records on this boot ("" where it cannot), its last
+    page being out of the page cache (a container's new bind of a volume that stayed mounted
+    keeps it): its file system was mounted anew since ``read``'s run wrote it, or a write
+    failed before that run ended (no ``complete`` mark: what an fsync failed to write is
+    gone)."""
     if resident is not False:
         return ""
     now = mount_id(directory) if read.mount is not None else None

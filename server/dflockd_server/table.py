@@ -16,11 +16,17 @@ in order, once the grace is over (at the next acquire, enqueue or ``expire``). B
 longer than ``lease_noted`` is granted or renewed, ``note_lease`` is called (it persists the
 bound the next start's grace relies on) and may refuse by raising.
 
-This module is the table's public face: ``LockTable``, its operations (what the requests, the
-journal, the sweeps and the status read call), and the records they take, return and raise
-(defined in ``keys``). The table owns its ``grants`` (``grants.Grants``: the key map, the
-queues and leases, the steps that grant, move and free a grant) and its hold book (``holds``:
-whom a grant is bound to, its owner note); the expiry index and the idle log are in
+A grant is one ``Holder`` whoever keeps it alive: a connection (until its close ends it, or,
+for a session, cuts its lease short), no connection (a detached hold, ``hl`` mode ``d`` or
+``hd``: the ``detached`` client's, which no close releases), or nobody yet (restored from the
+journal: the ``restored`` client's, until a connection renews it: a reattach by token). ``ht``
+takes a detached grant over for a connection, with the ``<onclose>`` lease it is detached with
+again when that connection closes.
+
+This module is the table's face: ``LockTable``, its operations (what the requests, the journal,
+the sweeps and the status read call), and the records they take, return and raise (defined in
+``keys``). The table owns its ``grants`` (``grants.Grants``: the key map, the queues and leases,
+the steps that grant, move and free a grant); the expiry index and the idle log are in
 ``leases``.
 """
 
@@ -33,7 +39,6 @@ from typing import Any
 from dflockd_server.constants import TOKEN_HEX_CHARS
 from dflockd_server.fence import fence_of
 from dflockd_server.grants import Grants
-from dflockd_server.holds import HoldBook, detach_at_close
 from dflockd_server.journal import Journal, RecordedGrant
 from dflockd_server.keys import (
     AS_RECORDED,
@@ -91,7 +96,7 @@ def _ends_in_order(leases: list[RecordedGrant]) -> bool:
 
 class LockTable:
     """All locks and semaphores of one server: the operations on them. The state and the
-    steps they share are its ``grants``; whom a grant is bound to, its ``holds``."""
+    steps they share are its ``grants``."""
 
     def __init__(
         self,
@@ -127,8 +132,6 @@ class LockTable:
             lease_noted=lease_noted,
         )
         """The key map, queues and leases, and the steps that grant, move and free a grant."""
-        self.holds = HoldBook(self.grants)
-        """Whom a grant is bound to, and its owner note."""
         self._next_client_id = 0
         self.sessions: dict[str, ClientSession] = {}
         """The live client sessions by id (``join_session``)."""
@@ -152,11 +155,10 @@ class LockTable:
 
     # ------------------------------------------------------------------ client sessions
     def join_session(self, client: Client, session_id: str, ttl: int) -> None:
-        """``hello _ session <id> <ttl>``: ``client`` (a connection) joins the client session
-        ``session_id``, made if there is none (or the one there has run out: it ends first),
-        living ``ttl`` seconds from now unless kept alive; an existing one takes ``ttl`` as its
-        time from now on. A connection that already belongs to another session leaves it (its
-        grants go with it)."""
+        """``hello _ session <id> <ttl>``: ``client`` joins the client session ``session_id``,
+        made if there is none (or the one there has run out: it ends first), living ``ttl``
+        seconds from now unless kept alive; an existing one takes ``ttl`` from now on. A
+        connection of another session leaves it (its grants go with it)."""
         now = self.clock()
         session = self.sessions.get(session_id)
         if session is not None and session.expires_at <= now:
@@ -176,17 +178,17 @@ class LockTable:
         session.clients.append(client)
 
     def end_session(self, session_id: str) -> None:
-        """``hello _ session <id> 0``: its client is done with the session (a clean close):
-        it ends now, as when it is not kept alive."""
+        """``hello _ session <id> 0``: a clean close; the session ends now, as when it is not
+        kept alive."""
         session = self.sessions.get(session_id)
         if session is not None:
             self._end_session_of(session, self.clock())
 
     def keep_alive(self, session_id: str) -> bool:
         """``ping _ session <id>``: the client session lives ``ttl`` seconds more from now, and
-        each of its grants its own lease from now (no journal record for it unless the lease
-        runs past what the journal covers: at most one a lease per grant). ``False`` when
-        there is no such session (never made, or ended: its grants are gone)."""
+        each of its grants its own lease from now (a journal record only when the lease runs
+        past what the journal covers: at most one a lease per grant). ``False`` when there is
+        no such session (never made, or ended: its grants are gone)."""
         session = self.sessions.get(session_id)
         if session is None:
             return False
@@ -210,10 +212,9 @@ class LockTable:
         return True
 
     def _end_session_of(self, session: ClientSession, now: float) -> None:
-        """The client session was not kept alive for its time: it ends, and with auto-release on
-        every grant of its connections ends with it (off: they run to their lease's end). Its
-        connections still open go on as connections of their own."""
-        grants = self.grants
+        """The session ends: with auto-release on, so does every grant of its connections (off:
+        they run to their lease's end). Its open connections go on as connections of their
+        own."""
         del self.sessions[session.id]
         ending: list[Holder] = []
         for client in session.clients:
@@ -221,31 +222,34 @@ class LockTable:
             ending += [h for h in client.held if h.live and h.client is client]
         session.clients = []
         if self.auto_release_on_disconnect:
-            # Every grant that ends is taken before any is freed: freeing one hands its key to
-            # the next waiter, which may be a connection of this same session, still open (it
-            # goes on as a connection of its own): that new grant is not the session's to end.
-            lost = grants.counts.lost_by_disconnect
-            for holder in ending:
-                if holder.live:
-                    state = grants.state_of(holder)
-                    grants.free_holder(holder, state, now, lost)
-                    if state is not None:
-                        grants.fill(state, now)
-        grants.flush()
+            # Taken before any is freed: freeing one may grant its key to an open connection of
+            # this session, and that new grant is not the session's to end.
+            self._lose(ending, now)
+        self.grants.flush()
+
+    def _lose(self, holders: list[Holder], now: float) -> None:
+        """End those of ``holders`` still live, as lost by a disconnect, handing their slots on."""
+        grants = self.grants
+        lost = grants.counts.lost_by_disconnect
+        for holder in holders:
+            if holder.live:
+                state = grants.state_of(holder)
+                grants.free_holder(holder, state, now, lost)
+                if state is not None:
+                    grants.fill(state, now)
 
     def disconnect(self, client: Client, *, by_peer: bool = True) -> None:
         """The connection is gone: drop its waits, detach the grants it took over with ``ht``
-        and an ``<onclose>`` lease, and end the rest of its grants as the rule says (docs/
-        protocol.md, "Tokens, leases and disconnects"). ``by_peer``: the peer closed it (an EOF or
-        a reset: what a killed client or a network reset looks like); False: this server
-        closed it on its own (a read or write timeout, a journal it could not write, a
-        drain), which frees nothing early: the grants run to their lease's end.
+        and an ``<onclose>`` lease, and end the rest of its grants as the rule says
+        (docs/protocol.md, "Tokens, leases and disconnects"). ``by_peer``: the peer closed it
+        (an EOF or a reset: a killed client, a network reset); False: this server did (a read
+        or write timeout, a journal it could not write, a drain), which frees nothing early.
 
         With auto-release on, a close by the peer frees a plain connection's grants at once
-        (the seed's behaviour, what dflockd clients expect), and cuts a session connection's
-        (``hello _ session``) to end at most ``session_ttl_s`` from now, so its client,
-        which counts the same time from before, knows of the loss first, and may reattach by
-        token meanwhile. Detached holds are not the client's: they stay."""
+        (what dflockd clients expect), and cuts a session connection's (``hello _ session``)
+        to end at most ``session_ttl_s`` from now, so its client, which counts the same time
+        from before, knows of the loss first and may reattach by token meanwhile. Detached holds
+        are not the client's: they stay."""
         grants = self.grants
         now = self.clock()
         client.closed = True
@@ -268,12 +272,7 @@ class LockTable:
             if client.session:
                 self._end_session(client, now)
             else:
-                lost = grants.counts.lost_by_disconnect
-                for holder in [h for h in client.held if h.live]:
-                    state = grants.state_of(holder)
-                    grants.free_holder(holder, state, now, lost)
-                    if state is not None:
-                        grants.fill(state, now)
+                self._lose(list(client.held), now)
         grants.flush()
 
     def _end_session(self, client: Client, now: float) -> None:
@@ -305,12 +304,8 @@ class LockTable:
         queue: bool,
     ) -> Holder | Waiter | None:
         """Grant at once (a ``Holder``), queue (a ``Waiter``, if ``queue``), or ``None``.
-
-        ``limit`` is ``None`` for a lock, the semaphore's limit otherwise. Raises
-        ``LimitMismatch`` when the key is busy with another limit (a lock's is 1). ``note``:
-        the grant's owner note (``hl``); a ``detached`` grant is no connection's (see
-        ``hold``).
-        """
+        ``limit``: ``None`` for a lock. Raises ``LimitMismatch`` when the key is busy with
+        another limit. ``note``: the grant's owner note (``hl``); ``detached``: see ``hold``."""
         grants = self.grants
         now = self.clock()
         try:
@@ -321,9 +316,11 @@ class LockTable:
                 holder = grants.grant_bare(key, client, owner, lease_ttl, now, note)
                 if holder is not None:
                     return holder
-                if not queue and grants.held_alone(key):
-                    grants.counts.timeouts[0] += 1  # answered without making the key a state
-                    return None
+                if not queue:
+                    entry = grants.keys.get(key)
+                    if isinstance(entry, Holder) and entry.live:  # no state made for the answer
+                        grants.counts.timeouts[0] += 1
+                        return None
             state = grants.state_for(key, limit, now)
             if state.n_held < state.limit and state.n_waiting == 0 and not grants.in_grace:
                 if grants.max_locks_per_connection:
@@ -349,10 +346,9 @@ class LockTable:
     def hold(
         self, client: Client, key: str, lease_ttl: int, note: str, *, detached: bool, queue: bool
     ) -> Holder | Waiter | None:
-        """``hl``: acquire the lock ``key`` (limit 1, the FIFO queue ``acquire`` uses) with the
-        owner note ``note``, as ``acquire`` does otherwise. A ``detached`` grant belongs to the
-        table's ``detached`` client, not to ``client``: closing ``client`` does not free it
-        (a wait of ``client`` is dropped as any wait is)."""
+        """``hl``: acquire the lock ``key`` with the owner note ``note``. A ``detached`` grant
+        is the ``detached`` client's, not ``client``'s: closing ``client`` does not free it
+        (its wait is dropped as any wait is)."""
         return self.acquire(client, key, lease_ttl, None, queue=queue, note=note, detached=detached)
 
     def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
@@ -370,42 +366,100 @@ class LockTable:
         grants.move(holder, grants.detached, lease_ttl, self.clock())
         return True
 
+    def take(
+        self,
+        client: Client,
+        key: str,
+        token: str,
+        lease_ttl: int,
+        *,
+        note: str,
+        on_close: int | None,
+    ) -> Holder | None:
+        """``ht``: bind the detached grant ``token`` holds on the lock ``key`` to ``client``
+        (same token, so same fence), with the lease ``lease_ttl`` from now and the note
+        ``note``. When ``client`` closes the grant is released as any of its grants
+        (``on_close`` ``None``) or detached again with a lease of ``on_close`` seconds from
+        then. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is
+        bound to a live connection (this one included), ``MaxLocks`` if ``client`` is at its
+        cap, or its address at its own (``shares.AddressShares.check_rebind``)."""
+        grants = self.grants
+        holder = grants.holder_of(key, token)
+        if holder is None or not grants.is_lock_grant(holder):
+            return None
+        if not self.is_detached(holder):
+            raise Bound(key, holder.note)
+        if grants.max_locks_per_connection:
+            grants.check_client_locks(client, key, None)
+        shares = grants.shares
+        if shares is not None:
+            shares.check_rebind(holder, client, len(grants.keys))
+        longest = max(lease_ttl, on_close or 0)
+        if longest > grants.lease_noted:
+            grants.raise_bound(longest, key)  # the close's lease too: a disconnect must not fail
+        holder.note = note
+        return grants.move(holder, client, lease_ttl, self.clock(), on_close)
+
+    def is_detached(self, holder: Holder) -> bool:
+        """Whether the grant is bound to no live connection: a detached hold, or (without
+        auto-release) a grant whose connection has closed, unless a client session keeps it."""
+        owner = holder.client
+        return owner is self.grants.detached or (owner.closed and owner.kept_by is None)
+
+    def holder_note(self, key: str) -> str | None:
+        """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
+        entry = self.grants.keys.get(key)
+        if entry is None:
+            return None
+        if isinstance(entry, Holder):
+            return entry.note if entry.live else None
+        one = entry.one
+        return one.note if one is not None else None
+
+    def set_note(self, key: str, token: str, note: str) -> bool:
+        """``note``: replace the owner note of the grant ``token`` holds on ``key``; ``False``
+        if it holds none."""
+        grants = self.grants
+        holder = grants.holder_of(key, token)
+        if holder is None:
+            return False
+        holder.note = note
+        if grants.journal is not None:
+            grants.journal.note(token, note)
+        return True
+
     # ------------------------------------------------------------------ two-phase
     def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
         """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
         grants = self.grants
         try:
-            return self._enqueue(client, key, lease_ttl, limit)
+            previous = client.enqueued.get(key)
+            now = self.clock()
+            if previous is not None:
+                if previous.holder is not None:
+                    grants.check(previous.state, now)
+                if previous.holder is None or previous.holder.live:
+                    raise AlreadyEnqueued(key)
+                del client.enqueued[key]
+            if grants.in_grace:
+                grants.in_grace_at(now)
+            if grants.max_waits_per_connection:
+                grants.check_client_waits(client, key, None)
+            if grants.max_locks_per_connection:
+                grants.check_client_locks(client, key, None)
+            state = grants.state_for(key, limit, now)
+            if state.n_held < state.limit and state.n_waiting == 0 and not grants.in_grace:
+                waiter = Waiter(client, state, lease_ttl)
+                waiter.active = False
+                waiter.holder = grants.grant(state, client, lease_ttl, now)
+            else:
+                waiter = grants.queue(state, client, lease_ttl)
+            waiter.enqueued = True
+            client.enqueued[key] = waiter
+            return waiter
         finally:
             if grants.wakes:
                 grants.flush()
-
-    def _enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
-        grants = self.grants
-        previous = client.enqueued.get(key)
-        now = self.clock()
-        if previous is not None:
-            if previous.holder is not None:
-                grants.check(previous.state, now)
-            if previous.holder is None or previous.holder.live:
-                raise AlreadyEnqueued(key)
-            del client.enqueued[key]
-        if grants.in_grace:
-            grants.in_grace_at(now)
-        if grants.max_waits_per_connection:
-            grants.check_client_waits(client, key, None)
-        if grants.max_locks_per_connection:
-            grants.check_client_locks(client, key, None)
-        state = grants.state_for(key, limit, now)
-        if state.n_held < state.limit and state.n_waiting == 0 and not grants.in_grace:
-            waiter = Waiter(client, state, lease_ttl)
-            waiter.active = False
-            waiter.holder = grants.grant(state, client, lease_ttl, now)
-        else:
-            waiter = grants.queue(state, client, lease_ttl)
-        waiter.enqueued = True
-        client.enqueued[key] = waiter
-        return waiter
 
     def find_enqueued(self, client: Client, key: str) -> Waiter | None:
         """Two-phase step 2: the client's pending enqueue on ``key`` (leases checked first),
@@ -438,8 +492,7 @@ class LockTable:
 
     # ------------------------------------------------------------------ renew / release
     def release(self, key: str, token: str) -> bool:
-        """Release the slot ``token`` holds on ``key`` (granted by a lock or a semaphore
-        request alike); ``False`` if it holds none."""
+        """Release the slot ``token`` holds on ``key``; ``False`` if it holds none."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -469,11 +522,10 @@ class LockTable:
         return True
 
     def force_release(self, key: str) -> list[Holder]:
-        """``fr``: free every grant held on ``key``, whoever holds it (bound, detached or
-        restored), through the path a release takes (the journal records each drop, so a
-        restart does not bring it back); the next waiters are granted at once, with new
-        tokens (so higher fences). A lease already run out expires as usual and is not
-        counted. Returns the grants freed (their notes, for the log); ``[]`` if none."""
+        """``fr``: free every grant held on ``key``, whoever holds it, as a release does (the
+        journal records each drop); the next waiters are granted at once, with new tokens (so
+        higher fences). A lease already run out expires as usual and is not counted. Returns
+        the grants freed (their notes, for the log)."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -502,9 +554,9 @@ class LockTable:
         self, key: str, token: str, lease_ttl: int, client: Client | None = None
     ) -> int | None:
         """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``.
-        A grant bound to no live connection (restored from the journal and still awaiting its
-        holder, or its connection closed) becomes ``client``'s (the connection that renews
-        it: a reattach by token), with the ``<onclose>`` lease it had."""
+        A grant whose connection is gone (or restored, awaiting its holder) becomes
+        ``client``'s: a reattach by token, with the ``<onclose>`` lease it had; ``MaxLocks``,
+        the grant left as it was, when that adds a grant to an address at its cap."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -516,7 +568,12 @@ class LockTable:
         if lease_ttl > grants.lease_noted:
             grants.raise_bound(lease_ttl, key)
         if holder.client.closed and client is not None:
-            self.holds.reattach(holder, client, lease_ttl, now)
+            shares = grants.shares
+            if shares is not None:
+                shares.check_rebind(holder, client, len(grants.keys))
+            restored = holder.client.on_close
+            on_close = restored.pop(holder, None) if restored else None
+            grants.move(holder, client, lease_ttl, now, on_close)
             return lease_ttl
         self._extend(holder, entry, lease_ttl, now + lease_ttl, ahead=False)
         return lease_ttl
@@ -525,11 +582,10 @@ class LockTable:
         self, holder: Holder, entry: Entry, lease_ttl: int, expires_at: float, *, ahead: bool
     ) -> None:
         """The live grant ``holder`` (``entry``: its key's) now runs to ``expires_at`` with the
-        lease ``lease_ttl``: a renewal, or a client session kept alive. With a journal, a
-        record is written when the new end passes what the records cover, or the lease grows;
-        ``ahead``: that record covers one lease past the end (a session's keep-alive: one
-        record a lease per grant, not one per keep-alive; a restart restores no more than a
-        lease from its start anyway)."""
+        lease ``lease_ttl`` (a renewal, a session kept alive). A journal record is written when
+        the new end passes what the records cover, or the lease grows; ``ahead``: it covers a
+        lease past the end (a keep-alive: one record a lease per grant, not one per
+        keep-alive; a restart restores no more than a lease from its start anyway)."""
         journal = self.grants.journal
         if journal is not None:
             covered = holder.covered
@@ -551,12 +607,10 @@ class LockTable:
         self.grants.leases.add(holder, expires_at, lease_ttl)
 
     def restore(self, rec: RecordedGrant, left: float, now: float) -> Holder | None:
-        """Put back a grant read from the lease journal, ``left`` seconds from its end (``now``
-        on the table's clock): a detached hold is the ``detached`` client's, any other grant
-        the ``restored`` client's until a connection renews it. ``None`` (nothing restored)
-        when it cannot be: the key is full or fixed with another limit (a journal that
-        contradicts itself). Its expiry is not indexed here: ``restore_all`` indexes every
-        restored grant in the order of their ends."""
+        """Put back a grant read from the lease journal, ``left`` seconds from its end: a
+        detached hold is the ``detached`` client's, any other grant the ``restored`` client's
+        until a connection renews it. ``None`` when the key is full or fixed with another limit
+        (a journal that contradicts itself). Its expiry is left for ``restore_all`` to index."""
         key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
         is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
         grants = self.grants
@@ -588,30 +642,28 @@ class LockTable:
         owner.held.append(holder)
         owner.n_held += 1
         if on_close is not None and not detached:
-            detach_at_close(owner, holder, on_close)
+            owner.detach_at_close(holder, on_close)
         grants.counts.restored[is_sem] += 1
         return holder
 
     def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
-        """``restore`` each of ``leases`` (a start's, each ``left`` seconds from its end, from one
-        reading of the clock), emptying the list as it goes, then index their expiries in the
-        order of their ends (the order the expiry index is read in).
+        """``restore`` each of ``leases`` (a start's, from one reading of the clock), emptying
+        the list as it goes, and index their expiries in the order of their ends. Returns the
+        grants restored, the highest fence among them, and the records not restored.
 
-        The records are taken in the order given, about the order they were read (and made)
-        in, and each is let go as the next holder is made: the memory of records made one after
-        another comes free together and the holders take it, so a restart leaves no holes where
-        the records were. (Taken in the order of their ends instead, the records of a journal
-        rewritten by key freed scattered pieces the holders could not use: about 90 MB more
-        kept after a restart of a million leases.) The lease index is not compacted meanwhile
-        (nothing in it is stale yet). Returns the grants restored, the highest fence among
-        them, and the records not restored (see ``restore``)."""
+        The records are taken in the order given (about the order they were made in), each let
+        go as the next holder is made: the memory of records made one after another comes free
+        together and the holders take it, so a restart leaves no holes. (Taken in the order of
+        their ends, a journal rewritten by key freed scattered pieces: about 90 MB more kept
+        after a restart of a million leases.) Nothing in the index is stale yet: it is not
+        compacted meanwhile."""
         index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0
         last = ""  # the largest token of the usual width: its fence is the largest of theirs
         refused: list[RecordedGrant] = []
-        # Records whose ends are in order (the usual) are indexed as they are restored; any
-        # others once all are, put in order (a list of a million holders, sorted, costs RSS).
+        # Ends in order (the usual): indexed as restored; else once all are, sorted (a sorted
+        # list of a million holders costs RSS).
         in_order = _ends_in_order(leases)
         holders: list[Holder] = []
         leases.reverse()
@@ -645,7 +697,7 @@ class LockTable:
 
     def live_holders(self) -> list[tuple[Holder, KeyState | None, int | None]]:
         """Every grant held now, with its key's state (``None``: a lock that keeps none) and
-        the ``<onclose>`` lease it has (for the journal's compaction and its first file)."""
+        its ``<onclose>`` lease (the journal's compaction and first file)."""
         out: list[tuple[Holder, KeyState | None, int | None]] = []
         for entry in self.grants.keys.values():
             if isinstance(entry, Holder):
@@ -662,8 +714,8 @@ class LockTable:
         return out
 
     def key_state(self, key: str) -> KeyState | None:
-        """The state of ``key`` for reading (stats, tests), or ``None`` if the table has no
-        entry for it. A lock nobody waited for keeps no state: it gets a copy made up."""
+        """The state of ``key`` for reading, or ``None`` if the table has no entry for it (a
+        lock that keeps none gets one made up)."""
         entry = self.grants.keys.get(key)
         if entry is None or isinstance(entry, KeyState):
             return entry
@@ -693,18 +745,12 @@ class LockTable:
     def held(self) -> int:
         """Locks and semaphore slots held right now (from the running totals: no scan)."""
         counts = self.grants.counts
-        return (
-            sum(counts.restored)
-            + sum(counts.grants)
-            - sum(counts.releases)
-            - sum(counts.forced)
-            - sum(counts.expiries)
-            - sum(counts.lost_by_disconnect)
-        )
+        ended = (counts.releases, counts.forced, counts.expiries, counts.lost_by_disconnect)
+        return sum(counts.restored) + sum(counts.grants) - sum(sum(pair) for pair in ended)
 
     def drop_queued(self) -> int:
-        """Take every waiter out of every queue (a server that drains grants nothing more);
-        returns how many. Waiters blocked in a request are the connections' to answer."""
+        """Take every waiter out of every queue (a drain); returns how many. Waiters blocked in
+        a request are the connections' to answer."""
         now = self.clock()
         dropped = 0
         for state in list(self.grants.keys.values()):
@@ -727,9 +773,9 @@ class LockTable:
 
     # ------------------------------------------------------------------ maintenance
     def expire(self) -> int:
-        """Expire every lease that has run out; returns how many. The cost is the entries of
-        the expiry index that are due (one per lease expired, plus the stale ones met) and one
-        step per distinct lease length in use: never a scan of the table."""
+        """Expire every lease that has run out; returns how many. The cost is the due entries
+        of the expiry index (stale ones included) and one step per lease length in use: never a
+        scan of the table."""
         grants = self.grants
         now = self.clock()
         expired = 0
@@ -748,12 +794,6 @@ class LockTable:
                     expired += grants.check(state, now)
         grants.flush()
         return expired
-
-    @property
-    def expiry_entries(self) -> int:
-        """Entries in the expiry index, stale ones included (at most about twice the leases
-        held, plus a constant: see ``leases.LeaseIndex``)."""
-        return self.grants.leases.count
 
     def gc(self, max_idle_s: float) -> int:
         """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``; the cost is
@@ -777,13 +817,14 @@ class LockTable:
 
     def stats(self, connections: int) -> dict[str, Any]:
         """The ``stats`` reply, in dflockd's shape."""
+        grants = self.grants
         now = self.clock()
         self.expire()
         locks: list[dict[str, Any]] = []
         idle_locks: list[dict[str, Any]] = []
         sems: list[dict[str, Any]] = []
         idle_sems: list[dict[str, Any]] = []
-        for key, entry in self.grants.keys.items():
+        for key, entry in grants.keys.items():
             if isinstance(entry, Holder):  # a lock nobody waits for
                 if entry.live:
                     locks.append(self._lock_stats(key, entry, 0, now))
@@ -816,9 +857,8 @@ class LockTable:
             "semaphores": sems,
             "idle_locks": idle_locks,
             "idle_semaphores": idle_sems,
-            "grace_remaining_s": round(max(0.0, self.grants.grace_until - now), 3)
-            if self.grants.in_grace
-            else 0.0,
+            # (after expire: still in the grace only before its end)
+            "grace_remaining_s": round(grants.grace_until - now, 3) if grants.in_grace else 0.0,
         }
 
     def _lock_stats(self, key: str, holder: Holder, waiters: int, now: float) -> dict[str, Any]:
@@ -829,7 +869,7 @@ class LockTable:
             "lease_expires_in_s": round(max(0.0, holder.expires_at - now), 3),
             "waiters": waiters,
             "owner": holder.note,
-            "detached": self.holds.is_detached(holder),
+            "detached": self.is_detached(holder),
             "restored": holder.client is self.grants.restored,
             "fence": fence_of(holder.token),
             "held_s": round(max(0.0, now - holder.held_since()), 3),

@@ -1,28 +1,27 @@
 """Issuing fencing tokens: a strictly increasing 64-bit counter, then a random suffix.
 
 The counter starts at the wall clock in nanoseconds (so it keeps increasing across restarts
-even without a state file: no server hands out a billion grants per second) and, when a ceiling
-store is configured (``fence``: a file, or in cluster mode an etcd key), never below the
-ceiling persisted there. The store records a ceiling ``FENCE_PERSIST_BLOCK`` grants ahead of
-the counter; it is rewritten only when the counter reaches it, not on every grant, and always
-before any counter at or above the old ceiling is issued (a failed write issues nothing). In a
-cluster the ceiling is also what the next owner of a shard reads to raise its own counter above
-everything this member issued (``raise_to``).
+even without a state file: no server grants a billion a second) and, with a ceiling store
+(``fence``: a file, or in cluster mode an etcd key), never below the ceiling stored there. The
+store holds a ceiling ``FENCE_PERSIST_BLOCK`` grants ahead of the counter, rewritten only when
+the counter reaches it and always before a counter at or above the old ceiling is issued (a
+failed write issues nothing). In a cluster, the next owner of a shard reads it to raise its
+own counter above everything this member issued (``raise_to``).
 
-``next_token`` runs on the server's loop, once per grant (the hot path: this module is compiled
-with the request path, see server/hatch_build.py); ``raise_to`` may come from a cluster
-member's thread, so both hold the counter's lock. That lock is never held while a ceiling is
-stored (an fsync, an etcd round trip): stores go one at a time under a lock of their own
-(``_store_lock``), and the counter's lock is taken after, only to move the counter and the
-ceiling. So a member thread storing a ceiling for a slow etcd never holds up the loop's grants.
+``next_token`` runs on the server's loop once per grant (the hot path: compiled with the
+request path, see server/hatch_build.py); ``raise_to`` may come from a cluster member's
+thread, so both hold the counter's lock. That lock is never held while a ceiling is stored (an
+fsync, an etcd round trip): stores go one at a time under their own lock (``_store_lock``),
+and the counter's lock is taken after, only to move the counter and the ceiling, so a member
+thread storing for a slow etcd never holds up the loop's grants.
 
-On a server (``store_ahead``), the loop does not store ceilings either: once the counter has
-used half of the block under the stored ceiling, the next ceiling (a block above the counter)
-is stored on the server's thread for it while grants go on; a counter that reaches the stored
-ceiling before that store is done issues nothing (``FenceStateError``: the grant is answered
-``error``, as when a store fails) rather than wait. Half a block is 524,288 grants: more than
-a slow store takes at any rate a server reaches. Without ``store_ahead`` (the table's tests,
-tools) the ceiling is stored when the counter reaches it, in the caller's thread.
+On a server (``store_ahead``), once the counter has used half the block under the stored
+ceiling, the next one (a block above the counter) is stored on the server's thread while
+grants go on; a counter that reaches the stored ceiling before that store is done issues
+nothing (``FenceStateError``: answered ``error``, as when a store fails) rather than wait.
+Half a block is 524,288 grants: more than a slow store takes at any rate a server reaches.
+Without ``store_ahead`` (the table's tests, tools) the ceiling is stored when the counter
+reaches it, in the caller's thread.
 """
 
 from __future__ import annotations
@@ -50,9 +49,9 @@ _CHUNK_BYTES = 4096
 """Random bytes drawn at once (one ``os.urandom`` per 512 tokens)."""
 _SMALL_BOUND = (1 << 62) - 1
 """``next_token`` compares each counter with one bound (``_check_at``: the ceiling, or this),
-and only at it checks the 64-bit limit and the store. Kept below 2**62 so that, compiled, the
-comparison is of two small ints (a counter started at the wall clock in nanoseconds reaches it
-in the year 2116; from there on every token takes the full checks)."""
+and only at it checks the 64-bit limit and the store. Below 2**62, so that, compiled, it
+compares two small ints (a counter started at the wall clock reaches it in the year 2116;
+from then on every token takes the full checks)."""
 
 
 class FenceCounter:
@@ -87,7 +86,7 @@ class FenceCounter:
     ) -> None:
         """``persist_block``: how far ahead of the counter each stored ceiling is.
         ``defer_failed_store``: when the first ceiling cannot be stored (a full disk at the
-        start), start anyway and store it before the first token (until then none is issued)."""
+        start), start anyway and issue no token until it is."""
         if state_file is not None and store is not None:
             raise ValueError("a fence counter takes a state file or a ceiling store, not both")
         self._store: CeilingStore | None = (
@@ -133,8 +132,7 @@ class FenceCounter:
 
     def _persist(self, counter: int) -> None:
         """Store ``counter`` plus a block as the ceiling, unless a higher one is stored (under
-        ``_store_lock``, never taking ``_lock``: without ``store_ahead``, ``next_token`` calls
-        it holding ``_lock``)."""
+        ``_store_lock``, never taking ``_lock``, which ``next_token`` may hold)."""
         assert self._store is not None
         ceiling = counter + self._block
         with self._store_lock:
@@ -143,9 +141,9 @@ class FenceCounter:
                 self._stored(ceiling)
 
     def _stored(self, ceiling: int) -> None:
-        """``ceiling`` is stored: raise ``_ceiling`` to it, then ``_check_at`` (plain stores of
-        ints that only rise, ``_ceiling`` first: whoever reads ``_check_at`` sees a value at
-        most the stored ceiling, with or without ``_lock``)."""
+        """``ceiling`` is stored: raise ``_ceiling`` to it, then ``_check_at`` (ints that only
+        rise, ``_ceiling`` first: ``_check_at`` read with or without ``_lock`` is at most the
+        stored ceiling)."""
         self._ceiling = max(self._ceiling, ceiling)
         half = self._block // 2 if self._ahead is not None else 0
         self._check_at = min(self._ceiling - half, _SMALL_BOUND)
@@ -159,9 +157,9 @@ class FenceCounter:
                 self._stored(self._ceiling)
 
     def _before_issuing(self, counter: int) -> None:
-        """``counter`` reached ``_check_at``: refuse it past the counter's 64 bits, or store
-        the next ceiling before it is issued (a failed write issues nothing); with
-        ``store_ahead``, have it stored and refuse only a counter at the stored ceiling."""
+        """``counter`` reached ``_check_at``: refuse it past 64 bits, or store the next ceiling
+        before it is issued; with ``store_ahead``, have it stored and refuse only a counter at
+        the stored ceiling."""
         if counter > c.FENCE_MAX:
             raise OverflowError("fencing counter exhausted")
         store, ahead = self._store, self._ahead
@@ -196,10 +194,8 @@ class FenceCounter:
             self._storing = False
 
     def publish(self) -> int:
-        """Store the current ceiling again (a no-op in effect) and return it.
-
-        A cluster member calls it before handing a shard over: the next owner reads it.
-        """
+        """Store the current ceiling again (a no-op in effect) and return it: a cluster member
+        does before handing a shard over, for the next owner to read."""
         with self._store_lock:
             ceiling = self._ceiling
             if self._store is not None:
@@ -208,10 +204,8 @@ class FenceCounter:
 
     def raise_to(self, floor: int) -> None:
         """Issue only counters above ``floor`` from now on (e.g. another member's ceiling).
-
-        With a store, the raised ceiling is stored before this returns (the counter's lock is
-        not held meanwhile: grants below the old ceiling go on).
-        """
+        With a store, the raised ceiling is stored before this returns (meanwhile, without the
+        counter's lock: grants below the old ceiling go on)."""
         if floor > c.FENCE_MAX:
             raise OverflowError("fencing counter exhausted")
         if floor <= self._counter:
@@ -223,9 +217,8 @@ class FenceCounter:
 
     def _store_due(self, floor: int) -> bool:
         """Whether counters from ``floor`` on want a new ceiling stored first: at or past the
-        stored one, or, stored ahead (``store_ahead``), in the last half-block under it, where
-        ``next_token`` would have the next one stored and refuse at the ceiling meanwhile (a
-        raise there stores it itself, where it may wait)."""
+        stored one, or, with ``store_ahead``, in the last half-block under it (where a raise
+        stores it itself, where it may wait, rather than have ``next_token`` refuse)."""
         if self._store is None:
             return False
         half = self._block // 2 if self._ahead is not None else 0
@@ -258,9 +251,9 @@ class FenceCounter:
             pos = 0
         end = pos + _SUFFIX_HEX
         self._pool_pos = end
-        # counter <= FENCE_MAX (64 bits): its 8 bytes in hex are the 16 digits ("%016x"),
-        # the first 7 kept from the token before while they stay the same (compiled, a
-        # to_bytes and a hex per token were calls by name, about 1,000 instructions)
+        # counter <= FENCE_MAX: its 8 bytes in hex ("%016x"), the first 7 kept from the token
+        # before while they stay the same (compiled, a to_bytes and a hex per token were calls
+        # by name, about 1,000 instructions)
         high = counter >> 8
         if high != self._high:
             self._high = high

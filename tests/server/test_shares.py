@@ -67,7 +67,7 @@ def test_grants_count_against_their_address_whatever_holds_them() -> None:
     # Another connection of the address reattaches by token: the same address, no change.
     again = connect(table, shares, HERE)
     assert table.renew("a", bound.token, LEASE, again) == LEASE
-    assert table.holds.take(again, "b", detached.token, LEASE, note="n", on_close=None) is not None
+    assert table.take(again, "b", detached.token, LEASE, note="n", on_close=None) is not None
     assert shares.load(HERE) == 3
     # Every end counts them out; a closed client is forgotten with its last grant.
     assert table.release("a", bound.token)
@@ -96,14 +96,14 @@ def test_a_reattach_or_take_over_past_the_cap_is_refused_and_the_grant_stays() -
     with pytest.raises(MaxLocks):
         table.renew("theirs", theirs.token, LEASE, here)
     with pytest.raises(MaxLocks):
-        table.holds.take(here, "hold", hold.token, LEASE, note="n", on_close=None)
+        table.take(here, "hold", hold.token, LEASE, note="n", on_close=None)
     # Nothing changed: the grants are held as they were, by the other address.
     assert (shares.load(HERE), shares.load(THERE)) == (CAP, 2)
     kept = table.key_state("theirs")
     assert kept is not None
     assert kept.holders[theirs.token].client is there
     assert kept.earliest == ends.earliest
-    assert table.holds.is_detached(holder_of(table, "hold"))
+    assert table.is_detached(holder_of(table, "hold"))
     # Below the cap, the same reattach moves the grant to this address.
     assert table.release("mine-0", holder_of(table, "mine-0").token)
     assert table.renew("theirs", theirs.token, LEASE, here) == LEASE
@@ -140,7 +140,7 @@ def test_a_waiters_grant_and_a_detached_hold_count_against_the_waiting_address()
     assert waiter is not None and not isinstance(waiter, Holder)
     assert (shares.load(HERE), shares.load(THERE)) == (1, 1)  # its wait counts
     assert table.release("k", first.token)
-    assert waiter.holder is not None and table.holds.is_detached(waiter.holder)
+    assert waiter.holder is not None and table.is_detached(waiter.holder)
     assert (shares.load(HERE), shares.load(THERE)) == (1, 0)  # now its grant, detached
     close(table, shares, here, HERE)
     assert shares.load(HERE) == 1

@@ -381,17 +381,17 @@ def test_a_sweep_touches_only_what_expired(clock: Clock) -> None:
     short = [grant(table, f"short{i}", 2 if i else None) for i in range(3)]  # LEASE s
     waiter = table.acquire(table.open_client(), "short0", LEASE, None, queue=True)
     assert isinstance(waiter, Waiter)
-    entries = table.expiry_entries
+    entries = table.grants.leases.count
     assert entries == 1003
     full = table.grants.keys
     table.grants.keys = NoScan(full)
     assert table.expire() == 0  # nothing due: nothing walked, nothing popped
-    assert table.expiry_entries == entries
+    assert table.grants.leases.count == entries
     clock.now += LEASE
     assert table.expire() == 3  # the three due leases, found without walking the table
     assert not any(holder.live for holder in short)
     assert waiter.holder is not None  # the waiter got the expired lock at the sweep
-    assert table.expiry_entries == entries - 3 + 1  # popped the due ones; the waiter's grant
+    assert table.grants.leases.count == entries - 3 + 1  # popped the due ones; the waiter's grant
     table.grants.keys = full
     assert len(table.stats(0)["locks"]) == 1001
 
@@ -411,7 +411,7 @@ def test_the_expiry_index_stays_bounded_under_churn_and_renewals(
         for holder in held:
             assert table.renew(holder.key, holder.token, LEASE + round_ % 3) is not None
         clock.now += 0.001
-        assert table.expiry_entries <= 2 * table.held + 64
+        assert table.grants.leases.count <= 2 * table.held + 64
     clock.now += LEASE + 3
     assert table.expire() == 10
     assert table.held == 0
@@ -435,7 +435,7 @@ def test_sweeps_in_turns_expire_every_lease_once_and_keep_none_alive(clock: Cloc
         clock.now = start + LEASE + step * 0.1 - 0.005
         assert table.expire() == 10
         assert [h.live for h in holders] == [i >= 10 * step for i in range(2000)], step
-        assert table.expiry_entries == 2000 - 10 * step
+        assert table.grants.leases.count == 2000 - 10 * step
         taken = sum(run.head for run in table.grants.leases.by_ttl.values())
         assert taken <= max(64, (2000 - 10 * step + taken) // 8 + 1), (step, taken)
     assert table.held == 0
@@ -576,9 +576,7 @@ def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
     held = table.hold(table.open_client(), "q", LEASE, "t1", detached=True, queue=False)
     assert isinstance(held, Holder)
     clock.now += 4.0
-    taken = table.holds.take(
-        table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None
-    )
+    taken = table.take(table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None)
     assert taken is not None and taken.held_since() == held.held_since()
     clock.now += 3.0
     assert table.hand_down("q", held.token, LEASE)

@@ -247,7 +247,8 @@ class LockTableMachine(RuleBasedStateMachine):
                 assert not mk.holders and not mk.queue
                 continue
             assert set(state.holders) == {self.tokens[r] for r in live}
-            waiting = state.queue.waiting() if state.queue is not None else []
+            queue = state.queue
+            waiting = [w for w in queue.items[queue.head :] if w.active] if queue else []
             queued = [self.waiter_req[id(w)] for w in waiting]
             assert queued == mk.queue  # FIFO order
             assert state.n_waiting == len(mk.queue)

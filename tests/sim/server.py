@@ -88,7 +88,7 @@ class Mutations:
 
 class CeilingStore:
     """The fence ceiling file (``--fence-state-file``) on the simulated disk: written durably
-    (``fence.write_ceiling`` fsyncs), so it outlives a crash and a reboot."""
+    (``fence.FileCeilingStore.write`` fsyncs), so it outlives a crash and a reboot."""
 
     def __init__(self) -> None:
         self.ceiling = 0
