@@ -139,7 +139,6 @@ class SocketTransport:
         poller = self._poller
         assert poller is not None
         while True:
-            # (_wait(_POLL_IN, deadline), inlined: this runs for every request)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
@@ -156,30 +155,20 @@ class SocketTransport:
 
     def _send_rest(self, data: bytes, sent: int, deadline: float) -> None:
         """Send what the socket's buffer did not take at once (rare: requests are short)."""
-        view = memoryview(data)[sent:]
-        while view:
-            self._wait(_POLL_OUT, deadline)
-            try:
-                view = view[self.sock.send(view) :]
-            except BlockingIOError:
-                continue
-
-    def _wait(self, events: int, deadline: float) -> None:
-        """Wait until the socket is ready for ``events``; `TimeoutError` at ``deadline``."""
         poller = self._poller
         assert poller is not None
-        if events != _POLL_IN:
-            poller.modify(self.sock, events)
+        view = memoryview(data)[sent:]
+        poller.modify(self.sock, _POLL_OUT)
         try:
-            while True:
+            while view:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
-                if poller.poll(math.ceil(remaining * 1000)):
-                    return  # ready, or an error/hang-up the next send/recv reports
+                if poller.poll(math.ceil(remaining * 1000)):  # writable, or an error send reports
+                    with contextlib.suppress(BlockingIOError):
+                        view = view[self.sock.send(view) :]
         finally:
-            if events != _POLL_IN:
-                poller.modify(self.sock, _POLL_IN)
+            poller.modify(self.sock, _POLL_IN)
 
     def at_eof(self) -> bool:
         """False: a blocking socket learns of an EOF only by reading (`quiet`)."""
@@ -189,7 +178,7 @@ class SocketTransport:
         """Cheap liveness check of an idle connection (no EOF, nothing waiting to be read): a
         non-blocking peek (TLS: a non-blocking read that only TLS records may satisfy)."""
         if isinstance(self.sock, ssl.SSLSocket):
-            return self._tls_quiet()
+            return self._tls_quiet(self.sock)
         if self._poller is not None:
             # Readable means EOF, an error, or bytes nobody asked for: not reusable.
             try:
@@ -206,7 +195,7 @@ class SocketTransport:
         del data  # EOF (b"") or bytes nobody asked for: either way not reusable
         return False
 
-    def _tls_quiet(self) -> bool:
+    def _tls_quiet(self, sock: ssl.SSLSocket) -> bool:
         """True when a TLS connection has nothing to read but TLS records (session tickets):
         no application data, no close_notify, no EOF. Request lock held, no request in flight.
 
@@ -214,9 +203,6 @@ class SocketTransport:
         arrived: records that carry no application data (tickets) leave the stream in step for
         the next request; application bytes (nobody asked for them) are kept in the reply
         parser, never dropped, so the connection is refused for reuse either way."""
-        sock = self.sock
-        if not isinstance(sock, ssl.SSLSocket):  # pragma: no cover - TLS connections only
-            return True
         if sock.pending():
             return False  # decrypted bytes nobody asked for
         if hasattr(select, "poll"):
@@ -246,16 +232,7 @@ class SocketTransport:
         if not lock.acquire(blocking=False):
             return False
         try:
-            if self.closed:
-                return True
-            if self._poller is not None:
-                try:
-                    return bool(self._poller.poll(0))
-                except OSError:
-                    return True
-            if isinstance(self.sock, ssl.SSLSocket):
-                return not self._tls_quiet()
-            return not self.quiet()  # (no ``poll``: eventlet's patched ``select``)
+            return self.closed or not self.quiet()
         finally:
             lock.release()
 

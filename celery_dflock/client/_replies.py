@@ -173,6 +173,7 @@ _WAIT_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_LEASE_EXPIRED,
 }
 _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
+    **dict.fromkeys(Command, _COMMON_ERRORS),
     Command.LOCK: _LOCK_ERRORS,
     Command.SEM_LOCK: _LOCK_ERRORS,
     Command.ENQUEUE: _ENQUEUE_ERRORS,
@@ -183,33 +184,28 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     # it was): the lock counts as lost.
     Command.RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.SEM_RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
-    Command.RELEASE: _COMMON_ERRORS,
-    Command.SEM_RELEASE: _COMMON_ERRORS,
-    Command.AUTH: _COMMON_ERRORS,
-    Command.STATS: _COMMON_ERRORS,
-    Command.PING: _COMMON_ERRORS,
-    Command.HELLO: _COMMON_ERRORS,
-    Command.SHARDS: _COMMON_ERRORS,
     Command.HOLD: _LOCK_ERRORS,
-    # The server cannot write its lease journal now (a full disk): retry shortly.
     Command.NOTE: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
     Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_READ_ONLY},
     Command.HAND_DOWN: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
-    Command.ASKING: _COMMON_ERRORS,
     Command.FORCE_RELEASE: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
 }
-_MOVABLE: Final = frozenset(
+_GRANTING: Final = frozenset(
+    {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
+)
+_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
+_ANSWERED_OK: Final = frozenset(
     {
-        Command.LOCK,
-        Command.SEM_LOCK,
-        Command.HOLD,
-        Command.ENQUEUE,
-        Command.SEM_ENQUEUE,
-        Command.WAIT,
-        Command.SEM_WAIT,
-        Command.FORCE_RELEASE,
+        Command.RELEASE,
+        Command.SEM_RELEASE,
+        Command.AUTH,
+        Command.PING,
+        Command.NOTE,
+        Command.HAND_DOWN,
+        Command.ASKING,
     }
 )
+_MOVABLE: Final = _GRANTING | {Command.ENQUEUE, Command.SEM_ENQUEUE, Command.FORCE_RELEASE}
 """The requests a server may answer ``error_moved <HOST:PORT>``."""
 _MOVED_ADDRESS_RE: Final = re.compile(r"[^\s:]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
 _TICKET_RE: Final = re.compile(r"[!-~]{1,200}")
@@ -248,22 +244,12 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
     return Granted(token, seconds)
 
 
-_GRANTING: Final = frozenset(
-    {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
-)
-_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
-_ANSWERED_OK: Final = frozenset(
-    {
-        Command.RELEASE,
-        Command.SEM_RELEASE,
-        Command.AUTH,
-        Command.PING,
-        Command.NOTE,
-        Command.HAND_DOWN,
-        Command.ASKING,
-    }
-)
 _OK: Final = Ok()
+_JSON_REPLIES: Final[dict[Command, type[Stats | Hello | Shards]]] = {
+    Command.STATS: Stats,
+    Command.HELLO: Hello,
+    Command.SHARDS: Shards,
+}
 
 
 def decode_reply(command: Command, line: bytes) -> Reply:
@@ -311,49 +297,31 @@ def decode_reply(command: Command, line: bytes) -> Reply:
         if fields or status not in _ALLOWED_ERRORS[command]:
             raise _unexpected(command, line)
         return ErrorReply(status)
-    match command, status:
-        case (
-            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT | Command.HOLD,
-            "ok",
-        ):
+    if status == "ok":
+        if command in _GRANTING:
             return _parse_grant(command, line, fields)
-        case (Command.HOLD, "timeout") if len(fields) <= 1:
+        if command in _RENEWING and len(fields) == 1:
+            return Renewed(_parse_uint(command, line, fields[0]))
+        if command in _ANSWERED_OK and not fields:
+            return _OK
+        if command is Command.FORCE_RELEASE and len(fields) == 1:
+            return Freed(_parse_uint(command, line, fields[0]))
+        if command in _JSON_REPLIES and fields:
+            return _JSON_REPLIES[command](_parse_json_object(command, line, text[3:]))
+    elif status == "timeout" and command in _GRANTING:
+        if command is Command.HOLD and len(fields) <= 1:
             holder = fields[0] if fields else wire.NO_NOTE
             if not NOTE_RE.fullmatch(holder):
                 raise _unexpected(command, line, "the holder's note is not printable ASCII")
             return TimedOut(None if holder == wire.NO_NOTE else holder)
-        case (
-            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT,
-            "timeout",
-        ) if not fields:
+        if not fields:
             return TimedOut()
-        case (Command.ENQUEUE | Command.SEM_ENQUEUE, "acquired"):
+    elif command is Command.ENQUEUE or command is Command.SEM_ENQUEUE:
+        if status == "acquired":
             return _parse_grant(command, line, fields)
-        case (Command.ENQUEUE | Command.SEM_ENQUEUE, "queued") if not fields:
+        if status == "queued" and not fields:
             return Queued()
-        case (Command.RENEW | Command.SEM_RENEW | Command.TAKE, "ok") if len(fields) == 1:
-            return Renewed(_parse_uint(command, line, fields[0]))
-        case (
-            Command.RELEASE
-            | Command.SEM_RELEASE
-            | Command.AUTH
-            | Command.PING
-            | Command.NOTE
-            | Command.HAND_DOWN
-            | Command.ASKING,
-            "ok",
-        ) if not fields:
-            return Ok()
-        case (Command.FORCE_RELEASE, "ok") if len(fields) == 1:
-            return Freed(_parse_uint(command, line, fields[0]))
-        case (Command.STATS, "ok") if fields:
-            return Stats(_parse_json_object(command, line, text[len(status) + 1 :]))
-        case (Command.HELLO, "ok") if fields:
-            return Hello(_parse_json_object(command, line, text[len(status) + 1 :]))
-        case (Command.SHARDS, "ok") if fields:
-            return Shards(_parse_json_object(command, line, text[len(status) + 1 :]))
-        case _:
-            raise _unexpected(command, line)
+    raise _unexpected(command, line)
 
 
 def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str, object]:
@@ -364,9 +332,6 @@ def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str,
     if not isinstance(data, dict):
         raise _unexpected(command, line, "the JSON is not an object")
     return {str(k): v for k, v in data.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
-
-
-_JSON_REPLIES: Final = frozenset({Command.STATS, Command.HELLO, Command.SHARDS})
 
 
 class ReplyParser:

@@ -181,18 +181,14 @@ class _ProcessWatcher:
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._entries: dict[int, WatchCallback] = {}
+        self.entries: dict[int, WatchCallback] = {}
         self._poller = _Poller()
         self._running = False
         self._idle_since = 0.0
 
-    @property
-    def entries(self) -> dict[int, WatchCallback]:
-        return self._entries
-
     def watch(self, fd: int, callback: WatchCallback) -> None:
         with self._mutex:
-            self._entries[fd] = callback
+            self.entries[fd] = callback
             self._poller.register(fd)
             if self._running:
                 return
@@ -207,10 +203,10 @@ class _ProcessWatcher:
 
     def unwatch(self, fd: int) -> None:
         with self._mutex:
-            if self._entries.pop(fd, None) is None:
+            if self.entries.pop(fd, None) is None:
                 return
             self._poller.unregister(fd)
-            if not self._entries:
+            if not self.entries:
                 self._idle_since = time.monotonic()
 
     def _loop(self) -> None:
@@ -218,7 +214,7 @@ class _ProcessWatcher:
         poller = self._poller
         while True:
             with self._mutex:
-                if not self._entries and time.monotonic() - self._idle_since >= LINGER_S:
+                if not self.entries and time.monotonic() - self._idle_since >= LINGER_S:
                     self._running = False  # the next watch starts a thread anew
                     return
             try:
@@ -230,11 +226,11 @@ class _ProcessWatcher:
             due: list[tuple[int, WatchCallback]] = []
             with self._mutex:
                 for fd, _ in events:
-                    callback = self._entries.pop(fd, None)
+                    callback = self.entries.pop(fd, None)
                     poller.unregister(fd)
                     if callback is not None:
                         due.append((fd, callback))
-                if due and not self._entries:
+                if due and not self.entries:
                     self._idle_since = time.monotonic()
             for fd, callback in due:
                 try:
@@ -243,6 +239,6 @@ class _ProcessWatcher:
                     keep = False
                 if keep:
                     with self._mutex:
-                        if fd not in self._entries:
-                            self._entries[fd] = callback
+                        if fd not in self.entries:
+                            self.entries[fd] = callback
                             poller.register(fd)

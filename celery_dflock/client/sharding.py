@@ -43,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Final, Literal, Protocol, TypeGuard, runtime_checkable
+from typing import Final, Literal, Protocol, TypeGuard, cast, runtime_checkable
 
 from celery_dflock.client.errors import InvalidValueError
 
@@ -133,14 +133,8 @@ def server_identity(server: tuple[str, int]) -> str:
     return f"{server[0]}:{server[1]}"
 
 
-def _is_int(value: object) -> bool:
-    """True for an int that is not a bool."""
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _as_int(value: object) -> int | None:
-    """``value`` if it is an int (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _check_count(num_servers: int) -> None:
@@ -161,13 +155,10 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
 
     Checked once, where the list is given (a client's settings, a lock made directly): the
     tuple is then passed down as it is."""
-    return _validate_servers(servers)
-
-
-def _validate_servers(servers: object) -> tuple[tuple[str, int], ...]:
-    if isinstance(servers, str | bytes) or not isinstance(servers, Sequence):
-        raise InvalidValueError(f"servers must be a list of (host, port) tuples, got {servers!r}")
-    entries: Sequence[object] = servers  # pyright: ignore[reportUnknownVariableType]
+    given = cast("object", servers)
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+        raise InvalidValueError(f"servers must be a list of (host, port) tuples, got {given!r}")
+    entries: Sequence[object] = given  # pyright: ignore[reportUnknownVariableType]
     if not entries:
         raise InvalidValueError(
             'servers is empty: give at least one (host, port), e.g. [("127.0.0.1", 6388)]'
@@ -217,15 +208,14 @@ def select_server(
         raw: object = strategy.shard_by_identity(key, identities)
     else:
         raw = strategy(key, count)
-    index = _as_int(raw)
-    if index is None:
+    if not _is_int(raw):
         raise InvalidValueError(
             f"sharding strategy {_strategy_name(strategy)} returned {raw!r} "
             f"for key {key!r}: it must return an int index into servers"
         )
-    if not 0 <= index < count:
+    if not 0 <= raw < count:
         raise InvalidValueError(
-            f"sharding strategy {_strategy_name(strategy)} returned {index} for key {key!r}, "
+            f"sharding strategy {_strategy_name(strategy)} returned {raw} for key {key!r}, "
             f"outside [0, {count}) for {count} server(s)"
         )
-    return index
+    return raw
