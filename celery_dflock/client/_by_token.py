@@ -87,9 +87,7 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
             "('error'): it does not know the request (a server that predates it)"
         )
     if isinstance(reply, ErrorReply):
-        raise refusal_error(
-            command, reply, what=describe_lock(key), endpoint=endpoint, limit=None, lease_ttl_s=None
-        )
+        raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
     if isinstance(reply, Moved):
         raise ServerUnavailable(
             f"the cluster's members kept redirecting the force release of {describe_lock(key)} "
@@ -106,7 +104,5 @@ def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
         return False
     if isinstance(reply, ErrorReply):
-        raise refusal_error(
-            command, reply, what=describe_lock(key), endpoint=endpoint, limit=None, lease_ttl_s=None
-        )
+        raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
     raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")
