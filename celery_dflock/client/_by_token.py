@@ -1,12 +1,7 @@
-"""Requests about a grant named by its token, made without a lock object (no I/O here).
-
-Their key comes checked (by `Client`, or a lock's own); the rest is checked here, where it
-enters, and the bytes are built by `celery_dflock.client._requests`.
-
-Release, renew, detach and note by token (`Client.release` / `renew` / `detach` / `note`, and a
-lock's ``release_token`` / ``renew_token`` / ...) are each one request and its reply: the
-functions here build the request and read the reply; the shells send it over a pooled
-connection to the key's server.
+"""Requests about a grant named by its token, without a lock object (no I/O here): release,
+renew, detach, note and force release, each one request and its reply, built and read here
+and sent by the shells over a pooled connection to the key's server. Their key comes checked;
+the rest is checked here, where it enters.
 """
 
 from __future__ import annotations

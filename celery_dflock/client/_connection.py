@@ -1,12 +1,11 @@
 """The two transports a connection to a lock server owns (its byte side): a blocking socket
 (`SocketTransport`) and an asyncio stream (`AsyncStreamTransport`).
 
-The connection itself, written once (`celery_dflock.client._async.connection`, and the blocking
-one generated from it), serializes requests, sends ``auth`` first when the endpoint has a token,
-and closes itself when a request is interrupted midway (timeout, exception, cancellation): a
-half-read reply would put every later reply out of step. A transport sends a request's bytes and
-reads its reply, says whether an idle connection is still sound, and closes; neither is ever shut
-down from a forked child: the child only drops its copy of the socket.
+The connection itself is written once (`celery_dflock.client._async.connection`; it closes
+when a request is interrupted midway: a half-read reply would put later ones out of step). A
+transport sends a request's bytes and reads its reply, says whether an idle connection is still
+sound, and closes; neither is ever shut down from a forked child, which only drops its copy of
+the socket.
 
 A plain TCP `SocketTransport` keeps its socket non-blocking and waits for replies with ``poll``
 (send, poll, recv: three system calls per request, where a socket timeout costs six: two
@@ -51,12 +50,10 @@ def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
 def _close_made_tls_socket(exc: BaseException) -> None:
     """Close the ``SSLSocket`` that a failed ``wrap_socket`` made and did not close.
 
-    ``wrap_socket`` takes the connection's file descriptor into a new ``SSLSocket`` before
-    its handshake. When the peer reset the connection before that (a lock server killed while
-    the client reconnects), CPython (3.11.5 and later) raises from its check for data sent
-    before the handshake without closing that socket: the descriptor stayed open until the
-    garbage collector found it, with a ``ResourceWarning``. That socket is the ``self`` of a
-    frame of the exception's traceback; closing one twice does nothing."""
+    When the peer reset the connection before the handshake (a server killed while the client
+    reconnects), CPython (3.11.5 and later) raises without closing the new ``SSLSocket``, which
+    holds the descriptor until the garbage collector finds it (a ``ResourceWarning``). It is
+    the ``self`` of a frame of the exception's traceback; closing one twice does nothing."""
     tb = exc.__traceback__
     while tb is not None:
         made = tb.tb_frame.f_locals.get("self")
@@ -196,13 +193,12 @@ class SocketTransport:
         return False
 
     def _tls_quiet(self, sock: ssl.SSLSocket) -> bool:
-        """True when a TLS connection has nothing to read but TLS records (session tickets):
-        no application data, no close_notify, no EOF. Request lock held, no request in flight.
+        """True when a TLS connection has nothing to read but TLS records (session tickets).
+        Request lock held, no request in flight.
 
-        A readable socket is read without blocking, which lets the TLS layer process what
-        arrived: records that carry no application data (tickets) leave the stream in step for
-        the next request; application bytes (nobody asked for them) are kept in the reply
-        parser, never dropped, so the connection is refused for reuse either way."""
+        A readable socket is read without blocking, letting the TLS layer consume records that
+        carry no data; application bytes (unasked) are kept in the reply parser, never dropped,
+        and the connection is refused for reuse."""
         if sock.pending():
             return False  # decrypted bytes nobody asked for
         if hasattr(select, "poll"):
@@ -254,9 +250,7 @@ class SocketTransport:
 class _StreamProtocol(asyncio.StreamReaderProtocol):
     """asyncio's stream protocol, also telling its transport's watcher
     (`AsyncStreamTransport.watch`) when bytes arrive, the peer half-closes (EOF, or a TLS
-    close_notify: the TLS layer consumes records that carry no data, such as session tickets,
-    and reports a close as EOF) or the connection is lost. Nothing is read here that the stream
-    reader does not get."""
+    close_notify) or the connection is lost; the stream reader still gets every byte."""
 
     def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(reader, loop=loop)
@@ -371,9 +365,8 @@ class AsyncStreamTransport:
 
     def watch(self, callback: Callable[[], object] | None) -> None:
         """Call ``callback`` (in the event loop, synchronously) whenever the peer sends bytes,
-        half-closes or the connection is lost; None stops. Costs an attribute: the transport
-        reports these events anyway. The callback must not do I/O on the connection: a
-        request may be in flight (it only wakes whoever checks `broken_while_idle`)."""
+        half-closes or the connection is lost; None stops. It must not do I/O on the
+        connection: a request may be in flight."""
         self._stream.on_peer = callback
 
     def broken(self, lock: asyncio.Lock) -> bool:
@@ -406,11 +399,8 @@ class AsyncStreamTransport:
             await self._writer.wait_closed()
 
     def _drop_in_child(self) -> None:
-        """In a forked child: drop our copy of the socket without touching the parent's loop.
-
-        The descriptor is pointed at /dev/null (closing our reference to the TCP connection),
-        so the transport, when it is eventually collected, closes /dev/null instead.
-        """
+        """In a forked child: point our descriptor at /dev/null (dropping our reference to the
+        TCP connection), so the transport, when collected, closes that instead."""
         sock = self._writer.get_extra_info("socket")
         if sock is None:
             return

@@ -257,8 +257,7 @@ def decode_reply(command: Command, line: bytes) -> Reply:
 
     Raises `ProtocolError` when the line is not a valid reply to ``command``.
     """
-    # The usual replies first, matched whole; anything else takes the general path below,
-    # which decodes these exactly the same way.
+    # The usual replies first, matched whole; the general path below decodes them the same.
     if command in _ANSWERED_OK:
         if line == b"ok":
             return _OK
@@ -337,9 +336,9 @@ def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str,
 class ReplyParser:
     """Incremental reply decoder: `feed` bytes as they arrive, take replies with `next_reply`.
 
-    Bytes after a complete reply stay buffered for the next one. A line longer than the limit
-    (``max_line_bytes``, or ``max_stats_line_bytes`` for ``stats``) raises `ProtocolError` as
-    soon as it is known to be too long, without buffering more of it.
+    Bytes after a complete reply stay buffered for the next one. A line over the limit
+    (``max_line_bytes``; ``max_stats_line_bytes`` for a JSON reply) raises `ProtocolError` as
+    soon as it is known, without buffering more of it.
     """
 
     __slots__ = ("_buffer", "_scanned", "max_line_bytes", "max_stats_line_bytes")
@@ -359,11 +358,8 @@ class ReplyParser:
         self._buffer += data
 
     def feed_reply(self, command: Command, data: bytes) -> Reply | None:
-        """`feed` ``data``, then `next_reply`: one call for the usual case.
-
-        When nothing is buffered and ``data`` is exactly one line within the limit (how a
-        reply almost always arrives), it is decoded without passing through the buffer.
-        """
+        """`feed` ``data``, then `next_reply`; exactly one line within the limit with nothing
+        buffered (how a reply almost always arrives) skips the buffer."""
         if not self._buffer and data.endswith(b"\n"):
             end = data.find(b"\n")
             if end == len(data) - 1 and end <= self._line_limit(command):

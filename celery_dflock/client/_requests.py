@@ -1,8 +1,7 @@
 """The dflockd protocol's requests, without I/O: the commands, the checks of what a request
 carries (keys, tokens, owner notes, the secret, a wait's timeout), and one function per
-request that returns the exact bytes to send (``checked_*``: of parts checked before;
-``encode_*``: checking what it is given). The replies are read by
-`celery_dflock.client._replies`."""
+request returning its bytes (``checked_*``: of parts checked before; ``encode_*``: checking
+what it is given). The replies are read by `celery_dflock.client._replies`."""
 
 from __future__ import annotations
 
@@ -143,11 +142,9 @@ def _request(command: Command, key: str, argument: str) -> bytes:
 
 
 # ------------------------------------------------------------ the requests of a lock object
-# A lock object's own key, note, timeout, limit and lease are checked once, when it is made
-# (see `celery_dflock.client._core.LockCore`), and its token is one a grant reply matched:
-# these build its requests from such parts without checking them again (every run of a locked
-# task sends an acquire and a release). A request by token (`celery_dflock.client._by_token`)
-# checks what it is given, then builds with them: each request's bytes are spelled here once.
+# A lock object's parts are checked once, when it is made, and its token is one a grant reply
+# matched: these build its requests without checking again (every locked task run sends an
+# acquire and a release). A request by token checks what it is given, then builds with them.
 
 
 _LOCK: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d\n"
@@ -220,8 +217,8 @@ def encode_note(key: str, token: str, note: str) -> bytes:
 
 
 def encode_force_release(key: str, note: str | None = None) -> bytes:
-    """``fr``: free every grant on ``key``, whoever holds it (an operator's act); ``note``
-    (an owner note's rules) tells the server's log who asks."""
+    """``fr``: free every grant on ``key``, whoever holds it; ``note`` (an owner note) tells
+    the server's log who asks."""
     argument = wire.PLACEHOLDER if note is None else validate_note(note, "the operator's note")
     return _request(Command.FORCE_RELEASE, validate_key(key), argument)
 
@@ -268,9 +265,8 @@ def encode_ping() -> bytes:
 
 
 def encode_hello() -> bytes:
-    """``hello _ session``: what this server is and supports (a server that predates it:
-    ``error``), and, on a server that lists ``session``, this connection is a session
-    connection from now on (a server of ours that predates sessions ignores the argument)."""
+    """``hello _ session``: what this server is and supports (an older one: ``error``); on a
+    server that lists ``session``, this connection is a session connection from now on."""
     return _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
 
 
@@ -287,8 +283,7 @@ def encode_keepalive(session_id: str) -> bytes:
 
 def encode_asking(key: str | None = None, ticket: str | None = None) -> bytes:
     """``asking <key> <ticket>``: the next acquire, of ``key``, follows an ``error_ask`` that
-    gave ``ticket`` (``Asked``; a key-level move); ``asking _ _`` without a ticket (a server
-    that sent none)."""
+    gave ``ticket``; ``asking _ _`` when it gave none."""
     if key is None or ticket is None:
         return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
     return _request(Command.ASKING, validate_key(key), ticket)
