@@ -21,59 +21,38 @@ _WHITESPACE_RE: Final = re.compile(r"\s")
 
 
 class Command(enum.StrEnum):
-    """The request commands, valued as they are spelled on the wire."""
+    """The request commands, valued as they are spelled on the wire; `label` says what one
+    does, with its wire letter (``"a renewal ('n')"``), for messages."""
 
-    LOCK = wire.CMD_LOCK
-    RENEW = wire.CMD_RENEW
-    RELEASE = wire.CMD_RELEASE
-    ENQUEUE = wire.CMD_ENQUEUE
-    WAIT = wire.CMD_WAIT
-    SEM_LOCK = wire.CMD_SEM_LOCK
-    SEM_ENQUEUE = wire.CMD_SEM_ENQUEUE
-    SEM_WAIT = wire.CMD_SEM_WAIT
-    SEM_RENEW = wire.CMD_SEM_RENEW
-    SEM_RELEASE = wire.CMD_SEM_RELEASE
-    AUTH = wire.CMD_AUTH
-    STATS = wire.CMD_STATS
-    PING = wire.CMD_PING
-    HELLO = wire.CMD_HELLO
-    SHARDS = wire.CMD_SHARDS
-    HOLD = wire.CMD_HOLD
-    NOTE = wire.CMD_NOTE
-    TAKE = wire.CMD_TAKE
-    HAND_DOWN = wire.CMD_HAND_DOWN
-    ASKING = wire.CMD_ASKING
-    FORCE_RELEASE = wire.CMD_FORCE_RELEASE
+    label: str
 
-    @property
-    def label(self) -> str:
-        """What the request does, with its wire letter: ``"a renewal ('n')"``, for messages."""
-        return f"{_DOING[self]} ({self.value!r})"
+    LOCK = wire.CMD_LOCK, "an acquire"
+    RENEW = wire.CMD_RENEW, "a renewal"
+    RELEASE = wire.CMD_RELEASE, "a release"
+    ENQUEUE = wire.CMD_ENQUEUE, "an enqueue"
+    WAIT = wire.CMD_WAIT, "a wait"
+    SEM_LOCK = wire.CMD_SEM_LOCK, "a semaphore acquire"
+    SEM_ENQUEUE = wire.CMD_SEM_ENQUEUE, "a semaphore enqueue"
+    SEM_WAIT = wire.CMD_SEM_WAIT, "a semaphore wait"
+    SEM_RENEW = wire.CMD_SEM_RENEW, "a semaphore renewal"
+    SEM_RELEASE = wire.CMD_SEM_RELEASE, "a semaphore release"
+    AUTH = wire.CMD_AUTH, "authentication"
+    STATS = wire.CMD_STATS, "a stats request"
+    PING = wire.CMD_PING, "a ping"
+    HELLO = wire.CMD_HELLO, "a hello"
+    SHARDS = wire.CMD_SHARDS, "a shards request"
+    HOLD = wire.CMD_HOLD, "an acquire or a hold"
+    NOTE = wire.CMD_NOTE, "a note"
+    TAKE = wire.CMD_TAKE, "a take-over"
+    HAND_DOWN = wire.CMD_HAND_DOWN, "a hand-down"
+    ASKING = wire.CMD_ASKING, "an asking"
+    FORCE_RELEASE = wire.CMD_FORCE_RELEASE, "a force release"
 
-
-_DOING: Final[dict[Command, str]] = {
-    Command.LOCK: "an acquire",
-    Command.RENEW: "a renewal",
-    Command.RELEASE: "a release",
-    Command.ENQUEUE: "an enqueue",
-    Command.WAIT: "a wait",
-    Command.SEM_LOCK: "a semaphore acquire",
-    Command.SEM_ENQUEUE: "a semaphore enqueue",
-    Command.SEM_WAIT: "a semaphore wait",
-    Command.SEM_RENEW: "a semaphore renewal",
-    Command.SEM_RELEASE: "a semaphore release",
-    Command.AUTH: "authentication",
-    Command.STATS: "a stats request",
-    Command.PING: "a ping",
-    Command.HELLO: "a hello",
-    Command.SHARDS: "a shards request",
-    Command.HOLD: "an acquire or a hold",
-    Command.NOTE: "a note",
-    Command.TAKE: "a take-over",
-    Command.HAND_DOWN: "a hand-down",
-    Command.ASKING: "an asking",
-    Command.FORCE_RELEASE: "a force release",
-}
+    def __new__(cls, value: str, doing: str) -> Command:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.label = f"{doing} ({value!r})"
+        return member
 
 
 # ------------------------------------------------------------------------------- validation
