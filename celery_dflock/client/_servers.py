@@ -138,16 +138,14 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
         data = reply.data
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
-        max_lease = _seconds(data.get("max_lease_ttl_s"))
-        session_ttl = data.get("session_ttl_s")
-        sessions = FEATURE_SESSION in listed
+        session_ttl = _seconds(data.get("session_ttl_s"))
         return ServerInfo(
             name=str(name) if name is not None else "unnamed",
             version=None if version is None else str(version),
             features=frozenset(str(f) for f in listed),
-            max_lease_ttl_s=max_lease,
+            max_lease_ttl_s=_seconds(data.get("max_lease_ttl_s")),
             default_lease_ttl_s=_seconds(data.get("default_lease_ttl_s")),
-            session_ttl_s=_seconds(session_ttl) if sessions else None,
+            session_ttl_s=session_ttl if FEATURE_SESSION in listed else None,
             run=str(data["run"]) if isinstance(data.get("run"), str) else None,
         )
     if isinstance(reply, ErrorReply):

@@ -3,16 +3,15 @@
 A strategy maps ``(key, number_of_servers)`` to an index into ``servers``; the key's lock lives
 on that server only. Two built-in strategies:
 
-* `stable_hash_shard` (the default): ``zlib.crc32(key.encode("utf-8")) % n``, byte for byte what
-  every dflockd client does, so processes using other dflockd clients agree on where a key lives.
-  Changing the number of servers moves most keys (about ``n/(n+1)`` of them when one is added).
+* `stable_hash_shard` (the default): ``zlib.crc32(key.encode("utf-8")) % n``, as every dflockd
+  client does, so they agree on where a key lives. Adding a server moves about ``n/(n+1)`` of
+  the keys.
 * `rendezvous_shard`: highest-random-weight hashing. Each server gets a weight
   ``blake2b(key, server identity)`` and the heaviest wins, so adding or removing a server moves
-  only the keys that land on / lived on it (about ``1/(n+1)``). When given to a lock as
-  ``sharding_strategy`` the identity is the server's ``"host:port"`` string, so the order of
-  ``servers`` does not matter and a server can be inserted anywhere. Called directly as
-  ``rendezvous_shard(key, n)`` it can only see indexes and hashes on ``"0"``..``"n-1"``; with
-  that form append new servers at the end.
+  only the keys that land on / lived on it (about ``1/(n+1)``). As a lock's
+  ``sharding_strategy`` the identity is the server's ``"host:port"``, so the order of
+  ``servers`` does not matter; called directly as ``rendezvous_shard(key, n)`` it hashes on
+  ``"0"``..``"n-1"``: then append new servers at the end.
 
 Keys moved out of 2,000 (``f"key-{i}"``, i < 2000) when one server is added, measured with::
 
@@ -27,11 +26,10 @@ servers        stable_hash_shard       rendezvous_shard
 5 -> 6         1646 (82.3 %)           343 (17.2 %, ideal 16.7 %)
 =============  ======================  ========================
 
-Moving keys while locks are held splits a key's holders across two servers, so change the
-server list only when no lock is held (e.g. with the workers stopped), whichever strategy.
-Servers started with the same list (``--members``, in the same order, and ``--advertise``)
-refuse the keys that are not theirs, so a client whose list disagrees gets a
-`ShardingMismatchError` instead of a split lock.
+Moving keys while locks are held splits a key's holders across two servers: change the server
+list only when no lock is held (e.g. with the workers stopped). Servers started with the same
+list (``--members``, in the same order, and ``--advertise``) refuse the keys that are not
+theirs, so a client whose list disagrees gets a `ShardingMismatchError`, not a split lock.
 
 `CLUSTER` (``sharding_strategy="cluster"``) is not a function of the list: the servers are
 seeds of a cluster (``dflockd --cluster``), which says where each key lives (`ClusterMap`);
@@ -97,10 +95,8 @@ def _weight(key: str, identity: str) -> int:
 
 
 class RendezvousShard:
-    """Highest-random-weight (rendezvous) hashing; see the module docstring.
-
-    Stateless; use the `rendezvous_shard` instance.
-    """
+    """Highest-random-weight (rendezvous) hashing (see the module docstring); stateless: use
+    the `rendezvous_shard` instance."""
 
     __slots__ = ()
 
@@ -112,13 +108,8 @@ class RendezvousShard:
     def shard_by_identity(self, key: str, identities: Sequence[str]) -> int:
         """Index of the identity with the highest weight for ``key`` (ties: the first one)."""
         _check_count(len(identities))
-        best_index = 0
-        best_weight = -1
-        for index, identity in enumerate(identities):
-            weight = _weight(key, identity)
-            if weight > best_weight:
-                best_index, best_weight = index, weight
-        return best_index
+        weights = [_weight(key, identity) for identity in identities]
+        return weights.index(max(weights))
 
     def __repr__(self) -> str:
         return "rendezvous_shard"
