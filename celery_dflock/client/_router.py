@@ -74,52 +74,44 @@ class ClusterRouter:
 
     def __init__(self, seeds: Sequence[tuple[str, int]]) -> None:
         self.seeds = tuple(seeds)
-        self._map: ClusterMap | None = None
+        self.map: ClusterMap | None = None
+        """The map last fetched (None before the first fetch)."""
+        self.stale = False
+        """True after `invalidate`, until a refresh is claimed."""
         self._claimed_at = -math.inf
-        self._stale = False
         self._suspects: frozenset[tuple[str, int]] = frozenset()
         self._guard = threading.Lock()
-
-    @property
-    def map(self) -> ClusterMap | None:
-        """The map last fetched (None before the first fetch)."""
-        return self._map
 
     def claim_refresh(self, now: float | None = None) -> bool:
         """True when a refresh may start now; False when one started too recently."""
         now = time.monotonic() if now is None else now
         with self._guard:
             recent = now - self._claimed_at < MAP_REFRESH_INTERVAL_S
-            if self._map is not None and not self._stale and recent:
+            if self.map is not None and not self.stale and recent:
                 return False
             self._claimed_at = now
-            self._stale = False
+            self.stale = False
             return True
-
-    @property
-    def stale(self) -> bool:
-        """True after `invalidate`, until a refresh is claimed."""
-        return self._stale
 
     def invalidate(self, suspect: tuple[str, int] | None = None) -> None:
         """The map may be wrong (a member did not answer, or a redirect loop): the next routing
         reads it again at once. ``suspect``, a member that did not answer, is asked for the map
         after the others until then."""
         with self._guard:
-            self._stale = True
+            self.stale = True
             if suspect is not None:
                 self._suspects = self._suspects | {suspect}
 
     def update(self, cluster_map: ClusterMap) -> None:
         """Route by ``cluster_map`` from now on (a reference swap)."""
-        self._map = cluster_map
+        self.map = cluster_map
         self._suspects = frozenset()
 
     def candidates(self) -> list[tuple[str, int]]:
         """Where to ask for the map: the seeds, then every node the last map named; the
         members that did not answer lately last."""
         found = list(self.seeds)
-        current = self._map
+        current = self.map
         if current is not None:
             for node in current.nodes:
                 address = split_address(node)
@@ -130,7 +122,7 @@ class ClusterRouter:
 
     def owner(self, key: str) -> tuple[str, int] | None:
         """Where ``key`` lives by the cached map (None: no map, or no node for its shard)."""
-        current = self._map
+        current = self.map
         if current is None:
             return None
         owner = current.owner(key)
@@ -181,11 +173,6 @@ class KeyRoute:
         """The clock its deadlines are on (a simulated client's own: tests/sim)."""
         self.jitter: Callable[[], float] = random.random
         """Draws in [0, 1) that spread its pauses (a simulated client's seeded ones)."""
-
-    @property
-    def semaphore(self) -> bool:
-        """True for a semaphore (``sl``/``se``/... commands)."""
-        return self.limit is not None
 
     @property
     def what(self) -> str:
