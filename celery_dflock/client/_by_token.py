@@ -1,12 +1,7 @@
-"""Requests about a grant named by its token, made without a lock object (no I/O here).
-
-Their key comes checked (by `Client`, or a lock's own); the rest is checked here, where it
-enters, and the bytes are built by `celery_dflock.client._requests`.
-
-Release, renew, detach and note by token (`Client.release` / `renew` / `detach` / `note`, and a
-lock's ``release_token`` / ``renew_token`` / ...) are each one request and its reply: the
-functions here build the request and read the reply; the shells send it over a pooled
-connection to the key's server.
+"""Requests about a grant named by its token, without a lock object (no I/O here): release,
+renew, detach, note and force release, each one request and its reply, built and read here
+and sent by the shells over a pooled connection to the key's server. Their key comes checked;
+the rest is checked here, where it enters.
 """
 
 from __future__ import annotations
@@ -87,9 +82,7 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
             "('error'): it does not know the request (a server that predates it)"
         )
     if isinstance(reply, ErrorReply):
-        raise refusal_error(
-            command, reply, what=describe_lock(key), endpoint=endpoint, limit=None, lease_ttl_s=None
-        )
+        raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
     if isinstance(reply, Moved):
         raise ServerUnavailable(
             f"the cluster's members kept redirecting the force release of {describe_lock(key)} "
@@ -106,7 +99,5 @@ def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
         return False
     if isinstance(reply, ErrorReply):
-        raise refusal_error(
-            command, reply, what=describe_lock(key), endpoint=endpoint, limit=None, lease_ttl_s=None
-        )
+        raise refusal_error(command, reply, what=describe_lock(key), endpoint=endpoint)
     raise ProtocolError(f"unexpected reply {reply!r} to {command.label}")

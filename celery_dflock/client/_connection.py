@@ -1,12 +1,11 @@
 """The two transports a connection to a lock server owns (its byte side): a blocking socket
 (`SocketTransport`) and an asyncio stream (`AsyncStreamTransport`).
 
-The connection itself, written once (`celery_dflock.client._async.connection`, and the blocking
-one generated from it), serializes requests, sends ``auth`` first when the endpoint has a token,
-and closes itself when a request is interrupted midway (timeout, exception, cancellation): a
-half-read reply would put every later reply out of step. A transport sends a request's bytes and
-reads its reply, says whether an idle connection is still sound, and closes; neither is ever shut
-down from a forked child: the child only drops its copy of the socket.
+The connection itself is written once (`celery_dflock.client._async.connection`; it closes
+when a request is interrupted midway: a half-read reply would put later ones out of step). A
+transport sends a request's bytes and reads its reply, says whether an idle connection is still
+sound, and closes; neither is ever shut down from a forked child, which only drops its copy of
+the socket.
 
 A plain TCP `SocketTransport` keeps its socket non-blocking and waits for replies with ``poll``
 (send, poll, recv: three system calls per request, where a socket timeout costs six: two
@@ -51,12 +50,10 @@ def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
 def _close_made_tls_socket(exc: BaseException) -> None:
     """Close the ``SSLSocket`` that a failed ``wrap_socket`` made and did not close.
 
-    ``wrap_socket`` takes the connection's file descriptor into a new ``SSLSocket`` before
-    its handshake. When the peer reset the connection before that (a lock server killed while
-    the client reconnects), CPython (3.11.5 and later) raises from its check for data sent
-    before the handshake without closing that socket: the descriptor stayed open until the
-    garbage collector found it, with a ``ResourceWarning``. That socket is the ``self`` of a
-    frame of the exception's traceback; closing one twice does nothing."""
+    When the peer reset the connection before the handshake (a server killed while the client
+    reconnects), CPython (3.11.5 and later) raises without closing the new ``SSLSocket``, which
+    holds the descriptor until the garbage collector finds it (a ``ResourceWarning``). It is
+    the ``self`` of a frame of the exception's traceback; closing one twice does nothing."""
     tb = exc.__traceback__
     while tb is not None:
         made = tb.tb_frame.f_locals.get("self")
@@ -139,7 +136,6 @@ class SocketTransport:
         poller = self._poller
         assert poller is not None
         while True:
-            # (_wait(_POLL_IN, deadline), inlined: this runs for every request)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
@@ -156,30 +152,20 @@ class SocketTransport:
 
     def _send_rest(self, data: bytes, sent: int, deadline: float) -> None:
         """Send what the socket's buffer did not take at once (rare: requests are short)."""
-        view = memoryview(data)[sent:]
-        while view:
-            self._wait(_POLL_OUT, deadline)
-            try:
-                view = view[self.sock.send(view) :]
-            except BlockingIOError:
-                continue
-
-    def _wait(self, events: int, deadline: float) -> None:
-        """Wait until the socket is ready for ``events``; `TimeoutError` at ``deadline``."""
         poller = self._poller
         assert poller is not None
-        if events != _POLL_IN:
-            poller.modify(self.sock, events)
+        view = memoryview(data)[sent:]
+        poller.modify(self.sock, _POLL_OUT)
         try:
-            while True:
+            while view:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
-                if poller.poll(math.ceil(remaining * 1000)):
-                    return  # ready, or an error/hang-up the next send/recv reports
+                if poller.poll(math.ceil(remaining * 1000)):  # writable, or an error send reports
+                    with contextlib.suppress(BlockingIOError):
+                        view = view[self.sock.send(view) :]
         finally:
-            if events != _POLL_IN:
-                poller.modify(self.sock, _POLL_IN)
+            poller.modify(self.sock, _POLL_IN)
 
     def at_eof(self) -> bool:
         """False: a blocking socket learns of an EOF only by reading (`quiet`)."""
@@ -189,7 +175,7 @@ class SocketTransport:
         """Cheap liveness check of an idle connection (no EOF, nothing waiting to be read): a
         non-blocking peek (TLS: a non-blocking read that only TLS records may satisfy)."""
         if isinstance(self.sock, ssl.SSLSocket):
-            return self._tls_quiet()
+            return self._tls_quiet(self.sock)
         if self._poller is not None:
             # Readable means EOF, an error, or bytes nobody asked for: not reusable.
             try:
@@ -206,17 +192,13 @@ class SocketTransport:
         del data  # EOF (b"") or bytes nobody asked for: either way not reusable
         return False
 
-    def _tls_quiet(self) -> bool:
-        """True when a TLS connection has nothing to read but TLS records (session tickets):
-        no application data, no close_notify, no EOF. Request lock held, no request in flight.
+    def _tls_quiet(self, sock: ssl.SSLSocket) -> bool:
+        """True when a TLS connection has nothing to read but TLS records (session tickets).
+        Request lock held, no request in flight.
 
-        A readable socket is read without blocking, which lets the TLS layer process what
-        arrived: records that carry no application data (tickets) leave the stream in step for
-        the next request; application bytes (nobody asked for them) are kept in the reply
-        parser, never dropped, so the connection is refused for reuse either way."""
-        sock = self.sock
-        if not isinstance(sock, ssl.SSLSocket):  # pragma: no cover - TLS connections only
-            return True
+        A readable socket is read without blocking, letting the TLS layer consume records that
+        carry no data; application bytes (unasked) are kept in the reply parser, never dropped,
+        and the connection is refused for reuse."""
         if sock.pending():
             return False  # decrypted bytes nobody asked for
         if hasattr(select, "poll"):
@@ -246,16 +228,7 @@ class SocketTransport:
         if not lock.acquire(blocking=False):
             return False
         try:
-            if self.closed:
-                return True
-            if self._poller is not None:
-                try:
-                    return bool(self._poller.poll(0))
-                except OSError:
-                    return True
-            if isinstance(self.sock, ssl.SSLSocket):
-                return not self._tls_quiet()
-            return not self.quiet()  # (no ``poll``: eventlet's patched ``select``)
+            return self.closed or not self.quiet()
         finally:
             lock.release()
 
@@ -277,9 +250,7 @@ class SocketTransport:
 class _StreamProtocol(asyncio.StreamReaderProtocol):
     """asyncio's stream protocol, also telling its transport's watcher
     (`AsyncStreamTransport.watch`) when bytes arrive, the peer half-closes (EOF, or a TLS
-    close_notify: the TLS layer consumes records that carry no data, such as session tickets,
-    and reports a close as EOF) or the connection is lost. Nothing is read here that the stream
-    reader does not get."""
+    close_notify) or the connection is lost; the stream reader still gets every byte."""
 
     def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(reader, loop=loop)
@@ -394,9 +365,8 @@ class AsyncStreamTransport:
 
     def watch(self, callback: Callable[[], object] | None) -> None:
         """Call ``callback`` (in the event loop, synchronously) whenever the peer sends bytes,
-        half-closes or the connection is lost; None stops. Costs an attribute: the transport
-        reports these events anyway. The callback must not do I/O on the connection: a
-        request may be in flight (it only wakes whoever checks `broken_while_idle`)."""
+        half-closes or the connection is lost; None stops. It must not do I/O on the
+        connection: a request may be in flight."""
         self._stream.on_peer = callback
 
     def broken(self, lock: asyncio.Lock) -> bool:
@@ -429,11 +399,8 @@ class AsyncStreamTransport:
             await self._writer.wait_closed()
 
     def _drop_in_child(self) -> None:
-        """In a forked child: drop our copy of the socket without touching the parent's loop.
-
-        The descriptor is pointed at /dev/null (closing our reference to the TCP connection),
-        so the transport, when it is eventually collected, closes /dev/null instead.
-        """
+        """In a forked child: point our descriptor at /dev/null (dropping our reference to the
+        TCP connection), so the transport, when collected, closes that instead."""
         sock = self._writer.get_extra_info("socket")
         if sock is None:
             return

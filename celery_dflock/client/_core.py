@@ -1,17 +1,15 @@
 """The lock state machine shared by the sync and async clients (no I/O here).
 
-`LockCore` builds each request of one lock or semaphore object and interprets each reply,
-moving the lock from state to state. It has a route (`KeyRoute`, `celery_dflock.client._router`:
-where the key's requests go, how an acquire follows a cluster's redirects) and a grant record
-(`HeldGrant`, `celery_dflock.client._grant`: the token, lease and deadlines of what it holds,
-and their arithmetic). The shells (`celery_dflock.client._async.lock` and the blocking twin
-generated from it) only move bytes and run the renewal thread / task around it, so the two
-faces cannot drift apart.
+`LockCore` builds each request of one lock or semaphore object and reads each reply, moving
+the lock from state to state. It has a route (`KeyRoute`: where the key's requests go, how an
+acquire follows a cluster's redirects) and a grant record (`HeldGrant`: the token, lease and
+deadlines of what it holds). The shells (`celery_dflock.client._async.lock` and its generated
+blocking twin) only move bytes and run the renewal around it, so the two faces cannot drift.
 
-A lock's lease (``lease_ttl_s``) is checked once, where the user gave it (`Client.lock`, the
-lock's constructor), and carried here as it is. None asks for the server's default: ``l``,
-``sl``, ``e``, ``se``, ``n`` and ``sn`` then name no lease, and ``hl`` / ``ht``, which always
-name one, take the default the server said in its ``hello`` (`ServerInfo.default_lease_ttl_s`).
+A lock's lease (``lease_ttl_s``) is checked once, where the user gave it, and carried here as
+it is. None asks for the server's default: ``l``, ``sl``, ``e``, ``se``, ``n`` and ``sn`` then
+name no lease; ``hl`` / ``ht``, which always name one, take the default the server said in its
+``hello`` (`ServerInfo.default_lease_ttl_s`).
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ Request = _by_token.Request
 class EnqueueResult(str):
     """What ``enqueue()`` returns: ``"acquired"`` (held now) or ``"queued"`` (call ``wait()``).
 
-    A `str`, as dflockd's own clients and the Go client return, that is also true only when
-    acquired, so ``if lock.enqueue() == "acquired":`` and ``if lock.enqueue():`` both read
-    naturally (code written for the earlier ``True``/``False`` keeps working).
+    A `str`, as dflockd's own clients and the Go client return, that is true only when
+    acquired, so ``if lock.enqueue() == "acquired":`` and ``if lock.enqueue():`` both work.
     """
 
     __slots__ = ()
@@ -83,12 +80,9 @@ QUEUED: Final = EnqueueResult("queued")
 class LockCore:
     """State and decisions of one lock or semaphore object; every method is I/O free.
 
-    A core has a `KeyRoute` (`routing`: where the key's requests go, how an acquire follows a
-    cluster's redirects) and a `HeldGrant` (`grant`: the token, lease and deadlines of what it
-    holds); it keeps the lock's state (`state`, `lost`), builds its requests and reads their
-    replies. ``settings`` are taken as they are (checked once, where they were given); so are
-    the lock's own ``acquire_timeout_s`` and ``lease_ttl_s`` (whole seconds, checked by
-    whoever took them from the user; None: the server's default, which ``hello`` says).
+    It has a `KeyRoute` (`routing`) and a `HeldGrant` (`grant`) and keeps the lock's state
+    (`state`, `lost`). ``settings``, ``acquire_timeout_s`` and ``lease_ttl_s`` (whole seconds;
+    None: the server's default) are taken as they are, checked where the user gave them;
     ``key`` and ``note`` are checked here."""
 
     def __init__(
@@ -116,8 +110,8 @@ class LockCore:
         """The owner note sent with each acquire (``hl ... c <note>``) to a server with holds."""
 
     def __copy__(self) -> LockCore:
-        """A core of its own (its grant and route copied): what a release finished in the
-        background keeps while this one is reset and used again."""
+        """A core with its own grant and route: what a release finished in the background
+        keeps while this one is reset and used again."""
         twin = object.__new__(LockCore)
         twin.__dict__.update(self.__dict__)
         twin.routing = copy.copy(self.routing)
@@ -207,13 +201,11 @@ class LockCore:
         return self.state is LockState.HELD and not self.grant.foreign_process()
 
     def owned(self) -> bool:
-        """`locked`, not lost, and the grant is known to be still held: its lease runs, and
-        on a session connection an answer came recently enough."""
+        """`locked`, not lost, and the grant surely still held (`HeldGrant.hold_deadline`)."""
         return self.locked() and not self.lost and self.grant.clock() < self.grant.hold_deadline()
 
     def kept_alive(self) -> bool:
-        """Whether the grant's client session keeps its lease, as a renewal would: the lock
-        need not renew it itself (`HeldGrant.kept_alive`)."""
+        """Its client session keeps the lease as a renewal would (`HeldGrant.kept_alive`)."""
         return self.grant.kept_alive(self.settings.renew_ratio)
 
     def renew_interval(self) -> float:
@@ -250,8 +242,8 @@ class LockCore:
             )
 
     def check_lease(self, server: ServerInfo | None, lease: int | None) -> None:
-        """Refuse, before asking, a lease above the longest ``server`` grants (its ``hello``
-        says so; a server that does not is asked as it is)."""
+        """Refuse, before asking, a lease above the longest ``server`` grants, when its
+        ``hello`` says it."""
         limit = None if server is None else server.max_lease_ttl_s
         if lease is None or limit is None or lease <= limit:
             return
@@ -264,15 +256,14 @@ class LockCore:
         )
 
     def acquire_request(self, server: ServerInfo | None = None) -> Request:
-        """``l`` / ``sl`` with the acquire timeout: (command, bytes, reply timeout). A lock
-        with a `note` sends ``hl ... c <note>`` instead to a ``server`` that has holds."""
+        """``l`` / ``sl`` with the acquire timeout; a lock with a `note` sends ``hl ... c
+        <note>`` instead to a ``server`` that has holds."""
         self._require_idle()
         routing = self.routing
         timeout = routing.wait_seconds()
         lease = self.lease_ttl_s
         self.check_lease(server, lease)
-        # (the key, the note, the timeout, the limit and the lease were checked when this
-        # object was made: built without checking them again)
+        # (every part was checked when this object was made: built without checking again)
         limit = routing.limit
         if limit is not None:
             data = checked_sem_lock(routing.key, timeout, limit, lease)
@@ -332,9 +323,8 @@ class LockCore:
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
     ) -> Request:
-        """``hl ... d <note>``: a detached hold; not ``detached``: ``hl ... c <note>``, bound
-        to the connection until `detach_token_request` (`HoldsUnsupported` unless ``server``
-        has holds)."""
+        """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``, bound to the connection);
+        `HoldsUnsupported` unless ``server`` has holds."""
         self._require_idle()
         note = _requests.validate_note(note)  # (given here; the rest when this object was made)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
@@ -343,9 +333,8 @@ class LockCore:
         return Command.HOLD, data, self.reply_timeout(timeout)
 
     def hold_lease(self, server: ServerInfo) -> int:
-        """The lease ``hl`` and ``ht`` ask for (they always name one): the lock's, else the
-        default lease ``server`` said in its ``hello`` (the one place that default lives; a
-        server that does not say it needs the lock's own: `InvalidValueError`)."""
+        """The lease ``hl`` and ``ht`` name: the lock's, else the default ``server`` said in
+        its ``hello`` (the one place that default lives); `InvalidValueError` when neither."""
         lease = self.lease_ttl_s
         if lease is not None:
             self.check_lease(server, lease)
@@ -359,8 +348,8 @@ class LockCore:
         )
 
     def take_over_note(self, note: str | None) -> str:
-        """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`; a
-        `ValueError` (an `InvalidValueError`) when neither is given (``ht`` always names one)."""
+        """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`;
+        `InvalidValueError` when neither is given."""
         if note is not None:
             return _requests.validate_note(note)
         if self.note is not None:
@@ -373,9 +362,8 @@ class LockCore:
     def take_over_request(
         self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
     ) -> Request:
-        """``ht <token> <lease> <onclose> <note>``: take over a detached grant made elsewhere,
-        bound to this connection from now on (`HoldsUnsupported` unless ``server`` has
-        holds)."""
+        """``ht <token> <lease> <onclose> <note>``: take over a detached grant, bound to this
+        connection from now on (`HoldsUnsupported` unless ``server`` has holds)."""
         self._require_idle()
         token = _requests.validate_token(token)  # (given here; the note by `take_over_note`)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
@@ -383,9 +371,9 @@ class LockCore:
         return Command.TAKE, data, self.reply_timeout()
 
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
-        """``hd <token> <lease_ttl>`` for the held token: detach it from this connection before
-        letting go of it. A ``server`` without holds gets ``n <token> <lease_ttl>`` (its grant
-        stays bound to the connection, which goes back to the pool)."""
+        """``hd <token> <lease_ttl>``: detach the held grant from this connection before letting
+        go of it; a ``server`` without holds gets ``n <token> <lease_ttl>`` (the grant stays
+        bound to the connection, which goes back to the pool)."""
         token = self._held_token()
         if server is None or not server.supports(FEATURE_HOLDS):
             return _by_token.renew_request(self.key, token, lease_ttl)
@@ -401,9 +389,8 @@ class LockCore:
         server: ServerInfo | None,
         session: ClientSession | None = None,
     ) -> bool:
-        """Interpret the reply to ``l``/``sl``/``e``/``se``/``w``/``sw``; ``server`` is what the
-        server said to ``hello`` (its tokens count as fences only if it lists ``fence``),
-        ``session`` the client session of the connection it came on.
+        """Read the reply to ``l``/``sl``/``e``/``se``/``w``/``sw``/``hl``; ``server``: what it
+        said to ``hello``, ``session``: the client session of the connection it came on.
 
         True: held (the caller pins the connection and starts renewing). False: not held
         (``queued`` leaves the state ENQUEUED, the connection stays pinned). Raises for refusals.
@@ -412,9 +399,9 @@ class LockCore:
             started = sent_at
             enqueued_at = self.grant.enqueued_at
             if command in (Command.WAIT, Command.SEM_WAIT) and enqueued_at is not None:
-                # The server grants a queued lock when it is freed, and its lease runs from
-                # then, possibly long before this `w` was sent; the reply still carries the
-                # whole lease. The earliest that can be is when we enqueued.
+                # A queued grant's lease runs from when the key was freed, possibly long
+                # before this `w` was sent (the reply still says the whole lease): count it
+                # from the enqueue, the earliest it can be.
                 started = enqueued_at
             self.state = LockState.HELD
             self.lost = False
@@ -459,9 +446,9 @@ class LockCore:
         server: ServerInfo | None,
         session: ClientSession | None = None,
     ) -> bool:
-        """Interpret the reply to `take_over_request`: True when held now (as after a grant),
-        False when ``token`` no longer holds the key or another connection has it bound
-        (`holder` then says that holder's note)."""
+        """Read the reply to `take_over_request`: True when held now (as after a grant), False
+        when ``token`` no longer holds the key or another connection has it bound (`holder`
+        then says that holder's note)."""
         self.holder = None
         self.busy = False
         if isinstance(reply, Renewed) and reply.seconds_remaining > 0:
@@ -478,15 +465,13 @@ class LockCore:
         raise ProtocolError(f"unexpected reply {reply!r} to {Command.TAKE.label}")
 
     def on_release_reply(self, reply: Reply, *, retried: bool = False) -> bool:
-        """Interpret the reply to ``r``/``sr``: True if this release freed the lock.
+        """Read the reply to ``r``/``sr``: True if this release freed the lock.
 
-        A refusal means the server no longer held this grant: its lease ran out while this
-        process still counted on it (paused, or its renewals did not get through), or it was
-        released from elsewhere. The lock was lost while held: it is marked lost here and
-        stays HELD, so the caller can notify (with the fence still known) before it `reset`s.
-        A confirmed release resets at once. ``retried``: an earlier release of this grant was
-        sent and its connection broke before the answer came; that release may have freed
-        it, so a refusal is no proof of a loss (reset, not marked lost).
+        A refusal means the server no longer held the grant (its lease ran out while this
+        process counted on it, or it was released elsewhere): the lock is marked lost and stays
+        HELD, so the caller can notify (the fence still known) before it `reset`s. ``retried``:
+        an earlier release was sent and its connection broke before the answer; it may have
+        freed the grant, so a refusal proves no loss (reset, not marked lost).
         """
         if isinstance(reply, _replies.Ok):
             self.reset()
@@ -523,10 +508,9 @@ class LockCore:
     def on_renew_reply(
         self, reply: Reply, sent_at: float, session: ClientSession | None = None
     ) -> RenewOutcome:
-        """Interpret the reply to ``n``/``sn`` (on the pinned connection or, reattaching, on a
-        new one, whose client session is ``session``). ``error_draining``: the server is
-        shutting down (to restart, it may keep the lease): reattach. ``error``: the server no
-        longer holds the grant: lost. The grant's client session over meanwhile: lost."""
+        """Read the reply to ``n``/``sn`` (on the pinned connection, or reattaching on a new one
+        of client session ``session``). ``error_draining`` (a restart may keep the lease):
+        reattach. ``error``, or the grant's client session over meanwhile: lost."""
         grant = self.grant
         ended = grant.session_ended()
         if ended is not None:
@@ -563,10 +547,9 @@ class LockCore:
         return RenewOutcome(renewed=False, lost_reason=why)
 
     def connection_broke(self, detail: str) -> None:
-        """The held lock's connection closed or failed (``detail`` says how). The server may
-        still hold the grant (a restart that restored it from its journal, a connection cut
-        on the way, or without auto-release on disconnect): the lock is not lost until a
-        renewal by token on a new connection is refused or the lease runs out first."""
+        """The held lock's connection closed or failed (``detail``). The server may still hold
+        the grant (restored from its journal, a cut on the way, no auto-release): the lock is
+        lost only when a renewal by token on a new connection is refused, or the lease ends."""
         grant = self.grant
         if grant.broken is None:
             grant.reattach_failures = 0
@@ -585,8 +568,7 @@ class LockCore:
         return self.grant.reattach_endpoint(self.endpoint, now)
 
     def mark_unreachable(self) -> bool:
-        """The lease ran out before the server could be reached again after the lock's
-        connection broke: `mark_lost`; True the first time."""
+        """`mark_lost`: the lease ran out before the server could be reached again."""
         return self.mark_lost(
             f"its connection to the lock server at {self.endpoint.address} closed "
             f"({self.grant.broken or 'unknown cause'}), and the server could not be reached "
@@ -595,8 +577,8 @@ class LockCore:
 
     @staticmethod
     def draining(reply: Reply) -> bool:
-        """True for ``error_draining``: the server is shutting down (a restart may keep the
-        lease); a request about a held grant is sent again on a new connection."""
+        """True for ``error_draining``: a request about a held grant is sent again on a new
+        connection (a restart may keep the lease)."""
         return isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_DRAINING
 
     def mark_lost(self, reason: str) -> bool:

@@ -1,10 +1,9 @@
 """What one lock object knows of the grant it holds (no I/O here): its token and fence, the
 lease and how long it surely runs, when to renew, and the bookkeeping of reattaching after the
-held connection broke (reconnect, renew by token, while the lease runs).
+held connection broke (reconnect and renew by token while the lease runs).
 
-`HeldGrant` is a record a `celery_dflock.client._core.LockCore` has (``core.grant``): the
-lock's state machine decides, reads the replies and logs; the grant keeps the figures and does
-their arithmetic.
+A `LockCore` has one `HeldGrant` (``core.grant``): the core decides, reads replies and logs;
+the grant keeps the figures and does their arithmetic.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ confirmed last still runs."""
 
 KEPT_MARGIN_S: Final = 5.0
 """A lock whose session's keep-alives keep its lease looks at it again this long before the
-lease they keep would end: never needed while they run (their end tells it at once), it is
-the renewal of its own left in time should they stop unseen."""
+lease they keep would end: in time to renew it itself should they stop unseen."""
 
 
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
@@ -75,13 +73,12 @@ class RenewOutcome:
 
 class HeldGrant:
     """One lock object's grant, as far as this process knows: token, lease, deadlines,
-    reattaching (the lock's `LockCore` has one; `reset` empties it)."""
+    reattaching (`reset` empties it)."""
 
-    # A new lock holds nothing: these class-level values (immutable) are each grant's until
-    # it sets its own (so making one costs no more than an empty object).
+    # The class-level values (immutable) are each grant's until it sets its own: a new one
+    # costs no more than an empty object.
     clock: Callable[[], float] = time.monotonic
-    """The clock every figure here is on (``time.monotonic``; the simulator in tests/sim gives
-    each simulated process its own, by setting it on the grant)."""
+    """The clock every figure here is on (tests/sim sets a simulated process's own)."""
     token: str | None = None
     fencing: bool = False  # the server that granted `token` issues fencing tokens
     lease: int = 0
@@ -90,34 +87,28 @@ class HeldGrant:
     lease_deadline: float = 0.0
     lease_latest_end: float = 0.0
     enqueued_at: float | None = None  # when the `e` that queued us was sent
-    # On a session connection (the server listed `session`): its session time, and the
-    # time.monotonic() until which the grant surely stays held, counted from the send time
-    # of the last request the server answered on its connection (the server cannot have seen
-    # that connection close before it got that request): docs/protocol.md, "Tokens, leases
-    # and disconnects". inf: no session (the lease alone says).
+    # On a session connection (the server listed `session`): its session time, and until when
+    # the grant surely stays held, from the send time of the last request answered on it (the
+    # server cannot have seen the close before that request): docs/protocol.md, "Tokens,
+    # leases and disconnects". inf: no session (the lease alone says).
     session_ttl: int | None = None
     session_deadline: float = math.inf
-    # On a server that keeps client sessions: the session the grant belongs to, whose
-    # keep-alive keeps it (docs/protocol.md, "Client sessions"); its deadline bounds the
-    # grant's as the connection's session time does above (which is then None). Each of its
-    # keep-alives sent after the grant was last confirmed (granted, renewed: time.monotonic()
-    # at the answer) on the server's same run also renewed the grant's lease, if the server
-    # still held the grant when it came: counted when its answer came before the lease's end
-    # as known until then (`lease_end`). `kept_end`: the lease's end as keep-alives moved it,
-    # `kept_at`: the send time of the last keep-alive looked at.
+    # On a server that keeps client sessions (docs/protocol.md, "Client sessions"): the
+    # session the grant belongs to; its deadline bounds the grant's (`session_ttl` is then
+    # None). Its keep-alives sent after the grant was last confirmed (`confirmed_at`: granted
+    # or renewed) on the same server `run` renewed the lease too (`lease_end`). `kept_end`:
+    # the lease's end as keep-alives moved it, `kept_at`: the last keep-alive looked at.
     session: ClientSession | None = None
     confirmed_at: float = math.inf
     run: str | None = None
     kept_end: float = 0.0
     kept_at: float = -math.inf
-    # The server keeps a lease journal (`durable`), and a reconnection after the lock's
-    # connection broke was refused: the server is not running, so nothing frees the grant
-    # before its lease ends (a restart restores it to its lease); the session's deadline no
-    # longer makes the lock lost, only the lease's (it still makes `owned` false).
+    # The server keeps a lease journal (`durable`) and a reconnection was refused
+    # (`server_down`): nothing frees the grant before its lease ends (a restart restores it),
+    # so only the lease's end makes the lock lost (the session's still makes `owned` false).
     durable: bool = False
     server_down: bool = False
-    # Reattaching a held lock whose connection broke: failed attempts so far, and why the
-    # connection went (None: the lock's connection is fine).
+    # Reattaching: failed attempts so far, and why the connection went (None: it is fine).
     reattach_failures: int = 0
     broken: str | None = None
 
@@ -135,14 +126,11 @@ class HeldGrant:
         return self.pid is not None and self.pid != os.getpid()
 
     def lease_end(self) -> float:
-        """The time.monotonic() until which the lease surely runs: from the last grant or
-        renewal's send time, or from a keep-alive of its client session, sent after the grant
-        was last confirmed on the same run of the server, whose answer came while the lease
-        surely ran (the server renewed every grant of the session it still held when the
-        keep-alive came; one whose lease had run out first, a late keep-alive does not bring
-        back). Each keep-alive is looked at once, the last one answered when this is asked:
-        the keep-alives chain as long as it is asked at least once a lease, which the renewal
-        does (`kept_alive`); when they do not, the renewal renews by token."""
+        """Until when the lease surely runs: from the last grant or renewal's send time, or from
+        a keep-alive of its client session sent after that on the same server run and answered
+        while the lease surely ran (a late keep-alive does not bring back a lease that ran
+        out). Each keep-alive is looked at once, the last answered when this is asked: they
+        chain while this is asked at least once a lease, as the renewal does (`kept_alive`)."""
         end = max(self.lease_deadline, self.kept_end)
         session = self.session
         if session is None or self.run is None or session.run != self.run:
@@ -155,16 +143,13 @@ class HeldGrant:
         return end
 
     def _kept_end(self) -> float:
-        """The lease's end as keep-alives of its client session moved it after the grant's
-        own last renewal (`lease_end`), or -inf where none did."""
+        """The lease's end as keep-alives moved it (`lease_end`), or -inf where none did."""
         self.lease_end()  # looks at the last keep-alive answered
         return self.kept_end if self.kept_end else -math.inf
 
     def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
-        """Whether the client session's keep-alives keep the lease as a renewal would (at
-        least ``1 - renew_ratio`` of the lease left after the last keep-alive, which renewed
-        it after the grant's own last renewal), and go on (`ClientSession.keeping`): the lock
-        need not renew it itself."""
+        """Whether the session's keep-alives go on (`ClientSession.keeping`) and keep the lease
+        as a renewal would (over ``1 - renew_ratio`` of it left): the lock need not renew."""
         session = self.session
         if session is None or not session.keeping():
             return False
@@ -172,15 +157,14 @@ class HeldGrant:
         return left > self.lease * (1 - renew_ratio)
 
     def kept_for(self, now: float | None = None) -> float:
-        """Seconds until the lease, as the keep-alives of its session keep it, ends, less
-        ``KEPT_MARGIN_S``: while they keep it, the lock needs to look at it only then (which
-        also chains the keep-alives: `lease_end` must be asked at least once a lease)."""
+        """Seconds until the lease as keep-alives keep it ends, less ``KEPT_MARGIN_S``: when
+        the lock looks at it next while they keep it (which chains them: `lease_end`)."""
         left = self._kept_end() - (self.clock() if now is None else now)
         return left - KEPT_MARGIN_S
 
     def hold_deadline(self) -> float:
-        """The time.monotonic() until which the grant is surely held: the lease's end, or on a
-        session connection (or in a client session) the session's deadline if sooner."""
+        """Until when the grant is surely held: the lease's end, or the session's deadline (a
+        session connection's, or a client session's) if sooner."""
         deadline = min(self.lease_end(), self.session_deadline)
         session = self.session
         if session is not None:
@@ -188,19 +172,17 @@ class HeldGrant:
         return deadline
 
     def lease_left(self, now: float | None = None) -> float:
-        """Seconds the grant surely stays held (from when the last accepted grant or renewal
-        was sent; never more than the lease, nor, on a session connection or in a client
-        session, than the session's deadline unless the server was found not running:
-        `server_down`). Once it is out, a lock whose connection broke is lost."""
+        """Seconds the grant surely stays held (`hold_deadline`; only the lease's end once the
+        server was found not running: `server_down`). Once out, a broken lock is lost."""
         session = self.session
         down = self.server_down or (session is not None and session.server_down)
         deadline = self.lease_end() if down else self.hold_deadline()
         return deadline - (self.clock() if now is None else now)
 
     def session_ended(self) -> str | None:
-        """Why the client session the grant belongs to is over (the server may have ended it,
-        and the grant with it), or None: it may live, or the grant has none, or the server was
-        found not running (a server that is not running ends nothing)."""
+        """Why the grant's client session is over (the server may have ended the grant with
+        it); None when it may live, there is none, or the server is not running (`server_down`:
+        it ends nothing)."""
         session = self.session
         if session is None or self.server_down or session.server_down or session.live():
             return None
@@ -216,10 +198,9 @@ class HeldGrant:
         server: ServerInfo | None,
         session: ClientSession | None = None,
     ) -> None:
-        """The server granted ``token`` with a ``lease`` that runs from ``started`` at the
-        earliest (the request's send time, ``sent_at``, or for a queued grant when it was
-        queued); ``server``: what it said to ``hello``; ``session``: the client session of the
-        connection it came on (None: the connection has none)."""
+        """The server granted ``token`` with a ``lease`` running from ``started`` at the
+        earliest (``sent_at``, or for a queued grant when it was queued); ``server``: what it
+        said to ``hello``; ``session``: the client session of the connection it came on."""
         self.token = token
         self.fencing = server is not None and server.fences
         self.lease = lease
@@ -243,9 +224,9 @@ class HeldGrant:
     def renewed(
         self, seconds_remaining: int, sent_at: float, session: ClientSession | None = None
     ) -> None:
-        """A renewal sent at ``sent_at`` was answered: the lease runs ``seconds_remaining``
-        more; the connection is whole again. ``session``: the client session of the connection
-        it came on; a renewal by token there binds the grant to it (a reattach)."""
+        """A renewal sent at ``sent_at`` was answered: the lease runs ``seconds_remaining`` more.
+        ``session``: the client session of the connection it came on (a reattach binds the
+        grant to it)."""
         if session is not None:
             self.session = session
         session = self.session
@@ -260,15 +241,14 @@ class HeldGrant:
         self.reattach_failures = 0
 
     def answered(self, sent_at: float) -> None:
-        """The server answered a request about the grant that was sent at ``sent_at`` (on a
-        session connection: the session's deadline moves on)."""
+        """The server answered a request about the grant sent at ``sent_at`` (a session
+        connection's deadline moves on)."""
         if self.session_ttl is not None:
             self.session_deadline = sent_at + self.session_ttl - SESSION_MARGIN_S
 
     def refused(self) -> None:
-        """A reconnection after the lock's connection broke was refused (nobody listens at the
-        server's address): on a server with a lease journal, nothing frees the grant before
-        its lease ends (a restart restores it), so only the lease's end makes the lock lost."""
+        """A reconnection was refused (nobody listens at the server's address): see
+        `server_down`."""
         if self.durable:
             self.server_down = True
 
@@ -294,16 +274,15 @@ class HeldGrant:
     # ---------------------------------------------------------------- timing
     def renew_interval(self, renew_ratio: float) -> float:
         """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout,
-        and on a session connection at most a third of the session time (the keepalive)."""
+        and on a session connection at most a third of the session time."""
         interval = self.lease * renew_ratio
         if self.session_ttl is not None:
             interval = min(interval, self.session_ttl / SESSION_KEEPALIVES)
         return max(MIN_RENEW_INTERVAL_S, min(interval, MAX_RENEW_INTERVAL_S))
 
     def first_renewal_in(self, renew_ratio: float) -> float:
-        """Seconds to the first renewal of a new grant: at the usual point of the lease, as
-        far as the client knows where the lease stands (a grant collected by ``w`` may have
-        started when the lock was freed, before the ``w`` was sent)."""
+        """Seconds to the first renewal of a new grant: at the usual point of the lease as far
+        as it is known (a grant collected by ``w`` may have started before the ``w``)."""
         interval = self.renew_interval(renew_ratio)
         now = self.clock()
         if self.session_deadline - now < 2 * interval:
@@ -312,12 +291,10 @@ class HeldGrant:
         return max(0.0, min(interval, remaining - (self.lease - interval)))
 
     def renew_reply_timeout(self) -> float:
-        """A renewal answered after the lease surely ran out is useless: wait at most that
-        long. (Not only until ``lease_deadline``: after a late ``w`` the lease may run well
-        past it, and the renewal sent at once to find out must get its answer.) On a session
-        connection, an answer after the session's deadline does not save the lock either: the
-        request fails then (unless the deadline had passed before it was sent, a pause or a
-        long wait: then its answer is what tells whether the grant is still held)."""
+        """Wait for a renewal's answer until the lease surely ran out (``lease_latest_end``:
+        after a late ``w`` the lease may run well past ``lease_deadline``), or on a session
+        connection until its deadline, unless that had passed before the renewal was sent
+        (then only its answer tells whether the grant is still held)."""
         now = self.clock()
         end = max(self.lease_latest_end, self.lease_end())
         if self.session_deadline > now:
@@ -335,8 +312,8 @@ class HeldGrant:
 
     def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
         """An attempt to reach the server again failed (``detail``): seconds to pause before
-        the next, doubling from `REATTACH_FIRST_PAUSE_S` to `REATTACH_MAX_PAUSE_S` and never
-        past the lease; None when the lease has run out (the caller marks the lock lost)."""
+        the next (as `REATTACH_MAX_PAUSE_S` says, never past the lease); None once the lease
+        ran out (the caller marks the lock lost)."""
         self.broken = detail
         left = self.lease_left(now)
         if left <= 0:

@@ -1,10 +1,6 @@
 """A pool's idle connections: the store per server, its counters, and forgetting them in a
-fork child.
-
-The pools themselves (`celery_dflock.client._async.pool`, and the blocking one generated from it)
-are written once and each owns an `IdleConnections`; what each kind of pool adds (the event loop
-an asyncio pool belongs to, the renewer of a blocking one) is its face's `PoolFace`, in
-`celery_dflock.client._aio_backend` / `celery_dflock.client._sync_backend`.
+fork child. The pools (`celery_dflock.client._async.pool`) each own an `IdleConnections`; what
+each face adds is its `PoolFace` (`_aio_backend` / `_sync_backend`).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ def refusal_error(
     *,
     what: str,
     endpoint: Endpoint,
-    limit: int | None,
-    lease_ttl_s: int | None,
+    limit: int | None = None,
+    lease_ttl_s: int | None = None,
 ) -> errors.DflockError:
     """The exception for the refusal ``reply`` of ``command`` about ``what`` (``lock 'k'``)
     on ``endpoint``, with a message that says what to do."""

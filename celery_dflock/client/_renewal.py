@@ -1,23 +1,17 @@
 """Lease renewal for the blocking locks: a heap of held locks and a few long-lived threads.
 
 A `Renewer` keeps a heap of renewals ordered by when each is due. One of its threads (the
-*leader*) sleeps until the earliest renewal is due, takes it, passes the timekeeping on, and
-runs it; so in the usual case one thread renews every held lock in turn, each at its own
-interval. While it runs a renewal, another thread keeps time for the other held locks: an idle
-one if there is one, else a new one, which starts only if no other renewal is under way or
-every one under way has run for over ``STALL_S`` (its server slow or silent). So a server that
-does not answer never holds up the renewals of locks elsewhere, and a burst of renewals due at
-once does not start a thread each. Threads exit after ``linger_s`` without work.
+*leader*) sleeps until the earliest is due, takes it, passes the timekeeping on, and runs it:
+usually one thread renews every held lock in turn. While it runs a renewal, another thread
+keeps time for the others: an idle one, else a new one, started only if no other renewal is
+under way or every one under way has run over ``STALL_S`` (its server slow or silent). So a
+silent server never holds up renewals elsewhere, and a burst of renewals does not start a thread
+each. Threads exit after ``linger_s`` without work.
 
-Granting a lock costs a heap push (the leader is woken only if the new renewal is due before
-it would wake anyway), releasing it a flag: no thread is started or joined per grant, and a
-cancelled renewal keeps no reference to its lock.
-
-The callback runs outside the renewer's own lock and must serialize with the lock's other
-requests itself (`celery_dflock.client` takes the lock's operation lock).
-
-A renewer is fork safe: in a forked child (where the parent's threads do not exist) it starts
-from an empty schedule and threads of its own; the parent's renewals are not the child's.
+Granting a lock costs a heap push (the leader is woken only if the new renewal is due before it
+would wake anyway), releasing it a flag; a cancelled renewal keeps no reference to its lock.
+The callback runs outside the renewer's lock and serializes with the lock's other requests
+itself. In a forked child a renewer starts from an empty schedule and threads of its own.
 """
 
 from __future__ import annotations
@@ -110,8 +104,8 @@ class Renewer:
         """Watches the connections of the locks it renews for a close by the server."""
 
     def _schedule(self) -> _Schedule:
-        """This process's schedule (a fork child gets a fresh one: the parent's threads and
-        locks are not its own, and the parent's mutex may have been held at fork time)."""
+        """This process's schedule (a fork child gets a fresh one: the parent's mutex may have
+        been held at fork time)."""
         current = self._current
         pid = os.getpid()
         if current is not None and current.pid == pid:
@@ -260,8 +254,7 @@ class _Schedule:
     def _start_spare(self) -> None:
         """Start a thread to keep time for the other renewals while this one runs (mutex
         held). Where none can be started (a process at its pid limit), carry on without: the
-        others are renewed late, after this one, rather than never (the error used to end this
-        thread, and the renewal it had taken with it)."""
+        others are renewed late, after this one, rather than never."""
         try:
             self._start_thread()
         except RuntimeError as exc:
@@ -339,10 +332,8 @@ class _Schedule:
                 if timeout <= 0:
                     return None
                 if self._recent_interval is not None:
-                    # Wake by the time a lock granted now would be due (if it renews like the
-                    # last one did): granting it then needs no wake-up call. Otherwise a
-                    # short run (granted and released between two of the leader's wake-ups)
-                    # would wake the leader on every grant.
+                    # Wake by when a lock granted now would be due (renewing like the last one):
+                    # granting it then needs no wake-up call, even for short runs.
                     timeout = min(timeout, self._recent_interval)
             self._leader = True
             self._wake_at = now + timeout

@@ -173,6 +173,7 @@ _WAIT_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_LEASE_EXPIRED,
 }
 _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
+    **dict.fromkeys(Command, _COMMON_ERRORS),
     Command.LOCK: _LOCK_ERRORS,
     Command.SEM_LOCK: _LOCK_ERRORS,
     Command.ENQUEUE: _ENQUEUE_ERRORS,
@@ -183,33 +184,28 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     # it was): the lock counts as lost.
     Command.RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.SEM_RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
-    Command.RELEASE: _COMMON_ERRORS,
-    Command.SEM_RELEASE: _COMMON_ERRORS,
-    Command.AUTH: _COMMON_ERRORS,
-    Command.STATS: _COMMON_ERRORS,
-    Command.PING: _COMMON_ERRORS,
-    Command.HELLO: _COMMON_ERRORS,
-    Command.SHARDS: _COMMON_ERRORS,
     Command.HOLD: _LOCK_ERRORS,
-    # The server cannot write its lease journal now (a full disk): retry shortly.
     Command.NOTE: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
     Command.TAKE: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS, wire.STATUS_ERROR_READ_ONLY},
     Command.HAND_DOWN: _COMMON_ERRORS | {wire.STATUS_ERROR_READ_ONLY},
-    Command.ASKING: _COMMON_ERRORS,
     Command.FORCE_RELEASE: _COMMON_ERRORS | {wire.STATUS_ERROR_UNAVAILABLE},
 }
-_MOVABLE: Final = frozenset(
+_GRANTING: Final = frozenset(
+    {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
+)
+_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
+_ANSWERED_OK: Final = frozenset(
     {
-        Command.LOCK,
-        Command.SEM_LOCK,
-        Command.HOLD,
-        Command.ENQUEUE,
-        Command.SEM_ENQUEUE,
-        Command.WAIT,
-        Command.SEM_WAIT,
-        Command.FORCE_RELEASE,
+        Command.RELEASE,
+        Command.SEM_RELEASE,
+        Command.AUTH,
+        Command.PING,
+        Command.NOTE,
+        Command.HAND_DOWN,
+        Command.ASKING,
     }
 )
+_MOVABLE: Final = _GRANTING | {Command.ENQUEUE, Command.SEM_ENQUEUE, Command.FORCE_RELEASE}
 """The requests a server may answer ``error_moved <HOST:PORT>``."""
 _MOVED_ADDRESS_RE: Final = re.compile(r"[^\s:]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
 _TICKET_RE: Final = re.compile(r"[!-~]{1,200}")
@@ -248,22 +244,12 @@ def _parse_grant(command: Command, line: bytes, fields: list[str]) -> Granted:
     return Granted(token, seconds)
 
 
-_GRANTING: Final = frozenset(
-    {Command.LOCK, Command.SEM_LOCK, Command.WAIT, Command.SEM_WAIT, Command.HOLD}
-)
-_RENEWING: Final = frozenset({Command.RENEW, Command.SEM_RENEW, Command.TAKE})
-_ANSWERED_OK: Final = frozenset(
-    {
-        Command.RELEASE,
-        Command.SEM_RELEASE,
-        Command.AUTH,
-        Command.PING,
-        Command.NOTE,
-        Command.HAND_DOWN,
-        Command.ASKING,
-    }
-)
 _OK: Final = Ok()
+_JSON_REPLIES: Final[dict[Command, type[Stats | Hello | Shards]]] = {
+    Command.STATS: Stats,
+    Command.HELLO: Hello,
+    Command.SHARDS: Shards,
+}
 
 
 def decode_reply(command: Command, line: bytes) -> Reply:
@@ -271,8 +257,7 @@ def decode_reply(command: Command, line: bytes) -> Reply:
 
     Raises `ProtocolError` when the line is not a valid reply to ``command``.
     """
-    # The usual replies first, matched whole; anything else takes the general path below,
-    # which decodes these exactly the same way.
+    # The usual replies first, matched whole; the general path below decodes them the same.
     if command in _ANSWERED_OK:
         if line == b"ok":
             return _OK
@@ -311,49 +296,31 @@ def decode_reply(command: Command, line: bytes) -> Reply:
         if fields or status not in _ALLOWED_ERRORS[command]:
             raise _unexpected(command, line)
         return ErrorReply(status)
-    match command, status:
-        case (
-            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT | Command.HOLD,
-            "ok",
-        ):
+    if status == "ok":
+        if command in _GRANTING:
             return _parse_grant(command, line, fields)
-        case (Command.HOLD, "timeout") if len(fields) <= 1:
+        if command in _RENEWING and len(fields) == 1:
+            return Renewed(_parse_uint(command, line, fields[0]))
+        if command in _ANSWERED_OK and not fields:
+            return _OK
+        if command is Command.FORCE_RELEASE and len(fields) == 1:
+            return Freed(_parse_uint(command, line, fields[0]))
+        if command in _JSON_REPLIES and fields:
+            return _JSON_REPLIES[command](_parse_json_object(command, line, text[3:]))
+    elif status == "timeout" and command in _GRANTING:
+        if command is Command.HOLD and len(fields) <= 1:
             holder = fields[0] if fields else wire.NO_NOTE
             if not NOTE_RE.fullmatch(holder):
                 raise _unexpected(command, line, "the holder's note is not printable ASCII")
             return TimedOut(None if holder == wire.NO_NOTE else holder)
-        case (
-            Command.LOCK | Command.SEM_LOCK | Command.WAIT | Command.SEM_WAIT,
-            "timeout",
-        ) if not fields:
+        if not fields:
             return TimedOut()
-        case (Command.ENQUEUE | Command.SEM_ENQUEUE, "acquired"):
+    elif command is Command.ENQUEUE or command is Command.SEM_ENQUEUE:
+        if status == "acquired":
             return _parse_grant(command, line, fields)
-        case (Command.ENQUEUE | Command.SEM_ENQUEUE, "queued") if not fields:
+        if status == "queued" and not fields:
             return Queued()
-        case (Command.RENEW | Command.SEM_RENEW | Command.TAKE, "ok") if len(fields) == 1:
-            return Renewed(_parse_uint(command, line, fields[0]))
-        case (
-            Command.RELEASE
-            | Command.SEM_RELEASE
-            | Command.AUTH
-            | Command.PING
-            | Command.NOTE
-            | Command.HAND_DOWN
-            | Command.ASKING,
-            "ok",
-        ) if not fields:
-            return Ok()
-        case (Command.FORCE_RELEASE, "ok") if len(fields) == 1:
-            return Freed(_parse_uint(command, line, fields[0]))
-        case (Command.STATS, "ok") if fields:
-            return Stats(_parse_json_object(command, line, text[len(status) + 1 :]))
-        case (Command.HELLO, "ok") if fields:
-            return Hello(_parse_json_object(command, line, text[len(status) + 1 :]))
-        case (Command.SHARDS, "ok") if fields:
-            return Shards(_parse_json_object(command, line, text[len(status) + 1 :]))
-        case _:
-            raise _unexpected(command, line)
+    raise _unexpected(command, line)
 
 
 def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str, object]:
@@ -366,15 +333,12 @@ def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str,
     return {str(k): v for k, v in data.items()}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
 
 
-_JSON_REPLIES: Final = frozenset({Command.STATS, Command.HELLO, Command.SHARDS})
-
-
 class ReplyParser:
     """Incremental reply decoder: `feed` bytes as they arrive, take replies with `next_reply`.
 
-    Bytes after a complete reply stay buffered for the next one. A line longer than the limit
-    (``max_line_bytes``, or ``max_stats_line_bytes`` for ``stats``) raises `ProtocolError` as
-    soon as it is known to be too long, without buffering more of it.
+    Bytes after a complete reply stay buffered for the next one. A line over the limit
+    (``max_line_bytes``; ``max_stats_line_bytes`` for a JSON reply) raises `ProtocolError` as
+    soon as it is known, without buffering more of it.
     """
 
     __slots__ = ("_buffer", "_scanned", "max_line_bytes", "max_stats_line_bytes")
@@ -394,11 +358,8 @@ class ReplyParser:
         self._buffer += data
 
     def feed_reply(self, command: Command, data: bytes) -> Reply | None:
-        """`feed` ``data``, then `next_reply`: one call for the usual case.
-
-        When nothing is buffered and ``data`` is exactly one line within the limit (how a
-        reply almost always arrives), it is decoded without passing through the buffer.
-        """
+        """`feed` ``data``, then `next_reply`; exactly one line within the limit with nothing
+        buffered (how a reply almost always arrives) skips the buffer."""
         if not self._buffer and data.endswith(b"\n"):
             end = data.find(b"\n")
             if end == len(data) - 1 and end <= self._line_limit(command):

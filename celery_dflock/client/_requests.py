@@ -1,8 +1,7 @@
 """The dflockd protocol's requests, without I/O: the commands, the checks of what a request
 carries (keys, tokens, owner notes, the secret, a wait's timeout), and one function per
-request that returns the exact bytes to send (``checked_*``: of parts checked before;
-``encode_*``: checking what it is given). The replies are read by
-`celery_dflock.client._replies`."""
+request returning its bytes (``checked_*``: of parts checked before; ``encode_*``: checking
+what it is given). The replies are read by `celery_dflock.client._replies`."""
 
 from __future__ import annotations
 
@@ -22,59 +21,38 @@ _WHITESPACE_RE: Final = re.compile(r"\s")
 
 
 class Command(enum.StrEnum):
-    """The request commands, valued as they are spelled on the wire."""
+    """The request commands, valued as they are spelled on the wire; `label` says what one
+    does, with its wire letter (``"a renewal ('n')"``), for messages."""
 
-    LOCK = wire.CMD_LOCK
-    RENEW = wire.CMD_RENEW
-    RELEASE = wire.CMD_RELEASE
-    ENQUEUE = wire.CMD_ENQUEUE
-    WAIT = wire.CMD_WAIT
-    SEM_LOCK = wire.CMD_SEM_LOCK
-    SEM_ENQUEUE = wire.CMD_SEM_ENQUEUE
-    SEM_WAIT = wire.CMD_SEM_WAIT
-    SEM_RENEW = wire.CMD_SEM_RENEW
-    SEM_RELEASE = wire.CMD_SEM_RELEASE
-    AUTH = wire.CMD_AUTH
-    STATS = wire.CMD_STATS
-    PING = wire.CMD_PING
-    HELLO = wire.CMD_HELLO
-    SHARDS = wire.CMD_SHARDS
-    HOLD = wire.CMD_HOLD
-    NOTE = wire.CMD_NOTE
-    TAKE = wire.CMD_TAKE
-    HAND_DOWN = wire.CMD_HAND_DOWN
-    ASKING = wire.CMD_ASKING
-    FORCE_RELEASE = wire.CMD_FORCE_RELEASE
+    label: str
 
-    @property
-    def label(self) -> str:
-        """What the request does, with its wire letter: ``"a renewal ('n')"``, for messages."""
-        return f"{_DOING[self]} ({self.value!r})"
+    LOCK = wire.CMD_LOCK, "an acquire"
+    RENEW = wire.CMD_RENEW, "a renewal"
+    RELEASE = wire.CMD_RELEASE, "a release"
+    ENQUEUE = wire.CMD_ENQUEUE, "an enqueue"
+    WAIT = wire.CMD_WAIT, "a wait"
+    SEM_LOCK = wire.CMD_SEM_LOCK, "a semaphore acquire"
+    SEM_ENQUEUE = wire.CMD_SEM_ENQUEUE, "a semaphore enqueue"
+    SEM_WAIT = wire.CMD_SEM_WAIT, "a semaphore wait"
+    SEM_RENEW = wire.CMD_SEM_RENEW, "a semaphore renewal"
+    SEM_RELEASE = wire.CMD_SEM_RELEASE, "a semaphore release"
+    AUTH = wire.CMD_AUTH, "authentication"
+    STATS = wire.CMD_STATS, "a stats request"
+    PING = wire.CMD_PING, "a ping"
+    HELLO = wire.CMD_HELLO, "a hello"
+    SHARDS = wire.CMD_SHARDS, "a shards request"
+    HOLD = wire.CMD_HOLD, "an acquire or a hold"
+    NOTE = wire.CMD_NOTE, "a note"
+    TAKE = wire.CMD_TAKE, "a take-over"
+    HAND_DOWN = wire.CMD_HAND_DOWN, "a hand-down"
+    ASKING = wire.CMD_ASKING, "an asking"
+    FORCE_RELEASE = wire.CMD_FORCE_RELEASE, "a force release"
 
-
-_DOING: Final[dict[Command, str]] = {
-    Command.LOCK: "an acquire",
-    Command.RENEW: "a renewal",
-    Command.RELEASE: "a release",
-    Command.ENQUEUE: "an enqueue",
-    Command.WAIT: "a wait",
-    Command.SEM_LOCK: "a semaphore acquire",
-    Command.SEM_ENQUEUE: "a semaphore enqueue",
-    Command.SEM_WAIT: "a semaphore wait",
-    Command.SEM_RENEW: "a semaphore renewal",
-    Command.SEM_RELEASE: "a semaphore release",
-    Command.AUTH: "authentication",
-    Command.STATS: "a stats request",
-    Command.PING: "a ping",
-    Command.HELLO: "a hello",
-    Command.SHARDS: "a shards request",
-    Command.HOLD: "an acquire or a hold",
-    Command.NOTE: "a note",
-    Command.TAKE: "a take-over",
-    Command.HAND_DOWN: "a hand-down",
-    Command.ASKING: "an asking",
-    Command.FORCE_RELEASE: "a force release",
-}
+    def __new__(cls, value: str, doing: str) -> Command:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.label = f"{doing} ({value!r})"
+        return member
 
 
 # ------------------------------------------------------------------------------- validation
@@ -143,11 +121,9 @@ def _request(command: Command, key: str, argument: str) -> bytes:
 
 
 # ------------------------------------------------------------ the requests of a lock object
-# A lock object's own key, note, timeout, limit and lease are checked once, when it is made
-# (see `celery_dflock.client._core.LockCore`), and its token is one a grant reply matched:
-# these build its requests from such parts without checking them again (every run of a locked
-# task sends an acquire and a release). A request by token (`celery_dflock.client._by_token`)
-# checks what it is given, then builds with them: each request's bytes are spelled here once.
+# A lock object's parts are checked once, when it is made, and its token is one a grant reply
+# matched: these build its requests without checking again (every locked task run sends an
+# acquire and a release). A request by token checks what it is given, then builds with them.
 
 
 _LOCK: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d\n"
@@ -220,8 +196,8 @@ def encode_note(key: str, token: str, note: str) -> bytes:
 
 
 def encode_force_release(key: str, note: str | None = None) -> bytes:
-    """``fr``: free every grant on ``key``, whoever holds it (an operator's act); ``note``
-    (an owner note's rules) tells the server's log who asks."""
+    """``fr``: free every grant on ``key``, whoever holds it; ``note`` (an owner note) tells
+    the server's log who asks."""
     argument = wire.PLACEHOLDER if note is None else validate_note(note, "the operator's note")
     return _request(Command.FORCE_RELEASE, validate_key(key), argument)
 
@@ -268,9 +244,8 @@ def encode_ping() -> bytes:
 
 
 def encode_hello() -> bytes:
-    """``hello _ session``: what this server is and supports (a server that predates it:
-    ``error``), and, on a server that lists ``session``, this connection is a session
-    connection from now on (a server of ours that predates sessions ignores the argument)."""
+    """``hello _ session``: what this server is and supports (an older one: ``error``); on a
+    server that lists ``session``, this connection is a session connection from now on."""
     return _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
 
 
@@ -287,8 +262,7 @@ def encode_keepalive(session_id: str) -> bytes:
 
 def encode_asking(key: str | None = None, ticket: str | None = None) -> bytes:
     """``asking <key> <ticket>``: the next acquire, of ``key``, follows an ``error_ask`` that
-    gave ``ticket`` (``Asked``; a key-level move); ``asking _ _`` without a ticket (a server
-    that sent none)."""
+    gave ``ticket``; ``asking _ _`` when it gave none."""
     if key is None or ticket is None:
         return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
     return _request(Command.ASKING, validate_key(key), ticket)

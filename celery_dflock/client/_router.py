@@ -2,9 +2,9 @@
 rule (no I/O here).
 
 `ClusterRouter` is one client's cached cluster map, shared by its locks. `KeyRoute` is one
-lock's route (every `LockCore` has one): the key's server, and how one acquire follows a
-cluster's redirects (``error_moved``, ``error_ask``, ``error_unavailable``, a member that cannot be
-reached), pausing and reading the map again by one rule.
+lock's route: the key's server, and how an acquire follows a cluster's redirects
+(``error_moved``, ``error_ask``, ``error_unavailable``, an unreachable member), pausing and
+reading the map again by one rule.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ REDIRECT_LOOP: Final = 3
 loop (members whose views of the map differ for a moment, during a hand-over): the acquire
 pauses as after ``error_unavailable``, reads the shard map again and routes by it."""
 HANDOVER_MIN_WAIT_S: Final = 2.0
-"""An acquire follows a hand-over (redirects, ``error_unavailable``, a member that cannot be
-reached) for its acquire timeout, and at least this long: a try-once acquire (timeout 0) still
-gets its answer from the key's new member after a short hand-over. The server is never asked
-to queue it longer than what is left of its own timeout."""
+"""An acquire follows a hand-over (redirects, ``error_unavailable``, an unreachable member) for
+its acquire timeout, and at least this long: a try-once acquire (timeout 0) still gets its
+answer from the key's new member. No server is asked to queue it past its own timeout."""
 UNAVAILABLE_FIRST_PAUSE_S: Final = 0.05
 UNAVAILABLE_MAX_PAUSE_S: Final = 1.0
 """After ``error_unavailable``, a redirect loop or a member that cannot be reached, an acquire
@@ -69,59 +68,50 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 class ClusterRouter:
-    """One client's cached cluster map, shared by its locks (thread safe, no I/O): the
-    ``servers`` are seeds; the map is fetched from the first that answers ``shards``, and
-    refreshed at most once per `MAP_REFRESH_INTERVAL_S`."""
+    """One client's cached cluster map, shared by its locks (thread safe): fetched from the
+    first of the ``seeds`` that answers ``shards``, refreshed at most every
+    `MAP_REFRESH_INTERVAL_S`."""
 
     def __init__(self, seeds: Sequence[tuple[str, int]]) -> None:
         self.seeds = tuple(seeds)
-        self._map: ClusterMap | None = None
+        self.map: ClusterMap | None = None
+        """The map last fetched (None before the first fetch)."""
+        self.stale = False
+        """True after `invalidate`, until a refresh is claimed."""
         self._claimed_at = -math.inf
-        self._stale = False
         self._suspects: frozenset[tuple[str, int]] = frozenset()
         self._guard = threading.Lock()
 
-    @property
-    def map(self) -> ClusterMap | None:
-        """The map last fetched (None before the first fetch)."""
-        return self._map
-
     def claim_refresh(self, now: float | None = None) -> bool:
-        """True when a refresh may start now (then the next is at least
-        `MAP_REFRESH_INTERVAL_S` away); False when one started too recently."""
+        """True when a refresh may start now; False when one started too recently."""
         now = time.monotonic() if now is None else now
         with self._guard:
             recent = now - self._claimed_at < MAP_REFRESH_INTERVAL_S
-            if self._map is not None and not self._stale and recent:
+            if self.map is not None and not self.stale and recent:
                 return False
             self._claimed_at = now
-            self._stale = False
+            self.stale = False
             return True
 
-    @property
-    def stale(self) -> bool:
-        """True after `invalidate`, until a refresh is claimed."""
-        return self._stale
-
     def invalidate(self, suspect: tuple[str, int] | None = None) -> None:
-        """The map may be wrong (a member did not answer, or members redirected an acquire
-        in a loop): the next routing reads it again at once. ``suspect``: a member that did not
-        answer, asked for the map only after the others until the map is read again."""
+        """The map may be wrong (a member did not answer, or a redirect loop): the next routing
+        reads it again at once. ``suspect``, a member that did not answer, is asked for the map
+        after the others until then."""
         with self._guard:
-            self._stale = True
+            self.stale = True
             if suspect is not None:
                 self._suspects = self._suspects | {suspect}
 
     def update(self, cluster_map: ClusterMap) -> None:
         """Route by ``cluster_map`` from now on (a reference swap)."""
-        self._map = cluster_map
+        self.map = cluster_map
         self._suspects = frozenset()
 
     def candidates(self) -> list[tuple[str, int]]:
         """Where to ask for the map: the seeds, then every node the last map named; the
         members that did not answer lately last."""
         found = list(self.seeds)
-        current = self._map
+        current = self.map
         if current is not None:
             for node in current.nodes:
                 address = split_address(node)
@@ -132,7 +122,7 @@ class ClusterRouter:
 
     def owner(self, key: str) -> tuple[str, int] | None:
         """Where ``key`` lives by the cached map (None: no map, or no node for its shard)."""
-        current = self._map
+        current = self.map
         if current is None:
             return None
         owner = current.owner(key)
@@ -143,8 +133,7 @@ class ClusterRouter:
 
 
 class KeyRoute:
-    """Where one lock's requests go, and how its acquires follow a cluster's redirects (a
-    `LockCore` has one, as ``core.routing``; every method is I/O free)."""
+    """Where one lock's requests go, and how its acquires follow a cluster's redirects."""
 
     def __init__(
         self,
@@ -168,28 +157,22 @@ class KeyRoute:
         else:
             index = select_server(self.key, servers, settings.sharding_strategy)  # pyright: ignore[reportArgumentType]
         self.endpoint = settings.server_endpoint(index)
-        # One acquire's routing: its deadline (None: no acquire under way), the deadline of
-        # following a hand-over (cluster routing: at least `HANDOVER_MIN_WAIT_S`), whether
-        # it was redirected or paused yet, `error_moved` replies in a row, the last pause.
+        # One acquire's routing: its deadline (None: none under way), that of following a
+        # hand-over, whether it was redirected yet, redirects in a row, the last pause.
         self.acquire_deadline: float | None = None
         self.route_deadline = 0.0
         self.rerouted = False
         self.redirects = 0
         self.unavailable_pause = 0.0
         self.handover: str | None = None
-        """Why the last acquire was not acquired when a hand-over kept it from the key's
-        member until its time was up (None: it was not so)."""
+        """Why the last acquire failed, when a hand-over kept it from the key's member until
+        its time was up (None: it was not so)."""
         self.asking = False  # the next acquire request follows an `error_ask`: `asking` first
         self.ask_ticket: str | None = None  # what that `error_ask` gave, passed along
         self.clock: Callable[[], float] = time.monotonic
         """The clock its deadlines are on (a simulated client's own: tests/sim)."""
         self.jitter: Callable[[], float] = random.random
         """Draws in [0, 1) that spread its pauses (a simulated client's seeded ones)."""
-
-    @property
-    def semaphore(self) -> bool:
-        """True for a semaphore (``sl``/``se``/... commands)."""
-        return self.limit is not None
 
     @property
     def what(self) -> str:
@@ -215,8 +198,7 @@ class KeyRoute:
         self.asking = False
 
     def wait_seconds(self) -> int:
-        """The whole seconds the server may queue this acquire: the acquire timeout, or what
-        is left of it after redirects and pauses (0 once it ran out)."""
+        """Whole seconds the server may queue this acquire: what is left of its timeout."""
         deadline = self.acquire_deadline
         if deadline is None or not self.rerouted:
             return self.acquire_timeout_s
@@ -229,14 +211,11 @@ class KeyRoute:
 
     def route(self) -> bool:
         """Cluster routing: aim at the key's node by the cached map. False when there is no
-        map yet, or it is to be read again (`ClusterRouter.stale`): fetch it, then route
-        again."""
+        map yet, or it is `ClusterRouter.stale`: fetch it, then route again."""
         router = self.router
         if router is None:
             return True
-        if router.map is None:
-            return False
-        if router.stale:
+        if router.map is None or router.stale:
             return False
         owner = router.owner(self.key)
         if owner is not None:
@@ -252,13 +231,9 @@ class KeyRoute:
 
     def on_redirect(self, reply: Reply) -> NextTry | None:
         """Cluster routing after `redirected`: what to do next, or None when the time to
-        follow a hand-over is up (not acquired; `handover` says why).
-
-        ``error_moved`` is followed at once, up to `REDIRECT_LOOP` in a row; past that the
-        members disagree for a moment (a hand-over under way): pause, read the map again (at
-        once) and route by it. ``error_unavailable`` (the key's new member has not taken the
-        shard over yet): pause, then route by the map (read again at most every
-        `MAP_REFRESH_INTERVAL_S`). Pauses grow as `UNAVAILABLE_FIRST_PAUSE_S` says."""
+        follow a hand-over is up (`handover` says why). ``error_moved``: `_follow`.
+        ``error_unavailable`` (the key's new member has not taken the shard yet): pause, then
+        route by the map. Pauses grow as `UNAVAILABLE_MAX_PAUSE_S` says."""
         self.rerouted = True
         where = self.endpoint.address
         if isinstance(reply, Moved):
@@ -269,18 +244,15 @@ class KeyRoute:
 
     def on_ask(self, reply: Asked) -> NextTry | None:
         """``error_ask <HOST:PORT>``: send this acquire, once, to that member with ``asking``
-        first (a key-level move: the shard map is not refreshed, the next acquire is routed
-        by it again). Counts as a redirect: past `REDIRECT_LOOP` in a row, the acquire pauses,
-        reads the map again and routes by it, as after a loop of ``error_moved``; None when
-        the time to follow a hand-over is up."""
+        first (a key-level move: the map stays; the next acquire is routed by it). A redirect
+        to `_follow` otherwise."""
         self.rerouted = True
         self.ask_ticket = reply.ticket
         return self._follow("error_ask", reply.address, asking=True)
 
     def _follow(self, answer: str, address: str, *, asking: bool = False) -> NextTry | None:
-        """A redirect to ``address``: followed at once up to `REDIRECT_LOOP` in a row (with
-        ``asking`` first when ``asking``); past that a loop: pause, read the map again, route
-        by it (None when the time to follow a hand-over is up)."""
+        """A redirect to ``address``: followed at once up to `REDIRECT_LOOP` in a row; past
+        that a loop: pause, read the map again, route by it (None when the time is up)."""
         self.redirects += 1
         if self.redirects <= REDIRECT_LOOP:
             self.retarget(*split_address(address))
@@ -295,18 +267,15 @@ class KeyRoute:
         return None if pause_s is None else NextTry(pause_s, reroute=True, reread=True)
 
     def on_ask_refused(self) -> float | None:
-        """The member an ``error_ask`` named did not take ``asking`` (it predates key-level
-        moves): seconds to pause before routing by the map again, as after
-        ``error_unavailable``; None when the acquire's time is up."""
+        """The member an ``error_ask`` named refused ``asking`` (it predates key-level moves):
+        pause as after ``error_unavailable``; None when the acquire's time is up."""
         return self._next_pause(f"{self.endpoint.address} refused asking")
 
     def on_unreachable(self, exc: DflockError) -> float | None:
-        """Cluster routing: the key's node could not be reached, or closed the connection, or
-        did not answer in time, or is draining (a member that died, stopped or is leaving):
-        the map is to be read again at once (`ClusterRouter.invalidate`, also when the time is
-        up: the next acquire reads it), and this returns the seconds to pause before routing
-        again by it, growing as after ``error_unavailable``. None: not cluster routing, or the
-        time to follow a hand-over is up (the caller raises ``exc``)."""
+        """Cluster routing: the key's node could not be reached, closed the connection, did not
+        answer in time or is draining: the map is to be read again at once (`invalidate`, also
+        when the time is up), after the pause returned, as after ``error_unavailable``. None:
+        not cluster routing, or the time is up (the caller raises ``exc``)."""
         router = self.router
         if router is None:
             return None
@@ -332,8 +301,7 @@ class KeyRoute:
         return min(pause * (0.5 + self.jitter() / 2), remaining)  # jitter
 
     def mismatch_error(self, reply: Reply, shards: dict[str, object] | None) -> DflockError:
-        """A list-mode client was redirected: the server has another view of where keys live.
-        ``shards`` is what the server answered to ``shards`` (None: it did not say)."""
+        """A list-mode client was redirected (`celery_dflock.client._refusals.mismatch_error`)."""
         return mismatch_error(
             reply,
             shards,

@@ -46,41 +46,33 @@ class Hold:
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
-    """What a server said about itself in answer to ``hello`` (asked once per server).
-
-    A server that predates ``hello`` (dflockd 0.4/0.5, the Go server) answers ``error``: it is
-    a `legacy` server, with no features beyond ``l``/``n``/``r`` known.
+    """What a server said about itself in answer to ``hello`` (asked once per server); one
+    that answers ``error`` (dflockd 0.4/0.5, the Go server) is `legacy`: no features known.
     """
 
     name: str | None = None
     version: str | None = None
     features: frozenset[str] = frozenset()
     max_lease_ttl_s: int | None = None
-    """The longest lease the server grants (its ``--max-lease-ttl``), when ``hello`` says so;
-    None: not known (another server), nothing is checked before asking."""
+    """The longest lease the server grants (its ``--max-lease-ttl``); None: not said."""
     default_lease_ttl_s: int | None = None
-    """The lease the server grants a request that names none (its ``--default-lease-ttl``),
-    when ``hello`` says so: what ``hl`` / ``ht`` (which always name one) ask for a lock made
-    without a lease. None: not said (another server, or an older one)."""
+    """The lease the server grants a request that names none (its ``--default-lease-ttl``):
+    what ``hl`` / ``ht`` ask for a lock made without a lease. None: not said."""
     session_ttl_s: int | None = None
-    """How long a session connection's grants outlive its close by the peer, when the server
-    lists ``session`` (then every connection of this client to it is a session connection:
-    ``hello _ session``); None: the server frees a connection's grants at its close, or keeps
-    them to the lease (another server, or an older one)."""
+    """How long a session connection's grants outlive its close, when the server lists
+    ``session`` (every connection to it is then one); None: the server frees a connection's
+    grants at its close, or keeps them to the lease."""
 
     run: str | None = None
-    """This start of the server (``hello``'s ``run``): a session's keep-alive renews the grants
-    of the run it was joined on, none restored by a later one. None: not said."""
+    """This start of the server (``hello``'s ``run``; None: not said)."""
 
     @property
     def keeps_sessions(self) -> bool:
-        """True when it keeps client sessions (lists ``keepalive``): every connection of this
-        client to it joins the client's session, which one keep-alive keeps alive."""
+        """True when it keeps client sessions (lists ``keepalive``)."""
         return FEATURE_KEEPALIVE in self.features
 
     def session_ttl(self, asked: int) -> int:
-        """The time of a session asked for ``asked`` seconds: the server grants at most its
-        ``max_lease_ttl_s``."""
+        """The time of a session asked for ``asked`` seconds (at most ``max_lease_ttl_s``)."""
         limit = self.max_lease_ttl_s
         return asked if limit is None else min(asked, limit)
 
@@ -106,8 +98,8 @@ class ServerInfo:
 
 
 def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInfo:
-    """``server``, when it (at ``where``) listed ``holds`` in its ``hello``; else raise
-    `HoldsUnsupported` (``what`` is what needed them: ``lock 'k'``)."""
+    """``server``, when it (at ``where``) listed ``holds``; else `HoldsUnsupported` (``what``
+    needed them: ``lock 'k'``)."""
     if server is None or not server.supports(FEATURE_HOLDS):
         told = "a server that was not asked hello" if server is None else server.describe()
         raise HoldsUnsupported(
@@ -119,8 +111,7 @@ def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInf
 
 
 def require_force_release(server: ServerInfo | None, where: str) -> None:
-    """Raise `ForceReleaseUnsupported` unless ``server`` (at ``where``) listed
-    ``force_release`` in its ``hello``."""
+    """Raise `ForceReleaseUnsupported` unless ``server`` (at ``where``) lists it."""
     if server is None or not server.supports(FEATURE_FORCE_RELEASE):
         told = "a server that was not asked hello" if server is None else server.describe()
         raise ForceReleaseUnsupported(
@@ -147,16 +138,14 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
         data = reply.data
         name, version, features = data.get("server"), data.get("version"), data.get("features")
         listed: list[object] = list(features) if isinstance(features, list) else []  # pyright: ignore[reportUnknownArgumentType]
-        max_lease = _seconds(data.get("max_lease_ttl_s"))
-        session_ttl = data.get("session_ttl_s")
-        sessions = FEATURE_SESSION in listed
+        session_ttl = _seconds(data.get("session_ttl_s"))
         return ServerInfo(
             name=str(name) if name is not None else "unnamed",
             version=None if version is None else str(version),
             features=frozenset(str(f) for f in listed),
-            max_lease_ttl_s=max_lease,
+            max_lease_ttl_s=_seconds(data.get("max_lease_ttl_s")),
             default_lease_ttl_s=_seconds(data.get("default_lease_ttl_s")),
-            session_ttl_s=_seconds(session_ttl) if sessions else None,
+            session_ttl_s=session_ttl if FEATURE_SESSION in listed else None,
             run=str(data["run"]) if isinstance(data.get("run"), str) else None,
         )
     if isinstance(reply, ErrorReply):

@@ -1,20 +1,18 @@
 """This process's session with a lock server (docs/protocol.md, "Client sessions"); no I/O here.
 
-A server that lists ``keepalive`` keeps one session for a client: each connection of the client
-joins it (``hello _ session <id> <ttl>``), the grants made on any of them belong to it, and one
-keep-alive (``ping _ session <id>``, every third of its time, `celery_dflock.client._async.
-keepalive`) keeps it and every grant on it alive, however many there are. A close of one of its
-connections ends nothing; the server ends the session, and its grants, once no keep-alive came
-for its time.
+A server that lists ``keepalive`` keeps one session per client: each of the client's
+connections joins it (``hello _ session <id> <ttl>``), the grants made on any of them belong to
+it, and one keep-alive (``ping _ session <id>``, every third of its time:
+`celery_dflock.client._async.keepalive`) keeps it and all its grants alive. Closing a connection
+ends nothing; the server ends the session, and its grants, once no keep-alive came for its time.
 
-A `ClientSession` is one such session: its id (random, a bearer credential, as a token is), its
-time, and the send time of the last keep-alive the server answered. The server cannot end it
-before that send time plus its time, so until then less `SESSION_MARGIN_S` its grants are surely
-held (as far as their own leases run). Once that deadline has passed without a fresh answer, the
-session is over for good, whatever a later answer says: the server may have ended it and given
-its keys to others, so it is never kept alive or joined again, and a new session (a new id) takes
-its place for what comes next. `Sessions` keeps the current session with each server of one
-pool (or of one lock without a pool); a fork child starts sessions of its own.
+A `ClientSession` has an id (random, a bearer credential like a token), a time, and the send
+time of the last keep-alive answered: the server cannot end it before that plus its time, so
+until then less `SESSION_MARGIN_S` its grants are surely held (as far as their leases run).
+Once that deadline passed without a fresh answer, the session is over for good, whatever a later
+answer says (the server may have given its keys to others): a new session (a new id) takes its
+place. `Sessions` keeps the current session with each server of one pool (or of one lock
+without a pool); a fork child starts its own.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ SESSION_MARGIN_S: Final = 0.75
 last answered keep-alive: room for the two clocks' rates to differ and, mostly, for this process
 to be scheduled late at the deadline on a loaded machine."""
 PRUNE_EVERY_S: Final = 60.0
-"""How often the keep-alive forgets every lock of its session that was let go (between two
-such looks, only those it meets before the first lock that still holds)."""
+"""How often the keep-alive forgets every lock of its session that was let go (`idle`)."""
 SESSION_KEEPALIVES: Final = 3
 """A session is kept alive this many times per session time (a 15 s session: every 5 s), so
 that a stall of the server, the network or this process for most of its time costs nothing."""
@@ -56,10 +53,8 @@ class Holder(Protocol):
 
 
 class ClientSession:
-    """One session with one server (see the module's doc): its id, its time (``ttl``: what the
-    server grants, the client's ask up to the server's ``max_lease_ttl_s``), when it was last
-    kept alive, and the held locks on it (``holders``: what a keep-alive that fails for good
-    tells, so that each finds its loss at once)."""
+    """One session with one server (see the module's doc); ``ttl``: the client's ask, at most
+    the server's ``max_lease_ttl_s``."""
 
     __slots__ = (
         "_guard",
@@ -81,14 +76,14 @@ class ClientSession:
     def __init__(self, ttl: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.id = secrets.token_hex(16)
         self.clock = clock
-        """The clock its times are on (``time.monotonic``; a simulated process's in tests/sim)."""
+        """The clock its times are on (a simulated process's in tests/sim)."""
         self.ttl = ttl
         self.answered_at = -math.inf
         """time.monotonic() when the last request that kept it alive (a keep-alive, or the
         ``hello`` that joined a connection to it) was sent, of those the server answered."""
         self.renewed_at = -math.inf
-        """time.monotonic() when the last keep-alive the server answered was sent: it renewed
-        every grant of the session (a join refreshes the session, not its grants)."""
+        """When the last keep-alive answered was sent: it renewed every grant of the session
+        (a join refreshes the session, not its grants)."""
         self.renewal_answered_at = math.inf
         """When the answer to that keep-alive came (a grant counts it only if the answer came
         while its lease surely ran: `HeldGrant.lease_end`)."""
@@ -99,14 +94,12 @@ class ClientSession:
         """The server keeps a lease journal (lists ``durable``): a restart restores each grant
         to its lease, without the session (sessions are not journaled)."""
         self.run: str | None = None
-        """The start of the server the session was last joined on (``hello``'s ``run``): a
-        keep-alive renews the grants made or reattached on that run only (a restart restores
-        the others to their leases, in no session). None: the server does not say."""
+        """The server's start the session was last joined on (``hello``'s ``run``; None: not
+        said): a keep-alive renews only the grants made or reattached on that run."""
         self.server_down = False
-        """The last attempt to keep it alive found nobody listening at the address of a durable
-        server (refused): a server that is not running ends nothing, and its restart restores
-        each grant to its lease, so only the grants' leases bound them then; a grant whose
-        session is over is then reattached by token to a new session (`refused`)."""
+        """The last keep-alive found nobody listening at a durable server's address (`refused`):
+        a server not running ends nothing and its restart restores each grant to its lease, so
+        only the leases bound the grants then."""
         self.holders: set[Holder] = set()
         """The held locks on it, each told (`Holder.poke`) once it is over."""
         self.keeper: object | None = None
@@ -116,8 +109,7 @@ class ClientSession:
         """`hold` and the keep-alive's `idle` / `stopped` agree under it whether one runs."""
 
     def deadline(self) -> float:
-        """time.monotonic() until which its grants surely stay held (as far as the session
-        goes); -inf once over."""
+        """Until when its grants surely stay held, as far as the session goes; -inf once over."""
         if self.ended:
             return -math.inf
         return self.answered_at + self.ttl - SESSION_MARGIN_S
@@ -127,8 +119,7 @@ class ClientSession:
         return self.ttl / SESSION_KEEPALIVES
 
     def live(self, now: float | None = None) -> bool:
-        """Not over: it may still be joined and kept alive. A session whose deadline passed
-        is over from then on (`end`)."""
+        """Not over: it may still be joined and kept alive (its deadline passed: `end`)."""
         if self.ended:
             return False
         if self.answered_at > -math.inf and (self.clock() if now is None else now) >= (
@@ -139,10 +130,9 @@ class ClientSession:
         return True
 
     def answered(self, sent_at: float, *, renewed: bool = False) -> None:
-        """The server answered a request that keeps the session alive, sent at ``sent_at``:
-        a join, or a keep-alive (``renewed``: which renewed every grant of the session too).
-        An answer that comes after the deadline changes nothing: the session is over then
-        (the server may have ended it, and made a new one of the same id for a join)."""
+        """The server answered a join, or a keep-alive (``renewed``: it renewed every grant
+        too), sent at ``sent_at``. After the deadline this changes nothing: the session is over
+        (the server may have made a new one of the same id for a join)."""
         self.server_down = False
         if not self.live():
             return
@@ -162,8 +152,8 @@ class ClientSession:
     def idle(self) -> bool:
         """For the keep-alive: True (and it counts as stopped) once no held lock is left on
         the session, or it is over. Locks let go are forgotten on the way: all of them every
-        ``PRUNE_EVERY_S`` (a look at each of 5,000 held locks costs milliseconds), else only
-        those looked at before the first that holds."""
+        ``PRUNE_EVERY_S`` (a look at 5,000 costs milliseconds), else those before the first
+        that holds."""
         with self._guard:
             holders = self.holders
             if not self.ended:
@@ -188,13 +178,12 @@ class ClientSession:
             return True
 
     def keeping(self) -> bool:
-        """Whether its keep-alive runs (then it is told when the session ends, and when the
-        keep-alive stops otherwise: `stopped`)."""
+        """Whether its keep-alive runs (which tells of the session's end, or its own: `stopped`)."""
         return self.keeper is not None and not self.ended
 
     def stopped(self) -> None:
-        """The keep-alive ended while locks were held on it (however; its end, or an error):
-        the next `hold` starts another, and its holders are told, to renew by themselves."""
+        """The keep-alive ended while locks were held on it: the next `hold` starts another,
+        and its holders are told, to renew by themselves."""
         with self._guard:
             self.keeper = None
             holders = list(self.holders)
@@ -220,9 +209,8 @@ class ClientSession:
 
 
 class Sessions:
-    """The current `ClientSession` with each server, for the connections of one pool (or of
-    one lock without a pool). A session that is over is replaced by a new one when a
-    connection next joins; a fork child forgets the parent's."""
+    """The current `ClientSession` with each server for one pool's connections (or one lock's):
+    one that is over is replaced when a connection next joins; a fork child forgets them."""
 
     __slots__ = ("_by_address", "_pid")
 
@@ -248,8 +236,8 @@ class Sessions:
         return session
 
     def unheld(self) -> list[tuple[Endpoint, ClientSession]]:
-        """The sessions that may live and hold no lock of this process (a clean close ends
-        them: what was held on them by token goes with them); each is forgotten here."""
+        """The sessions that may live and hold no lock of this process, forgotten here (a clean
+        close ends them, and what was held on them by token)."""
         mine = self._mine()
         out: list[tuple[Endpoint, ClientSession]] = []
         for address, (endpoint, session) in list(mine.items()):

@@ -1,10 +1,9 @@
 """A client's settings: the defaults, the validators, and `ClientSettings` (no I/O here).
 
-Every setting is checked once, where it enters: by the public constructors (`Client(...)`,
-`DistributedLock(...)` called directly), each naming the argument the user wrote, or by the
-Celery layer's config, naming its ``dflock_*`` setting. What they build, a frozen
-`ClientSettings`, is passed down whole to every lock and its `LockCore`, which check nothing
-again; a lock's own overrides (its acquire timeout and lease) are checked where they are given.
+Every setting is checked once, where it enters: by the public constructors (naming the
+argument the user wrote) or by the Celery layer's config (naming its ``dflock_*`` setting).
+The frozen `ClientSettings` they build is passed down whole to every lock and its `LockCore`,
+which check nothing again; a lock's own acquire timeout and lease are checked where given.
 """
 
 from __future__ import annotations
@@ -28,10 +27,9 @@ DEFAULT_RENEW_RATIO: Final = 0.5
 DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 """How long a new connection (TCP, TLS, ``auth``, ``hello``) may take."""
 DEFAULT_SESSION_TTL_S: Final = 15
-"""A client's session with a server that keeps sessions (docs/protocol.md, "Client sessions"):
-kept alive every third of it, it rides out a stall of the server, the network or this process
-of up to about 9 s without losing a lock; a process killed outright (not a pool child, whose
-worker ends its grants at once) keeps its keys this long."""
+"""A client's session time (docs/protocol.md, "Client sessions"): kept alive every third of it,
+it rides out a stall of up to about 9 s without losing a lock; a process killed outright (not
+a pool child, whose worker ends its grants at once) keeps its keys this long."""
 
 REPLY_GRACE_S: Final = 10.0
 """How long a reply may take beyond the time the server was asked to wait."""
@@ -76,9 +74,8 @@ def _is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-# Every validator raises `InvalidValueError` (or the subclass given as ``error``, as the
-# Celery layer gives its `DflockConfigError`) with a message naming ``name``: the argument,
-# or in Celery the setting, the user wrote. Each setting is checked here and nowhere else.
+# Every validator raises `InvalidValueError` (or the ``error`` subclass given, as the Celery
+# layer gives its `DflockConfigError`) naming ``name``: the argument, or the setting, written.
 
 
 def whole_seconds(
@@ -163,10 +160,9 @@ def check_servers(
 
 
 class Lease(int):
-    """A lease in whole seconds that `lease_seconds` has checked, and the ``name`` it was
-    given under (``lease_ttl_s``, or a layer's own: an option, a setting): a value carries its
-    check with it, so a layer that checked a lease where it entered hands it to
-    ``Client.lock`` without a second check, and a refusal of it names where it was set."""
+    """A lease in whole seconds that `lease_seconds` checked, with the ``name`` it was given
+    under (``lease_ttl_s``, an option, a setting): ``Client.lock`` takes it without a second
+    check, and a refusal of it names where it was set."""
 
     name: str
 
@@ -187,9 +183,8 @@ def lease_name(lease: int) -> str:
 def lease_seconds(
     name: str, value: object, *, error: type[InvalidValueError] = InvalidValueError
 ) -> Lease:
-    """A lease: a whole number of seconds from 1 (the protocol's unit; a fraction is refused
-    rather than rounded, wherever a lease is given), a `Lease` named ``name``. A `Lease`
-    (checked already) is returned as it is."""
+    """A lease: a whole number of seconds from 1 (a fraction is refused, not rounded), as a
+    `Lease` named ``name``; a `Lease` is returned as it is."""
     if type(value) is Lease:
         return value
     if isinstance(value, bool) or not isinstance(value, int):
@@ -215,9 +210,8 @@ def check_sharding_strategy(
 
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
-    """What every lock of one client shares, each value validated once (by `checked`, naming
-    the arguments; in Celery by the config, naming its ``dflock_*`` settings) and then passed
-    down whole: a lock and its `LockCore` take it as it is."""
+    """What every lock of one client shares, each value checked once (by `checked`, or in
+    Celery by the config) and then passed down whole."""
 
     servers: tuple[tuple[str, int], ...] = DEFAULT_SERVERS
     sharding_strategy: Routing = stable_hash_shard
@@ -233,8 +227,8 @@ class ClientSettings:
     """The time of the client's session with each server that keeps sessions (whole seconds,
     at most the server's ``max_lease_ttl_s``)."""
     _endpoints: tuple[Endpoint, ...] = field(init=False, repr=False, compare=False)
-    """Each of `servers`' `endpoint`, made once: every lock on a server shares one, so the
-    pool finds its connections by identity rather than by comparing fields."""
+    """Each server's `endpoint`, made once: the locks on a server share one, so the pool finds
+    its connections by identity rather than by comparing fields."""
 
     def __post_init__(self) -> None:
         endpoints = tuple(self.endpoint(host, port) for host, port in self.servers)

@@ -1,6 +1,5 @@
-"""What one server answered to ``hello`` / ``stats`` / ``shards`` (`Client.stats`, ``ping``,
-``shards``), as values, read from its replies (no I/O here; the asking is in
-``_async/status.py`` and its blocking twin)."""
+"""What one server answered to ``hello`` / ``stats`` / ``shards``, as values (no I/O here; the
+asking is in ``_async/status.py``)."""
 
 from __future__ import annotations
 

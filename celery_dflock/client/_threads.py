@@ -1,17 +1,14 @@
 """Our background threads leave the process's signals to its main thread.
 
-A signal sent to a process (``kill``) goes to any one of its threads that does not block it.
-Python runs its handlers in the main thread whichever thread took the signal, but a signal
-whose action is the default one kills the process from any thread, and a signal the main
-thread blocks for a moment is then not held back at all.
+A signal sent to a process goes to any of its threads that does not block it. Python runs
+handlers in the main thread, but a signal whose action is the default kills the process from
+any thread, and one the main thread blocks for a moment is then not held back at all.
 
-That broke billiard's pool children. A child that is ending (SIGTERM: a revoke, a hard time
-limit) sends its last message to the parent with SIGTERM blocked in its main thread, while it
-holds a lock it shares with the other children; the parent answers that message with a second
-SIGTERM, whose action is by then the default one. Delivered to one of our renewal threads, it
-killed the child with the lock held, and no child could report to the parent again: the pool
-stopped taking tasks. So each of our threads blocks the signals a process is asked to stop or
-act with, as soon as it starts.
+In billiard's pool, an ending child (SIGTERM: a revoke, a hard time limit) sends its last
+message with SIGTERM blocked in its main thread, holding a lock shared with the other children;
+the parent answers with a second SIGTERM, by then of the default action. Taken by a renewal
+thread, it killed the child with that lock held, and the pool stopped taking tasks. So each of
+our threads blocks the stopping signals as soon as it starts.
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ def _on_the_main_os_thread() -> bool:
 
 
 def leave_signals_to_the_main_thread() -> None:
-    """Block, in the calling OS thread, the signals a process gets to stop or act (SIGTERM,
-    SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM); call it first thing in a thread we start.
-    Does nothing on the main OS thread, or where the platform cannot block per thread."""
+    """Block `_PROCESS_SIGNALS` in the calling OS thread (first thing in a thread we start);
+    nothing on the main OS thread, or where the platform cannot block per thread."""
     if _on_the_main_os_thread() or not hasattr(signal, "pthread_sigmask"):
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, _PROCESS_SIGNALS)

@@ -1,19 +1,17 @@
 """Notice at once when a held lock's connection is closed by the server.
 
 When a connection closes (a restart, a drain, a network cut, an idle timeout) the server may
-have released its locks with it, or may still hold them (restored from its journal, or without
+have released its locks, or may still hold them (restored from its journal, or without
 auto-release); a client that only renews every ``lease * renew_ratio`` would find out only
 then. The lock reattaches at once instead (`celery_dflock.client._sync_backend`). A
 `ConnectionWatcher` polls the sockets of held locks' connections from one daemon thread per
-process; when one becomes readable while no request is in flight (the server never sends bytes
-nobody asked for, so that is EOF, a reset or garbage), its callback runs. The callback never
-interrupts a request: it only acts when it can take the lock's operation lock at once (see
-`celery_dflock.client`).
+process; when one becomes readable with no request in flight (the server sends nothing unasked,
+so that is EOF, a reset or garbage), its callback runs, which acts only when it can take the
+lock's operation lock at once: it never interrupts a request.
 
-TLS connections too: a TLS socket can become readable for records that carry no reply
-(session tickets). The connection's check (`Connection.broken_while_idle`) then reads without
-blocking, which lets the TLS layer consume such records, and reports a close only for EOF, a
-close_notify, an error or application bytes (kept, never dropped); the watch goes on otherwise.
+A TLS socket may become readable for records that carry no reply (session tickets): the
+connection's check then reads without blocking, letting the TLS layer consume them, and reports
+a close only for EOF, a close_notify, an error or application bytes (kept, never dropped).
 """
 
 from __future__ import annotations
@@ -50,10 +48,9 @@ wait is only for the thread to look whether it still has anything to watch)."""
 
 
 def _unpatched_epoll() -> Callable[[], select.epoll] | None:
-    """The kernel's epoll, also where gevent or eventlet took it out of ``select`` when they
-    patched the standard library (their ``poll`` stands in for it: a green ``poll`` of 1,000
-    sockets starts 1,000 watchers on each call, and a gevent worker keeping 1,000 LockedTasks
-    spent 4% of a core on it, ten calls a second); None where there is none (not Linux)."""
+    """The kernel's epoll, also where gevent or eventlet took it out of ``select`` (their green
+    ``poll`` of 1,000 sockets starts 1,000 watchers per call: 4% of a core for a gevent worker
+    keeping 1,000 LockedTasks); None where there is none (not Linux)."""
     if hasattr(select, "epoll"):
         return select.epoll
     gevent_monkey = sys.modules.get("gevent.monkey")
@@ -74,13 +71,12 @@ def can_watch() -> bool:
 
 class _Poller:
     """The watched sockets' poll set: epoll where there is one (Linux), whose wait costs the
-    same however many sockets are watched; ``poll`` elsewhere, whose every wait the kernel
-    pays for each socket (a process holding 5,000 locks spent a third of a core on it, ten
-    waits a second).
+    same however many sockets are watched; ``poll`` elsewhere, which costs per socket (a third
+    of a core for 5,000 held locks, ten waits a second).
 
-    Where gevent or eventlet patched ``select``, the watcher's "thread" is a greenlet, which
-    must not block in the kernel: it waits for the epoll descriptor alone to be readable
-    (one socket for the green ``select``), then takes the ready sockets without waiting."""
+    Where gevent or eventlet patched ``select``, the watcher is a greenlet, which must not
+    block in the kernel: it waits for the epoll descriptor alone (one socket for the green
+    ``select``), then takes the ready sockets without waiting."""
 
     __slots__ = ("_epoll", "_green", "_poll", "wait_ms")
 
@@ -133,10 +129,8 @@ WatchCallback = Callable[[], bool]
 
 
 class ConnectionWatcher:
-    """Polls watched sockets from one daemon thread, running while anything is watched.
-
-    Fork safe as the `Renewer` is: a fork child gets a watcher state of its own and never
-    touches the parent's (whose mutex may have been held at fork time)."""
+    """Polls watched sockets from one daemon thread, running while anything is watched; a fork
+    child gets a state of its own (the parent's mutex may have been held at fork time)."""
 
     def __init__(self) -> None:
         self._by_pid: dict[int, _ProcessWatcher] = {}
@@ -170,29 +164,20 @@ class ConnectionWatcher:
 
 
 class _ProcessWatcher:
-    """One process's watched sockets and the thread that polls them.
-
-    Watching costs a dict entry and a registration in the poll set (`_Poller`: one system call
-    with epoll), no thread start: the thread polls with a short timeout (a socket watched
-    meanwhile is seen by the epoll wait under way, or by the next ``poll`` at the latest,
-    within ``POLL_INTERVAL_MS``) and lingers
-    ``LINGER_S`` after the last socket is let go, so locks taken and released one after the
-    other share one thread."""
+    """One process's watched sockets and the thread that polls them. Watching costs a dict
+    entry and a registration in the poll set, no thread start: the thread lingers ``LINGER_S``
+    after the last socket is let go, so locks taken one after the other share one thread."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._entries: dict[int, WatchCallback] = {}
+        self.entries: dict[int, WatchCallback] = {}
         self._poller = _Poller()
         self._running = False
         self._idle_since = 0.0
 
-    @property
-    def entries(self) -> dict[int, WatchCallback]:
-        return self._entries
-
     def watch(self, fd: int, callback: WatchCallback) -> None:
         with self._mutex:
-            self._entries[fd] = callback
+            self.entries[fd] = callback
             self._poller.register(fd)
             if self._running:
                 return
@@ -207,10 +192,10 @@ class _ProcessWatcher:
 
     def unwatch(self, fd: int) -> None:
         with self._mutex:
-            if self._entries.pop(fd, None) is None:
+            if self.entries.pop(fd, None) is None:
                 return
             self._poller.unregister(fd)
-            if not self._entries:
+            if not self.entries:
                 self._idle_since = time.monotonic()
 
     def _loop(self) -> None:
@@ -218,7 +203,7 @@ class _ProcessWatcher:
         poller = self._poller
         while True:
             with self._mutex:
-                if not self._entries and time.monotonic() - self._idle_since >= LINGER_S:
+                if not self.entries and time.monotonic() - self._idle_since >= LINGER_S:
                     self._running = False  # the next watch starts a thread anew
                     return
             try:
@@ -230,11 +215,11 @@ class _ProcessWatcher:
             due: list[tuple[int, WatchCallback]] = []
             with self._mutex:
                 for fd, _ in events:
-                    callback = self._entries.pop(fd, None)
+                    callback = self.entries.pop(fd, None)
                     poller.unregister(fd)
                     if callback is not None:
                         due.append((fd, callback))
-                if due and not self._entries:
+                if due and not self.entries:
                     self._idle_since = time.monotonic()
             for fd, callback in due:
                 try:
@@ -243,6 +228,6 @@ class _ProcessWatcher:
                     keep = False
                 if keep:
                     with self._mutex:
-                        if fd not in self._entries:
-                            self._entries[fd] = callback
+                        if fd not in self.entries:
+                            self.entries[fd] = callback
                             poller.register(fd)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from celery_dflock.client import wire
 from celery_dflock.client.errors import ProtocolError
@@ -25,6 +25,7 @@ __all__ = ["ClusterMap", "ShardsInfo", "fnv1a_32"]
 _FNV32_OFFSET: Final = 0x811C9DC5
 _FNV32_PRIME: Final = 0x01000193
 _U32: Final = 0xFFFFFFFF
+T = TypeVar("T")
 
 
 def fnv1a_32(data: bytes) -> int:
@@ -35,24 +36,16 @@ def fnv1a_32(data: bytes) -> int:
     return h
 
 
-def _strings(data: dict[str, object], name: str, where: str) -> tuple[str, ...]:
+def _listed(data: dict[str, object], name: str, where: str, kind: type[T]) -> tuple[T, ...]:
     value = data.get(name, [])
     if not isinstance(value, list):
         raise ProtocolError(f"{where}: '{name}' is not a list in the shards reply")
     items: list[object] = list(value)  # pyright: ignore[reportUnknownArgumentType]
-    if not all(isinstance(item, str) for item in items):
-        raise ProtocolError(f"{where}: '{name}' is not a list of HOST:PORT strings")
-    return tuple(str(item) for item in items)
-
-
-def _ints(data: dict[str, object], name: str, where: str) -> tuple[int, ...]:
-    value = data.get(name, [])
-    if not isinstance(value, list):
-        raise ProtocolError(f"{where}: '{name}' is not a list in the shards reply")
-    items: list[object] = list(value)  # pyright: ignore[reportUnknownArgumentType]
-    if not all(isinstance(item, int) and not isinstance(item, bool) for item in items):
-        raise ProtocolError(f"{where}: '{name}' is not a list of integers")
-    return tuple(int(item) for item in items)  # pyright: ignore[reportArgumentType]
+    kept = tuple(item for item in items if isinstance(item, kind) and not isinstance(item, bool))
+    if len(kept) != len(items):
+        what = "HOST:PORT strings" if kind is str else "integers"
+        raise ProtocolError(f"{where}: '{name}' is not a list of {what}")
+    return kept
 
 
 def _optional_str(data: dict[str, object], name: str) -> str | None:
@@ -81,7 +74,7 @@ class ShardsInfo:
         return cls(
             mode=mode,
             self_address=_optional_str(data, "self"),
-            members=_strings(data, "members", where),
+            members=_listed(data, "members", where, str),
             strategy=_optional_str(data, "strategy"),
             leader=_optional_str(data, "leader"),
             cluster=cluster,
@@ -125,9 +118,9 @@ class ClusterMap:
         count = data.get("shard_count")
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ProtocolError(f"{where}: shard_count {count!r} is not a positive integer")
-        nodes = _strings(data, "nodes", where)
-        current = _ints(data, "current", where)
-        target = _ints(data, "target", where)
+        nodes = _listed(data, "nodes", where, str)
+        current = _listed(data, "current", where, int)
+        target = _listed(data, "target", where, int)
         if len(current) != count or len(target) != count:
             raise ProtocolError(f"{where}: current and target must list {count} shards each")
         if any(not -1 <= index < len(nodes) for index in (*current, *target)):
@@ -137,10 +130,10 @@ class ClusterMap:
             nodes=nodes,
             current=current,
             target=target,
-            members=_strings(data, "members", where),
+            members=_listed(data, "members", where, str),
             leader=_optional_str(data, "leader"),
-            pinned=_ints(data, "pinned", where),
-            moving=_ints(data, "moving", where),
+            pinned=_listed(data, "pinned", where, int),
+            moving=_listed(data, "moving", where, int),
             source=_optional_str(data, "self"),
         )
 

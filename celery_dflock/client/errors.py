@@ -35,19 +35,16 @@ class DflockError(Exception):
 
 class InvalidValueError(DflockError, ValueError):
     """An argument or setting has a value that cannot work (the message names it and says
-    what would be accepted).
+    what would be accepted). Also a `ValueError`.
 
-    Also a `ValueError`, as the client raised before, so ``except ValueError`` keeps working.
     In Celery, a bad ``dflock_*`` setting or lock option raises its subclass
     ``celery_dflock.config.DflockConfigError`` (also Celery's ``ImproperlyConfigured``).
     """
 
 
 class LockNotAcquired(DflockError, TimeoutError):
-    """The lock (or a semaphore slot) was not granted within the acquire timeout.
-
-    Also a `TimeoutError`, as the dflockd clients raise on a timed-out acquire, so code written
-    for them (``except TimeoutError`` around ``with DistributedLock(...)``) keeps working.
+    """The lock (or a semaphore slot) was not granted within the acquire timeout. Also a
+    `TimeoutError`, as the dflockd clients raise on a timed-out acquire.
     """
 
 
@@ -146,8 +143,7 @@ class AlreadyQueued(DflockError):
         self.task_id = task_id
         self.key = key
 
-    def __reduce__(self) -> tuple[object, ...]:
-        # Keep task_id and key through pickling (a result backend, a pool child).
+    def __reduce__(self) -> tuple[object, ...]:  # (a result backend, a pool child)
         return (_already_queued, (str(self), self.task_id, self.key))
 
 

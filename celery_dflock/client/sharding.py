@@ -3,16 +3,15 @@
 A strategy maps ``(key, number_of_servers)`` to an index into ``servers``; the key's lock lives
 on that server only. Two built-in strategies:
 
-* `stable_hash_shard` (the default): ``zlib.crc32(key.encode("utf-8")) % n``, byte for byte what
-  every dflockd client does, so processes using other dflockd clients agree on where a key lives.
-  Changing the number of servers moves most keys (about ``n/(n+1)`` of them when one is added).
+* `stable_hash_shard` (the default): ``zlib.crc32(key.encode("utf-8")) % n``, as every dflockd
+  client does, so they agree on where a key lives. Adding a server moves about ``n/(n+1)`` of
+  the keys.
 * `rendezvous_shard`: highest-random-weight hashing. Each server gets a weight
   ``blake2b(key, server identity)`` and the heaviest wins, so adding or removing a server moves
-  only the keys that land on / lived on it (about ``1/(n+1)``). When given to a lock as
-  ``sharding_strategy`` the identity is the server's ``"host:port"`` string, so the order of
-  ``servers`` does not matter and a server can be inserted anywhere. Called directly as
-  ``rendezvous_shard(key, n)`` it can only see indexes and hashes on ``"0"``..``"n-1"``; with
-  that form append new servers at the end.
+  only the keys that land on / lived on it (about ``1/(n+1)``). As a lock's
+  ``sharding_strategy`` the identity is the server's ``"host:port"``, so the order of
+  ``servers`` does not matter; called directly as ``rendezvous_shard(key, n)`` it hashes on
+  ``"0"``..``"n-1"``: then append new servers at the end.
 
 Keys moved out of 2,000 (``f"key-{i}"``, i < 2000) when one server is added, measured with::
 
@@ -27,11 +26,10 @@ servers        stable_hash_shard       rendezvous_shard
 5 -> 6         1646 (82.3 %)           343 (17.2 %, ideal 16.7 %)
 =============  ======================  ========================
 
-Moving keys while locks are held splits a key's holders across two servers, so change the
-server list only when no lock is held (e.g. with the workers stopped), whichever strategy.
-Servers started with the same list (``--members``, in the same order, and ``--advertise``)
-refuse the keys that are not theirs, so a client whose list disagrees gets a
-`ShardingMismatchError` instead of a split lock.
+Moving keys while locks are held splits a key's holders across two servers: change the server
+list only when no lock is held (e.g. with the workers stopped). Servers started with the same
+list (``--members``, in the same order, and ``--advertise``) refuse the keys that are not
+theirs, so a client whose list disagrees gets a `ShardingMismatchError`, not a split lock.
 
 `CLUSTER` (``sharding_strategy="cluster"``) is not a function of the list: the servers are
 seeds of a cluster (``dflockd --cluster``), which says where each key lives (`ClusterMap`);
@@ -43,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Final, Literal, Protocol, TypeGuard, runtime_checkable
+from typing import Final, Literal, Protocol, TypeGuard, cast, runtime_checkable
 
 from celery_dflock.client.errors import InvalidValueError
 
@@ -97,10 +95,8 @@ def _weight(key: str, identity: str) -> int:
 
 
 class RendezvousShard:
-    """Highest-random-weight (rendezvous) hashing; see the module docstring.
-
-    Stateless; use the `rendezvous_shard` instance.
-    """
+    """Highest-random-weight (rendezvous) hashing (see the module docstring); stateless: use
+    the `rendezvous_shard` instance."""
 
     __slots__ = ()
 
@@ -112,13 +108,8 @@ class RendezvousShard:
     def shard_by_identity(self, key: str, identities: Sequence[str]) -> int:
         """Index of the identity with the highest weight for ``key`` (ties: the first one)."""
         _check_count(len(identities))
-        best_index = 0
-        best_weight = -1
-        for index, identity in enumerate(identities):
-            weight = _weight(key, identity)
-            if weight > best_weight:
-                best_index, best_weight = index, weight
-        return best_index
+        weights = [_weight(key, identity) for identity in identities]
+        return weights.index(max(weights))
 
     def __repr__(self) -> str:
         return "rendezvous_shard"
@@ -133,14 +124,8 @@ def server_identity(server: tuple[str, int]) -> str:
     return f"{server[0]}:{server[1]}"
 
 
-def _is_int(value: object) -> bool:
-    """True for an int that is not a bool."""
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _as_int(value: object) -> int | None:
-    """``value`` if it is an int (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _check_count(num_servers: int) -> None:
@@ -161,13 +146,10 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
 
     Checked once, where the list is given (a client's settings, a lock made directly): the
     tuple is then passed down as it is."""
-    return _validate_servers(servers)
-
-
-def _validate_servers(servers: object) -> tuple[tuple[str, int], ...]:
-    if isinstance(servers, str | bytes) or not isinstance(servers, Sequence):
-        raise InvalidValueError(f"servers must be a list of (host, port) tuples, got {servers!r}")
-    entries: Sequence[object] = servers  # pyright: ignore[reportUnknownVariableType]
+    given = cast("object", servers)
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+        raise InvalidValueError(f"servers must be a list of (host, port) tuples, got {given!r}")
+    entries: Sequence[object] = given  # pyright: ignore[reportUnknownVariableType]
     if not entries:
         raise InvalidValueError(
             'servers is empty: give at least one (host, port), e.g. [("127.0.0.1", 6388)]'
@@ -217,15 +199,14 @@ def select_server(
         raw: object = strategy.shard_by_identity(key, identities)
     else:
         raw = strategy(key, count)
-    index = _as_int(raw)
-    if index is None:
+    if not _is_int(raw):
         raise InvalidValueError(
             f"sharding strategy {_strategy_name(strategy)} returned {raw!r} "
             f"for key {key!r}: it must return an int index into servers"
         )
-    if not 0 <= index < count:
+    if not 0 <= raw < count:
         raise InvalidValueError(
-            f"sharding strategy {_strategy_name(strategy)} returned {index} for key {key!r}, "
+            f"sharding strategy {_strategy_name(strategy)} returned {raw} for key {key!r}, "
             f"outside [0, {count}) for {count} server(s)"
         )
-    return index
+    return raw
