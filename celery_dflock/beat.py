@@ -201,7 +201,7 @@ class Leadership:
         return self._active.wait(timeout_s) and self.is_active()
 
     def confirm(self) -> bool:
-        """Ask the lock server, now, whether this process still holds the lock.
+        """Ask the lock server, now, whether this process still holds the lock (a renewal).
 
         A refusal (or a server not reached again before the lease runs out: a broken
         connection is reattached meanwhile) demotes this process at once: the caller must
@@ -211,8 +211,11 @@ class Leadership:
             lock = self._lock
         if lock is None or not self._active.is_set() or lock.lost:
             return False
-        if _confirm_held(lock):
-            return True
+        try:
+            if lock.renew():
+                return True
+        except DflockError:
+            pass
         self._demote(lock, "the lock server no longer confirms it")
         return False
 
@@ -228,11 +231,10 @@ class Leadership:
         """
         self._stop.set()
         self._wake.set()
-        if not release:
-            self._active.clear()
-            return
-        with self._guard:
-            lock, self._lock = self._lock, None
+        lock = None
+        if release:
+            with self._guard:
+                lock, self._lock = self._lock, None
         self._active.clear()
         if lock is not None:
             _release_quietly(lock)
@@ -730,12 +732,3 @@ def _name_this_beat(lock: DistributedLock) -> None:
         lock.note_token(lock.token, note)
     except DflockError as exc:  # HoldsUnsupported, or the server went away: no note
         logger.debug("beat: the leader lock carries no owner note: %s", exc)
-
-
-def _confirm_held(lock: DistributedLock) -> bool:
-    """Renew the lease now; False if the server refuses, or cannot be reached again before the
-    lease runs out (a broken connection is reattached meanwhile)."""
-    try:
-        return lock.renew()
-    except DflockError:
-        return False
