@@ -7,17 +7,13 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
+from celery_dflock import __version__
+
 NEEDS_SERVER = (
     "celery-dflock demo starts a lock server in this process, and the lock server is not "
     "installed: install the `server` extra (pip install 'celery-dflock[server]'), which brings "
     "dflockd-server of the same version"
 )
-
-
-def _version() -> str:
-    from celery_dflock import __version__
-
-    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="celery-dflock",
         description="Distributed locks for Celery tasks and beat, backed by dflockd.",
     )
-    parser.add_argument("--version", action="version", version=f"celery-dflock {_version()}")
+    parser.add_argument("--version", action="version", version=f"celery-dflock {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo",

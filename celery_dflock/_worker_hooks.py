@@ -66,19 +66,20 @@ WATCH_MAX_PAUSE_S: Final = 15.0
 
 
 def _in_a_thread(target: Callable[..., object], name: str, *args: object) -> bool:
-    """Run ``target(*args)`` in a daemon thread; False, logged, when none can be started (a
-    worker at its pid limit: threads count), so that a signal receiver carries on."""
+    """Run ``target(*args)`` in a daemon thread that leaves the process's signals to the main
+    thread; False, logged, when none can be started (a worker at its pid limit: threads
+    count), so that a signal receiver carries on."""
+
+    def run() -> None:
+        leave_signals_to_the_main_thread()
+        target(*args)
+
     try:
-        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+        threading.Thread(target=run, name=name, daemon=True).start()
     except RuntimeError as exc:
         logger.warning("dflock: no thread for %s (%s)", name, exc)
         return False
     return True
-
-
-def _app_of(obj: Any) -> Any:
-    """The app of a worker, consumer or task (None when it has none)."""
-    return getattr(obj, "app", None) or getattr(obj, "_app", None)
 
 
 class _Hooks:
@@ -105,27 +106,25 @@ class _Hooks:
         celery_signals.task_revoked.connect(self.on_task_revoked, weak=True)
         celery_signals.task_received.connect(self.on_task_received, weak=True)
         if getattr(self.app, "finalized", False):
-            self._lock_configured_tasks()
+            apply_task_locks(self.app, self.locked_task)
         else:
             self.app.on_after_finalize.connect(self.on_after_finalize, weak=True)
 
     def _ours(self, sender: Any) -> bool:
-        app = _app_of(sender)
+        """Whether ``sender`` (a worker, consumer or task) is of this app, or has none."""
+        app = getattr(sender, "app", None) or getattr(sender, "_app", None)
         return app is None or app is self.app
-
-    def _lock_configured_tasks(self) -> None:
-        apply_task_locks(self.app, self.locked_task)
 
     # ---------------------------------------------------------------- receivers
 
     def on_after_finalize(self, sender: Any = None, **_: Any) -> None:
         if sender is self.app:
-            self._lock_configured_tasks()
+            apply_task_locks(self.app, self.locked_task)
 
     def on_worker_init(self, sender: Any = None, **_: Any) -> None:
         if not self._ours(sender):
             return
-        self._lock_configured_tasks()
+        apply_task_locks(self.app, self.locked_task)
         self.main_pid = os.getpid()
         _register_outages_command()
         runtime = get_runtime(self.app)
@@ -154,7 +153,6 @@ class _Hooks:
     def _report_servers(self) -> None:
         """Log which lock servers this worker reaches; warn, naming ``dflock_servers``, about
         each one it cannot reach, and louder when it reaches none."""
-        leave_signals_to_the_main_thread()
         try:
             with get_config(self.app).new_client() as client:
                 answers = client.ping()
@@ -191,8 +189,7 @@ class _Hooks:
                 ",".join(a.address for a in answers) or "(none)",
             )
         if missed:
-            now = time.time()
-            self._watch({answer.address: now for answer in missed})
+            self._watch(dict.fromkeys((answer.address for answer in missed), time.time()))
 
     # ---------------------------------------------------------------- outages
 
@@ -221,7 +218,6 @@ class _Hooks:
                 self._watching = False  # the next outage tries again (it stayed set for good)
 
     def _watch_servers(self) -> None:
-        leave_signals_to_the_main_thread()
         with self._watch_guard:
             down = ", ".join(sorted(self.unreachable)) or "(a run met one unreachable)"
         logger.info("dflock: watching for lock servers to answer again: %s", down)
@@ -276,7 +272,7 @@ class _Hooks:
             return
         runtime = get_runtime(self.app)
         if runtime.records is not None and self._in_main_process():
-            self._release_orphans(None, wait_s=0)
+            self._release_from(runtime.records, None, wait_s=0)
             runtime.records.remove_all()
         runtime.close()
 
@@ -303,7 +299,6 @@ class _Hooks:
             _in_a_thread(self._release_hold, f"dflock-revoked-{task_id}", held, task_id)
 
     def _release_hold(self, held: HoldRef, task_id: str | None) -> None:
-        leave_signals_to_the_main_thread()
         try:
             released = (
                 get_runtime(self.app).client(get_config(self.app)).release(held.key, held.token)
@@ -325,7 +320,6 @@ class _Hooks:
     def _clean_up_after_dead_workers(self) -> None:
         """Release what the pool children of dead workers recorded, and remove their records
         directories (a worker killed with -9 never removes its own)."""
-        leave_signals_to_the_main_thread()
         if self.main_pid is None:
             return
         for records in HeldRecords.left_by_dead_workers(self.main_pid):
@@ -338,17 +332,12 @@ class _Hooks:
         return self.main_pid == os.getpid()
 
     def _release_orphans_soon(self, task_id: str) -> None:
-        # The consumer's thread must not block on a dying child: wait in a thread.
-        _in_a_thread(self._release_orphans_in_a_thread, f"dflock-orphan-{task_id}", task_id)
-
-    def _release_orphans_in_a_thread(self, task_id: str) -> None:
-        leave_signals_to_the_main_thread()
-        self._release_orphans(task_id, CHILD_EXIT_WAIT_S)
-
-    def _release_orphans(self, task_id: str | None, wait_s: float) -> None:
+        """Release what the dead child running ``task_id`` held, once it has exited; in a
+        thread: the consumer's must not block on a dying child."""
         records = get_runtime(self.app).records
         if records is not None:
-            self._release_from(records, task_id, wait_s)
+            name = f"dflock-orphan-{task_id}"
+            _in_a_thread(self._release_from, name, records, task_id, CHILD_EXIT_WAIT_S)
 
     def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
         runtime = get_runtime(self.app)

@@ -10,63 +10,59 @@ Every beat campaigns for one dflockd lock (``dflock_beat_lock_key``, default
 periodic tasks, the others are *standbys* queued on the lock in FIFO order. The client's renewal
 thread keeps the lease alive whatever the tick length. Right before every send the active beat
 asks the lock server whether it still holds the lock (one round trip per send); when the answer
-is no, or the renewal thread reports the lock lost, or the server is unreachable, it sends
-nothing more and goes back to standby. A beat killed outright loses its connection, and the
-server passes the lock to the next standby at once; a beat that hangs is replaced when its lease
-(``dflock_beat_lease_ttl``) runs out, and when it wakes up it finds out before sending. (Checking
-only the renewal thread's verdict is not enough there: after a long pause the scheduler thread
-may reach its send before the renewal thread learns of the loss.) Limits: a beat that pauses in
-the microseconds between that confirmation and the publish can still send once after its lease
-ran out (a broker cannot check a fencing token); a *standby* that hangs at the head of the queue
-is granted the lock and holds up the failover by one lease.
+is no, the renewal thread reports the lock lost, or the server is unreachable, it sends nothing
+more and goes back to standby. A beat killed outright loses its connection, and the server
+passes the lock to the next standby at once; a beat that hangs is replaced when its lease
+(``dflock_beat_lease_ttl``) runs out, and finds out before sending when it wakes (the renewal
+thread's verdict alone is not enough: after a long pause the scheduler thread may reach its
+send first). Limits: a beat that pauses between that confirmation and the publish can still
+send once after its lease ran out (a broker cannot check a fencing token); a *standby* that
+hangs at the head of the queue is granted the lock and holds up the failover by one lease.
 
 Which scheduler does the work
     ``SingletonScheduler`` wraps ``celery.beat.PersistentScheduler``, or the class named in
-    ``dflock_beat_scheduler`` (``"django_celery_beat.schedulers:DatabaseScheduler"``). It does so
-    by *dynamic subclassing*: the object beat gets is an instance of
-    ``class Singleton<Wrapped>(SingletonScheduler, Wrapped)``. Celery's ``Scheduler.tick``
-    calls ``reserve``/``apply_entry``/``apply_async`` on ``self``, so the send gate must sit in
-    the wrapped object's own method resolution; a wrapper holding the scheduler as an attribute
-    would have to patch methods on it. Subclassing also keeps ``isinstance`` checks, ``Entry``,
-    ``schedule`` and ``info`` of the wrapped class working. A class written as
+    ``dflock_beat_scheduler`` (``"django_celery_beat.schedulers:DatabaseScheduler"``), by
+    *dynamic subclassing*: beat gets an instance of ``class Singleton<Wrapped>(SingletonScheduler,
+    Wrapped)``. Celery's ``Scheduler.tick`` calls ``reserve``/``apply_entry``/``apply_async`` on
+    ``self``, so the send gate must sit in the wrapped object's own method resolution (a wrapper
+    holding the scheduler as an attribute would have to patch its methods); ``isinstance``,
+    ``Entry``, ``schedule`` and ``info`` of the wrapped class keep working. A class written as
     ``class MyScheduler(SingletonScheduler, SomeScheduler)`` is used as it is.
 
 Failover without double sends: "start from now"
     Whenever a beat becomes active (first start, failover, or getting the lock back), every
     entry's in-memory ``last_run_at`` is set to *now*, so each entry next runs one period after
-    the takeover (a crontab entry: at its next occurrence after the takeover). A send whose
-    entry still carries a ``last_run_at`` older than the takeover (a scheduler that re-reads its
-    store, such as django-celery-beat's, may bring one back) is skipped once, with a log line;
-    the wrapped scheduler's own ``reserve`` has already moved the entry on to now.
+    the takeover (a crontab entry: at its next occurrence). A send whose entry still carries a
+    ``last_run_at`` older than the takeover (a scheduler that re-reads its store, such as
+    django-celery-beat's, may bring one back) is skipped once, with a log line; the wrapped
+    ``reserve`` has already moved the entry on to now.
 
     A scheduler that reads its entries afresh from a shared store at every tick keeps their
-    last runs there, and the reset does not stick (the log line at the takeover says which):
-    RedBeat records each run in Redis before sending it, so its next leader continues from the
-    last run recorded, and a run that fell due in the failover gap is sent once, at the takeover.
+    last runs there, and the reset does not stick (the takeover's log line says which): RedBeat
+    records each run in Redis before sending it, so its next leader continues from the last run
+    recorded, and a run that fell due in the failover gap is sent once, at the takeover.
 
-    Trade-off: it needs no state shared between beats and works with any wrapped scheduler,
-    including the per-host shelve file of ``PersistentScheduler``, whose ``last_run_at`` is
-    stale on a standby. The price: runs missed while no beat was active are not caught up
-    (not even on a cold start), an interval entry's first run after a takeover comes up to
-    one period later than the old leader would have sent it, and a run that fell due in the
-    failover gap is skipped. No entry ever skips more than that one run, and no run the old
-    leader sent is sent again. Lock-server markers per run were rejected: the server releases
-    a dead client's locks with its connection, so the markers would vanish in exactly the
-    crash they are meant to cover.
+    Trade-off: no state shared between beats, and any wrapped scheduler works, including
+    ``PersistentScheduler``'s per-host shelve, whose ``last_run_at`` is stale on a standby. The
+    price: runs missed while no beat was active are not caught up (not even on a cold start),
+    an interval entry's first run after a takeover comes up to one period later than the old
+    leader would have sent it, and a run due in the failover gap is skipped. No entry skips
+    more than that one run, and no run the old leader sent is sent again. Lock-server markers
+    per run were rejected: the server releases a dead client's locks with its connection, so
+    the markers would vanish in exactly the crash they are meant to cover.
 
 The schedule store
-    Only the active beat opens the wrapped scheduler's store. ``SingletonScheduler`` builds the
-    wrapped scheduler with ``lazy=True`` and calls its ``setup_schedule`` each time this beat
-    becomes active (so it reads what the leaders before it wrote); the wrapped ``sync`` runs
-    only while the lock server confirms the lock; ``close`` writes and closes the store
-    *before* the lock is released, so the next leader opens a complete file. A standby never
-    reads or writes it, so any number of beats may share one folder or volume with the default
-    ``celerybeat-schedule`` (``PersistentScheduler``'s shelve has no cross-process locking: a
-    standby holding it open read a stale index and died with a truncated pickle on failover).
-    A beat that loses the lock closes the shelve with its unsaved cache discarded; a hung
-    leader that wakes after its replacement opened the file writes nothing to it. The store
-    holds nothing the next leader needs ("start from now" resets every ``last_run_at``), so a
-    file left half-written by ``kill -9`` costs nothing: Celery recreates a corrupt one.
+    Only the active beat opens the wrapped scheduler's store: it is built with ``lazy=True``,
+    its ``setup_schedule`` runs each time this beat becomes active (reading what the leaders
+    before it wrote), its ``sync`` only while the lock server confirms the lock, and ``close``
+    writes and closes it *before* the lock is released, so the next leader opens a complete
+    file. A standby never reads or writes it, so any number of beats may share one folder or
+    volume with the default ``celerybeat-schedule`` (``PersistentScheduler``'s shelve has no
+    cross-process locking: a standby holding it open read a stale index and died with a
+    truncated pickle on failover). A beat that loses the lock closes the shelve with its unsaved
+    cache discarded; a hung leader that wakes after its replacement opened the file writes
+    nothing to it. The store holds nothing the next leader needs ("start from now"), so a file
+    left half-written by ``kill -9`` costs nothing: Celery recreates a corrupt one.
     django-celery-beat's ``DatabaseScheduler``: the store is the shared, transactional database;
     a standby does not import ``beat_schedule`` into it or save run times until it is active.
     RedBeat's: the store is Redis, read afresh at every tick of the active beat; RedBeat's own
@@ -80,21 +76,20 @@ Non-overlapping periodic tasks
     :class:`~celery_dflock.LockedTask` (``dflock_options``: ``lock_key`` =
     ``beat-entry:<entry name>``, ``on_locked = "skip"``). A worker running the task as a
     ``LockedTask`` (``base=LockedTask``, or ``task_cls``) takes that lock, so a run whose
-    previous run still holds it is skipped, logged and reported (``lock_skipped``).
-    Lock options the entry gives itself (``options={"lock_timeout": 5}``) are kept; an entry whose
+    previous run still holds it is skipped, logged and reported (``lock_skipped``). Lock options
+    the entry gives itself (``options={"lock_timeout": 5}``) are kept; an entry whose
     ``options["headers"]`` set ``dflock_beat_entry`` to a false value opts out.
 
 Leader election (`Leadership`)
-    A background thread holds (or waits for) the one dflockd lock. It owns the waiting: it
-    queues on the lock in FIFO order (``enqueue``, then a bounded ``wait``), flips
-    :attr:`Leadership.term` when the lock is granted, and waits for the lock to be lost (the
-    client's renewal thread reports that through ``on_lost``) or for :meth:`Leadership.stop`.
-    The scheduler's thread only reads the state and asks :meth:`Leadership.confirm` right
-    before each send, so a long tick or a long sleep between ticks never delays renewal.
+    A background thread queues on the one dflockd lock in FIFO order (``enqueue``, then a
+    bounded ``wait``), flips :attr:`Leadership.term` when it is granted, and waits for the lock
+    to be lost (the renewal thread's ``on_lost``) or for :meth:`Leadership.stop`. The
+    scheduler's thread only reads the state and asks :meth:`Leadership.confirm` right before
+    each send, so a long tick or a long sleep between ticks never delays renewal.
 
-Settings (``app.conf``): the ``dflock_beat_*`` settings, with their defaults, are in the
-settings reference (docs/reference/settings.md, generated from the table in
-`celery_dflock._settings`); connection settings are the shared ``dflock_*`` ones.
+Settings (``app.conf``): the ``dflock_beat_*`` settings and their defaults are in the settings
+reference (docs/reference/settings.md, generated from `celery_dflock._settings`); connection
+settings are the shared ``dflock_*`` ones.
 """
 
 from __future__ import annotations
@@ -106,7 +101,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Protocol, Self, cast
+from typing import Any, Final, Self, cast
 
 from celery.beat import PersistentScheduler, Scheduler
 from celery.utils.imports import symbol_by_name  # pyright: ignore[reportUnknownVariableType]
@@ -136,7 +131,6 @@ logger = logging.getLogger("celery_dflock.beat")
 
 BEAT_ENTRY_HEADER: Final = "dflock_beat_entry"
 """Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``)."""
-DEFAULT_LOCK_KEY_PREFIX: Final = DEFAULT_BEAT_KEY_PREFIX
 NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
 """Non-overlap lock key of a beat entry: this prefix and the entry name."""
 STANDBY_TICK_S: Final = 1.0
@@ -148,75 +142,36 @@ _LAZY_POSITION: Final = 4
 _BROKER_CACHE: Final = ("producer", "connection")
 """The cached properties (in ``__dict__``) through which Celery's ``Scheduler`` publishes;
 its ``close`` pops them and, from Celery 5.7 on, releases the connection."""
+STANDBY_ACQUIRE_TIMEOUT_S: Final = 10
+"""Seconds one queued acquire waits before it is issued again (the campaign thread checks
+between two whether it was asked to stop)."""
+RETRY_UNREACHABLE_S: Final = 1.0
+"""Seconds between two attempts to reach an unreachable lock server."""
 
 
 # ---------------------------------------------------------------------------------- leader election
-
-#: Seconds one blocking acquire waits in the queue before it is issued again (the thread
-#: re-checks whether it was asked to stop between two acquires).
-STANDBY_ACQUIRE_TIMEOUT_S: Final = 10
-#: Seconds between two attempts to reach an unreachable lock server.
-RETRY_UNREACHABLE_S: Final = 1.0
-
-
-class LeaderLock(Protocol):
-    """What the election needs from a lock (``celery_dflock.DistributedLock`` fits)."""
-
-    @property
-    def lost(self) -> bool: ...
-
-    @property
-    def server(self) -> tuple[str, int]: ...
-
-    def enqueue(self) -> object: ...  # "acquired" (true) or "queued" (false)
-
-    def wait(self, timeout_s: float | None = None) -> bool: ...
-
-    def renew(self) -> bool: ...
-
-    def release(self) -> bool: ...
 
 
 class Leadership:
     """Campaign for one lock in a daemon thread; expose whether this process is the leader.
 
-    ``make_lock(on_lost)`` builds a fresh lock object for each campaign (a lost lock is never
-    reused); ``confirm(lock)`` asks the server whether ``lock`` is still held, and returns
-    False when it is not (or the server cannot say); ``on_granted(lock)``, when given, runs in
-    the campaign thread each time the lock is granted, before this process turns active (it
-    must not raise).
+    ``make_lock(on_lost)`` builds a fresh lock for each campaign (a lost lock is never reused).
     """
 
     def __init__(
-        self,
-        *,
-        make_lock: Callable[[Callable[[object], None]], LeaderLock],
-        confirm: Callable[[LeaderLock], bool],
-        describe: str,
-        acquire_timeout_s: float = STANDBY_ACQUIRE_TIMEOUT_S,
-        retry_s: float = RETRY_UNREACHABLE_S,
-        on_granted: Callable[[LeaderLock], None] | None = None,
+        self, make_lock: Callable[[Callable[[object], None]], DistributedLock], describe: str
     ) -> None:
         self._make_lock = make_lock
-        self._confirm = confirm
-        self._on_granted = on_granted
         self.describe = describe
-        self._acquire_timeout_s = acquire_timeout_s
-        self._retry_s = retry_s
         # Re-entrant: beat's signal handler runs close() (and with it stop() and confirm()) in
         # the main thread, possibly while the interrupted main thread holds the guard.
         self._guard = threading.RLock()
-        self._lock: LeaderLock | None = None
+        self._lock: DistributedLock | None = None
         self._term = 0
         self._active = threading.Event()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @property
-    def acquire_timeout_s(self) -> float:
-        """How long one queued acquire blocks before it is re-issued."""
-        return self._acquire_timeout_s
 
     @property
     def term(self) -> int:
@@ -246,7 +201,7 @@ class Leadership:
         return self._active.wait(timeout_s) and self.is_active()
 
     def confirm(self) -> bool:
-        """Ask the lock server, now, whether this process still holds the lock.
+        """Ask the lock server, now, whether this process still holds the lock (a renewal).
 
         A refusal (or a server not reached again before the lease runs out: a broken
         connection is reattached meanwhile) demotes this process at once: the caller must
@@ -256,8 +211,11 @@ class Leadership:
             lock = self._lock
         if lock is None or not self._active.is_set() or lock.lost:
             return False
-        if self._confirm(lock):
-            return True
+        try:
+            if lock.renew():
+                return True
+        except DflockError:
+            pass
         self._demote(lock, "the lock server no longer confirms it")
         return False
 
@@ -273,11 +231,10 @@ class Leadership:
         """
         self._stop.set()
         self._wake.set()
-        if not release:
-            self._active.clear()
-            return
-        with self._guard:
-            lock, self._lock = self._lock, None
+        lock = None
+        if release:
+            with self._guard:
+                lock, self._lock = self._lock, None
         self._active.clear()
         if lock is not None:
             _release_quietly(lock)
@@ -289,7 +246,7 @@ class Leadership:
         self._active.clear()
         self._wake.set()
 
-    def _demote(self, lock: LeaderLock, why: str) -> None:
+    def _demote(self, lock: DistributedLock, why: str) -> None:
         with self._guard:
             if self._lock is not lock:
                 return
@@ -303,10 +260,10 @@ class Leadership:
         leave_signals_to_the_main_thread()
         unreachable = False
         while not self._stop.is_set():
-            lock: LeaderLock | None = None
+            lock: DistributedLock | None = None
             try:
                 lock = self._make_lock(self._on_lost)
-                granted = lock.enqueue()  # join the FIFO queue (or take a free lock)
+                granted = bool(lock.enqueue())  # join the FIFO queue (or take a free lock)
                 if unreachable:
                     logger.info(
                         "beat: standby, lock server reachable again, waiting for %s",
@@ -314,7 +271,7 @@ class Leadership:
                     )
                     unreachable = False
                 if not granted:
-                    granted = lock.wait(self._acquire_timeout_s)
+                    granted = lock.wait(STANDBY_ACQUIRE_TIMEOUT_S)
             except Exception as exc:  # a DflockError, or a bug: never let the thread die
                 if not isinstance(exc, DflockError):
                     logger.exception("beat: unexpected error while waiting for %s", self.describe)
@@ -323,20 +280,19 @@ class Leadership:
                         "beat: standby, cannot take %s (%s); retrying every %.1fs",
                         self.describe,
                         exc,
-                        self._retry_s,
+                        RETRY_UNREACHABLE_S,
                     )
                 unreachable = True
                 if lock is not None:
                     _release_quietly(lock)
-                self._stop.wait(self._retry_s)
+                self._stop.wait(RETRY_UNREACHABLE_S)
                 continue
             if not granted:
                 continue
-            if self._on_granted is not None:
-                try:
-                    self._on_granted(lock)
-                except Exception:  # a bug: the lock is held all the same
-                    logger.exception("beat: error after taking %s", self.describe)
+            try:
+                _name_this_beat(lock)
+            except Exception:  # a bug: the lock is held all the same
+                logger.exception("beat: error after taking %s", self.describe)
             with self._guard:
                 if self._stop.is_set():
                     _release_quietly(lock)
@@ -348,18 +304,18 @@ class Leadership:
             logger.info("beat: active, holding %s", self.describe)
             self._hold(lock)
 
-    def _hold(self, lock: LeaderLock) -> None:
+    def _hold(self, lock: DistributedLock) -> None:
         while not self._stop.is_set() and not lock.lost:
             with self._guard:
                 if self._lock is not lock:
                     return  # demoted by confirm(); already logged and released
-            self._wake.wait(self._acquire_timeout_s)
+            self._wake.wait(STANDBY_ACQUIRE_TIMEOUT_S)
             self._wake.clear()
         if lock.lost:
             self._demote(lock, "renewal refused or the lock server is gone")
 
 
-def _release_quietly(lock: LeaderLock) -> None:
+def _release_quietly(lock: DistributedLock) -> None:
     try:
         lock.release()
     except DflockError as exc:
@@ -385,7 +341,7 @@ class BeatSettings:
         got = read_settings(app.conf, BEAT_SETTING_SPECS)
         key = got["dflock_beat_lock_key"]
         if key is None:
-            key = DEFAULT_LOCK_KEY_PREFIX + (str(app.main or "") or "default")
+            key = DEFAULT_BEAT_KEY_PREFIX + (str(app.main or "") or "default")
         return cls(
             lock_key=safe_key(config.key_prefix + str(key)),
             scheduler=_wrapped_class(got["dflock_beat_scheduler"]),
@@ -502,7 +458,6 @@ class SingletonScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         app = _app_from(args, kwargs)
         config = get_config(app)
-        self._dflock_config = config
         self._dflock_settings = BeatSettings.from_app(app, config)
         self._dflock_client = config.new_client()  # no I/O until the leader lock is taken
         self._leadership: Leadership | None = None
@@ -541,7 +496,7 @@ class SingletonScheduler(Scheduler):
         host, port = self.lock_server
         return f"lock {self._dflock_settings.lock_key!r} on {host}:{port}"
 
-    def _make_lock(self, on_lost: Callable[[object], None]) -> LeaderLock:
+    def _make_lock(self, on_lost: Callable[[object], None]) -> DistributedLock:
         return self._dflock_client.lock(
             self._dflock_settings.lock_key,
             acquire_timeout_s=STANDBY_ACQUIRE_TIMEOUT_S,
@@ -551,12 +506,7 @@ class SingletonScheduler(Scheduler):
 
     def _leader(self) -> Leadership:
         if self._leadership is None:
-            self._leadership = Leadership(
-                make_lock=self._make_lock,
-                confirm=_confirm_held,
-                describe=self.lock_description,
-                on_granted=_name_this_beat,
-            )
+            self._leadership = Leadership(self._make_lock, self.lock_description)
             self._leadership.start()
         return self._leadership
 
@@ -611,12 +561,11 @@ class SingletonScheduler(Scheduler):
                 except Exception as exc:  # the file is the next leader's: nothing to repair
                     logger.warning("beat: closing the schedule store failed: %s", exc)
 
-    def _confirmed(self) -> bool:
-        """Ask the lock server now whether this beat is the leader (False: never was)."""
-        return self._leadership is not None and self._ask_lock_server(self._leadership)
-
-    def _ask_lock_server(self, leadership: Leadership) -> bool:
-        """``leadership.confirm()``, flagged as under way (see :meth:`close`)."""
+    def _confirmed(self, leadership: Leadership | None) -> bool:
+        """Ask the lock server now whether this beat leads (False: it never campaigned),
+        flagged as under way (see :meth:`close`)."""
+        if leadership is None:
+            return False
         asking, self._asking_lock_server = self._asking_lock_server, True
         try:
             return leadership.confirm()
@@ -627,7 +576,7 @@ class SingletonScheduler(Scheduler):
         """Write the wrapped store, only while the lock server confirms this beat leads."""
         if not self._store_open:
             return  # a standby never touches the store
-        if self._store_write_confirmed or self._confirmed():
+        if self._store_write_confirmed or self._confirmed(self._leadership):
             self._base().sync()
         else:
             self._drop_store()
@@ -683,7 +632,7 @@ class SingletonScheduler(Scheduler):
             self._send_confirmed = False
 
     def _confirm_send(self, entry: Any) -> bool:
-        if self._ask_lock_server(self._leader()):
+        if self._confirmed(self._leader()):
             return True
         logger.warning(
             "beat: not sending %r: this beat no longer holds %s",
@@ -717,35 +666,31 @@ class SingletonScheduler(Scheduler):
             entry.options = original
 
     def close(self) -> None:
-        """Sync and close the wrapped store (if active), then hand the lock to the next standby.
+        """Write and close the wrapped store (if the confirmed leader; else nothing is
+        written), then release the lock to the next standby, which so opens a complete file.
 
-        The store is written and closed before the lock is released, so the next leader opens
-        a complete file. A beat that is not (or no longer) the confirmed leader writes nothing.
+        Called in the middle of a send (only beat's SIGTERM/SIGINT handler can: it interrupts
+        the send in the same thread, closes the scheduler, then raises SystemExit), the broker
+        connection is left open: Celery's ``Scheduler.close`` (5.7+) would release the very
+        connection the send is reading its reply from, and the error that read then meets (an
+        I/O operation on a closed file) would replace the SystemExit: Celery logs a failed
+        send and beat carries on, ignoring the signal, without its lock. The connection is put
+        back, so the close beat makes again on its way out releases it.
 
-        Called in the middle of a send, which only beat's SIGTERM/SIGINT handler can do (it
-        interrupts the send in the same thread, closes the scheduler, then raises SystemExit),
-        the broker connection is left open: Celery's ``Scheduler.close`` (5.7+) would release
-        the very connection the interrupted send is reading its reply from, and the error the
-        interrupted read then meets (an I/O operation on a closed file) replaces the
-        SystemExit; Celery logs it as a failed send and beat carries on, ignoring the signal,
-        without its lock. The connection is put back afterwards, so the close beat makes again
-        on its way out, once the send has unwound, releases it.
-
-        Called while this thread waits for the lock server (the confirmation before a send,
-        or before a sync), the same handler must not use the lock's connection: the
-        interrupted request holds it (a plain lock, not re-entrant), so renewing or releasing
-        on it would wait forever for this very thread. This beat then counts as unconfirmed
-        (the store is closed unwritten, the safe side), stops campaigning without a release,
-        and leaves the dflock client alone. The interrupted request, unwinding with the
-        SystemExit, closes its connection, upon which the server frees the lock for the next
-        standby (after its session time, 3 s, on a server with sessions); the close beat makes
-        on its way out then finishes the rest.
+        Called while this thread waits for the lock server (the confirmation before a send or
+        a sync), the handler must not use the lock's connection: the interrupted request holds
+        it (a plain lock), so renewing or releasing on it would wait forever for this very
+        thread. This beat then counts as unconfirmed (the store is closed unwritten), stops
+        campaigning without a release and leaves the dflock client alone. The interrupted
+        request, unwinding with the SystemExit, closes its connection, so the server frees the
+        lock for the next standby (after its session time, 3 s, on a server with sessions); the
+        close beat makes on its way out finishes the rest.
         """
         interrupted_ask = self._asking_lock_server
         cache = self.__dict__
         kept = {n: cache.pop(n) for n in _BROKER_CACHE if n in cache} if self._sending else {}
         try:
-            if self._store_open and not interrupted_ask and self._confirmed():
+            if self._store_open and not interrupted_ask and self._confirmed(self._leadership):
                 self._store_write_confirmed = True
                 try:
                     self._base().close()
@@ -769,31 +714,21 @@ class SingletonScheduler(Scheduler):
     def info(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
         """The banner lines: the wrapped scheduler's, then the lock."""
         wrapped = cast("str", self._base().info)
-        host, port = self.lock_server
         mine = (
-            f"    . dflock -> lock {self._dflock_settings.lock_key!r} on {host}:{port} "
+            f"    . dflock -> {self.lock_description} "
             f"(lease {self._dflock_settings.lease_ttl_s}s, sends only while held)"
         )
         return f"{wrapped}\n{mine}" if wrapped else mine
 
 
-def _name_this_beat(lock: LeaderLock) -> None:
+def _name_this_beat(lock: DistributedLock) -> None:
     """Give the leader lock just granted this beat's pid and host as its owner note, which
-    ``celery dflock locks`` shows (the campaign takes the lock with enqueue and wait, which
-    carry no note). A server without owner notes (a foreign dflockd) shows none."""
+    ``celery dflock locks`` shows (enqueue and wait carry no note). A server without owner
+    notes (a foreign dflockd) shows none."""
     note = beat_note(os.getpid(), socket.gethostname())
-    if note is None or not isinstance(lock, DistributedLock) or lock.token is None:
+    if note is None or lock.token is None:
         return
     try:
         lock.note_token(lock.token, note)
     except DflockError as exc:  # HoldsUnsupported, or the server went away: no note
         logger.debug("beat: the leader lock carries no owner note: %s", exc)
-
-
-def _confirm_held(lock: LeaderLock) -> bool:
-    """Renew the lease now; False if the server refuses, or cannot be reached again before the
-    lease runs out (a broken connection is reattached meanwhile)."""
-    try:
-        return lock.renew()
-    except DflockError:
-        return False

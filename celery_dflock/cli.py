@@ -100,9 +100,8 @@ class ServerReport:
 
     @property
     def degraded(self) -> list[tuple[str, str, str]]:
-        """(name, severity, "Title: message") of each degraded state the server's ``stats`` lists
-        (``degraded``: a journal it cannot write, its restart grace, a drain, fenced from
-        etcd, shards moving); none for a server that does not send the list."""
+        """(name, severity, "Title: message") of each degraded state ``stats`` lists (none from
+        a server that sends no list)."""
         if self.stats is None:
             return []
         found: list[tuple[str, str, str]] = []
@@ -117,8 +116,7 @@ class ServerReport:
 
     @property
     def failing(self) -> list[tuple[str, str, str]]:
-        """The degraded states in which the server grants nothing new (severity
-        ``error``: a read-only journal, a drain, fenced): a script should notice them."""
+        """The degraded states in which the server grants nothing new (`DEGRADED_ERROR`)."""
         return [item for item in self.degraded if item[1] == DEGRADED_ERROR]
 
     @property
@@ -303,11 +301,9 @@ def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) ->
 
 
 def format_status(reports: Sequence[ServerReport]) -> str:
-    """One row per server: reachable, connections, held locks, semaphores, waiters; then per
-    server that says so, its restart grace (seconds left and why) and its journal (state dir,
-    fsync, leases restored, records dropped) or "journal off", and each degraded state it
-    lists (a journal it cannot write, a drain, fenced from etcd, shards moving), in capitals
-    when it grants nothing new."""
+    """One row per server: reachable, connections, held locks, semaphores, waiters; then what
+    each says of its restart grace and journal (`_durability`) and each degraded state it
+    lists, in capitals when it grants nothing new."""
     rows: list[list[str]] = []
     for rep in reports:
         if not rep.reachable:
@@ -346,8 +342,7 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
     """One row per held lock or semaphore: key, kind, lease left, holders, waiters, and the
     task holding a lock (its name and id; the worker's host while it runs, "queued" while its
     message waits under a publish-time hold), or for a singleton beat's lock the beat (pid,
-    host). A
-    lock restored from the server's journal that no connection has renewed since is marked so
+    host). A lock restored from the journal that no connection has renewed since is marked so
     in a last column (shown only then)."""
     rows: list[list[str]] = []
     restored = False
@@ -525,23 +520,19 @@ def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     journal and any degraded state (read-only journal, draining, fenced, shards moving); with
     --workers, each worker's outage retries. Exit 1 when a server is unreachable or grants
     nothing new (read-only, draining, fenced)."""
-    if not with_workers:
-        _run(ctx, as_json, format_status, ok=lambda r: r.healthy)
-        return
     obj: Any = ctx.obj
-    workers = ask_workers(obj.app)
+    workers = ask_workers(obj.app) if with_workers else None
     now = time.time()
-    _answer(
-        ctx,
-        as_json,
-        collect,
-        json_of=lambda reports: {
-            "servers": [r.as_json() for r in reports],
-            "workers": workers,
-        },
-        render=lambda reports: format_status(reports) + "\n" + format_outages(workers, now),
-        ok=lambda r: r.healthy,
-    )
+
+    def json_of(reports: list[ServerReport]) -> object:
+        servers = [r.as_json() for r in reports]
+        return servers if workers is None else {"servers": servers, "workers": workers}
+
+    def render(reports: list[ServerReport]) -> str:
+        shown = format_status(reports)
+        return shown if workers is None else f"{shown}\n{format_outages(workers, now)}"
+
+    _answer(ctx, as_json, collect, json_of=json_of, render=render, ok=lambda r: r.healthy)
 
 
 @dflock.command(cls=CeleryCommand)

@@ -34,13 +34,10 @@ __all__ = [
     "KeyBuilder",
     "KeyDerivationError",
     "KeySource",
-    "bind_arguments",
     "check_template",
     "default_key",
-    "derive_key",
     "digest",
     "safe_key",
-    "template_key",
 ]
 
 KeySource = str | Callable[..., str] | None
@@ -63,14 +60,6 @@ def digest(data: str) -> str:
     return hashlib.blake2b(data.encode("utf-8"), digest_size=_DIGEST_BYTES).hexdigest()
 
 
-def _truncate_utf8(text: str, max_bytes: int) -> str:
-    """The longest prefix of ``text`` whose UTF-8 encoding fits in ``max_bytes``."""
-    encoded = text.encode("utf-8")
-    if len(encoded) <= max_bytes:
-        return text
-    return encoded[:max_bytes].decode("utf-8", errors="ignore")
-
-
 def safe_key(raw: str, max_bytes: int = MAX_LINE_BYTES) -> str:
     """Return ``raw`` if the protocol accepts it as a key, else a safe, injective stand-in.
 
@@ -83,7 +72,8 @@ def safe_key(raw: str, max_bytes: int = MAX_LINE_BYTES) -> str:
     budget = max_bytes - len(DIGEST_SEPARATOR) - _DIGEST_HEX_CHARS
     if budget < 0:
         raise ValueError(f"max_bytes={max_bytes} leaves no room for a digest key")
-    prefix = _truncate_utf8(_UNSAFE.sub("_", raw), budget)
+    # The longest prefix whose UTF-8 fits (a character cut in two is dropped).
+    prefix = _UNSAFE.sub("_", raw).encode("utf-8")[:budget].decode("utf-8", errors="ignore")
     return f"{prefix}{DIGEST_SEPARATOR}{digest(raw)}"
 
 
@@ -148,6 +138,9 @@ def _bind(
     kwargs: Mapping[str, Any],
     task_name: str,
 ) -> dict[str, Any]:
+    """The task's arguments by parameter name, defaults applied: ``f(1)``, ``f(1, b=2)`` and
+    ``f(a=1)`` of ``def f(a, b=2)`` all give ``{"a": 1, "b": 2}``; ``*args`` and ``**kwargs``
+    appear under their own names, as a tuple and a dict."""
     if signature is None:
         # No introspectable signature (a C function): fall back to the raw call.
         return {"args": tuple(args), "kwargs": dict(kwargs)}
@@ -162,18 +155,6 @@ def _bind(
         ) from exc
     bound.apply_defaults()
     return dict(bound.arguments)
-
-
-def bind_arguments(
-    run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], *, task_name: str
-) -> dict[str, Any]:
-    """The task's arguments by parameter name, defaults applied.
-
-    ``f(1)``, ``f(1, b=2)`` and ``f(a=1)`` of ``def f(a, b=2)`` all give
-    ``{"a": 1, "b": 2}``. ``*args`` and ``**kwargs`` parameters appear under
-    their own names, as a tuple and a dict.
-    """
-    return _bind(_signature_of(run), None, args, kwargs, task_name)
 
 
 def _canonical_json(value: Any, *, task_name: str) -> str:
@@ -198,15 +179,7 @@ def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     return f"{task_name}:{digest(_canonical_json(dict(arguments), task_name=task_name))}"
 
 
-def _template_fields(template: str) -> list[str]:
-    fields: list[str] = []
-    for _literal, field, _spec, _conversion in string.Formatter().parse(template):
-        if field is not None:
-            fields.append(field)
-    return fields
-
-
-def template_key(template: str, arguments: Mapping[str, Any], *, task_name: str) -> str:
+def _template_key(template: str, arguments: Mapping[str, Any], *, task_name: str) -> str:
     """Format ``template`` with the bound arguments (``"report:{customer_id}"``)."""
     try:
         return template.format_map(dict(arguments))
@@ -217,21 +190,21 @@ def template_key(template: str, arguments: Mapping[str, Any], *, task_name: str)
             f"not among the task's arguments ({names})"
         ) from exc
     except ValueError as exc:
-        raise KeyDerivationError(
-            f"lock_key template {template!r} of task {task_name!r} is not a valid format "
-            f"string: {exc}"
-        ) from exc
+        raise _not_a_format(template, task_name, exc) from exc
+
+
+def _not_a_format(template: str, task_name: str, exc: ValueError) -> KeyDerivationError:
+    return KeyDerivationError(
+        f"lock_key template {template!r} of task {task_name!r} is not a valid format string: {exc}"
+    )
 
 
 def check_template(template: str, run: Callable[..., Any], *, task_name: str) -> None:
     """Raise :class:`KeyDerivationError` if ``template`` names a field ``run`` does not take."""
     try:
-        fields = _template_fields(template)
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
-        raise KeyDerivationError(
-            f"lock_key template {template!r} of task {task_name!r} is not a valid format "
-            f"string: {exc}"
-        ) from exc
+        raise _not_a_format(template, task_name, exc) from exc
     try:
         parameters = inspect.signature(run).parameters
     except (TypeError, ValueError):
@@ -264,7 +237,9 @@ def _bare_signature(run: Callable[..., Any]) -> str:
 
 
 class KeyBuilder:
-    """Builds the lock keys of one task's runs (see `derive_key`).
+    """Builds the protocol-safe lock keys of one task's runs: ``source`` is the resolved
+    ``lock_key`` option, ``prefix`` (the ``dflock_key_prefix`` setting) goes in front of every
+    key.
 
     What does not change from run to run (the run function's signature, and how to bind
     arguments to it) is worked out once, here; `key` does the per-run part. A task keeps one
@@ -302,22 +277,4 @@ class KeyBuilder:
         arguments = _bind(self._signature, self._named, args, kwargs, task_name)
         if source is None:
             return safe_key(prefix + default_key(task_name, arguments))
-        return safe_key(prefix + template_key(source, arguments, task_name=task_name))
-
-
-def derive_key(
-    source: KeySource,
-    *,
-    task_name: str,
-    run: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    prefix: str = "",
-) -> str:
-    """The protocol-safe lock key of one task run.
-
-    ``source`` is the resolved ``lock_key`` option; ``prefix`` (the
-    ``dflock_key_prefix`` setting) is put in front of every key.
-    """
-    builder = KeyBuilder(source, task_name=task_name, run=run, prefix=prefix)
-    return builder.key(args, kwargs)
+        return safe_key(prefix + _template_key(source, arguments, task_name=task_name))

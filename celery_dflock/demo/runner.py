@@ -144,10 +144,9 @@ def _wait_ready(started: Sequence[Child], folder: Path, out: TextIO, stop: _Stop
 
 
 def _progress(verdict: Verdict, elapsed: float, expected_runs: int) -> str:
-    runs = len(verdict.runs)
     return (
-        f"[{elapsed:5.1f}s] runs finished {runs}/{expected_runs}  retries {verdict.retries}  "
-        f"skips {verdict.skips}  beat sends {sum(verdict.beat_sends.values())}"
+        f"[{elapsed:5.1f}s] runs finished {len(verdict.runs)}/{expected_runs}  retries "
+        f"{verdict.retries}  skips {verdict.skips}  beat sends {sum(verdict.beat_sends.values())}"
     )
 
 
@@ -262,7 +261,6 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
         expected_runs = len(ACCOUNTS) * RUNS_PER_ACCOUNT
         interactive = out.isatty()
         last_line = "[  0.0s]"
-        verdict = judge(read_events(events))
         while True:
             _check_alive(started)
             verdict = judge(read_events(events))

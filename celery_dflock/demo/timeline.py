@@ -11,7 +11,7 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -70,17 +70,7 @@ class Verdict:
 
 def record(path: Path, event: Event) -> None:
     """Append ``event`` to the event file at ``path`` atomically (one write, O_APPEND)."""
-    line = json.dumps(
-        {
-            "kind": event.kind,
-            "key": event.key,
-            "t": event.t,
-            "task_id": event.task_id,
-            "fence": event.fence,
-            "worker": event.worker,
-        },
-        separators=(",", ":"),
-    )
+    line = json.dumps(asdict(event), separators=(",", ":"))
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode("utf-8"))
@@ -183,12 +173,9 @@ def _verdict_lines(verdict: Verdict, expect_beat: bool) -> Sequence[str]:
     if verdict.beat_sends:
         senders = ", ".join(f"{name} sent {n}" for name, n in sorted(verdict.beat_sends.items()))
         out.append(f"beat: {senders}")
-    if verdict.overlaps:
-        for a, b in verdict.overlaps:
-            out.append(f"OVERLAP on {a.key}: {a.task_id} and {b.task_id}")
-    if verdict.fence_order_errors:
-        for a, b in verdict.fence_order_errors:
-            out.append(f"FENCE ORDER broken on {a.key}: {a.fence} then {b.fence}")
+    out += [f"OVERLAP on {a.key}: {a.task_id} and {b.task_id}" for a, b in verdict.overlaps]
+    for a, b in verdict.fence_order_errors:
+        out.append(f"FENCE ORDER broken on {a.key}: {a.fence} then {b.fence}")
     if verdict.unfinished:
         out.append(f"UNFINISHED runs: {', '.join(verdict.unfinished)}")
     if len(verdict.beat_sends) > 1:

@@ -1,10 +1,5 @@
 """The Lua scripts of both Redis faces (`celery_dflock.fencing.redis` and
-`celery_dflock.fencing.redis_aio`), their arguments and how each reads a script's answer.
-
-Each write is one script, which Redis runs atomically: it reads the highest fence kept beside
-the value, refuses the write if that is higher than the write's, and otherwise writes the
-value and the fence. Fences are kept as 20-digit zero-padded decimal strings and compared as
-strings (Lua's numbers are doubles, which cannot tell two fences 1 apart).
+`celery_dflock.fencing.redis_aio`, whose docstring tells how they fence), and their arguments.
 """
 
 from __future__ import annotations
@@ -13,8 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from celery_dflock.fencing.errors import StaleFence
-from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below, require_fence
 
 __all__ = ["HSET", "SET", "ScriptCall", "Value", "fence_key_of", "hset_call", "set_call"]
 
@@ -55,12 +49,9 @@ class ScriptCall:
     label: str
     fence: int
 
-    def refused(self, seen: object) -> StaleFence | None:
-        """The refusal the script answered (the fence it holds), or None: written."""
-        if seen is None:
-            return None
-        held = int(seen if isinstance(seen, bytes | str) else str(seen))
-        return StaleFence.refused(self.label, self.fence, held)
+    def refuse_below(self, seen: object) -> None:
+        """`StaleFence` if the script answered the fence it holds (None: written)."""
+        refuse_below(self.label, self.fence, seen)
 
 
 def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -> ScriptCall:

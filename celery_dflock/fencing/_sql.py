@@ -1,6 +1,6 @@
 """The statements of both SQLAlchemy faces (`celery_dflock.fencing.sqlalchemy` and
-`celery_dflock.fencing.sqlalchemy_aio`), and how each reads what the database answered: built
-here once, executed by the face (``connection.execute`` or ``await connection.execute``).
+`celery_dflock.fencing.sqlalchemy_aio`), built here once and executed by the face
+(``connection.execute`` or ``await connection.execute``).
 
 * `FencedUpdate`: ``UPDATE <table> SET <values>, fence = :fence WHERE <where> AND fence <=
   :fence``, then, when no row was updated, ``SELECT max(fence) WHERE <where>`` to tell a
@@ -28,24 +28,22 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import CompileError, DBAPIError
 
-from celery_dflock.fencing.errors import FenceColumnMissing, StaleFence
-from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+from celery_dflock.fencing.errors import FenceColumnMissing
+from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, refuse_below, require_fence
 
 __all__ = [
-    "UPSERT_DIALECTS",
     "FencedUpdate",
     "FencedUpsert",
+    "check_columns",
     "column_checked",
-    "column_missing",
+    "dialect_of",
     "fence_column_of",
-    "missing_columns_error",
     "table_of",
     "wrong_face",
 ]
 
-UPSERT_DIALECTS: Final = frozenset({"postgresql", "sqlite", "mysql", "mariadb"})
-"""The databases whose upsert `FencedUpsert` writes (SQLAlchemy's ``insert`` of each)."""
-_MYSQL: Final = frozenset({"mysql", "mariadb"})
+MYSQL: Final = frozenset({"mysql", "mariadb"})
+"""The dialects whose upsert is ``ON DUPLICATE KEY UPDATE`` (it returns no fence)."""
 
 
 def table_of(table: sa.Table | type[Any]) -> sa.Table:
@@ -78,43 +76,43 @@ def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
         ) from None
 
 
-def missing_columns_error(missing: list[tuple[sa.Table, str]]) -> FenceColumnMissing:
-    """The error of `check_fence_column`: each table whose database table lacks its column."""
+def check_columns(
+    connection: sa.Connection, tables: tuple[sa.Table | type[Any], ...], name: str
+) -> None:
+    """`check_fence_column` of both faces (the asyncio one through ``run_sync``)."""
+    inspector = sa.inspect(connection)
     lines = "; ".join(
         f"table {table.fullname!r} has no column {name!r} in the database: "
         f"{adding_lines(table, name)}"
-        for table, name in missing
+        for table in map(table_of, tables)
+        if name not in table.c
+        or all(c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema))
     )
-    return FenceColumnMissing(f"fenced tables not ready: {lines}")
-
-
-def column_missing(error: DBAPIError, table: sa.Table, name: str) -> FenceColumnMissing | None:
-    """``error`` in the user's terms when it is the database's own word that ``table`` has
-    no column ``name`` (the Table declares it, the database table lacks it), else None."""
-    said = str(error.orig).lower()
-    if name.lower() not in said or not any(
-        words in said
-        for words in ("does not exist", "no such column", "unknown column", "has no column")
-    ):
-        return None
-    return FenceColumnMissing(
-        f"fenced write to table {table.fullname!r}: the database table has no column {name!r} "
-        f"(the Table declares it, the database was not migrated; the database said: "
-        f"{str(error.orig).strip().splitlines()[0]}); {adding_lines(table, name)}"
-    )
+    if lines:
+        raise FenceColumnMissing(f"fenced tables not ready: {lines}")
 
 
 @contextmanager
 def column_checked(table: sa.Table, name: str) -> Generator[None]:
-    """Runs the block; the database's own word that ``table`` has no column ``name`` raises
-    `FenceColumnMissing` (`column_missing`) instead of its ``DBAPIError``."""
+    """Runs the block; the database's own word that ``table`` has no column ``name`` (the Table
+    declares it, the database table lacks it) raises `FenceColumnMissing` instead of its
+    ``DBAPIError``."""
     try:
         yield
     except DBAPIError as error:
-        missing = column_missing(error, table, name)
-        if missing is None:
+        if not no_such_column(str(error.orig), name):
             raise
-        raise missing from error
+        raise FenceColumnMissing(
+            f"fenced write to table {table.fullname!r}: the database table has no column "
+            f"{name!r} (the Table declares it, the database was not migrated; the database "
+            f"said: {str(error.orig).strip().splitlines()[0]}); {adding_lines(table, name)}"
+        ) from error
+
+
+def dialect_of(connection: Any) -> sa.Dialect:
+    """A connection's dialect, or a session's bind's."""
+    found = getattr(connection, "dialect", None)
+    return found if isinstance(found, sa.Dialect) else connection.get_bind().dialect
 
 
 def wrong_face(helper: str, given: object, *, blocking: bool) -> TypeError:
@@ -153,7 +151,7 @@ def described(where: sa.ColumnElement[bool]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FencedUpdate:
-    """The statements of one fenced update; `refused` reads their answers."""
+    """The statements of one fenced update."""
 
     table: sa.Table
     column: sa.Column[Any]
@@ -186,11 +184,8 @@ class FencedUpdate:
     def highest(self) -> sa.Select[tuple[Any]]:
         return sa.select(sa.func.max(self.column)).where(self.where)
 
-    def refused(self, highest: object) -> StaleFence | None:
-        """The refusal, when the rows hold a higher fence (else no row matched ``where``)."""
-        if highest is not None and int(cast("int", highest)) > self.fence:
-            return StaleFence.refused(self.label, self.fence, int(cast("int", highest)))
-        return None
+    def refuse_below(self, kept: object) -> None:
+        refuse_below(self.label, self.fence, kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +255,7 @@ class FencedUpsert:
                 set_=assigned,
                 where=self.column <= insert.excluded[name],
             ).returning(self.column)
-        if dialect.name in _MYSQL:
+        if dialect.name in MYSQL:
             insert_my = mysql.insert(self.table).values(row)
             later = self.column <= insert_my.inserted[name]
             changes = {k: insert_my.inserted[k] for k in values} if update is None else update
@@ -275,16 +270,10 @@ class FencedUpsert:
             "first with fence 0 (the column's default), then write it with fenced_update"
         )
 
-    def returns_fence(self, dialect: sa.Dialect) -> bool:
-        """Whether `statement` returns the fence of the row it wrote (not on MySQL)."""
-        return dialect.name not in _MYSQL
-
     def kept(self) -> sa.Select[tuple[Any]]:
         """The row's fence, read under the row lock the upsert took (``FOR UPDATE``: the
         latest committed, whatever the transaction's snapshot)."""
         return sa.select(self.column).where(self.where).with_for_update()
 
-    def refused(self, kept: object) -> StaleFence | None:
-        if kept is not None and int(cast("int", kept)) > self.fence:
-            return StaleFence.refused(self.label, self.fence, int(cast("int", kept)))
-        return None
+    def refuse_below(self, kept: object) -> None:
+        refuse_below(self.label, self.fence, kept)

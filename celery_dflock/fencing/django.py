@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import django.db
 import django.db.models.sql
@@ -34,13 +34,10 @@ import django.db.transaction  # pyright: ignore[reportUnusedImport]  # _db.trans
 from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
-from celery_dflock.fencing.errors import FenceColumnMissing, StaleFence
-from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
+from celery_dflock.fencing.errors import FenceColumnMissing
+from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, refuse_below, require_fence
 
 __all__ = ["check_fence_field", "fence_field", "fenced_update", "fenced_upsert"]
-
-_MISSING_WORDS: Final = ("does not exist", "no such column", "unknown column", "has no column")
-"""How PostgreSQL, SQLite and MySQL say a column is not there."""
 
 # Django is untyped: what its database layer answers reads as partly unknown, so it is `Any`.
 _db: Any = django.db
@@ -85,9 +82,7 @@ def fenced_update(
         )
         if updated:
             return updated
-        highest = queryset.aggregate(highest=models.Max(fence_name))["highest"]
-    if highest is not None and int(highest) > fence:
-        raise StaleFence.refused(label(), fence, int(highest))
+        refuse_below(label, fence, queryset.aggregate(highest=models.Max(fence_name))["highest"])
     return 0
 
 
@@ -144,8 +139,7 @@ def fenced_upsert(
                 key_params,
             )
             kept = cursor.fetchone()
-    if kept is not None and int(kept[0]) > checked:
-        raise StaleFence.refused(label, checked, int(kept[0]))
+    refuse_below(label, checked, None if kept is None else kept[0])
 
 
 def check_fence_field(
@@ -279,8 +273,7 @@ def _column_checked(model: Any, field: Any) -> Generator[None]:
     try:
         yield
     except _db.DatabaseError as error:
-        said = str(error).lower()
-        if field.column.lower() not in said or not any(w in said for w in _MISSING_WORDS):
+        if not no_such_column(str(error), field.column):
             raise
         raise FenceColumnMissing(
             f"fenced write to {model._meta.label}: its table {model._meta.db_table!r} has no "

@@ -12,12 +12,12 @@ __all__ = ["FenceColumnMissing", "FenceMissing", "StaleFence"]
 
 
 class StaleFence(LockLost):
-    """The store refused a write: it has seen a higher fence for this row or key, so another
-    holder wrote after this run was granted its lock: a later holder of the same lock key
-    (this run's lease ran out while it was paused, or its lock was lost), or a holder of
-    another lock key that writes the same row (fences are one sequence across keys, so a row
-    written under two keys refuses the lower one's writes though neither lost its lock).
-    Nothing was written.
+    """The store refused a write, nothing written: it has seen a higher fence for this row or
+    key, so another holder wrote after this run was granted its lock: a later holder of the
+    same lock key (this run's lease ran out while it was paused, or its lock was lost), or a
+    holder of another lock key that writes the same row (fences are one sequence across keys,
+    so a row written under two keys refuses the lower one's writes though neither lost its
+    lock).
 
     A `LockLost`: the store is where a holder that did not notice its loss learns of it, so
     ``except LockLost`` covers both. ``target`` names the row or key, ``fence`` the write's
@@ -35,8 +35,8 @@ class StaleFence(LockLost):
 
     @classmethod
     def refused(cls, target: str, fence: int, highest: int) -> StaleFence:
-        """The refusal of a write to ``target`` with ``fence``, the store holding ``highest``:
-        its message says what happened and that nothing was written (every store's)."""
+        """Every store's refusal of a write to ``target`` with ``fence``, the store holding
+        ``highest``."""
         return cls(
             f"fenced write to {target} refused: its fence {fence} is lower than {highest}, the "
             "fence the store holds, so another holder wrote after this run was granted its "
@@ -59,7 +59,7 @@ class FenceMissing(DflockError):
 
 class FenceColumnMissing(DflockError):
     """The table (or model) a fenced write names has no fence column (``dflock_fence``), in
-    its declaration or in the database. Nothing was written. The message names the table and
-    the column, and gives the line that adds it (a Django field and its migration, a
-    SQLAlchemy column and its ``ALTER TABLE``). The ``check_fence_*`` helpers of each store
-    raise it at deploy time, before a task writes."""
+    its declaration or in the database; nothing was written. The message names the table and
+    the column, and gives the lines that add it (a Django field and its migration, a
+    SQLAlchemy column and its ``ALTER TABLE``). Each store's ``check_fence_*`` raises it at
+    deploy time, before a task writes."""

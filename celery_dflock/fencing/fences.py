@@ -1,15 +1,16 @@
-"""The one check of a fence handed to a fenced write: present, an int, and within what every
-store here can keep (a PostgreSQL ``BIGINT``)."""
+"""The rule every store's fenced write follows: the fence handed to it is present, an int, and
+within what every store here can keep (a PostgreSQL ``BIGINT``); the fence a store keeps refuses
+a lower one."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final, cast
 
 from celery_dflock.client.errors import InvalidValueError
-from celery_dflock.fencing.errors import FenceMissing
+from celery_dflock.fencing.errors import FenceMissing, StaleFence
 
-__all__ = ["FENCE_COLUMN", "MAX_FENCE", "require_fence"]
+__all__ = ["FENCE_COLUMN", "MAX_FENCE", "no_such_column", "refuse_below", "require_fence"]
 
 FENCE_COLUMN: Final = "dflock_fence"
 """The default name of the column, hash field or key suffix where a store keeps its highest
@@ -45,3 +46,20 @@ def require_fence(fence: int | None, target: str | Callable[[], str]) -> int:
             "lock server issues; pass self.lock.fence"
         )
     return fence
+
+
+def refuse_below(target: str | Callable[[], str], fence: int, kept: object) -> None:
+    """Raise `StaleFence` when ``kept``, the fence the store holds for ``target`` (None: none),
+    is above ``fence``, the write's."""
+    if kept is not None and (held := int(cast("Any", kept))) > fence:
+        raise StaleFence.refused(target() if callable(target) else target, fence, held)
+
+
+def no_such_column(said: str, column: str) -> bool:
+    """Whether a database's error text ``said`` is PostgreSQL's, SQLite's or MySQL's word that
+    ``column`` is not there."""
+    said = said.lower()
+    return column.lower() in said and any(
+        words in said
+        for words in ("does not exist", "no such column", "unknown column", "has no column")
+    )

@@ -78,9 +78,7 @@ def _run(client: redis.Redis, helper: str, call: ScriptCall) -> None:
         if callable(close):
             close()
         raise TypeError(_unsupported(helper, client))
-    refusal = call.refused(seen)
-    if refusal is not None:
-        raise refusal
+    call.refuse_below(seen)
 
 
 def _unsupported(helper: str, client: object) -> str:

@@ -54,7 +54,4 @@ async def _run(client: redis.asyncio.Redis, helper: str, call: ScriptCall) -> No
             f"{helper} is the asyncio face and runs on redis.asyncio.Redis, not {kind}: use "
             f"celery_dflock.fencing.redis.{helper} for a blocking client"
         )
-    seen: object = await client.register_script(call.script)(keys=call.keys, args=call.args)
-    refusal = call.refused(seen)
-    if refusal is not None:
-        raise refusal
+    call.refuse_below(await client.register_script(call.script)(keys=call.keys, args=call.args))

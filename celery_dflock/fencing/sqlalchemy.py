@@ -41,11 +41,12 @@ from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.orm import Session, scoped_session
 
 from celery_dflock.fencing._sql import (
+    MYSQL,
     FencedUpdate,
     FencedUpsert,
+    check_columns,
     column_checked,
-    missing_columns_error,
-    table_of,
+    dialect_of,
     wrong_face,
 )
 from celery_dflock.fencing.fences import FENCE_COLUMN
@@ -91,19 +92,7 @@ def check_fence_column(
     has the fence column ``name`` in its declaration and in the database; the error names each
     table that lacks it and the lines that add it. For a deploy step or a worker's start,
     before a task writes (the write itself raises the same error, after the fact)."""
-    missing: list[tuple[sa.Table, str]] = []
-    inspector = sa.inspect(connection)
-    for given in tables:
-        table = table_of(given)
-        declared = name in table.c
-        present = declared and any(
-            column["name"] == name
-            for column in inspector.get_columns(table.name, schema=table.schema)
-        )
-        if not present:
-            missing.append((table, name))
-    if missing:
-        raise missing_columns_error(missing)
+    check_columns(connection, tables, name)
 
 
 def fenced_update(
@@ -131,12 +120,9 @@ def fenced_update(
     fenced = FencedUpdate.build(table, where, fence, fence_name)
     with column_checked(fenced.table, fenced.column.name):
         result = connection.execute(fenced.update(table, values))
-        updated = cast("CursorResult[Any]", result).rowcount
-        if updated:
+        if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
-        refusal = fenced.refused(connection.execute(fenced.highest()).scalar())
-    if refusal is not None:
-        raise refusal
+        fenced.refuse_below(connection.execute(fenced.highest()).scalar())
     return 0
 
 
@@ -166,18 +152,10 @@ def fenced_upsert(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=True)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
-    dialect = _dialect(connection)
+    dialect = dialect_of(connection)
     statement = fenced.statement(dialect, values, update)
     with column_checked(fenced.table, fenced.column.name):
         result = connection.execute(statement)
-        if fenced.returns_fence(dialect) and result.scalar() is not None:
+        if dialect.name not in MYSQL and result.scalar() is not None:
             return
-        refusal = fenced.refused(connection.execute(fenced.kept()).scalar())
-    if refusal is not None:
-        raise refusal
-
-
-def _dialect(connection: Connection | Session | scoped_session[Any]) -> sa.Dialect:
-    return (
-        connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
-    )
+        fenced.refuse_below(connection.execute(fenced.kept()).scalar())

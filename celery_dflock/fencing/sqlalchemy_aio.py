@@ -21,15 +21,16 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 from celery_dflock.fencing._sql import (
+    MYSQL,
     FencedUpdate,
     FencedUpsert,
+    check_columns,
     column_checked,
-    missing_columns_error,
-    table_of,
+    dialect_of,
     wrong_face,
 )
 from celery_dflock.fencing.fences import FENCE_COLUMN
@@ -43,20 +44,7 @@ async def check_fence_column(
     """The blocking face's `check_fence_column` on an ``AsyncConnection``."""
     if not isinstance(connection, AsyncConnection):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("check_fence_column", connection, blocking=False)
-
-    def missing(sync: Connection) -> list[tuple[sa.Table, str]]:
-        inspector = sa.inspect(sync)
-        found: list[tuple[sa.Table, str]] = []
-        for given in tables:
-            table = table_of(given)
-            columns = inspector.get_columns(table.name, schema=table.schema)
-            if name not in table.c or all(column["name"] != name for column in columns):
-                found.append((table, name))
-        return found
-
-    lacking = await connection.run_sync(missing)
-    if lacking:
-        raise missing_columns_error(lacking)
+    await connection.run_sync(check_columns, tables, name)
 
 
 async def fenced_update(
@@ -76,12 +64,9 @@ async def fenced_update(
     fenced = FencedUpdate.build(table, where, fence, fence_name)
     with column_checked(fenced.table, fenced.column.name):
         result = await connection.execute(fenced.update(table, values))
-        updated = cast("CursorResult[Any]", result).rowcount
-        if updated:
+        if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
-        refusal = fenced.refused((await connection.execute(fenced.highest())).scalar())
-    if refusal is not None:
-        raise refusal
+        fenced.refuse_below((await connection.execute(fenced.highest())).scalar())
     return 0
 
 
@@ -100,16 +85,10 @@ async def fenced_upsert(
     if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=False)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
-    dialect = (
-        connection.dialect
-        if isinstance(connection, AsyncConnection)
-        else connection.get_bind().dialect
-    )
+    dialect = dialect_of(connection)
     statement = fenced.statement(dialect, values, update)
     with column_checked(fenced.table, fenced.column.name):
         result = await connection.execute(statement)
-        if fenced.returns_fence(dialect) and result.scalar() is not None:
+        if dialect.name not in MYSQL and result.scalar() is not None:
             return
-        refusal = fenced.refused((await connection.execute(fenced.kept())).scalar())
-    if refusal is not None:
-        raise refusal
+        fenced.refuse_below((await connection.execute(fenced.kept())).scalar())

@@ -12,10 +12,9 @@ from kombu.utils.json import dumps, loads
 
 from celery_dflock.keys import (
     DIGEST_SEPARATOR,
+    KeyBuilder,
     KeyDerivationError,
-    bind_arguments,
     check_template,
-    derive_key,
     safe_key,
 )
 from dflockd_server.constants import MAX_LINE_BYTES
@@ -26,7 +25,7 @@ def report(customer_id: int, kind: str = "daily", *, fmt: str = "pdf") -> None:
 
 
 def key_of(source: Any, *args: Any, **kwargs: Any) -> str:
-    return derive_key(source, task_name="proj.report", run=report, args=args, kwargs=kwargs)
+    return KeyBuilder(source, task_name="proj.report", run=report).key(args, kwargs)
 
 
 def assert_protocol_safe(key: str) -> None:
@@ -143,17 +142,12 @@ def test_unserialisable_arguments_ask_for_a_lock_key() -> None:
 
 def test_prefix_is_applied_to_every_key_source() -> None:
     for source in (None, "report:{customer_id}", lambda *a, **k: "x"):
-        key = derive_key(
-            source, task_name="proj.report", run=report, args=(7,), kwargs={}, prefix="app1:"
-        )
+        key = KeyBuilder(source, task_name="proj.report", run=report, prefix="app1:").key((7,), {})
         assert key.startswith("app1:")
 
 
-def test_bind_arguments_collects_var_positional_and_var_keyword() -> None:
+def test_binding_collects_var_positional_and_var_keyword() -> None:
     def f(a: int, *rest: int, **extra: int) -> None: ...
 
-    assert bind_arguments(f, (1, 2, 3), {"z": 4}, task_name="t") == {
-        "a": 1,
-        "rest": (2, 3),
-        "extra": {"z": 4},
-    }
+    template = "{a}:{rest[0]}:{rest[1]}:{extra[z]}"
+    assert KeyBuilder(template, task_name="t", run=f).key((1, 2, 3), {"z": 4}) == "1:2:3:4"

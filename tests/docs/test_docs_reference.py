@@ -50,7 +50,7 @@ def test_every_setting_and_flag_is_in_the_reference_with_a_meaning() -> None:
 def test_the_beat_defaults_shown_are_the_ones_beat_uses() -> None:
     shown = {doc.name: doc.default for doc in setting_table("beat")}
     assert shown["dflock_beat_lease_ttl"] == str(beat.DEFAULT_BEAT_LEASE_TTL_S)
-    assert shown["dflock_beat_lock_key"] == f"'{beat.DEFAULT_LOCK_KEY_PREFIX}<app.main>'"
+    assert shown["dflock_beat_lock_key"] == f"'{beat.DEFAULT_BEAT_KEY_PREFIX}<app.main>'"
     assert shown["dflock_beat_nonoverlap"] == "False"
 
 
