@@ -52,7 +52,7 @@ SECTIONS = {
     "profile_server": "Where the server's CPU goes (cProfile)",
     "profile_client": "Where the client's and LockedTask's time goes (timed, and cProfile)",
     "instructions": "Instructions per pair (callgrind): server and client, load-independent",
-    "code_size": "Code size: the server's lines against issue 52's baseline",
+    "code_size": "Code size: the product's lines against issue 71's baseline",
     "cli": "celery -A proj dflock ...: how long a command takes to answer",
 }
 CHART = "throughput.png"

@@ -289,35 +289,44 @@ def _git_lines(*args: str) -> list[str]:
     return [line for line in done.stdout.splitlines() if line.endswith(".py")]
 
 
-def test_code_size_counts_the_servers_lines_now_and_at_the_baseline(quick_run: QuickRun) -> None:
-    """The lines it reports are the lines of the server's tracked files, as ``wc -l`` counts
-    them, now and at issue 52's baseline commit, and the goal is decided from the two."""
+def test_code_size_counts_the_products_lines_now_and_at_the_baseline(quick_run: QuickRun) -> None:
+    """The lines it reports are the lines of the product's tracked files (the generated
+    blocking client aside), as ``wc -l`` counts them, now and at issue 71's baseline commit,
+    and the goal is decided from today's count."""
     r = quick_run.results("code_size")
-    package = r["params"]["package"]
-    now = _git_lines("ls-files", "--", package)
-    assert now and all(path.startswith("server/dflockd_server/") for path in now)
+    packages, generated = r["params"]["packages"], r["params"]["generated"]
+    assert packages == ["celery_dflock", "server/dflockd_server"]
+
+    def product(paths: list[str]) -> list[str]:
+        return [p for p in paths if not p.startswith(generated)]
+
+    now = product(_git_lines("ls-files", "--", *packages))
+    assert any(p.startswith("server/") for p in now) and any(
+        p.startswith("celery_dflock/client/") for p in now
+    )
+    assert not any("/_sync/" in p for p in now)
     assert r["data"]["now"]["files"] == len(now)
-    assert r["data"]["now"]["lines"] == sum((REPO / p).read_bytes().count(b"\n") for p in now)
+    now_lines = sum((REPO / p).read_bytes().count(b"\n") for p in now)
+    assert r["data"]["now"]["lines"] == now_lines
     assert 0 < r["data"]["now"]["code"] < r["data"]["now"]["lines"]
+    (goal,) = r["goals"]
+    assert goal["met"] is (now_lines <= 24_000)
+    assert f"{now_lines:,}" in goal["measured"]
     baseline = r["params"]["baseline"]
     known = subprocess.run(
         ["git", "cat-file", "-e", f"{baseline}^{{commit}}"], cwd=REPO, check=False
     )
-    if known.returncode != 0:  # a shallow clone: reported, no goal
-        assert not r["goals"]
+    if known.returncode != 0:  # a shallow clone: reported, no baseline row
         assert f"baseline {baseline} is not in this clone" in quick_run.stdout
         return
-    then = _git_lines("ls-tree", "-r", "--name-only", baseline, "--", package)
+    then = product(_git_lines("ls-tree", "-r", "--name-only", baseline, "--", *packages))
     then_lines = sum(
         subprocess.run(
             ["git", "show", f"{baseline}:{p}"], cwd=REPO, capture_output=True, check=True
         ).stdout.count(b"\n")
         for p in then
     )
-    assert r["data"]["baseline"]["lines"] == then_lines
-    (goal,) = r["goals"]
-    assert goal["met"] is (r["data"]["now"]["lines"] < then_lines)
-    assert f"{then_lines:,}" in goal["measured"]
+    assert r["data"]["baseline"]["lines"] == then_lines == 30_538
 
 
 def test_report_writes_results_md_and_chart(quick_run: QuickRun) -> None:
