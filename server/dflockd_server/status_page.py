@@ -181,6 +181,14 @@ def _cell(label: str, value: object, kind: str = "") -> str:
     return f"<td{css}{caption}>{html.escape(str(value))}</td>"
 
 
+def _row(columns: tuple[str, ...], values: Iterable[tuple[object, str]]) -> str:
+    """A ``<tr>`` of one ``_cell`` per column: ``values`` holds each one's value and kind."""
+    cells = (
+        _cell(label, value, kind) for label, (value, kind) in zip(columns, values, strict=True)
+    )
+    return f"<tr>{''.join(cells)}</tr>"
+
+
 def _seconds(value: object) -> str | None:
     """``2.5 s``, ``3 min 05 s``, ``2 h 03 min``."""
     if not isinstance(value, int | float) or isinstance(value, bool):
@@ -243,11 +251,7 @@ def _lock_rows(locks: list[dict[str, Any]]) -> Iterator[str]:
             (lock.get("fence"), "fence"),
             (_state(lock), ""),
         )
-        cells = (
-            _cell(label, value, kind)
-            for label, (value, kind) in zip(_LOCK_COLUMNS, values, strict=True)
-        )
-        yield f"<tr>{''.join(cells)}</tr>"
+        yield _row(_LOCK_COLUMNS, values)
 
 
 def _semaphore_rows(sems: list[dict[str, Any]]) -> Iterator[str]:
@@ -258,11 +262,7 @@ def _semaphore_rows(sems: list[dict[str, Any]]) -> Iterator[str]:
             (sem.get("holders"), "num"),
             (sem.get("waiters", 0), "num"),
         )
-        cells = (
-            _cell(label, value, kind)
-            for label, (value, kind) in zip(_SEMAPHORE_COLUMNS, values, strict=True)
-        )
-        yield f"<tr>{''.join(cells)}</tr>"
+        yield _row(_SEMAPHORE_COLUMNS, values)
 
 
 def _table(header: Iterable[str], rows: Iterable[str], empty: str) -> str:
@@ -284,45 +284,23 @@ def _page(title: str, refresh: int, parts: Iterable[str]) -> str:
     )
 
 
-def _conditions(stats: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(name, severity, title, message) of each degraded state the snapshot lists
-    (``degraded``, from ``conditions``); a snapshot without that list says only its grace."""
-    raw = stats.get("degraded")
-    if isinstance(raw, list):
-        found: list[tuple[str, str, str, str]] = []
-        for item in cast("list[Any]", raw):
-            if isinstance(item, dict):
-                entry = cast("dict[str, Any]", item)
-                found.append(
-                    (
-                        str(entry.get("name", "")),
-                        str(entry.get("severity", "warning")),
-                        str(entry.get("title", "")),
-                        str(entry.get("message", "")),
-                    )
-                )
-        return found
-    grace = stats.get("grace_remaining_s")
-    if isinstance(grace, int | float) and grace > 0:
-        return [
-            ("restart_grace", "warning", "Restart grace", f"{grace:.1f} s left, no key is granted.")
-        ]
-    return []
-
-
 def _banners(stats: dict[str, Any]) -> list[str]:
-    """One banner per degraded state, the errors first; "Healthy" when there is none."""
-    found = _conditions(stats)
+    """One banner per degraded state the snapshot lists (``degraded``, from ``conditions``),
+    the errors first; "Healthy" when there is none."""
+    found = _items(stats, "degraded")
     if not found:
         return ['<p class="banner ok" data-condition="healthy"><strong>Healthy</strong>: '
                 "granting new locks.</p>"]  # fmt: skip
-    found.sort(key=lambda item: item[1] != "error")
+    found.sort(key=lambda entry: entry.get("severity") != "error")
     out: list[str] = []
-    for name, severity, title, message in found:
-        css = "error" if severity == "error" else "warning"
+    for entry in found:
+        css = "error" if entry.get("severity") == "error" else "warning"
+        said = {
+            part: html.escape(str(entry.get(part, ""))) for part in ("name", "title", "message")
+        }
         out.append(
-            f'<p class="banner {css}" role="alert" data-condition="{html.escape(name)}">'
-            f"<strong>{html.escape(title)}</strong>: {html.escape(message)}</p>"
+            f'<p class="banner {css}" role="alert" data-condition="{said["name"]}">'
+            f"<strong>{said['title']}</strong>: {said['message']}</p>"
         )
     return out
 
