@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(config, env, sys.argv[1:] if argv is None else argv))
+            runner.run(serve(config, env, words))
     except (FenceStateError, MetricsError, ConfigError) as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_RUNTIME) from None

@@ -17,7 +17,7 @@ or a file.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Final
 
 __all__ = [
@@ -49,12 +49,7 @@ class Condition:
     message: str
 
     def as_json(self) -> dict[str, str]:
-        return {
-            "name": self.name,
-            "severity": self.severity,
-            "title": self.title,
-            "message": self.message,
-        }
+        return asdict(self)
 
 
 def read_only(failure: str, directory: str, advice: str) -> Condition:
