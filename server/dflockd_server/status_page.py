@@ -1,19 +1,16 @@
 """The status page: ``/status`` on the metrics port, a small HTML page of what the server holds.
 
-One row per held lock: its key, its holder (task name and id, worker host and pid, read from
-the owner note celery-dflock's LockedTask sends: ``<task id>/<host>/<pid>/<task name>``, each
-part percent-encoded; any other note is shown as it is), how long it has been held, the lease
-left, the waiters, the fence and whether the grant is detached or restored from the journal;
-then each semaphore's holders and waiters. Above them, one banner per degraded state the
-snapshot lists (``degraded``, made by ``conditions``: a journal it cannot write, draining,
-fenced, a grace, shards moving), or "Healthy". Under 760 px (a phone) each lock is a card, each
-cell captioned with its column (``data-label``), nothing wider than the screen. The page
-refreshes itself every few seconds (a ``<meta http-equiv="refresh">``: no script).
+One row per held lock: its key, its holder (task name and id, worker host and pid, from the
+owner note: ``ownernotes``), how long it has been held, the lease left, the waiters, the fence
+and whether it is detached or restored from the journal; then each semaphore's holders and
+waiters. Above them, one banner per degraded state the snapshot lists (``degraded``, from
+``conditions``), or "Healthy". Under 760 px (a phone) each lock is a card, each cell captioned
+with its column (``data-label``). The page refreshes itself (``<meta http-equiv="refresh">``).
 
-The page is made from a ``stats`` snapshot, asked on the event loop through the server's
-rationed snapshots (``snapshots``): however often the page is loaded, it costs the loop no
-more than ``stats`` requests do. Everything a client sent (keys, notes) is HTML-escaped, and
-the page loads nothing (no script, no outside resource; its Content-Security-Policy says so).
+It is made from a ``stats`` snapshot asked through the server's rationed snapshots
+(``snapshots``): loaded however often, it costs the loop no more than ``stats`` requests. All a
+client sent (keys, notes) is HTML-escaped, and the page loads nothing (no script, no outside
+resource; its Content-Security-Policy says so).
 """
 
 from __future__ import annotations
@@ -56,9 +53,8 @@ class _Reply:
 
 
 class StatusPage:
-    """Makes the page from a ``stats`` snapshot asked on the server's loop. ``ask`` is called
-    on the loop: the reply now, or ``None`` and the asker's ``stats_ready`` later (the
-    server's ``RationedSnapshots.request``)."""
+    """Makes the page from a ``stats`` snapshot. ``ask`` (``RationedSnapshots.request``) is
+    called on the loop: the reply now, or ``None`` and the asker's ``stats_ready`` later."""
 
     def __init__(
         self,
