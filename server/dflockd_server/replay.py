@@ -586,20 +586,17 @@ def restored_leases(
                 else ", and no grant until then (records of the last moments may be lost)"
             )
         )
-        floor = run_longest
         grace = 0.0 if complete and durable else float(run_longest)
     elif same_boot:
         how = (
             "same boot, but the journal may lack renewals (answered while it could not be "
             f"written): each lease for the longest of its own and {run_longest} s from now"
         )
-        floor = run_longest
     elif complete and durable:
         how = (
             "another boot (the wall clock is not trusted across a boot): each lease for the "
             f"longest of its own and {run_longest} s (the longest the run recorded) from now"
         )
-        floor = run_longest
     else:
         how = (
             "another boot (the wall clock is not trusted across a boot), and the journal was "
@@ -611,13 +608,12 @@ def restored_leases(
             + f": each lease for the longest of its own and {run_longest} s from now, and no "
             "grant until then (records of the last moments may be lost)"
         )
-        floor = run_longest
         grace = float(run_longest)
     longest = 0
     for rec in read.leases.values():
         own = max(rec.lease_ttl, rec.on_close or 0)
         longest = max(longest, own)
-        left = float(max(own, floor))
+        left = float(max(own, run_longest))
         rec.left = left
         out.append(rec)
         grace = max(grace, left) if grace else grace
