@@ -26,7 +26,7 @@ from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
-from dflockd_server.settings import COMMON, SETTINGS, TOPICS, Setting
+from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting
 from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
@@ -70,37 +70,25 @@ def _commands_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-class _Version(argparse.Action):
-    """``--version``: ``dflockd 0.2.0 (compiled, uvloop)``: the version, the build
-    (``buildinfo``) and the loop ``--event-loop auto``, the default, runs here; then exit."""
+class _ShowAndExit(argparse.Action):
+    """Print ``show()`` and exit: ``--version`` (``dflockd 0.2.0 (compiled, uvloop)``: the
+    version, the build, ``buildinfo``, and the loop ``--event-loop auto`` runs here) and
+    ``--help-all`` (every setting, by topic)."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        del kwargs
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=(
-            "show the version, the build (compiled or pure Python) and the event loop that "
-            "--event-loop auto runs, and exit"
-        ))  # fmt: skip
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        del args, kwargs
-        running = buildinfo.describe(buildinfo.auto_loop_name())
-        print(f"dflockd {__version__} ({running})")  # on stdout, as argparse's version does
-        parser.exit()
-
-
-class _HelpAll(argparse.Action):
-    """``--help-all``: every setting, by topic, then exit."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        del kwargs
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=(
-            "show every setting, by topic, and exit"
-        ))  # fmt: skip
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, show: Callable[[], str], help: str
+    ) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+        self.show = show
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         del args, kwargs
-        build_parser(every=True).print_help()
+        sys.stdout.write(self.show())  # on stdout, as argparse's version does
         parser.exit()
+
+
+def _version() -> str:
+    return f"dflockd {__version__} ({buildinfo.describe(buildinfo.auto_loop_name())})\n"
 
 
 def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
@@ -126,15 +114,23 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action=_Version)
-    parser.add_argument("--help-all", action=_HelpAll)
-    by_field = {setting.field: setting for setting in SETTINGS}
-    placed = {field for _, fields in TOPICS for field in fields}
-    topics = [*TOPICS, ("more settings", tuple(f for f in by_field if f not in placed))]
-    for title, fields in topics:
-        group = parser.add_argument_group(f"{title}")
+    parser.add_argument(
+        "--version",
+        action=_ShowAndExit,
+        show=_version,
+        help="show the version, the build (compiled or pure Python) and the event loop that "
+        "--event-loop auto runs, and exit",
+    )
+    parser.add_argument(
+        "--help-all",
+        action=_ShowAndExit,
+        show=lambda: build_parser(every=True).format_help(),
+        help="show every setting, by topic, and exit",
+    )
+    for title, fields in TOPICS:  # (a test checks that every setting has its topic)
+        group = parser.add_argument_group(title)
         for field in fields:
-            _add_setting(group, by_field[field], shown=every or field in COMMON)
+            _add_setting(group, BY_FIELD[field], shown=every or field in COMMON)
     return parser
 
 
@@ -142,21 +138,16 @@ def _add_setting(group: Any, setting: Setting, *, shown: bool) -> None:
     env = " (alias ".join(setting.env) + (")" if len(setting.env) > 1 else "")
     help_text = f"{setting.help} [env {env}; default {default_text(setting)}]"
     if setting.parse is parse_bool:
-        group.add_argument(
-            setting.flag,
-            dest=setting.field,
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help=help_text if shown else argparse.SUPPRESS,
-        )
+        how: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
     else:
-        group.add_argument(
-            setting.flag,
-            dest=setting.field,
-            metavar="SECONDS" if setting.field.endswith("_s") else setting.metavar,
-            default=None,
-            help=help_text if shown else argparse.SUPPRESS,
-        )
+        how = {"metavar": "SECONDS" if setting.field.endswith("_s") else setting.metavar}
+    group.add_argument(
+        setting.flag,
+        dest=setting.field,
+        default=None,
+        help=help_text if shown else argparse.SUPPRESS,
+        **how,
+    )
 
 
 def _convert(setting: Setting, raw: str, source: str) -> Any:
@@ -171,10 +162,7 @@ def _convert(setting: Setting, raw: str, source: str) -> Any:
 
 
 def _names(field: str) -> str:
-    for setting in SETTINGS:
-        if setting.field == field:
-            return f"{setting.flag} / {setting.env[0]}"
-    return field
+    return f"{BY_FIELD[field].flag} / {BY_FIELD[field].env[0]}"
 
 
 def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Config:
@@ -265,11 +253,7 @@ def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str])
     """The auth token came from ``--auth-token`` (the environment wins over the flag)."""
     flag = "--auth-token"
     given = any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
-    return given and not any(environ.get(name) for name in _env_names("auth_token"))
-
-
-def _env_names(field: str) -> tuple[str, ...]:
-    return next(setting.env for setting in SETTINGS if setting.field == field)
+    return given and not any(environ.get(name) for name in BY_FIELD["auth_token"].env)
 
 
 def make_room_for_connections(max_connections: int) -> str | None:
@@ -419,7 +403,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(config, env, sys.argv[1:] if argv is None else argv))
+            runner.run(serve(config, env, words))
     except (FenceStateError, MetricsError, ConfigError) as exc:
         print(f"dflockd: error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_RUNTIME) from None

@@ -1,23 +1,21 @@
 """What the server cannot do now, said for an operator: the ``degraded`` list of ``stats``.
 
-A server can answer every request and still grant nothing new: its lease journal cannot be
-written (a full or failing disk), it is in its restart grace, it is draining, or (a cluster
-member) it is fenced from etcd. Or it grants, with some keys out of reach for a while: shards
-moving out key by key (a split), or a wall clock too far from another member's for the ask
-tickets of a split (``cluster.clockskew``). Each such state is one ``Condition``: a short
-name a script can test, whether it stops grants (``error``) or only some of them for a while
-(``warning``), and one sentence that says what it means and what to do. The status page
-shows each as a banner, ``celery dflock status`` and ``ping`` print each and exit 1 on an
-``error``.
+A server may answer every request and still grant nothing new: its lease journal cannot be
+written, it is in its restart grace, draining, or (a cluster member) fenced from etcd. Or some
+keys are out of reach for a while: shards moving out key by key (a split), or a wall clock too
+far from another member's for a split's ask tickets (``cluster.clockskew``). Each such state is
+a ``Condition``: a name a script can test, whether it stops grants (``error``) or some for a
+while (``warning``), and a sentence saying what it means and what to do. The status page shows
+each as a banner; ``celery dflock status`` and ``ping`` print each and exit 1 on an ``error``.
 
-Pure: the server (``net.Server.stats``) passes in what it knows; nothing here reads a clock
-or a file.
+Pure: the server (``net.Server.stats``) passes in what it knows; nothing here reads a clock or a
+file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Final
 
 __all__ = [
@@ -49,12 +47,7 @@ class Condition:
     message: str
 
     def as_json(self) -> dict[str, str]:
-        return {
-            "name": self.name,
-            "severity": self.severity,
-            "title": self.title,
-            "message": self.message,
-        }
+        return asdict(self)
 
 
 def read_only(failure: str, directory: str, advice: str) -> Condition:

@@ -3,11 +3,12 @@ each setting's flag, environment variables, parser, check and help) when it is m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from dflockd_server import constants as c
-from dflockd_server.settings import SETTINGS
+from dflockd_server.settings import BY_FIELD, SETTINGS
 
 
 class ConfigError(ValueError):
@@ -21,8 +22,19 @@ _CLUSTER = "--cluster (DFLOCKD_CLUSTER)"
 
 def _setting_names(field: str) -> str:
     """``--flag (ENV)`` of a setting, for messages."""
-    setting = next(s for s in SETTINGS if s.field == field)
-    return f"{setting.flag} ({setting.env[0]})"
+    return f"{BY_FIELD[field].flag} ({BY_FIELD[field].env[0]})"
+
+
+def _read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
+    """The secret the file at ``path`` holds (the setting ``name``), ``strip``ped."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            secret = strip(fh.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {name} {path!r}: {exc}") from exc
+    if not secret:
+        raise ConfigError(f"{name} {path!r} is empty")
+    return secret
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,31 +212,14 @@ class Config:
         path = self.cluster_password_file
         if path is None:
             return self.cluster_password
-        try:
-            with open(path, encoding="utf-8") as fh:
-                password = fh.read().rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"cannot read {_setting_names('cluster_password_file')} {path!r}: {exc}"
-            ) from exc
-        if not password:
-            raise ConfigError(f"{_setting_names('cluster_password_file')} {path!r} is empty")
-        return password
+        name = _setting_names("cluster_password_file")
+        return _read_secret(path, name, lambda text: text.rstrip("\r\n"))
 
     def resolve_auth_token(self) -> str | None:
         """The shared secret, read from ``auth_token_file`` when that is set."""
         if self.auth_token_file is None:
             return self.auth_token
-        try:
-            with open(self.auth_token_file, encoding="utf-8") as fh:
-                token = fh.read().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"cannot read auth_token_file {self.auth_token_file!r}: {exc}"
-            ) from exc
-        if not token:
-            raise ConfigError(f"auth_token_file {self.auth_token_file!r} is empty")
-        return token
+        return _read_secret(self.auth_token_file, "auth_token_file", str.strip)
 
     def effective_settings(self) -> dict[str, Any]:
         """All settings as a dict with secrets masked, for the start-up log line."""

@@ -9,9 +9,9 @@ DEFAULT_HOST: Final = "0.0.0.0"
 DEFAULT_PORT: Final = 6388
 DEFAULT_LEASE_TTL_S: Final = 33
 DEFAULT_MAX_LEASE_TTL_S: Final = 300
+"""Longest lease a request may ask for: it bounds the restart grace (``grace``)."""
 DEFAULT_CLUSTER_LEASE_TTL_S: Final = 5
 """A cluster member's etcd lease: a dead member is noticed within about this."""
-"""Longest lease a request may ask for: it bounds the restart grace (see ``grace``)."""
 DEFAULT_LEASE_SWEEP_INTERVAL_S: Final = 1.0
 DEFAULT_GC_INTERVAL_S: Final = 5.0
 DEFAULT_GC_MAX_IDLE_S: Final = 60.0
@@ -19,18 +19,15 @@ DEFAULT_MAX_LOCKS: Final = 1024
 DEFAULT_READ_TIMEOUT_S: Final = 23.0
 DEFAULT_AUTO_RELEASE_ON_DISCONNECT: Final = True
 DEFAULT_MAX_CONNECTIONS: Final = 4096
-"""Open connections the server accepts by default: a Celery fleet of hundreds of worker
-processes (a pooled connection or two each, one per lock held) fits many times over, and a
-connection flood stops there instead of at the process's open-file limit."""
+"""A fleet of hundreds of Celery worker processes (a connection or two each, one per lock
+held) fits many times over; a connection flood stops here, not at the open-file limit."""
 FD_HEADROOM: Final = 64
-"""Open files the server keeps for itself beyond ``max_connections`` (listeners, the event
-loop, the fence state file, the metrics endpoint)."""
+"""Open files kept beyond ``max_connections`` (listeners, event loop, state files, metrics)."""
 DEFAULT_MAX_CONNECTIONS_PER_IP: Final = 0
 DEFAULT_MAX_WAITERS: Final = 0
 LOCKS_PER_IP_AUTO_SHARE: Final = (3, 4)
-"""``--max-locks-per-ip auto``: this share of ``--max-locks`` (768 of 1024): one client address
-(every connection from it together) holds or waits on at most that many, so a quarter of the
-keys always stays for the other addresses."""
+"""``--max-locks-per-ip auto``: the share of ``--max-locks`` (768 of 1024) that one client
+address's connections together may hold or wait on; a quarter stays for other addresses."""
 NO_CAP: Final = 1 << 62
 """A cap no count reaches (a cap of 0, "none", where a comparison is cheaper than a test)."""
 DEFAULT_MAX_LOCKS_PER_CONNECTION: Final = 64
@@ -55,8 +52,8 @@ MAX_AUTH_LINE_BYTES: Final = 65536
 MAX_NUMBER: Final = 9_000_000_000
 """Numbers (seconds, limits) above this are refused as malformed."""
 QUICK_NUMBERS: Final = 1001
-"""The numbers 0 to 1,000 (every lease up to the default ``--max-lease-ttl``, the usual
-timeouts) are read from a table built at import (about 100 KB), not digit by digit."""
+"""0 to 1,000 (leases up to the default ``--max-lease-ttl``, the usual timeouts) are read from
+a table built at import (about 100 KB), not digit by digit."""
 MAX_SEMAPHORE_LIMIT: Final = 1_048_576
 MIN_SEMAPHORE_LIMIT: Final = 1
 PLACEHOLDER: Final = "_"
@@ -86,22 +83,22 @@ CMD_HELLO: Final = "hello"
 CMD_SHARDS: Final = "shards"
 """Which keys this server serves: ``ok <one-line JSON>`` (``ownership``)."""
 CMD_HOLD: Final = "hl"
-"""``hl <key> <timeout> <lease> <mode> <note>``: a lock acquire with an owner note, bound to the
-connection (mode ``c``) or detached from it (mode ``d``: freed only by ``r`` or its lease)."""
+"""``hl <key> <timeout> <lease> <mode> <note>``: acquire a lock with an owner note, bound to the
+connection (``c``) or detached (``d``: freed only by ``r`` or its lease)."""
 CMD_NOTE: Final = "note"
 """``note <key> <token> <note>``: replace the owner note of a held grant."""
 CMD_TAKE: Final = "ht"
-"""``ht <key> <token> <lease> <onclose> <note>`` (take over): bind a detached grant of a lock
-to this connection, with a new lease and note; ``<onclose>`` says what its close does."""
+"""``ht <key> <token> <lease> <onclose> <note>`` (take over): bind a detached lock grant to this
+connection, with a new lease and note; ``<onclose>``: what its close does."""
 CMD_HAND_DOWN: Final = "hd"
 """``hd <key> <token> <lease>`` (hand down): detach a grant of a lock from its connection."""
 CMD_ASKING: Final = "asking"
-"""``asking _ _``: the next acquire on this connection follows an ``error_ask`` (cluster mode:
-a member importing the key's shard serves it; see docs/protocol.md, *Key-level moves*)."""
+"""``asking _ _``: the next acquire follows an ``error_ask`` (cluster mode: the member importing
+the key's shard serves it; docs/protocol.md, *Key-level moves*)."""
 CMD_FORCE_RELEASE: Final = "fr"
-"""``fr <key> <note>`` (force release, an operator's act): free every grant on ``key``, whoever
-holds it; the next waiters are granted at once. ``<note>``: who asks, for the server's log (an
-owner note's rules), or ``_``. Answered ``ok <grants freed>`` (0: nothing held it)."""
+"""``fr <key> <note>`` (an operator's force release): free every grant on ``key``, whoever
+holds it, and grant the next waiters; ``<note>`` (an owner note, or ``_``) says who asks, for
+the log. Answered ``ok <grants freed>`` (0: nothing held it)."""
 COMMANDS: Final[frozenset[str]] = frozenset(
     {
         CMD_LOCK,
@@ -134,8 +131,8 @@ HOLD_MODE_DETACHED: Final = "d"
 MAX_NOTE_BYTES: Final = 200
 """Longest owner note (``hl``, ``note``): 1..200 printable ASCII bytes, ``!``..``~``."""
 ON_CLOSE_RELEASE: Final = "r"
-"""``ht`` ``<onclose>``: release the grant when the connection closes (as ``l``'s); an integer
-N >= 1 there detaches it instead, with a lease of N seconds from the close."""
+"""``ht``'s ``<onclose>``: release the grant when the connection closes (as ``l``'s); an
+integer N >= 1 instead detaches it, with a lease of N seconds from the close."""
 NO_NOTE: Final = "_"
 """The note a ``timeout`` reply to ``hl`` names when the holder gave none."""
 
@@ -143,10 +140,10 @@ NO_NOTE: Final = "_"
 SERVER_NAME: Final = "dflockd-server"
 """The ``server`` field of the ``hello`` reply."""
 SERVER_VERSION: Final = "0.2.0"
-"""This release (``dflockd_server.__version__``, the ``version`` field of the ``hello`` reply);
-``celery-dflock`` of the same version depends on exactly this one."""
+"""``dflockd_server.__version__`` and ``hello``'s ``version``; ``celery-dflock`` of the same
+version depends on exactly this one."""
 FEATURE_FENCE: Final = "fence"
-"""Tokens are fencing tokens (their first 16 hex characters a strictly increasing counter)."""
+"""Tokens are fencing tokens (their first 16 hex characters: a strictly increasing counter)."""
 FEATURE_PING: Final = "ping"
 FEATURE_STATS: Final = "stats"
 FEATURE_HELLO: Final = "hello"
@@ -155,51 +152,43 @@ FEATURE_SEMAPHORE: Final = "semaphore"
 FEATURE_TWO_PHASE: Final = "two_phase"
 """``e`` / ``w`` (and ``se`` / ``sw`` with ``semaphore``)."""
 FEATURE_LIMIT_MISMATCH: Final = "limit_mismatch"
-"""A key is one resource (a lock is a semaphore of limit 1): an acquire with another limit on a
-busy key, ``l`` / ``e`` included, is refused with ``error_limit_mismatch``, so a lock and a
-semaphore never overlap on one key."""
+"""A key is one resource (a lock: a semaphore of limit 1): an acquire with another limit on a
+busy key (``l`` / ``e`` included) gets ``error_limit_mismatch``."""
 FEATURE_SHARDS: Final = "shards"
-"""``shards`` answers which keys this server serves; acquires of a key it does not serve get
-``error_moved <HOST:PORT>`` or ``error_unavailable``."""
+"""``shards``; an acquire of a key not served here gets ``error_moved`` or ``error_unavailable``."""
 FEATURE_DURABLE: Final = "durable"
-"""Leases survive a restart of the server (its lease journal): a holder whose connection
-closed reconnects and renews by token."""
+"""Leases survive a restart (the lease journal): a holder reconnects and renews by token."""
 FEATURE_HOLDS: Final = "holds"
-"""``hl`` (locks with an owner note, optionally detached from their connection), ``note``,
-``ht`` (take a detached grant over) and ``hd`` (detach a grant);
-``stats`` lists each lock's ``owner`` note and whether it is ``detached``."""
+"""``hl``, ``note``, ``ht`` and ``hd``; ``stats`` lists each lock's ``owner`` note and whether
+it is ``detached``."""
 FEATURE_ASK: Final = "ask"
 """Key-level moves: ``error_ask <HOST:PORT>`` to an acquire, and ``asking``."""
 FEATURE_FORCE_RELEASE: Final = "force_release"
 """``fr``: an operator frees a key whoever holds it (``celery dflock release``)."""
 FEATURE_READ_ONLY: Final = "read_only"
-"""Listed with ``durable``: while the server cannot write its lease journal, an acquire (and
-``ht``, ``hd``, ``note``) is answered ``error_read_only``; held locks stay held."""
+"""Listed with ``durable``: while the lease journal cannot be written, acquires, ``ht``, ``hd``
+and ``note`` get ``error_read_only``; held locks stay held."""
 FEATURE_SESSION: Final = "session"
-"""``hello _ session`` makes the connection a session connection: a close by its peer (an EOF,
-a reset) ends its grants at the latest ``session_ttl_s`` (a field of the ``hello`` reply) after
-the close, not at once; a renewal by token on another connection meanwhile keeps them. Listed
-unless ``--session-ttl`` is 0 (no sessions)."""
+"""``hello _ session``: a close by the peer (EOF, reset) ends the connection's grants
+``session_ttl_s`` (in the ``hello`` reply) later, not at once, unless renewed by token on
+another connection meanwhile. Listed unless ``--session-ttl`` is 0."""
 HELLO_SESSION: Final = "session"
 """The argument of ``hello`` that opts the connection in to sessions."""
 FEATURE_KEEPALIVE: Final = "keepalive"
-"""A client's session, shared by its connections (docs/protocol.md, "Client sessions"):
-``hello _ session <id> <ttl>`` joins the connection to the session ``<id>`` (made if new), whose
-grants a close of any of its connections does not end; ``ping _ session <id>`` keeps the session and
-every grant on it alive for ``<ttl>`` more seconds (each grant for its own lease); a session not
-kept alive for its ``<ttl>`` ends, and its grants with it. Listed with ``session``."""
+"""Client sessions (docs/protocol.md): ``hello _ session <id> <ttl>`` joins the connection to
+session ``<id>`` (made if new), whose grants outlive the close of its connections; ``ping _
+session <id>`` keeps it and its grants alive ``<ttl>`` more seconds (each grant for its lease);
+one not kept alive for ``<ttl>`` ends with its grants. Listed with ``session``."""
 SESSION_ID_CHARS: Final = frozenset(
     "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_"
 )
-"""What a client session's id is made of (a client picks it at random: it is a bearer
-credential, as a token is)."""
+"""A client session id's characters (picked at random: a bearer credential, as a token is)."""
 SESSION_ID_MIN: Final = 16
 SESSION_ID_MAX: Final = 64
 """A client session's id has this many characters at least and at most."""
 DEFAULT_SESSION_TTL_S: Final = 3
-"""How long a session connection's grants outlive its close by the peer (``--session-ttl``):
-a killed holder's key is free this long after the kernel closed its connection (plus up to one
-lease sweep)."""
+"""``--session-ttl``: a killed holder's key is free this long (plus up to one lease sweep)
+after the kernel closed its session connection."""
 FEATURES: Final = (
     FEATURE_FENCE,
     FEATURE_PING,
@@ -213,8 +202,7 @@ FEATURES: Final = (
     FEATURE_ASK,
     FEATURE_FORCE_RELEASE,
 )
-"""What the ``hello`` reply lists, in this order: what this server supports beyond the
-``l`` / ``n`` / ``r`` every dflockd server knows."""
+"""What ``hello`` lists, in this order: the support beyond every dflockd's ``l``, ``n``, ``r``."""
 
 # ---------------------------------------------------------------- reply statuses
 STATUS_OK: Final = "ok"
@@ -233,16 +221,16 @@ STATUS_ERROR_DRAINING: Final = "error_draining"
 STATUS_ERROR_MOVED: Final = "error_moved"
 """``error_moved <HOST:PORT>``: that member serves the key, not this server."""
 STATUS_ERROR_BOUND: Final = "error_bound"
-"""``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (``_``: it
-has no note)."""
+"""``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (``_``: no
+note)."""
 STATUS_ERROR_ASK: Final = "error_ask"
-"""Cluster mode, to an acquire: ask that member, once, with ``asking`` before the acquire (the
-key's shard moves key by key; the client's map stays as it is)."""
+"""Cluster mode: ask that member once, ``asking`` before the acquire (the shard moves key by
+key; the client's map stays)."""
 STATUS_ERROR_UNAVAILABLE: Final = "error_unavailable"
 """Nobody serves the key at this moment (cluster mode, transient): try again shortly."""
 STATUS_ERROR_READ_ONLY: Final = "error_read_only"
-"""The server cannot write its lease journal now (a full or failing disk): it grants nothing
-new, keeps every lock held, and grants again by itself once it can write; try again shortly."""
+"""The lease journal cannot be written now (a full or failing disk): nothing new is granted,
+locks held stay held, granting resumes by itself; try again shortly."""
 
 # ---------------------------------------------------------------- ownership (shards)
 MODE_SINGLE: Final = "single"
@@ -267,65 +255,53 @@ CLUSTER_COMMAND_HELP: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "shards": ("", "summarise the shard map"),
     }
 )
-"""``dflockd COMMAND --cluster URL ...``: each command's arguments and what it does (its
-parser: ``cluster.ops``; ``dflockd --help`` lists them too)."""
+"""``dflockd COMMAND --cluster URL ...``, the operator's commands (``cluster.ops``; ``dflockd
+--help`` lists them): each one's arguments and what it does."""
 CLUSTER_COMMANDS: Final = frozenset(CLUSTER_COMMAND_HELP)
-"""``dflockd COMMAND --cluster URL ...``: the operator's commands (``cluster.ops``)."""
 
 # ---------------------------------------------------------------- server internals
 STATS_DUTY_FACTOR: Final = 9.0
-"""After a ``stats`` snapshot that took ``t`` seconds to make and deliver, the next is taken
-no sooner than this many times ``t`` later; ``stats`` asked meanwhile wait for it and share
-its reply. So stats floods take at most a tenth of the server's time, whatever the table's
-size (``snapshots``)."""
+"""The next ``stats`` snapshot waits this many times what the last took to make and deliver:
+a stats flood takes at most a tenth of the server's time (``snapshots``)."""
 STATS_ANSWERS_PER_TURN: Final = 4
-"""Waiting ``stats`` answered per turn of the event loop (other connections are served
-between turns)."""
+"""Waiting ``stats`` answered per turn of the loop (other connections are served between)."""
 AUTH_FAILURE_DELAY_S: Final = 0.5
 """Pause before answering a wrong secret with ``error_auth`` (slows down guessing)."""
 WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024
-"""Bytes of unsent replies (beyond what the kernel holds, see ``SOCKET_BUFFER_BYTES``) after
-which a connection counts as not reading: reading it pauses and the write timeout starts,
-whatever the connection is doing (a wait in flight included)."""
+"""Unsent reply bytes (beyond the kernel's, ``SOCKET_BUFFER_BYTES``) past which a connection
+counts as not reading: reading it pauses and the write timeout starts, whatever it waits for."""
 WRITE_BUFFER_LOW_WATER: Final = 16 * 1024
 SOCKET_BUFFER_BYTES: Final = 16 * 1024
-"""``SO_SNDBUF`` and ``SO_RCVBUF`` of every connection (set on the listening sockets, which
-accepted ones inherit; Linux doubles the figure for its bookkeeping). Left to the kernel's
-autotuning, each could grow to megabytes: 2,000 connections that sent a ``stats`` and a
-waiting acquire and never read pinned 1.09 GB of kernel memory, and the replies sat in the
-kernel instead of reaching ``WRITE_BUFFER_HIGH_WATER``, so the write timeout never started.
-Requests and replies are small lines; 32 KiB in each direction is many of them in flight."""
+"""``SO_SNDBUF`` and ``SO_RCVBUF`` of every connection (set on the listeners, inherited;
+Linux doubles it, so 32 KiB each way: many small lines). Autotuned, 2,000 connections that
+sent ``stats`` and a waiting acquire and never read pinned 1.09 GB of kernel memory, and their
+replies never reached ``WRITE_BUFFER_HIGH_WATER`` to start the write timeout."""
 MAX_PIPELINE_BUFFER: Final = 64 * 1024
-"""Bytes of pipelined requests buffered behind a blocking one (or a later pass, see
-``MAX_REQUESTS_PER_PASS``) before reading pauses."""
+"""Pipelined request bytes buffered behind a blocking one (or a later pass) before reading
+pauses."""
 MAX_REQUESTS_PER_PASS: Final = 128
-"""Requests answered for one connection before the event loop turns to the others (a ``stats``
-request, whose cost grows with the table, ends the turn by itself): a client pipelining
-thousands of requests does not hold up every other connection until its whole read is
-answered."""
+"""Requests answered for one connection before the loop turns to the others (a ``stats``, whose
+cost grows with the table, ends the pass itself): one pipelining thousands holds up no other."""
 JOURNAL_LONE_TURNS: Final = 16
-"""Group writes of the lease journal in a row that each held back one connection's replies,
-after which a connection writes the journal itself before its replies (``stream.GroupWrite``;
-not with ``--journal-fsync always``)."""
+"""Group writes in a row that each held back only one connection's replies, after which it
+writes the journal itself before its replies (``stream.GroupWrite``; not with ``always``)."""
 JOURNAL_DIRECT_WRITES: Final = 512
-"""Writes of the journal by a connection itself, after which replies are held back for the
-group write again, to see whether connections share the loop's turns now."""
+"""A connection's own journal writes, after which its replies wait for the group write again
+(to see whether connections share the loop's turns now)."""
 FRAGMENT_READ_DELAY_S: Final = 0.05
-"""A connection whose reads keep ending mid-request (a second read in a row that completed no
-request) is not read again for this long; each further such read doubles the delay, up to
-``FRAGMENT_READ_DELAY_MAX_S``, and a completed request starts it over. Each delay is jittered
-(0.5-1.5 times). A slow or dripping sender's bytes are then read in batches instead of one
-wake-up per byte, and whole requests from other connections do not queue behind them."""
+"""After a second read in a row that completed no request, a connection is not read for this
+long, doubled at each further such read up to ``FRAGMENT_READ_DELAY_MAX_S`` (never above a
+quarter of the read timeout), jittered 0.5-1.5 times, and reset by a completed request: a
+dripping sender is read in batches, not once per byte, and delays no other connection."""
 FRAGMENT_READ_DELAY_MAX_S: Final = 1.0
-"""The longest fragment delay (before jitter); never more than a quarter of the read timeout."""
 BACKLOG: Final = 1024
 """The listening sockets' accept queue."""
 STOP_SETTLE_S: Final = 1.0
-"""How long ``stop()`` waits, after closing every connection, for their transports to report
-that they are closed (a client that does not read its last reply holds its own up)."""
+"""How long ``stop()`` waits for closed connections' transports to report closed (a client
+that does not read its last reply holds its own up)."""
 STOP_SETTLE_POLL_S: Final = 0.001
 DRAIN_POLL_S: Final = 0.01
-"""How often a draining server looks whether its last lock was released."""
+"""How often a draining server looks whether its last lock is released."""
 METRICS_LATENCY_BUCKETS_S: Final = (
     0.00005,
     0.0001,
@@ -353,8 +329,8 @@ FENCE_PERSIST_BLOCK: Final = 1 << 20
 """The fence state file records a ceiling this many grants ahead of the counter."""
 
 DOCS_URL: Final = "https://github.com/celery-dflock/celery-dflock/blob/main/docs"
-"""Where the project's docs pages live (the repository's ``docs/`` folder)."""
+"""The repository's ``docs/`` folder."""
 PROTOCOL_DOCS_URL: Final = f"{DOCS_URL}/protocol.md"
-"""The wire protocol's reference page, named by ``dflockd --help``."""
+"""Named by ``dflockd --help``."""
 FLAGS_DOCS_URL: Final = f"{DOCS_URL}/reference/server-flags.md"
-"""The generated reference of every server flag and environment variable."""
+"""The generated reference of every server flag and environment variable (``--help``)."""

@@ -1,24 +1,23 @@
 """Restart grace: after a start, grant nothing until every lease an earlier server on this
 address may have granted has surely ended.
 
-A server forgets its leases when it stops. Its clients learn that only when they next renew,
-so a new server that granted at once could hand a key to B while A still believes it holds it.
-The new server therefore waits, before its first grant, for the longest lease the previous run
-granted or renewed (``longest_lease_s``). The run records that bound beside the fence state
-file (``<fence_state_file>.grace``), raising it before it grants a longer lease than recorded,
-so a ``kill -9`` leaves a bound the next start can trust. Without a state file nothing is
-known, and the grace is ``max_lease_ttl_s`` after every start on a fixed port.
+A server forgets its leases when it stops, and its clients learn that only at their next
+renewal: a new server granting at once could hand a key to B while A believes it holds it. So
+it waits, before its first grant, for the longest lease the previous run granted or renewed
+(``longest_lease_s``), which the run records beside the fence state file
+(``<fence_state_file>.grace``), raised before any longer lease is granted: a ``kill -9`` leaves
+a bound the next start can trust. Without a state file nothing is known: the grace is
+``max_lease_ttl_s`` after every start on a fixed port.
 
-The grace applies after a clean stop too: a graceful stop releases every lease and closes
-every connection, but a client learns of a closed connection only at its next read (foreign
-dflockd clients at their next renewal), so the lease is still the only bound it honours.
+It applies after a graceful stop too: a client learns of its closed connection only at its
+next read (foreign dflockd clients at their next renewal), so the lease is still the only bound
+it honours.
 
-A grace outlives a start stopped during it: the record also holds when the grace ends
-(``grace_until``: this boot's id and a time on its monotonic clock), and a start on the same
-boot waits out what is left of it, whatever else it decides. Otherwise a start killed during
-its grace (after a reboot, say) wrote a new journal, and the next start, on this boot, read it
-as whole and granted at once: a key granted in the last moments before the reboot could go to
-a rival while its holder still held it.
+A grace outlives a start stopped during it: the record holds when it ends (``grace_until``: this
+boot's id and a time on its monotonic clock), and a start on the same boot waits out what is
+left, whatever else it decides. Else a start killed during its grace (after a reboot, say)
+wrote a new journal that the next start on this boot read as whole and granted at once: a key
+granted just before the reboot could go to a rival while its holder still held it.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def read_longest_lease(path: str) -> int | None:
 
 
 def write_longest_lease(path: str, longest: int, grace_until_ms: int | None = None) -> None:
-    """Persist ``longest`` atomically (see `write_atomically`), with the end of this start's
-    grace on this boot's monotonic clock (``grace_until_ms``) when it has one."""
+    """Persist ``longest`` atomically, with the end of this start's grace on this boot's
+    monotonic clock (``grace_until_ms``) when it has one."""
     record: dict[str, object] = {"longest_lease_s": longest}
     if grace_until_ms is not None:
         record["grace_until"] = {"boot": boot_id(), "monotonic_ms": grace_until_ms}
@@ -133,10 +132,10 @@ class LeaseRecord:
     """Keeps ``longest_lease_s`` on disk at or above every lease this run grants or renews
     (and the grace it started with: leases of the run before may still be running).
 
-    ``note(lease)`` is called before a lease longer than ``longest`` is granted; it raises the
-    record (doubling, capped at ``max_lease_ttl_s``, so a run writes it only a few times) and
-    returns the new bound. A failed write raises ``FenceStateError``: the lease is not granted.
-    ``publish`` (a cluster member's) stores each bound where its heirs read it, after the file.
+    ``note(lease)``, before a lease longer than ``longest`` is granted, raises the record
+    (doubling, capped at ``max_lease_ttl_s``: a run writes it a few times) and returns the new
+    bound; a failed write raises ``StateUnwritable`` (a ``FenceStateError``): the lease is not
+    granted. ``publish`` (a cluster member's) stores each bound for its heirs, after the file.
     """
 
     __slots__ = ("_cap", "_grace_until_ms", "_path", "_publish", "longest")
@@ -152,10 +151,9 @@ class LeaseRecord:
         grace_s: float = 0.0,
     ) -> None:
         """``defer_failed_write``: when the record cannot be written (a full disk at the
-        start), keep the bound the file holds (the previous run's, which covers every lease it
-        granted) and write the next one before a longer lease is granted. ``grace_s``: this
-        start's restart grace, from now (kept in the record: a start during it waits out the
-        rest)."""
+        start), keep the bound the file holds (the previous run's, covering its leases) and
+        write the next one before a longer lease is granted. ``grace_s``: this start's restart
+        grace, from now (recorded: a start during it waits out the rest)."""
         self._path = path
         self._cap = cap
         self._publish = publish

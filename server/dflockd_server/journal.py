@@ -16,46 +16,42 @@ the line and may)::
     C                                                   closed by a graceful stop (fsynced)
     K <crc32, 8 lowercase hex digits> <bytes>           the head of a batch (below)
 
-A write of ``BATCH_RECORDS`` records or more puts a ``K`` line before them (one per
-``BATCH_BYTES`` at most): the checksum and length of the whole records that follow it, written
-together. A restart checks a batch with that one checksum instead of each line's (a
-million lines' checksums were a sixth of a restart); a batch that does not check, or that the
-file ends inside, is read line by line, each line's own checksum checked, as every line outside
-a batch is. So a batch changes no outcome of a read, only its speed.
+A write of ``BATCH_RECORDS`` records or more puts a ``K`` line (the checksum and length of the
+whole records after it, ``BATCH_BYTES`` at most) before them, so a restart checks them with one
+checksum, not one per line (a million lines' checksums were a sixth of a restart). A batch that
+does not check, or that the file ends inside, is read line by line, as every line outside a
+batch is: batches change no outcome of a read, only its speed.
 
 A restart on the same boot that restored every lease to its recorded end does not rewrite the
-file (a million leases take seconds to write again): it appends its own ``H`` record,
-the anchor of its clock, and goes on appending (``resume``); ``replay`` puts the times after
-each later header back on the first one's clock. Any other start (another boot, damage, a
-journal not complete) writes a new file holding every lease it restored (``open``).
+file (a million leases take seconds to write): it appends its own ``H`` record (its clock's
+anchor) and goes on appending (``resume``); ``replay`` puts the times after each later header on
+the first one's clock. Any other start (another boot, damage, a journal not complete) writes a
+new file holding every lease it restored (``open``).
 
-``until`` is a wall-clock time in milliseconds, on the file's clock: the anchor's wall time plus
-the monotonic time elapsed since (so a wall-clock step during the run does not move it). It is
-the lease's end as its holder was last told (rounded up to the next millisecond): every renewal
-writes an ``X`` record, group-committed with the grants (``stream.GroupWrite``), before its
-reply leaves. (``record_renewals=False``, for benchmarks/journal.py's A/B only, records a lease
-one lease ahead instead, so that a renewal writes nothing until its new end passes that.)
+``until`` is a wall-clock time in milliseconds on the file's clock (the anchor's wall time plus
+the monotonic time elapsed since: a wall-clock step does not move it): the lease's end as its
+holder was last told, rounded up to the next millisecond. Every renewal writes an ``X`` record,
+group-committed with the grants, before its reply leaves. (``record_renewals=False``, for
+benchmarks/journal.py's A/B only, records one lease ahead instead, so a renewal writes nothing
+until its new end passes that.) Reading it back, and what a start restores: ``replay``.
 
-Reading it back, and what a start restores from it: ``replay``.
+A journal that cannot be written (a full disk, EIO, a quota, a failed fsync: ``writable`` False):
+the failed batch is cut from the file, its grants handed back (``refused``: undone, their
+replies never sent), the ``complete`` mark removed, and records are no longer buffered (nothing
+new is granted; renewals, releases, ``ping`` and ``stats`` are answered). Each sweep tries
+``recover``: a new file of every lease held, written and fsynced beside the old one, renamed over
+it, the directory fsynced. The writer is always on the file that is the journal on disk: after
+the rename it moves to the new file before anything else can fail.
 
-A journal that cannot be written (a full disk, EIO, a quota, a failed fsync: ``writable`` is
-then False): the batch that failed is cut from the file, its grants are handed back to the
-caller (``refused``: they are undone and their replies refused, never sent), the ``complete``
-mark is removed, and from then on records are not buffered (the server grants nothing new; it
-answers renewals, releases, ``ping`` and ``stats``). Each sweep tries ``recover``: a new file with
-every lease held now, written and fsynced beside the old one, renamed over it, the directory
-fsynced; on success the journal is writable again. The writer is always on the file that is the
-journal on disk: after the rename it moves to the new file before anything else can fail.
-
-Writes: records are appended to a buffer. A connection whose reply follows records not written
-yet holds its replies back (``stream``); once per turn of the loop the server writes the buffer
-with one ``os.write`` (``flush``) and then sends every reply held back, so a kill -9 of the
-process loses nothing a client was told, and the connections of one turn share one write (a
-group commit). A connection alone in its turns writes the buffer itself, just before its
-replies (``stream.GroupWrite``), unless the fsync is ``always``. ``fsync``: ``always`` (in that
-write, before those replies: one fsync for all), ``everysec`` (a background thread, once a
-second: a crash of the machine may lose the last second), ``no`` (the OS decides). An fsync
-that fails is a failure to write (above): nothing is marked synced until an fsync succeeds.
+Writes: records go to a buffer. A connection whose reply follows records not written holds its
+replies back (``stream``); once per turn of the loop the buffer is written with one ``os.write``
+(``flush``) and then every held reply is sent: a kill -9 loses nothing a client was told, and
+the connections of one turn share one write (a group commit). A connection alone in its turns
+writes the buffer itself just before its replies (``stream.GroupWrite``), unless the fsync is
+``always``. ``fsync``: ``always`` (in that write, before those replies: one fsync for all),
+``everysec`` (a background thread, once a second: a crash of the machine may lose the last
+second), ``no`` (the OS decides). A failed fsync is a failure to write: nothing is marked synced
+until an fsync succeeds.
 """
 
 from __future__ import annotations
@@ -71,6 +67,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from dflockd_server.constants import JOURNAL_FSYNC_MODES as FSYNC_MODES
 from dflockd_server.keys import AS_RECORDED
 from dflockd_server.pagecache import mount_id
 from dflockd_server.replay import (
@@ -107,45 +104,36 @@ __all__ = [
 
 log = logging.getLogger("dflockd_server")
 
-FSYNC_MODES = ("always", "everysec", "no")
 RECORD_RENEWALS = True
-"""Whether a journal records every renewal (``Journal``'s default). Never changed by the
-server: benchmarks/journal.py's ``--renewals`` A sets it to False in its own child process, to
-measure what the records cost against the cover they replaced."""
+"""``Journal``'s default: record every renewal. Only benchmarks/journal.py's ``--renewals`` A
+sets it to False, in its own child process."""
 COMPACT_MIN_BYTES = 4 * 1024 * 1024
-"""The journal is compacted once it is past this size and four times what its live grants
-take: under steady churn that is a rewrite of a few live records every ~60,000 records."""
+"""Compact past this size and four times what the live grants take (under steady churn, a
+rewrite of a few live records every ~60,000 records)."""
 _LIVE_RECORD_BYTES = 128
 """About what one live grant's record takes (for ``wants_compaction``)."""
 
 
 _crc32: Final = zlib.crc32
-"""Bound once (compiled: a static, not a look-up of ``crc32`` on the module per record)."""
+"""Bound once (compiled: a static, not a module look-up per record); ``_write`` likewise."""
 _write: Final = os.write
-"""Likewise, once per write of the journal."""
 _HEX: Final = tuple(b"%02x" % i for i in range(256))
-"""Each byte's two hex digits: a record's checksum is four look-ups here. Compiled, a
-``to_bytes`` and a ``hex`` are calls by name (about 850 instructions) and a ``%08x`` format
-more (about 1,300); interpreted, this costs about what those did (measured both ways for
-each of the forms tried)."""
+"""Each byte's two hex digits: a checksum is four look-ups. Compiled, ``to_bytes`` and ``hex``
+cost about 850 instructions and ``%08x`` about 1,300; interpreted, all cost about the same."""
 
 
 def _write_all(fd: int, view: memoryview, write: Callable[[int, memoryview], int]) -> None:
-    """Write all of ``view`` to ``fd``, however many writes it takes.
-
-    The count each write returns is kept in a local before the view is cut: compiled, mypyc
-    (mypy 2.4.1) evaluates a slice's start twice when the sliced object is a ``memoryview``, so
-    ``view[os.write(fd, view):]`` wrote everything twice (every new journal file began with
-    its header and live records twice)."""
+    """Write all of ``view`` to ``fd``, however many writes it takes. The count is kept in a
+    local before the cut: compiled, mypyc (mypy 2.4.1) evaluates a ``memoryview`` slice's start
+    twice, so ``view[os.write(fd, view):]`` wrote everything twice."""
     while view:
         written = write(fd, view)
         view = view[written:]
 
 
 def _framed(payload: bytes) -> bytes:
-    """``payload``'s record line: the checksum of its bytes in 8 lowercase hex digits, a space,
-    the payload, LF. Built as bytes in one piece (compiled, a ``%s`` format of bytes is one
-    build): the payload is encoded once, and not copied into a str first."""
+    """``payload``'s record line: its checksum in 8 lowercase hex digits, a space, the payload,
+    LF. One ``%s`` format of bytes (compiled: one build; no copy into a str)."""
     crc = _crc32(payload)
     return b"%s%s%s%s %s\n" % (
         _HEX[crc >> 24],
@@ -157,15 +145,13 @@ def _framed(payload: bytes) -> bytes:
 
 
 def _line(payload: str) -> bytes:
-    """``payload``'s record line (``_framed``, of its UTF-8)."""
     return _framed(payload.encode())
 
 
 def _batched(records: list[bytes]) -> list[bytes]:
-    """``records``, in batches of ``BATCH_BYTES`` at most, each after its ``K`` line when it
-    holds ``BATCH_RECORDS`` records or more (see the module's doc): the pieces to join for one
-    write. (Each batch is joined only for its checksum, and let go at once: a new file of a
-    million leases is not copied twice.)"""
+    """``records`` in batches of ``BATCH_BYTES`` at most, each after its ``K`` line when it holds
+    ``BATCH_RECORDS`` or more: the pieces of one write. (A batch is joined only for its checksum
+    and let go at once: a new file of a million leases is not copied twice.)"""
     if len(records) < BATCH_RECORDS:
         return records
     parts: list[bytes] = []
@@ -181,8 +167,6 @@ def _batched(records: list[bytes]) -> list[bytes]:
 
 
 def _add_batch(parts: list[bytes], group: list[bytes]) -> None:
-    """Add ``group`` to ``parts``, after its ``K`` line if it holds ``BATCH_RECORDS`` records
-    or more."""
     if len(group) >= BATCH_RECORDS:
         data = b"".join(group)
         parts.append(_framed(b"K %08x %d" % (_crc32(data), len(data))))
@@ -212,18 +196,15 @@ class JournalStats:
 
 
 class Journal:
-    """Appends records (``grant``, ``extend``, ``move``, ``note``, ``drop``) for the lock
-    table, writes them at ``flush``, fsyncs by the policy, compacts, and notes when it cannot
-    be written (``writable``; ``recover`` tries again). Runs on the server's loop; only the
-    everysec fsync runs in a thread of its own, one for the journal's life
-    (``sync_in_background``).
+    """Appends the lock table's records, writes them at ``flush``, fsyncs by the policy,
+    compacts, and notes when it cannot be written (``writable``; ``recover`` tries again). On
+    the server's loop; only the everysec fsync has a thread, one for the journal's life.
 
-    ``clock`` is the table's clock (the loop's monotonic time): an expiry ``t`` on it is
-    recorded as the wall time ``anchor_wall + (t - anchor_clock)``. ``fsync_file`` and
-    ``fsync_dir`` are ``os.fsync`` and a directory's fsync; tests give ones that fail (no real
-    way makes the kernel fail an fsync on demand: a full disk fails writes, not fsyncs).
-    ``write`` (``os.write``) and ``clocks`` (the anchor's clocks and ids) are the simulator's
-    (tests/sim): its disk fills up, its machine reboots with its wall clock stepped.
+    ``clock`` is the table's (the loop's monotonic time): an expiry ``t`` on it is recorded as
+    the wall time ``anchor_wall + (t - anchor_clock)``. Tests give an ``fsync_file`` and
+    ``fsync_dir`` that fail (the kernel fails no fsync on demand: a full disk fails writes);
+    the simulator (tests/sim) gives ``write`` and ``clocks`` (the anchor's clocks and ids): its
+    disk fills up, its machine reboots with its wall clock stepped.
     """
 
     __slots__ = (
@@ -275,26 +256,24 @@ class Journal:
         self.path = path
         self.fsync = fsync
         self.record_renewals = RECORD_RENEWALS if record_renewals is None else record_renewals
-        """Every renewal writes a record (see the module's doc); False: benchmarks' A only."""
         self._clock = clock
         self._fsync_file = os.fsync if fsync_file is None else fsync_file
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
         self._write: Callable[[int, bytes | memoryview], int] = _write if write is None else write
-        """``os.write`` (the simulator in tests/sim gives one on its simulated disk)."""
         self._clocks = clocks
         """What ``anchor`` reads: (wall ms, monotonic ms, ``<boot id>[.<mount id>]``); None:
-        this machine's clocks and ids (the simulator gives its simulated machine's)."""
+        this machine's."""
         self.buf: list[bytes] = []
-        """Records not written yet (``flush`` writes them)."""
+        """Records not written yet."""
         self._written = 0
-        """Writes to the file so far (``flush``, ``_replace``)."""
+        """Writes to the file so far."""
         self._synced = 0
         """``_written`` as it was before the last fsync that succeeded."""
         self._must_sync = False
         """The buffer holds a record that ``always`` fsyncs before its reply (a grant, a
         move, a note; not a renewal's or a release's: see ``flush``)."""
         self._sync_error: OSError | None = None
-        """A background fsync failed (read by the next ``flush``, on the loop)."""
+        """A background fsync's failure, for the next ``flush`` (on the loop)."""
         self.stats = JournalStats()
         self.writable = True
         """False from a failed write (or fsync) until ``recover`` succeeds."""
@@ -306,8 +285,8 @@ class Journal:
         """The ``complete`` mark is gone (or was never made) while the journal cannot be
         written: renewals may then be answered unrecorded (False: they are refused)."""
         self.refused: list[tuple[str, str]] = []
-        """(key, token) of the grants of a batch that could not be written, for the caller to
-        undo before any reply of that batch leaves (``take_refused``)."""
+        """(key, token) of the grants of a batch that could not be written: the caller undoes
+        them before any reply of that batch leaves (``take_refused``)."""
         self._fd = -1
         self._fd_lock = threading.Lock()
         self._sync_wanted = threading.Event()
@@ -315,8 +294,6 @@ class Journal:
         self._sync_on_loop = False
         """No everysec thread could be started: the loop fsyncs (logged once per episode)."""
         self._syncer: threading.Thread | None = None
-        """The everysec thread, started at the first ``sync_in_background`` (and again should
-        it have ended)."""
         self._size = 0
         self._anchor_clock = 0.0
         self._anchor_wall_ms = 0
@@ -332,15 +309,14 @@ class Journal:
 
     # ------------------------------------------------------------------ records
     def _until(self, expires_at: float, lease_ttl: int) -> int:
-        """The wall ms recorded for a lease ending at ``expires_at`` (one lease ahead without
-        ``record_renewals``)."""
+        """The wall ms recorded for a lease ending at ``expires_at``."""
         ahead = 0 if self.record_renewals else lease_ttl
         return self._anchor_wall_ms + int((expires_at + ahead - self._anchor_clock) * 1000) + 1
 
     @staticmethod
     def _mode(detached: bool, on_close: int | None) -> str:
-        """A record's ``<c|d> <onclose s|->``: without a close lease, a constant (compiled,
-        every str built and int formatted costs, and a grant's record is the hot path)."""
+        """A record's ``<c|d> <onclose s|->``: a constant without a close lease (compiled, each
+        str built costs, and a grant's record is the hot path)."""
         if on_close is None:
             return "d -" if detached else "c -"
         return ("d " if detached else "c ") + str(on_close)
@@ -348,10 +324,9 @@ class Journal:
     def grant_record(
         self, holder: Holder, state: KeyState | None, detached: bool, on_close: int | None
     ) -> bytes:
-        """A grant's record (one format: the hot path), with the expiry it covers set in
-        ``holder.covered`` (its end; ``AS_RECORDED`` without ``record_renewals``: renewals up
-        to one lease past it write nothing). ``state``: its key's state, ``None`` for a lock
-        that keeps none (limit 1, a lock's kind)."""
+        """A grant's record (the hot path), the expiry it covers set in ``holder.covered`` (its
+        end; without ``record_renewals`` ``AS_RECORDED``: renewals within one lease past it
+        write nothing). ``state``: its key's, ``None`` for a lock that keeps none."""
         lease = holder.lease_ttl
         expires_at = holder.expires_at
         # self._until, inlined: the hot path
@@ -389,8 +364,7 @@ class Journal:
         expires_at: float,
         note: str | None,
     ) -> float:
-        """Record a rebinding (``ht``, ``hd``, a detach at a close); returns the expiry
-        covered."""
+        """Record a rebinding (``ht``, ``hd``, a detach at a close); returns the expiry covered."""
         longest = max(lease_ttl, on_close or 0)
         until = self._until(expires_at, longest)
         payload = f"M {token} {self._mode(detached, on_close)} {lease_ttl} {until}"
@@ -413,28 +387,24 @@ class Journal:
 
     @property
     def mark_path(self) -> str:
-        """The ``complete`` mark (see the module's doc)."""
+        """The ``complete`` mark."""
         return self.path + COMPLETE_SUFFIX
 
     def open(self, live: Iterable[bytes]) -> None:
-        """Start a new file holding the header and ``live`` (grant records made with
-        ``grant_record`` after ``anchor``), replacing the old one atomically. When that fails
-        (``OSError``), the old file stays the journal, and this one is not writable (``recover``
-        tries again): a start on a full disk serves what it restored."""
+        """Atomically replace the file with the header and ``live`` (``grant_record``s made
+        after ``anchor``). On an ``OSError`` the old file stays and this journal is not
+        writable (``recover`` tries again): a start on a full disk serves what it restored."""
         try:
             self._replace(live)
         except OSError as exc:
             self._fail(exc, [])
 
     def resume(self, ended: Iterable[str]) -> None:
-        """Go on appending to the journal a start read whole and restored on its own clock (the
-        same boot, its ``complete`` mark there, no damage: ``StartPlan.resume``) instead of
-        ``open``: its records stay as they are, followed by this run's header (the clock anchor
-        of ``anchor``; ``read_journal`` puts the ``until`` of what follows on the file's first
-        clock) and the release of each grant in ``ended`` (leases that ended meanwhile), so a
-        restart writes a few lines, not every lease held. The file is fsynced, what the killed
-        run left to the kernel included, before anything is served, as ``open`` fsyncs its new
-        file; a failure is ``open``'s (not ``writable``; ``recover`` writes a new file)."""
+        """Instead of ``open``, go on appending to a journal the start read whole and restored
+        on its own clock (``StartPlan.resume``): this run's header (``anchor``'s), then the
+        release of each grant in ``ended`` (leases that ended meanwhile), so a restart writes a
+        few lines. The file is fsynced (what the killed run left to the kernel included) before
+        anything is served; a failure is as ``open``'s."""
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
@@ -474,10 +444,10 @@ class Journal:
         self._lifetime = boot if mount is None or boot == "-" else f"{boot}.{mount}"
 
     def _replace(self, live: Iterable[bytes]) -> None:
-        """Write a new file (the header, ``live``) beside the journal, fsync it, rename it over
-        the journal, move the writer to it, fsync the directory, then make the ``complete``
-        mark. Raises ``OSError`` when any step fails: before the rename the old file (and the
-        writer on it) is left as it was; after it the writer is on the new file already."""
+        """Write the header and ``live`` to a new file beside the journal, fsync it, rename it
+        over the journal, move the writer to it, fsync the directory, make the ``complete``
+        mark. Raises ``OSError``: before the rename the old file and its writer are untouched;
+        after it the writer is on the new file already."""
         tmp = self.path + ".new"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
@@ -505,8 +475,8 @@ class Journal:
         os.close(os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o600))
 
     def _fail(self, exc: OSError, batch: list[bytes]) -> None:
-        """The journal cannot be written: note the grants of ``batch`` (``refused``), and at
-        the start of an episode log it once, remove the ``complete`` mark and stop recording."""
+        """Note the grants of ``batch`` as ``refused``; at an episode's start, log it, remove
+        the ``complete`` mark and stop recording."""
         for record in batch:
             if record[9:11] == b"G ":
                 fields = record.split(b" ", 4)
@@ -548,8 +518,7 @@ class Journal:
         self._said_read_only = exc.errno == errno.EROFS
 
     def advice(self) -> str:
-        """What to do while the journal cannot be written, as its log said it ("" while it
-        can): free space (it resumes by itself), or repair a file system turned read-only."""
+        """What to do while the journal cannot be written, as its log said ("" while it can)."""
         if self.writable:
             return ""
         directory = os.path.dirname(os.path.abspath(self.path))
@@ -558,7 +527,6 @@ class Journal:
         return _free_space_advice(directory) + "."
 
     def _read_only_advice(self, directory: str) -> str:
-        """What to do about a state dir on a file system turned read-only."""
         return (
             f"The file system under {directory} is read-only (a disk error?): the server cannot "
             "resume by itself. Stop it, repair the file system, and start it again: "
@@ -573,19 +541,16 @@ class Journal:
         )
 
     def take_refused(self) -> list[tuple[str, str]]:
-        """The grants refused since the last call (see ``refused``)."""
+        """The grants ``refused`` since the last call."""
         refused, self.refused = self.refused, []
         self.stats.refused_grants += len(refused)
         return refused
 
     def flush(self) -> None:
-        """Write the buffered records (one ``os.write``); with ``always``, fsync too when they
-        hold a grant, a move or a note. Called
-        before the replies that follow the records are sent (the server's group write, or a
-        connection alone in its turns), and by the sweep for records no reply follows
-        (expiries, disconnects). Raises nothing: a failure makes the journal not ``writable``
-        (its grants go to ``refused``); while it is not, the records are dropped (``recover``
-        writes every lease held)."""
+        """Write the buffer (one ``os.write``; with ``always``, and a grant, a move or a note in
+        it, fsync too): before the replies that follow its records, and at each sweep (records
+        no reply follows: expiries, disconnects). Raises nothing: a failure makes the journal
+        not ``writable`` (its grants ``refused``); until ``recover``, records are dropped."""
         buf = self.buf
         if self._sync_error is not None:
             exc, self._sync_error = self._sync_error, None
@@ -632,8 +597,8 @@ class Journal:
         buf.clear()
 
     def sync(self) -> None:
-        """fsync what was written (any thread; ``everysec``'s background step). Only an fsync
-        that succeeds marks it synced; a failure is kept for the loop's next ``flush``."""
+        """fsync what was written (any thread). Only a success marks it synced; a failure is
+        kept for the loop's next ``flush``."""
         with self._fd_lock:
             fd = self._fd
             if fd < 0:
@@ -648,11 +613,9 @@ class Journal:
             self.stats.fsyncs += 1
 
     def sync_in_background(self) -> None:
-        """``everysec``: have the journal's fsync thread fsync what was written (the loop never
-        waits for the disk). One thread does every fsync of the journal's life: a thread
-        started per fsync once left the journal never fsynced again when one could not be
-        started (a container at its pid limit). Where even the first cannot be started, the
-        fsync is done here, on the loop, until one can."""
+        """``everysec``: have the journal's one fsync thread fsync what was written (the loop
+        never waits for the disk). Where no thread can be started (a container at its pid
+        limit), the fsync runs here, on the loop, until one can."""
         if self.fsync != "everysec" or not self.dirty or not self.writable:
             return
         if self._syncer is None or not self._syncer.is_alive():
@@ -689,14 +652,13 @@ class Journal:
             log.error("journal: fsync of %s failed: %s", self.path, exc)
 
     def wants_compaction(self, live: int) -> bool:
-        """Whether the file holds mostly records of leases gone (then ``compact``): past
-        ``COMPACT_MIN_BYTES``, and four times what its live grants would take."""
+        """Whether the file holds mostly records of leases gone (``COMPACT_MIN_BYTES``)."""
         size = self._size
         return size > COMPACT_MIN_BYTES and size > 4 * _LIVE_RECORD_BYTES * live
 
     def compact(self, live: Iterable[bytes]) -> None:
-        """Rewrite the file with only ``live`` (the current grants, see ``grant_record``); a
-        failure is a failure to write (the journal is then not ``writable``)."""
+        """Rewrite the file with only ``live`` (the current grants); a failure is a failure to
+        write."""
         self.flush()
         if not self.writable:
             return
@@ -708,8 +670,8 @@ class Journal:
         self.stats.compactions += 1
 
     def recover(self, live: Iterable[bytes]) -> bool:
-        """Not ``writable``: try a new file holding ``live`` (every lease held now, so what
-        was not recorded meanwhile is in it). True once the journal is writable again."""
+        """Try a new file holding ``live`` (every lease held now, what went unrecorded
+        included); True once the journal is writable."""
         if self.writable:
             return True
         self.buf.clear()

@@ -1,37 +1,30 @@
 """The longest lease this server may have granted, raised off the event loop.
 
-Why the bound exists: a restarted server waits it out before its first grant (``grace``), and a
-cluster member publishes it in etcd (``cluster.fencestore.EtcdLongestStore``) so that the heir
-of its shards, after it died, waits that long before granting their keys again, rather than
-``max_lease_ttl_s``. So a grant, a renewal or a hand-over with a lease longer than the bound
-recorded (on disk, then in etcd) must not be acknowledged before the longer bound is recorded:
-otherwise a member that dies right after the reply leaves a holder whose lease outlives its
-heir's wait.
+A restarted server waits the bound out before its first grant (``grace``), and a cluster member
+publishes it in etcd (``cluster.fencestore.EtcdLongestStore``) so that the heir of its shards
+waits that long after its death, not ``max_lease_ttl_s``. So a grant, renewal or hand-over
+longer than the bound recorded (on disk, then in etcd) must not be acknowledged before the
+longer bound is recorded: else a member dying right after the reply leaves a holder whose lease
+outlives its heir's wait.
 
-Recording means an fsync and, in a cluster, an etcd round trip (several when an endpoint is
-slow: up to the etcd client's timeout). None of that may happen on the event loop, which
-serves every connection of the server. ``LeaseBound`` therefore does it on a thread of its own:
+Recording is an fsync and, in a cluster, etcd round trips (up to the etcd client's timeout):
+never on the event loop, which serves every connection. ``LeaseBound`` records on a thread:
 
-- A request whose lease is within the bound (``table.grants.lease_noted``: what is recorded
-  already) is served at once, as before; that is nearly every request, since the bound doubles
-  each time it is raised (``grace.LeaseRecord.note``, capped at ``max_lease_ttl_s``), so a run
-  raises it a handful of times.
-- A request whose lease is longer (``dispatch.RaiseBound``) parks its connection: that
-  connection answers nothing more until the bound is recorded (its requests are answered in
-  order), every other connection keeps being served. ``wait_for`` queues it; one recording at
-  a time runs on the thread, for the longest lease parked; when it is done, the loop raises
-  ``table.grants.lease_noted`` and hands each parked request whose lease is now covered back to
-  its connection, which answers it as if it had just arrived (``Connection._bound_recorded``: the
-  draining state, the ownership and the table are asked then, not before). A recording that
-  fails answers its parked requests ``error_read_only`` where the bound's file could not be
-  written (a full disk: as while the journal cannot be written) and ``error`` otherwise (as a
-  token that cannot be issued), and the bound stays where it was.
-- A parked request is not in its key's queue while it waits: another connection's request for
-  the same key, with a lease within the bound, may be granted first.
-- The table still calls ``note_now`` if a lease longer than the bound reaches it without
-  going through a connection (nothing does today: the journal's restored leases are in the
-  initial bound). That call records on the loop, synchronously, as a last resort that keeps
-  the bound's promise; it logs a warning.
+- A request within the bound (``table.grants.lease_noted``, what is recorded) is served at
+  once: nearly every one, as the bound doubles at each raise (``grace.LeaseRecord.note``,
+  capped at ``max_lease_ttl_s``).
+- A longer one (``dispatch.RaiseBound``) parks its connection, which answers nothing more until
+  the bound is recorded (its requests stay in order); the others are served. One recording at
+  a time runs, for the longest lease parked; then the loop raises ``lease_noted`` and hands each
+  covered request back to its connection, which answers it as if just arrived
+  (``Connection._bound_recorded``: draining, ownership and table are asked then). A failed
+  recording answers its parked requests ``error_read_only`` where the bound's file could not be
+  written (as while the journal cannot be), else ``error``; the bound stays.
+- A parked request is not in its key's queue: another connection's request for the key, within
+  the bound, may be granted first.
+- A longer lease reaching the table without a connection (none does: the journal's restored
+  leases are in the initial bound) makes it call ``note_now``, which records on the loop as a
+  last resort that keeps the promise, and logs a warning.
 
 The first recording (the start's bound) runs on the same thread before the server listens.
 """
@@ -61,10 +54,8 @@ be written), ``error`` when it could not be published or the server stops."""
 
 
 class LeaseBound:
-    """Raises the recorded longest lease off the loop (see the module's doc).
-
-    ``table`` and the parked requests are touched on the loop only; ``record`` by one thread
-    at a time (the recording thread, or ``note_now`` on the loop), under ``_lock``."""
+    """Raises the recorded longest lease off the loop. ``table`` and the parked requests are
+    touched on the loop only; ``record`` by one thread at a time, under ``_lock``."""
 
     __slots__ = ("_executor", "_lock", "_loop", "_parked", "_running", "record", "table")
 
@@ -87,8 +78,7 @@ class LeaseBound:
     async def start(
         cls, loop: asyncio.AbstractEventLoop, make_record: Callable[[], LeaseRecord]
     ) -> LeaseBound:
-        """Record the start's bound (``make_record`` writes and publishes it) on the
-        recording thread, the loop free meanwhile."""
+        """Record the start's bound (``make_record`` writes and publishes it) on the thread."""
         executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dflockd-lease-bound"
         )
@@ -110,15 +100,14 @@ class LeaseBound:
         return len(self._parked)
 
     def wait_for(self, lease_ttl: int, resume: Resume) -> None:
-        """Call ``resume`` (on the loop) once a bound of at least ``lease_ttl`` is recorded
-        (``True``), or recording it failed (``False``). On the loop."""
+        """On the loop: call ``resume`` (on the loop) once a bound of at least ``lease_ttl``
+        is recorded, or recording it failed (see ``Resume``)."""
         self._parked.append((lease_ttl, resume))
         if not self._running:
             self._record_next()
 
     def note_now(self, lease_ttl: int) -> int:
-        """The table's ``note_lease``: record a longer bound now, on the loop (a last resort:
-        see the module's doc)."""
+        """The table's ``note_lease``: record a longer bound now, on the loop (a last resort)."""
         log.warning(
             "recording a longer lease bound (%d s) on the event loop: no request waited for it",
             lease_ttl,

@@ -1,11 +1,10 @@
 """Prometheus metrics for the lock server.
 
-Two halves. On the event loop, plain integers only: the table's running ``Counts``, and
-``RequestTimes``, a histogram per command kept as bucket counters (one ``bisect`` per request,
-no lock, and nothing at all when metrics are off). Off the loop, ``MetricsExporter`` serves
-them with ``prometheus_client`` (the optional ``metrics`` extra, imported only when metrics are
-switched on): each scrape asks the loop for a consistent snapshot, then builds the metric
-families from it, so the scrape thread never reads the table while the loop changes it.
+On the event loop, plain integers only: the table's running ``Counts``, and ``RequestTimes``,
+a histogram per command kept as bucket counters (one ``bisect`` per request, no lock; nothing
+when metrics are off). Off the loop, ``MetricsExporter`` serves them with ``prometheus_client``
+(the ``metrics`` extra, imported only when metrics are on): each scrape asks the loop for a
+consistent snapshot and builds the families from it, never reading the table itself.
 """
 
 from __future__ import annotations
@@ -92,8 +91,8 @@ class _Histogram:
 
 class RequestTimes:
     """Request durations per command, from the parsed request to its reply (a waiting
-    acquire counts its wait). Malformed commands share one ``invalid`` label, so a client
-    sending garbage cannot grow the label set."""
+    acquire counts its wait). Malformed commands share one ``invalid`` label: garbage cannot
+    grow the label set."""
 
     __slots__ = ("_by_command", "_invalid")
 

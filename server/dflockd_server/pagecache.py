@@ -1,25 +1,23 @@
 """Whether the lease journal is read through the page cache it was written through.
 
 Within one boot a restart trusts the journal as the kernel has it: a ``kill -9`` loses nothing
-written, even what the ``everysec`` fsync has not reached yet (``replay``). That holds while the
-file system stays mounted. Unmounted, what was written but not yet on the disk is gone: an
-operator repairs a file system that a disk error turned read-only (unmount, ``fsck``, mount
-again) on the same boot, and the grants of the journal's last second are lost with it, while
-their holders still hold them.
+written, even what the ``everysec`` fsync has not reached (``replay``), while the file system
+stays mounted. Unmounted, what was not yet on the disk is gone: an operator who repairs a file
+system a disk error turned read-only (unmount, ``fsck``, mount) on the same boot loses the
+journal's last second of grants, while their holders still hold them.
 
-A start tells the two apart by the mount the state dir is on (the kernel's unique mount id,
-Linux 6.8 and later: never reused within a boot), recorded in the journal's header by the run
-that wrote it. The same mount: the same page cache. Another mount is either the same file
-system mounted once more (a container restarted: a new bind mount of a volume that stayed
-mounted; the page cache is still there) or one mounted anew (the page cache of the old one is
-gone). The journal's last page tells those apart: still in the page cache (``tail_resident``,
-asked before anything reads the file) after a container's restart, not after a new mount. Where
-the kernel gives no unique mount id, or cannot say whether a page is cached, nothing is
-recorded and the journal is trusted as before.
+A start tells the two apart by the state dir's mount (the kernel's unique mount id, Linux 6.8
+and later: never reused within a boot), which the journal's header records. The same mount: the
+same page cache. Another is either the same file system bound once more (a restarted
+container's new bind of a volume that stayed mounted: the page cache is still there) or one
+mounted anew (it is gone): the journal's last page, still cached (``tail_resident``, asked
+before anything reads the file) in the first case only, tells them apart. Where the kernel gives
+no unique mount id or cannot say whether a page is cached, nothing is recorded and the journal
+is trusted.
 
 The last page also tells whether a journal that could not be written when its run ended (no
-``complete`` mark) is still whole: after an fsync that failed, the pages it could not write
-stay readable only while they are cached (``state``).
+``complete`` mark) is still whole: pages a failed fsync could not write stay readable only while
+cached (``state``).
 """
 
 from __future__ import annotations

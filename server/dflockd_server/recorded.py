@@ -1,20 +1,18 @@
 """The grants a lease journal holds, as a restart reads them (``replay``): each as it was last
 recorded (``RecordedGrant``), and those not released yet, found by token (``RecordedGrants``).
 
-A restart of a million leases looks up a token for each record, and the look-ups were the
-largest part of its reading: a dict keyed by the tokens themselves, a million new
-strings of random digits, was a third of a second of cache misses (each collision in a dict
-of strings compares with a string elsewhere in memory). A dict keyed by the tokens' fences
-was faster, but its million int keys, freed after the restore, left the server's memory 1.19x
-of what it was before the kill (was 1.09x): they were scattered among the objects that stay.
+A restart of a million leases looks up a token per record. A dict keyed by the tokens (a
+million new strings of random digits) cost a third of a second of cache misses (each collision
+compares with a string elsewhere in memory); one keyed by the tokens' fences was faster, but its
+million int keys, freed after the restore and scattered among the objects that stay, left the
+server at 1.19x its memory before the kill, against 1.09x.
 
-So ``RecordedGrants`` puts a grant in a slot of a list, at its fence (``FENCE_HEX_CHARS``,
-read as hex) less the fence of the list's first slot: a server issues fences one after
-another, so a journal's grants take consecutive slots, and finding one is an index, nothing
-hashed and nothing kept beside it. A fence far past the last one (a restart's counter starts
-at the wall clock) begins a new list (a *run*). A grant whose token the runs cannot take (a
-fence below the last one, as in a rewritten journal, which lists its grants by key; a token
-that does not start with hex) is kept by its token beside them.
+So ``RecordedGrants`` puts a grant in a list's slot at its fence (``FENCE_HEX_CHARS``, read as
+hex) less the list's first: fences are issued one after another, so a journal's grants take
+consecutive slots, and finding one is an index, nothing hashed or kept beside it. A fence far
+past the last (a restart's counter starts at the wall clock) begins a new list (a *run*). A
+grant the runs cannot take (a fence below the last, as in a rewritten journal, which lists its
+grants by key; a token not starting with hex) is kept by its token beside them.
 """
 
 from __future__ import annotations
@@ -28,11 +26,9 @@ __all__ = ["RecordedGrant", "RecordedGrants"]
 
 
 class RecordedGrant:
-    """One grant as the journal last recorded it.
-
-    A class with its own ``__init__``, not a dataclass: compiled, a dataclass's ``__init__``
-    is the one ``dataclasses`` writes, interpreted (a restart makes a million of these: half
-    a microsecond each, against a native constructor's tenth)."""
+    """One grant as the journal last recorded it. Not a dataclass: compiled, the ``__init__``
+    ``dataclasses`` writes stays interpreted (half a microsecond each, a million times in a
+    restart, against a native constructor's tenth)."""
 
     __slots__ = (
         "detached",
@@ -70,9 +66,8 @@ class RecordedGrant:
         self.on_close = on_close
         self.note = note
         self.left = left
-        """Seconds from the restart to its end, set by ``restored_leases`` on the records it
-        returns (a field, not a tuple beside each record: a million tuples left holes in the
-        memory a restart keeps)."""
+        """Seconds from the restart to its end, set by ``restored_leases`` (a field: a million
+        tuples beside the records left holes in the memory a restart keeps)."""
 
     def fields(self) -> tuple[str, str, int, bool, int, int, bool, int | None, str | None, float]:
         """Every field, in ``__init__``'s order (what equality compares)."""
@@ -108,10 +103,9 @@ _MIN_RUN = 64
 
 
 def _fence(token: str) -> int:
-    """The fence a token starts with (its first ``FENCE_HEX_CHARS`` characters read as hex),
-    or -1 when they are not that. Only where to look: the grant found there is compared with
-    the token looked for (``int`` takes a few forms besides the hex digits a server writes,
-    such as a sign or an underscore, so two tokens may give one fence)."""
+    """The fence a token starts with (its first ``FENCE_HEX_CHARS`` characters as hex), or -1.
+    Only where to look: ``int`` also takes a sign or an underscore, so two tokens may give one
+    fence, and the grant found is compared with the token."""
     try:
         fence = int(token[:FENCE_HEX_CHARS], 16)
     except ValueError:
@@ -120,11 +114,9 @@ def _fence(token: str) -> int:
 
 
 class RecordedGrants:
-    """The grants not released, by token: those in the runs in the order of their fences,
-    then those kept beside in the order they came (a restart puts them in the order of their
-    ends: ``replay.restored_leases``). A mapping of token to ``RecordedGrant`` for reading
-    (``in``, ``[]``, ``len``, iteration over the tokens, equality with a dict); the journal's
-    reader changes it with ``put`` and ``pop``."""
+    """The grants not released: those in the runs by fence, then those kept beside in the
+    order they came. Read as a mapping of token to ``RecordedGrant`` (``in``, ``[]``, ``len``,
+    iteration, equality with a dict); the journal's reader changes it with ``put`` and ``pop``."""
 
     __slots__ = ("_bases", "_end", "_in_runs", "_others", "_runs")
 
@@ -142,9 +134,8 @@ class RecordedGrants:
         """The grants the runs could not take, by token (usually none)."""
 
     def _run_holding(self, token: str, fence: int) -> int:
-        """The index of the run whose slot at ``fence`` (``_fence(token)``) holds the grant of
-        ``token``, or -1 (no run's slots cover that fence, -1 included, or the slot holds
-        nothing or another token's grant)."""
+        """The index of the run whose slot at ``fence`` (``_fence(token)``) holds ``token``'s
+        grant, or -1."""
         bases = self._bases
         k = len(bases) - 1
         if k < 0 or fence >= self._end:
@@ -157,9 +148,8 @@ class RecordedGrants:
         return k if kept is not None and kept.token == token else -1
 
     def put(self, rec: RecordedGrant) -> None:
-        """Keep ``rec``, in place of the grant of the same token if one is kept (where that
-        one was: a token is recorded by one ``G``; a second one replaces it, as a dict's
-        item would be)."""
+        """Keep ``rec``, in place of a grant of the same token (a second ``G`` replaces the
+        first where it was, as a dict's item would be)."""
         token = rec.token
         fence = _fence(token)
         end = self._end
@@ -185,10 +175,9 @@ class RecordedGrants:
             self._others[token] = rec
 
     def _start_run(self, fence: int, rec: RecordedGrant) -> None:
-        """Begin a run at ``fence`` with ``rec``, once the last run, if it holds fewer than
-        ``_MIN_RUN`` slots, is dissolved: its grants are kept by token beside the runs (fences
-        in no order, as a rewritten journal lists its grants, would otherwise make a run of a
-        slot or two for each)."""
+        """Begin a run at ``fence`` with ``rec``, once the last run, if shorter than
+        ``_MIN_RUN``, is dissolved into the grants kept beside (fences in no order, as in a
+        rewritten journal, would otherwise make a run of a slot or two each)."""
         runs = self._runs
         if runs and len(runs[-1]) < _MIN_RUN:
             run = runs[-1]
@@ -207,7 +196,6 @@ class RecordedGrants:
         self._in_runs += 1
 
     def get(self, token: str) -> RecordedGrant | None:
-        """The grant kept for ``token``, or ``None``."""
         fence = _fence(token)
         k = self._run_holding(token, fence)
         if k >= 0:
@@ -216,7 +204,7 @@ class RecordedGrants:
         return others.get(token) if others else None
 
     def pop(self, token: str) -> RecordedGrant | None:
-        """Let go of the grant kept for ``token`` and return it, or ``None`` when none is."""
+        """Let go of the grant kept for ``token`` and return it (``None``: none is)."""
         fence = _fence(token)
         k = self._run_holding(token, fence)
         if k >= 0:

@@ -1,56 +1,48 @@
-"""Reading the lease journal back (``journal`` writes it, and its module doc gives the format),
-and what a start restores from it.
+"""Reading the lease journal back (``journal`` writes it; its module doc gives the format), and
+what a start restores from it.
 
-Restoring (``read_journal``, ``restored_leases``): every grant with no later ``R`` comes back.
-How long it runs from the restart depends on what the file can prove:
+Every grant with no later ``R`` comes back. How long it runs from the restart depends on what
+the file can prove:
 
 - **same boot, complete journal** (the file's boot id is this boot's, and the ``complete`` mark
-  beside it says every renewal answered is recorded): ``min(until - now, lease)``, ``now`` on
-  the file's own clock (monotonic time elapsed since the anchor, immune to any wall-clock
-  step). The restored end is the real end, or a few milliseconds after it (the end is rounded
-  up to the next millisecond, and the restart reads the clock before it restores); a grant
-  bound to a connection with an ``<onclose>`` lease runs at least that long (its connection
-  closed with the old process).
-- **same boot, journal not complete** (renewals were answered while the journal could not be
-  written, or an older version wrote it): each lease runs ``max(its lease, the longest lease
-  the run recorded)`` from the restart. A renewal answered before the crash ended at most one
-  such lease after it, and the crash came before the restart.
-- **same boot, but the file may lack its last records**: the state dir's file system was
-  mounted anew since the file was written (a disk error turned it read-only and it was
-  repaired: unmounted, checked, mounted again; the header records the mount, ``pagecache``
-  tells a new mount from a container's new bind of the same one), or a write failed before the
-  previous run ended (no ``complete`` mark) and the file's last page has left the page cache
-  (after an fsync that failed, what it could not write is gone once evicted). What the kernel
-  had not yet put on the disk may be gone, the last second of grants with it under
-  ``everysec``, so unless a graceful stop fsynced the file the restore is another boot's
-  (below), with its grace.
-- **another boot** (or a boot id that cannot be read): the wall clock cannot be trusted across a
-  boot (it may have been stepped either way), so nothing is measured with it: each lease runs a
-  full lease from the restart, the longest of its own and the longest the run recorded (which
-  is fsynced before any longer lease is granted or renewed: a renewal's record is not fsynced
-  even with ``always``, see ``flush``). If the file was not fsynced at each reply
-  (``--journal-fsync`` other than ``always``) and not closed by a graceful stop, the last
-  records may be lost with the machine's crash, so the start also grants nothing for the
-  longest lease the run recorded (the restart grace, ``state``).
+  says every renewal answered is recorded): ``min(until - now, lease)``, ``now`` on the file's
+  own clock (monotonic time since the anchor: no wall-clock step counts). The restored end is
+  the real one or a few milliseconds after (rounded up, and the clock is read before the
+  restore); a grant bound to a connection with an ``<onclose>`` lease runs at least that long
+  (its connection closed with the old process).
+- **same boot, journal not complete** (renewals answered while it could not be written, or an
+  older version wrote it): each lease runs ``max(its lease, the longest the run recorded)`` from
+  the restart: a renewal answered before the crash ended at most one such lease after it.
+- **same boot, but the file may lack its last records**: the state dir's file system was mounted
+  anew since (a disk error turned it read-only and it was repaired; the header records the
+  mount, and ``pagecache`` tells a new mount from a container's new bind of the same one), or a
+  write failed before the previous run ended (no ``complete`` mark) and the file's last page has
+  left the page cache (what a failed fsync could not write is gone once evicted). The last
+  second of grants may be gone under ``everysec``, so unless a graceful stop fsynced the file,
+  the restore is another boot's, with its grace.
+- **another boot** (or a boot id that cannot be read): the wall clock may have been stepped
+  either way, so nothing is measured with it: each lease runs the longest of its own and the
+  longest the run recorded (fsynced before any longer lease is granted or renewed; a renewal's
+  record is not fsynced even with ``always``). Unless the file was fsynced at each reply
+  (``always``) or closed by a graceful stop, its last records may be lost with the machine, so
+  the start also grants nothing for that longest lease (the restart grace, ``state``).
 
 The restored end is never earlier than the real one: within a boot the file is read as the
 kernel has it (a ``kill -9`` loses nothing written), and the ``complete`` mark is removed before
 any renewal goes unrecorded.
 
-Speed: the file is read a chunk at a time (each from the first byte not used yet),
-the garbage collector paused (``paused_gc``); the grants are found by token through their fence
-(``recorded.RecordedGrants``); a batch (``K``) is checked with one checksum of all its bytes,
-and the lines outside batches are checked all at once in C (checksums, UTF-8) before any is
-applied; a second header (a restart that went on appending, ``Journal.resume``) shifts the times
-after it onto the first header's clock, and one of another boot makes the whole file read as of
-another boot.
+Speed: the file is read a chunk at a time (each from the first byte not used yet) with the
+garbage collector paused (``paused_gc``); grants are found by token through their fence
+(``recorded.RecordedGrants``); a batch (``K``) is checked with one checksum, and the lines
+outside batches all at once in C (checksums, UTF-8) before any is applied. A later header (a
+restart that went on appending, ``Journal.resume``) shifts the times after it onto the first
+header's clock; one of another boot makes the whole file read as of another boot.
 
-Damage: reading stops at the first line that does not check. A last record without its end
-of line (a write cut short by a crash of the machine) is a torn tail: dropped, and only that
-record is lost (with ``always``, never a grant that was acknowledged; a renewal's record is not
-read after a crash of the machine). Any other damage (a whole line that does
-not check, two lines run together) means records after it are unknown: the caller then applies
-a restart grace (``state``).
+Damage: reading stops at the first line that does not check. A last record without its end of
+line (a write cut short by a crash) is a torn tail: only that record is lost (with ``always``,
+never an acknowledged grant; and no renewal's record is read after a crash of the machine). Any
+other damage (a whole line that does not check, two lines run together) leaves the records after
+it unknown: the caller applies a restart grace (``state``).
 """
 
 from __future__ import annotations
@@ -86,8 +78,7 @@ COMPLETE_SUFFIX = ".complete"
 """The mark beside the journal: present while every renewal answered is in the file."""
 FREEZE_AFTER = 100_000
 """Objects made during a ``paused_gc`` from which they are frozen at its end (fewer cost a
-collection next to nothing; a test process's servers restore fewer, and keep the collector
-as it is)."""
+collection next to nothing, as a test process's restores do)."""
 READ_CHUNK = 1 << 22
 """Bytes read at a time: a journal of a million leases (over 100 MB) is never in memory
 whole."""
@@ -97,30 +88,28 @@ BATCH_RECORDS = 16
 """The fewest records a write puts in a batch (fewer are written as they are: their lines
 are checked one by one)."""
 _BATCH_MARK = b" K "
-"""What a batch's ``K`` line holds after its checksum field."""
+"""A batch's ``K`` line after its checksum field."""
 _PAYLOAD = operator.itemgetter(slice(9, None))
 """A record line's payload (after its checksum field and the space)."""
 _CHECKED = operator.itemgetter(slice(0, 9))
 """A record line's checksum field and the space after it."""
 _CRC_DIGITS = b"0123456789abcdef"
-"""What a record's checksum field is made of, as written (``%08x``): ``int(field, 16)``
-alone also takes a space, a sign, an underscore or a ``0x`` in it."""
+"""A checksum field's digits (``%08x``): ``int(field, 16)`` alone also takes a space, a sign,
+an underscore or a ``0x``."""
 _CRC_BYTES = 4
 """Bytes of a CRC32: the item size of the ``array("I")`` the checksums are compared in."""
 
 
 @contextlib.contextmanager
 def paused_gc() -> Generator[None]:
-    """The cyclic garbage collector off while a start builds its million objects (each of them
-    lives on, so a collection finds nothing; with it on, the collections the allocations trigger
-    scan every object already made, again and again), back as it was afterwards.
+    """The cyclic garbage collector off while a start builds its million objects (each lives
+    on: the collections their allocations trigger would find nothing, scanning every object
+    made, again and again), then back as it was.
 
     When the pause made ``FREEZE_AFTER`` objects or more, they are frozen (``gc.freeze``)
-    before the collector is back: no later collection scans them. Otherwise the next ones all
-    would, the youngest generation's first (they were all made in it), then the older ones'
-    as they were moved up: after a restore of a million leases, three collections took 0.65 s,
-    most of it before the first request was served, and each full collection later scanned
-    them again."""
+    first, so no later collection scans them: unfrozen, after a restore of a million leases,
+    three collections took 0.65 s, mostly before the first request, and each full collection
+    later scanned them again."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -151,8 +140,7 @@ class JournalRead:
     anchor: tuple[str, int, int] | None = None
     """The file's clock anchor: boot id, wall ms, monotonic ms."""
     mount: int | None = None
-    """The mount the state dir was on for the run that wrote the file's last header (its
-    ``.<mount id>``: ``pagecache``), None where it recorded none."""
+    """The state dir's mount (``pagecache``) in the last header, None where it has none."""
     fsync: str = ""
     """The ``--journal-fsync`` of the run that wrote it ("" for a version-1 file)."""
     clean: bool = False
@@ -168,11 +156,10 @@ class JournalRead:
     torn_tail: bool = False
     """The damage is a last record without its end of line: a write cut short."""
     headers: int = 0
-    """Header records read: a restart on the same boot appends its own header (its new clock
-    anchor) to the file instead of rewriting it (``Journal.resume``)."""
+    """Header records read (a restart on the same boot appends its own: ``Journal.resume``)."""
     shift_ms: int = 0
-    """What the ``until`` of a record after the last header less to be on the first header's
-    clock (``until`` is always kept on the first anchor's clock)."""
+    """What to subtract from an ``until`` after the last header to put it on the first header's
+    clock (where every ``until`` is kept)."""
 
     @property
     def damaged_before_tail(self) -> bool:
@@ -261,9 +248,8 @@ def _apply(read: JournalRead, payload: str) -> str | None:
 
 
 def read_journal(path: str) -> JournalRead:
-    """Read the journal at ``path`` up to its first damaged line (see the module's doc), a
-    chunk at a time (``READ_CHUNK``), with the garbage collector paused (``paused_gc``).
-    Raises ``OSError`` when the file cannot be read; a missing file reads as empty."""
+    """Read the journal at ``path`` up to its first damaged line. Raises ``OSError`` when the
+    file cannot be read; a missing file reads as empty."""
     read = JournalRead()
     try:
         fh = open(path, "rb")  # noqa: SIM115 (closed below, around the whole read)
@@ -295,8 +281,7 @@ def read_journal(path: str) -> JournalRead:
 
 
 def _damaged(read: JournalRead, rest: bytes) -> None:
-    """Note the damage that starts ``rest`` (the file from the first line that does not check
-    to its end)."""
+    """Note the damage that starts ``rest`` (the file from the first bad line on)."""
     read.dropped_bytes = len(rest)
     read.dropped_lines = rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
     # Only a write cut short leaves a record without its end of line; a whole line that does
@@ -307,13 +292,12 @@ def _damaged(read: JournalRead, rest: bytes) -> None:
 def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tuple[int, int]:
     """Apply the records of ``data[:size]`` (whole lines, but for a last one without its end
     of line at the end of the file, ``at_end``): ``(stop, used)``, ``stop`` the offset of the
-    first line that does not check (its problem in ``read.damage``) or -1 when all did,
-    ``used`` the bytes read (a batch that goes on past ``size`` is left for the next chunk).
+    first line that does not check (its problem in ``read.damage``) or -1, ``used`` the bytes
+    read (a batch that goes on past ``size`` is left for the next chunk).
 
-    A batch (``K``, the journal's doc) is checked with one checksum of its bytes and its
-    records are then read without checking each; the lines outside batches, and a batch that
-    does not check whole (or is cut short by the end of the file), are checked line by line
-    (``_read_checked``), so damage is found and named as it would be without batches."""
+    A batch that checks whole has its records read without checking each; the lines outside
+    batches, and a batch that does not check whole or is cut short by the end of the file, are
+    checked line by line (``_read_checked``): damage is found and named as without batches."""
     pos = 0
     while pos < size:
         head = _next_batch(data, pos, size)
@@ -355,9 +339,8 @@ def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tupl
 
 
 def _next_batch(data: bytes, pos: int, size: int) -> int:
-    """The offset of the first line at or after ``pos`` (a line's start) and before ``size``
-    that is a batch's ``K`` line by its look, or ``size``. (A note may hold ``" K "``: a hit
-    not at a line's start is passed over.)"""
+    """The offset of the first line in ``data[pos:size]`` (``pos`` a line's start) that looks
+    like a ``K`` line, or ``size``. (A note may hold ``" K "``: a hit mid-line is passed over.)"""
     at = pos
     while True:
         hit = data.find(_BATCH_MARK, at, size)
@@ -370,8 +353,8 @@ def _next_batch(data: bytes, pos: int, size: int) -> int:
 
 
 def _batch_of(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
-    """The checksum and length of the batch whose ``K`` line is ``data[pos:end]``, or
-    ``None`` when that line does not check."""
+    """The checksum and length of the batch whose ``K`` line is ``data[pos:end]``, or ``None``
+    when that line does not check."""
     if end < 0:
         return None
     line = data[pos:end]
@@ -393,12 +376,12 @@ def _batch_of(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
 def _read_checked(read: JournalRead, data: bytes, start: int, end: int) -> int:
     """Apply the records of ``data[start:end]`` (whole lines, but for a last one without its
     end of line at the end of the file), each line's checksum checked; the offset of the
-    first one that does not check (its problem in ``read.damage``), or -1 when all did.
+    first one that does not check (its problem in ``read.damage``), or -1.
 
-    Checked all at once first, each step over every line in C (``map``): split, checksum,
-    compare with the checksum fields (``_checksums_hold``), decode; only the records' fields
-    are read line by line. A run that does not check whole is read again line by line
-    (``_read_slowly``), to find its first bad line and say what is wrong with it."""
+    Each step runs over every line at once in C (``map``): split, checksum, compare
+    (``_checksums_hold``), decode; only the records' fields are read line by line. A run that
+    does not check whole is read again line by line (``_read_slowly``) to find and name its
+    first bad line."""
     run = data[start:end]
     lines = run.split(b"\n")
     if lines.pop() or not _checksums_hold(lines):  # (a last record without its end of line)
@@ -417,15 +400,14 @@ def _read_checked(read: JournalRead, data: bytes, start: int, end: int) -> int:
 
 
 def _line_start(lines: list[bytes], start: int, n: int) -> int:
-    """The offset of line ``n`` of ``lines`` (a split at each end of line of the bytes at
-    ``start``)."""
+    """The offset of line ``n`` of ``lines`` (split at each LF of the bytes at ``start``)."""
     return start + sum(map(len, lines[:n])) + n
 
 
 def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
-    """Apply the checked record lines ``texts`` (the pieces of a split at each end of line:
-    the last, empty one is not a record); the problem with the first one that does not parse
-    and its index, or ``(None, lines applied)``. Counted in ``read.records``."""
+    """Apply the checked record lines ``texts`` (split at each LF: the last, empty piece is no
+    record), counted in ``read.records``: the first one that does not parse's problem and
+    index, or ``(None, lines applied)``."""
     texts.pop()
     leases = read.leases
     shift = read.shift_ms
@@ -465,10 +447,9 @@ def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
 
 
 def _checksums_hold(lines: list[bytes]) -> bool:
-    """Whether every line of ``lines`` is ``<crc32 of its payload, 8 lowercase hex digits>``,
-    a space and its payload, checked in C: the lines' first 9 bytes, joined, are a space at
-    every ninth place and lowercase hex digits elsewhere, and read as hex they are the
-    payloads' checksums, each big-endian (``%08x``, as written)."""
+    """Whether every line of ``lines`` is its payload's checksum (8 lowercase hex digits), a
+    space and the payload, checked in C: the lines' first 9 bytes, joined, are a space at every
+    ninth place and hex digits elsewhere, and read as hex, the payloads' big-endian checksums."""
     fields = b"".join(map(_CHECKED, lines))
     n = len(lines)
     if len(fields) != 9 * n or fields[8::9] != b" " * n:
@@ -484,8 +465,8 @@ def _checksums_hold(lines: list[bytes]) -> bool:
 
 
 def _line_problem(line: bytes) -> str | None:
-    """What is wrong with ``line`` (without its end of line) as a record line: its checksum
-    field and the CRC-32 of its payload (the journal's doc), or ``None``."""
+    """What is wrong with ``line`` (without its LF) as a record line (its checksum field and
+    the CRC-32 of its payload), or ``None``."""
     if len(line) < 10 or line[8:9] != b" " or line[:8].translate(None, _CRC_DIGITS):
         # (what `translate` leaves is what is not a lowercase hex digit)
         return "a line that is not a record"
@@ -525,18 +506,15 @@ class Restore:
     """What ``restored_leases`` makes of a journal."""
 
     leases: list[RecordedGrant]
-    """The grants still running, each with its seconds left (``left``), in the order
-    ``RecordedGrants.values`` gives: near the order the records were read in, so that a start
-    lets each go in about the order they were made (``LockTable.restore_all``, which puts
-    their ends in order for the expiry index)."""
+    """The grants still running, each with its seconds ``left``, in about the order they were
+    made (``RecordedGrants.values``; ``LockTable.restore_all`` orders their ends)."""
     how: str
     """Which rule gave their time left, in the operator's terms (for the start-up log)."""
     grace_s: float
-    """Seconds during which the start grants nothing (0: none): the journal may lack records
-    of grants acknowledged last (see the module's doc)."""
+    """Seconds the start grants nothing (0: none): the journal may lack the last grants."""
     exact: bool = False
     """Each lease runs to its recorded end on the file's own clock (same boot, complete
-    journal): the file stays right as it is, and a start may go on appending to it."""
+    journal): a start may go on appending to the file as it is."""
     ended: list[str] = field(default_factory=lambda: [])
     """Tokens of the grants whose lease ended before the restart (with ``exact``)."""
     longest: int = 0
@@ -554,12 +532,11 @@ def restored_leases(
     monotonic_ms: int | None = None,
     this_boot: str | None = None,
 ) -> Restore:
-    """The grants of ``read`` still running now, each with its seconds left set in its
-    ``left`` (the module's doc gives the rules). ``complete``: the journal's ``complete`` mark
-    is there; ``run_longest``: the longest lease its run recorded (``grace``), 0 when unknown;
-    ``tail_lost``: why the file may lack its last records on this boot (its file system mounted
-    anew, or an fsync that failed: ``state``, ``pagecache``), "" when it cannot. The clock
-    arguments are for tests."""
+    """The grants of ``read`` still running now, each with its seconds ``left`` (the rules: the
+    module's doc). ``complete``: the ``complete`` mark is there; ``run_longest``: the longest
+    lease its run recorded (``grace``), 0 when unknown; ``tail_lost``: why the file may lack its
+    last records on this boot (``state``, ``pagecache``), "" when it cannot. The clock
+    arguments are for tests (``wall_ms`` is never read: nothing trusts the wall clock)."""
     mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
     boot = boot_id() if this_boot is None else this_boot
     anchor = read.anchor
@@ -609,20 +586,17 @@ def restored_leases(
                 else ", and no grant until then (records of the last moments may be lost)"
             )
         )
-        floor = run_longest
         grace = 0.0 if complete and durable else float(run_longest)
     elif same_boot:
         how = (
             "same boot, but the journal may lack renewals (answered while it could not be "
             f"written): each lease for the longest of its own and {run_longest} s from now"
         )
-        floor = run_longest
     elif complete and durable:
         how = (
             "another boot (the wall clock is not trusted across a boot): each lease for the "
             f"longest of its own and {run_longest} s (the longest the run recorded) from now"
         )
-        floor = run_longest
     else:
         how = (
             "another boot (the wall clock is not trusted across a boot), and the journal was "
@@ -634,13 +608,12 @@ def restored_leases(
             + f": each lease for the longest of its own and {run_longest} s from now, and no "
             "grant until then (records of the last moments may be lost)"
         )
-        floor = run_longest
         grace = float(run_longest)
     longest = 0
     for rec in read.leases.values():
         own = max(rec.lease_ttl, rec.on_close or 0)
         longest = max(longest, own)
-        left = float(max(own, floor))
+        left = float(max(own, run_longest))
         rec.left = left
         out.append(rec)
         grace = max(grace, left) if grace else grace

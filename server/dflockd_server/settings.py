@@ -6,8 +6,9 @@ reference from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from dflockd_server.values import (
@@ -38,48 +39,58 @@ from dflockd_server.values import (
     parse_str,
 )
 
-__all__ = ["COMMON", "SETTINGS", "TOPICS", "Setting"]
+__all__ = ["BY_FIELD", "COMMON", "SETTINGS", "TOPICS", "Setting"]
 
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One row of the settings table: Config field, CLI flag, env vars, parser, help."""
+    """One row of the settings table: Config field, parser, check, help. Its flag is the field
+    less a ``_s`` suffix (``--max-lease-ttl``), its environment variable ``DFLOCKD_`` and the
+    field (``DFLOCKD_MAX_LEASE_TTL_S``) unless ``env`` names others."""
 
     field: str
-    flag: str
-    env: tuple[str, ...]
     parse: Callable[[str], Any]
     check: Callable[[Any], str | None]
     help: str
     metavar: str = "N"
     none_text: str = "none"
     """How ``--help`` shows a default of ``None``."""
+    env: tuple[str, ...] = ()
+    """The environment variables, the documented one first."""
+
+    def __post_init__(self) -> None:
+        if not self.env:
+            object.__setattr__(self, "env", (f"DFLOCKD_{self.field.upper()}",))
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.removesuffix("_s").replace("_", "-")
+
+
+# (parse, check) pairs that several settings share
+_TEXT = (parse_str, check_nothing)
+_FILE = (parse_str, check_readable_file)
+_COUNT = (parse_int, check_non_negative)
+"""A cap or a count (0: no cap, or none)."""
+_POSITIVE_INT = (parse_int, check_positive)
+_LEASE = (parse_int, check_lease)
+_PORT = (parse_int, check_port)
+_SECONDS = (parse_float, check_positive)
+_SECONDS_OR_0 = (parse_float, check_non_negative)
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("host", "--host", ("DFLOCKD_HOST",), parse_str, check_nothing, "bind address", "ADDR"),
-    Setting("port", "--port", ("DFLOCKD_PORT",), parse_int, check_port, "bind port (0: any free)"),
-    Setting(
-        "default_lease_ttl_s",
-        "--default-lease-ttl",
-        ("DFLOCKD_DEFAULT_LEASE_TTL_S",),
-        parse_int,
-        check_lease,
-        "lease in seconds when a request gives none",
-    ),
+    Setting("host", *_TEXT, "bind address", "ADDR"),
+    Setting("port", *_PORT, "bind port (0: any free)"),
+    Setting("default_lease_ttl_s", *_LEASE, "lease in seconds when a request gives none"),
     Setting(
         "max_lease_ttl_s",
-        "--max-lease-ttl",
-        ("DFLOCKD_MAX_LEASE_TTL_S",),
-        parse_int,
-        check_lease,
+        *_LEASE,
         "longest lease a request may ask for (l, e, n and their semaphore forms); a longer "
         "one gets `error`. It bounds the restart grace",
     ),
     Setting(
         "restart_grace_s",
-        "--restart-grace",
-        ("DFLOCKD_RESTART_GRACE_S",),
         parse_grace,
         check_auto_non_negative,
         "after a start, grant no key for this long, so leases granted by the previous server "
@@ -87,50 +98,31 @@ SETTINGS: tuple[Setting, ...] = (
         "--fence-state-file; without one max_lease_ttl, or none on port 0; 0: off)",
         none_text="auto",
     ),
-    Setting(
-        "lease_sweep_interval_s",
-        "--lease-sweep-interval",
-        ("DFLOCKD_LEASE_SWEEP_INTERVAL_S",),
-        parse_float,
-        check_positive,
-        "seconds between sweeps for expired leases",
-    ),
+    Setting("lease_sweep_interval_s", *_SECONDS, "seconds between sweeps for expired leases"),
     Setting(
         "gc_interval_s",
-        "--gc-interval",
-        ("DFLOCKD_GC_LOOP_SLEEP", "DFLOCKD_GC_INTERVAL_S"),
-        parse_float,
-        check_positive,
+        *_SECONDS,
         "seconds between prunes of idle key state",
+        env=("DFLOCKD_GC_LOOP_SLEEP", "DFLOCKD_GC_INTERVAL_S"),
     ),
     Setting(
         "gc_max_idle_s",
-        "--gc-max-idle",
-        ("DFLOCKD_GC_MAX_UNUSED_TIME", "DFLOCKD_GC_MAX_IDLE_S"),
-        parse_float,
-        check_non_negative,
+        *_SECONDS_OR_0,
         "seconds a key stays idle (no holder, no waiter) before it is pruned",
+        env=("DFLOCKD_GC_MAX_UNUSED_TIME", "DFLOCKD_GC_MAX_IDLE_S"),
     ),
     Setting(
         "max_locks",
-        "--max-locks",
-        ("DFLOCKD_MAX_LOCKS",),
-        parse_int,
-        check_positive,
+        *_POSITIVE_INT,
         "most distinct keys (locks and semaphores); existing keys are never refused",
     ),
     Setting(
         "read_timeout_s",
-        "--read-timeout",
-        ("DFLOCKD_READ_TIMEOUT_S",),
-        parse_float,
-        check_non_negative,
+        *_SECONDS_OR_0,
         "close a connection silent this long with no request in flight (0: never)",
     ),
     Setting(
         "auto_release_on_disconnect",
-        "--auto-release-on-disconnect",
-        ("DFLOCKD_AUTO_RELEASE_ON_DISCONNECT",),
         parse_bool,
         check_nothing,
         "end a connection's grants when its peer closes it: at once, or --session-ttl later "
@@ -139,51 +131,30 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "session_ttl_s",
-        "--session-ttl",
-        ("DFLOCKD_SESSION_TTL_S",),
-        parse_int,
-        check_non_negative,
+        *_COUNT,
         "seconds a session connection's grants outlive its close by the peer (0: no "
         "sessions: every connection is a plain one)",
     ),
     Setting(
         "max_connections",
-        "--max-connections",
-        ("DFLOCKD_MAX_CONNECTIONS",),
-        parse_int,
-        check_non_negative,
+        *_COUNT,
         "most open connections; more are accepted and closed at once (0: no cap)",
     ),
     Setting(
         "max_connections_per_ip",
-        "--max-connections-per-ip",
-        ("DFLOCKD_MAX_CONNECTIONS_PER_IP",),
-        parse_int,
-        check_non_negative,
+        *_COUNT,
         "most open connections from one client address (0: no cap)",
     ),
-    Setting(
-        "max_waiters",
-        "--max-waiters",
-        ("DFLOCKD_MAX_WAITERS",),
-        parse_int,
-        check_non_negative,
-        "most waiters queued per key (0: no cap)",
-    ),
+    Setting("max_waiters", *_COUNT, "most waiters queued per key (0: no cap)"),
     Setting(
         "max_locks_per_connection",
-        "--max-locks-per-connection",
-        ("DFLOCKD_MAX_LOCKS_PER_CONNECTION",),
-        parse_int,
-        check_non_negative,
+        *_COUNT,
         "most locks and semaphore slots one connection holds at once, its queued acquires "
         "counted as held; past it an acquire gets `error_max_locks`. It keeps one connection "
         "from taking every key (0: no cap)",
     ),
     Setting(
         "max_locks_per_ip",
-        "--max-locks-per-ip",
-        ("DFLOCKD_MAX_LOCKS_PER_IP",),
         parse_auto_int,
         check_auto_non_negative,
         "most locks and semaphore slots the connections from one client address hold at once "
@@ -196,100 +167,43 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "max_waits_per_connection",
-        "--max-waits-per-connection",
-        ("DFLOCKD_MAX_WAITS_PER_CONNECTION",),
-        parse_int,
-        check_non_negative,
+        *_COUNT,
         "most queued acquires plus pending two-phase enqueues (e, se) of one connection; past "
         "it `error_max_waiters`. It keeps one connection from queueing on every key (0: no "
         "cap)",
     ),
-    Setting(
-        "write_timeout_s",
-        "--write-timeout",
-        ("DFLOCKD_WRITE_TIMEOUT_S",),
-        parse_float,
-        check_positive,
-        "drop a connection whose replies stay unread this long",
-    ),
+    Setting("write_timeout_s", *_SECONDS, "drop a connection whose replies stay unread this long"),
     Setting(
         "shutdown_timeout_s",
-        "--shutdown-timeout",
-        ("DFLOCKD_SHUTDOWN_TIMEOUT_S",),
-        parse_float,
-        check_non_negative,
+        *_SECONDS_OR_0,
         "on SIGTERM/SIGINT, seconds holders may take to release before connections close",
     ),
-    Setting(
-        "auth_token",
-        "--auth-token",
-        ("DFLOCKD_AUTH_TOKEN",),
-        parse_str,
-        check_nothing,
-        "shared secret clients must send with `auth` first",
-        "SECRET",
-    ),
-    Setting(
-        "auth_token_file",
-        "--auth-token-file",
-        ("DFLOCKD_AUTH_TOKEN_FILE",),
-        parse_str,
-        check_nothing,
-        "file holding the shared secret",
-        "PATH",
-    ),
-    Setting(
-        "tls_cert",
-        "--tls-cert",
-        ("DFLOCKD_TLS_CERT",),
-        parse_str,
-        check_nothing,
-        "PEM certificate (chain): serve TLS",
-        "PATH",
-    ),
-    Setting(
-        "tls_key",
-        "--tls-key",
-        ("DFLOCKD_TLS_KEY",),
-        parse_str,
-        check_nothing,
-        "PEM private key for --tls-cert",
-        "PATH",
-    ),
+    Setting("auth_token", *_TEXT, "shared secret clients must send with `auth` first", "SECRET"),
+    Setting("auth_token_file", *_TEXT, "file holding the shared secret", "PATH"),
+    Setting("tls_cert", *_TEXT, "PEM certificate (chain): serve TLS", "PATH"),
+    Setting("tls_key", *_TEXT, "PEM private key for --tls-cert", "PATH"),
     Setting(
         "tls_handshake_timeout_s",
-        "--tls-handshake-timeout",
-        ("DFLOCKD_TLS_HANDSHAKE_TIMEOUT_S",),
-        parse_float,
-        check_positive,
+        *_SECONDS,
         "drop a TLS connection whose handshake is not done this long after it was accepted",
     ),
     Setting(
         "max_tls_handshakes",
-        "--max-tls-handshakes",
-        ("DFLOCKD_MAX_TLS_HANDSHAKES",),
-        parse_int,
-        check_non_negative,
+        *_COUNT,
         "most TLS handshakes under way at once; past it the oldest is dropped, so connections "
         "that never finish theirs bound the server's memory and cannot lock out new clients "
         "(0: no cap)",
     ),
     Setting(
         "fence_state_file",
-        "--fence-state-file",
-        ("DFLOCKD_FENCE_STATE_FILE",),
-        parse_str,
-        check_nothing,
+        *_TEXT,
         "file persisting the fencing-counter ceiling across restarts (deprecated: it lives "
         "in --state-dir by default; this overrides where)",
         "PATH",
     ),
     Setting(
         "state_dir",
-        "--state-dir",
-        ("DFLOCKD_STATE_DIR",),
-        parse_str,
-        check_nothing,
+        *_TEXT,
         "directory for the lease journal and the fence ceiling, so a restart loses no lock; "
         "default `$XDG_STATE_HOME/dflockd/HOST-PORT` (`~/.local/state/...`), none on port 0; "
         "`none` keeps no state (a restart on a fixed port then grants nothing for "
@@ -299,8 +213,6 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "journal_fsync",
-        "--journal-fsync",
-        ("DFLOCKD_JOURNAL_FSYNC",),
         parse_fsync,
         check_fsync,
         "when the lease journal reaches the disk: `always` (before each reply that grants), "
@@ -311,8 +223,6 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "log_level",
-        "--log-level",
-        ("DFLOCKD_LOG_LEVEL",),
         parse_log_level,
         check_log_level,
         "debug, info, warning, error or critical",
@@ -320,8 +230,6 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "event_loop",
-        "--event-loop",
-        ("DFLOCKD_EVENT_LOOP",),
         parse_event_loop,
         check_event_loop,
         "auto (uvloop when it is installed, as dflockd-server installs it but on Windows; else "
@@ -330,26 +238,15 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "metrics_port",
-        "--metrics-port",
-        ("DFLOCKD_METRICS_PORT",),
-        parse_int,
-        check_port,
+        *_PORT,
         "serve Prometheus metrics (/metrics) and the status page (/status) over HTTP on this "
         "port (0: any free; needs the `metrics` extra: pip install 'dflockd-server[metrics]')",
     ),
     Setting(
-        "metrics_host",
-        "--metrics-host",
-        ("DFLOCKD_METRICS_HOST",),
-        parse_str,
-        check_nothing,
-        "bind address of the metrics endpoint (default: --host)",
-        "ADDR",
+        "metrics_host", *_TEXT, "bind address of the metrics endpoint (default: --host)", "ADDR"
     ),
     Setting(
         "members",
-        "--members",
-        ("DFLOCKD_MEMBERS",),
         parse_members,
         check_members,
         "static members: every lock server of the fleet as HOST:PORT,HOST:PORT,... in the "
@@ -360,8 +257,6 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "advertise",
-        "--advertise",
-        ("DFLOCKD_ADVERTISE",),
         parse_member,
         check_member,
         "this server's HOST:PORT as clients and the other members name it (one of --members; "
@@ -370,8 +265,6 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "cluster",
-        "--cluster",
-        ("DFLOCKD_CLUSTER",),
         parse_cluster,
         check_cluster,
         "cluster mode: `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]` (default prefix /dflockd), "
@@ -383,10 +276,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "cluster_lease_ttl_s",
-        "--cluster-lease-ttl",
-        ("DFLOCKD_CLUSTER_LEASE_TTL_S",),
-        parse_int,
-        check_positive,
+        *_POSITIVE_INT,
         "cluster mode: seconds of the member's etcd lease; a member that cannot renew it grants "
         "and renews nothing (its holders see their locks lost), and a dead member's keys pass "
         "to another after this plus --max-lease-ttl",
@@ -394,63 +284,47 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "cluster_ca_file",
-        "--cluster-ca-file",
-        ("DFLOCKD_CLUSTER_CA_FILE",),
-        parse_str,
-        check_readable_file,
+        *_FILE,
         "cluster mode over TLS (etcds://): PEM file of the CAs that sign etcd's certificates "
         "(default: the system's)",
         "PATH",
     ),
     Setting(
         "cluster_cert",
-        "--cluster-cert",
-        ("DFLOCKD_CLUSTER_CERT",),
-        parse_str,
-        check_readable_file,
+        *_FILE,
         "cluster mode over TLS (etcds://): PEM client certificate for etcd "
         "(--client-cert-auth), with --cluster-key",
         "PATH",
     ),
     Setting(
         "cluster_key",
-        "--cluster-key",
-        ("DFLOCKD_CLUSTER_KEY",),
-        parse_str,
-        check_readable_file,
+        *_FILE,
         "cluster mode over TLS (etcds://): PEM private key of --cluster-cert",
         "PATH",
     ),
     Setting(
         "cluster_user",
-        "--cluster-user",
-        ("DFLOCKD_CLUSTER_USER",),
-        parse_str,
-        check_nothing,
+        *_TEXT,
         "cluster mode: etcd user (etcd's authentication), with --cluster-password-file or "
         "--cluster-password",
         "USER",
     ),
     Setting(
         "cluster_password",
-        "--cluster-password",
-        ("DFLOCKD_CLUSTER_PASSWORD",),
-        parse_str,
-        check_nothing,
+        *_TEXT,
         "cluster mode: the etcd user's password (prefer --cluster-password-file)",
         "SECRET",
     ),
     Setting(
         "cluster_password_file",
-        "--cluster-password-file",
-        ("DFLOCKD_CLUSTER_PASSWORD_FILE",),
-        parse_str,
-        check_readable_file,
+        *_FILE,
         "cluster mode: file holding the etcd user's password",
         "PATH",
     ),
 )
 
+BY_FIELD: Mapping[str, Setting] = MappingProxyType({setting.field: setting for setting in SETTINGS})
+"""Each setting by its ``Config`` field."""
 
 TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("where it listens", ("host", "port")),

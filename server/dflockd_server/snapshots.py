@@ -1,12 +1,10 @@
 """``stats`` snapshots, rationed: a flood of ``stats`` cannot take the server's time.
 
-A snapshot walks the whole table and its reply goes to every asker, so both cost in proportion
-to the table. After a snapshot whose making and delivery took ``t`` seconds of the event loop,
-the next is taken no sooner than ``STATS_DUTY_FACTOR * t`` later; every ``stats`` asked
-meanwhile waits for it and gets the same reply, which shows the table as it was after the
-request arrived. The reply reaches at most ``STATS_ANSWERS_PER_TURN`` waiting askers per turn
-of the loop, so other connections are served between batches. However many connections ask,
-stats take at most about 1 / (1 + STATS_DUTY_FACTOR) of the server's time.
+Making a snapshot and sending it to every asker cost in proportion to the table. After one
+that took ``t`` seconds of the loop, the next is taken no sooner than ``STATS_DUTY_FACTOR * t``
+later; each ``stats`` asked meanwhile waits for it and gets the same reply (the table as it was
+after the request arrived), at most ``STATS_ANSWERS_PER_TURN`` askers per turn of the loop.
+However many ask, stats take about 1 / (1 + STATS_DUTY_FACTOR) of the server's time at most.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """The status page: ``/status`` on the metrics port, a small HTML page of what the server holds.
 
-One row per held lock: its key, its holder (task name and id, worker host and pid, read from
-the owner note celery-dflock's LockedTask sends: ``<task id>/<host>/<pid>/<task name>``, each
-part percent-encoded; any other note is shown as it is), how long it has been held, the lease
-left, the waiters, the fence and whether the grant is detached or restored from the journal;
-then each semaphore's holders and waiters. Above them, one banner per degraded state the
-snapshot lists (``degraded``, made by ``conditions``: a journal it cannot write, draining,
-fenced, a grace, shards moving), or "Healthy". Under 760 px (a phone) each lock is a card, each
-cell captioned with its column (``data-label``), nothing wider than the screen. The page
-refreshes itself every few seconds (a ``<meta http-equiv="refresh">``: no script).
+One row per held lock: its key, its holder (task name and id, worker host and pid, from the
+owner note: ``ownernotes``), how long it has been held, the lease left, the waiters, the fence
+and whether it is detached or restored from the journal; then each semaphore's holders and
+waiters. Above them, one banner per degraded state the snapshot lists (``degraded``, from
+``conditions``), or "Healthy". Under 760 px (a phone) each lock is a card, each cell captioned
+with its column (``data-label``). The page refreshes itself (``<meta http-equiv="refresh">``).
 
-The page is made from a ``stats`` snapshot, asked on the event loop through the server's
-rationed snapshots (``snapshots``): however often the page is loaded, it costs the loop no
-more than ``stats`` requests do. Everything a client sent (keys, notes) is HTML-escaped, and
-the page loads nothing (no script, no outside resource; its Content-Security-Policy says so).
+It is made from a ``stats`` snapshot asked through the server's rationed snapshots
+(``snapshots``): loaded however often, it costs the loop no more than ``stats`` requests. All a
+client sent (keys, notes) is HTML-escaped, and the page loads nothing (no script, no outside
+resource; its Content-Security-Policy says so).
 """
 
 from __future__ import annotations
@@ -56,9 +53,8 @@ class _Reply:
 
 
 class StatusPage:
-    """Makes the page from a ``stats`` snapshot asked on the server's loop. ``ask`` is called
-    on the loop: the reply now, or ``None`` and the asker's ``stats_ready`` later (the
-    server's ``RationedSnapshots.request``)."""
+    """Makes the page from a ``stats`` snapshot. ``ask`` (``RationedSnapshots.request``) is
+    called on the loop: the reply now, or ``None`` and the asker's ``stats_ready`` later."""
 
     def __init__(
         self,
@@ -181,6 +177,14 @@ def _cell(label: str, value: object, kind: str = "") -> str:
     return f"<td{css}{caption}>{html.escape(str(value))}</td>"
 
 
+def _row(columns: tuple[str, ...], values: Iterable[tuple[object, str]]) -> str:
+    """A ``<tr>`` of one ``_cell`` per column: ``values`` holds each one's value and kind."""
+    cells = (
+        _cell(label, value, kind) for label, (value, kind) in zip(columns, values, strict=True)
+    )
+    return f"<tr>{''.join(cells)}</tr>"
+
+
 def _seconds(value: object) -> str | None:
     """``2.5 s``, ``3 min 05 s``, ``2 h 03 min``."""
     if not isinstance(value, int | float) or isinstance(value, bool):
@@ -243,11 +247,7 @@ def _lock_rows(locks: list[dict[str, Any]]) -> Iterator[str]:
             (lock.get("fence"), "fence"),
             (_state(lock), ""),
         )
-        cells = (
-            _cell(label, value, kind)
-            for label, (value, kind) in zip(_LOCK_COLUMNS, values, strict=True)
-        )
-        yield f"<tr>{''.join(cells)}</tr>"
+        yield _row(_LOCK_COLUMNS, values)
 
 
 def _semaphore_rows(sems: list[dict[str, Any]]) -> Iterator[str]:
@@ -258,11 +258,7 @@ def _semaphore_rows(sems: list[dict[str, Any]]) -> Iterator[str]:
             (sem.get("holders"), "num"),
             (sem.get("waiters", 0), "num"),
         )
-        cells = (
-            _cell(label, value, kind)
-            for label, (value, kind) in zip(_SEMAPHORE_COLUMNS, values, strict=True)
-        )
-        yield f"<tr>{''.join(cells)}</tr>"
+        yield _row(_SEMAPHORE_COLUMNS, values)
 
 
 def _table(header: Iterable[str], rows: Iterable[str], empty: str) -> str:
@@ -284,45 +280,23 @@ def _page(title: str, refresh: int, parts: Iterable[str]) -> str:
     )
 
 
-def _conditions(stats: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(name, severity, title, message) of each degraded state the snapshot lists
-    (``degraded``, from ``conditions``); a snapshot without that list says only its grace."""
-    raw = stats.get("degraded")
-    if isinstance(raw, list):
-        found: list[tuple[str, str, str, str]] = []
-        for item in cast("list[Any]", raw):
-            if isinstance(item, dict):
-                entry = cast("dict[str, Any]", item)
-                found.append(
-                    (
-                        str(entry.get("name", "")),
-                        str(entry.get("severity", "warning")),
-                        str(entry.get("title", "")),
-                        str(entry.get("message", "")),
-                    )
-                )
-        return found
-    grace = stats.get("grace_remaining_s")
-    if isinstance(grace, int | float) and grace > 0:
-        return [
-            ("restart_grace", "warning", "Restart grace", f"{grace:.1f} s left, no key is granted.")
-        ]
-    return []
-
-
 def _banners(stats: dict[str, Any]) -> list[str]:
-    """One banner per degraded state, the errors first; "Healthy" when there is none."""
-    found = _conditions(stats)
+    """One banner per degraded state the snapshot lists (``degraded``, from ``conditions``),
+    the errors first; "Healthy" when there is none."""
+    found = _items(stats, "degraded")
     if not found:
         return ['<p class="banner ok" data-condition="healthy"><strong>Healthy</strong>: '
                 "granting new locks.</p>"]  # fmt: skip
-    found.sort(key=lambda item: item[1] != "error")
+    found.sort(key=lambda entry: entry.get("severity") != "error")
     out: list[str] = []
-    for name, severity, title, message in found:
-        css = "error" if severity == "error" else "warning"
+    for entry in found:
+        css = "error" if entry.get("severity") == "error" else "warning"
+        said = {
+            part: html.escape(str(entry.get(part, ""))) for part in ("name", "title", "message")
+        }
         out.append(
-            f'<p class="banner {css}" role="alert" data-condition="{html.escape(name)}">'
-            f"<strong>{html.escape(title)}</strong>: {html.escape(message)}</p>"
+            f'<p class="banner {css}" role="alert" data-condition="{said["name"]}">'
+            f"<strong>{said['title']}</strong>: {said['message']}</p>"
         )
     return out
 

@@ -122,13 +122,11 @@ class ServerThread:
         await self.server.serve_forever()
 
     def stop(self, *, drain: bool = False) -> None:
-        """Stop and wait for the thread to end (idempotent).
-
-        By default the server goes away as a crashed or killed one would, seen from its
-        clients: every connection is closed at once. Without a state directory the locks are
-        gone with it; with one, its lease journal keeps them for the next start on that
-        directory, as after a kill -9. ``drain=True`` stops it as SIGTERM does: nothing more is
-        granted, holders may renew and release for up to ``shutdown_timeout_s``."""
+        """Stop and wait for the thread to end (idempotent). By default as a killed server goes,
+        seen from its clients: every connection closed at once, the locks gone unless a state
+        directory's journal keeps them for the next start on it. ``drain=True`` stops it as
+        SIGTERM does: nothing more is granted, holders may renew and release for up to
+        ``shutdown_timeout_s``."""
         with self._stop_lock:
             if self._stopped:
                 return

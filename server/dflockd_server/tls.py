@@ -4,13 +4,12 @@ A TLS connection is a plain TCP connection to the event loop; ``TlsSession`` tur
 read from the socket into request bytes and reply bytes into bytes to send, through OpenSSL's
 ``ssl.SSLObject`` on two ``ssl.MemoryBIO`` buffers. Nothing here does I/O.
 
-Why not the loop's own TLS (``create_server(ssl=...)``): its transports cost a connection in
-its handshake a 256 KiB read buffer (asyncio's and uvloop's alike), and uvloop did not give all
-of it back: waves of 3,000 connections that never finished their handshake grew the server by
-about 45 MiB a wave on uvloop and to about 1 GiB on asyncio's loop. Here a connection in its
-handshake costs its ``SSLObject`` (OpenSSL allocates its record buffers as bytes arrive) and
-the bytes it sent; all of it is returned when the connection closes, and the server caps how
-many handshakes may be under way at once (``max_tls_handshakes``) and how long one may take
+Not the loop's own TLS (``create_server(ssl=...)``): its transports give a connection in its
+handshake a 256 KiB read buffer (asyncio's and uvloop's), which uvloop did not all give back:
+waves of 3,000 connections that never finished their handshake grew the server by about 45 MiB
+a wave on uvloop, to about 1 GiB on asyncio's. Here a handshake costs its ``SSLObject``
+(OpenSSL allocates record buffers as bytes arrive) and the bytes sent, all returned at the
+close; the server caps handshakes under way (``max_tls_handshakes``) and their time
 (``tls_handshake_timeout_s``).
 """
 

@@ -8,12 +8,15 @@ check returns ``None`` or a reason a typed value is unusable.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dflockd_server import constants as c
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+T = TypeVar("T")
 
 
 def parse_int(raw: str) -> int:
@@ -53,48 +56,51 @@ def parse_str(raw: str) -> str:
     return text
 
 
-def parse_grace(raw: str) -> float | None:
-    """``auto`` (``None``: derived at start-up) or a number of seconds."""
-    if raw.strip().lower() == "auto":
+def _or_auto(parse: Callable[[str], T]) -> Callable[[str], T | None]:
+    """``parse``, or ``auto`` (``None``: derived at start-up from other settings)."""
+
+    def parse_or_auto(raw: str) -> T | None:
+        return None if raw.strip().lower() == "auto" else parse(raw)
+
+    return parse_or_auto
+
+
+parse_grace = _or_auto(parse_float)
+parse_auto_int = _or_auto(parse_int)
+
+
+def _one_of(choices: tuple[str, ...]) -> tuple[Callable[[str], str], Callable[[str], str | None]]:
+    """The parser (any case) and the check of a setting that is one of ``choices``."""
+    expected = f"expected one of {', '.join(choices)}"
+
+    def parse(raw: str) -> str:
+        text = raw.strip().lower()
+        if text not in choices:
+            raise ValueError(expected)
+        return text
+
+    def check(value: str) -> str | None:
+        return None if value in choices else expected
+
+    return parse, check
+
+
+parse_log_level, check_log_level = _one_of(LOG_LEVELS)
+parse_fsync, check_fsync = _one_of(c.JOURNAL_FSYNC_MODES)
+parse_event_loop, check_event_loop = _one_of(EVENT_LOOPS)
+
+
+def _parses(parse: Callable[[str], object]) -> Callable[[str], str | None]:
+    """The check that a value is what ``parse`` reads: its ``ValueError``'s reason, or None."""
+
+    def check(value: str) -> str | None:
+        try:
+            parse(value)
+        except ValueError as exc:
+            return str(exc)
         return None
-    return parse_float(raw)
 
-
-def parse_auto_int(raw: str) -> int | None:
-    """``auto`` (``None``: derived from other settings) or an integer."""
-    if raw.strip().lower() == "auto":
-        return None
-    return parse_int(raw)
-
-
-def parse_log_level(raw: str) -> str:
-    text = raw.strip().lower()
-    if text not in LOG_LEVELS:
-        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
-    return text
-
-
-def parse_fsync(raw: str) -> str:
-    text = raw.strip().lower()
-    if text not in c.JOURNAL_FSYNC_MODES:
-        raise ValueError(f"expected one of {', '.join(c.JOURNAL_FSYNC_MODES)}")
-    return text
-
-
-def check_fsync(value: str) -> str | None:
-    modes = c.JOURNAL_FSYNC_MODES
-    return None if value in modes else f"expected one of {', '.join(modes)}"
-
-
-def parse_event_loop(raw: str) -> str:
-    text = raw.strip().lower()
-    if text not in EVENT_LOOPS:
-        raise ValueError(f"expected one of {', '.join(EVENT_LOOPS)}")
-    return text
-
-
-def check_event_loop(value: str) -> str | None:
-    return None if value in EVENT_LOOPS else f"expected one of {', '.join(EVENT_LOOPS)}"
+    return check
 
 
 def check_positive(value: float) -> str | None:
@@ -115,17 +121,11 @@ def check_port(value: int) -> str | None:
 
 
 def check_lease(value: int) -> str | None:
-    if not 0 < value <= c.MAX_NUMBER:
-        return f"must be 1..{c.MAX_NUMBER}"
-    return None
+    return None if 0 < value <= c.MAX_NUMBER else f"must be 1..{c.MAX_NUMBER}"
 
 
 def check_nothing(_value: object) -> str | None:
     return None
-
-
-def check_log_level(value: str) -> str | None:
-    return None if value in LOG_LEVELS else f"expected one of {', '.join(LOG_LEVELS)}"
 
 
 def parse_member(raw: str) -> str:
@@ -166,12 +166,7 @@ def check_members(value: tuple[str, ...]) -> str | None:
     return None
 
 
-def check_member(value: str) -> str | None:
-    try:
-        parse_member(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
+check_member = _parses(parse_member)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,12 +231,7 @@ def parse_cluster(raw: str) -> str:
     return split_cluster_url(raw).format()
 
 
-def check_cluster(value: str) -> str | None:
-    try:
-        split_cluster_url(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
+check_cluster = _parses(split_cluster_url)
 
 
 def check_readable_file(value: str) -> str | None:

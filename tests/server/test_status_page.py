@@ -60,7 +60,7 @@ def test_the_page_shows_each_lock_and_escapes_what_clients_sent() -> None:
             }
         ],
         "semaphores": [{"key": "pool&co", "limit": 3, "holders": 2, "waiters": 0}],
-        "grace_remaining_s": 4.0,
+        "degraded": [conditions.grace(4.0, "").as_json()],
     }
     page = render('dflockd-server on "x"', stats, 2, 0.0)
     assert '<meta http-equiv="refresh" content="2">' in page
