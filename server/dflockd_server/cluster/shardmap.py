@@ -258,9 +258,6 @@ class ShardMap:
     def __repr__(self) -> str:
         return f"ShardMap({len(self._shards)} shards, {self.counts()})"
 
-    def get(self, shard: int) -> ShardAssignment | None:
-        return self._shards.get(shard)
-
     def items(self) -> tuple[tuple[int, ShardAssignment], ...]:
         """(shard, assignment) in shard order."""
         if self._sorted is None:
