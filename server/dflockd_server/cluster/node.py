@@ -252,17 +252,14 @@ class ClusterNode:
 
     @property
     def handovers(self) -> int:
-        """Shards this member handed over (to their target, or released on a graceful leave)."""
         return self._handover.handovers
 
     @property
     def failovers(self) -> int:
-        """Shards this member took over after waiting out a gone member's longest lease."""
         return self._handover.failovers
 
     @property
     def released_takeovers(self) -> int:
-        """Shards this member took at once because their member had released them."""
         return self._handover.released_takeovers
 
     def stats(self) -> ClusterStats:
@@ -336,12 +333,6 @@ class ClusterNode:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._hand(self._fenced_snapshot(self._ownership.view))
-
-    def __enter__(self) -> ClusterNode:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _new_member(self) -> Member:
         return Member(

@@ -264,9 +264,6 @@ class ShardMap:
             self._sorted = tuple(sorted(self._shards.items()))
         return self._sorted
 
-    def assignment_for_key(self, key: str) -> ShardAssignment | None:
-        return self._shards.get(shard_id(key))
-
     def missing(self) -> list[int]:
         """Shards without an assignment."""
         return [s for s in range(SHARD_COUNT) if s not in self._shards]
