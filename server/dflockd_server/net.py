@@ -81,8 +81,9 @@ class Server:
         """Which keys it serves (``set_ownership``), and its cluster node's host."""
         self.key_check: Callable[[str], bytes | None] | None = None
         """``serving.key_check``, read by every acquire (``set_ownership`` keeps it)."""
-        # What its sessions (``dispatch.Host``) and connections (``connection.ServerSide``)
-        # call, bound to the part that answers it.
+        # What its sessions (``dispatch.Host``), connections (``connection.ServerSide``) and
+        # cluster node (``NodeHost``, with ``set_ownership``) call, bound to the part that
+        # answers it.
         self.may_hold = serving.may_hold
         self.asked_check = serving.asked_check
         self.admit_ask = serving.admit_ask
@@ -93,6 +94,10 @@ class Server:
         self.transport_lost = admission.transport_lost
         self.handshake_started = admission.handshake_started
         self.handshake_ended = admission.handshake_ended
+        self.fail_waiters = serving.fail_waiters
+        self.holders_in = serving.holders_in
+        self.key_present = serving.key_present
+        self.renewals_allowed = serving.renewals_allowed
         self.node: ClusterNode | None = None
         """A cluster member's node (``--cluster``), else None."""
         self.secret: bytes | None = None
@@ -254,7 +259,7 @@ class Server:
                 EtcdError,
             )
 
-            node = make_cluster_node(cfg, self.serving)
+            node = make_cluster_node(cfg, self)  # it hands this server its snapshots
             try:
                 await loop.run_in_executor(None, node.start)
             except DuplicateMember as exc:
@@ -330,7 +335,8 @@ class Server:
             note_lease=bound.note_now,
             lease_noted=bound.longest,
         )
-        bound.table = self.serving.table = table
+        bound.table = table
+        self.serving.attach(table)
         self.admission.share_table(table)
         if plan.journal is not None:
             highest = self._restore(plan, table)
@@ -350,9 +356,7 @@ class Server:
         given = self._given_ownership
         if given is not None:
             self.set_ownership(given)
-        elif self.node is not None:
-            self.set_ownership(self.node)  # it swaps its own snapshots inside
-        else:
+        elif self.node is None:
             self.set_ownership(make_ownership(cfg))
         self._stopped = asyncio.Event()
         # TLS or not, the loop sees plain TCP: a TLS connection's session is its own (tls.py).

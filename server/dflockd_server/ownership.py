@@ -11,8 +11,8 @@ Three modes (docs/protocol.md, *Ownership*):
   ``celery_dflock.client.sharding.stable_hash_shard`` computes; the order matters). Any other key is
   answered ``error_moved <its owner>``, so a client whose list disagrees learns it at its first
   acquire instead of splitting a key's holders across two servers.
-* cluster mode: the cluster node (``cluster/node.py``) provides its own ``Ownership`` and
-  replaces it whenever its view of the shard map changes.
+* cluster mode: the cluster node (``cluster/node.py``) hands the server a new
+  ``cluster.snapshot.ClusterOwnership`` whenever its view of the shard map or its lease changes.
 
 An ownership object is an immutable snapshot: whoever changes the verdicts makes a new one and
 swaps the server's reference (``Server.set_ownership``), from any thread.

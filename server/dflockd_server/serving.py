@@ -1,11 +1,11 @@
 """Which keys a ``Server`` serves, and what its cluster node asks of it.
 
-A ``net.Server`` has a ``KeyServing``, which the ownership goes through: the current
-``Ownership`` and its swap (``set_ownership``, from any thread), the checks the dispatch asks
-(``key_check``, ``asked_check``, ``may_hold``, the ``shards`` reply), and the calls a cluster
-node makes when shards move (``fail_waiters``, ``holders_in``, ``key_present``,
-``renewals_allowed``: it is the node's ``cluster.host.NodeHost``), run on the loop's thread.
-``make_ownership`` and ``make_cluster_node`` build a server's ownership from its config.
+A ``net.Server`` has a ``KeyServing``: the current ``Ownership`` and its swap (``set_ownership``,
+from any thread: a cluster node hands over each snapshot from its own), the checks the dispatch
+asks (``key_check``, ``asked_check``, ``may_hold``, the ``shards`` reply), and the rest of a
+cluster node's ``cluster.host.NodeHost`` (``fail_waiters``, ``holders_in``, ``key_present``,
+``renewals_allowed``). ``make_ownership`` and ``make_cluster_node`` build a server's ownership
+from its config.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 def make_ownership(config: Config) -> Ownership:
     """The ownership of a server that is not a cluster member: every key (single) or the
-    static list's share (``--members``). A cluster member's is its `ClusterNode`."""
+    static list's share (``--members``). A cluster member's comes from its `ClusterNode`."""
     if config.members is not None:
         assert config.advertise is not None  # Config checks it
         return StaticOwnership(config.members, config.advertise)
@@ -85,21 +85,37 @@ class KeyServing:
         taken over or handed down."""
         self._renewals_allowed = True
         self.table: LockTable | None = None
-        """The server's lock table, once its start has made it."""
+        """The server's lock table, once its start has made it (``attach``)."""
+        self._swap = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         """The server's loop, once started, and its thread (``_on_loop``)."""
         self.loop_thread = 0
 
     def set_ownership(self, ownership: Ownership) -> None:
         """Serve by ``ownership`` from now on (any thread: the references are swapped, the
-        loop reads whichever is current)."""
+        loop reads whichever is current; a request the swap overtakes is answered by the
+        ownership it read first, as if it had come just before)."""
         single = isinstance(ownership, SingleOwnership)
-        self.ownership = ownership
-        self.key_check = None if single else ownership.check
-        self._may_hold = None if single else ownership.may_hold
+        with self._swap:
+            self.ownership = ownership
+            self.key_check = None if single else ownership.check
+            self._may_hold = None if single else ownership.may_hold
+            self._grant_checks()
+
+    def attach(self, table: LockTable) -> None:
+        """The server's lock table, once its start made it: it asks the current ownership
+        before each promotion of a queued waiter, and those of every later swap."""
+        with self._swap:
+            self.table = table
+            self._grant_checks()
+
+    def _grant_checks(self) -> None:
+        # Under ``_swap``: a swap on another thread (a cluster node's) while the table is
+        # attached leaves the table with the later ownership's checks, never the earlier's.
         if self.table is not None:
-            self.table.grants.grant_check = self.key_check
-            self.table.grants.asked_check = None if single else ownership.check_asked
+            grants = self.table.grants
+            grants.grant_check = self.key_check
+            grants.asked_check = None if self.key_check is None else self.ownership.check_asked
 
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or

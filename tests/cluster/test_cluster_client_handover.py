@@ -103,9 +103,7 @@ class Fleet:
         wait_until(self.settled, timeout=WAIT_S, what=what)
 
     def owner(self, key: str) -> str:
-        assignment = read_view(self.etcd, self.prefix).shard_map.assignment_for_key(key)
-        assert assignment is not None
-        return assignment.current
+        return read_view(self.etcd, self.prefix).shard_map[shard_id(key)].current
 
     def seeds(self) -> list[tuple[str, int]]:
         return [m.address for m in self.members]

@@ -90,9 +90,7 @@ class Member:
         return self.metric("dflockd_cluster_shards", state=state)
 
     def serves(self, key: str) -> bool:
-        node = self.thread.server.node
-        assert node is not None
-        return node.check(key) is None
+        return self.thread.server.serving.ownership.check(key) is None  # the node's snapshot
 
     def key(self, stem: str) -> str:
         """A key this member serves now."""

@@ -62,7 +62,7 @@ def test_a_held_longest_lease_publish_stalls_only_the_grant_that_needs_it(
     node = member.server.node
     assert node is not None
     wait_until(
-        lambda: all(node.check(k) is None for k in ("short", "short2", "long")),
+        lambda: all(node.ownership.check(k) is None for k in ("short", "short2", "long")),
         timeout=WAIT_S,
         what="the member serving the test's keys",
     )
@@ -112,7 +112,7 @@ def test_a_publish_etcd_never_answers_refuses_that_grant_and_the_next_one_publis
     node = member.server.node
     assert node is not None
     wait_until(
-        lambda: all(node.check(k) is None for k in ("short", "long")),
+        lambda: all(node.ownership.check(k) is None for k in ("short", "long")),
         timeout=WAIT_S,
         what="the member serving the test's keys",
     )

@@ -1,8 +1,8 @@
 """Cluster nodes against a real etcd: who serves a key, handover, failover, fencing, rebalance.
 
 The host side is ``HostTable``: what a lock server keeps that a node asks about (holders and
-waiters per key, whether renewals are allowed), as a tiny table. It grants through the node's
-``check`` and fence counter exactly as the server's dispatch would.
+waiters per key, whether renewals are allowed), as a tiny table. It grants through the snapshot
+the node handed it last and the node's fence counter exactly as the server's dispatch would.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dflockd_server.cluster.membership import ClusterKeys, ClusterView, Member
 from dflockd_server.cluster.node import ClusterNode
 from dflockd_server.cluster.ops import pin, read_view, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
+from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S
 from dflockd_server.fence import fence_of
 from dflockd_server.protocol import reply_ask
@@ -55,8 +56,12 @@ class HostTable:
         self.waiters: dict[str, int] = {}
         self.failed: list[tuple[frozenset[int], bytes]] = []
         self.renewals: list[bool] = []
+        self.ownership: ClusterOwnership | None = None
 
     # -- NodeHost ------------------------------------------------------------------------------
+
+    def set_ownership(self, ownership: ClusterOwnership) -> None:
+        self.ownership = ownership
 
     def fail_waiters(self, shard_ids: Collection[int], reply: bytes) -> None:
         ids = frozenset(shard_ids)
@@ -81,7 +86,7 @@ class HostTable:
 
     def acquire(self, node: ClusterNode, key: str) -> str | bytes:
         """A token, or the refusal line the server would send."""
-        refusal = node.check(key)
+        refusal = self._own().check(key)
         if refusal is not None:
             return refusal
         with self._lock:
@@ -91,7 +96,7 @@ class HostTable:
             return token
 
     def queue(self, node: ClusterNode, key: str) -> bytes | None:
-        refusal = node.check(key)
+        refusal = self._own().check(key)
         if refusal is None:
             with self._lock:
                 self.waiters[key] = self.waiters.get(key, 0) + 1
@@ -100,11 +105,15 @@ class HostTable:
     def renew(self, node: ClusterNode, key: str) -> bool:
         with self._lock:
             allowed = not self.renewals or self.renewals[-1]
-            return key in self.holders and allowed and node.may_hold(key)
+            return key in self.holders and allowed and self._own().may_hold(key)
 
     def release(self, key: str) -> None:
         with self._lock:
             del self.holders[key]
+
+    def _own(self) -> ClusterOwnership:
+        assert self.ownership is not None  # the node hands its first at its making
+        return self.ownership
 
 
 @dataclass
@@ -163,7 +172,7 @@ def key_in_shard(shard: int, stem: str) -> str:
 
 
 def owner_of(peers: list[Peer], key: str) -> Peer:
-    (owner,) = [p for p in peers if p.node.check(key) is None]
+    (owner,) = [p for p in peers if p.node.ownership.check(key) is None]
     return owner
 
 
@@ -180,8 +189,8 @@ def test_initial_map_one_server_per_key_then_rebalance_moves_the_fewest_shards(
         key = f"task:{i}"
         owner = expected[shard_id(key)].target
         for p in peers:
-            assert p.node.check(key) == (None if p.name == owner else moved_reply(owner))
-    assert peers[0].node.describe()["members"] == ["a:1", "b:1", "c:1"]
+            assert p.node.ownership.check(key) == (None if p.name == owner else moved_reply(owner))
+    assert peers[0].node.ownership.describe()["members"] == ["a:1", "b:1", "c:1"]
     assert all(p.host.renewals == [True] for p in peers)
     # A fourth member gets nothing until an operator rebalances (auto_rebalance_s=None here).
     peers += cluster("d:1")
@@ -234,20 +243,22 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     # held and the key queued there (its waiter is not answered), asks for any other key there.
     free_key = key_in_shard(shard, "free:")
     wait_until(
-        lambda: (old.node.check(free_key) or b"").startswith(reply_ask(new.name)[:-1] + b" "),
+        lambda: (old.node.ownership.check(free_key) or b"").startswith(
+            reply_ask(new.name)[:-1] + b" "
+        ),
         what="the old owner asks for the free keys at the new one",
         timeout=WAIT_S,
     )
-    assert old.node.check(key) is None and old.node.check(waiter_key) is None
+    assert old.node.ownership.check(key) is None and old.node.ownership.check(waiter_key) is None
     assert old.host.failed == []
     assert old.host.renew(old.node, key)  # its holder keeps renewing meanwhile
     wait_until(
-        lambda: new.node.check_asked(free_key) is None,
+        lambda: new.node.ownership.check_asked(free_key) is None,
         what="the new owner serves a key it is asked for",
         timeout=WAIT_S,
     )
     # ...only with the old owner's ticket for that key: never on a client's word.
-    asked_reply = old.node.check(free_key)
+    asked_reply = old.node.ownership.check(free_key)
     assert asked_reply is not None
     ticket = asked_reply.split()[2].decode()
     assert new.node.ownership.admit_ask(free_key, "_") == b"error\n"
@@ -257,7 +268,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
         what="the new owner admits the old owner's ticket",
         timeout=WAIT_S,
     )
-    assert new.node.check(free_key) == moved_reply(old.name)  # not asked: to the current
+    assert new.node.ownership.check(free_key) == moved_reply(old.name)  # not asked: to the current
     with old.host._lock:  # the waiter gives up (its timeout)
         old.host.waiters.clear()
     time.sleep(MAX_LEASE_TTL / 4)
@@ -265,11 +276,13 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     assert read_view(etcd, prefix).shard_map[shard] == ShardAssignment(
         new.name, old.name, ("pinned", f"split={new.name}")
     )
-    assert new.node.check(key) == moved_reply(old.name)
+    assert new.node.ownership.check(key) == moved_reply(old.name)
     handovers = old.node.handovers
     old.host.release(key)
     took = wait_until(
-        lambda: new.node.check(key) is None, what="the new owner serves the key", timeout=WAIT_S
+        lambda: new.node.ownership.check(key) is None,
+        what="the new owner serves the key",
+        timeout=WAIT_S,
     )
     print(f"handed over {took:.2f} s after the release")
     # Handed over by the old owner (no lease waited for: nobody failed over), not taken.
@@ -284,7 +297,9 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     # The old owner hears of the finished handover from its own watch of etcd, which may come
     # after the new owner's: until then it answers unavailable, never grants.
     wait_until(
-        lambda: old.node.check(key) == moved, what="the old owner sends acquires on", timeout=WAIT_S
+        lambda: old.node.ownership.check(key) == moved,
+        what="the old owner sends acquires on",
+        timeout=WAIT_S,
     )
     # -- a failover: the new owner dies holding the key (unpinned, so the leader may move it)
     unpin(etcd, prefix, shard)
@@ -292,7 +307,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     new.node.stop(leave=False)  # a crash: its lease runs out, nobody revokes it
     killed_at = time.monotonic()
     took = wait_until(
-        lambda: None in [p.node.check(key) for p in rest],
+        lambda: None in [p.node.ownership.check(key) for p in rest],
         what="a survivor serves the key",
         timeout=WAIT_S,
     )
@@ -357,7 +372,9 @@ def test_a_member_waiting_for_a_failover_reads_nothing_from_etcd_until_it_is_due
         )
         dead = next(p for p in peers if not (p.node.member and p.node.member.is_leader))
         rest = [p for p in peers if p is not dead]
-        key = next(f"gone:{i}" for i in range(10**6) if dead.node.check(f"gone:{i}") is None)
+        key = next(
+            f"gone:{i}" for i in range(10**6) if dead.node.ownership.check(f"gone:{i}") is None
+        )
 
         def view(peer: Peer) -> ClusterView:
             member = peer.node.member
@@ -365,7 +382,7 @@ def test_a_member_waiting_for_a_failover_reads_nothing_from_etcd_until_it_is_due
             return member.snapshot()
 
         def answers() -> list[bytes | None]:
-            return [p.node.check(key) for p in rest]
+            return [p.node.ownership.check(key) for p in rest]
 
         dead.node.stop(leave=False)  # a crash: its lease runs out, nobody revokes it
         listed_at = time.monotonic()  # both survivors still list it (each counts from later)
@@ -423,7 +440,7 @@ def test_a_member_whose_split_node_died_reads_nothing_from_etcd_until_the_split_
             what="the initial map served",
             timeout=WAIT_S,
         )
-        key = next(f"held:{i}" for i in range(10**6) if a.node.check(f"held:{i}") is None)
+        key = next(f"held:{i}" for i in range(10**6) if a.node.ownership.check(f"held:{i}") is None)
         shard = shard_id(key)
         assert isinstance(a.host.acquire(a.node, key), str)
         pin(own_etcd.client(), prefix, shard, b.name)
@@ -456,13 +473,15 @@ def test_a_member_whose_split_node_died_reads_nothing_from_etcd_until_the_split_
         time.sleep(closes - time.monotonic())
         reads = etcd_reads(own_etcd) - before
         free = key_in_shard(shard, "free:")
-        assert a.node.check(free) == ERROR_UNAVAILABLE, "the split dropped before its wait"
+        assert a.node.ownership.check(free) == ERROR_UNAVAILABLE, (
+            "the split dropped before its wait"
+        )
         assert reads <= 3, f"etcd served {reads} read(s) during the split's wait"
         took = wait_until(
-            lambda: a.node.check(free) is None, what="a drops the split", timeout=WAIT_S
+            lambda: a.node.ownership.check(free) is None, what="a drops the split", timeout=WAIT_S
         )
         print(f"{reads} read(s) during the wait; the split dropped {took:.2f} s after")
-        assert a.node.check(key) is None  # its own held key untouched
+        assert a.node.ownership.check(key) is None  # its own held key untouched
     finally:
         for peer in (a, b):
             peer.node.stop(leave=False, timeout=3.0)
@@ -487,7 +506,7 @@ def test_a_member_that_loses_etcd_fences_itself_then_rejoins(
         private.stop()
         stopped_at = time.monotonic()
         wait_until(
-            lambda: peer is not None and peer.node.check(key) == ERROR_UNAVAILABLE,
+            lambda: peer is not None and peer.node.ownership.check(key) == ERROR_UNAVAILABLE,
             what="fenced",
             timeout=WAIT_S,
         )
@@ -503,7 +522,7 @@ def test_a_member_that_loses_etcd_fences_itself_then_rejoins(
         assert peer.host.acquire(peer.node, "other") == ERROR_UNAVAILABLE
         private.start()
         took = wait_until(
-            lambda: peer is not None and peer.node.check(key) is None,
+            lambda: peer is not None and peer.node.ownership.check(key) is None,
             what="rejoined",
             timeout=WAIT_S,
         )
@@ -525,7 +544,7 @@ def test_a_member_that_loses_etcd_fences_itself_then_rejoins(
         # revocation): the bound that keeps grants single, whatever the machine's load.
         assert time.monotonic() - revoked_at < MAX_LEASE_TTL
         wait_until(
-            lambda: peer is not None and peer.node.check(key) is None,
+            lambda: peer is not None and peer.node.ownership.check(key) is None,
             what="rejoined",
             timeout=WAIT_S,
         )
@@ -546,7 +565,9 @@ def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wa
     leaving, heir = peers
     # Three keys of three of the leaving member's shards.
     held_key, kept_key, free_key = keys = [
-        next(f"{stem}{i}" for i in range(10**6) if leaving.node.check(f"{stem}{i}") is None)
+        next(
+            f"{stem}{i}" for i in range(10**6) if leaving.node.ownership.check(f"{stem}{i}") is None
+        )
         for stem in ("held:", "kept:", "free:")
     ]
     assert len({shard_id(k) for k in keys}) == 3
@@ -557,13 +578,15 @@ def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wa
     # kept_key's shard: the server says its holders were cut off by the shutdown timeout.
     leaving.node.stop(leave=True, keep={shard_id(kept_key)})
     left_at = time.monotonic()
-    assert leaving.node.check(free_key) == ERROR_UNAVAILABLE  # grants nothing once stopping
+    assert (
+        leaving.node.ownership.check(free_key) == ERROR_UNAVAILABLE
+    )  # grants nothing once stopping
     prefix = etcd_prefix.rstrip("/")
     after = read_view(etcd, prefix).shard_map
     assert after[shard_id(free_key)].released
     assert after[shard_id(held_key)].current == after[shard_id(kept_key)].current == "a:1"
     took = wait_until(
-        lambda: heir.node.check(free_key) is None, what="the heir serves", timeout=WAIT_S
+        lambda: heir.node.ownership.check(free_key) is None, what="the heir serves", timeout=WAIT_S
     )
     print(f"a released shard served by its heir {took:.2f} s after the leave")
     assert took < longest - 1  # about a second here; a failover waits longest + margin
@@ -573,13 +596,20 @@ def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wa
     # etcd (until then it sends their keys on to the leaving member): then it waits, grants
     # nothing before the failover.
     wait_until(
-        lambda: heir.node.check(held_key) == heir.node.check(kept_key) == ERROR_UNAVAILABLE,
+        lambda: (
+            heir.node.ownership.check(held_key)
+            == heir.node.ownership.check(kept_key)
+            == ERROR_UNAVAILABLE
+        ),
         what="the heir to wait for the held and the kept shards",
         timeout=WAIT_S,
     )
     assert time.monotonic() - left_at < longest  # (what was just checked was not too late)
     wait_until(
-        lambda: heir.node.check(held_key) is None and heir.node.check(kept_key) is None,
+        lambda: (
+            heir.node.ownership.check(held_key) is None
+            and heir.node.ownership.check(kept_key) is None
+        ),
         what="the held and the kept shards failed over",
         timeout=longest + WAIT_S,
     )
@@ -715,7 +745,7 @@ def test_an_heir_that_learns_of_a_missed_life_waits_again_from_then(
     heir, dead = cluster("a:1", "b:1", max_lease_ttl_s=longest)
     half = dict.fromkeys(["a:1", "b:1"], SHARD_COUNT // 2)
     wait_until(lambda: serving_counts([heir, dead]) == half, what="the initial map", timeout=WAIT_S)
-    key = next(f"k{i}" for i in range(10**6) if dead.node.check(f"k{i}") is None)
+    key = next(f"k{i}" for i in range(10**6) if dead.node.ownership.check(f"k{i}") is None)
     dead.node.stop(leave=False)  # a crash: its lease runs out
     wait = longest + MARGIN
 
@@ -726,7 +756,9 @@ def test_an_heir_that_learns_of_a_missed_life_waits_again_from_then(
     keys = ClusterKeys(etcd_prefix.rstrip("/"))
     etcd.put(keys.registered(dead.name), "a life the heir did not see")
     assert heir.node.failovers == 0, "took shards before the registration was put"
-    took = wait_until(lambda: heir.node.check(key) is None, what="the heir serves", timeout=WAIT_S)
+    took = wait_until(
+        lambda: heir.node.ownership.check(key) is None, what="the heir serves", timeout=WAIT_S
+    )
     print(f"the heir served {took:.2f} s after the registration it had not seen")
     assert took >= wait, f"served {took:.2f} s after the registration, before a whole wait"
     assert any("registered again since it was seen gone" in r.getMessage() for r in caplog.records)

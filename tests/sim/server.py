@@ -2,10 +2,10 @@
 (``dispatch.Session``, one per connection) and the real fence counter, driven as
 ``dflockd_server.connection`` and ``stream`` drive them, on the simulated loop and network.
 
-A cluster member's server has a ``ClusterNode`` (its ``Ownership``) and the real
-``serving.KeyServing`` between the two, as ``net.Server`` has: the ownership's checks, the
-node's ``NodeHost`` calls (``fail_waiters``, ``holders_in``, ``key_present``,
-``renewals_allowed``), the ``shards`` reply.
+A cluster member's server has a ``ClusterNode`` and the real ``serving.KeyServing`` between
+the two, as ``net.Server`` has: the node's ``NodeHost`` calls (its ownership snapshots,
+``fail_waiters``, ``holders_in``, ``key_present``, ``renewals_allowed``), the ownership's checks,
+the ``shards`` reply.
 
 What is the simulator's own here is what ``connection.py`` and ``stream.py`` do with a socket:
 the order of requests on a connection, a blocking acquire's timer, the read timeout (a close by
@@ -197,9 +197,7 @@ class SimServer:
             serving if serving is not None else KeyServing(cast("set[Connection]", InOrder()))
         )
         self.table = self._start()
-        self.serving.table = self.table
-        if node is not None:
-            self.serving.set_ownership(node)
+        self.serving.attach(self.table)  # a node handed it its snapshot already
         self._hello = p.reply_hello(
             c.SERVER_VERSION,
             durable=self.journal is not None,

@@ -268,12 +268,6 @@ class Member:
             with contextlib.suppress(EtcdError):
                 self.client.lease_revoke(self.lease_id)
 
-    def __enter__(self) -> Member:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     # -- the local copy ----------------------------------------------------------------------------
 
     def snapshot(self) -> ClusterView:

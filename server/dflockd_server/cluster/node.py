@@ -5,7 +5,8 @@ the leader's map upkeep) and one thread of its own that, on every change of the 
 lease, and every ``NODE_TICK_S``:
 
 1. asks ``decide.decide`` (pure) what each shard is: serve, moving out, taking over, failover,
-   other; publishes the verdicts as an immutable ``snapshot.ClusterOwnership``, swapped whole;
+   other; hands the verdicts to its server as an immutable ``snapshot.ClusterOwnership``
+   (``NodeHost.set_ownership``), swapped whole, before it acts on them;
 2. before granting on a shard under an assignment (its current member and split) it did not
    grant under a moment ago, raises its fencing counter above the highest ceiling any member
    published (``<prefix>/fence/<member>``, kept outside the members' leases so a dead member's
@@ -145,8 +146,8 @@ class ClusterStats:
 class ClusterNode:
     """One lock server's cluster member (see the module's docstring); ``start`` then ``stop``.
 
-    The node is itself the server's ``Ownership`` (``check``, ``may_hold``, ``describe``
-    delegate to the current snapshot) and owns the server's ``fence`` counter.
+    It hands its host each snapshot (the server's ``Ownership``) and owns the server's
+    ``fence`` counter.
     """
 
     def __init__(
@@ -186,6 +187,7 @@ class ClusterNode:
         self._fence = fence
         self._member: Member | None = None
         self._ownership = self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap()))
+        host.set_ownership(self._ownership)  # grant nothing until the first decision
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -222,27 +224,15 @@ class ClusterNode:
             failover_margin_s=failover_margin_s,
         )
 
-    # -- the Ownership protocol ------------------------------------------------------------------
-
     @property
     def ownership(self) -> ClusterOwnership:
         """The current snapshot (immutable; replaced whole)."""
         return self._ownership
 
-    def check(self, key: str) -> bytes | None:
-        return self._ownership.check(key)
-
-    def check_asked(self, key: str) -> bytes | None:
-        return self._ownership.check_asked(key)
-
-    def admit_ask(self, key: str, ticket: str) -> bytes | None:
-        return self._ownership.admit_ask(key, ticket)
-
-    def may_hold(self, key: str) -> bool:
-        return self._ownership.may_hold(key)
-
-    def describe(self) -> dict[str, object]:
-        return self._ownership.describe()
+    def _hand(self, ownership: ClusterOwnership) -> None:
+        """Make ``ownership`` the current snapshot, the host's too, before anything acts on it."""
+        self._ownership = ownership
+        self.host.set_ownership(ownership)
 
     @property
     def fence(self) -> FenceCounter:
@@ -262,17 +252,14 @@ class ClusterNode:
 
     @property
     def handovers(self) -> int:
-        """Shards this member handed over (to their target, or released on a graceful leave)."""
         return self._handover.handovers
 
     @property
     def failovers(self) -> int:
-        """Shards this member took over after waiting out a gone member's longest lease."""
         return self._handover.failovers
 
     @property
     def released_takeovers(self) -> int:
-        """Shards this member took at once because their member had released them."""
         return self._handover.released_takeovers
 
     def stats(self) -> ClusterStats:
@@ -345,13 +332,7 @@ class ClusterNode:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self._ownership = self._fenced_snapshot(self._ownership.view)
-
-    def __enter__(self) -> ClusterNode:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        self._hand(self._fenced_snapshot(self._ownership.view))
 
     def _new_member(self) -> Member:
         return Member(
@@ -422,7 +403,7 @@ class ClusterNode:
         if updates == self._seen_updates and now < self._rest_until:
             own = self._ownership
             if own.valid_until != valid_until:  # a keep-alive went through
-                self._ownership = replace(own, valid_until=valid_until)
+                self._hand(replace(own, valid_until=valid_until))
             return
         self._seen_updates = updates
         view = member.snapshot()
@@ -529,7 +510,7 @@ class ClusterNode:
         return frozenset(
             s
             for s, (current, split) in self._raised.items()
-            if (a := shard_map.get(s)) is not None and a.current == current and a.split == split
+            if s in shard_map and (a := shard_map[s]).current == current and a.split == split
         )
 
     def _raise_floor(self, floor: int) -> bool:
@@ -551,7 +532,7 @@ class ClusterNode:
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
         current = decision.serving.union(*decision.moving_out.values())
         member = self._member
-        self._ownership = ClusterOwnership(
+        own = ClusterOwnership(
             self.advertise,
             view,
             decision.verdicts,
@@ -569,6 +550,7 @@ class ClusterNode:
             wall=self._wall,
             clock_seen=self.clock.seen,
         )
+        self._hand(own)
         if self.fenced_reason is not None:
             log.info("cluster member %s: deciding (was: %s)", self.advertise, self.fenced_reason)
             self.fenced_reason = None
@@ -587,7 +569,7 @@ class ClusterNode:
         """Grant nothing, renew nothing; answer every queued waiter ``error_unavailable`` at
         once; forget what was seen (a rejoin starts afresh)."""
         if not self._ownership.fenced:
-            self._ownership = self._fenced_snapshot(self._ownership.view)
+            self._hand(self._fenced_snapshot(self._ownership.view))
             self._current = frozenset()
             # On the loop, after the fenced snapshot is in place: no waiter is queued later.
             self.host.fail_waiters(range(SHARD_COUNT), ERROR_UNAVAILABLE)

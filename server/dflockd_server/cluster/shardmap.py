@@ -258,17 +258,11 @@ class ShardMap:
     def __repr__(self) -> str:
         return f"ShardMap({len(self._shards)} shards, {self.counts()})"
 
-    def get(self, shard: int) -> ShardAssignment | None:
-        return self._shards.get(shard)
-
     def items(self) -> tuple[tuple[int, ShardAssignment], ...]:
         """(shard, assignment) in shard order."""
         if self._sorted is None:
             self._sorted = tuple(sorted(self._shards.items()))
         return self._sorted
-
-    def assignment_for_key(self, key: str) -> ShardAssignment | None:
-        return self._shards.get(shard_id(key))
 
     def missing(self) -> list[int]:
         """Shards without an assignment."""

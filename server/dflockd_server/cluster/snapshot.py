@@ -27,14 +27,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from dflockd_server import protocol as p
+from dflockd_server import constants as c, protocol as p
 from dflockd_server.cluster.asktickets import AskedKey, AskTickets
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, FENCED
 from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
-
-CLUSTER_MODE = "cluster"
-HASH_NAME = "fnv1a32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +171,12 @@ class ClusterOwnership:
             target[shard] = index[a.target]
             current[shard] = index.get(a.current, -1)
         return {
-            "mode": CLUSTER_MODE,
+            "mode": c.MODE_CLUSTER,
             "self": self.me,
             "leader": self.view.leader,
             "members": sorted(self.view.members),
             "shard_count": SHARD_COUNT,
-            "hash": HASH_NAME,
+            "hash": c.HASH_FNV1A32,
             "nodes": nodes,
             "current": current,
             "target": target,

@@ -30,9 +30,7 @@ from dflockd_server.cluster.etcd.messages import (
     TxnResult,
     WatchEvent,
     b64,
-    b64_raw,
     key_range,
-    prefix_end,
 )
 from dflockd_server.cluster.etcd.transport import EtcdTransport
 from dflockd_server.cluster.etcd.watch import Watch
@@ -57,11 +55,6 @@ class EtcdClient:
         return self.transport.url
 
     @property
-    def timeout(self) -> float:
-        """The longest one call may take, every attempt included."""
-        return self.transport.timeout
-
-    @property
     def switches(self) -> int:
         """Calls answered by another endpoint than the one that answered before."""
         return self.transport.switches
@@ -73,14 +66,10 @@ class EtcdClient:
 
     def range(self, key: str, *, prefix: bool = False) -> RangeResult:
         """The key (or every key under the prefix, in key order) and the current revision."""
-        body: dict[str, Any] = {"key": b64(key)}
-        if prefix:
-            body["range_end"] = b64_raw(prefix_end(key))
         what = f"range of {key!r}" + (" (prefix)" if prefix else "")
-        reply = self.transport.call("/v3/kv/range", body, what)
+        reply = self.transport.call("/v3/kv/range", key_range(key, prefix), what)
         return RangeResult(
-            [KeyValue.from_json(kv) for kv in reply.get("kvs", [])],
-            int(reply.get("header", {}).get("revision", 0)),
+            [KeyValue.from_json(kv) for kv in reply.get("kvs", [])], _revision(reply)
         )
 
     def stat(self, key: str, *, prefix: bool = False, since: int = 0) -> RangeStat:
@@ -91,11 +80,7 @@ class EtcdClient:
         body.update({"keys_only": True, "limit": "1", "min_mod_revision": str(since + 1)})
         what = f"count of {key!r}" + (" (prefix)" if prefix else "")
         reply = self.transport.call("/v3/kv/range", body, what)
-        return RangeStat(
-            int(reply.get("count", 0)),
-            bool(reply.get("kvs")),
-            int(reply.get("header", {}).get("revision", 0)),
-        )
+        return RangeStat(int(reply.get("count", 0)), bool(reply.get("kvs")), _revision(reply))
 
     def get(self, key: str) -> KeyValue | None:
         kvs = self.range(key).kvs
@@ -110,13 +95,11 @@ class EtcdClient:
         if lease:
             body["lease"] = str(lease)
         reply = self.transport.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
-        return int(reply.get("header", {}).get("revision", 0))
+        return _revision(reply)
 
     def delete(self, key: str, *, prefix: bool = False) -> int:
         """Delete the key (or every key under the prefix); returns how many were deleted."""
-        body: dict[str, Any] = {"key": b64(key)}
-        if prefix:
-            body["range_end"] = b64_raw(prefix_end(key))
+        body = key_range(key, prefix)
         reply = self.transport.call("/v3/kv/deleterange", body, f"delete of {key!r}", resend=False)
         return int(reply.get("deleted", 0))
 
@@ -140,11 +123,7 @@ class EtcdClient:
             for r in reply.get("responses", [])
             if "response_range" in r
         ]
-        return TxnResult(
-            bool(reply.get("succeeded", False)),
-            int(reply.get("header", {}).get("revision", 0)),
-            ranges,
-        )
+        return TxnResult(bool(reply.get("succeeded", False)), _revision(reply), ranges)
 
     def create_if_absent(self, key: str, value: str, *, lease: int = 0) -> bool:
         """Put ``key`` only if it does not exist; whether it was created."""
@@ -241,3 +220,7 @@ class EtcdClient:
         raise EtcdError(
             f"etcd at {self.url}: watch of {key!r} failed: {'; '.join(failures.values())}"
         )
+
+
+def _revision(reply: dict[str, Any]) -> int:
+    return int(reply.get("header", {}).get("revision", 0))
