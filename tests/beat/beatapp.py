@@ -1,8 +1,11 @@
 """The Celery app the beat tests run as real ``celery beat`` and ``celery worker`` processes.
 
 Settings come as JSON in ``BEAT_TEST_SETTINGS``. Every message a beat sends is stamped with
-the sender's pid and the send time (headers ``test_pid``, ``test_sent_at``), so a test reads
-from the broker who sent what, and when. ``beatapp.slow`` records each run (start, end, pid)
+the sender's pid, the send time and the time beat reserved the run it sends (headers
+``test_pid``, ``test_sent_at``, ``test_run_at``), so a test reads from the broker who sent
+which run, and when. A file ``late-send`` in the working directory holds the next
+``beatapp.tick`` send for :data:`LATE_SEND_S` after its reserve (and is removed): the late send
+of a loaded machine, on cue. ``beatapp.slow`` records each run (start, end, pid)
 and every skipped run in Redis lists next to the queue.
 
 ``BEAT_TEST_CONFIG``: the text of a docs page's configuration block (``app.conf.... = ...``),
@@ -13,15 +16,18 @@ queue, its store's keys) are put over it. ``BEAT_TEST_DJANGO_DATABASE``: Django'
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
 from celery import Celery, signals
-from celery.beat import PersistentScheduler
+from celery.beat import PersistentScheduler, ScheduleEntry
+from celery.utils.time import maybe_make_aware
 
 from celery_dflock.signals import lock_skipped
 
@@ -51,11 +57,35 @@ def _records() -> redis.Redis:
     return redis.Redis.from_url(str(app.conf.broker_url))
 
 
+LATE_SEND = Path("late-send")
+LATE_SEND_S = 0.8
+
+
+def _run_at() -> float | None:
+    """When beat reserved the run being sent: the newest ``last_run_at`` among the schedule
+    entries in the sending call stack. The scheduler's ``reserve`` returns the run's entry with
+    ``last_run_at`` = now; the entry it was given (the run before) is older. Which frame holds
+    which differs (Celery's tick, SingletonScheduler's apply_async for RedBeat's sends)."""
+    newest: float | None = None
+    frame = inspect.currentframe()
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, ScheduleEntry) and value.last_run_at is not None:
+                at = maybe_make_aware(value.last_run_at).timestamp()
+                newest = at if newest is None else max(newest, at)
+        frame = frame.f_back
+    return newest
+
+
 @signals.before_task_publish.connect
 def _stamp(headers: dict[str, Any] | None = None, **_: Any) -> None:
     if headers is not None:
+        if headers.get("task") == "beatapp.tick" and LATE_SEND.exists():
+            LATE_SEND.unlink()
+            time.sleep(LATE_SEND_S)
         headers["test_pid"] = os.getpid()
         headers["test_sent_at"] = time.time()
+        headers["test_run_at"] = _run_at()
 
 
 @app.task(name="beatapp.tick")

@@ -5,10 +5,12 @@ own) and celery-redbeat on Redis (a key prefix of the test's own).
 Each test configures its beats with docs/beat.md's block for that scheduler, as written (the
 test's own lock server, Redis and names put over it), starts three real ``celery beat``
 processes, and checks: one beat sends; an entry added by the page's edit block while they run
-(its 30 s period made 1 s) is sent by it; ``kill -9`` of that beat hands over within the beat's
-session (a 60 s lease, far longer: the session's end freed the lock); no run is sent twice. One
-start of three beats per scheduler covers all of it. With no worker consuming, what the beats
-send stays in the Redis queue, stamped with the sender's pid and time (tests/beat/beatapp.py).
+(its 30 s period made 1 s; made while a send of that beat leaves late, as on a loaded machine,
+so that a reload of the entries follows a late send) is sent by it; ``kill -9`` of that beat
+hands over within the beat's session (a 60 s lease, far longer: the session's end freed the
+lock); no run is sent twice. One start of three beats per scheduler covers all of it. With no
+worker consuming, what the beats send stays in the Redis queue, stamped with the sender's pid,
+the send time and the run's time (tests/beat/beatapp.py).
 """
 
 from __future__ import annotations
@@ -93,6 +95,22 @@ def beat_settings(**more: Any) -> dict[str, Any]:
     }
 
 
+def edit_during_a_late_send(edit: str) -> str:
+    """``edit`` (its imports first), made while the leader's next send of the app's entry is
+    held back :data:`tests.beat.beatapp.LATE_SEND_S` after beat reserved its run, so the leader
+    meets the change (``DatabaseScheduler`` reloads its entries) right after a late send."""
+    lines = edit.splitlines(keepends=True)
+    body = next(i for i, line in enumerate(lines) if not line.startswith(("import ", "from ")))
+    late = (
+        "import pathlib, time\n"
+        "late = pathlib.Path('late-send')\n"
+        "late.touch()\n"
+        "while late.exists():\n"
+        "    time.sleep(0.005)\n"
+    )
+    return "".join(lines[:body]) + late + "".join(lines[body:])
+
+
 def by_task(sent: list[Sent], task: str) -> list[Sent]:
     return [m for m in sent if m.entry == task]
 
@@ -107,7 +125,7 @@ def three_beats_follow_an_edit_and_hand_over(
     for beat in beats:
         assert f"Singleton{wrapped}" in beat.output(200)  # the banner
 
-    cluster.run_python(edit)  # the page's edit, made while the beats run
+    cluster.run_python(edit_during_a_late_send(edit))  # the page's edit, while the beats run
     broker.wait_sent(2, timeout=EDIT_TIMEOUT_S, entry=ADDED)
 
     leader.send(signal.SIGKILL)
