@@ -71,10 +71,7 @@ _REFUSALS: Final = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceS
 class Action:
     """What the transport does for a request answered otherwise than by a reply now."""
 
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    __slots__ = ()
 
 
 class Wait(Action):
@@ -84,7 +81,6 @@ class Wait(Action):
     __slots__ = ("timeout", "waiter")
 
     def __init__(self, waiter: Waiter, timeout: int) -> None:
-        super().__init__("wait")
         self.waiter = waiter
         self.timeout = timeout
 
@@ -95,7 +91,6 @@ class Close(Action):
     __slots__ = ("reply",)
 
     def __init__(self, reply: bytes) -> None:
-        super().__init__("close")
         self.reply = reply
 
 
@@ -105,15 +100,14 @@ class RaiseBound(Action):
     __slots__ = ("asking", "frame", "lease")
 
     def __init__(self, lease: int, frame: p.Frame, asking: bool) -> None:
-        super().__init__("raise bound")
         self.lease = lease
         self.frame = frame
         self.asking = asking
 
 
-STATS: Final = Action("stats")
+STATS: Final = Action()
 """Answer from the server's rationed ``stats`` snapshots (the last request of the pass)."""
-AUTH_FAILED: Final = Action("auth failed")
+AUTH_FAILED: Final = Action()
 """A wrong secret: answer ``error_auth`` and close after ``AUTH_FAILURE_DELAY_S``, reading
 nothing more meanwhile."""
 _CLOSE_UNAUTHED: Final = Close(p.REPLY_ERROR_AUTH)
@@ -286,14 +280,7 @@ class Session:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.grants.asking = self.asking
         try:
-            got = table.acquire(
-                # After the client's EOF nobody waits for an answer to come later: try once.
-                self.client,
-                name,
-                ttl,
-                limit,
-                queue=timeout > 0 and not self.eof,
-            )
+            got = table.acquire(self.client, name, ttl, limit, queue=timeout > 0 and not self.eof)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
@@ -320,15 +307,9 @@ class Session:
         if lease > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         table.grants.asking = self.asking
+        queue = timeout > 0 and not self.eof
         try:
-            got = table.hold(
-                self.client,
-                name,
-                lease,
-                note,
-                detached=detached,
-                queue=timeout > 0 and not self.eof,
-            )
+            got = table.hold(self.client, name, lease, note, detached=detached, queue=queue)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
@@ -368,7 +349,7 @@ class Session:
             return p.reply_bound(exc.note)
         except _REFUSALS as exc:
             return _refusal(exc)
-        return p.REPLY_ERROR if taken is None else p.reply_renewed(taken.lease_ttl)
+        return p.REPLY_ERROR if taken is None else p.reply_number(taken.lease_ttl)
 
     def _hand_down(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hd``: detach a grant from its connection. As ``n`` (see ``_take``)."""
@@ -412,7 +393,7 @@ class Session:
             len(freed),
             "".join(f", held by {readable_note(h.note)}" for h in freed),
         )
-        return p.reply_freed(len(freed))
+        return p.reply_number(len(freed))
 
     def _renew(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``n``, ``sn``."""
@@ -435,7 +416,7 @@ class Session:
             remaining = table.renew(name, token, ttl, self.client)
         except _REFUSALS as exc:
             return _refusal(exc)
-        return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
+        return p.REPLY_ERROR if remaining is None else p.reply_number(remaining)
 
     def _enqueue(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``e``, ``se``: two-phase, step 1."""
@@ -630,9 +611,9 @@ class Session:
 
 
 def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
-    """The reply to a request the table refused (or could not serve): ``cannot_record`` when
-    the server could not write its state (``FenceStateError``: ``error_read_only`` to an
-    acquire, which clients retry; ``error`` to the rest, as before)."""
+    """The reply to a request the table refused; ``cannot_record`` when the server could not
+    write its state (``FenceStateError``: ``error_read_only`` to an acquire, which clients
+    retry; ``error`` to the rest)."""
     if isinstance(exc, MaxLocks):
         return p.REPLY_ERROR_MAX_LOCKS
     if isinstance(exc, MaxWaiters):
@@ -641,7 +622,7 @@ def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
         return p.REPLY_ERROR_LIMIT_MISMATCH
     if isinstance(exc, AlreadyEnqueued):
         return p.REPLY_ERROR_ALREADY_ENQUEUED
-    # FenceStateError: the server's fault, not the client's: say so loudly.
+    # FenceStateError: the server's fault, not the client's: loudly.
     log.error("cannot issue a token: %s", exc)
     return cannot_record
 
