@@ -486,7 +486,7 @@ class Server:
         table = self.table
         connections = self.admission.connections
         for conn in list(connections):
-            conn.refuse_wait()
+            conn.answer_wait(p.REPLY_ERROR_DRAINING)
         refused = table.drop_queued()
         if timeout_s is None:
             # With a journal (and no cluster to hand keys to), the leases outlive this run:

@@ -581,7 +581,7 @@ class SimServer:
         return cast("set[_ConnState]", self.serving.connections)
 
     def _answer_wait(self, conn: Conn, state: _ConnState, reply: bytes) -> None:
-        """``Connection._give_up``: the wait in flight answered ``reply`` (its shard moved)."""
+        """``Connection.answer_wait``: the wait in flight answered ``reply`` (its shard moved)."""
         waiter = state.waiter
         if waiter is not None and conn.id in self.conns:
             state.session.give_up(waiter)
