@@ -408,7 +408,7 @@ class SimServer:
         self, journal: Journal, held: list[tuple[Conn, _ConnState, bytes, str]]
     ) -> list[bytes]:
         """Write the journal; the grants it could not hold are undone (nobody was told of
-        them) and their held-back replies refused (``GroupWrite._undo_refused``)."""
+        them) and their held-back replies refused (``GroupWrite._refuse``)."""
         journal.flush()
         if not journal.refused:
             return []
