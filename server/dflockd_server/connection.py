@@ -2,12 +2,12 @@
 byte side) and, once admitted, a session (``dispatch.Session``, the requests' side); frames
 from the stream go through the session, replies go back batched into one write per pass.
 
-Each connection answers its requests in order; a blocking acquire holds up the requests behind
-it on that connection only. What a request does to the lock table is decided in ``dispatch``;
-here are the loop's concerns: passes and their budget, waits and their timers, what dispatch
-asks instead of a reply (``Session.action``), the client's EOF, and shutdown. A request parked
-for a longer lease bound (``RaiseBound``) holds up its connection only, as a blocking acquire
-does, until ``leasebound.LeaseBound`` has recorded the bound off the loop.
+Each connection answers its requests in order; a blocking acquire, or a request parked for a
+longer lease bound (``RaiseBound``: until ``leasebound.LeaseBound`` has recorded it off the
+loop), holds up the requests behind it on that connection only. What a request does to the
+lock table is decided in ``dispatch``; here are the loop's concerns: passes and their budget,
+waits and their timers, what dispatch asks instead of a reply (``Session.action``), the
+client's EOF, and shutdown.
 """
 
 from __future__ import annotations
@@ -79,8 +79,7 @@ class Connection(asyncio.Protocol):
         self.session: Session | None = None  # once admitted: the requests' side (dispatch)
         self.budget = 0  # requests the pass under way may still answer
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
-        self.eof = False  # the client sent EOF: close once what it sent is answered (and
-        # session.eof: acquires are tried once)
+        self.eof = False  # the client sent EOF: close once what it sent is answered
         self.waiter: Waiter | None = None
         self.wait_started = 0.0  # perf_counter() when the in-flight wait began (metrics on)
         self.wait_command = b""
@@ -128,16 +127,13 @@ class Connection(asyncio.Protocol):
         by_peer = self.eof or not stream.closing
         self.server.transport_lost()
         stream.lost()
-        if self.wait_timer is not None:
-            self.wait_timer.cancel()
         if self.waiter is not None:
             self.waiter.wake = None
-            self.waiter = None
+        self._drop_wait()
         session = self.session
         if session is None:
             return  # refused at admission
         self.session = None
-        stream.busy = False
         self._free_untold(session)
         session.close(by_peer=by_peer)
         shares = session.grants.shares
@@ -235,11 +231,7 @@ class Connection(asyncio.Protocol):
     def _done_waiting(self, reply: bytes) -> None:
         """A blocking request got its answer: send it, then carry on with pipelined ones."""
         stream = self.stream
-        self.waiter = None
-        if self.wait_timer is not None:
-            self.wait_timer.cancel()
-            self.wait_timer = None
-        stream.busy = False
+        self._drop_wait()
         stream.last_rx = stream.clock()
         times = self.server.request_times
         if times is not None and self.wait_command:
@@ -399,7 +391,7 @@ class Connection(asyncio.Protocol):
             self.untold = self.untold_in = None
 
     def _drop_wait(self) -> None:
-        """The request in flight is over, unanswered (its connection goes)."""
+        """The request in flight is over (answered, or its connection goes)."""
         self.waiter = None
         if self.wait_timer is not None:
             self.wait_timer.cancel()
@@ -433,10 +425,12 @@ class Connection(asyncio.Protocol):
         self.wait_timer = None
         waiter, session = self.waiter, self.session
         if waiter is not None and session is not None:
-            self._give_up(session.timed_out(waiter))
+            self.answer_wait(session.timed_out(waiter))
 
-    def _give_up(self, reply: bytes) -> None:
-        """Answer the request in flight with ``reply``, if it waits."""
+    def answer_wait(self, reply: bytes) -> None:
+        """Answer a blocked acquire with ``reply`` now (the server drains: ``error_draining``;
+        its key's shard moved away); the connection stays open and in step (it may hold locks
+        to release)."""
         waiter = self.waiter
         if waiter is not None and self.session is not None:
             self.session.give_up(waiter)
@@ -449,25 +443,12 @@ class Connection(asyncio.Protocol):
             self._done_waiting(reply)
 
     # ------------------------------------------------------------------ shutdown
-    def refuse_wait(self) -> None:
-        """The server drains: answer a blocked acquire with ``error_draining`` (the connection
-        stays open: it may hold locks to release)."""
-        self._give_up(p.REPLY_ERROR_DRAINING)
-
-    def answer_wait(self, reply: bytes) -> None:
-        """Answer a blocked acquire with ``reply`` now (its key's shard moved away); the
-        connection stays open and in step."""
-        self._give_up(reply)
-
     def drain_now(self) -> None:
         """Shutdown deadline: answer an in-flight wait with ``error_draining`` and close."""
         waiter, session = self.waiter, self.session
         if waiter is not None and session is not None:
             session.give_up(waiter)
-            self.waiter = None
-            if self.wait_timer is not None:
-                self.wait_timer.cancel()
-                self.wait_timer = None
+            self._drop_wait()
             self.stream.close_with(p.REPLY_ERROR_DRAINING)
         else:
             self.stream.close()

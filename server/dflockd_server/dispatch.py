@@ -1,18 +1,16 @@
 """The dispatch step: one parsed request -> the lock table -> its reply. No sockets, no loop.
 
-``Session`` is one connection's side of the protocol: whether it has authenticated, its
-``Client`` in the table, whether its sender has ended (``eof``). ``Session.handle`` takes a
-frame from the ``RequestFramer`` and returns the reply bytes, or ``None`` when the answer is
-not a reply to send now; then ``Session.action`` says what the transport is to do: ``Wait``
-(the acquire is queued: start the timer, answer when the waiter is woken, through
-``Session.granted``, or the timer fires, through ``Session.give_up``), ``Close`` (send a last
-reply and close), ``STATS`` (answer from the server's rationed snapshots) or ``AUTH_FAILED``
-(a wrong secret: the answer and the close come after a delay), ``RaiseBound`` (a lease longer
-than the grants' ``lease_noted``: the request is parked until ``leasebound`` has recorded it).
+``Session`` is one connection's side of the protocol (authenticated or not, its ``Client`` in
+the table, ``eof``). ``Session.handle`` answers a frame with reply bytes, or with ``None``
+and ``Session.action`` saying what the transport does instead: ``Wait`` (the acquire is
+queued: answer through ``Session.granted`` when woken, or ``Session.give_up`` when its timer
+fires), ``Close`` (send a last reply and close), ``STATS`` (answer from the server's rationed
+snapshots), ``AUTH_FAILED`` (a wrong secret: answer and close after a delay) or ``RaiseBound``
+(a lease longer than the grants' ``lease_noted``: parked until ``leasebound`` has recorded it).
 
-There is one dispatch: each command has one route (``Session.route_table``), which parses its
-request with the command's one parser (``protocol.parse_<command>``), acts on the table and
-answers with ``protocol``'s reply bytes (no reply is formatted here).
+Each command has one route (``Session.route_table``): it parses with the command's one parser
+(``protocol.parse_<command>``; ``handle`` answers a ``Malformed`` with ``error``), acts on the
+table and answers with ``protocol``'s reply bytes (no reply is formatted here).
 """
 
 from __future__ import annotations
@@ -73,10 +71,7 @@ _REFUSALS: Final = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceS
 class Action:
     """What the transport does for a request answered otherwise than by a reply now."""
 
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    __slots__ = ()
 
 
 class Wait(Action):
@@ -86,7 +81,6 @@ class Wait(Action):
     __slots__ = ("timeout", "waiter")
 
     def __init__(self, waiter: Waiter, timeout: int) -> None:
-        super().__init__("wait")
         self.waiter = waiter
         self.timeout = timeout
 
@@ -97,7 +91,6 @@ class Close(Action):
     __slots__ = ("reply",)
 
     def __init__(self, reply: bytes) -> None:
-        super().__init__("close")
         self.reply = reply
 
 
@@ -107,15 +100,14 @@ class RaiseBound(Action):
     __slots__ = ("asking", "frame", "lease")
 
     def __init__(self, lease: int, frame: p.Frame, asking: bool) -> None:
-        super().__init__("raise bound")
         self.lease = lease
         self.frame = frame
         self.asking = asking
 
 
-STATS: Final = Action("stats")
+STATS: Final = Action()
 """Answer from the server's rationed ``stats`` snapshots (the last request of the pass)."""
-AUTH_FAILED: Final = Action("auth failed")
+AUTH_FAILED: Final = Action()
 """A wrong secret: answer ``error_auth`` and close after ``AUTH_FAILURE_DELAY_S``, reading
 nothing more meanwhile."""
 _CLOSE_UNAUTHED: Final = Close(p.REPLY_ERROR_AUTH)
@@ -210,6 +202,7 @@ class Session:
         self.eof = False
         """The client sent EOF: nobody waits for an answer that comes later (try once)."""
         self.action: Action | None = None
+        """What to do for the request ``handle`` last answered with ``None``."""
         self.asking = False
         """The previous request was an admitted ``asking``: the next one (only) is an asked
         acquire, of the key ``asked``."""
@@ -217,7 +210,6 @@ class Session:
         self.moved: dict[str, bytes] | None = None
         """Pending two-phase enqueues dropped because their key's shard moved away: the
         ``w`` / ``sw`` that comes for one is answered with this reply (``fail_enqueued``)."""
-        """What to do for the request ``handle`` last answered with ``None``."""
 
     def handle(self, frame: p.Frame) -> Reply:
         """Answer one request (see the module's doc)."""
@@ -230,8 +222,11 @@ class Session:
         route = _ROUTES.get(cmd)
         if route is None:
             self.asking = False
-            return self._unknown(cmd, key, arg)
-        reply = route(self, cmd, key, arg)
+            return self._malformed(p.unknown_command(cmd))
+        try:
+            reply = route(self, cmd, key, arg)
+        except p.Malformed as bad:  # a route's parser: nothing was done
+            reply = self._malformed(bad)
         if self.asking and cmd != _ASKING:
             self.asking = self.table.grants.asking = False  # one request only, whatever it was
         return reply
@@ -239,41 +234,37 @@ class Session:
     # ------------------------------------------------------------------ routes
     @staticmethod
     def route_table() -> dict[bytes, _Route]:
-        """Each command's one route: it parses the request (its command's parser) and acts."""
-        routes = (
-            ((c.CMD_LOCK, c.CMD_SEM_LOCK), Session._acquire),
-            ((c.CMD_RELEASE, c.CMD_SEM_RELEASE), Session._release),
-            ((c.CMD_RENEW, c.CMD_SEM_RENEW), Session._renew),
-            ((c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE), Session._enqueue),
-            ((c.CMD_WAIT, c.CMD_SEM_WAIT), Session._wait),
-            ((c.CMD_PING,), Session._ping),
-            ((c.CMD_HELLO,), Session._hello),
-            ((c.CMD_STATS,), Session._stats),
-            ((c.CMD_AUTH,), Session._auth),
-            ((c.CMD_SHARDS,), Session._shards),
-            ((c.CMD_HOLD,), Session._hold),
-            ((c.CMD_NOTE,), Session._note),
-            ((c.CMD_TAKE,), Session._take),
-            ((c.CMD_HAND_DOWN,), Session._hand_down),
-            ((c.CMD_ASKING,), Session._asking),
-            ((c.CMD_FORCE_RELEASE,), Session._force_release),
-        )
-        table: dict[bytes, _Route] = {}
-        for commands, route in routes:
-            for command in commands:
-                table[command.encode()] = route
-        return table
+        """Each command's one route."""
+        return {
+            command.encode(): route
+            for commands, route in (
+                ((c.CMD_LOCK, c.CMD_SEM_LOCK), Session._acquire),
+                ((c.CMD_RELEASE, c.CMD_SEM_RELEASE), Session._release),
+                ((c.CMD_RENEW, c.CMD_SEM_RENEW), Session._renew),
+                ((c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE), Session._enqueue),
+                ((c.CMD_WAIT, c.CMD_SEM_WAIT), Session._wait),
+                ((c.CMD_PING,), Session._ping),
+                ((c.CMD_HELLO,), Session._hello),
+                ((c.CMD_STATS,), Session._stats),
+                ((c.CMD_AUTH,), Session._auth),
+                ((c.CMD_SHARDS,), Session._shards),
+                ((c.CMD_HOLD,), Session._hold),
+                ((c.CMD_NOTE,), Session._note),
+                ((c.CMD_TAKE,), Session._take),
+                ((c.CMD_HAND_DOWN,), Session._hand_down),
+                ((c.CMD_ASKING,), Session._asking),
+                ((c.CMD_FORCE_RELEASE,), Session._force_release),
+            )
+            for command in commands
+        }
 
     def _acquire(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``l``, ``sl``."""
         limit: int | None = None
-        try:
-            if cmd == _LOCK:
-                name, timeout, lease = p.parse_lock(key, arg)
-            else:
-                name, timeout, limit, lease = p.parse_sem_lock(key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        if cmd == _LOCK:
+            name, timeout, lease = p.parse_lock(key, arg)
+        else:
+            name, timeout, limit, lease = p.parse_sem_lock(key, arg)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
@@ -289,14 +280,7 @@ class Session:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.grants.asking = self.asking
         try:
-            got = table.acquire(
-                # After the client's EOF nobody waits for an answer to come later: try once.
-                self.client,
-                name,
-                ttl,
-                limit,
-                queue=timeout > 0 and not self.eof,
-            )
+            got = table.acquire(self.client, name, ttl, limit, queue=timeout > 0 and not self.eof)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
@@ -309,10 +293,7 @@ class Session:
     def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hl``: a lock acquire with an owner note, bound to the connection or detached
         (every LockedTask run sends one)."""
-        try:
-            name, timeout, lease, detached, note = p.parse_hold(key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, timeout, lease, detached, note = p.parse_hold(key, arg)
         if lease > self.max_lease:
             return self._too_long(lease)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
@@ -326,15 +307,9 @@ class Session:
         if lease > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
         table.grants.asking = self.asking
+        queue = timeout > 0 and not self.eof
         try:
-            got = table.hold(
-                self.client,
-                name,
-                lease,
-                note,
-                detached=detached,
-                queue=timeout > 0 and not self.eof,
-            )
+            got = table.hold(self.client, name, lease, note, detached=detached, queue=queue)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
@@ -346,10 +321,7 @@ class Session:
 
     def _note(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``note``: replace a held grant's owner note."""
-        try:
-            name, token, note = p.parse_note(key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, token, note = p.parse_note(key, arg)
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY
         return p.REPLY_OK if self.table.set_note(name, token, note) else p.REPLY_ERROR
@@ -357,10 +329,7 @@ class Session:
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ht``: take a detached grant over, bound to this connection. As ``n``: no
         ownership check, answered while draining, refused while renewals are."""
-        try:
-            name, token, lease, on_close, note = p.parse_take(key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, token, lease, on_close, note = p.parse_take(key, arg)
         if lease > self.max_lease:
             return self._too_long(lease)
         if on_close is not None and on_close > self.max_lease:
@@ -378,14 +347,11 @@ class Session:
             return p.reply_bound(exc.note)
         except _REFUSALS as exc:
             return _refusal(exc)
-        return p.REPLY_ERROR if taken is None else p.reply_renewed(taken.lease_ttl)
+        return p.REPLY_ERROR if taken is None else p.reply_number(taken.lease_ttl)
 
     def _hand_down(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hd``: detach a grant from its connection. As ``n`` (see ``_take``)."""
-        try:
-            name, token, lease = p.parse_hand_down(key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, token, lease = p.parse_hand_down(key, arg)
         if lease > self.max_lease:
             return self._too_long(lease)
         if not self.host.may_hold(name):
@@ -402,10 +368,7 @@ class Session:
 
     def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``r``, ``sr``."""
-        try:
-            name, token = p.parse_release(cmd, key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, token = p.parse_release(cmd, key, arg)
         try:
             released = self.table.release(name, token)
         except _REFUSALS as exc:
@@ -416,10 +379,7 @@ class Session:
         """``fr``: an operator frees every grant on a key, whoever holds it. Routed as an
         acquire is (cluster mode: ``error_moved`` to the key's member), and logged with who
         asked: the peer's address and the note it sent."""
-        try:
-            name, note = p.parse_force_release(key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, note = p.parse_force_release(key, arg)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
         freed = self.table.force_release(name)
@@ -431,14 +391,11 @@ class Session:
             len(freed),
             "".join(f", held by {readable_note(h.note)}" for h in freed),
         )
-        return p.reply_freed(len(freed))
+        return p.reply_number(len(freed))
 
     def _renew(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``n``, ``sn``."""
-        try:
-            name, token, lease = p.parse_renew(cmd, key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, token, lease = p.parse_renew(cmd, key, arg)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if not self.host.may_hold(name):
@@ -457,18 +414,15 @@ class Session:
             remaining = table.renew(name, token, ttl, self.client)
         except _REFUSALS as exc:
             return _refusal(exc)
-        return p.REPLY_ERROR if remaining is None else p.reply_renewed(remaining)
+        return p.REPLY_ERROR if remaining is None else p.reply_number(remaining)
 
     def _enqueue(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``e``, ``se``: two-phase, step 1."""
         limit: int | None = None
-        try:
-            if cmd == _ENQUEUE:
-                name, lease = p.parse_enqueue(key, arg)
-            else:
-                name, limit, lease = p.parse_sem_enqueue(key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        if cmd == _ENQUEUE:
+            name, lease = p.parse_enqueue(key, arg)
+        else:
+            name, limit, lease = p.parse_sem_enqueue(key, arg)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
         if (refused := self._check(name)) is not None:
@@ -494,10 +448,7 @@ class Session:
 
     def _wait(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``w``, ``sw``: two-phase, step 2."""
-        try:
-            name, timeout = p.parse_wait(cmd, key, arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        name, timeout = p.parse_wait(cmd, key, arg)
         table = self.table
         try:
             waiter = table.find_enqueued(self.client, name)
@@ -551,10 +502,7 @@ class Session:
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ping``; ``ping _ session <id>`` keeps the client session ``<id>`` alive
         (``error``: there is no such session, its grants are gone)."""
-        try:
-            session_id = p.parse_keepalive(arg)
-        except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-            return self._malformed(bad)
+        session_id = p.parse_keepalive(arg)
         if session_id is None:
             return p.REPLY_OK
         journal = self.grants.journal
@@ -572,10 +520,7 @@ class Session:
         (``--session-ttl 0``)."""
         table = self.table
         if table.session_ttl_s:
-            try:
-                named = p.parse_client_session(arg)
-            except p.Malformed as bad:  # not ``exc``: compiled, one name holds one type
-                return self._malformed(bad)
+            named = p.parse_client_session(arg)
             if named is not None:
                 session_id, ttl = named
                 if ttl:
@@ -603,9 +548,6 @@ class Session:
         log.debug("connection %s: wrong auth secret", self.peer)
         self.authed = False
         return self._later(AUTH_FAILED)
-
-    def _unknown(self, cmd: bytes, key: bytes, arg: bytes) -> bytes:
-        return self._malformed(p.unknown_command(cmd))
 
     # ------------------------------------------------------------------ a wait's end
     def granted(self, waiter: Waiter) -> bytes:
@@ -667,9 +609,9 @@ class Session:
 
 
 def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
-    """The reply to a request the table refused (or could not serve): ``cannot_record`` when
-    the server could not write its state (``FenceStateError``: ``error_read_only`` to an
-    acquire, which clients retry; ``error`` to the rest, as before)."""
+    """The reply to a request the table refused; ``cannot_record`` when the server could not
+    write its state (``FenceStateError``: ``error_read_only`` to an acquire, which clients
+    retry; ``error`` to the rest)."""
     if isinstance(exc, MaxLocks):
         return p.REPLY_ERROR_MAX_LOCKS
     if isinstance(exc, MaxWaiters):
@@ -678,7 +620,7 @@ def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
         return p.REPLY_ERROR_LIMIT_MISMATCH
     if isinstance(exc, AlreadyEnqueued):
         return p.REPLY_ERROR_ALREADY_ENQUEUED
-    # FenceStateError: the server's fault, not the client's: say so loudly.
+    # FenceStateError: the server's fault, not the client's: loudly.
     log.error("cannot issue a token: %s", exc)
     return cannot_record
 

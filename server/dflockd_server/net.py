@@ -40,7 +40,7 @@ from dflockd_server.loops import loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
 from dflockd_server.ownership import Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
-from dflockd_server.snapshots import Asker, RationedSnapshots
+from dflockd_server.snapshots import RationedSnapshots
 from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
 from dflockd_server.status_page import StatusPage
 from dflockd_server.stream import GroupWrite, Stream
@@ -115,8 +115,8 @@ class Server:
         self._table: LockTable | None = None
         self.fence: FenceCounter | None = None
         self.lease_bound: LeaseBound | None = None
-        self._fence_ahead: concurrent.futures.ThreadPoolExecutor | None = None
         """Raises the recorded longest lease off the loop (parked requests wait for it)."""
+        self._fence_ahead: concurrent.futures.ThreadPoolExecutor | None = None
         self.state: StateDir | None = None
         """The state directory (``--state-dir``), locked while this server runs, or None."""
         self.journal: Journal | None = None
@@ -296,18 +296,18 @@ class Server:
             )
         fence = self.fence
         assert fence is not None
-        # Each next ceiling is stored ahead of the counter on a thread of its own (tokens).
+        # Each next ceiling is stored ahead of the counter on a thread of its own (tokens),
+        # started now, not at the first store (half a block of grants later): a server that
+        # can start no more threads by then (a container at its pid limit) would grant nothing
+        # past the ceiling.
         self._fence_ahead = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="dflockd-fence-ceiling"
         )
-        # Its thread started now, not at the first store (half a block of grants later): a
-        # server that can start no more threads by then (a container at its pid limit) would
-        # grant nothing past the ceiling.
-        await loop.run_in_executor(self._fence_ahead, _nothing)
+        await loop.run_in_executor(self._fence_ahead, lambda: None)
         fence.store_ahead(self._fence_ahead)
-        # Recorded (and a cluster member's published) before serving: a start killed during
-        # its grace leaves the same bound, and the leases it restores are covered.
-        # Recorded on a thread of its own (an fsync, an etcd round trip): see leasebound.
+        # Recorded (and a cluster member's published) before serving, on a thread of its own
+        # (an fsync, an etcd round trip: leasebound): a start killed during its grace leaves
+        # the same bound, and the leases it restores are covered.
         restored = plan.longest_restored
         publish = self.node.publish_longest if self.node is not None else None
         initial = max(grace.seconds, restored)
@@ -352,7 +352,7 @@ class Server:
             )
         else:
             log.info("restart grace: none (%s)", grace.why)
-        self.snapshots = RationedSnapshots(loop, self.stats_reply)
+        self.snapshots = snapshots = RationedSnapshots(loop, self.stats_reply)
         given = self._given_ownership
         if given is not None:
             self.set_ownership(given)
@@ -380,7 +380,7 @@ class Server:
             bound = self._listener.sockets[0].getsockname()
             page = StatusPage(
                 loop.call_soon_threadsafe,
-                self._ask_stats,
+                snapshots.request,  # on the loop
                 f"{c.SERVER_NAME} {c.SERVER_VERSION} on {bound[0]}:{bound[1]}",
             )
             exporter = MetricsExporter(self._metrics_snapshot, loop, page)
@@ -442,17 +442,15 @@ class Server:
         return lines
 
     async def _stop_accepting(self, listener: asyncio.Server) -> None:
-        """Stop accepting, and let the connections accepted last get their transports before
-        the listener closes.
+        """Stop accepting; the connections accepted last get their transports (and are refused
+        and closed: the server drains) before the listener closes.
 
         On asyncio's own loop (Python 3.11), a connection accepted in the turn before
-        ``close()`` gets its transport a turn later; after ``close()`` the transport's
-        constructor fails (``Server._attach`` asserts the server is open), and the loop drops
-        the error ("Error on transport creation", logged in debug mode only) without closing
-        the socket. Under a storm of new connections, a stopped embedded server left over a
-        thousand sockets for the garbage collector. Here those connections get their
-        transports first and are refused (the server is draining) and closed. uvloop does
-        not have the problem."""
+        ``close()`` gets its transport a turn later, whose constructor then fails
+        (``Server._attach`` asserts the server is open); the loop drops the error (logged in
+        debug mode only) without closing the socket: under a storm of new connections, a
+        stopped embedded server left over a thousand sockets to the garbage collector. uvloop
+        does not have the problem."""
         loop = self.loop
         if not isinstance(loop, asyncio.SelectorEventLoop):
             return
@@ -487,13 +485,12 @@ class Server:
         if self._listener is not None:
             await self._stop_accepting(self._listener)
             self._listener.close()
-        # Nothing more is granted: blocked acquires and queued two-phase waiters are refused
-        # now (not granted in the last moments before exit); holders keep renewing and
-        # releasing until they are done or the shutdown timeout runs out.
+        # Blocked acquires and queued two-phase waiters are refused now, not granted in the
+        # last moments before exit.
         table = self.table
         connections = self.admission.connections
         for conn in list(connections):
-            conn.refuse_wait()
+            conn.answer_wait(p.REPLY_ERROR_DRAINING)
         refused = table.drop_queued()
         if timeout_s is None:
             # With a journal (and no cluster to hand keys to), the leases outlive this run:
@@ -523,8 +520,7 @@ class Server:
         if self.node is not None:
             # The member stops deciding first: the closes below empty the table, and a shard
             # moving out must not be handed over for that (its cut-off holders still hold).
-            node = self.node
-            await self.loop.run_in_executor(None, node.halt)
+            await self.loop.run_in_executor(None, self.node.halt)
         # The journal is closed before the connections: closing them here is this run's
         # end, not their holders' release; the next run restores their leases.
         self._close_state()
@@ -628,11 +624,6 @@ class Server:
                 )
         return found
 
-    def _ask_stats(self, asker: Asker) -> bytes | None:
-        """A ``stats`` reply for the status page, from the rationed snapshots (on the loop)."""
-        assert self.snapshots is not None
-        return self.snapshots.request(asker)
-
     def stats_reply(self) -> bytes:
         """A ``stats`` reply: a snapshot of the table, now."""
         return p.reply_stats(json.dumps(self.stats(), separators=(",", ":")))
@@ -684,7 +675,3 @@ class Server:
         pruned = self.table.gc(self.config.gc_max_idle_s)
         if pruned:
             log.debug("pruned %d idle key(s)", pruned)
-
-
-def _nothing() -> None:
-    """A task that starts an executor's thread."""

@@ -37,12 +37,11 @@ __all__ = [
     "reply_acquired",
     "reply_ask",
     "reply_bound",
-    "reply_freed",
     "reply_granted",
     "reply_held_by",
     "reply_hello",
     "reply_moved",
-    "reply_renewed",
+    "reply_number",
     "reply_shards",
     "reply_stats",
     "unknown_command",
@@ -65,10 +64,10 @@ _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
 _MODES: Final = (_CONNECTION, _DETACHED)
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _NUMBERS: Final[dict[bytes, int]] = {b"%d" % n: n for n in range(c.QUICK_NUMBERS)}
-"""The usual numbers of a request (timeouts, leases), each written as a client
-writes it -> its value: one look-up in place of ``isdigit`` and ``int`` (compiled, those are
-two calls by name, about 1,300 instructions; the look-up about 250). Any other number,
-``007`` included, is read by ``_number``, to the same value."""
+"""The usual numbers of a request (timeouts, leases) as a client writes them -> their value:
+one look-up for ``isdigit`` and ``int`` (compiled, two calls by name, about 1,300 instructions;
+the look-up about 250). Any other number, ``007`` included, is read by ``_number``, to the
+same value."""
 _NOTE_BYTES: Final = bytes(range(0x21, 0x7F))
 """The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate`` to check
 one in C rather than byte by byte in Python."""
@@ -85,14 +84,10 @@ class Malformed(Exception):
 Frame = tuple[bytes, bytes, bytes]
 
 
-def _line_limit(cmd: bytes, index: int) -> int:
-    return c.MAX_AUTH_LINE_BYTES if index == 2 and cmd == _AUTH else c.MAX_LINE_BYTES
-
-
 def _all_short(lines: list[bytes]) -> bool:
-    """Whether no line is over ``_MAX_LINE``. A loop: compiled, ``max(map(len, lines))`` was
-    about 8,000 instructions a read of 16 pipelined requests, this is a few hundred; and on
-    CPython 3.11 the loop is faster too, and than ``all`` over a generator."""
+    """Whether no line is over ``_MAX_LINE``. A loop: compiled, ``max(map(len, lines))`` costs
+    about 8,000 instructions a read of 16 pipelined requests, this a few hundred; on CPython
+    3.11 the loop beats it and ``all`` over a generator too."""
     for line in lines:  # noqa: SIM110 (see the docstring)
         if len(line) > _MAX_LINE:
             return False
@@ -165,11 +160,10 @@ class RequestFramer:
         if pos >= end:
             return None
         if pos == 0 and type(buf) is bytes and _CR not in buf:
-            # Whole requests per read: split once, then a frame is three items of the list.
-            # Only when no line, the unfinished last one included, is over the limit (an
-            # ``auth`` secret may be longer): those go the frame-by-frame way below. (No line of
-            # a read shorter than the limit is over it: one request per read, round trips, is
-            # not measured line by line.)
+            # Whole requests per read: split once; a frame is then three items of the list.
+            # Not when a line, the unfinished last one included, is over the limit (an ``auth``
+            # secret may be): those are cut frame by frame below. A read within the limit has
+            # no such line (a round trip's one request is not measured line by line).
             lines = buf.split(b"\n")
             if len(lines) > 3 and (end <= _MAX_LINE or _all_short(lines)):
                 self._lines = lines
@@ -187,15 +181,11 @@ class RequestFramer:
                     self._pos = nl3 + 1
                     if type(buf) is bytes:  # slices of bytes are bytes already: no copies
                         return buf[pos:nl1], buf[nl1 + 1 : nl2], buf[nl2 + 1 : nl3]
-                    return (
-                        bytes(buf[pos:nl1]),
-                        bytes(buf[nl1 + 1 : nl2]),
-                        bytes(buf[nl2 + 1 : nl3]),
-                    )
-        cmd = key = b""
+                    return bytes(buf[pos:nl1]), bytes(buf[nl1 + 1 : nl2]), bytes(buf[nl2 + 1 : nl3])
+        frame: list[bytes] = []
         for index in range(3):
             nl = buf.find(b"\n", pos)
-            limit = _line_limit(cmd, index)
+            limit = c.MAX_AUTH_LINE_BYTES if index == 2 and frame[0] == _AUTH else _MAX_LINE
             if nl < 0:
                 # The line is incomplete; allow one byte for a trailing CR.
                 if end - pos > limit + 1:
@@ -205,17 +195,10 @@ class RequestFramer:
             line = bytes(buf[pos:nl])
             if len(line) > limit and not (len(line) == limit + 1 and line[-1] == _CR):
                 raise LineTooLong
-            if line and line[-1] == _CR:
-                line = line[:-1]
+            frame.append(line[:-1] if line and line[-1] == _CR else line)
             pos = nl + 1
-            if index == 0:
-                cmd = line
-            elif index == 1:
-                key = line
-            else:
-                self._pos = pos
-                return cmd, key, line
-        raise AssertionError("unreachable")
+        self._pos = pos
+        return frame[0], frame[1], frame[2]
 
     def _keep(self, start: int) -> None:
         """Keep an incomplete frame, starting at ``start``, in a growable buffer."""
@@ -280,11 +263,9 @@ def _note(raw: bytes) -> str:
 
 # ---------------------------------------------------------------------- requests
 # One parser per command: each checks its frame against PROTOCOL.md's rules, in the order
-# the fields come (the key first), and returns its fields or raises ``Malformed`` with a
-# short reason. The usual shapes cost no more than a look-up: numbers up to ``QUICK_NUMBERS``
-# come from ``_NUMBERS`` (a hit is a valid number: anything else, ``007`` included, is read by
-# ``_number``, to the same value), a plain token is taken whole when ``isalnum``; everything
-# else goes the rest of the same function's way. No ``Request`` is built: a tuple is cheaper.
+# the fields come (the key first), and returns its fields as a tuple (cheaper than an object)
+# or raises ``Malformed`` with a short reason. The usual shapes cost a look-up (``_NUMBERS``,
+# a token taken whole when ``isalnum``); any other shape goes the rest of the same function.
 
 
 def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
@@ -544,9 +525,7 @@ def reply_moved(address: str) -> bytes:
 def reply_ask(address: str, ticket: str = "") -> bytes:
     """``error_ask <HOST:PORT> [<ticket>]``: ask ``address`` for this key, once (``asking``
     first, passing the ticket along: the member's proof that it let the key go)."""
-    if ticket:
-        return f"{c.STATUS_ERROR_ASK} {address} {ticket}\n".encode()
-    return f"{c.STATUS_ERROR_ASK} {address}\n".encode()
+    return f"{c.STATUS_ERROR_ASK} {address}{' ' if ticket else ''}{ticket}\n".encode()
 
 
 def reply_shards(described: dict[str, object]) -> bytes:
@@ -580,13 +559,9 @@ def reply_bound(note: str | None) -> bytes:
     return f"{c.STATUS_ERROR_BOUND} {note or c.NO_NOTE}\n".encode()
 
 
-def reply_renewed(seconds_remaining: int) -> bytes:
-    return f"{c.STATUS_OK} {seconds_remaining}\n".encode()
-
-
-def reply_freed(grants: int) -> bytes:
-    """``ok <grants freed>`` to ``fr``."""
-    return f"{c.STATUS_OK} {grants}\n".encode()
+def reply_number(number: int) -> bytes:
+    """``ok <number>``: a renewal's seconds left (``n``, ``ht``), the grants ``fr`` freed."""
+    return f"{c.STATUS_OK} {number}\n".encode()
 
 
 def reply_stats(payload: str) -> bytes:

@@ -54,42 +54,39 @@ class StreamHost(Protocol):
 
 
 class GroupWrite:
-    """The lease journal's group write, once per turn of the loop in which a connection held replies
-    back for it (``Stream.send``): the journal is written (one write, and with ``--journal-fsync
-    always`` one fsync, for every connection of the turn), then each of those connections sends what
-    it held back. If the journal cannot be written (``Journal.writable`` turns False), no connection
-    is dropped and no lock freed: the grants of the batch that failed are undone (``undo``: nobody
-    was told of them) and their replies become ``error_read_only``; every other reply (renewals,
-    releases, ``ping``, ``stats``) leaves as usual, and from then on the server grants nothing
-    until the journal can be written again (``net.Server``'s sweep).
+    """The lease journal's group write, once per turn of the loop in which connections held
+    replies back for it (``Stream.send``): one write (and with ``--journal-fsync always`` one
+    fsync) for every connection of the turn, then each sends what it held back. If the journal
+    cannot be written (``Journal.writable`` turns False), no connection is dropped and no lock
+    freed: the batch's grants are undone (``undo``: nobody was told of them) and their replies
+    become ``error_read_only``; every other reply (renewals, releases, ``ping``, ``stats``)
+    leaves as usual, and the server grants nothing until the journal can be written again
+    (``net.Server``'s sweep).
 
-    A lone connection writes the journal itself (``direct``): when ``JOURNAL_LONE_TURNS`` group
-    writes in a row each held back one connection's replies, and the fsync is not ``always`` (whose
-    fsync per turn the connections share), each connection writes the buffered records just before
-    its replies, for the next ``JOURNAL_DIRECT_WRITES`` writes, after which the group write looks
-    again. At one connection, holding replies back cost more than the write it waited for (a
-    callback scheduled per request: about 7,500 of the compiled server's 52,000 instructions per
-    ``hl`` + ``r`` pair on uvloop); with several connections in a turn, one write for all of them
-    and their replies sent together cost less CPU per pair than a write each
-    (benchmarks/results/ab/issue-28.md).
+    A lone connection writes the journal itself (``direct``): after ``JOURNAL_LONE_TURNS`` group
+    writes in a row of one connection's replies each, unless the fsync is ``always`` (whose
+    fsync per turn connections share), each connection writes the buffered records just before
+    its replies, for ``JOURNAL_DIRECT_WRITES`` writes; then the group write looks again. At one
+    connection, holding replies back cost more than the write it waited for (a callback per
+    request: about 7,500 of the compiled server's 52,000 instructions per ``hl`` + ``r`` pair on
+    uvloop); with several connections in a turn, one write for all and their replies sent
+    together cost less CPU per pair than a write each (benchmarks/results/ab/issue-28.md).
 
-    Compiled with the rest of a request's way (server/hatch_build.py): scheduled once per turn, and
-    at one connection once per request."""
+    Compiled (server/hatch_build.py): it runs once per turn, at one connection once per request.
+    """
 
     def __init__(self, call_soon: Callable[[Callable[[], None]], object]) -> None:
         self._call_soon = call_soon
-        """How the write is scheduled after this turn's callbacks: the loop's ``call_soon``
-        (uvloop runs it in the same turn, asyncio's own loop in the next: ``loops``)."""
+        """The loop's ``call_soon``: the write runs after this turn's callbacks (uvloop's in the
+        same turn, asyncio's own loop's in the next: ``loops``)."""
         self.journal: Journal | None = None
-        """The server's journal while it runs (None: the replies go out unwritten, as at the
-        stop, once the journal is closed)."""
+        """The server's journal while it runs (None once closed: replies go out unwritten)."""
         self.streams: list[Stream] = []
         """The connections whose replies wait for the next write."""
         self._write_soon: Callable[[], None] = self.write
         """``write``, bound once (not a bound method made per turn of the loop)."""
         self.direct = False
-        """Connections write the journal themselves before their replies (see the class's
-        doc)."""
+        """Connections write the journal themselves before their replies (``write_for``)."""
         self.lone = 0
         """Group writes in a row that held back one connection's replies."""
         self.direct_left = 0
@@ -105,41 +102,36 @@ class GroupWrite:
         self.streams.append(stream)
 
     def write_for(self, stream: Stream, journal: Journal, data: bytes) -> bytes:
-        """``stream``, alone in its turns, writes the journal itself before its replies
-        ``data``; returns them as they may leave (a grant the journal could not hold refused).
-        After ``JOURNAL_DIRECT_WRITES`` such writes replies are held back again, to see whether
-        connections share turns now."""
+        """``stream``, alone in its turns, writes the journal before its replies ``data``;
+        returns them as they may leave (a grant the journal could not hold refused)."""
         journal.flush()
         if journal.refused:
-            tokens = self._undo_refused(journal)
-            data = refuse_replies(data, tokens)
-            for held in self.streams:  # replies of this turn held back for the group write
-                held.refuse_held(tokens)
+            data = refuse_replies(data, self._refuse(journal, self.streams))
         self.direct_left -= 1
         if self.direct_left <= 0:
             self.direct = False
             self.lone = 0
         return data
 
-    def _undo_refused(self, journal: Journal) -> list[bytes]:
-        """The grants a write could not hold: released (nobody was told of them); their
-        tokens, whose replies are refused."""
+    def _refuse(self, journal: Journal, streams: list[Stream]) -> list[bytes]:
+        """The grants a write could not hold: released (nobody was told of them), and the
+        replies ``streams`` held back for them refused; their tokens."""
         refused = journal.take_refused()
         undo = self.undo
         if undo is not None:
             for key, token in refused:
                 undo(key, token)
         journal.flush()  # their drops: not recorded while the journal cannot be written
-        return [token.encode() for _, token in refused]
+        tokens = [token.encode() for _, token in refused]
+        for stream in streams:
+            stream.refuse_held(tokens)
+        return tokens
 
     def settle(self, journal: Journal) -> None:
-        """Write the journal outside a turn's group write (the sweep): grants it could not hold
-        are undone now, and the replies held back for them refused."""
+        """Write the journal outside a turn's group write (the sweep), as ``write`` does."""
         journal.flush()
         if journal.refused:
-            tokens = self._undo_refused(journal)
-            for stream in self.streams:
-                stream.refuse_held(tokens)
+            self._refuse(journal, self.streams)
 
     def write(self) -> None:
         """Write the journal, then send what each connection held back."""
@@ -155,9 +147,7 @@ class GroupWrite:
                 self.lone = 0
             journal.flush()
             if journal.refused:
-                tokens = self._undo_refused(journal)
-                for stream in held:
-                    stream.refuse_held(tokens)
+                self._refuse(journal, held)
         for stream in held:
             stream.send_held()
 
@@ -176,8 +166,7 @@ def refuse_replies(data: bytes, tokens: list[bytes]) -> bytes:
 class Stream:
     """One connection's bytes (see the module's doc)."""
 
-    # Slots, not an instance dict: with a connection's thirty-odd attributes, a dict cost
-    # about 1.6 KB per connection (benchmarks.scale's tracemalloc table).
+    # Slots: an instance dict cost about 1.6 KB per connection (benchmarks.scale's tracemalloc).
     __slots__ = (
         "_group_write",
         "_host",
@@ -214,9 +203,7 @@ class Stream:
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.ip = ""
-        # Set by the request loop (the connection); read here to pause reading while a full
-        # buffer is held up, and to spare a connection with a request in flight the read timeout.
-        self.busy = False  # a request is in flight
+        self.busy = False  # a request in flight (the connection sets it): no read timeout
         self.idle_ok: Callable[[], bool] | None = None
         """True while its silence is no sign of a dead peer: the connection belongs to a live
         client session, kept alive by its client (the read timeout then spares it)."""
@@ -314,12 +301,10 @@ class Stream:
             self.abort()
 
     def send(self, transport: asyncio.Transport, data: bytes) -> None:
-        """Write reply bytes, through the TLS session on a TLS connection, after the lease
-        journal's records not written yet: the replies are held back (and any later ones of
-        this connection, in order) until the server writes the journal once for every
-        connection of this turn of the loop, then sends what each held back (``send_held``);
-        or, while connections are alone in their turns (``GroupWrite.direct``), the records
-        are written now (``GroupWrite.write_for``)."""
+        """Write reply bytes (through the TLS session on a TLS connection) after the journal's
+        records not written yet: held back, with this connection's later ones, for the turn's
+        group write (then ``send_held``), or, while connections are alone in their turns
+        (``GroupWrite.direct``), after ``GroupWrite.write_for``."""
         journal = self.journal
         if journal is not None and (journal.buf or self.held is not None):
             group_write = self._group_write

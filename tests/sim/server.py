@@ -406,7 +406,7 @@ class SimServer:
         self, journal: Journal, held: list[tuple[Conn, _ConnState, bytes, str]]
     ) -> list[bytes]:
         """Write the journal; the grants it could not hold are undone (nobody was told of
-        them) and their held-back replies refused (``GroupWrite._undo_refused``)."""
+        them) and their held-back replies refused (``GroupWrite._refuse``)."""
         journal.flush()
         if not journal.refused:
             return []
@@ -579,7 +579,7 @@ class SimServer:
         return cast("set[_ConnState]", self.serving.connections)
 
     def _answer_wait(self, conn: Conn, state: _ConnState, reply: bytes) -> None:
-        """``Connection._give_up``: the wait in flight answered ``reply`` (its shard moved)."""
+        """``Connection.answer_wait``: the wait in flight answered ``reply`` (its shard moved)."""
         waiter = state.waiter
         if waiter is not None and conn.id in self.conns:
             state.session.give_up(waiter)
