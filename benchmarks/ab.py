@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("arms", nargs="+", help="NAME=TREE[:COMPILED_SITE]")
     parser.add_argument("--out", type=Path, required=True, help="where the counts go (JSON)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"a list of {', '.join(ROWS)}")
+    parser.add_argument(
+        "--builds", default="pure,compiled", help="the server rows' builds: pure, compiled"
+    )
     args = parser.parse_args()
     arms = [
         (name, *where.partition(":")[::2])
@@ -85,7 +88,7 @@ def main() -> None:
         print(f"{label} [{name}]: {value:,.0f}", flush=True)
 
     rows = set(args.rows.split(","))
-    builds = ["pure"] + (["compiled"] if any(site for _, _, site in arms) else [])
+    builds = args.builds.split(",")
     with workdir("dflock-ab-") as tmp:
         for build in builds:
             for form, hold, depth in FORMS:

@@ -137,13 +137,15 @@ class Host(Protocol):
         swapped ownership counts from the next request."""
         ...
 
-    def asked_check(self, key: str) -> bytes | None:
+    @property
+    def asked_check(self) -> Callable[[str], bytes | None]:
         """``key_check`` for an acquire that follows ``asking`` (cluster mode: a member
         importing the key's shard serves it); asked only when ``key_check`` is not None."""
         ...
 
-    def admit_ask(self, key: str, ticket: str) -> bytes | None:
-        """An ``asking`` naming ``key`` and ``ticket``: None when the next acquire of ``key``
+    @property
+    def admit_ask(self) -> Callable[[str, str], bytes | None]:
+        """An ``asking`` naming a key and a ticket: None when the next acquire of the key
         may be checked by ``asked_check``; else the reply (asked only when ``key_check`` is
         not None)."""
         ...

@@ -86,6 +86,7 @@ class Server:
         # answers it.
         self.may_hold = serving.may_hold
         self.asked_check = serving.asked_check
+        """``serving.asked_check`` and ``admit_ask`` (``set_ownership`` keeps them)."""
         self.admit_ask = serving.admit_ask
         self.shards_reply = serving.shards_reply
         self.over_ip_share = admission.over_ip_share
@@ -549,6 +550,8 @@ class Server:
         serving = self.serving
         serving.set_ownership(ownership)
         self.key_check = serving.key_check
+        self.asked_check = serving.asked_check
+        self.admit_ask = serving.admit_ask
 
     @property
     def group_write(self) -> GroupWrite:

@@ -80,6 +80,10 @@ class KeyServing:
         """Which keys this server serves now (swapped whole, never changed in place)."""
         self.key_check: Callable[[str], bytes | None] | None = None
         """``ownership.check``, or None when every key is served (the acquire's fast path)."""
+        self.asked_check: Callable[[str], bytes | None] = SINGLE.check_asked
+        """The ownership's check for an acquire that follows ``asking``."""
+        self.admit_ask: Callable[[str, str], bytes | None] = SINGLE.admit_ask
+        """The ownership's answer to an ``asking`` (None: admitted)."""
         self._may_hold: Callable[[str], bool] | None = None
         """The ownership's ``may_hold`` (None: always), asked before a held grant is renewed,
         taken over or handed down."""
@@ -100,6 +104,8 @@ class KeyServing:
             self.ownership = ownership
             self.key_check = None if single else ownership.check
             self._may_hold = None if single else ownership.may_hold
+            self.asked_check = ownership.check_asked
+            self.admit_ask = ownership.admit_ask
             self._grant_checks()
 
     def attach(self, table: LockTable) -> None:
@@ -182,14 +188,6 @@ class KeyServing:
         if table is None or table.grace_remaining() > 0:
             return None
         return table.is_busy(key)
-
-    def asked_check(self, key: str) -> bytes | None:
-        """The ownership's check for an acquire that follows ``asking``."""
-        return self.ownership.check_asked(key)
-
-    def admit_ask(self, key: str, ticket: str) -> bytes | None:
-        """The ownership's answer to an ``asking`` (None: admitted)."""
-        return self.ownership.admit_ask(key, ticket)
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread: at once when called there, else through
