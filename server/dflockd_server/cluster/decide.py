@@ -3,8 +3,8 @@
 For every shard, from the member's view of the map and of the live members (``self`` is the
 member's advertised address):
 
-- **serve**: current == self and target == self (and not fenced, not held until the fencing
-  counter is raised): acquires are served.
+- **serve**: current == target == self (unless fenced, or held back until the fencing counter
+  is raised).
 - **moving out**, key by key (current == self, and target == other or the shard is *split*,
   flag ``split=<node>``, which only the handover to that node drops): the keys this member
   holds or queues (``holding``) are still served here, waiters promoted in order, renewals and
@@ -14,27 +14,25 @@ member's advertised address):
   here again (this member creates no key of a holding shard): so the split's node, which
   grants such a shard's key only to an ``asking`` acquire or while it holds or queues it
   itself (``importing``), and this member never grant one key both. Once nothing is held
-  here, the member publishes its fence ceiling and sets current = the split's node (the
-  target when it never split), dropping the flag (``handover_due``). A cancelled or changed
-  target leaves the split as it is: the keys already asked for may be held there.
+  here, the member publishes its fence ceiling and sets current = the split's node (else the
+  target), dropping the flag (``handover_due``). A cancelled or changed target leaves the
+  split: the keys already asked for may be held there.
 - **taking over**: target == self, current == another *live* member: ``error_unavailable``
   until that member hands the shard over.
 - **failover**: target == self, current empty or a member that is not live:
   ``error_unavailable`` until ``failover_wait_s`` (the longest lock lease plus a margin) has
   passed since this member first saw the shard's current member gone, whatever its target was
-  then (the dead member's grants have run out by then), then it sets current = self
-  (``failover_due``). A shard *released* by a member that
-  left gracefully (current empty and flag ``released``: nothing granted on it is held any more,
-  and the member published its fence ceiling before writing it) is due at once.
+  then (the dead member's grants have run out by then); then it sets current = self
+  (``failover_due``). A shard *released* by a member that left gracefully (current empty, flag
+  ``released``: nothing on it is held, and its fence ceiling was published first) is due at
+  once.
 - **other**: ``error_moved <current>`` (the target when current is empty).
 - A shard with no assignment, and every shard while the member is **fenced** (its etcd lease
   cannot be shown alive), is ``error_unavailable``.
 
-``Decision.states`` counts the shards in each of these states (``SHARD_STATES``), from the same
-pass: what the metrics report without walking the map again.
-
-The cluster node (``cluster.node``) feeds this function from its threads and carries out what
-it returns; the tests drive it with made-up views and times.
+``Decision.states`` counts the shards in each state (``SHARD_STATES``) in the same pass, for
+the metrics. The cluster node (``cluster.node``) calls this from its threads and carries out
+the result.
 """
 
 from __future__ import annotations
@@ -62,11 +60,8 @@ FAILING_OVER = "failing_over"
 OTHER = "other"
 UNAVAILABLE = "unavailable"
 SHARD_STATES = (SERVING, MOVING_OUT, TAKING_OVER, FAILING_OVER, OTHER, UNAVAILABLE)
-"""What a member's shards are (the ``state`` label of ``dflockd_cluster_shards``): serving
-(including a shard held back for a moment until the fence is raised), moving out to another
-member, taking over from a live member, failing over (waiting for a dead member's leases, or
-due), served or targeted by another member, or unavailable (no assignment; every shard while
-fenced)."""
+"""The ``state`` label of ``dflockd_cluster_shards``, as in the module's docstring; serving
+includes a shard held back until the fence is raised, failing over one that is due."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,29 +71,26 @@ class Decision:
     serving: frozenset[int]
     """Shards this member would serve (including those held back: not ``cleared``)."""
     moving_out: Mapping[str, frozenset[int]]
-    """Destination (the split's node, else the target) -> the shards moving out to it; their
-    holders and waiters stay until released (FIFO), the other keys go there one by one."""
+    """Destination (the split's node, else the target) -> the shards moving out to it."""
     failover_due: tuple[int, ...]
     """Shards whose dead current member's grants have surely run out: set current = self."""
     failover_since: Mapping[int, float]
-    """When this member first saw each shard's current member gone (or the shard without one),
-    whichever member the shard's target is (carry to the next call)."""
+    """When this member first saw each shard's current member gone (or none), whatever the
+    target (pass to the next call)."""
     states: Mapping[str, int]
     """How many shards are in each of ``SHARD_STATES`` (they add up to ``SHARD_COUNT``)."""
     holding: frozenset[int] = frozenset()
-    """Shards moving out (cleared): the keys this member holds or queues are still served
-    here; any other key gets the shard's verdict (``error_ask <split node>`` once the split is
-    written, ``error_unavailable`` before)."""
+    """Shards moving out (cleared): keys held or queued here are still served; any other key
+    gets the shard's verdict."""
     importing: frozenset[int] = frozenset()
     """Shards split to this member (cleared): it serves a key an ``asking`` acquire names, or
-    one it already holds or queues; any other key gets the shard's verdict."""
+    one it holds or queues; any other key gets the shard's verdict."""
     granting: frozenset[int] = frozenset()
     """Every shard on which this member may grant (served, holding, importing; cleared or not):
     the fencing counter must be raised above every published ceiling before."""
     next_due: float = math.inf
-    """When the first failover this member waits for is due (on ``now``'s clock; already past
-    for one due now, ``inf`` when none waits): until then, and with nothing new in its view,
-    deciding again decides the same."""
+    """When the first awaited failover is due (``now``'s clock; ``inf`` if none): until then,
+    with an unchanged view, deciding again gives the same."""
 
 
 FENCED = Decision(
@@ -122,14 +114,13 @@ def decide(
     cleared: Set[int] | None = None,
     failover_waits: Mapping[str, float] | None = None,
 ) -> Decision:
-    """Every shard's verdict and what to do next (see the module's docstring).
+    """Every shard's verdict and what to do next.
 
-    ``failover_since`` is the previous decision's (empty after a fresh start or a rejoin: the
-    wait is counted from what this member saw itself). ``cleared``: when given, only these
-    shards are served; the others that would be are held back (``error_unavailable``) until
-    the fencing counter has been raised above the previous owners' ceilings.
-    ``failover_waits``: the wait for a shard whose gone current member is listed there (the
-    longest lease it published, plus the margin) instead of ``failover_wait_s``.
+    ``failover_since``: the previous decision's (empty after a start or rejoin: the wait counts
+    from what this member saw itself). ``cleared``: if given, only these shards are served; the
+    others are held back (``error_unavailable``) until the fencing counter is above the previous
+    owners' ceilings. ``failover_waits``: per gone member, its published longest lease plus the
+    margin, used instead of ``failover_wait_s``.
     """
     live = view.members
     shard_map = view.shard_map
@@ -150,9 +141,8 @@ def decide(
     for shard, a in shard_map.items():
         current, target, split = a.current, a.target, a.split
         if (not current or current not in live) and not a.released:
-            # Counted from when this member first saw the shard's current member gone, whoever
-            # the shard's target is then: the leader's new targets, written in batches, start
-            # no wait of their own (one gone member's shards are due together).
+            # Whatever the target: the leader's new targets, written in batches, start no wait
+            # of their own (one gone member's shards are due together).
             since[shard] = failover_since.get(shard, now)
         if current == me and target == me and not split:
             serving.add(shard)
@@ -160,8 +150,8 @@ def decide(
                 verdicts[shard] = None
             continue
         if current == me:
-            # Moving out, key by key: the keys it holds or queues stay (``holding``), the
-            # others go to the split's node (asked) once the split is written, to nobody before.
+            # Moving out: held or queued keys stay; the others are asked at the split's node
+            # once the split is written, unavailable before.
             dest = split or target
             moving.setdefault(dest, set()).add(shard)
             holding_all.add(shard)

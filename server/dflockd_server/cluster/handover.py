@@ -2,47 +2,37 @@
 failover, releases them when it leaves. ``ClusterNode`` (``node``) decides when; every write
 here is conditioned on the shard's revision and on this member's lease (``mapwrite``).
 
-Handover, key by key (``decide``'s docstring, docs/protocol.md *Key-level moves*): for shards
-moving out, while a key is held or queued here, the member writes the flag ``split=<target>``
-(after publishing its fence ceiling), so that the other keys are asked for at the target; once
-``NodeHost.holders_in`` shows nothing held or queued, it publishes its fence ceiling and sets
-the shard's current node to the split's node, dropping the flag. A split towards a member that
-is gone is dropped after that member's longest lease (``unsplit``).
+Handover, key by key (``decide``; docs/protocol.md *Key-level moves*): while a key of a shard
+moving out is held or queued here, the member publishes its fence ceiling, then writes
+``split=<target>`` (the other keys are asked for there); once ``NodeHost.holders_in`` shows
+nothing held or queued, it publishes the ceiling and sets current = the split's node, dropping
+the flag. A split towards a gone member is dropped after that member's longest lease
+(``unsplit``). Failover: see ``decide``; the waits and the take-over are written here.
 
-Failover: for shards whose current member is gone, the member waits
-``max_lease_ttl_s + failover_margin_s`` from when it first saw that, then sets current = itself
-(same conditions); a shard *released* by a member that left gracefully (see below) it takes at
-once.
-
-The failover bound. A member that dies, or loses etcd, grants and renews nothing after its
-last successful keep-alive's sending time + ``lease_ttl_s``, which is no later than etcd
-expires its lease (etcd counts from receipt, and may raise a short TTL to its minimum, about
-2 s with default timings: that only delays the expiry). The others see it gone when etcd
-expires the lease: detection takes at most the lease's TTL after its last keep-alive. Its
-holders' leases end within the longest lease it granted or renewed of its last grant or
-renewal; before granting or renewing a longer lease than ever before, a member publishes the new
-bound in etcd (``<prefix>/longest/<member>``, no lease: it outlives the member; a failed write
-refuses the grant). The new owner waits that published bound + ``failover_margin_s`` from when
-it first saw the shard's current member gone (``max_lease_ttl_s`` + the margin for a member that
-published none), so it grants only after every lease the dead member granted has ended (given
-clocks whose rates differ by less than the margin over that time). A dead member's keys are
-therefore unavailable for at most: etcd lease TTL (detection, plus an election and a map update
-by the leader, a few etcd round trips) + the longest lease its clients used +
-``failover_margin_s`` + a tick (``NODE_TICK_S``): about one real lease, not the longest any
-member could grant.
+The failover bound. A member that dies or loses etcd grants and renews nothing after its last
+successful keep-alive's sending time + ``lease_ttl_s``, no later than etcd expires its lease
+(etcd counts from receipt, and may raise a short TTL to its minimum, about 2 s by default:
+that only delays the expiry), when the others see it gone. Its holders' leases end within
+the longest lease it granted or renewed: before granting or renewing a longer one than ever,
+a member publishes the new bound (``<prefix>/longest/<member>``, no lease, so it outlives the
+member; a failed write refuses the grant). The new owner waits that bound (``max_lease_ttl_s``
+if none) + ``failover_margin_s`` from when it first saw the member gone, so it grants only
+after every lease the dead member granted has ended (given clock rates that differ by less
+than the margin over that time). A dead member's keys are thus unavailable for at most: the
+etcd lease TTL (plus an election and the leader's map update, a few round trips) + the longest
+lease its clients used + the margin + a tick (``NODE_TICK_S``): about one real lease, not the
+longest any member could grant.
 
 A graceful leave (``ClusterNode.stop(leave=True)``, after the server's drain) hands its shards
 over instead of making the others wait. The node stops deciding and refuses every acquire;
-then, for each shard whose current node it is, it asks ``NodeHost.holders_in`` (on the loop: no
-grant can follow) and leaves out the shards the server names in ``keep`` (those whose holders
-the shutdown timeout cut off: they may still believe they hold, so they get the failover wait).
-It publishes its fence ceiling, then writes the others' current node empty with the flag
-``released`` (``ShardAssignment.release``; each on condition of the shard's revision and of its
-own lease), and only then revokes its lease. The leader gives the shards new targets, and each
-heir, seeing a released shard, sets current = itself at once and raises its fence above every
-published ceiling before granting: the keys are unavailable for about the time of a few etcd
-round trips, not for the longest lease. Shards still held, kept, or whose write conflicted,
-and every shard when the member cannot show its lease alive, are left to the failover wait.
+for each shard it serves, it asks ``NodeHost.holders_in`` (on the loop: no grant can follow)
+and leaves out the shards in ``keep`` (holders the shutdown timeout cut off may still believe
+they hold: they get the failover wait). It publishes its fence ceiling, then writes the
+others released (``ShardAssignment.release``: current empty, flag ``released``; on condition
+of the shard's revision and its own lease), and only then revokes its lease. Each heir takes a
+released shard at once and raises its fence above every published ceiling before granting:
+a few etcd round trips, not the longest lease. Shards still held, kept or conflicted, and every
+shard when the member cannot show its lease alive, are left to the failover wait.
 """
 
 from __future__ import annotations
@@ -65,13 +55,11 @@ log = logging.getLogger("dflockd_server")
 __all__ = ["RELEASE_ATTEMPTS", "Handover"]
 
 RELEASE_ATTEMPTS = 3
-"""A graceful leave reads the map again and retries the shards whose write conflicted (the
-leader may be writing the same shards) this many times in all."""
+"""Attempts in all of a graceful leave's release (a write may conflict with the leader's)."""
 
 
 class Handover:
-    """The shard moves of one cluster member (see the module's docstring), called from its
-    node's thread (``release``: once that thread stopped)."""
+    """One member's shard moves, called from its node's thread (``release``: once it stopped)."""
 
     def __init__(
         self,
@@ -93,31 +81,27 @@ class Handover:
         self._split_gone_since: dict[int, float] = {}
         """Shards this member splits towards a node that is not live: since when (seen)."""
         self._split_waits: dict[str, float] = {}
-        """Nodes not live that this member's shards are split towards: the wait read for each
-        (the longest lease it published, ``max_lease_ttl_s`` if none, plus the margin)."""
+        """Nodes not live that this member's shards are split towards: the wait read for each."""
         self._waits: dict[str, float | None] = {}
-        """Gone members whose shards this one waits to take: the wait read for each (None:
-        it published no longest lease)."""
+        """Gone members whose shards this one waits to take: the wait read for each (None: it
+        published none)."""
         # Counters (the node's thread adds; a scrape reads).
         self.handovers = 0
         self.failovers = 0
         self.released_takeovers = 0
 
     def forget(self) -> None:
-        """Forget what was seen and written (the member fenced itself: a rejoin starts
-        afresh)."""
+        """Forget what was seen and written (fenced: a rejoin starts afresh)."""
         self._split_gone_since = {}
         self._split_waits = {}
         self._written_from = {}
         self._waits = {}
 
     def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float] | None:
-        """For each gone member whose shards this one waits to take: the longest lease it
-        published, plus the margin. Read from etcd once the member is seen gone (a gone member
-        grants nothing more, so it publishes no longer lease that counts), when another member
-        joins the waits, and when ``fresh`` (before a failover is carried out); not at every
-        decision while the wait runs, which news from etcd (the leader's new targets, in
-        batches, and the others' failovers) brings many times."""
+        """Per gone member whose shards this one waits to take: its published longest lease
+        plus the margin. Read from etcd when a member joins the waits (a gone member publishes
+        no longer lease that counts) and when ``fresh`` (before a failover is carried out), not
+        at each decision: etcd news (batched targets, others' failovers) brings many."""
         me, live = self.advertise, view.members
         gone = {
             a.current
@@ -142,11 +126,10 @@ class Handover:
         shards: Collection[int],
         gone_at: Mapping[str, int],
     ) -> set[str]:
-        """Set current = this member for shards whose failover wait is over (or that their
-        member released), each on condition that their gone member has not registered again
-        since this member saw it gone (``_write_while_gone``; ``gone_at``: the revision of the
-        view that first showed each gone member so). The gone members whose writes that
-        condition refused: their waits start again."""
+        """Set current = this member for shards whose failover is due, on condition that their
+        gone member has not registered since ``gone_at`` (the revision of the view that first
+        showed it gone; ``_write_while_gone``). Returns the gone members whose writes that
+        refused: their waits start again."""
         shard_map = view.shard_map
         by_gone: dict[str, dict[int, ShardAssignment]] = {}
         for s in shards:
@@ -166,10 +149,8 @@ class Handover:
     def move_out(
         self, view: ClusterView, member: Member, decision: Decision, fence: FenceCounter
     ) -> None:
-        """Key by key: a shard moving out with keys held or queued here is split first
-        (``split=<target>``, then its other keys are asked for there); a shard with nothing
-        held or queued here any more is handed over to its split's node (its target when it
-        never split)."""
+        """Split the shards moving out with keys held or queued here; hand over the others to
+        the split's node (else the target)."""
         moving = {s: dest for dest, shards in decision.moving_out.items() for s in shards}
         if not moving:
             return
@@ -192,13 +173,10 @@ class Handover:
     def unsplit(
         self, view: ClusterView, member: Member, now: float, gone_at: Mapping[str, int]
     ) -> None:
-        """A shard split towards a node that is gone: its free keys are unavailable here
-        meanwhile. Once every lease that node may have granted has surely ended (the longest
-        it published, ``max_lease_ttl_s`` if none, plus the margin, counted from when this
-        member first saw it gone, as a failover), the split is dropped and the shard moves on
-        as any other. That longest lease is read from etcd when the node is seen gone and
-        again just before a split is dropped, not at each step (a shard moving out makes the
-        node's thread step every tick)."""
+        """Drop a split towards a gone node (its free keys are unavailable here meanwhile) once
+        every lease that node may have granted has ended: the wait of a failover, from when
+        this member first saw it gone. The longest lease is read when the node is seen gone and
+        again just before the drop, not at each step (a moving shard steps every tick)."""
         live = view.members
         gone = {
             s: a.split
@@ -223,14 +201,12 @@ class Handover:
             for node, new in by_gone.items():
                 _, failed = self._write_while_gone(view, member, node, gone_at.get(node, 0), new)
                 if failed:
-                    # Registered again since it was seen gone (or this member's lease is
-                    # gone): the wait starts again.
+                    # Registered again (or this member's lease is gone): wait again.
                     for s in new:
                         self._split_gone_since.pop(s, None)
 
     def _split_waits_of(self, nodes: Collection[str]) -> dict[str, float]:
-        """For each node: the longest lease it published (``max_lease_ttl_s`` if none), plus
-        the margin (one read from etcd; none for no nodes)."""
+        """Per node: its published longest lease (else ``max_lease_ttl_s``) + the margin."""
         if not nodes:
             return {}
         published = published_longest(self.client, self.prefix)
@@ -238,8 +214,7 @@ class Handover:
         return {n: published.get(n, self.max_lease_ttl_s) + margin for n in nodes}
 
     def _due_splits(self, gone: Mapping[int, str], now: float) -> list[int]:
-        """The shards of ``gone`` (shard -> the node not live it is split towards) whose wait
-        is over."""
+        """The shards of ``gone`` (shard -> split node) whose wait is over."""
         since, waits = self._split_gone_since, self._split_waits
         return [s for s, node in gone.items() if now - since[s] >= waits[node]]
 
@@ -251,22 +226,18 @@ class Handover:
         seen_gone_at: int,
         new: dict[int, ShardAssignment],
     ) -> tuple[frozenset[int], bool]:
-        """``_write_assignments``, on condition too that ``gone`` (a member this one saw gone
-        in the view of revision ``seen_gone_at``; "" for none) has no member key in etcd, and
-        registered last at or before that revision.
+        """``_write_assignments``, on condition too that ``gone`` (seen gone at revision
+        ``seen_gone_at``; "" for none) has no member key and registered last at or before then.
 
-        Absent: a member that registers again just as its shards are taken (a failover) or its
-        split dropped (an unsplit) reads the map after its registration, so it either sees
-        this write or makes it fail; it never serves, from a map read a moment too early, a
-        grant it still has in its table (one its leases kept, or one a closing connection
-        detached) while this member grants the key.
+        Absent: a member registering again as its shards are taken (or its split dropped) reads
+        the map after registering, so it sees this write or makes it fail; it never serves,
+        from a map read too early, a grant still in its table (kept by leases, or detached by
+        a closing connection) while this member grants the key.
 
-        Not registered since: a member that came back and died again while this one's view
-        missed it (a silent watch, a thread held up for seconds) granted or renewed leases in
-        that life, which the wait, counted from before it, does not cover. Its registration
-        key (``ClusterKeys.registered``, no lease) was put after the revision: the write fails
-        and the wait starts again. (A member of a version that writes no such key compares as
-        never registered: the condition is as before.)"""
+        Not registered since: a member that came back and died again unseen (a silent watch, a
+        thread held up) granted leases the wait, counted from before, does not cover. Its
+        registration key (``ClusterKeys.registered``, no lease) is newer: the write fails and
+        the wait starts again. (A version writing no such key compares as never registered.)"""
         if not gone:
             return self._write_assignments(view, member, new)
         keys = member.keys
@@ -279,7 +250,7 @@ class Handover:
     ) -> None:
         """Mark released the shards this member serves that nobody holds (a graceful leave)."""
         if member.lost is not None or now >= member.lease_valid_until:
-            return  # it cannot show its lease alive: the others may count a failover already
+            return  # lease not shown alive: the others may count a failover already
         alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
         published = False
         held: set[int] = set()
@@ -320,9 +291,8 @@ class Handover:
         *,
         also: Sequence[Compare] = (),
     ) -> tuple[frozenset[int], bool]:
-        """Write, each on condition that the shard is as seen and this member still alive
-        (and ``also``): the shards written, and whether one of those other conditions refused
-        a write (the shards after it were not written)."""
+        """Write, each on condition that the shard is as seen, this member alive and ``also``:
+        the shards written, and whether a condition refused one (the rest were not written)."""
         # A write this view does not show yet is not repeated (it would only conflict).
         writes = {
             s: ShardWrite(view.revisions.get(s, 0), a)

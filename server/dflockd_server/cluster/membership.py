@@ -12,28 +12,25 @@ A ``Member`` (one per server process) does, under ``<prefix>``:
 - as the leader, writes the map, one key per shard (``<prefix>/shard/<id>`` = the seed's value
   format), in transactions of at most ``MAX_TXN_OPS`` keys, each on condition that
   ``<prefix>/leader`` is still held under its own lease (a deposed leader writes nothing) and
-  that each shard is still as it was read (``mapwrite``: an operator's or a member's concurrent
-  write is never clobbered; the leader reads it and decides again). With
-  no map yet it waits until membership has been still for ``settle_s`` and writes
-  ``ShardMap.initial``; afterwards every membership change applies ``ShardMap.updated`` (only
-  the shards of members that are gone move), and once membership has been still for
-  ``auto_rebalance_s`` with no shard moving, it writes ``ShardMap.rebalance_plan`` (the fewest
-  moves that leave the live members at most one shard apart; pinned shards stay): a member
-  restarted in place, or a new one, gets its share back without an operator's command;
+  that each shard is as read (``mapwrite``: a concurrent write is never clobbered; the leader
+  reads it and decides again). With no map yet it waits until membership has been still for
+  ``settle_s`` and writes ``ShardMap.initial``; afterwards each membership change applies
+  ``ShardMap.updated`` (only gone members' shards move), and once membership has been still
+  for ``auto_rebalance_s`` with no shard moving, ``ShardMap.rebalance_plan`` (pinned shards
+  stay): a restarted or new member gets its share back without an operator's command;
 - watches the whole prefix and keeps a local copy of members, leader and map (``snapshot``);
 - checks that watch every ``lease_ttl`` against one small read of the prefix (how many keys it
   holds, whether one was put after the last revision the watch brought: ``EtcdClient.stat``).
-  A watch that owes changes at two checks in a row and brought nothing between them is stalled
-  (a stream that stays open and silent: a connection cut off without a FIN or RST, a proxy
-  that stopped forwarding, an etcd member cut off from its cluster; it never ends by itself):
-  the member reads the prefix again and watches anew, as when a watch ends. An idle watch (the
-  read agrees with what it brought) is left alone.
+  A watch that owes changes at two checks in a row, bringing nothing between, is stalled (open
+  and silent, never ending by itself: a connection cut off without FIN or RST, a proxy that
+  stopped forwarding, an etcd member cut off from its cluster): the member reads the prefix
+  again and watches anew, as when a watch ends. An idle watch (the read agrees) is left alone.
 
 The keep-alive measures the lease's life from when the last successful keep-alive was *sent*
-(etcd renews it on receipt, so it lives at least that long): ``lease_valid_until`` and the
-``on_lease`` callback tell the cluster node until when this member may act as one.
-Ownership (``cluster.node``), handover and failover (``cluster.handover``) build on it.
-Threads: the lease's keep-alive, the member's own loop (election, map upkeep) and the watch.
+(etcd renews it on receipt, so it lives at least that long): ``lease_valid_until`` and
+``on_lease`` tell the cluster node until when this member may act as one (``cluster.node``,
+``cluster.handover`` build on it). Threads: the keep-alive, the member's loop (election, map
+upkeep) and the watch.
 """
 
 from __future__ import annotations
@@ -163,13 +160,11 @@ class Member:
         self._leader: str | None = None
         self._shards: dict[int, ShardAssignment] = {}
         self._map: ShardMap | None = None
-        """`_shards` as a `ShardMap`, made on the first read after a change (`_shard_map`):
-        the node's thread reads it on every step."""
+        """`_shards` as a `ShardMap`, made on the first read after a change (read every step)."""
         self._revisions: dict[int, int] = {}
         self._members_changed_at = clock()
         self._seen_revision = 0
-        """The revision up to which the local copy holds etcd's prefix (the read it was made
-        from, then each event the watch brought)."""
+        """The revision up to which the local copy holds etcd's prefix (read, then watched)."""
         self._key_count = 0
         """How many keys the prefix holds as of ``_seen_revision``."""
         self._next_watch_check = 0.0
@@ -199,10 +194,9 @@ class Member:
 
     def _register(self) -> None:
         """Put this member's key under a new lease, only where no other lease holds it: a
-        second live process with the same address must not serve this member's shards too.
-        A key left by this address's previous run (a crash: no keep-alive any more) goes with
-        its lease, so a key still there after a whole lease TTL belongs to a live process:
-        ``DuplicateMember``."""
+        second live process with the same address must not serve these shards too. A crashed
+        run's key goes with its lease, so one still there after a whole lease TTL belongs to a
+        live process: ``DuplicateMember``."""
         key = self.keys.member(self.advertise)
         deadline = self._clock() + self.lease_ttl + REGISTER_MARGIN_S
         while True:
@@ -218,9 +212,8 @@ class Member:
             time.sleep(REGISTER_RETRY_S)
 
     def _register_once(self) -> int | None:
-        """One attempt of ``_register``: None when this member's key is now held under a new
-        lease of its own; else another lease holds it, and this returns the TTL etcd gave the
-        lease this attempt took (and revoked)."""
+        """One attempt of ``_register``: None when the key is now held under a new lease of its
+        own; else (another lease holds it) the TTL etcd gave this attempt's lease, revoked."""
         key = self.keys.member(self.advertise)
         sent = self._clock()
         lease = self.client.lease_grant(self.lease_ttl)
@@ -238,18 +231,17 @@ class Member:
         return lease.ttl
 
     def join_once(self) -> bool:
-        """Join without threads of its own, in one attempt: register (False, having changed
-        nothing, while another lease still holds this member's key), then read the prefix and
-        watch it. The caller then drives the member by ``keep_alive_step`` and ``step`` (a
-        simulated member: tests/sim). ``EtcdError`` when etcd does not answer."""
+        """Join without threads, in one attempt: register (False, nothing changed, while another
+        lease holds the key), then read and watch the prefix. The caller then drives it by
+        ``keep_alive_step`` and ``step`` (tests/sim). ``EtcdError`` if etcd does not answer."""
         if self._register_once() is not None:
             return False
         self._resync()
         return True
 
     def _registered_under(self, key: str, lease_id: int) -> bool:
-        """The key is held under this lease: a registration sent again to another etcd endpoint
-        (the first attempt got no answer) reports failure when the first attempt made it."""
+        """The key is held under this lease: a registration retried on another endpoint reports
+        failure when the unanswered first attempt made it."""
         kv = self.client.get(key)
         return kv is not None and kv.lease == lease_id
 
@@ -313,8 +305,8 @@ class Member:
         return max(self.lease_ttl / 3, 0.2)
 
     def keep_alive_step(self) -> float | None:
-        """One keep-alive of the lease (the keep-alive thread's step): the wait before the
-        next, or None once the lease is lost (``lost`` says why; nothing more to keep)."""
+        """One keep-alive (the keep-alive thread's step): the wait before the next, or None once
+        the lease is lost (``lost`` says why)."""
         sent = self._clock()
         try:
             ttl = self.client.lease_keepalive_once(self.lease_id)
@@ -322,8 +314,7 @@ class Member:
             if self._clock() >= self.lease_valid_until:
                 self._lose(f"lease {self.lease_id:x} not renewed for {self.lease_ttl} s: {exc}")
                 return None
-            # Every endpoint failed for a whole call (an etcd election, say): try again
-            # soon, not a third of the lease later, while the lease still runs.
+            # Every endpoint failed (an etcd election, say): retry soon while the lease runs.
             return KEEPALIVE_RETRY_S
         if ttl <= 0:
             self._lose(f"lease {self.lease_id:x} expired")
@@ -355,16 +346,14 @@ class Member:
 
     def step(self) -> None:
         """One step of the member's loop: watch anew if the watch ended, moved away or
-        stalled; take part in the election; as the leader, keep the map up. An etcd that does
-        not answer leaves it for the next step."""
+        stalled; take part in the election; as the leader, keep the map up."""
         try:
             watch = self._watch
             if (
                 watch is None
                 or not watch.running
-                # A watch on an endpoint the client left (it did not answer in time: paused,
-                # cut off from its cluster) may stay open and silent: read everything again
-                # from the endpoint that answers and watch there.
+                # A watch on an endpoint the client left (paused, cut off from its cluster) may
+                # stay open and silent: read again from the one that answers and watch there.
                 or watch.endpoint != self.client.preferred
                 or self._watch_stalled()
             ):
@@ -376,11 +365,9 @@ class Member:
             return  # etcd unreachable for now: try again at the next wake-up
 
     def _watch_stalled(self) -> bool:
-        """At most once per ``lease_ttl``: whether the watch owes changes (etcd's prefix holds
-        another number of keys than the local copy, or a key put after the copy's revision) and
-        owed them at the previous check already, with nothing brought since (see the module's
-        docstring). One check that finds it behind is not enough: the changes may be on
-        their way."""
+        """At most once per ``lease_ttl``: whether the watch owes changes (another key count,
+        or a key put after the copy's revision) and owed them at the previous check already,
+        with nothing brought since: at one check the changes may still be on their way."""
         now = self._clock()
         if now < self._next_watch_check:
             return False
@@ -552,8 +539,8 @@ class Member:
     def _write(
         self, changes: dict[int, ShardAssignment | None], revisions: Mapping[int, int]
     ) -> bool:
-        """Write map changes, each on condition of this member's leadership and of the shard
-        being as read; False when deposed or when a shard had changed (decided again later)."""
+        """Write map changes, each on condition of leadership and of the shard being as read;
+        False when deposed or a shard had changed (decided again later)."""
         if not changes:
             return True
         still_leader = Compare(self.keys.leader, "LEASE", "EQUAL", self.lease_id)
@@ -566,8 +553,7 @@ class Member:
         with self._lock:  # the watch confirms these too
             for s, revision in result.written.items():
                 if revision < self._revisions.get(s, 0):
-                    # The watch brought a later write meanwhile (a member took the shard over
-                    # while the rest of this map was being written): keep it.
+                    # The watch brought a later write meanwhile (a member's take-over): keep it.
                     continue
                 a = changes[s]
                 self._map = None

@@ -2,12 +2,11 @@
 
 - ``rebalance``: ``ShardMap.rebalance_plan`` over the live members (the fewest moves that leave
   them at most one shard apart); writes the new targets, each on condition that the shard is
-  unchanged since it was read (a concurrent write by the leader or another operator is never
+  unchanged since read (a concurrent write by the leader or another operator is never
   clobbered: that shard is reported and left for the next rebalance). Members then hand the
-  shards over as their holders finish. Before the leader has written the first map, it
-  writes that map instead (each shard served at once by its member, as the leader's would be).
-- ``pin`` / ``unpin``: flag a shard so that it is never moved automatically (optionally onto a
-  chosen node), or clear the flag.
+  shards over as their holders finish.
+- ``pin`` / ``unpin``: flag a shard never to be moved automatically (optionally onto a chosen
+  node), or clear the flag.
 - ``summary``: the map as the members see it.
 
 ``cluster_command(argv)`` is ``dflockd rebalance --cluster URL [--dry-run] [--verbose]``,
@@ -47,9 +46,8 @@ class ClusterOpError(Exception):
 
 
 def parse_cluster_url(url: str) -> tuple[str, str]:
-    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` -> (etcd's ``http://HOST:PORT,...``, the key
-    prefix); ``etcds://`` -> ``https://``. By the same rules as the ``--cluster`` setting
-    (``values.split_cluster_url``)."""
+    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` -> (``http://HOST:PORT,...``, the key
+    prefix); ``etcds://`` -> ``https://``. The ``--cluster`` setting's rules."""
     try:
         parsed = split_cluster_url(url)
     except ValueError as exc:
@@ -60,9 +58,7 @@ def parse_cluster_url(url: str) -> tuple[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class EtcdAccess:
-    """How to reach the cluster's etcd beyond its URL: TLS files and a user (the
-    ``--cluster-ca-file``, ``--cluster-cert``, ``--cluster-key``, ``--cluster-user`` and
-    password settings)."""
+    """How to reach the cluster's etcd beyond its URL: TLS files and a user (``ACCESS_FLAGS``)."""
 
     ca_file: str | None = None
     cert_file: str | None = None
@@ -72,9 +68,9 @@ class EtcdAccess:
 
 
 def attempt_timeout(lease_ttl_s: float, endpoints: int) -> float:
-    """How long one etcd endpoint is waited for before the next is tried: a fifth of the
-    member's etcd lease (at least half a second), so a keep-alive can move to another endpoint
-    and still renew the lease in time; with a single endpoint, the whole call's time."""
+    """Seconds one etcd endpoint is waited for before the next: a fifth of the member's etcd
+    lease (at least 0.5), so a keep-alive can move to another endpoint and still renew in time;
+    with a single endpoint, the whole call's time."""
     if endpoints == 1:
         return max(5.0, lease_ttl_s)
     return max(lease_ttl_s / 5, 0.5)
@@ -96,8 +92,7 @@ def etcd_client(
     client = EtcdClient(
         EtcdTransport(
             etcd_url,
-            # One endpoint is waited for a fifth of the member's etcd lease (when there are
-            # others to try); a call, every endpoint tried, 5 s or the lease if longer.
+            # A call, every endpoint tried: 5 s or the lease if longer.
             timeout=max(5.0, lease_ttl_s),
             attempt_timeout=attempt_timeout(lease_ttl_s, len(parse_etcd_url(etcd_url)[1])),
             ssl_context=context,
@@ -150,10 +145,9 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     if dry_run or not plan:
         return RebalanceResult(plan, [], [])
     if len(view.shard_map) == 0:
-        # No map yet (the leader writes the first one once membership has been still for a
-        # moment): write that first map, each shard served at once by its target, as the
-        # leader would. Planned as moves, each shard would get a target and no current member,
-        # which waits out a whole failover before anyone serves it.
+        # No map yet (the leader writes it once membership is still): write the first map, as
+        # the leader would. As moves, each shard would get a target and no current member,
+        # waiting out a whole failover before anyone serves it.
         new_map = ShardMap.initial(view.members)
     else:
         new_map = view.shard_map.apply(plan)
@@ -163,9 +157,8 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
 
 
 CHANGE_ATTEMPTS = 3
-"""Reads and conditional writes a pin or unpin tries before it gives up: a member writes a
-shard's record while it hands the shard over (each step of a move), so a conflict is expected
-now and then and says only that the change must be made on the newer record."""
+"""Read-and-write attempts of a pin or unpin: members write a shard's record at each step of a
+move, so a conflict is expected now and then and means only: retry on the newer record."""
 
 
 def _change_one(
