@@ -1,10 +1,9 @@
-"""The lock table's grants: the key map with every grant, queue and lease in it, and the steps
-that change them: a key's state for an acquire, queueing, granting (``grant``, ``grant_bare``:
-a connection's grant and a detached hold alike, one ``Holder`` each), ending a grant
-(``free_holder``: the one place a key becomes free), rebinding one to another owner (``move``),
-expiring run-out leases, handing free slots to the FIFO queue, announcing later grants
+"""The lock table's grants: the key map with every grant, queue and lease, and the steps that
+change them: a key's state for an acquire, queueing, granting (``grant``, ``grant_bare``: one
+``Holder`` per grant, a connection's or detached), ending a grant (``free_holder``), rebinding
+one (``move``), expiring leases, handing free slots to the FIFO queue, announcing later grants
 (``flush``) once the table has finished changing, the per-connection caps and the restart
-grace. ``table.LockTable`` owns one and runs the requests through it.
+grace. ``table.LockTable`` owns one.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ __all__ = ["Grants"]
 
 
 class Grants:
-    """Every key of one server with its grants, queues and leases, and the steps that change
-    them (see the module's doc)."""
+    """One server's keys with their grants, queues and leases, and the steps that change them."""
 
     def __init__(
         self,
@@ -54,11 +52,10 @@ class Grants:
         lease_noted: int,
     ) -> None:
         self.asking = False
-        """The request under way follows an ``asking`` (cluster mode): ``asked_check`` decides
-        for it instead of ``grant_check``. Set by the session for one request."""
+        """The request under way follows an ``asking``: ``asked_check`` decides for it instead
+        of ``grant_check``. Set by the session for one request."""
         self.journal = journal
-        """Where grants, renewals past the recorded expiry, moves and drops are recorded, or
-        None."""
+        """Records grants, renewals past the recorded expiry, moves and drops; or None."""
         self.note_lease = note_lease
         """Persists a longer lease bound (the next start's grace relies on it) before a grant
         (``raise_bound``) and returns it; may refuse by raising."""
@@ -68,8 +65,8 @@ class Grants:
         """The ownership's check for an acquire after ``asking`` (cluster mode)."""
         self.grant_check: Callable[[str], bytes | None] | None = None
         """The server's ownership check (None: every key is served), asked before a queued
-        waiter is promoted: a cluster member that fenced itself, or lost the key's shard, grants
-        no waiter it queued before (the cluster node answers it)."""
+        waiter is promoted: a cluster member fenced or without the key's shard grants no
+        waiter it queued before (the cluster node answers it)."""
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
@@ -80,8 +77,8 @@ class Grants:
         self.max_waits_per_connection = max_waits_per_connection
         """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
         self.keys: dict[str, Entry] = {}
-        """Every key, locks and semaphores alike: one resource per key. A held lock nobody
-        waits for is its ``Holder`` alone (see ``Holder``), any other key its ``KeyState``."""
+        """Every key, locks and semaphores alike: a held lock nobody waits for is its
+        ``Holder`` alone, any other key its ``KeyState``."""
         self.idle = IdleLog()
         self.leases = LeaseIndex()
         self.wakes: list[Waiter] = []
@@ -90,13 +87,11 @@ class Grants:
         """The owner of detached holds (``hl`` mode ``d``): no connection, never disconnected;
         connections are numbered from 1."""
         self.restored = Client(-1)
-        """The owner of grants restored from the journal that were bound to a connection,
-        until a connection renews them (then they are that connection's). Closed: ``ht`` may
-        take them over, and no connection's close releases them."""
+        """The owner of restored grants that were bound to a connection, until one renews
+        them. Closed: ``ht`` may take them over, and no connection's close releases them."""
         self.restored.closed = True
         self.shares: AddressShares | None = None
-        """The grants each client address holds (``--max-locks-per-ip``), kept as grants are
-        made, moved and freed; None: no cap."""
+        """The grants each client address holds (``--max-locks-per-ip``); None: no cap."""
         self.counts = Counts()
         self.in_grace = grace_s > 0
         """Within the restart grace: nothing is granted (see ``in_grace_at``)."""
@@ -138,9 +133,9 @@ class Grants:
 
     # ------------------------------------------------------------------ granting, queueing, freeing
     def check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
-        """Refuse (``MaxLocks``) a client whose holds plus queued waits (each may be granted)
-        reach its cap. ``state``: the key about to be granted or queued on (if a refusal
-        leaves it idle, it is logged so, to be pruned)."""
+        """Refuse (``MaxLocks``) a client whose holds plus queued waits reach its cap.
+        ``state``: the key about to be granted or queued on (left idle by a refusal, it is
+        logged, to be pruned)."""
         if client.n_held + len(client.waiting) >= self.max_locks_per_connection:
             if state is not None:
                 self.idle.note(self.keys, state)
@@ -250,8 +245,7 @@ class Grants:
     ) -> Holder | None:
         """Grant the lock ``key`` to ``owner`` (for ``client``'s request) as the key's entry,
         with no ``KeyState``, if it is free (no entry, a released or expired one, an idle
-        state); else ``None`` (held, waited for, or the restart grace): the caller then takes
-        the way through the key's state."""
+        state); else ``None`` (held, waited for, or the grace): then through the key's state."""
         if self.in_grace:
             return None
         keys = self.keys
@@ -287,9 +281,8 @@ class Grants:
         taker: Client | None = None,
     ) -> Holder:
         """Issue a grant on ``key`` (``state``: ``None`` for a lock that keeps none) to
-        ``client``, for ``taker``'s request (``None``: ``client``'s): the token, the count, the
-        journal's record, the client's view, the address it counts against and the expiry
-        index. The caller puts the holder in the key's entry."""
+        ``client``, for ``taker``'s request (``None``: ``client``'s): token, count, journal
+        record, client's view, address share, expiry index. The caller puts it in the entry."""
         if lease_ttl > self.lease_noted:
             self.raise_bound(lease_ttl, key)  # before the token: a failed write grants nothing
         token = self.new_token()
@@ -337,13 +330,11 @@ class Grants:
         self, holder: Holder, state: KeyState | None, now: float, why: list[int]
     ) -> None:
         """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Tokens,
-        leases and disconnects"): its holder's release, the end of its lease (a session's end is
-        one: ``disconnect`` shortened it), the close by its peer of a plain connection with
-        auto-release on, or an operator's force release (``fr``); whatever kept the grant alive
-        (a connection, a session, a detached hold, an ``<onclose>`` lease, a restored grant
-        awaiting its holder), nothing else frees a key. ``why``: the running total it counts
-        in (a ``Counts`` pair). ``state`` ``None``: the holder is the key's entry, and stays
-        it, released, as the idle key's. The caller hands the slot on (``fill``)."""
+        leases and disconnects"): a release, a lease's end (a session's end is one:
+        ``disconnect`` shortened it), a peer's close of a plain connection with auto-release
+        on, or a force release (``fr``); whatever kept the grant alive, nothing else frees a
+        key. ``why``: the ``Counts`` pair it counts in. ``state`` ``None``: the holder is the
+        key's entry and stays it, released, as the idle key's. The caller then calls ``fill``."""
         why[0 if state is None else state.is_sem] += 1
         holder.live = False
         journal = self.journal
@@ -472,10 +463,9 @@ class Grants:
         now: float,
         on_close: int | None = None,
     ) -> Holder:
-        """Rebind the grant ``holder`` to ``client`` with the lease ``lease_ttl`` from
-        ``now``: a new ``Holder`` (same token and note) takes its place, and the old one is
-        dropped from its client's view as a released one is (no count changes). ``on_close``:
-        the lease it is detached with when ``client`` closes."""
+        """Rebind the grant to ``client`` with ``lease_ttl`` from ``now``: a new ``Holder``
+        (same token and note) takes its place; the old one leaves its client's view as a
+        released one (no count changes). ``on_close``: its lease when ``client`` closes."""
         old = holder.client
         holder.live = False
         old.n_held -= 1

@@ -83,9 +83,8 @@ ones (small: each keeps a released holder and its token alive)."""
 
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued.
-    ``closed`` once its connection is gone; ``on_close``: the grants it took over with ``ht``
-    and an ``<onclose>`` lease (holder -> the lease they are detached with at its close;
-    released ones pruned as it grows), ``None`` while there are none."""
+    ``closed`` once its connection is gone; ``on_close``: grants taken over with ``ht`` and an
+    ``<onclose>`` lease (holder -> that lease; released ones pruned as it grows), or ``None``."""
 
     __slots__ = (
         "closed",
@@ -118,8 +117,7 @@ class Client:
         grants alive whatever becomes of the connection; ``None``: a connection of its own."""
 
     def detach_at_close(self, holder: Holder, lease_ttl: int) -> None:
-        """At its close, detach ``holder`` with a lease of ``lease_ttl`` instead of releasing it
-        (``ht``'s ``<onclose>``)."""
+        """At its close, detach ``holder`` with ``lease_ttl`` instead of releasing it."""
         leases = self.on_close
         if leases is None:
             leases = self.on_close = {}
@@ -180,10 +178,10 @@ class Holder:
         self.token = token
         self.since = since
         """When the grant was made (table clock; restored: when restored), kept across a
-        take-over or a detach, for ``stats`` and the status page; read it with ``held_since``.
-        ``AT_LEASE_START`` until its lease moves (``pin_since``), as most grants' never does: a
-        float of its own is 24 bytes on the pure-Python build (by tracemalloc a held lock went
-        from 318 to 351 bytes with it, past 2x Redis's memory per held lock)."""
+        take-over or a detach, for ``stats`` and the status page; read with ``held_since``.
+        ``AT_LEASE_START`` until its lease moves (``pin_since``), as most never do: a float of
+        its own costs 24 bytes on the pure-Python build (a held lock 351 bytes by tracemalloc,
+        not 318: past 2x Redis's memory per held lock)."""
         self.key = key
         self.client = client
         self.lease_ttl = lease_ttl
@@ -235,10 +233,9 @@ class Waiter:
 
 
 class WaitQueue:
-    """A key's FIFO queue: its waiters in arrival order from ``head`` on (given-up ones are
-    skipped when met and dropped by a compaction). A list and an index, not a deque: a deque
-    costs about 760 bytes from its first waiter (this, about 150), and compiled, a list's
-    ``append`` and item are C calls where a deque's are calls by name."""
+    """A key's FIFO queue: its waiters in arrival order from ``head`` on (given-up ones skipped
+    when met, dropped by a compaction). A list and an index, not a deque: a deque costs about
+    760 bytes from its first waiter (this, about 150), and its calls are by name, compiled."""
 
     __slots__ = ("head", "items")
 
@@ -308,8 +305,8 @@ def lock_state(holder: Holder) -> KeyState:
 
 
 class Counts:
-    """Running totals since start-up, each a pair indexed by kind: ``[lock, semaphore]``
-    (``counts.grants[state.is_sem]``). Plain integers, read by the metrics exporter."""
+    """Running totals since start-up, each ``[lock, semaphore]`` (``grants[state.is_sem]``),
+    read by the metrics exporter."""
 
     __slots__ = (
         "expiries",

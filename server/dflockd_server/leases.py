@@ -19,14 +19,13 @@ COMPACT_MIN = 64
 
 
 class LeaseRun:
-    """The leases of one length: their expiry times and holders, two arrays in step (a tuple
-    per entry would cost four times as much), in the order they were granted or renewed. The
-    times are an ``array('d')``: compiled, a holder keeps its expiry as a C double, where a
-    list would hold a float object for each (32 bytes per held lock). The sweep takes entries
-    from the front by moving ``head`` on; the taken ones are cut off once they are an eighth of
-    the lists (bounding the released holders kept alive and the moves per entry). Lists, not
-    deques: compiled, a list's ``append``, ``pop`` and item are C calls, a deque's calls by
-    name (about 250 instructions each, four to six per acquire+release pair)."""
+    """The leases of one length, in grant or renewal order: expiry times and holders, two
+    arrays in step (a tuple per entry costs four times as much). Times are an ``array('d')``:
+    compiled, a C double each, where a list holds a float object (32 bytes per held lock). The
+    sweep moves ``head`` on; taken entries are cut off once an eighth of the lists (bounding
+    the released holders kept alive and the moves per entry). Lists, not deques: compiled, a
+    list's ``append``, ``pop`` and item are C calls, a deque's calls by name (about 250
+    instructions each, four to six per acquire+release pair)."""
 
     __slots__ = ("head", "holders", "times")
 
@@ -40,10 +39,8 @@ class LeaseRun:
 class LeaseIndex:
     """For each lease length, its ``LeaseRun``. The clock never goes back, so each run is in
     expiry order and a sweep takes only its due entries. An entry is current while its holder
-    is live and still expires at that time; released and renewed holders leave stale entries,
-    dropped when met or by compaction (see ``add``). ``Grants._new_holder`` and
-    ``Grants.free_holder`` inline ``add`` and the dropping of released entries at the back:
-    they are the hot path."""
+    is live and still expires at that time. ``Grants._new_holder`` and ``Grants.free_holder``
+    inline ``add`` and the dropping of released entries at the back: the hot path."""
 
     __slots__ = ("by_ttl", "cap", "count")
 
@@ -55,8 +52,7 @@ class LeaseIndex:
         """Past this many entries, compact."""
 
     def add(self, holder: Holder, expires_at: float, lease_ttl: int) -> None:
-        """Add the holder's new expiry. When stale entries outnumber the rest, keep only the
-        current ones (amortised over the entries added since: never a scan per request)."""
+        """Add the holder's new expiry; compact when stale entries outnumber the rest."""
         run = self.by_ttl.get(lease_ttl)
         if run is None:
             run = self.by_ttl[lease_ttl] = LeaseRun()
@@ -87,8 +83,7 @@ class LeaseIndex:
 
     def due(self, now: float) -> Iterator[Holder]:
         """Take the entries due at ``now`` and yield their holders (stale ones too: the
-        caller checks), at the cost of the entries due plus one step per lease length in use.
-        The caller may grant between steps, which may compact the index."""
+        caller checks), at the cost of the entries due plus one step per lease length in use."""
         by_ttl = self.by_ttl
         for lease_ttl in list(by_ttl):
             while True:
@@ -116,11 +111,9 @@ class LeaseIndex:
 class IdleLog:
     """Keys that became idle, oldest first, each with its entry in the key map (``keys``) and
     the time it went idle. An entry is current while it is still the key's entry, idle, and
-    unused since; the others are dropped as they are met. So pruning (``prune``) and making
-    room for a new key (``evict_oldest``) cost the keys pruned plus the entries dropped, never
-    a scan: every entry is appended and dropped once. Two lists in step and a taken head, as
-    ``LeaseRun`` (no call by name and no tuple per entry: every release of a key nobody waits
-    for logs one)."""
+    unused since. ``prune`` and ``evict_oldest`` cost the keys pruned plus the entries dropped:
+    each entry is appended and dropped once. Two lists in step and a taken head, as
+    ``LeaseRun`` (every release of a key nobody waits for logs one)."""
 
     __slots__ = ("entries", "head", "stamps")
 
@@ -148,7 +141,7 @@ class IdleLog:
         entries.append(entry)
         stamps.append(stamp)
         if len(entries) - self.head > 2 * len(keys) + COMPACT_MIN:
-            # Mostly dropped entries: keep the current ones (amortised over the appends).
+            # Mostly stale: keep the current ones.
             kept_entries: list[Entry] = []
             kept_stamps: list[float] = []
             current = self.current
