@@ -1,14 +1,13 @@
 """The lock table: locks and semaphores, FIFO queues, leases. Pure state, no I/O.
 
 A key is one resource, as in dflockd Go: a lock is a semaphore of limit 1. The first acquire on
-an idle key fixes its limit (1 for ``l`` / ``e``, N for ``sl`` / ``se``) and its kind (what
-``stats`` and the metrics list it as); an acquire with another limit while the key has holders
-or waiters is refused (``LimitMismatch``), so a lock and a semaphore never overlap on one key.
-Renew and release take any token of the key, whichever command granted it.
+an idle key fixes its limit (1 for ``l`` / ``e``, N for ``sl`` / ``se``) and its kind (in
+``stats`` and the metrics); an acquire with another limit while the key has holders or waiters
+is refused (``LimitMismatch``), so a lock and a semaphore never overlap on one key. Renew and
+release take any token of the key, whichever command granted it.
 
-Time comes from an injected clock and tokens from an injected generator, so the table can be
-driven step by step (the model-based test does exactly that). A waiter that is granted later
-is announced through its ``wake`` callback, called after the table has finished changing.
+Clock and token generator are injected, so tests drive the table step by step. A waiter
+granted later is announced through its ``wake`` callback once the table has finished changing.
 
 A table made with ``grace_s > 0`` is in its restart grace until ``clock() + grace_s``: every
 key counts as busy (acquires wait in the FIFO queue or time out), and the waiters are granted,
@@ -23,11 +22,9 @@ journal: the ``restored`` client's, until a connection renews it: a reattach by 
 takes a detached grant over for a connection, with the ``<onclose>`` lease it is detached with
 again when that connection closes.
 
-This module is the table's face: ``LockTable``, its operations (what the requests, the journal,
-the sweeps and the status read call), and the records they take, return and raise (defined in
-``keys``). The table owns its ``grants`` (``grants.Grants``: the key map, the queues and leases,
-the steps that grant, move and free a grant); the expiry index and the idle log are in
-``leases``.
+This module is the table's face: ``LockTable``, the operations the requests, the journal, the
+sweeps and the status call, and the records they use (defined in ``keys``). The state and
+steps are its ``grants.Grants``; the expiry index and idle log are in ``leases``.
 """
 
 from __future__ import annotations
@@ -82,9 +79,8 @@ _EXPIRES_AT = operator.attrgetter("expires_at")
 
 
 def _ends_in_order(leases: list[RecordedGrant]) -> bool:
-    """Whether ``leases`` end in the order they are listed (one pass; the common case: a
-    journal whose grants end in the order they were made). A renewal moves a grant's end but
-    not its place in the journal, and an ``<onclose>`` or a longer lease may end after a
+    """Whether ``leases`` end in the order listed (the common case). A renewal moves a grant's
+    end but not its place in the journal, and an ``<onclose>`` or longer lease may end after a
     later grant."""
     last = float("-inf")
     for rec in leases:
@@ -95,8 +91,7 @@ def _ends_in_order(leases: list[RecordedGrant]) -> bool:
 
 
 class LockTable:
-    """All locks and semaphores of one server: the operations on them. The state and the
-    steps they share are its ``grants``."""
+    """All locks and semaphores of one server: the operations on them (state in ``grants``)."""
 
     def __init__(
         self,
@@ -155,10 +150,9 @@ class LockTable:
 
     # ------------------------------------------------------------------ client sessions
     def join_session(self, client: Client, session_id: str, ttl: int) -> None:
-        """``hello _ session <id> <ttl>``: ``client`` joins the client session ``session_id``,
-        made if there is none (or the one there has run out: it ends first), living ``ttl``
-        seconds from now unless kept alive; an existing one takes ``ttl`` from now on. A
-        connection of another session leaves it (its grants go with it)."""
+        """``hello _ session <id> <ttl>``: ``client`` joins the session ``session_id``, made if
+        none (a run-out one ends first), living ``ttl`` seconds from now unless kept alive (an
+        existing one too). A connection of another session leaves it, with its grants."""
         now = self.clock()
         session = self.sessions.get(session_id)
         if session is not None and session.expires_at <= now:
@@ -178,17 +172,15 @@ class LockTable:
         session.clients.append(client)
 
     def end_session(self, session_id: str) -> None:
-        """``hello _ session <id> 0``: a clean close; the session ends now, as when it is not
-        kept alive."""
+        """``hello _ session <id> 0``: a clean close; the session ends now."""
         session = self.sessions.get(session_id)
         if session is not None:
             self._end_session_of(session, self.clock())
 
     def keep_alive(self, session_id: str) -> bool:
-        """``ping _ session <id>``: the client session lives ``ttl`` seconds more from now, and
-        each of its grants its own lease from now (a journal record only when the lease runs
-        past what the journal covers: at most one a lease per grant). ``False`` when there is
-        no such session (never made, or ended: its grants are gone)."""
+        """``ping _ session <id>``: the session lives ``ttl`` seconds more from now, and each
+        of its grants its own lease (a journal record at most once a lease per grant).
+        ``False`` when there is no such session (never made, or ended: its grants are gone)."""
         session = self.sessions.get(session_id)
         if session is None:
             return False
@@ -213,8 +205,7 @@ class LockTable:
 
     def _end_session_of(self, session: ClientSession, now: float) -> None:
         """The session ends: with auto-release on, so does every grant of its connections (off:
-        they run to their lease's end). Its open connections go on as connections of their
-        own."""
+        they run to their lease's end). Its open connections go on alone."""
         del self.sessions[session.id]
         ending: list[Holder] = []
         for client in session.clients:
@@ -240,16 +231,15 @@ class LockTable:
 
     def disconnect(self, client: Client, *, by_peer: bool = True) -> None:
         """The connection is gone: drop its waits, detach the grants it took over with ``ht``
-        and an ``<onclose>`` lease, and end the rest of its grants as the rule says
-        (docs/protocol.md, "Tokens, leases and disconnects"). ``by_peer``: the peer closed it
-        (an EOF or a reset: a killed client, a network reset); False: this server did (a read
-        or write timeout, a journal it could not write, a drain), which frees nothing early.
+        and an ``<onclose>`` lease, and end the rest as docs/protocol.md says ("Tokens, leases
+        and disconnects"). ``by_peer``: the peer closed it (EOF or reset: a killed client, a
+        network reset); False: this server did (a timeout, a journal it could not write, a
+        drain), which frees nothing early.
 
-        With auto-release on, a close by the peer frees a plain connection's grants at once
-        (what dflockd clients expect), and cuts a session connection's (``hello _ session``)
-        to end at most ``session_ttl_s`` from now, so its client, which counts the same time
-        from before, knows of the loss first and may reattach by token meanwhile. Detached holds
-        are not the client's: they stay."""
+        With auto-release on, a peer's close frees a plain connection's grants at once (what
+        dflockd clients expect), and cuts a session connection's to end at most
+        ``session_ttl_s`` from now, so its client, counting the same time from before, knows
+        of the loss first and may reattach by token meanwhile. Detached holds stay."""
         grants = self.grants
         now = self.clock()
         client.closed = True
@@ -277,7 +267,7 @@ class LockTable:
 
     def _end_session(self, client: Client, now: float) -> None:
         """A session connection closed by its peer: each grant ends at the latest
-        ``session_ttl_s`` from ``now`` (a lease that ends sooner is left as it is)."""
+        ``session_ttl_s`` from ``now``."""
         grants = self.grants
         ttl = self.session_ttl_s
         end = now + ttl
@@ -352,9 +342,8 @@ class LockTable:
         return self.acquire(client, key, lease_ttl, None, queue=queue, note=note, detached=detached)
 
     def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
-        """``hd``: detach the grant ``token`` holds on the lock ``key`` from whatever
-        connection it is bound to (a detached one stays so), with the lease ``lease_ttl`` from
-        now; ``False`` if ``token`` holds no lock on ``key``."""
+        """``hd``: detach the grant ``token`` holds on the lock ``key`` from its connection, if
+        any, with ``lease_ttl`` from now; ``False`` if ``token`` holds no lock on ``key``."""
         grants = self.grants
         holder = grants.holder_of(key, token)
         if holder is None or not grants.is_lock_grant(holder):
@@ -377,12 +366,11 @@ class LockTable:
         on_close: int | None,
     ) -> Holder | None:
         """``ht``: bind the detached grant ``token`` holds on the lock ``key`` to ``client``
-        (same token, so same fence), with the lease ``lease_ttl`` from now and the note
-        ``note``. When ``client`` closes the grant is released as any of its grants
-        (``on_close`` ``None``) or detached again with a lease of ``on_close`` seconds from
-        then. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is
-        bound to a live connection (this one included), ``MaxLocks`` if ``client`` is at its
-        cap, or its address at its own (``shares.AddressShares.check_rebind``)."""
+        (same token, so same fence), with ``lease_ttl`` from now and ``note``. At ``client``'s
+        close it is released (``on_close`` ``None``) or detached again for ``on_close``
+        seconds. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant
+        is bound to a live connection (this one included), ``MaxLocks`` if ``client`` or its
+        address is at its cap (``shares.AddressShares.check_rebind``)."""
         grants = self.grants
         holder = grants.holder_of(key, token)
         if holder is None or not grants.is_lock_grant(holder):
@@ -522,10 +510,9 @@ class LockTable:
         return True
 
     def force_release(self, key: str) -> list[Holder]:
-        """``fr``: free every grant held on ``key``, whoever holds it, as a release does (the
-        journal records each drop); the next waiters are granted at once, with new tokens (so
-        higher fences). A lease already run out expires as usual and is not counted. Returns
-        the grants freed (their notes, for the log)."""
+        """``fr``: free every grant on ``key``, whoever holds it, as a release does; the next
+        waiters are granted at once, with new tokens (higher fences). A lease already run out
+        expires as usual, not counted. Returns the grants freed (their notes, for the log)."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -554,9 +541,9 @@ class LockTable:
         self, key: str, token: str, lease_ttl: int, client: Client | None = None
     ) -> int | None:
         """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``.
-        A grant whose connection is gone (or restored, awaiting its holder) becomes
-        ``client``'s: a reattach by token, with the ``<onclose>`` lease it had; ``MaxLocks``,
-        the grant left as it was, when that adds a grant to an address at its cap."""
+        A grant whose connection is gone (or restored) becomes ``client``'s: a reattach by
+        token, with its ``<onclose>`` lease; ``MaxLocks``, the grant unchanged, when that adds
+        a grant to an address at its cap."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -581,11 +568,11 @@ class LockTable:
     def _extend(
         self, holder: Holder, entry: Entry, lease_ttl: int, expires_at: float, *, ahead: bool
     ) -> None:
-        """The live grant ``holder`` (``entry``: its key's) now runs to ``expires_at`` with the
-        lease ``lease_ttl`` (a renewal, a session kept alive). A journal record is written when
-        the new end passes what the records cover, or the lease grows; ``ahead``: it covers a
-        lease past the end (a keep-alive: one record a lease per grant, not one per
-        keep-alive; a restart restores no more than a lease from its start anyway)."""
+        """The live grant ``holder`` (``entry``: its key's) now runs to ``expires_at`` with
+        ``lease_ttl`` (a renewal, a session kept alive). A journal record is written when the
+        new end passes what the records cover, or the lease grows; ``ahead``: it covers a lease
+        past the end (one record a lease per grant, not per keep-alive; a restart restores no
+        more than a lease from its start anyway)."""
         journal = self.grants.journal
         if journal is not None:
             covered = holder.covered
@@ -607,10 +594,9 @@ class LockTable:
         self.grants.leases.add(holder, expires_at, lease_ttl)
 
     def restore(self, rec: RecordedGrant, left: float, now: float) -> Holder | None:
-        """Put back a grant read from the lease journal, ``left`` seconds from its end: a
-        detached hold is the ``detached`` client's, any other grant the ``restored`` client's
-        until a connection renews it. ``None`` when the key is full or fixed with another limit
-        (a journal that contradicts itself). Its expiry is left for ``restore_all`` to index."""
+        """Put back a grant read from the lease journal, ``left`` seconds from its end (owner:
+        ``detached`` or ``restored``). ``None`` when the key is full or fixed with another
+        limit (a journal that contradicts itself). ``restore_all`` indexes its expiry."""
         key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
         is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
         grants = self.grants
@@ -647,16 +633,15 @@ class LockTable:
         return holder
 
     def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
-        """``restore`` each of ``leases`` (a start's, from one reading of the clock), emptying
-        the list as it goes, and index their expiries in the order of their ends. Returns the
-        grants restored, the highest fence among them, and the records not restored.
+        """``restore`` each of ``leases`` (from one reading of the clock), emptying the list as
+        it goes, and index their expiries in the order of their ends. Returns the grants
+        restored, the highest fence among them, and the records not restored.
 
-        The records are taken in the order given (about the order they were made in), each let
-        go as the next holder is made: the memory of records made one after another comes free
-        together and the holders take it, so a restart leaves no holes. (Taken in the order of
-        their ends, a journal rewritten by key freed scattered pieces: about 90 MB more kept
-        after a restart of a million leases.) Nothing in the index is stale yet: it is not
-        compacted meanwhile."""
+        Records are taken in the order given (about their making), each let go as the next
+        holder is made: records made together come free together and the holders take that
+        memory, leaving no holes (in order of their ends, a journal rewritten by key freed
+        scattered pieces: about 90 MB more after restoring a million leases). Nothing in the
+        index is stale yet: it is not compacted meanwhile."""
         index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0
@@ -749,8 +734,8 @@ class LockTable:
         return sum(counts.restored) + sum(counts.grants) - sum(sum(pair) for pair in ended)
 
     def drop_queued(self) -> int:
-        """Take every waiter out of every queue (a drain); returns how many. Waiters blocked in
-        a request are the connections' to answer."""
+        """Take every waiter out of every queue (a drain); returns how many. The connections
+        answer their blocked requests."""
         now = self.clock()
         dropped = 0
         for state in list(self.grants.keys.values()):
@@ -773,9 +758,8 @@ class LockTable:
 
     # ------------------------------------------------------------------ maintenance
     def expire(self) -> int:
-        """Expire every lease that has run out; returns how many. The cost is the due entries
-        of the expiry index (stale ones included) and one step per lease length in use: never a
-        scan of the table."""
+        """Expire every lease that has run out; returns how many (cost: ``LeaseIndex.due``'s,
+        never a scan of the table)."""
         grants = self.grants
         now = self.clock()
         expired = 0
@@ -796,8 +780,7 @@ class LockTable:
         return expired
 
     def gc(self, max_idle_s: float) -> int:
-        """Forget keys idle (no holder, no waiter) for at least ``max_idle_s``; the cost is
-        the keys forgotten, not the size of the table (see ``IdleLog``)."""
+        """Forget keys idle for at least ``max_idle_s`` (cost: the keys forgotten, ``IdleLog``)."""
         return self.grants.idle.prune(self.grants.keys, self.clock(), max_idle_s)
 
     def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
