@@ -330,8 +330,7 @@ DEFAULT_PENDING_TTL_S: Final = DEFAULT_MAX_LEASE_TTL_S
 """``lock_pending_ttl``: how long a published message may wait in the queue holding its key
 (the longest lease a server grants by default, ``dflockd --max-lease-ttl``)."""
 DEFAULT_BEAT_LEASE_TTL_S: Final = 10
-"""Lease of beat's leader lock: a hung beat is replaced this many seconds after its last
-renewal."""
+"""Lease of beat's leader lock: a hung beat is replaced this many seconds after its renewal."""
 DEFAULT_BEAT_KEY_PREFIX: Final = "celery-beat:"
 """Beat's leader lock key, when ``dflock_beat_lock_key`` is not set: this and ``app.main``."""
 DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"

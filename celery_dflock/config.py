@@ -227,9 +227,8 @@ def reset_config(app: _App) -> None:
 # --------------------------------------------------------------------------- a run's options
 
 RETRY_WAIT_S: Final = 30.0
-"""The default ``lock_timeout`` of ``on_locked="retry"``: a run waits this long in its key's
-FIFO queue (taking the key the moment the holder lets go) before it is sent again with a
-countdown. ``"skip"`` and ``"raise"`` give up at once (0)."""
+"""The default ``lock_timeout`` of ``on_locked="retry"``: seconds in the key's FIFO queue (taking
+the key the moment the holder lets go) before the retry; ``"skip"`` and ``"raise"``: 0."""
 
 
 @dataclass(frozen=True, slots=True)
