@@ -101,13 +101,11 @@ def take_over(
     on_close_lease: int | None,
     task_id: str | None,
 ) -> bool:
-    """Adopt the publish-time hold ``held`` into ``lock``, exclusively (the server binds it to
-    this run's connection: a message delivered again while its first run lasts cannot run
-    beside it); False when there is none to adopt (no hold, it is gone, or another delivery
-    runs under it: the caller then acquires, and ``on_locked`` applies). ``on_close_lease``:
-    for an acks_late task, whose message comes back when its worker dies, the hold outlives
-    the run's connection by that many seconds (detached again, for the redelivery to take
-    over); otherwise it is released with the connection."""
+    """Adopt the publish-time hold ``held`` into ``lock``, bound to this run's connection (a
+    redelivery cannot run beside this run); False when there is none to adopt (no hold, gone,
+    or another delivery runs under it: the caller acquires, and ``on_locked`` applies).
+    ``on_close_lease``: for an acks_late task, the hold outlives the run's connection by that
+    many seconds, detached for the redelivery to take over; else it goes with the connection."""
     if held is None or not isinstance(lock, DistributedLock):
         return False
     if held.key != lock.key:
@@ -150,11 +148,10 @@ def _adopt(
     on_close_lease: int | None,
     task_id: str | None,
 ) -> bool:
-    """`DistributedLock.adopt`, tried again shortly while the hold is bound to a connection
-    about to let it go: the publisher of this very message (the note is this task's id
-    without a host), for at most `PUBLISH_LEASE_S`, or an earlier delivery of it (this task's
-    id with a worker), for at most `REDELIVERED_WAIT_S`. A delivery still alive (Redis's
-    visibility timeout) keeps the hold: this run then acquires as usual."""
+    """`DistributedLock.adopt`, retried while the hold is bound to a connection about to let
+    it go: this message's publisher (note: this task's id, no host), up to `PUBLISH_LEASE_S`,
+    or an earlier delivery (this task's id with a worker), up to `REDELIVERED_WAIT_S`. A
+    delivery still alive (Redis's visibility timeout) keeps the hold: this run acquires."""
     started = time.monotonic()
     pause_s = _ADOPT_PAUSE_S
     while True:
@@ -171,26 +168,24 @@ def _adopt(
 
 
 PUBLISH_LEASE_S: Final = 15
-"""How long a run waits for the publisher of its own message to detach the hold (`_adopt`):
-a publish-time hold is taken bound to the publisher's connection (``hl ... c``, with its
-pending lease, so a lease above the server's ``--max-lease-ttl`` is refused before anything
-is sent) and detached (``hd``) only once the broker took the message. A send that gave up
-(the lock server did not answer, the broker refused, an exception) leaves no hold behind: it
-is freed when that connection closes (a connection whose request went unanswered is closed)."""
+"""Seconds a run waits for its own message's publisher to detach the hold (`_adopt`). The
+hold is taken bound to the publisher's connection (``hl ... c``, with its pending lease, so
+a lease above ``--max-lease-ttl`` is refused before anything is sent) and detached (``hd``)
+once the broker took the message; a send that gave up leaves no hold behind: it is freed
+when that connection closes (one whose request went unanswered is closed)."""
 
 
 REDELIVERED_WAIT_S: Final = 5
-"""How long a run waits for an earlier delivery of its own message to let the hold go
-(`_adopt`): the broker delivers an acks_late message again as soon as the worker that ran it
-dies (RabbitMQ at once), which can be before the lock server has seen the dead run's
-connection close (normally a few milliseconds later). A run that has not let go by then is
-taken to be alive."""
+"""Seconds a run waits for an earlier delivery of its message to let the hold go (`_adopt`):
+a broker redelivers an acks_late message once its worker dies (RabbitMQ at once), possibly
+before the lock server sees the dead run's connection close (a few ms later). One that has
+not let go by then is taken to be alive."""
 
 
 @dataclass(frozen=True, slots=True)
 class PublishHold:
-    """A publish-time hold taken for a message about to be sent (bound to the publisher's
-    connection until `confirm`)."""
+    """A publish-time hold for a message about to be sent (on the publisher's connection
+    until `confirm`)."""
 
     hold: Hold
     header: dict[str, str]
@@ -198,9 +193,8 @@ class PublishHold:
     """The lease the hold gets once its message is sent (``lock_pending_ttl``, or the delay)."""
 
     def confirm(self, task: Any, task_id: str) -> None:
-        """The message was sent: detach the hold with its pending lease. A hold that cannot
-        be confirmed (gone, or the server unreachable) is logged: the message is sent, and
-        its run takes the key at run time."""
+        """The message was sent: detach the hold with its pending lease. One that cannot be
+        (gone, server unreachable) is logged; the run then takes the key when it starts."""
         key = self.hold.key
         try:
             done = app_client(task._get_app()).detach(key, self.hold.token, lease_ttl=self.lease)
@@ -250,13 +244,12 @@ def publish_hold(
     eta: Any = None,
     in_canvas: bool = False,
 ) -> PublishHold | Duplicate | None:
-    """Take the publish-time hold of a message of ``task`` (``lock_from="publish"``).
+    """Take the publish-time hold of a message of ``task``; None: it is not sent under one.
 
-    ``call`` is (args, kwargs) as the run will see them (after the serializer's round trip),
-    ``task_id`` the id the message is sent with. The hold lasts ``lock_pending_ttl`` after
-    the message is due (its ``countdown`` or ``eta``). None: the task is not sent under a
-    hold. Raises `AlreadyQueued` for a duplicate under ``on_duplicate="raise"``; a canvas
-    member (``in_canvas``: its id is already in a result its caller holds) gets a `Duplicate`
+    ``call``: (args, kwargs) as the run will see them (after the serializer's round trip).
+    The hold lasts ``lock_pending_ttl`` after the message is due (``countdown``/``eta``).
+    Raises `AlreadyQueued` for a duplicate under ``on_duplicate="raise"``; a canvas member
+    (``in_canvas``: its id is already in a result its caller holds) gets a `Duplicate`
     whatever the policy, whose follower fails at once when it would raise."""
     app: Any = task._get_app()
     config, runtime, name = get_config(app), get_runtime(app), str(task.name)
@@ -336,9 +329,8 @@ def publish_hold(
 
 
 def _grace(client: Client) -> str | None:
-    """What a server in its restart grace says of it (``"127.0.0.1:6388: 212 s left
-    (reason)"``), or None when no server is in one. Asked only when a hold was refused by a
-    holder that left no note: a grace refuses every key so."""
+    """Each server in its restart grace (``"127.0.0.1:6388: 212 s left (reason)"``), or
+    None. Asked only when a holder with no note refused a hold, as a grace refuses keys."""
     found: list[str] = []
     for status in client.stats():
         stats = status.stats or {}
@@ -359,11 +351,10 @@ def _no_hold(
     *,
     in_canvas: bool,
 ) -> Duplicate | None:
-    """No hold can be taken, and no holder refused it (``what`` says why: the lock server is
-    unreachable, draining, or in its restart grace), so there is no duplicate to find. With
-    ``on_duplicate="return"`` the task is sent without a hold (None; its run still locks the
-    key, and waits for the server as any run does), logged; with ``"raise"`` nothing is sent
-    (`ServerUnavailable`, or a failing follower for a canvas member)."""
+    """No hold can be taken and no holder refused it (``what``: the server is unreachable,
+    draining, or in its restart grace). ``on_duplicate="return"``: sent without a hold (None,
+    logged; its run still locks the key); ``"raise"``: nothing is sent (`ServerUnavailable`,
+    or a failing follower for a canvas member)."""
     if options.on_duplicate == "return":
         logger.warning(
             "dflock: %s; task %s sent without a hold (its run still takes the key; a "
@@ -390,9 +381,9 @@ def retry_hand_off(
     eta: Any,
     max_retries: int | None,
 ) -> HoldRef | None:
-    """Before ``task.retry``: a run holding its publish-time hold hands it on to the retry
-    message (renewed for the countdown plus ``lock_pending_ttl``, not released); returns the
-    hold for the retry's header. Any other run's lock is released (None)."""
+    """Before ``task.retry``: hand a publish-time hold on to the retry message (renewed for
+    the countdown plus ``lock_pending_ttl``) and return it for the retry's header; any other
+    run's lock is released (None)."""
     lock = held_lock(request)
     options = held_options(request)
     held = hold_of(header(request, HOLD_HEADER))
@@ -455,12 +446,10 @@ _FOLLOW_MAX_S: Final = 5.0
 
 
 def run_follower(message: Message, follow: Follow) -> Any:
-    """The run of a canvas member sent in a duplicate's place: the holder's result once it
-    is ready (its value, or its error raised), polled by resending this message with a
-    countdown (no worker slot is kept while the holder runs); ``follow.error``: fail at once.
+    """The holder's value, or its error raised (see the module docstring); no worker slot
+    is kept while it runs. When the holder has let the key go and still has no result twice
+    in a row (revoked, lost, or ``ignore_result``), the run fails, saying so."""
 
-    When the holder no longer holds the key and still has no result twice in a row (it was
-    revoked or lost, or keeps no result: ``ignore_result``), the run fails, saying so."""
     run, request = message.label, message.request
     if follow.error is not None or follow.task_id is None:
         raise AlreadyQueued(

@@ -3,19 +3,17 @@
 The lock's message headers: per-call options (`LOCK_OPTIONS_HEADER`), lock retries
 (`LOCK_RETRIES_HEADER`), an outage retry's state (`OUTAGE_HEADER`), queue-once's publish-time
 hold (`HOLD_HEADER`, `celery_dflock._queue_once`) and a canvas member's follower
-(`FOLLOW_HEADER`). A run reads its request once into a `Message`, which the run's policies
-take whole. The lock a run holds is kept on its request (`mark_held`, `held_lock`), and
-`resend` sends the message again: a lock retry, an outage retry and a follower's poll each are
-one.
+(`FOLLOW_HEADER`). A run reads its request once into a `Message`, which its policies take
+whole. The lock a run holds is kept on its request (`mark_held`, `held_lock`); `resend` sends
+the message again (a lock retry, an outage retry, a follower's poll).
 
-The owner note: each hold and each run-time lock carries one: the task id, and while a run
-holds the key, the worker's host name, the pid of the process running it and the task's name
-(`encode_note`: ``<task id>/<host>/<pid>/<task name>``, each part percent-encoded; a note of an
-older release stops after the host, and an older reader takes what follows the task id as the
-host). The server stores it with the grant; a refused publish or acquire reads the holder's
-task id back from it (`decode_note`), and so does ``celery dflock locks``. The singleton beat's
-leader lock carries a note too (`beat_note`: the beat's pid and host), so ``celery dflock
-locks`` names the beat that sends.
+The owner note, on each hold and run-time lock: the task id, and while a run holds the key,
+the worker's host name, the running process's pid and the task's name (`encode_note`:
+``<task id>/<host>/<pid>/<task name>``, each part percent-encoded; an older release's note
+stops after the host, and an older reader takes all after the task id as the host). The
+server stores it with the grant; a refused publish or acquire and ``celery dflock locks``
+read the holder's task id back (`decode_note`). The singleton beat's leader lock carries one
+too (`beat_note`: pid and host), so ``celery dflock locks`` names the beat that sends.
 """
 
 from __future__ import annotations
@@ -120,9 +118,8 @@ def lock_retries(request: Any) -> int:
 
 @dataclass(slots=True)
 class Message:
-    """One run: its task, request, call and task id, and its per-call lock options, checked
-    as they entered the run (None: none). The other headers are read where the run needs
-    them (a run that is not locked reads none of them)."""
+    """One run, with its per-call lock options checked as they entered (None: none). Other
+    headers are read where needed (a run that is not locked reads none)."""
 
     task: Any
     request: Any
@@ -182,11 +179,10 @@ def resend(
     busy: DflockError,
     extra: Mapping[str, object] | None = None,
 ) -> BaseException:
-    """Send the run again in ``countdown`` s, as ``Task.retry`` does, but count it in
-    `LOCK_RETRIES_HEADER` instead of Celery's ``retries``: a busy key never uses up the
-    task's ``max_retries`` (an outage retry passes the count on unchanged). ``busy``: why
-    (the `Retry`'s exception); ``extra``: more headers. The per-call options go on as they
-    came (checked when this run read them)."""
+    """Send the run again in ``countdown`` s as ``Task.retry`` does, but counted in
+    `LOCK_RETRIES_HEADER`, not Celery's ``retries``: a busy key never uses up the task's
+    ``max_retries`` (an outage retry passes the count on unchanged). ``busy``: the `Retry`'s
+    exception; ``extra``: more headers. Per-call options go on as they came (checked)."""
     request = message.request
     headers = dict(_headers(request) or {})
     for name in (FOLLOW_HEADER, HOLD_HEADER):  # a worker's request keeps them as attributes
@@ -227,12 +223,9 @@ def encode_note(
     pid: int | None = None,
     name: str | None = None,
 ) -> str | None:
-    """The owner note of ``task_id`` (with ``host``, ``pid`` and the task's ``name`` while a
-    run holds the key): each part percent-encoded (``quote(part, safe="")``), joined by ``/``.
-
-    A note that would be too long loses its last parts (the name, then the pid, then the
-    host); None when the task id alone is too long (or there is none): the lock is then taken
-    without a note."""
+    """The owner note (parts ``quote(part, safe="")``-encoded, joined by ``/``). A note too
+    long loses its last parts (name, then pid, then host); None when the task id alone is
+    too long (or there is none): the lock is then taken without a note."""
     if not task_id:
         return None
     note = _quoted(task_id)
@@ -254,8 +247,8 @@ UUID) and a worker's name (``celery@host``) are made of these."""
 
 
 def _quoted(part: str) -> str:
-    """``quote(part, safe="")``: for the usual task id and worker name, without its work (one
-    scan, and ``@`` replaced); anything else through ``quote``."""
+    """``quote(part, safe="")``, with one scan for the usual task id and worker name."""
+
     if _PLAIN.fullmatch(part):
         return part.replace("@", "%40")
     return quote(part, safe="")

@@ -1,19 +1,18 @@
 """Per-process state of the Celery integration, kept on the app (never at module level).
 
 :class:`Runtime` -- one per process and app: the app's `Client` and its connection pool (made
-after fork, closed at shutdown), whether this process is a prefork pool child, what the runs
-of each task reuse (`TaskRuns`: the task's plan, whether its runs are locked and their
-options, and its `KeyBuilder`, worked out once per task and process while the config and
-every lock attribute are the same objects), and where held locks are recorded.
+after fork, so a pool child never shares its parent's; closed at shutdown), whether this
+process is a prefork pool child, what the runs of each task reuse (`TaskRuns`: whether they
+are locked, their options and `KeyBuilder`, worked out once per task and process while the
+config and every lock attribute are the same objects), and where held locks are recorded.
 
 The held-lock records (`HeldRecords`): each prefork pool child keeps one file (`HeldWriter`)
 listing the locks it holds now, so the worker's main process can release them once the child
 dies under a task (hard time limit, revoke with terminate, SIGKILL). The server frees a dead
-child's grants itself when it sees its connection close: at once on a plain connection,
-``--session-ttl`` seconds later (3 by default) on a session connection, which is what
-celery-dflock's client opens; never before the lease's end with
-``--no-auto-release-on-disconnect``. The records free the key as soon as the main process
-sees the child gone, in every case. Release is idempotent.
+child's grants itself when its connection closes: at once on a plain connection,
+``--session-ttl`` seconds later (3 by default) on the session connection celery-dflock's
+client opens, never before the lease's end with ``--no-auto-release-on-disconnect``; the
+records free the key as soon as the main process sees the child gone. Release is idempotent.
 """
 
 from __future__ import annotations
@@ -74,8 +73,7 @@ def _same(a: object, b: object) -> bool:
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """Whether runs of a task without call options are locked, and their options, as worked
-    out from these inputs; reused while the config and every lock attribute are the same
-    objects (a changed attribute or a reset config is noticed on the next run)."""
+    out from these inputs (a changed attribute or a reset config is noticed on the next run)."""
 
     config: DflockConfig
     attributes: tuple[object, ...]
@@ -113,8 +111,8 @@ class _Keys:
 
 
 class TaskRuns:
-    """What the runs of one task reuse in one process: its plan and its key builder (kept by
-    the app's `Runtime`, so a pool child works its own out, and the task stays stateless)."""
+    """A task's plan and key builder in one process (kept by the `Runtime`, so a pool child
+    works its own out, and the task stays stateless)."""
 
     __slots__ = ("keys", "plan")
 
@@ -165,8 +163,7 @@ def options_for(
     task: Any, config: DflockConfig, runs: TaskRuns, per_call: GivenOptions | None
 ) -> LockOptions | None:
     """The lock options of a run (or a publish) of ``task``; None when it is not locked
-    (``runs``: what the runs of ``task`` reuse in this process, `Runtime.task_runs`;
-    ``per_call``: the options its message gives, checked where it was read)."""
+    (``per_call``: the options its message gives, already checked)."""
     attributes = tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
     plan = runs.plan_for(task, config, attributes)
     if per_call is not None:  # per call: resolved every time (they must win)
@@ -217,11 +214,9 @@ def _pid_gone_polling(pid: int, timeout: float) -> bool:
 
 @dataclass(frozen=True)
 class HeldRecords:
-    """The directory of files ``<pid>.held`` naming the locks pool children hold.
-
-    A file holds a JSON list of ``{"task_id", "key", "token", "limit", "pid"}`` (padded with
-    spaces, see `HeldWriter`). Only its child writes it while the child lives; the main
-    process reads it, and edits it only once the child is gone.
+    """The directory of files ``<pid>.held``, each a JSON list of ``{"task_id", "key",
+    "token", "limit", "pid"}`` (space-padded, see `HeldWriter`). Only its child writes a file
+    while the child lives; the main process reads it, and edits it once the child is gone.
     """
 
     directory: Path
@@ -229,10 +224,8 @@ class HeldRecords:
 
     @classmethod
     def for_main_process(cls, pid: int) -> HeldRecords | None:
-        """The records directory of worker main process ``pid`` (None if it is unsafe).
-
-        Tokens are bearer credentials: the directory must be ours and private.
-        """
+        """The records directory of worker main process ``pid``; None unless it is ours and
+        private (tokens are bearer credentials)."""
         directory = Path(tempfile.gettempdir()) / f"celery-dflock-{os.getuid()}-{pid}"
         try:
             directory.mkdir(mode=0o700, exist_ok=True)
@@ -245,8 +238,8 @@ class HeldRecords:
 
     @classmethod
     def left_by_dead_workers(cls, pid: int) -> list[HeldRecords]:
-        """The records directories of worker main processes that are gone (killed with -9,
-        say, so they never removed theirs), besides the one of live worker ``pid``."""
+        """The records directories of gone worker main processes (killed with -9, say, so
+        they never removed theirs), other than live worker ``pid``'s."""
         prefix = f"celery-dflock-{os.getuid()}-"
         found: list[HeldRecords] = []
         for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
@@ -319,10 +312,9 @@ class HeldWriter:
     """This process's record file ``<directory>/<pid>.held``: what it holds right now.
 
     Every change rewrites the whole list with one ``pwrite`` at offset 0 on a file kept open,
-    padded with spaces to at least the length written before, so the file never ends in
-    leftovers of a longer list and the main process never needs a rename to read it whole
-    (it reads a child's file only once that child is gone). This runs around every locked run
-    in a pool child: two small writes, no files created or renamed per run.
+    space-padded to at least the length written before, so no leftovers of a longer list
+    remain and no rename is needed (the main process reads it only once the child is gone).
+    Around every locked run in a pool child: two small writes, no file created or renamed.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -395,8 +387,7 @@ _RUNTIME_ATTR: Final = "_dflock_runtime"
 
 @dataclass
 class Runtime:
-    """What one process needs to lock tasks of one app: the app's `Client` (made in this
-    process, so a pool child never shares its parent's pool), and the held-lock records."""
+    """What one process needs to lock tasks of one app (see the module docstring)."""
 
     pid: int = field(default_factory=os.getpid)
     in_pool_child: bool = False
@@ -439,10 +430,9 @@ class Runtime:
             return made[1]
 
     def release_token(self, config: DflockConfig, key: str, token: str, limit: int | None) -> bool:
-        """Release ``token`` on ``key`` for a process that cannot (idempotent).
+        """Release ``token`` on ``key`` for a process that cannot (idempotent); False if the
+        server no longer held it."""
 
-        True if the server released it; False if it no longer held it.
-        """
         return self.client(config).release(key, token, limit=limit)
 
     def close(self) -> None:

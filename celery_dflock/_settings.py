@@ -1,14 +1,13 @@
 # pyright: reportMissingTypeStubs=false
 """Every lock option and ``dflock_*`` setting, once: its check, its default, its meaning.
 
-The checks (``(value, where) -> value`` normalised, or `DflockConfigError` saying what would be
-accepted; ``where`` names the setting or option and where it was given), and the one table of
-options and settings (`Spec`: name, the ``app.conf`` setting that gives it, default, check,
-meaning). The task-option resolution (`celery_dflock.config.resolve_options`), the settings read
-into `celery_dflock.config.DflockConfig` and `celery_dflock.beat.BeatSettings`, and the generated
-settings reference (``docs/gen_reference.py``, through `option_table` and `setting_table`) all
-read this table; a default is written here once, and a value is checked here once, where it
-enters (a setting, an attribute, a call option, a message's options).
+The checks (`Check`; the error says what would be accepted, ``where`` names the setting or
+option and where it was given), and the one table of options and settings (`Spec`). The
+option resolution (`celery_dflock.config.resolve_options`), `celery_dflock.config.DflockConfig`,
+`celery_dflock.beat.BeatSettings` and the generated settings reference
+(``docs/gen_reference.py``: `option_table`, `setting_table`) all read this table: a default is
+written here once, and a value is checked once, where it enters (a setting, an attribute, a
+call option, a message's options).
 """
 
 from __future__ import annotations
@@ -127,8 +126,7 @@ def check_timeout(value: object, where: str) -> float | None:
 
 
 def check_lease(value: object, where: str) -> Lease:
-    """A lease: the client's one rule (`lease_seconds`: whole seconds from 1), in the user's
-    terms (``where``: the option or setting)."""
+    """A lease: the client's rule (`lease_seconds`: whole seconds from 1)."""
     return lease_seconds(where, value, error=DflockConfigError)
 
 
@@ -184,8 +182,8 @@ def check_key(value: object, where: str) -> KeySource:
 
 
 def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word]:
-    """A check that the value is one of ``choices`` (``meanings``: the error's own words for
-    them, e.g. ``"'run' (...) or 'publish' (...)"``)."""
+    """A check that the value is one of ``choices`` (``meanings``: the error's words for them,
+    e.g. ``"'run' (...) or 'publish' (...)"``)."""
     accepted = meanings or ", ".join(map(repr, choices))
     lead = "" if meanings else "one of "
 
@@ -332,8 +330,7 @@ DEFAULT_PENDING_TTL_S: Final = DEFAULT_MAX_LEASE_TTL_S
 """``lock_pending_ttl``: how long a published message may wait in the queue holding its key
 (the longest lease a server grants by default, ``dflockd --max-lease-ttl``)."""
 DEFAULT_BEAT_LEASE_TTL_S: Final = 10
-"""Lease of beat's leader lock: a hung beat is replaced this many seconds after its last
-renewal."""
+"""Lease of beat's leader lock: a hung beat is replaced this many seconds after its renewal."""
 DEFAULT_BEAT_KEY_PREFIX: Final = "celery-beat:"
 """Beat's leader lock key, when ``dflock_beat_lock_key`` is not set: this and ``app.main``."""
 DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
@@ -352,7 +349,6 @@ class Spec(Generic[T]):
     default: T
     """The value when nothing sets it."""
     check: Check[T]
-    """``(value, where) -> value`` normalised and typed, or `DflockConfigError`."""
     meaning: str
     shown: str | None = None
     """The default as the settings reference shows it, when not ``repr(default)``."""
@@ -370,7 +366,7 @@ class Spec(Generic[T]):
 
     def given(self, values: Mapping[str, object], where: Callable[[str], str]) -> T | None:
         """This option's value in ``values`` (checked; ``where(name)`` names its source), or
-        None when it is not given there."""
+        None."""
         value = values.get(self.name)
         return None if value is None else self.check(value, where(self.name))
 
@@ -514,17 +510,15 @@ DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
 SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
     {spec.name: spec.setting for spec in LOCK_OPTION_SPECS if spec.setting is not None}
 )
-"""Lock option name -> the ``app.conf`` setting that gives its app-wide default: the option's
-name with ``dflock_`` in front."""
+"""Lock option name -> its app-wide ``app.conf`` setting (``dflock_`` + the name)."""
 
 
 @dataclass(frozen=True, slots=True)
 class GivenOptions:
     """The lock options given in one place (a call, a ``dflock_task_locks`` entry, a task's
-    attributes, the app's ``dflock_*`` settings), each checked where it entered
-    (`read_options`), typed; None: not given there (`celery_dflock.config.resolve_options`
-    takes the first given, call first). One field per `LOCK_OPTION_SPECS` row, named by its
-    `Spec.attribute` (tests/celery/test_task_config.py holds the two together)."""
+    attributes, the ``dflock_*`` settings), checked (`read_options`); None: not given there.
+    One field per `LOCK_OPTION_SPECS` row, named by its `Spec.attribute`
+    (tests/celery/test_task_config.py holds the two together)."""
 
     key: KeySource = None
     timeout: float | None = None
@@ -556,10 +550,9 @@ NO_OPTIONS: Final = GivenOptions()
 def read_options(
     values: object, where: Callable[[str], str], *, what: str, serialisable: bool = False
 ) -> GivenOptions:
-    """The lock options of ``values`` (a mapping of option name -> value), each checked by its
-    `Spec` (``where(name)`` names its source in an error; ``what`` names the whole), and
-    checked together (`check_combination`). ``serialisable``: they travel in a message, so
-    no callables."""
+    """The lock options of ``values`` (option name -> value), each checked by its `Spec` and
+    together (`check_combination`); in an error ``where(name)`` names each source, ``what``
+    the whole. ``serialisable``: they travel in a message, so no callables."""
     if not isinstance(values, Mapping):
         raise DflockConfigError(
             f"{what} must be a mapping of lock options (e.g. {{'lock_ttl': 60}}), got {values!r}"
@@ -601,7 +594,7 @@ def items_of(what: str) -> Callable[[str], str]:
 
 def read_call_options(values: object, what: str) -> GivenOptions:
     """Per-call lock options (``apply_async(..., lock_ttl=60)``, a message's
-    ``dflock_options`` header), checked: they travel in a message, so no callables."""
+    ``dflock_options`` header), checked, serialisable."""
     return read_options(values, items_of(what), what=what, serialisable=True)
 
 
@@ -617,13 +610,12 @@ def check_combination(lock_from: LockFrom | None, limit: int | None, where: str)
 
 
 def looks_like_lock_option(name: str) -> bool:
-    """Whether ``name``, which is no lock option, is most likely a misspelt one (``lock_tll``,
-    ``on_lock``, ``lockttl``): it starts like one, or is one letter or two away from one.
+    """Whether ``name``, no lock option, is most likely a misspelt one (``lock_tll``,
+    ``on_lock``, ``lockttl``): it starts like one, or is a letter or two from one.
 
-    A ``lock_X`` option mirrors Celery's own task option ``X`` (``lock_retry_backoff_max`` and
-    ``retry_backoff_max``, ``lock_max_retries`` and ``max_retries``): a name close to ``X``
-    itself is Celery's option (or a slip in it), never a lock option missing its prefix, and
-    passes through untouched."""
+    A name close to Celery's own option ``X`` that a ``lock_X`` option mirrors
+    (``retry_backoff_max``, ``max_retries``) is Celery's (or a slip in it), never a lock
+    option missing its prefix, and passes."""
     lowered = name.lower()
     if lowered in LOCK_OPTIONS:
         return False
@@ -645,9 +637,8 @@ def _similarity(a: str, b: str) -> float:
 
 
 def check_option_names(names: Iterable[str], where: str) -> None:
-    """Refuse a name that is not a lock option but looks like a misspelt one (``where``: the
-    task or call it was given to): Celery would keep it without a word, and the lock would
-    run on the option's default."""
+    """Refuse a name that looks like a misspelt lock option (``where``: the task or call):
+    Celery would keep it without a word, and the lock would run on the option's default."""
     for name in names:
         if looks_like_lock_option(name):
             raise DflockConfigError(
@@ -801,8 +792,9 @@ def option_table() -> list[tuple[str, str | None, object, str]]:
 
 
 def setting_table(kind: Literal["app", "beat"]) -> list[SettingDoc]:
-    """The app-wide (``"app"``) or beat (``"beat"``) settings with defaults and meanings, for
-    the generated settings reference (lock options' settings: :func:`option_table`)."""
+    """The app-wide or beat settings with defaults and meanings, for the settings reference
+    (lock options' settings: :func:`option_table`)."""
+
     specs = APP_SETTING_SPECS if kind == "app" else BEAT_SETTING_SPECS
     return [
         SettingDoc(

@@ -1,7 +1,6 @@
 """The worker hooks that keep locks honest (the list: `celery_dflock.signals`), connected once
-per app by `install_hooks` (called by `celery_dflock.signals.install` and when a `LockedTask`
-is bound), and the checks they make of the app's tasks: `apply_task_locks`,
-`unknown_task_locks`, `leases_above`, `countdowns_past_visibility`.
+per app by `install_hooks`, and the checks they make of the app's tasks (`apply_task_locks`,
+`unknown_task_locks`, `leases_above`, `countdowns_past_visibility`).
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ WATCH_MAX_PAUSE_S: Final = 15.0
 
 
 def _in_a_thread(target: Callable[..., object], name: str, *args: object) -> bool:
-    """Run ``target(*args)`` in a daemon thread that leaves the process's signals to the main
-    thread; False, logged, when none can be started (a worker at its pid limit: threads
-    count), so that a signal receiver carries on."""
+    """Run ``target(*args)`` in a daemon thread leaving signals to the main thread; False,
+    logged, when none can be started (pid limit: threads count), so a receiver carries on."""
 
     def run() -> None:
         leave_signals_to_the_main_thread()
@@ -92,8 +90,7 @@ class _Hooks:
         self.outages = OutageCounter()
         self._watch_guard = threading.Lock()
         self.unreachable: dict[str, float] = {}
-        """The lock servers this worker found unreachable and has not reached since, with the
-        epoch seconds it first found each so (kept by the watcher thread)."""
+        """Unreachable lock servers -> epoch seconds first found so (kept by the watcher)."""
         self._watching = False
 
     def connect(self) -> None:
@@ -151,8 +148,8 @@ class _Hooks:
         _in_a_thread(self._report_servers, "dflock-servers-check")
 
     def _report_servers(self) -> None:
-        """Log which lock servers this worker reaches; warn, naming ``dflock_servers``, about
-        each one it cannot reach, and louder when it reaches none."""
+        """Log the lock servers this worker reaches; warn about each it cannot, louder when
+        it reaches none."""
         try:
             with get_config(self.app).new_client() as client:
                 answers = client.ping()
@@ -205,8 +202,8 @@ class _Hooks:
         self._watch({})
 
     def _watch(self, unreachable: Mapping[str, float]) -> None:
-        """Ping the lock servers from a thread until every one answers, logging each that
-        answers again (``unreachable``: found so just now, with since when)."""
+        """Ping the lock servers from one thread until all answer, logging each that answers
+        again (``unreachable``: found so just now, with since when)."""
         with self._watch_guard:
             for address, since in unreachable.items():
                 self.unreachable.setdefault(address, since)
@@ -318,8 +315,7 @@ class _Hooks:
     # ---------------------------------------------------------------- orphan release
 
     def _clean_up_after_dead_workers(self) -> None:
-        """Release what the pool children of dead workers recorded, and remove their records
-        directories (a worker killed with -9 never removes its own)."""
+        """Release what dead workers' pool children recorded, and remove those directories."""
         if self.main_pid is None:
             return
         for records in HeldRecords.left_by_dead_workers(self.main_pid):
@@ -385,8 +381,7 @@ def _outage_header(request: Any) -> OutageState | None:
 
 
 def _register_outages_command() -> None:
-    """Register `OUTAGES_COMMAND` with Celery's remote control (once per process; Celery
-    keeps the registry)."""
+    """Register `OUTAGES_COMMAND` with Celery's remote control (Celery keeps the registry)."""
 
     def dflock_outages(state: Any, **_: Any) -> dict[str, object]:
         """Lock-server outages this worker met: outage retries, servers unreachable."""
@@ -397,8 +392,7 @@ def _register_outages_command() -> None:
 
 
 def install_hooks(app: Any, locked_task: type[Any]) -> None:
-    """Connect the worker hooks for ``app`` (idempotent); ``locked_task`` is `LockedTask`,
-    the class the tasks named in ``dflock_task_locks`` are made into."""
+    """Connect the worker hooks for ``app`` (idempotent); ``locked_task``: `LockedTask`."""
     if isinstance(getattr(app, _HOOKS_ATTR, None), _Hooks):
         return
     hooks = _Hooks(app, locked_task)
@@ -407,13 +401,7 @@ def install_hooks(app: Any, locked_task: type[Any]) -> None:
 
 
 def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
-    """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them.
-
-    Each such task that is not a ``locked_task`` (`LockedTask`) gets its class swapped for
-    a subclass that puts ``locked_task`` first in its bases. Returns the names of
-    the tasks changed. Runs from the worker hooks (see :mod:`celery_dflock.signals`), which
-    also warn about names no task has (`unknown_task_locks`).
-    """
+    """`celery_dflock.task.apply_task_locks`, with ``locked_task`` as `LockedTask`."""
     config = get_config(app)
     changed: list[str] = []
     tasks: Mapping[str, Any] = app.tasks
@@ -485,10 +473,9 @@ REDIS_VISIBILITY_DEFAULT_S: Final = 3600.0
 
 def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
     """A warning when ``app``'s broker is Redis and its ``visibility_timeout`` is not above the
-    longest countdown a locked task's message may wait for: a worker holds a countdown message
-    unacknowledged until it is due, and Redis delivers it again after that timeout, so the run
-    would run twice (a busy key's retry waits up to ``lock_retry_backoff_max``, an outage
-    retry up to `OUTAGE_MAX_COUNTDOWN_S`)."""
+    longest countdown a locked task's message may wait (``lock_retry_backoff_max``, or
+    `OUTAGE_MAX_COUNTDOWN_S`): Redis delivers an unacknowledged message again after it."""
+
     url = str(app.conf.broker_url or "")
     if url.split("://", 1)[0] not in REDIS_SCHEMES:
         return []

@@ -1,11 +1,10 @@
 # pyright: reportMissingTypeStubs=false
 """The ``dflock_*`` settings of an app, read once into a :class:`DflockConfig` (cached on the
-app), a run's lock options resolved from them (`LockOptions`, `resolve_options`), and the
-names the settings reference and its checks use.
+app), and a run's lock options resolved from them (`LockOptions`, `resolve_options`).
 
 Every lock option and setting, with its default and its check, is declared once, in the table
-of `celery_dflock._settings` (`option_table`, `setting_table`). A lock option is resolved the way
-Celery resolves its own task options, first match wins (`resolve_options`):
+of `celery_dflock._settings`. A lock option is resolved the way Celery resolves its own task
+options, first match wins (`resolve_options`):
 
 1. the per-call option (``task.apply_async(..., lock_key="x")``);
 2. the task's entry in ``app.conf.dflock_task_locks`` (like ``task_annotations``,
@@ -111,9 +110,8 @@ class _App(Protocol):
 
 
 def read_setting(conf: Any, name: str) -> object:
-    """``app.conf`` setting ``name``; the upper-case spelling of Celery's old setting style
-    (``DFLOCK_SERVERS``) is read too. (With ``namespace="CELERY"`` Celery itself maps
-    ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``.)"""
+    """``app.conf`` setting ``name``, or its upper-case spelling (``DFLOCK_SERVERS``; with
+    ``namespace="CELERY"`` Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``)."""
     value: object = conf.get(name)
     if value is None:
         value = conf.get(name.upper())
@@ -201,8 +199,8 @@ class DflockConfig:
         )
 
     def new_client(self) -> Client:
-        """A `Client` on these settings. The Celery layer keeps one per app and process (see
-        ``celery_dflock._runtime.Runtime.client``); beat and ``celery dflock`` make their own."""
+        """A new `Client` on these settings (the Celery layer keeps one per app and process:
+        ``celery_dflock._runtime.Runtime.client``)."""
         return Client.from_settings(self.client_settings())
 
 
@@ -229,9 +227,8 @@ def reset_config(app: _App) -> None:
 # --------------------------------------------------------------------------- a run's options
 
 RETRY_WAIT_S: Final = 30.0
-"""The default ``lock_timeout`` of ``on_locked="retry"``: a run waits this long in its key's
-FIFO queue (taking the key the moment the holder lets go) before it is sent again with a
-countdown. ``"skip"`` and ``"raise"`` give up at once (0)."""
+"""The default ``lock_timeout`` of ``on_locked="retry"``: seconds in the key's FIFO queue (taking
+the key the moment the holder lets go) before the retry; ``"skip"`` and ``"raise"``: 0."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,9 +262,9 @@ def resolve_options(
 ) -> LockOptions:
     """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default.
 
-    Every layer was checked where it entered (`celery_dflock._settings.read_options`): the
-    settings and ``dflock_task_locks`` when the config was read, the attributes when the
-    task's plan was made, the call options when the message was read."""
+    Every layer was already checked where it entered (`celery_dflock._settings.read_options`):
+    the settings when the config was read, the attributes and call options when read."""
+
     entry = config.task_locks.get(task_name, NO_OPTIONS)
     layers = (call or NO_OPTIONS, entry, attributes, config.defaults)
     first: dict[str, Any] = {

@@ -47,11 +47,10 @@ __all__ = ["LOCK_OPTIONS_HEADER", "LOCK_RETRIES_HEADER", "LockedTask", "apply_ta
 class LockedTask(Task):
     """A task whose runs hold a distributed lock (or semaphore slot) on a key.
 
-    Use as ``@app.task(base=LockedTask, lock_key="report:{customer_id}")`` (always
-    locked), or as the app's ``task_cls`` (then only tasks with a lock option,
-    or listed in ``dflock_task_locks``, are locked). Every lock option is a class
-    attribute and may be given per task, per call (``apply_async(..., lock_timeout=5)``) or
-    app-wide (``app.conf.dflock_*``); None means "not set here".
+    Use as ``@app.task(base=LockedTask, lock_key="report:{customer_id}")`` (always locked),
+    or as the app's ``task_cls`` (then only tasks with a lock option, or listed in
+    ``dflock_task_locks``, are locked). Every lock option is a class attribute, also given
+    per call (``apply_async(..., lock_timeout=5)``) or app-wide (``app.conf.dflock_*``).
     """
 
     # Every lock option, as a user sets it (None: not set here). What each means and its
@@ -133,8 +132,7 @@ class LockedTask(Task):
             # Sent again (a retry, with the hold handed on or None), or run here: no hold.
             return send()
         # A canvas passes its member's place (group_id, chain, chord) or a link; a bare
-        # task_id is the caller's own id, and a duplicate sent with one gets the holder's
-        # AsyncResult, as any duplicate does (nothing sent: one message per key).
+        # task_id is the caller's own, and a duplicate with one gets the holder's AsyncResult.
         in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
         task_id = task_id or uuid()
         sent_options = headers.get(LOCK_OPTIONS_HEADER)
@@ -188,9 +186,9 @@ class LockedTask(Task):
         headers: Any = None,
         **options: Any,
     ) -> Any:
-        """As :meth:`celery.Task.apply` (an eager run, here and now); lock options given here
-        apply to this run (a bad one is refused, naming it). An eager run of a
-        ``lock_from="publish"`` task whose key is held fails at once with `AlreadyQueued`."""
+        """As :meth:`celery.Task.apply`; lock options given here apply to this run (a bad one
+        is refused, naming it). With ``lock_from="publish"`` and the key held, the eager run
+        fails at once with `AlreadyQueued`."""
         if any(name in options for name in LOCK_OPTIONS):
             headers = _with_lock_options(options, headers, f"apply options of {self._name!r}")
         return BaseTask.apply(
@@ -231,8 +229,8 @@ class LockedTask(Task):
             headers = {**cast("Mapping[str, Any]", request_headers), **headers}
         if given:
             headers[LOCK_OPTIONS_HEADER] = given
-        # The hold handed on, or None: a retry is the same task sent again, never a new
-        # publish (it takes no hold of its own, so it is never refused as a duplicate).
+        # The hold handed on, or None: a retry is no new publish (it takes no hold of its
+        # own, so it is never refused as a duplicate).
         headers[HOLD_HEADER] = None if kept is None else kept.header()
         options["headers"] = headers
         try:
@@ -313,9 +311,9 @@ _CANVAS_OPTIONS = ("chain", "chord", "group_id")
 
 
 def apply_task_locks(app: Any) -> list[str]:
-    """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them.
+    """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them:
+    each one not a :class:`LockedTask` gets its class swapped for a subclass putting
+    ``LockedTask`` first in its bases. Returns the names of the tasks changed (the worker
+    hooks run it)."""
 
-    Each such task that is not a :class:`LockedTask` gets its class swapped for a subclass
-    that puts ``LockedTask`` first in its bases. Returns the names of the tasks changed. The
-    worker hooks (see :mod:`celery_dflock.signals`) run it."""
     return _worker_hooks.apply_task_locks(app, LockedTask)
