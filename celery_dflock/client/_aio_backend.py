@@ -1,9 +1,6 @@
-"""What the asyncio client does its own way; `celery_dflock.client._sync_backend` is the blocking
-side.
-
-The lock shells (`celery_dflock.client._async.lock`, and the blocking one generated from it) are
-written once; they import these names from here or from `celery_dflock.client._sync_backend`, which
-has the same names with the same meaning:
+"""What the asyncio client does its own way. The lock shells, written once
+(`celery_dflock.client._async.lock` and its generated blocking twin), import these names from
+here or from `celery_dflock.client._sync_backend`, which has them with the same meaning:
 
 - `OpLock`: serializes a lock object's acquire, renew and release;
 - `Event`: the lock's ``lost_event``;
@@ -15,12 +12,12 @@ has the same names with the same meaning:
 - `AsyncPoolFace`: what a pool of this kind adds (here: the event loop it belongs to), and
   `PoolRenewer`, what renews its locks' leases (here: nothing, each lock's own task).
 
-Here each held lock is renewed by an asyncio task of its own, which dozes until the renewal is due.
-The connection's protocol hears the peer's close without a task or a system call, and wakes that
-task, which then checks the connection under the operation lock (so never while a request is in
-flight) and reattaches the lock at once (reconnects and renews by token; lost only if that is
-refused or the lease runs out first). The renewal's request is shielded: cancelling the task (or a
-`renew` call) lets the request in flight finish, and a `release` that follows waits for it.
+Here each held lock is renewed by an asyncio task of its own, dozing until the renewal is due.
+The connection's protocol hears the peer's close without a task or a system call and wakes that
+task, which checks the connection under the operation lock (never mid-request) and reattaches
+the lock at once (lost only if that is refused or the lease runs out first). The renewal's
+request is shielded: cancelling the task (or a `renew` call) lets it finish, and a `release`
+that follows waits for it.
 """
 
 from __future__ import annotations
@@ -64,8 +61,7 @@ Background = asyncio.Task[None]
 
 
 def background(work: Callable[[], Coroutine[object, object, None]], name: str) -> Background:
-    """Run ``work()`` beside the caller, which does not wait for it: a task of the running
-    loop."""
+    """Run ``work()`` in a task of the running loop; the caller does not wait for it."""
     return asyncio.get_running_loop().create_task(work(), name=name)
 
 
@@ -125,9 +121,9 @@ class AsyncRenewalDriver:
             conn.transport.watch(None)
 
     def renewed(self, conn: AsyncConnection) -> None:
-        """After a renewal (operation lock held): if the connection closed right after its
-        reply, the task (dozing, when this was `renew`) was woken while the request was in
-        flight and did nothing; wake it again."""
+        """After a renewal (operation lock held): a connection closed right after the reply
+        woke the task mid-request, to no effect (dozing, when this was `renew`); wake it
+        again."""
         if conn.broken_while_idle():
             self._connection_event()
 
@@ -161,8 +157,8 @@ class AsyncRenewalDriver:
         return await self._shielded(self._lock.renew_guarded(False))
 
     async def _shielded(self, work: Coroutine[object, object, bool | None]) -> bool | None:
-        """Run ``work`` in a task of its own, shielded: cancelling the caller does not
-        interrupt the request (a later `release` waits for it instead)."""
+        """Run ``work`` in a shielded task: cancelling the caller does not interrupt the
+        request (a later `release` waits for it)."""
         task = asyncio.create_task(work)
         self._renewing = task
         return await asyncio.shield(task)
@@ -205,8 +201,7 @@ class AsyncRenewalDriver:
 
 
 PoolRenewer: TypeAlias = None
-"""What renews the leases of a pool's locks: nothing here (each asyncio lock renews from a task
-of its own)."""
+"""What renews a pool's locks' leases: nothing (each asyncio lock renews from its own task)."""
 
 
 class AsyncPoolFace:

@@ -1,11 +1,10 @@
 """The two transports a connection to a lock server owns (its byte side): a blocking socket
 (`SocketTransport`) and an asyncio stream (`AsyncStreamTransport`).
 
-The connection itself is written once (`celery_dflock.client._async.connection`; it closes
-when a request is interrupted midway: a half-read reply would put later ones out of step). A
-transport sends a request's bytes and reads its reply, says whether an idle connection is still
-sound, and closes; neither is ever shut down from a forked child, which only drops its copy of
-the socket.
+The connection itself is written once (`celery_dflock.client._async.connection`). A transport
+sends a request's bytes and reads its reply, says whether an idle connection is still sound,
+and closes; neither is ever shut down from a forked child, which only drops its copy of the
+socket.
 
 A plain TCP `SocketTransport` keeps its socket non-blocking and waits for replies with ``poll``
 (send, poll, recv: three system calls per request, where a socket timeout costs six: two
@@ -48,12 +47,10 @@ def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
 
 
 def _close_made_tls_socket(exc: BaseException) -> None:
-    """Close the ``SSLSocket`` that a failed ``wrap_socket`` made and did not close.
-
-    When the peer reset the connection before the handshake (a server killed while the client
-    reconnects), CPython (3.11.5 and later) raises without closing the new ``SSLSocket``, which
-    holds the descriptor until the garbage collector finds it (a ``ResourceWarning``). It is
-    the ``self`` of a frame of the exception's traceback; closing one twice does nothing."""
+    """Close the ``SSLSocket`` a failed ``wrap_socket`` made: on a reset before the handshake
+    (a server killed while the client reconnects), CPython 3.11.5+ raises without closing it,
+    leaving the descriptor to the garbage collector (a ``ResourceWarning``). It is the ``self``
+    of a traceback frame; closing one twice does nothing."""
     tb = exc.__traceback__
     while tb is not None:
         made = tb.tb_frame.f_locals.get("self")
@@ -193,12 +190,10 @@ class SocketTransport:
         return False
 
     def _tls_quiet(self, sock: ssl.SSLSocket) -> bool:
-        """True when a TLS connection has nothing to read but TLS records (session tickets).
-        Request lock held, no request in flight.
-
-        A readable socket is read without blocking, letting the TLS layer consume records that
-        carry no data; application bytes (unasked) are kept in the reply parser, never dropped,
-        and the connection is refused for reuse."""
+        """True when a TLS connection has nothing to read but TLS records (session tickets);
+        request lock held, none in flight. A readable socket is read without blocking, the TLS
+        layer consuming records without data; unasked application bytes are kept in the reply
+        parser (never dropped) and the connection refused for reuse."""
         if sock.pending():
             return False  # decrypted bytes nobody asked for
         if hasattr(select, "poll"):
@@ -221,10 +216,8 @@ class SocketTransport:
         return False  # b"": EOF or close_notify
 
     def broken(self, lock: threading.Lock) -> bool:
-        """With no request in flight: True when the connection is unusable (EOF, a reset, a
-        TLS close_notify, or bytes nobody asked for); False for TLS records that carry no data
-        (tickets), and when ``lock`` (the connection's request lock) is taken: never touch a
-        connection a request is using."""
+        """`AsyncConnection.broken_while_idle`; also False when ``lock`` (the request lock)
+        is taken: never touch a connection a request is using."""
         if not lock.acquire(blocking=False):
             return False
         try:
@@ -345,9 +338,8 @@ class AsyncStreamTransport:
         return self._writer.is_closing() or self._reader.at_eof()
 
     def quiet(self) -> bool:
-        """True when no EOF was seen and nothing is waiting on the socket: an idle
-        connection's transport has read all there was, so anything now is EOF or bytes nobody
-        asked for."""
+        """True when no EOF was seen and nothing waits on the socket (an idle connection's
+        transport has read all there was: anything now is EOF or bytes nobody asked for)."""
         if self.at_eof():
             return False
         unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
@@ -370,9 +362,8 @@ class AsyncStreamTransport:
         self._stream.on_peer = callback
 
     def broken(self, lock: asyncio.Lock) -> bool:
-        """With no request in flight: True when the connection is unusable (the peer closed
-        it, it was lost, or bytes nobody asked for wait). ``lock``, the connection's request
-        lock, is not needed: nothing else runs on the loop while this does."""
+        """`AsyncConnection.broken_while_idle`. ``lock`` is not needed: nothing else runs on
+        the loop while this does."""
         del lock
         unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
         return (

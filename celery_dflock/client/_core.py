@@ -78,12 +78,9 @@ QUEUED: Final = EnqueueResult("queued")
 
 
 class LockCore:
-    """State and decisions of one lock or semaphore object; every method is I/O free.
-
-    It has a `KeyRoute` (`routing`) and a `HeldGrant` (`grant`) and keeps the lock's state
-    (`state`, `lost`). ``settings``, ``acquire_timeout_s`` and ``lease_ttl_s`` (whole seconds;
-    None: the server's default) are taken as they are, checked where the user gave them;
-    ``key`` and ``note`` are checked here."""
+    """State and decisions of one lock or semaphore object, I/O free. ``settings``,
+    ``acquire_timeout_s`` and ``lease_ttl_s`` (whole seconds; None: the server's default) come
+    checked where the user gave them; ``key`` and ``note`` are checked here."""
 
     def __init__(
         self,
@@ -153,8 +150,8 @@ class LockCore:
 
     @property
     def handover(self) -> str | None:
-        """Why the last acquire was not acquired when a hand-over kept it from the key's
-        member until its time was up (None: it was not so)."""
+        """Why the last acquire failed, when a hand-over kept it from the key's member until
+        its time was up (else None)."""
         return self.routing.handover
 
     @property
@@ -393,8 +390,7 @@ class LockCore:
         said to ``hello``, ``session``: the client session of the connection it came on.
 
         True: held (the caller pins the connection and starts renewing). False: not held
-        (``queued`` leaves the state ENQUEUED, the connection stays pinned). Raises for refusals.
-        """
+        (``queued`` leaves it ENQUEUED, the connection pinned). Raises for refusals."""
         if isinstance(reply, Granted):
             started = sent_at
             enqueued_at = self.grant.enqueued_at
@@ -467,12 +463,11 @@ class LockCore:
     def on_release_reply(self, reply: Reply, *, retried: bool = False) -> bool:
         """Read the reply to ``r``/``sr``: True if this release freed the lock.
 
-        A refusal means the server no longer held the grant (its lease ran out while this
-        process counted on it, or it was released elsewhere): the lock is marked lost and stays
-        HELD, so the caller can notify (the fence still known) before it `reset`s. ``retried``:
-        an earlier release was sent and its connection broke before the answer; it may have
-        freed the grant, so a refusal proves no loss (reset, not marked lost).
-        """
+        A refusal means the server no longer held the grant (its lease ran out unnoticed, or it
+        was released elsewhere): marked lost, the lock stays HELD so the caller can notify (the
+        fence still known) before it `reset`s. ``retried``: an earlier release's connection
+        broke before the answer; it may have freed the grant, so a refusal proves no loss
+        (reset, not marked lost)."""
         if isinstance(reply, _replies.Ok):
             self.reset()
             return True

@@ -104,8 +104,8 @@ class Renewer:
         """Watches the connections of the locks it renews for a close by the server."""
 
     def _schedule(self) -> _Schedule:
-        """This process's schedule (a fork child gets a fresh one: the parent's mutex may have
-        been held at fork time)."""
+        """This process's schedule (fresh in a fork child: the parent's mutex may have been held
+        at fork time)."""
         current = self._current
         pid = os.getpid()
         if current is not None and current.pid == pid:
@@ -252,9 +252,8 @@ class _Schedule:
             raise
 
     def _start_spare(self) -> None:
-        """Start a thread to keep time for the other renewals while this one runs (mutex
-        held). Where none can be started (a process at its pid limit), carry on without: the
-        others are renewed late, after this one, rather than never."""
+        """Start a thread to keep time for the others while this renewal runs (mutex held).
+        None can start at the pid limit: they are then renewed late rather than never."""
         try:
             self._start_thread()
         except RuntimeError as exc:

@@ -2,13 +2,12 @@
 side (its docstring says how the two are used).
 
 Here held locks are renewed from the long-lived threads of a `Renewer`
-(`celery_dflock.client._renewal`): the pool's, shared by every lock that uses the pool, or, for a
-lock without a pool, one of its own whose thread exits when the lock is released. Nothing is
-started or joined per grant. The renewer's `ConnectionWatcher` polls the held connections' sockets
-and notices at once when the server closes one (plain TCP and TLS alike); the watcher's thread then
-drops that connection (never while a request is in flight on it) and moves the lock's renewal to
-now, and the renewal reattaches it (reconnects and renews by token; lost only if that is refused or
-the lease runs out first).
+(`celery_dflock.client._renewal`): the pool's, shared by its locks, or, for a lock without a
+pool, its own, whose thread exits when the lock is released; nothing is started or joined per
+grant. The renewer's `ConnectionWatcher` polls the held connections' sockets and notices at once
+when the server closes one (TCP and TLS alike); its thread drops that connection (never
+mid-request) and moves the renewal to now, which reattaches the lock (lost only if that is
+refused or the lease runs out first).
 """
 
 from __future__ import annotations
@@ -59,9 +58,8 @@ Background = threading.Thread
 
 
 def background(work: Callable[[], None], name: str) -> Background:
-    """Run ``work()`` beside the caller, which does not wait for it: a daemon thread (a
-    process that exits does not wait for it either; what it was doing is bounded by a lease
-    anyway), which leaves the process's signals to its main thread (`_threads`)."""
+    """Run ``work()`` in a daemon thread the caller does not wait for (nor an exiting process:
+    its work is bounded by a lease), leaving signals to the main thread (`_threads`)."""
 
     def run() -> None:
         leave_signals_to_the_main_thread()
@@ -218,11 +216,10 @@ class RenewalDriver:
             self._renewer().watcher.unwatch(fd)
 
     def _connection_event(self, conn: Connection) -> bool:
-        """The held connection became readable with no request of ours in flight: the server
-        closed it (or the network cut it). Drops it and moves the renewal to now, which
-        reattaches the lock (this thread never waits on the network); never interrupts a
-        request (an operation under way sees the broken connection itself, and a renewal
-        watches again once it is done). True to keep watching."""
+        """The held connection became readable with no request in flight: closed by the server
+        or the network. Drop it and move the renewal to now, which reattaches the lock (this
+        thread never waits on the network); a request under way sees the break itself (a
+        renewal watches again after). True to keep watching."""
         lock = self._lock
         if not lock.op_lock.acquire(blocking=False):
             return False

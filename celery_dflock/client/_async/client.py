@@ -1,9 +1,6 @@
-"""The client of one face: one `ClientSettings` and one pool, shared by the locks it makes,
-and the requests that need no lock object.
-
-Written once for both faces: the asyncio source, ``celery_dflock/client/_async/client.py``
-(`AsyncClient`), and the blocking twin that ``scripts/unasync.py`` generates from it in
-``_sync/`` (`Client`)::
+"""The client: one `ClientSettings` and one pool shared by the locks it makes, and the
+requests that need no lock object. The asyncio source (`AsyncClient`) of the blocking `Client`
+that ``scripts/unasync.py`` generates in ``_sync/``::
 
     with Client([("127.0.0.1", 6388)], auth_token=secret) as client:
         with client.lock("report:42", acquire_timeout_s=5) as lock:
@@ -215,10 +212,9 @@ class AsyncClient:
         (`release`, from any process) or its lease of ``lease_ttl`` seconds runs out (`renew`
         extends it; ``lock.adopt(token, note=...)`` takes it over, one run at a time).
         ``note`` (1 to 200 printable ASCII characters without spaces) names the owner. Waits
-        up to ``timeout`` seconds for a busy key (0: try once). Raises `KeyHeld`
-        (``.holder``: the holder's note) when the key stays busy, `HoldsUnsupported` for a
-        server without holds (a foreign dflockd), and
-        `InvalidValueError` naming a malformed ``note``.
+        up to ``timeout`` seconds for a busy key (0: try once). Raises `KeyHeld` (``.holder``:
+        the holder's note) when the key stays busy, `HoldsUnsupported` for a server without
+        holds (a foreign dflockd), `InvalidValueError` naming a malformed ``note``.
 
         ``detached=False``: the grant stays bound to the pooled connection that took it (a
         closed connection frees it) until `detach` detaches it: a publish-time hold that is
@@ -283,7 +279,7 @@ class AsyncClient:
 
     async def _done(self, key: str, build: BuildAt) -> bool:
         """One request by token about ``key``: True done, False when the token no longer holds
-        the key; raises for other refusals."""
+        it; raises for other refusals."""
         command, reply, at = await send_by_token(
             self._pool, self._settings, self._router, key, build
         )
@@ -308,8 +304,7 @@ class AsyncClient:
         return await gather(ask_shards(endpoint) for endpoint in self._endpoints(server))
 
     async def _everyone(self, server: tuple[str, int] | str | None) -> list[Endpoint]:
-        """`_endpoints`; in cluster mode, for every server: the seeds, then every member
-        their ``shards`` answers name."""
+        """`_endpoints`; in cluster mode the seeds, then every member their ``shards`` name."""
         if server is not None or self._router is None:
             return self._endpoints(server)
         found = list(self._settings.servers)

@@ -2,11 +2,9 @@
 cannot complete; authenticating, learning what the server supports (``hello``), checking it is
 alive (``ping``), and whether an idle one is still sound.
 
-Written once for both faces: the asyncio source, ``celery_dflock/client/_async/connection.py``,
-and the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``. The I/O
-itself differs in substance between the blocking connection (a socket waited on with ``poll``)
-and the asyncio one (a stream protocol): each connection owns a transport, hand-written in
-`celery_dflock.client._connection`.
+The asyncio source of the blocking twin in ``_sync/`` (``scripts/unasync.py``). The I/O differs
+in substance (a socket waited on with ``poll``, an asyncio stream protocol), so each connection
+owns a transport, hand-written in `celery_dflock.client._connection`.
 """
 
 from __future__ import annotations
@@ -162,15 +160,12 @@ class AsyncConnection:
     async def connect(
         cls, endpoint: Endpoint, server: ServerInfo | None, sessions: Sessions | None = None
     ) -> Self:
-        """`open`, knowing what the server supports: ``server`` when already known (a pool
-        asks once per server), else ask ``hello`` first. On a server that keeps client
-        sessions, the connection joins the current one of ``sessions`` (``hello _ session <id>
-        <ttl>``); on one with connection sessions only, it is asked ``hello _ session``, which
-        opts it in. (Without ``sessions``, a connection for a one-off request, it joins none.)
-
-        A server that predates ``hello`` answers ``error`` (dflockd 0.4/0.5 then close the
-        connection): that connection is dropped and a fresh one opened.
-        """
+        """`open`, knowing what the server supports: ``server`` when known (a pool asks once
+        per server), else ask ``hello`` first. A server keeping client sessions: join the
+        current one of ``sessions`` (``hello _ session <id> <ttl>``); one with connection
+        sessions only: ``hello _ session`` opts it in. Without ``sessions`` (a one-off
+        request), join none. A server predating ``hello`` answers ``error`` (dflockd 0.4/0.5
+        then close the connection): a fresh one is opened."""
         conn = await cls.open(endpoint)
         joins = sessions is not None and server is not None and server.keeps_sessions
         if server is None or (server.session_ttl_s is not None and not joins):
@@ -210,9 +205,8 @@ class AsyncConnection:
             self.session = session
 
     async def end_session(self, session: ClientSession) -> None:
-        """End ``session`` now (``hello _ session <id> 0``: its client is done with it, and
-        with what it held by token on it); a failure changes nothing (it then ends by its
-        time)."""
+        """End ``session`` now (``hello _ session <id> 0``: its client is done with it and
+        what it held by token on it); on a failure it ends by its time."""
         session.end("this client ended it")
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         with contextlib.suppress(DflockError):

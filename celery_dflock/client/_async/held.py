@@ -1,32 +1,27 @@
-"""A lock object's holding: the connections it uses, the grant it keeps alive (renewal in the
-background, reattaching), reporting a loss, the requests that let go of it. The lock object
+"""A lock object's holding: its connections, the grant it keeps alive (background renewal,
+reattaching), reporting a loss, the requests that let go. The lock object
 (`celery_dflock.client._async.lock`) owns one and hands it each grant; the renewal, the client
-session and its keep-alive see the lock through it.
-
-Written once for both faces: the asyncio source, ``celery_dflock/client/_async/held.py``, and
-the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``. What each face
-does its own way (renewal task or renewal thread, how a closed connection is noticed, how
-``on_lost`` is called) lives in `celery_dflock.client._aio_backend` /
+session and its keep-alive see the lock through it. The asyncio source of the blocking twin in
+``_sync/`` (``scripts/unasync.py``); what each face does its own way (renewal task or thread,
+noticing a closed connection, calling ``on_lost``) is in `celery_dflock.client._aio_backend` /
 `celery_dflock.client._sync_backend`.
 
-A held lock pins its connection (the server frees a connection's locks when its peer closes it:
-at once, or on a session connection after its session time, unless it restarts with its
-journal, or auto-release is off, or a hold outlives it; a close the server makes itself frees
-nothing early). When that
-connection closes or breaks (a restart, a drain, a network cut, an idle timeout; noticed at
-once, never while a request is in flight on it), the lock *reattaches*: it reconnects to the
-same server and renews by token there, pausing briefly between attempts, for as long as the
-lease it last confirmed still runs; the new connection is pinned. A lock that cannot be renewed
-is *lost*: the renewal was refused (``error``: the server no longer holds it), or the lease ran
-out before the server could be reached. Then `lost` turns True, `lost_event` is set,
-``on_lost(lock)`` runs once, and a warning is logged. `release` on a broken connection
-reconnects once and releases by token; when the server is not there (down, restarting, draining),
-the release goes on in the background (reconnecting while the lease runs; the lease is the
-backstop) and `release` returns at once: a caller never waits out an outage to let go.
+A held lock pins its connection: the server frees a connection's locks when its peer closes it
+(at once, or after the session time on a session connection; not if it restarts with its
+journal, auto-release is off or a hold outlives it; a close by the server frees nothing early).
+When that connection closes or breaks (restart, drain, network cut, idle timeout; noticed at
+once, never mid-request), the lock *reattaches*: it reconnects to the same server and renews by
+token, pausing between attempts, while the lease it last confirmed runs, and pins the new
+connection. A lock is *lost* when the renewal is refused (``error``: the server no longer holds
+it) or the lease runs out before the server is reached: `lost` turns True, `lost_event` is set,
+``on_lost(lock)`` runs once, a warning is logged. `release` on a broken connection reconnects
+once and releases by token; a server not there (down, restarting, draining) gets the release in
+the background (while the lease runs, the lease being the backstop) and `release` returns at
+once: a caller never waits out an outage to let go.
 
-An interrupted request (a timeout, an exception, a cancellation) closes its connection, which is
-never reused out of step; an interrupted release closes the pinned connection, so the server
-frees the lock rather than keep it without renewal.
+An interrupted request (timeout, exception, cancellation) closes its connection, never reused
+out of step; an interrupted release closes the pinned connection, so the server frees the lock
+rather than keep it unrenewed.
 """
 
 from __future__ import annotations
@@ -62,9 +57,8 @@ logger = logging.getLogger("celery_dflock.client")
 
 
 class AsyncHolding:
-    """What a lock object holds and how it keeps it, around the lock's `LockCore`: the
-    connections it uses (its pool's, or its own), the pinned connection of a grant, renewing,
-    reattaching, reporting a loss, the release's requests."""
+    """What a lock object holds and how it keeps it, around its `LockCore` (connections: its
+    pool's, or its own)."""
 
     __slots__ = (
         "_lost_event",
@@ -129,11 +123,8 @@ class AsyncHolding:
 
     # ------------------------------------------------------------------ fork
     def forked(self) -> bool:
-        """In a fork child of the process that holds the lock: forget it, True.
-
-        Only our copy of the socket is closed (never shut down), so the parent keeps its
-        connection and its lock; the parent's renewals do not exist here.
-        """
+        """In a fork child of the holder: forget the lock, True. Only our copy of the socket
+        is closed (never shut down): the parent keeps its connection, lock and renewals."""
         if not self.core.grant.foreign_process():
             return False
         conn, self.conn = self.conn, None
@@ -206,10 +197,9 @@ class AsyncHolding:
 
     # ------------------------------------------------------------------ renewing
     async def start_renewing(self, conn: AsyncConnection) -> None:
-        """After a grant (operation lock held): pin ``conn``, renew, watch it. Where the
-        renewal cannot be started (a process at its pid limit starts no renewal thread), the
-        grant is released at once, not left held unrenewed until its lease ends, and the error
-        says so."""
+        """After a grant (operation lock held): pin ``conn``, renew, watch it. A renewal that
+        cannot start (no thread at the pid limit) releases the grant at once rather than leave
+        it unrenewed, and the error says so."""
         self.conn = conn
         event = self._lost_event
         if event is not None:
@@ -247,10 +237,9 @@ class AsyncHolding:
             return False
 
     async def renew_once(self, scheduled: bool) -> bool | None:
-        """One renewal: True renewed, False lost now or before, None nothing to renew
-        (``scheduled``: the background renewal's, which does nothing once release began).
-        When the held connection is found broken, or breaks during the renewal, the lock is
-        reattached (`_reattach`), not lost."""
+        """One renewal: True renewed, False lost, None nothing to renew (``scheduled``: the
+        background's, a no-op once release began). A held connection found broken, or broken
+        meanwhile, is reattached (`_reattach`), not lost."""
         core = self.core
         async with self.op_lock:
             conn = self.conn
@@ -321,11 +310,10 @@ class AsyncHolding:
         return outcome
 
     async def _reattach(self, scheduled: bool) -> bool | None:
-        """The held lock's connection broke: reconnect to its server (a pooled or a new
-        connection, with auth, TLS and ``hello`` as usual) and renew by token there, pausing
-        between attempts (outside the operation lock). True once renewed (the new connection
-        is pinned and watched); False when the renewal is refused or the lease confirmed last
-        runs out first (the lock is lost, reported as any loss); None once release began."""
+        """Reconnect to the server (pooled or new, with auth, TLS and ``hello``) and renew by
+        token, pausing between attempts outside the operation lock. True once renewed (the new
+        connection pinned and watched); False, lost, when refused or the lease confirmed last
+        runs out first; None once release began."""
         core = self.core
         while True:
             wait_s: float | None = None
@@ -391,14 +379,13 @@ class AsyncHolding:
         core: LockCore | None = None,
         once: bool = False,
     ) -> tuple[Reply, AsyncConnection, bool] | None:
-        """Send the request ``build`` makes about the held grant (a release or a hand-off by
-        token; operation lock held, renewal stopped) on ``conn``, or, when it is None or
-        breaks or the server drains, on a new connection to the lock's server, pausing
-        between attempts while the lease runs. Returns the reply, the connection it came on,
-        and whether an earlier attempt may have reached the server (its answer lost); None
-        when the lease ran out before the server answered, or (``once``) when the first
-        attempt on a new connection did not get an answer. ``core``: the grant's (a release
-        handed to the background has a copy of its own; default: the lock's)."""
+        """Send ``build``'s request about the held grant (release or hand-off by token;
+        operation lock held, renewal stopped) on ``conn``, or, when it is None, breaks or
+        drains, on new connections while the lease runs, pausing between attempts. Returns
+        the reply, its connection, and whether an earlier attempt may have reached the server
+        (its answer lost); None when the lease ran out unanswered, or (``once``) the first
+        attempt on a new connection was. ``core``: a background release's copy (default: the
+        lock's)."""
         core = self.core if core is None else core
         retried = False
         fresh = conn is None
@@ -444,10 +431,10 @@ class AsyncHolding:
 
     # ------------------------------------------------------------------ releasing
     def abandon(self) -> None:
-        """Interrupted release: close the pinned connection (the server then frees the lock,
-        after its session time on a session connection, and any queue position at once)
-        rather than leave a held lock without renewal; a grant a client session keeps (which
-        the close does not free) is released by token in the background."""
+        """Interrupted release: close the pinned connection (the server frees the lock, after
+        its session time on a session connection, and a queue position at once) rather than
+        leave it unrenewed; a grant a client session keeps (the close does not free it) is
+        released by token in the background."""
         conn, self.conn = self.conn, None
         if conn is not None:
             self.driver.unwatch(conn)
@@ -459,9 +446,9 @@ class AsyncHolding:
             core.reset()
 
     async def release_locked(self) -> bool:
-        """The lock's release, its renewal stopped (operation lock held): leave a queue, or
-        release the grant (by token on a new connection when its own broke; handed to the
-        background when the server does not answer). True if the server released it."""
+        """Release, renewal stopped (operation lock held): leave a queue, or release the grant
+        (by token on a new connection when its own broke; in the background when the server
+        does not answer). True if the server released it."""
         conn, self.conn = self.conn, None
         self.driver.unwatch(conn)
         core = self.core
@@ -496,9 +483,8 @@ class AsyncHolding:
         return released
 
     def _release_later(self) -> None:
-        """The server did not answer the release (operation lock held): hand it, with a copy
-        of the grant, to the background, which reconnects and releases by token while the
-        lease runs; the lock object itself is done with the grant (reset) at once."""
+        """Unanswered release (operation lock held): the background releases a copy of the
+        grant by token while the lease runs; the lock object resets at once."""
         core = self.core
         later = copy.copy(core)
         core.reset()
@@ -523,8 +509,7 @@ class AsyncHolding:
             )
 
     async def _release_in_background(self, core: LockCore) -> None:
-        """`_release_later`'s work: release ``core``'s grant by token, pausing between
-        attempts while its lease runs; what came of it is logged (nobody waits for it)."""
+        """`_release_later`'s work; its outcome is logged (nobody waits for it)."""
         try:
             sent = await self.request_held(None, lambda _: core.release_request(), core=core)
         except Exception:

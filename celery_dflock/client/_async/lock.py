@@ -1,15 +1,12 @@
-"""The lock and semaphore classes of one face: locks and semaphores with lease renewal in the
-background, the dflockd client's parameters in its order.
+"""Locks and semaphores renewed in the background, with the dflockd client's parameters in
+its order.
 
-Written once for both faces: the asyncio source, ``celery_dflock/client/_async/lock.py``
-(`AsyncDistributedLock`, `AsyncDistributedSemaphore`), and the blocking twin that
-``scripts/unasync.py`` generates from it in ``_sync/`` (`DistributedLock`,
-`DistributedSemaphore`). The decisions are the I/O-free `celery_dflock.client._core.LockCore`'s;
-a lock object carries them out. It gets a grant (acquire, two-phase enqueue / wait, a detached
-hold, taking over a hold by its token), sends requests by token, and lets go (release,
-hand-off), each routed to the key's server and following a cluster's redirects; it keeps a
-grant through its holding (``held.py``: its connections, renewal, reattaching, reporting a
-loss), the part the renewal, the client session and the keep-alive see.
+The asyncio source (`AsyncDistributedLock`, `AsyncDistributedSemaphore`); ``scripts/unasync.py``
+generates the blocking twin in ``_sync/`` (`DistributedLock`, `DistributedSemaphore`). The
+I/O-free `celery_dflock.client._core.LockCore` decides; a lock object carries it out: it gets a
+grant (acquire, enqueue / wait, a hold, taking over a hold), sends requests by token and lets go
+(release, hand-off), routed to the key's server, following a cluster's redirects. Its holding
+(``held.py``) keeps the grant: connections, renewal, reattaching, reporting a loss.
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ __all__ = ["AsyncDistributedLock", "AsyncDistributedSemaphore", "AsyncLockBase"]
 
 
 class AsyncLockBase:
-    """What a lock and a semaphore of this face are and do (all but the commands of one kind),
-    over its `LockCore` and its holding (`AsyncHolding`)."""
+    """What a lock and a semaphore share, over a `LockCore` and an `AsyncHolding`."""
 
     def _setup(
         self,
@@ -135,9 +131,8 @@ class AsyncLockBase:
     def lost(self) -> bool:
         """True once the held lock could not be renewed (until the next acquire).
 
-        Reads True once the loss is reported: with `lost_event` set, just before ``on_lost``
-        runs (so whoever sees ``lost`` finds ``lost_event`` set, and an ``on_lost`` that
-        interrupts a body does so before that body can have polled ``lost`` for long)."""
+        Set with `lost_event`, just before ``on_lost`` runs (so whoever sees ``lost`` finds
+        ``lost_event`` set, and an ``on_lost`` that interrupts a body does so early)."""
         return self._holding.lost
 
     def locked(self) -> bool:
@@ -145,10 +140,9 @@ class AsyncLockBase:
         return self._core.locked()
 
     def owned(self) -> bool:
-        """`locked`, not `lost`, and the grant is known to be still held: the lease runs, and
-        on a session connection the server answered recently enough (since the send time of
-        its last answered request, less than its session time, less a margin). After a pause
-        past that, False until a renewal is answered."""
+        """`locked`, not `lost`, and the grant known to be still held: the lease runs and, on a
+        session connection, the server answered a request sent less than its session time
+        (less a margin) ago. After a longer pause, False until a renewal is answered."""
         return self._core.owned()
 
     # ------------------------------------------------------------------ acquiring
@@ -216,9 +210,8 @@ class AsyncLockBase:
             return False
 
     async def _grant(self, build: Build, *, keep: bool = True) -> bool:
-        """An acquire or enqueue with the request ``build`` makes for the server at hand (what
-        it said to ``hello``). Not ``keep``: a grant is neither pinned nor renewed (a detached
-        hold)."""
+        """An acquire or enqueue with the request ``build`` makes for the server's ``hello``.
+        Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
         holding = self._holding
         holding.forked()
         async with holding.op_lock:
@@ -324,10 +317,9 @@ class AsyncLockBase:
         self._core.routing.route()
 
     async def _reroute(self, exc: ServerUnavailable) -> None:
-        """Cluster routing, after the key's member could not serve the acquire (unreachable,
-        its connection closed, draining: a member that died or is leaving; nothing was
-        granted): pause, ask for the map again and aim anew, until the acquire's time is up.
-        Raises ``exc`` then, and at once in list modes."""
+        """The key's member could not serve the acquire (unreachable, closed, draining; nothing
+        granted): pause, read the map again and aim anew until the acquire's time is up, then
+        raise ``exc`` (at once in list modes)."""
         core = self._core
         wait_s = core.routing.on_unreachable(exc)  # the map is read again (now, or next acquire)
         if core.router is None or wait_s is None:
@@ -367,19 +359,16 @@ class AsyncLockBase:
     async def release(self) -> bool:
         """Release the lock; True if the server confirmed it. Idempotent.
 
-        Stops the renewal first (waiting for one in flight). When its connection broke, it
-        reconnects to the lock's server once and releases by token there. When the server
-        does not answer (down, restarting, draining), the release is handed to the background
-        and this returns False at once (logged): the background goes on reconnecting and
-        releasing by token while the lease runs, and the lease frees the key if the server
-        stays away longer; the lock object is free to acquire again meanwhile (its next grant
-        comes after the old one is released or has run out). False when nothing was held or
-        the lock was lost. If the server no longer held the grant (its lease ran out unnoticed,
-        e.g. while the process was paused, or it was freed with a closed connection), the lock
-        was lost before this release: it is reported as lost (`lost`, `lost_event`,
-        ``on_lost``) first. Leaves a queue after `enqueue`. In a fork child of the holder, does
-        nothing (the parent's lock and socket are untouched). Interrupting it closes the
-        connection, which makes the server release the lock.
+        Stops the renewal first (waiting for one in flight). A broken connection: reconnects
+        once and releases by token. A server that does not answer (down, restarting,
+        draining): returns False at once (logged) and the background keeps releasing by token
+        while the lease runs (the lease frees the key after); the object may acquire again
+        meanwhile (its next grant comes after the old one is freed). False when nothing was
+        held or the lock was lost. If the server no longer held the grant (lease ran out
+        unnoticed, e.g. in a pause, or freed with a closed connection), the loss is reported
+        first (`lost`, `lost_event`, ``on_lost``). Leaves a queue after `enqueue`. A fork
+        child of the holder does nothing (the parent's lock and socket are untouched).
+        Interrupting it closes the connection, which makes the server release the lock.
         """
         holding, core = self._holding, self._core
         if holding.forked():
@@ -390,9 +379,8 @@ class AsyncLockBase:
                 released = await holding.release_locked()
                 lost_here = core.lost and core.state is LockState.HELD
             if lost_here:
-                # The server no longer held the grant: lost before this release, never silent.
-                # Notified outside the operation lock (the callback may use the lock), with
-                # the fence still known; then forgotten.
+                # Lost before this release, never silent: notified outside the operation lock
+                # (the callback may use the lock), with the fence still known; then forgotten.
                 await holding.notify_lost()
                 async with holding.op_lock:
                     if core.lost and core.state is LockState.HELD:
@@ -543,11 +531,10 @@ class AsyncDistributedLock(AsyncLockBase):
     async def hold(self, note: str, *, detached: bool = True) -> Hold:
         """Take a detached hold of this key (``hl ... d <note>``), waiting up to
         ``acquire_timeout_s``, with this lock's lease: the grant outlives this object and its
-        connection, and is neither renewed nor released here. Not ``detached``: the grant
-        (``hl ... c``) stays bound to the pooled connection that took it (freed if that
-        connection closes) until `detach_token` detaches it. Raises `KeyHeld` when the key
-        stays busy, `HoldsUnsupported` for a server without holds. This object holds nothing
-        after."""
+        connection, neither renewed nor released here; this object holds nothing after. Not
+        ``detached``: the grant (``hl ... c``) stays bound to the pooled connection that took
+        it (freed if it closes) until `detach_token`. Raises `KeyHeld` when the key stays
+        busy, `HoldsUnsupported` for a server without holds."""
         core = self._core
         try:
             if not await self._grant(
@@ -578,14 +565,13 @@ class AsyncDistributedLock(AsyncLockBase):
         self, token: str, *, note: str | None = None, on_close_lease: int | None = None
     ) -> bool:
         """Take over ``token``, a detached grant of this key (a hold), exclusively (``ht``): the
-        server binds it to this object's connection, with this lock's lease and the owner
-        ``note`` (default: the lock's `note`; one of them is needed). From then on this object
-        holds it exactly as after `acquire` (the token's fence, renewal, loss detection,
-        `release`). If the connection dies first, the grant is released (``on_close_lease``
-        None) or detached again with a lease of ``on_close_lease`` seconds, for the next
-        `adopt` of the same token. False, holding nothing, when the token no longer holds the
-        key or another connection has it bound (`holder` then tells that holder's note).
-        `HoldsUnsupported` for a server without holds."""
+        server binds it to this object's connection, with this lock's lease and owner ``note``
+        (default: the lock's `note`; one is needed). Then held as after `acquire` (the
+        token's fence, renewal, loss detection, `release`). If the connection dies first, the
+        grant is released (``on_close_lease`` None) or detached again with a lease of
+        ``on_close_lease`` seconds, for the next `adopt`. False, holding nothing, when the
+        token no longer holds the key or another connection has it bound (`holder` then
+        tells that holder's note). `HoldsUnsupported` for a server without holds."""
         core = self._core
         ht_note = core.take_over_note(note)
         close_lease = (
@@ -617,12 +603,11 @@ class AsyncDistributedLock(AsyncLockBase):
 
     async def hand_off(self, lease_ttl: int) -> bool:
         """Let go of the held grant without releasing it (``hd``): the server detaches it from
-        this object's connection with a lease of ``lease_ttl`` seconds from now; this object
-        stops renewing and forgets its token (a later `release` is a no-op returning False,
-        and not a loss). True when the server did. The grant is then a hold any process can
-        `adopt` or release by its token. (A server without holds: a last renewal to
-        ``lease_ttl``, the grant stays bound to the connection, back in the pool.) When the
-        held connection broke, it reconnects and hands off by token, as `release` does."""
+        this object's connection with a lease of ``lease_ttl`` seconds from now, a hold any
+        process can `adopt` or release by its token; True when done. This object stops
+        renewing and forgets its token (a later `release` returns False, not a loss). A
+        server without holds: a last renewal to ``lease_ttl``, the grant staying bound to the
+        connection, back in the pool. A broken connection: reconnects, hands off by token."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         holding, core = self._holding, self._core
         if holding.forked() or not core.locked():
