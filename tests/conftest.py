@@ -18,6 +18,7 @@ from tests.support.ports import free_ports
 from tests.support.schedule import longest_first
 from tests.support.servers import LOCK_SERVER_LEASE_S
 from tests.support.services import require_redis
+from tests.support.workers import WorkerFactory
 
 _TEST_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
@@ -27,6 +28,8 @@ _TEST_DEFAULTS: dict[str, Any] = {
 }
 
 ServerFactory = Callable[..., ServerThread]
+WORKER_OUTPUT_CHARS = 6000
+"""How much of each worker's output a failed test's report shows (its end)."""
 
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
@@ -39,6 +42,23 @@ count bounds each property test; their speed is not what they test."""
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The suite's longest files first (``tests/support/schedule.py``)."""
     longest_first(items)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the output of each Celery worker its fixtures started
+    (a ``WorkerFactory``, or a rig's ``factory``): CI keeps only the report."""
+    outcome: Any = yield
+    report: pytest.TestReport = outcome.get_result()
+    if not report.failed:
+        return
+    funcargs: dict[str, object] = getattr(item, "funcargs", {})
+    for name, value in funcargs.items():
+        factory = getattr(value, "factory", value)
+        if isinstance(factory, WorkerFactory):
+            for worker in factory.workers:
+                tail = worker.output()[-WORKER_OUTPUT_CHARS:]
+                report.sections.append((f"worker {worker.name} (fixture {name})", tail))
 
 
 @pytest.fixture(autouse=True)
