@@ -24,7 +24,8 @@ Self-fencing. The member's etcd lease surely lives until the last *successful* k
 *sending* time plus its TTL (``Member.lease_valid_until``). From then on (or once the lease is
 lost) the node answers every acquire ``error_unavailable`` and calls
 ``NodeHost.renewals_allowed(False)``, so its holders' renewals fail; the snapshot itself
-compares the clock with that time, so even a paused process grants nothing late. When etcd
+compares the clock with that time, read live (a keep-alive needs no new snapshot), so even a
+paused process grants nothing late. When etcd
 answers again the node joins with a new lease and resumes from a fresh read of the map.
 
 A member whose own key vanishes from its view (its lease revoked, or expired before its
@@ -45,7 +46,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dflockd_server.cluster.asktickets import AskTickets, new_secret
 from dflockd_server.cluster.clockskew import ClockSkew
@@ -401,10 +402,7 @@ class ClusterNode:
             return
         updates = self._updates
         if updates == self._seen_updates and now < self._rest_until:
-            own = self._ownership
-            if own.valid_until != valid_until:  # a keep-alive went through
-                self._hand(replace(own, valid_until=valid_until))
-            return
+            return  # a keep-alive alone: the snapshot reads the lease's deadline live
         self._seen_updates = updates
         view = member.snapshot()
         if self.advertise not in view.members:

@@ -3,9 +3,8 @@
 The server's loop thread calls ``check`` before an acquire-type request touches the table and
 before the table promotes a queued waiter, ``may_hold`` before a renewal, a take-over
 (``ht``) or a hand-down (``hd``) of a held grant, and ``describe`` for the ``shards``
-request. The cluster node
-builds a new snapshot whenever its view or its lease changes and swaps the reference; nothing
-here is ever mutated.
+request. The cluster node builds a new snapshot whenever its view changes and swaps the
+reference; nothing here is ever mutated, and a keep-alive of the lease needs none.
 
 Besides the per-shard verdicts a snapshot carries ``valid_until``: the time (on the node's
 clock, which counts suspend) until which this member's etcd lease surely lives, and reads the
