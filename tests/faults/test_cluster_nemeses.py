@@ -143,6 +143,7 @@ def test_a_member_paused_or_cut_off_from_etcd_grants_no_waiter_it_queued(
     )
 
 
+@pytest.mark.alone  # its bound is a time users rely on: measured with the machine to itself
 def test_kill9_of_a_member_its_keys_pass_on_within_15s_and_a_duplicate_advertise_refuses(
     tmp_path: Path, fault_report: FaultReport, nemesis_etcd: NemesisEtcd
 ) -> None:
@@ -175,8 +176,10 @@ def test_kill9_of_a_member_its_keys_pass_on_within_15s_and_a_duplicate_advertise
     # process (not a worker process that may be waiting out a refused request), so a loaded
     # machine only lengthens what it measures: its keys were served after 8.1-10.0 s at load
     # 11-14 on 2 cores (the first heir at 8.1 s, the other a second or two later: each heir
-    # counts from when it saw the member gone). The 5 s left to 15 s absorb a loaded
-    # machine's scheduling without hiding a failover that waited --max-lease-ttl (300 s) or a
+    # counts from when it saw the member gone), and after 12.0-15.3 s in the suite on a
+    # machine half as fast (CI, 2026-11-29, in the suite's first minutes: every core
+    # saturated). So it runs `alone`, as the abuse runs' latencies do: the 5 s left to 15 s
+    # absorb scheduling without hiding a failover that waited --max-lease-ttl (300 s) or a
     # second cluster lease. The workload's own first grants (`gap`, printed and reported)
     # come later still, a client that was refused waiting before it asks again.
     expected_s = DEFAULT_CLUSTER_LEASE_S + CLIENT_LEASE_S + FAILOVER_MARGIN_S
