@@ -25,8 +25,8 @@ Self-fencing. The member's etcd lease surely lives until the last *successful* k
 lost) the node answers every acquire ``error_unavailable`` and calls
 ``NodeHost.renewals_allowed(False)``, so its holders' renewals fail; the snapshot itself
 compares the clock with that time, read live (a keep-alive needs no new snapshot), so even a
-paused process grants nothing late. When etcd
-answers again the node joins with a new lease and resumes from a fresh read of the map.
+paused process grants nothing late. When etcd answers again the node joins with a new lease
+and resumes from a fresh read of the map.
 
 A member whose own key vanishes from its view (its lease revoked, or expired before its
 keep-alive noticed) fences at once too, and joins again.
