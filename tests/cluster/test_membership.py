@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -173,6 +174,32 @@ def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
     print(f"c:1's leave seen through a stalled watch after {took:.2f} s")
     assert stalled.resyncs > resyncs
     assert stalled.snapshot().shard_map == expected
+
+
+def test_a_member_whose_etcd_calls_fail_says_so_and_when_they_answer_again(
+    etcd_proxy: FaultProxy, members: Callable[..., list[Member]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A step of the member's loop that etcd fails is tried again at the next wake-up; the
+    member says so at once (its view may be behind etcd's meanwhile), not only once its lease
+    is gone, and says when it follows etcd again. Here one read through the proxy gets no
+    reply (the client's 5 s timeout); the lease's keep-alives still pass."""
+    caplog.set_level(logging.INFO, logger="dflockd_server")
+    proxied = EtcdClient(f"http://127.0.0.1:{etcd_proxy.address[1]}")
+    (member,) = members("a:1", client=proxied)
+    wait_until(lambda: member.snapshot().shard_map is not None, timeout=WAIT_S, what="a map")
+    held = etcd_proxy.hold_reply_after(b"/v3/kv/range")
+    assert held.wait(WAIT_S), "no read went through the proxy"
+    wait_until(lambda: member.step_failures >= 1, timeout=WAIT_S, what="a failed step")
+    wait_until(
+        lambda: any("follows etcd again" in r.getMessage() for r in caplog.records),
+        timeout=WAIT_S,
+        what="the member's word that it follows etcd again",
+    )
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    failed = [m for m in warned if "cluster member a:1 cannot follow etcd" in m]
+    assert len(failed) == 1, warned
+    assert "(prefix) failed" in failed[0] and str(etcd_proxy.address[1]) in failed[0], failed[0]
+    assert member.lost is None
 
 
 def test_when_the_leaders_lease_goes_another_member_leads_and_takes_its_shards(

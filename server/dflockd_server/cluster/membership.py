@@ -63,6 +63,9 @@ KEEPALIVE_RETRY_S = 0.1
 REGISTER_RETRY_S = 0.2
 """Between attempts to register while another lease holds the member's key."""
 
+STEP_FAILURE_LOG_S = 30.0
+"""While etcd keeps failing the member's steps, a warning this often (the first at once)."""
+
 log = logging.getLogger("dflockd_server")
 
 
@@ -174,6 +177,10 @@ class Member:
         """Reads of the whole prefix (the first at ``start``), each followed by a new watch."""
         self.watch_checks = 0
         """Checks of the watch against a read of the prefix (one every ``lease_ttl``)."""
+        self.step_failures = 0
+        """Steps of the member's loop that etcd failed (each tried again at the next wake-up)."""
+        self._failing_since: float | None = None
+        self._next_failure_log = 0.0
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._watch: Watch | None = None
@@ -347,6 +354,7 @@ class Member:
     def step(self) -> None:
         """One step of the member's loop: watch anew if the watch ended, moved away or
         stalled; take part in the election; as the leader, keep the map up."""
+        began = self._clock()
         try:
             watch = self._watch
             if (
@@ -361,8 +369,34 @@ class Member:
             self._elect()
             if self.is_leader:
                 self._maintain_map()
-        except EtcdError:
-            return  # etcd unreachable for now: try again at the next wake-up
+        except EtcdError as exc:  # etcd unreachable for now: try again at the next wake-up
+            self._step_failed(exc, began)
+            return
+        if self._failing_since is not None:
+            log.info(
+                "cluster member %s follows etcd again, after %.1f s of failed steps",
+                self.advertise,
+                self._clock() - self._failing_since,
+            )
+            self._failing_since = None
+
+    def _step_failed(self, exc: EtcdError, began: float) -> None:
+        """Said at once, then every ``STEP_FAILURE_LOG_S`` while the failures last: meanwhile
+        this member's view of members, leader and map may be behind etcd's."""
+        now = self._clock()
+        self.step_failures += 1
+        if self._failing_since is None:
+            self._failing_since, self._next_failure_log = began, now
+        if now < self._next_failure_log:
+            return
+        self._next_failure_log = now + STEP_FAILURE_LOG_S
+        log.warning(
+            "cluster member %s cannot follow etcd (failing for %.1f s; its view of members, "
+            "leader and map may be behind): %s",
+            self.advertise,
+            now - self._failing_since,
+            exc,
+        )
 
     def _watch_stalled(self) -> bool:
         """At most once per ``lease_ttl``: whether the watch owes changes (another key count,
