@@ -28,10 +28,10 @@ from tests.support.etcd import EtcdServer
 from tests.support.ports import free_port
 from tests.support.processes import kill_group
 from tests.support.servers import run_dflockd
-from tests.support.services import REDIS_URL_BASE
+from tests.support.services import redis_url
 
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_URL = f"{REDIS_URL_BASE}/15"
+REDIS_URL = redis_url("compose")
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ import pytest
 
 import celery_dflock
 import dflockd_server
-from tests.support.services import REDIS_URL_BASE, redis_reachable
+from tests.support.services import REDIS_URL_BASE, redis_reachable, redis_url
 from tests.support.venvs import BUILD_TIMEOUT_S, ROOT, find_python, install, make_venv
 
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -222,7 +222,7 @@ def test_the_readmes_first_command_in_a_fresh_clone_installs_little_and_passes(
         return
     import redis
 
-    url = f"{REDIS_URL_BASE}/7"  # its own: emptied after; tests/demo runs the demo on 14
+    url = redis_url("packaging_demo")
     try:
         on_redis = subprocess.run(
             [command, "run", "celery-dflock", "demo", "--broker", url],  # as typed, but our Redis

@@ -21,7 +21,7 @@ from tests.support.apps import make_app
 from tests.support.processes import paused
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import DflockdProcess, dflockd_subprocess
-from tests.support.services import require_redis
+from tests.support.services import REDIS_DBS, require_redis
 from tests.support.workers import (
     close_app,
     redis_cleanup,
@@ -33,7 +33,7 @@ RESULT_TIMEOUT_S = 60.0
 FREE_WAIT_S = 20.0
 """How long a test waits in the key's FIFO queue for a key to be freed (a hold left by a send
 the server never answered used to last lock_pending_ttl, 300 s)."""
-REDIS_DB = 13
+REDIS_DB = REDIS_DBS["queue_once_edges"]
 
 
 DflockdChild = tuple[subprocess.Popen[bytes], tuple[str, int]]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import kill_group
-from tests.support.services import REDIS_URL_BASE
+from tests.support.services import redis_url
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,7 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
 def test_demo_runs_the_same_on_redis(redis_required: None, tmp_path: Path) -> None:
     import redis
 
-    url = f"{REDIS_URL_BASE}/14"
+    url = redis_url("demo")
     try:
         proc, output = _run_demo(tmp_path, "--broker", url)
     finally:

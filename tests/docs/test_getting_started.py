@@ -26,11 +26,10 @@ import redis
 from tests.docs.docs_blocks import DOCS, blocks, shell_commands
 from tests.support.ports import free_port
 from tests.support.processes import kill_group
-from tests.support.services import REDIS_URL_BASE
+from tests.support.services import redis_url
 from tests.support.venvs import BUILD_TIMEOUT_S, make_venv
 
 PAGE = DOCS / "getting-started.md"
-REDIS_DB = 9
 STARTUP_S = 60.0  # generous: the machine may be loaded
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -98,13 +97,13 @@ def test_your_own_project_runs_as_written_from_the_built_wheels(
     bin_dir = venv_python.parent
 
     port = free_port()
-    redis_url = f"{REDIS_URL_BASE}/{REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
+    url = redis_url("getting_started")
+    redis.Redis.from_url(url).flushdb()
     project = tmp_path / "project"
     project.mkdir()
     for name, code in files.items():
         assert "127.0.0.1:6388" in code or name != "proj.py", "the page's server address moved"
-        saved = code.replace("redis://127.0.0.1:6379/0", redis_url)
+        saved = code.replace("redis://127.0.0.1:6379/0", url)
         (project / name).write_text(saved.replace("127.0.0.1:6388", f"127.0.0.1:{port}"))
 
     env = {

@@ -27,7 +27,7 @@ from tests.docs.docs_blocks import DOCS, ROOT, Block, blocks, shell_commands
 from tests.support.apps import make_app
 from tests.support.processes import python_path
 from tests.support.servers import dflockd_subprocess
-from tests.support.services import REDIS_URL_BASE, require_redis
+from tests.support.services import redis_url, require_redis
 from tests.support.workers import (
     CELERY_APPS_DIR,
     EventLog,
@@ -180,7 +180,7 @@ def _module_of(block: Block, server: tuple[str, int], name: str, directory: Path
     """The block as written, pointed at the test's lock server and Redis, then the worker
     settings of the test (its queue) added, as a module ``name`` in ``directory``."""
     code = block.code.replace('"127.0.0.1:6388"', f'"{server[0]}:{server[1]}"')
-    code = code.replace("redis://127.0.0.1:6379/0", f"{REDIS_URL_BASE}/11")
+    code = code.replace("redis://127.0.0.1:6379/0", redis_url("workers"))
     harness = textwrap.dedent(
         """
         # The test's worker settings (its queue), as every test app reads them, and the

@@ -29,14 +29,10 @@ from examples.proj.ledger import FencedLedger, NoFenceError, StaleFenceError
 from tests.support.ports import free_port
 from tests.support.processes import kill_group
 from tests.support.servers import DflockdProcess
-from tests.support.services import REDIS_URL_BASE
+from tests.support.services import redis_url
 from tests.support.wire import Wire
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_DB = 8
-"""This module's own Redis database: it empties it before and after each example. On 13, shared
-with tests/celery/test_queue_once_edges.py, it emptied that module's queue under a message a
-parked worker was about to take (CI, 2026-11-29: the message never came)."""
 EXPORT_S = 15.0
 """How long the export the commands look at holds its semaphore slot."""
 
@@ -57,7 +53,7 @@ def test_fenced_ledger_refuses_a_stale_fence(tmp_path: Path) -> None:
 def example_env(
     redis_required: None, dflock_server: Any, tmp_path: Path
 ) -> Iterator[dict[str, str]]:
-    url = f"{REDIS_URL_BASE}/{REDIS_DB}"
+    url = redis_url("examples")  # its own: emptied before and after each example
     with redis.Redis.from_url(url) as client:
         client.flushdb()
     env = {

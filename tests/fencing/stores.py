@@ -20,11 +20,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from celery_dflock.fencing.sqlalchemy import fence_column
-from tests.support.services import MARIADB_URL, POSTGRES_URL, REDIS_URL_BASE
+from tests.support.services import MARIADB_URL, POSTGRES_URL, redis_url
 
-STORE_REDIS_DB: Final = 10
+STORE_REDIS_URL: Final = redis_url("fenced_stores")
 """The Redis database of fenced keys (tests/fencing and docs/fencing.md's examples)."""
-STORE_REDIS_URL: Final = f"{REDIS_URL_BASE}/{STORE_REDIS_DB}"
 DJANGO_APP: Final = "tests.fencing"
 """The Django app of the tests' model (``tests/fencing/models.py``, table ``fencing_account``)."""
 

@@ -29,14 +29,13 @@ from typing import Any, cast
 import redis
 
 from tests.support.processes import kill_group, python_path, signal_group
-from tests.support.services import REDIS_URL_BASE
+from tests.support.services import redis_url
 from tests.support.workers import worker_command
 
 BEAT_APP_DIR = Path(__file__).resolve().parent.parent / "beat"
 """Where the app ``beatapp`` is (the processes import it by that name, the name its task
 names and schedule entries carry)."""
-REDIS_URL = f"{REDIS_URL_BASE}/12"
-"""Redis database of the beat tests; each test also uses its own queue name."""
+REDIS_URL = redis_url("beats")
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0

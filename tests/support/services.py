@@ -8,15 +8,32 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Final, NoReturn
 from urllib.parse import urlsplit
 
 import pytest
 
 REDIS_URL_BASE = os.environ.get("CELERY_DFLOCK_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-"""Redis server of the ``redis`` tests (no database number; each test directory picks its
-own database and each test its own queue name)."""
+"""Redis server of the ``redis`` tests (no database number: ``redis_url`` gives one)."""
+REDIS_DBS: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "workers": 11,  # tests/support/workers' rigs, and docs' queue-once sizing page
+        "beats": 12,  # tests/support/beats
+        "queue_once_edges": 13,
+        "fenced_stores": 10,  # tests/fencing and docs/fencing.md's examples (keys, not emptied)
+        # Each of these empties its database (FLUSHDB): it must have it alone.
+        "packaging_demo": 7,
+        "examples": 8,
+        "getting_started": 9,
+        "demo": 14,
+        "compose": 15,
+    }
+)
+"""The one table of Redis database numbers: every test's database comes from here
+(tests/test_support_redis_dbs.py checks that none is shared and none is written elsewhere);
+each test also uses its own queue name."""
 RABBITMQ_URL = os.environ.get(
     "CELERY_DFLOCK_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//"
 )
@@ -30,6 +47,11 @@ REQUIRE_POSTGRES_ENV = "CELERY_DFLOCK_REQUIRE_POSTGRES"
 """Set to 1 (as CI does), a test that needs PostgreSQL fails instead of skipping."""
 REQUIRE_SERVICES_ENV = "CELERY_DFLOCK_REQUIRE_REDIS"
 """Set to 1 (as CI does), a test that needs Redis or RabbitMQ fails instead of skipping."""
+
+
+def redis_url(purpose: str) -> str:
+    """The Redis URL of ``purpose``'s database (a key of ``REDIS_DBS``)."""
+    return f"{REDIS_URL_BASE}/{REDIS_DBS[purpose]}"
 
 
 def services_required() -> bool:

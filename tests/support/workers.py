@@ -41,7 +41,7 @@ from typing import Any
 # demo and the test harness"), here and nowhere else in the tests.
 from celery_dflock.demo.fsbroker import TRANSPORT as FILESYSTEM_TRANSPORT
 from tests.support.processes import kill_group, python_path
-from tests.support.services import RABBITMQ_URL, REDIS_URL_BASE
+from tests.support.services import RABBITMQ_URL, REDIS_DBS, REDIS_URL_BASE
 
 REPO = Path(__file__).resolve().parents[2]
 CELERY_APPS_DIR = REPO / "tests" / "celery"
@@ -50,8 +50,7 @@ names their task names carry (tests send ``apps.tasks.<task>`` and assert on tho
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-REDIS_TEST_DB = 11
-"""Redis database of these tests; each test also uses its own queue name."""
+REDIS_TEST_DB = REDIS_DBS["workers"]
 
 Entry = dict[str, Any]
 
