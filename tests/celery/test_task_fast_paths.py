@@ -137,7 +137,7 @@ def reference_key(run: Callable[..., None], args: tuple[Any, ...], kwargs: dict[
     return default_key("t", dict(bound.arguments))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     run=st.sampled_from(SIGNATURES),
     args=st.lists(st.integers(-3, 3), max_size=4).map(tuple),

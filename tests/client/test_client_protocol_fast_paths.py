@@ -35,7 +35,7 @@ def _decoded(command: Command, line: bytes) -> object:
         return type(exc)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=2000)
 @given(command=st.sampled_from(list(Command)), line=lines)
 def test_fast_and_general_paths_agree(command: Command, line: bytes) -> None:
     if line.endswith(b"\r"):
@@ -83,7 +83,7 @@ def _step(parser: _replies.ReplyParser, command: Command, chunk: bytes, fast: bo
         return type(exc)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=1000)
 @given(
     command=st.sampled_from(list(Command)),
     chunks=st.lists(

@@ -98,7 +98,7 @@ server_ids = st.lists(
 )
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(
     ids=server_ids,
     prefix=st.text(alphabet="abcdefghij:_-", min_size=0, max_size=8),

@@ -226,7 +226,7 @@ def test_missing_shards_are_assigned() -> None:
     st.sets(st.sampled_from([f"n{i}" for i in range(8)]), min_size=1),
     st.sets(st.sampled_from([f"n{i}" for i in range(8)]), min_size=1),
 )
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 def test_updates_preserve_every_live_assignment(first: set[str], live: set[str]) -> None:
     before = ShardMap.initial(first)
     after = before.updated(live)
@@ -327,7 +327,7 @@ def _minimum_moves(m: ShardMap, live: set[str]) -> int:
     st.sets(st.sampled_from([f"n{i}" for i in range(7)]), min_size=1),
     st.lists(st.integers(0, SHARD_COUNT - 1), max_size=300),
 )
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 def test_rebalance_moves_the_minimum_and_evens_out(
     history: list[str], live: set[str], dropped: list[int]
 ) -> None:

@@ -296,7 +296,6 @@ def fuzz_settings(short: int, long: int) -> settings:
     """Examples per batch from the suite's scale; network round trips make examples slow."""
     return settings(
         max_examples=scaled(short, long),
-        deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         print_blob=True,
     )

@@ -138,7 +138,7 @@ def _frames_until_error(
     return got, False
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(
     st.lists(_LINES, max_size=24),
     st.lists(st.integers(min_value=1, max_value=700), max_size=8),

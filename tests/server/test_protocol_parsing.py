@@ -247,7 +247,7 @@ _ARG = (
 )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=600)
 @given(command=st.sampled_from(sorted(PARSERS)), key=_KEY, arg=_ARG)
 def test_every_parser_follows_the_rules(command: str, key: bytes, arg: bytes) -> None:
     agree(command, key, arg)
@@ -261,7 +261,7 @@ _WELL_FORMED_HOLD = st.tuples(
 ).map(b" ".join)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     key=st.sampled_from([b"report:7", "clé".encode(), b"a b", b"\xff"]),
     number=st.integers(0, 10**10).map(b"%d".__mod__) | _PIECES,

@@ -276,7 +276,6 @@ class LockTableMachine(RuleBasedStateMachine):
 LockTableMachine.TestCase.settings = settings(
     max_examples=150,
     stateful_step_count=40,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestLockTableModel = LockTableMachine.TestCase
