@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,21 +36,20 @@ def members(etcd_server: EtcdServer, etcd_prefix: str) -> Iterator[Callable[...,
     prefix = etcd_prefix.rstrip("/")
 
     def start(*names: str, settle_s: float = 5.0, client: EtcdClient | None = None) -> list[Member]:
-        # Membership still for 5 s before the leader writes a map (the shipped default is 2 s):
-        # the members start one after another, each registering in etcd (a lease grant and a
-        # transaction etcd fsyncs), and a loaded machine can register one more than 2 s after
-        # the one before (CI on 2026-11-27, its 2 cores saturated: the leader's map left the
-        # third member out); a map without it and members that hand nothing over by themselves
-        # never agree. (2026-11-29: more than 5 s once, in a suite run; started at once from a
-        # thread pool instead, they passed one CI, then a member failed to see a later one
-        # join within 45 s in each of the next three; with a 10 s settle, 5 of the 6 tests
-        # failed, run at nice 19 beside a CI: neither understood, neither kept.)
+        # The group's map waits for the whole group: each member registers in etcd (a lease
+        # grant and a transaction etcd fsyncs), one after another, and on CI's saturated cores
+        # one registered more than 5 s after the one before, which the leader's map then left
+        # out (a map without it and members that hand nothing over by themselves never agree).
+        # So no map is written until every member of the group has registered; then the
+        # members wait ``settle_s`` of still membership (the shipped default is 2 s).
         new = [
-            Member(client or etcd_server.client(), prefix, name, lease_ttl=TTL, settle_s=settle_s)
+            Member(client or etcd_server.client(), prefix, name, lease_ttl=TTL, settle_s=math.inf)
             for name in names
         ]
         for member in new:
             started.append(member.start())
+        for member in new:
+            member.settle_s = settle_s
         return new
 
     yield start

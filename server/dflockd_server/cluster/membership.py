@@ -182,6 +182,9 @@ class Member:
         self._failing_since: float | None = None
         self._next_failure_log = 0.0
         self._wake = threading.Event()
+        self._next_wake_at: float | None = None
+        """When the loop's thread should step at the latest (``_wake_later``), if sooner than
+        its ``step_interval``."""
         self._stopping = threading.Event()
         self._watch: Watch | None = None
         self._threads: list[threading.Thread] = []
@@ -340,7 +343,11 @@ class Member:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(self.step_interval)
+            wait = self.step_interval
+            if (wake_at := self._next_wake_at) is not None:
+                wait = max(min(wait, wake_at - self._clock()), 0.0)
+            self._next_wake_at = None
+            self._wake.wait(wait)
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -564,11 +571,11 @@ class Member:
             self._write(current.diff(current.apply(plan)), revisions)
 
     def _wake_later(self, delay: float) -> None:
-        if not self._threads:
-            return  # driven by its steps (``join_once``): its driver steps it often enough
-        timer = threading.Timer(delay, self._wake.set)
-        timer.daemon = True
-        timer.start()
+        """Step again in ``delay`` seconds at the latest (read by the loop, in this thread; a
+        member driven by its steps, ``join_once``, is stepped often enough by its driver)."""
+        at = self._clock() + delay
+        if self._next_wake_at is None or at < self._next_wake_at:
+            self._next_wake_at = at
 
     def _write(
         self, changes: dict[int, ShardAssignment | None], revisions: Mapping[int, int]
