@@ -60,7 +60,6 @@ def default_text(setting: Setting) -> str:
 
 
 def _commands_text() -> str:
-    """The ``commands:`` section of ``dflockd --help``."""
     lines = ["commands (dflockd COMMAND --cluster etcd://HOST:PORT[/PREFIX] ...):"]
     for name, (arguments, meaning) in CLUSTER_COMMAND_HELP.items():
         lines.append(f"  {f'{name} {arguments}'.rstrip():<36}{meaning}")
@@ -226,7 +225,6 @@ def is_loopback(host: str) -> bool:
 
 
 def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The loop factory for the ``event_loop`` setting."""
     if event_loop == "asyncio":
         return asyncio.new_event_loop
     factory = uvloop_factory()
@@ -278,7 +276,6 @@ def make_room_for_connections(max_connections: int) -> str | None:
 def _start_up_warnings(
     config: Config, environ: Mapping[str, str], argv: Sequence[str]
 ) -> list[str]:
-    """What an operator should hear about at start-up."""
     warnings: list[str] = []
     if _secret_on_the_command_line(argv, environ):
         warnings.append(

@@ -12,17 +12,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Final
 
-__all__ = [
-    "ERROR",
-    "WARNING",
-    "Condition",
-    "clock_off",
-    "cluster_conditions",
-    "draining",
-    "grace",
-    "read_only",
-]
-
 ERROR: Final = "error"
 """The server grants nothing new until it is over (a script checking it should fail)."""
 WARNING: Final = "warning"

@@ -24,7 +24,6 @@ def _setting_names(field: str) -> str:
 
 
 def _read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
-    """The secret the file at ``path`` (the setting ``name``) holds."""
     try:
         with open(path, encoding="utf-8") as fh:
             secret = strip(fh.read())

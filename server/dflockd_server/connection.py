@@ -413,7 +413,6 @@ class Connection(asyncio.Protocol):
             self._done_waiting(reply)
 
     def stats_ready(self, reply: bytes) -> None:
-        """The ``stats`` this connection waits for is answered."""
         if not self.stream.closing:
             self._done_waiting(reply)
 

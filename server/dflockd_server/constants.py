@@ -219,7 +219,6 @@ STATS_DUTY_FACTOR: Final = 9.0
 """The next ``stats`` snapshot waits this many times what the last took: a stats flood takes
 at most a tenth of the server's time (``snapshots``)."""
 STATS_ANSWERS_PER_TURN: Final = 4
-"""Waiting ``stats`` answered per turn of the loop."""
 AUTH_FAILURE_DELAY_S: Final = 0.5
 """Pause before answering a wrong secret with ``error_auth`` (slows down guessing)."""
 WRITE_BUFFER_HIGH_WATER: Final = 64 * 1024

@@ -68,32 +68,15 @@ from dflockd_server.replay import (
     BATCH_RECORDS,
     COMPLETE_SUFFIX,
     VERSION,
-    JournalRead,
     RecordedGrant,
-    Restore,
     boot_id,
     paused_gc,
-    read_journal,
-    restored_leases,
 )
 
 if TYPE_CHECKING:
     from dflockd_server.keys import Holder, KeyState
 
-__all__ = [
-    "COMPLETE_SUFFIX",
-    "FSYNC_MODES",
-    "Journal",
-    "JournalRead",
-    "JournalStats",
-    "RecordedGrant",
-    "Restore",
-    "boot_id",
-    "drop_record",
-    "paused_gc",
-    "read_journal",
-    "restored_leases",
-]
+__all__ = ["FSYNC_MODES", "Journal", "JournalStats", "RecordedGrant", "drop_record", "paused_gc"]
 
 log = logging.getLogger("dflockd_server")
 
@@ -364,14 +347,16 @@ class Journal:
     def mark_path(self) -> str:
         return self.path + COMPLETE_SUFFIX
 
-    def open(self, live: Iterable[bytes]) -> None:
+    def open(self, live: Iterable[bytes]) -> bool:
         """Atomically replace the file with the header and ``live`` (``grant_record``s made
-        after ``anchor``). On an ``OSError`` the old file stays and the journal is not writable:
-        a start on a full disk serves what it restored."""
+        after ``anchor``). On an ``OSError`` (False) the old file stays and the journal is not
+        writable: a start on a full disk serves what it restored."""
         try:
             self._replace(live)
         except OSError as exc:
             self._fail(exc, [])
+            return False
+        return True
 
     def resume(self, ended: Iterable[str]) -> None:
         """Instead of ``open``, go on appending to a journal the start read whole and restored
@@ -618,14 +603,8 @@ class Journal:
     def compact(self, live: Iterable[bytes]) -> None:
         """Rewrite the file with only ``live`` (the current grants)."""
         self.flush()
-        if not self.writable:
-            return
-        try:
-            self._replace(live)
-        except OSError as exc:
-            self._fail(exc, [])
-            return
-        self.stats.compactions += 1
+        if self.writable and self.open(live):
+            self.stats.compactions += 1
 
     def recover(self, live: Iterable[bytes]) -> bool:
         """Try a new file holding ``live`` (every lease held now); True once writable."""

@@ -6,27 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-__all__ = [
-    "AS_RECORDED",
-    "AT_LEASE_START",
-    "CLIENT_COMPACT_MIN",
-    "AlreadyEnqueued",
-    "Bound",
-    "Client",
-    "ClientSession",
-    "Counts",
-    "Entry",
-    "Holder",
-    "KeyState",
-    "LimitMismatch",
-    "MaxLocks",
-    "MaxWaiters",
-    "TableError",
-    "WaitQueue",
-    "Waiter",
-    "lock_state",
-]
-
 
 class TableError(Exception):
     """A request the table refuses; the subclass names the reply."""
