@@ -23,7 +23,7 @@ from dflockd_server.constants import (
     PROTOCOL_DOCS_URL,
 )
 from dflockd_server.fence import FenceStateError, read_ceiling
-from dflockd_server.loops import loop_name, uvloop_factory
+from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
 from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting
@@ -227,15 +227,12 @@ def is_loopback(host: str) -> bool:
 def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if event_loop == "asyncio":
         return asyncio.new_event_loop
-    factory = uvloop_factory()
-    if factory is not None:
-        return factory
-    if event_loop == "uvloop":
+    if event_loop == "uvloop" and uvloop_factory() is None:
         raise UsageError(
             f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
             "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
         )
-    return asyncio.new_event_loop
+    return default_loop_factory()
 
 
 def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> bool:

@@ -114,6 +114,8 @@ _Route = Callable[["Session", bytes, bytes, bytes], Reply]
 
 
 class Host(Protocol):
+    """What a session reads of its server."""
+
     @property
     def draining(self) -> bool: ...
 

@@ -32,19 +32,14 @@ was last told, rounded up. Every renewal writes an ``X`` record before its reply
 instead). Reading it back: ``replay``.
 
 A journal that cannot be written (a full disk, EIO, a failed fsync: ``writable`` False): the
-failed batch is cut from the file, its grants handed back (``refused``: undone, their replies
-never sent), the ``complete`` mark removed, and records are dropped (nothing new is granted;
-renewals, releases, ``ping`` and ``stats`` are answered). Each sweep tries ``recover``: a new
-file of every lease held, fsynced beside the old one and renamed over it. The writer is always
-on the file that is the journal on disk.
+failed batch is cut from the file, its grants undone (``refused``), the ``complete`` mark
+removed, and records are dropped (nothing new is granted). Each sweep tries ``recover``: a new
+file of every lease held, fsynced beside the old one and renamed over it.
 
-Writes: records go to a buffer. Replies that follow records not written are held back
-(``stream``); once per turn of the loop the buffer is written with one ``os.write`` (``flush``),
-then the held replies are sent: a kill -9 loses nothing a client was told, and one turn's
-connections share one write. A connection alone in its turns writes the buffer itself
-(``stream.GroupWrite``), unless the fsync is ``always``. ``fsync``: ``always`` (in that write,
-before those replies), ``everysec`` (a background thread, once a second), ``no`` (the OS
-decides). Nothing is marked synced until an fsync succeeds.
+Writes: records go to a buffer; replies that follow records not written are held back
+(``stream.GroupWrite``) until the buffer is written with one ``os.write`` (``flush``), once per
+turn of the loop: a kill -9 loses nothing a client was told. ``fsync``: ``always`` (in that
+write), ``everysec`` (a background thread, once a second), ``no`` (the OS decides).
 """
 
 from __future__ import annotations
