@@ -4,15 +4,11 @@ A ``net.Server`` has an ``Admission``: it counts transports and connections, ref
 past the caps (``max_connections``, ``max_connections_per_ip``, or while the server drains),
 and keeps the TLS handshakes under way to ``max_tls_handshakes`` (the oldest dropped).
 
-It also keeps one client address from taking every key (``over_ip_share``,
-``--max-locks-per-ip``): an acquire (``l``, ``sl``, ``hl``, ``e``, ``se``) from an address that
-holds or waits for that many locks and slots is refused ``error_max_locks``, as
-``--max-locks-per-connection`` refuses one connection's; what an address holds is the table's
-``shares.AddressShares`` (``share_table``). Then the distinct keys one address holds or waits
-on never exceed the cap, and ``--max-locks`` minus the cap stay for the other addresses (with
-the defaults, ``auto``: 3/4 of 1024, 256 keys always stay). The load is read only while the
-table has at least the cap's number of keys (``Session`` compares): below that no address can
-hold that many, so the usual path reads nothing.
+It also keeps one client address from taking every key (``--max-locks-per-ip``): an acquire
+from an address that holds or waits for that many locks and slots (the table's
+``shares.AddressShares``) is refused ``error_max_locks``, so ``--max-locks`` minus the cap
+always stay for the other addresses. The load is read only while the table has at least the
+cap's number of keys (``Session`` compares): the usual path reads nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ __all__ = ["Admission"]
 log = logging.getLogger("dflockd_server")
 
 IP_CAP_LOG_INTERVAL_S = 60.0
-"""How often one address's refusals by ``--max-locks-per-ip`` are logged, at most."""
 
 
 class Admission:
@@ -43,15 +38,12 @@ class Admission:
     def __init__(self, config: Config, draining: Callable[[], bool]) -> None:
         self.config = config
         self._draining = draining
-        """Whether the server drains (then every new connection is refused)."""
         self.connections: set[Connection] = set()
-        """The admitted connections."""
         self.per_ip: dict[str, int] = {}
         """The admitted connections of each client address."""
         self.shares: AddressShares | None = None
         """What each address holds, in the table (``share_table``); None: no cap."""
         self.ip_cap_logged: dict[str, float] = {}
-        """When each address's refusal by ``--max-locks-per-ip`` was last logged."""
         self.open_transports = 0
         """Transports made and not yet lost, admitted or refused."""
         self.connections_accepted = 0
@@ -73,15 +65,13 @@ class Admission:
         return None
 
     def share_table(self, table: LockTable) -> None:
-        """Keep what each address holds in ``table`` (``--max-locks-per-ip``; none with 0)."""
         cap = self.config.locks_per_ip
         if cap:
             shares = self.shares = table.grants.shares = AddressShares(cap)
             shares.refused = self._refused
 
     def over_ip_share(self, session: Session) -> bool:
-        """Whether ``session``'s address holds or waits for its ``--max-locks-per-ip``: then
-        its acquire is refused."""
+        """Whether ``session``'s address holds or waits for its ``--max-locks-per-ip``."""
         shares = self.shares
         if shares is None:
             return False
@@ -92,8 +82,7 @@ class Admission:
         return True
 
     def _refused(self, ip: str, load: int) -> None:
-        """An acquire, reattach or take-over from ``ip`` refused by the cap: logged once a
-        minute per address."""
+        """An acquire from ``ip`` refused by the cap: logged once a minute per address."""
         now = time.monotonic()
         if now - self.ip_cap_logged.get(ip, -math.inf) >= IP_CAP_LOG_INTERVAL_S:
             self.ip_cap_logged[ip] = now
@@ -119,7 +108,6 @@ class Admission:
         return None
 
     def transport_lost(self) -> None:
-        """A connection's transport is gone (admitted or refused)."""
         self.open_transports -= 1
 
     def forget(self, conn: Connection) -> None:
@@ -134,8 +122,7 @@ class Admission:
 
     def handshake_started(self, stream: Stream) -> None:
         """``stream`` begins its TLS handshake. Past ``max_tls_handshakes`` under way, the
-        oldest is dropped: connections that never finish theirs (a real client does in a round
-        trip or two) cannot crowd out new ones, and their memory stays bounded."""
+        oldest is dropped: connections that never finish theirs cannot crowd out new ones."""
         cap = self.config.max_tls_handshakes
         if cap and len(self.handshaking) >= cap:
             oldest = next(iter(self.handshaking))
@@ -150,5 +137,4 @@ class Admission:
         self.handshaking[stream] = None
 
     def handshake_ended(self, stream: Stream) -> None:
-        """``stream``'s handshake is done, failed or was cut off."""
         self.handshaking.pop(stream, None)

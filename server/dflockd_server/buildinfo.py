@@ -1,11 +1,6 @@
-"""Which build of the server runs, and on which event loop: what ``dflockd --version``, the
-start-up log, ``hello`` and ``stats`` say.
-
-The build is ``compiled`` when the request path was built by mypyc (the wheel a ``pip
-install`` gives where a compiled one fits, or where a C compiler built it; server/hatch_build.py),
-``pure`` for the pure-Python one (an editable install, or a wheel built without a compiler).
-A compiled module is a C extension: its ``__file__`` ends with an extension suffix, not ``.py``.
-"""
+"""Which build of the server runs (``compiled`` by mypyc, server/hatch_build.py, or ``pure``),
+and on which event loop: what ``dflockd --version``, the start-up log, ``hello`` and ``stats``
+say."""
 
 from __future__ import annotations
 
@@ -21,20 +16,18 @@ PURE = "pure"
 
 
 def _build() -> str:
-    path = dispatch.__file__ or ""  # compiled with the rest of the request path, or not
+    path = dispatch.__file__ or ""  # a C extension's, when compiled
     return COMPILED if path.endswith(tuple(EXTENSION_SUFFIXES)) else PURE
 
 
 BUILD = _build()
-"""``compiled`` or ``pure``: this process's server package."""
 
 
 def auto_loop_name() -> str:
-    """The loop ``--event-loop auto`` (the default) runs here: ``uvloop`` when it is
-    installed, else ``asyncio``."""
+    """The loop ``--event-loop auto`` runs here."""
     return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
 
 def describe(loop: str) -> str:
-    """``compiled, uvloop`` / ``pure Python, asyncio``: the build and ``loop``, for people."""
+    """``compiled, uvloop`` / ``pure Python, asyncio``."""
     return f"{'compiled' if BUILD == COMPILED else 'pure Python'}, {loop}"

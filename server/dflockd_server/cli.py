@@ -1,5 +1,5 @@
 """``dflockd``: run the lock server. Every setting is a flag and an environment variable;
-the environment variable wins over the flag (as dflockd documents)."""
+the environment variable wins."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dflockd_server.constants import (
     PROTOCOL_DOCS_URL,
 )
 from dflockd_server.fence import FenceStateError, read_ceiling
-from dflockd_server.loops import loop_name, uvloop_factory
+from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
 from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting
@@ -34,13 +34,12 @@ from dflockd_server.values import parse_bool
 log = logging.getLogger("dflockd_server")
 
 KUBERNETES_ENV = "KUBERNETES_SERVICE_HOST"
-"""Set in every Kubernetes pod: a loopback bind there serves that one pod only."""
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
 
 
 class UsageError(Exception):
-    """A setting cannot be used; the message names the flag or environment variable."""
+    """A setting cannot be used (the message names it)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def default_text(setting: Setting) -> str:
-    """A setting's default as ``--help`` and the docs' flags reference show it."""
+    """A setting's default as ``--help`` and the flags reference show it."""
     value = getattr(Config(), setting.field)
     if value is None:
         return setting.none_text
@@ -61,8 +60,6 @@ def default_text(setting: Setting) -> str:
 
 
 def _commands_text() -> str:
-    """The ``commands:`` section of ``dflockd --help`` (each command's own ``--help`` says
-    more)."""
     lines = ["commands (dflockd COMMAND --cluster etcd://HOST:PORT[/PREFIX] ...):"]
     for name, (arguments, meaning) in CLUSTER_COMMAND_HELP.items():
         lines.append(f"  {f'{name} {arguments}'.rstrip():<36}{meaning}")
@@ -71,9 +68,7 @@ def _commands_text() -> str:
 
 
 class _ShowAndExit(argparse.Action):
-    """Print ``show()`` and exit: ``--version`` (``dflockd 0.2.0 (compiled, uvloop)``: the
-    version, the build, ``buildinfo``, and the loop ``--event-loop auto`` runs here) and
-    ``--help-all`` (every setting, by topic)."""
+    """Print ``show()`` and exit (``--version``, ``--help-all``)."""
 
     def __init__(
         self, option_strings: Sequence[str], dest: str, show: Callable[[], str], help: str
@@ -83,7 +78,7 @@ class _ShowAndExit(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         del args, kwargs
-        sys.stdout.write(self.show())  # on stdout, as argparse's version does
+        sys.stdout.write(self.show())
         parser.exit()
 
 
@@ -92,8 +87,7 @@ def _version() -> str:
 
 
 def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
-    """The ``dflockd`` parser: every setting a flag, grouped by topic (``settings.TOPICS``);
-    its ``--help`` shows the common ones (``settings.COMMON``), ``every`` all of them."""
+    """The ``dflockd`` parser, by topic; ``--help`` shows the common settings, ``every`` all."""
     shown = "every setting, by topic" if every else "the common settings (--help-all: every one)"
     parser = _Parser(
         prog="dflockd",
@@ -127,7 +121,7 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
         show=lambda: build_parser(every=True).format_help(),
         help="show every setting, by topic, and exit",
     )
-    for title, fields in TOPICS:  # (a test checks that every setting has its topic)
+    for title, fields in TOPICS:
         group = parser.add_argument_group(title)
         for field in fields:
             _add_setting(group, BY_FIELD[field], shown=every or field in COMMON)
@@ -166,11 +160,8 @@ def _names(field: str) -> str:
 
 
 def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Config:
-    """Parse flags and environment into a ``Config`` (environment wins over flags).
-
-    Raises ``UsageError`` naming the flag or variable when a value is unusable, including
-    unreadable auth-token, TLS and fence-state files.
-    """
+    """Parse flags and environment into a ``Config``; ``UsageError`` names an unusable value
+    (unreadable files included)."""
     args = vars(build_parser().parse_args(argv))
     values: dict[str, Any] = {}
     for setting in SETTINGS:
@@ -234,31 +225,26 @@ def is_loopback(host: str) -> bool:
 
 
 def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The loop factory for the ``event_loop`` setting (``loops``): uvloop's for ``auto`` where
-    it is installed and for ``uvloop``, asyncio's own otherwise."""
     if event_loop == "asyncio":
         return asyncio.new_event_loop
-    factory = uvloop_factory()
-    if factory is not None:
-        return factory
-    if event_loop == "uvloop":
+    if event_loop == "uvloop" and uvloop_factory() is None:
         raise UsageError(
             f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
             "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
         )
-    return asyncio.new_event_loop
+    return default_loop_factory()
 
 
 def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """The auth token came from ``--auth-token`` (the environment wins over the flag)."""
+    """The auth token came from ``--auth-token``, not the environment."""
     flag = "--auth-token"
     given = any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
     return given and not any(environ.get(name) for name in BY_FIELD["auth_token"].env)
 
 
 def make_room_for_connections(max_connections: int) -> str | None:
-    """Raise this process's soft open-file limit to what ``max_connections`` needs (as far as
-    the hard limit allows); a warning when it falls short."""
+    """Raise the soft open-file limit to what ``max_connections`` needs (as far as the hard
+    limit allows); a warning when it falls short."""
     if not max_connections:
         return None
     try:
@@ -287,7 +273,6 @@ def make_room_for_connections(max_connections: int) -> str | None:
 def _start_up_warnings(
     config: Config, environ: Mapping[str, str], argv: Sequence[str]
 ) -> list[str]:
-    """What an operator should hear about at start-up, beside where the server is deployed."""
     warnings: list[str] = []
     if _secret_on_the_command_line(argv, environ):
         warnings.append(
@@ -325,7 +310,6 @@ async def serve(
     await server.start()
     host, port = server.sockname
     shown = config.effective_settings()
-    # The state dir in use: the default one when none is given, "none" when there is none.
     shown["state_dir"] = server.state.path if server.state is not None else NO_STATE
     settings = " ".join(f"{k}={v}" for k, v in shown.items())
     log.info(
@@ -381,8 +365,7 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> None:
-    """Console entry point: ``dflockd [flags]`` serves; ``dflockd rebalance|pin|unpin|shards
-    --cluster URL ...`` operates a cluster's shard map (``cluster.ops``)."""
+    """``dflockd [flags]`` serves; ``dflockd COMMAND --cluster URL ...`` operates a cluster."""
     env = os.environ if environ is None else environ
     words = sys.argv[1:] if argv is None else list(argv)
     if words and words[0] in CLUSTER_COMMANDS:

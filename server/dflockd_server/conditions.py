@@ -1,15 +1,9 @@
 """What the server cannot do now, said for an operator: the ``degraded`` list of ``stats``.
 
-A server may answer every request and still grant nothing new: its lease journal cannot be
-written, it is in its restart grace, draining, or (a cluster member) fenced from etcd. Or some
-keys are out of reach for a while: shards moving out key by key (a split), or a wall clock too
-far from another member's for a split's ask tickets (``cluster.clockskew``). Each such state is
-a ``Condition``: a name a script can test, whether it stops grants (``error``) or some for a
-while (``warning``), and a sentence saying what it means and what to do. The status page shows
-each as a banner; ``celery dflock status`` and ``ping`` print each and exit 1 on an ``error``.
-
-Pure: the server (``net.Server.stats``) passes in what it knows; nothing here reads a clock or a
-file.
+Each such state (journal read-only, restart grace, draining, fenced, shards moving, clock off)
+is a ``Condition``: a name a script can test, whether it stops grants (``error``) or some for a
+while (``warning``), and what it means and what to do. ``net.Server.stats`` passes in what it
+knows; nothing here reads a clock or a file.
 """
 
 from __future__ import annotations
@@ -17,17 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Final
-
-__all__ = [
-    "ERROR",
-    "WARNING",
-    "Condition",
-    "clock_off",
-    "cluster_conditions",
-    "draining",
-    "grace",
-    "read_only",
-]
 
 ERROR: Final = "error"
 """The server grants nothing new until it is over (a script checking it should fail)."""
@@ -37,9 +20,7 @@ WARNING: Final = "warning"
 
 @dataclass(frozen=True, slots=True)
 class Condition:
-    """One degraded state: ``name`` (``journal_read_only``, ``restart_grace``, ``draining``,
-    ``fenced``, ``shards_moving``, ``clock_off``), ``severity`` (`ERROR` or `WARNING`),
-    ``title`` (a few words: "Read-only") and ``message`` (what it means and what to do)."""
+    """One degraded state; ``title``: a few words ("Read-only")."""
 
     name: str
     severity: str
@@ -51,8 +32,7 @@ class Condition:
 
 
 def read_only(failure: str, directory: str, advice: str) -> Condition:
-    """The lease journal under ``directory`` cannot be written (``failure``: the OS's words,
-    e.g. "No space left on device"); ``advice``: what to do, as the journal's log says it."""
+    """The lease journal under ``directory`` cannot be written (``failure``: the OS's words)."""
     return Condition(
         "journal_read_only",
         ERROR,
@@ -64,7 +44,6 @@ def read_only(failure: str, directory: str, advice: str) -> Condition:
 
 
 def grace(seconds_left: float, reason: str) -> Condition:
-    """The restart grace: no key is granted for ``seconds_left`` more seconds."""
     why = f" ({reason})" if reason else ""
     return Condition(
         "restart_grace",
@@ -76,7 +55,6 @@ def grace(seconds_left: float, reason: str) -> Condition:
 
 
 def draining() -> Condition:
-    """The server is shutting down."""
     return Condition(
         "draining",
         ERROR,
@@ -87,8 +65,7 @@ def draining() -> Condition:
 
 
 def clock_off(offset_s: float, peer: str, ticket_life_s: int) -> Condition:
-    """A cluster member's wall clock ``offset_s`` from ``peer``'s (positive: ahead), more
-    than an ask ticket lives."""
+    """A cluster member's wall clock ``offset_s`` from ``peer``'s (positive: ahead)."""
     effect = (
         "every ask ticket arrives expired, so the free keys of a shard split to this member "
         "are refused until the split ends"
@@ -108,8 +85,7 @@ def clock_off(offset_s: float, peer: str, ticket_life_s: int) -> Condition:
 def cluster_conditions(
     fenced: bool, fenced_reason: str | None, shards: Mapping[str, int]
 ) -> list[Condition]:
-    """A cluster member's: fenced from etcd (grants nothing), or shards moving (``shards``:
-    the count per state, ``decide.SHARD_STATES``)."""
+    """A cluster member's: fenced, or shards moving (``shards``: the count per state)."""
     if fenced:
         why = f" ({fenced_reason})" if fenced_reason else ""
         return [

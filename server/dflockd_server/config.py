@@ -1,5 +1,4 @@
-"""Server settings: the ``Config`` dataclass, checked against the settings table (``settings``:
-each setting's flag, environment variables, parser, check and help) when it is made."""
+"""Server settings: the ``Config`` dataclass, checked against ``settings`` when it is made."""
 
 from __future__ import annotations
 
@@ -21,12 +20,10 @@ _CLUSTER = "--cluster (DFLOCKD_CLUSTER)"
 
 
 def _setting_names(field: str) -> str:
-    """``--flag (ENV)`` of a setting, for messages."""
     return f"{BY_FIELD[field].flag} ({BY_FIELD[field].env[0]})"
 
 
 def _read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
-    """The secret the file at ``path`` holds (the setting ``name``), ``strip``ped."""
     try:
         with open(path, encoding="utf-8") as fh:
             secret = strip(fh.read())
@@ -70,30 +67,22 @@ class Config:
     max_tls_handshakes: int = c.DEFAULT_MAX_TLS_HANDSHAKES
     fence_state_file: str | None = None
     state_dir: str | None = None
-    """Where the lease journal and the fence ceiling live (``state``): None for the default
-    by address (none on port 0), ``"none"`` for no state."""
+    """None: the default by address (none on port 0); ``"none"``: no state (``state``)."""
     journal_fsync: str = c.DEFAULT_JOURNAL_FSYNC
     log_level: str = c.DEFAULT_LOG_LEVEL
     event_loop: str = c.DEFAULT_EVENT_LOOP
     metrics_port: int | None = None
     metrics_host: str | None = None
     members: tuple[str, ...] | None = None
-    """Static members (``--members``), in the clients' order; None: not static."""
     advertise: str | None = None
-    """This server's ``HOST:PORT`` among the members (``--advertise``)."""
     cluster: str | None = None
-    """``etcd://HOST:PORT/PREFIX`` (``--cluster``); None: not cluster mode."""
     cluster_lease_ttl_s: int = c.DEFAULT_CLUSTER_LEASE_TTL_S
-    """Seconds of a cluster member's etcd lease (``--cluster-lease-ttl``)."""
     cluster_ca_file: str | None = None
-    """CAs of etcd's certificates (``etcds://`` only); None: the system's."""
     cluster_cert: str | None = None
     cluster_key: str | None = None
-    """A client certificate and key for etcd (``etcds://`` only)."""
     cluster_user: str | None = None
     cluster_password: str | None = None
     cluster_password_file: str | None = None
-    """etcd's authentication: the user and its password (or a file holding it)."""
 
     def __post_init__(self) -> None:
         for setting in SETTINGS:
@@ -200,15 +189,14 @@ class Config:
     @property
     def locks_per_ip(self) -> int:
         """``max_locks_per_ip`` in force (0: no cap); ``auto``: ``LOCKS_PER_IP_AUTO_SHARE`` of
-        ``max_locks``, never below ``max_locks_per_connection`` (an address may hold what one
-        of its connections may: a small table is one address's)."""
+        ``max_locks``, never below ``max_locks_per_connection``."""
         if self.max_locks_per_ip is not None:
             return self.max_locks_per_ip
         part, whole = c.LOCKS_PER_IP_AUTO_SHARE
         return max(1, self.max_locks * part // whole, self.max_locks_per_connection)
 
     def resolve_cluster_password(self) -> str | None:
-        """The etcd user's password, read from ``cluster_password_file`` when that is set."""
+        """The etcd user's password (read from ``cluster_password_file`` if set)."""
         path = self.cluster_password_file
         if path is None:
             return self.cluster_password
@@ -216,13 +204,13 @@ class Config:
         return _read_secret(path, name, lambda text: text.rstrip("\r\n"))
 
     def resolve_auth_token(self) -> str | None:
-        """The shared secret, read from ``auth_token_file`` when that is set."""
+        """The shared secret (read from ``auth_token_file`` if set)."""
         if self.auth_token_file is None:
             return self.auth_token
         return _read_secret(self.auth_token_file, "auth_token_file", str.strip)
 
     def effective_settings(self) -> dict[str, Any]:
-        """All settings as a dict with secrets masked, for the start-up log line."""
+        """All settings, secrets masked, for the start-up log line."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)

@@ -1,13 +1,11 @@
 """One client connection's request loop: a ``Connection`` has a stream (``stream.Stream``, the
-byte side) and, once admitted, a session (``dispatch.Session``, the requests' side); frames
-from the stream go through the session, replies go back batched into one write per pass.
+byte side) and, once admitted, a session (``dispatch.Session``, the requests' side); replies go
+back batched into one write per pass.
 
 Each connection answers its requests in order; a blocking acquire, or a request parked for a
-longer lease bound (``RaiseBound``: until ``leasebound.LeaseBound`` has recorded it off the
-loop), holds up the requests behind it on that connection only. What a request does to the
-lock table is decided in ``dispatch``; here are the loop's concerns: passes and their budget,
-waits and their timers, what dispatch asks instead of a reply (``Session.action``), the
-client's EOF, and shutdown.
+longer lease bound (``RaiseBound``), holds up the requests behind it on that connection only.
+Here are the loop's concerns: passes and their budget, waits and their timers, what dispatch
+asks instead of a reply (``Session.action``), the client's EOF, and shutdown.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ log = logging.getLogger("dflockd_server")
 
 
 class ServerSide(Protocol):
-    """What a connection uses of its server (``net.Server``), beside what its stream
-    (``stream.StreamHost``) and its session (``dispatch.Host``) use of it."""
+    """What a connection uses of its server (``net.Server``)."""
 
     config: Config
     request_times: RequestTimes | None
@@ -51,8 +48,7 @@ class ServerSide(Protocol):
 
 
 class Connection(asyncio.Protocol):
-    """One client connection: ``server`` is its server, ``host`` the same server as its
-    session sees it, and ``stream`` its byte side."""
+    """One client connection: ``host`` is ``server`` as its session sees it."""
 
     __slots__ = (
         "auth_failed_at",
@@ -76,7 +72,7 @@ class Connection(asyncio.Protocol):
         self.host = host
         self.stream = stream
         self.loop = stream.loop
-        self.session: Session | None = None  # once admitted: the requests' side (dispatch)
+        self.session: Session | None = None  # once admitted
         self.budget = 0  # requests the pass under way may still answer
         self.auth_failed_at: float | None = None  # loop time of a wrong secret
         self.eof = False  # the client sent EOF: close once what it sent is answered
@@ -85,9 +81,8 @@ class Connection(asyncio.Protocol):
         self.wait_command = b""
         self.wait_timer: asyncio.TimerHandle | None = None
         self.untold: Waiter | None = None
-        """The last waiter granted whose reply was held back for the journal (``untold_in``,
-        the stream's held-back replies then): if the transport closes before those leave, the
-        grant is freed (``_free_untold``)."""
+        """The last waiter granted whose reply was held back for the journal (in
+        ``untold_in``): freed if the transport closes before it leaves (``_free_untold``)."""
         self.untold_in: list[bytes] | None = None
 
     # ------------------------------------------------------------------ transport events
@@ -97,11 +92,11 @@ class Connection(asyncio.Protocol):
         stream = self.stream
         stream.transport = transport
         stream.set_peer(transport.get_extra_info("peername"))
-        refusal = self.server.admit(self)  # counts the transport, admitted or refused
+        refusal = self.server.admit(self)
         if refusal is not None:
             log.debug("refused connection from %s: %s", stream.peer, refusal)
             stream.closing = True
-            transport.close()  # accepted, then closed at once (a FIN, nothing written)
+            transport.close()
             return
         server = self.server
         config = server.config
@@ -119,10 +114,8 @@ class Connection(asyncio.Protocol):
         log.debug("connection %d from %s", session.client.id, stream.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        # Closed by the peer (its EOF, or a reset: what a killed client or a network reset
-        # looks like) unless this server closed it first on its own (a timeout, the journal,
-        # shedding, a drain: every such close sets `closing` before the transport goes), which
-        # frees nothing early (LockTable.disconnect).
+        # Closed by the peer unless this server closed it first (every such close sets
+        # `closing`), which frees nothing early (LockTable.disconnect).
         stream = self.stream
         by_peer = self.eof or not stream.closing
         self.server.transport_lost()
@@ -132,7 +125,7 @@ class Connection(asyncio.Protocol):
         self._drop_wait()
         session = self.session
         if session is None:
-            return  # refused at admission
+            return
         self.session = None
         self._free_untold(session)
         session.close(by_peer=by_peer)
@@ -140,9 +133,8 @@ class Connection(asyncio.Protocol):
         if shares is not None:
             shares.closed(session.client, session.ip)
         if self.auth_failed_at is not None:
-            # A wrong secret keeps its connection slot for the whole failure delay, also when
-            # the client hangs up without waiting for the answer: otherwise hanging up early
-            # would make guessing free, and the connection caps could not slow it down.
+            # A wrong secret keeps its slot for the whole delay, also when the client hangs up:
+            # else hanging up early would make guessing free of the connection caps.
             self.loop.call_at(
                 self.auth_failed_at + c.AUTH_FAILURE_DELAY_S, self.server.forget, self
             )
@@ -183,14 +175,12 @@ class Connection(asyncio.Protocol):
             self._peer_closed()
 
     def _peer_closed(self) -> None:
-        """The client ended its TLS session: as an EOF (its requests are answered, then the
-        connection closes)."""
+        """The client ended its TLS session: as an EOF."""
         if not self.stream.closing and self.eof_received() is None:
             self.stream.close()
 
     def eof_received(self) -> bool | None:
-        # No more requests can come. Answer those already received (a pass answers at most
-        # MAX_REQUESTS_PER_PASS), acquires among them tried once, then close: see _end_if_eof.
+        # Answer the requests already received (acquires tried once), then close (_end_if_eof).
         stream = self.stream
         if stream.closing or stream.busy:
             return None  # a wait in flight: the client is gone (a killed process's FIN)
@@ -198,14 +188,11 @@ class Connection(asyncio.Protocol):
         if self.session is not None:
             self.session.eof = True
         if stream.more_scheduled or stream.framer.buffered():
-            # Keep the transport open for the replies (plain TCP only); a pass answers what
-            # is complete, then closes (an unfinished request is never completed now).
-            self._process_later()
+            self._process_later()  # the transport stays open for the replies (plain TCP)
             return True
         return None
 
     def _end_if_eof(self) -> None:
-        """After the client's EOF: close once every request it sent has been answered."""
         stream = self.stream
         if self.eof and not (
             stream.busy or stream.more_scheduled or stream.write_paused or stream.closing
@@ -247,7 +234,6 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ requests
     def _process_later(self) -> None:
-        """Answer the buffered requests on a later pass of the event loop."""
         stream = self.stream
         if not stream.more_scheduled:
             stream.more_scheduled = True
@@ -255,9 +241,8 @@ class Connection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Answer buffered requests in order until one blocks, the buffer runs dry, the
-        client stops reading, or the pass's budget is spent: ``MAX_REQUESTS_PER_PASS``
-        requests, or one ``stats`` (the rest wait for a later pass, after the other
-        connections had their turn). Replies are batched into one write per pass."""
+        client stops reading, or the pass's budget (``MAX_REQUESTS_PER_PASS``, or one
+        ``stats``) is spent. Replies are batched into one write per pass."""
         stream = self.stream
         stream.more_scheduled = False
         out: list[bytes] = []
@@ -286,14 +271,14 @@ class Connection(asyncio.Protocol):
             if frame is None:
                 break
             if times is None:
-                reply = session.handle(frame)  # compiled: a direct call
+                reply = session.handle(frame)
                 if reply is None:
                     reply = self._act(session)
                     if reply is None:
                         continue
             else:
                 started = time.perf_counter()
-                reply = session.handle(frame)  # compiled: a direct call
+                reply = session.handle(frame)
                 if reply is None:
                     reply = self._act(session)
                 if reply is not None:
@@ -314,10 +299,10 @@ class Connection(asyncio.Protocol):
             self._end_if_eof()
             return
         if stream.reading_paused or stream.write_paused or stream.busy or stream.more_scheduled:
-            stream.update_reading()  # otherwise reading is on and stays on: nothing to do
+            stream.update_reading()
 
     def _act(self, session: Session) -> bytes | None:
-        """Carry out what dispatch asked instead of a reply; the reply, if there is one now."""
+        """Carry out ``session.action``; the reply, if there is one now."""
         action = session.action
         session.action = None
         stream = self.stream
@@ -353,8 +338,7 @@ class Connection(asyncio.Protocol):
         return None
 
     def _bound_recorded(self, parked: RaiseBound, refusal: bytes | None) -> None:
-        """The lease bound a parked request waited for is recorded (``refusal`` is None), or
-        could not be (``refusal`` is its answer: see ``leasebound.Resume``): answer it now."""
+        """The lease bound ``parked`` waited for is recorded, or ``refusal`` is its answer."""
         session = self.session
         if session is None or self.stream.closing:
             return
@@ -377,10 +361,7 @@ class Connection(asyncio.Protocol):
         transport = stream.transport
         reply = session.granted(waiter)
         if stream.closing or transport is None or transport.is_closing():
-            # The reply can no longer be sent: the peer closed (its EOF came during the wait:
-            # the transport closes itself) or this server is closing the connection. Nobody
-            # was told of the grant: it ends now and the key passes to the next waiter, not
-            # when the session's time or the lease runs out.
+            # Nobody can be told of the grant: it ends now, not when its lease runs out.
             self._drop_wait()
             self._free_grant(session, waiter)
             return
@@ -391,7 +372,6 @@ class Connection(asyncio.Protocol):
             self.untold = self.untold_in = None
 
     def _drop_wait(self) -> None:
-        """The request in flight is over (answered, or its connection goes)."""
         self.waiter = None
         if self.wait_timer is not None:
             self.wait_timer.cancel()
@@ -399,8 +379,7 @@ class Connection(asyncio.Protocol):
         self.stream.busy = False
 
     def _free_grant(self, session: Session, waiter: Waiter) -> None:
-        """Free the grant made to ``waiter``, whose reply was never sent and never will be
-        (a release, as the journal's undo of a grant nobody was told of is)."""
+        """Free the grant made to ``waiter``, whose reply will never be sent."""
         holder = waiter.holder
         if holder is not None and holder.live:
             log.debug(
@@ -411,8 +390,7 @@ class Connection(asyncio.Protocol):
             session.table.release(holder.key, holder.token)
 
     def _free_untold(self, session: Session) -> None:
-        """The transport is gone: if the reply to the last waiter granted was held back for
-        the journal and never left (still held, or dropped unsent), its grant ends now."""
+        """The transport is gone: free the ``untold`` grant if its reply never left."""
         waiter = self.untold
         if waiter is not None:
             untold_in = self.untold_in
@@ -428,17 +406,13 @@ class Connection(asyncio.Protocol):
             self.answer_wait(session.timed_out(waiter))
 
     def answer_wait(self, reply: bytes) -> None:
-        """Answer a blocked acquire with ``reply`` now (the server drains: ``error_draining``;
-        its key's shard moved away); the connection stays open and in step (it may hold locks
-        to release)."""
+        """Answer a blocked acquire with ``reply`` now; the connection stays open."""
         waiter = self.waiter
         if waiter is not None and self.session is not None:
             self.session.give_up(waiter)
             self._done_waiting(reply)
 
     def stats_ready(self, reply: bytes) -> None:
-        """The ``stats`` this connection waits for is answered (a snapshot taken after it
-        asked)."""
         if not self.stream.closing:
             self._done_waiting(reply)
 

@@ -1,16 +1,15 @@
 """The dispatch step: one parsed request -> the lock table -> its reply. No sockets, no loop.
 
-``Session`` is one connection's side of the protocol (authenticated or not, its ``Client`` in
-the table, ``eof``). ``Session.handle`` answers a frame with reply bytes, or with ``None``
-and ``Session.action`` saying what the transport does instead: ``Wait`` (the acquire is
-queued: answer through ``Session.granted`` when woken, or ``Session.give_up`` when its timer
-fires), ``Close`` (send a last reply and close), ``STATS`` (answer from the server's rationed
-snapshots), ``AUTH_FAILED`` (a wrong secret: answer and close after a delay) or ``RaiseBound``
-(a lease longer than the grants' ``lease_noted``: parked until ``leasebound`` has recorded it).
+``Session`` is one connection's side of the protocol. ``Session.handle`` answers a frame with
+reply bytes, or with ``None`` and ``Session.action`` saying what the transport does instead:
+``Wait`` (the acquire is queued: ``Session.granted`` when woken, ``Session.give_up`` when its
+timer fires), ``Close`` (send a last reply and close), ``STATS`` (answer from the rationed
+snapshots), ``AUTH_FAILED`` (answer and close after a delay) or ``RaiseBound`` (parked until
+``leasebound`` has recorded a longer lease bound).
 
-Each command has one route (``Session.route_table``): it parses with the command's one parser
-(``protocol.parse_<command>``; ``handle`` answers a ``Malformed`` with ``error``), acts on the
-table and answers with ``protocol``'s reply bytes (no reply is formatted here).
+Each command has one route (``Session.route_table``): it parses with ``protocol.parse_<command>``
+(a ``Malformed`` is answered ``error``), acts on the table and answers with ``protocol``'s reply
+bytes.
 """
 
 from __future__ import annotations
@@ -61,15 +60,13 @@ _WHILE_DRAINING: Final = frozenset(
         c.CMD_FORCE_RELEASE,
     )
 )
-"""What a draining server still answers: its holders can renew and release until they are
-done (or the shutdown timeout), and see that it is up; acquires and waits get
-``error_draining``. ``ht`` and ``hd`` are renewals of a held grant (as ``n``): answered too,
-and so is an operator's ``fr`` (it frees, as ``r``)."""
+"""What a draining server still answers: holders renew (``ht`` and ``hd`` too) and release
+(``fr`` too) until done; acquires and waits get ``error_draining``."""
 _REFUSALS: Final = (MaxLocks, MaxWaiters, LimitMismatch, AlreadyEnqueued, FenceStateError)
 
 
 class Action:
-    """What the transport does for a request answered otherwise than by a reply now."""
+    """What the transport does for a request not answered by a reply now."""
 
     __slots__ = ()
 
@@ -106,10 +103,7 @@ class RaiseBound(Action):
 
 
 STATS: Final = Action()
-"""Answer from the server's rationed ``stats`` snapshots (the last request of the pass)."""
 AUTH_FAILED: Final = Action()
-"""A wrong secret: answer ``error_auth`` and close after ``AUTH_FAILURE_DELAY_S``, reading
-nothing more meanwhile."""
 _CLOSE_UNAUTHED: Final = Close(p.REPLY_ERROR_AUTH)
 
 Reply = bytes | None
@@ -133,34 +127,27 @@ class Host(Protocol):
 
     @property
     def key_check(self) -> Callable[[str], bytes | None] | None:
-        """The ownership's ``check`` (None: every key is served); read per acquire, so a
-        swapped ownership counts from the next request."""
+        """The ownership's ``check`` (None: every key is served); read per acquire."""
         ...
 
     @property
     def asked_check(self) -> Callable[[str], bytes | None]:
-        """``key_check`` for an acquire that follows ``asking`` (cluster mode: a member
-        importing the key's shard serves it); asked only when ``key_check`` is not None."""
+        """``key_check`` for an acquire that follows an admitted ``asking``."""
         ...
 
     @property
     def admit_ask(self) -> Callable[[str, str], bytes | None]:
-        """An ``asking`` naming a key and a ticket: None when the next acquire of the key
-        may be checked by ``asked_check``; else the reply (asked only when ``key_check`` is
-        not None)."""
+        """``asking <key> <ticket>``: None when admitted, else the reply."""
         ...
 
     def may_hold(self, key: str) -> bool:
-        """False while a grant on ``key`` may not be renewed, taken over or handed down here (a
-        fenced cluster member, or one that is not the key's shard's current member)."""
+        """False while a grant on ``key`` may not be renewed, taken over or handed down here."""
         ...
 
-    def shards_reply(self) -> bytes:
-        """The ``shards`` reply."""
-        ...
+    def shards_reply(self) -> bytes: ...
 
     def over_ip_share(self, session: Session) -> bool:
-        """Whether ``session``'s address holds its ``--max-locks-per-ip`` (refuse the acquire)."""
+        """Whether ``session``'s address holds its ``--max-locks-per-ip``."""
         ...
 
 
@@ -190,31 +177,25 @@ class Session:
     ) -> None:
         self.host = host
         self.table = table
-        self.grants = table.grants
-        """The table's grants, whose ``journal``, ``lease_noted`` and ``note_lease`` the hot path
-        reads as plain attributes (the table's names for them are properties)."""
+        self.grants = table.grants  # read as plain attributes on the hot path
         self.client: Client = table.open_client()
         self.default_lease = default_lease
         self.max_lease = max_lease
         self.peer = peer
-        """For log lines."""
-        self.ip = ""  # the client's address and --max-locks-per-ip (none: more than any table
-        self.locks_per_ip = c.NO_CAP  # holds), set by the connection (``Host.over_ip_share``)
+        self.ip = ""  # the client's address and --max-locks-per-ip, set by the connection
+        self.locks_per_ip = c.NO_CAP
         self.authed = host.secret is None
         self.eof = False
-        """The client sent EOF: nobody waits for an answer that comes later (try once)."""
+        """The client sent EOF: acquires are tried once."""
         self.action: Action | None = None
         """What to do for the request ``handle`` last answered with ``None``."""
         self.asking = False
-        """The previous request was an admitted ``asking``: the next one (only) is an asked
-        acquire, of the key ``asked``."""
+        """The previous request was an admitted ``asking`` for the key ``asked``."""
         self.asked = ""
         self.moved: dict[str, bytes] | None = None
-        """Pending two-phase enqueues dropped because their key's shard moved away: the
-        ``w`` / ``sw`` that comes for one is answered with this reply (``fail_enqueued``)."""
+        """Key -> the reply to the ``w`` / ``sw`` of an enqueue dropped as its shard moved."""
 
     def handle(self, frame: p.Frame) -> Reply:
-        """Answer one request (see the module's doc)."""
         cmd, key, arg = frame
         if not self.authed and cmd != _AUTH:
             log.debug("connection %s: request before auth, closing", self.peer)
@@ -236,7 +217,6 @@ class Session:
     # ------------------------------------------------------------------ routes
     @staticmethod
     def route_table() -> dict[bytes, _Route]:
-        """Each command's one route."""
         return {
             command.encode(): route
             for commands, route in (
@@ -261,7 +241,6 @@ class Session:
         }
 
     def _acquire(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``l``, ``sl``."""
         limit: int | None = None
         if cmd == _LOCK:
             name, timeout, lease = p.parse_lock(key, arg)
@@ -293,8 +272,7 @@ class Session:
         return self._later(Wait(got, timeout))
 
     def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``hl``: a lock acquire with an owner note, bound to the connection or detached
-        (every LockedTask run sends one)."""
+        """``hl``: a lock acquire with an owner note, bound to the connection or detached."""
         name, timeout, lease, detached, note = p.parse_hold(key, arg)
         if lease > self.max_lease:
             return self._too_long(lease)
@@ -322,15 +300,14 @@ class Session:
         return self._later(Wait(got, timeout))
 
     def _note(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``note``: replace a held grant's owner note."""
         name, token, note = p.parse_note(key, arg)
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY
         return p.REPLY_OK if self.table.set_note(name, token, note) else p.REPLY_ERROR
 
     def _take(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``ht``: take a detached grant over, bound to this connection. As ``n``: no
-        ownership check, answered while draining, refused while renewals are."""
+        """``ht``: take a detached grant over. As ``n``: no ownership check, answered while
+        draining."""
         name, token, lease, on_close, note = p.parse_take(key, arg)
         if lease > self.max_lease:
             return self._too_long(lease)
@@ -352,7 +329,7 @@ class Session:
         return p.REPLY_ERROR if taken is None else p.reply_number(taken.lease_ttl)
 
     def _hand_down(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``hd``: detach a grant from its connection. As ``n`` (see ``_take``)."""
+        """``hd``: detach a grant from its connection. As ``n``."""
         name, token, lease = p.parse_hand_down(key, arg)
         if lease > self.max_lease:
             return self._too_long(lease)
@@ -369,7 +346,6 @@ class Session:
         return p.REPLY_OK if done else p.REPLY_ERROR
 
     def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``r``, ``sr``."""
         name, token = p.parse_release(cmd, key, arg)
         try:
             released = self.table.release(name, token)
@@ -378,9 +354,8 @@ class Session:
         return p.REPLY_OK if released else p.REPLY_ERROR
 
     def _force_release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``fr``: an operator frees every grant on a key, whoever holds it. Routed as an
-        acquire is (cluster mode: ``error_moved`` to the key's member), and logged with who
-        asked: the peer's address and the note it sent."""
+        """``fr``: an operator frees every grant on a key. Routed as an acquire is, and logged
+        with who asked."""
         name, note = p.parse_force_release(key, arg)
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
@@ -396,7 +371,6 @@ class Session:
         return p.reply_number(len(freed))
 
     def _renew(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``n``, ``sn``."""
         name, token, lease = p.parse_renew(cmd, key, arg)
         if lease is not None and lease > self.max_lease:
             return self._too_long(lease)
@@ -404,9 +378,8 @@ class Session:
             return p.REPLY_ERROR  # a fenced member, or not its shard: the holder sees the loss
         journal = self.grants.journal
         if journal is not None and not journal.writable and not journal.mark_removed:
-            # Answered unrecorded, a renewal could outlive what a restart would restore: only
-            # once the journal's complete mark is gone (see journal's doc), else refused (the
-            # holder sees its lock lost; the server keeps it to its lease's end).
+            # Answered unrecorded only once the journal's complete mark is gone: else a
+            # restart could restore a shorter lease than the holder was told.
             return p.REPLY_ERROR
         table = self.table
         ttl = lease or self.default_lease
@@ -419,7 +392,6 @@ class Session:
         return p.REPLY_ERROR if remaining is None else p.reply_number(remaining)
 
     def _enqueue(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``e``, ``se``: two-phase, step 1."""
         limit: int | None = None
         if cmd == _ENQUEUE:
             name, lease = p.parse_enqueue(key, arg)
@@ -449,7 +421,6 @@ class Session:
         return p.reply_acquired(holder.token, holder.lease_ttl)
 
     def _wait(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``w``, ``sw``: two-phase, step 2."""
         name, timeout = p.parse_wait(cmd, key, arg)
         table = self.table
         try:
@@ -472,9 +443,8 @@ class Session:
 
     def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``asking <key> <ticket>``: the next request, an acquire of ``key``, follows an
-        ``error_ask <member> <ticket>`` (docs/protocol.md, *Key-level moves*). In cluster mode
-        it is admitted only with the key's current member's ticket for that key
-        (``cluster.asktickets``); elsewhere it changes nothing."""
+        ``error_ask`` (docs/protocol.md, *Key-level moves*); admitted with a valid ticket in
+        cluster mode only (``cluster.asktickets``)."""
         self.asking = False
         if self.host.key_check is not None:
             name, ticket = p.parse_asking(key, arg)
@@ -486,7 +456,7 @@ class Session:
         return p.REPLY_OK
 
     def _check(self, key: str) -> bytes | None:
-        """The ownership's verdict on an acquire of ``key`` (None: serve it)."""
+        """The ownership's refusal of an acquire of ``key``, or None."""
         check = self.host.key_check
         if check is None:
             return None
@@ -497,29 +467,22 @@ class Session:
         return check(key)
 
     def _unwritable(self) -> bool:
-        """The lease journal cannot be written now: nothing needing a record is done."""
         journal = self.grants.journal
         return journal is not None and not journal.writable
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``ping``; ``ping _ session <id>`` keeps the client session ``<id>`` alive
-        (``error``: there is no such session, its grants are gone)."""
+        """``ping``; ``ping _ session <id>`` keeps the client session ``<id>`` alive."""
         session_id = p.parse_keepalive(arg)
         if session_id is None:
             return p.REPLY_OK
         journal = self.grants.journal
         if journal is not None and not journal.writable and not journal.mark_removed:
-            # A keep-alive renews every grant of the session: refused when renewals are (see
-            # ``_renew``); its client takes the session as ended, its locks as lost.
-            return p.REPLY_ERROR
+            return p.REPLY_ERROR  # it renews the session's grants: refused as renewals are
         return p.REPLY_OK if self.table.keep_alive(session_id) else p.REPLY_ERROR
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``hello``; ``hello _ session`` also makes this connection a session connection
-        (a close by its peer ends its grants ``session_ttl_s`` later, not at once), and
-        ``hello _ session <id> <ttl>`` joins it to the client session ``<id>`` (its TTL at most
-        ``--max-lease-ttl``; 0 ends the session now), unless the server has sessions off
-        (``--session-ttl 0``)."""
+        """``hello``; with sessions on, ``hello _ session`` makes this a session connection and
+        ``hello _ session <id> <ttl>`` joins (``ttl`` 0: ends) the client session ``<id>``."""
         table = self.table
         if table.session_ttl_s:
             named = p.parse_client_session(arg)
@@ -553,7 +516,6 @@ class Session:
 
     # ------------------------------------------------------------------ a wait's end
     def granted(self, waiter: Waiter) -> bytes:
-        """The reply to the request that waited for ``waiter``, now granted."""
         holder = waiter.holder
         assert holder is not None
         self.table.forget_enqueued(waiter)
@@ -561,21 +523,19 @@ class Session:
         return p.reply_granted(holder.token, holder.lease_ttl)
 
     def timed_out(self, waiter: Waiter) -> bytes:
-        """The reply to the request that waited for ``waiter`` and ran out of time: ``timeout``,
-        and for ``hl`` the holder's note with it. Call before ``give_up``."""
+        """The reply to the wait for ``waiter`` that ran out of time. Call before ``give_up``."""
         if waiter.note is None:
             return p.REPLY_TIMEOUT
         return p.reply_held_by(self.table.holder_note(waiter.state.key))
 
     def give_up(self, waiter: Waiter) -> None:
-        """The request that waited for ``waiter`` is answered otherwise (it timed out, the
-        server drains): leave the queue."""
+        """The wait for ``waiter`` is answered otherwise: leave the queue."""
         waiter.wake = None
         self.table.cancel_wait(waiter)
 
     def fail_enqueued(self, key: str, reply: bytes) -> bool:
-        """Drop this connection's pending enqueue on ``key`` (its shard moves away); the ``w``
-        that comes for it is answered ``reply``. True when there was one."""
+        """Drop this connection's pending enqueue on ``key`` (its shard moves away), the ``w``
+        for it answered ``reply``. True when there was one."""
         waiter = self.client.enqueued.get(key)
         if waiter is None or waiter.holder is not None:
             return False
@@ -586,8 +546,7 @@ class Session:
         return True
 
     def close(self, *, by_peer: bool = True) -> None:
-        """The connection is gone (``by_peer``: closed by its peer, not by this server): drop
-        its waits, end its grants as the rule says (``LockTable.disconnect``)."""
+        """The connection is gone (``by_peer``: closed by its peer): ``LockTable.disconnect``."""
         self.table.disconnect(self.client, by_peer=by_peer)
 
     # ------------------------------------------------------------------ helpers
@@ -595,12 +554,10 @@ class Session:
         self.action = action
 
     def _malformed(self, exc: p.Malformed) -> bytes:
-        """The reply to a malformed request (``error``; the connection stays open)."""
         log.debug("connection %s: malformed request: %s", self.peer, exc)
         return p.REPLY_ERROR
 
     def _too_long(self, lease: int) -> bytes:
-        """A lease above ``max_lease_ttl_s`` is a bad number: ``error``, as for lease 0."""
         log.debug(
             "connection %s: lease %d s above max_lease_ttl_s (%d s): error",
             self.peer,
@@ -611,9 +568,7 @@ class Session:
 
 
 def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
-    """The reply to a request the table refused; ``cannot_record`` when the server could not
-    write its state (``FenceStateError``: ``error_read_only`` to an acquire, which clients
-    retry; ``error`` to the rest)."""
+    """The reply to a request the table refused; ``cannot_record`` for a ``FenceStateError``."""
     if isinstance(exc, MaxLocks):
         return p.REPLY_ERROR_MAX_LOCKS
     if isinstance(exc, MaxWaiters):
@@ -622,7 +577,6 @@ def _refusal(exc: Exception, cannot_record: bytes = p.REPLY_ERROR) -> bytes:
         return p.REPLY_ERROR_LIMIT_MISMATCH
     if isinstance(exc, AlreadyEnqueued):
         return p.REPLY_ERROR_ALREADY_ENQUEUED
-    # FenceStateError: the server's fault, not the client's: loudly.
     log.error("cannot issue a token: %s", exc)
     return cannot_record
 

@@ -1,9 +1,6 @@
-"""Fencing tokens' persistent side: where the counter's ceiling survives a restart (a file,
-``--fence-state-file``, rewritten atomically; in cluster mode an etcd key,
-``cluster.fencestore``), the error when it cannot be read or written, and reading a token's
-counter back (``fence_of``). Issuing tokens is ``tokens.FenceCounter``'s (compiled with the
-request path: this module's error class derives from ``OSError``, which a compiled class
-cannot).
+"""Fencing tokens' persistent side: where the counter's ceiling survives a restart (a file, or
+in cluster mode an etcd key, ``cluster.fencestore``), its error, and ``fence_of``. Issuing tokens
+is ``tokens.FenceCounter``'s (this module is not compiled: its error derives from ``OSError``).
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ class FenceStateError(OSError):
 
 
 class StateUnwritable(FenceStateError):
-    """A record of the state directory (the lease bound's) could not be written there: a full
-    or failing disk, not etcd. The server grants nothing that needs it until it can."""
+    """The lease bound's record could not be written to the state directory (not etcd)."""
 
 
 def read_ceiling(path: str) -> int:
@@ -43,8 +39,7 @@ def read_ceiling(path: str) -> int:
 
 
 def write_atomically(path: str, text: str, *, prefix: str, what: str) -> None:
-    """Replace ``path`` with ``text`` atomically: a temporary file beside it, fsync, rename,
-    fsync the directory; `FenceStateError` naming ``what`` when it cannot."""
+    """Replace ``path`` with ``text`` atomically and durably (`FenceStateError` naming ``what``)."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
@@ -75,13 +70,11 @@ class CeilingStore(Protocol):
         ...
 
     def write(self, ceiling: int) -> None:
-        """Store ``ceiling`` durably before returning."""
+        """Store ``ceiling`` durably."""
         ...
 
 
 class FileCeilingStore:
-    """The ceiling in a file (``--fence-state-file``)."""
-
     __slots__ = ("path",)
 
     def __init__(self, path: str) -> None:
@@ -95,5 +88,4 @@ class FileCeilingStore:
 
 
 def fence_of(token: str) -> int:
-    """The fencing counter carried by ``token``."""
     return int(token[: c.FENCE_HEX_CHARS], 16)

@@ -1,23 +1,16 @@
 """Restart grace: after a start, grant nothing until every lease an earlier server on this
 address may have granted has surely ended.
 
-A server forgets its leases when it stops, and its clients learn that only at their next
-renewal: a new server granting at once could hand a key to B while A believes it holds it. So
-it waits, before its first grant, for the longest lease the previous run granted or renewed
-(``longest_lease_s``), which the run records beside the fence state file
-(``<fence_state_file>.grace``), raised before any longer lease is granted: a ``kill -9`` leaves
-a bound the next start can trust. Without a state file nothing is known: the grace is
-``max_lease_ttl_s`` after every start on a fixed port.
-
-It applies after a graceful stop too: a client learns of its closed connection only at its
-next read (foreign dflockd clients at their next renewal), so the lease is still the only bound
-it honours.
+A server that forgot its leases could hand a key to B while A believes it holds it. So it
+waits, before its first grant, for the longest lease the previous run granted or renewed
+(``longest_lease_s``), which the run records at ``<fence_state_file>.grace`` before any longer
+lease is granted: a ``kill -9`` leaves a bound the next start can trust. Without a state file
+the grace is ``max_lease_ttl_s`` after every start on a fixed port. It applies after a graceful
+stop too: the lease is the only bound a client honours.
 
 A grace outlives a start stopped during it: the record holds when it ends (``grace_until``: this
 boot's id and a time on its monotonic clock), and a start on the same boot waits out what is
-left, whatever else it decides. Else a start killed during its grace (after a reboot, say)
-wrote a new journal that the next start on this boot read as whole and granted at once: a key
-granted just before the reboot could go to a rival while its holder still held it.
+left, whatever else it decides.
 """
 
 from __future__ import annotations
@@ -32,12 +25,9 @@ from dflockd_server.config import Config
 from dflockd_server.fence import FenceStateError, StateUnwritable, write_atomically
 from dflockd_server.replay import boot_id
 
-GRACE_SUFFIX = ".grace"
-"""The grace record lives at ``<fence_state_file>.grace``."""
-
 
 def grace_path(fence_state_file: str) -> str:
-    return fence_state_file + GRACE_SUFFIX
+    return fence_state_file + ".grace"
 
 
 def read_longest_lease(path: str) -> int | None:
@@ -73,9 +63,8 @@ def write_longest_lease(path: str, longest: int, grace_until_ms: int | None = No
 
 
 def grace_left(path: str) -> float:
-    """Seconds left of the grace of a start on this boot recorded at ``path`` (0: none left,
-    none recorded, another boot's, or a record that cannot be read: ``read_longest_lease``
-    says why)."""
+    """Seconds left of the grace of a start on this boot recorded at ``path`` (0: none, or a
+    record that cannot be read: ``read_longest_lease`` says why)."""
     try:
         with open(path, encoding="ascii") as fh:
             until = json.load(fh)["grace_until"]
@@ -130,12 +119,11 @@ def decide_grace(
 
 class LeaseRecord:
     """Keeps ``longest_lease_s`` on disk at or above every lease this run grants or renews
-    (and the grace it started with: leases of the run before may still be running).
+    (and the grace it started with).
 
     ``note(lease)``, before a lease longer than ``longest`` is granted, raises the record
-    (doubling, capped at ``max_lease_ttl_s``: a run writes it a few times) and returns the new
-    bound; a failed write raises ``StateUnwritable`` (a ``FenceStateError``): the lease is not
-    granted. ``publish`` (a cluster member's) stores each bound for its heirs, after the file.
+    (doubling, capped at ``max_lease_ttl_s``) and returns the new bound; a failed write raises
+    ``StateUnwritable``. ``publish`` (a cluster member's) stores each bound, after the file.
     """
 
     __slots__ = ("_cap", "_grace_until_ms", "_path", "_publish", "longest")
@@ -150,10 +138,8 @@ class LeaseRecord:
         defer_failed_write: bool = False,
         grace_s: float = 0.0,
     ) -> None:
-        """``defer_failed_write``: when the record cannot be written (a full disk at the
-        start), keep the bound the file holds (the previous run's, covering its leases) and
-        write the next one before a longer lease is granted. ``grace_s``: this start's restart
-        grace, from now (recorded: a start during it waits out the rest)."""
+        """``defer_failed_write``: when the record cannot be written, keep the bound the file
+        holds and write the next one before a longer lease. ``grace_s``: this start's grace."""
         self._path = path
         self._cap = cap
         self._publish = publish

@@ -1,9 +1,6 @@
 """The lock table's grants: the key map with every grant, queue and lease, and the steps that
-change them: a key's state for an acquire, queueing, granting (``grant``, ``grant_bare``: one
-``Holder`` per grant, a connection's or detached), ending a grant (``free_holder``), rebinding
-one (``move``), expiring leases, handing free slots to the FIFO queue, announcing later grants
-(``flush``) once the table has finished changing, the per-connection caps and the restart
-grace. ``table.LockTable`` owns one.
+change them (granting, queueing, ending and rebinding a grant, expiring leases, filling the
+FIFO queues, the per-connection caps and the restart grace). ``table.LockTable`` owns one.
 """
 
 from __future__ import annotations
@@ -52,49 +49,37 @@ class Grants:
         lease_noted: int,
     ) -> None:
         self.asking = False
-        """The request under way follows an ``asking``: ``asked_check`` decides for it instead
-        of ``grant_check``. Set by the session for one request."""
+        """The request under way follows an ``asking``: ``asked_check`` decides for it."""
         self.journal = journal
-        """Records grants, renewals past the recorded expiry, moves and drops; or None."""
         self.note_lease = note_lease
-        """Persists a longer lease bound (the next start's grace relies on it) before a grant
-        (``raise_bound``) and returns it; may refuse by raising."""
+        """Persists a longer lease bound before a grant (``raise_bound``); may raise."""
         self.lease_noted = lease_noted
         """Leases up to this long need no ``note_lease`` call."""
         self.asked_check: Callable[[str], bytes | None] | None = None
-        """The ownership's check for an acquire after ``asking`` (cluster mode)."""
         self.grant_check: Callable[[str], bytes | None] | None = None
-        """The server's ownership check (None: every key is served), asked before a queued
-        waiter is promoted: a cluster member fenced or without the key's shard grants no
-        waiter it queued before (the cluster node answers it)."""
+        """The ownership check (None: every key is served), asked before a queued waiter is
+        promoted."""
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
         self.max_waiters = max_waiters
         self.max_locks_per_connection = max_locks_per_connection
-        """Most locks and slots one client may hold, counting its queued waits (each may be
-        granted). 0: no cap."""
         self.max_waits_per_connection = max_waits_per_connection
-        """Most queued acquires plus pending two-phase enqueues of one client. 0: no cap."""
         self.keys: dict[str, Entry] = {}
-        """Every key, locks and semaphores alike: a held lock nobody waits for is its
-        ``Holder`` alone, any other key its ``KeyState``."""
         self.idle = IdleLog()
         self.leases = LeaseIndex()
         self.wakes: list[Waiter] = []
         """Waiters granted by the change under way, announced by ``flush`` once it is done."""
         self.detached = Client(0)
-        """The owner of detached holds (``hl`` mode ``d``): no connection, never disconnected;
-        connections are numbered from 1."""
+        """The owner of detached holds (connections are numbered from 1)."""
         self.restored = Client(-1)
-        """The owner of restored grants that were bound to a connection, until one renews
-        them. Closed: ``ht`` may take them over, and no connection's close releases them."""
+        """The owner of restored connection-bound grants until one renews them (closed: ``ht``
+        may take them over)."""
         self.restored.closed = True
         self.shares: AddressShares | None = None
         """The grants each client address holds (``--max-locks-per-ip``); None: no cap."""
         self.counts = Counts()
         self.in_grace = grace_s > 0
-        """Within the restart grace: nothing is granted (see ``in_grace_at``)."""
         self.grace_until = clock() + grace_s if grace_s > 0 else -math.inf
 
     def in_grace_at(self, now: float) -> bool:
@@ -109,8 +94,7 @@ class Grants:
         return False
 
     def fill_waiting(self) -> None:
-        """Grant the waiters of every key with free slots (the journal can be written again
-        after a time it could not: nothing was granted meanwhile)."""
+        """Grant the waiters of every key with free slots (the journal is writable again)."""
         self._fill_every(self.clock())
         self.flush()
 
@@ -120,9 +104,8 @@ class Grants:
                 self.fill(state, now)
 
     def raise_bound(self, lease_ttl: int, key: str) -> None:
-        """Before a lease longer than ``lease_noted``: record (and, in a cluster, publish) the
-        new bound. That may wait for the disk or etcd, so the key is asked about again after
-        it (a cluster member that stopped serving it meanwhile grants nothing)."""
+        """Before a lease longer than ``lease_noted``: record the new bound, then ask about the
+        key again (it may have stopped being served meanwhile)."""
         note_lease = self.note_lease
         self.lease_noted = note_lease(lease_ttl) if note_lease is not None else lease_ttl
         check = self.asked_check if self.asking else self.grant_check
@@ -134,17 +117,15 @@ class Grants:
     # ------------------------------------------------------------------ granting, queueing, freeing
     def check_client_locks(self, client: Client, key: str, state: KeyState | None) -> None:
         """Refuse (``MaxLocks``) a client whose holds plus queued waits reach its cap.
-        ``state``: the key about to be granted or queued on (left idle by a refusal, it is
-        logged, to be pruned)."""
+        ``state``: the key about to be granted or queued on (logged idle on a refusal)."""
         if client.n_held + len(client.waiting) >= self.max_locks_per_connection:
             if state is not None:
                 self.idle.note(self.keys, state)
             raise MaxLocks(key)
 
     def check_client_waits(self, client: Client, key: str, state: KeyState | None) -> None:
-        """Refuse (``MaxWaiters``) a client whose queued acquires plus pending two-phase
-        enqueues reach its cap. A queued enqueue is in both ``waiting`` and ``enqueued``: the
-        exact count is taken only near the cap. ``state``: as for ``check_client_locks``."""
+        """Refuse (``MaxWaiters``) a client whose queued acquires plus pending enqueues reach
+        its cap (a queued enqueue is in both: counted exactly only near the cap)."""
         cap = self.max_waits_per_connection
         waiting, enqueued = client.waiting, client.enqueued
         if len(waiting) + len(enqueued) < cap:
@@ -167,7 +148,7 @@ class Grants:
             if len(states) >= self.max_locks and not self.idle.evict_oldest(states):
                 raise MaxLocks(key)
             state = states[key] = KeyState(key, is_sem, wanted, now)
-            return state  # granted or queued on at once (see grant for when it cannot be)
+            return state
         if isinstance(entry, Holder):  # a lock nobody waited for: it gets a state now
             if entry.live and now >= entry.expires_at:
                 self.expire_bare(entry, now)
@@ -213,8 +194,7 @@ class Grants:
         note: str | None = None,
         taker: Client | None = None,
     ) -> Holder:
-        """Grant a slot of ``state`` to ``client`` (its owner), for ``taker``'s request
-        (``None``: the owner's)."""
+        """Grant a slot of ``state`` to ``client``, for ``taker``'s request (``None``: its)."""
         try:
             holder = self._new_holder(state.key, state, client, lease_ttl, now, note, taker)
         except BaseException:
@@ -244,8 +224,7 @@ class Grants:
         note: str | None,
     ) -> Holder | None:
         """Grant the lock ``key`` to ``owner`` (for ``client``'s request) as the key's entry,
-        with no ``KeyState``, if it is free (no entry, a released or expired one, an idle
-        state); else ``None`` (held, waited for, or the grace): then through the key's state."""
+        with no ``KeyState``, if it is free; else ``None``: then through the key's state."""
         if self.in_grace:
             return None
         keys = self.keys
@@ -280,9 +259,8 @@ class Grants:
         note: str | None,
         taker: Client | None = None,
     ) -> Holder:
-        """Issue a grant on ``key`` (``state``: ``None`` for a lock that keeps none) to
-        ``client``, for ``taker``'s request (``None``: ``client``'s): token, count, journal
-        record, client's view, address share, expiry index. The caller puts it in the entry."""
+        """Issue a grant on ``key`` to ``client`` (token, count, journal record, client's view,
+        address share, expiry index); the caller puts it in the entry."""
         if lease_ttl > self.lease_noted:
             self.raise_bound(lease_ttl, key)  # before the token: a failed write grants nothing
         token = self.new_token()
@@ -330,11 +308,9 @@ class Grants:
         self, holder: Holder, state: KeyState | None, now: float, why: list[int]
     ) -> None:
         """THE one place a grant ends and its slot becomes free (docs/protocol.md, "Tokens,
-        leases and disconnects"): a release, a lease's end (a session's end is one:
-        ``disconnect`` shortened it), a peer's close of a plain connection with auto-release
-        on, or a force release (``fr``); whatever kept the grant alive, nothing else frees a
-        key. ``why``: the ``Counts`` pair it counts in. ``state`` ``None``: the holder is the
-        key's entry and stays it, released, as the idle key's. The caller then calls ``fill``."""
+        leases and disconnects"). ``why``: the ``Counts`` pair it counts in. ``state`` ``None``:
+        the holder is the key's entry and stays it, as the idle key's. The caller then calls
+        ``fill``."""
         why[0 if state is None else state.is_sem] += 1
         holder.live = False
         journal = self.journal
@@ -352,17 +328,15 @@ class Grants:
             shares.ended(holder)  # before the token goes (a detached hold's is its entry)
         index = self.leases
         run = index.by_ttl.get(holder.lease_ttl)
-        if run is not None:
-            # Stale entries at the back (the latest grants, released): dropped at once, so
-            # short holds leave nothing behind in the index.
+        if run is not None:  # stale entries at the back: dropped now (short holds leave none)
             times, holders, head = run.times, run.holders, run.head
             while len(holders) > head and not holders[-1].live:
                 holders.pop()
                 times.pop()
                 index.count -= 1
         if state is None:
-            holder.expires_at = now  # released: when the key went idle (see Holder)
-            holder.token = ""  # nothing reads a released holder's token: the idle key's is freed
+            holder.expires_at = now  # when the key went idle (see Holder)
+            holder.token = ""
             self.idle.log(self.keys, holder, now)
             return
         if state.one is holder:
@@ -383,7 +357,6 @@ class Grants:
         return entry if isinstance(entry, KeyState) else None
 
     def expire_bare(self, holder: Holder, now: float) -> None:
-        """The live ``holder``, its key's entry, has run out."""
         self.free_holder(holder, None, now, self.counts.expiries)
 
     def check(self, state: KeyState, now: float) -> int:
@@ -416,7 +389,7 @@ class Grants:
             return
         journal = self.journal
         if journal is not None and not journal.writable:
-            return  # no grant the journal cannot hold: they wait for it (``fill_waiting``)
+            return  # they wait for it (``fill_waiting``)
         check = self.grant_check
         if check is not None and check(state.key) is not None:
             return
@@ -441,9 +414,9 @@ class Grants:
             if waiter.wake is not None:
                 self.wakes.append(waiter)
         if not state.n_waiting:
-            state.queue = None  # only given-up waiters left, if any: drop them with the list
+            state.queue = None
         elif queue.head > COMPACT_MIN and 2 * queue.head > len(items):
-            del items[: queue.head]  # the taken front, cut off once it is half the list
+            del items[: queue.head]
             queue.head = 0
 
     def flush(self) -> None:
@@ -464,8 +437,7 @@ class Grants:
         on_close: int | None = None,
     ) -> Holder:
         """Rebind the grant to ``client`` with ``lease_ttl`` from ``now``: a new ``Holder``
-        (same token and note) takes its place; the old one leaves its client's view as a
-        released one (no count changes). ``on_close``: its lease when ``client`` closes."""
+        (same token and note) takes its place. ``on_close``: its lease when ``client`` closes."""
         old = holder.client
         holder.live = False
         old.n_held -= 1
@@ -514,7 +486,7 @@ class Grants:
 
     # ------------------------------------------------------------------ look-ups
     def holder_of(self, key: str, token: str) -> Holder | None:
-        """The live grant ``token`` holds on ``key`` (leases checked first), or ``None``."""
+        """The live grant ``token`` holds on ``key``, or ``None``."""
         entry = self.keys.get(key)
         if entry is None:
             return None
@@ -522,7 +494,7 @@ class Grants:
 
     def live_holder(self, entry: Entry, token: str, now: float) -> Holder | None:
         """The grant ``token`` holds on ``entry``'s key once its leases due by ``now`` have run
-        out (their waiters woken), or ``None``."""
+        out, or ``None``."""
         if isinstance(entry, Holder):  # a lock nobody waits for
             if not entry.live:
                 return None
@@ -540,6 +512,5 @@ class Grants:
         return holder
 
     def is_lock_grant(self, holder: Holder) -> bool:
-        """Whether the live ``holder`` is the grant of a key of limit 1 (a lock's)."""
         state = self.state_of(holder)
         return state is None or state.one is holder

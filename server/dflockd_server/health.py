@@ -1,9 +1,6 @@
-"""Health check: send ``ping`` to a dflockd server and exit 0 on ``ok``, 1 otherwise.
-
-Used as the container's HEALTHCHECK (``python -m dflockd_server.health``). It reads the same
-environment as the server (``DFLOCKD_PORT``, ``DFLOCKD_AUTH_TOKEN``/``DFLOCKD_AUTH_TOKEN_FILE``,
-``DFLOCKD_TLS_CERT``), so the check follows the server's own settings.
-"""
+"""Health check (the container's HEALTHCHECK, ``python -m dflockd_server.health``): ``ping`` a
+dflockd server, exit 0 on ``ok``, 1 otherwise. It reads the server's environment (port, auth
+token, TLS)."""
 
 from __future__ import annotations
 
@@ -24,7 +21,6 @@ from dflockd_server.constants import (
 )
 
 CHECK_TIMEOUT_S = 2.0
-"""How long the check waits to connect and for each reply."""
 
 
 def _request(sock: socket.socket, command: str, argument: str) -> str:
@@ -81,7 +77,7 @@ def _auth_token(environ: Mapping[str, str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Check ``[host] [port]`` (default 127.0.0.1 and ``DFLOCKD_PORT``); print why it failed."""
+    """Check ``[host] [port]`` (default 127.0.0.1 and ``DFLOCKD_PORT``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
     host = args[0] if args else "127.0.0.1"

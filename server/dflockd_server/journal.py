@@ -16,42 +16,30 @@ the line and may)::
     C                                                   closed by a graceful stop (fsynced)
     K <crc32, 8 lowercase hex digits> <bytes>           the head of a batch (below)
 
-A write of ``BATCH_RECORDS`` records or more puts a ``K`` line (the checksum and length of the
-whole records after it, ``BATCH_BYTES`` at most) before them, so a restart checks them with one
-checksum, not one per line (a million lines' checksums were a sixth of a restart). A batch that
-does not check, or that the file ends inside, is read line by line, as every line outside a
-batch is: batches change no outcome of a read, only its speed.
+A write of ``BATCH_RECORDS`` records or more puts a ``K`` line (checksum and length of the
+records after it, ``BATCH_BYTES`` at most) before them: a restart checks them with one checksum.
+A batch that does not check, or that the file ends inside, is read line by line: batches change
+a read's speed, never its outcome.
 
-A restart on the same boot that restored every lease to its recorded end does not rewrite the
-file (a million leases take seconds to write): it appends its own ``H`` record (its clock's
-anchor) and goes on appending (``resume``); ``replay`` puts the times after each later header on
-the first one's clock. Any other start (another boot, damage, a journal not complete) writes a
-new file holding every lease it restored (``open``).
+A restart on the same boot that restored every lease to its recorded end appends its own ``H``
+record and goes on appending (``resume``); ``replay`` puts the times after each later header on
+the first one's clock. Any other start writes a new file of every lease it restored (``open``).
 
-``until`` is a wall-clock time in milliseconds on the file's clock (the anchor's wall time plus
-the monotonic time elapsed since: a wall-clock step does not move it): the lease's end as its
-holder was last told, rounded up to the next millisecond. Every renewal writes an ``X`` record,
-group-committed with the grants, before its reply leaves. (``record_renewals=False``, for
-benchmarks/journal.py's A/B only, records one lease ahead instead, so a renewal writes nothing
-until its new end passes that.) Reading it back, and what a start restores: ``replay``.
+``until`` is a wall-clock time in ms on the file's clock (the anchor's wall time plus the
+monotonic time elapsed since: a wall-clock step does not move it): the lease's end as its holder
+was last told, rounded up. Every renewal writes an ``X`` record before its reply leaves
+(``record_renewals=False``, for benchmarks/journal.py's A/B only, records one lease ahead
+instead). Reading it back: ``replay``.
 
-A journal that cannot be written (a full disk, EIO, a quota, a failed fsync: ``writable`` False):
-the failed batch is cut from the file, its grants handed back (``refused``: undone, their
-replies never sent), the ``complete`` mark removed, and records are no longer buffered (nothing
-new is granted; renewals, releases, ``ping`` and ``stats`` are answered). Each sweep tries
-``recover``: a new file of every lease held, written and fsynced beside the old one, renamed over
-it, the directory fsynced. The writer is always on the file that is the journal on disk: after
-the rename it moves to the new file before anything else can fail.
+A journal that cannot be written (a full disk, EIO, a failed fsync: ``writable`` False): the
+failed batch is cut from the file, its grants undone (``refused``), the ``complete`` mark
+removed, and records are dropped (nothing new is granted). Each sweep tries ``recover``: a new
+file of every lease held, fsynced beside the old one and renamed over it.
 
-Writes: records go to a buffer. A connection whose reply follows records not written holds its
-replies back (``stream``); once per turn of the loop the buffer is written with one ``os.write``
-(``flush``) and then every held reply is sent: a kill -9 loses nothing a client was told, and
-the connections of one turn share one write (a group commit). A connection alone in its turns
-writes the buffer itself just before its replies (``stream.GroupWrite``), unless the fsync is
-``always``. ``fsync``: ``always`` (in that write, before those replies: one fsync for all),
-``everysec`` (a background thread, once a second: a crash of the machine may lose the last
-second), ``no`` (the OS decides). A failed fsync is a failure to write: nothing is marked synced
-until an fsync succeeds.
+Writes: records go to a buffer; replies that follow records not written are held back
+(``stream.GroupWrite``) until the buffer is written with one ``os.write`` (``flush``), once per
+turn of the loop: a kill -9 loses nothing a client was told. ``fsync``: ``always`` (in that
+write), ``everysec`` (a background thread, once a second), ``no`` (the OS decides).
 """
 
 from __future__ import annotations
@@ -75,65 +63,42 @@ from dflockd_server.replay import (
     BATCH_RECORDS,
     COMPLETE_SUFFIX,
     VERSION,
-    JournalRead,
     RecordedGrant,
-    Restore,
     boot_id,
     paused_gc,
-    read_journal,
-    restored_leases,
 )
 
 if TYPE_CHECKING:
     from dflockd_server.keys import Holder, KeyState
 
-__all__ = [
-    "COMPLETE_SUFFIX",
-    "FSYNC_MODES",
-    "Journal",
-    "JournalRead",
-    "JournalStats",
-    "RecordedGrant",
-    "Restore",
-    "boot_id",
-    "drop_record",
-    "paused_gc",
-    "read_journal",
-    "restored_leases",
-]
+__all__ = ["FSYNC_MODES", "Journal", "JournalStats", "RecordedGrant", "drop_record", "paused_gc"]
 
 log = logging.getLogger("dflockd_server")
 
 RECORD_RENEWALS = True
-"""``Journal``'s default: record every renewal. Only benchmarks/journal.py's ``--renewals`` A
-sets it to False, in its own child process."""
+"""``Journal``'s default; only benchmarks/journal.py's ``--renewals`` A sets it to False."""
 COMPACT_MIN_BYTES = 4 * 1024 * 1024
-"""Compact past this size and four times what the live grants take (under steady churn, a
-rewrite of a few live records every ~60,000 records)."""
+"""Compact past this size and four times what the live grants take."""
 _LIVE_RECORD_BYTES = 128
 """About what one live grant's record takes (for ``wants_compaction``)."""
 
 
-_crc32: Final = zlib.crc32
-"""Bound once (compiled: a static, not a module look-up per record); ``_write`` likewise."""
+_crc32: Final = zlib.crc32  # bound once: compiled, a static, not a look-up per record
 _write: Final = os.write
 _HEX: Final = tuple(b"%02x" % i for i in range(256))
-"""Each byte's two hex digits: a checksum is four look-ups. Compiled, ``to_bytes`` and ``hex``
-cost about 850 instructions and ``%08x`` about 1,300; interpreted, all cost about the same."""
+"""Each byte's two hex digits: compiled, four look-ups cost far less than ``%08x``."""
 
 
 def _write_all(fd: int, view: memoryview, write: Callable[[int, memoryview], int]) -> None:
-    """Write all of ``view`` to ``fd``, however many writes it takes. The count is kept in a
-    local before the cut: compiled, mypyc (mypy 2.4.1) evaluates a ``memoryview`` slice's start
-    twice, so ``view[os.write(fd, view):]`` wrote everything twice."""
+    """Write all of ``view`` to ``fd``. The count is kept in a local: compiled, mypyc evaluates
+    a ``memoryview`` slice's start twice (``view[os.write(fd, view):]`` wrote twice)."""
     while view:
         written = write(fd, view)
         view = view[written:]
 
 
 def _framed(payload: bytes) -> bytes:
-    """``payload``'s record line: its checksum in 8 lowercase hex digits, a space, the payload,
-    LF. One ``%s`` format of bytes (compiled: one build; no copy into a str)."""
+    """``payload``'s record line: checksum, a space, the payload, LF (one bytes format)."""
     crc = _crc32(payload)
     return b"%s%s%s%s %s\n" % (
         _HEX[crc >> 24],
@@ -150,8 +115,7 @@ def _line(payload: str) -> bytes:
 
 def _batched(records: list[bytes]) -> list[bytes]:
     """``records`` in batches of ``BATCH_BYTES`` at most, each after its ``K`` line when it holds
-    ``BATCH_RECORDS`` or more: the pieces of one write. (A batch is joined only for its checksum
-    and let go at once: a new file of a million leases is not copied twice.)"""
+    ``BATCH_RECORDS`` or more: the pieces of one write."""
     if len(records) < BATCH_RECORDS:
         return records
     parts: list[bytes] = []
@@ -174,7 +138,7 @@ def _add_batch(parts: list[bytes], group: list[bytes]) -> None:
 
 
 def drop_record(token: str) -> bytes:
-    """The record of the release (or expiry) of the grant ``token`` (the hot path)."""
+    """The record of the end of the grant ``token`` (the hot path)."""
     return _framed(("R " + token).encode())
 
 
@@ -188,23 +152,20 @@ class JournalStats:
     fsyncs: int = 0
     compactions: int = 0
     writable: bool = True
-    """Whether the journal can be written now (False: no new grant until it can)."""
     write_failures: int = 0
-    """Episodes in which it could not be written (each counted once, at its start)."""
+    """Episodes in which it could not be written."""
     refused_grants: int = 0
-    """Grants made in a batch that could not be written: undone, their replies refused."""
+    """Grants of a batch that could not be written: undone, their replies refused."""
 
 
 class Journal:
     """Appends the lock table's records, writes them at ``flush``, fsyncs by the policy,
-    compacts, and notes when it cannot be written (``writable``; ``recover`` tries again). On
-    the server's loop; only the everysec fsync has a thread, one for the journal's life.
+    compacts, and notes when it cannot be written. On the server's loop; only the everysec fsync
+    has a thread.
 
-    ``clock`` is the table's (the loop's monotonic time): an expiry ``t`` on it is recorded as
-    the wall time ``anchor_wall + (t - anchor_clock)``. Tests give an ``fsync_file`` and
-    ``fsync_dir`` that fail (the kernel fails no fsync on demand: a full disk fails writes);
-    the simulator (tests/sim) gives ``write`` and ``clocks`` (the anchor's clocks and ids): its
-    disk fills up, its machine reboots with its wall clock stepped.
+    ``clock`` is the table's: an expiry ``t`` on it is recorded as the wall time
+    ``anchor_wall + (t - anchor_clock)``. Tests give failing ``fsync_file`` / ``fsync_dir``;
+    the simulator (tests/sim) gives ``write`` and ``clocks`` (the anchor's clocks and ids).
     """
 
     __slots__ = (
@@ -261,8 +222,7 @@ class Journal:
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
         self._write: Callable[[int, bytes | memoryview], int] = _write if write is None else write
         self._clocks = clocks
-        """What ``anchor`` reads: (wall ms, monotonic ms, ``<boot id>[.<mount id>]``); None:
-        this machine's."""
+        """What ``anchor`` reads: (wall ms, monotonic ms, lifetime); None: this machine's."""
         self.buf: list[bytes] = []
         """Records not written yet."""
         self._written = 0
@@ -270,37 +230,35 @@ class Journal:
         self._synced = 0
         """``_written`` as it was before the last fsync that succeeded."""
         self._must_sync = False
-        """The buffer holds a record that ``always`` fsyncs before its reply (a grant, a
-        move, a note; not a renewal's or a release's: see ``flush``)."""
+        """The buffer holds a record ``always`` fsyncs before its reply (see ``flush``)."""
         self._sync_error: OSError | None = None
-        """A background fsync's failure, for the next ``flush`` (on the loop)."""
+        """A background fsync's failure, for the next ``flush``."""
         self.stats = JournalStats()
         self.writable = True
-        """False from a failed write (or fsync) until ``recover`` succeeds."""
         self.failure = ""
         """Why it cannot be written (the episode's first error), "" while it can."""
         self._said_read_only = False
-        """This episode's log said the file system is read-only (and what to do about it)."""
+        """This episode's log said the file system is read-only."""
         self.mark_removed = True
-        """The ``complete`` mark is gone (or was never made) while the journal cannot be
-        written: renewals may then be answered unrecorded (False: they are refused)."""
+        """The ``complete`` mark is gone while the journal cannot be written: renewals may then
+        be answered unrecorded (False: they are refused)."""
         self.refused: list[tuple[str, str]] = []
-        """(key, token) of the grants of a batch that could not be written: the caller undoes
-        them before any reply of that batch leaves (``take_refused``)."""
+        """(key, token) of the grants of a batch that could not be written, undone by the
+        caller before any reply of that batch leaves (``take_refused``)."""
         self._fd = -1
         self._fd_lock = threading.Lock()
         self._sync_wanted = threading.Event()
-        """Set for the everysec thread: fsync what was written (or end, once closed)."""
+        """Set for the everysec thread: fsync (or end, once closed)."""
         self._sync_on_loop = False
-        """No everysec thread could be started: the loop fsyncs (logged once per episode)."""
+        """No everysec thread could be started: the loop fsyncs."""
         self._syncer: threading.Thread | None = None
         self._size = 0
         self._anchor_clock = 0.0
         self._anchor_wall_ms = 0
         self._anchor_mono_ms = 0
         self._lifetime = "-"
-        """The header's ``<boot id>[.<mount id>]``: this boot, and the mount the state dir is on
-        (``pagecache``: a start after it was mounted anew knows the last records may be gone)."""
+        """The header's ``<boot id>[.<mount id>]`` (``pagecache``: a start after the state dir
+        was mounted anew knows the last records may be gone)."""
 
     @property
     def dirty(self) -> bool:
@@ -315,8 +273,7 @@ class Journal:
 
     @staticmethod
     def _mode(detached: bool, on_close: int | None) -> str:
-        """A record's ``<c|d> <onclose s|->``: a constant without a close lease (compiled, each
-        str built costs, and a grant's record is the hot path)."""
+        """A record's ``<c|d> <onclose s|->`` (a constant without a close lease: the hot path)."""
         if on_close is None:
             return "d -" if detached else "c -"
         return ("d " if detached else "c ") + str(on_close)
@@ -324,17 +281,14 @@ class Journal:
     def grant_record(
         self, holder: Holder, state: KeyState | None, detached: bool, on_close: int | None
     ) -> bytes:
-        """A grant's record (the hot path), the expiry it covers set in ``holder.covered`` (its
-        end; without ``record_renewals`` ``AS_RECORDED``: renewals within one lease past it
-        write nothing). ``state``: its key's, ``None`` for a lock that keeps none."""
+        """A grant's record (the hot path), the expiry it covers set in ``holder.covered``.
+        ``state``: its key's, ``None`` for a lock that keeps none."""
         lease = holder.lease_ttl
         expires_at = holder.expires_at
-        # self._until, inlined: the hot path
-        ahead = 0 if self.record_renewals else lease
+        ahead = 0 if self.record_renewals else lease  # self._until, inlined
         until = self._anchor_wall_ms + int((expires_at + ahead - self._anchor_clock) * 1000) + 1
         note = holder.note
-        # The fields between the key and the lease as one str (compiled, every piece of an
-        # f-string and every int formatted costs): a lock's limit and kind are a constant.
+        # A lock's limit and kind as one constant str (compiled, each formatted piece costs).
         if state is None or (state.limit == 1 and not state.is_sem):
             limit_kind = " 1 0 "
         else:
@@ -342,7 +296,6 @@ class Journal:
         mode = self._mode(detached, on_close)
         tail = "" if note is None else " " + note
         self._must_sync = True
-        # its end (the same float: nothing allocated), or expires_at + lease without one
         holder.covered = expires_at if self.record_renewals else AS_RECORDED
         return _framed(
             f"G {holder.token} {holder.key}{limit_kind}{lease} {until} {mode}{tail}".encode()
@@ -387,24 +340,23 @@ class Journal:
 
     @property
     def mark_path(self) -> str:
-        """The ``complete`` mark."""
         return self.path + COMPLETE_SUFFIX
 
-    def open(self, live: Iterable[bytes]) -> None:
+    def open(self, live: Iterable[bytes]) -> bool:
         """Atomically replace the file with the header and ``live`` (``grant_record``s made
-        after ``anchor``). On an ``OSError`` the old file stays and this journal is not
-        writable (``recover`` tries again): a start on a full disk serves what it restored."""
+        after ``anchor``). On an ``OSError`` (False) the old file stays and the journal is not
+        writable: a start on a full disk serves what it restored."""
         try:
             self._replace(live)
         except OSError as exc:
             self._fail(exc, [])
+            return False
+        return True
 
     def resume(self, ended: Iterable[str]) -> None:
         """Instead of ``open``, go on appending to a journal the start read whole and restored
-        on its own clock (``StartPlan.resume``): this run's header (``anchor``'s), then the
-        release of each grant in ``ended`` (leases that ended meanwhile), so a restart writes a
-        few lines. The file is fsynced (what the killed run left to the kernel included) before
-        anything is served; a failure is as ``open``'s."""
+        (``StartPlan.resume``): this run's header, then the release of each grant in ``ended``.
+        The file is fsynced before anything is served; a failure is as ``open``'s."""
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
@@ -444,10 +396,9 @@ class Journal:
         self._lifetime = boot if mount is None or boot == "-" else f"{boot}.{mount}"
 
     def _replace(self, live: Iterable[bytes]) -> None:
-        """Write the header and ``live`` to a new file beside the journal, fsync it, rename it
-        over the journal, move the writer to it, fsync the directory, make the ``complete``
-        mark. Raises ``OSError``: before the rename the old file and its writer are untouched;
-        after it the writer is on the new file already."""
+        """Write the header and ``live`` to a new file, fsync it, rename it over the journal,
+        move the writer to it, fsync the directory, make the ``complete`` mark. On ``OSError``
+        before the rename the old file and its writer are untouched."""
         tmp = self.path + ".new"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
@@ -460,8 +411,7 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        # The file at self.path is the new one: the writer moves to it before anything else
-        # can fail (it never appends to a file that is no longer the journal).
+        # The writer moves to the new file before anything else can fail.
         with self._fd_lock:
             old, self._fd = self._fd, fd
             self._size = len(data)
@@ -475,8 +425,8 @@ class Journal:
         os.close(os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o600))
 
     def _fail(self, exc: OSError, batch: list[bytes]) -> None:
-        """Note the grants of ``batch`` as ``refused``; at an episode's start, log it, remove
-        the ``complete`` mark and stop recording."""
+        """Note the grants of ``batch`` as ``refused``; at an episode's start, log it and
+        remove the ``complete`` mark."""
         for record in batch:
             if record[9:11] == b"G ":
                 fields = record.split(b" ", 4)
@@ -541,16 +491,13 @@ class Journal:
         )
 
     def take_refused(self) -> list[tuple[str, str]]:
-        """The grants ``refused`` since the last call."""
         refused, self.refused = self.refused, []
         self.stats.refused_grants += len(refused)
         return refused
 
     def flush(self) -> None:
-        """Write the buffer (one ``os.write``; with ``always``, and a grant, a move or a note in
-        it, fsync too): before the replies that follow its records, and at each sweep (records
-        no reply follows: expiries, disconnects). Raises nothing: a failure makes the journal
-        not ``writable`` (its grants ``refused``); until ``recover``, records are dropped."""
+        """Write the buffer (one ``os.write``; fsynced too with ``always`` and a grant, a move
+        or a note in it). Raises nothing: a failure makes the journal not ``writable``."""
         buf = self.buf
         if self._sync_error is not None:
             exc, self._sync_error = self._sync_error, None
@@ -568,9 +515,7 @@ class Journal:
             written = self._write(fd, data)
             if written < len(data):  # a short write: a full disk, or a signal
                 _write_all(fd, memoryview(data)[written:], self._write)
-        except OSError as exc:
-            # A disk full or failing: cut what part of the batch got in, so the file still
-            # ends with a whole record.
+        except OSError as exc:  # cut what got in: the file ends with a whole record
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self._size)
             self._fail(exc, buf)
@@ -580,11 +525,9 @@ class Journal:
         self._written += 1
         self.stats.writes += 1
         if self.fsync == "always" and self._must_sync:
-            # A batch of renewals and releases only is written, not fsynced: within a boot
-            # the file as the kernel has it is what a restart reads, and after a crash of the
-            # machine no restore reads a renewal's end (each lease runs its full lease, at
-            # least the longest recorded, fsynced before any longer lease is answered), and a
-            # lost release only keeps a lease for one lease more.
+            # Renewals and releases alone are not fsynced: after a machine crash no restore
+            # reads a renewal's end (each lease runs at least the longest recorded), and a
+            # lost release keeps a lease one lease more.
             self._must_sync = False
             try:
                 self._fsync_file(fd)
@@ -597,8 +540,7 @@ class Journal:
         buf.clear()
 
     def sync(self) -> None:
-        """fsync what was written (any thread). Only a success marks it synced; a failure is
-        kept for the loop's next ``flush``."""
+        """fsync what was written (any thread); a failure is kept for the next ``flush``."""
         with self._fd_lock:
             fd = self._fd
             if fd < 0:
@@ -613,9 +555,8 @@ class Journal:
             self.stats.fsyncs += 1
 
     def sync_in_background(self) -> None:
-        """``everysec``: have the journal's one fsync thread fsync what was written (the loop
-        never waits for the disk). Where no thread can be started (a container at its pid
-        limit), the fsync runs here, on the loop, until one can."""
+        """``everysec``: have the fsync thread fsync what was written. Where no thread can be
+        started (a container at its pid limit), the fsync runs on the loop until one can."""
         if self.fsync != "everysec" or not self.dirty or not self.writable:
             return
         if self._syncer is None or not self._syncer.is_alive():
@@ -636,7 +577,6 @@ class Journal:
         self._sync_wanted.set()
 
     def _sync_when_wanted(self) -> None:
-        """The everysec thread: fsync each time the loop asks, until the journal is closed."""
         while True:
             self._sync_wanted.wait()
             self._sync_wanted.clear()
@@ -645,7 +585,6 @@ class Journal:
             self._sync_logged()
 
     def _sync_logged(self) -> None:
-        """``sync``, its failure logged (the loop's next ``flush`` fails the journal)."""
         try:
             self.sync()
         except OSError as exc:
@@ -657,21 +596,13 @@ class Journal:
         return size > COMPACT_MIN_BYTES and size > 4 * _LIVE_RECORD_BYTES * live
 
     def compact(self, live: Iterable[bytes]) -> None:
-        """Rewrite the file with only ``live`` (the current grants); a failure is a failure to
-        write."""
+        """Rewrite the file with only ``live`` (the current grants)."""
         self.flush()
-        if not self.writable:
-            return
-        try:
-            self._replace(live)
-        except OSError as exc:
-            self._fail(exc, [])
-            return
-        self.stats.compactions += 1
+        if self.writable and self.open(live):
+            self.stats.compactions += 1
 
     def recover(self, live: Iterable[bytes]) -> bool:
-        """Try a new file holding ``live`` (every lease held now, what went unrecorded
-        included); True once the journal is writable."""
+        """Try a new file holding ``live`` (every lease held now); True once writable."""
         if self.writable:
             return True
         self.buf.clear()
@@ -680,8 +611,7 @@ class Journal:
             self._replace(live)
         except OSError as exc:
             if exc.errno == errno.EROFS and not self._said_read_only:
-                # The episode began with another error (an fsync's EIO, as a disk error that
-                # turns the file system read-only gives first): say what this one asks for.
+                # The episode began with another error (an fsync's EIO, say): say this one's.
                 self._said_read_only = True
                 log.error(
                     "journal: cannot write %s (%s): %s",
@@ -704,7 +634,7 @@ class Journal:
         return True
 
     def close(self) -> None:
-        """Write what is buffered, a graceful stop's ``C`` record, fsync, and close the file."""
+        """Write what is buffered and a ``C`` record, fsync, and close the file."""
         try:
             if self.writable:
                 self.buf.append(_line("C"))

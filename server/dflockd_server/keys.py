@@ -1,33 +1,10 @@
 """The lock table's records: a key's state, its holders and waiters, a connection's view, the
-running totals, and the refusals. Plain data with ``__slots__``, changed by the table; no I/O,
-no clock.
-"""
+running totals, and the refusals. Plain data, changed by the table."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-
-__all__ = [
-    "AS_RECORDED",
-    "AT_LEASE_START",
-    "CLIENT_COMPACT_MIN",
-    "AlreadyEnqueued",
-    "Bound",
-    "Client",
-    "ClientSession",
-    "Counts",
-    "Entry",
-    "Holder",
-    "KeyState",
-    "LimitMismatch",
-    "MaxLocks",
-    "MaxWaiters",
-    "TableError",
-    "WaitQueue",
-    "Waiter",
-    "lock_state",
-]
 
 
 class TableError(Exception):
@@ -35,13 +12,11 @@ class TableError(Exception):
 
 
 class MaxLocks(TableError):
-    """The key is new and the table already holds ``max_locks`` keys, or the connection
-    already holds (or waits to be granted) ``max_locks_per_connection`` locks and slots."""
+    """``max_locks`` keys, or ``max_locks_per_connection`` held and queued, reached."""
 
 
 class MaxWaiters(TableError):
-    """The key's queue already holds ``max_waiters`` waiters, or the connection already has
-    ``max_waits_per_connection`` queued acquires and pending two-phase enqueues."""
+    """``max_waiters`` on the key, or ``max_waits_per_connection``, reached."""
 
 
 class LimitMismatch(TableError):
@@ -51,7 +26,7 @@ class LimitMismatch(TableError):
         super().__init__(key, limit)
         self.key = key
         self.limit = limit
-        """The key's limit, which the refused request did not match."""
+        """The key's limit."""
 
 
 class AlreadyEnqueued(TableError):
@@ -69,22 +44,20 @@ class Bound(TableError):
 
 AS_RECORDED = -1.0
 """``Holder.covered`` of a grant whose record is its last: it covers ``expires_at +
-lease_ttl`` (what the record says), until a renewal changes them."""
+lease_ttl``."""
 
 AT_LEASE_START = float("-inf")
-"""``Holder.since`` of a grant whose lease has not moved since it was made: it was made at
-``expires_at - lease_ttl`` (see ``Holder.held_since``)."""
+"""``Holder.since`` of a grant whose lease has not moved: made at ``expires_at - lease_ttl``."""
 
 
 CLIENT_COMPACT_MIN = 8
 """Released holders a connection's list (or ``on_close`` map) may keep beyond twice its live
-ones (small: each keeps a released holder and its token alive)."""
+ones."""
 
 
 class Client:
     """One connection's view in the table: what it holds, waits for and has enqueued.
-    ``closed`` once its connection is gone; ``on_close``: grants taken over with ``ht`` and an
-    ``<onclose>`` lease (holder -> that lease; released ones pruned as it grows), or ``None``."""
+    ``on_close``: grants taken over with ``ht`` and an ``<onclose>`` lease (holder -> lease)."""
 
     __slots__ = (
         "closed",
@@ -101,20 +74,17 @@ class Client:
     def __init__(self, client_id: int) -> None:
         self.id = client_id
         self.held: list[Holder] = []
-        """Its holders in grant order, released ones dropped lazily (at the back at once,
-        elsewhere when they outnumber the live ones): a list costs a fifth of a dict."""
+        """Its holders in grant order, released ones dropped lazily (a list costs a fifth of a
+        dict)."""
         self.n_held = 0
-        """Locks and slots it holds now."""
         self.waiting: set[Waiter] = set()
         self.enqueued: dict[str, Waiter] = {}  # key -> its pending two-phase enqueue
         self.closed = False
         self.on_close: dict[Holder, int] | None = None
         self.session = False
-        """It opted in to sessions (``hello _ session``): a close by its peer ends its grants
-        ``session_ttl_s`` later, not at once."""
+        """``hello _ session``: a close by its peer ends its grants ``session_ttl_s`` later."""
         self.kept_by: ClientSession | None = None
-        """The client session it joined (``hello _ session <id> <ttl>``), which keeps its
-        grants alive whatever becomes of the connection; ``None``: a connection of its own."""
+        """The client session it joined, which keeps its grants alive past its close."""
 
     def detach_at_close(self, holder: Holder, lease_ttl: int) -> None:
         """At its close, detach ``holder`` with ``lease_ttl`` instead of releasing it."""
@@ -128,9 +98,8 @@ class Client:
 
 
 class ClientSession:
-    """A client's session (``hello _ session <id> <ttl>``): the connections that joined it
-    (open, or closed while they hold something), and until when it lives (table clock) unless
-    kept alive (``ping _ session <id>``). Its end ends every grant its connections hold."""
+    """A client's session (``hello _ session <id> <ttl>``): the connections that joined it, and
+    until when it lives unless kept alive. Its end ends every grant its connections hold."""
 
     __slots__ = ("clients", "expires_at", "id", "ttl")
 
@@ -142,16 +111,13 @@ class ClientSession:
 
 
 class Holder:
-    """A granted lock or semaphore slot on ``key``. ``note``: its owner note (``hl``,
-    ``note``), or ``None``. Its ``client`` is a connection's, or the table's ``detached`` one
-    (a detached hold) or ``restored`` one (restored from the journal, until a connection
-    renews it).
+    """A granted lock or semaphore slot on ``key``. Its ``client`` is a connection's, or the
+    table's ``detached`` or ``restored`` one.
 
-    A held lock that nobody waits for is its own entry in the table's key map: it keeps no
-    ``KeyState`` (that would cost more than the rest of the held key) until an acquire has to
-    wait for it. A released holder still in the key map (``live`` false) is the key's idle
-    entry: its ``expires_at`` is then the time the key went idle (a state's ``last_used``),
-    and its ``token`` is empty (an idle key keeps no token alive)."""
+    A held lock that nobody waits for is its own entry in the table's key map, with no
+    ``KeyState`` (that would cost more than the rest of the held key). A released holder still
+    in the key map (``live`` false) is the key's idle entry: its ``expires_at`` is the time the
+    key went idle, and its ``token`` is empty."""
 
     __slots__ = (
         "client",
@@ -177,11 +143,8 @@ class Holder:
     ) -> None:
         self.token = token
         self.since = since
-        """When the grant was made (table clock; restored: when restored), kept across a
-        take-over or a detach, for ``stats`` and the status page; read with ``held_since``.
-        ``AT_LEASE_START`` until its lease moves (``pin_since``), as most never do: a float of
-        its own costs 24 bytes on the pure-Python build (a held lock 351 bytes by tracemalloc,
-        not 318: past 2x Redis's memory per held lock)."""
+        """When the grant was made, kept across a take-over; read with ``held_since``.
+        ``AT_LEASE_START`` until its lease moves (``pin_since``): saves a float per grant."""
         self.key = key
         self.client = client
         self.lease_ttl = lease_ttl
@@ -189,24 +152,21 @@ class Holder:
         self.live = True
         self.note: str | None = None
         self.covered = 0.0
-        """With a lease journal: the expiry (table clock) its records cover; a renewal up to
-        it, with a lease no longer than ``lease_ttl``, writes nothing. ``AS_RECORDED`` (set by
-        a grant's record, saving a float of its own): ``expires_at + lease_ttl``."""
+        """With a lease journal: the expiry its records cover; a renewal up to it, with a lease
+        no longer than ``lease_ttl``, writes nothing."""
 
     def held_since(self) -> float:
-        """When the grant was made (table clock)."""
         since = self.since
         return self.expires_at - self.lease_ttl if since == AT_LEASE_START else since
 
     def pin_since(self) -> None:
-        """Keep when the grant was made (``since``), before its lease moves."""
+        """Call before its lease moves."""
         self.since = self.held_since()
 
 
 class Waiter:
-    """A queued acquire. ``holder`` is set once it is granted; ``active`` while queued.
-    ``note`` (``hl`` only) goes to its grant; ``detached`` makes the grant the table's
-    ``detached`` client's."""
+    """A queued acquire: ``holder`` once granted; ``active`` while queued; ``note`` and
+    ``detached`` (``hl`` only) go to its grant."""
 
     __slots__ = (
         "active",
@@ -233,9 +193,8 @@ class Waiter:
 
 
 class WaitQueue:
-    """A key's FIFO queue: its waiters in arrival order from ``head`` on (given-up ones skipped
-    when met, dropped by a compaction). A list and an index, not a deque: a deque costs about
-    760 bytes from its first waiter (this, about 150), and its calls are by name, compiled."""
+    """A key's FIFO queue: its waiters from ``head`` on (given-up ones skipped when met). A list
+    and an index, not a deque: a deque costs about 760 bytes from its first waiter."""
 
     __slots__ = ("head", "items")
 
@@ -245,17 +204,13 @@ class WaitQueue:
 
 
 class KeyState:
-    """One key: its holders, FIFO queue (``None`` while nobody waits) and limit (1 for a lock);
-    a held lock nobody has waited for has none (its ``Holder`` is the key's entry).
-    ``is_sem``: the key was last fixed by a semaphore request (its kind in ``stats`` and the
-    metrics).
+    """One key: its holders, FIFO queue (``None`` while nobody waits) and limit (1 for a lock).
+    ``is_sem``: the key was last fixed by a semaphore request.
 
-    A key of limit 1 keeps its holder in ``one``, with no dict (a dict costs more than the rest
-    of a held key); a larger limit keeps ``many`` (token -> holder). The limit changes only
-    while the key is idle, both empty. ``earliest``: its holders' earliest lease expiry
-    (``inf`` when none). ``last_used`` is read only while the key is idle (for ``stats``,
-    ``gc`` and making room) and set at every change that leaves it idle; while held, it holds
-    a lease expiry rather than a float of its own (24 bytes per held key)."""
+    A key of limit 1 keeps its holder in ``one``, with no dict; a larger limit keeps ``many``
+    (token -> holder). The limit changes only while the key is idle. ``earliest``: its
+    holders' earliest lease expiry. ``last_used`` is read only while the key is idle; while
+    held, it holds a lease expiry rather than a float of its own."""
 
     __slots__ = (
         "earliest",
@@ -277,7 +232,7 @@ class KeyState:
         self.one: Holder | None = None
         self.many: dict[str, Holder] | None = None
         self.n_held = 0
-        self.queue: WaitQueue | None = None  # from the first waiter until the last one leaves
+        self.queue: WaitQueue | None = None
         self.n_waiting = 0
         self.earliest = math.inf
         self.last_used = now
@@ -305,8 +260,7 @@ def lock_state(holder: Holder) -> KeyState:
 
 
 class Counts:
-    """Running totals since start-up, each ``[lock, semaphore]`` (``grants[state.is_sem]``),
-    read by the metrics exporter."""
+    """Running totals since start-up, each ``[lock, semaphore]``, read by the metrics."""
 
     __slots__ = (
         "expiries",
@@ -320,23 +274,17 @@ class Counts:
 
     def __init__(self) -> None:
         self.restored = [0, 0]
-        """Grants restored from the lease journal at start-up."""
         self.grants = [0, 0]
-        """Locks and slots granted (at once or after waiting)."""
         self.releases = [0, 0]
-        """Explicit releases by a holder's token."""
         self.forced = [0, 0]
-        """Grants freed by an operator's force release (``fr``), whoever held them."""
+        """Freed by an operator's force release (``fr``)."""
         self.expiries = [0, 0]
-        """Leases that ran out without a renew (a session connection's, closed by its peer,
-        at its session time's end too)."""
+        """Leases that ran out (a session's end shortens them)."""
         self.lost_by_disconnect = [0, 0]
-        """Holds released because their plain connection was closed by its peer (auto-release
-        on disconnect); a close the server makes itself releases none."""
+        """Released because their plain connection was closed by its peer."""
         self.timeouts = [0, 0]
-        """Acquires that gave up: try-once refusals and waits that timed out."""
+        """Try-once refusals and waits that timed out."""
 
 
 Entry = KeyState | Holder
-"""A value of the table's key map: the key's state, or, for a held lock nobody waits for (or
-such a lock released since, the key idle), its holder alone."""
+"""A value of the table's key map (see ``Holder``)."""

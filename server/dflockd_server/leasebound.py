@@ -1,32 +1,21 @@
 """The longest lease this server may have granted, raised off the event loop.
 
 A restarted server waits the bound out before its first grant (``grace``), and a cluster member
-publishes it in etcd (``cluster.fencestore.EtcdLongestStore``) so that the heir of its shards
-waits that long after its death, not ``max_lease_ttl_s``. So a grant, renewal or hand-over
-longer than the bound recorded (on disk, then in etcd) must not be acknowledged before the
-longer bound is recorded: else a member dying right after the reply leaves a holder whose lease
-outlives its heir's wait.
+publishes it in etcd (``cluster.fencestore.EtcdLongestStore``) for the heir of its shards. So a
+lease longer than the bound recorded must not be acknowledged before the longer bound is
+recorded. Recording is an fsync and maybe etcd round trips: ``LeaseBound`` does it on a thread.
 
-Recording is an fsync and, in a cluster, etcd round trips (up to the etcd client's timeout):
-never on the event loop, which serves every connection. ``LeaseBound`` records on a thread:
-
-- A request within the bound (``table.grants.lease_noted``, what is recorded) is served at
-  once: nearly every one, as the bound doubles at each raise (``grace.LeaseRecord.note``,
-  capped at ``max_lease_ttl_s``).
-- A longer one (``dispatch.RaiseBound``) parks its connection, which answers nothing more until
-  the bound is recorded (its requests stay in order); the others are served. One recording at
-  a time runs, for the longest lease parked; then the loop raises ``lease_noted`` and hands each
-  covered request back to its connection, which answers it as if just arrived
-  (``Connection._bound_recorded``: draining, ownership and table are asked then). A failed
-  recording answers its parked requests ``error_read_only`` where the bound's file could not be
-  written (as while the journal cannot be), else ``error``; the bound stays.
-- A parked request is not in its key's queue: another connection's request for the key, within
-  the bound, may be granted first.
-- A longer lease reaching the table without a connection (none does: the journal's restored
-  leases are in the initial bound) makes it call ``note_now``, which records on the loop as a
-  last resort that keeps the promise, and logs a warning.
-
-The first recording (the start's bound) runs on the same thread before the server listens.
+- A request within the bound (``table.grants.lease_noted``) is served at once: nearly every
+  one, as the bound doubles at each raise (``grace.LeaseRecord.note``).
+- A longer one (``dispatch.RaiseBound``) parks its connection until the bound is recorded; the
+  others are served. One recording runs at a time, for the longest lease parked; then each
+  covered request is answered as if just arrived (``Connection._bound_recorded``). A failed
+  recording answers ``error_read_only`` where the bound's file could not be written, else
+  ``error``.
+- A parked request is not in its key's queue: another request within the bound may be granted
+  first.
+- A longer lease reaching the table without a connection calls ``note_now``, which records on
+  the loop as a last resort.
 """
 
 from __future__ import annotations
@@ -47,10 +36,8 @@ __all__ = ["LeaseBound"]
 log = logging.getLogger("dflockd_server")
 
 Resume = Callable[[bytes | None], None]
-"""Told, on the loop, ``None`` once the lease it waited for is within the recorded bound, else
-the reply to answer instead: ``error_read_only`` when the bound's file could not be written (a
-full or failing disk: the server grants nothing longer meanwhile, as while its journal cannot
-be written), ``error`` when it could not be published or the server stops."""
+"""Told, on the loop, ``None`` once the lease it waited for is recorded, else the reply to
+answer instead."""
 
 
 class LeaseBound:
@@ -69,7 +56,7 @@ class LeaseBound:
         self._loop = loop
         self._executor = executor
         self.table: LockTable | None = None
-        """Whose ``lease_noted`` each recorded bound raises (set once the table is made)."""
+        """Whose ``lease_noted`` each recorded bound raises."""
         self._lock = threading.Lock()
         self._parked: list[tuple[int, Resume]] = []
         self._running = False
@@ -91,17 +78,10 @@ class LeaseBound:
 
     @property
     def longest(self) -> int:
-        """The bound recorded last (read on the loop after a recording has returned)."""
         return self.record.longest
 
-    @property
-    def parked(self) -> int:
-        """Requests waiting for a recording."""
-        return len(self._parked)
-
     def wait_for(self, lease_ttl: int, resume: Resume) -> None:
-        """On the loop: call ``resume`` (on the loop) once a bound of at least ``lease_ttl``
-        is recorded, or recording it failed (see ``Resume``)."""
+        """Call ``resume`` once a bound of at least ``lease_ttl`` is recorded, or failed."""
         self._parked.append((lease_ttl, resume))
         if not self._running:
             self._record_next()
@@ -116,7 +96,7 @@ class LeaseBound:
             return self.record.note(lease_ttl)
 
     def close(self) -> None:
-        """Stop taking recordings; one under way finishes on its thread."""
+        """Stop taking recordings; one under way finishes."""
         self._executor.shutdown(wait=False)
 
     # ------------------------------------------------------------------ internals
@@ -124,7 +104,7 @@ class LeaseBound:
         target = max(lease for lease, _ in self._parked)
         try:
             future = self._loop.run_in_executor(self._executor, self._record, target)
-        except RuntimeError:  # closed: the server stops (its connections are closing)
+        except RuntimeError:  # closed: the server stops
             parked, self._parked = self._parked, []
             for _, resume in parked:
                 self._loop.call_soon(resume, p.REPLY_ERROR)  # not within the caller's pass

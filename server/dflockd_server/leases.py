@@ -1,8 +1,5 @@
 """The lock table's two indexes, so that no periodic job scans the table: the lease expiry
-index (which leases run out when) and the idle log (which keys went idle when).
-
-Both keep stale entries rather than searching for them, and drop them when met or by a
-compaction whose cost is amortised over the entries added since the last one.
+index and the idle log. Both keep stale entries, dropped when met or by an amortised compaction.
 """
 
 from __future__ import annotations
@@ -20,12 +17,9 @@ COMPACT_MIN = 64
 
 class LeaseRun:
     """The leases of one length, in grant or renewal order: expiry times and holders, two
-    arrays in step (a tuple per entry costs four times as much). Times are an ``array('d')``:
-    compiled, a C double each, where a list holds a float object (32 bytes per held lock). The
-    sweep moves ``head`` on; taken entries are cut off once an eighth of the lists (bounding
-    the released holders kept alive and the moves per entry). Lists, not deques: compiled, a
-    list's ``append``, ``pop`` and item are C calls, a deque's calls by name (about 250
-    instructions each, four to six per acquire+release pair)."""
+    arrays in step (a tuple per entry costs four times as much). Times are an ``array('d')``,
+    a C double each. The sweep moves ``head`` on; taken entries are cut off once an eighth of
+    the lists. Lists, not deques: compiled, a deque's calls go by name."""
 
     __slots__ = ("head", "holders", "times")
 
@@ -33,23 +27,20 @@ class LeaseRun:
         self.times = array("d")
         self.holders: list[Holder] = []
         self.head = 0
-        """Entries before it were taken by the sweep."""
 
 
 class LeaseIndex:
-    """For each lease length, its ``LeaseRun``. The clock never goes back, so each run is in
-    expiry order and a sweep takes only its due entries. An entry is current while its holder
-    is live and still expires at that time. ``Grants._new_holder`` and ``Grants.free_holder``
-    inline ``add`` and the dropping of released entries at the back: the hot path."""
+    """For each lease length, its ``LeaseRun``, in expiry order (the clock never goes back). An
+    entry is current while its holder is live and still expires at that time. ``Grants``
+    inlines ``add`` and the dropping of released entries at the back: the hot path."""
 
     __slots__ = ("by_ttl", "cap", "count")
 
     def __init__(self) -> None:
         self.by_ttl: dict[int, LeaseRun] = {}
         self.count = 0
-        """Entries, stale ones included (taken ones not)."""
+        """Entries, stale ones included."""
         self.cap = COMPACT_MIN
-        """Past this many entries, compact."""
 
     def add(self, holder: Holder, expires_at: float, lease_ttl: int) -> None:
         """Add the holder's new expiry; compact when stale entries outnumber the rest."""
@@ -82,8 +73,7 @@ class LeaseIndex:
         self.cap = 2 * kept + COMPACT_MIN
 
     def due(self, now: float) -> Iterator[Holder]:
-        """Take the entries due at ``now`` and yield their holders (stale ones too: the
-        caller checks), at the cost of the entries due plus one step per lease length in use."""
+        """Take the entries due at ``now`` and yield their holders (stale ones too)."""
         by_ttl = self.by_ttl
         for lease_ttl in list(by_ttl):
             while True:
@@ -109,11 +99,9 @@ class LeaseIndex:
 
 
 class IdleLog:
-    """Keys that became idle, oldest first, each with its entry in the key map (``keys``) and
-    the time it went idle. An entry is current while it is still the key's entry, idle, and
-    unused since. ``prune`` and ``evict_oldest`` cost the keys pruned plus the entries dropped:
-    each entry is appended and dropped once. Two lists in step and a taken head, as
-    ``LeaseRun`` (every release of a key nobody waits for logs one)."""
+    """Keys that became idle, oldest first, each with its entry in the key map and the time it
+    went idle. An entry is current while it is still the key's entry, idle, and unused since.
+    Two lists in step and a taken head, as ``LeaseRun``."""
 
     __slots__ = ("entries", "head", "stamps")
 
@@ -121,7 +109,6 @@ class IdleLog:
         self.entries: list[Entry] = []
         self.stamps: list[float] = []
         self.head = 0
-        """Entries before it are dropped (cut off once they are an eighth of the lists)."""
 
     @staticmethod
     def current(keys: dict[str, Entry], entry: Entry, stamp: float) -> bool:
@@ -130,18 +117,15 @@ class IdleLog:
         return entry.last_used == stamp and entry.idle and keys.get(entry.key) is entry
 
     def note(self, keys: dict[str, Entry], state: KeyState) -> None:
-        """Log ``state`` if it is idle now."""
         if state.n_waiting or state.n_held:
             return
         self.log(keys, state, state.last_used)
 
     def log(self, keys: dict[str, Entry], entry: Entry, stamp: float) -> None:
-        """Log ``entry``, idle since ``stamp``."""
         entries, stamps = self.entries, self.stamps
         entries.append(entry)
         stamps.append(stamp)
-        if len(entries) - self.head > 2 * len(keys) + COMPACT_MIN:
-            # Mostly stale: keep the current ones.
+        if len(entries) - self.head > 2 * len(keys) + COMPACT_MIN:  # mostly stale
             kept_entries: list[Entry] = []
             kept_stamps: list[float] = []
             current = self.current
@@ -152,7 +136,6 @@ class IdleLog:
             self.entries, self.stamps, self.head = kept_entries, kept_stamps, 0
 
     def _take(self, head: int) -> None:
-        """Drop the entries before ``head``."""
         if head > COMPACT_MIN and 8 * head > len(self.entries):
             del self.entries[:head]
             del self.stamps[:head]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dflockd_server.journal import Journal, read_journal, restored_leases
+from dflockd_server.journal import Journal
+from dflockd_server.replay import read_journal, restored_leases
 from dflockd_server.table import Holder, LockTable, Waiter
 from tests.support.clock import FakeClock as Clock
 from tests.support.servers import dflockd_subprocess

@@ -19,9 +19,15 @@ import pytest
 
 from dflockd_server import replay
 from dflockd_server.config import Config, ConfigError
-from dflockd_server.journal import Journal, read_journal, restored_leases
+from dflockd_server.journal import Journal
 from dflockd_server.net import Server
-from dflockd_server.replay import BATCH_BYTES, FREEZE_AFTER, paused_gc
+from dflockd_server.replay import (
+    BATCH_BYTES,
+    FREEZE_AFTER,
+    paused_gc,
+    read_journal,
+    restored_leases,
+)
 from dflockd_server.state import StateDir, default_state_dir, resolve_state_dir
 from dflockd_server.table import Holder, LockTable, Waiter
 from dflockd_server.testing import ServerThread

@@ -27,9 +27,10 @@ from celery_dflock.client import DistributedLock
 from celery_dflock.client.errors import ServerReadOnly
 from dflockd_server import journal as journal_module
 from dflockd_server.config import Config
-from dflockd_server.journal import COMPLETE_SUFFIX, Journal, boot_id, read_journal
+from dflockd_server.journal import Journal
 from dflockd_server.keys import Holder
 from dflockd_server.pagecache import mount_id, tail_resident
+from dflockd_server.replay import COMPLETE_SUFFIX, boot_id, read_journal
 from dflockd_server.table import LockTable
 from dflockd_server.testing import ServerThread
 from tests.support.disks import bound, fill, own_ext4, remounted, small_tmpfs

@@ -8,8 +8,8 @@ import random
 import zlib
 from pathlib import Path
 
-from dflockd_server.journal import read_journal, restored_leases
 from dflockd_server.recorded import RecordedGrant, RecordedGrants
+from dflockd_server.replay import read_journal, restored_leases
 
 FENCE = "18ebc8acc95861db"
 """A fence as a server writes it: 16 lowercase hex digits."""

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dflockd_server.cluster.fencestore import EtcdCeilingStore
-from dflockd_server.journal import Journal, JournalRead, RecordedGrant, Restore
+from dflockd_server.journal import Journal, RecordedGrant
 from dflockd_server.keys import Client, Holder
-from dflockd_server.replay import restored_leases
+from dflockd_server.replay import JournalRead, Restore, restored_leases
 from dflockd_server.shares import AddressShares
 from dflockd_server.table import LockTable
 from dflockd_server.tokens import FenceCounter

@@ -28,8 +28,8 @@ from dflockd_server.cluster.shardmap import shard_id
 from dflockd_server.dispatch import Close, RaiseBound, Session, Wait
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
-from dflockd_server.journal import COMPLETE_SUFFIX, Journal, RecordedGrant, Restore, read_journal
-from dflockd_server.replay import restored_leases
+from dflockd_server.journal import Journal, RecordedGrant
+from dflockd_server.replay import COMPLETE_SUFFIX, Restore, read_journal, restored_leases
 from dflockd_server.serving import KeyServing
 from dflockd_server.shares import AddressShares
 from dflockd_server.stream import refuse_replies
