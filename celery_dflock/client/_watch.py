@@ -138,12 +138,6 @@ class ConnectionWatcher:
         if current is not None:
             current.unwatch(fd)
 
-    @property
-    def watched(self) -> int:
-        """Sockets watched in this process now."""
-        current = self._current(create=False)
-        return 0 if current is None else len(current.entries)
-
 
 class _ProcessWatcher:
     """One process's watched sockets and the thread that polls them (it lingers ``LINGER_S``
