@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Final, Protocol, TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
@@ -35,8 +34,6 @@ __all__ = [
     "gather",
     "pause",
 ]
-
-logger: Final = logging.getLogger("celery_dflock.client")
 
 OpLock = asyncio.Lock
 Event = asyncio.Event

@@ -145,8 +145,6 @@ class _Schedule:
         self._recent_interval: float | None = None  # of the renewal scheduled last
         self._busy: dict[int, float] = {}  # thread ident -> when it started its callback
 
-    # ---------------------------------------------------------------- the locks' side
-
     def schedule(self, callback: RenewCallback, interval: float, first_in: float | None) -> Renewal:
         due = time.monotonic() + (interval if first_in is None else first_in)
         renewal = Renewal(self, callback, interval, due)
@@ -196,8 +194,6 @@ class _Schedule:
             finally:
                 self._waiters -= 1
 
-    # ---------------------------------------------------------------- the heap (mutex held)
-
     def _push(self, renewal: Renewal) -> None:
         self._seq += 1
         renewal.queued = True
@@ -219,8 +215,6 @@ class _Schedule:
             heapq.heapify(kept)
             self._heap = kept
             self._dead = 0
-
-    # ---------------------------------------------------------------- the threads
 
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._loop, name=self._name, daemon=True)

@@ -140,11 +140,8 @@ _COMMON_ERRORS: Final = frozenset(
 _LOCK_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_MAX_LOCKS,
     wire.STATUS_ERROR_MAX_WAITERS,
-    # A key is one resource: a lock (limit 1) on a key busy as a semaphore is refused too.
     wire.STATUS_ERROR_LIMIT_MISMATCH,
-    # A key this server does not serve now (cluster mode: try again shortly).
     wire.STATUS_ERROR_UNAVAILABLE,
-    # The server cannot write its lease journal now (a full disk): try again shortly.
     wire.STATUS_ERROR_READ_ONLY,
 }
 _ENQUEUE_ERRORS: Final = _LOCK_ERRORS | {wire.STATUS_ERROR_ALREADY_ENQUEUED}
@@ -162,8 +159,7 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.SEM_ENQUEUE: _ENQUEUE_ERRORS,
     Command.WAIT: _WAIT_ERRORS,
     Command.SEM_WAIT: _WAIT_ERRORS,
-    # A reattach by token refused for the address's --max-locks-per-ip (the grant stays as
-    # it was): the lock counts as lost.
+    # A reattach by token refused for --max-locks-per-ip: the lock counts as lost.
     Command.RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.SEM_RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.HOLD: _LOCK_ERRORS,

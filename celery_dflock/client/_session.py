@@ -43,23 +43,6 @@ class Holder(Protocol):
 class ClientSession:
     """One session with one server; ``ttl`` at most the server's ``max_lease_ttl_s``."""
 
-    __slots__ = (
-        "_guard",
-        "_pruned_at",
-        "answered_at",
-        "clock",
-        "durable",
-        "ended",
-        "holders",
-        "id",
-        "keeper",
-        "renewal_answered_at",
-        "renewed_at",
-        "run",
-        "server_down",
-        "ttl",
-    )
-
     def __init__(self, ttl: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.id = secrets.token_hex(16)
         self.clock = clock  # tests/sim: a simulated one

@@ -8,7 +8,6 @@ drops that connection (never mid-request) and moves the renewal to now, which re
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +32,6 @@ __all__ = [
     "gather",
     "pause",
 ]
-
-logger: Final = logging.getLogger("celery_dflock.client")
 
 OpLock = threading.RLock
 """Reentrant: ``on_lost`` may run in a thread that holds it."""
