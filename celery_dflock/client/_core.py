@@ -149,7 +149,6 @@ class LockCore:
         return self.grant.fence
 
     def describe(self) -> str:
-        """A repr body without the token."""
         return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}" + (
             ", lost" if self.lost else ""
         )
@@ -172,11 +171,9 @@ class LockCore:
 
     @staticmethod
     def reply_timeout(wait_s: int = 0) -> float:
-        """How long to wait for a reply when the server was asked to wait ``wait_s``."""
         return wait_s + REPLY_GRACE_S
 
     def begin_acquire(self) -> None:
-        """An acquire (or enqueue) starts: its deadlines run from now."""
         self.holder = None
         self.busy = False
         self.routing.begin_acquire()

@@ -208,7 +208,6 @@ class HeldGrant:
         self.reattach_failures = 0
 
     def answered(self, sent_at: float) -> None:
-        """A request about the grant sent at ``sent_at`` was answered."""
         if self.session_ttl is not None:
             self.session_deadline = sent_at + self.session_ttl - SESSION_MARGIN_S
 

@@ -113,7 +113,6 @@ class IdleConnections(Generic[C]):
         return False
 
     def drain(self) -> list[C]:
-        """Every idle connection, taken out (for the pool to close)."""
         self.check_fork()
         with self._mutex:
             conns = [conn for group in self._idle.values() for conn in group]
@@ -121,7 +120,6 @@ class IdleConnections(Generic[C]):
         return conns
 
     def count(self, host: str | None = None, port: int | None = None) -> int:
-        """Idle connections held (to ``host``/``port`` when given)."""
         self.check_fork()
         with self._mutex:
             return sum(

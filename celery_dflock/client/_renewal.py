@@ -316,7 +316,6 @@ class _Schedule:
                 self._leader = False
 
     def _all_stalled(self, now: float) -> bool:
-        """True when every thread running a callback has run it for over ``STALL_S``."""
         return all(now - started > STALL_S for started in self._busy.values())
 
     def _finish(self, renewal: Renewal, keep: bool) -> None:

@@ -67,7 +67,6 @@ class ServerInfo:
 
     @property
     def legacy(self) -> bool:
-        """True for a server that does not answer ``hello``."""
         return self.name is None
 
     @property

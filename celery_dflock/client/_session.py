@@ -129,7 +129,6 @@ class ClientSession:
             return True
 
     def keeping(self) -> bool:
-        """Whether its keep-alive runs."""
         return self.keeper is not None and not self.ended
 
     def stopped(self) -> None:
@@ -175,7 +174,6 @@ class Sessions:
         return self._by_address
 
     def current(self, endpoint: Endpoint, ttl: int) -> ClientSession:
-        """The session a new connection to ``endpoint`` joins."""
         mine = self._mine()
         found = mine.get(endpoint.address)
         session = None if found is None else found[1]

@@ -93,7 +93,6 @@ class _Poller:
                 self._poll.unregister(fd)
 
     def wait(self, timeout_ms: int) -> list[tuple[int, int]]:
-        """The watched sockets with something to read, waiting ``timeout_ms`` at most."""
         epoll = self._epoll
         if epoll is None:
             assert self._poll is not None

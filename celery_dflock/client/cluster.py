@@ -143,6 +143,5 @@ class ClusterMap:
         return None if index < 0 else self.nodes[index]
 
     def shards_per_node(self) -> dict[str, int]:
-        """How many shards each node is the current node of (nodes with none included)."""
         counts = Counter(self.current)
         return {node: counts.get(index, 0) for index, node in enumerate(self.nodes)}

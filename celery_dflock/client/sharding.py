@@ -100,7 +100,6 @@ rendezvous_shard = RendezvousShard()
 
 
 def server_identity(server: tuple[str, int]) -> str:
-    """The identity string a server is hashed on: ``"host:port"``."""
     return f"{server[0]}:{server[1]}"
 
 

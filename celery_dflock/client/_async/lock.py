@@ -284,7 +284,6 @@ class AsyncLockBase:
         )
 
     async def _remap(self, router: ClusterRouter) -> None:
-        """Fetch the cluster map, then aim at the key's member by it."""
         await self._refresh_map(router)
         self._core.routing.route()
 

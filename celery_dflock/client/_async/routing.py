@@ -62,7 +62,6 @@ async def refresh_map(
 async def request_once(
     checkout: Checkout, checkin: Checkin, endpoint: Endpoint, build: Build
 ) -> tuple[Command, Reply]:
-    """One request on a connection to ``endpoint``, given back after."""
     conn = await checkout(endpoint)
     try:
         command, data, timeout = build(conn.server)

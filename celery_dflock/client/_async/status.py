@@ -33,7 +33,6 @@ async def ask_shards(endpoint: Endpoint) -> ServerShards:
 
 
 async def ask(endpoint: Endpoint, with_stats_too: bool) -> ServerStatus:
-    """``hello`` (and ``stats`` when ``with_stats_too``), asked of ``endpoint``."""
     try:
         conn = await AsyncConnection.connect(endpoint, None)
         try:

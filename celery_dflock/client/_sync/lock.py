@@ -282,7 +282,6 @@ class LockBase:
         refresh_map(router, holding.checkout, holding.checkin, self._core.settings, self._core.what)
 
     def _remap(self, router: ClusterRouter) -> None:
-        """Fetch the cluster map, then aim at the key's member by it."""
         self._refresh_map(router)
         self._core.routing.route()
 

@@ -64,7 +64,6 @@ def refresh_map(
 def request_once(
     checkout: Checkout, checkin: Checkin, endpoint: Endpoint, build: Build
 ) -> tuple[Command, Reply]:
-    """One request on a connection to ``endpoint``, given back after."""
     conn = checkout(endpoint)
     try:
         command, data, timeout = build(conn.server)

@@ -35,7 +35,6 @@ def ask_shards(endpoint: Endpoint) -> ServerShards:
 
 
 def ask(endpoint: Endpoint, with_stats_too: bool) -> ServerStatus:
-    """``hello`` (and ``stats`` when ``with_stats_too``), asked of ``endpoint``."""
     try:
         conn = Connection.connect(endpoint, None)
         try:
