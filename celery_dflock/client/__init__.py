@@ -7,11 +7,8 @@ the sharding strategies) are exported here and from `celery_dflock`; the errors 
     with DistributedLock("report:42", acquire_timeout_s=5) as lock:
         write(data, fence=lock.fence)      # renewed in the background while held
 
-The blocking face is generated from the asyncio one (``scripts/unasync.py`` writes
-``_sync/`` from ``_async/``), so the two cannot drift apart; the decisions live in the I/O-free
-`celery_dflock.client._core.LockCore`. How a held lock is kept (renewal, reattaching, loss):
-`celery_dflock.client._async.held`; how each face renews: `celery_dflock.client._aio_backend`
-and `celery_dflock.client._sync_backend`.
+The blocking face is generated from the asyncio one (``scripts/unasync.py``); the decisions
+live in the I/O-free `celery_dflock.client._core.LockCore`.
 """
 
 from __future__ import annotations
@@ -47,8 +44,8 @@ _WHERE: Final[dict[str, str]] = {
     "rendezvous_shard": "celery_dflock.client.sharding",
     "stable_hash_shard": "celery_dflock.client.sharding",
 }
-"""Public name -> the module that defines it, imported on first use (PEP 562): importing one
-module of the client (its errors, its codec) does not load both faces, asyncio and ssl."""
+"""Public name -> its module, imported on first use (PEP 562), so importing one module of the
+client does not load both faces, asyncio and ssl."""
 
 __all__ = [
     "AsyncClient",
@@ -67,7 +64,6 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """Import a public name on first use (and keep it, so this runs once per name)."""
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'celery_dflock.client' has no attribute {name!r}")

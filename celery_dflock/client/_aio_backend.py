@@ -1,32 +1,22 @@
 """What the asyncio client does its own way. The lock shells, written once
 (`celery_dflock.client._async.lock` and its generated blocking twin), import these names from
 here or from `celery_dflock.client._sync_backend`, which has them with the same meaning:
-
-- `OpLock`: serializes a lock object's acquire, renew and release;
-- `Event`: the lock's ``lost_event``;
-- `call_back`: runs ``on_lost`` (here a coroutine function's result is awaited);
-- `background`: runs a release the server was not there for, beside the caller (here a task of
-  the running loop; `Background` is its kind);
-- `gather`: the results of several requests to servers (here awaited at once);
-- `AsyncRenewalDriver`: renews a held lock and notices when the server closes its connection;
-- `AsyncPoolFace`: what a pool of this kind adds (here: the event loop it belongs to), and
-  `PoolRenewer`, what renews its locks' leases (here: nothing, each lock's own task).
+`OpLock`, `Event` (``lost_event``), `call_back` (runs ``on_lost``), `background` (a release
+the server was not there for), `gather`, `pause`, `AsyncRenewalDriver` (renews a held lock,
+notices a closed connection), `AsyncPoolFace` and `PoolRenewer` (what a pool adds).
 
 Here each held lock is renewed by an asyncio task of its own, dozing until the renewal is due.
-The connection's protocol hears the peer's close without a task or a system call and wakes that
-task, which checks the connection under the operation lock (never mid-request) and reattaches
-the lock at once (lost only if that is refused or the lease runs out first). The renewal's
-request is shielded: cancelling the task (or a `renew` call) lets it finish, and a `release`
-that follows waits for it.
+The connection's protocol hears the peer's close and wakes that task, which reattaches the
+lock at once. The renewal's request is shielded: cancelling the task (or a `renew` call) lets
+it finish, and a `release` that follows waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Final, Protocol, TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
@@ -45,17 +35,9 @@ __all__ = [
     "pause",
 ]
 
-logger: Final = logging.getLogger("celery_dflock.client")
-
 OpLock = asyncio.Lock
-"""A lock object's operation lock: acquire, renew and release never interleave."""
-
 Event = asyncio.Event
-"""The kind of the locks' ``lost_event``."""
-
 pause = asyncio.sleep
-"""Wait before trying again (a cluster's ``error_unavailable``): the task sleeps."""
-
 Background = asyncio.Task[None]
 """What `background` started (kept by its lock object, so the task is not collected)."""
 
@@ -69,7 +51,6 @@ T = TypeVar("T")
 
 
 async def gather(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """The results of ``calls``, awaited at once."""
     return list(await asyncio.gather(*calls))
 
 
@@ -82,7 +63,7 @@ async def call_back(callback: Callable[[], object]) -> None:
 
 
 class Renewable(Protocol):
-    """What a driver needs of the lock's holding (`celery_dflock.client._async.held`)."""
+    """What a driver needs of the lock's holding."""
 
     @property
     def conn(self) -> AsyncConnection | None: ...
@@ -90,7 +71,7 @@ class Renewable(Protocol):
 
 
 class AsyncRenewalDriver:
-    """Renews one lock object's grants from a task of its own (module docstring)."""
+    """Renews one lock object's grants from a task of its own."""
 
     def __init__(self, lock: Renewable, pool: object) -> None:
         del pool  # every asyncio lock renews from its own task
@@ -121,15 +102,13 @@ class AsyncRenewalDriver:
             conn.transport.watch(None)
 
     def renewed(self, conn: AsyncConnection) -> None:
-        """After a renewal (operation lock held): a connection closed right after the reply
-        woke the task mid-request, to no effect (dozing, when this was `renew`); wake it
+        """After a renewal: a close heard mid-request woke the task to no effect; wake it
         again."""
         if conn.broken_while_idle():
             self._connection_event()
 
     def poke(self) -> None:
-        """Renew now (the lock's client session is over: the renewal finds out whether the
-        grant is lost); from any thread of the loop's."""
+        """Renew now (the lock's client session is over)."""
         self._poked = True
         self._connection_event()
 
@@ -147,9 +126,7 @@ class AsyncRenewalDriver:
             await asyncio.wait([task])
         renewing = self._renewing
         if renewing is not None and renewing is not current and not renewing.done():
-            # The shielded renewal goes on after its loop is cancelled; it, and the on_lost it
-            # may be running, end before the grant is forgotten (bounded: an on_lost that
-            # waits for this release must not hang both).
+            # Bounded: an on_lost that waits for this release must not hang both.
             await asyncio.wait([renewing], timeout=JOIN_TIMEOUT_S)
 
     async def renew_now(self) -> bool | None:
@@ -157,8 +134,7 @@ class AsyncRenewalDriver:
         return await self._shielded(self._lock.renew_guarded(False))
 
     async def _shielded(self, work: Coroutine[object, object, bool | None]) -> bool | None:
-        """Run ``work`` in a shielded task: cancelling the caller does not interrupt the
-        request (a later `release` waits for it)."""
+        """Run ``work`` in a shielded task (a later `release` waits for it)."""
         task = asyncio.create_task(work)
         self._renewing = task
         return await asyncio.shield(task)
@@ -200,13 +176,11 @@ class AsyncRenewalDriver:
             due = loop.time() + interval
 
 
-PoolRenewer: TypeAlias = None
-"""What renews a pool's locks' leases: nothing (each asyncio lock renews from its own task)."""
+PoolRenewer: TypeAlias = None  # each asyncio lock renews from its own task
 
 
 class AsyncPoolFace:
-    """What an asyncio pool adds: it belongs to the event loop it is first used in (its
-    connections cannot move between loops)."""
+    """What an asyncio pool adds: it belongs to the event loop it is first used in."""
 
     renewer: PoolRenewer = None
 

@@ -1,7 +1,6 @@
 """Requests about a grant named by its token, without a lock object (no I/O here): release,
-renew, detach, note and force release, each one request and its reply, built and read here
-and sent by the shells over a pooled connection to the key's server. Their key comes checked;
-the rest is checked here, where it enters.
+renew, detach, note and force release, built and read here. Their key comes checked; the rest
+is checked here.
 """
 
 from __future__ import annotations
@@ -20,11 +19,10 @@ from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, lease_second
 from celery_dflock.client.errors import ForceReleaseUnsupported, ProtocolError, ServerUnavailable
 
 Request = tuple[Command, bytes, float]
-"""What a request is to the shells: (command, bytes, reply timeout)."""
+"""(command, bytes, reply timeout)."""
 
 
 def release_request(key: str, token: str, limit: int | None = None) -> Request:
-    """``r <token>`` (``sr`` for a semaphore's slot)."""
     token = _requests.validate_token(token)
     if limit is None:
         return Command.RELEASE, checked_release(key, token), REPLY_GRACE_S
@@ -32,13 +30,10 @@ def release_request(key: str, token: str, limit: int | None = None) -> Request:
 
 
 def released(reply: Reply) -> bool:
-    """The reply to `release_request`: True if the server released the grant, False if it
-    no longer held it."""
     return isinstance(reply, _replies.Ok)
 
 
 def renew_request(key: str, token: str, lease_ttl: int) -> Request:
-    """``n <token> <lease>``: renew a grant to ``lease_ttl`` seconds from now."""
     token, lease = _requests.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
     data = checked_renew(key, token, lease, semaphore=False)
     return Command.RENEW, data, REPLY_GRACE_S
@@ -47,8 +42,6 @@ def renew_request(key: str, token: str, lease_ttl: int) -> Request:
 def detach_request(
     server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
 ) -> Request:
-    """``hd <token> <lease>``: detach a grant from the connection it is bound to
-    (`HoldsUnsupported` unless ``server``, at ``where``, has holds)."""
     require_holds(server, where, describe_lock(key))
     token, lease = _requests.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
     data = checked_hand_down(key, token, lease)
@@ -56,8 +49,6 @@ def detach_request(
 
 
 def note_request(server: ServerInfo | None, where: str, key: str, token: str, note: str) -> Request:
-    """``note <token> <note>`` (`HoldsUnsupported` unless ``server``, at ``where``, has
-    holds)."""
     require_holds(server, where, describe_lock(key))
     return Command.NOTE, _requests.encode_note(key, token, note), REPLY_GRACE_S
 
@@ -65,15 +56,12 @@ def note_request(server: ServerInfo | None, where: str, key: str, token: str, no
 def force_release_request(
     server: ServerInfo | None, where: str, key: str, note: str | None
 ) -> Request:
-    """``fr <note>``: free every grant on ``key``, whoever holds it (`ForceReleaseUnsupported`
-    unless ``server``, at ``where``, lists it). ``key`` and ``note`` are checked."""
     require_force_release(server, where)
     return Command.FORCE_RELEASE, _requests.encode_force_release(key, note), REPLY_GRACE_S
 
 
 def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
-    """The reply to `force_release_request`: how many grants it freed; raises for a refusal
-    (a server that knows no ``fr`` answers ``error``: `ForceReleaseUnsupported`)."""
+    """How many grants a force release freed; raises for a refusal."""
     if isinstance(reply, Freed):
         return reply.grants
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
@@ -92,8 +80,7 @@ def freed(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> int:
 
 
 def done(command: Command, reply: Reply, key: str, endpoint: Endpoint) -> bool:
-    """The reply to `renew_request`, `detach_request` or `note_request`: True done, False
-    when the token no longer holds the key; raises for other refusals."""
+    """True done, False when the token no longer holds the key; raises for other refusals."""
     if isinstance(reply, Renewed | _replies.Ok):
         return True
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:

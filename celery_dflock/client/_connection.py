@@ -1,15 +1,10 @@
 """The two transports a connection to a lock server owns (its byte side): a blocking socket
-(`SocketTransport`) and an asyncio stream (`AsyncStreamTransport`).
+(`SocketTransport`) and an asyncio stream (`AsyncStreamTransport`). A transport sends a
+request's bytes and reads its reply, says whether an idle connection is still sound, and
+closes (in a forked child only dropping its copy of the socket).
 
-The connection itself is written once (`celery_dflock.client._async.connection`). A transport
-sends a request's bytes and reads its reply, says whether an idle connection is still sound,
-and closes; neither is ever shut down from a forked child, which only drops its copy of the
-socket.
-
-A plain TCP `SocketTransport` keeps its socket non-blocking and waits for replies with ``poll``
-(send, poll, recv: three system calls per request, where a socket timeout costs six: two
-``ioctl`` to set it and a ``poll`` before every send and receive). TLS sockets, and platforms
-without ``poll``, use socket timeouts.
+A plain TCP `SocketTransport` keeps its socket non-blocking and waits with ``poll`` (three
+system calls per request, where socket timeouts cost six); TLS uses socket timeouts.
 """
 
 from __future__ import annotations
@@ -47,10 +42,8 @@ def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
 
 
 def _close_made_tls_socket(exc: BaseException) -> None:
-    """Close the ``SSLSocket`` a failed ``wrap_socket`` made: on a reset before the handshake
-    (a server killed while the client reconnects), CPython 3.11.5+ raises without closing it,
-    leaving the descriptor to the garbage collector (a ``ResourceWarning``). It is the ``self``
-    of a traceback frame; closing one twice does nothing."""
+    """Close the ``SSLSocket`` a failed ``wrap_socket`` made (CPython 3.11.5+ leaves it open
+    on a reset before the handshake): it is the ``self`` of a traceback frame."""
     tb = exc.__traceback__
     while tb is not None:
         made = tb.tb_frame.f_locals.get("self")
@@ -60,28 +53,24 @@ def _close_made_tls_socket(exc: BaseException) -> None:
 
 
 class SocketTransport:
-    """A blocking connection's socket: requests sent and replies read (plain TCP: non-blocking,
-    waited for with ``poll``; TLS, or no ``poll``: socket timeouts)."""
+    """A blocking connection's socket."""
 
     def __init__(self, endpoint: Endpoint, sock: socket.socket) -> None:
         self.endpoint = endpoint
         self.sock = sock
         self.parser = ReplyParser()
-        """Bytes read and not yet replies (empty between requests of a connection in step)."""
         self.pid = os.getpid()
         self.closed = False
+        # Checked for reuse by a ``ping`` (TLS: a socket read would touch the TLS state).
         self.pings = isinstance(sock, ssl.SSLSocket)
-        """Checked for reuse by a ``ping`` where the server knows it (TLS: a socket read cannot
-        tell a live connection without touching the TLS state)."""
         self._poller: select.poll | None = None
         if hasattr(select, "poll") and not isinstance(sock, ssl.SSLSocket):
-            sock.setblocking(False)  # replies are waited for with poll (module docstring)
+            sock.setblocking(False)
             self._poller = select.poll()
             self._poller.register(sock, _POLL_IN)
         self.exchange: Callable[[Command, bytes, float], Reply] = (
             self._exchange_timeouts if self._poller is None else self._exchange_polling
         )
-        """Send a request's bytes and read its reply, within a timeout (request lock held)."""
 
     @classmethod
     def open(cls, endpoint: Endpoint) -> SocketTransport:
@@ -104,7 +93,6 @@ class SocketTransport:
         return cls(endpoint, sock)
 
     def _exchange_timeouts(self, command: Command, data: bytes, timeout: float) -> Reply:
-        """Send ``data`` and read the reply with socket timeouts (TLS, or no ``poll``)."""
         deadline = time.monotonic() + timeout
         self.sock.settimeout(timeout)
         self.sock.sendall(data)
@@ -120,7 +108,6 @@ class SocketTransport:
         return reply
 
     def _exchange_polling(self, command: Command, data: bytes, timeout: float) -> Reply:
-        """Send ``data`` and read the reply on the non-blocking socket, waiting with ``poll``."""
         # The parser's buffer is empty here: bytes left after a reply close the connection.
         deadline = time.monotonic() + timeout
         sock, parser = self.sock, self.parser
@@ -169,8 +156,7 @@ class SocketTransport:
         return False
 
     def quiet(self) -> bool:
-        """Cheap liveness check of an idle connection (no EOF, nothing waiting to be read): a
-        non-blocking peek (TLS: a non-blocking read that only TLS records may satisfy)."""
+        """Cheap liveness check of an idle connection: no EOF, nothing waiting to be read."""
         if isinstance(self.sock, ssl.SSLSocket):
             return self._tls_quiet(self.sock)
         if self._poller is not None:
@@ -190,10 +176,9 @@ class SocketTransport:
         return False
 
     def _tls_quiet(self, sock: ssl.SSLSocket) -> bool:
-        """True when a TLS connection has nothing to read but TLS records (session tickets);
-        request lock held, none in flight. A readable socket is read without blocking, the TLS
-        layer consuming records without data; unasked application bytes are kept in the reply
-        parser (never dropped) and the connection refused for reuse."""
+        """True when a TLS connection has nothing to read but TLS records (session tickets):
+        a readable socket is read without blocking; unasked application bytes are kept in the
+        reply parser and the connection refused for reuse."""
         if sock.pending():
             return False  # decrypted bytes nobody asked for
         if hasattr(select, "poll"):
@@ -216,8 +201,7 @@ class SocketTransport:
         return False  # b"": EOF or close_notify
 
     def broken(self, lock: threading.Lock) -> bool:
-        """`AsyncConnection.broken_while_idle`; also False when ``lock`` (the request lock)
-        is taken: never touch a connection a request is using."""
+        """`AsyncConnection.broken_while_idle`; False when ``lock`` (the request lock) is taken."""
         if not lock.acquire(blocking=False):
             return False
         try:
@@ -232,8 +216,7 @@ class SocketTransport:
         return self.sock.fileno()
 
     def close(self, *, abort: bool) -> None:
-        """Close the socket (never ``shutdown``: a forked twin may share it; ``abort`` makes
-        no difference here). Idempotent."""
+        """Close the socket (never ``shutdown``: a forked twin may share it). Idempotent."""
         del abort
         self.closed = True
         with contextlib.suppress(OSError):
@@ -241,9 +224,8 @@ class SocketTransport:
 
 
 class _StreamProtocol(asyncio.StreamReaderProtocol):
-    """asyncio's stream protocol, also telling its transport's watcher
-    (`AsyncStreamTransport.watch`) when bytes arrive, the peer half-closes (EOF, or a TLS
-    close_notify) or the connection is lost; the stream reader still gets every byte."""
+    """asyncio's stream protocol, also telling its watcher when bytes arrive, the peer
+    half-closes or the connection is lost."""
 
     def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(reader, loop=loop)
@@ -272,8 +254,7 @@ class _StreamProtocol(asyncio.StreamReaderProtocol):
 
 
 class AsyncStreamTransport:
-    """An asyncio connection's stream: requests written and replies read, the peer's close
-    heard by its protocol."""
+    """An asyncio connection's stream, the peer's close heard by its protocol."""
 
     def __init__(
         self,
@@ -284,10 +265,8 @@ class AsyncStreamTransport:
     ) -> None:
         self.endpoint = endpoint
         self.parser = ReplyParser()
-        """Bytes read and not yet replies (empty between requests of a connection in step)."""
         self.pid = os.getpid()
         self.pings = True
-        """Checked for reuse by a ``ping`` where the server knows it."""
         self._reader = reader
         self._writer = writer
         self._stream = stream
@@ -322,7 +301,6 @@ class AsyncStreamTransport:
         return cls(endpoint, reader, writer, stream)
 
     async def exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
-        """Send ``data`` and read its reply within ``timeout`` (request lock held)."""
         async with asyncio.timeout(timeout):
             self._writer.write(data)
             await self._writer.drain()
@@ -356,14 +334,12 @@ class AsyncStreamTransport:
             return False
 
     def watch(self, callback: Callable[[], object] | None) -> None:
-        """Call ``callback`` (in the event loop, synchronously) whenever the peer sends bytes,
-        half-closes or the connection is lost; None stops. It must not do I/O on the
-        connection: a request may be in flight."""
+        """Call ``callback`` (synchronously, doing no I/O) whenever the peer sends bytes,
+        half-closes or the connection is lost; None stops."""
         self._stream.on_peer = callback
 
     def broken(self, lock: asyncio.Lock) -> bool:
-        """`AsyncConnection.broken_while_idle`. ``lock`` is not needed: nothing else runs on
-        the loop while this does."""
+        """`AsyncConnection.broken_while_idle` (nothing else runs on the loop meanwhile)."""
         del lock
         unread: object = getattr(self._reader, "_buffer", b"")  # read by the transport
         return (
@@ -375,8 +351,8 @@ class AsyncStreamTransport:
         )
 
     def close(self, *, abort: bool) -> None:
-        """Start closing (``abort``: at once, dropping unsent data); in a forked child, drop
-        our copy of the socket only. Called once."""
+        """Start closing (``abort``: dropping unsent data); in a forked child, drop our copy
+        of the socket only."""
         if self.pid != os.getpid():
             self._drop_in_child()
         elif abort:
@@ -385,13 +361,12 @@ class AsyncStreamTransport:
             self._writer.close()
 
     async def wait_closed(self) -> None:
-        """Wait until the transport is closed."""
         with contextlib.suppress(OSError, asyncio.CancelledError, RuntimeError):
             await self._writer.wait_closed()
 
     def _drop_in_child(self) -> None:
-        """In a forked child: point our descriptor at /dev/null (dropping our reference to the
-        TCP connection), so the transport, when collected, closes that instead."""
+        """In a forked child: point our descriptor at /dev/null, so the transport, when
+        collected, closes that instead."""
         sock = self._writer.get_extra_info("socket")
         if sock is None:
             return

@@ -1,15 +1,12 @@
 """The lock state machine shared by the sync and async clients (no I/O here).
 
-`LockCore` builds each request of one lock or semaphore object and reads each reply, moving
-the lock from state to state. It has a route (`KeyRoute`: where the key's requests go, how an
-acquire follows a cluster's redirects) and a grant record (`HeldGrant`: the token, lease and
-deadlines of what it holds). The shells (`celery_dflock.client._async.lock` and its generated
-blocking twin) only move bytes and run the renewal around it, so the two faces cannot drift.
+`LockCore` builds each request of one lock or semaphore object and reads each reply. It has a
+route (`KeyRoute`: where the key's requests go) and a grant record (`HeldGrant`: token, lease,
+deadlines). The shells (`celery_dflock.client._async.lock` and its blocking twin) only move
+bytes and run the renewal around it, so the two faces cannot drift.
 
-A lock's lease (``lease_ttl_s``) is checked once, where the user gave it, and carried here as
-it is. None asks for the server's default: ``l``, ``sl``, ``e``, ``se``, ``n`` and ``sn`` then
-name no lease; ``hl`` / ``ht``, which always name one, take the default the server said in its
-``hello`` (`ServerInfo.default_lease_ttl_s`).
+A lease of None asks for the server's default: requests then name no lease, except ``hl`` /
+``ht``, which take the default the server said in its ``hello``.
 """
 
 from __future__ import annotations
@@ -61,11 +58,8 @@ Request = _by_token.Request
 
 
 class EnqueueResult(str):
-    """What ``enqueue()`` returns: ``"acquired"`` (held now) or ``"queued"`` (call ``wait()``).
-
-    A `str`, as dflockd's own clients and the Go client return, that is true only when
-    acquired, so ``if lock.enqueue() == "acquired":`` and ``if lock.enqueue():`` both work.
-    """
+    """What ``enqueue()`` returns: ``"acquired"`` or ``"queued"``, a `str` (as dflockd's own
+    clients return) true only when acquired, so ``if lock.enqueue():`` works too."""
 
     __slots__ = ()
 
@@ -78,9 +72,8 @@ QUEUED: Final = EnqueueResult("queued")
 
 
 class LockCore:
-    """State and decisions of one lock or semaphore object, I/O free. ``settings``,
-    ``acquire_timeout_s`` and ``lease_ttl_s`` (whole seconds; None: the server's default) come
-    checked where the user gave them; ``key`` and ``note`` are checked here."""
+    """State and decisions of one lock or semaphore object. ``settings``, ``acquire_timeout_s``
+    and ``lease_ttl_s`` come checked; ``key`` and ``note`` are checked here."""
 
     def __init__(
         self,
@@ -96,33 +89,26 @@ class LockCore:
         self.routing = KeyRoute(key, limit, settings, acquire_timeout_s, router)
         self.grant = HeldGrant()
         self.state = LockState.IDLE
-        self.lost = False
-        """The lock was lost while held (kept until the next grant)."""
-        self.holder: str | None = None
-        """After an acquire refused on a busy key: the holder's note (servers with holds)."""
-        self.busy = False
-        """The last acquire ended with ``timeout`` (the key stayed busy)."""
+        self.lost = False  # kept until the next grant
+        self.holder: str | None = None  # the note of a busy key's holder
+        self.busy = False  # the last acquire ended with ``timeout``
         self.lease_ttl_s = lease_ttl_s
         self.note = None if note is None else _requests.validate_note(note)
-        """The owner note sent with each acquire (``hl ... c <note>``) to a server with holds."""
 
     def __copy__(self) -> LockCore:
-        """A core with its own grant and route: what a release finished in the background
-        keeps while this one is reset and used again."""
+        """A core with its own grant and route, for a release finished in the background."""
         twin = object.__new__(LockCore)
         twin.__dict__.update(self.__dict__)
         twin.routing = copy.copy(self.routing)
         twin.grant = copy.copy(self.grant)
         return twin
 
-    # ---------------------------------------------------------------- what it is (its route's)
     @property
     def key(self) -> str:
         return self.routing.key
 
     @property
     def limit(self) -> int | None:
-        """A semaphore's slots (None: a plain lock)."""
         return self.routing.limit
 
     @property
@@ -135,12 +121,10 @@ class LockCore:
 
     @property
     def router(self) -> ClusterRouter | None:
-        """Cluster routing: the map shared with the client (None: a server list)."""
         return self.routing.router
 
     @property
     def endpoint(self) -> Endpoint:
-        """Where the key's requests go now."""
         return self.routing.endpoint
 
     @property
@@ -150,51 +134,26 @@ class LockCore:
 
     @property
     def handover(self) -> str | None:
-        """Why the last acquire failed, when a hand-over kept it from the key's member until
-        its time was up (else None)."""
         return self.routing.handover
 
-    @property
-    def asking(self) -> bool:
-        """The next acquire request follows an ``error_ask``: ``asking`` first."""
-        return self.routing.asking
-
-    @asking.setter
-    def asking(self, value: bool) -> None:
-        self.routing.asking = value
-
-    @property
-    def ask_ticket(self) -> str | None:
-        return self.routing.ask_ticket
-
-    # ---------------------------------------------------------------- what it holds (its grant's)
     @property
     def token(self) -> str | None:
         return self.grant.token
 
     @property
     def lease(self) -> int:
-        """The lease of the last grant, in seconds."""
         return self.grant.lease
 
     @property
     def fence(self) -> int | None:
-        """The fencing counter of the current token (None: none, or not a fencing server)."""
         return self.grant.fence
 
-    @property
-    def broken(self) -> str | None:
-        """Why the held lock's connection went (None: it is fine)."""
-        return self.grant.broken
-
     def describe(self) -> str:
-        """A repr body without the token."""
         return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}" + (
             ", lost" if self.lost else ""
         )
 
     def locked(self) -> bool:
-        """Held (acquired, not released) by this object in this process."""
         return self.state is LockState.HELD and not self.grant.foreign_process()
 
     def owned(self) -> bool:
@@ -202,32 +161,25 @@ class LockCore:
         return self.locked() and not self.lost and self.grant.clock() < self.grant.hold_deadline()
 
     def kept_alive(self) -> bool:
-        """Its client session keeps the lease as a renewal would (`HeldGrant.kept_alive`)."""
         return self.grant.kept_alive(self.settings.renew_ratio)
 
     def renew_interval(self) -> float:
-        """Seconds between renewals (the client's ``renew_ratio`` of the lease)."""
         return self.grant.renew_interval(self.settings.renew_ratio)
 
     def first_renewal_in(self) -> float:
-        """Seconds to the first renewal of a new grant."""
         return self.grant.first_renewal_in(self.settings.renew_ratio)
 
     @staticmethod
     def reply_timeout(wait_s: int = 0) -> float:
-        """How long to wait for a reply when the server was asked to wait ``wait_s``."""
         return wait_s + REPLY_GRACE_S
 
-    # ---------------------------------------------------------------- routing (its route's)
     def begin_acquire(self) -> None:
-        """An acquire (or enqueue) starts: its deadlines run from now."""
         self.holder = None
         self.busy = False
         self.routing.begin_acquire()
 
     redirected = staticmethod(KeyRoute.redirected)
 
-    # ---------------------------------------------------------------- requests
     def _require_idle(self) -> None:
         if self.state is LockState.HELD and self.lost:
             raise DflockError(f"{self.what} was lost; call release() before acquiring it again")
@@ -239,8 +191,7 @@ class LockCore:
             )
 
     def check_lease(self, server: ServerInfo | None, lease: int | None) -> None:
-        """Refuse, before asking, a lease above the longest ``server`` grants, when its
-        ``hello`` says it."""
+        """Refuse a lease above the longest ``server`` grants (when its ``hello`` says it)."""
         limit = None if server is None else server.max_lease_ttl_s
         if lease is None or limit is None or lease <= limit:
             return
@@ -253,14 +204,13 @@ class LockCore:
         )
 
     def acquire_request(self, server: ServerInfo | None = None) -> Request:
-        """``l`` / ``sl`` with the acquire timeout; a lock with a `note` sends ``hl ... c
-        <note>`` instead to a ``server`` that has holds."""
+        """``l`` / ``sl``; a lock with a `note` sends ``hl ... c <note>`` to a server with
+        holds."""
         self._require_idle()
         routing = self.routing
         timeout = routing.wait_seconds()
         lease = self.lease_ttl_s
         self.check_lease(server, lease)
-        # (every part was checked when this object was made: built without checking again)
         limit = routing.limit
         if limit is not None:
             data = checked_sem_lock(routing.key, timeout, limit, lease)
@@ -275,7 +225,6 @@ class LockCore:
         return Command.LOCK, data, timeout + REPLY_GRACE_S
 
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
-        """``e`` / ``se``."""
         self._require_idle()
         self.check_lease(server, self.lease_ttl_s)
         data = checked_enqueue(self.key, self.limit, self.lease_ttl_s)
@@ -301,7 +250,6 @@ class LockCore:
         return self.token
 
     def renew_request(self) -> Request:
-        """``n`` / ``sn`` for the held token."""
         token = self._held_token()
         semaphore = self.limit is not None
         data = checked_renew(self.key, token, self.lease_ttl_s, semaphore=semaphore)
@@ -309,7 +257,6 @@ class LockCore:
         return command, data, self.grant.renew_reply_timeout()
 
     def release_request(self) -> Request:
-        """``r`` / ``sr`` for the held token."""
         token = self._held_token()
         if self.routing.limit is None:
             data = checked_release(self.routing.key, token)  # a token a grant reply matched
@@ -320,18 +267,16 @@ class LockCore:
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
     ) -> Request:
-        """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``, bound to the connection);
-        `HoldsUnsupported` unless ``server`` has holds."""
+        """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``)."""
         self._require_idle()
-        note = _requests.validate_note(note)  # (given here; the rest when this object was made)
+        note = _requests.validate_note(note)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         timeout = self.routing.wait_seconds()
         data = checked_hold(self.key, timeout, lease, note, detached=detached)
         return Command.HOLD, data, self.reply_timeout(timeout)
 
     def hold_lease(self, server: ServerInfo) -> int:
-        """The lease ``hl`` and ``ht`` name: the lock's, else the default ``server`` said in
-        its ``hello`` (the one place that default lives); `InvalidValueError` when neither."""
+        """The lease ``hl`` and ``ht`` name: the lock's, else the server's default."""
         lease = self.lease_ttl_s
         if lease is not None:
             self.check_lease(server, lease)
@@ -345,8 +290,7 @@ class LockCore:
         )
 
     def take_over_note(self, note: str | None) -> str:
-        """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`;
-        `InvalidValueError` when neither is given."""
+        """The note ``ht`` carries for `adopt`: ``note``, else this lock's `note`."""
         if note is not None:
             return _requests.validate_note(note)
         if self.note is not None:
@@ -359,25 +303,21 @@ class LockCore:
     def take_over_request(
         self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
     ) -> Request:
-        """``ht <token> <lease> <onclose> <note>``: take over a detached grant, bound to this
-        connection from now on (`HoldsUnsupported` unless ``server`` has holds)."""
+        """``ht <token> <lease> <onclose> <note>``: take over a detached grant."""
         self._require_idle()
-        token = _requests.validate_token(token)  # (given here; the note by `take_over_note`)
+        token = _requests.validate_token(token)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         data = checked_take(self.key, token, lease, on_close_lease, note)
         return Command.TAKE, data, self.reply_timeout()
 
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
-        """``hd <token> <lease_ttl>``: detach the held grant from this connection before letting
-        go of it; a ``server`` without holds gets ``n <token> <lease_ttl>`` (the grant stays
-        bound to the connection, which goes back to the pool)."""
+        """``hd <token> <lease_ttl>``; a server without holds gets ``n <token> <lease_ttl>``."""
         token = self._held_token()
         if server is None or not server.supports(FEATURE_HOLDS):
             return _by_token.renew_request(self.key, token, lease_ttl)
         data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
         return Command.HAND_DOWN, data, self.reply_timeout()
 
-    # ---------------------------------------------------------------- replies
     def on_grant_reply(
         self,
         command: Command,
@@ -386,18 +326,14 @@ class LockCore:
         server: ServerInfo | None,
         session: ClientSession | None = None,
     ) -> bool:
-        """Read the reply to ``l``/``sl``/``e``/``se``/``w``/``sw``/``hl``; ``server``: what it
-        said to ``hello``, ``session``: the client session of the connection it came on.
-
-        True: held (the caller pins the connection and starts renewing). False: not held
-        (``queued`` leaves it ENQUEUED, the connection pinned). Raises for refusals."""
+        """Read the reply to an acquire, enqueue, wait or hold: True held, False not (``queued``
+        leaves it ENQUEUED). Raises for refusals."""
         if isinstance(reply, Granted):
             started = sent_at
             enqueued_at = self.grant.enqueued_at
             if command in (Command.WAIT, Command.SEM_WAIT) and enqueued_at is not None:
-                # A queued grant's lease runs from when the key was freed, possibly long
-                # before this `w` was sent (the reply still says the whole lease): count it
-                # from the enqueue, the earliest it can be.
+                # A queued grant's lease may have started long before this `w`: count it from
+                # the enqueue, the earliest it can be.
                 started = enqueued_at
             self.state = LockState.HELD
             self.lost = False
@@ -442,9 +378,8 @@ class LockCore:
         server: ServerInfo | None,
         session: ClientSession | None = None,
     ) -> bool:
-        """Read the reply to `take_over_request`: True when held now (as after a grant), False
-        when ``token`` no longer holds the key or another connection has it bound (`holder`
-        then says that holder's note)."""
+        """Read the reply to `take_over_request`: True when held now, False when ``token`` no
+        longer holds the key or is bound elsewhere (`holder` names it)."""
         self.holder = None
         self.busy = False
         if isinstance(reply, Renewed) and reply.seconds_remaining > 0:
@@ -463,11 +398,8 @@ class LockCore:
     def on_release_reply(self, reply: Reply, *, retried: bool = False) -> bool:
         """Read the reply to ``r``/``sr``: True if this release freed the lock.
 
-        A refusal means the server no longer held the grant (its lease ran out unnoticed, or it
-        was released elsewhere): marked lost, the lock stays HELD so the caller can notify (the
-        fence still known) before it `reset`s. ``retried``: an earlier release's connection
-        broke before the answer; it may have freed the grant, so a refusal proves no loss
-        (reset, not marked lost)."""
+        A refusal marks the lock lost, kept HELD so the caller can notify before it `reset`s.
+        ``retried`` (an earlier attempt may have freed it): a refusal proves no loss."""
         if isinstance(reply, _replies.Ok):
             self.reset()
             return True
@@ -489,7 +421,6 @@ class LockCore:
         return False
 
     def error_for(self, command: Command, reply: ErrorReply) -> DflockError:
-        """The exception for a refusal, with a message that says what to do."""
         return refusal_error(
             command,
             reply,
@@ -499,13 +430,11 @@ class LockCore:
             lease_ttl_s=self.lease_ttl_s,
         )
 
-    # ---------------------------------------------------------------- renewing and reattaching
     def on_renew_reply(
         self, reply: Reply, sent_at: float, session: ClientSession | None = None
     ) -> RenewOutcome:
-        """Read the reply to ``n``/``sn`` (on the pinned connection, or reattaching on a new one
-        of client session ``session``). ``error_draining`` (a restart may keep the lease):
-        reattach. ``error``, or the grant's client session over meanwhile: lost."""
+        """Read the reply to ``n``/``sn``: ``error_draining`` reattaches (a restart may keep
+        the lease); ``error``, or the grant's session over meanwhile: lost."""
         grant = self.grant
         ended = grant.session_ended()
         if ended is not None:
@@ -542,9 +471,8 @@ class LockCore:
         return RenewOutcome(renewed=False, lost_reason=why)
 
     def connection_broke(self, detail: str) -> None:
-        """The held lock's connection closed or failed (``detail``). The server may still hold
-        the grant (restored from its journal, a cut on the way, no auto-release): the lock is
-        lost only when a renewal by token on a new connection is refused, or the lease ends."""
+        """The held lock's connection closed or failed (``detail``): the server may still hold
+        the grant, so the lock reattaches rather than count it lost."""
         grant = self.grant
         if grant.broken is None:
             grant.reattach_failures = 0
@@ -559,7 +487,6 @@ class LockCore:
         grant.broken = detail
 
     def reattach_endpoint(self, now: float | None = None) -> Endpoint:
-        """Where to reconnect: the lock's endpoint, its connect timeout cut to the lease left."""
         return self.grant.reattach_endpoint(self.endpoint, now)
 
     def mark_unreachable(self) -> bool:
@@ -572,12 +499,11 @@ class LockCore:
 
     @staticmethod
     def draining(reply: Reply) -> bool:
-        """True for ``error_draining``: a request about a held grant is sent again on a new
-        connection (a restart may keep the lease)."""
+        """``error_draining``: a request about a held grant is sent again on a new connection."""
         return isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_DRAINING
 
     def mark_lost(self, reason: str) -> bool:
-        """Record that the lock is lost; True the first time (the caller then notifies)."""
+        """True the first time (the caller then notifies)."""
         if self.lost or self.state is not LockState.HELD:
             return False
         self.lost = True
@@ -587,6 +513,5 @@ class LockCore:
         return True
 
     def reset(self) -> None:
-        """Back to IDLE (after a release, a timeout, a refusal or a fork)."""
         self.state = LockState.IDLE
         self.grant.reset()

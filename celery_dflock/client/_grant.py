@@ -1,9 +1,6 @@
-"""What one lock object knows of the grant it holds (no I/O here): its token and fence, the
-lease and how long it surely runs, when to renew, and the bookkeeping of reattaching after the
-held connection broke (reconnect and renew by token while the lease runs).
-
-A `LockCore` has one `HeldGrant` (``core.grant``): the core decides, reads replies and logs;
-the grant keeps the figures and does their arithmetic.
+"""What one lock object knows of the grant it holds (no I/O here): token and fence, how long
+the lease surely runs, when to renew, and reattaching after the held connection broke.
+A `LockCore` decides and logs; its `HeldGrant` keeps the figures and does their arithmetic.
 """
 
 from __future__ import annotations
@@ -30,18 +27,13 @@ from celery_dflock.client._settings import (
 CLOSED_BY_SERVER: Final = (
     "the server closed it: restarted, shutting down, a network cut or an idle timeout"
 )
-"""Why a held lock's connection that broke while idle went (before it reattaches)."""
 
 REATTACH_FIRST_PAUSE_S: Final = 0.05
 REATTACH_MAX_PAUSE_S: Final = 1.0
-"""After a held lock's connection broke, each failed attempt to reattach (reconnect and renew
-by token) is followed by a pause that doubles from the first to the most, while the lease
-confirmed last still runs."""
-
+"""The pause after a failed reattach doubles from the first to the most."""
 
 KEPT_MARGIN_S: Final = 5.0
-"""A lock whose session's keep-alives keep its lease looks at it again this long before the
-lease they keep would end: in time to renew it itself should they stop unseen."""
+"""A lease kept by session keep-alives is looked at again this long before it would end."""
 
 
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
@@ -62,9 +54,8 @@ class LockState(enum.Enum):
 
 @dataclass(slots=True)
 class RenewOutcome:
-    """What a renewal attempt found: ``renewed``; or ``reattach`` (the connection is done for,
-    the grant may still be held: renew it by token on a new connection); or ``lost_reason``
-    (None: nothing to do)."""
+    """What a renewal attempt found: ``renewed``; or ``reattach`` (renew by token on a new
+    connection); or ``lost_reason``."""
 
     renewed: bool
     lost_reason: str | None = None
@@ -72,13 +63,10 @@ class RenewOutcome:
 
 
 class HeldGrant:
-    """One lock object's grant, as far as this process knows: token, lease, deadlines,
-    reattaching (`reset` empties it)."""
+    """One lock object's grant, as far as this process knows (`reset` empties it)."""
 
-    # The class-level values (immutable) are each grant's until it sets its own: a new one
-    # costs no more than an empty object.
-    clock: Callable[[], float] = time.monotonic
-    """The clock every figure here is on (tests/sim sets a simulated process's own)."""
+    # Class-level defaults until a grant sets its own: a new one costs an empty object.
+    clock: Callable[[], float] = time.monotonic  # tests/sim sets a simulated one
     token: str | None = None
     fencing: bool = False  # the server that granted `token` issues fencing tokens
     lease: int = 0
@@ -87,50 +75,38 @@ class HeldGrant:
     lease_deadline: float = 0.0
     lease_latest_end: float = 0.0
     enqueued_at: float | None = None  # when the `e` that queued us was sent
-    # On a session connection (the server listed `session`): its session time, and until when
-    # the grant surely stays held, from the send time of the last request answered on it (the
-    # server cannot have seen the close before that request): docs/protocol.md, "Tokens,
-    # leases and disconnects". inf: no session (the lease alone says).
+    # On a session connection: its session time, and until when the grant surely stays held
+    # (from the send time of the last request answered on it). inf: no session.
     session_ttl: int | None = None
     session_deadline: float = math.inf
-    # On a server that keeps client sessions (docs/protocol.md, "Client sessions"): the
-    # session the grant belongs to; its deadline bounds the grant's (`session_ttl` is then
-    # None). Its keep-alives sent after the grant was last confirmed (`confirmed_at`: granted
-    # or renewed) on the same server `run` renewed the lease too (`lease_end`). `kept_end`:
-    # the lease's end as keep-alives moved it, `kept_at`: the last keep-alive looked at.
+    # On a server with client sessions: the grant's session. Its keep-alives sent after the
+    # grant was last confirmed on the same server `run` renewed the lease too (`lease_end`).
     session: ClientSession | None = None
     confirmed_at: float = math.inf
     run: str | None = None
     kept_end: float = 0.0
     kept_at: float = -math.inf
-    # The server keeps a lease journal (`durable`) and a reconnection was refused
-    # (`server_down`): nothing frees the grant before its lease ends (a restart restores it),
-    # so only the lease's end makes the lock lost (the session's still makes `owned` false).
+    # A journaling server found not running (`server_down`) frees nothing before the lease
+    # ends: only then is the lock lost.
     durable: bool = False
     server_down: bool = False
-    # Reattaching: failed attempts so far, and why the connection went (None: it is fine).
     reattach_failures: int = 0
     broken: str | None = None
 
-    # ---------------------------------------------------------------- views
     @property
     def fence(self) -> int | None:
-        """The fencing counter of the current token; None without one, or when its server
-        does not issue fencing tokens (it did not list ``fence`` in its ``hello``)."""
         if self.token is None or not self.fencing:
             return None
         return _requests.fence_of(self.token)
 
     def foreign_process(self) -> bool:
-        """True when the lock was acquired by another process (we are a fork child)."""
+        """We are a fork child of the process that acquired it."""
         return self.pid is not None and self.pid != os.getpid()
 
     def lease_end(self) -> float:
-        """Until when the lease surely runs: from the last grant or renewal's send time, or from
-        a keep-alive of its client session sent after that on the same server run and answered
-        while the lease surely ran (a late keep-alive does not bring back a lease that ran
-        out). Each keep-alive is looked at once, the last answered when this is asked: they
-        chain while this is asked at least once a lease, as the renewal does (`kept_alive`)."""
+        """Until when the lease surely runs: from the last grant or renewal's send time, or a
+        later keep-alive of its session on the same server run, answered while the lease
+        surely ran (a late one does not bring back a lease that ran out)."""
         end = max(self.lease_deadline, self.kept_end)
         session = self.session
         if session is None or self.run is None or session.run != self.run:
@@ -143,13 +119,13 @@ class HeldGrant:
         return end
 
     def _kept_end(self) -> float:
-        """The lease's end as keep-alives moved it (`lease_end`), or -inf where none did."""
+        """The lease's end as keep-alives moved it, or -inf where none did."""
         self.lease_end()  # looks at the last keep-alive answered
         return self.kept_end if self.kept_end else -math.inf
 
     def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
-        """Whether the session's keep-alives go on (`ClientSession.keeping`) and keep the lease
-        as a renewal would (over ``1 - renew_ratio`` of it left): the lock need not renew."""
+        """The session's keep-alives go on and keep the lease as a renewal would: the lock
+        need not renew."""
         session = self.session
         if session is None or not session.keeping():
             return False
@@ -157,14 +133,12 @@ class HeldGrant:
         return left > self.lease * (1 - renew_ratio)
 
     def kept_for(self, now: float | None = None) -> float:
-        """Seconds until the lease as keep-alives keep it ends, less ``KEPT_MARGIN_S``: when
-        the lock looks at it next while they keep it (which chains them: `lease_end`)."""
+        """When to look again at a lease keep-alives keep: its end less ``KEPT_MARGIN_S``."""
         left = self._kept_end() - (self.clock() if now is None else now)
         return left - KEPT_MARGIN_S
 
     def hold_deadline(self) -> float:
-        """Until when the grant is surely held: the lease's end, or the session's deadline (a
-        session connection's, or a client session's) if sooner."""
+        """Until when the grant is surely held: the lease's or the session's end."""
         deadline = min(self.lease_end(), self.session_deadline)
         session = self.session
         if session is not None:
@@ -172,23 +146,20 @@ class HeldGrant:
         return deadline
 
     def lease_left(self, now: float | None = None) -> float:
-        """Seconds the grant surely stays held (`hold_deadline`; only the lease's end once the
-        server was found not running: `server_down`). Once out, a broken lock is lost."""
+        """Seconds the grant surely stays held (the lease's end alone once `server_down`)."""
         session = self.session
         down = self.server_down or (session is not None and session.server_down)
         deadline = self.lease_end() if down else self.hold_deadline()
         return deadline - (self.clock() if now is None else now)
 
     def session_ended(self) -> str | None:
-        """Why the grant's client session is over (the server may have ended the grant with
-        it); None when it may live, there is none, or the server is not running (`server_down`:
-        it ends nothing)."""
+        """Why the grant's client session is over; None when it may live, there is none, or
+        the server is not running (it ends nothing)."""
         session = self.session
         if session is None or self.server_down or session.server_down or session.live():
             return None
         return f"its session with the lock server ended ({session.ended}), and the grant with it"
 
-    # ---------------------------------------------------------------- changes
     def granted(  # noqa: PLR0917 - as the server's reply is read
         self,
         token: str,
@@ -198,9 +169,7 @@ class HeldGrant:
         server: ServerInfo | None,
         session: ClientSession | None = None,
     ) -> None:
-        """The server granted ``token`` with a ``lease`` running from ``started`` at the
-        earliest (``sent_at``, or for a queued grant when it was queued); ``server``: what it
-        said to ``hello``; ``session``: the client session of the connection it came on."""
+        """The server granted ``token``, its ``lease`` running from ``started`` at the earliest."""
         self.token = token
         self.fencing = server is not None and server.fences
         self.lease = lease
@@ -224,9 +193,7 @@ class HeldGrant:
     def renewed(
         self, seconds_remaining: int, sent_at: float, session: ClientSession | None = None
     ) -> None:
-        """A renewal sent at ``sent_at`` was answered: the lease runs ``seconds_remaining`` more.
-        ``session``: the client session of the connection it came on (a reattach binds the
-        grant to it)."""
+        """A renewal sent at ``sent_at`` was answered (``session``: a reattach binds to it)."""
         if session is not None:
             self.session = session
         session = self.session
@@ -241,20 +208,16 @@ class HeldGrant:
         self.reattach_failures = 0
 
     def answered(self, sent_at: float) -> None:
-        """The server answered a request about the grant sent at ``sent_at`` (a session
-        connection's deadline moves on)."""
         if self.session_ttl is not None:
             self.session_deadline = sent_at + self.session_ttl - SESSION_MARGIN_S
 
     def refused(self) -> None:
-        """A reconnection was refused (nobody listens at the server's address): see
-        `server_down`."""
+        """A reconnection was refused: nobody listens at the server's address."""
         if self.durable:
             self.server_down = True
 
     def reset(self) -> None:
-        """Nothing held (after a release, a timeout, a refusal or a fork); the last `lease`
-        and whether its server fenced are kept, for a caller that asks afterwards."""
+        """Nothing held; the last `lease` is kept for a caller that asks afterwards."""
         self.token = None
         self.pid = None
         self.lease_deadline = 0.0
@@ -271,18 +234,15 @@ class HeldGrant:
         self.durable = False
         self.server_down = False
 
-    # ---------------------------------------------------------------- timing
     def renew_interval(self, renew_ratio: float) -> float:
-        """Seconds between renewals: ``lease * renew_ratio``, below the server's read timeout,
-        and on a session connection at most a third of the session time."""
+        """``lease * renew_ratio``, bounded, and on a session connection a third of its time."""
         interval = self.lease * renew_ratio
         if self.session_ttl is not None:
             interval = min(interval, self.session_ttl / SESSION_KEEPALIVES)
         return max(MIN_RENEW_INTERVAL_S, min(interval, MAX_RENEW_INTERVAL_S))
 
     def first_renewal_in(self, renew_ratio: float) -> float:
-        """Seconds to the first renewal of a new grant: at the usual point of the lease as far
-        as it is known (a grant collected by ``w`` may have started before the ``w``)."""
+        """Seconds to the first renewal (a grant collected by ``w`` may have started earlier)."""
         interval = self.renew_interval(renew_ratio)
         now = self.clock()
         if self.session_deadline - now < 2 * interval:
@@ -291,29 +251,24 @@ class HeldGrant:
         return max(0.0, min(interval, remaining - (self.lease - interval)))
 
     def renew_reply_timeout(self) -> float:
-        """Wait for a renewal's answer until the lease surely ran out (``lease_latest_end``:
-        after a late ``w`` the lease may run well past ``lease_deadline``), or on a session
-        connection until its deadline, unless that had passed before the renewal was sent
-        (then only its answer tells whether the grant is still held)."""
+        """Wait for a renewal's answer until the lease surely ran out, or on a session
+        connection until its deadline unless that had passed already."""
         now = self.clock()
         end = max(self.lease_latest_end, self.lease_end())
         if self.session_deadline > now:
             end = min(end, self.session_deadline)
         return max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, end - now))
 
-    # ---------------------------------------------------------------- reattaching
     def reattach_endpoint(self, endpoint: Endpoint, now: float | None = None) -> Endpoint:
-        """Where to reconnect: ``endpoint`` (the lock's), its connect timeout cut to the lease
-        left (a connection made after the lease ran out could not save the lock)."""
+        """``endpoint``, its connect timeout cut to the lease left."""
         left = max(MIN_RENEW_INTERVAL_S, self.lease_left(now))
         if left >= endpoint.connect_timeout_s:
             return endpoint
         return replace(endpoint, connect_timeout_s=left)
 
     def reattach_pause(self, detail: str, now: float | None = None) -> float | None:
-        """An attempt to reach the server again failed (``detail``): seconds to pause before
-        the next (as `REATTACH_MAX_PAUSE_S` says, never past the lease); None once the lease
-        ran out (the caller marks the lock lost)."""
+        """A reattach failed (``detail``): seconds to pause before the next, never past the
+        lease; None once the lease ran out."""
         self.broken = detail
         left = self.lease_left(now)
         if left <= 0:

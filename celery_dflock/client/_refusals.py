@@ -1,5 +1,4 @@
-"""The client's errors for what a server refused: each refusal mapped to the exception that
-says, in the user's terms, what happened and what to do (no I/O here)."""
+"""The exception for each refusal a server answers, saying what happened and what to do."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from celery_dflock.client.sharding import Routing, server_identity
 
 
 def describe_lock(key: str, limit: int | None = None) -> str:
-    """``lock 'key'`` or ``semaphore 'key' (limit N)``, for messages."""
     return f"lock {key!r}" if limit is None else f"semaphore {key!r} (limit {limit})"
 
 
@@ -28,8 +26,6 @@ def refusal_error(
     limit: int | None = None,
     lease_ttl_s: int | None = None,
 ) -> errors.DflockError:
-    """The exception for the refusal ``reply`` of ``command`` about ``what`` (``lock 'k'``)
-    on ``endpoint``, with a message that says what to do."""
     where = endpoint.address
     code = reply.code
     if code == wire.STATUS_ERROR_MAX_LOCKS:
@@ -107,7 +103,7 @@ def mismatch_error(
     strategy: Routing,
 ) -> errors.DflockError:
     """A list-mode client was redirected: the server ``where`` has another view of where keys
-    live. ``shards`` is what it answered to ``shards`` (None: it did not say)."""
+    live (``shards``: its answer to ``shards``)."""
     ours = ",".join(server_identity(server) for server in servers)
     named = getattr(strategy, "__name__", None) or repr(strategy)
     redirect = f"error_moved {reply.address}" if isinstance(reply, Moved) else "error_unavailable"

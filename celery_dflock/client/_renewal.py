@@ -1,17 +1,11 @@
 """Lease renewal for the blocking locks: a heap of held locks and a few long-lived threads.
 
 A `Renewer` keeps a heap of renewals ordered by when each is due. One of its threads (the
-*leader*) sleeps until the earliest is due, takes it, passes the timekeeping on, and runs it:
-usually one thread renews every held lock in turn. While it runs a renewal, another thread
-keeps time for the others: an idle one, else a new one, started only if no other renewal is
-under way or every one under way has run over ``STALL_S`` (its server slow or silent). So a
-silent server never holds up renewals elsewhere, and a burst of renewals does not start a thread
-each. Threads exit after ``linger_s`` without work.
-
-Granting a lock costs a heap push (the leader is woken only if the new renewal is due before it
-would wake anyway), releasing it a flag; a cancelled renewal keeps no reference to its lock.
-The callback runs outside the renewer's lock and serializes with the lock's other requests
-itself. In a forked child a renewer starts from an empty schedule and threads of its own.
+*leader*) sleeps until the earliest is due, takes it, passes the timekeeping on, and runs it.
+While it runs, another thread keeps time for the others: an idle one, else a new one, started
+only if every renewal under way has run over ``STALL_S``. So a silent server never holds up
+renewals elsewhere, and a burst of renewals does not start a thread each. Threads exit after
+``linger_s`` without work; a forked child starts from an empty schedule.
 """
 
 from __future__ import annotations
@@ -32,13 +26,10 @@ __all__ = ["MAX_RENEWAL_THREADS", "Renewal", "Renewer"]
 logger: Final = logging.getLogger("celery_dflock.client")
 
 MAX_RENEWAL_THREADS: Final = 32
-"""Most threads one renewer runs at once (more only while renewals are stuck on I/O)."""
 STALL_S: Final = 0.05
 """A renewal under way for this long counts as stalled (its server slow or gone)."""
 EARLY_S: Final = 0.1
-"""A renewal due this soon is run now, with the one that is due: the leader wakes once for
-the renewals of a tenth of a second, not once for each (a process holding 5,000 locks has one
-due every few milliseconds; a renewal comes at most this much early)."""
+"""A renewal due this soon is run now: the leader wakes once per tenth of a second at most."""
 _COMPACT_AT: Final = 64
 """Rebuild the heap once it holds more cancelled renewals than this (and than live ones)."""
 
@@ -67,9 +58,7 @@ class Renewal:
         self.callback: RenewCallback | None = callback
         self.interval = interval
         self.due = due
-        self.next_in: float | None = None
-        """Set by the callback: the next call comes in this many seconds, not ``interval``
-        (once)."""
+        self.next_in: float | None = None  # set by the callback: the next call's delay, once
         self.cancelled = False
         self.queued = False
         self.runner: int | None = None  # ident of the thread running the callback now
@@ -87,11 +76,8 @@ class Renewal:
 
 
 class Renewer:
-    """Renews held locks at their intervals from long-lived daemon threads (module docstring).
-
-    ``linger_s``: how long an idle thread waits for work before it exits (0: at once, for a
-    renewer that serves one lock object).
-    """
+    """Renews held locks at their intervals from long-lived daemon threads; ``linger_s``: how
+    long an idle thread waits for work before it exits."""
 
     def __init__(self, *, linger_s: float, name: str = "dflock-renew") -> None:
         if linger_s < 0:
@@ -100,12 +86,10 @@ class Renewer:
         self._name = name
         self._by_pid: dict[int, _Schedule] = {}
         self._current: _Schedule | None = None
-        self.watcher = ConnectionWatcher()
-        """Watches the connections of the locks it renews for a close by the server."""
+        self.watcher = ConnectionWatcher()  # for a close by the server of a held connection
 
     def _schedule(self) -> _Schedule:
-        """This process's schedule (fresh in a fork child: the parent's mutex may have been held
-        at fork time)."""
+        """This process's schedule (fresh in a fork child: the parent's mutex may be held)."""
         current = self._current
         pid = os.getpid()
         if current is not None and current.pid == pid:
@@ -120,19 +104,17 @@ class Renewer:
     def schedule(
         self, callback: RenewCallback, interval: float, first_in: float | None = None
     ) -> Renewal:
-        """Call ``callback(renewal)`` every ``interval`` s (counted from the end of the last
-        call) until it returns False or the renewal is cancelled; the first call comes after
-        ``first_in`` s (default: ``interval``)."""
+        """Call ``callback(renewal)`` every ``interval`` s until it returns False or the
+        renewal is cancelled; the first call after ``first_in`` s (default: ``interval``)."""
         return self._schedule().schedule(callback, interval, first_in)
 
     @property
     def thread_count(self) -> int:
-        """Threads renewing in this process now."""
         return self._schedule().threads
 
     @property
     def scheduled(self) -> int:
-        """Renewals waiting for their time in this process now (not cancelled, not running)."""
+        """Renewals waiting for their time in this process now."""
         return self._schedule().live
 
     def __repr__(self) -> str:
@@ -162,8 +144,6 @@ class _Schedule:
         self._wake_at = 0.0  # when the waiting leader wakes on its own
         self._recent_interval: float | None = None  # of the renewal scheduled last
         self._busy: dict[int, float] = {}  # thread ident -> when it started its callback
-
-    # ---------------------------------------------------------------- the locks' side
 
     def schedule(self, callback: RenewCallback, interval: float, first_in: float | None) -> Renewal:
         due = time.monotonic() + (interval if first_in is None else first_in)
@@ -214,8 +194,6 @@ class _Schedule:
             finally:
                 self._waiters -= 1
 
-    # ---------------------------------------------------------------- the heap (mutex held)
-
     def _push(self, renewal: Renewal) -> None:
         self._seq += 1
         renewal.queued = True
@@ -238,8 +216,6 @@ class _Schedule:
             self._heap = kept
             self._dead = 0
 
-    # ---------------------------------------------------------------- the threads
-
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
         self.threads += 1
@@ -252,8 +228,7 @@ class _Schedule:
             raise
 
     def _start_spare(self) -> None:
-        """Start a thread to keep time for the others while this renewal runs (mutex held).
-        None can start at the pid limit: they are then renewed late rather than never."""
+        """Start a thread to keep time for the others (at the pid limit: renew late)."""
         try:
             self._start_thread()
         except RuntimeError as exc:
@@ -331,8 +306,7 @@ class _Schedule:
                 if timeout <= 0:
                     return None
                 if self._recent_interval is not None:
-                    # Wake by when a lock granted now would be due (renewing like the last one):
-                    # granting it then needs no wake-up call, even for short runs.
+                    # Wake by when a lock granted now would be due: no wake-up call needed.
                     timeout = min(timeout, self._recent_interval)
             self._leader = True
             self._wake_at = now + timeout
@@ -342,7 +316,6 @@ class _Schedule:
                 self._leader = False
 
     def _all_stalled(self, now: float) -> bool:
-        """True when every thread running a callback has run it for over ``STALL_S``."""
         return all(now - started > STALL_S for started in self._busy.values())
 
     def _finish(self, renewal: Renewal, keep: bool) -> None:

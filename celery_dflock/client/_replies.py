@@ -1,15 +1,6 @@
 """The dflockd protocol's replies, without I/O: one typed reply per line, checked against the
-command it answers (`decode_reply`), and `ReplyParser`, fed bytes as they arrive in any
-chunking::
-
-    parser = ReplyParser()
-    sock.sendall(encode_ping())
-    while (reply := parser.next_reply(Command.PING)) is None:
-        parser.feed(sock.recv(4096))
-    # reply is Ok() or ErrorReply(code)
-
-Anything that is not a valid reply to that command raises `ProtocolError` naming what
-arrived. The requests are built by `celery_dflock.client._requests`."""
+command it answers (`decode_reply`; anything else raises `ProtocolError` naming what arrived),
+and `ReplyParser`, fed bytes as they arrive in any chunking."""
 
 from __future__ import annotations
 
@@ -30,9 +21,6 @@ _GRANT_LINE_RE: Final = re.compile(rb"ok ([0-9a-f]{%d}) ([1-9][0-9]*)" % wire.TO
 _RENEWED_LINE_RE: Final = re.compile(rb"ok ([0-9]+)")
 
 
-# ------------------------------------------------------------------------------- replies
-
-
 @dataclass(frozen=True, slots=True)
 class Granted:
     """``ok <token> <lease>`` (or ``acquired ...`` to an enqueue): the lock is held."""
@@ -42,7 +30,6 @@ class Granted:
 
     @property
     def fence(self) -> int:
-        """The fencing counter of `token`."""
         return fence_of(self.token)
 
     def __repr__(self) -> str:  # never print a bearer credential in full
@@ -56,8 +43,7 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class TimedOut:
-    """``timeout``: not granted within the timeout. To ``hl``: ``timeout <holder-note>``,
-    ``holder`` the note of the key's holder (None when it gave none, ``_`` on the wire)."""
+    """``timeout``: not granted within the timeout (to ``hl``: with the holder's note)."""
 
     holder: str | None = None
 
@@ -90,15 +76,14 @@ class Stats:
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """``ok <json>`` to ``hello``: the decoded JSON object (``server``, ``version``,
-    ``features``)."""
+    """``ok <json>`` to ``hello``: the decoded JSON object."""
 
     data: dict[str, object]
 
 
 @dataclass(frozen=True, slots=True)
 class Shards:
-    """``ok <json>`` to ``shards``: the decoded JSON object (``mode`` and what it implies)."""
+    """``ok <json>`` to ``shards``: the decoded JSON object."""
 
     data: dict[str, object]
 
@@ -112,10 +97,8 @@ class Moved:
 
 @dataclass(frozen=True, slots=True)
 class Asked:
-    """``error_ask <HOST:PORT> [<ticket>]`` to an acquire: the key's shard moves key by key and
-    this key is to be asked for there, once, with ``asking`` first, passing ``ticket`` along
-    (the member's proof that it let the key go; None from a server that sends none). The
-    shard map stays as it is."""
+    """``error_ask <HOST:PORT> [<ticket>]`` to an acquire: ask for this key there, once, with
+    ``asking`` first passing ``ticket`` along (the member's proof that it let the key go)."""
 
     address: str
     ticket: str | None = None
@@ -123,8 +106,7 @@ class Asked:
 
 @dataclass(frozen=True, slots=True)
 class Bound:
-    """``error_bound <holder-note>`` to ``ht``: the grant is bound to a live connection (another
-    holder has taken it over); ``holder`` its note (None for ``_``)."""
+    """``error_bound <holder-note>`` to ``ht``: the grant is bound to another live connection."""
 
     holder: str | None
 
@@ -158,11 +140,8 @@ _COMMON_ERRORS: Final = frozenset(
 _LOCK_ERRORS: Final = _COMMON_ERRORS | {
     wire.STATUS_ERROR_MAX_LOCKS,
     wire.STATUS_ERROR_MAX_WAITERS,
-    # A key is one resource: a lock (limit 1) on a key busy as a semaphore is refused too.
     wire.STATUS_ERROR_LIMIT_MISMATCH,
-    # A key this server does not serve now (cluster mode: try again shortly).
     wire.STATUS_ERROR_UNAVAILABLE,
-    # The server cannot write its lease journal now (a full disk): try again shortly.
     wire.STATUS_ERROR_READ_ONLY,
 }
 _ENQUEUE_ERRORS: Final = _LOCK_ERRORS | {wire.STATUS_ERROR_ALREADY_ENQUEUED}
@@ -180,8 +159,7 @@ _ALLOWED_ERRORS: Final[dict[Command, frozenset[str]]] = {
     Command.SEM_ENQUEUE: _ENQUEUE_ERRORS,
     Command.WAIT: _WAIT_ERRORS,
     Command.SEM_WAIT: _WAIT_ERRORS,
-    # A reattach by token refused for the address's --max-locks-per-ip (the grant stays as
-    # it was): the lock counts as lost.
+    # A reattach by token refused for --max-locks-per-ip: the lock counts as lost.
     Command.RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.SEM_RENEW: _COMMON_ERRORS | {wire.STATUS_ERROR_MAX_LOCKS},
     Command.HOLD: _LOCK_ERRORS,
@@ -253,10 +231,7 @@ _JSON_REPLIES: Final[dict[Command, type[Stats | Hello | Shards]]] = {
 
 
 def decode_reply(command: Command, line: bytes) -> Reply:
-    """Decode one reply line (without its ``\\n``; a trailing ``\\r`` is ignored).
-
-    Raises `ProtocolError` when the line is not a valid reply to ``command``.
-    """
+    """Decode one reply line (without its ``\\n``; a trailing ``\\r`` is ignored)."""
     # The usual replies first, matched whole; the general path below decodes them the same.
     if command in _ANSWERED_OK:
         if line == b"ok":
@@ -335,11 +310,7 @@ def _parse_json_object(command: Command, line: bytes, payload: str) -> dict[str,
 
 class ReplyParser:
     """Incremental reply decoder: `feed` bytes as they arrive, take replies with `next_reply`.
-
-    Bytes after a complete reply stay buffered for the next one. A line over the limit
-    (``max_line_bytes``; ``max_stats_line_bytes`` for a JSON reply) raises `ProtocolError` as
-    soon as it is known, without buffering more of it.
-    """
+    A line over the limit raises `ProtocolError` as soon as it is known."""
 
     __slots__ = ("_buffer", "_scanned", "max_line_bytes", "max_stats_line_bytes")
 
@@ -354,12 +325,11 @@ class ReplyParser:
         self._scanned = 0  # bytes of _buffer already known to hold no newline
 
     def feed(self, data: bytes) -> None:
-        """Append received bytes."""
         self._buffer += data
 
     def feed_reply(self, command: Command, data: bytes) -> Reply | None:
-        """`feed` ``data``, then `next_reply`; exactly one line within the limit with nothing
-        buffered (how a reply almost always arrives) skips the buffer."""
+        """`feed` ``data``, then `next_reply` (one whole line with nothing buffered skips the
+        buffer)."""
         if not self._buffer and data.endswith(b"\n"):
             end = data.find(b"\n")
             if end == len(data) - 1 and end <= self._line_limit(command):
@@ -369,7 +339,6 @@ class ReplyParser:
 
     @property
     def buffered(self) -> int:
-        """Bytes received and not yet consumed by a reply."""
         return len(self._buffer)
 
     def _line_limit(self, command: Command) -> int:

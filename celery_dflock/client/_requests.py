@@ -1,7 +1,6 @@
 """The dflockd protocol's requests, without I/O: the commands, the checks of what a request
-carries (keys, tokens, owner notes, the secret, a wait's timeout), and one function per
-request returning its bytes (``checked_*``: of parts checked before; ``encode_*``: checking
-what it is given). The replies are read by `celery_dflock.client._replies`."""
+carries, and one function per request returning its bytes (``checked_*``: of parts checked
+before; ``encode_*``: checking what it is given)."""
 
 from __future__ import annotations
 
@@ -12,17 +11,15 @@ from typing import Final
 from celery_dflock.client import wire
 from celery_dflock.client.errors import InvalidValueError
 
-MAX_KEY_BYTES: Final = wire.MAX_LINE_BYTES
-"""A key is one request line, so it holds at most this many bytes of UTF-8."""
+MAX_KEY_BYTES: Final = wire.MAX_LINE_BYTES  # a key is one request line
 
 TOKEN_RE: Final = re.compile(rf"[0-9a-f]{{{wire.TOKEN_HEX_CHARS}}}")
-_WHITESPACE_RE: Final = re.compile(r"\s")
-"""Matches exactly the characters ``str.isspace`` accepts (one scan in C, not a loop)."""
+_WHITESPACE_RE: Final = re.compile(r"\s")  # exactly what ``str.isspace`` accepts
 
 
 class Command(enum.StrEnum):
-    """The request commands, valued as they are spelled on the wire; `label` says what one
-    does, with its wire letter (``"a renewal ('n')"``), for messages."""
+    """The request commands, as spelled on the wire; `label` for messages (``"a renewal
+    ('n')"``)."""
 
     label: str
 
@@ -55,15 +52,11 @@ class Command(enum.StrEnum):
         return member
 
 
-# ------------------------------------------------------------------------------- validation
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate_key(key: str) -> str:
-    """Return ``key`` if the protocol can carry it, else raise `ValueError` saying why."""
     if not isinstance(key, str):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidValueError(f"a lock key must be a str, got {type(key).__name__}: {key!r}")
     if not key:
@@ -86,7 +79,6 @@ def validate_key(key: str) -> str:
 
 
 def validate_token(token: str) -> str:
-    """Return ``token`` if it looks like a dflockd token (32 lowercase hex), else `ValueError`."""
     if not isinstance(token, str) or not TOKEN_RE.fullmatch(token):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidValueError(
             f"a token is {wire.TOKEN_HEX_CHARS} lowercase hex characters, got {token!r}"
@@ -98,8 +90,6 @@ NOTE_RE: Final = re.compile(rf"[!-~]{{1,{wire.MAX_NOTE_BYTES}}}")
 
 
 def validate_note(note: str, name: str = "note") -> str:
-    """Return ``note`` if it is an owner note the protocol carries (1 to 200 printable ASCII
-    characters, no space: ``!`` to ``~``), else `ValueError` naming ``name``."""
     if not isinstance(note, str) or not NOTE_RE.fullmatch(note):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidValueError(
             f"{name} must be 1 to {wire.MAX_NOTE_BYTES} printable ASCII characters without "
@@ -120,35 +110,29 @@ def _request(command: Command, key: str, argument: str) -> bytes:
     return f"{command}\n{key}\n{argument}\n".encode()
 
 
-# ------------------------------------------------------------ the requests of a lock object
 # A lock object's parts are checked once, when it is made, and its token is one a grant reply
-# matched: these build its requests without checking again (every locked task run sends an
-# acquire and a release). A request by token checks what it is given, then builds with them.
+# matched: these build its requests without checking again.
 
 
 _LOCK: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d\n"
 _LOCK_LEASE: Final = wire.CMD_LOCK.encode() + b"\n%s\n%d %d\n"
 _HOLD: Final = wire.CMD_HOLD.encode() + b"\n%s\n%d %d %s %s\n"
 _HOLD_MODES: Final = (wire.HOLD_MODE_CONNECTION.encode(), wire.HOLD_MODE_DETACHED.encode())
-"""Indexed by ``detached``."""
 _RELEASE: Final = wire.CMD_RELEASE.encode() + b"\n%s\n%s\n"
 
 
 def checked_lock(key: str, timeout_s: int, lease_s: int | None) -> bytes:
-    """``l`` of parts already checked."""
     if lease_s is None:
         return _LOCK % (key.encode(), timeout_s)
     return _LOCK_LEASE % (key.encode(), timeout_s, lease_s)
 
 
 def checked_hold(key: str, timeout_s: int, lease_s: int, note: str, *, detached: bool) -> bytes:
-    """``hl`` of parts already checked."""
     mode = _HOLD_MODES[detached]
     return _HOLD % (key.encode(), timeout_s, lease_s, mode, note.encode())
 
 
 def checked_release(key: str, token: str) -> bytes:
-    """``r`` of parts already checked."""
     return _RELEASE % (key.encode(), token.encode())
 
 
@@ -157,68 +141,53 @@ def _checked_lease(lease_s: int | None) -> str:
 
 
 def checked_sem_lock(key: str, timeout_s: int, limit: int, lease_s: int | None) -> bytes:
-    """``sl`` of parts already checked."""
     return _request(Command.SEM_LOCK, key, f"{timeout_s} {limit}{_checked_lease(lease_s)}")
 
 
 def checked_enqueue(key: str, limit: int | None, lease_s: int | None) -> bytes:
-    """``e`` (``limit`` None) or ``se`` of parts already checked."""
     if limit is None:
         return _request(Command.ENQUEUE, key, _checked_lease(lease_s).lstrip())
     return _request(Command.SEM_ENQUEUE, key, f"{limit}{_checked_lease(lease_s)}")
 
 
 def checked_renew(key: str, token: str, lease_s: int | None, *, semaphore: bool) -> bytes:
-    """``n`` (``sn`` for a ``semaphore``) of parts already checked."""
     command = Command.SEM_RENEW if semaphore else Command.RENEW
     return _request(command, key, token + _checked_lease(lease_s))
 
 
 def checked_hand_down(key: str, token: str, lease_s: int) -> bytes:
-    """``hd`` of parts already checked."""
     return _request(Command.HAND_DOWN, key, f"{token} {lease_s}")
 
 
 def checked_take(key: str, token: str, lease_s: int, on_close_s: int | None, note: str) -> bytes:
-    """``ht`` of parts already checked."""
     on_close = wire.ON_CLOSE_RELEASE if on_close_s is None else str(on_close_s)
     return _request(Command.TAKE, key, f"{token} {lease_s} {on_close} {note}")
 
 
-# ------------------------------------------------------------------------------- encoders
-
-
 def encode_note(key: str, token: str, note: str) -> bytes:
-    """``note``: replace the owner note of the grant ``token`` holds on ``key``."""
     return _request(
         Command.NOTE, validate_key(key), f"{validate_token(token)} {validate_note(note)}"
     )
 
 
 def encode_force_release(key: str, note: str | None = None) -> bytes:
-    """``fr``: free every grant on ``key``, whoever holds it; ``note`` (an owner note) tells
-    the server's log who asks."""
     argument = wire.PLACEHOLDER if note is None else validate_note(note, "the operator's note")
     return _request(Command.FORCE_RELEASE, validate_key(key), argument)
 
 
 def encode_wait(key: str, timeout_s: int) -> bytes:
-    """``w``: wait up to ``timeout_s`` for the grant of an earlier ``e`` (same connection)."""
     return _request(Command.WAIT, validate_key(key), _timeout(timeout_s))
 
 
 def encode_sem_wait(key: str, timeout_s: int) -> bytes:
-    """``sw``: wait for the semaphore slot of an earlier ``se``."""
     return _request(Command.SEM_WAIT, validate_key(key), _timeout(timeout_s))
 
 
 def encode_sem_release(key: str, token: str) -> bytes:
-    """``sr``: give a semaphore slot back."""
     return _request(Command.SEM_RELEASE, validate_key(key), validate_token(token))
 
 
 def encode_auth(secret: str) -> bytes:
-    """``auth``: present the server's shared secret (must be a connection's first request)."""
     if not isinstance(secret, str) or not secret:  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidValueError("auth_token must be a non-empty str")
     if "\n" in secret or "\r" in secret or secret != secret.strip():
@@ -234,45 +203,39 @@ def encode_auth(secret: str) -> bytes:
 
 
 def encode_stats() -> bytes:
-    """``stats``: ask for the server's state as one line of JSON."""
     return _request(Command.STATS, wire.PLACEHOLDER, wire.PLACEHOLDER)
 
 
 def encode_ping() -> bytes:
-    """``ping``: liveness check."""
     return _request(Command.PING, wire.PLACEHOLDER, wire.PLACEHOLDER)
 
 
 def encode_hello() -> bytes:
-    """``hello _ session``: what this server is and supports (an older one: ``error``); on a
-    server that lists ``session``, this connection is a session connection from now on."""
+    """``hello _ session``: on a server that lists ``session``, this connection is a session
+    connection from now on."""
     return _request(Command.HELLO, wire.PLACEHOLDER, wire.HELLO_SESSION)
 
 
 def encode_join_session(session_id: str, ttl: int) -> bytes:
-    """``hello _ session <id> <ttl>``: what this server is, and this connection joins the
-    client session ``<id>`` (made if new) on a server that lists ``keepalive``."""
+    """``hello _ session <id> <ttl>``: this connection joins the client session ``<id>``."""
     return _request(Command.HELLO, wire.PLACEHOLDER, f"{wire.HELLO_SESSION} {session_id} {ttl}")
 
 
 def encode_keepalive(session_id: str) -> bytes:
-    """``ping _ session <id>``: keep the client session ``<id>`` and every grant on it alive."""
     return _request(Command.PING, wire.PLACEHOLDER, f"{wire.HELLO_SESSION} {session_id}")
 
 
 def encode_asking(key: str | None = None, ticket: str | None = None) -> bytes:
-    """``asking <key> <ticket>``: the next acquire, of ``key``, follows an ``error_ask`` that
-    gave ``ticket``; ``asking _ _`` when it gave none."""
+    """``asking <key> <ticket>`` (``asking _ _`` without a ticket)."""
     if key is None or ticket is None:
         return _request(Command.ASKING, wire.PLACEHOLDER, wire.PLACEHOLDER)
     return _request(Command.ASKING, validate_key(key), ticket)
 
 
 def encode_shards() -> bytes:
-    """``shards``: which keys the server serves (``Shards``)."""
     return _request(Command.SHARDS, wire.PLACEHOLDER, wire.PLACEHOLDER)
 
 
 def fence_of(token: str) -> int:
-    """The fencing counter carried in a token: ``int(token[:16], 16)``."""
+    """``int(token[:16], 16)``."""
     return int(token[: wire.FENCE_HEX_CHARS], 16)

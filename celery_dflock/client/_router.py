@@ -1,10 +1,7 @@
-"""Where a lock's requests go: the server list's shard, or a cluster's map and its redirect
-rule (no I/O here).
-
-`ClusterRouter` is one client's cached cluster map, shared by its locks. `KeyRoute` is one
-lock's route: the key's server, and how an acquire follows a cluster's redirects
-(``error_moved``, ``error_ask``, ``error_unavailable``, an unreachable member), pausing and
-reading the map again by one rule.
+"""Where a lock's requests go (no I/O here): `ClusterRouter`, one client's cached cluster map
+shared by its locks; `KeyRoute`, one lock's route: the key's server, and how an acquire follows
+a cluster's redirects (``error_moved``, ``error_ask``, ``error_unavailable``, an unreachable
+member), pausing and reading the map again by one rule.
 """
 
 from __future__ import annotations
@@ -29,29 +26,23 @@ from celery_dflock.client.sharding import CLUSTER, select_server
 logger: Final = logging.getLogger("celery_dflock.client")
 
 MAP_REFRESH_INTERVAL_S: Final = 0.2
-"""A client refreshes its cached cluster map at most this often (unless a member it was sent
-to did not answer, or a redirect loop was found: then at once)."""
+"""A cached cluster map is refreshed at most this often (unless found wrong: then at once)."""
 REDIRECT_LOOP: Final = 3
-"""``error_moved`` replies in a row one acquire follows at once; the next one is a redirect
-loop (members whose views of the map differ for a moment, during a hand-over): the acquire
-pauses as after ``error_unavailable``, reads the shard map again and routes by it."""
+"""``error_moved`` replies in a row one acquire follows at once; the next is a redirect loop:
+pause, read the map again, route by it."""
 HANDOVER_MIN_WAIT_S: Final = 2.0
-"""An acquire follows a hand-over (redirects, ``error_unavailable``, an unreachable member) for
-its acquire timeout, and at least this long: a try-once acquire (timeout 0) still gets its
-answer from the key's new member. No server is asked to queue it past its own timeout."""
+"""An acquire follows a hand-over for its acquire timeout, and at least this long (so a
+try-once acquire still gets its answer from the key's new member)."""
 UNAVAILABLE_FIRST_PAUSE_S: Final = 0.05
 UNAVAILABLE_MAX_PAUSE_S: Final = 1.0
-"""After ``error_unavailable``, a redirect loop or a member that cannot be reached, an acquire
-tries again after a pause that doubles from the first to the most (each pause drawn at random
-between half and all of that, so that clients do not retry in step), until its time is up."""
-# ------------------------------------------------------------------------------ cluster routing
+"""Retry pauses while following a hand-over double from the first to the most (each drawn
+between half and all of that, so clients do not retry in step)."""
 
 
 @dataclass(frozen=True, slots=True)
 class NextTry:
-    """What an acquire does after a redirect (`KeyRoute.on_redirect`): pause ``pause_s``;
-    ``reroute``: route by the map (read again, at most every `MAP_REFRESH_INTERVAL_S`, or at
-    once when ``reread``), else go where the redirect said."""
+    """After a redirect: pause ``pause_s``; ``reroute``: route by the map (read again at once
+    when ``reread``), else go where the redirect said."""
 
     pause_s: float
     reroute: bool
@@ -59,7 +50,7 @@ class NextTry:
 
 
 def split_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``) as ``(host, port)``; `ProtocolError` when it is not."""
+    """``HOST:PORT`` (``[v6]:PORT``) as ``(host, port)``."""
     host, _, port = address.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) <= 65535:
@@ -68,22 +59,19 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 class ClusterRouter:
-    """One client's cached cluster map, shared by its locks (thread safe): fetched from the
-    first of the ``seeds`` that answers ``shards``, refreshed at most every
-    `MAP_REFRESH_INTERVAL_S`."""
+    """One client's cached cluster map, shared by its locks (thread safe), fetched from the
+    first of the ``seeds`` that answers ``shards``."""
 
     def __init__(self, seeds: Sequence[tuple[str, int]]) -> None:
         self.seeds = tuple(seeds)
         self.map: ClusterMap | None = None
-        """The map last fetched (None before the first fetch)."""
-        self.stale = False
-        """True after `invalidate`, until a refresh is claimed."""
+        self.stale = False  # after `invalidate`, until a refresh is claimed
         self._claimed_at = -math.inf
         self._suspects: frozenset[tuple[str, int]] = frozenset()
         self._guard = threading.Lock()
 
     def claim_refresh(self, now: float | None = None) -> bool:
-        """True when a refresh may start now; False when one started too recently."""
+        """True when a refresh may start now (none started too recently)."""
         now = time.monotonic() if now is None else now
         with self._guard:
             recent = now - self._claimed_at < MAP_REFRESH_INTERVAL_S
@@ -94,22 +82,19 @@ class ClusterRouter:
             return True
 
     def invalidate(self, suspect: tuple[str, int] | None = None) -> None:
-        """The map may be wrong (a member did not answer, or a redirect loop): the next routing
-        reads it again at once. ``suspect``, a member that did not answer, is asked for the map
-        after the others until then."""
+        """The map may be wrong: the next routing reads it again at once, asking ``suspect``
+        (a member that did not answer) last."""
         with self._guard:
             self.stale = True
             if suspect is not None:
                 self._suspects = self._suspects | {suspect}
 
     def update(self, cluster_map: ClusterMap) -> None:
-        """Route by ``cluster_map`` from now on (a reference swap)."""
         self.map = cluster_map
         self._suspects = frozenset()
 
     def candidates(self) -> list[tuple[str, int]]:
-        """Where to ask for the map: the seeds, then every node the last map named; the
-        members that did not answer lately last."""
+        """Where to ask for the map: the seeds, then the last map's nodes; suspects last."""
         found = list(self.seeds)
         current = self.map
         if current is not None:
@@ -121,15 +106,12 @@ class ClusterRouter:
         return [a for a in found if a not in suspects] + [a for a in found if a in suspects]
 
     def owner(self, key: str) -> tuple[str, int] | None:
-        """Where ``key`` lives by the cached map (None: no map, or no node for its shard)."""
+        """Where ``key`` lives by the cached map (None: not known)."""
         current = self.map
         if current is None:
             return None
         owner = current.owner(key)
         return None if owner is None else split_address(owner)
-
-
-# ------------------------------------------------------------------------------ one key's route
 
 
 class KeyRoute:
@@ -144,12 +126,10 @@ class KeyRoute:
         router: ClusterRouter | None,
     ) -> None:
         self.key = _requests.validate_key(key)
-        self.limit = limit
-        """A semaphore's slots (None: a plain lock)."""
+        self.limit = limit  # a semaphore's slots (None: a plain lock)
         self.settings = settings
         self.acquire_timeout_s = acquire_timeout_s
         self.router: ClusterRouter | None = None
-        """Cluster routing (``sharding_strategy="cluster"``): the map shared with the client."""
         servers = settings.servers
         if settings.sharding_strategy == CLUSTER:
             self.router = router if router is not None else ClusterRouter(servers)
@@ -164,15 +144,11 @@ class KeyRoute:
         self.rerouted = False
         self.redirects = 0
         self.unavailable_pause = 0.0
-        self.handover: str | None = None
-        """Why the last acquire failed, when a hand-over kept it from the key's member until
-        its time was up (None: it was not so)."""
+        self.handover: str | None = None  # why a hand-over outlasted the last acquire
         self.asking = False  # the next acquire request follows an `error_ask`: `asking` first
         self.ask_ticket: str | None = None  # what that `error_ask` gave, passed along
-        self.clock: Callable[[], float] = time.monotonic
-        """The clock its deadlines are on (a simulated client's own: tests/sim)."""
-        self.jitter: Callable[[], float] = random.random
-        """Draws in [0, 1) that spread its pauses (a simulated client's seeded ones)."""
+        self.clock: Callable[[], float] = time.monotonic  # tests/sim: a simulated one
+        self.jitter: Callable[[], float] = random.random  # tests/sim: seeded
 
     @property
     def what(self) -> str:
@@ -180,7 +156,6 @@ class KeyRoute:
         return describe_lock(self.key, self.limit)
 
     def begin_acquire(self) -> None:
-        """An acquire (or enqueue) starts: its deadlines run from now."""
         now = self.clock()
         self.acquire_deadline = now + self.acquire_timeout_s
         follow = self.acquire_timeout_s
@@ -205,13 +180,11 @@ class KeyRoute:
         return max(0, math.ceil(deadline - self.clock()))
 
     def retarget(self, host: str, port: int) -> None:
-        """Send the next requests for this key to ``host:port``."""
         if (host, port) != (self.endpoint.host, self.endpoint.port):
             self.endpoint = replace(self.endpoint, host=host, port=port)
 
     def route(self) -> bool:
-        """Cluster routing: aim at the key's node by the cached map. False when there is no
-        map yet, or it is `ClusterRouter.stale`: fetch it, then route again."""
+        """Aim at the key's node by the cached map; False when there is none fresh: fetch it."""
         router = self.router
         if router is None:
             return True
@@ -224,16 +197,14 @@ class KeyRoute:
 
     @staticmethod
     def redirected(reply: Reply) -> bool:
-        """True for ``error_moved`` and ``error_unavailable``: the key is not served there."""
+        """``error_moved`` or ``error_unavailable``: the key is not served there."""
         return isinstance(reply, Moved) or (
             isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR_UNAVAILABLE
         )
 
     def on_redirect(self, reply: Reply) -> NextTry | None:
-        """Cluster routing after `redirected`: what to do next, or None when the time to
-        follow a hand-over is up (`handover` says why). ``error_moved``: `_follow`.
-        ``error_unavailable`` (the key's new member has not taken the shard yet): pause, then
-        route by the map. Pauses grow as `UNAVAILABLE_MAX_PAUSE_S` says."""
+        """After `redirected`: what to do next, or None when the time to follow a hand-over
+        is up (`handover` says why)."""
         self.rerouted = True
         where = self.endpoint.address
         if isinstance(reply, Moved):
@@ -243,16 +214,14 @@ class KeyRoute:
         return None if pause_s is None else NextTry(pause_s, reroute=True)
 
     def on_ask(self, reply: Asked) -> NextTry | None:
-        """``error_ask <HOST:PORT>``: send this acquire, once, to that member with ``asking``
-        first (a key-level move: the map stays; the next acquire is routed by it). A redirect
-        to `_follow` otherwise."""
+        """``error_ask <HOST:PORT>``: send this acquire once to that member, ``asking`` first
+        (a key-level move: the map stays)."""
         self.rerouted = True
         self.ask_ticket = reply.ticket
         return self._follow("error_ask", reply.address, asking=True)
 
     def _follow(self, answer: str, address: str, *, asking: bool = False) -> NextTry | None:
-        """A redirect to ``address``: followed at once up to `REDIRECT_LOOP` in a row; past
-        that a loop: pause, read the map again, route by it (None when the time is up)."""
+        """Follow a redirect at once, up to `REDIRECT_LOOP` in a row (then a loop)."""
         self.redirects += 1
         if self.redirects <= REDIRECT_LOOP:
             self.retarget(*split_address(address))
@@ -267,15 +236,13 @@ class KeyRoute:
         return None if pause_s is None else NextTry(pause_s, reroute=True, reread=True)
 
     def on_ask_refused(self) -> float | None:
-        """The member an ``error_ask`` named refused ``asking`` (it predates key-level moves):
-        pause as after ``error_unavailable``; None when the acquire's time is up."""
+        """The member an ``error_ask`` named refused ``asking``: pause as after
+        ``error_unavailable``."""
         return self._next_pause(f"{self.endpoint.address} refused asking")
 
     def on_unreachable(self, exc: DflockError) -> float | None:
-        """Cluster routing: the key's node could not be reached, closed the connection, did not
-        answer in time or is draining: the map is to be read again at once (`invalidate`, also
-        when the time is up), after the pause returned, as after ``error_unavailable``. None:
-        not cluster routing, or the time is up (the caller raises ``exc``)."""
+        """The key's node could not serve: read the map again after the pause returned; None
+        when not cluster routing or the time is up (the caller raises ``exc``)."""
         router = self.router
         if router is None:
             return None
@@ -301,7 +268,6 @@ class KeyRoute:
         return min(pause * (0.5 + self.jitter() / 2), remaining)  # jitter
 
     def mismatch_error(self, reply: Reply, shards: dict[str, object] | None) -> DflockError:
-        """A list-mode client was redirected (`celery_dflock.client._refusals.mismatch_error`)."""
         return mismatch_error(
             reply,
             shards,

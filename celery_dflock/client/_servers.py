@@ -33,9 +33,7 @@ FEATURE_KEEPALIVE: Final = wire.FEATURE_KEEPALIVE
 @dataclass(frozen=True, slots=True)
 class Hold:
     """A detached hold (`Client.hold`): the lock ``key`` held by ``token`` on ``server``
-    (``"host:port"``) with a lease of ``lease_ttl`` seconds, freed only by a release of the
-    token (from any process) or when the lease runs out. ``fence``: the token's fencing
-    counter (None when the server does not issue fencing tokens)."""
+    (``"host:port"``), freed only by a release of the token or when the lease runs out."""
 
     key: str
     token: str = field(repr=False)  # a bearer credential: never in a repr
@@ -46,25 +44,16 @@ class Hold:
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
-    """What a server said about itself in answer to ``hello`` (asked once per server); one
-    that answers ``error`` (dflockd 0.4/0.5, the Go server) is `legacy`: no features known.
-    """
+    """What a server said to ``hello``; one that answers ``error`` is `legacy`."""
 
     name: str | None = None
     version: str | None = None
     features: frozenset[str] = frozenset()
-    max_lease_ttl_s: int | None = None
-    """The longest lease the server grants (its ``--max-lease-ttl``); None: not said."""
+    max_lease_ttl_s: int | None = None  # None: not said
     default_lease_ttl_s: int | None = None
-    """The lease the server grants a request that names none (its ``--default-lease-ttl``):
-    what ``hl`` / ``ht`` ask for a lock made without a lease. None: not said."""
+    # How long a session connection's grants outlive its close (the server lists ``session``).
     session_ttl_s: int | None = None
-    """How long a session connection's grants outlive its close, when the server lists
-    ``session`` (every connection to it is then one); None: the server frees a connection's
-    grants at its close, or keeps them to the lease."""
-
-    run: str | None = None
-    """This start of the server (``hello``'s ``run``; None: not said)."""
+    run: str | None = None  # this start of the server
 
     @property
     def keeps_sessions(self) -> bool:
@@ -78,28 +67,23 @@ class ServerInfo:
 
     @property
     def legacy(self) -> bool:
-        """True for a server that does not answer ``hello``."""
         return self.name is None
 
     @property
     def fences(self) -> bool:
-        """True when its tokens are fencing tokens (``fence`` is None otherwise)."""
         return FEATURE_FENCE in self.features
 
     def supports(self, feature: str) -> bool:
-        """True when ``hello`` listed ``feature``."""
         return feature in self.features
 
     def describe(self) -> str:
-        """``dflockd-server 0.2.0`` or ``a dflockd server without hello``, for messages."""
         if self.name is None:
             return "a dflockd server that does not answer hello (no ping, stats or fences)"
         return f"{self.name} {self.version or '?'}"
 
 
 def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInfo:
-    """``server``, when it (at ``where``) listed ``holds``; else `HoldsUnsupported` (``what``
-    needed them: ``lock 'k'``)."""
+    """``server``, when it listed ``holds``; else `HoldsUnsupported`."""
     if server is None or not server.supports(FEATURE_HOLDS):
         told = "a server that was not asked hello" if server is None else server.describe()
         raise HoldsUnsupported(
@@ -111,7 +95,6 @@ def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInf
 
 
 def require_force_release(server: ServerInfo | None, where: str) -> None:
-    """Raise `ForceReleaseUnsupported` unless ``server`` (at ``where``) lists it."""
     if server is None or not server.supports(FEATURE_FORCE_RELEASE):
         told = "a server that was not asked hello" if server is None else server.describe()
         raise ForceReleaseUnsupported(
@@ -122,11 +105,9 @@ def require_force_release(server: ServerInfo | None, where: str) -> None:
 
 
 LEGACY_SERVER: Final = ServerInfo()
-"""What is known of a server that answered ``hello`` with ``error``."""
 
 
 def _seconds(value: object) -> int | None:
-    """A whole number of seconds above 0 in ``hello``'s JSON, else None (not said)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None

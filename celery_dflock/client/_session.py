@@ -1,18 +1,13 @@
 """This process's session with a lock server (docs/protocol.md, "Client sessions"); no I/O here.
 
-A server that lists ``keepalive`` keeps one session per client: each of the client's
-connections joins it (``hello _ session <id> <ttl>``), the grants made on any of them belong to
-it, and one keep-alive (``ping _ session <id>``, every third of its time:
-`celery_dflock.client._async.keepalive`) keeps it and all its grants alive. Closing a connection
-ends nothing; the server ends the session, and its grants, once no keep-alive came for its time.
+A server that lists ``keepalive`` keeps one session per client: each of its connections joins
+it, the grants made on any of them belong to it, and one keep-alive
+(`celery_dflock.client._async.keepalive`) keeps it and all its grants alive. The server ends
+the session, and its grants, once no keep-alive came for its time.
 
-A `ClientSession` has an id (random, a bearer credential like a token), a time, and the send
-time of the last keep-alive answered: the server cannot end it before that plus its time, so
-until then less `SESSION_MARGIN_S` its grants are surely held (as far as their leases run).
-Once that deadline passed without a fresh answer, the session is over for good, whatever a later
-answer says (the server may have given its keys to others): a new session (a new id) takes its
-place. `Sessions` keeps the current session with each server of one pool (or of one lock
-without a pool); a fork child starts its own.
+The server cannot end a session before the send time of its last answered keep-alive plus its
+time: until then less `SESSION_MARGIN_S` its grants are surely held. Past that deadline the
+session is over for good, whatever a later answer says: a new one (a new id) takes its place.
 """
 
 from __future__ import annotations
@@ -30,83 +25,42 @@ from celery_dflock.client._settings import Endpoint
 __all__ = ["SESSION_KEEPALIVES", "SESSION_MARGIN_S", "ClientSession", "Holder", "Sessions"]
 
 SESSION_MARGIN_S: Final = 0.75
-"""Taken off a session's time when counting how long its grants surely stay held after the
-last answered keep-alive: room for the two clocks' rates to differ and, mostly, for this process
-to be scheduled late at the deadline on a loaded machine."""
+"""Taken off a session's time for clock drift and late scheduling on a loaded machine."""
 PRUNE_EVERY_S: Final = 60.0
 """How often the keep-alive forgets every lock of its session that was let go (`idle`)."""
 SESSION_KEEPALIVES: Final = 3
-"""A session is kept alive this many times per session time (a 15 s session: every 5 s), so
-that a stall of the server, the network or this process for most of its time costs nothing."""
+"""Keep-alives per session time: a stall for most of its time costs nothing."""
 
 
 class Holder(Protocol):
     """A lock held or waiting on a session (its holding), as the session sees it."""
 
-    def poke(self) -> None:
-        """Renew now, in the background: the renewal finds out whether the grant is lost."""
-        ...
+    def poke(self) -> None: ...
 
-    def holds(self) -> bool:
-        """Whether it still holds a grant, or waits for one (else the session forgets it)."""
-        ...
+    def holds(self) -> bool: ...
 
 
 class ClientSession:
-    """One session with one server (see the module's doc); ``ttl``: the client's ask, at most
-    the server's ``max_lease_ttl_s``."""
-
-    __slots__ = (
-        "_guard",
-        "_pruned_at",
-        "answered_at",
-        "clock",
-        "durable",
-        "ended",
-        "holders",
-        "id",
-        "keeper",
-        "renewal_answered_at",
-        "renewed_at",
-        "run",
-        "server_down",
-        "ttl",
-    )
+    """One session with one server; ``ttl`` at most the server's ``max_lease_ttl_s``."""
 
     def __init__(self, ttl: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.id = secrets.token_hex(16)
-        self.clock = clock
-        """The clock its times are on (a simulated process's in tests/sim)."""
+        self.clock = clock  # tests/sim: a simulated one
         self.ttl = ttl
+        # Send times of the last answered request that kept it alive (a keep-alive or a
+        # join), and of the last answered keep-alive (which renewed every grant too).
         self.answered_at = -math.inf
-        """time.monotonic() when the last request that kept it alive (a keep-alive, or the
-        ``hello`` that joined a connection to it) was sent, of those the server answered."""
         self.renewed_at = -math.inf
-        """When the last keep-alive answered was sent: it renewed every grant of the session
-        (a join refreshes the session, not its grants)."""
-        self.renewal_answered_at = math.inf
-        """When the answer to that keep-alive came (a grant counts it only if the answer came
-        while its lease surely ran: `HeldGrant.lease_end`)."""
-        self.ended = ""
-        """Why it is over ("" while it may live): the server said it has no such session, or
-        its deadline passed without an answer."""
-        self.durable = False
-        """The server keeps a lease journal (lists ``durable``): a restart restores each grant
-        to its lease, without the session (sessions are not journaled)."""
-        self.run: str | None = None
-        """The server's start the session was last joined on (``hello``'s ``run``; None: not
-        said): a keep-alive renews only the grants made or reattached on that run."""
+        self.renewal_answered_at = math.inf  # when that keep-alive's answer came
+        self.ended = ""  # why it is over ("" while it may live)
+        self.durable = False  # the server journals leases (not sessions)
+        self.run: str | None = None  # the server run it was joined on: its grants renew
+        # A durable server found not running ends nothing: only the leases bound the grants.
         self.server_down = False
-        """The last keep-alive found nobody listening at a durable server's address (`refused`):
-        a server not running ends nothing and its restart restores each grant to its lease, so
-        only the leases bound the grants then."""
-        self.holders: set[Holder] = set()
-        """The held locks on it, each told (`Holder.poke`) once it is over."""
-        self.keeper: object | None = None
-        """Its keep-alive while it runs (a task or a thread: `_async.keepalive`)."""
+        self.holders: set[Holder] = set()  # told (`Holder.poke`) once it is over
+        self.keeper: object | None = None  # its keep-alive task or thread, while it runs
         self._pruned_at = -math.inf  # when `idle` last looked at every holder
-        self._guard = threading.Lock()
-        """`hold` and the keep-alive's `idle` / `stopped` agree under it whether one runs."""
+        self._guard = threading.Lock()  # whether a keep-alive runs is agreed under it
 
     def deadline(self) -> float:
         """Until when its grants surely stay held, as far as the session goes; -inf once over."""
@@ -115,11 +69,10 @@ class ClientSession:
         return self.answered_at + self.ttl - SESSION_MARGIN_S
 
     def interval(self) -> float:
-        """Seconds between keep-alives."""
         return self.ttl / SESSION_KEEPALIVES
 
     def live(self, now: float | None = None) -> bool:
-        """Not over: it may still be joined and kept alive (its deadline passed: `end`)."""
+        """Not over (a passed deadline ends it)."""
         if self.ended:
             return False
         if self.answered_at > -math.inf and (self.clock() if now is None else now) >= (
@@ -130,9 +83,8 @@ class ClientSession:
         return True
 
     def answered(self, sent_at: float, *, renewed: bool = False) -> None:
-        """The server answered a join, or a keep-alive (``renewed``: it renewed every grant
-        too), sent at ``sent_at``. After the deadline this changes nothing: the session is over
-        (the server may have made a new one of the same id for a join)."""
+        """The server answered a join or (``renewed``) a keep-alive sent at ``sent_at``; after
+        the deadline this changes nothing."""
         self.server_down = False
         if not self.live():
             return
@@ -142,8 +94,8 @@ class ClientSession:
             self.renewal_answered_at = self.clock()
 
     def hold(self, holder: Holder, start: Callable[[], object]) -> None:
-        """``holder`` holds a grant on the session, or waits for one: kept alive from now on
-        (``start()`` starts the keep-alive, unless one runs)."""
+        """``holder`` holds or waits for a grant on the session: ``start()`` the keep-alive
+        unless one runs."""
         with self._guard:
             self.holders.add(holder)
             if self.keeper is None and not self.ended:
@@ -152,8 +104,7 @@ class ClientSession:
     def idle(self) -> bool:
         """For the keep-alive: True (and it counts as stopped) once no held lock is left on
         the session, or it is over. Locks let go are forgotten on the way: all of them every
-        ``PRUNE_EVERY_S`` (a look at 5,000 costs milliseconds), else those before the first
-        that holds."""
+        ``PRUNE_EVERY_S``, else those before the first that holds."""
         with self._guard:
             holders = self.holders
             if not self.ended:
@@ -178,12 +129,10 @@ class ClientSession:
             return True
 
     def keeping(self) -> bool:
-        """Whether its keep-alive runs (which tells of the session's end, or its own: `stopped`)."""
         return self.keeper is not None and not self.ended
 
     def stopped(self) -> None:
-        """The keep-alive ended while locks were held on it: the next `hold` starts another,
-        and its holders are told, to renew by themselves."""
+        """The keep-alive ended while locks were held on it: they are told to renew."""
         with self._guard:
             self.keeper = None
             holders = list(self.holders)
@@ -191,12 +140,12 @@ class ClientSession:
             holder.poke()
 
     def refused(self) -> None:
-        """An attempt to keep it alive found nobody listening at the server's address."""
+        """A keep-alive found nobody listening at the server's address."""
         if self.durable:
             self.server_down = True
 
     def end(self, why: str) -> None:
-        """The session is over (``why``), for good: its holders are told."""
+        """Over for good: its holders are told."""
         if self.ended:
             return
         self.ended = why
@@ -209,8 +158,8 @@ class ClientSession:
 
 
 class Sessions:
-    """The current `ClientSession` with each server for one pool's connections (or one lock's):
-    one that is over is replaced when a connection next joins; a fork child forgets them."""
+    """The current `ClientSession` with each server of one pool (or lock); a fork child
+    forgets them."""
 
     __slots__ = ("_by_address", "_pid")
 
@@ -225,8 +174,6 @@ class Sessions:
         return self._by_address
 
     def current(self, endpoint: Endpoint, ttl: int) -> ClientSession:
-        """The session a new connection to ``endpoint`` joins (``ttl``: its time, as the server
-        grants it)."""
         mine = self._mine()
         found = mine.get(endpoint.address)
         session = None if found is None else found[1]
@@ -236,8 +183,7 @@ class Sessions:
         return session
 
     def unheld(self) -> list[tuple[Endpoint, ClientSession]]:
-        """The sessions that may live and hold no lock of this process, forgotten here (a clean
-        close ends them, and what was held on them by token)."""
+        """The live sessions that hold no lock of this process, forgotten here (to end)."""
         mine = self._mine()
         out: list[tuple[Endpoint, ClientSession]] = []
         for address, (endpoint, session) in list(mine.items()):

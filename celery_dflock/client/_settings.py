@@ -1,9 +1,8 @@
 """A client's settings: the defaults, the validators, and `ClientSettings` (no I/O here).
 
-Every setting is checked once, where it enters: by the public constructors (naming the
-argument the user wrote) or by the Celery layer's config (naming its ``dflock_*`` setting).
-The frozen `ClientSettings` they build is passed down whole to every lock and its `LockCore`,
-which check nothing again; a lock's own acquire timeout and lease are checked where given.
+Every setting is checked once, where it enters (public constructors name the argument, the
+Celery layer its ``dflock_*`` setting); the frozen `ClientSettings` is passed down whole to
+every lock, which checks nothing again.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.sharding import CLUSTER, Routing, stable_hash_shard, validate_servers
 
 DEFAULT_SERVERS: Final[tuple[tuple[str, int], ...]] = (("127.0.0.1", wire.DEFAULT_PORT),)
-"""One server on this machine, at the protocol's port."""
 DEFAULT_ACQUIRE_TIMEOUT_S: Final = 10
 """How long an acquire waits in the key's FIFO queue."""
 DEFAULT_RENEW_RATIO: Final = 0.5
@@ -27,9 +25,8 @@ DEFAULT_RENEW_RATIO: Final = 0.5
 DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 """How long a new connection (TCP, TLS, ``auth``, ``hello``) may take."""
 DEFAULT_SESSION_TTL_S: Final = 15
-"""A client's session time (docs/protocol.md, "Client sessions"): kept alive every third of it,
-it rides out a stall of up to about 9 s without losing a lock; a process killed outright (not
-a pool child, whose worker ends its grants at once) keeps its keys this long."""
+"""A client's session time: it rides out a stall of about 9 s without losing a lock; a
+process killed outright keeps its keys this long."""
 
 REPLY_GRACE_S: Final = 10.0
 """How long a reply may take beyond the time the server was asked to wait."""
@@ -51,11 +48,9 @@ class Endpoint:
     ssl_context: ssl.SSLContext | None = None
     connect_timeout_s: float = field(default=DEFAULT_CONNECT_TIMEOUT_S, compare=False)
     session_ttl_s: int = field(default=DEFAULT_SESSION_TTL_S, compare=False)
-    """The time of this client's session with the server (one that keeps sessions)."""
 
     @property
     def address(self) -> str:
-        """``host:port``."""
         return f"{self.host}:{self.port}"
 
     def unavailable_message(self, detail: str) -> str:
@@ -65,9 +60,6 @@ class Endpoint:
             "start it (`dflockd`, or `uv run dflockd`) or check the server list (`servers=`; "
             "in Celery the `dflock_servers` setting)"
         )
-
-
-# ------------------------------------------------------------------------------ validation
 
 
 def _is_real(value: object) -> bool:
@@ -161,8 +153,7 @@ def check_servers(
 
 class Lease(int):
     """A lease in whole seconds that `lease_seconds` checked, with the ``name`` it was given
-    under (``lease_ttl_s``, an option, a setting): ``Client.lock`` takes it without a second
-    check, and a refusal of it names where it was set."""
+    under, so a refusal of it names where it was set."""
 
     name: str
 
@@ -183,8 +174,7 @@ def lease_name(lease: int) -> str:
 def lease_seconds(
     name: str, value: object, *, error: type[InvalidValueError] = InvalidValueError
 ) -> Lease:
-    """A lease: a whole number of seconds from 1 (a fraction is refused, not rounded), as a
-    `Lease` named ``name``; a `Lease` is returned as it is."""
+    """A lease: a whole number of seconds from 1 (a fraction is refused, not rounded)."""
     if type(value) is Lease:
         return value
     if isinstance(value, bool) or not isinstance(value, int):
@@ -210,8 +200,7 @@ def check_sharding_strategy(
 
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
-    """What every lock of one client shares, each value checked once (by `checked`, or in
-    Celery by the config) and then passed down whole."""
+    """What every lock of one client shares, each value checked once."""
 
     servers: tuple[tuple[str, int], ...] = DEFAULT_SERVERS
     sharding_strategy: Routing = stable_hash_shard
@@ -219,16 +208,11 @@ class ClientSettings:
     auth_token: str | None = field(default=None, repr=False)
     ssl_context: ssl.SSLContext | None = None
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    acquire_timeout_s: int = DEFAULT_ACQUIRE_TIMEOUT_S
-    """The FIFO wait of a lock made without ``acquire_timeout_s`` (whole seconds)."""
-    lease_ttl_s: int | None = None
-    """The lease of a lock made without ``lease_ttl_s`` (None: the server's default)."""
+    acquire_timeout_s: int = DEFAULT_ACQUIRE_TIMEOUT_S  # a lock's default
+    lease_ttl_s: int | None = None  # a lock's default (None: the server's)
     session_ttl_s: int = DEFAULT_SESSION_TTL_S
-    """The time of the client's session with each server that keeps sessions (whole seconds,
-    at most the server's ``max_lease_ttl_s``)."""
+    # Made once: the locks on a server share one, which the pool finds by identity.
     _endpoints: tuple[Endpoint, ...] = field(init=False, repr=False, compare=False)
-    """Each server's `endpoint`, made once: the locks on a server share one, so the pool finds
-    its connections by identity rather than by comparing fields."""
 
     def __post_init__(self) -> None:
         endpoints = tuple(self.endpoint(host, port) for host, port in self.servers)
@@ -247,7 +231,6 @@ class ClientSettings:
         lease_ttl_s: int | None = None,
         session_ttl_s: float = DEFAULT_SESSION_TTL_S,
     ) -> ClientSettings:
-        """The settings, each checked (`InvalidValueError` naming the argument)."""
         return cls(
             servers=check_servers(servers),
             sharding_strategy=check_sharding_strategy(sharding_strategy),
@@ -261,7 +244,6 @@ class ClientSettings:
         )
 
     def endpoint(self, host: str, port: int) -> Endpoint:
-        """How to connect to the server ``host:port``."""
         return Endpoint(
             host,
             port,
@@ -272,9 +254,7 @@ class ClientSettings:
         )
 
     def endpoints(self) -> list[Endpoint]:
-        """Every server's `endpoint`, in the configured order."""
         return list(self._endpoints)
 
     def server_endpoint(self, index: int) -> Endpoint:
-        """``servers[index]``'s `endpoint` (the one every lock on it shares)."""
         return self._endpoints[index]

@@ -16,9 +16,8 @@ from celery_dflock.client.errors import ProtocolError
 
 @dataclass(frozen=True, slots=True)
 class ServerStatus:
-    """What one server answered: ``server`` is what it said to ``hello`` (None when it could
-    not be reached, then ``error`` says why), ``stats`` its ``stats`` JSON (None when not
-    asked, unreachable, or not supported: an older dflockd answers neither)."""
+    """What one server answered: ``server`` its ``hello`` (None when unreachable: ``error``
+    says why), ``stats`` its ``stats`` JSON (None when not asked or not answered)."""
 
     address: str
     server: ServerInfo | None = None
@@ -27,14 +26,12 @@ class ServerStatus:
 
     @property
     def reachable(self) -> bool:
-        """True when the server answered (``hello``, even with ``error``: an older dflockd)."""
         return self.server is not None
 
 
 @dataclass(frozen=True, slots=True)
 class ServerShards:
-    """What one server answered to ``shards``: ``shards`` (None when it could not be
-    reached or does not know the request; then ``error`` says why)."""
+    """What one server answered to ``shards`` (None: ``error`` says why)."""
 
     address: str
     shards: ShardsInfo | None = None
@@ -42,7 +39,6 @@ class ServerShards:
 
 
 def shards_of(endpoint: Endpoint, data: dict[str, object] | None) -> ServerShards:
-    """What ``endpoint`` answered to ``shards`` (None: it does not know the request)."""
     if data is None:
         return ServerShards(
             endpoint.address, error="does not answer shards (an older or foreign server)"
@@ -54,15 +50,14 @@ def shards_of(endpoint: Endpoint, data: dict[str, object] | None) -> ServerShard
 
 
 def hello_only(endpoint: Endpoint, info: ServerInfo, with_stats: bool) -> ServerStatus | None:
-    """The status when ``stats`` is not to be asked (None: ask it). An older dflockd that
-    answers ``error`` to ``hello`` may still know ``stats``, as the Go server does."""
+    """The status when ``stats`` is not to be asked (None: ask it; a server without ``hello``
+    may still know ``stats``)."""
     if with_stats and (info.legacy or info.supports(FEATURE_STATS)):
         return None
     return ServerStatus(endpoint.address, info)
 
 
 def with_stats(endpoint: Endpoint, info: ServerInfo, reply: Reply) -> ServerStatus:
-    """The status once ``stats`` was answered with ``reply``."""
     if isinstance(reply, Stats):
         return ServerStatus(endpoint.address, info, cast("dict[str, Any]", reply.data))
     if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:

@@ -1,18 +1,13 @@
-"""What the blocking client does its own way; `celery_dflock.client._aio_backend` is the asyncio
-side (its docstring says how the two are used).
+"""What the blocking client does its own way (`celery_dflock.client._aio_backend` says how).
 
 Here held locks are renewed from the long-lived threads of a `Renewer`
-(`celery_dflock.client._renewal`): the pool's, shared by its locks, or, for a lock without a
-pool, its own, whose thread exits when the lock is released; nothing is started or joined per
-grant. The renewer's `ConnectionWatcher` polls the held connections' sockets and notices at once
-when the server closes one (TCP and TLS alike); its thread drops that connection (never
-mid-request) and moves the renewal to now, which reattaches the lock (lost only if that is
-refused or the lease runs out first).
+(`celery_dflock.client._renewal`): the pool's, or a lock's own without a pool. The renewer's
+`ConnectionWatcher` notices at once when the server closes a held connection; its thread
+drops that connection (never mid-request) and moves the renewal to now, which reattaches.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -38,28 +33,19 @@ __all__ = [
     "pause",
 ]
 
-logger: Final = logging.getLogger("celery_dflock.client")
-
 OpLock = threading.RLock
-"""A lock object's operation lock: acquire, renew and release never interleave (reentrant:
-``on_lost`` may run in a thread that holds it)."""
+"""Reentrant: ``on_lost`` may run in a thread that holds it."""
 
 RENEWAL_LINGER_S: Final = 30.0
 """A pool's renewal thread exits after this long with nothing to renew (it restarts on demand)."""
 
 Event = threading.Event
-"""The kind of the locks' ``lost_event``."""
-
 pause = time.sleep
-"""Wait before trying again (a cluster's ``error_unavailable``): the thread sleeps."""
-
 Background = threading.Thread
-"""What `background` started."""
 
 
 def background(work: Callable[[], None], name: str) -> Background:
-    """Run ``work()`` in a daemon thread the caller does not wait for (nor an exiting process:
-    its work is bounded by a lease), leaving signals to the main thread (`_threads`)."""
+    """Run ``work()`` in a daemon thread nobody waits for (its work is bounded by a lease)."""
 
     def run() -> None:
         leave_signals_to_the_main_thread()
@@ -70,17 +56,15 @@ def background(work: Callable[[], None], name: str) -> Background:
     return thread
 
 
-gather = list
-"""The results of several requests to servers, made one after the other."""
+gather = list  # requests made one after the other
 
 
 def call_back(callback: Callable[[], object]) -> None:
-    """``callback()``."""
     callback()
 
 
 class Renewable(Protocol):
-    """What a driver needs of the lock's holding (`celery_dflock.client._sync.held`)."""
+    """What a driver needs of the lock's holding."""
 
     core: LockCore
     conn: Connection | None
@@ -91,12 +75,10 @@ class Renewable(Protocol):
 
 
 PoolRenewer = Renewer
-"""What renews the leases of a pool's locks: a `Renewer`."""
 
 
 class PoolFace:
-    """What a blocking pool adds: the `Renewer` that renews the leases of the locks using it,
-    so a process renews all of them from one long-lived thread instead of a thread per grant."""
+    """What a blocking pool adds: the `Renewer` of the locks using it."""
 
     def __init__(self) -> None:
         self.renewer: PoolRenewer = Renewer(linger_s=RENEWAL_LINGER_S)
@@ -109,8 +91,6 @@ class PoolFace:
 
 
 class _Pooled(Protocol):
-    """What a driver needs of its lock's pool (`celery_dflock.client._sync.pool`)."""
-
     @property
     def renewer(self) -> Renewer: ...
 
@@ -131,8 +111,7 @@ class RenewalDriver:
         if self._pool is not None:
             return self._pool.renewer
         renewer = self._own
-        if renewer is None:
-            # Serves this object only: its thread exits as soon as nothing is held.
+        if renewer is None:  # its thread exits as soon as nothing is held
             renewer = self._own = Renewer(linger_s=0, name=name)
         return renewer
 
@@ -154,8 +133,7 @@ class RenewalDriver:
         self._watch(conn)
 
     def poke(self) -> None:
-        """Move the next renewal to now, unless `stop` began (from any thread): it reattaches
-        the lock, or finds out whether the grant is lost when its client session is over."""
+        """Move the next renewal to now, unless `stop` began (from any thread)."""
         with self._guard:
             renewal = self._renewal
             if self._stopping or renewal is None or renewal.cancelled:
@@ -171,19 +149,15 @@ class RenewalDriver:
         if lock.renew_guarded(True) is not True:
             return False
         core = lock.core
-        if core.kept_alive():
-            # Its session's keep-alive renews it and, should it stop, tells it at once
-            # (`poke`): look again only shortly before the lease it keeps would end.
+        if core.kept_alive():  # look again shortly before the lease keep-alives keep ends
             renewal.next_in = max(renewal.interval, core.grant.kept_for())
         return True
 
     def renewed(self, conn: Connection) -> None:
-        """After a renewal (operation lock held): watch again (the watcher may have let go
-        while the request ran)."""
+        """After a renewal: watch again (the watcher may have let go meanwhile)."""
         self._watch(conn)
 
     def renew_now(self) -> bool | None:
-        """`renew`: one renewal now, in the caller's thread."""
         return self._lock.renew_once(False)
 
     def forget(self) -> None:
@@ -201,7 +175,6 @@ class RenewalDriver:
             renewal.cancel()  # no renewal starts after this
             renewal.wait(JOIN_TIMEOUT_S)
 
-    # ------------------------------------------------------------------ a closed connection
     def _watch(self, conn: Connection) -> None:
         fd = conn.transport.watchable_fd()
         if fd is None:
@@ -216,10 +189,8 @@ class RenewalDriver:
             self._renewer().watcher.unwatch(fd)
 
     def _connection_event(self, conn: Connection) -> bool:
-        """The held connection became readable with no request in flight: closed by the server
-        or the network. Drop it and move the renewal to now, which reattaches the lock (this
-        thread never waits on the network); a request under way sees the break itself (a
-        renewal watches again after). True to keep watching."""
+        """The held connection became readable with no request in flight: drop it and move
+        the renewal to now (this thread never waits on the network). True to keep watching."""
         lock = self._lock
         if not lock.op_lock.acquire(blocking=False):
             return False

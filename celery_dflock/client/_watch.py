@@ -1,17 +1,9 @@
-"""Notice at once when a held lock's connection is closed by the server.
+"""Notice at once when a held lock's connection is closed by the server, so the lock
+reattaches then rather than at its next renewal.
 
-When a connection closes (a restart, a drain, a network cut, an idle timeout) the server may
-have released its locks, or may still hold them (restored from its journal, or without
-auto-release); a client that only renews every ``lease * renew_ratio`` would find out only
-then. The lock reattaches at once instead (`celery_dflock.client._sync_backend`). A
-`ConnectionWatcher` polls the sockets of held locks' connections from one daemon thread per
-process; when one becomes readable with no request in flight (the server sends nothing unasked,
-so that is EOF, a reset or garbage), its callback runs, which acts only when it can take the
-lock's operation lock at once: it never interrupts a request.
-
-A TLS socket may become readable for records that carry no reply (session tickets): the
-connection's check then reads without blocking, letting the TLS layer consume them, and reports
-a close only for EOF, a close_notify, an error or application bytes (kept, never dropped).
+A `ConnectionWatcher` polls the sockets of held locks' connections from one daemon thread per
+process; one readable with no request in flight (the server sends nothing unasked) runs its
+callback, which acts only if it can take the lock's operation lock at once.
 """
 
 from __future__ import annotations
@@ -43,14 +35,12 @@ _EPOLL_EVENTS: Final = (
 POLL_INTERVAL_MS: Final = 100
 """How long one ``poll`` waits: a socket watched meanwhile is seen by the next one."""
 EPOLL_INTERVAL_MS: Final = 1000
-"""How long one epoll wait lasts: a socket watched meanwhile is seen by the wait under way (the
-wait is only for the thread to look whether it still has anything to watch)."""
+"""How long one epoll wait lasts (a socket watched meanwhile is seen by the wait under way)."""
 
 
 def _unpatched_epoll() -> Callable[[], select.epoll] | None:
     """The kernel's epoll, also where gevent or eventlet took it out of ``select`` (their green
-    ``poll`` of 1,000 sockets starts 1,000 watchers per call: 4% of a core for a gevent worker
-    keeping 1,000 LockedTasks); None where there is none (not Linux)."""
+    ``poll`` starts a watcher per socket per call); None where there is none."""
     if hasattr(select, "epoll"):
         return select.epoll
     gevent_monkey = sys.modules.get("gevent.monkey")
@@ -70,13 +60,9 @@ def can_watch() -> bool:
 
 
 class _Poller:
-    """The watched sockets' poll set: epoll where there is one (Linux), whose wait costs the
-    same however many sockets are watched; ``poll`` elsewhere, which costs per socket (a third
-    of a core for 5,000 held locks, ten waits a second).
-
-    Where gevent or eventlet patched ``select``, the watcher is a greenlet, which must not
-    block in the kernel: it waits for the epoll descriptor alone (one socket for the green
-    ``select``), then takes the ready sockets without waiting."""
+    """The watched sockets' poll set: epoll where there is one (its wait costs the same however
+    many are watched), else ``poll``. Under gevent or eventlet the watcher is a greenlet: it
+    waits for the epoll descriptor with the green ``select``, then polls without waiting."""
 
     __slots__ = ("_epoll", "_green", "_poll", "wait_ms")
 
@@ -86,10 +72,8 @@ class _Poller:
         self._epoll = epoll() if epoll is not None else None
         self._poll = select.poll() if self._epoll is None else None
         self.wait_ms = POLL_INTERVAL_MS if self._epoll is None else EPOLL_INTERVAL_MS
-        """How long `_ProcessWatcher` waits at a time."""
 
     def register(self, fd: int) -> None:
-        """Watch ``fd`` (again: no harm)."""
         epoll = self._epoll
         if epoll is None:
             assert self._poll is not None
@@ -101,7 +85,6 @@ class _Poller:
             epoll.modify(fd, _EPOLL_EVENTS)
 
     def unregister(self, fd: int) -> None:
-        """Stop watching ``fd`` (not watched, or closed already: nothing to do)."""
         with contextlib.suppress(KeyError, ValueError, OSError):
             if self._epoll is not None:
                 self._epoll.unregister(fd)
@@ -110,7 +93,6 @@ class _Poller:
                 self._poll.unregister(fd)
 
     def wait(self, timeout_ms: int) -> list[tuple[int, int]]:
-        """The watched sockets with something to read, waiting ``timeout_ms`` at most."""
         epoll = self._epoll
         if epoll is None:
             assert self._poll is not None
@@ -129,8 +111,7 @@ WatchCallback = Callable[[], bool]
 
 
 class ConnectionWatcher:
-    """Polls watched sockets from one daemon thread, running while anything is watched; a fork
-    child gets a state of its own (the parent's mutex may have been held at fork time)."""
+    """Polls watched sockets from one daemon thread; a fork child gets a state of its own."""
 
     def __init__(self) -> None:
         self._by_pid: dict[int, _ProcessWatcher] = {}
@@ -156,17 +137,10 @@ class ConnectionWatcher:
         if current is not None:
             current.unwatch(fd)
 
-    @property
-    def watched(self) -> int:
-        """Sockets watched in this process now."""
-        current = self._current(create=False)
-        return 0 if current is None else len(current.entries)
-
 
 class _ProcessWatcher:
-    """One process's watched sockets and the thread that polls them. Watching costs a dict
-    entry and a registration in the poll set, no thread start: the thread lingers ``LINGER_S``
-    after the last socket is let go, so locks taken one after the other share one thread."""
+    """One process's watched sockets and the thread that polls them (it lingers ``LINGER_S``
+    after the last socket is let go, so locks taken one after the other share one thread)."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()

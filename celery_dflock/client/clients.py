@@ -1,11 +1,5 @@
 """`Client` and `AsyncClient`: the one public entry to the lock servers, and what integrations
-use with them (the Celery layer uses nothing else of the client layer).
-
-A client holds what every lock shares, once and validated once (`ClientSettings`): the servers
-and how keys are sharded over them, the auth token, TLS, the connect timeout, the renew ratio
-and the default acquire timeout and lease; and it owns the connection pool its locks use. It is
-written once (`celery_dflock.client._async.client`), the blocking `Client` generated from it.
-"""
+use with them (the Celery layer uses nothing else of the client layer)."""
 
 from __future__ import annotations
 
@@ -41,8 +35,6 @@ from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client._sync.client import Client
 from celery_dflock.client._threads import leave_signals_to_the_main_thread
 
-# The clients, the defaults and validators (used with the Celery layer's setting names), what a
-# server said.
 __all__ = [
     "DEFAULT_ACQUIRE_TIMEOUT_S",
     "DEFAULT_CONNECT_TIMEOUT_S",

@@ -1,19 +1,15 @@
-"""Where a key lives in a cluster of lock servers, from what the servers say (no I/O).
+"""Where a key lives in a cluster of lock servers, from what the servers say to ``shards``
+(no I/O). `ShardsInfo` reads any mode's answer; `ClusterMap` is a cluster-mode answer made
+ready for routing: a key's shard is ``fnv1a_32(key) % shard_count``, and its server the
+shard's *current* node, or its *target* while it has none.
 
-A dflockd server answers ``shards`` with one line of JSON saying which keys it serves
-(docs/protocol.md, *Ownership*). `ShardsInfo` reads any mode's answer (for ``celery dflock
-shards``); `ClusterMap` is a cluster-mode answer made ready for routing: a key's shard is
-``fnv1a_32(key) % shard_count`` (`shard_of`), and its server the shard's *current* node, or
-its *target* while it has none (`owner`).
-
-`fnv1a_32` is the server's hash (``dflockd_server.cluster.shardmap``), written again here so
-that the client needs nothing of the server's package; a test holds the two equal.
+`fnv1a_32` is the server's hash, written again here so that the client needs nothing of the
+server's package; a test holds the two equal.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -92,7 +88,7 @@ class ShardsInfo:
 
 @dataclass(frozen=True, slots=True)
 class ClusterMap:
-    """A cluster's fixed shard map as one member described it (see the module's doc)."""
+    """A cluster's fixed shard map as one member described it."""
 
     shard_count: int
     nodes: tuple[str, ...]
@@ -102,12 +98,10 @@ class ClusterMap:
     leader: str | None = None
     pinned: tuple[int, ...] = ()
     moving: tuple[int, ...] = ()
-    source: str | None = field(default=None, compare=False)
-    """The member that answered (its ``self``)."""
+    source: str | None = field(default=None, compare=False)  # the member that answered
 
     @classmethod
     def parse(cls, data: dict[str, object], where: str = "the server") -> ClusterMap:
-        """A cluster-mode ``shards`` answer; `ProtocolError` says what is wrong with it."""
         if data.get("mode") != wire.MODE_CLUSTER:
             raise ProtocolError(f"{where} is not in cluster mode (shards said {data!r:.200})")
         if data.get("hash") != wire.HASH_FNV1A32:
@@ -137,36 +131,11 @@ class ClusterMap:
             source=_optional_str(data, "self"),
         )
 
-    @classmethod
-    def build(
-        cls,
-        nodes: Sequence[str],
-        current: Sequence[int],
-        target: Sequence[int] | None = None,
-        **extra: object,
-    ) -> ClusterMap:
-        """A map from its parts (tests and tools): ``current``/``target`` index ``nodes``."""
-        target = current if target is None else target
-        moving = tuple(s for s, (c, t) in enumerate(zip(current, target, strict=True)) if c != t)
-        data: dict[str, object] = {
-            "mode": wire.MODE_CLUSTER,
-            "hash": wire.HASH_FNV1A32,
-            "shard_count": len(current),
-            "nodes": list(nodes),
-            "current": list(current),
-            "target": list(target),
-            "moving": list(moving),
-            **extra,
-        }
-        return cls.parse(data)
-
     def shard_of(self, key: str) -> int:
-        """The shard of ``key``: FNV-1a 32 of its UTF-8 bytes, modulo ``shard_count``."""
         return fnv1a_32(key.encode("utf-8")) % self.shard_count
 
     def owner(self, key: str) -> str | None:
-        """``HOST:PORT`` of the node that serves ``key`` now: its shard's current node, or the
-        target while the shard has none; None when neither is known."""
+        """``HOST:PORT`` of the node that serves ``key`` now (None: not known)."""
         shard = self.shard_of(key)
         index = self.current[shard]
         if index < 0:
@@ -174,6 +143,5 @@ class ClusterMap:
         return None if index < 0 else self.nodes[index]
 
     def shards_per_node(self) -> dict[str, int]:
-        """How many shards each node is the current node of (nodes with none included)."""
         counts = Counter(self.current)
         return {node: counts.get(index, 0) for index, node in enumerate(self.nodes)}

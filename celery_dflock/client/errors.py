@@ -1,8 +1,5 @@
-"""The client's exceptions: one hierarchy rooted at `DflockError`.
-
-Every exception carries a single message string (so it pickles, which Celery needs when a task
-fails with one) that says what went wrong and what to do about it.
-"""
+"""The client's exceptions, rooted at `DflockError`: each carries a single message string (so
+it pickles, as Celery needs) that says what went wrong and what to do about it."""
 
 from __future__ import annotations
 
@@ -34,27 +31,18 @@ class DflockError(Exception):
 
 
 class InvalidValueError(DflockError, ValueError):
-    """An argument or setting has a value that cannot work (the message names it and says
-    what would be accepted). Also a `ValueError`.
-
-    In Celery, a bad ``dflock_*`` setting or lock option raises its subclass
-    ``celery_dflock.config.DflockConfigError`` (also Celery's ``ImproperlyConfigured``).
-    """
+    """An argument or setting has a value that cannot work. Also a `ValueError`; in Celery a
+    bad ``dflock_*`` setting raises its subclass ``celery_dflock.config.DflockConfigError``."""
 
 
 class LockNotAcquired(DflockError, TimeoutError):
     """The lock (or a semaphore slot) was not granted within the acquire timeout. Also a
-    `TimeoutError`, as the dflockd clients raise on a timed-out acquire.
-    """
+    `TimeoutError`, as the dflockd clients raise."""
 
 
 class LockSkipped(LockNotAcquired):
-    """A task run was not started because its lock was busy (``on_locked="skip"``).
-
-    The run ends as a failure with this error, so its result is ready at once (``.get()``
-    raises it, a chord or chain with the run in it fails with it); Celery logs it at INFO
-    without a traceback, as one of the task's expected errors (``Task.throws``).
-    """
+    """A task run was not started because its lock was busy (``on_locked="skip"``): it fails
+    with this error at once, logged at INFO without a traceback (``Task.throws``)."""
 
 
 class KeyHeld(LockNotAcquired):
@@ -71,9 +59,8 @@ class KeyHeld(LockNotAcquired):
 
 
 class HoldsUnsupported(DflockError):
-    """A hold, or a note on a grant, was asked of a server that does not offer them: a
-    foreign dflockd server (only celery-dflock's ``dflockd-server`` lists the ``holds``
-    feature). The message names the server and what it is."""
+    """A hold, or a note on a grant, was asked of a server without the ``holds`` feature (a
+    foreign dflockd)."""
 
 
 class ForceReleaseUnsupported(DflockError):
@@ -98,8 +85,8 @@ class MaxWaitersError(DflockError):
 
 
 class LimitMismatchError(DflockError):
-    """A lock or semaphore was requested with a limit other than the one its busy key already
-    has (a key is one resource; a lock is a semaphore of limit 1)."""
+    """A lock or semaphore was requested with a limit other than its busy key's (a lock is a
+    semaphore of limit 1)."""
 
 
 class AuthError(DflockError):
@@ -119,24 +106,17 @@ class ServerDraining(ServerUnavailable):
 
 
 class ServerReadOnly(ServerUnavailable):
-    """The server cannot write its lease journal now (a full or failing disk): it grants
-    nothing new until it can, and keeps every lock held (renewals and releases go on)."""
+    """The server cannot write its lease journal now: it grants nothing new until it can."""
 
 
 class ShardingMismatchError(DflockError):
-    """A server serves another share of the keys than this client's server list and sharding
-    strategy give it (it was started with another ``--members`` list, or is a cluster member):
-    the message names both and says what to change. Never retried: two views of where a key
-    lives would let two holders take it on two servers."""
+    """A server serves another share of the keys than this client's server list gives it.
+    Never retried: two views of where a key lives would let two holders take it."""
 
 
 class AlreadyQueued(DflockError):
     """A task sent with ``lock_from="publish"`` and ``on_duplicate="raise"`` was not sent: its
-    key is held by another task, queued or running.
-
-    ``task_id`` is the holder's task id (``AsyncResult(task_id)`` follows it; None when the
-    holder left no task id, e.g. a lock taken outside Celery), ``key`` the lock key.
-    """
+    key is held by another task (``task_id``, None when the holder left none)."""
 
     def __init__(self, message: str, *, task_id: str | None = None, key: str = "") -> None:
         super().__init__(message)

@@ -6,34 +6,18 @@ on that server only. Two built-in strategies:
 * `stable_hash_shard` (the default): ``zlib.crc32(key.encode("utf-8")) % n``, as every dflockd
   client does, so they agree on where a key lives. Adding a server moves about ``n/(n+1)`` of
   the keys.
-* `rendezvous_shard`: highest-random-weight hashing. Each server gets a weight
-  ``blake2b(key, server identity)`` and the heaviest wins, so adding or removing a server moves
-  only the keys that land on / lived on it (about ``1/(n+1)``). As a lock's
+* `rendezvous_shard`: highest-random-weight hashing on ``blake2b(key, server identity)``:
+  adding or removing a server moves only about ``1/(n+1)`` of the keys. As a lock's
   ``sharding_strategy`` the identity is the server's ``"host:port"``, so the order of
-  ``servers`` does not matter; called directly as ``rendezvous_shard(key, n)`` it hashes on
+  ``servers`` does not matter; called as ``rendezvous_shard(key, n)`` it hashes on
   ``"0"``..``"n-1"``: then append new servers at the end.
 
-Keys moved out of 2,000 (``f"key-{i}"``, i < 2000) when one server is added, measured with::
-
-    keys = [f"key-{i}" for i in range(2000)]
-    ids = lambda n: [f"10.0.0.{i}:6388" for i in range(n)]
-    moved = sum(select_server(k, ids(n), s) != select_server(k, ids(n + 1), s) for k in keys)
-
-=============  ======================  ========================
-servers        stable_hash_shard       rendezvous_shard
-=============  ======================  ========================
-3 -> 4         1493 (74.7 %)           491 (24.6 %, ideal 25.0 %)
-5 -> 6         1646 (82.3 %)           343 (17.2 %, ideal 16.7 %)
-=============  ======================  ========================
-
 Moving keys while locks are held splits a key's holders across two servers: change the server
-list only when no lock is held (e.g. with the workers stopped). Servers started with the same
-list (``--members``, in the same order, and ``--advertise``) refuse the keys that are not
-theirs, so a client whose list disagrees gets a `ShardingMismatchError`, not a split lock.
+list only when no lock is held. Servers started with the same list (``--members``) refuse the
+keys that are not theirs, so a client whose list disagrees gets a `ShardingMismatchError`.
 
-`CLUSTER` (``sharding_strategy="cluster"``) is not a function of the list: the servers are
-seeds of a cluster (``dflockd --cluster``), which says where each key lives (`ClusterMap`);
-the client caches that map and follows the servers' redirects (docs/client.md).
+`CLUSTER` (``sharding_strategy="cluster"``): the servers are seeds of a cluster, which says
+where each key lives (`ClusterMap`); the client caches that map and follows its redirects.
 """
 
 from __future__ import annotations
@@ -76,9 +60,7 @@ class IdentityShardingStrategy(Protocol):
 
     def __call__(self, key: str, num_servers: int) -> int: ...
 
-    def shard_by_identity(self, key: str, identities: Sequence[str]) -> int:
-        """Index into ``identities`` of the server that owns ``key``."""
-        ...
+    def shard_by_identity(self, key: str, identities: Sequence[str]) -> int: ...
 
 
 def stable_hash_shard(key: str, num_servers: int) -> int:
@@ -95,13 +77,11 @@ def _weight(key: str, identity: str) -> int:
 
 
 class RendezvousShard:
-    """Highest-random-weight (rendezvous) hashing (see the module docstring); stateless: use
-    the `rendezvous_shard` instance."""
+    """Rendezvous hashing; stateless: use the `rendezvous_shard` instance."""
 
     __slots__ = ()
 
     def __call__(self, key: str, num_servers: int) -> int:
-        """Route on server indexes: append new servers at the end of the list."""
         _check_count(num_servers)
         return self.shard_by_identity(key, [str(i) for i in range(num_servers)])
 
@@ -120,7 +100,6 @@ rendezvous_shard = RendezvousShard()
 
 
 def server_identity(server: tuple[str, int]) -> str:
-    """The identity string a server is hashed on: ``"host:port"``."""
     return f"{server[0]}:{server[1]}"
 
 
@@ -142,10 +121,7 @@ def _strategy_name(strategy: object) -> str:
 
 
 def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
-    """Check a ``servers`` list and return it as a tuple; `ValueError` says what is wrong.
-
-    Checked once, where the list is given (a client's settings, a lock made directly): the
-    tuple is then passed down as it is."""
+    """Check a ``servers`` list and return it as a tuple; `ValueError` says what is wrong."""
     given = cast("object", servers)
     if isinstance(given, str | bytes) or not isinstance(given, Sequence):
         raise InvalidValueError(f"servers must be a list of (host, port) tuples, got {given!r}")
@@ -173,8 +149,7 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
 
 
 def _routes_by_identity(strategy: object) -> TypeGuard[IdentityShardingStrategy]:
-    """``isinstance(strategy, IdentityShardingStrategy)``, without typing's slow protocol check
-    (it has the same meaning: both members present, the method not None)."""
+    """``isinstance(strategy, IdentityShardingStrategy)``, without typing's slow check."""
     return callable(strategy) and getattr(strategy, "shard_by_identity", None) is not None
 
 
@@ -183,13 +158,8 @@ def select_server(
     servers: Sequence[tuple[str, int]] | Sequence[str],
     strategy: ShardingStrategy = stable_hash_shard,
 ) -> int:
-    """Index into ``servers`` of the server that owns ``key`` under ``strategy``.
-
-    ``servers`` are ``(host, port)`` tuples or identity strings. A strategy that implements
-    `IdentityShardingStrategy` routes on the identities; any other is called as
-    ``strategy(key, len(servers))`` and its result must be an int in ``[0, len(servers))``,
-    else `ValueError` names the strategy and the value it returned.
-    """
+    """Index into ``servers`` (``(host, port)`` tuples or identity strings) of the server that
+    owns ``key`` under ``strategy``; an `IdentityShardingStrategy` routes on the identities."""
     count = len(servers)
     _check_count(count)
     if count == 1 and (strategy is stable_hash_shard or strategy is rendezvous_shard):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_dflock.client import _replies, _requests
+from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._replies import Asked, ErrorReply, Moved, Ok, Shards
 from celery_dflock.client._requests import Command
 from celery_dflock.client.clients import AsyncClient, Client
@@ -75,11 +75,29 @@ def test_the_key_level_move_replies_byte_by_byte() -> None:
         _replies.decode_reply(Command.LOCK, b"error_ask a:1 t1 t2")
 
 
+def cluster_map_of(
+    nodes: list[str], current: list[int], target: list[int] | None = None
+) -> ClusterMap:
+    """A map from its parts: ``current``/``target`` index ``nodes``."""
+    target = current if target is None else target
+    return ClusterMap.parse(
+        {
+            "mode": wire.MODE_CLUSTER,
+            "hash": wire.HASH_FNV1A32,
+            "shard_count": len(current),
+            "nodes": nodes,
+            "current": current,
+            "target": target,
+            "moving": [s for s, (c, t) in enumerate(zip(current, target, strict=True)) if c != t],
+        }
+    )
+
+
 def test_the_client_hash_is_the_servers() -> None:
     keys = [*KEYS, "", "ключ", "🔒", "a" * 250, "orders:{42}"]
     for key in keys:
         assert fnv1a_32(key.encode()) == shardmap.fnv1a_32(key.encode())
-    cluster_map = ClusterMap.build(["a:1"], [0] * SHARDS)
+    cluster_map = cluster_map_of(["a:1"], [0] * SHARDS)
     for key in [*keys, *(f"k{i}" for i in range(2000))]:
         assert cluster_map.shard_of(key) == shardmap.shard_id(key)
 
@@ -92,11 +110,11 @@ def test_a_cluster_map_routes_to_current_then_target() -> None:
     current[shard] = -1
     target = list(current)
     target[shard] = 2
-    cluster_map = ClusterMap.build(nodes, current, target)
+    cluster_map = cluster_map_of(nodes, current, target)
     assert cluster_map.owner(key) == "c:3"
     assert cluster_map.moving == (shard,)
     target[shard] = -1
-    assert ClusterMap.build(nodes, current, target).owner(key) is None
+    assert cluster_map_of(nodes, current, target).owner(key) is None
     info = ShardsInfo.parse(
         {
             "mode": "cluster",

@@ -463,7 +463,7 @@ def test_the_core_reattaches_on_draining_and_is_lost_on_a_refusal() -> None:
     renewed.connection_broke(CLOSED_BY_SERVER)
     renewed.grant.reattach_pause("refused", now=101.0)
     assert renewed.on_renew_reply(Renewed(10), 102.0).renewed
-    assert renewed.broken is None and renewed.grant.reattach_failures == 0
+    assert renewed.grant.broken is None and renewed.grant.reattach_failures == 0
 
 
 def test_a_release_sent_again_is_no_proof_of_a_loss() -> None:

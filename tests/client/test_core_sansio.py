@@ -317,7 +317,7 @@ def test_a_broken_connection_is_reattached_while_the_lease_runs() -> None:
     fresh.connection_broke("reset by peer")
     command, _, _ = fresh.renew_request()
     assert fresh.on_renew_reply(reply(command, b"ok 33"), now).renewed
-    assert fresh.broken is None and not fresh.lost
+    assert fresh.grant.broken is None and not fresh.lost
 
 
 def test_a_release_the_server_refuses_was_a_loss_unless_sent_twice() -> None:
@@ -383,13 +383,15 @@ def test_error_ask_sends_the_next_acquire_there_once_with_asking_first() -> None
     asked = reply(command, b"error_ask 10.0.0.3:6388")
     assert isinstance(asked, _replies.Asked)
     assert core.routing.on_ask(asked) == NextTry(0.0, reroute=False)
-    assert core.asking and core.endpoint.address == "10.0.0.3:6388"
+    assert core.routing.asking and core.endpoint.address == "10.0.0.3:6388"
     assert core.routing.on_ask_refused() is not None  # an old member: pause, then route by the map
-    assert core.ask_ticket is None  # a member that sends no ticket
+    assert core.routing.ask_ticket is None  # a member that sends no ticket
     with_ticket = reply(command, b"error_ask 10.0.0.4:6388 1.2.3." + b"0" * 32)
     assert isinstance(with_ticket, _replies.Asked)
     core.routing.on_ask(with_ticket)
-    assert core.ask_ticket == "1.2.3." + "0" * 32 and core.endpoint.address == "10.0.0.4:6388"
+    assert (
+        core.routing.ask_ticket == "1.2.3." + "0" * 32 and core.endpoint.address == "10.0.0.4:6388"
+    )
 
 
 def test_a_hand_over_that_outlasts_the_acquire_says_so() -> None:

@@ -171,7 +171,7 @@ class ClusterClient(SimClient):
         self.loop.note(f"{self.name}: asks {member} for {core.key} with a ticket not for it")
         self.loop.count("ticket replayed")
         core.routing.retarget(*split_address(member))
-        core.asking = True
+        core.routing.asking = True
         core.routing.ask_ticket = ticket
 
     def _routed(self, core: LockCore) -> None:
@@ -253,8 +253,8 @@ class ClusterClient(SimClient):
             if conn is None:
                 self._reroute(core, f"{address} unreachable")
                 return
-            if core.asking:
-                core.asking = False  # one request only
+            if core.routing.asking:
+                core.routing.asking = False  # one request only
                 self._ask(conn, core)
                 return
             self._send(conn, core)
@@ -280,7 +280,10 @@ class ClusterClient(SimClient):
             self._send(conn, core)
 
         conn.request(
-            Command.ASKING, _requests.encode_asking(core.key, core.ask_ticket), 10.0, answered
+            Command.ASKING,
+            _requests.encode_asking(core.key, core.routing.ask_ticket),
+            10.0,
+            answered,
         )
 
     def _send(self, conn: ClientConn, core: LockCore) -> None:

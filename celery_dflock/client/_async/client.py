@@ -10,9 +10,8 @@ that ``scripts/unasync.py`` generates in ``_sync/``::
             print(status.address, status.stats)
 
 The settings are checked once, here or by the Celery layer (`from_settings`), and passed down
-whole to each lock, never checked again. A release, renewal, detach or note by token is one
-request on a pooled connection to the key's server (`celery_dflock.client._async.routing`).
-The Celery layer (tasks, beat, ``celery dflock``) reaches the servers only through a client.
+whole to each lock. A request by token is one request on a pooled connection to the key's
+server (`celery_dflock.client._async.routing`).
 """
 
 from __future__ import annotations
@@ -50,14 +49,9 @@ __all__ = ["AsyncClient"]
 
 
 class AsyncClient:
-    """Locks, semaphores, requests by token, stats and ping over one pool: `Client` blocks and
-    is thread safe, over a `ConnectionPool` (fork safe: a child opens its own connections);
-    `AsyncClient` is the same for asyncio, awaitable, over an `AsyncConnectionPool` (use it
-    from one event loop).
-
-    Arguments as `DistributedLock`'s, held once: ``servers``, ``sharding_strategy``,
-    ``renew_ratio``, ``auth_token``, ``ssl_context``, ``connect_timeout_s``, and the defaults
-    of every lock it makes, ``acquire_timeout_s`` and ``lease_ttl_s`` (None: the server's).
+    """Locks, semaphores, requests by token, stats and ping over one pool (`Client`: thread
+    and fork safe; `AsyncClient`: for one event loop). Arguments as `DistributedLock`'s, held
+    once; ``acquire_timeout_s`` and ``lease_ttl_s`` are the defaults of every lock it makes.
     """
 
     def __init__(
@@ -89,8 +83,7 @@ class AsyncClient:
 
     @classmethod
     def from_settings(cls, settings: ClientSettings) -> Self:
-        """A client on ``settings`` validated already (by the Celery layer, whose errors name
-        its ``dflock_*`` settings)."""
+        """A client on ``settings`` validated already (by the Celery layer)."""
         client = cls.__new__(cls)
         client._setup(settings)
         return client
@@ -104,12 +97,10 @@ class AsyncClient:
 
     @property
     def pool(self) -> AsyncConnectionPool:
-        """The connections of every lock this client makes."""
         return self._pool
 
     @property
     def settings(self) -> ClientSettings:
-        """What every lock of this client shares."""
         return self._settings
 
     @property
@@ -123,7 +114,6 @@ class AsyncClient:
         (``router.map``: None until a lock fetched it); None otherwise."""
         return self._router
 
-    # ------------------------------------------------------------------ locks
     def lock(
         self,
         key: str,
@@ -133,10 +123,8 @@ class AsyncClient:
         on_lost: Callable[[AsyncDistributedLock], object] | None = None,
         note: str | None = None,
     ) -> AsyncDistributedLock:
-        """An unacquired lock on ``key`` (a `DistributedLock`, or `AsyncDistributedLock`
-        from an `AsyncClient`); None: the client's default. ``note``: the owner note each
-        acquire gives a server with holds (``stats`` shows it; a refused `KeyHeld` or
-        ``lock.holder`` names it); a foreign server ignores it."""
+        """An unacquired lock on ``key``; None: the client's default. ``note``: the owner note
+        each acquire gives a server with holds (``stats`` and ``lock.holder`` show it)."""
         return self._lock(
             key, self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s), on_lost, note
         )
@@ -149,7 +137,6 @@ class AsyncClient:
         on_lost: Callable[[AsyncDistributedLock], object] | None = None,
         note: str | None = None,
     ) -> AsyncDistributedLock:
-        """`lock`, its timeout and lease checked already."""
         core = LockCore(
             key,
             self._settings,
@@ -169,8 +156,7 @@ class AsyncClient:
         lease_ttl_s: int | None = None,
         on_lost: Callable[[AsyncDistributedSemaphore], object] | None = None,
     ) -> AsyncDistributedSemaphore:
-        """An unacquired semaphore of ``limit`` slots on ``key`` (a `DistributedSemaphore`,
-        or `AsyncDistributedSemaphore` from an `AsyncClient`)."""
+        """An unacquired semaphore of ``limit`` slots on ``key``."""
         core = LockCore(
             key,
             self._settings,
@@ -182,13 +168,11 @@ class AsyncClient:
         return AsyncDistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     def _acquire_timeout(self, acquire_timeout_s: float | None) -> int:
-        """A lock's acquire timeout: its own (checked here), else the client's."""
         if acquire_timeout_s is None:
             return self._settings.acquire_timeout_s
         return whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
 
     def _lease(self, lease_ttl_s: int | None) -> int | None:
-        """A lock's lease: its own (checked here), else the client's."""
         if lease_ttl_s is None:
             return self._settings.lease_ttl_s
         return lease_seconds("lease_ttl_s", lease_ttl_s)
@@ -203,29 +187,23 @@ class AsyncClient:
             return settings.servers[0] if owner is None else owner
         return settings.servers[select_server(key, settings.servers, strategy)]
 
-    # ------------------------------------------------------------------ by token
     async def hold(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
     ) -> Hold:
-        """Take a detached hold of the lock ``key`` (``hl ... d``), routed as `lock` is: it
-        survives this process and its connection, and ends only when its token is released
-        (`release`, from any process) or its lease of ``lease_ttl`` seconds runs out (`renew`
-        extends it; ``lock.adopt(token, note=...)`` takes it over, one run at a time).
-        ``note`` (1 to 200 printable ASCII characters without spaces) names the owner. Waits
-        up to ``timeout`` seconds for a busy key (0: try once). Raises `KeyHeld` (``.holder``:
-        the holder's note) when the key stays busy, `HoldsUnsupported` for a server without
-        holds (a foreign dflockd), `InvalidValueError` naming a malformed ``note``.
+        """Take a detached hold of the lock ``key`` (``hl ... d``): it survives this process
+        and ends only when its token is released (from any process) or its lease of
+        ``lease_ttl`` seconds runs out. ``note`` names the owner. Waits up to ``timeout``
+        seconds for a busy key (0: try once); `KeyHeld` when it stays busy.
 
-        ``detached=False``: the grant stays bound to the pooled connection that took it (a
-        closed connection frees it) until `detach` detaches it: a publish-time hold that is
-        confirmed only once its message is sent."""
+        ``detached=False``: the grant stays bound to the pooled connection that took it until
+        `detach` (a publish-time hold confirmed only once its message is sent)."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         wait = whole_seconds("timeout", timeout, minimum=0)
         return await self._lock(key, wait, lease).hold(note, detached=detached)
 
     async def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
-        """Release ``token`` on ``key`` (``limit``: a semaphore's slot), granted to any process:
-        True if the server released it, False if it no longer held it. Idempotent."""
+        """Release ``token`` on ``key`` (``limit``: a semaphore's slot): True if the server
+        released it, False if it no longer held it."""
         request = _by_token.release_request(_requests.validate_key(key), token, limit)
         _, reply, _ = await send_by_token(
             self._pool, self._settings, self._router, key, lambda _, __: request
@@ -233,8 +211,8 @@ class AsyncClient:
         return _by_token.released(reply)
 
     async def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
-        """Detach ``token``'s grant on ``key`` from its connection (``hd``), with a lease of
-        ``lease_ttl`` seconds from now: True, or False if it no longer holds the key."""
+        """Detach ``token``'s grant on ``key`` from its connection (``hd``) with a lease of
+        ``lease_ttl`` seconds: False if it no longer holds the key."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         key, token = _requests.validate_key(key), _requests.validate_token(token)
         return await self._done(
@@ -242,16 +220,16 @@ class AsyncClient:
         )
 
     async def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
-        """Renew ``token`` on ``key`` (a hold, or any grant) to ``lease_ttl`` seconds from
-        now: True, or False if it no longer holds the key."""
+        """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
+        the key."""
         request = _by_token.renew_request(
             _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
         )
         return await self._done(key, lambda _, __: request)
 
     async def note(self, key: str, token: str, note: str) -> bool:
-        """Replace the owner note of ``token``'s grant on ``key``: True, or False if it no
-        longer holds the key; `HoldsUnsupported` for a server without holds."""
+        """Replace the owner note of ``token``'s grant on ``key``: False if it no longer
+        holds the key."""
         key, note = _requests.validate_key(key), _requests.validate_note(note)
         return await self._done(
             key, lambda server, where: _by_token.note_request(server, where, key, token, note)
@@ -259,12 +237,8 @@ class AsyncClient:
 
     async def force_release(self, key: str, *, note: str | None = None) -> int:
         """Free ``key`` whoever holds it (an operator's act, ``fr``): every grant on it ends
-        now, the next waiter is granted at once (with a higher fence), and the old holder
-        learns its loss at its next renewal. ``note`` (an owner note's rules: 1 to 200
-        printable ASCII characters without spaces) names who asks in the server's log.
-        Returns how many grants were freed (0: nothing held the key). Raises
-        `ForceReleaseUnsupported` for a server that predates it, `InvalidValueError` for a
-        bad key or note."""
+        now, and the old holder learns its loss at its next renewal. ``note`` names who asks
+        in the server's log. Returns how many grants were freed."""
         key = _requests.validate_key(key)
         if note is not None:
             _requests.validate_note(note, "the operator's note")
@@ -278,28 +252,22 @@ class AsyncClient:
         return _by_token.freed(command, reply, key, at)
 
     async def _done(self, key: str, build: BuildAt) -> bool:
-        """One request by token about ``key``: True done, False when the token no longer holds
-        it; raises for other refusals."""
         command, reply, at = await send_by_token(
             self._pool, self._settings, self._router, key, build
         )
         return _by_token.done(command, reply, key, at)
 
-    # ------------------------------------------------------------------ the servers
     async def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
-        """Every server's (or ``server``'s) ``stats`` (an `AsyncClient` asks them at once):
-        never raises for an unreachable one. In cluster mode every server is every member of
-        the cluster, not only the seeds."""
+        """Every server's (or ``server``'s) ``stats``, never raising for an unreachable one (in
+        cluster mode every member's)."""
         return await gather(ask(endpoint, True) for endpoint in await self._everyone(server))
 
     async def ping(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
-        """Whether every server (or ``server``) answers (an `AsyncClient` asks them at once);
-        an unreachable one has ``error``."""
+        """Whether every server (or ``server``) answers; an unreachable one has ``error``."""
         return await gather(ask(endpoint, False) for endpoint in await self._everyone(server))
 
     async def shards(self, server: tuple[str, int] | str | None = None) -> list[ServerShards]:
-        """What every server (or ``server``) answers to ``shards`` (an `AsyncClient` asks them
-        at once): its mode, members, and in cluster mode the shard map; never raises for an
+        """What every server (or ``server``) answers to ``shards``, never raising for an
         unreachable one."""
         return await gather(ask_shards(endpoint) for endpoint in self._endpoints(server))
 
@@ -330,7 +298,6 @@ class AsyncClient:
             raise InvalidValueError(f"{server!r} is not one of this client's servers ({known})")
         return [self._settings.endpoint(*server)]
 
-    # ------------------------------------------------------------------ closing
     async def close(self) -> None:
         """Close the idle connections (the client stays usable; held locks keep theirs)."""
         await self._pool.aclose()

@@ -1,10 +1,7 @@
 """A connection to a lock server: requests one at a time, each closing the connection when it
-cannot complete; authenticating, learning what the server supports (``hello``), checking it is
-alive (``ping``), and whether an idle one is still sound.
-
-The asyncio source of the blocking twin in ``_sync/`` (``scripts/unasync.py``). The I/O differs
-in substance (a socket waited on with ``poll``, an asyncio stream protocol), so each connection
-owns a transport, hand-written in `celery_dflock.client._connection`.
+cannot complete; authenticating, ``hello``, ``ping``, and whether an idle one is still sound.
+The asyncio source of the ``_sync/`` twin; each owns a transport
+(`celery_dflock.client._connection`), where the two faces' I/O differs.
 """
 
 from __future__ import annotations
@@ -58,20 +55,15 @@ def unsolicited(endpoint: Endpoint, parser: ReplyParser) -> ProtocolError:
 
 
 class AsyncConnection:
-    """A connection to one lock server, on a transport of its own; safe to share between
-    coroutines (asyncio) or threads (blocking): requests are serialized by a lock."""
+    """A connection to one lock server; requests are serialized by a lock."""
 
     def __init__(self, endpoint: Endpoint, transport: AsyncStreamTransport) -> None:
         self.endpoint = endpoint
         self.pid = os.getpid()
         self.last_used = time.monotonic()
-        self.server: ServerInfo | None = None
-        """What the server said to ``hello`` (None: not asked on this connection)."""
-        self.session: ClientSession | None = None
-        """The client session it joined (a server that keeps sessions), whose keep-alive keeps
-        the grants made on it; None: its grants are its own (docs/protocol.md)."""
+        self.server: ServerInfo | None = None  # its ``hello`` answer
+        self.session: ClientSession | None = None  # the client session it joined
         self.transport = transport
-        """Its byte side (what the renewal's watch of a held connection looks at)."""
         self._parser = transport.parser
         self._lock = asyncio.Lock()
         self._closed = False
@@ -79,18 +71,13 @@ class AsyncConnection:
 
     @classmethod
     async def open(cls, endpoint: Endpoint) -> Self:
-        """Connect (bounded by ``connect_timeout_s``), with TLS, and authenticate."""
         conn = cls(endpoint, await AsyncStreamTransport.open(endpoint))
         await conn._authenticate()
         return conn
 
     async def request(self, command: Command, data: bytes, timeout: float = REPLY_GRACE_S) -> Reply:
-        """Send one request and return its decoded reply.
-
-        Raises `ServerUnavailable` (the connection broke, or no reply within ``timeout``) or
-        `ProtocolError`; in both cases, and if anything interrupts the call (a cancellation
-        too), the connection is closed: a half-read reply would put later replies out of step.
-        """
+        """Send one request and return its decoded reply. If it raises or is interrupted, the
+        connection is closed: a half-read reply would put later replies out of step."""
         if self.pid != os.getpid():
             raise DflockError(
                 "this connection was opened by another process (before a fork); "
@@ -117,7 +104,6 @@ class AsyncConnection:
             return reply
 
     def _abort(self) -> None:
-        """Close at once, dropping unsent data (used when a request cannot complete)."""
         self._shut(abort=True)
 
     def close(self) -> None:
@@ -137,8 +123,8 @@ class AsyncConnection:
             await self.transport.wait_closed()  # unasync: async only
 
     async def is_reusable(self) -> bool:
-        """Liveness check before reuse: not closed, no EOF seen, and a ``ping`` answered where
-        the server knows it and the transport needs one (else: nothing waiting to be read)."""
+        """Liveness check before reuse: a ``ping`` where the server knows it and the transport
+        needs one, else nothing waiting to be read."""
         if self._closed or self.pid != os.getpid() or self._parser.buffered:
             return False
         transport, server = self.transport, self.server
@@ -147,9 +133,8 @@ class AsyncConnection:
         return transport.quiet()
 
     def broken_while_idle(self) -> bool:
-        """With no request in flight: True when the connection is unusable: EOF, a reset, a
-        TLS close_notify, or bytes nobody asked for. False while a request is in flight (it
-        sees a broken connection itself) and for TLS records that carry no data (tickets)."""
+        """True when an idle connection is unusable (EOF, a reset, bytes nobody asked for);
+        False while a request is in flight (it sees a broken connection itself)."""
         if self._closed:
             return True
         if self._in_flight:
@@ -160,17 +145,13 @@ class AsyncConnection:
     async def connect(
         cls, endpoint: Endpoint, server: ServerInfo | None, sessions: Sessions | None = None
     ) -> Self:
-        """`open`, knowing what the server supports: ``server`` when known (a pool asks once
-        per server), else ask ``hello`` first. A server keeping client sessions: join the
-        current one of ``sessions`` (``hello _ session <id> <ttl>``); one with connection
-        sessions only: ``hello _ session`` opts it in. Without ``sessions`` (a one-off
-        request), join none. A server predating ``hello`` answers ``error`` (dflockd 0.4/0.5
-        then close the connection): a fresh one is opened."""
+        """`open`, asking ``hello`` unless ``server`` is known, and joining the current client
+        session of ``sessions`` on a server that keeps them. A server predating ``hello``
+        (it answers ``error`` and may close): a fresh connection is opened."""
         conn = await cls.open(endpoint)
         joins = sessions is not None and server is not None and server.keeps_sessions
         if server is None or (server.session_ttl_s is not None and not joins):
-            # Asked anew on each connection to a server with sessions: `hello _ session` makes
-            # it a session connection (docs/protocol.md, "Tokens, leases and disconnects").
+            # Each connection to a server with connection sessions opts in with `hello`.
             try:
                 server = await conn.hello()
             except BaseException:
@@ -190,8 +171,7 @@ class AsyncConnection:
         return conn
 
     async def join(self, session: ClientSession) -> None:
-        """Join ``session`` (``hello _ session <id> <ttl>``): the server keeps it alive
-        from then on, as a keep-alive does; part of making a connection."""
+        """Join ``session`` (``hello _ session <id> <ttl>``), as a keep-alive does."""
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         sent = time.monotonic()
         reply = await self.request(
@@ -205,16 +185,14 @@ class AsyncConnection:
             self.session = session
 
     async def end_session(self, session: ClientSession) -> None:
-        """End ``session`` now (``hello _ session <id> 0``: its client is done with it and
-        what it held by token on it); on a failure it ends by its time."""
+        """End ``session`` now (``hello _ session <id> 0``); on a failure it ends by its time."""
         session.end("this client ended it")
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         with contextlib.suppress(DflockError):
             await self.request(Command.HELLO, _requests.encode_join_session(session.id, 0), timeout)
 
     async def keep_alive(self, session: ClientSession, timeout: float) -> bool | None:
-        """Keep ``session`` alive (``ping _ session <id>``), waiting ``timeout`` s at most for
-        the answer: True kept, False the server has no such session (it ended), None no
+        """``ping _ session <id>``: True kept, False the server has no such session, None no
         answer (the connection is closed)."""
         sent = time.monotonic()
         try:
@@ -229,7 +207,6 @@ class AsyncConnection:
         return False
 
     async def _authenticate(self) -> None:
-        """Send ``auth`` first when the endpoint has a token (a new connection)."""
         token = self.endpoint.auth_token
         if token is None:
             return
@@ -244,9 +221,7 @@ class AsyncConnection:
             raise error
 
     async def hello(self) -> ServerInfo:
-        """Ask ``hello``; a server without it (`ServerInfo.legacy`) leaves this closed. Part of
-        making a connection: its answer is waited for ``connect_timeout_s`` at most (cut to the
-        lease left when a held lock reconnects)."""
+        """Ask ``hello`` (within ``connect_timeout_s``); a server without it leaves this closed."""
         timeout = min(REPLY_GRACE_S, self.endpoint.connect_timeout_s)
         info = server_info(
             self.endpoint, await self.request(Command.HELLO, _requests.encode_hello(), timeout)
@@ -256,13 +231,12 @@ class AsyncConnection:
         return info
 
     async def shards(self) -> dict[str, object] | None:
-        """Ask ``shards``: which keys the server serves (None: it does not know the request,
-        an older or foreign server)."""
+        """Which keys the server serves (None: it does not know ``shards``)."""
         reply = await self.request(Command.SHARDS, _requests.encode_shards())
         return reply.data if isinstance(reply, _replies.Shards) else None
 
     async def ping(self) -> bool:
-        """True if the server answered ``ping``; on any failure the connection is closed."""
+        """True if the server answered ``ping``; a failure closes the connection."""
         try:
             reply = await self.request(Command.PING, _requests.encode_ping())
         except DflockError:
@@ -272,12 +246,10 @@ class AsyncConnection:
 
     @property
     def closed(self) -> bool:
-        """True once closed (by us, by the peer, or by an interrupted request)."""
         return self._closed
 
     @property
     def in_flight(self) -> bool:
-        """True while a request waits for its reply."""
         return self._in_flight
 
     def __repr__(self) -> str:

@@ -1,27 +1,19 @@
-"""A lock object's holding: its connections, the grant it keeps alive (background renewal,
-reattaching), reporting a loss, the requests that let go. The lock object
-(`celery_dflock.client._async.lock`) owns one and hands it each grant; the renewal, the client
-session and its keep-alive see the lock through it. The asyncio source of the blocking twin in
-``_sync/`` (``scripts/unasync.py``); what each face does its own way (renewal task or thread,
-noticing a closed connection, calling ``on_lost``) is in `celery_dflock.client._aio_backend` /
-`celery_dflock.client._sync_backend`.
+"""A lock object's holding: its connections, the grant it keeps alive (renewal, reattaching),
+reporting a loss, the requests that let go (asyncio source of the ``_sync/`` twin; what each
+face does its own way is in `celery_dflock.client._aio_backend` /
+`celery_dflock.client._sync_backend`).
 
-A held lock pins its connection: the server frees a connection's locks when its peer closes it
-(at once, or after the session time on a session connection; not if it restarts with its
-journal, auto-release is off or a hold outlives it; a close by the server frees nothing early).
-When that connection closes or breaks (restart, drain, network cut, idle timeout; noticed at
-once, never mid-request), the lock *reattaches*: it reconnects to the same server and renews by
-token, pausing between attempts, while the lease it last confirmed runs, and pins the new
-connection. A lock is *lost* when the renewal is refused (``error``: the server no longer holds
-it) or the lease runs out before the server is reached: `lost` turns True, `lost_event` is set,
-``on_lost(lock)`` runs once, a warning is logged. `release` on a broken connection reconnects
-once and releases by token; a server not there (down, restarting, draining) gets the release in
-the background (while the lease runs, the lease being the backstop) and `release` returns at
-once: a caller never waits out an outage to let go.
+A held lock pins its connection: the server frees a connection's locks when its peer closes
+it (after the session time on a session connection). When that connection closes or breaks,
+the lock *reattaches*: it reconnects to the same server and renews by token while the lease it
+last confirmed runs. A lock is *lost* when the renewal is refused or the lease runs out first:
+`lost` turns True, `lost_event` is set, ``on_lost(lock)`` runs once. A release the server
+does not answer goes on in the background while the lease runs: a caller never waits out an
+outage to let go.
 
-An interrupted request (timeout, exception, cancellation) closes its connection, never reused
-out of step; an interrupted release closes the pinned connection, so the server frees the lock
-rather than keep it unrenewed.
+An interrupted request closes its connection (never reused out of step); an interrupted
+release closes the pinned connection, so the server frees the lock rather than keep it
+unrenewed.
 """
 
 from __future__ import annotations
@@ -57,8 +49,7 @@ logger = logging.getLogger("celery_dflock.client")
 
 
 class AsyncHolding:
-    """What a lock object holds and how it keeps it, around its `LockCore` (connections: its
-    pool's, or its own)."""
+    """What a lock object holds and how it keeps it, around its `LockCore`."""
 
     __slots__ = (
         "_lost_event",
@@ -93,8 +84,7 @@ class AsyncHolding:
         self._pool = pool
         self._server: ServerInfo | None = None  # without a pool: asked once per lock object
         self._server_at: Endpoint | None = None  # the endpoint `_server` describes
-        self.conn: AsyncConnection | None = None
-        """The connection a grant (or a queue position) is pinned to."""
+        self.conn: AsyncConnection | None = None  # a grant's (or queue position's)
         self.op_lock = OpLock()  # renew / release / acquire never interleave
         self.driver = AsyncRenewalDriver(self, pool)
         self._lost_event: Event | None = None  # made on first use (see lost_event)
@@ -105,10 +95,8 @@ class AsyncHolding:
 
     @property
     def lost_event(self) -> Event:
-        """Set when the held lock is lost (cleared by the next successful acquire)."""
         event = self._lost_event
-        if event is None:
-            # Made when first asked for or set: most locks are never lost or waited on.
+        if event is None:  # made on first use: most locks are never lost or waited on
             with self._lost_event_guard:
                 event = self._lost_event
                 if event is None:
@@ -117,26 +105,24 @@ class AsyncHolding:
 
     @property
     def lost(self) -> bool:
-        """The lock's `lost`: the core's loss, once reported (`lost_event` set)."""
+        """The core's loss, once reported (`lost_event` set)."""
         event = self._lost_event
         return self.core.lost and event is not None and event.is_set()
 
-    # ------------------------------------------------------------------ fork
     def forked(self) -> bool:
-        """In a fork child of the holder: forget the lock, True. Only our copy of the socket
-        is closed (never shut down): the parent keeps its connection, lock and renewals."""
+        """In a fork child of the holder: forget the lock (closing only our copy of the
+        socket), True."""
         if not self.core.grant.foreign_process():
             return False
         conn, self.conn = self.conn, None
         if conn is not None:
-            conn.close()  # in a child: only drops our descriptor
+            conn.close()
         self.op_lock = OpLock()
         self.driver.forget()
         logger.debug("%s was acquired by the parent process; the child ignores it", self.core.what)
         self.core.reset()
         return True
 
-    # ------------------------------------------------------------------ connections
     async def checkout(self, endpoint: Endpoint | None = None) -> AsyncConnection:
         endpoint = self.core.endpoint if endpoint is None else endpoint
         if self._pool is not None:
@@ -148,15 +134,12 @@ class AsyncHolding:
         self._server, self._server_at = conn.server, endpoint
         return conn
 
-    # ------------------------------------------------------------------ its client session
     def poke(self) -> None:
-        """The grant's client session is over: renew now, which finds out whether the grant
-        is lost (`celery_dflock.client._session.Holder`)."""
+        """The grant's client session is over: renew now to learn whether it is lost."""
         self.driver.poke()
 
     def holds(self) -> bool:
-        """Whether its session is to be kept alive for it: it holds a grant, or waits for one
-        (a grant that comes to a session past its time is lost on arrival)."""
+        """Whether its session is to be kept alive: it holds a grant, or waits for one."""
         core = self.core
         state = core.state
         return (state is LockState.HELD and not core.lost) or (
@@ -164,20 +147,16 @@ class AsyncHolding:
         )
 
     def keep_while_waiting(self, conn: AsyncConnection, waiting: bool) -> None:
-        """An acquire that may wait is sent on ``conn`` (``waiting``), or was answered: its
-        client session is kept alive meanwhile (operation lock held)."""
+        """An acquire that may wait is in flight on ``conn`` (``waiting``) or answered."""
         self._waiting = waiting
         if waiting:
             try:
                 self._kept_by(conn)
-            except RuntimeError as exc:  # no thread (a process at its pid limit)
-                # Asked again once granted (`start_renewing`), where a failure releases the
-                # grant; a grant that comes to a session not kept alive is lost on arrival.
+            except RuntimeError as exc:  # no thread: asked again by `start_renewing`
                 logger.debug("no keep-alive for %s while it waits: %s", self.core.what, exc)
 
     def _kept_by(self, conn: AsyncConnection) -> None:
-        """A grant is held, or waited for, on ``conn`` (operation lock held): its client
-        session, if it has one, is kept alive from now on."""
+        """A grant is held or waited for on ``conn``: keep its client session alive."""
         session = conn.session
         if session is None:
             return
@@ -195,11 +174,9 @@ class AsyncHolding:
         else:
             await conn.aclose()
 
-    # ------------------------------------------------------------------ renewing
     async def start_renewing(self, conn: AsyncConnection) -> None:
         """After a grant (operation lock held): pin ``conn``, renew, watch it. A renewal that
-        cannot start (no thread at the pid limit) releases the grant at once rather than leave
-        it unrenewed, and the error says so."""
+        cannot start releases the grant rather than leave it unrenewed."""
         self.conn = conn
         event = self._lost_event
         if event is not None:
@@ -217,15 +194,14 @@ class AsyncHolding:
             )
             try:
                 await self.release_locked()
-            except Exception:  # the exception above says what failed first
+            except Exception:  # the first exception is the one raised
                 logger.debug("releasing %s after a failed start failed", core.what, exc_info=True)
             if core.state is not LockState.IDLE:
                 core.reset()
             raise
 
     async def renew_guarded(self, scheduled: bool) -> bool | None:
-        """`renew_once`, where an unexpected error marks the lock lost instead of escaping
-        (the background renewal must never die with a traceback)."""
+        """`renew_once`; an unexpected error marks the lock lost instead of escaping."""
         try:
             return await self.renew_once(scheduled)
         except Exception as exc:
@@ -238,8 +214,7 @@ class AsyncHolding:
 
     async def renew_once(self, scheduled: bool) -> bool | None:
         """One renewal: True renewed, False lost, None nothing to renew (``scheduled``: the
-        background's, a no-op once release began). A held connection found broken, or broken
-        meanwhile, is reattached (`_reattach`), not lost."""
+        background's, a no-op once release began). A broken connection is reattached."""
         core = self.core
         async with self.op_lock:
             conn = self.conn
@@ -269,8 +244,7 @@ class AsyncHolding:
         return False
 
     def _drop_connection(self, conn: AsyncConnection, detail: str) -> None:
-        """The held lock's connection ``conn`` broke (``detail``; operation lock held): close
-        it, stop watching it, and have the next renewal reattach."""
+        """The held connection broke: close it, stop watching it, the next renewal reattaches."""
         if self.conn is conn:
             self.conn = None
             self.driver.unwatch(conn)
@@ -278,16 +252,14 @@ class AsyncHolding:
         self.core.connection_broke(detail)
 
     async def let_go(self, conn: AsyncConnection | None) -> bool:
-        """Forget the grant without a request (it was lost, or is not held), ``conn`` back to
-        the pool: False."""
+        """Forget the grant without a request, ``conn`` back to the pool: False."""
         self.core.reset()
         if conn is not None:
             await self.checkin(conn)
         return False
 
     def unless_broken(self, conn: AsyncConnection | None) -> AsyncConnection | None:
-        """The held lock's connection ``conn``, or None when it broke while idle (then it is
-        closed and the lock told why; the request about the grant goes on a new one)."""
+        """``conn``, or None when it broke while idle (closed; the request goes on a new one)."""
         if conn is not None and conn.broken_while_idle():
             conn.close()
             self.core.connection_broke(CLOSED_BY_SERVER)
@@ -295,8 +267,7 @@ class AsyncHolding:
         return conn
 
     async def _renew_request(self, conn: AsyncConnection) -> RenewOutcome:
-        """Send one renewal by token on ``conn`` (operation lock held). A connection that
-        breaks or drains meanwhile is dropped (the outcome says ``reattach``)."""
+        """One renewal by token on ``conn``; a connection that breaks or drains is dropped."""
         command, data, timeout = self.core.renew_request()
         sent = time.monotonic()
         try:
@@ -310,10 +281,9 @@ class AsyncHolding:
         return outcome
 
     async def _reattach(self, scheduled: bool) -> bool | None:
-        """Reconnect to the server (pooled or new, with auth, TLS and ``hello``) and renew by
-        token, pausing between attempts outside the operation lock. True once renewed (the new
-        connection pinned and watched); False, lost, when refused or the lease confirmed last
-        runs out first; None once release began."""
+        """Reconnect and renew by token, pausing between attempts outside the operation lock:
+        True once renewed, False (lost) when refused or the lease runs out first, None once
+        release began."""
         core = self.core
         while True:
             wait_s: float | None = None
@@ -346,11 +316,9 @@ class AsyncHolding:
             return False
 
     async def _reattach_once(self) -> RenewOutcome:
-        """One attempt of `_reattach` (operation lock held)."""
         try:
             conn = await self.checkout(self.core.reattach_endpoint())
-        except AuthError as exc:
-            # Answered, and refused: no later attempt does better. Lost now, saying why.
+        except AuthError as exc:  # no later attempt does better: lost now
             reason = f"the lock server refused this client's auth when it reconnected ({exc})"
             return RenewOutcome(renewed=False, lost_reason=reason, reattach=False)
         except DflockError as exc:
@@ -379,13 +347,11 @@ class AsyncHolding:
         core: LockCore | None = None,
         once: bool = False,
     ) -> tuple[Reply, AsyncConnection, bool] | None:
-        """Send ``build``'s request about the held grant (release or hand-off by token;
-        operation lock held, renewal stopped) on ``conn``, or, when it is None, breaks or
-        drains, on new connections while the lease runs, pausing between attempts. Returns
-        the reply, its connection, and whether an earlier attempt may have reached the server
-        (its answer lost); None when the lease ran out unanswered, or (``once``) the first
-        attempt on a new connection was. ``core``: a background release's copy (default: the
-        lock's)."""
+        """Send ``build``'s request about the held grant (renewal stopped) on ``conn``, or on
+        new connections while the lease runs. Returns the reply, its connection, and whether
+        an earlier attempt may have reached the server; None when the lease ran out
+        unanswered, or (``once``) the first attempt on a new connection was. ``core``: a
+        background release's copy."""
         core = self.core if core is None else core
         retried = False
         fresh = conn is None
@@ -429,12 +395,9 @@ class AsyncHolding:
         except Exception:
             logger.exception("the on_lost callback of dflock %s raised", self.core.what)
 
-    # ------------------------------------------------------------------ releasing
     def abandon(self) -> None:
-        """Interrupted release: close the pinned connection (the server frees the lock, after
-        its session time on a session connection, and a queue position at once) rather than
-        leave it unrenewed; a grant a client session keeps (the close does not free it) is
-        released by token in the background."""
+        """Interrupted release: close the pinned connection (the server frees the lock); a
+        grant a client session keeps is released by token in the background."""
         conn, self.conn = self.conn, None
         if conn is not None:
             self.driver.unwatch(conn)
@@ -446,9 +409,8 @@ class AsyncHolding:
             core.reset()
 
     async def release_locked(self) -> bool:
-        """Release, renewal stopped (operation lock held): leave a queue, or release the grant
-        (by token on a new connection when its own broke; in the background when the server
-        does not answer). True if the server released it."""
+        """Release, renewal stopped (operation lock held): leave a queue, or release the grant.
+        True if the server released it."""
         conn, self.conn = self.conn, None
         self.driver.unwatch(conn)
         core = self.core
@@ -467,8 +429,7 @@ class AsyncHolding:
                 self.unless_broken(conn), lambda _: core.release_request(), once=True
             )
         except BaseException:
-            # Interrupted: the request closed the connection, which frees the grant, unless
-            # a client session keeps it: then it is released by token in the background.
+            # The request closed the connection, freeing the grant unless a session keeps it.
             if core.grant.session is not None:
                 self._release_later()
             else:
@@ -483,8 +444,8 @@ class AsyncHolding:
         return released
 
     def _release_later(self) -> None:
-        """Unanswered release (operation lock held): the background releases a copy of the
-        grant by token while the lease runs; the lock object resets at once."""
+        """Unanswered release: the background releases a copy of the grant while the lease
+        runs; the lock object resets at once."""
         core = self.core
         later = copy.copy(core)
         core.reset()
@@ -493,7 +454,7 @@ class AsyncHolding:
             "background while the lease runs (%.1f s left), the caller goes on",
             later.what,
             later.endpoint.address,
-            redact(later.broken or "unreachable"),
+            redact(later.grant.broken or "unreachable"),
             max(0.0, later.grant.lease_left()),
         )
         try:
@@ -509,7 +470,6 @@ class AsyncHolding:
             )
 
     async def _release_in_background(self, core: LockCore) -> None:
-        """`_release_later`'s work; its outcome is logged (nobody waits for it)."""
         try:
             sent = await self.request_held(None, lambda _: core.release_request(), core=core)
         except Exception:
@@ -521,14 +481,11 @@ class AsyncHolding:
                 "lease ran out (%s); the lease frees it",
                 core.what,
                 core.endpoint.address,
-                redact(core.broken or "unreachable"),
+                redact(core.grant.broken or "unreachable"),
             )
             return
         reply, conn, _ = sent
-        # Closed, not given back to the pool: the caller may have closed its pool (and gone)
-        # while this ran, and a connection put back there then is never closed.
-        await conn.aclose()
-        # Sent again after an attempt that got no answer: a refusal proves no loss.
+        await conn.aclose()  # not pooled: the caller may have closed its pool meanwhile
         if core.on_release_reply(reply, retried=True):
             logger.info(
                 "dflock %s: released in the background, the lock server at %s answering again",

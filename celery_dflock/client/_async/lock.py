@@ -1,12 +1,8 @@
-"""Locks and semaphores renewed in the background, with the dflockd client's parameters in
-its order.
+"""Locks and semaphores renewed in the background (asyncio source of the ``_sync/`` twin).
 
-The asyncio source (`AsyncDistributedLock`, `AsyncDistributedSemaphore`); ``scripts/unasync.py``
-generates the blocking twin in ``_sync/`` (`DistributedLock`, `DistributedSemaphore`). The
-I/O-free `celery_dflock.client._core.LockCore` decides; a lock object carries it out: it gets a
-grant (acquire, enqueue / wait, a hold, taking over a hold), sends requests by token and lets go
-(release, hand-off), routed to the key's server, following a cluster's redirects. Its holding
-(``held.py``) keeps the grant: connections, renewal, reattaching, reporting a loss.
+The I/O-free `celery_dflock.client._core.LockCore` decides; a lock object carries it out:
+getting a grant, requests by token and letting go, routed to the key's server (following a
+cluster's redirects). Its holding (``held.py``) keeps the grant alive.
 """
 
 from __future__ import annotations
@@ -74,12 +70,11 @@ class AsyncLockBase:
         on_lost: Callable[[Self], object] | None,
         pool: AsyncConnectionPool | None,
     ) -> Self:
-        """A lock around ``core``, made on settings checked already (a client's)."""
+        """A lock around ``core`` (a client's, settings checked already)."""
         lock = cls.__new__(cls)
         lock._setup(core, on_lost, pool)
         return lock
 
-    # ------------------------------------------------------------------ attributes
     @property
     def lost_event(self) -> Event:
         """Set when the held lock is lost (cleared by the next successful acquire)."""
@@ -87,7 +82,6 @@ class AsyncLockBase:
 
     @property
     def key(self) -> str:
-        """The lock key."""
         return self._core.key
 
     @property
@@ -97,15 +91,12 @@ class AsyncLockBase:
 
     @property
     def holder(self) -> str | None:
-        """After an acquire that failed because the key was busy: the note its holder gave
-        (servers with holds; None when it gave none, or the acquire did not fail so)."""
+        """After an acquire refused on a busy key: its holder's note (servers with holds)."""
         return self._core.holder
 
     @property
     def handover(self) -> str | None:
-        """After an acquire that was not granted because a hand-over of its key's shard
-        between cluster members outlasted its time: why, naming the key and the member (None
-        when it did not fail so)."""
+        """Why the last acquire failed when a cluster hand-over outlasted its time (else None)."""
         return self._core.handover
 
     @property
@@ -115,24 +106,19 @@ class AsyncLockBase:
 
     @property
     def lease(self) -> int:
-        """Lease of the current (or last) grant in seconds, as the server granted it."""
+        """Lease of the current (or last) grant in seconds."""
         return self._core.lease
 
     @property
     def fence(self) -> int | None:
-        """Fencing counter of the current grant: ``int(token[:16], 16)``; grows per grant.
-
-        None when not held, or when the server does not issue fencing tokens (dflockd 0.4/0.5
-        and the Go server: their tokens are random, so comparing them would mean nothing).
-        """
+        """Fencing counter of the current grant (``int(token[:16], 16)``, grows per grant);
+        None when not held or the server's tokens are random (dflockd 0.4/0.5, the Go one)."""
         return self._core.fence
 
     @property
     def lost(self) -> bool:
-        """True once the held lock could not be renewed (until the next acquire).
-
-        Set with `lost_event`, just before ``on_lost`` runs (so whoever sees ``lost`` finds
-        ``lost_event`` set, and an ``on_lost`` that interrupts a body does so early)."""
+        """True once the held lock could not be renewed (until the next acquire); set with
+        `lost_event`, just before ``on_lost`` runs."""
         return self._holding.lost
 
     def locked(self) -> bool:
@@ -145,42 +131,29 @@ class AsyncLockBase:
         (less a margin) ago. After a longer pause, False until a renewal is answered."""
         return self._core.owned()
 
-    # ------------------------------------------------------------------ acquiring
     async def acquire(self) -> bool:
-        """Take the lock, waiting up to ``acquire_timeout_s`` in FIFO order.
-
-        True when granted (renewal starts), False on timeout. Raises `ServerUnavailable`,
-        `AuthError`, `MaxLocksError`, ... when the server cannot or will not answer.
-        Interrupting it closes the connection, which also takes it out of the server's queue.
-        """
+        """Take the lock, waiting up to ``acquire_timeout_s`` in FIFO order: True when granted
+        (renewal starts), False on timeout. Interrupting it closes the connection (leaving
+        the server's queue)."""
         return await self._grant(self._core.acquire_request)
 
     async def enqueue(self) -> EnqueueResult:
-        """Two-phase step 1: join the queue without blocking.
-
-        ``"acquired"`` if the lock was free and is now held, ``"queued"`` if queued (then call
-        `wait`); an `EnqueueResult`, true only when acquired (``if lock.enqueue():`` works).
-        `LockNotAcquired` when a cluster hand-over outlasted ``acquire_timeout_s`` (at least
-        2 s): neither held nor queued.
-        """
+        """Two-phase step 1: join the queue without blocking: ``"acquired"`` (held now) or
+        ``"queued"`` (then call `wait`). `LockNotAcquired` when a cluster hand-over outlasted
+        ``acquire_timeout_s``: neither held nor queued."""
         core = self._core
         if await self._grant(core.enqueue_request):
             return ACQUIRED
         if core.state is LockState.ENQUEUED:
             return QUEUED
-        # Neither: a cluster hand-over kept the key's member from answering until the time
-        # was up (a `wait` would find nothing queued).
         raise LockNotAcquired(
             core.handover
             or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
         )
 
     async def wait(self, timeout_s: float | None = None) -> bool:
-        """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``).
-
-        True once held (also when `enqueue` already got it). False on timeout; the queue
-        position is then given up (its connection is closed).
-        """
+        """Two-phase step 2: wait up to ``timeout_s`` (default ``acquire_timeout_s``): True once
+        held; False on timeout, the queue position given up."""
         holding, core = self._holding, self._core
         holding.forked()
         async with holding.op_lock:
@@ -210,8 +183,7 @@ class AsyncLockBase:
             return False
 
     async def _grant(self, build: Build, *, keep: bool = True) -> bool:
-        """An acquire or enqueue with the request ``build`` makes for the server's ``hello``.
-        Not ``keep``: a grant is neither pinned nor renewed (a detached hold)."""
+        """An acquire or enqueue of ``build``'s request; not ``keep``: a detached hold."""
         holding = self._holding
         holding.forked()
         async with holding.op_lock:
@@ -239,11 +211,12 @@ class AsyncLockBase:
                 await holding.checkin(conn)
                 raise
             try:
-                if core.asking:
-                    core.asking = False  # one request only
+                if core.routing.asking:
+                    core.routing.asking = False  # one request only
                     if not isinstance(
                         await conn.request(
-                            Command.ASKING, _requests.encode_asking(core.key, core.ask_ticket)
+                            Command.ASKING,
+                            _requests.encode_asking(core.key, core.routing.ask_ticket),
                         ),
                         Ok,
                     ):
@@ -305,21 +278,18 @@ class AsyncLockBase:
             return granted
 
     async def _refresh_map(self, router: ClusterRouter) -> None:
-        """Fetch the cluster map (`refresh_map`), on this lock's connections."""
         holding = self._holding
         await refresh_map(
             router, holding.checkout, holding.checkin, self._core.settings, self._core.what
         )
 
     async def _remap(self, router: ClusterRouter) -> None:
-        """Fetch the cluster map, then aim at the key's member by it."""
         await self._refresh_map(router)
         self._core.routing.route()
 
     async def _reroute(self, exc: ServerUnavailable) -> None:
-        """The key's member could not serve the acquire (unreachable, closed, draining; nothing
-        granted): pause, read the map again and aim anew until the acquire's time is up, then
-        raise ``exc`` (at once in list modes)."""
+        """The key's member could not serve the acquire: pause and re-route until the acquire's
+        time is up, then raise ``exc`` (at once in list modes)."""
         core = self._core
         wait_s = core.routing.on_unreachable(exc)  # the map is read again (now, or next acquire)
         if core.router is None or wait_s is None:
@@ -328,8 +298,7 @@ class AsyncLockBase:
         await self._remap(core.router)
 
     async def _mismatch(self, conn: AsyncConnection, reply: Reply) -> DflockError:
-        """A list-mode client was redirected: ask that server its ``shards`` (on the same
-        connection, still in step) for the error that names both lists."""
+        """A list-mode client was redirected: the error naming both server lists."""
         try:
             shards = await conn.shards()
         except DflockError:
@@ -338,13 +307,9 @@ class AsyncLockBase:
             await self._holding.checkin(conn)
         return self._core.routing.mismatch_error(reply, shards)
 
-    # ------------------------------------------------------------------ letting go
     async def renew(self) -> bool:
-        """Renew the lease now (the background renewal does this on its own).
-
-        True if renewed; False if the lock is lost (then `lost` is True, ``on_lost`` ran).
-        Raises `LockNotOwned` when not held (also in a fork child of the holder).
-        """
+        """Renew the lease now: True if renewed, False if lost. `LockNotOwned` when not held
+        (also in a fork child of the holder)."""
         holding, what = self._holding, self._core.what
         if holding.forked():
             raise LockNotOwned(
@@ -359,16 +324,10 @@ class AsyncLockBase:
     async def release(self) -> bool:
         """Release the lock; True if the server confirmed it. Idempotent.
 
-        Stops the renewal first (waiting for one in flight). A broken connection: reconnects
-        once and releases by token. A server that does not answer (down, restarting,
-        draining): returns False at once (logged) and the background keeps releasing by token
-        while the lease runs (the lease frees the key after); the object may acquire again
-        meanwhile (its next grant comes after the old one is freed). False when nothing was
-        held or the lock was lost. If the server no longer held the grant (lease ran out
-        unnoticed, e.g. in a pause, or freed with a closed connection), the loss is reported
-        first (`lost`, `lost_event`, ``on_lost``). Leaves a queue after `enqueue`. A fork
-        child of the holder does nothing (the parent's lock and socket are untouched).
-        Interrupting it closes the connection, which makes the server release the lock.
+        False when nothing was held or the lock was lost. A server that does not answer: False
+        at once, and the background keeps releasing by token while the lease runs. If the
+        server no longer held the grant, the loss is reported first (`lost`, ``on_lost``). A
+        fork child of the holder does nothing.
         """
         holding, core = self._holding, self._core
         if holding.forked():
@@ -379,8 +338,7 @@ class AsyncLockBase:
                 released = await holding.release_locked()
                 lost_here = core.lost and core.state is LockState.HELD
             if lost_here:
-                # Lost before this release, never silent: notified outside the operation lock
-                # (the callback may use the lock), with the fence still known; then forgotten.
+                # Notified outside the operation lock: the callback may use the lock.
                 await holding.notify_lost()
                 async with holding.op_lock:
                     if core.lost and core.state is LockState.HELD:
@@ -390,7 +348,6 @@ class AsyncLockBase:
             holding.abandon()
             raise
 
-    # ------------------------------------------------------------------ context manager
     async def __aenter__(self) -> Self:
         if not await self._grant(self._core.acquire_request):
             core = self._core
@@ -409,11 +366,9 @@ class AsyncLockBase:
     ) -> None:
         await self.release()
 
-    # ------------------------------------------------------------------ by token
     async def release_token(self, token: str) -> bool:
-        """Release ``token`` on this key, granted to another object or process (one that died,
-        say): one request by token, routed as an acquire is; True if the server released it,
-        False if it no longer held it. This object's own state is untouched."""
+        """Release ``token`` on this key, granted to another object or process: True if the
+        server released it, False if it no longer held it."""
         key, limit = self._core.key, self._core.limit
         _, reply = await self._request_by_token(
             lambda _: _by_token.release_request(key, token, limit)
@@ -421,15 +376,14 @@ class AsyncLockBase:
         return _by_token.released(reply)
 
     async def renew_token(self, token: str, lease_ttl: int) -> bool:
-        """Renew ``token`` on this key (granted to any object or process) to ``lease_ttl``
-        seconds from now; True if renewed, False if it no longer holds the key."""
+        """Renew ``token`` on this key to ``lease_ttl`` seconds from now; False if it no
+        longer holds the key."""
         key = self._core.key
         return await self._done_by_token(lambda _: _by_token.renew_request(key, token, lease_ttl))
 
     async def detach_token(self, token: str, lease_ttl: int) -> bool:
-        """Detach ``token``'s grant on this key from the connection it is bound to (``hd``),
-        with a lease of ``lease_ttl`` seconds from now; True if done, False if it no longer
-        holds the key. `HoldsUnsupported` for a server without holds."""
+        """Detach ``token``'s grant on this key from its connection (``hd``) with a lease of
+        ``lease_ttl`` seconds; False if it no longer holds the key."""
         core = self._core
         return await self._done_by_token(
             lambda server: _by_token.detach_request(
@@ -438,8 +392,8 @@ class AsyncLockBase:
         )
 
     async def note_token(self, token: str, note: str) -> bool:
-        """Replace the owner note of ``token``'s grant on this key; True if done, False if
-        it no longer holds the key. `HoldsUnsupported` for a server without holds."""
+        """Replace the owner note of ``token``'s grant on this key; False if it no longer
+        holds the key."""
         core = self._core
         return await self._done_by_token(
             lambda server: _by_token.note_request(
@@ -448,8 +402,7 @@ class AsyncLockBase:
         )
 
     async def _request_by_token(self, build: Build) -> tuple[Command, Reply]:
-        """One request about a grant this object does not hold, routed as an acquire is: the
-        command sent and its reply."""
+        """One request about a grant this object does not hold, routed as an acquire is."""
         holding, core = self._holding, self._core
         holding.forked()
         async with holding.op_lock:
@@ -459,8 +412,6 @@ class AsyncLockBase:
             return await request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
     async def _done_by_token(self, build: Build) -> bool:
-        """`_request_by_token`, read: True done, False when the token no longer holds the
-        key; raises for other refusals."""
         command, reply = await self._request_by_token(build)
         return _by_token.done(command, reply, self._core.key, self._core.endpoint)
 
@@ -469,8 +420,7 @@ class AsyncLockBase:
 
 
 def _may_wait(core: LockCore, command: Command) -> bool:
-    """Whether the acquire ``command`` may leave the lock waiting for its grant (a wait in
-    the queue, or an enqueue): its client session is then kept alive meanwhile."""
+    """Whether the acquire ``command`` may wait for its grant (its session is kept alive)."""
     return core.acquire_timeout_s > 0 or command in (Command.ENQUEUE, Command.SEM_ENQUEUE)
 
 
@@ -478,10 +428,8 @@ class AsyncDistributedLock(AsyncLockBase):
     """A distributed lock, renewed in the background while held (the dflockd client's
     parameters, in its order; ``pool`` shares connections and renewals between locks).
 
-    ``sharding_strategy="cluster"``: ``servers`` are seeds of a cluster (``dflockd
-    --cluster``); the key goes to the member its shard map names, redirects are followed.
-    ``router`` shares one cached map between locks (a `Client` passes its own); without it
-    the lock fetches a map of its own.
+    ``sharding_strategy="cluster"``: ``servers`` are seeds of a cluster; ``router`` shares
+    one cached shard map between locks (else the lock fetches its own).
     """
 
     def __init__(  # noqa: PLR0917 - positional order is the dflockd client's
@@ -529,12 +477,10 @@ class AsyncDistributedLock(AsyncLockBase):
         return self._core.note
 
     async def hold(self, note: str, *, detached: bool = True) -> Hold:
-        """Take a detached hold of this key (``hl ... d <note>``), waiting up to
-        ``acquire_timeout_s``, with this lock's lease: the grant outlives this object and its
-        connection, neither renewed nor released here; this object holds nothing after. Not
-        ``detached``: the grant (``hl ... c``) stays bound to the pooled connection that took
-        it (freed if it closes) until `detach_token`. Raises `KeyHeld` when the key stays
-        busy, `HoldsUnsupported` for a server without holds."""
+        """Take a detached hold of this key (``hl ... d <note>``) with this lock's lease: the
+        grant outlives this object, which holds nothing after. Not ``detached``: it stays
+        bound to the pooled connection that took it until `detach_token`. `KeyHeld` when the
+        key stays busy."""
         core = self._core
         try:
             if not await self._grant(
@@ -564,14 +510,11 @@ class AsyncDistributedLock(AsyncLockBase):
     async def adopt(
         self, token: str, *, note: str | None = None, on_close_lease: int | None = None
     ) -> bool:
-        """Take over ``token``, a detached grant of this key (a hold), exclusively (``ht``): the
-        server binds it to this object's connection, with this lock's lease and owner ``note``
-        (default: the lock's `note`; one is needed). Then held as after `acquire` (the
-        token's fence, renewal, loss detection, `release`). If the connection dies first, the
-        grant is released (``on_close_lease`` None) or detached again with a lease of
-        ``on_close_lease`` seconds, for the next `adopt`. False, holding nothing, when the
-        token no longer holds the key or another connection has it bound (`holder` then
-        tells that holder's note). `HoldsUnsupported` for a server without holds."""
+        """Take over ``token``, a hold of this key (``ht``), bound to this object's connection
+        with this lock's lease and owner ``note`` (default: the lock's): then held as after
+        `acquire`. If the connection dies, the grant is released (``on_close_lease`` None)
+        or detached again with that lease. False when the token no longer holds the key or
+        another connection has it bound (`holder` names it)."""
         core = self._core
         ht_note = core.take_over_note(note)
         close_lease = (
@@ -602,12 +545,9 @@ class AsyncDistributedLock(AsyncLockBase):
             return True
 
     async def hand_off(self, lease_ttl: int) -> bool:
-        """Let go of the held grant without releasing it (``hd``): the server detaches it from
-        this object's connection with a lease of ``lease_ttl`` seconds from now, a hold any
-        process can `adopt` or release by its token; True when done. This object stops
-        renewing and forgets its token (a later `release` returns False, not a loss). A
-        server without holds: a last renewal to ``lease_ttl``, the grant staying bound to the
-        connection, back in the pool. A broken connection: reconnects, hands off by token."""
+        """Let go of the held grant without releasing it (``hd``): detached with a lease of
+        ``lease_ttl`` seconds, a hold any process can `adopt`; True when done. A server
+        without holds gets a last renewal to ``lease_ttl`` instead."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         holding, core = self._holding, self._core
         if holding.forked() or not core.locked():
@@ -625,7 +565,7 @@ class AsyncDistributedLock(AsyncLockBase):
             except BaseException:
                 core.reset()
                 raise
-            broken = core.broken
+            broken = core.grant.broken
             core.reset()
             if sent is None:
                 logger.warning(

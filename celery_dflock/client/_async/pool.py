@@ -1,9 +1,6 @@
-"""The connection pool, written once (see `celery_dflock.client.pool` for what a pool does).
-
-The asyncio pool is written in ``celery_dflock/client/_async/pool.py``; the blocking one is
-generated from it in ``_sync/`` by ``scripts/unasync.py``. A pool owns its idle connections
-(`celery_dflock.client._pooling.IdleConnections`) and what its kind adds (its face's
-`PoolFace`: the event loop an asyncio pool belongs to, the renewer of a blocking one).
+"""The connection pool (see `celery_dflock.client.pool`), asyncio source of the ``_sync/``
+twin. It owns its idle connections (`celery_dflock.client._pooling.IdleConnections`) and what
+its kind adds (its `PoolFace`: an asyncio pool's event loop, a blocking one's renewer).
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ class AsyncConnectionPool:
         self._idle: IdleConnections[AsyncConnection] = IdleConnections(
             max_idle_per_server, max_idle_time_s, face.forked
         )
-        self._sessions = Sessions()
-        """This process's client session with each server (the connections join it)."""
+        self._sessions = Sessions()  # this process's client session with each server
 
     async def checkout(self, endpoint: Endpoint) -> AsyncConnection:
         """A verified idle connection to ``endpoint``, or a new one."""
@@ -60,7 +56,7 @@ class AsyncConnectionPool:
                 return conn
             await conn.aclose()
             idle.count_discarded()
-        conn = await AsyncConnection.connect(endpoint, idle.known(endpoint), self._sessions)
+        conn = await AsyncConnection.connect(endpoint, idle.servers.get(endpoint), self._sessions)
         idle.count_opened(conn, conn.server)
         return conn
 
@@ -73,8 +69,7 @@ class AsyncConnectionPool:
 
     async def aclose(self) -> None:
         """Close every idle connection (the pool stays usable), having ended each client
-        session that holds no lock of this process (with what was held on it by token: a
-        clean close lets go at once rather than at the session's end) on one of them."""
+        session that holds no lock of this process (a clean close lets go at once)."""
         idle = self._idle
         idle.check_fork()
         for endpoint, session in self._sessions.unheld():
@@ -118,8 +113,7 @@ class AsyncConnectionPool:
     @property
     def _renewer(self) -> PoolRenewer:
         """Renews the leases of every lock using this pool, from one long-lived thread (more
-        only while a renewal is stuck on a slow server); fork safe like the pool. (Public on
-        the blocking pool only: each asyncio lock renews from a task of its own.)"""
+        only while a renewal is stuck); public on the blocking pool only."""
         return self._face.renewer
 
     def __repr__(self) -> str:

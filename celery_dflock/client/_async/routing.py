@@ -1,12 +1,7 @@
-"""Reaching a key's server: the cluster map's refresh, and one request by token over a pool.
-
-Written once for both faces: the asyncio source, ``celery_dflock/client/_async/routing.py``,
-and the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``. A lock's
-acquire routes through its `LockCore` (`celery_dflock.client._router.KeyRoute`); a client's
-request by token (`Client.release`, ``renew``, ``detach``, ``note``) needs no lock object:
-`send_by_token` routes the key by the client's settings (or its cached cluster map) and sends
-the one request on a pooled connection; `send_to_owner` (a force release) follows the
-``error_moved`` a cluster member answers too.
+"""Reaching a key's server: the cluster map's refresh, and one request by token over a pool
+(asyncio source of the ``_sync/`` twin). A client's request by token needs no lock object:
+`send_by_token` routes the key as its acquire would and sends the one request on a pooled
+connection; `send_to_owner` (a force release) also follows a cluster's ``error_moved``.
 """
 
 from __future__ import annotations
@@ -26,9 +21,7 @@ from celery_dflock.client.errors import DflockError, ServerUnavailable
 from celery_dflock.client.sharding import select_server
 
 Checkout = abc.Callable[[Endpoint], abc.Awaitable[AsyncConnection]]
-"""Where a connection to an endpoint comes from (a pool's ``checkout``, a lock's own)."""
 Checkin = abc.Callable[[AsyncConnection], abc.Awaitable[None]]
-"""Where it goes back to."""
 Build = abc.Callable[[ServerInfo | None], Request]
 """Makes a request for the server at hand (what it said to ``hello``)."""
 BuildAt = abc.Callable[[ServerInfo | None, str], Request]
@@ -39,8 +32,7 @@ async def refresh_map(
     router: ClusterRouter, checkout: Checkout, checkin: Checkin, settings: ClientSettings, what: str
 ) -> None:
     """Fetch the cluster map from the first seed (or known node) that answers, unless a
-    refresh started too recently (`ClusterRouter.claim_refresh`); ``what`` (``lock 'k'``)
-    names what needed it when no seed answers."""
+    refresh started too recently; ``what`` names what needed it."""
     if not router.claim_refresh():
         return
     failures: list[str] = []
@@ -70,8 +62,6 @@ async def refresh_map(
 async def request_once(
     checkout: Checkout, checkin: Checkin, endpoint: Endpoint, build: Build
 ) -> tuple[Command, Reply]:
-    """One request on a connection to ``endpoint``, given back after: the command sent and its
-    reply (an interrupted request closes its connection, which is then not kept)."""
     conn = await checkout(endpoint)
     try:
         command, data, timeout = build(conn.server)
@@ -88,10 +78,8 @@ async def send_by_token(
     key: str,
     build: BuildAt,
 ) -> tuple[Command, Reply, Endpoint]:
-    """One request about a grant of ``key`` named by its token, without a lock object: routed
-    as the key's acquire is (the list's shard; in cluster mode the cached map, fetched first
-    when there is none or it is stale), sent on a pooled connection. The command sent, its
-    reply, and the server that answered."""
+    """One request about a grant of ``key`` named by its token, routed as the key's acquire
+    is, on a pooled connection: the command sent, its reply, and the server that answered."""
     servers = settings.servers
     if router is None:
         owner = servers[select_server(key, servers, settings.sharding_strategy)]  # pyright: ignore[reportArgumentType]
@@ -114,8 +102,7 @@ async def send_to_owner(
     key: str,
     build: BuildAt,
 ) -> tuple[Command, Reply, Endpoint]:
-    """`send_by_token`, and in cluster mode the ``error_moved`` replies followed to the member
-    they name (up to `REDIRECT_LOOP` in a row; the cached map is read again next time)."""
+    """`send_by_token`, following ``error_moved`` up to `REDIRECT_LOOP` times in a row."""
     command, reply, endpoint = await send_by_token(pool, settings, router, key, build)
     for _ in range(REDIRECT_LOOP):
         if not isinstance(reply, Moved):

@@ -1,9 +1,6 @@
-"""Asking one server what it is (``hello``, ``stats``) or where keys live (``shards``), over a
-connection of its own, closed after: `Client.stats`, ``ping`` and ``shards`` never raise for a
-server that cannot be reached, they say so in the answer.
-
-Written once for both faces: the asyncio source, ``celery_dflock/client/_async/status.py``, and
-the blocking twin that ``scripts/unasync.py`` generates from it in ``_sync/``.
+"""Asking one server ``hello``, ``stats`` or ``shards`` over a connection of its own: never
+raising for a server that cannot be reached, saying so in the answer (asyncio source of the
+``_sync/`` twin).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from celery_dflock.client.errors import DflockError
 
 
 async def ask_shards(endpoint: Endpoint) -> ServerShards:
-    """``shards``, asked of ``endpoint``."""
     try:
         conn = await AsyncConnection.connect(endpoint, None)
         try:
@@ -37,7 +33,6 @@ async def ask_shards(endpoint: Endpoint) -> ServerShards:
 
 
 async def ask(endpoint: Endpoint, with_stats_too: bool) -> ServerStatus:
-    """``hello`` (and ``stats`` when ``with_stats_too``), asked of ``endpoint``."""
     try:
         conn = await AsyncConnection.connect(endpoint, None)
         try:

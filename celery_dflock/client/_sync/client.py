@@ -12,9 +12,8 @@ that ``scripts/unasync.py`` generates in ``_sync/``::
             print(status.address, status.stats)
 
 The settings are checked once, here or by the Celery layer (`from_settings`), and passed down
-whole to each lock, never checked again. A release, renewal, detach or note by token is one
-request on a pooled connection to the key's server (`celery_dflock.client._async.routing`).
-The Celery layer (tasks, beat, ``celery dflock``) reaches the servers only through a client.
+whole to each lock. A request by token is one request on a pooled connection to the key's
+server (`celery_dflock.client._async.routing`).
 """
 
 from __future__ import annotations
@@ -52,14 +51,9 @@ __all__ = ["Client"]
 
 
 class Client:
-    """Locks, semaphores, requests by token, stats and ping over one pool: `Client` blocks and
-    is thread safe, over a `ConnectionPool` (fork safe: a child opens its own connections);
-    `AsyncClient` is the same for asyncio, awaitable, over an `AsyncConnectionPool` (use it
-    from one event loop).
-
-    Arguments as `DistributedLock`'s, held once: ``servers``, ``sharding_strategy``,
-    ``renew_ratio``, ``auth_token``, ``ssl_context``, ``connect_timeout_s``, and the defaults
-    of every lock it makes, ``acquire_timeout_s`` and ``lease_ttl_s`` (None: the server's).
+    """Locks, semaphores, requests by token, stats and ping over one pool (`Client`: thread
+    and fork safe; `AsyncClient`: for one event loop). Arguments as `DistributedLock`'s, held
+    once; ``acquire_timeout_s`` and ``lease_ttl_s`` are the defaults of every lock it makes.
     """
 
     def __init__(
@@ -91,8 +85,7 @@ class Client:
 
     @classmethod
     def from_settings(cls, settings: ClientSettings) -> Self:
-        """A client on ``settings`` validated already (by the Celery layer, whose errors name
-        its ``dflock_*`` settings)."""
+        """A client on ``settings`` validated already (by the Celery layer)."""
         client = cls.__new__(cls)
         client._setup(settings)
         return client
@@ -106,12 +99,10 @@ class Client:
 
     @property
     def pool(self) -> ConnectionPool:
-        """The connections of every lock this client makes."""
         return self._pool
 
     @property
     def settings(self) -> ClientSettings:
-        """What every lock of this client shares."""
         return self._settings
 
     @property
@@ -125,7 +116,6 @@ class Client:
         (``router.map``: None until a lock fetched it); None otherwise."""
         return self._router
 
-    # ------------------------------------------------------------------ locks
     def lock(
         self,
         key: str,
@@ -135,10 +125,8 @@ class Client:
         on_lost: Callable[[DistributedLock], object] | None = None,
         note: str | None = None,
     ) -> DistributedLock:
-        """An unacquired lock on ``key`` (a `DistributedLock`, or `AsyncDistributedLock`
-        from an `AsyncClient`); None: the client's default. ``note``: the owner note each
-        acquire gives a server with holds (``stats`` shows it; a refused `KeyHeld` or
-        ``lock.holder`` names it); a foreign server ignores it."""
+        """An unacquired lock on ``key``; None: the client's default. ``note``: the owner note
+        each acquire gives a server with holds (``stats`` and ``lock.holder`` show it)."""
         return self._lock(
             key, self._acquire_timeout(acquire_timeout_s), self._lease(lease_ttl_s), on_lost, note
         )
@@ -151,7 +139,6 @@ class Client:
         on_lost: Callable[[DistributedLock], object] | None = None,
         note: str | None = None,
     ) -> DistributedLock:
-        """`lock`, its timeout and lease checked already."""
         core = LockCore(
             key,
             self._settings,
@@ -171,8 +158,7 @@ class Client:
         lease_ttl_s: int | None = None,
         on_lost: Callable[[DistributedSemaphore], object] | None = None,
     ) -> DistributedSemaphore:
-        """An unacquired semaphore of ``limit`` slots on ``key`` (a `DistributedSemaphore`,
-        or `AsyncDistributedSemaphore` from an `AsyncClient`)."""
+        """An unacquired semaphore of ``limit`` slots on ``key``."""
         core = LockCore(
             key,
             self._settings,
@@ -184,13 +170,11 @@ class Client:
         return DistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
     def _acquire_timeout(self, acquire_timeout_s: float | None) -> int:
-        """A lock's acquire timeout: its own (checked here), else the client's."""
         if acquire_timeout_s is None:
             return self._settings.acquire_timeout_s
         return whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
 
     def _lease(self, lease_ttl_s: int | None) -> int | None:
-        """A lock's lease: its own (checked here), else the client's."""
         if lease_ttl_s is None:
             return self._settings.lease_ttl_s
         return lease_seconds("lease_ttl_s", lease_ttl_s)
@@ -205,29 +189,23 @@ class Client:
             return settings.servers[0] if owner is None else owner
         return settings.servers[select_server(key, settings.servers, strategy)]
 
-    # ------------------------------------------------------------------ by token
     def hold(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
     ) -> Hold:
-        """Take a detached hold of the lock ``key`` (``hl ... d``), routed as `lock` is: it
-        survives this process and its connection, and ends only when its token is released
-        (`release`, from any process) or its lease of ``lease_ttl`` seconds runs out (`renew`
-        extends it; ``lock.adopt(token, note=...)`` takes it over, one run at a time).
-        ``note`` (1 to 200 printable ASCII characters without spaces) names the owner. Waits
-        up to ``timeout`` seconds for a busy key (0: try once). Raises `KeyHeld` (``.holder``:
-        the holder's note) when the key stays busy, `HoldsUnsupported` for a server without
-        holds (a foreign dflockd), `InvalidValueError` naming a malformed ``note``.
+        """Take a detached hold of the lock ``key`` (``hl ... d``): it survives this process
+        and ends only when its token is released (from any process) or its lease of
+        ``lease_ttl`` seconds runs out. ``note`` names the owner. Waits up to ``timeout``
+        seconds for a busy key (0: try once); `KeyHeld` when it stays busy.
 
-        ``detached=False``: the grant stays bound to the pooled connection that took it (a
-        closed connection frees it) until `detach` detaches it: a publish-time hold that is
-        confirmed only once its message is sent."""
+        ``detached=False``: the grant stays bound to the pooled connection that took it until
+        `detach` (a publish-time hold confirmed only once its message is sent)."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         wait = whole_seconds("timeout", timeout, minimum=0)
         return self._lock(key, wait, lease).hold(note, detached=detached)
 
     def release(self, key: str, token: str, *, limit: int | None = None) -> bool:
-        """Release ``token`` on ``key`` (``limit``: a semaphore's slot), granted to any process:
-        True if the server released it, False if it no longer held it. Idempotent."""
+        """Release ``token`` on ``key`` (``limit``: a semaphore's slot): True if the server
+        released it, False if it no longer held it."""
         request = _by_token.release_request(_requests.validate_key(key), token, limit)
         _, reply, _ = send_by_token(
             self._pool, self._settings, self._router, key, lambda _, __: request
@@ -235,8 +213,8 @@ class Client:
         return _by_token.released(reply)
 
     def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
-        """Detach ``token``'s grant on ``key`` from its connection (``hd``), with a lease of
-        ``lease_ttl`` seconds from now: True, or False if it no longer holds the key."""
+        """Detach ``token``'s grant on ``key`` from its connection (``hd``) with a lease of
+        ``lease_ttl`` seconds: False if it no longer holds the key."""
         lease = lease_seconds("lease_ttl", lease_ttl)
         key, token = _requests.validate_key(key), _requests.validate_token(token)
         return self._done(
@@ -244,16 +222,16 @@ class Client:
         )
 
     def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
-        """Renew ``token`` on ``key`` (a hold, or any grant) to ``lease_ttl`` seconds from
-        now: True, or False if it no longer holds the key."""
+        """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
+        the key."""
         request = _by_token.renew_request(
             _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
         )
         return self._done(key, lambda _, __: request)
 
     def note(self, key: str, token: str, note: str) -> bool:
-        """Replace the owner note of ``token``'s grant on ``key``: True, or False if it no
-        longer holds the key; `HoldsUnsupported` for a server without holds."""
+        """Replace the owner note of ``token``'s grant on ``key``: False if it no longer
+        holds the key."""
         key, note = _requests.validate_key(key), _requests.validate_note(note)
         return self._done(
             key, lambda server, where: _by_token.note_request(server, where, key, token, note)
@@ -261,12 +239,8 @@ class Client:
 
     def force_release(self, key: str, *, note: str | None = None) -> int:
         """Free ``key`` whoever holds it (an operator's act, ``fr``): every grant on it ends
-        now, the next waiter is granted at once (with a higher fence), and the old holder
-        learns its loss at its next renewal. ``note`` (an owner note's rules: 1 to 200
-        printable ASCII characters without spaces) names who asks in the server's log.
-        Returns how many grants were freed (0: nothing held the key). Raises
-        `ForceReleaseUnsupported` for a server that predates it, `InvalidValueError` for a
-        bad key or note."""
+        now, and the old holder learns its loss at its next renewal. ``note`` names who asks
+        in the server's log. Returns how many grants were freed."""
         key = _requests.validate_key(key)
         if note is not None:
             _requests.validate_note(note, "the operator's note")
@@ -280,26 +254,20 @@ class Client:
         return _by_token.freed(command, reply, key, at)
 
     def _done(self, key: str, build: BuildAt) -> bool:
-        """One request by token about ``key``: True done, False when the token no longer holds
-        it; raises for other refusals."""
         command, reply, at = send_by_token(self._pool, self._settings, self._router, key, build)
         return _by_token.done(command, reply, key, at)
 
-    # ------------------------------------------------------------------ the servers
     def stats(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
-        """Every server's (or ``server``'s) ``stats`` (an `AsyncClient` asks them at once):
-        never raises for an unreachable one. In cluster mode every server is every member of
-        the cluster, not only the seeds."""
+        """Every server's (or ``server``'s) ``stats``, never raising for an unreachable one (in
+        cluster mode every member's)."""
         return gather(ask(endpoint, True) for endpoint in self._everyone(server))
 
     def ping(self, server: tuple[str, int] | str | None = None) -> list[ServerStatus]:
-        """Whether every server (or ``server``) answers (an `AsyncClient` asks them at once);
-        an unreachable one has ``error``."""
+        """Whether every server (or ``server``) answers; an unreachable one has ``error``."""
         return gather(ask(endpoint, False) for endpoint in self._everyone(server))
 
     def shards(self, server: tuple[str, int] | str | None = None) -> list[ServerShards]:
-        """What every server (or ``server``) answers to ``shards`` (an `AsyncClient` asks them
-        at once): its mode, members, and in cluster mode the shard map; never raises for an
+        """What every server (or ``server``) answers to ``shards``, never raising for an
         unreachable one."""
         return gather(ask_shards(endpoint) for endpoint in self._endpoints(server))
 
@@ -330,7 +298,6 @@ class Client:
             raise InvalidValueError(f"{server!r} is not one of this client's servers ({known})")
         return [self._settings.endpoint(*server)]
 
-    # ------------------------------------------------------------------ closing
     def close(self) -> None:
         """Close the idle connections (the client stays usable; held locks keep theirs)."""
         self._pool.close()
