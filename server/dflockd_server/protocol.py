@@ -1,11 +1,10 @@
-"""Sans-I/O request parsing and reply encoding for the dflockd protocol (PROTOCOL.md): the
-one place the server reads requests and writes replies.
+"""Sans-I/O request parsing and reply encoding for the dflockd protocol (PROTOCOL.md).
 
 ``RequestFramer`` cuts a byte stream into three-line frames and enforces the line limits
-without ever buffering an over-long line; one ``parse_<command>`` per command turns a
-frame's key and argument into its fields or raises ``Malformed`` (the stream stays in step:
-the frame was consumed). The ``REPLY_*`` constants and ``reply_*`` functions are every reply's
-bytes.
+without ever buffering an over-long line; one ``parse_<command>`` per command turns a frame's
+key and argument into its fields (a tuple) or raises ``Malformed`` (the frame was consumed:
+the stream stays in step). The ``REPLY_*`` constants and ``reply_*`` functions are every
+reply's bytes.
 """
 
 from __future__ import annotations
@@ -47,13 +46,11 @@ __all__ = [
     "unknown_command",
 ]
 
-_NL: Final = 10  # b"\n"
+# A byte is looked for in bytes as an int (``32 in key``): ``b" " in key`` costs CPython a
+# TypeError raised and cleared.
 _CR: Final = 13  # b"\r"
 _SP: Final = 32  # b" "
 _TAB: Final = 9  # b"\t"
-# A byte is looked for in bytes as an int (``32 in key``), not as ``b" " in key``: CPython
-# tries the operand as an int first, and for bytes that costs a TypeError raised and cleared
-# (about 2,000 instructions, a tenth of a request's cost on the hot path).
 _AUTH: Final = c.CMD_AUTH.encode()
 
 _SESSION: Final = c.HELLO_SESSION.encode()
@@ -64,13 +61,10 @@ _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
 _MODES: Final = (_CONNECTION, _DETACHED)
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _NUMBERS: Final[dict[bytes, int]] = {b"%d" % n: n for n in range(c.QUICK_NUMBERS)}
-"""The usual numbers of a request (timeouts, leases) as a client writes them -> their value:
-one look-up for ``isdigit`` and ``int`` (compiled, two calls by name, about 1,300 instructions;
-the look-up about 250). Any other number, ``007`` included, is read by ``_number``, to the
-same value."""
+"""The usual numbers of a request as a client writes them -> their value: one look-up instead
+of ``isdigit`` and ``int``. Any other number is read by ``_number``, to the same value."""
 _NOTE_BYTES: Final = bytes(range(0x21, 0x7F))
-"""The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate`` to check
-one in C rather than byte by byte in Python."""
+"""The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate``."""
 
 
 class LineTooLong(Exception):
@@ -85,9 +79,7 @@ Frame = tuple[bytes, bytes, bytes]
 
 
 def _all_short(lines: list[bytes]) -> bool:
-    """Whether no line is over ``_MAX_LINE``. A loop: compiled, ``max(map(len, lines))`` costs
-    about 8,000 instructions a read of 16 pipelined requests, this a few hundred; on CPython
-    3.11 the loop beats it and ``all`` over a generator too."""
+    """Whether no line is over ``_MAX_LINE`` (a loop: cheaper than ``max`` or ``all``)."""
     for line in lines:  # noqa: SIM110 (see the docstring)
         if len(line) > _MAX_LINE:
             return False
@@ -97,11 +89,9 @@ def _all_short(lines: list[bytes]) -> bool:
 class RequestFramer:
     """Accumulates received bytes and yields complete ``(command, key, argument)`` frames.
 
-    The common case (whole requests per read) parses the received ``bytes`` in place: split
-    into lines once (``_lines``), when no line is over the limit and no CR is in the bytes,
-    each frame is then three lines of that list. Anything else is cut frame by frame. An
-    incomplete frame is kept in a ``bytearray`` that grows in place, so a slowly dripped line
-    costs no repeated copies.
+    Whole requests per read (no line over the limit, no CR) are split into lines once, each
+    frame then three lines of that list; anything else is cut frame by frame. An incomplete
+    frame is kept in a ``bytearray`` that grows in place.
     """
 
     __slots__ = ("_buf", "_line", "_lines", "_pos")
@@ -110,8 +100,8 @@ class RequestFramer:
         self._buf: bytes | bytearray = b""  # unparsed bytes start at _pos
         self._pos = 0
         self._lines: list[bytes] | None = None
-        """``_buf`` split at every LF (the last item: what follows the last LF), while its
-        frames are taken from it; ``_line`` is the next frame's first line in it."""
+        """``_buf`` split at every LF while its frames are taken from it; ``_line`` is the next
+        frame's first line in it."""
         self._line = 0
 
     def feed(self, data: bytes) -> None:
@@ -140,10 +130,8 @@ class RequestFramer:
         self._lines = None
 
     def next_frame(self) -> Frame | None:
-        """The next complete frame, or ``None`` (needs more bytes).
-
-        Raises ``LineTooLong`` as soon as a line, complete or not, exceeds its limit.
-        """
+        """The next complete frame, or ``None`` (needs more bytes). Raises ``LineTooLong`` as
+        soon as a line, complete or not, exceeds its limit."""
         lines = self._lines
         if lines is not None:
             i = self._line
@@ -160,10 +148,8 @@ class RequestFramer:
         if pos >= end:
             return None
         if pos == 0 and type(buf) is bytes and _CR not in buf:
-            # Whole requests per read: split once; a frame is then three items of the list.
-            # Not when a line, the unfinished last one included, is over the limit (an ``auth``
-            # secret may be): those are cut frame by frame below. A read within the limit has
-            # no such line (a round trip's one request is not measured line by line).
+            # Whole requests per read: split once, unless a line is over the limit (an ``auth``
+            # secret may be): those are cut frame by frame below.
             lines = buf.split(b"\n")
             if len(lines) > 3 and (end <= _MAX_LINE or _all_short(lines)):
                 self._lines = lines
@@ -262,10 +248,8 @@ def _note(raw: bytes) -> str:
 
 
 # ---------------------------------------------------------------------- requests
-# One parser per command: each checks its frame against PROTOCOL.md's rules, in the order
-# the fields come (the key first), and returns its fields as a tuple (cheaper than an object)
-# or raises ``Malformed`` with a short reason. The usual shapes cost a look-up (``_NUMBERS``,
-# a token taken whole when ``isalnum``); any other shape goes the rest of the same function.
+# Each parser checks its frame against PROTOCOL.md's rules, in the order the fields come; the
+# usual shapes cost a look-up, any other goes the rest of the same function.
 
 
 def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
@@ -300,9 +284,9 @@ def parse_sem_lock(key: bytes, arg: bytes) -> tuple[str, int, int, int | None]:
 
 def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
     """``hl <key>`` ``<timeout> <lease> <mode> <note>`` -> (key, timeout, lease, detached,
-    note). LockedTask sends every run's acquire in this shape."""
+    note)."""
     name = _key(key)
-    parts = arg.split(b" ")  # single spaces, as clients send: cut by memchr, not byte by byte
+    parts = arg.split(b" ")  # single spaces, as clients send
     if len(parts) == 4:
         timeout_raw, lease_raw, mode, note = parts
         timeout = _NUMBERS.get(timeout_raw)
@@ -313,7 +297,7 @@ def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
             and mode in _MODES
             and 1 <= len(note) <= c.MAX_NOTE_BYTES
             and not note.translate(None, _NOTE_BYTES)
-        ):  # four fields without whitespace: what the rules below would read, read
+        ):
             return name, timeout, lease, mode == _DETACHED, note.decode("ascii")
     parts = arg.split()  # any other shape: the rules in full
     if len(parts) != 4:
@@ -368,8 +352,7 @@ def parse_note(key: bytes, arg: bytes) -> tuple[str, str, str]:
 
 def parse_take(key: bytes, arg: bytes) -> tuple[str, str, int, int | None, str]:
     """``ht <key>`` ``<token> <lease> <onclose> <note>`` -> (key, token, lease, on_close,
-    note); ``on_close``: the lease (seconds) the grant is detached with when the connection
-    closes, ``None`` for ``r`` (it is released then)."""
+    note); ``on_close``: ``None`` for ``r`` (released at the close)."""
     name = _key(key)
     parts = arg.split()
     if len(parts) != 4:
@@ -446,11 +429,9 @@ def parse_hello(arg: bytes) -> bool:
 
 
 def parse_client_session(arg: bytes) -> tuple[str, int] | None:
-    """``hello _`` ``session <id> <ttl>`` -> (id, ttl): the client session this connection
-    joins (a TTL of 0: the session ends now, its client is done with it); ``None`` for any
-    other ``hello`` (bare, or ``session`` alone). Raises ``Malformed`` for ``session``
-    followed by anything but an id of ``SESSION_ID_MIN`` to ``SESSION_ID_MAX`` characters of
-    ``SESSION_ID_CHARS`` and a TTL."""
+    """``hello _`` ``session <id> <ttl>`` -> (id, ttl) (a TTL of 0: the session ends now);
+    ``None`` for any other ``hello``. Raises ``Malformed`` for ``session`` followed by
+    anything but a valid id and a TTL."""
     parts = arg.split()
     if len(parts) < 2 or parts[0] != _SESSION:
         return None
@@ -473,8 +454,8 @@ def session_id(raw: bytes) -> str:
 
 def parse_keepalive(arg: bytes) -> str | None:
     """``ping _`` ``[session <id>]`` -> the client session to keep alive; ``None`` for any
-    other argument, which a ping ignores (dflockd's clients send ``_``). Raises ``Malformed``
-    for ``session`` followed by anything but one id."""
+    other argument (ignored). Raises ``Malformed`` for ``session`` followed by anything but
+    one id."""
     if not arg.startswith(_SESSION):
         return None
     parts = arg.split()
@@ -486,8 +467,7 @@ def parse_keepalive(arg: bytes) -> str | None:
 
 
 def parse_asking(key: bytes, arg: bytes) -> tuple[str, str]:
-    """``asking <key>`` ``<ticket>`` -> (key, ticket), as sent (undecodable bytes replaced):
-    the ticket's check says whether they are any good."""
+    """``asking <key>`` ``<ticket>`` -> (key, ticket), as sent (undecodable bytes replaced)."""
     return key.decode("utf-8", "replace").strip(), arg.decode("ascii", "replace").strip()
 
 
@@ -523,8 +503,7 @@ def reply_moved(address: str) -> bytes:
 
 
 def reply_ask(address: str, ticket: str = "") -> bytes:
-    """``error_ask <HOST:PORT> [<ticket>]``: ask ``address`` for this key, once (``asking``
-    first, passing the ticket along: the member's proof that it let the key go)."""
+    """``error_ask <HOST:PORT> [<ticket>]``: ask ``address`` for this key, once."""
     return f"{c.STATUS_ERROR_ASK} {address}{' ' if ticket else ''}{ticket}\n".encode()
 
 
@@ -538,8 +517,7 @@ _ACQUIRED: Final = b"%s %%s %%d\n" % c.STATUS_ACQUIRED.encode()
 
 
 def reply_granted(token: str, lease: int) -> bytes:
-    """``ok <token> <lease>``: a grant (to ``l``, ``sl``, ``hl``, ``w``, ``sw``). Bytes
-    formatting: one ``%`` of a template, the cheapest way on the hot path."""
+    """``ok <token> <lease>``: a grant (to ``l``, ``sl``, ``hl``, ``w``, ``sw``)."""
     return _GRANTED % (token.encode(), lease)
 
 
@@ -554,8 +532,7 @@ def reply_held_by(note: str | None) -> bytes:
 
 
 def reply_bound(note: str | None) -> bytes:
-    """``error_bound <holder-note>`` (``ht``): the grant is bound to a live connection; the
-    note of its grant, ``_`` for none."""
+    """``error_bound <holder-note>`` (``ht``): the grant is bound to a live connection."""
     return f"{c.STATUS_ERROR_BOUND} {note or c.NO_NOTE}\n".encode()
 
 
@@ -580,17 +557,12 @@ def reply_hello(
     loop: str = "",
     run: str = "",
 ) -> bytes:
-    """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
-    adds that feature (a lease journal) and ``read_only`` (its ``error_read_only``),
-    ``grace_s`` > 0 the restart grace still to run, ``max_lease_ttl_s`` the longest lease
-    granted (``--max-lease-ttl``), so a client refuses a longer one before asking,
-    ``default_lease_ttl_s`` the lease of a request that names none (``--default-lease-ttl``:
-    what a client's ``hl`` / ``ht``, which always name one, ask for a lock without its own);
-    ``session_ttl_s``: how long a session connection's grants outlive its close by the peer
-    (``--session-ttl``; 0: no sessions, neither ``session`` nor ``keepalive`` listed);
-    ``build`` (``compiled`` or ``pure``) and ``loop`` (``uvloop`` or ``asyncio``) what runs
-    (``buildinfo``), for people and benchmarks, not for clients; ``run``: this start of the
-    server (random), by which a client of a session sees a restart, which ends every session."""
+    """``ok {"server": ..., "version": ..., "features": [...]}`` on one line. ``durable``: a
+    lease journal (adds ``durable`` and ``read_only``); ``grace_s`` > 0: the restart grace
+    still to run; ``session_ttl_s`` 0: no sessions (neither ``session`` nor ``keepalive``
+    listed); ``build`` and ``loop``: what runs, for people and benchmarks; ``run``: this start
+    of the server (random), by which a session's client sees a restart."""
+
     features: list[str] = list(c.FEATURES)
     if durable:
         features += (c.FEATURE_DURABLE, c.FEATURE_READ_ONLY)
