@@ -247,6 +247,15 @@ def _note(raw: bytes) -> str:
     return raw.decode("ascii")
 
 
+def _fields(arg: bytes, fewest: int, most: int, cmd: str | bytes, usage: str) -> list[bytes]:
+    """``arg`` split at whitespace; ``Malformed`` naming ``cmd``'s ``usage`` unless it has
+    ``fewest`` to ``most`` fields."""
+    parts = arg.split()
+    if not fewest <= len(parts) <= most:
+        raise Malformed(f"{cmd if isinstance(cmd, str) else cmd.decode()} takes {usage}")
+    return parts
+
+
 # ---------------------------------------------------------------------- requests
 # Each parser checks its frame against PROTOCOL.md's rules, in the order the fields come; the
 # usual shapes cost a look-up, any other goes the rest of the same function.
@@ -258,14 +267,11 @@ def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
     timeout = _NUMBERS.get(arg)
     if timeout is not None:  # ``<timeout>`` alone, a usual number
         return name, timeout, None
-    parts = arg.split()
-    n = len(parts)
-    if not 1 <= n <= 2:
-        raise Malformed(f"{c.CMD_LOCK} takes <timeout> [<lease>]")
+    parts = _fields(arg, 1, 2, c.CMD_LOCK, "<timeout> [<lease>]")
     timeout = _NUMBERS.get(parts[0])
     if timeout is None:
         timeout = _number(parts[0], "timeout")
-    if n == 1:
+    if len(parts) == 1:
         return name, timeout, None
     return name, timeout, _NUMBERS.get(parts[1]) or _lease(parts[1])  # 0: _lease refuses it
 
@@ -273,13 +279,10 @@ def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
 def parse_sem_lock(key: bytes, arg: bytes) -> tuple[str, int, int, int | None]:
     """``sl <key>`` ``<timeout> <limit> [<lease>]`` -> (key, timeout, limit, lease or None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if not 2 <= n <= 3:
-        raise Malformed(f"{c.CMD_SEM_LOCK} takes <timeout> <limit> [<lease>]")
+    parts = _fields(arg, 2, 3, c.CMD_SEM_LOCK, "<timeout> <limit> [<lease>]")
     timeout = _number(parts[0], "timeout")
     limit = _limit(parts[1])
-    return name, timeout, limit, _lease(parts[2]) if n == 3 else None
+    return name, timeout, limit, _lease(parts[2]) if len(parts) == 3 else None
 
 
 def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
@@ -299,9 +302,7 @@ def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
             and not note.translate(None, _NOTE_BYTES)
         ):
             return name, timeout, lease, mode == _DETACHED, note.decode("ascii")
-    parts = arg.split()  # any other shape: the rules in full
-    if len(parts) != 4:
-        raise Malformed(f"{c.CMD_HOLD} takes <timeout> <lease> <mode> <note>")
+    parts = _fields(arg, 4, 4, c.CMD_HOLD, "<timeout> <lease> <mode> <note>")  # the rules in full
     timeout_raw, lease_raw, mode, note = parts
     timeout = _NUMBERS.get(timeout_raw)
     if timeout is None:
@@ -321,22 +322,16 @@ def parse_release(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, str]:
     name = _key(key)
     if arg.isalnum():  # a plain token (ASCII letters and digits, no space): as it is
         return name, arg.decode("ascii")
-    parts = arg.split()
-    if len(parts) != 1:
-        raise Malformed(f"{cmd.decode()} takes <token>")
-    return name, _token(parts[0])
+    return name, _token(_fields(arg, 1, 1, cmd, "<token>")[0])
 
 
 def parse_renew(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, str, int | None]:
     """``n`` / ``sn`` (``cmd``) ``<key>`` ``<token> [<lease>]`` -> (key, token, lease or
     None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if not 1 <= n <= 2:
-        raise Malformed(f"{cmd.decode()} takes <token> [<lease>]")
+    parts = _fields(arg, 1, 2, cmd, "<token> [<lease>]")
     token = _token(parts[0])
-    if n == 1:
+    if len(parts) == 1:
         return name, token, None
     return name, token, _NUMBERS.get(parts[1]) or _lease(parts[1])
 
@@ -344,9 +339,7 @@ def parse_renew(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, str, int | Non
 def parse_note(key: bytes, arg: bytes) -> tuple[str, str, str]:
     """``note <key>`` ``<token> <note>`` -> (key, token, note)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 2:
-        raise Malformed(f"{c.CMD_NOTE} takes <token> <note>")
+    parts = _fields(arg, 2, 2, c.CMD_NOTE, "<token> <note>")
     return name, _token(parts[0]), _note(parts[1])
 
 
@@ -354,9 +347,7 @@ def parse_take(key: bytes, arg: bytes) -> tuple[str, str, int, int | None, str]:
     """``ht <key>`` ``<token> <lease> <onclose> <note>`` -> (key, token, lease, on_close,
     note); ``on_close``: ``None`` for ``r`` (released at the close)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 4:
-        raise Malformed(f"{c.CMD_TAKE} takes <token> <lease> <onclose> <note>")
+    parts = _fields(arg, 4, 4, c.CMD_TAKE, "<token> <lease> <onclose> <note>")
     token = _token(parts[0])
     lease = _lease(parts[1])
     on_close: int | None = None
@@ -373,49 +364,35 @@ def parse_take(key: bytes, arg: bytes) -> tuple[str, str, int, int | None, str]:
 def parse_hand_down(key: bytes, arg: bytes) -> tuple[str, str, int]:
     """``hd <key>`` ``<token> <lease>`` -> (key, token, lease)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 2:
-        raise Malformed(f"{c.CMD_HAND_DOWN} takes <token> <lease>")
+    parts = _fields(arg, 2, 2, c.CMD_HAND_DOWN, "<token> <lease>")
     return name, _token(parts[0]), _lease(parts[1])
 
 
 def parse_force_release(key: bytes, arg: bytes) -> tuple[str, str | None]:
     """``fr <key>`` ``<note>`` (or ``_``) -> (key, who asks or None)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 1:
-        raise Malformed(f"{c.CMD_FORCE_RELEASE} takes <note> (or _)")
-    return name, None if parts[0] == _PLACEHOLDER else _note(parts[0])
+    note = _fields(arg, 1, 1, c.CMD_FORCE_RELEASE, "<note> (or _)")[0]
+    return name, None if note == _PLACEHOLDER else _note(note)
 
 
 def parse_enqueue(key: bytes, arg: bytes) -> tuple[str, int | None]:
     """``e <key>`` ``[<lease>]`` (or ``_``) -> (key, lease or None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if n > 1:
-        raise Malformed(f"{c.CMD_ENQUEUE} takes [<lease>]")
-    return name, _lease(parts[0]) if n == 1 and parts[0] != _PLACEHOLDER else None
+    parts = _fields(arg, 0, 1, c.CMD_ENQUEUE, "[<lease>]")
+    return name, _lease(parts[0]) if parts and parts[0] != _PLACEHOLDER else None
 
 
 def parse_sem_enqueue(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
     """``se <key>`` ``<limit> [<lease>]`` -> (key, limit, lease or None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if not 1 <= n <= 2:
-        raise Malformed(f"{c.CMD_SEM_ENQUEUE} takes <limit> [<lease>]")
+    parts = _fields(arg, 1, 2, c.CMD_SEM_ENQUEUE, "<limit> [<lease>]")
     limit = _limit(parts[0])
-    return name, limit, _lease(parts[1]) if n == 2 else None
+    return name, limit, _lease(parts[1]) if len(parts) == 2 else None
 
 
 def parse_wait(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, int]:
     """``w`` / ``sw`` (``cmd``) ``<key>`` ``<timeout>`` -> (key, timeout)."""
-    name = _key(key)
-    parts = arg.split()
-    if len(parts) != 1:
-        raise Malformed(f"{cmd.decode()} takes <timeout>")
-    return name, _number(parts[0], "timeout")
+    return _key(key), _number(_fields(arg, 1, 1, cmd, "<timeout>")[0], "timeout")
 
 
 def parse_auth(arg: bytes) -> bytes:

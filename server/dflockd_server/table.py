@@ -24,6 +24,7 @@ are in ``keys``, the expiry index and idle log in ``leases``.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -69,16 +70,6 @@ __all__ = [
 
 
 _EXPIRES_AT = operator.attrgetter("expires_at")
-
-
-def _ends_in_order(leases: list[RecordedGrant]) -> bool:
-    """Whether ``leases`` end in the order listed (the common case)."""
-    last = float("-inf")
-    for rec in leases:
-        if rec.left < last:
-            return False
-        last = rec.left
-    return True
 
 
 class LockTable:
@@ -608,7 +599,8 @@ class LockTable:
         restored = highest = 0
         last = ""  # the largest token of the usual width: its fence is the largest of theirs
         refused: list[RecordedGrant] = []
-        in_order = _ends_in_order(leases)  # else indexed once all are restored, sorted
+        # ends in order (the usual): indexed as restored; else once all are, sorted
+        in_order = all(a.left <= b.left for a, b in itertools.pairwise(leases))
         holders: list[Holder] = []
         leases.reverse()
         pop = leases.pop
