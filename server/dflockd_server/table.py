@@ -637,16 +637,12 @@ class LockTable:
         out: list[tuple[Holder, KeyState | None, int | None]] = []
         for entry in self.grants.keys.values():
             if isinstance(entry, Holder):
-                if entry.live:
-                    leases = entry.client.on_close
-                    out.append((entry, None, leases.get(entry) if leases else None))
-                continue
-            if not entry.n_held:
-                continue
-            holders = [entry.one] if entry.one is not None else list((entry.many or {}).values())
+                state, holders = None, [entry] if entry.live else []
+            else:
+                state, holders = entry, list(entry.holders.values())
             for holder in holders:
                 leases = holder.client.on_close
-                out.append((holder, entry, leases.get(holder) if leases else None))
+                out.append((holder, state, leases.get(holder) if leases else None))
         return out
 
     def busy_keys(self) -> list[str]:
