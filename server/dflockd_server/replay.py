@@ -139,7 +139,8 @@ class JournalRead:
 
 
 def _apply(read: JournalRead, payload: str) -> str | None:
-    """Apply one checked payload; a problem description when it is malformed."""
+    """Apply one checked payload (a whole grant is ``_apply_lines``'); a problem description
+    when it is malformed."""
     kind, _, rest = payload.partition(" ")
     leases = read.leases
     read.clean = False
@@ -147,24 +148,7 @@ def _apply(read: JournalRead, payload: str) -> str | None:
         leases.pop(rest)
         return None
     if kind == "G":
-        parts = rest.split(" ", 8)
-        if len(parts) < 8:
-            return "grant record with too few fields"
-        token, key, limit, sem, lease, until, mode, on_close = parts[:8]
-        leases.put(
-            RecordedGrant(
-                token,
-                key,
-                int(limit),
-                sem == "1",
-                int(lease),
-                int(until) - read.shift_ms,
-                mode == "d",
-                None if on_close == "-" else int(on_close),
-                parts[8] if len(parts) > 8 else None,
-            )
-        )
-        return None
+        return "grant record with too few fields"
     if kind == "X":
         token, lease, until = rest.split(" ")
         rec = leases.get(token)
@@ -438,14 +422,16 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
             read.damage = problem
             return pos
         try:
-            problem = _apply(read, line[9:].decode())
-        except (ValueError, UnicodeDecodeError) as exc:
+            payload = line[9:].decode()
+        except UnicodeDecodeError as exc:
             problem = f"a record that does not parse ({exc})"
+        else:
+            problem, _ = _apply_lines(read, [line[:9].decode() + payload, ""])
         if problem is not None:
             read.damage = problem
             return pos
-        read.records += 1
         pos = end + 1
+
     return -1
 
 

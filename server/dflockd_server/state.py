@@ -178,7 +178,6 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     record = state.file(GRACE)
     fence = config.fence_state_file or state.file(FENCE)
     journal = state.file(JOURNAL)
-    earlier = state.has_earlier_state()
     why = ""
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
@@ -186,8 +185,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     # Asked before anything reads the file (a miss may start reading its last page in).
     resident = tail_resident(journal)
     try:
-        exists = os.path.exists(journal)
-        if exists:
+        if os.path.exists(journal):
             read = read_journal(journal)
     except OSError as exc:
         why = f"the journal {journal} cannot be read ({exc})"
@@ -212,7 +210,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                     f"the journal {journal} is damaged before its end ({read.damage}); the "
                     "leases recorded after the damage are unknown"
                 )
-        elif earlier:
+        elif state.has_earlier_state():
             why = (
                 f"the state directory {state.path} holds no journal (removed, or written by "
                 "a version that kept none); what the previous run granted is unknown"
