@@ -120,7 +120,6 @@ class RequestFramer:
             self._pos = 0
 
     def buffered(self) -> int:
-        """Bytes received and not yet returned as frames."""
         return len(self._buf) - self._pos
 
     def clear(self) -> None:

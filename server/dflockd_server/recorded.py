@@ -62,7 +62,6 @@ class RecordedGrant:
         """Seconds from the restart to its end, set by ``restored_leases``."""
 
     def fields(self) -> tuple[str, str, int, bool, int, int, bool, int | None, str | None, float]:
-        """Every field, in ``__init__``'s order."""
         return (
             self.token,
             self.key,

@@ -646,11 +646,9 @@ class LockTable:
         return out
 
     def busy_keys(self) -> list[str]:
-        """The keys held or queued on now."""
         return [key for key, entry in self.grants.keys.items() if self._busy(entry)]
 
     def is_busy(self, key: str) -> bool:
-        """Whether ``key`` is held or queued on now."""
         entry = self.grants.keys.get(key)
         return entry is not None and self._busy(entry)
 

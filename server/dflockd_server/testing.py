@@ -143,7 +143,6 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(runner(), loop).result(timeout)
 
     def stats(self) -> dict[str, Any]:
-        """The server's ``stats`` snapshot, taken on its loop."""
         return self.call(self.server.stats)
 
     def __enter__(self) -> ServerThread:

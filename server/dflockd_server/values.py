@@ -230,7 +230,6 @@ check_cluster = _parses(split_cluster_url)
 
 
 def check_readable_file(value: str) -> str | None:
-    """A file that exists and can be read."""
 
     try:
         with open(value, "rb"):
