@@ -1,10 +1,9 @@
 """Prometheus metrics for the lock server.
 
 On the event loop, plain integers only: the table's running ``Counts``, and ``RequestTimes``,
-a histogram per command kept as bucket counters (one ``bisect`` per request, no lock; nothing
-when metrics are off). Off the loop, ``MetricsExporter`` serves them with ``prometheus_client``
-(the ``metrics`` extra, imported only when metrics are on): each scrape asks the loop for a
-consistent snapshot and builds the families from it, never reading the table itself.
+a histogram per command kept as bucket counters (nothing when metrics are off). Off the loop,
+``MetricsExporter`` serves them with ``prometheus_client`` (the ``metrics`` extra): each scrape
+asks the loop for a consistent snapshot and builds the families from it.
 """
 
 from __future__ import annotations
@@ -65,18 +64,16 @@ COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
         _INVALID: _INVALID,
     }
 )
-"""The ``command`` label of ``dflockd_request_duration_seconds``: each request's readable name
-(its wire opcode, ``l``, ``sr``, ``hl``..., is the ``opcode`` label beside it)."""
+"""The ``command`` label of ``dflockd_request_duration_seconds`` (the opcode is ``opcode``)."""
 _EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
 
 
 class MetricsError(RuntimeError):
     """The metrics endpoint cannot start: ``prometheus_client`` is missing or the port is
-    unusable. The message says which and what to do."""
+    unusable."""
 
 
 def metrics_available() -> bool:
-    """True when ``prometheus_client`` can be imported."""
     return importlib.util.find_spec("prometheus_client") is not None
 
 
@@ -90,9 +87,8 @@ class _Histogram:
 
 
 class RequestTimes:
-    """Request durations per command, from the parsed request to its reply (a waiting
-    acquire counts its wait). Malformed commands share one ``invalid`` label: garbage cannot
-    grow the label set."""
+    """Request durations per command, from the parsed request to its reply. Malformed commands
+    share one ``invalid`` label: garbage cannot grow the label set."""
 
     __slots__ = ("_by_command", "_invalid")
 
@@ -124,15 +120,12 @@ class Snapshot:
     grants: tuple[int, int]
     releases: tuple[int, int]
     forced: tuple[int, int]
-    """Grants freed by an operator's force release (``fr``), whoever held them."""
     expiries: tuple[int, int]
     lost_by_disconnect: tuple[int, int]
     timeouts: tuple[int, int]
     keys: tuple[int, int]
     busy_keys: int
-    """Keys held or waited on: what ``--max-locks`` cannot make room for by pruning."""
     max_keys: int
-    """``--max-locks``: past it, a new key is refused (``error_max_locks``)."""
     held: tuple[int, int]
     waiters: tuple[int, int]
     connections: int
@@ -141,9 +134,7 @@ class Snapshot:
     grace_remaining_s: float
     requests: dict[str, tuple[list[int], float]]
     cluster: ClusterStats | None = None
-    """A cluster member's shards, fencing, leadership and moves (None: not a cluster member)."""
     journal: JournalStats | None = None
-    """The lease journal's totals (None: no state directory)."""
 
     @classmethod
     def take(
@@ -183,8 +174,8 @@ class Snapshot:
 
 
 class MetricsExporter:
-    """Serves ``/metrics`` from a ``prometheus_client`` HTTP server thread (and ``page``, the
-    status page, at its own path: ``status_page``)."""
+    """Serves ``/metrics`` (and ``page``, the status page) from a ``prometheus_client`` HTTP
+    server thread."""
 
     def __init__(
         self,
@@ -344,7 +335,6 @@ class MetricsExporter:
 
 
 def _journal_families(stats: JournalStats) -> Iterator[Any]:
-    """The lease journal's series (a server with a state directory)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     yield GaugeMetricFamily(
@@ -378,7 +368,6 @@ def _journal_families(stats: JournalStats) -> Iterator[Any]:
 
 
 def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
-    """A cluster member's series (``dflockd --cluster``; other modes export none of them)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     shards = GaugeMetricFamily(

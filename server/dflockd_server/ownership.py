@@ -2,20 +2,15 @@
 
 Three modes (docs/protocol.md, *Ownership*):
 
-* ``SingleOwnership`` (no ``--members``, no ``--cluster``): every key. The dispatch skips the
-  check altogether (``Server.key_check`` is ``None``), so a single server pays one attribute
-  read per acquire.
-* ``StaticOwnership`` (``--members a:6388,b:6388,c:6388 --advertise b:6388``): the keys the
-  clients' default strategy over that list gives to this member,
-  ``zlib.crc32(key.encode()) % len(members) == members.index(advertise)`` (what
-  ``celery_dflock.client.sharding.stable_hash_shard`` computes; the order matters). Any other key is
-  answered ``error_moved <its owner>``, so a client whose list disagrees learns it at its first
-  acquire instead of splitting a key's holders across two servers.
-* cluster mode: the cluster node (``cluster/node.py``) hands the server a new
-  ``cluster.snapshot.ClusterOwnership`` whenever its view of the shard map or its lease changes.
+* ``SingleOwnership``: every key (the dispatch skips the check altogether).
+* ``StaticOwnership`` (``--members ... --advertise ...``): the keys the clients' crc32 strategy
+  over that list gives to this member (``celery_dflock.client.sharding.stable_hash_shard``);
+  any other key is answered ``error_moved <its owner>``, so a client whose list disagrees
+  learns it at its first acquire.
+* cluster mode: the cluster node hands the server a new ``cluster.snapshot.ClusterOwnership``
+  whenever its view of the shard map or its lease changes.
 
-An ownership object is an immutable snapshot: whoever changes the verdicts makes a new one and
-swaps the server's reference (``Server.set_ownership``), from any thread.
+An ownership object is an immutable snapshot, swapped whole (``Server.set_ownership``).
 """
 
 from __future__ import annotations
@@ -37,20 +32,17 @@ class Ownership(Protocol):
         ...
 
     def check_asked(self, key: str) -> bytes | None:
-        """``check`` for an acquire that follows ``asking`` (a cluster member importing the
-        key's shard serves it; every other mode answers as ``check``)."""
+        """``check`` for an acquire that follows ``asking``."""
         ...
 
     def admit_ask(self, key: str, ticket: str) -> bytes | None:
         """An ``asking`` for ``key`` with ``ticket``: None to let the next acquire of ``key``
-        be checked by ``check_asked``; else the reply to the ``asking`` (a cluster member
-        admits only a ticket of the key's current member, ``cluster.asktickets``)."""
+        be checked by ``check_asked``; else the reply to the ``asking``."""
         ...
 
     def may_hold(self, key: str) -> bool:
-        """Whether a grant on ``key`` may be renewed, taken over or handed down here now: a
-        cluster member only while it can show its etcd lease alive and is the key's shard's
-        current member."""
+        """Whether a grant on ``key`` may be renewed, taken over or handed down here now."""
+
         ...
 
     def describe(self) -> dict[str, object]:
@@ -100,10 +92,6 @@ class StaticOwnership:
         self._count = len(members)
         self._index = members.index(advertise)
         self._moved = tuple(p.reply_moved(member) for member in members)
-
-    def owner(self, key: str) -> str:
-        """The member that serves ``key``."""
-        return self.members[zlib.crc32(key.encode()) % self._count]
 
     def check(self, key: str) -> bytes | None:
         index = zlib.crc32(key.encode()) % self._count

@@ -1,23 +1,13 @@
 """Whether the lease journal is read through the page cache it was written through.
 
-Within one boot a restart trusts the journal as the kernel has it: a ``kill -9`` loses nothing
-written, even what the ``everysec`` fsync has not reached (``replay``), while the file system
-stays mounted. Unmounted, what was not yet on the disk is gone: an operator who repairs a file
-system a disk error turned read-only (unmount, ``fsck``, mount) on the same boot loses the
-journal's last second of grants, while their holders still hold them.
-
-A start tells the two apart by the state dir's mount (the kernel's unique mount id, Linux 6.8
-and later: never reused within a boot), which the journal's header records. The same mount: the
-same page cache. Another is either the same file system bound once more (a restarted
-container's new bind of a volume that stayed mounted: the page cache is still there) or one
-mounted anew (it is gone): the journal's last page, still cached (``tail_resident``, asked
-before anything reads the file) in the first case only, tells them apart. Where the kernel gives
-no unique mount id or cannot say whether a page is cached, nothing is recorded and the journal
-is trusted.
-
-The last page also tells whether a journal that could not be written when its run ended (no
-``complete`` mark) is still whole: pages a failed fsync could not write stay readable only while
-cached (``state``).
+Within one boot a restart trusts the journal as the kernel has it, while the file system stays
+mounted; unmounted (a repair on the same boot), what was not yet on the disk is gone. A start
+tells the two apart by the state dir's unique mount id (Linux 6.8 and later), which the
+journal's header records. Another mount is either the same file system bound once more (a
+container's new bind: the page cache is still there) or one mounted anew: the journal's last
+page, still cached (``tail_resident``) in the first case only, tells them apart. It also tells
+whether a journal whose run could not write it is still whole: pages a failed fsync could not
+write stay readable only while cached. Where the kernel cannot say, the journal is trusted.
 """
 
 from __future__ import annotations
@@ -55,10 +45,10 @@ def mount_id(path: str) -> int | None:
 
 
 def tail_resident(path: str) -> bool | None:
-    """Whether the last byte of the file at ``path`` is in the page cache (a read that must not
-    wait for the disk, ``RWF_NOWAIT``), or None where that cannot be told (no such file, an
-    empty one, a file system or kernel without such reads). Ask it once, before anything reads
-    the file: a miss may start reading the page in, and the next asking find it cached."""
+    """Whether the last byte of the file at ``path`` is in the page cache (``RWF_NOWAIT``), or
+    None where that cannot be told. Ask it once, before anything reads the file: a miss may
+    start reading the page in."""
+
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -1,11 +1,10 @@
-"""Sans-I/O request parsing and reply encoding for the dflockd protocol (PROTOCOL.md): the
-one place the server reads requests and writes replies.
+"""Sans-I/O request parsing and reply encoding for the dflockd protocol (PROTOCOL.md).
 
 ``RequestFramer`` cuts a byte stream into three-line frames and enforces the line limits
-without ever buffering an over-long line; one ``parse_<command>`` per command turns a
-frame's key and argument into its fields or raises ``Malformed`` (the stream stays in step:
-the frame was consumed). The ``REPLY_*`` constants and ``reply_*`` functions are every reply's
-bytes.
+without ever buffering an over-long line; one ``parse_<command>`` per command turns a frame's
+key and argument into its fields (a tuple) or raises ``Malformed`` (the frame was consumed:
+the stream stays in step). The ``REPLY_*`` constants and ``reply_*`` functions are every
+reply's bytes.
 """
 
 from __future__ import annotations
@@ -47,13 +46,11 @@ __all__ = [
     "unknown_command",
 ]
 
-_NL: Final = 10  # b"\n"
+# A byte is looked for in bytes as an int (``32 in key``): ``b" " in key`` costs CPython a
+# TypeError raised and cleared.
 _CR: Final = 13  # b"\r"
 _SP: Final = 32  # b" "
 _TAB: Final = 9  # b"\t"
-# A byte is looked for in bytes as an int (``32 in key``), not as ``b" " in key``: CPython
-# tries the operand as an int first, and for bytes that costs a TypeError raised and cleared
-# (about 2,000 instructions, a tenth of a request's cost on the hot path).
 _AUTH: Final = c.CMD_AUTH.encode()
 
 _SESSION: Final = c.HELLO_SESSION.encode()
@@ -64,13 +61,10 @@ _ON_CLOSE_RELEASE: Final = c.ON_CLOSE_RELEASE.encode()
 _MODES: Final = (_CONNECTION, _DETACHED)
 _MAX_LINE: Final = c.MAX_LINE_BYTES
 _NUMBERS: Final[dict[bytes, int]] = {b"%d" % n: n for n in range(c.QUICK_NUMBERS)}
-"""The usual numbers of a request (timeouts, leases) as a client writes them -> their value:
-one look-up for ``isdigit`` and ``int`` (compiled, two calls by name, about 1,300 instructions;
-the look-up about 250). Any other number, ``007`` included, is read by ``_number``, to the
-same value."""
+"""The usual numbers of a request as a client writes them -> their value: one look-up instead
+of ``isdigit`` and ``int``. Any other number is read by ``_number``, to the same value."""
 _NOTE_BYTES: Final = bytes(range(0x21, 0x7F))
-"""The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate`` to check
-one in C rather than byte by byte in Python."""
+"""The bytes an owner note may hold (``!``..``~``), deleted by ``bytes.translate``."""
 
 
 class LineTooLong(Exception):
@@ -85,9 +79,7 @@ Frame = tuple[bytes, bytes, bytes]
 
 
 def _all_short(lines: list[bytes]) -> bool:
-    """Whether no line is over ``_MAX_LINE``. A loop: compiled, ``max(map(len, lines))`` costs
-    about 8,000 instructions a read of 16 pipelined requests, this a few hundred; on CPython
-    3.11 the loop beats it and ``all`` over a generator too."""
+    """Whether no line is over ``_MAX_LINE`` (a loop: cheaper than ``max`` or ``all``)."""
     for line in lines:  # noqa: SIM110 (see the docstring)
         if len(line) > _MAX_LINE:
             return False
@@ -97,11 +89,9 @@ def _all_short(lines: list[bytes]) -> bool:
 class RequestFramer:
     """Accumulates received bytes and yields complete ``(command, key, argument)`` frames.
 
-    The common case (whole requests per read) parses the received ``bytes`` in place: split
-    into lines once (``_lines``), when no line is over the limit and no CR is in the bytes,
-    each frame is then three lines of that list. Anything else is cut frame by frame. An
-    incomplete frame is kept in a ``bytearray`` that grows in place, so a slowly dripped line
-    costs no repeated copies.
+    Whole requests per read (no line over the limit, no CR) are split into lines once, each
+    frame then three lines of that list; anything else is cut frame by frame. An incomplete
+    frame is kept in a ``bytearray`` that grows in place.
     """
 
     __slots__ = ("_buf", "_line", "_lines", "_pos")
@@ -110,8 +100,8 @@ class RequestFramer:
         self._buf: bytes | bytearray = b""  # unparsed bytes start at _pos
         self._pos = 0
         self._lines: list[bytes] | None = None
-        """``_buf`` split at every LF (the last item: what follows the last LF), while its
-        frames are taken from it; ``_line`` is the next frame's first line in it."""
+        """``_buf`` split at every LF while its frames are taken from it; ``_line`` is the next
+        frame's first line in it."""
         self._line = 0
 
     def feed(self, data: bytes) -> None:
@@ -130,7 +120,6 @@ class RequestFramer:
             self._pos = 0
 
     def buffered(self) -> int:
-        """Bytes received and not yet returned as frames."""
         return len(self._buf) - self._pos
 
     def clear(self) -> None:
@@ -140,10 +129,8 @@ class RequestFramer:
         self._lines = None
 
     def next_frame(self) -> Frame | None:
-        """The next complete frame, or ``None`` (needs more bytes).
-
-        Raises ``LineTooLong`` as soon as a line, complete or not, exceeds its limit.
-        """
+        """The next complete frame, or ``None`` (needs more bytes). Raises ``LineTooLong`` as
+        soon as a line, complete or not, exceeds its limit."""
         lines = self._lines
         if lines is not None:
             i = self._line
@@ -160,10 +147,8 @@ class RequestFramer:
         if pos >= end:
             return None
         if pos == 0 and type(buf) is bytes and _CR not in buf:
-            # Whole requests per read: split once; a frame is then three items of the list.
-            # Not when a line, the unfinished last one included, is over the limit (an ``auth``
-            # secret may be): those are cut frame by frame below. A read within the limit has
-            # no such line (a round trip's one request is not measured line by line).
+            # Whole requests per read: split once, unless a line is over the limit (an ``auth``
+            # secret may be): those are cut frame by frame below.
             lines = buf.split(b"\n")
             if len(lines) > 3 and (end <= _MAX_LINE or _all_short(lines)):
                 self._lines = lines
@@ -261,11 +246,18 @@ def _note(raw: bytes) -> str:
     return raw.decode("ascii")
 
 
+def _fields(arg: bytes, fewest: int, most: int, cmd: str | bytes, usage: str) -> list[bytes]:
+    """``arg`` split at whitespace; ``Malformed`` naming ``cmd``'s ``usage`` unless it has
+    ``fewest`` to ``most`` fields."""
+    parts = arg.split()
+    if not fewest <= len(parts) <= most:
+        raise Malformed(f"{cmd if isinstance(cmd, str) else cmd.decode()} takes {usage}")
+    return parts
+
+
 # ---------------------------------------------------------------------- requests
-# One parser per command: each checks its frame against PROTOCOL.md's rules, in the order
-# the fields come (the key first), and returns its fields as a tuple (cheaper than an object)
-# or raises ``Malformed`` with a short reason. The usual shapes cost a look-up (``_NUMBERS``,
-# a token taken whole when ``isalnum``); any other shape goes the rest of the same function.
+# Each parser checks its frame against PROTOCOL.md's rules, in the order the fields come; the
+# usual shapes cost a look-up, any other goes the rest of the same function.
 
 
 def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
@@ -274,14 +266,11 @@ def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
     timeout = _NUMBERS.get(arg)
     if timeout is not None:  # ``<timeout>`` alone, a usual number
         return name, timeout, None
-    parts = arg.split()
-    n = len(parts)
-    if not 1 <= n <= 2:
-        raise Malformed(f"{c.CMD_LOCK} takes <timeout> [<lease>]")
+    parts = _fields(arg, 1, 2, c.CMD_LOCK, "<timeout> [<lease>]")
     timeout = _NUMBERS.get(parts[0])
     if timeout is None:
         timeout = _number(parts[0], "timeout")
-    if n == 1:
+    if len(parts) == 1:
         return name, timeout, None
     return name, timeout, _NUMBERS.get(parts[1]) or _lease(parts[1])  # 0: _lease refuses it
 
@@ -289,20 +278,17 @@ def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
 def parse_sem_lock(key: bytes, arg: bytes) -> tuple[str, int, int, int | None]:
     """``sl <key>`` ``<timeout> <limit> [<lease>]`` -> (key, timeout, limit, lease or None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if not 2 <= n <= 3:
-        raise Malformed(f"{c.CMD_SEM_LOCK} takes <timeout> <limit> [<lease>]")
+    parts = _fields(arg, 2, 3, c.CMD_SEM_LOCK, "<timeout> <limit> [<lease>]")
     timeout = _number(parts[0], "timeout")
     limit = _limit(parts[1])
-    return name, timeout, limit, _lease(parts[2]) if n == 3 else None
+    return name, timeout, limit, _lease(parts[2]) if len(parts) == 3 else None
 
 
 def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
     """``hl <key>`` ``<timeout> <lease> <mode> <note>`` -> (key, timeout, lease, detached,
-    note). LockedTask sends every run's acquire in this shape."""
+    note)."""
     name = _key(key)
-    parts = arg.split(b" ")  # single spaces, as clients send: cut by memchr, not byte by byte
+    parts = arg.split(b" ")  # single spaces, as clients send
     if len(parts) == 4:
         timeout_raw, lease_raw, mode, note = parts
         timeout = _NUMBERS.get(timeout_raw)
@@ -313,11 +299,9 @@ def parse_hold(key: bytes, arg: bytes) -> tuple[str, int, int, bool, str]:
             and mode in _MODES
             and 1 <= len(note) <= c.MAX_NOTE_BYTES
             and not note.translate(None, _NOTE_BYTES)
-        ):  # four fields without whitespace: what the rules below would read, read
+        ):
             return name, timeout, lease, mode == _DETACHED, note.decode("ascii")
-    parts = arg.split()  # any other shape: the rules in full
-    if len(parts) != 4:
-        raise Malformed(f"{c.CMD_HOLD} takes <timeout> <lease> <mode> <note>")
+    parts = _fields(arg, 4, 4, c.CMD_HOLD, "<timeout> <lease> <mode> <note>")  # the rules in full
     timeout_raw, lease_raw, mode, note = parts
     timeout = _NUMBERS.get(timeout_raw)
     if timeout is None:
@@ -337,22 +321,16 @@ def parse_release(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, str]:
     name = _key(key)
     if arg.isalnum():  # a plain token (ASCII letters and digits, no space): as it is
         return name, arg.decode("ascii")
-    parts = arg.split()
-    if len(parts) != 1:
-        raise Malformed(f"{cmd.decode()} takes <token>")
-    return name, _token(parts[0])
+    return name, _token(_fields(arg, 1, 1, cmd, "<token>")[0])
 
 
 def parse_renew(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, str, int | None]:
     """``n`` / ``sn`` (``cmd``) ``<key>`` ``<token> [<lease>]`` -> (key, token, lease or
     None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if not 1 <= n <= 2:
-        raise Malformed(f"{cmd.decode()} takes <token> [<lease>]")
+    parts = _fields(arg, 1, 2, cmd, "<token> [<lease>]")
     token = _token(parts[0])
-    if n == 1:
+    if len(parts) == 1:
         return name, token, None
     return name, token, _NUMBERS.get(parts[1]) or _lease(parts[1])
 
@@ -360,20 +338,15 @@ def parse_renew(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, str, int | Non
 def parse_note(key: bytes, arg: bytes) -> tuple[str, str, str]:
     """``note <key>`` ``<token> <note>`` -> (key, token, note)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 2:
-        raise Malformed(f"{c.CMD_NOTE} takes <token> <note>")
+    parts = _fields(arg, 2, 2, c.CMD_NOTE, "<token> <note>")
     return name, _token(parts[0]), _note(parts[1])
 
 
 def parse_take(key: bytes, arg: bytes) -> tuple[str, str, int, int | None, str]:
     """``ht <key>`` ``<token> <lease> <onclose> <note>`` -> (key, token, lease, on_close,
-    note); ``on_close``: the lease (seconds) the grant is detached with when the connection
-    closes, ``None`` for ``r`` (it is released then)."""
+    note); ``on_close``: ``None`` for ``r`` (released at the close)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 4:
-        raise Malformed(f"{c.CMD_TAKE} takes <token> <lease> <onclose> <note>")
+    parts = _fields(arg, 4, 4, c.CMD_TAKE, "<token> <lease> <onclose> <note>")
     token = _token(parts[0])
     lease = _lease(parts[1])
     on_close: int | None = None
@@ -390,49 +363,35 @@ def parse_take(key: bytes, arg: bytes) -> tuple[str, str, int, int | None, str]:
 def parse_hand_down(key: bytes, arg: bytes) -> tuple[str, str, int]:
     """``hd <key>`` ``<token> <lease>`` -> (key, token, lease)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 2:
-        raise Malformed(f"{c.CMD_HAND_DOWN} takes <token> <lease>")
+    parts = _fields(arg, 2, 2, c.CMD_HAND_DOWN, "<token> <lease>")
     return name, _token(parts[0]), _lease(parts[1])
 
 
 def parse_force_release(key: bytes, arg: bytes) -> tuple[str, str | None]:
     """``fr <key>`` ``<note>`` (or ``_``) -> (key, who asks or None)."""
     name = _key(key)
-    parts = arg.split()
-    if len(parts) != 1:
-        raise Malformed(f"{c.CMD_FORCE_RELEASE} takes <note> (or _)")
-    return name, None if parts[0] == _PLACEHOLDER else _note(parts[0])
+    note = _fields(arg, 1, 1, c.CMD_FORCE_RELEASE, "<note> (or _)")[0]
+    return name, None if note == _PLACEHOLDER else _note(note)
 
 
 def parse_enqueue(key: bytes, arg: bytes) -> tuple[str, int | None]:
     """``e <key>`` ``[<lease>]`` (or ``_``) -> (key, lease or None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if n > 1:
-        raise Malformed(f"{c.CMD_ENQUEUE} takes [<lease>]")
-    return name, _lease(parts[0]) if n == 1 and parts[0] != _PLACEHOLDER else None
+    parts = _fields(arg, 0, 1, c.CMD_ENQUEUE, "[<lease>]")
+    return name, _lease(parts[0]) if parts and parts[0] != _PLACEHOLDER else None
 
 
 def parse_sem_enqueue(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
     """``se <key>`` ``<limit> [<lease>]`` -> (key, limit, lease or None)."""
     name = _key(key)
-    parts = arg.split()
-    n = len(parts)
-    if not 1 <= n <= 2:
-        raise Malformed(f"{c.CMD_SEM_ENQUEUE} takes <limit> [<lease>]")
+    parts = _fields(arg, 1, 2, c.CMD_SEM_ENQUEUE, "<limit> [<lease>]")
     limit = _limit(parts[0])
-    return name, limit, _lease(parts[1]) if n == 2 else None
+    return name, limit, _lease(parts[1]) if len(parts) == 2 else None
 
 
 def parse_wait(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, int]:
     """``w`` / ``sw`` (``cmd``) ``<key>`` ``<timeout>`` -> (key, timeout)."""
-    name = _key(key)
-    parts = arg.split()
-    if len(parts) != 1:
-        raise Malformed(f"{cmd.decode()} takes <timeout>")
-    return name, _number(parts[0], "timeout")
+    return _key(key), _number(_fields(arg, 1, 1, cmd, "<timeout>")[0], "timeout")
 
 
 def parse_auth(arg: bytes) -> bytes:
@@ -446,11 +405,9 @@ def parse_hello(arg: bytes) -> bool:
 
 
 def parse_client_session(arg: bytes) -> tuple[str, int] | None:
-    """``hello _`` ``session <id> <ttl>`` -> (id, ttl): the client session this connection
-    joins (a TTL of 0: the session ends now, its client is done with it); ``None`` for any
-    other ``hello`` (bare, or ``session`` alone). Raises ``Malformed`` for ``session``
-    followed by anything but an id of ``SESSION_ID_MIN`` to ``SESSION_ID_MAX`` characters of
-    ``SESSION_ID_CHARS`` and a TTL."""
+    """``hello _`` ``session <id> <ttl>`` -> (id, ttl) (a TTL of 0: the session ends now);
+    ``None`` for any other ``hello``. Raises ``Malformed`` for ``session`` followed by
+    anything but a valid id and a TTL."""
     parts = arg.split()
     if len(parts) < 2 or parts[0] != _SESSION:
         return None
@@ -473,8 +430,8 @@ def session_id(raw: bytes) -> str:
 
 def parse_keepalive(arg: bytes) -> str | None:
     """``ping _`` ``[session <id>]`` -> the client session to keep alive; ``None`` for any
-    other argument, which a ping ignores (dflockd's clients send ``_``). Raises ``Malformed``
-    for ``session`` followed by anything but one id."""
+    other argument (ignored). Raises ``Malformed`` for ``session`` followed by anything but
+    one id."""
     if not arg.startswith(_SESSION):
         return None
     parts = arg.split()
@@ -486,8 +443,7 @@ def parse_keepalive(arg: bytes) -> str | None:
 
 
 def parse_asking(key: bytes, arg: bytes) -> tuple[str, str]:
-    """``asking <key>`` ``<ticket>`` -> (key, ticket), as sent (undecodable bytes replaced):
-    the ticket's check says whether they are any good."""
+    """``asking <key>`` ``<ticket>`` -> (key, ticket), as sent (undecodable bytes replaced)."""
     return key.decode("utf-8", "replace").strip(), arg.decode("ascii", "replace").strip()
 
 
@@ -523,8 +479,7 @@ def reply_moved(address: str) -> bytes:
 
 
 def reply_ask(address: str, ticket: str = "") -> bytes:
-    """``error_ask <HOST:PORT> [<ticket>]``: ask ``address`` for this key, once (``asking``
-    first, passing the ticket along: the member's proof that it let the key go)."""
+    """``error_ask <HOST:PORT> [<ticket>]``: ask ``address`` for this key, once."""
     return f"{c.STATUS_ERROR_ASK} {address}{' ' if ticket else ''}{ticket}\n".encode()
 
 
@@ -538,8 +493,7 @@ _ACQUIRED: Final = b"%s %%s %%d\n" % c.STATUS_ACQUIRED.encode()
 
 
 def reply_granted(token: str, lease: int) -> bytes:
-    """``ok <token> <lease>``: a grant (to ``l``, ``sl``, ``hl``, ``w``, ``sw``). Bytes
-    formatting: one ``%`` of a template, the cheapest way on the hot path."""
+    """``ok <token> <lease>``: a grant (to ``l``, ``sl``, ``hl``, ``w``, ``sw``)."""
     return _GRANTED % (token.encode(), lease)
 
 
@@ -554,8 +508,7 @@ def reply_held_by(note: str | None) -> bytes:
 
 
 def reply_bound(note: str | None) -> bytes:
-    """``error_bound <holder-note>`` (``ht``): the grant is bound to a live connection; the
-    note of its grant, ``_`` for none."""
+    """``error_bound <holder-note>`` (``ht``): the grant is bound to a live connection."""
     return f"{c.STATUS_ERROR_BOUND} {note or c.NO_NOTE}\n".encode()
 
 
@@ -580,17 +533,12 @@ def reply_hello(
     loop: str = "",
     run: str = "",
 ) -> bytes:
-    """``ok {"server": ..., "version": ..., "features": [...]}`` on one line; ``durable``
-    adds that feature (a lease journal) and ``read_only`` (its ``error_read_only``),
-    ``grace_s`` > 0 the restart grace still to run, ``max_lease_ttl_s`` the longest lease
-    granted (``--max-lease-ttl``), so a client refuses a longer one before asking,
-    ``default_lease_ttl_s`` the lease of a request that names none (``--default-lease-ttl``:
-    what a client's ``hl`` / ``ht``, which always name one, ask for a lock without its own);
-    ``session_ttl_s``: how long a session connection's grants outlive its close by the peer
-    (``--session-ttl``; 0: no sessions, neither ``session`` nor ``keepalive`` listed);
-    ``build`` (``compiled`` or ``pure``) and ``loop`` (``uvloop`` or ``asyncio``) what runs
-    (``buildinfo``), for people and benchmarks, not for clients; ``run``: this start of the
-    server (random), by which a client of a session sees a restart, which ends every session."""
+    """``ok {"server": ..., "version": ..., "features": [...]}`` on one line. ``durable``: a
+    lease journal (adds ``durable`` and ``read_only``); ``grace_s`` > 0: the restart grace
+    still to run; ``session_ttl_s`` 0: no sessions (neither ``session`` nor ``keepalive``
+    listed); ``build`` and ``loop``: what runs, for people and benchmarks; ``run``: this start
+    of the server (random), by which a session's client sees a restart."""
+
     features: list[str] = list(c.FEATURES)
     if durable:
         features += (c.FEATURE_DURABLE, c.FEATURE_READ_ONLY)

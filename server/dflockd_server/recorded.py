@@ -1,18 +1,12 @@
 """The grants a lease journal holds, as a restart reads them (``replay``): each as it was last
 recorded (``RecordedGrant``), and those not released yet, found by token (``RecordedGrants``).
 
-A restart of a million leases looks up a token per record. A dict keyed by the tokens (a
-million new strings of random digits) cost a third of a second of cache misses (each collision
-compares with a string elsewhere in memory); one keyed by the tokens' fences was faster, but its
-million int keys, freed after the restore and scattered among the objects that stay, left the
-server at 1.19x its memory before the kill, against 1.09x.
-
-So ``RecordedGrants`` puts a grant in a list's slot at its fence (``FENCE_HEX_CHARS``, read as
-hex) less the list's first: fences are issued one after another, so a journal's grants take
-consecutive slots, and finding one is an index, nothing hashed or kept beside it. A fence far
-past the last (a restart's counter starts at the wall clock) begins a new list (a *run*). A
-grant the runs cannot take (a fence below the last, as in a rewritten journal, which lists its
-grants by key; a token not starting with hex) is kept by its token beside them.
+A restart of a million leases looks up a token per record; a dict keyed by tokens or fences
+costs cache misses and scattered memory. So ``RecordedGrants`` puts a grant in a list's slot at
+its fence (``FENCE_HEX_CHARS``, read as hex) less the list's first: fences are issued one after
+another, so a journal's grants take consecutive slots, and finding one is an index. A fence far
+past the last begins a new list (a *run*). A grant the runs cannot take (a fence below the
+last, as in a rewritten journal; a token not starting with hex) is kept by its token beside.
 """
 
 from __future__ import annotations
@@ -26,9 +20,8 @@ __all__ = ["RecordedGrant", "RecordedGrants"]
 
 
 class RecordedGrant:
-    """One grant as the journal last recorded it. Not a dataclass: compiled, the ``__init__``
-    ``dataclasses`` writes stays interpreted (half a microsecond each, a million times in a
-    restart, against a native constructor's tenth)."""
+    """One grant as the journal last recorded it (not a dataclass: compiled, its ``__init__``
+    would stay interpreted, and a restart makes a million)."""
 
     __slots__ = (
         "detached",
@@ -66,11 +59,9 @@ class RecordedGrant:
         self.on_close = on_close
         self.note = note
         self.left = left
-        """Seconds from the restart to its end, set by ``restored_leases`` (a field: a million
-        tuples beside the records left holes in the memory a restart keeps)."""
+        """Seconds from the restart to its end, set by ``restored_leases``."""
 
     def fields(self) -> tuple[str, str, int, bool, int, int, bool, int | None, str | None, float]:
-        """Every field, in ``__init__``'s order (what equality compares)."""
         return (
             self.token,
             self.key,
@@ -96,16 +87,14 @@ class RecordedGrant:
 
 
 _GAP = 16
-"""A fence at most this far past the last run's end extends that run (the slots between stay
-empty: fences issued to grants the journal refused); a fence further on begins a new run."""
+"""A fence at most this far past the last run's end extends that run; further on, a new run."""
 _MIN_RUN = 64
-"""A last run of fewer slots is dissolved when a new run begins (``_start_run``)."""
+"""A last run of fewer slots is dissolved when a new run begins."""
 
 
 def _fence(token: str) -> int:
-    """The fence a token starts with (its first ``FENCE_HEX_CHARS`` characters as hex), or -1.
-    Only where to look: ``int`` also takes a sign or an underscore, so two tokens may give one
-    fence, and the grant found is compared with the token."""
+    """The fence a token starts with, or -1. Only where to look (``int`` also takes a sign or
+    an underscore): the grant found is compared with the token."""
     try:
         fence = int(token[:FENCE_HEX_CHARS], 16)
     except ValueError:
@@ -114,9 +103,8 @@ def _fence(token: str) -> int:
 
 
 class RecordedGrants:
-    """The grants not released: those in the runs by fence, then those kept beside in the
-    order they came. Read as a mapping of token to ``RecordedGrant`` (``in``, ``[]``, ``len``,
-    iteration, equality with a dict); the journal's reader changes it with ``put`` and ``pop``."""
+    """The grants not released, read as a mapping of token to ``RecordedGrant``; the
+    journal's reader changes it with ``put`` and ``pop``."""
 
     __slots__ = ("_bases", "_end", "_in_runs", "_others", "_runs")
 
@@ -124,18 +112,15 @@ class RecordedGrants:
         self._bases: list[int] = []
         """Each run's first fence, in increasing order."""
         self._runs: list[list[RecordedGrant | None]] = []
-        """Each run's slots: the grant of the fence ``base + i`` at ``i``, ``None`` for a
-        fence released or never recorded."""
+        """Each run's slots: the grant of the fence ``base + i`` at ``i``, or ``None``."""
         self._end = 0
         """The fence after the last run's last slot."""
         self._in_runs = 0
-        """Grants held in the runs."""
         self._others: dict[str, RecordedGrant] = {}
-        """The grants the runs could not take, by token (usually none)."""
+        """The grants the runs could not take, by token."""
 
     def _run_holding(self, token: str, fence: int) -> int:
-        """The index of the run whose slot at ``fence`` (``_fence(token)``) holds ``token``'s
-        grant, or -1."""
+        """The index of the run whose slot at ``fence`` holds ``token``'s grant, or -1."""
         bases = self._bases
         k = len(bases) - 1
         if k < 0 or fence >= self._end:
@@ -148,8 +133,7 @@ class RecordedGrants:
         return k if kept is not None and kept.token == token else -1
 
     def put(self, rec: RecordedGrant) -> None:
-        """Keep ``rec``, in place of a grant of the same token (a second ``G`` replaces the
-        first where it was, as a dict's item would be)."""
+        """Keep ``rec``, in place of a grant of the same token."""
         token = rec.token
         fence = _fence(token)
         end = self._end
@@ -166,8 +150,7 @@ class RecordedGrants:
             else:
                 self._start_run(fence, rec)
             return
-        # Below the end: the grant of this token is in a run's slot, or kept beside (a token
-        # kept beside is never found in a run: its fence was below the end then, and is still).
+        # Below the end: in a run's slot, or kept beside (never both).
         k = self._run_holding(token, fence)
         if k >= 0:
             self._runs[k][fence - self._bases[k]] = rec
@@ -176,8 +159,8 @@ class RecordedGrants:
 
     def _start_run(self, fence: int, rec: RecordedGrant) -> None:
         """Begin a run at ``fence`` with ``rec``, once the last run, if shorter than
-        ``_MIN_RUN``, is dissolved into the grants kept beside (fences in no order, as in a
-        rewritten journal, would otherwise make a run of a slot or two each)."""
+        ``_MIN_RUN``, is dissolved into the grants kept beside (fences in no order would
+        otherwise make a run of a slot or two each)."""
         runs = self._runs
         if runs and len(runs[-1]) < _MIN_RUN:
             run = runs[-1]
@@ -186,7 +169,8 @@ class RecordedGrants:
                 if kept is not None:
                     others[kept.token] = kept
                     self._in_runs -= 1
-            run.clear()  # (the list is the new run's: fences in no order do this at every other)
+            run.clear()  # (the list is the new run's)
+
             run.append(rec)
             self._bases[-1] = fence
         else:

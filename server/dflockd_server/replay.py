@@ -1,48 +1,36 @@
 """Reading the lease journal back (``journal`` writes it; its module doc gives the format), and
 what a start restores from it.
 
-Every grant with no later ``R`` comes back. How long it runs from the restart depends on what
-the file can prove:
+Every grant with no later ``R`` comes back, running from the restart:
 
 - **same boot, complete journal** (the file's boot id is this boot's, and the ``complete`` mark
-  says every renewal answered is recorded): ``min(until - now, lease)``, ``now`` on the file's
-  own clock (monotonic time since the anchor: no wall-clock step counts). The restored end is
-  the real one or a few milliseconds after (rounded up, and the clock is read before the
-  restore); a grant bound to a connection with an ``<onclose>`` lease runs at least that long
-  (its connection closed with the old process).
-- **same boot, journal not complete** (renewals answered while it could not be written, or an
-  older version wrote it): each lease runs ``max(its lease, the longest the run recorded)`` from
-  the restart: a renewal answered before the crash ended at most one such lease after it.
-- **same boot, but the file may lack its last records**: the state dir's file system was mounted
-  anew since (a disk error turned it read-only and it was repaired; the header records the
-  mount, and ``pagecache`` tells a new mount from a container's new bind of the same one), or a
-  write failed before the previous run ended (no ``complete`` mark) and the file's last page has
-  left the page cache (what a failed fsync could not write is gone once evicted). The last
-  second of grants may be gone under ``everysec``, so unless a graceful stop fsynced the file,
-  the restore is another boot's, with its grace.
-- **another boot** (or a boot id that cannot be read): the wall clock may have been stepped
-  either way, so nothing is measured with it: each lease runs the longest of its own and the
-  longest the run recorded (fsynced before any longer lease is granted or renewed; a renewal's
-  record is not fsynced even with ``always``). Unless the file was fsynced at each reply
-  (``always``) or closed by a graceful stop, its last records may be lost with the machine, so
-  the start also grants nothing for that longest lease (the restart grace, ``state``).
+  says every renewal answered is recorded): ``min(until - now, lease)`` on the file's own
+  monotonic clock (no wall-clock step counts); a grant bound to a connection with an
+  ``<onclose>`` lease runs at least that long (its connection closed with the old process).
+- **same boot, journal not complete**: ``max(its lease, the longest the run recorded)``: a
+  renewal answered before the crash ended at most one such lease after it.
+- **same boot, but the file may lack its last records** (the state dir's file system was
+  mounted anew since, or a write failed before the previous run ended and the file's last page
+  has left the page cache: ``pagecache``): unless a graceful stop fsynced the file, restored as
+  another boot's, with its grace.
+- **another boot** (or an unreadable boot id): the wall clock may have been stepped, so each
+  lease runs the longest of its own and the longest the run recorded. Unless the file was
+  fsynced at each reply (``always``) or closed by a graceful stop, its last records may be
+  lost, so the start also grants nothing for that longest lease (the restart grace, ``state``).
 
 The restored end is never earlier than the real one: within a boot the file is read as the
 kernel has it (a ``kill -9`` loses nothing written), and the ``complete`` mark is removed before
 any renewal goes unrecorded.
 
-Speed: the file is read a chunk at a time (each from the first byte not used yet) with the
-garbage collector paused (``paused_gc``); grants are found by token through their fence
-(``recorded.RecordedGrants``); a batch (``K``) is checked with one checksum, and the lines
-outside batches all at once in C (checksums, UTF-8) before any is applied. A later header (a
-restart that went on appending, ``Journal.resume``) shifts the times after it onto the first
-header's clock; one of another boot makes the whole file read as of another boot.
+The file is read a chunk at a time with the garbage collector paused (``paused_gc``); grants are
+found by token through their fence (``recorded.RecordedGrants``); a batch (``K``) is checked with
+one checksum, other lines all at once in C. A later header (``Journal.resume``) shifts the times
+after it onto the first header's clock; one of another boot makes the whole file read as of
+another boot.
 
 Damage: reading stops at the first line that does not check. A last record without its end of
-line (a write cut short by a crash) is a torn tail: only that record is lost (with ``always``,
-never an acknowledged grant; and no renewal's record is read after a crash of the machine). Any
-other damage (a whole line that does not check, two lines run together) leaves the records after
-it unknown: the caller applies a restart grace (``state``).
+line is a torn tail: only that record is lost. Any other damage leaves the records after it
+unknown: the caller applies a restart grace (``state``).
 """
 
 from __future__ import annotations
@@ -77,39 +65,26 @@ VERSION = "3"
 COMPLETE_SUFFIX = ".complete"
 """The mark beside the journal: present while every renewal answered is in the file."""
 FREEZE_AFTER = 100_000
-"""Objects made during a ``paused_gc`` from which they are frozen at its end (fewer cost a
-collection next to nothing, as a test process's restores do)."""
+"""Objects made during a ``paused_gc`` from which they are frozen at its end."""
 READ_CHUNK = 1 << 22
-"""Bytes read at a time: a journal of a million leases (over 100 MB) is never in memory
-whole."""
 BATCH_BYTES = 1 << 20
-"""The most a batch (``K``) covers: a batch is read whole, a chunk at a time."""
+"""The most a batch (``K``) covers."""
 BATCH_RECORDS = 16
-"""The fewest records a write puts in a batch (fewer are written as they are: their lines
-are checked one by one)."""
+"""The fewest records a write puts in a batch."""
 _BATCH_MARK = b" K "
-"""A batch's ``K`` line after its checksum field."""
 _PAYLOAD = operator.itemgetter(slice(9, None))
-"""A record line's payload (after its checksum field and the space)."""
 _CHECKED = operator.itemgetter(slice(0, 9))
 """A record line's checksum field and the space after it."""
 _CRC_DIGITS = b"0123456789abcdef"
-"""A checksum field's digits (``%08x``): ``int(field, 16)`` alone also takes a space, a sign,
-an underscore or a ``0x``."""
+"""A checksum field's digits: ``int(field, 16)`` alone also takes a space, a sign, ``_``, ``0x``."""
 _CRC_BYTES = 4
-"""Bytes of a CRC32: the item size of the ``array("I")`` the checksums are compared in."""
 
 
 @contextlib.contextmanager
 def paused_gc() -> Generator[None]:
-    """The cyclic garbage collector off while a start builds its million objects (each lives
-    on: the collections their allocations trigger would find nothing, scanning every object
-    made, again and again), then back as it was.
-
-    When the pause made ``FREEZE_AFTER`` objects or more, they are frozen (``gc.freeze``)
-    first, so no later collection scans them: unfrozen, after a restore of a million leases,
-    three collections took 0.65 s, mostly before the first request, and each full collection
-    later scanned them again."""
+    """The cyclic garbage collector off while a start builds its million long-lived objects,
+    then back as it was; if ``FREEZE_AFTER`` objects or more were made, they are frozen
+    (``gc.freeze``) so no later collection scans them."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -136,7 +111,7 @@ class JournalRead:
     """What ``read_journal`` found."""
 
     leases: RecordedGrants = field(default_factory=RecordedGrants)
-    """The grants not released, by token (in the order of their fences, mostly)."""
+    """The grants not released, by token."""
     anchor: tuple[str, int, int] | None = None
     """The file's clock anchor: boot id, wall ms, monotonic ms."""
     mount: int | None = None
@@ -146,20 +121,17 @@ class JournalRead:
     clean: bool = False
     """Its last record is a graceful stop's (``C``, fsynced)."""
     records: int = 0
-    """Records read and applied."""
     dropped_bytes: int = 0
-    """Bytes from the first damaged line to the end of the file."""
+    """Bytes and lines from the first damaged line to the end of the file."""
     dropped_lines: int = 0
-    """Lines from the first damaged line on (the damaged one included)."""
     damage: str = ""
     """What was wrong with the first line that did not check ("" when none)."""
     torn_tail: bool = False
     """The damage is a last record without its end of line: a write cut short."""
     headers: int = 0
-    """Header records read (a restart on the same boot appends its own: ``Journal.resume``)."""
     shift_ms: int = 0
-    """What to subtract from an ``until`` after the last header to put it on the first header's
-    clock (where every ``until`` is kept)."""
+    """What to subtract from an ``until`` after the last header to put it on the first
+    header's clock."""
 
     @property
     def damaged_before_tail(self) -> bool:
@@ -167,7 +139,8 @@ class JournalRead:
 
 
 def _apply(read: JournalRead, payload: str) -> str | None:
-    """Apply one checked payload; a problem description when it is malformed."""
+    """Apply one checked payload (a whole grant is ``_apply_lines``'); a problem description
+    when it is malformed."""
     kind, _, rest = payload.partition(" ")
     leases = read.leases
     read.clean = False
@@ -175,24 +148,7 @@ def _apply(read: JournalRead, payload: str) -> str | None:
         leases.pop(rest)
         return None
     if kind == "G":
-        parts = rest.split(" ", 8)
-        if len(parts) < 8:
-            return "grant record with too few fields"
-        token, key, limit, sem, lease, until, mode, on_close = parts[:8]
-        leases.put(
-            RecordedGrant(
-                token,
-                key,
-                int(limit),
-                sem == "1",
-                int(lease),
-                int(until) - read.shift_ms,
-                mode == "d",
-                None if on_close == "-" else int(on_close),
-                parts[8] if len(parts) > 8 else None,
-            )
-        )
-        return None
+        return "grant record with too few fields"
     if kind == "X":
         token, lease, until = rest.split(" ")
         rec = leases.get(token)
@@ -228,12 +184,10 @@ def _apply(read: JournalRead, payload: str) -> str | None:
         if first is None:
             read.anchor = anchor
         elif anchor[0] == first[0] != "-" and anchor[2] >= first[2]:
-            # A restart on the same boot appended its anchor: a time on it is the same time on
-            # the first one less the difference of the two anchors' wall-minus-monotonic.
+            # A restart on the same boot: shift by the difference of the anchors' offsets.
             read.shift_ms = (anchor[1] - anchor[2]) - (first[1] - first[2])
         else:
-            # Not written by this server (it appends only on the boot of the first header):
-            # no time in the file can be trusted, so the restore takes its other-boot rule.
+            # Not this server's (it appends only on the first header's boot): another boot.
             read.anchor = ("-", first[1], first[2])
             read.shift_ms = 0
         read.headers += 1
@@ -259,16 +213,17 @@ def read_journal(path: str) -> JournalRead:
         start = 0  # the file's offset of the chunk
         size = READ_CHUNK
         while True:
-            # Each chunk is read from the first byte not used yet (the file is seekable):
-            # no chunk is joined to the rest of the one before or cut to its last whole line,
-            # copies that cost a restart of a million leases page faults of their own.
+            # Each chunk from the first byte not used yet: no copies joining or cutting chunks.
             fh.seek(start)
             data = fh.read(size)
             at_end = len(data) < size
             end = len(data) if at_end else data.rfind(b"\n") + 1  # at the end: the tail too
             stop, used = _read_lines(read, data, end, at_end)
             if stop >= 0:
-                _damaged(read, data[stop:] + fh.read())
+                rest = data[stop:] + fh.read()
+                read.dropped_bytes = len(rest)
+                read.dropped_lines = rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
+                read.torn_tail = b"\n" not in rest  # else a whole line that does not check
                 break
             if at_end:
                 break
@@ -280,24 +235,11 @@ def read_journal(path: str) -> JournalRead:
     return read
 
 
-def _damaged(read: JournalRead, rest: bytes) -> None:
-    """Note the damage that starts ``rest`` (the file from the first bad line on)."""
-    read.dropped_bytes = len(rest)
-    read.dropped_lines = rest.count(b"\n") + (0 if rest.endswith(b"\n") else 1)
-    # Only a write cut short leaves a record without its end of line; a whole line that does
-    # not check (two lines run together by a lost end of line included) is damage.
-    read.torn_tail = b"\n" not in rest
-
-
 def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tuple[int, int]:
-    """Apply the records of ``data[:size]`` (whole lines, but for a last one without its end
-    of line at the end of the file, ``at_end``): ``(stop, used)``, ``stop`` the offset of the
+    """Apply the records of ``data[:size]``: ``(stop, used)``, ``stop`` the offset of the
     first line that does not check (its problem in ``read.damage``) or -1, ``used`` the bytes
-    read (a batch that goes on past ``size`` is left for the next chunk).
-
-    A batch that checks whole has its records read without checking each; the lines outside
-    batches, and a batch that does not check whole or is cut short by the end of the file, are
-    checked line by line (``_read_checked``): damage is found and named as without batches."""
+    read (a batch that goes on past ``size`` is left for the next chunk). A batch that checks
+    whole is read without checking each line; anything else is checked line by line."""
     pos = 0
     while pos < size:
         head = _next_batch(data, pos, size)
@@ -331,16 +273,15 @@ def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tupl
                         return _line_start(data[first:after].split(b"\n"), first, n), pos
                     pos = after
                     continue
-        # A K line or a batch that does not check, or a batch the file ends in: the rest,
-        # line by line (it stops at the first line that does not check).
+        # A K line or batch that does not check, or a batch cut short: line by line.
         stop = _read_checked(read, data, pos, size)
         return stop, size
     return -1, size
 
 
 def _next_batch(data: bytes, pos: int, size: int) -> int:
-    """The offset of the first line in ``data[pos:size]`` (``pos`` a line's start) that looks
-    like a ``K`` line, or ``size``. (A note may hold ``" K "``: a hit mid-line is passed over.)"""
+    """The offset of the first line in ``data[pos:size]`` that looks like a ``K`` line, or
+    ``size`` (a note may hold ``" K "``: a hit mid-line is passed over)."""
     at = pos
     while True:
         hit = data.find(_BATCH_MARK, at, size)
@@ -374,25 +315,20 @@ def _batch_of(data: bytes, pos: int, end: int) -> tuple[int, int] | None:
 
 
 def _read_checked(read: JournalRead, data: bytes, start: int, end: int) -> int:
-    """Apply the records of ``data[start:end]`` (whole lines, but for a last one without its
-    end of line at the end of the file), each line's checksum checked; the offset of the
-    first one that does not check (its problem in ``read.damage``), or -1.
-
-    Each step runs over every line at once in C (``map``): split, checksum, compare
-    (``_checksums_hold``), decode; only the records' fields are read line by line. A run that
-    does not check whole is read again line by line (``_read_slowly``) to find and name its
-    first bad line."""
+    """Apply the records of ``data[start:end]``, each line's checksum checked (all at once in
+    C; a run that does not check whole is read again by ``_read_slowly`` to name its first bad
+    line); the offset of the first line that does not check, or -1."""
     run = data[start:end]
     lines = run.split(b"\n")
-    if lines.pop() or not _checksums_hold(lines):  # (a last record without its end of line)
-        stop = _read_slowly(read, run)
-        return -1 if stop < 0 else start + stop
-    try:
-        text = run.decode()
-    except UnicodeDecodeError:
+    text = None
+    if not lines.pop() and _checksums_hold(lines):  # (else a last line without its LF, or bad)
+        with contextlib.suppress(UnicodeDecodeError):
+            text = run.decode()
+    if text is None:
         stop = _read_slowly(read, run)
         return -1 if stop < 0 else start + stop
     problem, n = _apply_lines(read, text.split("\n"))
+
     if problem is not None:
         read.damage = problem
         return _line_start(lines, start, n)
@@ -405,17 +341,15 @@ def _line_start(lines: list[bytes], start: int, n: int) -> int:
 
 
 def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
-    """Apply the checked record lines ``texts`` (split at each LF: the last, empty piece is no
-    record), counted in ``read.records``: the first one that does not parse's problem and
-    index, or ``(None, lines applied)``."""
+    """Apply the checked record lines ``texts`` (the last, empty piece is no record): the
+    first one that does not parse's problem and index, or ``(None, lines applied)``."""
     texts.pop()
     leases = read.leases
     shift = read.shift_ms
     for n, line in enumerate(texts):
         try:
             parts = line.split(" ", 10)
-            if parts[1] == "G" and len(parts) >= 10:
-                # a grant, the most common record (``_apply``'s, inlined)
+            if parts[1] == "G" and len(parts) >= 10:  # a grant: ``_apply``'s, inlined
                 token = parts[2]
                 limit = parts[4]
                 on_close = parts[9]
@@ -447,9 +381,8 @@ def _apply_lines(read: JournalRead, texts: list[str]) -> tuple[str | None, int]:
 
 
 def _checksums_hold(lines: list[bytes]) -> bool:
-    """Whether every line of ``lines`` is its payload's checksum (8 lowercase hex digits), a
-    space and the payload, checked in C: the lines' first 9 bytes, joined, are a space at every
-    ninth place and hex digits elsewhere, and read as hex, the payloads' big-endian checksums."""
+    """Whether every line is its payload's checksum (8 lowercase hex digits), a space and the
+    payload, checked in C over all the lines' first 9 bytes joined."""
     fields = b"".join(map(_CHECKED, lines))
     n = len(lines)
     if len(fields) != 9 * n or fields[8::9] != b" " * n:
@@ -468,7 +401,6 @@ def _line_problem(line: bytes) -> str | None:
     """What is wrong with ``line`` (without its LF) as a record line (its checksum field and
     the CRC-32 of its payload), or ``None``."""
     if len(line) < 10 or line[8:9] != b" " or line[:8].translate(None, _CRC_DIGITS):
-        # (what `translate` leaves is what is not a lowercase hex digit)
         return "a line that is not a record"
     if int(line[:8], 16) != zlib.crc32(line[9:]):
         return "a record whose checksum does not match"
@@ -490,14 +422,16 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
             read.damage = problem
             return pos
         try:
-            problem = _apply(read, line[9:].decode())
-        except (ValueError, UnicodeDecodeError) as exc:
+            payload = line[9:].decode()
+        except UnicodeDecodeError as exc:
             problem = f"a record that does not parse ({exc})"
+        else:
+            problem, _ = _apply_lines(read, [line[:9].decode() + payload, ""])
         if problem is not None:
             read.damage = problem
             return pos
-        read.records += 1
         pos = end + 1
+
     return -1
 
 
@@ -506,20 +440,18 @@ class Restore:
     """What ``restored_leases`` makes of a journal."""
 
     leases: list[RecordedGrant]
-    """The grants still running, each with its seconds ``left``, in about the order they were
-    made (``RecordedGrants.values``; ``LockTable.restore_all`` orders their ends)."""
+    """The grants still running, each with its seconds ``left``."""
     how: str
-    """Which rule gave their time left, in the operator's terms (for the start-up log)."""
+    """Which rule gave their time left, for the start-up log."""
     grace_s: float
-    """Seconds the start grants nothing (0: none): the journal may lack the last grants."""
+    """Seconds the start grants nothing (0: none)."""
     exact: bool = False
-    """Each lease runs to its recorded end on the file's own clock (same boot, complete
-    journal): a start may go on appending to the file as it is."""
+    """Each lease runs to its recorded end (same boot, complete journal): a start may go on
+    appending to the file as it is."""
     ended: list[str] = field(default_factory=lambda: [])
     """Tokens of the grants whose lease ended before the restart (with ``exact``)."""
     longest: int = 0
-    """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none:
-    what the restart records as granted before it serves."""
+    """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none."""
 
 
 def restored_leases(
@@ -533,17 +465,15 @@ def restored_leases(
     this_boot: str | None = None,
 ) -> Restore:
     """The grants of ``read`` still running now, each with its seconds ``left`` (the rules: the
-    module's doc). ``complete``: the ``complete`` mark is there; ``run_longest``: the longest
-    lease its run recorded (``grace``), 0 when unknown; ``tail_lost``: why the file may lack its
-    last records on this boot (``state``, ``pagecache``), "" when it cannot. The clock
-    arguments are for tests (``wall_ms`` is never read: nothing trusts the wall clock)."""
+    module's doc). ``run_longest``: the longest lease its run recorded, 0 when unknown;
+    ``tail_lost``: why the file may lack its last records on this boot, "" when it cannot. The
+    clock arguments are for tests (``wall_ms`` is never read: nothing trusts the wall clock)."""
     mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
     boot = boot_id() if this_boot is None else this_boot
     anchor = read.anchor
     same_boot = anchor is not None and anchor[0] != "-" and anchor[0] == boot and mono >= anchor[2]
-    # The file may lack what the kernel had not yet put on the disk (unless a graceful stop
-    # fsynced all of it): read it as a crash of the machine leaves it.
     lost_tail = same_boot and bool(tail_lost) and not read.clean
+
     out: list[RecordedGrant] = []
     grace = 0.0
     if anchor is None:  # not even a whole header: the file was never a run's journal

@@ -33,8 +33,7 @@ T = TypeVar("T")
 
 
 def make_ownership(config: Config) -> Ownership:
-    """The ownership of a server that is not a cluster member: every key (single) or the
-    static list's share (``--members``). A cluster member's comes from its `ClusterNode`."""
+    """The ownership of a server that is not a cluster member (single, or ``--members``)."""
     if config.members is not None:
         assert config.advertise is not None  # Config checks it
         return StaticOwnership(config.members, config.advertise)
@@ -43,8 +42,7 @@ def make_ownership(config: Config) -> Ownership:
 
 def make_cluster_node(config: Config, server: NodeHost) -> ClusterNode:
     """The cluster member of a ``--cluster`` server (not started). The cluster's modules are
-    imported here, not with this module: a server that is no cluster member does not pay for
-    them (about 45 ms at every start, the etcd client's ``http.client`` most of it)."""
+    imported here: a server that is no cluster member does not pay for them at start."""
     from dflockd_server.cluster.node import ClusterNode
     from dflockd_server.cluster.ops import EtcdAccess, etcd_client
 
@@ -75,30 +73,24 @@ class KeyServing:
 
     def __init__(self, connections: set[Connection]) -> None:
         self.connections = connections
-        """The server's admitted connections (``Admission.connections``)."""
         self.ownership: Ownership = SINGLE
         """Which keys this server serves now (swapped whole, never changed in place)."""
         self.key_check: Callable[[str], bytes | None] | None = None
         """``ownership.check``, or None when every key is served (the acquire's fast path)."""
         self.asked_check: Callable[[str], bytes | None] = SINGLE.check_asked
-        """The ownership's check for an acquire that follows ``asking``."""
         self.admit_ask: Callable[[str, str], bytes | None] = SINGLE.admit_ask
-        """The ownership's answer to an ``asking`` (None: admitted)."""
         self._may_hold: Callable[[str], bool] | None = None
-        """The ownership's ``may_hold`` (None: always), asked before a held grant is renewed,
-        taken over or handed down."""
+        """The ownership's ``may_hold`` (None: always)."""
         self._renewals_allowed = True
         self.table: LockTable | None = None
         """The server's lock table, once its start has made it (``attach``)."""
         self._swap = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
-        """The server's loop, once started, and its thread (``_on_loop``)."""
         self.loop_thread = 0
 
     def set_ownership(self, ownership: Ownership) -> None:
-        """Serve by ``ownership`` from now on (any thread: the references are swapped, the
-        loop reads whichever is current; a request the swap overtakes is answered by the
-        ownership it read first, as if it had come just before)."""
+        """Serve by ``ownership`` from now on (any thread: the references are swapped; a
+        request the swap overtakes is answered as if it had come just before)."""
         single = isinstance(ownership, SingleOwnership)
         with self._swap:
             self.ownership = ownership
@@ -109,43 +101,37 @@ class KeyServing:
             self._grant_checks()
 
     def attach(self, table: LockTable) -> None:
-        """The server's lock table, once its start made it: it asks the current ownership
-        before each promotion of a queued waiter, and those of every later swap."""
+        """The server's lock table: it asks the current ownership before each promotion of a
+        queued waiter."""
         with self._swap:
             self.table = table
             self._grant_checks()
 
     def _grant_checks(self) -> None:
-        # Under ``_swap``: a swap on another thread (a cluster node's) while the table is
-        # attached leaves the table with the later ownership's checks, never the earlier's.
+        # Under ``_swap``: the table keeps the later of two racing swaps' checks.
         if self.table is not None:
             grants = self.table.grants
             grants.grant_check = self.key_check
             grants.asked_check = None if self.key_check is None else self.ownership.check_asked
 
     def may_hold(self, key: str) -> bool:
-        """Whether a grant on ``key`` may be renewed (``n`` / ``sn``), taken over (``ht``) or
-        handed down (``hd``) now: ``renewals_allowed`` and the ownership's ``may_hold`` (asked
-        each time: a cluster member's turns False by itself once its etcd lease can no longer
-        be shown alive, or the key's shard is no longer its own)."""
+        """Whether a grant on ``key`` may be renewed, taken over or handed down now:
+        ``renewals_allowed`` and the ownership's ``may_hold`` (asked each time: a cluster
+        member's turns False by itself)."""
         may_hold = self._may_hold
         return self._renewals_allowed and (may_hold is None or may_hold(key))
 
     def shards_reply(self) -> bytes:
-        """The ``shards`` reply: the current ownership described."""
         return p.reply_shards(self.ownership.describe())
 
     def renewals_allowed(self, allowed: bool) -> None:
         """Serve ``n`` / ``sn`` (True) or answer them ``error`` (False: a fenced cluster
-        member, so its holders see their locks lost before another member may grant them).
-        Thread safe."""
+        member). Thread safe."""
         self._renewals_allowed = allowed
 
     def fail_waiters(self, shard_ids: Collection[int], reply: bytes) -> int:
-        """Answer every queued acquire on a key of ``shard_ids`` with ``reply`` (e.g.
-        ``error_moved <target>``) and drop the pending two-phase enqueues there (their ``w``
-        is then answered ``reply`` too); how many were answered or dropped. Thread safe (runs
-        on the loop)."""
+        """Answer every queued acquire on a key of ``shard_ids`` with ``reply`` and drop the
+        pending two-phase enqueues there; how many. Thread safe (runs on the loop)."""
         wanted = frozenset(shard_ids)
         return self._on_loop(lambda: self._fail_waiters(wanted, reply))
 
@@ -171,10 +157,8 @@ class KeyServing:
         return self._on_loop(lambda: self.held_shards() & wanted)
 
     def held_shards(self) -> set[int]:
-        """The shards with a key held or queued now (on the loop). Before the table is made
-        (the leases of a previous run not restored yet) and during a restart grace (what the
-        previous run granted is unknown), every shard counts as held: nothing is handed over
-        blind."""
+        """The shards with a key held or queued now (on the loop). Before the table is made and
+        during a restart grace, every shard counts as held: nothing is handed over blind."""
         table = self.table
         if table is None or table.grace_remaining() > 0:
             return set(range(SHARD_COUNT))
@@ -182,16 +166,15 @@ class KeyServing:
 
     def key_present(self, key: str) -> bool | None:
         """Whether the table holds or queues anything on ``key`` (on the loop); None when it
-        cannot tell: no table yet, or a restart grace (what the previous run granted is
-        unknown)."""
+        cannot tell (no table yet, or a restart grace)."""
         table = self.table
         if table is None or table.grace_remaining() > 0:
             return None
         return table.is_busy(key)
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
-        """``fn()`` on the loop thread: at once when called there, else through
-        ``call_soon_threadsafe``, waiting for its result."""
+        """``fn()`` on the loop thread, waiting for its result."""
+
         loop = self.loop
         if loop is None or threading.get_ident() == self.loop_thread:
             return fn()

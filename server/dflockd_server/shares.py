@@ -1,19 +1,15 @@
 """Each client address's share of the lock table (``--max-locks-per-ip``): the grants that count
 against an address, whatever holds them now.
 
-A grant counts against the address of the connection that took it (a waiter's once granted; a
-detached hold, ``hl ... d``, against the address that sent the ``hl``); a reattach by token or
-a take-over (``ht``) moves it to the new connection's address. It counts until the grant ends
-(``grants.Grants.free_holder``), whatever it is bound to meanwhile: its connection, that
-connection closed, or none (``hd``, an ``<onclose>`` lease). A grant restored from the journal
-counts against no address until it is reattached.
+A grant counts against the address of the connection that took it (a detached hold's, the
+address that sent the ``hl``); a reattach by token or a take-over (``ht``) moves it to the new
+connection's address. It counts until the grant ends, whatever it is bound to meanwhile. A grant
+restored from the journal counts against no address until it is reattached.
 
-An address's load is its grants plus the acquires its open connections have queued (each may
-be granted): an acquire is refused ``error_max_locks`` when the load is at the cap
-(``admission.Admission.over_ip_share``), and so is a reattach or a take-over that would add a
-grant to an address at its cap (``check_rebind``; the grant then stays as it was). The counts
-change as grants are made, moved and freed: no scan of the table, one look per open
-connection of the address for its queued waits.
+An address's load is its grants plus the acquires its open connections have queued: an acquire
+is refused ``error_max_locks`` when the load is at the cap, and so is a reattach or a take-over
+that would add a grant to an address at its cap (``check_rebind``). The counts change as grants
+are made, moved and freed: no scan of the table.
 """
 
 from __future__ import annotations
@@ -34,21 +30,18 @@ class AddressShares:
         self.cap = cap
         """``--max-locks-per-ip`` (> 0)."""
         self.held: dict[str, int] = {}
-        """Address -> grants counting against it now (no entry: none)."""
+        """Address -> grants counting against it now."""
         self.ip_of: dict[Client, str] = {}
         """The address of each open connection's client, and of each closed one that still
-        holds a grant (dropped once it holds none)."""
+        holds a grant."""
         self.clients: dict[str, set[Client]] = {}
-        """The clients of each address's open connections (their queued waits count)."""
+        """The clients of each address's open connections."""
         self.detached: dict[str, str] = {}
-        """Token -> address, for grants bound to no connection (detached holds) that count
-        against an address."""
+        """Token -> address, for grants bound to no connection."""
         self.refused: Callable[[str, int], None] | None = None
-        """Told of each refusal (the address, its load): the server logs it."""
+        """Told of each refusal (the address, its load)."""
 
-    # ------------------------------------------------------------------ connections
     def opened(self, client: Client, ip: str) -> None:
-        """A connection from ``ip`` is admitted with ``client``."""
         self.ip_of[client] = ip
         same = self.clients.get(ip)
         if same is None:
@@ -66,7 +59,6 @@ class AddressShares:
         if not client.n_held:
             self.ip_of.pop(client, None)
 
-    # ------------------------------------------------------------------ loads
     def load(self, ip: str) -> int:
         """The grants counting against ``ip`` plus the acquires its connections have queued."""
         load = self.held.get(ip, 0)
@@ -80,9 +72,8 @@ class AddressShares:
         return self.detached.get(holder.token) if ip is None else ip
 
     def check_rebind(self, holder: Holder, client: Client, n_keys: int) -> None:
-        """Before ``holder`` is bound to ``client`` (a reattach, a take-over): raise
-        ``MaxLocks`` if that adds a grant to an address at its cap (only while the table has at
-        least ``cap`` keys, as for an acquire)."""
+        """Before ``holder`` is bound to ``client``: raise ``MaxLocks`` if that adds a grant to
+        an address at its cap (only while the table has at least ``cap`` keys)."""
         ip = self.ip_of.get(client)
         if ip is None or n_keys < self.cap or self.address(holder) == ip:
             return
@@ -93,7 +84,6 @@ class AddressShares:
                 refused(ip, load)
             raise MaxLocks(holder.key)
 
-    # ------------------------------------------------------------------ grants
     def granted(self, holder: Holder, taker: Client) -> None:
         """``holder`` was just granted for ``taker``'s request (bound to it, or detached)."""
         ip = self.ip_of.get(taker)
@@ -105,8 +95,7 @@ class AddressShares:
             self.detached[holder.token] = ip
 
     def ended(self, holder: Holder) -> None:
-        """``holder`` ended (its client's ``n_held`` already counts it out; its token is still
-        set)."""
+        """``holder`` ended (its client's ``n_held`` already counts it out)."""
         owner = holder.client
         ip = self.ip_of.get(owner)
         if ip is None:
@@ -118,8 +107,9 @@ class AddressShares:
         self._drop(ip)
 
     def moved(self, old: Holder, new: Holder) -> None:
-        """The grant ``old`` was rebound as ``new`` (``old``'s client already counts it out): to
-        a connection, it counts against that connection's address; detached, the same one."""
+        """The grant ``old`` was rebound as ``new``: to a connection, it counts against that
+        connection's address; detached, the same one."""
+
         owner = old.client
         was = self.ip_of.get(owner)
         if was is None:

@@ -1,10 +1,8 @@
 """``stats`` snapshots, rationed: a flood of ``stats`` cannot take the server's time.
 
-Making a snapshot and sending it to every asker cost in proportion to the table. After one
-that took ``t`` seconds of the loop, the next is taken no sooner than ``STATS_DUTY_FACTOR * t``
-later; each ``stats`` asked meanwhile waits for it and gets the same reply (the table as it was
-after the request arrived), at most ``STATS_ANSWERS_PER_TURN`` askers per turn of the loop.
-However many ask, stats take about 1 / (1 + STATS_DUTY_FACTOR) of the server's time at most.
+After a snapshot that took ``t`` seconds of the loop, the next is taken no sooner than
+``STATS_DUTY_FACTOR * t`` later; each ``stats`` asked meanwhile waits for it and gets the same
+reply, at most ``STATS_ANSWERS_PER_TURN`` askers per turn of the loop.
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """The state directory: where a server keeps what must outlive it (its lease journal, its fence
 ceiling, the longest lease it granted), and what a start makes of it.
 
-By default each server has its own, by address: ``$XDG_STATE_HOME/dflockd/<host>-<port>``
-(``~/.local/state/dflockd/127.0.0.1-6388``), so two servers on one machine keep theirs apart,
-and a file lock (``lock``, with the pid) keeps a second server off a directory in use. A server
-on port 0 has none unless one is given: no client can hold a lease from an earlier server at a
-port chosen at random. ``--state-dir none`` turns it off.
+By default each server has its own, by address: ``$XDG_STATE_HOME/dflockd/<host>-<port>``, and
+a file lock (``lock``, with the pid) keeps a second server off a directory in use. A server on
+port 0 has none unless one is given (no client can hold a lease from an earlier server at a
+random port). ``--state-dir none`` turns it off.
 
-A start (``plan_start``):
-
-- restores every lease of the journal still running (``journal``: within a boot until its
-  recorded end; for a full lease from the start across a boot, when the file may lack its last
-  records (a file system mounted anew, or a failed write whose pages left the page cache:
-  ``_tail_lost``, ``pagecache``), or after renewals the journal could not record), and grants
-  free keys at once, except (then the grace below, for the longest lease recorded) after a
-  reboot, or when the file may lack its last records, if the journal was not fsynced at each
-  reply;
-- waits (a restart grace, ``grace``) only when what the previous run granted cannot be known:
-  the directory holds earlier state but no journal, the journal cannot be read, or it is
-  damaged before its last record. The grace then lasts the longest lease the previous run
-  recorded (``grace``), else ``max_lease_ttl_s``;
-- a directory with nothing in it is a first start: no grace;
-- a start on the same boot as one stopped during its grace waits out the rest of it (``grace``).
+A start (``plan_start``) restores every lease of the journal still running (the rules:
+``replay``) and grants free keys at once, except as ``replay`` says; it waits (a restart grace)
+when what the previous run granted cannot be known (earlier state but no journal, or a journal
+unreadable or damaged before its last record), for the longest lease the previous run recorded,
+else ``max_lease_ttl_s``. An empty directory is a first start: no grace. A start on the same
+boot as one stopped during its grace waits out the rest of it.
 """
 
 from __future__ import annotations
@@ -99,16 +89,15 @@ class StateDir:
     def __init__(self, path: str, *, address: str | None = None) -> None:
         self.path = path
         self.address = address
-        """``host:port`` when ``path`` is that address's default directory (no --state-dir
-        given): then a server already using it is one on the same address."""
+        """``host:port`` when ``path`` is that address's default directory."""
         self._lock_fd = -1
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
     def open(self) -> None:
-        """Make and lock the directory; `ConfigError` naming ``--state-dir`` when it cannot
-        be made, or another server uses it."""
+        """Make and lock the directory; `ConfigError` when it cannot be made, or another server
+        uses it."""
         where = f"--state-dir (DFLOCKD_STATE_DIR) {self.path}"
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
@@ -135,8 +124,7 @@ class StateDir:
                 f"{where}: another dflockd (pid {owner or '?'}) is using it; two servers "
                 "cannot share a state directory: give this one its own --state-dir"
             ) from None
-        # The pid is only for the message above: a full disk does not stop the start.
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # the pid is only for the message above
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
@@ -159,22 +147,18 @@ class StartPlan:
     leases: list[RecordedGrant]
     """The leases to restore, each with its seconds left (``left``)."""
     read: JournalRead | None
-    """What was read of the journal (None: no journal read)."""
     grace_record: str | None
     """Where the longest lease granted is kept (``grace``), or None."""
     fence_file: str | None
-    """Where the fence ceiling is kept, or None."""
     journal: str | None
-    """The journal's path, or None (no journal)."""
     longest_restored: int = 0
     """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none."""
     resume: bool = False
-    """The journal was read whole and every lease comes back to its recorded end on the file's
-    own clock: the start goes on appending to it (``Journal.resume``) rather than writing every
-    lease into a new file."""
+    """Every lease comes back to its recorded end: the start goes on appending to the journal
+    (``Journal.resume``) rather than writing a new file."""
     ended: list[str] = field(default_factory=lambda: [])
     """With ``resume``: tokens of the file's grants whose lease ended before the restart (the
-    start records their end, so that no later start reads them as held)."""
+    start records their end)."""
 
 
 def plan_start(config: Config, state: StateDir | None) -> StartPlan:
@@ -194,7 +178,6 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     record = state.file(GRACE)
     fence = config.fence_state_file or state.file(FENCE)
     journal = state.file(JOURNAL)
-    earlier = state.has_earlier_state()
     why = ""
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
@@ -202,8 +185,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     # Asked before anything reads the file (a miss may start reading its last page in).
     resident = tail_resident(journal)
     try:
-        exists = os.path.exists(journal)
-        if exists:
+        if os.path.exists(journal):
             read = read_journal(journal)
     except OSError as exc:
         why = f"the journal {journal} cannot be read ({exc})"
@@ -221,15 +203,14 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 tail_lost=_tail_lost(read, complete, state.path, resident),
             )
             leases = restore.leases
-            # The records are the plan's now: let go as they are restored.
-            read.leases = RecordedGrants()
+            read.leases = RecordedGrants()  # the plan's now: let go as they are restored
             _report(journal, read)
             if read.damaged_before_tail:
                 why = (
                     f"the journal {journal} is damaged before its end ({read.damage}); the "
                     "leases recorded after the damage are unknown"
                 )
-        elif earlier:
+        elif state.has_earlier_state():
             why = (
                 f"the state directory {state.path} holds no journal (removed, or written by "
                 "a version that kept none); what the previous run granted is unknown"
@@ -267,8 +248,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
 
 def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:
     """``grace``, or what is left of the grace of a start on this boot stopped during it,
-    whichever is longer; ``grace`` where ``restart_grace_s`` forces it or there is no grace
-    record."""
+    whichever is longer."""
     if config.restart_grace_s is not None or record is None:
         return grace
     left = grace_left(record)
@@ -283,10 +263,9 @@ def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -
 
 def _tail_lost(read: JournalRead, complete: bool, directory: str, resident: bool | None) -> str:
     """Why the journal may lack its last records on this boot ("" where it cannot), its last
-    page being out of the page cache (a container's new bind of a volume that stayed mounted
-    keeps it): its file system was mounted anew since ``read``'s run wrote it, or a write
-    failed before that run ended (no ``complete`` mark: what an fsync failed to write is
-    gone)."""
+    page being out of the page cache: its file system was mounted anew since, or a write
+    failed before that run ended (no ``complete`` mark)."""
+
     if resident is not False:
         return ""
     now = mount_id(directory) if read.mount is not None else None

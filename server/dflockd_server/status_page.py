@@ -1,16 +1,10 @@
 """The status page: ``/status`` on the metrics port, a small HTML page of what the server holds.
 
-One row per held lock: its key, its holder (task name and id, worker host and pid, from the
-owner note: ``ownernotes``), how long it has been held, the lease left, the waiters, the fence
-and whether it is detached or restored from the journal; then each semaphore's holders and
-waiters. Above them, one banner per degraded state the snapshot lists (``degraded``, from
-``conditions``), or "Healthy". Under 760 px (a phone) each lock is a card, each cell captioned
-with its column (``data-label``). The page refreshes itself (``<meta http-equiv="refresh">``).
-
-It is made from a ``stats`` snapshot asked through the server's rationed snapshots
-(``snapshots``): loaded however often, it costs the loop no more than ``stats`` requests. All a
-client sent (keys, notes) is HTML-escaped, and the page loads nothing (no script, no outside
-resource; its Content-Security-Policy says so).
+One row per held lock (its holder read from the owner note: ``ownernotes``), then each
+semaphore; above them, one banner per degraded state the snapshot lists, or "Healthy". Under
+760 px each lock is a card. It is made from a ``stats`` snapshot asked through the server's
+rationed snapshots (``snapshots``), so loading it costs no more than ``stats`` requests. All a
+client sent is HTML-escaped, and the page loads nothing (no script, no outside resource).
 """
 
 from __future__ import annotations
@@ -30,17 +24,15 @@ from dflockd_server.snapshots import Asker
 __all__ = ["PATH", "HolderNote", "StatusPage", "holder_of", "route"]
 
 PATH: Final = "/status"
-"""Where the metrics port serves the page (``/metrics`` and any other path: the metrics)."""
 REFRESH_S: Final = 2
 """The page reloads itself this often (``?refresh=N`` for another period, 0 for never)."""
 _MAX_REFRESH_S: Final = 3600
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-"""A WSGI application (the metrics' one, and the router around it)."""
 
 
 class _Reply:
-    """The ``stats`` reply a page waits for (the snapshots' ``Asker``), across threads."""
+    """The ``stats`` reply a page waits for, across threads."""
 
     __slots__ = ("future",)
 
@@ -65,7 +57,6 @@ class StatusPage:
         self._call_soon = call_soon
         self._ask = ask
         self.title = title
-        """Who the page is about: ``dflockd-server <version> on <host:port>``."""
 
     def snapshot(self, timeout: float = c.METRICS_SCRAPE_TIMEOUT_S) -> dict[str, Any]:
         """The server's ``stats``, asked on its loop (call from another thread)."""
@@ -121,7 +112,6 @@ _HEADERS: Final = (
     ("X-Content-Type-Options", "nosniff"),
     ("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'"),
 )
-"""The page's response headers (a new list each time: the server adds to the one it gets)."""
 
 
 def _refresh(raw: str) -> int:
@@ -168,8 +158,7 @@ td.none { color: #888; }
 
 
 def _cell(label: str, value: object, kind: str = "") -> str:
-    """One ``<td>`` of the column ``label`` (a card's caption on a narrow screen), its text
-    escaped (``None``: a dash)."""
+    """One ``<td>`` of the column ``label`` (a card's caption), its text escaped."""
     caption = f' data-label="{html.escape(label)}"'
     if value is None or value == "":
         return f'<td class="none"{caption}>-</td>'
@@ -178,7 +167,6 @@ def _cell(label: str, value: object, kind: str = "") -> str:
 
 
 def _row(columns: tuple[str, ...], values: Iterable[tuple[object, str]]) -> str:
-    """A ``<tr>`` of one ``_cell`` per column: ``values`` holds each one's value and kind."""
     cells = (
         _cell(label, value, kind) for label, (value, kind) in zip(columns, values, strict=True)
     )
@@ -281,8 +269,8 @@ def _page(title: str, refresh: int, parts: Iterable[str]) -> str:
 
 
 def _banners(stats: dict[str, Any]) -> list[str]:
-    """One banner per degraded state the snapshot lists (``degraded``, from ``conditions``),
-    the errors first; "Healthy" when there is none."""
+    """One banner per degraded state the snapshot lists, the errors first; else "Healthy"."""
+
     found = _items(stats, "degraded")
     if not found:
         return ['<p class="banner ok" data-condition="healthy"><strong>Healthy</strong>: '

@@ -1,13 +1,11 @@
 """A connection's byte side: its transport, TLS session, flow control and timers.
 
 ``Stream`` reads and writes bytes (through the TLS session on a TLS server), pauses reading
-while the replies go unread (``pause_writing``), while a blocking request or a later pass holds
-up a full buffer, or for a fragment delay (a sender whose reads keep ending mid-request), and
-keeps the read, write and handshake timers. What the bytes mean is its connection's business
-(``connection.Connection``, which has a stream: the request loop). While the lease journal has
-records not yet written, a stream holds its replies back for ``GroupWrite``: one write of the
-journal per turn of the loop, for every connection, before any of those replies leaves; a
-connection alone in its turns writes the journal itself, just before its replies."""
+while the replies go unread, while a blocking request holds up a full buffer, or for a fragment
+delay (a sender whose reads keep ending mid-request), and keeps the read, write and handshake
+timers. What the bytes mean is ``connection.Connection``'s business. While the lease journal
+has records not yet written, a stream holds its replies back for ``GroupWrite``: one write of
+the journal per turn of the loop, for every connection, before any of those replies leaves."""
 
 from __future__ import annotations
 
@@ -35,7 +33,6 @@ class StreamHost(Protocol):
     journal: Journal | None
 
     clock: Callable[[], float]
-    """The loop's time (``loop.time`` or the same clock without its wrapper)."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
@@ -55,48 +52,36 @@ class StreamHost(Protocol):
 
 class GroupWrite:
     """The lease journal's group write, once per turn of the loop in which connections held
-    replies back for it (``Stream.send``): one write (and with ``--journal-fsync always`` one
-    fsync) for every connection of the turn, then each sends what it held back. If the journal
-    cannot be written (``Journal.writable`` turns False), no connection is dropped and no lock
-    freed: the batch's grants are undone (``undo``: nobody was told of them) and their replies
-    become ``error_read_only``; every other reply (renewals, releases, ``ping``, ``stats``)
-    leaves as usual, and the server grants nothing until the journal can be written again
-    (``net.Server``'s sweep).
+    replies back for it: one write (and with ``--journal-fsync always`` one fsync) for every
+    connection of the turn, then each sends what it held back. If the journal cannot be
+    written, no connection is dropped and no lock freed: the batch's grants are undone (nobody
+    was told of them) and their replies become ``error_read_only``; every other reply leaves as
+    usual, and the server grants nothing until the journal can be written again.
 
     A lone connection writes the journal itself (``direct``): after ``JOURNAL_LONE_TURNS`` group
-    writes in a row of one connection's replies each, unless the fsync is ``always`` (whose
-    fsync per turn connections share), each connection writes the buffered records just before
-    its replies, for ``JOURNAL_DIRECT_WRITES`` writes; then the group write looks again. At one
-    connection, holding replies back cost more than the write it waited for (a callback per
-    request: about 7,500 of the compiled server's 52,000 instructions per ``hl`` + ``r`` pair on
-    uvloop); with several connections in a turn, one write for all and their replies sent
-    together cost less CPU per pair than a write each (benchmarks/results/ab/issue-28.md).
-
-    Compiled (server/hatch_build.py): it runs once per turn, at one connection once per request.
+    writes in a row of one connection's replies each (unless the fsync is ``always``), each
+    connection writes the buffered records just before its replies, for
+    ``JOURNAL_DIRECT_WRITES`` writes; then the group write looks again. At one connection,
+    holding replies back costs more than the write it waits for.
     """
 
     def __init__(self, call_soon: Callable[[Callable[[], None]], object]) -> None:
         self._call_soon = call_soon
-        """The loop's ``call_soon``: the write runs after this turn's callbacks (uvloop's in the
-        same turn, asyncio's own loop's in the next: ``loops``)."""
         self.journal: Journal | None = None
         """The server's journal while it runs (None once closed: replies go out unwritten)."""
         self.streams: list[Stream] = []
         """The connections whose replies wait for the next write."""
-        self._write_soon: Callable[[], None] = self.write
-        """``write``, bound once (not a bound method made per turn of the loop)."""
+        self._write_soon: Callable[[], None] = self.write  # bound once
         self.direct = False
         """Connections write the journal themselves before their replies (``write_for``)."""
         self.lone = 0
         """Group writes in a row that held back one connection's replies."""
         self.direct_left = 0
-        """Direct writes left before the group write looks again."""
         self.undo: Callable[[str, str], object] | None = None
         """Releases a grant (key, token) nobody was told of (the table's ``release``)."""
 
     def hold_back(self, stream: Stream) -> None:
-        """``stream`` holds replies back until the journal is written: do that once for
-        every connection of this turn of the loop, just after it."""
+        """``stream`` holds replies back until the journal is written (once per turn)."""
         if not self.streams:
             self._call_soon(self._write_soon)
         self.streams.append(stream)
@@ -166,7 +151,6 @@ def refuse_replies(data: bytes, tokens: list[bytes]) -> bytes:
 class Stream:
     """One connection's bytes (see the module's doc)."""
 
-    # Slots: an instance dict cost about 1.6 KB per connection (benchmarks.scale's tracemalloc).
     __slots__ = (
         "_group_write",
         "_host",
@@ -205,8 +189,7 @@ class Stream:
         self.ip = ""
         self.busy = False  # a request in flight (the connection sets it): no read timeout
         self.idle_ok: Callable[[], bool] | None = None
-        """True while its silence is no sign of a dead peer: the connection belongs to a live
-        client session, kept alive by its client (the read timeout then spares it)."""
+        """True while its silence is no sign of a dead peer (a live client session's)."""
         self.more_scheduled = False  # buffered requests left for a later pass (fairness)
         self.closing = False
         self.tls: TlsSession | None = None  # on a TLS server: the session over this connection
@@ -222,16 +205,13 @@ class Stream:
         self._host = server
         self._group_write = server.group_write
         self.journal = server.journal
-        """Written before any reply leaves: a client is never told of a grant, renewal or
-        release the journal does not hold."""
+        """Written before any reply leaves: a client is never told of what it does not hold."""
         self.held: list[bytes] | None = None
-        """Replies held back until the server's next group write of the journal (its
-        records first), in order; None when none is."""
+        """Replies held back until the server's next group write of the journal."""
         self.close_when_sent = False
-        """A close asked for while replies were held back: done once they are sent."""
         self.unsent: list[bytes] | None = None
-        """Replies held back that were dropped unsent, the transport closing first (the
-        connection frees a waiter's grant among them)."""
+        """Replies held back that were dropped unsent (the connection frees a waiter's grant
+        among them)."""
 
     def open(self, transport: asyncio.Transport) -> None:
         """Start the stream of an admitted connection: buffer limits, timers, TLS."""
@@ -260,17 +240,13 @@ class Stream:
             self._host.handshake_ended(self)
 
     def set_peer(self, peer: Any) -> None:
-        """Record the peer's address (``peername``, or what ``accept`` returned)."""
         if isinstance(peer, tuple) and peer:
             self.ip = str(peer[0])  # pyright: ignore[reportUnknownArgumentType]
             self.peer = f"{self.ip}:{peer[1]}"
 
-    # ------------------------------------------------------------------ TLS
     def decrypt(self, tls: TlsSession, data: bytes) -> bytes:
-        """The request bytes that ``data`` completes (``b""``: none yet, or the connection
-        closes, or the peer ended its session: ``tls.peer_closed``, which the connection takes
-        as its EOF); sends what the TLS session has to send, and ends the handshake's timer and
-        slot when the handshake is done."""
+        """The request bytes that ``data`` completes (``b""``: none yet, the connection
+        closes, or ``tls.peer_closed``); sends what the TLS session has to send."""
         transport = self.transport
         assert transport is not None
         was_done = tls.handshake_done
@@ -301,10 +277,8 @@ class Stream:
             self.abort()
 
     def send(self, transport: asyncio.Transport, data: bytes) -> None:
-        """Write reply bytes (through the TLS session on a TLS connection) after the journal's
-        records not written yet: held back, with this connection's later ones, for the turn's
-        group write (then ``send_held``), or, while connections are alone in their turns
-        (``GroupWrite.direct``), after ``GroupWrite.write_for``."""
+        """Write reply bytes after the journal's records not written yet: held back for the
+        turn's group write, or, in ``GroupWrite.direct``, after ``GroupWrite.write_for``."""
         journal = self.journal
         if journal is not None and (journal.buf or self.held is not None):
             group_write = self._group_write
@@ -325,8 +299,7 @@ class Stream:
             self.held = [refuse_replies(data, tokens) for data in held]
 
     def send_held(self) -> None:
-        """The journal holds the records: send the replies held back (then close, if a close
-        was asked for meanwhile)."""
+        """The journal holds the records: send the replies held back (then close, if asked)."""
         held, self.held = self.held, None
         transport = self.transport
         if held is None:
@@ -376,16 +349,10 @@ class Stream:
                 self._host.config.write_timeout_s, self._write_timer_fired
             )
 
-    # ------------------------------------------------------------------ timers
     def delay_reading(self) -> None:
-        """Stop reading, for a fragment delay, a sender whose reads keep ending mid-request.
-
-        Each byte of a slowloris client costs the server a wake-up and a read; read after a
-        delay, its bytes come in one read instead. The delays double while the sender keeps
-        dripping, and their jitter keeps drippers that started together from being read
-        again together, in bursts that whole requests from other clients would wait behind.
-        A client that sends whole requests never gets here; a request that straddles three
-        reads or more waits ``FRAGMENT_READ_DELAY_S`` (jittered) for its third."""
+        """Stop reading, for a fragment delay, a sender whose reads keep ending mid-request:
+        read after a delay, a slowloris client's bytes come in one read, not one wake-up each.
+        The delays double while the sender keeps dripping; their jitter spreads drippers out."""
         if self.delay_timer is not None:
             return  # already waiting one out (a read the loop had in hand when it paused)
         self.read_delayed = True
@@ -405,8 +372,7 @@ class Stream:
             return
         timeout = self._host.config.read_timeout_s
         idle = self.clock() - self.last_rx
-        if self.read_delayed:
-            # Bytes may be waiting unread: judge idleness once the delay is over.
+        if self.read_delayed:  # bytes may be waiting unread: judge once the delay is over
             self.read_timer = self.loop.call_later(
                 max(timeout - idle, self._host.longest_fragment_delay), self._read_timer_fired
             )
@@ -425,7 +391,6 @@ class Stream:
             log.debug("connection %s: replies unread for the write timeout, dropping", self.peer)
             self.abort()
 
-    # ------------------------------------------------------------------ helpers
     def abort(self) -> None:
         """Close at once, dropping what is unsent."""
         self.closing = True

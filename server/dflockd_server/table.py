@@ -1,34 +1,30 @@
 """The lock table: locks and semaphores, FIFO queues, leases. Pure state, no I/O.
 
 A key is one resource, as in dflockd Go: a lock is a semaphore of limit 1. The first acquire on
-an idle key fixes its limit (1 for ``l`` / ``e``, N for ``sl`` / ``se``) and its kind (in
-``stats`` and the metrics); an acquire with another limit while the key has holders or waiters
-is refused (``LimitMismatch``), so a lock and a semaphore never overlap on one key. Renew and
-release take any token of the key, whichever command granted it.
-
-Clock and token generator are injected, so tests drive the table step by step. A waiter
-granted later is announced through its ``wake`` callback once the table has finished changing.
+an idle key fixes its limit and kind; an acquire with another limit while the key has holders or
+waiters is refused (``LimitMismatch``). Renew and release take any token of the key, whichever
+command granted it. Clock and token generator are injected, so tests drive the table step by
+step; a waiter granted later is announced through its ``wake`` callback once the table has
+finished changing.
 
 A table made with ``grace_s > 0`` is in its restart grace until ``clock() + grace_s``: every
-key counts as busy (acquires wait in the FIFO queue or time out), and the waiters are granted,
-in order, once the grace is over (at the next acquire, enqueue or ``expire``). Before a lease
-longer than ``lease_noted`` is granted or renewed, ``note_lease`` is called (it persists the
-bound the next start's grace relies on) and may refuse by raising.
+key counts as busy, and the waiters are granted, in order, once the grace is over. Before a
+lease longer than ``lease_noted`` is granted or renewed, ``note_lease`` is called (it persists
+the bound the next start's grace relies on) and may refuse by raising.
 
-A grant is one ``Holder`` whoever keeps it alive: a connection (until its close ends it, or,
-for a session, cuts its lease short), no connection (a detached hold, ``hl`` mode ``d`` or
-``hd``: the ``detached`` client's, which no close releases), or nobody yet (restored from the
-journal: the ``restored`` client's, until a connection renews it: a reattach by token). ``ht``
-takes a detached grant over for a connection, with the ``<onclose>`` lease it is detached with
-again when that connection closes.
+A grant is one ``Holder`` whoever keeps it alive: a connection, no connection (a detached hold,
+``hl`` mode ``d`` or ``hd``: the ``detached`` client's), or nobody yet (restored from the
+journal: the ``restored`` client's, until a connection renews it by token). ``ht`` takes a
+detached grant over for a connection, with the ``<onclose>`` lease it is detached with again
+when that connection closes.
 
-This module is the table's face: ``LockTable``, the operations the requests, the journal, the
-sweeps and the status call, and the records they use (defined in ``keys``). The state and
-steps are its ``grants.Grants``; the expiry index and idle log are in ``leases``.
+``LockTable`` is the table's face; the state and steps are its ``grants.Grants``, the records
+are in ``keys``, the expiry index and idle log in ``leases``.
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +48,6 @@ from dflockd_server.keys import (
     MaxWaiters,
     TableError,
     Waiter,
-    lock_state,
 )
 from dflockd_server.leases import COMPACT_MIN
 
@@ -75,23 +70,10 @@ __all__ = [
 
 
 _EXPIRES_AT = operator.attrgetter("expires_at")
-"""What restored holders whose ends are not in order are sorted by (``restore_all``)."""
-
-
-def _ends_in_order(leases: list[RecordedGrant]) -> bool:
-    """Whether ``leases`` end in the order listed (the common case). A renewal moves a grant's
-    end but not its place in the journal, and an ``<onclose>`` or longer lease may end after a
-    later grant."""
-    last = float("-inf")
-    for rec in leases:
-        if rec.left < last:
-            return False
-        last = rec.left
-    return True
 
 
 class LockTable:
-    """All locks and semaphores of one server: the operations on them (state in ``grants``)."""
+    """All locks and semaphores of one server."""
 
     def __init__(
         self,
@@ -111,9 +93,7 @@ class LockTable:
     ) -> None:
         self.clock = clock
         self.auto_release_on_disconnect = auto_release_on_disconnect
-        """Whether a close by the peer ends the connection's grants (see ``disconnect``)."""
         self.session_ttl_s = session_ttl_s
-        """How long the grants of a session connection outlive its close by the peer."""
         self.grants = Grants(
             clock=clock,
             new_token=new_token,
@@ -126,12 +106,9 @@ class LockTable:
             note_lease=note_lease,
             lease_noted=lease_noted,
         )
-        """The key map, queues and leases, and the steps that grant, move and free a grant."""
         self._next_client_id = 0
         self.sessions: dict[str, ClientSession] = {}
-        """The live client sessions by id (``join_session``)."""
 
-    # ------------------------------------------------------------------ restart grace
     def grace_remaining(self) -> float:
         """Seconds of restart grace left (0 once over); ends the grace when it is due."""
         grants = self.grants
@@ -143,16 +120,14 @@ class LockTable:
         grants.flush()
         return 0.0
 
-    # ------------------------------------------------------------------ clients
     def open_client(self) -> Client:
         self._next_client_id += 1
         return Client(self._next_client_id)
 
-    # ------------------------------------------------------------------ client sessions
     def join_session(self, client: Client, session_id: str, ttl: int) -> None:
-        """``hello _ session <id> <ttl>``: ``client`` joins the session ``session_id``, made if
-        none (a run-out one ends first), living ``ttl`` seconds from now unless kept alive (an
-        existing one too). A connection of another session leaves it, with its grants."""
+        """``hello _ session <id> <ttl>``: ``client`` joins the session (made if none, or if
+        run out), which lives ``ttl`` seconds from now unless kept alive. A connection of
+        another session leaves it, with its grants."""
         now = self.clock()
         session = self.sessions.get(session_id)
         if session is not None and session.expires_at <= now:
@@ -172,15 +147,14 @@ class LockTable:
         session.clients.append(client)
 
     def end_session(self, session_id: str) -> None:
-        """``hello _ session <id> 0``: a clean close; the session ends now."""
+        """``hello _ session <id> 0``: the session ends now."""
         session = self.sessions.get(session_id)
         if session is not None:
             self._end_session_of(session, self.clock())
 
     def keep_alive(self, session_id: str) -> bool:
         """``ping _ session <id>``: the session lives ``ttl`` seconds more from now, and each
-        of its grants its own lease (a journal record at most once a lease per grant).
-        ``False`` when there is no such session (never made, or ended: its grants are gone)."""
+        of its grants its own lease. ``False`` when there is no such session."""
         session = self.sessions.get(session_id)
         if session is None:
             return False
@@ -204,8 +178,8 @@ class LockTable:
         return True
 
     def _end_session_of(self, session: ClientSession, now: float) -> None:
-        """The session ends: with auto-release on, so does every grant of its connections (off:
-        they run to their lease's end). Its open connections go on alone."""
+        """The session ends: with auto-release on, so does every grant of its connections. Its
+        open connections go on alone."""
         del self.sessions[session.id]
         ending: list[Holder] = []
         for client in session.clients:
@@ -213,8 +187,7 @@ class LockTable:
             ending += [h for h in client.held if h.live and h.client is client]
         session.clients = []
         if self.auto_release_on_disconnect:
-            # Taken before any is freed: freeing one may grant its key to an open connection of
-            # this session, and that new grant is not the session's to end.
+            # Listed before any is freed: a key freed may go to a connection of this session.
             self._lose(ending, now)
         self.grants.flush()
 
@@ -232,14 +205,10 @@ class LockTable:
     def disconnect(self, client: Client, *, by_peer: bool = True) -> None:
         """The connection is gone: drop its waits, detach the grants it took over with ``ht``
         and an ``<onclose>`` lease, and end the rest as docs/protocol.md says ("Tokens, leases
-        and disconnects"). ``by_peer``: the peer closed it (EOF or reset: a killed client, a
-        network reset); False: this server did (a timeout, a journal it could not write, a
-        drain), which frees nothing early.
-
-        With auto-release on, a peer's close frees a plain connection's grants at once (what
-        dflockd clients expect), and cuts a session connection's to end at most
-        ``session_ttl_s`` from now, so its client, counting the same time from before, knows
-        of the loss first and may reattach by token meanwhile. Detached holds stay."""
+        and disconnects"). ``by_peer``: the peer closed it; False: this server did, which frees
+        nothing early. With auto-release on, a peer's close frees a plain connection's grants
+        at once and cuts a session connection's to end at most ``session_ttl_s`` from now, so
+        its client, counting the same time from before, knows of the loss first."""
         grants = self.grants
         now = self.clock()
         client.closed = True
@@ -266,8 +235,7 @@ class LockTable:
         grants.flush()
 
     def _end_session(self, client: Client, now: float) -> None:
-        """A session connection closed by its peer: each grant ends at the latest
-        ``session_ttl_s`` from ``now``."""
+        """A session connection closed by its peer: each grant ends by ``session_ttl_s``."""
         grants = self.grants
         ttl = self.session_ttl_s
         end = now + ttl
@@ -281,7 +249,6 @@ class LockTable:
                 state.earliest = end
             grants.leases.add(holder, end, ttl)
 
-    # ------------------------------------------------------------------ acquire
     def acquire(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
         self,
         client: Client,
@@ -295,7 +262,7 @@ class LockTable:
     ) -> Holder | Waiter | None:
         """Grant at once (a ``Holder``), queue (a ``Waiter``, if ``queue``), or ``None``.
         ``limit``: ``None`` for a lock. Raises ``LimitMismatch`` when the key is busy with
-        another limit. ``note``: the grant's owner note (``hl``); ``detached``: see ``hold``."""
+        another limit."""
         grants = self.grants
         now = self.clock()
         try:
@@ -336,14 +303,13 @@ class LockTable:
     def hold(
         self, client: Client, key: str, lease_ttl: int, note: str, *, detached: bool, queue: bool
     ) -> Holder | Waiter | None:
-        """``hl``: acquire the lock ``key`` with the owner note ``note``. A ``detached`` grant
-        is the ``detached`` client's, not ``client``'s: closing ``client`` does not free it
-        (its wait is dropped as any wait is)."""
+        """``hl``: acquire the lock ``key`` with the owner note ``note``; a ``detached`` grant
+        is not ``client``'s: closing ``client`` does not free it."""
         return self.acquire(client, key, lease_ttl, None, queue=queue, note=note, detached=detached)
 
     def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
-        """``hd``: detach the grant ``token`` holds on the lock ``key`` from its connection, if
-        any, with ``lease_ttl`` from now; ``False`` if ``token`` holds no lock on ``key``."""
+        """``hd``: detach the grant ``token`` holds on the lock ``key`` from its connection,
+        with ``lease_ttl`` from now; ``False`` if ``token`` holds no lock on ``key``."""
         grants = self.grants
         holder = grants.holder_of(key, token)
         if holder is None or not grants.is_lock_grant(holder):
@@ -366,11 +332,10 @@ class LockTable:
         on_close: int | None,
     ) -> Holder | None:
         """``ht``: bind the detached grant ``token`` holds on the lock ``key`` to ``client``
-        (same token, so same fence), with ``lease_ttl`` from now and ``note``. At ``client``'s
-        close it is released (``on_close`` ``None``) or detached again for ``on_close``
-        seconds. ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant
-        is bound to a live connection (this one included), ``MaxLocks`` if ``client`` or its
-        address is at its cap (``shares.AddressShares.check_rebind``)."""
+        (same token and fence), with ``lease_ttl`` from now and ``note``. At ``client``'s close
+        it is released (``on_close`` ``None``) or detached again for ``on_close`` seconds.
+        ``None`` if ``token`` holds no lock on ``key``; raises ``Bound`` if the grant is bound
+        to a live connection, ``MaxLocks`` if ``client`` or its address is at its cap."""
         grants = self.grants
         holder = grants.holder_of(key, token)
         if holder is None or not grants.is_lock_grant(holder):
@@ -395,7 +360,7 @@ class LockTable:
         return owner is self.grants.detached or (owner.closed and owner.kept_by is None)
 
     def holder_note(self, key: str) -> str | None:
-        """The owner note of the lock ``key``'s holder (``None``: no holder, or it gave none)."""
+        """The owner note of the lock ``key``'s holder, if any."""
         entry = self.grants.keys.get(key)
         if entry is None:
             return None
@@ -405,8 +370,7 @@ class LockTable:
         return one.note if one is not None else None
 
     def set_note(self, key: str, token: str, note: str) -> bool:
-        """``note``: replace the owner note of the grant ``token`` holds on ``key``; ``False``
-        if it holds none."""
+        """``note``: replace the owner note of ``token``'s grant on ``key``; ``False`` if none."""
         grants = self.grants
         holder = grants.holder_of(key, token)
         if holder is None:
@@ -416,7 +380,6 @@ class LockTable:
             grants.journal.note(token, note)
         return True
 
-    # ------------------------------------------------------------------ two-phase
     def enqueue(self, client: Client, key: str, lease_ttl: int, limit: int | None) -> Waiter:
         """Two-phase step 1: a waiter, already granted (``holder`` set) or queued."""
         grants = self.grants
@@ -450,8 +413,7 @@ class LockTable:
                 grants.flush()
 
     def find_enqueued(self, client: Client, key: str) -> Waiter | None:
-        """Two-phase step 2: the client's pending enqueue on ``key`` (leases checked first),
-        made by ``e`` or ``se`` alike."""
+        """Two-phase step 2: the client's pending enqueue on ``key`` (leases checked first)."""
         waiter = client.enqueued.get(key)
         if waiter is not None and waiter.holder is not None:
             grants = self.grants
@@ -478,7 +440,6 @@ class LockTable:
             self.forget_enqueued(waiter)
             grants.flush()
 
-    # ------------------------------------------------------------------ renew / release
     def release(self, key: str, token: str) -> bool:
         """Release the slot ``token`` holds on ``key``; ``False`` if it holds none."""
         grants = self.grants
@@ -510,9 +471,8 @@ class LockTable:
         return True
 
     def force_release(self, key: str) -> list[Holder]:
-        """``fr``: free every grant on ``key``, whoever holds it, as a release does; the next
-        waiters are granted at once, with new tokens (higher fences). A lease already run out
-        expires as usual, not counted. Returns the grants freed (their notes, for the log)."""
+        """``fr``: free every grant on ``key``, whoever holds it, as a release does (a lease
+        already run out expires as usual). Returns the grants freed."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -541,9 +501,9 @@ class LockTable:
         self, key: str, token: str, lease_ttl: int, client: Client | None = None
     ) -> int | None:
         """Extend the lease to now + ``lease_ttl``; ``None`` if ``token`` does not hold ``key``.
-        A grant whose connection is gone (or restored) becomes ``client``'s: a reattach by
-        token, with its ``<onclose>`` lease; ``MaxLocks``, the grant unchanged, when that adds
-        a grant to an address at its cap."""
+        A grant whose connection is gone (or restored) becomes ``client``'s (a reattach by
+        token); ``MaxLocks``, the grant unchanged, when that adds a grant to an address at its
+        cap."""
         grants = self.grants
         entry = grants.keys.get(key)
         if entry is None:
@@ -568,11 +528,10 @@ class LockTable:
     def _extend(
         self, holder: Holder, entry: Entry, lease_ttl: int, expires_at: float, *, ahead: bool
     ) -> None:
-        """The live grant ``holder`` (``entry``: its key's) now runs to ``expires_at`` with
-        ``lease_ttl`` (a renewal, a session kept alive). A journal record is written when the
-        new end passes what the records cover, or the lease grows; ``ahead``: it covers a lease
-        past the end (one record a lease per grant, not per keep-alive; a restart restores no
-        more than a lease from its start anyway)."""
+        """The live grant ``holder`` now runs to ``expires_at`` with ``lease_ttl``. A journal
+        record is written when the new end passes what the records cover, or the lease grows;
+        ``ahead``: it covers a lease past the end (one record a lease per grant, not per
+        keep-alive)."""
         journal = self.grants.journal
         if journal is not None:
             covered = holder.covered
@@ -594,9 +553,8 @@ class LockTable:
         self.grants.leases.add(holder, expires_at, lease_ttl)
 
     def restore(self, rec: RecordedGrant, left: float, now: float) -> Holder | None:
-        """Put back a grant read from the lease journal, ``left`` seconds from its end (owner:
-        ``detached`` or ``restored``). ``None`` when the key is full or fixed with another
-        limit (a journal that contradicts itself). ``restore_all`` indexes its expiry."""
+        """Put back a grant read from the lease journal, ``left`` seconds from its end. ``None``
+        when the key is full or fixed with another limit (a journal that contradicts itself)."""
         key, token, limit, lease_ttl = rec.key, rec.token, rec.limit, rec.lease_ttl
         is_sem, detached, on_close = rec.is_sem, rec.detached, rec.on_close
         grants = self.grants
@@ -605,8 +563,7 @@ class LockTable:
         holder = Holder(token, key, owner, lease_ttl, expires_at, since=now)
         holder.note = rec.note
         keys = grants.keys
-        # a lock: the holder is the key's entry, unless the key has one (one look-up: a
-        # million of them are a second of a restart)
+        # a lock: the holder is the key's entry, unless the key has one (one look-up)
         entry = keys.setdefault(key, holder) if limit == 1 and not is_sem else keys.get(key)
         if entry is not holder:
             if entry is None:
@@ -633,23 +590,17 @@ class LockTable:
         return holder
 
     def restore_all(self, leases: list[RecordedGrant]) -> tuple[int, int, list[RecordedGrant]]:
-        """``restore`` each of ``leases`` (from one reading of the clock), emptying the list as
-        it goes, and index their expiries in the order of their ends. Returns the grants
-        restored, the highest fence among them, and the records not restored.
-
-        Records are taken in the order given (about their making), each let go as the next
-        holder is made: records made together come free together and the holders take that
-        memory, leaving no holes (in order of their ends, a journal rewritten by key freed
-        scattered pieces: about 90 MB more after restoring a million leases). Nothing in the
-        index is stale yet: it is not compacted meanwhile."""
+        """``restore`` each of ``leases``, emptying the list as it goes (records made together
+        come free together and the holders take that memory, leaving no holes), and index
+        their expiries in the order of their ends. Returns the grants restored, the highest
+        fence among them, and the records not restored."""
         index = self.grants.leases
         index.cap = 1 << 62
         restored = highest = 0
         last = ""  # the largest token of the usual width: its fence is the largest of theirs
         refused: list[RecordedGrant] = []
-        # Ends in order (the usual): indexed as restored; else once all are, sorted (a sorted
-        # list of a million holders costs RSS).
-        in_order = _ends_in_order(leases)
+        # ends in order (the usual): indexed as restored; else once all are, sorted
+        in_order = all(a.left <= b.left for a, b in itertools.pairwise(leases))
         holders: list[Holder] = []
         leases.reverse()
         pop = leases.pop
@@ -682,36 +633,22 @@ class LockTable:
 
     def live_holders(self) -> list[tuple[Holder, KeyState | None, int | None]]:
         """Every grant held now, with its key's state (``None``: a lock that keeps none) and
-        its ``<onclose>`` lease (the journal's compaction and first file)."""
+        its ``<onclose>`` lease."""
         out: list[tuple[Holder, KeyState | None, int | None]] = []
         for entry in self.grants.keys.values():
             if isinstance(entry, Holder):
-                if entry.live:
-                    leases = entry.client.on_close
-                    out.append((entry, None, leases.get(entry) if leases else None))
-                continue
-            if not entry.n_held:
-                continue
-            holders = [entry.one] if entry.one is not None else list((entry.many or {}).values())
+                state, holders = None, [entry] if entry.live else []
+            else:
+                state, holders = entry, list(entry.holders.values())
             for holder in holders:
                 leases = holder.client.on_close
-                out.append((holder, entry, leases.get(holder) if leases else None))
+                out.append((holder, state, leases.get(holder) if leases else None))
         return out
 
-    def key_state(self, key: str) -> KeyState | None:
-        """The state of ``key`` for reading, or ``None`` if the table has no entry for it (a
-        lock that keeps none gets one made up)."""
-        entry = self.grants.keys.get(key)
-        if entry is None or isinstance(entry, KeyState):
-            return entry
-        return lock_state(entry) if entry.live else KeyState(key, False, 1, entry.expires_at)
-
     def busy_keys(self) -> list[str]:
-        """The keys held or queued on now."""
         return [key for key, entry in self.grants.keys.items() if self._busy(entry)]
 
     def is_busy(self, key: str) -> bool:
-        """Whether ``key`` is held or queued on now."""
         entry = self.grants.keys.get(key)
         return entry is not None and self._busy(entry)
 
@@ -723,7 +660,7 @@ class LockTable:
 
     @property
     def queued(self) -> int:
-        """Acquires queued now, on every key (a scan: not for the request path)."""
+        """Acquires queued now, on every key (a scan)."""
         return sum(e.n_waiting for e in self.grants.keys.values() if isinstance(e, KeyState))
 
     @property
@@ -734,8 +671,7 @@ class LockTable:
         return sum(counts.restored) + sum(counts.grants) - sum(sum(pair) for pair in ended)
 
     def drop_queued(self) -> int:
-        """Take every waiter out of every queue (a drain); returns how many. The connections
-        answer their blocked requests."""
+        """Take every waiter out of every queue (a drain); returns how many."""
         now = self.clock()
         dropped = 0
         for state in list(self.grants.keys.values()):
@@ -756,10 +692,8 @@ class LockTable:
             self.grants.idle.note(self.grants.keys, state)
         return dropped
 
-    # ------------------------------------------------------------------ maintenance
     def expire(self) -> int:
-        """Expire every lease that has run out; returns how many (cost: ``LeaseIndex.due``'s,
-        never a scan of the table)."""
+        """Expire every lease that has run out; returns how many (no scan of the table)."""
         grants = self.grants
         now = self.clock()
         expired = 0
@@ -780,11 +714,11 @@ class LockTable:
         return expired
 
     def gc(self, max_idle_s: float) -> int:
-        """Forget keys idle for at least ``max_idle_s`` (cost: the keys forgotten, ``IdleLog``)."""
+        """Forget keys idle for at least ``max_idle_s``."""
         return self.grants.idle.prune(self.grants.keys, self.clock(), max_idle_s)
 
     def occupancy(self, is_sem: bool) -> tuple[int, int, int]:
-        """``(keys, holders, waiters)`` of one kind right now (leases are not swept here)."""
+        """``(keys, holders, waiters)`` of one kind right now."""
         keys = holders = waiters = 0
         for state in self.grants.keys.values():
             if isinstance(state, Holder):
@@ -840,12 +774,10 @@ class LockTable:
             "semaphores": sems,
             "idle_locks": idle_locks,
             "idle_semaphores": idle_sems,
-            # (after expire: still in the grace only before its end)
             "grace_remaining_s": round(grants.grace_until - now, 3) if grants.in_grace else 0.0,
         }
 
     def _lock_stats(self, key: str, holder: Holder, waiters: int, now: float) -> dict[str, Any]:
-        """A held lock's entry of ``stats``."""
         return {
             "key": key,
             "owner_conn_id": holder.client.id,

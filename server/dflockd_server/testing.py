@@ -34,11 +34,8 @@ def _connectable(host: str) -> str:
 
 
 class ServerThread:
-    """A ``Server`` on its own event loop in a daemon thread.
-
-    ``with ServerThread(Config(host="127.0.0.1", port=0)) as s: s.address`` -- ``stop()`` is
-    graceful and idempotent; a new ``ServerThread(Config(port=s.port))`` restarts on the port.
-    """
+    """A ``Server`` on its own event loop in a daemon thread
+    (``with ServerThread(Config(host="127.0.0.1", port=0)) as s: s.address``)."""
 
     def __init__(
         self,
@@ -47,10 +44,8 @@ class ServerThread:
         loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
         ownership: Ownership | None = None,
     ) -> None:
-        """``loop_factory``: the loop to run on (default: what ``dflockd`` runs by default,
-        uvloop's where installed, else asyncio's). ``ownership`` (testing): serve by it instead
-        of what the config makes (e.g. a fixed cluster-style map; swap it later with
-        ``server.set_ownership``)."""
+        """``loop_factory``: the loop to run on (default: what ``dflockd`` runs). ``ownership``:
+        serve by it instead of what the config makes."""
         self.config = config or Config(host="127.0.0.1", port=0)
         self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = (
             loop_factory or default_loop_factory()
@@ -65,7 +60,6 @@ class ServerThread:
         self._port = 0
         self._host = self.config.host
 
-    # ------------------------------------------------------------------ address
     @property
     def host(self) -> str:
         return self._host
@@ -87,7 +81,6 @@ class ServerThread:
         host = _connectable(address[0])
         return f"http://{f'[{host}]' if ':' in host else host}:{address[1]}/metrics"
 
-    # ------------------------------------------------------------------ lifecycle
     def start(self) -> ServerThread:
         """Start serving (idempotent); raises what the server raised if it cannot start."""
         if self._thread is not None:
@@ -122,11 +115,9 @@ class ServerThread:
         await self.server.serve_forever()
 
     def stop(self, *, drain: bool = False) -> None:
-        """Stop and wait for the thread to end (idempotent). By default as a killed server goes,
-        seen from its clients: every connection closed at once, the locks gone unless a state
-        directory's journal keeps them for the next start on it. ``drain=True`` stops it as
-        SIGTERM does: nothing more is granted, holders may renew and release for up to
-        ``shutdown_timeout_s``."""
+        """Stop and wait for the thread to end (idempotent): by default every connection closed
+        at once, as a killed server goes; ``drain=True`` as SIGTERM does."""
+
         with self._stop_lock:
             if self._stopped:
                 return
@@ -152,7 +143,6 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(runner(), loop).result(timeout)
 
     def stats(self) -> dict[str, Any]:
-        """The server's ``stats`` snapshot, taken on its loop."""
         return self.call(self.server.stats)
 
     def __enter__(self) -> ServerThread:

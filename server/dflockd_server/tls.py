@@ -2,15 +2,9 @@
 
 A TLS connection is a plain TCP connection to the event loop; ``TlsSession`` turns the bytes
 read from the socket into request bytes and reply bytes into bytes to send, through OpenSSL's
-``ssl.SSLObject`` on two ``ssl.MemoryBIO`` buffers. Nothing here does I/O.
-
-Not the loop's own TLS (``create_server(ssl=...)``): its transports give a connection in its
-handshake a 256 KiB read buffer (asyncio's and uvloop's), which uvloop did not all give back:
-waves of 3,000 connections that never finished their handshake grew the server by about 45 MiB
-a wave on uvloop, to about 1 GiB on asyncio's. Here a handshake costs its ``SSLObject``
-(OpenSSL allocates record buffers as bytes arrive) and the bytes sent, all returned at the
-close; the server caps handshakes under way (``max_tls_handshakes``) and their time
-(``tls_handshake_timeout_s``).
+``ssl.SSLObject`` on two ``ssl.MemoryBIO`` buffers. Nothing here does I/O. Not the loop's own
+TLS: its transports give each connection in its handshake a 256 KiB read buffer, so connections
+that never finish their handshake grow the server; here a handshake costs its ``SSLObject``.
 """
 
 from __future__ import annotations
@@ -19,18 +13,12 @@ import ssl
 from typing import Final
 
 READ_CHUNK: Final = 65536
-"""Most plaintext bytes taken from the TLS session at a time."""
 
 
 class TlsSession:
-    """Server side of one TLS connection, without I/O.
-
-    ``receive(data)`` takes bytes read from the socket and returns the plaintext they complete
-    (``b""`` while the handshake is under way or a record is incomplete); ``send(plaintext)``
-    returns the bytes to write. After each call, ``outgoing()`` holds what the session itself
-    must send (handshake messages, session tickets, alerts). ``ssl.SSLError`` from any call
-    means the peer broke the protocol: close the connection.
-    """
+    """Server side of one TLS connection, without I/O. After each call, ``outgoing()`` holds
+    what the session itself must send; ``ssl.SSLError`` from any call means the peer broke the
+    protocol: close the connection."""
 
     __slots__ = ("_incoming", "_object", "_outgoing", "handshake_done", "peer_closed")
 
@@ -56,10 +44,7 @@ class TlsSession:
         try:
             while True:
                 chunk = self._object.read(READ_CHUNK)
-                if not chunk:
-                    # Python's SSLObject.read answers a close_notify with b"" (it raises
-                    # SSLZeroReturnError only where OpenSSL saw no clean shutdown); with
-                    # nothing to read yet it raises SSLWantReadError instead.
+                if not chunk:  # a close_notify (nothing to read yet raises SSLWantReadError)
                     self.peer_closed = True
                     break
                 chunks.append(chunk)
@@ -79,8 +64,8 @@ class TlsSession:
         return self._outgoing.read() if self._outgoing.pending else b""
 
     def close_notify(self) -> bytes:
-        """The bytes of a ``close_notify`` alert, to send before closing (``b""`` if the
-        session cannot send one: its handshake never finished, or it is broken)."""
+        """The bytes of a ``close_notify`` alert, to send before closing (``b""``: none)."""
+
         if not self.handshake_done:
             return b""
         try:

@@ -1,27 +1,23 @@
 """Issuing fencing tokens: a strictly increasing 64-bit counter, then a random suffix.
 
 The counter starts at the wall clock in nanoseconds (so it keeps increasing across restarts
-even without a state file: no server grants a billion a second) and, with a ceiling store
-(``fence``: a file, or in cluster mode an etcd key), never below the ceiling stored there. The
-store holds a ceiling ``FENCE_PERSIST_BLOCK`` grants ahead of the counter, rewritten only when
-the counter reaches it and always before a counter at or above the old ceiling is issued (a
-failed write issues nothing). In a cluster, the next owner of a shard reads it to raise its
-own counter above everything this member issued (``raise_to``).
+even without a state file) and, with a ceiling store (``fence``: a file, or in cluster mode an
+etcd key), never below the ceiling stored there. The store holds a ceiling
+``FENCE_PERSIST_BLOCK`` grants ahead of the counter, always rewritten before a counter at or
+above the old ceiling is issued (a failed write issues nothing). In a cluster, the next owner
+of a shard reads it to raise its own counter above everything this member issued
+(``raise_to``).
 
-``next_token`` runs on the server's loop once per grant (the hot path: compiled with the
-request path, see server/hatch_build.py); ``raise_to`` may come from a cluster member's
-thread, so both hold the counter's lock. That lock is never held while a ceiling is stored (an
-fsync, an etcd round trip): stores go one at a time under their own lock (``_store_lock``),
-and the counter's lock is taken after, only to move the counter and the ceiling, so a member
-thread storing for a slow etcd never holds up the loop's grants.
+``next_token`` runs on the server's loop once per grant; ``raise_to`` may come from a cluster
+member's thread, so both hold the counter's lock. That lock is never held while a ceiling is
+stored (an fsync, an etcd round trip): stores go one at a time under ``_store_lock``, so a
+member thread storing for a slow etcd never holds up the loop's grants.
 
-On a server (``store_ahead``), once the counter has used half the block under the stored
-ceiling, the next one (a block above the counter) is stored on the server's thread while
-grants go on; a counter that reaches the stored ceiling before that store is done issues
-nothing (``FenceStateError``: answered ``error``, as when a store fails) rather than wait.
-Half a block is 524,288 grants: more than a slow store takes at any rate a server reaches.
-Without ``store_ahead`` (the table's tests, tools) the ceiling is stored when the counter
-reaches it, in the caller's thread.
+With ``store_ahead`` (a server), once the counter has used half the block under the stored
+ceiling, the next one is stored on the executor's thread while grants go on; a counter that
+reaches the stored ceiling before that store is done issues nothing (``FenceStateError``)
+rather than wait. Without it the ceiling is stored when the counter reaches it, in the
+caller's thread.
 """
 
 from __future__ import annotations
@@ -44,14 +40,12 @@ __all__ = ["FenceCounter"]
 _SUFFIX_HEX = 16
 """The random suffix: 8 bytes, in hex."""
 _BYTE_HEX: Final = tuple(f"{i:02x}" for i in range(256))
-"""Each byte's two hex digits."""
 _CHUNK_BYTES = 4096
 """Random bytes drawn at once (one ``os.urandom`` per 512 tokens)."""
 _SMALL_BOUND = (1 << 62) - 1
 """``next_token`` compares each counter with one bound (``_check_at``: the ceiling, or this),
-and only at it checks the 64-bit limit and the store. Below 2**62, so that, compiled, it
-compares two small ints (a counter started at the wall clock reaches it in the year 2116;
-from then on every token takes the full checks)."""
+and only at it checks the 64-bit limit and the store; below 2**62, so that, compiled, it
+compares two small ints."""
 
 
 class FenceCounter:
@@ -99,12 +93,10 @@ class FenceCounter:
         """Held while a ceiling is stored (one store at a time), never with ``_lock`` held."""
         self._ahead: Executor | None = None
         self._storing = False
-        """A ceiling is being stored ahead (``store_ahead``)."""
         self._pool = ""
         self._pool_pos = 0
         self._high = -1
-        """The counter's bytes but its last (``counter >> 8``) at the token before, and
-        their 14 hex digits in ``_high_hex``: they change once every 256 tokens."""
+        """``counter >> 8`` at the token before, and its 14 hex digits in ``_high_hex``."""
         self._high_hex = ""
         start = wall_clock_ns()
         if self._store is not None:
@@ -131,8 +123,7 @@ class FenceCounter:
         return self._ceiling
 
     def _persist(self, counter: int) -> None:
-        """Store ``counter`` plus a block as the ceiling, unless a higher one is stored (under
-        ``_store_lock``, never taking ``_lock``, which ``next_token`` may hold)."""
+        """Store ``counter`` plus a block as the ceiling, unless a higher one is stored."""
         assert self._store is not None
         ceiling = counter + self._block
         with self._store_lock:
@@ -141,16 +132,14 @@ class FenceCounter:
                 self._stored(ceiling)
 
     def _stored(self, ceiling: int) -> None:
-        """``ceiling`` is stored: raise ``_ceiling`` to it, then ``_check_at`` (ints that only
-        rise, ``_ceiling`` first: ``_check_at`` read with or without ``_lock`` is at most the
-        stored ceiling)."""
+        """``ceiling`` is stored: raise ``_ceiling``, then ``_check_at`` (in that order:
+        ``_check_at`` read with or without ``_lock`` is at most the stored ceiling)."""
         self._ceiling = max(self._ceiling, ceiling)
         half = self._block // 2 if self._ahead is not None else 0
         self._check_at = min(self._ceiling - half, _SMALL_BOUND)
 
     def store_ahead(self, executor: Executor) -> None:
-        """From now on, store each next ceiling on ``executor``'s thread, ahead of the counter
-        (see the module's doc): the caller of ``next_token`` never waits for a store."""
+        """From now on, store each next ceiling on ``executor``'s thread, ahead of the counter."""
         with self._lock:
             self._ahead = executor
             if self._store is not None:
@@ -158,8 +147,7 @@ class FenceCounter:
 
     def _before_issuing(self, counter: int) -> None:
         """``counter`` reached ``_check_at``: refuse it past 64 bits, or store the next ceiling
-        before it is issued; with ``store_ahead``, have it stored and refuse only a counter at
-        the stored ceiling."""
+        (with ``store_ahead``: have it stored, refusing only a counter at the stored ceiling)."""
         if counter > c.FENCE_MAX:
             raise OverflowError("fencing counter exhausted")
         store, ahead = self._store, self._ahead
@@ -194,8 +182,7 @@ class FenceCounter:
             self._storing = False
 
     def publish(self) -> int:
-        """Store the current ceiling again (a no-op in effect) and return it: a cluster member
-        does before handing a shard over, for the next owner to read."""
+        """Store the current ceiling again and return it (before a shard is handed over)."""
         with self._store_lock:
             ceiling = self._ceiling
             if self._store is not None:
@@ -203,9 +190,8 @@ class FenceCounter:
             return ceiling
 
     def raise_to(self, floor: int) -> None:
-        """Issue only counters above ``floor`` from now on (e.g. another member's ceiling).
-        With a store, the raised ceiling is stored before this returns (meanwhile, without the
-        counter's lock: grants below the old ceiling go on)."""
+        """Issue only counters above ``floor`` from now on; with a store, the raised ceiling is
+        stored before this returns."""
         if floor > c.FENCE_MAX:
             raise OverflowError("fencing counter exhausted")
         if floor <= self._counter:
@@ -217,17 +203,15 @@ class FenceCounter:
 
     def _store_due(self, floor: int) -> bool:
         """Whether counters from ``floor`` on want a new ceiling stored first: at or past the
-        stored one, or, with ``store_ahead``, in the last half-block under it (where a raise
-        stores it itself, where it may wait, rather than have ``next_token`` refuse)."""
+        stored one, or, with ``store_ahead``, in the last half-block under it."""
         if self._store is None:
             return False
         half = self._block // 2 if self._ahead is not None else 0
         return floor >= self._ceiling - half
 
     def raise_within(self, floor: int) -> bool:
-        """``raise_to(floor)`` when that needs no store write (``floor`` well below the stored
-        ceiling: ``_store_due``), for the server's loop; whether every counter issued from now
-        on is above ``floor`` (False: the caller has ``raise_to`` run where it may wait)."""
+        """``raise_to(floor)`` when that needs no store write, for the server's loop; whether
+        every counter issued from now on is above ``floor``."""
         if floor > c.FENCE_MAX:
             return False
         with self._lock:
@@ -251,10 +235,9 @@ class FenceCounter:
             pos = 0
         end = pos + _SUFFIX_HEX
         self._pool_pos = end
-        # counter <= FENCE_MAX: its 8 bytes in hex ("%016x"), the first 7 kept from the token
-        # before while they stay the same (compiled, a to_bytes and a hex per token were calls
-        # by name, about 1,000 instructions)
+        # the counter's 8 bytes in hex ("%016x"), the first 7 kept while they stay the same
         high = counter >> 8
+
         if high != self._high:
             self._high = high
             self._high_hex = high.to_bytes(7, "big").hex()

@@ -1,8 +1,6 @@
-"""How a setting's raw text (a flag or an environment variable) becomes a value, and when a
-typed value is unusable: the parsers and checks the settings table (``settings``) names.
-
-Each parser turns a raw string into a value or raises ``ValueError`` with a short reason; each
-check returns ``None`` or a reason a typed value is unusable.
+"""The parsers and checks the settings table (``settings``) names: each parser turns a raw
+string into a value or raises ``ValueError`` with a short reason; each check returns ``None``
+or a reason a typed value is unusable.
 """
 
 from __future__ import annotations
@@ -171,8 +169,7 @@ check_member = _parses(parse_member)
 
 @dataclass(frozen=True, slots=True)
 class ClusterUrl:
-    """The ``--cluster`` setting, read: etcd's endpoints, whether to reach them over TLS
-    (``etcds://``), and the key prefix."""
+    """The ``--cluster`` setting, read."""
 
     endpoints: tuple[tuple[str, int], ...]
     """``(host, port)`` of each etcd endpoint, as listed (an IPv6 host without brackets)."""
@@ -195,8 +192,7 @@ CLUSTER_URL_FORM = "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcds://... for TL
 
 
 def split_cluster_url(url: str) -> ClusterUrl:
-    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]``, or ``etcds://...`` for TLS to etcd (prefix
-    default ``/dflockd``). Raises ``ValueError`` saying what is wrong."""
+    """``--cluster`` read (prefix default ``/dflockd``); ``ValueError`` saying what is wrong."""
     text = url.strip()
     scheme, sep, rest = text.partition("://")
     if not sep or scheme not in (c.CLUSTER_SCHEME, c.CLUSTER_TLS_SCHEME):
@@ -226,8 +222,7 @@ def split_cluster_url(url: str) -> ClusterUrl:
 
 
 def parse_cluster(raw: str) -> str:
-    """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` (or ``etcds://``), normalized (the default
-    prefix written out)."""
+    """``--cluster``, normalized (the default prefix written out)."""
     return split_cluster_url(raw).format()
 
 
@@ -235,8 +230,7 @@ check_cluster = _parses(split_cluster_url)
 
 
 def check_readable_file(value: str) -> str | None:
-    """A file that exists and can be read (checked when the setting is read, so a typo is
-    reported at start-up, naming the setting)."""
+
     try:
         with open(value, "rb"):
             pass

@@ -29,6 +29,7 @@ from dflockd_server import protocol as server_protocol
 from dflockd_server.cluster import shardmap
 from dflockd_server.table import LockTable
 from dflockd_server.testing import ServerThread
+from tests.support.tables import key_state
 
 KEYS = [f"job:{i}" for i in range(40)]
 SHARDS = shardmap.SHARD_COUNT
@@ -203,7 +204,7 @@ def test_the_async_client_gets_the_mismatch_too(static_fleet: list[ServerThread]
 
 
 def _held_here(table: LockTable, key: str) -> bool:
-    state = table.key_state(key)
+    state = key_state(table, key)
     return state is not None and state.n_held > 0
 
 

@@ -14,6 +14,7 @@ from dflockd_server.recorded import RecordedGrant
 from dflockd_server.shares import AddressShares
 from dflockd_server.table import Client, Holder, LockTable, MaxLocks
 from tests.support.clock import FakeClock as Clock
+from tests.support.tables import key_state
 
 LEASE = 60
 CAP = 3
@@ -47,7 +48,7 @@ def take(table: LockTable, client: Client, key: str, *, detached: bool = False) 
 
 def holder_of(table: LockTable, key: str) -> Holder:
     """The lock ``key``'s holder."""
-    state = table.key_state(key)
+    state = key_state(table, key)
     assert state is not None and state.one is not None
     return state.one
 
@@ -91,7 +92,7 @@ def test_a_reattach_or_take_over_past_the_cap_is_refused_and_the_grant_stays() -
     for i in range(CAP):
         take(table, here, f"mine-{i}")
     assert shares.load(HERE) == CAP
-    ends = table.key_state("theirs")
+    ends = key_state(table, "theirs")
     assert ends is not None
     with pytest.raises(MaxLocks):
         table.renew("theirs", theirs.token, LEASE, here)
@@ -99,7 +100,7 @@ def test_a_reattach_or_take_over_past_the_cap_is_refused_and_the_grant_stays() -
         table.take(here, "hold", hold.token, LEASE, note="n", on_close=None)
     # Nothing changed: the grants are held as they were, by the other address.
     assert (shares.load(HERE), shares.load(THERE)) == (CAP, 2)
-    kept = table.key_state("theirs")
+    kept = key_state(table, "theirs")
     assert kept is not None
     assert kept.holders[theirs.token].client is there
     assert kept.earliest == ends.earliest

@@ -22,6 +22,7 @@ from dflockd_server.table import (
     Waiter,
 )
 from tests.support.clock import FakeClock as Clock
+from tests.support.tables import key_state
 
 LEASE = 10
 
@@ -59,7 +60,7 @@ def test_a_lock_refuses_a_semaphore_and_the_other_way_round(table: LockTable) ->
         with pytest.raises(LimitMismatch) as info:
             table.acquire(table.open_client(), "s", LEASE, limit, queue=True)
         assert info.value.limit == 2
-    state = table.key_state("s")
+    state = key_state(table, "s")
     assert state is not None
     assert len(state.holders) == 1
     assert state.n_waiting == 0  # a refused request never queues
@@ -129,7 +130,7 @@ def test_limit_one_is_the_same_resource_as_a_lock(table: LockTable) -> None:
     assert table.acquire(table.open_client(), "k", LEASE, None, queue=False) is None
     assert table.release("k", lock.token)
     assert waiter.holder is not None
-    state = table.key_state("k")
+    state = key_state(table, "k")
     assert state is not None and state.is_sem is False  # the kind stays what fixed the key
     assert table.stats(0)["locks"][0]["key"] == "k"
 
@@ -147,7 +148,7 @@ def test_a_key_stays_busy_while_a_waiter_inherits_it(table: LockTable) -> None:
         table.acquire(table.open_client(), "s", LEASE, None, queue=True)
     assert table.release("s", waiter.holder.token)
     grant(table, "s", None)
-    state = table.key_state("s")
+    state = key_state(table, "s")
     assert state is not None and state.limit == 1
 
 
@@ -157,13 +158,13 @@ def test_an_idle_key_takes_the_limit_and_kind_of_its_next_acquire(
     sem = grant(table, "k", 2)
     assert table.release("k", sem.token)
     grant(table, "k", None)
-    state = table.key_state("k")
+    state = key_state(table, "k")
     assert state is not None and (state.limit, state.is_sem) == (1, False)
     assert table.stats(0)["locks"][0]["key"] == "k"
     assert table.stats(0)["semaphores"] == []
     clock.now += LEASE  # the lease runs out: idle again, checked on the next acquire
     grant(table, "k", 3)
-    state = table.key_state("k")
+    state = key_state(table, "k")
     assert state is not None and (state.limit, state.is_sem) == (3, True)
     assert table.stats(0)["semaphores"] == [{"key": "k", "limit": 3, "holders": 1, "waiters": 0}]
     assert table.occupancy(True) == (1, 1, 0)
@@ -342,7 +343,7 @@ def test_max_waits_per_connection_counts_queued_acquires_and_pending_enqueues(
         table.enqueue(client, "z", LEASE, None)
     assert table.acquire(client, "y", LEASE, None, queue=False) is None  # try-once: no wait
     assert isinstance(table.acquire(client, "w", LEASE, None, queue=False), Holder)
-    y = table.key_state("y")
+    y = key_state(table, "y")
     assert y is not None and y.n_waiting == 0 and "z" not in client.enqueued
     table.forget_enqueued(parked)  # `w` collected it
     queued = table.enqueue(client, "y", LEASE, None)
@@ -515,7 +516,7 @@ def test_a_long_queue_with_given_up_waiters_grants_in_order_and_stays_bounded(
         got = table.acquire(client, "k", LEASE, limit, queue=True)
         assert isinstance(got, Waiter)
         waiters.append(got)
-    state = table.key_state("k")
+    state = key_state(table, "k")
     assert state is not None
     for i, waiter in enumerate(waiters):
         if i % 3 == 1:

@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dflockd_server.fence import fence_of
 from dflockd_server.table import Client, Holder, KeyState, LimitMismatch, LockTable, Waiter
 from dflockd_server.tokens import FenceCounter
+from tests.support.tables import key_state
 
 KEYS = ["a", "b"]
 LIMITS: list[int | None] = [None, 1, 2, 3]  # None: a lock (``l``); N: a semaphore (``sl``)
@@ -71,7 +72,7 @@ class LockTableMachine(RuleBasedStateMachine):
             mk.grants.append(req)
 
     def _state(self, key: str) -> KeyState:
-        state = self.table.key_state(key)
+        state = key_state(self.table, key)
         assert state is not None
         return state
 
@@ -240,7 +241,7 @@ class LockTableMachine(RuleBasedStateMachine):
     @invariant()
     def table_matches_model(self) -> None:
         for key, mk in self.model.items():
-            state = self.table.key_state(key)
+            state = key_state(self.table, key)
             live = {r for r, h in self.holders.items() if h.live and self.req_key[r] == key}
             assert live == set(mk.holders), (key, live, mk.holders)
             if state is None:
@@ -257,7 +258,7 @@ class LockTableMachine(RuleBasedStateMachine):
     @invariant()
     def never_over_limit(self) -> None:
         for key, mk in self.model.items():
-            state = self.table.key_state(key)
+            state = key_state(self.table, key)
             if state is not None:
                 assert len(state.holders) <= state.limit
                 if not state.is_sem:
