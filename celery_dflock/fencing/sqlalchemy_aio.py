@@ -2,16 +2,13 @@
 needs ``celery-dflock[sqlalchemy]``, ``sqlalchemy[asyncio]`` and an async driver; tested with
 psycopg 3's and aiosqlite).
 
-The same statements as the blocking face (`celery_dflock.fencing.sqlalchemy`, both built in
-`celery_dflock.fencing._sql`), awaited: `fenced_update` and `fenced_upsert` take the same
-arguments and answer the same way, and refuse a blocking ``Connection`` or ``Session`` with a
-`TypeError` that names the blocking face. `check_fence_column` checks a deploy's database::
+The blocking face's functions (`celery_dflock.fencing.sqlalchemy`), awaited, with the same
+arguments and answers. `check_fence_column` checks a deploy's database::
 
     async with engine.connect() as db:
         await check_fence_column(db, accounts)
 
-A Celery task has no event loop of its own: its body runs the coroutine with
-``asyncio.run(...)`` (docs/fencing.md, "Async stores"); an engine is bound to the loop it
+A task body runs the coroutine with ``asyncio.run(...)``; an engine is bound to the loop it
 was first used on, so make and dispose of it inside the coroutine, or use ``NullPool``.
 """
 
@@ -56,9 +53,7 @@ async def fenced_update(
     values: Mapping[str, Any],
     fence_name: str = FENCE_COLUMN,
 ) -> int:
-    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_update`, awaited: the
-    number of rows updated; `StaleFence`, `FenceMissing` or `FenceColumnMissing` without
-    writing."""
+    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_update`, awaited."""
     if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=False)
     fenced = FencedUpdate.build(table, where, fence, fence_name)
@@ -80,8 +75,7 @@ async def fenced_upsert(
     update: Mapping[str, Any] | None = None,
     fence_name: str = FENCE_COLUMN,
 ) -> None:
-    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_upsert`, awaited: one
-    statement; `StaleFence` when the row holds a higher fence, nothing written."""
+    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_upsert`, awaited."""
     if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=False)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
