@@ -1,8 +1,7 @@
-"""The statements of both SQLAlchemy faces (`celery_dflock.fencing.sqlalchemy` and
-`celery_dflock.fencing.sqlalchemy_aio`, whose docstring shows them), built here once and
-executed by the face. On MySQL and MariaDB every assignment of the upsert keeps the row's
-value unless the fence is at least the row's, the fence's assignment last (MySQL assigns left
-to right); the row's fence is then read ``FOR UPDATE`` (the statement locked the row).
+"""The statements of `celery_dflock.fencing.sqlalchemy` (whose docstring shows them). On MySQL
+and MariaDB every assignment of the upsert keeps the row's value unless the fence is at least
+the row's, the fence's assignment last (MySQL assigns left to right); the row's fence is then
+read ``FOR UPDATE`` (the statement locked the row).
 """
 
 from __future__ import annotations
