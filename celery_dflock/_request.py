@@ -328,12 +328,8 @@ def follow_of(value: object) -> Follow | None:
         return None
     fields = cast("Mapping[str, Any]", value)
     key, task_id, error = fields.get("key"), fields.get("task_id"), fields.get("error")
-    if not isinstance(key, str) or not key:
+    if not (isinstance(key, str) and key) or (task_id is None and error is None):
         return None
-    if task_id is not None and not isinstance(task_id, str):
-        return None
-    if error is not None and not isinstance(error, str):
-        return None
-    if task_id is None and error is None:
-        return None
-    return Follow(key, task_id, error)
+    if isinstance(task_id, str | None) and isinstance(error, str | None):
+        return Follow(key, task_id, error)
+    return None

@@ -143,9 +143,7 @@ class TaskRuns:
 
 def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
     """Whether runs without call options are locked (with call options they always are)."""
-    if str(task.name) in config.task_locks:
-        return True
-    if any(value is not None for value in attributes):
+    if str(task.name) in config.task_locks or any(value is not None for value in attributes):
         return True
     # base=LockedTask named explicitly: always locked. Inherited only through the
     # app's task_cls: locked only with a lock option (checked above).

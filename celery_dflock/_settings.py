@@ -41,6 +41,7 @@ from celery_dflock.client.clients import (
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.sharding import Routing
 from celery_dflock.client.wire import DEFAULT_MAX_LEASE_TTL_S, MAX_NUMBER
+from celery_dflock.keys import KeySource
 
 __all__ = [
     "APP_SETTINGS",
@@ -140,10 +141,6 @@ def check_session_ttl(value: object, where: str) -> int:
 check_limit_value: Final[Check[int | None]] = partial(check_limit, error=DflockConfigError)
 check_renew_ratio_value: Final[Check[float]] = partial(check_renew_ratio, error=DflockConfigError)
 check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockConfigError)
-
-
-KeySource = str | Callable[..., str] | None
-"""``lock_key``: a template, a callable, or None (the task name and a digest)."""
 
 
 def check_key(value: object, where: str) -> KeySource:

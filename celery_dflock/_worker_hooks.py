@@ -389,9 +389,7 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
     tasks: Mapping[str, Any] = app.tasks
     for name in config.task_locks:
         task = tasks.get(name)
-        if task is None:
-            continue
-        if isinstance(task, locked_task):
+        if task is None or isinstance(task, locked_task):
             continue
         original: Any = task.__class__
         locked_cls = type(

@@ -111,24 +111,19 @@ class _App(Protocol):
 def read_setting(conf: Any, name: str) -> object:
     """``app.conf`` setting ``name``, or its upper-case spelling (``DFLOCK_SERVERS``; with
     ``namespace="CELERY"`` Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``)."""
-    value: object = conf.get(name)
-    if value is None:
-        value = conf.get(name.upper())
-    if value is None:
-        for old, renamed in RENAMED_SETTINGS.items():
-            if renamed != name:
-                continue
-            for spelling in (old, old.upper()):
-                value = conf.get(spelling)
-                if value is not None:
-                    warnings.warn(
-                        f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
-                        f"option's app-wide setting is its name with dflock_ in front)",
-                        DeprecationWarning,
-                        stacklevel=2,
-                    )
-                    return value
-    return value
+    old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
+    for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
+        value: object = conf.get(spelling)
+        if value is not None:
+            if spelling.lower() != name:
+                warnings.warn(
+                    f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
+                    f"option's app-wide setting is its name with dflock_ in front)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+            return value
+    return None
 
 
 def check_setting_names(conf: Any) -> None:
