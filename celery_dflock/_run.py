@@ -49,7 +49,7 @@ from celery_dflock._request import (
     mark_held,
     resend,
 )
-from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime, options_for
+from celery_dflock._runtime import AnyLock, Runtime, get_runtime, options_for
 from celery_dflock._settings import OnLockLost
 from celery_dflock.client import Client, DistributedLock
 from celery_dflock.client.errors import (
@@ -203,7 +203,7 @@ def _run_held(
     if record and runtime.in_pool_child and task_id:
         writer = runtime.held_writer()
         if writer is not None:
-            guard.record = writer.add(task_id, lock, options.limit)
+            guard.unrecord = writer.add(task_id, lock, options.limit)
     try:
         result = guard.run_body(run, message.call, lock)
         # The body may see the lock lost and return before on_lost runs: only "flag" lets
@@ -219,8 +219,8 @@ def _run_held(
         try:
             lock.release()
         finally:
-            if guard.record is not None:
-                guard.record.remove()
+            if guard.unrecord is not None:
+                guard.unrecord()
             clear_held(request)
 
 
@@ -354,7 +354,7 @@ class RunGuard:
         self.key = key
         self.policy: OnLockLost = policy
         self.runtime = runtime
-        self.record: HeldRecord | None = None
+        self.unrecord: Callable[[], None] | None = None
         self._state = threading.Lock()
         self._body: BodyTarget | None = None
         self._interrupt_sent = False
@@ -389,8 +389,8 @@ class RunGuard:
                 self.label,
             )
         if policy == "terminate" and not ended:
-            if self.record is not None:
-                self.record.remove()
+            if self.unrecord is not None:
+                self.unrecord()
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _interrupt(self) -> None:

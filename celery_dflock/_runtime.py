@@ -26,6 +26,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from operator import is_
 from pathlib import Path
 from types import MethodType
@@ -46,7 +47,6 @@ from celery_dflock.keys import KeyBuilder
 __all__ = [
     "CHILD_EXIT_WAIT_S",
     "AnyLock",
-    "HeldRecord",
     "HeldRecords",
     "HeldWriter",
     "Runtime",
@@ -285,20 +285,6 @@ class HeldRecords:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-class HeldRecord:
-    """One recorded lock (`HeldWriter.add`); `remove` it when the lock is released."""
-
-    __slots__ = ("_handle", "_writer")
-
-    def __init__(self, writer: HeldWriter, handle: int) -> None:
-        self._writer = writer
-        self._handle = handle
-
-    def remove(self) -> None:
-        """Take this lock out of the record file (idempotent)."""
-        self._writer.remove(self._handle)
-
-
 class HeldWriter:
     """This process's record file ``<directory>/<pid>.held``: what it holds right now.
 
@@ -316,8 +302,9 @@ class HeldWriter:
         self._fd: int | None = None
         self._size = 0
 
-    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> HeldRecord | None:
-        """Record that this process holds ``lock`` for ``task_id`` (None if it could not)."""
+    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> Callable[[], None] | None:
+        """Record that this process holds ``lock`` for ``task_id``; what takes the record out
+        again (idempotent), or None if it could not be written."""
         entry = json.dumps(
             {
                 "task_id": task_id,
@@ -334,7 +321,7 @@ class HeldWriter:
             if not self._write():
                 del self._held[handle]
                 return None  # the main process is gone or the directory removed
-        return HeldRecord(self, handle)
+        return partial(self.remove, handle)
 
     def remove(self, handle: int) -> None:
         with self._guard:
@@ -418,10 +405,6 @@ class Runtime:
                 # Close idle connections when this runtime (its app) goes away.
                 weakref.finalize(self, made[1].close)
             return made[1]
-
-    def release_token(self, config: DflockConfig, key: str, token: str, limit: int | None) -> bool:
-        """Release ``token`` on ``key`` for a process that cannot (idempotent)."""
-        return self.client(config).release(key, token, limit=limit)
 
     def close(self) -> None:
         with self._guard:

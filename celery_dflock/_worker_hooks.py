@@ -333,8 +333,8 @@ class _Hooks:
                 )
                 continue
             try:
-                released = runtime.release_token(
-                    config, str(entry["key"]), str(entry["token"]), entry.get("limit")
+                released = runtime.client(config).release(
+                    str(entry["key"]), str(entry["token"]), limit=entry.get("limit")
                 )
             except (DflockError, OSError, KeyError) as exc:
                 logger.warning(
