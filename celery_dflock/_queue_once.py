@@ -379,7 +379,9 @@ def retry_hand_off(
         if lock is not None:
             lock.release()
         return None
-    lease = _pending_lease(options, _retry_delay(task, countdown, eta))
+    if eta is None and countdown is None:  # as Task.retry works it out
+        countdown = cast("float | None", getattr(task, "default_retry_delay", None))
+    lease = _pending_lease(options, _delay_s(countdown, eta))
     if lock.hand_off(lease):
         return held
     return None  # lost meanwhile: nothing to hand on
@@ -388,13 +390,6 @@ def retry_hand_off(
 def _pending_lease(options: LockOptions, delay_s: float) -> int:
     """The lease of a hold whose message is due in ``delay_s`` s (at least the delay)."""
     return max(options.pending_ttl, math.ceil(delay_s))
-
-
-def _retry_delay(task: Any, countdown: float | None, eta: Any) -> float:
-    """Seconds until a retry is due, as ``Task.retry`` works it out."""
-    if eta is None and countdown is None:
-        countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    return _delay_s(countdown, eta)
 
 
 def _delay_s(countdown: object, eta: object) -> float:

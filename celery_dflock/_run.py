@@ -489,27 +489,19 @@ class _GreenBody:
         self._running = False
 
 
-def _patched_by_gevent() -> bool:
-    monkey: Any = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("threading"))
-
-
-def _patched_by_eventlet() -> bool:
-    patcher: Any = sys.modules.get("eventlet.patcher")
-    return patcher is not None and bool(patcher.is_monkey_patched("thread"))
-
-
 BodyTarget = _ThreadBody | _GreenBody
 """Where a running body can be interrupted."""
 
 
 def current_body() -> BodyTarget:
     """The thread or greenlet the caller runs in, as an interrupt target."""
-    if _patched_by_gevent():
+    monkey: Any = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
         gevent: Any = sys.modules["gevent"]
         loop: Any = gevent.get_hub().loop
         return _GreenBody(gevent.getcurrent(), loop.run_callback_threadsafe)
-    if _patched_by_eventlet():
+    patcher: Any = sys.modules.get("eventlet.patcher")
+    if patcher is not None and patcher.is_monkey_patched("thread"):
         greenthread: Any = sys.modules["eventlet.greenthread"]
         hub: Any = sys.modules["eventlet.hubs"].get_hub()
 

@@ -572,16 +572,12 @@ def looks_like_lock_option(name: str) -> bool:
     close = difflib.get_close_matches(lowered, LOCK_OPTIONS, n=1, cutoff=_MISSPELT)
     if not close:
         return False
-    celerys = close[0].removeprefix("lock_")
-    return celerys == close[0] or _similarity(lowered, celerys) < _MISSPELT
+    celery = close[0].removeprefix("lock_")
+    return celery == close[0] or difflib.SequenceMatcher(None, lowered, celery).ratio() < _MISSPELT
 
 
 _MISSPELT: Final = 0.8
 """How alike (difflib's ratio) a name and a lock option are when the name is taken for a slip."""
-
-
-def _similarity(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a, b).ratio()
 
 
 def check_option_names(names: Iterable[str], where: str) -> None:

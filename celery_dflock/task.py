@@ -25,7 +25,6 @@ from celery_dflock._request import (
     HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
-    HoldRef,
     header,
     held_lock,
 )
@@ -230,7 +229,8 @@ class LockedTask(Task):
             )
         except Reject:
             if kept is not None:  # the retry could not be sent: free the key it kept
-                self._release_kept(kept)
+                with contextlib.suppress(DflockError):  # else its lease frees it
+                    app_client(self._celery._get_app()).release(kept.key, kept.token)
             raise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -276,10 +276,6 @@ class LockedTask(Task):
         sent: Any = codec.loads(body, content_type, encoding, accept=[content_type])
         sent_args, sent_kwargs = cast("tuple[list[Any], dict[str, Any]]", sent)
         return tuple(sent_args), dict(sent_kwargs)
-
-    def _release_kept(self, kept: HoldRef) -> None:
-        with contextlib.suppress(DflockError):  # else its lease frees it
-            app_client(self._celery._get_app()).release(kept.key, kept.token)
 
 
 def _with_lock_options(options: dict[str, Any], headers: object, what: str) -> dict[str, Any]:
