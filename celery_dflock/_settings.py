@@ -99,9 +99,9 @@ class DflockConfigError(InvalidValueError, ImproperlyConfigured):
     """
 
 
-def close_matches(name: str, known: Iterable[str]) -> str:
+def close_matches(name: str, known: Iterable[str], cutoff: float = 0.75) -> str:
     """``"; did you mean 'a' or 'b'?"`` for the names of ``known`` close to ``name``, or ``""``."""
-    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.75)
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=cutoff)
     return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 

@@ -5,7 +5,6 @@ per app by `install_hooks`, and the checks they make of the app's tasks (`apply_
 
 from __future__ import annotations
 
-import difflib
 import os
 import tempfile
 import threading
@@ -35,7 +34,7 @@ from celery_dflock._runtime import (
     pid_gone,
     reset_runtime_after_fork,
 )
-from celery_dflock._settings import LOCK_OPTIONS
+from celery_dflock._settings import LOCK_OPTIONS, close_matches
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
@@ -482,11 +481,9 @@ def unknown_task_locks(app: Any) -> list[str]:
     for name in get_config(app).task_locks:
         if name in tasks:
             continue
-        close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         warnings.append(
             f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
-            f"locked{hint}"
+            f"locked{close_matches(name, tasks, cutoff=0.5)}"
         )
     return warnings
 
