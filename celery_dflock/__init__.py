@@ -6,9 +6,8 @@ locks, semaphores, release by token, stats, ping), `DistributedLock` / `Distribu
 (asyncio, renewed by a task), connection pools, sharding strategies and the `DflockError`
 hierarchy. The Celery integration: `LockedTask` and `SingletonScheduler`.
 
-Every name is imported on first use (PEP 562): ``import celery_dflock`` loads the client layer
-(`celery_dflock.client`, which imports nothing of Celery) and Celery only when a Celery-side
-name is first used.
+Every name is imported on first use (PEP 562): Celery is loaded only when a Celery-side name
+is first used.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ _WHERE: Final[dict[str, str]] = {
     "LockedTask": "celery_dflock.task",
     "SingletonScheduler": "celery_dflock.beat",
 }
-"""Public name -> the module that defines it (imported when the name is first used)."""
+"""Public name -> the module that defines it."""
 
 __all__ = ["LockedTask", "SingletonScheduler", "__version__"]
 __all__ += _client.__all__

@@ -1,9 +1,6 @@
 # pyright: reportMissingTypeStubs=false, reportUnknownVariableType=false, reportUnknownMemberType=false
-"""Celery's objects as the integration uses them, typed ``Any``.
-
-Celery ships no type information; this module is the one place where its
-untyped names enter the strictly typed package.
-"""
+"""Celery's objects as the integration uses them, typed ``Any``: the one place where Celery's
+untyped names enter the strictly typed package."""
 
 from __future__ import annotations
 
@@ -45,12 +42,9 @@ task_stack: Final[Any] = _stack
 """Celery's stack of running tasks (``current_task``), pushed by direct calls."""
 Reject: Final[Any] = _Reject
 Retry: Final[Any] = _Retry
-"""``Task.retry``'s exception: raised from a run, the tracer records a retry (state RETRY)."""
 backoff_interval: Final[Any] = _backoff_interval
-"""Celery's exponential backoff (``retry_backoff``), as its ``autoretry_for`` computes it."""
 TimeLimitExceeded: Final[type[Exception]] = _TimeLimitExceeded
 WorkerLostError: Final[type[Exception]] = _WorkerLostError
 get_logger: Final[Any] = _get_logger
 get_task_logger: Final[Any] = _get_task_logger
 inspect_command: Final[Any] = _inspect_command
-"""Registers a worker's remote-control inspect command (``celery inspect <name>``)."""

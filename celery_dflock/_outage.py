@@ -4,38 +4,24 @@
 A run whose lock server is down, restarting, draining or handing over (`ServerUnavailable`,
 `ServerDraining`, a wait cut by the server's restart) neither fails nor runs unlocked:
 
-1. In a worker, it reconnects with a short backoff for at most `OUTAGE_RECONNECT_S` (never
-   past its ``lock_timeout``), and only the first time its message meets the outage (a
-   message already sent again for one tries once). If the server answers within that, the run
-   joins the restarted server's queue at once and waits the rest of its ``lock_timeout``
-   there, as any waiter does (`OutageWait`).
+1. In a worker, the first time its message meets the outage, it reconnects for at most
+   `OUTAGE_RECONNECT_S` (never past its ``lock_timeout``); if the server answers, it rejoins
+   the key's queue at once, near its place, and waits the rest of its ``lock_timeout``
+   (`OutageWait`).
 2. Otherwise the message is sent again with a countdown (`retry_outage`), under every
-   ``on_locked`` policy: ``"skip"`` and ``"raise"`` are about a key another run holds, and an
-   unreachable server says nothing of that; skipping would drop a run that may be the only
-   one. An outage retry uses neither ``lock_max_retries`` nor Celery's ``max_retries``: its
-   budget is `OUTAGE_BUDGET_S` from when the outage was first met, carried in the message's
-   `OUTAGE_HEADER`.
-3. Once the budget is spent, the run fails with a `ServerUnavailable` that says which server
-   was unreachable, for how long, and what to do.
+   ``on_locked`` policy (an unreachable server says nothing of whether the key is busy). Its
+   budget is `OUTAGE_BUDGET_S` from when the outage was first met (`OUTAGE_HEADER`), apart
+   from ``lock_max_retries`` and Celery's ``max_retries``.
+3. Once the budget is spent, the run fails with a `ServerUnavailable` saying which server,
+   for how long, and what to do.
 
-Why not wait in the slot, and why the short reconnect all the same. Waiting for the server
-within the whole ``lock_timeout`` (30 s by default) would make every slot sit out 30 s per
-attempt during an outage, retries crawl, and a warm shutdown wait for those waits (29.6 s for
-40 runs on 5 keys, prefork 2x4). An unreachable server says nothing about when it will be
-back, and a message waiting for its countdown in the broker (or the worker's ETA schedule)
-costs no slot and is what a warm shutdown hands back untouched. The one wait worth a slot is
-the restart already over: a FIFO waiter cut by a server restarted by its supervisor, or by a
-drain whose successor listens a moment later, finds it listening again within a second or
-two, and rejoining at once keeps it near its place in the key's queue (the cut waiters join
-again in the order they reconnect), where a resend would put it behind every run that reaches
-the server meanwhile. `OUTAGE_RECONNECT_S` (2 s) covers that and keeps a warm shutdown during
-an outage far below 10 s; a long outage costs each message one short reconnect, not one per
-retry.
+Waiting out an outage in the slot would hold every slot for its whole ``lock_timeout`` and
+slow a warm shutdown; a message waiting for its countdown in the broker costs no slot. Only a
+restart already over is worth the short reconnect.
 
-A run called directly or eagerly has no message to send again: it waits (reconnecting) within
-its whole ``lock_timeout``, then fails. The worker's main process counts the outage retries
-it receives (`OutageCounter`; ``celery dflock status`` shows them) and logs when its servers
-answer again.
+A run called directly or eagerly has no message to send again: it reconnects within its whole
+``lock_timeout``, then fails. The worker's main process counts the outage retries it receives
+(`OutageCounter`, shown by ``celery dflock status``).
 """
 
 from __future__ import annotations
@@ -66,33 +52,20 @@ __all__ = [
 ]
 
 logger: Any = get_task_logger("celery_dflock.task")
-"""For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
 
 OUTAGE_BUDGET_S: Final = 600.0
-"""How long a run's lock server may stay unreachable (from when the run first met the
-outage, across the messages it is sent again as) before the run fails: ten minutes, far
-beyond a restart or a hand-over, short enough that a wrong ``dflock_servers`` is reported."""
-
+"""How long a run's lock server may stay unreachable before the run fails: far beyond a
+restart, short enough that a wrong ``dflock_servers`` is reported."""
 OUTAGE_FIRST_COUNTDOWN_S: Final = 1.0
 OUTAGE_MAX_COUNTDOWN_S: Final = 30.0
-"""An outage retry is sent again in 1 s, doubling up to 30 s (with jitter: a restarted
-server is not met by every waiting run at the same instant)."""
-
 RECONNECT_FIRST_PAUSE_S: Final = 0.1
 RECONNECT_MAX_PAUSE_S: Final = 1.0
-"""While it reconnects, a run tries its server again after 0.1 s, doubling up to 1 s (a
-restarted server is found within a second of it listening)."""
-
 OUTAGE_RECONNECT_S: Final = 2.0
-"""How long a run in a worker reconnects inside its pool slot, the first time its message
-meets the outage, before it is sent again (never past its ``lock_timeout``): a restart that
-is already over is rejoined at once; a longer outage waits in the broker, not in the slot."""
+"""How long a run in a worker reconnects inside its pool slot (step 1 above)."""
 
 
 def server_state(exc: ServerUnavailable) -> str:
-    """What ``exc`` says of the lock server, for a log line after "the lock server at X":
-    read-only (a full or failing disk), draining, or unreachable (a refused or broken
-    connection), so an operator looks at the disk, the shutdown or the network."""
+    """What ``exc`` says of the lock server, for a log line after "the lock server at X"."""
     if isinstance(exc, ServerReadOnly):
         return (
             "is read-only: its disk is full or failing (it cannot write its lease journal "
@@ -105,23 +78,19 @@ def server_state(exc: ServerUnavailable) -> str:
 
 @dataclass
 class OutageWait:
-    """A run's reconnecting to its unreachable lock server, in its pool slot (monotonic
-    clock); `for_run` bounds it."""
+    """A run's reconnecting to its unreachable lock server (monotonic clock)."""
 
     deadline: float
-    """When the run stops reconnecting (then it is sent again, or fails)."""
     started: float = field(default_factory=time.monotonic)
     attempts: int = 0
     address: str = "?"
     last_error: str = ""
     state: str = "is unreachable"
-    """What the last error said of the server (`server_state`)."""
 
     @classmethod
     def for_run(cls, request: Any, started: float, wait_s: float) -> OutageWait:
         """The wait of a run that began at ``started`` with a ``lock_timeout`` of ``wait_s``
-        (step 1 above): all of it without a message to send again; else `OUTAGE_RECONNECT_S`
-        at most, or none for a message already sent again for an outage."""
+        (see the module documentation)."""
         deadline = started + wait_s
         if not (request.called_directly or request.is_eager):
             grace = OUTAGE_RECONNECT_S if outage_of(request) is None else 0.0
@@ -129,8 +98,7 @@ class OutageWait:
         return cls(deadline=deadline, started=started)
 
     def next_pause(self, exc: ServerUnavailable, address: str) -> float | None:
-        """The server could not be reached (``exc``): seconds to pause before trying again,
-        or None when the run's wait is over (then it is sent again, `retry_outage`)."""
+        """Seconds to pause before trying again, or None when the run's wait is over."""
         self.address, self.last_error, self.state = address, str(exc), server_state(exc)
         pause = min(RECONNECT_FIRST_PAUSE_S * 2 ** min(self.attempts, 16), RECONNECT_MAX_PAUSE_S)
         self.attempts += 1
@@ -176,9 +144,8 @@ def outage_countdown(retries: int) -> float:
 def retry_outage(
     message: Message, key: str, options: LockOptions, wait: OutageWait, exc: ServerUnavailable
 ) -> BaseException:
-    """The run's wait for its unreachable server is over: the exception to raise, a resend
-    with `outage_countdown` (the `Retry` Celery expects) within `OUTAGE_BUDGET_S`, else a
-    `ServerUnavailable` that says for how long the server was unreachable and what to do."""
+    """The run's wait for its unreachable server is over: the exception to raise (a resend's
+    `Retry` within `OUTAGE_BUDGET_S`, else `ServerUnavailable`)."""
     state = outage_of(message.request)
     now = time.time()
     since = state.since if state is not None else now - wait.waited()
@@ -229,9 +196,7 @@ class OutageCounter:
         self._guard = threading.Lock()
         self.retries = 0
         self.last_at: float | None = None
-        """Epoch seconds of the last outage retry received (None: none yet)."""
         self.longest_s = 0.0
-        """The longest outage one of those runs had met, in seconds."""
 
     def count(self, state: OutageState) -> None:
         with self._guard:

@@ -4,16 +4,13 @@
 A task sent with ``lock_from="publish"`` takes a hold on its key before its message is
 published (`publish_hold`), bound to the publisher's connection until the broker took the
 message (`PublishHold.confirm` detaches it with its pending lease); a duplicate publish gets
-the holder's result instead (`Duplicate`). The run that takes the message adopts the hold
-(`take_over`: `DistributedLock.adopt`), a retry hands it on to the retry message
-(`retry_hand_off`), a revoke of the queued message releases it (`celery_dflock.signals`), and
-``lock_pending_ttl`` frees it when no worker ever takes the message. The header and the owner
-note it travels with: `celery_dflock._request`.
+the holder's result instead (`Duplicate`). The run adopts the hold (`take_over`), a retry hands
+it on (`retry_hand_off`), a revoke releases it (`celery_dflock.signals`), and
+``lock_pending_ttl`` frees it when no worker ever takes the message.
 
-A follower (`run_follower`): the run of a canvas member of a ``lock_from="publish"`` task that
-was sent in a duplicate's place (`celery_dflock._request.FOLLOW_HEADER`). It gives the result
-of the task holding the key once that is ready, polling by resending its own message with a
-countdown, or fails at once with the error its publish would have raised.
+A follower (`run_follower`): a canvas member sent in a duplicate's place
+(`celery_dflock._request.FOLLOW_HEADER`). It gives the holder's result once ready, polling by
+resending its own message, or fails at once with the error its publish would have raised.
 """
 
 from __future__ import annotations
@@ -69,17 +66,14 @@ __all__ = [
 ]
 
 logger: Any = get_task_logger("celery_dflock.task")
-"""For messages logged while the task runs (Celery prefixes them with ``name[id]``)."""
 worker_logger: Any = get_logger("celery_dflock.worker")
-"""For messages logged outside a task's run (a publish's hold that could not be kept)."""
 
 _ADOPT_PAUSE_S: Final = 0.01
 _ADOPT_PAUSE_MAX_S: Final = 0.5
 
 
 def eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:
-    """An eager run of a ``lock_from="publish"`` task found its key held (a queued or running
-    message): it does not run, and does not wait for the holder."""
+    """An eager run of a ``lock_from="publish"`` task found its key held: it does not run."""
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
     by = f"task {holder}" if holder else "a holder that left no task id"
     follows = f"; AsyncResult({holder!r}) follows it" if holder else ""
@@ -101,16 +95,14 @@ def take_over(
     on_close_lease: int | None,
     task_id: str | None,
 ) -> bool:
-    """Adopt the publish-time hold ``held`` into ``lock``, bound to this run's connection (a
-    redelivery cannot run beside this run); False when there is none to adopt (no hold, gone,
-    or another delivery runs under it: the caller acquires, and ``on_locked`` applies).
-    ``on_close_lease``: for an acks_late task, the hold outlives the run's connection by that
-    many seconds, detached for the redelivery to take over; else it goes with the connection."""
+    """Adopt the publish-time hold ``held`` into ``lock``, bound to this run's connection;
+    False when there is none to adopt (the caller acquires). ``on_close_lease``: for an
+    acks_late task, the hold outlives the run's connection by that many seconds, for the
+    redelivery to take over."""
     if held is None or not isinstance(lock, DistributedLock):
         return False
     if held.key != lock.key:
-        # Sent again (a retry) with arguments that give another key: the old key's hold is
-        # of no use to this run.
+        # A retry whose arguments give another key.
         logger.info(
             "dflock: %s was sent holding %r, but its arguments give key %r now; "
             "releasing the old hold",
@@ -149,9 +141,8 @@ def _adopt(
     task_id: str | None,
 ) -> bool:
     """`DistributedLock.adopt`, retried while the hold is bound to a connection about to let
-    it go: this message's publisher (note: this task's id, no host), up to `PUBLISH_LEASE_S`,
-    or an earlier delivery (this task's id with a worker), up to `REDELIVERED_WAIT_S`. A
-    delivery still alive (Redis's visibility timeout) keeps the hold: this run acquires."""
+    it go: this message's publisher (this task's id, no host), up to `PUBLISH_LEASE_S`, or an
+    earlier delivery (this task's id with a worker), up to `REDELIVERED_WAIT_S`."""
     started = time.monotonic()
     pause_s = _ADOPT_PAUSE_S
     while True:
@@ -168,18 +159,10 @@ def _adopt(
 
 
 PUBLISH_LEASE_S: Final = 15
-"""Seconds a run waits for its own message's publisher to detach the hold (`_adopt`). The
-hold is taken bound to the publisher's connection (``hl ... c``, with its pending lease, so
-a lease above ``--max-lease-ttl`` is refused before anything is sent) and detached (``hd``)
-once the broker took the message; a send that gave up leaves no hold behind: it is freed
-when that connection closes (one whose request went unanswered is closed)."""
-
-
+"""Seconds a run waits for its own message's publisher to detach the hold (`_adopt`)."""
 REDELIVERED_WAIT_S: Final = 5
 """Seconds a run waits for an earlier delivery of its message to let the hold go (`_adopt`):
-a broker redelivers an acks_late message once its worker dies (RabbitMQ at once), possibly
-before the lock server sees the dead run's connection close (a few ms later). One that has
-not let go by then is taken to be alive."""
+a broker may redeliver before the lock server sees the dead run's connection close."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +176,7 @@ class PublishHold:
     """The lease the hold gets once its message is sent (``lock_pending_ttl``, or the delay)."""
 
     def confirm(self, task: Any, task_id: str) -> None:
-        """The message was sent: detach the hold with its pending lease. One that cannot be
-        (gone, server unreachable) is logged; the run then takes the key when it starts."""
+        """The message was sent: detach the hold with its pending lease (or log why not)."""
         key = self.hold.key
         try:
             done = app_client(task._get_app()).detach(key, self.hold.token, lease_ttl=self.lease)
@@ -246,11 +228,9 @@ def publish_hold(
 ) -> PublishHold | Duplicate | None:
     """Take the publish-time hold of a message of ``task``; None: it is not sent under one.
 
-    ``call``: (args, kwargs) as the run will see them (after the serializer's round trip).
-    The hold lasts ``lock_pending_ttl`` after the message is due (``countdown``/``eta``).
-    Raises `AlreadyQueued` for a duplicate under ``on_duplicate="raise"``; a canvas member
-    (``in_canvas``: its id is already in a result its caller holds) gets a `Duplicate`
-    whatever the policy, whose follower fails at once when it would raise."""
+    ``call``: (args, kwargs) as the run will see them. Raises `AlreadyQueued` for a duplicate
+    under ``on_duplicate="raise"``; a canvas member (``in_canvas``) gets a `Duplicate` whatever
+    the policy, whose follower fails at once when it would raise."""
     app: Any = task._get_app()
     config, runtime, name = get_config(app), get_runtime(app), str(task.name)
     runs = runtime.task_runs(name)
@@ -329,8 +309,7 @@ def publish_hold(
 
 
 def _grace(client: Client) -> str | None:
-    """Each server in its restart grace (``"127.0.0.1:6388: 212 s left (reason)"``), or
-    None. Asked only when a holder with no note refused a hold, as a grace refuses keys."""
+    """Each server in its restart grace (``"127.0.0.1:6388: 212 s left (reason)"``), or None."""
     found: list[str] = []
     for status in client.stats():
         stats = status.stats or {}
@@ -351,10 +330,9 @@ def _no_hold(
     *,
     in_canvas: bool,
 ) -> Duplicate | None:
-    """No hold can be taken and no holder refused it (``what``: the server is unreachable,
-    draining, or in its restart grace). ``on_duplicate="return"``: sent without a hold (None,
-    logged; its run still locks the key); ``"raise"``: nothing is sent (`ServerUnavailable`,
-    or a failing follower for a canvas member)."""
+    """No hold can be taken and no holder refused it. ``on_duplicate="return"``: sent
+    without a hold (None); ``"raise"``: nothing is sent (`ServerUnavailable`, or a failing
+    follower for a canvas member)."""
     if options.on_duplicate == "return":
         logger.warning(
             "dflock: %s; task %s sent without a hold (its run still takes the key; a "
@@ -381,9 +359,8 @@ def retry_hand_off(
     eta: Any,
     max_retries: int | None,
 ) -> HoldRef | None:
-    """Before ``task.retry``: hand a publish-time hold on to the retry message (renewed for
-    the countdown plus ``lock_pending_ttl``) and return it for the retry's header; any other
-    run's lock is released (None)."""
+    """Before ``task.retry``: hand a publish-time hold on to the retry message and return it
+    for its header; any other run's lock is released (None)."""
     lock = held_lock(request)
     options = held_options(request)
     held = hold_of(header(request, HOLD_HEADER))
@@ -402,23 +379,17 @@ def retry_hand_off(
         if lock is not None:
             lock.release()
         return None
-    lease = _pending_lease(options, _retry_delay(task, countdown, eta))
+    if eta is None and countdown is None:  # as Task.retry works it out
+        countdown = cast("float | None", getattr(task, "default_retry_delay", None))
+    lease = _pending_lease(options, _delay_s(countdown, eta))
     if lock.hand_off(lease):
         return held
     return None  # lost meanwhile: nothing to hand on
 
 
 def _pending_lease(options: LockOptions, delay_s: float) -> int:
-    """The lease of a hold whose message is due in ``delay_s`` s: ``lock_pending_ttl``, or
-    the delay when that is longer (a message due later keeps its key until it is due)."""
+    """The lease of a hold whose message is due in ``delay_s`` s (at least the delay)."""
     return max(options.pending_ttl, math.ceil(delay_s))
-
-
-def _retry_delay(task: Any, countdown: float | None, eta: Any) -> float:
-    """Seconds until a retry is due, as ``Task.retry`` works it out."""
-    if eta is None and countdown is None:
-        countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    return _delay_s(countdown, eta)
 
 
 def _delay_s(countdown: object, eta: object) -> float:
@@ -439,17 +410,14 @@ def _delay_s(countdown: object, eta: object) -> float:
 # --------------------------------------------------------------------------------------- a follower
 
 _FOLLOW_GONE_HEADER: Final = "dflock_follow_gone"
-"""Set on a follower resent after it found its holder gone without a result (once more, then
-it fails)."""
+"""Set on a follower resent after it found its holder gone without a result."""
 _FOLLOW_PAUSE_S: Final = 0.25
 _FOLLOW_MAX_S: Final = 5.0
 
 
 def run_follower(message: Message, follow: Follow) -> Any:
-    """The holder's value, or its error raised (see the module docstring); no worker slot
-    is kept while it runs. When the holder has let the key go and still has no result twice
-    in a row (revoked, lost, or ``ignore_result``), the run fails, saying so."""
-
+    """The holder's value, or its error raised; fails when the holder let the key go with no
+    result twice in a row."""
     run, request = message.label, message.request
     if follow.error is not None or follow.task_id is None:
         raise AlreadyQueued(

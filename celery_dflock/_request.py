@@ -1,19 +1,15 @@
 """What a locked run reads from and writes on Celery's request and message.
 
-The lock's message headers: per-call options (`LOCK_OPTIONS_HEADER`), lock retries
-(`LOCK_RETRIES_HEADER`), an outage retry's state (`OUTAGE_HEADER`), queue-once's publish-time
-hold (`HOLD_HEADER`, `celery_dflock._queue_once`) and a canvas member's follower
-(`FOLLOW_HEADER`). A run reads its request once into a `Message`, which its policies take
-whole. The lock a run holds is kept on its request (`mark_held`, `held_lock`); `resend` sends
-the message again (a lock retry, an outage retry, a follower's poll).
+The lock's message headers (``*_HEADER``). A run reads its request once into a `Message`,
+which its policies take whole. The lock a run holds is kept on its request (`mark_held`,
+`held_lock`); `resend` sends the message again (a lock retry, an outage retry, a follower's
+poll).
 
-The owner note, on each hold and run-time lock: the task id, and while a run holds the key,
-the worker's host name, the running process's pid and the task's name (`encode_note`:
-``<task id>/<host>/<pid>/<task name>``, each part percent-encoded; an older release's note
-stops after the host, and an older reader takes all after the task id as the host). The
-server stores it with the grant; a refused publish or acquire and ``celery dflock locks``
-read the holder's task id back (`decode_note`). The singleton beat's leader lock carries one
-too (`beat_note`: pid and host), so ``celery dflock locks`` names the beat that sends.
+The owner note, on each hold and run-time lock (`encode_note`:
+``<task id>/<host>/<pid>/<task name>``, each part percent-encoded, the last three only while
+a run holds the key; an older release's note stops after the host). A refused publish or
+acquire and ``celery dflock locks`` read the holder back (`decode_note`); the singleton beat's
+leader lock carries one too (`beat_note`).
 """
 
 from __future__ import annotations
@@ -64,12 +60,10 @@ __all__ = [
 LOCK_OPTIONS_HEADER: Final = "dflock_options"
 """Message header carrying per-call lock options (``apply_async(..., lock_timeout=5)``)."""
 LOCK_RETRIES_HEADER: Final = "dflock_lock_retries"
-"""Message header counting the retries ``on_locked="retry"`` made (Celery's ``retries`` is
-left to the task's own retries)."""
+"""Message header counting the retries ``on_locked="retry"`` made."""
 OUTAGE_HEADER: Final = "dflock_outage"
 """Message header of a run sent again because its lock server was unreachable
-(`celery_dflock._outage`): ``{"since": <epoch seconds the outage was first met>,
-"retries": <outage retries so far>}``."""
+(`celery_dflock._outage`): ``{"since": <epoch seconds>, "retries": <outage retries>}``."""
 HOLD_HEADER: Final = "dflock_hold"
 """Message header of a task sent under a publish-time hold: ``{"key": ..., "token": ...}``."""
 FOLLOW_HEADER: Final = "dflock_follow"
@@ -83,8 +77,7 @@ _REQUEST_ATTRS: Final = (
     "dflock_token",
     "dflock_run_options",
 )
-"""What `mark_held` sets on the request: the lock (``LockedTask.lock``), its key, fence and
-token, the run's resolved `LockOptions`."""
+"""What `mark_held` sets on the request."""
 MAX_BACKOFF_EXPONENT: Final = 32
 """The most doublings of a backoff (a lock retry's countdown, a follower's poll)."""
 
@@ -118,8 +111,7 @@ def lock_retries(request: Any) -> int:
 
 @dataclass(slots=True)
 class Message:
-    """One run, with its per-call lock options checked as they entered (None: none). Other
-    headers are read where needed (a run that is not locked reads none)."""
+    """One run, with its per-call lock options checked (None: none)."""
 
     task: Any
     request: Any
@@ -180,9 +172,8 @@ def resend(
     extra: Mapping[str, object] | None = None,
 ) -> BaseException:
     """Send the run again in ``countdown`` s as ``Task.retry`` does, but counted in
-    `LOCK_RETRIES_HEADER`, not Celery's ``retries``: a busy key never uses up the task's
-    ``max_retries`` (an outage retry passes the count on unchanged). ``busy``: the `Retry`'s
-    exception; ``extra``: more headers. Per-call options go on as they came (checked)."""
+    `LOCK_RETRIES_HEADER`, not Celery's ``retries`` (a busy key never uses up the task's
+    ``max_retries``). ``busy``: the `Retry`'s exception; ``extra``: more headers."""
     request = message.request
     headers = dict(_headers(request) or {})
     for name in (FOLLOW_HEADER, HOLD_HEADER):  # a worker's request keeps them as attributes
@@ -223,9 +214,8 @@ def encode_note(
     pid: int | None = None,
     name: str | None = None,
 ) -> str | None:
-    """The owner note (parts ``quote(part, safe="")``-encoded, joined by ``/``). A note too
-    long loses its last parts (name, then pid, then host); None when the task id alone is
-    too long (or there is none): the lock is then taken without a note."""
+    """The owner note. A note too long loses its last parts; None when the task id alone is
+    too long (or there is none)."""
     if not task_id:
         return None
     note = _quoted(task_id)
@@ -242,13 +232,11 @@ def encode_note(
 
 
 _PLAIN: Final = re.compile(r"[A-Za-z0-9_.~@-]*")
-"""Characters ``quote(part, safe="")`` leaves as they are, and ``@``: a Celery task id (a
-UUID) and a worker's name (``celery@host``) are made of these."""
+"""Characters ``quote(part, safe="")`` leaves as they are, and ``@``."""
 
 
 def _quoted(part: str) -> str:
     """``quote(part, safe="")``, with one scan for the usual task id and worker name."""
-
     if _PLAIN.fullmatch(part):
         return part.replace("@", "%40")
     return quote(part, safe="")
@@ -281,13 +269,11 @@ def decode_note(note: str | None) -> tuple[str | None, str | None]:
 
 
 _BEAT_PREFIX: Final = "beat:"
-"""The task part of a beat's owner note: ``beat:<pid>`` (no task id starts so: Celery's are
-UUIDs)."""
+"""The task part of a beat's owner note: ``beat:<pid>``."""
 
 
 def beat_note(pid: int, host: str) -> str | None:
-    """The owner note of a singleton beat's leader lock: its pid and host (`beat_pid` reads
-    the pid back from the decoded task part)."""
+    """The owner note of a singleton beat's leader lock: its pid and host."""
     return encode_note(f"{_BEAT_PREFIX}{pid}", host)
 
 
@@ -342,12 +328,8 @@ def follow_of(value: object) -> Follow | None:
         return None
     fields = cast("Mapping[str, Any]", value)
     key, task_id, error = fields.get("key"), fields.get("task_id"), fields.get("error")
-    if not isinstance(key, str) or not key:
+    if not (isinstance(key, str) and key) or (task_id is None and error is None):
         return None
-    if task_id is not None and not isinstance(task_id, str):
-        return None
-    if error is not None and not isinstance(error, str):
-        return None
-    if task_id is None and error is None:
-        return None
-    return Follow(key, task_id, error)
+    if isinstance(task_id, str | None) and isinstance(error, str | None):
+        return Follow(key, task_id, error)
+    return None

@@ -1,27 +1,21 @@
 # pyright: reportMissingTypeStubs=false
 """One locked run, beside `LockedTask` as Celery's ``app/trace.py`` is beside its ``Task``.
 
-`locked_run` is the whole path of a run, in one place: the message read (`Message`), the
-task's plan and key, the acquire (or the take-over of its publish-time hold), the body under
-the lost-lock guard, the held-lock record, and the release. What it calls are plain functions
-and small classes, each a policy of its own:
+`locked_run` is the whole path of a run: the message read (`Message`), the task's plan and
+key, the acquire (or the take-over of its publish-time hold), the body under the lost-lock
+guard, and the release. Its policies:
 
-* the busy-key policy (`contended`, `retry_countdown`): what a run does when its key is held
-  by other runs, or in use with another ``lock_limit``, once its ``lock_timeout`` wait in the
-  key's queue is over (``on_locked``: ``"retry"`` with backoff and jitter, counted apart from
-  Celery's retries; ``"skip"``; ``"raise"``);
-* the lost-lock guard (`RunGuard`): what ``on_lock_lost`` does when the lock is lost while the
-  body runs (interrupt the body, flag it, or terminate the pool child), the ``lock_lost``
-  signal, and the log line;
+* busy key (`contended`, `retry_countdown`): ``on_locked`` once the ``lock_timeout`` wait is
+  over (``"retry"`` with backoff and jitter, counted apart from Celery's retries; ``"skip"``;
+  ``"raise"``); a key in use with another ``lock_limit`` counts as busy;
+* lost lock (`RunGuard`): ``on_lock_lost`` (interrupt the body, flag it, or terminate the pool
+  child), the ``lock_lost`` signal and the log line;
 * the interrupt (`current_body`): raising `LockLost` in the running body from another thread
-  or greenlet, on each pool (its notes: the section's comment below);
-* the two signals a run sends (``celery_dflock.signals`` documents their arguments).
+  or greenlet, on each pool.
 
-Its other parts live in modules of their own: `celery_dflock._runtime` (the task's plan and
-the process's client), `celery_dflock._queue_once` (the publish-time hold and a canvas member
-sent in a duplicate's place), `celery_dflock._outage` (an unreachable lock server: a busy key,
-not a failure) and `celery_dflock._request` (what the run reads from and writes on Celery's
-request and message).
+Its other parts: `celery_dflock._runtime` (the task's plan, the process's client),
+`celery_dflock._queue_once` (the publish-time hold), `celery_dflock._outage` (an unreachable
+lock server) and `celery_dflock._request` (Celery's request and message).
 """
 
 from __future__ import annotations
@@ -55,7 +49,7 @@ from celery_dflock._request import (
     mark_held,
     resend,
 )
-from celery_dflock._runtime import AnyLock, HeldRecord, Runtime, get_runtime, options_for
+from celery_dflock._runtime import AnyLock, Runtime, get_runtime, options_for
 from celery_dflock._settings import OnLockLost
 from celery_dflock.client import Client, DistributedLock
 from celery_dflock.client.errors import (
@@ -90,11 +84,8 @@ logger: Any = get_task_logger("celery_dflock.task")
 
 def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``task``'s body for ``request`` under its lock (or straight, when not locked).
-
-    A request sent under a publish-time hold (`HOLD_HEADER`) takes the hold over: the run
-    holds the very grant the publish took (renewed, guarded and released as any run's lock).
-    When the hold is gone (its ``lock_pending_ttl`` ran out), the run takes the key as a
-    run-time lock and ``on_locked`` applies."""
+    A request sent under a publish-time hold (`HOLD_HEADER`) takes the hold's grant over;
+    when the hold is gone, the run takes the key as a run-time lock."""
     message = Message.read(task, request, (args, kwargs))
     follow = follow_of(header(request, FOLLOW_HEADER))
     if follow is not None:
@@ -112,9 +103,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     wait_s = options.timeout
     eager_once = bool(request.is_eager) and options.lock_from == "publish"
     if (request.called_directly or eager_once) and not options.timeout_given:
-        # The default wait of "retry" stands in for a retry's countdown in a worker; a direct
-        # call (a web request, a script) has no message to retry, and an eager queue-once run
-        # of a key a queued message holds fails at once (AlreadyQueued): both give up at once.
+        # A direct call has no message to retry, and an eager queue-once run of a held key
+        # fails (AlreadyQueued): neither waits.
         wait_s = 0.0
     if options.on_locked == "retry" and request.is_eager and not eager_once:
         # Eager retries run at once; wait out the countdown in the queue instead.
@@ -159,9 +149,8 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         if eager_once:
             raise eager_duplicate(guard.label, key, lock)
         return contended(message, key, options, time.monotonic() - started, lock=lock)
-    # A hold taken over for an acks_late message outlives this process on purpose: when the
-    # process dies, the message comes back and its next run takes the same hold over. It is
-    # not recorded, so a dead child's clean-up does not release it.
+    # A hold taken over for an acks_late message is not recorded, so a dead child's clean-up
+    # does not release it: the redelivered message's run takes it over again.
     record = not (took_over and on_close_lease is not None)
     return _run_held(guard, lock, message, options, run, record=record)
 
@@ -176,8 +165,7 @@ def new_lock(
     note: str | None,
 ) -> AnyLock:
     """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``; a lock carries the
-    owner ``note`` (a semaphore none). ``options.ttl`` is a `Lease`, checked where it entered:
-    the client takes it as it is."""
+    owner ``note``. ``options.ttl`` is a `Lease`, already checked."""
     if options.limit is not None:
         return client.semaphore(
             key, options.limit, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost
@@ -188,15 +176,13 @@ def new_lock(
 
 
 def _run_note(message: Message) -> str | None:
-    """The owner note of a running task: its id, the worker's name (or this host's), this
-    process's pid and the task's name."""
+    """The owner note of a running task: id, worker (or host) name, pid, task name."""
     host = getattr(message.request, "hostname", None)
     host = host if isinstance(host, str) and host else socket.gethostname()
     return encode_note(message.task_id, host, pid=os.getpid(), name=str(message.task.name))
 
 
 def _acks_late(task: Any, request: Any) -> bool:
-    """Whether this run's message is acknowledged after the run (per call, or the task's)."""
     per_message = getattr(request, "acks_late", None)
     return bool(per_message if per_message is not None else getattr(task, "acks_late", False))
 
@@ -210,19 +196,18 @@ def _run_held(
     *,
     record: bool,
 ) -> Any:
-    """The body, with ``lock`` held: recorded on the request (and, when ``record``, in the
-    held-lock records of a pool child), guarded against a loss, and released however the body
-    ends."""
+    """The body, with ``lock`` held: recorded (on the request; with ``record``, in a pool
+    child's held-lock records), guarded, and released however the body ends."""
     key, task_id, runtime, request = guard.key, guard.task_id, guard.runtime, message.request
     mark_held(request, key, lock, options)
     if record and runtime.in_pool_child and task_id:
         writer = runtime.held_writer()
         if writer is not None:
-            guard.record = writer.add(task_id, lock, options.limit)
+            guard.unrecord = writer.add(task_id, lock, options.limit)
     try:
         result = guard.run_body(run, message.call, lock)
-        # The lock may be marked lost a moment before on_lost runs: the body can see it and
-        # return first. Only "flag" lets a body that saw its lock lost end normally.
+        # The body may see the lock lost and return before on_lost runs: only "flag" lets
+        # such a run succeed.
         if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
             raise LockLost(
                 f"{guard.label} lost its lock {key!r} (fence {lock.fence}) "
@@ -234,18 +219,15 @@ def _run_held(
         try:
             lock.release()
         finally:
-            if guard.record is not None:
-                guard.record.remove()
+            if guard.unrecord is not None:
+                guard.unrecord()
             clear_held(request)
 
 
 def _autoretry(message: Message, exc: DflockError) -> None:
-    """Give an error taking the lock the task's ``autoretry_for`` treatment: Celery's wraps
-    the body only, and the lock is taken before it (without this,
-    ``autoretry_for=(ServerUnavailable,)`` would not cover an outage of the lock server).
-    Retries through ``self.retry`` (so ``retry_kwargs``, ``retry_backoff``,
-    ``retry_backoff_max``, ``retry_jitter`` and ``max_retries`` apply as Celery applies them)
-    when the task names the error; returns otherwise, and the caller re-raises."""
+    """Give an error taking the lock the task's ``autoretry_for`` treatment (Celery's wraps
+    only the body): ``self.retry`` with Celery's ``retry_*`` options when the task names the
+    error; returns otherwise, and the caller re-raises."""
     task = message.task
     autoretry_for = tuple(getattr(task, "autoretry_for", None) or ())
     if not autoretry_for or not isinstance(exc, autoretry_for):
@@ -288,12 +270,8 @@ def contended(
     mismatch: LimitMismatchError | None = None,
     lock: AnyLock | None = None,
 ) -> Any:
-    """The key is busy: held by other runs, or (``mismatch``) in use with another limit;
-    ``waited_s``: how long this run waited for it (a direct call does not wait in the queue).
-
-    A key is one resource on the server (a lock is a semaphore of limit 1), so runs with
-    another ``lock_limit`` on the key keep it busy like any holder; the server refuses at
-    once instead of queueing, and ``on_locked`` applies as for a busy key."""
+    """The key is busy: held by other runs, or (``mismatch``) in use with another limit (the
+    server refuses at once: a lock is a semaphore of limit 1); ``on_locked`` applies."""
     run = message.label
     args, kwargs = message.call
     holder = decode_note(lock.holder)[0] if isinstance(lock, DistributedLock) else None
@@ -348,7 +326,7 @@ def contended(
         done + 1,
         "no limit" if limit is None else limit,
     )
-    # Busy, so reached: an outage this run met before is over (its budget starts afresh).
+    # Busy, so reached: an earlier outage is over (its budget starts afresh).
     extra = {OUTAGE_HEADER: None}
     raise resend(message, countdown=countdown, retries=done + 1, busy=busy, extra=extra)
 
@@ -356,8 +334,7 @@ def contended(
 # --------------------------------------------------------------- the lost-lock guard (on_lock_lost)
 
 worker_logger: Any = get_logger("celery_dflock.worker")
-"""For messages from the renewal thread, where Celery's task prefix would read ``???[???]``
-(the message names the run itself)."""
+"""For the renewal thread, where Celery's task prefix would read ``???[???]``."""
 
 
 class _Interrupted(LockLost):
@@ -377,7 +354,7 @@ class RunGuard:
         self.key = key
         self.policy: OnLockLost = policy
         self.runtime = runtime
-        self.record: HeldRecord | None = None
+        self.unrecord: Callable[[], None] | None = None
         self._state = threading.Lock()
         self._body: BodyTarget | None = None
         self._interrupt_sent = False
@@ -385,12 +362,8 @@ class RunGuard:
         self._body_ended = False
 
     def on_lost(self, lock: Any) -> None:
-        """Called once when the lock is lost: from the renewal thread, or from the release
-        after the body if only the server's refusal to release shows it.
-
-        An interrupt goes out first, before the log line and the signal (a body that polls
-        ``lock.lost`` is stopped before it can act on it); a termination comes last, after
-        them (it ends the process)."""
+        """Called once when the lock is lost (by the renewal thread, or the release). An
+        interrupt goes out before the log line and the signal; a termination comes last."""
         policy = self.policy
         if policy == "terminate" and not self.runtime.in_pool_child:
             policy = "interrupt"  # only a prefork child can be replaced
@@ -416,8 +389,8 @@ class RunGuard:
                 self.label,
             )
         if policy == "terminate" and not ended:
-            if self.record is not None:
-                self.record.remove()
+            if self.unrecord is not None:
+                self.unrecord()
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _interrupt(self) -> None:
@@ -431,8 +404,7 @@ class RunGuard:
 
     @property
     def interrupt_due(self) -> bool:
-        """An interrupt was sent (or could not be) while the body ran: a body that returned
-        all the same must not count as a success."""
+        """An interrupt was sent (or could not be): a body that returned is no success."""
         return self._interrupt_sent
 
     def run_body(
@@ -441,8 +413,7 @@ class RunGuard:
         call: tuple[tuple[Any, ...], dict[str, Any]],
         lock: AnyLock,
     ) -> Any:
-        """``run(*args, **kwargs)`` in this thread, the target of an interrupt while it runs;
-        an interrupt that reaches it ends it with `LockLost`."""
+        """``run(*args, **kwargs)`` in this thread, as the target of an interrupt."""
         body = current_body()
         with self._state:
             self._body = body
@@ -463,27 +434,14 @@ class RunGuard:
 
 # ------------------------------------------------------------------------------------ the interrupt
 
-# Raising an exception in a running task body from another thread or greenlet.
-#
-# ``on_lock_lost="interrupt"`` raises `LockLost` in the body while it runs. How depends on what
-# the body runs in, which the worker's pool decides:
-#
-# * prefork, threads, solo: an OS thread. The exception is scheduled in it with
-#   ``PyThreadState_SetAsyncExc`` and raised at its next bytecode boundary.
-# * gevent, eventlet: a greenlet. Those pools monkey-patch ``threading``, so a thread id is a
-#   greenlet's and ``PyThreadState_SetAsyncExc`` finds no thread by it. The exception is thrown
-#   into the body's greenlet from the hub, as the libraries' own ``kill`` does, and is raised
-#   where the body yields (a sleep, a socket, a lock); a body that never yields never lets the
-#   renewal run either.
-#
-# Either way the body may end before the exception lands: its ``cancel`` drops one not yet
-# delivered, and the caller raises `LockLost` itself when a lost lock's body returned anyway
-# (so a run whose lock was lost never ends as a success, whatever the pool).
+# prefork, threads, solo: the body runs in an OS thread; the exception is scheduled with
+# ``PyThreadState_SetAsyncExc``. gevent, eventlet: a greenlet (a thread id is a greenlet's
+# there); the exception is thrown into it from the hub and raised where the body yields.
+# The body may end before it lands: ``cancel`` drops it, and the caller raises `LockLost`.
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
-    """Schedule ``exc`` in thread ``thread_id`` (None clears a pending one); the number of
-    threads changed."""
+    """Schedule ``exc`` in thread ``thread_id`` (None clears one); the threads changed."""
     set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
     set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
     set_async_exc.restype = ctypes.c_int
@@ -491,9 +449,8 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> int:
 
 
 class _ThreadBody:
-    """A body running in an OS thread. ``interrupt`` schedules an exception in it from another
-    thread (False: it cannot be delivered); ``cancel``, from the body as it ends, drops one
-    not delivered yet. `_GreenBody` does the same for a greenlet."""
+    """A body running in an OS thread. ``interrupt`` schedules an exception in it (False: it
+    cannot be delivered); ``cancel``, as the body ends, drops one not delivered yet."""
 
     def __init__(self, thread_id: int) -> None:
         self._thread_id = thread_id
@@ -532,27 +489,19 @@ class _GreenBody:
         self._running = False
 
 
-def _patched_by_gevent() -> bool:
-    monkey: Any = sys.modules.get("gevent.monkey")
-    return monkey is not None and bool(monkey.is_module_patched("threading"))
-
-
-def _patched_by_eventlet() -> bool:
-    patcher: Any = sys.modules.get("eventlet.patcher")
-    return patcher is not None and bool(patcher.is_monkey_patched("thread"))
-
-
 BodyTarget = _ThreadBody | _GreenBody
 """Where a running body can be interrupted."""
 
 
 def current_body() -> BodyTarget:
     """The thread or greenlet the caller runs in, as an interrupt target."""
-    if _patched_by_gevent():
+    monkey: Any = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
         gevent: Any = sys.modules["gevent"]
         loop: Any = gevent.get_hub().loop
         return _GreenBody(gevent.getcurrent(), loop.run_callback_threadsafe)
-    if _patched_by_eventlet():
+    patcher: Any = sys.modules.get("eventlet.patcher")
+    if patcher is not None and patcher.is_monkey_patched("thread"):
         greenthread: Any = sys.modules["eventlet.greenthread"]
         hub: Any = sys.modules["eventlet.hubs"].get_hub()
 

@@ -1,18 +1,15 @@
 """Per-process state of the Celery integration, kept on the app (never at module level).
 
-:class:`Runtime` -- one per process and app: the app's `Client` and its connection pool (made
-after fork, so a pool child never shares its parent's; closed at shutdown), whether this
-process is a prefork pool child, what the runs of each task reuse (`TaskRuns`: whether they
-are locked, their options and `KeyBuilder`, worked out once per task and process while the
-config and every lock attribute are the same objects), and where held locks are recorded.
+:class:`Runtime` -- one per process and app: the app's `Client` (made after fork, so a pool
+child never shares its parent's), whether this process is a prefork pool child, what the runs
+of each task reuse (`TaskRuns`: whether they are locked, their options and `KeyBuilder`,
+worked out once while the config and every lock attribute stay the same objects), and where
+held locks are recorded.
 
 The held-lock records (`HeldRecords`): each prefork pool child keeps one file (`HeldWriter`)
-listing the locks it holds now, so the worker's main process can release them once the child
-dies under a task (hard time limit, revoke with terminate, SIGKILL). The server frees a dead
-child's grants itself when its connection closes: at once on a plain connection,
-``--session-ttl`` seconds later (3 by default) on the session connection celery-dflock's
-client opens, never before the lease's end with ``--no-auto-release-on-disconnect``; the
-records free the key as soon as the main process sees the child gone. Release is idempotent.
+listing the locks it holds now, so the worker's main process can release them as soon as the
+child dies under a task (hard time limit, revoke with terminate, SIGKILL), rather than when
+the server notices the closed connection (``--session-ttl`` later, or at the lease's end).
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from operator import is_
 from pathlib import Path
 from types import MethodType
@@ -49,7 +47,6 @@ from celery_dflock.keys import KeyBuilder
 __all__ = [
     "CHILD_EXIT_WAIT_S",
     "AnyLock",
-    "HeldRecord",
     "HeldRecords",
     "HeldWriter",
     "Runtime",
@@ -65,15 +62,14 @@ __all__ = [
 
 
 def _same(a: object, b: object) -> bool:
-    """The same object; or the same bound method (a function-valued class attribute, such as
-    a ``lock_key`` callable, is a new bound method object on every attribute access)."""
+    """The same object, or the same bound method (a new object at every attribute access)."""
     return a is b or (type(a) is MethodType and a == b)
 
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """Whether runs of a task without call options are locked, and their options, as worked
-    out from these inputs (a changed attribute or a reset config is noticed on the next run)."""
+    out from these inputs."""
 
     config: DflockConfig
     attributes: tuple[object, ...]
@@ -85,8 +81,7 @@ class _Plan:
     def fits(self, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
         if self.config is not config:
             return False
-        # Every attribute the very object it was (the usual case), compared in C; else each
-        # by `_same` (a function-valued attribute is a new bound method at every access).
+        # The usual case, compared in C; else each by `_same`.
         return all(map(is_, self.attributes, attributes)) or all(
             _same(a, b) for a, b in zip(self.attributes, attributes, strict=True)
         )
@@ -111,8 +106,7 @@ class _Keys:
 
 
 class TaskRuns:
-    """A task's plan and key builder in one process (kept by the `Runtime`, so a pool child
-    works its own out, and the task stays stateless)."""
+    """A task's plan and key builder in one process (kept by the `Runtime`)."""
 
     __slots__ = ("keys", "plan")
 
@@ -149,9 +143,7 @@ class TaskRuns:
 
 def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
     """Whether runs without call options are locked (with call options they always are)."""
-    if str(task.name) in config.task_locks:
-        return True
-    if any(value is not None for value in attributes):
+    if str(task.name) in config.task_locks or any(value is not None for value in attributes):
         return True
     # base=LockedTask named explicitly: always locked. Inherited only through the
     # app's task_cls: locked only with a lock option (checked above).
@@ -238,8 +230,7 @@ class HeldRecords:
 
     @classmethod
     def left_by_dead_workers(cls, pid: int) -> list[HeldRecords]:
-        """The records directories of gone worker main processes (killed with -9, say, so
-        they never removed theirs), other than live worker ``pid``'s."""
+        """The records directories of gone worker main processes (killed with -9, say)."""
         prefix = f"celery-dflock-{os.getuid()}-"
         found: list[HeldRecords] = []
         for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
@@ -294,27 +285,12 @@ class HeldRecords:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-class HeldRecord:
-    """One recorded lock (`HeldWriter.add`); `remove` it when the lock is released."""
-
-    __slots__ = ("_handle", "_writer")
-
-    def __init__(self, writer: HeldWriter, handle: int) -> None:
-        self._writer = writer
-        self._handle = handle
-
-    def remove(self) -> None:
-        """Take this lock out of the record file (idempotent)."""
-        self._writer.remove(self._handle)
-
-
 class HeldWriter:
     """This process's record file ``<directory>/<pid>.held``: what it holds right now.
 
     Every change rewrites the whole list with one ``pwrite`` at offset 0 on a file kept open,
-    space-padded to at least the length written before, so no leftovers of a longer list
-    remain and no rename is needed (the main process reads it only once the child is gone).
-    Around every locked run in a pool child: two small writes, no file created or renamed.
+    space-padded to the longest length written, so no rename is needed (the main process reads
+    it only once the child is gone): two small writes per locked run.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -326,8 +302,9 @@ class HeldWriter:
         self._fd: int | None = None
         self._size = 0
 
-    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> HeldRecord | None:
-        """Record that this process holds ``lock`` for ``task_id`` (None if it could not)."""
+    def add(self, task_id: str, lock: AnyLock, limit: int | None) -> Callable[[], None] | None:
+        """Record that this process holds ``lock`` for ``task_id``; what takes the record out
+        again (idempotent), or None if it could not be written."""
         entry = json.dumps(
             {
                 "task_id": task_id,
@@ -344,7 +321,7 @@ class HeldWriter:
             if not self._write():
                 del self._held[handle]
                 return None  # the main process is gone or the directory removed
-        return HeldRecord(self, handle)
+        return partial(self.remove, handle)
 
     def remove(self, handle: int) -> None:
         with self._guard:
@@ -428,12 +405,6 @@ class Runtime:
                 # Close idle connections when this runtime (its app) goes away.
                 weakref.finalize(self, made[1].close)
             return made[1]
-
-    def release_token(self, config: DflockConfig, key: str, token: str, limit: int | None) -> bool:
-        """Release ``token`` on ``key`` for a process that cannot (idempotent); False if the
-        server no longer held it."""
-
-        return self.client(config).release(key, token, limit=limit)
 
     def close(self) -> None:
         with self._guard:

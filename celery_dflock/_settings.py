@@ -1,13 +1,11 @@
 # pyright: reportMissingTypeStubs=false
 """Every lock option and ``dflock_*`` setting, once: its check, its default, its meaning.
 
-The checks (`Check`; the error says what would be accepted, ``where`` names the setting or
-option and where it was given), and the one table of options and settings (`Spec`). The
-option resolution (`celery_dflock.config.resolve_options`), `celery_dflock.config.DflockConfig`,
-`celery_dflock.beat.BeatSettings` and the generated settings reference
-(``docs/gen_reference.py``: `option_table`, `setting_table`) all read this table: a default is
-written here once, and a value is checked once, where it enters (a setting, an attribute, a
-call option, a message's options).
+The checks (`Check`) and the one table of options and settings (`Spec`), which the option
+resolution (`celery_dflock.config.resolve_options`), `celery_dflock.config.DflockConfig`,
+`celery_dflock.beat.BeatSettings` and the generated settings reference (`option_table`,
+`setting_table`) all read. A value is checked once, where it enters (a setting, an attribute,
+a call option, a message's options).
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from celery_dflock.client.clients import (
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.client.sharding import Routing
 from celery_dflock.client.wire import DEFAULT_MAX_LEASE_TTL_S, MAX_NUMBER
+from celery_dflock.keys import KeySource
 
 __all__ = [
     "APP_SETTINGS",
@@ -89,7 +88,8 @@ OnDuplicate = Literal["return", "raise"]
 T = TypeVar("T")
 Word = TypeVar("Word", bound=str)
 Check: TypeAlias = Callable[[object, str], T]
-"""A check: ``(value, where) -> value`` normalised and typed, or `DflockConfigError`."""
+"""A check: ``(value, where) -> value`` normalised and typed, or `DflockConfigError` (never
+given None: unset)."""
 
 
 class DflockConfigError(InvalidValueError, ImproperlyConfigured):
@@ -99,49 +99,29 @@ class DflockConfigError(InvalidValueError, ImproperlyConfigured):
     """
 
 
-def close_matches(name: str, known: Iterable[str]) -> str:
+def close_matches(name: str, known: Iterable[str], cutoff: float = 0.75) -> str:
     """``"; did you mean 'a' or 'b'?"`` for the names of ``known`` close to ``name``, or ``""``."""
-    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.75)
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=cutoff)
     return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 
-# --------------------------------------------------------------------------- numbers
-
-
-def _number(value: object, where: str, *, minimum: float, integer: bool) -> float:
-    kind = "an integer" if integer else "a number"
+def check_countdown(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise DflockConfigError(f"{where} must be {kind} of seconds, got {value!r}")
-    if integer and not isinstance(value, int):
-        raise DflockConfigError(f"{where} must be a whole number of seconds, got {value!r}")
-    if value < minimum or value > MAX_NUMBER or math.isnan(value):
-        raise DflockConfigError(f"{where} must be >= {minimum} and <= {MAX_NUMBER}, got {value!r}")
-    return value
-
-
-def check_timeout(value: object, where: str) -> float | None:
-    if value is None:
-        return None
-    return float(_number(value, where, minimum=0, integer=False))
+        raise DflockConfigError(f"{where} must be a number of seconds, got {value!r}")
+    if value < 0 or value > MAX_NUMBER or math.isnan(value):
+        raise DflockConfigError(f"{where} must be >= 0 and <= {MAX_NUMBER}, got {value!r}")
+    return float(value)
 
 
 def check_lease(value: object, where: str) -> Lease:
-    """A lease: the client's rule (`lease_seconds`: whole seconds from 1)."""
     return lease_seconds(where, value, error=DflockConfigError)
 
 
 def check_ttl(value: object, where: str) -> Lease | None:
-    """``lock_ttl``: a lease (`check_lease`), or None for the server's default."""
     return None if value is None else check_lease(value, where)
 
 
-def check_countdown(value: object, where: str) -> float:
-    return float(_number(value, where, minimum=0, integer=False))
-
-
-def check_max_retries(value: object, where: str) -> int | None:
-    if value is None:
-        return None
+def check_max_retries(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DflockConfigError(
             f"{where} must be None (retry while the key is busy, no limit) or a whole number "
@@ -163,15 +143,8 @@ check_renew_ratio_value: Final[Check[float]] = partial(check_renew_ratio, error=
 check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockConfigError)
 
 
-# --------------------------------------------------------------------------- words
-
-
-KeySource = str | Callable[..., str] | None
-"""``lock_key``: a template, a callable, or None (the task name and a digest)."""
-
-
 def check_key(value: object, where: str) -> KeySource:
-    if value is None or isinstance(value, str):
+    if isinstance(value, str):
         return value
     if callable(value):
         return cast("Callable[..., str]", value)
@@ -182,8 +155,7 @@ def check_key(value: object, where: str) -> KeySource:
 
 
 def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word]:
-    """A check that the value is one of ``choices`` (``meanings``: the error's words for them,
-    e.g. ``"'run' (...) or 'publish' (...)"``)."""
+    """A check that the value is one of ``choices`` (``meanings``: the error's words for them)."""
     accepted = meanings or ", ".join(map(repr, choices))
     lead = "" if meanings else "one of "
 
@@ -229,16 +201,11 @@ def check_non_empty_string(value: object, where: str) -> str:
 
 
 def as_given(value: object, where: str) -> object:
-    """No check here: the value is checked where it is used (named in the table)."""
     del where
     return value
 
 
-# --------------------------------------------------------------------------- servers
-
-
 def _parse_port(text: str, where: str, entry: object) -> int:
-    """The port as an int (its range is checked with the whole list, by `check_servers`)."""
     try:
         return int(text)
     except ValueError:
@@ -327,14 +294,10 @@ def check_ssl(value: object, where: str) -> ssl.SSLContext | None:
 DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
 DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
 DEFAULT_PENDING_TTL_S: Final = DEFAULT_MAX_LEASE_TTL_S
-"""``lock_pending_ttl``: how long a published message may wait in the queue holding its key
-(the longest lease a server grants by default, ``dflockd --max-lease-ttl``)."""
 DEFAULT_BEAT_LEASE_TTL_S: Final = 10
-"""Lease of beat's leader lock: a hung beat is replaced this many seconds after its renewal."""
 DEFAULT_BEAT_KEY_PREFIX: Final = "celery-beat:"
 """Beat's leader lock key, when ``dflock_beat_lock_key`` is not set: this and ``app.main``."""
 DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
-"""The scheduler beat wraps, when ``dflock_beat_scheduler`` is not set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,12 +305,10 @@ class Spec(Generic[T]):
     """One lock option, or one app-wide or beat setting."""
 
     name: str
-    """The lock option (task attribute, call option, ``dflock_task_locks`` entry key); for a
-    setting with no per-task option, the setting."""
+    """The lock option; for a setting with no per-task option, the setting."""
     setting: str | None
     """The ``app.conf`` setting that gives it (a lock option's: its app-wide default)."""
     default: T
-    """The value when nothing sets it."""
     check: Check[T]
     meaning: str
     shown: str | None = None
@@ -361,12 +322,11 @@ class Spec(Generic[T]):
         return self.name if keyword.iskeyword(short) else short
 
     def read(self, value: object, where: str) -> T:
-        """The value as set (checked), or the default when it is unset (None)."""
+        """The value as set (checked), or the default when it is None."""
         return self.default if value is None else self.check(value, where)
 
     def given(self, values: Mapping[str, object], where: Callable[[str], str]) -> T | None:
-        """This option's value in ``values`` (checked; ``where(name)`` names its source), or
-        None."""
+        """This option's value in ``values`` (checked), or None."""
         value = values.get(self.name)
         return None if value is None else self.check(value, where(self.name))
 
@@ -375,9 +335,6 @@ def _setting(
     name: str, default: T, check: Check[T], meaning: str, shown: str | None = None
 ) -> Spec[T]:
     return Spec(name, name, default, check, meaning, shown)
-
-
-# --------------------------------------------------------------------------- lock options
 
 
 LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
@@ -397,7 +354,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "lock_timeout",
         "dflock_lock_timeout",
         None,
-        check_timeout,
+        check_countdown,
         "Seconds to wait in the key's FIFO queue before `on_locked` applies (whole seconds on "
         'the wire, rounded up). `None`: 30 s with `on_locked="retry"` (the run waits for the '
         'key in the worker, holding its pool slot, then retries), 0 with `"skip"` and '
@@ -499,14 +456,12 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "as long. At most the server's `--max-lease-ttl` (300 s unless raised).",
     ),
 )
-"""Every lock option, once: the only list of them (every other listing derives from it)."""
+"""Every lock option, once: every other listing derives from it."""
 
 LOCK_OPTIONS: Final = tuple(spec.name for spec in LOCK_OPTION_SPECS)
-"""Every lock option name (task attribute, call option, ``dflock_task_locks`` entry key)."""
 DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
     {spec.name: spec.default for spec in LOCK_OPTION_SPECS}
 )
-"""The built-in default of every lock option."""
 SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
     {spec.name: spec.setting for spec in LOCK_OPTION_SPECS if spec.setting is not None}
 )
@@ -517,8 +472,7 @@ SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
 class GivenOptions:
     """The lock options given in one place (a call, a ``dflock_task_locks`` entry, a task's
     attributes, the ``dflock_*`` settings), checked (`read_options`); None: not given there.
-    One field per `LOCK_OPTION_SPECS` row, named by its `Spec.attribute`
-    (tests/celery/test_task_config.py holds the two together)."""
+    One field per `LOCK_OPTION_SPECS` row, named by its `Spec.attribute`."""
 
     key: KeySource = None
     timeout: float | None = None
@@ -544,7 +498,6 @@ class GivenOptions:
 
 
 NO_OPTIONS: Final = GivenOptions()
-"""No lock option given."""
 
 
 def read_options(
@@ -579,7 +532,6 @@ def read_options(
 
 
 def read_attributes(values: Mapping[str, object], task_name: str) -> GivenOptions:
-    """A task's lock attributes (None: not set), checked."""
     return read_options(
         values,
         lambda name: f"attribute {name} of task {task_name!r}",
@@ -593,8 +545,7 @@ def items_of(what: str) -> Callable[[str], str]:
 
 
 def read_call_options(values: object, what: str) -> GivenOptions:
-    """Per-call lock options (``apply_async(..., lock_ttl=60)``, a message's
-    ``dflock_options`` header), checked, serialisable."""
+    """Per-call lock options (``apply_async(..., lock_ttl=60)``, a message's header)."""
     return read_options(values, items_of(what), what=what, serialisable=True)
 
 
@@ -611,11 +562,8 @@ def check_combination(lock_from: LockFrom | None, limit: int | None, where: str)
 
 def looks_like_lock_option(name: str) -> bool:
     """Whether ``name``, no lock option, is most likely a misspelt one (``lock_tll``,
-    ``on_lock``, ``lockttl``): it starts like one, or is a letter or two from one.
-
-    A name close to Celery's own option ``X`` that a ``lock_X`` option mirrors
-    (``retry_backoff_max``, ``max_retries``) is Celery's (or a slip in it), never a lock
-    option missing its prefix, and passes."""
+    ``on_lock``, ``lockttl``). A name close to Celery's own option ``X`` that a ``lock_X``
+    option mirrors (``max_retries``) is Celery's, and passes."""
     lowered = name.lower()
     if lowered in LOCK_OPTIONS:
         return False
@@ -624,21 +572,16 @@ def looks_like_lock_option(name: str) -> bool:
     close = difflib.get_close_matches(lowered, LOCK_OPTIONS, n=1, cutoff=_MISSPELT)
     if not close:
         return False
-    celerys = close[0].removeprefix("lock_")
-    return celerys == close[0] or _similarity(lowered, celerys) < _MISSPELT
+    celery = close[0].removeprefix("lock_")
+    return celery == close[0] or difflib.SequenceMatcher(None, lowered, celery).ratio() < _MISSPELT
 
 
 _MISSPELT: Final = 0.8
 """How alike (difflib's ratio) a name and a lock option are when the name is taken for a slip."""
 
 
-def _similarity(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a, b).ratio()
-
-
 def check_option_names(names: Iterable[str], where: str) -> None:
-    """Refuse a name that looks like a misspelt lock option (``where``: the task or call):
-    Celery would keep it without a word, and the lock would run on the option's default."""
+    """Refuse a name that looks like a misspelt lock option (Celery would keep it silently)."""
     for name in names:
         if looks_like_lock_option(name):
             raise DflockConfigError(
@@ -663,8 +606,6 @@ def check_task_locks(value: object, where: str) -> Mapping[str, GivenOptions]:
         task_locks[name] = read_options(options, items_of(entry), what=entry)
     return MappingProxyType(task_locks)
 
-
-# --------------------------------------------------------------------------- settings
 
 APP_SETTING_SPECS: Final = (
     _setting(
@@ -768,14 +709,11 @@ RENAMED_SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
         "dflock_retry_jitter": "dflock_lock_retry_jitter",
     }
 )
-"""Old setting name -> its name now; the old names are still read, with a DeprecationWarning."""
+"""Old setting name -> its name now (still read, with a DeprecationWarning)."""
 KNOWN_SETTINGS: Final = frozenset(
     (*APP_SETTINGS, *SETTINGS.values(), *BEAT_SETTINGS, *RENAMED_SETTINGS)
 )
 """Every ``dflock_*`` setting this package reads (the old names of renamed ones too)."""
-
-
-# --------------------------------------------------------------------------- for the docs
 
 
 class SettingDoc(NamedTuple):
@@ -792,9 +730,7 @@ def option_table() -> list[tuple[str, str | None, object, str]]:
 
 
 def setting_table(kind: Literal["app", "beat"]) -> list[SettingDoc]:
-    """The app-wide or beat settings with defaults and meanings, for the settings reference
-    (lock options' settings: :func:`option_table`)."""
-
+    """The app-wide or beat settings with defaults and meanings (for docs)."""
     specs = APP_SETTING_SPECS if kind == "app" else BEAT_SETTING_SPECS
     return [
         SettingDoc(

@@ -5,7 +5,6 @@ per app by `install_hooks`, and the checks they make of the app's tasks (`apply_
 
 from __future__ import annotations
 
-import difflib
 import os
 import tempfile
 import threading
@@ -35,7 +34,7 @@ from celery_dflock._runtime import (
     pid_gone,
     reset_runtime_after_fork,
 )
-from celery_dflock._settings import LOCK_OPTIONS
+from celery_dflock._settings import LOCK_OPTIONS, close_matches
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
@@ -56,17 +55,13 @@ _HOOKS_ATTR: Final = "_dflock_hooks"
 
 OUTAGES_COMMAND: Final = "dflock_outages"
 """The worker's inspect command (``celery inspect dflock_outages``, and
-``celery dflock status --workers``): its outage retries and the servers it cannot reach."""
-
+``celery dflock status --workers``)."""
 WATCH_FIRST_PAUSE_S: Final = 1.0
 WATCH_MAX_PAUSE_S: Final = 15.0
-"""While some of its lock servers do not answer, a worker pings them after 1 s, doubling up to
-15 s, and logs when they answer again."""
 
 
 def _in_a_thread(target: Callable[..., object], name: str, *args: object) -> bool:
-    """Run ``target(*args)`` in a daemon thread leaving signals to the main thread; False,
-    logged, when none can be started (pid limit: threads count), so a receiver carries on."""
+    """Run ``target(*args)`` in a daemon thread; False, logged, when none can be started."""
 
     def run() -> None:
         leave_signals_to_the_main_thread()
@@ -89,8 +84,7 @@ class _Hooks:
         self.main_pid: int | None = None
         self.outages = OutageCounter()
         self._watch_guard = threading.Lock()
-        self.unreachable: dict[str, float] = {}
-        """Unreachable lock servers -> epoch seconds first found so (kept by the watcher)."""
+        self.unreachable: dict[str, float] = {}  # address -> epoch seconds first found so
         self._watching = False
 
     def connect(self) -> None:
@@ -111,8 +105,6 @@ class _Hooks:
         """Whether ``sender`` (a worker, consumer or task) is of this app, or has none."""
         app = getattr(sender, "app", None) or getattr(sender, "_app", None)
         return app is None or app is self.app
-
-    # ---------------------------------------------------------------- receivers
 
     def on_after_finalize(self, sender: Any = None, **_: Any) -> None:
         if sender is self.app:
@@ -143,13 +135,11 @@ class _Hooks:
             *countdowns_past_visibility(self.app, self.locked_task),
         ]:
             logger.warning("dflock: %s", warning)
-        # Asked from a thread: an unreachable server costs a connect timeout, which must not
-        # hold up the worker.
+        # In a thread: an unreachable server costs a connect timeout.
         _in_a_thread(self._report_servers, "dflock-servers-check")
 
     def _report_servers(self) -> None:
-        """Log the lock servers this worker reaches; warn about each it cannot, louder when
-        it reaches none."""
+        """Log the lock servers this worker reaches; warn about each it cannot."""
         try:
             with get_config(self.app).new_client() as client:
                 answers = client.ping()
@@ -188,11 +178,8 @@ class _Hooks:
         if missed:
             self._watch(dict.fromkeys((answer.address for answer in missed), time.time()))
 
-    # ---------------------------------------------------------------- outages
-
     def on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
-        """A message sent again because its lock server was unreachable (`OUTAGE_HEADER`):
-        counted, and the servers watched until they answer (then logged)."""
+        """Count a message sent again for an outage (`OUTAGE_HEADER`); watch the servers."""
         if request is None or not self._ours(sender):
             return
         state = _outage_header(request)
@@ -203,7 +190,7 @@ class _Hooks:
 
     def _watch(self, unreachable: Mapping[str, float]) -> None:
         """Ping the lock servers from one thread until all answer, logging each that answers
-        again (``unreachable``: found so just now, with since when)."""
+        again (``unreachable``: address -> since when)."""
         with self._watch_guard:
             for address, since in unreachable.items():
                 self.unreachable.setdefault(address, since)
@@ -212,7 +199,7 @@ class _Hooks:
             self._watching = True
         if not _in_a_thread(self._watch_servers, "dflock-servers-watch"):
             with self._watch_guard:
-                self._watching = False  # the next outage tries again (it stayed set for good)
+                self._watching = False
 
     def _watch_servers(self) -> None:
         with self._watch_guard:
@@ -255,8 +242,7 @@ class _Hooks:
         return {**self.outages.as_json(), "unreachable_since": unreachable}
 
     def on_worker_process_init(self, **_: Any) -> None:
-        # Sent in each prefork child after the fork, and also by the solo pool in the worker's
-        # own process: that one is no pool child (killing it would kill the worker).
+        # Also sent by the solo pool in the worker's own process, which is no pool child.
         if self.main_pid is not None and self.main_pid == os.getpid():
             return
         reset_runtime_after_fork(self.app, in_pool_child=True)
@@ -312,10 +298,7 @@ class _Hooks:
             if released:
                 logger.info("dflock: released key %r of revoked task %s", held.key, task_id)
 
-    # ---------------------------------------------------------------- orphan release
-
     def _clean_up_after_dead_workers(self) -> None:
-        """Release what dead workers' pool children recorded, and remove those directories."""
         if self.main_pid is None:
             return
         for records in HeldRecords.left_by_dead_workers(self.main_pid):
@@ -328,8 +311,8 @@ class _Hooks:
         return self.main_pid == os.getpid()
 
     def _release_orphans_soon(self, task_id: str) -> None:
-        """Release what the dead child running ``task_id`` held, once it has exited; in a
-        thread: the consumer's must not block on a dying child."""
+        """Release what the dead child running ``task_id`` held, once it has exited (in a
+        thread: the consumer must not block on a dying child)."""
         records = get_runtime(self.app).records
         if records is not None:
             name = f"dflock-orphan-{task_id}"
@@ -341,7 +324,6 @@ class _Hooks:
         for path, entry in records.entries(task_id):
             pid = int(entry.get("pid", 0))
             if pid and not pid_gone(pid, wait_s):
-                # Still alive: it is running or unwinding the task and releases it itself.
                 logger.info(
                     "dflock: pool child %s still runs task %s; it releases %r itself",
                     pid,
@@ -350,8 +332,8 @@ class _Hooks:
                 )
                 continue
             try:
-                released = runtime.release_token(
-                    config, str(entry["key"]), str(entry["token"]), entry.get("limit")
+                released = runtime.client(config).release(
+                    str(entry["key"]), str(entry["token"]), limit=entry.get("limit")
                 )
             except (DflockError, OSError, KeyError) as exc:
                 logger.warning(
@@ -370,8 +352,8 @@ class _Hooks:
 
 
 def _outage_header(request: Any) -> OutageState | None:
-    """The `OUTAGE_HEADER` of a request the worker's main process received (its headers are
-    in ``request_dict`` there, attributes only in the run's context)."""
+    """The `OUTAGE_HEADER` of a request the worker's main process received (in its
+    ``request_dict``)."""
     found = getattr(request, "request_dict", None)
     if isinstance(found, Mapping):
         state = parse_outage(cast("Mapping[str, object]", found).get(OUTAGE_HEADER))
@@ -381,7 +363,6 @@ def _outage_header(request: Any) -> OutageState | None:
 
 
 def _register_outages_command() -> None:
-    """Register `OUTAGES_COMMAND` with Celery's remote control (Celery keeps the registry)."""
 
     def dflock_outages(state: Any, **_: Any) -> dict[str, object]:
         """Lock-server outages this worker met: outage retries, servers unreachable."""
@@ -407,9 +388,7 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
     tasks: Mapping[str, Any] = app.tasks
     for name in config.task_locks:
         task = tasks.get(name)
-        if task is None:
-            continue
-        if isinstance(task, locked_task):
+        if task is None or isinstance(task, locked_task):
             continue
         original: Any = task.__class__
         locked_cls = type(
@@ -427,9 +406,8 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
 
 
 def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, LockOptions]]:
-    """Each locked task of ``app`` (by name) with its resolved lock options; a task with a bad
-    option is left out (it fails where it is used, with its own message), and so is a task
-    of the app's ``task_cls`` that has no lock option."""
+    """Each locked task of ``app`` (by name) with its resolved lock options (a task with a bad
+    option is left out: it fails where it is used)."""
     config = get_config(app)
     runtime = get_runtime(app)
     tasks: Mapping[str, Any] = app.tasks
@@ -446,9 +424,8 @@ def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, Lock
 
 
 def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
-    """A warning for each locked task of ``app`` whose lease (``lock_ttl``, or with
-    ``lock_from="publish"`` its ``lock_pending_ttl``) is above ``limit``, the longest lease a
-    lock server grants: every run (or send) of it would be refused."""
+    """A warning for each locked task of ``app`` whose ``lock_ttl`` (or ``lock_pending_ttl``)
+    is above ``limit``, the longest lease its lock servers grant."""
     warnings: list[str] = []
     for name, options in locked_options(app, locked_task):
         leases: list[tuple[str, int | None, str]] = [("lock_ttl", options.ttl, "run")]
@@ -466,16 +443,12 @@ def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
 
 
 REDIS_SCHEMES: Final = ("redis", "rediss", "sentinel")
-"""Broker URL schemes of kombu's Redis transport, which delivers again what a worker has held
-unacknowledged for longer than the transport's ``visibility_timeout``."""
 REDIS_VISIBILITY_DEFAULT_S: Final = 3600.0
 
 
 def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
     """A warning when ``app``'s broker is Redis and its ``visibility_timeout`` is not above the
-    longest countdown a locked task's message may wait (``lock_retry_backoff_max``, or
-    `OUTAGE_MAX_COUNTDOWN_S`): Redis delivers an unacknowledged message again after it."""
-
+    longest countdown a locked task's message may wait (Redis would deliver it twice)."""
     url = str(app.conf.broker_url or "")
     if url.split("://", 1)[0] not in REDIS_SCHEMES:
         return []
@@ -502,18 +475,15 @@ def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
 
 
 def unknown_task_locks(app: Any) -> list[str]:
-    """A warning for each ``dflock_task_locks`` entry that names no task of ``app`` (a typo
-    there would leave the task unlocked without a word), with the close matches."""
+    """A warning for each ``dflock_task_locks`` entry that names no task of ``app``."""
     tasks = [str(name) for name in app.tasks]
     warnings: list[str] = []
     for name in get_config(app).task_locks:
         if name in tasks:
             continue
-        close = difflib.get_close_matches(name, tasks, n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         warnings.append(
             f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
-            f"locked{hint}"
+            f"locked{close_matches(name, tasks, cutoff=0.5)}"
         )
     return warnings
 

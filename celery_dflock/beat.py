@@ -7,89 +7,64 @@ Run beat on every host (or as replicas), all with the same scheduler::
 
 Every beat campaigns for one dflockd lock (``dflock_beat_lock_key``, default
 ``celery-beat:<app main name>``) from a background thread: the holder is *active* and sends
-periodic tasks, the others are *standbys* queued on the lock in FIFO order. The client's renewal
-thread keeps the lease alive whatever the tick length. Right before every send the active beat
-asks the lock server whether it still holds the lock (one round trip per send); when the answer
-is no, the renewal thread reports the lock lost, or the server is unreachable, it sends nothing
-more and goes back to standby. A beat killed outright loses its connection, and the server
-passes the lock to the next standby at once; a beat that hangs is replaced when its lease
-(``dflock_beat_lease_ttl``) runs out, and finds out before sending when it wakes (the renewal
-thread's verdict alone is not enough: after a long pause the scheduler thread may reach its
-send first). Limits: a beat that pauses between that confirmation and the publish can still
-send once after its lease ran out (a broker cannot check a fencing token); a *standby* that
-hangs at the head of the queue is granted the lock and holds up the failover by one lease.
+periodic tasks, the others are *standbys* queued on the lock in FIFO order. Right before every
+send the active beat asks the lock server whether it still holds the lock; when it does not,
+or the server is unreachable, it sends nothing and goes back to standby. A beat killed outright
+loses its connection and the lock passes to the next standby at once; a hung beat is replaced
+when its lease (``dflock_beat_lease_ttl``) runs out, and finds out before sending when it wakes.
+Limits: a beat that pauses between that confirmation and the publish can still send once after
+its lease ran out (a broker cannot check a fencing token); a hung *standby* at the head of the
+queue holds up the failover by one lease.
 
 Which scheduler does the work
     ``SingletonScheduler`` wraps ``celery.beat.PersistentScheduler``, or the class named in
-    ``dflock_beat_scheduler`` (``"django_celery_beat.schedulers:DatabaseScheduler"``), by
-    *dynamic subclassing*: beat gets an instance of ``class Singleton<Wrapped>(SingletonScheduler,
-    Wrapped)``. Celery's ``Scheduler.tick`` calls ``reserve``/``apply_entry``/``apply_async`` on
-    ``self``, so the send gate must sit in the wrapped object's own method resolution (a wrapper
-    holding the scheduler as an attribute would have to patch its methods); ``isinstance``,
-    ``Entry``, ``schedule`` and ``info`` of the wrapped class keep working. A class written as
+    ``dflock_beat_scheduler``, by *dynamic subclassing*: beat gets an instance of
+    ``class Singleton<Wrapped>(SingletonScheduler, Wrapped)``, because Celery's
+    ``Scheduler.tick`` calls ``reserve``/``apply_entry``/``apply_async`` on ``self``, so the
+    send gate must sit in the wrapped class's method resolution. A class written as
     ``class MyScheduler(SingletonScheduler, SomeScheduler)`` is used as it is.
 
 Failover without double sends: "start from now"
-    Whenever a beat becomes active (first start, failover, or getting the lock back), every
-    entry's in-memory ``last_run_at`` is set to *now*, so each entry next runs one period after
-    the takeover (a crontab entry: at its next occurrence). A send whose entry still carries a
-    ``last_run_at`` older than the takeover (a scheduler that re-reads its store, such as
-    django-celery-beat's, may bring one back) is skipped once, with a log line; the wrapped
-    ``reserve`` has already moved the entry on to now.
+    Whenever a beat becomes active, every entry's in-memory ``last_run_at`` is set to *now*, so
+    each entry next runs one period after the takeover. A send whose entry still carries a
+    ``last_run_at`` older than the takeover (a scheduler that re-reads its store may bring one
+    back) is skipped once, with a log line. A scheduler that reads its entries afresh from a
+    shared store at every tick (RedBeat) keeps their last runs there, and the reset does not
+    stick: its next leader continues from the last run recorded.
 
-    A scheduler that reads its entries afresh from a shared store at every tick keeps their
-    last runs there, and the reset does not stick (the takeover's log line says which): RedBeat
-    records each run in Redis before sending it, so its next leader continues from the last run
-    recorded, and a run that fell due in the failover gap is sent once, at the takeover.
-
-    Trade-off: no state shared between beats, and any wrapped scheduler works, including
-    ``PersistentScheduler``'s per-host shelve, whose ``last_run_at`` is stale on a standby. The
-    price: runs missed while no beat was active are not caught up (not even on a cold start),
-    an interval entry's first run after a takeover comes up to one period later than the old
-    leader would have sent it, and a run due in the failover gap is skipped. No entry skips
-    more than that one run, and no run the old leader sent is sent again. Lock-server markers
-    per run were rejected: the server releases a dead client's locks with its connection, so
-    the markers would vanish in exactly the crash they are meant to cover.
+    Trade-off: no state shared between beats, and any wrapped scheduler works. The price: runs
+    missed while no beat was active are not caught up, an interval entry's first run after a
+    takeover comes up to one period late, and a run due in the failover gap is skipped; no run
+    the old leader sent is sent again. Lock-server markers per run would not help: the server
+    releases a dead client's locks with its connection, in exactly the crash they would cover.
 
 The schedule store
     Only the active beat opens the wrapped scheduler's store: it is built with ``lazy=True``,
-    its ``setup_schedule`` runs each time this beat becomes active (reading what the leaders
-    before it wrote), its ``sync`` only while the lock server confirms the lock, and ``close``
-    writes and closes it *before* the lock is released, so the next leader opens a complete
-    file. A standby never reads or writes it, so any number of beats may share one folder or
-    volume with the default ``celerybeat-schedule`` (``PersistentScheduler``'s shelve has no
-    cross-process locking: a standby holding it open read a stale index and died with a
-    truncated pickle on failover). A beat that loses the lock closes the shelve with its unsaved
-    cache discarded; a hung leader that wakes after its replacement opened the file writes
-    nothing to it. The store holds nothing the next leader needs ("start from now"), so a file
-    left half-written by ``kill -9`` costs nothing: Celery recreates a corrupt one.
-    django-celery-beat's ``DatabaseScheduler``: the store is the shared, transactional database;
-    a standby does not import ``beat_schedule`` into it or save run times until it is active.
-    RedBeat's: the store is Redis, read afresh at every tick of the active beat; RedBeat's own
-    Redis lock (``redbeat_lock_key``) must be off, since it would hold every standby in beat's
-    start-up, before this election, and a killed beat's place for ``redbeat_lock_timeout``:
+    its ``setup_schedule`` runs each time this beat becomes active, its ``sync`` only while the
+    lock server confirms the lock, and ``close`` writes and closes it *before* the lock is
+    released, so the next leader opens a complete file. Any number of beats may so share one
+    ``celerybeat-schedule`` (``PersistentScheduler``'s shelve has no cross-process locking). A
+    beat that loses the lock closes the shelve with its unsaved cache discarded. The store
+    holds nothing the next leader needs, so a file half-written by ``kill -9`` costs nothing.
+    RedBeat's own Redis lock (``redbeat_lock_key``) must be off: it would hold every standby
+    in beat's start-up, and keep a killed beat's place for ``redbeat_lock_timeout``;
     ``SingletonScheduler`` refuses to start with it on.
 
 Non-overlapping periodic tasks
-    With ``dflock_beat_nonoverlap = True`` every message beat sends carries two headers:
-    ``dflock_beat_entry = <entry name>``, and the per-call lock options of
-    :class:`~celery_dflock.LockedTask` (``dflock_options``: ``lock_key`` =
-    ``beat-entry:<entry name>``, ``on_locked = "skip"``). A worker running the task as a
-    ``LockedTask`` (``base=LockedTask``, or ``task_cls``) takes that lock, so a run whose
-    previous run still holds it is skipped, logged and reported (``lock_skipped``). Lock options
-    the entry gives itself (``options={"lock_timeout": 5}``) are kept; an entry whose
+    With ``dflock_beat_nonoverlap = True`` every message beat sends carries the header
+    ``dflock_beat_entry = <entry name>`` and the per-call lock options of
+    :class:`~celery_dflock.LockedTask` (``lock_key = "beat-entry:<entry name>"``,
+    ``on_locked = "skip"``), so a ``LockedTask`` run whose previous run still holds the entry's
+    lock is skipped. Lock options the entry gives itself are kept; an entry whose
     ``options["headers"]`` set ``dflock_beat_entry`` to a false value opts out.
 
 Leader election (`Leadership`)
-    A background thread queues on the one dflockd lock in FIFO order (``enqueue``, then a
-    bounded ``wait``), flips :attr:`Leadership.term` when it is granted, and waits for the lock
-    to be lost (the renewal thread's ``on_lost``) or for :meth:`Leadership.stop`. The
-    scheduler's thread only reads the state and asks :meth:`Leadership.confirm` right before
-    each send, so a long tick or a long sleep between ticks never delays renewal.
+    A background thread queues on the lock (``enqueue``, then a bounded ``wait``), bumps
+    :attr:`Leadership.term` when granted, and waits for the lock to be lost or for
+    :meth:`Leadership.stop`. The scheduler's thread only reads the state and calls
+    :meth:`Leadership.confirm` before each send, so a long tick never delays renewal.
 
-Settings (``app.conf``): the ``dflock_beat_*`` settings and their defaults are in the settings
-reference (docs/reference/settings.md, generated from `celery_dflock._settings`); connection
-settings are the shared ``dflock_*`` ones.
+The ``dflock_beat_*`` settings are in the settings reference (docs/reference/settings.md).
 """
 
 from __future__ import annotations
@@ -132,21 +107,17 @@ logger = logging.getLogger("celery_dflock.beat")
 BEAT_ENTRY_HEADER: Final = "dflock_beat_entry"
 """Message header naming the beat entry that sent a task (with ``dflock_beat_nonoverlap``)."""
 NONOVERLAP_KEY_PREFIX: Final = "beat-entry:"
-"""Non-overlap lock key of a beat entry: this prefix and the entry name."""
 STANDBY_TICK_S: Final = 1.0
-"""Longest a standby's tick blocks waiting to be promoted (signals still interrupt the wait)."""
+"""Longest a standby's tick blocks waiting to be promoted."""
 STANDBY_RETURN_S: Final = 0.001
-"""What a standby's tick returns after its wait: beat's loop calls it again almost at once."""
 _LAZY_POSITION: Final = 4
 """Index of ``lazy`` among ``Scheduler.__init__``'s positional arguments (after ``self``)."""
 _BROKER_CACHE: Final = ("producer", "connection")
-"""The cached properties (in ``__dict__``) through which Celery's ``Scheduler`` publishes;
-its ``close`` pops them and, from Celery 5.7 on, releases the connection."""
+"""The cached properties through which Celery's ``Scheduler`` publishes (its ``close`` pops
+them and, from Celery 5.7 on, releases the connection)."""
 STANDBY_ACQUIRE_TIMEOUT_S: Final = 10
-"""Seconds one queued acquire waits before it is issued again (the campaign thread checks
-between two whether it was asked to stop)."""
+"""Seconds one queued acquire waits before it is issued again (to notice a stop)."""
 RETRY_UNREACHABLE_S: Final = 1.0
-"""Seconds between two attempts to reach an unreachable lock server."""
 
 
 # ---------------------------------------------------------------------------------- leader election
@@ -154,9 +125,7 @@ RETRY_UNREACHABLE_S: Final = 1.0
 
 class Leadership:
     """Campaign for one lock in a daemon thread; expose whether this process is the leader.
-
-    ``make_lock(on_lost)`` builds a fresh lock for each campaign (a lost lock is never reused).
-    """
+    ``make_lock(on_lost)`` builds a fresh lock for each campaign."""
 
     def __init__(
         self, make_lock: Callable[[Callable[[object], None]], DistributedLock], describe: str
@@ -201,12 +170,8 @@ class Leadership:
         return self._active.wait(timeout_s) and self.is_active()
 
     def confirm(self) -> bool:
-        """Ask the lock server, now, whether this process still holds the lock (a renewal).
-
-        A refusal (or a server not reached again before the lease runs out: a broken
-        connection is reattached meanwhile) demotes this process at once: the caller must
-        not send.
-        """
+        """Ask the lock server, now, whether this process still holds the lock (a renewal);
+        a refusal demotes this process at once: the caller must not send."""
         with self._guard:
             lock = self._lock
         if lock is None or not self._active.is_set() or lock.lost:
@@ -220,14 +185,11 @@ class Leadership:
         return False
 
     def stop(self, *, release: bool = True) -> None:
-        """Stop campaigning and release the lock if held (idempotent).
-
-        A campaign thread blocked in a queued acquire is not waited for: it is a daemon, and
-        should the lock be granted to it after this, it releases it at once.
+        """Stop campaigning and release the lock if held (idempotent). A campaign thread
+        blocked in a queued acquire is not waited for: granted later, it releases at once.
 
         ``release=False`` (the caller's thread is in the middle of a request on the lock's
-        connection): stop being active and campaigning, but keep the lock for a later
-        ``stop()`` to release, and send nothing on that connection now.
+        connection): keep the lock for a later ``stop()`` to release.
         """
         self._stop.set()
         self._wake.set()
@@ -239,8 +201,6 @@ class Leadership:
         if lock is not None:
             _release_quietly(lock)
             logger.info("beat: released %s", self.describe)
-
-    # -- the campaign thread -------------------------------------------------------------
 
     def _on_lost(self, _lock: object) -> None:
         self._active.clear()
@@ -336,8 +296,7 @@ class BeatSettings:
 
     @classmethod
     def from_app(cls, app: Any, config: DflockConfig) -> BeatSettings:
-        """Read ``dflock_beat_*`` from ``app.conf`` (defaults and checks: the settings table,
-        `celery_dflock._settings.BEAT_SETTING_SPECS`); bad values raise DflockConfigError."""
+        """Read the ``dflock_beat_*`` settings (`celery_dflock._settings.BEAT_SETTING_SPECS`)."""
         got = read_settings(app.conf, BEAT_SETTING_SPECS)
         key = got["dflock_beat_lock_key"]
         if key is None:
@@ -403,14 +362,8 @@ def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _refuse_a_second_leader_lock(scheduler: Scheduler) -> None:
-    """Refuse a wrapped RedBeat whose own Redis lock (``redbeat_lock_key``) is on.
-
-    RedBeat takes that lock in beat's start-up (its ``beat_init`` receiver), blocking until it
-    gets it, and keeps it for ``redbeat_lock_timeout`` after its holder is killed: every
-    standby would wait there, never reaching this scheduler's own election, and a ``kill -9``
-    would stop every beat for that long (25 minutes by default). This scheduler's lock decides
-    which beat sends; RedBeat's must be off.
-    """
+    """Refuse a wrapped RedBeat whose own Redis lock (``redbeat_lock_key``) is on (see
+    "The schedule store" above)."""
     wrapped = [c for c in type(scheduler).__mro__ if c.__module__.startswith("redbeat")]
     key: object = getattr(scheduler, "lock_key", None)
     if wrapped and key:
@@ -438,10 +391,8 @@ def _older(when: datetime, than: datetime) -> bool:
 
 
 class SingletonScheduler(Scheduler):
-    """A beat scheduler that only sends while it holds the beat's dflockd lock.
-
-    See the module documentation for the settings and the failover rule.
-    """
+    """A beat scheduler that only sends while it holds the beat's dflockd lock (see the
+    module documentation)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         concrete = cls
@@ -478,10 +429,8 @@ class SingletonScheduler(Scheduler):
         _refuse_a_second_leader_lock(self)
 
     def _base(self) -> Any:
-        """The wrapped scheduler's methods (``super()``, typed loosely: Celery is untyped)."""
+        """``super()``, typed loosely: Celery is untyped."""
         return super()
-
-    # -- the lock --------------------------------------------------------------------------
 
     @property
     def lock_server(self) -> tuple[str, int]:
@@ -492,7 +441,6 @@ class SingletonScheduler(Scheduler):
 
     @property
     def lock_description(self) -> str:
-        """``lock 'key' on host:port`` (for logs and the banner)."""
         host, port = self.lock_server
         return f"lock {self._dflock_settings.lock_key!r} on {host}:{port}"
 
@@ -509,8 +457,6 @@ class SingletonScheduler(Scheduler):
             self._leadership = Leadership(self._make_lock, self.lock_description)
             self._leadership.start()
         return self._leadership
-
-    # -- Scheduler API -----------------------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Delegate to the wrapped scheduler while active; otherwise wait to be promoted."""
@@ -529,10 +475,7 @@ class SingletonScheduler(Scheduler):
             self._take_over(leader.term)
         return cast("float", self._base().tick(*args, **kwargs))
 
-    # -- the wrapped scheduler's store (see "The schedule store" in the module documentation)
-
     def _open_store(self) -> None:
-        """Let the wrapped scheduler open and set up its store: this beat is now active."""
         self._store_open = True
         try:
             self._base().setup_schedule()
@@ -542,12 +485,8 @@ class SingletonScheduler(Scheduler):
 
     def _drop_store(self) -> None:
         """Close the wrapped store without writing to it: this beat is no longer the leader.
-
-        ``PersistentScheduler``'s shelve is closed with its unsaved cache discarded (the next
-        leader owns the file now). Other schedulers keep their objects; their ``sync`` is
-        not called while this beat is not confirmed active, and ``setup_schedule`` runs again
-        when it is.
-        """
+        Only ``PersistentScheduler``'s shelve is closed (its unsaved cache discarded); other
+        schedulers keep their objects, unsynced until this beat is active again."""
         if not self._store_open:
             return
         self._store_open = False
@@ -562,8 +501,8 @@ class SingletonScheduler(Scheduler):
                     logger.warning("beat: closing the schedule store failed: %s", exc)
 
     def _confirmed(self, leadership: Leadership | None) -> bool:
-        """Ask the lock server now whether this beat leads (False: it never campaigned),
-        flagged as under way (see :meth:`close`)."""
+        """Ask the lock server now whether this beat leads, flagged as under way (see
+        :meth:`close`)."""
         if leadership is None:
             return False
         asking, self._asking_lock_server = self._asking_lock_server, True
@@ -620,9 +559,8 @@ class SingletonScheduler(Scheduler):
                 entry.name,
             )
             return
-        # Confirmed here, before Celery's apply_entry: when this beat declines, Celery's
-        # apply_entry is not entered at all (5.3.0-5.3.1 read ``.id`` of apply_async's
-        # result unchecked, so a None returned through it crashed beat).
+        # Confirmed before Celery's apply_entry, which in 5.3.0-5.3.1 reads ``.id`` of
+        # apply_async's result unchecked (a None would crash beat).
         if not self._confirm_send(entry):
             return
         self._send_confirmed = True
@@ -644,11 +582,8 @@ class SingletonScheduler(Scheduler):
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        """Confirm the lock with the server, then send (with the non-overlap header if on).
-
-        Returns None, sending nothing, when the lock server does not confirm this beat (a
-        send from :meth:`apply_entry` was confirmed there, just before).
-        """
+        """Confirm the lock with the server (unless :meth:`apply_entry` just did), then send
+        (with the non-overlap header if on); None, sending nothing, when not confirmed."""
         confirmed, self._send_confirmed = self._send_confirmed, False
         if not confirmed and not self._confirm_send(entry):
             return None
@@ -667,24 +602,18 @@ class SingletonScheduler(Scheduler):
 
     def close(self) -> None:
         """Write and close the wrapped store (if the confirmed leader; else nothing is
-        written), then release the lock to the next standby, which so opens a complete file.
+        written), then release the lock to the next standby.
 
-        Called in the middle of a send (only beat's SIGTERM/SIGINT handler can: it interrupts
-        the send in the same thread, closes the scheduler, then raises SystemExit), the broker
-        connection is left open: Celery's ``Scheduler.close`` (5.7+) would release the very
-        connection the send is reading its reply from, and the error that read then meets (an
-        I/O operation on a closed file) would replace the SystemExit: Celery logs a failed
-        send and beat carries on, ignoring the signal, without its lock. The connection is put
-        back, so the close beat makes again on its way out releases it.
+        Called in the middle of a send (by beat's SIGTERM/SIGINT handler, in the same thread),
+        the broker connection is left open: Celery 5.7+'s ``Scheduler.close`` would release
+        the connection the send is reading from, and the resulting error would replace the
+        SystemExit, so beat would carry on without its lock. The close beat makes again on its
+        way out releases it.
 
-        Called while this thread waits for the lock server (the confirmation before a send or
-        a sync), the handler must not use the lock's connection: the interrupted request holds
-        it (a plain lock), so renewing or releasing on it would wait forever for this very
-        thread. This beat then counts as unconfirmed (the store is closed unwritten), stops
-        campaigning without a release and leaves the dflock client alone. The interrupted
-        request, unwinding with the SystemExit, closes its connection, so the server frees the
-        lock for the next standby (after its session time, 3 s, on a server with sessions); the
-        close beat makes on its way out finishes the rest.
+        Called while this thread waits for the lock server, the lock's connection is held by
+        the interrupted request, so this beat counts as unconfirmed, stops campaigning without
+        a release and leaves the client alone; the request, unwinding, closes its connection
+        and the server frees the lock.
         """
         interrupted_ask = self._asking_lock_server
         cache = self.__dict__
@@ -722,9 +651,8 @@ class SingletonScheduler(Scheduler):
 
 
 def _name_this_beat(lock: DistributedLock) -> None:
-    """Give the leader lock just granted this beat's pid and host as its owner note, which
-    ``celery dflock locks`` shows (enqueue and wait carry no note). A server without owner
-    notes (a foreign dflockd) shows none."""
+    """Give the leader lock this beat's pid and host as its owner note (shown by
+    ``celery dflock locks``; enqueue and wait carry none)."""
     note = beat_note(os.getpid(), socket.gethostname())
     if note is None or lock.token is None:
         return

@@ -2,17 +2,10 @@
 """``celery -A proj dflock status|locks|ping|shards|release``: what the lock servers hold, from the
 shell, and an operator's release of a key whoever holds it.
 
-Registered through Celery's ``celery.commands`` entry point, so it reads the servers and the
-secret from the app's own ``dflock_*`` settings. ``--json`` prints one JSON document for
-scripts. Every sub-command names every server it could not reach, and what a reachable one
-does not support (an older dflockd answers neither ``hello`` nor ``stats``: it is reachable, its
-locks cannot be listed). Exit status 0 when every server answered, 1 when one did not.
-
-``release KEY`` frees a key whoever holds it (the server's ``fr``, `Client.force_release`): the
-next waiter is granted at once with a higher fence, the holder learns its loss at its next
-renewal. ``release --all --prefix P`` does so for every key ``stats`` lists that starts with
-``P``. Each sends an operator note (``--note``, or ``dflock-cli/<user>@<host>``) that the
-server logs beside the peer's address.
+Registered through Celery's ``celery.commands`` entry point, so it reads the app's own
+``dflock_*`` settings. ``--json`` prints one JSON document for scripts. Every sub-command names
+every server it could not reach, and what a reachable one does not support. Exit status 0
+when every server answered, 1 when one did not.
 """
 
 from __future__ import annotations
@@ -36,9 +29,8 @@ if TYPE_CHECKING:
     from celery_dflock.client.clients import Client, ServerInfo, ServerShards, ServerStatus
     from celery_dflock.config import DflockConfig
 
-# Celery loads this module for every ``celery`` command (``celery worker`` too) to list its
-# sub-commands: what only a ``dflock`` command needs (the settings, the client) is imported
-# when it runs, not here (the CLI's answer time is mostly import time).
+# Celery loads this module for every ``celery`` command: what only a ``dflock`` command needs
+# is imported when it runs.
 
 __all__ = [
     "RESTORED_MARK",
@@ -68,12 +60,11 @@ class ServerReport:
 
     @classmethod
     def of(cls, status: ServerStatus) -> ServerReport:
-        """The report of what `Client.stats` found."""
         return cls(status.address, status.stats, status.error, status.server)
 
     @property
     def reachable(self) -> bool:
-        """True when the server answered (``hello``, even with ``error``: an older dflockd)."""
+        """True when the server answered ``hello`` (even with ``error``: an older dflockd)."""
         return self.server is not None
 
     @property
@@ -100,8 +91,7 @@ class ServerReport:
 
     @property
     def degraded(self) -> list[tuple[str, str, str]]:
-        """(name, severity, "Title: message") of each degraded state ``stats`` lists (none from
-        a server that sends no list)."""
+        """(name, severity, "Title: message") of each degraded state ``stats`` lists."""
         if self.stats is None:
             return []
         found: list[tuple[str, str, str]] = []
@@ -125,9 +115,7 @@ class ServerReport:
         return self.reachable and not self.failing
 
     def as_json(self) -> dict[str, Any]:
-        """The report as plain JSON data; each held lock in ``stats`` gains
-        ``holder_task_id``, ``holder_host``, ``holder_pid``, ``holder_task_name`` (from its
-        owner note) and ``detached``."""
+        """The report as plain JSON data, each held lock with its holder (`_with_holder`)."""
         info = self.server
         stats = self.stats
         if stats is not None:
@@ -145,8 +133,7 @@ class ServerReport:
 
 
 DEGRADED_ERROR: Final = "error"
-"""The severity of a degraded state in which a server grants nothing new (the server's
-``conditions.ERROR``): ``status`` and ``ping`` exit 1 on it."""
+"""The severity of a degraded state in which a server grants nothing new."""
 _SHORT: Final = {
     "journal_read_only": "READ-ONLY (journal cannot be written)",
     "draining": "DRAINING",
@@ -154,13 +141,10 @@ _SHORT: Final = {
     "restart_grace": "restart grace",
     "shards_moving": "shards moving",
 }
-"""A degraded state's name in the status table's note column."""
 _GRACE: Final = "restart_grace"
-"""The degraded state `format_status` says from the grace fields (as an older server's)."""
-
+"""The degraded state `format_status` says from the grace fields."""
 RESTORED_MARK: Final = "restored, not yet reattached"
-"""`format_locks`' note on a lease the server restored from its journal that no connection
-has renewed since (its holder has not reconnected yet)."""
+"""`format_locks`' note on a lease restored from the journal that no connection renewed since."""
 
 _REPORTED_FEATURES: Final = (FEATURE_HELLO, FEATURE_STATS, FEATURE_PING, FEATURE_FENCE)
 _LACKING: Final = {
@@ -170,20 +154,19 @@ _LACKING: Final = {
 
 
 def collect(config: DflockConfig) -> list[ServerReport]:
-    """Ask every configured server for its ``stats`` (through the app's settings' `Client`)."""
+    """Ask every configured server for its ``stats``."""
     with config.new_client() as client:
         return [ServerReport.of(status) for status in client.stats()]
 
 
 def collect_shards(config: DflockConfig) -> list[ServerShards]:
-    """Ask every configured server ``shards`` (through the app's settings' `Client`)."""
+    """Ask every configured server ``shards``."""
     with config.new_client() as client:
         return client.shards()
 
 
 def shards_json(answers: Sequence[ServerShards]) -> list[dict[str, Any]]:
-    """`collect_shards` for ``--json``: per server its mode, members, leader, shards per
-    member and the shards moving (cluster mode), or its error."""
+    """`collect_shards` for ``--json``."""
     out: list[dict[str, Any]] = []
     for answer in answers:
         info = answer.shards
@@ -241,9 +224,8 @@ def _items(stats: dict[str, Any], name: str) -> list[dict[str, Any]]:
 
 
 def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
-    """A ``stats`` lock entry with its holder's task id and host read from its owner note;
-    a singleton beat's leader lock names the beat's pid (``holder_beat_pid``) instead of a
-    task."""
+    """A ``stats`` lock entry with its holder read from its owner note (a singleton beat's
+    leader lock: ``holder_beat_pid``)."""
     from celery_dflock._request import beat_pid, note_parts
 
     owner = lock.get("owner")
@@ -266,8 +248,7 @@ def _number(value: Any) -> float | None:
 
 
 def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) -> list[str]:
-    """What a server says of its restart grace and its journal, one line each; a field it
-    does not send (an older or foreign server) is not shown."""
+    """What a server says of its restart grace and its journal (the fields it sends)."""
     lines: list[str] = []
     grace = _number(stats.get("grace_remaining_s"))
     if grace is not None and grace > 0:
@@ -301,9 +282,7 @@ def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) ->
 
 
 def format_status(reports: Sequence[ServerReport]) -> str:
-    """One row per server: reachable, connections, held locks, semaphores, waiters; then what
-    each says of its restart grace and journal (`_durability`) and each degraded state it
-    lists, in capitals when it grants nothing new."""
+    """One row per server, then its restart grace, journal and degraded states."""
     rows: list[list[str]] = []
     for rep in reports:
         if not rep.reachable:
@@ -339,11 +318,8 @@ def format_status(reports: Sequence[ServerReport]) -> str:
 
 
 def format_locks(reports: Sequence[ServerReport]) -> str:
-    """One row per held lock or semaphore: key, kind, lease left, holders, waiters, and the
-    task holding a lock (its name and id; the worker's host while it runs, "queued" while its
-    message waits under a publish-time hold), or for a singleton beat's lock the beat (pid,
-    host). A lock restored from the journal that no connection has renewed since is marked so
-    in a last column (shown only then)."""
+    """One row per held lock or semaphore, with the task (or beat) holding a lock; "queued"
+    while its message waits under a publish-time hold. A note column marks restored leases."""
     rows: list[list[str]] = []
     restored = False
     for rep in reports:
@@ -406,7 +382,6 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
         lines = ["no locks held"]
     else:
         lines = ["no locks held on the servers that answered stats"]
-    # Every server whose locks are not listed above is named, with why.
     for rep in reports:
         if not rep.reachable:
             lines.append(f"{rep.address}: UNREACHABLE, its locks are unknown: {rep.note}")
@@ -427,8 +402,7 @@ def _answer(
     render: Callable[[list[_Answer]], str],
     ok: Callable[[_Answer], bool],
 ) -> None:
-    """Ask every server (``ask``), print the answers (JSON or ``render``), and exit 1 unless
-    every answer is ``ok``; a bad setting is a usage error."""
+    """Ask every server, print the answers, and exit 1 unless every answer is ``ok``."""
     from celery_dflock.config import get_config
 
     obj: Any = ctx.obj
@@ -466,7 +440,6 @@ def dflock() -> None:
 
 
 WORKERS_TIMEOUT_S: Final = 1.0
-"""How long ``status --workers`` waits for the workers' answers."""
 
 
 def ask_workers(app: Any, timeout_s: float = WORKERS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
@@ -481,8 +454,7 @@ def ask_workers(app: Any, timeout_s: float = WORKERS_TIMEOUT_S) -> dict[str, dic
 
 
 def format_outages(workers: dict[str, dict[str, Any]], now: float) -> str:
-    """One line per worker: the outage retries it received (runs sent again because their
-    lock server was unreachable), the longest such outage, and the servers it cannot reach."""
+    """One line per worker: its outage retries, the longest outage, what it cannot reach."""
     if not workers:
         return "workers: none answered (is one running, on this broker?)"
     lines: list[str] = []
@@ -553,8 +525,8 @@ def ping(ctx: click.Context, as_json: bool) -> None:
 
 
 def format_ping(reports: Sequence[ServerReport]) -> str:
-    """One line per server: ``ok`` (and any state in which some keys wait: a restart grace,
-    shards moving), or why it grants nothing new, or ``UNREACHABLE``."""
+    """One line per server: ``ok`` (and any state in which some keys wait), or why it grants
+    nothing new, or ``UNREACHABLE``."""
     lines: list[str] = []
     for rep in reports:
         if not rep.reachable:
@@ -587,14 +559,11 @@ def shards(ctx: click.Context, as_json: bool) -> None:
     )
 
 
-# ------------------------------------------------------------------------------ release
 OPERATOR_NOTE_PREFIX: Final = "dflock-cli/"
-"""The start of the note ``celery dflock release`` sends when given no ``--note``."""
 
 
 def operator_note() -> str:
-    """``dflock-cli/<user>@<host>``: who runs the command, for the server's log (printable
-    ASCII without spaces, percent-encoded where needed, at most 200 characters)."""
+    """``dflock-cli/<user>@<host>``, percent-encoded, at most 200 characters."""
     try:
         user = getpass.getuser()
     except (OSError, KeyError):
@@ -604,8 +573,7 @@ def operator_note() -> str:
 
 
 def keys_with_prefix(reports: Sequence[ServerReport], prefix: str) -> list[str]:
-    """The held (or waited-on) locks' and semaphores' keys ``stats`` listed that start with
-    ``prefix``, each once, sorted."""
+    """The keys ``stats`` listed that start with ``prefix``, sorted."""
     keys: set[str] = set()
     for rep in reports:
         if rep.stats is None:

@@ -13,8 +13,7 @@ options, first match wins (`resolve_options`):
 4. the app-wide ``app.conf.dflock_*`` setting;
 5. the built-in default.
 
-Bad values raise :class:`DflockConfigError` naming the setting or option and
-what would be accepted.
+Bad values raise :class:`DflockConfigError` naming the setting or option.
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ _FIELDS: Final = {
     "dflock_key_prefix": "key_prefix",
     "dflock_task_locks": "task_locks",
 }
-"""App-wide setting -> the `DflockConfig` field it is read into (checked, see `_settings`)."""
+"""App-wide setting -> the `DflockConfig` field it is read into."""
 
 
 class _App(Protocol):
@@ -112,29 +111,23 @@ class _App(Protocol):
 def read_setting(conf: Any, name: str) -> object:
     """``app.conf`` setting ``name``, or its upper-case spelling (``DFLOCK_SERVERS``; with
     ``namespace="CELERY"`` Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``)."""
-    value: object = conf.get(name)
-    if value is None:
-        value = conf.get(name.upper())
-    if value is None:
-        for old, renamed in RENAMED_SETTINGS.items():
-            if renamed != name:
-                continue
-            for spelling in (old, old.upper()):
-                value = conf.get(spelling)
-                if value is not None:
-                    warnings.warn(
-                        f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
-                        f"option's app-wide setting is its name with dflock_ in front)",
-                        DeprecationWarning,
-                        stacklevel=2,
-                    )
-                    return value
-    return value
+    old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
+    for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
+        value: object = conf.get(spelling)
+        if value is not None:
+            if spelling.lower() != name:
+                warnings.warn(
+                    f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
+                    f"option's app-wide setting is its name with dflock_ in front)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+            return value
+    return None
 
 
 def check_setting_names(conf: Any) -> None:
-    """Refuse a ``dflock_*`` setting (any case) that this package does not read: a misspelt
-    setting would otherwise be ignored without a word."""
+    """Refuse a ``dflock_*`` setting (any case) that this package does not read."""
     for raw in list(conf.keys()):
         name = str(raw)
         lowered = name.lower()
@@ -168,8 +161,7 @@ class DflockConfig:
     """None: the client's default (``stable_hash_shard``); ``"cluster"``: cluster routing."""
     key_prefix: str = ""
     defaults: GivenOptions = NO_OPTIONS
-    """The app-wide lock options: the ``dflock_*`` setting of each (None: not set, the
-    built-in default applies)."""
+    """The app-wide lock options: the ``dflock_*`` setting of each (None: not set)."""
     task_locks: Mapping[str, GivenOptions] = field(default_factory=lambda: MappingProxyType({}))
     """``dflock_task_locks``: task name -> lock options."""
 
@@ -187,7 +179,7 @@ class DflockConfig:
         return cls(**fields, defaults=defaults)
 
     def client_settings(self) -> ClientSettings:
-        """The settings of this app's `Client` (already validated, as ``dflock_*`` settings)."""
+        """The settings of this app's `Client`."""
         return ClientSettings(
             servers=check_servers(self.servers, "dflock_servers", error=DflockConfigError),
             sharding_strategy=self.sharding_strategy or stable_hash_shard,
@@ -199,8 +191,7 @@ class DflockConfig:
         )
 
     def new_client(self) -> Client:
-        """A new `Client` on these settings (the Celery layer keeps one per app and process:
-        ``celery_dflock._runtime.Runtime.client``)."""
+        """A new `Client` on these settings."""
         return Client.from_settings(self.client_settings())
 
 
@@ -227,15 +218,13 @@ def reset_config(app: _App) -> None:
 # --------------------------------------------------------------------------- a run's options
 
 RETRY_WAIT_S: Final = 30.0
-"""The default ``lock_timeout`` of ``on_locked="retry"``: seconds in the key's FIFO queue (taking
-the key the moment the holder lets go) before the retry; ``"skip"`` and ``"raise"``: 0."""
+"""The default ``lock_timeout`` of ``on_locked="retry"`` (``"skip"`` and ``"raise"``: 0)."""
 
 
 @dataclass(frozen=True, slots=True)
 class LockOptions:
     """The lock options of one task run, every layer resolved (`resolve_options`): one field
-    per `LOCK_OPTION_SPECS` row, as `GivenOptions` (its type without the None of "not given",
-    but for the options whose default is None), and `timeout_given`."""
+    per `LOCK_OPTION_SPECS` row, as `GivenOptions`, and `timeout_given`."""
 
     key: KeySource
     timeout: float
@@ -260,11 +249,8 @@ def resolve_options(
     attributes: GivenOptions,
     call: GivenOptions | None = None,
 ) -> LockOptions:
-    """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default.
-
-    Every layer was already checked where it entered (`celery_dflock._settings.read_options`):
-    the settings when the config was read, the attributes and call options when read."""
-
+    """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default
+    (every layer was checked where it entered)."""
     entry = config.task_locks.get(task_name, NO_OPTIONS)
     layers = (call or NO_OPTIONS, entry, attributes, config.defaults)
     first: dict[str, Any] = {

@@ -1,17 +1,13 @@
 """Lock keys derived from a task's arguments, made safe for the wire protocol.
 
-A key comes from one of three sources:
+A key comes from a format template over the task's bound arguments, defaults applied
+(``"report:{customer_id}"``); a callable taking the task's arguments; or nothing: the task
+name plus a stable digest of the canonical JSON of all bound arguments (kombu's encoder, so
+UUIDs, dates and Decimals work).
 
-* a format template over the task's bound arguments, defaults applied
-  (``"report:{customer_id}"``);
-* a callable taking the task's own arguments and returning a string;
-* nothing: the task name plus a stable digest of the canonical JSON of all
-  bound arguments (kombu's encoder, so UUIDs, dates and Decimals work).
-
-Whatever the source, :func:`safe_key` turns the result into a key the server
-accepts: no whitespace and at most ``MAX_LINE_BYTES`` bytes. A key that needs
-changing keeps a readable prefix and gains a digest of the original, so two
-different raw keys never collapse into one.
+:func:`safe_key` turns the result into a key the server accepts (no whitespace, at most
+``MAX_LINE_BYTES`` bytes); a key that needs changing keeps a readable prefix and gains a
+digest of the original, so two different raw keys never collapse into one.
 """
 
 from __future__ import annotations
@@ -61,12 +57,8 @@ def digest(data: str) -> str:
 
 
 def safe_key(raw: str, max_bytes: int = MAX_LINE_BYTES) -> str:
-    """Return ``raw`` if the protocol accepts it as a key, else a safe, injective stand-in.
-
-    A valid key is non-empty, holds no whitespace and fits in ``max_bytes``
-    UTF-8 bytes. Any other key becomes ``<readable prefix>#<digest of raw>``,
-    whitespace replaced by ``_`` in the prefix.
-    """
+    """Return ``raw`` if the protocol accepts it as a key (non-empty, no whitespace, at most
+    ``max_bytes`` UTF-8 bytes), else ``<readable prefix>#<digest of raw>``."""
     if raw and len(raw.encode("utf-8")) <= max_bytes and not _UNSAFE.search(raw):
         return raw
     budget = max_bytes - len(DIGEST_SEPARATOR) - _DIGEST_HEX_CHARS
@@ -86,10 +78,9 @@ def _signature_of(run: Callable[..., Any]) -> inspect.Signature | None:
 
 
 class _NamedParameters:
-    """A signature whose parameters all have names (no ``*args``/``**kwargs``/positional-only),
-    bound without building `inspect.BoundArguments`: `bind` gives exactly what
-    ``signature.bind(...)`` + ``apply_defaults()`` give, or None when that would fail (the
-    slow path then raises its own error)."""
+    """A signature whose parameters all have names (no ``*args``/``**kwargs``/positional-only):
+    `bind` gives what ``signature.bind(...)`` + ``apply_defaults()`` give, faster, or None
+    when that would fail."""
 
     __slots__ = ("names", "parameters", "positional")
 
@@ -138,11 +129,9 @@ def _bind(
     kwargs: Mapping[str, Any],
     task_name: str,
 ) -> dict[str, Any]:
-    """The task's arguments by parameter name, defaults applied: ``f(1)``, ``f(1, b=2)`` and
-    ``f(a=1)`` of ``def f(a, b=2)`` all give ``{"a": 1, "b": 2}``; ``*args`` and ``**kwargs``
-    appear under their own names, as a tuple and a dict."""
+    """The task's arguments by parameter name, defaults applied (``*args`` and ``**kwargs``
+    under their own names); the raw call when there is no signature (a C function)."""
     if signature is None:
-        # No introspectable signature (a C function): fall back to the raw call.
         return {"args": tuple(args), "kwargs": dict(kwargs)}
     if named is not None and (fast := named.bind(args, kwargs)) is not None:
         return fast
@@ -238,13 +227,8 @@ def _bare_signature(run: Callable[..., Any]) -> str:
 
 class KeyBuilder:
     """Builds the protocol-safe lock keys of one task's runs: ``source`` is the resolved
-    ``lock_key`` option, ``prefix`` (the ``dflock_key_prefix`` setting) goes in front of every
-    key.
-
-    What does not change from run to run (the run function's signature, and how to bind
-    arguments to it) is worked out once, here; `key` does the per-run part. A task keeps one
-    and reuses it while ``source``, ``run`` and ``prefix`` stay the same.
-    """
+    ``lock_key`` option, ``prefix`` (``dflock_key_prefix``) goes in front of every key. The
+    signature is inspected once, here; `key` does the per-run part."""
 
     __slots__ = ("_named", "_signature", "prefix", "source", "task_name")
 

@@ -29,10 +29,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-# The Celery integration is loaded with the plugin, not on first use (`celery_dflock` imports
-# its names lazily): pytest rewrites a plugin package's modules as they are imported, and on
-# CPython 3.11.7 that rewrite can fail ("AST constructor recursion depth mismatch") when the
-# first import happens inside a test that follows an asyncio test.
+# Loaded with the plugin, not lazily: pytest rewrites a plugin package's modules as they are
+# imported, and on CPython 3.11.7 that can fail inside a test that follows an asyncio test.
 import celery_dflock.beat  # pyright: ignore[reportUnusedImport]
 import celery_dflock.task  # noqa: F401  # pyright: ignore[reportUnusedImport]
 from celery_dflock.config import reset_config
@@ -93,15 +91,14 @@ def dflock_celery_config(dflock_server: ServerThread) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def dflock_session_server() -> Iterator[ServerThread]:
-    """A lock server in this process on 127.0.0.1 and a free port, for the whole session
-    (a test that ends holding a lock leaves it held for the next: release what you take)."""
+    """`dflock_server` for the whole session (release what you take: a lock a test leaves
+    held stays held for the next)."""
     yield from _serve()
 
 
 @pytest.fixture(scope="session")
 def dflock_session_celery_config(dflock_session_server: ServerThread) -> dict[str, Any]:
-    """Celery settings that point an app at ``dflock_session_server``: merge them into
-    Celery's session-scoped ``celery_config``."""
+    """Celery settings that point an app at ``dflock_session_server``."""
     return _celery_config(dflock_session_server)
 
 

@@ -16,18 +16,15 @@ more; an app that locks tasks only through ``dflock_task_locks`` calls
 
 * ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``; clean up the
   held-lock records of workers that died without doing so.
-* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task; log which lock
-  servers the worker reaches, and warn (naming ``dflock_servers``) about those it cannot, and
-  about tasks whose lease is above the longest the servers grant (their ``hello`` says).
-* ``worker_process_init`` (each prefork child, after fork): a fresh connection
-  pool for the child.
-* ``worker_process_shutdown`` / ``worker_shutdown``: close the pool.
-* ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``,
-  and ``task_revoked`` with ``terminated=True`` (all in the main process):
-  once the child that ran the task has exited, release what it held.
-* ``task_revoked`` without ``terminated`` (a revoked or expired message the worker
-  drops before it runs): release the publish-time hold the message names
-  (``lock_from="publish"``), so its key is free at once.
+* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task, lock servers
+  the worker cannot reach, and leases above the longest the servers grant.
+* ``worker_process_init`` / ``worker_process_shutdown`` / ``worker_shutdown``: a fresh
+  client in each prefork child; close it.
+* ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``, and
+  ``task_revoked`` with ``terminated=True``: once the child that ran the task has exited,
+  release what it held.
+* ``task_revoked`` without ``terminated`` (a message dropped before it runs): release the
+  publish-time hold it names, so its key is free at once.
 """
 
 from __future__ import annotations

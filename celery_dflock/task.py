@@ -3,9 +3,8 @@
 
 The lock is taken in the worker when the task *executes* (in ``__call__``, where a refusal
 can still stop the run), renewed by a thread while the body runs, and released on every way
-the run ends. The task keeps its options and Celery's hooks; the run is `celery_dflock._run`,
-as Celery's trace is beside its ``Task``. The options and examples: docs/locked-tasks.md;
-every option with its default: docs/reference/settings.md.
+the run ends (the run: `celery_dflock._run`). The options and examples: docs/locked-tasks.md
+and docs/reference/settings.md.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from celery_dflock._request import (
     HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
-    HoldRef,
     header,
     held_lock,
 )
@@ -53,9 +51,8 @@ class LockedTask(Task):
     per call (``apply_async(..., lock_timeout=5)``) or app-wide (``app.conf.dflock_*``).
     """
 
-    # Every lock option, as a user sets it (None: not set here). What each means and its
-    # default: its row of `celery_dflock._settings.LOCK_OPTION_SPECS`, shown in
-    # docs/reference/settings.md; tests/celery/test_task_config.py holds these to those rows.
+    # Every lock option (None: not set here); each is a row of
+    # `celery_dflock._settings.LOCK_OPTION_SPECS`.
     lock_key: ClassVar[str | Callable[..., str] | None] = None
     lock_timeout: ClassVar[float | None] = None
     lock_ttl: ClassVar[int | None] = None
@@ -84,8 +81,7 @@ class LockedTask(Task):
             (attr for attr in vars(cls) if not attr.startswith("_") and attr not in inherited),
             f"task {name or cls.__qualname__!r}",
         )
-        # A bad value fails here, when the class is made, not at the first run in the worker
-        # (which reads the attributes again: they may be changed on the class meanwhile).
+        # A bad value fails when the class is made, not at the first run in the worker.
         read_options(
             {option: getattr(cls, option, None) for option in LOCK_OPTIONS},
             lambda option: f"attribute {option} of task {name or cls!r}",
@@ -93,8 +89,6 @@ class LockedTask(Task):
         )
         if isinstance(template, str) and callable(run) and isinstance(name, str):
             check_template(template, cast("Callable[..., Any]", run), task_name=name)
-
-    # ------------------------------------------------------------------ public surface
 
     @property
     def lock(self) -> AnyLock | None:
@@ -131,8 +125,6 @@ class LockedTask(Task):
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
             # Sent again (a retry, with the hold handed on or None), or run here: no hold.
             return send()
-        # A canvas passes its member's place (group_id, chain, chord) or a link; a bare
-        # task_id is the caller's own, and a duplicate with one gets the holder's AsyncResult.
         in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
         task_id = task_id or uuid()
         sent_options = headers.get(LOCK_OPTIONS_HEADER)
@@ -155,8 +147,7 @@ class LockedTask(Task):
         if isinstance(taken, Duplicate):
             if not in_canvas and taken.task_id is not None:
                 return self._celery.AsyncResult(taken.task_id)
-            # A canvas member (its id is already in its group's, chord's or chain's result):
-            # a follower in its place gives it the holder's result, or fails at once.
+            # A canvas member's id is already in its canvas's result: send a follower.
             headers[FOLLOW_HEADER] = taken.follow().header()
             headers[HOLD_HEADER] = None
             options["headers"] = headers
@@ -229,8 +220,7 @@ class LockedTask(Task):
             headers = {**cast("Mapping[str, Any]", request_headers), **headers}
         if given:
             headers[LOCK_OPTIONS_HEADER] = given
-        # The hold handed on, or None: a retry is no new publish (it takes no hold of its
-        # own, so it is never refused as a duplicate).
+        # A retry is no new publish: it takes no hold of its own.
         headers[HOLD_HEADER] = None if kept is None else kept.header()
         options["headers"] = headers
         try:
@@ -239,7 +229,8 @@ class LockedTask(Task):
             )
         except Reject:
             if kept is not None:  # the retry could not be sent: free the key it kept
-                self._release_kept(kept)
+                with contextlib.suppress(DflockError):  # else its lease frees it
+                    app_client(self._celery._get_app()).release(kept.key, kept.token)
             raise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -264,8 +255,6 @@ class LockedTask(Task):
             task.pop_request()
             task_stack.pop()
 
-    # ------------------------------------------------------------------ internals
-
     @property
     def _celery(self) -> Any:
         """This task as Celery's untyped object."""
@@ -278,8 +267,7 @@ class LockedTask(Task):
     def _as_sent(
         self, args: Any, kwargs: Any, options: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """(args, kwargs) as the run will get them: through the message's serializer (a key
-        built from them is then the one the run builds)."""
+        """(args, kwargs) as the run will get them, through the message's serializer."""
         task = self._celery
         serializer = options.get("serializer") or task.serializer
         data = (list(args or ()), dict(kwargs or {}))
@@ -289,14 +277,10 @@ class LockedTask(Task):
         sent_args, sent_kwargs = cast("tuple[list[Any], dict[str, Any]]", sent)
         return tuple(sent_args), dict(sent_kwargs)
 
-    def _release_kept(self, kept: HoldRef) -> None:
-        with contextlib.suppress(DflockError):  # else its lease frees it
-            app_client(self._celery._get_app()).release(kept.key, kept.token)
-
 
 def _with_lock_options(options: dict[str, Any], headers: object, what: str) -> dict[str, Any]:
-    """The message's headers, with the lock options popped from a call's ``options`` checked
-    and merged into `LOCK_OPTIONS_HEADER` (over those the headers carry already)."""
+    """The message's headers, with the lock options popped from ``options`` checked and
+    merged into `LOCK_OPTIONS_HEADER`."""
     merged = dict(cast("Mapping[str, Any]", headers or {}))
     lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
     if lock_options:
@@ -311,9 +295,6 @@ _CANVAS_OPTIONS = ("chain", "chord", "group_id")
 
 
 def apply_task_locks(app: Any) -> list[str]:
-    """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them:
-    each one not a :class:`LockedTask` gets its class swapped for a subclass putting
-    ``LockedTask`` first in its bases. Returns the names of the tasks changed (the worker
-    hooks run it)."""
-
+    """Make the tasks named in ``dflock_task_locks`` locked tasks, without editing them (each
+    gets its class swapped for a subclass with ``LockedTask`` first); the names changed."""
     return _worker_hooks.apply_task_locks(app, LockedTask)

@@ -2,23 +2,13 @@
 """kombu's filesystem transport with atomic puts and bindings, for the demo and the test harness.
 
 kombu's own ``_put`` creates the message file and then writes into it, and ``_get`` takes any
-file whose name ends in ``.<queue>.msg`` without locking it: a worker polling at the wrong
-moment claims an empty or half-written file and dies on the JSON error. Here a message is
-written under a name no queue matches and renamed into place once complete (a rename within a
-folder is atomic), so a reader sees a whole message or none. The name being written holds
-neither the queue's name nor ``.msg``: kombu 5.7 matches the text after a name's first dot,
-but older kombu matches any name that merely contains ``<queue>.msg``.
+file named ``*.<queue>.msg`` unlocked: a worker may claim a half-written file. Here a message
+is written under a name no queue matches (no queue name, no ``.msg``) and renamed into place
+once complete, so a reader sees a whole message or none. kombu's exchange tables have the same
+race (``_queue_bind`` creates the file, then locks it); here a table changes under a lock on a
+file of its own and is renamed into place whole.
 
-kombu's exchange tables (which queues a fanout exchange reaches: each worker's pidbox queue)
-have the same race: ``_queue_bind`` creates a new table file and only then locks it, so a second
-worker starting at the same moment reads it empty (and dies on the JSON error: the demo's
-worker-2 did, in CI), or truncates what the first wrote (a worker deaf to broadcasts). Here a
-table changes under a lock on a file of its own, and is written whole under a partial name and
-renamed into place, so a reader sees a whole table or none.
-
-Use it with ``broker_url="filesystem://"`` and ``broker_transport=TRANSPORT``. Claiming is
-kombu's: a worker moves the message file out of the queue folder (to the temp folder, with
-``store_processed`` off), and only one move can succeed.
+Use it with ``broker_url="filesystem://"`` and ``broker_transport=TRANSPORT``.
 """
 
 from __future__ import annotations
@@ -40,24 +30,13 @@ TRANSPORT = "celery_dflock.demo.fsbroker:Transport"
 """The ``broker_transport`` setting that selects this transport."""
 
 _dumps: Callable[[Any], str] = cast(Any, kombu_json).dumps
-"""kombu's JSON encoder (UUIDs, dates, Decimals), as kombu's own ``_put`` uses."""
-
 _loads: Callable[[str], Any] = cast(Any, kombu_json).loads
-"""kombu's JSON decoder, as kombu's own ``get_table`` uses."""
-
-_fs: Any = filesystem
-"""kombu's filesystem transport module (untyped): its table entry and its file-lock helpers."""
-
+_fs: Any = filesystem  # untyped
 _PARTIAL_NAME = ".partial-{}.tmp"
-"""The name a message (or an exchange's table) is written under before it is renamed into
-place: no queue's name and no ``.msg`` in it, so no kombu version's reader takes it for a
-message."""
 
 
 def _put_whole(final: Path, data: bytes) -> None:
-    """Write ``data`` under a partial name beside ``final`` and rename it into place (atomic
-    within a folder): a reader sees all of it or, before, none. A failed write leaves no
-    partial file."""
+    """Write ``data`` under a partial name beside ``final`` and rename it into place."""
     partial = final.with_name(_PARTIAL_NAME.format(uuid.uuid4()))
     try:
         partial.write_bytes(data)
@@ -134,8 +113,7 @@ class Channel(filesystem.Channel):
     def _delete(
         self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any
     ) -> None:
-        # The virtual transport's own (drop the queue's messages), then the binding, under the
-        # table's lock (kombu 5.7's own edits the table in place under a lock on the table).
+        # The virtual transport's own (drop the queue's messages), then the binding.
         base: Any = virtual.Channel
         base._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
         entry = _entry(routing_key, pattern, queue)

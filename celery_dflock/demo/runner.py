@@ -66,8 +66,7 @@ class _Stop(Exception):
 
 
 class _StopRequest:
-    """Notes SIGTERM/SIGINT; the demo stops at its next check, never halfway through a spawn
-    (an exception raised inside ``Popen`` could leave a started child unrecorded)."""
+    """Notes SIGTERM/SIGINT; the demo stops at its next check, never halfway through a spawn."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
@@ -154,11 +153,8 @@ def progress_state(
     verdict: Verdict, elapsed: float, expected_runs: int
 ) -> Literal["running", "done", "tasks late"]:
     """Where the demo is: ``"running"``, ``"done"`` (every task finished and a beat has sent,
-    or no beat sent within the finish timeout: the verdict then says so), or ``"tasks late"``.
-
-    The demo waits for a beat's first send instead of assuming one came within a few seconds:
-    on a loaded machine the beats start more slowly than the tasks run (a run ended with
-    "NO BEAT sent the periodic task" while both beats were still starting)."""
+    or no beat sent within the finish timeout), or ``"tasks late"``. It waits for a beat's
+    first send: on a loaded machine the beats start more slowly than the tasks run."""
     account_runs = sum(1 for r in verdict.runs if r.key.startswith("account:"))
     report_runs = sum(1 for r in verdict.runs if r.key.startswith("report:"))
     tasks_done = (

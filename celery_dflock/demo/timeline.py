@@ -1,8 +1,7 @@
 """The demo's record of what happened, and its text timeline and verdict.
 
-Pure functions over event records: worker processes append one JSON line per event to a
-shared file (one ``write`` per line on a file opened with ``O_APPEND``, so lines from several
-processes never interleave), and the demo reads them back here.
+Worker processes append one JSON line per event to a shared file (one ``O_APPEND`` write per
+line, so lines never interleave), and the demo reads them back here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""The Lua scripts of both Redis faces (`celery_dflock.fencing.redis` and
-`celery_dflock.fencing.redis_aio`, whose docstring tells how they fence), and their arguments.
-"""
+"""The Lua scripts of both Redis faces (`celery_dflock.fencing.redis` tells how they fence)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""The statements of both SQLAlchemy faces (`celery_dflock.fencing.sqlalchemy` and
-`celery_dflock.fencing.sqlalchemy_aio`), built here once and executed by the face
-(``connection.execute`` or ``await connection.execute``).
-
-* `FencedUpdate`: ``UPDATE <table> SET <values>, fence = :fence WHERE <where> AND fence <=
-  :fence``, then, when no row was updated, ``SELECT max(fence) WHERE <where>`` to tell a
-  refusal from a row that is not there.
-* `FencedUpsert`: one ``INSERT ... ON CONFLICT (<key>) DO UPDATE SET ... WHERE fence <=
-  excluded.fence RETURNING fence`` (PostgreSQL, SQLite), or ``INSERT ... ON DUPLICATE KEY
-  UPDATE`` whose every assignment keeps the row's value unless the fence is at least the row's
-  (MySQL, MariaDB: the fence's assignment comes last, as MySQL assigns left to right); then, on
-  MySQL always and elsewhere when nothing was returned, ``SELECT fence ... FOR UPDATE`` of the
-  row, which the statement locked.
-
-Errors in the user's terms: `StaleFence`, `FenceColumnMissing` (a table without the column,
-in its declaration or in the database), and a `TypeError` naming the face to use for a
-connection of the other kind.
+"""The statements of `celery_dflock.fencing.sqlalchemy` (whose docstring shows them). On MySQL
+and MariaDB every assignment of the upsert keeps the row's value unless the fence is at least
+the row's, the fence's assignment last (MySQL assigns left to right); the row's fence is then
+read ``FOR UPDATE`` (the statement locked the row).
 """
 
 from __future__ import annotations
@@ -94,9 +81,8 @@ def check_columns(
 
 @contextmanager
 def column_checked(table: sa.Table, name: str) -> Generator[None]:
-    """Runs the block; the database's own word that ``table`` has no column ``name`` (the Table
-    declares it, the database table lacks it) raises `FenceColumnMissing` instead of its
-    ``DBAPIError``."""
+    """Runs the block, turning the database's word that ``table`` has no column ``name`` into
+    `FenceColumnMissing`."""
     try:
         yield
     except DBAPIError as error:
@@ -175,8 +161,7 @@ class FencedUpdate:
         return f"{self.table.fullname} where {described(self.where)}"
 
     def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
-        """The ``UPDATE`` (on ``table`` as given: an ORM class keeps the session's objects in
-        step, from the rows the database updated: ``synchronize_session="fetch"``)."""
+        """The ``UPDATE`` (on ``table`` as given, so an ORM session's objects stay in step)."""
         assigned: dict[Any, Any] = {**values, self.column: self.fence}
         statement = sa.update(table).where(self.where, self.column <= self.fence).values(assigned)
         return statement.execution_options(synchronize_session="fetch")
@@ -233,9 +218,7 @@ class FencedUpsert:
         values: Mapping[str, Any],
         update: Mapping[str, Any] | None,
     ) -> sa.Insert:
-        """The one upsert of ``dialect``: insert ``key`` and ``values`` with the fence; on a
-        row of that key, ``update`` (default: ``values`` as inserted) and the fence, if the
-        row's fence is not higher."""
+        """The one upsert of ``dialect`` (see `celery_dflock.fencing.sqlalchemy`)."""
         name = self.column.name
         if name in values or (update is not None and name in update):
             raise ValueError(
@@ -271,8 +254,7 @@ class FencedUpsert:
         )
 
     def kept(self) -> sa.Select[tuple[Any]]:
-        """The row's fence, read under the row lock the upsert took (``FOR UPDATE``: the
-        latest committed, whatever the transaction's snapshot)."""
+        """The row's fence, read under the row lock the upsert took (the latest committed)."""
         return sa.select(self.column).where(self.where).with_for_update()
 
     def refuse_below(self, kept: object) -> None:

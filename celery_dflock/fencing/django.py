@@ -8,16 +8,13 @@ database has it). `fenced_update` is one ``UPDATE``::
 
     queryset.filter(dflock_fence__lte=fence).update(dflock_fence=fence, **values)
 
-so the check and the write are one atomic statement of the database: a row another holder
-wrote with a higher fence is not matched, and nothing is written to it. When no row was
-updated, one aggregate tells a refusal (`StaleFence`) from a queryset that matches no row (0 is
-returned, as ``update()`` does). The queryset should name one row (``pk=...``).
+so the check and the write are one atomic statement. When no row was updated, one aggregate
+tells a refusal (`StaleFence`) from a queryset that matches no row (0 is returned). The
+queryset should name one row (``pk=...``).
 
-`fenced_upsert` inserts a row or updates it, if its fence is not higher, in one statement
-(Django's ``bulk_create(update_conflicts=True)`` takes no condition, so it is written here, in
-the database's own upsert: ``INSERT ... ON CONFLICT (<key>) DO UPDATE ... WHERE <fence> <=
-EXCLUDED.<fence> RETURNING <fence>`` on PostgreSQL and SQLite, ``INSERT ... ON DUPLICATE KEY
-UPDATE`` with each assignment guarded by the fence on MySQL and MariaDB).
+`fenced_upsert` inserts a row or updates it, if its fence is not higher, in one statement of
+the database's own upsert, written here (Django's ``bulk_create(update_conflicts=True)``
+takes no condition): as `celery_dflock.fencing.sqlalchemy`'s.
 
 Django's ORM is blocking: from async code, ``sync_to_async(fenced_update)(...)``.
 """
@@ -46,9 +43,8 @@ _Query: Any = django.db.models.sql.Query
 
 def fence_field() -> Any:
     """The fence field of a model (``dflock_fence = fence_field()``): a
-    ``BigIntegerField(default=0)``, not editable in forms or the admin (a row never written
-    under a lock carries 0, below every fence)."""
-    big_integer: Any = models.BigIntegerField  # Django is untyped: its defaults read as types
+    ``BigIntegerField(default=0)``, not editable in forms or the admin."""
+    big_integer: Any = models.BigIntegerField  # Django is untyped
     return big_integer(
         default=0,
         editable=False,
@@ -63,11 +59,9 @@ def fenced_update(
     number of rows updated (0 when ``target`` matches no row).
 
     ``target``: a queryset (``Account.objects.filter(pk=7)``), or a manager or a model (all
-    its rows).
-    ``fence``: the lock's fence (``self.lock.fence``); a fence equal to the row's is accepted
-    (one holder writes several times), a lower one raises `StaleFence` and None raises
-    `FenceMissing`, both without writing. ``values``: what ``update()`` takes (``F()``
-    expressions included). ``fence_name``: the fence field, if not ``dflock_fence``.
+    its rows). ``fence``: ``self.lock.fence``; one equal to the row's is accepted, a lower one
+    raises `StaleFence` and None `FenceMissing`, both without writing. ``values``: what
+    ``update()`` takes (``F()`` expressions included).
     """
     queryset = _queryset(target)
     field = _fence_field(queryset.model, fence_name)
@@ -99,15 +93,12 @@ def fenced_upsert(
 ) -> None:
     """Insert the row ``key`` + ``values`` of ``model`` with ``fence``, or, when a row of that
     ``key`` exists, set ``update`` (default: ``values``) and the fence on it if its fence is
-    not higher; one statement. A refusal raises `StaleFence` (nothing written), None
-    `FenceMissing`.
+    not higher; one statement. Refusals as `fenced_update`.
 
-    ``key``: the fields of the primary key or of a unique constraint and the row's values
-    (``{"id": 7}``). ``values``: the other fields of a new row. ``update``: what an existing
-    row gets, expressions included (``{"balance": F("balance") + 10}``). ``using``: the
-    database alias (default: the router's for writing ``model``). Databases: PostgreSQL,
-    SQLite, MySQL and MariaDB; another raises `ValueError` (create the row first, with fence
-    0, then use `fenced_update`).
+    ``key``: the primary or a unique key's fields and values (``{"id": 7}``). ``update``: what
+    an existing row gets, expressions included (``{"balance": F("balance") + 10}``).
+    ``using``: the database alias. Another database than PostgreSQL, SQLite, MySQL and
+    MariaDB raises `ValueError`.
     """
     if not (isinstance(model, type) and issubclass(model, models.Model)):
         kind: str = type(cast("object", model)).__name__
@@ -146,9 +137,8 @@ def check_fence_field(
     *checked: Any, fence_name: str = FENCE_COLUMN, using: str | None = None
 ) -> None:
     """Raise `FenceColumnMissing` unless every model of ``checked`` has the fence field
-    ``fence_name`` and its database table the column (its migration applied); the error
-    names each model that lacks it and the lines that add it. For a deploy step (after
-    ``manage.py migrate``) or a worker's start, before a task writes."""
+    ``fence_name`` and its database table the column (for a deploy step, after
+    ``manage.py migrate``)."""
     lacking: list[str] = []
     for model in checked:
         options: Any = model._meta
@@ -268,8 +258,8 @@ def _migrating(model: Any) -> str:
 
 @contextmanager
 def _column_checked(model: Any, field: Any) -> Generator[None]:
-    """The database's error that ``model``'s table lacks ``field``'s column (the model has
-    the field, its migration was not applied) as `FenceColumnMissing`."""
+    """The database's error that ``model``'s table lacks ``field``'s column as
+    `FenceColumnMissing`."""
     try:
         yield
     except _db.DatabaseError as error:

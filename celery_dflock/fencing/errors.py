@@ -1,7 +1,7 @@
 """The ways a fenced write is refused, in the `DflockError` tree.
 
-Each carries a single message string that names the row or key, both fences and what to do (so
-it pickles, and a Celery result shows it whole); the numbers are attributes too.
+Each carries one message string naming the row or key, both fences and what to do (so it
+pickles, and a Celery result shows it whole).
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ __all__ = ["FenceColumnMissing", "FenceMissing", "StaleFence"]
 
 class StaleFence(LockLost):
     """The store refused a write, nothing written: it has seen a higher fence for this row or
-    key, so another holder wrote after this run was granted its lock: a later holder of the
-    same lock key (this run's lease ran out while it was paused, or its lock was lost), or a
-    holder of another lock key that writes the same row (fences are one sequence across keys,
-    so a row written under two keys refuses the lower one's writes though neither lost its
-    lock).
+    key, so another holder wrote after this run was granted its lock (a later holder of the
+    same key, or a holder of another key writing the same row: fences are one sequence).
 
-    A `LockLost`: the store is where a holder that did not notice its loss learns of it, so
-    ``except LockLost`` covers both. ``target`` names the row or key, ``fence`` the write's
-    fence and ``highest`` the one the store holds (0 when the message was rebuilt from text).
+    A `LockLost`, so ``except LockLost`` covers both. ``target`` names the row or key,
+    ``fence`` the write's fence and ``highest`` the one the store holds.
     """
 
     def __init__(self, message: str, target: str = "", fence: int = 0, highest: int = 0) -> None:
@@ -35,8 +31,7 @@ class StaleFence(LockLost):
 
     @classmethod
     def refused(cls, target: str, fence: int, highest: int) -> StaleFence:
-        """Every store's refusal of a write to ``target`` with ``fence``, the store holding
-        ``highest``."""
+        """Every store's refusal of a write to ``target`` with ``fence`` below ``highest``."""
         return cls(
             f"fenced write to {target} refused: its fence {fence} is lower than {highest}, the "
             "fence the store holds, so another holder wrote after this run was granted its "
@@ -51,15 +46,11 @@ class StaleFence(LockLost):
 
 
 class FenceMissing(DflockError):
-    """A fenced write came without a fence (``None``): the lock server that granted the lock
-    issues no fencing tokens (a dflockd 0.4/0.5 or the Go server, whose ``lock.fence`` is
-    None), or the write was called outside a locked run. Nothing was written: there is nothing
-    safe to compare, and writing unfenced would silently give up the protection."""
+    """A fenced write came without a fence (``None``: a lock server without fencing tokens,
+    or a write outside a locked run). Nothing was written."""
 
 
 class FenceColumnMissing(DflockError):
-    """The table (or model) a fenced write names has no fence column (``dflock_fence``), in
-    its declaration or in the database; nothing was written. The message names the table and
-    the column, and gives the lines that add it (a Django field and its migration, a
-    SQLAlchemy column and its ``ALTER TABLE``). Each store's ``check_fence_*`` raises it at
-    deploy time, before a task writes."""
+    """The table (or model) a fenced write names has no fence column, in its declaration or in
+    the database; nothing was written. The message gives the lines that add it. Each store's
+    ``check_fence_*`` raises it at deploy time."""

@@ -1,6 +1,5 @@
-"""The rule every store's fenced write follows: the fence handed to it is present, an int, and
-within what every store here can keep (a PostgreSQL ``BIGINT``); the fence a store keeps refuses
-a lower one."""
+"""The rule every store's fenced write follows: the fence is present, an int within a
+``BIGINT``, and not below the one the store keeps."""
 
 from __future__ import annotations
 
@@ -13,17 +12,13 @@ from celery_dflock.fencing.errors import FenceMissing, StaleFence
 __all__ = ["FENCE_COLUMN", "MAX_FENCE", "no_such_column", "refuse_below", "require_fence"]
 
 FENCE_COLUMN: Final = "dflock_fence"
-"""The default name of the column, hash field or key suffix where a store keeps its highest
-fence."""
+"""The default column, hash field or key suffix where a store keeps its highest fence."""
 MAX_FENCE: Final = (1 << 63) - 1
-"""The largest fence a store here takes (a signed 64-bit ``BIGINT``). A dflockd-server fence
-counts nanoseconds of the wall clock from the server's first start; it reaches this in 2262."""
+"""The largest fence a store here takes (a signed 64-bit ``BIGINT``)."""
 
 
 def require_fence(fence: int | None, target: str | Callable[[], str]) -> int:
-    """``fence`` checked for a write to ``target`` (named in the errors; a callable is called
-    only for an error): `FenceMissing` for None, `InvalidValueError` for anything but an int
-    in 0..`MAX_FENCE`."""
+    """``fence`` checked for a write to ``target`` (a callable is called only for an error)."""
     if isinstance(fence, int) and not isinstance(fence, bool) and 0 <= fence <= MAX_FENCE:
         return fence
     if callable(target):
@@ -56,8 +51,7 @@ def refuse_below(target: str | Callable[[], str], fence: int, kept: object) -> N
 
 
 def no_such_column(said: str, column: str) -> bool:
-    """Whether a database's error text ``said`` is PostgreSQL's, SQLite's or MySQL's word that
-    ``column`` is not there."""
+    """Whether a database's error text ``said`` says ``column`` is not there."""
     said = said.lower()
     return column.lower() in said and any(
         words in said

@@ -11,13 +11,9 @@ as strings (Lua's numbers are doubles, which cannot tell two fences 1 apart).
 * `fenced_hset`: fields of the hash at ``key``, its fence in the hash's own ``dflock_fence``
   field (``fence_name``).
 
-The fence is kept for as long as the value: an expiry or a ``DEL`` of the fence's key forgets
-it (the next write, whatever its fence, is accepted), so give the fence's key no shorter life
-than the value's.
-
-This is the blocking face (``redis.Redis``, ``redis.RedisCluster``); for ``redis.asyncio``,
-`celery_dflock.fencing.redis_aio` runs the same scripts (`celery_dflock.fencing._lua`), awaited.
-Handed an asyncio client, this face raises a `TypeError` that names that one, and sends nothing.
+An expiry or a ``DEL`` of the fence's key forgets it (the next write is accepted), so give
+the fence's key no shorter life than the value's. For ``redis.asyncio``, use
+`celery_dflock.fencing.redis_aio`.
 """
 
 from __future__ import annotations
@@ -42,11 +38,8 @@ def fenced_set(
     fence_key: str | None = None,
 ) -> None:
     """``SET key value`` if ``fence`` is at least the highest fence written to ``key``, and
-    keep ``fence`` as the highest; atomic (one script).
-
-    A fence equal to the highest is accepted (one holder writes several times); a lower one
-    raises `StaleFence` and None raises `FenceMissing`, both without writing.
-    """
+    keep ``fence`` as the highest; atomic. A lower fence raises `StaleFence` and None
+    `FenceMissing`, both without writing."""
     _run(client, "fenced_set", set_call(key, value, fence, fence_key))
 
 

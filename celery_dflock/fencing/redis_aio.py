@@ -1,13 +1,9 @@
 """Fenced writes to Redis through ``redis.asyncio`` (needs redis-py: ``celery-dflock[redis]``).
 
-The same scripts as the blocking face (`celery_dflock.fencing.redis`, both in
-`celery_dflock.fencing._lua`), awaited: `fenced_set` and `fenced_hset` take the same arguments
-and answer the same way. Handed a blocking client, they raise a `TypeError` that names the
-blocking face, and send nothing.
-
-A Celery task has no event loop of its own: its body runs the coroutine with
-``asyncio.run(...)`` (docs/fencing.md, "Async stores"); a ``redis.asyncio`` client is bound
-to the loop it first connected on, so make and close it inside the coroutine.
+The blocking face's functions (`celery_dflock.fencing.redis`), awaited, with the same
+arguments and answers. A task body runs the coroutine with ``asyncio.run(...)``; a
+``redis.asyncio`` client is bound to the loop it first connected on, so make and close it
+inside the coroutine.
 """
 
 from __future__ import annotations

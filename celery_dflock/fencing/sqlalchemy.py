@@ -9,12 +9,9 @@ adds it to a table that exists, `check_fence_column` checks a deploy's database 
     UPDATE <table> SET <values>, dflock_fence = :fence
     WHERE <where> AND dflock_fence <= :fence
 
-so the check and the write are one atomic step of the database, under whatever isolation
-level: a row another holder wrote with a higher fence is not matched, and nothing is written
-to it. When no row was updated, one ``SELECT max(dflock_fence)`` tells a refusal (the row is
-there with a higher fence: `StaleFence`) from a row that is not there (0 is returned, as an
-``UPDATE`` that matched nothing). ``where`` should name one row (its primary key): the fence
-guards rows, one at a time.
+so the check and the write are one atomic step, under any isolation level. When no row was
+updated, one ``SELECT max(dflock_fence)`` tells a refusal (`StaleFence`) from a row that is
+not there (0 is returned). ``where`` should name one row (its primary key).
 
 `fenced_upsert` inserts the row, or updates it if its fence is not higher, in one statement::
 
@@ -25,10 +22,8 @@ guards rows, one at a time.
 (PostgreSQL and SQLite; on MySQL and MariaDB, ``ON DUPLICATE KEY UPDATE`` with each assignment
 guarded by the fence), so a row's fence never moves back; a refusal raises `StaleFence`.
 
-The caller's transaction commits the write (``engine.begin()``, ``session.commit()``). The
-statements are built in `celery_dflock.fencing._sql`, shared with the asyncio face
-(`celery_dflock.fencing.sqlalchemy_aio`); this face refuses an ``AsyncConnection`` or an
-``AsyncSession`` with a `TypeError` that names that one.
+The caller's transaction commits the write (``engine.begin()``, ``session.commit()``). For
+SQLAlchemy's asyncio extension use `celery_dflock.fencing.sqlalchemy_aio`.
 """
 
 from __future__ import annotations
@@ -61,17 +56,14 @@ __all__ = [
 
 
 def fence_column(name: str = FENCE_COLUMN) -> sa.Column[int]:
-    """The fence column of a Core ``Table``: ``BIGINT NOT NULL DEFAULT 0`` (a row never
-    written under a lock carries 0, below every fence). In an ORM model, the same as
+    """The fence column of a Core ``Table``: ``BIGINT NOT NULL DEFAULT 0``. In an ORM model:
     ``dflock_fence: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")``."""
     return sa.Column(name, sa.BigInteger, nullable=False, default=0, server_default=sa.text("0"))
 
 
 def add_fence_column(connection: Connection, table: sa.Table, name: str = FENCE_COLUMN) -> bool:
-    """Add the fence column to ``table``, an existing table (``ALTER TABLE ... ADD COLUMN
-    <name> BIGINT NOT NULL DEFAULT 0``: every existing row gets 0). True if it was added,
-    False if the table has it already. For a migration tool (Alembic), the same column in its
-    own ``add_column``."""
+    """Add the fence column to the existing ``table`` (every existing row gets 0); False if
+    the table has it already."""
     present = sa.inspect(connection).get_columns(table.name, schema=table.schema)
     if any(column["name"] == name for column in present):
         return False
@@ -89,9 +81,8 @@ def check_fence_column(
     connection: Connection, *tables: sa.Table | type[Any], name: str = FENCE_COLUMN
 ) -> None:
     """Raise `FenceColumnMissing` unless every one of ``tables`` (Core tables or ORM classes)
-    has the fence column ``name`` in its declaration and in the database; the error names each
-    table that lacks it and the lines that add it. For a deploy step or a worker's start,
-    before a task writes (the write itself raises the same error, after the fact)."""
+    has the fence column ``name`` in its declaration and in the database (for a deploy step,
+    before a task writes)."""
     check_columns(connection, tables, name)
 
 
@@ -107,13 +98,10 @@ def fenced_update(
     """``UPDATE table SET values, fence WHERE where AND fence <= :fence``; the number of rows
     updated (0 when ``where`` matches no row).
 
-    ``connection``: a blocking ``Connection`` or ``Session`` (a ``scoped_session`` too; for
-    SQLAlchemy's asyncio extension, `celery_dflock.fencing.sqlalchemy_aio.fenced_update`).
-    ``table``: a Core ``Table`` or an ORM mapped class (``values`` then names its attributes).
-    ``fence``: the lock's fence (``self.lock.fence``); a fence equal to the row's is accepted
-    (one holder writes several times), a lower one raises `StaleFence` and None raises
-    `FenceMissing`, both without writing. ``fence_name``: the fence column, if not
-    ``dflock_fence``; a table without it raises `FenceColumnMissing`.
+    ``connection``: a ``Connection`` or ``Session``. ``table``: a Core ``Table`` or an ORM
+    mapped class. ``fence``: ``self.lock.fence``; one equal to the row's is accepted, a lower
+    one raises `StaleFence` and None `FenceMissing`, both without writing. A table without
+    the ``fence_name`` column raises `FenceColumnMissing`.
     """
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_update", connection, blocking=True)
@@ -138,16 +126,12 @@ def fenced_upsert(
 ) -> None:
     """Insert the row ``key`` + ``values`` with ``fence``, or, when a row of that ``key``
     exists, set ``update`` (default: ``values``) and the fence on it if its fence is not
-    higher; one statement. A refusal raises `StaleFence` (nothing written), None
-    `FenceMissing`.
+    higher; one statement. Refusals as `fenced_update`.
 
-    ``key``: the columns of the primary key or of a unique constraint, and the row's values
-    of them (``{"id": 7}``). ``values``: the other columns of a new row, by name.
-    ``update``: what an existing row gets, by column name, expressions over its columns
-    included (``{"balance": accounts.c.balance + 10}``). Databases: PostgreSQL, SQLite,
-    MySQL and MariaDB (their upserts); another raises `ValueError` (insert the row first
-    with fence 0, then use `fenced_update`). An ORM session's objects are not refreshed from
-    the row (``session.refresh(obj)``).
+    ``key``: the primary or a unique key's columns and values (``{"id": 7}``). ``update``:
+    what an existing row gets, expressions over its columns included
+    (``{"balance": accounts.c.balance + 10}``). Another database than PostgreSQL, SQLite,
+    MySQL and MariaDB raises `ValueError`. An ORM session's objects are not refreshed.
     """
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=True)

@@ -2,37 +2,27 @@
 needs ``celery-dflock[sqlalchemy]``, ``sqlalchemy[asyncio]`` and an async driver; tested with
 psycopg 3's and aiosqlite).
 
-The same statements as the blocking face (`celery_dflock.fencing.sqlalchemy`, both built in
-`celery_dflock.fencing._sql`), awaited: `fenced_update` and `fenced_upsert` take the same
-arguments and answer the same way, and refuse a blocking ``Connection`` or ``Session`` with a
-`TypeError` that names the blocking face. `check_fence_column` checks a deploy's database::
+The blocking face's functions (`celery_dflock.fencing.sqlalchemy`), awaited, with the same
+arguments and answers: each runs the blocking one through ``run_sync``. `check_fence_column`
+checks a deploy's database::
 
     async with engine.connect() as db:
         await check_fence_column(db, accounts)
 
-A Celery task has no event loop of its own: its body runs the coroutine with
-``asyncio.run(...)`` (docs/fencing.md, "Async stores"); an engine is bound to the loop it
+A task body runs the coroutine with ``asyncio.run(...)``; an engine is bound to the loop it
 was first used on, so make and dispose of it inside the coroutine, or use ``NullPool``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
-from celery_dflock.fencing._sql import (
-    MYSQL,
-    FencedUpdate,
-    FencedUpsert,
-    check_columns,
-    column_checked,
-    dialect_of,
-    wrong_face,
-)
+from celery_dflock.fencing import sqlalchemy as blocking
+from celery_dflock.fencing._sql import check_columns, wrong_face
 from celery_dflock.fencing.fences import FENCE_COLUMN
 
 __all__ = ["check_fence_column", "fenced_update", "fenced_upsert"]
@@ -47,6 +37,16 @@ async def check_fence_column(
     await connection.run_sync(check_columns, tables, name)
 
 
+def _runner(
+    connection: AsyncConnection | AsyncSession | async_scoped_session[Any], helper: str
+) -> AsyncConnection | AsyncSession:
+    if isinstance(connection, async_scoped_session):
+        return connection()
+    if not isinstance(connection, AsyncConnection | AsyncSession):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise wrong_face(helper, connection, blocking=False)
+    return connection
+
+
 async def fenced_update(
     connection: AsyncConnection | AsyncSession | async_scoped_session[Any],
     table: sa.Table | type[Any],
@@ -56,18 +56,10 @@ async def fenced_update(
     values: Mapping[str, Any],
     fence_name: str = FENCE_COLUMN,
 ) -> int:
-    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_update`, awaited: the
-    number of rows updated; `StaleFence`, `FenceMissing` or `FenceColumnMissing` without
-    writing."""
-    if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise wrong_face("fenced_update", connection, blocking=False)
-    fenced = FencedUpdate.build(table, where, fence, fence_name)
-    with column_checked(fenced.table, fenced.column.name):
-        result = await connection.execute(fenced.update(table, values))
-        if updated := cast("CursorResult[Any]", result).rowcount:
-            return updated
-        fenced.refuse_below((await connection.execute(fenced.highest())).scalar())
-    return 0
+    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_update`, awaited."""
+    return await _runner(connection, "fenced_update").run_sync(
+        blocking.fenced_update, table, where, fence=fence, values=values, fence_name=fence_name
+    )
 
 
 async def fenced_upsert(
@@ -80,15 +72,13 @@ async def fenced_upsert(
     update: Mapping[str, Any] | None = None,
     fence_name: str = FENCE_COLUMN,
 ) -> None:
-    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_upsert`, awaited: one
-    statement; `StaleFence` when the row holds a higher fence, nothing written."""
-    if not isinstance(connection, AsyncConnection | AsyncSession | async_scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise wrong_face("fenced_upsert", connection, blocking=False)
-    fenced = FencedUpsert.build(table, key, fence, fence_name)
-    dialect = dialect_of(connection)
-    statement = fenced.statement(dialect, values, update)
-    with column_checked(fenced.table, fenced.column.name):
-        result = await connection.execute(statement)
-        if dialect.name not in MYSQL and result.scalar() is not None:
-            return
-        fenced.refuse_below((await connection.execute(fenced.kept())).scalar())
+    """The blocking face's `~celery_dflock.fencing.sqlalchemy.fenced_upsert`, awaited."""
+    await _runner(connection, "fenced_upsert").run_sync(
+        blocking.fenced_upsert,
+        table,
+        key=key,
+        fence=fence,
+        values=values,
+        update=update,
+        fence_name=fence_name,
+    )

@@ -28,7 +28,7 @@ def test_one_client_per_app_and_process_from_the_settings(dflock_server: ServerT
     assert client.settings.renew_ratio == 0.25
     lock = client.lock("runtime:one")
     assert lock.acquire()
-    assert runtime.release_token(get_config(app), "runtime:one", str(lock.token), None)
+    assert runtime.client(get_config(app)).release("runtime:one", str(lock.token), limit=None)
     assert lock.release() is False  # released by token already
     reset_config(app)
     assert runtime.client(get_config(app)) is not client  # settings read again: a new client
