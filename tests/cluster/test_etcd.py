@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import queue
+import re
 import socket
 import threading
 import time
@@ -20,7 +22,6 @@ from dflockd_server.cluster.etcd import (
     EtcdTransport,
     Get,
     Put,
-    Watch,
     WatchEvent,
     prefix_end,
 )
@@ -165,21 +166,21 @@ def test_a_lease_not_kept_alive_expires_and_its_keys_vanish(
     etcd.lease_revoke(kept.id)  # already gone: not an error
 
 
-def _events(watch: Watch, count: int) -> list[WatchEvent]:
+def _events(got: queue.Queue[WatchEvent], count: int) -> list[WatchEvent]:
     """Up to ``count`` events, waiting at most 10 s."""
     events: list[WatchEvent] = []
     deadline = time.monotonic() + 10
     while len(events) < count and time.monotonic() < deadline:
-        event = watch.next_event(0.5)
-        if event is not None:
-            events.append(event)
+        with contextlib.suppress(queue.Empty):
+            events.append(got.get(timeout=0.5))
     return events
 
 
 def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None:
     p = etcd_prefix
     etcd.put(p + "before", "not seen: the watch starts after it")
-    with etcd.watch(p, prefix=True) as watch:
+    got: queue.Queue[WatchEvent] = queue.Queue()
+    with etcd.watch(p, prefix=True, on_event=got.put) as watch:
         etcd.put(p + "x", "1")
         etcd.put(p[:-1] + "_outside", "not seen")
         etcd.put(p + "x", "2")
@@ -187,7 +188,7 @@ def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None
         lease = etcd.lease_grant(2)
         etcd.put(p + "leased", "l", lease=lease.id)
         etcd.lease_revoke(lease.id)
-        events = _events(watch, 5)
+        events = _events(got, 5)
         assert [(e.type, e.kv.key, e.kv.value) for e in events] == [
             ("put", p + "x", "1"),
             ("put", p + "x", "2"),
@@ -195,7 +196,8 @@ def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None
             ("put", p + "leased", "l"),
             ("delete", p + "leased", ""),
         ]
-        assert watch.next_event(0.3) is None
+        time.sleep(0.3)
+        assert got.empty()
         assert watch.last_revision == events[-1].kv.mod_revision
     assert not watch.running
     assert watch.error is None
@@ -248,12 +250,12 @@ def test_a_watch_reports_etcd_going_away(etcd_server: EtcdServer, tmp_path: Path
     assert binary is not None  # etcd_server skipped or failed otherwise
     server = EtcdServer(binary, tmp_path).start()
     try:
-        watch = server.client().watch("/w/", prefix=True)
+        watch = server.client().watch("/w/", prefix=True, on_event=lambda _: None)
     finally:
         server.stop()
-    with pytest.raises(EtcdError, match=rf"etcd at {server.url}: watch of '/w/'"):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            watch.next_event(0.5)
+    deadline = time.monotonic() + 10
+    while watch.error is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert re.match(rf"etcd at {server.url}: watch of '/w/'", str(watch.error)), watch.error
     watch.stop()
     assert not watch.running

@@ -1,15 +1,6 @@
-"""A small etcd v3 client over etcd's JSON gateway (HTTP/1.1, standard library only).
-
-``EtcdClient`` covers what the lock cluster needs: ranges (one key or a prefix) and their counts
-(``stat``), put (optionally under a lease), delete, transactions (with create-if-absent and
-value-equals helpers), leases (grant, one keep-alive, revoke, time to live) and watching a key or
-prefix from a thread.
-
-Its messages are in ``messages``, its watches in ``watch``; how a request reaches etcd
-(endpoints, fail-over, when a request is sent again, TLS, authentication) in ``transport``: the
-client has an ``EtcdTransport`` (``EtcdClient.transport``) and sends every request through it
-(a request that has no method here, or etcd's ``/health``, is the transport's to ask).
-Failures raise ``EtcdError`` naming the etcd URL and the operation.
+"""``EtcdClient``: the etcd v3 API the lock cluster needs (ranges and counts, put, delete,
+transactions, leases, watches), every request sent through its ``EtcdTransport``. Failures
+raise ``EtcdError`` naming the etcd URL and the operation.
 """
 
 from __future__ import annotations
@@ -37,9 +28,7 @@ from dflockd_server.cluster.etcd.watch import Watch
 
 
 class EtcdClient:
-    """etcd v3's keys, transactions, leases and watches through ``transport``, an
-    ``EtcdTransport`` (endpoints, fail-over, TLS, authentication, time limits); a URL,
-    ``http://HOST:PORT[,HOST:PORT...]`` (or ``https://``), for a transport with its defaults."""
+    """etcd v3 through ``transport`` (or a URL, for a transport with its defaults)."""
 
     __slots__ = ("transport",)
 
@@ -51,17 +40,14 @@ class EtcdClient:
 
     @property
     def url(self) -> str:
-        """The endpoints, as one URL (``http://HOST:PORT[,HOST:PORT...]``)."""
         return self.transport.url
 
     @property
     def switches(self) -> int:
-        """Calls answered by another endpoint than the one that answered before."""
         return self.transport.switches
 
     @property
     def preferred(self) -> int:
-        """The index of the endpoint that answered last (calls and watches go there first)."""
         return self.transport.preferred
 
     def range(self, key: str, *, prefix: bool = False) -> RangeResult:
@@ -73,9 +59,8 @@ class EtcdClient:
         )
 
     def stat(self, key: str, *, prefix: bool = False, since: int = 0) -> RangeStat:
-        """How many keys the key (or prefix) holds, and whether one of them was put after
-        revision ``since``, in one read that carries at most one key and no value: etcd counts
-        the whole range, then keeps the keys modified since (``min_mod_revision``)."""
+        """How many keys the key (or prefix) holds, and whether one was put after ``since``,
+        in one read carrying at most one key and no value."""
         body = key_range(key, prefix)
         body.update({"keys_only": True, "limit": "1", "min_mod_revision": str(since + 1)})
         what = f"count of {key!r}" + (" (prefix)" if prefix else "")
@@ -106,10 +91,8 @@ class EtcdClient:
     def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
-        """If every comparison holds run ``success``, else ``failure``, atomically.
-
-        At most ``MAX_TXN_OPS`` operations per branch (etcd's default limit).
-        """
+        """If every comparison holds run ``success``, else ``failure``, atomically (at most
+        ``MAX_TXN_OPS`` operations per branch)."""
         body: dict[str, Any] = {
             "compare": [c.to_json() for c in compare],
             "success": [op.to_json() for op in success],
@@ -134,8 +117,6 @@ class EtcdClient:
         return self.txn(
             [Compare(key, "VALUE", "EQUAL", expected)], [Put(key, value, lease)]
         ).succeeded
-
-    # -- leases --------------------------------------------------------------------------------
 
     def lease_grant(self, ttl: int) -> Lease:
         """A new lease of ``ttl`` seconds (etcd may raise it to its minimum)."""
@@ -168,20 +149,17 @@ class EtcdClient:
             if "lease not found" not in str(exc):
                 raise
 
-    # -- watching --------------------------------------------------------------------------------
-
     def watch(
         self,
         key: str,
         *,
         prefix: bool = False,
         start_revision: int = 0,
-        on_event: Callable[[WatchEvent], None] | None = None,
+        on_event: Callable[[WatchEvent], None],
         timeout: float | None = None,
     ) -> Watch:
         """Watch a key or prefix (from ``start_revision`` if given, else from now), on the
-        first endpoint (from the preferred one on) that confirms it within ``attempt_timeout``
-        (all in ``timeout``)."""
+        first endpoint from the preferred one on that confirms it within ``attempt_timeout``."""
         transport = self.transport
         count = len(transport.endpoints)
         deadline = time.monotonic() + (transport.timeout if timeout is None else timeout)

@@ -1,9 +1,6 @@
-"""etcd v3's messages as its JSON gateway takes and gives them (pure: no I/O).
-
-etcd serves its gRPC API as JSON at ``POST /v3/<service>/<method>`` on the client URL, with keys
-and values in base64 and 64-bit integers as strings; fields at their zero value are left out of
-replies (a failed transaction has no ``succeeded``, a put event no ``type``). Here: key-values,
-ranges, leases, a transaction's comparisons and operations, watch events, and etcd's errors.
+"""etcd v3's messages as its JSON gateway takes and gives them (pure: no I/O): keys and
+values in base64, 64-bit integers as strings, fields at their zero value left out of replies
+(a failed transaction has no ``succeeded``, a put event no ``type``).
 """
 
 from __future__ import annotations
@@ -30,11 +27,7 @@ def unb64(data: str) -> str:
 
 
 def prefix_end(prefix: str) -> str:
-    """The ``range_end`` that makes a range cover every key starting with ``prefix``.
-
-    The prefix's UTF-8 bytes with the last byte below 0xff incremented (and what follows it
-    dropped); an empty prefix, or one of only 0xff bytes, means "every key" (``"\\0"``).
-    """
+    """The ``range_end`` covering every key starting with ``prefix`` (empty or all 0xff: all)."""
     raw = bytearray(prefix.encode("utf-8"))
     while raw and raw[-1] == 0xFF:
         raw.pop()
@@ -83,20 +76,15 @@ class RangeStat:
     """What one read of a range says without its keys' values (``EtcdClient.stat``)."""
 
     count: int
-    """How many keys the range holds."""
     modified: bool
-    """Some key of the range was put (created or changed) after the revision asked about."""
+    """Some key of the range was put after the revision asked about."""
     revision: int
-    """The store's revision when the range was read."""
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
     id: int
     ttl: int
-
-
-# -- transactions -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +127,6 @@ class Put:
 
 
 def key_range(key: str, prefix: bool) -> dict[str, Any]:
-    """One key, or every key under ``key`` as a prefix, as etcd's JSON gateway takes them."""
     body: dict[str, Any] = {"key": b64(key)}
     if prefix:
         body["range_end"] = b64_raw(prefix_end(key))
@@ -173,9 +160,6 @@ class TxnResult:
     revision: int
     ranges: list[list[KeyValue]] = field(default_factory=lambda: [])
     """The key-values of each ``Get`` of the branch that ran, in order."""
-
-
-# -- watching -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -26,12 +25,8 @@ from dflockd_server.cluster.etcd.transport import EtcdTransport
 
 
 class Watch:
-    """A running watch of a key or prefix (a thread reading etcd's event stream).
-
-    Events go to ``on_event`` when given (called in the watch's thread), else to a queue read
-    with ``next_event``. ``stop`` closes the stream and joins the thread. If the stream fails,
-    ``error`` says why and ``next_event`` raises it once the queued events are read.
-    """
+    """A running watch of a key or prefix: a thread reading etcd's event stream, calling
+    ``on_event`` with each event. If the stream fails, ``error`` says why."""
 
     def __init__(
         self,
@@ -41,7 +36,7 @@ class Watch:
         endpoint: int = 0,
         prefix: bool,
         start_revision: int,
-        on_event: Callable[[WatchEvent], None] | None,
+        on_event: Callable[[WatchEvent], None],
     ) -> None:
         self._client = client
         self._key = key
@@ -52,7 +47,6 @@ class Watch:
         self._prefix = prefix
         self._start_revision = start_revision
         self._on_event = on_event
-        self._events: queue.Queue[WatchEvent | None] = queue.Queue()
         self._stopping = threading.Event()
         self._created = threading.Event()
         self._conn: http.client.HTTPConnection | None = None
@@ -74,19 +68,6 @@ class Watch:
             self._thread.join(timeout)
             raise self.error
         return self
-
-    def next_event(self, timeout: float) -> WatchEvent | None:
-        """The next event, or ``None`` after ``timeout`` seconds without one."""
-        try:
-            event = self._events.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if event is None:
-            self._events.put(None)  # keep the end marker for later calls
-            if self.error is not None:
-                raise self.error
-            return None
-        return event
 
     @property
     def running(self) -> bool:
@@ -158,7 +139,6 @@ class Watch:
             if conn is not None:
                 conn.close()
             self._created.set()
-            self._events.put(None)
 
     def _handle(self, message: dict[str, Any], what: str) -> None:
         if "error" in message:
@@ -178,7 +158,4 @@ class Watch:
                 KeyValue.from_json(raw.get("kv", {})),
             )
             self.last_revision = event.kv.mod_revision
-            if self._on_event is not None:
-                self._on_event(event)
-            else:
-                self._events.put(event)
+            self._on_event(event)
