@@ -29,7 +29,7 @@ from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S
 from dflockd_server.fence import fence_of
 from dflockd_server.protocol import reply_ask
-from tests.support.etcd import EtcdServer, etcd_or_skip, find_etcd
+from tests.support.etcd import EtcdServer, delete, etcd_or_skip, find_etcd
 from tests.support.waiting import wait_until
 
 from .test_membership import WAIT_S
@@ -694,7 +694,7 @@ def test_a_failover_or_unsplit_write_fails_once_the_gone_member_registered_again
     assert h.attempt(view) == {"gone:1"}
     assert h.state() == ("gone:1", "gone:1")
     # Gone for good: both go through.
-    etcd.delete(h.heir.keys.member("gone:1"))
+    delete(etcd, h.heir.keys.member("gone:1"))
     assert h.attempt(read_view(etcd, h.prefix)) == set()
     assert h.state() == ("heir:1", "")
 

@@ -87,11 +87,7 @@ class EtcdLongestStore:
                 kv = self.client.get(self.key)
                 if kv is not None and kv.value == value:
                     return
-                unchanged = (
-                    Compare(self.key, "CREATE", "EQUAL", 0)
-                    if kv is None
-                    else Compare(self.key, "MOD", "EQUAL", kv.mod_revision)
-                )
+                unchanged = Compare.unchanged(self.key, 0 if kv is None else kv.mod_revision)
                 if self.client.txn([unchanged], [Put(self.key, value)]).succeeded:
                     return
         except EtcdError as exc:

@@ -39,12 +39,6 @@ class WriteResult:
     """The extra condition did not hold: nothing more was written."""
 
 
-def _unchanged(key: str, revision: int) -> Compare:
-    if revision == 0:
-        return Compare(key, "CREATE", "EQUAL", 0)
-    return Compare(key, "MOD", "EQUAL", revision)
-
-
 def _op(key: str, assignment: ShardAssignment | None) -> Op:
     return Delete(key) if assignment is None else Put(key, assignment.format())
 
@@ -72,7 +66,7 @@ def write_shards(
         pending = [(s, f"{shards_prefix}{s}", w) for s, w in items[start : start + per_batch]]
         while pending:  # each failed round removes a changed shard, or ends the call
             result = client.txn(
-                [*extra, *(_unchanged(k, w.revision) for _, k, w in pending)],
+                [*extra, *(Compare.unchanged(k, w.revision) for _, k, w in pending)],
                 [_op(k, w.assignment) for _, k, w in pending],
                 [Get(k) for _, k, _ in pending],
             )

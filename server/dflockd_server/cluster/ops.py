@@ -70,8 +70,8 @@ def etcd_client(
         except ValueError as exc:
             names = "--cluster-ca-file" if "CA file" in str(exc) else "--cluster-cert/--cluster-key"
             raise ValueError(f"{names}: {exc}") from None
-    # A call, every endpoint tried: 5 s or the lease if longer; one endpoint, a fifth of the
-    # lease, so a keep-alive can move to another endpoint and still renew in time.
+    # A call: 5 s or the lease if longer. One of several endpoints is waited for a fifth of
+    # the lease, so a keep-alive can move to another and still renew in time.
     timeout = max(5.0, lease_ttl_s)
     several = len(parse_etcd_url(etcd_url)[1]) > 1
     client = EtcdClient(
@@ -179,10 +179,7 @@ def summary(view: ClusterView) -> list[str]:
         f"live members: {', '.join(live) or '(none)'}",
         f"assigned shards: {len(m)} of {SHARD_COUNT}",
     ]
-    serving: dict[str, int] = {}
-    for _, a in m.items():
-        if a.current and not a.moving:
-            serving[a.current] = serving.get(a.current, 0) + 1
+    serving = Counter(a.current for _, a in m.items() if a.current and not a.moving)
     for node, count in m.counts().items():
         state = "" if node in view.members else "  (not live)"
         lines.append(f"  {node}: target of {count}, serving {serving.get(node, 0)}{state}")

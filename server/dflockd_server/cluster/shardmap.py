@@ -23,6 +23,7 @@ All maps are immutable: every change returns a new ``ShardMap``.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -233,10 +234,7 @@ class ShardMap:
 
     def counts(self) -> dict[str, int]:
         """Shards per target node."""
-        counts: dict[str, int] = {}
-        for a in self._shards.values():
-            counts[a.target] = counts.get(a.target, 0) + 1
-        return dict(sorted(counts.items()))
+        return dict(sorted(Counter(a.target for a in self._shards.values()).items()))
 
     def moves_in_progress(self) -> list[int]:
         """Shards whose current node is not (yet) their target."""

@@ -1,11 +1,10 @@
-"""``EtcdClient``: the etcd v3 API the lock cluster needs (ranges and counts, put, delete,
+"""``EtcdClient``: the etcd v3 API the lock cluster needs (ranges and counts, put,
 transactions, leases, watches), every request sent through its ``EtcdTransport``. Failures
 raise ``EtcdError`` naming the etcd URL and the operation.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +19,6 @@ from dflockd_server.cluster.etcd.messages import (
     RangeStat,
     TxnResult,
     WatchEvent,
-    b64,
     key_range,
 )
 from dflockd_server.cluster.etcd.transport import EtcdTransport
@@ -76,17 +74,9 @@ class EtcdClient:
 
     def put(self, key: str, value: str, *, lease: int = 0) -> int:
         """Set ``key``; returns the new revision."""
-        body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
-        if lease:
-            body["lease"] = str(lease)
+        body = Put(key, value, lease).to_json()["request_put"]
         reply = self.transport.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
         return _revision(reply)
-
-    def delete(self, key: str, *, prefix: bool = False) -> int:
-        """Delete the key (or every key under the prefix); returns how many were deleted."""
-        body = key_range(key, prefix)
-        reply = self.transport.call("/v3/kv/deleterange", body, f"delete of {key!r}", resend=False)
-        return int(reply.get("deleted", 0))
 
     def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
@@ -132,13 +122,6 @@ class EtcdClient:
         )
         return int(reply.get("TTL", 0))
 
-    def lease_time_to_live(self, lease_id: int) -> int:
-        """Seconds left on the lease, -1 if it no longer exists."""
-        reply = self.transport.call(
-            "/v3/lease/timetolive", {"ID": str(lease_id)}, f"time to live of lease {lease_id:x}"
-        )
-        return int(reply.get("TTL", 0))
-
     def lease_revoke(self, lease_id: int) -> None:
         """End the lease now; its keys are deleted. A lease already gone is not an error."""
         try:
@@ -161,17 +144,10 @@ class EtcdClient:
         """Watch a key or prefix (from ``start_revision`` if given, else from now), on the
         first endpoint from the preferred one on that confirms it within ``attempt_timeout``."""
         transport = self.transport
-        count = len(transport.endpoints)
-        deadline = time.monotonic() + (transport.timeout if timeout is None else timeout)
-        first = transport.preferred
         failures: dict[int, str] = {}
-        attempt = 0
-        while True:
-            index = transport.endpoint_for(first, attempt)
-            remaining = deadline - time.monotonic()
-            if attempt > 0 and remaining <= 0:
-                break
-            attempt += 1
+        for index, _, remaining in transport.attempts(
+            transport.timeout if timeout is None else timeout
+        ):
             watch = Watch(
                 transport,
                 key,
@@ -187,14 +163,9 @@ class EtcdClient:
             except EtcdError as exc:
                 failures[index] = str(exc)
             else:
-                if index != transport.preferred:
-                    # Calls follow the watch: a member re-watches when they part.
-                    transport.switched(index, failures)
+                # Calls follow the watch: a member re-watches when they part.
+                transport.switched(index, failures)
                 return watch
-            if attempt % count == 0:
-                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
-                if pause > 0:
-                    time.sleep(pause)
         raise EtcdError(
             f"etcd at {self.url}: watch of {key!r} failed: {'; '.join(failures.values())}"
         )

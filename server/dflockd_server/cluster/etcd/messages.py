@@ -96,6 +96,13 @@ class Compare:
     result: Literal["EQUAL", "GREATER", "LESS", "NOT_EQUAL"]
     value: int | str
 
+    @classmethod
+    def unchanged(cls, key: str, revision: int) -> Compare:
+        """``key`` still at ``mod_revision`` ``revision`` (0: still absent)."""
+        if revision == 0:
+            return cls(key, "CREATE", "EQUAL", 0)
+        return cls(key, "MOD", "EQUAL", revision)
+
     def to_json(self) -> dict[str, Any]:
         field_name = {
             "VERSION": "version",

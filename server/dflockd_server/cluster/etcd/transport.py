@@ -28,7 +28,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -144,11 +144,24 @@ class EtcdTransport:
         """The index of the endpoint that answered last (calls go there first)."""
         return self._preferred
 
-    def endpoint_for(self, first: int, attempt: int) -> int:
-        """The endpoint of a call's ``attempt`` when it began at ``first``: each round over
-        the endpoints starts one further on."""
+    def attempts(self, timeout: float) -> Iterator[tuple[int, int, float]]:
+        """(endpoint, round, seconds left) of each attempt of a call lasting ``timeout``: round
+        after round over the endpoints from the preferred one, each round starting one further
+        on, with a short pause between rounds."""
         count = len(self.endpoints)
-        return (first + attempt // count + attempt % count) % count
+        deadline = time.monotonic() + timeout
+        first = self._preferred
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if attempt > 0 and remaining <= 0:
+                return
+            yield (first + attempt // count + attempt % count) % count, attempt // count, remaining
+            attempt += 1
+            if attempt % count == 0:
+                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
+                if pause > 0:
+                    time.sleep(pause)
 
     def connect(self, index: int, timeout: float | None) -> http.client.HTTPConnection:
         endpoint = self.endpoints[index]
@@ -293,21 +306,11 @@ class EtcdTransport:
     ) -> dict[str, Any]:
         """One request and its JSON reply (``resend``: it may be sent again after an attempt
         that got no answer)."""
-        began = time.monotonic()
-        deadline = began + self.timeout
-        first = self._preferred
-        count = len(self.endpoints)
         failures: dict[int, str] = {}
-        attempt = 0
-        while True:
-            index = self.endpoint_for(first, attempt)
-            remaining = deadline - time.monotonic()
-            if attempt > 0 and remaining <= 0:
-                break
-            attempt += 1
+        for index, round_, remaining in self.attempts(self.timeout):
             try:
                 # Each round waits twice as long: a loaded etcd still answers a later one.
-                patience = self.attempt_timeout * 2 ** ((attempt - 1) // count)
+                patience = self.attempt_timeout * 2**round_
                 reply = self._attempt(index, path, body, what, max(min(patience, remaining), 0.05))
             except NotSent as exc:
                 failures[index] = str(exc)
@@ -319,8 +322,7 @@ class EtcdTransport:
                         "is unknown"
                     ) from exc
             else:
-                if index != self._preferred:
-                    self.switched(index, failures)
+                self.switched(index, failures)
                 data = as_dict(reply)
                 # A keep-alive streams {"result": ...}; unary calls answer the message itself.
                 result = None if data is None else as_dict(data.get("result", data))
@@ -329,10 +331,6 @@ class EtcdTransport:
                         f"etcd at {self.url}: {what} failed: unexpected reply {reply!r}"
                     )
                 return result
-            if attempt % count == 0:
-                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
-                if pause > 0:
-                    time.sleep(pause)
         tried = "; ".join(failures[i] for i in sorted(failures))
         raise EtcdError(
             f"etcd at {self.url}: {what} failed (no endpoint answered in {self.timeout:g} s): "

@@ -16,10 +16,8 @@ from dflockd_server.cluster.etcd.messages import (
     KeyValue,
     WatchEvent,
     as_dict,
-    b64,
-    b64_raw,
     error_detail,
-    prefix_end,
+    key_range,
 )
 from dflockd_server.cluster.etcd.transport import EtcdTransport
 
@@ -52,8 +50,6 @@ class Watch:
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self.error: EtcdError | None = None
-        self.last_revision = 0
-        """The revision of the last event delivered (resume from ``last_revision + 1``)."""
         self._thread = threading.Thread(target=self._run, name=f"etcd-watch {key!r}", daemon=True)
 
     def start(self, timeout: float) -> Watch:
@@ -91,9 +87,7 @@ class Watch:
         self.stop()
 
     def _run(self) -> None:
-        create: dict[str, Any] = {"key": b64(self._key)}
-        if self._prefix:
-            create["range_end"] = b64_raw(prefix_end(self._key))
+        create = key_range(self._key, self._prefix)
         if self._start_revision:
             create["start_revision"] = str(self._start_revision)
         what = f"watch of {self._key!r}"
@@ -157,5 +151,4 @@ class Watch:
                 "delete" if raw.get("type") == "DELETE" else "put",
                 KeyValue.from_json(raw.get("kv", {})),
             )
-            self.last_revision = event.kv.mod_revision
             self._on_event(event)
