@@ -45,11 +45,10 @@ class EtcdCeilingStore:
             kv = self.client.get(self.key)
             if kv is not None and _parse(self.key, kv.value) >= ceiling:
                 return
-            expected = "" if kv is None else kv.value
             written = (
                 self.client.create_if_absent(self.key, str(ceiling))
                 if kv is None
-                else self.client.compare_and_set(self.key, expected, str(ceiling))
+                else self.client.compare_and_set(self.key, kv.value, str(ceiling))
             )
             if not written:
                 # A resent write the first attempt made fails its comparison.

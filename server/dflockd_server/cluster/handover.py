@@ -2,11 +2,9 @@
 failover, releases them when it leaves. ``ClusterNode`` decides when; every write is
 conditioned on the shard's revision and on this member's lease (``mapwrite``).
 
-Handover, key by key (``decide``): while a key of a shard moving out is held or queued here,
-the member publishes its fence ceiling, then writes ``split=<target>``; once
-``NodeHost.holders_in`` shows nothing held or queued, it publishes the ceiling again and sets
-current = the split's node. A split towards a gone member is dropped after that member's
-longest lease (``unsplit``).
+Handover, key by key (``decide``): the member publishes its fence ceiling before writing
+``split=<target>`` and again before setting current = the split's node. A split towards a gone
+member is dropped after that member's longest lease (``unsplit``).
 
 The failover bound. A member that dies or loses etcd grants and renews nothing after its last
 successful keep-alive's sending time + its lease TTL, no later than etcd expires its lease,

@@ -317,7 +317,8 @@ class ClusterNode:
         try:
             if self._tickets is None and self._thread is None:
                 self._tickets = load_ask_tickets(self.client, self.prefix)
-            self._raise_wanted_floor()
+            if self._floor_wanted > self.fence.last:
+                self.fence.raise_to(self._floor_wanted)
             self._step()
         except (EtcdError, FenceStateError) as exc:
             log.warning("cluster member %s: %s (trying again)", self.advertise, exc)
@@ -454,11 +455,6 @@ class ClusterNode:
         self._floor_wanted = max(self._floor_wanted, floor)
         self._wake.set()
         return False
-
-    def _raise_wanted_floor(self) -> None:
-        wanted = self._floor_wanted
-        if wanted > self.fence.last:
-            self.fence.raise_to(wanted)
 
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
         current = decision.serving.union(*decision.moving_out.values())

@@ -3,16 +3,9 @@
 The server's loop calls ``check`` before an acquire-type request touches the table and before
 the table promotes a queued waiter, ``may_hold`` before a renewal, a take-over (``ht``) or a
 hand-down (``hd``), and ``describe`` for the ``shards`` request. The node swaps in a new
-snapshot whenever its view changes.
-
-``valid_until`` (on the node's clock, which counts suspend) and the live ``lease_until``: until
-when this member's etcd lease surely lives. Past it the snapshot answers as a fenced member
-does even before the node's threads notice (a paused process, say).
-
-Key-level moves carry proof (``asktickets``): the exporting member answers an acquire of a key
-it neither holds nor queues ``error_ask <node> <ticket>``; the importing member admits an
-``asking`` only with such a ticket for that very key and move (``admit_ask``), and raises its
-own counter above the ticket's before it grants.
+snapshot whenever its view changes. Past ``valid_until`` (or the live ``lease_until``) it
+answers as a fenced member does, even before the node's threads notice (``node``). Key-level
+moves carry proof: ``error_ask <node> <ticket>`` and ``admit_ask`` (``asktickets``).
 """
 
 from __future__ import annotations
