@@ -180,7 +180,8 @@ def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None
     p = etcd_prefix
     etcd.put(p + "before", "not seen: the watch starts after it")
     got: queue.Queue[WatchEvent] = queue.Queue()
-    with etcd.watch(p, prefix=True, on_event=got.put) as watch:
+    watch = etcd.watch(p, prefix=True, on_event=got.put)
+    try:
         etcd.put(p + "x", "1")
         etcd.put(p[:-1] + "_outside", "not seen")
         etcd.put(p + "x", "2")
@@ -198,6 +199,8 @@ def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None
         ]
         time.sleep(0.3)
         assert got.empty()
+    finally:
+        watch.stop()
     assert not watch.running
     assert watch.error is None
 

@@ -29,11 +29,9 @@ that disagree."""
 
 _MAC_HEX = 32
 
-SECRET_BYTES = 32
-
 
 def new_secret() -> str:
-    return secrets.token_hex(SECRET_BYTES)
+    return secrets.token_hex(32)
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,18 +210,6 @@ class ClusterNode:
     def member(self) -> Member | None:
         return self._member
 
-    @property
-    def handovers(self) -> int:
-        return self._handover.handovers
-
-    @property
-    def failovers(self) -> int:
-        return self._handover.failovers
-
-    @property
-    def released_takeovers(self) -> int:
-        return self._handover.released_takeovers
-
     def stats(self) -> ClusterStats:
         own = self._ownership
         fenced = not own.alive()
@@ -230,9 +218,9 @@ class ClusterNode:
             shards=FENCED.states if fenced else own.states,
             fenced=fenced,
             leader=not fenced and member is not None and member.is_leader,
-            handovers=self.handovers,
-            failovers=self.failovers,
-            released_takeovers=self.released_takeovers,
+            handovers=self._handover.handovers,
+            failovers=self._handover.failovers,
+            released_takeovers=self._handover.released_takeovers,
             etcd_switches=self.client.switches,
             fenced_reason=self.fenced_reason if fenced else None,
             clock_offset_s=self.clock.offset_s,

@@ -80,12 +80,6 @@ class Watch:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    def __enter__(self) -> Watch:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     def _run(self) -> None:
         create = key_range(self._key, self._prefix)
         if self._start_revision:
