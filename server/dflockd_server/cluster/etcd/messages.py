@@ -104,19 +104,13 @@ class Compare:
         return cls(key, "MOD", "EQUAL", revision)
 
     def to_json(self) -> dict[str, Any]:
-        field_name = {
-            "VERSION": "version",
-            "CREATE": "create_revision",
-            "MOD": "mod_revision",
-            "VALUE": "value",
-            "LEASE": "lease",
-        }[self.target]
+        name = {"CREATE": "create_revision", "MOD": "mod_revision"}.get(self.target)
         value = b64(self.value) if isinstance(self.value, str) else str(self.value)
         return {
             "key": b64(self.key),
             "target": self.target,
             "result": self.result,
-            field_name: value,
+            name or self.target.lower(): value,
         }
 
 
