@@ -14,7 +14,6 @@ from dflockd_server.cluster.decide import (
     FENCED,
     SHARD_STATES,
     decide,
-    handover_due,
     moved_reply,
 )
 from dflockd_server.cluster.membership import ClusterView
@@ -148,7 +147,7 @@ def test_only_a_graceful_leave_writes_a_released_shard() -> None:
     assert pinned.format() == "b:1,,f=pinned,f=released"
     assert ShardAssignment.parse(pinned.format()).released
     assert pinned.served_by(B) == ShardAssignment(B, B, ("pinned",))
-    assert ShardMap({0: pinned}).handed_over(0)[0] == ShardAssignment(B, B, ("pinned",))
+    assert pinned.served_by(pinned.target) == ShardAssignment(B, B, ("pinned",))
 
 
 def test_failover_waits_from_when_it_was_first_seen() -> None:
@@ -179,11 +178,6 @@ def test_held_shards_wait_for_the_fence() -> None:
     d = decide(v, A, now=0.0, failover_since={}, failover_wait_s=WAIT, cleared={0})
     assert d.verdicts[0] is None and d.verdicts[1] == ERROR_UNAVAILABLE
     assert d.serving == {0, 1}
-
-
-def test_handover_only_without_holders() -> None:
-    assert handover_due({1, 2, 3}, {2}) == {1, 3}
-    assert handover_due({1}, {1}) == frozenset()
 
 
 def test_fenced_refuses_everything() -> None:

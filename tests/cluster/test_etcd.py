@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import queue
+import re
 import socket
 import threading
 import time
@@ -20,11 +22,10 @@ from dflockd_server.cluster.etcd import (
     EtcdTransport,
     Get,
     Put,
-    Watch,
     WatchEvent,
     prefix_end,
 )
-from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.etcd import EtcdServer, delete, find_etcd, lease_time_to_live
 
 
 def test_put_get_and_range_of_a_prefix(etcd: EtcdClient, etcd_prefix: str) -> None:
@@ -52,9 +53,9 @@ def test_put_get_and_range_of_a_prefix(etcd: EtcdClient, etcd_prefix: str) -> No
     assert result.revision >= revision + 2
     etcd.put(p + "a", "uno")
     assert [kv.value for kv in etcd.get_prefix(p + "a")] == ["uno"]
-    assert etcd.delete(p + "a") == 1
-    assert etcd.delete(p + "a") == 0
-    assert etcd.delete(p, prefix=True) == 2
+    assert delete(etcd, p + "a") == 1
+    assert delete(etcd, p + "a") == 0
+    assert delete(etcd, p, prefix=True) == 2
     assert etcd.get_prefix(p) == []
     assert etcd.get(p[:-1] + "0") is not None
 
@@ -75,7 +76,7 @@ def test_stat_counts_a_prefix_and_tells_whether_a_key_was_put_since(
     etcd.put(p + "a", "uno")  # a change of a key there: modified, same count
     changed = etcd.stat(p, prefix=True, since=stat.revision)
     assert (changed.count, changed.modified) == (2, True)
-    etcd.delete(p + "b")  # a delete: only the count tells
+    delete(etcd, p + "b")  # a delete: only the count tells
     deleted = etcd.stat(p, prefix=True, since=changed.revision)
     assert (deleted.count, deleted.modified) == (1, False)
     assert etcd.stat(p + "a").count == 1
@@ -156,7 +157,7 @@ def test_a_lease_not_kept_alive_expires_and_its_keys_vanish(
         assert time.monotonic() < deadline, "the lease's key outlived it"
         assert etcd.lease_keepalive_once(kept.id) >= 2
         time.sleep(0.3)
-    assert etcd.lease_time_to_live(dropped.id) == -1
+    assert lease_time_to_live(etcd, dropped.id) == -1
     assert etcd.lease_keepalive_once(dropped.id) == 0
     # The kept-alive lease's key is still there; revoking the lease deletes it at once.
     assert etcd.get(etcd_prefix + "kept") is not None
@@ -165,29 +166,30 @@ def test_a_lease_not_kept_alive_expires_and_its_keys_vanish(
     etcd.lease_revoke(kept.id)  # already gone: not an error
 
 
-def _events(watch: Watch, count: int) -> list[WatchEvent]:
+def _events(got: queue.Queue[WatchEvent], count: int) -> list[WatchEvent]:
     """Up to ``count`` events, waiting at most 10 s."""
     events: list[WatchEvent] = []
     deadline = time.monotonic() + 10
     while len(events) < count and time.monotonic() < deadline:
-        event = watch.next_event(0.5)
-        if event is not None:
-            events.append(event)
+        with contextlib.suppress(queue.Empty):
+            events.append(got.get(timeout=0.5))
     return events
 
 
 def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None:
     p = etcd_prefix
     etcd.put(p + "before", "not seen: the watch starts after it")
-    with etcd.watch(p, prefix=True) as watch:
+    got: queue.Queue[WatchEvent] = queue.Queue()
+    watch = etcd.watch(p, prefix=True, on_event=got.put)
+    try:
         etcd.put(p + "x", "1")
         etcd.put(p[:-1] + "_outside", "not seen")
         etcd.put(p + "x", "2")
-        etcd.delete(p + "x")
+        delete(etcd, p + "x")
         lease = etcd.lease_grant(2)
         etcd.put(p + "leased", "l", lease=lease.id)
         etcd.lease_revoke(lease.id)
-        events = _events(watch, 5)
+        events = _events(got, 5)
         assert [(e.type, e.kv.key, e.kv.value) for e in events] == [
             ("put", p + "x", "1"),
             ("put", p + "x", "2"),
@@ -195,8 +197,10 @@ def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None
             ("put", p + "leased", "l"),
             ("delete", p + "leased", ""),
         ]
-        assert watch.next_event(0.3) is None
-        assert watch.last_revision == events[-1].kv.mod_revision
+        time.sleep(0.3)
+        assert got.empty()
+    finally:
+        watch.stop()
     assert not watch.running
     assert watch.error is None
 
@@ -248,12 +252,12 @@ def test_a_watch_reports_etcd_going_away(etcd_server: EtcdServer, tmp_path: Path
     assert binary is not None  # etcd_server skipped or failed otherwise
     server = EtcdServer(binary, tmp_path).start()
     try:
-        watch = server.client().watch("/w/", prefix=True)
+        watch = server.client().watch("/w/", prefix=True, on_event=lambda _: None)
     finally:
         server.stop()
-    with pytest.raises(EtcdError, match=rf"etcd at {server.url}: watch of '/w/'"):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            watch.next_event(0.5)
+    deadline = time.monotonic() + 10
+    while watch.error is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert re.match(rf"etcd at {server.url}: watch of '/w/'", str(watch.error)), watch.error
     watch.stop()
     assert not watch.running

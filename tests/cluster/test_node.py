@@ -29,7 +29,7 @@ from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S
 from dflockd_server.fence import fence_of
 from dflockd_server.protocol import reply_ask
-from tests.support.etcd import EtcdServer, etcd_or_skip, find_etcd
+from tests.support.etcd import EtcdServer, delete, etcd_or_skip, find_etcd
 from tests.support.waiting import wait_until
 
 from .test_membership import WAIT_S
@@ -277,7 +277,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
         new.name, old.name, ("pinned", f"split={new.name}")
     )
     assert new.node.ownership.check(key) == moved_reply(old.name)
-    handovers = old.node.handovers
+    handovers = old.node.stats().handovers
     old.host.release(key)
     took = wait_until(
         lambda: new.node.ownership.check(key) is None,
@@ -286,8 +286,8 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     )
     print(f"handed over {took:.2f} s after the release")
     # Handed over by the old owner (no lease waited for: nobody failed over), not taken.
-    assert old.node.handovers == handovers + 1
-    assert new.node.failovers == 0
+    assert old.node.stats().handovers == handovers + 1
+    assert new.node.stats().failovers == 0
     assert read_view(etcd, prefix).shard_map[shard] == ShardAssignment(
         new.name, new.name, ("pinned",)
     )
@@ -320,7 +320,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     # shard comes later than the wait, the key is unavailable only during the take-over's
     # write, and a poll can miss that; meanwhile the survivors send acquires on to the dead
     # member, which grants nothing.)
-    assert heir.node.failovers > 0
+    assert heir.node.stats().failovers > 0
     third = heir.host.acquire(heir.node, key)
     assert isinstance(third, str)
     assert fence_of(third) > fence_of(second)
@@ -413,7 +413,7 @@ def test_a_member_waiting_for_a_failover_reads_nothing_from_etcd_until_it_is_due
         reads = etcd_reads(own_etcd) - before
         looked = closes - opened
         assert None not in answers(), f"{key} served before the {wait} s wait ended"
-        assert not any(p.node.failovers for p in rest), f"failed over before {wait} s"
+        assert not any(p.node.stats().failovers for p in rest), f"failed over before {wait} s"
         assert reads <= 3, f"etcd served {reads} read(s) in {looked:.1f} s of the failover's wait"
         took = wait_until(lambda: None in answers(), what="the heir serves", timeout=WAIT_S)
         print(f"looked at {looked:.1f} s; the heir served {took:.2f} s after")
@@ -619,9 +619,9 @@ def test_a_graceful_leave_releases_its_free_shards_at_once_held_and_kept_ones_wa
     token = heir.host.acquire(heir.node, held_key)
     assert isinstance(token, str) and fence_of(token) > fence_of(held_token)
     wait_until(lambda: heir.serving() == SHARD_COUNT, what="every shard", timeout=WAIT_S)
-    assert heir.node.released_takeovers == SHARD_COUNT // 2 - 2
-    assert heir.node.failovers == 2
-    assert leaving.node.handovers == SHARD_COUNT // 2 - 2
+    assert heir.node.stats().released_takeovers == SHARD_COUNT // 2 - 2
+    assert heir.node.stats().failovers == 2
+    assert leaving.node.stats().handovers == SHARD_COUNT // 2 - 2
 
 
 class HeirOfGone:
@@ -694,7 +694,7 @@ def test_a_failover_or_unsplit_write_fails_once_the_gone_member_registered_again
     assert h.attempt(view) == {"gone:1"}
     assert h.state() == ("gone:1", "gone:1")
     # Gone for good: both go through.
-    etcd.delete(h.heir.keys.member("gone:1"))
+    delete(etcd, h.heir.keys.member("gone:1"))
     assert h.attempt(read_view(etcd, h.prefix)) == set()
     assert h.state() == ("heir:1", "")
 
@@ -755,7 +755,7 @@ def test_an_heir_that_learns_of_a_missed_life_waits_again_from_then(
     wait_until(waiting, what="the heir waiting for the failover", timeout=WAIT_S)
     keys = ClusterKeys(etcd_prefix.rstrip("/"))
     etcd.put(keys.registered(dead.name), "a life the heir did not see")
-    assert heir.node.failovers == 0, "took shards before the registration was put"
+    assert heir.node.stats().failovers == 0, "took shards before the registration was put"
     took = wait_until(
         lambda: heir.node.ownership.check(key) is None, what="the heir serves", timeout=WAIT_S
     )
@@ -763,5 +763,7 @@ def test_an_heir_that_learns_of_a_missed_life_waits_again_from_then(
     assert took >= wait, f"served {took:.2f} s after the registration, before a whole wait"
     assert any("registered again since it was seen gone" in r.getMessage() for r in caplog.records)
     wait_until(
-        lambda: heir.node.failovers == SHARD_COUNT // 2, what="every shard taken", timeout=WAIT_S
+        lambda: heir.node.stats().failovers == SHARD_COUNT // 2,
+        what="every shard taken",
+        timeout=WAIT_S,
     )

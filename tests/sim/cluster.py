@@ -225,7 +225,8 @@ class SimMember:
         self.proc.later(NODE_STEP_S, lambda: self._tick(node))
 
     def _step(self, node: ClusterNode) -> None:
-        was = (node.ownership.fenced, node.handovers, node.failovers, node.released_takeovers)
+        stats = node.stats()
+        was = (node.ownership.fenced, stats.handovers, stats.failovers, stats.released_takeovers)
         node.step()
         self._count(was, node)
         member = node.member
@@ -239,13 +240,14 @@ class SimMember:
         over, taken after a failover, taken at once after a release."""
         loop = self.run.loop
         fenced, handovers, failovers, released = was
+        stats = node.stats()
         if node.ownership.fenced and not fenced:
             loop.note(f"{self.name}: fenced ({node.fenced_reason})")
             loop.count("member fenced itself")
         for kind, before, now in (
-            ("handover", handovers, node.handovers),
-            ("failover", failovers, node.failovers),
-            ("released takeover", released, node.released_takeovers),
+            ("handover", handovers, stats.handovers),
+            ("failover", failovers, stats.failovers),
+            ("released takeover", released, stats.released_takeovers),
         ):
             if now > before:
                 loop.note(f"{self.name}: {now - before} shard(s): {kind}")

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport, tls_context
+from dflockd_server.cluster.etcd.messages import key_range
 from tests.support.ports import free_ports
 from tests.support.processes import stop_process
 
@@ -347,3 +348,19 @@ def _member_id(status: dict[str, Any]) -> str:
     """The answering node's raft member id, from its ``/v3/maintenance/status``."""
     header: dict[str, Any] = status.get("header", {})
     return str(header.get("member_id"))
+
+
+def delete(client: EtcdClient, key: str, *, prefix: bool = False) -> int:
+    """Delete the key (or every key under the prefix); how many were deleted."""
+    reply = client.transport.call(
+        "/v3/kv/deleterange", key_range(key, prefix), f"delete of {key!r}", resend=False
+    )
+    return int(reply.get("deleted", 0))
+
+
+def lease_time_to_live(client: EtcdClient, lease_id: int) -> int:
+    """Seconds left on the lease, -1 if it no longer exists."""
+    reply = client.transport.call(
+        "/v3/lease/timetolive", {"ID": str(lease_id)}, f"time to live of lease {lease_id:x}"
+    )
+    return int(reply.get("TTL", 0))

@@ -1,16 +1,11 @@
 """What a cluster member learns of its wall clock from the ask tickets it is brought.
 
-An ask ticket (``asktickets``) expires by its issuer's wall clock; the member a key moves to
-checks it by its own. A client brings it within moments, so a genuine ticket's
-``Ticket.clock_offset`` is how far the two members' clocks are apart. Past ``TICKET_LIFE_S``
-(this member's clock ahead), every ticket arrives expired: the free keys of a shard split to
-this member are refused for the whole split (safe, but unavailable); behind by as much, the
-tickets live longer than they should. Either way the member says so: one warning when its
-clock is first found off (and one when it is found right again), the offset and the stale
-tickets in the metrics, and ``clock_off`` in ``stats``' ``degraded`` (the status page).
-
-Called on the server's loop (``ClusterOwnership.admit_ask``), read there too (``stats``,
-the metrics' snapshot): no lock.
+A client brings an ask ticket within moments, so a genuine ticket's ``Ticket.clock_offset``
+is how far the issuer's wall clock and this member's are apart. Past ``TICKET_LIFE_S`` ahead,
+every ticket arrives expired (the free keys of a split here are refused for the whole split);
+as far behind, tickets live too long. The member warns once when its clock is found off (and
+says when it is right again), and reports the offset, the stale tickets and ``clock_off`` in
+its metrics and status. Used on the server's loop only: no lock.
 """
 
 from __future__ import annotations
@@ -32,16 +27,14 @@ class ClockSkew:
     def __init__(self, me: str) -> None:
         self.me = me
         self.offset_s = 0.0
-        """The last offset seen (seconds; positive: this member's clock is ahead)."""
+        """The last offset seen (positive: this member's clock is ahead)."""
         self.issuer = ""
-        """The member whose ticket showed it."""
         self.off = False
         """The last ticket showed the clocks further apart than a ticket lives."""
         self.stale_tickets = 0
-        """Genuine tickets refused because they arrived expired by this member's clock."""
+        """Genuine tickets that arrived expired by this member's clock."""
 
     def seen(self, offset_s: float, issuer: str) -> None:
-        """A genuine ticket from ``issuer`` showed this member's clock ``offset_s`` ahead."""
         self.offset_s, self.issuer = offset_s, issuer
         if offset_s > TICKET_LIFE_S:
             self.stale_tickets += 1

@@ -1,38 +1,24 @@
 """What a cluster member does with each shard, decided from its view alone (pure, no I/O).
 
-For every shard, from the member's view of the map and of the live members (``self`` is the
-member's advertised address):
+For every shard (``self``: the member's advertised address):
 
 - **serve**: current == target == self (unless fenced, or held back until the fencing counter
   is raised).
-- **moving out**, key by key (current == self, and target == other or the shard is *split*,
-  flag ``split=<node>``, which only the handover to that node drops): the keys this member
-  holds or queues (``holding``) are still served here, waiters promoted in order, renewals and
-  releases go on; any other key is answered ``error_ask <split node>`` (``error_unavailable``
-  until the member has written the split, or while the split's node is not live). A key is
-  never asked for while held or queued here, and once asked for it is never held or queued
-  here again (this member creates no key of a holding shard): so the split's node, which
-  grants such a shard's key only to an ``asking`` acquire or while it holds or queues it
-  itself (``importing``), and this member never grant one key both. Once nothing is held
-  here, the member publishes its fence ceiling and sets current = the split's node (else the
-  target), dropping the flag (``handover_due``). A cancelled or changed target leaves the
-  split: the keys already asked for may be held there.
-- **taking over**: target == self, current == another *live* member: ``error_unavailable``
-  until that member hands the shard over.
-- **failover**: target == self, current empty or a member that is not live:
-  ``error_unavailable`` until ``failover_wait_s`` (the longest lock lease plus a margin) has
-  passed since this member first saw the shard's current member gone, whatever its target was
-  then (the dead member's grants have run out by then); then it sets current = self
-  (``failover_due``). A shard *released* by a member that left gracefully (current empty, flag
-  ``released``: nothing on it is held, and its fence ceiling was published first) is due at
-  once.
+- **moving out**, key by key (current == self, and target == other or flag ``split=<node>``,
+  which only the handover to that node drops): keys held or queued here (``holding``) are
+  still served; any other key is answered ``error_ask <split node>`` (``error_unavailable``
+  until the split is written, or while its node is not live). A key asked for is never held
+  or queued here again, and the split's node grants a key only to an ``asking`` acquire or
+  while it holds or queues it (``importing``): the two never grant one key both. Once nothing
+  is held here the member sets current = the split's node (else the target). A cancelled or
+  changed target leaves the split: keys already asked for may be held there.
+- **taking over**: target == self, current == another live member: ``error_unavailable``
+  until it hands the shard over.
+- **failover**: target == self, current empty or not live: ``error_unavailable`` until
+  ``failover_wait_s`` has passed since this member first saw the current member gone (whatever
+  the target then); then current = self (``failover_due``). A *released* shard is due at once.
 - **other**: ``error_moved <current>`` (the target when current is empty).
-- A shard with no assignment, and every shard while the member is **fenced** (its etcd lease
-  cannot be shown alive), is ``error_unavailable``.
-
-``Decision.states`` counts the shards in each state (``SHARD_STATES``) in the same pass, for
-the metrics. The cluster node (``cluster.node``) calls this from its threads and carries out
-the result.
+- A shard with no assignment, and every shard while **fenced**, is ``error_unavailable``.
 """
 
 from __future__ import annotations
@@ -47,10 +33,7 @@ from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT
 
 ERROR_UNAVAILABLE = p.REPLY_ERROR_UNAVAILABLE
-"""Nobody serves the key at this moment (transient): the protocol's reply."""
-
 moved_reply = p.reply_moved
-"""The reply that sends a client to another member: the protocol's ``error_moved``."""
 
 
 SERVING = "serving"
@@ -60,8 +43,7 @@ FAILING_OVER = "failing_over"
 OTHER = "other"
 UNAVAILABLE = "unavailable"
 SHARD_STATES = (SERVING, MOVING_OUT, TAKING_OVER, FAILING_OVER, OTHER, UNAVAILABLE)
-"""The ``state`` label of ``dflockd_cluster_shards``, as in the module's docstring; serving
-includes a shard held back until the fence is raised, failing over one that is due."""
+"""The ``state`` label of ``dflockd_cluster_shards`` (serving includes shards held back)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +57,19 @@ class Decision:
     failover_due: tuple[int, ...]
     """Shards whose dead current member's grants have surely run out: set current = self."""
     failover_since: Mapping[int, float]
-    """When this member first saw each shard's current member gone (or none), whatever the
-    target (pass to the next call)."""
+    """When this member first saw each shard's current member gone (pass to the next call)."""
     states: Mapping[str, int]
-    """How many shards are in each of ``SHARD_STATES`` (they add up to ``SHARD_COUNT``)."""
+    """Shards per ``SHARD_STATES``."""
     holding: frozenset[int] = frozenset()
-    """Shards moving out (cleared): keys held or queued here are still served; any other key
-    gets the shard's verdict."""
+    """Shards moving out (cleared): keys held or queued here are still served."""
     importing: frozenset[int] = frozenset()
     """Shards split to this member (cleared): it serves a key an ``asking`` acquire names, or
-    one it holds or queues; any other key gets the shard's verdict."""
+    one it holds or queues."""
     granting: frozenset[int] = frozenset()
-    """Every shard on which this member may grant (served, holding, importing; cleared or not):
-    the fencing counter must be raised above every published ceiling before."""
+    """Every shard on which this member may grant, cleared or not: the fencing counter must be
+    raised above every published ceiling first."""
     next_due: float = math.inf
-    """When the first awaited failover is due (``now``'s clock; ``inf`` if none): until then,
-    with an unchanged view, deciding again gives the same."""
+    """When the first awaited failover is due: until then an unchanged view decides the same."""
 
 
 FENCED = Decision(
@@ -101,7 +80,6 @@ FENCED = Decision(
     failover_since={},
     states=MappingProxyType({**dict.fromkeys(SHARD_STATES, 0), UNAVAILABLE: SHARD_COUNT}),
 )
-"""A member that lost (or cannot show) its etcd lease grants nothing and plans nothing."""
 
 
 def decide(
@@ -114,14 +92,9 @@ def decide(
     cleared: Set[int] | None = None,
     failover_waits: Mapping[str, float] | None = None,
 ) -> Decision:
-    """Every shard's verdict and what to do next.
-
-    ``failover_since``: the previous decision's (empty after a start or rejoin: the wait counts
-    from what this member saw itself). ``cleared``: if given, only these shards are served; the
-    others are held back (``error_unavailable``) until the fencing counter is above the previous
-    owners' ceilings. ``failover_waits``: per gone member, its published longest lease plus the
-    margin, used instead of ``failover_wait_s``.
-    """
+    """Every shard's verdict and what to do next. ``cleared``: if given, only these shards
+    are served, the others held back. ``failover_waits``: per gone member, instead of
+    ``failover_wait_s``."""
     live = view.members
     shard_map = view.shard_map
     moved: dict[str, bytes] = {}
@@ -141,8 +114,7 @@ def decide(
     for shard, a in shard_map.items():
         current, target, split = a.current, a.target, a.split
         if (not current or current not in live) and not a.released:
-            # Whatever the target: the leader's new targets, written in batches, start no wait
-            # of their own (one gone member's shards are due together).
+            # Whatever the target: the leader's batched new targets start no wait of their own.
             since[shard] = failover_since.get(shard, now)
         if current == me and target == me and not split:
             serving.add(shard)
@@ -150,8 +122,6 @@ def decide(
                 verdicts[shard] = None
             continue
         if current == me:
-            # Moving out: held or queued keys stay; the others are asked at the split's node
-            # once the split is written, unavailable before.
             dest = split or target
             moving.setdefault(dest, set()).add(shard)
             holding_all.add(shard)
@@ -164,7 +134,6 @@ def decide(
                     verdicts[shard] = reply
             continue  # else unavailable (but for the keys it holds or queues)
         if split == me and current:
-            # Importing: serves the keys the current member asked it for (and then holds).
             importing_all.add(shard)
             if cleared is None or shard in cleared:
                 importing.add(shard)
@@ -217,8 +186,3 @@ def decide(
         granting=frozenset(serving | holding_all | importing_all),
         next_due=next_due,
     )
-
-
-def handover_due(moving_out: Set[int], still_held: Set[int]) -> frozenset[int]:
-    """The shards moving out that no holder keeps any more: hand them over now."""
-    return frozenset(moving_out) - frozenset(still_held)

@@ -1,11 +1,7 @@
 """What must outlive a member, in etcd, one key per member and no lease: its fence ceiling
 (``<prefix>/fence/<advertise>``) and the longest lease it may have granted
-(``<prefix>/longest/<advertise>``).
-
-A member stores its ceiling (see ``dflockd_server.fence``) before issuing any fencing counter
-at or above it, so the stored value is above every counter it ever issued. The key is not under
-the member's etcd lease: it survives the member's death, and whoever takes one of its shards
-over (after a handover or a failover) raises its own counter above it first.
+(``<prefix>/longest/<advertise>``). A member stores its ceiling before issuing any counter at
+or above it; whoever takes one of its shards over raises its own counter above it first.
 """
 
 from __future__ import annotations
@@ -15,7 +11,6 @@ from dflockd_server.fence import FenceStateError
 
 
 def fence_prefix(prefix: str) -> str:
-    """Where every member's ceiling lives (``<prefix>/fence/``)."""
     return prefix + "/fence/"
 
 
@@ -45,21 +40,18 @@ class EtcdCeilingStore:
         return 0 if kv is None else _parse(self.key, kv.value)
 
     def write(self, ceiling: int) -> None:
-        # Never lower it: a stale writer (a member that lost etcd, then came back with an old
-        # counter) must not undo a higher ceiling already stored.
+        # Never lower it: a stale writer must not undo a higher ceiling already stored.
         try:
             kv = self.client.get(self.key)
             if kv is not None and _parse(self.key, kv.value) >= ceiling:
                 return
-            expected = "" if kv is None else kv.value
             written = (
                 self.client.create_if_absent(self.key, str(ceiling))
                 if kv is None
-                else self.client.compare_and_set(self.key, expected, str(ceiling))
+                else self.client.compare_and_set(self.key, kv.value, str(ceiling))
             )
             if not written:
-                # Sent again to another etcd endpoint, a write the first attempt made fails its
-                # comparison: what counts is that the stored ceiling is at least this one.
+                # A resent write the first attempt made fails its comparison.
                 kv = self.client.get(self.key)
                 written = kv is not None and _parse(self.key, kv.value) >= ceiling
         except EtcdError as exc:
@@ -72,14 +64,12 @@ class EtcdCeilingStore:
 
 
 def longest_prefix(prefix: str) -> str:
-    """Where every member's longest lease lives (``<prefix>/longest/``)."""
     return prefix + "/longest/"
 
 
 class EtcdLongestStore:
-    """Publishes the longest lease a member may have granted, before it grants a longer one
-    (``grace.LeaseRecord``'s ``publish``): an heir taking the member's shards after its death
-    waits that long, not the longest lease any member could grant."""
+    """Publishes the longest lease a member may have granted (``grace.LeaseRecord``'s
+    ``publish``): an heir of its shards waits that long after its death."""
 
     __slots__ = ("client", "key")
 
@@ -88,21 +78,15 @@ class EtcdLongestStore:
         self.key = longest_prefix(prefix) + advertise
 
     def write(self, longest: int) -> None:
-        # On condition that the key is as read: a write etcd applies late (sent to an endpoint
-        # that then stopped answering) fails its comparison instead of putting back an older,
-        # shorter bound over a newer one; a write that reports failure because its first
-        # attempt made it is seen in the value read again.
+        # On condition that the key is as read: a write etcd applies late cannot put back an
+        # older bound over a newer one.
         value = str(longest)
         try:
             for _ in range(3):
                 kv = self.client.get(self.key)
                 if kv is not None and kv.value == value:
                     return
-                unchanged = (
-                    Compare(self.key, "CREATE", "EQUAL", 0)
-                    if kv is None
-                    else Compare(self.key, "MOD", "EQUAL", kv.mod_revision)
-                )
+                unchanged = Compare.unchanged(self.key, 0 if kv is None else kv.mod_revision)
                 if self.client.txn([unchanged], [Put(self.key, value)]).succeeded:
                     return
         except EtcdError as exc:
@@ -128,8 +112,7 @@ def published_longest(client: EtcdClient, prefix: str) -> dict[str, int]:
 
 
 def highest_ceiling(client: EtcdClient, prefix: str, excluding: str = "") -> int:
-    """The highest ceiling any member (but ``excluding``) stored, 0 when none: above every
-    counter those members issued."""
+    """The highest ceiling any member (but ``excluding``) stored, 0 when none."""
     try:
         kvs = client.get_prefix(fence_prefix(prefix))
     except EtcdError as exc:

@@ -1,38 +1,23 @@
 """How a cluster member moves shards (``Handover``): hands them over, takes them after a
-failover, releases them when it leaves. ``ClusterNode`` (``node``) decides when; every write
-here is conditioned on the shard's revision and on this member's lease (``mapwrite``).
+failover, releases them when it leaves. ``ClusterNode`` decides when; every write is
+conditioned on the shard's revision and on this member's lease (``mapwrite``).
 
-Handover, key by key (``decide``; docs/protocol.md *Key-level moves*): while a key of a shard
-moving out is held or queued here, the member publishes its fence ceiling, then writes
-``split=<target>`` (the other keys are asked for there); once ``NodeHost.holders_in`` shows
-nothing held or queued, it publishes the ceiling and sets current = the split's node, dropping
-the flag. A split towards a gone member is dropped after that member's longest lease
-(``unsplit``). Failover: see ``decide``; the waits and the take-over are written here.
+Handover, key by key (``decide``): the member publishes its fence ceiling before writing
+``split=<target>`` and again before setting current = the split's node. A split towards a gone
+member is dropped after that member's longest lease (``unsplit``).
 
 The failover bound. A member that dies or loses etcd grants and renews nothing after its last
-successful keep-alive's sending time + ``lease_ttl_s``, no later than etcd expires its lease
-(etcd counts from receipt, and may raise a short TTL to its minimum, about 2 s by default:
-that only delays the expiry), when the others see it gone. Its holders' leases end within
-the longest lease it granted or renewed: before granting or renewing a longer one than ever,
-a member publishes the new bound (``<prefix>/longest/<member>``, no lease, so it outlives the
-member; a failed write refuses the grant). The new owner waits that bound (``max_lease_ttl_s``
-if none) + ``failover_margin_s`` from when it first saw the member gone, so it grants only
-after every lease the dead member granted has ended (given clock rates that differ by less
-than the margin over that time). A dead member's keys are thus unavailable for at most: the
-etcd lease TTL (plus an election and the leader's map update, a few round trips) + the longest
-lease its clients used + the margin + a tick (``NODE_TICK_S``): about one real lease, not the
-longest any member could grant.
+successful keep-alive's sending time + its lease TTL, no later than etcd expires its lease,
+when the others see it gone. Its holders' leases end within the longest lease it granted or
+renewed, which it publishes before granting a longer one (``<prefix>/longest/<member>``, no
+lease; a failed write refuses the grant). The new owner waits that bound (``max_lease_ttl_s``
+if none) + ``failover_margin_s`` from when it first saw the member gone: safe as long as
+clock rates differ by less than the margin over that time.
 
-A graceful leave (``ClusterNode.stop(leave=True)``, after the server's drain) hands its shards
-over instead of making the others wait. The node stops deciding and refuses every acquire;
-for each shard it serves, it asks ``NodeHost.holders_in`` (on the loop: no grant can follow)
-and leaves out the shards in ``keep`` (holders the shutdown timeout cut off may still believe
-they hold: they get the failover wait). It publishes its fence ceiling, then writes the
-others released (``ShardAssignment.release``: current empty, flag ``released``; on condition
-of the shard's revision and its own lease), and only then revokes its lease. Each heir takes a
-released shard at once and raises its fence above every published ceiling before granting:
-a few etcd round trips, not the longest lease. Shards still held, kept or conflicted, and every
-shard when the member cannot show its lease alive, are left to the failover wait.
+A graceful leave (``ClusterNode.stop(leave=True)``, after the drain): the node refuses every
+acquire, asks ``holders_in`` (on the loop: no grant can follow), publishes its fence ceiling,
+writes the shards nobody holds (and not in ``keep``) released, and only then revokes its
+lease; each heir takes them at once. The rest wait for the failover.
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping, Sequence
 
-from dflockd_server.cluster.decide import Decision, handover_due
+from dflockd_server.cluster.decide import Decision
 from dflockd_server.cluster.etcd import Compare, EtcdClient
 from dflockd_server.cluster.fencestore import published_longest
 from dflockd_server.cluster.host import NodeHost
@@ -55,7 +40,7 @@ log = logging.getLogger("dflockd_server")
 __all__ = ["RELEASE_ATTEMPTS", "Handover"]
 
 RELEASE_ATTEMPTS = 3
-"""Attempts in all of a graceful leave's release (a write may conflict with the leader's)."""
+"""A graceful leave's release attempts (a write may conflict with the leader's)."""
 
 
 class Handover:
@@ -79,19 +64,17 @@ class Handover:
         self.failover_margin_s = failover_margin_s
         self._written_from: dict[int, int] = {}
         self._split_gone_since: dict[int, float] = {}
-        """Shards this member splits towards a node that is not live: since when (seen)."""
+        """Shards split towards a node that is not live: since when."""
         self._split_waits: dict[str, float] = {}
-        """Nodes not live that this member's shards are split towards: the wait read for each."""
+        """Nodes not live that shards are split towards: the wait for each."""
         self._waits: dict[str, float | None] = {}
-        """Gone members whose shards this one waits to take: the wait read for each (None: it
+        """Gone members whose shards this one waits to take: the wait for each (None: it
         published none)."""
-        # Counters (the node's thread adds; a scrape reads).
         self.handovers = 0
         self.failovers = 0
         self.released_takeovers = 0
 
     def forget(self) -> None:
-        """Forget what was seen and written (fenced: a rejoin starts afresh)."""
         self._split_gone_since = {}
         self._split_waits = {}
         self._written_from = {}
@@ -99,9 +82,8 @@ class Handover:
 
     def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float] | None:
         """Per gone member whose shards this one waits to take: its published longest lease
-        plus the margin. Read from etcd when a member joins the waits (a gone member publishes
-        no longer lease that counts) and when ``fresh`` (before a failover is carried out), not
-        at each decision: etcd news (batched targets, others' failovers) brings many."""
+        plus the margin, read when a member joins the waits and when ``fresh`` (before a
+        failover), not at each decision."""
         me, live = self.advertise, view.members
         gone = {
             a.current
@@ -126,10 +108,8 @@ class Handover:
         shards: Collection[int],
         gone_at: Mapping[str, int],
     ) -> set[str]:
-        """Set current = this member for shards whose failover is due, on condition that their
-        gone member has not registered since ``gone_at`` (the revision of the view that first
-        showed it gone; ``_write_while_gone``). Returns the gone members whose writes that
-        refused: their waits start again."""
+        """Set current = this member for shards whose failover is due; returns the gone
+        members that registered since ``gone_at`` (``_write_while_gone``): their waits restart."""
         shard_map = view.shard_map
         by_gone: dict[str, dict[int, ShardAssignment]] = {}
         for s in shards:
@@ -149,14 +129,13 @@ class Handover:
     def move_out(
         self, view: ClusterView, member: Member, decision: Decision, fence: FenceCounter
     ) -> None:
-        """Split the shards moving out with keys held or queued here; hand over the others to
-        the split's node (else the target)."""
+        """Split the shards moving out with keys held or queued here; hand over the others."""
         moving = {s: dest for dest, shards in decision.moving_out.items() for s in shards}
         if not moving:
             return
         held = self.host.holders_in(sorted(moving))
         shard_map = view.shard_map
-        done = handover_due(moving.keys(), held)
+        done = moving.keys() - held
         to_split = {s: shard_map[s].split_to(moving[s]) for s in held if not shard_map[s].split}
         if to_split:
             # The fence first: the split's node raises its counter above it before granting.
@@ -173,10 +152,9 @@ class Handover:
     def unsplit(
         self, view: ClusterView, member: Member, now: float, gone_at: Mapping[str, int]
     ) -> None:
-        """Drop a split towards a gone node (its free keys are unavailable here meanwhile) once
-        every lease that node may have granted has ended: the wait of a failover, from when
-        this member first saw it gone. The longest lease is read when the node is seen gone and
-        again just before the drop, not at each step (a moving shard steps every tick)."""
+        """Drop a split towards a gone node once every lease it may have granted has ended
+        (a failover's wait, from when first seen gone; the longest lease read then and again
+        just before the drop)."""
         live = view.members
         gone = {
             s: a.split
@@ -201,12 +179,10 @@ class Handover:
             for node, new in by_gone.items():
                 _, failed = self._write_while_gone(view, member, node, gone_at.get(node, 0), new)
                 if failed:
-                    # Registered again (or this member's lease is gone): wait again.
                     for s in new:
                         self._split_gone_since.pop(s, None)
 
     def _split_waits_of(self, nodes: Collection[str]) -> dict[str, float]:
-        """Per node: its published longest lease (else ``max_lease_ttl_s``) + the margin."""
         if not nodes:
             return {}
         published = published_longest(self.client, self.prefix)
@@ -214,7 +190,6 @@ class Handover:
         return {n: published.get(n, self.max_lease_ttl_s) + margin for n in nodes}
 
     def _due_splits(self, gone: Mapping[int, str], now: float) -> list[int]:
-        """The shards of ``gone`` (shard -> split node) whose wait is over."""
         since, waits = self._split_gone_since, self._split_waits
         return [s for s, node in gone.items() if now - since[s] >= waits[node]]
 
@@ -226,18 +201,10 @@ class Handover:
         seen_gone_at: int,
         new: dict[int, ShardAssignment],
     ) -> tuple[frozenset[int], bool]:
-        """``_write_assignments``, on condition too that ``gone`` (seen gone at revision
-        ``seen_gone_at``; "" for none) has no member key and registered last at or before then.
-
-        Absent: a member registering again as its shards are taken (or its split dropped) reads
-        the map after registering, so it sees this write or makes it fail; it never serves,
-        from a map read too early, a grant still in its table (kept by leases, or detached by
-        a closing connection) while this member grants the key.
-
-        Not registered since: a member that came back and died again unseen (a silent watch, a
-        thread held up) granted leases the wait, counted from before, does not cover. Its
-        registration key (``ClusterKeys.registered``, no lease) is newer: the write fails and
-        the wait starts again. (A version writing no such key compares as never registered.)"""
+        """``_write_assignments``, on condition too that ``gone`` ("" for none) has no member
+        key (a member registering again reads the map after, so it sees this write or fails
+        it) and has not registered since ``seen_gone_at`` (a life unseen in between granted
+        leases the wait does not cover)."""
         if not gone:
             return self._write_assignments(view, member, new)
         keys = member.keys
@@ -250,7 +217,7 @@ class Handover:
     ) -> None:
         """Mark released the shards this member serves that nobody holds (a graceful leave)."""
         if member.lost is not None or now >= member.lease_valid_until:
-            return  # lease not shown alive: the others may count a failover already
+            return  # the others may count a failover already
         alive = Compare(member.keys.member(self.advertise), "LEASE", "EQUAL", member.lease_id)
         published = False
         held: set[int] = set()
@@ -258,7 +225,6 @@ class Handover:
         for _ in range(RELEASE_ATTEMPTS):
             view = read_view(self.client, self.prefix)
             mine = [s for s, a in view.shard_map.items() if a.current == self.advertise]
-            # The snapshot is fenced: nothing can be granted after this answer.
             held = self.host.holders_in(mine) if mine else set()
             free = [s for s in mine if s not in held and s not in keep]
             if not free:
@@ -292,8 +258,8 @@ class Handover:
         also: Sequence[Compare] = (),
     ) -> tuple[frozenset[int], bool]:
         """Write, each on condition that the shard is as seen, this member alive and ``also``:
-        the shards written, and whether a condition refused one (the rest were not written)."""
-        # A write this view does not show yet is not repeated (it would only conflict).
+        the shards written, and whether a condition refused one. A write this view does not
+        show yet is not repeated (it would only conflict)."""
         writes = {
             s: ShardWrite(view.revisions.get(s, 0), a)
             for s, a in new.items()

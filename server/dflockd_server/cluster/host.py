@@ -1,15 +1,11 @@
 """``NodeHost``: what a cluster node needs from the lock server it lives in.
 
-The node calls these from its own thread (``key_present``: its snapshot, on the loop).
-``fail_waiters`` and ``holders_in`` run their work on the server's loop and return when it is
-done; the others set references and return.
+``fail_waiters`` and ``holders_in`` run on the server's loop and return when done; the others
+set references and return.
 
 What a handover relies on: on the loop, an acquire's ownership check and its grant happen with
-no await between them. The node hands over a snapshot with the shard "moving out" (acquires
-refused), then asks ``holders_in`` on the loop: any grant made under the older snapshot has
-happened by then, so an empty answer means nobody holds a key of the shard and nobody can any
-more. Likewise a snapshot that grants a shard is handed over only once the fence is raised for
-it (``node``), so no token granted under it is below one granted before.
+no await between them. So once a snapshot with the shard "moving out" is handed over, an empty
+``holders_in`` answer means nobody holds a key of the shard and nobody can any more.
 """
 
 from __future__ import annotations
@@ -22,11 +18,8 @@ if TYPE_CHECKING:
 
 
 class NodeHost(Protocol):
-    """What the node needs from the lock server (see the module's docstring)."""
-
     def set_ownership(self, ownership: ClusterOwnership) -> None:
-        """Serve by this snapshot from now on: each of the node's snapshots, handed before the
-        node acts on it (the first, fenced one at the node's making)."""
+        """Serve by this snapshot from now on."""
         ...
 
     def fail_waiters(self, shard_ids: Collection[int], reply: bytes) -> object:
@@ -34,14 +27,12 @@ class NodeHost(Protocol):
         ...
 
     def holders_in(self, shard_ids: Collection[int]) -> set[int]:
-        """Which of these shards still have a holder (lock or semaphore slot) or a queued
-        waiter."""
+        """Which of these shards still have a holder or a queued waiter."""
         ...
 
     def key_present(self, key: str) -> bool | None:
-        """On the loop (no hop): whether the table holds or queues anything on ``key``; None
-        when it cannot tell (no table yet, or a restart grace: what the previous run granted
-        is unknown)."""
+        """On the loop: whether the table holds or queues anything on ``key``; None when it
+        cannot tell (no table yet, or a restart grace)."""
         ...
 
     def renewals_allowed(self, allowed: bool) -> None:

@@ -1,20 +1,14 @@
 """Writing shard assignments to etcd, each on condition that nobody changed it meanwhile.
 
-Every writer of the map (the leader's upkeep, a member completing a handover or a failover, an
-operator's rebalance or pin) reads a shard's value with its ``mod_revision`` and writes only if
-the key is still at that revision (``0``: only if the key still does not exist). A concurrent
-write therefore makes the later writer fail for that shard instead of clobbering it; the
-writer reads again and decides again.
+Every writer of the map reads a shard's value with its ``mod_revision`` and writes only if the
+key is still at that revision (``0``: still absent): a concurrent write makes the later writer
+fail for that shard instead of clobbering it.
 
-Writes go in transactions of at most ``MAX_TXN_OPS`` comparisons (etcd's limit counts them
-too), one of which may be an extra condition (e.g. "still the leader"). A transaction that fails
-reads, in its failure branch, the keys it compared, at the revision it was decided at: the
-shards changed meanwhile are known exactly (reported as conflicted, to read again and decide
-again), and the others are written again at once. One changed shard thus neither holds back the
-others nor costs a round trip per shard: a member whose view is stale by thousands of shards (a
-member that just joined again while the leader rewrites the map) learns so in one request per
-batch, not one per shard (which kept its node busy for seconds under load, a handover it owed
-waiting behind them).
+Writes go in transactions of at most ``MAX_TXN_OPS`` comparisons, one of which may be an extra
+condition (e.g. "still the leader"). A failed transaction reads, in its failure branch, the
+keys it compared: the shards changed meanwhile are reported as conflicted and the others are
+written again at once, so a view stale by thousands of shards costs one request per batch,
+not one per shard.
 """
 
 from __future__ import annotations
@@ -45,16 +39,6 @@ class WriteResult:
     """The extra condition did not hold: nothing more was written."""
 
 
-def shard_key(shards_prefix: str, shard: int) -> str:
-    return f"{shards_prefix}{shard}"
-
-
-def _unchanged(key: str, revision: int) -> Compare:
-    if revision == 0:
-        return Compare(key, "CREATE", "EQUAL", 0)
-    return Compare(key, "MOD", "EQUAL", revision)
-
-
 def _op(key: str, assignment: ShardAssignment | None) -> Op:
     return Delete(key) if assignment is None else Put(key, assignment.format())
 
@@ -66,11 +50,8 @@ def write_shards(
     *,
     condition: Compare | Sequence[Compare] | None = None,
 ) -> WriteResult:
-    """Write each shard whose key is still at its revision (see the module's docstring);
-    ``condition``: the extra condition(s), all of which must hold.
-
-    Raises ``EtcdError`` when etcd cannot be reached (what was written before stays written).
-    """
+    """Write each shard whose key is still at its revision, if ``condition`` holds too.
+    Raises ``EtcdError`` when etcd cannot be reached (what was written stays written)."""
     if condition is None:
         extra: list[Compare] = []
     elif isinstance(condition, Compare):
@@ -82,10 +63,10 @@ def write_shards(
     written: dict[int, int] = {}
     conflicted: list[int] = []
     for start in range(0, len(items), per_batch):
-        pending = [(s, shard_key(shards_prefix, s), w) for s, w in items[start : start + per_batch]]
+        pending = [(s, f"{shards_prefix}{s}", w) for s, w in items[start : start + per_batch]]
         while pending:  # each failed round removes a changed shard, or ends the call
             result = client.txn(
-                [*extra, *(_unchanged(k, w.revision) for _, k, w in pending)],
+                [*extra, *(Compare.unchanged(k, w.revision) for _, k, w in pending)],
                 [_op(k, w.assignment) for _, k, w in pending],
                 [Get(k) for _, k, _ in pending],
             )

@@ -1,42 +1,25 @@
 """The cluster member inside a lock server: decides, safely, which keys this server serves.
 
-A ``ClusterNode`` runs a ``membership.Member`` (registration under an etcd lease, election,
-the leader's map upkeep) and one thread of its own that, on every change of the view, of the
-lease, and every ``NODE_TICK_S``:
+A ``ClusterNode`` runs a ``membership.Member`` and a thread that, on every change of the view
+or the lease, and every ``NODE_TICK_S``:
 
-1. asks ``decide.decide`` (pure) what each shard is: serve, moving out, taking over, failover,
-   other; hands the verdicts to its server as an immutable ``snapshot.ClusterOwnership``
-   (``NodeHost.set_ownership``), swapped whole, before it acts on them;
-2. before granting on a shard under an assignment (its current member and split) it did not
-   grant under a moment ago, raises its fencing counter above the highest ceiling any member
-   published (``<prefix>/fence/<member>``, kept outside the members' leases so a dead member's
-   survives): every token it grants is then above every token any previous owner granted,
-   after a handover, a failover, a split, an unsplit, a restart in place. Until that succeeded
-   the shard answers ``error_unavailable``. A key asked for during a split is granted only
-   above the counter the exporting member signed into the ask ticket (``asktickets``);
-3. for shards moving out, key by key, splits them while keys are held or queued here and
-   hands them over once none is (``handover``);
-4. for shards whose current member is gone, takes them after the failover wait (at once when
-   their member released them on a graceful leave); ``handover`` tells how long that wait is
-   and why it suffices.
+1. asks ``decide.decide`` (pure) what each shard is and hands the verdicts to its server as an
+   immutable ``snapshot.ClusterOwnership`` (``NodeHost.set_ownership``) before acting on them;
+2. before granting on a shard under an assignment (current member, split) it did not grant
+   under a moment ago, raises its fencing counter above the highest ceiling any member
+   published (``<prefix>/fence/<member>``, outside the members' leases so a dead member's
+   survives), so every token it grants is above every previous owner's; until then the shard
+   answers ``error_unavailable``. A key asked for during a split is granted only above the
+   counter signed into its ask ticket (``asktickets``);
+3. splits shards moving out while keys are held or queued here, hands them over once none is
+   (``handover``);
+4. takes the shards of a gone member after the failover wait (at once when released).
 
-Self-fencing. The member's etcd lease surely lives until the last *successful* keep-alive's
-*sending* time plus its TTL (``Member.lease_valid_until``). From then on (or once the lease is
-lost) the node answers every acquire ``error_unavailable`` and calls
-``NodeHost.renewals_allowed(False)``, so its holders' renewals fail; the snapshot itself
-compares the clock with that time, read live (a keep-alive needs no new snapshot), so even a
-paused process grants nothing late. When etcd answers again the node joins with a new lease
-and resumes from a fresh read of the map.
-
-A member whose own key vanishes from its view (its lease revoked, or expired before its
-keep-alive noticed) fences at once too, and joins again.
-
-A graceful leave (``stop(leave=True)``, after the server's drain) releases the shards nobody
-holds to their heirs at once instead of making them wait (``handover``).
-
-Metrics (``stats``): the shards per state of the current decision (counted in the decision's
-one pass over the map), whether the member is fenced or the leader, and counters of the shards
-it handed over, took over after a failover, and took at once after a release.
+Self-fencing: the etcd lease surely lives until the last successful keep-alive's sending time
+plus its TTL (``Member.lease_valid_until``). From then on, or once its own member key vanishes,
+the node refuses every acquire, calls ``NodeHost.renewals_allowed(False)`` and joins again
+with a new lease. The snapshot reads that deadline live, so even a paused process grants
+nothing late.
 """
 
 from __future__ import annotations
@@ -66,8 +49,7 @@ log = logging.getLogger("dflockd_server")
 __all__ = ["ClusterNode", "ClusterStats", "NodeHost"]
 
 NODE_TICK_S = 0.1
-"""How often the node looks again without news (handovers wait for holders, failovers for
-time)."""
+"""How often the node looks again without news."""
 
 FAILOVER_MARGIN_S = 1.0
 """Added to the longest lock lease before a failover: clock rates, a tick, etcd's delays."""
@@ -80,8 +62,7 @@ NODE_MAX_DEFER_S = 0.25
 
 
 def boottime() -> float:
-    """Seconds on a clock that also counts the time the machine was suspended
-    (``CLOCK_BOOTTIME`` where there is one, else the monotonic clock): a member whose machine
+    """A clock that counts suspend (``CLOCK_BOOTTIME``, else monotonic): a member whose machine
     slept past its etcd lease must see that lease as over when it wakes."""
     clock_id = getattr(time, "CLOCK_BOOTTIME", None)
     if clock_id is None:
@@ -90,13 +71,11 @@ def boottime() -> float:
 
 
 def ask_secret_key(prefix: str) -> str:
-    """Where the cluster's ask secret lives (``<prefix>/asksecret``, no lease)."""
     return prefix + "/asksecret"
 
 
 def load_ask_tickets(client: EtcdClient, prefix: str) -> AskTickets:
-    """The cluster's ask tickets: its secret read from etcd, created there first (by a
-    conditional put: every member reads the one that won) when none is."""
+    """The cluster's ask tickets, their secret created in etcd by a conditional put if absent."""
     key = ask_secret_key(prefix)
     kv = client.get(key)
     if kv is None:
@@ -108,12 +87,9 @@ def load_ask_tickets(client: EtcdClient, prefix: str) -> AskTickets:
 
 
 AUTO_REBALANCE_S = 10.0
-"""How long membership must be still before the leader evens the members out by itself (a
-member restarted in place, or a new one, gets its share back about this long after it joined,
-plus its handovers)."""
+"""How long membership must be still before the leader evens the members out by itself."""
 
 REJOIN_RETRY_S = 0.5
-"""Between attempts to join again after this member lost its etcd lease."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,31 +101,23 @@ class ClusterStats:
     fenced: bool
     leader: bool
     handovers: int
-    """Shards this member handed over (to their target, or released on a graceful leave)."""
+    """Shards handed over (to their target, or released on a graceful leave)."""
     failovers: int
-    """Shards this member took over after waiting out a gone member's longest lease."""
+    """Shards taken after waiting out a gone member's longest lease."""
     released_takeovers: int
-    """Shards this member took at once because their member had released them."""
+    """Shards taken at once because their member had released them."""
     etcd_switches: int = 0
-    """Times this member's etcd client moved to another etcd endpoint (one failed or was slow)."""
     fenced_reason: str | None = None
-    """Why it is fenced (None: it is not, or it did not say)."""
     clock_offset_s: float = 0.0
-    """How far its wall clock was from a ticket issuer's at the last ticket (``ClockSkew``)."""
+    """``ClockSkew.offset_s``; ``clock_off``, ``clock_peer``, ``stale_tickets`` likewise."""
     clock_off: bool = False
-    """That offset was more than an ask ticket lives."""
     clock_peer: str = ""
-    """The member whose ticket showed it."""
     stale_tickets: int = 0
-    """Genuine ask tickets refused because they arrived expired by this member's clock."""
 
 
 class ClusterNode:
-    """One lock server's cluster member (see the module's docstring); ``start`` then ``stop``.
-
-    It hands its host each snapshot (the server's ``Ownership``) and owns the server's
-    ``fence`` counter.
-    """
+    """One lock server's cluster member; ``start`` then ``stop``. It owns the server's
+    ``fence`` counter."""
 
     def __init__(
         self,
@@ -184,7 +152,6 @@ class ClusterNode:
         """The wait for a gone member that published no longest lease."""
         self._clock = clock
         self._wall = wall
-        """The wall clock its ask tickets' expiry is counted on (``ClusterOwnership.wall``)."""
         self._fence = fence
         self._member: Member | None = None
         self._ownership = self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap()))
@@ -195,27 +162,22 @@ class ClusterNode:
         # Owned by the node's thread:
         self._failover_since: dict[int, float] = {}
         self._gone_at: dict[str, int] = {}
-        """Each member the map names (current or split) that is not live -> the revision of
-        the first view that showed it so (its waits count from then; ``Handover.take_over``)."""
+        """Each member the map names that is not live -> the revision of the first view
+        showing it so (``Handover.take_over``)."""
         self._raised: dict[int, tuple[str, str]] = {}
-        """Shard -> the assignment (current member, split) under which this member last raised
-        its fence for it: a shard whose assignment changed since is held back until raised."""
+        """Shard -> the (current, split) under which this member last raised its fence for it."""
         self._floor_wanted = 0
         """A ticket's counter the loop could not raise to at once (the node's thread does)."""
         self._tickets: AskTickets | None = None
         self._current: frozenset[int] = frozenset()
-        """The shards this member was current member of at the last decision."""
         self._renewals: bool | None = None
         self._next_join = 0.0
         self._updates = 0  # views the member reported (its watch's thread adds)
         self._seen_updates = -1
         self._rest_until = 0.0
-        """Until when, with no news, a step decides nothing new (``inf``: nothing waits on time
-        or on holders; a failover wait: when the first is due; 0 while shards move out, whose
-        holders are looked at each step)."""
+        """Until when, with no news, a step decides nothing new (0 while shards move out)."""
         self.fenced_reason: str | None = "not started"
         self.clock = ClockSkew(advertise)
-        """What the tickets it checks say of its wall clock (``clockskew``)."""
         self._handover = Handover(
             etcd_client,
             prefix,
@@ -227,44 +189,28 @@ class ClusterNode:
 
     @property
     def ownership(self) -> ClusterOwnership:
-        """The current snapshot (immutable; replaced whole)."""
         return self._ownership
 
     def _hand(self, ownership: ClusterOwnership) -> None:
-        """Make ``ownership`` the current snapshot, the host's too, before anything acts on it."""
         self._ownership = ownership
         self.host.set_ownership(ownership)
 
     @property
     def fence(self) -> FenceCounter:
-        """The fencing counter the server must use (its ceiling is stored in etcd)."""
         if self._fence is None:
             raise RuntimeError("the cluster node has no fence counter before start()")
         return self._fence
 
     def publish_longest(self, longest: int) -> None:
-        """Store in etcd the longest lease this member may have granted (before it grants a
-        longer one; raises ``FenceStateError`` when it cannot: the lease is then refused)."""
+        """Store the longest lease this member may have granted, before granting a longer one
+        (``FenceStateError`` when it cannot: the lease is then refused)."""
         EtcdLongestStore(self.client, self.prefix, self.advertise).write(longest)
 
     @property
     def member(self) -> Member | None:
         return self._member
 
-    @property
-    def handovers(self) -> int:
-        return self._handover.handovers
-
-    @property
-    def failovers(self) -> int:
-        return self._handover.failovers
-
-    @property
-    def released_takeovers(self) -> int:
-        return self._handover.released_takeovers
-
     def stats(self) -> ClusterStats:
-        """The metrics' view of this member: cheap (counts kept from the last decision)."""
         own = self._ownership
         fenced = not own.alive()
         member = self._member
@@ -272,9 +218,9 @@ class ClusterNode:
             shards=FENCED.states if fenced else own.states,
             fenced=fenced,
             leader=not fenced and member is not None and member.is_leader,
-            handovers=self.handovers,
-            failovers=self.failovers,
-            released_takeovers=self.released_takeovers,
+            handovers=self._handover.handovers,
+            failovers=self._handover.failovers,
+            released_takeovers=self._handover.released_takeovers,
             etcd_switches=self.client.switches,
             fenced_reason=self.fenced_reason if fenced else None,
             clock_offset_s=self.clock.offset_s,
@@ -282,8 +228,6 @@ class ClusterNode:
             clock_peer=self.clock.issuer,
             stale_tickets=self.clock.stale_tickets,
         )
-
-    # -- life cycle ------------------------------------------------------------------------------
 
     def start(self) -> ClusterNode:
         """Join (raises ``EtcdError`` when etcd cannot be reached) and start deciding."""
@@ -302,12 +246,9 @@ class ClusterNode:
     def stop(
         self, *, leave: bool = True, timeout: float = 10.0, keep: Collection[int] = ()
     ) -> None:
-        """Stop deciding (every acquire refused from now on), then leave (``leave``: release
-        the shards nobody holds, except those in ``keep``, then revoke the lease; see the
-        module's docstring) or let the lease run out (a crash).
-
-        ``keep``: shards whose holders were cut off (the server's shutdown timeout ran out):
-        they may still believe they hold, so those shards wait for the failover."""
+        """Stop deciding, then leave (``leave``: release the shards nobody holds, except
+        ``keep``, whose cut-off holders may still believe they hold; then revoke the lease) or
+        let the lease run out (a crash)."""
         self.halt(timeout)
         member, self._member = self._member, None
         if member is None:
@@ -324,11 +265,8 @@ class ClusterNode:
         member.stop(leave=leave, timeout=timeout)
 
     def halt(self, timeout: float = 10.0) -> None:
-        """Stop deciding: every acquire refused, no shard handed over or taken from now on;
-        still a member (``stop`` then leaves). The server calls it before it closes the
-        connections of holders its shutdown timeout cut off: their closes release nothing
-        that may still be held (the next run restores their leases), so no handover may
-        follow them."""
+        """Stop deciding, still a member: called before the server closes the connections of
+        holders its shutdown timeout cut off, so no handover follows their closes."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -352,8 +290,6 @@ class ClusterNode:
         self._updates += 1
         self._wake.set()
 
-    # -- the node's thread -----------------------------------------------------------------------
-
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._wake.wait(NODE_TICK_S)
@@ -364,15 +300,13 @@ class ClusterNode:
             self.step()
 
     def step(self) -> None:
-        """One step of the node's thread: decide, publish, move shards (see the module's
-        docstring). A node never ``start``-ed is driven by calls of this alone, with no thread
-        of its own nor of its member's (a simulated member: tests/sim); it then joins at its
-        first step, and its member is driven by its driver (``Member.keep_alive_step``,
-        ``Member.step``). An etcd that does not answer leaves the work for the next step."""
+        """One step: decide, publish, move shards. A node never ``start``-ed is driven by this
+        alone (tests/sim): it joins at its first step. An etcd error waits for the next step."""
         try:
             if self._tickets is None and self._thread is None:
                 self._tickets = load_ask_tickets(self.client, self.prefix)
-            self._raise_wanted_floor()
+            if self._floor_wanted > self.fence.last:
+                self.fence.raise_to(self._floor_wanted)
             self._step()
         except (EtcdError, FenceStateError) as exc:
             log.warning("cluster member %s: %s (trying again)", self.advertise, exc)
@@ -406,8 +340,7 @@ class ClusterNode:
         self._seen_updates = updates
         view = member.snapshot()
         if self.advertise not in view.members:
-            # Its key is gone (its lease revoked, or expired unnoticed): the others may already
-            # count the wait for a failover. Grant nothing from now on; join again.
+            # Its key is gone: the others may already count the wait for a failover.
             self._self_fence("this member's key vanished from etcd")
             self._next_join = now + REJOIN_RETRY_S
             self._rejoin(member)
@@ -415,17 +348,14 @@ class ClusterNode:
         self._note_gone(view)
         decision = self._decide(view, now)
         if decision.failover_due:
-            # The gone members' published longest leases read again before their shards are
-            # taken (between, the wait runs on what was read when they were seen gone).
+            # The gone members' published longest leases are read again before taking.
             decision = self._decide(view, now, fresh_waits=True)
         self._publish(view, decision, valid_until)
         self._fail_waiters_of_lost_shards(decision)
         shard_map = view.shard_map
         under = {s: (shard_map[s].current, shard_map[s].split) for s in decision.granting}
         if any(self._raised.get(s) != a for s, a in under.items()):
-            # A shard gained, or whose assignment changed (a handover, a split, an unsplit):
-            # above every ceiling another member published, so above all tokens ever granted
-            # for these shards (its own are below its counter). Until then they stay held back.
+            # A shard gained or reassigned: above every ceiling another member published.
             self.fence.raise_to(highest_ceiling(self.client, self.prefix, self.advertise))
             self._raised = under
             decision = self._decide(view, now)
@@ -443,16 +373,13 @@ class ClusterNode:
                 self._wait_again(view, again)
 
     def _note_gone(self, view: ClusterView) -> None:
-        """Keep ``_gone_at`` for the members the map names that are not live (first seen)."""
         live, gone_at = view.members, self._gone_at
         named = {n for _, a in view.shard_map.items() for n in (a.current, a.split) if n}
         self._gone_at = {n: gone_at.get(n, view.revision) for n in named - live}
 
     def _wait_again(self, view: ClusterView, members: set[str]) -> None:
-        """etcd refused to let this member take these gone members' shards: each registered
-        again after this member first saw it gone (a life its view missed, or one going on;
-        ``Handover._write_while_gone``), or this member's own etcd lease is gone (it fences
-        itself at its next step). Their shards' waits start again, as if seen gone now."""
+        """etcd refused the take-over of these gone members' shards (each registered again
+        since seen gone, or this member's lease is gone): their waits start again."""
         log.warning(
             "cluster member %s: taking the shards of %s refused: registered again since it was "
             "seen gone (or this member's etcd lease is gone); waiting its longest lease again",
@@ -467,9 +394,7 @@ class ClusterNode:
         self._rest_until = 0.0
 
     def _fail_waiters_of_lost_shards(self, decision: Decision) -> None:
-        """The shards that stopped being this member's (taken by another, or unassigned):
-        their queued waiters are answered with the shard's verdict at once, never granted
-        later (the table asks the ownership before each promotion, too)."""
+        """Answer the queued waiters of shards no longer this member's with their verdict."""
         current = self._ownership.current
         lost = self._current - current
         self._current = current
@@ -491,7 +416,6 @@ class ClusterNode:
         return None
 
     def _decide(self, view: ClusterView, now: float, *, fresh_waits: bool = False) -> Decision:
-        """The decision, holding back the shards not yet covered by a raised fence."""
         return decide(
             view,
             self.advertise,
@@ -512,20 +436,13 @@ class ClusterNode:
         )
 
     def _raise_floor(self, floor: int) -> bool:
-        """On the loop: every token from now on above ``floor`` (an ask ticket's counter), at
-        once when that needs no etcd write; else the node's thread raises it (False)."""
+        """On the loop: tokens from now on above ``floor``; False when that needs an etcd
+        write (the node's thread does it)."""
         if self.fence.raise_within(floor):
             return True
         self._floor_wanted = max(self._floor_wanted, floor)
         self._wake.set()
         return False
-
-    def _raise_wanted_floor(self) -> None:
-        wanted = self._floor_wanted
-        if wanted > self.fence.last:
-            self.fence.raise_to(wanted)
-
-    # -- publishing ------------------------------------------------------------------------------
 
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
         current = decision.serving.union(*decision.moving_out.values())
@@ -564,12 +481,11 @@ class ClusterNode:
             self._renewals = allowed
 
     def _self_fence(self, reason: str) -> None:
-        """Grant nothing, renew nothing; answer every queued waiter ``error_unavailable`` at
-        once; forget what was seen (a rejoin starts afresh)."""
+        """Grant and renew nothing, fail every queued waiter, forget what was seen."""
         if not self._ownership.fenced:
             self._hand(self._fenced_snapshot(self._ownership.view))
             self._current = frozenset()
-            # On the loop, after the fenced snapshot is in place: no waiter is queued later.
+            # After the fenced snapshot is in place: no waiter is queued later.
             self.host.fail_waiters(range(SHARD_COUNT), ERROR_UNAVAILABLE)
         self._allow_renewals(False)
         if self.fenced_reason is None:
@@ -583,12 +499,11 @@ class ClusterNode:
         self._rest_until = 0.0
 
     def _rejoin(self, old: Member | None) -> None:
-        """Join again under a new lease, from a fresh read of everything (``Member.start``)."""
+        """Join again under a new lease, from a fresh read."""
         if old is not None:
             old.stop(leave=False)
             if old.lease_id:
-                # Its keys go first (the member key is registered anew only where no lease
-                # holds it), a leadership it held with them.
+                # Its keys go first: the member key is registered anew only if free.
                 with contextlib.suppress(EtcdError):
                     self.client.lease_revoke(old.lease_id)
         self._member = None

@@ -1,17 +1,7 @@
-"""Operator operations on a cluster's shard map, and the ``dflockd`` commands that run them.
-
-- ``rebalance``: ``ShardMap.rebalance_plan`` over the live members (the fewest moves that leave
-  them at most one shard apart); writes the new targets, each on condition that the shard is
-  unchanged since read (a concurrent write by the leader or another operator is never
-  clobbered: that shard is reported and left for the next rebalance). Members then hand the
-  shards over as their holders finish.
-- ``pin`` / ``unpin``: flag a shard never to be moved automatically (optionally onto a chosen
-  node), or clear the flag.
-- ``summary``: the map as the members see it.
-
-``cluster_command(argv)`` is ``dflockd rebalance --cluster URL [--dry-run] [--verbose]``,
-``dflockd pin --cluster URL SHARD [NODE]``, ``dflockd unpin --cluster URL SHARD`` and
-``dflockd shards --cluster URL``.
+"""Operator operations on a cluster's shard map, and the ``dflockd`` commands that run them:
+``rebalance`` (``ShardMap.rebalance_plan`` over the live members), ``pin`` / ``unpin`` and
+``shards`` (``summary``). Every write is conditioned on the shard being unchanged since read
+(``mapwrite``): a concurrent write is never clobbered.
 """
 
 from __future__ import annotations
@@ -42,12 +32,12 @@ CLUSTER_ENV = "DFLOCKD_CLUSTER"
 
 
 class ClusterOpError(Exception):
-    """An operator's request cannot be carried out (the message says why, in user terms)."""
+    """An operator's request cannot be carried out (the message says why)."""
 
 
 def parse_cluster_url(url: str) -> tuple[str, str]:
     """``etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`` -> (``http://HOST:PORT,...``, the key
-    prefix); ``etcds://`` -> ``https://``. The ``--cluster`` setting's rules."""
+    prefix); ``etcds://`` -> ``https://``."""
     try:
         parsed = split_cluster_url(url)
     except ValueError as exc:
@@ -58,7 +48,7 @@ def parse_cluster_url(url: str) -> tuple[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class EtcdAccess:
-    """How to reach the cluster's etcd beyond its URL: TLS files and a user (``ACCESS_FLAGS``)."""
+    """TLS files and a user for the cluster's etcd (``ACCESS_FLAGS``)."""
 
     ca_file: str | None = None
     cert_file: str | None = None
@@ -67,20 +57,11 @@ class EtcdAccess:
     password: str | None = None
 
 
-def attempt_timeout(lease_ttl_s: float, endpoints: int) -> float:
-    """Seconds one etcd endpoint is waited for before the next: a fifth of the member's etcd
-    lease (at least 0.5), so a keep-alive can move to another endpoint and still renew in time;
-    with a single endpoint, the whole call's time."""
-    if endpoints == 1:
-        return max(5.0, lease_ttl_s)
-    return max(lease_ttl_s / 5, 0.5)
-
-
 def etcd_client(
     url: str, access: EtcdAccess = EtcdAccess(), *, lease_ttl_s: float = 5.0
 ) -> tuple[EtcdClient, str]:
-    """The etcd client of a ``--cluster`` URL and the cluster's key prefix. Raises
-    ``ValueError`` naming the setting that is wrong (the URL, a TLS file)."""
+    """The etcd client of a ``--cluster`` URL and the cluster's key prefix (``ValueError``
+    naming the setting that is wrong)."""
     etcd_url, prefix = parse_cluster_url(url)
     context = None
     if etcd_url.startswith("https://"):
@@ -89,12 +70,15 @@ def etcd_client(
         except ValueError as exc:
             names = "--cluster-ca-file" if "CA file" in str(exc) else "--cluster-cert/--cluster-key"
             raise ValueError(f"{names}: {exc}") from None
+    # A call: 5 s or the lease if longer. One of several endpoints is waited for a fifth of
+    # the lease, so a keep-alive can move to another and still renew in time.
+    timeout = max(5.0, lease_ttl_s)
+    several = len(parse_etcd_url(etcd_url)[1]) > 1
     client = EtcdClient(
         EtcdTransport(
             etcd_url,
-            # A call, every endpoint tried: 5 s or the lease if longer.
-            timeout=max(5.0, lease_ttl_s),
-            attempt_timeout=attempt_timeout(lease_ttl_s, len(parse_etcd_url(etcd_url)[1])),
+            timeout=timeout,
+            attempt_timeout=max(lease_ttl_s / 5, 0.5) if several else timeout,
             ssl_context=context,
             user=access.user,
             password=access.password,
@@ -104,7 +88,6 @@ def etcd_client(
 
 
 def read_view(client: EtcdClient, prefix: str) -> ClusterView:
-    """Members, leader, map and each shard's revision, in one read."""
     keys = ClusterKeys(prefix)
     members: set[str] = set()
     leader: str | None = None
@@ -124,7 +107,7 @@ def read_view(client: EtcdClient, prefix: str) -> ClusterView:
             try:
                 shards[int(tail)] = ShardAssignment.parse(kv.value)
             except ValueError:
-                continue  # unreadable: unassigned (the leader reassigns it)
+                continue  # unreadable: unassigned
     return ClusterView(frozenset(members), leader, ShardMap(shards), revisions, read.revision)
 
 
@@ -133,7 +116,6 @@ class RebalanceResult:
     plan: list[Move]
     written: list[int]
     conflicted: list[int]
-    """Shards changed by someone else meanwhile (not moved: run rebalance again)."""
 
 
 def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> RebalanceResult:
@@ -145,9 +127,8 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
     if dry_run or not plan:
         return RebalanceResult(plan, [], [])
     if len(view.shard_map) == 0:
-        # No map yet (the leader writes it once membership is still): write the first map, as
-        # the leader would. As moves, each shard would get a target and no current member,
-        # waiting out a whole failover before anyone serves it.
+        # No map yet: the first map, as the leader would write it (as moves, no shard would
+        # have a current member until a whole failover wait).
         new_map = ShardMap.initial(view.members)
     else:
         new_map = view.shard_map.apply(plan)
@@ -157,8 +138,7 @@ def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> Reba
 
 
 CHANGE_ATTEMPTS = 3
-"""Read-and-write attempts of a pin or unpin: members write a shard's record at each step of a
-move, so a conflict is expected now and then and means only: retry on the newer record."""
+"""Read-and-write attempts of a pin or unpin (members write a shard's record as it moves)."""
 
 
 def _change_one(
@@ -184,17 +164,14 @@ def _change_one(
 
 
 def pin(client: EtcdClient, prefix: str, shard: int, node: str | None = None) -> ShardAssignment:
-    """Pin ``shard`` (onto ``node`` as its target when given); its new assignment."""
     return _change_one(client, prefix, shard, "pin", node)
 
 
 def unpin(client: EtcdClient, prefix: str, shard: int) -> ShardAssignment:
-    """Let ``shard`` be moved automatically again; its new assignment."""
     return _change_one(client, prefix, shard, "unpin", None)
 
 
 def summary(view: ClusterView) -> list[str]:
-    """Lines describing the map for an operator."""
     m = view.shard_map
     live = sorted(view.members)
     lines = [
@@ -202,10 +179,7 @@ def summary(view: ClusterView) -> list[str]:
         f"live members: {', '.join(live) or '(none)'}",
         f"assigned shards: {len(m)} of {SHARD_COUNT}",
     ]
-    serving: dict[str, int] = {}
-    for _, a in m.items():
-        if a.current and not a.moving:
-            serving[a.current] = serving.get(a.current, 0) + 1
+    serving = Counter(a.current for _, a in m.items() if a.current and not a.moving)
     for node, count in m.counts().items():
         state = "" if node in view.members else "  (not live)"
         lines.append(f"  {node}: target of {count}, serving {serving.get(node, 0)}{state}")
@@ -229,13 +203,7 @@ ACCESS_FLAGS = (
 """The server's settings of the same names (and variables), for the operator's commands."""
 
 
-def _access_arguments(p: argparse.ArgumentParser) -> None:
-    for flag, env, text in ACCESS_FLAGS:
-        p.add_argument(flag, help=f"{text} (or {env})")
-
-
 def _access(args: argparse.Namespace, environ: Mapping[str, str]) -> EtcdAccess:
-    """The etcd access of a command: its flags, else the server's variables."""
     values: dict[str, str | None] = {}
     for flag, env, _ in ACCESS_FLAGS:
         values[flag] = getattr(args, flag[2:].replace("-", "_")) or environ.get(env) or None
@@ -270,31 +238,26 @@ def _parser() -> argparse.ArgumentParser:
         "the cluster: etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (prefix default /dflockd; "
         "etcds:// for TLS)"
     )
-    p = sub.add_parser("rebalance", help=CLUSTER_COMMAND_HELP["rebalance"][1])
-    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
-    _access_arguments(p)
+    commands: dict[str, argparse.ArgumentParser] = {}
+    for name in ("rebalance", "pin", "unpin", "shards"):
+        p = commands[name] = sub.add_parser(name, help=CLUSTER_COMMAND_HELP[name][1])
+        p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
+        for flag, env, text in ACCESS_FLAGS:
+            p.add_argument(flag, help=f"{text} (or {env})")
+    p = commands["rebalance"]
     p.add_argument("--dry-run", action="store_true", help="show the moves, write nothing")
     p.add_argument("--verbose", action="store_true", help="list every shard moved")
-    p = sub.add_parser("pin", help=CLUSTER_COMMAND_HELP["pin"][1])
-    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
-    _access_arguments(p)
-    p.add_argument("shard", type=int, metavar="SHARD")
-    p.add_argument("node", nargs="?", metavar="NODE", help="HOST:PORT to pin it onto")
-    p = sub.add_parser("unpin", help=CLUSTER_COMMAND_HELP["unpin"][1])
-    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
-    _access_arguments(p)
-    p.add_argument("shard", type=int, metavar="SHARD")
-    p = sub.add_parser("shards", help=CLUSTER_COMMAND_HELP["shards"][1])
-    p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
-    _access_arguments(p)
+    for name in ("pin", "unpin"):
+        commands[name].add_argument("shard", type=int, metavar="SHARD")
+    commands["pin"].add_argument("node", nargs="?", metavar="NODE", help="HOST:PORT to pin it onto")
     return parser
 
 
 def cluster_command(
     argv: Sequence[str], *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
-    """``dflockd rebalance|pin|unpin|shards ...``: 0 on success, 1 when it could not be
-    done, 2 on bad usage."""
+    """``dflockd rebalance|pin|unpin|shards --cluster URL ...``: 0 on success, 1 when it
+    could not be done, 2 on bad usage."""
     out = out or sys.stdout
     err = err or sys.stderr
     args = _parser().parse_args(list(argv))
@@ -326,10 +289,8 @@ def cluster_command(
                 )
                 return 1
         elif args.command in ("pin", "unpin"):
-            if args.command == "pin":
-                new = pin(client, prefix, args.shard, args.node)
-            else:
-                new = unpin(client, prefix, args.shard)
+            node = args.node if args.command == "pin" else None
+            new = _change_one(client, prefix, args.shard, args.command, node)
             print(f"shard {args.shard}: {new.format()}", file=out)
         else:
             for line in summary(read_view(client, prefix)):

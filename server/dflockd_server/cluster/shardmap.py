@@ -2,32 +2,20 @@
 
 Every lock key belongs to one of ``SHARD_COUNT`` shards (FNV-1a 32-bit of the key's UTF-8
 bytes, modulo ``SHARD_COUNT``), and every shard has an assignment: the node that should serve
-it (*target*), the node that serves it now (*current*, empty while nobody does) and flags. A
-shard whose target and current differ is being moved.
+it (*target*), the node that serves it now (*current*, empty while nobody does) and flags.
 
-The rules (goverse's cluster sharding):
-
-- ``ShardMap.initial``: nodes sorted lexicographically, shard ``s`` to ``sorted[s % n]``.
-  Nothing was served before, so a new map's current node is its target.
-- ``ShardMap.updated``: when members come and go, existing assignments stay; only shards whose
-  target is no longer live (or that have no assignment) get a new target, spread over the live
-  nodes least-loaded first. A new node gets nothing until an explicit rebalance. The current
-  node is kept: if it is a dead member, whoever takes the shard over knows it must wait until
-  that member's grants can no longer be held.
-- ``ShardMap.rebalance_plan``: the explicit redistribution, moving as few shards as possible so
-  that live nodes differ by at most one shard where pinned shards allow it.
-- Pinned shards (flag ``pinned``) are never moved automatically: not by ``rebalance_plan``, and
-  not by ``updated`` either, even when their target is gone. Pinning is an operator's decision
-  (a shard kept on a chosen node); moving it behind their back would silently undo it. The price
-  is that such a shard stays unavailable until its node returns or the operator unpins it, which
-  ``unavailable_pinned`` reports so that it can be shown.
-- A shard *released* by its current node (flag ``released``, current empty): a member leaving
-  gracefully, with no holder left on the shard, wrote it so (``ShardAssignment.release``) after
-  publishing its fence ceiling. Its target may serve it at once instead of waiting out the
-  longest lease. An empty current *without* the flag keeps meaning "unknown": a shard that had
-  no (readable) assignment and was given a target by ``apply`` (the leader's ``updated``)
-  whose last server may still have holders, so its target waits as after a failover. The flag
-  means nothing once a current node is set, and ``served_by`` drops it.
+- ``ShardMap.initial``: nodes sorted, shard ``s`` to ``sorted[s % n]``, current = target.
+- ``ShardMap.updated``: existing assignments stay; only shards whose target is not live (or
+  that have none) get a new target, least-loaded live node first. A new node gets nothing
+  until a rebalance. The current node is kept, so whoever takes over a dead member's shard
+  knows to wait until its grants can no longer be held.
+- ``ShardMap.rebalance_plan``: the fewest moves that leave live nodes at most one shard apart.
+- Pinned shards (flag ``pinned``, an operator's decision) are never moved automatically, even
+  when their target is gone: they stay unavailable until it returns or they are unpinned
+  (``unavailable_pinned``).
+- A shard *released* (flag ``released``, current empty) by a member leaving gracefully with no
+  holder on it, after publishing its fence ceiling: its target may serve it at once. An empty
+  current *without* the flag means "unknown": its target waits as after a failover.
 
 All maps are immutable: every change returns a new ``ShardMap``.
 """
@@ -35,6 +23,7 @@ All maps are immutable: every change returns a new ``ShardMap``.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -45,17 +34,13 @@ FLAG_PREFIX = "f="
 """A part of a shard value that starts with this is a flag, wherever it stands."""
 
 PINNED = "pinned"
-"""The flag of a shard that is never moved automatically."""
 
 RELEASED = "released"
-"""The flag of a shard whose current node let it go with nothing held (see the docstring)."""
 
 SPLIT = "split="
 """The flag ``split=<node>`` of a shard whose keys are split between its current node and
-``<node>`` (a key-level move; see docs/protocol.md, *Key-level moves*): the current node
-serves the keys it holds or queues, ``<node>`` any other key it was asked for, and neither
-grants a key the other may hold. Only the current node writes it, and only the handover to
-``<node>`` drops it: it outlives a cancelled or changed target and a restart."""
+``<node>`` (docs/protocol.md, *Key-level moves*). Only the current node writes it, and only
+the handover to ``<node>`` drops it."""
 
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
@@ -103,13 +88,8 @@ class ShardAssignment:
 
     @classmethod
     def parse(cls, value: str) -> ShardAssignment:
-        """Read ``"<target>[,<current>][,f=<flag>...]"``, flags anywhere.
-
-        Parts are split on commas and stripped of spaces; every part starting with ``f=`` is a
-        flag; the first two other parts are the target and the current node (an empty part is
-        an empty current node, a missing one too). Further non-flag parts are ignored, as the
-        format's definition says. A value without a target is an error.
-        """
+        """Read ``"<target>[,<current>][,f=<flag>...]"``: parts stripped, flags anywhere,
+        further non-flag parts ignored; a value without a target is an error."""
         nodes: list[str] = []
         flags: list[str] = []
         for raw in value.split(","):
@@ -134,43 +114,36 @@ class ShardAssignment:
 
     @property
     def moving(self) -> bool:
-        """The shard is not (yet) served by its target."""
         return self.target != self.current
 
     @property
     def released(self) -> bool:
-        """Nobody serves it and nothing granted on it can still be held: its target may take
-        it at once (only with an empty current node; see the module's docstring)."""
+        """Nobody serves it and nothing granted on it can still be held."""
         return not self.current and RELEASED in self.flags
 
     def release(self) -> ShardAssignment:
-        """This assignment with no current node, flagged released (a graceful leave)."""
         flags = tuple(f for f in self.flags if f != RELEASED)
         return replace(self, current="", flags=(*flags, RELEASED))
 
     @property
     def split(self) -> str:
-        """The node that serves the keys of this shard its current node lets go one by one
-        ("" when the shard is not split; see ``SPLIT``)."""
+        """The split's node ("" when not split; see ``SPLIT``)."""
         for flag in self.flags:
             if flag.startswith(SPLIT):
                 return flag[len(SPLIT) :]
         return ""
 
     def split_to(self, node: str) -> ShardAssignment:
-        """This assignment with its keys split between its current node and ``node``."""
         _check_node(node, "split node")
         flags = tuple(f for f in self.flags if not f.startswith(SPLIT))
         return replace(self, flags=(*flags, SPLIT + node))
 
     def unsplit(self) -> ShardAssignment:
-        """This assignment with no split (its split's node gone, and every lease it may have
-        granted over: see ``cluster.handover``)."""
         return replace(self, flags=tuple(f for f in self.flags if not f.startswith(SPLIT)))
 
     def served_by(self, node: str) -> ShardAssignment:
-        """This assignment with ``node`` as its current node (no longer released). A split
-        stays unless ``node`` is the split's node: only it can hold every key of the shard."""
+        """``node`` as the current node, no longer released; a split stays unless ``node``
+        is the split's node (only it can hold every key of the shard)."""
         split = self.split
 
         def kept(flag: str) -> bool:
@@ -216,10 +189,7 @@ class ShardMap:
             _check_shard(shard)
         self._shards: dict[int, ShardAssignment] = shards
         self._sorted: tuple[tuple[int, ShardAssignment], ...] | None = None
-        """`items()`, sorted once: a map is never changed after it is made, and a cluster
-        member reads the same one on each of its steps (8,192 shards)."""
-
-    # -- construction ------------------------------------------------------------------------
+        """`items()`, sorted once (a member reads the same map at each step)."""
 
     @classmethod
     def initial(cls, nodes: Iterable[str]) -> ShardMap:
@@ -232,8 +202,6 @@ class ShardMap:
     def parse_values(cls, values: Mapping[int, str]) -> ShardMap:
         """A map from stored values (shard -> ``"<target>,<current>..."``)."""
         return cls({s: ShardAssignment.parse(v) for s, v in values.items()})
-
-    # -- reading -----------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self._shards)
@@ -264,16 +232,9 @@ class ShardMap:
             self._sorted = tuple(sorted(self._shards.items()))
         return self._sorted
 
-    def missing(self) -> list[int]:
-        """Shards without an assignment."""
-        return [s for s in range(SHARD_COUNT) if s not in self._shards]
-
     def counts(self) -> dict[str, int]:
         """Shards per target node."""
-        counts: dict[str, int] = {}
-        for a in self._shards.values():
-            counts[a.target] = counts.get(a.target, 0) + 1
-        return dict(sorted(counts.items()))
+        return dict(sorted(Counter(a.target for a in self._shards.values()).items()))
 
     def moves_in_progress(self) -> list[int]:
         """Shards whose current node is not (yet) their target."""
@@ -296,8 +257,6 @@ class ShardMap:
                 changed[shard] = new
         return dict(sorted(changed.items()))
 
-    # -- changes -----------------------------------------------------------------------------
-
     def with_assignment(self, shard: int, assignment: ShardAssignment) -> ShardMap:
         _check_shard(shard)
         return ShardMap({**self._shards, shard: assignment})
@@ -314,11 +273,6 @@ class ShardMap:
             shard, replace(old, flags=tuple(f for f in old.flags if f != PINNED))
         )
 
-    def handed_over(self, shard: int) -> ShardMap:
-        """The shard's move is complete: current = target."""
-        old = self._require(shard)
-        return self.with_assignment(shard, old.served_by(old.target))
-
     def apply(self, moves: Iterable[Move]) -> ShardMap:
         """Retarget shards (current nodes stay until each handover completes)."""
         shards = dict(self._shards)
@@ -331,23 +285,16 @@ class ShardMap:
         return ShardMap(shards)
 
     def updated(self, live_nodes: Iterable[str]) -> ShardMap:
-        """Reassign only the shards whose target is gone (or that have none); see the docstring.
-
-        The orphaned shards, in shard order, each go to the live node with the fewest shards at
-        that moment (ties: the lexicographically smallest name), so they spread evenly over the
-        live nodes, counting what each already has.
-        """
+        """Reassign the shards whose target is gone (or that have none), in shard order, each
+        to the live node with the fewest shards at that moment (ties: the smallest name)."""
         live = _live_set(live_nodes)
         return self.apply(self._orphan_moves(live, self._loads(live)))
 
     def rebalance_plan(self, live_nodes: Iterable[str]) -> list[Move]:
-        """The fewest moves that leave the live nodes at most one shard apart.
-
-        First the orphaned shards (as ``updated``), then, while the most loaded node that has an
-        unpinned shard holds at least two more than the least loaded node, one shard (its highest
-        unpinned one) moves from the former to the latter. Pinned shards count where they are
-        but never move, so a node with many pinned shards can stay above the others.
-        """
+        """The fewest moves that leave the live nodes at most one shard apart: the orphans (as
+        ``updated``), then, while the most loaded node with an unpinned shard holds at least two
+        more than the least loaded, its highest unpinned shard moves there. Pinned shards count
+        but never move."""
         live = _live_set(live_nodes)
         loads = self._loads(live)
         moves = self._orphan_moves(live, loads)
@@ -380,8 +327,6 @@ class ShardMap:
             first = final.get(m.shard)
             final[m.shard] = m if first is None else Move(m.shard, first.from_node, m.to_node)
         return [final[s] for s in sorted(final) if final[s].from_node != final[s].to_node]
-
-    # -- helpers -----------------------------------------------------------------------------
 
     def _require(self, shard: int) -> ShardAssignment:
         _check_shard(shard)

@@ -1,23 +1,11 @@
 """``ClusterOwnership``: one immutable snapshot of a cluster member's verdicts.
 
-The server's loop thread calls ``check`` before an acquire-type request touches the table and
-before the table promotes a queued waiter, ``may_hold`` before a renewal, a take-over
-(``ht``) or a hand-down (``hd``) of a held grant, and ``describe`` for the ``shards``
-request. The cluster node builds a new snapshot whenever its view changes and swaps the
-reference; nothing here is ever mutated, and a keep-alive of the lease needs none.
-
-Besides the per-shard verdicts a snapshot carries ``valid_until``: the time (on the node's
-clock, which counts suspend) until which this member's etcd lease surely lives, and reads the
-member's own deadline live (``lease_until``) as its keep-alives move it on. Past it the snapshot
-answers as a fenced member does even before the node's threads notice (a process paused for
-longer than its lease, for instance), so no grant and no renewal can come from a member that
-the others may already consider gone.
-
-Key-level moves carry proof (``asktickets``): a member moving a shard out answers an acquire of a
-key it neither holds nor queues ``error_ask <node> <ticket>``, the ticket signed with the
-cluster's ask secret and carrying its fencing counter; the importing member admits an ``asking``
-only with such a ticket for that very key and move (``admit_ask``), and raises its own counter
-above the ticket's before it grants.
+The server's loop calls ``check`` before an acquire-type request touches the table and before
+the table promotes a queued waiter, ``may_hold`` before a renewal, a take-over (``ht``) or a
+hand-down (``hd``), and ``describe`` for the ``shards`` request. The node swaps in a new
+snapshot whenever its view changes. Past ``valid_until`` (or the live ``lease_until``) it
+answers as a fenced member does, even before the node's threads notice (``node``). Key-level
+moves carry proof: ``error_ask <node> <ticket>`` and ``admit_ask`` (``asktickets``).
 """
 
 from __future__ import annotations
@@ -35,7 +23,7 @@ from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 
 @dataclass(frozen=True, slots=True)
 class ClusterOwnership:
-    """The contract's ``Ownership`` in cluster mode (see the module's docstring)."""
+    """The contract's ``Ownership`` in cluster mode."""
 
     me: str
     view: ClusterView
@@ -43,45 +31,26 @@ class ClusterOwnership:
     valid_until: float
     clock: Callable[[], float]
     states: Mapping[str, int] = field(default_factory=lambda: FENCED.states)
-    """Shards per state of the decision (``decide.SHARD_STATES``), for the metrics."""
     fenced: bool = False
     current: frozenset[int] = frozenset()
-    """The shards whose current member this one is (served, or moving out while their
-    holders finish): the only ones whose grants it may renew, take over or hand down."""
-
+    """The shards whose current member this one is: the only ones whose grants it may renew,
+    take over or hand down."""
     holding: frozenset[int] = frozenset()
-    """Shards moving out key by key: a key held or queued here is served, any other gets the
-    shard's verdict (``decide.Decision.holding``)."""
     importing: frozenset[int] = frozenset()
-    """Shards split to this member: a key an ``asking`` acquire names, or one held or queued
-    here, is served (``decide.Decision.importing``)."""
     present: Callable[[str], bool | None] | None = None
-    """Whether the server's table holds or queues anything on a key (None: it cannot tell,
-    before its table is made or during a restart grace). Called on the loop."""
-
+    """Whether the table holds or queues anything on a key (None: cannot tell). On the loop."""
     lease_until: Callable[[], float] | None = None
-    """The member's lease deadline read live (its keep-alive thread moves it on), so a node
-    thread busy with a long etcd write does not make its member look fenced: while this
-    member's lease lives, no other member can take a shard it is the current member of, so
-    the verdicts stay safe however old the snapshot."""
-
+    """The lease deadline read live, so a node thread busy with a long etcd write does not
+    make its member look fenced (no one can take its shards while its lease lives)."""
     tickets: AskTickets | None = None
-    """The cluster's ask tickets (None: ``error_ask`` names no ticket and ``asking`` is
-    refused)."""
     fence_last: Callable[[], int] | None = None
-    """This member's fencing counter: every token it issued so far is at or below it."""
     raise_floor: Callable[[int], bool] | None = None
-    """Make every token issued from now on exceed the given counter; False when that cannot be
-    done at once on the loop (the node's thread does it: the acquire is refused meanwhile)."""
+    """Tokens from now on above the given counter; False when the node's thread must do it."""
     wall: Callable[[], float] = time.time
-    """The wall clock tickets' expiry is counted on."""
     clock_seen: Callable[[float, str], None] | None = None
-    """Told, on the loop, how far this member's wall clock is from the issuer's (named) of
-    each genuine ticket an ``asking`` brings (``Ticket.clock_offset``): the node's
-    ``ClockSkew``."""
+    """Told each genuine ticket's clock offset and issuer (the node's ``ClockSkew``)."""
 
     def alive(self) -> bool:
-        """Whether this member can show its etcd lease alive now."""
         if self.fenced:
             return False
         until = self.valid_until
@@ -107,8 +76,7 @@ class ClusterOwnership:
         return verdict
 
     def _ask(self, key: str, shard: int, verdict: bytes) -> bytes:
-        """``error_ask <split node> <ticket>``: this member lets ``key`` go for the rest of
-        the split (it holds and queues nothing on it, and creates no key of this shard)."""
+        """``error_ask <split node> <ticket>``: this member lets ``key`` go for the split."""
         tickets, fence_last = self.tickets, self.fence_last
         if tickets is None or fence_last is None:
             return verdict
@@ -122,11 +90,9 @@ class ClusterOwnership:
         return p.reply_ask(split, ticket)
 
     def admit_ask(self, key: str, ticket: str) -> bytes | None:
-        """An ``asking`` naming ``key`` and ``ticket``: None when this member may grant the key
-        to the acquire that follows (its shard is split to this member, the ticket is the
-        current member's for this key and this very split, unexpired, and this member's fencing
-        counter is above the ticket's); else ``error``, the one refusal ``asking`` has (the
-        client pauses, then routes by the map again)."""
+        """None when this member may grant ``key`` to the acquire after this ``asking``: the
+        shard is split here, the ticket is genuine for this key and split, unexpired, and the
+        fencing counter is above its floor; else ``error`` (the client routes again)."""
         if not self.alive():
             return p.REPLY_ERROR
         shard = shard_id(key)
@@ -148,9 +114,7 @@ class ClusterOwnership:
         return None
 
     def check_asked(self, key: str) -> bytes | None:
-        """``check`` for an acquire after an admitted ``asking`` (``admit_ask``) of this key:
-        a shard split to this member serves it (the current member let it go: it holds and
-        queues nothing on it, and never will during this split)."""
+        """``check`` for an acquire after an admitted ``asking`` of this key."""
         if self.alive() and shard_id(key) in self.importing:
             return None
         return self.check(key)

@@ -1,13 +1,6 @@
-"""A small etcd v3 client over etcd's JSON gateway (HTTP/1.1, standard library only).
-
-- ``client``: ``EtcdClient``, the API the cluster uses: keys, transactions, leases, watches;
-- ``transport``: how a request reaches etcd: endpoints and fail-over, when a request is sent
-  again, TLS, authentication;
-- ``messages`` (pure): the JSON gateway's messages (base64 keys, comparisons, operations);
-- ``watch``: a running watch of a key or prefix (a thread reading etcd's event stream);
-- ``errors``: ``EtcdError`` and its kinds.
-
-Import the names from here (``from dflockd_server.cluster.etcd import EtcdClient``).
+"""A small etcd v3 client over etcd's JSON gateway (HTTP/1.1, standard library only):
+``client`` (``EtcdClient``), ``transport`` (endpoints, fail-over, TLS, auth), ``messages``,
+``watch`` and ``errors``. Import the names from here.
 """
 
 from dflockd_server.cluster.etcd.client import EtcdClient

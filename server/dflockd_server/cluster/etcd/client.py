@@ -1,20 +1,10 @@
-"""A small etcd v3 client over etcd's JSON gateway (HTTP/1.1, standard library only).
-
-``EtcdClient`` covers what the lock cluster needs: ranges (one key or a prefix) and their counts
-(``stat``), put (optionally under a lease), delete, transactions (with create-if-absent and
-value-equals helpers), leases (grant, one keep-alive, revoke, time to live) and watching a key or
-prefix from a thread.
-
-Its messages are in ``messages``, its watches in ``watch``; how a request reaches etcd
-(endpoints, fail-over, when a request is sent again, TLS, authentication) in ``transport``: the
-client has an ``EtcdTransport`` (``EtcdClient.transport``) and sends every request through it
-(a request that has no method here, or etcd's ``/health``, is the transport's to ask).
-Failures raise ``EtcdError`` naming the etcd URL and the operation.
+"""``EtcdClient``: the etcd v3 API the lock cluster needs (ranges and counts, put,
+transactions, leases, watches), every request sent through its ``EtcdTransport``. Failures
+raise ``EtcdError`` naming the etcd URL and the operation.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +19,6 @@ from dflockd_server.cluster.etcd.messages import (
     RangeStat,
     TxnResult,
     WatchEvent,
-    b64,
     key_range,
 )
 from dflockd_server.cluster.etcd.transport import EtcdTransport
@@ -37,9 +26,7 @@ from dflockd_server.cluster.etcd.watch import Watch
 
 
 class EtcdClient:
-    """etcd v3's keys, transactions, leases and watches through ``transport``, an
-    ``EtcdTransport`` (endpoints, fail-over, TLS, authentication, time limits); a URL,
-    ``http://HOST:PORT[,HOST:PORT...]`` (or ``https://``), for a transport with its defaults."""
+    """etcd v3 through ``transport`` (or a URL, for a transport with its defaults)."""
 
     __slots__ = ("transport",)
 
@@ -51,17 +38,14 @@ class EtcdClient:
 
     @property
     def url(self) -> str:
-        """The endpoints, as one URL (``http://HOST:PORT[,HOST:PORT...]``)."""
         return self.transport.url
 
     @property
     def switches(self) -> int:
-        """Calls answered by another endpoint than the one that answered before."""
         return self.transport.switches
 
     @property
     def preferred(self) -> int:
-        """The index of the endpoint that answered last (calls and watches go there first)."""
         return self.transport.preferred
 
     def range(self, key: str, *, prefix: bool = False) -> RangeResult:
@@ -73,9 +57,8 @@ class EtcdClient:
         )
 
     def stat(self, key: str, *, prefix: bool = False, since: int = 0) -> RangeStat:
-        """How many keys the key (or prefix) holds, and whether one of them was put after
-        revision ``since``, in one read that carries at most one key and no value: etcd counts
-        the whole range, then keeps the keys modified since (``min_mod_revision``)."""
+        """How many keys the key (or prefix) holds, and whether one was put after ``since``,
+        in one read carrying at most one key and no value."""
         body = key_range(key, prefix)
         body.update({"keys_only": True, "limit": "1", "min_mod_revision": str(since + 1)})
         what = f"count of {key!r}" + (" (prefix)" if prefix else "")
@@ -91,25 +74,15 @@ class EtcdClient:
 
     def put(self, key: str, value: str, *, lease: int = 0) -> int:
         """Set ``key``; returns the new revision."""
-        body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
-        if lease:
-            body["lease"] = str(lease)
+        body = Put(key, value, lease).to_json()["request_put"]
         reply = self.transport.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
         return _revision(reply)
-
-    def delete(self, key: str, *, prefix: bool = False) -> int:
-        """Delete the key (or every key under the prefix); returns how many were deleted."""
-        body = key_range(key, prefix)
-        reply = self.transport.call("/v3/kv/deleterange", body, f"delete of {key!r}", resend=False)
-        return int(reply.get("deleted", 0))
 
     def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
-        """If every comparison holds run ``success``, else ``failure``, atomically.
-
-        At most ``MAX_TXN_OPS`` operations per branch (etcd's default limit).
-        """
+        """If every comparison holds run ``success``, else ``failure``, atomically (at most
+        ``MAX_TXN_OPS`` operations per branch)."""
         body: dict[str, Any] = {
             "compare": [c.to_json() for c in compare],
             "success": [op.to_json() for op in success],
@@ -135,8 +108,6 @@ class EtcdClient:
             [Compare(key, "VALUE", "EQUAL", expected)], [Put(key, value, lease)]
         ).succeeded
 
-    # -- leases --------------------------------------------------------------------------------
-
     def lease_grant(self, ttl: int) -> Lease:
         """A new lease of ``ttl`` seconds (etcd may raise it to its minimum)."""
         reply = self.transport.call(
@@ -151,13 +122,6 @@ class EtcdClient:
         )
         return int(reply.get("TTL", 0))
 
-    def lease_time_to_live(self, lease_id: int) -> int:
-        """Seconds left on the lease, -1 if it no longer exists."""
-        reply = self.transport.call(
-            "/v3/lease/timetolive", {"ID": str(lease_id)}, f"time to live of lease {lease_id:x}"
-        )
-        return int(reply.get("TTL", 0))
-
     def lease_revoke(self, lease_id: int) -> None:
         """End the lease now; its keys are deleted. A lease already gone is not an error."""
         try:
@@ -168,32 +132,22 @@ class EtcdClient:
             if "lease not found" not in str(exc):
                 raise
 
-    # -- watching --------------------------------------------------------------------------------
-
     def watch(
         self,
         key: str,
         *,
         prefix: bool = False,
         start_revision: int = 0,
-        on_event: Callable[[WatchEvent], None] | None = None,
+        on_event: Callable[[WatchEvent], None],
         timeout: float | None = None,
     ) -> Watch:
         """Watch a key or prefix (from ``start_revision`` if given, else from now), on the
-        first endpoint (from the preferred one on) that confirms it within ``attempt_timeout``
-        (all in ``timeout``)."""
+        first endpoint from the preferred one on that confirms it within ``attempt_timeout``."""
         transport = self.transport
-        count = len(transport.endpoints)
-        deadline = time.monotonic() + (transport.timeout if timeout is None else timeout)
-        first = transport.preferred
         failures: dict[int, str] = {}
-        attempt = 0
-        while True:
-            index = transport.endpoint_for(first, attempt)
-            remaining = deadline - time.monotonic()
-            if attempt > 0 and remaining <= 0:
-                break
-            attempt += 1
+        for index, _, remaining in transport.attempts(
+            transport.timeout if timeout is None else timeout
+        ):
             watch = Watch(
                 transport,
                 key,
@@ -209,14 +163,9 @@ class EtcdClient:
             except EtcdError as exc:
                 failures[index] = str(exc)
             else:
-                if index != transport.preferred:
-                    # Calls follow the watch: a member re-watches when they part.
-                    transport.switched(index, failures)
+                # Calls follow the watch: a member re-watches when they part.
+                transport.switched(index, failures)
                 return watch
-            if attempt % count == 0:
-                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
-                if pause > 0:
-                    time.sleep(pause)
         raise EtcdError(
             f"etcd at {self.url}: watch of {key!r} failed: {'; '.join(failures.values())}"
         )

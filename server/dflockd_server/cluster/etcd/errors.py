@@ -13,8 +13,6 @@ class EtcdAuthError(EtcdError):
 
 
 class StatusError(EtcdError):
-    """etcd answered with an error (its HTTP status and message)."""
-
     def __init__(self, text: str, status: int, detail: str) -> None:
         super().__init__(text)
         self.status = status

@@ -1,9 +1,6 @@
-"""etcd v3's messages as its JSON gateway takes and gives them (pure: no I/O).
-
-etcd serves its gRPC API as JSON at ``POST /v3/<service>/<method>`` on the client URL, with keys
-and values in base64 and 64-bit integers as strings; fields at their zero value are left out of
-replies (a failed transaction has no ``succeeded``, a put event no ``type``). Here: key-values,
-ranges, leases, a transaction's comparisons and operations, watch events, and etcd's errors.
+"""etcd v3's messages as its JSON gateway takes and gives them (pure: no I/O): keys and
+values in base64, 64-bit integers as strings, fields at their zero value left out of replies
+(a failed transaction has no ``succeeded``, a put event no ``type``).
 """
 
 from __future__ import annotations
@@ -30,11 +27,7 @@ def unb64(data: str) -> str:
 
 
 def prefix_end(prefix: str) -> str:
-    """The ``range_end`` that makes a range cover every key starting with ``prefix``.
-
-    The prefix's UTF-8 bytes with the last byte below 0xff incremented (and what follows it
-    dropped); an empty prefix, or one of only 0xff bytes, means "every key" (``"\\0"``).
-    """
+    """The ``range_end`` covering every key starting with ``prefix`` (empty or all 0xff: all)."""
     raw = bytearray(prefix.encode("utf-8"))
     while raw and raw[-1] == 0xFF:
         raw.pop()
@@ -83,20 +76,15 @@ class RangeStat:
     """What one read of a range says without its keys' values (``EtcdClient.stat``)."""
 
     count: int
-    """How many keys the range holds."""
     modified: bool
-    """Some key of the range was put (created or changed) after the revision asked about."""
+    """Some key of the range was put after the revision asked about."""
     revision: int
-    """The store's revision when the range was read."""
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
     id: int
     ttl: int
-
-
-# -- transactions -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,20 +96,21 @@ class Compare:
     result: Literal["EQUAL", "GREATER", "LESS", "NOT_EQUAL"]
     value: int | str
 
+    @classmethod
+    def unchanged(cls, key: str, revision: int) -> Compare:
+        """``key`` still at ``mod_revision`` ``revision`` (0: still absent)."""
+        if revision == 0:
+            return cls(key, "CREATE", "EQUAL", 0)
+        return cls(key, "MOD", "EQUAL", revision)
+
     def to_json(self) -> dict[str, Any]:
-        field_name = {
-            "VERSION": "version",
-            "CREATE": "create_revision",
-            "MOD": "mod_revision",
-            "VALUE": "value",
-            "LEASE": "lease",
-        }[self.target]
+        name = {"CREATE": "create_revision", "MOD": "mod_revision"}.get(self.target)
         value = b64(self.value) if isinstance(self.value, str) else str(self.value)
         return {
             "key": b64(self.key),
             "target": self.target,
             "result": self.result,
-            field_name: value,
+            name or self.target.lower(): value,
         }
 
 
@@ -139,7 +128,6 @@ class Put:
 
 
 def key_range(key: str, prefix: bool) -> dict[str, Any]:
-    """One key, or every key under ``key`` as a prefix, as etcd's JSON gateway takes them."""
     body: dict[str, Any] = {"key": b64(key)}
     if prefix:
         body["range_end"] = b64_raw(prefix_end(key))
@@ -173,9 +161,6 @@ class TxnResult:
     revision: int
     ranges: list[list[KeyValue]] = field(default_factory=lambda: [])
     """The key-values of each ``Get`` of the branch that ran, in order."""
-
-
-# -- watching -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,36 +1,22 @@
-"""How the etcd client reaches etcd: endpoints, fail-over, TLS and authentication
-(``EtcdTransport``, which an ``EtcdClient`` has and sends its requests through), over HTTP/1.1
-with the standard library only.
+"""How the etcd client reaches etcd (``EtcdTransport``): endpoints, fail-over, TLS and
+authentication, over HTTP/1.1 with the standard library only. Every call opens its own
+connection, so one client may be used from several threads.
 
-Every call opens its own connection, so one client may be used from several threads.
-Failures raise ``EtcdError`` naming the etcd URL and the operation.
+Fail-over: a call goes to the endpoint that answered last; when it cannot be reached, does not
+answer within ``attempt_timeout``, or says it cannot serve now (HTTP 5xx or 429), the call tries
+the next one until ``timeout`` has passed, each round over the endpoints waiting twice as long
+and starting one endpoint further on (a paused etcd leader is not the first waited for again).
 
-Several endpoints (``http://h1:2379,h2:2379,h3:2379``; ``https://`` for TLS). A call goes to
-the endpoint that answered last; when it cannot be reached, does not answer within
-``attempt_timeout``, or says it cannot serve now (HTTP 5xx or 429: no leader, a leader change,
-a request timed out), the call tries the next one, until ``timeout`` has passed since the call
-began (each round over the endpoints waiting twice as long as the one before, and starting one
-endpoint further on: an endpoint that did not answer is not the first waited for again). So one
-dead or paused etcd node costs a call at most ``attempt_timeout``, not ``timeout``; and when a
-paused node was etcd's leader, so that the others too kept a call waiting until they elected
-another, the next round asks them first, not the paused node.
+When is a request sent again? One that failed before it was sent goes to the next endpoint
+whatever it is. One sent without an answer may still be applied, even later, so it is sent
+again only when that is safe: reads, lease grant, keep-alive and revoke, and transactions
+(every transaction here is conditioned, so a second application fails its comparison: such a
+retry may report ``succeeded=False`` for a write the first attempt made, and its callers read
+again where that matters). A plain ``put`` or ``delete`` is not (its outcome is unknown).
 
-When is a request sent again? A request that failed before it was sent (no connection, no TLS
-handshake) goes to the next endpoint whatever it is. One that was sent and got no answer may
-still be applied by etcd, even later than its retry. It is sent again only when that is safe:
-reads; lease grant (a second lease holds no key and runs out), keep-alive and revoke (the same
-effect twice); and transactions, because every transaction this project writes is conditioned
-(``Compare``) so that a second application of the same writes fails its comparison. Such a
-retried transaction may therefore report ``succeeded=False`` for a write that the first attempt
-made: its callers read again where the difference matters (``membership``'s registration,
-``fencestore``). A plain ``put`` or ``delete`` is not sent again after an answerless attempt
-(``EtcdError`` says its outcome is unknown).
-
-Authentication (``user`` and ``password``): the client gets a token from
-``/v3/auth/authenticate`` on each endpoint it uses (etcd's default "simple" tokens are known
-only to the node that issued them) and sends it in the ``Authorization`` header; when etcd says
-the token is invalid or outdated it authenticates again and sends the request again (etcd
-refused it: nothing was applied). A wrong user or password raises ``EtcdAuthError``.
+Authentication: a token from ``/v3/auth/authenticate`` per endpoint (etcd's "simple" tokens
+are known only to their issuer), sent again with a new token when etcd says it is invalid or
+outdated. A wrong user or password raises ``EtcdAuthError``.
 """
 
 from __future__ import annotations
@@ -42,7 +28,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,9 +75,7 @@ def parse_etcd_url(url: str) -> tuple[bool, tuple[Endpoint, ...]]:
 def tls_context(
     ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
 ) -> ssl.SSLContext:
-    """A client TLS context for etcd: the system's CAs, or ``ca_file``'s; with a client
-    certificate when ``cert_file`` (and ``key_file``) are given. Raises ``ValueError`` naming
-    the file that cannot be used."""
+    """A client TLS context for etcd (``ValueError`` naming the file that cannot be used)."""
     try:
         context = ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
@@ -117,9 +101,8 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class EtcdTransport:
-    """etcd v3 over its JSON gateway at ``url``: ``http://HOST:PORT[,HOST:PORT...]`` (or
-    ``https://``), with fail-over between the endpoints (see the module's docstring): the
-    requests' plumbing, which an ``EtcdClient`` has (its ``transport``) and sends through."""
+    """etcd v3's JSON gateway at ``url``: ``http://HOST:PORT[,HOST:PORT...]`` (or
+    ``https://``), failing over between the endpoints."""
 
     def __init__(
         self,
@@ -151,11 +134,9 @@ class EtcdTransport:
         self._tokens: dict[int, str | None] = {}
         """Endpoint index -> its token (None: etcd said authentication is off)."""
         self.switches = 0
-        """Calls answered by another endpoint than the one that answered before (each is
-        logged: which endpoint failed, and why)."""
+        """Calls answered by another endpoint than the one that answered before."""
 
     def where(self, index: int) -> str:
-        """Endpoint ``index`` as a URL (``http://HOST:PORT``)."""
         return f"{'https' if self._ssl is not None else 'http'}://{self.endpoints[index]}"
 
     @property
@@ -163,16 +144,26 @@ class EtcdTransport:
         """The index of the endpoint that answered last (calls go there first)."""
         return self._preferred
 
-    def endpoint_for(self, first: int, attempt: int) -> int:
-        """The endpoint of a call's ``attempt`` (0, 1, ...) when the call began at ``first``:
-        round after round over every endpoint, each round starting one endpoint further on."""
+    def attempts(self, timeout: float) -> Iterator[tuple[int, int, float]]:
+        """(endpoint, round, seconds left) of each attempt of a call lasting ``timeout``: round
+        after round over the endpoints from the preferred one, each round starting one further
+        on, with a short pause between rounds."""
         count = len(self.endpoints)
-        return (first + attempt // count + attempt % count) % count
-
-    # -- plumbing --------------------------------------------------------------------------------
+        deadline = time.monotonic() + timeout
+        first = self._preferred
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if attempt > 0 and remaining <= 0:
+                return
+            yield (first + attempt // count + attempt % count) % count, attempt // count, remaining
+            attempt += 1
+            if attempt % count == 0:
+                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
+                if pause > 0:
+                    time.sleep(pause)
 
     def connect(self, index: int, timeout: float | None) -> http.client.HTTPConnection:
-        """A connection to endpoint ``index``, connected (raises ``OSError``, ``ssl.SSLError``)."""
         endpoint = self.endpoints[index]
         conn: http.client.HTTPConnection
         if self._ssl is not None:
@@ -219,7 +210,6 @@ class EtcdTransport:
         return StatusError(text, status, detail)
 
     def token(self, index: int, timeout: float) -> str | None:
-        """The auth token for endpoint ``index`` (authenticating there when it has none)."""
         if self._credentials is None:
             return None
         with self._lock:
@@ -262,7 +252,6 @@ class EtcdTransport:
     def _attempt(
         self, index: int, path: str, body: dict[str, Any], what: str, timeout: float
     ) -> Any:
-        """One attempt on one endpoint: its decoded JSON reply."""
         for fresh_token in (False, True):
             token = self.token(index, timeout)
             try:
@@ -299,8 +288,7 @@ class EtcdTransport:
         raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
 
     def switched(self, index: int, failures: Mapping[int, str]) -> None:
-        """Endpoint ``index`` answered (a call, a watch's start) after ``failures``: calls go
-        there first from now on (logged, counted in ``switches``, when it is another)."""
+        """Endpoint ``index`` answered after ``failures``: calls go there first from now on."""
         with self._lock:
             old, self._preferred = self._preferred, index
             if old == index:
@@ -316,24 +304,13 @@ class EtcdTransport:
     def call(
         self, path: str, body: dict[str, Any], what: str, *, resend: bool = True
     ) -> dict[str, Any]:
-        """One request and its JSON reply, failing over between the endpoints (``resend``:
-        the request may be sent again after an attempt that got no answer)."""
-        began = time.monotonic()
-        deadline = began + self.timeout
-        first = self._preferred
-        count = len(self.endpoints)
+        """One request and its JSON reply (``resend``: it may be sent again after an attempt
+        that got no answer)."""
         failures: dict[int, str] = {}
-        attempt = 0
-        while True:
-            index = self.endpoint_for(first, attempt)
-            remaining = deadline - time.monotonic()
-            if attempt > 0 and remaining <= 0:
-                break
-            attempt += 1
+        for index, round_, remaining in self.attempts(self.timeout):
             try:
-                # Each round over the endpoints waits twice as long: when all are slow (a
-                # loaded etcd), a later round still gets an answer.
-                patience = self.attempt_timeout * 2 ** ((attempt - 1) // count)
+                # Each round waits twice as long: a loaded etcd still answers a later one.
+                patience = self.attempt_timeout * 2**round_
                 reply = self._attempt(index, path, body, what, max(min(patience, remaining), 0.05))
             except NotSent as exc:
                 failures[index] = str(exc)
@@ -345,8 +322,7 @@ class EtcdTransport:
                         "is unknown"
                     ) from exc
             else:
-                if index != self._preferred:
-                    self.switched(index, failures)
+                self.switched(index, failures)
                 data = as_dict(reply)
                 # A keep-alive streams {"result": ...}; unary calls answer the message itself.
                 result = None if data is None else as_dict(data.get("result", data))
@@ -355,11 +331,6 @@ class EtcdTransport:
                         f"etcd at {self.url}: {what} failed: unexpected reply {reply!r}"
                     )
                 return result
-            if attempt % count == 0:
-                # Every endpoint failed once: a short pause before the next round.
-                pause = min(0.05 * (attempt // count), 0.5, deadline - time.monotonic())
-                if pause > 0:
-                    time.sleep(pause)
         tried = "; ".join(failures[i] for i in sorted(failures))
         raise EtcdError(
             f"etcd at {self.url}: {what} failed (no endpoint answered in {self.timeout:g} s): "
@@ -367,8 +338,7 @@ class EtcdTransport:
         )
 
     def healthy(self, index: int = 0) -> bool:
-        """etcd's ``/health`` on endpoint ``index`` says it is (False when it cannot be
-        reached)."""
+        """etcd's ``/health`` on endpoint ``index`` says it is."""
         try:
             conn = self.connect(index, self.attempt_timeout)
         except (OSError, http.client.HTTPException):

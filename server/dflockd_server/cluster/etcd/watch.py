@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -17,21 +16,15 @@ from dflockd_server.cluster.etcd.messages import (
     KeyValue,
     WatchEvent,
     as_dict,
-    b64,
-    b64_raw,
     error_detail,
-    prefix_end,
+    key_range,
 )
 from dflockd_server.cluster.etcd.transport import EtcdTransport
 
 
 class Watch:
-    """A running watch of a key or prefix (a thread reading etcd's event stream).
-
-    Events go to ``on_event`` when given (called in the watch's thread), else to a queue read
-    with ``next_event``. ``stop`` closes the stream and joins the thread. If the stream fails,
-    ``error`` says why and ``next_event`` raises it once the queued events are read.
-    """
+    """A running watch of a key or prefix: a thread reading etcd's event stream, calling
+    ``on_event`` with each event. If the stream fails, ``error`` says why."""
 
     def __init__(
         self,
@@ -41,7 +34,7 @@ class Watch:
         endpoint: int = 0,
         prefix: bool,
         start_revision: int,
-        on_event: Callable[[WatchEvent], None] | None,
+        on_event: Callable[[WatchEvent], None],
     ) -> None:
         self._client = client
         self._key = key
@@ -52,14 +45,11 @@ class Watch:
         self._prefix = prefix
         self._start_revision = start_revision
         self._on_event = on_event
-        self._events: queue.Queue[WatchEvent | None] = queue.Queue()
         self._stopping = threading.Event()
         self._created = threading.Event()
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self.error: EtcdError | None = None
-        self.last_revision = 0
-        """The revision of the last event delivered (resume from ``last_revision + 1``)."""
         self._thread = threading.Thread(target=self._run, name=f"etcd-watch {key!r}", daemon=True)
 
     def start(self, timeout: float) -> Watch:
@@ -74,19 +64,6 @@ class Watch:
             self._thread.join(timeout)
             raise self.error
         return self
-
-    def next_event(self, timeout: float) -> WatchEvent | None:
-        """The next event, or ``None`` after ``timeout`` seconds without one."""
-        try:
-            event = self._events.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if event is None:
-            self._events.put(None)  # keep the end marker for later calls
-            if self.error is not None:
-                raise self.error
-            return None
-        return event
 
     @property
     def running(self) -> bool:
@@ -103,16 +80,8 @@ class Watch:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    def __enter__(self) -> Watch:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
     def _run(self) -> None:
-        create: dict[str, Any] = {"key": b64(self._key)}
-        if self._prefix:
-            create["range_end"] = b64_raw(prefix_end(self._key))
+        create = key_range(self._key, self._prefix)
         if self._start_revision:
             create["start_revision"] = str(self._start_revision)
         what = f"watch of {self._key!r}"
@@ -158,7 +127,6 @@ class Watch:
             if conn is not None:
                 conn.close()
             self._created.set()
-            self._events.put(None)
 
     def _handle(self, message: dict[str, Any], what: str) -> None:
         if "error" in message:
@@ -177,8 +145,4 @@ class Watch:
                 "delete" if raw.get("type") == "DELETE" else "put",
                 KeyValue.from_json(raw.get("kv", {})),
             )
-            self.last_revision = event.kv.mod_revision
-            if self._on_event is not None:
-                self._on_event(event)
-            else:
-                self._events.put(event)
+            self._on_event(event)
