@@ -259,14 +259,14 @@ def test_a_child_keeps_one_record_file_rewritten_in_place(tmp_path: Path) -> Non
     assert inner is not None
     assert [e["task_id"] for e in _file_list(path)] == ["task/1 ü", "task-2"]
     inode = os.stat(path).st_ino
-    inner.remove()
+    inner()
     # shorter now: padded over what was there, so it still reads as exactly one entry
     assert _file_list(path) == [first]
     assert os.stat(path).st_ino == inode  # rewritten in place, not replaced
     assert records.entries("task/1 ü") == [(Path(path), first)]
     assert records.entries("task_1__") == []  # task ids are matched exactly
-    outer.remove()
-    outer.remove()  # idempotent
+    outer()
+    outer()  # idempotent
     assert _file_list(path) == []
     assert records.entries() == []
     writer.close()
