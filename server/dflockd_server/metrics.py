@@ -404,6 +404,12 @@ def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
         "the one it used failed or did not answer in time.",
         value=stats.etcd_switches,
     )
+    yield CounterMetricFamily(
+        "dflockd_cluster_etcd_step_failures",
+        "Steps of this member's loop (its watch of the cluster, the election, the leader's map "
+        "upkeep) that etcd failed; each is tried again, and the member logs while they last.",
+        value=stats.etcd_step_failures,
+    )
     yield GaugeMetricFamily(
         "dflockd_cluster_fenced",
         "1 while this member cannot show its etcd lease alive and grants nothing.",

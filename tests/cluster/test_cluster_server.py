@@ -235,6 +235,11 @@ def test_a_fenced_member_says_so(members: Callable[..., Member], tmp_path: Path)
         assert a.metric("dflockd_cluster_fenced") == 0
         private.stop()
         wait_metric(a, "dflockd_cluster_fenced", 1)
+        wait_until(
+            lambda: a.metric("dflockd_cluster_etcd_step_failures_total") > 0,
+            timeout=WAIT_S,
+            what="the member's failed steps counted",
+        )
         samples = a.samples()
         assert value(samples, "dflockd_cluster_shards", state="unavailable") == SHARD_COUNT
         assert value(samples, "dflockd_cluster_shards", state="serving") == 0

@@ -107,6 +107,8 @@ class ClusterStats:
     released_takeovers: int
     """Shards taken at once because their member had released them."""
     etcd_switches: int = 0
+    etcd_step_failures: int = 0
+    """Steps of the member's loop that etcd failed, over all its lives (``step_failures``)."""
     fenced_reason: str | None = None
     clock_offset_s: float = 0.0
     """``ClockSkew.offset_s``; ``clock_off``, ``clock_peer``, ``stale_tickets`` likewise."""
@@ -154,6 +156,8 @@ class ClusterNode:
         self._wall = wall
         self._fence = fence
         self._member: Member | None = None
+        self._step_failures_before = 0
+        """``step_failures`` of this node's members before the current one."""
         self._ownership = self._fenced_snapshot(ClusterView(frozenset(), None, ShardMap()))
         host.set_ownership(self._ownership)  # grant nothing until the first decision
         self._wake = threading.Event()
@@ -222,6 +226,8 @@ class ClusterNode:
             failovers=self._handover.failovers,
             released_takeovers=self._handover.released_takeovers,
             etcd_switches=self.client.switches,
+            etcd_step_failures=self._step_failures_before
+            + (0 if member is None else member.step_failures),
             fenced_reason=self.fenced_reason if fenced else None,
             clock_offset_s=self.clock.offset_s,
             clock_off=self.clock.off,
@@ -502,6 +508,7 @@ class ClusterNode:
         """Join again under a new lease, from a fresh read."""
         if old is not None:
             old.stop(leave=False)
+            self._step_failures_before += old.step_failures
             if old.lease_id:
                 # Its keys go first: the member key is registered anew only if free.
                 with contextlib.suppress(EtcdError):
