@@ -42,15 +42,16 @@ def test_a_database_number_is_written_only_in_the_table() -> None:
 
 
 def test_a_database_a_module_empties_is_used_by_no_other_module() -> None:
+    sources = _sources()
+    named = {path: set(PURPOSE.findall(text)) for path, text in sources.items()}
     users: dict[str, set[Path]] = {}
-    for path, text in _sources().items():
-        for purpose in PURPOSE.findall(text):
+    for path, purposes in named.items():
+        for purpose in purposes:
             assert purpose in REDIS_DBS, f"{path}: {purpose!r} is not in REDIS_DBS"
             users.setdefault(purpose, set()).add(path)
-    emptying = [path for path, text in _sources().items() if "flushdb(" in text]
+    emptying = [path for path, text in sources.items() if "flushdb(" in text]
     assert emptying, "no module empties a database: the check below checks nothing"
     for path in emptying:
-        purposes = set(PURPOSE.findall(_sources()[path]))
-        assert purposes, f"{path} empties a database that is not from REDIS_DBS"
-        for purpose in purposes:
+        assert named[path], f"{path} empties a database that is not from REDIS_DBS"
+        for purpose in named[path]:
             assert users[purpose] == {path}, f"{purpose!r}: {sorted(map(str, users[purpose]))}"
