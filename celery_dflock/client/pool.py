@@ -12,8 +12,11 @@ one long-lived thread. An asyncio pool belongs to the event loop it is first use
 a pool (``pool=``), each lock opens its own connection and closes it on release.
 """
 
-from celery_dflock.client._async.pool import AsyncConnectionPool
-from celery_dflock.client._pooling import DEFAULT_MAX_IDLE_PER_SERVER, DEFAULT_MAX_IDLE_TIME_S
+from celery_dflock.client._async.pool import (
+    DEFAULT_MAX_IDLE_PER_SERVER,
+    DEFAULT_MAX_IDLE_TIME_S,
+    AsyncConnectionPool,
+)
 from celery_dflock.client._sync.pool import ConnectionPool
 from celery_dflock.client._sync_backend import RENEWAL_LINGER_S
 

@@ -1,31 +1,36 @@
 """The connection pool (see `celery_dflock.client.pool`), asyncio source of the ``_sync/``
-twin. It owns its idle connections (`celery_dflock.client._pooling.IdleConnections`) and what
-its kind adds (its `PoolFace`: an asyncio pool's event loop, a blocking one's renewer).
+twin. It owns its idle connections, what each server said to ``hello``, its counters, and
+what its kind adds (its `PoolFace`: an asyncio pool's event loop, a blocking one's renewer).
 """
 
 from __future__ import annotations
 
-from typing import Self
+import os
+import threading
+import time
+from typing import Final, Self
 
+from celery_dflock.client import wire
 from celery_dflock.client._aio_backend import AsyncPoolFace, PoolRenewer
 from celery_dflock.client._async.connection import AsyncConnection
-from celery_dflock.client._pooling import (
-    DEFAULT_MAX_IDLE_PER_SERVER,
-    DEFAULT_MAX_IDLE_TIME_S,
-    IdleConnections,
-)
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
-from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._settings import READ_TIMEOUT_MARGIN_S, Endpoint
 
-__all__ = ["AsyncConnectionPool"]
+__all__ = ["DEFAULT_MAX_IDLE_PER_SERVER", "DEFAULT_MAX_IDLE_TIME_S", "AsyncConnectionPool"]
+
+DEFAULT_MAX_IDLE_PER_SERVER: Final = 16
+DEFAULT_MAX_IDLE_TIME_S: Final = wire.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
+"""Idle connections older than this are dropped: the server closes them at its read timeout."""
 
 
 class AsyncConnectionPool:
     """Idle connections for the locks and semaphores of its kind (``pool=``).
 
     ``opened``, ``reused`` and ``discarded`` count connections opened, handed out again after
-    a check, and dropped (dead, too old, or over ``max_idle_per_server``).
+    a check, and dropped (dead, too old, or over ``max_idle_per_server``), in this process.
+    The idle connections and counters are under a mutex (an asyncio pool never holds it
+    across an ``await``).
     """
 
     def __init__(
@@ -34,50 +39,92 @@ class AsyncConnectionPool:
         max_idle_per_server: int = DEFAULT_MAX_IDLE_PER_SERVER,
         max_idle_time_s: float = DEFAULT_MAX_IDLE_TIME_S,
     ) -> None:
-        face = self._face = AsyncPoolFace()
-        self._idle: IdleConnections[AsyncConnection] = IdleConnections(
-            max_idle_per_server, max_idle_time_s, face.forked
-        )
+        if isinstance(max_idle_per_server, bool) or not isinstance(max_idle_per_server, int):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f"max_idle_per_server must be an int, got {max_idle_per_server!r}")
+        if max_idle_per_server < 0:
+            raise ValueError(f"max_idle_per_server must be >= 0, got {max_idle_per_server}")
+        if not max_idle_time_s > 0:
+            raise ValueError(f"max_idle_time_s must be > 0, got {max_idle_time_s!r}")
+        self._max_idle_per_server = max_idle_per_server
+        self._max_idle_time_s = float(max_idle_time_s)
+        self._face = AsyncPoolFace()
         self._sessions = Sessions()  # this process's client session with each server
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._idle: dict[Endpoint, list[AsyncConnection]] = {}
+        self._servers: dict[Endpoint, ServerInfo] = {}  # ``hello`` answers, kept across forks
+        self.opened = 0
+        self.reused = 0
+        self.discarded = 0
+
+    def _check_fork(self) -> None:
+        """In a fork child, the first time: drop the inherited connections."""
+        if self._pid != os.getpid():
+            self._mutex = threading.Lock()  # the parent's may have been held at fork time
+            for conns in self._idle.values():
+                for conn in conns:
+                    conn.close()  # our copy of the descriptor only
+            self._idle = {}
+            self._pid = os.getpid()
+            self.opened = self.reused = self.discarded = 0
+            self._face.forked()
+
+    def _take(self, endpoint: Endpoint) -> AsyncConnection | None:
+        """The most recently used idle connection to ``endpoint`` (unchecked), or None."""
+        with self._mutex:
+            conns = self._idle.get(endpoint)
+            return conns.pop() if conns else None
 
     async def checkout(self, endpoint: Endpoint) -> AsyncConnection:
         """A verified idle connection to ``endpoint``, or a new one."""
-        idle = self._idle
-        idle.check_fork()
+        self._check_fork()
         self._face.check()
-        while (conn := idle.take(endpoint)) is not None:
+        while (conn := self._take(endpoint)) is not None:
             session = conn.session
             if (
-                not idle.too_old(conn)
+                time.monotonic() - conn.last_used <= self._max_idle_time_s
                 and (session is None or session.live())
                 and await conn.is_reusable()
             ):
-                idle.count_reused()
+                with self._mutex:
+                    self.reused += 1
                 return conn
             await conn.aclose()
-            idle.count_discarded()
-        conn = await AsyncConnection.connect(endpoint, idle.servers.get(endpoint), self._sessions)
-        idle.count_opened(conn, conn.server)
+            with self._mutex:
+                self.discarded += 1
+        conn = await AsyncConnection.connect(endpoint, self._servers.get(endpoint), self._sessions)
+        with self._mutex:
+            self.opened += 1
+            if conn.server is not None:
+                self._servers[endpoint] = conn.server
         return conn
 
     async def checkin(self, conn: AsyncConnection) -> None:
         """Give a connection back (closed, busy or foreign ones are dropped)."""
-        self._idle.check_fork()
+        self._check_fork()
         self._face.check()
-        if not self._idle.keep(conn):
-            await conn.aclose()
+        with self._mutex:
+            if not (conn.closed or conn.in_flight or conn.pid != self._pid):
+                conns = self._idle.setdefault(conn.endpoint, [])
+                if len(conns) < self._max_idle_per_server:
+                    conns.append(conn)
+                    return
+            self.discarded += 1
+        await conn.aclose()
 
     async def aclose(self) -> None:
         """Close every idle connection (the pool stays usable), having ended each client
         session that holds no lock of this process (a clean close lets go at once)."""
-        idle = self._idle
-        idle.check_fork()
+        self._check_fork()
         for endpoint, session in self._sessions.unheld():
-            conn = idle.take(endpoint)
+            conn = self._take(endpoint)
             if conn is not None:
                 await conn.end_session(session)
                 await conn.aclose()
-        for conn in idle.drain():
+        with self._mutex:
+            conns = [conn for group in self._idle.values() for conn in group]
+            self._idle = {}
+        for conn in conns:
             await conn.aclose()
 
     async def __aenter__(self) -> Self:
@@ -88,27 +135,21 @@ class AsyncConnectionPool:
 
     def idle_count(self, host: str | None = None, port: int | None = None) -> int:
         """Idle connections held (to ``host``/``port`` when given)."""
-        return self._idle.count(host, port)
-
-    @property
-    def opened(self) -> int:
-        """Connections this pool opened (in this process) and handed out. (The first
-        connection to a server without ``hello`` costs one more, closed at once.)"""
-        return self._idle.opened
-
-    @property
-    def reused(self) -> int:
-        """Idle connections handed out again after passing the liveness check."""
-        return self._idle.reused
-
-    @property
-    def discarded(self) -> int:
-        """Connections dropped instead of kept."""
-        return self._idle.discarded
+        self._check_fork()
+        with self._mutex:
+            return sum(
+                len(conns)
+                for endpoint, conns in self._idle.items()
+                if (host is None or endpoint.host == host)
+                and (port is None or endpoint.port == port)
+            )
 
     def server_info(self, host: str, port: int) -> ServerInfo | None:
         """What the server at ``host:port`` answered to ``hello`` (None: not asked yet)."""
-        return self._idle.server_info(host, port)
+        for endpoint, info in list(self._servers.items()):
+            if endpoint.host == host and endpoint.port == port:
+                return info
+        return None
 
     @property
     def _renewer(self) -> PoolRenewer:
@@ -117,4 +158,7 @@ class AsyncConnectionPool:
         return self._face.renewer
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self._idle.describe()}>"
+        return (
+            f"<{type(self).__name__} idle={sum(map(len, self._idle.values()))} "
+            f"opened={self.opened} reused={self.reused} discarded={self.discarded}>"
+        )
