@@ -211,34 +211,42 @@ def test_after_a_reboot_a_grant_with_an_onclose_lease_does_not_hold_back_a_later
     assert table.expire() == 1 and not table.is_busy("second") and table.is_busy("first")
 
 
+def wall_clock_at(monkeypatch: pytest.MonkeyPatch, wall_ms: int) -> None:
+    """The process's wall clock reads ``wall_ms`` (the journal's header says 1,000,000)."""
+    monkeypatch.setattr(time, "time", lambda: wall_ms / 1000)
+    monkeypatch.setattr(time, "time_ns", lambda: wall_ms * 1_000_000)
+
+
 def test_on_the_same_boot_the_files_own_clock_counts_not_a_wall_clock_that_jumped(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read = read_journal(write(tmp_path, journal_bytes("G aaaa k 1 0 20 1040000 c -")))
     for wall_ms in (1_600_000, 400_000):  # the wall clock 10 minutes ahead, or behind
-        kept = restored_leases(read, wall_ms=wall_ms, monotonic_ms=30_500, this_boot="b00t")
+        wall_clock_at(monkeypatch, wall_ms)
+        kept = restored_leases(read, monotonic_ms=30_500, this_boot="b00t")
         assert kept.leases[0].left == pytest.approx(10.0)  # 30 s passed on the monotonic clock
 
 
 @pytest.mark.parametrize("wall_ms", [1_600_000, 400_000, 1_000_000])
 def test_after_a_reboot_every_lease_runs_its_full_lease_whatever_the_wall_clock(
-    tmp_path: Path, wall_ms: int
+    tmp_path: Path, wall_ms: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 47: the wall clock is not trusted across a boot (the review's reboot with the
     clock 600 s ahead restored nothing). A journal fsynced at each reply restores each lease
     for a full lease (at least the longest the run recorded); one that was not also holds every
     grant back for the longest lease."""
+    wall_clock_at(monkeypatch, wall_ms)
     records = ("G aaaa k 1 0 20 1040000 c -", "G bbbb h 1 0 30 1050000 d 45")
     always = read_journal(write(tmp_path, journal_bytes(*records, fsync="always")))
-    got = restored_leases(always, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
+    got = restored_leases(always, run_longest=40, monotonic_ms=1, this_boot="x")
     assert {r.key: r.left for r in got.leases} == {"k": 40.0, "h": 45.0}
     assert got.grace_s == 0 and "another boot" in got.how
     everysec = read_journal(write(tmp_path, journal_bytes(*records, fsync="everysec")))
-    got = restored_leases(everysec, run_longest=60, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
+    got = restored_leases(everysec, run_longest=60, monotonic_ms=1, this_boot="x")
     assert [r.left for r in got.leases] == [60.0, 60.0]
     assert got.grace_s == 60.0 and "no grant until then" in got.how
     clean = read_journal(write(tmp_path, journal_bytes(*records, "C", fsync="everysec")))
-    got = restored_leases(clean, run_longest=40, wall_ms=wall_ms, monotonic_ms=1, this_boot="x")
+    got = restored_leases(clean, run_longest=40, monotonic_ms=1, this_boot="x")
     assert {r.key: r.left for r in got.leases} == {"k": 40.0, "h": 45.0} and got.grace_s == 0
 
 
