@@ -53,13 +53,17 @@ def write_atomically(path: str, text: str, *, prefix: str, what: str) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(directory)
     except OSError as exc:
         raise FenceStateError(f"cannot write {what} {path!r}: {exc}") from exc
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class CeilingStore(Protocol):

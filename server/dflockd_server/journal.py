@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dflockd_server.constants import JOURNAL_FSYNC_MODES as FSYNC_MODES
+from dflockd_server.fence import fsync_dir as _fsync_dir
 from dflockd_server.keys import AS_RECORDED
 from dflockd_server.pagecache import mount_id
 from dflockd_server.replay import (
@@ -654,11 +655,3 @@ def _free_space_advice(directory: str) -> str:
         f"Free space (or fix the disk) under {directory}: the server resumes by itself "
         "within a sweep"
     )
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

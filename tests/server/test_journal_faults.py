@@ -27,6 +27,7 @@ from celery_dflock.client import DistributedLock
 from celery_dflock.client.errors import ServerReadOnly
 from dflockd_server import journal as journal_module
 from dflockd_server.config import Config
+from dflockd_server.fence import fsync_dir as real_fsync_dir
 from dflockd_server.journal import Journal
 from dflockd_server.keys import Holder
 from dflockd_server.pagecache import mount_id, tail_resident
@@ -447,7 +448,6 @@ def test_a_grant_after_a_failed_compaction_is_in_the_journal_on_disk(
     journal not writable (that grant is refused), and once the sweep has written a new file the
     grant that follows is in the file a restart reads (a kill -9 loses nothing written)."""
     failing = [False]
-    real_fsync_dir = journal_module._fsync_dir  # pyright: ignore[reportPrivateUsage]
 
     def fsync_dir(directory: str) -> None:
         if failing[0]:
