@@ -426,12 +426,13 @@ class Journal:
         os.close(os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o600))
 
     def _fail(self, exc: OSError, batch: list[bytes]) -> None:
-        """Note the grants of ``batch`` as ``refused``; at an episode's start, log it and
-        remove the ``complete`` mark."""
+        """Note the grants of ``batch`` as ``refused`` and empty it; at an episode's start, log
+        it and remove the ``complete`` mark."""
         for record in batch:
             if record[9:11] == b"G ":
                 fields = record.split(b" ", 4)
                 self.refused.append((fields[3].decode(), fields[2].decode()))
+        batch.clear()
         if not self.writable:
             return
         self.writable = False
@@ -503,7 +504,6 @@ class Journal:
         if self._sync_error is not None:
             exc, self._sync_error = self._sync_error, None
             self._fail(exc, buf)
-            buf.clear()
             return
         if not buf:
             return
@@ -520,7 +520,6 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, self._size)
             self._fail(exc, buf)
-            buf.clear()
             return
         self._size += len(data)
         self._written += 1
@@ -534,7 +533,6 @@ class Journal:
                 self._fsync_file(fd)
             except OSError as exc:
                 self._fail(exc, buf)
-                buf.clear()
                 return
             self._synced = self._written
             self.stats.fsyncs += 1
