@@ -92,8 +92,7 @@ class LeaseBound:
             "recording a longer lease bound (%d s) on the event loop: no request waited for it",
             lease_ttl,
         )
-        with self._lock:
-            return self.record.note(lease_ttl)
+        return self._record(lease_ttl)
 
     def close(self) -> None:
         """Stop taking recordings; one under way finishes."""
