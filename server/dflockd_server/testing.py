@@ -57,20 +57,13 @@ class ServerThread:
         self._error: BaseException | None = None
         self._stop_lock = threading.Lock()
         self._stopped = False
-        self._port = 0
-        self._host = self.config.host
-
-    @property
-    def host(self) -> str:
-        return self._host
-
-    @property
-    def port(self) -> int:
-        return self._port
+        self.port = 0
+        self.host = self.config.host
+        """Where a client on this machine reaches it (both set once it has started)."""
 
     @property
     def address(self) -> tuple[str, int]:
-        return (self._host, self._port)
+        return (self.host, self.port)
 
     @property
     def metrics_url(self) -> str | None:
@@ -109,8 +102,8 @@ class ServerThread:
 
     async def _main(self) -> None:
         await self.server.start()
-        host, self._port = self.server.sockname
-        self._host = _connectable(self.config.host) if _is_wildcard(self.config.host) else host
+        host, self.port = self.server.sockname
+        self.host = _connectable(self.config.host) if _is_wildcard(self.config.host) else host
         self._ready.set()
         await self.server.serve_forever()
 
