@@ -288,15 +288,13 @@ class Server:
                     f"({exc}); {hint}"
                 ) from exc
             self.node = node
-            self.fence = node.fence
+            self.fence = fence = node.fence
         else:
             fence_file = plan.fence_file
             # On a full disk the first ceiling is stored before the first token instead.
-            self.fence = await loop.run_in_executor(
+            self.fence = fence = await loop.run_in_executor(
                 None, lambda: FenceCounter(fence_file, defer_failed_store=True)
             )
-        fence = self.fence
-        assert fence is not None
         # Each next ceiling is stored ahead of the counter on a thread of its own (tokens),
         # started now, not at the first store (half a block of grants later): a server that
         # can start no more threads by then (a container at its pid limit) would grant nothing
@@ -399,7 +397,7 @@ class Server:
         """Put the journal's running leases back in the table and start a new journal file
         holding them (the old one, damaged tail and all, is replaced); the highest fence among
         them, which the caller raises the counter above (before any grant)."""
-        assert plan.journal is not None and self.fence is not None
+        assert plan.journal is not None
         journal = Journal(plan.journal, self.config.journal_fsync, table.clock)
         with paused_gc():
             restored, highest, refused = table.restore_all(plan.leases)
