@@ -15,12 +15,8 @@ COMPILED = "compiled"
 PURE = "pure"
 
 
-def _build() -> str:
-    path = dispatch.__file__ or ""  # a C extension's, when compiled
-    return COMPILED if path.endswith(tuple(EXTENSION_SUFFIXES)) else PURE
-
-
-BUILD = _build()
+# dispatch's file is a C extension's when compiled
+BUILD = COMPILED if (dispatch.__file__ or "").endswith(tuple(EXTENSION_SUFFIXES)) else PURE
 
 
 def auto_loop_name() -> str:
