@@ -539,12 +539,11 @@ def restored_leases(
             "grant until then (records of the last moments may be lost)"
         )
         grace = float(run_longest)
+    out = read.leases.values()
     longest = 0
-    for rec in read.leases.values():
+    for rec in out:
         own = max(rec.lease_ttl, rec.on_close or 0)
         longest = max(longest, own)
-        left = float(max(own, run_longest))
-        rec.left = left
-        out.append(rec)
-        grace = max(grace, left) if grace else grace
+        rec.left = float(max(own, run_longest))
+        grace = max(grace, rec.left) if grace else grace
     return Restore(out, how, grace, longest=longest)
