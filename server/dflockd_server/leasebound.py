@@ -126,7 +126,7 @@ class LeaseBound:
         table = self.table
         if failed is None and table is not None and future.result() > table.grants.lease_noted:
             table.grants.lease_noted = future.result()
-        elif not isinstance(failed, FenceStateError):
+        elif failed is not None and not isinstance(failed, FenceStateError):
             log.error("recording the lease bound failed", exc_info=failed)
         longest = self.record.longest
         refusal = p.REPLY_ERROR_READ_ONLY if isinstance(failed, StateUnwritable) else p.REPLY_ERROR

@@ -3,8 +3,11 @@ of the longest lease kept beside the fence state file (issue 14, point 1)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from dflockd_server.grace import (
     read_longest_lease,
     write_longest_lease,
 )
+from dflockd_server.leasebound import LeaseBound
 from dflockd_server.table import Holder, LockTable, Waiter
 from dflockd_server.testing import ServerThread
 from tests.support.clock import FakeClock as Clock
@@ -163,6 +167,36 @@ def test_a_failed_note_grants_nothing() -> None:
     with pytest.raises(FenceStateError):
         table.acquire(table.open_client(), "k", LEASE, None, queue=False)
     assert table.held == 0 and not table.is_busy("k")
+
+
+def test_a_recording_overtaken_by_a_longer_bound_on_the_loop_is_no_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A parked lease's recording that ends after ``note_now`` recorded a longer bound on the
+    loop has nothing to raise: its lease is covered, and nothing failed (it logged "recording
+    the lease bound failed", with no error to show)."""
+
+    async def scenario() -> list[bytes | None]:
+        gate = threading.Event()
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        executor.submit(gate.wait)  # the recording waits behind it
+        bound = LeaseBound(LeaseRecord(None, 10.0, cap=300), asyncio.get_running_loop(), executor)
+        table = make_table(Clock(100.0), 0.0)
+        bound.table = table
+        answers: list[bytes | None] = []
+        bound.wait_for(20, answers.append)
+        table.grants.lease_noted = bound.note_now(40)  # as the table does, on the loop
+        gate.set()
+        for _ in range(500):
+            if answers:
+                break
+            await asyncio.sleep(0.01)
+        executor.shutdown()
+        return answers
+
+    with caplog.at_level("ERROR", logger="dflockd_server"):
+        assert asyncio.run(scenario()) == [None]
+    assert not caplog.records
 
 
 # ------------------------------------------------------------------ the start-up decision
