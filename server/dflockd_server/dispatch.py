@@ -289,7 +289,7 @@ class Session:
         table.grants.asking = self.asking
         queue = timeout > 0 and not self.eof
         try:
-            got = table.hold(self.client, name, lease, note, detached=detached, queue=queue)
+            got = table.acquire(self.client, name, lease, None, note, detached, queue=queue)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:

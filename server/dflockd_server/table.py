@@ -300,13 +300,6 @@ class LockTable:
             if grants.wakes:
                 grants.flush()
 
-    def hold(
-        self, client: Client, key: str, lease_ttl: int, note: str, *, detached: bool, queue: bool
-    ) -> Holder | Waiter | None:
-        """``hl``: acquire the lock ``key`` with the owner note ``note``; a ``detached`` grant
-        is not ``client``'s: closing ``client`` does not free it."""
-        return self.acquire(client, key, lease_ttl, None, queue=queue, note=note, detached=detached)
-
     def hand_down(self, key: str, token: str, lease_ttl: int) -> bool:
         """``hd``: detach the grant ``token`` holds on the lock ``key`` from its connection,
         with ``lease_ttl`` from now; ``False`` if ``token`` holds no lock on ``key``."""

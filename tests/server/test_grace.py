@@ -129,7 +129,7 @@ def test_a_try_once_acquire_in_the_grace_leaves_no_key_that_gc_cannot_prune(kind
     for i in range(3):
         key = f"probe{i}"
         if kind == "hold":
-            got = table.hold(client, key, LEASE, "note", detached=False, queue=False)
+            got = table.acquire(client, key, LEASE, None, "note", queue=False)
         else:
             got = table.acquire(client, key, LEASE, 2 if kind == "semaphore" else None, queue=False)
         assert got is None

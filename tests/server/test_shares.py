@@ -41,7 +41,7 @@ def close(table: LockTable, shares: AddressShares, client: Client, ip: str) -> N
 
 
 def take(table: LockTable, client: Client, key: str, *, detached: bool = False) -> Holder:
-    got = table.hold(client, key, LEASE, "n", detached=detached, queue=False)
+    got = table.acquire(client, key, LEASE, None, "n", detached, queue=False)
     assert isinstance(got, Holder), got
     return got
 
@@ -137,7 +137,7 @@ def test_a_waiters_grant_and_a_detached_hold_count_against_the_waiting_address()
     there = connect(table, shares, THERE)
     first = take(table, there, "k")
     here = connect(table, shares, HERE)
-    waiter = table.hold(here, "k", LEASE, "n", detached=True, queue=True)
+    waiter = table.acquire(here, "k", LEASE, None, "n", True, queue=True)
     assert waiter is not None and not isinstance(waiter, Holder)
     assert (shares.load(HERE), shares.load(THERE)) == (1, 1)  # its wait counts
     assert table.release("k", first.token)

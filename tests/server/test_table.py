@@ -106,7 +106,7 @@ def test_a_try_once_acquire_of_a_held_lock_leaves_it_its_holder_alone(table: Loc
     held = grant(table, "k", None)
     other = table.open_client()
     assert table.acquire(other, "k", LEASE, None, queue=False) is None
-    assert table.hold(other, "k", LEASE, "n", detached=False, queue=False) is None
+    assert table.acquire(other, "k", LEASE, None, "n", queue=False) is None
     assert table.grants.keys["k"] is held
     assert table.grants.counts.timeouts == [2, 0]
     with pytest.raises(LimitMismatch):
@@ -574,7 +574,7 @@ def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
 ) -> None:
     """``stats``' ``held_s``: from the grant, not from the last move of the grant (a queued
     message's hold taken over by its run is held since the publish)."""
-    held = table.hold(table.open_client(), "q", LEASE, "t1", detached=True, queue=False)
+    held = table.acquire(table.open_client(), "q", LEASE, None, "t1", True, queue=False)
     assert isinstance(held, Holder)
     clock.now += 4.0
     taken = table.take(table.open_client(), "q", held.token, LEASE, note="t1/h", on_close=None)
