@@ -297,11 +297,8 @@ def _start_up_warnings(
     return warnings
 
 
-async def serve(
-    config: Config, environ: Mapping[str, str] | None = None, argv: Sequence[str] = ()
-) -> None:
+async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str]) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    environ = os.environ if environ is None else environ
     warnings = _start_up_warnings(config, environ, argv)  # before the state file is written
     room = make_room_for_connections(config.max_connections)  # raises the open-file limit
     if room is not None:
