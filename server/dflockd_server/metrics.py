@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from dflockd_server import constants as c
 from dflockd_server.journal import JournalStats
+from dflockd_server.status_page import StatusPage, route
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
 
     from dflockd_server.cluster.node import ClusterStats
-    from dflockd_server.status_page import StatusPage
     from dflockd_server.table import LockTable
 
 __all__ = [
@@ -181,7 +181,7 @@ class MetricsExporter:
         self,
         take: Callable[[], Snapshot],
         loop: asyncio.AbstractEventLoop,
-        page: StatusPage | None = None,
+        page: StatusPage,
     ) -> None:
         self._take = take
         self._loop = loop
@@ -206,10 +206,7 @@ class MetricsExporter:
                 f"cannot serve metrics on {host}:{port}: {exc} "
                 "(choose another --metrics-port / DFLOCKD_METRICS_PORT)"
             ) from exc
-        if self._page is not None:
-            from dflockd_server.status_page import route
-
-            self._http.set_app(route(self._http.get_app(), self._page))
+        self._http.set_app(route(self._http.get_app(), self._page))
         name: Any = self._http.server_address
         self.address = (str(name[0]), int(name[1]))
         return self.address
