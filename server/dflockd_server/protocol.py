@@ -524,14 +524,14 @@ def reply_stats(payload: str) -> bytes:
 def reply_hello(
     version: str,
     *,
+    max_lease_ttl_s: int,
+    default_lease_ttl_s: int,
+    run: str,
     durable: bool = False,
     grace_s: float = 0.0,
-    max_lease_ttl_s: int | None = None,
-    default_lease_ttl_s: int | None = None,
     session_ttl_s: int = c.DEFAULT_SESSION_TTL_S,
     build: str = "",
     loop: str = "",
-    run: str = "",
 ) -> bytes:
     """``ok {"server": ..., "version": ..., "features": [...]}`` on one line. ``durable``: a
     lease journal (adds ``durable`` and ``read_only``); ``grace_s`` > 0: the restart grace
@@ -549,14 +549,11 @@ def reply_hello(
         body["build"] = build
     if loop:
         body["loop"] = loop
-    if max_lease_ttl_s is not None:
-        body["max_lease_ttl_s"] = max_lease_ttl_s
-    if default_lease_ttl_s is not None:
-        body["default_lease_ttl_s"] = default_lease_ttl_s
+    body["max_lease_ttl_s"] = max_lease_ttl_s
+    body["default_lease_ttl_s"] = default_lease_ttl_s
     if session_ttl_s > 0:
         body["session_ttl_s"] = session_ttl_s
     if grace_s > 0:
         body["grace_remaining_s"] = round(grace_s, 3)
-    if run:
-        body["run"] = run
+    body["run"] = run
     return reply_stats(json.dumps(body, separators=(",", ":")))
