@@ -460,14 +460,13 @@ def restored_leases(
     complete: bool = True,
     run_longest: int = 0,
     tail_lost: str = "",
-    wall_ms: int | None = None,
     monotonic_ms: int | None = None,
     this_boot: str | None = None,
 ) -> Restore:
     """The grants of ``read`` still running now, each with its seconds ``left`` (the rules: the
     module's doc). ``run_longest``: the longest lease its run recorded, 0 when unknown;
     ``tail_lost``: why the file may lack its last records on this boot, "" when it cannot. The
-    clock arguments are for tests (``wall_ms`` is never read: nothing trusts the wall clock)."""
+    clock arguments are for tests (nothing trusts the wall clock)."""
     mono = time.monotonic_ns() // 1_000_000 if monotonic_ms is None else monotonic_ms
     boot = boot_id() if this_boot is None else this_boot
     anchor = read.anchor

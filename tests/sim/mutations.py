@@ -90,10 +90,10 @@ class _CompactionFailureUnseen(Journal):
 
 def _restored_by_wall_clock(
     read: JournalRead,
+    wall_ms: int,
     complete: bool = True,
     run_longest: int = 0,
     tail_lost: str = "",
-    wall_ms: int | None = None,
     monotonic_ms: int | None = None,
     this_boot: str | None = None,
 ) -> Restore:
@@ -105,11 +105,10 @@ def _restored_by_wall_clock(
         complete=complete,
         run_longest=run_longest,
         tail_lost=tail_lost,
-        wall_ms=wall_ms,
         monotonic_ms=monotonic_ms,
         this_boot=this_boot,
     )
-    if restore.exact or wall_ms is None:
+    if restore.exact:
         return restore
     kept: list[RecordedGrant] = []
     for rec in restore.leases:

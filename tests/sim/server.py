@@ -20,7 +20,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dflockd_server import constants as c, protocol as p
 from dflockd_server.cluster.fencestore import EtcdCeilingStore
@@ -29,7 +29,13 @@ from dflockd_server.dispatch import Close, RaiseBound, Session, Wait
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.grace import LeaseRecord
 from dflockd_server.journal import Journal, RecordedGrant
-from dflockd_server.replay import COMPLETE_SUFFIX, Restore, read_journal, restored_leases
+from dflockd_server.replay import (
+    COMPLETE_SUFFIX,
+    JournalRead,
+    Restore,
+    read_journal,
+    restored_leases,
+)
 from dflockd_server.serving import KeyServing
 from dflockd_server.shares import AddressShares
 from dflockd_server.stream import refuse_replies
@@ -63,6 +69,11 @@ class ServerConfig:
     state directory (``--fence-state-file`` only: a restart waits out the longest lease)."""
 
 
+def _restored(read: JournalRead, wall_ms: int, **rules: Any) -> Restore:
+    del wall_ms  # a mutation's (the product trusts no wall clock)
+    return restored_leases(read, **rules)
+
+
 @dataclass
 class Mutations:
     """The test-only switches of a run's server (``mutations``), as the simulator's own
@@ -74,8 +85,9 @@ class Mutations:
     """A read timeout's close counts as the peer's: it frees the connection's grants."""
     fence_from_wall_clock: bool = False
     """A start reads no stored fence ceiling: its counter starts at the wall clock."""
-    restored_leases: Callable[..., Restore] = restored_leases
-    """What a start makes of the journal it read (``replay.restored_leases``)."""
+    restored_leases: Callable[..., Restore] = _restored
+    """What a start makes of the journal it read and the wall clock (``replay.restored_leases``,
+    which trusts no wall clock)."""
     journal: type[Journal] = Journal
     ceiling_store: type[EtcdCeilingStore] = EtcdCeilingStore
     """A restarted cluster member's fence ceiling in etcd (``fencestore.EtcdCeilingStore``)."""
@@ -230,10 +242,10 @@ class SimServer:
             wall_ms, mono_ms, boot = self._clocks()
             restore = self.mutations.restored_leases(
                 read,
+                wall_ms,
                 complete=os.path.exists(disk.journal + COMPLETE_SUFFIX),
                 run_longest=machine.longest,
                 tail_lost="",
-                wall_ms=wall_ms,
                 monotonic_ms=mono_ms,
                 this_boot=boot,
             )
