@@ -127,7 +127,6 @@ SETTINGS: tuple[Setting, ...] = (
         check_nothing,
         "end a connection's grants when its peer closes it: at once, or --session-ttl later "
         "for a session connection (1/yes/true, 0/no/false: they run to their lease's end)",
-        "BOOL",
     ),
     Setting(
         "session_ttl_s",
