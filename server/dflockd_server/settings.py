@@ -279,7 +279,6 @@ SETTINGS: tuple[Setting, ...] = (
         "cluster mode: seconds of the member's etcd lease; a member that cannot renew it grants "
         "and renews nothing (its holders see their locks lost), and a dead member's keys pass "
         "to another after this plus --max-lease-ttl",
-        "SECONDS",
     ),
     Setting(
         "cluster_ca_file",
