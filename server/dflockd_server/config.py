@@ -211,10 +211,8 @@ class Config:
 
     def effective_settings(self) -> dict[str, Any]:
         """All settings, secrets masked, for the start-up log line."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("auth_token", "cluster_password") and value is not None:
-                value = "***"
-            out[f.name] = value
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        for secret in ("auth_token", "cluster_password"):
+            if out[secret] is not None:
+                out[secret] = "***"
         return out
