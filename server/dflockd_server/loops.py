@@ -10,10 +10,14 @@ journal is written before the replies it covers.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 from collections.abc import Callable
+from typing import TypeVar
 
-__all__ = ["default_loop_factory", "loop_name", "uvloop_factory"]
+__all__ = ["default_loop_factory", "loop_name", "run_on", "uvloop_factory"]
+
+T = TypeVar("T")
 
 
 def uvloop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -41,3 +45,19 @@ def loop_name(loop: asyncio.AbstractEventLoop) -> str:
 
 
 _KNOWN = ("uvloop", "asyncio")
+
+
+def run_on(loop: asyncio.AbstractEventLoop, fn: Callable[[], T], timeout: float | None = None) -> T:
+    """``fn()`` run on ``loop`` (from another thread), waiting up to ``timeout`` for its result."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    loop.call_soon_threadsafe(run)
+    return future.result(timeout)

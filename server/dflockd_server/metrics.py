@@ -9,7 +9,6 @@ asks the loop for a consistent snapshot and builds the families from it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import importlib.util
 from bisect import bisect_left
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from dflockd_server import constants as c
 from dflockd_server.journal import JournalStats
+from dflockd_server.loops import run_on
 from dflockd_server.status_page import StatusPage, route
 
 if TYPE_CHECKING:
@@ -223,16 +223,7 @@ class MetricsExporter:
 
     def snapshot(self) -> Snapshot:
         """A snapshot taken on the server's loop (called from the scrape thread)."""
-        done: concurrent.futures.Future[Snapshot] = concurrent.futures.Future()
-
-        def take() -> None:
-            try:
-                done.set_result(self._take())
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        self._loop.call_soon_threadsafe(take)
-        return done.result(c.METRICS_SCRAPE_TIMEOUT_S)
+        return run_on(self._loop, self._take, c.METRICS_SCRAPE_TIMEOUT_S)
 
     def _collector(self) -> Collector:
         from prometheus_client.core import (

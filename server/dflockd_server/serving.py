@@ -11,7 +11,6 @@ from its config.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, TypeVar
@@ -20,6 +19,7 @@ from dflockd_server import protocol as p
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.connection import Connection
+from dflockd_server.loops import run_on
 from dflockd_server.ownership import SINGLE, Ownership, SingleOwnership, StaticOwnership
 from dflockd_server.table import LockTable
 
@@ -174,19 +174,7 @@ class KeyServing:
 
     def _on_loop(self, fn: Callable[[], T]) -> T:
         """``fn()`` on the loop thread, waiting for its result."""
-
         loop = self.loop
         if loop is None or threading.get_ident() == self.loop_thread:
             return fn()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        loop.call_soon_threadsafe(run)
-        return future.result()
+        return run_on(loop, fn)
