@@ -80,13 +80,7 @@ class StaticOwnership:
     __slots__ = ("_count", "_index", "_moved", "advertise", "members")
 
     def __init__(self, members: Sequence[str], advertise: str) -> None:
-        members = tuple(members)
-        if not members:
-            raise ValueError("the member list is empty")
-        if len(set(members)) != len(members):
-            raise ValueError(f"members appear twice in {','.join(members)}")
-        if advertise not in members:
-            raise ValueError(f"{advertise} is not one of the members ({','.join(members)})")
+        members = tuple(members)  # checked where they enter: Config (--members, --advertise)
         self.members = members
         self.advertise = advertise
         self._count = len(members)
