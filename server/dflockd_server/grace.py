@@ -163,8 +163,7 @@ class LeaseRecord:
     def note(self, lease_ttl: int) -> int:
         if lease_ttl <= self.longest:
             return self.longest
-        longest = min(self._cap, max(lease_ttl, 2 * self.longest))
-        longest = max(longest, lease_ttl)
+        longest = max(lease_ttl, min(self._cap, 2 * self.longest))
         if self._path is not None:
             try:
                 write_longest_lease(self._path, longest, self._grace_until_ms)
