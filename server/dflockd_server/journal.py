@@ -376,12 +376,7 @@ class Journal:
             os.close(fd)
             self._fail(exc, [])
             return
-        with self._fd_lock:
-            self._fd = fd
-            self._size = size + len(data)
-            self._written += 1
-            self._synced = self._written  # fsynced above
-        self.stats.fsyncs += 1
+        self._write_to(fd, size + len(data))
 
     def anchor(self) -> None:
         """Fix the clock anchor (before making the records ``open`` takes)."""
@@ -412,18 +407,22 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        # The writer moves to the new file before anything else can fail.
-        with self._fd_lock:
-            old, self._fd = self._fd, fd
-            self._size = len(data)
-            self._written += 1
-            self._synced = self._written  # fsynced above
+        old = self._write_to(fd, len(data))  # before anything else can fail
         if old >= 0:
             os.close(old)
-        self.stats.fsyncs += 1
         self._fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self.stats.fsyncs += 1
         os.close(os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+    def _write_to(self, fd: int, size: int) -> int:
+        """Move the writer to ``fd``, a file of ``size`` bytes just fsynced; the fd it had."""
+        with self._fd_lock:
+            old, self._fd = self._fd, fd
+            self._size = size
+            self._written += 1
+            self._synced = self._written
+        self.stats.fsyncs += 1
+        return old
 
     def _fail(self, exc: OSError, batch: list[bytes]) -> None:
         """Note the grants of ``batch`` as ``refused`` and empty it; at an episode's start, log
