@@ -307,9 +307,8 @@ class Server:
         # Recorded (and a cluster member's published) before serving, on a thread of its own
         # (an fsync, an etcd round trip: leasebound): a start killed during its grace leaves
         # the same bound, and the leases it restores are covered.
-        restored = plan.longest_restored
         publish = self.node.publish_longest if self.node is not None else None
-        initial = max(grace.seconds, restored)
+        initial = max(grace.seconds, plan.longest_restored)
         self.lease_bound = bound = await LeaseBound.start(
             loop,
             lambda: LeaseRecord(
