@@ -327,10 +327,7 @@ BY_FIELD: Mapping[str, Setting] = MappingProxyType({setting.field: setting for s
 TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("where it listens", ("host", "port")),
     ("state and restarts", ("state_dir", "journal_fsync", "fence_state_file", "restart_grace_s")),
-    (
-        "leases",
-        ("default_lease_ttl_s", "max_lease_ttl_s", "lease_sweep_interval_s"),
-    ),
+    ("leases", ("default_lease_ttl_s", "max_lease_ttl_s", "lease_sweep_interval_s")),
     (
         "keys, waiters and idle keys",
         (
