@@ -106,9 +106,6 @@ class OutageWait:
             return None
         return pause
 
-    def waited(self) -> float:
-        return time.monotonic() - self.started
-
 
 @dataclass(frozen=True, slots=True)
 class OutageState:
@@ -148,7 +145,7 @@ def retry_outage(
     `Retry` within `OUTAGE_BUDGET_S`, else `ServerUnavailable`)."""
     state = outage_of(message.request)
     now = time.time()
-    since = state.since if state is not None else now - wait.waited()
+    since = state.since if state is not None else now - (time.monotonic() - wait.started)
     retries = state.retries if state is not None else 0
     down_s = max(0.0, now - since)
     direct = bool(message.request.called_directly or message.request.is_eager)

@@ -176,16 +176,14 @@ def resend(
     ``max_retries``). ``busy``: the `Retry`'s exception; ``extra``: more headers."""
     request = message.request
     headers = dict(_headers(request) or {})
-    for name in (FOLLOW_HEADER, HOLD_HEADER):  # a worker's request keeps them as attributes
+    # A worker's request keeps these as attributes.
+    for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER):
         value = header(request, name)
         if value is not None:
             headers[name] = value
     headers.update(extra or {})
     headers[LOCK_RETRIES_HEADER] = retries
     headers.setdefault(HOLD_HEADER, None)  # sent again, not a new publish: no hold taken
-    given = header(request, LOCK_OPTIONS_HEADER)
-    if given:
-        headers[LOCK_OPTIONS_HEADER] = given
     signature: Any = message.task.signature_from_request(
         request, *message.call, countdown=countdown, headers=headers
     )

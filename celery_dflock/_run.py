@@ -357,7 +357,8 @@ class RunGuard:
         self.unrecord: Callable[[], None] | None = None
         self._state = threading.Lock()
         self._body: BodyTarget | None = None
-        self._interrupt_sent = False
+        self.interrupt_due = False
+        """An interrupt was sent (or could not be): a body that returned is no success."""
         self._interrupt_missed = False
         self._body_ended = False
 
@@ -396,16 +397,11 @@ class RunGuard:
     def _interrupt(self) -> None:
         with self._state:
             body = self._body
-            if body is None or self._interrupt_sent:
+            if body is None or self.interrupt_due:
                 return
-            self._interrupt_sent = True
+            self.interrupt_due = True
             if not body.interrupt(_Interrupted):
                 self._interrupt_missed = True
-
-    @property
-    def interrupt_due(self) -> bool:
-        """An interrupt was sent (or could not be): a body that returned is no success."""
-        return self._interrupt_sent
 
     def run_body(
         self,
@@ -423,7 +419,7 @@ class RunGuard:
             finally:
                 with self._state:
                     self._body, self._body_ended = None, True
-                    if self._interrupt_sent:
+                    if self.interrupt_due:
                         body.cancel()  # not delivered yet: drop it
         except _Interrupted:
             raise LockLost(

@@ -245,10 +245,6 @@ class HeldRecords:
                 found.append(cls(path))
         return found
 
-    def writer(self) -> HeldWriter:
-        """A record file for this process (keep one per process: see `Runtime.held_writer`)."""
-        return HeldWriter(self.directory)
-
     @staticmethod
     def _read(path: Path) -> list[dict[str, Any]]:
         try:
@@ -382,12 +378,13 @@ class Runtime:
         return runs
 
     def held_writer(self) -> HeldWriter | None:
-        """This process's record file, when held locks are recorded (see `HeldRecords`)."""
+        """This process's record file (one per process), when held locks are recorded (see
+        `HeldRecords`)."""
         writer = self._held_writer
         if writer is None and self.records is not None:
             with self._guard:
                 if self._held_writer is None:
-                    self._held_writer = self.records.writer()
+                    self._held_writer = HeldWriter(self.records.directory)
                 writer = self._held_writer
         return writer
 

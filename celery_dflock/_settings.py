@@ -117,10 +117,6 @@ def check_lease(value: object, where: str) -> Lease:
     return lease_seconds(where, value, error=DflockConfigError)
 
 
-def check_ttl(value: object, where: str) -> Lease | None:
-    return None if value is None else check_lease(value, where)
-
-
 def check_max_retries(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DflockConfigError(
@@ -291,13 +287,9 @@ def check_ssl(value: object, where: str) -> ssl.SSLContext | None:
     )
 
 
-DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
-DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
-DEFAULT_PENDING_TTL_S: Final = DEFAULT_MAX_LEASE_TTL_S
 DEFAULT_BEAT_LEASE_TTL_S: Final = 10
 DEFAULT_BEAT_KEY_PREFIX: Final = "celery-beat:"
 """Beat's leader lock key, when ``dflock_beat_lock_key`` is not set: this and ``app.main``."""
-DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +356,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "lock_ttl",
         "dflock_lock_ttl",
         None,
-        check_ttl,
+        check_lease,
         "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
         "`lock_ttl * dflock_renew_ratio` while the body runs.",
     ),
@@ -399,14 +391,14 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
     Spec(
         "lock_retry_countdown",
         "dflock_lock_retry_countdown",
-        DEFAULT_RETRY_COUNTDOWN_S,
+        1.0,
         check_countdown,
         'First retry countdown of `on_locked="retry"`, doubled per retry.',
     ),
     Spec(
         "lock_retry_backoff_max",
         "dflock_lock_retry_backoff_max",
-        DEFAULT_RETRY_BACKOFF_MAX_S,
+        60.0,
         check_countdown,
         "Longest retry countdown.",
     ),
@@ -448,7 +440,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
     Spec(
         "lock_pending_ttl",
         "dflock_lock_pending_ttl",
-        DEFAULT_PENDING_TTL_S,
+        DEFAULT_MAX_LEASE_TTL_S,
         check_lease,
         'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
         "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
@@ -675,7 +667,7 @@ BEAT_SETTING_SPECS: Final = (
     ),
     _setting(
         "dflock_beat_scheduler",
-        DEFAULT_BEAT_SCHEDULER,
+        "celery.beat:PersistentScheduler",
         as_given,  # a class or "module:Class": resolved and checked by celery_dflock.beat
         'The scheduler that does the work: `"module:Class"` or the class.',
     ),

@@ -30,11 +30,13 @@ from celery_dflock._request import HOLD_HEADER, OUTAGE_HEADER, HoldRef, header, 
 from celery_dflock._runtime import (
     CHILD_EXIT_WAIT_S,
     HeldRecords,
+    app_client,
     get_runtime,
+    options_for,
     pid_gone,
     reset_runtime_after_fork,
 )
-from celery_dflock._settings import LOCK_OPTIONS, close_matches
+from celery_dflock._settings import close_matches
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
@@ -283,9 +285,7 @@ class _Hooks:
 
     def _release_hold(self, held: HoldRef, task_id: str | None) -> None:
         try:
-            released = (
-                get_runtime(self.app).client(get_config(self.app)).release(held.key, held.token)
-            )
+            released = app_client(self.app).release(held.key, held.token)
         except (DflockError, OSError) as exc:
             logger.warning(
                 "dflock: could not release key %r held for revoked task %s: %s "
@@ -319,8 +319,6 @@ class _Hooks:
             _in_a_thread(self._release_from, name, records, task_id, CHILD_EXIT_WAIT_S)
 
     def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
-        runtime = get_runtime(self.app)
-        config = get_config(self.app)
         for path, entry in records.entries(task_id):
             pid = int(entry.get("pid", 0))
             if pid and not pid_gone(pid, wait_s):
@@ -332,7 +330,7 @@ class _Hooks:
                 )
                 continue
             try:
-                released = runtime.client(config).release(
+                released = app_client(self.app).release(
                     str(entry["key"]), str(entry["token"]), limit=entry.get("limit")
                 )
             except (DflockError, OSError, KeyError) as exc:
@@ -414,9 +412,8 @@ def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, Lock
     for name, task in sorted(tasks.items()):
         if not isinstance(task, locked_task):
             continue
-        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
         try:
-            options = runtime.task_runs(name).plan_for(task, config, attributes).options
+            options = options_for(task, config, runtime.task_runs(name), None)
         except DflockError:
             continue
         if options is not None:
