@@ -44,7 +44,6 @@ __all__ = [
     "OUTAGE_RECONNECT_S",
     "OutageCounter",
     "OutageWait",
-    "outage_countdown",
     "outage_of",
     "parse_outage",
     "retry_outage",

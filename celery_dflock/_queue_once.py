@@ -54,7 +54,6 @@ from celery_dflock.client.errors import (
 from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
-    "PUBLISH_LEASE_S",
     "REDELIVERED_WAIT_S",
     "Duplicate",
     "PublishHold",
@@ -210,10 +209,6 @@ class Duplicate:
     task_id: str | None
     key: str = ""
     error: str | None = None
-
-    def follow(self) -> Follow:
-        """The follower's header for a canvas member sent in this duplicate's place."""
-        return Follow(self.key, self.task_id, self.error)
 
 
 def publish_hold(

@@ -49,11 +49,9 @@ __all__ = [
     "held_lock",
     "held_options",
     "hold_of",
-    "lock_retries",
     "mark_held",
     "note_parts",
     "resend",
-    "run_name",
 ]
 
 
@@ -104,11 +102,6 @@ def header(request: Any, name: str) -> object:
     return cast("object", value)
 
 
-def lock_retries(request: Any) -> int:
-    value = header(request, LOCK_RETRIES_HEADER)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 @dataclass(slots=True)
 class Message:
     """One run, with its per-call lock options checked (None: none)."""
@@ -135,7 +128,8 @@ class Message:
     @property
     def retries(self) -> int:
         """The lock retries this message was sent again for so far."""
-        return lock_retries(self.request)
+        value = header(self.request, LOCK_RETRIES_HEADER)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def mark_held(request: Any, key: str, lock: AnyLock, options: LockOptions) -> None:

@@ -66,7 +66,6 @@ __all__ = [
     "BodyTarget",
     "RunGuard",
     "contended",
-    "current_body",
     "lock_lost",
     "lock_skipped",
     "locked_run",

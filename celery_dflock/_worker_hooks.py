@@ -44,10 +44,7 @@ from celery_dflock.config import LockOptions, get_config
 __all__ = [
     "OUTAGES_COMMAND",
     "apply_task_locks",
-    "countdowns_past_visibility",
     "install_hooks",
-    "leases_above",
-    "unknown_task_locks",
     "with_skip",
 ]
 

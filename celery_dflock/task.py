@@ -25,6 +25,7 @@ from celery_dflock._request import (
     HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
+    Follow,
     header,
     held_lock,
 )
@@ -148,7 +149,7 @@ class LockedTask(Task):
             if not in_canvas and taken.task_id is not None:
                 return self._celery.AsyncResult(taken.task_id)
             # A canvas member's id is already in its canvas's result: send a follower.
-            headers[FOLLOW_HEADER] = taken.follow().header()
+            headers[FOLLOW_HEADER] = Follow(taken.key, taken.task_id, taken.error).header()
             headers[HOLD_HEADER] = None
             options["headers"] = headers
             return send()

@@ -24,8 +24,6 @@ __all__ = [
     "check_columns",
     "column_checked",
     "dialect_of",
-    "fence_column_of",
-    "table_of",
     "wrong_face",
 ]
 
