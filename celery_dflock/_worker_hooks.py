@@ -242,7 +242,7 @@ class _Hooks:
 
     def on_worker_process_init(self, **_: Any) -> None:
         # Also sent by the solo pool in the worker's own process, which is no pool child.
-        if self.main_pid is not None and self.main_pid == os.getpid():
+        if self._in_main_process():
             return
         reset_runtime_after_fork(self.app, in_pool_child=True)
 

@@ -74,7 +74,6 @@ class LockedTask(Task):
         BaseTask.on_bound.__func__(cls, app)
         _worker_hooks.install_hooks(app, LockedTask)
         cls.throws = _worker_hooks.with_skip(getattr(cls, "throws", ()))
-        template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
         inherited = {attr for base in cls.__mro__[1:] for attr in vars(base)}
@@ -88,8 +87,8 @@ class LockedTask(Task):
             lambda option: f"attribute {option} of task {name or cls!r}",
             what=f"task {name or cls!r}",
         )
-        if isinstance(template, str) and callable(run) and isinstance(name, str):
-            check_template(template, cast("Callable[..., Any]", run), task_name=name)
+        if isinstance(cls.lock_key, str) and callable(run) and isinstance(name, str):
+            check_template(cls.lock_key, cast("Callable[..., Any]", run), task_name=name)
 
     @property
     def lock(self) -> AnyLock | None:
