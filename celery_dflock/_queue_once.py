@@ -240,7 +240,7 @@ def publish_hold(
             f"stores it with key {key!r} (at most {NOTE_MAX_BYTES} bytes once "
             f"percent-encoded); send the task with a shorter task_id"
         )
-    lease = _pending_lease(options, _delay_s(countdown, eta))
+    lease = _pending_lease(options, countdown, eta)
     try:
         hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
     except ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
@@ -376,30 +376,26 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    lease = _pending_lease(options, _delay_s(countdown, eta))
+    lease = _pending_lease(options, countdown, eta)
     if lock.hand_off(lease):
         return held
     return None  # lost meanwhile: nothing to hand on
 
 
-def _pending_lease(options: LockOptions, delay_s: float) -> int:
-    """The lease of a hold whose message is due in ``delay_s`` s (at least the delay)."""
-    return max(options.pending_ttl, math.ceil(delay_s))
-
-
-def _delay_s(countdown: object, eta: object) -> float:
-    """Seconds until a message sent with ``countdown`` or ``eta`` is due (0: at once)."""
+def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
+    """The lease of a hold whose message is sent with ``countdown`` or ``eta``: at least
+    until the message is due."""
     if isinstance(eta, str):
         try:
             eta = datetime.fromisoformat(eta)
         except ValueError:
             eta = None
+    delay_s = 0.0
     if isinstance(eta, datetime):
-        now = datetime.now(eta.tzinfo)
-        return max(0.0, (eta - now).total_seconds())
-    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
-        return max(0.0, float(countdown))
-    return 0.0
+        delay_s = (eta - datetime.now(eta.tzinfo)).total_seconds()
+    elif isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        delay_s = max(0.0, float(countdown))  # (a NaN: 0)
+    return max(options.pending_ttl, math.ceil(delay_s))
 
 
 # --------------------------------------------------------------------------------------- a follower

@@ -105,14 +105,12 @@ class _Keys:
         )
 
 
+@dataclass(slots=True)
 class TaskRuns:
     """A task's plan and key builder in one process (kept by the `Runtime`)."""
 
-    __slots__ = ("keys", "plan")
-
-    def __init__(self) -> None:
-        self.plan: _Plan | None = None
-        self.keys: _Keys | None = None
+    plan: _Plan | None = None
+    keys: _Keys | None = None
 
     def plan_for(self, task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> _Plan:
         """Locked or not, and the options, for a run without call options."""

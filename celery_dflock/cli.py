@@ -321,7 +321,6 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
     """One row per held lock or semaphore, with the task (or beat) holding a lock; "queued"
     while its message waits under a publish-time hold. A note column marks restored leases."""
     rows: list[list[str]] = []
-    restored = False
     for rep in reports:
         if rep.stats is None:
             continue
@@ -345,7 +344,6 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     RESTORED_MARK if lock.get("restored") is True else "",
                 ]
             )
-            restored = restored or lock.get("restored") is True
         for sem in _items(rep.stats, "semaphores"):
             rows.append(
                 [
@@ -373,7 +371,7 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
             "task id",
             "host",
         ]
-        if restored:
+        if any(row[-1] for row in rows):  # a restored lease
             header.append("note")
         else:
             rows = [row[:-1] for row in rows]
