@@ -471,15 +471,12 @@ def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
 def unknown_task_locks(app: Any) -> list[str]:
     """A warning for each ``dflock_task_locks`` entry that names no task of ``app``."""
     tasks = [str(name) for name in app.tasks]
-    warnings: list[str] = []
-    for name in get_config(app).task_locks:
-        if name in tasks:
-            continue
-        warnings.append(
-            f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
-            f"locked{close_matches(name, tasks, cutoff=0.5)}"
-        )
-    return warnings
+    return [
+        f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
+        f"locked{close_matches(name, tasks, cutoff=0.5)}"
+        for name in get_config(app).task_locks
+        if name not in tasks
+    ]
 
 
 def with_skip(throws: object) -> tuple[type[BaseException], ...]:
