@@ -83,11 +83,6 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A run's ``(args, kwargs)``."""
 
 
-def run_name(name: str, task_id: object) -> str:
-    """``task NAME[ID]``, or ``task NAME (called directly)`` for a run without an id."""
-    return f"task {name}[{task_id}]" if task_id else f"task {name} (called directly)"
-
-
 def _headers(request: Any) -> Mapping[str, Any] | None:
     headers = getattr(request, "headers", None)
     return cast("Mapping[str, Any]", headers) if isinstance(headers, Mapping) else None
@@ -122,8 +117,9 @@ class Message:
 
     @property
     def label(self) -> str:
-        """``task NAME[ID]`` (`run_name`)."""
-        return run_name(str(self.task.name), self.request.id)
+        """``task NAME[ID]``, or ``task NAME (called directly)`` for a run without an id."""
+        name, task_id = self.task.name, self.request.id
+        return f"task {name}[{task_id}]" if task_id else f"task {name} (called directly)"
 
     @property
     def retries(self) -> int:
