@@ -131,12 +131,6 @@ def parse_outage(raw: object) -> OutageState | None:
     return OutageState(float(since), max(0, count))
 
 
-def outage_countdown(retries: int) -> float:
-    """The countdown of outage retry number ``retries + 1`` (doubling, capped, jittered)."""
-    countdown = min(OUTAGE_FIRST_COUNTDOWN_S * 2 ** min(retries, 16), OUTAGE_MAX_COUNTDOWN_S)
-    return countdown / 2 + random.uniform(0, countdown / 2)
-
-
 def retry_outage(
     message: Message, key: str, options: LockOptions, wait: OutageWait, exc: ServerUnavailable
 ) -> BaseException:
@@ -163,7 +157,9 @@ def retry_outage(
         )
         error.__cause__ = exc
         return error
-    countdown = outage_countdown(retries)
+    # Outage retry number retries + 1: doubling, capped, jittered.
+    countdown = min(OUTAGE_FIRST_COUNTDOWN_S * 2 ** min(retries, 16), OUTAGE_MAX_COUNTDOWN_S)
+    countdown = countdown / 2 + random.uniform(0, countdown / 2)
     logger.warning(
         "dflock: %s: the lock server at %s %s; sent again in %.1fs (outage retry %d, "
         "%.0f s so far; on_locked=%r applies to a busy key, not to an outage)",

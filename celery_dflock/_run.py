@@ -368,9 +368,10 @@ class RunGuard:
         if policy == "terminate" and not self.runtime.in_pool_child:
             policy = "interrupt"  # only a prefork child can be replaced
         with self._state:
-            ended = self._body_ended
-        if policy == "interrupt" and not ended:
-            self._interrupt()
+            ended, body = self._body_ended, self._body  # (no body once it ended)
+            if policy == "interrupt" and body is not None and not self.interrupt_due:
+                self.interrupt_due = True
+                self._interrupt_missed = not body.interrupt(_Interrupted)
         worker_logger.error(
             "dflock: %s lost its lock %r (fence %s)%s; on_lock_lost=%r",
             self.label,
@@ -392,15 +393,6 @@ class RunGuard:
             if self.unrecord is not None:
                 self.unrecord()
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def _interrupt(self) -> None:
-        with self._state:
-            body = self._body
-            if body is None or self.interrupt_due:
-                return
-            self.interrupt_due = True
-            if not body.interrupt(_Interrupted):
-                self._interrupt_missed = True
 
     def run_body(
         self,

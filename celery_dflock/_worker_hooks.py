@@ -114,7 +114,7 @@ class _Hooks:
             return
         apply_task_locks(self.app, self.locked_task)
         self.main_pid = os.getpid()
-        _register_outages_command()
+        inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
         runtime = get_runtime(self.app)
         runtime.records = HeldRecords.for_main_process(self.main_pid)
         _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers")
@@ -357,14 +357,10 @@ def _outage_header(request: Any) -> OutageState | None:
     return outage_of(request)
 
 
-def _register_outages_command() -> None:
-
-    def dflock_outages(state: Any, **_: Any) -> dict[str, object]:
-        """Lock-server outages this worker met: outage retries, servers unreachable."""
-        hooks = getattr(getattr(state.consumer, "app", None), _HOOKS_ATTR, None)
-        return hooks.outage_report() if isinstance(hooks, _Hooks) else {}
-
-    inspect_command(name=OUTAGES_COMMAND)(dflock_outages)
+def _dflock_outages(state: Any, **_: Any) -> dict[str, object]:
+    """Lock-server outages this worker met: outage retries, servers unreachable."""
+    hooks = getattr(getattr(state.consumer, "app", None), _HOOKS_ATTR, None)
+    return hooks.outage_report() if isinstance(hooks, _Hooks) else {}
 
 
 def install_hooks(app: Any, locked_task: type[Any]) -> None:
