@@ -27,6 +27,7 @@ from celery_dflock._request import (
     HOLD_HEADER,
     MAX_BACKOFF_EXPONENT,
     NOTE_MAX_BYTES,
+    Call,
     Follow,
     HoldRef,
     Message,
@@ -213,7 +214,7 @@ class Duplicate:
 
 def publish_hold(
     task: Any,
-    call: tuple[tuple[Any, ...], dict[str, Any]],
+    call: Call,
     per_call: GivenOptions | None,
     task_id: str,
     *,

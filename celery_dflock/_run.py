@@ -39,6 +39,7 @@ from celery_dflock._request import (
     HOLD_HEADER,
     MAX_BACKOFF_EXPONENT,
     OUTAGE_HEADER,
+    Call,
     Message,
     clear_held,
     decode_note,
@@ -394,12 +395,7 @@ class RunGuard:
                 self.unrecord()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def run_body(
-        self,
-        run: Callable[..., Any],
-        call: tuple[tuple[Any, ...], dict[str, Any]],
-        lock: AnyLock,
-    ) -> Any:
+    def run_body(self, run: Callable[..., Any], call: Call, lock: AnyLock) -> Any:
         """``run(*args, **kwargs)`` in this thread, as the target of an interrupt."""
         body = current_body()
         with self._state:

@@ -41,12 +41,7 @@ from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
 
-__all__ = [
-    "OUTAGES_COMMAND",
-    "apply_task_locks",
-    "install_hooks",
-    "with_skip",
-]
+__all__ = ["OUTAGES_COMMAND", "apply_task_locks", "install_hooks", "with_skip"]
 
 logger: Any = get_logger("celery_dflock.signals")
 

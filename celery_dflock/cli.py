@@ -230,12 +230,11 @@ def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
 
     owner = lock.get("owner")
     note = note_parts(owner if isinstance(owner, str) else None)
-    task_id, host = note.task_id, note.host
-    pid = beat_pid(task_id)
+    pid = beat_pid(note.task_id)
     return {
         **lock,
-        "holder_task_id": None if pid is not None else task_id,
-        "holder_host": host,
+        "holder_task_id": None if pid is not None else note.task_id,
+        "holder_host": note.host,
         "holder_pid": note.pid,
         "holder_task_name": note.task_name,
         "holder_beat_pid": pid,

@@ -25,6 +25,7 @@ from celery_dflock._request import (
     HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
+    Call,
     Follow,
     header,
     held_lock,
@@ -264,9 +265,7 @@ class LockedTask(Task):
     def _name(self) -> str:
         return str(self._celery.name)
 
-    def _as_sent(
-        self, args: Any, kwargs: Any, options: Mapping[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _as_sent(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> Call:
         """(args, kwargs) as the run will get them, through the message's serializer."""
         task = self._celery
         serializer = options.get("serializer") or task.serializer
