@@ -51,6 +51,7 @@ __all__ = [
     "hold_of",
     "mark_held",
     "note_parts",
+    "request_headers",
     "resend",
 ]
 
@@ -83,7 +84,8 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A run's ``(args, kwargs)``."""
 
 
-def _headers(request: Any) -> Mapping[str, Any] | None:
+def request_headers(request: Any) -> Mapping[str, Any] | None:
+    """``request.headers`` when it is a mapping."""
     headers = getattr(request, "headers", None)
     return cast("Mapping[str, Any]", headers) if isinstance(headers, Mapping) else None
 
@@ -92,7 +94,7 @@ def header(request: Any, name: str) -> object:
     """A message header of the current request (a request attribute on a worker, an entry of
     ``request.headers`` in eager runs)."""
     value = getattr(request, name, None)
-    if value is None and (headers := _headers(request)) is not None:
+    if value is None and (headers := request_headers(request)) is not None:
         value = headers.get(name)
     return cast("object", value)
 
@@ -165,7 +167,7 @@ def resend(
     `LOCK_RETRIES_HEADER`, not Celery's ``retries`` (a busy key never uses up the task's
     ``max_retries``). ``busy``: the `Retry`'s exception; ``extra``: more headers."""
     request = message.request
-    headers = dict(_headers(request) or {})
+    headers = dict(request_headers(request) or {})
     # A worker's request keeps these as attributes.
     for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER):
         value = header(request, name)

@@ -134,8 +134,6 @@ def check_session_ttl(value: object, where: str) -> int:
     return whole_seconds(where, cast("float", value), minimum=1, error=DflockConfigError)
 
 
-check_limit_value: Final[Check[int | None]] = partial(check_limit, error=DflockConfigError)
-check_renew_ratio_value: Final[Check[float]] = partial(check_renew_ratio, error=DflockConfigError)
 check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockConfigError)
 
 
@@ -164,8 +162,6 @@ def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word
     return check
 
 
-check_on_locked: Final[Check[OnLocked]] = one_of(get_args(OnLocked))
-check_on_lock_lost: Final[Check[OnLockLost]] = one_of(get_args(OnLockLost))
 check_lock_from: Final[Check[LockFrom]] = one_of(
     get_args(LockFrom),
     "'run' (the key is taken when the run starts) or 'publish' (taken when the task is sent, "
@@ -364,7 +360,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "on_locked",
         "dflock_on_locked",
         "retry",
-        check_on_locked,
+        one_of(get_args(OnLocked)),
         'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
         "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
         'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
@@ -374,7 +370,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "lock_limit",
         None,
         None,
-        check_limit_value,
+        partial(check_limit, error=DflockConfigError),
         "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
         "is one resource: while runs with one limit hold it, a run with another (a lock is "
         "limit 1) is refused at once and `on_locked` applies.",
@@ -383,7 +379,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "on_lock_lost",
         "dflock_on_lock_lost",
         "interrupt",
-        check_on_lock_lost,
+        one_of(get_args(OnLockLost)),
         'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
         '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
         "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
@@ -638,7 +634,7 @@ APP_SETTING_SPECS: Final = (
     _setting(
         "dflock_renew_ratio",
         DEFAULT_RENEW_RATIO,
-        check_renew_ratio_value,
+        partial(check_renew_ratio, error=DflockConfigError),
         "Renew a held lock at this fraction of its lease.",
     ),
     _setting(

@@ -112,7 +112,7 @@ class _Hooks:
         inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
         runtime = get_runtime(self.app)
         runtime.records = HeldRecords.for_main_process(self.main_pid)
-        _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers")
+        _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers", self.main_pid)
         if runtime.records is None:
             logger.warning(
                 "dflock: no private directory for held-lock records in %s; locks of killed "
@@ -290,10 +290,8 @@ class _Hooks:
             if released:
                 logger.info("dflock: released key %r of revoked task %s", held.key, task_id)
 
-    def _clean_up_after_dead_workers(self) -> None:
-        if self.main_pid is None:
-            return
-        for records in HeldRecords.left_by_dead_workers(self.main_pid):
+    def _clean_up_after_dead_workers(self, main_pid: int) -> None:
+        for records in HeldRecords.left_by_dead_workers(main_pid):
             self._release_from(records, None, wait_s=0)
             if not records.entries():
                 records.remove_all()

@@ -29,6 +29,7 @@ from celery_dflock._request import (
     Follow,
     header,
     held_lock,
+    request_headers,
 )
 from celery_dflock._run import locked_run
 from celery_dflock._runtime import AnyLock, app_client
@@ -215,10 +216,8 @@ class LockedTask(Task):
         request = self._celery.request
         kept = retry_hand_off(self, request, countdown=countdown, eta=eta, max_retries=max_retries)
         given = header(request, LOCK_OPTIONS_HEADER)  # checked when the run read it
-        headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
-        request_headers: Any = request.headers
-        if isinstance(request_headers, Mapping):
-            headers = {**cast("Mapping[str, Any]", request_headers), **headers}
+        given_headers = cast("Mapping[str, Any]", options.pop("headers", None) or {})
+        headers = {**(request_headers(request) or {}), **given_headers}
         if given:
             headers[LOCK_OPTIONS_HEADER] = given
         # A retry is no new publish: it takes no hold of its own.
