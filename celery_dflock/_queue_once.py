@@ -249,7 +249,7 @@ def publish_hold(
             f"task {name}: the lock server {server_state(exc)} ({exc}), so key {key!r} "
             f"cannot be held from publish"
         )
-        return _no_hold(name, task_id, key, options, what, in_canvas=in_canvas)
+        return _no_hold(task_id, key, options, what, in_canvas=in_canvas)
     except ProtocolError as exc:
         raise ProtocolError(
             f"task {name} was not sent: the lock server refused its hold of {key!r} for "
@@ -274,7 +274,7 @@ def publish_hold(
                 f"key until the leases its previous run may have granted have ended, so key "
                 f"{key!r} cannot be held from publish"
             )
-            return _no_hold(name, task_id, key, options, what, in_canvas=in_canvas)
+            return _no_hold(task_id, key, options, what, in_canvas=in_canvas)
         if holder is not None and options.on_duplicate == "return":
             logger.info(
                 "dflock: task %s[%s] not sent: key %r is held by task %s%s; "
@@ -318,13 +318,7 @@ def _grace(client: Client) -> str | None:
 
 
 def _no_hold(
-    name: str,
-    task_id: str,
-    key: str,
-    options: LockOptions,
-    what: str,
-    *,
-    in_canvas: bool,
+    task_id: str, key: str, options: LockOptions, what: str, *, in_canvas: bool
 ) -> Duplicate | None:
     """No hold can be taken and no holder refused it. ``on_duplicate="return"``: sent
     without a hold (None); ``"raise"``: nothing is sent (`ServerUnavailable`, or a failing

@@ -130,11 +130,8 @@ class LockedTask(Task):
         in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
         task_id = task_id or uuid()
         sent_options = headers.get(LOCK_OPTIONS_HEADER)
-        per_call = (
-            read_call_options(sent_options, f"lock options of a message of {self._name!r}")
-            if sent_options
-            else None
-        )
+        what = f"lock options of a message of {self._name!r}"
+        per_call = read_call_options(sent_options, what) if sent_options else None
         taken = publish_hold(
             self,
             self._as_sent(args, kwargs, options),
