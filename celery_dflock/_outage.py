@@ -101,9 +101,7 @@ class OutageWait:
         self.address, self.last_error, self.state = address, str(exc), server_state(exc)
         pause = min(RECONNECT_FIRST_PAUSE_S * 2 ** min(self.attempts, 16), RECONNECT_MAX_PAUSE_S)
         self.attempts += 1
-        if time.monotonic() + pause >= self.deadline:
-            return None
-        return pause
+        return None if time.monotonic() + pause >= self.deadline else pause
 
 
 @dataclass(frozen=True, slots=True)

@@ -371,8 +371,7 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    lease = _pending_lease(options, countdown, eta)
-    if lock.hand_off(lease):
+    if lock.hand_off(_pending_lease(options, countdown, eta)):
         return held
     return None  # lost meanwhile: nothing to hand on
 

@@ -367,15 +367,14 @@ def install_hooks(app: Any, locked_task: type[Any]) -> None:
 
 def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
     """`celery_dflock.task.apply_task_locks`, with ``locked_task`` as `LockedTask`."""
-    config = get_config(app)
     changed: list[str] = []
     tasks: Mapping[str, Any] = app.tasks
-    for name in config.task_locks:
+    for name in get_config(app).task_locks:
         task = tasks.get(name)
         if task is None or isinstance(task, locked_task):
             continue
         original: Any = task.__class__
-        locked_cls = type(
+        task.__class__ = type(
             original.__name__,
             (locked_task, original),
             {
@@ -384,7 +383,6 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
                 "throws": with_skip(getattr(original, "throws", ())),
             },
         )
-        task.__class__ = locked_cls
         changed.append(name)
     return changed
 

@@ -565,8 +565,7 @@ def operator_note() -> str:
         user = getpass.getuser()
     except (OSError, KeyError):
         user = "unknown"
-    note = OPERATOR_NOTE_PREFIX + quote(f"{user}@{socket.gethostname()}", safe="@")
-    return note[:200]
+    return (OPERATOR_NOTE_PREFIX + quote(f"{user}@{socket.gethostname()}", safe="@"))[:200]
 
 
 def keys_with_prefix(reports: Sequence[ServerReport], prefix: str) -> list[str]:
@@ -635,8 +634,7 @@ def release(
 
     obj: Any = ctx.obj
     try:
-        config = get_config(obj.app)
-        with config.new_client() as client:
+        with get_config(obj.app).new_client() as client:
             if key is not None:
                 keys = [key]
                 unreachable: list[ServerReport] = []

@@ -263,8 +263,7 @@ class LockedTask(Task):
 
     def _as_sent(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> Call:
         """(args, kwargs) as the run will get them, through the message's serializer."""
-        task = self._celery
-        serializer = options.get("serializer") or task.serializer
+        serializer = options.get("serializer") or self._celery.serializer
         data = (list(args or ()), dict(kwargs or {}))
         codec: Any = serialization  # kombu's serializers, untyped
         content_type, encoding, body = codec.dumps(data, serializer)

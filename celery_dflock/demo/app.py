@@ -125,8 +125,7 @@ def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 def _on_ready(**_: Any) -> None:
-    folder = Path(_env("DFLOCK_DEMO_DIR"))
-    (folder / f"ready-{_name()}").touch()
+    (Path(_env("DFLOCK_DEMO_DIR")) / f"ready-{_name()}").touch()
 
 
 def _on_skipped(sender: Any = None, task_id: Any = None, key: Any = None, **_: Any) -> None:
