@@ -44,7 +44,6 @@ __all__ = [
     "OUTAGE_RECONNECT_S",
     "OutageCounter",
     "OutageWait",
-    "outage_countdown",
     "outage_of",
     "parse_outage",
     "retry_outage",
@@ -102,12 +101,7 @@ class OutageWait:
         self.address, self.last_error, self.state = address, str(exc), server_state(exc)
         pause = min(RECONNECT_FIRST_PAUSE_S * 2 ** min(self.attempts, 16), RECONNECT_MAX_PAUSE_S)
         self.attempts += 1
-        if time.monotonic() + pause >= self.deadline:
-            return None
-        return pause
-
-    def waited(self) -> float:
-        return time.monotonic() - self.started
+        return None if time.monotonic() + pause >= self.deadline else pause
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +129,6 @@ def parse_outage(raw: object) -> OutageState | None:
     return OutageState(float(since), max(0, count))
 
 
-def outage_countdown(retries: int) -> float:
-    """The countdown of outage retry number ``retries + 1`` (doubling, capped, jittered)."""
-    countdown = min(OUTAGE_FIRST_COUNTDOWN_S * 2 ** min(retries, 16), OUTAGE_MAX_COUNTDOWN_S)
-    return countdown / 2 + random.uniform(0, countdown / 2)
-
-
 def retry_outage(
     message: Message, key: str, options: LockOptions, wait: OutageWait, exc: ServerUnavailable
 ) -> BaseException:
@@ -148,7 +136,7 @@ def retry_outage(
     `Retry` within `OUTAGE_BUDGET_S`, else `ServerUnavailable`)."""
     state = outage_of(message.request)
     now = time.time()
-    since = state.since if state is not None else now - wait.waited()
+    since = state.since if state is not None else now - (time.monotonic() - wait.started)
     retries = state.retries if state is not None else 0
     down_s = max(0.0, now - since)
     direct = bool(message.request.called_directly or message.request.is_eager)
@@ -167,7 +155,9 @@ def retry_outage(
         )
         error.__cause__ = exc
         return error
-    countdown = outage_countdown(retries)
+    # Outage retry number retries + 1: doubling, capped, jittered.
+    countdown = min(OUTAGE_FIRST_COUNTDOWN_S * 2 ** min(retries, 16), OUTAGE_MAX_COUNTDOWN_S)
+    countdown = countdown / 2 + random.uniform(0, countdown / 2)
     logger.warning(
         "dflock: %s: the lock server at %s %s; sent again in %.1fs (outage retry %d, "
         "%.0f s so far; on_locked=%r applies to a busy key, not to an outage)",

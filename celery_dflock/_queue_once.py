@@ -27,6 +27,7 @@ from celery_dflock._request import (
     HOLD_HEADER,
     MAX_BACKOFF_EXPONENT,
     NOTE_MAX_BYTES,
+    Call,
     Follow,
     HoldRef,
     Message,
@@ -54,7 +55,6 @@ from celery_dflock.client.errors import (
 from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
-    "PUBLISH_LEASE_S",
     "REDELIVERED_WAIT_S",
     "Duplicate",
     "PublishHold",
@@ -211,14 +211,10 @@ class Duplicate:
     key: str = ""
     error: str | None = None
 
-    def follow(self) -> Follow:
-        """The follower's header for a canvas member sent in this duplicate's place."""
-        return Follow(self.key, self.task_id, self.error)
-
 
 def publish_hold(
     task: Any,
-    call: tuple[tuple[Any, ...], dict[str, Any]],
+    call: Call,
     per_call: GivenOptions | None,
     task_id: str,
     *,
@@ -245,7 +241,7 @@ def publish_hold(
             f"stores it with key {key!r} (at most {NOTE_MAX_BYTES} bytes once "
             f"percent-encoded); send the task with a shorter task_id"
         )
-    lease = _pending_lease(options, _delay_s(countdown, eta))
+    lease = _pending_lease(options, countdown, eta)
     try:
         hold = runtime.client(config).hold(key, note=note, lease_ttl=lease, detached=False)
     except ServerUnavailable as exc:  # down, restarting, draining: no hold can be taken now
@@ -253,7 +249,7 @@ def publish_hold(
             f"task {name}: the lock server {server_state(exc)} ({exc}), so key {key!r} "
             f"cannot be held from publish"
         )
-        return _no_hold(name, task_id, key, options, what, in_canvas=in_canvas)
+        return _no_hold(task_id, key, options, what, in_canvas=in_canvas)
     except ProtocolError as exc:
         raise ProtocolError(
             f"task {name} was not sent: the lock server refused its hold of {key!r} for "
@@ -278,7 +274,7 @@ def publish_hold(
                 f"key until the leases its previous run may have granted have ended, so key "
                 f"{key!r} cannot be held from publish"
             )
-            return _no_hold(name, task_id, key, options, what, in_canvas=in_canvas)
+            return _no_hold(task_id, key, options, what, in_canvas=in_canvas)
         if holder is not None and options.on_duplicate == "return":
             logger.info(
                 "dflock: task %s[%s] not sent: key %r is held by task %s%s; "
@@ -322,13 +318,7 @@ def _grace(client: Client) -> str | None:
 
 
 def _no_hold(
-    name: str,
-    task_id: str,
-    key: str,
-    options: LockOptions,
-    what: str,
-    *,
-    in_canvas: bool,
+    task_id: str, key: str, options: LockOptions, what: str, *, in_canvas: bool
 ) -> Duplicate | None:
     """No hold can be taken and no holder refused it. ``on_duplicate="return"``: sent
     without a hold (None); ``"raise"``: nothing is sent (`ServerUnavailable`, or a failing
@@ -381,30 +371,25 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    lease = _pending_lease(options, _delay_s(countdown, eta))
-    if lock.hand_off(lease):
+    if lock.hand_off(_pending_lease(options, countdown, eta)):
         return held
     return None  # lost meanwhile: nothing to hand on
 
 
-def _pending_lease(options: LockOptions, delay_s: float) -> int:
-    """The lease of a hold whose message is due in ``delay_s`` s (at least the delay)."""
-    return max(options.pending_ttl, math.ceil(delay_s))
-
-
-def _delay_s(countdown: object, eta: object) -> float:
-    """Seconds until a message sent with ``countdown`` or ``eta`` is due (0: at once)."""
+def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
+    """The lease of a hold whose message is sent with ``countdown`` or ``eta``: at least
+    until the message is due."""
     if isinstance(eta, str):
         try:
             eta = datetime.fromisoformat(eta)
         except ValueError:
             eta = None
+    delay_s = 0.0
     if isinstance(eta, datetime):
-        now = datetime.now(eta.tzinfo)
-        return max(0.0, (eta - now).total_seconds())
-    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
-        return max(0.0, float(countdown))
-    return 0.0
+        delay_s = (eta - datetime.now(eta.tzinfo)).total_seconds()
+    elif isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        delay_s = max(0.0, float(countdown))  # (a NaN: 0)
+    return max(options.pending_ttl, math.ceil(delay_s))
 
 
 # --------------------------------------------------------------------------------------- a follower

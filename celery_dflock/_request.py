@@ -49,11 +49,10 @@ __all__ = [
     "held_lock",
     "held_options",
     "hold_of",
-    "lock_retries",
     "mark_held",
     "note_parts",
+    "request_headers",
     "resend",
-    "run_name",
 ]
 
 
@@ -85,12 +84,8 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A run's ``(args, kwargs)``."""
 
 
-def run_name(name: str, task_id: object) -> str:
-    """``task NAME[ID]``, or ``task NAME (called directly)`` for a run without an id."""
-    return f"task {name}[{task_id}]" if task_id else f"task {name} (called directly)"
-
-
-def _headers(request: Any) -> Mapping[str, Any] | None:
+def request_headers(request: Any) -> Mapping[str, Any] | None:
+    """``request.headers`` when it is a mapping."""
     headers = getattr(request, "headers", None)
     return cast("Mapping[str, Any]", headers) if isinstance(headers, Mapping) else None
 
@@ -99,14 +94,9 @@ def header(request: Any, name: str) -> object:
     """A message header of the current request (a request attribute on a worker, an entry of
     ``request.headers`` in eager runs)."""
     value = getattr(request, name, None)
-    if value is None and (headers := _headers(request)) is not None:
+    if value is None and (headers := request_headers(request)) is not None:
         value = headers.get(name)
     return cast("object", value)
-
-
-def lock_retries(request: Any) -> int:
-    value = header(request, LOCK_RETRIES_HEADER)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass(slots=True)
@@ -129,13 +119,15 @@ class Message:
 
     @property
     def label(self) -> str:
-        """``task NAME[ID]`` (`run_name`)."""
-        return run_name(str(self.task.name), self.request.id)
+        """``task NAME[ID]``, or ``task NAME (called directly)`` for a run without an id."""
+        name, task_id = self.task.name, self.request.id
+        return f"task {name}[{task_id}]" if task_id else f"task {name} (called directly)"
 
     @property
     def retries(self) -> int:
         """The lock retries this message was sent again for so far."""
-        return lock_retries(self.request)
+        value = header(self.request, LOCK_RETRIES_HEADER)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def mark_held(request: Any, key: str, lock: AnyLock, options: LockOptions) -> None:
@@ -175,17 +167,15 @@ def resend(
     `LOCK_RETRIES_HEADER`, not Celery's ``retries`` (a busy key never uses up the task's
     ``max_retries``). ``busy``: the `Retry`'s exception; ``extra``: more headers."""
     request = message.request
-    headers = dict(_headers(request) or {})
-    for name in (FOLLOW_HEADER, HOLD_HEADER):  # a worker's request keeps them as attributes
+    headers = dict(request_headers(request) or {})
+    # A worker's request keeps these as attributes.
+    for name in (FOLLOW_HEADER, HOLD_HEADER, LOCK_OPTIONS_HEADER):
         value = header(request, name)
         if value is not None:
             headers[name] = value
     headers.update(extra or {})
     headers[LOCK_RETRIES_HEADER] = retries
     headers.setdefault(HOLD_HEADER, None)  # sent again, not a new publish: no hold taken
-    given = header(request, LOCK_OPTIONS_HEADER)
-    if given:
-        headers[LOCK_OPTIONS_HEADER] = given
     signature: Any = message.task.signature_from_request(
         request, *message.call, countdown=countdown, headers=headers
     )

@@ -39,6 +39,7 @@ from celery_dflock._request import (
     HOLD_HEADER,
     MAX_BACKOFF_EXPONENT,
     OUTAGE_HEADER,
+    Call,
     Message,
     clear_held,
     decode_note,
@@ -66,7 +67,6 @@ __all__ = [
     "BodyTarget",
     "RunGuard",
     "contended",
-    "current_body",
     "lock_lost",
     "lock_skipped",
     "locked_run",
@@ -357,7 +357,8 @@ class RunGuard:
         self.unrecord: Callable[[], None] | None = None
         self._state = threading.Lock()
         self._body: BodyTarget | None = None
-        self._interrupt_sent = False
+        self.interrupt_due = False
+        """An interrupt was sent (or could not be): a body that returned is no success."""
         self._interrupt_missed = False
         self._body_ended = False
 
@@ -368,9 +369,10 @@ class RunGuard:
         if policy == "terminate" and not self.runtime.in_pool_child:
             policy = "interrupt"  # only a prefork child can be replaced
         with self._state:
-            ended = self._body_ended
-        if policy == "interrupt" and not ended:
-            self._interrupt()
+            ended, body = self._body_ended, self._body  # (no body once it ended)
+            if policy == "interrupt" and body is not None and not self.interrupt_due:
+                self.interrupt_due = True
+                self._interrupt_missed = not body.interrupt(_Interrupted)
         worker_logger.error(
             "dflock: %s lost its lock %r (fence %s)%s; on_lock_lost=%r",
             self.label,
@@ -393,26 +395,7 @@ class RunGuard:
                 self.unrecord()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _interrupt(self) -> None:
-        with self._state:
-            body = self._body
-            if body is None or self._interrupt_sent:
-                return
-            self._interrupt_sent = True
-            if not body.interrupt(_Interrupted):
-                self._interrupt_missed = True
-
-    @property
-    def interrupt_due(self) -> bool:
-        """An interrupt was sent (or could not be): a body that returned is no success."""
-        return self._interrupt_sent
-
-    def run_body(
-        self,
-        run: Callable[..., Any],
-        call: tuple[tuple[Any, ...], dict[str, Any]],
-        lock: AnyLock,
-    ) -> Any:
+    def run_body(self, run: Callable[..., Any], call: Call, lock: AnyLock) -> Any:
         """``run(*args, **kwargs)`` in this thread, as the target of an interrupt."""
         body = current_body()
         with self._state:
@@ -423,7 +406,7 @@ class RunGuard:
             finally:
                 with self._state:
                     self._body, self._body_ended = None, True
-                    if self._interrupt_sent:
+                    if self.interrupt_due:
                         body.cancel()  # not delivered yet: drop it
         except _Interrupted:
             raise LockLost(

@@ -105,14 +105,12 @@ class _Keys:
         )
 
 
+@dataclass(slots=True)
 class TaskRuns:
     """A task's plan and key builder in one process (kept by the `Runtime`)."""
 
-    __slots__ = ("keys", "plan")
-
-    def __init__(self) -> None:
-        self.plan: _Plan | None = None
-        self.keys: _Keys | None = None
+    plan: _Plan | None = None
+    keys: _Keys | None = None
 
     def plan_for(self, task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> _Plan:
         """Locked or not, and the options, for a run without call options."""
@@ -244,10 +242,6 @@ class HeldRecords:
             if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
                 found.append(cls(path))
         return found
-
-    def writer(self) -> HeldWriter:
-        """A record file for this process (keep one per process: see `Runtime.held_writer`)."""
-        return HeldWriter(self.directory)
 
     @staticmethod
     def _read(path: Path) -> list[dict[str, Any]]:
@@ -382,12 +376,13 @@ class Runtime:
         return runs
 
     def held_writer(self) -> HeldWriter | None:
-        """This process's record file, when held locks are recorded (see `HeldRecords`)."""
+        """This process's record file (one per process), when held locks are recorded (see
+        `HeldRecords`)."""
         writer = self._held_writer
         if writer is None and self.records is not None:
             with self._guard:
                 if self._held_writer is None:
-                    self._held_writer = self.records.writer()
+                    self._held_writer = HeldWriter(self.records.directory)
                 writer = self._held_writer
         return writer
 

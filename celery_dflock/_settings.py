@@ -117,10 +117,6 @@ def check_lease(value: object, where: str) -> Lease:
     return lease_seconds(where, value, error=DflockConfigError)
 
 
-def check_ttl(value: object, where: str) -> Lease | None:
-    return None if value is None else check_lease(value, where)
-
-
 def check_max_retries(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DflockConfigError(
@@ -138,8 +134,6 @@ def check_session_ttl(value: object, where: str) -> int:
     return whole_seconds(where, cast("float", value), minimum=1, error=DflockConfigError)
 
 
-check_limit_value: Final[Check[int | None]] = partial(check_limit, error=DflockConfigError)
-check_renew_ratio_value: Final[Check[float]] = partial(check_renew_ratio, error=DflockConfigError)
 check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockConfigError)
 
 
@@ -168,8 +162,6 @@ def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word
     return check
 
 
-check_on_locked: Final[Check[OnLocked]] = one_of(get_args(OnLocked))
-check_on_lock_lost: Final[Check[OnLockLost]] = one_of(get_args(OnLockLost))
 check_lock_from: Final[Check[LockFrom]] = one_of(
     get_args(LockFrom),
     "'run' (the key is taken when the run starts) or 'publish' (taken when the task is sent, "
@@ -291,13 +283,9 @@ def check_ssl(value: object, where: str) -> ssl.SSLContext | None:
     )
 
 
-DEFAULT_RETRY_COUNTDOWN_S: Final = 1.0
-DEFAULT_RETRY_BACKOFF_MAX_S: Final = 60.0
-DEFAULT_PENDING_TTL_S: Final = DEFAULT_MAX_LEASE_TTL_S
 DEFAULT_BEAT_LEASE_TTL_S: Final = 10
 DEFAULT_BEAT_KEY_PREFIX: Final = "celery-beat:"
 """Beat's leader lock key, when ``dflock_beat_lock_key`` is not set: this and ``app.main``."""
-DEFAULT_BEAT_SCHEDULER: Final = "celery.beat:PersistentScheduler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +352,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "lock_ttl",
         "dflock_lock_ttl",
         None,
-        check_ttl,
+        check_lease,
         "Lease in seconds (`None`: the server's, 33 s by default); renewed every "
         "`lock_ttl * dflock_renew_ratio` while the body runs.",
     ),
@@ -372,7 +360,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "on_locked",
         "dflock_on_locked",
         "retry",
-        check_on_locked,
+        one_of(get_args(OnLocked)),
         'The lock is busy: `"retry"` (sent again with a countdown, exponential backoff and '
         "jitter, up to `lock_max_retries` times, then the task fails with `LockNotAcquired` "
         'saying the retries ran out), `"skip"` (the run fails at once with `LockSkipped`) or '
@@ -382,7 +370,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "lock_limit",
         None,
         None,
-        check_limit_value,
+        partial(check_limit, error=DflockConfigError),
         "Let up to N runs per key proceed at once (a semaphore); `None`: a plain lock. A key "
         "is one resource: while runs with one limit hold it, a run with another (a lock is "
         "limit 1) is refused at once and `on_locked` applies.",
@@ -391,7 +379,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "on_lock_lost",
         "dflock_on_lock_lost",
         "interrupt",
-        check_on_lock_lost,
+        one_of(get_args(OnLockLost)),
         'The lock is lost mid-run (renewal refused or server gone): `"interrupt"` raises '
         '`LockLost` in the body; `"flag"` only sets `self.lock.lost`; `"terminate"` kills a '
         "prefork pool child (elsewhere it interrupts). `lock_lost` is sent in every case.",
@@ -399,14 +387,14 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
     Spec(
         "lock_retry_countdown",
         "dflock_lock_retry_countdown",
-        DEFAULT_RETRY_COUNTDOWN_S,
+        1.0,
         check_countdown,
         'First retry countdown of `on_locked="retry"`, doubled per retry.',
     ),
     Spec(
         "lock_retry_backoff_max",
         "dflock_lock_retry_backoff_max",
-        DEFAULT_RETRY_BACKOFF_MAX_S,
+        60.0,
         check_countdown,
         "Longest retry countdown.",
     ),
@@ -448,7 +436,7 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
     Spec(
         "lock_pending_ttl",
         "dflock_lock_pending_ttl",
-        DEFAULT_PENDING_TTL_S,
+        DEFAULT_MAX_LEASE_TTL_S,
         check_lease,
         'Seconds a message sent with `lock_from="publish"` may wait holding its key, counted '
         "from the send (a longer `countdown`/`eta` extends it to the due time); a message no "
@@ -646,7 +634,7 @@ APP_SETTING_SPECS: Final = (
     _setting(
         "dflock_renew_ratio",
         DEFAULT_RENEW_RATIO,
-        check_renew_ratio_value,
+        partial(check_renew_ratio, error=DflockConfigError),
         "Renew a held lock at this fraction of its lease.",
     ),
     _setting(
@@ -675,7 +663,7 @@ BEAT_SETTING_SPECS: Final = (
     ),
     _setting(
         "dflock_beat_scheduler",
-        DEFAULT_BEAT_SCHEDULER,
+        "celery.beat:PersistentScheduler",
         as_given,  # a class or "module:Class": resolved and checked by celery_dflock.beat
         'The scheduler that does the work: `"module:Class"` or the class.',
     ),

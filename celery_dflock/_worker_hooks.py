@@ -30,24 +30,18 @@ from celery_dflock._request import HOLD_HEADER, OUTAGE_HEADER, HoldRef, header, 
 from celery_dflock._runtime import (
     CHILD_EXIT_WAIT_S,
     HeldRecords,
+    app_client,
     get_runtime,
+    options_for,
     pid_gone,
     reset_runtime_after_fork,
 )
-from celery_dflock._settings import LOCK_OPTIONS, close_matches
+from celery_dflock._settings import close_matches
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
 
-__all__ = [
-    "OUTAGES_COMMAND",
-    "apply_task_locks",
-    "countdowns_past_visibility",
-    "install_hooks",
-    "leases_above",
-    "unknown_task_locks",
-    "with_skip",
-]
+__all__ = ["OUTAGES_COMMAND", "apply_task_locks", "install_hooks", "with_skip"]
 
 logger: Any = get_logger("celery_dflock.signals")
 
@@ -115,10 +109,10 @@ class _Hooks:
             return
         apply_task_locks(self.app, self.locked_task)
         self.main_pid = os.getpid()
-        _register_outages_command()
+        inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
         runtime = get_runtime(self.app)
         runtime.records = HeldRecords.for_main_process(self.main_pid)
-        _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers")
+        _in_a_thread(self._clean_up_after_dead_workers, "dflock-leftovers", self.main_pid)
         if runtime.records is None:
             logger.warning(
                 "dflock: no private directory for held-lock records in %s; locks of killed "
@@ -243,7 +237,7 @@ class _Hooks:
 
     def on_worker_process_init(self, **_: Any) -> None:
         # Also sent by the solo pool in the worker's own process, which is no pool child.
-        if self.main_pid is not None and self.main_pid == os.getpid():
+        if self._in_main_process():
             return
         reset_runtime_after_fork(self.app, in_pool_child=True)
 
@@ -283,9 +277,7 @@ class _Hooks:
 
     def _release_hold(self, held: HoldRef, task_id: str | None) -> None:
         try:
-            released = (
-                get_runtime(self.app).client(get_config(self.app)).release(held.key, held.token)
-            )
+            released = app_client(self.app).release(held.key, held.token)
         except (DflockError, OSError) as exc:
             logger.warning(
                 "dflock: could not release key %r held for revoked task %s: %s "
@@ -298,10 +290,8 @@ class _Hooks:
             if released:
                 logger.info("dflock: released key %r of revoked task %s", held.key, task_id)
 
-    def _clean_up_after_dead_workers(self) -> None:
-        if self.main_pid is None:
-            return
-        for records in HeldRecords.left_by_dead_workers(self.main_pid):
+    def _clean_up_after_dead_workers(self, main_pid: int) -> None:
+        for records in HeldRecords.left_by_dead_workers(main_pid):
             self._release_from(records, None, wait_s=0)
             if not records.entries():
                 records.remove_all()
@@ -319,8 +309,6 @@ class _Hooks:
             _in_a_thread(self._release_from, name, records, task_id, CHILD_EXIT_WAIT_S)
 
     def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
-        runtime = get_runtime(self.app)
-        config = get_config(self.app)
         for path, entry in records.entries(task_id):
             pid = int(entry.get("pid", 0))
             if pid and not pid_gone(pid, wait_s):
@@ -332,7 +320,7 @@ class _Hooks:
                 )
                 continue
             try:
-                released = runtime.client(config).release(
+                released = app_client(self.app).release(
                     str(entry["key"]), str(entry["token"]), limit=entry.get("limit")
                 )
             except (DflockError, OSError, KeyError) as exc:
@@ -362,14 +350,10 @@ def _outage_header(request: Any) -> OutageState | None:
     return outage_of(request)
 
 
-def _register_outages_command() -> None:
-
-    def dflock_outages(state: Any, **_: Any) -> dict[str, object]:
-        """Lock-server outages this worker met: outage retries, servers unreachable."""
-        hooks = getattr(getattr(state.consumer, "app", None), _HOOKS_ATTR, None)
-        return hooks.outage_report() if isinstance(hooks, _Hooks) else {}
-
-    inspect_command(name=OUTAGES_COMMAND)(dflock_outages)
+def _dflock_outages(state: Any, **_: Any) -> dict[str, object]:
+    """Lock-server outages this worker met: outage retries, servers unreachable."""
+    hooks = getattr(getattr(state.consumer, "app", None), _HOOKS_ATTR, None)
+    return hooks.outage_report() if isinstance(hooks, _Hooks) else {}
 
 
 def install_hooks(app: Any, locked_task: type[Any]) -> None:
@@ -383,15 +367,14 @@ def install_hooks(app: Any, locked_task: type[Any]) -> None:
 
 def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
     """`celery_dflock.task.apply_task_locks`, with ``locked_task`` as `LockedTask`."""
-    config = get_config(app)
     changed: list[str] = []
     tasks: Mapping[str, Any] = app.tasks
-    for name in config.task_locks:
+    for name in get_config(app).task_locks:
         task = tasks.get(name)
         if task is None or isinstance(task, locked_task):
             continue
         original: Any = task.__class__
-        locked_cls = type(
+        task.__class__ = type(
             original.__name__,
             (locked_task, original),
             {
@@ -400,7 +383,6 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
                 "throws": with_skip(getattr(original, "throws", ())),
             },
         )
-        task.__class__ = locked_cls
         changed.append(name)
     return changed
 
@@ -414,9 +396,8 @@ def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, Lock
     for name, task in sorted(tasks.items()):
         if not isinstance(task, locked_task):
             continue
-        attributes = tuple(getattr(task, option, None) for option in LOCK_OPTIONS)
         try:
-            options = runtime.task_runs(name).plan_for(task, config, attributes).options
+            options = options_for(task, config, runtime.task_runs(name), None)
         except DflockError:
             continue
         if options is not None:
@@ -477,15 +458,12 @@ def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
 def unknown_task_locks(app: Any) -> list[str]:
     """A warning for each ``dflock_task_locks`` entry that names no task of ``app``."""
     tasks = [str(name) for name in app.tasks]
-    warnings: list[str] = []
-    for name in get_config(app).task_locks:
-        if name in tasks:
-            continue
-        warnings.append(
-            f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
-            f"locked{close_matches(name, tasks, cutoff=0.5)}"
-        )
-    return warnings
+    return [
+        f"dflock_task_locks names {name!r}, which no task of this app has, so it is not "
+        f"locked{close_matches(name, tasks, cutoff=0.5)}"
+        for name in get_config(app).task_locks
+        if name not in tasks
+    ]
 
 
 def with_skip(throws: object) -> tuple[type[BaseException], ...]:

@@ -230,12 +230,11 @@ def _with_holder(lock: dict[str, Any]) -> dict[str, Any]:
 
     owner = lock.get("owner")
     note = note_parts(owner if isinstance(owner, str) else None)
-    task_id, host = note.task_id, note.host
-    pid = beat_pid(task_id)
+    pid = beat_pid(note.task_id)
     return {
         **lock,
-        "holder_task_id": None if pid is not None else task_id,
-        "holder_host": host,
+        "holder_task_id": None if pid is not None else note.task_id,
+        "holder_host": note.host,
         "holder_pid": note.pid,
         "holder_task_name": note.task_name,
         "holder_beat_pid": pid,
@@ -321,7 +320,6 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
     """One row per held lock or semaphore, with the task (or beat) holding a lock; "queued"
     while its message waits under a publish-time hold. A note column marks restored leases."""
     rows: list[list[str]] = []
-    restored = False
     for rep in reports:
         if rep.stats is None:
             continue
@@ -345,7 +343,6 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
                     RESTORED_MARK if lock.get("restored") is True else "",
                 ]
             )
-            restored = restored or lock.get("restored") is True
         for sem in _items(rep.stats, "semaphores"):
             rows.append(
                 [
@@ -373,7 +370,7 @@ def format_locks(reports: Sequence[ServerReport]) -> str:
             "task id",
             "host",
         ]
-        if restored:
+        if any(row[-1] for row in rows):  # a restored lease
             header.append("note")
         else:
             rows = [row[:-1] for row in rows]
@@ -568,8 +565,7 @@ def operator_note() -> str:
         user = getpass.getuser()
     except (OSError, KeyError):
         user = "unknown"
-    note = OPERATOR_NOTE_PREFIX + quote(f"{user}@{socket.gethostname()}", safe="@")
-    return note[:200]
+    return (OPERATOR_NOTE_PREFIX + quote(f"{user}@{socket.gethostname()}", safe="@"))[:200]
 
 
 def keys_with_prefix(reports: Sequence[ServerReport], prefix: str) -> list[str]:
@@ -638,8 +634,7 @@ def release(
 
     obj: Any = ctx.obj
     try:
-        config = get_config(obj.app)
-        with config.new_client() as client:
+        with get_config(obj.app).new_client() as client:
             if key is not None:
                 keys = [key]
                 unreachable: list[ServerReport] = []

@@ -262,10 +262,7 @@ def resolve_options(
     }
     check_combination(first["lock_from"], first["limit"], f"lock options of task {task_name!r}")
     timeout = first.pop("timeout")
-    return LockOptions(
-        **first,
-        timeout=(RETRY_WAIT_S if first["on_locked"] == "retry" else 0.0)
-        if timeout is None
-        else timeout,
-        timeout_given=timeout is not None,
-    )
+    given = timeout is not None
+    if not given:
+        timeout = RETRY_WAIT_S if first["on_locked"] == "retry" else 0.0
+    return LockOptions(**first, timeout=timeout, timeout_given=given)

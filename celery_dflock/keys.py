@@ -69,14 +69,6 @@ def safe_key(raw: str, max_bytes: int = MAX_LINE_BYTES) -> str:
     return f"{prefix}{DIGEST_SEPARATOR}{digest(raw)}"
 
 
-def _signature_of(run: Callable[..., Any]) -> inspect.Signature | None:
-    """``inspect.signature(run)``, or None when it has none (e.g. a C function)."""
-    try:
-        return inspect.signature(run)
-    except (TypeError, ValueError):
-        return None
-
-
 class _NamedParameters:
     """A signature whose parameters all have names (no ``*args``/``**kwargs``/positional-only):
     `bind` gives what ``signature.bind(...)`` + ``apply_defaults()`` give, faster, or None
@@ -238,7 +230,10 @@ class KeyBuilder:
         self.source = source
         self.task_name = task_name
         self.prefix = prefix
-        self._signature = None if callable(source) else _signature_of(run)
+        try:
+            self._signature = None if callable(source) else inspect.signature(run)
+        except (TypeError, ValueError):  # it has none (e.g. a C function)
+            self._signature = None
         self._named = None if self._signature is None else _NamedParameters.of(self._signature)
 
     def key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:

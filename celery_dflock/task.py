@@ -25,8 +25,11 @@ from celery_dflock._request import (
     HOLD_HEADER,
     LOCK_OPTIONS_HEADER,
     LOCK_RETRIES_HEADER,
+    Call,
+    Follow,
     header,
     held_lock,
+    request_headers,
 )
 from celery_dflock._run import locked_run
 from celery_dflock._runtime import AnyLock, app_client
@@ -73,7 +76,6 @@ class LockedTask(Task):
         BaseTask.on_bound.__func__(cls, app)
         _worker_hooks.install_hooks(app, LockedTask)
         cls.throws = _worker_hooks.with_skip(getattr(cls, "throws", ()))
-        template = cls.lock_key
         run: Any = cls.__dict__.get("run")
         name: Any = cls.__dict__.get("name")
         inherited = {attr for base in cls.__mro__[1:] for attr in vars(base)}
@@ -87,8 +89,8 @@ class LockedTask(Task):
             lambda option: f"attribute {option} of task {name or cls!r}",
             what=f"task {name or cls!r}",
         )
-        if isinstance(template, str) and callable(run) and isinstance(name, str):
-            check_template(template, cast("Callable[..., Any]", run), task_name=name)
+        if isinstance(cls.lock_key, str) and callable(run) and isinstance(name, str):
+            check_template(cls.lock_key, cast("Callable[..., Any]", run), task_name=name)
 
     @property
     def lock(self) -> AnyLock | None:
@@ -128,11 +130,8 @@ class LockedTask(Task):
         in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
         task_id = task_id or uuid()
         sent_options = headers.get(LOCK_OPTIONS_HEADER)
-        per_call = (
-            read_call_options(sent_options, f"lock options of a message of {self._name!r}")
-            if sent_options
-            else None
-        )
+        what = f"lock options of a message of {self._name!r}"
+        per_call = read_call_options(sent_options, what) if sent_options else None
         taken = publish_hold(
             self,
             self._as_sent(args, kwargs, options),
@@ -148,7 +147,7 @@ class LockedTask(Task):
             if not in_canvas and taken.task_id is not None:
                 return self._celery.AsyncResult(taken.task_id)
             # A canvas member's id is already in its canvas's result: send a follower.
-            headers[FOLLOW_HEADER] = taken.follow().header()
+            headers[FOLLOW_HEADER] = Follow(taken.key, taken.task_id, taken.error).header()
             headers[HOLD_HEADER] = None
             options["headers"] = headers
             return send()
@@ -214,10 +213,8 @@ class LockedTask(Task):
         request = self._celery.request
         kept = retry_hand_off(self, request, countdown=countdown, eta=eta, max_retries=max_retries)
         given = header(request, LOCK_OPTIONS_HEADER)  # checked when the run read it
-        headers = dict(cast("Mapping[str, Any]", options.pop("headers", None) or {}))
-        request_headers: Any = request.headers
-        if isinstance(request_headers, Mapping):
-            headers = {**cast("Mapping[str, Any]", request_headers), **headers}
+        given_headers = cast("Mapping[str, Any]", options.pop("headers", None) or {})
+        headers = {**(request_headers(request) or {}), **given_headers}
         if given:
             headers[LOCK_OPTIONS_HEADER] = given
         # A retry is no new publish: it takes no hold of its own.
@@ -264,12 +261,9 @@ class LockedTask(Task):
     def _name(self) -> str:
         return str(self._celery.name)
 
-    def _as_sent(
-        self, args: Any, kwargs: Any, options: Mapping[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _as_sent(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> Call:
         """(args, kwargs) as the run will get them, through the message's serializer."""
-        task = self._celery
-        serializer = options.get("serializer") or task.serializer
+        serializer = options.get("serializer") or self._celery.serializer
         data = (list(args or ()), dict(kwargs or {}))
         codec: Any = serialization  # kombu's serializers, untyped
         content_type, encoding, body = codec.dumps(data, serializer)

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, signals as celery_signals
+from celery import Celery
 from celery.beat import PersistentScheduler
 
+from celery_dflock._celery import signals as celery_signals
 from celery_dflock.beat import SingletonScheduler
 from celery_dflock.demo.fsbroker import TRANSPORT as FILESYSTEM_TRANSPORT
 from celery_dflock.demo.timeline import Event, record
@@ -124,18 +125,15 @@ def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 def _on_ready(**_: Any) -> None:
-    folder = Path(_env("DFLOCK_DEMO_DIR"))
-    (folder / f"ready-{_name()}").touch()
+    (Path(_env("DFLOCK_DEMO_DIR")) / f"ready-{_name()}").touch()
 
 
 def _on_skipped(sender: Any = None, task_id: Any = None, key: Any = None, **_: Any) -> None:
     record(_events(), Event("skip", str(key), time.time(), str(task_id)))
 
 
-_task_retry: Any = celery_signals.task_retry
-_worker_ready: Any = celery_signals.worker_ready
-_task_retry.connect(_on_retry)
-_worker_ready.connect(_on_ready)
+celery_signals.task_retry.connect(_on_retry)
+celery_signals.worker_ready.connect(_on_ready)
 lock_skipped.connect(_on_skipped)
 
 

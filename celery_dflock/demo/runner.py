@@ -196,9 +196,8 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
         events = folder / "events.jsonl"
         # Celery lets these variables override the app's own broker setting; the demo's broker
         # is the embedded one (or --broker), whatever the shell has exported.
-        env = {k: v for k, v in os.environ.items() if k not in CELERY_ENV_OVERRIDES}
         env = {
-            **env,
+            **{k: v for k, v in os.environ.items() if k not in CELERY_ENV_OVERRIDES},
             "DFLOCK_SERVERS": f"{server.host}:{server.port}",
             "DFLOCK_DEMO_BROKER": broker or "filesystem://",
             "DFLOCK_DEMO_BROKER_DIR": str(folder / "broker"),

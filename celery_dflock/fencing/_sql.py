@@ -16,7 +16,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import CompileError, DBAPIError
 
 from celery_dflock.fencing.errors import FenceColumnMissing
-from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, refuse_below, require_fence
+from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, require_fence
 
 __all__ = [
     "FencedUpdate",
@@ -24,8 +24,6 @@ __all__ = [
     "check_columns",
     "column_checked",
     "dialect_of",
-    "fence_column_of",
-    "table_of",
     "wrong_face",
 ]
 
@@ -169,9 +167,6 @@ class FencedUpdate:
     def highest(self) -> sa.Select[tuple[Any]]:
         return sa.select(sa.func.max(self.column)).where(self.where)
 
-    def refuse_below(self, kept: object) -> None:
-        refuse_below(self.label, self.fence, kept)
-
 
 @dataclass(frozen=True, slots=True)
 class FencedUpsert:
@@ -256,6 +251,3 @@ class FencedUpsert:
     def kept(self) -> sa.Select[tuple[Any]]:
         """The row's fence, read under the row lock the upsert took (the latest committed)."""
         return sa.select(self.column).where(self.where).with_for_update()
-
-    def refuse_below(self, kept: object) -> None:
-        refuse_below(self.label, self.fence, kept)

@@ -35,12 +35,10 @@ def require_fence(fence: int | None, target: str | Callable[[], str]) -> int:
             f"fenced write to {target}: fence must be the lock's fence, an int "
             f"(self.lock.fence), not {type(fence).__name__} {fence!r}"
         )
-    if not 0 <= fence <= MAX_FENCE:
-        raise InvalidValueError(
-            f"fenced write to {target}: fence {fence} is outside 0..{MAX_FENCE}, which no "
-            "lock server issues; pass self.lock.fence"
-        )
-    return fence
+    raise InvalidValueError(
+        f"fenced write to {target}: fence {fence} is outside 0..{MAX_FENCE}, which no "
+        "lock server issues; pass self.lock.fence"
+    )
 
 
 def refuse_below(target: str | Callable[[], str], fence: int, kept: object) -> None:

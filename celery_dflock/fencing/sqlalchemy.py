@@ -44,7 +44,7 @@ from celery_dflock.fencing._sql import (
     dialect_of,
     wrong_face,
 )
-from celery_dflock.fencing.fences import FENCE_COLUMN
+from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
 
 __all__ = [
     "add_fence_column",
@@ -110,7 +110,7 @@ def fenced_update(
         result = connection.execute(fenced.update(table, values))
         if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
-        fenced.refuse_below(connection.execute(fenced.highest()).scalar())
+        refuse_below(fenced.label, fenced.fence, connection.execute(fenced.highest()).scalar())
     return 0
 
 
@@ -142,4 +142,4 @@ def fenced_upsert(
         result = connection.execute(statement)
         if dialect.name not in MYSQL and result.scalar() is not None:
             return
-        fenced.refuse_below(connection.execute(fenced.kept()).scalar())
+        refuse_below(fenced.label, fenced.fence, connection.execute(fenced.kept()).scalar())

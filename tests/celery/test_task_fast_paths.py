@@ -19,7 +19,7 @@ from celery import Celery
 from hypothesis import given, settings, strategies as st
 
 from celery_dflock import LockedTask
-from celery_dflock._runtime import HeldRecords
+from celery_dflock._runtime import HeldRecords, HeldWriter
 from celery_dflock.client._requests import validate_key
 from celery_dflock.client.sharding import (
     IdentityShardingStrategy,
@@ -240,7 +240,7 @@ def _file_list(path: str) -> list[dict[str, Any]]:
 
 def test_a_child_keeps_one_record_file_rewritten_in_place(tmp_path: Path) -> None:
     records = HeldRecords(tmp_path)
-    writer = records.writer()
+    writer = HeldWriter(records.directory)
     outer = writer.add("task/1 ü", _Held("report:1", TOKEN_A), 3)  # type: ignore[arg-type]
     assert outer is not None
     path = writer.path
@@ -275,7 +275,7 @@ def test_a_child_keeps_one_record_file_rewritten_in_place(tmp_path: Path) -> Non
 
 def test_the_main_process_forgets_released_entries(tmp_path: Path) -> None:
     records = HeldRecords(tmp_path)
-    writer = records.writer()
+    writer = HeldWriter(records.directory)
     assert writer.add("t1", _Held("k1", TOKEN_A), None) is not None  # type: ignore[arg-type]
     assert writer.add("t2", _Held("k2", TOKEN_B), 2) is not None  # type: ignore[arg-type]
     # (the child dies here holding both; its writer is never closed)
@@ -292,7 +292,7 @@ def test_a_file_left_by_an_earlier_process_with_this_pid_is_started_afresh(
 ) -> None:
     stale = tmp_path / f"{os.getpid()}.held"
     stale.write_text(json.dumps([{"task_id": "old", "key": "k" * 200, "pid": os.getpid()}]))
-    writer = HeldRecords(tmp_path).writer()
+    writer = HeldWriter(tmp_path)
     assert writer.add("new", _Held("k", TOKEN_A), None) is not None  # type: ignore[arg-type]
     assert [e["task_id"] for e in _file_list(writer.path)] == ["new"]
     writer.close()
