@@ -145,11 +145,9 @@ class ClusterNode:
         self.prefix = prefix
         self.advertise = advertise
         self.host = host
-        self.max_lease_ttl_s = max_lease_ttl_s
         self.lease_ttl_s = lease_ttl_s
         self.settle_s = settle_s
         self.auto_rebalance_s = auto_rebalance_s
-        self.failover_margin_s = failover_margin_s
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
         """The wait for a gone member that published no longest lease."""
         self._clock = clock
