@@ -34,13 +34,12 @@ from celery_dflock.client._requests import (
     checked_hand_down,
     checked_hold,
     checked_lock,
-    checked_release,
     checked_renew,
     checked_sem_lock,
     checked_take,
 )
 from celery_dflock.client._router import ClusterRouter, KeyRoute
-from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
+from celery_dflock.client._servers import ServerInfo, require_holds
 from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import (
     REPLY_GRACE_S,
@@ -216,7 +215,7 @@ class LockCore:
             data = checked_sem_lock(routing.key, timeout, limit, lease)
             return Command.SEM_LOCK, data, timeout + REPLY_GRACE_S
         note = self.note
-        if note is not None and server is not None and server.supports(FEATURE_HOLDS):
+        if note is not None and server is not None and server.supports(wire.FEATURE_HOLDS):
             hold_lease = lease if lease is not None else server.default_lease_ttl_s
             if hold_lease is not None:  # (else a server that does not say it: `l`, no note)
                 data = checked_hold(routing.key, timeout, hold_lease, note, detached=False)
@@ -257,12 +256,7 @@ class LockCore:
         return command, data, self.grant.renew_reply_timeout()
 
     def release_request(self) -> Request:
-        token = self._held_token()
-        if self.routing.limit is None:
-            data = checked_release(self.routing.key, token)  # a token a grant reply matched
-            return Command.RELEASE, data, self.reply_timeout()
-        data = _requests.encode_sem_release(self.key, token)
-        return Command.SEM_RELEASE, data, self.reply_timeout()
+        return _by_token.release_request(self.key, self._held_token(), self.limit)
 
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
@@ -313,7 +307,7 @@ class LockCore:
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
         """``hd <token> <lease_ttl>``; a server without holds gets ``n <token> <lease_ttl>``."""
         token = self._held_token()
-        if server is None or not server.supports(FEATURE_HOLDS):
+        if server is None or not server.supports(wire.FEATURE_HOLDS):
             return _by_token.renew_request(self.key, token, lease_ttl)
         data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
         return Command.HAND_DOWN, data, self.reply_timeout()

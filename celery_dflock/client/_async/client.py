@@ -222,9 +222,7 @@ class AsyncClient:
     async def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
         the key."""
-        request = _by_token.renew_request(
-            _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
-        )
+        request = _by_token.renew_request(_requests.validate_key(key), token, lease_ttl)
         return await self._done(key, lambda _, __: request)
 
     async def note(self, key: str, token: str, note: str) -> bool:

@@ -197,8 +197,7 @@ class AsyncLockBase:
         """`_grant`, following a cluster's redirects (operation lock held)."""
         holding, core = self._holding, self._core
         router = core.router
-        if router is not None and not core.routing.route():
-            await self._remap(router)
+        await self._route()
         while True:
             try:
                 conn = await holding.checkout()
@@ -286,6 +285,12 @@ class AsyncLockBase:
     async def _remap(self, router: ClusterRouter) -> None:
         await self._refresh_map(router)
         self._core.routing.route()
+
+    async def _route(self) -> None:
+        """Aim at the key's server (in cluster mode by the map, read first if not fresh)."""
+        router = self._core.router
+        if router is not None and not self._core.routing.route():
+            await self._remap(router)
 
     async def _reroute(self, exc: ServerUnavailable) -> None:
         """The key's member could not serve the acquire: pause and re-route until the acquire's
@@ -406,9 +411,7 @@ class AsyncLockBase:
         holding, core = self._holding, self._core
         holding.forked()
         async with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():  # cluster: the key's node now
-                await self._remap(router)
+            await self._route()  # cluster: the key's node now
             return await request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
     async def _done_by_token(self, build: Build) -> bool:
@@ -523,9 +526,7 @@ class AsyncDistributedLock(AsyncLockBase):
         holding = self._holding
         holding.forked()
         async with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():
-                await self._remap(router)
+            await self._route()
             conn = await holding.checkout()
             try:
                 command, data, timeout = core.take_over_request(

@@ -224,9 +224,7 @@ class Client:
     def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
         the key."""
-        request = _by_token.renew_request(
-            _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
-        )
+        request = _by_token.renew_request(_requests.validate_key(key), token, lease_ttl)
         return self._done(key, lambda _, __: request)
 
     def note(self, key: str, token: str, note: str) -> bool:

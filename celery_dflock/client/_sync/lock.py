@@ -197,8 +197,7 @@ class LockBase:
         """`_grant`, following a cluster's redirects (operation lock held)."""
         holding, core = self._holding, self._core
         router = core.router
-        if router is not None and not core.routing.route():
-            self._remap(router)
+        self._route()
         while True:
             try:
                 conn = holding.checkout()
@@ -284,6 +283,12 @@ class LockBase:
     def _remap(self, router: ClusterRouter) -> None:
         self._refresh_map(router)
         self._core.routing.route()
+
+    def _route(self) -> None:
+        """Aim at the key's server (in cluster mode by the map, read first if not fresh)."""
+        router = self._core.router
+        if router is not None and not self._core.routing.route():
+            self._remap(router)
 
     def _reroute(self, exc: ServerUnavailable) -> None:
         """The key's member could not serve the acquire: pause and re-route until the acquire's
@@ -402,9 +407,7 @@ class LockBase:
         holding, core = self._holding, self._core
         holding.forked()
         with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():  # cluster: the key's node now
-                self._remap(router)
+            self._route()  # cluster: the key's node now
             return request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
     def _done_by_token(self, build: Build) -> bool:
@@ -519,9 +522,7 @@ class DistributedLock(LockBase):
         holding = self._holding
         holding.forked()
         with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():
-                self._remap(router)
+            self._route()
             conn = holding.checkout()
             try:
                 command, data, timeout = core.take_over_request(
