@@ -72,7 +72,8 @@ QUEUED: Final = EnqueueResult("queued")
 
 class LockCore:
     """State and decisions of one lock or semaphore object. ``settings``, ``acquire_timeout_s``
-    and ``lease_ttl_s`` come checked; ``key`` and ``note`` are checked here."""
+    and ``lease_ttl_s`` (None: the settings') come checked; ``key`` and ``note`` are checked
+    here."""
 
     def __init__(
         self,
@@ -80,18 +81,20 @@ class LockCore:
         settings: ClientSettings,
         *,
         limit: int | None = None,
-        acquire_timeout_s: int,
-        lease_ttl_s: int | None,
+        acquire_timeout_s: int | None = None,
+        lease_ttl_s: int | None = None,
         router: ClusterRouter | None = None,
         note: str | None = None,
     ) -> None:
+        if acquire_timeout_s is None:
+            acquire_timeout_s = settings.acquire_timeout_s
         self.routing = KeyRoute(key, limit, settings, acquire_timeout_s, router)
         self.grant = HeldGrant()
         self.state = LockState.IDLE
         self.lost = False  # kept until the next grant
         self.holder: str | None = None  # the note of a busy key's holder
         self.busy = False  # the last acquire ended with ``timeout``
-        self.lease_ttl_s = lease_ttl_s
+        self.lease_ttl_s = settings.lease_ttl_s if lease_ttl_s is None else lease_ttl_s
         self.note = None if note is None else _requests.validate_note(note)
 
     def __copy__(self) -> LockCore:

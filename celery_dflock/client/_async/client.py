@@ -132,7 +132,7 @@ class AsyncClient:
     def _lock(
         self,
         key: str,
-        acquire_timeout_s: int,
+        acquire_timeout_s: int | None,
         lease_ttl_s: int | None,
         on_lost: Callable[[AsyncDistributedLock], object] | None = None,
         note: str | None = None,
@@ -167,15 +167,15 @@ class AsyncClient:
         )
         return AsyncDistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
-    def _acquire_timeout(self, acquire_timeout_s: float | None) -> int:
+    @staticmethod
+    def _acquire_timeout(acquire_timeout_s: float | None) -> int | None:
         if acquire_timeout_s is None:
-            return self._settings.acquire_timeout_s
+            return None  # the client's
         return whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
 
-    def _lease(self, lease_ttl_s: int | None) -> int | None:
-        if lease_ttl_s is None:
-            return self._settings.lease_ttl_s
-        return lease_seconds("lease_ttl_s", lease_ttl_s)
+    @staticmethod
+    def _lease(lease_ttl_s: int | None) -> int | None:
+        return None if lease_ttl_s is None else lease_seconds("lease_ttl_s", lease_ttl_s)
 
     def server_for(self, key: str) -> tuple[str, int]:
         """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,

@@ -464,15 +464,7 @@ class AsyncDistributedLock(AsyncLockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-            note=note,
-        )
-        self._setup(core, on_lost, pool)
+        self._setup(LockCore(key, settings, router=router, note=note), on_lost, pool)
 
     @property
     def note(self) -> str | None:
@@ -614,14 +606,7 @@ class AsyncDistributedSemaphore(AsyncLockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            limit=check_limit(limit),
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-        )
+        core = LockCore(key, settings, limit=check_limit(limit), router=router)
         self._setup(core, on_lost, pool)
 
     @property

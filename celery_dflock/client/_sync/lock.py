@@ -460,15 +460,7 @@ class DistributedLock(LockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-            note=note,
-        )
-        self._setup(core, on_lost, pool)
+        self._setup(LockCore(key, settings, router=router, note=note), on_lost, pool)
 
     @property
     def note(self) -> str | None:
@@ -610,14 +602,7 @@ class DistributedSemaphore(LockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            limit=check_limit(limit),
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-        )
+        core = LockCore(key, settings, limit=check_limit(limit), router=router)
         self._setup(core, on_lost, pool)
 
     @property
