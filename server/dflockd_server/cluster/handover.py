@@ -233,7 +233,7 @@ class Handover:
             writes = {
                 s: ShardWrite(view.revisions.get(s, 0), view.shard_map[s].release()) for s in free
             }
-            result = write_shards(self.client, member.keys.shards, writes, condition=alive)
+            result = write_shards(self.client, member.keys.shards, writes, condition=[alive])
             released.update(result.written)
             self.handovers += len(result.written)
             if result.condition_failed or not result.conflicted:

@@ -119,7 +119,7 @@ class ClusterStats:
 
 class ClusterNode:
     """One lock server's cluster member; ``start`` then ``stop``. It owns the server's
-    ``fence`` counter."""
+    ``fence`` counter. ``max_lease_ttl_s`` and ``lease_ttl_s`` come checked (``Config``)."""
 
     def __init__(
         self,
@@ -137,10 +137,6 @@ class ClusterNode:
         fence: FenceCounter | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if max_lease_ttl_s <= 0:
-            raise ValueError("the longest lock lease (--max-lease-ttl) must be positive")
-        if lease_ttl_s < 1:
-            raise ValueError("the cluster member's etcd lease TTL must be at least 1 s")
         self.client = etcd_client
         self.prefix = prefix
         self.advertise = advertise
