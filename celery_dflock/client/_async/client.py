@@ -180,12 +180,10 @@ class AsyncClient:
     def server_for(self, key: str) -> tuple[str, int]:
         """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
         the first seed while there is none)."""
-        settings = self._settings
-        strategy = settings.sharding_strategy
-        if strategy == CLUSTER or isinstance(strategy, str):
-            owner = None if self._router is None else self._router.owner(key)
-            return settings.servers[0] if owner is None else owner
-        return settings.servers[select_server(key, settings.servers, strategy)]
+        router, settings = self._router, self._settings
+        if router is not None:
+            return router.owner(key) or settings.servers[0]
+        return settings.servers[select_server(key, settings.servers, settings.sharding_strategy)]  # pyright: ignore[reportArgumentType]
 
     async def hold(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True

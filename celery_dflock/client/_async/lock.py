@@ -212,13 +212,8 @@ class AsyncLockBase:
             try:
                 if core.routing.asking:
                     core.routing.asking = False  # one request only
-                    if not isinstance(
-                        await conn.request(
-                            Command.ASKING,
-                            _requests.encode_asking(core.key, core.routing.ask_ticket),
-                        ),
-                        Ok,
-                    ):
+                    asking = _requests.encode_asking(core.key, core.routing.ask_ticket)
+                    if not isinstance(await conn.request(Command.ASKING, asking), Ok):
                         await holding.checkin(conn)
                         wait_s = core.routing.on_ask_refused()
                         if wait_s is None:
