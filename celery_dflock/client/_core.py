@@ -34,13 +34,12 @@ from celery_dflock.client._requests import (
     checked_hand_down,
     checked_hold,
     checked_lock,
-    checked_release,
     checked_renew,
     checked_sem_lock,
     checked_take,
 )
 from celery_dflock.client._router import ClusterRouter, KeyRoute
-from celery_dflock.client._servers import FEATURE_HOLDS, ServerInfo, require_holds
+from celery_dflock.client._servers import ServerInfo, require_holds
 from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import (
     REPLY_GRACE_S,
@@ -73,7 +72,8 @@ QUEUED: Final = EnqueueResult("queued")
 
 class LockCore:
     """State and decisions of one lock or semaphore object. ``settings``, ``acquire_timeout_s``
-    and ``lease_ttl_s`` come checked; ``key`` and ``note`` are checked here."""
+    and ``lease_ttl_s`` (None: the settings') come checked; ``key`` and ``note`` are checked
+    here."""
 
     def __init__(
         self,
@@ -81,18 +81,20 @@ class LockCore:
         settings: ClientSettings,
         *,
         limit: int | None = None,
-        acquire_timeout_s: int,
-        lease_ttl_s: int | None,
+        acquire_timeout_s: int | None = None,
+        lease_ttl_s: int | None = None,
         router: ClusterRouter | None = None,
         note: str | None = None,
     ) -> None:
+        if acquire_timeout_s is None:
+            acquire_timeout_s = settings.acquire_timeout_s
         self.routing = KeyRoute(key, limit, settings, acquire_timeout_s, router)
         self.grant = HeldGrant()
         self.state = LockState.IDLE
         self.lost = False  # kept until the next grant
         self.holder: str | None = None  # the note of a busy key's holder
         self.busy = False  # the last acquire ended with ``timeout``
-        self.lease_ttl_s = lease_ttl_s
+        self.lease_ttl_s = settings.lease_ttl_s if lease_ttl_s is None else lease_ttl_s
         self.note = None if note is None else _requests.validate_note(note)
 
     def __copy__(self) -> LockCore:
@@ -216,7 +218,7 @@ class LockCore:
             data = checked_sem_lock(routing.key, timeout, limit, lease)
             return Command.SEM_LOCK, data, timeout + REPLY_GRACE_S
         note = self.note
-        if note is not None and server is not None and server.supports(FEATURE_HOLDS):
+        if note is not None and server is not None and server.supports(wire.FEATURE_HOLDS):
             hold_lease = lease if lease is not None else server.default_lease_ttl_s
             if hold_lease is not None:  # (else a server that does not say it: `l`, no note)
                 data = checked_hold(routing.key, timeout, hold_lease, note, detached=False)
@@ -257,12 +259,7 @@ class LockCore:
         return command, data, self.grant.renew_reply_timeout()
 
     def release_request(self) -> Request:
-        token = self._held_token()
-        if self.routing.limit is None:
-            data = checked_release(self.routing.key, token)  # a token a grant reply matched
-            return Command.RELEASE, data, self.reply_timeout()
-        data = _requests.encode_sem_release(self.key, token)
-        return Command.SEM_RELEASE, data, self.reply_timeout()
+        return _by_token.release_request(self.key, self._held_token(), self.limit)
 
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
@@ -313,7 +310,7 @@ class LockCore:
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
         """``hd <token> <lease_ttl>``; a server without holds gets ``n <token> <lease_ttl>``."""
         token = self._held_token()
-        if server is None or not server.supports(FEATURE_HOLDS):
+        if server is None or not server.supports(wire.FEATURE_HOLDS):
             return _by_token.renew_request(self.key, token, lease_ttl)
         data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
         return Command.HAND_DOWN, data, self.reply_timeout()

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
-from celery_dflock.client import _requests
-from celery_dflock.client._servers import FEATURE_DURABLE, ServerInfo
+from celery_dflock.client import _requests, wire
+from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import SESSION_KEEPALIVES, SESSION_MARGIN_S, ClientSession
 from celery_dflock.client._settings import (
     MAX_RENEW_INTERVAL_S,
@@ -65,7 +65,8 @@ class RenewOutcome:
 class HeldGrant:
     """One lock object's grant, as far as this process knows (`reset` empties it)."""
 
-    # Class-level defaults until a grant sets its own: a new one costs an empty object.
+    # Class-level defaults until a grant sets its own (`reset` returns to them): a new one costs
+    # an empty object.
     clock: Callable[[], float] = time.monotonic  # tests/sim sets a simulated one
     token: str | None = None
     fencing: bool = False  # the server that granted `token` issues fencing tokens
@@ -187,7 +188,7 @@ class HeldGrant:
             self.session_ttl = server.session_ttl_s
         self.session_deadline = math.inf
         self.answered(sent_at)
-        self.durable = server is not None and server.supports(FEATURE_DURABLE)
+        self.durable = server is not None and server.supports(wire.FEATURE_DURABLE)
         self.server_down = False
 
     def renewed(
@@ -217,22 +218,11 @@ class HeldGrant:
             self.server_down = True
 
     def reset(self) -> None:
-        """Nothing held; the last `lease` is kept for a caller that asks afterwards."""
-        self.token = None
-        self.pid = None
-        self.lease_deadline = 0.0
-        self.lease_latest_end = 0.0
-        self.enqueued_at = None
-        self.broken = None
-        self.reattach_failures = 0
-        self.session_ttl = None
-        self.session_deadline = math.inf
-        self.session = None
-        self.confirmed_at = math.inf
-        self.run = None
-        self.kept_end, self.kept_at = 0.0, -math.inf
-        self.durable = False
-        self.server_down = False
+        """Nothing held: every figure back to the class's default, but the last `lease` (kept
+        for a caller that asks afterwards) and a `clock` set on this grant."""
+        kept = {name: value for name, value in vars(self).items() if name in ("lease", "clock")}
+        vars(self).clear()
+        vars(self).update(kept)
 
     def renew_interval(self, renew_ratio: float) -> float:
         """``lease * renew_ratio``, bounded, and on a session connection a third of its time."""

@@ -206,11 +206,10 @@ class KeyRoute:
         """After `redirected`: what to do next, or None when the time to follow a hand-over
         is up (`handover` says why)."""
         self.rerouted = True
-        where = self.endpoint.address
         if isinstance(reply, Moved):
             return self._follow("error_moved", reply.address)
         self.redirects = 0
-        pause_s = self._next_pause(f"{where} answered error_unavailable")
+        pause_s = self._next_pause(f"{self.endpoint.address} answered error_unavailable")
         return None if pause_s is None else NextTry(pause_s, reroute=True)
 
     def on_ask(self, reply: Asked) -> NextTry | None:

@@ -20,15 +20,6 @@ from celery_dflock.client.errors import (
 CLOSING_ERRORS: Final = frozenset({wire.STATUS_ERROR_AUTH, wire.STATUS_ERROR_DRAINING})
 """Error replies after which the connection must not be reused."""
 
-FEATURE_FENCE: Final = wire.FEATURE_FENCE
-FEATURE_PING: Final = wire.FEATURE_PING
-FEATURE_STATS: Final = wire.FEATURE_STATS
-FEATURE_HOLDS: Final = wire.FEATURE_HOLDS
-FEATURE_FORCE_RELEASE: Final = wire.FEATURE_FORCE_RELEASE
-FEATURE_SESSION: Final = wire.FEATURE_SESSION
-FEATURE_DURABLE: Final = wire.FEATURE_DURABLE
-FEATURE_KEEPALIVE: Final = wire.FEATURE_KEEPALIVE
-
 
 @dataclass(frozen=True, slots=True)
 class Hold:
@@ -58,7 +49,7 @@ class ServerInfo:
     @property
     def keeps_sessions(self) -> bool:
         """True when it keeps client sessions (lists ``keepalive``)."""
-        return FEATURE_KEEPALIVE in self.features
+        return wire.FEATURE_KEEPALIVE in self.features
 
     def session_ttl(self, asked: int) -> int:
         """The time of a session asked for ``asked`` seconds (at most ``max_lease_ttl_s``)."""
@@ -71,7 +62,7 @@ class ServerInfo:
 
     @property
     def fences(self) -> bool:
-        return FEATURE_FENCE in self.features
+        return wire.FEATURE_FENCE in self.features
 
     def supports(self, feature: str) -> bool:
         return feature in self.features
@@ -84,7 +75,7 @@ class ServerInfo:
 
 def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInfo:
     """``server``, when it listed ``holds``; else `HoldsUnsupported`."""
-    if server is None or not server.supports(FEATURE_HOLDS):
+    if server is None or not server.supports(wire.FEATURE_HOLDS):
         told = "a server that was not asked hello" if server is None else server.describe()
         raise HoldsUnsupported(
             f"server {where} is {told}, and a hold or owner note (of {what}) needs "
@@ -95,7 +86,7 @@ def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInf
 
 
 def require_force_release(server: ServerInfo | None, where: str) -> None:
-    if server is None or not server.supports(FEATURE_FORCE_RELEASE):
+    if server is None or not server.supports(wire.FEATURE_FORCE_RELEASE):
         told = "a server that was not asked hello" if server is None else server.describe()
         raise ForceReleaseUnsupported(
             f"server {where} is {told}, which does not list 'force_release' in its hello: it "
@@ -126,7 +117,7 @@ def server_info(endpoint: Endpoint, reply: Reply) -> ServerInfo:
             features=frozenset(str(f) for f in listed),
             max_lease_ttl_s=_seconds(data.get("max_lease_ttl_s")),
             default_lease_ttl_s=_seconds(data.get("default_lease_ttl_s")),
-            session_ttl_s=session_ttl if FEATURE_SESSION in listed else None,
+            session_ttl_s=session_ttl if wire.FEATURE_SESSION in listed else None,
             run=str(data["run"]) if isinstance(data.get("run"), str) else None,
         )
     if isinstance(reply, ErrorReply):

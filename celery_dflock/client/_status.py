@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from celery_dflock.client import wire
 from celery_dflock.client._replies import ErrorReply, Reply, Stats
-from celery_dflock.client._servers import FEATURE_STATS, ServerInfo
+from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client.cluster import ShardsInfo
 from celery_dflock.client.errors import ProtocolError
@@ -52,7 +52,7 @@ def shards_of(endpoint: Endpoint, data: dict[str, object] | None) -> ServerShard
 def hello_only(endpoint: Endpoint, info: ServerInfo, with_stats: bool) -> ServerStatus | None:
     """The status when ``stats`` is not to be asked (None: ask it; a server without ``hello``
     may still know ``stats``)."""
-    if with_stats and (info.legacy or info.supports(FEATURE_STATS)):
+    if with_stats and (info.legacy or info.supports(wire.FEATURE_STATS)):
         return None
     return ServerStatus(endpoint.address, info)
 

@@ -3,18 +3,8 @@ use with them (the Celery layer uses nothing else of the client layer)."""
 
 from __future__ import annotations
 
-from typing import Final
-
-from celery_dflock.client import wire
 from celery_dflock.client._async.client import AsyncClient
-from celery_dflock.client._servers import (
-    FEATURE_FENCE,
-    FEATURE_HOLDS,
-    FEATURE_PING,
-    FEATURE_STATS,
-    Hold,
-    ServerInfo,
-)
+from celery_dflock.client._servers import Hold, ServerInfo
 from celery_dflock.client._settings import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -34,6 +24,13 @@ from celery_dflock.client._settings import (
 from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client._sync.client import Client
 from celery_dflock.client._threads import leave_signals_to_the_main_thread
+from celery_dflock.client.wire import (
+    FEATURE_FENCE,
+    FEATURE_HELLO,
+    FEATURE_HOLDS,
+    FEATURE_PING,
+    FEATURE_STATS,
+)
 
 __all__ = [
     "DEFAULT_ACQUIRE_TIMEOUT_S",
@@ -63,5 +60,3 @@ __all__ = [
     "positive_seconds",
     "whole_seconds",
 ]
-
-FEATURE_HELLO: Final = wire.FEATURE_HELLO

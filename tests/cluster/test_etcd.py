@@ -25,15 +25,21 @@ from dflockd_server.cluster.etcd import (
     WatchEvent,
     prefix_end,
 )
-from tests.support.etcd import EtcdServer, delete, find_etcd, lease_time_to_live
+from tests.support.etcd import (
+    EtcdServer,
+    delete,
+    find_etcd,
+    lease_time_to_live,
+    put,
+)
 
 
 def test_put_get_and_range_of_a_prefix(etcd: EtcdClient, etcd_prefix: str) -> None:
     p = etcd_prefix
-    revision = etcd.put(p + "b", "two")
-    etcd.put(p + "a", "one")
-    etcd.put(p + "c/é", "trois ✓")
-    etcd.put(p[:-1] + "0", "outside the prefix")
+    revision = put(etcd, p + "b", "two")
+    put(etcd, p + "a", "one")
+    put(etcd, p + "c/é", "trois ✓")
+    put(etcd, p[:-1] + "0", "outside the prefix")
     kv = etcd.get(p + "b")
     assert kv is not None
     assert (kv.key, kv.value, kv.mod_revision, kv.version, kv.lease) == (
@@ -51,7 +57,7 @@ def test_put_get_and_range_of_a_prefix(etcd: EtcdClient, etcd_prefix: str) -> No
         (p + "c/é", "trois ✓"),
     ]
     assert result.revision >= revision + 2
-    etcd.put(p + "a", "uno")
+    put(etcd, p + "a", "uno")
     assert [kv.value for kv in etcd.get_prefix(p + "a")] == ["uno"]
     assert delete(etcd, p + "a") == 1
     assert delete(etcd, p + "a") == 0
@@ -66,14 +72,14 @@ def test_stat_counts_a_prefix_and_tells_whether_a_key_was_put_since(
     p = etcd_prefix
     empty = etcd.stat(p, prefix=True)
     assert (empty.count, empty.modified) == (0, False)
-    first = etcd.put(p + "a", "one")
-    etcd.put(p + "b", "two")
-    etcd.put(p[:-1] + "0", "outside the prefix")
+    first = put(etcd, p + "a", "one")
+    put(etcd, p + "b", "two")
+    put(etcd, p[:-1] + "0", "outside the prefix")
     stat = etcd.stat(p, prefix=True, since=first - 1)
     assert (stat.count, stat.modified) == (2, True)
     assert stat.revision == etcd.range(p, prefix=True).revision
     assert etcd.stat(p, prefix=True, since=stat.revision).modified is False
-    etcd.put(p + "a", "uno")  # a change of a key there: modified, same count
+    put(etcd, p + "a", "uno")  # a change of a key there: modified, same count
     changed = etcd.stat(p, prefix=True, since=stat.revision)
     assert (changed.count, changed.modified) == (2, True)
     delete(etcd, p + "b")  # a delete: only the count tells
@@ -148,8 +154,8 @@ def test_a_lease_not_kept_alive_expires_and_its_keys_vanish(
     kept = etcd.lease_grant(30)
     dropped = etcd.lease_grant(2)
     assert kept.ttl >= 30 and dropped.ttl >= 2
-    etcd.put(etcd_prefix + "kept", "k", lease=kept.id)
-    etcd.put(etcd_prefix + "dropped", "d", lease=dropped.id)
+    put(etcd, etcd_prefix + "kept", "k", lease=kept.id)
+    put(etcd, etcd_prefix + "dropped", "d", lease=dropped.id)
     kv = etcd.get(etcd_prefix + "dropped")
     assert kv is not None and kv.lease == dropped.id
     deadline = time.monotonic() + 15
@@ -178,16 +184,16 @@ def _events(got: queue.Queue[WatchEvent], count: int) -> list[WatchEvent]:
 
 def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None:
     p = etcd_prefix
-    etcd.put(p + "before", "not seen: the watch starts after it")
+    put(etcd, p + "before", "not seen: the watch starts after it")
     got: queue.Queue[WatchEvent] = queue.Queue()
     watch = etcd.watch(p, prefix=True, on_event=got.put)
     try:
-        etcd.put(p + "x", "1")
-        etcd.put(p[:-1] + "_outside", "not seen")
-        etcd.put(p + "x", "2")
+        put(etcd, p + "x", "1")
+        put(etcd, p[:-1] + "_outside", "not seen")
+        put(etcd, p + "x", "2")
         delete(etcd, p + "x")
         lease = etcd.lease_grant(2)
-        etcd.put(p + "leased", "l", lease=lease.id)
+        put(etcd, p + "leased", "l", lease=lease.id)
         etcd.lease_revoke(lease.id)
         events = _events(got, 5)
         assert [(e.type, e.kv.key, e.kv.value) for e in events] == [
@@ -206,8 +212,8 @@ def test_watch_sees_puts_and_deletes(etcd: EtcdClient, etcd_prefix: str) -> None
 
 
 def test_watch_from_a_revision_replays_and_calls_back(etcd: EtcdClient, etcd_prefix: str) -> None:
-    first = etcd.put(etcd_prefix + "k", "a")
-    etcd.put(etcd_prefix + "k", "b")
+    first = put(etcd, etcd_prefix + "k", "a")
+    put(etcd, etcd_prefix + "k", "b")
     seen: list[str] = []
     done = threading.Event()
 
@@ -218,7 +224,7 @@ def test_watch_from_a_revision_replays_and_calls_back(etcd: EtcdClient, etcd_pre
 
     watch = etcd.watch(etcd_prefix + "k", start_revision=first, on_event=on_event)
     try:
-        etcd.put(etcd_prefix + "k", "c")
+        put(etcd, etcd_prefix + "k", "c")
         assert done.wait(10)
         assert seen == ["a", "b", "c"]
     finally:
@@ -240,7 +246,7 @@ def test_errors_name_the_url_and_the_operation(etcd: EtcdClient) -> None:
     with socket_closed_port() as url:
         down = EtcdClient(EtcdTransport(url, timeout=2))
         with pytest.raises(EtcdError, match=rf"etcd at {url}: put of 'k' failed"):
-            down.put("k", "v")
+            put(down, "k", "v")
         assert not down.transport.healthy()
     with pytest.raises(ValueError, match="expected http://HOST:PORT"):
         EtcdClient("etcd://127.0.0.1:2379")

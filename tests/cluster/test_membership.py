@@ -12,7 +12,7 @@ import pytest
 
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.membership import ClusterKeys, Member
-from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 from tests.support.etcd import EtcdServer, find_etcd
 from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
@@ -26,7 +26,9 @@ serve the initial map)."""
 
 def stored_map(etcd: EtcdClient, keys: ClusterKeys) -> ShardMap:
     kvs = etcd.get_prefix(keys.shards)
-    return ShardMap.parse_values({int(kv.key[len(keys.shards) :]): kv.value for kv in kvs})
+    return ShardMap(
+        {int(kv.key[len(keys.shards) :]): ShardAssignment.parse(kv.value) for kv in kvs}
+    )
 
 
 @pytest.fixture
@@ -157,7 +159,9 @@ def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
     assert "c:1" in other.snapshot().members
     # Seen in a new read of the prefix; a new watch starts from it.
     wait_until(
-        lambda: stalled.resyncs > resyncs and stalled.watch_running,
+        lambda: (
+            stalled.resyncs > resyncs and (watch := stalled._watch) is not None and watch.running
+        ),
         timeout=WAIT_S,
         what="a:1 watches again",
     )

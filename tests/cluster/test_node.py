@@ -29,7 +29,7 @@ from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S
 from dflockd_server.fence import fence_of
 from dflockd_server.protocol import reply_ask
-from tests.support.etcd import EtcdServer, delete, etcd_or_skip, find_etcd
+from tests.support.etcd import EtcdServer, delete, etcd_or_skip, find_etcd, put
 from tests.support.waiting import wait_until
 
 from .test_membership import WAIT_S
@@ -647,9 +647,11 @@ class HeirOfGone:
             timeout=WAIT_S,
         )
         keys = self.heir.keys
-        self.etcd.put(keys.shard(self.FAILED_OVER), ShardAssignment("heir:1", "gone:1").format())
-        self.etcd.put(
-            keys.shard(self.SPLIT), ShardAssignment("heir:1", "heir:1", ("split=gone:1",)).format()
+        put(self.etcd, keys.shard(self.FAILED_OVER), ShardAssignment("heir:1", "gone:1").format())
+        put(
+            self.etcd,
+            keys.shard(self.SPLIT),
+            ShardAssignment("heir:1", "heir:1", ("split=gone:1",)).format(),
         )
 
     def attempt(self, view: ClusterView) -> set[str]:
@@ -690,7 +692,7 @@ def test_a_failover_or_unsplit_write_fails_once_the_gone_member_registered_again
     # Seen gone (the view is from before it came back), then registered again.
     view = read_view(etcd, h.prefix)
     assert "gone:1" not in view.members
-    etcd.put(h.heir.keys.member("gone:1"), "gone:1")
+    put(etcd, h.heir.keys.member("gone:1"), "gone:1")
     assert h.attempt(view) == {"gone:1"}
     assert h.state() == ("gone:1", "gone:1")
     # Gone for good: both go through.
@@ -754,7 +756,7 @@ def test_an_heir_that_learns_of_a_missed_life_waits_again_from_then(
 
     wait_until(waiting, what="the heir waiting for the failover", timeout=WAIT_S)
     keys = ClusterKeys(etcd_prefix.rstrip("/"))
-    etcd.put(keys.registered(dead.name), "a life the heir did not see")
+    put(etcd, keys.registered(dead.name), "a life the heir did not see")
     assert heir.node.stats().failovers == 0, "took shards before the registration was put"
     took = wait_until(
         lambda: heir.node.ownership.check(key) is None, what="the heir serves", timeout=WAIT_S

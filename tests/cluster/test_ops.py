@@ -24,7 +24,7 @@ from dflockd_server.cluster.ops import (
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 from dflockd_server.fence import FenceStateError, fence_of
 from dflockd_server.tokens import FenceCounter
-from tests.support.etcd import EtcdServer
+from tests.support.etcd import EtcdServer, put
 from tests.support.servers import run_dflockd
 
 
@@ -45,7 +45,7 @@ def test_fence_ceilings_survive_in_etcd_and_never_go_down(
     other.write(first.ceiling + 10**9)
     assert highest_ceiling(etcd, prefix) == first.ceiling + 10**9
     assert highest_ceiling(etcd, prefix, "b:1") == store.read()
-    etcd.put(store.key, "garbage")
+    put(etcd, store.key, "garbage")
     with pytest.raises(FenceStateError, match="decimal counter"):
         store.read()
 
@@ -57,7 +57,7 @@ def test_map_writes_never_clobber_a_concurrent_write(etcd: EtcdClient, etcd_pref
     assert len(result.written) == len(m) and result.conflicted == ()
     seen = read_view(etcd, keys.prefix)
     assert seen.shard_map == m
-    etcd.put(keys.shard(3), "b:1,b:1,f=pinned")  # an operator, meanwhile
+    put(etcd, keys.shard(3), "b:1,b:1,f=pinned")  # an operator, meanwhile
     writes = {s: ShardWrite(seen.revisions[s], ShardAssignment("a:1", "a:1")) for s in (1, 3, 5)}
     result = write_shards(etcd, keys.shards, writes)
     assert sorted(result.written) == [1, 5] and result.conflicted == (3,)
@@ -125,7 +125,7 @@ def test_rebalance_before_the_first_map_writes_the_first_map(
     prefix = etcd_prefix.rstrip("/")
     keys = ClusterKeys(prefix)
     for member in ("b:1", "a:1"):
-        etcd.put(keys.member(member), member)
+        put(etcd, keys.member(member), member)
     result = rebalance(etcd, prefix)
     assert len(result.written) == len(result.plan) == SHARD_COUNT
     shard_map = read_view(etcd, prefix).shard_map
@@ -146,7 +146,7 @@ class WrittenMeanwhile(EtcdClient):
         result = super().range(key, prefix=prefix)
         if prefix and self.value:
             meanwhile, self.value = self.value, ""
-            self.put(self.key, meanwhile)
+            put(self, self.key, meanwhile)
         return result
 
 
@@ -186,8 +186,8 @@ def test_operator_commands(etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefi
     keys = ClusterKeys(prefix)
     m = ShardMap.initial(["a:1", "b:1"])
     write_shards(etcd, keys.shards, {s: ShardWrite(0, a) for s, a in m.items()})
-    etcd.put(keys.member("a:1"), "a:1")
-    etcd.put(keys.member("c:1"), "c:1")
+    put(etcd, keys.member("a:1"), "a:1")
+    put(etcd, keys.member("c:1"), "c:1")
     code, out, _ = run(["shards", "--cluster", url])
     assert code == 0 and "live members: a:1, c:1" in out and "b:1: target of 4096" in out
     code, out, _ = run(["pin", "--cluster", url, "7", "c:1"])

@@ -169,7 +169,7 @@ def test_initial_map_is_even(n: int) -> None:
 
 def test_stored_values_read_back_to_the_same_map() -> None:
     m = ShardMap.initial(["a", "b"]).pin(5).updated(["a"])
-    assert ShardMap.parse_values({s: a.format() for s, a in m.items()}) == m
+    assert ShardMap({s: ShardAssignment.parse(a.format()) for s, a in m.items()}) == m
 
 
 # -- updates when members change ----------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_rebalance_gives_a_new_node_its_share_and_moves_nothing_else() -> None:
     assert all(after[move.shard].current == move.from_node for move in plan)
     moved = after[plan[0].shard]
     assert moved.served_by(moved.target).current == "node4"
-    done = ShardMap.parse_values({s: f"{a.target},{a.target}" for s, a in after.items()})
+    done = ShardMap({s: ShardAssignment.parse(f"{a.target},{a.target}") for s, a in after.items()})
     assert done.moves_in_progress() == []
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport, tls_context
+from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport, Put, tls_context
 from dflockd_server.cluster.etcd.messages import key_range
 from tests.support.ports import free_ports
 from tests.support.processes import stop_process
@@ -348,6 +348,13 @@ def _member_id(status: dict[str, Any]) -> str:
     """The answering node's raft member id, from its ``/v3/maintenance/status``."""
     header: dict[str, Any] = status.get("header", {})
     return str(header.get("member_id"))
+
+
+def put(client: EtcdClient, key: str, value: str, *, lease: int = 0) -> int:
+    """Set ``key``; returns the new revision."""
+    body = Put(key, value, lease).to_json()["request_put"]
+    reply = client.transport.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
+    return int(reply.get("header", {}).get("revision", 0))
 
 
 def delete(client: EtcdClient, key: str, *, prefix: bool = False) -> int:

@@ -132,7 +132,7 @@ class AsyncClient:
     def _lock(
         self,
         key: str,
-        acquire_timeout_s: int,
+        acquire_timeout_s: int | None,
         lease_ttl_s: int | None,
         on_lost: Callable[[AsyncDistributedLock], object] | None = None,
         note: str | None = None,
@@ -167,25 +167,23 @@ class AsyncClient:
         )
         return AsyncDistributedSemaphore._of(core, on_lost, self._pool)  # pyright: ignore[reportPrivateUsage]
 
-    def _acquire_timeout(self, acquire_timeout_s: float | None) -> int:
+    @staticmethod
+    def _acquire_timeout(acquire_timeout_s: float | None) -> int | None:
         if acquire_timeout_s is None:
-            return self._settings.acquire_timeout_s
+            return None  # the client's
         return whole_seconds("acquire_timeout_s", acquire_timeout_s, minimum=0)
 
-    def _lease(self, lease_ttl_s: int | None) -> int | None:
-        if lease_ttl_s is None:
-            return self._settings.lease_ttl_s
-        return lease_seconds("lease_ttl_s", lease_ttl_s)
+    @staticmethod
+    def _lease(lease_ttl_s: int | None) -> int | None:
+        return None if lease_ttl_s is None else lease_seconds("lease_ttl_s", lease_ttl_s)
 
     def server_for(self, key: str) -> tuple[str, int]:
         """The ``(host, port)`` that owns ``key`` (no I/O; in cluster mode by the cached map,
         the first seed while there is none)."""
-        settings = self._settings
-        strategy = settings.sharding_strategy
-        if strategy == CLUSTER or isinstance(strategy, str):
-            owner = None if self._router is None else self._router.owner(key)
-            return settings.servers[0] if owner is None else owner
-        return settings.servers[select_server(key, settings.servers, strategy)]
+        router, settings = self._router, self._settings
+        if router is not None:
+            return router.owner(key) or settings.servers[0]
+        return settings.servers[select_server(key, settings.servers, settings.sharding_strategy)]  # pyright: ignore[reportArgumentType]
 
     async def hold(
         self, key: str, *, note: str, lease_ttl: int, timeout: float = 0.0, detached: bool = True
@@ -222,9 +220,7 @@ class AsyncClient:
     async def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
         the key."""
-        request = _by_token.renew_request(
-            _requests.validate_key(key), token, lease_seconds("lease_ttl", lease_ttl)
-        )
+        request = _by_token.renew_request(_requests.validate_key(key), token, lease_ttl)
         return await self._done(key, lambda _, __: request)
 
     async def note(self, key: str, token: str, note: str) -> bool:

@@ -197,8 +197,7 @@ class AsyncLockBase:
         """`_grant`, following a cluster's redirects (operation lock held)."""
         holding, core = self._holding, self._core
         router = core.router
-        if router is not None and not core.routing.route():
-            await self._remap(router)
+        await self._route()
         while True:
             try:
                 conn = await holding.checkout()
@@ -213,13 +212,8 @@ class AsyncLockBase:
             try:
                 if core.routing.asking:
                     core.routing.asking = False  # one request only
-                    if not isinstance(
-                        await conn.request(
-                            Command.ASKING,
-                            _requests.encode_asking(core.key, core.routing.ask_ticket),
-                        ),
-                        Ok,
-                    ):
+                    asking = _requests.encode_asking(core.key, core.routing.ask_ticket)
+                    if not isinstance(await conn.request(Command.ASKING, asking), Ok):
                         await holding.checkin(conn)
                         wait_s = core.routing.on_ask_refused()
                         if wait_s is None:
@@ -286,6 +280,12 @@ class AsyncLockBase:
     async def _remap(self, router: ClusterRouter) -> None:
         await self._refresh_map(router)
         self._core.routing.route()
+
+    async def _route(self) -> None:
+        """Aim at the key's server (in cluster mode by the map, read first if not fresh)."""
+        router = self._core.router
+        if router is not None and not self._core.routing.route():
+            await self._remap(router)
 
     async def _reroute(self, exc: ServerUnavailable) -> None:
         """The key's member could not serve the acquire: pause and re-route until the acquire's
@@ -406,9 +406,7 @@ class AsyncLockBase:
         holding, core = self._holding, self._core
         holding.forked()
         async with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():  # cluster: the key's node now
-                await self._remap(router)
+            await self._route()  # cluster: the key's node now
             return await request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
     async def _done_by_token(self, build: Build) -> bool:
@@ -461,15 +459,7 @@ class AsyncDistributedLock(AsyncLockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-            note=note,
-        )
-        self._setup(core, on_lost, pool)
+        self._setup(LockCore(key, settings, router=router, note=note), on_lost, pool)
 
     @property
     def note(self) -> str | None:
@@ -523,9 +513,7 @@ class AsyncDistributedLock(AsyncLockBase):
         holding = self._holding
         holding.forked()
         async with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():
-                await self._remap(router)
+            await self._route()
             conn = await holding.checkout()
             try:
                 command, data, timeout = core.take_over_request(
@@ -613,14 +601,7 @@ class AsyncDistributedSemaphore(AsyncLockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            limit=check_limit(limit),
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-        )
+        core = LockCore(key, settings, limit=check_limit(limit), router=router)
         self._setup(core, on_lost, pool)
 
     @property

@@ -14,14 +14,12 @@ import threading
 import time
 from typing import Self
 
-from celery_dflock.client import _replies, _requests
+from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._connection import SocketTransport
 from celery_dflock.client._replies import ErrorReply, Reply, ReplyParser
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     CLOSING_ERRORS,
-    FEATURE_DURABLE,
-    FEATURE_PING,
     ServerInfo,
     auth_reply_error,
     server_info,
@@ -94,25 +92,19 @@ class Connection:
                 if self._parser.buffered:
                     raise unsolicited(self.endpoint, self._parser)
             except BaseException as exc:
-                self._abort()
+                self.close(abort=True)
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc
                 raise
             finally:
                 self._in_flight = False
             if isinstance(reply, ErrorReply) and reply.code in CLOSING_ERRORS:
-                self._abort()
+                self.close(abort=True)
             self.last_used = time.monotonic()
             return reply
 
-    def _abort(self) -> None:
-        self._shut(abort=True)
-
-    def close(self) -> None:
-        """Start closing (no await needed); idempotent."""
-        self._shut(abort=False)
-
-    def _shut(self, *, abort: bool) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Start closing (no await needed; ``abort``: unsent bytes dropped); idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -124,7 +116,7 @@ class Connection:
         if self._closed or self.pid != os.getpid() or self._parser.buffered:
             return False
         transport, server = self.transport, self.server
-        if transport.pings and server is not None and server.supports(FEATURE_PING):
+        if transport.pings and server is not None and server.supports(wire.FEATURE_PING):
             return not transport.at_eof() and self.ping()
         return transport.quiet()
 
@@ -173,7 +165,7 @@ class Connection:
         )
         info = server_info(self.endpoint, reply)  # raises for a refusal (auth, draining)
         if isinstance(reply, _replies.Hello):
-            session.durable = info.supports(FEATURE_DURABLE)
+            session.durable = info.supports(wire.FEATURE_DURABLE)
             session.run = info.run  # a restart: the grants of the run before are not renewed
             session.answered(sent)
             self.session = session
@@ -219,7 +211,7 @@ class Connection:
             self.endpoint, self.request(Command.HELLO, _requests.encode_hello(), timeout)
         )
         if info.legacy:
-            self._abort()  # some close it after `error`: never reuse it
+            self.close(abort=True)  # some close it after `error`: never reuse it
         return info
 
     def shards(self) -> dict[str, object] | None:
@@ -232,7 +224,7 @@ class Connection:
         try:
             reply = self.request(Command.PING, _requests.encode_ping())
         except DflockError:
-            self._abort()
+            self.close(abort=True)
             return False
         return isinstance(reply, _replies.Ok)
 

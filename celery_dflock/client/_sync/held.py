@@ -431,11 +431,7 @@ class Holding:
                 self.unless_broken(conn), lambda _: core.release_request(), once=True
             )
         except BaseException:
-            # The request closed the connection, freeing the grant unless a session keeps it.
-            if core.grant.session is not None:
-                self._release_later()
-            else:
-                core.reset()
+            self.abandon()  # the request closed the connection; a session may keep the grant
             raise
         if sent is None:
             self._release_later()

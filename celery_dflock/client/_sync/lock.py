@@ -197,8 +197,7 @@ class LockBase:
         """`_grant`, following a cluster's redirects (operation lock held)."""
         holding, core = self._holding, self._core
         router = core.router
-        if router is not None and not core.routing.route():
-            self._remap(router)
+        self._route()
         while True:
             try:
                 conn = holding.checkout()
@@ -213,13 +212,8 @@ class LockBase:
             try:
                 if core.routing.asking:
                     core.routing.asking = False  # one request only
-                    if not isinstance(
-                        conn.request(
-                            Command.ASKING,
-                            _requests.encode_asking(core.key, core.routing.ask_ticket),
-                        ),
-                        Ok,
-                    ):
+                    asking = _requests.encode_asking(core.key, core.routing.ask_ticket)
+                    if not isinstance(conn.request(Command.ASKING, asking), Ok):
                         holding.checkin(conn)
                         wait_s = core.routing.on_ask_refused()
                         if wait_s is None:
@@ -284,6 +278,12 @@ class LockBase:
     def _remap(self, router: ClusterRouter) -> None:
         self._refresh_map(router)
         self._core.routing.route()
+
+    def _route(self) -> None:
+        """Aim at the key's server (in cluster mode by the map, read first if not fresh)."""
+        router = self._core.router
+        if router is not None and not self._core.routing.route():
+            self._remap(router)
 
     def _reroute(self, exc: ServerUnavailable) -> None:
         """The key's member could not serve the acquire: pause and re-route until the acquire's
@@ -402,9 +402,7 @@ class LockBase:
         holding, core = self._holding, self._core
         holding.forked()
         with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():  # cluster: the key's node now
-                self._remap(router)
+            self._route()  # cluster: the key's node now
             return request_once(holding.checkout, holding.checkin, core.endpoint, build)
 
     def _done_by_token(self, build: Build) -> bool:
@@ -457,15 +455,7 @@ class DistributedLock(LockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-            note=note,
-        )
-        self._setup(core, on_lost, pool)
+        self._setup(LockCore(key, settings, router=router, note=note), on_lost, pool)
 
     @property
     def note(self) -> str | None:
@@ -519,9 +509,7 @@ class DistributedLock(LockBase):
         holding = self._holding
         holding.forked()
         with holding.op_lock:
-            router = core.router
-            if router is not None and not core.routing.route():
-                self._remap(router)
+            self._route()
             conn = holding.checkout()
             try:
                 command, data, timeout = core.take_over_request(
@@ -609,14 +597,7 @@ class DistributedSemaphore(LockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(
-            key,
-            settings,
-            limit=check_limit(limit),
-            acquire_timeout_s=settings.acquire_timeout_s,
-            lease_ttl_s=settings.lease_ttl_s,
-            router=router,
-        )
+        core = LockCore(key, settings, limit=check_limit(limit), router=router)
         self._setup(core, on_lost, pool)
 
     @property

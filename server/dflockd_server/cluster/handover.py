@@ -67,9 +67,8 @@ class Handover:
         """Shards split towards a node that is not live: since when."""
         self._split_waits: dict[str, float] = {}
         """Nodes not live that shards are split towards: the wait for each."""
-        self._waits: dict[str, float | None] = {}
-        """Gone members whose shards this one waits to take: the wait for each (None: it
-        published none)."""
+        self._waits: dict[str, float] = {}
+        """Gone members whose shards this one waits to take: the wait for each."""
         self.handovers = 0
         self.failovers = 0
         self.released_takeovers = 0
@@ -94,12 +93,10 @@ class Handover:
             self._waits = {}
             return None
         if fresh or not gone <= self._waits.keys():
-            published = published_longest(self.client, self.prefix)
-            margin = self.failover_margin_s
-            self._waits = {m: (published[m] + margin if m in published else None) for m in gone}
+            self._waits = self._waits_of(gone)
         else:
             self._waits = {m: self._waits[m] for m in gone}
-        return {m: w for m, w in self._waits.items() if w is not None}
+        return self._waits
 
     def take_over(
         self,
@@ -165,11 +162,11 @@ class Handover:
         nodes = set(gone.values())
         waits = {n: w for n, w in self._split_waits.items() if n in nodes}
         if not nodes <= waits.keys():
-            waits = self._split_waits_of(nodes)
+            waits = self._waits_of(nodes)
         self._split_waits = waits
         if not self._due_splits(gone, now):
             return
-        self._split_waits = self._split_waits_of(nodes)  # read again before it is dropped
+        self._split_waits = self._waits_of(nodes)  # read again before it is dropped
         due = self._due_splits(gone, now)
         if due:
             shard_map = view.shard_map
@@ -182,7 +179,8 @@ class Handover:
                     for s in new:
                         self._split_gone_since.pop(s, None)
 
-    def _split_waits_of(self, nodes: Collection[str]) -> dict[str, float]:
+    def _waits_of(self, nodes: Collection[str]) -> dict[str, float]:
+        """Each node's published longest lease (``max_lease_ttl_s`` if none) plus the margin."""
         if not nodes:
             return {}
         published = published_longest(self.client, self.prefix)
@@ -235,7 +233,7 @@ class Handover:
             writes = {
                 s: ShardWrite(view.revisions.get(s, 0), view.shard_map[s].release()) for s in free
             }
-            result = write_shards(self.client, member.keys.shards, writes, condition=alive)
+            result = write_shards(self.client, member.keys.shards, writes, condition=[alive])
             released.update(result.written)
             self.handovers += len(result.written)
             if result.condition_failed or not result.conflicted:

@@ -48,17 +48,11 @@ def write_shards(
     shards_prefix: str,
     writes: Mapping[int, ShardWrite],
     *,
-    condition: Compare | Sequence[Compare] | None = None,
+    condition: Sequence[Compare] = (),
 ) -> WriteResult:
     """Write each shard whose key is still at its revision, if ``condition`` holds too.
     Raises ``EtcdError`` when etcd cannot be reached (what was written stays written)."""
-    if condition is None:
-        extra: list[Compare] = []
-    elif isinstance(condition, Compare):
-        extra = [condition]
-    else:
-        extra = list(condition)
-    per_batch = MAX_TXN_OPS - len(extra)
+    per_batch = MAX_TXN_OPS - len(condition)
     items = sorted(writes.items())
     written: dict[int, int] = {}
     conflicted: list[int] = []
@@ -66,7 +60,7 @@ def write_shards(
         pending = [(s, f"{shards_prefix}{s}", w) for s, w in items[start : start + per_batch]]
         while pending:  # each failed round removes a changed shard, or ends the call
             result = client.txn(
-                [*extra, *(Compare.unchanged(k, w.revision) for _, k, w in pending)],
+                [*condition, *(Compare.unchanged(k, w.revision) for _, k, w in pending)],
                 [_op(k, w.assignment) for _, k, w in pending],
                 [Get(k) for _, k, _ in pending],
             )

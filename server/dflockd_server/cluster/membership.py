@@ -132,14 +132,11 @@ class Member:
         lease_ttl: int = 5,
         settle_s: float = 2.0,
         auto_rebalance_s: float | None = None,
-        on_change: Callable[[ClusterView], None] | None = None,
         on_lease: Callable[[float], None] | None = None,
         on_update: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not advertise or "/" in advertise:
-            raise ValueError(f"advertised address {advertise!r}: expected HOST:PORT")
-        ShardAssignment(advertise)  # the address must fit in a shard value
+        ShardAssignment(advertise)  # the address (checked by ``Config``) fits in a shard value
         self.client = client
         self.keys = ClusterKeys(prefix)
         self.advertise = advertise
@@ -148,7 +145,6 @@ class Member:
         self.auto_rebalance_s = auto_rebalance_s
         """How long membership must be still before the leader rebalances by itself (None:
         never; ``dflockd rebalance`` does)."""
-        self._on_change = on_change
         self._on_lease = on_lease
         self._on_update = on_update
         self._clock = clock
@@ -287,12 +283,6 @@ class Member:
         if self._map is None:
             self._map = ShardMap(self._shards)
         return self._map
-
-    @property
-    def watch_running(self) -> bool:
-        """A watch of the prefix is open (it may still be stalled: see the module docstring)."""
-        watch = self._watch
-        return watch is not None and watch.running
 
     @property
     def is_leader(self) -> bool:
@@ -507,12 +497,10 @@ class Member:
                     self._shards.pop(shard, None)  # unreadable: treated as unassigned
 
     def _changed(self) -> None:
-        """The local copy changed: ``on_update()`` (cheap), ``on_change(snapshot)`` (a copy)."""
+        """The local copy changed: wake the loop, ``on_update()`` (cheap)."""
         self._wake.set()
         if self._on_update is not None:
             self._on_update()
-        if self._on_change is not None:
-            self._on_change(self.snapshot())
 
     def _elect(self) -> None:
         with self._lock:
@@ -534,17 +522,14 @@ class Member:
         if len(current) == 0:
             if still_for < self.settle_s:
                 self._wake_later(self.settle_s - still_for)
-                return
-            wanted = ShardMap.initial(live)
-        else:
-            wanted = current.updated(live)
-            changes = current.diff(wanted)
-            if changes:
-                self._write(changes, revisions)
-                return
-            self._rebalance(current, live, still_for, revisions)
+            else:
+                self._write(current.diff(ShardMap.initial(live)), revisions)
             return
-        self._write(current.diff(wanted), revisions)
+        changes = current.diff(current.updated(live))
+        if changes:
+            self._write(changes, revisions)
+        else:
+            self._rebalance(current, live, still_for, revisions)
 
     def _rebalance(
         self, current: ShardMap, live: set[str], still_for: float, revisions: Mapping[int, int]
@@ -589,7 +574,7 @@ class Member:
             self.client,
             self.keys.shards,
             {s: ShardWrite(revisions.get(s, 0), a) for s, a in changes.items()},
-            condition=still_leader,
+            condition=[still_leader],
         )
         with self._lock:  # the watch confirms these too
             for s, revision in result.written.items():

@@ -119,7 +119,7 @@ class ClusterStats:
 
 class ClusterNode:
     """One lock server's cluster member; ``start`` then ``stop``. It owns the server's
-    ``fence`` counter."""
+    ``fence`` counter. ``max_lease_ttl_s`` and ``lease_ttl_s`` come checked (``Config``)."""
 
     def __init__(
         self,
@@ -137,19 +137,13 @@ class ClusterNode:
         fence: FenceCounter | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if max_lease_ttl_s <= 0:
-            raise ValueError("the longest lock lease (--max-lease-ttl) must be positive")
-        if lease_ttl_s < 1:
-            raise ValueError("the cluster member's etcd lease TTL must be at least 1 s")
         self.client = etcd_client
         self.prefix = prefix
         self.advertise = advertise
         self.host = host
-        self.max_lease_ttl_s = max_lease_ttl_s
         self.lease_ttl_s = lease_ttl_s
         self.settle_s = settle_s
         self.auto_rebalance_s = auto_rebalance_s
-        self.failover_margin_s = failover_margin_s
         self.failover_wait_s = max_lease_ttl_s + failover_margin_s
         """The wait for a gone member that published no longest lease."""
         self._clock = clock

@@ -198,11 +198,6 @@ class ShardMap:
         n = len(ordered)
         return cls({s: ShardAssignment(ordered[s % n], ordered[s % n]) for s in range(SHARD_COUNT)})
 
-    @classmethod
-    def parse_values(cls, values: Mapping[int, str]) -> ShardMap:
-        """A map from stored values (shard -> ``"<target>,<current>..."``)."""
-        return cls({s: ShardAssignment.parse(v) for s, v in values.items()})
-
     def __len__(self) -> int:
         return len(self._shards)
 

@@ -72,12 +72,6 @@ class EtcdClient:
     def get_prefix(self, prefix: str) -> list[KeyValue]:
         return self.range(prefix, prefix=True).kvs
 
-    def put(self, key: str, value: str, *, lease: int = 0) -> int:
-        """Set ``key``; returns the new revision."""
-        body = Put(key, value, lease).to_json()["request_put"]
-        reply = self.transport.call("/v3/kv/put", body, f"put of {key!r}", resend=False)
-        return _revision(reply)
-
     def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
