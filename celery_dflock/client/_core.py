@@ -34,6 +34,7 @@ from celery_dflock.client._requests import (
     checked_hand_down,
     checked_hold,
     checked_lock,
+    checked_release,
     checked_renew,
     checked_sem_lock,
     checked_take,
@@ -259,7 +260,11 @@ class LockCore:
         return command, data, self.grant.renew_reply_timeout()
 
     def release_request(self) -> Request:
-        return _by_token.release_request(self.key, self._held_token(), self.limit)
+        token = self._held_token()  # a token a grant reply matched: no second check
+        if self.routing.limit is None:
+            return Command.RELEASE, checked_release(self.routing.key, token), REPLY_GRACE_S
+        data = _requests.encode_sem_release(self.key, token)
+        return Command.SEM_RELEASE, data, REPLY_GRACE_S
 
     def hold_request(
         self, server: ServerInfo | None, note: str, *, detached: bool = True
