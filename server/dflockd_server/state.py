@@ -9,9 +9,9 @@ random port). ``--state-dir none`` turns it off.
 A start (``plan_start``) restores every lease of the journal still running (the rules:
 ``replay``) and grants free keys at once, except as ``replay`` says; it waits (a restart grace)
 when what the previous run granted cannot be known (earlier state but no journal, or a journal
-unreadable or damaged before its last record), for the longest lease the previous run recorded,
-else ``max_lease_ttl_s``. An empty directory is a first start: no grace. A start on the same
-boot as one stopped during its grace waits out the rest of it.
+unreadable, without a whole header, or damaged before its last record), for the longest lease
+the previous run recorded, else ``max_lease_ttl_s``. An empty directory is a first start: no
+grace. A start on the same boot as one stopped during its grace waits out the rest of it.
 """
 
 from __future__ import annotations
@@ -190,7 +190,14 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     except OSError as exc:
         why = f"the journal {journal} cannot be read ({exc})"
     else:
-        if read is not None:
+        if read is not None and read.anchor is None and state.has_earlier_state():
+            # Each journal is written whole, fsynced and renamed in place: one without a whole
+            # header is what a disk error and a repair left, not what a run wrote.
+            why = (
+                f"the journal {journal} holds no header (emptied or cut short by a disk error "
+                "or a repair?); what the previous run granted is unknown"
+            )
+        elif read is not None:
             try:
                 run_longest = read_longest_lease(record)
             except FenceStateError:

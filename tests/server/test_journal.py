@@ -574,6 +574,24 @@ def test_a_state_dir_with_a_fence_but_no_journal_waits_for_the_longest_lease(
             assert b.req("l", "free", "0") == "timeout"
 
 
+@pytest.mark.parametrize("left", [b"", b"H 3 b0"], ids=["emptied", "cut-in-its-header"])
+def test_a_journal_emptied_by_damage_waits_for_the_longest_lease(
+    tmp_path: Path, left: bytes
+) -> None:
+    """A journal without a whole header never comes from a run (each file is written whole,
+    fsynced, then renamed in place): a disk error and a repair left it so, and what the previous
+    run granted is unknown, as with no journal at all (it restored nothing, with no grace)."""
+    with ServerThread(config(tmp_path)) as server, Wire(server.address) as a:
+        a.lock("k", lease=45)
+    (tmp_path / "journal").write_bytes(left)
+    with ServerThread(config(tmp_path)) as again:
+        stats = again.stats()
+        assert 40 < stats["grace_remaining_s"] <= 45, stats
+        assert "holds no header" in stats["grace_reason"]
+        with Wire(again.address) as b:
+            assert b.req("l", "free", "0") == "timeout"
+
+
 def test_every_renewal_writes_one_record_before_its_reply(tmp_path: Path) -> None:
     """Issue 47: renewals are recorded (group-committed with the grants), so a restore ends a
     lease where its holder was last told, not up to one lease later. On asyncio's loop, whose
