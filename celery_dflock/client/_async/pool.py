@@ -28,7 +28,9 @@ class AsyncConnectionPool:
     """Idle connections for the locks and semaphores of its kind (``pool=``).
 
     ``opened``, ``reused`` and ``discarded`` count connections opened, handed out again after
-    a check, and dropped (dead, too old, or over ``max_idle_per_server``), in this process.
+    the liveness check, and dropped (dead, too old, or over ``max_idle_per_server``), in this
+    process. (The first connection to a server without ``hello`` costs one more, closed at
+    once, which ``opened`` does not count.)
     The idle connections and counters are under a mutex (an asyncio pool never holds it
     across an ``await``).
     """
