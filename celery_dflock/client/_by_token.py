@@ -1,6 +1,6 @@
 """Requests about a grant named by its token, without a lock object (no I/O here): release,
-renew, detach, note and force release, built and read here. Their key comes checked; the rest
-is checked here.
+renew, detach, note and force release, built and read here. Their key comes checked, and a
+detach's token and lease too; the rest is checked here.
 """
 
 from __future__ import annotations
@@ -43,9 +43,7 @@ def detach_request(
     server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
 ) -> Request:
     require_holds(server, where, describe_lock(key))
-    token, lease = _requests.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
-    data = checked_hand_down(key, token, lease)
-    return Command.HAND_DOWN, data, REPLY_GRACE_S
+    return Command.HAND_DOWN, checked_hand_down(key, token, lease_ttl), REPLY_GRACE_S
 
 
 def note_request(server: ServerInfo | None, where: str, key: str, token: str, note: str) -> Request:

@@ -364,50 +364,22 @@ class LockBase:
     ) -> None:
         self.release()
 
-    def release_token(self, token: str) -> bool:
-        """Release ``token`` on this key, granted to another object or process: True if the
-        server released it, False if it no longer held it."""
-        key, limit = self._core.key, self._core.limit
-        _, reply = self._request_by_token(lambda _: _by_token.release_request(key, token, limit))
-        return _by_token.released(reply)
-
-    def renew_token(self, token: str, lease_ttl: int) -> bool:
-        """Renew ``token`` on this key to ``lease_ttl`` seconds from now; False if it no
-        longer holds the key."""
-        key = self._core.key
-        return self._done_by_token(lambda _: _by_token.renew_request(key, token, lease_ttl))
-
-    def detach_token(self, token: str, lease_ttl: int) -> bool:
-        """Detach ``token``'s grant on this key from its connection (``hd``) with a lease of
-        ``lease_ttl`` seconds; False if it no longer holds the key."""
-        core = self._core
-        return self._done_by_token(
-            lambda server: _by_token.detach_request(
-                server, core.endpoint.address, core.key, token, lease_ttl
-            )
-        )
-
     def note_token(self, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on this key; False if it no longer
-        holds the key."""
-        core = self._core
-        return self._done_by_token(
-            lambda server: _by_token.note_request(
-                server, core.endpoint.address, core.key, token, note
-            )
-        )
-
-    def _request_by_token(self, build: Build) -> tuple[Command, Reply]:
-        """One request about a grant this object does not hold, routed as an acquire is."""
+        holds the key. Routed as an acquire is."""
         holding, core = self._holding, self._core
         holding.forked()
         with holding.op_lock:
             self._route()  # cluster: the key's node now
-            return request_once(holding.checkout, holding.checkin, core.endpoint, build)
-
-    def _done_by_token(self, build: Build) -> bool:
-        command, reply = self._request_by_token(build)
-        return _by_token.done(command, reply, self._core.key, self._core.endpoint)
+            command, reply = request_once(
+                holding.checkout,
+                holding.checkin,
+                core.endpoint,
+                lambda server: _by_token.note_request(
+                    server, core.endpoint.address, core.key, token, note
+                ),
+            )
+        return _by_token.done(command, reply, core.key, core.endpoint)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._core.describe()})"
