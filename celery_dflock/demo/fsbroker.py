@@ -46,11 +46,6 @@ def _put_whole(final: Path, data: bytes) -> None:
         raise
 
 
-def _entry(routing_key: str, pattern: str, queue: str) -> Any:
-    """A binding as kombu's tables hold it."""
-    return _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
-
-
 class Channel(filesystem.Channel):
     """A filesystem channel whose messages and exchange tables appear only when complete."""
 
@@ -81,9 +76,12 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot open {file}: {exc}") from exc
         return [_fs.exchange_queue_t(*entry) for entry in _loads(text)]
 
-    def _change_table(self, exchange: str, entry: Any, *, add: bool) -> None:
-        """Add ``entry`` to ``exchange``'s table (first), or remove it, under the table's own
+    def _change_table(
+        self, exchange: str, routing_key: str, pattern: str, queue: str, *, add: bool
+    ) -> None:
+        """Add the binding to ``exchange``'s table (first), or remove it, under the table's own
         lock, and put the result in place whole (nothing is written when it is already so)."""
+        entry = _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
         file = self._table_file(exchange)
         try:
             file.parent.mkdir(exist_ok=True)
@@ -104,7 +102,7 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot change {file}: {exc}") from exc
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        self._change_table(exchange, _entry(routing_key, pattern, queue), add=True)
+        self._change_table(exchange, routing_key, pattern, queue, add=True)
 
     def _delete(
         self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any
@@ -112,7 +110,7 @@ class Channel(filesystem.Channel):
         # The virtual transport's own (drop the queue's messages), then the binding.
         base: Any = virtual.Channel
         base._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
-        self._change_table(exchange, _entry(routing_key, pattern, queue), add=False)
+        self._change_table(exchange, routing_key, pattern, queue, add=False)
 
 
 class Transport(filesystem.Transport):
