@@ -178,28 +178,23 @@ def pid_gone(pid: int, timeout: float) -> bool:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return True
-    except (AttributeError, OSError):
-        return _pid_gone_polling(pid, timeout)
+    except (AttributeError, OSError):  # no pidfd_open (not Linux >= 5.3): poll
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
     try:
         readable, _, _ = select.select([fd], [], [], timeout)
         return bool(readable)
     finally:
         os.close(fd)
-
-
-def _pid_gone_polling(pid: int, timeout: float) -> bool:
-    # Fallback where pidfd_open is missing (not Linux >= 5.3).
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
 
 
 @dataclass(frozen=True)

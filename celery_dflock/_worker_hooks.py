@@ -19,13 +19,7 @@ from celery_dflock._celery import (
     inspect_command,
     signals as celery_signals,
 )
-from celery_dflock._outage import (
-    OUTAGE_MAX_COUNTDOWN_S,
-    OutageCounter,
-    OutageState,
-    outage_of,
-    parse_outage,
-)
+from celery_dflock._outage import OUTAGE_MAX_COUNTDOWN_S, OutageCounter, parse_outage
 from celery_dflock._request import HOLD_HEADER, OUTAGE_HEADER, HoldRef, header, hold_of
 from celery_dflock._runtime import (
     CHILD_EXIT_WAIT_S,
@@ -173,10 +167,12 @@ class _Hooks:
             self._watch(dict.fromkeys((answer.address for answer in missed), time.time()))
 
     def on_task_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
-        """Count a message sent again for an outage (`OUTAGE_HEADER`); watch the servers."""
-        if request is None or not self._ours(sender):
+        """Count a message sent again for an outage (`OUTAGE_HEADER`, in the worker request's
+        ``request_dict``); watch the servers."""
+        found = getattr(request, "request_dict", None)
+        if not isinstance(found, Mapping) or not self._ours(sender):
             return
-        state = _outage_header(request)
+        state = parse_outage(cast("Mapping[str, object]", found).get(OUTAGE_HEADER))
         if state is None:
             return
         self.outages.count(state)
@@ -337,17 +333,6 @@ class _Hooks:
                         "dflock: released %r left by dead pool child %s", entry.get("key"), pid
                     )
             records.forget(path, entry)
-
-
-def _outage_header(request: Any) -> OutageState | None:
-    """The `OUTAGE_HEADER` of a request the worker's main process received (in its
-    ``request_dict``)."""
-    found = getattr(request, "request_dict", None)
-    if isinstance(found, Mapping):
-        state = parse_outage(cast("Mapping[str, object]", found).get(OUTAGE_HEADER))
-        if state is not None:
-            return state
-    return outage_of(request)
 
 
 def _dflock_outages(state: Any, **_: Any) -> dict[str, object]:

@@ -25,6 +25,7 @@ Example, with Celery's own fixtures::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
@@ -105,8 +106,4 @@ def dflock_session_celery_config(dflock_session_server: ServerThread) -> dict[st
 @pytest.fixture
 def dflock_configure(dflock_server: ServerThread) -> Callable[[AppT], AppT]:
     """``configure(app)``: point an existing Celery app at ``dflock_server``."""
-
-    def configure(app: AppT) -> AppT:
-        return configure_app(app, dflock_server)
-
-    return configure
+    return partial(configure_app, server=dflock_server)

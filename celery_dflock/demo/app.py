@@ -24,7 +24,6 @@ from celery_dflock.demo.timeline import Event, record
 from celery_dflock.signals import lock_skipped
 from celery_dflock.task import LockedTask
 
-SYNC_ACCOUNT_NAME = "celery_dflock.demo.app.sync_account"
 BEAT_PERIOD_S = 1.0
 """How often the demo's periodic task is due."""
 
@@ -119,7 +118,7 @@ def heartbeat() -> None:
 
 
 def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
-    if getattr(sender, "name", None) == SYNC_ACCOUNT_NAME and request is not None:
+    if getattr(sender, "name", None) == sync_account.name and request is not None:
         account = str(request.kwargs.get("account", "?"))
         record(_events(), Event("retry", f"account:{account}", time.time(), str(request.id)))
 

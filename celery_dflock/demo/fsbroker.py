@@ -46,11 +46,6 @@ def _put_whole(final: Path, data: bytes) -> None:
         raise
 
 
-def _entry(routing_key: str, pattern: str, queue: str) -> Any:
-    """A binding as kombu's tables hold it."""
-    return _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
-
-
 class Channel(filesystem.Channel):
     """A filesystem channel whose messages and exchange tables appear only when complete."""
 
@@ -81,9 +76,12 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot open {file}: {exc}") from exc
         return [_fs.exchange_queue_t(*entry) for entry in _loads(text)]
 
-    def _change_table(self, exchange: str, change: Callable[[list[Any]], bool]) -> None:
-        """Apply ``change`` to ``exchange``'s table (it returns whether it changed anything)
-        under the table's own lock, and put the result in place whole."""
+    def _change_table(
+        self, exchange: str, routing_key: str, pattern: str, queue: str, *, add: bool
+    ) -> None:
+        """Add the binding to ``exchange``'s table (first), or remove it, under the table's own
+        lock, and put the result in place whole (nothing is written when it is already so)."""
+        entry = _fs.exchange_queue_t(routing_key or "", pattern or "", queue or "")
         file = self._table_file(exchange)
         try:
             file.parent.mkdir(exist_ok=True)
@@ -92,7 +90,11 @@ class Channel(filesystem.Channel):
                 _fs.lock(guard, _fs.LOCK_EX)
                 try:
                     table = self.get_table(exchange)
-                    if change(table):
+                    if (entry in table) != add:
+                        if add:
+                            table.insert(0, entry)
+                        else:
+                            table.remove(entry)
                         _put_whole(file, _dumps(table).encode())
                 finally:
                     _fs.unlock(guard)
@@ -100,15 +102,7 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot change {file}: {exc}") from exc
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        entry = _entry(routing_key, pattern, queue)
-
-        def add(table: list[Any]) -> bool:
-            if entry in table:
-                return False
-            table.insert(0, entry)
-            return True
-
-        self._change_table(exchange, add)
+        self._change_table(exchange, routing_key, pattern, queue, add=True)
 
     def _delete(
         self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any
@@ -116,15 +110,7 @@ class Channel(filesystem.Channel):
         # The virtual transport's own (drop the queue's messages), then the binding.
         base: Any = virtual.Channel
         base._delete(self, queue, exchange, routing_key, pattern, *args, **kwargs)
-        entry = _entry(routing_key, pattern, queue)
-
-        def remove(table: list[Any]) -> bool:
-            if entry not in table:
-                return False
-            table.remove(entry)
-            return True
-
-        self._change_table(exchange, remove)
+        self._change_table(exchange, routing_key, pattern, queue, add=False)
 
 
 class Transport(filesystem.Transport):

@@ -142,13 +142,6 @@ def _wait_ready(started: Sequence[Child], folder: Path, out: TextIO, stop: _Stop
     out.write(f"workers ready: {', '.join(names)}\n")
 
 
-def _progress(verdict: Verdict, elapsed: float, expected_runs: int) -> str:
-    return (
-        f"[{elapsed:5.1f}s] runs finished {len(verdict.runs)}/{expected_runs}  retries "
-        f"{verdict.retries}  skips {verdict.skips}  beat sends {sum(verdict.beat_sends.values())}"
-    )
-
-
 def progress_state(
     verdict: Verdict, elapsed: float, expected_runs: int
 ) -> Literal["running", "done", "tasks late"]:
@@ -248,19 +241,23 @@ def _run(broker: str | None, out: TextIO, stop: _StopRequest) -> int:
         for _ in range(REPORT_SENDS):
             app.send_task(BUILD_REPORT, kwargs={"name": "daily", "seconds": REPORT_RUN_S})
             stop.sleep(0.4)
+        expected_runs = len(ACCOUNTS) * RUNS_PER_ACCOUNT
         out.write(
-            f"sent {len(ACCOUNTS) * RUNS_PER_ACCOUNT} sync_account tasks on {len(ACCOUNTS)} "
+            f"sent {expected_runs} sync_account tasks on {len(ACCOUNTS)} "
             f"accounts (on_locked='retry') and {REPORT_SENDS} build_report tasks "
             "(on_locked='skip')\n"
         )
-        expected_runs = len(ACCOUNTS) * RUNS_PER_ACCOUNT
         interactive = out.isatty()
         last_line = "[  0.0s]"
         while True:
             _check_alive(started)
             verdict = judge(read_events(events))
             elapsed = time.monotonic() - began
-            line = _progress(verdict, elapsed, expected_runs + 1)
+            line = (
+                f"[{elapsed:5.1f}s] runs finished {len(verdict.runs)}/{expected_runs + 1}  "
+                f"retries {verdict.retries}  skips {verdict.skips}  "
+                f"beat sends {sum(verdict.beat_sends.values())}"
+            )
             if interactive:
                 out.write(f"\r{line}   ")
                 out.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -141,6 +141,7 @@ def render(verdict: Verdict, width: int = 60, expect_beat: bool = False) -> str:
     """A per-key text Gantt chart of the runs, then the verdict in words."""
     lines: list[str] = []
     runs = verdict.runs
+    keys = sorted({r.key for r in runs})
     if runs:
         t0 = min(r.start for r in runs)
         t1 = max(r.end for r in runs)
@@ -148,7 +149,7 @@ def render(verdict: Verdict, width: int = 60, expect_beat: bool = False) -> str:
         scale = (width - 1) / span
         label_w = max(len(r.key) for r in runs)
         lines.append(f"{'key':<{label_w}}  |{'time ->':<{width}}| run (worker, fence)")
-        for key in sorted({r.key for r in runs}):
+        for key in keys:
             for run in sorted((r for r in runs if r.key == key), key=lambda r: r.start):
                 a = round((run.start - t0) * scale)
                 b = max(a + 1, round((run.end - t0) * scale))
@@ -158,34 +159,28 @@ def render(verdict: Verdict, width: int = 60, expect_beat: bool = False) -> str:
                     f"({run.worker}, fence ...{run.fence % 100000:05d})"
                 )
         lines.append(f"{'':<{label_w}}   0s{'':<{width - 8}}{span:5.1f}s")
-    lines.append("")
-    lines.extend(_verdict_lines(verdict, expect_beat))
-    return "\n".join(lines)
-
-
-def _verdict_lines(verdict: Verdict, expect_beat: bool) -> Sequence[str]:
-    keys = len({r.key for r in verdict.runs})
-    out = [
-        f"runs: {len(verdict.runs)} on {keys} keys; "
+    lines += [
+        "",
+        f"runs: {len(runs)} on {len(keys)} keys; "
         f"retried on contention: {verdict.retries}; skipped on contention: {verdict.skips}",
     ]
     if verdict.beat_sends:
         senders = ", ".join(f"{name} sent {n}" for name, n in sorted(verdict.beat_sends.items()))
-        out.append(f"beat: {senders}")
-    out += [f"OVERLAP on {a.key}: {a.task_id} and {b.task_id}" for a, b in verdict.overlaps]
+        lines.append(f"beat: {senders}")
+    lines += [f"OVERLAP on {a.key}: {a.task_id} and {b.task_id}" for a, b in verdict.overlaps]
     for a, b in verdict.fence_order_errors:
-        out.append(f"FENCE ORDER broken on {a.key}: {a.fence} then {b.fence}")
+        lines.append(f"FENCE ORDER broken on {a.key}: {a.fence} then {b.fence}")
     if verdict.unfinished:
-        out.append(f"UNFINISHED runs: {', '.join(verdict.unfinished)}")
+        lines.append(f"UNFINISHED runs: {', '.join(verdict.unfinished)}")
     if len(verdict.beat_sends) > 1:
-        out.append("MORE THAN ONE BEAT was active")
+        lines.append("MORE THAN ONE BEAT was active")
     if expect_beat and not verdict.beat_sends:
-        out.append("NO BEAT sent the periodic task")
+        lines.append("NO BEAT sent the periodic task")
     if verdict.passed(expect_beat):
         beat = ", exactly one beat was active" if expect_beat else ""
-        out.append(
+        lines.append(
             f"verdict: PASS - no two runs of a key overlapped, fences rose in grant order{beat}"
         )
     else:
-        out.append("verdict: FAIL")
-    return out
+        lines.append("verdict: FAIL")
+    return "\n".join(lines)
