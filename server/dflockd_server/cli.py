@@ -26,7 +26,7 @@ from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError, metrics_available
 from dflockd_server.net import Server
-from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting
+from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting, names
 from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
@@ -155,10 +155,6 @@ def _convert(setting: Setting, raw: str, source: str) -> Any:
     return value
 
 
-def _names(field: str) -> str:
-    return f"{BY_FIELD[field].flag} / {BY_FIELD[field].env[0]}"
-
-
 def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Config:
     """Parse flags and environment into a ``Config``; ``UsageError`` names an unusable value
     (unreadable files included)."""
@@ -173,10 +169,6 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Confi
             values[setting.field] = flag_value
         elif isinstance(flag_value, str):
             values[setting.field] = _convert(setting, flag_value, setting.flag)
-    if "auth_token" in values and "auth_token_file" in values:
-        raise UsageError(f"give {_names('auth_token')} or {_names('auth_token_file')}, not both")
-    if ("tls_cert" in values) != ("tls_key" in values):
-        raise UsageError(f"{_names('tls_cert')} and {_names('tls_key')} must be given together")
     try:
         config = Config(**values)
     except ConfigError as exc:
@@ -190,13 +182,13 @@ def _check_files(config: Config) -> None:
     try:
         config.resolve_auth_token()
     except ConfigError as exc:
-        raise UsageError(f"{_names('auth_token_file')}: {exc}") from None
+        raise UsageError(f"{names('auth_token_file')}: {exc}") from None
     if config.tls_cert and config.tls_key:
         try:
             build_ssl_context(config.tls_cert, config.tls_key)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise UsageError(
-                f"{_names('tls_cert')}={config.tls_cert!r} / {_names('tls_key')}="
+                f"{names('tls_cert')}={config.tls_cert!r} / {names('tls_key')}="
                 f"{config.tls_key!r}: cannot load certificate and key: {exc}"
             ) from None
     try:
@@ -207,10 +199,10 @@ def _check_files(config: Config) -> None:
         try:
             read_ceiling(config.fence_state_file)
         except FenceStateError as exc:
-            raise UsageError(f"{_names('fence_state_file')}: {exc}") from None
+            raise UsageError(f"{names('fence_state_file')}: {exc}") from None
     if config.metrics_port is not None and not metrics_available():
         raise UsageError(
-            f"{_names('metrics_port')} needs prometheus_client, which is not installed: "
+            f"{names('metrics_port')} needs prometheus_client, which is not installed: "
             "pip install 'dflockd-server[metrics]' (or unset it)"
         )
 
@@ -229,7 +221,7 @@ def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
         return asyncio.new_event_loop
     if event_loop == "uvloop" and uvloop_factory() is None:
         raise UsageError(
-            f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
+            f"{names('event_loop')}=uvloop, but uvloop is not installed: pip install "
             "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
         )
     return default_loop_factory()
@@ -264,7 +256,7 @@ def make_room_for_connections(max_connections: int) -> str | None:
     if target >= needed:
         return None
     return (
-        f"the open-file limit ({target}) is below what {_names('max_connections')}="
+        f"the open-file limit ({target}) is below what {names('max_connections')}="
         f"{max_connections} needs ({needed}): connections past it fail to be accepted. Raise "
         "the limit (ulimit -n, or the container's nofile limit) or lower max_connections"
     )
