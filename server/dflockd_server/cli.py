@@ -219,12 +219,13 @@ def is_loopback(host: str) -> bool:
 def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if event_loop == "asyncio":
         return asyncio.new_event_loop
-    if event_loop == "uvloop" and uvloop_factory() is None:
+    factory = default_loop_factory() if event_loop == "auto" else uvloop_factory()
+    if factory is None:
         raise UsageError(
             f"{names('event_loop')}=uvloop, but uvloop is not installed: pip install "
             "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
         )
-    return default_loop_factory()
+    return factory
 
 
 def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
