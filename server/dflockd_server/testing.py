@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from dflockd_server.config import Config
-from dflockd_server.loops import default_loop_factory
+from dflockd_server.loops import default_loop_factory, run_on
 from dflockd_server.net import Server
 from dflockd_server.ownership import Ownership
 
@@ -129,11 +129,7 @@ class ServerThread:
         loop = self._loop
         if loop is None:
             raise RuntimeError("server not started")
-
-        async def runner() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(runner(), loop).result(timeout)
+        return run_on(loop, fn, timeout)
 
     def stats(self) -> dict[str, Any]:
         return self.call(self.server.stats)
