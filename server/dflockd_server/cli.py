@@ -33,7 +33,6 @@ from dflockd_server.values import parse_bool
 
 log = logging.getLogger("dflockd_server")
 
-KUBERNETES_ENV = "KUBERNETES_SERVICE_HOST"
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
 
@@ -82,10 +81,6 @@ class _ShowAndExit(argparse.Action):
         parser.exit()
 
 
-def _version() -> str:
-    return f"dflockd {__version__} ({buildinfo.describe(buildinfo.auto_loop_name())})\n"
-
-
 def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
     """The ``dflockd`` parser, by topic; ``--help`` shows the common settings, ``every`` all."""
     shown = "every setting, by topic" if every else "the common settings (--help-all: every one)"
@@ -111,7 +106,7 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
     parser.add_argument(
         "--version",
         action=_ShowAndExit,
-        show=_version,
+        show=lambda: f"dflockd {__version__} ({buildinfo.describe(buildinfo.auto_loop_name())})\n",
         help="show the version, the build (compiled or pure Python) and the event loop that "
         "--event-loop auto runs, and exit",
     )
@@ -228,13 +223,6 @@ def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
     return factory
 
 
-def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """The auth token came from ``--auth-token``, not the environment."""
-    flag = "--auth-token"
-    given = any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
-    return given and not any(environ.get(name) for name in BY_FIELD["auth_token"].env)
-
-
 def make_room_for_connections(max_connections: int) -> str | None:
     """Raise the soft open-file limit to what ``max_connections`` needs (as far as the hard
     limit allows); a warning when it falls short."""
@@ -267,7 +255,8 @@ def _start_up_warnings(
     config: Config, environ: Mapping[str, str], argv: Sequence[str]
 ) -> list[str]:
     warnings: list[str] = []
-    if _secret_on_the_command_line(argv, environ):
+    by_flag = any(arg == "--auth-token" or arg.startswith("--auth-token=") for arg in argv)
+    if by_flag and not any(environ.get(name) for name in BY_FIELD["auth_token"].env):
         warnings.append(
             "the auth token was given with --auth-token, so every local user can read it in "
             "the process list: use --auth-token-file or DFLOCKD_AUTH_TOKEN instead"
@@ -314,7 +303,7 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
     )
     if server.metrics_address is not None:
         log.info("metrics on http://%s:%d/metrics", *server.metrics_address)
-    if environ.get(KUBERNETES_ENV) and is_loopback(config.host):
+    if environ.get("KUBERNETES_SERVICE_HOST") and is_loopback(config.host):
         log.warning(
             "running in a Kubernetes pod and bound to %s: only this pod can reach this lock "
             "server. Locks exclude nothing between pods that use different lock servers: run "
