@@ -47,9 +47,7 @@ class ServerThread:
         """``loop_factory``: the loop to run on (default: what ``dflockd`` runs). ``ownership``:
         serve by it instead of what the config makes."""
         self.config = config or Config(host="127.0.0.1", port=0)
-        self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = (
-            loop_factory or default_loop_factory()
-        )
+        self._loop_factory = loop_factory or default_loop_factory()
         self.server = Server(self.config, ownership=ownership)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
