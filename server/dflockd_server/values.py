@@ -170,16 +170,13 @@ class ClusterUrl:
     tls: bool
     prefix: str
 
-    @property
-    def scheme(self) -> str:
-        return c.CLUSTER_TLS_SCHEME if self.tls else c.CLUSTER_SCHEME
-
     def format(self) -> str:
         """The URL written out in full (``etcd://h1:2379,h2:2379/dflockd``)."""
         shown = ",".join(
             f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in self.endpoints
         )
-        return f"{self.scheme}://{shown}{self.prefix}"
+        scheme = c.CLUSTER_TLS_SCHEME if self.tls else c.CLUSTER_SCHEME
+        return f"{scheme}://{shown}{self.prefix}"
 
 
 CLUSTER_URL_FORM = "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcds://... for TLS)"
