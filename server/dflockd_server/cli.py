@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -24,7 +25,7 @@ from dflockd_server.constants import (
 )
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
-from dflockd_server.metrics import MetricsError, metrics_available
+from dflockd_server.metrics import MetricsError
 from dflockd_server.net import Server
 from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting, names
 from dflockd_server.state import NO_STATE, resolve_state_dir
@@ -195,7 +196,7 @@ def _check_files(config: Config) -> None:
             read_ceiling(config.fence_state_file)
         except FenceStateError as exc:
             raise UsageError(f"{names('fence_state_file')}: {exc}") from None
-    if config.metrics_port is not None and not metrics_available():
+    if config.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise UsageError(
             f"{names('metrics_port')} needs prometheus_client, which is not installed: "
             "pip install 'dflockd-server[metrics]' (or unset it)"

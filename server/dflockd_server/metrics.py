@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
@@ -33,7 +32,6 @@ __all__ = [
     "MetricsExporter",
     "RequestTimes",
     "Snapshot",
-    "metrics_available",
 ]
 
 _KINDS = ("lock", "semaphore")
@@ -71,10 +69,6 @@ _EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
 class MetricsError(RuntimeError):
     """The metrics endpoint cannot start: ``prometheus_client`` is missing or the port is
     unusable."""
-
-
-def metrics_available() -> bool:
-    return importlib.util.find_spec("prometheus_client") is not None
 
 
 class _Histogram:
