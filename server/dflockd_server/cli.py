@@ -167,14 +167,15 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Confi
             values[setting.field] = _convert(setting, flag_value, setting.flag)
     try:
         config = Config(**values)
+        _check_files(config)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    _check_files(config)
     return config
 
 
 def _check_files(config: Config) -> None:
-    """Open what the server will need, so a bad path is a start-up error naming its setting."""
+    """Open what the server will need, so a bad path is a start-up error naming its setting
+    (``resolve_cluster_password``'s ``ConfigError`` names it)."""
     try:
         config.resolve_auth_token()
     except ConfigError as exc:
@@ -187,10 +188,7 @@ def _check_files(config: Config) -> None:
                 f"{names('tls_cert')}={config.tls_cert!r} / {names('tls_key')}="
                 f"{config.tls_key!r}: cannot load certificate and key: {exc}"
             ) from None
-    try:
-        config.resolve_cluster_password()
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    config.resolve_cluster_password()
     if config.fence_state_file:
         try:
             read_ceiling(config.fence_state_file)
