@@ -34,7 +34,6 @@ __all__ = [
     "Snapshot",
 ]
 
-_KINDS = ("lock", "semaphore")
 _INVALID = "invalid"
 COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -258,7 +257,7 @@ class MetricsExporter:
                 ]  # fmt: skip
                 for name, doc, values, family_type in by_kind:
                     family = family_type(name, doc, labels=["kind"])
-                    for kind, value in zip(_KINDS, values, strict=True):
+                    for kind, value in zip(("lock", "semaphore"), values, strict=True):
                         family.add_metric([kind], value)
                     yield family
                 yield GaugeMetricFamily(
