@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -24,16 +25,15 @@ from dflockd_server.constants import (
 )
 from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
-from dflockd_server.metrics import MetricsError, metrics_available
+from dflockd_server.metrics import MetricsError
 from dflockd_server.net import Server
-from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting
+from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting, names
 from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
 
 log = logging.getLogger("dflockd_server")
 
-KUBERNETES_ENV = "KUBERNETES_SERVICE_HOST"
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
 
@@ -82,10 +82,6 @@ class _ShowAndExit(argparse.Action):
         parser.exit()
 
 
-def _version() -> str:
-    return f"dflockd {__version__} ({buildinfo.describe(buildinfo.auto_loop_name())})\n"
-
-
 def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
     """The ``dflockd`` parser, by topic; ``--help`` shows the common settings, ``every`` all."""
     shown = "every setting, by topic" if every else "the common settings (--help-all: every one)"
@@ -111,7 +107,7 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
     parser.add_argument(
         "--version",
         action=_ShowAndExit,
-        show=_version,
+        show=lambda: f"dflockd {__version__} ({buildinfo.describe(buildinfo.auto_loop_name())})\n",
         help="show the version, the build (compiled or pure Python) and the event loop that "
         "--event-loop auto runs, and exit",
     )
@@ -155,10 +151,6 @@ def _convert(setting: Setting, raw: str, source: str) -> Any:
     return value
 
 
-def _names(field: str) -> str:
-    return f"{BY_FIELD[field].flag} / {BY_FIELD[field].env[0]}"
-
-
 def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Config:
     """Parse flags and environment into a ``Config``; ``UsageError`` names an unusable value
     (unreadable files included)."""
@@ -173,44 +165,38 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Confi
             values[setting.field] = flag_value
         elif isinstance(flag_value, str):
             values[setting.field] = _convert(setting, flag_value, setting.flag)
-    if "auth_token" in values and "auth_token_file" in values:
-        raise UsageError(f"give {_names('auth_token')} or {_names('auth_token_file')}, not both")
-    if ("tls_cert" in values) != ("tls_key" in values):
-        raise UsageError(f"{_names('tls_cert')} and {_names('tls_key')} must be given together")
     try:
         config = Config(**values)
+        _check_files(config)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    _check_files(config)
     return config
 
 
 def _check_files(config: Config) -> None:
-    """Open what the server will need, so a bad path is a start-up error naming its setting."""
+    """Open what the server will need, so a bad path is a start-up error naming its setting
+    (``resolve_cluster_password``'s ``ConfigError`` names it)."""
     try:
         config.resolve_auth_token()
     except ConfigError as exc:
-        raise UsageError(f"{_names('auth_token_file')}: {exc}") from None
+        raise UsageError(f"{names('auth_token_file')}: {exc}") from None
     if config.tls_cert and config.tls_key:
         try:
             build_ssl_context(config.tls_cert, config.tls_key)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise UsageError(
-                f"{_names('tls_cert')}={config.tls_cert!r} / {_names('tls_key')}="
+                f"{names('tls_cert')}={config.tls_cert!r} / {names('tls_key')}="
                 f"{config.tls_key!r}: cannot load certificate and key: {exc}"
             ) from None
-    try:
-        config.resolve_cluster_password()
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    config.resolve_cluster_password()
     if config.fence_state_file:
         try:
             read_ceiling(config.fence_state_file)
         except FenceStateError as exc:
-            raise UsageError(f"{_names('fence_state_file')}: {exc}") from None
-    if config.metrics_port is not None and not metrics_available():
+            raise UsageError(f"{names('fence_state_file')}: {exc}") from None
+    if config.metrics_port is not None and importlib.util.find_spec("prometheus_client") is None:
         raise UsageError(
-            f"{_names('metrics_port')} needs prometheus_client, which is not installed: "
+            f"{names('metrics_port')} needs prometheus_client, which is not installed: "
             "pip install 'dflockd-server[metrics]' (or unset it)"
         )
 
@@ -227,19 +213,13 @@ def is_loopback(host: str) -> bool:
 def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if event_loop == "asyncio":
         return asyncio.new_event_loop
-    if event_loop == "uvloop" and uvloop_factory() is None:
+    factory = default_loop_factory() if event_loop == "auto" else uvloop_factory()
+    if factory is None:
         raise UsageError(
-            f"{_names('event_loop')}=uvloop, but uvloop is not installed: pip install "
+            f"{names('event_loop')}=uvloop, but uvloop is not installed: pip install "
             "uvloop (a dependency of dflockd-server where it exists), or use auto or asyncio"
         )
-    return default_loop_factory()
-
-
-def _secret_on_the_command_line(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """The auth token came from ``--auth-token``, not the environment."""
-    flag = "--auth-token"
-    given = any(arg == flag or arg.startswith(f"{flag}=") for arg in argv)
-    return given and not any(environ.get(name) for name in BY_FIELD["auth_token"].env)
+    return factory
 
 
 def make_room_for_connections(max_connections: int) -> str | None:
@@ -264,7 +244,7 @@ def make_room_for_connections(max_connections: int) -> str | None:
     if target >= needed:
         return None
     return (
-        f"the open-file limit ({target}) is below what {_names('max_connections')}="
+        f"the open-file limit ({target}) is below what {names('max_connections')}="
         f"{max_connections} needs ({needed}): connections past it fail to be accepted. Raise "
         "the limit (ulimit -n, or the container's nofile limit) or lower max_connections"
     )
@@ -274,7 +254,8 @@ def _start_up_warnings(
     config: Config, environ: Mapping[str, str], argv: Sequence[str]
 ) -> list[str]:
     warnings: list[str] = []
-    if _secret_on_the_command_line(argv, environ):
+    by_flag = any(arg == "--auth-token" or arg.startswith("--auth-token=") for arg in argv)
+    if by_flag and not any(environ.get(name) for name in BY_FIELD["auth_token"].env):
         warnings.append(
             "the auth token was given with --auth-token, so every local user can read it in "
             "the process list: use --auth-token-file or DFLOCKD_AUTH_TOKEN instead"
@@ -321,7 +302,7 @@ async def serve(config: Config, environ: Mapping[str, str], argv: Sequence[str])
     )
     if server.metrics_address is not None:
         log.info("metrics on http://%s:%d/metrics", *server.metrics_address)
-    if environ.get(KUBERNETES_ENV) and is_loopback(config.host):
+    if environ.get("KUBERNETES_SERVICE_HOST") and is_loopback(config.host):
         log.warning(
             "running in a Kubernetes pod and bound to %s: only this pod can reach this lock "
             "server. Locks exclude nothing between pods that use different lock servers: run "

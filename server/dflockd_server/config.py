@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dflockd_server import constants as c
-from dflockd_server.settings import BY_FIELD, SETTINGS
+from dflockd_server.settings import BY_FIELD, SETTINGS, names
 
 
 class ConfigError(ValueError):
@@ -91,18 +91,16 @@ class Config:
                 continue
             problem = setting.check(value)
             if problem is not None:
-                raise ConfigError(
-                    f"{setting.field}={value!r} ({setting.flag} / {setting.env[0]}): {problem}"
-                )
+                raise ConfigError(f"{setting.field}={value!r} ({names(setting.field)}): {problem}")
+        if self.auth_token is not None and self.auth_token_file is not None:
+            raise ConfigError(f"give {names('auth_token')} or {names('auth_token_file')}, not both")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError(f"{names('tls_cert')} and {names('tls_key')} must be given together")
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ConfigError(
                 f"default_lease_ttl_s={self.default_lease_ttl_s} exceeds max_lease_ttl_s="
                 f"{self.max_lease_ttl_s}: lower --default-lease-ttl or raise --max-lease-ttl"
             )
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError("tls_cert and tls_key must be given together")
-        if self.auth_token is not None and self.auth_token_file is not None:
-            raise ConfigError("give auth_token or auth_token_file, not both")
         self._check_membership()
 
     def _check_membership(self) -> None:

@@ -66,16 +66,6 @@ def check(
     return None
 
 
-def _auth_token(environ: Mapping[str, str]) -> str | None:
-    token = environ.get("DFLOCKD_AUTH_TOKEN")
-    if token:
-        return token
-    path = environ.get("DFLOCKD_AUTH_TOKEN_FILE")
-    if path:
-        return Path(path).read_text(encoding="utf-8").strip()
-    return None
-
-
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Check ``[host] [port]`` (default 127.0.0.1 and ``DFLOCKD_PORT``)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -84,7 +74,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     port_text = args[1] if len(args) > 1 else env.get("DFLOCKD_PORT", str(DEFAULT_PORT))
     try:
         port = int(port_text)
-        token = _auth_token(env)
+        token = env.get("DFLOCKD_AUTH_TOKEN") or None
+        path = env.get("DFLOCKD_AUTH_TOKEN_FILE")
+        if token is None and path:
+            token = Path(path).read_text(encoding="utf-8").strip()
     except (ValueError, OSError) as exc:
         print(f"dflockd health: bad setting: {exc}", file=sys.stderr)
         return 1

@@ -39,12 +39,9 @@ def loop_name(loop: asyncio.AbstractEventLoop) -> str:
     """``uvloop`` or ``asyncio`` for theirs and loops derived from them; else the module."""
     for kind in type(loop).__mro__:
         name = kind.__module__.split(".")[0]
-        if name in _KNOWN:
+        if name in ("uvloop", "asyncio"):
             return name
     return type(loop).__module__.split(".")[0]
-
-
-_KNOWN = ("uvloop", "asyncio")
 
 
 def run_on(loop: asyncio.AbstractEventLoop, fn: Callable[[], T], timeout: float | None = None) -> T:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
@@ -33,10 +32,8 @@ __all__ = [
     "MetricsExporter",
     "RequestTimes",
     "Snapshot",
-    "metrics_available",
 ]
 
-_KINDS = ("lock", "semaphore")
 _INVALID = "invalid"
 COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -71,10 +68,6 @@ _EXTRA_HINT = "install the metrics extra: pip install 'dflockd-server[metrics]'"
 class MetricsError(RuntimeError):
     """The metrics endpoint cannot start: ``prometheus_client`` is missing or the port is
     unusable."""
-
-
-def metrics_available() -> bool:
-    return importlib.util.find_spec("prometheus_client") is not None
 
 
 class _Histogram:
@@ -264,7 +257,7 @@ class MetricsExporter:
                 ]  # fmt: skip
                 for name, doc, values, family_type in by_kind:
                     family = family_type(name, doc, labels=["kind"])
-                    for kind, value in zip(_KINDS, values, strict=True):
+                    for kind, value in zip(("lock", "semaphore"), values, strict=True):
                         family.add_metric([kind], value)
                     yield family
                 yield GaugeMetricFamily(

@@ -36,8 +36,7 @@ def holder_of(note: object) -> HolderNote:
     parts += [None] * (4 - len(parts))
     task_id, host, pid, name = parts
     if task_id is not None and task_id.startswith(_BEAT_PREFIX) and pid is None:
-        beat_pid = task_id.removeprefix(_BEAT_PREFIX)
-        pid, task_id, name = beat_pid, None, "celery beat"
+        pid, task_id, name = task_id.removeprefix(_BEAT_PREFIX), None, "celery beat"
     return HolderNote(task_id, host, int(pid) if pid and pid.isdigit() else None, name)
 
 

@@ -39,7 +39,7 @@ from dflockd_server.values import (
     parse_str,
 )
 
-__all__ = ["BY_FIELD", "COMMON", "SETTINGS", "TOPICS", "Setting"]
+__all__ = ["BY_FIELD", "COMMON", "SETTINGS", "TOPICS", "Setting", "names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +323,12 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_FIELD: Mapping[str, Setting] = MappingProxyType({setting.field: setting for setting in SETTINGS})
 """Each setting by its ``Config`` field."""
+
+
+def names(field: str) -> str:
+    """``--flag / ENV``: how an error names the setting of a ``Config`` field."""
+    return f"{BY_FIELD[field].flag} / {BY_FIELD[field].env[0]}"
+
 
 TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("where it listens", ("host", "port")),

@@ -31,17 +31,12 @@ _MAX_REFRESH_S: Final = 3600
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-class _Reply:
+class _Reply(concurrent.futures.Future[bytes]):
     """The ``stats`` reply a page waits for, across threads."""
 
-    __slots__ = ("future",)
-
-    def __init__(self) -> None:
-        self.future: concurrent.futures.Future[bytes] = concurrent.futures.Future()
-
     def stats_ready(self, reply: bytes) -> None:
-        if not self.future.done():
-            self.future.set_result(reply)
+        if not self.done():
+            self.set_result(reply)
 
 
 class StatusPage:
@@ -66,13 +61,13 @@ class StatusPage:
             try:
                 reply = self._ask(waiter)
             except BaseException as exc:
-                waiter.future.set_exception(exc)
+                waiter.set_exception(exc)
                 return
             if reply is not None:
                 waiter.stats_ready(reply)
 
         self._call_soon(ask)
-        reply = waiter.future.result(timeout)
+        reply = waiter.result(timeout)
         status, _, payload = reply.decode().partition(" ")
         if status != c.STATUS_OK:
             raise RuntimeError(f"stats answered {reply[:80]!r}")

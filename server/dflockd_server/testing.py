@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from dflockd_server.config import Config
-from dflockd_server.loops import default_loop_factory
+from dflockd_server.loops import default_loop_factory, run_on
 from dflockd_server.net import Server
 from dflockd_server.ownership import Ownership
 
@@ -47,9 +47,7 @@ class ServerThread:
         """``loop_factory``: the loop to run on (default: what ``dflockd`` runs). ``ownership``:
         serve by it instead of what the config makes."""
         self.config = config or Config(host="127.0.0.1", port=0)
-        self._loop_factory: Callable[[], asyncio.AbstractEventLoop] = (
-            loop_factory or default_loop_factory()
-        )
+        self._loop_factory = loop_factory or default_loop_factory()
         self.server = Server(self.config, ownership=ownership)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -129,11 +127,7 @@ class ServerThread:
         loop = self._loop
         if loop is None:
             raise RuntimeError("server not started")
-
-        async def runner() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(runner(), loop).result(timeout)
+        return run_on(loop, fn, timeout)
 
     def stats(self) -> dict[str, Any]:
         return self.call(self.server.stats)

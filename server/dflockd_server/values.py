@@ -12,8 +12,6 @@ from typing import TypeVar
 
 from dflockd_server import constants as c
 
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-EVENT_LOOPS = ("auto", "asyncio", "uvloop")
 T = TypeVar("T")
 
 
@@ -34,15 +32,11 @@ def parse_float(raw: str) -> float:
     return value
 
 
-TRUE_WORDS = frozenset({"1", "yes", "true", "on"})
-FALSE_WORDS = frozenset({"0", "no", "false", "off"})
-
-
 def parse_bool(raw: str) -> bool:
     text = raw.strip().lower()
-    if text in TRUE_WORDS:
+    if text in {"1", "yes", "true", "on"}:
         return True
-    if text in FALSE_WORDS:
+    if text in {"0", "no", "false", "off"}:
         return False
     raise ValueError("expected 1/yes/true or 0/no/false")
 
@@ -83,9 +77,9 @@ def _one_of(choices: tuple[str, ...]) -> tuple[Callable[[str], str], Callable[[s
     return parse, check
 
 
-parse_log_level, check_log_level = _one_of(LOG_LEVELS)
+parse_log_level, check_log_level = _one_of(("debug", "info", "warning", "error", "critical"))
 parse_fsync, check_fsync = _one_of(c.JOURNAL_FSYNC_MODES)
-parse_event_loop, check_event_loop = _one_of(EVENT_LOOPS)
+parse_event_loop, check_event_loop = _one_of(("auto", "asyncio", "uvloop"))
 
 
 def _parses(parse: Callable[[str], object]) -> Callable[[str], str | None]:
@@ -176,16 +170,13 @@ class ClusterUrl:
     tls: bool
     prefix: str
 
-    @property
-    def scheme(self) -> str:
-        return c.CLUSTER_TLS_SCHEME if self.tls else c.CLUSTER_SCHEME
-
     def format(self) -> str:
         """The URL written out in full (``etcd://h1:2379,h2:2379/dflockd``)."""
         shown = ",".join(
             f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in self.endpoints
         )
-        return f"{self.scheme}://{shown}{self.prefix}"
+        scheme = c.CLUSTER_TLS_SCHEME if self.tls else c.CLUSTER_SCHEME
+        return f"{scheme}://{shown}{self.prefix}"
 
 
 CLUSTER_URL_FORM = "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcds://... for TLS)"
