@@ -1,6 +1,6 @@
 """Health check (the container's HEALTHCHECK, ``python -m dflockd_server.health``): ``ping`` a
 dflockd server, exit 0 on ``ok``, 1 otherwise. It reads the server's environment (port, auth
-token, TLS)."""
+token, TLS) as the server reads it: an empty variable is unset, a value is stripped."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dflockd_server.constants import (
     CMD_AUTH,
@@ -19,6 +20,7 @@ from dflockd_server.constants import (
     PLACEHOLDER,
     STATUS_OK,
 )
+from dflockd_server.settings import BY_FIELD
 
 CHECK_TIMEOUT_S = 2.0
 
@@ -67,25 +69,36 @@ def check(
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Check ``[host] [port]`` (default 127.0.0.1 and ``DFLOCKD_PORT``)."""
+    """Check ``[host] [port]``; by default where the server's environment has it listen
+    (``DFLOCKD_HOST``, 127.0.0.1 for all addresses, and ``DFLOCKD_PORT``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
-    host = args[0] if args else "127.0.0.1"
-    port_text = args[1] if len(args) > 1 else env.get("DFLOCKD_PORT", str(DEFAULT_PORT))
     try:
-        port = int(port_text)
-        token = env.get("DFLOCKD_AUTH_TOKEN") or None
-        path = env.get("DFLOCKD_AUTH_TOKEN_FILE")
+        bound = _setting(env, "host")
+        host = args[0] if args else "127.0.0.1" if bound in (None, "0.0.0.0", "::") else bound
+        port = int(args[1]) if len(args) > 1 else _setting(env, "port")
+        token = _setting(env, "auth_token")
+        path = _setting(env, "auth_token_file")
         if token is None and path:
             token = Path(path).read_text(encoding="utf-8").strip()
     except (ValueError, OSError) as exc:
         print(f"dflockd health: bad setting: {exc}", file=sys.stderr)
         return 1
-    problem = check(host, port, token, tls=bool(env.get("DFLOCKD_TLS_CERT")))
+    if port is None:
+        port = DEFAULT_PORT
+    problem = check(host, port, token, tls=_setting(env, "tls_cert") is not None)
     if problem is not None:
         print(f"dflockd health: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def _setting(env: Mapping[str, str], field: str) -> Any:
+    """The server's setting ``field`` from its environment, parsed as the server parses it;
+    None where no variable of it is set (or all are empty)."""
+    setting = BY_FIELD[field]
+    raw = next((env[name] for name in setting.env if env.get(name)), None)
+    return None if raw is None else setting.parse(raw)
 
 
 if __name__ == "__main__":

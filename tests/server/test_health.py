@@ -1,0 +1,42 @@
+"""The container's health check (``python -m dflockd_server.health``, the image's HEALTHCHECK
+and the manifests' probes) run beside a real ``dflockd`` with the same environment, as the
+container runs both."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from tests.support.ports import free_port
+from tests.support.servers import DflockdProcess, clean_env
+
+
+def _health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dflockd_server.health"],
+        env=clean_env(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_the_check_reads_the_environment_as_the_server_does(dflockd_process: Any) -> None:
+    # A secret made from a file ends in a newline, an unused variable may be set empty, and a
+    # server may listen on one address only: the server takes each, so the check must too.
+    env = {
+        "DFLOCKD_HOST": "127.0.0.2",
+        "DFLOCKD_PORT": str(free_port()),
+        "DFLOCKD_AUTH_TOKEN": "s3cret\n",
+        "DFLOCKD_AUTH_TOKEN_FILE": "",
+        "DFLOCKD_TLS_CERT": "",
+    }
+    proc: DflockdProcess = dflockd_process(env=env)
+    proc.wait_listening()
+    healthy = _health(env)
+    assert healthy.returncode == 0, healthy.stderr
+    refused = _health({**env, "DFLOCKD_AUTH_TOKEN": "wrong"})
+    assert refused.returncode == 1
+    assert "auth refused" in refused.stderr
