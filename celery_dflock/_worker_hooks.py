@@ -220,10 +220,13 @@ class _Hooks:
                                 now - since,
                             )
                     if not self.unreachable:
+                        # In the hold that saw none: a `_watch` from now on starts a watcher.
+                        self._watching = False
                         return
-        finally:
+        except BaseException:
             with self._watch_guard:
                 self._watching = False
+            raise
 
     def outage_report(self) -> dict[str, object]:
         """What ``celery inspect dflock_outages`` answers for this worker."""
