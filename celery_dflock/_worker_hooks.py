@@ -411,15 +411,18 @@ def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
     return warnings
 
 
-REDIS_SCHEMES: Final = ("redis", "rediss", "sentinel")
 REDIS_VISIBILITY_DEFAULT_S: Final = 3600.0
 
 
 def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
     """A warning when ``app``'s broker is Redis and its ``visibility_timeout`` is not above the
     longest countdown a locked task's message may wait (Redis would deliver it twice)."""
-    url = str(app.conf.broker_url or "")
-    if url.split("://", 1)[0] not in REDIS_SCHEMES:
+    try:  # kombu's transport, whatever the URL names it (rediss, sentinel, redis+socket, ...)
+        with app.connection_for_write() as connection:
+            driver = connection.transport.driver_type
+    except Exception:  # a transport kombu cannot load here: not one this check knows
+        return []
+    if driver != "redis":
         return []
     transport_options: Mapping[str, Any] = app.conf.broker_transport_options or {}
     try:

@@ -15,6 +15,7 @@ import pytest
 from celery import Celery
 
 from celery_dflock import LockedTask
+from celery_dflock._worker_hooks import countdowns_past_visibility
 from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app
@@ -214,6 +215,32 @@ def test_a_worker_on_redis_warns_when_visibility_timeout_is_below_a_retry_countd
         workers.close()
         log.close()
         redis_cleanup(queue)
+
+
+@pytest.mark.parametrize(
+    ("broker", "warned"),
+    [
+        ("redis+socket:///run/redis/redis.sock", True),  # Redis over a unix socket
+        ("redis://h1:6379;redis://h2:6379", True),  # a fail-over list
+        (["sentinel://h1:26379", "sentinel://h2:26379"], True),
+        ("amqp://guest@localhost//", False),  # RabbitMQ acknowledges late, not by a timeout
+    ],
+)
+def test_every_url_of_a_redis_broker_is_checked_for_its_visibility_timeout(
+    broker: str | list[str], warned: bool
+) -> None:
+    """The check knows the broker by kombu's transport, not by the URL's scheme: Redis over a
+    unix socket or behind a fail-over list was not checked."""
+    app = Celery("visibility", broker=broker, set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": 45}
+
+    @app.task(base=LockedTask, shared=False)
+    def report() -> None: ...
+
+    said = countdowns_past_visibility(app, LockedTask)
+    assert bool(said) == warned, said
+    if warned:
+        assert "the Redis broker's visibility_timeout (45 s, broker_transport_options)" in said[0]
 
 
 def records_dirs(tmp: Path) -> list[Path]:
