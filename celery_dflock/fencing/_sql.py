@@ -6,7 +6,7 @@ read ``FOR UPDATE`` (the statement locked the row).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -141,6 +141,7 @@ class FencedUpdate:
     column: sa.Column[Any]
     where: sa.ColumnElement[bool]
     fence: int
+    label: Callable[[], str]
 
     @classmethod
     def build(
@@ -151,12 +152,12 @@ class FencedUpdate:
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpdate:
         target = table_of(table)
-        checked = require_fence(fence, lambda: f"{target.fullname} where {described(where)}")
-        return cls(target, fence_column_of(target, fence_name), where, checked)
 
-    @property
-    def label(self) -> str:
-        return f"{self.table.fullname} where {described(self.where)}"
+        def label() -> str:  # compiled for a message only
+            return f"{target.fullname} where {described(where)}"
+
+        checked = require_fence(fence, label)
+        return cls(target, fence_column_of(target, fence_name), where, checked, label)
 
     def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
         """The ``UPDATE`` (on ``table`` as given, so an ORM session's objects stay in step)."""
@@ -176,6 +177,7 @@ class FencedUpsert:
     column: sa.Column[Any]
     key: Mapping[str, Any]
     fence: int
+    label: Callable[[], str]
 
     @classmethod
     def build(
@@ -186,22 +188,23 @@ class FencedUpsert:
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpsert:
         target = table_of(table)
-        if not key:
+        keyed = dict(key)
+
+        def label() -> str:
+            row = ", ".join(f"{name}={value!r}" for name, value in keyed.items())
+            return f"{target.fullname} row {row}"
+
+        checked = require_fence(fence, label)
+        column = fence_column_of(target, fence_name)
+        if not keyed:
             raise ValueError(
                 f"fenced upsert into {target.fullname}: key names no column; give the "
                 "primary key or a unique key of the row ({'id': 7})"
             )
-        made = cls(target, fence_column_of(target, fence_name), dict(key), 0)
-        checked = require_fence(fence, lambda: made.label)
-        unknown = sorted(set(key) - set(target.c.keys()))
+        unknown = sorted(set(keyed) - set(target.c.keys()))
         if unknown:
-            raise ValueError(f"fenced upsert into {made.label}: no column {', '.join(unknown)}")
-        return cls(made.table, made.column, made.key, checked)
-
-    @property
-    def label(self) -> str:
-        row = ", ".join(f"{name}={value!r}" for name, value in self.key.items())
-        return f"{self.table.fullname} row {row}"
+            raise ValueError(f"fenced upsert into {label()}: no column {', '.join(unknown)}")
+        return cls(target, column, keyed, checked, label)
 
     @property
     def where(self) -> sa.ColumnElement[bool]:
@@ -217,7 +220,7 @@ class FencedUpsert:
         name = self.column.name
         if name in values or (update is not None and name in update):
             raise ValueError(
-                f"fenced upsert into {self.label}: the column {name!r} holds the fence"
+                f"fenced upsert into {self.label()}: the column {name!r} holds the fence"
             )
         row = {**values, **self.key, name: self.fence}
         if dialect.name in {"postgresql", "sqlite"}:
@@ -243,7 +246,7 @@ class FencedUpsert:
             ordered.append((name, sa.func.greatest(self.column, insert_my.inserted[name])))
             return insert_my.on_duplicate_key_update(ordered)
         raise ValueError(
-            f"fenced upsert into {self.label}: SQLAlchemy's {dialect.name} dialect has no "
+            f"fenced upsert into {self.label()}: SQLAlchemy's {dialect.name} dialect has no "
             "upsert here (PostgreSQL, SQLite, MySQL and MariaDB have one): insert the row "
             "first with fence 0 (the column's default), then write it with fenced_update"
         )
