@@ -21,9 +21,9 @@ from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, require_f
 __all__ = [
     "FencedUpdate",
     "FencedUpsert",
-    "check_columns",
+    "adding_lines",
     "column_checked",
-    "dialect_of",
+    "table_of",
     "wrong_face",
 ]
 
@@ -61,22 +61,6 @@ def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
         ) from None
 
 
-def check_columns(
-    connection: sa.Connection, tables: tuple[sa.Table | type[Any], ...], name: str
-) -> None:
-    """`check_fence_column` of both faces (the asyncio one through ``run_sync``)."""
-    inspector = sa.inspect(connection)
-    lines = "; ".join(
-        f"table {table.fullname!r} has no column {name!r} in the database: "
-        f"{adding_lines(table, name)}"
-        for table in map(table_of, tables)
-        if name not in table.c
-        or all(c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema))
-    )
-    if lines:
-        raise FenceColumnMissing(f"fenced tables not ready: {lines}")
-
-
 @contextmanager
 def column_checked(table: sa.Table, name: str) -> Generator[None]:
     """Runs the block, turning the database's word that ``table`` has no column ``name`` into
@@ -91,12 +75,6 @@ def column_checked(table: sa.Table, name: str) -> Generator[None]:
             f"{name!r} (the Table declares it, the database was not migrated; the database "
             f"said: {str(error.orig).strip().splitlines()[0]}); {adding_lines(table, name)}"
         ) from error
-
-
-def dialect_of(connection: Any) -> sa.Dialect:
-    """A connection's dialect, or a session's bind's."""
-    found = getattr(connection, "dialect", None)
-    return found if isinstance(found, sa.Dialect) else connection.get_bind().dialect
 
 
 def wrong_face(helper: str, given: object, *, blocking: bool) -> TypeError:
