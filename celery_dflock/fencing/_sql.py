@@ -83,14 +83,13 @@ def wrong_face(helper: str, given: object, *, blocking: bool) -> TypeError:
     if blocking and kind in {"AsyncConnection", "AsyncSession", "async_scoped_session"}:
         return TypeError(
             f"{helper} is the blocking face and runs on a Connection or a Session, not an "
-            f"{kind}: use celery_dflock.fencing.sqlalchemy_aio.{helper.rpartition('.')[2]} "
+            f"{kind}: use celery_dflock.fencing.sqlalchemy_aio.{helper} "
             "(await it) for SQLAlchemy's asyncio extension"
         )
     if not blocking and kind in {"Connection", "Session", "scoped_session"}:
         return TypeError(
             f"{helper} is the asyncio face and runs on an AsyncConnection or an AsyncSession, "
-            f"not a {kind}: use celery_dflock.fencing.sqlalchemy.{helper.rpartition('.')[2]} "
-            "for a blocking one"
+            f"not a {kind}: use celery_dflock.fencing.sqlalchemy.{helper} for a blocking one"
         )
     wanted = (
         "a Connection or a Session (engine.begin(), Session(engine))"
