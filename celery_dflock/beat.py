@@ -140,7 +140,6 @@ class Leadership:
         self._active = threading.Event()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def term(self) -> int:
@@ -149,14 +148,8 @@ class Leadership:
             return self._term
 
     def start(self) -> None:
-        """Start campaigning (idempotent)."""
-        with self._guard:
-            if self._thread is not None or self._stop.is_set():
-                return
-            self._thread = threading.Thread(
-                target=self._run, name="dflock-beat-leader", daemon=True
-            )
-            self._thread.start()
+        """Start campaigning (once: a campaign stopped before it started ends at once)."""
+        threading.Thread(target=self._run, name="dflock-beat-leader", daemon=True).start()
         logger.info("beat: standby, waiting for %s", self.describe)
 
     def is_active(self) -> bool:
