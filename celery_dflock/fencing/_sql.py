@@ -183,10 +183,6 @@ class FencedUpsert:
             raise ValueError(f"fenced upsert into {label()}: no column {', '.join(unknown)}")
         return cls(target, column, keyed, checked, label)
 
-    @property
-    def where(self) -> sa.ColumnElement[bool]:
-        return sa.and_(*(self.table.c[name] == value for name, value in self.key.items()))
-
     def statement(
         self,
         dialect: sa.Dialect,
@@ -230,4 +226,5 @@ class FencedUpsert:
 
     def kept(self) -> sa.Select[tuple[Any]]:
         """The row's fence, read under the row lock the upsert took (the latest committed)."""
-        return sa.select(self.column).where(self.where).with_for_update()
+        keyed = (self.table.c[name] == value for name, value in self.key.items())
+        return sa.select(self.column).where(*keyed).with_for_update()
