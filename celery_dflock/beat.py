@@ -140,7 +140,6 @@ class Leadership:
         self._active = threading.Event()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def term(self) -> int:
@@ -149,14 +148,8 @@ class Leadership:
             return self._term
 
     def start(self) -> None:
-        """Start campaigning (idempotent)."""
-        with self._guard:
-            if self._thread is not None or self._stop.is_set():
-                return
-            self._thread = threading.Thread(
-                target=self._run, name="dflock-beat-leader", daemon=True
-            )
-            self._thread.start()
+        """Start campaigning (once: a campaign stopped before it started ends at once)."""
+        threading.Thread(target=self._run, name="dflock-beat-leader", daemon=True).start()
         logger.info("beat: standby, waiting for %s", self.describe)
 
     def is_active(self) -> bool:
@@ -332,16 +325,6 @@ def _wrapped_class(value: object) -> type[Scheduler]:
     return found
 
 
-def _needs_wrapped_base(cls: type[SingletonScheduler]) -> bool:
-    """True when ``cls`` brings no concrete scheduler of its own (only Scheduler itself)."""
-    return not any(
-        issubclass(base, Scheduler)
-        and base is not Scheduler
-        and not issubclass(base, SingletonScheduler)
-        for base in cls.__mro__
-    )
-
-
 def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` for one send of entry ``name`` under its non-overlap lock (see above)."""
     result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
@@ -359,21 +342,6 @@ def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]
     lock_options.update({k: v for k, v in options.items() if k in LOCK_OPTIONS})
     headers[LOCK_OPTIONS_HEADER] = lock_options
     return result
-
-
-def _refuse_a_second_leader_lock(scheduler: Scheduler) -> None:
-    """Refuse a wrapped RedBeat whose own Redis lock (``redbeat_lock_key``) is on (see
-    "The schedule store" above)."""
-    wrapped = [c for c in type(scheduler).__mro__ if c.__module__.startswith("redbeat")]
-    key: object = getattr(scheduler, "lock_key", None)
-    if wrapped and key:
-        raise DflockConfigError(
-            f"dflock_beat_scheduler wraps RedBeat ({wrapped[0].__name__}) with its own beat "
-            f"lock on (redbeat_lock_key, {key!r}): each standby would wait for that Redis lock "
-            "in beat's start-up, and a killed beat would keep it for redbeat_lock_timeout. "
-            "Set app.conf.redbeat_lock_key = None: SingletonScheduler's lock decides which "
-            "beat sends"
-        )
 
 
 def _app_from(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -396,7 +364,12 @@ class SingletonScheduler(Scheduler):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         concrete = cls
-        if _needs_wrapped_base(cls):
+        if not any(  # cls brings no concrete scheduler of its own (only Scheduler itself)
+            issubclass(base, Scheduler)
+            and base is not Scheduler
+            and not issubclass(base, SingletonScheduler)
+            for base in cls.__mro__
+        ):
             app = _app_from(args, kwargs)
             wrapped = BeatSettings.from_app(app, get_config(app)).scheduler
             name = f"Singleton{wrapped.__name__}" if cls is SingletonScheduler else cls.__name__
@@ -426,7 +399,17 @@ class SingletonScheduler(Scheduler):
         else:
             kwargs["lazy"] = True
         self._base().__init__(*args, **kwargs)
-        _refuse_a_second_leader_lock(self)
+        # A wrapped RedBeat's own Redis lock must be off (see "The schedule store" above).
+        wrapped = [c for c in type(self).__mro__ if c.__module__.startswith("redbeat")]
+        key: object = getattr(self, "lock_key", None)
+        if wrapped and key:
+            raise DflockConfigError(
+                f"dflock_beat_scheduler wraps RedBeat ({wrapped[0].__name__}) with its own beat "
+                f"lock on (redbeat_lock_key, {key!r}): each standby would wait for that Redis "
+                "lock in beat's start-up, and a killed beat would keep it for "
+                "redbeat_lock_timeout. Set app.conf.redbeat_lock_key = None: "
+                "SingletonScheduler's lock decides which beat sends"
+            )
 
     def _base(self) -> Any:
         """``super()``, typed loosely: Celery is untyped."""

@@ -11,7 +11,8 @@ One module per store, each importing its store's client only when imported itsel
 
 A fence equal to the highest seen is accepted (a holder writes several times); a lower one
 raises `StaleFence`, ``None`` `FenceMissing`, a table without the fence column
-`FenceColumnMissing`; none of them writes anything. See docs/fencing.md.
+`FenceColumnMissing`; none of them writes anything. The fence is checked before the table
+(a database without the column says so only at the write). See docs/fencing.md.
 """
 
 from __future__ import annotations

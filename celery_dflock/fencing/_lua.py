@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below, require_fence
+from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
 
 __all__ = ["HSET", "SET", "ScriptCall", "Value", "fence_key_of", "hset_call", "set_call"]
 
@@ -46,10 +46,6 @@ class ScriptCall:
     args: list[Value]
     label: str
     fence: int
-
-    def refuse_below(self, seen: object) -> None:
-        """`StaleFence` if the script answered the fence it holds (None: written)."""
-        refuse_below(self.label, self.fence, seen)
 
 
 def set_call(key: str, value: Value, fence: int | None, fence_key: str | None) -> ScriptCall:

@@ -6,7 +6,7 @@ read ``FOR UPDATE`` (the statement locked the row).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -21,9 +21,9 @@ from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, require_f
 __all__ = [
     "FencedUpdate",
     "FencedUpsert",
-    "check_columns",
+    "adding_lines",
     "column_checked",
-    "dialect_of",
+    "table_of",
     "wrong_face",
 ]
 
@@ -61,22 +61,6 @@ def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
         ) from None
 
 
-def check_columns(
-    connection: sa.Connection, tables: tuple[sa.Table | type[Any], ...], name: str
-) -> None:
-    """`check_fence_column` of both faces (the asyncio one through ``run_sync``)."""
-    inspector = sa.inspect(connection)
-    lines = "; ".join(
-        f"table {table.fullname!r} has no column {name!r} in the database: "
-        f"{adding_lines(table, name)}"
-        for table in map(table_of, tables)
-        if name not in table.c
-        or all(c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema))
-    )
-    if lines:
-        raise FenceColumnMissing(f"fenced tables not ready: {lines}")
-
-
 @contextmanager
 def column_checked(table: sa.Table, name: str) -> Generator[None]:
     """Runs the block, turning the database's word that ``table`` has no column ``name`` into
@@ -93,26 +77,19 @@ def column_checked(table: sa.Table, name: str) -> Generator[None]:
         ) from error
 
 
-def dialect_of(connection: Any) -> sa.Dialect:
-    """A connection's dialect, or a session's bind's."""
-    found = getattr(connection, "dialect", None)
-    return found if isinstance(found, sa.Dialect) else connection.get_bind().dialect
-
-
 def wrong_face(helper: str, given: object, *, blocking: bool) -> TypeError:
     """A connection that the face ``helper`` of one kind (``blocking`` or not) cannot run on."""
     kind = type(given).__name__
     if blocking and kind in {"AsyncConnection", "AsyncSession", "async_scoped_session"}:
         return TypeError(
             f"{helper} is the blocking face and runs on a Connection or a Session, not an "
-            f"{kind}: use celery_dflock.fencing.sqlalchemy_aio.{helper.rpartition('.')[2]} "
+            f"{kind}: use celery_dflock.fencing.sqlalchemy_aio.{helper} "
             "(await it) for SQLAlchemy's asyncio extension"
         )
     if not blocking and kind in {"Connection", "Session", "scoped_session"}:
         return TypeError(
             f"{helper} is the asyncio face and runs on an AsyncConnection or an AsyncSession, "
-            f"not a {kind}: use celery_dflock.fencing.sqlalchemy.{helper.rpartition('.')[2]} "
-            "for a blocking one"
+            f"not a {kind}: use celery_dflock.fencing.sqlalchemy.{helper} for a blocking one"
         )
     wanted = (
         "a Connection or a Session (engine.begin(), Session(engine))"
@@ -141,6 +118,7 @@ class FencedUpdate:
     column: sa.Column[Any]
     where: sa.ColumnElement[bool]
     fence: int
+    label: Callable[[], str]
 
     @classmethod
     def build(
@@ -151,12 +129,12 @@ class FencedUpdate:
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpdate:
         target = table_of(table)
-        checked = require_fence(fence, lambda: f"{target.fullname} where {described(where)}")
-        return cls(target, fence_column_of(target, fence_name), where, checked)
 
-    @property
-    def label(self) -> str:
-        return f"{self.table.fullname} where {described(self.where)}"
+        def label() -> str:  # compiled for a message only
+            return f"{target.fullname} where {described(where)}"
+
+        checked = require_fence(fence, label)
+        return cls(target, fence_column_of(target, fence_name), where, checked, label)
 
     def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
         """The ``UPDATE`` (on ``table`` as given, so an ORM session's objects stay in step)."""
@@ -176,6 +154,7 @@ class FencedUpsert:
     column: sa.Column[Any]
     key: Mapping[str, Any]
     fence: int
+    label: Callable[[], str]
 
     @classmethod
     def build(
@@ -186,26 +165,23 @@ class FencedUpsert:
         fence_name: str = FENCE_COLUMN,
     ) -> FencedUpsert:
         target = table_of(table)
-        if not key:
+        keyed = dict(key)
+
+        def label() -> str:
+            row = ", ".join(f"{name}={value!r}" for name, value in keyed.items())
+            return f"{target.fullname} row {row}"
+
+        checked = require_fence(fence, label)
+        column = fence_column_of(target, fence_name)
+        if not keyed:
             raise ValueError(
                 f"fenced upsert into {target.fullname}: key names no column; give the "
                 "primary key or a unique key of the row ({'id': 7})"
             )
-        made = cls(target, fence_column_of(target, fence_name), dict(key), 0)
-        checked = require_fence(fence, lambda: made.label)
-        unknown = sorted(set(key) - set(target.c.keys()))
+        unknown = sorted(set(keyed) - set(target.c.keys()))
         if unknown:
-            raise ValueError(f"fenced upsert into {made.label}: no column {', '.join(unknown)}")
-        return cls(made.table, made.column, made.key, checked)
-
-    @property
-    def label(self) -> str:
-        row = ", ".join(f"{name}={value!r}" for name, value in self.key.items())
-        return f"{self.table.fullname} row {row}"
-
-    @property
-    def where(self) -> sa.ColumnElement[bool]:
-        return sa.and_(*(self.table.c[name] == value for name, value in self.key.items()))
+            raise ValueError(f"fenced upsert into {label()}: no column {', '.join(unknown)}")
+        return cls(target, column, keyed, checked, label)
 
     def statement(
         self,
@@ -217,7 +193,7 @@ class FencedUpsert:
         name = self.column.name
         if name in values or (update is not None and name in update):
             raise ValueError(
-                f"fenced upsert into {self.label}: the column {name!r} holds the fence"
+                f"fenced upsert into {self.label()}: the column {name!r} holds the fence"
             )
         row = {**values, **self.key, name: self.fence}
         if dialect.name in {"postgresql", "sqlite"}:
@@ -243,11 +219,12 @@ class FencedUpsert:
             ordered.append((name, sa.func.greatest(self.column, insert_my.inserted[name])))
             return insert_my.on_duplicate_key_update(ordered)
         raise ValueError(
-            f"fenced upsert into {self.label}: SQLAlchemy's {dialect.name} dialect has no "
+            f"fenced upsert into {self.label()}: SQLAlchemy's {dialect.name} dialect has no "
             "upsert here (PostgreSQL, SQLite, MySQL and MariaDB have one): insert the row "
             "first with fence 0 (the column's default), then write it with fenced_update"
         )
 
     def kept(self) -> sa.Select[tuple[Any]]:
         """The row's fence, read under the row lock the upsert took (the latest committed)."""
-        return sa.select(self.column).where(self.where).with_for_update()
+        keyed = (self.table.c[name] == value for name, value in self.key.items())
+        return sa.select(self.column).where(*keyed).with_for_update()

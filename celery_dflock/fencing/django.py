@@ -64,12 +64,12 @@ def fenced_update(
     ``update()`` takes (``F()`` expressions included).
     """
     queryset = _queryset(target)
-    field = _fence_field(queryset.model, fence_name)
 
     def label() -> str:  # compiled for a message only
         return f"{queryset.model._meta.label} rows {_described(queryset)}"
 
     fence = require_fence(fence, label)
+    field = _fence_field(queryset.model, fence_name)
     with _column_checked(queryset.model, field):
         updated = int(
             queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
@@ -104,12 +104,12 @@ def fenced_upsert(
         kind: str = type(cast("object", model)).__name__
         raise TypeError(f"fenced_upsert takes a model class, not {kind}")
     options: Any = cast("Any", model)._meta
-    field = _fence_field(model, fence_name)
-    alias: str = using or _db.router.db_for_write(model)
-    connection: Any = _db.connections[alias]
     row = ", ".join(f"{name}={value!r}" for name, value in key.items())
     label = f"{options.label} row {row}"
     checked = require_fence(fence, label)
+    field = _fence_field(model, fence_name)
+    alias: str = using or _db.router.db_for_write(model)
+    connection: Any = _db.connections[alias]
     if not key:
         raise ValueError(f"fenced upsert into {label}: key names no field ({{'id': 7}})")
     if fence_name in values or (update is not None and fence_name in update):

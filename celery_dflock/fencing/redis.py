@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import redis
 
 from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
-from celery_dflock.fencing.fences import FENCE_COLUMN
+from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set", "highest_fence"]
 
@@ -71,7 +71,7 @@ def _run(client: redis.Redis, helper: str, call: ScriptCall) -> None:
         if callable(close):
             close()
         raise TypeError(_unsupported(helper, client))
-    call.refuse_below(seen)
+    refuse_below(call.label, call.fence, seen)
 
 
 def _unsupported(helper: str, client: object) -> str:

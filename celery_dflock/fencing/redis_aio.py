@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import redis.asyncio
 
 from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
-from celery_dflock.fencing.fences import FENCE_COLUMN
+from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set"]
 
@@ -50,4 +50,5 @@ async def _run(client: redis.asyncio.Redis, helper: str, call: ScriptCall) -> No
             f"{helper} is the asyncio face and runs on redis.asyncio.Redis, not {kind}: use "
             f"celery_dflock.fencing.redis.{helper} for a blocking client"
         )
-    call.refuse_below(await client.register_script(call.script)(keys=call.keys, args=call.args))
+    seen = await client.register_script(call.script)(keys=call.keys, args=call.args)
+    refuse_below(call.label, call.fence, seen)

@@ -39,11 +39,12 @@ from celery_dflock.fencing._sql import (
     MYSQL,
     FencedUpdate,
     FencedUpsert,
-    check_columns,
+    adding_lines,
     column_checked,
-    dialect_of,
+    table_of,
     wrong_face,
 )
+from celery_dflock.fencing.errors import FenceColumnMissing
 from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
 
 __all__ = [
@@ -83,7 +84,16 @@ def check_fence_column(
     """Raise `FenceColumnMissing` unless every one of ``tables`` (Core tables or ORM classes)
     has the fence column ``name`` in its declaration and in the database (for a deploy step,
     before a task writes)."""
-    check_columns(connection, tables, name)
+    inspector = sa.inspect(connection)
+    lines = "; ".join(
+        f"table {table.fullname!r} has no column {name!r} in the database: "
+        f"{adding_lines(table, name)}"
+        for table in map(table_of, tables)
+        if name not in table.c
+        or all(c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema))
+    )
+    if lines:
+        raise FenceColumnMissing(f"fenced tables not ready: {lines}")
 
 
 def fenced_update(
@@ -136,7 +146,9 @@ def fenced_upsert(
     if not isinstance(connection, Connection | Session | scoped_session):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("fenced_upsert", connection, blocking=True)
     fenced = FencedUpsert.build(table, key, fence, fence_name)
-    dialect = dialect_of(connection)
+    dialect = (
+        connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
+    )
     statement = fenced.statement(dialect, values, update)
     with column_checked(fenced.table, fenced.column.name):
         result = connection.execute(statement)

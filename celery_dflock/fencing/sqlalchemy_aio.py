@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 from celery_dflock.fencing import sqlalchemy as blocking
-from celery_dflock.fencing._sql import check_columns, wrong_face
+from celery_dflock.fencing._sql import wrong_face
 from celery_dflock.fencing.fences import FENCE_COLUMN
 
 __all__ = ["check_fence_column", "fenced_update", "fenced_upsert"]
@@ -34,7 +34,7 @@ async def check_fence_column(
     """The blocking face's `check_fence_column` on an ``AsyncConnection``."""
     if not isinstance(connection, AsyncConnection):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("check_fence_column", connection, blocking=False)
-    await connection.run_sync(check_columns, tables, name)
+    await connection.run_sync(blocking.check_fence_column, *tables, name=name)
 
 
 def _runner(

@@ -225,6 +225,11 @@ def test_a_model_without_the_fence_field_is_named_with_the_lines_that_add_it(
     assert "manage.py makemigrations fencing and manage.py migrate" in said
     with pytest.raises(FenceColumnMissing, match="the model has no field"):
         fenced_upsert(Plain, 5, key={"id": 1}, values={"name": "x"})
+    # Without a fence, both say the fence is missing: the fence is checked before the model.
+    with pytest.raises(FenceMissing):
+        fenced_update(Plain.objects.filter(pk=1), None, name="x")
+    with pytest.raises(FenceMissing):
+        fenced_upsert(Plain, None, key={"id": 1}, values={"name": "x"})
 
     # The model has the field, its migration was not applied: the database's error, named.
     class Unmigrated(models.Model):

@@ -13,8 +13,10 @@ import redis.asyncio
 import sqlalchemy as sa
 
 from celery_dflock.client import DistributedLock
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import (
     FenceColumnMissing,
+    FenceMissing,
     StaleFence,
     redis as redis_fencing,
     redis_aio,
@@ -155,6 +157,32 @@ def test_a_table_without_the_fence_column_is_named_with_the_lines_that_add_it(
             r"database: declare it",
         ):
             check_fence_column(db, ACCOUNTS, declared)
+
+
+def test_update_and_upsert_check_the_fence_before_the_column(engine: sa.Engine) -> None:
+    """A write without a fence to a table without the fence column: both writes say the fence
+    is missing (the upsert said the column was, the update the fence), whether the Table or
+    only the database lacks the column (the database can say so only at the write, after the
+    fence's check); a bad fence likewise. Nothing is written."""
+    bare = sa.Table("bare", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True))
+    declared = sa.Table(
+        "bare",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("dflock_fence", sa.BigInteger, nullable=False, server_default="0"),
+    )
+    with engine.begin() as db:
+        bare.create(db)
+    for table in (bare, declared):
+        for fence, error in ((None, FenceMissing), (-1, InvalidValueError)):
+            with engine.begin() as db, pytest.raises(error):
+                fenced_update(db, table, table.c.id == 1, fence=fence, values={})
+            with engine.begin() as db, pytest.raises(error):
+                fenced_upsert(db, table, key={"id": 1}, fence=fence, values={})
+    with engine.begin() as db, pytest.raises(FenceColumnMissing):
+        fenced_upsert(db, bare, key={}, fence=1, values={})  # the column, then the key
+    with engine.connect() as db:
+        assert db.execute(sa.select(sa.func.count()).select_from(bare)).scalar() == 0
 
 
 def test_a_row_written_under_two_keys_is_refused_saying_so(
