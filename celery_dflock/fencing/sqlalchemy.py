@@ -79,11 +79,17 @@ def add_fence_column(connection: Connection, table: sa.Table, name: str = FENCE_
 
 
 def check_fence_column(
-    connection: Connection, *tables: sa.Table | type[Any], name: str = FENCE_COLUMN
+    connection: Connection | Session | scoped_session[Any],
+    *tables: sa.Table | type[Any],
+    name: str = FENCE_COLUMN,
 ) -> None:
     """Raise `FenceColumnMissing` unless every one of ``tables`` (Core tables or ORM classes)
     has the fence column ``name`` in its declaration and in the database (for a deploy step,
-    before a task writes)."""
+    before a task writes). ``connection``: a ``Connection`` or ``Session``, as for the writes."""
+    if isinstance(connection, Session | scoped_session):
+        connection = connection.connection()
+    elif not isinstance(connection, Connection):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise wrong_face("check_fence_column", connection, blocking=True)
     inspector = sa.inspect(connection)
     lines = "; ".join(
         f"table {table.fullname!r} has no column {name!r} in the database: "

@@ -3,8 +3,8 @@ needs ``celery-dflock[sqlalchemy]``, ``sqlalchemy[asyncio]`` and an async driver
 psycopg 3's and aiosqlite).
 
 The blocking face's functions (`celery_dflock.fencing.sqlalchemy`), awaited, with the same
-arguments and answers: each runs the blocking one through ``run_sync``. `check_fence_column`
-checks a deploy's database::
+arguments and answers, on an ``AsyncConnection`` or an ``AsyncSession``: each runs the blocking
+one through ``run_sync``. `check_fence_column` checks a deploy's database::
 
     async with engine.connect() as db:
         await check_fence_column(db, accounts)
@@ -29,12 +29,14 @@ __all__ = ["check_fence_column", "fenced_update", "fenced_upsert"]
 
 
 async def check_fence_column(
-    connection: AsyncConnection, *tables: sa.Table | type[Any], name: str = FENCE_COLUMN
+    connection: AsyncConnection | AsyncSession | async_scoped_session[Any],
+    *tables: sa.Table | type[Any],
+    name: str = FENCE_COLUMN,
 ) -> None:
-    """The blocking face's `check_fence_column` on an ``AsyncConnection``."""
-    if not isinstance(connection, AsyncConnection):  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise wrong_face("check_fence_column", connection, blocking=False)
-    await connection.run_sync(blocking.check_fence_column, *tables, name=name)
+    """The blocking face's `~celery_dflock.fencing.sqlalchemy.check_fence_column`, awaited."""
+    await _runner(connection, "check_fence_column").run_sync(
+        blocking.check_fence_column, *tables, name=name
+    )
 
 
 def _runner(

@@ -120,6 +120,12 @@ async def test_the_async_check_of_the_fence_column(async_engine: AsyncEngine) ->
         await sqlalchemy_aio.check_fence_column(db, ACCOUNTS)
         with pytest.raises(FenceColumnMissing, match="table 'bare' has no column 'dflock_fence'"):
             await sqlalchemy_aio.check_fence_column(db, ACCOUNTS, bare)
+    # On a session too, as the writes (it said "runs on an AsyncConnection or an AsyncSession
+    # (...), not AsyncSession")
+    async with AsyncSession(async_engine) as session:
+        await sqlalchemy_aio.check_fence_column(session, ACCOUNTS)
+        with pytest.raises(FenceColumnMissing, match="table 'bare' has no column 'dflock_fence'"):
+            await sqlalchemy_aio.check_fence_column(session, ACCOUNTS, bare)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.errors import InvalidValueError
@@ -157,6 +158,10 @@ def test_a_table_without_the_fence_column_is_named_with_the_lines_that_add_it(
             r"database: declare it",
         ):
             check_fence_column(db, ACCOUNTS, declared)
+    with Session(engine) as session:  # on a session too, as the writes
+        check_fence_column(session, ACCOUNTS)
+        with pytest.raises(FenceColumnMissing, match="table 'bare' has no column"):
+            check_fence_column(session, ACCOUNTS, declared)
 
 
 def test_update_and_upsert_check_the_fence_before_the_column(engine: sa.Engine) -> None:
