@@ -254,8 +254,8 @@ def _start_up_warnings(
     config: Config, environ: Mapping[str, str], argv: Sequence[str]
 ) -> list[str]:
     warnings: list[str] = []
-    by_flag = any(arg == "--auth-token" or arg.startswith("--auth-token=") for arg in argv)
-    if by_flag and not any(environ.get(name) for name in BY_FIELD["auth_token"].env):
+    # (even where DFLOCKD_AUTH_TOKEN wins over it: the flag's secret is still on show)
+    if any(arg == "--auth-token" or arg.startswith("--auth-token=") for arg in argv):
         warnings.append(
             "the auth token was given with --auth-token, so every local user can read it in "
             "the process list: use --auth-token-file or DFLOCKD_AUTH_TOKEN instead"

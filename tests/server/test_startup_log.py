@@ -65,6 +65,14 @@ def test_a_secret_on_the_command_line_and_fence_state_are_warned_about(
     assert "--auth-token-file or DFLOCKD_AUTH_TOKEN" in secret_warning
     assert "does not exist yet" in proc.wait_for("fence state file")
     proc.kill()
+    # The environment's token wins, and the flag's is still on show (it was not warned about).
+    both: DflockdProcess = dflockd_process(
+        "--host", "127.0.0.1", "--port", "0", "--auth-token", "visible-in-ps",
+        env={"DFLOCKD_AUTH_TOKEN": "kept-well"},
+    )  # fmt: skip
+    both.wait_listening()
+    assert "WARNING" in both.wait_for("process list")
+    both.kill()
     bare: DflockdProcess = dflockd_process(
         "--host", "127.0.0.1", "--port", str(free_port()), "--state-dir", "none"
     )
