@@ -27,6 +27,7 @@ import pytest
 
 from benchmarks.cli import HELD_NOTE, environment, project, run_once
 from celery_dflock import Client, DistributedLock, ServerReadOnly
+from dflockd_server.testing import ServerThread
 from tests.support.disks import fill, small_tmpfs_or_none
 from tests.support.ports import free_port
 from tests.support.processes import python_path
@@ -429,3 +430,31 @@ def test_a_full_state_disk_shows_on_the_page_in_status_and_in_the_worker_s_log(
         assert 'data-condition="healthy"' in shown.stdout, shown.stdout[-3000:]
         assert result.get(timeout=120) == name  # its outage retry ran once space was back
         assert held.release()
+
+
+def test_status_with_workers_says_when_the_broker_cannot_be_reached(
+    tmp_path: Path, dflock_server: ServerThread
+) -> None:
+    """``--workers`` asks through the broker: one that refuses gets a line saying so, not a
+    traceback (kombu's OperationalError went up to the user)."""
+    host, port = dflock_server.address
+    (tmp_path / "proj.py").write_text(
+        "from celery import Celery\n"
+        f'app = Celery("proj", broker="amqp://guest:guest@127.0.0.1:{free_port()}//")\n'
+        f'app.conf.dflock_servers = ["{host}:{port}"]\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "proj", "dflock", "status", "--workers"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": python_path(tmp_path, REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "--workers asks the workers through the broker, which this command cannot" in (
+        done.stderr
+    )
+    assert "without --workers for the lock servers alone" in done.stderr
