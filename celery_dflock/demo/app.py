@@ -97,7 +97,8 @@ def _hold(task: LockedTask, key: str, seconds: float) -> None:
     max_retries=200,
 )
 def sync_account(self: LockedTask, account: str, seconds: float) -> None:
-    """Sync one account: never two at once per account; a busy account is retried later."""
+    """Sync one account: never two at once per account; a busy account is waited for in its
+    queue (up to ``lock_timeout``, 30 s), then retried."""
     _hold(self, f"account:{account}", seconds)
 
 
