@@ -182,7 +182,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
     restore: Restore | None = None
-    # Asked before anything reads the file (a miss may start reading its last page in).
+    # Asked before anything reads the file (reading it brings its last page in).
     resident = tail_resident(journal)
     try:
         if os.path.exists(journal):
