@@ -105,6 +105,14 @@ class ClusterKeys:
     def shard(self, shard: int) -> str:
         return f"{self.shards}{shard}"
 
+    def shard_of(self, key: str) -> int | None:
+        """The shard whose key (as ``shard`` writes it) is ``key``, else None: another spelling
+        of a number ("05", "+5") would share a shard's revision with a key nobody writes."""
+        tail = key[len(self.shards) :] if key.startswith(self.shards) else ""
+        if not tail.isascii() or not tail.isdigit() or int(tail) >= SHARD_COUNT:
+            return None
+        return int(tail) if str(int(tail)) == tail else None
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
@@ -476,13 +484,7 @@ class Member:
             self._members_changed_at = self._clock()
         elif key == keys.leader:
             self._leader = None if deleted else value
-        elif key.startswith(keys.shards):
-            try:
-                shard = int(key[len(keys.shards) :])
-            except ValueError:
-                return
-            if not 0 <= shard < SHARD_COUNT:
-                return
+        elif (shard := keys.shard_of(key)) is not None:
             if revision < self._revisions.get(shard, 0):
                 return  # older than what the leader's own write already put here
             self._map = None
