@@ -108,10 +108,10 @@ class ClusterKeys:
     def shard_of(self, key: str) -> int | None:
         """The shard whose key (as ``shard`` writes it) is ``key``, else None: another spelling
         of a number ("05", "+5") would share a shard's revision with a key nobody writes."""
-        tail = key[len(self.shards) :] if key.startswith(self.shards) else ""
-        if not tail.isascii() or not tail.isdigit() or int(tail) >= SHARD_COUNT:
-            return None
-        return int(tail) if str(int(tail)) == tail else None
+        tail = key.removeprefix(self.shards)
+        digits = tail.isascii() and tail.isdigit() and len(tail) <= len(str(SHARD_COUNT))
+        shard = int(tail) if digits else SHARD_COUNT
+        return shard if shard < SHARD_COUNT and self.shard(shard) == key else None
 
 
 @dataclass(frozen=True, slots=True)
