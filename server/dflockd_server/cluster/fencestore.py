@@ -15,7 +15,6 @@ def fence_prefix(prefix: str) -> str:
 
 
 def _counter(value: str) -> int | None:
-    """A stored counter: ASCII digits, spaces around (None if not)."""
     text = value.strip()
     return int(text) if text.isascii() and text.isdigit() else None
 
