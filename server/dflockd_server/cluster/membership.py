@@ -236,7 +236,9 @@ class Member:
             [Compare(key, "CREATE", "EQUAL", 0)],
             [Put(key, self.advertise, lease.id), registered],
         ).succeeded
-        if created or self._registered_under(key, lease.id):
+        # A registration retried on another endpoint reports failure when the unanswered first
+        # attempt made it: the key is then held under this lease.
+        if created or ((kv := self.client.get(key)) is not None and kv.lease == lease.id):
             self.lease_id = lease.id
             self.lease_valid_until = sent + self.lease_ttl
             return None
@@ -252,12 +254,6 @@ class Member:
             return False
         self._resync()
         return True
-
-    def _registered_under(self, key: str, lease_id: int) -> bool:
-        """The key is held under this lease: a registration retried on another endpoint reports
-        failure when the unanswered first attempt made it."""
-        kv = self.client.get(key)
-        return kv is not None and kv.lease == lease_id
 
     def stop(self, *, leave: bool = True, timeout: float = 10.0) -> None:
         """Stop. ``leave``: revoke the lease now (a graceful leave); else it runs out (a crash)."""
