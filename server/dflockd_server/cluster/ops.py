@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections import Counter
@@ -101,10 +102,8 @@ def read_view(client: EtcdClient, prefix: str) -> ClusterView:
             leader = kv.value
         elif (shard := keys.shard_of(kv.key)) is not None:
             revisions[shard] = kv.mod_revision
-            try:
+            with contextlib.suppress(ValueError):  # unreadable: unassigned
                 shards[shard] = ShardAssignment.parse(kv.value)
-            except ValueError:
-                continue  # unreadable: unassigned
     return ClusterView(frozenset(members), leader, ShardMap(shards), revisions, read.revision)
 
 
