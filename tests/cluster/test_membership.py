@@ -12,8 +12,9 @@ import pytest
 
 from dflockd_server.cluster.etcd import EtcdClient
 from dflockd_server.cluster.membership import ClusterKeys, Member
+from dflockd_server.cluster.ops import read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
-from tests.support.etcd import EtcdServer, find_etcd
+from tests.support.etcd import EtcdServer, find_etcd, put
 from tests.support.proxy import FaultProxy
 from tests.support.waiting import wait_until
 
@@ -299,3 +300,28 @@ def test_members_resynchronise_after_etcd_restarts(tmp_path: Path, etcd_server: 
         for member in group:
             member.stop(leave=False)
         private.stop()
+
+
+def test_the_map_is_read_from_its_own_keys_only(etcd: EtcdClient, etcd_prefix: str) -> None:
+    """A key under the map's prefix that is not a shard's own spelling (what ``ClusterKeys.shard``
+    writes) is no shard: not for a member, nor for the operator's commands (``read_view``, which
+    a superscript digit made fail)."""
+    keys = ClusterKeys(etcd_prefix.rstrip("/"))
+    a = ShardAssignment("a:1", "a:1")
+    spellings = ["05", "+5", " 5", "5 ", "0_5", "\u0665", "\u00b2", "-0", "", "x", "1" * 5000]
+    for tail in [*spellings, str(SHARD_COUNT)]:
+        put(etcd, keys.shards + tail, "b:1,b:1")
+    expected = ({5: a}, {5: put(etcd, keys.shard(5), a.format())})
+    view = read_view(etcd, keys.prefix)
+    assert (dict(view.shard_map.items()), dict(view.revisions)) == expected
+    member = Member(etcd, keys.prefix, "a:1", lease_ttl=TTL)
+    assert member.join_once()  # read and watched, never stepped: it writes no map
+    try:
+        seen = member.snapshot()
+        assert (dict(seen.shard_map.items()), dict(seen.revisions)) == expected
+        put(etcd, keys.shards + "007", "b:1,b:1")  # through the watch, before shard 7's own key
+        put(etcd, keys.shard(7), a.format())
+        wait_until(lambda: 7 in member.snapshot().revisions, timeout=WAIT_S, what="shard 7 seen")
+        assert dict(member.snapshot().shard_map.items()) == {5: a, 7: a}
+    finally:
+        member.stop()

@@ -10,7 +10,11 @@ import pytest
 
 from dflockd_server.cluster.etcd import MAX_TXN_OPS, EtcdClient, EtcdTransport
 from dflockd_server.cluster.etcd.messages import RangeResult
-from dflockd_server.cluster.fencestore import EtcdCeilingStore, highest_ceiling
+from dflockd_server.cluster.fencestore import (
+    EtcdCeilingStore,
+    highest_ceiling,
+    published_longest,
+)
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys
 from dflockd_server.cluster.ops import (
@@ -48,6 +52,20 @@ def test_fence_ceilings_survive_in_etcd_and_never_go_down(
     put(etcd, store.key, "garbage")
     with pytest.raises(FenceStateError, match="decimal counter"):
         store.read()
+
+
+def test_a_stored_counter_is_ascii_digits(etcd: EtcdClient, etcd_prefix: str) -> None:
+    """A digit ``int`` cannot read (a superscript) is not a counter: a ceiling holding one is
+    refused as any other garbage is, a longest lease holding one is skipped (both raised
+    ``ValueError``, the second out of every failover wait's read)."""
+    prefix = etcd_prefix.rstrip("/")
+    store = EtcdCeilingStore(etcd, prefix, "a:1")
+    put(etcd, store.key, "\u00b2")
+    with pytest.raises(FenceStateError, match="decimal counter"):
+        store.read()
+    put(etcd, f"{prefix}/longest/a:1", "\u00b2")
+    put(etcd, f"{prefix}/longest/b:1", " 7 ")
+    assert published_longest(etcd, prefix) == {"b:1": 7}
 
 
 def test_map_writes_never_clobber_a_concurrent_write(etcd: EtcdClient, etcd_prefix: str) -> None:

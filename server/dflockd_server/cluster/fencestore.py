@@ -14,13 +14,19 @@ def fence_prefix(prefix: str) -> str:
     return prefix + "/fence/"
 
 
+def _counter(value: str) -> int | None:
+    text = value.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def _parse(key: str, value: str) -> int:
-    if not value.strip().isdigit():
+    counter = _counter(value)
+    if counter is None:
         raise FenceStateError(
             f"fence ceiling {key!r} in etcd does not hold a decimal counter "
             f"(found {value[:40]!r}); fix or delete it"
         )
-    return int(value.strip())
+    return counter
 
 
 class EtcdCeilingStore:
@@ -106,8 +112,8 @@ def published_longest(client: EtcdClient, prefix: str) -> dict[str, int]:
     out: dict[str, int] = {}
     start = len(longest_prefix(prefix))
     for kv in kvs:
-        if kv.value.strip().isdigit():
-            out[kv.key[start:]] = int(kv.value.strip())
+        if (longest := _counter(kv.value)) is not None:
+            out[kv.key[start:]] = longest
     return out
 
 

@@ -105,6 +105,14 @@ class ClusterKeys:
     def shard(self, shard: int) -> str:
         return f"{self.shards}{shard}"
 
+    def shard_of(self, key: str) -> int | None:
+        """The shard whose key (as ``shard`` writes it) is ``key``, else None: another spelling
+        of a number ("05", "+5") would share a shard's revision with a key nobody writes."""
+        tail = key.removeprefix(self.shards)
+        digits = tail.isascii() and tail.isdigit() and len(tail) <= len(str(SHARD_COUNT))
+        shard = int(tail) if digits else SHARD_COUNT
+        return shard if shard < SHARD_COUNT and self.shard(shard) == key else None
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
@@ -228,7 +236,9 @@ class Member:
             [Compare(key, "CREATE", "EQUAL", 0)],
             [Put(key, self.advertise, lease.id), registered],
         ).succeeded
-        if created or self._registered_under(key, lease.id):
+        # A registration retried on another endpoint reports failure when the unanswered first
+        # attempt made it: the key is then held under this lease.
+        if created or ((kv := self.client.get(key)) is not None and kv.lease == lease.id):
             self.lease_id = lease.id
             self.lease_valid_until = sent + self.lease_ttl
             return None
@@ -244,12 +254,6 @@ class Member:
             return False
         self._resync()
         return True
-
-    def _registered_under(self, key: str, lease_id: int) -> bool:
-        """The key is held under this lease: a registration retried on another endpoint reports
-        failure when the unanswered first attempt made it."""
-        kv = self.client.get(key)
-        return kv is not None and kv.lease == lease_id
 
     def stop(self, *, leave: bool = True, timeout: float = 10.0) -> None:
         """Stop. ``leave``: revoke the lease now (a graceful leave); else it runs out (a crash)."""
@@ -476,13 +480,7 @@ class Member:
             self._members_changed_at = self._clock()
         elif key == keys.leader:
             self._leader = None if deleted else value
-        elif key.startswith(keys.shards):
-            try:
-                shard = int(key[len(keys.shards) :])
-            except ValueError:
-                return
-            if not 0 <= shard < SHARD_COUNT:
-                return
+        elif (shard := keys.shard_of(key)) is not None:
             if revision < self._revisions.get(shard, 0):
                 return  # older than what the leader's own write already put here
             self._map = None

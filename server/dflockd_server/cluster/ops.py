@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections import Counter
@@ -99,15 +100,10 @@ def read_view(client: EtcdClient, prefix: str) -> ClusterView:
             members.add(kv.key[len(keys.members) :])
         elif kv.key == keys.leader:
             leader = kv.value
-        elif kv.key.startswith(keys.shards):
-            tail = kv.key[len(keys.shards) :]
-            if not tail.isdigit() or not 0 <= int(tail) < SHARD_COUNT:
-                continue
-            revisions[int(tail)] = kv.mod_revision
-            try:
-                shards[int(tail)] = ShardAssignment.parse(kv.value)
-            except ValueError:
-                continue  # unreadable: unassigned
+        elif (shard := keys.shard_of(kv.key)) is not None:
+            revisions[shard] = kv.mod_revision
+            with contextlib.suppress(ValueError):  # unreadable: unassigned
+                shards[shard] = ShardAssignment.parse(kv.value)
     return ClusterView(frozenset(members), leader, ShardMap(shards), revisions, read.revision)
 
 
