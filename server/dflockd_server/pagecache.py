@@ -48,7 +48,6 @@ def tail_resident(path: str) -> bool | None:
     """Whether the last byte of the file at ``path`` is in the page cache (``RWF_NOWAIT``), or
     None where that cannot be told. Ask it once, before anything reads the file: a miss may
     start reading the page in."""
-
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
