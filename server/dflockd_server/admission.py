@@ -55,14 +55,22 @@ class Admission:
     def admit(self, conn: Connection) -> str | None:
         """Count a new connection's transport; register it, or say why it is refused."""
         self.open_transports += 1
-        refusal = self._refusal(conn)
-        if refusal is not None:
-            self.connections_refused += 1
-            return refusal
-        self.connections_accepted += 1
-        self.per_ip[conn.stream.ip] = self.per_ip.get(conn.stream.ip, 0) + 1
-        self.connections.add(conn)
-        return None
+        cfg = self.config
+        ip = conn.stream.ip
+        count = self.per_ip.get(ip, 0)
+        if self._draining():
+            refusal = "server draining"
+        elif cfg.max_connections and len(self.connections) >= cfg.max_connections:
+            refusal = f"max_connections ({cfg.max_connections}) reached"
+        elif cfg.max_connections_per_ip and count >= cfg.max_connections_per_ip:
+            refusal = f"max_connections_per_ip ({cfg.max_connections_per_ip}) reached"
+        else:
+            self.connections_accepted += 1
+            self.per_ip[ip] = count + 1
+            self.connections.add(conn)
+            return None
+        self.connections_refused += 1
+        return refusal
 
     def share_table(self, table: LockTable) -> None:
         cap = self.config.locks_per_ip
@@ -95,17 +103,6 @@ class Admission:
                 load,
                 self.config.locks_per_ip,
             )
-
-    def _refusal(self, conn: Connection) -> str | None:
-        cfg = self.config
-        if self._draining():
-            return "server draining"
-        if cfg.max_connections and len(self.connections) >= cfg.max_connections:
-            return f"max_connections ({cfg.max_connections}) reached"
-        count = self.per_ip.get(conn.stream.ip, 0)
-        if cfg.max_connections_per_ip and count >= cfg.max_connections_per_ip:
-            return f"max_connections_per_ip ({cfg.max_connections_per_ip}) reached"
-        return None
 
     def transport_lost(self) -> None:
         self.open_transports -= 1

@@ -118,7 +118,6 @@ class LeaseBound:
     def _recorded(self, future: asyncio.Future[int]) -> None:
         self._running = False
         parked, self._parked = self._parked, []
-        failed: BaseException | None = None
         if future.cancelled():
             failed = FenceStateError("the lease bound's recording was cancelled")
         else:

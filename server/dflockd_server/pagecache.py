@@ -52,7 +52,6 @@ def tail_resident(path: str) -> bool | None:
     cannot be told. Ask it before anything reads the file. ``cachestat`` (Linux 6.5) reads
     nothing in; without it, a read with ``RWF_NOWAIT``, whose miss starts reading the page in:
     done before that read looks again, now and then, a page that was not cached is found."""
-
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -170,7 +170,6 @@ class RecordedGrants:
                     others[kept.token] = kept
                     self._in_runs -= 1
             run.clear()  # (the list is the new run's)
-
             run.append(rec)
             self._bases[-1] = fence
         else:

@@ -77,7 +77,6 @@ _CHECKED = operator.itemgetter(slice(0, 9))
 """A record line's checksum field and the space after it."""
 _CRC_DIGITS = b"0123456789abcdef"
 """A checksum field's digits: ``int(field, 16)`` alone also takes a space, a sign, ``_``, ``0x``."""
-_CRC_BYTES = 4
 
 
 @contextlib.contextmanager
@@ -261,10 +260,9 @@ def _read_lines(read: JournalRead, data: bytes, size: int, at_end: bool) -> tupl
                 and data[after - 1 : after] == b"\n"
                 and zlib.crc32(memoryview(data)[first:after]) == crc
             ):
-                try:
+                text = ""
+                with contextlib.suppress(UnicodeDecodeError):
                     text = str(memoryview(data)[first:after], "utf-8")  # (no copy of the bytes)
-                except UnicodeDecodeError:
-                    text = ""
                 if text:
                     read.records += 1  # the K line
                     problem, n = _apply_lines(read, text.split("\n"))
@@ -328,7 +326,6 @@ def _read_checked(read: JournalRead, data: bytes, start: int, end: int) -> int:
         stop = _read_slowly(read, run)
         return -1 if stop < 0 else start + stop
     problem, n = _apply_lines(read, text.split("\n"))
-
     if problem is not None:
         read.damage = problem
         return _line_start(lines, start, n)
@@ -390,8 +387,6 @@ def _checksums_hold(lines: list[bytes]) -> bool:
     if fields.translate(None, _CRC_DIGITS + b" ") or fields.count(b" ") != n:
         return False
     sums = array("I", map(zlib.crc32, map(_PAYLOAD, lines)))
-    if sums.itemsize != _CRC_BYTES:
-        return False  # (no platform CPython runs on has an unsigned int of another size)
     if sys.byteorder == "little":
         sums.byteswap()
     return sums.tobytes() == bytes.fromhex(fields.decode())
@@ -431,7 +426,6 @@ def _read_slowly(read: JournalRead, data: bytes) -> int:
             read.damage = problem
             return pos
         pos = end + 1
-
     return -1
 
 
@@ -504,24 +498,18 @@ def restored_leases(
             else:
                 ended.append(rec.token)
         return Restore(out, how, grace, exact=True, ended=ended, longest=longest)
-    durable = read.clean or read.fsync == "always"
+    durable = complete and (read.clean or read.fsync == "always")
+    each = f"each lease for the longest of its own and {run_longest} s from now"
+    no_grant = ", and no grant until then (records of the last moments may be lost)"
     if lost_tail:
-        how = (
-            f"the same boot, but {tail_lost}: each lease for the longest of its own and "
-            f"{run_longest} s from now"
-            + (
-                ""
-                if complete and durable
-                else ", and no grant until then (records of the last moments may be lost)"
-            )
-        )
-        grace = 0.0 if complete and durable else float(run_longest)
+        how = f"the same boot, but {tail_lost}: {each}" + ("" if durable else no_grant)
+        grace = 0.0 if durable else float(run_longest)
     elif same_boot:
         how = (
             "same boot, but the journal may lack renewals (answered while it could not be "
-            f"written): each lease for the longest of its own and {run_longest} s from now"
+            f"written): {each}"
         )
-    elif complete and durable:
+    elif durable:
         how = (
             "another boot (the wall clock is not trusted across a boot): each lease for the "
             f"longest of its own and {run_longest} s (the longest the run recorded) from now"
@@ -534,8 +522,7 @@ def restored_leases(
                 if complete
                 else "not complete (renewals answered while it could not be written)"
             )
-            + f": each lease for the longest of its own and {run_longest} s from now, and no "
-            "grant until then (records of the last moments may be lost)"
+            + f": {each}{no_grant}"
         )
         grace = float(run_longest)
     out = read.leases.values()

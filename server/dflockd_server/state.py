@@ -272,7 +272,6 @@ def _tail_lost(read: JournalRead, complete: bool, directory: str, resident: bool
     """Why the journal may lack its last records on this boot ("" where it cannot), its last
     page being out of the page cache: its file system was mounted anew since, or a write
     failed before that run ended (no ``complete`` mark)."""
-
     if resident is not False:
         return ""
     now = mount_id(directory) if read.mount is not None else None
