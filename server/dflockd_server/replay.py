@@ -4,9 +4,10 @@ what a start restores from it.
 Every grant with no later ``R`` comes back, running from the restart:
 
 - **same boot, complete journal** (the file's boot id is this boot's, and the ``complete`` mark
-  says every renewal answered is recorded): ``min(until - now, lease)`` on the file's own
-  monotonic clock (no wall-clock step counts); a grant bound to a connection with an
-  ``<onclose>`` lease runs at least that long (its connection closed with the old process).
+  says every renewal answered is recorded): ``until - now`` on the file's own monotonic clock
+  (no wall-clock step counts), not capped at its lease (an earlier start may have restored it
+  for longer); a grant bound to a connection with an ``<onclose>`` lease runs at least that
+  long (its connection closed with the old process).
 - **same boot, journal not complete**: ``max(its lease, the longest the run recorded)``: a
   renewal answered before the crash ended at most one such lease after it.
 - **same boot, but the file may lack its last records** (the state dir's file system was
@@ -20,7 +21,8 @@ Every grant with no later ``R`` comes back, running from the restart:
 
 The restored end is never earlier than the real one: within a boot the file is read as the
 kernel has it (a ``kill -9`` loses nothing written), and the ``complete`` mark is removed before
-any renewal goes unrecorded.
+any renewal goes unrecorded. A start writes each restored grant's end as it restored it, and
+`Restore.longest` (the start's lease bound) covers the time each was restored for.
 
 The file is read a chunk at a time with the garbage collector paused (``paused_gc``); grants are
 found by token through their fence (``recorded.RecordedGrants``); a batch (``K``) is checked with
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import operator
 import sys
 import time
@@ -445,7 +448,8 @@ class Restore:
     ended: list[str] = field(default_factory=lambda: [])
     """Tokens of the grants whose lease ended before the restart (with ``exact``)."""
     longest: int = 0
-    """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none."""
+    """The longest lease among ``leases`` (its own, its ``<onclose>`` lease, or the time it was
+    restored for, whole seconds up), 0 when none."""
 
 
 def restored_leases(
@@ -480,14 +484,10 @@ def restored_leases(
         for rec in read.leases.values():
             on_close = rec.on_close
             lease_ttl = rec.lease_ttl
-            lease = float(lease_ttl)
+            # Not capped at its lease: an earlier start may have restored it for longer.
             left = (rec.until_ms - now) / 1000.0
-            if left > lease:  # noqa: PLR1730 (no call of min: once per lease)
-                left = lease
-            if on_close is not None:
-                if not rec.detached and left < on_close:
-                    left = float(on_close)  # its connection closed with the process
-                left = min(left, float(max(lease_ttl, on_close)))
+            if on_close is not None and not rec.detached and left < on_close:
+                left = float(on_close)  # its connection closed with the process
             if left > 0:
                 rec.left = left
                 append(rec)
@@ -495,6 +495,8 @@ def restored_leases(
                     longest = lease_ttl
                 if on_close is not None and on_close > longest:
                     longest = on_close
+                if left > longest:
+                    longest = math.ceil(left)
             else:
                 ended.append(rec.token)
         return Restore(out, how, grace, exact=True, ended=ended, longest=longest)
@@ -529,7 +531,8 @@ def restored_leases(
     longest = 0
     for rec in out:
         own = max(rec.lease_ttl, rec.on_close or 0)
-        longest = max(longest, own)
-        rec.left = float(max(own, run_longest))
+        left = max(own, run_longest)
+        longest = max(longest, left)  # what its holder may have been told: the new bound
+        rec.left = float(left)
         grace = max(grace, rec.left) if grace else grace
     return Restore(out, how, grace, longest=longest)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import random
 import re
 import resource
@@ -23,7 +24,9 @@ from dflockd_server.journal import Journal
 from dflockd_server.net import Server
 from dflockd_server.replay import (
     BATCH_BYTES,
+    COMPLETE_SUFFIX,
     FREEZE_AFTER,
+    Restore,
     paused_gc,
     read_journal,
     restored_leases,
@@ -111,17 +114,73 @@ def test_the_versions_of_the_header_read_are_the_three_written_so_far(
     assert list(read.leases) == ([] if damage else ["aaaa"])
 
 
-def test_on_the_same_boot_a_lease_comes_back_until_its_recorded_end_at_most_one_lease(
-    tmp_path: Path,
-) -> None:
-    # Recorded until 1_040_000 ms (40 s after the anchor), lease 20 s.
+def test_on_the_same_boot_a_lease_comes_back_until_its_recorded_end(tmp_path: Path) -> None:
+    # Recorded until 1_040_000 ms (40 s after the anchor), lease 20 s: an end past one lease
+    # from now is one an earlier start restored it to (its holder may have been told so).
     read = read_journal(write(tmp_path, journal_bytes("G aaaa k 1 0 20 1040000 c -")))
     at_once = restored_leases(read, monotonic_ms=500, this_boot="b00t")
-    assert at_once.leases[0].left == 20.0  # capped at one lease: nothing renewed it meanwhile
+    assert at_once.leases[0].left == pytest.approx(40.0)
+    assert at_once.longest == 40  # the start's lease bound covers it
     later = restored_leases(read, monotonic_ms=30_500, this_boot="b00t")
     assert later.leases[0].left == pytest.approx(10.0)
+    assert later.longest == 20
     assert restored_leases(read, monotonic_ms=40_500, this_boot="b00t").leases == []
     assert at_once.grace_s == later.grace_s == 0
+
+
+def _restarted(path: str, restore: Restore, mono_ms: int, boot: str) -> None:
+    """What a start does with ``restore`` before it serves: the table takes its grants, and a
+    new journal file holds them (then the start stops; its ``complete`` mark stays)."""
+    table = LockTable(clock=lambda: 0.0, new_token=lambda: "0" * 32, max_locks=10)
+    table.restore_all(restore.leases)
+    clocks = (1_000_000 + mono_ms, mono_ms, boot)
+    journal = Journal(path, "everysec", lambda: 0.0, clocks=lambda: clocks)
+    journal.anchor()
+    live = table.live_holders()
+    journal.open(
+        journal.grant_record(held, slot, held.client is table.grants.detached, on_close)
+        for held, slot, on_close in live
+    )
+    journal.close()
+
+
+@pytest.mark.parametrize("first_boot", ["b00t", "earlier"])
+def test_a_grant_restored_for_longer_than_its_lease_keeps_that_time_at_the_next_restart(
+    tmp_path: Path, first_boot: str
+) -> None:
+    """A 30 s grant renewed to 300 s (`n k <token> 300`) while the journal could not record it
+    (or lost on a machine's crash) comes back for the run's longest lease, 300 s: its holder
+    was told so. The start writes it to its own journal with its own lease, 30 s, and that
+    restored end; the restart after it (same boot, journal complete) cut it back to 30 s, and a
+    start after a reboot had a bound of 30 s: either way the key was free while its holder
+    held it."""
+    first = tmp_path / "first"
+    first.mkdir()
+    path = write(first, journal_bytes("G aaaa k 1 0 30 1030000 c -", boot=first_boot))
+    # The holder's renewal to 300 s at 19 s was answered and not recorded.
+    restore = restored_leases(
+        read_journal(path),
+        complete=False,
+        run_longest=300,
+        monotonic_ms=20_500,
+        this_boot="b00t",
+    )
+    assert restore.leases[0].left == 300.0
+    assert restore.longest == 300  # the start's lease bound: not the grant's own 30 s
+    journal = str(tmp_path / "journal")
+    _restarted(journal, restore, 20_500, "b00t")
+    assert os.path.exists(journal + COMPLETE_SUFFIX)
+    again = restored_leases(
+        read_journal(journal), run_longest=restore.longest, monotonic_ms=30_500, this_boot="b00t"
+    )
+    assert again.exact
+    # 10 s after the start (it was 30.0; the record's end is in whole milliseconds, up)
+    assert again.leases[0].left == pytest.approx(290.0, abs=0.01)
+    assert again.longest == 291
+    rebooted = restored_leases(
+        read_journal(journal), run_longest=restore.longest, this_boot="after-a-reboot"
+    )
+    assert rebooted.leases[0].left == 300.0
 
 
 def test_a_restore_says_its_longest_lease_and_raises_the_fence_above_every_token(
@@ -142,7 +201,7 @@ def test_a_restore_says_its_longest_lease_and_raises_the_fence_above_every_token
     same_boot = restored_leases(read, monotonic_ms=500, this_boot="b00t")
     assert same_boot.exact and same_boot.longest == 45
     other_boot = restored_leases(read, run_longest=100, monotonic_ms=500, this_boot="elsewhere")
-    assert not other_boot.exact and other_boot.longest == 45  # its own, not the run's
+    assert not other_boot.exact and other_boot.longest == 100  # each restored for the run's
     table = LockTable(clock=lambda: 0.0, new_token=lambda: "0" * 32, max_locks=10)
     restored, highest, refused = table.restore_all(same_boot.leases)
     assert (restored, highest, refused) == (3, 255, [])
