@@ -116,24 +116,19 @@ class ConnectionWatcher:
     def __init__(self) -> None:
         self._by_pid: dict[int, _ProcessWatcher] = {}
 
-    def _current(self, create: bool) -> _ProcessWatcher | None:
+    def watch(self, fd: int, callback: WatchCallback) -> None:
+        """Call ``callback`` once ``fd`` is readable (it replaces an earlier one for ``fd``)."""
         pid = os.getpid()
         current = self._by_pid.get(pid)
-        if current is None and create:
+        if current is None:
             # setdefault: two threads of a new child agree on one state without a lock.
             current = self._by_pid.setdefault(pid, _ProcessWatcher())
             for other in [p for p in self._by_pid if p != pid]:
                 self._by_pid.pop(other, None)
-        return current
-
-    def watch(self, fd: int, callback: WatchCallback) -> None:
-        """Call ``callback`` once ``fd`` is readable (it replaces an earlier one for ``fd``)."""
-        current = self._current(create=True)
-        assert current is not None
         current.watch(fd, callback)
 
     def unwatch(self, fd: int) -> None:
-        current = self._current(create=False)
+        current = self._by_pid.get(os.getpid())
         if current is not None:
             current.unwatch(fd)
 

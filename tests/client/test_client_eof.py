@@ -9,6 +9,7 @@ the servers that keep it)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -46,7 +47,7 @@ transports = pytest.mark.parametrize("transport", ["plain", "tls"])
 
 def watched(watcher: ConnectionWatcher) -> int:
     """Sockets ``watcher`` watches in this process now."""
-    current = watcher._current(create=False)  # pyright: ignore[reportPrivateUsage]
+    current = watcher._by_pid.get(os.getpid())  # pyright: ignore[reportPrivateUsage]
     return 0 if current is None else len(current.entries)
 
 
