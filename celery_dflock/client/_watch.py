@@ -175,10 +175,7 @@ class _ProcessWatcher:
                 if not self.entries and time.monotonic() - self._idle_since >= LINGER_S:
                     self._running = False  # the next watch starts a thread anew
                     return
-            try:
-                events = poller.wait(poller.wait_ms)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
-                continue
+            events = poller.wait(poller.wait_ms)  # (PEP 475: retried after a signal)
             if not events:
                 continue
             due: list[tuple[int, WatchCallback]] = []
