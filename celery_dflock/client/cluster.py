@@ -10,7 +10,7 @@ server's package; a test holds the two equal.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from celery_dflock.client import wire
@@ -98,8 +98,10 @@ class ClusterMap:
     current: tuple[int, ...]
     target: tuple[int, ...]
     members: tuple[str, ...] = ()
+    leader: str | None = None
     pinned: tuple[int, ...] = ()
     moving: tuple[int, ...] = ()
+    source: str | None = field(default=None, compare=False)  # the member that answered
 
     @classmethod
     def parse(cls, data: dict[str, object], where: str = "the server") -> ClusterMap:
@@ -126,8 +128,10 @@ class ClusterMap:
             current=current,
             target=target,
             members=_listed(data, "members", where, str),
+            leader=_optional_str(data, "leader"),
             pinned=_listed(data, "pinned", where, int),
             moving=_listed(data, "moving", where, int),
+            source=_optional_str(data, "self"),
         )
 
     def shard_of(self, key: str) -> int:
