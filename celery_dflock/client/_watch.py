@@ -64,20 +64,19 @@ class _Poller:
     many are watched), else ``poll``. Under gevent or eventlet the watcher is a greenlet: it
     waits for the epoll descriptor with the green ``select``, then polls without waiting."""
 
-    __slots__ = ("_epoll", "_green", "_poll", "wait_ms")
+    __slots__ = ("_epoll", "_green", "_set", "wait_ms")
 
     def __init__(self) -> None:
         epoll = _unpatched_epoll()
         self._green = epoll is not None and not hasattr(select, "epoll")
         self._epoll = epoll() if epoll is not None else None
-        self._poll = select.poll() if self._epoll is None else None
+        self._set = select.poll() if self._epoll is None else self._epoll  # the one in use
         self.wait_ms = POLL_INTERVAL_MS if self._epoll is None else EPOLL_INTERVAL_MS
 
     def register(self, fd: int) -> None:
         epoll = self._epoll
         if epoll is None:
-            assert self._poll is not None
-            self._poll.register(fd, _EVENTS)
+            self._set.register(fd, _EVENTS)
             return
         try:
             epoll.register(fd, _EPOLL_EVENTS)
@@ -86,17 +85,12 @@ class _Poller:
 
     def unregister(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
-            if self._epoll is not None:
-                self._epoll.unregister(fd)
-            else:
-                assert self._poll is not None
-                self._poll.unregister(fd)
+            self._set.unregister(fd)
 
     def wait(self, timeout_ms: int) -> list[tuple[int, int]]:
         epoll = self._epoll
         if epoll is None:
-            assert self._poll is not None
-            return self._poll.poll(timeout_ms)
+            return self._set.poll(timeout_ms)
         if not self._green:
             return epoll.poll(timeout_ms / 1000)
         readable, _, _ = select.select([epoll.fileno()], [], [], timeout_ms / 1000)
