@@ -187,7 +187,7 @@ class _ProcessWatcher:
                 except Exception:  # pragma: no cover - a callback bug must not stop the rest
                     keep = False
                 if keep:
-                    with self._mutex:
+                    with self._mutex, contextlib.suppress(OSError):  # (closed meanwhile)
                         if fd not in self.entries:
-                            self.entries[fd] = callback
                             poller.register(fd)
+                            self.entries[fd] = callback
