@@ -71,13 +71,11 @@ class ClientSession:
     def interval(self) -> float:
         return self.ttl / SESSION_KEEPALIVES
 
-    def live(self, now: float | None = None) -> bool:
+    def live(self) -> bool:
         """Not over (a passed deadline ends it)."""
         if self.ended:
             return False
-        if self.answered_at > -math.inf and (self.clock() if now is None else now) >= (
-            self.deadline()
-        ):
+        if self.answered_at > -math.inf and self.clock() >= self.deadline():
             self.end("it was not kept alive in time (no answer from the server)")
             return False
         return True
@@ -111,18 +109,14 @@ class ClientSession:
                 now = self.clock()
                 if now - self._pruned_at < PRUNE_EVERY_S:
                     gone: list[Holder] = []
-                    holding = False
                     for holder in holders:
                         if holder.holds():
-                            holding = True
-                            break
+                            holders.difference_update(gone)
+                            return False
                         gone.append(holder)
-                    holders.difference_update(gone)
-                    if holding:
-                        return False
+                    holders.clear()  # none holds
                 self._pruned_at = now
-                for h in [h for h in holders if not h.holds()]:
-                    holders.discard(h)
+                holders.difference_update([h for h in holders if not h.holds()])
                 if holders:
                     return False
             self.keeper = None

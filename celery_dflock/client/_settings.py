@@ -132,12 +132,10 @@ def check_auth_token(
     return value
 
 
-def check_ssl_context(
-    value: object, name: str = "ssl_context", *, error: type[InvalidValueError] = InvalidValueError
-) -> ssl.SSLContext | None:
+def check_ssl_context(value: object) -> ssl.SSLContext | None:
     """TLS for every connection (None: plain TCP)."""
     if value is not None and not isinstance(value, ssl.SSLContext):
-        raise error(f"{name} must be an ssl.SSLContext, got {value!r}")
+        raise InvalidValueError(f"ssl_context must be an ssl.SSLContext, got {value!r}")
     return value
 
 
@@ -184,17 +182,13 @@ def lease_seconds(
     return Lease(value, name)
 
 
-def check_sharding_strategy(
-    value: object,
-    name: str = "sharding_strategy",
-    *,
-    error: type[InvalidValueError] = InvalidValueError,
-) -> Routing:
+def check_sharding_strategy(value: object) -> Routing:
     """A callable ``(key, number_of_servers) -> index``, or ``"cluster"``."""
     if value == CLUSTER or (callable(value) and not isinstance(value, str)):
         return cast("Routing", value)
-    raise error(
-        f"{name} must be a callable (key, number_of_servers) -> index or {CLUSTER!r}, got {value!r}"
+    raise InvalidValueError(
+        "sharding_strategy must be a callable (key, number_of_servers) -> index or "
+        f"{CLUSTER!r}, got {value!r}"
     )
 
 

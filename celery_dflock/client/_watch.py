@@ -64,20 +64,19 @@ class _Poller:
     many are watched), else ``poll``. Under gevent or eventlet the watcher is a greenlet: it
     waits for the epoll descriptor with the green ``select``, then polls without waiting."""
 
-    __slots__ = ("_epoll", "_green", "_poll", "wait_ms")
+    __slots__ = ("_epoll", "_green", "_set", "wait_ms")
 
     def __init__(self) -> None:
         epoll = _unpatched_epoll()
         self._green = epoll is not None and not hasattr(select, "epoll")
         self._epoll = epoll() if epoll is not None else None
-        self._poll = select.poll() if self._epoll is None else None
+        self._set = select.poll() if self._epoll is None else self._epoll  # the one in use
         self.wait_ms = POLL_INTERVAL_MS if self._epoll is None else EPOLL_INTERVAL_MS
 
     def register(self, fd: int) -> None:
         epoll = self._epoll
         if epoll is None:
-            assert self._poll is not None
-            self._poll.register(fd, _EVENTS)
+            self._set.register(fd, _EVENTS)
             return
         try:
             epoll.register(fd, _EPOLL_EVENTS)
@@ -86,17 +85,12 @@ class _Poller:
 
     def unregister(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
-            if self._epoll is not None:
-                self._epoll.unregister(fd)
-            else:
-                assert self._poll is not None
-                self._poll.unregister(fd)
+            self._set.unregister(fd)
 
     def wait(self, timeout_ms: int) -> list[tuple[int, int]]:
         epoll = self._epoll
         if epoll is None:
-            assert self._poll is not None
-            return self._poll.poll(timeout_ms)
+            return self._set.poll(timeout_ms)
         if not self._green:
             return epoll.poll(timeout_ms / 1000)
         readable, _, _ = select.select([epoll.fileno()], [], [], timeout_ms / 1000)
@@ -116,24 +110,19 @@ class ConnectionWatcher:
     def __init__(self) -> None:
         self._by_pid: dict[int, _ProcessWatcher] = {}
 
-    def _current(self, create: bool) -> _ProcessWatcher | None:
+    def watch(self, fd: int, callback: WatchCallback) -> None:
+        """Call ``callback`` once ``fd`` is readable (it replaces an earlier one for ``fd``)."""
         pid = os.getpid()
         current = self._by_pid.get(pid)
-        if current is None and create:
+        if current is None:
             # setdefault: two threads of a new child agree on one state without a lock.
             current = self._by_pid.setdefault(pid, _ProcessWatcher())
             for other in [p for p in self._by_pid if p != pid]:
                 self._by_pid.pop(other, None)
-        return current
-
-    def watch(self, fd: int, callback: WatchCallback) -> None:
-        """Call ``callback`` once ``fd`` is readable (it replaces an earlier one for ``fd``)."""
-        current = self._current(create=True)
-        assert current is not None
         current.watch(fd, callback)
 
     def unwatch(self, fd: int) -> None:
-        current = self._current(create=False)
+        current = self._by_pid.get(os.getpid())
         if current is not None:
             current.unwatch(fd)
 
@@ -180,10 +169,7 @@ class _ProcessWatcher:
                 if not self.entries and time.monotonic() - self._idle_since >= LINGER_S:
                     self._running = False  # the next watch starts a thread anew
                     return
-            try:
-                events = poller.wait(poller.wait_ms)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries
-                continue
+            events = poller.wait(poller.wait_ms)  # (PEP 475: retried after a signal)
             if not events:
                 continue
             due: list[tuple[int, WatchCallback]] = []
@@ -201,7 +187,7 @@ class _ProcessWatcher:
                 except Exception:  # pragma: no cover - a callback bug must not stop the rest
                     keep = False
                 if keep:
-                    with self._mutex:
+                    with self._mutex, contextlib.suppress(OSError):  # (closed meanwhile)
                         if fd not in self.entries:
-                            self.entries[fd] = callback
                             poller.register(fd)
+                            self.entries[fd] = callback

@@ -78,7 +78,10 @@ class ShardsInfo:
 
     def shards_per_member(self) -> dict[str, int]:
         """Shards each node is the current node of (cluster mode; else empty)."""
-        return {} if self.cluster is None else self.cluster.shards_per_node()
+        if self.cluster is None:
+            return {}
+        counts = Counter(self.cluster.current)
+        return {node: counts.get(index, 0) for index, node in enumerate(self.cluster.nodes)}
 
     @property
     def moving(self) -> tuple[int, ...]:
@@ -141,7 +144,3 @@ class ClusterMap:
         if index < 0:
             index = self.target[shard]
         return None if index < 0 else self.nodes[index]
-
-    def shards_per_node(self) -> dict[str, int]:
-        counts = Counter(self.current)
-        return {node: counts.get(index, 0) for index, node in enumerate(self.nodes)}

@@ -51,8 +51,6 @@ CLUSTER: Final = "cluster"
 Routing = ShardingStrategy | Literal["cluster"]
 """What ``sharding_strategy`` accepts: a strategy over the server list, or `CLUSTER`."""
 
-_MAX_PORT = 65535
-
 
 @runtime_checkable
 class IdentityShardingStrategy(Protocol):
@@ -69,13 +67,6 @@ def stable_hash_shard(key: str, num_servers: int) -> int:
     return zlib.crc32(key.encode("utf-8")) % num_servers
 
 
-def _weight(key: str, identity: str) -> int:
-    digest = hashlib.blake2b(
-        key.encode("utf-8") + b"\x00" + identity.encode("utf-8"), digest_size=8
-    ).digest()
-    return int.from_bytes(digest, "big")
-
-
 class RendezvousShard:
     """Rendezvous hashing; stateless: use the `rendezvous_shard` instance."""
 
@@ -88,7 +79,11 @@ class RendezvousShard:
     def shard_by_identity(self, key: str, identities: Sequence[str]) -> int:
         """Index of the identity with the highest weight for ``key`` (ties: the first one)."""
         _check_count(len(identities))
-        weights = [_weight(key, identity) for identity in identities]
+        prefix = key.encode("utf-8") + b"\x00"
+        weights = [
+            int.from_bytes(hashlib.blake2b(prefix + i.encode("utf-8"), digest_size=8).digest())
+            for i in identities
+        ]
         return weights.index(max(weights))
 
     def __repr__(self) -> str:
@@ -140,7 +135,7 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
             raise InvalidValueError(
                 f"server host must be a non-empty string, got {host!r} in {entry!r}"
             )
-        if not isinstance(port, int) or not _is_int(port) or not 0 < port <= _MAX_PORT:
+        if not isinstance(port, int) or not _is_int(port) or not 0 < port <= 65535:
             raise InvalidValueError(
                 f"server port must be an int in 1..65535, got {port!r} in {entry!r}"
             )

@@ -9,7 +9,10 @@ the servers that keep it)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -46,7 +49,7 @@ transports = pytest.mark.parametrize("transport", ["plain", "tls"])
 
 def watched(watcher: ConnectionWatcher) -> int:
     """Sockets ``watcher`` watches in this process now."""
-    current = watcher._current(create=False)  # pyright: ignore[reportPrivateUsage]
+    current = watcher._by_pid.get(os.getpid())  # pyright: ignore[reportPrivateUsage]
     return 0 if current is None else len(current.entries)
 
 
@@ -176,6 +179,40 @@ def test_a_release_stops_the_watch(dflock_server_factory: ServerFactory) -> None
         assert watched(pool.renewer.watcher) == 0
         server.stop()  # the pooled, released connection closes: no lock is told anything
         assert not lock.lost_event.wait(0.5)
+
+
+def test_a_socket_closed_while_its_callback_ran_leaves_the_watch_running() -> None:
+    """A lock may let its socket go and close it between its callback's answer (keep
+    watching) and the watcher's putting it back in the poll set (the callback runs outside the
+    watcher's mutex): the watcher lets it go, and goes on watching the others. Before, epoll
+    refused the closed socket (EBADF) in the watcher's thread, which ended it for good: no
+    socket of the process was watched again."""
+    watcher = ConnectionWatcher()
+    first, first_peer = socket.socketpair()
+    second, second_peer = socket.socketpair()  # made now: it cannot take the first one's fd
+    ran = threading.Event()
+    seen = threading.Event()
+
+    def closed_meanwhile() -> bool:
+        first.close()  # as the lock's thread would, just after this callback
+        ran.set()
+        return True
+
+    def saw_it() -> bool:
+        seen.set()
+        return False
+
+    try:
+        watcher.watch(first.fileno(), closed_meanwhile)
+        first_peer.send(b"x")
+        assert ran.wait(TOLD_WITHIN_S)
+        watcher.watch(second.fileno(), saw_it)
+        second_peer.send(b"x")
+        assert seen.wait(TOLD_WITHIN_S), "the watcher stopped"
+    finally:
+        watcher.unwatch(second.fileno())
+        for sock in (first, first_peer, second, second_peer):
+            sock.close()
 
 
 GREEN_TOLD_WITHIN_S = 2.0
