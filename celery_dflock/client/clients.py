@@ -24,6 +24,13 @@ from celery_dflock.client._settings import (
 from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client._sync.client import Client
 from celery_dflock.client._threads import leave_signals_to_the_main_thread
+from celery_dflock.client.wire import (
+    FEATURE_FENCE,
+    FEATURE_HELLO,
+    FEATURE_HOLDS,
+    FEATURE_PING,
+    FEATURE_STATS,
+)
 
 __all__ = [
     "DEFAULT_ACQUIRE_TIMEOUT_S",
@@ -31,6 +38,11 @@ __all__ = [
     "DEFAULT_RENEW_RATIO",
     "DEFAULT_SERVERS",
     "DEFAULT_SESSION_TTL_S",
+    "FEATURE_FENCE",
+    "FEATURE_HELLO",
+    "FEATURE_HOLDS",
+    "FEATURE_PING",
+    "FEATURE_STATS",
     "AsyncClient",
     "Client",
     "ClientSettings",
