@@ -28,6 +28,7 @@ from celery_dflock.client._replies import TimedOut
 from celery_dflock.client._requests import Command
 from dflockd_server.testing import ServerThread
 from tests.support.holds import adopted_in_a_child
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire, fence, stats
 
@@ -131,6 +132,20 @@ def test_renew_and_note_by_token(dflock_server: ServerThread) -> None:
             client.note("q:r", hold.token, "has space")
         with pytest.raises(InvalidValueError, match="lease_ttl"):
             client.renew("q:r", hold.token, lease_ttl=0)
+
+
+def test_a_bad_token_is_refused_before_any_server_is_asked() -> None:
+    # No server listens there: each call names its bad value, none says the server is gone
+    # (note said ServerUnavailable: it checked the token only as it built the request).
+    with Client([("127.0.0.1", free_port())], connect_timeout_s=1) as client:
+        for call in (
+            lambda: client.note("k", "not-a-token", "n"),
+            lambda: client.renew("k", "not-a-token", lease_ttl=5),
+            lambda: client.detach("k", "not-a-token", lease_ttl=5),
+            lambda: client.release("k", "not-a-token"),
+        ):
+            with pytest.raises(InvalidValueError, match="token"):
+                call()
 
 
 def test_bad_hold_arguments_name_themselves(dflock_server: ServerThread) -> None:

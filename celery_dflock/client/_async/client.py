@@ -227,6 +227,7 @@ class AsyncClient:
         """Replace the owner note of ``token``'s grant on ``key``: False if it no longer
         holds the key."""
         key, note = _requests.validate_key(key), _requests.validate_note(note)
+        token = _requests.validate_token(token)  # before any I/O, as the others
         return await self._done(
             key, lambda server, where: _by_token.note_request(server, where, key, token, note)
         )
