@@ -531,8 +531,8 @@ def restored_leases(
     longest = 0
     for rec in out:
         own = max(rec.lease_ttl, rec.on_close or 0)
-        left = max(own, run_longest)
-        longest = max(longest, left)  # what its holder may have been told: the new bound
-        rec.left = float(left)
+        told = max(own, run_longest)
+        longest = max(longest, told)  # what its holder may have been told: the new bound
+        rec.left = float(told)
         grace = max(grace, rec.left) if grace else grace
     return Restore(out, how, grace, longest=longest)
