@@ -127,7 +127,9 @@ class LockedTask(Task):
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
             # Sent again (a retry, with the hold handed on or None), or run here: no hold.
             return send()
-        in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
+        in_canvas = bool(
+            link or link_error or any(options.get(o) for o in ("chain", "chord", "group_id"))
+        )
         task_id = task_id or uuid()
         if per_call is None and (sent_options := headers.get(LOCK_OPTIONS_HEADER)):
             what = f"lock options of a message of {self._name!r}"
@@ -286,10 +288,6 @@ def _with_lock_options(
     given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
     merged[LOCK_OPTIONS_HEADER] = {**given, **checked.by_name()}
     return merged, None if given else checked
-
-
-_CANVAS_OPTIONS = ("chain", "chord", "group_id")
-"""``apply_async`` options a canvas passes to its members (besides ``link``/``link_error``)."""
 
 
 def apply_task_locks(app: Any) -> list[str]:
