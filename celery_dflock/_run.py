@@ -52,7 +52,7 @@ from celery_dflock._request import (
 )
 from celery_dflock._runtime import AnyLock, Runtime, get_runtime, options_for
 from celery_dflock._settings import OnLockLost
-from celery_dflock.client import Client, DistributedLock
+from celery_dflock.client import DistributedLock
 from celery_dflock.client.errors import (
     DflockError,
     LimitMismatchError,
@@ -110,13 +110,32 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(message.retries, options))
     client = runtime.client(config)
-    note = _run_note(message)
+    host = getattr(request, "hostname", None)  # the owner note: id, worker, pid, task name
+    host = host if isinstance(host, str) and host else socket.gethostname()
+    note = encode_note(message.task_id, host, pid=os.getpid(), name=str(task.name))
     held = hold_of(header(request, HOLD_HEADER))
-    on_close_lease = options.pending_ttl if _acks_late(task, request) else None
+    per_message = getattr(request, "acks_late", None)
+    acks_late = per_message if per_message is not None else getattr(task, "acks_late", False)
+    on_close_lease = options.pending_ttl if acks_late else None
     outage: OutageWait | None = None
     left_s = wait_s
     while True:
-        lock = new_lock(client, key, options, left_s, on_lost=guard.on_lost, note=note)
+        if options.limit is not None:  # options.ttl: a Lease, already checked
+            lock = client.semaphore(
+                key,
+                options.limit,
+                acquire_timeout_s=left_s,
+                lease_ttl_s=options.ttl,
+                on_lost=guard.on_lost,
+            )
+        else:
+            lock = client.lock(
+                key,
+                acquire_timeout_s=left_s,
+                lease_ttl_s=options.ttl,
+                on_lost=guard.on_lost,
+                note=note,
+            )
         try:
             took_over = take_over(
                 client,
@@ -152,58 +171,13 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     # A hold taken over for an acks_late message is not recorded, so a dead child's clean-up
     # does not release it: the redelivered message's run takes it over again.
     record = not (took_over and on_close_lease is not None)
-    return _run_held(guard, lock, message, options, run, record=record)
-
-
-def new_lock(
-    client: Client,
-    key: str,
-    options: LockOptions,
-    wait_s: float,
-    *,
-    on_lost: Callable[[Any], None],
-    note: str | None,
-) -> AnyLock:
-    """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``; a lock carries the
-    owner ``note``. ``options.ttl`` is a `Lease`, already checked."""
-    if options.limit is not None:
-        return client.semaphore(
-            key, options.limit, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost
-        )
-    return client.lock(
-        key, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost, note=note
-    )
-
-
-def _run_note(message: Message) -> str | None:
-    """The owner note of a running task: id, worker (or host) name, pid, task name."""
-    host = getattr(message.request, "hostname", None)
-    host = host if isinstance(host, str) and host else socket.gethostname()
-    return encode_note(message.task_id, host, pid=os.getpid(), name=str(message.task.name))
-
-
-def _acks_late(task: Any, request: Any) -> bool:
-    per_message = getattr(request, "acks_late", None)
-    return bool(per_message if per_message is not None else getattr(task, "acks_late", False))
-
-
-def _run_held(
-    guard: RunGuard,
-    lock: AnyLock,
-    message: Message,
-    options: LockOptions,
-    run: Callable[..., Any],
-    *,
-    record: bool,
-) -> Any:
-    """The body, with ``lock`` held: recorded (on the request; with ``record``, in a pool
-    child's held-lock records), guarded, and released however the body ends."""
-    key, task_id, runtime, request = guard.key, guard.task_id, guard.runtime, message.request
+    # The body, with the lock held: recorded (on the request; with ``record``, in a pool
+    # child's held-lock records), guarded, and released however the body ends.
     mark_held(request, key, lock, options)
-    if record and runtime.in_pool_child and task_id:
+    if record and runtime.in_pool_child and message.task_id:
         writer = runtime.held_writer()
         if writer is not None:
-            guard.unrecord = writer.add(task_id, lock, options.limit)
+            guard.unrecord = writer.add(message.task_id, lock, options.limit)
     try:
         result = guard.run_body(run, message.call, lock)
         # The body may see the lock lost and return before on_lost runs: only "flag" lets
