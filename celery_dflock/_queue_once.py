@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, cast
 
 from celery_dflock._celery import get_logger, get_task_logger
@@ -383,7 +383,8 @@ def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
             eta = None
     delay_s = 0.0
     if isinstance(eta, datetime):
-        delay_s = (eta - datetime.now(eta.tzinfo)).total_seconds()
+        tz = eta.tzinfo or UTC  # a naive eta is UTC, as Celery reads it
+        delay_s = (eta.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
     elif isinstance(countdown, int | float) and not isinstance(countdown, bool):
         delay_s = max(0.0, float(countdown))  # (a NaN: 0)
     return max(options.pending_ttl, math.ceil(delay_s))
