@@ -158,20 +158,6 @@ def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     return f"{task_name}:{digest(canonical)}"
 
 
-def _template_key(template: str, arguments: Mapping[str, Any], *, task_name: str) -> str:
-    """Format ``template`` with the bound arguments (``"report:{customer_id}"``)."""
-    try:
-        return template.format_map(dict(arguments))
-    except (KeyError, IndexError, AttributeError) as exc:
-        names = ", ".join(sorted(arguments)) or "none"
-        raise KeyDerivationError(
-            f"lock_key template {template!r} of task {task_name!r} refers to {exc}, which is "
-            f"not among the task's arguments ({names})"
-        ) from exc
-    except ValueError as exc:
-        raise _not_a_format(template, task_name, exc) from exc
-
-
 def _not_a_format(template: str, task_name: str, exc: ValueError) -> KeyDerivationError:
     return KeyDerivationError(
         f"lock_key template {template!r} of task {task_name!r} is not a valid format string: {exc}"
@@ -248,4 +234,14 @@ class KeyBuilder:
         arguments = _bind(self._signature, self._named, args, kwargs, task_name)
         if source is None:
             return safe_key(prefix + default_key(task_name, arguments))
-        return safe_key(prefix + _template_key(source, arguments, task_name=task_name))
+        try:  # the template (``"report:{customer_id}"``) over the bound arguments
+            raw = source.format_map(dict(arguments))
+        except (KeyError, IndexError, AttributeError) as exc:
+            names = ", ".join(sorted(arguments)) or "none"
+            raise KeyDerivationError(
+                f"lock_key template {source!r} of task {task_name!r} refers to {exc}, which is "
+                f"not among the task's arguments ({names})"
+            ) from exc
+        except ValueError as exc:
+            raise _not_a_format(source, task_name, exc) from exc
+        return safe_key(prefix + raw)
