@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, cast
 
 from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger
@@ -461,9 +462,5 @@ def current_body() -> BodyTarget:
     if patcher is not None and patcher.is_monkey_patched("thread"):
         greenthread: Any = sys.modules["eventlet.greenthread"]
         hub: Any = sys.modules["eventlet.hubs"].get_hub()
-
-        def schedule(callback: Callable[[], None]) -> object:
-            return hub.schedule_call_global(0, callback)
-
-        return _GreenBody(greenthread.getcurrent(), schedule)
+        return _GreenBody(greenthread.getcurrent(), partial(hub.schedule_call_global, 0))
     return _ThreadBody(threading.get_ident())
