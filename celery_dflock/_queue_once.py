@@ -193,10 +193,6 @@ class PublishHold:
                 why,
             )
 
-    def release(self, task: Any) -> None:
-        """Free the hold (the message could not be sent)."""
-        app_client(task._get_app()).release(self.hold.key, self.hold.token)
-
 
 @dataclass(frozen=True, slots=True)
 class Duplicate:

@@ -158,8 +158,9 @@ class LockedTask(Task):
         try:
             sent = send()
         except BaseException:
-            with contextlib.suppress(DflockError):  # else it frees with its connection
-                taken.release(self)  # nothing was sent: the key must not wait for it
+            # Nothing was sent: the key must not wait for it (else it frees with its connection).
+            with contextlib.suppress(DflockError):
+                app_client(self._celery._get_app()).release(taken.hold.key, taken.hold.token)
             raise
         taken.confirm(self, task_id)
         return sent
