@@ -53,7 +53,7 @@ from celery_dflock._request import (
 )
 from celery_dflock._runtime import AnyLock, Runtime, get_runtime, options_for
 from celery_dflock._settings import OnLockLost
-from celery_dflock.client import DistributedLock
+from celery_dflock.client import Client, DistributedLock
 from celery_dflock.client.errors import (
     DflockError,
     LimitMismatchError,
@@ -121,22 +121,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     outage: OutageWait | None = None
     left_s = wait_s
     while True:
-        if options.limit is not None:  # options.ttl: a Lease, already checked
-            lock = client.semaphore(
-                key,
-                options.limit,
-                acquire_timeout_s=left_s,
-                lease_ttl_s=options.ttl,
-                on_lost=guard.on_lost,
-            )
-        else:
-            lock = client.lock(
-                key,
-                acquire_timeout_s=left_s,
-                lease_ttl_s=options.ttl,
-                on_lost=guard.on_lost,
-                note=note,
-            )
+        lock = new_lock(client, key, options, left_s, on_lost=guard.on_lost, note=note)
         try:
             took_over = take_over(
                 client,
@@ -197,6 +182,26 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             if guard.unrecord is not None:
                 guard.unrecord()
             clear_held(request)
+
+
+def new_lock(
+    client: Client,
+    key: str,
+    options: LockOptions,
+    wait_s: float,
+    *,
+    on_lost: Callable[[Any], None],
+    note: str | None,
+) -> AnyLock:
+    """An unacquired lock (or semaphore, with ``lock_limit``) on ``key``; a lock carries the
+    owner ``note``. ``options.ttl`` is a `Lease`, already checked."""
+    if options.limit is not None:
+        return client.semaphore(
+            key, options.limit, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost
+        )
+    return client.lock(
+        key, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost, note=note
+    )
 
 
 def _autoretry(message: Message, exc: DflockError) -> None:
