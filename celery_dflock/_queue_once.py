@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, cast
 
 from celery_dflock._celery import get_logger, get_task_logger
@@ -67,9 +67,6 @@ __all__ = [
 
 logger: Any = get_task_logger("celery_dflock.task")
 worker_logger: Any = get_logger("celery_dflock.worker")
-
-_ADOPT_PAUSE_S: Final = 0.01
-_ADOPT_PAUSE_MAX_S: Final = 0.5
 
 
 def eager_duplicate(label: str, key: str, lock: AnyLock) -> AlreadyQueued:
@@ -144,7 +141,7 @@ def _adopt(
     it go: this message's publisher (this task's id, no host), up to `PUBLISH_LEASE_S`, or an
     earlier delivery (this task's id with a worker), up to `REDELIVERED_WAIT_S`."""
     started = time.monotonic()
-    pause_s = _ADOPT_PAUSE_S
+    pause_s = 0.01
     while True:
         if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
             return True
@@ -155,7 +152,7 @@ def _adopt(
         if time.monotonic() + pause_s > started + wait_s:
             return False
         time.sleep(pause_s)
-        pause_s = min(pause_s * 2, _ADOPT_PAUSE_MAX_S)
+        pause_s = min(pause_s * 2, 0.5)
 
 
 PUBLISH_LEASE_S: Final = 15
@@ -195,10 +192,6 @@ class PublishHold:
                 key,
                 why,
             )
-
-    def release(self, task: Any) -> None:
-        """Free the hold (the message could not be sent)."""
-        app_client(task._get_app()).release(self.hold.key, self.hold.token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,7 +379,8 @@ def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
             eta = None
     delay_s = 0.0
     if isinstance(eta, datetime):
-        delay_s = (eta - datetime.now(eta.tzinfo)).total_seconds()
+        tz = eta.tzinfo or UTC  # a naive eta is UTC, as Celery reads it
+        delay_s = (eta.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
     elif isinstance(countdown, int | float) and not isinstance(countdown, bool):
         delay_s = max(0.0, float(countdown))  # (a NaN: 0)
     return max(options.pending_ttl, math.ceil(delay_s))
@@ -396,8 +390,6 @@ def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
 
 _FOLLOW_GONE_HEADER: Final = "dflock_follow_gone"
 """Set on a follower resent after it found its holder gone without a result."""
-_FOLLOW_PAUSE_S: Final = 0.25
-_FOLLOW_MAX_S: Final = 5.0
 
 
 def run_follower(message: Message, follow: Follow) -> Any:
@@ -421,8 +413,16 @@ def run_follower(message: Message, follow: Follow) -> Any:
             f"result_backend, or send canvas members of a lock_from='publish' task with "
             f"on_duplicate='raise'"
         ) from None
-    if ready:
-        return _holder_outcome(run, follow, holder)
+    if ready:  # the holder's result as this run's: its value, or its error raised
+        if holder.successful():
+            return holder.result
+        error: object = holder.result
+        if isinstance(error, BaseException):
+            raise error
+        raise DflockError(
+            f"{run} stands in for task {follow.task_id} (key {follow.key!r}), which ended in "
+            f"state {holder.state}: {error!r}"
+        )
     polls = message.retries
     if _key_left(app, follow, message.task_id):
         if header(request, _FOLLOW_GONE_HEADER):
@@ -434,7 +434,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
         extra: dict[str, object] = {_FOLLOW_GONE_HEADER: True}
     else:
         extra = {}
-    countdown = min(_FOLLOW_PAUSE_S * (2 ** min(polls, MAX_BACKOFF_EXPONENT)), _FOLLOW_MAX_S)
+    countdown = min(0.25 * (2 ** min(polls, MAX_BACKOFF_EXPONENT)), 5.0)
     logger.info(
         "dflock: %s stands in for task %s (key %r), not done yet; looking again in %.2fs",
         run,
@@ -444,19 +444,6 @@ def run_follower(message: Message, follow: Follow) -> Any:
     )
     busy = LockNotAcquired(f"{run}: task {follow.task_id} holding key {follow.key!r} runs")
     raise resend(message, countdown=countdown, retries=polls + 1, busy=busy, extra=extra)
-
-
-def _holder_outcome(run: str, follow: Follow, holder: Any) -> Any:
-    """The holder's result as this run's: its value, or its error raised."""
-    if holder.successful():
-        return holder.result
-    error: object = holder.result
-    if isinstance(error, BaseException):
-        raise error
-    raise DflockError(
-        f"{run} stands in for task {follow.task_id} (key {follow.key!r}), which ended in "
-        f"state {holder.state}: {error!r}"
-    )
 
 
 def _key_left(app: Any, follow: Follow, task_id: str | None) -> bool:

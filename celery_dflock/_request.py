@@ -69,14 +69,6 @@ FOLLOW_HEADER: Final = "dflock_follow"
 """Message header of a canvas member sent in a duplicate's place: ``{"task_id": ..., "key": ...,
 "error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 
-_REQUEST_ATTRS: Final = (
-    "dflock_lock",
-    "dflock_key",
-    "dflock_fence",
-    "dflock_token",
-    "dflock_run_options",
-)
-"""What `mark_held` sets on the request."""
 MAX_BACKOFF_EXPONENT: Final = 32
 """The most doublings of a backoff (a lock retry's countdown, a follower's poll)."""
 
@@ -140,9 +132,12 @@ def mark_held(request: Any, key: str, lock: AnyLock, options: LockOptions) -> No
 
 
 def clear_held(request: Any) -> None:
-    """The run's lock is released: take it off the request."""
-    for attr in _REQUEST_ATTRS:
-        setattr(request, attr, None)
+    """The run's lock is released: take it off the request (what `mark_held` set)."""
+    request.dflock_lock = None
+    request.dflock_key = None
+    request.dflock_fence = None
+    request.dflock_token = None
+    request.dflock_run_options = None
 
 
 def held_lock(request: Any) -> AnyLock | None:

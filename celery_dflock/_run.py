@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, cast
 
 from celery_dflock._celery import Signal, backoff_interval, get_logger, get_task_logger
@@ -110,9 +111,13 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         # Eager retries run at once; wait out the countdown in the queue instead.
         wait_s = max(wait_s, retry_countdown(message.retries, options))
     client = runtime.client(config)
-    note = _run_note(message)
+    host = getattr(request, "hostname", None)  # the owner note: id, worker, pid, task name
+    host = host if isinstance(host, str) and host else socket.gethostname()
+    note = encode_note(message.task_id, host, pid=os.getpid(), name=str(task.name))
     held = hold_of(header(request, HOLD_HEADER))
-    on_close_lease = options.pending_ttl if _acks_late(task, request) else None
+    per_message = getattr(request, "acks_late", None)
+    acks_late = per_message if per_message is not None else getattr(task, "acks_late", False)
+    on_close_lease = options.pending_ttl if acks_late else None
     outage: OutageWait | None = None
     left_s = wait_s
     while True:
@@ -152,7 +157,31 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
     # A hold taken over for an acks_late message is not recorded, so a dead child's clean-up
     # does not release it: the redelivered message's run takes it over again.
     record = not (took_over and on_close_lease is not None)
-    return _run_held(guard, lock, message, options, run, record=record)
+    # The body, with the lock held: recorded (on the request; with ``record``, in a pool
+    # child's held-lock records), guarded, and released however the body ends.
+    mark_held(request, key, lock, options)
+    if record and runtime.in_pool_child and message.task_id:
+        writer = runtime.held_writer()
+        if writer is not None:
+            guard.unrecord = writer.add(message.task_id, lock, options.limit)
+    try:
+        result = guard.run_body(run, message.call, lock)
+        # The body may see the lock lost and return before on_lost runs: only "flag" lets
+        # such a run succeed.
+        if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
+            raise LockLost(
+                f"{guard.label} lost its lock {key!r} (fence {lock.fence}) "
+                f"while it ran; its body returned before the interrupt reached it, so the "
+                f"run fails (on_lock_lost={options.on_lock_lost!r})"
+            )
+        return result
+    finally:
+        try:
+            lock.release()
+        finally:
+            if guard.unrecord is not None:
+                guard.unrecord()
+            clear_held(request)
 
 
 def new_lock(
@@ -173,55 +202,6 @@ def new_lock(
     return client.lock(
         key, acquire_timeout_s=wait_s, lease_ttl_s=options.ttl, on_lost=on_lost, note=note
     )
-
-
-def _run_note(message: Message) -> str | None:
-    """The owner note of a running task: id, worker (or host) name, pid, task name."""
-    host = getattr(message.request, "hostname", None)
-    host = host if isinstance(host, str) and host else socket.gethostname()
-    return encode_note(message.task_id, host, pid=os.getpid(), name=str(message.task.name))
-
-
-def _acks_late(task: Any, request: Any) -> bool:
-    per_message = getattr(request, "acks_late", None)
-    return bool(per_message if per_message is not None else getattr(task, "acks_late", False))
-
-
-def _run_held(
-    guard: RunGuard,
-    lock: AnyLock,
-    message: Message,
-    options: LockOptions,
-    run: Callable[..., Any],
-    *,
-    record: bool,
-) -> Any:
-    """The body, with ``lock`` held: recorded (on the request; with ``record``, in a pool
-    child's held-lock records), guarded, and released however the body ends."""
-    key, task_id, runtime, request = guard.key, guard.task_id, guard.runtime, message.request
-    mark_held(request, key, lock, options)
-    if record and runtime.in_pool_child and task_id:
-        writer = runtime.held_writer()
-        if writer is not None:
-            guard.unrecord = writer.add(task_id, lock, options.limit)
-    try:
-        result = guard.run_body(run, message.call, lock)
-        # The body may see the lock lost and return before on_lost runs: only "flag" lets
-        # such a run succeed.
-        if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
-            raise LockLost(
-                f"{guard.label} lost its lock {key!r} (fence {lock.fence}) "
-                f"while it ran; its body returned before the interrupt reached it, so the "
-                f"run fails (on_lock_lost={options.on_lock_lost!r})"
-            )
-        return result
-    finally:
-        try:
-            lock.release()
-        finally:
-            if guard.unrecord is not None:
-                guard.unrecord()
-            clear_held(request)
 
 
 def _autoretry(message: Message, exc: DflockError) -> None:
@@ -487,9 +467,5 @@ def current_body() -> BodyTarget:
     if patcher is not None and patcher.is_monkey_patched("thread"):
         greenthread: Any = sys.modules["eventlet.greenthread"]
         hub: Any = sys.modules["eventlet.hubs"].get_hub()
-
-        def schedule(callback: Callable[[], None]) -> object:
-            return hub.schedule_call_global(0, callback)
-
-        return _GreenBody(greenthread.getcurrent(), schedule)
+        return _GreenBody(greenthread.getcurrent(), partial(hub.schedule_call_global, 0))
     return _ThreadBody(threading.get_ident())

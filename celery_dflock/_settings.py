@@ -162,18 +162,6 @@ def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word
     return check
 
 
-check_lock_from: Final[Check[LockFrom]] = one_of(
-    get_args(LockFrom),
-    "'run' (the key is taken when the run starts) or 'publish' (taken when the task is sent, "
-    "held until its run ends: queue-once)",
-)
-check_on_duplicate: Final[Check[OnDuplicate]] = one_of(
-    get_args(OnDuplicate),
-    "'return' (the duplicate publish returns the queued task's AsyncResult) or 'raise' (it "
-    "raises AlreadyQueued)",
-)
-
-
 def check_bool(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         raise DflockConfigError(f"{where} must be True or False, got {value!r}")
@@ -189,11 +177,6 @@ def check_string(value: object, where: str) -> str:
 def check_non_empty_string(value: object, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise DflockConfigError(f"{where} must be a non-empty string, got {value!r}")
-    return value
-
-
-def as_given(value: object, where: str) -> object:
-    del where
     return value
 
 
@@ -418,7 +401,11 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "lock_from",
         "dflock_lock_from",
         "run",
-        check_lock_from,
+        one_of(
+            get_args(LockFrom),
+            "'run' (the key is taken when the run starts) or 'publish' (taken when the task is "
+            "sent, held until its run ends: queue-once)",
+        ),
         '`"run"`: the key is taken when the run starts. `"publish"` (queue-once): the key is '
         "taken when the task is sent (`delay`, `apply_async`, canvas, beat) and held until its "
         "run ends, so a duplicate is never queued (`on_duplicate` says what the duplicate "
@@ -428,7 +415,11 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
         "on_duplicate",
         "dflock_on_duplicate",
         "return",
-        check_on_duplicate,
+        one_of(
+            get_args(OnDuplicate),
+            "'return' (the duplicate publish returns the queued task's AsyncResult) or 'raise' "
+            "(it raises AlreadyQueued)",
+        ),
         'A publish while the key is held (`lock_from="publish"`): `"return"` sends nothing '
         "and returns the `AsyncResult` of the task holding the key; "
         '`"raise"` raises `AlreadyQueued` (`.task_id`: the holder\'s).',
@@ -664,7 +655,7 @@ BEAT_SETTING_SPECS: Final = (
     _setting(
         "dflock_beat_scheduler",
         "celery.beat:PersistentScheduler",
-        as_given,  # a class or "module:Class": resolved and checked by celery_dflock.beat
+        lambda value, _where: value,  # a class or "module:Class": checked by celery_dflock.beat
         'The scheduler that does the work: `"module:Class"` or the class.',
     ),
     _setting(

@@ -138,9 +138,11 @@ def _bind(
     return dict(bound.arguments)
 
 
-def _canonical_json(value: Any, *, task_name: str) -> str:
+def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
+    """``<task name>:<digest of the canonical JSON of the bound arguments>``."""
+    value = dict(arguments)
     try:
-        return json.dumps(
+        canonical = json.dumps(
             value,
             cls=JSONEncoder,
             sort_keys=True,
@@ -153,25 +155,7 @@ def _canonical_json(value: Any, *, task_name: str) -> str:
             f"cannot build the default lock key of task {task_name!r}: its arguments are "
             f"not JSON-serialisable ({exc}); set lock_key to a template or a callable"
         ) from exc
-
-
-def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
-    """``<task name>:<digest of the canonical JSON of the bound arguments>``."""
-    return f"{task_name}:{digest(_canonical_json(dict(arguments), task_name=task_name))}"
-
-
-def _template_key(template: str, arguments: Mapping[str, Any], *, task_name: str) -> str:
-    """Format ``template`` with the bound arguments (``"report:{customer_id}"``)."""
-    try:
-        return template.format_map(dict(arguments))
-    except (KeyError, IndexError, AttributeError) as exc:
-        names = ", ".join(sorted(arguments)) or "none"
-        raise KeyDerivationError(
-            f"lock_key template {template!r} of task {task_name!r} refers to {exc}, which is "
-            f"not among the task's arguments ({names})"
-        ) from exc
-    except ValueError as exc:
-        raise _not_a_format(template, task_name, exc) from exc
+    return f"{task_name}:{digest(canonical)}"
 
 
 def _not_a_format(template: str, task_name: str, exc: ValueError) -> KeyDerivationError:
@@ -187,7 +171,7 @@ def check_template(template: str, run: Callable[..., Any], *, task_name: str) ->
     except ValueError as exc:
         raise _not_a_format(template, task_name, exc) from exc
     try:
-        parameters = inspect.signature(run).parameters
+        signature = inspect.signature(run)
     except (TypeError, ValueError):
         return
     for field in fields:
@@ -197,24 +181,18 @@ def check_template(template: str, run: Callable[..., Any], *, task_name: str) ->
                 f"lock_key template {template!r} of task {task_name!r} uses a positional "
                 f"field {{{field}}}; name the argument instead (e.g. {{customer_id}})"
             )
-        if head not in parameters:
+        if head not in signature.parameters:
             short = task_name.rpartition(".")[2]
+            empty = inspect.Parameter.empty  # the signature without annotations
+            bare = signature.replace(
+                parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+                return_annotation=empty,
+            )
             raise KeyDerivationError(
                 f"lock_key template {template!r} of task {task_name!r} refers to {{{head}}}, "
                 f"which is not an argument of the task: its signature is "
-                f"{short}{_bare_signature(run)}; name one of its arguments in the template"
+                f"{short}{bare}; name one of its arguments in the template"
             )
-
-
-def _bare_signature(run: Callable[..., Any]) -> str:
-    """``run``'s signature without annotations: ``(customer_id, kind='daily')``."""
-    signature = inspect.signature(run)
-    empty = inspect.Parameter.empty
-    bare = signature.replace(
-        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
-        return_annotation=empty,
-    )
-    return str(bare)
 
 
 class KeyBuilder:
@@ -256,4 +234,14 @@ class KeyBuilder:
         arguments = _bind(self._signature, self._named, args, kwargs, task_name)
         if source is None:
             return safe_key(prefix + default_key(task_name, arguments))
-        return safe_key(prefix + _template_key(source, arguments, task_name=task_name))
+        try:  # the template (``"report:{customer_id}"``) over the bound arguments
+            raw = source.format_map(dict(arguments))
+        except (KeyError, IndexError, AttributeError) as exc:
+            names = ", ".join(sorted(arguments)) or "none"
+            raise KeyDerivationError(
+                f"lock_key template {source!r} of task {task_name!r} refers to {exc}, which is "
+                f"not among the task's arguments ({names})"
+            ) from exc
+        except ValueError as exc:
+            raise _not_a_format(source, task_name, exc) from exc
+        return safe_key(prefix + raw)

@@ -35,6 +35,7 @@ from celery_dflock._run import locked_run
 from celery_dflock._runtime import AnyLock, app_client
 from celery_dflock._settings import (
     LOCK_OPTIONS,
+    GivenOptions,
     check_option_names,
     read_call_options,
     read_options,
@@ -112,10 +113,9 @@ class LockedTask(Task):
 
         With ``lock_from="publish"`` the key is taken first: while another task holds it,
         nothing is sent and ``on_duplicate`` says what the caller gets."""
-        check_option_names(options, f"apply_async options of {self._name!r}")
-        headers = _with_lock_options(
-            options, options.pop("headers", None), f"apply_async options of {self._name!r}"
-        )
+        what = f"apply_async options of {self._name!r}"
+        check_option_names(options, what)
+        headers, per_call = _with_lock_options(options, options.pop("headers", None), what)
         if headers:
             options["headers"] = headers
 
@@ -127,11 +127,13 @@ class LockedTask(Task):
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
             # Sent again (a retry, with the hold handed on or None), or run here: no hold.
             return send()
-        in_canvas = bool(link or link_error or any(options.get(o) for o in _CANVAS_OPTIONS))
+        in_canvas = bool(
+            link or link_error or any(options.get(o) for o in ("chain", "chord", "group_id"))
+        )
         task_id = task_id or uuid()
-        sent_options = headers.get(LOCK_OPTIONS_HEADER)
-        what = f"lock options of a message of {self._name!r}"
-        per_call = read_call_options(sent_options, what) if sent_options else None
+        if per_call is None and (sent_options := headers.get(LOCK_OPTIONS_HEADER)):
+            what = f"lock options of a message of {self._name!r}"
+            per_call = read_call_options(sent_options, what)
         taken = publish_hold(
             self,
             self._as_sent(args, kwargs, options),
@@ -156,8 +158,9 @@ class LockedTask(Task):
         try:
             sent = send()
         except BaseException:
-            with contextlib.suppress(DflockError):  # else it frees with its connection
-                taken.release(self)  # nothing was sent: the key must not wait for it
+            # Nothing was sent: the key must not wait for it (else it frees with its connection).
+            with contextlib.suppress(DflockError):
+                app_client(self._celery._get_app()).release(taken.hold.key, taken.hold.token)
             raise
         taken.confirm(self, task_id)
         return sent
@@ -180,7 +183,7 @@ class LockedTask(Task):
         is refused, naming it). With ``lock_from="publish"`` and the key held, the eager run
         fails at once with `AlreadyQueued`."""
         if any(name in options for name in LOCK_OPTIONS):
-            headers = _with_lock_options(options, headers, f"apply options of {self._name!r}")
+            headers = _with_lock_options(options, headers, f"apply options of {self._name!r}")[0]
         return BaseTask.apply(
             self,
             args,
@@ -272,20 +275,20 @@ class LockedTask(Task):
         return tuple(sent_args), dict(sent_kwargs)
 
 
-def _with_lock_options(options: dict[str, Any], headers: object, what: str) -> dict[str, Any]:
+def _with_lock_options(
+    options: dict[str, Any], headers: object, what: str
+) -> tuple[dict[str, Any], GivenOptions | None]:
     """The message's headers, with the lock options popped from ``options`` checked and
-    merged into `LOCK_OPTIONS_HEADER`."""
+    merged into `LOCK_OPTIONS_HEADER`; and those options when the headers gave none (so the
+    header holds just them, checked), else None."""
     merged = dict(cast("Mapping[str, Any]", headers or {}))
     lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
-    if lock_options:
-        checked = read_call_options(lock_options, what).by_name()
-        given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
-        merged[LOCK_OPTIONS_HEADER] = {**given, **checked}
-    return merged
-
-
-_CANVAS_OPTIONS = ("chain", "chord", "group_id")
-"""``apply_async`` options a canvas passes to its members (besides ``link``/``link_error``)."""
+    if not lock_options:
+        return merged, None
+    checked = read_call_options(lock_options, what)
+    given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
+    merged[LOCK_OPTIONS_HEADER] = {**given, **checked.by_name()}
+    return merged, None if given else checked
 
 
 def apply_task_locks(app: Any) -> list[str]:

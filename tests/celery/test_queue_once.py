@@ -7,8 +7,11 @@ duplicate gets the holder's result or `AlreadyQueued`, a retry keeps the hold, a
 
 from __future__ import annotations
 
+import os
 import pickle
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
@@ -255,6 +258,31 @@ def test_per_call_lock_from_and_pending_ttl(rig: Rig) -> None:
     assert (
         rig.tasks["plain"].apply_async((name,), queue=parked, lock_from="publish").id != sent[0].id
     )
+
+
+def test_a_naive_eta_is_utc_as_celery_reads_it(rig: Rig) -> None:
+    """Celery takes a naive ``eta`` for UTC; the hold's lease did too only on a host whose
+    local time is UTC: five hours west of it, an eta 2 s ahead asked a lease of five hours,
+    above the server's limit, and the task was not sent."""
+    parked = unique("dflock-nobody")
+    name = unique("naive-eta")
+    eta = datetime.now(UTC).replace(tzinfo=None) + timedelta(seconds=2)
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "EST5"  # UTC-5, no daylight saving
+    time.tzset()
+    try:
+        rig.tasks["plain"].apply_async(
+            (name,), queue=parked, lock_from="publish", lock_pending_ttl=3, eta=eta
+        )
+    finally:
+        if before is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+    assert messages(rig, parked) == 1
+    assert not rig.key_free(f"once:{name}", wait_s=0)
+    assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)
 
 
 def test_retry_keeps_the_hold(rig: Rig) -> None:
