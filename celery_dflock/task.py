@@ -182,6 +182,8 @@ class LockedTask(Task):
         """As :meth:`celery.Task.apply`; lock options given here apply to this run (a bad one
         is refused, naming it). With ``lock_from="publish"`` and the key held, the eager run
         fails at once with `AlreadyQueued`."""
+        if options:
+            check_option_names(options, f"apply options of {self._name!r}")
         if any(name in options for name in LOCK_OPTIONS):
             headers = _with_lock_options(options, headers, f"apply options of {self._name!r}")[0]
         return BaseTask.apply(

@@ -23,6 +23,7 @@ from celery.exceptions import CDeprecationWarning
 
 from celery_dflock import LockedTask
 from celery_dflock._settings import LOCK_OPTIONS, check_option_names
+from celery_dflock.config import DflockConfigError
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app
 from tests.support.workers import EventLog, WorkerFactory, with_server
@@ -106,6 +107,24 @@ def test_celerys_call_options_pass_through_apply_async(dflock_server: ServerThre
     options: dict[str, Any] = {"retry_backoff_max": 600, "retry_jitter": False, "max_retries": 2}
     task: Any = job
     assert task.apply_async((), lock_ttl=30, **options).get() == "ran"
+    app.close()
+
+
+def test_a_misspelt_lock_option_of_a_run_here_is_refused(dflock_server: ServerThread) -> None:
+    """``apply`` (a run in the caller's process) refuses a misspelt lock option as
+    ``apply_async`` does; it ran on the default lease without a word."""
+    app = make_app("misspelt-apply", eager=True, servers=dflock_server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="k", name="misspelt.apply")
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    with pytest.raises(
+        DflockConfigError, match=re.escape("apply options of 'misspelt.apply': 'lock_tll'")
+    ):
+        task.apply((), lock_tll=60)
+    assert task.apply((), lock_ttl=60).get() == "ran"
     app.close()
 
 
