@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -152,10 +153,11 @@ def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
     assert etcd_proxy.hold_replies_of(b"/v3/watch") == 1  # a:1's watch: open, silent from now on
     (late,) = members("c:1")
     took = wait_until(
-        lambda: "c:1" in stalled.snapshot().members,
+        lambda: late.lost is not None or "c:1" in stalled.snapshot().members,
         timeout=WAIT_S,
         what="the member whose watch stalled sees c:1 join",
     )
+    assert late.lost is None, late.lost  # (a c:1 that lost its lease would never be seen)
     print(f"c:1 seen through a stalled watch after {took:.2f} s (lease {TTL} s)")
     assert "c:1" in other.snapshot().members
     # Seen in a new read of the prefix; a new watch starts from it.
@@ -179,6 +181,36 @@ def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
     print(f"c:1's leave seen through a stalled watch after {took:.2f} s")
     assert stalled.resyncs > resyncs
     assert stalled.snapshot().shard_map == expected
+
+
+def test_a_member_whose_first_read_outlasts_its_lease_keeps_it(
+    etcd_proxy: FaultProxy, members: Callable[..., list[Member]]
+) -> None:
+    """A member's start reads the whole prefix (the map: 8,192 keys) after registering; on CI's
+    saturated cores that read once took longer than the lease, and with the keep-alives only
+    starting after it the new member's lease ran out before its first keep-alive: its key was
+    gone, so nobody ever saw it join. The lease is kept alive from the registration on."""
+    (first,) = members("a:1")
+    expected = ShardMap.initial(["a:1"])
+    wait_until(lambda: agreed([first], expected), timeout=WAIT_S, what="the initial map")
+    proxied = EtcdClient(f"http://127.0.0.1:{etcd_proxy.address[1]}")
+    held = etcd_proxy.hold_reply_after(b"/v3/kv/range")  # the new member's read of the prefix
+
+    def release_after_the_lease() -> None:
+        if held.wait(WAIT_S):
+            time.sleep(TTL + 1.0)
+        etcd_proxy.release_replies()
+
+    releaser = threading.Thread(target=release_after_the_lease, daemon=True)
+    releaser.start()
+    began = time.monotonic()
+    (late,) = members("c:1", client=proxied)
+    releaser.join()
+    assert time.monotonic() - began > TTL + 1.0, "the read was not held past the lease"
+    time.sleep(TTL)  # its keep-alives (one every TTL / 3) had their chance
+    assert late.lost is None
+    wait_until(lambda: "c:1" in first.snapshot().members, timeout=WAIT_S, what="c:1 is seen")
+    assert "c:1" in late.snapshot().members
 
 
 def test_a_member_whose_etcd_calls_fail_says_so_and_when_they_answer_again(

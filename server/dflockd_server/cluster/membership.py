@@ -197,14 +197,26 @@ class Member:
 
     def start(self) -> Member:
         self._register()
-        self._resync()
-        for target, name in ((self._keep_alive, "keep-alive"), (self._loop, "loop")):
-            thread = threading.Thread(
-                target=target, name=f"dflockd-member {self.advertise} {name}", daemon=True
-            )
-            self._threads.append(thread)
-            thread.start()
+        # The lease is kept alive from now on: the read of the prefix (the whole map) may take
+        # longer than the lease on a loaded host, and a lease gone before its first keep-alive
+        # takes the member key with it (nobody would see this member join).
+        self._start_thread(self._keep_alive, "keep-alive")
+        try:
+            self._resync()
+        except BaseException:
+            self._stopping.set()  # no keep-alive after this: the lease runs out, as unstarted
+            for thread in self._threads:
+                thread.join()
+            raise
+        self._start_thread(self._loop, "loop")
         return self
+
+    def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(
+            target=target, name=f"dflockd-member {self.advertise} {name}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
 
     def _register(self) -> None:
         """Put this member's key under a new lease, only where no other lease holds it: a
