@@ -157,7 +157,7 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Confi
     args = vars(build_parser().parse_args(argv))
     values: dict[str, Any] = {}
     for setting in SETTINGS:
-        raw_env = next(((name, environ[name]) for name in setting.env if environ.get(name)), None)
+        raw_env = setting.in_environment(environ)
         flag_value = args.get(setting.field)
         if raw_env is not None:
             values[setting.field] = _convert(setting, raw_env[1], raw_env[0])

@@ -9,9 +9,9 @@ import socket
 import ssl
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
+from dflockd_server.config import Config
 from dflockd_server.constants import (
     CMD_AUTH,
     CMD_PING,
@@ -77,10 +77,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         bound = _setting(env, "host")
         host = args[0] if args else "127.0.0.1" if bound in (None, "0.0.0.0", "::") else bound
         port = int(args[1]) if len(args) > 1 else _setting(env, "port")
-        token = _setting(env, "auth_token")
-        path = _setting(env, "auth_token_file")
-        if token is None and path:
-            token = Path(path).read_text(encoding="utf-8").strip()
+        given = Config(
+            auth_token=_setting(env, "auth_token"), auth_token_file=_setting(env, "auth_token_file")
+        )
+        token = given.resolve_auth_token()  # the file read as the server reads it
     except (ValueError, OSError) as exc:
         print(f"dflockd health: bad setting: {exc}", file=sys.stderr)
         return 1
@@ -97,8 +97,8 @@ def _setting(env: Mapping[str, str], field: str) -> Any:
     """The server's setting ``field`` from its environment, parsed as the server parses it;
     None where no variable of it is set (or all are empty)."""
     setting = BY_FIELD[field]
-    raw = next((env[name] for name in setting.env if env.get(name)), None)
-    return None if raw is None else setting.parse(raw)
+    found = setting.in_environment(env)
+    return None if found is None else setting.parse(found[1])
 
 
 if __name__ == "__main__":

@@ -66,6 +66,11 @@ class Setting:
     def flag(self) -> str:
         return "--" + self.field.removesuffix("_s").replace("_", "-")
 
+    def in_environment(self, environ: Mapping[str, str]) -> tuple[str, str] | None:
+        """The first of its variables set in ``environ`` (an empty one counts as unset) and
+        its raw value, or None."""
+        return next(((name, environ[name]) for name in self.env if environ.get(name)), None)
+
 
 # (parse, check) pairs that several settings share
 _TEXT = (parse_str, check_nothing)
