@@ -109,8 +109,9 @@ class ClusterKeys:
         """The shard whose key (as ``shard`` writes it) is ``key``, else None: another spelling
         of a number ("05", "+5") would share a shard's revision with a key nobody writes."""
         tail = key.removeprefix(self.shards)
-        digits = tail.isascii() and tail.isdigit() and len(tail) <= len(str(SHARD_COUNT))
-        shard = int(tail) if digits else SHARD_COUNT
+        if not (tail.isascii() and tail.isdigit() and len(tail) <= len(str(SHARD_COUNT))):
+            return None
+        shard = int(tail)
         return shard if shard < SHARD_COUNT and self.shard(shard) == key else None
 
 
