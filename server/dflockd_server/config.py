@@ -7,20 +7,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dflockd_server import constants as c
-from dflockd_server.settings import BY_FIELD, SETTINGS, names
+from dflockd_server.settings import SETTINGS, names
 
 
 class ConfigError(ValueError):
     """A setting has a value the server cannot use."""
 
 
-_MEMBERS = "--members (DFLOCKD_MEMBERS)"
-_ADVERTISE = "--advertise (DFLOCKD_ADVERTISE)"
-_CLUSTER = "--cluster (DFLOCKD_CLUSTER)"
-
-
-def _setting_names(field: str) -> str:
-    return f"{BY_FIELD[field].flag} ({BY_FIELD[field].env[0]})"
+_MEMBERS = names("members")
+_ADVERTISE = names("advertise")
+_CLUSTER = names("cluster")
 
 
 def _read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
@@ -98,8 +94,9 @@ class Config:
             raise ConfigError(f"{names('tls_cert')} and {names('tls_key')} must be given together")
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ConfigError(
-                f"default_lease_ttl_s={self.default_lease_ttl_s} exceeds max_lease_ttl_s="
-                f"{self.max_lease_ttl_s}: lower --default-lease-ttl or raise --max-lease-ttl"
+                f"{names('default_lease_ttl_s')}={self.default_lease_ttl_s} exceeds "
+                f"{names('max_lease_ttl_s')}={self.max_lease_ttl_s}: lower the first or raise "
+                "the second"
             )
         self._check_membership()
 
@@ -151,37 +148,32 @@ class Config:
         if self.cluster is None:
             if given:
                 raise ConfigError(
-                    f"{_setting_names(given[0])} is only used with {_CLUSTER}: give it too, "
-                    "or drop it"
+                    f"{names(given[0])} is only used with {_CLUSTER}: give it too, or drop it"
                 )
             return
         tls = self.cluster.startswith(f"{c.CLUSTER_TLS_SCHEME}://")
         for name in ("cluster_ca_file", "cluster_cert", "cluster_key"):
             if name in given and not tls:
                 raise ConfigError(
-                    f"{_setting_names(name)} is for TLS to etcd, but {_CLUSTER}={self.cluster} "
+                    f"{names(name)} is for TLS to etcd, but {_CLUSTER}={self.cluster} "
                     f"is plain: write it {c.CLUSTER_TLS_SCHEME}://... to reach etcd over TLS"
                 )
         if (self.cluster_cert is None) != (self.cluster_key is None):
             raise ConfigError(
-                f"{_setting_names('cluster_cert')} and {_setting_names('cluster_key')} must be "
-                "given together"
+                f"{names('cluster_cert')} and {names('cluster_key')} must be given together"
             )
         if self.cluster_password is not None and self.cluster_password_file is not None:
             raise ConfigError(
-                f"give {_setting_names('cluster_password')} or "
-                f"{_setting_names('cluster_password_file')}, not both"
+                f"give {names('cluster_password')} or {names('cluster_password_file')}, not both"
             )
         has_password = self.cluster_password is not None or self.cluster_password_file is not None
         if self.cluster_user is not None and not has_password:
             raise ConfigError(
-                f"{_setting_names('cluster_user')} needs a password: give "
-                f"{_setting_names('cluster_password_file')}"
+                f"{names('cluster_user')} needs a password: give {names('cluster_password_file')}"
             )
         if self.cluster_user is None and has_password:
             raise ConfigError(
-                f"an etcd password is given but no {_setting_names('cluster_user')}: name the "
-                "etcd user too"
+                f"an etcd password is given but no {names('cluster_user')}: name the etcd user too"
             )
 
     @property
@@ -198,14 +190,14 @@ class Config:
         path = self.cluster_password_file
         if path is None:
             return self.cluster_password
-        name = _setting_names("cluster_password_file")
+        name = names("cluster_password_file")
         return _read_secret(path, name, lambda text: text.rstrip("\r\n"))
 
     def resolve_auth_token(self) -> str | None:
         """The shared secret (read from ``auth_token_file`` if set)."""
         if self.auth_token_file is None:
             return self.auth_token
-        return _read_secret(self.auth_token_file, "auth_token_file", str.strip)
+        return _read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
 
     def effective_settings(self) -> dict[str, Any]:
         """All settings, secrets masked, for the start-up log line."""

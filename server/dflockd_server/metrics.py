@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from dflockd_server import constants as c
 from dflockd_server.journal import JournalStats
 from dflockd_server.loops import run_on
+from dflockd_server.settings import names
 from dflockd_server.status_page import StatusPage, route
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ class MetricsExporter:
         except OSError as exc:
             raise MetricsError(
                 f"cannot serve metrics on {host}:{port}: {exc} "
-                "(choose another --metrics-port / DFLOCKD_METRICS_PORT)"
+                f"(choose another {names('metrics_port')})"
             ) from exc
         self._http.set_app(route(self._http.get_app(), self._page))
         name: Any = self._http.server_address

@@ -42,6 +42,7 @@ from dflockd_server.replay import (
     read_journal,
     restored_leases,
 )
+from dflockd_server.settings import names
 
 __all__ = [
     "NO_STATE",
@@ -98,7 +99,7 @@ class StateDir:
     def open(self) -> None:
         """Make and lock the directory; `ConfigError` when it cannot be made, or another server
         uses it."""
-        where = f"--state-dir (DFLOCKD_STATE_DIR) {self.path}"
+        where = f"{names('state_dir')} {self.path}"
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
             fd = os.open(self.file(LOCK), os.O_RDWR | os.O_CREAT, 0o600)
@@ -117,7 +118,7 @@ class StateDir:
             if self.address is not None:
                 raise ConfigError(
                     f"another dflockd (pid {owner or '?'}) already runs on {self.address}: "
-                    f"stop it, or start this one on another --port (DFLOCKD_PORT). (It holds "
+                    f"stop it, or start this one on another {names('port')}. (It holds "
                     f"this address's default state directory, {self.path}.)"
                 ) from None
             raise ConfigError(

@@ -433,3 +433,35 @@ def test_restart_grace_auto_is_accepted_as_its_help_says(
     """``--restart-grace auto`` is the documented default's name: it was refused with a
     TypeError (its check compared ``None`` with 0)."""
     assert load_config(argv, environ).restart_grace_s is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"members": ("a:1", "b:1"), "cluster": "etcd://e:2379"}, "members"),
+        ({"members": ("a:1", "b:1")}, "advertise"),
+        ({"advertise": "a:1"}, "advertise"),
+        ({"cluster_user": "u"}, "cluster_user"),
+        ({"cluster": "etcd://e:2379", "advertise": "a:1", "cluster_user": "u"}, "cluster_user"),
+        ({"cluster": "etcd://e:2379", "advertise": "a:1", "cluster_password": "p"}, "cluster_user"),
+        ({"default_lease_ttl_s": 60, "max_lease_ttl_s": 30}, "default_lease_ttl_s"),
+    ],
+)
+def test_config_errors_name_a_setting_one_way(kwargs: dict[str, Any], named: str) -> None:
+    """Every error names a setting as ``--flag / ENV`` (``settings.names``): some wrote
+    ``--flag (ENV)``, others only the flag."""
+    from dflockd_server.settings import names
+
+    with pytest.raises(ValueError) as exc:
+        Config(**kwargs)
+    assert names(named) in str(exc.value)
+    assert "(DFLOCKD_" not in str(exc.value)
+
+
+def test_an_unreadable_auth_token_file_is_named_as_the_user_gives_it(tmp_path: Path) -> None:
+    from dflockd_server.settings import names
+
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=re.escape(f"{names('auth_token_file')} {str(empty)!r}")):
+        Config(auth_token_file=str(empty)).resolve_auth_token()
