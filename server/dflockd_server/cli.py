@@ -175,11 +175,8 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Confi
 
 def _check_files(config: Config) -> None:
     """Open what the server will need, so a bad path is a start-up error naming its setting
-    (``resolve_cluster_password``'s ``ConfigError`` names it)."""
-    try:
-        config.resolve_auth_token()
-    except ConfigError as exc:
-        raise UsageError(f"{names('auth_token_file')}: {exc}") from None
+    (the secrets' ``ConfigError`` names it)."""
+    config.resolve_auth_token()
     if config.tls_cert and config.tls_key:
         try:
             build_ssl_context(config.tls_cert, config.tls_key)

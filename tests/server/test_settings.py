@@ -465,3 +465,6 @@ def test_an_unreadable_auth_token_file_is_named_as_the_user_gives_it(tmp_path: P
     empty.write_text("\n")
     with pytest.raises(ValueError, match=re.escape(f"{names('auth_token_file')} {str(empty)!r}")):
         Config(auth_token_file=str(empty)).resolve_auth_token()
+    with pytest.raises(UsageError) as exc:
+        load_config(["--auth-token-file", str(empty)], {})
+    assert str(exc.value).count("--auth-token-file") == 1, exc.value
