@@ -142,13 +142,9 @@ def _add_setting(group: Any, setting: Setting, *, shown: bool) -> None:
 
 def _convert(setting: Setting, raw: str, source: str) -> Any:
     try:
-        value = setting.parse(raw)
+        return setting.take(raw, source)
     except ValueError as exc:
-        raise UsageError(f"{source}={raw!r}: {exc}") from None
-    problem = setting.check(value)
-    if problem is not None:
-        raise UsageError(f"{source}={raw!r}: {problem}")
-    return value
+        raise UsageError(str(exc)) from None
 
 
 def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Config:

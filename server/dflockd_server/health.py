@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         bound = _setting(env, "host")
         host = args[0] if args else "127.0.0.1" if bound in (None, "0.0.0.0", "::") else bound
-        port = int(args[1]) if len(args) > 1 else _setting(env, "port")
+        port = BY_FIELD["port"].take(args[1], "port") if len(args) > 1 else _setting(env, "port")
         given = Config(
             auth_token=_setting(env, "auth_token"), auth_token_file=_setting(env, "auth_token_file")
         )
@@ -94,11 +94,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def _setting(env: Mapping[str, str], field: str) -> Any:
-    """The server's setting ``field`` from its environment, parsed as the server parses it;
-    None where no variable of it is set (or all are empty)."""
+    """The server's setting ``field`` from its environment, parsed and checked as the server
+    does; None where no variable of it is set (or all are empty)."""
     setting = BY_FIELD[field]
     found = setting.in_environment(env)
-    return None if found is None else setting.parse(found[1])
+    return None if found is None else setting.take(found[1], found[0])
 
 
 if __name__ == "__main__":

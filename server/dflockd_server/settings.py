@@ -66,6 +66,17 @@ class Setting:
     def flag(self) -> str:
         return "--" + self.field.removesuffix("_s").replace("_", "-")
 
+    def take(self, raw: str, source: str) -> Any:
+        """``raw`` parsed and checked; a ``ValueError`` naming ``source`` when refused."""
+        try:
+            value = self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{source}={raw!r}: {exc}") from None
+        problem = self.check(value)
+        if problem is not None:
+            raise ValueError(f"{source}={raw!r}: {problem}")
+        return value
+
     def in_environment(self, environ: Mapping[str, str]) -> tuple[str, str] | None:
         """The first of its variables set in ``environ`` (an empty one counts as unset) and
         its raw value, or None."""

@@ -40,3 +40,33 @@ def test_the_check_reads_the_environment_as_the_server_does(dflockd_process: Any
     refused = _health({**env, "DFLOCKD_AUTH_TOKEN": "wrong"})
     assert refused.returncode == 1
     assert "auth refused" in refused.stderr
+
+
+def test_a_port_the_server_would_refuse_is_a_bad_setting_not_another_port(
+    dflockd_process: Any,
+) -> None:
+    """The check took ``DFLOCKD_PORT`` (or its port argument) unchecked: 65536 past the
+    server's port reached the server (the resolver keeps 16 bits) and said healthy, while
+    ``dflockd`` refuses that value."""
+    port = free_port()
+    proc: DflockdProcess = dflockd_process(
+        env={"DFLOCKD_HOST": "127.0.0.1", "DFLOCKD_PORT": str(port)}
+    )
+    proc.wait_listening()
+    wrapped = str(port + 65536)
+    for name, said in (
+        ("DFLOCKD_PORT", _health({"DFLOCKD_PORT": wrapped})),
+        (
+            "port",
+            subprocess.run(
+                [sys.executable, "-m", "dflockd_server.health", "127.0.0.1", wrapped],
+                env=clean_env({}),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ),
+        ),
+    ):
+        assert said.returncode == 1
+        assert f"bad setting: {name}='{wrapped}'" in said.stderr, said.stderr
