@@ -632,13 +632,24 @@ class Journal:
         return True
 
     def close(self) -> None:
-        """Write what is buffered and a ``C`` record, fsync, and close the file."""
+        """Write what is buffered and a ``C`` record, fsync, and close the file (a failed fsync
+        raises, the ``C`` record cut and the ``complete`` mark removed)."""
+        closing = _line("C")
         try:
             if self.writable:
-                self.buf.append(_line("C"))
+                self.buf.append(closing)
                 self.flush()
                 if self.writable:
-                    self.sync()
+                    try:
+                        self.sync()
+                    except OSError:
+                        # What the fsync could not write may be lost: neither the ``C`` nor
+                        # the ``complete`` mark may tell the next start that the file is whole.
+                        with contextlib.suppress(OSError):
+                            os.ftruncate(self._fd, self._size - len(closing))
+                        with contextlib.suppress(OSError):
+                            os.unlink(self.mark_path)
+                        raise
         finally:
             with self._fd_lock:
                 fd, self._fd = self._fd, -1

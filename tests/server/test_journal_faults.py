@@ -31,7 +31,7 @@ from dflockd_server.fence import fsync_dir as real_fsync_dir
 from dflockd_server.journal import Journal
 from dflockd_server.keys import Holder
 from dflockd_server.pagecache import mount_id, tail_resident
-from dflockd_server.replay import COMPLETE_SUFFIX, boot_id, read_journal
+from dflockd_server.replay import COMPLETE_SUFFIX, boot_id, read_journal, restored_leases
 from dflockd_server.table import LockTable
 from dflockd_server.testing import ServerThread
 from tests.support.disks import bound, fill, own_ext4, remounted, small_tmpfs
@@ -570,6 +570,37 @@ def test_a_failed_fsync_is_a_failed_write(tmp_path: Path, monkeypatch: pytest.Mo
     failing[0] = False
     assert journal.recover([journal.grant_record(held, None, False, None)])
     assert not journal.dirty and journal.writable
+
+
+def test_a_stop_whose_fsync_fails_leaves_no_mark_that_the_file_is_whole(tmp_path: Path) -> None:
+    """A graceful stop writes ``C`` and fsyncs. When that fsync failed, ``C`` and the
+    ``complete`` mark stayed: a start on this boot whose journal's last page had left the page
+    cache (the records the fsync could not write gone with it) took the file as whole and
+    granted at once. Now the stop leaves neither, and such a start waits (``_tail_lost``)."""
+    now = [100.0]
+    failing = [False]
+
+    def fsync_file(fd: int) -> None:
+        if failing[0]:
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+
+    path = str(tmp_path / "journal")
+    journal = Journal(path, "everysec", lambda: now[0], fsync_file=fsync_file)
+    journal.anchor()
+    journal.open([])
+    table = table_on(journal, now)
+    assert isinstance(table.acquire(table.open_client(), "held", 30, None, queue=False), Holder)
+    journal.flush()
+    failing[0] = True
+    with pytest.raises(OSError):
+        journal.close()
+    read = read_journal(path)
+    assert not read.clean and not read.damage
+    assert not os.path.exists(path + COMPLETE_SUFFIX)
+    assert [rec.key for rec in read.leases.values()] == ["held"]
+    restore = restored_leases(read, complete=False, run_longest=30, tail_lost="page gone")
+    assert restore.grace_s == 30
 
 
 def test_with_always_a_failed_fsync_refuses_the_batch(
