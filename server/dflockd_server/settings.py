@@ -110,8 +110,9 @@ SETTINGS: tuple[Setting, ...] = (
         parse_grace,
         check_auto_non_negative,
         "after a start, grant no key for this long, so leases granted by the previous server "
-        "end first (auto: the longest lease the previous run granted, recorded beside "
-        "--fence-state-file; without one max_lease_ttl, or none on port 0; 0: off)",
+        "end first (auto: none where the state dir's journal tells what the previous run "
+        "granted; else the longest lease it recorded, or max_lease_ttl when none is known; "
+        "none on port 0 without a state dir; 0: off)",
         none_text="auto",
     ),
     Setting("lease_sweep_interval_s", *_SECONDS, "seconds between sweeps for expired leases"),
