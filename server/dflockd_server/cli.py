@@ -140,31 +140,24 @@ def _add_setting(group: Any, setting: Setting, *, shown: bool) -> None:
     )
 
 
-def _convert(setting: Setting, raw: str, source: str) -> Any:
-    try:
-        return setting.take(raw, source)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Config:
     """Parse flags and environment into a ``Config``; ``UsageError`` names an unusable value
     (unreadable files included)."""
     args = vars(build_parser().parse_args(argv))
     values: dict[str, Any] = {}
-    for setting in SETTINGS:
-        raw_env = setting.in_environment(environ)
-        flag_value = args.get(setting.field)
-        if raw_env is not None:
-            values[setting.field] = _convert(setting, raw_env[1], raw_env[0])
-        elif isinstance(flag_value, bool):
-            values[setting.field] = flag_value
-        elif isinstance(flag_value, str):
-            values[setting.field] = _convert(setting, flag_value, setting.flag)
     try:
+        for setting in SETTINGS:
+            raw_env = setting.in_environment(environ)
+            flag_value = args.get(setting.field)
+            if raw_env is not None:
+                values[setting.field] = setting.take(raw_env[1], raw_env[0])
+            elif isinstance(flag_value, bool):
+                values[setting.field] = flag_value
+            elif isinstance(flag_value, str):
+                values[setting.field] = setting.take(flag_value, setting.flag)
         config = Config(**values)
         _check_files(config)
-    except ConfigError as exc:
+    except ValueError as exc:  # a value refused, ``ConfigError`` included
         raise UsageError(str(exc)) from None
     return config
 
