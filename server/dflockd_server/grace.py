@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from dflockd_server.config import Config
 from dflockd_server.fence import FenceStateError, StateUnwritable, write_atomically
 from dflockd_server.replay import boot_id
+from dflockd_server.settings import names
 
 
 def grace_path(fence_state_file: str) -> str:
@@ -47,8 +48,8 @@ def read_longest_lease(path: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise FenceStateError(
             f"restart grace record {path!r} does not hold a longest_lease_s (found "
-            f"{text[:60]!r}); fix or remove it (removing it means a grace of max_lease_ttl_s "
-            "at the next start)"
+            f"{text[:60]!r}); fix or remove it (removing it means a grace of "
+            f"{names('max_lease_ttl_s')} at the next start)"
         )
     return value
 

@@ -237,8 +237,9 @@ def test_the_record_rises_in_few_writes_and_survives_a_restart(tmp_path: Path) -
 def test_a_damaged_record_is_an_error_that_says_what_to_do(tmp_path: Path) -> None:
     path = tmp_path / "fence.grace"
     path.write_text("garbage")
-    with pytest.raises(FenceStateError, match="fix or remove it"):
+    with pytest.raises(FenceStateError, match="fix or remove it") as exc:
         read_longest_lease(str(path))
+    assert "a grace of --max-lease-ttl / DFLOCKD_MAX_LEASE_TTL_S" in str(exc.value)
     write_longest_lease(str(path), 7)
     assert read_longest_lease(str(path)) == 7
 
