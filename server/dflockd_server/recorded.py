@@ -6,7 +6,9 @@ costs cache misses and scattered memory. So ``RecordedGrants`` puts a grant in a
 its fence (``FENCE_HEX_CHARS``, read as hex) less the list's first: fences are issued one after
 another, so a journal's grants take consecutive slots, and finding one is an index. A fence far
 past the last begins a new list (a *run*). A grant the runs cannot take (a fence below the
-last, as in a rewritten journal; a token not starting with hex) is kept by its token beside.
+last, as in a rewritten journal) is kept by its token beside. A token with no fence (not
+starting with hex) is no server's: ``put`` refuses it, and the journal's reader takes its record
+as damage.
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ class RecordedGrants:
         return k if kept is not None and kept.token == token else -1
 
     def put(self, rec: RecordedGrant) -> None:
-        """Keep ``rec``, in place of a grant of the same token."""
+        """Keep ``rec``, in place of a grant of the same token; ``ValueError`` when its token
+        has no fence (a start could not raise the fence counter above it)."""
         token = rec.token
         fence = _fence(token)
         end = self._end
@@ -150,6 +153,8 @@ class RecordedGrants:
             else:
                 self._start_run(fence, rec)
             return
+        if fence < 0:
+            raise ValueError(f"the token {token!r} has no fence")
         # Below the end: in a run's slot, or kept beside (never both).
         k = self._run_holding(token, fence)
         if k >= 0:

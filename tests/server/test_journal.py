@@ -421,7 +421,7 @@ def test_a_checksum_field_that_is_not_8_lowercase_hex_digits_is_damage(
     damage like any other: ``int(field, 16)`` alone read those as the right checksum, so the
     reader went on past a damaged line (the flipped-bytes test below caught it, about once in
     ten runs: its random journal's checksums differ from run to run)."""
-    grants = [f"G t{n} k{n} 1 0 20 1040000 c -" for n in range(400)]
+    grants = [f"G a{n} k{n} 1 0 20 1040000 c -" for n in range(400)]
     whole = journal_bytes(*grants, "G last kz 1 0 20 1040000 c -")
     lines = whole.split(b"\n")
     digit = b"0" if spoiled != b"upper" else b"abcdef"
@@ -441,7 +441,7 @@ def test_a_checksum_field_with_its_space_moved_is_damage_even_when_its_digits_ma
     reading skips spaces between two digits, so a field ``ab cdef01`` followed at once by a
     payload whose checksum is ``abcdef01`` read as the right checksum. A record is its 8 digits,
     then a space: that line is damage, as the reader a line at a time says."""
-    grants = [f"G t{n} k{n} 1 0 20 1040000 c -" for n in range(50)]
+    grants = [f"G a{n} k{n} 1 0 20 1040000 c -" for n in range(50)]
     lines = journal_bytes(*grants).split(b"\n")
     payload = b"G moved km 1 0 20 1040000 c -"
     digits = b"%08x" % zlib.crc32(payload)
@@ -889,6 +889,29 @@ def test_a_journal_with_flipped_bytes_still_starts_restores_the_records_before_a
     assert caplog.text.count("journal: dropped") == 200
 
 
+def test_a_grant_whose_token_has_no_fence_is_damage_not_a_crash_of_the_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record that checks but whose token has no fence (not starting with hex: no server's)
+    stopped the start with a ValueError (raising the fence counter above the restored tokens
+    read its fence). It is damage now: what came before it is restored, and the start waits."""
+    wall, mono = time.time_ns() // 1_000_000, time.monotonic_ns() // 1_000_000
+    first, last = f"{5:016x}{7:016x}", f"{6:016x}{7:016x}"
+    data = journal_bytes(
+        f"G {first} a 1 0 60 {wall + 60_000} d -",
+        f"G not-hex b 1 0 60 {wall + 60_000} d -",
+        f"G {last} c 1 0 60 {wall + 60_000} d -",
+        boot=replay.boot_id(),
+        wall_ms=wall,
+        mono_ms=mono,
+    )
+    with caplog.at_level(logging.WARNING, logger="dflockd_server"):
+        [(tokens, grace)] = damaged_starts(tmp_path, [data])
+    assert tokens == [first]
+    assert grace > 0
+    assert "has no fence" in caplog.text
+
+
 def test_a_pause_of_the_collector_that_made_many_objects_freezes_them_a_small_one_does_not() -> (
     None
 ):
@@ -1078,8 +1101,8 @@ def test_a_journal_read_in_small_chunks_reads_as_one_read_whole(
     read the same whatever the chunk size."""
     import dflockd_server.replay as replay
 
-    grants = [f"G t{n} k{n} 1 0 20 1040000 c - note {n}" for n in range(30)]
-    whole = journal_bytes(*grants, "R t3", "X t4 25 1050000")
+    grants = [f"G a{n} k{n} 1 0 20 1040000 c - note {n}" for n in range(30)]
+    whole = journal_bytes(*grants, "R a3", "X a4 25 1050000")
     data = bytearray(whole[: len(whole) - cut])
     if cut == 60:
         data[len(data) // 2] ^= 0x01  # damage in the middle too

@@ -8,6 +8,8 @@ import random
 import zlib
 from pathlib import Path
 
+import pytest
+
 from dflockd_server.recorded import RecordedGrant, RecordedGrants
 from dflockd_server.replay import read_journal, restored_leases
 
@@ -52,11 +54,15 @@ def test_a_second_grant_of_a_token_replaces_the_first_wherever_it_is_kept() -> N
     assert len(grants) == 2 and grants[kept].key == "newer"
 
 
-def test_tokens_that_are_not_a_servers_are_found_as_they_are() -> None:
-    odd = ["aaaa", "not-hex-at-all", "-1", "0x1", "1", "+1", "", "AAAA"]
+def test_tokens_of_other_shapes_are_found_as_they_are_and_one_without_a_fence_is_refused() -> None:
+    odd = ["aaaa", "0x1", "1", "+1", "AAAA"]
     grants = RecordedGrants()
     for n, token in enumerate(odd):
         grants.put(grant(token, key=str(n)))
+    for token in ("not-hex-at-all", "-1", ""):
+        with pytest.raises(ValueError, match="has no fence"):
+            grants.put(grant(token))
+        assert grants.get(token) is None and grants.pop(token) is None
     assert len(grants) == len(odd)
     assert {t: grants[t].key for t in odd} == {t: str(n) for n, t in enumerate(odd)}
     assert grants == {t: grant(t, key=str(n)) for n, t in enumerate(odd)}
@@ -78,7 +84,7 @@ def test_runs_of_fences_with_gaps_jumps_and_earlier_fences_read_as_a_dict_of_tok
         step = rng.choice([1] * 20 + [2, 50, 70_000, 10**12])
         fence += step
         issued.append(f"{fence:016x}{rng.getrandbits(64):016x}")
-    issued += [f"{base + 5:016x}{'f' * 16}", "aaaa", "not-hex", "-5", FENCE]
+    issued += [f"{base + 5:016x}{'f' * 16}", "aaaa", "0x5", FENCE]
     model: dict[str, RecordedGrant] = {}
     grants = RecordedGrants()
     for n in range(20_000):
