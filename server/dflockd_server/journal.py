@@ -438,10 +438,11 @@ class Journal:
         self.stats.writable = False
         self.stats.write_failures += 1
         self.failure = f"{exc.strerror or exc}"
+        self.mark_removed = True
         try:
             os.unlink(self.mark_path)
         except FileNotFoundError:
-            self.mark_removed = True
+            pass
         except OSError as mark_exc:
             self.mark_removed = False
             log.critical(
@@ -450,9 +451,7 @@ class Journal:
                 self.mark_path,
                 mark_exc,
             )
-        else:
-            self.mark_removed = True
-        directory = os.path.dirname(os.path.abspath(self.path))
+        self._said_read_only = exc.errno == errno.EROFS
         log.error(
             "journal: cannot write %s (%s): granting nothing new until it can be written "
             "again (acquires are answered error_read_only); every lock held stays held; "
@@ -462,11 +461,8 @@ class Journal:
             "too"
             if self.mark_removed
             else "are refused (see above: each holder is told its lock is lost)",
-            self._read_only_advice(directory)
-            if exc.errno == errno.EROFS
-            else _free_space_advice(directory),
+            self.advice(),
         )
-        self._said_read_only = exc.errno == errno.EROFS
 
     def advice(self) -> str:
         """What to do while the journal cannot be written, as its log said ("" while it can)."""
@@ -475,7 +471,10 @@ class Journal:
         directory = os.path.dirname(os.path.abspath(self.path))
         if self._said_read_only:
             return self._read_only_advice(directory)
-        return _free_space_advice(directory) + "."
+        return (
+            f"Free space (or fix the disk) under {directory}: the server resumes by itself "
+            "within a sweep."
+        )
 
     def _read_only_advice(self, directory: str) -> str:
         return (
@@ -656,10 +655,3 @@ class Journal:
             if fd >= 0:
                 os.close(fd)
             self._sync_wanted.set()  # the everysec thread ends
-
-
-def _free_space_advice(directory: str) -> str:
-    return (
-        f"Free space (or fix the disk) under {directory}: the server resumes by itself "
-        "within a sweep"
-    )

@@ -21,14 +21,13 @@ _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 60.0
 
 
-def _is_wildcard(host: str) -> bool:
-    return host in ("", "0.0.0.0", "::")
+_WILDCARDS = ("", "0.0.0.0", "::")
 
 
 def _connectable(host: str) -> str:
     """Where a client on this machine reaches a server bound to ``host`` (the loopback
     address for a wildcard bind)."""
-    if not _is_wildcard(host):
+    if host not in _WILDCARDS:
         return host
     return "::1" if host == "::" else "127.0.0.1"
 
@@ -101,7 +100,7 @@ class ServerThread:
     async def _main(self) -> None:
         await self.server.start()
         host, self.port = self.server.sockname
-        self.host = _connectable(self.config.host) if _is_wildcard(self.config.host) else host
+        self.host = _connectable(self.config.host) if self.config.host in _WILDCARDS else host
         self._ready.set()
         await self.server.serve_forever()
 
