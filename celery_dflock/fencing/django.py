@@ -32,7 +32,13 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
 from celery_dflock.fencing.errors import FenceColumnMissing
-from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, refuse_below, require_fence
+from celery_dflock.fencing.fences import (
+    FENCE_COLUMN,
+    no_such_column,
+    refuse_unwritten,
+    require_fence,
+    upsert_elsewhere,
+)
 
 __all__ = ["check_fence_field", "fence_field", "fenced_update", "fenced_upsert"]
 
@@ -76,7 +82,8 @@ def fenced_update(
         )
         if updated:
             return updated
-        refuse_below(label, fence, queryset.aggregate(highest=models.Max(fence_name))["highest"])
+        seen = queryset.aggregate(highest=models.Max(fence_name), rows=models.Count("pk"))
+    refuse_unwritten(label, fence, seen["highest"], seen["rows"])
     return 0
 
 
@@ -93,7 +100,8 @@ def fenced_upsert(
 ) -> None:
     """Insert the row ``key`` + ``values`` of ``model`` with ``fence``, or, when a row of that
     ``key`` exists, set ``update`` (default: ``values``) and the fence on it if its fence is
-    not higher; one statement. Refusals as `fenced_update`.
+    not higher; one statement. Refusals as `fenced_update`; on MySQL and MariaDB, a row that
+    collides on another unique key than ``key`` is left alone, raising `InvalidValueError`.
 
     ``key``: the primary or a unique key's fields and values (``{"id": 7}``). ``update``: what
     an existing row gets, expressions included (``{"balance": F("balance") + 10}``).
@@ -130,7 +138,9 @@ def fenced_upsert(
                 key_params,
             )
             kept = cursor.fetchone()
-    refuse_below(label, checked, None if kept is None else kept[0])
+            if kept is None:  # raised in the atomic block: the other row's write rolls back
+                raise upsert_elsewhere(label)
+    refuse_unwritten(label, checked, kept[0], 1)
 
 
 def check_fence_field(
@@ -199,6 +209,13 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
 
     query: Any = _Query(model)
     compiler: Any = query.get_compiler(connection=connection)
+    keyed = (quote(options.get_field(name).column) for name in key)
+    guard = " AND ".join(  # MySQL's: a fence not lower, on the row of key (see _sql.py)
+        [
+            f"{table}.{fence_column} <= {new(fence_column)}",
+            *(f"{table}.{c} = {new(c)}" for c in keyed),
+        ]
+    )
     assignments: list[str] = []
     for name, value in (values if update is None else update).items():
         field = options.get_field(name)
@@ -210,7 +227,6 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
             sql, more = compiler.compile(resolved)
         else:
             sql, more = "%s", [field.get_db_prep_save(value, connection)]
-        guard = f"{table}.{fence_column} <= {new(fence_column)}"
         assignments.append(
             f"{column} = CASE WHEN {guard} THEN {sql} ELSE {table}.{column} END"
             if mysql
@@ -219,7 +235,8 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
         params.extend(more)
     if mysql:  # assigned left to right: the fence last, after the guards that read it
         assignments.append(
-            f"{fence_column} = GREATEST({table}.{fence_column}, {new(fence_column)})"
+            f"{fence_column} = CASE WHEN {guard} THEN {new(fence_column)} "
+            f"ELSE {table}.{fence_column} END"
         )
         return f"{inserted} ON DUPLICATE KEY UPDATE {', '.join(assignments)}", params
     assignments.append(f"{fence_column} = {new(fence_column)}")
