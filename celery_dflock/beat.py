@@ -10,11 +10,12 @@ Every beat campaigns for one dflockd lock (``dflock_beat_lock_key``, default
 periodic tasks, the others are *standbys* queued on the lock in FIFO order. Right before every
 send the active beat asks the lock server whether it still holds the lock; when it does not,
 or the server is unreachable, it sends nothing and goes back to standby. A beat killed outright
-loses its connection and the lock passes to the next standby at once; a hung beat is replaced
-when its lease (``dflock_beat_lease_ttl``) runs out, and finds out before sending when it wakes.
-Limits: a beat that pauses between that confirmation and the publish can still send once after
-its lease ran out (a broker cannot check a fencing token); a hung *standby* at the head of the
-queue holds up the failover by one lease.
+or hung is replaced when its lease (``dflock_beat_lease_ttl``) runs out or its session with the
+lock server (``dflock_session_ttl``) ends, whichever comes first (its connection's close ends
+neither); a hung beat finds out before sending when it wakes. Limits: a beat that pauses
+between that confirmation and the publish can still send once after its lease ran out (a
+broker cannot check a fencing token); a hung *standby* at the head of the queue holds up the
+failover as long again.
 
 Which scheduler does the work
     ``SingletonScheduler`` wraps ``celery.beat.PersistentScheduler``, or the class named in
@@ -36,7 +37,8 @@ Failover without double sends: "start from now"
     missed while no beat was active are not caught up, an interval entry's first run after a
     takeover comes up to one period late, and a run due in the failover gap is skipped; no run
     the old leader sent is sent again. Lock-server markers per run would not help: the server
-    releases a dead client's locks with its connection, in exactly the crash they would cover.
+    frees a dead client's locks at the end of its session, in exactly the crash they would
+    cover.
 
 The schedule store
     Only the active beat opens the wrapped scheduler's store: it is built with ``lazy=True``,
