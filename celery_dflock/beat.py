@@ -330,7 +330,7 @@ def _wrapped_class(value: object) -> type[Scheduler]:
 def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` for one send of entry ``name`` under its non-overlap lock (see above)."""
     result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
-    headers = dict(cast("Mapping[str, Any]", options.get("headers") or {}))
+    headers = dict(_entry_mapping(name, "options['headers']", options.get("headers")))
     result["headers"] = headers
     entry_name = headers.setdefault(BEAT_ENTRY_HEADER, name)
     if not entry_name:
@@ -340,10 +340,23 @@ def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]
         "lock_key": NONOVERLAP_KEY_PREFIX + escaped,
         "on_locked": "skip",
     }
-    lock_options.update(cast("Mapping[str, Any]", headers.get(LOCK_OPTIONS_HEADER) or {}))
+    where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
+    lock_options.update(_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)))
     lock_options.update({k: v for k, v in options.items() if k in LOCK_OPTIONS})
     headers[LOCK_OPTIONS_HEADER] = lock_options
     return result
+
+
+def _entry_mapping(name: str, where: str, value: object) -> Mapping[str, Any]:
+    """``value``, the entry's ``where``, checked to be a mapping (None: an empty one)."""
+    if not value:
+        return {}
+    if not isinstance(value, Mapping):
+        raise DflockConfigError(
+            f"beat entry {name!r}: {where} must be a mapping (a dict), not "
+            f"{type(value).__name__} {value!r}; dflock_beat_nonoverlap adds to it"
+        )
+    return cast("Mapping[str, Any]", value)
 
 
 def _app_from(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
