@@ -8,7 +8,16 @@ from typing import Final
 
 from celery_dflock.fencing.fences import FENCE_COLUMN, require_fence
 
-__all__ = ["HSET", "SET", "ScriptCall", "Value", "fence_key_of", "hset_call", "set_call"]
+__all__ = [
+    "HSET",
+    "SET",
+    "ScriptCall",
+    "Value",
+    "fence_key_of",
+    "hset_call",
+    "pipelined",
+    "set_call",
+]
 
 Value = str | bytes | int | float
 
@@ -71,6 +80,15 @@ def hset_call(
     for field, value in mapping.items():
         args += [field, value]
     return ScriptCall(HSET, [key], args, label, checked)
+
+
+def pipelined(helper: str, client: object) -> TypeError:
+    """The refusal of a pipeline, which answers only at ``execute()``."""
+    kind = f"{type(client).__module__}.{type(client).__name__}"
+    return TypeError(
+        f"{helper} runs on a client, not a pipeline ({kind}): a pipeline answers at "
+        "execute(), too late to tell a refused write; call it on the client itself"
+    )
 
 
 def _padded(fence: int) -> str:
