@@ -610,8 +610,8 @@ class SingletonScheduler(Scheduler):
 
         Called while this thread waits for the lock server, the lock's connection is held by
         the interrupted request, so this beat counts as unconfirmed, stops campaigning without
-        a release and leaves the client alone; the request, unwinding, closes its connection
-        and the server frees the lock.
+        a release and leaves the client alone; the close beat makes again on its way out, the
+        request unwound, releases the lock.
         """
         interrupted_ask = self._asking_lock_server
         cache = self.__dict__
