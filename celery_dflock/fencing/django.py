@@ -161,6 +161,12 @@ def check_fence_field(
             continue
         connection: Any = _db.connections[using or _db.router.db_for_write(model)]
         with connection.cursor() as cursor:
+            if options.db_table not in connection.introspection.table_names(cursor):
+                lacking.append(
+                    f"{options.label}'s table {options.db_table!r} is not in the database: "
+                    f"{_migrating(model)}"
+                )
+                continue
             description = connection.introspection.get_table_description(cursor, options.db_table)
         if all(column.name != field.column for column in description):
             lacking.append(

@@ -92,15 +92,22 @@ def check_fence_column(
     elif not isinstance(connection, Connection):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("check_fence_column", connection, blocking=True)
     inspector = sa.inspect(connection)
-    lines = "; ".join(
-        f"table {table.fullname!r} has no column {name!r} in the database: "
-        f"{adding_lines(table, name)}"
-        for table in map(table_of, tables)
-        if name not in table.c
-        or all(c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema))
-    )
-    if lines:
-        raise FenceColumnMissing(f"fenced tables not ready: {lines}")
+    lacking: list[str] = []
+    for table in map(table_of, tables):
+        if name in table.c and not inspector.has_table(table.name, schema=table.schema):
+            lacking.append(
+                f"table {table.fullname!r} is not in the database: create it "
+                "(metadata.create_all(connection), or its migration)"
+            )
+        elif name not in table.c or all(
+            c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema)
+        ):
+            lacking.append(
+                f"table {table.fullname!r} has no column {name!r} in the database: "
+                f"{adding_lines(table, name)}"
+            )
+    if lacking:
+        raise FenceColumnMissing(f"fenced tables not ready: {'; '.join(lacking)}")
 
 
 def fenced_update(

@@ -261,6 +261,21 @@ def test_a_model_without_the_fence_field_is_named_with_the_lines_that_add_it(
     assert said.startswith("fenced models not ready: fencing.Plain has no field 'dflock_fence'")
     assert "fencing.Unmigrated's table 'fencing_plain' has no column 'dflock_fence'" in said
 
+    class Uncreated(models.Model):  # a model whose migration never ran: no table at all
+        dflock_fence = fence_field()
+
+        class Meta:
+            app_label = "fencing"
+            db_table = "fencing_uncreated"
+
+    with pytest.raises(FenceColumnMissing) as missing:  # it said: relation ... does not exist
+        check_fence_field(Account, Uncreated)
+    assert str(missing.value) == (
+        "fenced models not ready: fencing.Uncreated's table 'fencing_uncreated' is not in the "
+        "database: run manage.py makemigrations fencing and manage.py migrate (an AddField: "
+        "existing rows get 0)"
+    )
+
 
 def test_an_upsert_whose_key_names_no_unique_key_is_not_silent(alias: str) -> None:
     """MariaDB's ``ON DUPLICATE KEY UPDATE`` takes a conflict on any unique key: an upsert

@@ -23,7 +23,12 @@ from celery_dflock.fencing import (
     redis_aio,
     sqlalchemy_aio,
 )
-from celery_dflock.fencing.sqlalchemy import check_fence_column, fenced_update, fenced_upsert
+from celery_dflock.fencing.sqlalchemy import (
+    check_fence_column,
+    fence_column,
+    fenced_update,
+    fenced_upsert,
+)
 from dflockd_server.testing import ServerThread
 from tests.fencing.stores import ACCOUNTS, STORE_REDIS_URL, async_engine_for
 
@@ -180,6 +185,15 @@ def test_a_table_without_the_fence_column_is_named_with_the_lines_that_add_it(
             r"database: declare it",
         ):
             check_fence_column(db, ACCOUNTS, declared)
+    uncreated = sa.Table(  # it said: NoSuchTableError: uncreated
+        "uncreated", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), fence_column()
+    )
+    with engine.connect() as db, pytest.raises(FenceColumnMissing) as missing:
+        check_fence_column(db, ACCOUNTS, uncreated)
+    assert str(missing.value) == (
+        "fenced tables not ready: table 'uncreated' is not in the database: create it "
+        "(metadata.create_all(connection), or its migration)"
+    )
     with Session(engine) as session:  # on a session too, as the writes
         check_fence_column(session, ACCOUNTS)
         with pytest.raises(FenceColumnMissing, match="table 'bare' has no column"):
