@@ -400,7 +400,6 @@ class SingletonScheduler(Scheduler):
         self._dflock_settings = BeatSettings.from_app(app, config)
         self._dflock_client = config.new_client()  # no I/O until the leader lock is taken
         self._leadership: Leadership | None = None
-        self._lock_server: tuple[str, int] | None = None
         self._term_seen = 0
         self._active_since: dict[str, datetime] = {}
         self._store_open = False
@@ -431,15 +430,9 @@ class SingletonScheduler(Scheduler):
         return super()
 
     @property
-    def lock_server(self) -> tuple[str, int]:
-        """The (host, port) of the server that holds this beat's lock (after sharding)."""
-        if self._lock_server is None:
-            self._lock_server = self._dflock_client.server_for(self._dflock_settings.lock_key)
-        return self._lock_server
-
-    @property
     def lock_description(self) -> str:
-        host, port = self.lock_server
+        """This beat's lock and the server that holds it (after sharding), for the log."""
+        host, port = self._dflock_client.server_for(self._dflock_settings.lock_key)
         return f"lock {self._dflock_settings.lock_key!r} on {host}:{port}"
 
     def _make_lock(self, on_lost: Callable[[object], None]) -> DistributedLock:
