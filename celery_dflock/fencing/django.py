@@ -108,10 +108,7 @@ def fenced_upsert(
     ``using``: the database alias. Another database than PostgreSQL, SQLite, MySQL and
     MariaDB raises `ValueError`.
     """
-    if not (isinstance(model, type) and issubclass(model, models.Model)):
-        kind: str = type(cast("object", model)).__name__
-        raise TypeError(f"fenced_upsert takes a model class, not {kind}")
-    options: Any = cast("Any", model)._meta
+    options: Any = _model_class("fenced_upsert", model)._meta
     row = ", ".join(f"{name}={value!r}" for name, value in key.items())
     label = f"{options.label} row {row}"
     checked = require_fence(fence, label)
@@ -151,7 +148,7 @@ def check_fence_field(
     ``manage.py migrate``)."""
     lacking: list[str] = []
     for model in checked:
-        options: Any = model._meta
+        options: Any = _model_class("check_fence_field", model)._meta
         try:
             field: Any = options.get_field(fence_name)
         except FieldDoesNotExist:
@@ -293,6 +290,14 @@ def _column_checked(model: Any, field: Any) -> Generator[None]:
             f"column {field.column!r} in the database (the database said: "
             f"{str(error).strip().splitlines()[0]}); {_migrating(model)}"
         ) from error
+
+
+def _model_class(helper: str, given: object) -> Any:
+    """``given``, checked to be a model class."""
+    if not (isinstance(given, type) and issubclass(given, models.Model)):
+        kind: str = type(cast("object", given)).__name__
+        raise TypeError(f"{helper} takes a model class, not {kind}")
+    return given
 
 
 def _queryset(target: Any) -> Any:

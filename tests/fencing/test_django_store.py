@@ -255,6 +255,8 @@ def test_a_model_without_the_fence_field_is_named_with_the_lines_that_add_it(
 
     # The deploy's check, before a task writes: every model at once.
     check_fence_field(Account)
+    with pytest.raises(TypeError, match="check_fence_field takes a model class, not str"):
+        check_fence_field("fencing.Account")  # it said: 'str' object has no attribute '_meta'
     with pytest.raises(FenceColumnMissing) as missing:
         check_fence_field(Account, Plain, Unmigrated)
     said = str(missing.value)
