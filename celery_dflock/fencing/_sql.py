@@ -111,6 +111,13 @@ def described(where: sa.ColumnElement[bool]) -> str:
         return str(where)
 
 
+def refuse_fence_in(values: Mapping[Any, Any], name: str, label: Callable[[], str]) -> None:
+    """`ValueError` when ``values`` (by column name or ``Column``) sets the fence column
+    ``name``: it would move the row's fence to any number, back included."""
+    if any((k if isinstance(k, str) else getattr(k, "name", None)) == name for k in values):
+        raise ValueError(f"fenced write to {label()}: the column {name!r} holds the fence")
+
+
 @dataclass(frozen=True, slots=True)
 class FencedUpdate:
     """The statements of one fenced update."""
@@ -139,6 +146,7 @@ class FencedUpdate:
 
     def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
         """The ``UPDATE`` (on ``table`` as given, so an ORM session's objects stay in step)."""
+        refuse_fence_in(values, self.column.name, self.label)
         assigned: dict[Any, Any] = {**values, self.column: self.fence}
         statement = sa.update(table).where(self.where, self.column <= self.fence).values(assigned)
         return statement.execution_options(synchronize_session="fetch")
@@ -193,10 +201,7 @@ class FencedUpsert:
     ) -> sa.Insert:
         """The one upsert of ``dialect`` (see `celery_dflock.fencing.sqlalchemy`)."""
         name = self.column.name
-        if name in values or (update is not None and name in update):
-            raise ValueError(
-                f"fenced upsert into {self.label()}: the column {name!r} holds the fence"
-            )
+        refuse_fence_in({**values, **(update or {})}, name, self.label)
         row = {**values, **self.key, name: self.fence}
         if dialect.name in {"postgresql", "sqlite"}:
             insert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(

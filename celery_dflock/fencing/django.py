@@ -76,6 +76,8 @@ def fenced_update(
 
     fence = require_fence(fence, label)
     field = _fence_field(queryset.model, fence_name)
+    if fence_name in values:
+        raise ValueError(f"fenced write to {label()}: the field {fence_name!r} holds the fence")
     with _column_checked(queryset.model, field):
         updated = int(
             queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})

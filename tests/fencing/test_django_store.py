@@ -89,6 +89,11 @@ def test_a_lower_fence_is_refused_and_nothing_is_written(account: int) -> None:
         fenced_update(rows, 249, balance=1000)
     assert state(account) == (1, 250)
     assert "fencing.Account" in str(refused.value) and '"id" = 7' in str(refused.value)
+    # Setting the fence field itself would move it anywhere, back included (it said: update()
+    # got multiple values for keyword argument 'dflock_fence').
+    with pytest.raises(ValueError, match="the field 'dflock_fence' holds the fence"):
+        fenced_update(rows, 250, balance=2, dflock_fence=1)
+    assert state(account) == (1, 250)
 
 
 def test_a_write_without_a_fence_is_refused_and_nothing_is_written(account: int) -> None:
