@@ -10,11 +10,12 @@ Every beat campaigns for one dflockd lock (``dflock_beat_lock_key``, default
 periodic tasks, the others are *standbys* queued on the lock in FIFO order. Right before every
 send the active beat asks the lock server whether it still holds the lock; when it does not,
 or the server is unreachable, it sends nothing and goes back to standby. A beat killed outright
-loses its connection and the lock passes to the next standby at once; a hung beat is replaced
-when its lease (``dflock_beat_lease_ttl``) runs out, and finds out before sending when it wakes.
-Limits: a beat that pauses between that confirmation and the publish can still send once after
-its lease ran out (a broker cannot check a fencing token); a hung *standby* at the head of the
-queue holds up the failover by one lease.
+or hung is replaced when its lease (``dflock_beat_lease_ttl``) runs out or its session with the
+lock server (``dflock_session_ttl``) ends, whichever comes first (its connection's close ends
+neither); a hung beat finds out before sending when it wakes. Limits: a beat that pauses
+between that confirmation and the publish can still send once after its lease ran out (a
+broker cannot check a fencing token); a hung *standby* at the head of the queue holds up the
+failover as long again.
 
 Which scheduler does the work
     ``SingletonScheduler`` wraps ``celery.beat.PersistentScheduler``, or the class named in
@@ -36,7 +37,8 @@ Failover without double sends: "start from now"
     missed while no beat was active are not caught up, an interval entry's first run after a
     takeover comes up to one period late, and a run due in the failover gap is skipped; no run
     the old leader sent is sent again. Lock-server markers per run would not help: the server
-    releases a dead client's locks with its connection, in exactly the crash they would cover.
+    frees a dead client's locks at the end of its session, in exactly the crash they would
+    cover.
 
 The schedule store
     Only the active beat opens the wrapped scheduler's store: it is built with ``lazy=True``,
@@ -328,7 +330,7 @@ def _wrapped_class(value: object) -> type[Scheduler]:
 def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` for one send of entry ``name`` under its non-overlap lock (see above)."""
     result = {k: v for k, v in options.items() if k not in LOCK_OPTIONS}
-    headers = dict(cast("Mapping[str, Any]", options.get("headers") or {}))
+    headers = dict(_entry_mapping(name, "options['headers']", options.get("headers")))
     result["headers"] = headers
     entry_name = headers.setdefault(BEAT_ENTRY_HEADER, name)
     if not entry_name:
@@ -338,10 +340,23 @@ def _nonoverlap_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]
         "lock_key": NONOVERLAP_KEY_PREFIX + escaped,
         "on_locked": "skip",
     }
-    lock_options.update(cast("Mapping[str, Any]", headers.get(LOCK_OPTIONS_HEADER) or {}))
+    where = f"options['headers'][{LOCK_OPTIONS_HEADER!r}]"
+    lock_options.update(_entry_mapping(name, where, headers.get(LOCK_OPTIONS_HEADER)))
     lock_options.update({k: v for k, v in options.items() if k in LOCK_OPTIONS})
     headers[LOCK_OPTIONS_HEADER] = lock_options
     return result
+
+
+def _entry_mapping(name: str, where: str, value: object) -> Mapping[str, Any]:
+    """``value``, the entry's ``where``, checked to be a mapping (None: an empty one)."""
+    if not value:
+        return {}
+    if not isinstance(value, Mapping):
+        raise DflockConfigError(
+            f"beat entry {name!r}: {where} must be a mapping (a dict), not "
+            f"{type(value).__name__} {value!r}; dflock_beat_nonoverlap adds to it"
+        )
+    return cast("Mapping[str, Any]", value)
 
 
 def _app_from(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -385,7 +400,6 @@ class SingletonScheduler(Scheduler):
         self._dflock_settings = BeatSettings.from_app(app, config)
         self._dflock_client = config.new_client()  # no I/O until the leader lock is taken
         self._leadership: Leadership | None = None
-        self._lock_server: tuple[str, int] | None = None
         self._term_seen = 0
         self._active_since: dict[str, datetime] = {}
         self._store_open = False
@@ -416,15 +430,9 @@ class SingletonScheduler(Scheduler):
         return super()
 
     @property
-    def lock_server(self) -> tuple[str, int]:
-        """The (host, port) of the server that holds this beat's lock (after sharding)."""
-        if self._lock_server is None:
-            self._lock_server = self._dflock_client.server_for(self._dflock_settings.lock_key)
-        return self._lock_server
-
-    @property
     def lock_description(self) -> str:
-        host, port = self.lock_server
+        """This beat's lock and the server that holds it (after sharding), for the log."""
+        host, port = self._dflock_client.server_for(self._dflock_settings.lock_key)
         return f"lock {self._dflock_settings.lock_key!r} on {host}:{port}"
 
     def _make_lock(self, on_lost: Callable[[object], None]) -> DistributedLock:
@@ -595,8 +603,8 @@ class SingletonScheduler(Scheduler):
 
         Called while this thread waits for the lock server, the lock's connection is held by
         the interrupted request, so this beat counts as unconfirmed, stops campaigning without
-        a release and leaves the client alone; the request, unwinding, closes its connection
-        and the server frees the lock.
+        a release and leaves the client alone; the close beat makes again on its way out, the
+        request unwound, releases the lock.
         """
         interrupted_ask = self._asking_lock_server
         cache = self.__dict__

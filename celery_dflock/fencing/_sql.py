@@ -1,7 +1,8 @@
 """The statements of `celery_dflock.fencing.sqlalchemy` (whose docstring shows them). On MySQL
 and MariaDB every assignment of the upsert keeps the row's value unless the fence is at least
-the row's, the fence's assignment last (MySQL assigns left to right); the row's fence is then
-read ``FOR UPDATE`` (the statement locked the row).
+the row's and the row is the one of ``key`` (``ON DUPLICATE KEY UPDATE`` takes a conflict on
+any unique key), the fence's assignment last (MySQL assigns left to right); the row's fence is
+then read ``FOR UPDATE`` (the statement locked the row).
 """
 
 from __future__ import annotations
@@ -110,6 +111,13 @@ def described(where: sa.ColumnElement[bool]) -> str:
         return str(where)
 
 
+def refuse_fence_in(values: Mapping[Any, Any], name: str, label: Callable[[], str]) -> None:
+    """`ValueError` when ``values`` (by column name or ``Column``) sets the fence column
+    ``name``: it would move the row's fence to any number, back included."""
+    if any((k if isinstance(k, str) else getattr(k, "name", None)) == name for k in values):
+        raise ValueError(f"fenced write to {label()}: the column {name!r} holds the fence")
+
+
 @dataclass(frozen=True, slots=True)
 class FencedUpdate:
     """The statements of one fenced update."""
@@ -138,12 +146,14 @@ class FencedUpdate:
 
     def update(self, table: sa.Table | type[Any], values: Mapping[str, Any]) -> sa.Update:
         """The ``UPDATE`` (on ``table`` as given, so an ORM session's objects stay in step)."""
+        refuse_fence_in(values, self.column.name, self.label)
         assigned: dict[Any, Any] = {**values, self.column: self.fence}
         statement = sa.update(table).where(self.where, self.column <= self.fence).values(assigned)
         return statement.execution_options(synchronize_session="fetch")
 
-    def highest(self) -> sa.Select[tuple[Any]]:
-        return sa.select(sa.func.max(self.column)).where(self.where)
+    def highest(self) -> sa.Select[Any, int]:
+        """The highest fence of the rows ``where`` names, and how many there are."""
+        return sa.select(sa.func.max(self.column), sa.func.count()).where(self.where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,10 +201,7 @@ class FencedUpsert:
     ) -> sa.Insert:
         """The one upsert of ``dialect`` (see `celery_dflock.fencing.sqlalchemy`)."""
         name = self.column.name
-        if name in values or (update is not None and name in update):
-            raise ValueError(
-                f"fenced upsert into {self.label()}: the column {name!r} holds the fence"
-            )
+        refuse_fence_in({**values, **(update or {})}, name, self.label)
         row = {**values, **self.key, name: self.fence}
         if dialect.name in {"postgresql", "sqlite"}:
             insert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(
@@ -211,12 +218,15 @@ class FencedUpsert:
             ).returning(self.column)
         if dialect.name in MYSQL:
             insert_my = mysql.insert(self.table).values(row)
-            later = self.column <= insert_my.inserted[name]
-            changes = {k: insert_my.inserted[k] for k in values} if update is None else update
+            new = insert_my.inserted
+            later = sa.and_(
+                self.column <= new[name], *(self.table.c[k] == new[k] for k in self.key)
+            )
+            changes = {k: new[k] for k in values} if update is None else dict(update)
+            changes[name] = new[name]  # last: the guards before it read the row's fence
             ordered: list[tuple[Any, Any]] = [
                 (k, sa.case((later, v), else_=self.table.c[k])) for k, v in changes.items()
             ]
-            ordered.append((name, sa.func.greatest(self.column, insert_my.inserted[name])))
             return insert_my.on_duplicate_key_update(ordered)
         raise ValueError(
             f"fenced upsert into {self.label()}: SQLAlchemy's {dialect.name} dialect has no "

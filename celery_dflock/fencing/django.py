@@ -32,7 +32,13 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
 from celery_dflock.fencing.errors import FenceColumnMissing
-from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, refuse_below, require_fence
+from celery_dflock.fencing.fences import (
+    FENCE_COLUMN,
+    no_such_column,
+    refuse_unwritten,
+    require_fence,
+    upsert_elsewhere,
+)
 
 __all__ = ["check_fence_field", "fence_field", "fenced_update", "fenced_upsert"]
 
@@ -70,13 +76,16 @@ def fenced_update(
 
     fence = require_fence(fence, label)
     field = _fence_field(queryset.model, fence_name)
+    if fence_name in values:
+        raise ValueError(f"fenced write to {label()}: the field {fence_name!r} holds the fence")
     with _column_checked(queryset.model, field):
         updated = int(
             queryset.filter(**{f"{fence_name}__lte": fence}).update(**values, **{fence_name: fence})
         )
         if updated:
             return updated
-        refuse_below(label, fence, queryset.aggregate(highest=models.Max(fence_name))["highest"])
+        seen = queryset.aggregate(highest=models.Max(fence_name), rows=models.Count("pk"))
+    refuse_unwritten(label, fence, seen["highest"], seen["rows"])
     return 0
 
 
@@ -93,17 +102,15 @@ def fenced_upsert(
 ) -> None:
     """Insert the row ``key`` + ``values`` of ``model`` with ``fence``, or, when a row of that
     ``key`` exists, set ``update`` (default: ``values``) and the fence on it if its fence is
-    not higher; one statement. Refusals as `fenced_update`.
+    not higher; one statement. Refusals as `fenced_update`; on MySQL and MariaDB, a row that
+    collides on another unique key than ``key`` is left alone, raising `InvalidValueError`.
 
     ``key``: the primary or a unique key's fields and values (``{"id": 7}``). ``update``: what
     an existing row gets, expressions included (``{"balance": F("balance") + 10}``).
     ``using``: the database alias. Another database than PostgreSQL, SQLite, MySQL and
     MariaDB raises `ValueError`.
     """
-    if not (isinstance(model, type) and issubclass(model, models.Model)):
-        kind: str = type(cast("object", model)).__name__
-        raise TypeError(f"fenced_upsert takes a model class, not {kind}")
-    options: Any = cast("Any", model)._meta
+    options: Any = _model_class("fenced_upsert", model)._meta
     row = ", ".join(f"{name}={value!r}" for name, value in key.items())
     label = f"{options.label} row {row}"
     checked = require_fence(fence, label)
@@ -130,7 +137,9 @@ def fenced_upsert(
                 key_params,
             )
             kept = cursor.fetchone()
-    refuse_below(label, checked, None if kept is None else kept[0])
+            if kept is None:  # raised in the atomic block: the other row's write rolls back
+                raise upsert_elsewhere(label)
+    refuse_unwritten(label, checked, kept[0], 1)
 
 
 def check_fence_field(
@@ -141,7 +150,7 @@ def check_fence_field(
     ``manage.py migrate``)."""
     lacking: list[str] = []
     for model in checked:
-        options: Any = model._meta
+        options: Any = _model_class("check_fence_field", model)._meta
         try:
             field: Any = options.get_field(fence_name)
         except FieldDoesNotExist:
@@ -151,6 +160,12 @@ def check_fence_field(
             continue
         connection: Any = _db.connections[using or _db.router.db_for_write(model)]
         with connection.cursor() as cursor:
+            if options.db_table not in connection.introspection.table_names(cursor):
+                lacking.append(
+                    f"{options.label}'s table {options.db_table!r} is not in the database: "
+                    f"{_migrating(model)}"
+                )
+                continue
             description = connection.introspection.get_table_description(cursor, options.db_table)
         if all(column.name != field.column for column in description):
             lacking.append(
@@ -199,6 +214,13 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
 
     query: Any = _Query(model)
     compiler: Any = query.get_compiler(connection=connection)
+    keyed = (quote(options.get_field(name).column) for name in key)
+    guard = " AND ".join(  # MySQL's: a fence not lower, on the row of key (see _sql.py)
+        [
+            f"{table}.{fence_column} <= {new(fence_column)}",
+            *(f"{table}.{c} = {new(c)}" for c in keyed),
+        ]
+    )
     assignments: list[str] = []
     for name, value in (values if update is None else update).items():
         field = options.get_field(name)
@@ -210,7 +232,6 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
             sql, more = compiler.compile(resolved)
         else:
             sql, more = "%s", [field.get_db_prep_save(value, connection)]
-        guard = f"{table}.{fence_column} <= {new(fence_column)}"
         assignments.append(
             f"{column} = CASE WHEN {guard} THEN {sql} ELSE {table}.{column} END"
             if mysql
@@ -219,7 +240,8 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
         params.extend(more)
     if mysql:  # assigned left to right: the fence last, after the guards that read it
         assignments.append(
-            f"{fence_column} = GREATEST({table}.{fence_column}, {new(fence_column)})"
+            f"{fence_column} = CASE WHEN {guard} THEN {new(fence_column)} "
+            f"ELSE {table}.{fence_column} END"
         )
         return f"{inserted} ON DUPLICATE KEY UPDATE {', '.join(assignments)}", params
     assignments.append(f"{fence_column} = {new(fence_column)}")
@@ -270,6 +292,14 @@ def _column_checked(model: Any, field: Any) -> Generator[None]:
             f"column {field.column!r} in the database (the database said: "
             f"{str(error).strip().splitlines()[0]}); {_migrating(model)}"
         ) from error
+
+
+def _model_class(helper: str, given: object) -> Any:
+    """``given``, checked to be a model class."""
+    if not (isinstance(given, type) and issubclass(given, models.Model)):
+        kind: str = type(cast("object", given)).__name__
+        raise TypeError(f"{helper} takes a model class, not {kind}")
+    return given
 
 
 def _queryset(target: Any) -> Any:

@@ -9,7 +9,15 @@ from typing import Any, Final, cast
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing.errors import FenceMissing, StaleFence
 
-__all__ = ["FENCE_COLUMN", "MAX_FENCE", "no_such_column", "refuse_below", "require_fence"]
+__all__ = [
+    "FENCE_COLUMN",
+    "MAX_FENCE",
+    "no_such_column",
+    "refuse_below",
+    "refuse_unwritten",
+    "require_fence",
+    "upsert_elsewhere",
+]
 
 FENCE_COLUMN: Final = "dflock_fence"
 """The default column, hash field or key suffix where a store keeps its highest fence."""
@@ -46,6 +54,30 @@ def refuse_below(target: str | Callable[[], str], fence: int, kept: object) -> N
     is above ``fence``, the write's."""
     if kept is not None and (held := int(cast("Any", kept))) > fence:
         raise StaleFence.refused(target() if callable(target) else target, fence, held)
+
+
+def refuse_unwritten(target: str | Callable[[], str], fence: int, kept: object, rows: int) -> None:
+    """After a fenced write that wrote nothing to the ``rows`` rows of ``target`` it named:
+    `StaleFence` when ``kept``, their highest fence, is above ``fence``; `InvalidValueError`
+    when there are rows all the same (their fence is NULL, which no fence compares with)."""
+    refuse_below(target, fence, kept)
+    if rows and kept is None:
+        raise InvalidValueError(
+            f"fenced write to {target() if callable(target) else target} refused: the row's "
+            "fence column holds NULL, which no fence compares with, so nothing was written; "
+            "make the column NOT NULL DEFAULT 0 and set it to 0 where it is NULL"
+        )
+
+
+def upsert_elsewhere(target: str) -> InvalidValueError:
+    """An upsert into ``target`` that found no row at its key afterwards (MySQL's ``ON
+    DUPLICATE KEY UPDATE`` takes a conflict on any unique key)."""
+    return InvalidValueError(
+        f"fenced upsert into {target}: the row collided with another row on a unique key other "
+        "than key, so the row of key was not written (and the other row may have been: roll "
+        "the transaction back); name in key the unique key of the row, and give values no "
+        "other row holds in a unique column"
+    )
 
 
 def no_such_column(said: str, column: str) -> bool:

@@ -22,8 +22,17 @@ import inspect
 from collections.abc import Mapping
 
 import redis
+from redis.client import Pipeline
+from redis.cluster import ClusterPipeline
 
-from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
+from celery_dflock.fencing._lua import (
+    ScriptCall,
+    Value,
+    fence_key_of,
+    hset_call,
+    pipelined,
+    set_call,
+)
 from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set", "highest_fence"]
@@ -62,6 +71,8 @@ def highest_fence(raw: bytes | str | None) -> int | None:
 
 
 def _run(client: redis.Redis, helper: str, call: ScriptCall) -> None:
+    if isinstance(client, Pipeline | ClusterPipeline):
+        raise pipelined(helper, client)
     script = getattr(client, "register_script", None)
     if script is None or inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
         raise TypeError(_unsupported(helper, client))

@@ -12,8 +12,17 @@ import inspect
 from collections.abc import Mapping
 
 import redis.asyncio
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 
-from celery_dflock.fencing._lua import ScriptCall, Value, fence_key_of, hset_call, set_call
+from celery_dflock.fencing._lua import (
+    ScriptCall,
+    Value,
+    fence_key_of,
+    hset_call,
+    pipelined,
+    set_call,
+)
 from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
 
 __all__ = ["fence_key_of", "fenced_hset", "fenced_set"]
@@ -44,6 +53,8 @@ async def fenced_hset(
 
 
 async def _run(client: redis.asyncio.Redis, helper: str, call: ScriptCall) -> None:
+    if isinstance(client, Pipeline | ClusterPipeline):
+        raise pipelined(helper, client)
     if not inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
         kind = f"{type(client).__module__}.{type(client).__name__}"
         raise TypeError(

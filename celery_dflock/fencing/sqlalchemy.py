@@ -20,7 +20,8 @@ not there (0 is returned). ``where`` should name one row (its primary key).
     WHERE <table>.dflock_fence <= excluded.dflock_fence RETURNING dflock_fence
 
 (PostgreSQL and SQLite; on MySQL and MariaDB, ``ON DUPLICATE KEY UPDATE`` with each assignment
-guarded by the fence), so a row's fence never moves back; a refusal raises `StaleFence`.
+guarded by the fence and the key), so a row's fence never moves back; a refusal raises
+`StaleFence`.
 
 The caller's transaction commits the write (``engine.begin()``, ``session.commit()``). For
 SQLAlchemy's asyncio extension use `celery_dflock.fencing.sqlalchemy_aio`.
@@ -45,7 +46,7 @@ from celery_dflock.fencing._sql import (
     wrong_face,
 )
 from celery_dflock.fencing.errors import FenceColumnMissing
-from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_below
+from celery_dflock.fencing.fences import FENCE_COLUMN, refuse_unwritten, upsert_elsewhere
 
 __all__ = [
     "add_fence_column",
@@ -91,15 +92,22 @@ def check_fence_column(
     elif not isinstance(connection, Connection):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise wrong_face("check_fence_column", connection, blocking=True)
     inspector = sa.inspect(connection)
-    lines = "; ".join(
-        f"table {table.fullname!r} has no column {name!r} in the database: "
-        f"{adding_lines(table, name)}"
-        for table in map(table_of, tables)
-        if name not in table.c
-        or all(c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema))
-    )
-    if lines:
-        raise FenceColumnMissing(f"fenced tables not ready: {lines}")
+    lacking: list[str] = []
+    for table in map(table_of, tables):
+        if name in table.c and not inspector.has_table(table.name, schema=table.schema):
+            lacking.append(
+                f"table {table.fullname!r} is not in the database: create it "
+                "(metadata.create_all(connection), or its migration)"
+            )
+        elif name not in table.c or all(
+            c["name"] != name for c in inspector.get_columns(table.name, schema=table.schema)
+        ):
+            lacking.append(
+                f"table {table.fullname!r} has no column {name!r} in the database: "
+                f"{adding_lines(table, name)}"
+            )
+    if lacking:
+        raise FenceColumnMissing(f"fenced tables not ready: {'; '.join(lacking)}")
 
 
 def fenced_update(
@@ -126,7 +134,8 @@ def fenced_update(
         result = connection.execute(fenced.update(table, values))
         if updated := cast("CursorResult[Any]", result).rowcount:
             return updated
-        refuse_below(fenced.label, fenced.fence, connection.execute(fenced.highest()).scalar())
+        seen = connection.execute(fenced.highest()).one()
+    refuse_unwritten(fenced.label, fenced.fence, seen[0], seen[1])
     return 0
 
 
@@ -142,7 +151,8 @@ def fenced_upsert(
 ) -> None:
     """Insert the row ``key`` + ``values`` with ``fence``, or, when a row of that ``key``
     exists, set ``update`` (default: ``values``) and the fence on it if its fence is not
-    higher; one statement. Refusals as `fenced_update`.
+    higher; one statement. Refusals as `fenced_update`; on MySQL and MariaDB, a row that
+    collides on another unique key than ``key`` is left alone, raising `InvalidValueError`.
 
     ``key``: the primary or a unique key's columns and values (``{"id": 7}``). ``update``:
     what an existing row gets, expressions over its columns included
@@ -160,4 +170,7 @@ def fenced_upsert(
         result = connection.execute(statement)
         if dialect.name not in MYSQL and result.scalar() is not None:
             return
-        refuse_below(fenced.label, fenced.fence, connection.execute(fenced.kept()).scalar())
+        kept = connection.execute(fenced.kept()).one_or_none()
+    if kept is None:
+        raise upsert_elsewhere(fenced.label())
+    refuse_unwritten(fenced.label, fenced.fence, kept[0], 1)

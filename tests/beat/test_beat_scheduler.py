@@ -193,6 +193,35 @@ def test_nonoverlap_marks_every_message_with_its_entry(
     assert scheduler.schedule["every {x}"].options == options  # the stored entry is untouched
 
 
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ("x", "options['headers']"),
+        ({LOCK_OPTIONS_HEADER: "x"}, "options['headers']['dflock_options']"),
+    ],
+)
+def test_an_entry_whose_headers_are_no_mapping_is_named_in_the_log(
+    make_active: Any,
+    published: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+    headers: object,
+    named: str,
+) -> None:
+    """It logged Python's ``dictionary update sequence element #0 has length 1; 2 is
+    required`` at every run, naming neither the entry nor the option."""
+    caplog.set_level(logging.WARNING)
+    scheduler = make_active(
+        {
+            "bad": {"task": "proj.noop", "schedule": 0.2, "options": {"headers": headers}},
+            "good": {"task": "proj.noop", "schedule": 0.2},
+        },
+        dflock_beat_nonoverlap=True,
+    )
+    run_until(scheduler, lambda: len(published) >= 2)
+    assert all(h[BEAT_ENTRY_HEADER] == "good" for h in published)  # the others go on
+    assert f"beat entry 'bad': {named} must be a mapping (a dict), not str 'x'" in caplog.text
+
+
 def test_a_standby_leaves_the_schedule_file_alone_until_it_is_active(
     tmp_path: Path, dflock_server: ServerThread, published: list[dict[str, Any]]
 ) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 
 from celery_dflock.beat import DEFAULT_BEAT_LEASE_TTL_S
-from tests.support.beats import Broker, Cluster, Proc, Sent
+from tests.support.beats import Broker, Cluster, Proc, Sent, assert_no_double_send
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -80,3 +80,4 @@ def test_ten_failovers_with_beats_sharing_the_default_schedule_file(
     assert len(running) == 2
     assert all(b.alive() for b in running), [b.output() for b in running if not b.alive()]
     assert max(gaps) <= MAX_GAP_S, f"sending stopped for {max(gaps):.2f}s"
+    assert_no_double_send(broker.sent(), PERIOD_S)  # no run sent again across the failovers

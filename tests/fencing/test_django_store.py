@@ -89,6 +89,11 @@ def test_a_lower_fence_is_refused_and_nothing_is_written(account: int) -> None:
         fenced_update(rows, 249, balance=1000)
     assert state(account) == (1, 250)
     assert "fencing.Account" in str(refused.value) and '"id" = 7' in str(refused.value)
+    # Setting the fence field itself would move it anywhere, back included (it said: update()
+    # got multiple values for keyword argument 'dflock_fence').
+    with pytest.raises(ValueError, match="the field 'dflock_fence' holds the fence"):
+        fenced_update(rows, 250, balance=2, dflock_fence=1)
+    assert state(account) == (1, 250)
 
 
 def test_a_write_without_a_fence_is_refused_and_nothing_is_written(account: int) -> None:
@@ -255,8 +260,65 @@ def test_a_model_without_the_fence_field_is_named_with_the_lines_that_add_it(
 
     # The deploy's check, before a task writes: every model at once.
     check_fence_field(Account)
+    with pytest.raises(TypeError, match="check_fence_field takes a model class, not str"):
+        check_fence_field("fencing.Account")  # it said: 'str' object has no attribute '_meta'
     with pytest.raises(FenceColumnMissing) as missing:
         check_fence_field(Account, Plain, Unmigrated)
     said = str(missing.value)
     assert said.startswith("fenced models not ready: fencing.Plain has no field 'dflock_fence'")
     assert "fencing.Unmigrated's table 'fencing_plain' has no column 'dflock_fence'" in said
+
+    class Uncreated(models.Model):  # a model whose migration never ran: no table at all
+        dflock_fence = fence_field()
+
+        class Meta:
+            app_label = "fencing"
+            db_table = "fencing_uncreated"
+
+    with pytest.raises(FenceColumnMissing) as missing:  # it said: relation ... does not exist
+        check_fence_field(Account, Uncreated)
+    assert str(missing.value) == (
+        "fenced models not ready: fencing.Uncreated's table 'fencing_uncreated' is not in the "
+        "database: run manage.py makemigrations fencing and manage.py migrate (an AddField: "
+        "existing rows get 0)"
+    )
+
+
+def test_an_upsert_whose_key_names_no_unique_key_is_not_silent(alias: str) -> None:
+    """MariaDB's ``ON DUPLICATE KEY UPDATE`` takes a conflict on any unique key: an upsert
+    whose ``key`` is no unique key of the row (here ``balance``) met row 9 on its primary key
+    and, refused by its fence, wrote nothing, then found no row at its key and returned as if
+    it had written. PostgreSQL and SQLite refuse such a key themselves."""
+    from django.db import DatabaseError
+
+    from celery_dflock.client.errors import InvalidValueError
+    from celery_dflock.fencing.django import fenced_upsert
+    from tests.fencing.models import Account
+
+    Account.objects.using(alias).create(id=9, balance=7, dflock_fence=250)
+    for fence in (100, 300):  # refused by row 9's fence; accepted by it (and rolled back)
+        with pytest.raises((InvalidValueError, DatabaseError)) as error:
+            fenced_upsert(Account, fence, key={"balance": 1}, values={"id": 9}, using=alias)
+        if alias == MARIADB_ALIAS:
+            assert isinstance(error.value, InvalidValueError)
+            assert "another row on a unique key other than key" in str(error.value)
+    assert state(9, alias) == (7, 250)
+
+
+def test_a_row_whose_fence_is_null_is_not_passed_over_in_silence(account: int) -> None:
+    """A fence column made nullable by hand: NULL compares with no fence, so the guarded
+    ``UPDATE`` wrote nothing and the call answered 0, as for no row."""
+    from django.db import connection
+
+    from celery_dflock.client.errors import InvalidValueError
+    from celery_dflock.fencing.django import fenced_update, fenced_upsert
+    from tests.fencing.models import Account
+
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE fencing_account ALTER COLUMN dflock_fence DROP NOT NULL")
+        cursor.execute("UPDATE fencing_account SET dflock_fence = NULL")
+    with pytest.raises(InvalidValueError, match="holds NULL"):
+        fenced_update(Account.objects.filter(pk=account), 5, balance=1)
+    with pytest.raises(InvalidValueError, match="holds NULL"):
+        fenced_upsert(Account, 5, key={"id": account}, values={"balance": 1})
+    assert Account.objects.get(pk=account).balance == 0

@@ -23,7 +23,12 @@ from celery_dflock.fencing import (
     redis_aio,
     sqlalchemy_aio,
 )
-from celery_dflock.fencing.sqlalchemy import check_fence_column, fenced_update, fenced_upsert
+from celery_dflock.fencing.sqlalchemy import (
+    check_fence_column,
+    fence_column,
+    fenced_update,
+    fenced_upsert,
+)
 from dflockd_server.testing import ServerThread
 from tests.fencing.stores import ACCOUNTS, STORE_REDIS_URL, async_engine_for
 
@@ -108,6 +113,28 @@ async def test_the_redis_faces_name_each_other_and_send_nothing(
         await client.aclose()
 
 
+async def test_a_pipeline_is_refused_before_anything_is_queued(store_redis: redis.Redis) -> None:
+    """A pipeline answers at ``execute()``: the blocking face said ``int() argument must be ...
+    not 'Pipeline'`` with the script already queued, its answer (a refusal) left unread; the
+    asyncio face said to use the blocking one."""
+    key = f"fencing-test:{uuid.uuid4().hex}"
+    pipeline = store_redis.pipeline()
+    with pytest.raises(TypeError, match=r"fenced_set runs on a client, not a pipeline"):
+        redis_fencing.fenced_set(pipeline, key, "x", fence=1)
+    with pytest.raises(TypeError, match=r"fenced_hset runs on a client, not a pipeline"):
+        redis_fencing.fenced_hset(pipeline, key, {"x": 1}, fence=1)
+    assert pipeline.execute() == []
+    client = redis.asyncio.Redis.from_url(STORE_REDIS_URL)
+    try:
+        queued = client.pipeline()
+        with pytest.raises(TypeError, match=r"redis\.asyncio\.client\.Pipeline\): a pipeline"):
+            await redis_aio.fenced_set(queued, key, "x", fence=1)
+        assert await queued.execute() == []
+    finally:
+        await client.aclose()
+    assert store_redis.exists(key) == 0
+
+
 def test_a_table_without_the_fence_column_is_named_with_the_lines_that_add_it(
     engine: sa.Engine,
 ) -> None:
@@ -158,6 +185,15 @@ def test_a_table_without_the_fence_column_is_named_with_the_lines_that_add_it(
             r"database: declare it",
         ):
             check_fence_column(db, ACCOUNTS, declared)
+    uncreated = sa.Table(  # it said: NoSuchTableError: uncreated
+        "uncreated", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), fence_column()
+    )
+    with engine.connect() as db, pytest.raises(FenceColumnMissing) as missing:
+        check_fence_column(db, ACCOUNTS, uncreated)
+    assert str(missing.value) == (
+        "fenced tables not ready: table 'uncreated' is not in the database: create it "
+        "(metadata.create_all(connection), or its migration)"
+    )
     with Session(engine) as session:  # on a session too, as the writes
         check_fence_column(session, ACCOUNTS)
         with pytest.raises(FenceColumnMissing, match="table 'bare' has no column"):

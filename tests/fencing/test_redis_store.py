@@ -70,3 +70,40 @@ def test_fenced_hset_keeps_the_fence_in_the_hash(store_redis: redis.Redis, key: 
     }
     with pytest.raises(ValueError, match="holds the fence"):
         fenced_hset(store_redis, key, {"dflock_fence": 99}, fence=11)
+
+
+def test_a_fence_kept_unpadded_compares_as_the_number_it_is(
+    store_redis: redis.Redis, key: str
+) -> None:
+    """A fence set by other means than these scripts (``SET <key>:dflock_fence 7``, copied from
+    a SQL row's fence) is a plain decimal. The script compared it as a string ("7" above
+    "00000000000000000010") and refused the write, while the Python side saw 7 below 10 and
+    raised nothing: the write was lost without a word."""
+    store_redis.set(fence_key_of(key), "7")
+    fenced_set(store_redis, key, "written", fence=10)
+    assert store_redis.get(key) == b"written"
+    store_redis.set(fence_key_of(key), "12")
+    with pytest.raises(StaleFence, match=r"fence 10 is lower than 12"):
+        fenced_set(store_redis, key, "stale", fence=10)
+    assert store_redis.get(key) == b"written"
+
+    store_redis.delete(key)
+    store_redis.hset(key, "dflock_fence", "7")
+    fenced_hset(store_redis, key, {"total": 1}, fence=10)
+    assert store_redis.hget(key, "total") == b"1"
+    store_redis.hset(key, "dflock_fence", "12")
+    with pytest.raises(StaleFence, match=r"fence 10 is lower than 12"):
+        fenced_hset(store_redis, key, {"total": 2}, fence=10)
+    assert store_redis.hget(key, "total") == b"1"
+
+
+def test_a_write_that_would_overwrite_its_own_fence_is_refused(
+    store_redis: redis.Redis, key: str
+) -> None:
+    """``fence_key`` naming the value's own key wrote the fence over the value; a bytes field
+    named as the fence field wrote the value over the fence. Both are refused, unwritten."""
+    with pytest.raises(ValueError, match="fence_key is the value's own key"):
+        fenced_set(store_redis, key, "value", fence=5, fence_key=key)
+    with pytest.raises(ValueError, match="holds the fence"):
+        fenced_hset(store_redis, key, {b"dflock_fence": "x"}, fence=5)  # pyright: ignore[reportArgumentType]
+    assert store_redis.exists(key, fence_key_of(key)) == 0

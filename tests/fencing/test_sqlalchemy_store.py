@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -11,7 +12,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from celery_dflock import LockLost
 from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import FenceMissing, StaleFence
-from celery_dflock.fencing.sqlalchemy import add_fence_column, fenced_update
+from celery_dflock.fencing.sqlalchemy import add_fence_column, fenced_update, fenced_upsert
 from tests.fencing.stores import ACCOUNTS
 
 
@@ -131,3 +132,23 @@ def test_add_fence_column_to_a_table_that_exists(engine: sa.Engine) -> None:
     with engine.begin() as db:
         assert db.execute(sa.select(fenced.c.dflock_fence)).scalar() == 0
         assert fenced_update(db, fenced, fenced.c.id == 1, fence=3, values={"v": "new"}) == 1
+
+
+def test_values_that_set_the_fence_column_are_refused(engine: sa.Engine, account: int) -> None:
+    """``values`` naming the fence column moved the row's fence to its number, back included
+    (fence 20 wrote 1), so that any stale holder's write was accepted next."""
+    credit(engine, account, 20)
+    by_name_or_column: list[Any] = [{"dflock_fence": 1}, {ACCOUNTS.c.dflock_fence: 1}]
+    for values in by_name_or_column:
+        with engine.begin() as db, pytest.raises(ValueError, match="'dflock_fence' holds the"):
+            fenced_update(db, ACCOUNTS, ACCOUNTS.c.id == account, fence=20, values=values)
+        with engine.begin() as db, pytest.raises(ValueError, match="'dflock_fence' holds the"):
+            fenced_upsert(
+                db,
+                ACCOUNTS,
+                key={"id": account},
+                fence=20,
+                values={"balance": 0},
+                update=values,
+            )
+    assert row(engine, account) == (1, 20)

@@ -20,8 +20,9 @@ from sqlalchemy.orm import (
     sessionmaker,
 )
 
+from celery_dflock.client.errors import InvalidValueError
 from celery_dflock.fencing import FenceMissing, StaleFence
-from celery_dflock.fencing.sqlalchemy import fenced_upsert
+from celery_dflock.fencing.sqlalchemy import fence_column, fenced_update, fenced_upsert
 from tests.fencing.stores import ACCOUNTS, METADATA, mariadb_engine
 from tests.support.services import require_mariadb
 
@@ -170,3 +171,52 @@ def test_bad_arguments_are_named(engine: sa.Engine) -> None:
         with pytest.raises(ValueError, match="no column nope"):
             fenced_upsert(db, ACCOUNTS, key={"nope": 1}, fence=1, values={"balance": 1})
     assert row(engine, 1) is None
+
+
+def test_an_upsert_that_collides_on_another_unique_key_is_not_silent() -> None:
+    """MariaDB's ``ON DUPLICATE KEY UPDATE`` takes a conflict on any unique key: a row of a new
+    ``key`` whose unique ``email`` another row holds updated that other row (under its fence)
+    or, refused by its fence, wrote nothing; either way the call returned as if it had written
+    the row of ``key``."""
+    require_mariadb()
+    users = sa.Table(
+        "users",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("email", sa.String(40), unique=True),
+        sa.Column("n", sa.Integer, nullable=False),
+        fence_column(),
+    )
+    with mariadb_engine() as engine:
+        with engine.begin() as db:
+            users.create(db)
+            db.execute(sa.insert(users).values(id=3, email="a@x", n=0, dflock_fence=100))
+        for fence in (50, 150):  # refused by the other row's fence; accepted by it
+            with engine.begin() as db, pytest.raises(InvalidValueError, match="another row"):
+                fenced_upsert(
+                    db, users, key={"id": 7}, fence=fence, values={"email": "a@x", "n": 1}
+                )
+        with engine.connect() as db:
+            assert db.execute(sa.select(users)).all() == [(3, "a@x", 0, 100)]
+
+
+def test_a_row_whose_fence_is_null_is_not_passed_over_in_silence(engine: sa.Engine) -> None:
+    """A fence column made nullable by hand: NULL compares with no fence, so the guarded write
+    wrote nothing, and the update answered 0 (no such row), the upsert nothing at all."""
+    with engine.begin() as db:
+        db.execute(sa.text("ALTER TABLE account ALTER COLUMN dflock_fence DROP NOT NULL"))
+        db.execute(sa.insert(ACCOUNTS).values(id=1, balance=0, dflock_fence=None))
+    with engine.begin() as db, pytest.raises(InvalidValueError, match="holds NULL"):
+        fenced_update(db, ACCOUNTS, ACCOUNTS.c.id == 1, fence=5, values={"balance": 1})
+    with engine.begin() as db, pytest.raises(InvalidValueError, match="holds NULL"):
+        fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=5, values={"balance": 1})
+    with engine.begin() as db:
+        assert fenced_update(db, ACCOUNTS, ACCOUNTS.c.id == 2, fence=5, values={}) == 0
+    assert row_balance(engine, 1) == 0
+
+
+def row_balance(engine: sa.Engine, account: int) -> int:
+    with engine.connect() as db:
+        return int(
+            db.execute(sa.select(ACCOUNTS.c.balance).where(ACCOUNTS.c.id == account)).scalar_one()
+        )
