@@ -126,11 +126,15 @@ def read_setting(conf: Any, name: str) -> object:
     return None
 
 
-def check_setting_names(conf: Any) -> None:
-    """Refuse a ``dflock_*`` setting (any case) that this package does not read."""
+def check_setting_names(conf: Any, namespace: str | None = None) -> None:
+    """Refuse a ``dflock_*`` setting (any case; with the app's ``namespace``, ``CELERY``, also
+    ``CELERY_DFLOCK_*``) that this package does not read."""
+    spaced = f"{namespace.lower()}_" if namespace else None
     for raw in list(conf.keys()):
         name = str(raw)
         lowered = name.lower()
+        if spaced is not None:
+            lowered = lowered.removeprefix(spaced)
         if not lowered.startswith("dflock_") or lowered in KNOWN_SETTINGS:
             continue
         current = sorted(KNOWN_SETTINGS - RENAMED_SETTINGS.keys())
@@ -166,9 +170,10 @@ class DflockConfig:
     """``dflock_task_locks``: task name -> lock options."""
 
     @classmethod
-    def from_conf(cls, conf: Any) -> DflockConfig:
-        """Read and validate the ``dflock_*`` settings of a Celery ``app.conf``."""
-        check_setting_names(conf)
+    def from_conf(cls, conf: Any, namespace: str | None = None) -> DflockConfig:
+        """Read and validate the ``dflock_*`` settings of a Celery ``app.conf`` (``namespace``:
+        the app's, as `check_setting_names` takes it)."""
+        check_setting_names(conf, namespace)
         got = read_settings(conf, APP_SETTING_SPECS)
         defaults = read_options(
             {option: read_setting(conf, setting) for option, setting in SETTINGS.items()},
@@ -204,7 +209,7 @@ def get_config(app: _App) -> DflockConfig:
     cached: object = getattr(app, _CONFIG_ATTR, None)
     if isinstance(cached, DflockConfig):
         return cached
-    config = DflockConfig.from_conf(app.conf)
+    config = DflockConfig.from_conf(app.conf, getattr(app, "namespace", None))
     setattr(app, _CONFIG_ATTR, config)
     return config
 

@@ -72,6 +72,25 @@ def test_a_misspelt_setting_is_refused_with_the_close_match() -> None:
     app.close()
 
 
+def test_a_misspelt_setting_under_the_apps_namespace_is_refused() -> None:
+    """Django's way (``config_from_object(settings, namespace="CELERY")``): the settings are
+    ``CELERY_DFLOCK_*``, and a typo among them is refused as a bare ``dflock_*`` one is."""
+
+    class DjangoSettings:
+        CELERY_DFLOCK_SERVERS = "127.0.0.1:6390"
+        CELERY_DFLOCK_LOCK_TLL = 60
+
+    app = mistaken_app()
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    with pytest.raises(DflockConfigError, match=r"app\.conf\.CELERY_DFLOCK_LOCK_TLL is not") as e:
+        get_config(app)
+    assert "did you mean dflock_lock_ttl" in str(e.value)
+    del DjangoSettings.CELERY_DFLOCK_LOCK_TLL
+    app.config_from_object(DjangoSettings, namespace="CELERY", force=True)
+    assert get_config(app).servers == (("127.0.0.1", 6390),)
+    app.close()
+
+
 def test_upper_case_settings_are_read(dflock_server: ServerThread) -> None:
     """Celery's old setting style (DFLOCK_SERVERS) is honoured, not silently ignored."""
     app = mistaken_app(
