@@ -649,7 +649,7 @@ def release(
                 reports = [ServerReport.of(status) for status in client.stats()]
                 unreachable = [r for r in reports if r.stats is None]
                 keys = keys_with_prefix(reports, prefix)
-            done = release_keys(client, keys, note or operator_note())
+            done = release_keys(client, keys, operator_note() if note is None else note)
     except (DflockError, ValueError) as exc:  # a bad key or note, a setting, no stats
         raise click.UsageError(str(exc)) from exc
     failed = [(k, why) for k, why in done if isinstance(why, str)]

@@ -144,6 +144,8 @@ def test_release_refuses_bad_input_and_says_when_nothing_held_the_key(ops: OpsRi
     assert spaced.returncode == 2 and "contains whitespace" in spaced.stderr
     purge = ops.cli("release", "--all")
     assert purge.returncode == 2 and "--all needs --prefix" in purge.stderr
+    unnamed = ops.cli("release", "k", "--note", "")  # not the default note in its place
+    assert unnamed.returncode == 2 and "the operator's note must be 1 to 200" in unnamed.stderr
     free = ops.cli("release", f"free:{uuid.uuid4().hex[:8]}")
     assert free.returncode == 0 and "nothing held it" in free.stdout
 
