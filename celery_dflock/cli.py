@@ -674,7 +674,8 @@ def release(
             else:
                 lines.append(f"{k}: nothing held it")
         if purge and not done:
-            lines.append(f"no held key starts with {prefix!r}")
+            where = " on the servers listed" if unreachable else ""
+            lines.append(f"no held key starts with {prefix!r}{where}")
         for rep in unreachable:
             lines.append(f"{rep.address}: its keys could not be listed: {rep.note}")
         click.echo("\n".join(lines))

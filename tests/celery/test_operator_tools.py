@@ -51,11 +51,12 @@ class OpsRig:
     disk: Path | None
     """The small tmpfs the state dir is on (None: not root, the full-disk test skips)."""
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``celery -A apps.tasks dflock ARGS`` on the workers' settings, as a user runs it."""
+    def cli(self, *args: str, **settings: object) -> subprocess.CompletedProcess[str]:
+        """``celery -A apps.tasks dflock ARGS`` on the workers' settings (and ``settings``), as
+        a user runs it."""
         env = {
             **os.environ,
-            "DFLOCK_TEST_SETTINGS": json.dumps(self.rig.settings),
+            "DFLOCK_TEST_SETTINGS": json.dumps({**self.rig.settings, **settings}),
             "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
         }
         return subprocess.run(
@@ -167,6 +168,17 @@ def test_release_all_with_a_prefix_frees_every_matching_key(ops: OpsRig) -> None
         for lock in locks:
             assert not lock.renew()
             lock.release()
+
+
+def test_release_all_with_a_server_it_cannot_list_does_not_say_no_key_is_held(
+    ops: OpsRig,
+) -> None:
+    down = f"127.0.0.1:{free_port()}"
+    servers = f"{ops.address[0]}:{ops.address[1]},{down}"
+    purged = ops.cli("release", "--all", "--prefix", "nothing-here:", dflock_servers=servers)
+    assert purged.returncode == 1, purged.stdout + purged.stderr
+    assert "no held key starts with 'nothing-here:' on the servers listed" in purged.stdout
+    assert f"{down}: its keys could not be listed" in purged.stdout
 
 
 # ------------------------------------------------------------------------------ the page
