@@ -18,7 +18,6 @@ Bad values raise :class:`DflockConfigError` naming the setting or option.
 
 from __future__ import annotations
 
-import difflib
 import ssl
 import warnings
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from celery_dflock._settings import (
     OnLockLost,
     Spec,
     check_combination,
+    close_matches,
     option_table,
     parse_servers,
     read_options,
@@ -129,20 +129,16 @@ def read_setting(conf: Any, name: str) -> object:
 def check_setting_names(conf: Any, namespace: str | None = None) -> None:
     """Refuse a ``dflock_*`` setting (any case; with the app's ``namespace``, ``CELERY``, also
     ``CELERY_DFLOCK_*``) that this package does not read."""
-    spaced = f"{namespace.lower()}_" if namespace else None
+    spaced = f"{namespace.lower()}_" if namespace else ""
     for raw in list(conf.keys()):
         name = str(raw)
-        lowered = name.lower()
-        if spaced is not None:
-            lowered = lowered.removeprefix(spaced)
+        lowered = name.lower().removeprefix(spaced)
         if not lowered.startswith("dflock_") or lowered in KNOWN_SETTINGS:
             continue
         current = sorted(KNOWN_SETTINGS - RENAMED_SETTINGS.keys())
-        close = difflib.get_close_matches(lowered, current, n=3)
-        hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise DflockConfigError(
-            f"app.conf.{name} is not a celery-dflock setting; {hint}the settings are: "
-            f"{', '.join(current)}"
+            f"app.conf.{name} is not a celery-dflock setting"
+            f"{close_matches(lowered, current, cutoff=0.6)} (the settings: {', '.join(current)})"
         )
 
 

@@ -68,7 +68,7 @@ def test_a_misspelt_setting_is_refused_with_the_close_match() -> None:
     app = mistaken_app(dflock_server="127.0.0.1:6388")
     with pytest.raises(DflockConfigError, match=r"app\.conf\.dflock_server is not") as failure:
         get_config(app)
-    assert "did you mean dflock_servers" in str(failure.value)
+    assert "did you mean 'dflock_servers'" in str(failure.value)
     app.close()
 
 
@@ -84,7 +84,7 @@ def test_a_misspelt_setting_under_the_apps_namespace_is_refused() -> None:
     app.config_from_object(DjangoSettings, namespace="CELERY")
     with pytest.raises(DflockConfigError, match=r"app\.conf\.CELERY_DFLOCK_LOCK_TLL is not") as e:
         get_config(app)
-    assert "did you mean dflock_lock_ttl" in str(e.value)
+    assert "did you mean 'dflock_lock_ttl'" in str(e.value)
     del DjangoSettings.CELERY_DFLOCK_LOCK_TLL
     app.config_from_object(DjangoSettings, namespace="CELERY", force=True)
     assert get_config(app).servers == (("127.0.0.1", 6390),)
