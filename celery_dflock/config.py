@@ -111,6 +111,12 @@ class _App(Protocol):
 def read_setting(conf: Any, name: str) -> object:
     """``app.conf`` setting ``name``, or its upper-case spelling (``DFLOCK_SERVERS``; with
     ``namespace="CELERY"`` Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``)."""
+    return _spelt(conf, name)[1]
+
+
+def _spelt(conf: Any, name: str) -> tuple[str, object]:
+    """(the spelling of setting ``name`` that ``conf`` has, its value); (``name``, None):
+    unset. An old name's spelling warns."""
     old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
     for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
         value: object = conf.get(spelling)
@@ -120,10 +126,10 @@ def read_setting(conf: Any, name: str) -> object:
                     f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
                     f"option's app-wide setting is its name with dflock_ in front)",
                     DeprecationWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
-            return value
-    return None
+            return spelling, value
+    return name, None
 
 
 def check_setting_names(conf: Any, namespace: str | None = None) -> None:
@@ -171,9 +177,10 @@ class DflockConfig:
         the app's, as `check_setting_names` takes it)."""
         check_setting_names(conf, namespace)
         got = read_settings(conf, APP_SETTING_SPECS)
+        spelt = {option: _spelt(conf, setting) for option, setting in SETTINGS.items()}
         defaults = read_options(
-            {option: read_setting(conf, setting) for option, setting in SETTINGS.items()},
-            lambda option: f"app.conf.{SETTINGS[option]}",
+            {option: value for option, (_, value) in spelt.items()},
+            lambda option: f"app.conf.{spelt[option][0]}",
             what="the dflock_* settings",
         )
         fields: dict[str, Any] = {field: got[name] for name, field in _FIELDS.items()}

@@ -407,6 +407,16 @@ def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
     app.close()
 
 
+def test_a_bad_value_under_an_old_setting_name_is_refused_naming_that_name() -> None:
+    app = mistaken_app(DFLOCK_DEFAULT_TTL=0)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(DflockConfigError, match=r"^app\.conf\.DFLOCK_DEFAULT_TTL must be between 1"),
+    ):
+        get_config(app)
+    app.close()
+
+
 @pytest.mark.parametrize("where", ["attribute", "setting"])
 def test_a_lock_ttl_above_the_servers_max_lease_is_refused_naming_what_to_change(
     dflock_server_factory: Any, where: str
