@@ -59,7 +59,6 @@ from celery_dflock.client.clients import (
     Client,
     ClientSettings,
     Lease,
-    check_servers,
 )
 from celery_dflock.client.sharding import Routing, stable_hash_shard
 
@@ -189,7 +188,7 @@ class DflockConfig:
     def client_settings(self) -> ClientSettings:
         """The settings of this app's `Client`."""
         return ClientSettings(
-            servers=check_servers(self.servers, "dflock_servers", error=DflockConfigError),
+            servers=self.servers,
             sharding_strategy=self.sharding_strategy or stable_hash_shard,
             renew_ratio=self.renew_ratio,
             auth_token=self.auth_token,
