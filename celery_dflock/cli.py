@@ -441,15 +441,13 @@ WORKERS_TIMEOUT_S: Final = 1.0
 
 def ask_workers(app: Any, timeout_s: float = WORKERS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
     """Each running worker's answer to `OUTAGES_COMMAND` (through the broker), by name."""
-    from kombu.exceptions import OperationalError
-
     from celery_dflock._worker_hooks import OUTAGES_COMMAND
 
     try:
         answered = app.control.broadcast(OUTAGES_COMMAND, reply=True, timeout=timeout_s)
-    except (OperationalError, OSError) as exc:
+    except Exception as exc:  # whatever the broker's transport raises (refused, no login)
         raise click.ClickException(
-            f"--workers asks the workers through the broker, which this command cannot reach "
+            f"--workers asks the workers through the broker, which this command cannot use "
             f"({exc}); run it again without --workers for the lock servers alone"
         ) from None
     replies = cast("list[dict[str, dict[str, Any]]]", answered or [])

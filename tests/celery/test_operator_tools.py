@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -33,7 +34,7 @@ from tests.support.ports import free_port
 from tests.support.processes import python_path
 from tests.support.rigs import Rig, open_rig
 from tests.support.servers import dflockd_subprocess
-from tests.support.services import unavailable
+from tests.support.services import RABBITMQ_URL, require_rabbitmq, unavailable
 from tests.support.waiting import wait_until
 from tests.support.wire import holders_and_waiters
 from tests.support.workers import CELERY_APPS_DIR, REPO, filesystem_settings
@@ -446,15 +447,22 @@ def test_a_full_state_disk_shows_on_the_page_in_status_and_in_the_worker_s_log(
         assert held.release()
 
 
+@pytest.mark.parametrize("refusal", ["nobody listens", "wrong password"])
 def test_status_with_workers_says_when_the_broker_cannot_be_reached(
-    tmp_path: Path, dflock_server: ServerThread
+    tmp_path: Path, dflock_server: ServerThread, refusal: str
 ) -> None:
     """``--workers`` asks through the broker: one that refuses gets a line saying so, not a
-    traceback (kombu's OperationalError went up to the user)."""
+    traceback (kombu's OperationalError, then amqp's AccessRefused, went up to the user)."""
+    broker = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
+    if refusal == "wrong password":
+        require_rabbitmq()
+        known = urlsplit(RABBITMQ_URL)
+        wrong = f"{known.username}:not-{known.password}@{known.hostname}:{known.port or 5672}"
+        broker = known._replace(netloc=wrong).geturl()
     host, port = dflock_server.address
     (tmp_path / "proj.py").write_text(
         "from celery import Celery\n"
-        f'app = Celery("proj", broker="amqp://guest:guest@127.0.0.1:{free_port()}//")\n'
+        f'app = Celery("proj", broker="{broker}")\n'
         f'app.conf.dflock_servers = ["{host}:{port}"]\n'
     )
     done = subprocess.run(
