@@ -42,8 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if importlib.util.find_spec("dflockd_server") is None:
         parser.exit(2, f"celery-dflock: error: {NEEDS_SERVER}\n")
-    from celery_dflock.demo.runner import run
+    from celery_dflock.demo.runner import broker_problem, run
 
+    if args.broker is not None and (problem := broker_problem(args.broker)):
+        parser.exit(2, f"celery-dflock: error: --broker {args.broker!r}: {problem}\n")
     return run(args.broker, sys.stdout)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import keyword
 import math
 import ssl
@@ -231,22 +232,29 @@ def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[s
 
 
 def check_sharding(value: object, where: str) -> Routing:
-    if callable(value):
-        return cast("Callable[[str, int], int]", value)
+    found = value
     if isinstance(value, str):
         if value == sharding.CLUSTER:
             return sharding.CLUSTER
         named = {"stable_hash": sharding.stable_hash_shard, "rendezvous": sharding.rendezvous_shard}
-        if value in named:
-            return named[value]
         module_name, sep, attr = value.partition(":")
-        if sep and module_name and attr:
+        if value in named:
+            found = named[value]
+        elif sep and module_name and attr:
             try:
-                found: object = getattr(importlib.import_module(module_name), attr)
-            except (ImportError, AttributeError) as exc:
+                found = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError, TypeError) as exc:  # TypeError: ".relative"
                 raise DflockConfigError(f"{where}: cannot import {value!r} ({exc})") from exc
-            if callable(found):
-                return cast("Callable[[str, int], int]", found)
+    if callable(found):
+        try:
+            inspect.signature(found).bind("key", 1)
+        except ValueError:  # no signature to read (some built-ins): taken on trust
+            pass
+        except TypeError as exc:
+            raise DflockConfigError(
+                f"{where}: {found!r} cannot be called as (key, number_of_servers) -> index: {exc}"
+            ) from None
+        return cast("Callable[[str, int], int]", found)
     raise DflockConfigError(
         f"{where} must be 'stable_hash', 'rendezvous', 'cluster', 'module:function' or a callable "
         f"(key, number_of_servers) -> index; got {value!r}"

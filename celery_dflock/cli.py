@@ -441,15 +441,13 @@ WORKERS_TIMEOUT_S: Final = 1.0
 
 def ask_workers(app: Any, timeout_s: float = WORKERS_TIMEOUT_S) -> dict[str, dict[str, Any]]:
     """Each running worker's answer to `OUTAGES_COMMAND` (through the broker), by name."""
-    from kombu.exceptions import OperationalError
-
     from celery_dflock._worker_hooks import OUTAGES_COMMAND
 
     try:
         answered = app.control.broadcast(OUTAGES_COMMAND, reply=True, timeout=timeout_s)
-    except (OperationalError, OSError) as exc:
+    except Exception as exc:  # whatever the broker's transport raises (refused, no login)
         raise click.ClickException(
-            f"--workers asks the workers through the broker, which this command cannot reach "
+            f"--workers asks the workers through the broker, which this command cannot use "
             f"({exc}); run it again without --workers for the lock servers alone"
         ) from None
     replies = cast("list[dict[str, dict[str, Any]]]", answered or [])
@@ -649,7 +647,7 @@ def release(
                 reports = [ServerReport.of(status) for status in client.stats()]
                 unreachable = [r for r in reports if r.stats is None]
                 keys = keys_with_prefix(reports, prefix)
-            done = release_keys(client, keys, note or operator_note())
+            done = release_keys(client, keys, operator_note() if note is None else note)
     except (DflockError, ValueError) as exc:  # a bad key or note, a setting, no stats
         raise click.UsageError(str(exc)) from exc
     failed = [(k, why) for k, why in done if isinstance(why, str)]
@@ -674,7 +672,8 @@ def release(
             else:
                 lines.append(f"{k}: nothing held it")
         if purge and not done:
-            lines.append(f"no held key starts with {prefix!r}")
+            where = " on the servers listed" if unreachable else ""
+            lines.append(f"no held key starts with {prefix!r}{where}")
         for rep in unreachable:
             lines.append(f"{rep.address}: its keys could not be listed: {rep.note}")
         click.echo("\n".join(lines))

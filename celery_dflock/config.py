@@ -18,7 +18,6 @@ Bad values raise :class:`DflockConfigError` naming the setting or option.
 
 from __future__ import annotations
 
-import difflib
 import ssl
 import warnings
 from collections.abc import Mapping
@@ -46,6 +45,7 @@ from celery_dflock._settings import (
     OnLockLost,
     Spec,
     check_combination,
+    close_matches,
     option_table,
     parse_servers,
     read_options,
@@ -59,7 +59,6 @@ from celery_dflock.client.clients import (
     Client,
     ClientSettings,
     Lease,
-    check_servers,
 )
 from celery_dflock.client.sharding import Routing, stable_hash_shard
 
@@ -111,6 +110,12 @@ class _App(Protocol):
 def read_setting(conf: Any, name: str) -> object:
     """``app.conf`` setting ``name``, or its upper-case spelling (``DFLOCK_SERVERS``; with
     ``namespace="CELERY"`` Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``)."""
+    return _spelt(conf, name)[1]
+
+
+def _spelt(conf: Any, name: str) -> tuple[str, object]:
+    """(the spelling of setting ``name`` that ``conf`` has, its value); (``name``, None):
+    unset. An old name's spelling warns."""
     old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
     for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
         value: object = conf.get(spelling)
@@ -120,25 +125,25 @@ def read_setting(conf: Any, name: str) -> object:
                     f"app.conf.{spelling} is deprecated: rename it to {name} (each lock "
                     f"option's app-wide setting is its name with dflock_ in front)",
                     DeprecationWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
-            return value
-    return None
+            return spelling, value
+    return name, None
 
 
-def check_setting_names(conf: Any) -> None:
-    """Refuse a ``dflock_*`` setting (any case) that this package does not read."""
+def check_setting_names(conf: Any, namespace: str | None = None) -> None:
+    """Refuse a ``dflock_*`` setting (any case; with the app's ``namespace``, ``CELERY``, also
+    ``CELERY_DFLOCK_*``) that this package does not read."""
+    spaced = f"{namespace.lower()}_" if namespace else ""
     for raw in list(conf.keys()):
         name = str(raw)
-        lowered = name.lower()
+        lowered = name.lower().removeprefix(spaced)
         if not lowered.startswith("dflock_") or lowered in KNOWN_SETTINGS:
             continue
         current = sorted(KNOWN_SETTINGS - RENAMED_SETTINGS.keys())
-        close = difflib.get_close_matches(lowered, current, n=3)
-        hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise DflockConfigError(
-            f"app.conf.{name} is not a celery-dflock setting; {hint}the settings are: "
-            f"{', '.join(current)}"
+            f"app.conf.{name} is not a celery-dflock setting"
+            f"{close_matches(lowered, current, cutoff=0.6)} (the settings: {', '.join(current)})"
         )
 
 
@@ -166,13 +171,15 @@ class DflockConfig:
     """``dflock_task_locks``: task name -> lock options."""
 
     @classmethod
-    def from_conf(cls, conf: Any) -> DflockConfig:
-        """Read and validate the ``dflock_*`` settings of a Celery ``app.conf``."""
-        check_setting_names(conf)
+    def from_conf(cls, conf: Any, namespace: str | None = None) -> DflockConfig:
+        """Read and validate the ``dflock_*`` settings of a Celery ``app.conf`` (``namespace``:
+        the app's, as `check_setting_names` takes it)."""
+        check_setting_names(conf, namespace)
         got = read_settings(conf, APP_SETTING_SPECS)
+        spelt = {option: _spelt(conf, setting) for option, setting in SETTINGS.items()}
         defaults = read_options(
-            {option: read_setting(conf, setting) for option, setting in SETTINGS.items()},
-            lambda option: f"app.conf.{SETTINGS[option]}",
+            {option: value for option, (_, value) in spelt.items()},
+            lambda option: f"app.conf.{spelt[option][0]}",
             what="the dflock_* settings",
         )
         fields: dict[str, Any] = {field: got[name] for name, field in _FIELDS.items()}
@@ -181,7 +188,7 @@ class DflockConfig:
     def client_settings(self) -> ClientSettings:
         """The settings of this app's `Client`."""
         return ClientSettings(
-            servers=check_servers(self.servers, "dflock_servers", error=DflockConfigError),
+            servers=self.servers,
             sharding_strategy=self.sharding_strategy or stable_hash_shard,
             renew_ratio=self.renew_ratio,
             auth_token=self.auth_token,
@@ -204,7 +211,7 @@ def get_config(app: _App) -> DflockConfig:
     cached: object = getattr(app, _CONFIG_ATTR, None)
     if isinstance(cached, DflockConfig):
         return cached
-    config = DflockConfig.from_conf(app.conf)
+    config = DflockConfig.from_conf(app.conf, getattr(app, "namespace", None))
     setattr(app, _CONFIG_ATTR, config)
     return config
 

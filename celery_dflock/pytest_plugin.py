@@ -63,12 +63,13 @@ def _serve() -> Iterator[ServerThread]:
     try:
         from dflockd_server import Config
         from dflockd_server.testing import ServerThread
-    except ImportError as exc:
-        raise pytest.UsageError(
+    except ImportError:
+        pytest.exit(
             "the dflock_server fixtures start a lock server in-process, and the lock server is "
             "not installed: install celery-dflock's `server` extra in the test environment "
-            "(pip install 'celery-dflock[server]')"
-        ) from exc
+            "(pip install 'celery-dflock[server]')",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
     with ServerThread(Config(host="127.0.0.1", port=0)) as server:
         yield server

@@ -41,6 +41,7 @@ READY_TIMEOUT_S = 30.0
 FINISH_TIMEOUT_S = 45.0
 MIN_BEAT_S = 4.0
 STOP_TIMEOUT_S = 10.0
+BROKER_CHECK_TIMEOUT_S = 5
 CELERY_ENV_OVERRIDES = frozenset(
     {
         "CELERY_BROKER_URL",
@@ -159,6 +160,21 @@ def progress_state(
     if tasks_done and elapsed >= MIN_BEAT_S and (verdict.beat_sends or late):
         return "done"
     return "tasks late" if late and not tasks_done else "running"
+
+
+def broker_problem(url: str) -> str | None:
+    """Why the workers could not use the broker at ``url`` (``--broker``), or None."""
+    if not url.strip():
+        return "empty; give a broker URL, or leave --broker out for the embedded one"
+    from kombu.connection import Connection
+
+    try:
+        broker: Any = Connection(url, connect_timeout=BROKER_CHECK_TIMEOUT_S)
+        with broker:
+            broker.ensure_connection(max_retries=1, timeout=BROKER_CHECK_TIMEOUT_S)
+    except Exception as exc:  # any refusal of the URL, by kombu or its transport: said
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def run(broker: str | None, out: TextIO) -> int:

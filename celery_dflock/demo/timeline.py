@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
 
 #: Event kinds a worker or beat writes to the demo's event file.
 EVENT_KINDS = frozenset({"start", "end", "retry", "skip", "beat"})
@@ -87,20 +86,10 @@ def read_events(path: Path) -> list[Event]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        raw: dict[str, Any] = json.loads(line)
-        kind = str(raw["kind"])
-        if kind not in EVENT_KINDS:
-            raise ValueError(f"unknown event kind {kind!r} in {path}")
-        events.append(
-            Event(
-                kind=kind,
-                key=str(raw["key"]),
-                t=float(raw["t"]),
-                task_id=str(raw.get("task_id", "")),
-                fence=int(raw.get("fence", 0)),
-                worker=str(raw.get("worker", "")),
-            )
-        )
+        event = Event(**json.loads(line))  # as `record` wrote it
+        if event.kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {event.kind!r} in {path}")
+        events.append(event)
     return events
 
 

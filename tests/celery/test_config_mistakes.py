@@ -68,7 +68,26 @@ def test_a_misspelt_setting_is_refused_with_the_close_match() -> None:
     app = mistaken_app(dflock_server="127.0.0.1:6388")
     with pytest.raises(DflockConfigError, match=r"app\.conf\.dflock_server is not") as failure:
         get_config(app)
-    assert "did you mean dflock_servers" in str(failure.value)
+    assert "did you mean 'dflock_servers'" in str(failure.value)
+    app.close()
+
+
+def test_a_misspelt_setting_under_the_apps_namespace_is_refused() -> None:
+    """Django's way (``config_from_object(settings, namespace="CELERY")``): the settings are
+    ``CELERY_DFLOCK_*``, and a typo among them is refused as a bare ``dflock_*`` one is."""
+
+    class DjangoSettings:
+        CELERY_DFLOCK_SERVERS = "127.0.0.1:6390"
+        CELERY_DFLOCK_LOCK_TLL = 60
+
+    app = mistaken_app()
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    with pytest.raises(DflockConfigError, match=r"app\.conf\.CELERY_DFLOCK_LOCK_TLL is not") as e:
+        get_config(app)
+    assert "did you mean 'dflock_lock_ttl'" in str(e.value)
+    del DjangoSettings.CELERY_DFLOCK_LOCK_TLL
+    app.config_from_object(DjangoSettings, namespace="CELERY", force=True)
+    assert get_config(app).servers == (("127.0.0.1", 6390),)
     app.close()
 
 
@@ -385,6 +404,16 @@ def test_an_old_setting_name_is_still_read_with_a_deprecation_warning(
     with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: rename it to {new}"):
         config = get_config(app)
     assert config.defaults.by_name()[field] == value
+    app.close()
+
+
+def test_a_bad_value_under_an_old_setting_name_is_refused_naming_that_name() -> None:
+    app = mistaken_app(DFLOCK_DEFAULT_TTL=0)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(DflockConfigError, match=r"^app\.conf\.DFLOCK_DEFAULT_TTL must be between 1"),
+    ):
+        get_config(app)
     app.close()
 
 

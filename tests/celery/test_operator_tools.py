@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -33,7 +34,7 @@ from tests.support.ports import free_port
 from tests.support.processes import python_path
 from tests.support.rigs import Rig, open_rig
 from tests.support.servers import dflockd_subprocess
-from tests.support.services import unavailable
+from tests.support.services import RABBITMQ_URL, require_rabbitmq, unavailable
 from tests.support.waiting import wait_until
 from tests.support.wire import holders_and_waiters
 from tests.support.workers import CELERY_APPS_DIR, REPO, filesystem_settings
@@ -51,11 +52,12 @@ class OpsRig:
     disk: Path | None
     """The small tmpfs the state dir is on (None: not root, the full-disk test skips)."""
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``celery -A apps.tasks dflock ARGS`` on the workers' settings, as a user runs it."""
+    def cli(self, *args: str, **settings: object) -> subprocess.CompletedProcess[str]:
+        """``celery -A apps.tasks dflock ARGS`` on the workers' settings (and ``settings``), as
+        a user runs it."""
         env = {
             **os.environ,
-            "DFLOCK_TEST_SETTINGS": json.dumps(self.rig.settings),
+            "DFLOCK_TEST_SETTINGS": json.dumps({**self.rig.settings, **settings}),
             "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
         }
         return subprocess.run(
@@ -144,6 +146,8 @@ def test_release_refuses_bad_input_and_says_when_nothing_held_the_key(ops: OpsRi
     assert spaced.returncode == 2 and "contains whitespace" in spaced.stderr
     purge = ops.cli("release", "--all")
     assert purge.returncode == 2 and "--all needs --prefix" in purge.stderr
+    unnamed = ops.cli("release", "k", "--note", "")  # not the default note in its place
+    assert unnamed.returncode == 2 and "the operator's note must be 1 to 200" in unnamed.stderr
     free = ops.cli("release", f"free:{uuid.uuid4().hex[:8]}")
     assert free.returncode == 0 and "nothing held it" in free.stdout
 
@@ -165,6 +169,17 @@ def test_release_all_with_a_prefix_frees_every_matching_key(ops: OpsRig) -> None
         for lock in locks:
             assert not lock.renew()
             lock.release()
+
+
+def test_release_all_with_a_server_it_cannot_list_does_not_say_no_key_is_held(
+    ops: OpsRig,
+) -> None:
+    down = f"127.0.0.1:{free_port()}"
+    servers = f"{ops.address[0]}:{ops.address[1]},{down}"
+    purged = ops.cli("release", "--all", "--prefix", "nothing-here:", dflock_servers=servers)
+    assert purged.returncode == 1, purged.stdout + purged.stderr
+    assert "no held key starts with 'nothing-here:' on the servers listed" in purged.stdout
+    assert f"{down}: its keys could not be listed" in purged.stdout
 
 
 # ------------------------------------------------------------------------------ the page
@@ -432,15 +447,22 @@ def test_a_full_state_disk_shows_on_the_page_in_status_and_in_the_worker_s_log(
         assert held.release()
 
 
+@pytest.mark.parametrize("refusal", ["nobody listens", "wrong password"])
 def test_status_with_workers_says_when_the_broker_cannot_be_reached(
-    tmp_path: Path, dflock_server: ServerThread
+    tmp_path: Path, dflock_server: ServerThread, refusal: str
 ) -> None:
     """``--workers`` asks through the broker: one that refuses gets a line saying so, not a
-    traceback (kombu's OperationalError went up to the user)."""
+    traceback (kombu's OperationalError, then amqp's AccessRefused, went up to the user)."""
+    broker = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
+    if refusal == "wrong password":
+        require_rabbitmq()
+        known = urlsplit(RABBITMQ_URL)
+        wrong = f"{known.username}:not-{known.password}@{known.hostname}:{known.port or 5672}"
+        broker = known._replace(netloc=wrong).geturl()
     host, port = dflock_server.address
     (tmp_path / "proj.py").write_text(
         "from celery import Celery\n"
-        f'app = Celery("proj", broker="amqp://guest:guest@127.0.0.1:{free_port()}//")\n'
+        f'app = Celery("proj", broker="{broker}")\n'
         f'app.conf.dflock_servers = ["{host}:{port}"]\n'
     )
     done = subprocess.run(

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,3 +40,26 @@ def test_celery_worker_runs_a_locked_task_against_dflock_server(
 def test_dflock_configure_points_an_existing_app(dflock_configure: Any, dflock_server: Any) -> None:
     app = dflock_configure(Celery("mine", set_as_current=False))
     assert app.conf.dflock_servers == f"{dflock_server.host}:{dflock_server.port}"
+
+
+def test_without_the_server_extra_the_fixtures_stop_the_run_saying_so(tmp_path: Path) -> None:
+    """docs/testing.md: without ``celery-dflock[server]`` the fixtures stop the run, with one
+    error naming the extra (not an error per test, the run going on)."""
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n\nsys.modules['dflockd_server'] = None  # not installed\n"
+    )
+    (tmp_path / "test_user.py").write_text(
+        "def test_one(dflock_server):\n    pass\n\n\ndef test_two(dflock_server):\n    pass\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    said = run.stdout + run.stderr
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, said
+    assert said.count("install celery-dflock's `server` extra") == 1, said
+    assert "test_two" not in said, said

@@ -105,6 +105,8 @@ def test_bad_servers_name_the_setting(value: object) -> None:
         ),
         ("dflock_task_locks", {"t": {"lock_limit": 0}}, r"\['t'\]\['lock_limit'\]"),
         ("dflock_sharding_strategy", "nope", "dflock_sharding_strategy"),
+        ("dflock_sharding_strategy", ".relative:shard", "dflock_sharding_strategy: cannot import"),
+        ("dflock_sharding_strategy", lambda key: 0, "cannot be called as"),
         ("dflock_connect_timeout", 0, "dflock_connect_timeout"),
         ("dflock_lock_retry_jitter", "yes", "dflock_lock_retry_jitter"),
     ],

@@ -121,3 +121,22 @@ def test_demo_runs_the_same_on_redis(redis_required: None, tmp_path: Path) -> No
     assert f"broker {url}" in output
     assert "verdict: PASS" in output
     assert _wait_gone(proc.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("nosuch://", "No such transport: nosuch"),
+        ("redis://127.0.0.1:1/0", "Connection refused"),
+        ("", "empty"),
+    ],
+)
+def test_a_broker_the_demo_cannot_use_is_named_before_anything_starts(
+    tmp_path: Path, url: str, says: str
+) -> None:
+    proc, output = _run_demo(tmp_path, "--broker", url)
+    assert proc.returncode == 2, output
+    assert output.startswith(f"celery-dflock: error: --broker {url!r}: "), output
+    assert says in output
+    assert "Traceback" not in output
+    assert _wait_gone(proc.pid) == []
