@@ -43,7 +43,7 @@ from celery_dflock.client._replies import Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
-from celery_dflock.client.errors import AuthError, DflockError
+from celery_dflock.client.errors import AuthError, DflockError, InvalidValueError
 
 logger = logging.getLogger("celery_dflock.client")
 
@@ -75,7 +75,7 @@ class AsyncHolding:
     ) -> None:
         self.core = core
         if pool is not None and not isinstance(pool, AsyncConnectionPool):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(
+            raise InvalidValueError(
                 f"pool must be a celery_dflock.{AsyncConnectionPool.__name__}, got "
                 f"{type(pool).__name__} (the blocking and the asyncio locks each take a pool "
                 "of their own kind)"

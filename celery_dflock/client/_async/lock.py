@@ -38,6 +38,7 @@ from celery_dflock.client._settings import (
 )
 from celery_dflock.client.errors import (
     DflockError,
+    InvalidValueError,
     KeyHeld,
     LockNotAcquired,
     LockNotOwned,
@@ -58,6 +59,8 @@ class AsyncLockBase:
         on_lost: Callable[[Self], object] | None,
         pool: AsyncConnectionPool | None,
     ) -> None:
+        if on_lost is not None and not callable(on_lost):
+            raise InvalidValueError(f"on_lost must be a callable taking the lock, got {on_lost!r}")
         self._core = core
         self._holding = AsyncHolding(
             core, None if on_lost is None else partial(on_lost, self), pool
@@ -571,7 +574,7 @@ class AsyncDistributedSemaphore(AsyncLockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(key, settings, limit=check_limit(limit), router=router)
+        core = LockCore(key, settings, limit=check_limit(limit, semaphore=True), router=router)
         self._setup(core, on_lost, pool)
 
     @property

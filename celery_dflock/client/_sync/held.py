@@ -45,7 +45,7 @@ from celery_dflock.client._sync_backend import (
     call_back,
     pause,
 )
-from celery_dflock.client.errors import AuthError, DflockError
+from celery_dflock.client.errors import AuthError, DflockError, InvalidValueError
 
 logger = logging.getLogger("celery_dflock.client")
 
@@ -77,7 +77,7 @@ class Holding:
     ) -> None:
         self.core = core
         if pool is not None and not isinstance(pool, ConnectionPool):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(
+            raise InvalidValueError(
                 f"pool must be a celery_dflock.{ConnectionPool.__name__}, got "
                 f"{type(pool).__name__} (the blocking and the asyncio locks each take a pool "
                 "of their own kind)"

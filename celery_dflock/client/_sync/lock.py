@@ -40,6 +40,7 @@ from celery_dflock.client._sync.routing import Build, refresh_map, request_once
 from celery_dflock.client._sync_backend import Event, pause
 from celery_dflock.client.errors import (
     DflockError,
+    InvalidValueError,
     KeyHeld,
     LockNotAcquired,
     LockNotOwned,
@@ -60,6 +61,8 @@ class LockBase:
         on_lost: Callable[[Self], object] | None,
         pool: ConnectionPool | None,
     ) -> None:
+        if on_lost is not None and not callable(on_lost):
+            raise InvalidValueError(f"on_lost must be a callable taking the lock, got {on_lost!r}")
         self._core = core
         self._holding = Holding(core, None if on_lost is None else partial(on_lost, self), pool)
 
@@ -569,7 +572,7 @@ class DistributedSemaphore(LockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(key, settings, limit=check_limit(limit), router=router)
+        core = LockCore(key, settings, limit=check_limit(limit, semaphore=True), router=router)
         self._setup(core, on_lost, pool)
 
     @property
