@@ -327,7 +327,8 @@ class AsyncLockBase:
     async def release(self) -> bool:
         """Release the lock; True if the server confirmed it. Idempotent.
 
-        False when nothing was held or the lock was lost. A server that does not answer: False
+        False when nothing was held or the lock was lost. An enqueued lock leaves the queue
+        (a grant that came meanwhile is released: True). A server that does not answer: False
         at once, and the background keeps releasing by token while the lease runs. If the
         server no longer held the grant, the loss is reported first (`lost`, ``on_lost``). A
         fork child of the holder does nothing.

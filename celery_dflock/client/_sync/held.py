@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
-from celery_dflock.client._replies import Reply
+from celery_dflock.client._replies import Ok, Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
@@ -420,10 +420,7 @@ class Holding:
         if state is LockState.IDLE:
             return False
         if state is LockState.ENQUEUED:
-            core.reset()
-            if conn is not None:
-                conn.close()  # no dequeue command: closing the connection leaves the queue
-            return False
+            return self._leave_queue(conn)
         if core.lost:
             return self.let_go(conn)
         try:
@@ -440,6 +437,29 @@ class Holding:
         released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
         self.checkin(conn)
         return released
+
+    def _leave_queue(self, conn: Connection | None) -> bool:
+        """Release an enqueued lock: a grant that came meanwhile is collected (``w 0``) and
+        released, True, for it would outlive its connection's close by the session time; then
+        the connection closes, which leaves the queue (there is no dequeue command)."""
+        core = self.core
+        try:
+            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
+                return False
+            command, data, timeout = core.wait_request(0)
+            sent = time.monotonic()
+            reply = conn.request(command, data, timeout)
+            if not core.on_grant_reply(command, reply, sent, conn.server, conn.session):
+                return False
+            command, data, timeout = core.release_request()
+            return isinstance(conn.request(command, data, timeout), Ok)
+        except DflockError as exc:  # the connection broke, or a refusal: closing is all left
+            logger.debug("leaving the queue of %s: %s", core.what, exc)
+            return False
+        finally:
+            core.reset()
+            if conn is not None:
+                conn.close()
 
     def _release_later(self) -> None:
         """Unanswered release: the background releases a copy of the grant while the lease
