@@ -163,8 +163,11 @@ class LockCore:
         """`locked`, not lost, and the grant surely still held (`HeldGrant.hold_deadline`)."""
         return self.locked() and not self.lost and self.grant.clock() < self.grant.hold_deadline()
 
-    def kept_alive(self) -> bool:
-        return self.grant.kept_alive(self.settings.renew_ratio)
+    def next_look_in(self) -> float:
+        """Seconds to the renewal's next look at the grant: shortly before the lease its
+        session's keep-alives keep would end (`HeldGrant.kept_for`), else a renewal interval."""
+        grant = self.grant
+        return grant.kept_for() if grant.kept_alive() else self.renew_interval()
 
     def renew_interval(self) -> float:
         return self.grant.renew_interval(self.settings.renew_ratio)

@@ -228,7 +228,7 @@ class AsyncHolding:
                 first = core.mark_lost(ended)
             elif conn is not None and conn.broken_while_idle():
                 self._drop_connection(conn, CLOSED_BY_SERVER)
-            elif conn is not None and scheduled and core.kept_alive():
+            elif conn is not None and scheduled and core.grant.kept_alive():
                 return True  # its session's keep-alives renew it: no request of its own
             elif conn is not None:
                 outcome = await self._renew_request(conn)
