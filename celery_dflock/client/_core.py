@@ -38,6 +38,7 @@ from celery_dflock.client._requests import (
     checked_renew,
     checked_sem_lock,
     checked_take,
+    checked_wait,
 )
 from celery_dflock.client._router import ClusterRouter, KeyRoute
 from celery_dflock.client._servers import ServerInfo, require_holds
@@ -246,9 +247,10 @@ class LockCore:
             if timeout_s is None
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
-        command = Command.WAIT if self.limit is None else Command.SEM_WAIT
-        encode = _requests.encode_wait if self.limit is None else _requests.encode_sem_wait
-        return command, encode(self.key, timeout), self.reply_timeout(timeout)
+        semaphore = self.limit is not None
+        command = Command.SEM_WAIT if semaphore else Command.WAIT
+        data = checked_wait(self.key, timeout, semaphore=semaphore)
+        return command, data, self.reply_timeout(timeout)
 
     def _held_token(self) -> str:
         if self.state is not LockState.HELD or self.token is None:
