@@ -187,7 +187,7 @@ class LockCore:
 
     redirected = staticmethod(KeyRoute.redirected)
 
-    def _require_idle(self) -> None:
+    def require_idle(self) -> None:
         if self.state is LockState.HELD and self.lost:
             raise DflockError(f"{self.what} was lost; call release() before acquiring it again")
         if self.state is LockState.HELD:
@@ -213,7 +213,7 @@ class LockCore:
     def acquire_request(self, server: ServerInfo | None = None) -> Request:
         """``l`` / ``sl``; a lock with a `note` sends ``hl ... c <note>`` to a server with
         holds."""
-        self._require_idle()
+        self.require_idle()
         routing = self.routing
         timeout = routing.wait_seconds()
         lease = self.lease_ttl_s
@@ -232,7 +232,7 @@ class LockCore:
         return Command.LOCK, data, timeout + REPLY_GRACE_S
 
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
-        self._require_idle()
+        self.require_idle()
         self.check_lease(server, self.lease_ttl_s)
         data = checked_enqueue(self.key, self.limit, self.lease_ttl_s)
         command = Command.ENQUEUE if self.limit is None else Command.SEM_ENQUEUE
@@ -275,7 +275,7 @@ class LockCore:
         self, server: ServerInfo | None, note: str, *, detached: bool = True
     ) -> Request:
         """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``)."""
-        self._require_idle()
+        self.require_idle()
         note = _requests.validate_note(note)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         timeout = self.routing.wait_seconds()
@@ -311,7 +311,7 @@ class LockCore:
         self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
     ) -> Request:
         """``ht <token> <lease> <onclose> <note>``: take over a detached grant."""
-        self._require_idle()
+        self.require_idle()
         token = _requests.validate_token(token)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         data = checked_take(self.key, token, lease, on_close_lease, note)

@@ -445,11 +445,12 @@ class AsyncDistributedLock(AsyncLockBase):
         grant outlives this object, which holds nothing after. Not ``detached``: it stays
         bound to the pooled connection that took it until `detach_token`. `KeyHeld` when the
         key stays busy."""
-        core = self._core
+        core, granted = self._core, False
         try:
-            if not await self._grant(
+            granted = await self._grant(
                 lambda server: core.hold_request(server, note, detached=detached), keep=False
-            ):
+            )
+            if not granted:
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
@@ -468,7 +469,7 @@ class AsyncDistributedLock(AsyncLockBase):
             assert token is not None
             return Hold(core.key, token, core.fence, core.lease, core.endpoint.address)
         finally:
-            if core.state is LockState.HELD:
+            if granted:  # the hold's, not a grant this lock held before
                 core.reset()
 
     async def adopt(
@@ -487,6 +488,7 @@ class AsyncDistributedLock(AsyncLockBase):
         holding = self._holding
         holding.forked()
         async with holding.op_lock:
+            core.require_idle()  # (a failure below resets the core)
             await self._route()
             conn = await holding.checkout()
             try:

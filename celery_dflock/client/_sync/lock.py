@@ -443,11 +443,12 @@ class DistributedLock(LockBase):
         grant outlives this object, which holds nothing after. Not ``detached``: it stays
         bound to the pooled connection that took it until `detach_token`. `KeyHeld` when the
         key stays busy."""
-        core = self._core
+        core, granted = self._core, False
         try:
-            if not self._grant(
+            granted = self._grant(
                 lambda server: core.hold_request(server, note, detached=detached), keep=False
-            ):
+            )
+            if not granted:
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
@@ -466,7 +467,7 @@ class DistributedLock(LockBase):
             assert token is not None
             return Hold(core.key, token, core.fence, core.lease, core.endpoint.address)
         finally:
-            if core.state is LockState.HELD:
+            if granted:  # the hold's, not a grant this lock held before
                 core.reset()
 
     def adopt(
@@ -485,6 +486,7 @@ class DistributedLock(LockBase):
         holding = self._holding
         holding.forked()
         with holding.op_lock:
+            core.require_idle()  # (a failure below resets the core)
             self._route()
             conn = holding.checkout()
             try:
