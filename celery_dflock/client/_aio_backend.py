@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Protocol, TypeAlias, TypeVar
 
 from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._core import LockCore
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
 
@@ -65,6 +66,8 @@ async def call_back(callback: Callable[[], object]) -> None:
 class Renewable(Protocol):
     """What a driver needs of the lock's holding."""
 
+    core: LockCore
+
     @property
     def conn(self) -> AsyncConnection | None: ...
     async def renew_guarded(self, scheduled: bool) -> bool | None: ...
@@ -88,10 +91,12 @@ class AsyncRenewalDriver:
         return self._stopping
 
     def start(self, conn: AsyncConnection, interval: float, first_in: float, name: str) -> None:
-        """Renew every ``interval`` s, the first time in ``first_in`` s (operation lock held)."""
+        """Renew every ``interval`` s (`LockCore.next_look_in`), the first time in ``first_in``
+        s (operation lock held)."""
+        del interval  # asked of the core after each look
         self._stopping = False
         conn.transport.watch(self._connection_event)
-        self._task = asyncio.create_task(self._loop(interval, first_in), name=name)
+        self._task = asyncio.create_task(self._loop(first_in), name=name)
 
     def attach(self, conn: AsyncConnection) -> None:
         """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
@@ -160,7 +165,7 @@ class AsyncRenewalDriver:
         finally:
             self._wake = None
 
-    async def _loop(self, interval: float, first_in: float) -> None:
+    async def _loop(self, first_in: float) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() + first_in
         while True:
@@ -173,7 +178,7 @@ class AsyncRenewalDriver:
             renewal = self._lock.renew_guarded(True)
             if await self._shielded(renewal) is not True:
                 return
-            due = loop.time() + interval
+            due = loop.time() + self._lock.core.next_look_in()
 
 
 PoolRenewer: TypeAlias = None  # each asyncio lock renews from its own task

@@ -15,7 +15,7 @@ from celery_dflock.client._requests import (
     checked_renew,
 )
 from celery_dflock.client._servers import ServerInfo, require_force_release, require_holds
-from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, lease_seconds
+from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, check_limit, lease_seconds
 from celery_dflock.client.errors import ForceReleaseUnsupported, ProtocolError, ServerUnavailable
 
 Request = tuple[Command, bytes, float]
@@ -24,7 +24,7 @@ Request = tuple[Command, bytes, float]
 
 def release_request(key: str, token: str, limit: int | None = None) -> Request:
     token = _requests.validate_token(token)
-    if limit is None:
+    if check_limit(limit) is None:
         return Command.RELEASE, checked_release(key, token), REPLY_GRACE_S
     return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
 

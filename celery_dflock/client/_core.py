@@ -38,6 +38,7 @@ from celery_dflock.client._requests import (
     checked_renew,
     checked_sem_lock,
     checked_take,
+    checked_wait,
 )
 from celery_dflock.client._router import ClusterRouter, KeyRoute
 from celery_dflock.client._servers import ServerInfo, require_holds
@@ -163,8 +164,11 @@ class LockCore:
         """`locked`, not lost, and the grant surely still held (`HeldGrant.hold_deadline`)."""
         return self.locked() and not self.lost and self.grant.clock() < self.grant.hold_deadline()
 
-    def kept_alive(self) -> bool:
-        return self.grant.kept_alive(self.settings.renew_ratio)
+    def next_look_in(self) -> float:
+        """Seconds to the renewal's next look at the grant: shortly before the lease its
+        session's keep-alives keep would end (`HeldGrant.kept_for`), else a renewal interval."""
+        grant = self.grant
+        return grant.kept_for() if grant.kept_alive() else self.renew_interval()
 
     def renew_interval(self) -> float:
         return self.grant.renew_interval(self.settings.renew_ratio)
@@ -183,7 +187,7 @@ class LockCore:
 
     redirected = staticmethod(KeyRoute.redirected)
 
-    def _require_idle(self) -> None:
+    def require_idle(self) -> None:
         if self.state is LockState.HELD and self.lost:
             raise DflockError(f"{self.what} was lost; call release() before acquiring it again")
         if self.state is LockState.HELD:
@@ -209,7 +213,7 @@ class LockCore:
     def acquire_request(self, server: ServerInfo | None = None) -> Request:
         """``l`` / ``sl``; a lock with a `note` sends ``hl ... c <note>`` to a server with
         holds."""
-        self._require_idle()
+        self.require_idle()
         routing = self.routing
         timeout = routing.wait_seconds()
         lease = self.lease_ttl_s
@@ -228,7 +232,7 @@ class LockCore:
         return Command.LOCK, data, timeout + REPLY_GRACE_S
 
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
-        self._require_idle()
+        self.require_idle()
         self.check_lease(server, self.lease_ttl_s)
         data = checked_enqueue(self.key, self.limit, self.lease_ttl_s)
         command = Command.ENQUEUE if self.limit is None else Command.SEM_ENQUEUE
@@ -243,9 +247,10 @@ class LockCore:
             if timeout_s is None
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
-        command = Command.WAIT if self.limit is None else Command.SEM_WAIT
-        encode = _requests.encode_wait if self.limit is None else _requests.encode_sem_wait
-        return command, encode(self.key, timeout), self.reply_timeout(timeout)
+        semaphore = self.limit is not None
+        command = Command.SEM_WAIT if semaphore else Command.WAIT
+        data = checked_wait(self.key, timeout, semaphore=semaphore)
+        return command, data, self.reply_timeout(timeout)
 
     def _held_token(self) -> str:
         if self.state is not LockState.HELD or self.token is None:
@@ -270,7 +275,7 @@ class LockCore:
         self, server: ServerInfo | None, note: str, *, detached: bool = True
     ) -> Request:
         """``hl ... d <note>`` (not ``detached``: ``hl ... c <note>``)."""
-        self._require_idle()
+        self.require_idle()
         note = _requests.validate_note(note)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         timeout = self.routing.wait_seconds()
@@ -306,7 +311,7 @@ class LockCore:
         self, server: ServerInfo | None, token: str, note: str, on_close_lease: int | None
     ) -> Request:
         """``ht <token> <lease> <onclose> <note>``: take over a detached grant."""
-        self._require_idle()
+        self.require_idle()
         token = _requests.validate_token(token)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         data = checked_take(self.key, token, lease, on_close_lease, note)

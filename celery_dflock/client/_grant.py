@@ -33,7 +33,8 @@ REATTACH_MAX_PAUSE_S: Final = 1.0
 """The pause after a failed reattach doubles from the first to the most."""
 
 KEPT_MARGIN_S: Final = 5.0
-"""A lease kept by session keep-alives is looked at again this long before it would end."""
+"""A lease kept by session keep-alives is looked at again this long before it would end (not
+a renewal interval later: keep-alives further apart than the lease leave it to run out)."""
 
 
 _TOKEN_IN_TEXT: Final = re.compile(r"[0-9a-f]{16,}")
@@ -123,14 +124,13 @@ class HeldGrant:
         self.lease_end()  # looks at the last keep-alive answered
         return self.kept_end if self.kept_end else -math.inf
 
-    def kept_alive(self, renew_ratio: float, now: float | None = None) -> bool:
-        """The session's keep-alives go on and keep the lease as a renewal would: the lock
-        need not renew."""
+    def kept_alive(self, now: float | None = None) -> bool:
+        """The session's keep-alives go on and keep the lease for more than `KEPT_MARGIN_S`:
+        the lock need not renew, and looks again after `kept_for`."""
         session = self.session
         if session is None or not session.keeping():
             return False
-        left = self._kept_end() - (self.clock() if now is None else now)
-        return left > self.lease * (1 - renew_ratio)
+        return self.kept_for(now) >= MIN_RENEW_INTERVAL_S
 
     def kept_for(self, now: float | None = None) -> float:
         """When to look again at a lease keep-alives keep: its end less ``KEPT_MARGIN_S``."""

@@ -52,10 +52,6 @@ class Command(enum.StrEnum):
         return member
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def validate_key(key: str) -> str:
     if not isinstance(key, str):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise InvalidValueError(f"a lock key must be a str, got {type(key).__name__}: {key!r}")
@@ -96,14 +92,6 @@ def validate_note(note: str, name: str = "note") -> str:
             f"spaces ('!' to '~'; percent-encode anything else), got {note!r}"
         )
     return note
-
-
-def _timeout(value: int) -> str:
-    if not _is_int(value):
-        raise InvalidValueError(f"timeout_s must be an int number of seconds, got {value!r}")
-    if not 0 <= value <= wire.MAX_NUMBER:
-        raise InvalidValueError(f"timeout_s must be between 0 and {wire.MAX_NUMBER}, got {value}")
-    return str(value)
 
 
 def _request(command: Command, key: str, argument: str) -> bytes:
@@ -175,12 +163,8 @@ def encode_force_release(key: str, note: str | None = None) -> bytes:
     return _request(Command.FORCE_RELEASE, validate_key(key), argument)
 
 
-def encode_wait(key: str, timeout_s: int) -> bytes:
-    return _request(Command.WAIT, validate_key(key), _timeout(timeout_s))
-
-
-def encode_sem_wait(key: str, timeout_s: int) -> bytes:
-    return _request(Command.SEM_WAIT, validate_key(key), _timeout(timeout_s))
+def checked_wait(key: str, timeout_s: int, *, semaphore: bool) -> bytes:
+    return _request(Command.SEM_WAIT if semaphore else Command.WAIT, key, str(timeout_s))
 
 
 def encode_sem_release(key: str, token: str) -> bytes:

@@ -106,16 +106,20 @@ def check_renew_ratio(
 
 
 def check_limit(
-    value: object, name: str = "limit", *, error: type[InvalidValueError] = InvalidValueError
+    value: object,
+    name: str = "limit",
+    *,
+    error: type[InvalidValueError] = InvalidValueError,
+    semaphore: bool = False,
 ) -> int | None:
-    """A semaphore's number of slots (None: a plain lock)."""
-    if value is None:
+    """A semaphore's number of slots (None: a plain lock, unless ``semaphore``)."""
+    if value is None and not semaphore:
         return None
     low, high = wire.MIN_SEMAPHORE_LIMIT, wire.MAX_SEMAPHORE_LIMIT
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        plain = "" if semaphore else "None (a plain lock) or "
         raise error(
-            f"{name} must be None (a plain lock) or an integer from {low} to {high} "
-            f"(a semaphore); got {value!r}"
+            f"{name} must be {plain}an integer from {low} to {high} (a semaphore); got {value!r}"
         )
     return value
 

@@ -148,9 +148,7 @@ class RenewalDriver:
         lock = self._lock
         if lock.renew_guarded(True) is not True:
             return False
-        core = lock.core
-        if core.kept_alive():  # look again shortly before the lease keep-alives keep ends
-            renewal.next_in = max(renewal.interval, core.grant.kept_for())
+        renewal.next_in = lock.core.next_look_in()
         return True
 
     def renewed(self, conn: Connection) -> None:

@@ -238,10 +238,26 @@ async def test_release_of_an_enqueued_lock_leaves_the_queue(make: Maker) -> None
         assert await make.face.run(late.enqueue()) == "queued"
         assert await make.face.run(late.release()) is False
         # It leaves the queue by closing its connection, which the server hears on its own
-        # time: were the holder's release handled first, the waiter would be granted, and on a
-        # session connection that grant would outlive the close by the session time.
+        # time (were the holder's release handled first, see the next test).
         await until(lambda: make.holders("2p-leave")[1] == 0, what="no waiters")
     await assert_free(make, "2p-leave")
+
+
+async def test_release_of_an_enqueued_lock_granted_meanwhile_frees_the_key_at_once(
+    make: Maker,
+) -> None:
+    """The holder let go while the other waited its turn unasked: the server granted it on
+    the queued connection. Its release collects that grant and releases it, so the key is
+    free at once (closing the connection alone left it held for the session's time, 15 s, or
+    longer while the session kept other locks)."""
+    first, late = make("2p-granted"), make("2p-granted")
+    assert await make.face.run(first.acquire())
+    assert await make.face.run(late.enqueue()) == "queued"
+    assert await make.face.run(first.release())
+    await until(lambda: make.holders("2p-granted") == (1, 0), what="the grant on the queue")
+    assert await make.face.run(late.release()) is True
+    assert not late.locked() and late.token is None
+    await assert_free(make, "2p-granted")
 
 
 # ------------------------------------------------------------------------ semaphores

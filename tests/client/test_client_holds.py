@@ -17,6 +17,7 @@ import pytest
 from celery_dflock import (
     AsyncClient,
     Client,
+    DflockError,
     Hold,
     HoldsUnsupported,
     InvalidValueError,
@@ -217,6 +218,47 @@ def test_adopt_takes_over_a_hold_as_if_acquired(dflock_server: ServerThread) -> 
         assert not lock.adopt(hold.token, note="t1/host")  # released: nothing to take over
         assert lock.holder is None
         assert not lock.locked()
+
+
+@pytest.mark.parametrize("face", ["blocking", "asyncio"])
+def test_hold_or_adopt_on_a_held_lock_is_refused_and_the_lock_stays_held(
+    dflock_server: ServerThread, face: str
+) -> None:
+    """``hold()`` or ``adopt()`` called on a lock that holds its key: refused, the lock still
+    held, renewed and released. (They reset the lock on the way out: the grant was forgotten,
+    not renewed nor released, and the key stayed busy until its lease ran out, the lock
+    reporting nothing.)"""
+    address = dflock_server.address
+
+    async def check(run: Any, client: Any) -> None:
+        lock = client.lock("q:held", note="me", acquire_timeout_s=0, lease_ttl_s=2)
+        assert await run(lock.acquire())
+        token = lock.token
+        with pytest.raises(DflockError, match="already held by this object"):
+            await run(lock.hold("other"))
+        with pytest.raises(DflockError, match="already held by this object"):
+            await run(lock.adopt("0" * 32))
+        assert lock.locked() and lock.owned() and lock.token == token
+        await asyncio.sleep(3.0)  # renewed past its 2 s lease
+        assert lock.owned() and not lock.lost
+        assert await run(lock.release())
+        assert lock_entry(address, "q:held") is None
+
+    async def blocking(value: Any) -> Any:
+        return value
+
+    async def awaited(value: Any) -> Any:
+        return await value
+
+    async def main() -> None:
+        if face == "blocking":
+            with Client([address]) as client:
+                await check(blocking, client)
+        else:
+            async with AsyncClient([address]) as client:
+                await check(awaited, client)
+
+    asyncio.run(main())
 
 
 def test_hand_off_keeps_the_hold_and_release_is_then_a_no_op(dflock_server: ServerThread) -> None:

@@ -20,7 +20,7 @@ from celery_dflock.client._replies import (
     TimedOut,
 )
 from celery_dflock.client._requests import Command
-from celery_dflock.client._settings import check_limit, lease_seconds
+from celery_dflock.client._settings import check_limit, lease_seconds, whole_seconds
 from celery_dflock.client.errors import ProtocolError
 from dflockd_server import constants
 
@@ -253,12 +253,12 @@ def test_encoders_produce_exact_requests() -> None:
     assert _requests.checked_release("k", TOKEN) == f"r\nk\n{TOKEN}\n".encode()
     assert _requests.checked_enqueue("k", None, None) == b"e\nk\n\n"
     assert _requests.checked_enqueue("k", None, 30) == b"e\nk\n30\n"
-    assert _requests.encode_wait("k", 3) == b"w\nk\n3\n"
+    assert _requests.checked_wait("k", 3, semaphore=False) == b"w\nk\n3\n"
     assert _requests.checked_sem_lock("s", 5, 3, None) == b"sl\ns\n5 3\n"
     assert _requests.checked_sem_lock("s", 5, 3, 20) == b"sl\ns\n5 3 20\n"
     assert _requests.checked_enqueue("s", 3, None) == b"se\ns\n3\n"
     assert _requests.checked_enqueue("s", 3, 20) == b"se\ns\n3 20\n"
-    assert _requests.encode_sem_wait("s", 0) == b"sw\ns\n0\n"
+    assert _requests.checked_wait("s", 0, semaphore=True) == b"sw\ns\n0\n"
     assert _requests.checked_renew("s", TOKEN, 8, semaphore=True) == f"sn\ns\n{TOKEN} 8\n".encode()
     assert _requests.encode_sem_release("s", TOKEN) == f"sr\ns\n{TOKEN}\n".encode()
     assert _requests.encode_auth("s3cret with space") == b"auth\n_\ns3cret with space\n"
@@ -274,10 +274,10 @@ def test_every_command_has_an_encoder() -> None:
         _requests.checked_renew("k", TOKEN, None, semaphore=False),
         _requests.checked_release("k", TOKEN),
         _requests.checked_enqueue("k", None, None),
-        _requests.encode_wait("k", 1),
+        _requests.checked_wait("k", 1, semaphore=False),
         _requests.checked_sem_lock("k", 1, 2, None),
         _requests.checked_enqueue("k", 2, None),
-        _requests.encode_sem_wait("k", 1),
+        _requests.checked_wait("k", 1, semaphore=True),
         _requests.checked_renew("k", TOKEN, None, semaphore=True),
         _requests.encode_sem_release("k", TOKEN),
         _requests.encode_auth("x"),
@@ -325,11 +325,10 @@ def test_longest_key_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: _requests.encode_wait("k", -1), "timeout_s must be between 0"),
-        (lambda: _requests.encode_wait("k", 1.5), "timeout_s must be an int"),  # type: ignore[arg-type]
-        (lambda: _requests.encode_sem_wait("k", True), "timeout_s must be an int"),
-        (lambda: _requests.encode_wait("k", "5"), "timeout_s must be an int"),  # type: ignore[arg-type]
-        (lambda: _requests.encode_wait("k", constants.MAX_NUMBER + 1), "9000000000"),
+        (lambda: whole_seconds("timeout_s", -1, minimum=0), "timeout_s must be between 0"),
+        (lambda: whole_seconds("timeout_s", True, minimum=0), "timeout_s must be a number"),
+        (lambda: whole_seconds("timeout_s", "5", minimum=0), "timeout_s must be a number"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        (lambda: whole_seconds("t", constants.MAX_NUMBER + 1, minimum=0), "9000000000"),
         (lambda: lease_seconds("lease_s", 0), "lease_s must be between 1"),
         (lambda: lease_seconds("lease_s", -5), "lease_s must be between 1"),
         (lambda: check_limit(0), "limit must be None .* from 1 to 1048576"),

@@ -142,7 +142,11 @@ def test_many_locks_share_few_threads_each_renewed_at_its_interval(
     # 31 locks, renewals every 0.5 s: a couple of threads (a spare keeps time while one
     # renews), never one per lock
     assert 1 <= len(threads) <= 12, threads
-    assert pool.renewer.thread_count == len(threads)
+    # A spare that lingered out is uncounted just before it ends (seen: 9 counted, 11 alive).
+    deadline = time.monotonic() + 5.0
+    while pool.renewer.thread_count != len(_renewal_threads() - before):
+        assert time.monotonic() < deadline, (pool.renewer, _renewal_threads() - before)
+        time.sleep(0.01)
     for lock in [*short, long]:
         assert lock.release() is True
     assert held_keys(dflock_server.address) == set()

@@ -18,8 +18,10 @@ import celery_dflock.client.errors
 from celery_dflock import (
     AsyncClient,
     Client,
+    ConnectionPool,
     DflockError,
     DistributedLock,
+    DistributedSemaphore,
     InvalidValueError,
     LockNotAcquired,
 )
@@ -237,6 +239,27 @@ def test_the_cores_value_errors_are_dflock_errors() -> None:
         lambda: DistributedLock("k", servers=[("h", 0)]),
     ):
         with pytest.raises(InvalidValueError):
+            bad()
+
+
+def test_bad_arguments_of_locks_semaphores_and_pools_are_dflock_errors_naming_them() -> None:
+    """A semaphore without a limit, an ``on_lost`` that cannot be called, a pool of the wrong
+    kind or with a bad setting, a release by token with a bad ``limit``: each an
+    `InvalidValueError` naming the argument, before anything is sent (none was a plain lock,
+    an AssertionError, a TypeError or a bare ValueError)."""
+    client = Client([("127.0.0.1", 1)])
+    for bad, name in (
+        (lambda: client.semaphore("k", None), "limit"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        (lambda: DistributedSemaphore("k", None), "limit"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        (lambda: client.lock("k", on_lost=5), "on_lost"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        (lambda: DistributedSemaphore("k", 2, on_lost="x"), "on_lost"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        (lambda: DistributedLock("k", pool=5), "pool"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        (lambda: ConnectionPool(max_idle_time_s="x"), "max_idle_time_s"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+        (lambda: ConnectionPool(max_idle_per_server=-1), "max_idle_per_server"),
+        (lambda: client.release("k", "0" * 32, limit=0), "limit"),
+        (lambda: client.release("k", "0" * 32, limit="2"), "limit"),  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    ):
+        with pytest.raises(InvalidValueError, match=name):
             bad()
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from celery_dflock.client import _replies, wire
 from celery_dflock.client._core import LockCore
-from celery_dflock.client._grant import LockState
+from celery_dflock.client._grant import KEPT_MARGIN_S, LockState
 from celery_dflock.client._replies import Reply
 from celery_dflock.client._requests import Command
 from celery_dflock.client._router import REDIRECT_LOOP, ClusterRouter, NextTry
@@ -537,3 +537,52 @@ def test_a_keep_alive_renews_a_grant_only_if_its_answer_came_while_the_lease_sur
     now[0] += 8.5
     session.answered(sent, renewed=True)
     assert not core2.owned()
+
+
+@pytest.mark.parametrize("lease", [3, 5, 6, 8, 10, 33, 300])
+@pytest.mark.parametrize("offset", [0.01, 1.3, 2.6, 4.99])
+def test_a_lease_left_to_keep_alives_never_runs_out_before_the_locks_next_look(
+    lease: int, offset: float
+) -> None:
+    """A lock leaves its renewal to its session's keep-alives while they keep its lease, and
+    looks again at `LockCore.next_look_in`. Seen on the real server (a lease of 5 s, a
+    session of 15 s: keep-alives 5 s apart): a keep-alive sent just after the lock's own
+    renewal made it skip the next one, the look after came a renewal interval later with
+    milliseconds of the lease left, its renewal arrived after the server let the lease run out,
+    and the lock was lost while its holder and its session lived. The lock and the keep-alives
+    are played here on one clock against the server's lease end: every renewal of the lock's
+    own is sent with at least the renewal's share of the lease left (or `KEPT_MARGIN_S`)."""
+    now = [1000.0]
+    session = ClientSession(15, clock=lambda: now[0])
+    session.run = "run1"
+    session.keeper = object()  # its keep-alive runs
+    session.answered(now[0])
+    core = make(lease_ttl_s=lease)
+    core.grant.clock = lambda: now[0]
+    keeps = ServerInfo(
+        "dflockd-server",
+        "test",
+        frozenset({wire.FEATURE_FENCE, wire.FEATURE_SESSION, wire.FEATURE_KEEPALIVE}),
+        run="run1",
+    )
+    granted = reply(Command.LOCK, f"ok {TOKEN} {lease}".encode())
+    start = now[0]
+    assert core.on_grant_reply(Command.LOCK, granted, start, keeps, session)
+    server_end = start + lease  # the server's view of the lease
+    keep_alive = start + offset
+    look = start + core.first_renewal_in()
+    margin = min(KEPT_MARGIN_S, lease * (1 - core.settings.renew_ratio))
+    while look < start + 120:
+        while keep_alive <= look:  # keep-alives answered at once, every third of the session
+            if keep_alive < server_end:
+                server_end = keep_alive + lease
+            now[0] = keep_alive
+            session.answered(keep_alive, renewed=True)
+            keep_alive += session.interval()
+        now[0] = look
+        assert server_end > look, f"the lease ran out {look - server_end:.2f} s before the look"
+        if not core.grant.kept_alive():  # its own renewal, answered at once
+            assert server_end - look >= margin - 1e-9, f"renewed with {server_end - look:.2f} s"
+            server_end = look + lease
+            assert core.on_renew_reply(reply(Command.RENEW, f"ok {lease}".encode()), look).renewed
+        look += core.next_look_in()

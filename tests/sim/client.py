@@ -450,10 +450,10 @@ class SimClient:
             self._lost(core, ended)
             return
         conn = self.conn
-        if conn is not None and not conn.gone and core.kept_alive():
+        if conn is not None and not conn.gone and core.grant.kept_alive():
             # ``_sync_backend.RenewalDriver._due``: looked at again shortly before the lease
             # the keep-alives keep would end
-            self._schedule_renewal(max(core.renew_interval(), core.grant.kept_for()))
+            self._schedule_renewal(core.next_look_in())
             return
         if conn is None or conn.gone:
             core.connection_broke("the server closed it")

@@ -39,11 +39,11 @@ from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import Build
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
-from celery_dflock.client._replies import Reply
+from celery_dflock.client._replies import Ok, Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
-from celery_dflock.client.errors import AuthError, DflockError
+from celery_dflock.client.errors import AuthError, DflockError, InvalidValueError
 
 logger = logging.getLogger("celery_dflock.client")
 
@@ -75,7 +75,7 @@ class AsyncHolding:
     ) -> None:
         self.core = core
         if pool is not None and not isinstance(pool, AsyncConnectionPool):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(
+            raise InvalidValueError(
                 f"pool must be a celery_dflock.{AsyncConnectionPool.__name__}, got "
                 f"{type(pool).__name__} (the blocking and the asyncio locks each take a pool "
                 "of their own kind)"
@@ -228,7 +228,7 @@ class AsyncHolding:
                 first = core.mark_lost(ended)
             elif conn is not None and conn.broken_while_idle():
                 self._drop_connection(conn, CLOSED_BY_SERVER)
-            elif conn is not None and scheduled and core.kept_alive():
+            elif conn is not None and scheduled and core.grant.kept_alive():
                 return True  # its session's keep-alives renew it: no request of its own
             elif conn is not None:
                 outcome = await self._renew_request(conn)
@@ -418,10 +418,7 @@ class AsyncHolding:
         if state is LockState.IDLE:
             return False
         if state is LockState.ENQUEUED:
-            core.reset()
-            if conn is not None:
-                await conn.aclose()  # no dequeue command: closing the connection leaves the queue
-            return False
+            return await self._leave_queue(conn)
         if core.lost:
             return await self.let_go(conn)
         try:
@@ -438,6 +435,29 @@ class AsyncHolding:
         released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
         await self.checkin(conn)
         return released
+
+    async def _leave_queue(self, conn: AsyncConnection | None) -> bool:
+        """Release an enqueued lock: a grant that came meanwhile is collected (``w 0``) and
+        released, True, for it would outlive its connection's close by the session time; then
+        the connection closes, which leaves the queue (there is no dequeue command)."""
+        core = self.core
+        try:
+            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
+                return False
+            command, data, timeout = core.wait_request(0)
+            sent = time.monotonic()
+            reply = await conn.request(command, data, timeout)
+            if not core.on_grant_reply(command, reply, sent, conn.server, conn.session):
+                return False
+            command, data, timeout = core.release_request()
+            return isinstance(await conn.request(command, data, timeout), Ok)
+        except DflockError as exc:  # the connection broke, or a refusal: closing is all left
+            logger.debug("leaving the queue of %s: %s", core.what, exc)
+            return False
+        finally:
+            core.reset()
+            if conn is not None:
+                await conn.aclose()
 
     def _release_later(self) -> None:
         """Unanswered release: the background releases a copy of the grant while the lease

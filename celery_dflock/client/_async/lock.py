@@ -38,6 +38,7 @@ from celery_dflock.client._settings import (
 )
 from celery_dflock.client.errors import (
     DflockError,
+    InvalidValueError,
     KeyHeld,
     LockNotAcquired,
     LockNotOwned,
@@ -58,6 +59,8 @@ class AsyncLockBase:
         on_lost: Callable[[Self], object] | None,
         pool: AsyncConnectionPool | None,
     ) -> None:
+        if on_lost is not None and not callable(on_lost):
+            raise InvalidValueError(f"on_lost must be a callable taking the lock, got {on_lost!r}")
         self._core = core
         self._holding = AsyncHolding(
             core, None if on_lost is None else partial(on_lost, self), pool
@@ -324,7 +327,8 @@ class AsyncLockBase:
     async def release(self) -> bool:
         """Release the lock; True if the server confirmed it. Idempotent.
 
-        False when nothing was held or the lock was lost. A server that does not answer: False
+        False when nothing was held or the lock was lost. An enqueued lock leaves the queue
+        (a grant that came meanwhile is released: True). A server that does not answer: False
         at once, and the background keeps releasing by token while the lease runs. If the
         server no longer held the grant, the loss is reported first (`lost`, ``on_lost``). A
         fork child of the holder does nothing.
@@ -441,11 +445,12 @@ class AsyncDistributedLock(AsyncLockBase):
         grant outlives this object, which holds nothing after. Not ``detached``: it stays
         bound to the pooled connection that took it until `detach_token`. `KeyHeld` when the
         key stays busy."""
-        core = self._core
+        core, granted = self._core, False
         try:
-            if not await self._grant(
+            granted = await self._grant(
                 lambda server: core.hold_request(server, note, detached=detached), keep=False
-            ):
+            )
+            if not granted:
                 if core.busy:
                     holder = core.holder
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
@@ -464,7 +469,7 @@ class AsyncDistributedLock(AsyncLockBase):
             assert token is not None
             return Hold(core.key, token, core.fence, core.lease, core.endpoint.address)
         finally:
-            if core.state is LockState.HELD:
+            if granted:  # the hold's, not a grant this lock held before
                 core.reset()
 
     async def adopt(
@@ -483,6 +488,7 @@ class AsyncDistributedLock(AsyncLockBase):
         holding = self._holding
         holding.forked()
         async with holding.op_lock:
+            core.require_idle()  # (a failure below resets the core)
             await self._route()
             conn = await holding.checkout()
             try:
@@ -571,7 +577,7 @@ class AsyncDistributedSemaphore(AsyncLockBase):
             lease_ttl_s,
             session_ttl_s,
         )
-        core = LockCore(key, settings, limit=check_limit(limit), router=router)
+        core = LockCore(key, settings, limit=check_limit(limit, semaphore=True), router=router)
         self._setup(core, on_lost, pool)
 
     @property

@@ -15,7 +15,8 @@ from celery_dflock.client._aio_backend import AsyncPoolFace, PoolRenewer
 from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
-from celery_dflock.client._settings import READ_TIMEOUT_MARGIN_S, Endpoint
+from celery_dflock.client._settings import READ_TIMEOUT_MARGIN_S, Endpoint, positive_seconds
+from celery_dflock.client.errors import InvalidValueError
 
 __all__ = ["DEFAULT_MAX_IDLE_PER_SERVER", "DEFAULT_MAX_IDLE_TIME_S", "AsyncConnectionPool"]
 
@@ -41,14 +42,16 @@ class AsyncConnectionPool:
         max_idle_per_server: int = DEFAULT_MAX_IDLE_PER_SERVER,
         max_idle_time_s: float = DEFAULT_MAX_IDLE_TIME_S,
     ) -> None:
-        if isinstance(max_idle_per_server, bool) or not isinstance(max_idle_per_server, int):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f"max_idle_per_server must be an int, got {max_idle_per_server!r}")
-        if max_idle_per_server < 0:
-            raise ValueError(f"max_idle_per_server must be >= 0, got {max_idle_per_server}")
-        if not max_idle_time_s > 0:
-            raise ValueError(f"max_idle_time_s must be > 0, got {max_idle_time_s!r}")
+        if (
+            isinstance(max_idle_per_server, bool)
+            or not isinstance(max_idle_per_server, int)  # pyright: ignore[reportUnnecessaryIsInstance]
+            or max_idle_per_server < 0
+        ):
+            raise InvalidValueError(
+                f"max_idle_per_server must be an int >= 0, got {max_idle_per_server!r}"
+            )
         self._max_idle_per_server = max_idle_per_server
-        self._max_idle_time_s = float(max_idle_time_s)
+        self._max_idle_time_s = positive_seconds("max_idle_time_s", max_idle_time_s)
         self._face = AsyncPoolFace()
         self._sessions = Sessions()  # this process's client session with each server
         self._pid = os.getpid()

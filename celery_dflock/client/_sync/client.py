@@ -162,7 +162,7 @@ class Client:
         core = LockCore(
             key,
             self._settings,
-            limit=check_limit(limit),
+            limit=check_limit(limit, semaphore=True),
             acquire_timeout_s=self._acquire_timeout(acquire_timeout_s),
             lease_ttl_s=self._lease(lease_ttl_s),
             router=self._router,

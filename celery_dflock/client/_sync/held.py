@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
-from celery_dflock.client._replies import Reply
+from celery_dflock.client._replies import Ok, Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
@@ -45,7 +45,7 @@ from celery_dflock.client._sync_backend import (
     call_back,
     pause,
 )
-from celery_dflock.client.errors import AuthError, DflockError
+from celery_dflock.client.errors import AuthError, DflockError, InvalidValueError
 
 logger = logging.getLogger("celery_dflock.client")
 
@@ -77,7 +77,7 @@ class Holding:
     ) -> None:
         self.core = core
         if pool is not None and not isinstance(pool, ConnectionPool):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(
+            raise InvalidValueError(
                 f"pool must be a celery_dflock.{ConnectionPool.__name__}, got "
                 f"{type(pool).__name__} (the blocking and the asyncio locks each take a pool "
                 "of their own kind)"
@@ -230,7 +230,7 @@ class Holding:
                 first = core.mark_lost(ended)
             elif conn is not None and conn.broken_while_idle():
                 self._drop_connection(conn, CLOSED_BY_SERVER)
-            elif conn is not None and scheduled and core.kept_alive():
+            elif conn is not None and scheduled and core.grant.kept_alive():
                 return True  # its session's keep-alives renew it: no request of its own
             elif conn is not None:
                 outcome = self._renew_request(conn)
@@ -420,10 +420,7 @@ class Holding:
         if state is LockState.IDLE:
             return False
         if state is LockState.ENQUEUED:
-            core.reset()
-            if conn is not None:
-                conn.close()  # no dequeue command: closing the connection leaves the queue
-            return False
+            return self._leave_queue(conn)
         if core.lost:
             return self.let_go(conn)
         try:
@@ -440,6 +437,29 @@ class Holding:
         released = core.on_release_reply(reply, retried=retried)  # refused: marked lost
         self.checkin(conn)
         return released
+
+    def _leave_queue(self, conn: Connection | None) -> bool:
+        """Release an enqueued lock: a grant that came meanwhile is collected (``w 0``) and
+        released, True, for it would outlive its connection's close by the session time; then
+        the connection closes, which leaves the queue (there is no dequeue command)."""
+        core = self.core
+        try:
+            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
+                return False
+            command, data, timeout = core.wait_request(0)
+            sent = time.monotonic()
+            reply = conn.request(command, data, timeout)
+            if not core.on_grant_reply(command, reply, sent, conn.server, conn.session):
+                return False
+            command, data, timeout = core.release_request()
+            return isinstance(conn.request(command, data, timeout), Ok)
+        except DflockError as exc:  # the connection broke, or a refusal: closing is all left
+            logger.debug("leaving the queue of %s: %s", core.what, exc)
+            return False
+        finally:
+            core.reset()
+            if conn is not None:
+                conn.close()
 
     def _release_later(self) -> None:
         """Unanswered release: the background releases a copy of the grant while the lease
