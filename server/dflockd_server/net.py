@@ -607,7 +607,11 @@ class Server:
         journal = self.journal
         if journal is not None and not journal.writable:
             directory = os.path.dirname(journal.path)
-            found.append(conditions.read_only(journal.failure, directory, journal.advice()))
+            found.append(
+                conditions.read_only(
+                    journal.failure, directory, journal.advice(), renewals=journal.mark_removed
+                )
+            )
         if self.draining:
             found.append(conditions.draining())
         left = stats.get("grace_remaining_s") or 0.0
