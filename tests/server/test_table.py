@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dflockd_server.recorded import RecordedGrant
 from dflockd_server.table import (
     AlreadyEnqueued,
     Entry,
@@ -583,3 +584,24 @@ def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
     assert table.hand_down("q", held.token, LEASE)
     (entry,) = table.stats(0)["locks"]
     assert entry["held_s"] == 7.0 and entry["fence"] == int(held.token[:16], 16)
+
+
+def test_a_lease_granted_after_a_restore_is_swept_at_its_end(
+    table: LockTable, clock: Clock
+) -> None:
+    """A grant restored from the journal may run longer than its lease (the journal covers a
+    lease ahead; a restart across a boot gives each the longest lease recorded). A lease of the
+    same length granted after it still expires at the sweep after its own end: its waiter is
+    granted then, not once the restored one's longer time is over."""
+    recorded = RecordedGrant("0" * 31 + "1", "restored", 1, False, LEASE, 0, False, None, None)
+    recorded.left = 3 * LEASE
+    assert table.restore_all([recorded])[0] == 1
+    holder = grant(table, "k", None)  # a lease of the same length, never renewed
+    waiter = table.acquire(table.open_client(), "k", LEASE, None, queue=True)
+    assert isinstance(waiter, Waiter)
+    clock.now += LEASE + 1
+    assert table.expire() == 1
+    assert not holder.live
+    assert waiter.holder is not None and waiter.holder.live
+    clock.now += 2 * LEASE
+    assert table.expire() == 2  # the restored grant's end; the waiter's own lease
