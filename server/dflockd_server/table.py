@@ -695,12 +695,15 @@ class LockTable:
         return dropped
 
     def expire(self) -> int:
-        """Expire every lease that has run out; returns how many (no scan of the table)."""
+        """Expire every lease that has run out, and fill the keys whose waiters could be issued
+        no token before (``Grants.stalled``); returns how many expired (no scan of the table)."""
         grants = self.grants
         now = self.clock()
         expired = 0
         if grants.in_grace:
             grants.in_grace_at(now)
+        if grants.stalled:
+            grants.fill_stalled(now)
         if self.sessions:
             for session in [s for s in self.sessions.values() if s.expires_at <= now]:
                 self._end_session_of(session, now)
