@@ -31,15 +31,22 @@ class Condition:
         return asdict(self)
 
 
-def read_only(failure: str, directory: str, advice: str) -> Condition:
-    """The lease journal under ``directory`` cannot be written (``failure``: the OS's words)."""
+def read_only(failure: str, directory: str, advice: str, *, renewals: bool) -> Condition:
+    """The lease journal under ``directory`` cannot be written (``failure``: the OS's words);
+    ``renewals``: whether renewals are still answered (else refused, as keep-alives)."""
+    renewing = (
+        "renewals and releases go on"
+        if renewals
+        else "releases go on, but renewals and keep-alives are refused (error): their holders "
+        "are told their locks are lost"
+    )
     return Condition(
         "journal_read_only",
         ERROR,
         "Read-only",
         f"the lease journal under {directory} cannot be written ({failure}). "
-        "Nothing new is granted (acquires are answered error_read_only); every lock held "
-        f"stays held, renewals and releases go on. {advice}",
+        f"Nothing new is granted (acquires are answered error_read_only); every lock held "
+        f"stays held, {renewing}. {advice}",
     )
 
 

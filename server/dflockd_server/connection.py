@@ -182,9 +182,11 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         # Answer the requests already received (acquires tried once), then close (_end_if_eof).
         stream = self.stream
-        if stream.closing or stream.busy:
+        if stream.closing:
+            return None
+        self.eof = True  # the peer's close, also when the connection closes at once
+        if stream.busy:
             return None  # a wait in flight: the client is gone (a killed process's FIN)
-        self.eof = True
         if self.session is not None:
             self.session.eof = True
         if stream.more_scheduled or stream.framer.buffered():

@@ -347,11 +347,7 @@ class Session:
 
     def _release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         name, token = p.parse_release(cmd, key, arg)
-        try:
-            released = self.table.release(name, token)
-        except _REFUSALS as exc:
-            return _refusal(exc)
-        return p.REPLY_OK if released else p.REPLY_ERROR
+        return p.REPLY_OK if self.table.release(name, token) else p.REPLY_ERROR
 
     def _force_release(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``fr``: an operator frees every grant on a key. Routed as an acquire is, and logged
@@ -423,22 +419,19 @@ class Session:
     def _wait(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         name, timeout = p.parse_wait(cmd, key, arg)
         table = self.table
-        try:
-            waiter = table.find_enqueued(self.client, name)
-            if waiter is None:
-                moved = self.moved.pop(name, None) if self.moved else None
-                return p.REPLY_ERROR_NOT_ENQUEUED if moved is None else moved
-            holder = waiter.holder
-            if holder is not None:
-                table.forget_enqueued(waiter)
-                if not holder.live:
-                    return p.REPLY_ERROR_LEASE_EXPIRED
-                return p.reply_granted(holder.token, holder.lease_ttl)
-            if timeout == 0 or self.eof:
-                table.cancel_wait(waiter)
-                return p.REPLY_TIMEOUT
-        except _REFUSALS as exc:  # a grant on the way, with no token to issue
-            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
+        waiter = table.find_enqueued(self.client, name)
+        if waiter is None:
+            moved = self.moved.pop(name, None) if self.moved else None
+            return p.REPLY_ERROR_NOT_ENQUEUED if moved is None else moved
+        holder = waiter.holder
+        if holder is not None:
+            table.forget_enqueued(waiter)
+            if not holder.live:
+                return p.REPLY_ERROR_LEASE_EXPIRED
+            return p.reply_granted(holder.token, holder.lease_ttl)
+        if timeout == 0 or self.eof:
+            table.cancel_wait(waiter)
+            return p.REPLY_TIMEOUT
         return self._later(Wait(waiter, timeout))
 
     def _asking(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:

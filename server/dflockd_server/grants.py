@@ -69,6 +69,9 @@ class Grants:
         self.idle = IdleLog()
         self.leases = LeaseIndex()
         self.wakes: list[Waiter] = []
+        self.stalled: dict[str, KeyState] = {}
+        """Keys whose first waiter could be issued no token (``fill``): filled again at the
+        next sweep (``fill_stalled``)."""
         """Waiters granted by the change under way, announced by ``flush`` once it is done."""
         self.detached = Client(0)
         """The owner of detached holds (connections are numbered from 1)."""
@@ -97,6 +100,12 @@ class Grants:
         """Grant the waiters of every key with free slots (the journal is writable again)."""
         self._fill_every(self.clock())
         self.flush()
+
+    def fill_stalled(self, now: float) -> None:
+        """Fill the ``stalled`` keys again (the sweep)."""
+        stalled, self.stalled = self.stalled, {}
+        for state in stalled.values():
+            self.fill(state, now)
 
     def _fill_every(self, now: float) -> None:
         for state in list(self.keys.values()):
@@ -399,14 +408,19 @@ class Grants:
             if not waiter.active:
                 queue.head += 1
                 continue
-            # Grant first: if no token can be issued, the waiter stays at the head.
-            if waiter.note is None:
-                waiter.holder = self.grant(state, waiter.client, waiter.lease_ttl, now)
-            else:  # a hold (hl)
-                owner = self.detached if waiter.detached else waiter.client
-                waiter.holder = self.grant(
-                    state, owner, waiter.lease_ttl, now, waiter.note, waiter.client
-                )
+            # Grant first: if no token can be issued, the waiter stays at the head, and the
+            # key is filled again at the next sweep (what freed the slot is done all the same).
+            try:
+                if waiter.note is None:
+                    waiter.holder = self.grant(state, waiter.client, waiter.lease_ttl, now)
+                else:  # a hold (hl)
+                    owner = self.detached if waiter.detached else waiter.client
+                    waiter.holder = self.grant(
+                        state, owner, waiter.lease_ttl, now, waiter.note, waiter.client
+                    )
+            except FenceStateError:
+                self.stalled[state.key] = state
+                return
             queue.head += 1
             waiter.active = False
             state.n_waiting -= 1

@@ -30,8 +30,9 @@ class LeaseRun:
 
 
 class LeaseIndex:
-    """For each lease length, its ``LeaseRun``, in expiry order (the clock never goes back). An
-    entry is current while its holder is live and still expires at that time. ``Grants``
+    """For each lease length, its ``LeaseRun``, in expiry order (the clock never goes back; a
+    grant restored for longer than its lease goes in a longer run: ``LockTable.restore_all``).
+    An entry is current while its holder is live and still expires at that time. ``Grants``
     inlines ``add`` and the dropping of released entries at the back: the hot path."""
 
     __slots__ = ("by_ttl", "cap", "count")

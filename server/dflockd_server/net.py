@@ -607,7 +607,11 @@ class Server:
         journal = self.journal
         if journal is not None and not journal.writable:
             directory = os.path.dirname(journal.path)
-            found.append(conditions.read_only(journal.failure, directory, journal.advice()))
+            found.append(
+                conditions.read_only(
+                    journal.failure, directory, journal.advice(), renewals=journal.mark_removed
+                )
+            )
         if self.draining:
             found.append(conditions.draining())
         left = stats.get("grace_remaining_s") or 0.0
@@ -630,10 +634,14 @@ class Server:
 
     def _sweep(self) -> None:
         self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)
-        try:
-            self.table.expire()
-        except FenceStateError as exc:
-            log.error("cannot issue a token to a waiter after a lease expired: %s", exc)
+        table = self.table
+        table.expire()
+        if table.grants.stalled:
+            log.error(
+                "no fencing token could be issued to the next waiter of %d key(s) (the next "
+                "fence ceiling is not stored yet); tried again at each lease sweep",
+                len(table.grants.stalled),
+            )
         journal = self.journal
         if journal is not None:
             self._journal_upkeep(journal)
@@ -647,10 +655,7 @@ class Server:
         if not journal.writable:
             # The probe: a new file with every lease held now; the waiters go first after it.
             if journal.recover(self._live_records(journal, table)):
-                try:
-                    table.grants.fill_waiting()
-                except FenceStateError as exc:
-                    log.error("cannot issue a token to a waiter: %s", exc)
+                table.grants.fill_waiting()
             return
         if journal.wants_compaction(table.held):
             journal.compact(self._live_records(journal, table))
@@ -660,11 +665,7 @@ class Server:
     def _grace_over(self) -> None:
         table = self.table
         waiting = table.queued
-        try:
-            remaining = table.grace_remaining()  # at its end, grants the waiters queued in it
-        except FenceStateError as exc:
-            log.error("cannot issue a token to a waiter after the restart grace: %s", exc)
-            return  # the sweep grants them once a token can be issued
+        remaining = table.grace_remaining()  # at its end, grants the waiters queued in it
         if remaining > 0:  # a timer may fire a hair early
             self._timers.append(self.loop.call_later(remaining, self._grace_over))
             return

@@ -25,6 +25,7 @@ are in ``keys``, the expiry index and idle log in ``leases``.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -70,6 +71,14 @@ __all__ = [
 
 
 _EXPIRES_AT = operator.attrgetter("expires_at")
+
+
+def _run_of(holder: Holder, now: float) -> int:
+    """The lease index's run of a grant restored at ``now``: its lease's, or, if it runs longer
+    than its lease (the journal covers a lease ahead; a restart across a boot gives each grant
+    the longest lease recorded), its time left rounded up: a run stays in expiry order only if
+    every grant of that length made later ends after it."""
+    return max(holder.lease_ttl, math.ceil(holder.expires_at - now))
 
 
 class LockTable:
@@ -606,7 +615,7 @@ class LockTable:
                     refused.append(rec)
                     continue
                 if in_order:
-                    index.add(holder, holder.expires_at, holder.lease_ttl)
+                    index.add(holder, holder.expires_at, _run_of(holder, now))
                 else:
                     holders.append(holder)
                 restored += 1
@@ -617,7 +626,7 @@ class LockTable:
                     last = token
             holders.sort(key=_EXPIRES_AT)
             for holder in holders:
-                index.add(holder, holder.expires_at, holder.lease_ttl)
+                index.add(holder, holder.expires_at, _run_of(holder, now))
         finally:
             index.cap = 2 * index.count + COMPACT_MIN
         if last:
@@ -686,12 +695,15 @@ class LockTable:
         return dropped
 
     def expire(self) -> int:
-        """Expire every lease that has run out; returns how many (no scan of the table)."""
+        """Expire every lease that has run out, and fill the keys whose waiters could be issued
+        no token before (``Grants.stalled``); returns how many expired (no scan of the table)."""
         grants = self.grants
         now = self.clock()
         expired = 0
         if grants.in_grace:
             grants.in_grace_at(now)
+        if grants.stalled:
+            grants.fill_stalled(now)
         if self.sessions:
             for session in [s for s in self.sessions.values() if s.expires_at <= now]:
                 self._end_session_of(session, now)

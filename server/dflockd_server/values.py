@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 def parse_int(raw: str) -> int:
     text = raw.strip()
-    if not text or not text.lstrip("-").isdigit() or not text.isascii():
+    if not text.removeprefix("-").isdigit() or not text.isascii():
         raise ValueError("not an integer")
     return int(text)
 

@@ -301,3 +301,30 @@ def test_a_close_notify_ends_the_connection_at_once(
         await asyncio.wait_for(writer.wait_closed(), constants.DEFAULT_READ_TIMEOUT_S / 4)
 
     asyncio.run(ping_then_close())
+
+
+def test_a_close_notify_during_a_wait_frees_the_connections_grants_at_once(
+    dflock_server_factory: ServerFactory, tls_files: tuple[Path, Path]
+) -> None:
+    """A TLS client that ends its session while one of its acquires waits closed the
+    connection itself, as a plain client's FIN does then: the locks it holds are freed at once
+    (auto-release), not kept to the end of their lease as after a close by the server."""
+    cert, key = tls_files
+    srv = dflock_server_factory(tls_cert=str(cert), tls_key=str(key))
+    ctx = ssl.create_default_context(cafile=str(cert))
+
+    async def hold_wait_then_close() -> None:
+        reader, writer = await asyncio.open_connection(*srv.address, ssl=ctx)
+        writer.write(b"l\nheld\n0 60\n")
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"ok ")
+        writer.write(b"l\nbusy\n30\n")  # waits: another connection holds it
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), constants.DEFAULT_READ_TIMEOUT_S / 4)
+
+    with Wire(srv.address, ssl_context=ctx) as other:
+        other.lock("busy", lease=60)
+        asyncio.run(hold_wait_then_close())
+        wait_until(lambda: other.req("l", "held", "0").startswith("ok "), timeout=5)

@@ -74,7 +74,9 @@ def test_the_page_shows_each_lock_and_escapes_what_clients_sent() -> None:
 
 
 def test_the_page_says_each_degraded_state_in_a_banner_the_errors_first() -> None:
-    read_only = conditions.read_only("No space left on device", "/var/lib/dflockd", "Free <it>.")
+    read_only = conditions.read_only(
+        "No space left on device", "/var/lib/dflockd", "Free <it>.", renewals=True
+    )
     moving = conditions.cluster_conditions(False, None, {"moving_out": 3, "serving": 5})
     stats = {
         "locks": [],

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from dflockd_server.fence import FenceStateError
+from dflockd_server.recorded import RecordedGrant
 from dflockd_server.table import (
     AlreadyEnqueued,
     Entry,
@@ -583,3 +585,72 @@ def test_held_for_counts_from_the_grant_across_a_take_over_and_a_detach(
     assert table.hand_down("q", held.token, LEASE)
     (entry,) = table.stats(0)["locks"]
     assert entry["held_s"] == 7.0 and entry["fence"] == int(held.token[:16], 16)
+
+
+def test_a_lease_granted_after_a_restore_is_swept_at_its_end(
+    table: LockTable, clock: Clock
+) -> None:
+    """A grant restored from the journal may run longer than its lease (the journal covers a
+    lease ahead; a restart across a boot gives each the longest lease recorded). A lease of the
+    same length granted after it still expires at the sweep after its own end: its waiter is
+    granted then, not once the restored one's longer time is over."""
+    recorded = RecordedGrant("0" * 31 + "1", "restored", 1, False, LEASE, 0, False, None, None)
+    recorded.left = 3 * LEASE
+    assert table.restore_all([recorded])[0] == 1
+    holder = grant(table, "k", None)  # a lease of the same length, never renewed
+    waiter = table.acquire(table.open_client(), "k", LEASE, None, queue=True)
+    assert isinstance(waiter, Waiter)
+    clock.now += LEASE + 1
+    assert table.expire() == 1
+    assert not holder.live
+    assert waiter.holder is not None and waiter.holder.live
+    clock.now += 2 * LEASE
+    assert table.expire() == 2  # the restored grant's end; the waiter's own lease
+
+
+class FailingTokens:
+    """Tokens that cannot be issued while ``failing`` (a fence ceiling that cannot be stored)."""
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.serial = itertools.count(1)
+
+    def __call__(self) -> str:
+        if self.failing:
+            raise FenceStateError("the next fence ceiling is not stored yet")
+        return f"{next(self.serial):032x}"
+
+
+def test_a_waiter_no_token_can_be_issued_for_is_granted_at_a_later_sweep(clock: Clock) -> None:
+    """A release, or a close, that frees a key while no token can be issued is done all the
+    same (the release answered as such, every grant of the closed connection freed); the
+    waiter stays at the head of the queue and is granted at the first sweep that can issue
+    its token."""
+    tokens = FailingTokens()
+    table = LockTable(clock=clock, new_token=tokens, max_locks=100)
+    holder_client = table.open_client()
+    first = table.acquire(holder_client, "k", LEASE, None, queue=False)
+    second = table.acquire(holder_client, "other", LEASE, None, queue=False)
+    assert isinstance(first, Holder) and isinstance(second, Holder)
+    woken: list[Waiter] = []
+    waiters: list[Waiter] = []
+    for _ in range(2):
+        waiter = table.acquire(table.open_client(), "k", LEASE, None, queue=True)
+        assert isinstance(waiter, Waiter)
+        waiter.wake = woken.append
+        waiters.append(waiter)
+    tokens.failing = True
+    assert table.release("k", first.token)
+    assert waiters[0].active and waiters[0].holder is None  # still first in line
+    table.expire()  # still no token: nothing granted, nothing raised
+    tokens.failing = False
+    table.expire()
+    assert woken == [waiters[0]] and waiters[0].holder is not None
+    tokens.failing = True
+    table.disconnect(table.open_client())  # a close that frees nothing
+    table.disconnect(waiters[0].client)  # frees "k" (its waiter gets no token yet)
+    table.disconnect(holder_client)  # frees "other"
+    assert not table.is_busy("other")
+    tokens.failing = False
+    table.expire()
+    assert woken == waiters
