@@ -443,3 +443,24 @@ def test_a_publish_hold_above_the_servers_max_lease_is_refused_before_sending(
     assert "was not sent: its hold of 'long-hold' would last" in message
     assert "lock_pending_ttl" in message and "(30 s, its --max-lease-ttl" in message
     app.close()
+
+
+@pytest.mark.parametrize("sent", [["lock_ttl", 60], "lock_ttl=60", 60])
+def test_a_lock_options_header_that_is_no_mapping_is_refused_naming_the_header(
+    sent: object,
+) -> None:
+    """``headers={"dflock_options": <not a mapping>}`` with lock keyword options was merged
+    as it was (a raw TypeError from the merge)."""
+    app = mistaken_app()
+    app.conf.task_always_eager = False
+
+    @app.task(shared=False, base=LockedTask, lock_key="k")
+    def job() -> str:
+        return "ran"
+
+    task: Any = job
+    for call in (task.apply_async, task.apply):
+        with pytest.raises(DflockConfigError, match="'dflock_options' header") as failure:
+            call(headers={"dflock_options": sent}, lock_timeout=5)
+        assert "must be a mapping of lock options" in str(failure.value)
+    app.close()
