@@ -32,13 +32,12 @@ from celery_dflock._request import (
     request_headers,
 )
 from celery_dflock._run import locked_run
-from celery_dflock._runtime import AnyLock, app_client
+from celery_dflock._runtime import AnyLock, app_client, check_attributes
 from celery_dflock._settings import (
     LOCK_OPTIONS,
     GivenOptions,
     check_option_names,
     read_call_options,
-    read_options,
 )
 from celery_dflock.client.errors import DflockError
 from celery_dflock.keys import check_template
@@ -85,11 +84,7 @@ class LockedTask(Task):
             f"task {name or cls.__qualname__!r}",
         )
         # A bad value fails when the class is made, not at the first run in the worker.
-        read_options(
-            {option: getattr(cls, option, None) for option in LOCK_OPTIONS},
-            lambda option: f"attribute {option} of task {name or cls!r}",
-            what=f"task {name or cls!r}",
-        )
+        check_attributes(cls, name or cls.__qualname__)
         if isinstance(cls.lock_key, str) and callable(run) and isinstance(name, str):
             check_template(cls.lock_key, cast("Callable[..., Any]", run), task_name=name)
 
