@@ -57,7 +57,6 @@ from celery_dflock.config import LockOptions, get_config
 __all__ = [
     "REDELIVERED_WAIT_S",
     "Duplicate",
-    "PublishHold",
     "eager_duplicate",
     "publish_hold",
     "retry_hand_off",

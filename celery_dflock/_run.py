@@ -65,9 +65,6 @@ from celery_dflock.client.errors import (
 from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
-    "BodyTarget",
-    "RunGuard",
-    "contended",
     "lock_lost",
     "lock_skipped",
     "locked_run",

@@ -50,7 +50,6 @@ __all__ = [
     "HeldRecords",
     "HeldWriter",
     "Runtime",
-    "TaskRuns",
     "app_client",
     "check_attributes",
     "get_runtime",
