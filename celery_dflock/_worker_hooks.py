@@ -439,7 +439,8 @@ def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
     longest, why, locked = OUTAGE_MAX_COUNTDOWN_S, "an outage retry's countdown (up to 30 s)", 0
     for name, options in locked_options(app, locked_task):
         locked += 1
-        if options.retry_backoff_max > longest:
+        retries = options.on_locked == "retry" and options.max_retries != 0
+        if retries and options.retry_backoff_max > longest:
             longest = options.retry_backoff_max
             why = f"the busy-key retries of task {name!r} (lock_retry_backoff_max={longest:g} s)"
     if not locked or visibility > longest:

@@ -249,6 +249,32 @@ def test_every_url_of_a_broker_with_a_visibility_timeout_is_checked(
     assert countdowns_past_visibility(app, LockedTask) == []
 
 
+@pytest.mark.parametrize(
+    ("options", "warned"),
+    [
+        ({"on_locked": "retry"}, True),
+        ({"on_locked": "skip"}, False),
+        ({"on_locked": "raise"}, False),
+        ({"on_locked": "retry", "lock_max_retries": 0}, False),
+    ],
+)
+def test_only_tasks_that_retry_a_busy_key_count_their_backoff_against_visibility_timeout(
+    options: dict[str, object], warned: bool
+) -> None:
+    """A task with on_locked 'skip' or 'raise', or no lock retries, never sends a busy-key
+    retry: its lock_retry_backoff_max is no countdown its messages wait for (only an outage
+    retry's 30 s is), so a visibility_timeout of 45 s is enough for it."""
+    app = Celery("visibility", broker="redis://localhost:6379/0", set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": 45}
+
+    @app.task(base=LockedTask, shared=False, **options)
+    def report() -> None: ...
+
+    said = countdowns_past_visibility(app, LockedTask)
+    assert bool(said) == warned, said
+    app.close()
+
+
 def records_dirs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("celery-dflock-*"))
 
