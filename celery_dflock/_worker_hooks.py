@@ -10,7 +10,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
 from typing import Any, Final, cast
 
 from celery_dflock._celery import (
@@ -412,13 +411,6 @@ def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
     return warnings
 
 
-VISIBILITY_DEFAULTS_S: Final[Mapping[str, tuple[str, float, str]]] = MappingProxyType(
-    {"redis": ("Redis", 3600.0, "an hour"), "sqs": ("SQS", 1800.0, "30 minutes")}
-)
-"""kombu's transports (by ``driver_type``) that deliver an unacknowledged message again after
-their ``visibility_timeout``: the broker's name, kombu's default timeout and it in words."""
-
-
 def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
     """A warning when ``app``'s broker delivers a message again after a ``visibility_timeout``
     (Redis, SQS) not above the longest countdown a locked task's message may wait (the broker
@@ -428,9 +420,11 @@ def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
             driver = connection.transport.driver_type
     except Exception:  # a transport kombu cannot load here: not one this check knows
         return []
-    if driver not in VISIBILITY_DEFAULTS_S:
+    # kombu's transports that deliver a message again after it: name, default, in words
+    known = {"redis": ("Redis", 3600.0, "an hour"), "sqs": ("SQS", 1800.0, "30 minutes")}
+    if driver not in known:
         return []
-    broker, default, in_words = VISIBILITY_DEFAULTS_S[driver]
+    broker, default, in_words = known[driver]
     transport_options: Mapping[str, Any] = app.conf.broker_transport_options or {}
     try:
         visibility = float(transport_options.get("visibility_timeout", default))
