@@ -16,7 +16,6 @@ from celery import Celery
 
 from celery_dflock import LockedTask, _runtime
 from celery_dflock._worker_hooks import countdowns_past_visibility
-from celery_dflock.client.errors import DflockError
 from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app
@@ -499,7 +498,7 @@ def test_a_lock_options_header_that_is_no_mapping_is_refused_naming_the_header(
 
 
 def test_task_attributes_are_checked_once_where_they_enter_with_one_text(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, dflock_server: ServerThread
 ) -> None:
     """The attributes a task is bound with are checked at the bind, and a run takes them as
     checked; attributes changed on the task later are checked at the next run, in the same
@@ -515,7 +514,7 @@ def test_task_attributes_are_checked_once_where_they_enter_with_one_text(
         _ = app.tasks["proj.conflict"]
     app.close()
 
-    app = mistaken_app()
+    app = mistaken_app(dflock_servers=[dflock_server.address])
 
     @app.task(shared=False, base=LockedTask, lock_key="k", name="proj.conflict", lock_ttl=20)
     def changed() -> str:
@@ -526,12 +525,12 @@ def test_task_attributes_are_checked_once_where_they_enter_with_one_text(
     checks: list[object] = []
     real = _runtime.read_attributes
     monkeypatch.setattr(_runtime, "read_attributes", lambda *a: checks.append(a) or real(*a))
-    with pytest.raises(DflockError):  # the options are fine; no lock server is running
-        task.apply(throw=True)
+    assert task.apply(throw=True).get() == "ran"
     assert checks == []  # taken as checked at the bind
     for option, value in conflicting.items():
         setattr(task, option, value)
     with pytest.raises(DflockConfigError, match="cannot be combined") as at_run:
         task.apply(throw=True)
     assert str(at_run.value) == str(at_bind.value)
+    assert len(checks) == 1
     app.close()
