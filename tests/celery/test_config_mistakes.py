@@ -232,7 +232,9 @@ def test_every_url_of_a_broker_with_a_visibility_timeout_is_checked(
 ) -> None:
     """The check knows the broker by kombu's transport, not by the URL's scheme: Redis over a
     unix socket or behind a fail-over list was not checked, nor SQS (loading kombu's SQS
-    transport needs boto3, not AWS)."""
+    transport needs boto3, not AWS: CI's venv at the lowest Celery has none)."""
+    if warned == "SQS":
+        pytest.importorskip("boto3")
     app = Celery("visibility", broker=broker, set_as_current=False)
     app.conf.broker_transport_options = {"visibility_timeout": 45}
 
