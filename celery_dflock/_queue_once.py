@@ -57,7 +57,6 @@ from celery_dflock.config import LockOptions, get_config
 __all__ = [
     "REDELIVERED_WAIT_S",
     "Duplicate",
-    "PublishHold",
     "eager_duplicate",
     "publish_hold",
     "retry_hand_off",
@@ -371,18 +370,18 @@ def retry_hand_off(
 
 def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
     """The lease of a hold whose message is sent with ``countdown`` or ``eta``: at least
-    until the message is due."""
+    until the message is due (at its countdown when both are given, as Celery sends it)."""
     if isinstance(eta, str):
         try:
             eta = datetime.fromisoformat(eta)
         except ValueError:
             eta = None
     delay_s = 0.0
-    if isinstance(eta, datetime):
+    if isinstance(countdown, int | float) and not isinstance(countdown, bool) and countdown:
+        delay_s = max(0.0, float(countdown))  # (a NaN: 0)
+    elif isinstance(eta, datetime):
         tz = eta.tzinfo or UTC  # a naive eta is UTC, as Celery reads it
         delay_s = (eta.replace(tzinfo=tz) - datetime.now(tz)).total_seconds()
-    elif isinstance(countdown, int | float) and not isinstance(countdown, bool):
-        delay_s = max(0.0, float(countdown))  # (a NaN: 0)
     return max(options.pending_ttl, math.ceil(delay_s))
 
 

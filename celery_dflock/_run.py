@@ -65,9 +65,6 @@ from celery_dflock.client.errors import (
 from celery_dflock.config import LockOptions, get_config
 
 __all__ = [
-    "BodyTarget",
-    "RunGuard",
-    "contended",
     "lock_lost",
     "lock_skipped",
     "locked_run",
@@ -164,17 +161,9 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         writer = runtime.held_writer()
         if writer is not None:
             guard.unrecord = writer.add(message.task_id, lock, options.limit)
+    fence = lock.fence
     try:
         result = guard.run_body(run, message.call, lock)
-        # The body may see the lock lost and return before on_lost runs: only "flag" lets
-        # such a run succeed.
-        if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
-            raise LockLost(
-                f"{guard.label} lost its lock {key!r} (fence {lock.fence}) "
-                f"while it ran; its body returned before the interrupt reached it, so the "
-                f"run fails (on_lock_lost={options.on_lock_lost!r})"
-            )
-        return result
     finally:
         try:
             lock.release()
@@ -182,6 +171,15 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
             if guard.unrecord is not None:
                 guard.unrecord()
             clear_held(request)
+    # The body may return before the loss reaches it (the release may be what finds it):
+    # only "flag" lets such a run succeed.
+    if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
+        raise LockLost(
+            f"{guard.label} lost its lock {key!r} (fence {fence}) while it ran; its body "
+            f"returned before the loss could interrupt it, so the run fails "
+            f"(on_lock_lost={options.on_lock_lost!r})"
+        )
+    return result
 
 
 def new_lock(

@@ -50,8 +50,8 @@ __all__ = [
     "HeldRecords",
     "HeldWriter",
     "Runtime",
-    "TaskRuns",
     "app_client",
+    "check_attributes",
     "get_runtime",
     "options_for",
     "pid_gone",
@@ -118,7 +118,11 @@ class TaskRuns:
         if plan is not None and plan.fits(config, attributes):
             return plan
         name = str(task.name)
-        given = read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
+        bound: tuple[tuple[object, ...], GivenOptions] | None = getattr(task, _CHECKED_ATTR, None)
+        if bound is not None and all(map(is_, bound[0], attributes)):
+            given = bound[1]
+        else:  # changed since the bind (or never bound): they enter here
+            given = read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
         options = None
         if _is_locked(task, config, attributes):
             options = resolve_options(config, name, given, None)
@@ -137,6 +141,16 @@ class TaskRuns:
         builder = KeyBuilder(cast("Any", source), task_name=str(task.name), run=run, prefix=prefix)
         self.keys = _Keys(builder, func, owner)
         return builder
+
+
+_CHECKED_ATTR: Final = "_dflock_checked_attributes"
+
+
+def check_attributes(task_cls: type[Any], name: str) -> None:
+    """Check the lock attributes a task class is bound with, and keep them for its runs."""
+    attributes = tuple([getattr(task_cls, option, None) for option in LOCK_OPTIONS])
+    given = read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
+    setattr(task_cls, _CHECKED_ATTR, (attributes, given))
 
 
 def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> bool:

@@ -411,38 +411,40 @@ def leases_above(app: Any, locked_task: type[Any], limit: int) -> list[str]:
     return warnings
 
 
-REDIS_VISIBILITY_DEFAULT_S: Final = 3600.0
-
-
 def countdowns_past_visibility(app: Any, locked_task: type[Any]) -> list[str]:
-    """A warning when ``app``'s broker is Redis and its ``visibility_timeout`` is not above the
-    longest countdown a locked task's message may wait (Redis would deliver it twice)."""
+    """A warning when ``app``'s broker delivers a message again after a ``visibility_timeout``
+    (Redis, SQS) not above the longest countdown a locked task's message may wait (the broker
+    would deliver it twice)."""
     try:  # kombu's transport, whatever the URL names it (rediss, sentinel, redis+socket, ...)
         with app.connection_for_write() as connection:
             driver = connection.transport.driver_type
     except Exception:  # a transport kombu cannot load here: not one this check knows
         return []
-    if driver != "redis":
+    # kombu's transports that deliver a message again after it: name, default, in words
+    known = {"redis": ("Redis", 3600.0, "an hour"), "sqs": ("SQS", 1800.0, "30 minutes")}
+    if driver not in known:
         return []
+    broker, default, in_words = known[driver]
     transport_options: Mapping[str, Any] = app.conf.broker_transport_options or {}
     try:
-        visibility = float(transport_options.get("visibility_timeout", REDIS_VISIBILITY_DEFAULT_S))
+        visibility = float(transport_options.get("visibility_timeout", default))
     except (TypeError, ValueError):
         return []
     longest, why, locked = OUTAGE_MAX_COUNTDOWN_S, "an outage retry's countdown (up to 30 s)", 0
     for name, options in locked_options(app, locked_task):
         locked += 1
-        if options.retry_backoff_max > longest:
+        retries = options.on_locked == "retry" and options.max_retries != 0
+        if retries and options.retry_backoff_max > longest:
             longest = options.retry_backoff_max
             why = f"the busy-key retries of task {name!r} (lock_retry_backoff_max={longest:g} s)"
     if not locked or visibility > longest:
         return []
     return [
-        f"the Redis broker's visibility_timeout ({visibility:g} s, broker_transport_options) "
+        f"the {broker} broker's visibility_timeout ({visibility:g} s, broker_transport_options) "
         f"is not above {why}: a worker holds a message sent again with a countdown "
-        "unacknowledged until it is due, and Redis delivers it again after visibility_timeout, "
-        f"so the run would run twice; raise visibility_timeout above {longest:g} s (its "
-        "default is an hour) or lower lock_retry_backoff_max"
+        f"unacknowledged until it is due, and {broker} delivers it again after "
+        f"visibility_timeout, so the run would run twice; raise visibility_timeout above "
+        f"{longest:g} s (its default is {in_words}) or lower lock_retry_backoff_max"
     ]
 
 

@@ -158,18 +158,15 @@ def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     return f"{task_name}:{digest(canonical)}"
 
 
-def _not_a_format(template: str, task_name: str, exc: ValueError) -> KeyDerivationError:
-    return KeyDerivationError(
-        f"lock_key template {template!r} of task {task_name!r} is not a valid format string: {exc}"
-    )
-
-
 def check_template(template: str, run: Callable[..., Any], *, task_name: str) -> None:
     """Raise :class:`KeyDerivationError` if ``template`` names a field ``run`` does not take."""
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
-        raise _not_a_format(template, task_name, exc) from exc
+        raise KeyDerivationError(
+            f"lock_key template {template!r} of task {task_name!r} is not a valid format "
+            f"string: {exc}"
+        ) from exc
     try:
         signature = inspect.signature(run)
     except (TypeError, ValueError):
@@ -236,12 +233,14 @@ class KeyBuilder:
             return safe_key(prefix + default_key(task_name, arguments))
         try:  # the template (``"report:{customer_id}"``) over the bound arguments
             raw = source.format_map(dict(arguments))
-        except (KeyError, IndexError, AttributeError) as exc:
+        except (LookupError, AttributeError, TypeError, ValueError) as exc:
             names = ", ".join(sorted(arguments)) or "none"
+            if isinstance(exc, KeyError) and exc.args and exc.args[0] not in arguments:
+                why = f"refers to {exc}, which is not among the task's arguments ({names})"
+            else:  # a field whose value does not fit it (``{n:d}`` of a str, ``{n[0]}``, ...)
+                problem = f"{type(exc).__name__}: {exc}"
+                why = f"cannot be filled from the task's arguments ({names}): {problem}"
             raise KeyDerivationError(
-                f"lock_key template {source!r} of task {task_name!r} refers to {exc}, which is "
-                f"not among the task's arguments ({names})"
+                f"lock_key template {source!r} of task {task_name!r} {why}"
             ) from exc
-        except ValueError as exc:
-            raise _not_a_format(source, task_name, exc) from exc
         return safe_key(prefix + raw)

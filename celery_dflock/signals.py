@@ -16,8 +16,9 @@ more; an app that locks tasks only through ``dflock_task_locks`` calls
 
 * ``worker_init`` (main process): lock the tasks named in ``dflock_task_locks``; clean up the
   held-lock records of workers that died without doing so.
-* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task, lock servers
-  the worker cannot reach, and leases above the longest the servers grant.
+* ``worker_ready``: warn about ``dflock_task_locks`` entries that name no task, a broker's
+  ``visibility_timeout`` (Redis, SQS) not above a retry's countdown, lock servers the worker
+  cannot reach, and leases above the longest the servers grant.
 * ``worker_process_init`` / ``worker_process_shutdown`` / ``worker_shutdown``: a fresh
   client in each prefork child; close it.
 * ``task_failure`` with ``WorkerLostError`` or a hard ``TimeLimitExceeded``, and

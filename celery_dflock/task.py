@@ -32,13 +32,12 @@ from celery_dflock._request import (
     request_headers,
 )
 from celery_dflock._run import locked_run
-from celery_dflock._runtime import AnyLock, app_client
+from celery_dflock._runtime import AnyLock, app_client, check_attributes
 from celery_dflock._settings import (
     LOCK_OPTIONS,
     GivenOptions,
     check_option_names,
     read_call_options,
-    read_options,
 )
 from celery_dflock.client.errors import DflockError
 from celery_dflock.keys import check_template
@@ -85,11 +84,7 @@ class LockedTask(Task):
             f"task {name or cls.__qualname__!r}",
         )
         # A bad value fails when the class is made, not at the first run in the worker.
-        read_options(
-            {option: getattr(cls, option, None) for option in LOCK_OPTIONS},
-            lambda option: f"attribute {option} of task {name or cls!r}",
-            what=f"task {name or cls!r}",
-        )
+        check_attributes(cls, name or cls.__qualname__)
         if isinstance(cls.lock_key, str) and callable(run) and isinstance(name, str):
             check_template(cls.lock_key, cast("Callable[..., Any]", run), task_name=name)
 
@@ -280,17 +275,19 @@ class LockedTask(Task):
 def _with_lock_options(
     options: dict[str, Any], headers: object, what: str
 ) -> tuple[dict[str, Any], GivenOptions | None]:
-    """The message's headers, with the lock options popped from ``options`` checked and
-    merged into `LOCK_OPTIONS_HEADER`; and those options when the headers gave none (so the
-    header holds just them, checked), else None."""
+    """The message's headers, with the lock options popped from ``options`` merged over those
+    of its `LOCK_OPTIONS_HEADER`, checked; and the merged options (None: none popped)."""
     merged = dict(cast("Mapping[str, Any]", headers or {}))
     lock_options = {name: options.pop(name) for name in LOCK_OPTIONS if name in options}
     if not lock_options:
         return merged, None
-    checked = read_call_options(lock_options, what)
-    given = cast("Mapping[str, object]", merged.get(LOCK_OPTIONS_HEADER) or {})
-    merged[LOCK_OPTIONS_HEADER] = {**given, **checked.by_name()}
-    return merged, None if given else checked
+    sent = read_call_options(
+        merged.get(LOCK_OPTIONS_HEADER) or {}, f"the {LOCK_OPTIONS_HEADER!r} header of {what}"
+    )
+    given = {name: value for name, value in lock_options.items() if value is not None}
+    checked = read_call_options({**sent.by_name(), **given}, what)
+    merged[LOCK_OPTIONS_HEADER] = checked.by_name()
+    return merged, checked
 
 
 def apply_task_locks(app: Any) -> list[str]:

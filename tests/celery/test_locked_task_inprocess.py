@@ -20,7 +20,7 @@ from celery_dflock import (
     LockSkipped,
     ServerUnavailable,
 )
-from celery_dflock.client import DistributedLock
+from celery_dflock.client import Client, DistributedLock
 from celery_dflock.config import DflockConfigError, reset_config
 from celery_dflock.signals import install, lock_lost, lock_skipped
 from celery_dflock.task import apply_task_locks
@@ -425,6 +425,40 @@ def test_lost_lock_interrupts_the_body_and_sends_lock_lost(server: ServerThread)
     assert "lost its lock 'lose'" in str(outcome[0])
     assert [s["key"] for s in signals_seen] == ["lose"]
     assert signals_seen[0]["policy"] == "interrupt"
+
+
+@pytest.mark.parametrize("policy", ["interrupt", "terminate", "flag"])
+def test_a_loss_the_release_finds_fails_the_run_but_under_flag(
+    server: ServerThread, policy: str
+) -> None:
+    """The key is freed under the run (an operator's force release) and its body returns
+    before a renewal could tell it: the release finds the loss. The run whose lock was lost
+    is no success, but under ``on_lock_lost="flag"`` (it ended as a success before)."""
+    app = inproc_app(server)
+    signals_seen: list[dict[str, Any]] = []
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key="freed", on_lock_lost=policy)
+    def job(self: LockedTask) -> str:
+        client = Client(servers=[server.address])
+        try:
+            assert client.force_release("freed", note="test") == 1
+        finally:
+            client.close()
+        return "done"
+
+    def on_lost(sender: Any = None, **kwargs: Any) -> None:
+        signals_seen.append(kwargs)
+
+    lock_lost.connect(on_lost)
+    try:
+        if policy == "flag":
+            assert job() == "done"
+        else:
+            with pytest.raises(LockLost, match="lost its lock 'freed'"):
+                job()
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert [s["key"] for s in signals_seen] == ["freed"]
 
 
 def test_bad_task_attribute_is_a_clear_error(server: ServerThread) -> None:

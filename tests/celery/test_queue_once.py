@@ -285,6 +285,21 @@ def test_a_naive_eta_is_utc_as_celery_reads_it(rig: Rig) -> None:
     assert rig.key_free(f"once:{name}", wait_s=FREE_WAIT_S)
 
 
+def test_a_countdown_wins_over_an_eta_for_the_holds_lease(rig: Rig) -> None:
+    """Given both, Celery sends the message due at its ``countdown``; the hold's lease followed
+    the ``eta``, so a message due after its ``lock_pending_ttl`` lost its hold before it was
+    due, and a duplicate could be queued."""
+    parked = unique("dflock-nobody")
+    name = unique("countdown-eta")
+    eta = datetime.now(UTC) + timedelta(seconds=1)
+    rig.tasks["plain"].apply_async(
+        (name,), queue=parked, lock_from="publish", lock_pending_ttl=2, countdown=60, eta=eta
+    )
+    assert messages(rig, parked) == 1
+    time.sleep(4)  # past lock_pending_ttl and the eta, long before the message is due
+    assert not rig.key_free(f"once:{name}", wait_s=0)
+
+
 def test_retry_keeps_the_hold(rig: Rig) -> None:
     """A run that retries hands its hold to the retry: during the countdown a duplicate still
     gets its id, and the retried run holds the same grant."""

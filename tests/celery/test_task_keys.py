@@ -130,6 +130,29 @@ def test_template_naming_an_unknown_argument_is_a_clear_error() -> None:
     check_template("report:{customer_id}:{kind}", report, task_name="proj.report")
 
 
+@pytest.mark.parametrize(
+    ("template", "customer_id", "says"),
+    [
+        ("report:{customer_id:d}", None, "TypeError: unsupported format string"),
+        ("report:{customer_id[0]}", 7, "TypeError: 'int' object is not subscriptable"),
+        ("report:{customer_id:d}", "x", "ValueError: Unknown format code 'd'"),
+        ("report:{customer_id.region}", 7, "AttributeError: 'int' object has no attribute"),
+    ],
+)
+def test_a_template_that_cannot_format_the_arguments_is_a_clear_error(
+    template: str, customer_id: object, says: str
+) -> None:
+    """A template valid as a format string whose fields do not fit the values given: a raw
+    TypeError came out of the run, and the others were said to be no format string or to name
+    no argument."""
+    with pytest.raises(KeyDerivationError) as failure:
+        key_of(template, customer_id)
+    assert str(failure.value).startswith(
+        f"lock_key template {template!r} of task 'proj.report' cannot be filled from the "
+        f"task's arguments (customer_id, fmt, kind): {says}"
+    )
+
+
 def test_arguments_that_do_not_match_the_signature_are_a_clear_error() -> None:
     with pytest.raises(KeyDerivationError, match="do not match its signature"):
         key_of(None, 1, 2, 3, 4)
