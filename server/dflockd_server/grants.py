@@ -59,6 +59,9 @@ class Grants:
         self.grant_check: Callable[[str], bytes | None] | None = None
         """The ownership check (None: every key is served), asked before a queued waiter is
         promoted."""
+        self.held_back: set[str] = set()
+        """Keys whose waiters ``grant_check`` kept from promotion: nothing else wakes them once
+        the ownership serves the key again (``promote_held_back``)."""
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
@@ -382,6 +385,17 @@ class Grants:
         self.fill(state, now)
         return len(gone)
 
+    def promote_held_back(self) -> None:
+        """Promote the waiters the ownership check held back, where it serves their key now
+        (a new ownership: the fence of a shard gained or split raised, say)."""
+        keys, self.held_back = self.held_back, set()
+        now = self.clock()
+        for key in keys:
+            state = self.keys.get(key)
+            if isinstance(state, KeyState) and state.n_waiting:
+                self.fill(state, now)
+        self.flush()
+
     def fill(self, state: KeyState, now: float) -> None:
         """Grant queued waiters, in FIFO order, while the key has free slots."""
         queue = state.queue
@@ -392,6 +406,7 @@ class Grants:
             return  # they wait for it (``fill_waiting``)
         check = self.grant_check
         if check is not None and check(state.key) is not None:
+            self.held_back.add(state.key)
             return
         items = queue.items
         while state.n_waiting and state.n_held < state.limit:
