@@ -981,3 +981,34 @@ def test_a_waiter_held_back_while_its_shard_is_cleared_is_granted_once_it_is() -
         server.server.set_ownership(snapshot(None))  # its fence raised: served
         waiter.sock.settimeout(5.0)
         assert waiter.recv().startswith("ok "), "the waiter was left queued on a free key"
+
+
+def test_a_member_cut_off_from_etcd_keeps_no_grant_alive_through_a_client_session(
+    members: Callable[..., Member], etcd_server: EtcdServer
+) -> None:
+    """A member cut off from etcd renews nothing: its holders' leases end within the longest
+    lease it published, which is what its heir waits before granting their keys again. A
+    client session's keep-alive (``ping _ session <id>``, how a client keeps its locks) is a
+    renewal too. Before, the member answered it ``ok`` and extended every grant of the session
+    while fenced: the holder went on believing it held its key after the heir had granted it
+    to another client."""
+    host, port = etcd_server.url.removeprefix("http://").rsplit(":", 1)
+    with FaultProxy((host, int(port))) as proxy:
+        a = members(longest=3, etcd_url=f"http://{proxy.address[0]}:{proxy.address[1]}")
+        b = members(longest=3)
+        for m in (a, b):
+            wait_metric(m, "dflockd_cluster_shards", SHARD_COUNT // 2, state="serving")
+        key = a.key("session:")
+        with Client([a.address], lease_ttl_s=3) as holder, holder.lock(key) as lock:
+            proxy.stall(120)  # etcd unreachable from a only: b takes a's shards over
+            wait_until(
+                lambda: b.serves(key), timeout=WAIT_S, what="b serving a's shards after the wait"
+            )
+            with Client([b.address], acquire_timeout_s=0) as other:
+                taken = other.lock(key)
+                granted = taken.acquire()
+                assert granted, "b did not grant the key"
+                try:
+                    assert not lock.owned(), "two holders: a's session kept the grant alive"
+                finally:
+                    taken.release()
