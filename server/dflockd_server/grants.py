@@ -61,7 +61,7 @@ class Grants:
         promoted."""
         self.held_back: set[str] = set()
         """Keys whose waiters ``grant_check`` kept from promotion: nothing else wakes them once
-        the ownership serves the key again (``promote_held_back``)."""
+        the ownership serves the key again (``promote_held_back``, at each lease sweep)."""
         self.clock = clock
         self.new_token = new_token
         self.max_locks = max_locks
@@ -387,7 +387,9 @@ class Grants:
 
     def promote_held_back(self) -> None:
         """Promote the waiters the ownership check held back, where it serves their key now
-        (a new ownership: the fence of a shard gained or split raised, say)."""
+        (a cluster member's shard held back while its fence was raised, say)."""
+        if not self.held_back:
+            return
         keys, self.held_back = self.held_back, set()
         now = self.clock()
         for key in keys:

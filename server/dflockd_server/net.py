@@ -632,8 +632,9 @@ class Server:
         self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)
         try:
             self.table.expire()
+            self.table.grants.promote_held_back()
         except FenceStateError as exc:
-            log.error("cannot issue a token to a waiter after a lease expired: %s", exc)
+            log.error("cannot issue a token to a waiter: %s", exc)
         journal = self.journal
         if journal is not None:
             self._journal_upkeep(journal)

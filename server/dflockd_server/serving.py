@@ -11,7 +11,6 @@ from its config.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, TypeVar
@@ -100,7 +99,6 @@ class KeyServing:
             self.asked_check = ownership.check_asked
             self.admit_ask = ownership.admit_ask
             self._grant_checks()
-        self._promote_held_back()
 
     def attach(self, table: LockTable) -> None:
         """The server's lock table: it asks the current ownership before each promotion of a
@@ -115,15 +113,6 @@ class KeyServing:
             grants = self.table.grants
             grants.grant_check = self.key_check
             grants.asked_check = None if self.key_check is None else self.ownership.check_asked
-
-    def _promote_held_back(self) -> None:
-        """The waiters an earlier ownership kept from promotion get their turn under this one
-        (on the loop)."""
-        table, loop = self.table, self.loop
-        if table is None or loop is None or not table.grants.held_back:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(table.grants.promote_held_back)
 
     def may_hold(self, key: str) -> bool:
         """Whether a grant on ``key`` may be renewed, taken over or handed down now:

@@ -957,7 +957,7 @@ def test_a_waiter_held_back_while_its_shard_is_cleared_is_granted_once_it_is() -
     gained): one snapshot, then one serving it. A key held and queued there whose holder
     released in between had its waiters left in the queue: nothing promoted them later, and
     each waited out its whole timeout on a free key (the hand-over test's ``not_granted``,
-    under load). They are granted once the next snapshot serves the key."""
+    under load). They are granted once the key is served again (at the next lease sweep)."""
     key = "moved:held"
     shard = shard_id(key)
     view = ClusterView(frozenset({"me:1"}), "me:1", ShardMap())
