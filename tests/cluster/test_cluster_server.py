@@ -1012,3 +1012,5 @@ def test_a_member_cut_off_from_etcd_keeps_no_grant_alive_through_a_client_sessio
                     assert not lock.owned(), "two holders: a's session kept the grant alive"
                 finally:
                     taken.release()
+        proxy.resume()  # a rejoins before the proxy goes (its etcd connections through it)
+        wait_metric(a, "dflockd_cluster_fenced", 0)
