@@ -471,7 +471,9 @@ class Session:
         journal = self.grants.journal
         if journal is not None and not journal.writable and not journal.mark_removed:
             return p.REPLY_ERROR  # it renews the session's grants: refused as renewals are
-        return p.REPLY_OK if self.table.keep_alive(session_id) else p.REPLY_ERROR
+        # ... and as `_renew` does, only where they may be held (not while fenced).
+        may_hold = None if self.host.key_check is None else self.host.may_hold
+        return p.REPLY_OK if self.table.keep_alive(session_id, may_hold) else p.REPLY_ERROR
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hello``; with sessions on, ``hello _ session`` makes this a session connection and

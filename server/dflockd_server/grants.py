@@ -69,10 +69,13 @@ class Grants:
         self.idle = IdleLog()
         self.leases = LeaseIndex()
         self.wakes: list[Waiter] = []
-        self.stalled: dict[str, KeyState] = {}
-        """Keys whose first waiter could be issued no token (``fill``): filled again at the
-        next sweep (``fill_stalled``)."""
         """Waiters granted by the change under way, announced by ``flush`` once it is done."""
+        self.stalled: set[str] = set()
+        """Keys with a free slot whose first waiter could be issued no token yet (``fill``)."""
+        self.held_back: set[str] = set()
+        """Keys whose waiters ``grant_check`` kept from promotion (a cluster member's shard
+        while its fence is raised). Nothing else wakes either kind once it could be granted:
+        both are filled again at each lease sweep (``fill_again``)."""
         self.detached = Client(0)
         """The owner of detached holds (connections are numbered from 1)."""
         self.restored = Client(-1)
@@ -101,11 +104,14 @@ class Grants:
         self._fill_every(self.clock())
         self.flush()
 
-    def fill_stalled(self, now: float) -> None:
-        """Fill the ``stalled`` keys again (the sweep)."""
-        stalled, self.stalled = self.stalled, {}
-        for state in stalled.values():
-            self.fill(state, now)
+    def fill_again(self, now: float) -> None:
+        """Fill the ``stalled`` and ``held_back`` keys again (the sweep)."""
+        keys = self.stalled | self.held_back
+        self.stalled, self.held_back = set(), set()
+        for key in keys:
+            state = self.keys.get(key)
+            if isinstance(state, KeyState) and state.n_waiting:
+                self.fill(state, now)
 
     def _fill_every(self, now: float) -> None:
         for state in list(self.keys.values()):
@@ -401,6 +407,7 @@ class Grants:
             return  # they wait for it (``fill_waiting``)
         check = self.grant_check
         if check is not None and check(state.key) is not None:
+            self.held_back.add(state.key)
             return
         items = queue.items
         while state.n_waiting and state.n_held < state.limit:
@@ -419,7 +426,7 @@ class Grants:
                         state, owner, waiter.lease_ttl, now, waiter.note, waiter.client
                     )
             except FenceStateError:
-                self.stalled[state.key] = state
+                self.stalled.add(state.key)
                 return
             queue.head += 1
             waiter.active = False

@@ -161,15 +161,24 @@ class LockTable:
         if session is not None:
             self._end_session_of(session, self.clock())
 
-    def keep_alive(self, session_id: str) -> bool:
+    def keep_alive(self, session_id: str, may_hold: Callable[[str], bool] | None = None) -> bool:
         """``ping _ session <id>``: the session lives ``ttl`` seconds more from now, and each
-        of its grants its own lease. ``False`` when there is no such session."""
+        of its grants its own lease. ``False`` when there is no such session, or when
+        ``may_hold`` refuses the key of one of its grants (a fenced cluster member renews
+        nothing): then nothing is renewed, and the holder learns the loss."""
         session = self.sessions.get(session_id)
         if session is None:
             return False
         now = self.clock()
         if session.expires_at <= now:
             self._end_session_of(session, now)
+            return False
+        if may_hold is not None and not all(
+            may_hold(holder.key)
+            for client in session.clients
+            for holder in client.held
+            if holder.live and holder.client is client
+        ):
             return False
         session.expires_at = now + session.ttl
         keys = self.grants.keys
@@ -695,15 +704,15 @@ class LockTable:
         return dropped
 
     def expire(self) -> int:
-        """Expire every lease that has run out, and fill the keys whose waiters could be issued
-        no token before (``Grants.stalled``); returns how many expired (no scan of the table)."""
+        """Expire every lease that has run out, and fill the keys whose waiters could not be
+        granted before (``Grants.fill_again``); returns how many expired (no scan of the table)."""
         grants = self.grants
         now = self.clock()
         expired = 0
         if grants.in_grace:
             grants.in_grace_at(now)
-        if grants.stalled:
-            grants.fill_stalled(now)
+        if grants.stalled or grants.held_back:
+            grants.fill_again(now)
         if self.sessions:
             for session in [s for s in self.sessions.values() if s.expires_at <= now]:
                 self._end_session_of(session, now)

@@ -12,12 +12,14 @@ import asyncio
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from celery_dflock.client import AsyncDistributedLock, DistributedLock
 from celery_dflock.client.clients import AsyncClient, Client
 from celery_dflock.client.errors import DflockError, ServerUnavailable
 from dflockd_server.cluster.etcd import EtcdClient
@@ -117,6 +119,12 @@ def fleet(etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path) -> Iterator
         member.stop()
 
 
+def why_not(lock: DistributedLock | AsyncDistributedLock, began: float) -> str:
+    """An acquire's key, and if it was not granted, where, after how long and why."""
+    why = lock.handover or "timed out there: busy"
+    return f"{lock.key} on {lock.server[1]} after {time.monotonic() - began:.1f} s: {why}"
+
+
 class Workload:
     """Acquirers on both faces, each taking and releasing the keys in turn with a
     ``lock_timeout`` of `LOCK_TIMEOUT_S`, until told to stop; every outcome is counted."""
@@ -127,6 +135,7 @@ class Workload:
         self.guard = threading.Lock()
         self.granted = 0
         self.not_granted: list[str] = []
+        """Each acquire not granted: its key, where, after how long and why (`why_not`)."""
         self.errors: list[BaseException] = []
         self.progress = threading.Condition(self.guard)
         self.workers = [
@@ -153,6 +162,7 @@ class Workload:
                 key = KEYS[turn % len(KEYS)]
                 turn += 1
                 lock = client.lock(key)
+                began = time.monotonic()
                 try:
                     granted = lock.acquire()
                     if granted:
@@ -160,7 +170,7 @@ class Workload:
                 except DflockError as exc:
                     self.record(key, None, exc)
                 else:
-                    self.record(key, granted)
+                    self.record(key if granted else why_not(lock, began), granted)
                 self.stop.wait(PACE_S)
 
     def asyncio(self, tasks: int) -> None:
@@ -170,6 +180,7 @@ class Workload:
                 key = KEYS[turn % len(KEYS)]
                 turn += 1
                 lock = client.lock(key)
+                began = time.monotonic()
                 try:
                     granted = await lock.acquire()
                     if granted:
@@ -177,7 +188,7 @@ class Workload:
                 except DflockError as exc:
                     self.record(key, None, exc)
                 else:
-                    self.record(key, granted)
+                    self.record(key if granted else why_not(lock, began), granted)
                 await asyncio.sleep(PACE_S)
 
         async def run() -> None:

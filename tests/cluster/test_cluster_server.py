@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import socket
 import threading
 import time
@@ -16,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from celery_dflock.client.clients import Client
-from dflockd_server import Config
+from dflockd_server import Config, protocol as p
 from dflockd_server.cluster.etcd import EtcdClient
+from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.ops import ClusterOpError, pin, read_view, rebalance, unpin
-from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
+from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap, shard_id
+from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.config import ConfigError
 from dflockd_server.testing import ServerThread
 from tests.faults.conftest import long_only
@@ -946,3 +949,68 @@ def test_a_member_killed_and_restarted_in_place_gets_its_share_back_without_a_co
         f"balanced again {time.monotonic() - killed:.1f} s after the kill, {took:.1f} s after "
         f"the restart: {[m.shards('serving') for m in trio]}"
     )
+
+
+def test_a_waiter_held_back_while_its_shard_is_cleared_is_granted_once_it_is() -> None:
+    """A member holds a shard back (``error_unavailable``, even for the keys it holds) while it
+    raises its fencing counter for a new assignment of it (split towards another member, or
+    gained): one snapshot, then one serving it. A key held and queued there whose holder
+    released in between had its waiters left in the queue: nothing promoted them later, and
+    each waited out its whole timeout on a free key (the hand-over test's ``not_granted``,
+    under load). They are granted once the key is served again (at the next lease sweep)."""
+    key = "moved:held"
+    shard = shard_id(key)
+    view = ClusterView(frozenset({"me:1"}), "me:1", ShardMap())
+
+    def snapshot(verdict: bytes | None) -> ClusterOwnership:
+        verdicts: list[bytes | None] = [None] * SHARD_COUNT
+        verdicts[shard] = verdict
+        return ClusterOwnership("me:1", view, tuple(verdicts), math.inf, time.monotonic)
+
+    with (
+        ServerThread(ownership=snapshot(None)) as server,
+        Wire(server.address) as holder,
+        Wire(server.address) as waiter,
+    ):
+        token = holder.lock(key)
+        waiter.send_lock(key, timeout=int(WAIT_S))
+        wait_until(lambda: server.call(lambda: server.server.table.queued) == 1)
+        server.server.set_ownership(snapshot(p.REPLY_ERROR_UNAVAILABLE))  # held back
+        assert holder.req("r", key, token) == "ok"
+        waiter.assert_silent()  # not granted while held back
+        server.server.set_ownership(snapshot(None))  # its fence raised: served
+        waiter.sock.settimeout(5.0)
+        assert waiter.recv().startswith("ok "), "the waiter was left queued on a free key"
+
+
+def test_a_member_cut_off_from_etcd_keeps_no_grant_alive_through_a_client_session(
+    members: Callable[..., Member], etcd_server: EtcdServer
+) -> None:
+    """A member cut off from etcd renews nothing: its holders' leases end within the longest
+    lease it published, which is what its heir waits before granting their keys again. A
+    client session's keep-alive (``ping _ session <id>``, how a client keeps its locks) is a
+    renewal too. Before, the member answered it ``ok`` and extended every grant of the session
+    while fenced: the holder went on believing it held its key after the heir had granted it
+    to another client."""
+    host, port = etcd_server.url.removeprefix("http://").rsplit(":", 1)
+    with FaultProxy((host, int(port))) as proxy:
+        a = members(longest=3, etcd_url=f"http://{proxy.address[0]}:{proxy.address[1]}")
+        b = members(longest=3)
+        for m in (a, b):
+            wait_metric(m, "dflockd_cluster_shards", SHARD_COUNT // 2, state="serving")
+        key = a.key("session:")
+        with Client([a.address], lease_ttl_s=3) as holder, holder.lock(key) as lock:
+            proxy.stall(120)  # etcd unreachable from a only: b takes a's shards over
+            wait_until(
+                lambda: b.serves(key), timeout=WAIT_S, what="b serving a's shards after the wait"
+            )
+            with Client([b.address], acquire_timeout_s=0) as other:
+                taken = other.lock(key)
+                granted = taken.acquire()
+                assert granted, "b did not grant the key"
+                try:
+                    assert not lock.owned(), "two holders: a's session kept the grant alive"
+                finally:
+                    taken.release()
+        proxy.resume()  # a rejoins before the proxy goes (its etcd connections through it)
+        wait_metric(a, "dflockd_cluster_fenced", 0)

@@ -180,6 +180,7 @@ def test_a_pin_or_unpin_is_made_on_a_record_a_member_wrote_meanwhile(
     keys = ClusterKeys(prefix)
     start = ShardAssignment("a:1", "a:1", ("pinned",) if change == "unpin" else ())
     write_shards(etcd, keys.shards, {7: ShardWrite(0, start)})
+    put(etcd, keys.member("b:1"), "b:1")  # a pin is onto a live member
     client = WrittenMeanwhile(etcd_server.url)
     client.key = keys.shard(7)
     moved = ShardAssignment("b:1", "b:1", start.flags)  # a handover done, meanwhile
@@ -230,3 +231,24 @@ def test_operator_commands(etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefi
     assert code == 2 and "--cluster (or DFLOCKD_CLUSTER)" in err
     with pytest.raises(ClusterOpError, match="no live member"):
         rebalance(etcd, "/nobody-here")
+
+
+def test_a_pin_onto_a_node_that_is_no_live_member_is_refused(
+    etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefix: str
+) -> None:
+    """A NODE that is no live member (a typo in its port, say) is refused, naming the live
+    ones: written, the shard moved out of its member towards nobody and was unavailable until
+    an unpin (the command said ``shard 7: a:2,a:1,f=pinned`` and exited 0)."""
+    prefix = etcd_prefix.rstrip("/")
+    url = f"etcd://127.0.0.1:{etcd_server.client_port}{prefix}"
+    keys = ClusterKeys(prefix)
+    m = ShardMap.initial(["a:1", "b:1"])
+    write_shards(etcd, keys.shards, {s: ShardWrite(0, a) for s, a in m.items()})
+    put(etcd, keys.member("a:1"), "a:1")
+    put(etcd, keys.member("b:1"), "b:1")
+    code, _, err = run(["pin", "--cluster", url, "7", "a:2"])
+    assert code == 1, err
+    assert "a:2 is not a live member" in err and "a:1, b:1" in err, err
+    assert read_view(etcd, prefix).shard_map[7] == m[7]  # nothing written
+    code, out, _ = run(["pin", "--cluster", url, "7", "a:1"])
+    assert code == 0 and out.strip() == "shard 7: a:1,b:1,f=pinned"

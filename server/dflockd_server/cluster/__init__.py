@@ -5,14 +5,3 @@ an etcd lease, the leader's upkeep), ``mapwrite`` (conditioned map writes), ``de
 verdicts) and ``snapshot`` (the server's ``Ownership``), ``node`` (the member inside a server),
 ``handover`` (the moves it writes), ``ops`` (the operator's commands).
 """
-
-from dflockd_server.cluster.shardmap import (
-    PINNED,
-    SHARD_COUNT,
-    Move,
-    ShardAssignment,
-    ShardMap,
-    shard_id,
-)
-
-__all__ = ["PINNED", "SHARD_COUNT", "Move", "ShardAssignment", "ShardMap", "shard_id"]

@@ -144,6 +144,13 @@ def _change_one(
         raise ClusterOpError(f"shard {shard} is outside 0..{SHARD_COUNT - 1}")
     for _ in range(CHANGE_ATTEMPTS):
         view = read_view(client, prefix)
+        if node is not None and node not in view.members:
+            # Pinned there, the shard would move out of its member towards nobody.
+            live = ", ".join(sorted(view.members)) or "none"
+            raise ClusterOpError(
+                f"cannot pin shard {shard}: {node} is not a live member (live: {live}); "
+                "give a member's --advertise address"
+            )
         try:
             new_map = (
                 view.shard_map.pin(shard, node) if change == "pin" else view.shard_map.unpin(shard)
