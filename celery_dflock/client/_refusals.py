@@ -75,7 +75,7 @@ def refusal_error(
         return errors.ServerReadOnly(
             f"server {where} refused {command.label} for {what}: it cannot write its lease "
             "journal (a full or failing disk under its --state-dir), so it grants nothing new "
-            "until it can (every lock held stays held, renewals and releases go on); retry "
+            "until it can (locks held stay held while it answers their renewals); retry "
             "shortly, and free space on the server's disk"
         )
     lease = ""
