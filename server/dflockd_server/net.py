@@ -110,6 +110,8 @@ class Server:
         self.snapshots: RationedSnapshots | None = None
         """Answers ``stats`` (rationed: see ``snapshots``)."""
         self._timers: list[asyncio.TimerHandle] = []
+        self._stalled_said = 0
+        """How many keys stalled (no token for their next waiter) the log last said."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.clock: Callable[[], float] = time.monotonic
         """The loop's clock (``loop_clock``): the lock table's and the connections' time."""
@@ -636,12 +638,18 @@ class Server:
         self._timers[0] = self.loop.call_later(self.config.lease_sweep_interval_s, self._sweep)
         table = self.table
         table.expire()
-        if table.grants.stalled:
-            log.error(
-                "no fencing token could be issued to the next waiter of %d key(s) (the next "
-                "fence ceiling is not stored yet); tried again at each lease sweep",
-                len(table.grants.stalled),
-            )
+        stalled = len(table.grants.stalled)
+        if stalled != self._stalled_said:
+            self._stalled_said = stalled
+            if stalled:
+                log.error(
+                    "no token could be issued to the next waiter of %d key(s) (its fence "
+                    "ceiling or lease bound could not be stored yet); tried again at each lease "
+                    "sweep",
+                    stalled,
+                )
+            else:
+                log.info("the waiters of every key are granted again as their turn comes")
         journal = self.journal
         if journal is not None:
             self._journal_upkeep(journal)

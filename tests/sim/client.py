@@ -629,7 +629,7 @@ class SimClient:
                 ):
                     attempt.keepalive_t.append((self.global_t(sent), self.loop.now))
             elif reply is not None:
-                session.end("the server had no such session: it ended it, and its grants")
+                session.end("the server refused its keep-alive")
             self._keep_tick(session)
 
         conn.request(Command.PING, _requests.encode_keepalive(session.id), timeout, answered)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState, RenewOutcome, redact
-from celery_dflock.client._replies import Ok, Reply
+from celery_dflock.client._replies import Granted, Ok, Reply
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._session import Sessions
 from celery_dflock.client._settings import Endpoint
@@ -449,6 +449,8 @@ class Holding:
             command, data, timeout = core.wait_request(0)
             sent = time.monotonic()
             reply = conn.request(command, data, timeout)
+            if not isinstance(reply, Granted):  # not granted: nothing to read into the lock
+                return False
             if not core.on_grant_reply(command, reply, sent, conn.server, conn.session):
                 return False
             command, data, timeout = core.release_request()

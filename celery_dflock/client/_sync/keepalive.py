@@ -58,7 +58,11 @@ def keep_session_alive(session: ClientSession, endpoint: Endpoint, checkout: Che
             timeout = max(MIN_RENEW_INTERVAL_S, min(REPLY_GRACE_S, left))
             kept = conn.keep_alive(session, timeout)
             if kept is False:
-                session.end("the server had no such session: it ended it, and its grants")
+                session.end(
+                    "the server refused its keep-alive (no such session any more, or it may not "
+                    "renew its grants: a cluster member cut off from etcd, a journal it cannot "
+                    "write)"
+                )
                 return
             if kept is None:  # the request closed the connection
                 pause(RETRY_PAUSE_S)
