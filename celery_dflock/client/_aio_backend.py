@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
 
-from celery_dflock.client._async.connection import AsyncConnection
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
+
+if TYPE_CHECKING:
+    from celery_dflock.client._async.connection import AsyncConnection
 
 __all__ = [
     "AsyncPoolFace",

@@ -25,7 +25,7 @@ from celery_dflock.client._replies import Reply, ReplyParser
 from celery_dflock.client._requests import Command
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._watch import can_watch
-from celery_dflock.client.errors import ServerUnavailable
+from celery_dflock.client.errors import DflockError, ServerUnavailable
 
 __all__ = ["RECV_BYTES", "AsyncStreamTransport", "SocketTransport"]
 
@@ -215,6 +215,34 @@ class SocketTransport:
             return None
         return self.sock.fileno()
 
+    def half_close(self) -> bool:
+        """Send EOF and keep reading (an interrupted acquire's reply still to come); False,
+        doing nothing, over TLS (its close cannot be half)."""
+        if isinstance(self.sock, ssl.SSLSocket):
+            return False
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return False
+        return True
+
+    def leftover(self, command: Command, timeout: float) -> Reply | None:
+        """After `half_close`: the reply to ``command`` if it comes before EOF and within
+        ``timeout`` s, else None."""
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(OSError, DflockError):
+            while (reply := self.parser.next_reply(command)) is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self.sock.settimeout(remaining)
+                chunk = self.sock.recv(RECV_BYTES)
+                if not chunk:
+                    return None
+                self.parser.feed(chunk)
+            return reply
+        return None
+
     def close(self, *, abort: bool) -> None:
         """Close the socket (never ``shutdown``: a forked twin may share it). Idempotent."""
         del abort
@@ -349,6 +377,28 @@ class AsyncStreamTransport:
             or self._writer.is_closing()
             or self._stream.peer_closed
         )
+
+    def half_close(self) -> bool:
+        """Send EOF and keep reading (an interrupted acquire's reply still to come); False,
+        doing nothing, over TLS (its close cannot be half)."""
+        writer = self._writer
+        if self.pid != os.getpid() or writer.is_closing() or not writer.can_write_eof():
+            return False
+        writer.write_eof()
+        return True
+
+    async def leftover(self, command: Command, timeout: float) -> Reply | None:
+        """After `half_close`: the reply to ``command`` if it comes before EOF and within
+        ``timeout`` s, else None."""
+        with contextlib.suppress(OSError, DflockError):  # TimeoutError included
+            async with asyncio.timeout(timeout):
+                while (reply := self.parser.next_reply(command)) is None:
+                    chunk = await self._reader.read(RECV_BYTES)
+                    if not chunk:
+                        return None
+                    self.parser.feed(chunk)
+                return reply
+        return None
 
     def close(self, *, abort: bool) -> None:
         """Start closing (``abort``: dropping unsent data); in a forked child, drop our copy

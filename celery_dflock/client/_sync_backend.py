@@ -11,14 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
 from celery_dflock.client._renewal import Renewal, Renewer
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
-from celery_dflock.client._sync.connection import Connection
 from celery_dflock.client._threads import leave_signals_to_the_main_thread
+
+if TYPE_CHECKING:
+    from celery_dflock.client._sync.connection import Connection
 
 __all__ = [
     "Background",

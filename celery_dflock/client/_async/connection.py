@@ -10,11 +10,12 @@ import asyncio
 import contextlib
 import os
 import time
-from typing import Self
+from typing import Final, Self
 
 from celery_dflock.client import _replies, _requests, wire
+from celery_dflock.client._aio_backend import Background, background
 from celery_dflock.client._connection import AsyncStreamTransport
-from celery_dflock.client._replies import ErrorReply, Reply, ReplyParser
+from celery_dflock.client._replies import ErrorReply, Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     CLOSING_ERRORS,
@@ -27,6 +28,15 @@ from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavailable
 
 __all__ = ["AsyncConnection"]
+
+SEMAPHORE_GRANTING: Final = frozenset({Command.SEM_LOCK, Command.SEM_ENQUEUE, Command.SEM_WAIT})
+GRANTING: Final = SEMAPHORE_GRANTING | {
+    Command.LOCK,
+    Command.ENQUEUE,
+    Command.WAIT,
+    Command.HOLD,
+}
+"""The requests whose reply may be a grant (`AsyncConnection._reap`)."""
 
 
 def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
@@ -66,6 +76,7 @@ class AsyncConnection:
         self._lock = asyncio.Lock()
         self._closed = False
         self._in_flight = False
+        self._reaper: Background | None = None  # `_reap`'s, kept from collection
 
     @classmethod
     async def open(cls, endpoint: Endpoint) -> Self:
@@ -90,7 +101,8 @@ class AsyncConnection:
                 if self._parser.buffered:
                     raise unsolicited(self.endpoint, self._parser)
             except BaseException as exc:
-                self.close(abort=True)
+                if isinstance(exc, OSError | DflockError) or not self._reap(command, data):
+                    self.close(abort=True)
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc
                 raise
@@ -100,6 +112,44 @@ class AsyncConnection:
                 self.close(abort=True)
             self.last_used = time.monotonic()
             return reply
+
+    def _reap(self, command: Command, data: bytes) -> bool:
+        """An acquire interrupted on a session connection (cancelled, a signal's exception):
+        a grant the server already sent belongs to the session, which its keep-alives would
+        keep for good with nobody knowing its token. Half-close (a grant made after the
+        server sees EOF ends at once) and, in the background, read what is left and release
+        a grant found in it. False (TLS, no thread): nothing done, the caller closes."""
+        if command not in GRANTING or self.session is None or not self.transport.half_close():
+            return False
+        key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
+        try:
+            self._reaper = background(
+                lambda: self._release_leftover(command, key), f"dflock-reap:{key}"
+            )
+        except RuntimeError:  # no thread (a process at its pid limit)
+            return False
+        self._closed = True
+        return True
+
+    async def _release_leftover(self, command: Command, key: str) -> None:
+        """`_reap`'s background part: a grant in the reply still to come is released over a
+        connection of its own, then this one is closed."""
+        try:
+            reply = await self.transport.leftover(command, REPLY_GRACE_S)
+        finally:
+            self.transport.close(abort=True)
+        if not isinstance(reply, Granted):
+            return
+        if command in SEMAPHORE_GRANTING:
+            release = Command.SEM_RELEASE, _requests.encode_sem_release(key, reply.token)
+        else:
+            release = Command.RELEASE, _requests.checked_release(key, reply.token)
+        with contextlib.suppress(DflockError):  # else its session's time frees it
+            conn = await type(self).open(self.endpoint)
+            try:
+                await conn.request(*release)
+            finally:
+                await conn.aclose()
 
     def close(self, *, abort: bool = False) -> None:
         """Start closing (no await needed; ``abort``: unsent bytes dropped); idempotent."""

@@ -12,11 +12,11 @@ import contextlib
 import os
 import threading
 import time
-from typing import Self
+from typing import Final, Self
 
 from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._connection import SocketTransport
-from celery_dflock.client._replies import ErrorReply, Reply, ReplyParser
+from celery_dflock.client._replies import ErrorReply, Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     CLOSING_ERRORS,
@@ -26,9 +26,19 @@ from celery_dflock.client._servers import (
 )
 from celery_dflock.client._session import ClientSession, Sessions
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
+from celery_dflock.client._sync_backend import Background, background
 from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavailable
 
 __all__ = ["Connection"]
+
+SEMAPHORE_GRANTING: Final = frozenset({Command.SEM_LOCK, Command.SEM_ENQUEUE, Command.SEM_WAIT})
+GRANTING: Final = SEMAPHORE_GRANTING | {
+    Command.LOCK,
+    Command.ENQUEUE,
+    Command.WAIT,
+    Command.HOLD,
+}
+"""The requests whose reply may be a grant (`AsyncConnection._reap`)."""
 
 
 def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
@@ -68,6 +78,7 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._in_flight = False
+        self._reaper: Background | None = None  # `_reap`'s, kept from collection
 
     @classmethod
     def open(cls, endpoint: Endpoint) -> Self:
@@ -92,7 +103,8 @@ class Connection:
                 if self._parser.buffered:
                     raise unsolicited(self.endpoint, self._parser)
             except BaseException as exc:
-                self.close(abort=True)
+                if isinstance(exc, OSError | DflockError) or not self._reap(command, data):
+                    self.close(abort=True)
                 if isinstance(exc, OSError):  # TimeoutError included
                     raise failure(self.endpoint, command, exc, timeout) from exc
                 raise
@@ -102,6 +114,44 @@ class Connection:
                 self.close(abort=True)
             self.last_used = time.monotonic()
             return reply
+
+    def _reap(self, command: Command, data: bytes) -> bool:
+        """An acquire interrupted on a session connection (cancelled, a signal's exception):
+        a grant the server already sent belongs to the session, which its keep-alives would
+        keep for good with nobody knowing its token. Half-close (a grant made after the
+        server sees EOF ends at once) and, in the background, read what is left and release
+        a grant found in it. False (TLS, no thread): nothing done, the caller closes."""
+        if command not in GRANTING or self.session is None or not self.transport.half_close():
+            return False
+        key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
+        try:
+            self._reaper = background(
+                lambda: self._release_leftover(command, key), f"dflock-reap:{key}"
+            )
+        except RuntimeError:  # no thread (a process at its pid limit)
+            return False
+        self._closed = True
+        return True
+
+    def _release_leftover(self, command: Command, key: str) -> None:
+        """`_reap`'s background part: a grant in the reply still to come is released over a
+        connection of its own, then this one is closed."""
+        try:
+            reply = self.transport.leftover(command, REPLY_GRACE_S)
+        finally:
+            self.transport.close(abort=True)
+        if not isinstance(reply, Granted):
+            return
+        if command in SEMAPHORE_GRANTING:
+            release = Command.SEM_RELEASE, _requests.encode_sem_release(key, reply.token)
+        else:
+            release = Command.RELEASE, _requests.checked_release(key, reply.token)
+        with contextlib.suppress(DflockError):  # else its session's time frees it
+            conn = type(self).open(self.endpoint)
+            try:
+                conn.request(*release)
+            finally:
+                conn.close()
 
     def close(self, *, abort: bool = False) -> None:
         """Start closing (no await needed; ``abort``: unsent bytes dropped); idempotent."""

@@ -1,0 +1,121 @@
+"""An acquire interrupted just after the server granted it (the grant already sent, not yet
+read) while its client holds another lock there: the grant belongs to the client's session,
+whose keep-alives would keep it for good with nobody knowing its token. The client reads the
+reply left over and releases it, so another client gets the key at once. The interruption is
+made certain to come after the grant: asyncio's loop is kept from reading the reply until the
+server shows the key held, and the blocking face's signal handler raises only then."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import AsyncIterator
+from types import FrameType
+
+import pytest
+
+from celery_dflock import AsyncConnectionPool, ConnectionPool
+from dflockd_server.testing import ServerThread
+from tests.client.faces import ASYNCIO, BLOCKING, Face, Maker, until
+from tests.support.waiting import wait_until
+from tests.support.wire import Wire
+
+FREED_WITHIN_S = 5
+"""Another client's acquire of the key must succeed within this (the session is 15 s and
+kept alive by the other lock: without the fix, never)."""
+
+
+class Interrupted(Exception):
+    """What a signal handler raises in the blocked acquire (as Celery's soft time limit)."""
+
+
+@pytest.fixture
+async def apool() -> AsyncIterator[AsyncConnectionPool]:
+    async with AsyncConnectionPool() as pool:
+        yield pool
+
+
+@pytest.fixture
+def face() -> Face:
+    return ASYNCIO
+
+
+def _hold(make: Maker, holder: Wire) -> str:
+    reply = holder.req("sl", "k", "0 1") if make.semaphore else holder.req("l", "k", "0")
+    status, token, _ = reply.split()
+    assert status == "ok", reply
+    return token
+
+
+def _release(make: Maker, holder: Wire, token: str) -> None:
+    assert holder.req("sr" if make.semaphore else "r", "k", token) == "ok"
+
+
+@pytest.mark.parametrize("two_phase", [False, True], ids=["acquire", "enqueue-wait"])
+async def test_a_wait_cancelled_after_its_grant_leaves_no_held_key(
+    make: Maker, dflock_server: ServerThread, apool: AsyncConnectionPool, two_phase: bool
+) -> None:
+    address = dflock_server.address
+    with Wire(address) as holder:
+        token = _hold(make, holder)
+        other = make("other", pool=apool)
+        assert await other.acquire()  # keeps the client's session alive
+        waiter = make("k", pool=apool, acquire_timeout_s=30)
+        if two_phase:
+            assert await waiter.enqueue() == "queued"
+        task = asyncio.create_task(waiter.wait() if two_phase else waiter.acquire())
+        await asyncio.sleep(0)  # the task's first step: its request is sent
+        await until(lambda: make.holders("k") == (1, 1), what="the waiter queued")
+        _release(make, holder, token)
+        # Blocking, so the loop cannot read the grant: it is sent, not yet read, when cancelled.
+        wait_until(lambda: make.holders("k") == (1, 0), what="the waiter granted")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        rival = make("k", acquire_timeout_s=FREED_WITHIN_S)
+        assert await rival.acquire(), "the interrupted acquire's grant is held by nobody"
+        assert await rival.release()
+        assert await other.release()
+
+
+@pytest.mark.parametrize("face", [BLOCKING], ids=["blocking"])
+def test_a_wait_interrupted_by_a_signal_after_its_grant_leaves_no_held_key(
+    make: Maker, dflock_server: ServerThread, pool: ConnectionPool
+) -> None:
+    address = dflock_server.address
+    entered, granted = threading.Event(), threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        entered.set()
+        assert granted.wait(10)
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with Wire(address) as holder:
+            token = _hold(make, holder)
+            other = make("other", pool=pool)
+            assert other.acquire()  # keeps the client's session alive
+            waiter = make("k", pool=pool, acquire_timeout_s=30)
+
+            def interrupt() -> None:
+                wait_until(lambda: make.holders("k") == (1, 1), what="the waiter queued")
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+                assert entered.wait(10)  # the handler holds the waiter until it is granted
+                _release(make, holder, token)
+                wait_until(lambda: make.holders("k") == (1, 0), what="the waiter granted")
+                granted.set()
+
+            thread = threading.Thread(target=interrupt)
+            thread.start()
+            with pytest.raises(Interrupted):
+                waiter.acquire()
+            thread.join(10)
+            rival = make("k", acquire_timeout_s=FREED_WITHIN_S)
+            assert rival.acquire(), "the interrupted acquire's grant is held by nobody"
+            assert rival.release()
+            assert other.release()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
