@@ -48,6 +48,7 @@ WORDS: Final = (
     ("AsyncHolding", "Holding"),
     ("AsyncClient", "Client"),
     ("_aio_backend", "_sync_backend"),
+    ("background_task", "background_thread"),
     ("_renewer", "renewer"),  # the blocking pool's renewer is public (asyncio: none)
     ("_async", "_sync"),
     ("__aenter__", "__enter__"),

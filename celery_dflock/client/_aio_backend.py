@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
+from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._background import background_task
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
 from celery_dflock.client.errors import DflockError
-
-if TYPE_CHECKING:
-    from celery_dflock.client._async.connection import AsyncConnection
 
 __all__ = [
     "AsyncPoolFace",
@@ -45,9 +44,7 @@ Background = asyncio.Task[None]
 """What `background` started (kept by its lock object, so the task is not collected)."""
 
 
-def background(work: Callable[[], Coroutine[object, object, None]], name: str) -> Background:
-    """Run ``work()`` in a task of the running loop; the caller does not wait for it."""
-    return asyncio.get_running_loop().create_task(work(), name=name)
+background = background_task
 
 
 T = TypeVar("T")

@@ -11,16 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
+from celery_dflock.client._background import background_thread
 from celery_dflock.client._core import LockCore
 from celery_dflock.client._grant import CLOSED_BY_SERVER, LockState
 from celery_dflock.client._renewal import Renewal, Renewer
 from celery_dflock.client._settings import JOIN_TIMEOUT_S
-from celery_dflock.client._threads import leave_signals_to_the_main_thread
-
-if TYPE_CHECKING:
-    from celery_dflock.client._sync.connection import Connection
+from celery_dflock.client._sync.connection import Connection
 
 __all__ = [
     "Background",
@@ -46,16 +44,7 @@ pause = time.sleep
 Background = threading.Thread
 
 
-def background(work: Callable[[], None], name: str) -> Background:
-    """Run ``work()`` in a daemon thread nobody waits for (its work is bounded by a lease)."""
-
-    def run() -> None:
-        leave_signals_to_the_main_thread()
-        work()
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    return thread
+background = background_thread
 
 
 gather = list  # requests made one after the other

@@ -13,7 +13,7 @@ import time
 from typing import Final, Self
 
 from celery_dflock.client import _replies, _requests, wire
-from celery_dflock.client._aio_backend import Background, background
+from celery_dflock.client._background import background_task
 from celery_dflock.client._connection import AsyncStreamTransport
 from celery_dflock.client._replies import ErrorReply, Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
@@ -76,7 +76,7 @@ class AsyncConnection:
         self._lock = asyncio.Lock()
         self._closed = False
         self._in_flight = False
-        self._reaper: Background | None = None  # `_reap`'s, kept from collection
+        self._reaper: object = None  # `_reap`'s task or thread, kept from collection
 
     @classmethod
     async def open(cls, endpoint: Endpoint) -> Self:
@@ -123,7 +123,7 @@ class AsyncConnection:
             return False
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
-            self._reaper = background(
+            self._reaper = background_task(
                 lambda: self._release_leftover(command, key), f"dflock-reap:{key}"
             )
         except RuntimeError:  # no thread (a process at its pid limit)

@@ -15,6 +15,7 @@ import time
 from typing import Final, Self
 
 from celery_dflock.client import _replies, _requests, wire
+from celery_dflock.client._background import background_thread
 from celery_dflock.client._connection import SocketTransport
 from celery_dflock.client._replies import ErrorReply, Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
@@ -26,7 +27,6 @@ from celery_dflock.client._servers import (
 )
 from celery_dflock.client._session import ClientSession, Sessions
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
-from celery_dflock.client._sync_backend import Background, background
 from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavailable
 
 __all__ = ["Connection"]
@@ -78,7 +78,7 @@ class Connection:
         self._lock = threading.Lock()
         self._closed = False
         self._in_flight = False
-        self._reaper: Background | None = None  # `_reap`'s, kept from collection
+        self._reaper: object = None  # `_reap`'s task or thread, kept from collection
 
     @classmethod
     def open(cls, endpoint: Endpoint) -> Self:
@@ -125,7 +125,7 @@ class Connection:
             return False
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
-            self._reaper = background(
+            self._reaper = background_thread(
                 lambda: self._release_leftover(command, key), f"dflock-reap:{key}"
             )
         except RuntimeError:  # no thread (a process at its pid limit)
