@@ -17,6 +17,7 @@ ARCHITECTURE.md names the layers; this test is where they are enforced.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -463,13 +464,9 @@ class WayDown:
         ]
 
 
-def test_one_values_way_down_is_the_path_architecture_md_gives() -> None:
-    """Issue 71, acceptance 3: ARCHITECTURE.md's "one value's way down" is what a run does.
-    A locked task runs (eagerly, on a real in-process server) with ``dflock_lock_ttl`` set,
-    traced: the value passes through the files the section lists, in its order, and through
-    the very functions it names in each; it is one `Lease` object from the check to the
-    request's bytes (checked once); and the client layer names no Celery option for it."""
-    # (imported here: the other tests of this module read the code, they import nothing)
+def traced_way_down() -> dict[str, Any]:
+    """A locked task run (eagerly, on a real in-process server) with ``dflock_lock_ttl`` set,
+    traced: what `WayDown` saw, as JSON (run in a process of its own by the test below)."""
     from celery_dflock import LockedTask
     from celery_dflock._settings import GivenOptions
     from celery_dflock.client.clients import Lease
@@ -500,11 +497,44 @@ def test_one_values_way_down_is_the_path_architecture_md_gives() -> None:
             result = job.apply()
         finally:
             sys.setprofile(None)
-        assert result.get() == "ran"
-    assert way.path() == documented_way_down()
-    assert way.leases and all(lease is way.leases[0] for lease in way.leases)
-    assert getattr(way.leases[0], "name", None) == "app.conf.dflock_lock_ttl"
-    assert any(f" {WAY_DOWN_LEASE} ".encode() in sent for sent in way.sent), way.sent
+        ran = result.get()
+    return {
+        "ran": ran,
+        "path": [[path, sorted(functions)] for path, functions in way.path()],
+        "one_lease": bool(way.leases) and all(lease is way.leases[0] for lease in way.leases),
+        "name": getattr(way.leases[0], "name", None) if way.leases else None,
+        "sent": [sent.decode() for sent in way.sent],
+    }
+
+
+def test_one_values_way_down_is_the_path_architecture_md_gives() -> None:
+    """Issue 71, acceptance 3: ARCHITECTURE.md's "one value's way down" is what a run does.
+    A locked task runs (eagerly, on a real in-process server) with ``dflock_lock_ttl`` set,
+    traced: the value passes through the files the section lists, in its order, and through
+    the very functions it names in each; it is one `Lease` object from the check to the
+    request's bytes (checked once); and the client layer names no Celery option for it.
+    The traced run is a process of its own: under ``sys.setprofile`` in a worker that had run
+    other tests it hung once in a while where pytest-timeout could not end it."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, tests.test_architecture as t; print(json.dumps(t.traced_way_down()))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    way = json.loads(done.stdout.splitlines()[-1])
+    assert way["ran"] == "ran"
+    documented = [[path, sorted(functions)] for path, functions in documented_way_down()]
+    assert way["path"] == documented
+    assert way["one_lease"]
+    assert way["name"] == "app.conf.dflock_lock_ttl"
+    assert any(f" {WAY_DOWN_LEASE} " in sent for sent in way["sent"]), way["sent"]
     client = PACKAGES["celery_dflock"] / "client"
     assert not [path for path in client.rglob("*.py") if "lock_ttl" in path.read_text()]
 
