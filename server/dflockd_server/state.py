@@ -4,7 +4,7 @@ ceiling, the longest lease it granted), and what a start makes of it.
 By default each server has its own, by address: ``$XDG_STATE_HOME/dflockd/<host>-<port>``, and
 a file lock (``lock``, with the pid) keeps a second server off a directory in use. A server on
 port 0 has none unless one is given (no client can hold a lease from an earlier server at a
-random port). ``--state-dir none`` turns it off.
+random port). ``--state-dir none`` (in any case) turns it off.
 
 A start (``plan_start``) restores every lease of the journal still running (the rules:
 ``replay``) and grants free keys at once, except as ``replay`` says; it waits (a restart grace)
@@ -76,7 +76,7 @@ def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> s
     """The state directory a server with ``config`` uses, or None (no state)."""
     given = config.state_dir
     if given is not None:
-        return None if given == NO_STATE else given
+        return None if given.lower() == NO_STATE else given
     if config.port == 0:
         return None
     return default_state_dir(config.host, config.port, env)

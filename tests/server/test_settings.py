@@ -468,3 +468,32 @@ def test_an_unreadable_auth_token_file_is_named_as_the_user_gives_it(tmp_path: P
     with pytest.raises(UsageError) as exc:
         load_config(["--auth-token-file", str(empty)], {})
     assert str(exc.value).count("--auth-token-file") == 1, exc.value
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--state-dir", "None"], {}),
+        (["--state-dir", "NONE"], {}),
+        ([], {"DFLOCKD_STATE_DIR": "None"}),
+    ],
+)
+def test_state_dir_none_in_any_case_keeps_no_state_and_makes_no_directory(
+    argv: list[str],
+    environ: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--state-dir None`` (or the variable set to the string ``None``) made a directory named
+    ``None`` in the working directory: ``none`` was matched in lower case only."""
+    from dflockd_server.state import resolve_state_dir
+    from dflockd_server.testing import ServerThread
+
+    monkeypatch.chdir(tmp_path)
+    config = dataclasses.replace(
+        load_config([*argv, "--host", "127.0.0.1", "--port", "6388"], environ), port=0
+    )
+    assert resolve_state_dir(dataclasses.replace(config, port=6388)) is None
+    with ServerThread(config) as server:
+        assert server.server.state is None
+    assert list(tmp_path.iterdir()) == []
