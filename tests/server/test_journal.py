@@ -934,9 +934,11 @@ def test_a_pause_of_the_collector_that_made_many_objects_freezes_them_a_small_on
         gc.unfreeze()
 
 
-def test_journal_rejects_an_unknown_fsync_mode(tmp_path: Path) -> None:
+def test_an_unknown_fsync_mode_is_refused_where_it_enters() -> None:
+    """``Config`` checks it (the flag and the variable too: tests/server/test_settings.py's
+    ``BAD``); the journal takes it as checked."""
     with pytest.raises(ValueError, match="always, everysec, no"):
-        Journal(str(tmp_path / "j"), "sometimes", lambda: 0.0)
+        Config(journal_fsync="sometimes")
 
 
 def test_a_taken_over_grant_comes_back_with_its_onclose_lease(tmp_path: Path) -> None:

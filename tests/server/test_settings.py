@@ -222,6 +222,7 @@ BAD = [
     ("DFLOCKD_TLS_HANDSHAKE_TIMEOUT_S", "--tls-handshake-timeout", "0"),
     ("DFLOCKD_MAX_TLS_HANDSHAKES", "--max-tls-handshakes", "-1"),
     ("DFLOCKD_METRICS_PORT", "--metrics-port", "99999"),
+    ("DFLOCKD_JOURNAL_FSYNC", "--journal-fsync", "sometimes"),
 ]
 
 
