@@ -18,7 +18,6 @@ from dflockd_server import __version__, buildinfo
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.constants import (
     CLUSTER_COMMAND_HELP,
-    CLUSTER_COMMANDS,
     FD_HEADROOM,
     FLAGS_DOCS_URL,
     PROTOCOL_DOCS_URL,
@@ -332,7 +331,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """``dflockd [flags]`` serves; ``dflockd COMMAND --cluster URL ...`` operates a cluster."""
     env = os.environ if environ is None else environ
     words = sys.argv[1:] if argv is None else list(argv)
-    if words and words[0] in CLUSTER_COMMANDS:
+    if words and words[0] in CLUSTER_COMMAND_HELP:
         # Imported here: a serving dflockd does not load the etcd client (http.client).
         from dflockd_server.cluster.ops import cluster_command
 
