@@ -1077,7 +1077,7 @@ def test_a_later_header_of_the_same_boot_puts_the_times_after_it_on_the_first_cl
     data += line("H 2 b00t 2000000 20500 always")
     data += line("G bbbb k2 1 0 20 2010000 c -") + line("X aaaa 20 2015000")
     read = read_journal(write(tmp_path, data))
-    assert not read.damage and read.headers == 2 and read.fsync == "always"
+    assert not read.damage and read.records == 5 and read.fsync == "always"
     assert by_token(read.leases)["bbbb"].until_ms == 1_030_000
     assert by_token(read.leases)["aaaa"].until_ms == 1_035_000
     got = restored_leases(read, monotonic_ms=20_500, this_boot="b00t")
@@ -1145,7 +1145,7 @@ def test_a_restart_on_the_same_boot_appends_to_the_journal_and_the_next_one_read
             assert again.stats()["journal"]["restored"] == 1
             assert b.req("l", "k", "0") == "timeout"
         read = read_journal(path)
-        assert read.headers == starts and not read.damage
+        assert Path(path).read_bytes().count(b" H 3 ") == starts and not read.damage
         assert tokens_of(read.leases) == [lock]
         assert Path(path).stat().st_size > size
     assert read_journal(path).leases.get(short) is None
