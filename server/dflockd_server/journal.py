@@ -58,12 +58,12 @@ from typing import TYPE_CHECKING, Final
 from dflockd_server.fence import fsync_dir as _fsync_dir
 from dflockd_server.keys import AS_RECORDED
 from dflockd_server.pagecache import mount_id
+from dflockd_server.recorded import RecordedGrant
 from dflockd_server.replay import (
     BATCH_BYTES,
     BATCH_RECORDS,
     COMPLETE_SUFFIX,
     VERSION,
-    RecordedGrant,
     boot_id,
     paused_gc,
 )

@@ -54,8 +54,6 @@ __all__ = [
     "COMPLETE_SUFFIX",
     "VERSION",
     "JournalRead",
-    "RecordedGrant",
-    "RecordedGrants",
     "Restore",
     "boot_id",
     "paused_gc",

@@ -33,11 +33,10 @@ from dflockd_server.grace import (
     read_longest_lease,
 )
 from dflockd_server.pagecache import mount_id, tail_resident
+from dflockd_server.recorded import RecordedGrant, RecordedGrants
 from dflockd_server.replay import (
     COMPLETE_SUFFIX,
     JournalRead,
-    RecordedGrant,
-    RecordedGrants,
     Restore,
     read_journal,
     restored_leases,
