@@ -26,7 +26,7 @@ from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError
 from dflockd_server.net import Server
-from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting, names
+from dflockd_server.settings import BY_FIELD, SETTINGS, TOPICS, Setting, names
 from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
@@ -119,7 +119,7 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
     for title, fields in TOPICS:
         group = parser.add_argument_group(title)
         for field in fields:
-            _add_setting(group, BY_FIELD[field], shown=every or field in COMMON)
+            _add_setting(group, BY_FIELD[field], shown=every or BY_FIELD[field].common)
     return parser
 
 
