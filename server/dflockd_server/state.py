@@ -182,6 +182,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
     restore: Restore | None = None
+    resume = False
+    ended: list[str] = []
     # Asked before anything reads the file (reading it brings its last page in).
     resident = tail_resident(journal)
     try:
@@ -210,6 +212,9 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 tail_lost=_tail_lost(read, complete, state.path, resident),
             )
             leases = restore.leases
+            # (more leases ended than are restored: a new file, which holds only these, is smaller)
+            if restore.exact and not read.damage and len(restore.ended) <= len(leases):
+                resume, ended = True, restore.ended
             read.leases = RecordedGrants()  # the plan's now: let go as they are restored
             _report(journal, read)
             if read.damaged_before_tail:
@@ -240,15 +245,6 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
     grace = _with_grace_left(config, grace, record)
-    # (more leases ended than are restored: a new file, which holds only these, is smaller)
-    resume = (
-        restore is not None
-        and restore.exact
-        and read is not None
-        and not read.damage
-        and len(restore.ended) <= len(leases)
-    )
-    ended = restore.ended if resume and restore is not None else []
     longest = restore.longest if restore is not None else 0
     return StartPlan(grace, leases, read, record, fence, journal, longest, resume, ended)
 
