@@ -144,13 +144,14 @@ class StartPlan:
     """What a start does with the state it finds."""
 
     grace: GraceDecision
-    leases: list[RecordedGrant]
-    """The leases to restore, each with its seconds left (``left``)."""
-    read: JournalRead | None
     grace_record: str | None
     """Where the longest lease granted is kept (``grace``), or None."""
     fence_file: str | None
-    journal: str | None
+    journal: str | None = None
+    """The journal's path; None without a state directory (then no ``leases``, no ``read``)."""
+    leases: list[RecordedGrant] = field(default_factory=lambda: [])
+    """The leases to restore, each with its seconds left (``left``)."""
+    read: JournalRead | None = None
     longest_restored: int = 0
     """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none."""
     resume: bool = False
@@ -167,14 +168,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         record = grace_path(config.fence_state_file) if config.fence_state_file else None
         previous = read_longest_lease(record) if record is not None else None
         existed = config.fence_state_file is not None and os.path.exists(config.fence_state_file)
-        return StartPlan(
-            _with_grace_left(config, decide_grace(config, previous, existed), record),
-            [],
-            None,
-            record,
-            config.fence_state_file,
-            None,
-        )
+        grace = _with_grace_left(config, decide_grace(config, previous, existed), record)
+        return StartPlan(grace, record, config.fence_state_file)
     record = state.file(GRACE)
     fence = config.fence_state_file or state.file(FENCE)
     journal = state.file(JOURNAL)
@@ -246,7 +241,7 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
     grace = _with_grace_left(config, grace, record)
     longest = restore.longest if restore is not None else 0
-    return StartPlan(grace, leases, read, record, fence, journal, longest, resume, ended)
+    return StartPlan(grace, record, fence, journal, leases, read, longest, resume, ended)
 
 
 def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:
