@@ -124,11 +124,9 @@ def parse_member(raw: str) -> str:
     """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:6388``), as written."""
     text = raw.strip()
     host, sep, port = text.rpartition(":")
-    if not sep or not host or host in ("[]",):
-        raise ValueError(f"{text!r} is not HOST:PORT")
     if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
         raise ValueError(f"{text!r} is not HOST:PORT (put an IPv6 host in brackets: [::1]:6388)")
-    if any(ch.isspace() or ch in ",/" for ch in host):
+    if not sep or host in ("", "[]") or any(ch.isspace() or ch in ",/" for ch in host):
         raise ValueError(f"{text!r} is not HOST:PORT")
     if not port.isascii() or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ValueError(f"{text!r}: the port must be 1..65535")
