@@ -9,6 +9,7 @@ import importlib.util
 import ipaddress
 import logging
 import os
+import resource  # Unix only, as fcntl (state.py), which the server needs too
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -211,10 +212,6 @@ def make_room_for_connections(max_connections: int) -> str | None:
     """Raise the soft open-file limit to what ``max_connections`` needs (as far as the hard
     limit allows); a warning when it falls short."""
     if not max_connections:
-        return None
-    try:
-        import resource  # Unix only
-    except ImportError:
         return None
     needed = max_connections + FD_HEADROOM
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
