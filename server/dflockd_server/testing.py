@@ -83,7 +83,7 @@ class ServerThread:
             if loop is not None:
                 with contextlib.suppress(RuntimeError):  # (a loop closed since: it has ended)
                     loop.call_soon_threadsafe(self._main_task.cancel)
-            self._thread.join(_STOP_TIMEOUT_S)
+                self._thread.join(_STOP_TIMEOUT_S)
             raise RuntimeError("dflockd server thread did not start in time")
         if self._error is not None:
             raise self._error
