@@ -9,6 +9,7 @@ import importlib.util
 import ipaddress
 import logging
 import os
+import resource  # Unix only, as fcntl (state.py), which the server needs too
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,6 @@ from dflockd_server import __version__, buildinfo
 from dflockd_server.config import Config, ConfigError
 from dflockd_server.constants import (
     CLUSTER_COMMAND_HELP,
-    CLUSTER_COMMANDS,
     FD_HEADROOM,
     FLAGS_DOCS_URL,
     PROTOCOL_DOCS_URL,
@@ -27,7 +27,7 @@ from dflockd_server.fence import FenceStateError, read_ceiling
 from dflockd_server.loops import default_loop_factory, loop_name, uvloop_factory
 from dflockd_server.metrics import MetricsError
 from dflockd_server.net import Server
-from dflockd_server.settings import BY_FIELD, COMMON, SETTINGS, TOPICS, Setting, names
+from dflockd_server.settings import BY_FIELD, SETTINGS, TOPICS, Setting, names
 from dflockd_server.state import NO_STATE, resolve_state_dir
 from dflockd_server.tls import build_ssl_context
 from dflockd_server.values import parse_bool
@@ -120,7 +120,7 @@ def build_parser(*, every: bool = False) -> argparse.ArgumentParser:
     for title, fields in TOPICS:
         group = parser.add_argument_group(title)
         for field in fields:
-            _add_setting(group, BY_FIELD[field], shown=every or field in COMMON)
+            _add_setting(group, BY_FIELD[field], shown=every or BY_FIELD[field].common)
     return parser
 
 
@@ -212,10 +212,6 @@ def make_room_for_connections(max_connections: int) -> str | None:
     """Raise the soft open-file limit to what ``max_connections`` needs (as far as the hard
     limit allows); a warning when it falls short."""
     if not max_connections:
-        return None
-    try:
-        import resource  # Unix only
-    except ImportError:
         return None
     needed = max_connections + FD_HEADROOM
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -332,7 +328,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """``dflockd [flags]`` serves; ``dflockd COMMAND --cluster URL ...`` operates a cluster."""
     env = os.environ if environ is None else environ
     words = sys.argv[1:] if argv is None else list(argv)
-    if words and words[0] in CLUSTER_COMMANDS:
+    if words and words[0] in CLUSTER_COMMAND_HELP:
         # Imported here: a serving dflockd does not load the etcd client (http.client).
         from dflockd_server.cluster.ops import cluster_command
 

@@ -212,7 +212,6 @@ CLUSTER_COMMAND_HELP: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
     }
 )
 """``dflockd COMMAND --cluster URL ...`` (``cluster.ops``): each one's arguments and meaning."""
-CLUSTER_COMMANDS: Final = frozenset(CLUSTER_COMMAND_HELP)
 
 # ---------------------------------------------------------------- server internals
 STATS_DUTY_FACTOR: Final = 9.0

@@ -38,16 +38,10 @@ def _request(sock: socket.socket, command: str, argument: str) -> str:
     return reply.decode("utf-8", "replace").strip()
 
 
-def check(
-    host: str,
-    port: int,
-    auth_token: str | None = None,
-    tls: bool = False,
-    timeout_s: float = CHECK_TIMEOUT_S,
-) -> str | None:
+def check(host: str, port: int, auth_token: str | None, tls: bool) -> str | None:
     """Ping the server; return None when healthy, else a one-line reason."""
     try:
-        raw = socket.create_connection((host, port), timeout=timeout_s)
+        raw = socket.create_connection((host, port), timeout=CHECK_TIMEOUT_S)
         sock: socket.socket = raw
         if tls:
             # The check runs beside the server: it verifies liveness, not the certificate.
@@ -86,7 +80,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 1
     if port is None:
         port = DEFAULT_PORT
-    problem = check(host, port, token, tls=_setting(env, "tls_cert") is not None)
+    problem = check(host, port, token, _setting(env, "tls_cert") is not None)
     if problem is not None:
         print(f"dflockd health: {problem}", file=sys.stderr)
         return 1

@@ -55,16 +55,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from dflockd_server.constants import JOURNAL_FSYNC_MODES as FSYNC_MODES
 from dflockd_server.fence import fsync_dir as _fsync_dir
 from dflockd_server.keys import AS_RECORDED
 from dflockd_server.pagecache import mount_id
+from dflockd_server.recorded import RecordedGrant
 from dflockd_server.replay import (
     BATCH_BYTES,
     BATCH_RECORDS,
     COMPLETE_SUFFIX,
     VERSION,
-    RecordedGrant,
     boot_id,
     paused_gc,
 )
@@ -72,7 +71,7 @@ from dflockd_server.replay import (
 if TYPE_CHECKING:
     from dflockd_server.keys import Holder, KeyState
 
-__all__ = ["FSYNC_MODES", "Journal", "JournalStats", "RecordedGrant", "drop_record", "paused_gc"]
+__all__ = ["Journal", "JournalStats", "RecordedGrant", "drop_record", "paused_gc"]
 
 log = logging.getLogger("dflockd_server")
 
@@ -213,8 +212,6 @@ class Journal:
         write: Callable[[int, bytes | memoryview], int] | None = None,
         clocks: Callable[[], tuple[int, int, str]] | None = None,
     ) -> None:
-        if fsync not in FSYNC_MODES:
-            raise ValueError(f"fsync must be one of {', '.join(FSYNC_MODES)}")
         self.path = path
         self.fsync = fsync
         self.record_renewals = RECORD_RENEWALS if record_renewals is None else record_renewals

@@ -14,7 +14,6 @@ as damage.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
 
 from dflockd_server.constants import FENCE_HEX_CHARS
 
@@ -63,30 +62,6 @@ class RecordedGrant:
         self.left = left
         """Seconds from the restart to its end, set by ``restored_leases``."""
 
-    def fields(self) -> tuple[str, str, int, bool, int, int, bool, int | None, str | None, float]:
-        return (
-            self.token,
-            self.key,
-            self.limit,
-            self.is_sem,
-            self.lease_ttl,
-            self.until_ms,
-            self.detached,
-            self.on_close,
-            self.note,
-            self.left,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RecordedGrant):
-            return NotImplemented
-        return self.fields() == other.fields()
-
-    __hash__ = None  # type: ignore[assignment]  # (mutable, compared by value)
-
-    def __repr__(self) -> str:
-        return "RecordedGrant" + repr(self.fields())
-
 
 _GAP = 16
 """A fence at most this far past the last run's end extends that run; further on, a new run."""
@@ -105,10 +80,10 @@ def _fence(token: str) -> int:
 
 
 class RecordedGrants:
-    """The grants not released, read as a mapping of token to ``RecordedGrant``; the
-    journal's reader changes it with ``put`` and ``pop``."""
+    """The grants not released, found by token (``get``, ``values``); the journal's reader
+    changes it with ``put`` and ``pop``."""
 
-    __slots__ = ("_bases", "_end", "_in_runs", "_others", "_runs")
+    __slots__ = ("_bases", "_end", "_others", "_runs")
 
     def __init__(self) -> None:
         self._bases: list[int] = []
@@ -117,7 +92,6 @@ class RecordedGrants:
         """Each run's slots: the grant of the fence ``base + i`` at ``i``, or ``None``."""
         self._end = 0
         """The fence after the last run's last slot."""
-        self._in_runs = 0
         self._others: dict[str, RecordedGrant] = {}
         """The grants the runs could not take, by token."""
 
@@ -149,7 +123,6 @@ class RecordedGrants:
                     end += 1
                 run.append(rec)
                 self._end = fence + 1
-                self._in_runs += 1
             else:
                 self._start_run(fence, rec)
             return
@@ -173,7 +146,6 @@ class RecordedGrants:
             for kept in run:
                 if kept is not None:
                     others[kept.token] = kept
-                    self._in_runs -= 1
             run.clear()  # (the list is the new run's)
             run.append(rec)
             self._bases[-1] = fence
@@ -181,7 +153,6 @@ class RecordedGrants:
             self._bases.append(fence)
             runs.append([rec])
         self._end = fence + 1
-        self._in_runs += 1
 
     def get(self, token: str) -> RecordedGrant | None:
         fence = _fence(token)
@@ -200,7 +171,6 @@ class RecordedGrants:
             i = fence - self._bases[k]
             rec = run[i]
             run[i] = None
-            self._in_runs -= 1
             return rec
         others = self._others
         return others.pop(token, None) if others else None
@@ -216,30 +186,3 @@ class RecordedGrants:
         if self._others:
             out.extend(self._others.values())
         return out
-
-    def __len__(self) -> int:
-        return self._in_runs + len(self._others)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([rec.token for rec in self.values()])
-
-    def __contains__(self, token: object) -> bool:
-        return isinstance(token, str) and self.get(token) is not None
-
-    def __getitem__(self, token: str) -> RecordedGrant:
-        rec = self.get(token)
-        if rec is None:
-            raise KeyError(token)
-        return rec
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, RecordedGrants):
-            other = {rec.token: rec for rec in other.values()}
-        if not isinstance(other, dict):
-            return NotImplemented
-        return {rec.token: rec for rec in self.values()} == other
-
-    __hash__ = None  # type: ignore[assignment]  # (mutable)
-
-    def __repr__(self) -> str:
-        return f"RecordedGrants({len(self)} grant(s))"

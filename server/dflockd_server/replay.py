@@ -54,8 +54,6 @@ __all__ = [
     "COMPLETE_SUFFIX",
     "VERSION",
     "JournalRead",
-    "RecordedGrant",
-    "RecordedGrants",
     "Restore",
     "boot_id",
     "paused_gc",
@@ -130,7 +128,6 @@ class JournalRead:
     """What was wrong with the first line that did not check ("" when none)."""
     torn_tail: bool = False
     """The damage is a last record without its end of line: a write cut short."""
-    headers: int = 0
     shift_ms: int = 0
     """What to subtract from an ``until`` after the last header to put it on the first
     header's clock."""
@@ -192,7 +189,6 @@ def _apply(read: JournalRead, payload: str) -> str | None:
             # Not this server's (it appends only on the first header's boot): another boot.
             read.anchor = ("-", first[1], first[2])
             read.shift_ms = 0
-        read.headers += 1
         read.fsync = parts[4] if len(parts) == 5 else ""
         return None
     if kind == "C":

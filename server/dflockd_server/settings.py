@@ -39,7 +39,7 @@ from dflockd_server.values import (
     parse_str,
 )
 
-__all__ = ["BY_FIELD", "COMMON", "SETTINGS", "TOPICS", "Setting", "names"]
+__all__ = ["BY_FIELD", "SETTINGS", "TOPICS", "Setting", "names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,8 @@ class Setting:
     """How ``--help`` shows a default of ``None``."""
     env: tuple[str, ...] = ()
     """The environment variables, the documented one first."""
+    common: bool = False
+    """Shown by ``dflockd --help`` (``--help-all``: every setting)."""
 
     def __post_init__(self) -> None:
         if not self.env:
@@ -96,14 +98,15 @@ _SECONDS_OR_0 = (parse_float, check_non_negative)
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("host", *_TEXT, "bind address", "ADDR"),
-    Setting("port", *_PORT, "bind port (0: any free)"),
+    Setting("host", *_TEXT, "bind address", "ADDR", common=True),
+    Setting("port", *_PORT, "bind port (0: any free)", common=True),
     Setting("default_lease_ttl_s", *_LEASE, "lease in seconds when a request gives none"),
     Setting(
         "max_lease_ttl_s",
         *_LEASE,
         "longest lease a request may ask for (l, e, n and their semaphore forms); a longer "
         "one gets `error`. It bounds the restart grace",
+        common=True,
     ),
     Setting(
         "restart_grace_s",
@@ -132,6 +135,7 @@ SETTINGS: tuple[Setting, ...] = (
         "max_locks",
         *_POSITIVE_INT,
         "most distinct keys (locks and semaphores); existing keys are never refused",
+        common=True,
     ),
     Setting(
         "read_timeout_s",
@@ -195,9 +199,9 @@ SETTINGS: tuple[Setting, ...] = (
         "on SIGTERM/SIGINT, seconds holders may take to release before connections close",
     ),
     Setting("auth_token", *_TEXT, "shared secret clients must send with `auth` first", "SECRET"),
-    Setting("auth_token_file", *_TEXT, "file holding the shared secret", "PATH"),
-    Setting("tls_cert", *_TEXT, "PEM certificate (chain): serve TLS", "PATH"),
-    Setting("tls_key", *_TEXT, "PEM private key for --tls-cert", "PATH"),
+    Setting("auth_token_file", *_TEXT, "file holding the shared secret", "PATH", common=True),
+    Setting("tls_cert", *_TEXT, "PEM certificate (chain): serve TLS", "PATH", common=True),
+    Setting("tls_key", *_TEXT, "PEM private key for --tls-cert", "PATH", common=True),
     Setting(
         "tls_handshake_timeout_s",
         *_SECONDS,
@@ -226,6 +230,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--max-lease-ttl)",
         "DIR",
         "by address",
+        common=True,
     ),
     Setting(
         "journal_fsync",
@@ -243,6 +248,7 @@ SETTINGS: tuple[Setting, ...] = (
         check_log_level,
         "debug, info, warning, error or critical",
         "LEVEL",
+        common=True,
     ),
     Setting(
         "event_loop",
@@ -257,6 +263,7 @@ SETTINGS: tuple[Setting, ...] = (
         *_PORT,
         "serve Prometheus metrics (/metrics) and the status page (/status) over HTTP on this "
         "port (0: any free; needs the `metrics` extra: pip install 'dflockd-server[metrics]')",
+        common=True,
     ),
     Setting(
         "metrics_host", *_TEXT, "bind address of the metrics endpoint (default: --host)", "ADDR"
@@ -270,6 +277,7 @@ SETTINGS: tuple[Setting, ...] = (
         "the clients' crc32 sharding gives to --advertise and answers `error_moved <owner>` "
         "for the others, so a client with another list gets a clear error",
         "LIST",
+        common=True,
     ),
     Setting(
         "advertise",
@@ -278,6 +286,7 @@ SETTINGS: tuple[Setting, ...] = (
         "this server's HOST:PORT as clients and the other members name it (one of --members; "
         "needed with --members or --cluster)",
         "HOST:PORT",
+        common=True,
     ),
     Setting(
         "cluster",
@@ -289,6 +298,7 @@ SETTINGS: tuple[Setting, ...] = (
         "a fifth of --cluster-lease-ttl (at least 0.5 s) goes to the next. Needs --advertise, "
         "excludes --members",
         "URL",
+        common=True,
     ),
     Setting(
         "cluster_lease_ttl_s",
@@ -407,22 +417,3 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
 )
 """``dflockd --help-all``'s sections: each setting's field under one topic, in this order."""
-
-COMMON: frozenset[str] = frozenset(
-    {
-        "host",
-        "port",
-        "state_dir",
-        "max_lease_ttl_s",
-        "max_locks",
-        "auth_token_file",
-        "tls_cert",
-        "tls_key",
-        "log_level",
-        "metrics_port",
-        "members",
-        "cluster",
-        "advertise",
-    }
-)
-"""The settings ``dflockd --help`` shows (``--help-all``: every one)."""

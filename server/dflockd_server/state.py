@@ -4,7 +4,7 @@ ceiling, the longest lease it granted), and what a start makes of it.
 By default each server has its own, by address: ``$XDG_STATE_HOME/dflockd/<host>-<port>``, and
 a file lock (``lock``, with the pid) keeps a second server off a directory in use. A server on
 port 0 has none unless one is given (no client can hold a lease from an earlier server at a
-random port). ``--state-dir none`` turns it off.
+random port). ``--state-dir none`` (in any case) turns it off.
 
 A start (``plan_start``) restores every lease of the journal still running (the rules:
 ``replay``) and grants free keys at once, except as ``replay`` says; it waits (a restart grace)
@@ -33,11 +33,10 @@ from dflockd_server.grace import (
     read_longest_lease,
 )
 from dflockd_server.pagecache import mount_id, tail_resident
+from dflockd_server.recorded import RecordedGrant, RecordedGrants
 from dflockd_server.replay import (
     COMPLETE_SUFFIX,
     JournalRead,
-    RecordedGrant,
-    RecordedGrants,
     Restore,
     read_journal,
     restored_leases,
@@ -76,7 +75,7 @@ def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> s
     """The state directory a server with ``config`` uses, or None (no state)."""
     given = config.state_dir
     if given is not None:
-        return None if given == NO_STATE else given
+        return None if given.lower() == NO_STATE else given
     if config.port == 0:
         return None
     return default_state_dir(config.host, config.port, env)
@@ -145,13 +144,14 @@ class StartPlan:
     """What a start does with the state it finds."""
 
     grace: GraceDecision
-    leases: list[RecordedGrant]
-    """The leases to restore, each with its seconds left (``left``)."""
-    read: JournalRead | None
     grace_record: str | None
     """Where the longest lease granted is kept (``grace``), or None."""
     fence_file: str | None
-    journal: str | None
+    journal: str | None = None
+    """The journal's path; None without a state directory (then no ``leases``, no ``read``)."""
+    leases: list[RecordedGrant] = field(default_factory=lambda: [])
+    """The leases to restore, each with its seconds left (``left``)."""
+    read: JournalRead | None = None
     longest_restored: int = 0
     """The longest lease among ``leases`` (its own or its ``<onclose>`` lease), 0 when none."""
     resume: bool = False
@@ -168,14 +168,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         record = grace_path(config.fence_state_file) if config.fence_state_file else None
         previous = read_longest_lease(record) if record is not None else None
         existed = config.fence_state_file is not None and os.path.exists(config.fence_state_file)
-        return StartPlan(
-            _with_grace_left(config, decide_grace(config, previous, existed), record),
-            [],
-            None,
-            record,
-            config.fence_state_file,
-            None,
-        )
+        grace = _with_grace_left(config, decide_grace(config, previous, existed), record)
+        return StartPlan(grace, record, config.fence_state_file)
     record = state.file(GRACE)
     fence = config.fence_state_file or state.file(FENCE)
     journal = state.file(JOURNAL)
@@ -183,6 +177,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     read: JournalRead | None = None
     leases: list[RecordedGrant] = []
     restore: Restore | None = None
+    resume = False
+    ended: list[str] = []
     # Asked before anything reads the file (reading it brings its last page in).
     resident = tail_resident(journal)
     try:
@@ -211,6 +207,9 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 tail_lost=_tail_lost(read, complete, state.path, resident),
             )
             leases = restore.leases
+            # (more leases ended than are restored: a new file, which holds only these, is smaller)
+            if restore.exact and not read.damage and len(restore.ended) <= len(leases):
+                resume, ended = True, restore.ended
             read.leases = RecordedGrants()  # the plan's now: let go as they are restored
             _report(journal, read)
             if read.damaged_before_tail:
@@ -241,17 +240,8 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
     else:
         grace = GraceDecision(0.0, f"first start with the state directory {state.path}")
     grace = _with_grace_left(config, grace, record)
-    # (more leases ended than are restored: a new file, which holds only these, is smaller)
-    resume = (
-        restore is not None
-        and restore.exact
-        and read is not None
-        and not read.damage
-        and len(restore.ended) <= len(leases)
-    )
-    ended = restore.ended if resume and restore is not None else []
     longest = restore.longest if restore is not None else 0
-    return StartPlan(grace, leases, read, record, fence, journal, longest, resume, ended)
+    return StartPlan(grace, record, fence, journal, leases, read, longest, resume, ended)
 
 
 def _with_grace_left(config: Config, grace: GraceDecision, record: str | None) -> GraceDecision:

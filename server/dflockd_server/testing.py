@@ -78,6 +78,12 @@ class ServerThread:
         self._thread = threading.Thread(target=self._run, name="dflockd-server", daemon=True)
         self._thread.start()
         if not self._ready.wait(_START_TIMEOUT_S):
+            # Cancelled, a start closes what it opened (a started server stops): the thread ends.
+            loop = self._loop
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):  # (a loop closed since: it has ended)
+                    loop.call_soon_threadsafe(self._main_task.cancel)
+                self._thread.join(_STOP_TIMEOUT_S)
             raise RuntimeError("dflockd server thread did not start in time")
         if self._error is not None:
             raise self._error
@@ -85,9 +91,10 @@ class ServerThread:
 
     def _run(self) -> None:
         loop = self._loop_factory()
+        self._main_task = loop.create_task(self._main())
         self._loop = loop
         try:
-            loop.run_until_complete(self._main())
+            loop.run_until_complete(self._main_task)
         except BaseException as exc:
             if not self._ready.is_set():
                 self._error = exc
@@ -102,7 +109,10 @@ class ServerThread:
         host, self.port = self.server.sockname
         self.host = _connectable(self.config.host) if self.config.host in _WILDCARDS else host
         self._ready.set()
-        await self.server.serve_forever()
+        try:
+            await self.server.serve_forever()
+        finally:
+            await self.server.stop(0.0)  # (at once when stopped already)
 
     def stop(self, *, drain: bool = False) -> None:
         """Stop and wait for the thread to end (idempotent): by default every connection closed

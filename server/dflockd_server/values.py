@@ -6,7 +6,7 @@ or a reason a typed value is unusable.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -82,10 +82,10 @@ parse_fsync, check_fsync = _one_of(c.JOURNAL_FSYNC_MODES)
 parse_event_loop, check_event_loop = _one_of(("auto", "asyncio", "uvloop"))
 
 
-def _parses(parse: Callable[[str], object]) -> Callable[[str], str | None]:
+def _parses(parse: Callable[[T], object]) -> Callable[[T], str | None]:
     """The check that a value is what ``parse`` reads: its ``ValueError``'s reason, or None."""
 
-    def check(value: str) -> str | None:
+    def check(value: T) -> str | None:
         try:
             parse(value)
         except ValueError as exc:
@@ -124,40 +124,35 @@ def parse_member(raw: str) -> str:
     """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:6388``), as written."""
     text = raw.strip()
     host, sep, port = text.rpartition(":")
-    if not sep or not host or host in ("[]",):
-        raise ValueError(f"{text!r} is not HOST:PORT")
     if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
         raise ValueError(f"{text!r} is not HOST:PORT (put an IPv6 host in brackets: [::1]:6388)")
-    if any(ch.isspace() or ch in ",/" for ch in host):
+    if not sep or host in ("", "[]") or any(ch.isspace() or ch in ",/" for ch in host):
         raise ValueError(f"{text!r} is not HOST:PORT")
     if not port.isascii() or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ValueError(f"{text!r}: the port must be 1..65535")
     return f"{host}:{int(port)}"
 
 
-def parse_members(raw: str) -> tuple[str, ...]:
-    """A comma-separated list of ``HOST:PORT``, in order, each once."""
-    members = tuple(parse_member(part) for part in raw.split(",") if part.strip())
+def _each_once(given: Iterable[str]) -> tuple[str, ...]:
+    """Each of ``given`` as ``parse_member`` reads it, in order; refused when none is given or one
+    appears twice (however written)."""
+    members = tuple(map(parse_member, given))
     if not members:
         raise ValueError("empty: give HOST:PORT,HOST:PORT,... (every member, in one order)")
+    for i, member in enumerate(members):
+        if member in members[:i]:
+            raise ValueError(
+                f"{member} appears twice (each member once, in the same order everywhere)"
+            )
     return members
 
 
-def check_members(value: tuple[str, ...]) -> str | None:
-    if not value:
-        return "must name at least one HOST:PORT"
-    seen: set[str] = set()
-    for member in value:
-        try:
-            parse_member(member)
-        except ValueError as exc:
-            return str(exc)
-        if member in seen:
-            return f"{member} appears twice (each member once, in the same order everywhere)"
-        seen.add(member)
-    return None
+def parse_members(raw: str) -> tuple[str, ...]:
+    """A comma-separated list of ``HOST:PORT``, in order, each once."""
+    return _each_once(part for part in raw.split(",") if part.strip())
 
 
+check_members = _parses(_each_once)
 check_member = _parses(parse_member)
 
 

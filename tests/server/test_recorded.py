@@ -1,6 +1,6 @@
 """The grants a journal holds, found by token (``recorded.RecordedGrants``): kept by their fence
-for speed (issue 52), and still exactly a mapping of token to grant when two tokens share a
-fence or a token does not start with one."""
+for speed (issue 52), and still found exactly as in a dict of token to grant when two tokens
+share a fence or a token does not start with one."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from dflockd_server.recorded import RecordedGrant, RecordedGrants
 from dflockd_server.replay import read_journal, restored_leases
+from tests.support.tables import by_token, fields, recorded, tokens_of
 
 FENCE = "18ebc8acc95861db"
 """A fence as a server writes it: 16 lowercase hex digits."""
@@ -26,18 +27,23 @@ def test_tokens_that_share_a_fence_are_each_found_and_let_go_of_alone() -> None:
     grants = RecordedGrants()
     for token in (first, second, third):
         grants.put(grant(token, key=token[-1]))
-    assert [grants[t].key for t in (first, second, third)] == ["0", "1", "2"]
-    assert len(grants) == 3 and list(grants) == [first, second, third]
+    assert [by_token(grants)[t].key for t in (first, second, third)] == ["0", "1", "2"]
+    assert tokens_of(grants) == [first, second, third]
     popped = grants.pop(first)
     assert popped is not None and popped.token == first
-    assert first not in grants and second in grants and third in grants
+    assert grants.get(first) is None
+    assert grants.get(second) is not None and grants.get(third) is not None
     assert grants.pop(first) is None  # released once
     # The fence is free again: a grant put now takes it, and the others are still found.
     fourth = FENCE + "3" * 16
     grants.put(grant(fourth, key="3"))
-    assert {t: grants[t].key for t in grants} == {second: "1", third: "2", fourth: "3"}
+    assert {t: rec.key for t, rec in by_token(grants).items()} == {
+        second: "1",
+        third: "2",
+        fourth: "3",
+    }
     assert grants.pop(third) is not None and grants.pop(second) is not None
-    assert list(grants) == [fourth]
+    assert tokens_of(grants) == [fourth]
 
 
 def test_a_second_grant_of_a_token_replaces_the_first_wherever_it_is_kept() -> None:
@@ -48,10 +54,10 @@ def test_a_second_grant_of_a_token_replaces_the_first_wherever_it_is_kept() -> N
     assert grants.pop(kept) is not None  # the fence's slot is free, the other still beside
     grants.put(grant(beside, key="new"))
     grants.put(grant(kept, key="again"))
-    assert len(grants) == 2
-    assert grants[beside].key == "new" and grants[kept].key == "again"
+    assert len(grants.values()) == 2
+    assert by_token(grants)[beside].key == "new" and by_token(grants)[kept].key == "again"
     grants.put(grant(kept, key="newer"))
-    assert len(grants) == 2 and grants[kept].key == "newer"
+    assert len(grants.values()) == 2 and by_token(grants)[kept].key == "newer"
 
 
 def test_tokens_of_other_shapes_are_found_as_they_are_and_one_without_a_fence_is_refused() -> None:
@@ -63,13 +69,13 @@ def test_tokens_of_other_shapes_are_found_as_they_are_and_one_without_a_fence_is
         with pytest.raises(ValueError, match="has no fence"):
             grants.put(grant(token))
         assert grants.get(token) is None and grants.pop(token) is None
-    assert len(grants) == len(odd)
-    assert {t: grants[t].key for t in odd} == {t: str(n) for n, t in enumerate(odd)}
-    assert grants == {t: grant(t, key=str(n)) for n, t in enumerate(odd)}
-    assert "aaab" not in grants and grants.get("0x2") is None
+    assert len(grants.values()) == len(odd)
+    assert {t: by_token(grants)[t].key for t in odd} == {t: str(n) for n, t in enumerate(odd)}
+    assert recorded(grants) == {t: fields(grant(t, key=str(n))) for n, t in enumerate(odd)}
+    assert grants.get("aaab") is None and grants.get("0x2") is None
     for token in odd:
         assert grants.pop(token) is not None
-    assert len(grants) == 0 and grants == {}
+    assert grants.values() == []
 
 
 def test_runs_of_fences_with_gaps_jumps_and_earlier_fences_read_as_a_dict_of_tokens_would() -> None:
@@ -96,9 +102,9 @@ def test_runs_of_fences_with_gaps_jumps_and_earlier_fences_read_as_a_dict_of_tok
         else:
             assert grants.pop(token) is model.pop(token, None)
         if n % 1_000 == 0:
-            assert grants == model and len(grants) == len(model)
-            assert all(grants[t] is rec for t, rec in model.items())
-    assert sorted(grants) == sorted(model)
+            assert by_token(grants) == model and len(grants.values()) == len(model)
+            assert all(grants.get(t) is rec for t, rec in model.items())
+    assert sorted(tokens_of(grants)) == sorted(model)
     assert {id(rec) for rec in grants.values()} == {id(rec) for rec in model.values()}
 
 
@@ -116,13 +122,13 @@ def test_grants_in_no_order_of_their_fences_read_as_a_dict_of_tokens_would() -> 
     for token in [*rewritten, *appended]:
         model[token] = rec = grant(token)
         grants.put(rec)
-    assert grants == model and sorted(grants) == sorted(tokens)
+    assert by_token(grants) == model and sorted(tokens_of(grants)) == sorted(tokens)
     popped = list(model)
     rng.shuffle(popped)
     for token in popped[:2_500]:
         assert grants.pop(token) is model.pop(token)
         assert grants.get(token) is None
-    assert grants == model and all(grants[t] is rec for t, rec in model.items())
+    assert by_token(grants) == model and all(grants.get(t) is rec for t, rec in model.items())
 
 
 def _line(payload: str) -> bytes:
@@ -143,7 +149,7 @@ def test_a_journal_whose_grants_share_a_fence_restores_each_and_releases_only_it
     path.write_bytes(b"".join(map(_line, payloads)))
     read = read_journal(str(path))
     assert not read.damage
-    assert list(read.leases) == [tokens[0], tokens[2]]
-    assert read.leases[tokens[2]].until_ms == 1_040_000
+    assert tokens_of(read.leases) == [tokens[0], tokens[2]]
+    assert by_token(read.leases)[tokens[2]].until_ms == 1_040_000
     got = restored_leases(read, monotonic_ms=500, this_boot="b00t")
     assert [(r.key, r.left) for r in got.leases] == [("key-0", 30.0), ("key-2", 40.0)]

@@ -222,6 +222,7 @@ BAD = [
     ("DFLOCKD_TLS_HANDSHAKE_TIMEOUT_S", "--tls-handshake-timeout", "0"),
     ("DFLOCKD_MAX_TLS_HANDSHAKES", "--max-tls-handshakes", "-1"),
     ("DFLOCKD_METRICS_PORT", "--metrics-port", "99999"),
+    ("DFLOCKD_JOURNAL_FSYNC", "--journal-fsync", "sometimes"),
 ]
 
 
@@ -388,8 +389,11 @@ def test_a_second_dflockd_on_one_port_names_the_port(dflockd_process: Any, tmp_p
     assert "give this one its own --state-dir" not in said
 
 
+COMMON = {setting.field for setting in SETTINGS if setting.common}
+
+
 def test_every_setting_has_one_topic() -> None:
-    from dflockd_server.settings import COMMON, TOPICS
+    from dflockd_server.settings import TOPICS
 
     placed = [field for _, fields in TOPICS for field in fields]
     assert sorted(placed) == sorted(setting.field for setting in SETTINGS)
@@ -399,7 +403,7 @@ def test_every_setting_has_one_topic() -> None:
 def test_dflockd_help_is_short_and_grouped_and_help_all_shows_every_flag_by_topic() -> None:
     """``dflockd --help`` was 185 lines of every flag in one list (issue 50): it shows the
     common settings by topic and points at ``--help-all``, which shows every one by topic."""
-    from dflockd_server.settings import COMMON, TOPICS
+    from dflockd_server.settings import TOPICS
 
     short = run_dflockd(["--help"], {})
     full = run_dflockd(["--help-all"], {})
@@ -468,3 +472,32 @@ def test_an_unreadable_auth_token_file_is_named_as_the_user_gives_it(tmp_path: P
     with pytest.raises(UsageError) as exc:
         load_config(["--auth-token-file", str(empty)], {})
     assert str(exc.value).count("--auth-token-file") == 1, exc.value
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--state-dir", "None"], {}),
+        (["--state-dir", "NONE"], {}),
+        ([], {"DFLOCKD_STATE_DIR": "None"}),
+    ],
+)
+def test_state_dir_none_in_any_case_keeps_no_state_and_makes_no_directory(
+    argv: list[str],
+    environ: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--state-dir None`` (or the variable set to the string ``None``) made a directory named
+    ``None`` in the working directory: ``none`` was matched in lower case only."""
+    from dflockd_server.state import resolve_state_dir
+    from dflockd_server.testing import ServerThread
+
+    monkeypatch.chdir(tmp_path)
+    config = dataclasses.replace(
+        load_config([*argv, "--host", "127.0.0.1", "--port", "6388"], environ), port=0
+    )
+    assert resolve_state_dir(dataclasses.replace(config, port=6388)) is None
+    with ServerThread(config) as server:
+        assert server.server.state is None
+    assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 from tests.support.servers import DflockdProcess
@@ -207,3 +209,27 @@ def test_stop_under_a_connection_storm_closes_every_socket(
             client.close()
     unclosed = unclosed_after_gc()
     assert not unclosed, f"{len(unclosed)} left open, e.g. {unclosed[:2]}"
+
+
+def test_a_server_thread_that_gives_up_its_start_leaves_no_thread_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ServerThread.start`` gave up after its timeout and left the thread (and its server's
+    start) running behind the error."""
+    from dflockd_server import testing
+    from dflockd_server.net import Server
+
+    started = threading.Event()
+
+    async def start_that_hangs(self: Server) -> None:
+        del self
+        started.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(testing, "_START_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(Server, "start", start_that_hangs)
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="did not start in time"):
+        ServerThread(Config(host="127.0.0.1", port=0, state_dir="none")).start()
+    assert started.is_set()
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
