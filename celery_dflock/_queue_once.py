@@ -342,24 +342,25 @@ def retry_hand_off(
     max_retries: int | None,
 ) -> HoldRef | None:
     """Before ``task.retry``: hand a publish-time hold on to the retry message and return it
-    for its header; any other run's lock is released (None)."""
+    for its header; any other run's lock is released (None). A run that took no lock (an
+    error taking it, retried by ``autoretry_for``) passes its message's hold on untouched."""
     lock = held_lock(request)
     options = held_options(request)
     held = hold_of(header(request, HOLD_HEADER))
     sent = not (request.is_eager or request.called_directly)
     limit = task.max_retries if max_retries is None else max_retries
     last = limit is not None and int(request.retries or 0) + 1 > limit  # Celery will not send
+    if lock is None:
+        return held if sent and not last else None
     if (
-        lock is None
-        or options is None
+        options is None
         or held is None
         or not sent
         or last
         or not isinstance(lock, DistributedLock)
         or lock.token != held.token
     ):
-        if lock is not None:
-            lock.release()
+        lock.release()
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
