@@ -26,6 +26,7 @@ A run called directly or eagerly has no message to send again: it reconnects wit
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -118,13 +119,13 @@ def outage_of(request: Any) -> OutageState | None:
 
 
 def parse_outage(raw: object) -> OutageState | None:
-    """An `OUTAGE_HEADER` value read (None: absent or not one)."""
+    """An `OUTAGE_HEADER` value read (None: absent or not one, or its ``since`` no time)."""
     if not isinstance(raw, Mapping):
         return None
     data = cast("Mapping[str, object]", raw)
     since, retries = data.get("since"), data.get("retries")
-    if not isinstance(since, int | float) or isinstance(since, bool):
-        return None
+    if not isinstance(since, int | float) or isinstance(since, bool) or not math.isfinite(since):
+        return None  # (a NaN since would never spend the budget)
     count = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
     return OutageState(float(since), max(0, count))
 
