@@ -25,12 +25,12 @@ from celery_dflock._celery import get_logger, get_task_logger
 from celery_dflock._outage import server_state
 from celery_dflock._request import (
     HOLD_HEADER,
-    MAX_BACKOFF_EXPONENT,
     NOTE_MAX_BYTES,
     Call,
     Follow,
     HoldRef,
     Message,
+    backoff,
     decode_note,
     encode_note,
     header,
@@ -434,7 +434,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
         extra: dict[str, object] = {_FOLLOW_GONE_HEADER: True}
     else:
         extra = {}
-    countdown = min(0.25 * (2 ** min(polls, MAX_BACKOFF_EXPONENT)), 5.0)
+    countdown = backoff(0.25, polls, 5.0)
     logger.info(
         "dflock: %s stands in for task %s (key %r), not done yet; looking again in %.2fs",
         run,

@@ -14,6 +14,7 @@ leader lock carries one too (`beat_note`).
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ __all__ = [
     "HOLD_HEADER",
     "LOCK_OPTIONS_HEADER",
     "LOCK_RETRIES_HEADER",
-    "MAX_BACKOFF_EXPONENT",
     "NOTE_MAX_BYTES",
     "OUTAGE_HEADER",
     "Call",
@@ -39,6 +39,7 @@ __all__ = [
     "HoldRef",
     "HolderNote",
     "Message",
+    "backoff",
     "beat_note",
     "beat_pid",
     "clear_held",
@@ -70,7 +71,15 @@ FOLLOW_HEADER: Final = "dflock_follow"
 "error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 
 MAX_BACKOFF_EXPONENT: Final = 32
-"""The most doublings of a backoff (a lock retry's countdown, a follower's poll)."""
+"""The most doublings of a backoff (`backoff`)."""
+
+
+def backoff(first: float, done: int, cap: float, *, jitter: bool = False) -> float:
+    """The pause after ``done`` tries: ``first`` doubled each time, at most ``cap``; with
+    ``jitter``, a random point of its upper half."""
+    pause = min(first * 2 ** min(done, MAX_BACKOFF_EXPONENT), cap)
+    return pause / 2 + random.uniform(0, pause / 2) if jitter else pause
+
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A run's ``(args, kwargs)``."""

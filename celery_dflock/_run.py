@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import random
 import signal
 import socket
 import sys
@@ -38,10 +37,10 @@ from celery_dflock._queue_once import eager_duplicate, run_follower, take_over
 from celery_dflock._request import (
     FOLLOW_HEADER,
     HOLD_HEADER,
-    MAX_BACKOFF_EXPONENT,
     OUTAGE_HEADER,
     Call,
     Message,
+    backoff,
     clear_held,
     decode_note,
     encode_note,
@@ -230,13 +229,9 @@ def _autoretry(message: Message, exc: DflockError) -> None:
 
 def retry_countdown(retries: int, options: LockOptions) -> float:
     """The countdown of lock retry number ``retries + 1`` (backoff, cap, jitter)."""
-    countdown = min(
-        options.retry_countdown * (2 ** min(retries, MAX_BACKOFF_EXPONENT)),
-        options.retry_backoff_max,
+    return backoff(
+        options.retry_countdown, retries, options.retry_backoff_max, jitter=options.retry_jitter
     )
-    if options.retry_jitter:
-        countdown = countdown / 2 + random.uniform(0, countdown / 2)
-    return countdown
 
 
 def contended(
