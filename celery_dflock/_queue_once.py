@@ -110,21 +110,13 @@ def take_over(
         return False
     if _adopt(lock, held, note=note, on_close_lease=on_close_lease, task_id=task_id):
         return True
-    if lock.holder is not None:
-        logger.info(
-            "dflock: %s: its hold on %r is held by a run of another delivery (%s); taking "
-            "the key as a run-time lock",
-            label,
-            lock.key,
-            lock.holder,
-        )
-        return False
-    logger.info(
-        "dflock: %s: the hold taken when it was sent is gone (lock_pending_ttl ran out, or "
-        "it was released); taking key %r now",
-        label,
-        lock.key,
+    why = (
+        f"its hold on {lock.key!r} is held by a run of another delivery ({lock.holder})"
+        if lock.holder is not None
+        else "the hold taken when it was sent is gone (lock_pending_ttl ran out, or it was "
+        "released)"
     )
+    logger.info("dflock: %s: %s; taking key %r as a run-time lock", label, why, lock.key)
     return False
 
 

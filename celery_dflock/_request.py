@@ -42,7 +42,6 @@ __all__ = [
     "backoff",
     "beat_note",
     "beat_pid",
-    "clear_held",
     "decode_note",
     "encode_note",
     "follow_of",
@@ -131,22 +130,16 @@ class Message:
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def mark_held(request: Any, key: str, lock: AnyLock, options: LockOptions) -> None:
-    """Record the run's lock on its request (``LockedTask.lock``, ``request.dflock_fence``, ...)."""
+def mark_held(
+    request: Any, key: str | None, lock: AnyLock | None, options: LockOptions | None
+) -> None:
+    """Record the run's lock on its request (``LockedTask.lock``, ``request.dflock_fence``,
+    ...); all None once it is released."""
     request.dflock_lock = lock
     request.dflock_key = key
-    request.dflock_fence = lock.fence
-    request.dflock_token = lock.token
+    request.dflock_fence = None if lock is None else lock.fence
+    request.dflock_token = None if lock is None else lock.token
     request.dflock_run_options = options
-
-
-def clear_held(request: Any) -> None:
-    """The run's lock is released: take it off the request (what `mark_held` set)."""
-    request.dflock_lock = None
-    request.dflock_key = None
-    request.dflock_fence = None
-    request.dflock_token = None
-    request.dflock_run_options = None
 
 
 def held_lock(request: Any) -> AnyLock | None:

@@ -41,7 +41,6 @@ from celery_dflock._request import (
     Call,
     Message,
     backoff,
-    clear_held,
     decode_note,
     encode_note,
     follow_of,
@@ -169,7 +168,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         finally:
             if guard.unrecord is not None:
                 guard.unrecord()
-            clear_held(request)
+            mark_held(request, None, None, None)
     # The body may return before the loss reaches it (the release may be what finds it):
     # only "flag" lets such a run succeed.
     if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):

@@ -387,10 +387,7 @@ class Runtime:
 
     def task_runs(self, name: str) -> TaskRuns:
         """What the runs of task ``name`` reuse in this process (its plan, its key builder)."""
-        runs = self._task_runs.get(name)
-        if runs is None:
-            runs = self._task_runs.setdefault(name, TaskRuns())
-        return runs
+        return self._task_runs.get(name) or self._task_runs.setdefault(name, TaskRuns())
 
     def held_writer(self) -> HeldWriter | None:
         """This process's record file (one per process), when held locks are recorded (see
