@@ -26,7 +26,7 @@ A run called directly or eagerly has no message to send again: it reconnects wit
 
 from __future__ import annotations
 
-import random
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from celery_dflock._celery import get_task_logger
-from celery_dflock._request import OUTAGE_HEADER, Message, header, resend
+from celery_dflock._request import OUTAGE_HEADER, Message, backoff, header, resend
 from celery_dflock.client.errors import ServerDraining, ServerReadOnly, ServerUnavailable
 from celery_dflock.config import LockOptions
 
@@ -99,7 +99,7 @@ class OutageWait:
     def next_pause(self, exc: ServerUnavailable, address: str) -> float | None:
         """Seconds to pause before trying again, or None when the run's wait is over."""
         self.address, self.last_error, self.state = address, str(exc), server_state(exc)
-        pause = min(RECONNECT_FIRST_PAUSE_S * 2 ** min(self.attempts, 16), RECONNECT_MAX_PAUSE_S)
+        pause = backoff(RECONNECT_FIRST_PAUSE_S, self.attempts, RECONNECT_MAX_PAUSE_S)
         self.attempts += 1
         return None if time.monotonic() + pause >= self.deadline else pause
 
@@ -118,13 +118,13 @@ def outage_of(request: Any) -> OutageState | None:
 
 
 def parse_outage(raw: object) -> OutageState | None:
-    """An `OUTAGE_HEADER` value read (None: absent or not one)."""
+    """An `OUTAGE_HEADER` value read (None: absent or not one, or its ``since`` no time)."""
     if not isinstance(raw, Mapping):
         return None
     data = cast("Mapping[str, object]", raw)
     since, retries = data.get("since"), data.get("retries")
-    if not isinstance(since, int | float) or isinstance(since, bool):
-        return None
+    if not isinstance(since, int | float) or isinstance(since, bool) or not math.isfinite(since):
+        return None  # (a NaN since would never spend the budget)
     count = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
     return OutageState(float(since), max(0, count))
 
@@ -155,9 +155,7 @@ def retry_outage(
         )
         error.__cause__ = exc
         return error
-    # Outage retry number retries + 1: doubling, capped, jittered.
-    countdown = min(OUTAGE_FIRST_COUNTDOWN_S * 2 ** min(retries, 16), OUTAGE_MAX_COUNTDOWN_S)
-    countdown = countdown / 2 + random.uniform(0, countdown / 2)
+    countdown = backoff(OUTAGE_FIRST_COUNTDOWN_S, retries, OUTAGE_MAX_COUNTDOWN_S, jitter=True)
     logger.warning(
         "dflock: %s: the lock server at %s %s; sent again in %.1fs (outage retry %d, "
         "%.0f s so far; on_locked=%r applies to a busy key, not to an outage)",

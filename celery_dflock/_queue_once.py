@@ -25,12 +25,12 @@ from celery_dflock._celery import get_logger, get_task_logger
 from celery_dflock._outage import server_state
 from celery_dflock._request import (
     HOLD_HEADER,
-    MAX_BACKOFF_EXPONENT,
     NOTE_MAX_BYTES,
     Call,
     Follow,
     HoldRef,
     Message,
+    backoff,
     decode_note,
     encode_note,
     header,
@@ -110,21 +110,13 @@ def take_over(
         return False
     if _adopt(lock, held, note=note, on_close_lease=on_close_lease, task_id=task_id):
         return True
-    if lock.holder is not None:
-        logger.info(
-            "dflock: %s: its hold on %r is held by a run of another delivery (%s); taking "
-            "the key as a run-time lock",
-            label,
-            lock.key,
-            lock.holder,
-        )
-        return False
-    logger.info(
-        "dflock: %s: the hold taken when it was sent is gone (lock_pending_ttl ran out, or "
-        "it was released); taking key %r now",
-        label,
-        lock.key,
+    why = (
+        f"its hold on {lock.key!r} is held by a run of another delivery ({lock.holder})"
+        if lock.holder is not None
+        else "the hold taken when it was sent is gone (lock_pending_ttl ran out, or it was "
+        "released)"
     )
+    logger.info("dflock: %s: %s; taking key %r as a run-time lock", label, why, lock.key)
     return False
 
 
@@ -342,24 +334,25 @@ def retry_hand_off(
     max_retries: int | None,
 ) -> HoldRef | None:
     """Before ``task.retry``: hand a publish-time hold on to the retry message and return it
-    for its header; any other run's lock is released (None)."""
+    for its header; any other run's lock is released (None). A run that took no lock (an
+    error taking it, retried by ``autoretry_for``) passes its message's hold on untouched."""
     lock = held_lock(request)
     options = held_options(request)
     held = hold_of(header(request, HOLD_HEADER))
     sent = not (request.is_eager or request.called_directly)
     limit = task.max_retries if max_retries is None else max_retries
     last = limit is not None and int(request.retries or 0) + 1 > limit  # Celery will not send
+    if lock is None:
+        return held if sent and not last else None
     if (
-        lock is None
-        or options is None
+        options is None
         or held is None
         or not sent
         or last
         or not isinstance(lock, DistributedLock)
         or lock.token != held.token
     ):
-        if lock is not None:
-            lock.release()
+        lock.release()
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
@@ -433,7 +426,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
         extra: dict[str, object] = {_FOLLOW_GONE_HEADER: True}
     else:
         extra = {}
-    countdown = min(0.25 * (2 ** min(polls, MAX_BACKOFF_EXPONENT)), 5.0)
+    countdown = backoff(0.25, polls, 5.0)
     logger.info(
         "dflock: %s stands in for task %s (key %r), not done yet; looking again in %.2fs",
         run,

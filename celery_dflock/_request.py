@@ -14,6 +14,7 @@ leader lock carries one too (`beat_note`).
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ __all__ = [
     "HOLD_HEADER",
     "LOCK_OPTIONS_HEADER",
     "LOCK_RETRIES_HEADER",
-    "MAX_BACKOFF_EXPONENT",
     "NOTE_MAX_BYTES",
     "OUTAGE_HEADER",
     "Call",
@@ -39,9 +39,9 @@ __all__ = [
     "HoldRef",
     "HolderNote",
     "Message",
+    "backoff",
     "beat_note",
     "beat_pid",
-    "clear_held",
     "decode_note",
     "encode_note",
     "follow_of",
@@ -70,7 +70,15 @@ FOLLOW_HEADER: Final = "dflock_follow"
 "error": ...}`` (the holder's task id; ``error`` set: fail at once with it)."""
 
 MAX_BACKOFF_EXPONENT: Final = 32
-"""The most doublings of a backoff (a lock retry's countdown, a follower's poll)."""
+"""The most doublings of a backoff (`backoff`)."""
+
+
+def backoff(first: float, done: int, cap: float, *, jitter: bool = False) -> float:
+    """The pause after ``done`` tries: ``first`` doubled each time, at most ``cap``; with
+    ``jitter``, a random point of its upper half."""
+    pause = min(first * 2 ** min(done, MAX_BACKOFF_EXPONENT), cap)
+    return pause / 2 + random.uniform(0, pause / 2) if jitter else pause
+
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """A run's ``(args, kwargs)``."""
@@ -122,22 +130,16 @@ class Message:
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def mark_held(request: Any, key: str, lock: AnyLock, options: LockOptions) -> None:
-    """Record the run's lock on its request (``LockedTask.lock``, ``request.dflock_fence``, ...)."""
+def mark_held(
+    request: Any, key: str | None, lock: AnyLock | None, options: LockOptions | None
+) -> None:
+    """Record the run's lock on its request (``LockedTask.lock``, ``request.dflock_fence``,
+    ...); all None once it is released."""
     request.dflock_lock = lock
     request.dflock_key = key
-    request.dflock_fence = lock.fence
-    request.dflock_token = lock.token
+    request.dflock_fence = None if lock is None else lock.fence
+    request.dflock_token = None if lock is None else lock.token
     request.dflock_run_options = options
-
-
-def clear_held(request: Any) -> None:
-    """The run's lock is released: take it off the request (what `mark_held` set)."""
-    request.dflock_lock = None
-    request.dflock_key = None
-    request.dflock_fence = None
-    request.dflock_token = None
-    request.dflock_run_options = None
 
 
 def held_lock(request: Any) -> AnyLock | None:

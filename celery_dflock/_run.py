@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import random
 import signal
 import socket
 import sys
@@ -38,11 +37,10 @@ from celery_dflock._queue_once import eager_duplicate, run_follower, take_over
 from celery_dflock._request import (
     FOLLOW_HEADER,
     HOLD_HEADER,
-    MAX_BACKOFF_EXPONENT,
     OUTAGE_HEADER,
     Call,
     Message,
-    clear_held,
+    backoff,
     decode_note,
     encode_note,
     follow_of,
@@ -170,7 +168,7 @@ def locked_run(task: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str,
         finally:
             if guard.unrecord is not None:
                 guard.unrecord()
-            clear_held(request)
+            mark_held(request, None, None, None)
     # The body may return before the loss reaches it (the release may be what finds it):
     # only "flag" lets such a run succeed.
     if guard.interrupt_due or (lock.lost and options.on_lock_lost != "flag"):
@@ -230,13 +228,9 @@ def _autoretry(message: Message, exc: DflockError) -> None:
 
 def retry_countdown(retries: int, options: LockOptions) -> float:
     """The countdown of lock retry number ``retries + 1`` (backoff, cap, jitter)."""
-    countdown = min(
-        options.retry_countdown * (2 ** min(retries, MAX_BACKOFF_EXPONENT)),
-        options.retry_backoff_max,
+    return backoff(
+        options.retry_countdown, retries, options.retry_backoff_max, jitter=options.retry_jitter
     )
-    if options.retry_jitter:
-        countdown = countdown / 2 + random.uniform(0, countdown / 2)
-    return countdown
 
 
 def contended(

@@ -122,7 +122,7 @@ class TaskRuns:
         if bound is not None and all(map(is_, bound[0], attributes)):
             given = bound[1]
         else:  # changed since the bind (or never bound): they enter here
-            given = read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
+            given = _read(attributes, name)
         options = None
         if _is_locked(task, config, attributes):
             options = resolve_options(config, name, given, None)
@@ -146,11 +146,20 @@ class TaskRuns:
 _CHECKED_ATTR: Final = "_dflock_checked_attributes"
 
 
+def _attributes(task: object) -> tuple[object, ...]:
+    """The lock attributes of a task or task class, in `LOCK_OPTIONS`' order."""
+    return tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
+
+
+def _read(attributes: tuple[object, ...], name: str) -> GivenOptions:
+    """Task ``name``'s lock ``attributes`` (`_attributes`), checked."""
+    return read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
+
+
 def check_attributes(task_cls: type[Any], name: str) -> None:
     """Check the lock attributes a task class is bound with, and keep them for its runs."""
-    attributes = tuple([getattr(task_cls, option, None) for option in LOCK_OPTIONS])
-    given = read_attributes(dict(zip(LOCK_OPTIONS, attributes, strict=True)), name)
-    setattr(task_cls, _CHECKED_ATTR, (attributes, given))
+    attributes = _attributes(task_cls)
+    setattr(task_cls, _CHECKED_ATTR, (attributes, _read(attributes, name)))
 
 
 def _is_locked(task: Any, config: DflockConfig, attributes: tuple[object, ...]) -> bool:
@@ -168,8 +177,7 @@ def options_for(
 ) -> LockOptions | None:
     """The lock options of a run (or a publish) of ``task``; None when it is not locked
     (``per_call``: the options its message gives, already checked)."""
-    attributes = tuple([getattr(task, option, None) for option in LOCK_OPTIONS])
-    plan = runs.plan_for(task, config, attributes)
+    plan = runs.plan_for(task, config, _attributes(task))
     if per_call is not None:  # per call: resolved every time (they must win)
         return resolve_options(config, str(task.name), plan.given, per_call)
     return plan.options
@@ -379,10 +387,7 @@ class Runtime:
 
     def task_runs(self, name: str) -> TaskRuns:
         """What the runs of task ``name`` reuse in this process (its plan, its key builder)."""
-        runs = self._task_runs.get(name)
-        if runs is None:
-            runs = self._task_runs.setdefault(name, TaskRuns())
-        return runs
+        return self._task_runs.get(name) or self._task_runs.setdefault(name, TaskRuns())
 
     def held_writer(self) -> HeldWriter | None:
         """This process's record file (one per process), when held locks are recorded (see

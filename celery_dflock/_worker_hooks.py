@@ -378,8 +378,7 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
 def locked_options(app: Any, locked_task: type[Any]) -> Iterator[tuple[str, LockOptions]]:
     """Each locked task of ``app`` (by name) with its resolved lock options (a task with a bad
     option is left out: it fails where it is used)."""
-    config = get_config(app)
-    runtime = get_runtime(app)
+    config, runtime = get_config(app), get_runtime(app)
     tasks: Mapping[str, Any] = app.tasks
     for name, task in sorted(tasks.items()):
         if not isinstance(task, locked_task):

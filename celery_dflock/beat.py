@@ -193,9 +193,17 @@ class Leadership:
             with self._guard:
                 lock, self._lock = self._lock, None
         self._active.clear()
-        if lock is not None:
-            _release_quietly(lock)
+        if lock is None:
+            return
+        if _release_quietly(lock):
             logger.info("beat: released %s", self.describe)
+        else:
+            logger.warning(
+                "beat: %s was no longer held when this beat stopped (its lease ran out, or "
+                "it was released by another, or the lock server did not answer): another "
+                "beat may have become active before",
+                self.describe,
+            )
 
     def _on_lost(self, _lock: object) -> None:
         self._active.clear()
@@ -270,11 +278,13 @@ class Leadership:
             self._demote(lock, "renewal refused or the lock server is gone")
 
 
-def _release_quietly(lock: DistributedLock) -> None:
+def _release_quietly(lock: DistributedLock) -> bool:
+    """``lock.release()``: True if the server confirmed it."""
     try:
-        lock.release()
+        return lock.release()
     except DflockError as exc:
         logger.debug("beat: release after loss failed: %s", exc)
+        return False
 
 
 # ------------------------------------------------------------------------------------ the scheduler

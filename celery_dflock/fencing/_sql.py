@@ -17,7 +17,12 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import CompileError, DBAPIError
 
 from celery_dflock.fencing.errors import FenceColumnMissing
-from celery_dflock.fencing.fences import FENCE_COLUMN, no_such_column, require_fence
+from celery_dflock.fencing.fences import (
+    FENCE_COLUMN,
+    key_not_unique,
+    no_such_column,
+    require_fence,
+)
 
 __all__ = [
     "FencedUpdate",
@@ -63,13 +68,19 @@ def fence_column_of(table: sa.Table, name: str) -> sa.Column[Any]:
 
 
 @contextmanager
-def column_checked(table: sa.Table, name: str) -> Generator[None]:
+def column_checked(
+    table: sa.Table, name: str, upsert: FencedUpsert | None = None
+) -> Generator[None]:
     """Runs the block, turning the database's word that ``table`` has no column ``name`` into
-    `FenceColumnMissing`."""
+    `FenceColumnMissing` (and that the key of ``upsert`` is no unique key, into
+    `InvalidValueError`)."""
     try:
         yield
     except DBAPIError as error:
-        if not no_such_column(str(error.orig), name):
+        said = str(error.orig)
+        if upsert is not None and (refused := key_not_unique(upsert.label(), upsert.key, said)):
+            raise refused from error
+        if not no_such_column(said, name):
             raise
         raise FenceColumnMissing(
             f"fenced write to table {table.fullname!r}: the database table has no column "

@@ -34,6 +34,7 @@ from django.db import models
 from celery_dflock.fencing.errors import FenceColumnMissing
 from celery_dflock.fencing.fences import (
     FENCE_COLUMN,
+    key_not_unique,
     no_such_column,
     refuse_unwritten,
     require_fence,
@@ -126,7 +127,7 @@ def fenced_upsert(
     keyed = " AND ".join(f"{quote(options.get_field(name).column)} = %s" for name in key)
     key_params = [options.get_field(n).get_db_prep_value(v, connection) for n, v in key.items()]
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    with _column_checked(model, field), _db.transaction.atomic(using=alias):
+    with _column_checked(model, field, (label, key)), _db.transaction.atomic(using=alias):
         cursor: Any
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -279,12 +280,17 @@ def _migrating(model: Any) -> str:
 
 
 @contextmanager
-def _column_checked(model: Any, field: Any) -> Generator[None]:
+def _column_checked(
+    model: Any, field: Any, upsert: tuple[str, Mapping[str, Any]] | None = None
+) -> Generator[None]:
     """The database's error that ``model``'s table lacks ``field``'s column as
-    `FenceColumnMissing`."""
+    `FenceColumnMissing` (and that the key of ``upsert``, (its label, key), is no unique key,
+    as `InvalidValueError`)."""
     try:
         yield
     except _db.DatabaseError as error:
+        if upsert is not None and (refused := key_not_unique(*upsert, str(error))):
+            raise refused from error
         if not no_such_column(str(error), field.column):
             raise
         raise FenceColumnMissing(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 
 from celery_dflock.client.errors import InvalidValueError
@@ -12,6 +12,7 @@ from celery_dflock.fencing.errors import FenceMissing, StaleFence
 __all__ = [
     "FENCE_COLUMN",
     "MAX_FENCE",
+    "key_not_unique",
     "no_such_column",
     "refuse_below",
     "refuse_unwritten",
@@ -77,6 +78,20 @@ def upsert_elsewhere(target: str) -> InvalidValueError:
         "than key, so the row of key was not written (and the other row may have been: roll "
         "the transaction back); name in key the unique key of the row, and give values no "
         "other row holds in a unique column"
+    )
+
+
+def key_not_unique(target: str, key: Iterable[str], said: str) -> InvalidValueError | None:
+    """The database's refusal (``said``) of an upsert into ``target`` whose ``key`` is not
+    a unique key (PostgreSQL's and SQLite's ``ON CONFLICT``), in the caller's terms; None for
+    another error."""
+    if "on conflict" not in said.lower():
+        return None
+    return InvalidValueError(
+        f"fenced upsert into {target}: key names {', '.join(key)}, which is not the primary key "
+        f"or a unique key of the table (the database said: {said.strip().splitlines()[0]}); "
+        "name in key every column of the primary key or of one unique constraint, or add that "
+        "constraint"
     )
 
 

@@ -166,7 +166,7 @@ def fenced_upsert(
         connection.dialect if isinstance(connection, Connection) else connection.get_bind().dialect
     )
     statement = fenced.statement(dialect, values, update)
-    with column_checked(fenced.table, fenced.column.name):
+    with column_checked(fenced.table, fenced.column.name, fenced):
         result = connection.execute(statement)
         if dialect.name not in MYSQL and result.scalar() is not None:
             return

@@ -18,7 +18,8 @@ import pytest
 from celery import Celery, signals
 from celery.beat import PersistentScheduler, Scheduler
 
-from celery_dflock.beat import BEAT_ENTRY_HEADER, SingletonScheduler
+from celery_dflock import Client, DistributedLock
+from celery_dflock.beat import BEAT_ENTRY_HEADER, Leadership, SingletonScheduler
 from celery_dflock.config import DflockConfigError
 from celery_dflock.task import LOCK_OPTIONS_HEADER
 from dflockd_server.testing import ServerThread
@@ -287,3 +288,28 @@ def test_a_wrapped_redbeat_with_its_own_lock_on_is_refused() -> None:
     assert "'redbeat::lock'" in str(info.value)
     scheduler = SingletonScheduler(app=redbeat_app(redbeat_lock_key=None), lazy=True)
     assert type(scheduler).__name__ == "SingletonRedBeatScheduler"
+
+
+def test_a_leader_whose_lock_was_gone_when_it_stopped_says_so(
+    dflock_server: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leader stopping whose lock the server no longer held (its lease lapsed while it was
+    paused, or an operator released it) warns that another beat may have been sending; it
+    logged "released", as for a lock it had handed on."""
+    made: list[DistributedLock] = []
+    with Client([dflock_server.address]) as client, Client([dflock_server.address]) as other:
+
+        def make_lock(on_lost: Any) -> DistributedLock:
+            made.append(client.lock("beat-gone", lease_ttl_s=30, on_lost=on_lost))
+            return made[-1]
+
+        leadership = Leadership(make_lock, "lock 'beat-gone'")
+        leadership.start()
+        assert leadership.wait_active(ACTIVE_TIMEOUT_S)
+        token = made[-1].token
+        assert token is not None
+        assert other.release("beat-gone", token)  # the server no longer holds it for the beat
+        caplog.set_level(logging.INFO, logger="celery_dflock.beat")
+        leadership.stop()
+    assert "beat: released" not in caplog.text
+    assert "was no longer held when this beat stopped" in caplog.text

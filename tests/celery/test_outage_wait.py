@@ -3,12 +3,19 @@ decided without sockets: `OutageWait.for_run` over a request as Celery gives it.
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from celery_dflock._outage import OUTAGE_HEADER, OUTAGE_RECONNECT_S, OutageWait
+from celery_dflock._outage import (
+    OUTAGE_HEADER,
+    OUTAGE_RECONNECT_S,
+    OutageState,
+    OutageWait,
+    parse_outage,
+)
 from celery_dflock.client.errors import ServerUnavailable
 
 
@@ -39,3 +46,12 @@ def test_a_run_sent_again_for_an_outage_does_not_wait_in_its_slot() -> None:
 def test_a_run_without_a_message_to_send_again_waits_its_whole_lock_timeout(how: str) -> None:
     req = request(direct=how == "direct", eager=how == "eager", outage=True)
     assert reconnect_s(req, 30.0) == pytest.approx(30.0, abs=0.05)
+
+
+@pytest.mark.parametrize("since", [math.nan, math.inf, -math.inf])
+def test_an_outage_header_whose_since_is_no_time_is_not_read(since: float) -> None:
+    """A ``since`` that is no time (NaN compares false to everything: the run's budget was
+    never spent, and each outage retry sent the NaN on) is read as no outage header: the
+    outage counts from now, and the next retry carries a real time."""
+    assert parse_outage({"since": since, "retries": 3}) is None
+    assert parse_outage({"since": 1.0e9, "retries": 3}) == OutageState(1.0e9, 3)

@@ -18,6 +18,7 @@ from celery_dflock import AlreadyQueued
 from celery_dflock.client.errors import InvalidValueError, LockSkipped, ServerUnavailable
 from tests.celery.apps.queue_once import define_tasks
 from tests.support.apps import make_app
+from tests.support.ports import free_port
 from tests.support.processes import paused
 from tests.support.rigs import Rig, open_rig, unique
 from tests.support.servers import DflockdProcess, dflockd_subprocess
@@ -254,3 +255,40 @@ def test_a_restart_grace_is_not_a_duplicate(tmp_path: Path) -> None:
             redis_cleanup(queue, db=REDIS_DB)
     finally:
         process.kill()
+
+
+# ------------------------------------------------------------------------ an autoretry
+
+
+def test_an_autoretried_outage_at_take_over_keeps_the_hold(tmp_path: Path) -> None:
+    """The lock server is down (killed -9) when a run takes its publish-time hold over, and
+    the task's ``autoretry_for=(ServerUnavailable,)`` retries it: the retry carries the hold
+    (restored by the restarted server from its journal) and its run takes that grant over.
+    Before, the retry was sent with no hold: its run queued behind its own hold."""
+    require_redis()
+    port = free_port()
+    args = ("--state-dir", str(tmp_path / "state"))
+    log = tmp_path / "dflockd.log"
+    queue = unique("dflock-qedges-autoretry")
+    with open_rig(
+        tmp_path,
+        "apps.queue_once",
+        redis_settings(queue, db=REDIS_DB),
+        server=("127.0.0.1", port),
+        main="qonce-autoretry-client",
+        define_tasks=define_tasks,
+        cleanup=lambda: redis_cleanup(queue, db=REDIS_DB),
+    ) as rig:
+        name = unique("autoretry")
+        with dflockd_subprocess(log, *args, port=port) as (proc, _):
+            result = rig.tasks["once_autoretry"].delay(name)
+            proc.kill()
+            proc.wait(10)
+        worker = rig.start_worker(pool="prefork", concurrency=1)
+        assert worker.wait_output("retry: Retry in", EVENT_TIMEOUT_S), worker.output()
+        with dflockd_subprocess(log, *args, port=port):
+            assert result.get(timeout=RESULT_TIMEOUT_S) == name
+        (started,) = rig.log.entries("started", name=name)
+        assert started["retries"] == 1
+        assert started["hold_token"] is not None
+        assert started["token"] == started["hold_token"]

@@ -200,6 +200,19 @@ def test_an_upsert_that_collides_on_another_unique_key_is_not_silent() -> None:
             assert db.execute(sa.select(users)).all() == [(3, "a@x", 0, 100)]
 
 
+@pytest.mark.parametrize("any_engine", ["postgresql", "sqlite"], indirect=True)
+def test_an_upsert_whose_key_is_no_unique_key_is_named(any_engine: sa.Engine) -> None:
+    """PostgreSQL and SQLite refuse ``ON CONFLICT`` on columns that are no unique key: the
+    refusal names the key's columns and what to do (it was the driver's raw error)."""
+    with any_engine.begin() as db, pytest.raises(InvalidValueError) as refused:
+        fenced_upsert(db, ACCOUNTS, key={"balance": 1}, fence=5, values={"id": 9})
+    said = str(refused.value)
+    assert "fenced upsert into account row balance=1: key names balance" in said
+    assert "not the primary key or a unique key of the table" in said
+    assert "ON CONFLICT" in said  # the database's own words
+    assert row(any_engine, 9) is None
+
+
 def test_a_row_whose_fence_is_null_is_not_passed_over_in_silence(engine: sa.Engine) -> None:
     """A fence column made nullable by hand: NULL compares with no fence, so the guarded write
     wrote nothing, and the update answered 0 (no such row), the upsert nothing at all."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_dflock import LockedTask
+from celery_dflock import LockedTask, ServerUnavailable
 from celery_dflock.signals import lock_skipped
 
 from .common import hold_header, record, record_skipped, wait_for_release, worker_app
@@ -28,6 +28,9 @@ from .common import hold_header, record, record_skipped, wait_for_release, worke
 RETRY_COUNTDOWN_S = 2.0
 """The countdown of `once_retry`'s retry (shorter than the Redis visibility timeout of the
 tests, which would otherwise deliver the waiting retry a second time)."""
+AUTORETRY_COUNTDOWN_S = 6.0
+"""The countdown of `once_autoretry`'s retry: long enough for a test to start its lock server
+again once the first run met the outage."""
 PURGE_PENDING_TTL_S = 8
 """`once_short_pending`'s ``lock_pending_ttl``: how long a purged message's hold outlives it.
 The test checks the key is still held (a duplicate publish, message counts, a purge) before
@@ -64,6 +67,7 @@ TASK_NAMES = (
     "once_short_pending",
     "once_retry",
     "once_acks_late",
+    "once_autoretry",
     "plain",
     "run_skip",
     "collect",
@@ -117,6 +121,16 @@ def define_tasks(celery_app: Celery) -> dict[str, Any]:
         """Acknowledged after the run: a run killed with its worker is delivered again."""
         return _run(self, name, release_file)
 
+    @celery_app.task(
+        **named("once_autoretry", once),
+        autoretry_for=(ServerUnavailable,),
+        retry_kwargs={"countdown": AUTORETRY_COUNTDOWN_S},
+        max_retries=3,
+    )
+    def once_autoretry(self: LockedTask, name: str) -> str:
+        """An outage taking the lock (or the hold) over is retried by Celery's autoretry."""
+        return _run(self, name, None)
+
     @celery_app.task(**named("plain", locked))
     def plain(self: LockedTask, name: str, release_file: str | None = None) -> str:
         """Locked at run time unless sent with ``lock_from="publish"``."""
@@ -138,6 +152,7 @@ def define_tasks(celery_app: Celery) -> dict[str, Any]:
         "once_short_pending": once_short_pending,
         "once_retry": once_retry,
         "once_acks_late": once_acks_late,
+        "once_autoretry": once_autoretry,
         "plain": plain,
         "run_skip": run_skip,
         "collect": collect,
