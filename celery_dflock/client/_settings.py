@@ -146,11 +146,22 @@ def check_ssl_context(value: object) -> ssl.SSLContext | None:
 def check_servers(
     value: object, name: str = "servers", *, error: type[InvalidValueError] = InvalidValueError
 ) -> tuple[tuple[str, int], ...]:
-    """The server list, as a tuple (checked where it is given, then passed down as it is)."""
+    """The server list, as a tuple (checked where it is given, then passed down as it is). A
+    server listed twice is refused, not merged: a key goes to the server at its index, so a
+    merged list would shard keys unlike a process that lists each server once."""
     try:
-        return validate_servers(cast("Sequence[tuple[str, int]]", value))
+        servers = validate_servers(cast("Sequence[tuple[str, int]]", value))
     except ValueError as exc:
         raise error(str(exc) if name == "servers" else f"{name}: {exc}") from None
+    seen: set[tuple[str, int]] = set()
+    for host, port in servers:
+        if (host.lower(), port) in seen:
+            raise error(
+                f"{name}: server {host.lower()}:{port} is listed twice; list each server once "
+                "(a key goes to the server at its index in the list)"
+            )
+        seen.add((host.lower(), port))
+    return servers
 
 
 class Lease(int):

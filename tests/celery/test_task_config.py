@@ -85,6 +85,14 @@ def test_bad_servers_name_the_setting(value: object) -> None:
         parse_servers(value)
 
 
+@pytest.mark.parametrize("value", ["a:1,b:2,a:1", [("a", 1), ("A", 1)], ["a:1", ("a", "1")]])
+def test_a_server_listed_twice_is_refused_naming_it(value: object) -> None:
+    """A key's server is its index in the list: a second entry for one server would skew the
+    sharding against a worker that lists it once, so it is refused, not merged."""
+    with pytest.raises(DflockConfigError, match=r"dflock_servers: server a:1 is listed twice"):
+        parse_servers(value)
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "match"),
     [
