@@ -22,6 +22,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast, get_args
 
+import click
 from celery.exceptions import ImproperlyConfigured
 
 from celery_dflock.client import sharding
@@ -93,10 +94,12 @@ Check: TypeAlias = Callable[[object, str], T]
 given None: unset)."""
 
 
-class DflockConfigError(InvalidValueError, ImproperlyConfigured):
+class DflockConfigError(click.ClickException, InvalidValueError, ImproperlyConfigured):
     """A ``dflock_*`` setting or a lock option has a value that cannot work.
 
-    A `celery_dflock.DflockError` (and `ValueError`), and Celery's ``ImproperlyConfigured``.
+    A `celery_dflock.DflockError` (and `ValueError`), and Celery's ``ImproperlyConfigured``;
+    a ``celery`` command (``worker``, ``beat``) that meets one prints it as one line, as click
+    prints its own errors, and exits 1.
     """
 
 
