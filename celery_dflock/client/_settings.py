@@ -38,6 +38,10 @@ MIN_RENEW_INTERVAL_S: Final = 0.1
 MAX_RENEW_INTERVAL_S: Final = wire.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
 
 
+_PLAIN_REPLY: Final = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG")
+"""OpenSSL's reasons (by version) for a TLS handshake answered in plain bytes."""
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """Where and how to connect: the identity a connection pool keys its connections on."""
@@ -55,6 +59,12 @@ class Endpoint:
 
     def unavailable_message(self, detail: str) -> str:
         """Why ``host:port`` cannot be used, and what to do."""
+        if self.ssl_context is not None and any(why in detail for why in _PLAIN_REPLY):
+            return (
+                f"the dflockd lock server at {self.address} answers without TLS ({detail}): "
+                "connect to it without TLS (ssl_context=None; in Celery leave `dflock_ssl` "
+                "unset), or start it with --tls-cert and --tls-key"
+            )
         return (
             f"cannot reach the dflockd lock server at {self.address} ({detail}); "
             "start it (`dflockd`, or `uv run dflockd`) or check the server list (`servers=`; "
