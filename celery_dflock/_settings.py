@@ -608,7 +608,7 @@ APP_SETTING_SPECS: Final = (
     ),
     _setting(
         "dflock_sharding_strategy",
-        None,
+        sharding.stable_hash_shard,
         check_sharding,
         '`"stable_hash"` (crc32, like every dflockd client), `"rendezvous"`, '
         '`"module:function"` or a callable `(key, n_servers) -> index`; or `"cluster"`: '

@@ -18,7 +18,6 @@ Bad values raise :class:`DflockConfigError` naming the setting or option.
 
 from __future__ import annotations
 
-import ssl
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,16 +50,7 @@ from celery_dflock._settings import (
     read_options,
     setting_table,
 )
-from celery_dflock.client.clients import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_RENEW_RATIO,
-    DEFAULT_SERVERS,
-    DEFAULT_SESSION_TTL_S,
-    Client,
-    ClientSettings,
-    Lease,
-)
-from celery_dflock.client.sharding import Routing, stable_hash_shard
+from celery_dflock.client.clients import Client, ClientSettings, Lease
 
 __all__ = [
     "APP_SETTINGS",
@@ -86,7 +76,7 @@ __all__ = [
 ]
 
 _CONFIG_ATTR: Final = "_dflock_config"
-_FIELDS: Final = {
+_CLIENT_FIELDS: Final = {
     "dflock_servers": "servers",
     "dflock_auth_token": "auth_token",
     "dflock_ssl": "ssl_context",
@@ -94,10 +84,8 @@ _FIELDS: Final = {
     "dflock_session_ttl": "session_ttl_s",
     "dflock_renew_ratio": "renew_ratio",
     "dflock_sharding_strategy": "sharding_strategy",
-    "dflock_key_prefix": "key_prefix",
-    "dflock_task_locks": "task_locks",
 }
-"""App-wide setting -> the `DflockConfig` field it is read into."""
+"""App-wide setting -> the `ClientSettings` field it is read into."""
 
 
 class _App(Protocol):
@@ -147,7 +135,7 @@ def check_setting_names(conf: Any, namespace: str | None = None) -> None:
         )
 
 
-def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, object]:
+def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, Any]:
     """Setting name -> its value in ``conf``, checked, or its default when unset."""
     return {spec.name: spec.read(read_setting(conf, spec.name), spec.name) for spec in specs}
 
@@ -156,14 +144,8 @@ def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, object]:
 class DflockConfig:
     """Every ``dflock_*`` setting of one app, validated (see :func:`get_config`)."""
 
-    servers: tuple[tuple[str, int], ...] = DEFAULT_SERVERS
-    auth_token: str | None = None
-    ssl_context: ssl.SSLContext | None = None
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    session_ttl_s: int = DEFAULT_SESSION_TTL_S
-    renew_ratio: float = DEFAULT_RENEW_RATIO
-    sharding_strategy: Routing | None = None
-    """None: the client's default (``stable_hash_shard``); ``"cluster"``: cluster routing."""
+    client: ClientSettings = field(default_factory=ClientSettings)
+    """The settings of this app's `Client` (servers, sharding, auth, TLS, times)."""
     key_prefix: str = ""
     defaults: GivenOptions = NO_OPTIONS
     """The app-wide lock options: the ``dflock_*`` setting of each (None: not set)."""
@@ -182,24 +164,12 @@ class DflockConfig:
             lambda option: f"app.conf.{spelt[option][0]}",
             what="the dflock_* settings",
         )
-        fields: dict[str, Any] = {field: got[name] for name, field in _FIELDS.items()}
-        return cls(**fields, defaults=defaults)
-
-    def client_settings(self) -> ClientSettings:
-        """The settings of this app's `Client`."""
-        return ClientSettings(
-            servers=self.servers,
-            sharding_strategy=self.sharding_strategy or stable_hash_shard,
-            renew_ratio=self.renew_ratio,
-            auth_token=self.auth_token,
-            ssl_context=self.ssl_context,
-            connect_timeout_s=self.connect_timeout_s,
-            session_ttl_s=self.session_ttl_s,
-        )
+        client = ClientSettings(**{field: got[name] for name, field in _CLIENT_FIELDS.items()})
+        return cls(client, got["dflock_key_prefix"], defaults, got["dflock_task_locks"])
 
     def new_client(self) -> Client:
         """A new `Client` on these settings."""
-        return Client.from_settings(self.client_settings())
+        return Client.from_settings(self.client)
 
 
 def get_config(app: _App) -> DflockConfig:

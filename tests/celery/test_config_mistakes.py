@@ -94,7 +94,7 @@ def test_a_misspelt_setting_under_the_apps_namespace_is_refused() -> None:
     assert "did you mean 'dflock_lock_ttl'" in str(e.value)
     del DjangoSettings.CELERY_DFLOCK_LOCK_TLL
     app.config_from_object(DjangoSettings, namespace="CELERY", force=True)
-    assert get_config(app).servers == (("127.0.0.1", 6390),)
+    assert get_config(app).client.servers == (("127.0.0.1", 6390),)
     app.close()
 
 
@@ -106,7 +106,7 @@ def test_upper_case_settings_are_read(dflock_server: ServerThread) -> None:
         DFLOCK_ON_LOCKED="raise",
     )
     config = get_config(app)
-    assert config.servers == ((dflock_server.host, dflock_server.port),)
+    assert config.client.servers == ((dflock_server.host, dflock_server.port),)
     assert config.key_prefix == "upper:"
     assert config.defaults.on_locked == "raise"
 

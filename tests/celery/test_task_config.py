@@ -51,7 +51,7 @@ def call_options(**values: object) -> GivenOptions:
 
 def test_defaults_without_any_setting() -> None:
     config = get_config(config_app())
-    assert config.servers == (("127.0.0.1", 6388),)
+    assert config.client.servers == (("127.0.0.1", 6388),)
     options = resolve_options(config, "t", NO_OPTIONS)
     assert options.on_locked == "retry"
     assert options.on_lock_lost == "interrupt"
@@ -183,9 +183,9 @@ def test_config_is_cached_on_the_app_until_reset() -> None:
     first = get_config(app)
     assert get_config(app) is first
     app.conf.dflock_servers = "b:2"
-    assert get_config(app).servers == (("a", 1),)
+    assert get_config(app).client.servers == (("a", 1),)
     reset_config(app)
-    assert get_config(app).servers == (("b", 2),)
+    assert get_config(app).client.servers == (("b", 2),)
 
 
 SAMPLES: dict[str, object] = {
