@@ -50,7 +50,6 @@ __all__ = [
     "APP_SETTING_SPECS",
     "BEAT_SETTINGS",
     "BEAT_SETTING_SPECS",
-    "DEFAULTS",
     "KNOWN_SETTINGS",
     "LOCK_OPTIONS",
     "LOCK_OPTION_SPECS",
@@ -449,9 +448,6 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
 """Every lock option, once: every other listing derives from it."""
 
 LOCK_OPTIONS: Final = tuple(spec.name for spec in LOCK_OPTION_SPECS)
-DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
-    {spec.name: spec.default for spec in LOCK_OPTION_SPECS}
-)
 SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
     {spec.name: spec.setting for spec in LOCK_OPTION_SPECS if spec.setting is not None}
 )

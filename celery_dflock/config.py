@@ -26,9 +26,6 @@ from typing import Any, Final, Protocol
 
 from celery_dflock._settings import (
     APP_SETTING_SPECS,
-    APP_SETTINGS,
-    BEAT_SETTINGS,
-    DEFAULTS,
     KNOWN_SETTINGS,
     LOCK_OPTION_SPECS,
     LOCK_OPTIONS,
@@ -46,16 +43,12 @@ from celery_dflock._settings import (
     check_combination,
     close_matches,
     option_table,
-    parse_servers,
     read_options,
     setting_table,
 )
 from celery_dflock.client.clients import Client, ClientSettings, Lease
 
 __all__ = [
-    "APP_SETTINGS",
-    "BEAT_SETTINGS",
-    "DEFAULTS",
     "LOCK_OPTIONS",
     "RENAMED_SETTINGS",
     "RETRY_WAIT_S",
@@ -67,8 +60,6 @@ __all__ = [
     "check_setting_names",
     "get_config",
     "option_table",
-    "parse_servers",
-    "read_setting",
     "read_settings",
     "reset_config",
     "resolve_options",
@@ -95,15 +86,10 @@ class _App(Protocol):
     def conf(self) -> Any: ...
 
 
-def read_setting(conf: Any, name: str) -> object:
-    """``app.conf`` setting ``name``, or its upper-case spelling (``DFLOCK_SERVERS``; with
-    ``namespace="CELERY"`` Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``)."""
-    return _spelt(conf, name)[1]
-
-
 def _spelt(conf: Any, name: str) -> tuple[str, object]:
     """(the spelling of setting ``name`` that ``conf`` has, its value); (``name``, None):
-    unset. An old name's spelling warns."""
+    unset. The upper-case spelling is read too (``DFLOCK_SERVERS``; with ``namespace="CELERY"``
+    Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``); an old name's spelling warns."""
     old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
     for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
         value: object = conf.get(spelling)
@@ -137,7 +123,7 @@ def check_setting_names(conf: Any, namespace: str | None = None) -> None:
 
 def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, Any]:
     """Setting name -> its value in ``conf``, checked, or its default when unset."""
-    return {spec.name: spec.read(read_setting(conf, spec.name), spec.name) for spec in specs}
+    return {spec.name: spec.read(_spelt(conf, spec.name)[1], spec.name) for spec in specs}
 
 
 @dataclass(frozen=True, slots=True)
