@@ -16,7 +16,7 @@ import inspect
 import keyword
 import math
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
@@ -183,32 +183,30 @@ def check_non_empty_string(value: object, where: str) -> str:
     return value
 
 
-def _parse_port(text: str, where: str, entry: object) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise DflockConfigError(
-            f"{where}: bad port in {entry!r}; expected 'host:port' with a port from 1 to 65535"
-        ) from None
-
-
-def _parse_address(entry: object, where: str) -> tuple[str, int]:
+def _parse_address(entry: object, where: str) -> object:
+    """``"host:port"`` (``"[::1]:port"``) or a pair whose port is text, as ``(host, port)``;
+    any other entry as it is, for `check_servers` to check."""
     if isinstance(entry, str):
         text = entry.strip()
         if text.startswith("["):  # [IPv6]:port
-            host, sep, port_text = text[1:].partition("]:")
+            host, sep, port = text[1:].partition("]:")
         else:
-            host, sep, port_text = text.rpartition(":")
+            host, sep, port = text.rpartition(":")
         if not sep or not host:
             raise DflockConfigError(
                 f"{where}: {entry!r} is not 'host:port' (e.g. '127.0.0.1:6388' or '[::1]:6388')"
             )
-        return host, _parse_port(port_text, where, entry)
-    if isinstance(entry, tuple | list) and len(cast("tuple[object, ...]", entry)) == 2:
-        host_obj, port_obj = cast("tuple[object, object]", tuple(cast("Iterable[object]", entry)))
-        if isinstance(host_obj, str) and host_obj and isinstance(port_obj, int | str):
-            return host_obj, _parse_port(str(port_obj), where, cast("object", entry))
-    raise DflockConfigError(f"{where}: {entry!r} is not a server; use (host, port) or 'host:port'")
+    else:
+        pair = cast("Sequence[object]", entry) if isinstance(entry, tuple | list) else ()
+        if len(pair) != 2 or not isinstance(pair[1], str):
+            return cast("object", entry)
+        host, port = pair[0], pair[1]
+    try:
+        return host, int(port)
+    except ValueError:
+        raise DflockConfigError(
+            f"{where}: bad port in {entry!r}; expected 'host:port' with a port from 1 to 65535"
+        ) from None
 
 
 def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[str, int], ...]:
