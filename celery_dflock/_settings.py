@@ -45,38 +45,6 @@ from celery_dflock.client.sharding import Routing
 from celery_dflock.client.wire import DEFAULT_MAX_LEASE_TTL_S, MAX_NUMBER
 from celery_dflock.keys import KeySource
 
-__all__ = [
-    "APP_SETTINGS",
-    "APP_SETTING_SPECS",
-    "BEAT_SETTINGS",
-    "BEAT_SETTING_SPECS",
-    "KNOWN_SETTINGS",
-    "LOCK_OPTIONS",
-    "LOCK_OPTION_SPECS",
-    "NO_OPTIONS",
-    "RENAMED_SETTINGS",
-    "SETTINGS",
-    "DflockConfigError",
-    "GivenOptions",
-    "KeySource",
-    "LockFrom",
-    "OnDuplicate",
-    "OnLockLost",
-    "OnLocked",
-    "SettingDoc",
-    "Spec",
-    "check_combination",
-    "check_option_names",
-    "close_matches",
-    "option_table",
-    "parse_servers",
-    "read_attributes",
-    "read_call_options",
-    "read_options",
-    "setting_table",
-]
-
-
 OnLocked = Literal["retry", "skip", "raise"]
 """What a run does when its lock is busy (after the ``lock_timeout`` FIFO wait)."""
 OnLockLost = Literal["interrupt", "flag", "terminate"]
