@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from celery_dflock._settings import (
     APP_SETTING_SPECS,
@@ -77,13 +77,6 @@ _CLIENT_FIELDS: Final = {
     "dflock_sharding_strategy": "sharding_strategy",
 }
 """App-wide setting -> the `ClientSettings` field it is read into."""
-
-
-class _App(Protocol):
-    """The part of a Celery app this module reads."""
-
-    @property
-    def conf(self) -> Any: ...
 
 
 def _spelt(conf: Any, name: str) -> tuple[str, object]:
@@ -158,7 +151,7 @@ class DflockConfig:
         return Client.from_settings(self.client)
 
 
-def get_config(app: _App) -> DflockConfig:
+def get_config(app: Any) -> DflockConfig:
     """The app's :class:`DflockConfig`, read on first use and cached on the app.
 
     Change ``dflock_*`` settings before the first locked task runs, or call
@@ -172,7 +165,7 @@ def get_config(app: _App) -> DflockConfig:
     return config
 
 
-def reset_config(app: _App) -> None:
+def reset_config(app: Any) -> None:
     """Forget the cached config: the next :func:`get_config` reads ``app.conf`` again."""
     if hasattr(app, _CONFIG_ATTR):
         delattr(app, _CONFIG_ATTR)
