@@ -564,8 +564,9 @@ APP_SETTING_SPECS: Final = (
         "dflock_servers",
         DEFAULT_SERVERS,
         parse_servers,
-        '`"host:port,host:port"` or a list of `(host, port)`; keys are sharded over them. Every '
-        "worker and beat of one deployment must name the same servers in the same order.",
+        '`"host:port,host:port"` or a list of `(host, port)`, each server once; keys are sharded '
+        "over them. Every worker and beat of one deployment must name the same servers in the "
+        "same order.",
         shown=repr(",".join(f"{host}:{port}" for host, port in DEFAULT_SERVERS)),
     ),
     _setting(
