@@ -16,12 +16,13 @@ import inspect
 import keyword
 import math
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast, get_args
 
+import click
 from celery.exceptions import ImproperlyConfigured
 
 from celery_dflock.client import sharding
@@ -44,39 +45,6 @@ from celery_dflock.client.sharding import Routing
 from celery_dflock.client.wire import DEFAULT_MAX_LEASE_TTL_S, MAX_NUMBER
 from celery_dflock.keys import KeySource
 
-__all__ = [
-    "APP_SETTINGS",
-    "APP_SETTING_SPECS",
-    "BEAT_SETTINGS",
-    "BEAT_SETTING_SPECS",
-    "DEFAULTS",
-    "KNOWN_SETTINGS",
-    "LOCK_OPTIONS",
-    "LOCK_OPTION_SPECS",
-    "NO_OPTIONS",
-    "RENAMED_SETTINGS",
-    "SETTINGS",
-    "DflockConfigError",
-    "GivenOptions",
-    "KeySource",
-    "LockFrom",
-    "OnDuplicate",
-    "OnLockLost",
-    "OnLocked",
-    "SettingDoc",
-    "Spec",
-    "check_combination",
-    "check_option_names",
-    "close_matches",
-    "option_table",
-    "parse_servers",
-    "read_attributes",
-    "read_call_options",
-    "read_options",
-    "setting_table",
-]
-
-
 OnLocked = Literal["retry", "skip", "raise"]
 """What a run does when its lock is busy (after the ``lock_timeout`` FIFO wait)."""
 OnLockLost = Literal["interrupt", "flag", "terminate"]
@@ -93,10 +61,12 @@ Check: TypeAlias = Callable[[object, str], T]
 given None: unset)."""
 
 
-class DflockConfigError(InvalidValueError, ImproperlyConfigured):
+class DflockConfigError(click.ClickException, InvalidValueError, ImproperlyConfigured):
     """A ``dflock_*`` setting or a lock option has a value that cannot work.
 
-    A `celery_dflock.DflockError` (and `ValueError`), and Celery's ``ImproperlyConfigured``.
+    A `celery_dflock.DflockError` (and `ValueError`), and Celery's ``ImproperlyConfigured``;
+    a ``celery`` command (``worker``, ``beat``) that meets one prints it as one line, as click
+    prints its own errors, and exits 1.
     """
 
 
@@ -181,32 +151,30 @@ def check_non_empty_string(value: object, where: str) -> str:
     return value
 
 
-def _parse_port(text: str, where: str, entry: object) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise DflockConfigError(
-            f"{where}: bad port in {entry!r}; expected 'host:port' with a port from 1 to 65535"
-        ) from None
-
-
-def _parse_address(entry: object, where: str) -> tuple[str, int]:
+def _parse_address(entry: object, where: str) -> object:
+    """``"host:port"`` (``"[::1]:port"``) or a pair whose port is text, as ``(host, port)``;
+    any other entry as it is, for `check_servers` to check."""
     if isinstance(entry, str):
         text = entry.strip()
         if text.startswith("["):  # [IPv6]:port
-            host, sep, port_text = text[1:].partition("]:")
+            host, sep, port = text[1:].partition("]:")
         else:
-            host, sep, port_text = text.rpartition(":")
+            host, sep, port = text.rpartition(":")
         if not sep or not host:
             raise DflockConfigError(
                 f"{where}: {entry!r} is not 'host:port' (e.g. '127.0.0.1:6388' or '[::1]:6388')"
             )
-        return host, _parse_port(port_text, where, entry)
-    if isinstance(entry, tuple | list) and len(cast("tuple[object, ...]", entry)) == 2:
-        host_obj, port_obj = cast("tuple[object, object]", tuple(cast("Iterable[object]", entry)))
-        if isinstance(host_obj, str) and host_obj and isinstance(port_obj, int | str):
-            return host_obj, _parse_port(str(port_obj), where, cast("object", entry))
-    raise DflockConfigError(f"{where}: {entry!r} is not a server; use (host, port) or 'host:port'")
+    else:
+        pair = cast("Sequence[object]", entry) if isinstance(entry, tuple | list) else ()
+        if len(pair) != 2 or not isinstance(pair[1], str):
+            return cast("object", entry)
+        host, port = pair[0], pair[1]
+    try:
+        return host, int(port)
+    except ValueError:
+        raise DflockConfigError(
+            f"{where}: bad port in {entry!r}; expected 'host:port' with a port from 1 to 65535"
+        ) from None
 
 
 def parse_servers(value: object, where: str = "dflock_servers") -> tuple[tuple[str, int], ...]:
@@ -446,9 +414,6 @@ LOCK_OPTION_SPECS: Final[tuple[Spec[Any], ...]] = (
 """Every lock option, once: every other listing derives from it."""
 
 LOCK_OPTIONS: Final = tuple(spec.name for spec in LOCK_OPTION_SPECS)
-DEFAULTS: Final[Mapping[str, object]] = MappingProxyType(
-    {spec.name: spec.default for spec in LOCK_OPTION_SPECS}
-)
 SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
     {spec.name: spec.setting for spec in LOCK_OPTION_SPECS if spec.setting is not None}
 )
@@ -599,13 +564,14 @@ APP_SETTING_SPECS: Final = (
         "dflock_servers",
         DEFAULT_SERVERS,
         parse_servers,
-        '`"host:port,host:port"` or a list of `(host, port)`; keys are sharded over them. Every '
-        "worker and beat of one deployment must name the same servers in the same order.",
+        '`"host:port,host:port"` or a list of `(host, port)`, each server once; keys are sharded '
+        "over them. Every worker and beat of one deployment must name the same servers in the "
+        "same order.",
         shown=repr(",".join(f"{host}:{port}" for host, port in DEFAULT_SERVERS)),
     ),
     _setting(
         "dflock_sharding_strategy",
-        None,
+        sharding.stable_hash_shard,
         check_sharding,
         '`"stable_hash"` (crc32, like every dflockd client), `"rendezvous"`, '
         '`"module:function"` or a callable `(key, n_servers) -> index`; or `"cluster"`: '

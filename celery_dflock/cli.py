@@ -412,20 +412,8 @@ def _answer(
         ctx.exit(1)
 
 
-def _run(
-    ctx: click.Context,
-    as_json: bool,
-    render: Callable[[list[ServerReport]], str],
-    ok: Callable[[ServerReport], bool] = lambda r: r.reachable,
-) -> None:
-    _answer(
-        ctx,
-        as_json,
-        collect,
-        json_of=lambda reports: [r.as_json() for r in reports],
-        render=render,
-        ok=ok,
-    )
+def _reports_json(reports: list[ServerReport]) -> list[dict[str, Any]]:
+    return [r.as_json() for r in reports]
 
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -498,7 +486,7 @@ def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
     now = time.time()
 
     def json_of(reports: list[ServerReport]) -> object:
-        servers = [r.as_json() for r in reports]
+        servers = _reports_json(reports)
         return servers if workers is None else {"servers": servers, "workers": workers}
 
     def render(reports: list[ServerReport]) -> str:
@@ -513,7 +501,9 @@ def status(ctx: click.Context, as_json: bool, with_workers: bool) -> None:
 @click.pass_context
 def locks(ctx: click.Context, as_json: bool) -> None:
     """Every held lock and semaphore with its lease left and waiters."""
-    _run(ctx, as_json, format_locks)
+    _answer(
+        ctx, as_json, collect, json_of=_reports_json, render=format_locks, ok=lambda r: r.reachable
+    )
 
 
 @dflock.command(cls=CeleryCommand)
@@ -522,7 +512,9 @@ def locks(ctx: click.Context, as_json: bool) -> None:
 def ping(ctx: click.Context, as_json: bool) -> None:
     """Whether every server answers and grants: exit 1 when one is unreachable or grants
     nothing new (read-only, draining, fenced)."""
-    _run(ctx, as_json, format_ping, ok=lambda r: r.healthy)
+    _answer(
+        ctx, as_json, collect, json_of=_reports_json, render=format_ping, ok=lambda r: r.healthy
+    )
 
 
 def format_ping(reports: Sequence[ServerReport]) -> str:

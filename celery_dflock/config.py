@@ -18,18 +18,14 @@ Bad values raise :class:`DflockConfigError` naming the setting or option.
 
 from __future__ import annotations
 
-import ssl
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from celery_dflock._settings import (
     APP_SETTING_SPECS,
-    APP_SETTINGS,
-    BEAT_SETTINGS,
-    DEFAULTS,
     KNOWN_SETTINGS,
     LOCK_OPTION_SPECS,
     LOCK_OPTIONS,
@@ -47,25 +43,12 @@ from celery_dflock._settings import (
     check_combination,
     close_matches,
     option_table,
-    parse_servers,
     read_options,
     setting_table,
 )
-from celery_dflock.client.clients import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_RENEW_RATIO,
-    DEFAULT_SERVERS,
-    DEFAULT_SESSION_TTL_S,
-    Client,
-    ClientSettings,
-    Lease,
-)
-from celery_dflock.client.sharding import Routing, stable_hash_shard
+from celery_dflock.client.clients import Client, ClientSettings, Lease
 
 __all__ = [
-    "APP_SETTINGS",
-    "BEAT_SETTINGS",
-    "DEFAULTS",
     "LOCK_OPTIONS",
     "RENAMED_SETTINGS",
     "RETRY_WAIT_S",
@@ -77,8 +60,6 @@ __all__ = [
     "check_setting_names",
     "get_config",
     "option_table",
-    "parse_servers",
-    "read_setting",
     "read_settings",
     "reset_config",
     "resolve_options",
@@ -86,7 +67,7 @@ __all__ = [
 ]
 
 _CONFIG_ATTR: Final = "_dflock_config"
-_FIELDS: Final = {
+_CLIENT_FIELDS: Final = {
     "dflock_servers": "servers",
     "dflock_auth_token": "auth_token",
     "dflock_ssl": "ssl_context",
@@ -94,28 +75,14 @@ _FIELDS: Final = {
     "dflock_session_ttl": "session_ttl_s",
     "dflock_renew_ratio": "renew_ratio",
     "dflock_sharding_strategy": "sharding_strategy",
-    "dflock_key_prefix": "key_prefix",
-    "dflock_task_locks": "task_locks",
 }
-"""App-wide setting -> the `DflockConfig` field it is read into."""
-
-
-class _App(Protocol):
-    """The part of a Celery app this module reads."""
-
-    @property
-    def conf(self) -> Any: ...
-
-
-def read_setting(conf: Any, name: str) -> object:
-    """``app.conf`` setting ``name``, or its upper-case spelling (``DFLOCK_SERVERS``; with
-    ``namespace="CELERY"`` Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``)."""
-    return _spelt(conf, name)[1]
+"""App-wide setting -> the `ClientSettings` field it is read into."""
 
 
 def _spelt(conf: Any, name: str) -> tuple[str, object]:
     """(the spelling of setting ``name`` that ``conf`` has, its value); (``name``, None):
-    unset. An old name's spelling warns."""
+    unset. The upper-case spelling is read too (``DFLOCK_SERVERS``; with ``namespace="CELERY"``
+    Celery maps ``CELERY_DFLOCK_SERVERS`` to ``dflock_servers``); an old name's spelling warns."""
     old = [old for old, renamed in RENAMED_SETTINGS.items() if renamed == name]
     for spelling in (name, name.upper(), *old, *(o.upper() for o in old)):
         value: object = conf.get(spelling)
@@ -147,23 +114,17 @@ def check_setting_names(conf: Any, namespace: str | None = None) -> None:
         )
 
 
-def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, object]:
+def read_settings(conf: Any, specs: tuple[Spec[Any], ...]) -> dict[str, Any]:
     """Setting name -> its value in ``conf``, checked, or its default when unset."""
-    return {spec.name: spec.read(read_setting(conf, spec.name), spec.name) for spec in specs}
+    return {spec.name: spec.read(_spelt(conf, spec.name)[1], spec.name) for spec in specs}
 
 
 @dataclass(frozen=True, slots=True)
 class DflockConfig:
     """Every ``dflock_*`` setting of one app, validated (see :func:`get_config`)."""
 
-    servers: tuple[tuple[str, int], ...] = DEFAULT_SERVERS
-    auth_token: str | None = None
-    ssl_context: ssl.SSLContext | None = None
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    session_ttl_s: int = DEFAULT_SESSION_TTL_S
-    renew_ratio: float = DEFAULT_RENEW_RATIO
-    sharding_strategy: Routing | None = None
-    """None: the client's default (``stable_hash_shard``); ``"cluster"``: cluster routing."""
+    client: ClientSettings = field(default_factory=ClientSettings)
+    """The settings of this app's `Client` (servers, sharding, auth, TLS, times)."""
     key_prefix: str = ""
     defaults: GivenOptions = NO_OPTIONS
     """The app-wide lock options: the ``dflock_*`` setting of each (None: not set)."""
@@ -182,27 +143,15 @@ class DflockConfig:
             lambda option: f"app.conf.{spelt[option][0]}",
             what="the dflock_* settings",
         )
-        fields: dict[str, Any] = {field: got[name] for name, field in _FIELDS.items()}
-        return cls(**fields, defaults=defaults)
-
-    def client_settings(self) -> ClientSettings:
-        """The settings of this app's `Client`."""
-        return ClientSettings(
-            servers=self.servers,
-            sharding_strategy=self.sharding_strategy or stable_hash_shard,
-            renew_ratio=self.renew_ratio,
-            auth_token=self.auth_token,
-            ssl_context=self.ssl_context,
-            connect_timeout_s=self.connect_timeout_s,
-            session_ttl_s=self.session_ttl_s,
-        )
+        client = ClientSettings(**{field: got[name] for name, field in _CLIENT_FIELDS.items()})
+        return cls(client, got["dflock_key_prefix"], defaults, got["dflock_task_locks"])
 
     def new_client(self) -> Client:
         """A new `Client` on these settings."""
-        return Client.from_settings(self.client_settings())
+        return Client.from_settings(self.client)
 
 
-def get_config(app: _App) -> DflockConfig:
+def get_config(app: Any) -> DflockConfig:
     """The app's :class:`DflockConfig`, read on first use and cached on the app.
 
     Change ``dflock_*`` settings before the first locked task runs, or call
@@ -216,7 +165,7 @@ def get_config(app: _App) -> DflockConfig:
     return config
 
 
-def reset_config(app: _App) -> None:
+def reset_config(app: Any) -> None:
     """Forget the cached config: the next :func:`get_config` reads ``app.conf`` again."""
     if hasattr(app, _CONFIG_ATTR):
         delattr(app, _CONFIG_ATTR)

@@ -56,14 +56,12 @@ def digest(data: str) -> str:
     return hashlib.blake2b(data.encode("utf-8"), digest_size=_DIGEST_BYTES).hexdigest()
 
 
-def safe_key(raw: str, max_bytes: int = MAX_LINE_BYTES) -> str:
+def safe_key(raw: str) -> str:
     """Return ``raw`` if the protocol accepts it as a key (non-empty, no whitespace, at most
-    ``max_bytes`` UTF-8 bytes), else ``<readable prefix>#<digest of raw>``."""
-    if raw and len(raw.encode("utf-8")) <= max_bytes and not _UNSAFE.search(raw):
+    ``MAX_LINE_BYTES`` UTF-8 bytes), else ``<readable prefix>#<digest of raw>``."""
+    if raw and len(raw.encode("utf-8")) <= MAX_LINE_BYTES and not _UNSAFE.search(raw):
         return raw
-    budget = max_bytes - len(DIGEST_SEPARATOR) - _DIGEST_HEX_CHARS
-    if budget < 0:
-        raise ValueError(f"max_bytes={max_bytes} leaves no room for a digest key")
+    budget = MAX_LINE_BYTES - len(DIGEST_SEPARATOR) - _DIGEST_HEX_CHARS
     # The longest prefix whose UTF-8 fits (a character cut in two is dropped).
     prefix = _UNSAFE.sub("_", raw).encode("utf-8")[:budget].decode("utf-8", errors="ignore")
     return f"{prefix}{DIGEST_SEPARATOR}{digest(raw)}"

@@ -38,6 +38,10 @@ MIN_RENEW_INTERVAL_S: Final = 0.1
 MAX_RENEW_INTERVAL_S: Final = wire.DEFAULT_READ_TIMEOUT_S - READ_TIMEOUT_MARGIN_S
 
 
+_PLAIN_REPLY: Final = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG")
+"""OpenSSL's reasons (by version) for a TLS handshake answered in plain bytes."""
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """Where and how to connect: the identity a connection pool keys its connections on."""
@@ -55,6 +59,12 @@ class Endpoint:
 
     def unavailable_message(self, detail: str) -> str:
         """Why ``host:port`` cannot be used, and what to do."""
+        if self.ssl_context is not None and any(why in detail for why in _PLAIN_REPLY):
+            return (
+                f"the dflockd lock server at {self.address} answers without TLS ({detail}): "
+                "connect to it without TLS (ssl_context=None; in Celery leave `dflock_ssl` "
+                "unset), or start it with --tls-cert and --tls-key"
+            )
         return (
             f"cannot reach the dflockd lock server at {self.address} ({detail}); "
             "start it (`dflockd`, or `uv run dflockd`) or check the server list (`servers=`; "
@@ -146,11 +156,22 @@ def check_ssl_context(value: object) -> ssl.SSLContext | None:
 def check_servers(
     value: object, name: str = "servers", *, error: type[InvalidValueError] = InvalidValueError
 ) -> tuple[tuple[str, int], ...]:
-    """The server list, as a tuple (checked where it is given, then passed down as it is)."""
+    """The server list, as a tuple (checked where it is given, then passed down as it is). A
+    server listed twice is refused, not merged: a key goes to the server at its index, so a
+    merged list would shard keys unlike a process that lists each server once."""
     try:
-        return validate_servers(cast("Sequence[tuple[str, int]]", value))
+        servers = validate_servers(cast("Sequence[tuple[str, int]]", value))
     except ValueError as exc:
         raise error(str(exc) if name == "servers" else f"{name}: {exc}") from None
+    seen: set[tuple[str, int]] = set()
+    for host, port in servers:
+        if (host.lower(), port) in seen:
+            raise error(
+                f"{name}: server {host.lower()}:{port} is listed twice; list each server once "
+                "(a key goes to the server at its index in the list)"
+            )
+        seen.add((host.lower(), port))
+    return servers
 
 
 class Lease(int):

@@ -54,15 +54,14 @@ class Verdict:
         self.skips = 0
         self.beat_sends: dict[str, int] = {}
 
-    def passed(self, expect_beat: bool = False) -> bool:
-        """No overlap, fences in grant order, every run finished, one active beat if expected."""
-        beats_ok = len(self.beat_sends) == 1 if expect_beat else len(self.beat_sends) <= 1
+    def passed(self) -> bool:
+        """No overlap, fences in grant order, every run finished, exactly one active beat."""
         return (
             bool(self.runs)
             and not self.overlaps
             and not self.fence_order_errors
             and not self.unfinished
-            and beats_ok
+            and len(self.beat_sends) == 1
         )
 
 
@@ -126,7 +125,7 @@ def judge(events: Iterable[Event]) -> Verdict:
     return verdict
 
 
-def render(verdict: Verdict, width: int = 60, expect_beat: bool = False) -> str:
+def render(verdict: Verdict, width: int = 60) -> str:
     """A per-key text Gantt chart of the runs, then the verdict in words."""
     lines: list[str] = []
     runs = verdict.runs
@@ -163,12 +162,12 @@ def render(verdict: Verdict, width: int = 60, expect_beat: bool = False) -> str:
         lines.append(f"UNFINISHED runs: {', '.join(verdict.unfinished)}")
     if len(verdict.beat_sends) > 1:
         lines.append("MORE THAN ONE BEAT was active")
-    if expect_beat and not verdict.beat_sends:
+    if not verdict.beat_sends:
         lines.append("NO BEAT sent the periodic task")
-    if verdict.passed(expect_beat):
-        beat = ", exactly one beat was active" if expect_beat else ""
+    if verdict.passed():
         lines.append(
-            f"verdict: PASS - no two runs of a key overlapped, fences rose in grant order{beat}"
+            "verdict: PASS - no two runs of a key overlapped, fences rose in grant order, "
+            "exactly one beat was active"
         )
     else:
         lines.append("verdict: FAIL")

@@ -5,6 +5,9 @@ that a worker killed with -9 leaves behind (cleaned up at the next worker's star
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,14 +23,18 @@ from celery_dflock.config import DflockConfigError, get_config
 from dflockd_server.testing import ServerThread
 from tests.support.apps import make_app
 from tests.support.ports import free_port
+from tests.support.processes import python_path
 from tests.support.rigs import unique
 from tests.support.services import require_redis
 from tests.support.workers import (
+    CELERY_APPS_DIR,
+    REPO,
     EventLog,
     WorkerFactory,
     redis_cleanup,
     redis_settings,
     with_server,
+    worker_command,
 )
 
 
@@ -87,7 +94,7 @@ def test_a_misspelt_setting_under_the_apps_namespace_is_refused() -> None:
     assert "did you mean 'dflock_lock_ttl'" in str(e.value)
     del DjangoSettings.CELERY_DFLOCK_LOCK_TLL
     app.config_from_object(DjangoSettings, namespace="CELERY", force=True)
-    assert get_config(app).servers == (("127.0.0.1", 6390),)
+    assert get_config(app).client.servers == (("127.0.0.1", 6390),)
     app.close()
 
 
@@ -99,7 +106,7 @@ def test_upper_case_settings_are_read(dflock_server: ServerThread) -> None:
         DFLOCK_ON_LOCKED="raise",
     )
     config = get_config(app)
-    assert config.servers == ((dflock_server.host, dflock_server.port),)
+    assert config.client.servers == ((dflock_server.host, dflock_server.port),)
     assert config.key_prefix == "upper:"
     assert config.defaults.on_locked == "raise"
 
@@ -157,6 +164,30 @@ def test_a_worker_logs_at_start_which_lock_servers_it_reaches(
     expected = f"dflock: lock servers reached: {dflock_server.host}:{dflock_server.port} ("
     assert worker.wait_output(expected, timeout=30), worker.output()[-3000:]
     assert "cannot reach lock server" not in worker.output()
+
+
+def test_a_worker_with_a_bad_setting_stops_with_one_line_naming_it(
+    tmp_path: Path, fs_settings: dict[str, Any]
+) -> None:
+    """It died with Celery's 80-line traceback (a `LockedTask` reads the settings when the app
+    finalizes, inside ``celery worker``): now click shows the error alone, as it does its own."""
+    settings = {**fs_settings, "dflock_renew_ratio": 2}
+    env = {
+        **os.environ,
+        "DFLOCK_TEST_SETTINGS": json.dumps(settings),
+        "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
+    }
+    command = worker_command(
+        "apps.tasks", pool="solo", concurrency=1, name="bad@dflock", queue=unique("bad")
+    )
+    done = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        "Error: dflock_renew_ratio must be a fraction of the lease strictly between 0 and 1 "
+        "(e.g. 0.5), got 2"
+    ), done.stderr
 
 
 def test_a_worker_that_reaches_no_lock_server_warns_naming_dflock_servers(

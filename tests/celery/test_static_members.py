@@ -81,7 +81,7 @@ def test_celery_dflock_shards_reports_every_server(static_fleet: list[ServerThre
 
 def test_the_cluster_strategy_is_a_setting() -> None:
     config = get_config(static_app([("127.0.0.1", 1)], dflock_sharding_strategy="cluster"))
-    assert config.sharding_strategy == "cluster"
+    assert config.client.sharding_strategy == "cluster"
     with config.new_client() as client:
         assert client.router is not None
         assert client.settings.sharding_strategy == "cluster"

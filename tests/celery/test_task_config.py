@@ -17,17 +17,16 @@ from celery_dflock._settings import (
     NO_OPTIONS,
     GivenOptions,
     option_table,
+    parse_servers,
     read_attributes,
     read_call_options,
 )
 from celery_dflock.client.clients import Client, Lease, lease_seconds
 from celery_dflock.config import (
-    DEFAULTS,
     DflockConfig,
     DflockConfigError,
     LockOptions,
     get_config,
-    parse_servers,
     reset_config,
     resolve_options,
 )
@@ -51,7 +50,7 @@ def call_options(**values: object) -> GivenOptions:
 
 def test_defaults_without_any_setting() -> None:
     config = get_config(config_app())
-    assert config.servers == (("127.0.0.1", 6388),)
+    assert config.client.servers == (("127.0.0.1", 6388),)
     options = resolve_options(config, "t", NO_OPTIONS)
     assert options.on_locked == "retry"
     assert options.on_lock_lost == "interrupt"
@@ -82,6 +81,14 @@ def test_servers_forms(value: object, expected: tuple[tuple[str, int], ...]) -> 
 @pytest.mark.parametrize("value", ["a", "a:0", "a:70000", "a:x", "", [], 5, [("a",)], ":1"])
 def test_bad_servers_name_the_setting(value: object) -> None:
     with pytest.raises(DflockConfigError, match="dflock_servers"):
+        parse_servers(value)
+
+
+@pytest.mark.parametrize("value", ["a:1,b:2,a:1", [("a", 1), ("A", 1)], ["a:1", ("a", "1")]])
+def test_a_server_listed_twice_is_refused_naming_it(value: object) -> None:
+    """A key's server is its index in the list: a second entry for one server would skew the
+    sharding against a worker that lists it once, so it is refused, not merged."""
+    with pytest.raises(DflockConfigError, match=r"dflock_servers: server a:1 is listed twice"):
         parse_servers(value)
 
 
@@ -131,7 +138,7 @@ def test_resolution_order_call_then_task_locks_then_attribute_then_conf_then_def
     assert resolved.timeout == 3  # dflock_task_locks beats the attribute
     assert resolved.ttl == 20  # the attribute beats app.conf
     assert resolved.on_locked == "skip"  # app.conf beats the default
-    assert resolved.on_lock_lost == DEFAULTS["on_lock_lost"]
+    assert resolved.on_lock_lost == "interrupt"  # the default
     called = resolve_options(config, "t", attrs, call_options(lock_timeout=1, lock_ttl=5))
     assert (called.timeout, called.ttl) == (1, 5)
     other = resolve_options(config, "other", attrs)
@@ -175,9 +182,9 @@ def test_config_is_cached_on_the_app_until_reset() -> None:
     first = get_config(app)
     assert get_config(app) is first
     app.conf.dflock_servers = "b:2"
-    assert get_config(app).servers == (("a", 1),)
+    assert get_config(app).client.servers == (("a", 1),)
     reset_config(app)
-    assert get_config(app).servers == (("b", 2),)
+    assert get_config(app).client.servers == (("b", 2),)
 
 
 SAMPLES: dict[str, object] = {
@@ -219,7 +226,7 @@ def test_each_lock_option_is_defined_once_and_every_listing_derives_from_it() ->
     names = [spec.name for spec in LOCK_OPTION_SPECS]
     attrs = [spec.attribute for spec in LOCK_OPTION_SPECS]
     assert list(LOCK_OPTIONS) == names == [row[0] for row in option_table()]
-    assert list(DEFAULTS) == names and set(SAMPLES) == set(names)
+    assert set(SAMPLES) == set(names)
     assert [field.name for field in fields(GivenOptions)] == attrs
     assert [field.name for field in fields(LockOptions)] == [*attrs, "timeout_given"]
     given, resolved = get_type_hints(GivenOptions), get_type_hints(LockOptions)

@@ -64,6 +64,21 @@ async def test_tls_async(
         ).acquire()
 
 
+async def test_tls_to_a_plain_server_says_it_answers_without_tls(
+    dflock_server: ServerThread, tls_files: tuple[str, str]
+) -> None:
+    """Both faces said "start it or check the server list" of a server that answered, in
+    plain TCP; the hint is now the setting to change (or the server's TLS flags)."""
+    context = ssl.create_default_context(cafile=tls_files[0])
+    said = "answers without TLS.*ssl_context=None.*dflock_ssl.*--tls-cert"
+    with pytest.raises(ServerUnavailable, match=said):
+        DistributedLock("tls", servers=[dflock_server.address], ssl_context=context).acquire()
+    with pytest.raises(ServerUnavailable, match=said):
+        await AsyncDistributedLock(
+            "tls", servers=[dflock_server.address], ssl_context=context
+        ).acquire()
+
+
 class _PausingContext(ssl.SSLContext):
     """A real client context whose holder pauses between its connect and its TLS handshake
     (a paused or busy process) while the peer resets that connection: ``connected`` is

@@ -231,6 +231,11 @@ def test_config_errors_are_also_improperly_configured_and_value_errors() -> None
     assert isinstance(failure.value, ImproperlyConfigured)
 
 
+def test_a_server_listed_twice_is_refused() -> None:
+    with pytest.raises(InvalidValueError, match=r"^servers: server h:1 is listed twice"):
+        Client([("h", 1), ("h", 2), ("h", 1)])
+
+
 def test_the_cores_value_errors_are_dflock_errors() -> None:
     for bad in (
         lambda: DistributedLock("k", renew_ratio=0),

@@ -5,6 +5,9 @@ from pathlib import Path
 from celery_dflock.demo import runner
 from celery_dflock.demo.timeline import Event, judge, read_events, record, render
 
+BEAT = Event("beat", "hb", 0.2, worker="beat-1")
+"""One beat's send: with it, a verdict fails only for what a test adds."""
+
 
 def _run(key: str, tid: str, fence: int, start: float, end: float) -> list[Event]:
     return [Event("start", key, start, tid, fence, "w1"), Event("end", key, end, tid, fence, "w1")]
@@ -12,30 +15,31 @@ def _run(key: str, tid: str, fence: int, start: float, end: float) -> list[Event
 
 def test_sequential_runs_pass_and_render_a_row_per_run() -> None:
     events = [*_run("a", "t1", 1, 0.0, 1.0), *_run("a", "t2", 2, 1.0, 2.0)]
-    events += [*_run("b", "t3", 3, 0.5, 1.5), Event("beat", "hb", 0.2, worker="beat-1")]
+    events += [*_run("b", "t3", 3, 0.5, 1.5), BEAT]
     verdict = judge(events)
-    assert verdict.passed(expect_beat=True)
-    text = render(verdict, expect_beat=True)
+    assert verdict.passed()
+    text = render(verdict)
     assert text.count("|") >= 2 * 3
     assert "verdict: PASS" in text
     assert "beat-1 sent 1" in text
 
 
 def test_overlap_fails() -> None:
-    verdict = judge([*_run("a", "t1", 1, 0.0, 1.0), *_run("a", "t2", 2, 0.5, 2.0)])
+    verdict = judge([*_run("a", "t1", 1, 0.0, 1.0), *_run("a", "t2", 2, 0.5, 2.0), BEAT])
     assert len(verdict.overlaps) == 1
     assert not verdict.passed()
     assert "OVERLAP on a" in render(verdict)
 
 
 def test_fence_going_backwards_fails() -> None:
-    verdict = judge([*_run("a", "t1", 5, 0.0, 1.0), *_run("a", "t2", 4, 1.0, 2.0)])
+    verdict = judge([*_run("a", "t1", 5, 0.0, 1.0), *_run("a", "t2", 4, 1.0, 2.0), BEAT])
     assert verdict.fence_order_errors
+    assert not verdict.passed()
     assert "verdict: FAIL" in render(verdict)
 
 
 def test_unfinished_run_and_two_active_beats_fail() -> None:
-    unfinished = judge([Event("start", "a", 0.0, "t1", 1)])
+    unfinished = judge([*_run("b", "t0", 1, 0, 1), Event("start", "a", 0.0, "t1", 1), BEAT])
     assert unfinished.unfinished == ["a/t1"]
     assert not unfinished.passed()
     two = judge(
@@ -46,7 +50,8 @@ def test_unfinished_run_and_two_active_beats_fail() -> None:
         ]
     )
     assert not two.passed()
-    assert not judge([*_run("a", "t1", 1, 0, 1)]).passed(expect_beat=True)
+    assert not judge([*_run("a", "t1", 1, 0, 1)]).passed()
+    assert judge([*_run("a", "t1", 1, 0, 1), BEAT]).passed()
 
 
 def test_retries_and_skips_are_counted(tmp_path: Path) -> None:
@@ -84,6 +89,6 @@ def test_the_demo_waits_for_a_beats_first_send() -> None:
     # No beat ever: the demo ends at its finish timeout and the verdict says so.
     late = runner.FINISH_TIMEOUT_S + 1
     assert runner.progress_state(no_beat, late, expected) == "done"
-    assert "NO BEAT" in render(no_beat, expect_beat=True)
+    assert "NO BEAT" in render(no_beat)
     # Tasks unfinished at the timeout: an error, not a verdict.
     assert runner.progress_state(judge(tasks[:2]), late, expected) == "tasks late"

@@ -11,7 +11,8 @@ import sys
 
 import celery_dflock
 from celery_dflock import beat
-from celery_dflock.config import APP_SETTINGS, BEAT_SETTINGS, option_table, setting_table
+from celery_dflock._settings import APP_SETTINGS, BEAT_SETTINGS
+from celery_dflock.config import option_table, setting_table
 from dflockd_server import buildinfo
 from dflockd_server.settings import SETTINGS
 from dflockd_server.testing import ServerThread
