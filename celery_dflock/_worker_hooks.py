@@ -30,7 +30,7 @@ from celery_dflock._runtime import (
     pid_gone,
     reset_runtime_after_fork,
 )
-from celery_dflock._settings import close_matches
+from celery_dflock._settings import DflockConfigError, close_matches
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
@@ -101,7 +101,10 @@ class _Hooks:
     def on_worker_init(self, sender: Any = None, **_: Any) -> None:
         if not self._ours(sender):
             return
-        apply_task_locks(self.app, self.locked_task)
+        try:
+            apply_task_locks(self.app, self.locked_task)
+        except DflockConfigError as exc:  # Celery logs a handler's error and goes on: stop
+            raise SystemExit(f"Error: {exc}") from exc
         self.main_pid = os.getpid()
         inspect_command(name=OUTAGES_COMMAND)(_dflock_outages)
         runtime = get_runtime(self.app)
