@@ -465,6 +465,7 @@ class Session:
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ping``; ``ping _ session <id>`` keeps the client session ``<id>`` alive."""
+        p.check_text(key, arg)
         session_id = p.parse_keepalive(arg)
         if session_id is None:
             return p.REPLY_OK
@@ -478,6 +479,7 @@ class Session:
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hello``; with sessions on, ``hello _ session`` makes this a session connection and
         ``hello _ session <id> <ttl>`` joins (``ttl`` 0: ends) the client session ``<id>``."""
+        p.check_text(key, arg)
         table = self.table
         if table.session_ttl_s:
             named = p.parse_client_session(arg)
@@ -492,9 +494,11 @@ class Session:
         return self.host.hello_reply
 
     def _shards(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        p.check_text(key, arg)
         return self.host.shards_reply()
 
     def _stats(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        p.check_text(key, arg)
         return self._later(STATS)
 
     def _auth(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
