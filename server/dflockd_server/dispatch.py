@@ -144,6 +144,11 @@ class Host(Protocol):
         """False while a grant on ``key`` may not be renewed, taken over or handed down here."""
         ...
 
+    @property
+    def hold_check(self) -> Callable[[str], bool] | None:
+        """``may_hold`` where it may refuse a key granted here, else None (single, static)."""
+        ...
+
     def shards_reply(self) -> bytes: ...
 
     def over_ip_share(self, session: Session) -> bool:
@@ -473,8 +478,9 @@ class Session:
         if journal is not None and not journal.writable and not journal.mark_removed:
             return p.REPLY_ERROR  # it renews the session's grants: refused as renewals are
         # ... and as `_renew` does, only where they may be held (not while fenced).
-        may_hold = None if self.host.key_check is None else self.host.may_hold
-        return p.REPLY_OK if self.table.keep_alive(session_id, may_hold) else p.REPLY_ERROR
+        return (
+            p.REPLY_OK if self.table.keep_alive(session_id, self.host.hold_check) else p.REPLY_ERROR
+        )
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hello``; with sessions on, ``hello _ session`` makes this a session connection and
