@@ -293,15 +293,13 @@ class Session:
         """``ht``: take a detached grant over. As ``n``: no ownership check, answered while
         draining."""
         name, token, lease, on_close, note = p.parse_take(key, arg)
-        if lease > self.max_lease:
-            return self._too_long(lease)
-        if on_close is not None and on_close > self.max_lease:
-            return self._too_long(on_close)
+        longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
+        if longest > self.max_lease:
+            return self._too_long(longest)
         if not self.host.may_hold(name):
             return p.REPLY_ERROR
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
-        longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
         if longest > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
