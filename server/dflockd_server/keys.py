@@ -86,6 +86,16 @@ class Client:
         self.kept_by: ClientSession | None = None
         """The client session it joined, which keeps its grants alive past its close."""
 
+    def let_go(self) -> None:
+        """One of its grants ended (no longer ``live``): counted out, the ended ones at the end
+        of ``held`` dropped, the whole list compacted when mostly ended."""
+        self.n_held -= 1
+        held = self.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * self.n_held + CLIENT_COMPACT_MIN:
+            self.held = [h for h in held if h.live]
+
     def detach_at_close(self, holder: Holder, lease_ttl: int) -> None:
         """At its close, detach ``holder`` with ``lease_ttl`` instead of releasing it."""
         leases = self.on_close
