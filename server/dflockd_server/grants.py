@@ -214,18 +214,7 @@ class Grants:
         except BaseException:
             self.idle.note(self.keys, state)  # a new key left idle must still be pruned
             raise
-        expires_at = holder.expires_at
-        if state.limit == 1:
-            state.one = holder
-            state.earliest = expires_at
-        else:
-            many = state.many
-            if many is None:
-                many = state.many = {}
-            many[holder.token] = holder
-            state.earliest = min(state.earliest, expires_at)
-        state.n_held += 1
-        state.last_used = expires_at  # not read while held (see KeyState)
+        state.seat(holder)
         return holder
 
     def grant_bare(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords

@@ -247,6 +247,21 @@ class KeyState:
         self.earliest = math.inf
         self.last_used = now
 
+    def seat(self, holder: Holder) -> None:
+        """Add the new grant ``holder`` to the key's holders (a free slot: the caller checked)."""
+        expires_at = holder.expires_at
+        if self.limit == 1:
+            self.one = holder
+            self.earliest = expires_at
+        else:
+            many = self.many
+            if many is None:
+                many = self.many = {}
+            many[holder.token] = holder
+            self.earliest = min(self.earliest, expires_at)
+        self.n_held += 1
+        self.last_used = expires_at  # not read while held
+
     @property
     def holders(self) -> dict[str, Holder]:
         """Token -> holder, a copy (for reading: stats, tests)."""
@@ -262,10 +277,8 @@ class KeyState:
 
 def lock_state(holder: Holder) -> KeyState:
     """A state made around the lock ``holder`` holds, which keeps none (see ``Holder``)."""
-    state = KeyState(holder.key, False, 1, holder.expires_at)  # last_used: not read while held
-    state.one = holder
-    state.n_held = 1
-    state.earliest = holder.expires_at
+    state = KeyState(holder.key, False, 1, holder.expires_at)
+    state.seat(holder)
     return state
 
 

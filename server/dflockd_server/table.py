@@ -573,16 +573,7 @@ class LockTable:
                 return None
             else:
                 state = entry
-            if limit == 1:
-                state.one = holder
-            else:
-                many = state.many
-                if many is None:
-                    many = state.many = {}
-                many[token] = holder
-            state.earliest = min(state.earliest, expires_at)
-            state.n_held += 1
-            state.last_used = expires_at
+            state.seat(holder)
         owner.held.append(holder)
         owner.n_held += 1
         if on_close is not None and not detached:
