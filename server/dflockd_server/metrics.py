@@ -107,25 +107,19 @@ class RequestTimes:
         return out
 
 
+Row = tuple[str, str, float, bool]
+"""A family of one value as a scrape copies it: its name after ``dflockd_``, its help, its
+value, and whether it is a counter (else a gauge)."""
+KindRow = tuple[str, str, tuple[int, ...], bool]
+"""A family labelled ``kind``: as ``Row``, with its ``(lock, semaphore)`` values."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything a scrape reports, copied on the event loop in one go."""
+    """Everything a scrape reports, copied on the event loop in one go (``take``)."""
 
-    grants: tuple[int, int]
-    releases: tuple[int, int]
-    forced: tuple[int, int]
-    expiries: tuple[int, int]
-    lost_by_disconnect: tuple[int, int]
-    timeouts: tuple[int, int]
-    keys: tuple[int, int]
-    busy_keys: int
-    max_keys: int
-    held: tuple[int, int]
-    waiters: tuple[int, int]
-    connections: int
-    connections_accepted: int
-    connections_refused: int
-    grace_remaining_s: float
+    by_kind: list[KindRow]
+    single: list[Row]
     requests: dict[str, tuple[list[int], float]]
     cluster: ClusterStats | None = None
     journal: JournalStats | None = None
@@ -145,26 +139,42 @@ class Snapshot:
         """Read the server's state; call on its event loop."""
         counts = table.grants.counts
         locks, sems = table.occupancy(False), table.occupancy(True)
-        return cls(
-            grants=(counts.grants[0], counts.grants[1]),
-            releases=(counts.releases[0], counts.releases[1]),
-            forced=(counts.forced[0], counts.forced[1]),
-            expiries=(counts.expiries[0], counts.expiries[1]),
-            lost_by_disconnect=(counts.lost_by_disconnect[0], counts.lost_by_disconnect[1]),
-            timeouts=(counts.timeouts[0], counts.timeouts[1]),
-            keys=(locks[0], sems[0]),
-            busy_keys=len(table.busy_keys()),
-            max_keys=table.grants.max_locks,
-            held=(locks[1], sems[1]),
-            waiters=(locks[2], sems[2]),
-            connections=connections,
-            connections_accepted=connections_accepted,
-            connections_refused=connections_refused,
-            grace_remaining_s=table.grace_remaining(),
-            requests=times.copy() if times is not None else {},
-            cluster=cluster,
-            journal=dataclasses.replace(journal) if journal is not None else None,
-        )
+        by_kind: list[KindRow] = [
+            ("grants", "Locks and semaphore slots granted.", tuple(counts.grants), True),
+            ("releases", "Explicit releases by the holder's token.", tuple(counts.releases),
+             True),
+            ("force_releases",
+             "Grants freed by an operator's force release (fr, celery dflock "
+             "release), whoever held them (not counted in dflockd_releases).",
+             tuple(counts.forced), True),
+            ("expiries", "Leases that ran out without a renew.", tuple(counts.expiries), True),
+            ("lost_by_disconnect", "Holds released because their connection closed.",
+             tuple(counts.lost_by_disconnect), True),
+            ("acquire_timeouts",
+             "Acquires that gave up: try-once refusals and waits that timed out.",
+             tuple(counts.timeouts), True),
+            ("keys", "Keys known to the server (held, waited on or idle).", (locks[0], sems[0]),
+             False),
+            ("held", "Locks and semaphore slots held now.", (locks[1], sems[1]), False),
+            ("waiters", "Acquires waiting in a queue now.", (locks[2], sems[2]), False),
+        ]  # fmt: skip
+        single: list[Row] = [
+            ("keys_busy", "Keys held or waited on now (queue-once holds included): idle keys are "
+             "pruned to make room for a new key, these are not.", len(table.busy_keys()), False),
+            ("keys_max", "Most distinct keys (--max-locks): once dflockd_keys_busy reaches it, a "
+             "new key is refused with error_max_locks.", table.grants.max_locks, False),
+            ("connections", "Client connections open now.", connections, False),
+            ("connections_accepted", "Client connections admitted.", connections_accepted, True),
+            ("connections_refused",
+             "Client connections closed at once (connection caps or draining).",
+             connections_refused, True),
+            ("restart_grace_remaining_seconds",
+             "Seconds left of the restart grace, during which no key is granted (0 once over).",
+             table.grace_remaining(), False),
+        ]  # fmt: skip
+        requests = times.copy() if times is not None else {}
+        journal = dataclasses.replace(journal) if journal is not None else None
+        return cls(by_kind, single, requests, cluster, journal)
 
 
 class MetricsExporter:
@@ -228,45 +238,12 @@ class MetricsExporter:
         )
 
         snap = self.snapshot()
-        by_kind: list[tuple[str, str, tuple[int, int], type[Any]]] = [
-            ("dflockd_grants", "Locks and semaphore slots granted.", snap.grants, Counter),
-            ("dflockd_releases", "Explicit releases by the holder's token.", snap.releases,
-             Counter),
-            ("dflockd_force_releases",
-             "Grants freed by an operator's force release (fr, celery dflock "
-             "release), whoever held them (not counted in dflockd_releases).",
-             snap.forced, Counter),
-            ("dflockd_expiries", "Leases that ran out without a renew.", snap.expiries, Counter),
-            ("dflockd_lost_by_disconnect", "Holds released because their connection closed.",
-             snap.lost_by_disconnect, Counter),
-            ("dflockd_acquire_timeouts",
-             "Acquires that gave up: try-once refusals and waits that timed out.",
-             snap.timeouts, Counter),
-            ("dflockd_keys", "Keys known to the server (held, waited on or idle).", snap.keys,
-             Gauge),
-            ("dflockd_held", "Locks and semaphore slots held now.", snap.held, Gauge),
-            ("dflockd_waiters", "Acquires waiting in a queue now.", snap.waiters, Gauge),
-        ]  # fmt: skip
-        for name, doc, values, family_type in by_kind:
-            family = family_type(name, doc, labels=["kind"])
+        for name, doc, values, counter in snap.by_kind:
+            family = (Counter if counter else Gauge)(f"dflockd_{name}", doc, labels=["kind"])
             for kind, value in zip(("lock", "semaphore"), values, strict=True):
                 family.add_metric([kind], value)
             yield family
-        yield from _single_valued([
-            ("keys_busy", "Keys held or waited on now (queue-once holds included): idle keys are "
-             "pruned to make room for a new key, these are not.", snap.busy_keys, Gauge),
-            ("keys_max", "Most distinct keys (--max-locks): once dflockd_keys_busy reaches it, a "
-             "new key is refused with error_max_locks.", snap.max_keys, Gauge),
-            ("connections", "Client connections open now.", snap.connections, Gauge),
-            ("connections_accepted", "Client connections admitted.", snap.connections_accepted,
-             Counter),
-            ("connections_refused",
-             "Client connections closed at once (connection caps or draining).",
-             snap.connections_refused, Counter),
-            ("restart_grace_remaining_seconds",
-             "Seconds left of the restart grace, during which no key is granted (0 once over).",
-             snap.grace_remaining_s, Gauge),
-        ])  # fmt: skip
+        yield from _single_valued(snap.single)
         latency = HistogramMetricFamily(
             "dflockd_request_duration_seconds",
             "Time from a parsed request to its reply, per command "
@@ -289,41 +266,40 @@ class MetricsExporter:
             yield from _journal_families(snap.journal)
 
 
-def _single_valued(rows: list[tuple[str, str, float, type[Any]]]) -> Iterator[Any]:
-    """A family of one value for each ``(name after dflockd_, help, value, family type)``."""
-    for name, doc, value, family_type in rows:
-        yield family_type(f"dflockd_{name}", doc, value=value)
+def _single_valued(rows: list[Row]) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily as Counter, GaugeMetricFamily as Gauge
+
+    for name, doc, value, counter in rows:
+        yield (Counter if counter else Gauge)(f"dflockd_{name}", doc, value=value)
 
 
 def _journal_families(stats: JournalStats) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily as Counter, GaugeMetricFamily as Gauge
-
     yield from _single_valued([
         ("journal_writable",
          "1 while the lease journal can be written; 0 while it cannot (a full disk, EIO, a "
          "failed fsync): nothing new is granted then, held locks are kept.",
-         1 if stats.writable else 0, Gauge),
+         1 if stats.writable else 0, False),
         ("journal_restored_leases", "Leases restored from the journal at start-up.",
-         stats.restored, Counter),
+         stats.restored, True),
         ("journal_dropped_records",
          "Journal lines dropped at start-up from the first damaged record on.",
-         stats.dropped_records, Counter),
+         stats.dropped_records, True),
         ("journal_writes", "Writes of journal records (one per batch of replies).", stats.writes,
-         Counter),
-        ("journal_fsyncs", "fsyncs of the journal.", stats.fsyncs, Counter),
+         True),
+        ("journal_fsyncs", "fsyncs of the journal.", stats.fsyncs, True),
         ("journal_compactions", "Rewrites of the journal holding only the leases held.",
-         stats.compactions, Counter),
+         stats.compactions, True),
         ("journal_write_failures",
          "Times the journal could not be written (each episode counted once).",
-         stats.write_failures, Counter),
+         stats.write_failures, True),
         ("journal_refused_grants",
          "Grants undone and refused because the batch holding them could not be written.",
-         stats.refused_grants, Counter),
+         stats.refused_grants, True),
     ])  # fmt: skip
 
 
 def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily as Counter, GaugeMetricFamily as Gauge
+    from prometheus_client.core import GaugeMetricFamily as Gauge
 
     shards = Gauge(
         "dflockd_cluster_shards",
@@ -338,31 +314,31 @@ def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
     yield from _single_valued([
         ("cluster_handovers",
          "Shards this member handed over: to their new target once no holder was left, or "
-         "released to its heirs on a graceful leave.", stats.handovers, Counter),
+         "released to its heirs on a graceful leave.", stats.handovers, True),
         ("cluster_failovers",
          "Shards this member took over after their member was gone, once its longest lease "
-         "had run out.", stats.failovers, Counter),
+         "had run out.", stats.failovers, True),
         ("cluster_released_takeovers",
          "Shards this member took over at once because their member released them on a "
-         "graceful leave.", stats.released_takeovers, Counter),
+         "graceful leave.", stats.released_takeovers, True),
         ("cluster_etcd_switches",
          "Times this member's etcd client moved to another of the --cluster endpoints because "
-         "the one it used failed or did not answer in time.", stats.etcd_switches, Counter),
+         "the one it used failed or did not answer in time.", stats.etcd_switches, True),
         ("cluster_etcd_step_failures",
          "Steps of this member's loop (its watch of the cluster, the election, the leader's map "
          "upkeep) that etcd failed; each is tried again, and the member logs while they last.",
-         stats.etcd_step_failures, Counter),
+         stats.etcd_step_failures, True),
         ("cluster_fenced",
          "1 while this member cannot show its etcd lease alive and grants nothing.",
-         int(stats.fenced), Gauge),
+         int(stats.fenced), False),
         ("cluster_clock_offset_seconds",
          "How far this member's wall clock was from another member's at the last ask ticket it "
          "checked (positive: ahead); past the ticket's life (60 s), keys of shards split to it "
-         "wait for the split's end.", stats.clock_offset_s, Gauge),
+         "wait for the split's end.", stats.clock_offset_s, False),
         ("cluster_stale_tickets",
          "Genuine ask tickets refused because they arrived expired by this member's clock (its "
          "clock ahead of the issuer's by more than a ticket lives).", stats.stale_tickets,
-         Counter),
+         True),
         ("cluster_leader", "1 on the member that leads the cluster (keeps the shard map).",
-         int(stats.leader), Gauge),
+         int(stats.leader), False),
     ])  # fmt: skip
