@@ -40,6 +40,7 @@ log = logging.getLogger("dflockd_server")
 
 _AUTH: Final = c.CMD_AUTH.encode()
 _LOCK: Final = c.CMD_LOCK.encode()
+_HOLD: Final = c.CMD_HOLD.encode()
 _ENQUEUE: Final = c.CMD_ENQUEUE.encode()
 _ASKING: Final = c.CMD_ASKING.encode()
 _WHILE_DRAINING: Final = frozenset(
@@ -144,6 +145,11 @@ class Host(Protocol):
         """False while a grant on ``key`` may not be renewed, taken over or handed down here."""
         ...
 
+    @property
+    def hold_check(self) -> Callable[[str], bool] | None:
+        """``may_hold`` where it may refuse a key granted here, else None (single, static)."""
+        ...
+
     def shards_reply(self) -> bytes: ...
 
     def over_ip_share(self, session: Session) -> bool:
@@ -220,7 +226,7 @@ class Session:
         return {
             command.encode(): route
             for commands, route in (
-                ((c.CMD_LOCK, c.CMD_SEM_LOCK), Session._acquire),
+                ((c.CMD_LOCK, c.CMD_SEM_LOCK, c.CMD_HOLD), Session._acquire),
                 ((c.CMD_RELEASE, c.CMD_SEM_RELEASE), Session._release),
                 ((c.CMD_RENEW, c.CMD_SEM_RENEW), Session._renew),
                 ((c.CMD_ENQUEUE, c.CMD_SEM_ENQUEUE), Session._enqueue),
@@ -230,7 +236,6 @@ class Session:
                 ((c.CMD_STATS,), Session._stats),
                 ((c.CMD_AUTH,), Session._auth),
                 ((c.CMD_SHARDS,), Session._shards),
-                ((c.CMD_HOLD,), Session._hold),
                 ((c.CMD_NOTE,), Session._note),
                 ((c.CMD_TAKE,), Session._take),
                 ((c.CMD_HAND_DOWN,), Session._hand_down),
@@ -241,9 +246,15 @@ class Session:
         }
 
     def _acquire(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        """``l`` / ``sl``; and ``hl``, a lock acquire with an owner note, bound to the connection
+        or detached, answered ``timeout <holder-note>`` when it gets no grant."""
         limit: int | None = None
+        note: str | None = None
+        detached = False
         if cmd == _LOCK:
             name, timeout, lease = p.parse_lock(key, arg)
+        elif cmd == _HOLD:
+            name, timeout, lease, detached, note = p.parse_hold(key, arg)
         else:
             name, timeout, limit, lease = p.parse_sem_lock(key, arg)
         if lease is not None and lease > self.max_lease:
@@ -260,40 +271,13 @@ class Session:
         if ttl > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(ttl, (cmd, key, arg), self.asking))
         table.grants.asking = self.asking
-        try:
-            got = table.acquire(self.client, name, ttl, limit, queue=timeout > 0 and not self.eof)
-        except _REFUSALS as exc:
-            return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
-        if got is None:
-            return p.REPLY_TIMEOUT
-        if type(got) is Holder:
-            return p.reply_granted(got.token, got.lease_ttl)
-        assert isinstance(got, Waiter)
-        return self._later(Wait(got, timeout))
-
-    def _hold(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
-        """``hl``: a lock acquire with an owner note, bound to the connection or detached."""
-        name, timeout, lease, detached, note = p.parse_hold(key, arg)
-        if lease > self.max_lease:
-            return self._too_long(lease)
-        if self.host.key_check is not None and (refused := self._check(name)) is not None:
-            return refused
-        if len(self.table.grants.keys) >= self.locks_per_ip and self.host.over_ip_share(self):
-            return p.REPLY_ERROR_MAX_LOCKS
-        table = self.table
-        journal = self.grants.journal
-        if journal is not None and not journal.writable:
-            return p.REPLY_ERROR_READ_ONLY  # no grant the journal cannot hold
-        if lease > self.grants.lease_noted and self.grants.note_lease is not None:
-            return self._later(RaiseBound(lease, (cmd, key, arg), self.asking))
-        table.grants.asking = self.asking
         queue = timeout > 0 and not self.eof
         try:
-            got = table.acquire(self.client, name, lease, None, note, detached, queue=queue)
+            got = table.acquire(self.client, name, ttl, limit, note, detached, queue=queue)
         except _REFUSALS as exc:
             return _refusal(exc, p.REPLY_ERROR_READ_ONLY)
         if got is None:
-            return p.reply_held_by(table.holder_note(name))
+            return p.REPLY_TIMEOUT if note is None else p.reply_held_by(table.holder_note(name))
         if type(got) is Holder:
             return p.reply_granted(got.token, got.lease_ttl)
         assert isinstance(got, Waiter)
@@ -309,15 +293,13 @@ class Session:
         """``ht``: take a detached grant over. As ``n``: no ownership check, answered while
         draining."""
         name, token, lease, on_close, note = p.parse_take(key, arg)
-        if lease > self.max_lease:
-            return self._too_long(lease)
-        if on_close is not None and on_close > self.max_lease:
-            return self._too_long(on_close)
+        longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
+        if longest > self.max_lease:
+            return self._too_long(longest)
         if not self.host.may_hold(name):
             return p.REPLY_ERROR
         if self._unwritable():
             return p.REPLY_ERROR_READ_ONLY  # a rebinding the journal cannot hold
-        longest = max(lease, on_close or 0)  # the close's lease too: a disconnect must not fail
         if longest > self.grants.lease_noted and self.grants.note_lease is not None:
             return self._later(RaiseBound(longest, (cmd, key, arg), self.asking))
         try:
@@ -465,6 +447,7 @@ class Session:
 
     def _ping(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``ping``; ``ping _ session <id>`` keeps the client session ``<id>`` alive."""
+        p.check_text(key, arg)
         session_id = p.parse_keepalive(arg)
         if session_id is None:
             return p.REPLY_OK
@@ -472,12 +455,14 @@ class Session:
         if journal is not None and not journal.writable and not journal.mark_removed:
             return p.REPLY_ERROR  # it renews the session's grants: refused as renewals are
         # ... and as `_renew` does, only where they may be held (not while fenced).
-        may_hold = None if self.host.key_check is None else self.host.may_hold
-        return p.REPLY_OK if self.table.keep_alive(session_id, may_hold) else p.REPLY_ERROR
+        return (
+            p.REPLY_OK if self.table.keep_alive(session_id, self.host.hold_check) else p.REPLY_ERROR
+        )
 
     def _hello(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
         """``hello``; with sessions on, ``hello _ session`` makes this a session connection and
         ``hello _ session <id> <ttl>`` joins (``ttl`` 0: ends) the client session ``<id>``."""
+        p.check_text(key, arg)
         table = self.table
         if table.session_ttl_s:
             named = p.parse_client_session(arg)
@@ -492,9 +477,11 @@ class Session:
         return self.host.hello_reply
 
     def _shards(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        p.check_text(key, arg)
         return self.host.shards_reply()
 
     def _stats(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:
+        p.check_text(key, arg)
         return self._later(STATS)
 
     def _auth(self, cmd: bytes, key: bytes, arg: bytes) -> Reply:

@@ -12,7 +12,6 @@ from dflockd_server.fence import FenceStateError
 from dflockd_server.journal import Journal, drop_record
 from dflockd_server.keys import (
     AT_LEASE_START,
-    CLIENT_COMPACT_MIN,
     Client,
     Counts,
     Entry,
@@ -215,18 +214,7 @@ class Grants:
         except BaseException:
             self.idle.note(self.keys, state)  # a new key left idle must still be pruned
             raise
-        expires_at = holder.expires_at
-        if state.limit == 1:
-            state.one = holder
-            state.earliest = expires_at
-        else:
-            many = state.many
-            if many is None:
-                many = state.many = {}
-            many[holder.token] = holder
-            state.earliest = min(state.earliest, expires_at)
-        state.n_held += 1
-        state.last_used = expires_at  # not read while held (see KeyState)
+        state.seat(holder)
         return holder
 
     def grant_bare(  # noqa: PLR0917 - positional: the hot path's calls pass no keywords
@@ -331,13 +319,7 @@ class Grants:
         journal = self.journal
         if journal is not None:
             journal.buf.append(drop_record(holder.token))
-        client = holder.client
-        client.n_held -= 1
-        held = client.held
-        while held and not held[-1].live:
-            held.pop()
-        if len(held) > 2 * client.n_held + CLIENT_COMPACT_MIN:
-            client.held = [h for h in held if h.live]
+        holder.client.let_go()
         shares = self.shares
         if shares is not None:
             shares.ended(holder)  # before the token goes (a detached hold's is its entry)
@@ -461,12 +443,7 @@ class Grants:
         (same token and note) takes its place. ``on_close``: its lease when ``client`` closes."""
         old = holder.client
         holder.live = False
-        old.n_held -= 1
-        held = old.held
-        while held and not held[-1].live:
-            held.pop()
-        if len(held) > 2 * old.n_held + CLIENT_COMPACT_MIN:
-            old.held = [h for h in held if h.live]
+        old.let_go()
         if old.on_close:
             old.on_close.pop(holder, None)
         state = self.state_of(holder)

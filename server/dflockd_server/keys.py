@@ -86,6 +86,16 @@ class Client:
         self.kept_by: ClientSession | None = None
         """The client session it joined, which keeps its grants alive past its close."""
 
+    def let_go(self) -> None:
+        """One of its grants ended (no longer ``live``): counted out, the ended ones at the end
+        of ``held`` dropped, the whole list compacted when mostly ended."""
+        self.n_held -= 1
+        held = self.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * self.n_held + CLIENT_COMPACT_MIN:
+            self.held = [h for h in held if h.live]
+
     def detach_at_close(self, holder: Holder, lease_ttl: int) -> None:
         """At its close, detach ``holder`` with ``lease_ttl`` instead of releasing it."""
         leases = self.on_close
@@ -237,6 +247,21 @@ class KeyState:
         self.earliest = math.inf
         self.last_used = now
 
+    def seat(self, holder: Holder) -> None:
+        """Add the new grant ``holder`` to the key's holders (a free slot: the caller checked)."""
+        expires_at = holder.expires_at
+        if self.limit == 1:
+            self.one = holder
+            self.earliest = expires_at
+        else:
+            many = self.many
+            if many is None:
+                many = self.many = {}
+            many[holder.token] = holder
+            self.earliest = min(self.earliest, expires_at)
+        self.n_held += 1
+        self.last_used = expires_at  # not read while held
+
     @property
     def holders(self) -> dict[str, Holder]:
         """Token -> holder, a copy (for reading: stats, tests)."""
@@ -252,10 +277,8 @@ class KeyState:
 
 def lock_state(holder: Holder) -> KeyState:
     """A state made around the lock ``holder`` holds, which keeps none (see ``Holder``)."""
-    state = KeyState(holder.key, False, 1, holder.expires_at)  # last_used: not read while held
-    state.one = holder
-    state.n_held = 1
-    state.earliest = holder.expires_at
+    state = KeyState(holder.key, False, 1, holder.expires_at)
+    state.seat(holder)
     return state
 
 

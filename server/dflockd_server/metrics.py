@@ -13,7 +13,7 @@ import dataclasses
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from dflockd_server import constants as c
 from dflockd_server.journal import JournalStats
@@ -107,25 +107,19 @@ class RequestTimes:
         return out
 
 
+Row = tuple[str, str, float, bool]
+"""A family of one value as a scrape copies it: its name after ``dflockd_``, its help, its
+value, and whether it is a counter (else a gauge)."""
+KindRow = tuple[str, str, tuple[int, ...], bool]
+"""A family labelled ``kind``: as ``Row``, with its ``(lock, semaphore)`` values."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything a scrape reports, copied on the event loop in one go."""
+    """Everything a scrape reports, copied on the event loop in one go (``take``)."""
 
-    grants: tuple[int, int]
-    releases: tuple[int, int]
-    forced: tuple[int, int]
-    expiries: tuple[int, int]
-    lost_by_disconnect: tuple[int, int]
-    timeouts: tuple[int, int]
-    keys: tuple[int, int]
-    busy_keys: int
-    max_keys: int
-    held: tuple[int, int]
-    waiters: tuple[int, int]
-    connections: int
-    connections_accepted: int
-    connections_refused: int
-    grace_remaining_s: float
+    by_kind: list[KindRow]
+    single: list[Row]
     requests: dict[str, tuple[list[int], float]]
     cluster: ClusterStats | None = None
     journal: JournalStats | None = None
@@ -145,26 +139,42 @@ class Snapshot:
         """Read the server's state; call on its event loop."""
         counts = table.grants.counts
         locks, sems = table.occupancy(False), table.occupancy(True)
-        return cls(
-            grants=(counts.grants[0], counts.grants[1]),
-            releases=(counts.releases[0], counts.releases[1]),
-            forced=(counts.forced[0], counts.forced[1]),
-            expiries=(counts.expiries[0], counts.expiries[1]),
-            lost_by_disconnect=(counts.lost_by_disconnect[0], counts.lost_by_disconnect[1]),
-            timeouts=(counts.timeouts[0], counts.timeouts[1]),
-            keys=(locks[0], sems[0]),
-            busy_keys=len(table.busy_keys()),
-            max_keys=table.grants.max_locks,
-            held=(locks[1], sems[1]),
-            waiters=(locks[2], sems[2]),
-            connections=connections,
-            connections_accepted=connections_accepted,
-            connections_refused=connections_refused,
-            grace_remaining_s=table.grace_remaining(),
-            requests=times.copy() if times is not None else {},
-            cluster=cluster,
-            journal=dataclasses.replace(journal) if journal is not None else None,
-        )
+        by_kind: list[KindRow] = [
+            ("grants", "Locks and semaphore slots granted.", tuple(counts.grants), True),
+            ("releases", "Explicit releases by the holder's token.", tuple(counts.releases),
+             True),
+            ("force_releases",
+             "Grants freed by an operator's force release (fr, celery dflock "
+             "release), whoever held them (not counted in dflockd_releases).",
+             tuple(counts.forced), True),
+            ("expiries", "Leases that ran out without a renew.", tuple(counts.expiries), True),
+            ("lost_by_disconnect", "Holds released because their connection closed.",
+             tuple(counts.lost_by_disconnect), True),
+            ("acquire_timeouts",
+             "Acquires that gave up: try-once refusals and waits that timed out.",
+             tuple(counts.timeouts), True),
+            ("keys", "Keys known to the server (held, waited on or idle).", (locks[0], sems[0]),
+             False),
+            ("held", "Locks and semaphore slots held now.", (locks[1], sems[1]), False),
+            ("waiters", "Acquires waiting in a queue now.", (locks[2], sems[2]), False),
+        ]  # fmt: skip
+        single: list[Row] = [
+            ("keys_busy", "Keys held or waited on now (queue-once holds included): idle keys are "
+             "pruned to make room for a new key, these are not.", len(table.busy_keys()), False),
+            ("keys_max", "Most distinct keys (--max-locks): once dflockd_keys_busy reaches it, a "
+             "new key is refused with error_max_locks.", table.grants.max_locks, False),
+            ("connections", "Client connections open now.", connections, False),
+            ("connections_accepted", "Client connections admitted.", connections_accepted, True),
+            ("connections_refused",
+             "Client connections closed at once (connection caps or draining).",
+             connections_refused, True),
+            ("restart_grace_remaining_seconds",
+             "Seconds left of the restart grace, during which no key is granted (0 once over).",
+             table.grace_remaining(), False),
+        ]  # fmt: skip
+        requests = times.copy() if times is not None else {}
+        journal = dataclasses.replace(journal) if journal is not None else None
+        return cls(by_kind, single, requests, cluster, journal)
 
 
 class MetricsExporter:
@@ -192,7 +202,7 @@ class MetricsExporter:
         except ImportError as exc:
             raise MetricsError(f"metrics need prometheus_client: {_EXTRA_HINT}") from exc
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self._collector())
+        registry.register(cast("Collector", self))
         try:
             self._http, self._thread = start_http_server(port, addr=host, registry=registry)
         except OSError as exc:
@@ -219,140 +229,79 @@ class MetricsExporter:
         """A snapshot taken on the server's loop (called from the scrape thread)."""
         return run_on(self._loop, self._take, c.METRICS_SCRAPE_TIMEOUT_S)
 
-    def _collector(self) -> Collector:
+    def collect(self) -> Iterator[Any]:
+        """One scrape's families (the registry's collector: ``start`` registers this)."""
         from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
+            CounterMetricFamily as Counter,
+            GaugeMetricFamily as Gauge,
             HistogramMetricFamily,
         )
-        from prometheus_client.registry import Collector
 
-        exporter = self
+        snap = self.snapshot()
+        for name, doc, values, counter in snap.by_kind:
+            family = (Counter if counter else Gauge)(f"dflockd_{name}", doc, labels=["kind"])
+            for kind, value in zip(("lock", "semaphore"), values, strict=True):
+                family.add_metric([kind], value)
+            yield family
+        yield from _single_valued(snap.single)
+        latency = HistogramMetricFamily(
+            "dflockd_request_duration_seconds",
+            "Time from a parsed request to its reply, per command "
+            "(a waiting acquire counts its wait), by its name (command) and its wire "
+            "opcode (opcode).",
+            labels=["command", "opcode"],
+        )
+        bounds = [*(f"{b:g}" for b in c.METRICS_LATENCY_BUCKETS_S), "+Inf"]
+        for command, (counts, total) in sorted(snap.requests.items()):
+            cumulative: list[tuple[str, float]] = []
+            running = 0
+            for bound, count in zip(bounds, counts, strict=True):
+                running += count
+                cumulative.append((bound, running))
+            latency.add_metric([COMMAND_NAMES[command], command], cumulative, total)
+        yield latency
+        if snap.cluster is not None:
+            yield from _cluster_families(snap.cluster)
+        if snap.journal is not None:
+            yield from _journal_families(snap.journal)
 
-        class _Collector(Collector):
-            def collect(self) -> Iterator[Any]:
-                snap = exporter.snapshot()
-                by_kind: list[tuple[str, str, tuple[int, int], type[Any]]] = [
-                    ("dflockd_grants", "Locks and semaphore slots granted.", snap.grants,
-                     CounterMetricFamily),
-                    ("dflockd_releases", "Explicit releases by the holder's token.",
-                     snap.releases, CounterMetricFamily),
-                    ("dflockd_force_releases",
-                     "Grants freed by an operator's force release (fr, celery dflock "
-                     "release), whoever held them (not counted in dflockd_releases).",
-                     snap.forced, CounterMetricFamily),
-                    ("dflockd_expiries", "Leases that ran out without a renew.", snap.expiries,
-                     CounterMetricFamily),
-                    ("dflockd_lost_by_disconnect",
-                     "Holds released because their connection closed.",
-                     snap.lost_by_disconnect, CounterMetricFamily),
-                    ("dflockd_acquire_timeouts",
-                     "Acquires that gave up: try-once refusals and waits that timed out.",
-                     snap.timeouts, CounterMetricFamily),
-                    ("dflockd_keys", "Keys known to the server (held, waited on or idle).",
-                     snap.keys, GaugeMetricFamily),
-                    ("dflockd_held", "Locks and semaphore slots held now.", snap.held,
-                     GaugeMetricFamily),
-                    ("dflockd_waiters", "Acquires waiting in a queue now.", snap.waiters,
-                     GaugeMetricFamily),
-                ]  # fmt: skip
-                for name, doc, values, family_type in by_kind:
-                    family = family_type(name, doc, labels=["kind"])
-                    for kind, value in zip(("lock", "semaphore"), values, strict=True):
-                        family.add_metric([kind], value)
-                    yield family
-                yield GaugeMetricFamily(
-                    "dflockd_keys_busy",
-                    "Keys held or waited on now (queue-once holds included): idle keys are "
-                    "pruned to make room for a new key, these are not.",
-                    value=snap.busy_keys,
-                )
-                yield GaugeMetricFamily(
-                    "dflockd_keys_max",
-                    "Most distinct keys (--max-locks): once dflockd_keys_busy reaches it, a new "
-                    "key is refused with error_max_locks.",
-                    value=snap.max_keys,
-                )
-                yield GaugeMetricFamily(
-                    "dflockd_connections", "Client connections open now.", value=snap.connections
-                )
-                yield CounterMetricFamily(
-                    "dflockd_connections_accepted",
-                    "Client connections admitted.",
-                    value=snap.connections_accepted,
-                )
-                yield CounterMetricFamily(
-                    "dflockd_connections_refused",
-                    "Client connections closed at once (connection caps or draining).",
-                    value=snap.connections_refused,
-                )
-                yield GaugeMetricFamily(
-                    "dflockd_restart_grace_remaining_seconds",
-                    "Seconds left of the restart grace, during which no key is granted "
-                    "(0 once over).",
-                    value=snap.grace_remaining_s,
-                )
-                latency = HistogramMetricFamily(
-                    "dflockd_request_duration_seconds",
-                    "Time from a parsed request to its reply, per command "
-                    "(a waiting acquire counts its wait), by its name (command) and its wire "
-                    "opcode (opcode).",
-                    labels=["command", "opcode"],
-                )
-                bounds = [*(f"{b:g}" for b in c.METRICS_LATENCY_BUCKETS_S), "+Inf"]
-                for command, (counts, total) in sorted(snap.requests.items()):
-                    cumulative: list[tuple[str, float]] = []
-                    running = 0
-                    for bound, count in zip(bounds, counts, strict=True):
-                        running += count
-                        cumulative.append((bound, running))
-                    latency.add_metric([COMMAND_NAMES[command], command], cumulative, total)
-                yield latency
-                if snap.cluster is not None:
-                    yield from _cluster_families(snap.cluster)
-                if snap.journal is not None:
-                    yield from _journal_families(snap.journal)
 
-        return _Collector()
+def _single_valued(rows: list[Row]) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily as Counter, GaugeMetricFamily as Gauge
+
+    for name, doc, value, counter in rows:
+        yield (Counter if counter else Gauge)(f"dflockd_{name}", doc, value=value)
 
 
 def _journal_families(stats: JournalStats) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-    yield GaugeMetricFamily(
-        "dflockd_journal_writable",
-        "1 while the lease journal can be written; 0 while it cannot (a full disk, EIO, a "
-        "failed fsync): nothing new is granted then, held locks are kept.",
-        value=1 if stats.writable else 0,
-    )
-    for name, doc, value in (
-        ("restored_leases", "Leases restored from the journal at start-up.", stats.restored),
-        (
-            "dropped_records",
-            "Journal lines dropped at start-up from the first damaged record on.",
-            stats.dropped_records,
-        ),
-        ("writes", "Writes of journal records (one per batch of replies).", stats.writes),
-        ("fsyncs", "fsyncs of the journal.", stats.fsyncs),
-        ("compactions", "Rewrites of the journal holding only the leases held.", stats.compactions),
-        (
-            "write_failures",
-            "Times the journal could not be written (each episode counted once).",
-            stats.write_failures,
-        ),
-        (
-            "refused_grants",
-            "Grants undone and refused because the batch holding them could not be written.",
-            stats.refused_grants,
-        ),
-    ):
-        yield CounterMetricFamily(f"dflockd_journal_{name}", doc, value=value)
+    yield from _single_valued([
+        ("journal_writable",
+         "1 while the lease journal can be written; 0 while it cannot (a full disk, EIO, a "
+         "failed fsync): nothing new is granted then, held locks are kept.",
+         1 if stats.writable else 0, False),
+        ("journal_restored_leases", "Leases restored from the journal at start-up.",
+         stats.restored, True),
+        ("journal_dropped_records",
+         "Journal lines dropped at start-up from the first damaged record on.",
+         stats.dropped_records, True),
+        ("journal_writes", "Writes of journal records (one per batch of replies).", stats.writes,
+         True),
+        ("journal_fsyncs", "fsyncs of the journal.", stats.fsyncs, True),
+        ("journal_compactions", "Rewrites of the journal holding only the leases held.",
+         stats.compactions, True),
+        ("journal_write_failures",
+         "Times the journal could not be written (each episode counted once).",
+         stats.write_failures, True),
+        ("journal_refused_grants",
+         "Grants undone and refused because the batch holding them could not be written.",
+         stats.refused_grants, True),
+    ])  # fmt: skip
 
 
 def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import GaugeMetricFamily as Gauge
 
-    shards = GaugeMetricFamily(
+    shards = Gauge(
         "dflockd_cluster_shards",
         "Shards by what this member does with them now: serving, moving_out, taking_over, "
         "failing_over (waiting for a gone member's leases, or released to it), other (another "
@@ -362,56 +311,34 @@ def _cluster_families(stats: ClusterStats) -> Iterator[Any]:
     for state, count in stats.shards.items():
         shards.add_metric([state], count)
     yield shards
-    yield CounterMetricFamily(
-        "dflockd_cluster_handovers",
-        "Shards this member handed over: to their new target once no holder was left, or "
-        "released to its heirs on a graceful leave.",
-        value=stats.handovers,
-    )
-    yield CounterMetricFamily(
-        "dflockd_cluster_failovers",
-        "Shards this member took over after their member was gone, once its longest lease "
-        "had run out.",
-        value=stats.failovers,
-    )
-    yield CounterMetricFamily(
-        "dflockd_cluster_released_takeovers",
-        "Shards this member took over at once because their member released them on a "
-        "graceful leave.",
-        value=stats.released_takeovers,
-    )
-    yield CounterMetricFamily(
-        "dflockd_cluster_etcd_switches",
-        "Times this member's etcd client moved to another of the --cluster endpoints because "
-        "the one it used failed or did not answer in time.",
-        value=stats.etcd_switches,
-    )
-    yield CounterMetricFamily(
-        "dflockd_cluster_etcd_step_failures",
-        "Steps of this member's loop (its watch of the cluster, the election, the leader's map "
-        "upkeep) that etcd failed; each is tried again, and the member logs while they last.",
-        value=stats.etcd_step_failures,
-    )
-    yield GaugeMetricFamily(
-        "dflockd_cluster_fenced",
-        "1 while this member cannot show its etcd lease alive and grants nothing.",
-        value=int(stats.fenced),
-    )
-    yield GaugeMetricFamily(
-        "dflockd_cluster_clock_offset_seconds",
-        "How far this member's wall clock was from another member's at the last ask ticket it "
-        "checked (positive: ahead); past the ticket's life (60 s), keys of shards split to it "
-        "wait for the split's end.",
-        value=stats.clock_offset_s,
-    )
-    yield CounterMetricFamily(
-        "dflockd_cluster_stale_tickets",
-        "Genuine ask tickets refused because they arrived expired by this member's clock (its "
-        "clock ahead of the issuer's by more than a ticket lives).",
-        value=stats.stale_tickets,
-    )
-    yield GaugeMetricFamily(
-        "dflockd_cluster_leader",
-        "1 on the member that leads the cluster (keeps the shard map).",
-        value=int(stats.leader),
-    )
+    yield from _single_valued([
+        ("cluster_handovers",
+         "Shards this member handed over: to their new target once no holder was left, or "
+         "released to its heirs on a graceful leave.", stats.handovers, True),
+        ("cluster_failovers",
+         "Shards this member took over after their member was gone, once its longest lease "
+         "had run out.", stats.failovers, True),
+        ("cluster_released_takeovers",
+         "Shards this member took over at once because their member released them on a "
+         "graceful leave.", stats.released_takeovers, True),
+        ("cluster_etcd_switches",
+         "Times this member's etcd client moved to another of the --cluster endpoints because "
+         "the one it used failed or did not answer in time.", stats.etcd_switches, True),
+        ("cluster_etcd_step_failures",
+         "Steps of this member's loop (its watch of the cluster, the election, the leader's map "
+         "upkeep) that etcd failed; each is tried again, and the member logs while they last.",
+         stats.etcd_step_failures, True),
+        ("cluster_fenced",
+         "1 while this member cannot show its etcd lease alive and grants nothing.",
+         int(stats.fenced), False),
+        ("cluster_clock_offset_seconds",
+         "How far this member's wall clock was from another member's at the last ask ticket it "
+         "checked (positive: ahead); past the ticket's life (60 s), keys of shards split to it "
+         "wait for the split's end.", stats.clock_offset_s, False),
+        ("cluster_stale_tickets",
+         "Genuine ask tickets refused because they arrived expired by this member's clock (its "
+         "clock ahead of the issuer's by more than a ticket lives).", stats.stale_tickets,
+         True),
+        ("cluster_leader", "1 on the member that leads the cluster (keeps the shard map).",
+         int(stats.leader), False),
+    ])  # fmt: skip

@@ -18,6 +18,7 @@ __all__ = [
     "LineTooLong",
     "Malformed",
     "RequestFramer",
+    "check_text",
     "parse_asking",
     "parse_auth",
     "parse_enqueue",
@@ -392,6 +393,17 @@ def parse_sem_enqueue(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
 def parse_wait(cmd: bytes, key: bytes, arg: bytes) -> tuple[str, int]:
     """``w`` / ``sw`` (``cmd``) ``<key>`` ``<timeout>`` -> (key, timeout)."""
     return _key(key), _number(_fields(arg, 1, 1, cmd, "<timeout>")[0], "timeout")
+
+
+def check_text(key: bytes, arg: bytes) -> None:
+    """A request that reads no key (``ping``, ``hello``, ``stats``, ``shards``): its lines are
+    UTF-8 all the same, else ``Malformed`` as for any other command."""
+    if not (key.isascii() and arg.isascii()):
+        try:
+            key.decode()
+            arg.decode()
+        except UnicodeDecodeError:
+            raise Malformed("request is not UTF-8") from None
 
 
 def parse_auth(arg: bytes) -> bytes:

@@ -13,7 +13,7 @@ import concurrent.futures
 import html
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Final, cast
 from urllib.parse import parse_qs
 
@@ -161,13 +161,6 @@ def _cell(label: str, value: object, kind: str = "") -> str:
     return f"<td{css}{caption}>{html.escape(str(value))}</td>"
 
 
-def _row(columns: tuple[str, ...], values: Iterable[tuple[object, str]]) -> str:
-    cells = (
-        _cell(label, value, kind) for label, (value, kind) in zip(columns, values, strict=True)
-    )
-    return f"<tr>{''.join(cells)}</tr>"
-
-
 def _seconds(value: object) -> str | None:
     """``2.5 s``, ``3 min 05 s``, ``2 h 03 min``."""
     if not isinstance(value, int | float) or isinstance(value, bool):
@@ -197,58 +190,47 @@ def _state(lock: dict[str, Any]) -> str:
     return "held"
 
 
-_LOCK_COLUMNS: Final = (
-    "Key",
-    "Task",
-    "Task id",
-    "Worker",
-    "PID",
-    "Held for",
-    "Lease left",
-    "Waiters",
-    "Fence",
-    "State",
-)
-_SEMAPHORE_COLUMNS: Final = ("Key", "Limit", "Holders", "Waiters")
+Cell = tuple[str, object, str]
+"""A row's cell: its column's label, its value, its CSS class ("" for none)."""
 
 
-def _lock_rows(locks: list[dict[str, Any]]) -> Iterator[str]:
-    for lock in sorted(locks, key=lambda entry: str(entry.get("key", ""))):
-        holder = holder_of(lock.get("owner"))
-        worker = holder.host
-        if worker is None and holder.task_id is not None:
-            worker = "none yet (publish-time hold, message queued)"
-        values = (
-            (lock.get("key"), "key"),
-            (holder.task_name, ""),
-            (holder.task_id, "id"),
-            (worker, ""),
-            (holder.pid, "num"),
-            (_seconds(lock.get("held_s")), "num"),
-            (_seconds(lock.get("lease_expires_in_s")), "num"),
-            (lock.get("waiters", 0), "num"),
-            (lock.get("fence"), "fence"),
-            (_state(lock), ""),
-        )
-        yield _row(_LOCK_COLUMNS, values)
+def _lock_row(lock: dict[str, Any]) -> list[Cell]:
+    holder = holder_of(lock.get("owner"))
+    worker = holder.host
+    if worker is None and holder.task_id is not None:
+        worker = "none yet (publish-time hold, message queued)"
+    return [
+        ("Key", lock.get("key"), "key"),
+        ("Task", holder.task_name, ""),
+        ("Task id", holder.task_id, "id"),
+        ("Worker", worker, ""),
+        ("PID", holder.pid, "num"),
+        ("Held for", _seconds(lock.get("held_s")), "num"),
+        ("Lease left", _seconds(lock.get("lease_expires_in_s")), "num"),
+        ("Waiters", lock.get("waiters", 0), "num"),
+        ("Fence", lock.get("fence"), "fence"),
+        ("State", _state(lock), ""),
+    ]
 
 
-def _semaphore_rows(sems: list[dict[str, Any]]) -> Iterator[str]:
-    for sem in sorted(sems, key=lambda entry: str(entry.get("key", ""))):
-        values = (
-            (sem.get("key"), "key"),
-            (sem.get("limit"), "num"),
-            (sem.get("holders"), "num"),
-            (sem.get("waiters", 0), "num"),
-        )
-        yield _row(_SEMAPHORE_COLUMNS, values)
+def _semaphore_row(sem: dict[str, Any]) -> list[Cell]:
+    return [
+        ("Key", sem.get("key"), "key"),
+        ("Limit", sem.get("limit"), "num"),
+        ("Holders", sem.get("holders"), "num"),
+        ("Waiters", sem.get("waiters", 0), "num"),
+    ]
 
 
-def _table(header: Iterable[str], rows: Iterable[str], empty: str) -> str:
-    body = "".join(rows)
-    if not body:
+def _table(
+    items: list[dict[str, Any]], row: Callable[[dict[str, Any]], list[Cell]], empty: str
+) -> str:
+    """A table of one ``row`` per item, by key (its header: the rows' labels), or ``empty``."""
+    rows = [row(item) for item in sorted(items, key=lambda item: str(item.get("key", "")))]
+    if not rows:
         return f"<p>{html.escape(empty)}</p>"
-    head = "".join(f"<th>{html.escape(name)}</th>" for name in header)
+    head = "".join(f"<th>{html.escape(label)}</th>" for label, _, _ in rows[0])
+    body = "".join(f"<tr>{''.join(_cell(*cell) for cell in cells)}</tr>" for cells in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -297,7 +279,7 @@ def render(title: str, stats: dict[str, Any], refresh: int, now: float) -> str:
     )
     parts = [*_banners(stats), summary]
     parts.append("<h2>Locks</h2>")
-    parts.append(_table(_LOCK_COLUMNS, _lock_rows(locks), "No lock is held."))
+    parts.append(_table(locks, _lock_row, "No lock is held."))
     parts.append("<h2>Semaphores</h2>")
-    parts.append(_table(_SEMAPHORE_COLUMNS, _semaphore_rows(sems), "No semaphore slot is held."))
+    parts.append(_table(sems, _semaphore_row, "No semaphore slot is held."))
     return _page(title, refresh, parts)

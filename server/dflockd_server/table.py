@@ -458,25 +458,15 @@ class LockTable:
         if entry is None:
             return False
         now = self.clock()
+        holder = grants.live_holder(entry, token, now)
+        if holder is None:
+            return False
         if isinstance(entry, Holder):  # a lock nobody waits for
-            holder = grants.live_holder(entry, token, now)
-            if holder is None:
-                return False
             grants.free_holder(holder, None, now, grants.counts.releases)
             return True
-        state = entry
-        if now >= state.earliest:
-            grants.check(state, now)
-        holder = state.one
-        if holder is None or holder.token != token:
-            holder = state.many.get(token) if state.many else None
-        if holder is None:
-            if grants.wakes:
-                grants.flush()
-            return False
-        grants.free_holder(holder, state, now, grants.counts.releases)
-        if state.queue is not None:
-            grants.fill(state, now)
+        grants.free_holder(holder, entry, now, grants.counts.releases)
+        if entry.queue is not None:
+            grants.fill(entry, now)
         if grants.wakes:
             grants.flush()
         return True
@@ -583,16 +573,7 @@ class LockTable:
                 return None
             else:
                 state = entry
-            if limit == 1:
-                state.one = holder
-            else:
-                many = state.many
-                if many is None:
-                    many = state.many = {}
-                many[token] = holder
-            state.earliest = min(state.earliest, expires_at)
-            state.n_held += 1
-            state.last_used = expires_at
+            state.seat(holder)
         owner.held.append(holder)
         owner.n_held += 1
         if on_close is not None and not detached:

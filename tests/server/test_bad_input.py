@@ -120,6 +120,19 @@ def test_invalid_utf8_is_malformed_and_keeps_the_connection(scene: Scene) -> Non
     scene.assert_undisturbed()
 
 
+def test_invalid_utf8_is_malformed_in_requests_without_a_key(scene: Scene) -> None:
+    """``ping``, ``hello``, ``stats`` and ``shards`` read neither line much, but their lines
+    are UTF-8 text all the same: refused as every other command's are, the connection kept."""
+    with Wire(scene.server.address) as bad:
+        for command in (b"ping", b"hello", b"stats", b"shards"):
+            for key, arg in ((b"\xff", b"_"), (b"_", b"\xc3\x28"), (b"_", b"session \xff")):
+                bad.send_raw(b"%s\n%s\n%s\n" % (command, key, arg))
+                assert bad.recv() == "error", (command, key, arg)
+        assert bad.req("ping") == "ok"
+        assert bad.req("stats").startswith("ok ")
+    scene.assert_undisturbed()
+
+
 def test_utf8_key_and_crlf_lines_are_fine(scene: Scene) -> None:
     with Wire(scene.server.address) as w:
         w.send_raw("l\r\nschlüssel\r\n0\r\n".encode())

@@ -35,6 +35,10 @@ class Host:
     def may_hold(self, key: str) -> bool:
         return self.renewals_ok
 
+    @property
+    def hold_check(self) -> Callable[[str], bool] | None:
+        return None if self.key_check is None else self.may_hold
+
     def shards_reply(self) -> bytes:
         return b'ok {"mode":"single"}\n'
 

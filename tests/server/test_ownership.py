@@ -217,6 +217,44 @@ def test_an_ownership_given_to_the_server_and_swapped_from_another_thread() -> N
         assert wire.req("r", key, token) == "ok"  # releases still go through
 
 
+class CountedStatic(StaticOwnership):
+    """A static member that counts the ``may_hold`` questions it is asked."""
+
+    def __init__(self, members: list[str], advertise: str) -> None:
+        super().__init__(members, advertise)
+        self.asked = 0
+
+    def may_hold(self, key: str) -> bool:
+        self.asked += 1
+        return super().may_hold(key)
+
+
+def test_a_static_members_keep_alive_asks_nothing_of_its_grants() -> None:
+    """A static member may hold every key it granted (``may_hold`` is always True): a session's
+    keep-alive renews its grants without asking it key by key, as on a single server."""
+    ownership = CountedStatic(["127.0.0.1:1"], "127.0.0.1:1")
+    with ServerThread(ownership=ownership) as server, Wire(server.address) as wire:
+        assert wire.req("hello", "_", "session s-0123456789abcdef 3").startswith("ok ")
+        for key in KEYS[:5]:
+            wire.lock(key)
+        assert wire.req("ping", "_", "session s-0123456789abcdef") == "ok"
+        assert wire.req("ping", "_", "session s-0123456789abcdef") == "ok"
+    assert ownership.asked == 0
+
+
+def test_a_keep_alive_is_refused_where_a_grant_may_not_be_held() -> None:
+    """Where the ownership may refuse (a cluster member), the keep-alive asks it of every grant
+    of the session, and a refused key refuses the whole keep-alive."""
+    key = "orders:1"
+    ownership = FixedOwnership({shard_id(key)}, p.REPLY_ERROR_UNAVAILABLE)
+    with ServerThread(ownership=ownership) as server, Wire(server.address) as wire:
+        assert wire.req("hello", "_", "session s-0123456789abcdef 3").startswith("ok ")
+        wire.lock(key)
+        assert wire.req("ping", "_", "session s-0123456789abcdef") == "ok"
+        ownership.renew = False
+        assert wire.req("ping", "_", "session s-0123456789abcdef") == "error"
+
+
 def test_holders_in_fail_waiters_and_renewals_allowed_from_another_thread() -> None:
     held, waited = "held-key", "waited-key"
     with ServerThread() as server, Wire(server.address) as a, Wire(server.address) as b:

@@ -357,6 +357,10 @@ class SimServer:
     def may_hold(self, key: str) -> bool:
         return self.serving.may_hold(key)
 
+    @property
+    def hold_check(self) -> Callable[[str], bool] | None:
+        return None if self.node is None else self.may_hold
+
     def shards_reply(self) -> bytes:
         """``KeyServing.shards_reply``, once per snapshot of the node (immutable: the same
         reply; the run's time would go to describing 8192 shards again and again)."""
