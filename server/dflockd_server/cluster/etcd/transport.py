@@ -245,10 +245,6 @@ class EtcdTransport:
             self._tokens[index] = token
         return token
 
-    def forget_token(self, index: int) -> None:
-        with self._lock:
-            self._tokens.pop(index, None)
-
     def _attempt(
         self, index: int, path: str, body: dict[str, Any], what: str, timeout: float
     ) -> Any:
@@ -259,32 +255,26 @@ class EtcdTransport:
             except (OSError, http.client.HTTPException) as exc:
                 raise NotSent(f"{self.endpoints[index]}: {exc!r}") from exc
             try:
-                response = self.send(conn, path, body, what, token)
-                reply: Any = json.loads(response.read())
+                reply: Any = json.loads(self.send(conn, path, body, what, token).read())
             except StatusError as exc:
-                if any(word in exc.detail for word in _TOKEN_ERRORS) and not fresh_token:
-                    self.forget_token(index)  # refused, not applied: again with a new token
-                    continue
-                if exc.status in _RETRY_STATUSES:
-                    raise NoAnswer(
-                        f"{self.endpoints[index]}: HTTP {exc.status} {exc.detail}"
-                    ) from exc
-                raise
+                detail, code = exc.detail, exc.status
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 raise NoAnswer(f"{self.endpoints[index]}: {exc!r}") from exc
+            else:
+                data = as_dict(reply)
+                if data is None or "error" not in data:
+                    return reply
+                detail, code = error_detail(data["error"])
             finally:
                 conn.close()
-            data = as_dict(reply)
-            if data is not None and "error" in data:
-                detail, code = error_detail(data["error"])
-                if any(word in detail for word in _TOKEN_ERRORS) and not fresh_token:
-                    self.forget_token(index)
-                    continue
-                error = self._http_error(what, code, detail)
-                if not isinstance(error, EtcdAuthError) and code in _RETRY_STATUSES:
-                    raise NoAnswer(f"{self.endpoints[index]}: {detail}")
-                raise error
-            return reply
+            if any(word in detail for word in _TOKEN_ERRORS) and not fresh_token:
+                with self._lock:  # refused, not applied: again with a new token
+                    self._tokens.pop(index, None)
+                continue
+            error = self._http_error(what, code, detail)
+            if not isinstance(error, EtcdAuthError) and code in _RETRY_STATUSES:
+                raise NoAnswer(f"{self.endpoints[index]}: HTTP {code} {detail}")
+            raise error
         raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
 
     def switched(self, index: int, failures: Mapping[int, str]) -> None:
@@ -336,19 +326,3 @@ class EtcdTransport:
             f"etcd at {self.url}: {what} failed (no endpoint answered in {self.timeout:g} s): "
             f"{tried}"
         )
-
-    def healthy(self, index: int = 0) -> bool:
-        """etcd's ``/health`` on endpoint ``index`` says it is."""
-        try:
-            conn = self.connect(index, self.attempt_timeout)
-        except (OSError, http.client.HTTPException):
-            return False
-        try:
-            conn.request("GET", "/health")
-            response = conn.getresponse()
-            body = as_dict(json.loads(response.read()))
-            return response.status == 200 and body is not None and body.get("health") == "true"
-        except (OSError, http.client.HTTPException, ValueError):
-            return False
-        finally:
-            conn.close()
