@@ -33,7 +33,6 @@ from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT
 
 ERROR_UNAVAILABLE = p.REPLY_ERROR_UNAVAILABLE
-moved_reply = p.reply_moved
 
 
 SERVING = "serving"
@@ -160,7 +159,7 @@ def decide(
             elsewhere = current or target
         reply = moved.get(elsewhere)
         if reply is None:
-            reply = moved[elsewhere] = moved_reply(elsewhere)
+            reply = moved[elsewhere] = p.reply_moved(elsewhere)
         verdicts[shard] = reply
     for shard in importing_all - importing:
         verdicts[shard] = ERROR_UNAVAILABLE  # asked or not, until its fence is raised: a moment

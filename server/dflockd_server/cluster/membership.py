@@ -69,31 +69,19 @@ STEP_FAILURE_LOG_S = 30.0
 log = logging.getLogger("dflockd_server")
 
 
-@dataclass(frozen=True, slots=True)
 class ClusterKeys:
     """Where a cluster's state lives in etcd."""
 
-    prefix: str
+    __slots__ = ("leader", "members", "prefix", "root", "shards")
 
-    def __post_init__(self) -> None:
-        if not self.prefix.startswith("/") or self.prefix.endswith("/"):
-            raise ValueError(f"cluster prefix {self.prefix!r}: expected /NAME (no trailing /)")
-
-    @property
-    def root(self) -> str:
-        return self.prefix + "/"
-
-    @property
-    def members(self) -> str:
-        return self.prefix + "/members/"
-
-    @property
-    def leader(self) -> str:
-        return self.prefix + "/leader"
-
-    @property
-    def shards(self) -> str:
-        return self.prefix + "/shard/"
+    def __init__(self, prefix: str) -> None:
+        if not prefix.startswith("/") or prefix.endswith("/"):
+            raise ValueError(f"cluster prefix {prefix!r}: expected /NAME (no trailing /)")
+        self.prefix = prefix
+        self.root = prefix + "/"
+        self.members = prefix + "/members/"
+        self.leader = prefix + "/leader"
+        self.shards = prefix + "/shard/"
 
     def member(self, advertise: str) -> str:
         return self.members + advertise
