@@ -482,18 +482,27 @@ class Member:
         elif key == keys.leader:
             self._leader = None if deleted else value
         elif (shard := keys.shard_of(key)) is not None:
-            if revision < self._revisions.get(shard, 0):
-                return  # older than what the leader's own write already put here
-            self._map = None
-            if deleted:
-                self._shards.pop(shard, None)
-                self._revisions.pop(shard, None)
-            else:
-                self._revisions[shard] = revision
-                try:
-                    self._shards[shard] = ShardAssignment.parse(value)
-                except ValueError:
-                    self._shards.pop(shard, None)  # unreadable: treated as unassigned
+            assignment = None
+            if not deleted:
+                with contextlib.suppress(ValueError):  # unreadable: treated as unassigned
+                    assignment = ShardAssignment.parse(value)
+            self._apply_shard(shard, revision, assignment, deleted=deleted)
+
+    def _apply_shard(
+        self, shard: int, revision: int, assignment: ShardAssignment | None, *, deleted: bool
+    ) -> None:
+        """One shard's key as of ``revision`` (the caller holds the lock)."""
+        if revision < self._revisions.get(shard, 0):
+            return  # older than what the copy holds (the leader's own write, a take-over)
+        self._map = None
+        if deleted:
+            self._revisions.pop(shard, None)
+        else:
+            self._revisions[shard] = revision
+        if assignment is None:
+            self._shards.pop(shard, None)
+        else:
+            self._shards[shard] = assignment
 
     def _changed(self) -> None:
         """The local copy changed: wake the loop, ``on_update()`` (cheap)."""
@@ -577,17 +586,7 @@ class Member:
         )
         with self._lock:  # the watch confirms these too
             for s, revision in result.written.items():
-                if revision < self._revisions.get(s, 0):
-                    # The watch brought a later write meanwhile (a member's take-over): keep it.
-                    continue
-                a = changes[s]
-                self._map = None
-                if a is None:
-                    self._shards.pop(s, None)
-                    self._revisions.pop(s, None)
-                else:
-                    self._shards[s] = a
-                    self._revisions[s] = revision
+                self._apply_shard(s, revision, changes[s], deleted=changes[s] is None)
         if result.condition_failed:
             with self._lock:
                 if self._leader == self.advertise:
