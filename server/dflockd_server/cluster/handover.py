@@ -238,13 +238,12 @@ class Handover:
             self.handovers += len(result.written)
             if result.condition_failed or not result.conflicted:
                 break
-        kept = len(held | keep)
         log.info(
             "cluster member %s: leaving; released %d shard(s) to their heirs at once "
             "(%d held or cut off: they wait for the failover)",
             self.advertise,
             len(released),
-            kept,
+            len(held | keep),
         )
 
     def _write_assignments(

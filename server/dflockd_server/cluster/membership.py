@@ -572,11 +572,9 @@ class Member:
 
     def _write(
         self, changes: dict[int, ShardAssignment | None], revisions: Mapping[int, int]
-    ) -> bool:
-        """Write map changes, each on condition of leadership and of the shard being as read;
-        False when deposed or a shard had changed (decided again later)."""
-        if not changes:
-            return True
+    ) -> None:
+        """Write map changes, each on condition of leadership and of the shard being as read
+        (when deposed or a shard had changed, decided again later)."""
         still_leader = Compare(self.keys.leader, "LEASE", "EQUAL", self.lease_id)
         result = write_shards(
             self.client,
@@ -591,7 +589,5 @@ class Member:
             with self._lock:
                 if self._leader == self.advertise:
                     self._leader = None  # deposed: the watch will say by whom
-            return False
-        if result.conflicted:
+        elif result.conflicted:
             self._wake_later(max(self.lease_ttl / 4, 0.1))  # the watch brings what changed
-        return not result.conflicted
