@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, FAILING_OVER
+from dflockd_server.cluster.decide import ERROR_UNAVAILABLE
 from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport
 from dflockd_server.cluster.handover import Handover
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView, Member
@@ -399,7 +399,7 @@ def test_a_member_waiting_for_a_failover_reads_nothing_from_etcd_until_it_is_due
         def heir(peer: Peer) -> bool:
             """``peer``'s node counts shards failing over: the step that decided so read the
             dead member's longest lease before it published the count."""
-            return peer.node.stats().shards[FAILING_OVER] > 0
+            return peer.node.stats().shards["failing_over"] > 0
 
         wait_until(lambda: all(heir(p) for p in rest), what="both heirs", timeout=WAIT_S)
         opened = time.monotonic()
@@ -461,7 +461,7 @@ def test_a_member_whose_split_node_died_reads_nothing_from_etcd_until_the_split_
         # the failover's of b's other shards, read before a says they are failing over (the
         # leader's new targets, a step or more later; that step's split check just after).
         wait_until(
-            lambda: a.node.stats().shards[FAILING_OVER] > 0,
+            lambda: a.node.stats().shards["failing_over"] > 0,
             what="a waits to fail b's shards over",
             timeout=WAIT_S,
         )

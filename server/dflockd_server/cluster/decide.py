@@ -35,13 +35,7 @@ from dflockd_server.cluster.shardmap import SHARD_COUNT
 ERROR_UNAVAILABLE = p.REPLY_ERROR_UNAVAILABLE
 
 
-SERVING = "serving"
-MOVING_OUT = "moving_out"
-TAKING_OVER = "taking_over"
-FAILING_OVER = "failing_over"
-OTHER = "other"
-UNAVAILABLE = "unavailable"
-SHARD_STATES = (SERVING, MOVING_OUT, TAKING_OVER, FAILING_OVER, OTHER, UNAVAILABLE)
+SHARD_STATES = ("serving", "moving_out", "taking_over", "failing_over", "other", "unavailable")
 """The ``state`` label of ``dflockd_cluster_shards`` (serving includes shards held back)."""
 
 
@@ -77,7 +71,7 @@ FENCED = Decision(
     moving_out={},
     failover_due=(),
     failover_since={},
-    states=MappingProxyType({**dict.fromkeys(SHARD_STATES, 0), UNAVAILABLE: SHARD_COUNT}),
+    states=MappingProxyType({**dict.fromkeys(SHARD_STATES, 0), "unavailable": SHARD_COUNT}),
 )
 
 
@@ -165,14 +159,9 @@ def decide(
         verdicts[shard] = ERROR_UNAVAILABLE  # asked or not, until its fence is raised: a moment
     moving_out = sum(len(s) for s in moving.values())
     assigned = len(shard_map)
-    states = {
-        SERVING: len(serving),
-        MOVING_OUT: moving_out,
-        TAKING_OVER: taking_over,
-        FAILING_OVER: failing_over,
-        OTHER: assigned - len(serving) - moving_out - taking_over - failing_over,
-        UNAVAILABLE: SHARD_COUNT - assigned,
-    }
+    other = assigned - len(serving) - moving_out - taking_over - failing_over
+    counts = (len(serving), moving_out, taking_over, failing_over, other, SHARD_COUNT - assigned)
+    states: dict[str, int] = dict(zip(SHARD_STATES, counts, strict=True))
     return Decision(
         verdicts=tuple(verdicts),
         serving=frozenset(serving),

@@ -79,7 +79,7 @@ class Handover:
         self._written_from = {}
         self._waits = {}
 
-    def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float] | None:
+    def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float]:
         """Per gone member whose shards this one waits to take: its published longest lease
         plus the margin, read when a member joins the waits and when ``fresh`` (before a
         failover), not at each decision."""
@@ -89,9 +89,6 @@ class Handover:
             for _, a in view.shard_map.items()
             if a.target == me and a.current and a.current not in live and not a.released
         }
-        if not gone:
-            self._waits = {}
-            return None
         if fresh or not gone <= self._waits.keys():
             self._waits = self._waits_of(gone)
         else:
