@@ -214,8 +214,8 @@ def test_snapshot_checks_keys_and_its_lease_deadline() -> None:
 
 
 def test_describe_is_the_contracts_json() -> None:
-    m = ShardMap.initial([A, B]).pin(5).apply([]).with_assignment(7, ShardAssignment(C, A))
-    m = m.with_assignment(9, ShardAssignment(B, ""))
+    m = dict(ShardMap.initial([A, B]).pin(5).apply([]).items())
+    m = ShardMap({**m, 7: ShardAssignment(C, A), 9: ShardAssignment(B, "")})
     v = ClusterView(frozenset({B, A}), B, m)
     own = ClusterOwnership(B, v, FENCED.verdicts, 0.0, Clock())
     d = json.loads(json.dumps(own.describe()))

@@ -89,10 +89,7 @@ class Handover:
             for _, a in view.shard_map.items()
             if a.target == me and a.current and a.current not in live and not a.released
         }
-        if fresh or not gone <= self._waits.keys():
-            self._waits = self._waits_of(gone)
-        else:
-            self._waits = {m: self._waits[m] for m in gone}
+        self._waits = self._waits_for(self._waits, gone, fresh=fresh)
         return self._waits
 
     def take_over(
@@ -149,13 +146,10 @@ class Handover:
         }
         self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
         nodes = set(gone.values())
-        waits = {n: w for n, w in self._split_waits.items() if n in nodes}
-        if not nodes <= waits.keys():
-            waits = self._waits_of(nodes)
-        self._split_waits = waits
+        self._split_waits = self._waits_for(self._split_waits, nodes)
         if not self._due_splits(gone, now):
             return
-        self._split_waits = self._waits_of(nodes)  # read again before it is dropped
+        self._split_waits = self._waits_for({}, nodes, fresh=True)  # read again before the drop
         due = self._due_splits(gone, now)
         if due:
             new = {s: (gone[s], view.shard_map[s].unsplit()) for s in due}
@@ -164,10 +158,13 @@ class Handover:
                 if gone[s] in refused:
                     self._split_gone_since.pop(s, None)
 
-    def _waits_of(self, nodes: Collection[str]) -> dict[str, float]:
-        """Each node's published longest lease (``max_lease_ttl_s`` if none) plus the margin."""
-        if not nodes:
-            return {}
+    def _waits_for(
+        self, known: Mapping[str, float], nodes: set[str], *, fresh: bool = False
+    ) -> dict[str, float]:
+        """Each node's wait: its published longest lease (``max_lease_ttl_s`` if none) plus the
+        margin, read again for every node unless ``known`` has each (and not ``fresh``)."""
+        if not nodes or (not fresh and nodes <= known.keys()):
+            return {n: known[n] for n in nodes}
         published = published_longest(self.client, self.prefix)
         margin = self.failover_margin_s
         return {n: published.get(n, self.max_lease_ttl_s) + margin for n in nodes}

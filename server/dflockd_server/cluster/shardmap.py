@@ -238,21 +238,17 @@ class ShardMap:
                 changed[shard] = new
         return dict(sorted(changed.items()))
 
-    def with_assignment(self, shard: int, assignment: ShardAssignment) -> ShardMap:
-        _check_shard(shard)
-        return ShardMap({**self._shards, shard: assignment})
-
     def pin(self, shard: int, node: str | None = None) -> ShardMap:
         """Pin a shard (to ``node`` as its target when given, else where it is targeted)."""
         old = self._require(shard)
         flags = old.flags if old.pinned else (*old.flags, PINNED)
-        return self.with_assignment(shard, replace(old, target=node or old.target, flags=flags))
+        new = replace(old, target=node or old.target, flags=flags)
+        return ShardMap({**self._shards, shard: new})
 
     def unpin(self, shard: int) -> ShardMap:
         old = self._require(shard)
-        return self.with_assignment(
-            shard, replace(old, flags=tuple(f for f in old.flags if f != PINNED))
-        )
+        flags = tuple(f for f in old.flags if f != PINNED)
+        return ShardMap({**self._shards, shard: replace(old, flags=flags)})
 
     def apply(self, moves: Iterable[Move]) -> ShardMap:
         """Retarget shards (current nodes stay until each handover completes)."""
