@@ -297,12 +297,9 @@ class Member:
     # -- threads -----------------------------------------------------------------------------------
 
     def _keep_alive(self) -> None:
-        wait = self.keepalive_interval
-        while not self._stopping.wait(wait):
-            next_wait = self.keep_alive_step()
-            if next_wait is None:
-                return
-            wait = next_wait
+        wait: float | None = self.keepalive_interval
+        while wait is not None and not self._stopping.wait(wait):
+            wait = self.keep_alive_step()  # None once the lease is lost
 
     @property
     def keepalive_interval(self) -> float:
