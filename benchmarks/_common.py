@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import http.client
 import importlib.metadata
 import importlib.util
 import json
@@ -456,11 +457,24 @@ def etcd_binary() -> str | None:
     return os.environ.get("ETCD_BIN") or shutil.which("etcd")
 
 
+def _etcd_healthy(port: int) -> bool:
+    """etcd's ``/health`` on 127.0.0.1:``port`` says it is."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1.0)
+    try:
+        try:
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            body = json.loads(response.read())
+        finally:
+            conn.close()
+    except (OSError, ValueError, http.client.HTTPException):
+        return False
+    return response.status == 200 and isinstance(body, dict) and body.get("health") == "true"
+
+
 def start_etcd(workdir: Path) -> ServerProcess:
     """Start a private single-member etcd on free 127.0.0.1 ports (its data under ``workdir``);
     returns once its ``/health`` answers. ``port`` is the client port."""
-    from dflockd_server.cluster.etcd import EtcdTransport
-
     binary = etcd_binary()
     if binary is None:
         raise RuntimeError("no etcd binary (install etcd-server, or set ETCD_BIN)")
@@ -491,10 +505,9 @@ def start_etcd(workdir: Path) -> ServerProcess:
                 stderr=subprocess.STDOUT,
             )
         server = ServerProcess("etcd", proc, "127.0.0.1", client_port, log_path)
-        health = EtcdTransport(url, timeout=1.0)
         deadline = time.monotonic() + START_TIMEOUT_S
         while server.alive() and time.monotonic() < deadline:
-            if health.healthy():
+            if _etcd_healthy(client_port):
                 return server
             time.sleep(POLL_S * 5)
         tail = server.log_tail()

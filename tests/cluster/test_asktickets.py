@@ -99,7 +99,7 @@ def test_a_member_whose_clock_is_off_says_so_and_counts_the_stale_tickets(
     shard = shard_id(key)
     asked = AskedKey(key, shard, ASKED.current, ASKED.split)
     tickets = AskTickets(new_secret())
-    shard_map = ShardMap().with_assignment(shard, ShardAssignment(ASKED.split, ASKED.current))
+    shard_map = ShardMap({shard: ShardAssignment(ASKED.split, ASKED.current)})
     view = ClusterView(frozenset({ASKED.current, ASKED.split}), None, shard_map, {shard: 901})
     skew = ClockSkew(ASKED.split)
     wall = [NOW + 90.0]  # this member's clock, 90 s ahead of the issuer's

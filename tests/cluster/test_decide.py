@@ -14,13 +14,13 @@ from dflockd_server.cluster.decide import (
     FENCED,
     SHARD_STATES,
     decide,
-    moved_reply,
 )
 from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.ops import parse_cluster_url, summary
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.fence import fence_of
+from dflockd_server.protocol import reply_moved
 from dflockd_server.tokens import FenceCounter
 
 A, B, C = "a:1", "b:1", "c:1"
@@ -184,7 +184,7 @@ def test_fenced_refuses_everything() -> None:
     assert set(FENCED.verdicts) == {ERROR_UNAVAILABLE}
     assert FENCED.states == {**dict.fromkeys(SHARD_STATES, 0), "unavailable": SHARD_COUNT}
     assert len(FENCED.verdicts) == SHARD_COUNT
-    assert moved_reply("h:6388") == b"error_moved h:6388\n"
+    assert reply_moved("h:6388") == b"error_moved h:6388\n"
 
 
 class Clock:
@@ -214,8 +214,8 @@ def test_snapshot_checks_keys_and_its_lease_deadline() -> None:
 
 
 def test_describe_is_the_contracts_json() -> None:
-    m = ShardMap.initial([A, B]).pin(5).apply([]).with_assignment(7, ShardAssignment(C, A))
-    m = m.with_assignment(9, ShardAssignment(B, ""))
+    m = dict(ShardMap.initial([A, B]).pin(5).apply([]).items())
+    m = ShardMap({**m, 7: ShardAssignment(C, A), 9: ShardAssignment(B, "")})
     v = ClusterView(frozenset({B, A}), B, m)
     own = ClusterOwnership(B, v, FENCED.verdicts, 0.0, Clock())
     d = json.loads(json.dumps(own.describe()))

@@ -29,6 +29,7 @@ from tests.support.etcd import (
     EtcdServer,
     delete,
     find_etcd,
+    healthy,
     lease_time_to_live,
     put,
 )
@@ -247,7 +248,7 @@ def test_errors_name_the_url_and_the_operation(etcd: EtcdClient) -> None:
         down = EtcdClient(EtcdTransport(url, timeout=2))
         with pytest.raises(EtcdError, match=rf"etcd at {url}: put of 'k' failed"):
             put(down, "k", "v")
-        assert not down.transport.healthy()
+        assert not healthy(down.transport)
     with pytest.raises(ValueError, match="expected http://HOST:PORT"):
         EtcdClient("etcd://127.0.0.1:2379")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dflockd_server.cluster.decide import ERROR_UNAVAILABLE, FAILING_OVER, moved_reply
+from dflockd_server.cluster.decide import ERROR_UNAVAILABLE
 from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport
 from dflockd_server.cluster.handover import Handover
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView, Member
@@ -28,7 +28,7 @@ from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardM
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S
 from dflockd_server.fence import fence_of
-from dflockd_server.protocol import reply_ask
+from dflockd_server.protocol import reply_ask, reply_moved
 from tests.support.etcd import EtcdServer, delete, etcd_or_skip, find_etcd, put
 from tests.support.waiting import wait_until
 
@@ -189,7 +189,7 @@ def test_initial_map_one_server_per_key_then_rebalance_moves_the_fewest_shards(
         key = f"task:{i}"
         owner = expected[shard_id(key)].target
         for p in peers:
-            assert p.node.ownership.check(key) == (None if p.name == owner else moved_reply(owner))
+            assert p.node.ownership.check(key) == (None if p.name == owner else reply_moved(owner))
     assert peers[0].node.ownership.describe()["members"] == ["a:1", "b:1", "c:1"]
     assert all(p.host.renewals == [True] for p in peers)
     # A fourth member gets nothing until an operator rebalances (auto_rebalance_s=None here).
@@ -238,7 +238,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     prefix = etcd_prefix.rstrip("/")
     # -- a graceful handover: an operator moves the shard (pinned onto the new member)
     pin(etcd, prefix, shard, new.name)
-    moved = moved_reply(new.name)
+    moved = reply_moved(new.name)
     # Key by key: the old owner splits the shard towards the new one, keeps serving the key
     # held and the key queued there (its waiter is not answered), asks for any other key there.
     free_key = key_in_shard(shard, "free:")
@@ -268,7 +268,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
         what="the new owner admits the old owner's ticket",
         timeout=WAIT_S,
     )
-    assert new.node.ownership.check(free_key) == moved_reply(old.name)  # not asked: to the current
+    assert new.node.ownership.check(free_key) == reply_moved(old.name)  # not asked: to the current
     with old.host._lock:  # the waiter gives up (its timeout)
         old.host.waiters.clear()
     time.sleep(MAX_LEASE_TTL / 4)
@@ -276,7 +276,7 @@ def test_a_handover_waits_for_holders_a_killed_member_for_the_longest_lease_fenc
     assert read_view(etcd, prefix).shard_map[shard] == ShardAssignment(
         new.name, old.name, ("pinned", f"split={new.name}")
     )
-    assert new.node.ownership.check(key) == moved_reply(old.name)
+    assert new.node.ownership.check(key) == reply_moved(old.name)
     handovers = old.node.stats().handovers
     old.host.release(key)
     took = wait_until(
@@ -399,7 +399,7 @@ def test_a_member_waiting_for_a_failover_reads_nothing_from_etcd_until_it_is_due
         def heir(peer: Peer) -> bool:
             """``peer``'s node counts shards failing over: the step that decided so read the
             dead member's longest lease before it published the count."""
-            return peer.node.stats().shards[FAILING_OVER] > 0
+            return peer.node.stats().shards["failing_over"] > 0
 
         wait_until(lambda: all(heir(p) for p in rest), what="both heirs", timeout=WAIT_S)
         opened = time.monotonic()
@@ -461,7 +461,7 @@ def test_a_member_whose_split_node_died_reads_nothing_from_etcd_until_the_split_
         # the failover's of b's other shards, read before a says they are failing over (the
         # leader's new targets, a step or more later; that step's split check just after).
         wait_until(
-            lambda: a.node.stats().shards[FAILING_OVER] > 0,
+            lambda: a.node.stats().shards["failing_over"] > 0,
             what="a waits to fail b's shards over",
             timeout=WAIT_S,
         )

@@ -9,6 +9,7 @@ place (same ports, same data).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -59,6 +60,23 @@ def _start_on_free_ports(
             return False
         fresh_ports(attempt)
     return False
+
+
+def healthy(transport: EtcdTransport, index: int = 0) -> bool:
+    """etcd's ``/health`` on endpoint ``index`` says it is."""
+    try:
+        conn = transport.connect(index, transport.attempt_timeout)
+    except (OSError, http.client.HTTPException):
+        return False
+    try:
+        conn.request("GET", "/health")
+        response = conn.getresponse()
+        body = json.loads(response.read())
+        return response.status == 200 and isinstance(body, dict) and body.get("health") == "true"
+    except (OSError, http.client.HTTPException, ValueError):
+        return False
+    finally:
+        conn.close()
 
 
 def find_etcd() -> str | None:
@@ -118,7 +136,7 @@ class EtcdServer:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 return False
-            if health.healthy():
+            if healthy(health):
                 return True
             time.sleep(0.1)
         return False
@@ -272,7 +290,7 @@ class EtcdCluster:
         while time.monotonic() < deadline:
             if any(n.process is not None and n.process.poll() is not None for n in self.nodes):
                 return False  # a node exited: it will not become healthy
-            if all(client.transport.healthy(i) for i in range(len(self.nodes))):
+            if all(healthy(client.transport, i) for i in range(len(self.nodes))):
                 return True
             time.sleep(0.2)
         return False

@@ -33,16 +33,9 @@ from dflockd_server.cluster.membership import ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT
 
 ERROR_UNAVAILABLE = p.REPLY_ERROR_UNAVAILABLE
-moved_reply = p.reply_moved
 
 
-SERVING = "serving"
-MOVING_OUT = "moving_out"
-TAKING_OVER = "taking_over"
-FAILING_OVER = "failing_over"
-OTHER = "other"
-UNAVAILABLE = "unavailable"
-SHARD_STATES = (SERVING, MOVING_OUT, TAKING_OVER, FAILING_OVER, OTHER, UNAVAILABLE)
+SHARD_STATES = ("serving", "moving_out", "taking_over", "failing_over", "other", "unavailable")
 """The ``state`` label of ``dflockd_cluster_shards`` (serving includes shards held back)."""
 
 
@@ -78,7 +71,7 @@ FENCED = Decision(
     moving_out={},
     failover_due=(),
     failover_since={},
-    states=MappingProxyType({**dict.fromkeys(SHARD_STATES, 0), UNAVAILABLE: SHARD_COUNT}),
+    states=MappingProxyType({**dict.fromkeys(SHARD_STATES, 0), "unavailable": SHARD_COUNT}),
 )
 
 
@@ -160,20 +153,15 @@ def decide(
             elsewhere = current or target
         reply = moved.get(elsewhere)
         if reply is None:
-            reply = moved[elsewhere] = moved_reply(elsewhere)
+            reply = moved[elsewhere] = p.reply_moved(elsewhere)
         verdicts[shard] = reply
     for shard in importing_all - importing:
         verdicts[shard] = ERROR_UNAVAILABLE  # asked or not, until its fence is raised: a moment
     moving_out = sum(len(s) for s in moving.values())
     assigned = len(shard_map)
-    states = {
-        SERVING: len(serving),
-        MOVING_OUT: moving_out,
-        TAKING_OVER: taking_over,
-        FAILING_OVER: failing_over,
-        OTHER: assigned - len(serving) - moving_out - taking_over - failing_over,
-        UNAVAILABLE: SHARD_COUNT - assigned,
-    }
+    other = assigned - len(serving) - moving_out - taking_over - failing_over
+    counts = (len(serving), moving_out, taking_over, failing_over, other, SHARD_COUNT - assigned)
+    states: dict[str, int] = dict(zip(SHARD_STATES, counts, strict=True))
     return Decision(
         verdicts=tuple(verdicts),
         serving=frozenset(serving),

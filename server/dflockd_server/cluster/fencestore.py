@@ -9,9 +9,8 @@ from __future__ import annotations
 from dflockd_server.cluster.etcd import Compare, EtcdClient, EtcdError, Put
 from dflockd_server.fence import FenceStateError
 
-
-def fence_prefix(prefix: str) -> str:
-    return prefix + "/fence/"
+FENCE = "/fence/"
+LONGEST = "/longest/"
 
 
 def _counter(value: str) -> int | None:
@@ -36,7 +35,7 @@ class EtcdCeilingStore:
 
     def __init__(self, client: EtcdClient, prefix: str, advertise: str) -> None:
         self.client = client
-        self.key = fence_prefix(prefix) + advertise
+        self.key = prefix + FENCE + advertise
 
     def read(self) -> int:
         try:
@@ -69,10 +68,6 @@ class EtcdCeilingStore:
             )
 
 
-def longest_prefix(prefix: str) -> str:
-    return prefix + "/longest/"
-
-
 class EtcdLongestStore:
     """Publishes the longest lease a member may have granted (``grace.LeaseRecord``'s
     ``publish``): an heir of its shards waits that long after its death."""
@@ -81,7 +76,7 @@ class EtcdLongestStore:
 
     def __init__(self, client: EtcdClient, prefix: str, advertise: str) -> None:
         self.client = client
-        self.key = longest_prefix(prefix) + advertise
+        self.key = prefix + LONGEST + advertise
 
     def write(self, longest: int) -> None:
         # On condition that the key is as read: a write etcd applies late cannot put back an
@@ -103,25 +98,24 @@ class EtcdLongestStore:
         )
 
 
+def _published(client: EtcdClient, under: str, what: str) -> dict[str, str]:
+    """Member -> the value it published under ``under``."""
+    try:
+        kvs = client.get_prefix(under)
+    except EtcdError as exc:
+        raise FenceStateError(f"cannot read {what}: {exc}") from exc
+    return {kv.key[len(under) :]: kv.value for kv in kvs}
+
+
 def published_longest(client: EtcdClient, prefix: str) -> dict[str, int]:
     """Member -> the longest lease it published (members that published none are absent)."""
-    try:
-        kvs = client.get_prefix(longest_prefix(prefix))
-    except EtcdError as exc:
-        raise FenceStateError(f"cannot read the published longest leases: {exc}") from exc
-    out: dict[str, int] = {}
-    start = len(longest_prefix(prefix))
-    for kv in kvs:
-        if (longest := _counter(kv.value)) is not None:
-            out[kv.key[start:]] = longest
-    return out
+    found = _published(client, prefix + LONGEST, "the published longest leases")
+    return {m: longest for m, v in found.items() if (longest := _counter(v)) is not None}
 
 
 def highest_ceiling(client: EtcdClient, prefix: str, excluding: str = "") -> int:
     """The highest ceiling any member (but ``excluding``) stored, 0 when none."""
-    try:
-        kvs = client.get_prefix(fence_prefix(prefix))
-    except EtcdError as exc:
-        raise FenceStateError(f"cannot read the fence ceilings: {exc}") from exc
-    own = fence_prefix(prefix) + excluding
-    return max((_parse(kv.key, kv.value) for kv in kvs if kv.key != own), default=0)
+    found = _published(client, prefix + FENCE, "the fence ceilings")
+    return max(
+        (_parse(prefix + FENCE + m, v) for m, v in found.items() if m != excluding), default=0
+    )

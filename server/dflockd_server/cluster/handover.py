@@ -79,7 +79,7 @@ class Handover:
         self._written_from = {}
         self._waits = {}
 
-    def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float] | None:
+    def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float]:
         """Per gone member whose shards this one waits to take: its published longest lease
         plus the margin, read when a member joins the waits and when ``fresh`` (before a
         failover), not at each decision."""
@@ -89,13 +89,7 @@ class Handover:
             for _, a in view.shard_map.items()
             if a.target == me and a.current and a.current not in live and not a.released
         }
-        if not gone:
-            self._waits = {}
-            return None
-        if fresh or not gone <= self._waits.keys():
-            self._waits = self._waits_of(gone)
-        else:
-            self._waits = {m: self._waits[m] for m in gone}
+        self._waits = self._waits_for(self._waits, gone, fresh=fresh)
         return self._waits
 
     def take_over(
@@ -108,16 +102,8 @@ class Handover:
         """Set current = this member for shards whose failover is due; returns the gone
         members that registered since ``gone_at`` (``_write_while_gone``): their waits restart."""
         shard_map = view.shard_map
-        by_gone: dict[str, dict[int, ShardAssignment]] = {}
-        for s in shards:
-            by_gone.setdefault(shard_map[s].current, {})[s] = shard_map[s].served_by(self.advertise)
-        written: set[int] = set()
-        refused: set[str] = set()
-        for gone, new in by_gone.items():
-            done, failed = self._write_while_gone(view, member, gone, gone_at.get(gone, 0), new)
-            written |= done
-            if failed and gone:
-                refused.add(gone)
+        new = {s: (shard_map[s].current, shard_map[s].served_by(self.advertise)) for s in shards}
+        written, refused = self._write_while_gone(view, member, new, gone_at)
         released = sum(shard_map[s].released for s in written)
         self.released_takeovers += released
         self.failovers += len(written) - released
@@ -160,29 +146,25 @@ class Handover:
         }
         self._split_gone_since = {s: self._split_gone_since.get(s, now) for s in gone}
         nodes = set(gone.values())
-        waits = {n: w for n, w in self._split_waits.items() if n in nodes}
-        if not nodes <= waits.keys():
-            waits = self._waits_of(nodes)
-        self._split_waits = waits
+        self._split_waits = self._waits_for(self._split_waits, nodes)
         if not self._due_splits(gone, now):
             return
-        self._split_waits = self._waits_of(nodes)  # read again before it is dropped
+        self._split_waits = self._waits_for({}, nodes, fresh=True)  # read again before the drop
         due = self._due_splits(gone, now)
         if due:
-            shard_map = view.shard_map
-            by_gone: dict[str, dict[int, ShardAssignment]] = {}
+            new = {s: (gone[s], view.shard_map[s].unsplit()) for s in due}
+            _, refused = self._write_while_gone(view, member, new, gone_at)
             for s in due:
-                by_gone.setdefault(gone[s], {})[s] = shard_map[s].unsplit()
-            for node, new in by_gone.items():
-                _, failed = self._write_while_gone(view, member, node, gone_at.get(node, 0), new)
-                if failed:
-                    for s in new:
-                        self._split_gone_since.pop(s, None)
+                if gone[s] in refused:
+                    self._split_gone_since.pop(s, None)
 
-    def _waits_of(self, nodes: Collection[str]) -> dict[str, float]:
-        """Each node's published longest lease (``max_lease_ttl_s`` if none) plus the margin."""
-        if not nodes:
-            return {}
+    def _waits_for(
+        self, known: Mapping[str, float], nodes: set[str], *, fresh: bool = False
+    ) -> dict[str, float]:
+        """Each node's wait: its published longest lease (``max_lease_ttl_s`` if none) plus the
+        margin, read again for every node unless ``known`` has each (and not ``fresh``)."""
+        if not nodes or (not fresh and nodes <= known.keys()):
+            return {n: known[n] for n in nodes}
         published = published_longest(self.client, self.prefix)
         margin = self.failover_margin_s
         return {n: published.get(n, self.max_lease_ttl_s) + margin for n in nodes}
@@ -195,20 +177,32 @@ class Handover:
         self,
         view: ClusterView,
         member: Member,
-        gone: str,
-        seen_gone_at: int,
-        new: dict[int, ShardAssignment],
-    ) -> tuple[frozenset[int], bool]:
-        """``_write_assignments``, on condition too that ``gone`` ("" for none) has no member
-        key (a member registering again reads the map after, so it sees this write or fails
-        it) and has not registered since ``seen_gone_at`` (a life unseen in between granted
-        leases the wait does not cover)."""
-        if not gone:
-            return self._write_assignments(view, member, new)
-        keys = member.keys
-        absent = Compare(keys.member(gone), "CREATE", "EQUAL", 0)
-        not_since = Compare(keys.registered(gone), "MOD", "LESS", seen_gone_at + 1)
-        return self._write_assignments(view, member, new, also=(absent, not_since))
+        new: Mapping[int, tuple[str, ShardAssignment]],
+        gone_at: Mapping[str, int],
+    ) -> tuple[frozenset[int], set[str]]:
+        """Write each shard's assignment (``_write_assignments``), grouped by the gone node it
+        names (``""``: none), on condition too that the node has no member key (a member
+        registering again reads the map after, so it sees this write or fails it) and has not
+        registered since ``gone_at`` (a life unseen in between granted leases the wait does not
+        cover): the shards written, and the gone nodes whose condition refused a write."""
+        by_gone: dict[str, dict[int, ShardAssignment]] = {}
+        for s, (gone, assignment) in new.items():
+            by_gone.setdefault(gone, {})[s] = assignment
+        written: frozenset[int] = frozenset()
+        refused: set[str] = set()
+        for gone, assignments in by_gone.items():
+            also: tuple[Compare, ...] = ()
+            if gone:
+                keys = member.keys
+                also = (
+                    Compare(keys.member(gone), "CREATE", "EQUAL", 0),
+                    Compare(keys.registered(gone), "MOD", "LESS", gone_at.get(gone, 0) + 1),
+                )
+            done, failed = self._write_assignments(view, member, assignments, also=also)
+            written |= done
+            if failed and gone:
+                refused.add(gone)
+        return written, refused
 
     def release(
         self, member: Member, keep: frozenset[int], fence: FenceCounter, now: float
@@ -238,13 +232,12 @@ class Handover:
             self.handovers += len(result.written)
             if result.condition_failed or not result.conflicted:
                 break
-        kept = len(held | keep)
         log.info(
             "cluster member %s: leaving; released %d shard(s) to their heirs at once "
             "(%d held or cut off: they wait for the failover)",
             self.advertise,
             len(released),
-            kept,
+            len(held | keep),
         )
 
     def _write_assignments(

@@ -69,31 +69,19 @@ STEP_FAILURE_LOG_S = 30.0
 log = logging.getLogger("dflockd_server")
 
 
-@dataclass(frozen=True, slots=True)
 class ClusterKeys:
     """Where a cluster's state lives in etcd."""
 
-    prefix: str
+    __slots__ = ("leader", "members", "prefix", "root", "shards")
 
-    def __post_init__(self) -> None:
-        if not self.prefix.startswith("/") or self.prefix.endswith("/"):
-            raise ValueError(f"cluster prefix {self.prefix!r}: expected /NAME (no trailing /)")
-
-    @property
-    def root(self) -> str:
-        return self.prefix + "/"
-
-    @property
-    def members(self) -> str:
-        return self.prefix + "/members/"
-
-    @property
-    def leader(self) -> str:
-        return self.prefix + "/leader"
-
-    @property
-    def shards(self) -> str:
-        return self.prefix + "/shard/"
+    def __init__(self, prefix: str) -> None:
+        if not prefix.startswith("/") or prefix.endswith("/"):
+            raise ValueError(f"cluster prefix {prefix!r}: expected /NAME (no trailing /)")
+        self.prefix = prefix
+        self.root = prefix + "/"
+        self.members = prefix + "/members/"
+        self.leader = prefix + "/leader"
+        self.shards = prefix + "/shard/"
 
     def member(self, advertise: str) -> str:
         return self.members + advertise
@@ -309,12 +297,9 @@ class Member:
     # -- threads -----------------------------------------------------------------------------------
 
     def _keep_alive(self) -> None:
-        wait = self.keepalive_interval
-        while not self._stopping.wait(wait):
-            next_wait = self.keep_alive_step()
-            if next_wait is None:
-                return
-            wait = next_wait
+        wait: float | None = self.keepalive_interval
+        while wait is not None and not self._stopping.wait(wait):
+            wait = self.keep_alive_step()  # None once the lease is lost
 
     @property
     def keepalive_interval(self) -> float:
@@ -494,18 +479,27 @@ class Member:
         elif key == keys.leader:
             self._leader = None if deleted else value
         elif (shard := keys.shard_of(key)) is not None:
-            if revision < self._revisions.get(shard, 0):
-                return  # older than what the leader's own write already put here
-            self._map = None
-            if deleted:
-                self._shards.pop(shard, None)
-                self._revisions.pop(shard, None)
-            else:
-                self._revisions[shard] = revision
-                try:
-                    self._shards[shard] = ShardAssignment.parse(value)
-                except ValueError:
-                    self._shards.pop(shard, None)  # unreadable: treated as unassigned
+            assignment = None
+            if not deleted:
+                with contextlib.suppress(ValueError):  # unreadable: treated as unassigned
+                    assignment = ShardAssignment.parse(value)
+            self._apply_shard(shard, revision, assignment, deleted=deleted)
+
+    def _apply_shard(
+        self, shard: int, revision: int, assignment: ShardAssignment | None, *, deleted: bool
+    ) -> None:
+        """One shard's key as of ``revision`` (the caller holds the lock)."""
+        if revision < self._revisions.get(shard, 0):
+            return  # older than what the copy holds (the leader's own write, a take-over)
+        self._map = None
+        if deleted:
+            self._revisions.pop(shard, None)
+        else:
+            self._revisions[shard] = revision
+        if assignment is None:
+            self._shards.pop(shard, None)
+        else:
+            self._shards[shard] = assignment
 
     def _changed(self) -> None:
         """The local copy changed: wake the loop, ``on_update()`` (cheap)."""
@@ -575,11 +569,9 @@ class Member:
 
     def _write(
         self, changes: dict[int, ShardAssignment | None], revisions: Mapping[int, int]
-    ) -> bool:
-        """Write map changes, each on condition of leadership and of the shard being as read;
-        False when deposed or a shard had changed (decided again later)."""
-        if not changes:
-            return True
+    ) -> None:
+        """Write map changes, each on condition of leadership and of the shard being as read
+        (when deposed or a shard had changed, decided again later)."""
         still_leader = Compare(self.keys.leader, "LEASE", "EQUAL", self.lease_id)
         result = write_shards(
             self.client,
@@ -589,22 +581,10 @@ class Member:
         )
         with self._lock:  # the watch confirms these too
             for s, revision in result.written.items():
-                if revision < self._revisions.get(s, 0):
-                    # The watch brought a later write meanwhile (a member's take-over): keep it.
-                    continue
-                a = changes[s]
-                self._map = None
-                if a is None:
-                    self._shards.pop(s, None)
-                    self._revisions.pop(s, None)
-                else:
-                    self._shards[s] = a
-                    self._revisions[s] = revision
+                self._apply_shard(s, revision, changes[s], deleted=changes[s] is None)
         if result.condition_failed:
             with self._lock:
                 if self._leader == self.advertise:
                     self._leader = None  # deposed: the watch will say by whom
-            return False
-        if result.conflicted:
+        elif result.conflicted:
             self._wake_later(max(self.lease_ttl / 4, 0.1))  # the watch brings what changed
-        return not result.conflicted

@@ -317,9 +317,7 @@ class ClusterNode:
         deadline = self._clock() + NODE_MAX_DEFER_S
         seen = self._updates
         while seen != self._seen_updates and self._clock() < deadline:
-            if self._stopping.wait(NODE_QUIET_S):
-                return
-            if self._updates == seen:
+            if self._stopping.wait(NODE_QUIET_S) or self._updates == seen:
                 return
             seen = self._updates
 

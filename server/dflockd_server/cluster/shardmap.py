@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 SHARD_COUNT = 8192
@@ -90,19 +90,12 @@ class ShardAssignment:
     def parse(cls, value: str) -> ShardAssignment:
         """Read ``"<target>[,<current>][,f=<flag>...]"``: parts stripped, flags anywhere,
         further non-flag parts ignored; a value without a target is an error."""
-        nodes: list[str] = []
-        flags: list[str] = []
-        for raw in value.split(","):
-            part = raw.strip()
-            if part.startswith(FLAG_PREFIX):
-                flags.append(part[len(FLAG_PREFIX) :])
-            else:
-                nodes.append(part)
-        target = nodes[0] if nodes else ""
-        current = nodes[1] if len(nodes) > 1 else ""
-        if not target:
+        parts = [part.strip() for part in value.split(",")]
+        flags = tuple(p[len(FLAG_PREFIX) :] for p in parts if p.startswith(FLAG_PREFIX))
+        nodes = [p for p in parts if not p.startswith(FLAG_PREFIX)] + ["", ""]
+        if not nodes[0]:
             raise ValueError(f"shard value {value!r} names no target node")
-        return cls(target, current, tuple(flags))
+        return cls(nodes[0], nodes[1], flags)
 
     def format(self) -> str:
         """``"<target>,<current>[,f=<flag>...]"`` (the current part is present even if empty)."""
@@ -128,10 +121,7 @@ class ShardAssignment:
     @property
     def split(self) -> str:
         """The split's node ("" when not split; see ``SPLIT``)."""
-        for flag in self.flags:
-            if flag.startswith(SPLIT):
-                return flag[len(SPLIT) :]
-        return ""
+        return next((f[len(SPLIT) :] for f in self.flags if f.startswith(SPLIT)), "")
 
     def split_to(self, node: str) -> ShardAssignment:
         _check_node(node, "split node")
@@ -144,12 +134,11 @@ class ShardAssignment:
     def served_by(self, node: str) -> ShardAssignment:
         """``node`` as the current node, no longer released; a split stays unless ``node``
         is the split's node (only it can hold every key of the shard)."""
-        split = self.split
-
-        def kept(flag: str) -> bool:
-            return flag != RELEASED and not (split == node and flag.startswith(SPLIT))
-
-        return replace(self, current=node, flags=tuple(f for f in self.flags if kept(f)))
+        drop_split = self.split == node
+        flags = (
+            f for f in self.flags if f != RELEASED and not (drop_split and f.startswith(SPLIT))
+        )
+        return replace(self, current=node, flags=tuple(flags))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +190,6 @@ class ShardMap:
     def __len__(self) -> int:
         return len(self._shards)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(sorted(self._shards))
-
     def __contains__(self, shard: object) -> bool:
         return shard in self._shards
 
@@ -252,21 +238,17 @@ class ShardMap:
                 changed[shard] = new
         return dict(sorted(changed.items()))
 
-    def with_assignment(self, shard: int, assignment: ShardAssignment) -> ShardMap:
-        _check_shard(shard)
-        return ShardMap({**self._shards, shard: assignment})
-
     def pin(self, shard: int, node: str | None = None) -> ShardMap:
         """Pin a shard (to ``node`` as its target when given, else where it is targeted)."""
         old = self._require(shard)
         flags = old.flags if old.pinned else (*old.flags, PINNED)
-        return self.with_assignment(shard, replace(old, target=node or old.target, flags=flags))
+        new = replace(old, target=node or old.target, flags=flags)
+        return ShardMap({**self._shards, shard: new})
 
     def unpin(self, shard: int) -> ShardMap:
         old = self._require(shard)
-        return self.with_assignment(
-            shard, replace(old, flags=tuple(f for f in old.flags if f != PINNED))
-        )
+        flags = tuple(f for f in old.flags if f != PINNED)
+        return ShardMap({**self._shards, shard: replace(old, flags=flags)})
 
     def apply(self, moves: Iterable[Move]) -> ShardMap:
         """Retarget shards (current nodes stay until each handover completes)."""

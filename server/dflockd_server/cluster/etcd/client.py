@@ -96,11 +96,9 @@ class EtcdClient:
         """Put ``key`` only if it does not exist; whether it was created."""
         return self.txn([Compare(key, "CREATE", "EQUAL", 0)], [Put(key, value, lease)]).succeeded
 
-    def compare_and_set(self, key: str, expected: str, value: str, *, lease: int = 0) -> bool:
+    def compare_and_set(self, key: str, expected: str, value: str) -> bool:
         """Put ``key`` only if its value is ``expected`` (a missing key never is)."""
-        return self.txn(
-            [Compare(key, "VALUE", "EQUAL", expected)], [Put(key, value, lease)]
-        ).succeeded
+        return self.txn([Compare(key, "VALUE", "EQUAL", expected)], [Put(key, value)]).succeeded
 
     def lease_grant(self, ttl: int) -> Lease:
         """A new lease of ``ttl`` seconds (etcd may raise it to its minimum)."""
@@ -133,15 +131,12 @@ class EtcdClient:
         prefix: bool = False,
         start_revision: int = 0,
         on_event: Callable[[WatchEvent], None],
-        timeout: float | None = None,
     ) -> Watch:
         """Watch a key or prefix (from ``start_revision`` if given, else from now), on the
         first endpoint from the preferred one on that confirms it within ``attempt_timeout``."""
         transport = self.transport
         failures: dict[int, str] = {}
-        for index, _, remaining in transport.attempts(
-            transport.timeout if timeout is None else timeout
-        ):
+        for index, _, remaining in transport.attempts(transport.timeout):
             watch = Watch(
                 transport,
                 key,

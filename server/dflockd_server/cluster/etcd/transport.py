@@ -217,37 +217,39 @@ class EtcdTransport:
                 return self._tokens[index]
         user, password = self._credentials
         what = f"authentication as {user!r}"
+        body = {"name": user, "password": password}
+        try:
+            reply = as_dict(
+                self._exchange(index, "/v3/auth/authenticate", body, what, timeout, token=None)
+            )
+        except StatusError as exc:
+            if "authentication is not enabled" not in exc.detail:
+                if exc.status in _RETRY_STATUSES:
+                    raise NoAnswer(f"{self.endpoints[index]}: {exc.detail}") from exc
+                raise EtcdAuthError(str(exc)) from exc
+            token = None
+        else:
+            if reply is None or not reply.get("token"):
+                raise EtcdAuthError(f"etcd at {self.url}: {what} failed: no token in {reply!r}")
+            token = str(reply["token"])
+        with self._lock:
+            self._tokens[index] = token
+        return token
+
+    def _exchange(
+        self, index: int, path: str, body: Any, what: str, timeout: float, *, token: str | None
+    ) -> Any:
+        """One request to endpoint ``index`` on a connection of its own: its JSON reply."""
         try:
             conn = self.connect(index, timeout)
         except (OSError, http.client.HTTPException) as exc:
             raise NotSent(f"{self.endpoints[index]}: {exc!r}") from exc
         try:
-            response = self.send(
-                conn, "/v3/auth/authenticate", {"name": user, "password": password}, what
-            )
-            reply = as_dict(json.loads(response.read()))
-        except StatusError as exc:
-            if "authentication is not enabled" in exc.detail:
-                token = None
-            elif exc.status in _RETRY_STATUSES:
-                raise NoAnswer(f"{self.endpoints[index]}: {exc.detail}") from exc
-            else:
-                raise EtcdAuthError(str(exc)) from exc
+            return json.loads(self.send(conn, path, body, what, token).read())
         except (OSError, http.client.HTTPException, ValueError) as exc:
             raise NoAnswer(f"{self.endpoints[index]}: {what}: {exc!r}") from exc
-        else:
-            if reply is None or not reply.get("token"):
-                raise EtcdAuthError(f"etcd at {self.url}: {what} failed: no token in {reply!r}")
-            token = str(reply["token"])
         finally:
             conn.close()
-        with self._lock:
-            self._tokens[index] = token
-        return token
-
-    def forget_token(self, index: int) -> None:
-        with self._lock:
-            self._tokens.pop(index, None)
 
     def _attempt(
         self, index: int, path: str, body: dict[str, Any], what: str, timeout: float
@@ -255,36 +257,22 @@ class EtcdTransport:
         for fresh_token in (False, True):
             token = self.token(index, timeout)
             try:
-                conn = self.connect(index, timeout)
-            except (OSError, http.client.HTTPException) as exc:
-                raise NotSent(f"{self.endpoints[index]}: {exc!r}") from exc
-            try:
-                response = self.send(conn, path, body, what, token)
-                reply: Any = json.loads(response.read())
+                reply = self._exchange(index, path, body, what, timeout, token=token)
             except StatusError as exc:
-                if any(word in exc.detail for word in _TOKEN_ERRORS) and not fresh_token:
-                    self.forget_token(index)  # refused, not applied: again with a new token
-                    continue
-                if exc.status in _RETRY_STATUSES:
-                    raise NoAnswer(
-                        f"{self.endpoints[index]}: HTTP {exc.status} {exc.detail}"
-                    ) from exc
-                raise
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                raise NoAnswer(f"{self.endpoints[index]}: {exc!r}") from exc
-            finally:
-                conn.close()
-            data = as_dict(reply)
-            if data is not None and "error" in data:
+                detail, code = exc.detail, exc.status
+            else:
+                data = as_dict(reply)
+                if data is None or "error" not in data:
+                    return reply
                 detail, code = error_detail(data["error"])
-                if any(word in detail for word in _TOKEN_ERRORS) and not fresh_token:
-                    self.forget_token(index)
-                    continue
-                error = self._http_error(what, code, detail)
-                if not isinstance(error, EtcdAuthError) and code in _RETRY_STATUSES:
-                    raise NoAnswer(f"{self.endpoints[index]}: {detail}")
-                raise error
-            return reply
+            if any(word in detail for word in _TOKEN_ERRORS) and not fresh_token:
+                with self._lock:  # refused, not applied: again with a new token
+                    self._tokens.pop(index, None)
+                continue
+            error = self._http_error(what, code, detail)
+            if not isinstance(error, EtcdAuthError) and code in _RETRY_STATUSES:
+                raise NoAnswer(f"{self.endpoints[index]}: HTTP {code} {detail}")
+            raise error
         raise EtcdAuthError(f"etcd at {self.url}: {what} failed: the token was refused twice")
 
     def switched(self, index: int, failures: Mapping[int, str]) -> None:
@@ -336,19 +324,3 @@ class EtcdTransport:
             f"etcd at {self.url}: {what} failed (no endpoint answered in {self.timeout:g} s): "
             f"{tried}"
         )
-
-    def healthy(self, index: int = 0) -> bool:
-        """etcd's ``/health`` on endpoint ``index`` says it is."""
-        try:
-            conn = self.connect(index, self.attempt_timeout)
-        except (OSError, http.client.HTTPException):
-            return False
-        try:
-            conn.request("GET", "/health")
-            response = conn.getresponse()
-            body = as_dict(json.loads(response.read()))
-            return response.status == 200 and body is not None and body.get("health") == "true"
-        except (OSError, http.client.HTTPException, ValueError):
-            return False
-        finally:
-            conn.close()

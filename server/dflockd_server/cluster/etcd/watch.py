@@ -52,7 +52,7 @@ class Watch:
         self.error: EtcdError | None = None
         self._thread = threading.Thread(target=self._run, name=f"etcd-watch {key!r}", daemon=True)
 
-    def start(self, timeout: float) -> Watch:
+    def start(self, timeout: float) -> None:
         """Start, and return once etcd confirmed the watch (later changes are all seen)."""
         self._thread.start()
         if not self._created.wait(timeout):
@@ -63,7 +63,6 @@ class Watch:
         if self.error is not None:
             self._thread.join(timeout)
             raise self.error
-        return self
 
     @property
     def running(self) -> bool:
