@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 
 from dflockd_server.cluster.etcd import (
     Compare,
-    Delete,
     EtcdClient,
     EtcdError,
     Get,
@@ -143,10 +142,6 @@ class SimEtcd:
             return 0
         self._renew(lease)
         return lease.ttl
-
-    def time_to_live(self, lease_id: int) -> int:
-        lease = self.leases.get(lease_id)
-        return -1 if lease is None else max(0, int(lease.expires - self.loop.now))
 
     def revoke(self, lease_id: int) -> None:
         lease = self.leases.pop(lease_id, None)
@@ -376,18 +371,6 @@ class SimEtcdClient(EtcdClient):
         kvs = etcd.range(key, prefix)
         return RangeStat(len(kvs), any(kv.mod_revision > since for kv in kvs), etcd.revision)
 
-    def put(self, key: str, value: str, *, lease: int = 0) -> int:
-        result = self._reach("put").txn([], [Put(key, value, lease)], [])
-        self._answered("put")
-        return result.revision
-
-    def delete(self, key: str, *, prefix: bool = False) -> int:
-        etcd = self._reach("delete")
-        count = len(etcd.range(key, prefix))
-        etcd.txn([], [Delete(key, prefix)], [])
-        self._answered("delete")
-        return count
-
     def txn(
         self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
@@ -404,9 +387,6 @@ class SimEtcdClient(EtcdClient):
         ttl = self._reach("keep-alive").keepalive(lease_id)
         self._answered("keep-alive")
         return ttl
-
-    def lease_time_to_live(self, lease_id: int) -> int:
-        return self._reach("time to live").time_to_live(lease_id)
 
     def lease_revoke(self, lease_id: int) -> None:
         self._reach("revoke").revoke(lease_id)
