@@ -134,8 +134,10 @@ class AsyncConnection:
     async def _release_leftover(self, command: Command, key: str) -> None:
         """`_reap`'s background part: a grant in the reply still to come is released over a
         connection of its own, then this one is closed."""
+        reply = None
         try:
-            reply = await self.transport.leftover(command, REPLY_GRACE_S)
+            with contextlib.suppress(OSError, DflockError):  # EOF or no reply in time: none
+                reply = await self.transport.exchange(command, b"", REPLY_GRACE_S)
         finally:
             self.transport.close(abort=True)
         if not isinstance(reply, Granted):

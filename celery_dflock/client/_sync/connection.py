@@ -136,8 +136,10 @@ class Connection:
     def _release_leftover(self, command: Command, key: str) -> None:
         """`_reap`'s background part: a grant in the reply still to come is released over a
         connection of its own, then this one is closed."""
+        reply = None
         try:
-            reply = self.transport.leftover(command, REPLY_GRACE_S)
+            with contextlib.suppress(OSError, DflockError):  # EOF or no reply in time: none
+                reply = self.transport.exchange(command, b"", REPLY_GRACE_S)
         finally:
             self.transport.close(abort=True)
         if not isinstance(reply, Granted):
