@@ -176,16 +176,10 @@ class LockCore:
     def first_renewal_in(self) -> float:
         return self.grant.first_renewal_in(self.settings.renew_ratio)
 
-    @staticmethod
-    def reply_timeout(wait_s: int = 0) -> float:
-        return wait_s + REPLY_GRACE_S
-
     def begin_acquire(self) -> None:
         self.holder = None
         self.busy = False
         self.routing.begin_acquire()
-
-    redirected = staticmethod(KeyRoute.redirected)
 
     def require_idle(self) -> None:
         if self.state is LockState.HELD and self.lost:
@@ -236,7 +230,7 @@ class LockCore:
         self.check_lease(server, self.lease_ttl_s)
         data = checked_enqueue(self.key, self.limit, self.lease_ttl_s)
         command = Command.ENQUEUE if self.limit is None else Command.SEM_ENQUEUE
-        return command, data, self.reply_timeout()
+        return command, data, REPLY_GRACE_S
 
     def wait_request(self, timeout_s: float | None) -> Request:
         """``w`` / ``sw`` (the lock must be enqueued)."""
@@ -250,7 +244,7 @@ class LockCore:
         semaphore = self.limit is not None
         command = Command.SEM_WAIT if semaphore else Command.WAIT
         data = checked_wait(self.key, timeout, semaphore=semaphore)
-        return command, data, self.reply_timeout(timeout)
+        return command, data, timeout + REPLY_GRACE_S
 
     def _held_token(self) -> str:
         if self.state is not LockState.HELD or self.token is None:
@@ -280,7 +274,7 @@ class LockCore:
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         timeout = self.routing.wait_seconds()
         data = checked_hold(self.key, timeout, lease, note, detached=detached)
-        return Command.HOLD, data, self.reply_timeout(timeout)
+        return Command.HOLD, data, timeout + REPLY_GRACE_S
 
     def hold_lease(self, server: ServerInfo) -> int:
         """The lease ``hl`` and ``ht`` name: the lock's, else the server's default."""
@@ -315,7 +309,7 @@ class LockCore:
         token = _requests.validate_token(token)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         data = checked_take(self.key, token, lease, on_close_lease, note)
-        return Command.TAKE, data, self.reply_timeout()
+        return Command.TAKE, data, REPLY_GRACE_S
 
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
         """``hd <token> <lease_ttl>``; a server without holds gets ``n <token> <lease_ttl>``."""
@@ -323,7 +317,7 @@ class LockCore:
         if server is None or not server.supports(wire.FEATURE_HOLDS):
             return _by_token.renew_request(self.key, token, lease_ttl)
         data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
-        return Command.HAND_DOWN, data, self.reply_timeout()
+        return Command.HAND_DOWN, data, REPLY_GRACE_S
 
     def on_grant_reply(
         self,

@@ -362,13 +362,13 @@ def test_cluster_routing_aims_at_the_maps_node_and_follows_moved_then_pauses_in_
     command, _, _ = core.acquire_request(FENCING)
     for _ in range(REDIRECT_LOOP):
         moved = reply(command, b"error_moved 10.0.0.2:6388")
-        assert core.redirected(moved)
+        assert core.routing.redirected(moved)
         assert core.routing.on_redirect(moved) == NextTry(0.0, reroute=False)  # at once, there
         assert core.endpoint.address == "10.0.0.2:6388"
     step = core.routing.on_redirect(reply(command, b"error_moved 10.0.0.9:6388"))
     assert step is not None and step.reroute and step.reread and step.pause_s > 0  # a loop
     unavailable = reply(command, b"error_unavailable")
-    assert core.redirected(unavailable)
+    assert core.routing.redirected(unavailable)
     step = core.routing.on_redirect(unavailable)
     assert step is not None and step.reroute and not step.reread
     assert core.routing.wait_seconds() <= 5  # what is left of the acquire's time, never more
@@ -409,7 +409,7 @@ def test_a_list_mode_client_redirected_names_both_server_lists() -> None:
     core.begin_acquire()
     command, _, _ = core.acquire_request(FENCING)
     moved = reply(command, b"error_moved 10.0.0.2:6388")
-    assert core.redirected(moved) and core.router is None
+    assert core.routing.redirected(moved) and core.router is None
     shards = {"mode": "static", "members": ["10.0.0.1:6388", "10.0.0.2:6388"]}
     error = core.routing.mismatch_error(moved, shards)
     assert isinstance(error, ShardingMismatchError)

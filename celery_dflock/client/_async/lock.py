@@ -243,7 +243,7 @@ class AsyncLockBase:
                     await pause(step.pause_s)
                     await self._remap(router)
                 continue
-            if core.redirected(reply):
+            if core.routing.redirected(reply):
                 if router is None:
                     raise await self._mismatch(conn, reply)
                 await holding.checkin(conn)

@@ -243,7 +243,7 @@ class LockBase:
                     pause(step.pause_s)
                     self._remap(router)
                 continue
-            if core.redirected(reply):
+            if core.routing.redirected(reply):
                 if router is None:
                     raise self._mismatch(conn, reply)
                 holding.checkin(conn)
