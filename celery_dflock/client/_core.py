@@ -112,22 +112,6 @@ class LockCore:
         return self.routing.key
 
     @property
-    def limit(self) -> int | None:
-        return self.routing.limit
-
-    @property
-    def settings(self) -> ClientSettings:
-        return self.routing.settings
-
-    @property
-    def acquire_timeout_s(self) -> int:
-        return self.routing.acquire_timeout_s
-
-    @property
-    def router(self) -> ClusterRouter | None:
-        return self.routing.router
-
-    @property
     def endpoint(self) -> Endpoint:
         return self.routing.endpoint
 
@@ -135,22 +119,6 @@ class LockCore:
     def what(self) -> str:
         """``lock 'key'`` or ``semaphore 'key' (limit N)``, for messages."""
         return self.routing.what
-
-    @property
-    def handover(self) -> str | None:
-        return self.routing.handover
-
-    @property
-    def token(self) -> str | None:
-        return self.grant.token
-
-    @property
-    def lease(self) -> int:
-        return self.grant.lease
-
-    @property
-    def fence(self) -> int | None:
-        return self.grant.fence
 
     def describe(self) -> str:
         return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}" + (
@@ -171,10 +139,10 @@ class LockCore:
         return grant.kept_for() if grant.kept_alive() else self.renew_interval()
 
     def renew_interval(self) -> float:
-        return self.grant.renew_interval(self.settings.renew_ratio)
+        return self.grant.renew_interval(self.routing.settings.renew_ratio)
 
     def first_renewal_in(self) -> float:
-        return self.grant.first_renewal_in(self.settings.renew_ratio)
+        return self.grant.first_renewal_in(self.routing.settings.renew_ratio)
 
     def begin_acquire(self) -> None:
         self.holder = None
@@ -228,8 +196,8 @@ class LockCore:
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
         self.require_idle()
         self.check_lease(server, self.lease_ttl_s)
-        data = checked_enqueue(self.key, self.limit, self.lease_ttl_s)
-        command = Command.ENQUEUE if self.limit is None else Command.SEM_ENQUEUE
+        data = checked_enqueue(self.key, self.routing.limit, self.lease_ttl_s)
+        command = Command.ENQUEUE if self.routing.limit is None else Command.SEM_ENQUEUE
         return command, data, REPLY_GRACE_S
 
     def wait_request(self, timeout_s: float | None) -> Request:
@@ -237,23 +205,23 @@ class LockCore:
         if self.state is not LockState.ENQUEUED:
             raise LockNotOwned(f"{self.what} is not enqueued: call enqueue() before wait()")
         timeout = (
-            self.acquire_timeout_s
+            self.routing.acquire_timeout_s
             if timeout_s is None
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
-        semaphore = self.limit is not None
+        semaphore = self.routing.limit is not None
         command = Command.SEM_WAIT if semaphore else Command.WAIT
         data = checked_wait(self.key, timeout, semaphore=semaphore)
         return command, data, timeout + REPLY_GRACE_S
 
     def _held_token(self) -> str:
-        if self.state is not LockState.HELD or self.token is None:
+        if self.state is not LockState.HELD or self.grant.token is None:
             raise LockNotOwned(f"{self.what} is not held by this object: acquire() it first")
-        return self.token
+        return self.grant.token
 
     def renew_request(self) -> Request:
         token = self._held_token()
-        semaphore = self.limit is not None
+        semaphore = self.routing.limit is not None
         data = checked_renew(self.key, token, self.lease_ttl_s, semaphore=semaphore)
         command = Command.SEM_RENEW if semaphore else Command.RENEW
         return command, data, self.grant.renew_reply_timeout()
@@ -427,7 +395,7 @@ class LockCore:
             reply,
             what=self.what,
             endpoint=self.endpoint,
-            limit=self.limit,
+            limit=self.routing.limit,
             lease_ttl_s=self.lease_ttl_s,
         )
 
