@@ -164,9 +164,7 @@ class AsyncLockBase:
                 return True
             command, data, timeout = core.wait_request(timeout_s)
             conn, holding.conn = holding.conn, None
-            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
-                core.reset()
-                raise LockNotOwned(f"{core.what} lost its queue connection")
+            assert conn is not None  # ENQUEUED: its connection is kept (`_grant_routed`)
             holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
             sent = time.monotonic()
             try:
