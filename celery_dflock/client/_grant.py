@@ -128,7 +128,7 @@ class HeldGrant:
         """The session's keep-alives go on and keep the lease for more than `KEPT_MARGIN_S`:
         the lock need not renew, and looks again after `kept_for`."""
         session = self.session
-        if session is None or not session.keeping():
+        if session is None or session.keeper is None or session.ended:  # no keep-alive runs
             return False
         return self.kept_for(now) >= MIN_RENEW_INTERVAL_S
 
