@@ -29,10 +29,6 @@ def release_request(key: str, token: str, limit: int | None = None) -> Request:
     return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
 
 
-def released(reply: Reply) -> bool:
-    return isinstance(reply, _replies.Ok)
-
-
 def renew_request(key: str, token: str, lease_ttl: int) -> Request:
     token, lease = _requests.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
     data = checked_renew(key, token, lease, semaphore=False)

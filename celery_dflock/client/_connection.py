@@ -25,7 +25,7 @@ from celery_dflock.client._replies import Reply, ReplyParser
 from celery_dflock.client._requests import Command
 from celery_dflock.client._settings import Endpoint
 from celery_dflock.client._watch import can_watch
-from celery_dflock.client.errors import DflockError, ServerUnavailable
+from celery_dflock.client.errors import ServerUnavailable
 
 __all__ = ["RECV_BYTES", "AsyncStreamTransport", "SocketTransport"]
 
@@ -95,7 +95,8 @@ class SocketTransport:
     def _exchange_timeouts(self, command: Command, data: bytes, timeout: float) -> Reply:
         deadline = time.monotonic() + timeout
         self.sock.settimeout(timeout)
-        self.sock.sendall(data)
+        if data:
+            self.sock.sendall(data)
         while (reply := self.parser.next_reply(command)) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -112,7 +113,7 @@ class SocketTransport:
         deadline = time.monotonic() + timeout
         sock, parser = self.sock, self.parser
         try:
-            sent = sock.send(data)
+            sent = sock.send(data) if data else 0
         except BlockingIOError:
             sent = 0
         if sent < len(data):
@@ -226,23 +227,6 @@ class SocketTransport:
             return False
         return True
 
-    def leftover(self, command: Command, timeout: float) -> Reply | None:
-        """After `half_close`: the reply to ``command`` if it comes before EOF and within
-        ``timeout`` s, else None."""
-        deadline = time.monotonic() + timeout
-        with contextlib.suppress(OSError, DflockError):
-            while (reply := self.parser.next_reply(command)) is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self.sock.settimeout(remaining)
-                chunk = self.sock.recv(RECV_BYTES)
-                if not chunk:
-                    return None
-                self.parser.feed(chunk)
-            return reply
-        return None
-
     def close(self, *, abort: bool) -> None:
         """Close the socket (never ``shutdown``: a forked twin may share it). Idempotent."""
         del abort
@@ -329,9 +313,12 @@ class AsyncStreamTransport:
         return cls(endpoint, reader, writer, stream)
 
     async def exchange(self, command: Command, data: bytes, timeout: float) -> Reply:
+        """Send ``data`` (none: after `half_close`, the reply still to come) and read the reply
+        to ``command`` within ``timeout`` s; the blocking transport's does the same."""
         async with asyncio.timeout(timeout):
-            self._writer.write(data)
-            await self._writer.drain()
+            if data:
+                self._writer.write(data)
+                await self._writer.drain()
             while (reply := self.parser.next_reply(command)) is None:
                 chunk = await self._reader.read(RECV_BYTES)
                 if not chunk:
@@ -386,19 +373,6 @@ class AsyncStreamTransport:
             return False
         writer.write_eof()
         return True
-
-    async def leftover(self, command: Command, timeout: float) -> Reply | None:
-        """After `half_close`: the reply to ``command`` if it comes before EOF and within
-        ``timeout`` s, else None."""
-        with contextlib.suppress(OSError, DflockError):  # TimeoutError included
-            async with asyncio.timeout(timeout):
-                while (reply := self.parser.next_reply(command)) is None:
-                    chunk = await self._reader.read(RECV_BYTES)
-                    if not chunk:
-                        return None
-                    self.parser.feed(chunk)
-                return reply
-        return None
 
     def close(self, *, abort: bool) -> None:
         """Start closing (``abort``: dropping unsent data); in a forked child, drop our copy

@@ -112,22 +112,6 @@ class LockCore:
         return self.routing.key
 
     @property
-    def limit(self) -> int | None:
-        return self.routing.limit
-
-    @property
-    def settings(self) -> ClientSettings:
-        return self.routing.settings
-
-    @property
-    def acquire_timeout_s(self) -> int:
-        return self.routing.acquire_timeout_s
-
-    @property
-    def router(self) -> ClusterRouter | None:
-        return self.routing.router
-
-    @property
     def endpoint(self) -> Endpoint:
         return self.routing.endpoint
 
@@ -135,22 +119,6 @@ class LockCore:
     def what(self) -> str:
         """``lock 'key'`` or ``semaphore 'key' (limit N)``, for messages."""
         return self.routing.what
-
-    @property
-    def handover(self) -> str | None:
-        return self.routing.handover
-
-    @property
-    def token(self) -> str | None:
-        return self.grant.token
-
-    @property
-    def lease(self) -> int:
-        return self.grant.lease
-
-    @property
-    def fence(self) -> int | None:
-        return self.grant.fence
 
     def describe(self) -> str:
         return f"key={self.key!r}, server={self.endpoint.address!r}, state={self.state.value}" + (
@@ -171,21 +139,15 @@ class LockCore:
         return grant.kept_for() if grant.kept_alive() else self.renew_interval()
 
     def renew_interval(self) -> float:
-        return self.grant.renew_interval(self.settings.renew_ratio)
+        return self.grant.renew_interval(self.routing.settings.renew_ratio)
 
     def first_renewal_in(self) -> float:
-        return self.grant.first_renewal_in(self.settings.renew_ratio)
-
-    @staticmethod
-    def reply_timeout(wait_s: int = 0) -> float:
-        return wait_s + REPLY_GRACE_S
+        return self.grant.first_renewal_in(self.routing.settings.renew_ratio)
 
     def begin_acquire(self) -> None:
         self.holder = None
         self.busy = False
         self.routing.begin_acquire()
-
-    redirected = staticmethod(KeyRoute.redirected)
 
     def require_idle(self) -> None:
         if self.state is LockState.HELD and self.lost:
@@ -234,32 +196,32 @@ class LockCore:
     def enqueue_request(self, server: ServerInfo | None = None) -> Request:
         self.require_idle()
         self.check_lease(server, self.lease_ttl_s)
-        data = checked_enqueue(self.key, self.limit, self.lease_ttl_s)
-        command = Command.ENQUEUE if self.limit is None else Command.SEM_ENQUEUE
-        return command, data, self.reply_timeout()
+        data = checked_enqueue(self.key, self.routing.limit, self.lease_ttl_s)
+        command = Command.ENQUEUE if self.routing.limit is None else Command.SEM_ENQUEUE
+        return command, data, REPLY_GRACE_S
 
     def wait_request(self, timeout_s: float | None) -> Request:
         """``w`` / ``sw`` (the lock must be enqueued)."""
         if self.state is not LockState.ENQUEUED:
             raise LockNotOwned(f"{self.what} is not enqueued: call enqueue() before wait()")
         timeout = (
-            self.acquire_timeout_s
+            self.routing.acquire_timeout_s
             if timeout_s is None
             else whole_seconds("timeout_s", timeout_s, minimum=0)
         )
-        semaphore = self.limit is not None
+        semaphore = self.routing.limit is not None
         command = Command.SEM_WAIT if semaphore else Command.WAIT
         data = checked_wait(self.key, timeout, semaphore=semaphore)
-        return command, data, self.reply_timeout(timeout)
+        return command, data, timeout + REPLY_GRACE_S
 
     def _held_token(self) -> str:
-        if self.state is not LockState.HELD or self.token is None:
+        if self.state is not LockState.HELD or self.grant.token is None:
             raise LockNotOwned(f"{self.what} is not held by this object: acquire() it first")
-        return self.token
+        return self.grant.token
 
     def renew_request(self) -> Request:
         token = self._held_token()
-        semaphore = self.limit is not None
+        semaphore = self.routing.limit is not None
         data = checked_renew(self.key, token, self.lease_ttl_s, semaphore=semaphore)
         command = Command.SEM_RENEW if semaphore else Command.RENEW
         return command, data, self.grant.renew_reply_timeout()
@@ -280,7 +242,7 @@ class LockCore:
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         timeout = self.routing.wait_seconds()
         data = checked_hold(self.key, timeout, lease, note, detached=detached)
-        return Command.HOLD, data, self.reply_timeout(timeout)
+        return Command.HOLD, data, timeout + REPLY_GRACE_S
 
     def hold_lease(self, server: ServerInfo) -> int:
         """The lease ``hl`` and ``ht`` name: the lock's, else the server's default."""
@@ -315,7 +277,7 @@ class LockCore:
         token = _requests.validate_token(token)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
         data = checked_take(self.key, token, lease, on_close_lease, note)
-        return Command.TAKE, data, self.reply_timeout()
+        return Command.TAKE, data, REPLY_GRACE_S
 
     def hand_off_request(self, lease_ttl: int, server: ServerInfo | None) -> Request:
         """``hd <token> <lease_ttl>``; a server without holds gets ``n <token> <lease_ttl>``."""
@@ -323,7 +285,7 @@ class LockCore:
         if server is None or not server.supports(wire.FEATURE_HOLDS):
             return _by_token.renew_request(self.key, token, lease_ttl)
         data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
-        return Command.HAND_DOWN, data, self.reply_timeout()
+        return Command.HAND_DOWN, data, REPLY_GRACE_S
 
     def on_grant_reply(
         self,
@@ -433,7 +395,7 @@ class LockCore:
             reply,
             what=self.what,
             endpoint=self.endpoint,
-            limit=self.limit,
+            limit=self.routing.limit,
             lease_ttl_s=self.lease_ttl_s,
         )
 

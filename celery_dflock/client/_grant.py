@@ -128,7 +128,7 @@ class HeldGrant:
         """The session's keep-alives go on and keep the lease for more than `KEPT_MARGIN_S`:
         the lock need not renew, and looks again after `kept_for`."""
         session = self.session
-        if session is None or not session.keeping():
+        if session is None or session.keeper is None or session.ended:  # no keep-alive runs
             return False
         return self.kept_for(now) >= MIN_RENEW_INTERVAL_S
 
@@ -174,21 +174,13 @@ class HeldGrant:
         self.fencing = server is not None and server.fences
         self.lease = lease
         self.pid = os.getpid()
-        self.lease_deadline = started + lease
-        self.lease_latest_end = self.clock() + lease
         self.enqueued_at = None
         self.session = session
-        self.confirmed_at = self.clock()
-        self.run = None if session is None else session.run
-        self.kept_end, self.kept_at = 0.0, -math.inf
-        if session is not None or server is None:
-            self.session_ttl = None
-        else:
-            self.session_ttl = server.session_ttl_s
+        self.session_ttl = None if session is not None or server is None else server.session_ttl_s
         self.session_deadline = math.inf
-        self.answered(sent_at)
         self.durable = server is not None and server.supports(wire.FEATURE_DURABLE)
-        self.server_down = False
+        self.renewed(lease, sent_at)  # the rest is as after a renewal, but the lease's start
+        self.lease_deadline = started + lease
 
     def renewed(
         self, seconds_remaining: int, sent_at: float, session: ClientSession | None = None

@@ -85,20 +85,17 @@ class Renewer:
         self._linger_s = float(linger_s)
         self._name = name
         self._by_pid: dict[int, _Schedule] = {}
-        self._current: _Schedule | None = None
         self.watcher = ConnectionWatcher()  # for a close by the server of a held connection
 
     def _schedule(self) -> _Schedule:
         """This process's schedule (fresh in a fork child: the parent's mutex may be held)."""
-        current = self._current
         pid = os.getpid()
-        if current is not None and current.pid == pid:
-            return current
-        # setdefault: two threads of a new child agree on one schedule without a lock.
-        current = self._by_pid.setdefault(pid, _Schedule(pid, self._linger_s, self._name))
-        for other in [p for p in self._by_pid if p != pid]:
-            self._by_pid.pop(other, None)
-        self._current = current
+        current = self._by_pid.get(pid)
+        if current is None:
+            # setdefault: two threads of a new child agree on one schedule without a lock.
+            current = self._by_pid.setdefault(pid, _Schedule(pid, self._linger_s, self._name))
+            for other in [p for p in self._by_pid if p != pid]:
+                self._by_pid.pop(other, None)
         return current
 
     def schedule(

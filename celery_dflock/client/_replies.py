@@ -183,7 +183,9 @@ _ANSWERED_OK: Final = frozenset(
         Command.ASKING,
     }
 )
-_MOVABLE: Final = _GRANTING | {Command.ENQUEUE, Command.SEM_ENQUEUE, Command.FORCE_RELEASE}
+MAY_GRANT: Final = _GRANTING | {Command.ENQUEUE, Command.SEM_ENQUEUE}
+"""The requests whose reply may be a grant (an enqueue's: ``acquired <token> <lease>``)."""
+_MOVABLE: Final = MAY_GRANT | {Command.FORCE_RELEASE}
 """The requests a server may answer ``error_moved <HOST:PORT>``."""
 _MOVED_ADDRESS_RE: Final = re.compile(r"[^\s:]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}")
 _TICKET_RE: Final = re.compile(r"[!-~]{1,200}")

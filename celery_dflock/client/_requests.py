@@ -86,7 +86,9 @@ NOTE_RE: Final = re.compile(rf"[!-~]{{1,{wire.MAX_NOTE_BYTES}}}")
 
 
 def validate_note(note: str, name: str = "note") -> str:
-    if not isinstance(note, str) or not NOTE_RE.fullmatch(note):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if not isinstance(note, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise InvalidValueError(f"{name} must be a str, got {type(note).__name__}: {note!r}")
+    if not NOTE_RE.fullmatch(note):
         raise InvalidValueError(
             f"{name} must be 1 to {wire.MAX_NOTE_BYTES} printable ASCII characters without "
             f"spaces ('!' to '~'; percent-encode anything else), got {note!r}"

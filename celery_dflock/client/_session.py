@@ -122,9 +122,6 @@ class ClientSession:
             self.keeper = None
             return True
 
-    def keeping(self) -> bool:
-        return self.keeper is not None and not self.ended
-
     def stopped(self) -> None:
         """The keep-alive ended while locks were held on it: they are told to renew."""
         with self._guard:

@@ -117,11 +117,7 @@ class RenewalDriver:
         with self._guard:
             self._stopping = False
             self._renewal = self._renewer(name).schedule(self._due, interval, first_in)
-        self._watch(conn)
-
-    def attach(self, conn: Connection) -> None:
-        """The lock reattached on ``conn`` (operation lock held): watch it from now on."""
-        self._watch(conn)
+        self.attach(conn)
 
     def poke(self) -> None:
         """Move the next renewal to now, unless `stop` began (from any thread)."""
@@ -144,7 +140,7 @@ class RenewalDriver:
 
     def renewed(self, conn: Connection) -> None:
         """After a renewal: watch again (the watcher may have let go meanwhile)."""
-        self._watch(conn)
+        self.attach(conn)
 
     def renew_now(self) -> bool | None:
         return self._lock.renew_once(False)
@@ -164,7 +160,8 @@ class RenewalDriver:
             renewal.cancel()  # no renewal starts after this
             renewal.wait(JOIN_TIMEOUT_S)
 
-    def _watch(self, conn: Connection) -> None:
+    def attach(self, conn: Connection) -> None:
+        """Watch ``conn``, the lock's connection from now on (operation lock held)."""
         fd = conn.transport.watchable_fd()
         if fd is None:
             return

@@ -6,7 +6,6 @@ from __future__ import annotations
 from celery_dflock.client._async.client import AsyncClient
 from celery_dflock.client._servers import Hold, ServerInfo
 from celery_dflock.client._settings import (
-    DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_RENEW_RATIO,
     DEFAULT_SERVERS,
@@ -27,20 +26,17 @@ from celery_dflock.client._threads import leave_signals_to_the_main_thread
 from celery_dflock.client.wire import (
     FEATURE_FENCE,
     FEATURE_HELLO,
-    FEATURE_HOLDS,
     FEATURE_PING,
     FEATURE_STATS,
 )
 
 __all__ = [
-    "DEFAULT_ACQUIRE_TIMEOUT_S",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_RENEW_RATIO",
     "DEFAULT_SERVERS",
     "DEFAULT_SESSION_TTL_S",
     "FEATURE_FENCE",
     "FEATURE_HELLO",
-    "FEATURE_HOLDS",
     "FEATURE_PING",
     "FEATURE_STATS",
     "AsyncClient",

@@ -75,7 +75,7 @@ def test_fence_only_from_a_server_that_lists_fence(
 ) -> None:
     core = _core()
     assert core.on_grant_reply(Command.LOCK, Granted(TOKEN, 33), time.monotonic(), server)
-    assert core.token == TOKEN and core.fence == fence
+    assert core.grant.token == TOKEN and core.grant.fence == fence
 
 
 def test_a_pool_asks_our_server_hello_once(dflock_server: ServerThread) -> None:

@@ -55,6 +55,9 @@ def test_hold_and_note_requests_and_their_replies() -> None:
     for bad in ("", "a b", "é", "x" * 201, "\t"):
         with pytest.raises(InvalidValueError, match="note must be"):
             _requests.validate_note(bad)
+    # A note that is not a str says so ("got 123" alone reads as a valid note).
+    with pytest.raises(InvalidValueError, match=r"^note must be a str, got int: 123$"):
+        _requests.validate_note(123)  # pyright: ignore[reportArgumentType]
 
 
 # ------------------------------------------------------------------------------ blocking face

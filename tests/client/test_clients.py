@@ -135,7 +135,7 @@ def test_settings_are_validated_once_naming_the_argument() -> None:
     lock = client.lock("clients:x")
     assert isinstance(lock, DistributedLock)
     assert client.server_for("clients:x") == ("127.0.0.1", 1)
-    assert lock._core.settings is client.settings  # pyright: ignore[reportPrivateUsage]  # passed down whole
+    assert lock._core.routing.settings is client.settings  # pyright: ignore[reportPrivateUsage]  # passed down whole
 
 
 def test_a_lease_is_whole_seconds_everywhere_a_fraction_is_refused_naming_it() -> None:
@@ -159,7 +159,9 @@ def test_a_lease_is_whole_seconds_everywhere_a_fraction_is_refused_naming_it() -
     ):
         with pytest.raises(InvalidValueError, match="lease_ttl must be a whole number"):
             bad()
-    assert client.lock("k", acquire_timeout_s=1.5, lease_ttl_s=2)._core.acquire_timeout_s == 2  # pyright: ignore[reportPrivateUsage]
+    assert (
+        client.lock("k", acquire_timeout_s=1.5, lease_ttl_s=2)._core.routing.acquire_timeout_s == 2
+    )  # pyright: ignore[reportPrivateUsage]
 
 
 async def test_async_client(dflock_server: ServerThread) -> None:

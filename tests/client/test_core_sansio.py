@@ -78,7 +78,12 @@ def test_an_acquire_is_granted_renewed_and_released() -> None:
     assert (command, data, timeout) == (Command.LOCK, b"l\njobs\n5 30\n", 5 + REPLY_GRACE_S)
     assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 100.0, FENCING)
     core.routing.end_acquire()
-    assert (core.state, core.token, core.lease, core.fence) == (LockState.HELD, TOKEN, 33, 0xA1)
+    assert (core.state, core.grant.token, core.grant.lease, core.grant.fence) == (
+        LockState.HELD,
+        TOKEN,
+        33,
+        0xA1,
+    )
     assert core.grant.lease_deadline == 133.0 and core.locked()
     with pytest.raises(DflockError, match="already held"):
         core.acquire_request(FENCING)
@@ -91,7 +96,7 @@ def test_an_acquire_is_granted_renewed_and_released() -> None:
     command, data, _ = core.release_request()
     assert (command, data) == (Command.RELEASE, f"r\njobs\n{TOKEN}\n".encode())
     assert core.on_release_reply(reply(command, b"ok"))
-    assert (core.state, core.token, core.fence) == (LockState.IDLE, None, None)
+    assert (core.state, core.grant.token, core.grant.fence) == (LockState.IDLE, None, None)
 
 
 def test_a_locks_requests_are_the_protocols_bytes() -> None:
@@ -201,7 +206,7 @@ def test_a_semaphore_speaks_its_own_commands() -> None:
     command, data, _ = core.acquire_request(None)
     assert (command, data) == (Command.SEM_LOCK, b"sl\njobs\n5 3\n")
     assert core.on_grant_reply(command, reply(command, f"ok {TOKEN} 33".encode()), 1.0, None)
-    assert core.fence is None  # a server that did not say it fences: the token is no fence
+    assert core.grant.fence is None  # a server that did not say it fences: the token is no fence
     assert core.release_request()[0] is Command.SEM_RELEASE
 
 
@@ -362,13 +367,13 @@ def test_cluster_routing_aims_at_the_maps_node_and_follows_moved_then_pauses_in_
     command, _, _ = core.acquire_request(FENCING)
     for _ in range(REDIRECT_LOOP):
         moved = reply(command, b"error_moved 10.0.0.2:6388")
-        assert core.redirected(moved)
+        assert core.routing.redirected(moved)
         assert core.routing.on_redirect(moved) == NextTry(0.0, reroute=False)  # at once, there
         assert core.endpoint.address == "10.0.0.2:6388"
     step = core.routing.on_redirect(reply(command, b"error_moved 10.0.0.9:6388"))
     assert step is not None and step.reroute and step.reread and step.pause_s > 0  # a loop
     unavailable = reply(command, b"error_unavailable")
-    assert core.redirected(unavailable)
+    assert core.routing.redirected(unavailable)
     step = core.routing.on_redirect(unavailable)
     assert step is not None and step.reroute and not step.reread
     assert core.routing.wait_seconds() <= 5  # what is left of the acquire's time, never more
@@ -401,7 +406,7 @@ def test_a_hand_over_that_outlasts_the_acquire_says_so() -> None:
     core.routing.route_deadline = time.monotonic() - 1  # its time (>= HANDOVER_MIN_WAIT_S) is up
     command, _, _ = core.acquire_request(FENCING)
     assert core.routing.on_redirect(reply(command, b"error_unavailable")) is None
-    assert core.handover is not None and "hand-over" in core.handover
+    assert core.routing.handover is not None and "hand-over" in core.routing.handover
 
 
 def test_a_list_mode_client_redirected_names_both_server_lists() -> None:
@@ -409,7 +414,7 @@ def test_a_list_mode_client_redirected_names_both_server_lists() -> None:
     core.begin_acquire()
     command, _, _ = core.acquire_request(FENCING)
     moved = reply(command, b"error_moved 10.0.0.2:6388")
-    assert core.redirected(moved) and core.router is None
+    assert core.routing.redirected(moved) and core.routing.router is None
     shards = {"mode": "static", "members": ["10.0.0.1:6388", "10.0.0.2:6388"]}
     error = core.routing.mismatch_error(moved, shards)
     assert isinstance(error, ShardingMismatchError)
@@ -571,7 +576,7 @@ def test_a_lease_left_to_keep_alives_never_runs_out_before_the_locks_next_look(
     server_end = start + lease  # the server's view of the lease
     keep_alive = start + offset
     look = start + core.first_renewal_in()
-    margin = min(KEPT_MARGIN_S, lease * (1 - core.settings.renew_ratio))
+    margin = min(KEPT_MARGIN_S, lease * (1 - core.routing.settings.renew_ratio))
     while look < start + 120:
         while keep_alive <= look:  # keep-alives answered at once, every third of the session
             if keep_alive < server_end:

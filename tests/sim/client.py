@@ -406,22 +406,26 @@ class SimClient:
 
     def _granted(self, conn: ClientConn, core: LockCore, *, detached: bool = False) -> None:
         attempt = self.attempt
-        assert attempt is not None and core.token is not None
+        assert attempt is not None and core.grant.token is not None
         attempt.granted_t = self.loop.now
-        attempt.fence = _requests.fence_of(core.token)
-        attempt.lease = core.lease
+        attempt.fence = _requests.fence_of(core.grant.token)
+        attempt.lease = core.grant.lease
         session = core.grant.session
         if session is not None:
             # In a client session the server may end the grant with its session, before its
             # lease: proven only while the session surely lives (its last join or keep-alive
             # sent before the request, plus its time), and from each keep-alive answered.
             requested = attempt.requested_t + self.proc.clock_offset
-            attempt.lease = max(0.0, min(core.lease, session.answered_at + session.ttl - requested))
-            attempt.session_ttl = min(core.lease, session.ttl)
+            attempt.lease = max(
+                0.0, min(core.grant.lease, session.answered_at + session.ttl - requested)
+            )
+            attempt.session_ttl = min(core.grant.lease, session.ttl)
         self.loop.note(f"{self.name}: granted {core.key} fence {attempt.fence}")
         if detached:  # a detached hold (``Client.hold``): no renewal, let go by token
             self.loop.note(f"{self.name}: detached hold of {core.key}")
-            self.proc.later(self.loop.uniform(0.0, 0.7 * core.lease), lambda: self._release(core))
+            self.proc.later(
+                self.loop.uniform(0.0, 0.7 * core.grant.lease), lambda: self._release(core)
+            )
             return
         session = core.grant.session
         if session is not None:

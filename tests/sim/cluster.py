@@ -338,14 +338,14 @@ class ClusterRun:
         self.loop.later(0.1, self.audit)
         for client in self.verdict.believers():
             core = client.core
-            assert core is not None and core.token is not None
+            assert core is not None and core.grant.token is not None
             member = self.by_address.get(core.endpoint.address)
             server = None if member is None else member.server
             if member is None or server is None or not member.proc.alive:
                 continue
             if server.table.grants.in_grace:
                 continue
-            if not table_holds(server, core.key, core.token):
+            if not table_holds(server, core.key, core.grant.token):
                 self.verdict.lost_belief(client, core.endpoint.address)
 
     # ------------------------------------------------------------------ connecting

@@ -312,7 +312,7 @@ class ClusterClient(SimClient):
                 else:
                     self._try(core)
                 return
-            if core.redirected(reply):
+            if core.routing.redirected(reply):
                 self.loop.count("redirected")
                 step = core.routing.on_redirect(reply)
                 if step is None:

@@ -119,8 +119,8 @@ class Run:
             return
         for client in self.verdict.believers():
             core = client.core
-            assert core is not None and core.token is not None
-            if not self._server_holds(core.key, core.token):
+            assert core is not None and core.grant.token is not None
+            if not self._server_holds(core.key, core.grant.token):
                 self.verdict.lost_belief(client, "the server")
 
     def _server_holds(self, key: str, token: str) -> bool:

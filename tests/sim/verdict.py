@@ -64,14 +64,14 @@ class Verdict:
                 and core is not None
                 and core.key == key
                 and core.state is LockState.HELD
-                and core.token != token
+                and core.grant.token != token
                 and core.owned()
                 and not (client.attempt is not None and client.attempt.released_t is not None)
             ):
                 source = "" if by is None else f" from {core.endpoint.address}"
                 self.violation(
                     f"{key!r} granted{member} (fence {fence}) while {client.name} still "
-                    f"believes it holds it{source} (fence {fence_of(core.token or '0')}, "
+                    f"believes it holds it{source} (fence {fence_of(core.grant.token or '0')}, "
                     f"{core.grant.hold_deadline() - client.clock():.2f} s left to it)"
                 )
 
@@ -84,10 +84,10 @@ class Verdict:
                 client.proc.alive
                 and core is not None
                 and core.state is LockState.HELD
-                and core.token is not None
+                and core.grant.token is not None
                 and attempt is not None
                 and attempt.released_t is None
-                and (client.name, core.token) not in self.told
+                and (client.name, core.grant.token) not in self.told
                 and core.owned()
             ):
                 yield client
@@ -95,10 +95,10 @@ class Verdict:
     def lost_belief(self, client: SimClient, server: str) -> None:
         """``client`` believes in a grant that ``server`` no longer holds (reported once)."""
         core = client.core
-        assert core is not None and core.token is not None
-        self.told.add((client.name, core.token))
+        assert core is not None and core.grant.token is not None
+        self.told.add((client.name, core.grant.token))
         self.violation(
-            f"{client.name} believes it holds {core.key!r} (fence {fence_of(core.token)}, "
+            f"{client.name} believes it holds {core.key!r} (fence {fence_of(core.grant.token)}, "
             f"{core.grant.hold_deadline() - client.clock():.2f} s left to it) but {server} no "
             "longer holds that grant"
         )

@@ -27,6 +27,7 @@ from celery_dflock.client._async.pool import AsyncConnectionPool
 from celery_dflock.client._async.routing import BuildAt, send_by_token, send_to_owner
 from celery_dflock.client._async.status import ask, ask_shards
 from celery_dflock.client._core import LockCore
+from celery_dflock.client._replies import Ok
 from celery_dflock.client._router import ClusterRouter, split_address
 from celery_dflock.client._servers import Hold
 from celery_dflock.client._settings import (
@@ -206,7 +207,7 @@ class AsyncClient:
         _, reply, _ = await send_by_token(
             self._pool, self._settings, self._router, key, lambda _, __: request
         )
-        return _by_token.released(reply)
+        return isinstance(reply, Ok)
 
     async def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Detach ``token``'s grant on ``key`` from its connection (``hd``) with a lease of

@@ -15,7 +15,7 @@ from typing import Final, Self
 from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._background import background_task
 from celery_dflock.client._connection import AsyncStreamTransport
-from celery_dflock.client._replies import ErrorReply, Granted, Reply, ReplyParser
+from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     CLOSING_ERRORS,
@@ -30,13 +30,6 @@ from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavai
 __all__ = ["AsyncConnection"]
 
 SEMAPHORE_GRANTING: Final = frozenset({Command.SEM_LOCK, Command.SEM_ENQUEUE, Command.SEM_WAIT})
-GRANTING: Final = SEMAPHORE_GRANTING | {
-    Command.LOCK,
-    Command.ENQUEUE,
-    Command.WAIT,
-    Command.HOLD,
-}
-"""The requests whose reply may be a grant (`AsyncConnection._reap`)."""
 
 
 def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
@@ -119,7 +112,7 @@ class AsyncConnection:
         keep for good with nobody knowing its token. Half-close (a grant made after the
         server sees EOF ends at once) and, in the background, read what is left and release
         a grant found in it. False (TLS, no thread): nothing done, the caller closes."""
-        if command not in GRANTING or self.session is None or not self.transport.half_close():
+        if command not in MAY_GRANT or self.session is None or not self.transport.half_close():
             return False
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
@@ -134,8 +127,10 @@ class AsyncConnection:
     async def _release_leftover(self, command: Command, key: str) -> None:
         """`_reap`'s background part: a grant in the reply still to come is released over a
         connection of its own, then this one is closed."""
+        reply = None
         try:
-            reply = await self.transport.leftover(command, REPLY_GRACE_S)
+            with contextlib.suppress(OSError, DflockError):  # EOF or no reply in time: none
+                reply = await self.transport.exchange(command, b"", REPLY_GRACE_S)
         finally:
             self.transport.close(abort=True)
         if not isinstance(reply, Granted):

@@ -100,23 +100,23 @@ class AsyncLockBase:
     @property
     def handover(self) -> str | None:
         """Why the last acquire failed when a cluster hand-over outlasted its time (else None)."""
-        return self._core.handover
+        return self._core.routing.handover
 
     @property
     def token(self) -> str | None:
         """The current grant's token (a bearer credential: do not log it), or None."""
-        return self._core.token
+        return self._core.grant.token
 
     @property
     def lease(self) -> int:
         """Lease of the current (or last) grant in seconds."""
-        return self._core.lease
+        return self._core.grant.lease
 
     @property
     def fence(self) -> int | None:
         """Fencing counter of the current grant (``int(token[:16], 16)``, grows per grant);
         None when not held or the server's tokens are random (dflockd 0.4/0.5, the Go one)."""
-        return self._core.fence
+        return self._core.grant.fence
 
     @property
     def lost(self) -> bool:
@@ -150,7 +150,7 @@ class AsyncLockBase:
         if core.state is LockState.ENQUEUED:
             return QUEUED
         raise LockNotAcquired(
-            core.handover
+            core.routing.handover
             or f"{core.what} was neither acquired nor queued on {core.endpoint.address}"
         )
 
@@ -164,9 +164,7 @@ class AsyncLockBase:
                 return True
             command, data, timeout = core.wait_request(timeout_s)
             conn, holding.conn = holding.conn, None
-            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
-                core.reset()
-                raise LockNotOwned(f"{core.what} lost its queue connection")
+            assert conn is not None  # ENQUEUED: its connection is kept (`_grant_routed`)
             holding.keep_while_waiting(conn, True)  # (enqueued: kept alive since the enqueue)
             sent = time.monotonic()
             try:
@@ -199,7 +197,7 @@ class AsyncLockBase:
     async def _grant_routed(self, build: Build, keep: bool) -> bool:
         """`_grant`, following a cluster's redirects (operation lock held)."""
         holding, core = self._holding, self._core
-        router = core.router
+        router = core.routing.router
         await self._route()
         while True:
             try:
@@ -237,19 +235,19 @@ class AsyncLockBase:
                 await holding.checkin(conn)
                 step = core.routing.on_ask(reply)  # a key-level move: this key, once, there
                 if step is None:
-                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                    return False  # a hand-over outlasted the acquire's time (core.routing.handover)
                 if step.reroute:  # asked in a loop: read the map again, route by it
                     router.invalidate()
                     await pause(step.pause_s)
                     await self._remap(router)
                 continue
-            if core.redirected(reply):
+            if core.routing.redirected(reply):
                 if router is None:
                     raise await self._mismatch(conn, reply)
                 await holding.checkin(conn)
                 step = core.routing.on_redirect(reply)
                 if step is None:
-                    return False  # a hand-over outlasted the acquire's time (core.handover)
+                    return False  # a hand-over outlasted the acquire's time (core.routing.handover)
                 if step.reread:
                     router.invalidate()
                 await pause(step.pause_s)
@@ -277,7 +275,7 @@ class AsyncLockBase:
     async def _refresh_map(self, router: ClusterRouter) -> None:
         holding = self._holding
         await refresh_map(
-            router, holding.checkout, holding.checkin, self._core.settings, self._core.what
+            router, holding.checkout, holding.checkin, self._core.routing.settings, self._core.what
         )
 
     async def _remap(self, router: ClusterRouter) -> None:
@@ -286,7 +284,7 @@ class AsyncLockBase:
 
     async def _route(self) -> None:
         """Aim at the key's server (in cluster mode by the map, read first if not fresh)."""
-        router = self._core.router
+        router = self._core.routing.router
         if router is not None and not self._core.routing.route():
             await self._remap(router)
 
@@ -295,10 +293,10 @@ class AsyncLockBase:
         time is up, then raise ``exc`` (at once in list modes)."""
         core = self._core
         wait_s = core.routing.on_unreachable(exc)  # the map is read again (now, or next acquire)
-        if core.router is None or wait_s is None:
+        if core.routing.router is None or wait_s is None:
             raise exc
         await pause(wait_s)
-        await self._remap(core.router)
+        await self._remap(core.routing.router)
 
     async def _mismatch(self, conn: AsyncConnection, reply: Reply) -> DflockError:
         """A list-mode client was redirected: the error naming both server lists."""
@@ -356,9 +354,9 @@ class AsyncLockBase:
         if not await self._grant(self._core.acquire_request):
             core = self._core
             raise LockNotAcquired(
-                core.handover
+                core.routing.handover
                 or f"could not acquire {core.what} on {core.endpoint.address} "
-                f"within {core.acquire_timeout_s}s"
+                f"within {core.routing.acquire_timeout_s}s"
             )
         return self
 
@@ -393,7 +391,7 @@ class AsyncLockBase:
 
 def _may_wait(core: LockCore, command: Command) -> bool:
     """Whether the acquire ``command`` may wait for its grant (its session is kept alive)."""
-    return core.acquire_timeout_s > 0 or command in (Command.ENQUEUE, Command.SEM_ENQUEUE)
+    return core.routing.acquire_timeout_s > 0 or command in (Command.ENQUEUE, Command.SEM_ENQUEUE)
 
 
 class AsyncDistributedLock(AsyncLockBase):
@@ -456,18 +454,18 @@ class AsyncDistributedLock(AsyncLockBase):
                     by = "" if holder is None else f" (its holder's note: {holder!r})"
                     raise KeyHeld(
                         f"{core.what} is held on {core.endpoint.address}{by}; it stayed busy "
-                        f"for the {core.acquire_timeout_s}s the hold could wait",
+                        f"for the {core.routing.acquire_timeout_s}s the hold could wait",
                         core.key,
                         holder,
                     )
                 raise LockNotAcquired(
-                    core.handover
+                    core.routing.handover
                     or f"no cluster member served {core.what} within "
-                    f"{core.acquire_timeout_s}s; retry shortly"
+                    f"{core.routing.acquire_timeout_s}s; retry shortly"
                 )
-            token = core.token
+            token = core.grant.token
             assert token is not None
-            return Hold(core.key, token, core.fence, core.lease, core.endpoint.address)
+            return Hold(core.key, token, core.grant.fence, core.grant.lease, core.endpoint.address)
         finally:
             if granted:  # the hold's, not a grant this lock held before
                 core.reset()
@@ -583,5 +581,5 @@ class AsyncDistributedSemaphore(AsyncLockBase):
     @property
     def limit(self) -> int:
         """The semaphore's number of slots."""
-        assert self._core.limit is not None
-        return self._core.limit
+        assert self._core.routing.limit is not None
+        return self._core.routing.limit

@@ -24,6 +24,7 @@ from typing import Self
 
 from celery_dflock.client import _by_token, _requests
 from celery_dflock.client._core import LockCore
+from celery_dflock.client._replies import Ok
 from celery_dflock.client._router import ClusterRouter, split_address
 from celery_dflock.client._servers import Hold
 from celery_dflock.client._settings import (
@@ -208,7 +209,7 @@ class Client:
         _, reply, _ = send_by_token(
             self._pool, self._settings, self._router, key, lambda _, __: request
         )
-        return _by_token.released(reply)
+        return isinstance(reply, Ok)
 
     def detach(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Detach ``token``'s grant on ``key`` from its connection (``hd``) with a lease of

@@ -17,7 +17,7 @@ from typing import Final, Self
 from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._background import background_thread
 from celery_dflock.client._connection import SocketTransport
-from celery_dflock.client._replies import ErrorReply, Granted, Reply, ReplyParser
+from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import (
     CLOSING_ERRORS,
@@ -32,13 +32,6 @@ from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavai
 __all__ = ["Connection"]
 
 SEMAPHORE_GRANTING: Final = frozenset({Command.SEM_LOCK, Command.SEM_ENQUEUE, Command.SEM_WAIT})
-GRANTING: Final = SEMAPHORE_GRANTING | {
-    Command.LOCK,
-    Command.ENQUEUE,
-    Command.WAIT,
-    Command.HOLD,
-}
-"""The requests whose reply may be a grant (`AsyncConnection._reap`)."""
 
 
 def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: float) -> Exception:
@@ -121,7 +114,7 @@ class Connection:
         keep for good with nobody knowing its token. Half-close (a grant made after the
         server sees EOF ends at once) and, in the background, read what is left and release
         a grant found in it. False (TLS, no thread): nothing done, the caller closes."""
-        if command not in GRANTING or self.session is None or not self.transport.half_close():
+        if command not in MAY_GRANT or self.session is None or not self.transport.half_close():
             return False
         key = data.split(b"\n", 2)[1].decode()  # the request's key (checked when sent)
         try:
@@ -136,8 +129,10 @@ class Connection:
     def _release_leftover(self, command: Command, key: str) -> None:
         """`_reap`'s background part: a grant in the reply still to come is released over a
         connection of its own, then this one is closed."""
+        reply = None
         try:
-            reply = self.transport.leftover(command, REPLY_GRACE_S)
+            with contextlib.suppress(OSError, DflockError):  # EOF or no reply in time: none
+                reply = self.transport.exchange(command, b"", REPLY_GRACE_S)
         finally:
             self.transport.close(abort=True)
         if not isinstance(reply, Granted):

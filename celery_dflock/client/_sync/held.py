@@ -443,9 +443,8 @@ class Holding:
         released, True, for it would outlive its connection's close by the session time; then
         the connection closes, which leaves the queue (there is no dequeue command)."""
         core = self.core
+        assert conn is not None  # ENQUEUED: its connection is kept (`_grant_routed`)
         try:
-            if conn is None:  # pragma: no cover - ENQUEUED always has a connection
-                return False
             command, data, timeout = core.wait_request(0)
             sent = time.monotonic()
             reply = conn.request(command, data, timeout)
@@ -460,8 +459,7 @@ class Holding:
             return False
         finally:
             core.reset()
-            if conn is not None:
-                conn.close()
+            conn.close()
 
     def _release_later(self) -> None:
         """Unanswered release: the background releases a copy of the grant while the lease
