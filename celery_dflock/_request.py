@@ -111,11 +111,13 @@ class Message:
 
     @classmethod
     def read(cls, task: Any, request: Any, call: Call) -> Message:
+        # Celery takes any id (an int too): the notes hold it as text
+        task_id = None if request.id is None else str(request.id)
         raw = header(request, LOCK_OPTIONS_HEADER)
         if not raw:
-            return cls(task, request, call, None, request.id)
+            return cls(task, request, call, None, task_id)
         what = f"call options of task {getattr(request, 'task', '?')!r}"
-        return cls(task, request, call, read_call_options(raw, what), request.id)
+        return cls(task, request, call, read_call_options(raw, what), task_id)
 
     @property
     def label(self) -> str:

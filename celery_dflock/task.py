@@ -133,7 +133,7 @@ class LockedTask(Task):
             self,
             self._as_sent(args, kwargs, options),
             per_call,
-            task_id,
+            str(task_id),  # Celery takes any id (an int too): the note holds it as text
             countdown=options.get("countdown"),
             eta=options.get("eta"),
             in_canvas=in_canvas,

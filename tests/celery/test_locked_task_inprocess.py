@@ -76,6 +76,39 @@ def test_direct_call_takes_and_releases_the_lock(server: ServerThread) -> None:
     assert job.lock is None  # nothing held outside a run
 
 
+def test_a_task_id_that_is_no_str_is_the_holders_note_as_text(server: ServerThread) -> None:
+    """Celery takes any id (``apply_async(task_id=123)``, a row's id); the run failed with a
+    raw ``TypeError`` where it wrote the holder's note. (Celery's result backends refuse such
+    ids: none is stored here.)"""
+    app = make_app("inproc", eager=True, servers=server)
+    owners: list[str] = []
+
+    @app.task(shared=False, base=LockedTask, lock_key="int-id")
+    def job() -> int:
+        owners.extend(e["owner"] for e in server.stats()["locks"] if e["key"] == "int-id")
+        return 1
+
+    assert job.apply(task_id=123).get() == 1
+    (owner,) = owners
+    assert owner.split("/")[0] == "123"
+
+
+def test_a_send_whose_task_id_is_no_str_holds_its_key(server: ServerThread) -> None:
+    """The same at publish (``lock_from="publish"``): taking the hold failed with a raw
+    ``TypeError``, and nothing was sent. (An app without a result backend: Celery's refuse.)"""
+    app = make_app("publish-int-id", servers=server, broker_url="memory://")
+
+    @app.task(shared=False, base=LockedTask, lock_key="int-id-sent", lock_from="publish")
+    def job() -> int:
+        return 1
+
+    sent = job.apply_async(task_id=987654321)
+    assert sent.id == 987654321
+    (owner,) = (e["owner"] for e in server.stats()["locks"] if e["key"] == "int-id-sent")
+    assert owner.split("/")[0] == "987654321"
+    assert job.apply_async().id == "987654321"  # the duplicate: the holder, as its note says
+
+
 def test_eager_call_releases_after_an_exception(server: ServerThread) -> None:
     app = inproc_app(server)
 
