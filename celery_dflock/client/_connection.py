@@ -35,9 +35,15 @@ _POLL_OUT: Final = select.POLLOUT if hasattr(select, "poll") else 0
 
 
 def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
+    why = "restarted, shutting down, or an idle/auth timeout"
+    if endpoint.ssl_context is None and command in (Command.HELLO, Command.AUTH):
+        why = (  # a TLS server closes a plain connection at its first line
+            "restarted, shutting down, an idle/auth timeout, or it requires TLS (started with "
+            "--tls-cert): connect with TLS (ssl_context=...; in Celery the `dflock_ssl` setting)"
+        )
     return ServerUnavailable(
         f"the lock server at {endpoint.address} closed the connection during "
-        f"{command.label} (restarted, shutting down, or an idle/auth timeout)"
+        f"{command.label} ({why})"
     )
 
 

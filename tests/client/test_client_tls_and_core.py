@@ -79,6 +79,20 @@ async def test_tls_to_a_plain_server_says_it_answers_without_tls(
         ).acquire()
 
 
+async def test_plain_to_a_tls_server_says_it_may_require_tls(
+    dflock_server_factory: Callable[..., ServerThread], tls_files: tuple[str, str]
+) -> None:
+    """A TLS server closes a plain client's connection at its hello: both faces said only
+    "restarted, shutting down, or an idle/auth timeout"; the setting to give is named now."""
+    cert, key = tls_files
+    server = dflock_server_factory(tls_cert=cert, tls_key=key)
+    said = "closed the connection during a hello.*requires TLS.*ssl_context=.*dflock_ssl"
+    with pytest.raises(ServerUnavailable, match=said):
+        DistributedLock("plain", servers=[server.address]).acquire()
+    with pytest.raises(ServerUnavailable, match=said):
+        await AsyncDistributedLock("plain", servers=[server.address]).acquire()
+
+
 class _PausingContext(ssl.SSLContext):
     """A real client context whose holder pauses between its connect and its TLS handshake
     (a paused or busy process) while the peer resets that connection: ``connected`` is
