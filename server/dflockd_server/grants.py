@@ -12,6 +12,7 @@ from dflockd_server.fence import FenceStateError
 from dflockd_server.journal import Journal, drop_record
 from dflockd_server.keys import (
     AT_LEASE_START,
+    CLIENT_COMPACT_MIN,
     Client,
     Counts,
     Entry,
@@ -319,7 +320,13 @@ class Grants:
         journal = self.journal
         if journal is not None:
             journal.buf.append(drop_record(holder.token))
-        holder.client.let_go()
+        client = holder.client  # Client.let_go, written out: the release's hot path
+        client.n_held -= 1
+        held = client.held
+        while held and not held[-1].live:
+            held.pop()
+        if len(held) > 2 * client.n_held + CLIENT_COMPACT_MIN:
+            client.held = [h for h in held if h.live]
         shares = self.shares
         if shares is not None:
             shares.ended(holder)  # before the token goes (a detached hold's is its entry)

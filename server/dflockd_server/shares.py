@@ -96,26 +96,26 @@ class AddressShares:
 
     def ended(self, holder: Holder) -> None:
         """``holder`` ended (its client's ``n_held`` already counts it out)."""
-        ip = self._let_go(holder)
-        if ip is not None:
-            self._drop(ip)
-
-    def _let_go(self, holder: Holder) -> str | None:
-        """The address ``holder`` counted against (``None``: none), its owner's dropped when
-        that is a closed connection left with no grant."""
         owner = holder.client
         ip = self.ip_of.get(owner)
         if ip is None:
-            return self.detached.pop(holder.token, None)
-        if owner.closed and not owner.n_held:
+            ip = self.detached.pop(holder.token, None)
+            if ip is None:
+                return
+        elif owner.closed and not owner.n_held:
             del self.ip_of[owner]
-        return ip
+        self._drop(ip)
 
     def moved(self, old: Holder, new: Holder) -> None:
         """The grant ``old`` was rebound as ``new``: to a connection, it counts against that
         connection's address; detached, the same one."""
 
-        was = self._let_go(old)
+        owner = old.client
+        was = self.ip_of.get(owner)
+        if was is None:
+            was = self.detached.pop(old.token, None)
+        elif owner.closed and not owner.n_held:
+            del self.ip_of[owner]
         ip = self.ip_of.get(new.client)
         if ip is None:  # detached: it keeps its address
             if was is not None:
