@@ -81,15 +81,24 @@ def upsert_elsewhere(target: str) -> InvalidValueError:
     )
 
 
+_NO_UNIQUE_KEY: Final = (
+    "no unique or exclusion constraint matching the on conflict",  # PostgreSQL
+    "does not match any primary key or unique constraint",  # SQLite
+)
+"""What the databases say, in their first line, of ``ON CONFLICT`` on columns that are no
+unique key (PostgreSQL then quotes the statement: another error may show ``ON CONFLICT``)."""
+
+
 def key_not_unique(target: str, key: Iterable[str], said: str) -> InvalidValueError | None:
     """The database's refusal (``said``) of an upsert into ``target`` whose ``key`` is not
     a unique key (PostgreSQL's and SQLite's ``ON CONFLICT``), in the caller's terms; None for
     another error."""
-    if "on conflict" not in said.lower():
+    first = (said.strip().splitlines() or [""])[0]
+    if not any(words in first.lower() for words in _NO_UNIQUE_KEY):
         return None
     return InvalidValueError(
         f"fenced upsert into {target}: key names {', '.join(key)}, which is not the primary key "
-        f"or a unique key of the table (the database said: {said.strip().splitlines()[0]}); "
+        f"or a unique key of the table (the database said: {first}); "
         "name in key every column of the primary key or of one unique constraint, or add that "
         "constraint"
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import (
     DeclarativeBase,
     Mapped,
@@ -198,6 +199,15 @@ def test_an_upsert_that_collides_on_another_unique_key_is_not_silent() -> None:
                 )
         with engine.connect() as db:
             assert db.execute(sa.select(users)).all() == [(3, "a@x", 0, 100)]
+
+
+@pytest.mark.parametrize("any_engine", ["postgresql"], indirect=True)
+def test_another_error_of_an_upsert_is_the_databases_own(any_engine: sa.Engine) -> None:
+    """PostgreSQL quotes the statement around an error: one in its ``ON CONFLICT ... DO
+    UPDATE`` part (a function that does not exist) was named a key that is no unique key."""
+    update = {"balance": sa.func.lower(ACCOUNTS.c.balance)}
+    with any_engine.begin() as db, pytest.raises(ProgrammingError, match="lower"):
+        fenced_upsert(db, ACCOUNTS, key={"id": 9}, fence=5, values={"balance": 1}, update=update)
 
 
 @pytest.mark.parametrize("any_engine", ["postgresql", "sqlite"], indirect=True)
