@@ -302,13 +302,14 @@ class _Hooks:
     def _in_main_process(self) -> bool:
         return self.main_pid == os.getpid()
 
-    def _release_orphans_soon(self, task_id: str) -> None:
+    def _release_orphans_soon(self, task_id: object) -> None:
         """Release what the dead child running ``task_id`` held, once it has exited (in a
-        thread: the consumer must not block on a dying child)."""
+        thread: the consumer must not block on a dying child). Celery's id as it came (an int
+        too); the records hold it as text, as the run's ``Message`` reads it."""
         records = get_runtime(self.app).records
         if records is not None:
             name = f"dflock-orphan-{task_id}"
-            _in_a_thread(self._release_from, name, records, task_id, CHILD_EXIT_WAIT_S)
+            _in_a_thread(self._release_from, name, records, str(task_id), CHILD_EXIT_WAIT_S)
 
     def _release_from(self, records: HeldRecords, task_id: str | None, wait_s: float) -> None:
         for path, entry in records.entries(task_id):

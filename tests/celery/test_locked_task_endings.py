@@ -238,6 +238,27 @@ def test_main_process_releases_what_a_killed_child_held(rig_no_autorelease: Rig,
     assert rig.worker.wait_output(f"released 'end:{name}' left by dead pool child {body['pid']}")
 
 
+def test_main_process_releases_what_a_killed_child_held_under_an_int_task_id(
+    tmp_path: Path,
+) -> None:
+    """Celery sends any id (``task_id=<int>``, where no result backend refuses it): the child's
+    record held it as text and the main process looked for the int, so it released nothing and
+    the key stayed held for its lease (30 s)."""
+    queue = f"dflock-end-{uuid.uuid4().hex[:8]}"
+    settings = {**filesystem_settings(tmp_path, queue), "result_backend": None}
+    config = Config(
+        host="127.0.0.1", port=0, default_lease_ttl_s=30, auto_release_on_disconnect=False
+    )
+    with open_rig(tmp_path, "apps.tasks", settings, server=config, main="int-id") as rig:
+        rig.start_worker(pool="prefork", concurrency=1)
+        name = unique("int-id")
+        rig.send("end_block", name, task_id=uuid.uuid4().int % 10**9)
+        body = rig.log.wait_event("body", EVENT_TIMEOUT_S, name=name)
+        os.kill(body["pid"], signal.SIGKILL)
+        assert rig.worker.wait_output(f"left by dead pool child {body['pid']}")
+        assert next_acquire_succeeds(rig, name)
+
+
 def test_hard_time_limit_releases_without_auto_release(rig_no_autorelease: Rig) -> None:
     # billiard ends the child with SIGTERM, which it unwinds from (releasing); the main
     # process's release after the child exits is the backstop (idempotent either way).
