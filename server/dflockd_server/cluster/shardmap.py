@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 SHARD_COUNT = 8192
@@ -189,6 +189,9 @@ class ShardMap:
 
     def __len__(self) -> int:
         return len(self._shards)
+
+    def __iter__(self) -> Iterator[int]:  # (else ``for`` would index 0, 1, ... by __getitem__)
+        return iter(sorted(self._shards))
 
     def __contains__(self, shard: object) -> bool:
         return shard in self._shards
