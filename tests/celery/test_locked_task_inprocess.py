@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,11 +103,19 @@ def test_a_send_whose_task_id_is_no_str_holds_its_key(server: ServerThread) -> N
     def job() -> int:
         return 1
 
-    sent = job.apply_async(task_id=987654321)
-    assert sent.id == 987654321
-    (owner,) = (e["owner"] for e in server.stats()["locks"] if e["key"] == "int-id-sent")
-    assert owner.split("/")[0] == "987654321"
-    assert job.apply_async().id == "987654321"  # the duplicate: the holder, as its note says
+    # kombu's memory:// broker is one per process: a queue of its own, emptied after, so that
+    # another test's worker (tests/celery/test_pytest_plugin.py) never gets this message
+    queue = f"int-id-{uuid.uuid4().hex}"
+    try:
+        sent = job.apply_async(task_id=987654321, queue=queue)
+        assert sent.id == 987654321
+        (owner,) = (e["owner"] for e in server.stats()["locks"] if e["key"] == "int-id-sent")
+        assert owner.split("/")[0] == "987654321"
+        duplicate = job.apply_async(queue=queue)
+        assert duplicate.id == "987654321"  # the holder, as its note says
+    finally:
+        with app.connection_for_write() as connection:
+            assert connection.default_channel.queue_purge(queue) == 1  # one message was sent
 
 
 def test_eager_call_releases_after_an_exception(server: ServerThread) -> None:
