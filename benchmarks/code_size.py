@@ -215,6 +215,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"baseline {baseline} is not in this clone (a shallow one?)")
         run.write()
         return 0
+    run.goals.append(
+        Goal(
+            goal=f"code lines at most {baseline}'s, with every feature and fix since (the bound "
+            "proposed for issue 71's acceptance 1)",
+            measured=f"code lines {now_total.code:,} (at {baseline}: {then_total.code:,})",
+            met=now_total.code <= then_total.code,
+        )
+    )
     run.data["baseline"] = {
         "rev": baseline,
         "files": len(then),
