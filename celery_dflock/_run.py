@@ -202,8 +202,9 @@ def new_lock(
 
 def _autoretry(message: Message, exc: DflockError) -> None:
     """Give an error taking the lock the task's ``autoretry_for`` treatment (Celery's wraps
-    only the body): ``self.retry`` with Celery's ``retry_*`` options when the task names the
-    error; returns otherwise, and the caller re-raises."""
+    only the body): ``self.retry`` with Celery's ``retry_*`` options, and the ``max_retries``
+    an earlier ``self.retry(max_retries=...)`` left on the task (``override_max_retries``),
+    when the task names the error; returns otherwise, and the caller re-raises."""
     task = message.task
     autoretry_for = tuple(getattr(task, "autoretry_for", None) or ())
     if not autoretry_for or not isinstance(exc, autoretry_for):
@@ -220,7 +221,12 @@ def _autoretry(message: Message, exc: DflockError) -> None:
             maximum=int(getattr(task, "retry_backoff_max", 600)),
             full_jitter=getattr(task, "retry_jitter", True),
         )
-    raise task.retry(exc=exc, **retry_kwargs)
+    if hasattr(task, "override_max_retries"):  # as celery/app/autoretry.py does
+        retry_kwargs["max_retries"] = task.override_max_retries
+    retried = task.retry(exc=exc, **retry_kwargs)
+    if hasattr(task, "override_max_retries"):  # reached only with throw=False, as Celery's
+        delattr(task, "override_max_retries")
+    raise retried
 
 
 # ------------------------------------------------------------------ the busy-key policy (on_locked)

@@ -103,7 +103,7 @@ async def test_cancelling_a_renew_in_flight_then_releasing(
     with pytest.raises(asyncio.CancelledError):
         await renew
     assert await lock.release() is True  # waited for the shielded renew, then released
-    assert not conn.closed and apool.idle_count() == 1  # still in step: pooled
+    assert not conn.closed  # still in step: pooled (reused below)
     assert make.holders("a:cancel-renew") == (0, 0)
     again = make("a:cancel-renew", 0, pool=apool)
     assert await again.acquire()
@@ -127,9 +127,10 @@ async def test_cancelling_the_background_renewal_in_flight_then_releasing(
     await asyncio.wait([task])
     assert task.cancelled()
     assert await lock.release() is True
-    assert not lock.lost and apool.idle_count() == 1
+    assert not lock.lost
     assert held_keys(dflock_server.address) == set()
     assert await lock.acquire() and await lock.release()
+    assert (apool.opened, apool.reused) == (1, 1)  # its connection went back in step
 
 
 async def test_cancelled_acquire_closes_its_connection(
@@ -141,12 +142,14 @@ async def test_cancelled_acquire_closes_its_connection(
     waiter = AsyncDistributedLock("a:cut", acquire_timeout_s=30, servers=servers, pool=apool)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(waiter.acquire(), 0.3)
-    assert not waiter.locked() and apool.idle_count() == 0  # never reused out of step
+    assert not waiter.locked()
     await until(lambda: holders_and_waiters(dflock_server.address, "a:cut") == (1, 0))
     await holder.release()
-    assert await waiter.acquire()  # on a fresh connection
+    assert await waiter.acquire()  # on a fresh connection: never reused out of step
+    assert (apool.opened, apool.reused) == (2, 0)
     assert await waiter.release()
-    assert apool.idle_count() == 1
+    assert await waiter.acquire() and await waiter.release()
+    assert (apool.opened, apool.reused) == (2, 1)
 
 
 async def test_cancelled_release_lets_the_server_free_the_lock(dflock_server: ServerThread) -> None:

@@ -353,22 +353,23 @@ async def test_pool_reuses_verified_connections(
     async with make.face.held(make.face.pool_class()) as pool:
         first = make("pooled", servers=[server.address], pool=pool)
         assert await run(first.acquire()) and await run(first.release())
-        assert (pool.opened, pool.reused, pool.idle_count()) == (1, 0, 1)
+        assert (pool.opened, pool.reused) == (1, 0)
         second = make("pooled-2", servers=[server.address], pool=pool)
         assert await run(second.acquire())
-        assert (pool.opened, pool.reused, pool.idle_count()) == (1, 1, 0)
+        assert (pool.opened, pool.reused) == (1, 1)  # the first's connection, idle
         assert await run(second.release())
-        assert pool.idle_count(*server.address) == 1
 
         # the server restarts: the idle connection is dead and must not be reused
         port = server.port
         server.stop()
         dflock_server_factory(port=port)
-        await until(lambda: pool.idle_count() == 1)
         async with make.face.held(make("pooled", servers=[server.address], pool=pool)) as third:
             assert third.locked()
             assert (pool.opened, pool.reused, pool.discarded) == (2, 1, 1)
-    assert pool.idle_count() == 0
+    # closed with the block: the next lock opens a connection
+    async with make.face.held(make("pooled", servers=[server.address], pool=pool)):
+        assert (pool.opened, pool.reused) == (3, 1)
+    await run(pool.aclose() if make.face.is_async else pool.close())
 
 
 async def test_pool_keeps_at_most_max_idle(face: Face, dflock_server: ServerThread) -> None:
@@ -380,9 +381,17 @@ async def test_pool_keeps_at_most_max_idle(face: Face, dflock_server: ServerThre
         assert await face.run(lock.acquire())
     for lock in locks:
         await face.run(lock.release())
-    assert pool.idle_count() == 1 and pool.discarded == 2
+    assert (pool.opened, pool.discarded) == (3, 2)
+    for lock in locks[:2]:  # one connection was kept: one of the two reuses it
+        assert await face.run(lock.acquire())
+    assert (pool.opened, pool.reused) == (4, 1)
+    for lock in locks[:2]:
+        await face.run(lock.release())
     await face.run(pool.aclose() if face.is_async else pool.close())
-    assert pool.idle_count() == 0
+    assert await face.run(locks[0].acquire())  # none kept after the close
+    assert (pool.opened, pool.reused) == (5, 1)
+    await face.run(locks[0].release())
+    await face.run(pool.aclose() if face.is_async else pool.close())
 
 
 async def test_without_a_pool_each_lock_closes_its_connection(

@@ -77,7 +77,7 @@ def test_interrupted_request_closes_its_connection(
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert not waiter.locked() and pool.idle_count() == 0
+    assert not waiter.locked()
     wait_until(lambda: holders_and_waiters(dflock_server.address, "cut") == (1, 0))
     holder.release()
     assert waiter.acquire()  # in step on a fresh connection
@@ -153,7 +153,9 @@ def test_renew_and_release_do_not_interleave(
             thread.join(10)
         assert len(results) == 8 and "lost" not in results
     assert held_keys(dflock_server.address) == set()
-    assert pool.idle_count() == 1
+    reused = pool.reused
+    assert lock.acquire() and pool.reused == reused + 1  # its connection went back in step
+    assert lock.release()
 
 
 def _blocks(thread: threading.Thread, signum: int) -> bool:

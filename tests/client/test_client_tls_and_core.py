@@ -189,5 +189,8 @@ async def test_async_pool_belongs_to_one_event_loop(dflock_server: ServerThread)
     await asyncio.to_thread(thread.join, 10)
     assert len(errors) == 1 and isinstance(errors[0], DflockError)
     assert "one pool per event loop" in str(errors[0])
+    opened = pool.opened
     await pool.aclose()
-    assert pool.idle_count() == 0
+    async with AsyncDistributedLock("loop", servers=[dflock_server.address], pool=pool):
+        assert pool.opened == opened + 1  # none kept after the close
+    await pool.aclose()

@@ -17,6 +17,7 @@ import celery_dflock
 import celery_dflock.client.errors
 from celery_dflock import (
     AsyncClient,
+    AsyncDistributedLock,
     Client,
     ConnectionPool,
     DflockError,
@@ -42,8 +43,13 @@ def test_lock_and_semaphore_use_the_clients_settings_and_pool(dflock_server: Ser
         assert sem.acquire() and other.acquire()
         assert not client.semaphore("clients:sem", 2).acquire()
         assert sem.release() and other.release()
-        assert client.pool.opened >= 1 and client.pool.idle_count() >= 1
-    assert client.pool.idle_count() == 0  # closed with the block
+        assert client.pool.opened >= 1 and client.pool.reused >= 1
+        opened, reused = client.pool.opened, client.pool.reused
+    # closed with the block: the next lock on its pool opens a connection
+    lock = DistributedLock("clients:one", servers=[dflock_server.address], pool=client.pool)
+    assert lock.acquire() and lock.release()
+    assert (client.pool.opened, client.pool.reused) == (opened + 1, reused)
+    client.pool.close()
 
 
 def test_release_by_token_from_another_client(dflock_server: ServerThread) -> None:
@@ -181,7 +187,12 @@ async def test_async_client(dflock_server: ServerThread) -> None:
         assert status.reachable and status.stats is not None
         (pong,) = await client.ping()
         assert pong.reachable
-    assert client.pool.idle_count() == 0
+        opened, reused = client.pool.opened, client.pool.reused
+    # closed with the block: the next lock on its pool opens a connection
+    lock = AsyncDistributedLock("clients:one", servers=servers, pool=client.pool)
+    assert await lock.acquire() and await lock.release()
+    assert (client.pool.opened, client.pool.reused) == (opened + 1, reused)
+    await client.pool.aclose()
 
 
 def test_client_is_usable_from_threads(dflock_server: ServerThread) -> None:

@@ -140,17 +140,6 @@ class ConnectionPool:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def idle_count(self, host: str | None = None, port: int | None = None) -> int:
-        """Idle connections held (to ``host``/``port`` when given)."""
-        self._check_fork()
-        with self._mutex:
-            return sum(
-                len(conns)
-                for endpoint, conns in self._idle.items()
-                if (host is None or endpoint.host == host)
-                and (port is None or endpoint.port == port)
-            )
-
     def server_info(self, host: str, port: int) -> ServerInfo | None:
         """What the server at ``host:port`` answered to ``hello`` (None: not asked yet)."""
         for endpoint, info in list(self._servers.items()):
