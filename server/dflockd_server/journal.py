@@ -75,8 +75,6 @@ __all__ = ["Journal", "JournalStats", "RecordedGrant", "drop_record", "paused_gc
 
 log = logging.getLogger("dflockd_server")
 
-RECORD_RENEWALS = True
-"""``Journal``'s default; only benchmarks/journal.py's ``--renewals`` A sets it to False."""
 COMPACT_MIN_BYTES = 4 * 1024 * 1024
 """Compact past this size and four times what the live grants take."""
 _LIVE_RECORD_BYTES = 128
@@ -206,7 +204,7 @@ class Journal:
         fsync: str,
         clock: Callable[[], float],
         *,
-        record_renewals: bool | None = None,
+        record_renewals: bool = True,
         fsync_file: Callable[[int], None] | None = None,
         fsync_dir: Callable[[str], None] | None = None,
         write: Callable[[int, bytes | memoryview], int] | None = None,
@@ -214,7 +212,7 @@ class Journal:
     ) -> None:
         self.path = path
         self.fsync = fsync
-        self.record_renewals = RECORD_RENEWALS if record_renewals is None else record_renewals
+        self.record_renewals = record_renewals
         self._clock = clock
         self._fsync_file = os.fsync if fsync_file is None else fsync_file
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
