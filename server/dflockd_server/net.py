@@ -321,7 +321,6 @@ class Server:
                 initial,
                 cfg.max_lease_ttl_s,
                 publish=publish,
-                defer_failed_write=True,
                 grace_s=grace.seconds,
             ),
         )
