@@ -142,14 +142,14 @@ def drop_record(token: str) -> bytes:
 
 @dataclass(slots=True)
 class JournalStats:
-    """Running totals, read by ``stats`` and the metrics exporter."""
+    """Running totals, read by ``stats`` and the metrics exporter (whether the journal can be
+    written is ``Journal.writable``'s alone)."""
 
     restored: int = 0
     dropped_records: int = 0
     writes: int = 0
     fsyncs: int = 0
     compactions: int = 0
-    writable: bool = True
     write_failures: int = 0
     """Episodes in which it could not be written."""
     refused_grants: int = 0
@@ -430,7 +430,6 @@ class Journal:
         if not self.writable:
             return
         self.writable = False
-        self.stats.writable = False
         self.stats.write_failures += 1
         self.failure = f"{exc.strerror or exc}"
         self.mark_removed = True
@@ -614,7 +613,6 @@ class Journal:
             return False
         self.refused.clear()
         self.writable = True
-        self.stats.writable = True
         self.mark_removed = True
         self._said_read_only = False
         log.warning(

@@ -579,7 +579,7 @@ class Server:
             self.admission.connections_accepted,
             self.admission.connections_refused,
             cluster=self.node.stats() if self.node is not None else None,
-            journal=self.journal.stats if self.journal is not None else None,
+            journal=self.journal,
         )
 
     def stats(self) -> dict[str, Any]:
