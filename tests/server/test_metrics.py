@@ -328,6 +328,8 @@ def test_journal_writable_follows_the_journal_through_a_full_disk(tmp_path: Path
             token = wire.lock("first")  # its lease's bound recorded while there is room
             assert wire.req("r", "first", token) == "ok"
             filler = fill(disk)
+            # Writes go on into the journal's last page, then fail.
+            reply = ""
             for i in range(10_000):
                 reply = wire.req("l", f"k{i}", "0")
                 if reply == "error_read_only":
