@@ -23,7 +23,9 @@ _TOGETHER = (("tls_cert", "tls_key"), ("cluster_cert", "cluster_key"))
 """Settings given both or neither."""
 
 
-def _read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
+def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
+    """The secret in the file ``path``, ``strip``ped (``ConfigError`` naming the setting
+    ``name`` when it cannot be read or is empty)."""
     try:
         with open(path, encoding="utf-8") as fh:
             secret = strip(fh.read())
@@ -189,13 +191,13 @@ class Config:
         if path is None:
             return self.cluster_password
         name = names("cluster_password_file")
-        return _read_secret(path, name, lambda text: text.rstrip("\r\n"))
+        return read_secret(path, name, lambda text: text.rstrip("\r\n"))
 
     def resolve_auth_token(self) -> str | None:
         """The shared secret (read from ``auth_token_file`` if set)."""
         if self.auth_token_file is None:
             return self.auth_token
-        return _read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
+        return read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
 
     def effective_settings(self) -> dict[str, Any]:
         """All settings, secrets masked, for the start-up log line."""
