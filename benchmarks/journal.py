@@ -23,8 +23,8 @@ every renewal costs (issue 47). Each connection holds 200 locks and renews them 
 round trips (``n``: so that each renewal moves its lease's end), at 1 and 10 connections,
 against ``dflockd`` with its journal off, and at ``everysec`` and ``always`` both ways in the
 same run: *A*, the journal before issue 47 (a grant's record covers one lease more, so a
-renewal writes nothing until its new end passes that: ``dflockd_server.journal.RECORD_RENEWALS``
-set to False in that server's process, the only use of it), and *B*, today's (every renewal
+renewal writes nothing until its new end passes that: that server's process builds its
+``Journal`` with ``record_renewals=False``, the only use of it), and *B*, today's (every renewal
 writes a record, group-committed like the grants', and not fsynced even with ``always``).
 """
 
@@ -596,13 +596,15 @@ RENEWAL_TARGETS = (
 )
 """Name, ``--journal-fsync`` (None: journal off), whether every renewal is recorded."""
 _COVER_BOOT = (
+    "import functools\n"
     "import sys\n"
-    "import dflockd_server.journal as journal\n"
-    "journal.RECORD_RENEWALS = False\n"
+    "import dflockd_server.net as net\n"
+    "net.Journal = functools.partial(net.Journal, record_renewals=False)\n"
     "from dflockd_server.cli import main\n"
     "sys.exit(main())\n"
 )
-"""``dflockd``'s entry point with the journal of before issue 47 (A)."""
+"""``dflockd``'s entry point with the journal of before issue 47 (A): the server (``net``, not
+compiled) builds its ``Journal`` with ``record_renewals=False``."""
 
 
 def _renewer(address: tuple[str, int], key: str, stop: Any, counts: list[int], i: int) -> None:

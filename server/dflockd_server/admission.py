@@ -50,7 +50,6 @@ class Admission:
         self.connections_refused = 0
         self.handshaking: dict[Stream, None] = {}
         """Connections in their TLS handshake, oldest first (``max_tls_handshakes``)."""
-        self.handshakes_evicted = 0
 
     def admit(self, conn: Connection) -> str | None:
         """Count a new connection's transport; register it, or say why it is refused."""
@@ -124,7 +123,6 @@ class Admission:
         if cap and len(self.handshaking) >= cap:
             oldest = next(iter(self.handshaking))
             del self.handshaking[oldest]
-            self.handshakes_evicted += 1
             log.debug(
                 "connection %s: dropped in its TLS handshake (max_tls_handshakes %d under way)",
                 oldest.peer,

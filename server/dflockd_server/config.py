@@ -17,9 +17,15 @@ class ConfigError(ValueError):
 _MEMBERS = names("members")
 _ADVERTISE = names("advertise")
 _CLUSTER = names("cluster")
+_EITHER = (("auth_token", "auth_token_file"), ("cluster_password", "cluster_password_file"))
+"""Settings of which one may be given, not both."""
+_TOGETHER = (("tls_cert", "tls_key"), ("cluster_cert", "cluster_key"))
+"""Settings given both or neither."""
 
 
-def _read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
+def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
+    """The secret in the file ``path``, ``strip``ped (``ConfigError`` naming the setting
+    ``name`` when it cannot be read or is empty)."""
     try:
         with open(path, encoding="utf-8") as fh:
             secret = strip(fh.read())
@@ -88,10 +94,12 @@ class Config:
             problem = setting.check(value)
             if problem is not None:
                 raise ConfigError(f"{setting.field}={value!r} ({names(setting.field)}): {problem}")
-        if self.auth_token is not None and self.auth_token_file is not None:
-            raise ConfigError(f"give {names('auth_token')} or {names('auth_token_file')}, not both")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ConfigError(f"{names('tls_cert')} and {names('tls_key')} must be given together")
+        for one, other in _EITHER:
+            if getattr(self, one) is not None and getattr(self, other) is not None:
+                raise ConfigError(f"give {names(one)} or {names(other)}, not both")
+        for one, other in _TOGETHER:
+            if (getattr(self, one) is None) != (getattr(self, other) is None):
+                raise ConfigError(f"{names(one)} and {names(other)} must be given together")
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ConfigError(
                 f"{names('default_lease_ttl_s')}={self.default_lease_ttl_s} exceeds "
@@ -158,14 +166,6 @@ class Config:
                     f"{names(name)} is for TLS to etcd, but {_CLUSTER}={self.cluster} "
                     f"is plain: write it {c.CLUSTER_TLS_SCHEME}://... to reach etcd over TLS"
                 )
-        if (self.cluster_cert is None) != (self.cluster_key is None):
-            raise ConfigError(
-                f"{names('cluster_cert')} and {names('cluster_key')} must be given together"
-            )
-        if self.cluster_password is not None and self.cluster_password_file is not None:
-            raise ConfigError(
-                f"give {names('cluster_password')} or {names('cluster_password_file')}, not both"
-            )
         has_password = self.cluster_password is not None or self.cluster_password_file is not None
         if self.cluster_user is not None and not has_password:
             raise ConfigError(
@@ -191,13 +191,13 @@ class Config:
         if path is None:
             return self.cluster_password
         name = names("cluster_password_file")
-        return _read_secret(path, name, lambda text: text.rstrip("\r\n"))
+        return read_secret(path, name, lambda text: text.rstrip("\r\n"))
 
     def resolve_auth_token(self) -> str | None:
         """The shared secret (read from ``auth_token_file`` if set)."""
         if self.auth_token_file is None:
             return self.auth_token
-        return _read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
+        return read_secret(self.auth_token_file, names("auth_token_file"), str.strip)
 
     def effective_settings(self) -> dict[str, Any]:
         """All settings, secrets masked, for the start-up log line."""

@@ -136,11 +136,10 @@ class LeaseRecord:
         cap: int,
         publish: Callable[[int], None] | None = None,
         *,
-        defer_failed_write: bool = False,
         grace_s: float = 0.0,
     ) -> None:
-        """``defer_failed_write``: when the record cannot be written, keep the bound the file
-        holds and write the next one before a longer lease. ``grace_s``: this start's grace."""
+        """When the record cannot be written, it keeps the bound the file holds and writes the
+        next one before a longer lease. ``grace_s``: this start's grace."""
         self._path = path
         self._cap = cap
         self._publish = publish
@@ -152,8 +151,6 @@ class LeaseRecord:
             try:
                 write_longest_lease(path, self.longest, self._grace_until_ms)
             except FenceStateError:
-                if not defer_failed_write:
-                    raise
                 try:
                     self.longest = min(self.longest, read_longest_lease(path) or 0)
                 except FenceStateError:

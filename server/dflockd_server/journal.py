@@ -75,8 +75,6 @@ __all__ = ["Journal", "JournalStats", "RecordedGrant", "drop_record", "paused_gc
 
 log = logging.getLogger("dflockd_server")
 
-RECORD_RENEWALS = True
-"""``Journal``'s default; only benchmarks/journal.py's ``--renewals`` A sets it to False."""
 COMPACT_MIN_BYTES = 4 * 1024 * 1024
 """Compact past this size and four times what the live grants take."""
 _LIVE_RECORD_BYTES = 128
@@ -144,14 +142,14 @@ def drop_record(token: str) -> bytes:
 
 @dataclass(slots=True)
 class JournalStats:
-    """Running totals, read by ``stats`` and the metrics exporter."""
+    """Running totals, read by ``stats`` and the metrics exporter (whether the journal can be
+    written is ``Journal.writable``'s alone)."""
 
     restored: int = 0
     dropped_records: int = 0
     writes: int = 0
     fsyncs: int = 0
     compactions: int = 0
-    writable: bool = True
     write_failures: int = 0
     """Episodes in which it could not be written."""
     refused_grants: int = 0
@@ -206,7 +204,7 @@ class Journal:
         fsync: str,
         clock: Callable[[], float],
         *,
-        record_renewals: bool | None = None,
+        record_renewals: bool = True,
         fsync_file: Callable[[int], None] | None = None,
         fsync_dir: Callable[[str], None] | None = None,
         write: Callable[[int, bytes | memoryview], int] | None = None,
@@ -214,7 +212,7 @@ class Journal:
     ) -> None:
         self.path = path
         self.fsync = fsync
-        self.record_renewals = RECORD_RENEWALS if record_renewals is None else record_renewals
+        self.record_renewals = record_renewals
         self._clock = clock
         self._fsync_file = os.fsync if fsync_file is None else fsync_file
         self._fsync_dir = _fsync_dir if fsync_dir is None else fsync_dir
@@ -432,7 +430,6 @@ class Journal:
         if not self.writable:
             return
         self.writable = False
-        self.stats.writable = False
         self.stats.write_failures += 1
         self.failure = f"{exc.strerror or exc}"
         self.mark_removed = True
@@ -616,7 +613,6 @@ class Journal:
             return False
         self.refused.clear()
         self.writable = True
-        self.stats.writable = True
         self.mark_removed = True
         self._said_read_only = False
         log.warning(

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from dflockd_server import constants as c
-from dflockd_server.journal import JournalStats
+from dflockd_server.journal import Journal, JournalStats
 from dflockd_server.loops import run_on
 from dflockd_server.settings import names
 from dflockd_server.status_page import StatusPage, route
@@ -123,6 +123,7 @@ class Snapshot:
     requests: dict[str, tuple[list[int], float]]
     cluster: ClusterStats | None = None
     journal: JournalStats | None = None
+    journal_writable: bool = True
 
     @classmethod
     def take(
@@ -134,7 +135,7 @@ class Snapshot:
         connections_refused: int,
         *,
         cluster: ClusterStats | None = None,
-        journal: JournalStats | None = None,
+        journal: Journal | None = None,
     ) -> Snapshot:
         """Read the server's state; call on its event loop."""
         counts = table.grants.counts
@@ -173,8 +174,10 @@ class Snapshot:
              table.grace_remaining(), False),
         ]  # fmt: skip
         requests = times.copy() if times is not None else {}
-        journal = dataclasses.replace(journal) if journal is not None else None
-        return cls(by_kind, single, requests, cluster, journal)
+        if journal is None:
+            return cls(by_kind, single, requests, cluster)
+        stats = dataclasses.replace(journal.stats)
+        return cls(by_kind, single, requests, cluster, stats, journal.writable)
 
 
 class MetricsExporter:
@@ -263,7 +266,7 @@ class MetricsExporter:
         if snap.cluster is not None:
             yield from _cluster_families(snap.cluster)
         if snap.journal is not None:
-            yield from _journal_families(snap.journal)
+            yield from _journal_families(snap.journal, snap.journal_writable)
 
 
 def _single_valued(rows: list[Row]) -> Iterator[Any]:
@@ -273,12 +276,12 @@ def _single_valued(rows: list[Row]) -> Iterator[Any]:
         yield (Counter if counter else Gauge)(f"dflockd_{name}", doc, value=value)
 
 
-def _journal_families(stats: JournalStats) -> Iterator[Any]:
+def _journal_families(stats: JournalStats, writable: bool) -> Iterator[Any]:
     yield from _single_valued([
         ("journal_writable",
          "1 while the lease journal can be written; 0 while it cannot (a full disk, EIO, a "
          "failed fsync): nothing new is granted then, held locks are kept.",
-         1 if stats.writable else 0, False),
+         1 if writable else 0, False),
         ("journal_restored_leases", "Leases restored from the journal at start-up.",
          stats.restored, True),
         ("journal_dropped_records",

@@ -38,7 +38,7 @@ from dflockd_server.journal import Journal, paused_gc
 from dflockd_server.leasebound import LeaseBound
 from dflockd_server.loops import loop_name
 from dflockd_server.metrics import MetricsExporter, RequestTimes, Snapshot
-from dflockd_server.ownership import Ownership, SingleOwnership, StaticOwnership
+from dflockd_server.ownership import Ownership
 from dflockd_server.serving import KeyServing, make_cluster_node, make_ownership
 from dflockd_server.snapshots import RationedSnapshots
 from dflockd_server.state import StartPlan, StateDir, plan_start, resolve_state_dir
@@ -85,9 +85,8 @@ class Server:
         # cluster node (``NodeHost``, with ``set_ownership``) call, bound to the part that
         # answers it.
         self.may_hold = serving.may_hold
-        self.hold_check: Callable[[str], bool] | None = None
-        """``may_hold`` where the ownership may refuse a key it granted (a cluster member's),
-        else None: a keep-alive then asks nothing key by key (``set_ownership`` keeps it)."""
+        self.hold_check = serving.hold_check
+        """``serving.hold_check``, read by every keep-alive (``set_ownership`` keeps it)."""
         self.asked_check = serving.asked_check
         """``serving.asked_check`` and ``admit_ask`` (``set_ownership`` keeps them)."""
         self.admit_ask = serving.admit_ask
@@ -321,7 +320,6 @@ class Server:
                 initial,
                 cfg.max_lease_ttl_s,
                 publish=publish,
-                defer_failed_write=True,
                 grace_s=grace.seconds,
             ),
         )
@@ -552,8 +550,7 @@ class Server:
         serving = self.serving
         serving.set_ownership(ownership)
         self.key_check = serving.key_check
-        holds_all = isinstance(ownership, (SingleOwnership, StaticOwnership))
-        self.hold_check = None if holds_all else self.may_hold
+        self.hold_check = serving.hold_check
         self.asked_check = serving.asked_check
         self.admit_ask = serving.admit_ask
 
@@ -580,7 +577,7 @@ class Server:
             self.admission.connections_accepted,
             self.admission.connections_refused,
             cluster=self.node.stats() if self.node is not None else None,
-            journal=self.journal.stats if self.journal is not None else None,
+            journal=self.journal,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 A ``net.Server`` has a ``KeyServing``: the current ``Ownership`` and its swap (``set_ownership``,
 from any thread: a cluster node hands over each snapshot from its own), the checks the dispatch
-asks (``key_check``, ``asked_check``, ``may_hold``, the ``shards`` reply), and the rest of a
-cluster node's ``cluster.host.NodeHost`` (``fail_waiters``, ``holders_in``, ``key_present``,
-``renewals_allowed``). ``make_ownership`` and ``make_cluster_node`` build a server's ownership
-from its config.
+asks (``key_check``, ``asked_check``, ``may_hold``, ``hold_check``, the ``shards`` reply), and
+the rest of a cluster node's ``cluster.host.NodeHost`` (``fail_waiters``, ``holders_in``,
+``key_present``, ``renewals_allowed``). ``make_ownership`` and ``make_cluster_node`` build a
+server's ownership from its config.
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ class KeyServing:
         self.admit_ask: Callable[[str, str], bytes | None] = SINGLE.admit_ask
         self._may_hold: Callable[[str], bool] | None = None
         """The ownership's ``may_hold`` (None: always)."""
+        self.hold_check: Callable[[str], bool] | None = None
+        """``may_hold`` where the ownership may refuse a key it granted (a cluster member's),
+        else None (single, static ``--members``): a keep-alive then asks nothing key by key."""
         self._renewals_allowed = True
         self.table: LockTable | None = None
         """The server's lock table, once its start has made it (``attach``)."""
@@ -96,6 +99,8 @@ class KeyServing:
             self.ownership = ownership
             self.key_check = None if single else ownership.check
             self._may_hold = None if single else ownership.may_hold
+            holds_all = single or isinstance(ownership, StaticOwnership)
+            self.hold_check = None if holds_all else self.may_hold
             self.asked_check = ownership.check_asked
             self.admit_ask = ownership.admit_ask
             self._grant_checks()

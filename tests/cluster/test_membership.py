@@ -141,14 +141,11 @@ def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
     (other,) = members("b:1")
     expected = ShardMap.initial(["a:1", "b:1"])
     wait_until(lambda: agreed([stalled, other], expected), timeout=WAIT_S, what="the initial map")
-    # Idle: the check runs and leaves the watch alone.
-    checks, resyncs = stalled.watch_checks, stalled.resyncs
-    wait_until(
-        lambda: stalled.watch_checks >= checks + 3,
-        timeout=WAIT_S,
-        what="three checks of the idle watch",
-    )
-    assert stalled.resyncs == resyncs
+    # Idle: the check (one every lease_ttl) leaves the watch alone.
+    idle = stalled._watch
+    assert idle is not None
+    time.sleep(3 * TTL + 0.5)
+    assert stalled._watch is idle and idle.running
 
     assert etcd_proxy.hold_replies_of(b"/v3/watch") == 1  # a:1's watch: open, silent from now on
     (late,) = members("c:1")
@@ -162,15 +159,13 @@ def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
     assert "c:1" in other.snapshot().members
     # Seen in a new read of the prefix; a new watch starts from it.
     wait_until(
-        lambda: (
-            stalled.resyncs > resyncs and (watch := stalled._watch) is not None and watch.running
-        ),
+        lambda: (watch := stalled._watch) is not None and watch is not idle and watch.running,
         timeout=WAIT_S,
         what="a:1 watches again",
     )
 
     # Its new watch stalls too; c:1 leaves (its key deleted, no key put: the count tells).
-    resyncs = stalled.resyncs
+    renewed = stalled._watch
     assert etcd_proxy.hold_replies_of(b"/v3/watch") >= 1  # the old one may not be gone yet
     late.stop(leave=True)
     took = wait_until(
@@ -179,7 +174,7 @@ def test_a_member_whose_watch_stalls_open_still_sees_members_join_and_leave(
         what="the member whose watch stalled sees c:1 leave",
     )
     print(f"c:1's leave seen through a stalled watch after {took:.2f} s")
-    assert stalled.resyncs > resyncs
+    assert stalled._watch is not renewed  # read again, watched anew
     assert stalled.snapshot().shard_map == expected
 
 

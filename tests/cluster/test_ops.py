@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -231,6 +232,23 @@ def test_operator_commands(etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefi
     assert code == 2 and "--cluster (or DFLOCKD_CLUSTER)" in err
     with pytest.raises(ClusterOpError, match="no live member"):
         rebalance(etcd, "/nobody-here")
+
+
+def test_the_commands_read_etcds_user_as_the_server_does(
+    etcd_server: EtcdServer, etcd_prefix: str, tmp_path: Path
+) -> None:
+    """The operator's commands take the server's settings for etcd's user (flags, variables,
+    the password file read and checked by the same function): an empty password file is
+    refused, naming the setting, before etcd is asked (it was sent as an empty password)."""
+    url = f"etcd://127.0.0.1:{etcd_server.client_port}{etcd_prefix.rstrip('/')}"
+    empty = tmp_path / "password"
+    empty.write_text("\n")
+    user = ["--cluster-user", "root"]
+    code, _, err = run(["shards", "--cluster", url, *user, "--cluster-password-file", str(empty)])
+    assert code == 2 and "--cluster-password-file / DFLOCKD_CLUSTER_PASSWORD_FILE" in err, err
+    assert "is empty" in err, err
+    code, _, err = run(["shards", "--cluster", url, *user])
+    assert code == 2 and "go together" in err and "DFLOCKD_CLUSTER_PASSWORD" in err, err
 
 
 def test_a_pin_onto_a_node_that_is_no_live_member_is_refused(

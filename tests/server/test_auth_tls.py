@@ -229,9 +229,6 @@ def test_past_max_tls_handshakes_the_oldest_handshake_is_dropped(
         )
         with _half_handshakes(srv.address, 1):
             assert _closed_by_the_server(stalled[0]), "the oldest handshake was kept"
-            wait_until(
-                lambda: srv.server.admission.handshakes_evicted == 1, what="one handshake dropped"
-            )
             assert all(_still_open_now(sock) for sock in stalled[1:])
             with Wire(srv.address, ssl_context=ctx) as w:  # pushes out the next oldest
                 assert w.req("ping") == "ok"

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dflockd_server import Config, constants as c
 from dflockd_server.metrics import COMMAND_NAMES
 from dflockd_server.testing import ServerThread
+from tests.support.disks import fill, small_tmpfs
 from tests.support.ports import free_port
 from tests.support.servers import DflockdProcess
 from tests.support.wire import Wire
@@ -306,3 +307,37 @@ def test_the_journal_counts_restored_leases_writes_and_fsyncs(
     plain = dflock_server_factory(metrics_port=0, metrics_host="127.0.0.1").metrics_url
     assert plain is not None
     assert not [name for name, _ in scrape(plain) if name.startswith("dflockd_journal_")]
+
+
+def test_journal_writable_follows_the_journal_through_a_full_disk(tmp_path: Path) -> None:
+    """``dflockd_journal_writable`` is the journal's own flag: 0 from the first write the full
+    state dir refuses, 1 again once a sweep wrote the journal anew."""
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        config = Config(
+            host="127.0.0.1",
+            port=0,
+            state_dir=str(disk / "state"),
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+            lease_sweep_interval_s=0.05,
+        )
+        with ServerThread(config) as server, Wire(server.address) as wire:
+            url = server.metrics_url
+            assert url is not None
+            assert value(scrape(url), "dflockd_journal_writable") == 1
+            token = wire.lock("first")  # its lease's bound recorded while there is room
+            assert wire.req("r", "first", token) == "ok"
+            filler = fill(disk)
+            # Writes go on into the journal's last page, then fail.
+            reply = ""
+            for i in range(10_000):
+                reply = wire.req("l", f"k{i}", "0")
+                if reply == "error_read_only":
+                    break
+                assert wire.req("r", f"k{i}", reply.split()[1]) == "ok"
+            assert reply == "error_read_only"
+            assert value(scrape(url), "dflockd_journal_writable") == 0
+            assert value(scrape(url), "dflockd_journal_write_failures_total") == 1
+            filler.unlink()
+            samples = wait_for_value(url, "dflockd_journal_writable", 1)
+            assert value(samples, "dflockd_journal_writable") == 1

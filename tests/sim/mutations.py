@@ -82,7 +82,7 @@ class _CompactionFailureUnseen(Journal):
             return
         new, self._fd = self._fd, old  # pyright: ignore[reportPrivateUsage]
         os.close(new)
-        self.writable = self.stats.writable = True
+        self.writable = True
         self.failure = ""
         self.refused.clear()
         os.close(os.open(self.mark_path, os.O_WRONLY | os.O_CREAT, 0o600))

@@ -359,7 +359,7 @@ class SimServer:
 
     @property
     def hold_check(self) -> Callable[[str], bool] | None:
-        return None if self.node is None else self.may_hold
+        return self.serving.hold_check
 
     def shards_reply(self) -> bytes:
         """``KeyServing.shards_reply``, once per snapshot of the node (immutable: the same

@@ -166,10 +166,6 @@ class Member:
         self._next_watch_check = 0.0
         self._behind_at: int | None = None
         """``_seen_revision`` at the last check if etcd had changes the watch had not brought."""
-        self.resyncs = 0
-        """Reads of the whole prefix (the first at ``start``), each followed by a new watch."""
-        self.watch_checks = 0
-        """Checks of the watch against a read of the prefix (one every ``lease_ttl``)."""
         self.step_failures = 0
         """Steps of the member's loop that etcd failed (each tried again at the next wake-up)."""
         self._failing_since: float | None = None
@@ -408,7 +404,6 @@ class Member:
         with self._lock:
             seen, count = self._seen_revision, self._key_count
         stat = self.client.stat(self.keys.root, prefix=True, since=seen)
-        self.watch_checks += 1
         behind = stat.modified or stat.count != count
         stalled = behind and self._behind_at == seen
         self._behind_at = seen if behind else None
@@ -433,7 +428,6 @@ class Member:
         if old is not None:
             old.stop()
         result = self.client.range(self.keys.root, prefix=True)
-        self.resyncs += 1
         with self._lock:
             self._members.clear()
             self._shards.clear()

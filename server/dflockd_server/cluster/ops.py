@@ -25,11 +25,12 @@ from dflockd_server.cluster.etcd import (
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
 from dflockd_server.cluster.membership import ClusterKeys, ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
+from dflockd_server.config import read_secret
 from dflockd_server.constants import CLUSTER_COMMAND_HELP
+from dflockd_server.settings import BY_FIELD, names
 from dflockd_server.values import split_cluster_url
 
-CLUSTER_FLAG = "--cluster"
-CLUSTER_ENV = "DFLOCKD_CLUSTER"
+_CLUSTER = BY_FIELD["cluster"]
 
 
 class ClusterOpError(Exception):
@@ -42,14 +43,14 @@ def parse_cluster_url(url: str) -> tuple[str, str]:
     try:
         parsed = split_cluster_url(url)
     except ValueError as exc:
-        raise ValueError(f"{CLUSTER_FLAG} (or {CLUSTER_ENV}) {exc}") from None
+        raise ValueError(f"{_CLUSTER.flag} (or {_CLUSTER.env[0]}) {exc}") from None
     scheme = "https" if parsed.tls else "http"
     return f"{scheme}://{parsed.format().split('://', 1)[1].split('/', 1)[0]}", parsed.prefix
 
 
 @dataclass(frozen=True, slots=True)
 class EtcdAccess:
-    """TLS files and a user for the cluster's etcd (``ACCESS_FLAGS``)."""
+    """TLS files and a user for the cluster's etcd (``ACCESS_FIELDS``)."""
 
     ca_file: str | None = None
     cert_file: str | None = None
@@ -196,39 +197,34 @@ def summary(view: ClusterView) -> list[str]:
     return lines
 
 
-ACCESS_FLAGS = (
-    ("--cluster-ca-file", "DFLOCKD_CLUSTER_CA_FILE", "PEM CAs of etcd's certificates (etcds://)"),
-    ("--cluster-cert", "DFLOCKD_CLUSTER_CERT", "PEM client certificate for etcd (etcds://)"),
-    ("--cluster-key", "DFLOCKD_CLUSTER_KEY", "PEM private key of --cluster-cert"),
-    ("--cluster-user", "DFLOCKD_CLUSTER_USER", "etcd user"),
-    ("--cluster-password-file", "DFLOCKD_CLUSTER_PASSWORD_FILE", "file holding its password"),
+ACCESS_FIELDS = (
+    "cluster_ca_file",
+    "cluster_cert",
+    "cluster_key",
+    "cluster_user",
+    "cluster_password_file",
+    "cluster_password",
 )
-"""The server's settings of the same names (and variables), for the operator's commands."""
+"""The server's settings (``settings``: flags, variables, help) the operator's commands take
+too; a flag wins over its variable."""
 
 
 def _access(args: argparse.Namespace, environ: Mapping[str, str]) -> EtcdAccess:
-    values: dict[str, str | None] = {}
-    for flag, env, _ in ACCESS_FLAGS:
-        values[flag] = getattr(args, flag[2:].replace("-", "_")) or environ.get(env) or None
-    password = environ.get("DFLOCKD_CLUSTER_PASSWORD") or None
-    path = values["--cluster-password-file"]
+    given: dict[str, str | None] = {}
+    for field in ACCESS_FIELDS:
+        found = BY_FIELD[field].in_environment(environ)
+        given[field] = getattr(args, field) or (found[1] if found is not None else None)
+    password, path = given["cluster_password"], given["cluster_password_file"]
     if path is not None:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                password = fh.read().rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--cluster-password-file {path!r}: cannot read it: {exc}") from None
-    user = values["--cluster-user"]
+        password = read_secret(path, names("cluster_password_file"), lambda s: s.rstrip("\r\n"))
+    user = given["cluster_user"]
     if (user is None) != (password is None):
         raise ValueError(
-            "--cluster-user and --cluster-password-file (or DFLOCKD_CLUSTER_PASSWORD) go together"
+            f"{names('cluster_user')} and {names('cluster_password_file')} (or "
+            f"{names('cluster_password')}) go together"
         )
     return EtcdAccess(
-        values["--cluster-ca-file"],
-        values["--cluster-cert"],
-        values["--cluster-key"],
-        user,
-        password,
+        given["cluster_ca_file"], given["cluster_cert"], given["cluster_key"], user, password
     )
 
 
@@ -244,9 +240,15 @@ def _parser() -> argparse.ArgumentParser:
     commands: dict[str, argparse.ArgumentParser] = {}
     for name in ("rebalance", "pin", "unpin", "shards"):
         p = commands[name] = sub.add_parser(name, help=CLUSTER_COMMAND_HELP[name][1])
-        p.add_argument(CLUSTER_FLAG, required=True, help=url_help)
-        for flag, env, text in ACCESS_FLAGS:
-            p.add_argument(flag, help=f"{text} (or {env})")
+        p.add_argument(_CLUSTER.flag, required=True, help=url_help)
+        for field in ACCESS_FIELDS:
+            setting = BY_FIELD[field]
+            p.add_argument(
+                setting.flag,
+                dest=field,
+                metavar=setting.metavar,
+                help=f"{setting.help} (or {setting.env[0]})",
+            )
     p = commands["rebalance"]
     p.add_argument("--dry-run", action="store_true", help="show the moves, write nothing")
     p.add_argument("--verbose", action="store_true", help="list every shard moved")
