@@ -102,6 +102,9 @@ def test_a_server_listed_twice_is_refused_naming_it(value: object) -> None:
         ("dflock_on_lock_lost", "ignore", "'interrupt', 'flag', 'terminate'"),
         ("dflock_renew_ratio", 1.5, "dflock_renew_ratio"),
         ("dflock_auth_token", "", "dflock_auth_token"),
+        # a secret read from a file with its newline: named as the setting, not `auth_token`
+        ("dflock_auth_token", "s3cret\n", "^dflock_auth_token must not contain line breaks"),
+        ("dflock_auth_token", "x" * 70_000, "^dflock_auth_token is longer than the protocol"),
         ("dflock_ssl", "yes", "dflock_ssl"),
         ("dflock_servers", "nohost", "dflock_servers"),
         ("dflock_task_locks", ["x"], "dflock_task_locks must map"),
