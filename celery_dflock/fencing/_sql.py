@@ -212,7 +212,7 @@ class FencedUpsert:
     ) -> sa.Insert:
         """The one upsert of ``dialect`` (see `celery_dflock.fencing.sqlalchemy`)."""
         name = self.column.name
-        written: dict[object, Any] = {**values, **(update or {})}  # a key may be a Column
+        written = cast("dict[object, Any]", {**values, **(update or {})})  # or a Column's key
         refuse_fence_in(written, name, self.label)
         unknown = sorted(k for k in written if isinstance(k, str) and k not in self.table.c)
         if unknown:
