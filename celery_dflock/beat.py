@@ -240,8 +240,10 @@ class Leadership:
                     granted = lock.wait(STANDBY_ACQUIRE_TIMEOUT_S)
             except Exception as exc:  # a DflockError, or a bug: never let the thread die
                 if isinstance(exc, InvalidValueError):  # refused whatever the retry: say so
+                    if lock is not None:
+                        _release_quietly(lock)
                     self.refused = exc
-                    self._active.set()  # wakes wait_active, which then reads `refused`
+                    self._active.set()  # wakes wait_active; tick then raises `refused`
                     return
                 if not isinstance(exc, DflockError):
                     logger.exception("beat: unexpected error while waiting for %s", self.describe)
