@@ -34,6 +34,7 @@ from celery_dflock._settings import DflockConfigError, close_matches
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
 from celery_dflock.client.errors import DflockError, LockSkipped
 from celery_dflock.config import LockOptions, get_config
+from celery_dflock.keys import KeyDerivationError, check_template
 
 __all__ = ["OUTAGES_COMMAND", "apply_task_locks", "install_hooks", "with_skip"]
 
@@ -361,9 +362,16 @@ def apply_task_locks(app: Any, locked_task: type[Any]) -> list[str]:
     """`celery_dflock.task.apply_task_locks`, with ``locked_task`` as `LockedTask`."""
     changed: list[str] = []
     tasks: Mapping[str, Any] = app.tasks
-    for name in get_config(app).task_locks:
+    for name, entry in get_config(app).task_locks.items():
         task = tasks.get(name)
-        if task is None or isinstance(task, locked_task):
+        if task is None:
+            continue
+        if isinstance(entry.key, str):  # as a task's own template is, when it is bound
+            try:
+                check_template(entry.key, task.run, task_name=name)
+            except KeyDerivationError as exc:
+                raise DflockConfigError(f"dflock_task_locks[{name!r}]['lock_key']: {exc}") from None
+        if isinstance(task, locked_task):
             continue
         original: Any = task.__class__
         task.__class__ = type(

@@ -93,7 +93,7 @@ from celery_dflock._settings import (
 )
 from celery_dflock.client import DistributedLock
 from celery_dflock.client.clients import leave_signals_to_the_main_thread
-from celery_dflock.client.errors import DflockError
+from celery_dflock.client.errors import DflockError, InvalidValueError
 from celery_dflock.config import DflockConfig, DflockConfigError, get_config, read_settings
 from celery_dflock.keys import safe_key
 
@@ -142,6 +142,9 @@ class Leadership:
         self._active = threading.Event()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.refused: InvalidValueError | None = None
+        """Why the server refuses every acquire of the lock (a lease above its
+        ``--max-lease-ttl``): no retry can take it, and the campaign has ended."""
 
     @property
     def term(self) -> int:
@@ -236,6 +239,12 @@ class Leadership:
                 if not granted:
                     granted = lock.wait(STANDBY_ACQUIRE_TIMEOUT_S)
             except Exception as exc:  # a DflockError, or a bug: never let the thread die
+                if isinstance(exc, InvalidValueError):  # refused whatever the retry: say so
+                    if lock is not None:
+                        _release_quietly(lock)
+                    self.refused = exc
+                    self._active.set()  # wakes wait_active; tick then raises `refused`
+                    return
                 if not isinstance(exc, DflockError):
                     logger.exception("beat: unexpected error while waiting for %s", self.describe)
                 if not unreachable:
@@ -462,6 +471,8 @@ class SingletonScheduler(Scheduler):
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Delegate to the wrapped scheduler while active; otherwise wait to be promoted."""
         leader = self._leader()
+        if leader.refused is not None:
+            raise DflockConfigError(f"beat cannot take its lock: {leader.refused}")
         if not leader.is_active():
             self._drop_store()
             wait_s = min(float(cast("Any", self).max_interval), STANDBY_TICK_S)

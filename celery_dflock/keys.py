@@ -52,18 +52,26 @@ class KeyDerivationError(InvalidValueError):
 
 
 def digest(data: str) -> str:
-    """A stable 32-character hex digest of ``data`` (BLAKE2b, 128 bits)."""
-    return hashlib.blake2b(data.encode("utf-8"), digest_size=_DIGEST_BYTES).hexdigest()
+    """A stable 32-character hex digest of ``data`` (BLAKE2b, 128 bits); lone surrogates (a
+    file name that is not UTF-8, as ``os.fsdecode`` gives it) are digested as they are."""
+    encoded = data.encode("utf-8", errors="surrogatepass")
+    return hashlib.blake2b(encoded, digest_size=_DIGEST_BYTES).hexdigest()
 
 
 def safe_key(raw: str) -> str:
     """Return ``raw`` if the protocol accepts it as a key (non-empty, no whitespace, at most
-    ``MAX_LINE_BYTES`` UTF-8 bytes), else ``<readable prefix>#<digest of raw>``."""
-    if raw and len(raw.encode("utf-8")) <= MAX_LINE_BYTES and not _UNSAFE.search(raw):
+    ``MAX_LINE_BYTES`` bytes of UTF-8, no lone surrogate), else ``<readable prefix>#<digest of
+    raw>`` (a lone surrogate shown as ``?`` in the prefix)."""
+    try:
+        size = len(raw.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        size = MAX_LINE_BYTES + 1
+    if raw and size <= MAX_LINE_BYTES and not _UNSAFE.search(raw):
         return raw
     budget = MAX_LINE_BYTES - len(DIGEST_SEPARATOR) - _DIGEST_HEX_CHARS
     # The longest prefix whose UTF-8 fits (a character cut in two is dropped).
-    prefix = _UNSAFE.sub("_", raw).encode("utf-8")[:budget].decode("utf-8", errors="ignore")
+    text = _UNSAFE.sub("_", raw).encode("utf-8", errors="replace")
+    prefix = text[:budget].decode("utf-8", errors="ignore")
     return f"{prefix}{DIGEST_SEPARATOR}{digest(raw)}"
 
 

@@ -142,7 +142,10 @@ def check_auth_token(
         return None
     if not isinstance(value, str) or not value:
         raise error(f"{name} must be a non-empty string or None")
-    _requests.encode_auth(value)  # what the protocol can carry
+    try:
+        _requests.encode_auth(value)  # what the protocol can carry
+    except InvalidValueError as exc:  # its words name the argument: say ``name`` instead
+        raise error(str(exc).replace("auth_token", name, 1)) from None
     return value
 
 

@@ -135,6 +135,12 @@ def validate_servers(servers: Sequence[tuple[str, int]]) -> tuple[tuple[str, int
             raise InvalidValueError(
                 f"server host must be a non-empty string, got {host!r} in {entry!r}"
             )
+        if any(ch.isspace() or ch in ",/" for ch in host):  # a URL's scheme or path, a list
+            raise InvalidValueError(
+                f"server host {host!r} is not a host name or address (in {entry!r}): give "
+                "the bare host, no scheme, path or spaces (e.g. ('127.0.0.1', 6388), in "
+                "Celery '127.0.0.1:6388')"
+            )
         if not isinstance(port, int) or not _is_int(port) or not 0 < port <= 65535:
             raise InvalidValueError(
                 f"server port must be an int in 1..65535, got {port!r} in {entry!r}"

@@ -170,6 +170,12 @@ def broker_problem(url: str) -> str | None:
 
     try:
         broker: Any = Connection(url, connect_timeout=BROKER_CHECK_TIMEOUT_S)
+        if broker.transport_cls == "memory":
+            return (
+                "kombu's in-memory broker lives inside one process, and the demo's workers "
+                "and beats are processes of their own; give a broker they share "
+                "(redis://127.0.0.1:6379/0, amqp://...), or leave --broker out"
+            )
         with broker:
             broker.ensure_connection(max_retries=1, timeout=BROKER_CHECK_TIMEOUT_S)
     except Exception as exc:  # any refusal of the URL, by kombu or its transport: said

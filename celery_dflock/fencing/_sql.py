@@ -212,7 +212,14 @@ class FencedUpsert:
     ) -> sa.Insert:
         """The one upsert of ``dialect`` (see `celery_dflock.fencing.sqlalchemy`)."""
         name = self.column.name
-        refuse_fence_in({**values, **(update or {})}, name, self.label)
+        written = cast("dict[object, Any]", {**values, **(update or {})})  # or a Column's key
+        refuse_fence_in(written, name, self.label)
+        unknown = sorted(k for k in written if isinstance(k, str) and k not in self.table.c)
+        if unknown:
+            raise ValueError(
+                f"fenced upsert into {self.label()}: no column {', '.join(unknown)} in values "
+                f"or update (the table's columns: {', '.join(self.table.c.keys())})"
+            )
         row = {**values, **self.key, name: self.fence}
         if dialect.name in {"postgresql", "sqlite"}:
             insert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(

@@ -25,6 +25,7 @@ from tests.support.beats import (
     ACTIVE,
     LOST,
     REDIS_URL,
+    START_TIMEOUT_S,
     Broker,
     Cluster,
     Proc,
@@ -463,3 +464,20 @@ def test_sigterm_while_the_leader_confirms_with_the_lock_server_stops_the_beat(
     assert old.count(FAILED) == 0, old.output()
     assert all(s.pid != old.pid for s in broker.sent()[sent_before:]), "sent while stopping"
     _assert_taken_from_the_release(broker, standby, stopped_at)
+
+
+def test_a_beat_whose_lease_no_server_grants_stops_naming_the_setting(
+    make_cluster: Callable[..., Cluster], broker: Broker
+) -> None:
+    """``dflock_beat_lease_ttl`` above the server's ``--max-lease-ttl`` (300 s by default) is
+    refused by every acquire: each beat warned once and stood by for ever, asking every second,
+    and no beat ever sent. The server's limit comes with its hello, at the first acquire: the
+    beat now stops there, with exit status 1, saying what to change."""
+    cluster = make_cluster(dflock_beat_lease_ttl=400)
+    beat = cluster.start_beat()
+    assert beat.proc.wait(timeout=START_TIMEOUT_S) == 1, beat.output()
+    # Celery's beat logs what its loop raised (with the traceback), then click prints it
+    last = beat.wait_line(re.compile(r"Error: beat cannot take its lock"), timeout=OUTPUT_LAG_S)
+    assert "the lease asked for (400 s) is above the longest lease" in last, last
+    assert "dflock_beat_lease_ttl" in last, last
+    assert broker.sent() == []

@@ -195,6 +195,32 @@ def test_a_worker_with_a_bad_setting_stops_with_one_line_naming_it(
     ), done.stderr
 
 
+def test_a_task_locks_template_naming_no_argument_stops_the_worker_at_start(
+    tmp_path: Path, fs_settings: dict[str, Any]
+) -> None:
+    """A ``lock_key`` template on the task is checked against its signature when the task is
+    bound; the same template in ``dflock_task_locks`` was not: the worker started, and every
+    run of the task failed with ``KeyDerivationError``."""
+    task = "apps.plain.third_party_report"
+    settings = {**fs_settings, "dflock_task_locks": {task: {"lock_key": "report:{customer}"}}}
+    env = {
+        **os.environ,
+        "DFLOCK_TEST_SETTINGS": json.dumps(settings),
+        "PYTHONPATH": python_path(CELERY_APPS_DIR, REPO),
+    }
+    command = worker_command(
+        "apps.plain", pool="solo", concurrency=1, name="bad@dflock", queue=unique("bad")
+    )
+    done = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: dflock_task_locks[{task!r}]['lock_key']: "), done.stderr
+    assert "refers to {customer}, which is not an argument of the task" in last, last
+
+
 def test_a_worker_that_reaches_no_lock_server_warns_naming_dflock_servers(
     factory: Callable[..., WorkerFactory],
 ) -> None:

@@ -84,6 +84,16 @@ def test_bad_servers_name_the_setting(value: object) -> None:
         parse_servers(value)
 
 
+@pytest.mark.parametrize(
+    "value", ["dflockd://127.0.0.1:6388", "tcp://a:1,b:2", ["b:2", ("redis://a", 1)], "my host:1"]
+)
+def test_a_server_written_as_a_url_is_refused_at_start_naming_the_setting(value: object) -> None:
+    """``dflockd://host:port`` (written like ``broker_url``) was accepted: every run then met
+    'cannot reach the lock server at dflockd://host:port' and was retried as an outage."""
+    with pytest.raises(ImproperlyConfigured, match=r"^dflock_servers: server host '.*' is not a"):
+        get_config(config_app(dflock_servers=value))
+
+
 @pytest.mark.parametrize("value", ["a:1,b:2,a:1", [("a", 1), ("A", 1)], ["a:1", ("a", "1")]])
 def test_a_server_listed_twice_is_refused_naming_it(value: object) -> None:
     """A key's server is its index in the list: a second entry for one server would skew the
@@ -102,6 +112,9 @@ def test_a_server_listed_twice_is_refused_naming_it(value: object) -> None:
         ("dflock_on_lock_lost", "ignore", "'interrupt', 'flag', 'terminate'"),
         ("dflock_renew_ratio", 1.5, "dflock_renew_ratio"),
         ("dflock_auth_token", "", "dflock_auth_token"),
+        # a secret read from a file with its newline: named as the setting, not `auth_token`
+        ("dflock_auth_token", "s3cret\n", "^dflock_auth_token must not contain line breaks"),
+        ("dflock_auth_token", "x" * 70_000, "^dflock_auth_token is longer than the protocol"),
         ("dflock_ssl", "yes", "dflock_ssl"),
         ("dflock_servers", "nohost", "dflock_servers"),
         ("dflock_task_locks", ["x"], "dflock_task_locks must map"),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import os
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kombu.utils.json import dumps, loads
@@ -17,7 +18,10 @@ from celery_dflock.keys import (
     check_template,
     safe_key,
 )
+from celery_dflock.task import LockedTask
 from dflockd_server.constants import MAX_LINE_BYTES
+from dflockd_server.testing import ServerThread
+from tests.support.apps import make_app
 
 
 def report(customer_id: int, kind: str = "daily", *, fmt: str = "pdf") -> None:
@@ -174,3 +178,76 @@ def test_binding_collects_var_positional_and_var_keyword() -> None:
 
     template = "{a}:{rest[0]}:{rest[1]}:{extra[z]}"
     assert KeyBuilder(template, task_name="t", run=f).key((1, 2, 3), {"z": 4}) == "1:2:3:4"
+
+
+def test_a_file_name_that_is_not_utf8_makes_a_valid_key_and_the_task_runs(
+    dflock_server: ServerThread,
+) -> None:
+    """A name from the file system that is not UTF-8 (``os.fsdecode`` keeps its bytes as lone
+    surrogates, and JSON carries them) failed the run with a raw ``UnicodeEncodeError`` from
+    the key, in a template and in the default key alike."""
+    name = os.fsdecode(b"report-\xff.csv")
+    other = os.fsdecode(b"report-\xfe.csv")
+    for source in ("file:{customer_id}", None):
+        keys = {key_of(source, name), key_of(source, other), key_of(source, "report-?.csv")}
+        assert len(keys) == 3  # never collapsed into one
+        for key in keys:
+            assert_protocol_safe(key)
+            key.encode("utf-8")  # the wire's text
+    app = make_app("keys-fs", eager=True, servers=dflock_server)
+
+    @app.task(shared=False, base=LockedTask, lock_key="file:{path}")
+    def ingest(path: str) -> str:
+        return f"ingested {path!r}"
+
+    @app.task(shared=False, base=LockedTask)
+    def ingest_default(path: str) -> str:
+        return f"ingested {path!r}"
+
+    task: Any = ingest
+    default: Any = ingest_default
+    assert task(name) == f"ingested {name!r}"
+    assert default(name) == f"ingested {name!r}"
+    app.close()
+
+
+def account_key(account_id: int, verbose: bool = False) -> str:
+    return f"account:{account_id}"
+
+
+def test_a_function_given_as_lock_key_takes_the_tasks_arguments(
+    dflock_server: ServerThread,
+) -> None:
+    """``@app.task(base=LockedTask, lock_key=some_function)``, as the docs give it: Celery makes
+    every option a class attribute of the task, where a function becomes a method, so the
+    key function was called with the task in front of the arguments: a run failed ("takes 1
+    positional argument but 2 were given"), or, where the task fitted a parameter, took a key
+    of its own."""
+    app = make_app("keys-callable", eager=True, servers=dflock_server)
+
+    @app.task(shared=False, base=LockedTask, lock_key=account_key)
+    def refresh(account_id: int, verbose: bool = False) -> str | None:
+        lock = cast("Any", refresh).lock  # this run's lock
+        return None if lock is None else str(lock.key)
+
+    @app.task(
+        shared=False, bind=True, base=LockedTask, lock_key=lambda account_id: f"a:{account_id}"
+    )
+    def refresh_bound(self: Any, account_id: int) -> str | None:
+        lock = self.lock
+        return None if lock is None else str(lock.key)
+
+    @app.task(shared=False, bind=True, base=LockedTask, lock_key=account_key)
+    def report(self: Any, account_id: int, verbose: bool = False) -> str | None:
+        lock = self.lock
+        return None if lock is None else str(lock.key)
+
+    plain: Any = refresh
+    bound: Any = refresh_bound
+    named: Any = report
+    # the key was "account:<@task: ... at 0x7f...>", the task's repr with its address: a key
+    # of its own in every worker process, so two runs of one account never excluded each other
+    assert plain(7) == "account:7"
+    assert bound(7) == "a:7"
+    assert named(8, verbose=True) == "account:8"
+    app.close()

@@ -181,6 +181,9 @@ def test_custom_strategy_is_used() -> None:
         ([("h", "6388")], "port must be an int"),
         ([("h", 0)], "port must be an int in 1..65535"),
         ([("h", 70000)], "1..65535"),
+        # a URL's scheme or path, or a space, is no host: it failed at every connect instead
+        ([("tcp://127.0.0.1", 6388)], r"server host 'tcp://127.0.0.1' is not a host name"),
+        ([("my host", 6388)], r"server host 'my host' is not a host name"),
     ],
 )
 def test_bad_server_lists_are_refused_clearly(servers: object, match: str) -> None:

@@ -174,6 +174,15 @@ def test_bad_arguments_are_named(engine: sa.Engine) -> None:
     assert row(engine, 1) is None
 
 
+def test_a_value_for_no_column_is_named(engine: sa.Engine) -> None:
+    """A misspelt column in ``values`` (or ``update``) raised a bare ``KeyError: 'balanse'``."""
+    with engine.begin() as db:
+        for values, update in (({"balanse": 1}, None), ({"balance": 1}, {"balanse": 2})):
+            with pytest.raises(ValueError, match=r"row id=1: no column balanse in values or upd"):
+                fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=1, values=values, update=update)
+    assert row(engine, 1) is None
+
+
 def test_an_upsert_that_collides_on_another_unique_key_is_not_silent() -> None:
     """MariaDB's ``ON DUPLICATE KEY UPDATE`` takes a conflict on any unique key: a row of a new
     ``key`` whose unique ``email`` another row holds updated that other row (under its fence)
