@@ -32,6 +32,10 @@ __all__ = ["RECV_BYTES", "AsyncStreamTransport", "SocketTransport"]
 RECV_BYTES: Final = 65536
 _POLL_IN: Final = select.POLLIN if hasattr(select, "poll") else 0
 _POLL_OUT: Final = select.POLLOUT if hasattr(select, "poll") else 0
+_POLL_MAX_S: Final = 86_400.0
+_POLL_MAX_MS: Final = 86_400_000
+"""The longest one ``poll`` waits (its milliseconds are a C int: about 24.8 days at most); a
+longer wait polls again, its deadline deciding."""
 
 
 def _closed_by_peer(endpoint: Endpoint, command: Command) -> ServerUnavailable:
@@ -130,8 +134,9 @@ class SocketTransport:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            if not poller.poll(math.ceil(remaining * 1000)):
-                continue  # woken early by rounding: the deadline decides above
+            wait_ms = math.ceil(remaining * 1000) if remaining < _POLL_MAX_S else _POLL_MAX_MS
+            if not poller.poll(wait_ms):
+                continue  # woken early (rounding, a wait past _POLL_MAX_S): the deadline decides
             try:
                 chunk = sock.recv(RECV_BYTES)
             except BlockingIOError:
@@ -152,7 +157,8 @@ class SocketTransport:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
-                if poller.poll(math.ceil(remaining * 1000)):  # writable, or an error send reports
+                # Writable, or an error `send` reports:
+                if poller.poll(min(math.ceil(remaining * 1000), _POLL_MAX_MS)):
                     with contextlib.suppress(BlockingIOError):
                         view = view[self.sock.send(view) :]
         finally:

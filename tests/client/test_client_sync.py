@@ -188,3 +188,21 @@ def test_renewal_threads_leave_the_process_signals_to_the_main_thread(
                 what=f"renewal threads blocking signal {signum}",
             )
         assert not _blocks(threading.main_thread(), signal.SIGTERM)
+
+
+def test_a_wait_longer_than_poll_can_count_takes_the_lock(make: Maker) -> None:
+    """``acquire_timeout_s`` may be any time the settings accept (up to 9e9 s), but the plain
+    socket's ``poll`` counts its wait in milliseconds in a C int (about 24.8 days): a longer
+    wait raised ``OverflowError`` before it began, on a free key as on a busy one."""
+    days_40 = 40 * 86_400.0
+    first = make("poll-overflow", acquire_timeout_s=days_40)
+    assert first.acquire()
+    second = make("poll-overflow", acquire_timeout_s=days_40)
+    releasing = threading.Timer(0.5, first.release)
+    releasing.start()
+    try:
+        assert second.acquire()
+    finally:
+        releasing.join()
+    assert second.owned()
+    assert second.release() is True
