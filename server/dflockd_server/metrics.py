@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
+from itertools import accumulate
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -174,10 +175,8 @@ class Snapshot:
              table.grace_remaining(), False),
         ]  # fmt: skip
         requests = times.copy() if times is not None else {}
-        if journal is None:
-            return cls(by_kind, single, requests, cluster)
-        stats = dataclasses.replace(journal.stats)
-        return cls(by_kind, single, requests, cluster, stats, journal.writable)
+        stats = None if journal is None else dataclasses.replace(journal.stats)
+        return cls(by_kind, single, requests, cluster, stats, journal is None or journal.writable)
 
 
 class MetricsExporter:
@@ -256,11 +255,7 @@ class MetricsExporter:
         )
         bounds = [*(f"{b:g}" for b in c.METRICS_LATENCY_BUCKETS_S), "+Inf"]
         for command, (counts, total) in sorted(snap.requests.items()):
-            cumulative: list[tuple[str, float]] = []
-            running = 0
-            for bound, count in zip(bounds, counts, strict=True):
-                running += count
-                cumulative.append((bound, running))
+            cumulative = list(zip(bounds, accumulate(counts), strict=True))
             latency.add_metric([COMMAND_NAMES[command], command], cumulative, total)
         yield latency
         if snap.cluster is not None:
