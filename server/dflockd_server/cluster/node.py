@@ -65,9 +65,7 @@ def boottime() -> float:
     """A clock that counts suspend (``CLOCK_BOOTTIME``, else monotonic): a member whose machine
     slept past its etcd lease must see that lease as over when it wakes."""
     clock_id = getattr(time, "CLOCK_BOOTTIME", None)
-    if clock_id is None:
-        return time.monotonic()
-    return time.clock_gettime(clock_id)
+    return time.monotonic() if clock_id is None else time.clock_gettime(clock_id)
 
 
 def ask_secret_key(prefix: str) -> str:
