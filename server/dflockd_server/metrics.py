@@ -28,13 +28,7 @@ if TYPE_CHECKING:
     from dflockd_server.cluster.node import ClusterStats
     from dflockd_server.table import LockTable
 
-__all__ = [
-    "COMMAND_NAMES",
-    "MetricsError",
-    "MetricsExporter",
-    "RequestTimes",
-    "Snapshot",
-]
+__all__ = ["COMMAND_NAMES", "MetricsError", "MetricsExporter", "RequestTimes", "Snapshot"]
 
 _INVALID = "invalid"
 COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
@@ -184,10 +178,7 @@ class MetricsExporter:
     server thread."""
 
     def __init__(
-        self,
-        take: Callable[[], Snapshot],
-        loop: asyncio.AbstractEventLoop,
-        page: StatusPage,
+        self, take: Callable[[], Snapshot], loop: asyncio.AbstractEventLoop, page: StatusPage
     ) -> None:
         self._take = take
         self._loop = loop

@@ -415,12 +415,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("several servers: a static list", ("members",)),
     (
         "several servers: a cluster on etcd",
-        (
-            "cluster",
-            "advertise",
-            "cluster_lease_ttl_s",
-            *ETCD_ACCESS,
-        ),
+        ("cluster", "advertise", "cluster_lease_ttl_s", *ETCD_ACCESS),
     ),
 )
 """``dflockd --help-all``'s sections: each setting's field under one topic, in this order."""

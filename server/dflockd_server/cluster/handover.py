@@ -90,11 +90,7 @@ class Handover:
         return self._waits
 
     def take_over(
-        self,
-        view: ClusterView,
-        member: Member,
-        shards: Collection[int],
-        gone_at: Mapping[str, int],
+        self, view: ClusterView, member: Member, shards: Collection[int], gone_at: Mapping[str, int]
     ) -> set[str]:
         """Set current = this member for shards whose failover is due; returns the gone
         members that registered since ``gone_at`` (``_write_while_gone``): their waits restart."""
