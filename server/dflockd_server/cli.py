@@ -352,8 +352,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         raise SystemExit(EXIT_RUNTIME) from None
     except OSError as exc:
         print(
-            f"dflockd: error: cannot serve on {config.host}:{config.port}: {exc}",
-            file=sys.stderr,
+            f"dflockd: error: cannot serve on {config.host}:{config.port}: {exc}", file=sys.stderr
         )
         raise SystemExit(EXIT_RUNTIME) from None
     except KeyboardInterrupt:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dflockd_server import constants as c
-from dflockd_server.settings import SETTINGS, names
+from dflockd_server.settings import ETCD_ACCESS, SETTINGS, names
 
 
 class ConfigError(ValueError):
@@ -141,18 +141,7 @@ class Config:
         self._check_etcd_access()
 
     def _check_etcd_access(self) -> None:
-        given = [
-            f
-            for f in (
-                "cluster_ca_file",
-                "cluster_cert",
-                "cluster_key",
-                "cluster_user",
-                "cluster_password",
-                "cluster_password_file",
-            )
-            if getattr(self, f) is not None
-        ]
+        given = [f for f in ETCD_ACCESS if getattr(self, f) is not None]
         if self.cluster is None:
             if given:
                 raise ConfigError(

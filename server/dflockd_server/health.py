@@ -78,9 +78,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except (ValueError, OSError) as exc:
         print(f"dflockd health: bad setting: {exc}", file=sys.stderr)
         return 1
-    if port is None:
-        port = DEFAULT_PORT
-    problem = check(host, port, token, _setting(env, "tls_cert") is not None)
+    tls = _setting(env, "tls_cert") is not None
+    problem = check(host, DEFAULT_PORT if port is None else port, token, tls)
     if problem is not None:
         print(f"dflockd health: {problem}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
+from itertools import accumulate
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -27,13 +28,7 @@ if TYPE_CHECKING:
     from dflockd_server.cluster.node import ClusterStats
     from dflockd_server.table import LockTable
 
-__all__ = [
-    "COMMAND_NAMES",
-    "MetricsError",
-    "MetricsExporter",
-    "RequestTimes",
-    "Snapshot",
-]
+__all__ = ["COMMAND_NAMES", "MetricsError", "MetricsExporter", "RequestTimes", "Snapshot"]
 
 _INVALID = "invalid"
 COMMAND_NAMES: Final[Mapping[str, str]] = MappingProxyType(
@@ -174,10 +169,8 @@ class Snapshot:
              table.grace_remaining(), False),
         ]  # fmt: skip
         requests = times.copy() if times is not None else {}
-        if journal is None:
-            return cls(by_kind, single, requests, cluster)
-        stats = dataclasses.replace(journal.stats)
-        return cls(by_kind, single, requests, cluster, stats, journal.writable)
+        stats = None if journal is None else dataclasses.replace(journal.stats)
+        return cls(by_kind, single, requests, cluster, stats, journal is None or journal.writable)
 
 
 class MetricsExporter:
@@ -185,10 +178,7 @@ class MetricsExporter:
     server thread."""
 
     def __init__(
-        self,
-        take: Callable[[], Snapshot],
-        loop: asyncio.AbstractEventLoop,
-        page: StatusPage,
+        self, take: Callable[[], Snapshot], loop: asyncio.AbstractEventLoop, page: StatusPage
     ) -> None:
         self._take = take
         self._loop = loop
@@ -256,11 +246,7 @@ class MetricsExporter:
         )
         bounds = [*(f"{b:g}" for b in c.METRICS_LATENCY_BUCKETS_S), "+Inf"]
         for command, (counts, total) in sorted(snap.requests.items()):
-            cumulative: list[tuple[str, float]] = []
-            running = 0
-            for bound, count in zip(bounds, counts, strict=True):
-                running += count
-                cumulative.append((bound, running))
+            cumulative = list(zip(bounds, accumulate(counts), strict=True))
             latency.add_metric([COMMAND_NAMES[command], command], cumulative, total)
         yield latency
         if snap.cluster is not None:

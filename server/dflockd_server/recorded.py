@@ -177,12 +177,6 @@ class RecordedGrants:
 
     def values(self) -> list[RecordedGrant]:
         """Every grant kept, in order."""
-        out: list[RecordedGrant] = []
-        append = out.append
-        for run in self._runs:
-            for rec in run:
-                if rec is not None:
-                    append(rec)
-        if self._others:
-            out.extend(self._others.values())
+        out = [rec for run in self._runs for rec in run if rec is not None]
+        out.extend(self._others.values())
         return out

@@ -39,7 +39,7 @@ from dflockd_server.values import (
     parse_str,
 )
 
-__all__ = ["BY_FIELD", "SETTINGS", "TOPICS", "Setting", "names"]
+__all__ = ["BY_FIELD", "ETCD_ACCESS", "SETTINGS", "TOPICS", "Setting", "names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +357,18 @@ def names(field: str) -> str:
     return f"{BY_FIELD[field].flag} / {BY_FIELD[field].env[0]}"
 
 
+ETCD_ACCESS = (
+    "cluster_ca_file",
+    "cluster_cert",
+    "cluster_key",
+    "cluster_user",
+    "cluster_password_file",
+    "cluster_password",
+)
+"""The settings of the access to the cluster's etcd (TLS files, user), which the operator's
+commands (``cluster.ops``) take too."""
+
+
 TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("where it listens", ("host", "port")),
     ("state and restarts", ("state_dir", "journal_fsync", "fence_state_file", "restart_grace_s")),
@@ -403,17 +415,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("several servers: a static list", ("members",)),
     (
         "several servers: a cluster on etcd",
-        (
-            "cluster",
-            "advertise",
-            "cluster_lease_ttl_s",
-            "cluster_ca_file",
-            "cluster_cert",
-            "cluster_key",
-            "cluster_user",
-            "cluster_password_file",
-            "cluster_password",
-        ),
+        ("cluster", "advertise", "cluster_lease_ttl_s", *ETCD_ACCESS),
     ),
 )
 """``dflockd --help-all``'s sections: each setting's field under one topic, in this order."""

@@ -195,10 +195,9 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
                 "or a repair?); what the previous run granted is unknown"
             )
         elif read is not None:
-            try:
+            run_longest = None
+            with contextlib.suppress(FenceStateError):
                 run_longest = read_longest_lease(record)
-            except FenceStateError:
-                run_longest = None
             complete = os.path.exists(journal + COMPLETE_SUFFIX)
             restore = restored_leases(
                 read,

@@ -23,6 +23,7 @@ For every shard (``self``: the member's advertised address):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
@@ -90,8 +91,8 @@ def decide(
     ``failover_wait_s``."""
     live = view.members
     shard_map = view.shard_map
-    moved: dict[str, bytes] = {}
-    ask: dict[str, bytes] = {}
+    moved = functools.cache(p.reply_moved)  # one reply object per address
+    ask = functools.cache(p.reply_ask)
     holding: set[int] = set()
     holding_all: set[int] = set()
     importing: set[int] = set()
@@ -121,10 +122,7 @@ def decide(
             if cleared is None or shard in cleared:
                 holding.add(shard)
                 if split and split in live:
-                    reply = ask.get(split)
-                    if reply is None:
-                        reply = ask[split] = p.reply_ask(split)
-                    verdicts[shard] = reply
+                    verdicts[shard] = ask(split)
             continue  # else unavailable (but for the keys it holds or queues)
         if split == me and current:
             importing_all.add(shard)
@@ -151,10 +149,7 @@ def decide(
             elsewhere = current  # importing: the keys it was not asked for are the current's
         else:
             elsewhere = current or target
-        reply = moved.get(elsewhere)
-        if reply is None:
-            reply = moved[elsewhere] = p.reply_moved(elsewhere)
-        verdicts[shard] = reply
+        verdicts[shard] = moved(elsewhere)
     for shard in importing_all - importing:
         verdicts[shard] = ERROR_UNAVAILABLE  # asked or not, until its fence is raised: a moment
     moving_out = sum(len(s) for s in moving.values())

@@ -62,6 +62,12 @@ class Handover:
         self.host = host
         self.max_lease_ttl_s = max_lease_ttl_s
         self.failover_margin_s = failover_margin_s
+        self.forget()
+        self.handovers = 0
+        self.failovers = 0
+        self.released_takeovers = 0
+
+    def forget(self) -> None:
         self._written_from: dict[int, int] = {}
         self._split_gone_since: dict[int, float] = {}
         """Shards split towards a node that is not live: since when."""
@@ -69,15 +75,6 @@ class Handover:
         """Nodes not live that shards are split towards: the wait for each."""
         self._waits: dict[str, float] = {}
         """Gone members whose shards this one waits to take: the wait for each."""
-        self.handovers = 0
-        self.failovers = 0
-        self.released_takeovers = 0
-
-    def forget(self) -> None:
-        self._split_gone_since = {}
-        self._split_waits = {}
-        self._written_from = {}
-        self._waits = {}
 
     def failover_waits(self, view: ClusterView, *, fresh: bool = False) -> dict[str, float]:
         """Per gone member whose shards this one waits to take: its published longest lease
@@ -93,11 +90,7 @@ class Handover:
         return self._waits
 
     def take_over(
-        self,
-        view: ClusterView,
-        member: Member,
-        shards: Collection[int],
-        gone_at: Mapping[str, int],
+        self, view: ClusterView, member: Member, shards: Collection[int], gone_at: Mapping[str, int]
     ) -> set[str]:
         """Set current = this member for shards whose failover is due; returns the gone
         members that registered since ``gone_at`` (``_write_while_gone``): their waits restart."""

@@ -230,8 +230,7 @@ class Member:
         lease = self.client.lease_grant(self.lease_ttl)
         registered = Put(self.keys.registered(self.advertise), str(lease.id))
         created = self.client.txn(
-            [Compare(key, "CREATE", "EQUAL", 0)],
-            [Put(key, self.advertise, lease.id), registered],
+            [Compare(key, "CREATE", "EQUAL", 0)], [Put(key, self.advertise, lease.id), registered]
         ).succeeded
         # A registration retried on another endpoint reports failure when the unanswered first
         # attempt made it: the key is then held under this lease.
@@ -441,10 +440,7 @@ class Member:
         self._behind_at = None
         self._next_watch_check = self._clock() + self.lease_ttl
         self._watch = self.client.watch(
-            self.keys.root,
-            prefix=True,
-            start_revision=result.revision + 1,
-            on_event=self._on_event,
+            self.keys.root, prefix=True, start_revision=result.revision + 1, on_event=self._on_event
         )
         self._changed()
 

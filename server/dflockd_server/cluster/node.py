@@ -65,9 +65,7 @@ def boottime() -> float:
     """A clock that counts suspend (``CLOCK_BOOTTIME``, else monotonic): a member whose machine
     slept past its etcd lease must see that lease as over when it wakes."""
     clock_id = getattr(time, "CLOCK_BOOTTIME", None)
-    if clock_id is None:
-        return time.monotonic()
-    return time.clock_gettime(clock_id)
+    return time.monotonic() if clock_id is None else time.clock_gettime(clock_id)
 
 
 def ask_secret_key(prefix: str) -> str:
@@ -157,13 +155,7 @@ class ClusterNode:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        # Owned by the node's thread:
-        self._failover_since: dict[int, float] = {}
-        self._gone_at: dict[str, int] = {}
-        """Each member the map names that is not live -> the revision of the first view
-        showing it so (``Handover.take_over``)."""
-        self._raised: dict[int, tuple[str, str]] = {}
-        """Shard -> the (current, split) under which this member last raised its fence for it."""
+        # Owned by the node's thread (and ``_forget``'s):
         self._floor_wanted = 0
         """A ticket's counter the loop could not raise to at once (the node's thread does)."""
         self._tickets: AskTickets | None = None
@@ -171,9 +163,6 @@ class ClusterNode:
         self._renewals: bool | None = None
         self._next_join = 0.0
         self._updates = 0  # views the member reported (its watch's thread adds)
-        self._seen_updates = -1
-        self._rest_until = 0.0
-        """Until when, with no news, a step decides nothing new (0 while shards move out)."""
         self.fenced_reason: str | None = "not started"
         self.clock = ClockSkew(advertise)
         self._handover = Handover(
@@ -184,6 +173,20 @@ class ClusterNode:
             max_lease_ttl_s=max_lease_ttl_s,
             failover_margin_s=failover_margin_s,
         )
+        self._forget()
+
+    def _forget(self) -> None:
+        """What the node's thread learnt from the views it saw (forgotten once fenced)."""
+        self._failover_since: dict[int, float] = {}
+        self._gone_at: dict[str, int] = {}
+        """Each member the map names that is not live -> the revision of the first view
+        showing it so (``Handover.take_over``)."""
+        self._raised: dict[int, tuple[str, str]] = {}
+        """Shard -> the (current, split) under which this member last raised its fence for it."""
+        self._seen_updates = -1
+        self._rest_until = 0.0
+        """Until when, with no news, a step decides nothing new (0 while shards move out)."""
+        self._handover.forget()
 
     @property
     def ownership(self) -> ClusterOwnership:
@@ -443,7 +446,6 @@ class ClusterNode:
         return False
 
     def _publish(self, view: ClusterView, decision: Decision, valid_until: float) -> None:
-        current = decision.serving.union(*decision.moving_out.values())
         member = self._member
         own = ClusterOwnership(
             self.advertise,
@@ -452,7 +454,7 @@ class ClusterNode:
             valid_until,
             self._clock,
             decision.states,
-            current=current,
+            current=decision.serving.union(*decision.moving_out.values()),
             holding=decision.holding,
             importing=decision.importing,
             present=self.host.key_present,
@@ -489,12 +491,7 @@ class ClusterNode:
         if self.fenced_reason is None:
             log.warning("cluster member %s: fenced, granting nothing: %s", self.advertise, reason)
         self.fenced_reason = reason
-        self._failover_since = {}
-        self._gone_at = {}
-        self._raised = {}
-        self._handover.forget()
-        self._seen_updates = -1
-        self._rest_until = 0.0
+        self._forget()
 
     def _rejoin(self, old: Member | None) -> None:
         """Join again under a new lease, from a fresh read."""

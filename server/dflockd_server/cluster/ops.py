@@ -27,7 +27,7 @@ from dflockd_server.cluster.membership import ClusterKeys, ClusterView
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
 from dflockd_server.config import read_secret
 from dflockd_server.constants import CLUSTER_COMMAND_HELP
-from dflockd_server.settings import BY_FIELD, names
+from dflockd_server.settings import BY_FIELD, ETCD_ACCESS, names
 from dflockd_server.values import split_cluster_url
 
 _CLUSTER = BY_FIELD["cluster"]
@@ -50,7 +50,7 @@ def parse_cluster_url(url: str) -> tuple[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class EtcdAccess:
-    """TLS files and a user for the cluster's etcd (``ACCESS_FIELDS``)."""
+    """TLS files and a user for the cluster's etcd (``ETCD_ACCESS``)."""
 
     ca_file: str | None = None
     cert_file: str | None = None
@@ -197,21 +197,11 @@ def summary(view: ClusterView) -> list[str]:
     return lines
 
 
-ACCESS_FIELDS = (
-    "cluster_ca_file",
-    "cluster_cert",
-    "cluster_key",
-    "cluster_user",
-    "cluster_password_file",
-    "cluster_password",
-)
-"""The server's settings (``settings``: flags, variables, help) the operator's commands take
-too; a flag wins over its variable."""
-
-
 def _access(args: argparse.Namespace, environ: Mapping[str, str]) -> EtcdAccess:
+    """The access settings of the server's (``settings``: flags, variables), a flag winning
+    over its variable."""
     given: dict[str, str | None] = {}
-    for field in ACCESS_FIELDS:
+    for field in ETCD_ACCESS:
         found = BY_FIELD[field].in_environment(environ)
         given[field] = getattr(args, field) or (found[1] if found is not None else None)
     password, path = given["cluster_password"], given["cluster_password_file"]
@@ -241,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("rebalance", "pin", "unpin", "shards"):
         p = commands[name] = sub.add_parser(name, help=CLUSTER_COMMAND_HELP[name][1])
         p.add_argument(_CLUSTER.flag, required=True, help=url_help)
-        for field in ACCESS_FIELDS:
+        for field in ETCD_ACCESS:
             setting = BY_FIELD[field]
             p.add_argument(
                 setting.flag,

@@ -234,12 +234,8 @@ class ShardMap:
 
     def diff(self, other: ShardMap) -> dict[int, ShardAssignment | None]:
         """What to write to turn ``self`` into ``other`` (``None``: delete the shard's entry)."""
-        changed: dict[int, ShardAssignment | None] = {}
-        for shard in self._shards.keys() | other._shards.keys():
-            new = other._shards.get(shard)
-            if self._shards.get(shard) != new:
-                changed[shard] = new
-        return dict(sorted(changed.items()))
+        old, new = self._shards, other._shards
+        return {s: new.get(s) for s in sorted(old.keys() | new.keys()) if old.get(s) != new.get(s)}
 
     def pin(self, shard: int, node: str | None = None) -> ShardMap:
         """Pin a shard (to ``node`` as its target when given, else where it is targeted)."""
@@ -316,11 +312,8 @@ class ShardMap:
             raise ValueError(f"shard {shard} has no assignment") from None
 
     def _loads(self, live: frozenset[str]) -> dict[str, int]:
-        loads = dict.fromkeys(live, 0)
-        for a in self._shards.values():
-            if a.target in loads:
-                loads[a.target] += 1
-        return loads
+        targets = Counter(a.target for a in self._shards.values())
+        return {node: targets[node] for node in live}
 
     def _orphan_moves(self, live: frozenset[str], loads: dict[str, int]) -> list[Move]:
         """Moves for the orphaned shards; updates ``loads`` as it goes."""

@@ -21,6 +21,9 @@ from dflockd_server.cluster.etcd.messages import (
 )
 from dflockd_server.cluster.etcd.transport import EtcdTransport
 
+_FAILURES = (OSError, http.client.HTTPException, ValueError, EtcdError, NotSent, NoAnswer)
+"""What ends a watch with an error (``Watch.error``) unless it is being stopped."""
+
 
 class Watch:
     """A running watch of a key or prefix: a thread reading etcd's event stream, calling
@@ -105,14 +108,7 @@ class Watch:
                     if message is None:
                         raise EtcdError(f"etcd at {self._where}: {what}: bad line {line!r}")
                     self._handle(message, what)
-        except (
-            OSError,
-            http.client.HTTPException,
-            ValueError,
-            EtcdError,
-            NotSent,
-            NoAnswer,
-        ) as exc:
+        except _FAILURES as exc:
             if not self._stopping.is_set():
                 self.error = (
                     exc
@@ -121,8 +117,7 @@ class Watch:
                 )
         finally:
             with self._lock:
-                conn = self._conn
-                self._conn = None
+                conn, self._conn = self._conn, None
             if conn is not None:
                 conn.close()
             self._created.set()
