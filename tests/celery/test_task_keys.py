@@ -269,6 +269,21 @@ class _Keyed(LockedTask):
     lock_key = account_key
 
 
+class _KeyedByMethod(LockedTask):
+    """A class-based task whose ``lock_key`` is a method written in its body: it keeps its
+    ``self``."""
+
+    name = "tests.keyed_by_method"
+    region = "eu"
+
+    def lock_key(self, account_id: int) -> str:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return f"{self.region}:{account_id}"
+
+    def run(self, account_id: int) -> str | None:
+        lock = self.lock
+        return None if lock is None else str(lock.key)
+
+
 def test_a_function_set_as_a_class_attribute_lock_key_takes_the_tasks_arguments(
     dflock_server: ServerThread,
 ) -> None:
@@ -284,6 +299,8 @@ def test_a_function_set_as_a_class_attribute_lock_key_takes_the_tasks_arguments(
         return None if lock is None else str(lock.key)
 
     inherited: Any = refresh
+    by_method: Any = app.register_task(_KeyedByMethod())
     assert report.apply(args=(7,)).get() == "account:7"
     assert inherited.apply(args=(8,)).get() == "account:8"
+    assert by_method.apply(args=(9,)).get() == "eu:9"
     app.close()
