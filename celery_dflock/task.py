@@ -76,10 +76,13 @@ class LockedTask(Task):
         """Install the worker hooks and check a template key as soon as the task is bound."""
         BaseTask.on_bound.__func__(cls, app)
         _worker_hooks.install_hooks(app, LockedTask)
-        key: object = cls.__dict__.get("lock_key")
-        if cls.__dict__.get("_decorated") and isinstance(key, FunctionType):
-            # ``@app.task(lock_key=function)``: Celery puts its options in the task's class,
-            # where a function is a method; the key takes the task's arguments, not the task.
+        owner = next(k for k in cls.__mro__ if "lock_key" in vars(k))
+        key: object = vars(owner)["lock_key"]
+        if isinstance(key, FunctionType) and key.__qualname__ != f"{owner.__qualname__}.lock_key":
+            # A function given as ``@app.task(lock_key=function)`` (Celery puts its options in
+            # the task's class) or set as a class attribute, here or inherited: in a class a
+            # function is a method, but the key takes the task's arguments, not the task. A
+            # ``def lock_key(self, ...)`` written in the class stays a method.
             cls.lock_key = cast("Any", staticmethod(key))
         cls.throws = _worker_hooks.with_skip(getattr(cls, "throws", ()))
         run: Any = cls.__dict__.get("run")

@@ -21,6 +21,10 @@ _EITHER = (("auth_token", "auth_token_file"), ("cluster_password", "cluster_pass
 """Settings of which one may be given, not both."""
 _TOGETHER = (("tls_cert", "tls_key"), ("cluster_cert", "cluster_key"))
 """Settings given both or neither."""
+_SERVER_PAIRS = (_EITHER[:1], _TOGETHER[:1])
+"""The pairs checked with the server's own settings; etcd's (the rest) with etcd's access,
+once ``--cluster`` is known to be given (and ``etcds://`` for the TLS files)."""
+_ETCD_PAIRS = (_EITHER[1:], _TOGETHER[1:])
 
 
 def read_secret(path: str, name: str, strip: Callable[[str], str]) -> str:
@@ -94,12 +98,7 @@ class Config:
             problem = setting.check(value)
             if problem is not None:
                 raise ConfigError(f"{setting.field}={value!r} ({names(setting.field)}): {problem}")
-        for one, other in _EITHER:
-            if getattr(self, one) is not None and getattr(self, other) is not None:
-                raise ConfigError(f"give {names(one)} or {names(other)}, not both")
-        for one, other in _TOGETHER:
-            if (getattr(self, one) is None) != (getattr(self, other) is None):
-                raise ConfigError(f"{names(one)} and {names(other)} must be given together")
+        self._check_pairs(*_SERVER_PAIRS)
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ConfigError(
                 f"{names('default_lease_ttl_s')}={self.default_lease_ttl_s} exceeds "
@@ -140,6 +139,16 @@ class Config:
             )
         self._check_etcd_access()
 
+    def _check_pairs(
+        self, either: tuple[tuple[str, str], ...], together: tuple[tuple[str, str], ...]
+    ) -> None:
+        for one, other in either:
+            if getattr(self, one) is not None and getattr(self, other) is not None:
+                raise ConfigError(f"give {names(one)} or {names(other)}, not both")
+        for one, other in together:
+            if (getattr(self, one) is None) != (getattr(self, other) is None):
+                raise ConfigError(f"{names(one)} and {names(other)} must be given together")
+
     def _check_etcd_access(self) -> None:
         given = [f for f in ETCD_ACCESS if getattr(self, f) is not None]
         if self.cluster is None:
@@ -155,6 +164,7 @@ class Config:
                     f"{names(name)} is for TLS to etcd, but {_CLUSTER}={self.cluster} "
                     f"is plain: write it {c.CLUSTER_TLS_SCHEME}://... to reach etcd over TLS"
                 )
+        self._check_pairs(*_ETCD_PAIRS)
         has_password = self.cluster_password is not None or self.cluster_password_file is not None
         if self.cluster_user is not None and not has_password:
             raise ConfigError(

@@ -251,3 +251,56 @@ def test_a_function_given_as_lock_key_takes_the_tasks_arguments(
     assert bound(7) == "a:7"
     assert named(8, verbose=True) == "account:8"
     app.close()
+
+
+class _KeyedReport(LockedTask):
+    """A class-based task whose ``lock_key`` is a function set as a class attribute."""
+
+    name = "tests.keyed_report"
+    lock_key = account_key
+
+    def run(self, account_id: int, verbose: bool = False) -> str | None:
+        lock = self.lock
+        return None if lock is None else str(lock.key)
+
+
+class _Keyed(LockedTask):
+    abstract = True
+    lock_key = account_key
+
+
+class _KeyedByMethod(LockedTask):
+    """A class-based task whose ``lock_key`` is a method written in its body: it keeps its
+    ``self``."""
+
+    name = "tests.keyed_by_method"
+    region = "eu"
+
+    def lock_key(self, account_id: int) -> str:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return f"{self.region}:{account_id}"
+
+    def run(self, account_id: int) -> str | None:
+        lock = self.lock
+        return None if lock is None else str(lock.key)
+
+
+def test_a_function_set_as_a_class_attribute_lock_key_takes_the_tasks_arguments(
+    dflock_server: ServerThread,
+) -> None:
+    """ "Every option ... per task (``@app.task(...)`` or a class attribute)": a function set as
+    the ``lock_key`` class attribute, on the task's class or a base it inherits from, is a
+    method there too; it got the task in front of the arguments (KeyDerivationError)."""
+    app = make_app("keys-class-attribute", eager=True, servers=dflock_server)
+    report: Any = app.register_task(_KeyedReport())
+
+    @app.task(shared=False, base=_Keyed)
+    def refresh(account_id: int) -> str | None:
+        lock = cast("Any", refresh).lock
+        return None if lock is None else str(lock.key)
+
+    inherited: Any = refresh
+    by_method: Any = app.register_task(_KeyedByMethod())
+    assert report.apply(args=(7,)).get() == "account:7"
+    assert inherited.apply(args=(8,)).get() == "account:8"
+    assert by_method.apply(args=(9,)).get() == "eu:9"
+    app.close()

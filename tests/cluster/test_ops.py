@@ -270,3 +270,17 @@ def test_a_pin_onto_a_node_that_is_no_live_member_is_refused(
     assert read_view(etcd, prefix).shard_map[7] == m[7]  # nothing written
     code, out, _ = run(["pin", "--cluster", url, "7", "a:1"])
     assert code == 0 and out.strip() == "shard 7: a:1,b:1,f=pinned"
+
+
+def test_the_commands_refuse_a_password_given_twice_as_the_server_does(tmp_path: Path) -> None:
+    """``--cluster-password`` (which the commands take since they read the server's settings)
+    beside ``--cluster-password-file`` is refused by the server ("not both"); the commands
+    took the file's and dropped the other without a word."""
+    secret = tmp_path / "password"
+    secret.write_text("from-the-file\n")
+    url = "etcd://127.0.0.1:1/nowhere"  # refused before etcd is asked
+    code, _, err = run([
+        "shards", "--cluster", url, "--cluster-user", "root", "--cluster-password", "typed",
+        "--cluster-password-file", str(secret),
+    ])  # fmt: skip
+    assert code == 2 and "not both" in err and "--cluster-password-file" in err, err

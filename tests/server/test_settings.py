@@ -501,3 +501,37 @@ def test_state_dir_none_in_any_case_keeps_no_state_and_makes_no_directory(
     with ServerThread(config) as server:
         assert server.server.state is None
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        # the first thing wrong is the missing --cluster, not the missing --cluster-key
+        ({"cluster_cert": "/etc/hosts"}, "--cluster-cert / DFLOCKD_CLUSTER_CERT is only used with"),
+        (
+            {"cluster_password": "x", "cluster_password_file": "/etc/hosts"},
+            "DFLOCKD_CLUSTER_PASSWORD_FILE is only used with --cluster",
+        ),
+        # a TLS file on a plain etcd:// URL: write etcds://, not "add --cluster-key"
+        (
+            {
+                "cluster": "etcd://127.0.0.1:2379/p",
+                "advertise": "127.0.0.1:6388",
+                "cluster_cert": "/etc/hosts",
+            },
+            "is plain: write it etcds://",
+        ),
+        # a server without --cluster: its own lease settings' mistake first
+        ({"cluster_cert": "/etc/hosts", "default_lease_ttl_s": 500}, "exceeds --max-lease-ttl"),
+    ],
+)
+def test_etcd_access_mistakes_are_named_in_the_order_they_are_checked(
+    given: dict[str, Any], said: str
+) -> None:
+    """The etcd access pairs (cert and key, password or its file) are checked with the rest of
+    etcd's access, after ``--cluster`` itself: a pair rule checked first named a second setting
+    to add to one that was of no use without ``--cluster`` (or on a plain ``etcd://``)."""
+    from dflockd_server.config import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        Config(**given)

@@ -205,6 +205,10 @@ def _access(args: argparse.Namespace, environ: Mapping[str, str]) -> EtcdAccess:
         found = BY_FIELD[field].in_environment(environ)
         given[field] = getattr(args, field) or (found[1] if found is not None else None)
     password, path = given["cluster_password"], given["cluster_password_file"]
+    if password is not None and path is not None:  # as the server's Config refuses it
+        raise ValueError(
+            f"give {names('cluster_password')} or {names('cluster_password_file')}, not both"
+        )
     if path is not None:
         password = read_secret(path, names("cluster_password_file"), lambda s: s.rstrip("\r\n"))
     user = given["cluster_user"]
