@@ -32,7 +32,6 @@ __all__ = ["RECV_BYTES", "AsyncStreamTransport", "SocketTransport"]
 RECV_BYTES: Final = 65536
 _POLL_IN: Final = select.POLLIN if hasattr(select, "poll") else 0
 _POLL_OUT: Final = select.POLLOUT if hasattr(select, "poll") else 0
-_POLL_MAX_S: Final = 86_400.0
 _POLL_MAX_MS: Final = 86_400_000
 """The longest one ``poll`` waits (its milliseconds are a C int: about 24.8 days at most); a
 longer wait polls again, its deadline deciding."""
@@ -134,9 +133,12 @@ class SocketTransport:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            wait_ms = math.ceil(remaining * 1000) if remaining < _POLL_MAX_S else _POLL_MAX_MS
-            if not poller.poll(wait_ms):
-                continue  # woken early (rounding, a wait past _POLL_MAX_S): the deadline decides
+            try:
+                ready = poller.poll(math.ceil(remaining * 1000))
+            except OverflowError:  # a wait longer than poll counts (free of cost when none)
+                ready = poller.poll(_POLL_MAX_MS)
+            if not ready:
+                continue  # woken early (rounding, a wait past _POLL_MAX_MS): the deadline decides
             try:
                 chunk = sock.recv(RECV_BYTES)
             except BlockingIOError:
