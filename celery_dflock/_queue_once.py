@@ -326,12 +326,7 @@ def _no_hold(
 
 
 def retry_hand_off(
-    task: Any,
-    request: Any,
-    *,
-    countdown: float | None,
-    eta: Any,
-    max_retries: int | None,
+    task: Any, request: Any, *, countdown: float | None, eta: Any, max_retries: int | None
 ) -> HoldRef | None:
     """Before ``task.retry``: hand a publish-time hold on to the retry message and return it
     for its header; any other run's lock is released (None). A run that took no lock (an

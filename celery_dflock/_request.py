@@ -197,11 +197,7 @@ _NO_NOTE: Final = "_"
 
 
 def encode_note(
-    task_id: str | None,
-    host: str | None = None,
-    *,
-    pid: int | None = None,
-    name: str | None = None,
+    task_id: str | None, host: str | None = None, *, pid: int | None = None, name: str | None = None
 ) -> str | None:
     """The owner note. A note too long loses its last parts; None when the task id alone is
     too long (or there is none)."""

@@ -97,12 +97,7 @@ from celery_dflock.client.errors import DflockError, InvalidValueError
 from celery_dflock.config import DflockConfig, DflockConfigError, get_config, read_settings
 from celery_dflock.keys import safe_key
 
-__all__ = [
-    "BEAT_ENTRY_HEADER",
-    "DEFAULT_BEAT_LEASE_TTL_S",
-    "BeatSettings",
-    "SingletonScheduler",
-]
+__all__ = ["BEAT_ENTRY_HEADER", "DEFAULT_BEAT_LEASE_TTL_S", "BeatSettings", "SingletonScheduler"]
 
 logger = logging.getLogger("celery_dflock.beat")
 
@@ -232,8 +227,7 @@ class Leadership:
                 granted = bool(lock.enqueue())  # join the FIFO queue (or take a free lock)
                 if unreachable:
                     logger.info(
-                        "beat: standby, lock server reachable again, waiting for %s",
-                        self.describe,
+                        "beat: standby, lock server reachable again, waiting for %s", self.describe
                     )
                     unreachable = False
                 if not granted:
@@ -585,9 +579,7 @@ class SingletonScheduler(Scheduler):
         if self._confirmed(self._leader()):
             return True
         logger.warning(
-            "beat: not sending %r: this beat no longer holds %s",
-            entry.name,
-            self.lock_description,
+            "beat: not sending %r: this beat no longer holds %s", entry.name, self.lock_description
         )
         return False
 

@@ -200,10 +200,7 @@ class LockOptions:
 
 
 def resolve_options(
-    config: DflockConfig,
-    task_name: str,
-    attributes: GivenOptions,
-    call: GivenOptions | None = None,
+    config: DflockConfig, task_name: str, attributes: GivenOptions, call: GivenOptions | None = None
 ) -> LockOptions:
     """Resolve every lock option: call > dflock_task_locks > attribute > app.conf > default
     (every layer was checked where it entered)."""

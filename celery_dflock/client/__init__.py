@@ -24,11 +24,7 @@ if TYPE_CHECKING:
     from celery_dflock.client._sync.client import Client
     from celery_dflock.client._sync.lock import DistributedLock, DistributedSemaphore
     from celery_dflock.client._sync.pool import ConnectionPool
-    from celery_dflock.client.sharding import (
-        ShardingStrategy,
-        rendezvous_shard,
-        stable_hash_shard,
-    )
+    from celery_dflock.client.sharding import ShardingStrategy, rendezvous_shard, stable_hash_shard
 
 _WHERE: Final[dict[str, str]] = {
     "AsyncClient": "celery_dflock.client._async.client",

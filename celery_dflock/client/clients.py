@@ -23,12 +23,7 @@ from celery_dflock.client._settings import (
 from celery_dflock.client._status import ServerShards, ServerStatus
 from celery_dflock.client._sync.client import Client
 from celery_dflock.client._threads import leave_signals_to_the_main_thread
-from celery_dflock.client.wire import (
-    FEATURE_FENCE,
-    FEATURE_HELLO,
-    FEATURE_PING,
-    FEATURE_STATS,
-)
+from celery_dflock.client.wire import FEATURE_FENCE, FEATURE_HELLO, FEATURE_PING, FEATURE_STATS
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",

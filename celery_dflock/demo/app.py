@@ -75,7 +75,7 @@ app.conf.update(
     beat_max_loop_interval=0.2,
     dflock_beat_lease_ttl=3,
     beat_schedule={
-        "heartbeat": {"task": "celery_dflock.demo.app.heartbeat", "schedule": BEAT_PERIOD_S},
+        "heartbeat": {"task": "celery_dflock.demo.app.heartbeat", "schedule": BEAT_PERIOD_S}
     },
 )
 
@@ -90,11 +90,7 @@ def _hold(task: LockedTask, key: str, seconds: float) -> None:
 
 
 @app.task(
-    base=LockedTask,
-    bind=True,
-    lock_key="account:{account}",
-    on_locked="retry",
-    max_retries=200,
+    base=LockedTask, bind=True, lock_key="account:{account}", on_locked="retry", max_retries=200
 )
 def sync_account(self: LockedTask, account: str, seconds: float) -> None:
     """Sync one account: never two at once per account; a busy account is waited for in its
@@ -102,12 +98,7 @@ def sync_account(self: LockedTask, account: str, seconds: float) -> None:
     _hold(self, f"account:{account}", seconds)
 
 
-@app.task(
-    base=LockedTask,
-    bind=True,
-    lock_key="report:{name}",
-    on_locked="skip",
-)
+@app.task(base=LockedTask, bind=True, lock_key="report:{name}", on_locked="skip")
 def build_report(self: LockedTask, name: str, seconds: float) -> None:
     """Build a report: a run that finds the previous one still going is skipped."""
     _hold(self, f"report:{name}", seconds)

@@ -17,12 +17,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import CompileError, DBAPIError
 
 from celery_dflock.fencing.errors import FenceColumnMissing
-from celery_dflock.fencing.fences import (
-    FENCE_COLUMN,
-    key_not_unique,
-    no_such_column,
-    require_fence,
-)
+from celery_dflock.fencing.fences import FENCE_COLUMN, key_not_unique, no_such_column, require_fence
 
 __all__ = [
     "FencedUpdate",
@@ -205,10 +200,7 @@ class FencedUpsert:
         return cls(target, column, keyed, checked, label)
 
     def statement(
-        self,
-        dialect: sa.Dialect,
-        values: Mapping[str, Any],
-        update: Mapping[str, Any] | None,
+        self, dialect: sa.Dialect, values: Mapping[str, Any], update: Mapping[str, Any] | None
     ) -> sa.Insert:
         """The one upsert of ``dialect`` (see `celery_dflock.fencing.sqlalchemy`)."""
         name = self.column.name

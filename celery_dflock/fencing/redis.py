@@ -39,12 +39,7 @@ __all__ = ["fence_key_of", "fenced_hset", "fenced_set", "highest_fence"]
 
 
 def fenced_set(
-    client: redis.Redis,
-    key: str,
-    value: Value,
-    *,
-    fence: int | None,
-    fence_key: str | None = None,
+    client: redis.Redis, key: str, value: Value, *, fence: int | None, fence_key: str | None = None
 ) -> None:
     """``SET key value`` if ``fence`` is at least the highest fence written to ``key``, and
     keep ``fence`` as the highest; atomic. A lower fence raises `StaleFence` and None

@@ -68,10 +68,7 @@ class AsyncHolding:
     )
 
     def __init__(
-        self,
-        core: LockCore,
-        on_lost: Callable[[], object] | None,
-        pool: AsyncConnectionPool | None,
+        self, core: LockCore, on_lost: Callable[[], object] | None, pool: AsyncConnectionPool | None
     ) -> None:
         self.core = core
         if pool is not None and not isinstance(pool, AsyncConnectionPool):  # pyright: ignore[reportUnnecessaryIsInstance]

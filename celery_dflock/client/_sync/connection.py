@@ -19,12 +19,7 @@ from celery_dflock.client._background import background_thread
 from celery_dflock.client._connection import SocketTransport
 from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Reply, ReplyParser
 from celery_dflock.client._requests import Command
-from celery_dflock.client._servers import (
-    CLOSING_ERRORS,
-    ServerInfo,
-    auth_reply_error,
-    server_info,
-)
+from celery_dflock.client._servers import CLOSING_ERRORS, ServerInfo, auth_reply_error, server_info
 from celery_dflock.client._session import ClientSession, Sessions
 from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint
 from celery_dflock.client.errors import DflockError, ProtocolError, ServerUnavailable

@@ -70,10 +70,7 @@ class Holding:
     )
 
     def __init__(
-        self,
-        core: LockCore,
-        on_lost: Callable[[], object] | None,
-        pool: ConnectionPool | None,
+        self, core: LockCore, on_lost: Callable[[], object] | None, pool: ConnectionPool | None
     ) -> None:
         self.core = core
         if pool is not None and not isinstance(pool, ConnectionPool):  # pyright: ignore[reportUnnecessaryIsInstance]
