@@ -80,7 +80,9 @@ def test_interrupted_request_closes_its_connection(
     assert not waiter.locked()
     wait_until(lambda: holders_and_waiters(dflock_server.address, "cut") == (1, 0))
     holder.release()
-    assert waiter.acquire()  # in step on a fresh connection
+    opened, reused = pool.opened, pool.reused
+    assert waiter.acquire()  # in step on a fresh connection, not the one cut off
+    assert (pool.opened, pool.reused) == (opened + 1, reused)
     assert waiter.release()
 
 
