@@ -267,11 +267,14 @@ def parse_lock(key: bytes, arg: bytes) -> tuple[str, int, int | None]:
     timeout = _NUMBERS.get(arg)
     if timeout is not None:  # ``<timeout>`` alone, a usual number
         return name, timeout, None
-    parts = _fields(arg, 1, 2, c.CMD_LOCK, "<timeout> [<lease>]")
+    parts = arg.split()  # not _fields: a call more per lock with a lease, the usual shape
+    n = len(parts)
+    if not 1 <= n <= 2:
+        raise Malformed(f"{c.CMD_LOCK} takes <timeout> [<lease>]")
     timeout = _NUMBERS.get(parts[0])
     if timeout is None:
         timeout = _number(parts[0], "timeout")
-    if len(parts) == 1:
+    if n == 1:
         return name, timeout, None
     return name, timeout, _NUMBERS.get(parts[1]) or _lease(parts[1])  # 0: _lease refuses it
 
