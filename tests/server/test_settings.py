@@ -152,9 +152,13 @@ def test_flag_env_and_env_wins(
     assert getattr(load_config([flag, flag_raw], {envs[0]: ""}), field) == from_flag
 
 
-def test_gc_primary_variable_wins_over_alias() -> None:
-    env = {"DFLOCKD_GC_LOOP_SLEEP": "2", "DFLOCKD_GC_INTERVAL_S": "9"}
+def test_gc_variable_and_alias_agree_or_are_refused() -> None:
+    """Both set: taken when they agree, refused naming both when not (the first won)."""
+    env = {"DFLOCKD_GC_LOOP_SLEEP": "2", "DFLOCKD_GC_INTERVAL_S": "2"}
     assert load_config([], env).gc_interval_s == 2.0
+    env["DFLOCKD_GC_INTERVAL_S"] = "9"
+    with pytest.raises(UsageError, match="DFLOCKD_GC_LOOP_SLEEP='2' and DFLOCKD_GC_INTERVAL_S"):
+        load_config([], env)
 
 
 @pytest.mark.parametrize(
