@@ -145,11 +145,12 @@ def test_flag_env_and_env_wins(
     field: str, flag_raw: str, env_raw: str, from_flag: object, from_env: object
 ) -> None:
     flag, envs = _row(field)
+    base = {"DFLOCKD_METRICS_PORT": "0"} if field == "metrics_host" else {}  # needs it
     for env in envs:  # every variable name (and alias) works
-        assert getattr(load_config([], {env: env_raw}), field) == from_env
-    assert getattr(load_config([flag, flag_raw], {}), field) == from_flag
-    assert getattr(load_config([flag, flag_raw], {envs[0]: env_raw}), field) == from_env
-    assert getattr(load_config([flag, flag_raw], {envs[0]: ""}), field) == from_flag
+        assert getattr(load_config([], {**base, env: env_raw}), field) == from_env
+    assert getattr(load_config([flag, flag_raw], base), field) == from_flag
+    assert getattr(load_config([flag, flag_raw], {**base, envs[0]: env_raw}), field) == from_env
+    assert getattr(load_config([flag, flag_raw], {**base, envs[0]: ""}), field) == from_flag
 
 
 def test_gc_variable_and_alias_agree_or_are_refused() -> None:
