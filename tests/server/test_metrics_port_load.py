@@ -25,9 +25,9 @@ def test_slow_http_clients_take_no_lock_connections_away(
 ) -> None:
     """``SLOW_CLIENTS`` connections to the metrics port that never finish their request each
     took a thread and an open file, for as long as they stayed: past the open-file limit the
-    lock server could accept no lock client (its connect hung unanswered). The HTTP server now
-    serves at most ``METRICS_MAX_HTTP_CONNECTIONS`` at once (it closes the others at once) and
-    drops one silent for ``METRICS_HTTP_TIMEOUT_S``."""
+    lock server could accept no lock client (its connections were reset or went unanswered).
+    The HTTP server now serves at most ``METRICS_MAX_HTTP_CONNECTIONS`` at once (it closes the
+    others at once) and drops one silent for ``METRICS_HTTP_TIMEOUT_S``."""
     proc = dflockd_process(
         "--host", "127.0.0.1", "--port", "0", "--state-dir", "none", "--restart-grace", "0",
         "--metrics-port", "0", "--max-connections", "64",
@@ -63,3 +63,7 @@ def test_slow_http_clients_take_no_lock_connections_away(
         except OSError:
             assert time.monotonic() < deadline
             time.sleep(0.2)
+    with socket.create_connection(metrics, timeout=c.METRICS_HTTP_TIMEOUT_S + 5) as silent:
+        started = time.monotonic()
+        assert silent.recv(100) == b""  # closed by the server, silent too long
+        assert time.monotonic() - started < c.METRICS_HTTP_TIMEOUT_S + 5
