@@ -105,6 +105,11 @@ class Config:
                 f"{names('max_lease_ttl_s')}={self.max_lease_ttl_s}: lower the first or raise "
                 "the second"
             )
+        if self.metrics_host is not None and self.metrics_port is None:
+            raise ConfigError(
+                f"{names('metrics_host')} is only used with {names('metrics_port')}: give it "
+                "too (the metrics endpoint is off without it), or drop it"
+            )
         self._check_membership()
 
     def _check_membership(self) -> None:

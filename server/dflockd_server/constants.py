@@ -269,6 +269,11 @@ METRICS_LATENCY_BUCKETS_S: Final = (
 )
 """Upper bounds of the request-duration histogram (a waiting acquire counts its wait)."""
 METRICS_SCRAPE_TIMEOUT_S: Final = 5.0
+METRICS_MAX_HTTP_CONNECTIONS: Final = 16
+"""Most connections the metrics port serves at once; it closes others at once, so clients that
+never finish a request cannot take the lock server's open files (or threads)."""
+METRICS_HTTP_TIMEOUT_S: Final = 10.0
+"""A metrics-port connection silent this long is closed."""
 FENCE_PERSIST_BLOCK: Final = 1 << 20
 """The fence state file records a ceiling this many grants ahead of the counter."""
 

@@ -98,9 +98,9 @@ def decide_grace(
     if config.fence_state_file is None:
         return GraceDecision(
             float(config.max_lease_ttl_s),
-            "no fence_state_file: how long the previous server's leases run is unknown, so "
-            "every start waits max_lease_ttl_s (set fence_state_file to wait only as long as "
-            "the longest lease actually granted)",
+            "no state directory (--state-dir none): how long the previous server's leases run "
+            "is unknown, so every start waits max_lease_ttl_s (give --state-dir a directory on "
+            "a persistent volume: a restart then keeps the leases held and waits for none)",
         )
     if previous_longest is not None:
         if previous_longest == 0:

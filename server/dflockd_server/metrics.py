@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from itertools import accumulate
@@ -204,6 +205,7 @@ class MetricsExporter:
                 f"(choose another {names('metrics_port')})"
             ) from exc
         self._http.set_app(route(self._http.get_app(), self._page))
+        _bound_connections(self._http)
         name: Any = self._http.server_address
         self.address = (str(name[0]), int(name[1]))
         return self.address
@@ -253,6 +255,37 @@ class MetricsExporter:
             yield from _cluster_families(snap.cluster)
         if snap.journal is not None:
             yield from _journal_families(snap.journal, snap.journal_writable)
+
+
+def _bound_connections(http: Any) -> None:
+    """Serve at most ``METRICS_MAX_HTTP_CONNECTIONS`` connections at once (one thread and one
+    open file each; the others are closed at once), each dropped once silent for
+    ``METRICS_HTTP_TIMEOUT_S``: clients that never finish a request (a stuck scraper, a
+    slow-loris) cannot take the open files the lock server's clients need."""
+    slots = threading.BoundedSemaphore(c.METRICS_MAX_HTTP_CONNECTIONS)
+    process, finish = http.process_request, http.process_request_thread
+
+    def process_request(request: Any, client_address: Any) -> None:
+        if not slots.acquire(blocking=False):
+            http.shutdown_request(request)
+            return
+        try:
+            process(request, client_address)  # starts a thread running process_request_thread
+        except BaseException:
+            slots.release()
+            raise
+
+    def process_request_thread(request: Any, client_address: Any) -> None:
+        try:
+            finish(request, client_address)
+        finally:
+            slots.release()
+
+    http.process_request = process_request
+    http.process_request_thread = process_request_thread
+    http.RequestHandlerClass = type(
+        "TimedHandler", (http.RequestHandlerClass,), {"timeout": c.METRICS_HTTP_TIMEOUT_S}
+    )
 
 
 def _single_valued(rows: list[Row]) -> Iterator[Any]:

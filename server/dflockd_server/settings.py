@@ -81,8 +81,13 @@ class Setting:
 
     def in_environment(self, environ: Mapping[str, str]) -> tuple[str, str] | None:
         """The first of its variables set in ``environ`` (an empty one counts as unset) and
-        its raw value, or None."""
-        return next(((name, environ[name]) for name in self.env if environ.get(name)), None)
+        its raw value, or None; a ``ValueError`` naming them when a variable and its alias are
+        both set to different values."""
+        found = [(name, environ[name]) for name in self.env if environ.get(name)]
+        if len({raw.strip() for _, raw in found}) > 1:
+            given = " and ".join(f"{name}={raw!r}" for name, raw in found)
+            raise ValueError(f"{given} are one setting ({self.flag}) given twice: set one of them")
+        return found[0] if found else None
 
 
 # (parse, check) pairs that several settings share

@@ -72,10 +72,12 @@ def default_state_dir(host: str, port: int, env: Mapping[str, str] | None = None
 
 
 def resolve_state_dir(config: Config, env: Mapping[str, str] | None = None) -> str | None:
-    """The state directory a server with ``config`` uses, or None (no state)."""
+    """The state directory a server with ``config`` uses, in full (``~`` is the home
+    directory, as in a shell: docker-compose, systemd and Kubernetes do not expand it), or None
+    (no state)."""
     given = config.state_dir
     if given is not None:
-        return None if given.lower() == NO_STATE else given
+        return None if given.lower() == NO_STATE else os.path.abspath(os.path.expanduser(given))
     if config.port == 0:
         return None
     return default_state_dir(config.host, config.port, env)

@@ -83,11 +83,13 @@ class StatusPage:
         try:
             stats = self.snapshot()
         except (concurrent.futures.TimeoutError, RuntimeError) as exc:
-            start_response("503 Service Unavailable", list(_HEADERS))
-            body = _page(self.title, refresh, [f"<p>No snapshot: {html.escape(str(exc))}</p>"])
-            return [body.encode()]
-        start_response("200 OK", list(_HEADERS))
-        return [render(self.title, stats, refresh, time.time()).encode()]
+            status = "503 Service Unavailable"
+            page = _page(self.title, refresh, [f"<p>No snapshot: {html.escape(str(exc))}</p>"])
+        else:
+            status, page = "200 OK", render(self.title, stats, refresh, time.time())
+        body = page.encode()
+        start_response(status, [*_HEADERS, ("Content-Length", str(len(body)))])
+        return [b""] if environ["REQUEST_METHOD"] == "HEAD" else [body]  # HEAD: no content
 
 
 def route(metrics: WsgiApp, page: StatusPage) -> WsgiApp:

@@ -145,16 +145,21 @@ def test_flag_env_and_env_wins(
     field: str, flag_raw: str, env_raw: str, from_flag: object, from_env: object
 ) -> None:
     flag, envs = _row(field)
+    base = {"DFLOCKD_METRICS_PORT": "0"} if field == "metrics_host" else {}  # needs it
     for env in envs:  # every variable name (and alias) works
-        assert getattr(load_config([], {env: env_raw}), field) == from_env
-    assert getattr(load_config([flag, flag_raw], {}), field) == from_flag
-    assert getattr(load_config([flag, flag_raw], {envs[0]: env_raw}), field) == from_env
-    assert getattr(load_config([flag, flag_raw], {envs[0]: ""}), field) == from_flag
+        assert getattr(load_config([], {**base, env: env_raw}), field) == from_env
+    assert getattr(load_config([flag, flag_raw], base), field) == from_flag
+    assert getattr(load_config([flag, flag_raw], {**base, envs[0]: env_raw}), field) == from_env
+    assert getattr(load_config([flag, flag_raw], {**base, envs[0]: ""}), field) == from_flag
 
 
-def test_gc_primary_variable_wins_over_alias() -> None:
-    env = {"DFLOCKD_GC_LOOP_SLEEP": "2", "DFLOCKD_GC_INTERVAL_S": "9"}
+def test_gc_variable_and_alias_agree_or_are_refused() -> None:
+    """Both set: taken when they agree, refused naming both when not (the first won)."""
+    env = {"DFLOCKD_GC_LOOP_SLEEP": "2", "DFLOCKD_GC_INTERVAL_S": "2"}
     assert load_config([], env).gc_interval_s == 2.0
+    env["DFLOCKD_GC_INTERVAL_S"] = "9"
+    with pytest.raises(UsageError, match="DFLOCKD_GC_LOOP_SLEEP='2' and DFLOCKD_GC_INTERVAL_S"):
+        load_config([], env)
 
 
 @pytest.mark.parametrize(

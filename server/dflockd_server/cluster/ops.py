@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     commands: dict[str, argparse.ArgumentParser] = {}
     for name in ("rebalance", "pin", "unpin", "shards"):
         p = commands[name] = sub.add_parser(name, help=CLUSTER_COMMAND_HELP[name][1])
-        p.add_argument(_CLUSTER.flag, required=True, help=url_help)
+        p.add_argument(_CLUSTER.flag, help=f"{url_help} (or {_CLUSTER.env[0]})")
         for field in ETCD_ACCESS:
             setting = BY_FIELD[field]
             p.add_argument(
@@ -260,8 +260,17 @@ def cluster_command(
     out = out or sys.stdout
     err = err or sys.stderr
     args = _parser().parse_args(list(argv))
+    found = _CLUSTER.in_environment(os.environ)
+    url = args.cluster or (found[1] if found is not None else None)
+    if url is None:
+        print(
+            f"dflockd {args.command}: give the cluster: {_CLUSTER.flag} URL or {_CLUSTER.env[0]} "
+            f"(as the members have it; dflockd {args.command} --help)",
+            file=err,
+        )
+        return 2
     try:
-        client, prefix = etcd_client(args.cluster, _access(args, os.environ))
+        client, prefix = etcd_client(url, _access(args, os.environ))
     except ValueError as exc:
         print(f"dflockd {args.command}: {exc}", file=err)
         return 2
