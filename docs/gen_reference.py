@@ -113,9 +113,10 @@ def server_flags_page() -> str:
         "",
         "Every setting of `dflockd` is a flag and an environment variable; the environment",
         "variable wins over the flag, and an empty variable counts as unset. A bad value stops",
-        "start-up with one line naming the flag or variable (exit code 2). `dflockd --help-all`",
-        "prints the same table by topic (`dflockd --help`: the common settings). How to use",
-        "them: [The lock server](../server.md).",
+        "start-up with one line naming the flag or variable (exit code 2), as do a variable and",
+        "its alias (`DFLOCKD_GC_LOOP_SLEEP`, `DFLOCKD_GC_INTERVAL_S`) set to different values.",
+        "`dflockd --help-all` prints the same table by topic (`dflockd --help`: the common",
+        "settings). How to use them: [The lock server](../server.md).",
     ]
     by_field = {setting.field: setting for setting in SETTINGS}
     for title, fields in TOPICS:
