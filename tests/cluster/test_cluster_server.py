@@ -449,7 +449,7 @@ def test_a_second_server_with_the_same_advertise_refuses_to_start_and_says_why(
 ) -> None:
     a = members()
     wait_metric(a, "dflockd_cluster_shards", SHARD_COUNT, state="serving")
-    twin = dataclasses.replace(a.config, port=free_port(), metrics_port=None)
+    twin = dataclasses.replace(a.config, port=free_port(), metrics_port=None, metrics_host=None)
     with pytest.raises(ConfigError, match=r"another dflockd is registered .* --advertise"):
         ServerThread(twin).start()
     assert a.metric("dflockd_cluster_fenced") == 0  # the first one serves on
