@@ -16,7 +16,9 @@ from celery_dflock.client._requests import (
     checked_lock,
     checked_release,
     checked_renew,
+    checked_sem_lock,
     encode_ping,
+    encode_sem_release,
     encode_shards,
     encode_stats,
 )
@@ -24,6 +26,7 @@ from celery_dflock.client._requests import (
 __all__ = [
     "PING",
     "RELEASE",
+    "SEM_RELEASE",
     "SHARDS",
     "STATS",
     "TRY_LOCK",
@@ -31,6 +34,7 @@ __all__ = [
     "hold",
     "lock",
     "renew",
+    "sem_lock",
 ]
 
 SLOT: Final = "%s"
@@ -43,6 +47,8 @@ TRY_LOCK: Final = checked_lock(SLOT, 0, None)
 """``l <key> 0``: try once, the server's default lease; ``% key``."""
 RELEASE: Final = checked_release(SLOT, SLOT)
 """``r <key> <token>``; ``% (key, token)``."""
+SEM_RELEASE: Final = encode_sem_release(SLOT, SLOT)
+"""``sr <key> <token>``; ``% (key, token)``."""
 
 
 def lock(timeout_s: int, lease_s: int | None = None, key: str = SLOT) -> bytes:
@@ -56,6 +62,12 @@ def hold(lease_s: int, note: str, key: str = SLOT) -> bytes:
     return checked_hold(
         key, 0, lease_s, note.replace("%", "%%") if key == SLOT else note, detached=False
     )
+
+
+def sem_lock(limit: int, lease_s: int, key: str = SLOT) -> bytes:
+    """``sl <key> 0 <limit> <lease>``: try once for one of ``limit`` slots (``% key`` unless
+    ``key`` is given)."""
+    return checked_sem_lock(key, 0, limit, lease_s)
 
 
 def enqueue(key: str = SLOT) -> bytes:

@@ -35,8 +35,8 @@ from benchmarks._common import (
     workdir,
 )
 from benchmarks.instructions import (
+    AB_FORMS,
     CLIENT_LOOPS,
-    FORMS,
     START_UNDER_VALGRIND_S,
     TASK_LOOP,
     TASKS,
@@ -96,7 +96,7 @@ def main() -> None:
     builds = args.builds.split(",")
     with workdir("dflock-ab-") as tmp:
         for build in builds:
-            for form, hold, depth in FORMS:
+            for form, acquire, depth in AB_FORMS:
                 if ("pipelined" if depth > 1 else "server") not in rows:
                     continue
                 for name, tree, site in arms:
@@ -118,7 +118,7 @@ def main() -> None:
                     counted = count_server(
                         f"{name} {build} {form}",
                         start,
-                        dflockd_pairs(hold, depth),
+                        dflockd_pairs(acquire, depth),
                         tmp,
                         base=args.base - args.base % depth,
                         pairs=args.pairs - args.pairs % depth,

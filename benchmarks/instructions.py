@@ -104,8 +104,9 @@ def total(out: Path) -> int:
 
 
 # ------------------------------------------------------------------ the server-side drivers
-def dflockd_pairs(hold: bool, depth: int = 1) -> Callable[[ServerProcess, str, int], None]:
-    """``depth`` 1: round trips, a new key per pair. More: as ``benchmarks.server``'s
+def dflockd_pairs(acquire: str, depth: int = 1) -> Callable[[ServerProcess, str, int], None]:
+    """``acquire`` ``l``, ``hl`` (with an owner note) or ``sl`` (a slot of a semaphore), then
+    its release. ``depth`` 1: round trips, a new key per pair. More: as ``benchmarks.server``'s
     pipelined load, ``depth`` acquires on the connection's own keys in one write, then their
     releases (``n`` a multiple of ``depth``)."""
 
@@ -123,13 +124,18 @@ def dflockd_pairs(hold: bool, depth: int = 1) -> Callable[[ServerProcess, str, i
                     if wire.lines(depth) != [b"ok"] * depth:
                         raise RuntimeError("release refused")
                 return
-            acquire = _codec.hold(LEASE_S, NOTE) if hold else _codec.lock(0, LEASE_S)
+            request = {
+                "l": _codec.lock(0, LEASE_S),
+                "hl": _codec.hold(LEASE_S, NOTE),
+                "sl": _codec.sem_lock(SEMAPHORE_LIMIT, LEASE_S),
+            }[acquire]
+            release = _codec.SEM_RELEASE if acquire == "sl" else RELEASE
             for i in range(n):
                 key = b"%s:%d" % (prefix.encode(), i)
-                reply = wire.call(acquire % key).split()
+                reply = wire.call(request % key).split()
                 if reply[0] != b"ok":
                     raise RuntimeError(f"acquire refused: {reply!r}")
-                if wire.call(RELEASE % (key, reply[1])) != b"ok":
+                if wire.call(release % (key, reply[1])) != b"ok":
                     raise RuntimeError("release refused")
         finally:
             wire.close()
@@ -178,12 +184,15 @@ def redis_pairs(depth: int = 1) -> Callable[[ServerProcess, str, int], None]:
 
 PIPELINE = 16
 """The pipelined forms' depth, ``benchmarks.server``'s."""
+SEMAPHORE_LIMIT = 4
 FORMS = (
-    ("l + r", False, 1),
-    ("hl + r", True, 1),
-    (f"l + r, {PIPELINE} pipelined", False, PIPELINE),
+    ("l + r", "l", 1),
+    ("hl + r", "hl", 1),
+    (f"l + r, {PIPELINE} pipelined", "l", PIPELINE),
 )
-"""dflockd's request pairs: (label, with an owner note, depth)."""
+"""dflockd's request pairs: (label, acquire, depth)."""
+AB_FORMS = (*FORMS, ("sl + sr", "sl", 1))
+"""The A/B's pairs: ``FORMS`` and a semaphore's."""
 REDIS_FORMS = (("SET NX PX + EVALSHA", 1), (f"SET NX PX + EVALSHA, {PIPELINE} pipelined", PIPELINE))
 
 
@@ -362,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers: list[Counted] = []
         depths: dict[str, int] = {}
         for loop in loops:
-            for form, hold, depth in forms:
+            for form, acquire, depth in forms:
 
                 def start(wrapper: list[str], loop: str = loop) -> ServerProcess:
                     return start_dflockd(
@@ -377,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     count_server(
                         label,
                         start,
-                        dflockd_pairs(hold, depth),
+                        dflockd_pairs(acquire, depth),
                         tmp,
                         base=base - base % depth,
                         pairs=pairs - pairs % depth,
