@@ -18,7 +18,6 @@ from celery_dflock.client._requests import (
     checked_renew,
     checked_sem_lock,
     encode_ping,
-    encode_sem_release,
     encode_shards,
     encode_stats,
 )
@@ -47,8 +46,8 @@ TRY_LOCK: Final = checked_lock(SLOT, 0, None)
 """``l <key> 0``: try once, the server's default lease; ``% key``."""
 RELEASE: Final = checked_release(SLOT, SLOT)
 """``r <key> <token>``; ``% (key, token)``."""
-SEM_RELEASE: Final = encode_sem_release(SLOT, SLOT)
-"""``sr <key> <token>``; ``% (key, token)``."""
+SEM_RELEASE: Final = b"s" + RELEASE
+"""``sr <key> <token>``, the semaphore's ``r``; ``% (key, token)``."""
 
 
 def lock(timeout_s: int, lease_s: int | None = None, key: str = SLOT) -> bytes:

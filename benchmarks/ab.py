@@ -9,11 +9,11 @@ of BASE and one of BASE + PAIRS, the difference over PAIRS), the arms alternatin
 An arm is ``NAME=TREE[:COMPILED_SITE]``: ``TREE`` (its ``server/`` and its root) goes first on
 ``PYTHONPATH`` of every process measured; with ``COMPILED_SITE`` (the tree's compiled server
 wheel, unpacked), the server rows run once more on it. Rows: the server on uvloop with its
-lease journal on, each of ``benchmarks.instructions``' request forms; the client process's
-plain socket loop (the floor, the same code in every arm) and ``Client.lock``; a plain task's
-and a ``LockedTask``'s run by Celery's ``apply()`` (the tracer and the lock, without a broker),
-each tree's server answering its own client and tasks. Load-independent to about 1%: it may
-run beside other work.
+lease journal on, each of ``benchmarks.instructions``' request forms and a semaphore's ``sl``
++ ``sr``; the client process's plain socket loop (the floor, the same code in every arm) and
+``Client.lock``; a plain task's and a ``LockedTask``'s run by Celery's ``apply()`` (the tracer
+and the lock, without a broker), each tree's server answering its own client and tasks.
+Load-independent to about 1%: it may run beside other work.
 """
 
 from __future__ import annotations
