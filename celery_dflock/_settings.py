@@ -109,10 +109,8 @@ check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockCon
 
 
 def check_key(value: object, where: str) -> KeySource:
-    if isinstance(value, str):
-        return value
-    if callable(value):
-        return cast("Callable[..., str]", value)
+    if isinstance(value, str) or callable(value):
+        return cast("KeySource", value)
     raise DflockConfigError(
         f"{where} must be a format template (str), a callable taking the task's arguments, "
         f"or None for the default key; got {value!r}"
