@@ -138,15 +138,12 @@ class _Hooks:
         except (DflockError, OSError) as exc:
             logger.warning("dflock: cannot ask the lock servers (dflock_servers): %s", exc)
             return
-        reached = [a for a in answers if a.reachable]
+        reached = [(a.address, a.server) for a in answers if a.server is not None]
         missed = [a for a in answers if not a.reachable]
         if reached:
             logger.info(
                 "dflock: lock servers reached: %s",
-                ", ".join(
-                    f"{a.address} ({a.server.describe()})" if a.server else a.address
-                    for a in reached
-                ),
+                ", ".join(f"{address} ({server.describe()})" for address, server in reached),
             )
         for answer in missed:
             logger.warning(
@@ -154,8 +151,7 @@ class _Hooks:
                 answer.address,
                 answer.error or "no answer",
             )
-        limits = [a.server.max_lease_ttl_s for a in reached if a.server is not None]
-        known = [limit for limit in limits if limit is not None]
+        known = [s.max_lease_ttl_s for _, s in reached if s.max_lease_ttl_s is not None]
         if known:
             for warning in leases_above(self.app, self.locked_task, min(known)):
                 logger.warning("dflock: %s", warning)
