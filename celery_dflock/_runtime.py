@@ -340,9 +340,8 @@ class HeldWriter:
                 self._write()
 
     def _write(self) -> bool:
-        data = f"[{', '.join(self._held.values())}]".encode()
-        if len(data) < self._size:
-            data = data.ljust(self._size)  # JSON allows trailing whitespace
+        # Padded to the longest length written (JSON allows trailing whitespace).
+        data = f"[{', '.join(self._held.values())}]".encode().ljust(self._size)
         try:
             if self._fd is None:
                 # O_TRUNC: a file left by an earlier process with this pid is not ours.

@@ -109,10 +109,8 @@ check_auth: Final[Check[str | None]] = partial(check_auth_token, error=DflockCon
 
 
 def check_key(value: object, where: str) -> KeySource:
-    if isinstance(value, str):
-        return value
-    if callable(value):
-        return cast("Callable[..., str]", value)
+    if isinstance(value, str) or callable(value):
+        return cast("KeySource", value)
     raise DflockConfigError(
         f"{where} must be a format template (str), a callable taking the task's arguments, "
         f"or None for the default key; got {value!r}"
@@ -121,14 +119,13 @@ def check_key(value: object, where: str) -> KeySource:
 
 def one_of(choices: tuple[Word, ...], meanings: str | None = None) -> Check[Word]:
     """A check that the value is one of ``choices`` (``meanings``: the error's words for them)."""
-    accepted = meanings or ", ".join(map(repr, choices))
-    lead = "" if meanings else "one of "
+    accepted = meanings or "one of " + ", ".join(map(repr, choices))
 
     def check(value: object, where: str) -> Word:
         for choice in choices:
             if value == choice:
                 return choice
-        raise DflockConfigError(f"{where} must be {lead}{accepted}; got {value!r}")
+        raise DflockConfigError(f"{where} must be {accepted}; got {value!r}")
 
     return check
 

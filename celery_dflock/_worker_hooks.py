@@ -20,7 +20,7 @@ from celery_dflock._celery import (
     signals as celery_signals,
 )
 from celery_dflock._outage import OUTAGE_MAX_COUNTDOWN_S, OutageCounter, parse_outage
-from celery_dflock._request import HOLD_HEADER, OUTAGE_HEADER, HoldRef, header, hold_of
+from celery_dflock._request import HOLD_HEADER, OUTAGE_HEADER, header, hold_of
 from celery_dflock._runtime import (
     CHILD_EXIT_WAIT_S,
     HeldRecords,
@@ -138,15 +138,12 @@ class _Hooks:
         except (DflockError, OSError) as exc:
             logger.warning("dflock: cannot ask the lock servers (dflock_servers): %s", exc)
             return
-        reached = [a for a in answers if a.reachable]
+        reached = [(a.address, a.server) for a in answers if a.server is not None]
         missed = [a for a in answers if not a.reachable]
         if reached:
             logger.info(
                 "dflock: lock servers reached: %s",
-                ", ".join(
-                    f"{a.address} ({a.server.describe()})" if a.server else a.address
-                    for a in reached
-                ),
+                ", ".join(f"{address} ({server.describe()})" for address, server in reached),
             )
         for answer in missed:
             logger.warning(
@@ -154,8 +151,7 @@ class _Hooks:
                 answer.address,
                 answer.error or "no answer",
             )
-        limits = [a.server.max_lease_ttl_s for a in reached if a.server is not None]
-        known = [limit for limit in limits if limit is not None]
+        known = [s.max_lease_ttl_s for _, s in reached if s.max_lease_ttl_s is not None]
         if known:
             for warning in leases_above(self.app, self.locked_task, min(known)):
                 logger.warning("dflock: %s", warning)
@@ -276,22 +272,21 @@ class _Hooks:
         held = hold_of(header(request, HOLD_HEADER))
         if held is not None:
             # Dropped before it ran: its publish-time hold has no run to end it.
-            _in_a_thread(self._release_hold, f"dflock-revoked-{task_id}", held, task_id)
+            whose = f"held for revoked task {task_id}"
+            frees = "it frees after lock_pending_ttl"
+            args = (held.key, held.token, None, whose, frees)
+            _in_a_thread(self._release, f"dflock-revoked-{task_id}", *args)
 
-    def _release_hold(self, held: HoldRef, task_id: str | None) -> None:
+    def _release(self, key: str, token: str, limit: int | None, whose: str, frees: str) -> None:
+        """Release ``key`` for a holder that cannot (``whose``, for the log); ``frees``: when
+        the key frees should this fail."""
         try:
-            released = app_client(self.app).release(held.key, held.token)
+            released = app_client(self.app).release(key, token, limit=limit)
         except (DflockError, OSError) as exc:
-            logger.warning(
-                "dflock: could not release key %r held for revoked task %s: %s "
-                "(it frees after lock_pending_ttl)",
-                held.key,
-                task_id,
-                exc,
-            )
+            logger.warning("dflock: could not release %r %s: %s (%s)", key, whose, exc, frees)
         else:
             if released:
-                logger.info("dflock: released key %r of revoked task %s", held.key, task_id)
+                logger.info("dflock: released %r %s", key, whose)
 
     def _clean_up_after_dead_workers(self, main_pid: int) -> None:
         for records in HeldRecords.left_by_dead_workers(main_pid):
@@ -323,23 +318,10 @@ class _Hooks:
                     entry.get("key"),
                 )
                 continue
-            try:
-                released = app_client(self.app).release(
-                    str(entry["key"]), str(entry["token"]), limit=entry.get("limit")
-                )
-            except (DflockError, OSError, KeyError) as exc:
-                logger.warning(
-                    "dflock: could not release %r left by dead pool child %s: %s "
-                    "(its lease will expire)",
-                    entry.get("key"),
-                    pid,
-                    exc,
-                )
-            else:
-                if released:
-                    logger.info(
-                        "dflock: released %r left by dead pool child %s", entry.get("key"), pid
-                    )
+            key, token, limit = entry.get("key"), entry.get("token"), entry.get("limit")
+            if isinstance(key, str) and isinstance(token, str):
+                whose = f"left by dead pool child {pid}"
+                self._release(key, token, limit, whose, "its lease will expire")
             records.forget(path, entry)
 
 

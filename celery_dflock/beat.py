@@ -233,9 +233,9 @@ class Leadership:
                 if not granted:
                     granted = lock.wait(STANDBY_ACQUIRE_TIMEOUT_S)
             except Exception as exc:  # a DflockError, or a bug: never let the thread die
+                if lock is not None:
+                    _release_quietly(lock)
                 if isinstance(exc, InvalidValueError):  # refused whatever the retry: say so
-                    if lock is not None:
-                        _release_quietly(lock)
                     self.refused = exc
                     self._active.set()  # wakes wait_active; tick then raises `refused`
                     return
@@ -249,8 +249,6 @@ class Leadership:
                         RETRY_UNREACHABLE_S,
                     )
                 unreachable = True
-                if lock is not None:
-                    _release_quietly(lock)
                 self._stop.wait(RETRY_UNREACHABLE_S)
                 continue
             if not granted:
@@ -306,11 +304,9 @@ class BeatSettings:
     def from_app(cls, app: Any, config: DflockConfig) -> BeatSettings:
         """Read the ``dflock_beat_*`` settings (`celery_dflock._settings.BEAT_SETTING_SPECS`)."""
         got = read_settings(app.conf, BEAT_SETTING_SPECS)
-        key = got["dflock_beat_lock_key"]
-        if key is None:
-            key = DEFAULT_BEAT_KEY_PREFIX + (str(app.main or "") or "default")
+        key = got["dflock_beat_lock_key"] or f"{DEFAULT_BEAT_KEY_PREFIX}{app.main or 'default'}"
         return cls(
-            lock_key=safe_key(config.key_prefix + str(key)),
+            lock_key=safe_key(config.key_prefix + key),
             scheduler=_wrapped_class(got["dflock_beat_scheduler"]),
             lease_ttl_s=cast("int", got["dflock_beat_lease_ttl"]),
             nonoverlap=bool(got["dflock_beat_nonoverlap"]),

@@ -254,12 +254,9 @@ def _durability(address: str, stats: dict[str, Any], *, said_read_only: bool) ->
         reason = stats.get("grace_reason")
         why = f" ({reason})" if isinstance(reason, str) and reason else ""
         lines.append(f"{address}: restart grace, {grace:.1f} s left, no key granted{why}")
-    if "journal" not in stats:
-        return lines
-    journal: Any = stats["journal"]
-    if journal is None:
+    journal: Any = stats.get("journal")
+    if "journal" in stats and journal is None:
         lines.append(f"{address}: journal off")
-        return lines
     if not isinstance(journal, dict):
         return lines
     journal = cast(dict[str, Any], journal)
