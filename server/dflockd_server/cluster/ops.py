@@ -108,6 +108,17 @@ def read_view(client: EtcdClient, prefix: str) -> ClusterView:
     return ClusterView(frozenset(members), leader, ShardMap(shards), revisions, read.revision)
 
 
+def _found(client: EtcdClient, prefix: str) -> ClusterView:
+    """The view under ``prefix``, refused if nothing of a cluster is there (a mistyped prefix)."""
+    view = read_view(client, prefix)
+    if not view.members and len(view.shard_map) == 0:
+        raise ClusterOpError(
+            f"no cluster under the prefix {prefix!r} in etcd at {client.url} (no member, no shard "
+            f"map): check the prefix in {_CLUSTER.flag} (or {_CLUSTER.env[0]})"
+        )
+    return view
+
+
 @dataclass(frozen=True, slots=True)
 class RebalanceResult:
     plan: list[Move]
@@ -117,7 +128,7 @@ class RebalanceResult:
 
 def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> RebalanceResult:
     """Plan (and unless ``dry_run`` write) the fewest moves that even out the live members."""
-    view = read_view(client, prefix)
+    view = _found(client, prefix)
     if not view.members:
         raise ClusterOpError(f"no live member under {prefix!r}: nothing to balance over")
     plan = view.shard_map.rebalance_plan(view.members)
@@ -144,7 +155,7 @@ def _change_one(
     if not 0 <= shard < SHARD_COUNT:
         raise ClusterOpError(f"shard {shard} is outside 0..{SHARD_COUNT - 1}")
     for _ in range(CHANGE_ATTEMPTS):
-        view = read_view(client, prefix)
+        view = _found(client, prefix)
         if node is not None and node not in view.members:
             # Pinned there, the shard would move out of its member towards nobody.
             live = ", ".join(sorted(view.members)) or "none"
@@ -301,7 +312,7 @@ def cluster_command(
             new = _change_one(client, prefix, args.shard, args.command, node)
             print(f"shard {args.shard}: {new.format()}", file=out)
         else:
-            for line in summary(read_view(client, prefix)):
+            for line in summary(_found(client, prefix)):
                 print(line, file=out)
     except (EtcdError, ClusterOpError) as exc:
         print(f"dflockd {args.command}: {exc}", file=err)
