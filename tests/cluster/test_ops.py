@@ -17,12 +17,11 @@ from dflockd_server.cluster.fencestore import (
     published_longest,
 )
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
-from dflockd_server.cluster.membership import ClusterKeys
+from dflockd_server.cluster.membership import ClusterKeys, read_view
 from dflockd_server.cluster.ops import (
     ClusterOpError,
     cluster_command,
     pin,
-    read_view,
     rebalance,
     unpin,
 )

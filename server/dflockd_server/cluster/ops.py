@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections import Counter
@@ -23,7 +22,7 @@ from dflockd_server.cluster.etcd import (
     tls_context,
 )
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
-from dflockd_server.cluster.membership import ClusterKeys, ClusterView
+from dflockd_server.cluster.membership import ClusterKeys, ClusterView, read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
 from dflockd_server.config import read_secret
 from dflockd_server.constants import CLUSTER_COMMAND_HELP
@@ -87,25 +86,6 @@ def etcd_client(
         )
     )
     return client, prefix
-
-
-def read_view(client: EtcdClient, prefix: str) -> ClusterView:
-    keys = ClusterKeys(prefix)
-    members: set[str] = set()
-    leader: str | None = None
-    shards: dict[int, ShardAssignment] = {}
-    revisions: dict[int, int] = {}
-    read = client.range(keys.root, prefix=True)
-    for kv in read.kvs:
-        if kv.key.startswith(keys.members):
-            members.add(kv.key[len(keys.members) :])
-        elif kv.key == keys.leader:
-            leader = kv.value
-        elif (shard := keys.shard_of(kv.key)) is not None:
-            revisions[shard] = kv.mod_revision
-            with contextlib.suppress(ValueError):  # unreadable: unassigned
-                shards[shard] = ShardAssignment.parse(kv.value)
-    return ClusterView(frozenset(members), leader, ShardMap(shards), revisions, read.revision)
 
 
 def _found(client: EtcdClient, prefix: str) -> ClusterView:
