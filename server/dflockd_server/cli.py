@@ -156,10 +156,28 @@ def load_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Confi
             elif isinstance(flag_value, str):
                 values[setting.field] = setting.take(flag_value, setting.flag)
         config = Config(**values)
+        _check_given(values, config, environ)
         _check_files(config)
     except ValueError as exc:  # a value refused, ``ConfigError`` included
         raise UsageError(str(exc)) from None
     return config
+
+
+def _check_given(given: Mapping[str, Any], config: Config, environ: Mapping[str, str]) -> None:
+    """A setting given (flag or variable) where it has no effect is refused, naming what it
+    needs (``Config`` cannot tell a default from a setting given)."""
+    if "journal_fsync" in given and resolve_state_dir(config, environ) is None:
+        why = "is none" if config.state_dir is not None else "is not given, and the port is 0"
+        raise UsageError(
+            f"{names('journal_fsync')} is only used with a state directory (its lease journal), "
+            f"but {names('state_dir')} {why}: give --state-dir a directory, or drop "
+            "--journal-fsync"
+        )
+    if "cluster_lease_ttl_s" in given and config.cluster is None:
+        raise UsageError(
+            f"{names('cluster_lease_ttl_s')} is only used with {names('cluster')}: give it "
+            "too, or drop it"
+        )
 
 
 def _check_files(config: Config) -> None:

@@ -241,10 +241,9 @@ SETTINGS: tuple[Setting, ...] = (
         "journal_fsync",
         parse_fsync,
         check_fsync,
-        "when the lease journal reaches the disk: `always` (before each reply that grants), "
-        "`everysec` "
-        "(once a second: a crash of the machine may lose the last second's grants; a crash "
-        "of the server loses nothing) or `no` (when the OS decides)",
+        "when the lease journal (in --state-dir) reaches the disk: `always` (before each reply "
+        "that grants), `everysec` (once a second: a crash of the machine may lose the last "
+        "second's grants; a crash of the server loses nothing) or `no` (when the OS decides)",
         "MODE",
     ),
     Setting(

@@ -23,7 +23,8 @@ from celery_dflock.client import AsyncDistributedLock, DistributedLock
 from celery_dflock.client.clients import AsyncClient, Client
 from celery_dflock.client.errors import DflockError, ServerUnavailable
 from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.ops import pin, read_view, rebalance
+from dflockd_server.cluster.membership import read_view
+from dflockd_server.cluster.ops import pin, rebalance
 from dflockd_server.cluster.shardmap import SHARD_COUNT, shard_id
 from tests.support.etcd import EtcdServer
 from tests.support.ports import free_port

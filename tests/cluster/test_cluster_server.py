@@ -19,8 +19,8 @@ import pytest
 from celery_dflock.client.clients import Client
 from dflockd_server import Config, protocol as p
 from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.membership import ClusterView
-from dflockd_server.cluster.ops import ClusterOpError, pin, read_view, rebalance, unpin
+from dflockd_server.cluster.membership import ClusterView, read_view
+from dflockd_server.cluster.ops import ClusterOpError, pin, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardMap, shard_id
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.config import ConfigError

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from dflockd_server.cluster.etcd import EtcdClient
-from dflockd_server.cluster.membership import ClusterKeys, Member
-from dflockd_server.cluster.ops import read_view
+from dflockd_server.cluster.membership import ClusterKeys, Member, read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap
 from tests.support.etcd import EtcdServer, find_etcd, put
 from tests.support.proxy import FaultProxy

@@ -21,9 +21,9 @@ import pytest
 from dflockd_server.cluster.decide import ERROR_UNAVAILABLE
 from dflockd_server.cluster.etcd import EtcdClient, EtcdTransport
 from dflockd_server.cluster.handover import Handover
-from dflockd_server.cluster.membership import ClusterKeys, ClusterView, Member
+from dflockd_server.cluster.membership import ClusterKeys, ClusterView, Member, read_view
 from dflockd_server.cluster.node import ClusterNode
-from dflockd_server.cluster.ops import pin, read_view, rebalance, unpin
+from dflockd_server.cluster.ops import pin, rebalance, unpin
 from dflockd_server.cluster.shardmap import SHARD_COUNT, ShardAssignment, ShardMap, shard_id
 from dflockd_server.cluster.snapshot import ClusterOwnership
 from dflockd_server.constants import DEFAULT_CLUSTER_LEASE_TTL_S

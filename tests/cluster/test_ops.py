@@ -17,12 +17,11 @@ from dflockd_server.cluster.fencestore import (
     published_longest,
 )
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
-from dflockd_server.cluster.membership import ClusterKeys
+from dflockd_server.cluster.membership import ClusterKeys, read_view
 from dflockd_server.cluster.ops import (
     ClusterOpError,
     cluster_command,
     pin,
-    read_view,
     rebalance,
     unpin,
 )
@@ -230,7 +229,7 @@ def test_operator_commands(etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefi
     assert code == 1 and "outside 0..8191" in err
     code, _, err = run(["shards", "--cluster", "http://x:1"])
     assert code == 2 and "--cluster (or DFLOCKD_CLUSTER)" in err
-    with pytest.raises(ClusterOpError, match="no live member"):
+    with pytest.raises(ClusterOpError, match="no cluster under the prefix '/nobody-here'"):
         rebalance(etcd, "/nobody-here")
 
 
@@ -284,3 +283,30 @@ def test_the_commands_refuse_a_password_given_twice_as_the_server_does(tmp_path:
         "--cluster-password-file", str(secret),
     ])  # fmt: skip
     assert code == 2 and "not both" in err and "--cluster-password-file" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv", [["shards"], ["rebalance"], ["rebalance", "--dry-run"], ["pin", "7"], ["unpin", "7"]]
+)
+def test_a_prefix_that_names_no_cluster_is_refused_by_every_command(
+    etcd_server: EtcdServer, etcd: EtcdClient, etcd_prefix: str, argv: list[str]
+) -> None:
+    """A mistyped prefix in ``--cluster`` (no member, no shard map under it in that etcd)
+    stops each command, naming the prefix and where it came from: ``shards`` printed an empty
+    summary and exited 0, the others said something else (``pin``: that its node was no live
+    member, ``unpin``: that the shard had no assignment, ``rebalance``: no live member)."""
+    prefix = etcd_prefix.rstrip("/")
+    keys = ClusterKeys(prefix)
+    m = ShardMap.initial(["a:1"])
+    write_shards(etcd, keys.shards, {s: ShardWrite(0, a) for s, a in m.items()})
+    put(etcd, keys.member("a:1"), "a:1")
+    typo = prefix + "x"
+    url = f"etcd://127.0.0.1:{etcd_server.client_port}{typo}"
+    if argv[0] == "pin":
+        argv = [*argv, "a:1"]
+    code, out, err = run([argv[0], "--cluster", url, *argv[1:]])
+    assert code == 1 and not out, (code, out, err)
+    assert f"no cluster under the prefix '{typo}'" in err, err
+    assert "no member, no shard map" in err and "--cluster (or DFLOCKD_CLUSTER)" in err, err
+    assert f"127.0.0.1:{etcd_server.client_port}" in err, err
+    assert etcd.range(typo + "/", prefix=True).kvs == []  # nothing written there

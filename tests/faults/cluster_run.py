@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dflockd_server.cluster.ops import read_view
+from dflockd_server.cluster.membership import read_view
 from dflockd_server.cluster.shardmap import shard_id
 from tests.faults.history import Cut, Hold
 from tests.faults.workload import (

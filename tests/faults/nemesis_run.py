@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dflockd_server.cluster.ops import read_view
+from dflockd_server.cluster.membership import read_view
 from dflockd_server.cluster.shardmap import shard_id
 from tests.faults.cluster_run import ClusterLockRun
 from tests.faults.conftest import FaultReport, scaled

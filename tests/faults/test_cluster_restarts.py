@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dflockd_server.cluster.ops import read_view
+from dflockd_server.cluster.membership import read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT
 from tests.faults.conftest import FaultReport, long_only
 from tests.faults.nemesis_run import (

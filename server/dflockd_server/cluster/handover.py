@@ -30,8 +30,7 @@ from dflockd_server.cluster.etcd import Compare, EtcdClient
 from dflockd_server.cluster.fencestore import published_longest
 from dflockd_server.cluster.host import NodeHost
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
-from dflockd_server.cluster.membership import ClusterView, Member
-from dflockd_server.cluster.ops import read_view
+from dflockd_server.cluster.membership import ClusterView, Member, read_view
 from dflockd_server.cluster.shardmap import ShardAssignment
 from dflockd_server.tokens import FenceCounter
 

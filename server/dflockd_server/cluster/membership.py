@@ -48,6 +48,7 @@ from dflockd_server.cluster.etcd import (
     EtcdClient,
     EtcdError,
     Put,
+    RangeResult,
     Watch,
     WatchEvent,
 )
@@ -117,7 +118,88 @@ class ClusterView:
     is in it)."""
 
 
-class Member:
+class _Copy:
+    """A cluster's state in etcd, read whole (``load``) then changed key by key (``_apply_kv``)."""
+
+    def __init__(self, keys: ClusterKeys, clock: Callable[[], float] = time.monotonic) -> None:
+        self.keys = keys
+        self._clock = clock
+        self._members: set[str] = set()
+        self._leader: str | None = None
+        self._shards: dict[int, ShardAssignment] = {}
+        self._map: ShardMap | None = None
+        """`_shards` as a `ShardMap`, made on the first read after a change (read every step)."""
+        self._revisions: dict[int, int] = {}
+        self._members_changed_at = clock()
+        self._seen_revision = 0
+        """The revision up to which the copy holds etcd's prefix (read, then watched)."""
+
+    def load(self, read: RangeResult) -> None:
+        """The copy as of a read of the whole prefix."""
+        self._members, self._leader, self._map = set(), None, None
+        self._shards, self._revisions = {}, {}
+        for kv in read.kvs:
+            self._apply_kv(kv.key, kv.value, kv.mod_revision, deleted=False)
+        self._seen_revision = read.revision
+
+    def view(self) -> ClusterView:
+        return ClusterView(
+            frozenset(self._members),
+            self._leader,
+            self._shard_map(),
+            dict(self._revisions),
+            self._seen_revision,
+        )
+
+    def _shard_map(self) -> ShardMap:
+        if self._map is None:
+            self._map = ShardMap(self._shards)
+        return self._map
+
+    def _apply_kv(self, key: str, value: str, revision: int, *, deleted: bool) -> None:
+        """Update the copy (a member holds its lock)."""
+        keys = self.keys
+        if key.startswith(keys.members):
+            member = key[len(keys.members) :]
+            if deleted:
+                self._members.discard(member)
+            else:
+                self._members.add(member)
+            self._members_changed_at = self._clock()
+        elif key == keys.leader:
+            self._leader = None if deleted else value
+        elif (shard := keys.shard_of(key)) is not None:
+            assignment = None
+            if not deleted:
+                with contextlib.suppress(ValueError):  # unreadable: treated as unassigned
+                    assignment = ShardAssignment.parse(value)
+            self._apply_shard(shard, revision, assignment, deleted=deleted)
+
+    def _apply_shard(
+        self, shard: int, revision: int, assignment: ShardAssignment | None, *, deleted: bool
+    ) -> None:
+        """One shard's key as of ``revision`` (a member holds its lock)."""
+        if revision < self._revisions.get(shard, 0):
+            return  # older than what the copy holds (the leader's own write, a take-over)
+        self._map = None
+        if deleted:
+            self._revisions.pop(shard, None)
+        else:
+            self._revisions[shard] = revision
+        if assignment is None:
+            self._shards.pop(shard, None)
+        else:
+            self._shards[shard] = assignment
+
+
+def read_view(client: EtcdClient, prefix: str) -> ClusterView:
+    """The cluster's state under ``prefix`` as one read of etcd finds it."""
+    copy = _Copy(ClusterKeys(prefix))
+    copy.load(client.range(copy.keys.root, prefix=True))
+    return copy.view()
+
+
+class Member(_Copy):
     """One member of a cluster (see the module's docstring); ``start`` then ``stop``."""
 
     def __init__(
@@ -134,8 +216,8 @@ class Member:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         ShardAssignment(advertise)  # the address (checked by ``Config``) fits in a shard value
+        super().__init__(ClusterKeys(prefix), clock)
         self.client = client
-        self.keys = ClusterKeys(prefix)
         self.advertise = advertise
         self.lease_ttl = lease_ttl
         self.settle_s = settle_s
@@ -144,7 +226,6 @@ class Member:
         never; ``dflockd rebalance`` does)."""
         self._on_lease = on_lease
         self._on_update = on_update
-        self._clock = clock
         self.lease_id = 0
         self.lease_valid_until = 0.0
         """``clock()`` time until which the lease surely lives (last successful keep-alive's
@@ -152,15 +233,6 @@ class Member:
         self.lost: str | None = None
         """Why this member stopped taking part (its lease is gone), or None."""
         self._lock = threading.Lock()
-        self._members: set[str] = set()
-        self._leader: str | None = None
-        self._shards: dict[int, ShardAssignment] = {}
-        self._map: ShardMap | None = None
-        """`_shards` as a `ShardMap`, made on the first read after a change (read every step)."""
-        self._revisions: dict[int, int] = {}
-        self._members_changed_at = clock()
-        self._seen_revision = 0
-        """The revision up to which the local copy holds etcd's prefix (read, then watched)."""
         self._key_count = 0
         """How many keys the prefix holds as of ``_seen_revision``."""
         self._next_watch_check = 0.0
@@ -270,19 +342,7 @@ class Member:
 
     def snapshot(self) -> ClusterView:
         with self._lock:
-            return ClusterView(
-                frozenset(self._members),
-                self._leader,
-                self._shard_map(),
-                dict(self._revisions),
-                self._seen_revision,
-            )
-
-    def _shard_map(self) -> ShardMap:
-        """The local copy of the map (under ``_lock``); made again only after a change."""
-        if self._map is None:
-            self._map = ShardMap(self._shards)
-        return self._map
+            return self.view()
 
     @property
     def is_leader(self) -> bool:
@@ -428,14 +488,7 @@ class Member:
             old.stop()
         result = self.client.range(self.keys.root, prefix=True)
         with self._lock:
-            self._members.clear()
-            self._shards.clear()
-            self._map = None
-            self._revisions.clear()
-            self._leader = None
-            for kv in result.kvs:
-                self._apply_kv(kv.key, kv.value, kv.mod_revision, deleted=False)
-            self._seen_revision = result.revision
+            self.load(result)
             self._key_count = len(result.kvs)
         self._behind_at = None
         self._next_watch_check = self._clock() + self.lease_ttl
@@ -455,41 +508,6 @@ class Member:
             elif kv.version == 1:
                 self._key_count += 1  # created (a change of a key already there is version 2+)
         self._changed()
-
-    def _apply_kv(self, key: str, value: str, revision: int, *, deleted: bool) -> None:
-        """Update the local copy (the caller holds the lock)."""
-        keys = self.keys
-        if key.startswith(keys.members):
-            member = key[len(keys.members) :]
-            if deleted:
-                self._members.discard(member)
-            else:
-                self._members.add(member)
-            self._members_changed_at = self._clock()
-        elif key == keys.leader:
-            self._leader = None if deleted else value
-        elif (shard := keys.shard_of(key)) is not None:
-            assignment = None
-            if not deleted:
-                with contextlib.suppress(ValueError):  # unreadable: treated as unassigned
-                    assignment = ShardAssignment.parse(value)
-            self._apply_shard(shard, revision, assignment, deleted=deleted)
-
-    def _apply_shard(
-        self, shard: int, revision: int, assignment: ShardAssignment | None, *, deleted: bool
-    ) -> None:
-        """One shard's key as of ``revision`` (the caller holds the lock)."""
-        if revision < self._revisions.get(shard, 0):
-            return  # older than what the copy holds (the leader's own write, a take-over)
-        self._map = None
-        if deleted:
-            self._revisions.pop(shard, None)
-        else:
-            self._revisions[shard] = revision
-        if assignment is None:
-            self._shards.pop(shard, None)
-        else:
-            self._shards[shard] = assignment
 
     def _changed(self) -> None:
         """The local copy changed: wake the loop, ``on_update()`` (cheap)."""

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from collections import Counter
@@ -23,7 +22,7 @@ from dflockd_server.cluster.etcd import (
     tls_context,
 )
 from dflockd_server.cluster.mapwrite import ShardWrite, write_shards
-from dflockd_server.cluster.membership import ClusterKeys, ClusterView
+from dflockd_server.cluster.membership import ClusterKeys, ClusterView, read_view
 from dflockd_server.cluster.shardmap import SHARD_COUNT, Move, ShardAssignment, ShardMap
 from dflockd_server.config import read_secret
 from dflockd_server.constants import CLUSTER_COMMAND_HELP
@@ -89,23 +88,15 @@ def etcd_client(
     return client, prefix
 
 
-def read_view(client: EtcdClient, prefix: str) -> ClusterView:
-    keys = ClusterKeys(prefix)
-    members: set[str] = set()
-    leader: str | None = None
-    shards: dict[int, ShardAssignment] = {}
-    revisions: dict[int, int] = {}
-    read = client.range(keys.root, prefix=True)
-    for kv in read.kvs:
-        if kv.key.startswith(keys.members):
-            members.add(kv.key[len(keys.members) :])
-        elif kv.key == keys.leader:
-            leader = kv.value
-        elif (shard := keys.shard_of(kv.key)) is not None:
-            revisions[shard] = kv.mod_revision
-            with contextlib.suppress(ValueError):  # unreadable: unassigned
-                shards[shard] = ShardAssignment.parse(kv.value)
-    return ClusterView(frozenset(members), leader, ShardMap(shards), revisions, read.revision)
+def _found(client: EtcdClient, prefix: str) -> ClusterView:
+    """The view under ``prefix``, refused if nothing of a cluster is there (a mistyped prefix)."""
+    view = read_view(client, prefix)
+    if not view.members and len(view.shard_map) == 0:
+        raise ClusterOpError(
+            f"no cluster under the prefix {prefix!r} in etcd at {client.url} (no member, no shard "
+            f"map): check the prefix in {_CLUSTER.flag} (or {_CLUSTER.env[0]})"
+        )
+    return view
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +108,7 @@ class RebalanceResult:
 
 def rebalance(client: EtcdClient, prefix: str, *, dry_run: bool = False) -> RebalanceResult:
     """Plan (and unless ``dry_run`` write) the fewest moves that even out the live members."""
-    view = read_view(client, prefix)
+    view = _found(client, prefix)
     if not view.members:
         raise ClusterOpError(f"no live member under {prefix!r}: nothing to balance over")
     plan = view.shard_map.rebalance_plan(view.members)
@@ -144,7 +135,7 @@ def _change_one(
     if not 0 <= shard < SHARD_COUNT:
         raise ClusterOpError(f"shard {shard} is outside 0..{SHARD_COUNT - 1}")
     for _ in range(CHANGE_ATTEMPTS):
-        view = read_view(client, prefix)
+        view = _found(client, prefix)
         if node is not None and node not in view.members:
             # Pinned there, the shard would move out of its member towards nobody.
             live = ", ".join(sorted(view.members)) or "none"
@@ -301,7 +292,7 @@ def cluster_command(
             new = _change_one(client, prefix, args.shard, args.command, node)
             print(f"shard {args.shard}: {new.format()}", file=out)
         else:
-            for line in summary(read_view(client, prefix)):
+            for line in summary(_found(client, prefix)):
                 print(line, file=out)
     except (EtcdError, ClusterOpError) as exc:
         print(f"dflockd {args.command}: {exc}", file=err)
