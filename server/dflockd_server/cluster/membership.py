@@ -118,88 +118,89 @@ class ClusterView:
     is in it)."""
 
 
-class _Copy:
-    """A cluster's state in etcd, read whole (``load``) then changed key by key (``_apply_kv``)."""
+class EtcdCopy:
+    """A cluster's state in etcd, read whole (``load``) then changed key by key (``apply_kv``);
+    a member changes it under its lock."""
 
     def __init__(self, keys: ClusterKeys, clock: Callable[[], float] = time.monotonic) -> None:
         self.keys = keys
         self._clock = clock
-        self._members: set[str] = set()
-        self._leader: str | None = None
-        self._shards: dict[int, ShardAssignment] = {}
+        self.members: set[str] = set()
+        self.leader: str | None = None
+        self.shards: dict[int, ShardAssignment] = {}
         self._map: ShardMap | None = None
-        """`_shards` as a `ShardMap`, made on the first read after a change (read every step)."""
-        self._revisions: dict[int, int] = {}
-        self._members_changed_at = clock()
-        self._seen_revision = 0
+        """`shards` as a `ShardMap`, made on the first read after a change (read every step)."""
+        self.revisions: dict[int, int] = {}
+        self.members_changed_at = clock()
+        self.seen_revision = 0
         """The revision up to which the copy holds etcd's prefix (read, then watched)."""
 
     def load(self, read: RangeResult) -> None:
         """The copy as of a read of the whole prefix."""
-        self._members, self._leader, self._map = set(), None, None
-        self._shards, self._revisions = {}, {}
+        self.members, self.leader, self._map = set(), None, None
+        self.shards, self.revisions = {}, {}
         for kv in read.kvs:
-            self._apply_kv(kv.key, kv.value, kv.mod_revision, deleted=False)
-        self._seen_revision = read.revision
+            self.apply_kv(kv.key, kv.value, kv.mod_revision, deleted=False)
+        self.seen_revision = read.revision
 
     def view(self) -> ClusterView:
         return ClusterView(
-            frozenset(self._members),
-            self._leader,
-            self._shard_map(),
-            dict(self._revisions),
-            self._seen_revision,
+            frozenset(self.members),
+            self.leader,
+            self.shard_map(),
+            dict(self.revisions),
+            self.seen_revision,
         )
 
-    def _shard_map(self) -> ShardMap:
+    def shard_map(self) -> ShardMap:
         if self._map is None:
-            self._map = ShardMap(self._shards)
+            self._map = ShardMap(self.shards)
         return self._map
 
-    def _apply_kv(self, key: str, value: str, revision: int, *, deleted: bool) -> None:
-        """Update the copy (a member holds its lock)."""
+    def apply_kv(self, key: str, value: str, revision: int, *, deleted: bool) -> None:
+        """One key's change."""
         keys = self.keys
         if key.startswith(keys.members):
             member = key[len(keys.members) :]
             if deleted:
-                self._members.discard(member)
+                self.members.discard(member)
             else:
-                self._members.add(member)
-            self._members_changed_at = self._clock()
+                self.members.add(member)
+            self.members_changed_at = self._clock()
         elif key == keys.leader:
-            self._leader = None if deleted else value
+            self.leader = None if deleted else value
         elif (shard := keys.shard_of(key)) is not None:
             assignment = None
             if not deleted:
                 with contextlib.suppress(ValueError):  # unreadable: treated as unassigned
                     assignment = ShardAssignment.parse(value)
-            self._apply_shard(shard, revision, assignment, deleted=deleted)
+            self.apply_shard(shard, revision, assignment, deleted=deleted)
 
-    def _apply_shard(
+    def apply_shard(
         self, shard: int, revision: int, assignment: ShardAssignment | None, *, deleted: bool
     ) -> None:
-        """One shard's key as of ``revision`` (a member holds its lock)."""
-        if revision < self._revisions.get(shard, 0):
+        """One shard's key as of ``revision``."""
+        if revision < self.revisions.get(shard, 0):
             return  # older than what the copy holds (the leader's own write, a take-over)
         self._map = None
         if deleted:
-            self._revisions.pop(shard, None)
+            self.revisions.pop(shard, None)
         else:
-            self._revisions[shard] = revision
+            self.revisions[shard] = revision
         if assignment is None:
-            self._shards.pop(shard, None)
+            self.shards.pop(shard, None)
         else:
-            self._shards[shard] = assignment
+            self.shards[shard] = assignment
 
 
 def read_view(client: EtcdClient, prefix: str) -> ClusterView:
     """The cluster's state under ``prefix`` as one read of etcd finds it."""
-    copy = _Copy(ClusterKeys(prefix))
+    copy = EtcdCopy(ClusterKeys(prefix))
     copy.load(client.range(copy.keys.root, prefix=True))
     return copy.view()
 
 
-class Member(_Copy):
+class Member:
     """One member of a cluster (see the module's docstring); ``start`` then ``stop``."""
 
     def __init__(
@@ -216,7 +217,9 @@ class Member(_Copy):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         ShardAssignment(advertise)  # the address (checked by ``Config``) fits in a shard value
-        super().__init__(ClusterKeys(prefix), clock)
+        self.keys = ClusterKeys(prefix)
+        self.copy = EtcdCopy(self.keys, clock)
+        self._clock = clock
         self.client = client
         self.advertise = advertise
         self.lease_ttl = lease_ttl
@@ -342,12 +345,12 @@ class Member(_Copy):
 
     def snapshot(self) -> ClusterView:
         with self._lock:
-            return self.view()
+            return self.copy.view()
 
     @property
     def is_leader(self) -> bool:
         with self._lock:
-            return self.lost is None and self._leader == self.advertise
+            return self.lost is None and self.copy.leader == self.advertise
 
     # -- threads -----------------------------------------------------------------------------------
 
@@ -461,7 +464,7 @@ class Member(_Copy):
             return False
         self._next_watch_check = now + self.lease_ttl
         with self._lock:
-            seen, count = self._seen_revision, self._key_count
+            seen, count = self.copy.seen_revision, self._key_count
         stat = self.client.stat(self.keys.root, prefix=True, since=seen)
         behind = stat.modified or stat.count != count
         stalled = behind and self._behind_at == seen
@@ -488,7 +491,7 @@ class Member(_Copy):
             old.stop()
         result = self.client.range(self.keys.root, prefix=True)
         with self._lock:
-            self.load(result)
+            self.copy.load(result)
             self._key_count = len(result.kvs)
         self._behind_at = None
         self._next_watch_check = self._clock() + self.lease_ttl
@@ -501,8 +504,8 @@ class Member(_Copy):
         kv = event.kv
         deleted = event.type == "delete"
         with self._lock:
-            self._apply_kv(kv.key, kv.value, kv.mod_revision, deleted=deleted)
-            self._seen_revision = max(self._seen_revision, kv.mod_revision)
+            self.copy.apply_kv(kv.key, kv.value, kv.mod_revision, deleted=deleted)
+            self.copy.seen_revision = max(self.copy.seen_revision, kv.mod_revision)
             if deleted:
                 self._key_count -= 1
             elif kv.version == 1:
@@ -517,19 +520,19 @@ class Member(_Copy):
 
     def _elect(self) -> None:
         with self._lock:
-            leader = self._leader
+            leader = self.copy.leader
         if leader is None and self.client.create_if_absent(
             self.keys.leader, self.advertise, lease=self.lease_id
         ):
             with self._lock:  # the watch confirms it too
-                self._leader = self.advertise
+                self.copy.leader = self.advertise
 
     def _maintain_map(self) -> None:
         with self._lock:
-            live = set(self._members)
-            current = self._shard_map()
-            revisions = dict(self._revisions)
-            still_for = self._clock() - self._members_changed_at
+            live = set(self.copy.members)
+            current = self.copy.shard_map()
+            revisions = dict(self.copy.revisions)
+            still_for = self._clock() - self.copy.members_changed_at
         if not live:
             return
         if len(current) == 0:
@@ -589,10 +592,10 @@ class Member(_Copy):
         )
         with self._lock:  # the watch confirms these too
             for s, revision in result.written.items():
-                self._apply_shard(s, revision, changes[s], deleted=changes[s] is None)
+                self.copy.apply_shard(s, revision, changes[s], deleted=changes[s] is None)
         if result.condition_failed:
             with self._lock:
-                if self._leader == self.advertise:
-                    self._leader = None  # deposed: the watch will say by whom
+                if self.copy.leader == self.advertise:
+                    self.copy.leader = None  # deposed: the watch will say by whom
         elif result.conflicted:
             self._wake_later(max(self.lease_ttl / 4, 0.1))  # the watch brings what changed
