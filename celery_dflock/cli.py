@@ -171,11 +171,11 @@ def shards_json(answers: Sequence[ServerShards]) -> list[dict[str, Any]]:
     for answer in answers:
         info = answer.shards
         if info is None:
-            out.append({"address": answer.address, "error": answer.error})
+            out.append({"server": answer.address, "error": answer.error})
             continue
         out.append(
             {
-                "address": answer.address,
+                "server": answer.address,
                 "mode": info.mode,
                 "self": info.self_address,
                 "members": list(info.members),

@@ -76,7 +76,9 @@ def test_celery_dflock_shards_reports_every_server(static_fleet: list[ServerThre
     shown = format_shards(answers)
     for member in members:
         assert f"{member}: mode static, self {member}, members {','.join(members)}" in shown
-    assert [row["mode"] for row in shards_json(answers)] == ["static"] * 3
+    rows = shards_json(answers)
+    assert [row["mode"] for row in rows] == ["static"] * 3
+    assert [row["server"] for row in rows] == members  # as `status --json` names a server
 
 
 def test_the_cluster_strategy_is_a_setting() -> None:
