@@ -161,3 +161,42 @@ async def test_cancelled_release_lets_the_server_free_the_lock(dflock_server: Se
     await asyncio.wait([task])
     assert not lock.locked()
     await until(lambda: "a:cut-release" not in held_keys(dflock_server.address))
+
+
+def test_a_held_lock_used_from_another_event_loop_is_refused_not_hung(
+    dflock_server: ServerThread,
+) -> None:
+    """A held asyncio lock renews from a task of the loop that acquired it. Its release or
+    renewal from another loop waited for that task forever (a loop still running in another
+    thread), or raised asyncio's ``Event loop is closed`` (a loop `asyncio.run` had closed):
+    both now raise `DflockError` at once, and the lock stays usable on its own loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from celery_dflock import AsyncClient, DflockError
+
+    address = dflock_server.address
+    home = asyncio.new_event_loop()
+    runner = ThreadPoolExecutor(1)
+    runner.submit(home.run_forever)
+    other = ThreadPoolExecutor(1)  # a hung call stays in its thread; the test fails in time
+    try:
+        for lock in (
+            AsyncClient([address]).lock("a:loop-1"),
+            AsyncDistributedLock("a:loop-2", servers=[address]),
+        ):
+            assert asyncio.run_coroutine_threadsafe(lock.acquire(), home).result(10)
+            for call in (lock.release, lock.renew):
+                elsewhere = other.submit(asyncio.run, call())
+                with pytest.raises(DflockError, match="another event loop"):
+                    elsewhere.result(10)
+            assert lock.owned() and lock.key in held_keys(address)
+            assert asyncio.run_coroutine_threadsafe(lock.release(), home).result(10)
+            assert lock.key not in held_keys(address)
+    finally:
+        home.call_soon_threadsafe(home.stop)
+        runner.shutdown()
+        other.shutdown(wait=False)
+    closed = AsyncDistributedLock("a:loop-3", servers=[address])
+    assert asyncio.run(closed.acquire())  # asyncio.run closes its loop
+    with pytest.raises(DflockError, match="another event loop"):
+        asyncio.run(closed.release())

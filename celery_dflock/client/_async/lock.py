@@ -334,6 +334,7 @@ class AsyncLockBase:
         holding, core = self._holding, self._core
         if holding.forked():
             return False
+        holding.driver.check()  # before the try: a refusal here abandons nothing
         try:
             await holding.driver.stop()
             async with holding.op_lock:
