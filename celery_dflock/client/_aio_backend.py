@@ -215,6 +215,8 @@ class AsyncPoolFace:
             self._loop = loop
         elif self._loop is not loop:
             raise DflockError(
-                "this AsyncConnectionPool belongs to another event loop; "
-                "create one pool per event loop"
+                "this AsyncConnectionPool (an AsyncClient's, or one given as pool=) belongs to "
+                "the event loop it was first used in, another than this one; create one pool "
+                "per event loop: make the AsyncClient (or pool) inside the coroutine that "
+                "asyncio.run runs"
             )
