@@ -120,8 +120,20 @@ class AsyncRenewalDriver:
         """In a fork child: the parent's task is not this process's."""
         self._task = self._renewing = None
 
+    def check(self) -> None:
+        """Refuse a call from another event loop than the renewal task's: it would wait for
+        that task forever (or meet that loop closed)."""
+        task = self._task
+        if task is not None and task.get_loop() is not asyncio.get_running_loop():
+            raise DflockError(
+                f"{self._lock.core.what} was acquired on another event loop, whose task renews "
+                "it: release or renew it on that loop (an asyncio lock belongs to the event "
+                "loop that acquired it)"
+            )
+
     async def stop(self) -> None:
         """Stop renewing; wait for a renewal in flight (and the on_lost it may run)."""
+        self.check()
         self._stopping = True
         task, self._task = self._task, None
         current = asyncio.current_task()
@@ -135,6 +147,7 @@ class AsyncRenewalDriver:
 
     async def renew_now(self) -> bool | None:
         """`renew`: one renewal now, shielded from the caller's cancellation."""
+        self.check()
         return await self._shielded(self._lock.renew_guarded(False))
 
     async def _shielded(self, work: Coroutine[object, object, bool | None]) -> bool | None:
@@ -202,6 +215,8 @@ class AsyncPoolFace:
             self._loop = loop
         elif self._loop is not loop:
             raise DflockError(
-                "this AsyncConnectionPool belongs to another event loop; "
-                "create one pool per event loop"
+                "this AsyncConnectionPool (an AsyncClient's, or one given as pool=) belongs to "
+                "the event loop it was first used in, another than this one; create one pool "
+                "per event loop: make the AsyncClient (or pool) inside the coroutine that "
+                "asyncio.run runs"
             )

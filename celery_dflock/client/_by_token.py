@@ -1,6 +1,7 @@
 """Requests about a grant named by its token, without a lock object (no I/O here): release,
 renew, detach, note and force release, built and read here. Their key comes checked, and a
-detach's token and lease too; the rest is checked here.
+renewal's or detach's token and lease too (here against the server's longest lease); the rest
+is checked here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from celery_dflock.client._requests import (
     checked_release,
     checked_renew,
 )
-from celery_dflock.client._servers import ServerInfo, require_force_release, require_holds
-from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, check_limit, lease_seconds
+from celery_dflock.client._servers import (
+    ServerInfo,
+    check_lease,
+    require_force_release,
+    require_holds,
+)
+from celery_dflock.client._settings import REPLY_GRACE_S, Endpoint, check_limit
 from celery_dflock.client.errors import ForceReleaseUnsupported, ProtocolError, ServerUnavailable
 
 Request = tuple[Command, bytes, float]
@@ -29,9 +35,11 @@ def release_request(key: str, token: str, limit: int | None = None) -> Request:
     return Command.SEM_RELEASE, _requests.encode_sem_release(key, token), REPLY_GRACE_S
 
 
-def renew_request(key: str, token: str, lease_ttl: int) -> Request:
-    token, lease = _requests.validate_token(token), lease_seconds("lease_ttl", lease_ttl)
-    data = checked_renew(key, token, lease, semaphore=False)
+def renew_request(
+    server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
+) -> Request:
+    check_lease(server, where, describe_lock(key), lease_ttl)
+    data = checked_renew(key, token, lease_ttl, semaphore=False)
     return Command.RENEW, data, REPLY_GRACE_S
 
 
@@ -39,6 +47,7 @@ def detach_request(
     server: ServerInfo | None, where: str, key: str, token: str, lease_ttl: int
 ) -> Request:
     require_holds(server, where, describe_lock(key))
+    check_lease(server, where, describe_lock(key), lease_ttl)
     return Command.HAND_DOWN, checked_hand_down(key, token, lease_ttl), REPLY_GRACE_S
 
 

@@ -41,13 +41,12 @@ from celery_dflock.client._requests import (
     checked_wait,
 )
 from celery_dflock.client._router import ClusterRouter, KeyRoute
-from celery_dflock.client._servers import ServerInfo, require_holds
+from celery_dflock.client._servers import ServerInfo, check_lease, require_holds
 from celery_dflock.client._session import ClientSession
 from celery_dflock.client._settings import (
     REPLY_GRACE_S,
     ClientSettings,
     Endpoint,
-    lease_name,
     whole_seconds,
 )
 from celery_dflock.client.errors import DflockError, InvalidValueError, LockNotOwned, ProtocolError
@@ -162,15 +161,8 @@ class LockCore:
     def check_lease(self, server: ServerInfo | None, lease: int | None) -> None:
         """Refuse a lease above the longest ``server`` grants (when its ``hello`` says it)."""
         limit = None if server is None else server.max_lease_ttl_s
-        if lease is None or limit is None or lease <= limit:
-            return
-        raise InvalidValueError(
-            f"{self.what}: the lease asked for ({lease} s) is above the longest lease server "
-            f"{self.endpoint.address} grants ({limit} s, its --max-lease-ttl / "
-            f"DFLOCKD_MAX_LEASE_TTL_S). Ask for a shorter lease ({lease_name(lease)}): renewal "
-            "keeps a lock held however long the work runs. Or start the server with a larger "
-            "--max-lease-ttl"
-        )
+        if lease is not None and limit is not None and lease > limit:  # (no message to make)
+            check_lease(server, self.endpoint.address, self.what, lease)
 
     def acquire_request(self, server: ServerInfo | None = None) -> Request:
         """``l`` / ``sl``; a lock with a `note` sends ``hl ... c <note>`` to a server with
@@ -276,6 +268,7 @@ class LockCore:
         self.require_idle()
         token = _requests.validate_token(token)
         lease = self.hold_lease(require_holds(server, self.endpoint.address, self.what))
+        self.check_lease(server, on_close_lease)
         data = checked_take(self.key, token, lease, on_close_lease, note)
         return Command.TAKE, data, REPLY_GRACE_S
 
@@ -283,7 +276,10 @@ class LockCore:
         """``hd <token> <lease_ttl>``; a server without holds gets ``n <token> <lease_ttl>``."""
         token = self._held_token()
         if server is None or not server.supports(wire.FEATURE_HOLDS):
-            return _by_token.renew_request(self.key, token, lease_ttl)
+            return _by_token.renew_request(
+                server, self.endpoint.address, self.key, token, lease_ttl
+            )
+        self.check_lease(server, lease_ttl)
         data = checked_hand_down(self.key, token, lease_ttl)  # checked by hand_off()
         return Command.HAND_DOWN, data, REPLY_GRACE_S
 

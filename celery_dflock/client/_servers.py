@@ -1,5 +1,6 @@
 """What a client knows of a server: its ``hello`` answer (`ServerInfo`), the features it may
-list, a detached `Hold` it granted, and the auth errors it may answer (no I/O here)."""
+list and the longest lease it grants, a detached `Hold` it granted, and the auth errors it may
+answer (no I/O here)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Final
 
 from celery_dflock.client import _replies, wire
 from celery_dflock.client._replies import ErrorReply, Reply
-from celery_dflock.client._settings import Endpoint
+from celery_dflock.client._settings import Endpoint, lease_name
 from celery_dflock.client.errors import (
     AuthError,
     ForceReleaseUnsupported,
     HoldsUnsupported,
+    InvalidValueError,
     ProtocolError,
     ServerDraining,
 )
@@ -71,6 +73,20 @@ class ServerInfo:
         if self.name is None:
             return "a dflockd server that does not answer hello (no ping, stats or fences)"
         return f"{self.name} {self.version or '?'}"
+
+
+def check_lease(server: ServerInfo | None, where: str, what: str, lease: int | None) -> None:
+    """Refuse a lease above the longest ``server`` grants (when its ``hello`` says it): the
+    server answers such a request ``error``, as it does a token that no longer holds its key."""
+    limit = None if server is None else server.max_lease_ttl_s
+    if lease is None or limit is None or lease <= limit:
+        return
+    raise InvalidValueError(
+        f"{what}: the lease asked for ({lease} s) is above the longest lease server {where} "
+        f"grants ({limit} s, its --max-lease-ttl / DFLOCKD_MAX_LEASE_TTL_S). Ask for a shorter "
+        f"lease ({lease_name(lease)}): renewal keeps a lock held however long the work runs. "
+        "Or start the server with a larger --max-lease-ttl"
+    )
 
 
 def require_holds(server: ServerInfo | None, where: str, what: str) -> ServerInfo:

@@ -97,9 +97,12 @@ def whole_seconds(
 def positive_seconds(
     name: str, value: float, *, error: type[InvalidValueError] = InvalidValueError
 ) -> float:
-    """``value`` as a positive finite number of seconds."""
-    if not _is_real(value) or not math.isfinite(value) or value <= 0:
-        raise error(f"{name} must be a positive number of seconds, got {value!r}")
+    """``value`` as a positive number of seconds, at most the protocol's largest (a socket's
+    timeout holds no more than about 9.2e9 s)."""
+    if not _is_real(value) or not 0 < value <= wire.MAX_NUMBER:  # (NaN is no number here)
+        raise error(
+            f"{name} must be a positive number of seconds up to {wire.MAX_NUMBER}, got {value!r}"
+        )
     return float(value)
 
 

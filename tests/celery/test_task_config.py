@@ -128,6 +128,7 @@ def test_a_server_listed_twice_is_refused_naming_it(value: object) -> None:
         ("dflock_sharding_strategy", ".relative:shard", "dflock_sharding_strategy: cannot import"),
         ("dflock_sharding_strategy", lambda key: 0, "cannot be called as"),
         ("dflock_connect_timeout", 0, "dflock_connect_timeout"),
+        ("dflock_connect_timeout", 1e12, "dflock_connect_timeout .* up to 9000000000"),
         ("dflock_lock_retry_jitter", "yes", "dflock_lock_retry_jitter"),
     ],
 )

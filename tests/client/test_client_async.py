@@ -161,3 +161,63 @@ async def test_cancelled_release_lets_the_server_free_the_lock(dflock_server: Se
     await asyncio.wait([task])
     assert not lock.locked()
     await until(lambda: "a:cut-release" not in held_keys(dflock_server.address))
+
+
+def test_a_held_lock_used_from_another_event_loop_is_refused_not_hung(
+    dflock_server: ServerThread,
+) -> None:
+    """A held asyncio lock renews from a task of the loop that acquired it. Its release or
+    renewal from another loop (here a loop running in another thread) waited for that task
+    forever; it now raises `DflockError` at once, and the lock stays usable on its own loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from celery_dflock import AsyncClient, DflockError
+
+    address = dflock_server.address
+    home = asyncio.new_event_loop()
+    runner = ThreadPoolExecutor(1)
+    runner.submit(home.run_forever)
+    other = ThreadPoolExecutor(1)  # a hung call stays in its thread; the test fails in time
+    client = AsyncClient([address])
+    try:
+        for lock in (
+            client.lock("a:loop-1"),
+            AsyncDistributedLock("a:loop-2", servers=[address]),
+        ):
+            assert asyncio.run_coroutine_threadsafe(lock.acquire(), home).result(10)
+            for call in (lock.release, lock.renew):
+                elsewhere = other.submit(asyncio.run, call())
+                with pytest.raises(DflockError, match="another event loop"):
+                    elsewhere.result(10)
+            assert lock.owned() and lock.key in held_keys(address)
+            assert asyncio.run_coroutine_threadsafe(lock.release(), home).result(10)
+            assert lock.key not in held_keys(address)
+        asyncio.run_coroutine_threadsafe(client.close(), home).result(10)
+    finally:
+        home.call_soon_threadsafe(home.stop)
+        runner.shutdown()
+        other.shutdown(wait=False)
+        home.close()
+
+
+def test_an_async_client_used_by_a_second_asyncio_run_says_what_to_do(
+    dflock_server: ServerThread,
+) -> None:
+    """A task body that calls ``asyncio.run`` each time with one module-level `AsyncClient`:
+    the second run is refused naming the client (it was told of a pool it never made)."""
+    from celery_dflock import AsyncClient, DflockError
+
+    client = AsyncClient([dflock_server.address])
+
+    async def run() -> bool:
+        async with client.lock("a:second-run") as lock:
+            return lock.owned()
+
+    async def first() -> bool:
+        held = await run()
+        await client.close()
+        return held
+
+    assert asyncio.run(first())
+    with pytest.raises(DflockError, match=r"AsyncClient .* inside the coroutine"):
+        asyncio.run(run())

@@ -508,3 +508,50 @@ def test_adopt_needs_a_note(dflock_server: ServerThread) -> None:
         with pytest.raises(InvalidValueError, match="on_close_lease"):
             client.lock("q:nn").adopt(hold.token, note="x", on_close_lease=0)
         assert client.release("q:nn", hold.token)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_lease_above_the_servers_longest_is_refused_and_the_grant_kept(
+    dflock_server_factory: Any, kind: str
+) -> None:
+    """A renew, detach, hand-off or adopt asking more than ``--max-lease-ttl`` raises naming it
+    and keeps the grant where it was; the server answers such a request ``error``, which read
+    as a grant no longer held (False) while it was: a hand-off let go of a lock whose grant
+    stayed bound to a pooled connection, held by nobody."""
+    server = dflock_server_factory(max_lease_ttl_s=60)
+    address = server.address
+    too_long = r"above the longest lease .*\(60 s, its --max-lease-ttl"
+
+    async def main(client: Any, call: Any) -> None:
+        hold = await call(client.hold("q:m", note="t", lease_ttl=30))
+        for refused in (
+            lambda: client.renew("q:m", hold.token, lease_ttl=61),
+            lambda: client.detach("q:m", hold.token, lease_ttl=61),
+        ):
+            with pytest.raises(InvalidValueError, match=too_long):
+                await call(refused())
+        adopter = client.lock("q:m", note="t/a", lease_ttl_s=30)
+        with pytest.raises(InvalidValueError, match=too_long):
+            await call(adopter.adopt(hold.token, on_close_lease=61))
+        entry = lock_entry(address, "q:m")
+        assert entry is not None and entry["detached"] is True
+        assert await call(adopter.adopt(hold.token))
+        with pytest.raises(InvalidValueError, match=too_long):
+            await call(adopter.hand_off(61))
+        assert adopter.owned() and adopter.token is not None
+        assert await call(adopter.release())
+        assert lock_entry(address, "q:m") is None
+
+    async def awaited(value: Any) -> Any:
+        return await value if kind == "async" else value
+
+    if kind == "async":
+
+        async def run_async() -> None:
+            async with AsyncClient([address]) as client:
+                await main(client, awaited)
+
+        asyncio.run(run_async())
+    else:
+        with Client([address]) as client:
+            asyncio.run(main(client, awaited))

@@ -188,7 +188,7 @@ async def test_async_pool_belongs_to_one_event_loop(dflock_server: ServerThread)
     thread.start()
     await asyncio.to_thread(thread.join, 10)
     assert len(errors) == 1 and isinstance(errors[0], DflockError)
-    assert "one pool per event loop" in str(errors[0])
+    assert "create one pool per event loop" in str(errors[0])
     opened = pool.opened
     await pool.aclose()
     async with AsyncDistributedLock("loop", servers=[dflock_server.address], pool=pool):

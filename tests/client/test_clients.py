@@ -294,3 +294,18 @@ def test_the_client_does_not_import_celery() -> None:
         "assert 'celery' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_connect_timeout_too_long_for_the_socket_is_refused_at_construction(
+    dflock_server: ServerThread,
+) -> None:
+    """A connect timeout past what a socket's timeout can hold (about 9.2e9 s) raised a raw
+    ``OverflowError`` at the first connection; it is refused where it is given, and the
+    longest accepted, the protocol's 9e9 s as for every other timeout, connects."""
+    with pytest.raises(InvalidValueError, match=r"connect_timeout_s .* up to 9000000000"):
+        Client([dflock_server.address], connect_timeout_s=1e12)
+    with pytest.raises(InvalidValueError, match=r"connect_timeout_s .* up to 9000000000"):
+        AsyncClient([dflock_server.address], connect_timeout_s=1e12)
+    with Client([dflock_server.address], connect_timeout_s=9e9) as client:
+        lock = client.lock("clients:longest-connect")
+        assert lock.acquire() and lock.release()

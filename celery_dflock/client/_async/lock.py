@@ -334,6 +334,7 @@ class AsyncLockBase:
         holding, core = self._holding, self._core
         if holding.forked():
             return False
+        holding.driver.check()  # before the try: a refusal here abandons nothing
         try:
             await holding.driver.stop()
             async with holding.op_lock:
@@ -514,6 +515,8 @@ class AsyncDistributedLock(AsyncLockBase):
         holding, core = self._holding, self._core
         if holding.forked() or not core.locked():
             return False
+        if holding.conn is not None:  # refused before the lock lets go of anything
+            core.check_lease(holding.conn.server, lease)
         await holding.driver.stop()
         async with holding.op_lock:
             conn, holding.conn = holding.conn, None

@@ -223,8 +223,11 @@ class Client:
     def renew(self, key: str, token: str, *, lease_ttl: int) -> bool:
         """Renew ``token`` on ``key`` to ``lease_ttl`` seconds: False if it no longer holds
         the key."""
-        request = _by_token.renew_request(_requests.validate_key(key), token, lease_ttl)
-        return self._done(key, lambda _, __: request)
+        lease = lease_seconds("lease_ttl", lease_ttl)
+        key, token = _requests.validate_key(key), _requests.validate_token(token)
+        return self._done(
+            key, lambda server, where: _by_token.renew_request(server, where, key, token, lease)
+        )
 
     def note(self, key: str, token: str, note: str) -> bool:
         """Replace the owner note of ``token``'s grant on ``key``: False if it no longer

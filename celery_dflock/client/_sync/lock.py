@@ -334,6 +334,7 @@ class LockBase:
         holding, core = self._holding, self._core
         if holding.forked():
             return False
+        holding.driver.check()  # before the try: a refusal here abandons nothing
         try:
             holding.driver.stop()
             with holding.op_lock:
@@ -514,6 +515,8 @@ class DistributedLock(LockBase):
         holding, core = self._holding, self._core
         if holding.forked() or not core.locked():
             return False
+        if holding.conn is not None:  # refused before the lock lets go of anything
+            core.check_lease(holding.conn.server, lease)
         holding.driver.stop()
         with holding.op_lock:
             conn, holding.conn = holding.conn, None
