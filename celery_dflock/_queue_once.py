@@ -218,7 +218,7 @@ def publish_hold(
     if options is None or options.lock_from != "publish":
         return None
     key = runs.key_builder(task, options.key, task.run, config.key_prefix).key(*call)
-    note = encode_note(task_id)
+    note = encode_note(task_id, name=name)
     if note is None:
         raise InvalidValueError(
             f"task {name}: task_id {task_id!r} is too long for lock_from='publish', which "
@@ -272,9 +272,10 @@ def publish_hold(
             return Duplicate(holder, key)
         if holder is None:
             error = (
-                f"task {name} was not sent: key {key!r} is held, by a holder that left no task "
-                f"id (a lock taken outside Celery, or by an older worker), so there is no "
-                f"result to return; the key frees when that holder releases it"
+                f"task {name} was not sent: key {key!r} is held by a holder that names no "
+                f"Celery task (its note: {busy.holder or '_'!r}; a lock taken outside Celery, "
+                f"or a message sent by an older celery-dflock), so there is no result to "
+                f"return; the key frees when that holder releases it"
             )
         else:
             error = (
