@@ -144,6 +144,24 @@ def test_a_chain_with_a_duplicate_head_runs_its_tail(rig: Rig) -> None:
     assert len(rig.log.entries("started", name=name)) == 1
 
 
+def test_a_chain_whose_tail_s_key_a_running_task_holds(rig: Rig) -> None:
+    """A chain's last member is sent by the worker that ran the one before it; its key held
+    by a running task, it stands in for that task (as any other member does) and the chain's
+    result is the holder's: it was not sent at all, and the chain's ``.get()`` waited for
+    ever."""
+    name = unique("chain-tail")
+    release = rig.release_file(name)
+    first = rig.tasks["once"].delay(name, str(release))
+    rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
+    head = unique("chain-tail-head")
+    result = chain(rig.tasks["once"].si(head), rig.tasks["once"].si(name)).apply_async()
+    assert result is not None
+    assert result.parent.get(timeout=RESULT_TIMEOUT_S) == head  # the tail is sent before
+    release.touch()
+    assert result.get(timeout=RESULT_TIMEOUT_S) == name
+    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [first.id]
+
+
 def test_nested_canvas_with_duplicates_completes(rig: Rig) -> None:
     """A group of a chain and a member on one key, inside a chord: one run of the key, every
     place gets its result, and the callback runs."""
