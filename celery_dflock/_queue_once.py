@@ -412,7 +412,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
             f"state {holder.state}: {error!r}"
         )
     polls = message.retries
-    if _key_left(app, follow, message.task_id):
+    if _key_left(app, follow, encode_note(message.task_id, name=str(message.task.name))):
         if header(request, _FOLLOW_GONE_HEADER):
             raise DflockError(
                 f"{run} stands in for task {follow.task_id}, which no longer holds key "
@@ -434,9 +434,9 @@ def run_follower(message: Message, follow: Follow) -> Any:
     raise resend(message, countdown=countdown, retries=polls + 1, busy=busy, extra=extra)
 
 
-def _key_left(app: Any, follow: Follow, task_id: str | None) -> bool:
+def _key_left(app: Any, follow: Follow, note: str | None) -> bool:
     """Whether the holder no longer holds ``follow.key`` (taken and let go at once here)."""
-    lock = app_client(app).lock(follow.key, acquire_timeout_s=0, note=encode_note(task_id))
+    lock = app_client(app).lock(follow.key, acquire_timeout_s=0, note=note)
     try:
         if lock.acquire():
             lock.release()
