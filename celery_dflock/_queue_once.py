@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, cast
@@ -352,9 +353,24 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    if lock.hand_off(_pending_lease(options, countdown, eta)):
+    lease = _pending_lease(options, countdown, eta)
+    if lock.hand_off(lease):
         return held
-    return None  # lost meanwhile: nothing to hand on
+    # Lost meanwhile, or refused (the grant then stays bound, unrenewed): let it go.
+    with suppress(DflockError):  # unreachable: it ends with its lease
+        app_client(task._get_app()).release(held.key, held.token)
+    logger.warning(
+        "dflock: %s[%s] retries without its hold of %r: the lock server refused to keep it "
+        "%s s, until the retry is due (lock_pending_ttl, or the retry's countdown/eta when "
+        "longer), or it was lost; the retry takes the key when it runs, and a duplicate may be "
+        "sent meanwhile. A lease above the server's --max-lease-ttl (DFLOCKD_MAX_LEASE_TTL_S) "
+        "is refused: raise it, or retry sooner",
+        task.name,
+        request.id,
+        held.key,
+        lease,
+    )
+    return None
 
 
 def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
