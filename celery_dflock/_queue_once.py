@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, cast
@@ -218,7 +219,7 @@ def publish_hold(
     if options is None or options.lock_from != "publish":
         return None
     key = runs.key_builder(task, options.key, task.run, config.key_prefix).key(*call)
-    note = encode_note(task_id)
+    note = encode_note(task_id, name=name)
     if note is None:
         raise InvalidValueError(
             f"task {name}: task_id {task_id!r} is too long for lock_from='publish', which "
@@ -272,9 +273,10 @@ def publish_hold(
             return Duplicate(holder, key)
         if holder is None:
             error = (
-                f"task {name} was not sent: key {key!r} is held, by a holder that left no task "
-                f"id (a lock taken outside Celery, or by an older worker), so there is no "
-                f"result to return; the key frees when that holder releases it"
+                f"task {name} was not sent: key {key!r} is held by a holder that names no "
+                f"Celery task (its note: {busy.holder or '_'!r}; a lock taken outside Celery, "
+                f"or a message sent by an older celery-dflock), so there is no result to "
+                f"return; the key frees when that holder releases it"
             )
         else:
             error = (
@@ -351,9 +353,24 @@ def retry_hand_off(
         return None
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
-    if lock.hand_off(_pending_lease(options, countdown, eta)):
+    lease = _pending_lease(options, countdown, eta)
+    if lock.hand_off(lease):
         return held
-    return None  # lost meanwhile: nothing to hand on
+    # Lost meanwhile, or refused (the grant then stays bound, unrenewed): let it go.
+    with suppress(DflockError):  # unreachable: it ends with its lease
+        app_client(task._get_app()).release(held.key, held.token)
+    logger.warning(
+        "dflock: %s[%s] retries without its hold of %r: the lock server refused to keep it "
+        "%s s, until the retry is due (lock_pending_ttl, or the retry's countdown/eta when "
+        "longer), or it was lost; the retry takes the key when it runs, and a duplicate may be "
+        "sent meanwhile. A lease above the server's --max-lease-ttl (DFLOCKD_MAX_LEASE_TTL_S) "
+        "is refused: raise it, or retry sooner",
+        task.name,
+        request.id,
+        held.key,
+        lease,
+    )
+    return None
 
 
 def _pending_lease(options: LockOptions, countdown: object, eta: object) -> int:
@@ -411,7 +428,7 @@ def run_follower(message: Message, follow: Follow) -> Any:
             f"state {holder.state}: {error!r}"
         )
     polls = message.retries
-    if _key_left(app, follow, message.task_id):
+    if _key_left(app, follow, encode_note(message.task_id, name=str(message.task.name))):
         if header(request, _FOLLOW_GONE_HEADER):
             raise DflockError(
                 f"{run} stands in for task {follow.task_id}, which no longer holds key "
@@ -433,9 +450,9 @@ def run_follower(message: Message, follow: Follow) -> Any:
     raise resend(message, countdown=countdown, retries=polls + 1, busy=busy, extra=extra)
 
 
-def _key_left(app: Any, follow: Follow, task_id: str | None) -> bool:
+def _key_left(app: Any, follow: Follow, note: str | None) -> bool:
     """Whether the holder no longer holds ``follow.key`` (taken and let go at once here)."""
-    lock = app_client(app).lock(follow.key, acquire_timeout_s=0, note=encode_note(task_id))
+    lock = app_client(app).lock(follow.key, acquire_timeout_s=0, note=note)
     try:
         if lock.acquire():
             lock.release()

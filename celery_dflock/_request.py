@@ -199,20 +199,21 @@ _NO_NOTE: Final = "_"
 def encode_note(
     task_id: str | None, host: str | None = None, *, pid: int | None = None, name: str | None = None
 ) -> str | None:
-    """The owner note. A note too long loses its last parts; None when the task id alone is
-    too long (or there is none)."""
+    """The owner note; a part not given is left empty (``<id>///<name>``). A note too long
+    loses its last parts; None when the task id alone is too long (or there is none)."""
     if not task_id:
         return None
-    note = _quoted(task_id)
+    note, gap = _quoted(task_id), ""
     if len(note) > NOTE_MAX_BYTES:
         return None
     for part in (host, None if pid is None else str(pid), name):
         if not part:
-            break
-        longer = f"{note}/{_quoted(part)}"
+            gap += "/"
+            continue
+        longer = f"{note}{gap}/{_quoted(part)}"
         if len(longer) > NOTE_MAX_BYTES:
             break
-        note = longer
+        note, gap = longer, ""
     return note
 
 
@@ -248,8 +249,11 @@ def note_parts(note: str | None) -> HolderNote:
 
 
 def decode_note(note: str | None) -> tuple[str | None, str | None]:
-    """(task id, host or None) from an owner note; (None, None) for no note or a foreign one."""
+    """(task id, host or None) from an owner note; (None, None) for no note or one that names
+    neither a host nor a task name (not a task's: a lock taken outside Celery)."""
     parts = note_parts(note)
+    if parts.host is None and parts.task_name is None:
+        return None, None
     return parts.task_id, parts.host
 
 

@@ -625,9 +625,12 @@ BEAT_SETTING_SPECS: Final = (
     ),
     _setting(
         "dflock_beat_scheduler",
-        "celery.beat:PersistentScheduler",
+        None,
         lambda value, _where: value,  # a class or "module:Class": checked by celery_dflock.beat
-        'The scheduler that does the work: `"module:Class"` or the class.',
+        'The scheduler that does the work: `"module:Class"` or the class. Unset: the app\'s '
+        "`beat_scheduler`, or `celery.beat:PersistentScheduler` when that names "
+        "`SingletonScheduler`.",
+        shown="beat_scheduler",
     ),
     _setting(
         "dflock_beat_lease_ttl",

@@ -18,8 +18,9 @@ broker cannot check a fencing token); a hung *standby* at the head of the queue 
 failover as long again.
 
 Which scheduler does the work
-    ``SingletonScheduler`` wraps ``celery.beat.PersistentScheduler``, or the class named in
-    ``dflock_beat_scheduler``, by *dynamic subclassing*: beat gets an instance of
+    ``SingletonScheduler`` wraps the class named in ``dflock_beat_scheduler`` (unset: the
+    app's ``beat_scheduler``, or ``celery.beat.PersistentScheduler`` when that names this
+    class), by *dynamic subclassing*: beat gets an instance of
     ``class Singleton<Wrapped>(SingletonScheduler, Wrapped)``, because Celery's
     ``Scheduler.tick`` calls ``reserve``/``apply_entry``/``apply_async`` on ``self``, so the
     send gate must sit in the wrapped class's method resolution. A class written as
@@ -307,14 +308,18 @@ class BeatSettings:
         key = got["dflock_beat_lock_key"] or f"{DEFAULT_BEAT_KEY_PREFIX}{app.main or 'default'}"
         return cls(
             lock_key=safe_key(config.key_prefix + key),
-            scheduler=_wrapped_class(got["dflock_beat_scheduler"]),
+            scheduler=_wrapped_class(got["dflock_beat_scheduler"], app.conf.beat_scheduler),
             lease_ttl_s=cast("int", got["dflock_beat_lease_ttl"]),
             nonoverlap=bool(got["dflock_beat_nonoverlap"]),
         )
 
 
-def _wrapped_class(value: object) -> type[Scheduler]:
-    where = "dflock_beat_scheduler"
+def _wrapped_class(setting: object, beat_scheduler: object) -> type[Scheduler]:
+    """``dflock_beat_scheduler``; unset, the app's ``beat_scheduler`` unless that names a
+    `SingletonScheduler` (then ``PersistentScheduler``)."""
+    where, value = "dflock_beat_scheduler", setting
+    if setting is None:
+        where, value = "beat_scheduler", beat_scheduler
     found: object = value
     if isinstance(value, str):
         try:
@@ -329,6 +334,8 @@ def _wrapped_class(value: object) -> type[Scheduler]:
             f"(e.g. 'django_celery_beat.schedulers:DatabaseScheduler'); got {value!r}"
         )
     if issubclass(found, SingletonScheduler):
+        if setting is None:
+            return PersistentScheduler
         raise DflockConfigError(
             f"{where} names {value!r}, which already is a SingletonScheduler; "
             "name the scheduler to wrap instead"
@@ -427,7 +434,7 @@ class SingletonScheduler(Scheduler):
         key: object = getattr(self, "lock_key", None)
         if wrapped and key:
             raise DflockConfigError(
-                f"dflock_beat_scheduler wraps RedBeat ({wrapped[0].__name__}) with its own beat "
+                f"SingletonScheduler wraps RedBeat ({wrapped[0].__name__}) with its own beat "
                 f"lock on (redbeat_lock_key, {key!r}): each standby would wait for that Redis "
                 "lock in beat's start-up, and a killed beat would keep it for "
                 "redbeat_lock_timeout. Set app.conf.redbeat_lock_key = None: "

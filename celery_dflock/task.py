@@ -131,8 +131,8 @@ class LockedTask(Task):
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
             # Sent again (a retry, with the hold handed on or None), or run here: no hold.
             return send()
-        in_canvas = bool(
-            link or link_error or any(options.get(o) for o in ("chain", "chord", "group_id"))
+        in_canvas = "chain" in options or bool(  # a chain's last member: ``chain=[]``
+            link or link_error or options.get("chord") or options.get("group_id")
         )
         task_id = task_id or uuid()
         if per_call is None and (sent_options := headers.get(LOCK_OPTIONS_HEADER)):

@@ -63,6 +63,29 @@ def test_the_configured_scheduler_class_is_wrapped(tmp_path: Path) -> None:
     assert type(plain).__mro__[1:3] == (SingletonScheduler, Scheduler)
 
 
+def test_unset_it_wraps_the_apps_beat_scheduler(tmp_path: Path) -> None:
+    """A project that names its scheduler in ``beat_scheduler`` (django-celery-beat's and
+    RedBeat's setups) and starts beat with ``-S celery_dflock.beat:SingletonScheduler`` gets
+    that scheduler wrapped (the persistent one, ignoring the schedule it keeps, was); a
+    ``beat_scheduler`` naming SingletonScheduler itself leaves the default."""
+    app = beat_app(beat_scheduler=CustomScheduler)
+    scheduler = SingletonScheduler(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)
+    assert type(scheduler).__mro__[1:3] == (SingletonScheduler, CustomScheduler)
+    by_path = beat_app(beat_scheduler="celery.beat:Scheduler")
+    assert type(SingletonScheduler(app=by_path, lazy=True)).__mro__[1:3] == (
+        SingletonScheduler,
+        Scheduler,
+    )
+    itself = beat_app(beat_scheduler="celery_dflock.beat:SingletonScheduler")
+    default = SingletonScheduler(app=itself, schedule_filename=str(tmp_path / "d"), lazy=True)
+    assert type(default).__mro__[1:3] == (SingletonScheduler, PersistentScheduler)
+    chosen = beat_app(beat_scheduler=CustomScheduler, dflock_beat_scheduler="celery.beat:Scheduler")
+    assert type(SingletonScheduler(app=chosen, lazy=True)).__mro__[1:3] == (
+        SingletonScheduler,
+        Scheduler,
+    )
+
+
 def test_a_composed_subclass_is_used_as_it_is(tmp_path: Path) -> None:
     app = beat_app(dflock_beat_scheduler="celery.beat:Scheduler")  # ignored: Mine brings one
     scheduler = ExplicitSingleton(app=app, schedule_filename=str(tmp_path / "s"), lazy=True)

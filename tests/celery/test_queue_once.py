@@ -29,6 +29,7 @@ from celery_dflock._request import (
 )
 from celery_dflock._settings import read_attributes
 from celery_dflock.cli import collect, format_locks
+from celery_dflock.client import DistributedLock
 from celery_dflock.config import DflockConfigError, get_config, resolve_options
 from dflockd_server import Config
 from dflockd_server.status_page import HolderNote as PageNote, holder_of
@@ -80,7 +81,11 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
 def test_note_round_trip() -> None:
     assert encode_note("a b/c") == "a%20b%2Fc"
     assert decode_note(encode_note("a b/c", "celery@host 1")) == ("a b/c", "celery@host 1")
-    assert decode_note(encode_note("abc")) == ("abc", None)
+    assert encode_note("abc", name="t.x") == "abc///t.x"  # a publish-time hold's
+    assert decode_note(encode_note("abc", name="t.x")) == ("abc", None)
+    # A note naming no host and no task name is not a task's: a lock taken outside Celery.
+    assert decode_note("nightly-sync") == (None, None)
+    assert note_parts("nightly-sync") == HolderNote("nightly-sync")
     assert decode_note(None) == (None, None)
     assert decode_note("_") == (None, None)
     assert encode_note("x" * 300) is None
@@ -105,7 +110,8 @@ def test_a_run_s_note_names_its_pid_and_task_and_older_readers_still_find_the_ta
     [
         encode_note("4f1c", "celery@w1", pid=4242, name="proj.tasks.report"),
         encode_note("4f1c", "celery@w1"),  # an older run's
-        encode_note("4f1c"),  # a publish-time hold
+        encode_note("4f1c", name="proj.tasks.report"),  # a publish-time hold
+        encode_note("4f1c"),  # an older publish-time hold, or a note of another client
         encode_note("a/b", "celery@host 1", pid=7, name="n/1"),  # slashes, a space
         encode_note("é€", "h%st\tname", pid=1, name="t"),  # non-ASCII, a percent, a tab
         encode_note("id", "h" * 196, pid=12, name="n"),  # shortened: the host alone
@@ -238,6 +244,31 @@ def test_duplicate_of_a_running_task(rig: Rig) -> None:
     assert first.get(timeout=RESULT_TIMEOUT_S) == name
     assert rig.key_free(key, wait_s=5)
     assert rig.tasks["once"].delay(name, None).id != first.id
+
+
+def test_a_key_held_outside_celery_is_no_task_to_return(rig: Rig) -> None:
+    """A key held by a lock taken outside Celery with a note of its own: a duplicate publish
+    under ``on_duplicate="return"`` raises AlreadyQueued naming the key and that note (it
+    returned ``AsyncResult(<the note>)``, whose ``.get()`` waited for ever), an eager run
+    names no task either, and once the lock is released the task is sent and runs once."""
+    name = unique("foreign")
+    key = f"once:{name}"
+    assert rig.address is not None
+    foreign = DistributedLock(key, acquire_timeout_s=5, servers=[rig.address], note="nightly-sync")
+    assert foreign.acquire()
+    try:
+        with pytest.raises(AlreadyQueued, match="nightly-sync") as raised:
+            rig.tasks["once"].delay(name)
+        assert (raised.value.task_id, raised.value.key) == (None, key)
+        assert key in str(raised.value)
+        eager = rig.tasks["once"].apply((name,))
+        assert isinstance(eager.result, AlreadyQueued)
+        assert eager.result.task_id is None
+    finally:
+        foreign.release()
+    sent = rig.tasks["once"].delay(name)
+    assert sent.get(timeout=RESULT_TIMEOUT_S) == name
+    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [sent.id]
 
 
 def test_per_call_lock_from_and_pending_ttl(rig: Rig) -> None:

@@ -16,7 +16,8 @@ from celery import chain, chord, group
 
 from celery_dflock import AlreadyQueued
 from celery_dflock.client.errors import InvalidValueError, LockSkipped, ServerUnavailable
-from tests.celery.apps.queue_once import define_tasks
+from dflockd_server import Config
+from tests.celery.apps.queue_once import LONG_RETRY_MAX_LEASE_S, define_tasks
 from tests.support.apps import make_app
 from tests.support.ports import free_port
 from tests.support.processes import paused
@@ -142,6 +143,24 @@ def test_a_chain_with_a_duplicate_head_runs_its_tail(rig: Rig) -> None:
     assert result.get(timeout=RESULT_TIMEOUT_S) == name
     assert first.get(timeout=RESULT_TIMEOUT_S) == name
     assert len(rig.log.entries("started", name=name)) == 1
+
+
+def test_a_chain_whose_tail_s_key_a_running_task_holds(rig: Rig) -> None:
+    """A chain's last member is sent by the worker that ran the one before it; its key held
+    by a running task, it stands in for that task (as any other member does) and the chain's
+    result is the holder's: it was not sent at all, and the chain's ``.get()`` waited for
+    ever."""
+    name = unique("chain-tail")
+    release = rig.release_file(name)
+    first = rig.tasks["once"].delay(name, str(release))
+    rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
+    head = unique("chain-tail-head")
+    result = chain(rig.tasks["once"].si(head), rig.tasks["once"].si(name)).apply_async()
+    assert result is not None
+    assert result.parent.get(timeout=RESULT_TIMEOUT_S) == head  # the tail is sent before
+    release.touch()
+    assert result.get(timeout=RESULT_TIMEOUT_S) == name
+    assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [first.id]
 
 
 def test_nested_canvas_with_duplicates_completes(rig: Rig) -> None:
@@ -292,3 +311,37 @@ def test_an_autoretried_outage_at_take_over_keeps_the_hold(tmp_path: Path) -> No
         assert started["retries"] == 1
         assert started["hold_token"] is not None
         assert started["token"] == started["hold_token"]
+
+
+# ------------------------------------------------------------------------ a retry due too late
+
+
+def test_a_retry_due_after_the_longest_lease_says_it_goes_without_its_hold(
+    tmp_path: Path,
+) -> None:
+    """A retry whose countdown passes the lock server's ``--max-lease-ttl`` cannot keep its
+    hold (the server refuses the lease): the worker says so, naming the key and the setting,
+    and releases the grant the server left bound; the retry then takes the key at run time.
+    Before, nothing was logged and the grant stayed bound, unrenewed, for the run's lease."""
+    require_redis()
+    queue = unique("dflock-qedges-long-retry")
+    with open_rig(
+        tmp_path,
+        "apps.queue_once",
+        redis_settings(queue, db=REDIS_DB),
+        server=Config(
+            host="127.0.0.1", port=0, default_lease_ttl_s=3, max_lease_ttl_s=LONG_RETRY_MAX_LEASE_S
+        ),
+        main="qonce-long-retry-client",
+        define_tasks=define_tasks,
+        cleanup=lambda: redis_cleanup(queue, db=REDIS_DB),
+    ) as rig:
+        worker = rig.start_worker(pool="prefork", concurrency=1)
+        name = unique("long-retry")
+        result = rig.tasks["once_long_retry"].delay(name)
+        assert worker.wait_output("retry: Retry in", EVENT_TIMEOUT_S), worker.output()
+        assert rig.key_free(f"once:{name}", wait_s=0), "the refused hand-off left the key held"
+        assert worker.wait_output("--max-lease-ttl", EVENT_TIMEOUT_S), worker.output()
+        assert f"once:{name}" in worker.output()
+        assert result.get(timeout=RESULT_TIMEOUT_S) == name
+        assert [b["retries"] for b in rig.log.entries("started", name=name)] == [0, 1]

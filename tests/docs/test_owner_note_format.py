@@ -49,10 +49,17 @@ def test_the_documented_beat_note_is_what_a_beat_writes_and_both_readers_read() 
     assert (shown.pid, shown.host) == (4242, "ops-1")
 
 
-def test_a_published_task_sends_its_task_id_alone_and_no_parts_read_as_unknown() -> None:
+def test_a_published_task_sends_its_task_id_and_name_and_no_parts_read_as_unknown() -> None:
+    assert "`6f1c2e///reports.build`" in section()
+    assert encode_note("6f1c2e", name="reports.build") == "6f1c2e///reports.build"
     assert encode_note("6f1c2e") == "6f1c2e"
     assert encode_note("x" * 201) is None
-    for note in ("6f1c2e", "6f1c2e//notapid", "_"):
+    for note in ("6f1c2e", "6f1c2e//notapid", "6f1c2e///reports.build", "_"):
         parts, shown = note_parts(note), holder_of(note)
-        assert (parts.task_id, parts.host, parts.pid) == (shown.task_id, shown.host, shown.pid)
+        assert (parts.task_id, parts.host, parts.pid, parts.task_name) == (
+            shown.task_id,
+            shown.host,
+            shown.pid,
+            shown.task_name,
+        )
     assert note_parts("6f1c2e//notapid").pid is None

@@ -31,6 +31,10 @@ tests, which would otherwise deliver the waiting retry a second time)."""
 AUTORETRY_COUNTDOWN_S = 6.0
 """The countdown of `once_autoretry`'s retry: long enough for a test to start its lock server
 again once the first run met the outage."""
+LONG_RETRY_COUNTDOWN_S = 8
+"""The countdown of `once_long_retry`'s retry: longer than the longest lease the lock server of
+its test grants (`LONG_RETRY_MAX_LEASE_S`)."""
+LONG_RETRY_MAX_LEASE_S = 5
 PURGE_PENDING_TTL_S = 8
 """`once_short_pending`'s ``lock_pending_ttl``: how long a purged message's hold outlives it.
 The test checks the key is still held (a duplicate publish, message counts, a purge) before
@@ -68,6 +72,7 @@ TASK_NAMES = (
     "once_retry",
     "once_acks_late",
     "once_autoretry",
+    "once_long_retry",
     "plain",
     "run_skip",
     "collect",
@@ -131,6 +136,16 @@ def define_tasks(celery_app: Celery) -> dict[str, Any]:
         """An outage taking the lock (or the hold) over is retried by Celery's autoretry."""
         return _run(self, name, None)
 
+    @celery_app.task(
+        **named("once_long_retry", once), lock_pending_ttl=3, lock_ttl=3, max_retries=1
+    )
+    def once_long_retry(self: LockedTask, name: str) -> str:
+        """The first run retries after `LONG_RETRY_COUNTDOWN_S`; the retry ends."""
+        _run(self, name, None)
+        if self.request.retries == 0:
+            raise self.retry(countdown=LONG_RETRY_COUNTDOWN_S)
+        return name
+
     @celery_app.task(**named("plain", locked))
     def plain(self: LockedTask, name: str, release_file: str | None = None) -> str:
         """Locked at run time unless sent with ``lock_from="publish"``."""
@@ -153,6 +168,7 @@ def define_tasks(celery_app: Celery) -> dict[str, Any]:
         "once_retry": once_retry,
         "once_acks_late": once_acks_late,
         "once_autoretry": once_autoretry,
+        "once_long_retry": once_long_retry,
         "plain": plain,
         "run_skip": run_skip,
         "collect": collect,
