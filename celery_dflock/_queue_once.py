@@ -354,11 +354,14 @@ def retry_hand_off(
     if eta is None and countdown is None:  # as Task.retry works it out
         countdown = cast("float | None", getattr(task, "default_retry_delay", None))
     lease = _pending_lease(options, countdown, eta)
-    if lock.hand_off(lease):
-        return held
-    # Lost meanwhile, or refused (the grant then stays bound, unrenewed): let it go.
-    with suppress(DflockError):  # unreachable: it ends with its lease
-        app_client(task._get_app()).release(held.key, held.token)
+    try:
+        if lock.hand_off(lease):
+            return held
+    except InvalidValueError:  # above the server's longest lease: refused before it let go
+        lock.release()
+    else:  # lost meanwhile, or refused by the server (the grant stays bound): let it go
+        with suppress(DflockError):  # unreachable: it ends with its lease
+            app_client(task._get_app()).release(held.key, held.token)
     logger.warning(
         "dflock: %s[%s] retries without its hold of %r: the lock server refused to keep it "
         "%s s, until the retry is due (lock_pending_ttl, or the retry's countdown/eta when "
