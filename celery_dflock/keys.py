@@ -146,10 +146,9 @@ def _bind(
 
 def default_key(task_name: str, arguments: Mapping[str, Any]) -> str:
     """``<task name>:<digest of the canonical JSON of the bound arguments>``."""
-    value = dict(arguments)
     try:
         canonical = json.dumps(
-            value,
+            dict(arguments),
             cls=JSONEncoder,
             sort_keys=True,
             separators=(",", ":"),

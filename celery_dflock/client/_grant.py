@@ -119,11 +119,6 @@ class HeldGrant:
                 end = self.kept_end = sent + self.lease
         return end
 
-    def _kept_end(self) -> float:
-        """The lease's end as keep-alives moved it, or -inf where none did."""
-        self.lease_end()  # looks at the last keep-alive answered
-        return self.kept_end if self.kept_end else -math.inf
-
     def kept_alive(self, now: float | None = None) -> bool:
         """The session's keep-alives go on and keep the lease for more than `KEPT_MARGIN_S`:
         the lock need not renew, and looks again after `kept_for`."""
@@ -134,8 +129,9 @@ class HeldGrant:
 
     def kept_for(self, now: float | None = None) -> float:
         """When to look again at a lease keep-alives keep: its end less ``KEPT_MARGIN_S``."""
-        left = self._kept_end() - (self.clock() if now is None else now)
-        return left - KEPT_MARGIN_S
+        self.lease_end()  # looks at the last keep-alive answered
+        kept_end = self.kept_end if self.kept_end else -math.inf  # -inf: none moved it
+        return kept_end - (self.clock() if now is None else now) - KEPT_MARGIN_S
 
     def hold_deadline(self) -> float:
         """Until when the grant is surely held: the lease's or the session's end."""

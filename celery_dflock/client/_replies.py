@@ -192,15 +192,11 @@ _TICKET_RE: Final = re.compile(r"[!-~]{1,200}")
 """An ask ticket: passed along as it came (printable ASCII, no space), never read."""
 
 
-def _show(line: bytes | bytearray, limit: int = 80) -> str:
-    shown = bytes(line[:limit])
-    return repr(shown) + (f" (+{len(line) - limit} more bytes)" if len(line) > limit else "")
-
-
 def _unexpected(command: Command, line: bytes | bytearray, why: str = "") -> ProtocolError:
     detail = f": {why}" if why else ""
+    more = f" (+{len(line) - 80} more bytes)" if len(line) > 80 else ""
     return ProtocolError(
-        f"unexpected reply {_show(line)} to {command.label}{detail}; "
+        f"unexpected reply {bytes(line[:80])!r}{more} to {command.label}{detail}; "
         "is the server a dflockd-compatible lock server on the right port?"
     )
 

@@ -54,9 +54,6 @@ class KeyHeld(LockNotAcquired):
         self.key = key
         self.holder = holder
 
-    def __reduce__(self) -> tuple[type[KeyHeld], tuple[str, str, str | None]]:
-        return type(self), (str(self), self.key, self.holder)
-
 
 class HoldsUnsupported(DflockError):
     """A hold, or a note on a grant, was asked of a server without the ``holds`` feature (a
@@ -122,10 +119,3 @@ class AlreadyQueued(DflockError):
         super().__init__(message)
         self.task_id = task_id
         self.key = key
-
-    def __reduce__(self) -> tuple[object, ...]:  # (a result backend, a pool child)
-        return (_already_queued, (str(self), self.task_id, self.key))
-
-
-def _already_queued(message: str, task_id: str | None, key: str) -> AlreadyQueued:
-    return AlreadyQueued(message, task_id=task_id, key=key)

@@ -222,6 +222,14 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
             *(f"{table}.{c} = {new(c)}" for c in keyed),
         ]
     )
+
+    def assign(column: str, sql: str) -> str:  # MySQL's guarded by the fence and the key
+        return (
+            f"{column} = CASE WHEN {guard} THEN {sql} ELSE {table}.{column} END"
+            if mysql
+            else f"{column} = {sql}"
+        )
+
     assignments: list[str] = []
     for name, value in (values if update is None else update).items():
         field = options.get_field(name)
@@ -233,19 +241,12 @@ def _upsert_sql(  # noqa: PLR0917  # one private call site, every argument neede
             sql, more = compiler.compile(resolved)
         else:
             sql, more = "%s", [field.get_db_prep_save(value, connection)]
-        assignments.append(
-            f"{column} = CASE WHEN {guard} THEN {sql} ELSE {table}.{column} END"
-            if mysql
-            else f"{column} = {sql}"
-        )
+        assignments.append(assign(column, sql))
         params.extend(more)
-    if mysql:  # assigned left to right: the fence last, after the guards that read it
-        assignments.append(
-            f"{fence_column} = CASE WHEN {guard} THEN {new(fence_column)} "
-            f"ELSE {table}.{fence_column} END"
-        )
+    # MySQL assigns left to right: the fence last, after the guards that read it.
+    assignments.append(assign(fence_column, new(fence_column)))
+    if mysql:
         return f"{inserted} ON DUPLICATE KEY UPDATE {', '.join(assignments)}", params
-    assignments.append(f"{fence_column} = {new(fence_column)}")
     conflict = ", ".join(quote(options.get_field(name).column) for name in key)
     return (
         f"{inserted} ON CONFLICT ({conflict}) DO UPDATE SET {', '.join(assignments)} "

@@ -26,9 +26,6 @@ class StaleFence(LockLost):
         self.fence = fence
         self.highest = highest
 
-    def __reduce__(self) -> tuple[type[StaleFence], tuple[str, str, int, int]]:
-        return type(self), (str(self), self.target, self.fence, self.highest)
-
     @classmethod
     def refused(cls, target: str, fence: int, highest: int) -> StaleFence:
         """Every store's refusal of a write to ``target`` with ``fence`` below ``highest``."""

@@ -5,18 +5,16 @@ raising for a server that cannot be reached, saying so in the answer (asyncio so
 
 from __future__ import annotations
 
-from celery_dflock.client import _requests
+from typing import Any, cast
+
+from celery_dflock.client import _requests, wire
 from celery_dflock.client._async.connection import AsyncConnection
+from celery_dflock.client._replies import ErrorReply, Stats
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import ServerInfo
 from celery_dflock.client._settings import Endpoint
-from celery_dflock.client._status import (
-    ServerShards,
-    ServerStatus,
-    hello_only,
-    shards_of,
-    with_stats,
-)
+from celery_dflock.client._status import ServerShards, ServerStatus
+from celery_dflock.client.cluster import ShardsInfo
 from celery_dflock.client.errors import DflockError
 
 
@@ -27,22 +25,31 @@ async def ask_shards(endpoint: Endpoint) -> ServerShards:
             data = await conn.shards()
         finally:
             await conn.aclose()
-    except DflockError as exc:
+        if data is None:
+            return ServerShards(
+                endpoint.address, error="does not answer shards (an older or foreign server)"
+            )
+        return ServerShards(endpoint.address, ShardsInfo.parse(data, endpoint.address))
+    except DflockError as exc:  # a ProtocolError of the answer included
         return ServerShards(endpoint.address, error=str(exc))
-    return shards_of(endpoint, data)
 
 
-async def ask(endpoint: Endpoint, with_stats_too: bool) -> ServerStatus:
+async def ask(endpoint: Endpoint, with_stats: bool) -> ServerStatus:
+    """``hello``, and ``stats`` when ``with_stats`` and the server may know it (one without
+    ``hello`` may still know ``stats``)."""
     try:
         conn = await AsyncConnection.connect(endpoint, None)
         try:
             info = conn.server or ServerInfo()
-            done = hello_only(endpoint, info, with_stats_too)
-            if done is not None:
-                return done
+            if not (with_stats and (info.legacy or info.supports(wire.FEATURE_STATS))):
+                return ServerStatus(endpoint.address, info)
             reply = await conn.request(Command.STATS, _requests.encode_stats())
         finally:
             await conn.aclose()
     except DflockError as exc:
         return ServerStatus(endpoint.address, error=str(exc))
-    return with_stats(endpoint, info, reply)
+    if isinstance(reply, Stats):
+        return ServerStatus(endpoint.address, info, cast("dict[str, Any]", reply.data))
+    if isinstance(reply, ErrorReply) and reply.code == wire.STATUS_ERROR:
+        return ServerStatus(endpoint.address, info)  # it answers, but has no stats
+    return ServerStatus(endpoint.address, error=f"unexpected reply to stats: {reply!r}")

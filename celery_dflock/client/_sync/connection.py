@@ -17,7 +17,7 @@ from typing import Final, Self
 from celery_dflock.client import _replies, _requests, wire
 from celery_dflock.client._background import background_thread
 from celery_dflock.client._connection import SocketTransport
-from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Reply, ReplyParser
+from celery_dflock.client._replies import MAY_GRANT, ErrorReply, Granted, Reply
 from celery_dflock.client._requests import Command
 from celery_dflock.client._servers import CLOSING_ERRORS, ServerInfo, auth_reply_error, server_info
 from celery_dflock.client._session import ClientSession, Sessions
@@ -43,13 +43,6 @@ def failure(endpoint: Endpoint, command: Command, exc: BaseException, timeout: f
             "the server"
         )
     return ServerUnavailable(f"connection to {endpoint.address} failed: {exc!r}")
-
-
-def unsolicited(endpoint: Endpoint, parser: ReplyParser) -> ProtocolError:
-    return ProtocolError(
-        f"the lock server at {endpoint.address} sent {parser.buffered} byte(s) nobody asked "
-        "for after a reply; the connection was closed"
-    )
 
 
 class Connection:
@@ -89,7 +82,10 @@ class Connection:
             try:
                 reply = self.transport.exchange(command, data, timeout)
                 if self._parser.buffered:
-                    raise unsolicited(self.endpoint, self._parser)
+                    raise ProtocolError(
+                        f"the lock server at {self.endpoint.address} sent {self._parser.buffered}"
+                        " byte(s) nobody asked for after a reply; the connection was closed"
+                    )
             except BaseException as exc:
                 if isinstance(exc, OSError | DflockError) or not self._reap(command, data):
                     self.close(abort=True)
@@ -263,8 +259,7 @@ class Connection:
         """True if the server answered ``ping``; a failure closes the connection."""
         try:
             reply = self.request(Command.PING, _requests.encode_ping())
-        except DflockError:
-            self.close(abort=True)
+        except DflockError:  # (the request closed the connection)
             return False
         return isinstance(reply, _replies.Ok)
 
