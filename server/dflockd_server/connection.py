@@ -110,6 +110,7 @@ class Connection(asyncio.Protocol):
         self.session = session
         client = session.client
         stream.idle_ok = lambda: client.kept_by is not None
+        client.close = stream.close
         stream.open(transport)
         log.debug("connection %d from %s", session.client.id, stream.peer)
 

@@ -359,6 +359,13 @@ class Session:
         if self.host.key_check is not None and (refused := self._check(name)) is not None:
             return refused
         freed = self.table.force_release(name)
+        for holder in freed:
+            # A session's holder sends no renewal while keep-alives keep it: the close of the
+            # grant's connection (no other grant of the session ends with it) makes it renew by
+            # token now, and learn. A connection with a wait, or this one, is left open.
+            on = holder.client
+            if on.kept_by is not None and on.close and on is not self.client and not on.waiting:
+                on.close()
         log.warning(
             "force release of %r by %s (%s): %d grant(s) freed%s",
             name,

@@ -60,6 +60,7 @@ class Client:
     ``on_close``: grants taken over with ``ht`` and an ``<onclose>`` lease (holder -> lease)."""
 
     __slots__ = (
+        "close",
         "closed",
         "enqueued",
         "held",
@@ -85,6 +86,9 @@ class Client:
         """``hello _ session``: a close by its peer ends its grants ``session_ttl_s`` later."""
         self.kept_by: ClientSession | None = None
         """The client session it joined, which keeps its grants alive past its close."""
+        self.close: Callable[[], None] | None = None
+        """Closes its connection as the server's closes do (freeing nothing): how a force
+        release tells a session's holder, whose keep-alives spare it renewals."""
 
     def let_go(self) -> None:
         """One of its grants ended (no longer ``live``): counted out, the ended ones at the end

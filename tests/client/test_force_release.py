@@ -88,6 +88,25 @@ async def test_the_next_waiter_is_granted_with_a_higher_fence_and_the_holder_lea
     await run(client.close())
 
 
+async def test_a_holder_its_sessions_keep_alives_keep_learns_it_lost_at_once(
+    make: Maker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the server's default lease (33 s), the session's keep-alives keep the grant and the
+    lock sends no renewal of its own: the server closes the grant's connection, and the lock,
+    reattaching, learns it lost in well under a keep-alive's interval."""
+    run = make.face.run
+    caplog.set_level(logging.WARNING, logger="celery_dflock")
+    calls: list[Lock] = []
+    holder = make("ops:kept", on_lost=calls.append)
+    assert await run(holder.acquire()) and holder.token is not None
+    token = holder.token
+    client = client_of(make)
+    assert await run(client.force_release("ops:kept", note="ops:test")) == 1
+    assert await make.face.wait_lost(holder, 3.0), "the holder was not told within 3 s"
+    await assert_lost_reported(make.face, holder, calls, caplog, token)
+    await run(client.close())
+
+
 def test_a_server_that_predates_it_is_never_sent_it(dflock_server: ServerThread) -> None:
     body = {"server": "dflockd-server", "version": "0.2.0", "features": ["fence", "holds"]}
     hello = f"ok {json.dumps(body)}\n".encode()
