@@ -632,20 +632,18 @@ def release(
     try:
         config = get_config(obj.app)
         with config.new_client() as client:
+            reports = [ServerReport.of(status) for status in client.stats()]
+            # Each key where stats lists it, also where routing would not send it (the server
+            # list changed while it was held); KEY listed nowhere, where routing sends it.
+            listed = keys_with_prefix(reports, key or prefix or "")
+            unreachable = [r for r in reports if r.stats is None and key is None]
             if key is not None:
-                done = release_keys(client, [key], note)
-                unreachable: list[ServerReport] = []
-            else:
-                assert prefix is not None
-                reports = [ServerReport.of(status) for status in client.stats()]
-                unreachable = [r for r in reports if r.stats is None]
-                done: list[tuple[str, int | str]] = []
-                # Each key where it is held, also where routing would not send it (the server
-                # list changed while it was held).
-                for address, keys in keys_with_prefix(reports, prefix).items():
-                    there = replace(config.client, servers=parse_servers(address))
-                    with Client.from_settings(there) as one:
-                        done += release_keys(one, keys, note)
+                listed = {address: [key] for address, keys in listed.items() if key in keys}
+            done = [] if listed or key is None else release_keys(client, [key], note)
+            for address, keys in listed.items():
+                there = replace(config.client, servers=parse_servers(address))
+                with Client.from_settings(there) as one:
+                    done += release_keys(one, keys, note)
     except (DflockError, ValueError) as exc:  # a bad key or note, a setting, no stats
         raise click.UsageError(str(exc)) from exc
     failed = [(k, why) for k, why in done if isinstance(why, str)]
