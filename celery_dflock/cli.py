@@ -15,7 +15,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 from urllib.parse import quote
 
@@ -561,17 +561,17 @@ def operator_note() -> str:
     return (OPERATOR_NOTE_PREFIX + quote(f"{user}@{socket.gethostname()}", safe="@"))[:200]
 
 
-def keys_with_prefix(reports: Sequence[ServerReport], prefix: str) -> list[str]:
-    """The keys ``stats`` listed that start with ``prefix``, sorted."""
-    keys: set[str] = set()
+def keys_with_prefix(reports: Sequence[ServerReport], prefix: str) -> dict[str, list[str]]:
+    """By server, the keys its ``stats`` listed that start with ``prefix``, sorted."""
+    found: dict[str, list[str]] = {}
     for rep in reports:
         if rep.stats is None:
             continue
-        for item in (*_items(rep.stats, "locks"), *_items(rep.stats, "semaphores")):
-            key = item.get("key")
-            if isinstance(key, str) and key.startswith(prefix):
-                keys.add(key)
-    return sorted(keys)
+        items = (*_items(rep.stats, "locks"), *_items(rep.stats, "semaphores"))
+        keys = {k for i in items if isinstance(k := i.get("key"), str) and k.startswith(prefix)}
+        if keys:
+            found[rep.address] = sorted(keys)
+    return found
 
 
 def release_keys(client: Client, keys: Sequence[str], note: str) -> list[tuple[str, int | str]]:
@@ -623,20 +623,27 @@ def release(
         raise click.UsageError("--all needs --prefix PREFIX (a non-empty start of the keys)")
     if prefix is not None and not purge:
         raise click.UsageError("--prefix goes with --all")
+    from celery_dflock._settings import parse_servers
+    from celery_dflock.client.clients import Client
     from celery_dflock.config import get_config
 
     obj: Any = ctx.obj
+    note = operator_note() if note is None else note
     try:
-        with get_config(obj.app).new_client() as client:
+        config = get_config(obj.app)
+        with config.new_client() as client:
+            reports = [ServerReport.of(status) for status in client.stats()]
+            # Each key where stats lists it, also where routing would not send it (the server
+            # list changed while it was held); KEY listed nowhere, where routing sends it.
+            listed = keys_with_prefix(reports, key or prefix or "")
+            unreachable = [r for r in reports if r.stats is None and key is None]
             if key is not None:
-                keys = [key]
-                unreachable: list[ServerReport] = []
-            else:
-                assert prefix is not None
-                reports = [ServerReport.of(status) for status in client.stats()]
-                unreachable = [r for r in reports if r.stats is None]
-                keys = keys_with_prefix(reports, prefix)
-            done = release_keys(client, keys, operator_note() if note is None else note)
+                listed = {address: [key] for address, keys in listed.items() if key in keys}
+            done = [] if listed or key is None else release_keys(client, [key], note)
+            for address, keys in listed.items():
+                there = replace(config.client, servers=parse_servers(address))
+                with Client.from_settings(there) as one:
+                    done += release_keys(one, keys, note)
     except (DflockError, ValueError) as exc:  # a bad key or note, a setting, no stats
         raise click.UsageError(str(exc)) from exc
     failed = [(k, why) for k, why in done if isinstance(why, str)]

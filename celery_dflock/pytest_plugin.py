@@ -59,17 +59,19 @@ def configure_app(app: AppT, server: ServerThread) -> AppT:
     return app
 
 
-def _serve() -> Iterator[ServerThread]:
+def _serve(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
     try:
         from dflockd_server import Config
         from dflockd_server.testing import ServerThread
     except ImportError:
-        pytest.exit(
+        # Not pytest.exit: a pytest-xdist worker's exit is an INTERNALERROR that drops the text.
+        request.session.shouldstop = "the lock server is not installed"
+        raise pytest.fail.Exception(
             "the dflock_server fixtures start a lock server in-process, and the lock server is "
             "not installed: install celery-dflock's `server` extra in the test environment "
             "(pip install 'celery-dflock[server]')",
-            returncode=pytest.ExitCode.USAGE_ERROR,
-        )
+            pytrace=False,
+        ) from None
 
     with ServerThread(Config(host="127.0.0.1", port=0)) as server:
         yield server
@@ -80,9 +82,9 @@ def _celery_config(server: ServerThread) -> dict[str, Any]:
 
 
 @pytest.fixture
-def dflock_server() -> Iterator[ServerThread]:
+def dflock_server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
     """A lock server in this process on 127.0.0.1 and a free port, for one test."""
-    yield from _serve()
+    yield from _serve(request)
 
 
 @pytest.fixture
@@ -92,10 +94,10 @@ def dflock_celery_config(dflock_server: ServerThread) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def dflock_session_server() -> Iterator[ServerThread]:
+def dflock_session_server(request: pytest.FixtureRequest) -> Iterator[ServerThread]:
     """`dflock_server` for the whole session (release what you take: a lock a test leaves
     held stays held for the next)."""
-    yield from _serve()
+    yield from _serve(request)
 
 
 @pytest.fixture(scope="session")

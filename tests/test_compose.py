@@ -45,20 +45,41 @@ Hosts = dict[str, str]
 """A compose network's ``host:port`` -> where that service listens here."""
 
 
-def _localize(value: str, hosts: Hosts, tmp: Path) -> str:
+Mounts = dict[str, Path]
+"""A container's named-volume mount point -> the folder every service mounting it shares."""
+
+
+def _localize(value: str, hosts: Hosts, tmp: Path, mounts: Mounts | None = None) -> str:
     value = value.replace("redis://redis:6379/0", REDIS_URL)
     for name in sorted(hosts, key=len, reverse=True):  # dflockd-1:6388 before dflockd:6388
         value = value.replace(name, hosts[name])
+    for mount, folder in (mounts or {}).items():
+        if value == mount or value.startswith(f"{mount}/"):
+            return f"{folder}{value[len(mount) :]}"
     return re.sub(r"^/(tmp|var/lib/dflockd)/", f"{tmp}/", value)
 
 
-def _env(service: dict[str, Any], hosts: Hosts, tmp: Path) -> dict[str, str]:
-    env = {k: _localize(str(v), hosts, tmp) for k, v in service.get("environment", {}).items()}
+def _mounts(service: dict[str, Any], tmp: Path) -> Mounts:
+    """The service's named volumes (``name:/path``), each a folder of ``tmp`` (made here)."""
+    mounts: Mounts = {}
+    for volume in service.get("volumes", []):
+        name, _, mount = str(volume).partition(":")
+        (tmp / name).mkdir(exist_ok=True)
+        mounts[mount] = tmp / name
+    return mounts
+
+
+def _env(
+    service: dict[str, Any], hosts: Hosts, tmp: Path, mounts: Mounts | None = None
+) -> dict[str, str]:
+    env = {
+        k: _localize(str(v), hosts, tmp, mounts) for k, v in service.get("environment", {}).items()
+    }
     return {**os.environ, **env, "PYTHONPATH": str(ROOT)}
 
 
-def _argv(command: list[str], hosts: Hosts, tmp: Path) -> list[str]:
-    local = [_localize(str(part), hosts, tmp) for part in command]
+def _argv(command: list[str], hosts: Hosts, tmp: Path, mounts: Mounts | None = None) -> list[str]:
+    local = [_localize(str(part), hosts, tmp, mounts) for part in command]
     if local[0] == "celery":
         return [sys.executable, "-m", "celery", *local[1:]]
     if local[0] == "python":
@@ -171,8 +192,11 @@ def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: P
     for name in ("worker-1", "worker-2", "beat-1", "beat-2"):
         service = services[name]
         assert service["depends_on"]["dflockd"]["condition"] == "service_healthy"
-        env = {**_env(service, hosts, tmp_path), "CELERY_RESULT_BACKEND": REDIS_URL}
-        topology.start(name, _argv(service["command"], hosts, tmp_path), env)
+        own = tmp_path / name  # the container's own files (/tmp): no other container sees them
+        own.mkdir()
+        mounts = _mounts(service, tmp_path)
+        env = {**_env(service, hosts, own, mounts), "CELERY_RESULT_BACKEND": REDIS_URL}
+        topology.start(name, _argv(service["command"], hosts, own, mounts), env)
     for name in ("worker-1", "worker-2"):
         topology.wait_log(name, "ready.")
     for name in ("beat-1", "beat-2"):
@@ -200,16 +224,31 @@ def test_the_compose_topology_works_as_processes(topology: Topology, tmp_path: P
             "examples.proj.app.add_to_balance", kwargs={"account": "acme", "amount": 3}
         )
         assert balance.get(timeout=30) == 3
+        # Both workers write to one fenced ledger: each add sees every add before it.
+        total = 3
+        deadline = time.monotonic() + 60
+        while not all(
+            re.search(r"add_to_balance\[\S+\] succeeded", topology.log(w))
+            for w in ("worker-1", "worker-2")
+        ):
+            assert time.monotonic() < deadline, "one worker ran every add_to_balance"
+            adds = [
+                client.send_task(
+                    "examples.proj.app.add_to_balance", kwargs={"account": "acme", "amount": 1}
+                )
+                for _ in range(8)
+            ]
+            total += len(adds)
+            assert max(r.get(timeout=30) for r in adds) == total
     finally:
         client.close()
-    assert (tmp_path / "example-ledger.sqlite3").exists()  # the container path, mapped
     # A worker logs "succeeded" after it stored the result: give the last line time to land.
     deadline = time.monotonic() + 10
     while (ran := topology.log("worker-1") + topology.log("worker-2")).count(
         "succeeded in"
-    ) < 5 and time.monotonic() < deadline:
+    ) < 13 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert ran.count("succeeded in") >= 5, ran[-3000:]
+    assert ran.count("succeeded in") >= 13, ran[-3000:]
 
     # The sidecar's metrics endpoint saw those grants (plus the active beat's lock).
     url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -279,9 +318,12 @@ def test_the_cluster_compose_topology_works_as_processes(
         service = services[name]
         for member in members:
             assert service["depends_on"][member]["condition"] == "service_healthy"
-        env = {**_env(service, hosts, tmp_path), "CELERY_RESULT_BACKEND": REDIS_URL}
+        own = tmp_path / name
+        own.mkdir()
+        mounts = _mounts(service, tmp_path)
+        env = {**_env(service, hosts, own, mounts), "CELERY_RESULT_BACKEND": REDIS_URL}
         assert env["DFLOCK_SHARDING_STRATEGY"] == "cluster"
-        topology.start(name, _argv(service["command"], hosts, tmp_path), env)
+        topology.start(name, _argv(service["command"], hosts, own, mounts), env)
     for name in ("worker-1", "worker-2"):
         topology.wait_log(name, "ready.")
     deadline = time.monotonic() + 30

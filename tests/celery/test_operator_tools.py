@@ -28,6 +28,8 @@ import pytest
 
 from benchmarks.cli import HELD_NOTE, environment, project, run_once
 from celery_dflock import Client, DistributedLock, ServerReadOnly
+from celery_dflock.client.sharding import stable_hash_shard
+from dflockd_server import Config
 from dflockd_server.testing import ServerThread
 from tests.support.disks import fill, small_tmpfs_or_none
 from tests.support.ports import free_port
@@ -166,6 +168,30 @@ def test_release_all_with_a_prefix_frees_every_matching_key(ops: OpsRig) -> None
         assert report["released"] == {f"{prefix}{n}": 1 for n in range(3)}
         assert report["failed"] == {} and report["unlisted_servers"] == {}
         assert other.renew() and other.release()
+        for lock in locks:
+            assert not lock.renew()
+            lock.release()
+
+
+def test_release_frees_each_key_on_the_server_that_lists_it(ops: OpsRig) -> None:
+    """Keys held on a server the app's list would not route them to (the list grew while they
+    were held): ``release KEY`` and ``--all`` free them where ``stats`` listed them, not where
+    routing points."""
+    prefix = f"moved-{uuid.uuid4().hex[:6]}:"
+    keys = [k for k in (f"{prefix}{n}" for n in range(40)) if stable_hash_shard(k, 2) == 0][:3]
+    with ServerThread(Config(host="127.0.0.1", port=0)) as other, Client([ops.address]) as client:
+        locks = [client.lock(key) for key in keys]
+        for lock in locks:
+            assert lock.acquire()
+        servers = (
+            f"{other.host}:{other.port},{ops.address[0]}:{ops.address[1]}"  # keys route to other
+        )
+        one = ops.cli("release", keys[0], dflock_servers=servers)
+        assert one.returncode == 0, one.stdout + one.stderr
+        assert f"{keys[0]}: released (1 grant(s) freed)" in one.stdout, one.stdout
+        purged = ops.cli("release", "--all", "--prefix", prefix, "--json", dflock_servers=servers)
+        assert purged.returncode == 0, purged.stdout + purged.stderr
+        assert json.loads(purged.stdout)["released"] == dict.fromkeys(keys[1:], 1), purged.stdout
         for lock in locks:
             assert not lock.renew()
             lock.release()
