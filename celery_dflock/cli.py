@@ -614,8 +614,8 @@ def release(
     as_json: bool,
 ) -> None:
     """Free KEY whoever holds it (the key as `dflock locks` shows it): the next waiter gets
-    it at once with a higher fence, and the holder's task learns at its next renewal that its
-    lock is lost (lock_lost, self.lock.lost). With --all --prefix P: every held key starting
+    it at once with a higher fence, and the holder's task learns at once that its lock is lost
+    (lock_lost, self.lock.lost). With --all --prefix P: every held key starting
     with P. Needs lock servers that list 'force_release' in their hello."""
     if purge == (key is not None):
         raise click.UsageError("give a KEY, or --all --prefix PREFIX (not both)")

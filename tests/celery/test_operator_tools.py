@@ -105,13 +105,16 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsRig]:
 
 
 # ------------------------------------------------------------------------------ release
+@pytest.mark.parametrize("task", ["lost_flag", "lost_flag_kept"])
 def test_release_frees_a_running_task_s_key_for_the_next_waiter_and_the_task_learns_it_lost(
-    ops: OpsRig,
+    ops: OpsRig, task: str
 ) -> None:
+    """``lost_flag`` renews its 2 s lease itself; ``lost_flag_kept``'s lease is the server's
+    default, kept by its session's keep-alives: it is told by the close of its connection."""
     rig = ops.rig
     name = uuid.uuid4().hex[:8]
     key = f"lost:{name}"
-    result = rig.send("lost_flag", name)
+    result = rig.send(task, name)
     started = rig.log.wait_event("started", 60, name=name)
     waiter = DistributedLock(key, acquire_timeout_s=120, servers=[ops.address])
     got: list[bool] = []

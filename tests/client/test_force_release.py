@@ -1,8 +1,9 @@
 """`Client.force_release` / `AsyncClient.force_release` (``fr``): an operator frees a key
 whoever holds it. The codec byte by byte, then both faces against the real server: the next
 waiter is granted at once with a higher fence, the old holder learns its loss at its next
-renewal, a restart of a durable server does not bring the freed grant back, and a server
-that predates the request is never sent it."""
+renewal (or at once, where its session's keep-alives spare it renewals), a restart of a
+durable server does not bring the freed grant back, and a server that predates the request is
+never sent it."""
 
 from __future__ import annotations
 

@@ -266,6 +266,13 @@ def lost_flag(self: LockedTask, name: str) -> dict[str, Any]:
     return _until_lost(self, name, looks=True)
 
 
+@app.task(bind=True, base=LockedTask, lock_key="lost:{name}", on_lock_lost="flag")
+def lost_flag_kept(self: LockedTask, name: str) -> dict[str, Any]:
+    """``lost_flag`` on the server's default lease, which its session's keep-alives keep: the
+    lock sends no renewal of its own."""
+    return _until_lost(self, name, looks=True)
+
+
 @app.task(**lossy, on_lock_lost="terminate")
 def lost_terminate(self: LockedTask, name: str) -> dict[str, Any]:
     return _until_lost(self, name, looks=False)
