@@ -38,6 +38,7 @@ from celery_dflock._request import (
     held_lock,
     held_options,
     hold_of,
+    note_parts,
     resend,
 )
 from celery_dflock._runtime import AnyLock, app_client, get_runtime, options_for
@@ -137,10 +138,10 @@ def _adopt(
     while True:
         if lock.adopt(held.token, note=note or "_", on_close_lease=on_close_lease):
             return True
-        holder_task, holder_host = decode_note(lock.holder)
-        if task_id is None or holder_task != task_id:
+        holder = note_parts(lock.holder)  # an older publisher's note: the task id alone
+        if task_id is None or holder.task_id != task_id:
             return False
-        wait_s = PUBLISH_LEASE_S if holder_host is None else REDELIVERED_WAIT_S
+        wait_s = PUBLISH_LEASE_S if holder.host is None else REDELIVERED_WAIT_S
         if time.monotonic() + pause_s > started + wait_s:
             return False
         time.sleep(pause_s)
@@ -462,4 +463,4 @@ def _key_left(app: Any, follow: Follow, note: str | None) -> bool:
             return True
     except DflockError:
         return False  # unknown: look again later
-    return decode_note(lock.holder)[0] != follow.task_id
+    return note_parts(lock.holder).task_id != follow.task_id  # an older publisher's too

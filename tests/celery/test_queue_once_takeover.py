@@ -20,8 +20,8 @@ import time
 import uuid
 
 from celery_dflock import Client
-from celery_dflock._queue_once import REDELIVERED_WAIT_S, take_over
-from celery_dflock._request import HoldRef, decode_note, encode_note
+from celery_dflock._queue_once import PUBLISH_LEASE_S, REDELIVERED_WAIT_S, _key_left, take_over
+from celery_dflock._request import Follow, HoldRef, decode_note, encode_note
 from celery_dflock._runtime import get_runtime
 from celery_dflock.config import get_config
 from dflockd_server.testing import ServerThread
@@ -69,4 +69,64 @@ def test_a_redelivered_run_takes_its_hold_over_once_the_dead_runs_connection_clo
         assert KILL_AFTER_S <= took_s < REDELIVERED_WAIT_S, took_s
         assert lock.fence == hold.fence  # the same grant: the same fence
         assert lock.release()
+    app.close()
+
+
+def test_a_run_waits_for_an_older_publisher_to_detach_its_hold(
+    dflock_server: ServerThread,
+) -> None:
+    """During a rolling upgrade, a message sent by an older publisher, whose hold's note is
+    its task id alone, reaches a worker before that publisher detached its hold: the run
+    waits for the detach and takes the hold over (its id is the note's), as it does for a
+    hold of this version (``<id>///<name>``); it must not take the key at run time and queue
+    behind its own message's hold."""
+    app = make_app(servers=dflock_server)
+    task_id = str(uuid.uuid4())
+    key = f"once:older-publisher-{task_id[:8]}"
+    address = dflock_server.address
+    with Client([address]) as publisher, Client([address]) as worker:
+        older_note = task_id  # what an older publisher's hold carries
+        hold = publisher.hold(key, note=older_note, lease_ttl=30, detached=False)
+        detach = threading.Timer(
+            KILL_AFTER_S, publisher.detach, (key, hold.token), {"lease_ttl": 30}
+        )
+        lock = worker.lock(key, lease_ttl_s=30)
+        started = time.monotonic()
+        detach.start()
+        try:
+            took = take_over(
+                get_runtime(app).client(get_config(app)),
+                lock,
+                HoldRef(key, hold.token),
+                note=encode_note(task_id, "w-new@host"),
+                label="the run",
+                on_close_lease=None,
+                task_id=task_id,
+            )
+        finally:
+            detach.cancel()
+            detach.join()
+        took_s = time.monotonic() - started
+        assert took, f"not taken over; the key's holder: {lock.holder}"
+        assert KILL_AFTER_S <= took_s < PUBLISH_LEASE_S, took_s
+        assert lock.fence == hold.fence  # the same grant: the same fence
+        assert lock.release()
+    app.close()
+
+
+def test_a_follower_sees_an_older_publishers_queued_holder_still_holding(
+    dflock_server: ServerThread,
+) -> None:
+    """A canvas member standing in for a holder an older publisher sent (its hold's note its
+    task id alone), still queued: the member's look at the key finds the holder there, not
+    gone (twice gone, the member fails saying the holder left no result)."""
+    app = make_app(servers=dflock_server)
+    holder_id = str(uuid.uuid4())
+    key = f"once:older-holder-{holder_id[:8]}"
+    with Client([dflock_server.address]) as publisher:
+        hold = publisher.hold(key, note=holder_id, lease_ttl=30)  # an older publisher's
+        follow = Follow(key, holder_id, None)
+        assert not _key_left(app, follow, encode_note("follower-id", name="t.x"))
+        assert publisher.release(key, hold.token)
+        assert _key_left(app, follow, encode_note("follower-id", name="t.x"))
     app.close()
