@@ -82,7 +82,10 @@ from datetime import datetime
 from typing import Any, Final, Self, cast
 
 from celery.beat import PersistentScheduler, Scheduler
-from celery.utils.imports import symbol_by_name  # pyright: ignore[reportUnknownVariableType]
+from celery.utils.imports import (
+    load_extension_class_names,
+    symbol_by_name,  # pyright: ignore[reportUnknownVariableType]
+)
 from celery.utils.time import maybe_make_aware
 
 from celery_dflock._request import LOCK_OPTIONS_HEADER, beat_note
@@ -323,7 +326,9 @@ def _wrapped_class(setting: object, beat_scheduler: object) -> type[Scheduler]:
     found: object = value
     if isinstance(value, str):
         try:
-            found = cast("object", symbol_by_name(value))
+            # As beat loads it: "django" is an alias (entry points celery.beat_schedulers).
+            aliases = dict(load_extension_class_names("celery.beat_schedulers"))
+            found = cast("object", symbol_by_name(value, aliases=aliases))
         except (ImportError, AttributeError, ValueError) as exc:
             raise DflockConfigError(
                 f"{where}: cannot import {value!r} ({exc}); give 'package.module:ClassName'"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import shelve
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -84,6 +86,40 @@ def test_unset_it_wraps_the_apps_beat_scheduler(tmp_path: Path) -> None:
         SingletonScheduler,
         Scheduler,
     )
+
+
+_ALIASED = """
+import django
+from django.conf import settings
+
+settings.configure(
+    INSTALLED_APPS=["django_celery_beat"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+)
+django.setup()
+from celery import Celery
+from django_celery_beat.schedulers import DatabaseScheduler
+
+from celery_dflock.beat import BeatSettings
+from celery_dflock.config import get_config
+
+for conf in ({"beat_scheduler": "django"}, {"dflock_beat_scheduler": "django"}):
+    app = Celery("proj", broker="memory://")
+    app.conf.update(dflock_servers=["127.0.0.1:9"], **conf)
+    assert BeatSettings.from_app(app, get_config(app)).scheduler is DatabaseScheduler, conf
+print("ok")
+"""
+
+
+def test_a_scheduler_s_alias_names_the_class_celery_would_load() -> None:
+    """``beat_scheduler = "django"`` (the alias django-celery-beat registers, which ``celery
+    beat -S`` takes) is the class Celery would load: SingletonScheduler wraps it (it refused
+    the start, taking the alias for the module ``django``)."""
+    pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
+    done = subprocess.run(
+        [sys.executable, "-c", _ALIASED], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_a_composed_subclass_is_used_as_it_is(tmp_path: Path) -> None:
