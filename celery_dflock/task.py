@@ -131,7 +131,7 @@ class LockedTask(Task):
         if HOLD_HEADER in headers or self._celery._get_app().conf.task_always_eager:
             # Sent again (a retry, with the hold handed on or None), or run here: no hold.
             return send()
-        in_canvas = "chain" in options or bool(  # a chain's last member: ``chain=[]``
+        in_canvas = options.get("chain") is not None or bool(  # a chain's last: ``chain=[]``
             link or link_error or options.get("chord") or options.get("group_id")
         )
         task_id = task_id or uuid()

@@ -220,6 +220,10 @@ def test_duplicate_of_a_running_task(rig: Rig) -> None:
     rig.log.wait_event("started", timeout=EVENT_TIMEOUT_S, name=name)
     try:
         assert rig.tasks["once"].delay(name, str(release)).id == first.id
+        # ``chain=None``, as a message sent again from its request has it (Celery's
+        # signature_from_request): no canvas member, so no stand-in is sent.
+        again = rig.tasks["once"].apply_async((name, str(release)), chain=None)
+        assert again.id == first.id
         with pytest.raises(AlreadyQueued, match=first.id) as raised:
             rig.tasks["once_raise"].delay(name, str(release))
         assert (raised.value.task_id, raised.value.key) == (first.id, key)
