@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -250,11 +251,19 @@ def note_parts(note: str | None) -> HolderNote:
 
 def decode_note(note: str | None) -> tuple[str | None, str | None]:
     """(task id, host or None) from an owner note; (None, None) for no note or one that names
-    neither a host nor a task name (not a task's: a lock taken outside Celery)."""
+    neither a host nor a task name (not a task's: a lock taken outside Celery), unless it is a
+    UUID alone (an older celery-dflock's publish-time hold)."""
     parts = note_parts(note)
-    if parts.host is None and parts.task_name is None:
+    if parts.host is None and parts.task_name is None and not _is_uuid(parts.task_id):
         return None, None
     return parts.task_id, parts.host
+
+
+def _is_uuid(text: str | None) -> bool:
+    try:
+        return text is not None and str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
 
 
 _BEAT_PREFIX: Final = "beat:"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -273,6 +274,22 @@ def test_a_key_held_outside_celery_is_no_task_to_return(rig: Rig) -> None:
     sent = rig.tasks["once"].delay(name)
     assert sent.get(timeout=RESULT_TIMEOUT_S) == name
     assert [b["task_id"] for b in rig.log.entries("started", name=name)] == [sent.id]
+
+
+def test_an_older_publishers_hold_is_still_a_task_to_return(rig: Rig) -> None:
+    """A publish-time hold of an older celery-dflock, whose note is the task id alone (a
+    UUID, as Celery makes them): a duplicate publish returns that task's result, during a
+    rolling upgrade as before it (it raised AlreadyQueued as for a lock outside Celery)."""
+    name = unique("older")
+    key = f"once:{name}"
+    assert rig.address is not None
+    task_id = str(uuid.uuid4())
+    older = DistributedLock(key, acquire_timeout_s=5, servers=[rig.address], note=task_id)
+    assert older.acquire()
+    try:
+        assert rig.tasks["once"].delay(name).id == task_id
+    finally:
+        older.release()
 
 
 def test_per_call_lock_from_and_pending_ttl(rig: Rig) -> None:
