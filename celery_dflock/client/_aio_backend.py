@@ -124,11 +124,16 @@ class AsyncRenewalDriver:
         """Refuse a call from another event loop than the renewal task's: it would wait for
         that task forever (or meet that loop closed)."""
         task = self._task
-        if task is not None and task.get_loop() is not asyncio.get_running_loop():
+        if task is not None and (loop := task.get_loop()) is not asyncio.get_running_loop():
+            where = (
+                "an event loop that has closed since (its grant ends with its lease, or its "
+                "client's session)"
+                if loop.is_closed()
+                else "another event loop, whose task renews it: release or renew it on that loop"
+            )
             raise DflockError(
-                f"{self._lock.core.what} was acquired on another event loop, whose task renews "
-                "it: release or renew it on that loop (an asyncio lock belongs to the event "
-                "loop that acquired it)"
+                f"{self._lock.core.what} was acquired on {where}; an asyncio lock belongs to "
+                "the event loop that acquired it"
             )
 
     async def stop(self) -> None:

@@ -200,6 +200,17 @@ def test_a_held_lock_used_from_another_event_loop_is_refused_not_hung(
         home.close()
 
 
+def test_a_held_lock_whose_loop_has_closed_says_so(dflock_server: ServerThread) -> None:
+    """Acquired in one ``asyncio.run``, released in the next: the first loop is closed, so no
+    loop can release the lock, and the refusal says that rather than to use that loop."""
+    from celery_dflock import DflockError
+
+    lock = AsyncDistributedLock("a:closed-loop", servers=[dflock_server.address])
+    assert asyncio.run(lock.acquire())
+    with pytest.raises(DflockError, match="an event loop that has closed since"):
+        asyncio.run(lock.release())
+
+
 def test_an_async_client_used_by_a_second_asyncio_run_says_what_to_do(
     dflock_server: ServerThread,
 ) -> None:
