@@ -486,16 +486,12 @@ class LockTable:
         now = self.clock()
         forced = grants.counts.forced
         if isinstance(entry, Holder):  # a lock nobody waits for
-            if not entry.live:
-                return []
-            if now >= entry.expires_at:
-                grants.expire_bare(entry, now)
+            if grants.live_holder(entry, entry.token, now) is None:  # idle, or run out now
                 return []
             grants.free_holder(entry, None, now, forced)
             return [entry]
         state = entry
-        if now >= state.earliest:
-            grants.check(state, now)
+        grants.check(state, now)  # its run-out leases (nothing before its earliest)
         freed = list(state.holders.values())
         for holder in freed:
             grants.free_holder(holder, state, now, forced)
