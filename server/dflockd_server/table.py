@@ -373,12 +373,8 @@ class LockTable:
     def holder_note(self, key: str) -> str | None:
         """The owner note of the lock ``key``'s holder, if any."""
         entry = self.grants.keys.get(key)
-        if entry is None:
-            return None
-        if isinstance(entry, Holder):
-            return entry.note if entry.live else None
-        one = entry.one
-        return one.note if one is not None else None
+        holder = entry.one if isinstance(entry, KeyState) else entry  # a state's is live
+        return holder.note if holder is not None and holder.live else None
 
     def set_note(self, key: str, token: str, note: str) -> bool:
         """``note``: replace the owner note of ``token``'s grant on ``key``; ``False`` if none."""
@@ -668,10 +664,7 @@ class LockTable:
         now = self.clock()
         dropped = 0
         for state in list(self.grants.keys.values()):
-            if isinstance(state, Holder):
-                continue
-            queue = state.queue
-            if queue is None:
+            if isinstance(state, Holder) or (queue := state.queue) is None:
                 continue
             for waiter in queue.items[queue.head :]:
                 if waiter.active:
