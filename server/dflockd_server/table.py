@@ -40,14 +40,12 @@ from dflockd_server.keys import (
     Bound,
     Client,
     ClientSession,
-    Counts,
     Entry,
     Holder,
     KeyState,
     LimitMismatch,
     MaxLocks,
     MaxWaiters,
-    TableError,
     Waiter,
 )
 from dflockd_server.leases import COMPACT_MIN
@@ -57,7 +55,6 @@ __all__ = [
     "Bound",
     "Client",
     "ClientSession",
-    "Counts",
     "Entry",
     "Holder",
     "KeyState",
@@ -65,7 +62,6 @@ __all__ = [
     "LockTable",
     "MaxLocks",
     "MaxWaiters",
-    "TableError",
     "Waiter",
 ]
 
