@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dflockd_server.constants import TOKEN_HEX_CHARS
@@ -75,6 +75,12 @@ def _run_of(holder: Holder, now: float) -> int:
     the longest lease recorded), its time left rounded up: a run stays in expiry order only if
     every grant of that length made later ends after it."""
     return max(holder.lease_ttl, math.ceil(holder.expires_at - now))
+
+
+def _grants_of(session: ClientSession) -> Iterator[Holder]:
+    """The live grants the connections of ``session`` hold, each its own."""
+    for client in session.clients:
+        yield from (h for h in client.held if h.live and h.client is client)
 
 
 class LockTable:
@@ -169,12 +175,7 @@ class LockTable:
         if session.expires_at <= now:
             self._end_session_of(session, now)
             return False
-        if may_hold is not None and not all(
-            may_hold(holder.key)
-            for client in session.clients
-            for holder in client.held
-            if holder.live and holder.client is client
-        ):
+        if may_hold is not None and not all(may_hold(h.key) for h in _grants_of(session)):
             return False
         session.expires_at = now + session.ttl
         keys = self.grants.keys
@@ -195,10 +196,9 @@ class LockTable:
         """The session ends: with auto-release on, so does every grant of its connections. Its
         open connections go on alone."""
         del self.sessions[session.id]
-        ending: list[Holder] = []
+        ending = list(_grants_of(session))
         for client in session.clients:
             client.kept_by = None
-            ending += [h for h in client.held if h.live and h.client is client]
         session.clients = []
         if self.auto_release_on_disconnect:
             # Listed before any is freed: a key freed may go to a connection of this session.
