@@ -429,8 +429,7 @@ class Grants:
 
     def flush(self) -> None:
         while self.wakes:
-            wakes = self.wakes
-            self.wakes = []
+            wakes, self.wakes = self.wakes, []
             for waiter in wakes:
                 if waiter.wake is not None:
                     waiter.wake(waiter)

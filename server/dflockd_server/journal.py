@@ -434,9 +434,8 @@ class Journal:
         self.failure = f"{exc.strerror or exc}"
         self.mark_removed = True
         try:
-            os.unlink(self.mark_path)
-        except FileNotFoundError:
-            pass
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.mark_path)
         except OSError as mark_exc:
             self.mark_removed = False
             log.critical(
