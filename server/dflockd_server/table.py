@@ -179,17 +179,12 @@ class LockTable:
             return False
         session.expires_at = now + session.ttl
         keys = self.grants.keys
-        clients: list[Client] = []
-        for client in session.clients:
-            if client.n_held:
-                for holder in client.held:
-                    if holder.live and holder.client is client:
-                        ttl = holder.lease_ttl
-                        if now + ttl > holder.expires_at:
-                            self._extend(holder, keys[holder.key], ttl, now + ttl, ahead=True)
-            if client.n_held or not client.closed:
-                clients.append(client)
-        session.clients = clients  # without the closed connections that hold nothing
+        for holder in _grants_of(session):
+            ttl = holder.lease_ttl
+            if now + ttl > holder.expires_at:
+                self._extend(holder, keys[holder.key], ttl, now + ttl, ahead=True)
+        # without the closed connections that hold nothing
+        session.clients = [c for c in session.clients if c.n_held or not c.closed]
         return True
 
     def _end_session_of(self, session: ClientSession, now: float) -> None:
