@@ -96,25 +96,23 @@ class Grants:
         if now < self.grace_until:
             return True
         self.in_grace = False
-        self._fill_every(now)
+        self._fill_each(list(self.keys.values()), now)
         return False
 
     def fill_waiting(self) -> None:
         """Grant the waiters of every key with free slots (the journal is writable again)."""
-        self._fill_every(self.clock())
+        self._fill_each(list(self.keys.values()), self.clock())
         self.flush()
 
     def fill_again(self, now: float) -> None:
         """Fill the ``stalled`` and ``held_back`` keys again (the sweep)."""
         keys = self.stalled | self.held_back
         self.stalled, self.held_back = set(), set()
-        for key in keys:
-            state = self.keys.get(key)
-            if isinstance(state, KeyState) and state.n_waiting:
-                self.fill(state, now)
+        self._fill_each([self.keys.get(key) for key in keys], now)
 
-    def _fill_every(self, now: float) -> None:
-        for state in list(self.keys.values()):
+    def _fill_each(self, entries: list[Entry | None], now: float) -> None:
+        """``fill`` each of ``entries`` that is a key's state with waiters."""
+        for state in entries:
             if isinstance(state, KeyState) and state.n_waiting:
                 self.fill(state, now)
 
@@ -431,8 +429,7 @@ class Grants:
 
     def flush(self) -> None:
         while self.wakes:
-            wakes = self.wakes
-            self.wakes = []
+            wakes, self.wakes = self.wakes, []
             for waiter in wakes:
                 if waiter.wake is not None:
                     waiter.wake(waiter)

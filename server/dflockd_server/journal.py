@@ -434,9 +434,8 @@ class Journal:
         self.failure = f"{exc.strerror or exc}"
         self.mark_removed = True
         try:
-            os.unlink(self.mark_path)
-        except FileNotFoundError:
-            pass
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.mark_path)
         except OSError as mark_exc:
             self.mark_removed = False
             log.critical(
@@ -463,14 +462,11 @@ class Journal:
         if self.writable:
             return ""
         directory = os.path.dirname(os.path.abspath(self.path))
-        if self._said_read_only:
-            return self._read_only_advice(directory)
-        return (
-            f"Free space (or fix the disk) under {directory}: the server resumes by itself "
-            "within a sweep."
-        )
-
-    def _read_only_advice(self, directory: str) -> str:
+        if not self._said_read_only:
+            return (
+                f"Free space (or fix the disk) under {directory}: the server resumes by itself "
+                "within a sweep."
+            )
         return (
             f"The file system under {directory} is read-only (a disk error?): the server cannot "
             "resume by itself. Stop it, repair the file system, and start it again: "
@@ -608,7 +604,7 @@ class Journal:
                     "journal: cannot write %s (%s): %s",
                     self.path,
                     exc.strerror or exc,
-                    self._read_only_advice(os.path.dirname(os.path.abspath(self.path))),
+                    self.advice(),  # not writable, said read-only: the read-only advice
                 )
             return False
         self.refused.clear()

@@ -83,8 +83,8 @@ class RequestTimes:
     __slots__ = ("_by_command", "_invalid")
 
     def __init__(self) -> None:
-        self._by_command = {cmd.encode(): _Histogram() for cmd in sorted(c.COMMANDS)}
-        self._invalid = _Histogram()
+        self._by_command = {cmd.encode(): _Histogram() for cmd in (*sorted(c.COMMANDS), _INVALID)}
+        self._invalid = self._by_command[_INVALID.encode()]
 
     def observe(self, cmd: bytes, seconds: float) -> None:
         hist = self._by_command.get(cmd) or self._invalid
@@ -93,14 +93,11 @@ class RequestTimes:
 
     def copy(self) -> dict[str, tuple[list[int], float]]:
         """``{command: (bucket counts, sum of seconds)}`` for every command seen so far."""
-        out = {
+        return {
             cmd.decode(): (list(h.counts), h.total_s)
             for cmd, h in self._by_command.items()
             if any(h.counts)
         }
-        if any(self._invalid.counts):
-            out[_INVALID] = (list(self._invalid.counts), self._invalid.total_s)
-        return out
 
 
 Row = tuple[str, str, float, bool]

@@ -227,13 +227,10 @@ def plan_start(config: Config, state: StateDir | None) -> StartPlan:
         grace = GraceDecision(config.restart_grace_s, "set by restart_grace_s")
     elif why:
         longest = read_longest_lease(record)
-        seconds = float(longest) if longest is not None else float(config.max_lease_ttl_s)
-        source = (
-            "the longest lease it recorded"
-            if longest is not None
-            else "max_lease_ttl_s (no longest lease recorded)"
-        )
-        grace = GraceDecision(seconds, f"{why}: waiting {source}")
+        source = "the longest lease it recorded"
+        if longest is None:
+            longest, source = config.max_lease_ttl_s, "max_lease_ttl_s (no longest lease recorded)"
+        grace = GraceDecision(float(longest), f"{why}: waiting {source}")
     elif restore is not None:
         grace = GraceDecision(
             restore.grace_s, f"restored {len(leases)} lease(s) from the journal ({restore.how})"

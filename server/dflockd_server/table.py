@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dflockd_server.constants import TOKEN_HEX_CHARS
@@ -40,14 +40,12 @@ from dflockd_server.keys import (
     Bound,
     Client,
     ClientSession,
-    Counts,
     Entry,
     Holder,
     KeyState,
     LimitMismatch,
     MaxLocks,
     MaxWaiters,
-    TableError,
     Waiter,
 )
 from dflockd_server.leases import COMPACT_MIN
@@ -57,7 +55,6 @@ __all__ = [
     "Bound",
     "Client",
     "ClientSession",
-    "Counts",
     "Entry",
     "Holder",
     "KeyState",
@@ -65,7 +62,6 @@ __all__ = [
     "LockTable",
     "MaxLocks",
     "MaxWaiters",
-    "TableError",
     "Waiter",
 ]
 
@@ -79,6 +75,12 @@ def _run_of(holder: Holder, now: float) -> int:
     the longest lease recorded), its time left rounded up: a run stays in expiry order only if
     every grant of that length made later ends after it."""
     return max(holder.lease_ttl, math.ceil(holder.expires_at - now))
+
+
+def _grants_of(session: ClientSession) -> Iterator[Holder]:
+    """The live grants the connections of ``session`` hold, each its own."""
+    for client in session.clients:
+        yield from (h for h in client.held if h.live and h.client is client)
 
 
 class LockTable:
@@ -173,36 +175,25 @@ class LockTable:
         if session.expires_at <= now:
             self._end_session_of(session, now)
             return False
-        if may_hold is not None and not all(
-            may_hold(holder.key)
-            for client in session.clients
-            for holder in client.held
-            if holder.live and holder.client is client
-        ):
+        if may_hold is not None and not all(may_hold(h.key) for h in _grants_of(session)):
             return False
         session.expires_at = now + session.ttl
         keys = self.grants.keys
-        clients: list[Client] = []
-        for client in session.clients:
-            if client.n_held:
-                for holder in client.held:
-                    if holder.live and holder.client is client:
-                        ttl = holder.lease_ttl
-                        if now + ttl > holder.expires_at:
-                            self._extend(holder, keys[holder.key], ttl, now + ttl, ahead=True)
-            if client.n_held or not client.closed:
-                clients.append(client)
-        session.clients = clients  # without the closed connections that hold nothing
+        for holder in _grants_of(session):
+            ttl = holder.lease_ttl
+            if now + ttl > holder.expires_at:
+                self._extend(holder, keys[holder.key], ttl, now + ttl, ahead=True)
+        # without the closed connections that hold nothing
+        session.clients = [c for c in session.clients if c.n_held or not c.closed]
         return True
 
     def _end_session_of(self, session: ClientSession, now: float) -> None:
         """The session ends: with auto-release on, so does every grant of its connections. Its
         open connections go on alone."""
         del self.sessions[session.id]
-        ending: list[Holder] = []
+        ending = list(_grants_of(session))
         for client in session.clients:
             client.kept_by = None
-            ending += [h for h in client.held if h.live and h.client is client]
         session.clients = []
         if self.auto_release_on_disconnect:
             # Listed before any is freed: a key freed may go to a connection of this session.
@@ -373,12 +364,8 @@ class LockTable:
     def holder_note(self, key: str) -> str | None:
         """The owner note of the lock ``key``'s holder, if any."""
         entry = self.grants.keys.get(key)
-        if entry is None:
-            return None
-        if isinstance(entry, Holder):
-            return entry.note if entry.live else None
-        one = entry.one
-        return one.note if one is not None else None
+        holder = entry.one if isinstance(entry, KeyState) else entry  # a state's is live
+        return holder.note if holder is not None and holder.live else None
 
     def set_note(self, key: str, token: str, note: str) -> bool:
         """``note``: replace the owner note of ``token``'s grant on ``key``; ``False`` if none."""
@@ -486,16 +473,12 @@ class LockTable:
         now = self.clock()
         forced = grants.counts.forced
         if isinstance(entry, Holder):  # a lock nobody waits for
-            if not entry.live:
-                return []
-            if now >= entry.expires_at:
-                grants.expire_bare(entry, now)
+            if grants.live_holder(entry, entry.token, now) is None:  # idle, or run out now
                 return []
             grants.free_holder(entry, None, now, forced)
             return [entry]
         state = entry
-        if now >= state.earliest:
-            grants.check(state, now)
+        grants.check(state, now)  # its run-out leases (nothing before its earliest)
         freed = list(state.holders.values())
         for holder in freed:
             grants.free_holder(holder, state, now, forced)
@@ -672,10 +655,7 @@ class LockTable:
         now = self.clock()
         dropped = 0
         for state in list(self.grants.keys.values()):
-            if isinstance(state, Holder):
-                continue
-            queue = state.queue
-            if queue is None:
+            if isinstance(state, Holder) or (queue := state.queue) is None:
                 continue
             for waiter in queue.items[queue.head :]:
                 if waiter.active:

@@ -98,15 +98,13 @@ class FenceCounter:
         self._high = -1
         """``counter >> 8`` at the token before, and its 14 hex digits in ``_high_hex``."""
         self._high_hex = ""
-        start = wall_clock_ns()
-        if self._store is not None:
-            start = max(start, self._store.read())
-        self._counter = start
+        self._counter = wall_clock_ns()
         self._ceiling = 0
         self._check_at = _SMALL_BOUND
         if self._store is not None:
+            self._counter = max(self._counter, self._store.read())
             try:
-                self._persist(start)
+                self._persist(self._counter)
             except FenceStateError:
                 if not defer_failed_store:
                     raise

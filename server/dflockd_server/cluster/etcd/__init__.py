@@ -20,12 +20,7 @@ from dflockd_server.cluster.etcd.messages import (
     WatchEvent,
     prefix_end,
 )
-from dflockd_server.cluster.etcd.transport import (
-    Endpoint,
-    EtcdTransport,
-    parse_etcd_url,
-    tls_context,
-)
+from dflockd_server.cluster.etcd.transport import EtcdTransport, parse_etcd_url, tls_context
 from dflockd_server.cluster.etcd.watch import Watch
 
 __all__ = [
@@ -33,7 +28,6 @@ __all__ = [
     "Compare",
     "Delete",
     "DuplicateMember",
-    "Endpoint",
     "EtcdAuthError",
     "EtcdClient",
     "EtcdError",
