@@ -17,7 +17,13 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.exc import CompileError, DBAPIError
 
 from celery_dflock.fencing.errors import FenceColumnMissing
-from celery_dflock.fencing.fences import FENCE_COLUMN, key_not_unique, no_such_column, require_fence
+from celery_dflock.fencing.fences import (
+    FENCE_COLUMN,
+    key_not_unique,
+    no_such_column,
+    refuse_key_misuse,
+    require_fence,
+)
 
 __all__ = [
     "FencedUpdate",
@@ -206,6 +212,7 @@ class FencedUpsert:
         name = self.column.name
         written = cast("dict[object, Any]", {**values, **(update or {})})  # or a Column's key
         refuse_fence_in(written, name, self.label)
+        refuse_key_misuse(self.label, self.key, values)
         unknown = sorted(k for k in written if isinstance(k, str) and k not in self.table.c)
         if unknown:
             raise ValueError(

@@ -36,6 +36,7 @@ from celery_dflock.fencing.fences import (
     FENCE_COLUMN,
     key_not_unique,
     no_such_column,
+    refuse_key_misuse,
     refuse_unwritten,
     require_fence,
     upsert_elsewhere,
@@ -122,6 +123,7 @@ def fenced_upsert(
         raise ValueError(f"fenced upsert into {label}: key names no field ({{'id': 7}})")
     if fence_name in values or (update is not None and fence_name in update):
         raise ValueError(f"fenced upsert into {label}: the field {fence_name!r} holds the fence")
+    refuse_key_misuse(label, key, values)
     sql, params = _upsert_sql(model, connection, field, checked, key, values, update)
     quote = connection.ops.quote_name
     keyed = " AND ".join(f"{quote(options.get_field(name).column)} = %s" for name in key)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, cast
 
 from celery_dflock.client.errors import InvalidValueError
@@ -68,6 +68,27 @@ def refuse_unwritten(target: str | Callable[[], str], fence: int, kept: object, 
             "fence column holds NULL, which no fence compares with, so nothing was written; "
             "make the column NOT NULL DEFAULT 0 and set it to 0 where it is NULL"
         )
+
+
+def refuse_key_misuse(
+    target: str | Callable[[], str], key: Mapping[str, Any], values: Mapping[Any, Any]
+) -> None:
+    """An upsert's ``key`` with a None value (NULL conflicts with no row, so each call would
+    insert a new row no fence guards), or ``values`` giving a column of ``key`` another value."""
+    nulls = [name for name, value in key.items() if value is None]
+    both = [name for name in key if name in values and values[name] != key[name]]
+    if not nulls and not both:
+        return
+    where = f"fenced upsert into {target() if callable(target) else target}"
+    if nulls:
+        raise InvalidValueError(
+            f"{where}: key {', '.join(nulls)} is None, and NULL matches no row of a unique key: "
+            "each call would insert a new row that no fence guards; give the key's value"
+        )
+    raise InvalidValueError(
+        f"{where}: values give the key's {', '.join(both)} another value; the row's key is "
+        "key's (leave it out of values)"
+    )
 
 
 def upsert_elsewhere(target: str) -> InvalidValueError:

@@ -149,6 +149,7 @@ def test_the_migration_adds_the_field_with_0_for_existing_rows(django_schema: st
 def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(alias: str) -> None:
     from django.db.models import F
 
+    from celery_dflock.client.errors import InvalidValueError
     from celery_dflock.fencing.django import fenced_upsert
     from tests.fencing.models import Account
 
@@ -177,6 +178,11 @@ def test_an_upsert_inserts_then_updates_only_under_a_fence_not_lower(alias: str)
     assert state(9, alias) == (0, 300)
     with pytest.raises(ValueError, match="the field 'dflock_fence' holds the fence"):
         fenced_upsert(Account, 301, key={"id": 9}, values={"dflock_fence": 1})
+    with pytest.raises(InvalidValueError, match="key id is None"):
+        fenced_upsert(Account, 301, key={"id": None}, values={"balance": 1}, using=alias)
+    with pytest.raises(InvalidValueError, match="values give the key's id another value"):
+        fenced_upsert(Account, 301, key={"id": 9}, values={"id": 10, "balance": 1}, using=alias)
+    assert state(9, alias) == (0, 300)
     with pytest.raises(TypeError, match="takes a model class, not QuerySet"):
         fenced_upsert(Account.objects.all(), 301, key={"id": 9}, values={"balance": 1})
 

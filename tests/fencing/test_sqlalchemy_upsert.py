@@ -171,7 +171,16 @@ def test_bad_arguments_are_named(engine: sa.Engine) -> None:
             fenced_upsert(db, ACCOUNTS, key={}, fence=1, values={"balance": 1})
         with pytest.raises(ValueError, match="no column nope"):
             fenced_upsert(db, ACCOUNTS, key={"nope": 1}, fence=1, values={"balance": 1})
-    assert row(engine, 1) is None
+        # NULL conflicts with no row: each call inserted a new row, which no fence guards
+        with pytest.raises(InvalidValueError, match="key id is None"):
+            fenced_upsert(db, ACCOUNTS, key={"id": None}, fence=1, values={"balance": 1})
+        # the key's own column in values: the key's value was written, the other dropped
+        with pytest.raises(InvalidValueError, match="values give the key's id another value"):
+            fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=1, values={"id": 2, "balance": 1})
+    assert row(engine, 1) is None and row(engine, 2) is None
+    with engine.begin() as db:  # the key's own value again in values: the same row
+        fenced_upsert(db, ACCOUNTS, key={"id": 1}, fence=1, values={"id": 1, "balance": 1})
+    assert row(engine, 1) == (1, 1)
 
 
 def test_a_value_for_no_column_is_named(engine: sa.Engine) -> None:
