@@ -138,7 +138,7 @@ class LockTable:
     def join_session(self, client: Client, session_id: str, ttl: int) -> None:
         """``hello _ session <id> <ttl>``: ``client`` joins the session (made if none, or if
         run out), which lives ``ttl`` seconds from now unless kept alive. A connection of
-        another session leaves it, with its grants."""
+        another session leaves it, with its grants (ended first if that session ran out)."""
         now = self.clock()
         session = self.sessions.get(session_id)
         if session is not None and session.expires_at <= now:
@@ -152,7 +152,9 @@ class LockTable:
         old = client.kept_by
         if old is session:
             return
-        if old is not None:
+        if old is not None and old.expires_at <= now:
+            self._end_session_of(old, now)
+        elif old is not None:
             old.clients.remove(client)
         client.kept_by = session
         session.clients.append(client)

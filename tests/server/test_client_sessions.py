@@ -268,3 +268,23 @@ def test_a_waiter_of_the_session_granted_as_it_ends_keeps_its_grant(
     assert waiter.holder is not None and waiter.holder.live
     assert waiter.holder.client.kept_by is None
     assert rival.holder is None
+
+
+def test_a_connection_that_leaves_a_session_past_its_time_does_not_bring_its_grants_back(
+    tmp_path: Path,
+) -> None:
+    """A session past its time is over even if not swept yet: a connection of it that joins
+    another session does not take the grants along (they would be kept alive by the new
+    session's keep-alives, while their client counted them lost). A sweep far off leaves the
+    run-out session unswept for the whole test."""
+    with (
+        dflockd_subprocess(tmp_path / "log", "--lease-sweep-interval", "60") as (_, address),
+        Wire(address) as holder,
+        Wire(address) as rival,
+    ):
+        assert '"keepalive"' in holder.req("hello", "_", f"session {SESSION} 1")
+        assert holder.lock("k", lease=60)
+        time.sleep(1.2)  # the session's 1 s is over; the lock's 60 s lease is not
+        assert holder.req("hello", "_", f"session {OTHER} 60").startswith("ok ")
+        assert rival.req("ping", "_", f"session {OTHER}") == "ok"
+        assert rival.req("l", "k", "0").startswith("ok ")  # freed by the first session's end
