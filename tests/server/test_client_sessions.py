@@ -278,7 +278,10 @@ def test_a_connection_that_leaves_a_session_past_its_time_does_not_bring_its_gra
     session's keep-alives, while their client counted them lost). A sweep far off leaves the
     run-out session unswept for the whole test."""
     with (
-        dflockd_subprocess(tmp_path / "log", "--lease-sweep-interval", "60") as (_, address),
+        dflockd_subprocess(
+            tmp_path / "log",
+            *("--state-dir", str(tmp_path / "state"), "--lease-sweep-interval", "60"),
+        ) as (_, address),
         Wire(address) as holder,
         Wire(address) as rival,
     ):
